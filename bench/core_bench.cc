@@ -1,0 +1,41 @@
+// Benchmarks of core's hot paths for the planner: Megatron rank groups for a large world, plan
+// validation and the per-rank parameter and FLOP formulas (run for every candidate layout).
+#include <benchmark/benchmark.h>
+
+#include "core/formulas.h"
+#include "core/model_presets.h"
+#include "core/parallel_plan.h"
+#include "core/rank_groups.h"
+
+namespace {
+
+void BM_RankGroups(benchmark::State& state) {
+  const int64_t world = state.range(0);
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(megaplan::megatron_rank_groups(world, 8, 16, 2, 1));
+  }
+  state.SetItemsProcessed(state.iterations() * world);
+}
+BENCHMARK(BM_RankGroups)->Arg(1024)->Arg(16384);
+
+void BM_ValidateAndCountOnePlan(benchmark::State& state) {
+  const megaplan::ModelSpec model = megaplan::model_preset("gpt-1t");
+  megaplan::ParallelPlan plan;
+  plan.tensor_parallel_size = 8;
+  plan.pipeline_parallel_size = 64;
+  plan.data_parallel_size = 6;
+  plan.micro_batch_size = 1;
+  plan.global_batch_size = 3072;
+  for (auto _ : state) {
+    megaplan::validate_plan(model, plan);
+    benchmark::DoNotOptimize(megaplan::parameters_per_pipeline_rank(model, plan));
+    benchmark::DoNotOptimize(megaplan::hardware_flops(model, plan.global_batch_size,
+                                                      megaplan::padded_vocab_size(model, 8),
+                                                      megaplan::RecomputeGranularity::kSelective));
+  }
+}
+BENCHMARK(BM_ValidateAndCountOnePlan);
+
+}  // namespace
+
+BENCHMARK_MAIN();

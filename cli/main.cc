@@ -1,0 +1,42 @@
+// megaplan: the command-line entry point. Wires the subcommands and is the single error
+// boundary: bad input becomes one line on stderr and exit code 2.
+#include <iostream>
+
+#include <CLI/CLI.hpp>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "core/version.h"
+
+int main(int argc, char** argv) {
+  using megaplan::cli::CommandContext;
+  CLI::App app{"megaplan: plan, simulate and run Megatron-style parallel training layouts", "megaplan"};
+  app.set_version_flag("--version", std::string("megaplan ") + megaplan::kVersion);
+  app.require_subcommand(1);
+
+  CommandContext context{std::cout};
+  megaplan::cli::setup_describe_command(app, context);
+  megaplan::cli::setup_devices_command(app, context);
+  megaplan::cli::setup_groups_command(app, context);
+  megaplan::cli::setup_presets_command(app, context);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& help) {
+    return app.exit(help);
+  } catch (const CLI::CallForAllHelp& help) {
+    return app.exit(help);
+  } catch (const CLI::CallForVersion& version) {
+    return app.exit(version);
+  } catch (const CLI::ParseError& error) {
+    std::cerr << "megaplan: error: " << error.what() << " (see megaplan --help)\n";
+    return 2;
+  } catch (const megaplan::SpecError& error) {
+    std::cerr << "megaplan: error: " << error.what() << "\n";
+    return 2;
+  } catch (const std::exception& error) {
+    std::cerr << "megaplan: error: " << error.what() << "\n";
+    return 1;
+  }
+  return context.exit_code;
+}

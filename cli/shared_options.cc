@@ -1,0 +1,127 @@
+// Shared option groups and their mapping onto core's specs.
+#include "cli/shared_options.h"
+
+#include <CLI/CLI.hpp>
+
+#include "core/checked_math.h"
+#include "core/hf_config.h"
+
+namespace megaplan::cli {
+
+void add_model_options(CLI::App& command, ModelOptions& options) {
+  const std::string group = "Model (Megatron-LM flags override the preset's fields)";
+  command.add_option("--model", options.model, "Preset name, megaplan model .json, or Hugging Face config.json")
+      ->capture_default_str()->group(group);
+  command.add_option("--num-layers", options.num_layers, "Transformer layers")->group(group);
+  command.add_option("--hidden-size", options.hidden_size, "Hidden size h")->group(group);
+  command.add_option("--ffn-hidden-size", options.ffn_hidden_size, "MLP hidden size (default 4h; 2/3 of it with SwiGLU)")->group(group);
+  command.add_option("--num-attention-heads", options.num_attention_heads, "Attention heads")->group(group);
+  command.add_option("--num-query-groups", options.num_query_groups, "Key/value groups (GQA); default one per head")->group(group);
+  command.add_option("--kv-channels", options.kv_channels, "Head dimension (default h / heads)")->group(group);
+  command.add_option("--seq-length", options.seq_length, "Training sequence length")->group(group);
+  command.add_option("--max-position-embeddings", options.max_position_embeddings, "Position table size")->group(group);
+  command.add_option("--vocab-size", options.vocab_size, "Tokenizer vocabulary (padded as Megatron pads it)")->group(group);
+  command.add_option("--make-vocab-size-divisible-by", options.make_vocab_size_divisible_by, "Vocabulary padding multiple (times tp); default 128")->group(group);
+  command.add_flag("--swiglu", options.swiglu, "SwiGLU MLP")->group(group);
+  command.add_option("--normalization", options.normalization, "LayerNorm or RMSNorm")->group(group);
+  command.add_option("--position-embedding-type", options.position_embedding_type, "learned_absolute or rope")->group(group);
+  command.add_flag("--untie-embeddings-and-output-weights", options.untie_embeddings_and_output_weights, "Separate output layer weights")->group(group);
+  command.add_flag("--disable-bias-linear", options.disable_bias_linear, "No biases in linear layers")->group(group);
+  command.add_flag("--add-qkv-bias", options.add_qkv_bias, "QKV bias even with --disable-bias-linear")->group(group);
+}
+
+void add_cluster_options(CLI::App& command, ClusterOptions& options) {
+  const std::string group = "Cluster";
+  command.add_option("--cluster", options.cluster, "Preset name or cluster .json")->capture_default_str()->group(group);
+  command.add_option("--gpus", options.gpus, "GPUs to use: whole nodes, or part of one node (default: a one-node cluster's GPUs)")->group(group);
+}
+
+void add_plan_options(CLI::App& command, PlanOptions& options) {
+  const std::string group = "Parallel plan (Megatron-LM flags)";
+  command.add_option("--tp,--tensor-model-parallel-size", options.tensor_parallel_size, "Tensor parallel size")->capture_default_str()->group(group);
+  command.add_option("--pp,--pipeline-model-parallel-size", options.pipeline_parallel_size, "Pipeline parallel size")->capture_default_str()->group(group);
+  command.add_option("--cp,--context-parallel-size", options.context_parallel_size, "Context parallel size")->capture_default_str()->group(group);
+  command.add_option("--vpp,--virtual-pipeline-model-parallel-size", options.virtual_pipeline_parallel_size, "Model chunks per pipeline rank")->group(group);
+  command.add_option("--num-layers-per-virtual-pipeline-stage", options.layers_per_virtual_stage, "Layers per model chunk (sets vpp)")->group(group);
+  command.add_option("--mbs,--micro-batch-size", options.micro_batch_size, "Micro-batch size")->capture_default_str()->group(group);
+  command.add_option("--gbs,--global-batch-size", options.global_batch_size, "Global batch size (default mbs * dp)")->group(group);
+  command.add_flag("--sequence-parallel", options.sequence_parallel, "Sequence parallelism (needs tp > 1)")->group(group);
+  command.add_flag("--use-distributed-optimizer", options.use_distributed_optimizer, "Shard optimizer state over dp")->group(group);
+  command.add_option("--recompute-granularity", options.recompute_granularity, "none, selective or full")->capture_default_str()->group(group);
+  command.add_option("--schedule", options.schedule, "gpipe, 1f1b, interleaved, zb-h1, zbv, dualpipev (default: interleaved when vpp > 1, else 1f1b)")->group(group);
+}
+
+ModelSpec resolve_model(const ModelOptions& options) {
+  ModelSpec spec = load_model_spec(options.model);
+  const std::pair<const std::optional<int64_t>&, int64_t&> overrides[] = {
+      {options.num_layers, spec.num_layers},
+      {options.hidden_size, spec.hidden_size},
+      {options.ffn_hidden_size, spec.ffn_hidden_size},
+      {options.num_attention_heads, spec.num_attention_heads},
+      {options.num_query_groups, spec.num_query_groups},
+      {options.kv_channels, spec.kv_channels},
+      {options.seq_length, spec.seq_length},
+      {options.max_position_embeddings, spec.max_position_embeddings},
+      {options.vocab_size, spec.vocab_size},
+      {options.make_vocab_size_divisible_by, spec.make_vocab_size_divisible_by}};
+  for (const auto& [flag, field] : overrides) {
+    if (flag) field = *flag;
+  }
+  if (options.normalization) spec.normalization = parse_normalization(*options.normalization, "--normalization");
+  if (options.position_embedding_type) {
+    spec.position_embedding_type = parse_position_embedding(*options.position_embedding_type, "--position-embedding-type");
+  }
+  spec.swiglu = spec.swiglu || options.swiglu;
+  spec.untie_embeddings_and_output_weights =
+      spec.untie_embeddings_and_output_weights || options.untie_embeddings_and_output_weights;
+  spec.add_bias_linear = spec.add_bias_linear && !options.disable_bias_linear;
+  spec.add_qkv_bias = spec.add_qkv_bias || options.add_qkv_bias;
+  validate_model_spec(spec);
+  return spec;
+}
+
+ClusterSpec resolve_cluster(const ClusterOptions& options) {
+  const ClusterSpec cluster = load_cluster_spec(options.cluster);
+  if (!options.gpus && cluster.num_nodes > 1) {
+    throw SpecError("--gpus", "required for the multi-node cluster " + cluster.name + " (" +
+                                  std::to_string(cluster.num_nodes) + " nodes x " +
+                                  std::to_string(cluster.gpus_per_node) + " GPUs)");
+  }
+  return select_gpus(cluster, options.gpus.value_or(cluster.total_gpus()));
+}
+
+JobSpec resolve_job(const ModelOptions& model_options, const ClusterOptions& cluster_options,
+                    const PlanOptions& options) {
+  JobSpec job{resolve_model(model_options), resolve_cluster(cluster_options), ParallelPlan{}};
+  ParallelPlan& plan = job.plan;
+  plan.tensor_parallel_size = options.tensor_parallel_size;
+  plan.pipeline_parallel_size = options.pipeline_parallel_size;
+  plan.context_parallel_size = options.context_parallel_size;
+  plan.data_parallel_size = derive_data_parallel_size(job.cluster.total_gpus(), plan.tensor_parallel_size,
+                                                      plan.pipeline_parallel_size, plan.context_parallel_size);
+  if (options.layers_per_virtual_stage) {
+    const int64_t vpp = virtual_pipeline_size_from_layers_per_stage(
+        job.model.num_layers, plan.pipeline_parallel_size, *options.layers_per_virtual_stage);
+    if (options.virtual_pipeline_parallel_size && *options.virtual_pipeline_parallel_size != vpp) {
+      throw SpecError("--num-layers-per-virtual-pipeline-stage",
+                      "gives vpp " + std::to_string(vpp) + ", which contradicts --virtual-pipeline-model-parallel-size " +
+                          std::to_string(*options.virtual_pipeline_parallel_size));
+    }
+    plan.virtual_pipeline_parallel_size = vpp;
+  } else {
+    plan.virtual_pipeline_parallel_size = options.virtual_pipeline_parallel_size.value_or(1);
+  }
+  plan.micro_batch_size = options.micro_batch_size;
+  plan.global_batch_size = options.global_batch_size.value_or(
+      checked_multiply(options.micro_batch_size, plan.data_parallel_size, "--micro-batch-size"));
+  plan.sequence_parallel = options.sequence_parallel;
+  plan.use_distributed_optimizer = options.use_distributed_optimizer;
+  plan.recompute_granularity = parse_recompute_granularity(options.recompute_granularity, "--recompute-granularity");
+  plan.schedule = options.schedule ? parse_schedule_kind(*options.schedule, "--schedule")
+                  : plan.virtual_pipeline_parallel_size > 1 ? ScheduleKind::kInterleaved
+                                                            : ScheduleKind::kOneFOneB;
+  validate_job(job);
+  return job;
+}
+
+}  // namespace megaplan::cli

@@ -1,0 +1,58 @@
+// Option groups shared by subcommands: model flags, cluster flags and plan flags, defined once
+// with Megatron-LM's flag names (and short aliases), and the mapping from them to core's specs.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "core/job_spec.h"
+
+namespace CLI {
+class App;
+}
+
+namespace megaplan::cli {
+
+// `--model NAME|FILE` plus Megatron's model flags; an explicit flag overrides the preset's field.
+struct ModelOptions {
+  std::string model = "gpt3-175b";
+  std::optional<int64_t> num_layers, hidden_size, ffn_hidden_size, num_attention_heads, num_query_groups,
+      kv_channels, seq_length, max_position_embeddings, vocab_size, make_vocab_size_divisible_by;
+  std::optional<std::string> normalization, position_embedding_type;
+  bool swiglu = false;
+  bool untie_embeddings_and_output_weights = false;
+  bool disable_bias_linear = false;
+  bool add_qkv_bias = false;
+};
+
+struct ClusterOptions {
+  std::string cluster = "dgx-a100-80gb";
+  std::optional<int64_t> gpus;  // default: the whole cluster when it is one node
+};
+
+struct PlanOptions {
+  int64_t tensor_parallel_size = 1;
+  int64_t pipeline_parallel_size = 1;
+  int64_t context_parallel_size = 1;
+  std::optional<int64_t> virtual_pipeline_parallel_size;
+  std::optional<int64_t> layers_per_virtual_stage;
+  int64_t micro_batch_size = 1;
+  std::optional<int64_t> global_batch_size;  // default: one microbatch per data-parallel replica
+  bool sequence_parallel = false;
+  bool use_distributed_optimizer = false;
+  std::string recompute_granularity = "none";
+  std::optional<std::string> schedule;  // default: interleaved when vpp > 1, else 1f1b
+};
+
+void add_model_options(CLI::App& command, ModelOptions& options);
+void add_cluster_options(CLI::App& command, ClusterOptions& options);
+void add_plan_options(CLI::App& command, PlanOptions& options);
+
+// Each throws SpecError naming the flag and the rule.
+ModelSpec resolve_model(const ModelOptions& options);
+ClusterSpec resolve_cluster(const ClusterOptions& options);
+// The whole job: model and GPUs resolved, dp derived, every rule validated.
+JobSpec resolve_job(const ModelOptions& model, const ClusterOptions& cluster, const PlanOptions& plan);
+
+}  // namespace megaplan::cli

@@ -1,0 +1,132 @@
+// Parameter and FLOP formulas.
+#include "core/formulas.h"
+
+#include "core/pipeline_layout.h"
+
+namespace megaplan {
+
+namespace {
+
+int64_t norm_parameters(const ModelSpec& model) {
+  // LayerNorm has a weight and a bias; RMSNorm only a weight.
+  return model.normalization == Normalization::kLayerNorm ? 2 * model.hidden_size : model.hidden_size;
+}
+
+int64_t mlp_input_width(const ModelSpec& model) {
+  // SwiGLU's fc1 produces the gate and the up projection side by side.
+  return (model.swiglu ? 2 : 1) * model.effective_ffn_hidden_size();
+}
+
+int64_t position_embedding_parameters(const ModelSpec& model) {
+  return model.position_embedding_type == PositionEmbedding::kLearnedAbsolute
+             ? model.effective_max_position_embeddings() * model.hidden_size
+             : 0;
+}
+
+}  // namespace
+
+LayerParameters transformer_layer_parameters(const ModelSpec& model) {
+  const int64_t h = model.hidden_size;
+  const int64_t qkv_width = model.query_projection_size() + 2 * model.kv_projection_size();
+  const int64_t ffn_in = mlp_input_width(model);
+  const int64_t ffn = model.effective_ffn_hidden_size();
+  const bool bias = model.add_bias_linear;
+
+  LayerParameters layer;
+  // Column-parallel (sharded with their biases): QKV and fc1. Row-parallel (weight sharded,
+  // bias replicated): output projection and fc2.
+  const int64_t qkv_bias = bias || model.add_qkv_bias ? qkv_width : 0;
+  const int64_t projection_bias = bias ? h : 0;
+  const int64_t fc1_bias = bias ? ffn_in : 0;
+  const int64_t fc2_bias = bias ? h : 0;
+  layer.attention = h * qkv_width + qkv_bias + model.query_projection_size() * h + projection_bias;
+  layer.mlp = h * ffn_in + fc1_bias + ffn * h + fc2_bias;
+  layer.norms = 2 * norm_parameters(model);
+  layer.sharded = h * qkv_width + qkv_bias + model.query_projection_size() * h + h * ffn_in + fc1_bias + ffn * h;
+  layer.replicated = projection_bias + fc2_bias + layer.norms;
+  return layer;
+}
+
+int64_t total_parameters(const ModelSpec& model, int64_t tensor_parallel_size) {
+  const int64_t word_embedding = padded_vocab_size(model, tensor_parallel_size) * model.hidden_size;
+  const int64_t output_layer = model.untie_embeddings_and_output_weights ? word_embedding : 0;
+  return model.num_layers * transformer_layer_parameters(model).total() + word_embedding +
+         position_embedding_parameters(model) + norm_parameters(model) + output_layer;
+}
+
+std::vector<PipelineRankParameters> parameters_per_pipeline_rank(const ModelSpec& model, const ParallelPlan& plan) {
+  const int64_t tp = plan.tensor_parallel_size;
+  const int64_t pp = plan.pipeline_parallel_size;
+  const LayerParameters layer = transformer_layer_parameters(model);
+  const int64_t word_embedding = padded_vocab_size(model, tp) * model.hidden_size;  // vocab-parallel
+  const int64_t position_embedding = position_embedding_parameters(model);          // replicated
+  const StagePlacement placement = stage_placement(plan.schedule);
+  const int64_t first_rank = pipeline_rank_of_stage(0, pp, placement);
+  const int64_t last_rank = pipeline_rank_of_stage(plan.num_virtual_stages() - 1, pp, placement);
+
+  std::vector<PipelineRankParameters> ranks;
+  for (int64_t rank = 0; rank < pp; ++rank) {
+    PipelineRankParameters entry;
+    entry.pipeline_rank = rank;
+    entry.num_layers = static_cast<int64_t>(stages_of_pipeline_rank(rank, plan).size()) *
+                       layers_per_virtual_stage(model, plan);
+    entry.has_embedding = rank == first_rank;
+    entry.has_output_layer = rank == last_rank;
+    entry.parameters = entry.num_layers * layer.total();
+    entry.parameters_per_gpu = entry.num_layers * layer.per_gpu(tp);
+    if (entry.has_embedding) {
+      entry.parameters += word_embedding + position_embedding;
+      entry.parameters_per_gpu += word_embedding / tp + position_embedding;
+    }
+    if (entry.has_output_layer) {
+      // The output layer is its own weight when untied, and a synchronised copy of the word
+      // embeddings when tied and the embedding lives on another rank.
+      const bool holds_output_weight =
+          model.untie_embeddings_and_output_weights || !entry.has_embedding;
+      const int64_t output = holds_output_weight ? word_embedding : 0;
+      entry.parameters += norm_parameters(model) + output;
+      entry.parameters_per_gpu += norm_parameters(model) + output / tp;
+    }
+    ranks.push_back(entry);
+  }
+  return ranks;
+}
+
+double model_flops(const ModelSpec& model, int64_t batch_size, int64_t padded_vocab_size) {
+  const double h = static_cast<double>(model.hidden_size);
+  const double s = static_cast<double>(model.seq_length);
+  const double l = static_cast<double>(model.num_layers);
+  const double heads = static_cast<double>(model.num_attention_heads);
+  const double groups = static_cast<double>(model.effective_num_query_groups());
+  const double query_ratio = static_cast<double>(model.query_projection_size()) / h;
+  const double mlp_ratio = static_cast<double>(model.effective_ffn_hidden_size()) / h;
+  const double gated_multiplier = model.swiglu ? 1.5 : 1.0;
+  const double vocab = static_cast<double>(padded_vocab_size);
+  // 12 = 3 (forward + backward) x 2 (FLOPs per multiply-add) x 2 (two GEMMs per block).
+  const double attention = (1.0 + groups / heads + s / h) * query_ratio;
+  const double mlp = mlp_ratio * gated_multiplier;
+  const double logits = vocab / (2.0 * l * h);
+  return 12.0 * static_cast<double>(batch_size) * s * l * h * h * (attention + mlp + logits);
+}
+
+double hardware_flops(const ModelSpec& model, int64_t batch_size, int64_t padded_vocab_size,
+                      RecomputeGranularity recompute) {
+  const double total = model_flops(model, batch_size, padded_vocab_size);
+  const double batch = static_cast<double>(batch_size);
+  const double s = static_cast<double>(model.seq_length);
+  const double l = static_cast<double>(model.num_layers);
+  switch (recompute) {
+    case RecomputeGranularity::kNone:
+      return total;
+    case RecomputeGranularity::kSelective:
+      // Forward QK^T and AV: 2 GEMMs of 2 * b * s^2 * (query projection) FLOPs per layer.
+      return total + 4.0 * batch * s * s * l * static_cast<double>(model.query_projection_size());
+    case RecomputeGranularity::kFull:
+      // One more forward of the transformer layers (a third of their forward + backward FLOPs);
+      // the output layer is not recomputed. A zero vocabulary leaves only the layers' FLOPs.
+      return total + model_flops(model, batch_size, 0) / 3.0;
+  }
+  return total;
+}
+
+}  // namespace megaplan

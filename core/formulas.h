@@ -1,0 +1,60 @@
+// Closed-form counts: parameters (per layer, per pipeline rank, per GPU under tensor parallelism)
+// and FLOPs per iteration (Megatron's model FLOPs, and hardware FLOPs with recomputation).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/model_spec.h"
+#include "core/parallel_plan.h"
+
+namespace megaplan {
+
+// Parameters of one transformer layer, split as tensor parallelism splits them: `sharded` is
+// divided over the tp ranks (QKV, projection, MLP weights; column-parallel biases), `replicated`
+// sits whole on every tp rank (norms, row-parallel biases).
+struct LayerParameters {
+  int64_t attention = 0;   // QKV and output projection, weights and biases
+  int64_t mlp = 0;         // fc1 (two halves with SwiGLU) and fc2, weights and biases
+  int64_t norms = 0;       // the two pre-norms
+  int64_t sharded = 0;
+  int64_t replicated = 0;
+  int64_t total() const { return attention + mlp + norms; }
+  // REQUIRES: tp divides the sharded dimensions (validate_plan).
+  int64_t per_gpu(int64_t tensor_parallel_size) const { return sharded / tensor_parallel_size + replicated; }
+};
+
+LayerParameters transformer_layer_parameters(const ModelSpec& model);
+
+// Distinct trainable parameters of the whole model (tied embeddings counted once), with the
+// vocabulary padded for `tensor_parallel_size` as Megatron pads it.
+// REQUIRES: validate_model_spec(model) passed.
+int64_t total_parameters(const ModelSpec& model, int64_t tensor_parallel_size = 1);
+
+// Parameters held by one pipeline rank. With tied embeddings and more than one rank, the last
+// stage keeps its own copy of the word embeddings for the output layer (Megatron's embedding
+// group keeps the two in sync), so the sum over ranks can exceed total_parameters().
+struct PipelineRankParameters {
+  int64_t pipeline_rank = 0;
+  int64_t num_layers = 0;
+  bool has_embedding = false;     // word (and learned position) embeddings
+  bool has_output_layer = false;  // final norm and output projection (or the tied copy)
+  int64_t parameters = 0;         // whole, before tensor parallelism
+  int64_t parameters_per_gpu = 0; // on each of the rank's tp GPUs
+};
+
+// REQUIRES: validate_plan(model, plan) passed.
+std::vector<PipelineRankParameters> parameters_per_pipeline_rank(const ModelSpec& model, const ParallelPlan& plan);
+
+// Megatron's num_floating_point_operations: forward and backward FLOPs of `batch_size`
+// sequences, counting each GEMM as 2mnk, attention scores over the full s x s square, and
+// backward as twice forward. For GPT it reduces to 72 B s l h^2 (1 + s/6h + V/12lh); it is
+// generalised for GQA (query groups), kv_channels != h/heads and SwiGLU (3/2 the MLP FLOPs).
+double model_flops(const ModelSpec& model, int64_t batch_size, int64_t padded_vocab_size);
+
+// model_flops plus the forward work recomputation repeats: selective recomputes the attention
+// core (QK^T and AV), full recomputes every transformer layer's forward (not the output layer).
+double hardware_flops(const ModelSpec& model, int64_t batch_size, int64_t padded_vocab_size,
+                      RecomputeGranularity recompute);
+
+}  // namespace megaplan

@@ -1,0 +1,55 @@
+// JSON reading with user-facing errors: malformed text names file, line and column; a strict
+// field reader names the key whose type is wrong or that is not known.
+#pragma once
+
+#include <cstdint>
+#include <set>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace megaplan {
+
+// Parses `text`; a syntax error becomes SpecError("SOURCE:LINE:COL", "malformed JSON: ...").
+nlohmann::json parse_json_text(const std::string& text, const std::string& source);
+
+// Reads and parses a whole file; an unreadable file is SpecError(path, "cannot read ...").
+nlohmann::json read_json_file(const std::string& path);
+
+// Reads the members of one JSON object by name with type checks, then rejects the keys nobody
+// asked for (a typo in a config must not be silently ignored).
+class JsonFieldReader {
+ public:
+  // Throws SpecError when `object` is not a JSON object.
+  JsonFieldReader(const nlohmann::json& object, std::string source);
+
+  bool has(const std::string& key) const { return object_.contains(key); }
+  // Each `read` leaves `out` untouched when the key is absent (or null) and returns whether it
+  // was present; `require` throws when it is absent.
+  bool read(const std::string& key, int64_t& out);
+  bool read(const std::string& key, double& out);
+  bool read(const std::string& key, bool& out);
+  bool read(const std::string& key, std::string& out);
+  // A nested object, for a nested reader.
+  const nlohmann::json* read_object(const std::string& key);
+  template <typename T>
+  void require(const std::string& key, T& out) {
+    if (!read(key, out)) throw SpecError(field(key), "required field is missing");
+  }
+  // Marks keys as known without reading them (fields that are documented but ignored).
+  void ignore(const std::string& key) { used_.insert(key); }
+  // Throws SpecError naming the first key that no read/require/ignore touched.
+  void reject_unknown_keys() const;
+
+  std::string field(const std::string& key) const { return source_ + ": " + key; }
+
+ private:
+  const nlohmann::json* lookup(const std::string& key);
+  const nlohmann::json& object_;
+  std::string source_;
+  std::set<std::string> used_;
+};
+
+}  // namespace megaplan

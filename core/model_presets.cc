@@ -1,0 +1,86 @@
+// The preset table. Architecture numbers come from the papers and model cards cited beside each.
+#include "core/model_presets.h"
+
+#include "core/error.h"
+
+namespace megaplan {
+
+namespace {
+
+ModelSpec gpt(const std::string& name, int64_t layers, int64_t hidden, int64_t heads, int64_t seq,
+              int64_t vocab) {
+  ModelSpec spec;
+  spec.name = name;
+  spec.num_layers = layers;
+  spec.hidden_size = hidden;
+  spec.num_attention_heads = heads;
+  spec.seq_length = seq;
+  spec.max_position_embeddings = seq;
+  spec.vocab_size = vocab;
+  return spec;  // LayerNorm, GELU MLP of 4h, learned positions, tied embeddings, biases
+}
+
+ModelSpec llama(const std::string& name, int64_t layers, int64_t hidden, int64_t ffn, int64_t heads,
+                int64_t query_groups, int64_t seq, int64_t max_positions, int64_t vocab) {
+  ModelSpec spec;
+  spec.name = name;
+  spec.num_layers = layers;
+  spec.hidden_size = hidden;
+  spec.ffn_hidden_size = ffn;
+  spec.num_attention_heads = heads;
+  spec.num_query_groups = query_groups;
+  spec.seq_length = seq;
+  spec.max_position_embeddings = max_positions;
+  spec.vocab_size = vocab;
+  spec.swiglu = true;
+  spec.normalization = Normalization::kRMSNorm;
+  spec.position_embedding_type = PositionEmbedding::kRope;
+  spec.untie_embeddings_and_output_weights = true;
+  spec.add_bias_linear = false;
+  return spec;
+}
+
+constexpr int64_t kGpt2Vocab = 50257;
+
+std::vector<ModelPreset> build_presets() {
+  const std::string gpt2_card = "Radford et al. 2019 (GPT-2); size as counted for Hugging Face ";
+  return {
+      {gpt("gpt2-124m", 12, 768, 12, 1024, kGpt2Vocab), 124e6, gpt2_card + "gpt2"},
+      {gpt("gpt2-350m", 24, 1024, 16, 1024, kGpt2Vocab), 355e6, gpt2_card + "gpt2-medium"},
+      {gpt("gpt2-774m", 36, 1280, 20, 1024, kGpt2Vocab), 774e6, gpt2_card + "gpt2-large"},
+      {gpt("gpt2-1.5b", 48, 1600, 25, 1024, kGpt2Vocab), 1558e6, gpt2_card + "gpt2-xl"},
+      // GPT-3 XL's shape (Brown et al. 2020, Table 2.1) with 16 heads of 128, as commonly trained.
+      {gpt("gpt-1.3b", 24, 2048, 16, 2048, kGpt2Vocab), 1.3e9, "Brown et al. 2020, Table 2.1 (GPT-3 XL)"},
+      {gpt("gpt3-175b", 96, 12288, 96, 2048, kGpt2Vocab), 175e9, "Brown et al. 2020, Table 2.1 (GPT-3)"},
+      {gpt("gpt-1t", 128, 25600, 160, 2048, 51200), 1008e9,
+       "Narayanan et al. 2021 (PTD-P), Table 1: 1008B, vocabulary 51,200"},
+      {llama("llama2-7b", 32, 4096, 11008, 32, 32, 4096, 4096, 32000), 6.74e9,
+       "Touvron et al. 2023 (Llama 2); 6.74B counted for meta-llama/Llama-2-7b-hf"},
+      {llama("llama3-8b", 32, 4096, 14336, 32, 8, 8192, 8192, 128256), 8.03e9,
+       "Meta Llama 3 model card (8B; 8.03B counted for Meta-Llama-3-8B)"},
+      {llama("llama3-70b", 80, 8192, 28672, 64, 8, 8192, 8192, 128256), 70.6e9,
+       "Meta Llama 3 model card (70B; 70.6B counted for Meta-Llama-3-70B)"},
+      // Pre-trained at 8K context; positions extend to 128K with RoPE scaling.
+      {llama("llama3.1-405b", 126, 16384, 53248, 128, 8, 8192, 131072, 128256), 405e9,
+       "Dubey et al. 2024 (The Llama 3 Herd of Models), Table 3"},
+  };
+}
+
+}  // namespace
+
+const std::vector<ModelPreset>& model_presets() {
+  static const std::vector<ModelPreset> presets = build_presets();
+  return presets;
+}
+
+ModelSpec model_preset(const std::string& name) {
+  std::string known;
+  for (const ModelPreset& preset : model_presets()) {
+    if (preset.spec.name == name) return preset.spec;
+    known += (known.empty() ? "" : ", ") + preset.spec.name;
+  }
+  throw SpecError("--model", "unknown preset \"" + name + "\"; known presets: " + known +
+                                 " (or a .json file)");
+}
+
+}  // namespace megaplan

@@ -1,0 +1,141 @@
+// ModelSpec validation, vocabulary padding and JSON mapping.
+#include "core/model_spec.h"
+
+#include <nlohmann/json.hpp>
+
+#include "core/checked_math.h"
+#include "core/json_io.h"
+
+namespace megaplan {
+
+std::string to_string(Normalization normalization) {
+  return normalization == Normalization::kLayerNorm ? "LayerNorm" : "RMSNorm";
+}
+
+std::string to_string(PositionEmbedding position_embedding) {
+  return position_embedding == PositionEmbedding::kLearnedAbsolute ? "learned_absolute" : "rope";
+}
+
+Normalization parse_normalization(const std::string& text, const std::string& field) {
+  if (text == "LayerNorm") return Normalization::kLayerNorm;
+  if (text == "RMSNorm") return Normalization::kRMSNorm;
+  throw SpecError(field, "must be LayerNorm or RMSNorm, got \"" + text + "\"");
+}
+
+PositionEmbedding parse_position_embedding(const std::string& text, const std::string& field) {
+  if (text == "learned_absolute") return PositionEmbedding::kLearnedAbsolute;
+  if (text == "rope") return PositionEmbedding::kRope;
+  throw SpecError(field, "must be learned_absolute or rope, got \"" + text + "\"");
+}
+
+int64_t padded_vocab_size(const ModelSpec& spec, int64_t tensor_parallel_size) {
+  const int64_t multiple =
+      checked_multiply(spec.make_vocab_size_divisible_by, tensor_parallel_size, "--make-vocab-size-divisible-by");
+  return round_up_to_multiple(spec.vocab_size, multiple, "--vocab-size");
+}
+
+void validate_model_spec(const ModelSpec& spec) {
+  require_positive(spec.num_layers, "--num-layers");
+  require_positive(spec.hidden_size, "--hidden-size");
+  require_positive(spec.num_attention_heads, "--num-attention-heads");
+  require_positive(spec.seq_length, "--seq-length");
+  require_positive(spec.vocab_size, "--vocab-size");
+  require_positive(spec.make_vocab_size_divisible_by, "--make-vocab-size-divisible-by");
+  // Zero in these means "Megatron's default"; negative is never meaningful.
+  const std::pair<int64_t, const char*> defaulted[] = {
+      {spec.ffn_hidden_size, "--ffn-hidden-size"},
+      {spec.num_query_groups, "--num-query-groups"},
+      {spec.kv_channels, "--kv-channels"},
+      {spec.max_position_embeddings, "--max-position-embeddings"}};
+  for (const auto& [value, field] : defaulted) {
+    if (value < 0) throw SpecError(field, "must be a positive integer, got " + std::to_string(value));
+  }
+  // The defaults multiply hidden_size (SwiGLU's default ffn is 4h * 2 / 3): bound it first.
+  checked_multiply(spec.hidden_size, 8, "--hidden-size");
+  if (spec.kv_channels == 0 && spec.hidden_size % spec.num_attention_heads != 0) {
+    throw SpecError("--hidden-size", "must be divisible by --num-attention-heads (" +
+                                         std::to_string(spec.hidden_size) + " % " +
+                                         std::to_string(spec.num_attention_heads) +
+                                         " != 0) unless --kv-channels is given");
+  }
+  const int64_t groups = spec.effective_num_query_groups();
+  if (groups > spec.num_attention_heads || spec.num_attention_heads % groups != 0) {
+    throw SpecError("--num-query-groups", "must divide --num-attention-heads (" +
+                                              std::to_string(spec.num_attention_heads) + " heads, " +
+                                              std::to_string(groups) + " groups)");
+  }
+  if (spec.effective_max_position_embeddings() < spec.seq_length) {
+    throw SpecError("--seq-length", "must not exceed --max-position-embeddings (" +
+                                        std::to_string(spec.seq_length) + " > " +
+                                        std::to_string(spec.effective_max_position_embeddings()) + ")");
+  }
+  if (spec.effective_ffn_hidden_size() <= 0) {
+    throw SpecError("--ffn-hidden-size", "the SwiGLU default (2/3 of 4h rounded down to 64) is 0 for "
+                                         "--hidden-size " + std::to_string(spec.hidden_size) +
+                                         "; give --ffn-hidden-size");
+  }
+  // Every count derived later (per-layer weights, embeddings, totals) must fit in 64 bits.
+  const int64_t query_width =
+      checked_multiply(spec.effective_kv_channels(), spec.num_attention_heads, "--kv-channels");
+  const int64_t kv_width = checked_multiply(spec.effective_kv_channels(), checked_multiply(groups, 2, "--num-query-groups"), "--kv-channels");
+  const int64_t widest = std::max({spec.hidden_size, checked_multiply(spec.effective_ffn_hidden_size(), 2, "--ffn-hidden-size"),
+                                   checked_add(query_width, kv_width, "--kv-channels")});
+  const int64_t layer_weights = checked_multiply(checked_multiply(spec.hidden_size, widest, "--hidden-size"), 4,
+                                                 "--hidden-size");
+  checked_multiply(layer_weights, spec.num_layers, "--num-layers");
+  const int64_t vocab = round_up_to_multiple(spec.vocab_size, spec.make_vocab_size_divisible_by, "--vocab-size");
+  checked_multiply(checked_multiply(vocab, spec.hidden_size, "--vocab-size"), 2, "--vocab-size");
+  checked_multiply(spec.effective_max_position_embeddings(), spec.hidden_size, "--max-position-embeddings");
+}
+
+nlohmann::json model_spec_to_json(const ModelSpec& spec) {
+  return nlohmann::json{
+      {"name", spec.name},
+      {"num_layers", spec.num_layers},
+      {"hidden_size", spec.hidden_size},
+      {"ffn_hidden_size", spec.effective_ffn_hidden_size()},
+      {"num_attention_heads", spec.num_attention_heads},
+      {"num_query_groups", spec.effective_num_query_groups()},
+      {"kv_channels", spec.effective_kv_channels()},
+      {"seq_length", spec.seq_length},
+      {"max_position_embeddings", spec.effective_max_position_embeddings()},
+      {"vocab_size", spec.vocab_size},
+      {"make_vocab_size_divisible_by", spec.make_vocab_size_divisible_by},
+      {"swiglu", spec.swiglu},
+      {"normalization", to_string(spec.normalization)},
+      {"position_embedding_type", to_string(spec.position_embedding_type)},
+      {"untie_embeddings_and_output_weights", spec.untie_embeddings_and_output_weights},
+      {"add_bias_linear", spec.add_bias_linear},
+      {"add_qkv_bias", spec.add_qkv_bias},
+  };
+}
+
+ModelSpec model_spec_from_json(const nlohmann::json& json, const std::string& source) {
+  JsonFieldReader reader(json, source);
+  ModelSpec spec;
+  spec.name = source;
+  reader.read("name", spec.name);
+  reader.require("num_layers", spec.num_layers);
+  reader.require("hidden_size", spec.hidden_size);
+  reader.read("ffn_hidden_size", spec.ffn_hidden_size);
+  reader.require("num_attention_heads", spec.num_attention_heads);
+  reader.read("num_query_groups", spec.num_query_groups);
+  reader.read("kv_channels", spec.kv_channels);
+  reader.require("seq_length", spec.seq_length);
+  reader.read("max_position_embeddings", spec.max_position_embeddings);
+  reader.require("vocab_size", spec.vocab_size);
+  reader.read("make_vocab_size_divisible_by", spec.make_vocab_size_divisible_by);
+  reader.read("swiglu", spec.swiglu);
+  std::string text;
+  if (reader.read("normalization", text)) spec.normalization = parse_normalization(text, reader.field("normalization"));
+  if (reader.read("position_embedding_type", text)) {
+    spec.position_embedding_type = parse_position_embedding(text, reader.field("position_embedding_type"));
+  }
+  reader.read("untie_embeddings_and_output_weights", spec.untie_embeddings_and_output_weights);
+  reader.read("add_bias_linear", spec.add_bias_linear);
+  reader.read("add_qkv_bias", spec.add_qkv_bias);
+  reader.reject_unknown_keys();
+  return spec;
+}
+
+}  // namespace megaplan

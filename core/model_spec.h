@@ -1,0 +1,71 @@
+// ModelSpec: a decoder-only transformer described with Megatron-LM's argument names, so a
+// Megatron command line, a megaplan JSON file and a Hugging Face config.json all map onto it.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace megaplan {
+
+enum class Normalization { kLayerNorm, kRMSNorm };
+enum class PositionEmbedding { kLearnedAbsolute, kRope };
+
+// Megatron's spellings: "LayerNorm", "RMSNorm"; "learned_absolute", "rope".
+std::string to_string(Normalization normalization);
+std::string to_string(PositionEmbedding position_embedding);
+// Throw SpecError(field, ...) listing the accepted spellings.
+Normalization parse_normalization(const std::string& text, const std::string& field);
+PositionEmbedding parse_position_embedding(const std::string& text, const std::string& field);
+
+struct ModelSpec {
+  std::string name;  // preset name, file name, or "custom"
+
+  int64_t num_layers = 0;
+  int64_t hidden_size = 0;
+  int64_t ffn_hidden_size = 0;        // 0 means Megatron's default (see effective_ffn_hidden_size)
+  int64_t num_attention_heads = 0;
+  int64_t num_query_groups = 0;       // 0 means multi-head attention: one group per head
+  int64_t kv_channels = 0;            // head dimension; 0 means hidden_size / num_attention_heads
+  int64_t seq_length = 0;
+  int64_t max_position_embeddings = 0;  // 0 means seq_length
+  int64_t vocab_size = 0;             // unpadded tokenizer vocabulary
+  int64_t make_vocab_size_divisible_by = 128;
+
+  bool swiglu = false;
+  Normalization normalization = Normalization::kLayerNorm;
+  PositionEmbedding position_embedding_type = PositionEmbedding::kLearnedAbsolute;
+  bool untie_embeddings_and_output_weights = false;
+  bool add_bias_linear = true;  // Megatron's default; --disable-bias-linear turns it off
+  bool add_qkv_bias = false;    // QKV bias even when linear biases are off (Qwen2)
+
+  // Effective values with Megatron's defaults applied.
+  // Megatron's default: 4h, or with SwiGLU 2/3 of that rounded down to a multiple of 64 so the
+  // two input projections keep the parameter count of a 4h MLP.
+  int64_t effective_ffn_hidden_size() const {
+    if (ffn_hidden_size > 0) return ffn_hidden_size;
+    return swiglu ? (4 * hidden_size * 2 / 3) / 64 * 64 : 4 * hidden_size;
+  }
+  int64_t effective_num_query_groups() const { return num_query_groups > 0 ? num_query_groups : num_attention_heads; }
+  int64_t effective_kv_channels() const { return kv_channels > 0 ? kv_channels : hidden_size / num_attention_heads; }
+  int64_t effective_max_position_embeddings() const { return max_position_embeddings > 0 ? max_position_embeddings : seq_length; }
+  int64_t query_projection_size() const { return effective_kv_channels() * num_attention_heads; }
+  int64_t kv_projection_size() const { return effective_kv_channels() * effective_num_query_groups(); }
+};
+
+// Megatron's _vocab_size_with_padding: round vocab_size up to a multiple of
+// make_vocab_size_divisible_by * tensor_parallel_size.
+// REQUIRES: validate_model_spec(spec) passed; tensor_parallel_size > 0.
+int64_t padded_vocab_size(const ModelSpec& spec, int64_t tensor_parallel_size);
+
+// Throws SpecError naming the field (as its Megatron flag, e.g. "--hidden-size") and the rule.
+void validate_model_spec(const ModelSpec& spec);
+
+// JSON uses Megatron's argument names with underscores ("num_layers", "hidden_size", ...).
+// Reading is strict: unknown keys and wrong types are SpecErrors naming the key.
+nlohmann::json model_spec_to_json(const ModelSpec& spec);
+ModelSpec model_spec_from_json(const nlohmann::json& json, const std::string& source);
+
+}  // namespace megaplan

@@ -1,0 +1,205 @@
+// ParallelPlan spellings, derivations, validation rules and JSON mapping.
+#include "core/parallel_plan.h"
+
+#include <nlohmann/json.hpp>
+
+#include "core/checked_math.h"
+#include "core/json_io.h"
+
+namespace megaplan {
+
+namespace {
+
+const std::pair<ScheduleKind, const char*> kScheduleNames[] = {
+    {ScheduleKind::kGPipe, "gpipe"},         {ScheduleKind::kOneFOneB, "1f1b"},
+    {ScheduleKind::kInterleaved, "interleaved"}, {ScheduleKind::kZeroBubbleH1, "zb-h1"},
+    {ScheduleKind::kZeroBubbleV, "zbv"},     {ScheduleKind::kDualPipeV, "dualpipev"}};
+
+const std::pair<RecomputeGranularity, const char*> kRecomputeNames[] = {
+    {RecomputeGranularity::kNone, "none"},
+    {RecomputeGranularity::kSelective, "selective"},
+    {RecomputeGranularity::kFull, "full"}};
+
+std::string str(int64_t value) { return std::to_string(value); }
+
+void require_divides(int64_t divisor, int64_t value, const std::string& field, const std::string& what) {
+  if (value % divisor != 0) {
+    throw SpecError(field, what + " (" + str(value) + " % " + str(divisor) + " = " + str(value % divisor) + ")");
+  }
+}
+
+}  // namespace
+
+std::string to_string(RecomputeGranularity granularity) {
+  for (const auto& [value, name] : kRecomputeNames) {
+    if (value == granularity) return name;
+  }
+  return "?";
+}
+
+std::string to_string(ScheduleKind kind) {
+  for (const auto& [value, name] : kScheduleNames) {
+    if (value == kind) return name;
+  }
+  return "?";
+}
+
+RecomputeGranularity parse_recompute_granularity(const std::string& text, const std::string& field) {
+  for (const auto& [value, name] : kRecomputeNames) {
+    if (text == name) return value;
+  }
+  throw SpecError(field, "must be one of none, selective, full; got \"" + text + "\"");
+}
+
+ScheduleKind parse_schedule_kind(const std::string& text, const std::string& field) {
+  for (const auto& [value, name] : kScheduleNames) {
+    if (text == name) return value;
+  }
+  throw SpecError(field, "must be one of gpipe, 1f1b, interleaved, zb-h1, zbv, dualpipev; got \"" + text + "\"");
+}
+
+StagePlacement stage_placement(ScheduleKind kind) {
+  return kind == ScheduleKind::kZeroBubbleV || kind == ScheduleKind::kDualPipeV ? StagePlacement::kV
+                                                                                 : StagePlacement::kLoop;
+}
+
+int64_t virtual_pipeline_size_from_layers_per_stage(int64_t num_layers, int64_t pipeline_parallel_size,
+                                                    int64_t layers_per_virtual_stage) {
+  require_positive(layers_per_virtual_stage, "--num-layers-per-virtual-pipeline-stage");
+  require_positive(pipeline_parallel_size, "--pipeline-model-parallel-size");
+  require_divides(pipeline_parallel_size, num_layers, "--num-layers",
+                  "must be divisible by --pipeline-model-parallel-size " + str(pipeline_parallel_size));
+  const int64_t layers_per_rank = num_layers / pipeline_parallel_size;
+  require_divides(layers_per_virtual_stage, layers_per_rank, "--num-layers-per-virtual-pipeline-stage",
+                  "must divide the " + str(layers_per_rank) + " layers of each pipeline rank");
+  return layers_per_rank / layers_per_virtual_stage;
+}
+
+int64_t derive_data_parallel_size(int64_t world_size, int64_t tensor_parallel_size, int64_t pipeline_parallel_size,
+                                  int64_t context_parallel_size) {
+  require_positive(world_size, "--gpus");
+  require_positive(tensor_parallel_size, "--tensor-model-parallel-size");
+  require_positive(pipeline_parallel_size, "--pipeline-model-parallel-size");
+  require_positive(context_parallel_size, "--context-parallel-size");
+  const int64_t model_parallel = checked_multiply(
+      checked_multiply(tensor_parallel_size, pipeline_parallel_size, "--pipeline-model-parallel-size"),
+      context_parallel_size, "--context-parallel-size");
+  if (world_size % model_parallel != 0) {
+    throw SpecError("--gpus", "world size " + str(world_size) + " must be divisible by tp*pp*cp = " +
+                                  str(tensor_parallel_size) + "*" + str(pipeline_parallel_size) + "*" +
+                                  str(context_parallel_size) + " = " + str(model_parallel));
+  }
+  return world_size / model_parallel;
+}
+
+void validate_plan(const ModelSpec& model, const ParallelPlan& plan) {
+  const int64_t tp = plan.tensor_parallel_size;
+  const int64_t pp = plan.pipeline_parallel_size;
+  const int64_t cp = plan.context_parallel_size;
+  const int64_t dp = plan.data_parallel_size;
+  const int64_t vpp = plan.virtual_pipeline_parallel_size;
+  require_positive(tp, "--tensor-model-parallel-size");
+  require_positive(pp, "--pipeline-model-parallel-size");
+  require_positive(cp, "--context-parallel-size");
+  require_positive(dp, "data_parallel_size");
+  require_positive(vpp, "--virtual-pipeline-model-parallel-size");
+  require_positive(plan.micro_batch_size, "--micro-batch-size");
+  require_positive(plan.global_batch_size, "--global-batch-size");
+  checked_multiply(checked_multiply(checked_multiply(tp, pp, "--pipeline-model-parallel-size"), cp,
+                                    "--context-parallel-size"),
+                   dp, "data_parallel_size");
+
+  // Tensor parallelism splits heads, query groups and the MLP's hidden dimension evenly.
+  require_divides(tp, model.num_attention_heads, "--tensor-model-parallel-size",
+                  "must divide --num-attention-heads " + str(model.num_attention_heads));
+  require_divides(tp, model.effective_num_query_groups(), "--tensor-model-parallel-size",
+                  "must divide --num-query-groups " + str(model.effective_num_query_groups()));
+  require_divides(tp, model.effective_ffn_hidden_size(), "--tensor-model-parallel-size",
+                  "must divide --ffn-hidden-size " + str(model.effective_ffn_hidden_size()));
+
+  // Layers split evenly over pipeline ranks, then over each rank's virtual stages.
+  const int64_t stages = checked_multiply(pp, vpp, "--virtual-pipeline-model-parallel-size");
+  require_divides(stages, model.num_layers, "--num-layers",
+                  "must be divisible by pp*vpp = " + str(pp) + "*" + str(vpp) + " = " + str(stages));
+  if (vpp > 1 && pp == 1) {
+    throw SpecError("--virtual-pipeline-model-parallel-size", "needs --pipeline-model-parallel-size > 1");
+  }
+
+  const int64_t replica_batch = checked_multiply(plan.micro_batch_size, dp, "--micro-batch-size");
+  require_divides(replica_batch, plan.global_batch_size, "--global-batch-size",
+                  "must be divisible by micro-batch-size*data-parallel-size = " + str(plan.micro_batch_size) +
+                      "*" + str(dp) + " = " + str(replica_batch));
+
+  if (plan.sequence_parallel) {
+    if (tp == 1) throw SpecError("--sequence-parallel", "needs --tensor-model-parallel-size > 1");
+    require_divides(tp, model.seq_length / cp, "--sequence-parallel",
+                    "needs --seq-length/cp = " + str(model.seq_length / cp) + " divisible by tp " + str(tp));
+  }
+  if (cp > 1) {
+    // Megatron splits the sequence into 2*cp chunks to balance causal attention across ranks.
+    const int64_t chunks = checked_multiply(cp, 2, "--context-parallel-size");
+    require_divides(chunks, model.seq_length, "--context-parallel-size",
+                    "needs --seq-length divisible by 2*cp = " + str(chunks));
+  }
+
+  const std::string schedule = "--schedule";
+  const std::string kind = to_string(plan.schedule);
+  switch (plan.schedule) {
+    case ScheduleKind::kGPipe:
+    case ScheduleKind::kOneFOneB:
+    case ScheduleKind::kZeroBubbleH1:
+      if (vpp != 1) throw SpecError(schedule, kind + " runs one stage per rank; needs vpp = 1, got " + str(vpp));
+      break;
+    case ScheduleKind::kInterleaved:
+      if (vpp < 2) throw SpecError(schedule, kind + " needs --virtual-pipeline-model-parallel-size >= 2, got " + str(vpp));
+      // Megatron: each group of microbatches per virtual stage holds between pp and M microbatches.
+      if (plan.num_microbatches() < pp) {
+        throw SpecError(schedule, kind + " needs at least pp = " + str(pp) + " microbatches per iteration, got " +
+                                      str(plan.num_microbatches()) + " (gbs/(mbs*dp))");
+      }
+      break;
+    case ScheduleKind::kZeroBubbleV:
+    case ScheduleKind::kDualPipeV:
+      if (vpp != 2) throw SpecError(schedule, kind + " places two stages per rank in a V; needs vpp = 2, got " + str(vpp));
+      break;
+  }
+}
+
+nlohmann::json parallel_plan_to_json(const ParallelPlan& plan) {
+  return nlohmann::json{
+      {"tensor_parallel_size", plan.tensor_parallel_size},
+      {"pipeline_parallel_size", plan.pipeline_parallel_size},
+      {"context_parallel_size", plan.context_parallel_size},
+      {"data_parallel_size", plan.data_parallel_size},
+      {"virtual_pipeline_parallel_size", plan.virtual_pipeline_parallel_size},
+      {"micro_batch_size", plan.micro_batch_size},
+      {"global_batch_size", plan.global_batch_size},
+      {"sequence_parallel", plan.sequence_parallel},
+      {"use_distributed_optimizer", plan.use_distributed_optimizer},
+      {"recompute_granularity", to_string(plan.recompute_granularity)},
+      {"schedule", to_string(plan.schedule)},
+  };
+}
+
+ParallelPlan parallel_plan_from_json(const nlohmann::json& json, const std::string& source) {
+  JsonFieldReader reader(json, source);
+  ParallelPlan plan;
+  reader.read("tensor_parallel_size", plan.tensor_parallel_size);
+  reader.read("pipeline_parallel_size", plan.pipeline_parallel_size);
+  reader.read("context_parallel_size", plan.context_parallel_size);
+  reader.require("data_parallel_size", plan.data_parallel_size);
+  reader.read("virtual_pipeline_parallel_size", plan.virtual_pipeline_parallel_size);
+  reader.require("micro_batch_size", plan.micro_batch_size);
+  reader.require("global_batch_size", plan.global_batch_size);
+  reader.read("sequence_parallel", plan.sequence_parallel);
+  reader.read("use_distributed_optimizer", plan.use_distributed_optimizer);
+  std::string text;
+  if (reader.read("recompute_granularity", text)) {
+    plan.recompute_granularity = parse_recompute_granularity(text, reader.field("recompute_granularity"));
+  }
+  if (reader.read("schedule", text)) plan.schedule = parse_schedule_kind(text, reader.field("schedule"));
+  reader.reject_unknown_keys();
+  return plan;
+}
+
+}  // namespace megaplan

@@ -1,0 +1,68 @@
+// ParallelPlan: one Megatron-style layout (tp, pp, cp, dp, virtual pipeline, batch sizes,
+// sequence parallelism, distributed optimizer, recomputation, pipeline schedule) and the rules
+// that make it legal for a model on a given number of GPUs.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "core/model_spec.h"
+
+namespace megaplan {
+
+enum class RecomputeGranularity { kNone, kSelective, kFull };
+// Spellings: "gpipe", "1f1b", "interleaved", "zb-h1", "zbv", "dualpipev".
+enum class ScheduleKind { kGPipe, kOneFOneB, kInterleaved, kZeroBubbleH1, kZeroBubbleV, kDualPipeV };
+
+std::string to_string(RecomputeGranularity granularity);  // "none", "selective", "full"
+std::string to_string(ScheduleKind kind);
+RecomputeGranularity parse_recompute_granularity(const std::string& text, const std::string& field);
+ScheduleKind parse_schedule_kind(const std::string& text, const std::string& field);
+
+// How virtual pipeline stages map to pipeline ranks: "loop" (stage % pp, Megatron's interleaved)
+// or "v" (zig-zag, two stages per rank: ZBV and DualPipeV).
+enum class StagePlacement { kLoop, kV };
+StagePlacement stage_placement(ScheduleKind kind);
+
+struct ParallelPlan {
+  int64_t tensor_parallel_size = 1;
+  int64_t pipeline_parallel_size = 1;
+  int64_t context_parallel_size = 1;
+  int64_t data_parallel_size = 1;           // derived: world / (tp * pp * cp)
+  int64_t virtual_pipeline_parallel_size = 1;  // model chunks per pipeline rank
+  int64_t micro_batch_size = 1;
+  int64_t global_batch_size = 1;
+  bool sequence_parallel = false;
+  bool use_distributed_optimizer = false;
+  RecomputeGranularity recompute_granularity = RecomputeGranularity::kNone;
+  ScheduleKind schedule = ScheduleKind::kOneFOneB;
+
+  int64_t world_size() const {
+    return tensor_parallel_size * pipeline_parallel_size * context_parallel_size * data_parallel_size;
+  }
+  int64_t num_virtual_stages() const { return pipeline_parallel_size * virtual_pipeline_parallel_size; }
+  // Microbatches per iteration on each data-parallel replica.
+  int64_t num_microbatches() const { return global_batch_size / (micro_batch_size * data_parallel_size); }
+};
+
+// Megatron's --num-layers-per-virtual-pipeline-stage N: vpp = num_layers / (pp * N).
+// Throws SpecError when the layers do not split that way.
+int64_t virtual_pipeline_size_from_layers_per_stage(int64_t num_layers, int64_t pipeline_parallel_size,
+                                                    int64_t layers_per_virtual_stage);
+
+// dp = world / (tp * pp * cp); throws SpecError("--gpus", ...) when it does not divide.
+int64_t derive_data_parallel_size(int64_t world_size, int64_t tensor_parallel_size,
+                                  int64_t pipeline_parallel_size, int64_t context_parallel_size);
+
+// Checks every rule that makes `plan` legal for `model` on plan.world_size() GPUs; the first
+// broken rule is thrown as SpecError naming the Megatron flag and the rule with its values.
+// REQUIRES: validate_model_spec(model) passed.
+void validate_plan(const ModelSpec& model, const ParallelPlan& plan);
+
+// JSON field names are the struct's member names; schedule and recompute use their spellings.
+nlohmann::json parallel_plan_to_json(const ParallelPlan& plan);
+ParallelPlan parallel_plan_from_json(const nlohmann::json& json, const std::string& source);
+
+}  // namespace megaplan

@@ -1,0 +1,30 @@
+// Virtual stage layout.
+#include "core/pipeline_layout.h"
+
+namespace megaplan {
+
+int64_t layers_per_virtual_stage(const ModelSpec& model, const ParallelPlan& plan) {
+  return model.num_layers / plan.num_virtual_stages();
+}
+
+int64_t pipeline_rank_of_stage(int64_t stage, int64_t pipeline_parallel_size, StagePlacement placement) {
+  if (placement == StagePlacement::kLoop || stage < pipeline_parallel_size) return stage % pipeline_parallel_size;
+  return 2 * pipeline_parallel_size - 1 - stage;
+}
+
+std::vector<int64_t> stages_of_pipeline_rank(int64_t pipeline_rank, const ParallelPlan& plan) {
+  const StagePlacement placement = stage_placement(plan.schedule);
+  std::vector<int64_t> stages;
+  for (int64_t stage = 0; stage < plan.num_virtual_stages(); ++stage) {
+    if (pipeline_rank_of_stage(stage, plan.pipeline_parallel_size, placement) == pipeline_rank) {
+      stages.push_back(stage);
+    }
+  }
+  return stages;
+}
+
+int64_t first_layer_of_stage(int64_t stage, const ModelSpec& model, const ParallelPlan& plan) {
+  return stage * layers_per_virtual_stage(model, plan);
+}
+
+}  // namespace megaplan

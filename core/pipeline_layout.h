@@ -1,0 +1,26 @@
+// Where layers live in a pipeline: virtual stages of equal layer counts (Megatron's
+// get_transformer_layer_offset) and the map from virtual stage to pipeline rank.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/parallel_plan.h"
+
+namespace megaplan {
+
+// REQUIRES: validate_plan(model, plan) passed.
+int64_t layers_per_virtual_stage(const ModelSpec& model, const ParallelPlan& plan);
+
+// Loop: stage s runs on rank s % pp. V: stages 0..pp-1 go down the ranks and pp..2pp-1 come back
+// up, so rank r holds stages r and 2pp-1-r (and the last stage sits on rank 0).
+// REQUIRES: 0 <= stage < pp * stages per rank; V placement has exactly two stages per rank.
+int64_t pipeline_rank_of_stage(int64_t stage, int64_t pipeline_parallel_size, StagePlacement placement);
+
+// The virtual stages a pipeline rank runs, in increasing stage order.
+std::vector<int64_t> stages_of_pipeline_rank(int64_t pipeline_rank, const ParallelPlan& plan);
+
+// Index of the first transformer layer of a virtual stage (stage * layers per stage).
+int64_t first_layer_of_stage(int64_t stage, const ModelSpec& model, const ParallelPlan& plan);
+
+}  // namespace megaplan

@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# The megaplan binary end to end: help for every subcommand, and bad input that must give exactly
+# one line on stderr, exit code 2, nothing on stdout and no file written.
+#   usage: end_to_end_test.sh MEGAPLAN_BINARY EXAMPLES_DIR
+set -uo pipefail
+megaplan=$1
+examples=$2
+scratch=$(mktemp -d)
+trap 'rm -rf "$scratch"' EXIT
+failures=0
+
+fail() {
+  echo "FAIL: $*" >&2
+  failures=$((failures + 1))
+}
+
+expect_ok() {
+  if ! "$megaplan" "$@" >"$scratch/out" 2>"$scratch/err"; then
+    fail "megaplan $* exited non-zero: $(cat "$scratch/err")"
+  fi
+}
+
+# expect_error PATTERN ARGS...: exit 2, stdout empty, stderr one line matching PATTERN (grep -E).
+expect_error() {
+  local pattern=$1
+  shift
+  "$megaplan" "$@" >"$scratch/out" 2>"$scratch/err"
+  local code=$?
+  local lines
+  lines=$(wc -l <"$scratch/err")
+  [ "$code" -eq 2 ] || fail "megaplan $*: exit code $code, want 2"
+  [ "$lines" -eq 1 ] || fail "megaplan $*: $lines lines on stderr, want 1: $(cat "$scratch/err")"
+  [ ! -s "$scratch/out" ] || fail "megaplan $*: wrote to stdout: $(head -c 200 "$scratch/out")"
+  grep -qE "$pattern" "$scratch/err" || fail "megaplan $*: stderr '$(cat "$scratch/err")' does not match '$pattern'"
+}
+
+# Help and version.
+expect_ok --help
+expect_ok --version
+grep -q "megaplan 0" "$scratch/out" || fail "--version prints no version"
+for command in describe devices groups presets; do
+  expect_ok "$command" --help
+  grep -q "Usage" "$scratch/out" || fail "$command --help prints no usage"
+done
+
+# The main job and a round trip through a job file.
+expect_ok describe --model gpt3-175b --cluster dgx-a100-80gb --gpus 1024 --tp 8 --pp 16 --gbs 1536 --out "$scratch/job.json"
+[ -s "$scratch/job.json" ] || fail "describe --out wrote no file"
+expect_ok describe --plan "$scratch/job.json" --json
+expect_ok describe --model "$examples/hf/llama3-8b-config.json" --cluster h200-x2 --tp 2 --seq-length 4096
+expect_ok groups --world-size 16 --tp 4 --pp 2 --json
+expect_ok presets
+
+# Bad input: one line naming the field and the rule.
+expect_error 'error: --model: unknown preset "gpt5"; known presets: gpt2-124m' describe --model gpt5 --cluster h100-x1
+printf '{\n  "num_layers": 2,\n  "hidden_size": 64\n  "x": 1\n}\n' >"$scratch/broken.json"
+expect_error "error: $scratch/broken.json:4:5: malformed JSON" describe --model "$scratch/broken.json" --cluster h100-x1
+expect_error 'error: --num-layers: must be a positive integer, got 0' describe --model gpt2-124m --cluster h100-x1 --num-layers 0
+expect_error 'error: --hidden-size: must be a positive integer, got -768' describe --model gpt2-124m --cluster h100-x1 --hidden-size -768
+expect_error 'error: --hidden-size: product .* overflows 64 bits' describe --model gpt2-124m --cluster h100-x1 --hidden-size 4611686018427387904 --num-attention-heads 1
+expect_error 'error: --vocab-size: product .* overflows 64 bits' describe --model gpt2-124m --cluster h100-x1 --vocab-size 9223372036854775807
+expect_error 'error: --gpus: world size 1024 must be divisible by tp\*pp\*cp = 8\*3\*1 = 24' describe --model gpt3-175b --gpus 1024 --tp 8 --pp 3
+expect_error 'error: --tensor-model-parallel-size: must divide --num-attention-heads 25' describe --model gpt2-1.5b --cluster h200-x2 --tp 2
+expect_error 'error: --gpus: 16 GPUs exceed cluster h200-x2' describe --model gpt2-124m --cluster h200-x2 --gpus 16
+expect_error 'error: --world-size' groups --world-size 16 --tp 3
+expect_error 'error: .*--no-such-flag' describe --no-such-flag
+expect_error 'error: .*' describe --tp notanumber
+expect_error 'error: --cluster: unknown preset "dgx-z"; known presets: dgx-a100-80gb' describe --cluster dgx-z --gpus 8
+expect_error 'error: --plan: cannot be combined with --tp' describe --plan "$scratch/job.json" --tp 2
+
+# A failing describe must not leave a file behind.
+expect_error 'error: --tensor-model-parallel-size' describe --model gpt2-1.5b --cluster h200-x2 --tp 2 --out "$scratch/never.json"
+[ ! -e "$scratch/never.json" ] || fail "a failed describe wrote --out"
+ls "$scratch" | grep -q '\.tmp\.' && fail "a temporary file was left behind"
+
+# Without a usable GPU, `devices` says so in one line; with one, it lists it.
+if "$megaplan" devices >"$scratch/out" 2>"$scratch/err"; then
+  [ -s "$scratch/out" ] || fail "devices printed nothing"
+else
+  expect_error 'error: gpu: ' devices
+fi
+
+if [ "$failures" -ne 0 ]; then
+  echo "$failures end-to-end check(s) failed" >&2
+  exit 1
+fi
+echo "all end-to-end checks passed"

@@ -1,0 +1,97 @@
+// Parameter and FLOP formulas against hand-computed values.
+#include <catch2/catch.hpp>
+
+#include "core/formulas.h"
+#include "core/model_presets.h"
+
+using megaplan::RecomputeGranularity;
+
+TEST_CASE("a GPT layer has 12h^2 + 13h parameters, split as tensor parallelism splits them", "[formulas]") {
+  const megaplan::ModelSpec gpt3 = megaplan::model_preset("gpt3-175b");
+  const megaplan::LayerParameters layer = megaplan::transformer_layer_parameters(gpt3);
+  const int64_t h = 12288;
+  CHECK(layer.total() == 12 * h * h + 13 * h);
+  CHECK(layer.attention == 4 * h * h + 4 * h);
+  CHECK(layer.mlp == 8 * h * h + 5 * h);
+  CHECK(layer.norms == 4 * h);
+  // Sharded: all weights, QKV bias (3h), fc1 bias (4h). Replicated: two row-parallel biases, norms.
+  CHECK(layer.sharded == 12 * h * h + 7 * h);
+  CHECK(layer.replicated == 6 * h);
+  CHECK(layer.per_gpu(8) == 226'576'896);
+}
+
+TEST_CASE("a Llama layer: GQA, SwiGLU, RMSNorm, no biases", "[formulas]") {
+  const megaplan::LayerParameters layer = megaplan::transformer_layer_parameters(megaplan::model_preset("llama3-8b"));
+  // q and o: 4096^2 each; k and v: 4096 x 1024 each; SwiGLU: 3 x 4096 x 14336; two RMSNorms.
+  CHECK(layer.attention == 2 * 4096 * 4096 + 2 * 4096 * 1024);
+  CHECK(layer.mlp == 3 * 4096 * 14336);
+  CHECK(layer.norms == 2 * 4096);
+  CHECK(layer.total() == 218'112'000);
+}
+
+TEST_CASE("parameters per pipeline rank: embeddings first, output layer last", "[formulas]") {
+  const megaplan::ModelSpec gpt3 = megaplan::model_preset("gpt3-175b");
+  megaplan::ParallelPlan plan;
+  plan.tensor_parallel_size = 8;
+  plan.pipeline_parallel_size = 16;
+  const auto ranks = megaplan::parameters_per_pipeline_rank(gpt3, plan);
+  REQUIRE(ranks.size() == 16);
+  // Rank 0: 6 layers + word embeddings (51200 x 12288, padded for tp 8) + positions (2048 x 12288).
+  CHECK(ranks[0].num_layers == 6);
+  CHECK(ranks[0].has_embedding);
+  CHECK_FALSE(ranks[0].has_output_layer);
+  CHECK(ranks[0].parameters == 11'526'905'856);
+  CHECK(ranks[0].parameters_per_gpu == 1'463'270'400);
+  // Last rank: 6 layers + final LayerNorm + its tied copy of the word embeddings.
+  CHECK(ranks[15].has_output_layer);
+  CHECK(ranks[15].parameters == 11'501'764'608);
+  CHECK(ranks[15].parameters_per_gpu == 1'438'129'152);
+  CHECK(ranks[7].parameters == int64_t{6} * 1'812'099'072);
+}
+
+TEST_CASE("one rank holds the whole model; the V puts both ends on rank 0", "[formulas]") {
+  const megaplan::ModelSpec llama = megaplan::model_preset("llama3-8b");
+  megaplan::ParallelPlan single;
+  const auto whole = megaplan::parameters_per_pipeline_rank(llama, single);
+  REQUIRE(whole.size() == 1);
+  CHECK(whole[0].parameters == megaplan::total_parameters(llama));
+  CHECK(whole[0].parameters_per_gpu == megaplan::total_parameters(llama));
+
+  const megaplan::ModelSpec gpt2 = megaplan::model_preset("gpt2-124m");
+  megaplan::ParallelPlan v;
+  v.pipeline_parallel_size = 2;
+  v.virtual_pipeline_parallel_size = 2;
+  v.schedule = megaplan::ScheduleKind::kZeroBubbleV;
+  const auto ranks = megaplan::parameters_per_pipeline_rank(gpt2, v);
+  CHECK(ranks[0].has_embedding);
+  CHECK(ranks[0].has_output_layer);
+  CHECK_FALSE(ranks[1].has_embedding);
+  CHECK_FALSE(ranks[1].has_output_layer);
+  // Tied embeddings on the same rank need no copy: the ranks sum to the model.
+  CHECK(ranks[0].parameters + ranks[1].parameters == megaplan::total_parameters(gpt2));
+}
+
+TEST_CASE("model FLOPs follow Megatron's formula", "[formulas]") {
+  const megaplan::ModelSpec gpt3 = megaplan::model_preset("gpt3-175b");
+  // 72 B s l h^2 (1 + s/6h + V/12lh) with B 1536, s 2048, l 96, h 12288, V 51200.
+  const double expected = 72.0 * 1536 * 2048 * 96 * 12288.0 * 12288 *
+                          (1 + 2048.0 / (6 * 12288) + 51200.0 / (12 * 96 * 12288.0));
+  CHECK(megaplan::model_flops(gpt3, 1536, 51200) == Approx(expected).epsilon(1e-12));
+  CHECK(expected == Approx(3.3861967463873244e18));
+  // Llama 3 8B, one sequence of 8192: 12 B s l h^2 ((1 + 8/32 + s/h) + 3.5 * 1.5 + V/2lh).
+  const megaplan::ModelSpec llama = megaplan::model_preset("llama3-8b");
+  CHECK(megaplan::model_flops(llama, 1, 128256) == Approx(474422087516160.0).epsilon(1e-12));
+}
+
+TEST_CASE("hardware FLOPs add what recomputation repeats", "[formulas]") {
+  const megaplan::ModelSpec gpt3 = megaplan::model_preset("gpt3-175b");
+  const double model = megaplan::model_flops(gpt3, 1536, 51200);
+  CHECK(megaplan::hardware_flops(gpt3, 1536, 51200, RecomputeGranularity::kNone) == model);
+  // Selective: forward QK^T and AV again, 4 B s^2 l h.
+  CHECK(megaplan::hardware_flops(gpt3, 1536, 51200, RecomputeGranularity::kSelective) ==
+        Approx(model + 4.0 * 1536 * 2048.0 * 2048 * 96 * 12288).epsilon(1e-12));
+  // Full: the PTD-P paper's 96 B s l h^2 (1 + s/6h + V/16lh).
+  const double ptdp = 96.0 * 1536 * 2048 * 96 * 12288.0 * 12288 *
+                      (1 + 2048.0 / (6 * 12288) + 51200.0 / (16 * 96 * 12288.0));
+  CHECK(megaplan::hardware_flops(gpt3, 1536, 51200, RecomputeGranularity::kFull) == Approx(ptdp).epsilon(1e-12));
+}

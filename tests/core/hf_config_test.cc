@@ -1,0 +1,85 @@
+// Hugging Face config.json import: Llama, GPT-2 and Qwen2 field names, and bad files.
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/formulas.h"
+#include "core/hf_config.h"
+#include "core/model_presets.h"
+
+using Catch::Matchers::Contains;
+
+namespace {
+const std::string kExamples = MEGAPLAN_EXAMPLES_DIR;
+}
+
+TEST_CASE("a Llama 3 config.json imports as the llama3-8b preset", "[hf_config]") {
+  const megaplan::ModelSpec spec = megaplan::load_model_spec(kExamples + "/hf/llama3-8b-config.json");
+  const megaplan::ModelSpec preset = megaplan::model_preset("llama3-8b");
+  CHECK(spec.num_layers == 32);
+  CHECK(spec.hidden_size == 4096);
+  CHECK(spec.effective_ffn_hidden_size() == 14336);
+  CHECK(spec.num_attention_heads == 32);
+  CHECK(spec.effective_num_query_groups() == 8);
+  CHECK(spec.vocab_size == 128256);
+  CHECK(spec.max_position_embeddings == 8192);
+  CHECK(spec.seq_length == 8192);
+  CHECK(spec.swiglu);
+  CHECK(spec.normalization == megaplan::Normalization::kRMSNorm);
+  CHECK(spec.position_embedding_type == megaplan::PositionEmbedding::kRope);
+  CHECK(spec.untie_embeddings_and_output_weights);
+  CHECK_FALSE(spec.add_bias_linear);
+  CHECK_FALSE(spec.add_qkv_bias);
+  CHECK(megaplan::total_parameters(spec) == megaplan::total_parameters(preset));
+}
+
+TEST_CASE("a GPT-2 config.json imports with GPT-2's defaults", "[hf_config]") {
+  const megaplan::ModelSpec spec = megaplan::load_model_spec(kExamples + "/hf/gpt2-config.json");
+  CHECK(spec.num_layers == 12);
+  CHECK(spec.hidden_size == 768);
+  CHECK(spec.effective_ffn_hidden_size() == 3072);
+  CHECK(spec.seq_length == 1024);
+  CHECK_FALSE(spec.untie_embeddings_and_output_weights);
+  CHECK(spec.normalization == megaplan::Normalization::kLayerNorm);
+  CHECK(megaplan::total_parameters(spec) == megaplan::total_parameters(megaplan::model_preset("gpt2-124m")));
+}
+
+TEST_CASE("Qwen2 and Mistral use the Llama field names; Qwen2 has QKV biases", "[hf_config]") {
+  nlohmann::json qwen = {{"model_type", "qwen2"},          {"num_hidden_layers", 24},
+                         {"hidden_size", 896},             {"intermediate_size", 4864},
+                         {"num_attention_heads", 14},      {"num_key_value_heads", 2},
+                         {"max_position_embeddings", 32768}, {"vocab_size", 151936},
+                         {"tie_word_embeddings", true},    {"hidden_act", "silu"}};
+  const megaplan::ModelSpec spec = megaplan::model_spec_from_hf_config(qwen, "qwen.json");
+  CHECK(spec.add_qkv_bias);
+  CHECK_FALSE(spec.untie_embeddings_and_output_weights);
+  CHECK(spec.effective_kv_channels() == 64);
+  // Qwen2-0.5B: 494,032,768 parameters as published on its model card ("0.49B").
+  CHECK(megaplan::total_parameters(spec) == 494'032'768);
+
+  nlohmann::json mistral = qwen;
+  mistral["model_type"] = "mistral";
+  mistral["head_dim"] = 128;
+  const megaplan::ModelSpec mistral_spec = megaplan::model_spec_from_hf_config(mistral, "m.json");
+  CHECK(mistral_spec.effective_kv_channels() == 128);
+  CHECK_FALSE(mistral_spec.add_qkv_bias);
+}
+
+TEST_CASE("unsupported or broken HF configs name the field", "[hf_config]") {
+  const nlohmann::json bert = {{"model_type", "bert"}, {"num_hidden_layers", 12}};
+  CHECK_THROWS_WITH(megaplan::model_spec_from_hf_config(bert, "c.json"),
+                    "c.json: model_type: unsupported \"bert\"; supported: llama, mistral, qwen2, gpt2");
+  const nlohmann::json missing = {{"model_type", "llama"}, {"num_hidden_layers", 12}};
+  CHECK_THROWS_WITH(megaplan::model_spec_from_hf_config(missing, "c.json"), "c.json: hidden_size: required field is missing");
+  nlohmann::json gelu = {{"model_type", "llama"}, {"hidden_act", "gelu"}};
+  CHECK_THROWS_WITH(megaplan::model_spec_from_hf_config(gelu, "c.json"), Contains("c.json: hidden_act: only \"silu\""));
+  CHECK(megaplan::is_hf_config(nlohmann::json{{"n_layer", 2}}));
+  CHECK_FALSE(megaplan::is_hf_config(nlohmann::json{{"num_layers", 2}}));
+}
+
+TEST_CASE("a megaplan model file loads by path", "[hf_config]") {
+  const megaplan::ModelSpec spec = megaplan::load_model_spec(kExamples + "/models/tiny-gpt.json");
+  CHECK(spec.name == "tiny-gpt");
+  CHECK(spec.num_layers == 2);
+  CHECK(megaplan::padded_vocab_size(spec, 1) == 256);
+}

@@ -1,0 +1,44 @@
+// Model presets: each validates and our parameter count matches the published size within 2%.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <set>
+
+#include "core/error.h"
+#include "core/formulas.h"
+#include "core/model_presets.h"
+
+using Catch::Matchers::Contains;
+
+TEST_CASE("every preset validates and matches its published size within 2%", "[model_presets]") {
+  const std::set<std::string> required = {"gpt2-124m", "gpt2-350m",  "gpt2-774m",  "gpt2-1.5b",
+                                          "gpt-1.3b",  "gpt3-175b",  "gpt-1t",     "llama2-7b",
+                                          "llama3-8b", "llama3-70b", "llama3.1-405b"};
+  std::set<std::string> seen;
+  for (const megaplan::ModelPreset& preset : megaplan::model_presets()) {
+    INFO(preset.spec.name);
+    seen.insert(preset.spec.name);
+    CHECK_NOTHROW(megaplan::validate_model_spec(preset.spec));
+    CHECK_FALSE(preset.citation.empty());
+    const double counted = static_cast<double>(megaplan::total_parameters(preset.spec));
+    CHECK(std::abs(counted / preset.published_parameters - 1.0) < 0.02);
+  }
+  for (const std::string& name : required) {
+    INFO(name);
+    CHECK(seen.count(name) == 1);
+  }
+}
+
+TEST_CASE("exact counts for models whose sizes are published to the parameter", "[model_presets]") {
+  // Hugging Face's Meta-Llama-3-8B has 8,030,261,248 parameters; the vocabulary 128256 needs no padding.
+  CHECK(megaplan::total_parameters(megaplan::model_preset("llama3-8b")) == 8'030'261'248);
+  // GPT-2 small has 124,439,808 with its 50257-token vocabulary; Megatron pads it to 50304,
+  // adding 47 * 768 = 36,096 embedding parameters.
+  CHECK(megaplan::total_parameters(megaplan::model_preset("gpt2-124m")) == 124'439'808 + 47 * 768);
+}
+
+TEST_CASE("an unknown preset lists the known ones", "[model_presets]") {
+  CHECK_THROWS_WITH(megaplan::model_preset("gpt5"),
+                    Contains("--model: unknown preset \"gpt5\"; known presets: gpt2-124m, gpt2-350m") &&
+                        Contains("llama3.1-405b"));
+}

@@ -1,0 +1,119 @@
+// ModelSpec: Megatron defaults, vocabulary padding, every validation rule, strict JSON.
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/model_presets.h"
+#include "core/model_spec.h"
+
+using megaplan::ModelSpec;
+using megaplan::SpecError;
+using Catch::Matchers::Contains;
+
+namespace {
+
+ModelSpec small_gpt() {
+  ModelSpec spec;
+  spec.name = "small";
+  spec.num_layers = 4;
+  spec.hidden_size = 256;
+  spec.num_attention_heads = 8;
+  spec.seq_length = 512;
+  spec.vocab_size = 50257;
+  return spec;
+}
+
+}  // namespace
+
+TEST_CASE("Megatron's defaults fill unset fields", "[model_spec]") {
+  ModelSpec spec = small_gpt();
+  CHECK(spec.effective_ffn_hidden_size() == 1024);
+  CHECK(spec.effective_num_query_groups() == 8);
+  CHECK(spec.effective_kv_channels() == 32);
+  CHECK(spec.effective_max_position_embeddings() == 512);
+  spec.hidden_size = 4096;
+  spec.swiglu = true;
+  // int((4 * 4096 * 2 / 3) / 64) * 64 = 10880
+  CHECK(spec.effective_ffn_hidden_size() == 10880);
+}
+
+TEST_CASE("vocabulary pads to a multiple of 128 * tp", "[model_spec]") {
+  const ModelSpec spec = small_gpt();
+  CHECK(megaplan::padded_vocab_size(spec, 1) == 50304);
+  CHECK(megaplan::padded_vocab_size(spec, 2) == 50432);
+  CHECK(megaplan::padded_vocab_size(spec, 8) == 51200);
+  ModelSpec exact = spec;
+  exact.vocab_size = 128256;  // already a multiple of 128
+  CHECK(megaplan::padded_vocab_size(exact, 1) == 128256);
+}
+
+TEST_CASE("every validation rule names its field", "[model_spec]") {
+  CHECK_NOTHROW(megaplan::validate_model_spec(small_gpt()));
+  struct Case {
+    const char* name;
+    void (*mutate)(ModelSpec&);
+    const char* message;
+  };
+  const Case cases[] = {
+      {"zero layers", [](ModelSpec& s) { s.num_layers = 0; }, "--num-layers: must be a positive integer, got 0"},
+      {"negative hidden", [](ModelSpec& s) { s.hidden_size = -8; }, "--hidden-size: must be a positive integer, got -8"},
+      {"zero heads", [](ModelSpec& s) { s.num_attention_heads = 0; }, "--num-attention-heads: must be a positive"},
+      {"zero seq", [](ModelSpec& s) { s.seq_length = 0; }, "--seq-length: must be a positive"},
+      {"zero vocab", [](ModelSpec& s) { s.vocab_size = 0; }, "--vocab-size: must be a positive"},
+      {"zero padding", [](ModelSpec& s) { s.make_vocab_size_divisible_by = 0; }, "--make-vocab-size-divisible-by: must be a positive"},
+      {"negative ffn", [](ModelSpec& s) { s.ffn_hidden_size = -1; }, "--ffn-hidden-size: must be a positive integer, got -1"},
+      {"negative groups", [](ModelSpec& s) { s.num_query_groups = -2; }, "--num-query-groups: must be a positive"},
+      {"negative kv channels", [](ModelSpec& s) { s.kv_channels = -2; }, "--kv-channels: must be a positive"},
+      {"negative positions", [](ModelSpec& s) { s.max_position_embeddings = -2; }, "--max-position-embeddings: must be a positive"},
+      {"hidden not divisible by heads", [](ModelSpec& s) { s.num_attention_heads = 12; },
+       "--hidden-size: must be divisible by --num-attention-heads (256 % 12 != 0)"},
+      {"groups do not divide heads", [](ModelSpec& s) { s.num_query_groups = 3; },
+       "--num-query-groups: must divide --num-attention-heads (8 heads, 3 groups)"},
+      {"more groups than heads", [](ModelSpec& s) { s.num_query_groups = 16; }, "--num-query-groups: must divide"},
+      {"sequence beyond positions", [](ModelSpec& s) { s.max_position_embeddings = 256; },
+       "--seq-length: must not exceed --max-position-embeddings (512 > 256)"},
+      {"swiglu default rounds to zero", [](ModelSpec& s) { s.hidden_size = 16; s.num_attention_heads = 1; s.swiglu = true; },
+       "--ffn-hidden-size: the SwiGLU default"},
+      {"overflowing hidden size", [](ModelSpec& s) { s.hidden_size = int64_t{1} << 40; s.num_attention_heads = 1; },
+       "overflows 64 bits"},
+      {"hidden size overflowing its defaults", [](ModelSpec& s) { s.hidden_size = int64_t{1} << 62; s.num_attention_heads = 1; },
+       "--hidden-size: product 4611686018427387904 x 8 overflows 64 bits"},
+      {"vocabulary at the 64-bit limit", [](ModelSpec& s) { s.vocab_size = INT64_MAX; }, "--vocab-size: product"},
+      {"overflowing vocabulary", [](ModelSpec& s) { s.vocab_size = int64_t{1} << 55; }, "--vocab-size: product"},
+  };
+  for (const Case& c : cases) {
+    INFO(c.name);
+    ModelSpec spec = small_gpt();
+    c.mutate(spec);
+    CHECK_THROWS_WITH(megaplan::validate_model_spec(spec), Contains(c.message));
+  }
+  ModelSpec explicit_head_dim = small_gpt();
+  explicit_head_dim.num_attention_heads = 12;
+  explicit_head_dim.kv_channels = 64;  // heads need not divide hidden when the head dim is given
+  CHECK_NOTHROW(megaplan::validate_model_spec(explicit_head_dim));
+}
+
+TEST_CASE("model JSON round-trips and rejects unknown or mistyped fields", "[model_spec]") {
+  for (const megaplan::ModelPreset& preset : megaplan::model_presets()) {
+    INFO(preset.spec.name);
+    const nlohmann::json json = megaplan::model_spec_to_json(preset.spec);
+    const ModelSpec back = megaplan::model_spec_from_json(json, "test.json");
+    CHECK(megaplan::model_spec_to_json(back) == json);
+  }
+  nlohmann::json json = megaplan::model_spec_to_json(small_gpt());
+  json["num_layer"] = 3;
+  CHECK_THROWS_WITH(megaplan::model_spec_from_json(json, "m.json"), "m.json: num_layer: unknown field");
+  json.erase("num_layer");
+  json["hidden_size"] = "256";
+  CHECK_THROWS_WITH(megaplan::model_spec_from_json(json, "m.json"),
+                    "m.json: hidden_size: must be an integer, got string \"256\"");
+  json["hidden_size"] = 256;
+  json["normalization"] = "BatchNorm";
+  CHECK_THROWS_WITH(megaplan::model_spec_from_json(json, "m.json"),
+                    "m.json: normalization: must be LayerNorm or RMSNorm, got \"BatchNorm\"");
+  json.erase("normalization");
+  json.erase("num_layers");
+  CHECK_THROWS_WITH(megaplan::model_spec_from_json(json, "m.json"), "m.json: num_layers: required field is missing");
+  json["num_layers"] = 18446744073709551615u;
+  CHECK_THROWS_WITH(megaplan::model_spec_from_json(json, "m.json"), Contains("overflows 64 bits"));
+}
