@@ -18,10 +18,6 @@ void require_non_negative(double value, const std::string& field) {
   if (!(value >= 0)) throw SpecError(field, "must not be negative, got " + std::to_string(value));
 }
 
-bool ends_with(const std::string& text, const std::string& suffix) {
-  return text.size() >= suffix.size() && text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 }  // namespace
 
 void validate_cluster_spec(const ClusterSpec& cluster) {
@@ -75,7 +71,7 @@ ClusterSpec select_gpus(const ClusterSpec& cluster, int64_t gpus) {
 }
 
 ClusterSpec load_cluster_spec(const std::string& name_or_path) {
-  if (!ends_with(name_or_path, ".json")) return cluster_preset(name_or_path);
+  if (!name_or_path.ends_with(".json")) return cluster_preset(name_or_path);
   ClusterSpec cluster = cluster_spec_from_json(read_json_file(name_or_path), name_or_path);
   validate_cluster_spec(cluster);
   return cluster;
