@@ -5,6 +5,7 @@
 
 #include "core/checked_math.h"
 #include "core/json_io.h"
+#include "core/schedule/generators.h"
 
 namespace megaplan {
 
@@ -151,12 +152,8 @@ void validate_plan(const ModelSpec& model, const ParallelPlan& plan) {
       if (vpp != 1) throw SpecError(schedule, kind + " runs one stage per rank; needs vpp = 1, got " + str(vpp));
       break;
     case ScheduleKind::kInterleaved:
-      if (vpp < 2) throw SpecError(schedule, kind + " needs --virtual-pipeline-model-parallel-size >= 2, got " + str(vpp));
-      // Megatron: each group of microbatches per virtual stage holds between pp and M microbatches.
-      if (plan.num_microbatches() < pp) {
-        throw SpecError(schedule, kind + " needs at least pp = " + str(pp) + " microbatches per iteration, got " +
-                                      str(plan.num_microbatches()) + " (gbs/(mbs*dp))");
-      }
+      // Megatron's default microbatch group per virtual stage is pp.
+      validate_interleaved_shape(pp, vpp, plan.num_microbatches(), pp);
       break;
     case ScheduleKind::kZeroBubbleV:
     case ScheduleKind::kDualPipeV:

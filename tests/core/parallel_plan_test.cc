@@ -96,9 +96,9 @@ TEST_CASE("every plan rule has a failing case that names it", "[parallel_plan]")
       {"1f1b needs vpp 1", [](ParallelPlan& p) { p.virtual_pipeline_parallel_size = 2; },
        "--schedule: 1f1b runs one stage per rank; needs vpp = 1, got 2"},
       {"interleaved needs vpp >= 2", [](ParallelPlan& p) { p.schedule = ScheduleKind::kInterleaved; },
-       "--schedule: interleaved needs --virtual-pipeline-model-parallel-size >= 2, got 1"},
+       "--virtual-pipeline-model-parallel-size: the interleaved schedule needs vpp >= 2, got 1"},
       {"interleaved needs M >= pp", [](ParallelPlan& p) { p.schedule = ScheduleKind::kInterleaved; p.virtual_pipeline_parallel_size = 2; p.pipeline_parallel_size = 4; p.data_parallel_size = 1; p.global_batch_size = 6; },
-       "--schedule: interleaved needs at least pp = 4 microbatches per iteration, got 3 (gbs/(mbs*dp))"},
+       "--global-batch-size: the interleaved schedule needs pp <= microbatch group size <= microbatches; got pp 4, group 4, 3 microbatches"},
       {"V schedules need vpp 2", [](ParallelPlan& p) { p.schedule = ScheduleKind::kZeroBubbleV; },
        "--schedule: zbv places two stages per rank in a V; needs vpp = 2, got 1"},
   };

@@ -1,0 +1,133 @@
+// Action text form.
+#include "core/schedule/action.h"
+
+#include <cctype>
+
+#include "core/error.h"
+
+namespace megaplan {
+
+namespace {
+
+struct KindToken {
+  ActionKind kind;
+  const char* token;
+  bool has_microbatch;
+};
+
+// Matched as prefixes of what follows the stage number, so the one-letter "F" comes after "SEND_F".
+constexpr KindToken kTokens[] = {
+    {ActionKind::kReduceGrad, "REDUCE_GRAD", false}, {ActionKind::kSendForward, "SEND_F", true},
+    {ActionKind::kRecvForward, "RECV_F", true},      {ActionKind::kSendBackward, "SEND_B", true},
+    {ActionKind::kRecvBackward, "RECV_B", true},     {ActionKind::kForward, "F", true},
+    {ActionKind::kBackward, "B", true},              {ActionKind::kBackwardInput, "I", true},
+    {ActionKind::kBackwardWeight, "W", true},
+};
+
+const char* kOptimToken = "OPTIM";
+const char* kOverlapToken = "OVERLAP_F_B";
+
+bool all_digits(const std::string& text) {
+  if (text.empty()) return false;
+  for (char c : text) {
+    if (!std::isdigit(static_cast<unsigned char>(c))) return false;
+  }
+  return true;
+}
+
+int64_t parse_index(const std::string& digits, const std::string& text, const std::string& field) {
+  if (digits.size() > 15) throw SpecError(field, "index too large in action \"" + text + "\"");
+  return std::stoll(digits);
+}
+
+Action make(ActionKind kind, int64_t stage, int64_t microbatch) {
+  Action action;
+  action.kind = kind;
+  action.stage = stage;
+  action.microbatch = microbatch;
+  return action;
+}
+
+}  // namespace
+
+std::string action_kind_token(ActionKind kind) {
+  if (kind == ActionKind::kOptimizer) return kOptimToken;
+  if (kind == ActionKind::kOverlapForwardBackward) return kOverlapToken;
+  for (const KindToken& entry : kTokens) {
+    if (entry.kind == kind) return entry.token;
+  }
+  return "?";
+}
+
+Action forward(int64_t stage, int64_t microbatch) { return make(ActionKind::kForward, stage, microbatch); }
+Action backward(int64_t stage, int64_t microbatch) { return make(ActionKind::kBackward, stage, microbatch); }
+Action backward_input(int64_t stage, int64_t microbatch) { return make(ActionKind::kBackwardInput, stage, microbatch); }
+Action backward_weight(int64_t stage, int64_t microbatch) {
+  return make(ActionKind::kBackwardWeight, stage, microbatch);
+}
+
+std::string to_string(const Action& action) {
+  switch (action.kind) {
+    case ActionKind::kOptimizer:
+      return kOptimToken;
+    case ActionKind::kOverlapForwardBackward: {
+      std::string text = "(";
+      for (std::size_t i = 0; i < action.overlapped.size(); ++i) {
+        text += (i > 0 ? ";" : "") + to_string(action.overlapped[i]);
+      }
+      return text + ")" + kOverlapToken;
+    }
+    case ActionKind::kReduceGrad:
+      return std::to_string(action.stage) + action_kind_token(action.kind);
+    default:
+      return std::to_string(action.stage) + action_kind_token(action.kind) + std::to_string(action.microbatch);
+  }
+}
+
+std::string to_string(const std::vector<Action>& actions) {
+  std::string text;
+  for (const Action& action : actions) text += (text.empty() ? "" : " ") + to_string(action);
+  return text;
+}
+
+Action parse_action(const std::string& text, const std::string& field) {
+  const std::string unknown = "unknown action \"" + text + "\"";
+  if (text == kOptimToken) return make(ActionKind::kOptimizer, 0, -1);
+
+  const std::string overlap_suffix = std::string(")") + kOverlapToken;
+  if (text.starts_with("(") && text.ends_with(overlap_suffix)) {
+    const std::string inner = text.substr(1, text.size() - 1 - overlap_suffix.size());
+    const std::size_t separator = inner.find(';');
+    if (separator == std::string::npos) throw SpecError(field, unknown + ": OVERLAP_F_B needs two actions");
+    Action overlap = make(ActionKind::kOverlapForwardBackward, 0, -1);
+    overlap.overlapped = {parse_action(inner.substr(0, separator), field),
+                          parse_action(inner.substr(separator + 1), field)};
+    for (const Action& part : overlap.overlapped) {
+      if (part.kind != ActionKind::kForward && part.kind != ActionKind::kBackward &&
+          part.kind != ActionKind::kBackwardInput) {
+        throw SpecError(field, unknown + ": OVERLAP_F_B overlaps a forward and a backward");
+      }
+    }
+    return overlap;
+  }
+
+  std::size_t digits_end = 0;
+  while (digits_end < text.size() && std::isdigit(static_cast<unsigned char>(text[digits_end]))) ++digits_end;
+  if (digits_end == 0) throw SpecError(field, unknown + ": expected a stage number first");
+  const int64_t stage = parse_index(text.substr(0, digits_end), text, field);
+  const std::string rest = text.substr(digits_end);
+  for (const KindToken& entry : kTokens) {
+    const std::string token = entry.token;
+    if (!rest.starts_with(token)) continue;
+    const std::string microbatch = rest.substr(token.size());
+    if (!entry.has_microbatch) {
+      if (!microbatch.empty()) throw SpecError(field, unknown + ": " + token + " takes no microbatch");
+      return make(entry.kind, stage, -1);
+    }
+    if (!all_digits(microbatch)) throw SpecError(field, unknown + ": " + token + " needs a microbatch number");
+    return make(entry.kind, stage, parse_index(microbatch, text, field));
+  }
+  throw SpecError(field, unknown);
+}
+
+}  // namespace megaplan

@@ -1,0 +1,54 @@
+// Action: one step of a pipeline rank's schedule — a tiny value with torch.distributed.pipelining's
+// text form ("2F0", "1B3", "0SEND_F1", "1REDUCE_GRAD", "(0F3;3B1)OVERLAP_F_B"), so schedules
+// round-trip with torchtitan's pipeline_parallel_schedule_csv files.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace megaplan {
+
+enum class ActionKind {
+  kForward,                // F
+  kBackward,               // B: backward for inputs and weights together
+  kBackwardInput,          // I
+  kBackwardWeight,         // W
+  kSendForward,            // SEND_F: activations to the next stage
+  kRecvForward,            // RECV_F
+  kSendBackward,           // SEND_B: gradients to the previous stage
+  kRecvBackward,           // RECV_B
+  kReduceGrad,             // REDUCE_GRAD: data-parallel gradient sync of one stage
+  kOptimizer,              // OPTIM: the rank's optimizer step (megaplan's; torch has none)
+  kOverlapForwardBackward  // OVERLAP_F_B: DualPipeV's forward of one chunk overlapped with a backward
+};
+
+// The token between stage and microbatch: "F", "SEND_F", "OVERLAP_F_B", ...
+std::string action_kind_token(ActionKind kind);
+
+struct Action {
+  ActionKind kind = ActionKind::kForward;
+  int64_t stage = 0;           // virtual stage; unused (0) for OPTIM and OVERLAP_F_B
+  int64_t microbatch = -1;     // -1 where the kind has none (REDUCE_GRAD, OPTIM, OVERLAP_F_B)
+  std::vector<Action> overlapped;  // OVERLAP_F_B only: the forward, then the backward
+
+  bool operator==(const Action&) const = default;
+};
+
+// Convenience constructors for generators and tests.
+Action forward(int64_t stage, int64_t microbatch);
+Action backward(int64_t stage, int64_t microbatch);
+Action backward_input(int64_t stage, int64_t microbatch);
+Action backward_weight(int64_t stage, int64_t microbatch);
+
+// torch's text form. OPTIM is written "OPTIM" (it belongs to the rank, not a stage).
+std::string to_string(const Action& action);
+
+// Parses the text form; throws SpecError(field, ...) naming the text for anything else, e.g.
+// an unknown kind, a missing microbatch on F, or a microbatch on REDUCE_GRAD.
+Action parse_action(const std::string& text, const std::string& field);
+
+// "0F0 0F1 1B0" for messages and tests.
+std::string to_string(const std::vector<Action>& actions);
+
+}  // namespace megaplan

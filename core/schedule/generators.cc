@@ -1,0 +1,111 @@
+// GPipe and Megatron's 1F1B.
+#include "core/schedule/generators.h"
+
+#include <algorithm>
+#include <string>
+
+#include "core/error.h"
+
+namespace megaplan {
+
+std::vector<Action> gpipe_schedule(int64_t pipeline_parallel_size, int64_t microbatches, int64_t rank) {
+  (void)pipeline_parallel_size;  // every rank runs the same order on its own stage
+  std::vector<Action> actions;
+  actions.reserve(static_cast<std::size_t>(2 * microbatches));
+  for (int64_t microbatch = 0; microbatch < microbatches; ++microbatch) actions.push_back(forward(rank, microbatch));
+  for (int64_t microbatch = 0; microbatch < microbatches; ++microbatch) actions.push_back(backward(rank, microbatch));
+  return actions;
+}
+
+std::vector<Action> one_f_one_b_schedule(int64_t pipeline_parallel_size, int64_t microbatches, int64_t rank) {
+  const int64_t warmup = std::min(pipeline_parallel_size - rank - 1, microbatches);
+  const int64_t steady = microbatches - warmup;
+  std::vector<Action> actions;
+  actions.reserve(static_cast<std::size_t>(2 * microbatches));
+  for (int64_t microbatch = 0; microbatch < warmup; ++microbatch) actions.push_back(forward(rank, microbatch));
+  for (int64_t step = 0; step < steady; ++step) {
+    actions.push_back(forward(rank, warmup + step));
+    actions.push_back(backward(rank, step));
+  }
+  for (int64_t microbatch = steady; microbatch < microbatches; ++microbatch) {
+    actions.push_back(backward(rank, microbatch));
+  }
+  return actions;
+}
+
+std::vector<VirtualMicrobatch> interleaved_schedule_table(int64_t microbatches, int64_t model_chunks,
+                                                          int64_t group_size) {
+  std::vector<VirtualMicrobatch> table;
+  table.reserve(static_cast<std::size_t>(microbatches * model_chunks));
+  for (int64_t group_start = 0; group_start < microbatches; group_start += group_size) {
+    const int64_t group_end = std::min(group_start + group_size, microbatches);
+    for (int64_t chunk = 0; chunk < model_chunks; ++chunk) {
+      for (int64_t microbatch = group_start; microbatch < group_end; ++microbatch) table.push_back({microbatch, chunk});
+    }
+  }
+  return table;
+}
+
+void validate_interleaved_shape(int64_t pipeline_parallel_size, int64_t virtual_pipeline_size, int64_t microbatches,
+                                int64_t group_size) {
+  const std::string field = "--global-batch-size";
+  if (virtual_pipeline_size < 2) {
+    throw SpecError("--virtual-pipeline-model-parallel-size",
+                    "the interleaved schedule needs vpp >= 2, got " + std::to_string(virtual_pipeline_size));
+  }
+  if (pipeline_parallel_size < 2) {
+    throw SpecError("--pipeline-model-parallel-size",
+                    "the interleaved schedule needs pp >= 2, got " + std::to_string(pipeline_parallel_size));
+  }
+  if (group_size < pipeline_parallel_size || group_size > microbatches) {
+    throw SpecError(field, "the interleaved schedule needs pp <= microbatch group size <= microbatches; got pp " +
+                               std::to_string(pipeline_parallel_size) + ", group " + std::to_string(group_size) +
+                               ", " + std::to_string(microbatches) + " microbatches");
+  }
+}
+
+std::vector<Action> interleaved_schedule(int64_t pipeline_parallel_size, int64_t virtual_pipeline_size,
+                                         int64_t microbatches, int64_t group_size, int64_t rank) {
+  const std::vector<VirtualMicrobatch> table =
+      interleaved_schedule_table(microbatches, virtual_pipeline_size, group_size);
+  const int64_t total = static_cast<int64_t>(table.size());
+  const int64_t warmup =
+      std::min((pipeline_parallel_size - rank - 1) * 2 + (virtual_pipeline_size - 1) * group_size, total);
+  const auto stage_of_chunk = [&](int64_t chunk) { return chunk * pipeline_parallel_size + rank; };
+  const auto forward_of = [&](int64_t k) {
+    const VirtualMicrobatch& entry = table[static_cast<std::size_t>(k)];
+    return forward(stage_of_chunk(entry.model_chunk), entry.microbatch);
+  };
+  const auto backward_of = [&](int64_t k) {
+    const VirtualMicrobatch& entry = table[static_cast<std::size_t>(k)];
+    return backward(stage_of_chunk(virtual_pipeline_size - 1 - entry.model_chunk), entry.microbatch);
+  };
+  std::vector<Action> actions;
+  actions.reserve(static_cast<std::size_t>(2 * total));
+  for (int64_t k = 0; k < warmup; ++k) actions.push_back(forward_of(k));
+  for (int64_t k = 0; k < total - warmup; ++k) {
+    actions.push_back(forward_of(warmup + k));
+    actions.push_back(backward_of(k));
+  }
+  for (int64_t k = total - warmup; k < total; ++k) actions.push_back(backward_of(k));
+  return actions;
+}
+
+int64_t peak_inflight_microbatches(const std::vector<Action>& actions) {
+  int64_t inflight = 0;
+  int64_t peak = 0;
+  const auto account = [&](const Action& action) {
+    if (action.kind == ActionKind::kForward) peak = std::max(peak, ++inflight);
+    if (action.kind == ActionKind::kBackward || action.kind == ActionKind::kBackwardInput) --inflight;
+  };
+  for (const Action& action : actions) {
+    if (action.kind == ActionKind::kOverlapForwardBackward) {
+      for (const Action& part : action.overlapped) account(part);
+    } else {
+      account(action);
+    }
+  }
+  return peak;
+}
+
+}  // namespace megaplan

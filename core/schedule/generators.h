@@ -1,0 +1,50 @@
+// Schedule generators: pure functions of (pipeline size, microbatches, rank) that return one
+// pipeline rank's compute actions in order, before lowering adds sends and receives.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/schedule/action.h"
+
+namespace megaplan {
+
+// GPipe: every forward, then every backward, both in microbatch order.
+// REQUIRES: pipeline_parallel_size > 0, microbatches > 0, 0 <= rank < pipeline_parallel_size.
+std::vector<Action> gpipe_schedule(int64_t pipeline_parallel_size, int64_t microbatches, int64_t rank);
+
+// Megatron-LM's forward_backward_pipelining_without_interleaving: min(pp - rank - 1, M) warm-up
+// forwards, then one forward and one backward per step, then the remaining backwards.
+// REQUIRES: as gpipe_schedule.
+std::vector<Action> one_f_one_b_schedule(int64_t pipeline_parallel_size, int64_t microbatches, int64_t rank);
+
+// Megatron-LM's get_schedule_table: the (microbatch, model chunk) of each virtual microbatch of an
+// interleaved schedule. Microbatches go in groups of `group_size`; within a group every chunk
+// runs the whole group before the next chunk; the last group may be shorter.
+struct VirtualMicrobatch {
+  int64_t microbatch;
+  int64_t model_chunk;
+  bool operator==(const VirtualMicrobatch&) const = default;
+};
+std::vector<VirtualMicrobatch> interleaved_schedule_table(int64_t microbatches, int64_t model_chunks,
+                                                          int64_t group_size);
+
+// Throws SpecError("--global-batch-size", ...) unless Megatron runs this interleaved shape:
+// vpp >= 2, pp >= 2, and pp <= microbatch group size <= microbatches.
+void validate_interleaved_shape(int64_t pipeline_parallel_size, int64_t virtual_pipeline_size, int64_t microbatches,
+                                int64_t group_size);
+
+// Megatron-LM's forward_backward_pipelining_with_interleaving (current, with
+// microbatch_group_size_per_vp_stage): (pp - rank - 1) * 2 + (vpp - 1) * group warm-up forwards
+// (all of them when that reaches M * vpp), then one forward and one backward per step, then the
+// remaining backwards. Forwards walk the schedule table; backwards walk it too with the chunk order
+// reversed. Stage of chunk c on rank r: c * pp + r ("loop" placement).
+// REQUIRES: validate_interleaved_shape passed.
+std::vector<Action> interleaved_schedule(int64_t pipeline_parallel_size, int64_t virtual_pipeline_size,
+                                         int64_t microbatches, int64_t group_size, int64_t rank);
+
+// The most microbatches whose activations a rank holds at once: forwards (F, or the forward of an
+// OVERLAP_F_B) not yet followed by their backward (B or I) on the same stage.
+int64_t peak_inflight_microbatches(const std::vector<Action>& actions);
+
+}  // namespace megaplan
