@@ -1,0 +1,115 @@
+// Send/receive insertion by simulating the ranks' progress in rounds.
+#include "core/schedule/lowering.h"
+
+#include <set>
+
+#include "core/error.h"
+#include "core/schedule/dependencies.h"
+
+namespace megaplan {
+
+namespace {
+
+Action message(ActionKind kind, int64_t stage, int64_t microbatch) {
+  Action action;
+  action.kind = kind;
+  action.stage = stage;
+  action.microbatch = microbatch;
+  return action;
+}
+
+class Lowerer {
+ public:
+  explicit Lowerer(const PipelineSchedule& compute)
+      : compute_(compute), shape_(compute.shape), out_(compute.ranks.size()), done_(compute.ranks.size()),
+        next_(compute.ranks.size(), 0), weight_gradients_(static_cast<std::size_t>(shape_.num_stages), 0) {}
+
+  PipelineSchedule run() {
+    std::size_t remaining = 0;
+    for (const auto& actions : compute_.ranks) remaining += actions.size();
+    while (remaining > 0) {
+      bool progress = false;
+      for (std::size_t rank = 0; rank < compute_.ranks.size(); ++rank) {
+        if (next_[rank] == compute_.ranks[rank].size()) continue;
+        const Action& action = compute_.ranks[rank][next_[rank]];
+        if (!ready(rank, action)) continue;
+        schedule(rank, action);
+        ++next_[rank];
+        --remaining;
+        progress = true;
+      }
+      if (!progress) throw stuck();
+    }
+    PipelineSchedule lowered;
+    lowered.shape = shape_;
+    lowered.lowered = true;
+    lowered.ranks = std::move(out_);
+    for (auto& actions : lowered.ranks) actions.push_back(message(ActionKind::kOptimizer, 0, -1));
+    return lowered;
+  }
+
+ private:
+  bool ready(std::size_t rank, const Action& action) const {
+    for (const Action& needed : dependencies(action, shape_, /*lowered=*/true)) {
+      if (done_[rank].count(dependency_key(needed)) == 0) return false;
+    }
+    return true;
+  }
+
+  void append(std::size_t rank, const Action& action) {
+    out_[rank].push_back(action);
+    for (const DependencyKey& key : provided_keys(action)) done_[rank].insert(key);
+  }
+
+  void schedule(std::size_t rank, const Action& action) {
+    append(rank, action);
+    if (action.kind == ActionKind::kOverlapForwardBackward) {
+      for (const Action& part : action.overlapped) add_messages_and_reductions(rank, part);
+    } else {
+      add_messages_and_reductions(rank, action);
+    }
+  }
+
+  void add_messages_and_reductions(std::size_t rank, const Action& action) {
+    const int64_t s = action.stage;
+    const int64_t m = action.microbatch;
+    const auto here = static_cast<int64_t>(rank);
+    if (action.kind == ActionKind::kForward && s + 1 < shape_.num_stages && shape_.rank_of_stage(s + 1) != here) {
+      append(rank, message(ActionKind::kSendForward, s, m));
+      append(static_cast<std::size_t>(shape_.rank_of_stage(s + 1)), message(ActionKind::kRecvForward, s + 1, m));
+    }
+    const bool input_gradient = action.kind == ActionKind::kBackward || action.kind == ActionKind::kBackwardInput;
+    if (input_gradient && s > 0 && shape_.rank_of_stage(s - 1) != here) {
+      append(rank, message(ActionKind::kSendBackward, s, m));
+      append(static_cast<std::size_t>(shape_.rank_of_stage(s - 1)), message(ActionKind::kRecvBackward, s - 1, m));
+    }
+    const bool weight_gradient = action.kind == ActionKind::kBackward || action.kind == ActionKind::kBackwardWeight;
+    if (weight_gradient && ++weight_gradients_[static_cast<std::size_t>(s)] == shape_.microbatches) {
+      append(rank, message(ActionKind::kReduceGrad, s, -1));
+    }
+  }
+
+  SpecError stuck() const {
+    std::string waiting;
+    for (std::size_t rank = 0; rank < compute_.ranks.size(); ++rank) {
+      if (next_[rank] == compute_.ranks[rank].size()) continue;
+      waiting += (waiting.empty() ? "" : ", ") + std::string("rank ") + std::to_string(rank) + " at " +
+                 to_string(compute_.ranks[rank][next_[rank]]);
+    }
+    return SpecError("schedule", "cannot lower: no rank can run its next action (" + waiting +
+                                     "): the compute order waits on work that is scheduled later");
+  }
+
+  const PipelineSchedule& compute_;
+  const ScheduleShape shape_;
+  std::vector<std::vector<Action>> out_;
+  std::vector<std::set<DependencyKey>> done_;
+  std::vector<std::size_t> next_;
+  std::vector<int64_t> weight_gradients_;
+};
+
+}  // namespace
+
+PipelineSchedule lower_schedule(const PipelineSchedule& compute) { return Lowerer(compute).run(); }
+
+}  // namespace megaplan

@@ -1,0 +1,34 @@
+// PipelineSchedule: every pipeline rank's ordered action list plus the shape it runs on — the value
+// the simulator costs and the executor performs.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/parallel_plan.h"
+#include "core/schedule/action.h"
+
+namespace megaplan {
+
+struct ScheduleShape {
+  int64_t pipeline_parallel_size = 1;
+  int64_t num_stages = 1;  // virtual stages: pp * stages per rank
+  int64_t microbatches = 1;
+  StagePlacement placement = StagePlacement::kLoop;
+
+  int64_t rank_of_stage(int64_t stage) const;
+};
+
+struct PipelineSchedule {
+  ScheduleShape shape;
+  bool lowered = false;                   // sends, receives, REDUCE_GRAD and OPTIM inserted
+  std::vector<std::vector<Action>> ranks;  // ranks[r]: pipeline rank r's actions in order
+};
+
+// Generates the compute-only schedule of `kind` for every rank. `group_size` is Megatron's
+// microbatch_group_size_per_vp_stage (interleaved only; 0 means pp).
+// Throws SpecError when the shape is not one the schedule supports.
+PipelineSchedule generate_schedule(ScheduleKind kind, int64_t pipeline_parallel_size, int64_t virtual_pipeline_size,
+                                   int64_t microbatches, int64_t group_size = 0);
+
+}  // namespace megaplan
