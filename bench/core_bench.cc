@@ -1,11 +1,13 @@
-// Benchmarks of core's hot paths for the planner: Megatron rank groups for a large world, plan
-// validation and the per-rank parameter and FLOP formulas (run for every candidate layout).
+// Benchmarks of core's hot paths: Megatron rank groups for a large world, plan validation and the
+// per-rank parameter and FLOP formulas (run for every candidate layout), and schedule building.
 #include <benchmark/benchmark.h>
 
 #include "core/formulas.h"
 #include "core/model_presets.h"
 #include "core/parallel_plan.h"
 #include "core/rank_groups.h"
+#include "core/schedule/lowering.h"
+#include "core/schedule/validation.h"
 
 namespace {
 
@@ -35,6 +37,19 @@ void BM_ValidateAndCountOnePlan(benchmark::State& state) {
   }
 }
 BENCHMARK(BM_ValidateAndCountOnePlan);
+
+// Issue 3's target: generate + lower + validate an interleaved schedule (pp 64, vpp 4, M 1024) in
+// under 50 ms. Arguments: pp, vpp, M.
+void BM_GenerateLowerValidate(benchmark::State& state) {
+  for (auto _ : state) {
+    const megaplan::PipelineSchedule compute = megaplan::generate_schedule(
+        megaplan::ScheduleKind::kInterleaved, state.range(0), state.range(1), state.range(2));
+    const megaplan::PipelineSchedule lowered = megaplan::lower_schedule(compute);
+    megaplan::validate_schedule(lowered);
+    benchmark::DoNotOptimize(lowered.ranks.data());
+  }
+}
+BENCHMARK(BM_GenerateLowerValidate)->Args({8, 2, 64})->Args({64, 4, 1024})->Unit(benchmark::kMillisecond);
 
 }  // namespace
 

@@ -40,15 +40,15 @@ int64_t parse_index(const std::string& digits, const std::string& text, const st
   return std::stoll(digits);
 }
 
-Action make(ActionKind kind, int64_t stage, int64_t microbatch) {
+}  // namespace
+
+Action make_action(ActionKind kind, int64_t stage, int64_t microbatch) {
   Action action;
   action.kind = kind;
   action.stage = stage;
   action.microbatch = microbatch;
   return action;
 }
-
-}  // namespace
 
 std::string action_kind_token(ActionKind kind) {
   if (kind == ActionKind::kOptimizer) return kOptimToken;
@@ -59,11 +59,11 @@ std::string action_kind_token(ActionKind kind) {
   return "?";
 }
 
-Action forward(int64_t stage, int64_t microbatch) { return make(ActionKind::kForward, stage, microbatch); }
-Action backward(int64_t stage, int64_t microbatch) { return make(ActionKind::kBackward, stage, microbatch); }
-Action backward_input(int64_t stage, int64_t microbatch) { return make(ActionKind::kBackwardInput, stage, microbatch); }
+Action forward(int64_t stage, int64_t microbatch) { return make_action(ActionKind::kForward, stage, microbatch); }
+Action backward(int64_t stage, int64_t microbatch) { return make_action(ActionKind::kBackward, stage, microbatch); }
+Action backward_input(int64_t stage, int64_t microbatch) { return make_action(ActionKind::kBackwardInput, stage, microbatch); }
 Action backward_weight(int64_t stage, int64_t microbatch) {
-  return make(ActionKind::kBackwardWeight, stage, microbatch);
+  return make_action(ActionKind::kBackwardWeight, stage, microbatch);
 }
 
 std::string to_string(const Action& action) {
@@ -92,14 +92,14 @@ std::string to_string(const std::vector<Action>& actions) {
 
 Action parse_action(const std::string& text, const std::string& field) {
   const std::string unknown = "unknown action \"" + text + "\"";
-  if (text == kOptimToken) return make(ActionKind::kOptimizer, 0, -1);
+  if (text == kOptimToken) return make_action(ActionKind::kOptimizer, 0, -1);
 
   const std::string overlap_suffix = std::string(")") + kOverlapToken;
   if (text.starts_with("(") && text.ends_with(overlap_suffix)) {
     const std::string inner = text.substr(1, text.size() - 1 - overlap_suffix.size());
     const std::size_t separator = inner.find(';');
     if (separator == std::string::npos) throw SpecError(field, unknown + ": OVERLAP_F_B needs two actions");
-    Action overlap = make(ActionKind::kOverlapForwardBackward, 0, -1);
+    Action overlap = make_action(ActionKind::kOverlapForwardBackward, 0, -1);
     overlap.overlapped = {parse_action(inner.substr(0, separator), field),
                           parse_action(inner.substr(separator + 1), field)};
     for (const Action& part : overlap.overlapped) {
@@ -122,10 +122,10 @@ Action parse_action(const std::string& text, const std::string& field) {
     const std::string microbatch = rest.substr(token.size());
     if (!entry.has_microbatch) {
       if (!microbatch.empty()) throw SpecError(field, unknown + ": " + token + " takes no microbatch");
-      return make(entry.kind, stage, -1);
+      return make_action(entry.kind, stage, -1);
     }
     if (!all_digits(microbatch)) throw SpecError(field, unknown + ": " + token + " needs a microbatch number");
-    return make(entry.kind, stage, parse_index(microbatch, text, field));
+    return make_action(entry.kind, stage, parse_index(microbatch, text, field));
   }
   throw SpecError(field, unknown);
 }

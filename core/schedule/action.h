@@ -35,7 +35,8 @@ struct Action {
   bool operator==(const Action&) const = default;
 };
 
-// Convenience constructors for generators and tests.
+// Constructors for generators, lowering and tests. `microbatch` is -1 for kinds without one.
+Action make_action(ActionKind kind, int64_t stage, int64_t microbatch);
 Action forward(int64_t stage, int64_t microbatch);
 Action backward(int64_t stage, int64_t microbatch);
 Action backward_input(int64_t stage, int64_t microbatch);

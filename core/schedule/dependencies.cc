@@ -5,20 +5,12 @@ namespace megaplan {
 
 namespace {
 
-Action make(ActionKind kind, int64_t stage, int64_t microbatch) {
-  Action action;
-  action.kind = kind;
-  action.stage = stage;
-  action.microbatch = microbatch;
-  return action;
-}
-
 // The forward input of stage s: the previous stage's forward, or a message from its rank.
 void add_forward_input(const Action& action, const ScheduleShape& shape, bool lowered, std::vector<Action>& out) {
   const int64_t s = action.stage;
   if (s == 0) return;
   if (lowered && shape.rank_of_stage(s - 1) != shape.rank_of_stage(s)) {
-    out.push_back(make(ActionKind::kRecvForward, s, action.microbatch));
+    out.push_back(make_action(ActionKind::kRecvForward, s, action.microbatch));
   } else {
     out.push_back(forward(s - 1, action.microbatch));
   }
@@ -29,7 +21,7 @@ void add_output_gradient(const Action& action, const ScheduleShape& shape, bool 
   const int64_t s = action.stage;
   if (s == shape.num_stages - 1) return;
   if (lowered && shape.rank_of_stage(s + 1) != shape.rank_of_stage(s)) {
-    out.push_back(make(ActionKind::kRecvBackward, s, action.microbatch));
+    out.push_back(make_action(ActionKind::kRecvBackward, s, action.microbatch));
   } else {
     out.push_back(backward(s + 1, action.microbatch));
   }
@@ -60,10 +52,10 @@ std::vector<Action> dependencies(const Action& action, const ScheduleShape& shap
       needed.push_back(backward(s, m));
       break;
     case ActionKind::kRecvForward:
-      needed.push_back(make(ActionKind::kSendForward, s - 1, m));
+      needed.push_back(make_action(ActionKind::kSendForward, s - 1, m));
       break;
     case ActionKind::kRecvBackward:
-      needed.push_back(make(ActionKind::kSendBackward, s + 1, m));
+      needed.push_back(make_action(ActionKind::kSendBackward, s + 1, m));
       break;
     case ActionKind::kReduceGrad:
       for (int64_t microbatch = 0; microbatch < shape.microbatches; ++microbatch) {

@@ -31,6 +31,25 @@ struct DependencyKey {
   auto operator<=>(const DependencyKey&) const = default;
 };
 DependencyKey dependency_key(const Action& needed);
+
+// Numbers every key of a shape densely (0 .. size()-1), so lowering and validation can use arrays
+// instead of ordered maps: a pp 64, vpp 4, M 1024 schedule holds about a million keys.
+class DependencyKeyIndex {
+ public:
+  explicit DependencyKeyIndex(const ScheduleShape& shape)
+      : stages_(static_cast<std::size_t>(shape.num_stages)), microbatch_slots_(static_cast<std::size_t>(shape.microbatches) + 1) {}
+  std::size_t size() const { return kKinds * stages_ * microbatch_slots_; }
+  // REQUIRES: the key's stage and microbatch (or -1) lie within the shape.
+  std::size_t operator()(const DependencyKey& key) const {
+    return (static_cast<std::size_t>(key.kind) * stages_ + static_cast<std::size_t>(key.stage)) * microbatch_slots_ +
+           static_cast<std::size_t>(key.microbatch + 1);
+  }
+
+ private:
+  static constexpr std::size_t kKinds = static_cast<std::size_t>(ActionKind::kOverlapForwardBackward) + 1;
+  std::size_t stages_;
+  std::size_t microbatch_slots_;
+};
 // What running `done` makes available: B both gradients, I the input gradient, W the weight
 // gradient, the parts of an OVERLAP_F_B, and every other action itself.
 std::vector<DependencyKey> provided_keys(const Action& done);

@@ -1,8 +1,6 @@
 // Send/receive insertion by simulating the ranks' progress in rounds.
 #include "core/schedule/lowering.h"
 
-#include <set>
-
 #include "core/error.h"
 #include "core/schedule/dependencies.h"
 
@@ -10,18 +8,10 @@ namespace megaplan {
 
 namespace {
 
-Action message(ActionKind kind, int64_t stage, int64_t microbatch) {
-  Action action;
-  action.kind = kind;
-  action.stage = stage;
-  action.microbatch = microbatch;
-  return action;
-}
-
 class Lowerer {
  public:
   explicit Lowerer(const PipelineSchedule& compute)
-      : compute_(compute), shape_(compute.shape), out_(compute.ranks.size()), done_(compute.ranks.size()),
+      : compute_(compute), shape_(compute.shape), index_(shape_), out_(compute.ranks.size()), done_(index_.size(), 0),
         next_(compute.ranks.size(), 0), weight_gradients_(static_cast<std::size_t>(shape_.num_stages), 0) {}
 
   PipelineSchedule run() {
@@ -32,7 +22,7 @@ class Lowerer {
       for (std::size_t rank = 0; rank < compute_.ranks.size(); ++rank) {
         if (next_[rank] == compute_.ranks[rank].size()) continue;
         const Action& action = compute_.ranks[rank][next_[rank]];
-        if (!ready(rank, action)) continue;
+        if (!ready(action)) continue;
         schedule(rank, action);
         ++next_[rank];
         --remaining;
@@ -44,21 +34,23 @@ class Lowerer {
     lowered.shape = shape_;
     lowered.lowered = true;
     lowered.ranks = std::move(out_);
-    for (auto& actions : lowered.ranks) actions.push_back(message(ActionKind::kOptimizer, 0, -1));
+    for (auto& actions : lowered.ranks) actions.push_back(make_action(ActionKind::kOptimizer, 0, -1));
     return lowered;
   }
 
  private:
-  bool ready(std::size_t rank, const Action& action) const {
+  // Lowered dependencies all live on the action's own rank (a RECV stands in for the other
+  // rank's work), so one "done" flag per key serves every rank.
+  bool ready(const Action& action) const {
     for (const Action& needed : dependencies(action, shape_, /*lowered=*/true)) {
-      if (done_[rank].count(dependency_key(needed)) == 0) return false;
+      if (!done_[index_(dependency_key(needed))]) return false;
     }
     return true;
   }
 
   void append(std::size_t rank, const Action& action) {
     out_[rank].push_back(action);
-    for (const DependencyKey& key : provided_keys(action)) done_[rank].insert(key);
+    for (const DependencyKey& key : provided_keys(action)) done_[index_(key)] = 1;
   }
 
   void schedule(std::size_t rank, const Action& action) {
@@ -75,17 +67,17 @@ class Lowerer {
     const int64_t m = action.microbatch;
     const auto here = static_cast<int64_t>(rank);
     if (action.kind == ActionKind::kForward && s + 1 < shape_.num_stages && shape_.rank_of_stage(s + 1) != here) {
-      append(rank, message(ActionKind::kSendForward, s, m));
-      append(static_cast<std::size_t>(shape_.rank_of_stage(s + 1)), message(ActionKind::kRecvForward, s + 1, m));
+      append(rank, make_action(ActionKind::kSendForward, s, m));
+      append(static_cast<std::size_t>(shape_.rank_of_stage(s + 1)), make_action(ActionKind::kRecvForward, s + 1, m));
     }
     const bool input_gradient = action.kind == ActionKind::kBackward || action.kind == ActionKind::kBackwardInput;
     if (input_gradient && s > 0 && shape_.rank_of_stage(s - 1) != here) {
-      append(rank, message(ActionKind::kSendBackward, s, m));
-      append(static_cast<std::size_t>(shape_.rank_of_stage(s - 1)), message(ActionKind::kRecvBackward, s - 1, m));
+      append(rank, make_action(ActionKind::kSendBackward, s, m));
+      append(static_cast<std::size_t>(shape_.rank_of_stage(s - 1)), make_action(ActionKind::kRecvBackward, s - 1, m));
     }
     const bool weight_gradient = action.kind == ActionKind::kBackward || action.kind == ActionKind::kBackwardWeight;
     if (weight_gradient && ++weight_gradients_[static_cast<std::size_t>(s)] == shape_.microbatches) {
-      append(rank, message(ActionKind::kReduceGrad, s, -1));
+      append(rank, make_action(ActionKind::kReduceGrad, s, -1));
     }
   }
 
@@ -102,8 +94,9 @@ class Lowerer {
 
   const PipelineSchedule& compute_;
   const ScheduleShape shape_;
+  const DependencyKeyIndex index_;
   std::vector<std::vector<Action>> out_;
-  std::vector<std::set<DependencyKey>> done_;
+  std::vector<uint8_t> done_;  // by DependencyKeyIndex
   std::vector<std::size_t> next_;
   std::vector<int64_t> weight_gradients_;
 };

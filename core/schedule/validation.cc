@@ -3,6 +3,7 @@
 
 #include <boost/graph/adjacency_list.hpp>
 #include <boost/graph/depth_first_search.hpp>
+#include <cstdint>
 #include <map>
 #include <optional>
 #include <set>
@@ -46,14 +47,17 @@ std::string where(const PipelineSchedule& schedule, const Cell& cell) {
 // Each action on its rank, with valid indices; each (stage, microbatch) computed exactly once.
 void check_placement_and_completeness(const PipelineSchedule& schedule, std::vector<Cell>& cells) {
   const ScheduleShape& shape = schedule.shape;
-  std::map<DependencyKey, Cell> computed;  // F, input gradient, weight gradient
+  const DependencyKeyIndex index(shape);
+  constexpr std::size_t kNone = SIZE_MAX;
+  std::vector<std::size_t> computed(index.size(), kNone);  // cell number of each F and gradient
   const auto count = [&](const Action& part, const Cell& cell) {
     for (const DependencyKey& key : provided_keys(part)) {
-      const auto [found, inserted] = computed.emplace(key, cell);
-      if (!inserted) {
-        fail(schedule, "duplicate: " + where(schedule, cell) + " repeats the work of " + where(schedule, found->second),
-             {cell, found->second});
+      std::size_t& first = computed[index(key)];
+      if (first != kNone) {
+        fail(schedule, "duplicate: " + where(schedule, cell) + " repeats the work of " + where(schedule, cells[first]),
+             {cell, cells[first]});
       }
+      first = cells.size() - 1;
     }
   };
   for (std::size_t rank = 0; rank < schedule.ranks.size(); ++rank) {
@@ -79,6 +83,12 @@ void check_placement_and_completeness(const PipelineSchedule& schedule, std::vec
                {cell});
         }
         const ActionKind kind = part.kind;
+        const bool first = part.stage == 0;
+        const bool last = part.stage + 1 == shape.num_stages;
+        if (((kind == ActionKind::kSendForward || kind == ActionKind::kRecvBackward) && last) ||
+            ((kind == ActionKind::kRecvForward || kind == ActionKind::kSendBackward) && first)) {
+          fail(schedule, where(schedule, cell) + " has no neighbouring stage to exchange with", {cell});
+        }
         if (kind == ActionKind::kForward || kind == ActionKind::kBackward || kind == ActionKind::kBackwardInput ||
             kind == ActionKind::kBackwardWeight) {
           count(part, cell);
@@ -89,13 +99,9 @@ void check_placement_and_completeness(const PipelineSchedule& schedule, std::vec
   for (int64_t stage = 0; stage < shape.num_stages; ++stage) {
     for (int64_t microbatch = 0; microbatch < shape.microbatches; ++microbatch) {
       for (ActionKind kind : {ActionKind::kForward, ActionKind::kBackwardInput, ActionKind::kBackwardWeight}) {
-        if (computed.count({kind, stage, microbatch}) == 0) {
-          Action missing;
-          missing.kind = kind == ActionKind::kForward ? ActionKind::kForward
-                         : kind == ActionKind::kBackwardInput ? ActionKind::kBackward
-                                                              : ActionKind::kBackwardWeight;
-          missing.stage = stage;
-          missing.microbatch = microbatch;
+        if (computed[index({kind, stage, microbatch})] == kNone) {
+          const Action missing = make_action(kind == ActionKind::kBackwardInput ? ActionKind::kBackward : kind,
+                                             stage, microbatch);
           fail(schedule, "incomplete: no rank runs " + to_string(missing) +
                              (kind == ActionKind::kForward ? "" : " (a B, or an I and a W)"), {});
         }
@@ -166,23 +172,27 @@ struct CycleFinder : boost::default_dfs_visitor {
   }
 };
 
+// REQUIRES: cells lists every action rank by rank, step by step (vertex v is cells[v]), and every
+// action lies within the shape (check_placement_and_completeness passed).
 void check_happens_before(const PipelineSchedule& schedule, const std::vector<Cell>& cells) {
-  std::map<std::pair<std::size_t, std::size_t>, Vertex> vertex_of;
-  std::map<DependencyKey, Vertex> provider;
+  const DependencyKeyIndex index(schedule.shape);
+  constexpr Vertex kNone = SIZE_MAX;
+  std::vector<Vertex> provider(index.size(), kNone);
   for (std::size_t v = 0; v < cells.size(); ++v) {
-    vertex_of[{cells[v].rank, cells[v].step}] = v;
-    for (const DependencyKey& key : provided_keys(schedule.ranks[cells[v].rank][cells[v].step])) provider.emplace(key, v);
+    for (const DependencyKey& key : provided_keys(schedule.ranks[cells[v].rank][cells[v].step])) {
+      if (provider[index(key)] == kNone) provider[index(key)] = v;
+    }
   }
   Graph graph(cells.size());
   for (std::size_t v = 0; v < cells.size(); ++v) {
     const Cell& cell = cells[v];
-    if (cell.step > 0) boost::add_edge(vertex_of[{cell.rank, cell.step - 1}], v, graph);
+    if (cell.step > 0) boost::add_edge(v - 1, v, graph);  // program order
     for (const Action& needed : dependencies(schedule.ranks[cell.rank][cell.step], schedule.shape, schedule.lowered)) {
-      const auto found = provider.find(dependency_key(needed));
-      if (found == provider.end()) {
+      const Vertex found = provider[index(dependency_key(needed))];
+      if (found == kNone) {
         fail(schedule, where(schedule, cell) + " waits for " + to_string(needed) + ", which no rank runs", {cell});
       }
-      boost::add_edge(found->second, v, graph);
+      boost::add_edge(found, v, graph);
     }
   }
   std::vector<Vertex> parent(cells.size());
