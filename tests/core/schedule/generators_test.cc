@@ -53,6 +53,10 @@ TEST_CASE("the interleaved table matches Megatron's docstring example", "[schedu
   using V = megaplan::VirtualMicrobatch;
   CHECK(megaplan::interleaved_schedule_table(4, 2, 2) ==
         std::vector<V>{{0, 0}, {1, 0}, {0, 1}, {1, 1}, {2, 0}, {3, 0}, {2, 1}, {3, 1}});
+  // The docstring of the current get_schedule_table: "PP2 N3M5 with VP2" (group 3, M 5) ->
+  // microbatches 0 1 2 0 1 2 3 4 3 4, chunks 0 0 0 1 1 1 0 0 1 1.
+  CHECK(megaplan::interleaved_schedule_table(5, 2, 3) ==
+        std::vector<V>{{0, 0}, {1, 0}, {2, 0}, {0, 1}, {1, 1}, {2, 1}, {3, 0}, {4, 0}, {3, 1}, {4, 1}});
   // M 5, group 2: groups {0,1}, {2,3}, and a last group {4} that runs through both chunks alone.
   CHECK(megaplan::interleaved_schedule_table(5, 2, 2) ==
         std::vector<V>{{0, 0}, {1, 0}, {0, 1}, {1, 1}, {2, 0}, {3, 0}, {2, 1}, {3, 1}, {4, 0}, {4, 1}});
