@@ -52,10 +52,10 @@ std::vector<Action> dependencies(const Action& action, const ScheduleShape& shap
       needed.push_back(backward(s, m));
       break;
     case ActionKind::kRecvForward:
-      needed.push_back(make_action(ActionKind::kSendForward, s - 1, m));
+      needed.push_back(make_action(ActionKind::kSendForward, message_peer_stage(action), m));
       break;
     case ActionKind::kRecvBackward:
-      needed.push_back(make_action(ActionKind::kSendBackward, s + 1, m));
+      needed.push_back(make_action(ActionKind::kSendBackward, message_peer_stage(action), m));
       break;
     case ActionKind::kReduceGrad:
       for (int64_t microbatch = 0; microbatch < shape.microbatches; ++microbatch) {
@@ -71,6 +71,16 @@ std::vector<Action> dependencies(const Action& action, const ScheduleShape& shap
       break;
   }
   return needed;
+}
+
+int64_t message_peer_stage(const Action& action) {
+  const bool toward_next = action.kind == ActionKind::kSendForward || action.kind == ActionKind::kRecvBackward;
+  return toward_next ? action.stage + 1 : action.stage - 1;
+}
+
+Action matching_receive(const Action& send) {
+  const ActionKind kind = send.kind == ActionKind::kSendForward ? ActionKind::kRecvForward : ActionKind::kRecvBackward;
+  return make_action(kind, message_peer_stage(send), send.microbatch);
 }
 
 DependencyKey dependency_key(const Action& needed) {

@@ -22,6 +22,14 @@ namespace megaplan {
 //   OVERLAP_F_B <- what its forward and its backward wait for
 std::vector<Action> dependencies(const Action& action, const ScheduleShape& shape, bool lowered);
 
+// The stage at the other end of a send or receive: SEND_F(s) and RECV_B(s) talk to stage s+1,
+// RECV_F(s) and SEND_B(s) to stage s-1. REQUIRES: action is a SEND_* or RECV_*.
+int64_t message_peer_stage(const Action& action);
+
+// The receive a send pairs with, the inverse of the receive rule above:
+// SEND_F(s,m) -> RECV_F(s+1,m), SEND_B(s,m) -> RECV_B(s-1,m). REQUIRES: action is a SEND_*.
+Action matching_receive(const Action& send);
+
 // Dependencies and what actions provide, compared as keys: a needed backward or backward_input
 // is the input gradient (kind kBackwardInput); backward_weight is the weight gradient.
 struct DependencyKey {

@@ -62,18 +62,23 @@ class Lowerer {
     }
   }
 
+  // The sender places the receiver's RECV, so both sides of every link list messages in one order.
+  void send(std::size_t rank, const Action& message) {
+    append(rank, message);
+    const Action receive = matching_receive(message);
+    append(static_cast<std::size_t>(shape_.rank_of_stage(receive.stage)), receive);
+  }
+
   void add_messages_and_reductions(std::size_t rank, const Action& action) {
     const int64_t s = action.stage;
     const int64_t m = action.microbatch;
     const auto here = static_cast<int64_t>(rank);
     if (action.kind == ActionKind::kForward && s + 1 < shape_.num_stages && shape_.rank_of_stage(s + 1) != here) {
-      append(rank, make_action(ActionKind::kSendForward, s, m));
-      append(static_cast<std::size_t>(shape_.rank_of_stage(s + 1)), make_action(ActionKind::kRecvForward, s + 1, m));
+      send(rank, make_action(ActionKind::kSendForward, s, m));
     }
     const bool input_gradient = action.kind == ActionKind::kBackward || action.kind == ActionKind::kBackwardInput;
     if (input_gradient && s > 0 && shape_.rank_of_stage(s - 1) != here) {
-      append(rank, make_action(ActionKind::kSendBackward, s, m));
-      append(static_cast<std::size_t>(shape_.rank_of_stage(s - 1)), make_action(ActionKind::kRecvBackward, s - 1, m));
+      send(rank, make_action(ActionKind::kSendBackward, s, m));
     }
     const bool weight_gradient = action.kind == ActionKind::kBackward || action.kind == ActionKind::kBackwardWeight;
     if (weight_gradient && ++weight_gradients_[static_cast<std::size_t>(s)] == shape_.microbatches) {

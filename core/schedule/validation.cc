@@ -7,6 +7,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <span>
 
 #include "core/schedule/dependencies.h"
 
@@ -40,6 +41,11 @@ std::string where(const PipelineSchedule& schedule, const Cell& cell) {
          std::to_string(cell.step) + ")";
 }
 
+bool is_message(const Action& action) {
+  return action.kind == ActionKind::kSendForward || action.kind == ActionKind::kRecvForward ||
+         action.kind == ActionKind::kSendBackward || action.kind == ActionKind::kRecvBackward;
+}
+
 [[noreturn]] void fail(const PipelineSchedule& schedule, const std::string& rule, const std::vector<Cell>& marked) {
   throw ScheduleError(rule, render_grid(schedule, marked));
 }
@@ -69,8 +75,9 @@ void check_placement_and_completeness(const PipelineSchedule& schedule, std::vec
         if (step + 1 != schedule.ranks[rank].size()) fail(schedule, where(schedule, cell) + " must be the rank's last action", {cell});
         continue;
       }
-      std::vector<Action> parts = action.kind == ActionKind::kOverlapForwardBackward ? action.overlapped
-                                                                                     : std::vector<Action>{action};
+      const std::span<const Action> parts = action.kind == ActionKind::kOverlapForwardBackward
+                                                ? std::span<const Action>(action.overlapped)
+                                                : std::span<const Action>(&action, 1);
       for (const Action& part : parts) {
         const bool has_microbatch = part.kind != ActionKind::kReduceGrad;
         if (part.stage < 0 || part.stage >= shape.num_stages ||
@@ -83,11 +90,11 @@ void check_placement_and_completeness(const PipelineSchedule& schedule, std::vec
                {cell});
         }
         const ActionKind kind = part.kind;
-        const bool first = part.stage == 0;
-        const bool last = part.stage + 1 == shape.num_stages;
-        if (((kind == ActionKind::kSendForward || kind == ActionKind::kRecvBackward) && last) ||
-            ((kind == ActionKind::kRecvForward || kind == ActionKind::kSendBackward) && first)) {
-          fail(schedule, where(schedule, cell) + " has no neighbouring stage to exchange with", {cell});
+        if (is_message(part)) {
+          const int64_t peer = message_peer_stage(part);
+          if (peer < 0 || peer >= shape.num_stages) {
+            fail(schedule, where(schedule, cell) + " has no neighbouring stage to exchange with", {cell});
+          }
         }
         if (kind == ActionKind::kForward || kind == ActionKind::kBackward || kind == ActionKind::kBackwardInput ||
             kind == ActionKind::kBackwardWeight) {
@@ -117,22 +124,20 @@ void check_message_order(const PipelineSchedule& schedule) {
   for (std::size_t rank = 0; rank < schedule.ranks.size(); ++rank) {
     for (std::size_t step = 0; step < schedule.ranks[rank].size(); ++step) {
       const Action& action = schedule.ranks[rank][step];
+      if (!is_message(action)) continue;
       const auto here = static_cast<int64_t>(rank);
-      switch (action.kind) {
-        case ActionKind::kSendForward: sends[{here, shape.rank_of_stage(action.stage + 1)}].push_back({rank, step}); break;
-        case ActionKind::kSendBackward: sends[{here, shape.rank_of_stage(action.stage - 1)}].push_back({rank, step}); break;
-        case ActionKind::kRecvForward: receives[{shape.rank_of_stage(action.stage - 1), here}].push_back({rank, step}); break;
-        case ActionKind::kRecvBackward: receives[{shape.rank_of_stage(action.stage + 1), here}].push_back({rank, step}); break;
-        default: break;
+      const int64_t peer = shape.rank_of_stage(message_peer_stage(action));
+      const bool is_send = action.kind == ActionKind::kSendForward || action.kind == ActionKind::kSendBackward;
+      if (is_send) {
+        sends[{here, peer}].push_back({rank, step});
+      } else {
+        receives[{peer, here}].push_back({rank, step});
       }
     }
   }
   const auto matches = [&](const Cell& send_cell, const Cell& receive_cell) {
-    const Action& send = schedule.ranks[send_cell.rank][send_cell.step];
-    const Action& receive = schedule.ranks[receive_cell.rank][receive_cell.step];
-    if (send.microbatch != receive.microbatch) return false;
-    if (send.kind == ActionKind::kSendForward) return receive.kind == ActionKind::kRecvForward && receive.stage == send.stage + 1;
-    return receive.kind == ActionKind::kRecvBackward && receive.stage == send.stage - 1;
+    return matching_receive(schedule.ranks[send_cell.rank][send_cell.step]) ==
+           schedule.ranks[receive_cell.rank][receive_cell.step];
   };
   std::set<std::pair<int64_t, int64_t>> links;
   for (const auto& [link, cells] : sends) links.insert(link);
