@@ -2,6 +2,7 @@
 #include "core/schedule/action.h"
 
 #include <cctype>
+#include <limits>
 
 #include "core/error.h"
 
@@ -36,8 +37,19 @@ bool all_digits(const std::string& text) {
 }
 
 int64_t parse_index(const std::string& digits, const std::string& text, const std::string& field) {
-  if (digits.size() > 15) throw SpecError(field, "index too large in action \"" + text + "\"");
+  if (digits.size() > 9) throw SpecError(field, "index too large in action \"" + text + "\"");
   return std::stoll(digits);
+}
+
+}  // namespace
+
+namespace {
+
+int32_t narrow_index(int64_t value, const char* what) {
+  if (value < -1 || value > std::numeric_limits<int32_t>::max()) {
+    throw SpecError("schedule", std::string(what) + " " + std::to_string(value) + " does not fit in 32 bits");
+  }
+  return static_cast<int32_t>(value);
 }
 
 }  // namespace
@@ -45,9 +57,25 @@ int64_t parse_index(const std::string& digits, const std::string& text, const st
 Action make_action(ActionKind kind, int64_t stage, int64_t microbatch) {
   Action action;
   action.kind = kind;
-  action.stage = stage;
-  action.microbatch = microbatch;
+  action.stage = narrow_index(stage, "stage");
+  action.microbatch = narrow_index(microbatch, "microbatch");
   return action;
+}
+
+Action overlap_forward_backward(const Action& forward_part, const Action& backward_part) {
+  Action action = forward_part;
+  action.kind = ActionKind::kOverlapForwardBackward;
+  action.backward_kind = backward_part.kind;
+  action.backward_stage = backward_part.stage;
+  action.backward_microbatch = backward_part.microbatch;
+  return action;
+}
+
+ActionParts parts_of(const Action& action) {
+  if (action.kind != ActionKind::kOverlapForwardBackward) return {{action, action}, 1};
+  return {{forward(action.stage, action.microbatch),
+           make_action(action.backward_kind, action.backward_stage, action.backward_microbatch)},
+          2};
 }
 
 std::string action_kind_token(ActionKind kind) {
@@ -71,11 +99,8 @@ std::string to_string(const Action& action) {
     case ActionKind::kOptimizer:
       return kOptimToken;
     case ActionKind::kOverlapForwardBackward: {
-      std::string text = "(";
-      for (std::size_t i = 0; i < action.overlapped.size(); ++i) {
-        text += (i > 0 ? ";" : "") + to_string(action.overlapped[i]);
-      }
-      return text + ")" + kOverlapToken;
+      const ActionParts parts = parts_of(action);
+      return "(" + to_string(parts.parts[0]) + ";" + to_string(parts.parts[1]) + ")" + kOverlapToken;
     }
     case ActionKind::kReduceGrad:
       return std::to_string(action.stage) + action_kind_token(action.kind);
@@ -99,16 +124,13 @@ Action parse_action(const std::string& text, const std::string& field) {
     const std::string inner = text.substr(1, text.size() - 1 - overlap_suffix.size());
     const std::size_t separator = inner.find(';');
     if (separator == std::string::npos) throw SpecError(field, unknown + ": OVERLAP_F_B needs two actions");
-    Action overlap = make_action(ActionKind::kOverlapForwardBackward, 0, -1);
-    overlap.overlapped = {parse_action(inner.substr(0, separator), field),
-                          parse_action(inner.substr(separator + 1), field)};
-    for (const Action& part : overlap.overlapped) {
-      if (part.kind != ActionKind::kForward && part.kind != ActionKind::kBackward &&
-          part.kind != ActionKind::kBackwardInput) {
-        throw SpecError(field, unknown + ": OVERLAP_F_B overlaps a forward and a backward");
-      }
+    const Action forward_part = parse_action(inner.substr(0, separator), field);
+    const Action backward_part = parse_action(inner.substr(separator + 1), field);
+    if (forward_part.kind != ActionKind::kForward ||
+        (backward_part.kind != ActionKind::kBackward && backward_part.kind != ActionKind::kBackwardInput)) {
+      throw SpecError(field, unknown + ": OVERLAP_F_B overlaps a forward, then a backward (B or I)");
     }
-    return overlap;
+    return overlap_forward_backward(forward_part, backward_part);
   }
 
   std::size_t digits_end = 0;

@@ -3,13 +3,14 @@
 // round-trip with torchtitan's pipeline_parallel_schedule_csv files.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 namespace megaplan {
 
-enum class ActionKind {
+enum class ActionKind : uint8_t {
   kForward,                // F
   kBackward,               // B: backward for inputs and weights together
   kBackwardInput,          // I
@@ -26,11 +27,15 @@ enum class ActionKind {
 // The token between stage and microbatch: "F", "SEND_F", "OVERLAP_F_B", ...
 std::string action_kind_token(ActionKind kind);
 
+// A trivially copyable 20-byte value: schedules of a million actions are copied and scanned often.
+// Stages and microbatches fit in 32 bits (make_action checks).
 struct Action {
   ActionKind kind = ActionKind::kForward;
-  int64_t stage = 0;           // virtual stage; unused (0) for OPTIM and OVERLAP_F_B
-  int64_t microbatch = -1;     // -1 where the kind has none (REDUCE_GRAD, OPTIM, OVERLAP_F_B)
-  std::vector<Action> overlapped;  // OVERLAP_F_B only: the forward, then the backward
+  ActionKind backward_kind = ActionKind::kBackward;  // OVERLAP_F_B only: B or I
+  int32_t stage = 0;                 // virtual stage; for OVERLAP_F_B its forward's; 0 for OPTIM
+  int32_t microbatch = -1;           // -1 where the kind has none (REDUCE_GRAD, OPTIM)
+  int32_t backward_stage = 0;        // OVERLAP_F_B only: the overlapped backward's stage
+  int32_t backward_microbatch = -1;  // and microbatch
 
   bool operator==(const Action&) const = default;
 };
@@ -41,6 +46,19 @@ Action forward(int64_t stage, int64_t microbatch);
 Action backward(int64_t stage, int64_t microbatch);
 Action backward_input(int64_t stage, int64_t microbatch);
 Action backward_weight(int64_t stage, int64_t microbatch);
+// DualPipeV's OVERLAP_F_B: a forward F run together with a backward (B or I) of another stage.
+// REQUIRES: forward.kind == kForward, backward.kind is kBackward or kBackwardInput.
+Action overlap_forward_backward(const Action& forward, const Action& backward);
+
+// The compute parts of an action: the forward and the backward of an OVERLAP_F_B, else the
+// action itself. Everything that reasons per computation (dependencies, lowering, memory) walks these.
+struct ActionParts {
+  std::array<Action, 2> parts;
+  std::size_t count;
+  const Action* begin() const { return parts.data(); }
+  const Action* end() const { return parts.data() + count; }
+};
+ActionParts parts_of(const Action& action);
 
 // torch's text form. OPTIM is written "OPTIM" (it belongs to the rank, not a stage).
 std::string to_string(const Action& action);

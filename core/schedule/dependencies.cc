@@ -65,8 +65,8 @@ std::vector<Action> dependencies(const Action& action, const ScheduleShape& shap
     case ActionKind::kOptimizer:
       break;
     case ActionKind::kOverlapForwardBackward:
-      for (const Action& part : action.overlapped) {
-        for (Action& dependency : dependencies(part, shape, lowered)) needed.push_back(std::move(dependency));
+      for (const Action& part : parts_of(action)) {
+        for (const Action& dependency : dependencies(part, shape, lowered)) needed.push_back(dependency);
       }
       break;
   }
@@ -95,7 +95,7 @@ std::vector<DependencyKey> provided_keys(const Action& done) {
               {ActionKind::kBackwardWeight, done.stage, done.microbatch}};
     case ActionKind::kOverlapForwardBackward: {
       std::vector<DependencyKey> keys;
-      for (const Action& part : done.overlapped) {
+      for (const Action& part : parts_of(done)) {
         for (const DependencyKey& key : provided_keys(part)) keys.push_back(key);
       }
       return keys;

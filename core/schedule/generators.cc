@@ -99,11 +99,7 @@ int64_t peak_inflight_microbatches(const std::vector<Action>& actions) {
     if (action.kind == ActionKind::kBackward || action.kind == ActionKind::kBackwardInput) --inflight;
   };
   for (const Action& action : actions) {
-    if (action.kind == ActionKind::kOverlapForwardBackward) {
-      for (const Action& part : action.overlapped) account(part);
-    } else {
-      account(action);
-    }
+    for (const Action& part : parts_of(action)) account(part);
   }
   return peak;
 }

@@ -55,11 +55,7 @@ class Lowerer {
 
   void schedule(std::size_t rank, const Action& action) {
     append(rank, action);
-    if (action.kind == ActionKind::kOverlapForwardBackward) {
-      for (const Action& part : action.overlapped) add_messages_and_reductions(rank, part);
-    } else {
-      add_messages_and_reductions(rank, action);
-    }
+    for (const Action& part : parts_of(action)) add_messages_and_reductions(rank, part);
   }
 
   // The sender places the receiver's RECV, so both sides of every link list messages in one order.

@@ -7,7 +7,6 @@
 #include <map>
 #include <optional>
 #include <set>
-#include <span>
 
 #include "core/schedule/dependencies.h"
 
@@ -75,10 +74,7 @@ void check_placement_and_completeness(const PipelineSchedule& schedule, std::vec
         if (step + 1 != schedule.ranks[rank].size()) fail(schedule, where(schedule, cell) + " must be the rank's last action", {cell});
         continue;
       }
-      const std::span<const Action> parts = action.kind == ActionKind::kOverlapForwardBackward
-                                                ? std::span<const Action>(action.overlapped)
-                                                : std::span<const Action>(&action, 1);
-      for (const Action& part : parts) {
+      for (const Action& part : parts_of(action)) {
         const bool has_microbatch = part.kind != ActionKind::kReduceGrad;
         if (part.stage < 0 || part.stage >= shape.num_stages ||
             (has_microbatch && (part.microbatch < 0 || part.microbatch >= shape.microbatches))) {

@@ -22,9 +22,12 @@ TEST_CASE("actions print as torch writes them and parse back", "[schedule][actio
   CHECK(reduce.stage == 12);
   CHECK(reduce.microbatch == -1);
   const megaplan::Action overlap = megaplan::parse_action("(0F3;3B1)OVERLAP_F_B", "t.csv");
-  REQUIRE(overlap.overlapped.size() == 2);
-  CHECK(overlap.overlapped[0] == megaplan::forward(0, 3));
-  CHECK(overlap.overlapped[1] == megaplan::backward(3, 1));
+  const megaplan::ActionParts parts = megaplan::parts_of(overlap);
+  REQUIRE(parts.count == 2);
+  CHECK(parts.parts[0] == megaplan::forward(0, 3));
+  CHECK(parts.parts[1] == megaplan::backward(3, 1));
+  CHECK(megaplan::to_string(overlap) == "(0F3;3B1)OVERLAP_F_B");
+  CHECK(megaplan::parts_of(megaplan::forward(2, 5)).count == 1);
   CHECK(megaplan::to_string({megaplan::forward(0, 0), megaplan::backward(1, 2)}) == "0F0 1B2");
 }
 
@@ -35,7 +38,7 @@ TEST_CASE("unknown or malformed actions are refused with the text", "[schedule][
   CHECK_THROWS_WITH(megaplan::parse_action("0REDUCE_GRAD3", "t.csv"), Contains("REDUCE_GRAD takes no microbatch"));
   CHECK_THROWS_WITH(megaplan::parse_action("(0F3)OVERLAP_F_B", "t.csv"), Contains("OVERLAP_F_B needs two actions"));
   CHECK_THROWS_WITH(megaplan::parse_action("(0SEND_F3;1B0)OVERLAP_F_B", "t.csv"),
-                    Contains("OVERLAP_F_B overlaps a forward and a backward"));
-  CHECK_THROWS_WITH(megaplan::parse_action("99999999999999999999F0", "t.csv"), Contains("index too large"));
+                    Contains("OVERLAP_F_B overlaps a forward, then a backward"));
+  CHECK_THROWS_WITH(megaplan::parse_action("9999999999F0", "t.csv"), Contains("index too large"));
   CHECK_THROWS_WITH(megaplan::parse_action("", "t.csv"), Contains("unknown action \"\""));
 }
