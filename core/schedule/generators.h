@@ -43,6 +43,22 @@ void validate_interleaved_shape(int64_t pipeline_parallel_size, int64_t virtual_
 std::vector<Action> interleaved_schedule(int64_t pipeline_parallel_size, int64_t virtual_pipeline_size,
                                          int64_t microbatches, int64_t group_size, int64_t rank);
 
+// Zero-bubble ZB-H1 (Qi et al.) as torch's ScheduleInterleavedZeroBubble runs it with one stage
+// per rank: 1F1B's warm-up of min(pp - rank - 1, M) forwards, then F, I and (after the first
+// `rank` steps) the oldest pending W per step, then the remaining I's and W's.
+// REQUIRES: as gpipe_schedule.
+std::vector<Action> zero_bubble_h1_schedule(int64_t pipeline_parallel_size, int64_t microbatches, int64_t rank);
+
+// torch's ScheduleZBVZeroBubble: two stages per rank in a V (rank r runs stages r and 2pp - 1 - r),
+// backwards split into I and W. Laid out for max(M, 2pp - 1) microbatches; work on microbatches
+// beyond M is dropped, as torch does. REQUIRES: as gpipe_schedule.
+std::vector<Action> zero_bubble_v_schedule(int64_t pipeline_parallel_size, int64_t microbatches, int64_t rank);
+
+// torch's ScheduleDualPipeV (DeepSeek-V3's DualPipe folded into a V): the main phase runs
+// OVERLAP_F_B pairs, a forward of one chunk with a full backward of the other.
+// REQUIRES: as gpipe_schedule, and microbatches >= 2 * pipeline_parallel_size.
+std::vector<Action> dual_pipe_v_schedule(int64_t pipeline_parallel_size, int64_t microbatches, int64_t rank);
+
 // The most microbatches whose activations a rank holds at once: forwards (F, or the forward of an
 // OVERLAP_F_B) not yet followed by their backward (B or I) on the same stage.
 int64_t peak_inflight_microbatches(const std::vector<Action>& actions);

@@ -22,21 +22,35 @@ PipelineSchedule generate_schedule(ScheduleKind kind, int64_t pipeline_parallel_
   schedule.shape.microbatches = microbatches;
   schedule.shape.placement = stage_placement(kind);
   const std::string kind_name = to_string(kind);
+  const auto require_vpp = [&](int64_t needed, const std::string& why) {
+    if (virtual_pipeline_size != needed) {
+      throw SpecError("--vpp", kind_name + " " + why + "; needs vpp = " + std::to_string(needed) + ", got " +
+                                   std::to_string(virtual_pipeline_size));
+    }
+  };
   switch (kind) {
     case ScheduleKind::kGPipe:
     case ScheduleKind::kOneFOneB:
-      if (virtual_pipeline_size != 1) {
-        throw SpecError("--vpp", kind_name + " runs one stage per rank; needs vpp = 1, got " +
-                                     std::to_string(virtual_pipeline_size));
-      }
+    case ScheduleKind::kZeroBubbleH1:
+      require_vpp(1, "runs one stage per rank");
       break;
     case ScheduleKind::kInterleaved:
       if (group_size == 0) group_size = pipeline_parallel_size;
       validate_interleaved_shape(pipeline_parallel_size, virtual_pipeline_size, microbatches, group_size);
       break;
-    default:
-      throw SpecError("--kind", kind_name + " is not generated yet");
+    case ScheduleKind::kZeroBubbleV:
+      require_vpp(2, "runs two stages per rank in a V");
+      break;
+    case ScheduleKind::kDualPipeV:
+      require_vpp(2, "runs two stages per rank in a V");
+      if (microbatches < 2 * pipeline_parallel_size) {
+        throw SpecError("--microbatches", "dualpipev needs at least as many microbatches as stages (2 * pp = " +
+                                              std::to_string(2 * pipeline_parallel_size) + "), got " +
+                                              std::to_string(microbatches));
+      }
+      break;
   }
+  schedule.ranks.reserve(static_cast<std::size_t>(pipeline_parallel_size));
   for (int64_t rank = 0; rank < pipeline_parallel_size; ++rank) {
     switch (kind) {
       case ScheduleKind::kGPipe:
@@ -45,9 +59,18 @@ PipelineSchedule generate_schedule(ScheduleKind kind, int64_t pipeline_parallel_
       case ScheduleKind::kOneFOneB:
         schedule.ranks.push_back(one_f_one_b_schedule(pipeline_parallel_size, microbatches, rank));
         break;
-      default:
+      case ScheduleKind::kInterleaved:
         schedule.ranks.push_back(
             interleaved_schedule(pipeline_parallel_size, virtual_pipeline_size, microbatches, group_size, rank));
+        break;
+      case ScheduleKind::kZeroBubbleH1:
+        schedule.ranks.push_back(zero_bubble_h1_schedule(pipeline_parallel_size, microbatches, rank));
+        break;
+      case ScheduleKind::kZeroBubbleV:
+        schedule.ranks.push_back(zero_bubble_v_schedule(pipeline_parallel_size, microbatches, rank));
+        break;
+      case ScheduleKind::kDualPipeV:
+        schedule.ranks.push_back(dual_pipe_v_schedule(pipeline_parallel_size, microbatches, rank));
         break;
     }
   }
