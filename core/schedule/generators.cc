@@ -62,6 +62,13 @@ void validate_interleaved_shape(int64_t pipeline_parallel_size, int64_t virtual_
                                std::to_string(pipeline_parallel_size) + ", group " + std::to_string(group_size) +
                                ", " + std::to_string(microbatches) + " microbatches");
   }
+  // A last group shorter than pp leaves a chunk waiting on gradients scheduled after it: a hang.
+  const int64_t final_group = microbatches % group_size;
+  if (final_group > 0 && final_group < pipeline_parallel_size) {
+    throw SpecError(field, "the interleaved schedule needs microbatches % group size to be 0 or >= pp; got " +
+                               std::to_string(microbatches) + " % " + std::to_string(group_size) + " = " +
+                               std::to_string(final_group) + " with pp " + std::to_string(pipeline_parallel_size));
+  }
 }
 
 std::vector<Action> interleaved_schedule(int64_t pipeline_parallel_size, int64_t virtual_pipeline_size,

@@ -30,7 +30,8 @@ std::vector<VirtualMicrobatch> interleaved_schedule_table(int64_t microbatches, 
                                                           int64_t group_size);
 
 // Throws SpecError("--global-batch-size", ...) unless Megatron runs this interleaved shape:
-// vpp >= 2, pp >= 2, and pp <= microbatch group size <= microbatches.
+// vpp >= 2, pp >= 2, pp <= microbatch group size <= microbatches, and a last group (M % group)
+// that is empty or at least pp long.
 void validate_interleaved_shape(int64_t pipeline_parallel_size, int64_t virtual_pipeline_size, int64_t microbatches,
                                 int64_t group_size);
 

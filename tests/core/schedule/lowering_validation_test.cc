@@ -43,14 +43,17 @@ TEST_CASE("every generated schedule validates before and after lowering", "[sche
         REQUIRE_NOTHROW(megaplan::validate_schedule(compute));
         REQUIRE_NOTHROW(megaplan::validate_schedule(megaplan::lower_schedule(compute)));
       }
-      // Microbatch counts that fill whole groups of pp. Other counts Megatron accepts (pp <= M) are
-      // still under investigation: pp 4, vpp 3, M 5 generates a cycle (8F4 -> 8B0 -> 7B0 -> 7F4).
-      for (int64_t vpp = 2; vpp <= 4 && pp >= 2 && microbatches % pp == 0; ++vpp) {
-        INFO("interleaved pp " << pp << " vpp " << vpp << " M " << microbatches);
-        const megaplan::PipelineSchedule compute =
-            megaplan::generate_schedule(ScheduleKind::kInterleaved, pp, vpp, microbatches);
-        REQUIRE_NOTHROW(megaplan::validate_schedule(compute));
-        REQUIRE_NOTHROW(megaplan::validate_schedule(megaplan::lower_schedule(compute)));
+      // Every group size Megatron accepts for this M (the others are refused before generating).
+      for (int64_t vpp = 2; vpp <= 4 && pp >= 2; ++vpp) {
+        for (int64_t group = pp; group <= microbatches; ++group) {
+          const int64_t final_group = microbatches % group;
+          if (final_group > 0 && final_group < pp) continue;
+          INFO("interleaved pp " << pp << " vpp " << vpp << " M " << microbatches << " group " << group);
+          const megaplan::PipelineSchedule compute =
+              megaplan::generate_schedule(ScheduleKind::kInterleaved, pp, vpp, microbatches, group);
+          REQUIRE_NOTHROW(megaplan::validate_schedule(compute));
+          REQUIRE_NOTHROW(megaplan::validate_schedule(megaplan::lower_schedule(compute)));
+        }
       }
     }
   }
