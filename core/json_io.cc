@@ -1,10 +1,7 @@
 // JSON reading with errors a user can act on.
 #include "core/json_io.h"
 
-#include <cerrno>
-#include <cstring>
-#include <fstream>
-#include <sstream>
+#include "core/text_file.h"
 
 namespace megaplan {
 
@@ -46,15 +43,7 @@ nlohmann::json parse_json_text(const std::string& text, const std::string& sourc
   }
 }
 
-nlohmann::json read_json_file(const std::string& path) {
-  std::ifstream file(path, std::ios::binary);
-  if (!file) {
-    throw SpecError(path, std::string("cannot read file: ") + std::strerror(errno));
-  }
-  std::ostringstream contents;
-  contents << file.rdbuf();
-  return parse_json_text(contents.str(), path);
-}
+nlohmann::json read_json_file(const std::string& path) { return parse_json_text(read_text_file(path), path); }
 
 JsonFieldReader::JsonFieldReader(const nlohmann::json& object, std::string source)
     : object_(object), source_(std::move(source)) {

@@ -98,17 +98,5 @@ std::vector<Action> interleaved_schedule(int64_t pipeline_parallel_size, int64_t
   return actions;
 }
 
-int64_t peak_inflight_microbatches(const std::vector<Action>& actions) {
-  int64_t inflight = 0;
-  int64_t peak = 0;
-  const auto account = [&](const Action& action) {
-    if (action.kind == ActionKind::kForward) peak = std::max(peak, ++inflight);
-    if (action.kind == ActionKind::kBackward || action.kind == ActionKind::kBackwardInput) --inflight;
-  };
-  for (const Action& action : actions) {
-    for (const Action& part : parts_of(action)) account(part);
-  }
-  return peak;
-}
 
 }  // namespace megaplan

@@ -60,8 +60,4 @@ std::vector<Action> zero_bubble_v_schedule(int64_t pipeline_parallel_size, int64
 // REQUIRES: as gpipe_schedule, and microbatches >= 2 * pipeline_parallel_size.
 std::vector<Action> dual_pipe_v_schedule(int64_t pipeline_parallel_size, int64_t microbatches, int64_t rank);
 
-// The most microbatches whose activations a rank holds at once: forwards (F, or the forward of an
-// OVERLAP_F_B) not yet followed by their backward (B or I) on the same stage.
-int64_t peak_inflight_microbatches(const std::vector<Action>& actions);
-
 }  // namespace megaplan

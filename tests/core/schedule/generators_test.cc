@@ -6,6 +6,7 @@
 #include "core/error.h"
 
 #include "core/schedule/generators.h"
+#include "core/schedule/schedule_facts.h"
 
 using Catch::Matchers::Contains;
 

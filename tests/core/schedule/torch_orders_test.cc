@@ -7,6 +7,7 @@
 
 #include "core/parallel_plan.h"
 #include "core/schedule/generators.h"
+#include "core/schedule/schedule_facts.h"
 #include "core/schedule/lowering.h"
 #include "core/schedule/schedule.h"
 #include "core/schedule/validation.h"

@@ -1,0 +1,136 @@
+// Schedule CSV reading and writing.
+#include "core/schedule/schedule_csv.h"
+
+#include <algorithm>
+#include <optional>
+
+#include "core/error.h"
+#include "core/pipeline_layout.h"
+
+namespace megaplan {
+
+namespace {
+
+bool is_communication(ActionKind kind) {
+  switch (kind) {
+    case ActionKind::kSendForward:
+    case ActionKind::kRecvForward:
+    case ActionKind::kSendBackward:
+    case ActionKind::kRecvBackward:
+    case ActionKind::kReduceGrad:
+    case ActionKind::kOptimizer:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// Cells of one line; a cell may be wrapped in double quotes (csv writers quote some values).
+std::vector<std::string> split_cells(const std::string& line) {
+  std::vector<std::string> cells;
+  std::size_t start = 0;
+  while (true) {
+    const std::size_t comma = line.find(',', start);
+    std::string cell = line.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    const auto first = cell.find_first_not_of(" \t");
+    const auto last = cell.find_last_not_of(" \t");
+    cell = first == std::string::npos ? "" : cell.substr(first, last - first + 1);
+    if (cell.size() >= 2 && cell.front() == '"' && cell.back() == '"') cell = cell.substr(1, cell.size() - 2);
+    cells.push_back(cell);
+    if (comma == std::string::npos) return cells;
+    start = comma + 1;
+  }
+}
+
+// The placement every listed stage agrees with, among "loop" and "v".
+StagePlacement infer_placement(const std::vector<std::optional<int64_t>>& rank_of_stage, int64_t pp,
+                               const std::string& source) {
+  const auto num_stages = static_cast<int64_t>(rank_of_stage.size());
+  for (StagePlacement placement : {StagePlacement::kLoop, StagePlacement::kV}) {
+    if (placement == StagePlacement::kV && num_stages != 2 * pp) continue;
+    bool agrees = true;
+    for (int64_t stage = 0; stage < num_stages && agrees; ++stage) {
+      const auto& rank = rank_of_stage[static_cast<std::size_t>(stage)];
+      agrees = !rank || *rank == pipeline_rank_of_stage(stage, pp, placement);
+    }
+    if (agrees) return placement;
+  }
+  throw SpecError(source, "stages are placed neither \"loop\" (stage s on rank s % " + std::to_string(pp) +
+                              ") nor \"v\" (rank r runs stages r and " + std::to_string(2 * pp - 1) + " - r)");
+}
+
+}  // namespace
+
+std::string schedule_to_csv(const PipelineSchedule& schedule) {
+  std::string text;
+  for (const std::vector<Action>& actions : schedule.ranks) {
+    for (std::size_t i = 0; i < actions.size(); ++i) text += (i > 0 ? "," : "") + to_string(actions[i]);
+    text += '\n';
+  }
+  return text;
+}
+
+PipelineSchedule parse_schedule_csv(const std::string& text, const std::string& source) {
+  PipelineSchedule schedule;
+  std::size_t start = 0;
+  std::size_t row = 0;
+  while (start < text.size()) {
+    std::size_t end = text.find('\n', start);
+    if (end == std::string::npos) end = text.size();
+    std::string line = text.substr(start, end - start);
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    start = end + 1;
+    ++row;
+    std::vector<Action>& actions = schedule.ranks.emplace_back();
+    const std::vector<std::string> cells = split_cells(line);
+    for (std::size_t column = 0; column < cells.size(); ++column) {
+      if (cells[column].empty()) continue;  // torch's idle step
+      actions.push_back(
+          parse_action(cells[column], source + ":" + std::to_string(row) + ":" + std::to_string(column + 1)));
+    }
+  }
+  while (!schedule.ranks.empty() && schedule.ranks.back().empty()) schedule.ranks.pop_back();
+  if (schedule.ranks.empty()) throw SpecError(source, "holds no actions; expected one row per pipeline rank");
+
+  const auto pp = static_cast<int64_t>(schedule.ranks.size());
+  int64_t max_stage = -1;
+  int64_t max_microbatch = -1;
+  for (const auto& actions : schedule.ranks) {
+    for (const Action& action : actions) {
+      schedule.lowered = schedule.lowered || is_communication(action.kind);
+      if (action.kind == ActionKind::kOptimizer) continue;
+      for (const Action& part : parts_of(action)) {
+        max_stage = std::max<int64_t>(max_stage, part.stage);
+        max_microbatch = std::max<int64_t>(max_microbatch, part.microbatch);
+      }
+    }
+  }
+  if (max_microbatch < 0) throw SpecError(source, "holds no compute actions (F, B, I, W)");
+  // Which rank runs each stage; messages count too: a RECV_F of stage s sits on s's rank.
+  std::vector<std::optional<int64_t>> rank_of_stage(static_cast<std::size_t>(max_stage + 1));
+  for (int64_t rank = 0; rank < pp; ++rank) {
+    for (const Action& action : schedule.ranks[static_cast<std::size_t>(rank)]) {
+      if (action.kind == ActionKind::kOptimizer) continue;
+      for (const Action& part : parts_of(action)) {
+        auto& seen = rank_of_stage[static_cast<std::size_t>(part.stage)];
+        if (seen && *seen != rank) {
+          throw SpecError(source, "stage " + std::to_string(part.stage) + " appears on rank " + std::to_string(*seen) +
+                                      " and rank " + std::to_string(rank) + " (" + to_string(action) + ")");
+        }
+        seen = rank;
+      }
+    }
+  }
+  const int64_t num_stages = max_stage + 1;
+  if (num_stages % pp != 0) {
+    throw SpecError(source, "highest stage " + std::to_string(max_stage) + " gives " + std::to_string(num_stages) +
+                                " stages, not a multiple of the " + std::to_string(pp) + " rows (pipeline ranks)");
+  }
+  schedule.shape.pipeline_parallel_size = pp;
+  schedule.shape.num_stages = num_stages;
+  schedule.shape.microbatches = max_microbatch + 1;
+  schedule.shape.placement = infer_placement(rank_of_stage, pp, source);
+  return schedule;
+}
+
+}  // namespace megaplan
