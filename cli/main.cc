@@ -6,6 +6,7 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/schedule/validation.h"
 #include "core/version.h"
 
 int main(int argc, char** argv) {
@@ -19,6 +20,7 @@ int main(int argc, char** argv) {
   megaplan::cli::setup_devices_command(app, context);
   megaplan::cli::setup_groups_command(app, context);
   megaplan::cli::setup_presets_command(app, context);
+  megaplan::cli::setup_schedule_command(app, context);
 
   try {
     app.parse(argc, argv);
@@ -30,6 +32,10 @@ int main(int argc, char** argv) {
     return app.exit(version);
   } catch (const CLI::ParseError& error) {
     std::cerr << "megaplan: error: " << error.what() << " (see megaplan --help)\n";
+    return 2;
+  } catch (const megaplan::ScheduleError& error) {
+    // The one error line, then the rank x step grid with the actions at fault marked >>so<<.
+    std::cerr << "megaplan: error: " << error.what() << "\n" << error.grid();
     return 2;
   } catch (const megaplan::SpecError& error) {
     std::cerr << "megaplan: error: " << error.what() << "\n";

@@ -153,7 +153,7 @@ void validate_plan(const ModelSpec& model, const ParallelPlan& plan) {
       break;
     case ScheduleKind::kInterleaved:
       // Megatron's default microbatch group per virtual stage is pp.
-      validate_interleaved_shape(pp, vpp, plan.num_microbatches(), pp);
+      validate_interleaved_shape(pp, vpp, plan.num_microbatches(), pp, "--global-batch-size");
       break;
     case ScheduleKind::kZeroBubbleV:
     case ScheduleKind::kDualPipeV:

@@ -47,8 +47,8 @@ std::vector<VirtualMicrobatch> interleaved_schedule_table(int64_t microbatches, 
 }
 
 void validate_interleaved_shape(int64_t pipeline_parallel_size, int64_t virtual_pipeline_size, int64_t microbatches,
-                                int64_t group_size) {
-  const std::string field = "--global-batch-size";
+                                int64_t group_size, const std::string& microbatches_field) {
+  const std::string& field = microbatches_field;
   if (virtual_pipeline_size < 2) {
     throw SpecError("--virtual-pipeline-model-parallel-size",
                     "the interleaved schedule needs vpp >= 2, got " + std::to_string(virtual_pipeline_size));

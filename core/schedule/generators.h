@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "core/schedule/action.h"
@@ -29,11 +30,12 @@ struct VirtualMicrobatch {
 std::vector<VirtualMicrobatch> interleaved_schedule_table(int64_t microbatches, int64_t model_chunks,
                                                           int64_t group_size);
 
-// Throws SpecError("--global-batch-size", ...) unless Megatron runs this interleaved shape:
-// vpp >= 2, pp >= 2, pp <= microbatch group size <= microbatches, and a last group (M % group)
-// that is empty or at least pp long.
+// Throws SpecError unless Megatron runs this interleaved shape: vpp >= 2, pp >= 2,
+// pp <= microbatch group size <= microbatches, and a last group (M % group) that is empty or at
+// least pp long. Microbatch rules name `microbatches_field` (the flag that set M: --microbatches,
+// or --global-batch-size in a plan).
 void validate_interleaved_shape(int64_t pipeline_parallel_size, int64_t virtual_pipeline_size, int64_t microbatches,
-                                int64_t group_size);
+                                int64_t group_size, const std::string& microbatches_field);
 
 // Megatron-LM's forward_backward_pipelining_with_interleaving (current, with
 // microbatch_group_size_per_vp_stage): (pp - rank - 1) * 2 + (vpp - 1) * group warm-up forwards

@@ -36,7 +36,8 @@ PipelineSchedule generate_schedule(ScheduleKind kind, int64_t pipeline_parallel_
       break;
     case ScheduleKind::kInterleaved:
       if (group_size == 0) group_size = pipeline_parallel_size;
-      validate_interleaved_shape(pipeline_parallel_size, virtual_pipeline_size, microbatches, group_size);
+      validate_interleaved_shape(pipeline_parallel_size, virtual_pipeline_size, microbatches, group_size,
+                                 "--microbatches");
       break;
     case ScheduleKind::kZeroBubbleV:
       require_vpp(2, "runs two stages per rank in a V");

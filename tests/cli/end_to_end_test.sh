@@ -38,7 +38,7 @@ expect_error() {
 expect_ok --help
 expect_ok --version
 grep -q "megaplan 0" "$scratch/out" || fail "--version prints no version"
-for command in describe devices groups presets; do
+for command in describe devices groups presets schedule; do
   expect_ok "$command" --help
   grep -q "Usage" "$scratch/out" || fail "$command --help prints no usage"
 done
@@ -72,6 +72,50 @@ expect_error 'error: --plan: cannot be combined with --tp' describe --plan "$scr
 expect_error 'error: --tensor-model-parallel-size' describe --model gpt2-1.5b --cluster h200-x2 --tp 2 --out "$scratch/never.json"
 [ ! -e "$scratch/never.json" ] || fail "a failed describe wrote --out"
 ls "$scratch" | grep -q '\.tmp\.' && fail "a temporary file was left behind"
+
+# Schedules: generate, write torch's CSV, import and check it; each kind and format runs.
+expect_ok schedule --kind zbv --pp 4 --microbatches 8 --lowered --format csv --out "$scratch/zbv.csv"
+expect_ok schedule --import "$scratch/zbv.csv" --check
+grep -q '^ok: .*pp 4, 8 stages (v), 8 microbatches, lowered' "$scratch/out" || fail "schedule --check: $(cat "$scratch/out")"
+for kind in gpipe 1f1b zb-h1 zbv dualpipev; do
+  expect_ok schedule --kind "$kind" --pp 4 --microbatches 8 --format json
+done
+expect_ok schedule --kind interleaved --pp 4 --vpp 2 --microbatches 12 --microbatch-group-size 6 --lowered
+grep -q '^rank 3: ' "$scratch/out" || fail "schedule text output has no rank 3 row"
+
+# expect_schedule_error PATTERN ARGS...: exit 2, nothing on stdout, the error line matching
+# PATTERN, then only grid rows ("rank N: ..."), where the actions at fault are marked >>so<<.
+expect_schedule_error() {
+  local pattern=$1
+  shift
+  "$megaplan" "$@" >"$scratch/out" 2>"$scratch/err"
+  local code=$?
+  [ "$code" -eq 2 ] || fail "megaplan $*: exit code $code, want 2"
+  [ ! -s "$scratch/out" ] || fail "megaplan $*: wrote to stdout"
+  head -n 1 "$scratch/err" | grep -qE "$pattern" || fail "megaplan $*: first line '$(head -n 1 "$scratch/err")' does not match '$pattern'"
+  tail -n +2 "$scratch/err" | grep -vqE '^rank [0-9]+:' && fail "megaplan $*: stray stderr lines: $(cat "$scratch/err")"
+  [ "$(wc -l <"$scratch/err")" -gt 1 ] || fail "megaplan $*: no grid below the error line"
+}
+printf '0F0,0SEND_F0,0RECV_B0,0B0\n1RECV_F0,1F0,1B0,1SEND_B0\n' >"$scratch/ok.csv"
+expect_ok schedule --import "$scratch/ok.csv" --check
+printf '0F0,0RECV_B0,0SEND_F0,0B0\n1RECV_F0,1F0,1B0,1SEND_B0\n' >"$scratch/hang.csv"
+expect_schedule_error 'error: schedule: deadlock: these actions wait on each other: ' schedule --import "$scratch/hang.csv" --check
+grep -q '^rank 0: 0F0 >>0RECV_B0<< ' "$scratch/err" || fail "deadlock grid does not mark 0RECV_B0: $(cat "$scratch/err")"
+printf '0F0,0F1,0B0\n1F0,1B0,1F1,1B1\n' >"$scratch/missing.csv"
+expect_schedule_error 'error: schedule: incomplete: no rank runs 0B1' schedule --import "$scratch/missing.csv" --check
+printf '0F0,0F0,0B0\n1F0,1B0\n' >"$scratch/duplicate.csv"
+expect_schedule_error 'error: schedule: duplicate: 0F0 \(rank 0, step 1\) repeats the work of 0F0 \(rank 0, step 0\)' schedule --import "$scratch/duplicate.csv" --check
+grep -q '^rank 0: >>0F0<< >>0F0<< 0B0' "$scratch/err" || fail "duplicate grid does not mark both forwards"
+printf '0F0,0B0\n1F0,1Z0,1B0\n' >"$scratch/unknown.csv"
+expect_error "error: $scratch/unknown.csv:2:2: unknown action \"1Z0\"" schedule --import "$scratch/unknown.csv" --check
+expect_error 'error: --microbatches: the interleaved schedule needs microbatches % group size to be 0 or >= pp; got 6 % 4 = 2 with pp 4' schedule --kind interleaved --pp 4 --vpp 2 --microbatches 6
+expect_error 'error: --vpp: zbv runs two stages per rank in a V; needs vpp = 2, got 3' schedule --kind zbv --pp 4 --vpp 3 --microbatches 8
+expect_error 'error: --kind: must be one of gpipe, 1f1b' schedule --kind zb-h2 --pp 4 --microbatches 8
+expect_error 'error: --check: needs --import FILE' schedule --kind 1f1b --pp 4 --microbatches 8 --check
+expect_error 'error: .*--import.*excludes|error: .*excludes.*--import' schedule --import "$scratch/ok.csv" --pp 4
+expect_error "error: $scratch/none.csv: cannot read file" schedule --import "$scratch/none.csv" --check
+expect_error 'error: --microbatches: dualpipev needs' schedule --kind dualpipev --pp 4 --microbatches 6 --out "$scratch/never.csv"
+[ ! -e "$scratch/never.csv" ] || fail "a failed schedule wrote --out"
 
 # Without a usable GPU, `devices` says so in one line; with one, it lists it.
 if "$megaplan" devices >"$scratch/out" 2>"$scratch/err"; then

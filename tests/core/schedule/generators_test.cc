@@ -72,22 +72,22 @@ TEST_CASE("interleaved 1F1B follows Megatron for pp 2, vpp 2, M 4", "[schedule][
 }
 
 TEST_CASE("interleaving refuses the shapes Megatron refuses", "[schedule][generators]") {
-  CHECK_NOTHROW(megaplan::validate_interleaved_shape(4, 2, 8, 4));
-  CHECK_THROWS_WITH(megaplan::validate_interleaved_shape(4, 2, 3, 4),
+  CHECK_NOTHROW(megaplan::validate_interleaved_shape(4, 2, 8, 4, "--global-batch-size"));
+  CHECK_THROWS_WITH(megaplan::validate_interleaved_shape(4, 2, 3, 4, "--global-batch-size"),
                     "--global-batch-size: the interleaved schedule needs pp <= microbatch group size <= "
                     "microbatches; got pp 4, group 4, 3 microbatches");
-  CHECK_THROWS_WITH(megaplan::validate_interleaved_shape(4, 2, 8, 2), Contains("got pp 4, group 2"));
-  CHECK_THROWS_WITH(megaplan::validate_interleaved_shape(4, 1, 8, 4),
+  CHECK_THROWS_WITH(megaplan::validate_interleaved_shape(4, 2, 8, 2, "--global-batch-size"), Contains("got pp 4, group 2"));
+  CHECK_THROWS_WITH(megaplan::validate_interleaved_shape(4, 1, 8, 4, "--global-batch-size"),
                     "--virtual-pipeline-model-parallel-size: the interleaved schedule needs vpp >= 2, got 1");
-  CHECK_THROWS_WITH(megaplan::validate_interleaved_shape(1, 2, 8, 4),
+  CHECK_THROWS_WITH(megaplan::validate_interleaved_shape(1, 2, 8, 4, "--global-batch-size"),
                     "--pipeline-model-parallel-size: the interleaved schedule needs pp >= 2, got 1");
   // Megatron's remainder rule: pp 4, vpp 3, M 5, group 4 would leave a last group of 1 and hang
   // (8F4 -> 8B0 -> 7B0 -> 7F4); M 7 leaves 3 (refused), M 9 with group 5 leaves 4 (accepted).
-  CHECK_THROWS_WITH(megaplan::validate_interleaved_shape(4, 3, 5, 4),
+  CHECK_THROWS_WITH(megaplan::validate_interleaved_shape(4, 3, 5, 4, "--global-batch-size"),
                     "--global-batch-size: the interleaved schedule needs microbatches % group size to be 0 or >= "
                     "pp; got 5 % 4 = 1 with pp 4");
-  CHECK_THROWS_WITH(megaplan::validate_interleaved_shape(4, 2, 7, 4), Contains("7 % 4 = 3"));
-  CHECK_NOTHROW(megaplan::validate_interleaved_shape(4, 2, 9, 5));
+  CHECK_THROWS_WITH(megaplan::validate_interleaved_shape(4, 2, 7, 4, "--global-batch-size"), Contains("7 % 4 = 3"));
+  CHECK_NOTHROW(megaplan::validate_interleaved_shape(4, 2, 9, 5, "--global-batch-size"));
 }
 
 TEST_CASE("interleaved runs every (stage, microbatch) F and B once, F first", "[schedule][generators]") {
