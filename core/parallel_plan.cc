@@ -158,6 +158,10 @@ void validate_plan(const ModelSpec& model, const ParallelPlan& plan) {
     case ScheduleKind::kZeroBubbleV:
     case ScheduleKind::kDualPipeV:
       if (vpp != 2) throw SpecError(schedule, kind + " places two stages per rank in a V; needs vpp = 2, got " + str(vpp));
+      if (plan.schedule == ScheduleKind::kDualPipeV && plan.num_microbatches() < 2 * pp) {
+        throw SpecError("--global-batch-size", "dualpipev needs at least 2 * pp = " + str(2 * pp) +
+                                                   " microbatches per replica, got " + str(plan.num_microbatches()));
+      }
       break;
   }
 }

@@ -78,4 +78,9 @@ PipelineSchedule generate_schedule(ScheduleKind kind, int64_t pipeline_parallel_
   return schedule;
 }
 
+PipelineSchedule generate_plan_schedule(const ParallelPlan& plan) {
+  return generate_schedule(plan.schedule, plan.pipeline_parallel_size, plan.virtual_pipeline_parallel_size,
+                           plan.num_microbatches(), plan.pipeline_parallel_size);
+}
+
 }  // namespace megaplan

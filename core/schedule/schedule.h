@@ -31,4 +31,8 @@ struct PipelineSchedule {
 PipelineSchedule generate_schedule(ScheduleKind kind, int64_t pipeline_parallel_size, int64_t virtual_pipeline_size,
                                    int64_t microbatches, int64_t group_size = 0);
 
+// The compute-only schedule a validated plan runs: its kind, pp, vpp and microbatches, with
+// Megatron's default microbatch group (pp) for interleaving.
+PipelineSchedule generate_plan_schedule(const ParallelPlan& plan);
+
 }  // namespace megaplan

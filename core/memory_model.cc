@@ -1,0 +1,121 @@
+// Memory per pipeline rank: static state by bytes per parameter, activations by the schedule.
+#include "core/memory_model.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/checked_math.h"
+#include "core/formulas.h"
+#include "core/pipeline_layout.h"
+
+namespace megaplan {
+
+namespace {
+
+constexpr int64_t kActivationBytes = 2;  // bf16
+constexpr int64_t kSoftmaxBytes = 4;     // fp32 cross-entropy softmax
+
+// Tokens of one microbatch on one GPU before tensor parallelism: s / cp times b.
+int64_t tokens(const ModelSpec& model, const ParallelPlan& plan) {
+  return model.seq_length / plan.context_parallel_size * plan.micro_batch_size;
+}
+
+}  // namespace
+
+StageActivationBytes transformer_layer_activation_bytes(const ModelSpec& model, const ParallelPlan& plan) {
+  const int64_t sb = tokens(model, plan);
+  const int64_t t = plan.tensor_parallel_size;
+  const int64_t h = model.hidden_size;
+  const int64_t f = model.effective_ffn_hidden_size();
+  const int64_t q = model.query_projection_size();
+  const int64_t kv = model.kv_projection_size();
+  // Outside the tensor-parallel region (the two norms' inputs and outputs, which are the QKV and
+  // fc1 GEMMs' inputs) every tp rank holds the whole tensor unless sequence parallelism splits it.
+  const int64_t outside = plan.sequence_parallel ? t : 1;
+  const int64_t norm_inputs = 2 * kActivationBytes * sb * h / outside;
+  const int64_t gemm_inputs_outside = 2 * kActivationBytes * sb * h / outside;  // QKV and fc1 inputs
+  // Inside it, split over tp: Q, K, V; flash attention's output (also the projection's input) and
+  // its fp32 log-sum-exp per head and token; fc1's output (twice as wide with SwiGLU); fc2's input.
+  const int64_t heads = model.num_attention_heads;
+  const int64_t qkv = kActivationBytes * sb * (q + 2 * kv) / t;
+  const int64_t attention_output = kActivationBytes * sb * q / t + 4 * sb * heads / t;
+  const int64_t fc1_output = kActivationBytes * sb * f * (model.swiglu ? 2 : 1) / t;
+  const int64_t fc2_input = kActivationBytes * sb * f / t;
+
+  StageActivationBytes bytes;
+  if (plan.recompute_granularity == RecomputeGranularity::kFull) {
+    bytes.activation = kActivationBytes * sb * h / outside;  // the layer's input only
+  } else {
+    bytes.activation = norm_inputs + gemm_inputs_outside + qkv + attention_output + fc1_output + fc2_input;
+  }
+  // W needs the four weight GEMMs' inputs: QKV and fc1 (outside), projection and fc2 (inside).
+  bytes.weight_gradient_input = gemm_inputs_outside + kActivationBytes * sb * q / t + fc2_input;
+  if (plan.recompute_granularity == RecomputeGranularity::kFull) {
+    bytes.weight_gradient_input = std::min(bytes.weight_gradient_input, bytes.activation);
+  }
+  return bytes;
+}
+
+std::vector<StageActivationBytes> stage_activation_bytes(const ModelSpec& model, const ParallelPlan& plan) {
+  const StageActivationBytes layer = transformer_layer_activation_bytes(model, plan);
+  const int64_t layers = layers_per_virtual_stage(model, plan);
+  std::vector<StageActivationBytes> stages(static_cast<std::size_t>(plan.num_virtual_stages()),
+                                           {layers * layer.activation, layers * layer.weight_gradient_input});
+  // The last stage: the final norm's input and the cross entropy's fp32 softmax over the
+  // vocabulary-parallel logits, kept until the backward.
+  const int64_t sb = tokens(model, plan);
+  const int64_t t = plan.tensor_parallel_size;
+  const int64_t outside = plan.sequence_parallel ? t : 1;
+  const int64_t vocabulary = padded_vocab_size(model, t);
+  stages.back().activation += kActivationBytes * sb * model.hidden_size / outside + kSoftmaxBytes * sb * vocabulary / t;
+  return stages;
+}
+
+std::vector<PipelineRankMemory> memory_per_pipeline_rank(const ModelSpec& model, const ParallelPlan& plan,
+                                                         const PipelineSchedule& schedule) {
+  const std::vector<StageActivationBytes> per_stage = stage_activation_bytes(model, plan);
+  const std::vector<RankScheduleFacts> facts = schedule_facts(schedule, per_stage);
+  const std::vector<PipelineRankParameters> parameters = parameters_per_pipeline_rank(model, plan);
+  const int64_t sb = tokens(model, plan);
+  const int64_t t = plan.tensor_parallel_size;
+  const StageActivationBytes layer = transformer_layer_activation_bytes(model, plan);
+  const int64_t optimizer_shards = plan.use_distributed_optimizer ? plan.data_parallel_size * plan.context_parallel_size : 1;
+  const ParallelPlan no_recompute = [&] {
+    ParallelPlan copy = plan;
+    copy.recompute_granularity = RecomputeGranularity::kNone;
+    return copy;
+  }();
+  const int64_t rematerialised_layer = transformer_layer_activation_bytes(model, no_recompute).activation;
+
+  std::vector<PipelineRankMemory> ranks;
+  for (const PipelineRankParameters& rank_parameters : parameters) {
+    const auto rank = static_cast<std::size_t>(rank_parameters.pipeline_rank);
+    PipelineRankMemory memory;
+    memory.pipeline_rank = rank_parameters.pipeline_rank;
+    memory.parameters_per_gpu = rank_parameters.parameters_per_gpu;
+    const int64_t p = rank_parameters.parameters_per_gpu;
+    memory.weight_bytes = checked_multiply(p, 2, "weight bytes");
+    memory.gradient_bytes = checked_multiply(p, 4, "gradient bytes");
+    memory.optimizer_bytes = checked_multiply(p, 12, "optimizer bytes") / optimizer_shards;
+    memory.peak_inflight_microbatches = facts[rank].peak_inflight_microbatches;
+    memory.activation_bytes = facts[rank].peak_held_bytes;
+    int64_t transient = 0;
+    if (rank_parameters.has_output_layer) {
+      transient = kActivationBytes * sb * padded_vocab_size(model, t) / t;  // the bf16 logits
+    }
+    if (plan.recompute_granularity == RecomputeGranularity::kFull) {
+      transient = std::max(transient, rematerialised_layer - layer.activation);
+    }
+    memory.transient_bytes = transient;
+    memory.allocator_overhead_bytes = static_cast<int64_t>(
+        std::ceil(kAllocatorOverheadFraction * static_cast<double>(memory.activation_bytes + transient)));
+    memory.runtime_reserve_bytes = kRuntimeReserveBytes;
+    memory.total_bytes = memory.weight_bytes + memory.gradient_bytes + memory.optimizer_bytes +
+                         memory.activation_bytes + memory.transient_bytes + memory.allocator_overhead_bytes +
+                         memory.runtime_reserve_bytes;
+    ranks.push_back(memory);
+  }
+  return ranks;
+}
+
+}  // namespace megaplan

@@ -1,0 +1,61 @@
+// Memory per pipeline rank of a plan: weights, gradients and optimizer states by Megatron's bytes
+// per parameter, and activations per layer after Korthikanti et al. 2022 ("Reducing Activation
+// Recomputation in Large Transformer Models"), multiplied not by a formula per schedule but by
+// what the plan's own schedule holds at its peak (schedule_facts).
+//
+// Assumptions, stated once:
+// - bf16 activations and weights; fp32 gradients (Megatron accumulates and all-reduces bf16
+//   training's gradients in fp32) and fp32 Adam states with an fp32 master copy: 18 bytes per
+//   parameter, or 6 + 12/(dp*cp) with the distributed optimizer (it shards over dp x cp).
+// - Flash attention (Megatron's default through Transformer Engine): no s x s score matrices are
+//   stored, so Korthikanti's 5as^2b term is gone and selective recomputation (the attention core)
+//   saves nothing more. No dropout masks (dropout 0, as current LLM pretraining runs).
+// - Full recomputation stores each layer's input and re-materialises one layer at a time.
+// - The last stage keeps the fp32 softmax of its vocabulary-parallel cross entropy per in-flight
+//   microbatch and the bf16 logits transiently.
+// - kRuntimeReserveBytes (CUDA context, cuBLAS workspaces, NCCL buffers) and
+//   kAllocatorOverheadFraction (caching-allocator fragmentation on activations) are assumptions
+//   until the profiler measures them.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/model_spec.h"
+#include "core/parallel_plan.h"
+#include "core/schedule/schedule.h"
+#include "core/schedule/schedule_facts.h"
+
+namespace megaplan {
+
+inline constexpr int64_t kRuntimeReserveBytes = int64_t{1} << 30;  // 1 GiB
+inline constexpr double kAllocatorOverheadFraction = 0.05;
+
+// Bytes one transformer layer keeps for one microbatch on one GPU, from its forward until its
+// backward (B, or I), and the part still needed from I until W (the weight GEMMs' inputs).
+// REQUIRES: validate_plan(model, plan) passed.
+StageActivationBytes transformer_layer_activation_bytes(const ModelSpec& model, const ParallelPlan& plan);
+
+// Per virtual stage: its layers' bytes, plus the output layer's saved softmax on the last stage.
+std::vector<StageActivationBytes> stage_activation_bytes(const ModelSpec& model, const ParallelPlan& plan);
+
+struct PipelineRankMemory {
+  int64_t pipeline_rank = 0;
+  int64_t parameters_per_gpu = 0;
+  int64_t weight_bytes = 0;
+  int64_t gradient_bytes = 0;
+  int64_t optimizer_bytes = 0;
+  int64_t peak_inflight_microbatches = 0;  // from the schedule
+  int64_t activation_bytes = 0;            // peak held by the schedule
+  int64_t transient_bytes = 0;  // logits of one microbatch, or one re-materialised layer
+  int64_t allocator_overhead_bytes = 0;
+  int64_t runtime_reserve_bytes = 0;
+  int64_t total_bytes = 0;
+};
+
+// One entry per pipeline rank for `schedule` (the plan's own, see generate_plan_schedule).
+// REQUIRES: validate_plan(model, plan) passed; schedule has the plan's shape.
+std::vector<PipelineRankMemory> memory_per_pipeline_rank(const ModelSpec& model, const ParallelPlan& plan,
+                                                         const PipelineSchedule& schedule);
+
+}  // namespace megaplan

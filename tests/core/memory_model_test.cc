@@ -1,0 +1,75 @@
+// Memory per pipeline rank against hand calculations.
+#include <catch2/catch.hpp>
+
+#include "core/formulas.h"
+#include "core/memory_model.h"
+#include "core/model_presets.h"
+
+namespace {
+
+megaplan::ParallelPlan plan_of(int64_t tp, int64_t pp, int64_t dp, int64_t gbs) {
+  megaplan::ParallelPlan plan;
+  plan.tensor_parallel_size = tp;
+  plan.pipeline_parallel_size = pp;
+  plan.data_parallel_size = dp;
+  plan.micro_batch_size = 1;
+  plan.global_batch_size = gbs;
+  return plan;
+}
+
+}  // namespace
+
+TEST_CASE("Llama-2-7B on one GPU: 18 bytes per parameter and Korthikanti's activations", "[memory]") {
+  const megaplan::ModelSpec model = megaplan::model_preset("llama2-7b");
+  const megaplan::ParallelPlan plan = plan_of(1, 1, 1, 1);
+  megaplan::validate_plan(model, plan);
+  const auto memory = megaplan::memory_per_pipeline_rank(model, plan, megaplan::generate_plan_schedule(plan));
+  REQUIRE(memory.size() == 1);
+  const megaplan::PipelineRankMemory& rank = memory[0];
+  // 6,738,415,616 parameters (Llama-2-7b-hf's count).
+  CHECK(rank.parameters_per_gpu == 6738415616);
+  CHECK(rank.weight_bytes == 2 * 6738415616);
+  CHECK(rank.gradient_bytes == 4 * 6738415616);
+  CHECK(rank.optimizer_bytes == 12 * 6738415616);
+  // Per layer, s = 4096, b = 1, h = 4096, f = 11008, 32 heads, bf16: norm inputs 4sbh, QKV and fc1
+  // inputs 4sbh, Q K V 6sbh, attention output 2sbh, log-sum-exp 4*32*s, SwiGLU fc1 output 4sbf,
+  // fc2 input 2sbf: 16 * 16,777,216 + 6 * 45,088,768 + 524,288 = 539,492,352 bytes.
+  CHECK(megaplan::transformer_layer_activation_bytes(model, plan).activation == 539492352);
+  // 32 layers, plus the final norm's input 2sbh and the fp32 softmax 4 s V = 524,288,000.
+  CHECK(rank.peak_inflight_microbatches == 1);
+  CHECK(rank.activation_bytes == 32 * int64_t{539492352} + 33554432 + 524288000);
+  CHECK(rank.transient_bytes == 2 * 4096 * 32000);  // the bf16 logits
+  CHECK(rank.total_bytes == 18 * int64_t{6738415616} + rank.activation_bytes + rank.transient_bytes +
+                                rank.allocator_overhead_bytes + megaplan::kRuntimeReserveBytes);
+}
+
+TEST_CASE("tensor and sequence parallelism split activations; the distributed optimizer shards states", "[memory]") {
+  const megaplan::ModelSpec model = megaplan::model_preset("llama2-7b");
+  megaplan::ParallelPlan plan = plan_of(1, 1, 1, 1);
+  const int64_t whole = megaplan::transformer_layer_activation_bytes(model, plan).activation;
+  plan = plan_of(2, 1, 4, 8);
+  const int64_t tp_only = megaplan::transformer_layer_activation_bytes(model, plan).activation;
+  // Without SP the 8sbh outside the tensor-parallel region stays whole on each rank.
+  CHECK(tp_only == 8 * 16777216 + (whole - 8 * 16777216) / 2);
+  plan.sequence_parallel = true;
+  CHECK(megaplan::transformer_layer_activation_bytes(model, plan).activation == whole / 2);
+  plan.recompute_granularity = megaplan::RecomputeGranularity::kFull;
+  CHECK(megaplan::transformer_layer_activation_bytes(model, plan).activation == 2 * 16777216 / 2);
+
+  plan = plan_of(1, 1, 8, 8);
+  plan.use_distributed_optimizer = true;
+  const auto memory = megaplan::memory_per_pipeline_rank(model, plan, megaplan::generate_plan_schedule(plan));
+  CHECK(memory[0].optimizer_bytes == 12 * int64_t{6738415616} / 8);  // 6 + 12/dp bytes per parameter
+}
+
+TEST_CASE("activations follow the schedule's in-flight microbatches", "[memory]") {
+  const megaplan::ModelSpec model = megaplan::model_preset("llama2-7b");
+  megaplan::ParallelPlan plan = plan_of(1, 4, 1, 8);
+  const auto stage = megaplan::stage_activation_bytes(model, plan);
+  const auto one_f_one_b = megaplan::memory_per_pipeline_rank(model, plan, megaplan::generate_plan_schedule(plan));
+  CHECK(one_f_one_b[0].activation_bytes == 4 * stage[0].activation);  // rank 0 holds pp microbatches
+  CHECK(one_f_one_b[3].activation_bytes == stage[3].activation);      // the last rank holds one
+  plan.schedule = megaplan::ScheduleKind::kGPipe;
+  const auto gpipe = megaplan::memory_per_pipeline_rank(model, plan, megaplan::generate_plan_schedule(plan));
+  CHECK(gpipe[0].activation_bytes == 8 * stage[0].activation);  // GPipe holds all M
+}
