@@ -1,0 +1,327 @@
+// The event loop: completions come off a heap in (time, sequence) order; each wakes its rank's
+// streams, which start every action whose stream is free and whose dependencies are done.
+#include "simulator/engine.h"
+
+#include <algorithm>
+#include <array>
+#include <queue>
+
+#include "core/error.h"
+#include "core/schedule/dependencies.h"
+
+namespace megaplan::sim {
+
+namespace {
+
+constexpr double kUnknown = -1.0;
+constexpr std::size_t kStreams = 4;
+
+std::size_t stream_of(ActionKind kind) {
+  switch (kind) {
+    case ActionKind::kSendForward:
+    case ActionKind::kSendBackward:
+      return static_cast<std::size_t>(TimelineStream::kSend);
+    case ActionKind::kRecvForward:
+    case ActionKind::kRecvBackward:
+      return static_cast<std::size_t>(TimelineStream::kReceive);
+    case ActionKind::kReduceGrad:
+      return static_cast<std::size_t>(TimelineStream::kDataParallel);
+    default:
+      return static_cast<std::size_t>(TimelineStream::kCompute);
+  }
+}
+
+struct Completion {
+  double time;
+  int64_t sequence;
+  std::size_t rank;
+  Action action;
+  bool operator>(const Completion& other) const {
+    return time != other.time ? time > other.time : sequence > other.sequence;
+  }
+};
+
+struct RankState {
+  std::array<std::vector<std::size_t>, kStreams> queue;  // action indices per stream, in order
+  std::array<std::size_t, kStreams> head{};
+  std::array<double, kStreams> free{};
+  int64_t pending = 0;  // completions pushed but not yet taken off the heap
+  double compute_busy_in_pipeline = 0;
+  double end = 0;
+  RankSimulation result;
+};
+
+class Engine {
+ public:
+  Engine(const PipelineSchedule& schedule, const ActionCosts& costs, bool record)
+      : schedule_(schedule), shape_(schedule.shape), costs_(costs), record_(record), index_(shape_),
+        done_(index_.size(), kUnknown), started_(index_.size(), kUnknown), send_ready_(index_.size(), kUnknown),
+        receive_ready_(index_.size(), kUnknown), ranks_(schedule.ranks.size()) {
+    for (std::size_t rank = 0; rank < ranks_.size(); ++rank) {
+      const auto& actions = schedule.ranks[rank];
+      for (std::size_t i = 0; i < actions.size(); ++i) ranks_[rank].queue[stream_of(actions[i].kind)].push_back(i);
+    }
+    result_.timeline.source = "simulated";
+  }
+
+  SimulationResult run() {
+    for (std::size_t rank = 0; rank < ranks_.size(); ++rank) wake(rank);
+    drain();
+    while (!heap_.empty()) {
+      const Completion completion = heap_.top();
+      heap_.pop();
+      ++result_.events;
+      for (const DependencyKey& key : provided_keys(completion.action)) done_[index_(key)] = completion.time;
+      --ranks_[completion.rank].pending;
+      wake(completion.rank);
+      drain();
+    }
+    finish();
+    return std::move(result_);
+  }
+
+ private:
+  void wake(std::size_t rank) {
+    for (std::size_t stream = 0; stream < kStreams; ++stream) work_.push_back({rank, stream});
+  }
+
+  void drain() {
+    while (!work_.empty()) {
+      const auto [rank, stream] = work_.back();
+      work_.pop_back();
+      advance(rank, stream);
+    }
+  }
+
+  const Action& head_action(std::size_t rank, std::size_t stream) const {
+    const RankState& state = ranks_[rank];
+    return schedule_.ranks[rank][state.queue[stream][state.head[stream]]];
+  }
+
+  // Latest completion among the action's dependencies, or kUnknown while one is outstanding.
+  double dependencies_done(const Action& action) const {
+    double ready = 0;
+    for (const Action& needed : dependencies(action, shape_, /*lowered=*/true)) {
+      const double done = done_[index_(dependency_key(needed))];
+      if (done == kUnknown) return kUnknown;
+      ready = std::max(ready, done);
+    }
+    return ready;
+  }
+
+  void advance(std::size_t rank, std::size_t stream) {
+    RankState& state = ranks_[rank];
+    while (state.head[stream] < state.queue[stream].size()) {
+      const Action& action = head_action(rank, stream);
+      bool started = false;
+      switch (static_cast<TimelineStream>(stream)) {
+        case TimelineStream::kCompute:
+          started = action.kind == ActionKind::kOptimizer ? start_optimizer(rank, action) : start_compute(rank, action);
+          break;
+        case TimelineStream::kSend:
+        case TimelineStream::kReceive:
+          started = reach_message(rank, stream, action);
+          break;
+        case TimelineStream::kDataParallel:
+          started = start_reduction(rank, action);
+          break;
+      }
+      if (!started) return;
+    }
+  }
+
+  void complete(std::size_t rank, std::size_t stream, const Action& action, double start, double end) {
+    RankState& state = ranks_[rank];
+    heap_.push({end, sequence_++, rank, action});
+    ++state.pending;
+    state.free[stream] = end;
+    ++state.head[stream];
+    state.end = std::max(state.end, end);
+    if (record_) {
+      result_.timeline.slices.push_back(
+          {static_cast<int32_t>(rank), static_cast<TimelineStream>(stream), action, start, end});
+    }
+  }
+
+  double compute_seconds(const Action& part, double& collectives) const {
+    const StageCosts& stage = costs_.stages[static_cast<std::size_t>(part.stage)];
+    switch (part.kind) {
+      case ActionKind::kForward:
+        collectives += stage.forward_collectives;
+        return stage.forward;
+      case ActionKind::kBackward:
+        collectives += stage.backward_collectives;
+        return stage.backward_input + stage.backward_weight;
+      case ActionKind::kBackwardInput:
+        collectives += stage.backward_collectives;
+        return stage.backward_input;
+      default:  // kBackwardWeight
+        return stage.backward_weight;
+    }
+  }
+
+  bool start_compute(std::size_t rank, const Action& action) {
+    const double ready = dependencies_done(action);
+    if (ready == kUnknown) return false;
+    RankState& state = ranks_[rank];
+    const std::size_t stream = static_cast<std::size_t>(TimelineStream::kCompute);
+    const double free = state.free[stream];
+    const double start = std::max(free, ready);
+    double collectives = 0;
+    double duration = 0;
+    for (const Action& part : parts_of(action)) duration += compute_seconds(part, collectives);
+    account_gap(state, action, free, start);
+    state.result.compute_s += duration - collectives;
+    state.result.exposed_comm_s += collectives;
+    state.compute_busy_in_pipeline += duration;
+    for (const DependencyKey& key : provided_keys(action)) started_[index_(key)] = start;
+    result_.pipeline_end_s = std::max(result_.pipeline_end_s, start + duration);
+    complete(rank, stream, action, start, start + duration);
+    return true;
+  }
+
+  // An idle compute stream waits on another stage (the bubble) until the transfer it needs has
+  // begun; the transfer itself is exposed communication.
+  void account_gap(RankState& state, const Action& action, double free, double start) {
+    const double gap = start - free;
+    if (gap <= 0) return;
+    double transfer = 0;
+    for (const Action& needed : dependencies(action, shape_, /*lowered=*/true)) {
+      if (needed.kind != ActionKind::kRecvForward && needed.kind != ActionKind::kRecvBackward) continue;
+      const std::size_t key = index_(dependency_key(needed));
+      if (done_[key] == start) transfer = std::max(transfer, start - std::max(started_[key], free));
+    }
+    state.result.exposed_comm_s += std::min(gap, transfer);
+    state.result.idle_s += gap - std::min(gap, transfer);
+  }
+
+  bool start_optimizer(std::size_t rank, const Action& action) {
+    RankState& state = ranks_[rank];
+    const std::size_t compute = static_cast<std::size_t>(TimelineStream::kCompute);
+    double ready = state.free[compute];
+    for (std::size_t stream = 0; stream < kStreams; ++stream) {
+      if (stream == compute) continue;
+      if (state.head[stream] < state.queue[stream].size()) return false;
+      ready = std::max(ready, state.free[stream]);
+    }
+    if (state.pending > 0) return false;  // everything before OPTIM has completed
+    const double duration = costs_.optimizer[rank];
+    state.result.exposed_comm_s += ready - state.free[compute];  // waiting on gradient reduction
+    state.result.compute_s += duration;
+    complete(rank, compute, action, ready, ready + duration);
+    return true;
+  }
+
+  // Records that this side of a transfer is reached; the side that finds the other one waiting
+  // starts the transfer for both.
+  bool reach_message(std::size_t rank, std::size_t stream, const Action& action) {
+    RankState& state = ranks_[rank];
+    const bool is_send = stream == static_cast<std::size_t>(TimelineStream::kSend);
+    const Action receive = is_send ? matching_receive(action) : action;
+    const std::size_t key = index_(dependency_key(receive));
+    if (is_send) {
+      const double ready = dependencies_done(action);
+      if (ready == kUnknown) return false;
+      send_ready_[key] = std::max(state.free[stream], ready);
+      if (receive_ready_[key] == kUnknown) return false;
+    } else {
+      receive_ready_[key] = state.free[stream];
+      if (send_ready_[key] == kUnknown) return false;
+    }
+    const Action send = is_send ? action
+                                : make_action(action.kind == ActionKind::kRecvForward ? ActionKind::kSendForward
+                                                                                      : ActionKind::kSendBackward,
+                                              message_peer_stage(action), action.microbatch);
+    const StageCosts& sender_stage = costs_.stages[static_cast<std::size_t>(send.stage)];
+    const double transfer = send.kind == ActionKind::kSendForward ? sender_stage.send_forward : sender_stage.send_backward;
+    const double start = std::max(send_ready_[key], receive_ready_[key]);
+    started_[key] = start;
+    const auto sender = static_cast<std::size_t>(shape_.rank_of_stage(send.stage));
+    const auto receiver = static_cast<std::size_t>(shape_.rank_of_stage(receive.stage));
+    complete(sender, static_cast<std::size_t>(TimelineStream::kSend), send, start, start + transfer);
+    complete(receiver, static_cast<std::size_t>(TimelineStream::kReceive), receive, start, start + transfer);
+    // The other side's stream moved on too.
+    if (is_send) {
+      work_.push_back({receiver, static_cast<std::size_t>(TimelineStream::kReceive)});
+    } else {
+      work_.push_back({sender, static_cast<std::size_t>(TimelineStream::kSend)});
+    }
+    return true;
+  }
+
+  bool start_reduction(std::size_t rank, const Action& action) {
+    // The stage's last weight gradient: buckets fill while it runs.
+    double last_end = 0;
+    double last_start = 0;
+    for (int64_t microbatch = 0; microbatch < shape_.microbatches; ++microbatch) {
+      const std::size_t key = index_({ActionKind::kBackwardWeight, action.stage, microbatch});
+      if (done_[key] == kUnknown) return false;
+      if (done_[key] >= last_end) {
+        last_end = done_[key];
+        last_start = started_[key];
+      }
+    }
+    RankState& state = ranks_[rank];
+    const std::size_t stream = static_cast<std::size_t>(TimelineStream::kDataParallel);
+    const std::vector<double>& buckets = costs_.stages[static_cast<std::size_t>(action.stage)].gradient_buckets;
+    const double filling = last_end - last_start;
+    double at = state.free[stream];
+    double first_start = kUnknown;
+    for (std::size_t k = 0; k < buckets.size(); ++k) {
+      const double filled = last_start + filling * static_cast<double>(k + 1) / static_cast<double>(buckets.size());
+      at = std::max(at, filled);
+      if (first_start == kUnknown) first_start = at;
+      at += buckets[k];
+    }
+    if (buckets.empty()) at = first_start = std::max(at, last_end);
+    complete(rank, stream, action, first_start, at);
+    return true;
+  }
+
+  void finish() {
+    double iteration = 0;
+    for (std::size_t rank = 0; rank < ranks_.size(); ++rank) {
+      const RankState& state = ranks_[rank];
+      for (std::size_t stream = 0; stream < kStreams; ++stream) {
+        if (state.head[stream] != state.queue[stream].size()) {
+          throw SpecError("schedule", "simulation stalled on rank " + std::to_string(rank) + " at " +
+                                          to_string(head_action(rank, stream)) + " (was the schedule validated?)");
+        }
+      }
+      iteration = std::max(iteration, state.end);
+    }
+    result_.iteration_time_s = iteration;
+    double idle_in_pipeline = 0;
+    for (RankState& state : ranks_) {
+      state.result.idle_s += iteration - state.end;
+      idle_in_pipeline += result_.pipeline_end_s - state.compute_busy_in_pipeline;
+      result_.ranks.push_back(state.result);
+    }
+    if (result_.pipeline_end_s > 0) {
+      result_.bubble_fraction = idle_in_pipeline / (static_cast<double>(ranks_.size()) * result_.pipeline_end_s);
+    }
+  }
+
+  const PipelineSchedule& schedule_;
+  const ScheduleShape& shape_;
+  const ActionCosts& costs_;
+  const bool record_;
+  const DependencyKeyIndex index_;
+  std::vector<double> done_;     // by key: when the providing action completed
+  std::vector<double> started_;  // by key: when it started (transfers: when the transfer began)
+  std::vector<double> send_ready_;     // by receive key: when the send side was reached
+  std::vector<double> receive_ready_;  // by receive key: when the receive side was reached
+  std::vector<RankState> ranks_;
+  std::priority_queue<Completion, std::vector<Completion>, std::greater<>> heap_;
+  int64_t sequence_ = 0;
+  std::vector<std::pair<std::size_t, std::size_t>> work_;  // (rank, stream) to advance
+  SimulationResult result_;
+};
+
+}  // namespace
+
+SimulationResult simulate_schedule(const PipelineSchedule& schedule, const ActionCosts& costs, bool record_timeline) {
+  return Engine(schedule, costs, record_timeline).run();
+}
+
+}  // namespace megaplan::sim

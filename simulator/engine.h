@@ -1,0 +1,62 @@
+// The discrete-event engine: replays a lowered schedule, one simulated GPU per pipeline rank (the
+// members of a tensor-parallel group and the data-parallel replicas behave alike), each with a
+// compute, a send, a receive and a data-parallel stream.
+//
+// Semantics, as the executor runs the same lists:
+// - The host issues a rank's actions in order without waiting; each stream runs its actions in
+//   that order, an action starting when its stream is free and core's dependencies() are met.
+// - A SEND and its RECV form one transfer: it starts when both streams have reached them (NCCL's
+//   rendezvous) and ends both after the transfer time. A send stream is held until then.
+// - REDUCE_GRAD(s) reduces stage s's gradients bucket by bucket; bucket k of n may start once the
+//   stage's last weight gradient is k+1/n done (Megatron fills buckets during that backward).
+// - OPTIM waits for everything before it on its rank (all streams), then steps.
+// The engine keeps no global state: simulations may run concurrently on several threads.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/schedule/schedule.h"
+#include "core/timeline.h"
+
+namespace megaplan::sim {
+
+// Seconds for one microbatch on one virtual stage.
+struct StageCosts {
+  double forward = 0;               // F, with its tensor- and context-parallel collectives
+  double backward_input = 0;        // I (or B's input half), with collectives and recomputation
+  double backward_weight = 0;       // W (or B's weight half)
+  double forward_collectives = 0;   // the part of `forward` spent in collectives
+  double backward_collectives = 0;  // the part of `backward_input` spent in collectives
+  double send_forward = 0;          // transfer of the activation to stage s + 1
+  double send_backward = 0;         // transfer of the input gradient to stage s - 1
+  std::vector<double> gradient_buckets;  // REDUCE_GRAD(s): each bucket's reduction, in order
+};
+
+struct ActionCosts {
+  std::vector<StageCosts> stages;  // one per virtual stage
+  std::vector<double> optimizer;   // OPTIM per pipeline rank (with the distributed optimizer's gather)
+};
+
+struct RankSimulation {
+  double compute_s = 0;       // compute stream busy, collectives excluded (OPTIM included)
+  double exposed_comm_s = 0;  // collectives inside layers, waits on transfers and on gradient reduction
+  double idle_s = 0;          // the rest of the iteration: waiting for other stages (the bubble)
+};
+
+struct SimulationResult {
+  double iteration_time_s = 0;  // the last OPTIM's end
+  double pipeline_end_s = 0;    // the last F/B/I/W's end
+  // Compute-stream idle time before pipeline_end over all ranks, as a fraction of pp x pipeline_end:
+  // (p - 1) / (m + p - 1) for 1F1B with equal stages and free communication.
+  double bubble_fraction = 0;
+  std::vector<RankSimulation> ranks;
+  int64_t events = 0;  // completions taken off the event heap
+  Timeline timeline;   // filled when asked for
+};
+
+// REQUIRES: schedule.lowered and validate_schedule(schedule) passed; costs.stages has
+// shape.num_stages entries and costs.optimizer one per pipeline rank.
+SimulationResult simulate_schedule(const PipelineSchedule& schedule, const ActionCosts& costs, bool record_timeline);
+
+}  // namespace megaplan::sim

@@ -1,0 +1,134 @@
+// The engine against answers computable by hand: sums, pipeline bubbles, overlapped reductions.
+#include <catch2/catch.hpp>
+
+#include "core/schedule/lowering.h"
+#include "core/schedule/validation.h"
+#include "simulator/engine.h"
+
+using megaplan::ScheduleKind;
+using megaplan::sim::ActionCosts;
+using megaplan::sim::SimulationResult;
+
+namespace {
+
+megaplan::PipelineSchedule lowered(ScheduleKind kind, int64_t pp, int64_t vpp, int64_t microbatches) {
+  megaplan::PipelineSchedule schedule =
+      megaplan::lower_schedule(megaplan::generate_schedule(kind, pp, vpp, microbatches));
+  megaplan::validate_schedule(schedule);
+  return schedule;
+}
+
+// Every stage alike: forward f, backward b split evenly into I and W, messages `transfer`.
+ActionCosts uniform_costs(const megaplan::PipelineSchedule& schedule, double f, double b, double transfer = 0,
+                          double optimizer = 0) {
+  ActionCosts costs;
+  megaplan::sim::StageCosts stage;
+  stage.forward = f;
+  stage.backward_input = b / 2;
+  stage.backward_weight = b / 2;
+  stage.send_forward = transfer;
+  stage.send_backward = transfer;
+  costs.stages.assign(static_cast<std::size_t>(schedule.shape.num_stages), stage);
+  costs.optimizer.assign(static_cast<std::size_t>(schedule.shape.pipeline_parallel_size), optimizer);
+  return costs;
+}
+
+}  // namespace
+
+TEST_CASE("one stage and one microbatch takes F + B + OPTIM", "[simulator][engine]") {
+  const auto schedule = lowered(ScheduleKind::kOneFOneB, 1, 1, 1);
+  const SimulationResult result = megaplan::sim::simulate_schedule(schedule, uniform_costs(schedule, 1.5, 3, 0, 0.25), true);
+  CHECK(result.iteration_time_s == Approx(4.75));
+  CHECK(result.pipeline_end_s == Approx(4.5));
+  CHECK(result.bubble_fraction == Approx(0));
+  REQUIRE(result.ranks.size() == 1);
+  CHECK(result.ranks[0].compute_s == Approx(4.75));
+  CHECK(result.ranks[0].idle_s == Approx(0).margin(1e-12));
+}
+
+TEST_CASE("1F1B and GPipe with equal stages have the bubble (p - 1) / (m + p - 1)", "[simulator][engine]") {
+  for (ScheduleKind kind : {ScheduleKind::kOneFOneB, ScheduleKind::kGPipe}) {
+    for (int64_t pp : {int64_t{2}, int64_t{4}, int64_t{8}}) {
+      for (int64_t microbatches : {pp, 2 * pp, 4 * pp, int64_t{3}}) {
+        INFO(megaplan::to_string(kind) << " pp " << pp << " M " << microbatches);
+        const auto schedule = lowered(kind, pp, 1, microbatches);
+        const SimulationResult result = megaplan::sim::simulate_schedule(schedule, uniform_costs(schedule, 1, 2), false);
+        const double m = static_cast<double>(microbatches);
+        const double p = static_cast<double>(pp);
+        CHECK(result.pipeline_end_s == Approx((m + p - 1) * 3));
+        CHECK(result.bubble_fraction == Approx((p - 1) / (m + p - 1)));
+        for (const auto& rank : result.ranks) CHECK(rank.compute_s + rank.idle_s == Approx(result.iteration_time_s));
+      }
+    }
+  }
+}
+
+TEST_CASE("interleaving divides the bubble by vpp", "[simulator][engine]") {
+  for (int64_t pp : {2, 4}) {
+    for (int64_t vpp : {2, 4}) {
+      const int64_t microbatches = 2 * pp;
+      INFO("pp " << pp << " vpp " << vpp);
+      const auto schedule = lowered(ScheduleKind::kInterleaved, pp, vpp, microbatches);
+      const double v = static_cast<double>(vpp);
+      // Each chunk holds 1/vpp of the rank's layers.
+      const SimulationResult result =
+          megaplan::sim::simulate_schedule(schedule, uniform_costs(schedule, 1 / v, 2 / v), false);
+      const double bubble = static_cast<double>(pp - 1) / v;
+      const double m = static_cast<double>(microbatches);
+      CHECK(result.pipeline_end_s == Approx((m + bubble) * 3));
+      CHECK(result.bubble_fraction == Approx(bubble / (m + bubble)));
+    }
+  }
+}
+
+TEST_CASE("messages delay the next stage by the transfer time, and count as exposed", "[simulator][engine]") {
+  // pp 2, M 1: F0 [0, 1], transfer [1, 1.5], F1 [1.5, 2.5], B1 [2.5, 4.5], transfer [4.5, 5],
+  // B0 [5, 7]. Rank 1's OPTIM waits for its send to finish at 5.
+  const auto schedule = lowered(ScheduleKind::kOneFOneB, 2, 1, 1);
+  const SimulationResult result = megaplan::sim::simulate_schedule(schedule, uniform_costs(schedule, 1, 2, 0.5), true);
+  CHECK(result.pipeline_end_s == Approx(7));
+  CHECK(result.ranks[1].exposed_comm_s == Approx(0.5 + 0.5));  // the activation's transfer, then its send
+  CHECK(result.ranks[1].idle_s == Approx(1 + 2));              // F0 upstream, then after OPTIM until 7
+  CHECK(result.ranks[0].exposed_comm_s == Approx(0.5));         // the gradient's transfer
+  CHECK(result.ranks[0].idle_s == Approx(0.5 + 1 + 2));         // the activation's transfer, F1, B1
+}
+
+TEST_CASE("gradient reduction hides behind a long backward and shows after a short one", "[simulator][engine]") {
+  const auto schedule = lowered(ScheduleKind::kOneFOneB, 1, 1, 1);
+  ActionCosts costs = uniform_costs(schedule, 1, 0);
+  costs.stages[0].backward_input = 1;
+  costs.stages[0].backward_weight = 10;  // B runs from 1 to 12; four buckets fill at 3.75, 6.5, 9.25, 12
+  costs.stages[0].gradient_buckets = {1, 1, 1, 1};
+  SimulationResult result = megaplan::sim::simulate_schedule(schedule, costs, false);
+  CHECK(result.iteration_time_s == Approx(13));  // only the last bucket is exposed
+  CHECK(result.ranks[0].exposed_comm_s == Approx(1));
+  costs.stages[0].gradient_buckets = {5, 5, 5, 5};  // 3.75-8.75, -13.75, -18.75, -23.75
+  result = megaplan::sim::simulate_schedule(schedule, costs, false);
+  CHECK(result.iteration_time_s == Approx(23.75));
+  CHECK(result.ranks[0].exposed_comm_s == Approx(11.75));
+}
+
+TEST_CASE("every generated schedule simulates to completion with one slice per action", "[simulator][engine]") {
+  for (int64_t pp = 1; pp <= 4; ++pp) {
+    for (int64_t microbatches = 1; microbatches <= 12; ++microbatches) {
+      for (const auto& [kind, vpp] : {std::pair{ScheduleKind::kGPipe, 1}, std::pair{ScheduleKind::kOneFOneB, 1},
+                                      std::pair{ScheduleKind::kInterleaved, 2}, std::pair{ScheduleKind::kZeroBubbleH1, 1},
+                                      std::pair{ScheduleKind::kZeroBubbleV, 2}, std::pair{ScheduleKind::kDualPipeV, 2}}) {
+        if (kind == ScheduleKind::kInterleaved && (pp < 2 || microbatches < pp || microbatches % pp != 0)) continue;
+        if (kind == ScheduleKind::kDualPipeV && microbatches < 2 * pp) continue;
+        INFO(megaplan::to_string(kind) << " pp " << pp << " M " << microbatches);
+        const auto schedule = lowered(kind, pp, vpp, microbatches);
+        ActionCosts costs = uniform_costs(schedule, 1, 2, 0.1, 0.5);
+        for (auto& stage : costs.stages) stage.gradient_buckets = {0.2, 0.2};
+        const SimulationResult result = megaplan::sim::simulate_schedule(schedule, costs, true);
+        std::size_t actions = 0;
+        for (const auto& rank : schedule.ranks) actions += rank.size();
+        CHECK(result.timeline.slices.size() == actions);
+        CHECK(result.events == static_cast<int64_t>(actions));
+        for (const auto& rank : result.ranks) {
+          CHECK(rank.compute_s + rank.exposed_comm_s + rank.idle_s == Approx(result.iteration_time_s));
+        }
+      }
+    }
+  }
+}
