@@ -15,13 +15,6 @@ namespace megaplan::cli {
 
 namespace {
 
-JobSpec load_job(const DescribeOptions& options) {
-  if (!options.plan_file) return resolve_job(options.model, options.cluster, options.plan);
-  JobSpec job = job_spec_from_json(read_json_file(*options.plan_file), *options.plan_file);
-  validate_job(job);
-  return job;
-}
-
 struct JobFacts {
   int64_t padded_vocab_size;
   int64_t total_parameters;
@@ -113,7 +106,7 @@ void print_text(const JobSpec& job, const JobFacts& facts, std::ostream& out) {
 }  // namespace
 
 int run_describe(const DescribeOptions& options, std::ostream& out) {
-  const JobSpec job = load_job(options);
+  const JobSpec job = load_job(options.model, options.cluster, options.plan, options.plan_file);
   const JobFacts facts = derive_facts(job);
   // Write the file before printing, so a failed write leaves no misleading output behind.
   if (options.out) write_file_atomically(*options.out, job_spec_to_json(job).dump(2) + "\n");
@@ -136,15 +129,7 @@ void setup_describe_command(CLI::App& app, CommandContext& context) {
   command->add_option("--out", options->out, "Write the resolved job JSON to this file (atomically)");
   command->add_flag("--json", options->json, "Print JSON instead of text");
   command->callback([options, command, &context] {
-    if (options->plan_file) {
-      // A job file is the whole job; a flag beside it would be silently ignored.
-      for (const CLI::Option* option : command->get_options()) {
-        const std::string& group = option->get_group();
-        if (option->count() > 0 && (group.rfind("Model", 0) == 0 || group == "Cluster" || group.rfind("Parallel", 0) == 0)) {
-          throw SpecError("--plan", "cannot be combined with " + option->get_name() + ": the job file holds the whole job");
-        }
-      }
-    }
+    if (options->plan_file) reject_flags_beside_job_file(*command);
     context.exit_code = run_describe(*options, context.out);
   });
 }

@@ -5,6 +5,7 @@
 
 #include "core/checked_math.h"
 #include "core/hf_config.h"
+#include "core/json_io.h"
 
 namespace megaplan::cli {
 
@@ -122,6 +123,23 @@ JobSpec resolve_job(const ModelOptions& model_options, const ClusterOptions& clu
                                                             : ScheduleKind::kOneFOneB;
   validate_job(job);
   return job;
+}
+
+JobSpec load_job(const ModelOptions& model, const ClusterOptions& cluster, const PlanOptions& plan,
+                 const std::optional<std::string>& job_file) {
+  if (!job_file) return resolve_job(model, cluster, plan);
+  JobSpec job = job_spec_from_json(read_json_file(*job_file), *job_file);
+  validate_job(job);
+  return job;
+}
+
+void reject_flags_beside_job_file(const CLI::App& command) {
+  for (const CLI::Option* option : command.get_options()) {
+    const std::string& group = option->get_group();
+    if (option->count() > 0 && (group.rfind("Model", 0) == 0 || group == "Cluster" || group.rfind("Parallel", 0) == 0)) {
+      throw SpecError("--plan", "cannot be combined with " + option->get_name() + ": the job file holds the whole job");
+    }
+  }
 }
 
 }  // namespace megaplan::cli

@@ -55,4 +55,12 @@ ClusterSpec resolve_cluster(const ClusterOptions& options);
 // The whole job: model and GPUs resolved, dp derived, every rule validated.
 JobSpec resolve_job(const ModelOptions& model, const ClusterOptions& cluster, const PlanOptions& plan);
 
+// The job from the flags, or from a job JSON file (`--plan`, as `describe --out` writes it).
+JobSpec load_job(const ModelOptions& model, const ClusterOptions& cluster, const PlanOptions& plan,
+                 const std::optional<std::string>& job_file);
+
+// A job file is the whole job: throws SpecError("--plan", ...) naming a model, cluster or plan
+// flag given beside it, which would otherwise be silently ignored. Call from the command's callback.
+void reject_flags_beside_job_file(const CLI::App& command);
+
 }  // namespace megaplan::cli

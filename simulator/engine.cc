@@ -172,7 +172,7 @@ class Engine {
     for (const Action& part : parts_of(action)) duration += compute_seconds(part, collectives);
     account_gap(state, action, free, start);
     state.result.compute_s += duration - collectives;
-    state.result.exposed_comm_s += collectives;
+    state.result.collective_s += collectives;
     state.compute_busy_in_pipeline += duration;
     for (const DependencyKey& key : provided_keys(action)) started_[index_(key)] = start;
     result_.pipeline_end_s = std::max(result_.pipeline_end_s, start + duration);
@@ -191,14 +191,15 @@ class Engine {
       const std::size_t key = index_(dependency_key(needed));
       if (done_[key] == start) transfer = std::max(transfer, start - std::max(started_[key], free));
     }
-    state.result.exposed_comm_s += std::min(gap, transfer);
+    state.result.pipeline_comm_s += std::min(gap, transfer);
     state.result.idle_s += gap - std::min(gap, transfer);
   }
 
   bool start_optimizer(std::size_t rank, const Action& action) {
     RankState& state = ranks_[rank];
     const std::size_t compute = static_cast<std::size_t>(TimelineStream::kCompute);
-    double ready = state.free[compute];
+    const double free = state.free[compute];
+    double ready = free;
     for (std::size_t stream = 0; stream < kStreams; ++stream) {
       if (stream == compute) continue;
       if (state.head[stream] < state.queue[stream].size()) return false;
@@ -206,7 +207,10 @@ class Engine {
     }
     if (state.pending > 0) return false;  // everything before OPTIM has completed
     const double duration = costs_.optimizer[rank];
-    state.result.exposed_comm_s += ready - state.free[compute];  // waiting on gradient reduction
+    // Waiting for the gradient reduction; what a last send holds beyond it is pipeline traffic.
+    const double reduced = std::max(free, state.free[static_cast<std::size_t>(TimelineStream::kDataParallel)]);
+    state.result.data_parallel_comm_s += reduced - free;
+    state.result.pipeline_comm_s += ready - reduced;
     state.result.compute_s += duration;
     complete(rank, compute, action, ready, ready + duration);
     return true;

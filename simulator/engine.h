@@ -39,9 +39,12 @@ struct ActionCosts {
 };
 
 struct RankSimulation {
-  double compute_s = 0;       // compute stream busy, collectives excluded (OPTIM included)
-  double exposed_comm_s = 0;  // collectives inside layers, waits on transfers and on gradient reduction
-  double idle_s = 0;          // the rest of the iteration: waiting for other stages (the bubble)
+  double compute_s = 0;             // compute stream busy, collectives excluded (OPTIM included)
+  double collective_s = 0;          // tensor- and context-parallel collectives inside layers
+  double pipeline_comm_s = 0;       // waiting on a transfer from another stage, once it has begun
+  double data_parallel_comm_s = 0;  // waiting for gradient reduction before OPTIM
+  double idle_s = 0;                // the rest: waiting for other stages (the bubble) and the tail
+  double exposed_comm_s() const { return collective_s + pipeline_comm_s + data_parallel_comm_s; }
 };
 
 struct SimulationResult {

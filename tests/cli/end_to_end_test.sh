@@ -38,7 +38,7 @@ expect_error() {
 expect_ok --help
 expect_ok --version
 grep -q "megaplan 0" "$scratch/out" || fail "--version prints no version"
-for command in describe devices groups presets schedule; do
+for command in describe devices groups presets schedule simulate; do
   expect_ok "$command" --help
   grep -q "Usage" "$scratch/out" || fail "$command --help prints no usage"
 done
@@ -116,6 +116,29 @@ expect_error 'error: .*--import.*excludes|error: .*excludes.*--import' schedule 
 expect_error "error: $scratch/none.csv: cannot read file" schedule --import "$scratch/none.csv" --check
 expect_error 'error: --microbatches: dualpipev needs' schedule --kind dualpipev --pp 4 --microbatches 6 --out "$scratch/never.csv"
 [ ! -e "$scratch/never.csv" ] || fail "a failed schedule wrote --out"
+
+# Simulation: text, JSON with the documented names, a Chrome trace, a job file, a profile file.
+expect_ok simulate --model gpt3-175b --cluster dgx-a100-80gb --gpus 1024 --tp 8 --pp 16 --gbs 1536 --sequence-parallel
+grep -q '^iteration ' "$scratch/out" || fail "simulate prints no iteration time"
+grep -q 'kernel times from the roofline fallback' "$scratch/out" || fail "simulate does not say where kernel times came from"
+expect_ok simulate --model gpt2-124m --cluster h200-x2 --tp 2 --gbs 8 --mbs 2 --json --trace "$scratch/trace.json"
+for key in iteration_time_s model_tflops_per_gpu mfu bubble_fraction peak_memory_bytes fits_in_memory stages compute_s exposed_comm_s idle_s; do
+  grep -q "\"$key\"" "$scratch/out" || fail "simulate --json has no $key"
+done
+grep -q '"traceEvents"' "$scratch/trace.json" || fail "simulate --trace wrote no Chrome trace"
+expect_ok describe --model gpt2-124m --cluster h200-x2 --pp 2 --gbs 8 --out "$scratch/small-job.json"
+expect_ok simulate --plan "$scratch/small-job.json"
+expect_ok simulate --model gpt2-124m --cluster "$examples/clusters/a100-40gb-4node.json" --gpus 8 --gbs 8 --profile "$examples/profiles/a100-sxm4-40gb.datasheet.json"
+expect_ok simulate --model gpt3-175b --cluster dgx-h100 --gpus 8 --tp 8 --json
+grep -q '"fits_in_memory": false' "$scratch/out" || fail "gpt3-175b on 8 GPUs should not fit"
+grep -q '"memory_shortfall_bytes": [1-9]' "$scratch/out" || fail "the shortfall is not named"
+expect_error 'error: --profile: no built-in profile for GPU type "A100-SXM4-40GB"' simulate --model gpt2-124m --cluster "$examples/clusters/a100-40gb-4node.json" --gpus 8
+expect_error 'error: --profile: .* profiles A100-SXM4-80GB, but the cluster.s GPU is H200-SXM-141GB' simulate --model gpt2-124m --cluster h200-x2 --profile "$examples/../profiles/a100-sxm4-80gb.datasheet.json"
+expect_error 'error: --gpus: world size 1024 must be divisible by tp\*pp\*cp' simulate --model gpt3-175b --gpus 1024 --tp 8 --pp 3
+expect_error 'error: --plan: cannot be combined with --tp' simulate --plan "$scratch/small-job.json" --tp 2
+expect_error "error: $scratch/missing-profile.json: cannot read file" simulate --model gpt2-124m --cluster h200-x2 --profile "$scratch/missing-profile.json"
+expect_error 'error: --tensor-model-parallel-size' simulate --model gpt2-1.5b --cluster h200-x2 --tp 2 --trace "$scratch/never-trace.json"
+[ ! -e "$scratch/never-trace.json" ] || fail "a failed simulate wrote --trace"
 
 # Without a usable GPU, `devices` says so in one line; with one, it lists it.
 if "$megaplan" devices >"$scratch/out" 2>"$scratch/err"; then

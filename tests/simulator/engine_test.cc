@@ -87,9 +87,9 @@ TEST_CASE("messages delay the next stage by the transfer time, and count as expo
   const auto schedule = lowered(ScheduleKind::kOneFOneB, 2, 1, 1);
   const SimulationResult result = megaplan::sim::simulate_schedule(schedule, uniform_costs(schedule, 1, 2, 0.5), true);
   CHECK(result.pipeline_end_s == Approx(7));
-  CHECK(result.ranks[1].exposed_comm_s == Approx(0.5 + 0.5));  // the activation's transfer, then its send
+  CHECK(result.ranks[1].exposed_comm_s() == Approx(0.5 + 0.5));  // the activation's transfer, then its send
   CHECK(result.ranks[1].idle_s == Approx(1 + 2));              // F0 upstream, then after OPTIM until 7
-  CHECK(result.ranks[0].exposed_comm_s == Approx(0.5));         // the gradient's transfer
+  CHECK(result.ranks[0].exposed_comm_s() == Approx(0.5));         // the gradient's transfer
   CHECK(result.ranks[0].idle_s == Approx(0.5 + 1 + 2));         // the activation's transfer, F1, B1
 }
 
@@ -101,11 +101,11 @@ TEST_CASE("gradient reduction hides behind a long backward and shows after a sho
   costs.stages[0].gradient_buckets = {1, 1, 1, 1};
   SimulationResult result = megaplan::sim::simulate_schedule(schedule, costs, false);
   CHECK(result.iteration_time_s == Approx(13));  // only the last bucket is exposed
-  CHECK(result.ranks[0].exposed_comm_s == Approx(1));
+  CHECK(result.ranks[0].exposed_comm_s() == Approx(1));
   costs.stages[0].gradient_buckets = {5, 5, 5, 5};  // 3.75-8.75, -13.75, -18.75, -23.75
   result = megaplan::sim::simulate_schedule(schedule, costs, false);
   CHECK(result.iteration_time_s == Approx(23.75));
-  CHECK(result.ranks[0].exposed_comm_s == Approx(11.75));
+  CHECK(result.ranks[0].exposed_comm_s() == Approx(11.75));
 }
 
 TEST_CASE("every generated schedule simulates to completion with one slice per action", "[simulator][engine]") {
@@ -126,7 +126,7 @@ TEST_CASE("every generated schedule simulates to completion with one slice per a
         CHECK(result.timeline.slices.size() == actions);
         CHECK(result.events == static_cast<int64_t>(actions));
         for (const auto& rank : result.ranks) {
-          CHECK(rank.compute_s + rank.exposed_comm_s + rank.idle_s == Approx(result.iteration_time_s));
+          CHECK(rank.compute_s + rank.exposed_comm_s() + rank.idle_s == Approx(result.iteration_time_s));
         }
       }
     }

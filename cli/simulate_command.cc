@@ -1,0 +1,172 @@
+// `megaplan simulate`: flag mapping and the text and JSON reports.
+#include "cli/simulate_command.h"
+
+#include <algorithm>
+#include <memory>
+#include <sstream>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "cli/atomic_write.h"
+#include "cli/commands.h"
+#include "core/error.h"
+#include "core/pipeline_layout.h"
+#include "reports/chrome_trace.h"
+#include "reports/text_table.h"
+#include "simulator/simulate_plan.h"
+
+namespace megaplan::cli {
+namespace {
+
+// The GPU types megaplan has datasheet numbers for: those of its cluster presets.
+sim::Profile default_profile(const GpuSpec& gpu) {
+  std::string known;
+  for (const ClusterSpec& preset : cluster_presets()) {
+    if (preset.gpu.name == gpu.name) return sim::Profile::datasheet(preset.gpu);
+    if (known.find(preset.gpu.name) == std::string::npos) known += (known.empty() ? "" : ", ") + preset.gpu.name;
+  }
+  throw SpecError("--profile", "no built-in profile for GPU type \"" + gpu.name + "\" (known: " + known +
+                                   "); pass --profile FILE for it");
+}
+
+sim::Profile choose_profile(const SimulateOptions& options, const GpuSpec& gpu) {
+  if (!options.profile) return default_profile(gpu);
+  sim::Profile profile = sim::Profile::load(*options.profile);
+  if (profile.gpu_name() != gpu.name) {
+    throw SpecError("--profile", *options.profile + " profiles " + profile.gpu_name() + ", but the cluster's GPU is " +
+                                     gpu.name);
+  }
+  return profile;
+}
+
+std::string seconds(double value) {
+  std::ostringstream text;
+  text.precision(4);
+  text << value;
+  return text.str();
+}
+
+std::string percent(double fraction) {
+  std::ostringstream text;
+  text.setf(std::ios::fixed);
+  text.precision(1);
+  text << 100 * fraction << "%";
+  return text.str();
+}
+
+// The rank whose memory is fullest, and by how much it overflows (0 when it fits).
+std::pair<int64_t, int64_t> fullest_rank(const sim::PlanSimulation& simulation) {
+  int64_t rank = 0;
+  for (const PipelineRankMemory& memory : simulation.memory) {
+    if (memory.total_bytes == simulation.peak_memory_bytes) rank = memory.pipeline_rank;
+  }
+  return {rank, std::max<int64_t>(0, simulation.peak_memory_bytes - simulation.memory_capacity_bytes)};
+}
+
+nlohmann::json to_json(const JobSpec& job, const sim::Profile& profile, const sim::PlanSimulation& simulation) {
+  nlohmann::json stages = nlohmann::json::array();
+  for (std::size_t rank = 0; rank < simulation.result.ranks.size(); ++rank) {
+    const sim::RankSimulation& times = simulation.result.ranks[rank];
+    const PipelineRankMemory& memory = simulation.memory[rank];
+    stages.push_back({{"stage", rank},
+                      {"virtual_stages", stages_of_pipeline_rank(static_cast<int64_t>(rank), job.plan)},
+                      {"peak_memory_bytes", memory.total_bytes},
+                      {"activation_bytes", memory.activation_bytes},
+                      {"peak_inflight_microbatches", memory.peak_inflight_microbatches},
+                      {"compute_s", times.compute_s},
+                      {"exposed_comm_s", times.exposed_comm_s()},
+                      {"collective_s", times.collective_s},
+                      {"pipeline_comm_s", times.pipeline_comm_s},
+                      {"data_parallel_comm_s", times.data_parallel_comm_s},
+                      {"idle_s", times.idle_s}});
+  }
+  const auto [rank, shortfall] = fullest_rank(simulation);
+  return {{"schedule", to_string(job.plan.schedule)},
+          {"iteration_time_s", simulation.result.iteration_time_s},
+          {"model_tflops_per_gpu", simulation.model_tflops_per_gpu},
+          {"mfu", simulation.mfu},
+          {"bubble_fraction", simulation.result.bubble_fraction},
+          {"peak_memory_bytes", simulation.peak_memory_bytes},
+          {"memory_capacity_bytes", simulation.memory_capacity_bytes},
+          {"fits_in_memory", simulation.fits_in_memory},
+          {"memory_shortfall_bytes", shortfall},
+          {"fullest_stage", rank},
+          {"profile", {{"gpu", profile.gpu_name()}, {"source", profile.source()}}},
+          {"kernel_times", {{"from_tables", simulation.sources.table}, {"from_roofline", simulation.sources.fallback}}},
+          {"events", simulation.result.events},
+          {"stages", std::move(stages)}};
+}
+
+void write_text(const JobSpec& job, const sim::Profile& profile, const sim::PlanSimulation& simulation,
+                std::ostream& out) {
+  const ParallelPlan& plan = job.plan;
+  const sim::SimulationResult& result = simulation.result;
+  out << job.model.name << " on " << plan.world_size() << " x " << job.cluster.gpu.name << ": tp "
+      << plan.tensor_parallel_size << ", pp " << plan.pipeline_parallel_size << ", cp " << plan.context_parallel_size
+      << ", dp " << plan.data_parallel_size << ", vpp " << plan.virtual_pipeline_parallel_size << ", mbs "
+      << plan.micro_batch_size << ", gbs " << plan.global_batch_size << ", " << to_string(plan.schedule) << " ("
+      << plan.num_microbatches() << " microbatches per replica)\n";
+  const double tokens = static_cast<double>(plan.global_batch_size * job.model.seq_length);
+  out << "iteration  " << seconds(result.iteration_time_s) << " s, "
+      << format_count(tokens / result.iteration_time_s) << " tokens/s\n";
+  out << "compute    " << seconds(simulation.model_tflops_per_gpu) << " model TFLOP/s per GPU, MFU "
+      << percent(simulation.mfu) << " of " << format_flops(job.cluster.gpu.dense_bf16_flops_per_s) << "/s dense bf16\n";
+  out << "bubble     " << percent(result.bubble_fraction) << " of the pipeline's span\n";
+  const auto [rank, shortfall] = fullest_rank(simulation);
+  out << "memory     peak " << format_bytes(static_cast<double>(simulation.peak_memory_bytes)) << " (pipeline rank "
+      << rank << ") of " << format_bytes(static_cast<double>(simulation.memory_capacity_bytes)) << ": "
+      << (simulation.fits_in_memory ? "fits"
+                                    : "does not fit, short by " + format_bytes(static_cast<double>(shortfall)))
+      << "\n";
+  const int64_t lookups = simulation.sources.table + simulation.sources.fallback;
+  out << "profile    " << profile.gpu_name() << " (" << profile.source() << "): " << simulation.sources.fallback
+      << " of " << lookups << " kernel times from the roofline fallback\n\n";
+
+  TextTable table({"rank", "compute s", "tp/cp comm s", "pp comm s", "dp comm s", "idle s", "in-flight", "memory"});
+  for (std::size_t r = 0; r < result.ranks.size(); ++r) {
+    const sim::RankSimulation& times = result.ranks[r];
+    const PipelineRankMemory& memory = simulation.memory[r];
+    table.add_row({std::to_string(r), seconds(times.compute_s), seconds(times.collective_s),
+                   seconds(times.pipeline_comm_s), seconds(times.data_parallel_comm_s), seconds(times.idle_s),
+                   std::to_string(memory.peak_inflight_microbatches),
+                   format_bytes(static_cast<double>(memory.total_bytes))});
+  }
+  out << table.render();
+}
+
+}  // namespace
+
+int run_simulate(const SimulateOptions& options, std::ostream& out) {
+  const JobSpec job = load_job(options.model, options.cluster, options.plan, options.plan_file);
+  const sim::Profile profile = choose_profile(options, job.cluster.gpu);
+  const sim::PlanSimulation simulation = sim::simulate_plan(job, profile, options.trace.has_value());
+  if (options.trace) {
+    write_file_atomically(*options.trace, timeline_to_chrome_trace(simulation.result.timeline).dump() + "\n");
+  }
+  if (options.json) {
+    out << to_json(job, profile, simulation).dump(2) << "\n";
+  } else {
+    write_text(job, profile, simulation, out);
+  }
+  return 0;
+}
+
+void setup_simulate_command(CLI::App& app, CommandContext& context) {
+  auto options = std::make_shared<SimulateOptions>();
+  CLI::App* command = app.add_subcommand(
+      "simulate", "Simulate one plan: iteration time, TFLOP/s, MFU, bubble, communication, memory per stage");
+  add_model_options(*command, options->model);
+  add_cluster_options(*command, options->cluster);
+  add_plan_options(*command, options->plan);
+  command->add_option("--plan", options->plan_file, "Job JSON (as describe --out writes it) instead of the flags above");
+  command->add_option("--profile", options->profile, "Kernel and link timings (profiles/*.json); default: datasheet");
+  command->add_option("--trace", options->trace, "Write the simulated timeline as a Chrome trace (Perfetto) here");
+  command->add_flag("--json", options->json, "Print JSON instead of text");
+  command->callback([options, command, &context] {
+    if (options->plan_file) reject_flags_beside_job_file(*command);
+    context.exit_code = run_simulate(*options, context.out);
+  });
+}
+
+}  // namespace megaplan::cli

@@ -1,0 +1,351 @@
+// Profile tables, their interpolation, and the roofline fallback.
+#include "simulator/profile.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "core/error.h"
+#include "core/json_io.h"
+
+namespace megaplan::sim {
+
+namespace {
+
+constexpr const char* kSchema = "megaplan-profile/1";
+constexpr std::size_t kNeighbours = 4;  // table points blended per GEMM/attention estimate
+
+double log_of(int64_t value) { return std::log(static_cast<double>(value)); }
+
+double gemm_flops(int64_t m, int64_t n, int64_t k) {
+  return 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+}
+
+// QK^T and PV: 2 * 2 * s^2 * d per sequence and head; causal masking skips half.
+double attention_forward_flops(int64_t batch_heads, int64_t seq, int64_t head_dim, bool causal) {
+  const double flops = 4.0 * static_cast<double>(batch_heads) * static_cast<double>(seq) * static_cast<double>(seq) *
+                       static_cast<double>(head_dim);
+  return causal ? flops / 2 : flops;
+}
+// The backward recomputes QK^T and runs four more products: 2.5 x the forward (FlashAttention-2).
+constexpr double kAttentionBackwardFactor = 2.5;
+
+double ring_factor(CollectiveOp op, int64_t n) {
+  const double steps = static_cast<double>(n - 1) / static_cast<double>(n);
+  return op == CollectiveOp::kAllReduce ? 2 * steps : steps;
+}
+int64_t ring_steps(CollectiveOp op, int64_t n) { return op == CollectiveOp::kAllReduce ? 2 * (n - 1) : n - 1; }
+
+// --- JSON reading -------------------------------------------------------------------------
+
+const nlohmann::json& array_field(const nlohmann::json& json, const std::string& key, const std::string& source) {
+  static const nlohmann::json empty = nlohmann::json::array();
+  if (!json.contains(key) || json.at(key).is_null()) return empty;
+  if (!json.at(key).is_array()) throw SpecError(source + ": " + key, "must be a JSON array");
+  return json.at(key);
+}
+
+double positive(JsonFieldReader& reader, const std::string& key) {
+  double value = 0;
+  reader.require(key, value);
+  if (!(value > 0) || !std::isfinite(value)) {
+    throw SpecError(reader.field(key), "must be a positive number, got " + std::to_string(value));
+  }
+  return value;
+}
+
+int64_t positive_integer(JsonFieldReader& reader, const std::string& key) {
+  int64_t value = 0;
+  reader.require(key, value);
+  if (value <= 0) throw SpecError(reader.field(key), "must be a positive integer, got " + std::to_string(value));
+  return value;
+}
+
+double efficiency(JsonFieldReader& reader, const std::string& key) {
+  const double value = positive(reader, key);
+  if (value > 1) throw SpecError(reader.field(key), "must be in (0, 1], got " + std::to_string(value));
+  return value;
+}
+
+template <typename Enum, std::size_t N>
+Enum parse_name(JsonFieldReader& reader, const std::string& key, const std::array<std::pair<const char*, Enum>, N>& names) {
+  std::string text;
+  reader.require(key, text);
+  std::string known;
+  for (const auto& [name, value] : names) {
+    if (text == name) return value;
+    known += (known.empty() ? "" : ", ") + std::string(name);
+  }
+  throw SpecError(reader.field(key), "must be one of " + known + "; got \"" + text + "\"");
+}
+
+constexpr std::array<std::pair<const char*, DType>, 2> kDTypes = {{{"bf16", DType::kBf16}, {"fp32", DType::kFp32}}};
+constexpr std::array<std::pair<const char*, CollectiveOp>, 4> kOps = {{{"all_reduce", CollectiveOp::kAllReduce},
+                                                                       {"all_gather", CollectiveOp::kAllGather},
+                                                                       {"reduce_scatter", CollectiveOp::kReduceScatter},
+                                                                       {"all_to_all", CollectiveOp::kAllToAll}}};
+constexpr std::array<std::pair<const char*, LinkKind>, 2> kLinks = {{{"nvlink", LinkKind::kNvlink},
+                                                                     {"network", LinkKind::kNetwork}}};
+
+std::string entry_source(const std::string& source, const std::string& key, std::size_t i) {
+  return source + ": " + key + "[" + std::to_string(i) + "]";
+}
+
+}  // namespace
+
+RooflineCurve default_roofline_curve() {
+  RooflineCurve curve;
+  curve.gemm_max_efficiency = 0.80;            // large bf16 cuBLAS GEMMs
+  curve.gemm_half_efficiency_flops = 1e9;      // a 1 GFLOP GEMM reaches half of that
+  curve.attention_max_efficiency = 0.50;       // FlashAttention-2-class kernels
+  curve.attention_half_efficiency_flops = 1e9;
+  curve.memory_efficiency = 0.85;              // streaming kernels against HBM peak
+  curve.link_efficiency = 0.80;                // NCCL bus bandwidth against link rate
+  return curve;
+}
+
+double Profile::Curve::at(double log_bytes) const {
+  if (log_bytes <= points.front().first) return points.front().second;
+  if (log_bytes >= points.back().first) return points.back().second;
+  const auto upper = std::lower_bound(points.begin(), points.end(), std::make_pair(log_bytes, -1e300));
+  const auto lower = upper - 1;
+  const double t = (log_bytes - lower->first) / (upper->first - lower->first);
+  return lower->second + t * (upper->second - lower->second);
+}
+
+Profile Profile::from_json(const nlohmann::json& json, const std::string& source) {
+  JsonFieldReader reader(json, source);
+  std::string schema;
+  reader.require("schema", schema);
+  if (schema != kSchema) throw SpecError(reader.field("schema"), "must be \"" + std::string(kSchema) + "\", got \"" + schema + "\"");
+  Profile profile;
+  reader.require("gpu", profile.gpu_);
+  reader.require("source", profile.source_);
+
+  const nlohmann::json* device = reader.read_object("device");
+  if (device == nullptr) throw SpecError(reader.field("device"), "required field is missing");
+  JsonFieldReader device_reader(*device, source + ": device");
+  profile.device_.peak_bf16_flops_per_s = positive(device_reader, "peak_bf16_flops_per_s");
+  profile.device_.memory_bandwidth_bytes_per_s = positive(device_reader, "memory_bandwidth_bytes_per_s");
+  profile.device_.kernel_launch_s = positive(device_reader, "kernel_launch_s");
+  device_reader.reject_unknown_keys();
+
+  const nlohmann::json* roofline = reader.read_object("roofline");
+  if (roofline == nullptr) throw SpecError(reader.field("roofline"), "required field is missing");
+  JsonFieldReader curve_reader(*roofline, source + ": roofline");
+  profile.curve_.gemm_max_efficiency = efficiency(curve_reader, "gemm_max_efficiency");
+  profile.curve_.gemm_half_efficiency_flops = positive(curve_reader, "gemm_half_efficiency_flops");
+  profile.curve_.attention_max_efficiency = efficiency(curve_reader, "attention_max_efficiency");
+  profile.curve_.attention_half_efficiency_flops = positive(curve_reader, "attention_half_efficiency_flops");
+  profile.curve_.memory_efficiency = efficiency(curve_reader, "memory_efficiency");
+  profile.curve_.link_efficiency = efficiency(curve_reader, "link_efficiency");
+  curve_reader.reject_unknown_keys();
+
+  for (const char* key : {"gemm", "attention", "elementwise", "collectives", "p2p"}) reader.ignore(key);
+  reader.reject_unknown_keys();
+
+  const nlohmann::json& gemms = array_field(json, "gemm", source);
+  for (std::size_t i = 0; i < gemms.size(); ++i) {
+    JsonFieldReader entry(gemms[i], entry_source(source, "gemm", i));
+    const int64_t m = positive_integer(entry, "m");
+    const int64_t n = positive_integer(entry, "n");
+    const int64_t k = positive_integer(entry, "k");
+    const DType dtype = parse_name(entry, "dtype", kDTypes);
+    const double seconds = positive(entry, "seconds");
+    entry.reject_unknown_keys();
+    profile.gemm_[static_cast<std::size_t>(dtype)].push_back(
+        {{log_of(m), log_of(n), log_of(k)}, std::log(gemm_flops(m, n, k) / seconds)});
+  }
+  const nlohmann::json& attention = array_field(json, "attention", source);
+  for (std::size_t i = 0; i < attention.size(); ++i) {
+    JsonFieldReader entry(attention[i], entry_source(source, "attention", i));
+    const int64_t batch_heads = positive_integer(entry, "batch_heads");
+    const int64_t seq = positive_integer(entry, "seq");
+    const int64_t head_dim = positive_integer(entry, "head_dim");
+    bool causal = false;
+    entry.require("causal", causal);
+    const double forward_s = positive(entry, "forward_s");
+    const double backward_s = positive(entry, "backward_s");
+    entry.reject_unknown_keys();
+    const double flops = attention_forward_flops(batch_heads, seq, head_dim, causal);
+    const std::array<double, 3> shape = {log_of(batch_heads), log_of(seq), log_of(head_dim)};
+    profile.attention_forward_[causal].push_back({shape, std::log(flops / forward_s)});
+    profile.attention_backward_[causal].push_back({shape, std::log(kAttentionBackwardFactor * flops / backward_s)});
+  }
+  const nlohmann::json& elementwise = array_field(json, "elementwise", source);
+  for (std::size_t i = 0; i < elementwise.size(); ++i) {
+    JsonFieldReader entry(elementwise[i], entry_source(source, "elementwise", i));
+    const int64_t bytes = positive_integer(entry, "bytes");
+    const double seconds = positive(entry, "seconds");
+    entry.reject_unknown_keys();
+    profile.elementwise_.points.emplace_back(log_of(bytes), std::log(seconds));
+  }
+  const nlohmann::json& collectives = array_field(json, "collectives", source);
+  for (std::size_t i = 0; i < collectives.size(); ++i) {
+    JsonFieldReader entry(collectives[i], entry_source(source, "collectives", i));
+    const CollectiveOp op = parse_name(entry, "op", kOps);
+    const int64_t group_size = positive_integer(entry, "group_size");
+    const LinkKind link = parse_name(entry, "link", kLinks);
+    const int64_t bytes = positive_integer(entry, "bytes");
+    const double bus_bandwidth = positive(entry, "bus_bandwidth_bytes_per_s");
+    entry.reject_unknown_keys();
+    profile.collectives_[{op, group_size, link}].points.emplace_back(log_of(bytes), std::log(bus_bandwidth));
+  }
+  const nlohmann::json& p2p = array_field(json, "p2p", source);
+  for (std::size_t i = 0; i < p2p.size(); ++i) {
+    JsonFieldReader entry(p2p[i], entry_source(source, "p2p", i));
+    const LinkKind link = parse_name(entry, "link", kLinks);
+    const int64_t bytes = positive_integer(entry, "bytes");
+    const double seconds = positive(entry, "seconds");
+    entry.reject_unknown_keys();
+    profile.p2p_[static_cast<std::size_t>(link)].points.emplace_back(log_of(bytes), std::log(seconds));
+  }
+  // Curves are searched by bytes.
+  std::sort(profile.elementwise_.points.begin(), profile.elementwise_.points.end());
+  for (auto& [key, curve] : profile.collectives_) std::sort(curve.points.begin(), curve.points.end());
+  for (Curve& curve : profile.p2p_) std::sort(curve.points.begin(), curve.points.end());
+  return profile;
+}
+
+Profile Profile::load(const std::string& path) { return from_json(read_json_file(path), path); }
+
+Profile Profile::datasheet(const GpuSpec& gpu) {
+  Profile profile;
+  profile.gpu_ = gpu.name;
+  profile.source_ = "datasheet";
+  profile.device_.peak_bf16_flops_per_s = gpu.dense_bf16_flops_per_s;
+  profile.device_.memory_bandwidth_bytes_per_s = gpu.hbm_bandwidth_bytes_per_s;
+  profile.device_.kernel_launch_s = 3e-6;
+  profile.curve_ = default_roofline_curve();
+  return profile;
+}
+
+double Profile::roofline(double flops, double peak, double max_efficiency, double half_flops, double bytes) const {
+  const double compute = flops / (peak * max_efficiency * flops / (flops + half_flops));
+  const double memory = bytes / (device_.memory_bandwidth_bytes_per_s * curve_.memory_efficiency);
+  return std::max(compute, memory) + device_.kernel_launch_s;
+}
+
+// Inverse-distance blend of log throughput over the nearest measured shapes; an exact shape
+// returns its own measurement.
+double Profile::shape_lookup(const std::vector<ShapePoint>& points, const std::array<double, 3>& log_shape,
+                             double flops) const {
+  std::array<std::pair<double, double>, kNeighbours> nearest;  // (squared distance, log throughput)
+  nearest.fill({std::numeric_limits<double>::infinity(), 0});
+  for (const ShapePoint& point : points) {
+    double distance = 0;
+    for (std::size_t d = 0; d < 3; ++d) distance += (point.log_shape[d] - log_shape[d]) * (point.log_shape[d] - log_shape[d]);
+    if (distance == 0) return flops / std::exp(point.log_throughput);
+    if (distance < nearest.back().first) {
+      nearest.back() = {distance, point.log_throughput};
+      std::sort(nearest.begin(), nearest.end());
+    }
+  }
+  double weights = 0;
+  double blended = 0;
+  for (const auto& [distance, log_throughput] : nearest) {
+    if (!std::isfinite(distance)) break;
+    weights += 1 / distance;
+    blended += log_throughput / distance;
+  }
+  return flops / std::exp(blended / weights);
+}
+
+double Profile::gemm_seconds(int64_t m, int64_t n, int64_t k, DType dtype, CostSources& sources) const {
+  const double flops = gemm_flops(m, n, k);
+  const auto& table = gemm_[static_cast<std::size_t>(dtype)];
+  if (!table.empty()) {
+    ++sources.table;
+    return shape_lookup(table, {log_of(m), log_of(n), log_of(k)}, flops);
+  }
+  ++sources.fallback;
+  // fp32 GEMMs run on tensor cores as TF32, at half the bf16 rate on A100, H100 and H200.
+  const double peak = device_.peak_bf16_flops_per_s / (dtype == DType::kFp32 ? 2 : 1);
+  const double element = dtype == DType::kFp32 ? 4 : 2;
+  const double bytes = element * (static_cast<double>(m) * static_cast<double>(k) +
+                                  static_cast<double>(k) * static_cast<double>(n) +
+                                  static_cast<double>(m) * static_cast<double>(n));
+  return roofline(flops, peak, curve_.gemm_max_efficiency, curve_.gemm_half_efficiency_flops, bytes);
+}
+
+double Profile::attention_forward_seconds(int64_t batch_heads, int64_t seq, int64_t head_dim, bool causal,
+                                          CostSources& sources) const {
+  const double flops = attention_forward_flops(batch_heads, seq, head_dim, causal);
+  const auto& table = attention_forward_[causal];
+  if (!table.empty()) {
+    ++sources.table;
+    return shape_lookup(table, {log_of(batch_heads), log_of(seq), log_of(head_dim)}, flops);
+  }
+  ++sources.fallback;
+  // Q, K, V in and O out, bf16.
+  const double bytes = 2.0 * 4 * static_cast<double>(batch_heads) * static_cast<double>(seq) * static_cast<double>(head_dim);
+  return roofline(flops, device_.peak_bf16_flops_per_s, curve_.attention_max_efficiency,
+                  curve_.attention_half_efficiency_flops, bytes);
+}
+
+double Profile::attention_backward_seconds(int64_t batch_heads, int64_t seq, int64_t head_dim, bool causal,
+                                           CostSources& sources) const {
+  const double flops = kAttentionBackwardFactor * attention_forward_flops(batch_heads, seq, head_dim, causal);
+  const auto& table = attention_backward_[causal];
+  if (!table.empty()) {
+    ++sources.table;
+    return shape_lookup(table, {log_of(batch_heads), log_of(seq), log_of(head_dim)}, flops);
+  }
+  ++sources.fallback;
+  // Q, K, V, O, dO in; dQ, dK, dV out.
+  const double bytes = 2.0 * 8 * static_cast<double>(batch_heads) * static_cast<double>(seq) * static_cast<double>(head_dim);
+  return roofline(flops, device_.peak_bf16_flops_per_s, curve_.attention_max_efficiency,
+                  curve_.attention_half_efficiency_flops, bytes);
+}
+
+double Profile::elementwise_seconds(int64_t bytes, CostSources& sources) const {
+  if (!elementwise_.points.empty()) {
+    ++sources.table;
+    const auto& last = elementwise_.points.back();
+    const double log_bytes = log_of(bytes);
+    // Past the largest measurement, time grows with bytes at that measurement's bandwidth.
+    if (log_bytes > last.first) return std::exp(last.second + log_bytes - last.first);
+    return std::exp(elementwise_.at(log_bytes));
+  }
+  ++sources.fallback;
+  return static_cast<double>(bytes) / (device_.memory_bandwidth_bytes_per_s * curve_.memory_efficiency) +
+         device_.kernel_launch_s;
+}
+
+double Profile::collective_seconds(CollectiveOp op, int64_t group_size, int64_t bytes, LinkKind link,
+                                   const LinkParams& fallback_link, CostSources& sources) const {
+  if (group_size <= 1 || bytes <= 0) return 0;
+  const double moved = static_cast<double>(bytes) * ring_factor(op, group_size);
+  const auto found = collectives_.find({op, group_size, link});
+  if (found != collectives_.end()) {
+    ++sources.table;
+    return moved / std::exp(found->second.at(log_of(bytes)));
+  }
+  ++sources.fallback;
+  return static_cast<double>(ring_steps(op, group_size)) * fallback_link.latency_s +
+         moved / (fallback_link.bandwidth_bytes_per_s * curve_.link_efficiency);
+}
+
+double Profile::p2p_seconds(int64_t bytes, LinkKind link, const LinkParams& fallback_link, CostSources& sources) const {
+  const Curve& curve = p2p_[static_cast<std::size_t>(link)];
+  if (!curve.points.empty()) {
+    ++sources.table;
+    const auto& last = curve.points.back();
+    const double log_bytes = log_of(bytes);
+    if (log_bytes > last.first) return std::exp(last.second + log_bytes - last.first);
+    return std::exp(curve.at(log_bytes));
+  }
+  ++sources.fallback;
+  return fallback_link.latency_s + static_cast<double>(bytes) / (fallback_link.bandwidth_bytes_per_s * curve_.link_efficiency);
+}
+
+std::string to_string(CollectiveOp op) {
+  for (const auto& [name, value] : kOps) {
+    if (value == op) return name;
+  }
+  return "?";
+}
+
+std::string to_string(LinkKind link) { return link == LinkKind::kNvlink ? "nvlink" : "network"; }
+
+}  // namespace megaplan::sim

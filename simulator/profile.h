@@ -1,0 +1,114 @@
+// Profile: how long kernels and transfers take on one GPU type — measured tables (the profiler
+// fills them) interpolated in log space, and where no table covers a request a roofline with a
+// documented efficiency curve. Every lookup counts where its answer came from, so outputs can say
+// how much of a simulation rests on the fallback. Schema: profiles/README.md.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "core/cluster_spec.h"
+
+namespace megaplan::sim {
+
+enum class DType : uint8_t { kBf16, kFp32 };
+enum class CollectiveOp : uint8_t { kAllReduce, kAllGather, kReduceScatter, kAllToAll };
+enum class LinkKind : uint8_t { kNvlink, kNetwork };
+
+// Where kernel and transfer times came from.
+struct CostSources {
+  int64_t table = 0;
+  int64_t fallback = 0;
+};
+
+// A link as the cluster spec describes it, for the fallback: per direction, per GPU.
+struct LinkParams {
+  double bandwidth_bytes_per_s = 0;
+  double latency_s = 0;
+};
+
+struct DeviceRates {
+  double peak_bf16_flops_per_s = 0;
+  double peak_fp32_flops_per_s = 0;
+  double memory_bandwidth_bytes_per_s = 0;
+  double kernel_launch_s = 0;  // gap between dependent kernels
+};
+
+// The fallback's efficiency curve: a kernel of f FLOPs reaches max * f / (f + half) of peak
+// (small kernels are bound by launch and tail effects), and never beats its bytes over
+// `memory_efficiency` of the memory bandwidth. Links reach `link_efficiency` of their rate.
+struct RooflineCurve {
+  double gemm_max_efficiency = 0;
+  double gemm_half_efficiency_flops = 0;
+  double attention_max_efficiency = 0;
+  double attention_half_efficiency_flops = 0;
+  double memory_efficiency = 0;
+  double link_efficiency = 0;
+};
+
+// The curve the datasheet profiles use; every constant is an assumption (profiles/README.md).
+RooflineCurve default_roofline_curve();
+
+class Profile {
+ public:
+  // Throws SpecError naming the JSON field ("FILE: gemm[3]: seconds") and the rule.
+  static Profile from_json(const nlohmann::json& json, const std::string& source);
+  static Profile load(const std::string& path);
+  // Roofline only, from core's datasheet numbers, with default_roofline_curve().
+  static Profile datasheet(const GpuSpec& gpu);
+
+  const std::string& gpu_name() const { return gpu_; }
+  const std::string& source() const { return source_; }
+  const DeviceRates& device() const { return device_; }
+
+  // X[m x k] W[k x n]: 2mnk FLOPs.
+  double gemm_seconds(int64_t m, int64_t n, int64_t k, DType dtype, CostSources& sources) const;
+  // Flash attention over `batch_heads` sequences of `seq` tokens with head dimension `head_dim`.
+  double attention_forward_seconds(int64_t batch_heads, int64_t seq, int64_t head_dim, bool causal,
+                                   CostSources& sources) const;
+  double attention_backward_seconds(int64_t batch_heads, int64_t seq, int64_t head_dim, bool causal,
+                                    CostSources& sources) const;
+  // A memory-bound pass moving `bytes` (reads plus writes).
+  double elementwise_seconds(int64_t bytes, CostSources& sources) const;
+  // NCCL's cost: `bytes` is the buffer (all-reduce: the whole tensor; all-gather: the gathered
+  // output; reduce-scatter: the input), moved as bytes * factor / bus bandwidth with factor
+  // 2(n-1)/n for all-reduce and (n-1)/n otherwise, plus a latency per ring step.
+  double collective_seconds(CollectiveOp op, int64_t group_size, int64_t bytes, LinkKind link,
+                            const LinkParams& fallback_link, CostSources& sources) const;
+  double p2p_seconds(int64_t bytes, LinkKind link, const LinkParams& fallback_link, CostSources& sources) const;
+
+ private:
+  struct ShapePoint {  // a measured GEMM or attention shape, in log space
+    std::array<double, 3> log_shape;
+    double log_throughput;  // FLOPs per second
+  };
+  struct Curve {  // log(y) over log(bytes), sorted by bytes
+    std::vector<std::pair<double, double>> points;
+    double at(double log_bytes) const;
+  };
+
+  double shape_lookup(const std::vector<ShapePoint>& points, const std::array<double, 3>& log_shape, double flops) const;
+  double roofline(double flops, double peak, double max_efficiency, double half_flops, double bytes) const;
+
+  std::string gpu_;
+  std::string source_;
+  DeviceRates device_;
+  RooflineCurve curve_;
+  std::array<std::vector<ShapePoint>, 2> gemm_;  // by DType
+  std::array<std::vector<ShapePoint>, 2> attention_forward_;   // by causal
+  std::array<std::vector<ShapePoint>, 2> attention_backward_;  // by causal
+  Curve elementwise_;  // log seconds
+  std::map<std::tuple<CollectiveOp, int64_t, LinkKind>, Curve> collectives_;  // log bus bandwidth
+  std::array<Curve, 2> p2p_;  // log seconds, by LinkKind
+};
+
+std::string to_string(CollectiveOp op);  // "all_reduce", "all_gather", "reduce_scatter", "all_to_all"
+std::string to_string(LinkKind link);    // "nvlink", "network"
+
+}  // namespace megaplan::sim

@@ -1,0 +1,31 @@
+// One plan, end to end: its schedule generated and lowered, every action costed, the engine run,
+// memory per pipeline rank, and the headline numbers (Megatron's model TFLOP/s per GPU, MFU).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/job_spec.h"
+#include "core/memory_model.h"
+#include "simulator/engine.h"
+#include "simulator/profile.h"
+
+namespace megaplan::sim {
+
+struct PlanSimulation {
+  PipelineSchedule schedule;  // lowered
+  SimulationResult result;
+  std::vector<PipelineRankMemory> memory;
+  CostSources sources;
+  double model_flops_per_iteration = 0;
+  double model_tflops_per_gpu = 0;  // model FLOPs / (iteration time x GPUs) / 1e12
+  double mfu = 0;                   // against the GPU's dense bf16 peak
+  int64_t peak_memory_bytes = 0;    // the fullest pipeline rank
+  int64_t memory_capacity_bytes = 0;
+  bool fits_in_memory = false;
+};
+
+// REQUIRES: validate_job(job) passed; profile is for job.cluster.gpu.
+PlanSimulation simulate_plan(const JobSpec& job, const Profile& profile, bool record_timeline);
+
+}  // namespace megaplan::sim
