@@ -7,11 +7,6 @@ int64_t layers_per_virtual_stage(const ModelSpec& model, const ParallelPlan& pla
   return model.num_layers / plan.num_virtual_stages();
 }
 
-int64_t pipeline_rank_of_stage(int64_t stage, int64_t pipeline_parallel_size, StagePlacement placement) {
-  if (placement == StagePlacement::kLoop || stage < pipeline_parallel_size) return stage % pipeline_parallel_size;
-  return 2 * pipeline_parallel_size - 1 - stage;
-}
-
 std::vector<int64_t> stages_of_pipeline_rank(int64_t pipeline_rank, const ParallelPlan& plan) {
   const StagePlacement placement = stage_placement(plan.schedule);
   std::vector<int64_t> stages;

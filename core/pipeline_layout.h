@@ -15,7 +15,15 @@ int64_t layers_per_virtual_stage(const ModelSpec& model, const ParallelPlan& pla
 // Loop: stage s runs on rank s % pp. V: stages 0..pp-1 go down the ranks and pp..2pp-1 come back
 // up, so rank r holds stages r and 2pp-1-r (and the last stage sits on rank 0).
 // REQUIRES: 0 <= stage < pp * stages per rank; V placement has exactly two stages per rank.
-int64_t pipeline_rank_of_stage(int64_t stage, int64_t pipeline_parallel_size, StagePlacement placement);
+// Inline and division-free for the few stages per rank: the schedule IR asks this in its hot loops.
+inline int64_t pipeline_rank_of_stage(int64_t stage, int64_t pipeline_parallel_size, StagePlacement placement) {
+  if (stage < pipeline_parallel_size) return stage;
+  if (placement == StagePlacement::kV) return 2 * pipeline_parallel_size - 1 - stage;
+  if (stage >= 8 * pipeline_parallel_size) return stage % pipeline_parallel_size;
+  int64_t rank = stage;
+  while (rank >= pipeline_parallel_size) rank -= pipeline_parallel_size;
+  return rank;
+}
 
 // The virtual stages a pipeline rank runs, in increasing stage order.
 std::vector<int64_t> stages_of_pipeline_rank(int64_t pipeline_rank, const ParallelPlan& plan);

@@ -71,7 +71,7 @@ class Engine {
       const Completion completion = heap_.top();
       heap_.pop();
       ++result_.events;
-      for (const DependencyKey& key : provided_keys(completion.action)) done_[index_(key)] = completion.time;
+      for_each_provided_key(completion.action, [&](const DependencyKey& key) { done_[index_(key)] = completion.time; });
       --ranks_[completion.rank].pending;
       wake(completion.rank);
       drain();
@@ -101,11 +101,10 @@ class Engine {
   // Latest completion among the action's dependencies, or kUnknown while one is outstanding.
   double dependencies_done(const Action& action) const {
     double ready = 0;
-    for (const Action& needed : dependencies(action, shape_, /*lowered=*/true)) {
+    for_each_dependency(action, shape_, /*lowered=*/true, [&](const Action& needed) {
       const double done = done_[index_(dependency_key(needed))];
-      if (done == kUnknown) return kUnknown;
-      ready = std::max(ready, done);
-    }
+      ready = (done == kUnknown || ready == kUnknown) ? kUnknown : std::max(ready, done);
+    });
     return ready;
   }
 
@@ -174,7 +173,7 @@ class Engine {
     state.result.compute_s += duration - collectives;
     state.result.collective_s += collectives;
     state.compute_busy_in_pipeline += duration;
-    for (const DependencyKey& key : provided_keys(action)) started_[index_(key)] = start;
+    for_each_provided_key(action, [&](const DependencyKey& key) { started_[index_(key)] = start; });
     result_.pipeline_end_s = std::max(result_.pipeline_end_s, start + duration);
     complete(rank, stream, action, start, start + duration);
     return true;
@@ -186,11 +185,11 @@ class Engine {
     const double gap = start - free;
     if (gap <= 0) return;
     double transfer = 0;
-    for (const Action& needed : dependencies(action, shape_, /*lowered=*/true)) {
-      if (needed.kind != ActionKind::kRecvForward && needed.kind != ActionKind::kRecvBackward) continue;
+    for_each_dependency(action, shape_, /*lowered=*/true, [&](const Action& needed) {
+      if (needed.kind != ActionKind::kRecvForward && needed.kind != ActionKind::kRecvBackward) return;
       const std::size_t key = index_(dependency_key(needed));
       if (done_[key] == start) transfer = std::max(transfer, start - std::max(started_[key], free));
-    }
+    });
     state.result.pipeline_comm_s += std::min(gap, transfer);
     state.result.idle_s += gap - std::min(gap, transfer);
   }

@@ -43,23 +43,9 @@ int64_t parse_index(const std::string& digits, const std::string& text, const st
 
 }  // namespace
 
-namespace {
-
-int32_t narrow_index(int64_t value, const char* what) {
-  if (value < -1 || value > std::numeric_limits<int32_t>::max()) {
-    throw SpecError("schedule", std::string(what) + " " + std::to_string(value) + " does not fit in 32 bits");
-  }
-  return static_cast<int32_t>(value);
-}
-
-}  // namespace
-
-Action make_action(ActionKind kind, int64_t stage, int64_t microbatch) {
-  Action action;
-  action.kind = kind;
-  action.stage = narrow_index(stage, "stage");
-  action.microbatch = narrow_index(microbatch, "microbatch");
-  return action;
+void throw_action_index_overflow(int64_t stage, int64_t microbatch) {
+  throw SpecError("schedule", "stage " + std::to_string(stage) + " or microbatch " + std::to_string(microbatch) +
+                                  " does not fit in 32 bits");
 }
 
 Action overlap_forward_backward(const Action& forward_part, const Action& backward_part) {
@@ -71,13 +57,6 @@ Action overlap_forward_backward(const Action& forward_part, const Action& backwa
   return action;
 }
 
-ActionParts parts_of(const Action& action) {
-  if (action.kind != ActionKind::kOverlapForwardBackward) return {{action, action}, 1};
-  return {{forward(action.stage, action.microbatch),
-           make_action(action.backward_kind, action.backward_stage, action.backward_microbatch)},
-          2};
-}
-
 std::string action_kind_token(ActionKind kind) {
   if (kind == ActionKind::kOptimizer) return kOptimToken;
   if (kind == ActionKind::kOverlapForwardBackward) return kOverlapToken;
@@ -85,13 +64,6 @@ std::string action_kind_token(ActionKind kind) {
     if (entry.kind == kind) return entry.token;
   }
   return "?";
-}
-
-Action forward(int64_t stage, int64_t microbatch) { return make_action(ActionKind::kForward, stage, microbatch); }
-Action backward(int64_t stage, int64_t microbatch) { return make_action(ActionKind::kBackward, stage, microbatch); }
-Action backward_input(int64_t stage, int64_t microbatch) { return make_action(ActionKind::kBackwardInput, stage, microbatch); }
-Action backward_weight(int64_t stage, int64_t microbatch) {
-  return make_action(ActionKind::kBackwardWeight, stage, microbatch);
 }
 
 std::string to_string(const Action& action) {

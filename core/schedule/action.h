@@ -5,6 +5,7 @@
 
 #include <array>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -40,12 +41,28 @@ struct Action {
   bool operator==(const Action&) const = default;
 };
 
+// Throws SpecError("schedule", ...) for a stage or microbatch that does not fit in 32 bits.
+[[noreturn]] void throw_action_index_overflow(int64_t stage, int64_t microbatch);
+
 // Constructors for generators, lowering and tests. `microbatch` is -1 for kinds without one.
-Action make_action(ActionKind kind, int64_t stage, int64_t microbatch);
-Action forward(int64_t stage, int64_t microbatch);
-Action backward(int64_t stage, int64_t microbatch);
-Action backward_input(int64_t stage, int64_t microbatch);
-Action backward_weight(int64_t stage, int64_t microbatch);
+// Inline: the dependency rule builds actions in every hot loop of the IR.
+inline Action make_action(ActionKind kind, int64_t stage, int64_t microbatch) {
+  constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
+  if (stage < -1 || stage > kMax || microbatch < -1 || microbatch > kMax) throw_action_index_overflow(stage, microbatch);
+  Action action;
+  action.kind = kind;
+  action.stage = static_cast<int32_t>(stage);
+  action.microbatch = static_cast<int32_t>(microbatch);
+  return action;
+}
+inline Action forward(int64_t stage, int64_t microbatch) { return make_action(ActionKind::kForward, stage, microbatch); }
+inline Action backward(int64_t stage, int64_t microbatch) { return make_action(ActionKind::kBackward, stage, microbatch); }
+inline Action backward_input(int64_t stage, int64_t microbatch) {
+  return make_action(ActionKind::kBackwardInput, stage, microbatch);
+}
+inline Action backward_weight(int64_t stage, int64_t microbatch) {
+  return make_action(ActionKind::kBackwardWeight, stage, microbatch);
+}
 // DualPipeV's OVERLAP_F_B: a forward F run together with a backward (B or I) of another stage.
 // REQUIRES: forward.kind == kForward, backward.kind is kBackward or kBackwardInput.
 Action overlap_forward_backward(const Action& forward, const Action& backward);
@@ -58,7 +75,14 @@ struct ActionParts {
   const Action* begin() const { return parts.data(); }
   const Action* end() const { return parts.data() + count; }
 };
-ActionParts parts_of(const Action& action);
+
+
+inline ActionParts parts_of(const Action& action) {
+  if (action.kind != ActionKind::kOverlapForwardBackward) return {{action, action}, 1};
+  return {{forward(action.stage, action.microbatch),
+           make_action(action.backward_kind, action.backward_stage, action.backward_microbatch)},
+          2};
+}
 
 // torch's text form. OPTIM is written "OPTIM" (it belongs to the rank, not a stage).
 std::string to_string(const Action& action);

@@ -20,15 +20,26 @@ namespace megaplan {
 //   REDUCE_GRAD(s) <- the weight gradient of s for every microbatch
 //   OPTIM       <- nothing beyond program order (it must be its rank's last action)
 //   OVERLAP_F_B <- what its forward and its backward wait for
+// Calls `visit(const Action& needed)` for each dependency, in the order dependencies() lists them,
+// without allocating: lowering, validation and the simulator call it once or more per action.
+template <typename Visit>
+void for_each_dependency(const Action& action, const ScheduleShape& shape, bool lowered, Visit&& visit);
+
 std::vector<Action> dependencies(const Action& action, const ScheduleShape& shape, bool lowered);
 
 // The stage at the other end of a send or receive: SEND_F(s) and RECV_B(s) talk to stage s+1,
 // RECV_F(s) and SEND_B(s) to stage s-1. REQUIRES: action is a SEND_* or RECV_*.
-int64_t message_peer_stage(const Action& action);
+inline int64_t message_peer_stage(const Action& action) {
+  const bool toward_next = action.kind == ActionKind::kSendForward || action.kind == ActionKind::kRecvBackward;
+  return toward_next ? action.stage + 1 : action.stage - 1;
+}
 
 // The receive a send pairs with, the inverse of the receive rule above:
 // SEND_F(s,m) -> RECV_F(s+1,m), SEND_B(s,m) -> RECV_B(s-1,m). REQUIRES: action is a SEND_*.
-Action matching_receive(const Action& send);
+inline Action matching_receive(const Action& send) {
+  const ActionKind kind = send.kind == ActionKind::kSendForward ? ActionKind::kRecvForward : ActionKind::kRecvBackward;
+  return make_action(kind, message_peer_stage(send), send.microbatch);
+}
 
 // Dependencies and what actions provide, compared as keys: a needed backward or backward_input
 // is the input gradient (kind kBackwardInput); backward_weight is the weight gradient.
@@ -38,7 +49,10 @@ struct DependencyKey {
   int64_t microbatch = -1;
   auto operator<=>(const DependencyKey&) const = default;
 };
-DependencyKey dependency_key(const Action& needed);
+inline DependencyKey dependency_key(const Action& needed) {
+  const ActionKind kind = needed.kind == ActionKind::kBackward ? ActionKind::kBackwardInput : needed.kind;
+  return {kind, needed.stage, needed.microbatch};
+}
 
 // Numbers every key of a shape densely (0 .. size()-1), so lowering and validation can use arrays
 // instead of ordered maps: a pp 64, vpp 4, M 1024 schedule holds about a million keys.
@@ -61,5 +75,108 @@ class DependencyKeyIndex {
 // What running `done` makes available: B both gradients, I the input gradient, W the weight
 // gradient, the parts of an OVERLAP_F_B, and every other action itself.
 std::vector<DependencyKey> provided_keys(const Action& done);
+// The same, as calls to `visit(const DependencyKey&)`, without allocating.
+template <typename Visit>
+void for_each_provided_key(const Action& done, Visit&& visit);
+
+// --- implementation of the templates above ---------------------------------------------------
+
+namespace detail {
+
+// The forward input of stage s: the previous stage's forward, or a message from its rank.
+template <typename Visit>
+void visit_forward_input(const Action& action, const ScheduleShape& shape, bool lowered, Visit& visit) {
+  const int64_t s = action.stage;
+  if (s == 0) return;
+  if (lowered && shape.rank_of_stage(s - 1) != shape.rank_of_stage(s)) {
+    visit(make_action(ActionKind::kRecvForward, s, action.microbatch));
+  } else {
+    visit(forward(s - 1, action.microbatch));
+  }
+}
+
+// The output gradient of stage s: the next stage's input gradient, or a message from its rank.
+template <typename Visit>
+void visit_output_gradient(const Action& action, const ScheduleShape& shape, bool lowered, Visit& visit) {
+  const int64_t s = action.stage;
+  if (s == shape.num_stages - 1) return;
+  if (lowered && shape.rank_of_stage(s + 1) != shape.rank_of_stage(s)) {
+    visit(make_action(ActionKind::kRecvBackward, s, action.microbatch));
+  } else {
+    visit(backward(s + 1, action.microbatch));
+  }
+}
+
+}  // namespace detail
+
+namespace detail {
+
+// One computation or message (not an OVERLAP_F_B): kept free of recursion so it inlines.
+template <typename Visit>
+void visit_dependencies(const Action& action, const ScheduleShape& shape, bool lowered, Visit& visit) {
+  const int64_t s = action.stage;
+  const int64_t m = action.microbatch;
+  switch (action.kind) {
+    case ActionKind::kForward:
+      visit_forward_input(action, shape, lowered, visit);
+      break;
+    case ActionKind::kBackward:
+    case ActionKind::kBackwardInput:
+      visit(forward(s, m));
+      visit_output_gradient(action, shape, lowered, visit);
+      break;
+    case ActionKind::kBackwardWeight:
+      visit(backward_input(s, m));
+      break;
+    case ActionKind::kSendForward:
+      visit(forward(s, m));
+      break;
+    case ActionKind::kSendBackward:
+      visit(backward(s, m));
+      break;
+    case ActionKind::kRecvForward:
+      visit(make_action(ActionKind::kSendForward, message_peer_stage(action), m));
+      break;
+    case ActionKind::kRecvBackward:
+      visit(make_action(ActionKind::kSendBackward, message_peer_stage(action), m));
+      break;
+    case ActionKind::kReduceGrad:
+      for (int64_t microbatch = 0; microbatch < shape.microbatches; ++microbatch) visit(backward_weight(s, microbatch));
+      break;
+    case ActionKind::kOptimizer:
+    case ActionKind::kOverlapForwardBackward:
+      break;
+  }
+}
+
+template <typename Visit>
+void visit_provided_keys(const Action& done, Visit& visit) {
+  if (done.kind == ActionKind::kBackward) {
+    visit(DependencyKey{ActionKind::kBackwardInput, done.stage, done.microbatch});
+    visit(DependencyKey{ActionKind::kBackwardWeight, done.stage, done.microbatch});
+  } else {
+    visit(DependencyKey{done.kind, done.stage, done.microbatch});
+  }
+}
+
+}  // namespace detail
+
+template <typename Visit>
+void for_each_dependency(const Action& action, const ScheduleShape& shape, bool lowered, Visit&& visit) {
+  if (action.kind != ActionKind::kOverlapForwardBackward) {
+    detail::visit_dependencies(action, shape, lowered, visit);
+    return;
+  }
+  for (const Action& part : parts_of(action)) detail::visit_dependencies(part, shape, lowered, visit);
+}
+
+template <typename Visit>
+void for_each_provided_key(const Action& done, Visit&& visit) {
+  if (done.kind != ActionKind::kOverlapForwardBackward) {
+    detail::visit_provided_keys(done, visit);
+    return;
+  }
+  for (const Action& part : parts_of(done)) detail::visit_provided_keys(part, visit);
+}
 
 }  // namespace megaplan

@@ -12,7 +12,10 @@ class Lowerer {
  public:
   explicit Lowerer(const PipelineSchedule& compute)
       : compute_(compute), shape_(compute.shape), index_(shape_), out_(compute.ranks.size()), done_(index_.size(), 0),
-        next_(compute.ranks.size(), 0), weight_gradients_(static_cast<std::size_t>(shape_.num_stages), 0) {}
+        next_(compute.ranks.size(), 0), weight_gradients_(static_cast<std::size_t>(shape_.num_stages), 0) {
+    // A rank's lowered list holds its compute, its sends, its receives and a few more.
+    for (std::size_t rank = 0; rank < out_.size(); ++rank) out_[rank].reserve(3 * compute.ranks[rank].size() + 8);
+  }
 
   PipelineSchedule run() {
     std::size_t remaining = 0;
@@ -42,15 +45,16 @@ class Lowerer {
   // Lowered dependencies all live on the action's own rank (a RECV stands in for the other
   // rank's work), so one "done" flag per key serves every rank.
   bool ready(const Action& action) const {
-    for (const Action& needed : dependencies(action, shape_, /*lowered=*/true)) {
-      if (!done_[index_(dependency_key(needed))]) return false;
-    }
-    return true;
+    bool all_done = true;
+    for_each_dependency(action, shape_, /*lowered=*/true, [&](const Action& needed) {
+      all_done = all_done && done_[index_(dependency_key(needed))];
+    });
+    return all_done;
   }
 
   void append(std::size_t rank, const Action& action) {
     out_[rank].push_back(action);
-    for (const DependencyKey& key : provided_keys(action)) done_[index_(key)] = 1;
+    for_each_provided_key(action, [&](const DependencyKey& key) { done_[index_(key)] = 1; });
   }
 
   void schedule(std::size_t rank, const Action& action) {
@@ -97,7 +101,7 @@ class Lowerer {
   const ScheduleShape shape_;
   const DependencyKeyIndex index_;
   std::vector<std::vector<Action>> out_;
-  std::vector<uint8_t> done_;  // by DependencyKeyIndex
+  std::vector<bool> done_;  // by DependencyKeyIndex; bits, so a million keys stay in cache
   std::vector<std::size_t> next_;
   std::vector<int64_t> weight_gradients_;
 };

@@ -7,10 +7,6 @@
 
 namespace megaplan {
 
-int64_t ScheduleShape::rank_of_stage(int64_t stage) const {
-  return pipeline_rank_of_stage(stage, pipeline_parallel_size, placement);
-}
-
 PipelineSchedule generate_schedule(ScheduleKind kind, int64_t pipeline_parallel_size, int64_t virtual_pipeline_size,
                                    int64_t microbatches, int64_t group_size) {
   require_positive(pipeline_parallel_size, "--pp");

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/parallel_plan.h"
+#include "core/pipeline_layout.h"
 #include "core/schedule/action.h"
 
 namespace megaplan {
@@ -16,7 +17,7 @@ struct ScheduleShape {
   int64_t microbatches = 1;
   StagePlacement placement = StagePlacement::kLoop;
 
-  int64_t rank_of_stage(int64_t stage) const;
+  int64_t rank_of_stage(int64_t stage) const { return pipeline_rank_of_stage(stage, pipeline_parallel_size, placement); }
 };
 
 struct PipelineSchedule {

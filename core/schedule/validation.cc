@@ -1,12 +1,11 @@
 // Completeness, message order and deadlock checks.
 #include "core/schedule/validation.h"
 
-#include <boost/graph/adjacency_list.hpp>
+#include <boost/graph/compressed_sparse_row_graph.hpp>
+#include <boost/range/iterator_range.hpp>
 #include <boost/graph/depth_first_search.hpp>
 #include <cstdint>
-#include <map>
 #include <optional>
-#include <set>
 
 #include "core/schedule/dependencies.h"
 
@@ -49,29 +48,16 @@ bool is_message(const Action& action) {
   throw ScheduleError(rule, render_grid(schedule, marked));
 }
 
-// Each action on its rank, with valid indices; each (stage, microbatch) computed exactly once.
-void check_placement_and_completeness(const PipelineSchedule& schedule, std::vector<Cell>& cells) {
+// Each action on its rank, with indices inside the shape and a neighbour to talk to; OPTIM last.
+void check_placement(const PipelineSchedule& schedule) {
   const ScheduleShape& shape = schedule.shape;
-  const DependencyKeyIndex index(shape);
-  constexpr std::size_t kNone = SIZE_MAX;
-  std::vector<std::size_t> computed(index.size(), kNone);  // cell number of each F and gradient
-  const auto count = [&](const Action& part, const Cell& cell) {
-    for (const DependencyKey& key : provided_keys(part)) {
-      std::size_t& first = computed[index(key)];
-      if (first != kNone) {
-        fail(schedule, "duplicate: " + where(schedule, cell) + " repeats the work of " + where(schedule, cells[first]),
-             {cell, cells[first]});
-      }
-      first = cells.size() - 1;
-    }
-  };
   for (std::size_t rank = 0; rank < schedule.ranks.size(); ++rank) {
-    for (std::size_t step = 0; step < schedule.ranks[rank].size(); ++step) {
-      const Action& action = schedule.ranks[rank][step];
+    const std::vector<Action>& actions = schedule.ranks[rank];
+    for (std::size_t step = 0; step < actions.size(); ++step) {
+      const Action& action = actions[step];
       const Cell cell{rank, step};
-      cells.push_back(cell);
       if (action.kind == ActionKind::kOptimizer) {
-        if (step + 1 != schedule.ranks[rank].size()) fail(schedule, where(schedule, cell) + " must be the rank's last action", {cell});
+        if (step + 1 != actions.size()) fail(schedule, where(schedule, cell) + " must be the rank's last action", {cell});
         continue;
       }
       for (const Action& part : parts_of(action)) {
@@ -85,24 +71,44 @@ void check_placement_and_completeness(const PipelineSchedule& schedule, std::vec
           fail(schedule, where(schedule, cell) + " belongs to rank " + std::to_string(shape.rank_of_stage(part.stage)),
                {cell});
         }
-        const ActionKind kind = part.kind;
         if (is_message(part)) {
           const int64_t peer = message_peer_stage(part);
           if (peer < 0 || peer >= shape.num_stages) {
             fail(schedule, where(schedule, cell) + " has no neighbouring stage to exchange with", {cell});
           }
         }
-        if (kind == ActionKind::kForward || kind == ActionKind::kBackward || kind == ActionKind::kBackwardInput ||
-            kind == ActionKind::kBackwardWeight) {
-          count(part, cell);
-        }
       }
     }
   }
+}
+
+bool is_computation(ActionKind kind) {
+  return kind == ActionKind::kForward || kind == ActionKind::kBackward || kind == ActionKind::kBackwardInput ||
+         kind == ActionKind::kBackwardWeight;
+}
+
+// Every cell whose action provides `key`, in rank-major order (for error messages only).
+std::vector<Cell> providers_of(const PipelineSchedule& schedule, const DependencyKey& key) {
+  std::vector<Cell> cells;
+  for (std::size_t rank = 0; rank < schedule.ranks.size(); ++rank) {
+    for (std::size_t step = 0; step < schedule.ranks[rank].size(); ++step) {
+      for_each_provided_key(schedule.ranks[rank][step], [&](const DependencyKey& provided) {
+        if (provided == key) cells.push_back({rank, step});
+      });
+    }
+  }
+  return cells;
+}
+
+// Every (stage, microbatch) has its forward, input gradient and weight gradient.
+// `done` marks (by DependencyKeyIndex) what ran, or what some action provides.
+void check_completeness(const PipelineSchedule& schedule, const std::vector<bool>& done) {
+  const ScheduleShape& shape = schedule.shape;
+  const DependencyKeyIndex index(shape);
   for (int64_t stage = 0; stage < shape.num_stages; ++stage) {
     for (int64_t microbatch = 0; microbatch < shape.microbatches; ++microbatch) {
       for (ActionKind kind : {ActionKind::kForward, ActionKind::kBackwardInput, ActionKind::kBackwardWeight}) {
-        if (computed[index({kind, stage, microbatch})] == kNone) {
+        if (!done[index({kind, stage, microbatch})]) {
           const Action missing = make_action(kind == ActionKind::kBackwardInput ? ActionKind::kBackward : kind,
                                              stage, microbatch);
           fail(schedule, "incomplete: no rank runs " + to_string(missing) +
@@ -116,49 +122,49 @@ void check_placement_and_completeness(const PipelineSchedule& schedule, std::vec
 // On every directed pair of ranks the k-th send must match the k-th receive.
 void check_message_order(const PipelineSchedule& schedule) {
   const ScheduleShape& shape = schedule.shape;
-  std::map<std::pair<int64_t, int64_t>, std::vector<Cell>> sends, receives;
-  for (std::size_t rank = 0; rank < schedule.ranks.size(); ++rank) {
+  const auto pp = static_cast<std::size_t>(schedule.ranks.size());
+  // Steps of each link's sends (on the sender) and receives (on the receiver); link = from * pp + to.
+  std::vector<std::vector<uint32_t>> sends(pp * pp), receives(pp * pp);
+  for (std::size_t rank = 0; rank < pp; ++rank) {
     for (std::size_t step = 0; step < schedule.ranks[rank].size(); ++step) {
       const Action& action = schedule.ranks[rank][step];
       if (!is_message(action)) continue;
-      const auto here = static_cast<int64_t>(rank);
-      const int64_t peer = shape.rank_of_stage(message_peer_stage(action));
+      const auto peer = static_cast<std::size_t>(shape.rank_of_stage(message_peer_stage(action)));
       const bool is_send = action.kind == ActionKind::kSendForward || action.kind == ActionKind::kSendBackward;
       if (is_send) {
-        sends[{here, peer}].push_back({rank, step});
+        sends[rank * pp + peer].push_back(static_cast<uint32_t>(step));
       } else {
-        receives[{peer, here}].push_back({rank, step});
+        receives[peer * pp + rank].push_back(static_cast<uint32_t>(step));
       }
     }
   }
-  const auto matches = [&](const Cell& send_cell, const Cell& receive_cell) {
-    return matching_receive(schedule.ranks[send_cell.rank][send_cell.step]) ==
-           schedule.ranks[receive_cell.rank][receive_cell.step];
-  };
-  std::set<std::pair<int64_t, int64_t>> links;
-  for (const auto& [link, cells] : sends) links.insert(link);
-  for (const auto& [link, cells] : receives) links.insert(link);
-  for (const auto& link : links) {
-    const std::vector<Cell>& link_sends = sends[link];
-    const std::vector<Cell>& link_receives = receives[link];
+  for (std::size_t link = 0; link < pp * pp; ++link) {
+    const std::size_t from = link / pp;
+    const std::size_t to = link % pp;
+    const std::vector<uint32_t>& link_sends = sends[link];
+    const std::vector<uint32_t>& link_receives = receives[link];
     const std::size_t common = std::min(link_sends.size(), link_receives.size());
     for (std::size_t i = 0; i < common; ++i) {
-      if (!matches(link_sends[i], link_receives[i])) {
-        fail(schedule, "out-of-order messages from rank " + std::to_string(link.first) + " to rank " +
-                           std::to_string(link.second) + ": message " + std::to_string(i) + " is sent as " +
-                           where(schedule, link_sends[i]) + " but received as " + where(schedule, link_receives[i]),
-             {link_sends[i], link_receives[i]});
+      const Cell send{from, link_sends[i]};
+      const Cell receive{to, link_receives[i]};
+      if (!(matching_receive(schedule.ranks[from][send.step]) == schedule.ranks[to][receive.step])) {
+        fail(schedule, "out-of-order messages from rank " + std::to_string(from) + " to rank " + std::to_string(to) +
+                           ": message " + std::to_string(i) + " is sent as " + where(schedule, send) +
+                           " but received as " + where(schedule, receive),
+             {send, receive});
       }
     }
     if (link_sends.size() != link_receives.size()) {
-      const Cell extra = link_sends.size() > common ? link_sends[common] : link_receives[common];
-      fail(schedule, "unmatched message from rank " + std::to_string(link.first) + " to rank " +
-                         std::to_string(link.second) + ": " + where(schedule, extra) + " has no partner", {extra});
+      const Cell extra = link_sends.size() > common ? Cell{from, link_sends[common]} : Cell{to, link_receives[common]};
+      fail(schedule, "unmatched message from rank " + std::to_string(from) + " to rank " + std::to_string(to) + ": " +
+                         where(schedule, extra) + " has no partner", {extra});
     }
   }
 }
 
-using Graph = boost::adjacency_list<boost::vecS, boost::vecS, boost::directedS>;
+// The happens-before graph in compressed sparse row form: built once from an edge list, walked
+// without allocation.
+using Graph = boost::compressed_sparse_row_graph<boost::directedS>;
 using Vertex = boost::graph_traits<Graph>::vertex_descriptor;
 
 // Records the first back edge (a cycle closes there) and the DFS tree to walk the cycle back.
@@ -173,29 +179,39 @@ struct CycleFinder : boost::default_dfs_visitor {
   }
 };
 
-// REQUIRES: cells lists every action rank by rank, step by step (vertex v is cells[v]), and every
-// action lies within the shape (check_placement_and_completeness passed).
-void check_happens_before(const PipelineSchedule& schedule, const std::vector<Cell>& cells) {
+// The slow path, once the schedule is known to be stuck: the happens-before graph of program order
+// and dependency edges on Boost.Graph, searched depth-first for a cycle to name.
+// REQUIRES: every action lies within the shape (check_placement_and_completeness passed).
+[[noreturn]] void name_cycle(const PipelineSchedule& schedule) {
+  std::vector<Cell> cells;
+  for (std::size_t rank = 0; rank < schedule.ranks.size(); ++rank) {
+    for (std::size_t step = 0; step < schedule.ranks[rank].size(); ++step) cells.push_back({rank, step});
+  }
   const DependencyKeyIndex index(schedule.shape);
   constexpr Vertex kNone = SIZE_MAX;
   std::vector<Vertex> provider(index.size(), kNone);
   for (std::size_t v = 0; v < cells.size(); ++v) {
-    for (const DependencyKey& key : provided_keys(schedule.ranks[cells[v].rank][cells[v].step])) {
+    for_each_provided_key(schedule.ranks[cells[v].rank][cells[v].step], [&](const DependencyKey& key) {
       if (provider[index(key)] == kNone) provider[index(key)] = v;
-    }
+    });
   }
-  Graph graph(cells.size());
+  std::vector<std::pair<Vertex, Vertex>> edges;
+  edges.reserve(3 * cells.size());
   for (std::size_t v = 0; v < cells.size(); ++v) {
     const Cell& cell = cells[v];
-    if (cell.step > 0) boost::add_edge(v - 1, v, graph);  // program order
-    for (const Action& needed : dependencies(schedule.ranks[cell.rank][cell.step], schedule.shape, schedule.lowered)) {
-      const Vertex found = provider[index(dependency_key(needed))];
-      if (found == kNone) {
-        fail(schedule, where(schedule, cell) + " waits for " + to_string(needed) + ", which no rank runs", {cell});
-      }
-      boost::add_edge(found, v, graph);
-    }
+    if (cell.step > 0) edges.emplace_back(v - 1, v);  // program order
+    for_each_dependency(schedule.ranks[cell.rank][cell.step], schedule.shape, schedule.lowered,
+                        [&](const Action& needed) {
+                          const Vertex found = provider[index(dependency_key(needed))];
+                          if (found == kNone) {
+                            fail(schedule, where(schedule, cell) + " waits for " + to_string(needed) + ", which no rank runs",
+                                 {cell});
+                          }
+                          edges.emplace_back(found, v);
+                        });
   }
+  const Graph graph(boost::edges_are_unsorted_multi_pass, edges.begin(), edges.end(), cells.size());
+
   std::vector<Vertex> parent(cells.size());
   for (std::size_t v = 0; v < parent.size(); ++v) parent[v] = v;
   std::optional<std::pair<Vertex, Vertex>> back_edge;
@@ -203,7 +219,7 @@ void check_happens_before(const PipelineSchedule& schedule, const std::vector<Ce
   finder.parent = &parent;
   finder.first_back_edge = &back_edge;
   boost::depth_first_search(graph, boost::visitor(finder));
-  if (!back_edge) return;
+  if (!back_edge) throw std::logic_error("validate_schedule: a stuck schedule without a cycle");
   // The back edge u -> v closes the cycle v -> ... -> u -> v along the DFS tree.
   std::vector<Cell> cycle;
   for (Vertex at = back_edge->first;; at = parent[at]) {
@@ -216,13 +232,78 @@ void check_happens_before(const PipelineSchedule& schedule, const std::vector<Ce
   fail(schedule, "deadlock: these actions wait on each other: " + path, cycle);
 }
 
+// Runs the ranks as far as their dependencies allow (Kahn's algorithm over the happens-before
+// graph, with each rank's program order walked in place rather than stored as edges), catching
+// repeated work as it runs. When no rank can move and some are unfinished, the schedule is
+// incomplete, waits on work nobody runs, or has a cycle, which name_cycle then names.
+// REQUIRES: check_placement passed.
+void check_happens_before(const PipelineSchedule& schedule) {
+  const DependencyKeyIndex index(schedule.shape);
+  std::vector<bool> done(index.size(), false);  // bits, so a million keys stay in cache
+  std::vector<std::size_t> next(schedule.ranks.size(), 0);
+  std::size_t remaining = 0;
+  for (const auto& actions : schedule.ranks) remaining += actions.size();
+  bool progress = true;
+  while (remaining > 0 && progress) {
+    progress = false;
+    for (std::size_t rank = 0; rank < schedule.ranks.size(); ++rank) {
+      const std::vector<Action>& actions = schedule.ranks[rank];
+      std::size_t& step = next[rank];
+      while (step < actions.size()) {
+        const Action& action = actions[step];
+        bool ready = true;
+        for_each_dependency(action, schedule.shape, schedule.lowered,
+                            [&](const Action& needed) { ready = ready && done[index(dependency_key(needed))]; });
+        if (!ready) break;
+        for (const Action& part : parts_of(action)) {
+          for_each_provided_key(part, [&](const DependencyKey& key) {
+            auto flag = done[index(key)];
+            if (flag && is_computation(part.kind)) {
+              const Cell cell{rank, step};
+              const Cell first = providers_of(schedule, key).front();
+              fail(schedule, "duplicate: " + where(schedule, cell) + " repeats the work of " + where(schedule, first),
+                   {cell, first});
+            }
+            flag = 1;
+          });
+        }
+        ++step;
+        --remaining;
+        progress = true;
+      }
+    }
+  }
+  if (remaining == 0) {
+    check_completeness(schedule, done);
+    return;
+  }
+  // Stuck. Missing work first, then waits on work nobody runs, then a cycle.
+  std::vector<bool> provided(index.size(), false);
+  for (const auto& actions : schedule.ranks) {
+    for (const Action& action : actions) {
+      for_each_provided_key(action, [&](const DependencyKey& key) { provided[index(key)] = 1; });
+    }
+  }
+  check_completeness(schedule, provided);
+  for (std::size_t rank = 0; rank < schedule.ranks.size(); ++rank) {
+    for (std::size_t step = 0; step < schedule.ranks[rank].size(); ++step) {
+      for_each_dependency(schedule.ranks[rank][step], schedule.shape, schedule.lowered, [&](const Action& needed) {
+        if (!provided[index(dependency_key(needed))]) {
+          const Cell cell{rank, step};
+          fail(schedule, where(schedule, cell) + " waits for " + to_string(needed) + ", which no rank runs", {cell});
+        }
+      });
+    }
+  }
+  name_cycle(schedule);
+}
+
 }  // namespace
 
 void validate_schedule(const PipelineSchedule& schedule) {
-  std::vector<Cell> cells;
-  check_placement_and_completeness(schedule, cells);
+  check_placement(schedule);
   if (schedule.lowered) check_message_order(schedule);
-  check_happens_before(schedule, cells);
+  check_happens_before(schedule);
 }
 
 }  // namespace megaplan
