@@ -31,18 +31,57 @@ std::size_t stream_of(ActionKind kind) {
   }
 }
 
+// The engine's own dense numbering of the keys it tracks: forwards, input and weight gradients
+// and receives (sends complete with their receive). Smaller than core's index over every kind,
+// which keeps the per-key arrays in cache.
+class EngineKeys {
+ public:
+  explicit EngineKeys(const ScheduleShape& shape)
+      : stages_(static_cast<std::size_t>(shape.num_stages)), microbatches_(static_cast<std::size_t>(shape.microbatches)) {}
+  static constexpr std::size_t kNone = SIZE_MAX;
+  std::size_t size() const { return kSlots * stages_ * microbatches_; }
+  std::size_t operator()(const DependencyKey& key) const {
+    const std::size_t slot = slot_of(key.kind);
+    if (slot == kNone) return kNone;
+    // Microbatch-major: the keys in flight at one time (a window of microbatches) sit together.
+    return (static_cast<std::size_t>(key.microbatch) * stages_ + static_cast<std::size_t>(key.stage)) * kSlots + slot;
+  }
+
+ private:
+  static constexpr std::size_t kSlots = 5;
+  static std::size_t slot_of(ActionKind kind) {
+    switch (kind) {
+      case ActionKind::kForward:
+        return 0;
+      case ActionKind::kBackwardInput:
+        return 1;
+      case ActionKind::kBackwardWeight:
+        return 2;
+      case ActionKind::kRecvForward:
+        return 3;
+      case ActionKind::kRecvBackward:
+        return 4;
+      default:
+        return kNone;
+    }
+  }
+  std::size_t stages_;
+  std::size_t microbatches_;
+};
+
+// Small, since the heap moves it around: the action is found by rank and step.
 struct Completion {
   double time;
   int64_t sequence;
-  std::size_t rank;
-  Action action;
+  uint32_t rank;
+  uint32_t step;
   bool operator>(const Completion& other) const {
     return time != other.time ? time > other.time : sequence > other.sequence;
   }
 };
 
 struct RankState {
-  std::array<std::vector<std::size_t>, kStreams> queue;  // action indices per stream, in order
+  std::array<std::vector<uint32_t>, kStreams> queue;  // action indices per stream, in order
   std::array<std::size_t, kStreams> head{};
   std::array<double, kStreams> free{};
   int64_t pending = 0;  // completions pushed but not yet taken off the heap
@@ -56,10 +95,13 @@ class Engine {
   Engine(const PipelineSchedule& schedule, const ActionCosts& costs, bool record)
       : schedule_(schedule), shape_(schedule.shape), costs_(costs), record_(record), index_(shape_),
         done_(index_.size(), kUnknown), started_(index_.size(), kUnknown), send_ready_(index_.size(), kUnknown),
-        receive_ready_(index_.size(), kUnknown), ranks_(schedule.ranks.size()) {
+        receive_ready_(index_.size(), kUnknown), weight_gradients_(static_cast<std::size_t>(shape_.num_stages)),
+        ranks_(schedule.ranks.size()) {
     for (std::size_t rank = 0; rank < ranks_.size(); ++rank) {
       const auto& actions = schedule.ranks[rank];
-      for (std::size_t i = 0; i < actions.size(); ++i) ranks_[rank].queue[stream_of(actions[i].kind)].push_back(i);
+      for (std::size_t i = 0; i < actions.size(); ++i) {
+        ranks_[rank].queue[stream_of(actions[i].kind)].push_back(static_cast<uint32_t>(i));
+      }
     }
     result_.timeline.source = "simulated";
   }
@@ -71,9 +113,14 @@ class Engine {
       const Completion completion = heap_.top();
       heap_.pop();
       ++result_.events;
-      for_each_provided_key(completion.action, [&](const DependencyKey& key) { done_[index_(key)] = completion.time; });
+      const Action& action = schedule_.ranks[completion.rank][completion.step];
+      for_each_provided_key(action, [&](const DependencyKey& key) {
+        const std::size_t slot = index_(key);
+        if (slot != EngineKeys::kNone) done_[slot] = completion.time;
+        if (key.kind == ActionKind::kBackwardWeight) note_weight_gradient(key, completion.time);
+      });
       --ranks_[completion.rank].pending;
-      wake(completion.rank);
+      wake_waiters(completion);
       drain();
     }
     finish();
@@ -83,6 +130,28 @@ class Engine {
  private:
   void wake(std::size_t rank) {
     for (std::size_t stream = 0; stream < kStreams; ++stream) work_.push_back({rank, stream});
+  }
+
+  // Streams only ever wait for a dependency's completion (an issued action's start is known at
+  // once), so a completion wakes the streams that can wait on what it provides: computations feed
+  // the rank's compute, send and data-parallel streams, a receive its compute stream; and the
+  // rank's last completion lets OPTIM start.
+  void wake_waiters(const Completion& completion) {
+    const std::size_t rank = completion.rank;
+    const auto push = [&](TimelineStream stream) { work_.push_back({rank, static_cast<std::size_t>(stream)}); };
+    switch (stream_of(schedule_.ranks[rank][completion.step].kind)) {
+      case static_cast<std::size_t>(TimelineStream::kCompute):
+        push(TimelineStream::kCompute);
+        push(TimelineStream::kSend);
+        push(TimelineStream::kDataParallel);
+        return;
+      case static_cast<std::size_t>(TimelineStream::kReceive):
+        push(TimelineStream::kCompute);
+        return;
+      default:
+        if (ranks_[rank].pending == 0) push(TimelineStream::kCompute);
+        return;
+    }
   }
 
   void drain() {
@@ -115,7 +184,7 @@ class Engine {
       bool started = false;
       switch (static_cast<TimelineStream>(stream)) {
         case TimelineStream::kCompute:
-          started = action.kind == ActionKind::kOptimizer ? start_optimizer(rank, action) : start_compute(rank, action);
+          started = action.kind == ActionKind::kOptimizer ? start_optimizer(rank) : start_compute(rank, action);
           break;
         case TimelineStream::kSend:
         case TimelineStream::kReceive:
@@ -129,16 +198,18 @@ class Engine {
     }
   }
 
-  void complete(std::size_t rank, std::size_t stream, const Action& action, double start, double end) {
+  // The head of `stream` on `rank` runs from start to end.
+  void complete(std::size_t rank, std::size_t stream, double start, double end) {
     RankState& state = ranks_[rank];
-    heap_.push({end, sequence_++, rank, action});
+    const uint32_t step = state.queue[stream][state.head[stream]];
+    heap_.push({end, sequence_++, static_cast<uint32_t>(rank), step});
     ++state.pending;
     state.free[stream] = end;
     ++state.head[stream];
     state.end = std::max(state.end, end);
     if (record_) {
       result_.timeline.slices.push_back(
-          {static_cast<int32_t>(rank), static_cast<TimelineStream>(stream), action, start, end});
+          {static_cast<int32_t>(rank), static_cast<TimelineStream>(stream), schedule_.ranks[rank][step], start, end});
     }
   }
 
@@ -173,9 +244,9 @@ class Engine {
     state.result.compute_s += duration - collectives;
     state.result.collective_s += collectives;
     state.compute_busy_in_pipeline += duration;
-    for_each_provided_key(action, [&](const DependencyKey& key) { started_[index_(key)] = start; });
+    for_each_provided_key(action, [&](const DependencyKey& key) { started_[index_(key)] = start; });  // F, I, W
     result_.pipeline_end_s = std::max(result_.pipeline_end_s, start + duration);
-    complete(rank, stream, action, start, start + duration);
+    complete(rank, stream, start, start + duration);
     return true;
   }
 
@@ -194,7 +265,7 @@ class Engine {
     state.result.idle_s += gap - std::min(gap, transfer);
   }
 
-  bool start_optimizer(std::size_t rank, const Action& action) {
+  bool start_optimizer(std::size_t rank) {
     RankState& state = ranks_[rank];
     const std::size_t compute = static_cast<std::size_t>(TimelineStream::kCompute);
     const double free = state.free[compute];
@@ -211,7 +282,7 @@ class Engine {
     state.result.data_parallel_comm_s += reduced - free;
     state.result.pipeline_comm_s += ready - reduced;
     state.result.compute_s += duration;
-    complete(rank, compute, action, ready, ready + duration);
+    complete(rank, compute, ready, ready + duration);
     return true;
   }
 
@@ -241,8 +312,8 @@ class Engine {
     started_[key] = start;
     const auto sender = static_cast<std::size_t>(shape_.rank_of_stage(send.stage));
     const auto receiver = static_cast<std::size_t>(shape_.rank_of_stage(receive.stage));
-    complete(sender, static_cast<std::size_t>(TimelineStream::kSend), send, start, start + transfer);
-    complete(receiver, static_cast<std::size_t>(TimelineStream::kReceive), receive, start, start + transfer);
+    complete(sender, static_cast<std::size_t>(TimelineStream::kSend), start, start + transfer);
+    complete(receiver, static_cast<std::size_t>(TimelineStream::kReceive), start, start + transfer);
     // The other side's stream moved on too.
     if (is_send) {
       work_.push_back({receiver, static_cast<std::size_t>(TimelineStream::kReceive)});
@@ -252,18 +323,21 @@ class Engine {
     return true;
   }
 
-  bool start_reduction(std::size_t rank, const Action& action) {
-    // The stage's last weight gradient: buckets fill while it runs.
-    double last_end = 0;
-    double last_start = 0;
-    for (int64_t microbatch = 0; microbatch < shape_.microbatches; ++microbatch) {
-      const std::size_t key = index_({ActionKind::kBackwardWeight, action.stage, microbatch});
-      if (done_[key] == kUnknown) return false;
-      if (done_[key] >= last_end) {
-        last_end = done_[key];
-        last_start = started_[key];
-      }
+  // Counts a stage's finished weight gradients and keeps the latest, whose run fills the buckets.
+  void note_weight_gradient(const DependencyKey& key, double time) {
+    WeightGradients& stage = weight_gradients_[static_cast<std::size_t>(key.stage)];
+    ++stage.done;
+    if (time >= stage.last_end) {
+      stage.last_end = time;
+      stage.last_start = started_[index_(key)];
     }
+  }
+
+  bool start_reduction(std::size_t rank, const Action& action) {
+    const WeightGradients& gradients = weight_gradients_[static_cast<std::size_t>(action.stage)];
+    if (gradients.done < shape_.microbatches) return false;
+    const double last_end = gradients.last_end;
+    const double last_start = gradients.last_start;
     RankState& state = ranks_[rank];
     const std::size_t stream = static_cast<std::size_t>(TimelineStream::kDataParallel);
     const std::vector<double>& buckets = costs_.stages[static_cast<std::size_t>(action.stage)].gradient_buckets;
@@ -277,7 +351,7 @@ class Engine {
       at += buckets[k];
     }
     if (buckets.empty()) at = first_start = std::max(at, last_end);
-    complete(rank, stream, action, first_start, at);
+    complete(rank, stream, first_start, at);
     return true;
   }
 
@@ -309,11 +383,17 @@ class Engine {
   const ScheduleShape& shape_;
   const ActionCosts& costs_;
   const bool record_;
-  const DependencyKeyIndex index_;
+  const EngineKeys index_;
   std::vector<double> done_;     // by key: when the providing action completed
   std::vector<double> started_;  // by key: when it started (transfers: when the transfer began)
   std::vector<double> send_ready_;     // by receive key: when the send side was reached
   std::vector<double> receive_ready_;  // by receive key: when the receive side was reached
+  struct WeightGradients {
+    int64_t done = 0;
+    double last_start = 0;
+    double last_end = 0;
+  };
+  std::vector<WeightGradients> weight_gradients_;  // by stage
   std::vector<RankState> ranks_;
   std::priority_queue<Completion, std::vector<Completion>, std::greater<>> heap_;
   int64_t sequence_ = 0;

@@ -14,6 +14,11 @@ namespace {
 
 constexpr const char* kSchema = "megaplan-profile/1";
 constexpr std::size_t kNeighbours = 4;  // table points blended per GEMM/attention estimate
+// Dense TF32 is half of dense bf16 on the A100 (156/312), H100 SXM and H200 (494.7/989.4)
+// datasheets; core's GpuSpec carries no TF32 rate, and a profile may omit it.
+constexpr double kTf32PerBf16Peak = 0.5;
+// The backward recomputes QK^T and runs four more products: 2.5 x the forward (FlashAttention-2).
+constexpr double kAttentionBackwardFactor = 2.5;
 
 double log_of(int64_t value) { return std::log(static_cast<double>(value)); }
 
@@ -23,13 +28,13 @@ double gemm_flops(int64_t m, int64_t n, int64_t k) {
 
 // QK^T and PV: 2 * 2 * s^2 * d per sequence and head; causal masking skips half.
 double attention_forward_flops(int64_t batch_heads, int64_t seq, int64_t head_dim, bool causal) {
-  const double flops = 4.0 * static_cast<double>(batch_heads) * static_cast<double>(seq) * static_cast<double>(seq) *
-                       static_cast<double>(head_dim);
+  const double flops = 4.0 * static_cast<double>(batch_heads) * static_cast<double>(seq) *
+                       static_cast<double>(seq) * static_cast<double>(head_dim);
   return causal ? flops / 2 : flops;
 }
-// The backward recomputes QK^T and runs four more products: 2.5 x the forward (FlashAttention-2).
-constexpr double kAttentionBackwardFactor = 2.5;
 
+// NCCL's bus-bandwidth factors (nccl-tests, doc/PERFORMANCE.md): a ring all-reduce sends each
+// byte 2(n-1)/n times, all-gather and reduce-scatter (n-1)/n, all-to-all (n-1)/n.
 double ring_factor(CollectiveOp op, int64_t n) {
   const double steps = static_cast<double>(n - 1) / static_cast<double>(n);
   return op == CollectiveOp::kAllReduce ? 2 * steps : steps;
@@ -49,7 +54,7 @@ double positive(JsonFieldReader& reader, const std::string& key) {
   double value = 0;
   reader.require(key, value);
   if (!(value > 0) || !std::isfinite(value)) {
-    throw SpecError(reader.field(key), "must be a positive number, got " + std::to_string(value));
+    throw SpecError(reader.field(key), "must be a positive number, got " + nlohmann::json(value).dump());
   }
   return value;
 }
@@ -63,7 +68,7 @@ int64_t positive_integer(JsonFieldReader& reader, const std::string& key) {
 
 double efficiency(JsonFieldReader& reader, const std::string& key) {
   const double value = positive(reader, key);
-  if (value > 1) throw SpecError(reader.field(key), "must be in (0, 1], got " + std::to_string(value));
+  if (value > 1) throw SpecError(reader.field(key), "must be in (0, 1], got " + nlohmann::json(value).dump());
   return value;
 }
 
@@ -87,8 +92,27 @@ constexpr std::array<std::pair<const char*, CollectiveOp>, 4> kOps = {{{"all_red
 constexpr std::array<std::pair<const char*, LinkKind>, 2> kLinks = {{{"nvlink", LinkKind::kNvlink},
                                                                      {"network", LinkKind::kNetwork}}};
 
-std::string entry_source(const std::string& source, const std::string& key, std::size_t i) {
-  return source + ": " + key + "[" + std::to_string(i) + "]";
+template <typename Enum, std::size_t N>
+std::string name_of(Enum value, const std::array<std::pair<const char*, Enum>, N>& names) {
+  for (const auto& [name, candidate] : names) {
+    if (candidate == value) return name;
+  }
+  return "?";
+}
+
+std::string entry_source(const std::string& source, const std::string& table, std::size_t i) {
+  return source + ": " + table + "[" + std::to_string(i) + "]";
+}
+
+// Two measurements of one point would make the interpolation ambiguous (or divide by zero).
+template <typename Key>
+void reject_duplicate(std::map<Key, std::size_t>& seen, const Key& key, const std::string& source,
+                      const std::string& table, std::size_t i, const std::string& what) {
+  const auto [previous, inserted] = seen.emplace(key, i);
+  if (!inserted) {
+    throw SpecError(entry_source(source, table, i),
+                    "same " + what + " as " + table + "[" + std::to_string(previous->second) + "]");
+  }
 }
 
 }  // namespace
@@ -107,7 +131,8 @@ RooflineCurve default_roofline_curve() {
 double Profile::Curve::at(double log_bytes) const {
   if (log_bytes <= points.front().first) return points.front().second;
   if (log_bytes >= points.back().first) return points.back().second;
-  const auto upper = std::lower_bound(points.begin(), points.end(), std::make_pair(log_bytes, -1e300));
+  const auto upper = std::partition_point(points.begin(), points.end(),
+                                          [log_bytes](const auto& point) { return point.first < log_bytes; });
   const auto lower = upper - 1;
   const double t = (log_bytes - lower->first) / (upper->first - lower->first);
   return lower->second + t * (upper->second - lower->second);
@@ -117,34 +142,43 @@ Profile Profile::from_json(const nlohmann::json& json, const std::string& source
   JsonFieldReader reader(json, source);
   std::string schema;
   reader.require("schema", schema);
-  if (schema != kSchema) throw SpecError(reader.field("schema"), "must be \"" + std::string(kSchema) + "\", got \"" + schema + "\"");
+  if (schema != kSchema) {
+    throw SpecError(reader.field("schema"), "must be \"" + std::string(kSchema) + "\", got \"" + schema + "\"");
+  }
   Profile profile;
   reader.require("gpu", profile.gpu_);
+  if (profile.gpu_.empty()) throw SpecError(reader.field("gpu"), "must name the GPU type, got \"\"");
   reader.require("source", profile.source_);
 
   const nlohmann::json* device = reader.read_object("device");
   if (device == nullptr) throw SpecError(reader.field("device"), "required field is missing");
   JsonFieldReader device_reader(*device, source + ": device");
-  profile.device_.peak_bf16_flops_per_s = positive(device_reader, "peak_bf16_flops_per_s");
-  profile.device_.memory_bandwidth_bytes_per_s = positive(device_reader, "memory_bandwidth_bytes_per_s");
-  profile.device_.kernel_launch_s = positive(device_reader, "kernel_launch_s");
+  DeviceRates& rates = profile.device_;
+  rates.peak_bf16_flops_per_s = positive(device_reader, "peak_bf16_flops_per_s");
+  rates.peak_fp32_flops_per_s = device_reader.has("peak_fp32_flops_per_s")
+                                    ? positive(device_reader, "peak_fp32_flops_per_s")
+                                    : kTf32PerBf16Peak * rates.peak_bf16_flops_per_s;
+  rates.memory_bandwidth_bytes_per_s = positive(device_reader, "memory_bandwidth_bytes_per_s");
+  rates.kernel_launch_s = positive(device_reader, "kernel_launch_s");
   device_reader.reject_unknown_keys();
 
   const nlohmann::json* roofline = reader.read_object("roofline");
   if (roofline == nullptr) throw SpecError(reader.field("roofline"), "required field is missing");
   JsonFieldReader curve_reader(*roofline, source + ": roofline");
-  profile.curve_.gemm_max_efficiency = efficiency(curve_reader, "gemm_max_efficiency");
-  profile.curve_.gemm_half_efficiency_flops = positive(curve_reader, "gemm_half_efficiency_flops");
-  profile.curve_.attention_max_efficiency = efficiency(curve_reader, "attention_max_efficiency");
-  profile.curve_.attention_half_efficiency_flops = positive(curve_reader, "attention_half_efficiency_flops");
-  profile.curve_.memory_efficiency = efficiency(curve_reader, "memory_efficiency");
-  profile.curve_.link_efficiency = efficiency(curve_reader, "link_efficiency");
+  RooflineCurve& curve = profile.curve_;
+  curve.gemm_max_efficiency = efficiency(curve_reader, "gemm_max_efficiency");
+  curve.gemm_half_efficiency_flops = positive(curve_reader, "gemm_half_efficiency_flops");
+  curve.attention_max_efficiency = efficiency(curve_reader, "attention_max_efficiency");
+  curve.attention_half_efficiency_flops = positive(curve_reader, "attention_half_efficiency_flops");
+  curve.memory_efficiency = efficiency(curve_reader, "memory_efficiency");
+  curve.link_efficiency = efficiency(curve_reader, "link_efficiency");
   curve_reader.reject_unknown_keys();
 
   for (const char* key : {"gemm", "attention", "elementwise", "collectives", "p2p"}) reader.ignore(key);
   reader.reject_unknown_keys();
 
   const nlohmann::json& gemms = array_field(json, "gemm", source);
+  std::map<std::tuple<int64_t, int64_t, int64_t, DType>, std::size_t> gemm_seen;
   for (std::size_t i = 0; i < gemms.size(); ++i) {
     JsonFieldReader entry(gemms[i], entry_source(source, "gemm", i));
     const int64_t m = positive_integer(entry, "m");
@@ -153,10 +187,13 @@ Profile Profile::from_json(const nlohmann::json& json, const std::string& source
     const DType dtype = parse_name(entry, "dtype", kDTypes);
     const double seconds = positive(entry, "seconds");
     entry.reject_unknown_keys();
+    reject_duplicate(gemm_seen, std::tuple{m, n, k, dtype}, source, "gemm", i, "m, n, k and dtype");
     profile.gemm_[static_cast<std::size_t>(dtype)].push_back(
-        {{log_of(m), log_of(n), log_of(k)}, std::log(gemm_flops(m, n, k) / seconds)});
+        {{log_of(m), log_of(n), log_of(k)}, std::log(gemm_flops(m, n, k) / seconds), seconds});
   }
+
   const nlohmann::json& attention = array_field(json, "attention", source);
+  std::map<std::tuple<int64_t, int64_t, int64_t, bool>, std::size_t> attention_seen;
   for (std::size_t i = 0; i < attention.size(); ++i) {
     JsonFieldReader entry(attention[i], entry_source(source, "attention", i));
     const int64_t batch_heads = positive_integer(entry, "batch_heads");
@@ -167,20 +204,27 @@ Profile Profile::from_json(const nlohmann::json& json, const std::string& source
     const double forward_s = positive(entry, "forward_s");
     const double backward_s = positive(entry, "backward_s");
     entry.reject_unknown_keys();
+    reject_duplicate(attention_seen, std::tuple{batch_heads, seq, head_dim, causal}, source, "attention", i,
+                     "batch_heads, seq, head_dim and causal");
     const double flops = attention_forward_flops(batch_heads, seq, head_dim, causal);
     const std::array<double, 3> shape = {log_of(batch_heads), log_of(seq), log_of(head_dim)};
-    profile.attention_forward_[causal].push_back({shape, std::log(flops / forward_s)});
-    profile.attention_backward_[causal].push_back({shape, std::log(kAttentionBackwardFactor * flops / backward_s)});
+    profile.attention_forward_[causal].push_back({shape, std::log(flops / forward_s), forward_s});
+    profile.attention_backward_[causal].push_back({shape, std::log(kAttentionBackwardFactor * flops / backward_s), backward_s});
   }
+
   const nlohmann::json& elementwise = array_field(json, "elementwise", source);
+  std::map<int64_t, std::size_t> elementwise_seen;
   for (std::size_t i = 0; i < elementwise.size(); ++i) {
     JsonFieldReader entry(elementwise[i], entry_source(source, "elementwise", i));
     const int64_t bytes = positive_integer(entry, "bytes");
     const double seconds = positive(entry, "seconds");
     entry.reject_unknown_keys();
+    reject_duplicate(elementwise_seen, bytes, source, "elementwise", i, "bytes");
     profile.elementwise_.points.emplace_back(log_of(bytes), std::log(seconds));
   }
+
   const nlohmann::json& collectives = array_field(json, "collectives", source);
+  std::map<std::tuple<CollectiveOp, int64_t, LinkKind, int64_t>, std::size_t> collectives_seen;
   for (std::size_t i = 0; i < collectives.size(); ++i) {
     JsonFieldReader entry(collectives[i], entry_source(source, "collectives", i));
     const CollectiveOp op = parse_name(entry, "op", kOps);
@@ -189,21 +233,28 @@ Profile Profile::from_json(const nlohmann::json& json, const std::string& source
     const int64_t bytes = positive_integer(entry, "bytes");
     const double bus_bandwidth = positive(entry, "bus_bandwidth_bytes_per_s");
     entry.reject_unknown_keys();
+    if (group_size < 2) throw SpecError(entry.field("group_size"), "must be at least 2, got " + std::to_string(group_size));
+    reject_duplicate(collectives_seen, std::tuple{op, group_size, link, bytes}, source, "collectives", i,
+                     "op, group_size, link and bytes");
     profile.collectives_[{op, group_size, link}].points.emplace_back(log_of(bytes), std::log(bus_bandwidth));
   }
+
   const nlohmann::json& p2p = array_field(json, "p2p", source);
+  std::map<std::tuple<LinkKind, int64_t>, std::size_t> p2p_seen;
   for (std::size_t i = 0; i < p2p.size(); ++i) {
     JsonFieldReader entry(p2p[i], entry_source(source, "p2p", i));
     const LinkKind link = parse_name(entry, "link", kLinks);
     const int64_t bytes = positive_integer(entry, "bytes");
     const double seconds = positive(entry, "seconds");
     entry.reject_unknown_keys();
+    reject_duplicate(p2p_seen, std::tuple{link, bytes}, source, "p2p", i, "link and bytes");
     profile.p2p_[static_cast<std::size_t>(link)].points.emplace_back(log_of(bytes), std::log(seconds));
   }
-  // Curves are searched by bytes.
+
+  // Curves are searched by bytes; sorted once here so lookups only bisect.
   std::sort(profile.elementwise_.points.begin(), profile.elementwise_.points.end());
-  for (auto& [key, curve] : profile.collectives_) std::sort(curve.points.begin(), curve.points.end());
-  for (Curve& curve : profile.p2p_) std::sort(curve.points.begin(), curve.points.end());
+  for (auto& [key, bus_curve] : profile.collectives_) std::sort(bus_curve.points.begin(), bus_curve.points.end());
+  for (Curve& p2p_curve : profile.p2p_) std::sort(p2p_curve.points.begin(), p2p_curve.points.end());
   return profile;
 }
 
@@ -212,10 +263,11 @@ Profile Profile::load(const std::string& path) { return from_json(read_json_file
 Profile Profile::datasheet(const GpuSpec& gpu) {
   Profile profile;
   profile.gpu_ = gpu.name;
-  profile.source_ = "datasheet";
+  profile.source_ = "datasheet";  // short: `megaplan simulate` prints it in parentheses
   profile.device_.peak_bf16_flops_per_s = gpu.dense_bf16_flops_per_s;
+  profile.device_.peak_fp32_flops_per_s = kTf32PerBf16Peak * gpu.dense_bf16_flops_per_s;
   profile.device_.memory_bandwidth_bytes_per_s = gpu.hbm_bandwidth_bytes_per_s;
-  profile.device_.kernel_launch_s = 3e-6;
+  profile.device_.kernel_launch_s = kDatasheetKernelLaunchS;
   profile.curve_ = default_roofline_curve();
   return profile;
 }
@@ -226,20 +278,25 @@ double Profile::roofline(double flops, double peak, double max_efficiency, doubl
   return std::max(compute, memory) + device_.kernel_launch_s;
 }
 
-// Inverse-distance blend of log throughput over the nearest measured shapes; an exact shape
-// returns its own measurement.
+// Inverse-squared-distance blend of log throughput over the kNeighbours nearest measured shapes
+// in log space; an exact shape returns its own measurement. A linear scan: profiler tables hold
+// hundreds of shapes, and the nearest list lives on the stack.
 double Profile::shape_lookup(const std::vector<ShapePoint>& points, const std::array<double, 3>& log_shape,
                              double flops) const {
-  std::array<std::pair<double, double>, kNeighbours> nearest;  // (squared distance, log throughput)
+  std::array<std::pair<double, double>, kNeighbours> nearest;  // (squared distance, log throughput), ascending
   nearest.fill({std::numeric_limits<double>::infinity(), 0});
   for (const ShapePoint& point : points) {
     double distance = 0;
-    for (std::size_t d = 0; d < 3; ++d) distance += (point.log_shape[d] - log_shape[d]) * (point.log_shape[d] - log_shape[d]);
-    if (distance == 0) return flops / std::exp(point.log_throughput);
-    if (distance < nearest.back().first) {
-      nearest.back() = {distance, point.log_throughput};
-      std::sort(nearest.begin(), nearest.end());
+    for (std::size_t d = 0; d < 3; ++d) {
+      distance += (point.log_shape[d] - log_shape[d]) * (point.log_shape[d] - log_shape[d]);
     }
+    if (distance == 0) return point.seconds;
+    std::size_t slot = kNeighbours;
+    while (slot > 0 && distance < nearest[slot - 1].first) {
+      if (slot < kNeighbours) nearest[slot] = nearest[slot - 1];
+      --slot;
+    }
+    if (slot < kNeighbours) nearest[slot] = {distance, point.log_throughput};
   }
   double weights = 0;
   double blended = 0;
@@ -251,7 +308,16 @@ double Profile::shape_lookup(const std::vector<ShapePoint>& points, const std::a
   return flops / std::exp(blended / weights);
 }
 
+// Below the smallest measurement its time (latency-bound); above the largest, that entry's
+// bandwidth (time grows with bytes).
+double Profile::seconds_from_curve(const Curve& curve, double log_bytes) {
+  const auto& last = curve.points.back();
+  if (log_bytes > last.first) return std::exp(last.second + log_bytes - last.first);
+  return std::exp(curve.at(log_bytes));
+}
+
 double Profile::gemm_seconds(int64_t m, int64_t n, int64_t k, DType dtype, CostSources& sources) const {
+  if (m <= 0 || n <= 0 || k <= 0) return 0;
   const double flops = gemm_flops(m, n, k);
   const auto& table = gemm_[static_cast<std::size_t>(dtype)];
   if (!table.empty()) {
@@ -259,17 +325,19 @@ double Profile::gemm_seconds(int64_t m, int64_t n, int64_t k, DType dtype, CostS
     return shape_lookup(table, {log_of(m), log_of(n), log_of(k)}, flops);
   }
   ++sources.fallback;
-  // fp32 GEMMs run on tensor cores as TF32, at half the bf16 rate on A100, H100 and H200.
-  const double peak = device_.peak_bf16_flops_per_s / (dtype == DType::kFp32 ? 2 : 1);
-  const double element = dtype == DType::kFp32 ? 4 : 2;
-  const double bytes = element * (static_cast<double>(m) * static_cast<double>(k) +
-                                  static_cast<double>(k) * static_cast<double>(n) +
-                                  static_cast<double>(m) * static_cast<double>(n));
+  const bool fp32 = dtype == DType::kFp32;
+  const double peak = fp32 ? device_.peak_fp32_flops_per_s : device_.peak_bf16_flops_per_s;
+  const double element_bytes = fp32 ? 4 : 2;
+  // Each operand read once and the output written once: the floor for a tiled GEMM.
+  const double bytes = element_bytes * (static_cast<double>(m) * static_cast<double>(k) +
+                                        static_cast<double>(k) * static_cast<double>(n) +
+                                        static_cast<double>(m) * static_cast<double>(n));
   return roofline(flops, peak, curve_.gemm_max_efficiency, curve_.gemm_half_efficiency_flops, bytes);
 }
 
 double Profile::attention_forward_seconds(int64_t batch_heads, int64_t seq, int64_t head_dim, bool causal,
                                           CostSources& sources) const {
+  if (batch_heads <= 0 || seq <= 0 || head_dim <= 0) return 0;
   const double flops = attention_forward_flops(batch_heads, seq, head_dim, causal);
   const auto& table = attention_forward_[causal];
   if (!table.empty()) {
@@ -278,13 +346,15 @@ double Profile::attention_forward_seconds(int64_t batch_heads, int64_t seq, int6
   }
   ++sources.fallback;
   // Q, K, V in and O out, bf16.
-  const double bytes = 2.0 * 4 * static_cast<double>(batch_heads) * static_cast<double>(seq) * static_cast<double>(head_dim);
+  const double bytes =
+      2.0 * 4 * static_cast<double>(batch_heads) * static_cast<double>(seq) * static_cast<double>(head_dim);
   return roofline(flops, device_.peak_bf16_flops_per_s, curve_.attention_max_efficiency,
                   curve_.attention_half_efficiency_flops, bytes);
 }
 
 double Profile::attention_backward_seconds(int64_t batch_heads, int64_t seq, int64_t head_dim, bool causal,
                                            CostSources& sources) const {
+  if (batch_heads <= 0 || seq <= 0 || head_dim <= 0) return 0;
   const double flops = kAttentionBackwardFactor * attention_forward_flops(batch_heads, seq, head_dim, causal);
   const auto& table = attention_backward_[causal];
   if (!table.empty()) {
@@ -293,19 +363,17 @@ double Profile::attention_backward_seconds(int64_t batch_heads, int64_t seq, int
   }
   ++sources.fallback;
   // Q, K, V, O, dO in; dQ, dK, dV out.
-  const double bytes = 2.0 * 8 * static_cast<double>(batch_heads) * static_cast<double>(seq) * static_cast<double>(head_dim);
+  const double bytes =
+      2.0 * 8 * static_cast<double>(batch_heads) * static_cast<double>(seq) * static_cast<double>(head_dim);
   return roofline(flops, device_.peak_bf16_flops_per_s, curve_.attention_max_efficiency,
                   curve_.attention_half_efficiency_flops, bytes);
 }
 
 double Profile::elementwise_seconds(int64_t bytes, CostSources& sources) const {
+  if (bytes <= 0) return 0;
   if (!elementwise_.points.empty()) {
     ++sources.table;
-    const auto& last = elementwise_.points.back();
-    const double log_bytes = log_of(bytes);
-    // Past the largest measurement, time grows with bytes at that measurement's bandwidth.
-    if (log_bytes > last.first) return std::exp(last.second + log_bytes - last.first);
-    return std::exp(elementwise_.at(log_bytes));
+    return seconds_from_curve(elementwise_, log_of(bytes));
   }
   ++sources.fallback;
   return static_cast<double>(bytes) / (device_.memory_bandwidth_bytes_per_s * curve_.memory_efficiency) +
@@ -315,37 +383,38 @@ double Profile::elementwise_seconds(int64_t bytes, CostSources& sources) const {
 double Profile::collective_seconds(CollectiveOp op, int64_t group_size, int64_t bytes, LinkKind link,
                                    const LinkParams& fallback_link, CostSources& sources) const {
   if (group_size <= 1 || bytes <= 0) return 0;
-  const double moved = static_cast<double>(bytes) * ring_factor(op, group_size);
+  const double factor = ring_factor(op, group_size);
   const auto found = collectives_.find({op, group_size, link});
   if (found != collectives_.end()) {
     ++sources.table;
-    return moved / std::exp(found->second.at(log_of(bytes)));
+    const Curve& bus_bandwidth = found->second;
+    const auto& [smallest_log_bytes, smallest_log_bus_bandwidth] = bus_bandwidth.points.front();
+    const double log_bytes = log_of(bytes);
+    // Below the smallest measurement its time, as for the other curves: a clamped bus bandwidth
+    // would let the time fall to zero, under the latency the table shows. Above the largest,
+    // its bus bandwidth.
+    if (log_bytes < smallest_log_bytes) return std::exp(smallest_log_bytes - smallest_log_bus_bandwidth) * factor;
+    return static_cast<double>(bytes) * factor / std::exp(bus_bandwidth.at(log_bytes));
   }
   ++sources.fallback;
   return static_cast<double>(ring_steps(op, group_size)) * fallback_link.latency_s +
-         moved / (fallback_link.bandwidth_bytes_per_s * curve_.link_efficiency);
+         static_cast<double>(bytes) * factor / (fallback_link.bandwidth_bytes_per_s * curve_.link_efficiency);
 }
 
 double Profile::p2p_seconds(int64_t bytes, LinkKind link, const LinkParams& fallback_link, CostSources& sources) const {
+  if (bytes <= 0) return 0;
   const Curve& curve = p2p_[static_cast<std::size_t>(link)];
   if (!curve.points.empty()) {
     ++sources.table;
-    const auto& last = curve.points.back();
-    const double log_bytes = log_of(bytes);
-    if (log_bytes > last.first) return std::exp(last.second + log_bytes - last.first);
-    return std::exp(curve.at(log_bytes));
+    return seconds_from_curve(curve, log_of(bytes));
   }
   ++sources.fallback;
-  return fallback_link.latency_s + static_cast<double>(bytes) / (fallback_link.bandwidth_bytes_per_s * curve_.link_efficiency);
+  return fallback_link.latency_s +
+         static_cast<double>(bytes) / (fallback_link.bandwidth_bytes_per_s * curve_.link_efficiency);
 }
 
-std::string to_string(CollectiveOp op) {
-  for (const auto& [name, value] : kOps) {
-    if (value == op) return name;
-  }
-  return "?";
-}
-
-std::string to_string(LinkKind link) { return link == LinkKind::kNvlink ? "nvlink" : "network"; }
+std::string to_string(DType dtype) { return name_of(dtype, kDTypes); }
+std::string to_string(CollectiveOp op) { return name_of(op, kOps); }
+std::string to_string(LinkKind link) { return name_of(link, kLinks); }
 
 }  // namespace megaplan::sim

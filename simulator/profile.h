@@ -9,6 +9,7 @@
 #include <map>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
@@ -21,7 +22,7 @@ enum class DType : uint8_t { kBf16, kFp32 };
 enum class CollectiveOp : uint8_t { kAllReduce, kAllGather, kReduceScatter, kAllToAll };
 enum class LinkKind : uint8_t { kNvlink, kNetwork };
 
-// Where kernel and transfer times came from.
+// Where kernel and transfer times came from: a measured table, or the roofline / link fallback.
 struct CostSources {
   int64_t table = 0;
   int64_t fallback = 0;
@@ -34,10 +35,10 @@ struct LinkParams {
 };
 
 struct DeviceRates {
-  double peak_bf16_flops_per_s = 0;
-  double peak_fp32_flops_per_s = 0;
+  double peak_bf16_flops_per_s = 0;  // dense tensor-core peak, no sparsity
+  double peak_fp32_flops_per_s = 0;  // fp32 GEMMs as TF32 on tensor cores, dense
   double memory_bandwidth_bytes_per_s = 0;
-  double kernel_launch_s = 0;  // gap between dependent kernels
+  double kernel_launch_s = 0;  // gap between dependent kernels, added to every fallback kernel
 };
 
 // The fallback's efficiency curve: a kernel of f FLOPs reaches max * f / (f + half) of peak
@@ -54,22 +55,29 @@ struct RooflineCurve {
 
 // The curve the datasheet profiles use; every constant is an assumption (profiles/README.md).
 RooflineCurve default_roofline_curve();
+// The launch gap the datasheet profiles assume.
+constexpr double kDatasheetKernelLaunchS = 3e-6;
 
+// Lookups are const and allocate nothing, so one Profile serves many simulations on many threads.
+// A kernel or transfer with no work (a size <= 0) takes 0 s and is not counted.
 class Profile {
  public:
   // Throws SpecError naming the JSON field ("FILE: gemm[3]: seconds") and the rule.
   static Profile from_json(const nlohmann::json& json, const std::string& source);
   static Profile load(const std::string& path);
-  // Roofline only, from core's datasheet numbers, with default_roofline_curve().
+  // Roofline only, from core's datasheet numbers, with default_roofline_curve() and
+  // kDatasheetKernelLaunchS: the same profile as the shipped profiles/*.datasheet.json.
   static Profile datasheet(const GpuSpec& gpu);
 
   const std::string& gpu_name() const { return gpu_; }
   const std::string& source() const { return source_; }
   const DeviceRates& device() const { return device_; }
+  const RooflineCurve& roofline_curve() const { return curve_; }
 
   // X[m x k] W[k x n]: 2mnk FLOPs.
   double gemm_seconds(int64_t m, int64_t n, int64_t k, DType dtype, CostSources& sources) const;
-  // Flash attention over `batch_heads` sequences of `seq` tokens with head dimension `head_dim`.
+  // Flash attention over `batch_heads` sequences of `seq` tokens with head dimension `head_dim`,
+  // bf16: 4 * batch_heads * seq^2 * head_dim FLOPs forward (half when causal), 2.5x that backward.
   double attention_forward_seconds(int64_t batch_heads, int64_t seq, int64_t head_dim, bool causal,
                                    CostSources& sources) const;
   double attention_backward_seconds(int64_t batch_heads, int64_t seq, int64_t head_dim, bool causal,
@@ -77,30 +85,36 @@ class Profile {
   // A memory-bound pass moving `bytes` (reads plus writes).
   double elementwise_seconds(int64_t bytes, CostSources& sources) const;
   // NCCL's cost: `bytes` is the buffer (all-reduce: the whole tensor; all-gather: the gathered
-  // output; reduce-scatter: the input), moved as bytes * factor / bus bandwidth with factor
-  // 2(n-1)/n for all-reduce and (n-1)/n otherwise, plus a latency per ring step.
+  // output; reduce-scatter: the input; all-to-all: one rank's send buffer), moved as
+  // bytes * factor / bus bandwidth with factor 2(n-1)/n for all-reduce and (n-1)/n otherwise;
+  // the fallback adds the link latency once per ring step. A group of one takes 0 s.
   double collective_seconds(CollectiveOp op, int64_t group_size, int64_t bytes, LinkKind link,
                             const LinkParams& fallback_link, CostSources& sources) const;
+  // One send/receive pair of `bytes`.
   double p2p_seconds(int64_t bytes, LinkKind link, const LinkParams& fallback_link, CostSources& sources) const;
 
  private:
   struct ShapePoint {  // a measured GEMM or attention shape, in log space
     std::array<double, 3> log_shape;
     double log_throughput;  // FLOPs per second
+    double seconds;         // as measured, returned as is for this exact shape
   };
-  struct Curve {  // log(y) over log(bytes), sorted by bytes
+  struct Curve {  // log(y) over log(bytes), sorted by bytes, distinct bytes
     std::vector<std::pair<double, double>> points;
+    // Piecewise linear; clamped at both ends. REQUIRES: !points.empty()
     double at(double log_bytes) const;
   };
 
-  double shape_lookup(const std::vector<ShapePoint>& points, const std::array<double, 3>& log_shape, double flops) const;
+  double shape_lookup(const std::vector<ShapePoint>& points, const std::array<double, 3>& log_shape,
+                      double flops) const;
   double roofline(double flops, double peak, double max_efficiency, double half_flops, double bytes) const;
+  static double seconds_from_curve(const Curve& curve, double log_bytes);
 
   std::string gpu_;
   std::string source_;
   DeviceRates device_;
   RooflineCurve curve_;
-  std::array<std::vector<ShapePoint>, 2> gemm_;  // by DType
+  std::array<std::vector<ShapePoint>, 2> gemm_;                // by DType
   std::array<std::vector<ShapePoint>, 2> attention_forward_;   // by causal
   std::array<std::vector<ShapePoint>, 2> attention_backward_;  // by causal
   Curve elementwise_;  // log seconds
@@ -108,6 +122,7 @@ class Profile {
   std::array<Curve, 2> p2p_;  // log seconds, by LinkKind
 };
 
+std::string to_string(DType dtype);      // "bf16", "fp32"
 std::string to_string(CollectiveOp op);  // "all_reduce", "all_gather", "reduce_scatter", "all_to_all"
 std::string to_string(LinkKind link);    // "nvlink", "network"
 

@@ -1,12 +1,16 @@
 // Profile lookups: exact hits, log-space interpolation, the roofline fallback and its counters,
-// the shipped datasheet profiles, and refused fields.
+// the shipped datasheet profiles, and refused fields. Every expected number is computed by hand
+// from the test profile's round constants.
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <string>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
 #include "core/cluster_spec.h"
+#include "core/error.h"
 #include "simulator/profile.h"
 
 using Catch::Matchers::Contains;
@@ -19,6 +23,7 @@ using megaplan::sim::Profile;
 
 namespace {
 
+// Round numbers: 1 PFLOP/s, 2 TB/s, 1 us launches, efficiencies of one half and one quarter.
 nlohmann::json base_profile() {
   return {{"schema", "megaplan-profile/1"},
           {"gpu", "H100-SXM5-80GB"},
@@ -33,18 +38,28 @@ nlohmann::json base_profile() {
             {"link_efficiency", 0.5}}}};
 }
 
+std::string error_of(const nlohmann::json& json) {
+  try {
+    Profile::from_json(json, "p.json");
+  } catch (const megaplan::SpecError& error) {
+    return error.what();
+  }
+  return "no error";
+}
+
 }  // namespace
 
 TEST_CASE("the roofline fallback follows its formula and is counted", "[simulator][profile]") {
   const Profile profile = Profile::from_json(base_profile(), "p.json");
   CostSources sources;
-  // 8192^3: f = 1.1e12 FLOPs, efficiency 0.5 * f / (f + 1e9); compute-bound.
+  // 8192^3: f = 1.1e12 FLOPs at 0.5 * f / (f + 1e9) of peak; compute-bound.
   const double f = 2.0 * 8192.0 * 8192.0 * 8192.0;
-  CHECK(profile.gemm_seconds(8192, 8192, 8192, DType::kBf16, sources) ==
-        Approx(f / (1e15 * 0.5 * f / (f + 1e9)) + 1e-6));
+  CHECK(profile.gemm_seconds(8192, 8192, 8192, DType::kBf16, sources) == Approx(f / (1e15 * 0.5 * f / (f + 1e9)) + 1e-6));
   // 1 x 8192 x 8192 is memory-bound: 2 bytes x (8192 + 8192^2 + 8192) over 0.5 x 2 TB/s.
   const double bytes = 2.0 * (8192.0 + 8192.0 * 8192.0 + 8192.0);
   CHECK(profile.gemm_seconds(1, 8192, 8192, DType::kBf16, sources) == Approx(bytes / 1e12 + 1e-6));
+  // fp32 without a stated peak: half the bf16 peak (TF32).
+  CHECK(profile.gemm_seconds(8192, 8192, 8192, DType::kFp32, sources) == Approx((f + 1e9) / (0.5e15 * 0.5) + 1e-6));
   // Causal attention: 4 * bh * s^2 * d / 2 FLOPs; the backward 2.5 times that.
   const double attention = 4.0 * 32 * 4096.0 * 4096.0 * 128 / 2;
   CHECK(profile.attention_forward_seconds(32, 4096, 128, true, sources) ==
@@ -59,45 +74,136 @@ TEST_CASE("the roofline fallback follows its formula and is counted", "[simulato
         Approx(14 * 5e-6 + 1e9 * 2 * 7 / 8 / 50e9));
   CHECK(profile.collective_seconds(CollectiveOp::kAllGather, 8, 1'000'000'000, LinkKind::kNvlink, link, sources) ==
         Approx(7 * 5e-6 + 1e9 * 7 / 8 / 50e9));
-  CHECK(profile.collective_seconds(CollectiveOp::kAllReduce, 1, 1'000'000'000, LinkKind::kNvlink, link, sources) == 0);
+  CHECK(profile.collective_seconds(CollectiveOp::kReduceScatter, 4, 1'000'000'000, LinkKind::kNetwork, link, sources) ==
+        Approx(3 * 5e-6 + 1e9 * 3 / 4 / 50e9));
   CHECK(profile.p2p_seconds(1'000'000, LinkKind::kNetwork, link, sources) == Approx(5e-6 + 1e6 / 50e9));
   CHECK(sources.table == 0);
-  CHECK(sources.fallback == 8);
+  CHECK(sources.fallback == 10);
 }
 
-TEST_CASE("measured tables win: exact hits and log-space interpolation", "[simulator][profile]") {
+TEST_CASE("a small GEMM runs at the curve's fraction of peak", "[simulator][profile]") {
   nlohmann::json json = base_profile();
-  json["gemm"] = {{{"m", 1024}, {"n", 1024}, {"k", 1024}, {"dtype", "bf16"}, {"seconds", 1e-5}},
-                  {{"m", 4096}, {"n", 1024}, {"k", 1024}, {"dtype", "bf16"}, {"seconds", 2e-5}}};
-  json["elementwise"] = {{{"bytes", 1000}, {"seconds", 1e-6}}, {{"bytes", 1000000}, {"seconds", 1e-4}}};
+  json["device"]["memory_bandwidth_bytes_per_s"] = 1e16;  // keep memory out of the way
+  json["device"]["peak_fp32_flops_per_s"] = 1e14;
+  const Profile profile = Profile::from_json(json, "p.json");
+  CostSources sources;
+  // 500 x 1000 x 1000 is exactly gemm_half_efficiency_flops = 1e9: half of 0.5, so 1e9 / 2.5e14.
+  CHECK(profile.gemm_seconds(500, 1000, 1000, DType::kBf16, sources) == Approx(4e-6 + 1e-6));
+  // 1024^3 = 2^31 FLOPs: (f + 1e9) / (1e15 x 0.5).
+  CHECK(profile.gemm_seconds(1024, 1024, 1024, DType::kBf16, sources) == Approx(3.147483648e9 / 5e14 + 1e-6));
+  // A stated fp32 peak is used as is.
+  CHECK(profile.gemm_seconds(500, 1000, 1000, DType::kFp32, sources) == Approx(1e9 / (1e14 * 0.25) + 1e-6));
+  CHECK(sources.fallback == 3);
+}
+
+TEST_CASE("GEMM tables: exact hits win, other shapes blend throughput in log space", "[simulator][profile]") {
+  nlohmann::json json = base_profile();
+  json["gemm"] = {{{"m", 4096}, {"n", 1024}, {"k", 1024}, {"dtype", "bf16"}, {"seconds", 2e-5}},
+                  {{"m", 1024}, {"n", 1024}, {"k", 1024}, {"dtype", "bf16"}, {"seconds", 1e-5}}};
+  const Profile profile = Profile::from_json(json, "p.json");
+  CostSources sources;
+  CHECK(profile.gemm_seconds(1024, 1024, 1024, DType::kBf16, sources) == 1e-5);
+  CHECK(profile.gemm_seconds(4096, 1024, 1024, DType::kBf16, sources) == 2e-5);
+  const double low = 2.0 * 1024 * 1024 * 1024 / 1e-5;   // 2.1e14 FLOP/s
+  const double high = 2.0 * 4096 * 1024 * 1024 / 2e-5;  // 4.3e14 FLOP/s
+  // Halfway in log m, equal weights: the geometric mean throughput, applied to 2048x1024x1024.
+  CHECK(profile.gemm_seconds(2048, 1024, 1024, DType::kBf16, sources) ==
+        Approx(2.0 * 2048 * 1024 * 1024 / std::sqrt(low * high)));
+  // Anywhere between, the throughput lies between the two measured ones.
+  const double flops_3000 = 2.0 * 3000 * 1024 * 1024;
+  const double seconds_3000 = profile.gemm_seconds(3000, 1024, 1024, DType::kBf16, sources);
+  CHECK(seconds_3000 > flops_3000 / high);
+  CHECK(seconds_3000 < flops_3000 / low);
+  // Beyond the table, m = 8192 is (ln 2)^2 from 4096 and (3 ln 2)^2 from 1024: weights 9 : 1.
+  CHECK(profile.gemm_seconds(8192, 1024, 1024, DType::kBf16, sources) ==
+        Approx(2.0 * 8192 * 1024 * 1024 / (std::pow(high, 0.9) * std::pow(low, 0.1))));
+  CHECK(sources.table == 5);
+  CHECK(sources.fallback == 0);
+  // No fp32 entry: the roofline, counted as such.
+  CHECK(profile.gemm_seconds(1024, 1024, 1024, DType::kFp32, sources) > 0);
+  CHECK(sources.fallback == 1);
+}
+
+TEST_CASE("attention tables: per causal flag, scaled by FLOPs", "[simulator][profile]") {
+  nlohmann::json json = base_profile();
+  json["attention"] = {{{"batch_heads", 32},
+                        {"seq", 2048},
+                        {"head_dim", 128},
+                        {"causal", true},
+                        {"forward_s", 1e-3},
+                        {"backward_s", 2.5e-3}}};
+  const Profile profile = Profile::from_json(json, "p.json");
+  CostSources sources;
+  CHECK(profile.attention_forward_seconds(32, 2048, 128, true, sources) == 1e-3);
+  CHECK(profile.attention_backward_seconds(32, 2048, 128, true, sources) == 2.5e-3);
+  // The only measurement's throughput, applied to 4x the FLOPs (seq doubled).
+  CHECK(profile.attention_forward_seconds(32, 4096, 128, true, sources) == Approx(4e-3));
+  CHECK(profile.attention_backward_seconds(32, 4096, 128, true, sources) == Approx(1e-2));
+  CHECK(sources.table == 4);
+  const double full = 4.0 * 32 * 2048.0 * 2048.0 * 128;
+  CHECK(profile.attention_forward_seconds(32, 2048, 128, false, sources) ==
+        Approx(full / (1e15 * 0.25 * full / (full + 1e9)) + 1e-6));
+  CHECK(sources.fallback == 1);
+}
+
+TEST_CASE("byte curves: element-wise, p2p and collective bus bandwidth", "[simulator][profile]") {
+  nlohmann::json json = base_profile();
+  json["elementwise"] = {{{"bytes", 4096}, {"seconds", 4e-6}}, {{"bytes", 1024}, {"seconds", 1e-6}}};
+  json["p2p"] = {{{"link", "nvlink"}, {"bytes", 1000000}, {"seconds", 1e-5}},
+                 {{"link", "nvlink"}, {"bytes", 100000000}, {"seconds", 4e-4}}};
   json["collectives"] = {
       {{"op", "all_reduce"}, {"group_size", 8}, {"link", "nvlink"}, {"bytes", 1000000}, {"bus_bandwidth_bytes_per_s", 1e10}},
       {{"op", "all_reduce"}, {"group_size", 8}, {"link", "nvlink"}, {"bytes", 100000000}, {"bus_bandwidth_bytes_per_s", 1e11}}};
-  json["p2p"] = {{{"link", "nvlink"}, {"bytes", 1000000}, {"seconds", 1e-5}}};
   const Profile profile = Profile::from_json(json, "p.json");
   CostSources sources;
-  CHECK(profile.gemm_seconds(1024, 1024, 1024, DType::kBf16, sources) == Approx(1e-5));
-  // Halfway (in log m) between the two measurements: throughputs 2.1e14 and 4.3e14 FLOP/s blend
-  // geometrically to their mean, sqrt(2.1e14 * 4.3e14), applied to 2048x1024x1024's FLOPs.
-  const double low = 2.0 * 1024 * 1024 * 1024 / 1e-5;
-  const double high = 2.0 * 4096 * 1024 * 1024 / 2e-5;
-  CHECK(profile.gemm_seconds(2048, 1024, 1024, DType::kBf16, sources) ==
-        Approx(2.0 * 2048 * 1024 * 1024 / std::sqrt(low * high)));
-  // Element-wise: geometric midpoint in bytes -> geometric midpoint in time; beyond the table,
-  // its last bandwidth (1e6 bytes per 1e-4 s).
-  CHECK(profile.elementwise_seconds(31623, sources) == Approx(1e-5).epsilon(1e-3));
-  CHECK(profile.elementwise_seconds(10000000, sources) == Approx(1e-3));
-  // Bus bandwidth at 1e7 bytes: the geometric mean of 1e10 and 1e11.
   const LinkParams unused{1, 1};
-  CHECK(profile.collective_seconds(CollectiveOp::kAllReduce, 8, 10000000, LinkKind::kNvlink, unused, sources) ==
-        Approx(1e7 * 2 * 7 / 8 / std::sqrt(1e10 * 1e11)));
+
+  // Element-wise: geometric midpoint in bytes, geometric midpoint in time; below the table its
+  // smallest time, above it its last bandwidth (4096 bytes per 4 us).
+  CHECK(profile.elementwise_seconds(1024, sources) == Approx(1e-6));
+  CHECK(profile.elementwise_seconds(2048, sources) == Approx(2e-6));
+  CHECK(profile.elementwise_seconds(100, sources) == Approx(1e-6));
+  CHECK(profile.elementwise_seconds(8192, sources) == Approx(8e-6));
+
+  // p2p: at 1e7 bytes the geometric mean of 1e-5 and 4e-4.
   CHECK(profile.p2p_seconds(1000000, LinkKind::kNvlink, unused, sources) == Approx(1e-5));
-  CHECK(sources.table == 6);
-  // Tables that do not cover a request fall back: fp32 GEMMs, another group size, the network.
-  CHECK(profile.gemm_seconds(1024, 1024, 1024, DType::kFp32, sources) > 0);
-  CHECK(profile.collective_seconds(CollectiveOp::kAllReduce, 4, 1000000, LinkKind::kNvlink, {1e11, 1e-6}, sources) > 0);
-  CHECK(profile.p2p_seconds(1000000, LinkKind::kNetwork, {1e11, 1e-6}, sources) > 0);
-  CHECK(sources.fallback == 3);
+  CHECK(profile.p2p_seconds(10000000, LinkKind::kNvlink, unused, sources) == Approx(std::sqrt(1e-5 * 4e-4)));
+
+  // All-reduce over 8: time = bytes x 2 x 7/8 / bus bandwidth, the bus bandwidth at 1e7 bytes
+  // the geometric mean of 1e10 and 1e11; clamped above, the smallest time below.
+  const auto all_reduce = [&](int64_t bytes) {
+    return profile.collective_seconds(CollectiveOp::kAllReduce, 8, bytes, LinkKind::kNvlink, unused, sources);
+  };
+  CHECK(all_reduce(1000000) == Approx(1e6 * 1.75 / 1e10));
+  CHECK(all_reduce(10000000) == Approx(1e7 * 1.75 / std::sqrt(1e10 * 1e11)));
+  CHECK(all_reduce(1000000000) == Approx(1e9 * 1.75 / 1e11));
+  CHECK(all_reduce(1000) == Approx(1e6 * 1.75 / 1e10));
+  CHECK(sources.table == 10);
+  CHECK(sources.fallback == 0);
+
+  // Not covered: another op, group size or link, and p2p over the network.
+  const LinkParams link{1e11, 1e-6};
+  CHECK(profile.collective_seconds(CollectiveOp::kAllGather, 8, 1000000, LinkKind::kNvlink, link, sources) ==
+        Approx(7e-6 + 1e6 * 7 / 8 / 5e10));
+  CHECK(profile.collective_seconds(CollectiveOp::kAllReduce, 4, 1000000, LinkKind::kNvlink, link, sources) > 0);
+  CHECK(profile.collective_seconds(CollectiveOp::kAllReduce, 8, 1000000, LinkKind::kNetwork, link, sources) > 0);
+  CHECK(profile.p2p_seconds(1000000, LinkKind::kNetwork, link, sources) == Approx(1e-6 + 1e6 / 5e10));
+  CHECK(sources.fallback == 4);
+}
+
+TEST_CASE("no work takes no time and is not counted", "[simulator][profile]") {
+  const Profile profile = Profile::from_json(base_profile(), "p.json");
+  CostSources sources;
+  const LinkParams link{1e11, 1e-6};
+  CHECK(profile.gemm_seconds(0, 1024, 1024, DType::kBf16, sources) == 0);
+  CHECK(profile.attention_forward_seconds(32, 0, 128, true, sources) == 0);
+  CHECK(profile.attention_backward_seconds(0, 2048, 128, true, sources) == 0);
+  CHECK(profile.elementwise_seconds(0, sources) == 0);
+  CHECK(profile.p2p_seconds(0, LinkKind::kNvlink, link, sources) == 0);
+  CHECK(profile.collective_seconds(CollectiveOp::kAllReduce, 1, 1000000, LinkKind::kNvlink, link, sources) == 0);
+  CHECK(profile.collective_seconds(CollectiveOp::kAllReduce, 8, 0, LinkKind::kNvlink, link, sources) == 0);
+  CHECK(sources.table == 0);
+  CHECK(sources.fallback == 0);
 }
 
 TEST_CASE("the shipped datasheet profiles load and match the built-in ones", "[simulator][profile]") {
@@ -108,36 +214,85 @@ TEST_CASE("the shipped datasheet profiles load and match the built-in ones", "[s
     const megaplan::GpuSpec gpu = megaplan::cluster_preset(cluster).gpu;
     const Profile built_in = Profile::datasheet(gpu);
     CHECK(shipped.gpu_name() == gpu.name);
+    CHECK(built_in.gpu_name() == gpu.name);
     CHECK_THAT(shipped.source(), Contains("datasheet"));
+    CHECK_THAT(built_in.source(), Contains("datasheet"));
+    CHECK(shipped.device().peak_bf16_flops_per_s == Approx(built_in.device().peak_bf16_flops_per_s));
+    CHECK(shipped.device().peak_fp32_flops_per_s == Approx(built_in.device().peak_fp32_flops_per_s));
+    CHECK(shipped.device().memory_bandwidth_bytes_per_s == Approx(built_in.device().memory_bandwidth_bytes_per_s));
+    CHECK(shipped.device().kernel_launch_s == built_in.device().kernel_launch_s);
+    const auto& a = shipped.roofline_curve();
+    const auto& b = built_in.roofline_curve();
+    CHECK(a.gemm_max_efficiency == b.gemm_max_efficiency);
+    CHECK(a.gemm_half_efficiency_flops == b.gemm_half_efficiency_flops);
+    CHECK(a.attention_max_efficiency == b.attention_max_efficiency);
+    CHECK(a.attention_half_efficiency_flops == b.attention_half_efficiency_flops);
+    CHECK(a.memory_efficiency == b.memory_efficiency);
+    CHECK(a.link_efficiency == b.link_efficiency);
     CostSources sources;
     CHECK(shipped.gemm_seconds(4096, 12288, 12288, DType::kBf16, sources) ==
           Approx(built_in.gemm_seconds(4096, 12288, 12288, DType::kBf16, sources)));
     CHECK(shipped.attention_backward_seconds(96, 2048, 128, true, sources) ==
           Approx(built_in.attention_backward_seconds(96, 2048, 128, true, sources)));
     CHECK(shipped.elementwise_seconds(123456789, sources) == Approx(built_in.elementwise_seconds(123456789, sources)));
+    CHECK(sources.table == 0);  // datasheet profiles hold no tables
+    CHECK(sources.fallback == 6);
   }
 }
 
 TEST_CASE("bad profile fields are refused with the field and the rule", "[simulator][profile]") {
   nlohmann::json json = base_profile();
   json["schema"] = "megaplan-profile/0";
-  CHECK_THROWS_WITH(Profile::from_json(json, "p.json"), "p.json: schema: must be \"megaplan-profile/1\", got \"megaplan-profile/0\"");
+  CHECK(error_of(json) == "p.json: schema: must be \"megaplan-profile/1\", got \"megaplan-profile/0\"");
   json = base_profile();
-  json["gemm"] = {{{"m", 1024}, {"n", 1024}, {"k", 1024}, {"dtype", "bf16"}, {"seconds", -1}}};
-  CHECK_THROWS_WITH(Profile::from_json(json, "p.json"), Contains("p.json: gemm[0]: seconds: must be a positive number"));
-  json["gemm"] = {{{"m", 1024}, {"n", 1024}, {"k", 1024}, {"dtype", "fp8"}, {"seconds", 1}}};
-  CHECK_THROWS_WITH(Profile::from_json(json, "p.json"), "p.json: gemm[0]: dtype: must be one of bf16, fp32; got \"fp8\"");
+  json["gpu"] = "";
+  CHECK(error_of(json) == "p.json: gpu: must name the GPU type, got \"\"");
   json = base_profile();
-  json["collectives"] = {{{"op", "broadcast"}, {"group_size", 8}, {"link", "nvlink"}, {"bytes", 1}, {"bus_bandwidth_bytes_per_s", 1}}};
-  CHECK_THROWS_WITH(Profile::from_json(json, "p.json"), Contains("op: must be one of all_reduce, all_gather"));
+  json.erase("device");
+  CHECK(error_of(json) == "p.json: device: required field is missing");
   json = base_profile();
   json["device"].erase("memory_bandwidth_bytes_per_s");
-  CHECK_THROWS_WITH(Profile::from_json(json, "p.json"), "p.json: device: memory_bandwidth_bytes_per_s: required field is missing");
+  CHECK(error_of(json) == "p.json: device: memory_bandwidth_bytes_per_s: required field is missing");
+  json = base_profile();
+  json["device"]["peak_fp32_flops_per_s"] = 0;
+  CHECK(error_of(json) == "p.json: device: peak_fp32_flops_per_s: must be a positive number, got 0.0");
   json = base_profile();
   json["roofline"]["gemm_max_efficiency"] = 1.5;
-  CHECK_THROWS_WITH(Profile::from_json(json, "p.json"), Contains("gemm_max_efficiency: must be in (0, 1]"));
+  CHECK(error_of(json) == "p.json: roofline: gemm_max_efficiency: must be in (0, 1], got 1.5");
   json = base_profile();
   json["gemms"] = nlohmann::json::array();
-  CHECK_THROWS_WITH(Profile::from_json(json, "p.json"), Contains("gemms"));
-  CHECK_THROWS_WITH(Profile::load("/no/such/profile.json"), Contains("cannot read file"));
+  CHECK(error_of(json) == "p.json: gemms: unknown field");
+  json = base_profile();
+  json["gemm"] = nlohmann::json::object();
+  CHECK(error_of(json) == "p.json: gemm: must be a JSON array");
+
+  json = base_profile();
+  json["gemm"] = {{{"m", 1024}, {"n", 1024}, {"k", 1024}, {"dtype", "bf16"}, {"seconds", -1}}};
+  CHECK(error_of(json) == "p.json: gemm[0]: seconds: must be a positive number, got -1.0");
+  json["gemm"] = {{{"m", 0}, {"n", 1024}, {"k", 1024}, {"dtype", "bf16"}, {"seconds", 1}}};
+  CHECK(error_of(json) == "p.json: gemm[0]: m: must be a positive integer, got 0");
+  json["gemm"] = {{{"m", 1024}, {"n", 1024}, {"k", 1024}, {"dtype", "fp8"}, {"seconds", 1}}};
+  CHECK(error_of(json) == "p.json: gemm[0]: dtype: must be one of bf16, fp32; got \"fp8\"");
+  json["gemm"] = {{{"m", 1024}, {"n", 1024}, {"k", 1024}, {"dtype", "bf16"}, {"seconds", 1}, {"flops", 1}}};
+  CHECK(error_of(json) == "p.json: gemm[0]: flops: unknown field");
+  json["gemm"] = {{{"m", 1024}, {"n", 1024}, {"k", 1024}, {"dtype", "bf16"}, {"seconds", 1}},
+                  {{"m", 1024}, {"n", 1024}, {"k", 1024}, {"dtype", "bf16"}, {"seconds", 2}}};
+  CHECK(error_of(json) == "p.json: gemm[1]: same m, n, k and dtype as gemm[0]");
+
+  json = base_profile();
+  json["collectives"] = {{{"op", "broadcast"}, {"group_size", 8}, {"link", "nvlink"}, {"bytes", 1}, {"bus_bandwidth_bytes_per_s", 1}}};
+  CHECK(error_of(json) ==
+        "p.json: collectives[0]: op: must be one of all_reduce, all_gather, reduce_scatter, all_to_all; got \"broadcast\"");
+  json["collectives"] = {{{"op", "all_gather"}, {"group_size", 1}, {"link", "nvlink"}, {"bytes", 1}, {"bus_bandwidth_bytes_per_s", 1}}};
+  CHECK(error_of(json) == "p.json: collectives[0]: group_size: must be at least 2, got 1");
+  json = base_profile();
+  json["p2p"] = {{{"link", "pcie"}, {"bytes", 1}, {"seconds", 1}}};
+  CHECK(error_of(json) == "p.json: p2p[0]: link: must be one of nvlink, network; got \"pcie\"");
+  json["p2p"] = {{{"link", "nvlink"}, {"bytes", 1}, {"seconds", 1}}, {{"link", "nvlink"}, {"bytes", 1}, {"seconds", 2}}};
+  CHECK(error_of(json) == "p.json: p2p[1]: same link and bytes as p2p[0]");
+  json = base_profile();
+  json["attention"] = {{{"batch_heads", 1}, {"seq", 1}, {"head_dim", 1}, {"forward_s", 1}, {"backward_s", 1}}};
+  CHECK(error_of(json) == "p.json: attention[0]: causal: required field is missing");
+
+  CHECK_THROWS_WITH(Profile::load("/no/such/profile.json"), Contains("/no/such/profile.json: cannot read file"));
 }
