@@ -5,6 +5,8 @@
 #include <boost/range/iterator_range.hpp>
 #include <boost/graph/depth_first_search.hpp>
 #include <cstdint>
+#include <deque>
+#include <stdexcept>
 #include <optional>
 
 #include "core/schedule/dependencies.h"
@@ -48,37 +50,38 @@ bool is_message(const Action& action) {
   throw ScheduleError(rule, render_grid(schedule, marked));
 }
 
-// Each action on its rank, with indices inside the shape and a neighbour to talk to; OPTIM last.
-void check_placement(const PipelineSchedule& schedule) {
+// One action on its rank, with indices inside the shape and a neighbour to talk to; OPTIM last.
+void check_action_placement(const PipelineSchedule& schedule, std::size_t rank, std::size_t step) {
   const ScheduleShape& shape = schedule.shape;
-  for (std::size_t rank = 0; rank < schedule.ranks.size(); ++rank) {
-    const std::vector<Action>& actions = schedule.ranks[rank];
-    for (std::size_t step = 0; step < actions.size(); ++step) {
-      const Action& action = actions[step];
-      const Cell cell{rank, step};
-      if (action.kind == ActionKind::kOptimizer) {
-        if (step + 1 != actions.size()) fail(schedule, where(schedule, cell) + " must be the rank's last action", {cell});
-        continue;
-      }
-      for (const Action& part : parts_of(action)) {
-        const bool has_microbatch = part.kind != ActionKind::kReduceGrad;
-        if (part.stage < 0 || part.stage >= shape.num_stages ||
-            (has_microbatch && (part.microbatch < 0 || part.microbatch >= shape.microbatches))) {
-          fail(schedule, where(schedule, cell) + " is outside " + std::to_string(shape.num_stages) + " stages x " +
-                             std::to_string(shape.microbatches) + " microbatches", {cell});
-        }
-        if (shape.rank_of_stage(part.stage) != static_cast<int64_t>(rank)) {
-          fail(schedule, where(schedule, cell) + " belongs to rank " + std::to_string(shape.rank_of_stage(part.stage)),
-               {cell});
-        }
-        if (is_message(part)) {
-          const int64_t peer = message_peer_stage(part);
-          if (peer < 0 || peer >= shape.num_stages) {
-            fail(schedule, where(schedule, cell) + " has no neighbouring stage to exchange with", {cell});
-          }
-        }
+  const std::vector<Action>& actions = schedule.ranks[rank];
+  const Action& action = actions[step];
+  const Cell cell{rank, step};
+  if (action.kind == ActionKind::kOptimizer) {
+    if (step + 1 != actions.size()) fail(schedule, where(schedule, cell) + " must be the rank's last action", {cell});
+    return;
+  }
+  for (const Action& part : parts_of(action)) {
+    const bool has_microbatch = part.kind != ActionKind::kReduceGrad;
+    if (part.stage < 0 || part.stage >= shape.num_stages ||
+        (has_microbatch && (part.microbatch < 0 || part.microbatch >= shape.microbatches))) {
+      fail(schedule, where(schedule, cell) + " is outside " + std::to_string(shape.num_stages) + " stages x " +
+                         std::to_string(shape.microbatches) + " microbatches", {cell});
+    }
+    if (shape.rank_of_stage(part.stage) != static_cast<int64_t>(rank)) {
+      fail(schedule, where(schedule, cell) + " belongs to rank " + std::to_string(shape.rank_of_stage(part.stage)), {cell});
+    }
+    if (is_message(part)) {
+      const int64_t peer = message_peer_stage(part);
+      if (peer < 0 || peer >= shape.num_stages) {
+        fail(schedule, where(schedule, cell) + " has no neighbouring stage to exchange with", {cell});
       }
     }
+  }
+}
+
+void check_placement(const PipelineSchedule& schedule) {
+  for (std::size_t rank = 0; rank < schedule.ranks.size(); ++rank) {
+    for (std::size_t step = 0; step < schedule.ranks[rank].size(); ++step) check_action_placement(schedule, rank, step);
   }
 }
 
@@ -233,26 +236,40 @@ struct CycleFinder : boost::default_dfs_visitor {
 }
 
 // Runs the ranks as far as their dependencies allow (Kahn's algorithm over the happens-before
-// graph, with each rank's program order walked in place rather than stored as edges), catching
-// repeated work as it runs. When no rank can move and some are unfinished, the schedule is
-// incomplete, waits on work nobody runs, or has a cycle, which name_cycle then names.
-// REQUIRES: check_placement passed.
-void check_happens_before(const PipelineSchedule& schedule) {
-  const DependencyKeyIndex index(schedule.shape);
+// graph, with each rank's program order walked in place rather than stored as edges) and checks
+// everything on the way in one pass: each action's placement when first reached, repeated work,
+// and, on every link, that the k-th receive run is the k-th send's partner (ranks run in program
+// order, so run order is program order per link). When no rank can move and some are unfinished,
+// the full checks run in their usual order to name the first problem: placement, message order,
+// missing work, waits on work nobody runs, and last the cycle (name_cycle).
+void check_by_running(const PipelineSchedule& schedule) {
+  const ScheduleShape& shape = schedule.shape;
+  const DependencyKeyIndex index(shape);
+  const std::size_t pp = schedule.ranks.size();
   std::vector<bool> done(index.size(), false);  // bits, so a million keys stay in cache
-  std::vector<std::size_t> next(schedule.ranks.size(), 0);
+  std::vector<std::size_t> next(pp, 0);
+  std::vector<std::size_t> placed(pp, 0);  // steps whose placement is checked
+  std::vector<std::deque<Action>> in_flight(pp * pp);  // by link from * pp + to: receives still owed
+  const auto message_problem = [&] {
+    check_message_order(schedule);  // names the first out-of-order or unmatched message
+    throw std::logic_error("validate_schedule: a message mismatch the full check did not find");
+  };
   std::size_t remaining = 0;
   for (const auto& actions : schedule.ranks) remaining += actions.size();
   bool progress = true;
   while (remaining > 0 && progress) {
     progress = false;
-    for (std::size_t rank = 0; rank < schedule.ranks.size(); ++rank) {
+    for (std::size_t rank = 0; rank < pp; ++rank) {
       const std::vector<Action>& actions = schedule.ranks[rank];
       std::size_t& step = next[rank];
       while (step < actions.size()) {
+        if (placed[rank] == step) {
+          check_action_placement(schedule, rank, step);
+          ++placed[rank];
+        }
         const Action& action = actions[step];
         bool ready = true;
-        for_each_dependency(action, schedule.shape, schedule.lowered,
+        for_each_dependency(action, shape, schedule.lowered,
                             [&](const Action& needed) { ready = ready && done[index(dependency_key(needed))]; });
         if (!ready) break;
         for (const Action& part : parts_of(action)) {
@@ -264,8 +281,18 @@ void check_happens_before(const PipelineSchedule& schedule) {
               fail(schedule, "duplicate: " + where(schedule, cell) + " repeats the work of " + where(schedule, first),
                    {cell, first});
             }
-            flag = 1;
+            flag = true;
           });
+        }
+        if (is_message(action)) {
+          const auto peer = static_cast<std::size_t>(shape.rank_of_stage(message_peer_stage(action)));
+          if (action.kind == ActionKind::kSendForward || action.kind == ActionKind::kSendBackward) {
+            in_flight[rank * pp + peer].push_back(matching_receive(action));
+          } else {
+            std::deque<Action>& owed = in_flight[peer * pp + rank];
+            if (owed.empty() || !(owed.front() == action)) message_problem();
+            owed.pop_front();
+          }
         }
         ++step;
         --remaining;
@@ -274,20 +301,24 @@ void check_happens_before(const PipelineSchedule& schedule) {
     }
   }
   if (remaining == 0) {
+    for (const std::deque<Action>& owed : in_flight) {
+      if (!owed.empty()) message_problem();
+    }
     check_completeness(schedule, done);
     return;
   }
-  // Stuck. Missing work first, then waits on work nobody runs, then a cycle.
+  check_placement(schedule);
+  if (schedule.lowered) check_message_order(schedule);
   std::vector<bool> provided(index.size(), false);
   for (const auto& actions : schedule.ranks) {
     for (const Action& action : actions) {
-      for_each_provided_key(action, [&](const DependencyKey& key) { provided[index(key)] = 1; });
+      for_each_provided_key(action, [&](const DependencyKey& key) { provided[index(key)] = true; });
     }
   }
   check_completeness(schedule, provided);
-  for (std::size_t rank = 0; rank < schedule.ranks.size(); ++rank) {
+  for (std::size_t rank = 0; rank < pp; ++rank) {
     for (std::size_t step = 0; step < schedule.ranks[rank].size(); ++step) {
-      for_each_dependency(schedule.ranks[rank][step], schedule.shape, schedule.lowered, [&](const Action& needed) {
+      for_each_dependency(schedule.ranks[rank][step], shape, schedule.lowered, [&](const Action& needed) {
         if (!provided[index(dependency_key(needed))]) {
           const Cell cell{rank, step};
           fail(schedule, where(schedule, cell) + " waits for " + to_string(needed) + ", which no rank runs", {cell});
@@ -300,10 +331,6 @@ void check_happens_before(const PipelineSchedule& schedule) {
 
 }  // namespace
 
-void validate_schedule(const PipelineSchedule& schedule) {
-  check_placement(schedule);
-  if (schedule.lowered) check_message_order(schedule);
-  check_happens_before(schedule);
-}
+void validate_schedule(const PipelineSchedule& schedule) { check_by_running(schedule); }
 
 }  // namespace megaplan
