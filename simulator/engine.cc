@@ -84,6 +84,7 @@ struct RankState {
   std::array<std::vector<uint32_t>, kStreams> queue;  // action indices per stream, in order
   std::array<std::size_t, kStreams> head{};
   std::array<double, kStreams> free{};
+  std::array<std::size_t, kStreams> waiting_on{EngineKeys::kNone, EngineKeys::kNone, EngineKeys::kNone, EngineKeys::kNone};
   int64_t pending = 0;  // completions pushed but not yet taken off the heap
   double compute_busy_in_pipeline = 0;
   double end = 0;
@@ -140,11 +141,13 @@ class Engine {
     const std::size_t rank = completion.rank;
     const auto push = [&](TimelineStream stream) { work_.push_back({rank, static_cast<std::size_t>(stream)}); };
     switch (stream_of(schedule_.ranks[rank][completion.step].kind)) {
-      case static_cast<std::size_t>(TimelineStream::kCompute):
+      case static_cast<std::size_t>(TimelineStream::kCompute): {
         push(TimelineStream::kCompute);
         push(TimelineStream::kSend);
-        push(TimelineStream::kDataParallel);
+        const ActionKind kind = schedule_.ranks[rank][completion.step].kind;
+        if (kind != ActionKind::kForward && kind != ActionKind::kBackwardInput) push(TimelineStream::kDataParallel);
         return;
+      }
       case static_cast<std::size_t>(TimelineStream::kReceive):
         push(TimelineStream::kCompute);
         return;
@@ -168,17 +171,29 @@ class Engine {
   }
 
   // Latest completion among the action's dependencies, or kUnknown while one is outstanding.
-  double dependencies_done(const Action& action) const {
+  // An outstanding dependency is remembered as what the stream waits on, so that wakes by other
+  // completions cost one look-up.
+  double dependencies_done(const Action& action, std::size_t rank, std::size_t stream) {
     double ready = 0;
+    std::size_t missing = EngineKeys::kNone;
     for_each_dependency(action, shape_, /*lowered=*/true, [&](const Action& needed) {
-      const double done = done_[index_(dependency_key(needed))];
-      ready = (done == kUnknown || ready == kUnknown) ? kUnknown : std::max(ready, done);
+      const std::size_t key = index_(dependency_key(needed));
+      const double done = done_[key];
+      if (done == kUnknown) missing = key;
+      ready = std::max(ready, done);
     });
-    return ready;
+    if (missing == EngineKeys::kNone) return ready;
+    ranks_[rank].waiting_on[stream] = missing;
+    return kUnknown;
   }
 
   void advance(std::size_t rank, std::size_t stream) {
     RankState& state = ranks_[rank];
+    std::size_t& waiting_on = state.waiting_on[stream];
+    if (waiting_on != EngineKeys::kNone) {
+      if (done_[waiting_on] == kUnknown) return;
+      waiting_on = EngineKeys::kNone;
+    }
     while (state.head[stream] < state.queue[stream].size()) {
       const Action& action = head_action(rank, stream);
       bool started = false;
@@ -198,12 +213,16 @@ class Engine {
     }
   }
 
-  // The head of `stream` on `rank` runs from start to end.
+  // The head of `stream` on `rank` runs from start to end. Its completion goes on the heap,
+  // except a send's: nothing waits for one (its receive completes with it, and OPTIM reads the
+  // send stream's end directly).
   void complete(std::size_t rank, std::size_t stream, double start, double end) {
     RankState& state = ranks_[rank];
     const uint32_t step = state.queue[stream][state.head[stream]];
-    heap_.push({end, sequence_++, static_cast<uint32_t>(rank), step});
-    ++state.pending;
+    if (stream != static_cast<std::size_t>(TimelineStream::kSend)) {
+      heap_.push({end, sequence_++, static_cast<uint32_t>(rank), step});
+      ++state.pending;
+    }
     state.free[stream] = end;
     ++state.head[stream];
     state.end = std::max(state.end, end);
@@ -231,10 +250,10 @@ class Engine {
   }
 
   bool start_compute(std::size_t rank, const Action& action) {
-    const double ready = dependencies_done(action);
+    const std::size_t stream = static_cast<std::size_t>(TimelineStream::kCompute);
+    const double ready = dependencies_done(action, rank, stream);
     if (ready == kUnknown) return false;
     RankState& state = ranks_[rank];
-    const std::size_t stream = static_cast<std::size_t>(TimelineStream::kCompute);
     const double free = state.free[stream];
     const double start = std::max(free, ready);
     double collectives = 0;
@@ -294,7 +313,7 @@ class Engine {
     const Action receive = is_send ? matching_receive(action) : action;
     const std::size_t key = index_(dependency_key(receive));
     if (is_send) {
-      const double ready = dependencies_done(action);
+      const double ready = dependencies_done(action, rank, stream);
       if (ready == kUnknown) return false;
       send_ready_[key] = std::max(state.free[stream], ready);
       if (receive_ready_[key] == kUnknown) return false;
@@ -314,12 +333,13 @@ class Engine {
     const auto receiver = static_cast<std::size_t>(shape_.rank_of_stage(receive.stage));
     complete(sender, static_cast<std::size_t>(TimelineStream::kSend), start, start + transfer);
     complete(receiver, static_cast<std::size_t>(TimelineStream::kReceive), start, start + transfer);
-    // The other side's stream moved on too.
+    // The other side's stream moved on too; the sender's OPTIM may be waiting for this send.
     if (is_send) {
       work_.push_back({receiver, static_cast<std::size_t>(TimelineStream::kReceive)});
     } else {
       work_.push_back({sender, static_cast<std::size_t>(TimelineStream::kSend)});
     }
+    work_.push_back({sender, static_cast<std::size_t>(TimelineStream::kCompute)});
     return true;
   }
 

@@ -54,7 +54,7 @@ struct SimulationResult {
   // (p - 1) / (m + p - 1) for 1F1B with equal stages and free communication.
   double bubble_fraction = 0;
   std::vector<RankSimulation> ranks;
-  int64_t events = 0;  // completions taken off the event heap
+  int64_t events = 0;  // completions taken off the event heap (every action but the sends)
   Timeline timeline;   // filled when asked for
 };
 
