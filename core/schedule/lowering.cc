@@ -12,7 +12,7 @@ class Lowerer {
  public:
   explicit Lowerer(const PipelineSchedule& compute)
       : compute_(compute), shape_(compute.shape), index_(shape_), out_(compute.ranks.size()), done_(index_.size(), 0),
-        next_(compute.ranks.size(), 0), weight_gradients_(static_cast<std::size_t>(shape_.num_stages), 0) {
+        next_(compute.ranks.size(), 0), waiting_(compute.ranks.size(), kNotWaiting), weight_gradients_(static_cast<std::size_t>(shape_.num_stages), 0) {
     // A rank's lowered list holds its compute, its sends, its receives and a few more.
     for (std::size_t rank = 0; rank < out_.size(); ++rank) out_[rank].reserve(3 * compute.ranks[rank].size() + 8);
   }
@@ -24,8 +24,10 @@ class Lowerer {
       bool progress = false;
       for (std::size_t rank = 0; rank < compute_.ranks.size(); ++rank) {
         if (next_[rank] == compute_.ranks[rank].size()) continue;
+        // A blocked rank stays blocked until the key it waits on is done: one look-up per round.
+        if (waiting_[rank] != kNotWaiting && !done_[waiting_[rank]]) continue;
         const Action& action = compute_.ranks[rank][next_[rank]];
-        if (!ready(action)) continue;
+        if (!ready(action, waiting_[rank])) continue;
         schedule(rank, action);
         ++next_[rank];
         --remaining;
@@ -44,12 +46,14 @@ class Lowerer {
  private:
   // Lowered dependencies all live on the action's own rank (a RECV stands in for the other
   // rank's work), so one "done" flag per key serves every rank.
-  bool ready(const Action& action) const {
-    bool all_done = true;
+  // Sets `waiting` to an outstanding key, or kNotWaiting when the action may run.
+  bool ready(const Action& action, std::size_t& waiting) const {
+    waiting = kNotWaiting;
     for_each_dependency(action, shape_, /*lowered=*/true, [&](const Action& needed) {
-      all_done = all_done && done_[index_(dependency_key(needed))];
+      const std::size_t key = index_(dependency_key(needed));
+      if (!done_[key]) waiting = key;
     });
-    return all_done;
+    return waiting == kNotWaiting;
   }
 
   void append(std::size_t rank, const Action& action) {
@@ -103,6 +107,8 @@ class Lowerer {
   std::vector<std::vector<Action>> out_;
   std::vector<bool> done_;  // by DependencyKeyIndex; bits, so a million keys stay in cache
   std::vector<std::size_t> next_;
+  static constexpr std::size_t kNotWaiting = SIZE_MAX;
+  std::vector<std::size_t> waiting_;  // per rank: a key its next action waits for
   std::vector<int64_t> weight_gradients_;
 };
 
