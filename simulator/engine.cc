@@ -133,26 +133,27 @@ class Engine {
     for (std::size_t stream = 0; stream < kStreams; ++stream) work_.push_back({rank, stream});
   }
 
-  // Streams only ever wait for a dependency's completion (an issued action's start is known at
+  // Advances (directly; pairings may queue more work) the streams that can wait on what a
+  // completion provides. Streams only ever wait for a dependency's completion (an issued action's start is known at
   // once), so a completion wakes the streams that can wait on what it provides: computations feed
   // the rank's compute, send and data-parallel streams, a receive its compute stream; and the
   // rank's last completion lets OPTIM start.
   void wake_waiters(const Completion& completion) {
     const std::size_t rank = completion.rank;
-    const auto push = [&](TimelineStream stream) { work_.push_back({rank, static_cast<std::size_t>(stream)}); };
+    const auto advance_stream = [&](TimelineStream stream) { advance(rank, static_cast<std::size_t>(stream)); };
     switch (stream_of(schedule_.ranks[rank][completion.step].kind)) {
       case static_cast<std::size_t>(TimelineStream::kCompute): {
-        push(TimelineStream::kCompute);
-        push(TimelineStream::kSend);
+        advance_stream(TimelineStream::kCompute);
+        advance_stream(TimelineStream::kSend);
         const ActionKind kind = schedule_.ranks[rank][completion.step].kind;
-        if (kind != ActionKind::kForward && kind != ActionKind::kBackwardInput) push(TimelineStream::kDataParallel);
+        if (kind != ActionKind::kForward && kind != ActionKind::kBackwardInput) advance_stream(TimelineStream::kDataParallel);
         return;
       }
       case static_cast<std::size_t>(TimelineStream::kReceive):
-        push(TimelineStream::kCompute);
+        advance_stream(TimelineStream::kCompute);
         return;
       default:
-        if (ranks_[rank].pending == 0) push(TimelineStream::kCompute);
+        if (ranks_[rank].pending == 0) advance_stream(TimelineStream::kCompute);
         return;
     }
   }
