@@ -85,6 +85,7 @@ nlohmann::json to_json(const JobSpec& job, const sim::Profile& profile, const si
   return {{"schedule", to_string(job.plan.schedule)},
           {"iteration_time_s", simulation.result.iteration_time_s},
           {"model_tflops_per_gpu", simulation.model_tflops_per_gpu},
+          {"hardware_tflops_per_gpu", simulation.hardware_tflops_per_gpu},
           {"mfu", simulation.mfu},
           {"bubble_fraction", simulation.result.bubble_fraction},
           {"peak_memory_bytes", simulation.peak_memory_bytes},
@@ -110,8 +111,9 @@ void write_text(const JobSpec& job, const sim::Profile& profile, const sim::Plan
   const double tokens = static_cast<double>(plan.global_batch_size * job.model.seq_length);
   out << "iteration  " << seconds(result.iteration_time_s) << " s, "
       << format_count(tokens / result.iteration_time_s) << " tokens/s\n";
-  out << "compute    " << seconds(simulation.model_tflops_per_gpu) << " model TFLOP/s per GPU, MFU "
-      << percent(simulation.mfu) << " of " << format_flops(job.cluster.gpu.dense_bf16_flops_per_s) << "/s dense bf16\n";
+  out << "compute    " << seconds(simulation.model_tflops_per_gpu) << " model TFLOP/s per GPU ("
+      << seconds(simulation.hardware_tflops_per_gpu) << " with recomputation), MFU " << percent(simulation.mfu)
+      << " of " << format_flops(job.cluster.gpu.dense_bf16_flops_per_s) << "/s dense bf16\n";
   out << "bubble     " << percent(result.bubble_fraction) << " of the pipeline's span\n";
   const auto [rank, shortfall] = fullest_rank(simulation);
   out << "memory     peak " << format_bytes(static_cast<double>(simulation.peak_memory_bytes)) << " (pipeline rank "

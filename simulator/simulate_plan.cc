@@ -32,6 +32,10 @@ PlanSimulation simulate_plan(const JobSpec& job, const Profile& profile, bool re
   if (seconds > 0) {
     const double per_gpu = simulation.model_flops_per_iteration / (seconds * gpus);
     simulation.model_tflops_per_gpu = per_gpu / 1e12;
+    const double hardware = hardware_flops(job.model, job.plan.global_batch_size,
+                                           padded_vocab_size(job.model, job.plan.tensor_parallel_size),
+                                           job.plan.recompute_granularity);
+    simulation.hardware_tflops_per_gpu = hardware / (seconds * gpus) / 1e12;
     simulation.mfu = per_gpu / job.cluster.gpu.dense_bf16_flops_per_s;
   }
   return simulation;

@@ -19,6 +19,7 @@ struct PlanSimulation {
   CostSources sources;
   double model_flops_per_iteration = 0;
   double model_tflops_per_gpu = 0;  // model FLOPs / (iteration time x GPUs) / 1e12
+  double hardware_tflops_per_gpu = 0;  // the same with recomputation's FLOPs counted
   double mfu = 0;                   // against the GPU's dense bf16 peak
   int64_t peak_memory_bytes = 0;    // the fullest pipeline rank
   int64_t memory_capacity_bytes = 0;
