@@ -335,38 +335,34 @@ double Profile::gemm_seconds(int64_t m, int64_t n, int64_t k, DType dtype, CostS
   return roofline(flops, peak, curve_.gemm_max_efficiency, curve_.gemm_half_efficiency_flops, bytes);
 }
 
-double Profile::attention_forward_seconds(int64_t batch_heads, int64_t seq, int64_t head_dim, bool causal,
-                                          CostSources& sources) const {
-  if (batch_heads <= 0 || seq <= 0 || head_dim <= 0) return 0;
-  const double flops = attention_forward_flops(batch_heads, seq, head_dim, causal);
-  const auto& table = attention_forward_[causal];
+double Profile::attention_seconds(const std::vector<ShapePoint>& table, double flops, double tensors,
+                                  int64_t batch_heads, int64_t seq, int64_t head_dim, CostSources& sources) const {
   if (!table.empty()) {
     ++sources.table;
     return shape_lookup(table, {log_of(batch_heads), log_of(seq), log_of(head_dim)}, flops);
   }
   ++sources.fallback;
-  // Q, K, V in and O out, bf16.
   const double bytes =
-      2.0 * 4 * static_cast<double>(batch_heads) * static_cast<double>(seq) * static_cast<double>(head_dim);
+      2.0 * tensors * static_cast<double>(batch_heads) * static_cast<double>(seq) * static_cast<double>(head_dim);
   return roofline(flops, device_.peak_bf16_flops_per_s, curve_.attention_max_efficiency,
                   curve_.attention_half_efficiency_flops, bytes);
+}
+
+double Profile::attention_forward_seconds(int64_t batch_heads, int64_t seq, int64_t head_dim, bool causal,
+                                          CostSources& sources) const {
+  if (batch_heads <= 0 || seq <= 0 || head_dim <= 0) return 0;
+  // Q, K, V in and O out.
+  return attention_seconds(attention_forward_[causal], attention_forward_flops(batch_heads, seq, head_dim, causal), 4,
+                           batch_heads, seq, head_dim, sources);
 }
 
 double Profile::attention_backward_seconds(int64_t batch_heads, int64_t seq, int64_t head_dim, bool causal,
                                            CostSources& sources) const {
   if (batch_heads <= 0 || seq <= 0 || head_dim <= 0) return 0;
-  const double flops = kAttentionBackwardFactor * attention_forward_flops(batch_heads, seq, head_dim, causal);
-  const auto& table = attention_backward_[causal];
-  if (!table.empty()) {
-    ++sources.table;
-    return shape_lookup(table, {log_of(batch_heads), log_of(seq), log_of(head_dim)}, flops);
-  }
-  ++sources.fallback;
   // Q, K, V, O, dO in; dQ, dK, dV out.
-  const double bytes =
-      2.0 * 8 * static_cast<double>(batch_heads) * static_cast<double>(seq) * static_cast<double>(head_dim);
-  return roofline(flops, device_.peak_bf16_flops_per_s, curve_.attention_max_efficiency,
-                  curve_.attention_half_efficiency_flops, bytes);
+  return attention_seconds(attention_backward_[causal],
+                           kAttentionBackwardFactor * attention_forward_flops(batch_heads, seq, head_dim, causal), 8,
+                           batch_heads, seq, head_dim, sources);
 }
 
 double Profile::elementwise_seconds(int64_t bytes, CostSources& sources) const {

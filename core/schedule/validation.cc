@@ -1,13 +1,14 @@
 // Completeness, message order and deadlock checks.
 #include "core/schedule/validation.h"
 
+#include <algorithm>
 #include <boost/graph/compressed_sparse_row_graph.hpp>
-#include <boost/range/iterator_range.hpp>
 #include <boost/graph/depth_first_search.hpp>
+#include <boost/range/iterator_range.hpp>
 #include <cstdint>
 #include <deque>
-#include <stdexcept>
 #include <optional>
+#include <stdexcept>
 
 #include "core/schedule/dependencies.h"
 
@@ -20,12 +21,37 @@ struct Cell {
   std::size_t step;
 };
 
-// One row per rank; the marked cells are written >>like this<<.
+// One row per rank; the marked cells are written >>like this<<. A large schedule shows, per rank,
+// only the steps near its marked cells (or its first steps), with "..." for what is left out, so
+// an error on a million-action schedule stays readable.
 std::string render_grid(const PipelineSchedule& schedule, const std::vector<Cell>& marked) {
+  constexpr std::size_t kWholeGridActions = 2000;
+  constexpr std::size_t kContext = 12;
+  std::size_t total = 0;
+  for (const auto& actions : schedule.ranks) total += actions.size();
   std::string grid;
   for (std::size_t rank = 0; rank < schedule.ranks.size(); ++rank) {
+    const std::size_t steps = schedule.ranks[rank].size();
+    std::vector<bool> shown(steps, total <= kWholeGridActions);
+    bool any_marked = false;
+    for (const Cell& cell : marked) {
+      if (cell.rank != rank) continue;
+      any_marked = true;
+      const std::size_t from = cell.step >= kContext ? cell.step - kContext : 0;
+      for (std::size_t step = from; step < std::min(steps, cell.step + kContext + 1); ++step) shown[step] = true;
+    }
+    if (!any_marked) {
+      for (std::size_t step = 0; step < std::min(steps, kContext); ++step) shown[step] = true;
+    }
     grid += "rank " + std::to_string(rank) + ":";
-    for (std::size_t step = 0; step < schedule.ranks[rank].size(); ++step) {
+    bool elided = false;
+    for (std::size_t step = 0; step < steps; ++step) {
+      if (!shown[step]) {
+        if (!elided) grid += " ...";
+        elided = true;
+        continue;
+      }
+      elided = false;
       bool mark = false;
       for (const Cell& cell : marked) mark = mark || (cell.rank == rank && cell.step == step);
       const std::string text = to_string(schedule.ranks[rank][step]);

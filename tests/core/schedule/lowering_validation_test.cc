@@ -1,6 +1,8 @@
 // Lowering and validation: every generated schedule lowers and validates; broken ones are refused.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <string>
 #include <utility>
 
 #include "core/schedule/lowering.h"
@@ -104,4 +106,20 @@ TEST_CASE("missing, duplicate and misplaced work is refused", "[schedule][valida
   std::swap(backwards_first.ranks[0][0], backwards_first.ranks[0][1]);  // 0B0 before 0F0
   CHECK_THROWS_WITH(megaplan::lower_schedule(backwards_first), StartsWith("schedule: cannot lower: no rank can run"));
   CHECK_THROWS_WITH(megaplan::validate_schedule(backwards_first), StartsWith("schedule: deadlock"));
+}
+
+TEST_CASE("a large schedule's error grid shows the marked cells with their neighbours only", "[schedule][validation]") {
+  megaplan::PipelineSchedule schedule =
+      megaplan::lower_schedule(megaplan::generate_schedule(ScheduleKind::kInterleaved, 8, 2, 64));
+  schedule.ranks[3][500] = megaplan::forward(3, 0);  // runs 3F0 a second time
+  try {
+    megaplan::validate_schedule(schedule);
+    FAIL("the repeated forward was not refused");
+  } catch (const megaplan::ScheduleError& error) {
+    const std::string& grid = error.grid();
+    CHECK(grid.find(">>") != std::string::npos);
+    CHECK(grid.find(" ...") != std::string::npos);
+    CHECK(grid.size() < 8 * 40 * 32);  // eight rows of a few dozen actions, not 8 x 700
+    CHECK(std::count(grid.begin(), grid.end(), '\n') == 8);
+  }
 }
