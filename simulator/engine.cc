@@ -40,6 +40,12 @@ class EngineKeys {
       : stages_(static_cast<std::size_t>(shape.num_stages)), microbatches_(static_cast<std::size_t>(shape.microbatches)) {}
   static constexpr std::size_t kNone = SIZE_MAX;
   std::size_t size() const { return kSlots * stages_ * microbatches_; }
+  // Receives alone (RECV_F, RECV_B), for the arrays only transfers use.
+  std::size_t message_size() const { return 2 * stages_ * microbatches_; }
+  std::size_t message(const DependencyKey& key) const {
+    return (static_cast<std::size_t>(key.microbatch) * stages_ + static_cast<std::size_t>(key.stage)) * 2 +
+           (key.kind == ActionKind::kRecvForward ? 0 : 1);
+  }
   std::size_t operator()(const DependencyKey& key) const {
     const std::size_t slot = slot_of(key.kind);
     if (slot == kNone) return kNone;
@@ -95,8 +101,8 @@ class Engine {
  public:
   Engine(const PipelineSchedule& schedule, const ActionCosts& costs, bool record)
       : schedule_(schedule), shape_(schedule.shape), costs_(costs), record_(record), index_(shape_),
-        done_(index_.size(), kUnknown), started_(index_.size(), kUnknown), send_ready_(index_.size(), kUnknown),
-        receive_ready_(index_.size(), kUnknown), weight_gradients_(static_cast<std::size_t>(shape_.num_stages)),
+        done_(index_.size(), kUnknown), started_(index_.size(), kUnknown), send_ready_(index_.message_size(), kUnknown),
+        receive_ready_(index_.message_size(), kUnknown), weight_gradients_(static_cast<std::size_t>(shape_.num_stages)),
         ranks_(schedule.ranks.size()) {
     for (std::size_t rank = 0; rank < ranks_.size(); ++rank) {
       const auto& actions = schedule.ranks[rank];
@@ -312,15 +318,16 @@ class Engine {
     RankState& state = ranks_[rank];
     const bool is_send = stream == static_cast<std::size_t>(TimelineStream::kSend);
     const Action receive = is_send ? matching_receive(action) : action;
-    const std::size_t key = index_(dependency_key(receive));
+    const DependencyKey receive_key = dependency_key(receive);
+    const std::size_t message = index_.message(receive_key);
     if (is_send) {
       const double ready = dependencies_done(action, rank, stream);
       if (ready == kUnknown) return false;
-      send_ready_[key] = std::max(state.free[stream], ready);
-      if (receive_ready_[key] == kUnknown) return false;
+      send_ready_[message] = std::max(state.free[stream], ready);
+      if (receive_ready_[message] == kUnknown) return false;
     } else {
-      receive_ready_[key] = state.free[stream];
-      if (send_ready_[key] == kUnknown) return false;
+      receive_ready_[message] = state.free[stream];
+      if (send_ready_[message] == kUnknown) return false;
     }
     const Action send = is_send ? action
                                 : make_action(action.kind == ActionKind::kRecvForward ? ActionKind::kSendForward
@@ -328,8 +335,8 @@ class Engine {
                                               message_peer_stage(action), action.microbatch);
     const StageCosts& sender_stage = costs_.stages[static_cast<std::size_t>(send.stage)];
     const double transfer = send.kind == ActionKind::kSendForward ? sender_stage.send_forward : sender_stage.send_backward;
-    const double start = std::max(send_ready_[key], receive_ready_[key]);
-    started_[key] = start;
+    const double start = std::max(send_ready_[message], receive_ready_[message]);
+    started_[index_(receive_key)] = start;
     const auto sender = static_cast<std::size_t>(shape_.rank_of_stage(send.stage));
     const auto receiver = static_cast<std::size_t>(shape_.rank_of_stage(receive.stage));
     complete(sender, static_cast<std::size_t>(TimelineStream::kSend), start, start + transfer);
@@ -407,8 +414,8 @@ class Engine {
   const EngineKeys index_;
   std::vector<double> done_;     // by key: when the providing action completed
   std::vector<double> started_;  // by key: when it started (transfers: when the transfer began)
-  std::vector<double> send_ready_;     // by receive key: when the send side was reached
-  std::vector<double> receive_ready_;  // by receive key: when the receive side was reached
+  std::vector<double> send_ready_;     // by EngineKeys::message: when the send side was reached
+  std::vector<double> receive_ready_;  // by EngineKeys::message: when the receive side was reached
   struct WeightGradients {
     int64_t done = 0;
     double last_start = 0;
