@@ -72,6 +72,18 @@ class DependencyKeyIndex {
   std::size_t stages_;
   std::size_t microbatch_slots_;
 };
+// One bit per key of a DependencyKeyIndex: a million keys fit in cache, and unlike
+// std::vector<bool> the index arithmetic is unsigned shifts.
+class KeyFlags {
+ public:
+  explicit KeyFlags(std::size_t size) : words_((size + 63) / 64, 0) {}
+  bool test(std::size_t key) const { return (words_[key >> 6] >> (key & 63)) & 1u; }
+  void set(std::size_t key) { words_[key >> 6] |= uint64_t{1} << (key & 63); }
+
+ private:
+  std::vector<uint64_t> words_;
+};
+
 // What running `done` makes available: B both gradients, I the input gradient, W the weight
 // gradient, the parts of an OVERLAP_F_B, and every other action itself.
 std::vector<DependencyKey> provided_keys(const Action& done);
@@ -83,15 +95,29 @@ void for_each_provided_key(const Action& done, Visit&& visit);
 
 namespace detail {
 
+// The dependency rule only derives actions from a valid one (a neighbouring stage, the same
+// microbatch), which always fit: no range check in its hot path.
+inline Action derived_action(ActionKind kind, int64_t stage, int64_t microbatch) {
+  Action action;
+  action.kind = kind;
+  action.stage = static_cast<int32_t>(stage);
+  action.microbatch = static_cast<int32_t>(microbatch);
+  return action;
+}
+
+}  // namespace detail
+
+namespace detail {
+
 // The forward input of stage s: the previous stage's forward, or a message from its rank.
 template <typename Visit>
 void visit_forward_input(const Action& action, const ScheduleShape& shape, bool lowered, Visit& visit) {
   const int64_t s = action.stage;
   if (s == 0) return;
   if (lowered && shape.rank_of_stage(s - 1) != shape.rank_of_stage(s)) {
-    visit(make_action(ActionKind::kRecvForward, s, action.microbatch));
+    visit(derived_action(ActionKind::kRecvForward, s, action.microbatch));
   } else {
-    visit(forward(s - 1, action.microbatch));
+    visit(derived_action(ActionKind::kForward, s - 1, action.microbatch));
   }
 }
 
@@ -101,9 +127,9 @@ void visit_output_gradient(const Action& action, const ScheduleShape& shape, boo
   const int64_t s = action.stage;
   if (s == shape.num_stages - 1) return;
   if (lowered && shape.rank_of_stage(s + 1) != shape.rank_of_stage(s)) {
-    visit(make_action(ActionKind::kRecvBackward, s, action.microbatch));
+    visit(derived_action(ActionKind::kRecvBackward, s, action.microbatch));
   } else {
-    visit(backward(s + 1, action.microbatch));
+    visit(derived_action(ActionKind::kBackward, s + 1, action.microbatch));
   }
 }
 
@@ -122,26 +148,26 @@ void visit_dependencies(const Action& action, const ScheduleShape& shape, bool l
       break;
     case ActionKind::kBackward:
     case ActionKind::kBackwardInput:
-      visit(forward(s, m));
+      visit(derived_action(ActionKind::kForward, s, m));
       visit_output_gradient(action, shape, lowered, visit);
       break;
     case ActionKind::kBackwardWeight:
-      visit(backward_input(s, m));
+      visit(derived_action(ActionKind::kBackwardInput, s, m));
       break;
     case ActionKind::kSendForward:
-      visit(forward(s, m));
+      visit(derived_action(ActionKind::kForward, s, m));
       break;
     case ActionKind::kSendBackward:
-      visit(backward(s, m));
+      visit(derived_action(ActionKind::kBackward, s, m));
       break;
     case ActionKind::kRecvForward:
-      visit(make_action(ActionKind::kSendForward, message_peer_stage(action), m));
+      visit(derived_action(ActionKind::kSendForward, message_peer_stage(action), m));
       break;
     case ActionKind::kRecvBackward:
-      visit(make_action(ActionKind::kSendBackward, message_peer_stage(action), m));
+      visit(derived_action(ActionKind::kSendBackward, message_peer_stage(action), m));
       break;
     case ActionKind::kReduceGrad:
-      for (int64_t microbatch = 0; microbatch < shape.microbatches; ++microbatch) visit(backward_weight(s, microbatch));
+      for (int64_t microbatch = 0; microbatch < shape.microbatches; ++microbatch) visit(derived_action(ActionKind::kBackwardWeight, s, microbatch));
       break;
     case ActionKind::kOptimizer:
     case ActionKind::kOverlapForwardBackward:

@@ -11,7 +11,7 @@ namespace {
 class Lowerer {
  public:
   explicit Lowerer(const PipelineSchedule& compute)
-      : compute_(compute), shape_(compute.shape), index_(shape_), out_(compute.ranks.size()), done_(index_.size(), 0),
+      : compute_(compute), shape_(compute.shape), index_(shape_), out_(compute.ranks.size()), done_(index_.size()),
         next_(compute.ranks.size(), 0), waiting_(compute.ranks.size(), kNotWaiting), weight_gradients_(static_cast<std::size_t>(shape_.num_stages), 0) {
     // A rank's lowered list holds its compute, its sends, its receives and a few more.
     for (std::size_t rank = 0; rank < out_.size(); ++rank) out_[rank].reserve(3 * compute.ranks[rank].size() + 8);
@@ -25,7 +25,7 @@ class Lowerer {
       for (std::size_t rank = 0; rank < compute_.ranks.size(); ++rank) {
         if (next_[rank] == compute_.ranks[rank].size()) continue;
         // A blocked rank stays blocked until the key it waits on is done: one look-up per round.
-        if (waiting_[rank] != kNotWaiting && !done_[waiting_[rank]]) continue;
+        if (waiting_[rank] != kNotWaiting && !done_.test(waiting_[rank])) continue;
         const Action& action = compute_.ranks[rank][next_[rank]];
         if (!ready(action, waiting_[rank])) continue;
         schedule(rank, action);
@@ -51,14 +51,14 @@ class Lowerer {
     waiting = kNotWaiting;
     for_each_dependency(action, shape_, /*lowered=*/true, [&](const Action& needed) {
       const std::size_t key = index_(dependency_key(needed));
-      if (!done_[key]) waiting = key;
+      if (!done_.test(key)) waiting = key;
     });
     return waiting == kNotWaiting;
   }
 
   void append(std::size_t rank, const Action& action) {
     out_[rank].push_back(action);
-    for_each_provided_key(action, [&](const DependencyKey& key) { done_[index_(key)] = 1; });
+    for_each_provided_key(action, [&](const DependencyKey& key) { done_.set(index_(key)); });
   }
 
   void schedule(std::size_t rank, const Action& action) {
@@ -105,7 +105,7 @@ class Lowerer {
   const ScheduleShape shape_;
   const DependencyKeyIndex index_;
   std::vector<std::vector<Action>> out_;
-  std::vector<bool> done_;  // by DependencyKeyIndex; bits, so a million keys stay in cache
+  KeyFlags done_;  // by DependencyKeyIndex
   std::vector<std::size_t> next_;
   static constexpr std::size_t kNotWaiting = SIZE_MAX;
   std::vector<std::size_t> waiting_;  // per rank: a key its next action waits for

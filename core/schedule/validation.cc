@@ -147,13 +147,13 @@ std::vector<Cell> providers_of(const PipelineSchedule& schedule, const Dependenc
 
 // Every (stage, microbatch) has its forward, input gradient and weight gradient.
 // `done` marks (by DependencyKeyIndex) what ran, or what some action provides.
-void check_completeness(const PipelineSchedule& schedule, const std::vector<bool>& done) {
+void check_completeness(const PipelineSchedule& schedule, const KeyFlags& done) {
   const ScheduleShape& shape = schedule.shape;
   const DependencyKeyIndex index(shape);
   for (int64_t stage = 0; stage < shape.num_stages; ++stage) {
     for (int64_t microbatch = 0; microbatch < shape.microbatches; ++microbatch) {
       for (ActionKind kind : {ActionKind::kForward, ActionKind::kBackwardInput, ActionKind::kBackwardWeight}) {
-        if (!done[index({kind, stage, microbatch})]) {
+        if (!done.test(index({kind, stage, microbatch}))) {
           const Action missing = make_action(kind == ActionKind::kBackwardInput ? ActionKind::kBackward : kind,
                                              stage, microbatch);
           fail(schedule, "incomplete: no rank runs " + to_string(missing) +
@@ -288,7 +288,7 @@ void check_by_running(const PipelineSchedule& schedule) {
   const ScheduleShape& shape = schedule.shape;
   const DependencyKeyIndex index(shape);
   const std::size_t pp = schedule.ranks.size();
-  std::vector<bool> done(index.size(), false);  // bits, so a million keys stay in cache
+  KeyFlags done(index.size());
   std::vector<std::size_t> next(pp, 0);
   std::vector<std::size_t> placed(pp, 0);  // steps whose placement is checked
   std::vector<std::deque<Action>> in_flight(pp * pp);  // by link from * pp + to: receives still owed
@@ -312,17 +312,17 @@ void check_by_running(const PipelineSchedule& schedule) {
         }
         bool ready = true;
         for_each_dependency(action, shape, schedule.lowered,
-                            [&](const Action& needed) { ready = ready && done[index(dependency_key(needed))]; });
+                            [&](const Action& needed) { ready = ready && done.test(index(dependency_key(needed))); });
         if (!ready) break;
         for_each_provided_key(action, [&](const DependencyKey& key) {
-          auto flag = done[index(key)];
-          if (flag && is_computation(key.kind)) {
+          const std::size_t slot = index(key);
+          if (done.test(slot) && is_computation(key.kind)) {
             const Cell cell{rank, step};
             const Cell first = providers_of(schedule, key).front();
             fail(schedule, "duplicate: " + where(schedule, cell) + " repeats the work of " + where(schedule, first),
                  {cell, first});
           }
-          flag = true;
+          done.set(slot);
         });
         if (is_message(action)) {
           const auto peer = static_cast<std::size_t>(shape.rank_of_stage(message_peer_stage(action)));
@@ -349,17 +349,17 @@ void check_by_running(const PipelineSchedule& schedule) {
   }
   check_placement(schedule);
   if (schedule.lowered) check_message_order(schedule);
-  std::vector<bool> provided(index.size(), false);
+  KeyFlags provided(index.size());
   for (const auto& actions : schedule.ranks) {
     for (const Action& action : actions) {
-      for_each_provided_key(action, [&](const DependencyKey& key) { provided[index(key)] = true; });
+      for_each_provided_key(action, [&](const DependencyKey& key) { provided.set(index(key)); });
     }
   }
   check_completeness(schedule, provided);
   for (std::size_t rank = 0; rank < pp; ++rank) {
     for (std::size_t step = 0; step < schedule.ranks[rank].size(); ++step) {
       for_each_dependency(schedule.ranks[rank][step], shape, schedule.lowered, [&](const Action& needed) {
-        if (!provided[index(dependency_key(needed))]) {
+        if (!provided.test(index(dependency_key(needed)))) {
           const Cell cell{rank, step};
           fail(schedule, where(schedule, cell) + " waits for " + to_string(needed) + ", which no rank runs", {cell});
         }
