@@ -54,12 +54,22 @@ class CollectiveCoster {
   CostSources& sources_;
 };
 
-// The ranks of pipeline rank 0's representative groups, from Megatron's own rank groups.
-std::vector<int64_t> group_of(const RankGenerator& ranks, std::string_view token, int64_t rank) {
-  for (const std::vector<int64_t>& group : ranks.get_ranks(token)) {
-    if (std::find(group.begin(), group.end(), rank) != group.end()) return group;
-  }
-  return {rank};
+Route slower(const Route& a, const Route& b) {
+  if (a.bandwidth_bytes_per_s != b.bandwidth_bytes_per_s) return a.bandwidth_bytes_per_s < b.bandwidth_bytes_per_s ? a : b;
+  return a.latency_s >= b.latency_s ? a : b;
+}
+
+bool same_routes(const GroupRoutes& a, const GroupRoutes& b) {
+  const auto same = [](const Route& x, const Route& y) {
+    return x.bandwidth_bytes_per_s == y.bandwidth_bytes_per_s && x.latency_s == y.latency_s &&
+           x.crosses_nodes == y.crosses_nodes;
+  };
+  return same(a.tensor, b.tensor) && same(a.context, b.context) && same(a.data, b.data);
+}
+
+RankGenerator decoder_ranks(const ParallelPlan& plan) {
+  return RankGenerator("decoder", plan.tensor_parallel_size, 1, plan.data_parallel_size, plan.pipeline_parallel_size,
+                       plan.context_parallel_size, std::string(kDefaultParallelOrder));
 }
 
 }  // namespace
@@ -68,11 +78,25 @@ int64_t gradient_bucket_parameters(int64_t data_parallel_size) {
   return std::max<int64_t>(40'000'000, 1'000'000 * data_parallel_size);
 }
 
-GroupRoutes plan_group_routes(const ParallelPlan& plan, const Topology& topology) {
-  const RankGenerator ranks("decoder", plan.tensor_parallel_size, 1, plan.data_parallel_size,
-                            plan.pipeline_parallel_size, plan.context_parallel_size, std::string(kDefaultParallelOrder));
-  return {topology.ring_route(group_of(ranks, "tp", 0)), topology.ring_route(group_of(ranks, "cp", 0)),
-          topology.ring_route(group_of(ranks, "dp-cp", 0))};
+std::vector<GroupRoutes> pipeline_group_routes(const ParallelPlan& plan, const Topology& topology) {
+  const RankGenerator ranks = decoder_ranks(plan);
+  // Which pipeline rank each global rank belongs to: its position in its pipeline group.
+  std::vector<std::size_t> pipeline_rank(static_cast<std::size_t>(ranks.world_size()));
+  for (const std::vector<int64_t>& group : ranks.get_ranks("pp")) {
+    for (std::size_t position = 0; position < group.size(); ++position) {
+      pipeline_rank[static_cast<std::size_t>(group[position])] = position;
+    }
+  }
+  const Route none = topology.ring_route({0});
+  std::vector<GroupRoutes> routes(static_cast<std::size_t>(plan.pipeline_parallel_size), GroupRoutes{none, none, none});
+  for (const auto& [token, member] : {std::pair{"tp", &GroupRoutes::tensor}, std::pair{"cp", &GroupRoutes::context},
+                                      std::pair{"dp-cp", &GroupRoutes::data}}) {
+    for (const std::vector<int64_t>& group : ranks.get_ranks(token)) {
+      Route& slowest = routes[pipeline_rank[static_cast<std::size_t>(group.front())]].*member;
+      slowest = slower(slowest, topology.ring_route(group));
+    }
+  }
+  return routes;
 }
 
 LayerCosts transformer_layer_costs(const ModelSpec& model, const ParallelPlan& plan, const Profile& profile,
@@ -151,8 +175,15 @@ LayerCosts transformer_layer_costs(const ModelSpec& model, const ParallelPlan& p
 
 ActionCosts plan_action_costs(const ModelSpec& model, const ParallelPlan& plan, const Profile& profile,
                               const Topology& topology, CostSources& sources) {
-  const GroupRoutes routes = plan_group_routes(plan, topology);
-  const LayerCosts layer = transformer_layer_costs(model, plan, profile, routes, sources);
+  const std::vector<GroupRoutes> routes = pipeline_group_routes(plan, topology);
+  // Layer costs per pipeline rank; ranks whose groups route alike share one computation.
+  std::vector<LayerCosts> layers_of_rank;
+  for (std::size_t rank = 0; rank < routes.size(); ++rank) {
+    std::size_t alike = 0;
+    while (alike < rank && !same_routes(routes[alike], routes[rank])) ++alike;
+    layers_of_rank.push_back(alike < rank ? layers_of_rank[alike]
+                                          : transformer_layer_costs(model, plan, profile, routes[rank], sources));
+  }
   const int64_t t = plan.tensor_parallel_size;
   const int64_t pp = plan.pipeline_parallel_size;
   const int64_t tokens = model.seq_length / plan.context_parallel_size * plan.micro_batch_size;
@@ -161,12 +192,16 @@ ActionCosts plan_action_costs(const ModelSpec& model, const ParallelPlan& plan, 
   const int64_t layers = layers_per_virtual_stage(model, plan);
   const int64_t num_stages = plan.num_virtual_stages();
   const StagePlacement placement = stage_placement(plan.schedule);
-  const CollectiveCoster tensor(profile, routes.tensor, t, sources);
+  const auto routes_of_stage = [&](int64_t stage) -> const GroupRoutes& {
+    return routes[static_cast<std::size_t>(pipeline_rank_of_stage(stage, pp, placement))];
+  };
   const int64_t activation_bytes = kBf16 * tokens * h;
 
   ActionCosts costs;
   costs.stages.resize(static_cast<std::size_t>(num_stages));
-  for (StageCosts& stage : costs.stages) {
+  for (int64_t index = 0; index < num_stages; ++index) {
+    StageCosts& stage = costs.stages[static_cast<std::size_t>(index)];
+    const LayerCosts& layer = layers_of_rank[static_cast<std::size_t>(pipeline_rank_of_stage(index, pp, placement))];
     stage.forward = static_cast<double>(layers) * layer.forward;
     stage.backward_input = static_cast<double>(layers) * layer.backward_input;
     stage.backward_weight = static_cast<double>(layers) * layer.backward_weight;
@@ -176,8 +211,9 @@ ActionCosts plan_action_costs(const ModelSpec& model, const ParallelPlan& plan, 
 
   // Embedding lookup on the first stage; vocabulary-parallel, so tp ranks combine their rows.
   StageCosts& first = costs.stages.front();
-  const double embedding_combine = plan.sequence_parallel ? tensor(CollectiveOp::kReduceScatter, activation_bytes)
-                                                          : tensor(CollectiveOp::kAllReduce, activation_bytes);
+  const CollectiveCoster first_tensor(profile, routes_of_stage(0).tensor, t, sources);
+  const double embedding_combine = plan.sequence_parallel ? first_tensor(CollectiveOp::kReduceScatter, activation_bytes)
+                                                          : first_tensor(CollectiveOp::kAllReduce, activation_bytes);
   first.forward += profile.elementwise_seconds(2 * activation_bytes, sources) + embedding_combine;
   first.forward_collectives += embedding_combine;
   first.backward_weight += profile.elementwise_seconds(2 * activation_bytes, sources);  // scatter-add of rows
@@ -185,6 +221,7 @@ ActionCosts plan_action_costs(const ModelSpec& model, const ParallelPlan& plan, 
   // Output layer on the last stage: final norm, the vocabulary-parallel projection, and the
   // cross entropy over fp32 logits (bf16 in, fp32 softmax out; back the other way).
   StageCosts& last = costs.stages.back();
+  const CollectiveCoster tensor(profile, routes_of_stage(num_stages - 1).tensor, t, sources);
   const GemmCosts head = cost_gemms({{tokens, vocabulary / t, h}}, profile, sources);
   const int64_t logits = tokens * vocabulary / t;
   const double head_gather = plan.sequence_parallel ? tensor(CollectiveOp::kAllGather, activation_bytes) : 0;
@@ -201,9 +238,7 @@ ActionCosts plan_action_costs(const ModelSpec& model, const ParallelPlan& plan, 
 
   // Pipeline transfers: each tp rank sends its part (the sequence shard with SP, else the whole).
   const int64_t transfer_bytes = activation_bytes / (plan.sequence_parallel ? t : 1);
-  const RankGenerator ranks("decoder", t, 1, plan.data_parallel_size, pp, plan.context_parallel_size,
-                            std::string(kDefaultParallelOrder));
-  const std::vector<int64_t> pipeline = group_of(ranks, "pp", 0);  // representative GPU per pipeline rank
+  const std::vector<int64_t> pipeline = decoder_ranks(plan).get_ranks("pp").front();  // a GPU per pipeline rank
   for (int64_t stage = 0; stage + 1 < num_stages; ++stage) {
     const int64_t from = pipeline_rank_of_stage(stage, pp, placement);
     const int64_t to = pipeline_rank_of_stage(stage + 1, pp, placement);
@@ -217,7 +252,6 @@ ActionCosts plan_action_costs(const ModelSpec& model, const ParallelPlan& plan, 
   // Gradients (fp32) reduce over dp x cp in Megatron's buckets; the distributed optimizer
   // reduce-scatters them and all-gathers the updated bf16 parameters after its step.
   const int64_t replicas = plan.data_parallel_size * plan.context_parallel_size;
-  const CollectiveCoster data(profile, routes.data, replicas, sources);
   const CollectiveOp reduction = plan.use_distributed_optimizer ? CollectiveOp::kReduceScatter : CollectiveOp::kAllReduce;
   const LayerParameters layer_parameters = transformer_layer_parameters(model);
   const std::vector<PipelineRankParameters> rank_parameters = parameters_per_pipeline_rank(model, plan);
@@ -234,6 +268,7 @@ ActionCosts plan_action_costs(const ModelSpec& model, const ParallelPlan& plan, 
     }
     std::vector<double>& buckets = costs.stages[static_cast<std::size_t>(stage)].gradient_buckets;
     if (replicas <= 1) continue;
+    const CollectiveCoster data(profile, routes_of_stage(stage).data, replicas, sources);
     for (int64_t done = 0; done < parameters; done += bucket) {
       buckets.push_back(data(reduction, kFp32 * std::min(bucket, parameters - done)));
     }
@@ -246,6 +281,7 @@ ActionCosts plan_action_costs(const ModelSpec& model, const ParallelPlan& plan, 
     const int64_t parameters = rank_parameters[static_cast<std::size_t>(rank)].parameters_per_gpu;
     const int64_t shard = plan.use_distributed_optimizer ? parameters / replicas : parameters;
     double seconds = profile.elementwise_seconds(30 * shard, sources);
+    const CollectiveCoster data(profile, routes[static_cast<std::size_t>(rank)].data, replicas, sources);
     if (plan.use_distributed_optimizer) seconds += data(CollectiveOp::kAllGather, kBf16 * parameters);
     costs.optimizer[static_cast<std::size_t>(rank)] = seconds;
   }

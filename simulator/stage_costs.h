@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "core/model_spec.h"
 #include "core/parallel_plan.h"
@@ -28,15 +29,17 @@ struct LayerCosts {
   double backward_collectives = 0;
 };
 
-// The routes a layout's groups communicate over, for pipeline rank 0's representative GPU (global
-// rank of tp, cp and dp index 0): tensor-, context- and data-parallel (dp x cp) rings. Every
-// pipeline rank's groups are alike when tp x cp x dp fills whole nodes or divides one.
+// The routes a pipeline rank's groups communicate over: its tensor-, context- and data-parallel
+// (dp x cp) rings. Each is the slowest over all of that pipeline rank's groups of the kind (the
+// replicas wait for the slowest), so a placement that puts some groups across nodes shows.
 struct GroupRoutes {
   Route tensor;
   Route context;
   Route data;
 };
-GroupRoutes plan_group_routes(const ParallelPlan& plan, const Topology& topology);
+// One entry per pipeline rank, from Megatron's rank groups (order tp-cp-ep-dp-pp, global rank g on
+// GPU g).
+std::vector<GroupRoutes> pipeline_group_routes(const ParallelPlan& plan, const Topology& topology);
 
 // One transformer layer. REQUIRES: validate_plan(model, plan) passed.
 LayerCosts transformer_layer_costs(const ModelSpec& model, const ParallelPlan& plan, const Profile& profile,

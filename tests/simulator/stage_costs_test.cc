@@ -33,7 +33,7 @@ TEST_CASE("a GPT-2 layer's forward is the sum of its kernels", "[simulator][cost
   const megaplan::sim::Topology topology(spec.cluster);
   CostSources sources;
   const auto layer = megaplan::sim::transformer_layer_costs(
-      spec.model, spec.plan, profile, megaplan::sim::plan_group_routes(spec.plan, topology), sources);
+      spec.model, spec.plan, profile, megaplan::sim::pipeline_group_routes(spec.plan, topology)[0], sources);
   // T = 1024 tokens, h = 768, 12 heads of 64, 4h MLP, GELU, learned positions, bf16.
   const int64_t t = 1024;
   const int64_t h = 768;
@@ -97,4 +97,30 @@ TEST_CASE("a gradient reduction across nodes shows when the backward is short", 
   const auto large = megaplan::sim::simulate_plan(
       job("gpt-1.3b", "dgx-h100", 8, 4, 1, 64), megaplan::sim::Profile::datasheet(megaplan::cluster_preset("dgx-h100").gpu), false);
   CHECK(large.result.ranks[0].data_parallel_comm_s < 0.05 * large.result.iteration_time_s);
+}
+
+TEST_CASE("a placement that splits some tensor-parallel groups across nodes slows those stages only", "[simulator][costs]") {
+  // 12 GPUs in nodes of 4, tp 3, pp 4: pipeline ranks 1 and 2 have their tp group across nodes
+  // (GPUs 3-5 and 6-8), ranks 0 and 3 inside one (0-2, 9-11).
+  megaplan::JobSpec spec;
+  spec.model = megaplan::model_preset("gpt2-124m");  // 12 heads, 12 layers
+  spec.cluster = megaplan::cluster_preset("dgx-h100");
+  spec.cluster.num_nodes = 3;
+  spec.cluster.gpus_per_node = 4;
+  spec.plan.tensor_parallel_size = 3;
+  spec.plan.pipeline_parallel_size = 4;
+  spec.plan.global_batch_size = 4;
+  megaplan::validate_job(spec);
+  const megaplan::sim::Topology topology(spec.cluster);
+  const auto routes = megaplan::sim::pipeline_group_routes(spec.plan, topology);
+  REQUIRE(routes.size() == 4);
+  CHECK_FALSE(routes[0].tensor.crosses_nodes);
+  CHECK(routes[1].tensor.crosses_nodes);
+  CHECK(routes[2].tensor.crosses_nodes);
+  CHECK_FALSE(routes[3].tensor.crosses_nodes);
+  CostSources sources;
+  const auto costs = megaplan::sim::plan_action_costs(
+      spec.model, spec.plan, megaplan::sim::Profile::datasheet(spec.cluster.gpu), topology, sources);
+  CHECK(costs.stages[1].forward_collectives > 2 * costs.stages[0].forward_collectives);
+  CHECK(costs.stages[2].forward_collectives == Approx(costs.stages[1].forward_collectives));
 }
