@@ -393,8 +393,14 @@ double Profile::collective_seconds(CollectiveOp op, int64_t group_size, int64_t 
     return static_cast<double>(bytes) * factor / std::exp(bus_bandwidth.at(log_bytes));
   }
   ++sources.fallback;
-  return static_cast<double>(ring_steps(op, group_size)) * fallback_link.latency_s +
-         static_cast<double>(bytes) * factor / (fallback_link.bandwidth_bytes_per_s * curve_.link_efficiency);
+  const double transfer = static_cast<double>(bytes) * factor / (fallback_link.bandwidth_bytes_per_s * curve_.link_efficiency);
+  const double ring = static_cast<double>(ring_steps(op, group_size)) * fallback_link.latency_s + transfer;
+  if (op != CollectiveOp::kAllReduce || link != LinkKind::kNetwork) return ring;
+  // Across nodes NCCL also runs all-reduce on a (double binary) tree of the nodes: the same bytes
+  // per GPU, but a latency per level up and down rather than per ring step; it picks the faster,
+  // and so does this. Inside a node its tree is a chain, so the ring stands.
+  const double levels = std::ceil(std::log2(static_cast<double>(group_size)));
+  return std::min(ring, 2 * levels * fallback_link.latency_s + transfer);
 }
 
 double Profile::p2p_seconds(int64_t bytes, LinkKind link, const LinkParams& fallback_link, CostSources& sources) const {

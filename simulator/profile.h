@@ -87,7 +87,8 @@ class Profile {
   // NCCL's cost: `bytes` is the buffer (all-reduce: the whole tensor; all-gather: the gathered
   // output; reduce-scatter: the input; all-to-all: one rank's send buffer), moved as
   // bytes * factor / bus bandwidth with factor 2(n-1)/n for all-reduce and (n-1)/n otherwise;
-  // the fallback adds the link latency once per ring step. A group of one takes 0 s.
+  // the fallback adds the link latency once per ring step, or for an all-reduce across nodes per
+  // tree level up and down where that is faster (NCCL's tree). A group of one takes 0 s.
   double collective_seconds(CollectiveOp op, int64_t group_size, int64_t bytes, LinkKind link,
                             const LinkParams& fallback_link, CostSources& sources) const;
   // One send/receive pair of `bytes`.

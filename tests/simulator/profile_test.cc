@@ -67,18 +67,24 @@ TEST_CASE("the roofline fallback follows its formula and is counted", "[simulato
   CHECK(profile.attention_backward_seconds(32, 4096, 128, true, sources) ==
         Approx(2.5 * attention / (1e15 * 0.25 * 2.5 * attention / (2.5 * attention + 1e9)) + 1e-6));
   CHECK(profile.elementwise_seconds(1'000'000'000, sources) == Approx(1e9 / 1e12 + 1e-6));
-  // Ring all-reduce of 1 GB over 8 GPUs on 100 GB/s links, 5 us per step:
-  // 14 steps x 5 us + 1e9 x 2 x 7/8 / (0.5 x 100e9).
+  // All-reduce of 1 GB over 8 GPUs on 100 GB/s links, 5 us per step: 1e9 x 2 x 7/8 / (0.5 x 100e9)
+  // on the wire, plus 14 ring steps inside a node; across nodes the tree's 3 levels up and down
+  // (6 x 5 us) are fewer.
   const LinkParams link{100e9, 5e-6};
   CHECK(profile.collective_seconds(CollectiveOp::kAllReduce, 8, 1'000'000'000, LinkKind::kNvlink, link, sources) ==
         Approx(14 * 5e-6 + 1e9 * 2 * 7 / 8 / 50e9));
+  CHECK(profile.collective_seconds(CollectiveOp::kAllReduce, 8, 1'000'000'000, LinkKind::kNetwork, link, sources) ==
+        Approx(6 * 5e-6 + 1e9 * 2 * 7 / 8 / 50e9));
+  // Two GPUs: ring and tree alike, 2 x 5 us.
+  CHECK(profile.collective_seconds(CollectiveOp::kAllReduce, 2, 1'000'000'000, LinkKind::kNvlink, link, sources) ==
+        Approx(2 * 5e-6 + 1e9 * 2 * 1 / 2 / 50e9));
   CHECK(profile.collective_seconds(CollectiveOp::kAllGather, 8, 1'000'000'000, LinkKind::kNvlink, link, sources) ==
         Approx(7 * 5e-6 + 1e9 * 7 / 8 / 50e9));
   CHECK(profile.collective_seconds(CollectiveOp::kReduceScatter, 4, 1'000'000'000, LinkKind::kNetwork, link, sources) ==
         Approx(3 * 5e-6 + 1e9 * 3 / 4 / 50e9));
   CHECK(profile.p2p_seconds(1'000'000, LinkKind::kNetwork, link, sources) == Approx(5e-6 + 1e6 / 50e9));
   CHECK(sources.table == 0);
-  CHECK(sources.fallback == 10);
+  CHECK(sources.fallback == 12);
 }
 
 TEST_CASE("a small GEMM runs at the curve's fraction of peak", "[simulator][profile]") {
