@@ -56,6 +56,8 @@ class Lowerer {
     return waiting == kNotWaiting;
   }
 
+  // Appends an action the lowered schedule's computations wait on (a computation or a receive),
+  // marking what it provides; sends and reductions are appended directly: nothing here waits on them.
   void append(std::size_t rank, const Action& action) {
     out_[rank].push_back(action);
     for_each_provided_key(action, [&](const DependencyKey& key) { done_.set(index_(key)); });
@@ -63,12 +65,16 @@ class Lowerer {
 
   void schedule(std::size_t rank, const Action& action) {
     append(rank, action);
+    if (action.kind != ActionKind::kOverlapForwardBackward) {
+      add_messages_and_reductions(rank, action);
+      return;
+    }
     for (const Action& part : parts_of(action)) add_messages_and_reductions(rank, part);
   }
 
   // The sender places the receiver's RECV, so both sides of every link list messages in one order.
   void send(std::size_t rank, const Action& message) {
-    append(rank, message);
+    out_[rank].push_back(message);
     const Action receive = matching_receive(message);
     append(static_cast<std::size_t>(shape_.rank_of_stage(receive.stage)), receive);
   }
@@ -86,7 +92,7 @@ class Lowerer {
     }
     const bool weight_gradient = action.kind == ActionKind::kBackward || action.kind == ActionKind::kBackwardWeight;
     if (weight_gradient && ++weight_gradients_[static_cast<std::size_t>(s)] == shape_.microbatches) {
-      append(rank, make_action(ActionKind::kReduceGrad, s, -1));
+      out_[rank].push_back(make_action(ActionKind::kReduceGrad, s, -1));
     }
   }
 
