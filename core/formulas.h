@@ -46,6 +46,12 @@ struct PipelineRankParameters {
 // REQUIRES: validate_plan(model, plan) passed.
 std::vector<PipelineRankParameters> parameters_per_pipeline_rank(const ModelSpec& model, const ParallelPlan& plan);
 
+// Tokens of one microbatch on one GPU of a context-parallel group, before tensor parallelism:
+// micro batch size x seq / cp (the rows of the layer's GEMMs).
+inline int64_t tokens_per_microbatch(const ModelSpec& model, const ParallelPlan& plan) {
+  return model.seq_length / plan.context_parallel_size * plan.micro_batch_size;
+}
+
 // Megatron's num_floating_point_operations: forward and backward FLOPs of `batch_size`
 // sequences, counting each GEMM as 2mnk, attention scores over the full s x s square, and
 // backward as twice forward. For GPT it reduces to 72 B s l h^2 (1 + s/6h + V/12lh); it is

@@ -15,15 +15,10 @@ namespace {
 constexpr int64_t kActivationBytes = 2;  // bf16
 constexpr int64_t kSoftmaxBytes = 4;     // fp32 cross-entropy softmax
 
-// Tokens of one microbatch on one GPU before tensor parallelism: s / cp times b.
-int64_t tokens(const ModelSpec& model, const ParallelPlan& plan) {
-  return model.seq_length / plan.context_parallel_size * plan.micro_batch_size;
-}
-
 }  // namespace
 
 StageActivationBytes transformer_layer_activation_bytes(const ModelSpec& model, const ParallelPlan& plan) {
-  const int64_t sb = tokens(model, plan);
+  const int64_t sb = tokens_per_microbatch(model, plan);
   const int64_t t = plan.tensor_parallel_size;
   const int64_t h = model.hidden_size;
   const int64_t f = model.effective_ffn_hidden_size();
@@ -63,7 +58,7 @@ std::vector<StageActivationBytes> stage_activation_bytes(const ModelSpec& model,
                                            {layers * layer.activation, layers * layer.weight_gradient_input});
   // The last stage: the final norm's input and the cross entropy's fp32 softmax over the
   // vocabulary-parallel logits, kept until the backward.
-  const int64_t sb = tokens(model, plan);
+  const int64_t sb = tokens_per_microbatch(model, plan);
   const int64_t t = plan.tensor_parallel_size;
   const int64_t outside = plan.sequence_parallel ? t : 1;
   const int64_t vocabulary = padded_vocab_size(model, t);
@@ -76,7 +71,7 @@ std::vector<PipelineRankMemory> memory_per_pipeline_rank(const ModelSpec& model,
   const std::vector<StageActivationBytes> per_stage = stage_activation_bytes(model, plan);
   const std::vector<RankScheduleFacts> facts = schedule_facts(schedule, per_stage);
   const std::vector<PipelineRankParameters> parameters = parameters_per_pipeline_rank(model, plan);
-  const int64_t sb = tokens(model, plan);
+  const int64_t sb = tokens_per_microbatch(model, plan);
   const int64_t t = plan.tensor_parallel_size;
   const StageActivationBytes layer = transformer_layer_activation_bytes(model, plan);
   const int64_t optimizer_shards = plan.use_distributed_optimizer ? plan.data_parallel_size * plan.context_parallel_size : 1;

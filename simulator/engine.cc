@@ -329,10 +329,7 @@ class Engine {
       receive_ready_[message] = state.free[stream];
       if (send_ready_[message] == kUnknown) return false;
     }
-    const Action send = is_send ? action
-                                : make_action(action.kind == ActionKind::kRecvForward ? ActionKind::kSendForward
-                                                                                      : ActionKind::kSendBackward,
-                                              message_peer_stage(action), action.microbatch);
+    const Action send = is_send ? action : matching_send(action);
     const StageCosts& sender_stage = costs_.stages[static_cast<std::size_t>(send.stage)];
     const double transfer = send.kind == ActionKind::kSendForward ? sender_stage.send_forward : sender_stage.send_backward;
     const double start = std::max(send_ready_[message], receive_ready_[message]);

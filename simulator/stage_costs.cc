@@ -103,7 +103,7 @@ LayerCosts transformer_layer_costs(const ModelSpec& model, const ParallelPlan& p
                                    const GroupRoutes& routes, CostSources& sources) {
   const int64_t t = plan.tensor_parallel_size;
   const int64_t cp = plan.context_parallel_size;
-  const int64_t tokens = model.seq_length / cp * plan.micro_batch_size;  // GEMM rows
+  const int64_t tokens = tokens_per_microbatch(model, plan);  // GEMM rows
   const int64_t h = model.hidden_size;
   const int64_t f = model.effective_ffn_hidden_size();
   const int64_t q = model.query_projection_size();
@@ -186,7 +186,7 @@ ActionCosts plan_action_costs(const ModelSpec& model, const ParallelPlan& plan, 
   }
   const int64_t t = plan.tensor_parallel_size;
   const int64_t pp = plan.pipeline_parallel_size;
-  const int64_t tokens = model.seq_length / plan.context_parallel_size * plan.micro_batch_size;
+  const int64_t tokens = tokens_per_microbatch(model, plan);
   const int64_t h = model.hidden_size;
   const int64_t vocabulary = padded_vocab_size(model, t);
   const int64_t layers = layers_per_virtual_stage(model, plan);

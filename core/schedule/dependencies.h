@@ -41,6 +41,13 @@ inline Action matching_receive(const Action& send) {
   return make_action(kind, message_peer_stage(send), send.microbatch);
 }
 
+// The send a receive pairs with, the receive rule itself: RECV_F(s,m) -> SEND_F(s-1,m),
+// RECV_B(s,m) -> SEND_B(s+1,m). REQUIRES: action is a RECV_*.
+inline Action matching_send(const Action& receive) {
+  const ActionKind kind = receive.kind == ActionKind::kRecvForward ? ActionKind::kSendForward : ActionKind::kSendBackward;
+  return make_action(kind, message_peer_stage(receive), receive.microbatch);
+}
+
 // Dependencies and what actions provide, compared as keys: a needed backward or backward_input
 // is the input gradient (kind kBackwardInput); backward_weight is the weight gradient.
 struct DependencyKey {
@@ -161,10 +168,8 @@ void visit_dependencies(const Action& action, const ScheduleShape& shape, bool l
       visit(derived_action(ActionKind::kBackward, s, m));
       break;
     case ActionKind::kRecvForward:
-      visit(derived_action(ActionKind::kSendForward, message_peer_stage(action), m));
-      break;
     case ActionKind::kRecvBackward:
-      visit(derived_action(ActionKind::kSendBackward, message_peer_stage(action), m));
+      visit(matching_send(action));
       break;
     case ActionKind::kReduceGrad:
       for (int64_t microbatch = 0; microbatch < shape.microbatches; ++microbatch) visit(derived_action(ActionKind::kBackwardWeight, s, microbatch));

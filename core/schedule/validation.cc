@@ -226,7 +226,8 @@ struct CycleFinder : boost::default_dfs_visitor {
 
 // The slow path, once the schedule is known to be stuck: the happens-before graph of program order
 // and dependency edges on Boost.Graph, searched depth-first for a cycle to name.
-// REQUIRES: every action lies within the shape (check_placement_and_completeness passed).
+// REQUIRES: every action lies within the shape and every dependency has a provider (the stuck
+// path of check_by_running checked both).
 [[noreturn]] void name_cycle(const PipelineSchedule& schedule) {
   std::vector<Cell> cells;
   for (std::size_t rank = 0; rank < schedule.ranks.size(); ++rank) {
@@ -248,10 +249,7 @@ struct CycleFinder : boost::default_dfs_visitor {
     for_each_dependency(schedule.ranks[cell.rank][cell.step], schedule.shape, schedule.lowered,
                         [&](const Action& needed) {
                           const Vertex found = provider[index(dependency_key(needed))];
-                          if (found == kNone) {
-                            fail(schedule, where(schedule, cell) + " waits for " + to_string(needed) + ", which no rank runs",
-                                 {cell});
-                          }
+                          if (found == kNone) throw std::logic_error("name_cycle: a dependency without a provider");
                           edges.emplace_back(found, v);
                         });
   }
