@@ -183,11 +183,14 @@ class Engine {
   double dependencies_done(const Action& action, std::size_t rank, std::size_t stream) {
     double ready = 0;
     std::size_t missing = EngineKeys::kNone;
+    receives_waited_on_ = 0;
     for_each_dependency(action, shape_, /*lowered=*/true, [&](const Action& needed) {
       const std::size_t key = index_(dependency_key(needed));
       const double done = done_[key];
       if (done == kUnknown) missing = key;
       ready = std::max(ready, done);
+      const bool receive = needed.kind == ActionKind::kRecvForward || needed.kind == ActionKind::kRecvBackward;
+      if (receive && receives_waited_on_ < receive_keys_.size()) receive_keys_[receives_waited_on_++] = key;
     });
     if (missing == EngineKeys::kNone) return ready;
     ranks_[rank].waiting_on[stream] = missing;
@@ -266,7 +269,7 @@ class Engine {
     double collectives = 0;
     double duration = 0;
     for (const Action& part : parts_of(action)) duration += compute_seconds(part, collectives);
-    account_gap(state, action, free, start);
+    account_gap(state, free, start);
     state.result.compute_s += duration - collectives;
     state.result.collective_s += collectives;
     state.compute_busy_in_pipeline += duration;
@@ -278,15 +281,14 @@ class Engine {
 
   // An idle compute stream waits on another stage (the bubble) until the transfer it needs has
   // begun; the transfer itself is exposed communication.
-  void account_gap(RankState& state, const Action& action, double free, double start) {
+  void account_gap(RankState& state, double free, double start) {
     const double gap = start - free;
     if (gap <= 0) return;
     double transfer = 0;
-    for_each_dependency(action, shape_, /*lowered=*/true, [&](const Action& needed) {
-      if (needed.kind != ActionKind::kRecvForward && needed.kind != ActionKind::kRecvBackward) return;
-      const std::size_t key = index_(dependency_key(needed));
+    for (std::size_t i = 0; i < receives_waited_on_; ++i) {  // as dependencies_done just found them
+      const std::size_t key = receive_keys_[i];
       if (done_[key] == start) transfer = std::max(transfer, start - std::max(started_[key], free));
-    });
+    }
     state.result.pipeline_comm_s += std::min(gap, transfer);
     state.result.idle_s += gap - std::min(gap, transfer);
   }
@@ -413,6 +415,9 @@ class Engine {
   std::vector<double> started_;  // by key: when it started (transfers: when the transfer began)
   std::vector<double> send_ready_;     // by EngineKeys::message: when the send side was reached
   std::vector<double> receive_ready_;  // by EngineKeys::message: when the receive side was reached
+  // The receives the last dependencies_done call met (an OVERLAP_F_B waits on two at most).
+  std::array<std::size_t, 2> receive_keys_{};
+  std::size_t receives_waited_on_ = 0;
   struct WeightGradients {
     int64_t done = 0;
     double last_start = 0;
