@@ -27,6 +27,20 @@ void for_each_dependency(const Action& action, const ScheduleShape& shape, bool 
 
 std::vector<Action> dependencies(const Action& action, const ScheduleShape& shape, bool lowered);
 
+namespace detail {
+
+// The dependency rule only derives actions from a valid one (a neighbouring stage, the same
+// microbatch), which always fit: no range check in its hot path.
+inline Action derived_action(ActionKind kind, int64_t stage, int64_t microbatch) {
+  Action action;
+  action.kind = kind;
+  action.stage = static_cast<int32_t>(stage);
+  action.microbatch = static_cast<int32_t>(microbatch);
+  return action;
+}
+
+}  // namespace detail
+
 // The stage at the other end of a send or receive: SEND_F(s) and RECV_B(s) talk to stage s+1,
 // RECV_F(s) and SEND_B(s) to stage s-1. REQUIRES: action is a SEND_* or RECV_*.
 inline int64_t message_peer_stage(const Action& action) {
@@ -35,17 +49,19 @@ inline int64_t message_peer_stage(const Action& action) {
 }
 
 // The receive a send pairs with, the inverse of the receive rule above:
-// SEND_F(s,m) -> RECV_F(s+1,m), SEND_B(s,m) -> RECV_B(s-1,m). REQUIRES: action is a SEND_*.
+// SEND_F(s,m) -> RECV_F(s+1,m), SEND_B(s,m) -> RECV_B(s-1,m).
+// REQUIRES: action is a SEND_* whose peer stage lies within the shape (it is not range-checked).
 inline Action matching_receive(const Action& send) {
   const ActionKind kind = send.kind == ActionKind::kSendForward ? ActionKind::kRecvForward : ActionKind::kRecvBackward;
-  return make_action(kind, message_peer_stage(send), send.microbatch);
+  return detail::derived_action(kind, message_peer_stage(send), send.microbatch);
 }
 
 // The send a receive pairs with, the receive rule itself: RECV_F(s,m) -> SEND_F(s-1,m),
-// RECV_B(s,m) -> SEND_B(s+1,m). REQUIRES: action is a RECV_*.
+// RECV_B(s,m) -> SEND_B(s+1,m).
+// REQUIRES: action is a RECV_* whose peer stage lies within the shape (it is not range-checked).
 inline Action matching_send(const Action& receive) {
   const ActionKind kind = receive.kind == ActionKind::kRecvForward ? ActionKind::kSendForward : ActionKind::kSendBackward;
-  return make_action(kind, message_peer_stage(receive), receive.microbatch);
+  return detail::derived_action(kind, message_peer_stage(receive), receive.microbatch);
 }
 
 // Dependencies and what actions provide, compared as keys: a needed backward or backward_input
@@ -100,19 +116,6 @@ void for_each_provided_key(const Action& done, Visit&& visit);
 
 // --- implementation of the templates above ---------------------------------------------------
 
-namespace detail {
-
-// The dependency rule only derives actions from a valid one (a neighbouring stage, the same
-// microbatch), which always fit: no range check in its hot path.
-inline Action derived_action(ActionKind kind, int64_t stage, int64_t microbatch) {
-  Action action;
-  action.kind = kind;
-  action.stage = static_cast<int32_t>(stage);
-  action.microbatch = static_cast<int32_t>(microbatch);
-  return action;
-}
-
-}  // namespace detail
 
 namespace detail {
 
@@ -121,7 +124,7 @@ template <typename Visit>
 void visit_forward_input(const Action& action, const ScheduleShape& shape, bool lowered, Visit& visit) {
   const int64_t s = action.stage;
   if (s == 0) return;
-  if (lowered && shape.rank_of_stage(s - 1) != shape.rank_of_stage(s)) {
+  if (lowered && !shape.next_stage_on_same_rank(s - 1)) {
     visit(derived_action(ActionKind::kRecvForward, s, action.microbatch));
   } else {
     visit(derived_action(ActionKind::kForward, s - 1, action.microbatch));
@@ -133,7 +136,7 @@ template <typename Visit>
 void visit_output_gradient(const Action& action, const ScheduleShape& shape, bool lowered, Visit& visit) {
   const int64_t s = action.stage;
   if (s == shape.num_stages - 1) return;
-  if (lowered && shape.rank_of_stage(s + 1) != shape.rank_of_stage(s)) {
+  if (lowered && !shape.next_stage_on_same_rank(s)) {
     visit(derived_action(ActionKind::kRecvBackward, s, action.microbatch));
   } else {
     visit(derived_action(ActionKind::kBackward, s + 1, action.microbatch));

@@ -7,6 +7,14 @@
 
 namespace megaplan {
 
+std::vector<int32_t> rank_of_each_stage(const ScheduleShape& shape) {
+  std::vector<int32_t> ranks(static_cast<std::size_t>(shape.num_stages));
+  for (std::size_t stage = 0; stage < ranks.size(); ++stage) {
+    ranks[stage] = static_cast<int32_t>(shape.rank_of_stage(static_cast<int64_t>(stage)));
+  }
+  return ranks;
+}
+
 PipelineSchedule generate_schedule(ScheduleKind kind, int64_t pipeline_parallel_size, int64_t virtual_pipeline_size,
                                    int64_t microbatches, int64_t group_size) {
   require_positive(pipeline_parallel_size, "--pp");

@@ -18,7 +18,15 @@ struct ScheduleShape {
   StagePlacement placement = StagePlacement::kLoop;
 
   int64_t rank_of_stage(int64_t stage) const { return pipeline_rank_of_stage(stage, pipeline_parallel_size, placement); }
+  // rank_of_stage(stage + 1) == rank_of_stage(stage), in closed form for the dependency rule's hot
+  // path: consecutive stages share a rank only with one rank, or at the turn of a V (pp-1 and pp).
+  bool next_stage_on_same_rank(int64_t stage) const {
+    return pipeline_parallel_size == 1 || (placement == StagePlacement::kV && stage == pipeline_parallel_size - 1);
+  }
 };
+
+// shape.rank_of_stage(s) for every stage s: a table for loops that ask once per action.
+std::vector<int32_t> rank_of_each_stage(const ScheduleShape& shape);
 
 struct PipelineSchedule {
   ScheduleShape shape;

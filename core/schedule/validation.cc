@@ -6,7 +6,6 @@
 #include <boost/graph/depth_first_search.hpp>
 #include <boost/range/iterator_range.hpp>
 #include <cstdint>
-#include <deque>
 #include <optional>
 #include <stdexcept>
 
@@ -77,7 +76,8 @@ bool is_message(const Action& action) {
 }
 
 // One action on its rank, with indices inside the shape and a neighbour to talk to; OPTIM last.
-void check_action_placement(const PipelineSchedule& schedule, std::size_t rank, std::size_t step) {
+// Not inlined: run_ranks calls it only for the rare actions plainly_placed does not cover.
+[[gnu::noinline]] void check_action_placement(const PipelineSchedule& schedule, std::size_t rank, std::size_t step) {
   const ScheduleShape& shape = schedule.shape;
   const std::vector<Action>& actions = schedule.ranks[rank];
   const Action& action = actions[step];
@@ -107,13 +107,15 @@ void check_action_placement(const PipelineSchedule& schedule, std::size_t rank, 
 
 // The common case of check_action_placement, cheaply: a single computation or message inside the
 // shape on its own rank, with its neighbour inside the shape. Anything else takes the full check.
-inline bool plainly_placed(const Action& action, const ScheduleShape& shape, std::size_t rank) {
+// `stage_ranks[s]` is shape.rank_of_stage(s), looked up once per action rather than computed.
+inline bool plainly_placed(const Action& action, const ScheduleShape& shape, const std::vector<int32_t>& stage_ranks,
+                           std::size_t rank) {
   if (action.kind == ActionKind::kOptimizer || action.kind == ActionKind::kOverlapForwardBackward ||
       action.kind == ActionKind::kReduceGrad) {
     return false;
   }
   if (action.stage < 0 || action.stage >= shape.num_stages || action.microbatch < 0 ||
-      action.microbatch >= shape.microbatches || shape.rank_of_stage(action.stage) != static_cast<int64_t>(rank)) {
+      action.microbatch >= shape.microbatches || stage_ranks[static_cast<std::size_t>(action.stage)] != static_cast<int32_t>(rank)) {
     return false;
   }
   if (!is_message(action)) return true;
@@ -121,9 +123,12 @@ inline bool plainly_placed(const Action& action, const ScheduleShape& shape, std
   return peer >= 0 && peer < shape.num_stages;
 }
 
-void check_placement(const PipelineSchedule& schedule) {
+void check_placement(const PipelineSchedule& schedule, const std::vector<int32_t>& stage_ranks) {
   for (std::size_t rank = 0; rank < schedule.ranks.size(); ++rank) {
-    for (std::size_t step = 0; step < schedule.ranks[rank].size(); ++step) check_action_placement(schedule, rank, step);
+    const std::vector<Action>& actions = schedule.ranks[rank];
+    for (std::size_t step = 0; step < actions.size(); ++step) {
+      if (!plainly_placed(actions[step], schedule.shape, stage_ranks, rank)) check_action_placement(schedule, rank, step);
+    }
   }
 }
 
@@ -275,25 +280,35 @@ struct CycleFinder : boost::default_dfs_visitor {
   fail(schedule, "deadlock: these actions wait on each other: " + path, cycle);
 }
 
-// Runs the ranks as far as their dependencies allow (Kahn's algorithm over the happens-before
-// graph, with each rank's program order walked in place rather than stored as edges) and checks
-// everything on the way in one pass: each action's placement when first reached, repeated work,
-// and, on every link, that the k-th receive run is the k-th send's partner (ranks run in program
-// order, so run order is program order per link). When no rank can move and some are unfinished,
-// the full checks run in their usual order to name the first problem: placement, message order,
-// missing work, waits on work nobody runs, and last the cycle (name_cycle).
-void check_by_running(const PipelineSchedule& schedule) {
+// Where running the ranks stopped: every action ran, no rank could move, a computation repeated
+// work already done, or a receive was not the message its link owes next.
+struct RunOutcome {
+  enum class Kind { kFinished, kStuck, kDuplicate, kMessageMismatch } kind = Kind::kFinished;
+  Cell cell{0, 0};
+  DependencyKey key{};  // kDuplicate: the work repeated
+};
+
+// Runs the ranks as far as their dependencies allow: Kahn's algorithm over the happens-before
+// graph, with each rank's program order walked in place rather than stored as edges. On the way it
+// finds repeated work and checks, on every link, that the k-th receive run is the k-th send's
+// partner (ranks run in program order, so run order is program order per link). Each action's
+// placement is checked when first reached, before anything indexes by its stage.
+// Flattened: this loop runs once per action of a million-action schedule, and every helper it calls
+// (the dependency rule, the key index, the bit set) must inline into it to keep it a few dozen
+// instructions per action. Reporting is left to the caller, outside the loop.
+constexpr std::size_t kPrefetchRanks = 2;
+constexpr std::size_t kPrefetchActions = 8;
+[[gnu::flatten]] RunOutcome run_ranks(const PipelineSchedule& schedule, const std::vector<int32_t>& stage_ranks,
+                                      KeyFlags& done) {
   const ScheduleShape& shape = schedule.shape;
   const DependencyKeyIndex index(shape);
   const std::size_t pp = schedule.ranks.size();
-  KeyFlags done(index.size());
   std::vector<std::size_t> next(pp, 0);
   std::vector<std::size_t> placed(pp, 0);  // steps whose placement is checked
-  std::vector<std::deque<Action>> in_flight(pp * pp);  // by link from * pp + to: receives still owed
-  const auto message_problem = [&] {
-    check_message_order(schedule);  // names the first out-of-order or unmatched message
-    throw std::logic_error("validate_schedule: a message mismatch the full check did not find");
-  };
+  // By link from * pp + to: the receives the sender has sent and the receiver not yet run,
+  // from owed_head on (the consumed front is dropped when the queue empties).
+  std::vector<std::vector<Action>> owed(pp * pp);
+  std::vector<std::size_t> owed_head(pp * pp, 0);
   std::size_t remaining = 0;
   for (const auto& actions : schedule.ranks) remaining += actions.size();
   bool progress = true;
@@ -301,51 +316,84 @@ void check_by_running(const PipelineSchedule& schedule) {
     progress = false;
     for (std::size_t rank = 0; rank < pp; ++rank) {
       const std::vector<Action>& actions = schedule.ranks[rank];
-      std::size_t& step = next[rank];
-      while (step < actions.size()) {
+      std::size_t step = next[rank];
+      const std::size_t start = step;
+      // A rank usually runs a few actions and then waits on a message, so the ranks' lists are read
+      // as pp slow streams the hardware prefetcher does not follow: fetch the next ranks' lines now.
+      for (std::size_t ahead = 1; ahead <= kPrefetchRanks; ++ahead) {
+        const std::size_t other = (rank + ahead) % pp;
+        if (next[other] < schedule.ranks[other].size()) __builtin_prefetch(schedule.ranks[other].data() + next[other]);
+      }
+      if (step + kPrefetchActions < actions.size()) __builtin_prefetch(actions.data() + step + kPrefetchActions);
+      for (; step < actions.size(); ++step) {
         const Action& action = actions[step];
         if (placed[rank] == step) {
-          if (!plainly_placed(action, shape, rank)) check_action_placement(schedule, rank, step);
+          if (!plainly_placed(action, shape, stage_ranks, rank)) check_action_placement(schedule, rank, step);
           ++placed[rank];
         }
         bool ready = true;
         for_each_dependency(action, shape, schedule.lowered,
                             [&](const Action& needed) { ready = ready && done.test(index(dependency_key(needed))); });
         if (!ready) break;
+        RunOutcome duplicate;
         for_each_provided_key(action, [&](const DependencyKey& key) {
           const std::size_t slot = index(key);
-          if (done.test(slot) && is_computation(key.kind)) {
-            const Cell cell{rank, step};
-            const Cell first = providers_of(schedule, key).front();
-            fail(schedule, "duplicate: " + where(schedule, cell) + " repeats the work of " + where(schedule, first),
-                 {cell, first});
-          }
+          if (done.test(slot) && is_computation(key.kind)) duplicate = {RunOutcome::Kind::kDuplicate, {rank, step}, key};
           done.set(slot);
         });
+        if (duplicate.kind != RunOutcome::Kind::kFinished) return duplicate;
         if (is_message(action)) {
-          const auto peer = static_cast<std::size_t>(shape.rank_of_stage(message_peer_stage(action)));
+          const auto peer = static_cast<std::size_t>(stage_ranks[static_cast<std::size_t>(message_peer_stage(action))]);
           if (action.kind == ActionKind::kSendForward || action.kind == ActionKind::kSendBackward) {
-            in_flight[rank * pp + peer].push_back(matching_receive(action));
+            owed[rank * pp + peer].push_back(matching_receive(action));
           } else {
-            std::deque<Action>& owed = in_flight[peer * pp + rank];
-            if (owed.empty() || !(owed.front() == action)) message_problem();
-            owed.pop_front();
+            std::vector<Action>& link = owed[peer * pp + rank];
+            std::size_t& head = owed_head[peer * pp + rank];
+            if (head == link.size() || !(link[head] == action)) {
+              return {RunOutcome::Kind::kMessageMismatch, {rank, step}, {}};
+            }
+            if (++head == link.size()) {
+              link.clear();
+              head = 0;
+            }
           }
         }
-        ++step;
-        --remaining;
-        progress = true;
       }
+      next[rank] = step;
+      remaining -= step - start;
+      progress = progress || step != start;
     }
   }
-  if (remaining == 0) {
-    for (const std::deque<Action>& owed : in_flight) {
-      if (!owed.empty()) message_problem();
-    }
+  for (std::size_t link = 0; link < owed.size(); ++link) {
+    if (owed_head[link] != owed[link].size()) return {RunOutcome::Kind::kMessageMismatch, {0, 0}, {}};
+  }
+  return {remaining == 0 ? RunOutcome::Kind::kFinished : RunOutcome::Kind::kStuck, {0, 0}, {}};
+}
+
+// run_ranks, and when it finds a problem, or no rank can move and some are unfinished, the full
+// checks in their usual order to name the first problem: placement, repeated work, message order,
+// missing work, waits on work nobody runs, and last the cycle (name_cycle).
+void check_by_running(const PipelineSchedule& schedule) {
+  const std::vector<int32_t> stage_ranks = rank_of_each_stage(schedule.shape);
+  const ScheduleShape& shape = schedule.shape;
+  const DependencyKeyIndex index(shape);
+  KeyFlags done(index.size());
+  const RunOutcome outcome = run_ranks(schedule, stage_ranks, done);
+  if (outcome.kind == RunOutcome::Kind::kFinished) {
     check_completeness(schedule, done);
     return;
   }
-  check_placement(schedule);
+  // The reports below read actions run_ranks did not reach: check where they all sit first.
+  check_placement(schedule, stage_ranks);
+  if (outcome.kind == RunOutcome::Kind::kDuplicate) {
+    const Cell first = providers_of(schedule, outcome.key).front();
+    fail(schedule, "duplicate: " + where(schedule, outcome.cell) + " repeats the work of " + where(schedule, first),
+         {outcome.cell, first});
+  }
+  if (outcome.kind == RunOutcome::Kind::kMessageMismatch) {
+    check_message_order(schedule);  // names the first out-of-order or unmatched message
+    throw std::logic_error("validate_schedule: a message mismatch the full check did not find");
+  }
   if (schedule.lowered) check_message_order(schedule);
   KeyFlags provided(index.size());
   for (const auto& actions : schedule.ranks) {
@@ -354,7 +402,7 @@ void check_by_running(const PipelineSchedule& schedule) {
     }
   }
   check_completeness(schedule, provided);
-  for (std::size_t rank = 0; rank < pp; ++rank) {
+  for (std::size_t rank = 0; rank < schedule.ranks.size(); ++rank) {
     for (std::size_t step = 0; step < schedule.ranks[rank].size(); ++step) {
       for_each_dependency(schedule.ranks[rank][step], shape, schedule.lowered, [&](const Action& needed) {
         if (!provided.test(index(dependency_key(needed)))) {

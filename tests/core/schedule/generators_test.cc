@@ -6,6 +6,7 @@
 #include "core/error.h"
 
 #include "core/schedule/generators.h"
+#include "core/schedule/schedule.h"
 #include "core/schedule/schedule_facts.h"
 
 using Catch::Matchers::Contains;
@@ -110,6 +111,26 @@ TEST_CASE("interleaved runs every (stage, microbatch) F and B once, F first", "[
           }
           CHECK(std::count(forwards.begin(), forwards.end(), 1) == vpp * microbatches);
           CHECK(std::count(backwards.begin(), backwards.end(), 1) == vpp * microbatches);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("next_stage_on_same_rank and rank_of_each_stage agree with rank_of_stage", "[schedule]") {
+  using megaplan::StagePlacement;
+  for (StagePlacement placement : {StagePlacement::kLoop, StagePlacement::kV}) {
+    for (int64_t pp = 1; pp <= 9; ++pp) {
+      for (int64_t stages_per_rank : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{9}}) {
+        if (placement == StagePlacement::kV && stages_per_rank != 2) continue;
+        const megaplan::ScheduleShape shape{pp, pp * stages_per_rank, 4, placement};
+        const std::vector<int32_t> table = megaplan::rank_of_each_stage(shape);
+        REQUIRE(table.size() == static_cast<std::size_t>(shape.num_stages));
+        for (int64_t stage = 0; stage < shape.num_stages; ++stage) {
+          CHECK(table[static_cast<std::size_t>(stage)] == shape.rank_of_stage(stage));
+          if (stage + 1 < shape.num_stages) {
+            CHECK(shape.next_stage_on_same_rank(stage) == (shape.rank_of_stage(stage + 1) == shape.rank_of_stage(stage)));
+          }
         }
       }
     }
