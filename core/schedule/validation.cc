@@ -320,8 +320,8 @@ constexpr std::size_t kPrefetchActions = 8;
       const std::size_t start = step;
       // A rank usually runs a few actions and then waits on a message, so the ranks' lists are read
       // as pp slow streams the hardware prefetcher does not follow: fetch the next ranks' lines now.
-      for (std::size_t ahead = 1; ahead <= kPrefetchRanks; ++ahead) {
-        const std::size_t other = (rank + ahead) % pp;
+      for (std::size_t ahead = 1; ahead <= kPrefetchRanks && ahead < pp; ++ahead) {
+        const std::size_t other = rank + ahead < pp ? rank + ahead : rank + ahead - pp;  // no division
         if (next[other] < schedule.ranks[other].size()) __builtin_prefetch(schedule.ranks[other].data() + next[other]);
       }
       if (step + kPrefetchActions < actions.size()) __builtin_prefetch(actions.data() + step + kPrefetchActions);
