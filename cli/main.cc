@@ -6,10 +6,12 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/heap_tuning.h"
 #include "core/schedule/validation.h"
 #include "core/version.h"
 
 int main(int argc, char** argv) {
+  megaplan::keep_freed_memory_for_reuse();
   using megaplan::cli::CommandContext;
   CLI::App app{"megaplan: plan, simulate and run Megatron-style parallel training layouts", "megaplan"};
   app.set_version_flag("--version", std::string("megaplan ") + megaplan::kVersion);

@@ -300,7 +300,10 @@ constexpr std::size_t kPrefetchRanks = 2;
 constexpr std::size_t kPrefetchActions = 8;
 [[gnu::flatten]] RunOutcome run_ranks(const PipelineSchedule& schedule, const std::vector<int32_t>& stage_ranks,
                                       KeyFlags& done) {
-  const ScheduleShape& shape = schedule.shape;
+  // Copies, not references: the loop's stores (done bits, counters) could alias the schedule's
+  // fields as far as the compiler knows, which would reload them on every action.
+  const ScheduleShape shape = schedule.shape;
+  const bool lowered = schedule.lowered;
   const DependencyKeyIndex index(shape);
   const std::size_t pp = schedule.ranks.size();
   std::vector<std::size_t> next(pp, 0);
@@ -318,6 +321,7 @@ constexpr std::size_t kPrefetchActions = 8;
       const std::vector<Action>& actions = schedule.ranks[rank];
       std::size_t step = next[rank];
       const std::size_t start = step;
+      std::size_t placed_until = placed[rank];
       // A rank usually runs a few actions and then waits on a message, so the ranks' lists are read
       // as pp slow streams the hardware prefetcher does not follow: fetch the next ranks' lines now.
       for (std::size_t ahead = 1; ahead <= kPrefetchRanks && ahead < pp; ++ahead) {
@@ -327,12 +331,12 @@ constexpr std::size_t kPrefetchActions = 8;
       if (step + kPrefetchActions < actions.size()) __builtin_prefetch(actions.data() + step + kPrefetchActions);
       for (; step < actions.size(); ++step) {
         const Action& action = actions[step];
-        if (placed[rank] == step) {
+        if (placed_until == step) {
           if (!plainly_placed(action, shape, stage_ranks, rank)) check_action_placement(schedule, rank, step);
-          ++placed[rank];
+          ++placed_until;
         }
         bool ready = true;
-        for_each_dependency(action, shape, schedule.lowered,
+        for_each_dependency(action, shape, lowered,
                             [&](const Action& needed) { ready = ready && done.test(index(dependency_key(needed))); });
         if (!ready) break;
         RunOutcome duplicate;
@@ -360,6 +364,7 @@ constexpr std::size_t kPrefetchActions = 8;
         }
       }
       next[rank] = step;
+      placed[rank] = placed_until;
       remaining -= step - start;
       progress = progress || step != start;
     }
