@@ -10,6 +10,7 @@
 
 #include "cli/atomic_write.h"
 #include "cli/commands.h"
+#include "cli/profile_choice.h"
 #include "core/error.h"
 #include "core/pipeline_layout.h"
 #include "reports/chrome_trace.h"
@@ -18,27 +19,6 @@
 
 namespace megaplan::cli {
 namespace {
-
-// The GPU types megaplan has datasheet numbers for: those of its cluster presets.
-sim::Profile default_profile(const GpuSpec& gpu) {
-  std::string known;
-  for (const ClusterSpec& preset : cluster_presets()) {
-    if (preset.gpu.name == gpu.name) return sim::Profile::datasheet(preset.gpu);
-    if (known.find(preset.gpu.name) == std::string::npos) known += (known.empty() ? "" : ", ") + preset.gpu.name;
-  }
-  throw SpecError("--profile", "no built-in profile for GPU type \"" + gpu.name + "\" (known: " + known +
-                                   "); pass --profile FILE for it");
-}
-
-sim::Profile choose_profile(const SimulateOptions& options, const GpuSpec& gpu) {
-  if (!options.profile) return default_profile(gpu);
-  sim::Profile profile = sim::Profile::load(*options.profile);
-  if (profile.gpu_name() != gpu.name) {
-    throw SpecError("--profile", *options.profile + " profiles " + profile.gpu_name() + ", but the cluster's GPU is " +
-                                     gpu.name);
-  }
-  return profile;
-}
 
 std::string seconds(double value) {
   std::ostringstream text;
@@ -141,7 +121,7 @@ void write_text(const JobSpec& job, const sim::Profile& profile, const sim::Plan
 
 int run_simulate(const SimulateOptions& options, std::ostream& out) {
   const JobSpec job = load_job(options.model, options.cluster, options.plan, options.plan_file);
-  const sim::Profile profile = choose_profile(options, job.cluster.gpu);
+  const sim::Profile profile = choose_profile(options.profile, job.cluster.gpu);
   const sim::PlanSimulation simulation = sim::simulate_plan(job, profile, options.trace.has_value());
   if (options.trace) {
     write_file_atomically(*options.trace, timeline_to_chrome_trace(simulation.result.timeline).dump() + "\n");

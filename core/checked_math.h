@@ -39,4 +39,13 @@ inline void require_positive(int64_t value, const std::string& field) {
   }
 }
 
+// Throws SpecError(field, "<what> (value % divisor = r)") unless divisor divides value.
+// REQUIRES: divisor > 0.
+inline void require_divides(int64_t divisor, int64_t value, const std::string& field, const std::string& what) {
+  if (value % divisor != 0) {
+    throw SpecError(field, what + " (" + std::to_string(value) + " % " + std::to_string(divisor) + " = " +
+                               std::to_string(value % divisor) + ")");
+  }
+}
+
 }  // namespace megaplan

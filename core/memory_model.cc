@@ -66,6 +66,24 @@ std::vector<StageActivationBytes> stage_activation_bytes(const ModelSpec& model,
   return stages;
 }
 
+ModelStateBytes model_state_bytes(const ParallelPlan& plan, int64_t parameters_per_gpu) {
+  const int64_t optimizer_shards =
+      plan.use_distributed_optimizer ? plan.data_parallel_size * plan.context_parallel_size : 1;
+  ModelStateBytes bytes;
+  bytes.weight_bytes = checked_multiply(parameters_per_gpu, 2, "weight bytes");
+  bytes.gradient_bytes = checked_multiply(parameters_per_gpu, 4, "gradient bytes");
+  bytes.optimizer_bytes = checked_multiply(parameters_per_gpu, 12, "optimizer bytes") / optimizer_shards;
+  return bytes;
+}
+
+int64_t peak_model_state_bytes(const ModelSpec& model, const ParallelPlan& plan) {
+  int64_t peak = 0;
+  for (const PipelineRankParameters& rank : parameters_per_pipeline_rank(model, plan)) {
+    peak = std::max(peak, model_state_bytes(plan, rank.parameters_per_gpu).total());
+  }
+  return peak;
+}
+
 std::vector<PipelineRankMemory> memory_per_pipeline_rank(const ModelSpec& model, const ParallelPlan& plan,
                                                          const PipelineSchedule& schedule) {
   const std::vector<StageActivationBytes> per_stage = stage_activation_bytes(model, plan);
@@ -74,7 +92,6 @@ std::vector<PipelineRankMemory> memory_per_pipeline_rank(const ModelSpec& model,
   const int64_t sb = tokens_per_microbatch(model, plan);
   const int64_t t = plan.tensor_parallel_size;
   const StageActivationBytes layer = transformer_layer_activation_bytes(model, plan);
-  const int64_t optimizer_shards = plan.use_distributed_optimizer ? plan.data_parallel_size * plan.context_parallel_size : 1;
   const ParallelPlan no_recompute = [&] {
     ParallelPlan copy = plan;
     copy.recompute_granularity = RecomputeGranularity::kNone;
@@ -88,10 +105,10 @@ std::vector<PipelineRankMemory> memory_per_pipeline_rank(const ModelSpec& model,
     PipelineRankMemory memory;
     memory.pipeline_rank = rank_parameters.pipeline_rank;
     memory.parameters_per_gpu = rank_parameters.parameters_per_gpu;
-    const int64_t p = rank_parameters.parameters_per_gpu;
-    memory.weight_bytes = checked_multiply(p, 2, "weight bytes");
-    memory.gradient_bytes = checked_multiply(p, 4, "gradient bytes");
-    memory.optimizer_bytes = checked_multiply(p, 12, "optimizer bytes") / optimizer_shards;
+    const ModelStateBytes state = model_state_bytes(plan, rank_parameters.parameters_per_gpu);
+    memory.weight_bytes = state.weight_bytes;
+    memory.gradient_bytes = state.gradient_bytes;
+    memory.optimizer_bytes = state.optimizer_bytes;
     memory.peak_inflight_microbatches = facts[rank].peak_inflight_microbatches;
     memory.activation_bytes = facts[rank].peak_held_bytes;
     int64_t transient = 0;
@@ -104,7 +121,7 @@ std::vector<PipelineRankMemory> memory_per_pipeline_rank(const ModelSpec& model,
     memory.transient_bytes = transient;
     memory.allocator_overhead_bytes = static_cast<int64_t>(
         std::ceil(kAllocatorOverheadFraction * static_cast<double>(memory.activation_bytes + transient)));
-    memory.runtime_reserve_bytes = kRuntimeReserveBytes;
+    memory.runtime_reserve_bytes = state.runtime_reserve_bytes;
     memory.total_bytes = memory.weight_bytes + memory.gradient_bytes + memory.optimizer_bytes +
                          memory.activation_bytes + memory.transient_bytes + memory.allocator_overhead_bytes +
                          memory.runtime_reserve_bytes;

@@ -53,6 +53,21 @@ struct PipelineRankMemory {
   int64_t total_bytes = 0;
 };
 
+// What a GPU holds whatever the schedule: bf16 weights, fp32 gradients, the fp32 optimizer state
+// (sharded over dp x cp with the distributed optimizer) and the runtime reserve. A floor under
+// PipelineRankMemory::total_bytes that needs no schedule: the planner prunes with it first.
+struct ModelStateBytes {
+  int64_t weight_bytes = 0;
+  int64_t gradient_bytes = 0;
+  int64_t optimizer_bytes = 0;
+  int64_t runtime_reserve_bytes = kRuntimeReserveBytes;
+  int64_t total() const { return weight_bytes + gradient_bytes + optimizer_bytes + runtime_reserve_bytes; }
+};
+ModelStateBytes model_state_bytes(const ParallelPlan& plan, int64_t parameters_per_gpu);
+
+// The fullest pipeline rank's model_state_bytes. REQUIRES: validate_plan(model, plan) passed.
+int64_t peak_model_state_bytes(const ModelSpec& model, const ParallelPlan& plan);
+
 // One entry per pipeline rank for `schedule` (the plan's own, see generate_plan_schedule).
 // REQUIRES: validate_plan(model, plan) passed; schedule has the plan's shape.
 std::vector<PipelineRankMemory> memory_per_pipeline_rank(const ModelSpec& model, const ParallelPlan& plan,

@@ -23,12 +23,6 @@ const std::pair<RecomputeGranularity, const char*> kRecomputeNames[] = {
 
 std::string str(int64_t value) { return std::to_string(value); }
 
-void require_divides(int64_t divisor, int64_t value, const std::string& field, const std::string& what) {
-  if (value % divisor != 0) {
-    throw SpecError(field, what + " (" + str(value) + " % " + str(divisor) + " = " + str(value % divisor) + ")");
-  }
-}
-
 }  // namespace
 
 std::string to_string(RecomputeGranularity granularity) {

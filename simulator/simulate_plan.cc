@@ -6,15 +6,18 @@
 #include "core/formulas.h"
 #include "core/schedule/lowering.h"
 #include "simulator/stage_costs.h"
-#include "simulator/topology.h"
 
 namespace megaplan::sim {
 
 PlanSimulation simulate_plan(const JobSpec& job, const Profile& profile, bool record_timeline) {
+  return simulate_plan(job, profile, Topology(job.cluster), record_timeline);
+}
+
+PlanSimulation simulate_plan(const JobSpec& job, const Profile& profile, const Topology& topology,
+                             bool record_timeline) {
   PlanSimulation simulation;
   const PipelineSchedule compute = generate_plan_schedule(job.plan);
   simulation.schedule = lower_schedule(compute);
-  const Topology topology(job.cluster);
   const ActionCosts costs = plan_action_costs(job.model, job.plan, profile, topology, simulation.sources);
   simulation.result = simulate_schedule(simulation.schedule, costs, record_timeline);
 

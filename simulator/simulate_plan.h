@@ -9,6 +9,7 @@
 #include "core/memory_model.h"
 #include "simulator/engine.h"
 #include "simulator/profile.h"
+#include "simulator/topology.h"
 
 namespace megaplan::sim {
 
@@ -28,5 +29,8 @@ struct PlanSimulation {
 
 // REQUIRES: validate_job(job) passed; profile is for job.cluster.gpu.
 PlanSimulation simulate_plan(const JobSpec& job, const Profile& profile, bool record_timeline);
+// The same on a topology built once for job.cluster (the planner simulates many plans on it).
+PlanSimulation simulate_plan(const JobSpec& job, const Profile& profile, const Topology& topology,
+                             bool record_timeline);
 
 }  // namespace megaplan::sim

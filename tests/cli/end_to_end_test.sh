@@ -38,7 +38,7 @@ expect_error() {
 expect_ok --help
 expect_ok --version
 grep -q "megaplan 0" "$scratch/out" || fail "--version prints no version"
-for command in describe devices groups presets schedule simulate; do
+for command in describe devices groups presets schedule search simulate; do
   expect_ok "$command" --help
   grep -q "Usage" "$scratch/out" || fail "$command --help prints no usage"
 done
@@ -139,6 +139,27 @@ expect_error 'error: --plan: cannot be combined with --tp' simulate --plan "$scr
 expect_error "error: $scratch/missing-profile.json: cannot read file" simulate --model gpt2-124m --cluster h200-x2 --profile "$scratch/missing-profile.json"
 expect_error 'error: --tensor-model-parallel-size' simulate --model gpt2-1.5b --cluster h200-x2 --tp 2 --trace "$scratch/never-trace.json"
 [ ! -e "$scratch/never-trace.json" ] || fail "a failed simulate wrote --trace"
+
+# Search: a small space end to end; the best plan as a job file that simulate reads back; JSON;
+# Megatron's arguments; the explanation.
+expect_ok search --model gpt2-350m --cluster dgx-a100-80gb --gpus 8 --gbs 16 --pp 1,2 --cp 1 --top 3 --threads 2 \
+  --explain --emit megatron --out "$scratch/best.json"
+grep -qE '^ ?1 +1 ' "$scratch/out" || fail "search prints no ranked plan: $(cat "$scratch/out")"
+grep -q 'Why #1 beats #2' "$scratch/out" || fail "search --explain says nothing"
+grep -q '^--tensor-model-parallel-size ' "$scratch/out" || fail "search --emit megatron prints no arguments"
+grep -q ' simulated; ' "$scratch/out" || fail "search prints no counts"
+expect_ok simulate --plan "$scratch/best.json"
+expect_ok search --model gpt2-350m --cluster dgx-a100-80gb --gpus 8 --gbs 16 --tp 2 --pp 2 --json
+for key in plans counts iteration_time_s model_tflops_per_gpu mfu bubble_fraction peak_memory_bytes fits_in_memory \
+  tensor_parallel_size pruned_by_bound simulated; do
+  grep -q "\"$key\"" "$scratch/out" || fail "search --json has no $key"
+done
+expect_error 'error: --tensor-model-parallel-size: must divide --num-attention-heads 16' search --model gpt2-350m --cluster dgx-a100-80gb --gpus 8 --tp 3
+expect_error 'error: --global-batch-size: 1537 is not divisible by any data-parallel size' search --model gpt3-175b --gpus 1024 --gbs 1537 --tp 8 --pp 16 --cp 1
+expect_error 'error: --gpus: 65536 GPUs exceed cluster dgx-a100-80gb' search --gpus 65536
+expect_error 'error: --memory-fraction: no layout fits in .* the closest, .* more' search --model gpt3-175b --gpus 8 --gbs 8 --cp 1 --out "$scratch/never-best.json"
+[ ! -e "$scratch/never-best.json" ] || fail "a failed search wrote --out"
+expect_error 'error: --emit: knows "megatron" only' search --model gpt2-350m --cluster dgx-a100-80gb --gpus 8 --gbs 16 --emit deepspeed
 
 # Without a usable GPU, `devices` says so in one line; with one, it lists it.
 if "$megaplan" devices >"$scratch/out" 2>"$scratch/err"; then

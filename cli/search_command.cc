@@ -1,0 +1,278 @@
+// `megaplan search`: flag mapping, the estimator wiring and the reports.
+#include "cli/search_command.h"
+
+#include <chrono>
+#include <cmath>
+#include <memory>
+#include <sstream>
+#include <thread>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "cli/atomic_write.h"
+#include "cli/commands.h"
+#include "cli/profile_choice.h"
+#include "cli/progress_bar.h"
+#include "core/error.h"
+#include "planner/megatron_arguments.h"
+#include "planner/search.h"
+#include "planner/search_space.h"
+#include "reports/text_table.h"
+#include "simulator/plan_estimator.h"
+
+namespace megaplan::cli {
+namespace {
+
+constexpr int64_t kDefaultGpus = 1024;  // the embedded default: gpt3-175b on 1024 A100-80GB
+
+std::string fixed(double value, int digits) {
+  std::ostringstream text;
+  text.setf(std::ios::fixed);
+  text.precision(digits);
+  text << value;
+  return text.str();
+}
+
+planner::SearchSpace search_space(const SearchCommandOptions& options) {
+  planner::SearchSpace space;
+  space.tensor_parallel = options.tensor_parallel;
+  space.pipeline_parallel = options.pipeline_parallel;
+  space.context_parallel = options.context_parallel;
+  space.virtual_pipeline = options.virtual_pipeline;
+  space.layers_per_virtual_stage = options.layers_per_virtual_stage;
+  space.micro_batch = options.micro_batch;
+  for (const std::string& text : options.recompute) {
+    space.recompute.push_back(parse_recompute_granularity(text, "--recompute-granularity"));
+  }
+  for (const std::string& text : options.schedules) space.schedules.push_back(parse_schedule_kind(text, "--schedule"));
+  if (options.sequence_parallel && options.no_sequence_parallel) {
+    throw SpecError("--sequence-parallel", "cannot be combined with --no-sequence-parallel");
+  }
+  if (options.sequence_parallel) space.sequence_parallel = {true};
+  if (options.no_sequence_parallel) space.sequence_parallel = {false};
+  if (options.distributed_optimizer && options.no_distributed_optimizer) {
+    throw SpecError("--use-distributed-optimizer", "cannot be combined with --no-distributed-optimizer");
+  }
+  if (options.distributed_optimizer) space.distributed_optimizer = {true};
+  if (options.no_distributed_optimizer) space.distributed_optimizer = {false};
+  space.allow_cross_node_tensor_parallel = options.allow_cross_node_tensor_parallel;
+  return space;
+}
+
+nlohmann::json plan_json(const planner::RankedPlan& ranked, int64_t memory_limit) {
+  nlohmann::json json = parallel_plan_to_json(ranked.plan);
+  const StepEstimate& estimate = ranked.estimate;
+  json["num_microbatches"] = ranked.plan.num_microbatches();
+  json["iteration_time_s"] = estimate.iteration_time_s;
+  json["model_tflops_per_gpu"] = estimate.model_tflops_per_gpu;
+  json["mfu"] = estimate.mfu;
+  json["bubble_fraction"] = estimate.bubble_fraction;
+  json["peak_memory_bytes"] = ranked.peak_memory_bytes;
+  json["fits_in_memory"] = ranked.peak_memory_bytes <= memory_limit;
+  json["lower_bound_s"] = ranked.lower_bound_s;
+  json["compute_s"] = estimate.compute_s;
+  json["tensor_comm_s"] = estimate.tensor_comm_s;
+  json["pipeline_comm_s"] = estimate.pipeline_comm_s;
+  json["data_parallel_comm_s"] = estimate.data_parallel_comm_s;
+  json["idle_s"] = estimate.idle_s;
+  return json;
+}
+
+// 1st, 2nd, 3rd, 4th, ..., 11th, 12th, 13th, ..., 21st.
+std::string ordinal(int64_t n) {
+  const int64_t tens = n % 100;
+  const char* suffix = (tens >= 11 && tens <= 13) ? "th" : n % 10 == 1 ? "st" : n % 10 == 2 ? "nd" : n % 10 == 3 ? "rd" : "th";
+  return std::to_string(n) + suffix;
+}
+
+std::string joined_arguments(const std::vector<std::string>& arguments) {
+  std::string line;
+  std::string notes;
+  for (const std::string& argument : arguments) {
+    if (argument.rfind("#", 0) == 0) {
+      notes += argument + "\n";
+    } else {
+      line += (line.empty() ? "" : " ") + argument;
+    }
+  }
+  return line + "\n" + notes;
+}
+
+// Winner against runner-up, term by term; the terms are means over pipeline ranks.
+void write_explanation(const planner::SearchResult& result, std::ostream& out) {
+  if (result.plans.size() < 2) {
+    out << "\nOnly one plan fits: nothing to compare it with.\n";
+    return;
+  }
+  const planner::RankedPlan& first = result.plans[0];
+  const planner::RankedPlan& second = result.plans[1];
+  const StepEstimate& a = first.estimate;
+  const StepEstimate& b = second.estimate;
+  out << "\nWhy #1 beats #2 by " << fixed(b.iteration_time_s - a.iteration_time_s, 4)
+      << " s per iteration (mean seconds per pipeline rank):\n";
+  out << "  #1: " << planner::describe_plan(first.plan) << "\n  #2: " << planner::describe_plan(second.plan) << "\n";
+  TextTable table({"term", "#1 s", "#2 s", "#2 - #1"});
+  struct Term {
+    const char* name;
+    double first;
+    double second;
+  };
+  const Term terms[] = {{"compute", a.compute_s, b.compute_s},
+                        {"tp/cp communication", a.tensor_comm_s, b.tensor_comm_s},
+                        {"pp communication", a.pipeline_comm_s, b.pipeline_comm_s},
+                        {"dp communication", a.data_parallel_comm_s, b.data_parallel_comm_s},
+                        {"idle (bubble, tail)", a.idle_s, b.idle_s}};
+  const Term* largest = &terms[0];
+  for (const Term& term : terms) {
+    table.add_row({term.name, fixed(term.first, 4), fixed(term.second, 4), fixed(term.second - term.first, 4)});
+    if (std::abs(term.second - term.first) > std::abs(largest->second - largest->first)) largest = &term;
+  }
+  table.add_row({"iteration", fixed(a.iteration_time_s, 4), fixed(b.iteration_time_s, 4),
+                 fixed(b.iteration_time_s - a.iteration_time_s, 4)});
+  const auto headroom = [&](const planner::RankedPlan& plan) {
+    return format_bytes(static_cast<double>(result.memory_limit_bytes - plan.peak_memory_bytes));
+  };
+  table.add_row({"memory headroom", headroom(first), headroom(second), ""});
+  out << table.render();
+  out << "The largest difference is " << largest->name << " (" << fixed(largest->second - largest->first, 4)
+      << " s); bubble " << fixed(100 * a.bubble_fraction, 1) << "% against " << fixed(100 * b.bubble_fraction, 1)
+      << "%.\n";
+}
+
+void write_text(const SearchCommandOptions& options, const JobSpec& job, const planner::SearchResult& result,
+                double seconds, int64_t threads, std::ostream& out) {
+  const planner::SearchCounts& counts = result.counts;
+  out << job.model.name << " on " << job.cluster.total_gpus() << " x " << job.cluster.gpu.name << ", gbs "
+      << options.global_batch_size << ", seq " << job.model.seq_length << ", memory limit "
+      << format_bytes(static_cast<double>(result.memory_limit_bytes)) << " per GPU\n";
+  out << counts.enumerated << " plans: " << counts.pruned_model_state << " over the limit on model state alone, "
+      << counts.pruned_activations << " with activations, " << counts.pruned_by_bound << " cannot beat the "
+      << ordinal(options.top) << " best (lower bound); " << counts.simulated
+      << " simulated; " << fixed(seconds, 3) << " s on " << threads << " threads ("
+      << format_count(static_cast<double>(counts.enumerated) / std::max(seconds, 1e-9)) << " plans/s)\n\n";
+  TextTable table({"#", "tp", "pp", "dp", "cp", "vpp", "mbs", "recompute", "sp", "dist-opt", "schedule",
+                   "iteration s", "TFLOP/s/GPU", "MFU", "peak memory"});
+  for (std::size_t i = 0; i < result.plans.size(); ++i) {
+    const planner::RankedPlan& ranked = result.plans[i];
+    const ParallelPlan& plan = ranked.plan;
+    table.add_row({std::to_string(i + 1), std::to_string(plan.tensor_parallel_size),
+                   std::to_string(plan.pipeline_parallel_size), std::to_string(plan.data_parallel_size),
+                   std::to_string(plan.context_parallel_size), std::to_string(plan.virtual_pipeline_parallel_size),
+                   std::to_string(plan.micro_batch_size), to_string(plan.recompute_granularity),
+                   plan.sequence_parallel ? "on" : "off", plan.use_distributed_optimizer ? "on" : "off",
+                   to_string(plan.schedule), fixed(ranked.estimate.iteration_time_s, 3),
+                   fixed(ranked.estimate.model_tflops_per_gpu, 1), fixed(100 * ranked.estimate.mfu, 1) + "%",
+                   format_bytes(static_cast<double>(ranked.peak_memory_bytes))});
+  }
+  out << table.render();
+}
+
+}  // namespace
+
+int run_search(const SearchCommandOptions& options, std::ostream& out) {
+  ClusterOptions cluster_options = options.cluster;
+  if (!options.cluster_given && !cluster_options.gpus) cluster_options.gpus = kDefaultGpus;
+  if (options.emit && *options.emit != "megatron") {
+    throw SpecError("--emit", "knows \"megatron\" only, got \"" + *options.emit + "\"");
+  }
+  if (options.threads < 0) throw SpecError("--threads", "must be 0 (all cores) or more, got " + std::to_string(options.threads));
+  JobSpec job{resolve_model(options.model), resolve_cluster(cluster_options), ParallelPlan{}};
+
+  planner::SearchProblem problem;
+  problem.model = job.model;
+  problem.gpus = job.cluster.total_gpus();
+  problem.gpus_per_node = job.cluster.gpus_per_node;
+  problem.global_batch_size = options.global_batch_size;
+  problem.space = search_space(options);
+  planner::validate_search_problem(problem);
+
+  const sim::SimulatorEstimator estimator(job.model, job.cluster, choose_profile(options.profile, job.cluster.gpu));
+  const auto start = std::chrono::steady_clock::now();
+  const std::vector<ParallelPlan> candidates = planner::enumerate_plans(problem);
+  ProgressBar bar("searching");
+  planner::SearchOptions search_options;
+  search_options.top = options.top;
+  search_options.memory_fraction = options.memory_fraction;
+  search_options.threads = options.threads;
+  search_options.progress = [&bar](int64_t done, int64_t total) { bar.update(done, total); };
+  const planner::SearchResult result = planner::search_plans(job.model, job.cluster.gpu, candidates, estimator,
+                                                             search_options);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const int64_t threads =
+      options.threads > 0 ? options.threads : std::max<int64_t>(1, std::thread::hardware_concurrency());
+
+  job.plan = result.plans.front().plan;
+  if (options.out) write_file_atomically(*options.out, job_spec_to_json(job).dump(2) + "\n");
+  if (options.json) {
+    nlohmann::json plans = nlohmann::json::array();
+    for (const planner::RankedPlan& ranked : result.plans) plans.push_back(plan_json(ranked, result.memory_limit_bytes));
+    nlohmann::json json = {{"plans", std::move(plans)},
+                           {"counts",
+                            {{"enumerated", result.counts.enumerated},
+                             {"pruned_model_state", result.counts.pruned_model_state},
+                             {"pruned_activations", result.counts.pruned_activations},
+                             {"pruned_by_bound", result.counts.pruned_by_bound},
+                             {"simulated", result.counts.simulated}}},
+                           {"memory_limit_bytes", result.memory_limit_bytes},
+                           {"seconds", seconds},
+                           {"threads", threads}};
+    if (options.emit) json["megatron_arguments"] = planner::megatron_arguments(job.model, job.plan);
+    out << json.dump(2) << "\n";
+    return 0;
+  }
+  write_text(options, job, result, seconds, threads, out);
+  if (options.explain) write_explanation(result, out);
+  if (options.emit) {
+    out << "\nMegatron-LM arguments for #1:\n" << joined_arguments(planner::megatron_arguments(job.model, job.plan));
+  }
+  return 0;
+}
+
+void setup_search_command(CLI::App& app, CommandContext& context) {
+  auto options = std::make_shared<SearchCommandOptions>();
+  CLI::App* command = app.add_subcommand(
+      "search", "Find the fastest layout that fits: enumerate, prune by memory, rank by simulated iteration time");
+  add_model_options(*command, options->model);
+  add_cluster_options(*command, options->cluster);
+  const std::string group = "Search space (a value pins a dimension, a comma-separated list restricts it)";
+  command->add_option("--gbs,--global-batch-size", options->global_batch_size, "Global batch size")
+      ->capture_default_str()->group(group);
+  command->add_option("--tp,--tensor-model-parallel-size", options->tensor_parallel, "Tensor parallel sizes")
+      ->delimiter(',')->group(group);
+  command->add_option("--pp,--pipeline-model-parallel-size", options->pipeline_parallel, "Pipeline parallel sizes")
+      ->delimiter(',')->group(group);
+  command->add_option("--cp,--context-parallel-size", options->context_parallel, "Context parallel sizes")
+      ->delimiter(',')->group(group);
+  command->add_option("--vpp,--virtual-pipeline-model-parallel-size", options->virtual_pipeline, "Model chunks per pipeline rank")
+      ->delimiter(',')->group(group);
+  command->add_option("--num-layers-per-virtual-pipeline-stage", options->layers_per_virtual_stage,
+                      "Layers per model chunk (interleaved layouts only)")
+      ->delimiter(',')->group(group);
+  command->add_option("--mbs,--micro-batch-size", options->micro_batch, "Micro-batch sizes")->delimiter(',')->group(group);
+  command->add_option("--recompute-granularity", options->recompute, "none, selective, full")->delimiter(',')->group(group);
+  command->add_option("--schedule", options->schedules, "1f1b, interleaved, zb-h1, zbv, dualpipev (gpipe if listed)")
+      ->delimiter(',')->group(group);
+  command->add_flag("--sequence-parallel", options->sequence_parallel, "Only layouts with sequence parallelism")->group(group);
+  command->add_flag("--no-sequence-parallel", options->no_sequence_parallel, "Only layouts without it")->group(group);
+  command->add_flag("--use-distributed-optimizer", options->distributed_optimizer, "Only layouts with the distributed optimizer")
+      ->group(group);
+  command->add_flag("--no-distributed-optimizer", options->no_distributed_optimizer, "Only layouts without it")->group(group);
+  command->add_flag("--allow-cross-node-tp", options->allow_cross_node_tensor_parallel, "Let tensor parallelism span nodes")
+      ->group(group);
+  command->add_option("--memory-fraction", options->memory_fraction, "Fraction of HBM a plan may fill")
+      ->capture_default_str();
+  command->add_option("--top", options->top, "Plans to rank")->capture_default_str();
+  command->add_option("--threads", options->threads, "Worker threads (0: all cores)")->capture_default_str();
+  command->add_option("--profile", options->profile, "Kernel and link timings (profiles/*.json); default: datasheet");
+  command->add_option("--out", options->out, "Write the best plan as a job file (for simulate --plan)");
+  command->add_option("--emit", options->emit, "Print the best plan's arguments for: megatron");
+  command->add_flag("--explain", options->explain, "Say why the winner beats the runner-up, term by term");
+  command->add_flag("--json", options->json, "Print JSON: {\"plans\": [...], \"counts\": {...}}");
+  command->callback([options, command, &context] {
+    options->cluster_given = command->count("--cluster") > 0 || command->count("--gpus") > 0;
+    context.exit_code = run_search(*options, context.out);
+  });
+}
+
+}  // namespace megaplan::cli

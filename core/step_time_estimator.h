@@ -1,0 +1,36 @@
+// The step-time estimator: what the planner asks of a cost model, declared here so that planner/
+// ranks layouts without knowing the simulator (ARCHITECTURE.md: they meet in core, cli wires them).
+#pragma once
+
+#include <cstdint>
+
+#include "core/parallel_plan.h"
+
+namespace megaplan {
+
+// One plan's estimated iteration, with the terms `search --explain` compares. The terms are means
+// over pipeline ranks of where each rank's iteration went; they add up to iteration_time_s.
+struct StepEstimate {
+  double iteration_time_s = 0;
+  double model_tflops_per_gpu = 0;  // Megatron's model FLOPs / (iteration time x GPUs) / 1e12
+  double mfu = 0;                   // against the GPU's dense bf16 peak
+  double bubble_fraction = 0;
+  double compute_s = 0;             // computing (tensor- and context-parallel collectives excluded)
+  double tensor_comm_s = 0;         // tensor- and context-parallel collectives inside layers
+  double pipeline_comm_s = 0;       // exposed point-to-point transfers between stages
+  double data_parallel_comm_s = 0;  // exposed gradient reduction (and the distributed optimizer's gather)
+  double idle_s = 0;                // waiting on other stages: the bubble and the tail
+};
+
+class StepTimeEstimator {
+ public:
+  virtual ~StepTimeEstimator() = default;
+  // A time that estimate(plan).iteration_time_s is never below, cheap enough to compute for
+  // every candidate: the planner skips plans whose bound cannot beat its current k-th best.
+  // REQUIRES: validate_plan(model, plan) passed for the estimator's model, on its GPUs.
+  virtual double lower_bound_s(const ParallelPlan& plan) const = 0;
+  // Safe to call from several threads at once.
+  virtual StepEstimate estimate(const ParallelPlan& plan) const = 0;
+};
+
+}  // namespace megaplan

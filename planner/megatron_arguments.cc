@@ -1,0 +1,58 @@
+#include "planner/megatron_arguments.h"
+
+namespace megaplan::planner {
+
+std::vector<std::string> megatron_arguments(const ModelSpec& model, const ParallelPlan& plan) {
+  const auto value = [](const std::string& flag, int64_t number) { return flag + " " + std::to_string(number); };
+  std::vector<std::string> arguments = {
+      value("--tensor-model-parallel-size", plan.tensor_parallel_size),
+      value("--pipeline-model-parallel-size", plan.pipeline_parallel_size)};
+  if (plan.virtual_pipeline_parallel_size > 1) {
+    arguments.push_back(value("--num-layers-per-virtual-pipeline-stage",
+                              model.num_layers / plan.num_virtual_stages()));
+  }
+  if (plan.context_parallel_size > 1) arguments.push_back(value("--context-parallel-size", plan.context_parallel_size));
+  arguments.push_back(value("--micro-batch-size", plan.micro_batch_size));
+  arguments.push_back(value("--global-batch-size", plan.global_batch_size));
+  if (plan.sequence_parallel) arguments.push_back("--sequence-parallel");
+  if (plan.use_distributed_optimizer) arguments.push_back("--use-distributed-optimizer");
+  switch (plan.recompute_granularity) {
+    case RecomputeGranularity::kNone:
+      break;
+    case RecomputeGranularity::kSelective:
+      arguments.push_back("--recompute-granularity selective");
+      break;
+    case RecomputeGranularity::kFull:
+      // Every layer recomputed, one at a time: what the simulator and the memory model assume.
+      arguments.push_back("--recompute-granularity full");
+      arguments.push_back("--recompute-method uniform");
+      arguments.push_back("--recompute-num-layers 1");
+      break;
+  }
+  // torch.distributed.pipelining's class names, which torchtitan's setting takes.
+  const char* torch_schedule = nullptr;
+  switch (plan.schedule) {
+    case ScheduleKind::kOneFOneB:
+    case ScheduleKind::kInterleaved:
+      break;  // Megatron-LM's own: chosen by the pipeline and virtual-pipeline sizes above
+    case ScheduleKind::kGPipe:
+      torch_schedule = "GPipe";
+      break;
+    case ScheduleKind::kZeroBubbleH1:
+      torch_schedule = "InterleavedZeroBubble";  // with one stage per rank
+      break;
+    case ScheduleKind::kZeroBubbleV:
+      torch_schedule = "ZBVZeroBubble";
+      break;
+    case ScheduleKind::kDualPipeV:
+      torch_schedule = "DualPipeV";
+      break;
+  }
+  if (torch_schedule) {
+    arguments.push_back("# " + to_string(plan.schedule) + " is not a Megatron-LM schedule; in torchtitan: " +
+                        "--parallelism.pipeline_parallel_schedule " + torch_schedule);
+  }
+  return arguments;
+}
+
+}  // namespace megaplan::planner

@@ -1,0 +1,240 @@
+// Branch and bound over the enumerated plans, on a pool of worker threads.
+#include "planner/search.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdio>
+#include <exception>
+#include <limits>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "core/error.h"
+#include "core/formulas.h"
+#include "core/memory_model.h"
+#include "core/schedule/schedule.h"
+
+namespace megaplan::planner {
+
+namespace {
+
+std::string gigabytes(int64_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f GB", static_cast<double>(bytes) / 1e9);
+  return text;
+}
+
+struct Candidate {
+  std::size_t index;  // into the candidates
+  double bound;
+};
+
+// The plan that misses the memory limit by the least, and by how much.
+struct Closest {
+  int64_t shortfall = std::numeric_limits<int64_t>::max();
+  std::size_t index = 0;
+  int64_t pipeline_rank = 0;
+  void offer(int64_t bytes_over, std::size_t candidate, int64_t rank) {
+    if (bytes_over < shortfall || (bytes_over == shortfall && candidate < index)) {
+      shortfall = bytes_over;
+      index = candidate;
+      pipeline_rank = rank;
+    }
+  }
+};
+
+// The fullest pipeline rank under core's memory model, with the plan's own schedule.
+std::pair<int64_t, int64_t> peak_memory(const ModelSpec& model, const ParallelPlan& plan) {
+  int64_t peak = 0;
+  int64_t rank = 0;
+  for (const PipelineRankMemory& memory : memory_per_pipeline_rank(model, plan, generate_plan_schedule(plan))) {
+    if (memory.total_bytes > peak) {
+      peak = memory.total_bytes;
+      rank = memory.pipeline_rank;
+    }
+  }
+  return {peak, rank};
+}
+
+std::pair<int64_t, int64_t> peak_model_state(const ModelSpec& model, const ParallelPlan& plan) {
+  int64_t peak = 0;
+  int64_t rank = 0;
+  for (const PipelineRankParameters& parameters : parameters_per_pipeline_rank(model, plan)) {
+    const int64_t bytes = model_state_bytes(plan, parameters.parameters_per_gpu).total();
+    if (bytes > peak) {
+      peak = bytes;
+      rank = parameters.pipeline_rank;
+    }
+  }
+  return {peak, rank};
+}
+
+// The shared state of one search: the k best so far and the counts, behind one mutex.
+class Ranking {
+ public:
+  Ranking(std::size_t top, std::size_t total, const SearchOptions& options)
+      : top_(top), total_(total), options_(options) {}
+
+  // False when `bound` cannot beat the k-th best any more.
+  bool may_beat(double bound) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    return best_.size() < top_ || bound <= best_.back().plan.estimate.iteration_time_s;
+  }
+  void add(RankedPlan plan, std::size_t index) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    ++simulated_;
+    const auto order = [](const Entry& a, const Entry& b) {
+      const double ta = a.plan.estimate.iteration_time_s;
+      const double tb = b.plan.estimate.iteration_time_s;
+      return ta != tb ? ta < tb : a.index < b.index;
+    };
+    Entry entry{std::move(plan), index};
+    best_.insert(std::upper_bound(best_.begin(), best_.end(), entry, order), std::move(entry));
+    if (best_.size() > top_) best_.pop_back();
+    decided_locked();
+  }
+  void too_big(int64_t shortfall, std::size_t index, int64_t rank) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    ++pruned_activations_;
+    closest_.offer(shortfall, index, rank);
+    decided_locked();
+  }
+
+  std::vector<RankedPlan> plans() const {
+    std::vector<RankedPlan> plans;
+    for (const Entry& entry : best_) plans.push_back(entry.plan);
+    return plans;
+  }
+  int64_t simulated() const { return simulated_; }
+  int64_t pruned_activations() const { return pruned_activations_; }
+  const Closest& closest() const { return closest_; }
+
+ private:
+  struct Entry {
+    RankedPlan plan;
+    std::size_t index;
+  };
+  void decided_locked() {
+    ++decided_;
+    if (options_.progress) options_.progress(decided_, static_cast<int64_t>(total_));
+  }
+
+  std::mutex mutex_;
+  const std::size_t top_;
+  const std::size_t total_;
+  const SearchOptions& options_;
+  std::vector<Entry> best_;  // sorted, at most top_
+  int64_t simulated_ = 0;
+  int64_t pruned_activations_ = 0;
+  int64_t decided_ = 0;
+  Closest closest_;
+};
+
+}  // namespace
+
+std::string describe_plan(const ParallelPlan& plan) {
+  return "tp " + std::to_string(plan.tensor_parallel_size) + ", pp " + std::to_string(plan.pipeline_parallel_size) +
+         ", cp " + std::to_string(plan.context_parallel_size) + ", dp " + std::to_string(plan.data_parallel_size) +
+         ", vpp " + std::to_string(plan.virtual_pipeline_parallel_size) + ", mbs " +
+         std::to_string(plan.micro_batch_size) + ", recompute " + to_string(plan.recompute_granularity) + ", sp " +
+         (plan.sequence_parallel ? "on" : "off") + ", distributed optimizer " +
+         (plan.use_distributed_optimizer ? "on" : "off") + ", " + to_string(plan.schedule);
+}
+
+SearchResult search_plans(const ModelSpec& model, const GpuSpec& gpu, const std::vector<ParallelPlan>& candidates,
+                          const StepTimeEstimator& estimator, const SearchOptions& options) {
+  if (options.top < 1) throw SpecError("--top", "must be at least 1, got " + std::to_string(options.top));
+  if (!(options.memory_fraction > 0 && options.memory_fraction <= 1)) {
+    throw SpecError("--memory-fraction", "must lie in (0, 1], got " + std::to_string(options.memory_fraction));
+  }
+  SearchResult result;
+  result.memory_limit_bytes =
+      static_cast<int64_t>(std::floor(options.memory_fraction * static_cast<double>(gpu.hbm_capacity_bytes)));
+  const int64_t limit = result.memory_limit_bytes;
+  result.counts.enumerated = static_cast<int64_t>(candidates.size());
+
+  // Model state first: no schedule needed. Then order what is left by its lower bound, so that the
+  // likely winners are simulated first and the k-th best soon rules out the rest.
+  std::vector<Candidate> survivors;
+  for (std::size_t index = 0; index < candidates.size(); ++index) {
+    if (peak_model_state(model, candidates[index]).first > limit) {
+      ++result.counts.pruned_model_state;
+      continue;
+    }
+    survivors.push_back({index, estimator.lower_bound_s(candidates[index])});
+  }
+  std::sort(survivors.begin(), survivors.end(), [](const Candidate& a, const Candidate& b) {
+    return a.bound != b.bound ? a.bound < b.bound : a.index < b.index;
+  });
+
+  Ranking ranking(static_cast<std::size_t>(options.top), survivors.size(), options);
+  std::atomic<std::size_t> next{0};
+  std::atomic<bool> bounded{false};  // a bound failed: every later candidate's bound fails too
+  std::mutex failure_mutex;
+  std::exception_ptr failure;
+  const auto work = [&] {
+    try {
+      while (!bounded.load()) {
+        const std::size_t at = next.fetch_add(1);
+        if (at >= survivors.size()) return;
+        const Candidate& candidate = survivors[at];
+        if (!ranking.may_beat(candidate.bound)) {
+          bounded.store(true);
+          return;
+        }
+        const ParallelPlan& plan = candidates[candidate.index];
+        const auto [peak, rank] = peak_memory(model, plan);
+        if (peak > limit) {
+          ranking.too_big(peak - limit, candidate.index, rank);
+          continue;
+        }
+        ranking.add({plan, estimator.estimate(plan), peak, candidate.bound}, candidate.index);
+      }
+    } catch (...) {
+      const std::lock_guard<std::mutex> lock(failure_mutex);
+      if (!failure) failure = std::current_exception();
+      bounded.store(true);
+    }
+  };
+  const int64_t threads = options.threads > 0 ? options.threads
+                                              : std::max<int64_t>(1, std::thread::hardware_concurrency());
+  std::vector<std::thread> pool;
+  for (int64_t t = 1; t < threads; ++t) pool.emplace_back(work);
+  work();
+  for (std::thread& thread : pool) thread.join();
+  if (failure) std::rethrow_exception(failure);
+
+  result.plans = ranking.plans();
+  result.counts.simulated = ranking.simulated();
+  result.counts.pruned_activations = ranking.pruned_activations();
+  result.counts.pruned_by_bound = static_cast<int64_t>(survivors.size()) - result.counts.simulated -
+                                  result.counts.pruned_activations;
+  if (!result.plans.empty()) return result;
+  if (candidates.empty()) throw SpecError("search", "no legal layout matches the listed sizes");
+
+  // Nothing fits. Name the smallest shortfall under the full model: a plan pruned on model state
+  // alone falls short by at least that much, so only those that could still come closer are costed.
+  Closest closest = ranking.closest();
+  std::vector<std::pair<int64_t, std::size_t>> by_state;
+  for (std::size_t index = 0; index < candidates.size(); ++index) {
+    const int64_t state = peak_model_state(model, candidates[index]).first;
+    if (state > limit) by_state.emplace_back(state - limit, index);
+  }
+  std::sort(by_state.begin(), by_state.end());
+  for (const auto& [state_shortfall, index] : by_state) {
+    if (state_shortfall > closest.shortfall) break;
+    const auto [peak, rank] = peak_memory(model, candidates[index]);
+    closest.offer(peak - limit, index, rank);
+  }
+  const ParallelPlan& plan = candidates[closest.index];
+  throw SpecError("--memory-fraction",
+                  "no layout fits in " + gigabytes(limit) + " per GPU (" +
+                      std::to_string(static_cast<int>(std::lround(100 * options.memory_fraction))) + "% of " +
+                      gigabytes(gpu.hbm_capacity_bytes) + "); the closest, " + describe_plan(plan) + ", needs " +
+                      gigabytes(limit + closest.shortfall) + " on pipeline rank " + std::to_string(closest.pipeline_rank) +
+                      ": " + gigabytes(closest.shortfall) + " more");
+}
+
+}  // namespace megaplan::planner

@@ -1,0 +1,54 @@
+// The search: prune every enumerated plan with the memory model, then rank what fits by estimated
+// iteration time, simulating only plans whose lower bound can still beat the current k-th best.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "core/cluster_spec.h"
+#include "core/model_spec.h"
+#include "core/parallel_plan.h"
+#include "core/step_time_estimator.h"
+
+namespace megaplan::planner {
+
+struct SearchOptions {
+  int64_t top = 10;              // plans to rank
+  double memory_fraction = 0.9;  // of HBM a plan may fill
+  int64_t threads = 0;           // 0: every hardware thread
+  // Called from worker threads (never two at once) as plans are decided: (decided, total).
+  std::function<void(int64_t, int64_t)> progress;
+};
+
+struct RankedPlan {
+  ParallelPlan plan;
+  StepEstimate estimate;
+  int64_t peak_memory_bytes = 0;  // the fullest pipeline rank, by core's memory model
+  double lower_bound_s = 0;
+};
+
+struct SearchCounts {
+  int64_t enumerated = 0;
+  int64_t pruned_model_state = 0;  // weights, gradients and optimizer state alone exceed the limit
+  int64_t pruned_activations = 0;  // with the schedule's activations they exceed it
+  int64_t pruned_by_bound = 0;     // their lower bound cannot beat the k-th best
+  int64_t simulated = 0;
+};
+
+struct SearchResult {
+  std::vector<RankedPlan> plans;  // best first: by iteration time, ties in enumeration order
+  SearchCounts counts;
+  int64_t memory_limit_bytes = 0;
+};
+
+// Ranks `candidates` (enumerate_plans' output: each passes validate_plan) for `model` on `gpu`s.
+// Throws SpecError("--memory-fraction", ...) when none fits, naming the plan that comes closest and
+// its shortfall. The same input gives the same plans whatever the thread count.
+SearchResult search_plans(const ModelSpec& model, const GpuSpec& gpu, const std::vector<ParallelPlan>& candidates,
+                          const StepTimeEstimator& estimator, const SearchOptions& options);
+
+// "tp 8, pp 16, cp 1, dp 8, vpp 1, mbs 1, recompute none, sp on, distributed optimizer off, 1f1b".
+std::string describe_plan(const ParallelPlan& plan);
+
+}  // namespace megaplan::planner

@@ -1,0 +1,192 @@
+// Enumeration of legal layouts, with cheap divisibility filters first and validate_plan as the
+// final word on every plan.
+#include "planner/search_space.h"
+
+#include <algorithm>
+#include <string>
+
+#include "core/checked_math.h"
+#include "core/error.h"
+
+namespace megaplan::planner {
+
+namespace {
+
+std::vector<int64_t> divisors(int64_t n) {
+  std::vector<int64_t> result;
+  for (int64_t d = 1; d * d <= n; ++d) {
+    if (n % d != 0) continue;
+    result.push_back(d);
+    if (d != n / d) result.push_back(n / d);
+  }
+  std::sort(result.begin(), result.end());
+  return result;
+}
+
+bool allowed(const std::vector<int64_t>& list, int64_t value) {
+  return list.empty() || std::find(list.begin(), list.end(), value) != list.end();
+}
+
+template <typename T>
+std::vector<T> or_all(const std::vector<T>& list, std::vector<T> all) {
+  return list.empty() ? all : list;
+}
+
+// The tensor-parallel sizes the model splits evenly (heads, query groups, MLP width) that fit the
+// node (unless crossing nodes is allowed) and divide the GPUs.
+bool tensor_parallel_fits(const SearchProblem& problem, int64_t tp) {
+  const ModelSpec& model = problem.model;
+  return model.num_attention_heads % tp == 0 && model.effective_num_query_groups() % tp == 0 &&
+         model.effective_ffn_hidden_size() % tp == 0 && problem.gpus % tp == 0 &&
+         (problem.space.allow_cross_node_tensor_parallel || tp <= problem.gpus_per_node);
+}
+
+std::string joined(const std::vector<int64_t>& values) {
+  std::string text;
+  for (int64_t value : values) text += (text.empty() ? "" : ", ") + std::to_string(value);
+  return text;
+}
+
+// (tp, pp, cp) triples allowed by the lists and the model, whose product divides the GPUs.
+struct Grid {
+  int64_t tp, pp, cp;
+};
+std::vector<Grid> model_parallel_grids(const SearchProblem& problem) {
+  const SearchSpace& space = problem.space;
+  std::vector<Grid> grids;
+  for (int64_t tp : divisors(problem.gpus)) {
+    if (!allowed(space.tensor_parallel, tp) || !tensor_parallel_fits(problem, tp)) continue;
+    for (int64_t pp : divisors(problem.gpus / tp)) {
+      if (!allowed(space.pipeline_parallel, pp) || problem.model.num_layers % pp != 0) continue;
+      for (int64_t cp : divisors(problem.gpus / (tp * pp))) {
+        if (!allowed(space.context_parallel, cp) || problem.model.seq_length % (2 * cp) != 0) continue;
+        grids.push_back({tp, pp, cp});
+      }
+    }
+  }
+  return grids;
+}
+
+}  // namespace
+
+void validate_search_problem(const SearchProblem& problem) {
+  const SearchSpace& space = problem.space;
+  const ModelSpec& model = problem.model;
+  require_positive(problem.global_batch_size, "--global-batch-size");
+  for (int64_t tp : space.tensor_parallel) {
+    const std::string flag = "--tensor-model-parallel-size";
+    require_positive(tp, flag);
+    require_divides(tp, model.num_attention_heads, flag, "must divide --num-attention-heads " + std::to_string(model.num_attention_heads));
+    require_divides(tp, model.effective_num_query_groups(), flag,
+                    "must divide --num-query-groups " + std::to_string(model.effective_num_query_groups()));
+    require_divides(tp, model.effective_ffn_hidden_size(), flag,
+                    "must divide --ffn-hidden-size " + std::to_string(model.effective_ffn_hidden_size()));
+    require_divides(tp, problem.gpus, flag, "must divide --gpus " + std::to_string(problem.gpus));
+    if (tp > problem.gpus_per_node && !space.allow_cross_node_tensor_parallel) {
+      throw SpecError(flag, std::to_string(tp) + " spans nodes of " + std::to_string(problem.gpus_per_node) +
+                                " GPUs; pass --allow-cross-node-tp to search such layouts");
+    }
+  }
+  for (int64_t pp : space.pipeline_parallel) {
+    const std::string flag = "--pipeline-model-parallel-size";
+    require_positive(pp, flag);
+    require_divides(pp, model.num_layers, flag, "must divide --num-layers " + std::to_string(model.num_layers));
+    require_divides(pp, problem.gpus, flag, "must divide --gpus " + std::to_string(problem.gpus));
+  }
+  for (int64_t cp : space.context_parallel) {
+    require_positive(cp, "--context-parallel-size");
+    require_divides(2 * cp, model.seq_length, "--context-parallel-size",
+                    "needs --seq-length " + std::to_string(model.seq_length) + " divisible by 2*cp = " + std::to_string(2 * cp));
+  }
+  for (int64_t vpp : space.virtual_pipeline) require_positive(vpp, "--virtual-pipeline-model-parallel-size");
+  for (int64_t layers : space.layers_per_virtual_stage) {
+    require_positive(layers, "--num-layers-per-virtual-pipeline-stage");
+  }
+  for (int64_t mbs : space.micro_batch) require_positive(mbs, "--micro-batch-size");
+
+  const std::vector<Grid> grids = model_parallel_grids(problem);
+  if (grids.empty()) {
+    throw SpecError("--gpus", "no tp x pp x cp among the listed sizes divides " + std::to_string(problem.gpus) +
+                                  " GPUs with tp dividing the heads and pp the layers");
+  }
+  std::vector<int64_t> data_parallel_sizes;
+  for (const Grid& grid : grids) {
+    const int64_t dp = problem.gpus / (grid.tp * grid.pp * grid.cp);
+    if (problem.global_batch_size % dp == 0) return;
+    if (std::find(data_parallel_sizes.begin(), data_parallel_sizes.end(), dp) == data_parallel_sizes.end()) {
+      data_parallel_sizes.push_back(dp);
+    }
+  }
+  std::sort(data_parallel_sizes.begin(), data_parallel_sizes.end());
+  throw SpecError("--global-batch-size", std::to_string(problem.global_batch_size) +
+                                             " is not divisible by any data-parallel size these layouts give (" +
+                                             joined(data_parallel_sizes) + ")");
+}
+
+std::vector<ParallelPlan> enumerate_plans(const SearchProblem& problem) {
+  const SearchSpace& space = problem.space;
+  const ModelSpec& model = problem.model;
+  const std::vector<RecomputeGranularity> recomputes = or_all(
+      space.recompute, {RecomputeGranularity::kNone, RecomputeGranularity::kSelective, RecomputeGranularity::kFull});
+  const std::vector<ScheduleKind> schedules =
+      or_all(space.schedules, {ScheduleKind::kOneFOneB, ScheduleKind::kInterleaved, ScheduleKind::kZeroBubbleH1,
+                               ScheduleKind::kZeroBubbleV, ScheduleKind::kDualPipeV});
+  std::vector<ParallelPlan> plans;
+  for (const Grid& grid : model_parallel_grids(problem)) {
+    const int64_t dp = problem.gpus / (grid.tp * grid.pp * grid.cp);
+    if (problem.global_batch_size % dp != 0) continue;
+    const std::vector<bool> sequence_parallel =
+        grid.tp == 1 ? std::vector<bool>{false} : or_all(space.sequence_parallel, {false, true});
+    const std::vector<bool> distributed_optimizer =
+        dp * grid.cp == 1 ? std::vector<bool>{false} : or_all(space.distributed_optimizer, {false, true});
+    for (int64_t vpp : divisors(model.num_layers / grid.pp)) {
+      if (!allowed(space.virtual_pipeline, vpp) || (vpp > 1 && grid.pp == 1)) continue;
+      // Listing layers per virtual stage asks for interleaving with those chunk sizes.
+      if (!space.layers_per_virtual_stage.empty() &&
+          (vpp == 1 || !allowed(space.layers_per_virtual_stage, model.num_layers / (grid.pp * vpp)))) {
+        continue;
+      }
+      for (int64_t mbs : divisors(problem.global_batch_size / dp)) {
+        if (!allowed(space.micro_batch, mbs)) continue;
+        for (RecomputeGranularity recompute : recomputes) {
+          for (bool sp : sequence_parallel) {
+            if (sp && (model.seq_length / grid.cp) % grid.tp != 0) continue;
+            for (bool distributed : distributed_optimizer) {
+              for (ScheduleKind schedule : schedules) {
+                const bool one_stage_kind = schedule == ScheduleKind::kOneFOneB || schedule == ScheduleKind::kGPipe ||
+                                            schedule == ScheduleKind::kZeroBubbleH1;
+                const bool v_kind = schedule == ScheduleKind::kZeroBubbleV || schedule == ScheduleKind::kDualPipeV;
+                if (grid.pp == 1 && schedule != ScheduleKind::kOneFOneB) continue;
+                if ((one_stage_kind && vpp != 1) || (v_kind && vpp != 2) ||
+                    (schedule == ScheduleKind::kInterleaved && vpp < 2)) {
+                  continue;
+                }
+                ParallelPlan plan;
+                plan.tensor_parallel_size = grid.tp;
+                plan.pipeline_parallel_size = grid.pp;
+                plan.context_parallel_size = grid.cp;
+                plan.data_parallel_size = dp;
+                plan.virtual_pipeline_parallel_size = vpp;
+                plan.micro_batch_size = mbs;
+                plan.global_batch_size = problem.global_batch_size;
+                plan.sequence_parallel = sp;
+                plan.use_distributed_optimizer = distributed;
+                plan.recompute_granularity = recompute;
+                plan.schedule = schedule;
+                try {
+                  validate_plan(model, plan);  // the rules left: interleaving's and dualpipev's on M
+                } catch (const SpecError&) {
+                  continue;
+                }
+                plans.push_back(plan);
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  return plans;
+}
+
+}  // namespace megaplan::planner

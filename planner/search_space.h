@@ -1,0 +1,49 @@
+// The layouts a search considers: every legal combination of tp, pp, cp, dp, vpp, mbs,
+// recomputation, sequence parallelism, distributed optimizer and pipeline schedule for a model on
+// a number of GPUs at a global batch size, narrowed by what the user pins or lists.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/model_spec.h"
+#include "core/parallel_plan.h"
+
+namespace megaplan::planner {
+
+// Each list holds the values a dimension may take; an empty list leaves it free (every legal value).
+struct SearchSpace {
+  std::vector<int64_t> tensor_parallel;
+  std::vector<int64_t> pipeline_parallel;
+  std::vector<int64_t> context_parallel;
+  std::vector<int64_t> virtual_pipeline;
+  std::vector<int64_t> layers_per_virtual_stage;  // Megatron's --num-layers-per-virtual-pipeline-stage
+  std::vector<int64_t> micro_batch;
+  std::vector<RecomputeGranularity> recompute;
+  std::vector<bool> sequence_parallel;
+  std::vector<bool> distributed_optimizer;
+  std::vector<ScheduleKind> schedules;  // of 1f1b, interleaved, zb-h1, zbv, dualpipev (and gpipe if listed)
+  bool allow_cross_node_tensor_parallel = false;
+};
+
+struct SearchProblem {
+  ModelSpec model;
+  int64_t gpus = 1;
+  int64_t gpus_per_node = 1;
+  int64_t global_batch_size = 1;
+  SearchSpace space;
+};
+
+// Throws SpecError naming the flag for a pin no layout can satisfy on its own (tp 3 with 32 heads,
+// pp that does not divide the layers, a GPU count no pinned tp x pp x cp divides, ...) and for a
+// global batch size that no data-parallel size of the remaining layouts divides.
+// REQUIRES: validate_model_spec(problem.model) passed.
+void validate_search_problem(const SearchProblem& problem);
+
+// Every legal plan (validate_plan passes for each), in a fixed order: tp, pp, cp, vpp, mbs,
+// recompute, sequence parallel, distributed optimizer, schedule. With pp = 1 only 1f1b is listed
+// (the other schedules degenerate to it); gpipe only when listed. Sequence parallelism is off
+// where tp = 1, and the distributed optimizer off where dp x cp = 1 (it would shard over nothing).
+std::vector<ParallelPlan> enumerate_plans(const SearchProblem& problem);
+
+}  // namespace megaplan::planner

@@ -1,0 +1,259 @@
+// The planner against brute force: enumeration equals every plan validate_plan accepts (less the
+// documented duplicates), and the search's ranking equals simulating every plan that fits.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <tuple>
+
+#include "core/cluster_spec.h"
+#include "core/error.h"
+#include "core/memory_model.h"
+#include "core/model_presets.h"
+#include "core/schedule/schedule.h"
+#include "planner/megatron_arguments.h"
+#include "planner/search.h"
+#include "planner/search_space.h"
+#include "simulator/plan_estimator.h"
+
+using Catch::Matchers::Contains;
+using megaplan::ParallelPlan;
+using megaplan::planner::SearchProblem;
+
+namespace {
+
+SearchProblem small_problem() {
+  SearchProblem problem;
+  problem.model = megaplan::model_preset("gpt2-350m");  // 24 layers, 16 heads
+  problem.gpus = 8;
+  problem.gpus_per_node = 8;
+  problem.global_batch_size = 16;
+  return problem;
+}
+
+megaplan::ClusterSpec eight_a100() {
+  return megaplan::select_gpus(megaplan::cluster_preset("dgx-a100-80gb"), 8);
+}
+
+auto key(const ParallelPlan& p) {
+  return std::tuple(p.tensor_parallel_size, p.pipeline_parallel_size, p.context_parallel_size, p.data_parallel_size,
+                    p.virtual_pipeline_parallel_size, p.micro_batch_size, p.recompute_granularity, p.sequence_parallel,
+                    p.use_distributed_optimizer, p.schedule);
+}
+
+}  // namespace
+
+TEST_CASE("enumeration lists exactly the legal plans, less the documented duplicates", "[planner]") {
+  const SearchProblem problem = small_problem();
+  const std::vector<ParallelPlan> plans = megaplan::planner::enumerate_plans(problem);
+  REQUIRE(!plans.empty());
+  // Brute force over a box that holds every dimension's legal values.
+  std::vector<ParallelPlan> expected;
+  using megaplan::RecomputeGranularity;
+  using megaplan::ScheduleKind;
+  for (int64_t tp : {1, 2, 4, 8}) {
+    for (int64_t pp : {1, 2, 4, 8}) {
+      for (int64_t cp : {1, 2, 4, 8}) {
+        if (8 % (tp * pp * cp) != 0) continue;
+        for (int64_t vpp = 1; vpp <= 24; ++vpp) {
+          for (int64_t mbs = 1; mbs <= 16; ++mbs) {
+            for (auto recompute : {RecomputeGranularity::kNone, RecomputeGranularity::kSelective, RecomputeGranularity::kFull}) {
+              for (bool sp : {false, true}) {
+                for (bool distributed : {false, true}) {
+                  for (auto schedule : {ScheduleKind::kOneFOneB, ScheduleKind::kInterleaved, ScheduleKind::kZeroBubbleH1,
+                                        ScheduleKind::kZeroBubbleV, ScheduleKind::kDualPipeV}) {
+                    ParallelPlan plan{tp, pp, cp, 8 / (tp * pp * cp), vpp, mbs, 16, sp, distributed, recompute, schedule};
+                    try {
+                      megaplan::validate_plan(problem.model, plan);
+                    } catch (const megaplan::SpecError&) {
+                      continue;
+                    }
+                    if (pp == 1 && schedule != ScheduleKind::kOneFOneB) continue;  // degenerate to 1f1b
+                    if (distributed && plan.data_parallel_size * cp == 1) continue;  // shards over nothing
+                    expected.push_back(plan);
+                  }
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, megaplan::RecomputeGranularity, bool, bool,
+                         megaplan::ScheduleKind>>
+      got, want;
+  for (const ParallelPlan& plan : plans) got.push_back(key(plan));
+  for (const ParallelPlan& plan : expected) want.push_back(key(plan));
+  std::sort(got.begin(), got.end());
+  std::sort(want.begin(), want.end());
+  CHECK(got.size() == plans.size());
+  CHECK(std::adjacent_find(got.begin(), got.end()) == got.end());
+  CHECK(got == want);
+}
+
+TEST_CASE("pins and lists narrow the enumeration", "[planner]") {
+  SearchProblem problem = small_problem();
+  problem.space.tensor_parallel = {2};
+  problem.space.pipeline_parallel = {1, 4};
+  problem.space.recompute = {megaplan::RecomputeGranularity::kFull};
+  problem.space.sequence_parallel = {true};
+  const std::vector<ParallelPlan> plans = megaplan::planner::enumerate_plans(problem);
+  REQUIRE(!plans.empty());
+  for (const ParallelPlan& plan : plans) {
+    CHECK(plan.tensor_parallel_size == 2);
+    CHECK((plan.pipeline_parallel_size == 1 || plan.pipeline_parallel_size == 4));
+    CHECK(plan.recompute_granularity == megaplan::RecomputeGranularity::kFull);
+    CHECK(plan.sequence_parallel);
+  }
+  problem.space = {};
+  problem.space.layers_per_virtual_stage = {3};
+  for (const ParallelPlan& plan : megaplan::planner::enumerate_plans(problem)) {
+    CHECK(plan.virtual_pipeline_parallel_size > 1);
+    CHECK(24 / plan.num_virtual_stages() == 3);
+  }
+}
+
+TEST_CASE("contradictory pins and impossible batches are refused naming the flag", "[planner]") {
+  SearchProblem problem = small_problem();
+  problem.space.tensor_parallel = {3};
+  CHECK_THROWS_WITH(megaplan::planner::validate_search_problem(problem),
+                    Contains("--tensor-model-parallel-size") && Contains("--num-attention-heads 16"));
+  problem = small_problem();
+  problem.space.pipeline_parallel = {5};
+  CHECK_THROWS_WITH(megaplan::planner::validate_search_problem(problem), Contains("--pipeline-model-parallel-size"));
+  problem = small_problem();
+  problem.space.tensor_parallel = {8};
+  problem.global_batch_size = 7;
+  // Only dp 1 remains with tp 8; 7 is divisible by it, so this is fine...
+  CHECK_NOTHROW(megaplan::planner::validate_search_problem(problem));
+  problem.space.tensor_parallel = {1};
+  problem.space.pipeline_parallel = {1};
+  problem.space.context_parallel = {1};
+  // ...but with dp 8 it is not.
+  CHECK_THROWS_WITH(megaplan::planner::validate_search_problem(problem),
+                    Contains("--global-batch-size") && Contains("(8)"));
+}
+
+TEST_CASE("the search ranks exactly as simulating every plan that fits", "[planner]") {
+  const SearchProblem problem = small_problem();
+  const megaplan::ClusterSpec cluster = eight_a100();
+  const megaplan::sim::SimulatorEstimator estimator(problem.model, cluster, megaplan::sim::Profile::datasheet(cluster.gpu));
+  std::vector<ParallelPlan> candidates = megaplan::planner::enumerate_plans(problem);
+  // A slice of the space keeps the brute force quick: pp <= 2, no context parallelism.
+  candidates.erase(std::remove_if(candidates.begin(), candidates.end(),
+                                  [](const ParallelPlan& p) { return p.pipeline_parallel_size > 2 || p.context_parallel_size > 1; }),
+                   candidates.end());
+  REQUIRE(candidates.size() > 50);
+  megaplan::planner::SearchOptions options;
+  options.top = 7;
+  options.memory_fraction = 0.9;
+  options.threads = 1;
+  const megaplan::planner::SearchResult result =
+      megaplan::planner::search_plans(problem.model, cluster.gpu, candidates, estimator, options);
+
+  struct Timed {
+    double time;
+    std::size_t index;
+  };
+  std::vector<Timed> all;
+  for (std::size_t i = 0; i < candidates.size(); ++i) {
+    int64_t peak = 0;
+    for (const auto& rank : megaplan::memory_per_pipeline_rank(problem.model, candidates[i],
+                                                               megaplan::generate_plan_schedule(candidates[i]))) {
+      peak = std::max(peak, rank.total_bytes);
+    }
+    if (peak > result.memory_limit_bytes) continue;
+    all.push_back({estimator.estimate(candidates[i]).iteration_time_s, i});
+  }
+  std::sort(all.begin(), all.end(), [](const Timed& a, const Timed& b) {
+    return a.time != b.time ? a.time < b.time : a.index < b.index;
+  });
+  REQUIRE(result.plans.size() == 7);
+  for (std::size_t rank = 0; rank < 7; ++rank) {
+    CHECK(key(result.plans[rank].plan) == key(candidates[all[rank].index]));
+    CHECK(result.plans[rank].estimate.iteration_time_s == all[rank].time);
+  }
+  const megaplan::planner::SearchCounts& counts = result.counts;
+  CHECK(counts.enumerated == static_cast<int64_t>(candidates.size()));
+  CHECK(counts.pruned_model_state + counts.pruned_activations + counts.pruned_by_bound + counts.simulated ==
+        counts.enumerated);
+  CHECK(counts.simulated < static_cast<int64_t>(all.size()));  // the bound spared some simulations
+
+  options.threads = 2;
+  const megaplan::planner::SearchResult threaded =
+      megaplan::planner::search_plans(problem.model, cluster.gpu, candidates, estimator, options);
+  REQUIRE(threaded.plans.size() == result.plans.size());
+  for (std::size_t rank = 0; rank < result.plans.size(); ++rank) {
+    CHECK(key(threaded.plans[rank].plan) == key(result.plans[rank].plan));
+  }
+}
+
+TEST_CASE("a request nothing fits names the closest plan and its shortfall", "[planner]") {
+  SearchProblem problem;
+  problem.model = megaplan::model_preset("gpt3-175b");
+  problem.gpus = 8;
+  problem.gpus_per_node = 8;
+  problem.global_batch_size = 8;
+  problem.space.context_parallel = {1};
+  const megaplan::ClusterSpec cluster = eight_a100();
+  const megaplan::sim::SimulatorEstimator estimator(problem.model, cluster, megaplan::sim::Profile::datasheet(cluster.gpu));
+  const std::vector<ParallelPlan> candidates = megaplan::planner::enumerate_plans(problem);
+  megaplan::planner::SearchOptions options;
+  options.threads = 1;
+  // 175 B parameters at 6 + 12/dp bytes each over 8 GPUs is far beyond 72 GB: the closest plan
+  // shards everything (tp x pp = 8, distributed optimizer).
+  CHECK_THROWS_WITH(megaplan::planner::search_plans(problem.model, cluster.gpu, candidates, estimator, options),
+                    Contains("--memory-fraction: no layout fits in 72.0 GB per GPU (90% of 80.0 GB); the closest") &&
+                        Contains("GB more"));
+}
+
+TEST_CASE("Megatron-LM arguments for a plan", "[planner]") {
+  const megaplan::ModelSpec model = megaplan::model_preset("gpt3-175b");
+  ParallelPlan plan;
+  plan.tensor_parallel_size = 8;
+  plan.pipeline_parallel_size = 8;
+  plan.virtual_pipeline_parallel_size = 3;
+  plan.data_parallel_size = 16;
+  plan.micro_batch_size = 1;
+  plan.global_batch_size = 1536;
+  plan.sequence_parallel = true;
+  plan.use_distributed_optimizer = true;
+  plan.recompute_granularity = megaplan::RecomputeGranularity::kSelective;
+  plan.schedule = megaplan::ScheduleKind::kInterleaved;
+  const std::vector<std::string> arguments = megaplan::planner::megatron_arguments(model, plan);
+  CHECK(arguments == std::vector<std::string>{"--tensor-model-parallel-size 8", "--pipeline-model-parallel-size 8",
+                                              "--num-layers-per-virtual-pipeline-stage 4", "--micro-batch-size 1",
+                                              "--global-batch-size 1536", "--sequence-parallel",
+                                              "--use-distributed-optimizer", "--recompute-granularity selective"});
+  plan.virtual_pipeline_parallel_size = 2;
+  plan.schedule = megaplan::ScheduleKind::kZeroBubbleV;
+  plan.recompute_granularity = megaplan::RecomputeGranularity::kFull;
+  const std::vector<std::string> v = megaplan::planner::megatron_arguments(model, plan);
+  CHECK(std::find(v.begin(), v.end(), "--recompute-method uniform") != v.end());
+  CHECK_THAT(v.back(), Contains("ZBVZeroBubble"));
+}
+
+TEST_CASE("the simulator's lower bound never exceeds its estimate", "[planner][simulator]") {
+  SearchProblem problem = small_problem();
+  problem.global_batch_size = 32;
+  using megaplan::ScheduleKind;
+  problem.space.schedules = {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB, ScheduleKind::kInterleaved,
+                             ScheduleKind::kZeroBubbleH1, ScheduleKind::kZeroBubbleV, ScheduleKind::kDualPipeV};
+  const megaplan::ClusterSpec cluster = eight_a100();
+  const megaplan::sim::SimulatorEstimator estimator(problem.model, cluster, megaplan::sim::Profile::datasheet(cluster.gpu));
+  int64_t checked = 0;
+  std::vector<megaplan::ScheduleKind> kinds_seen;
+  for (const ParallelPlan& plan : megaplan::planner::enumerate_plans(problem)) {
+    // Every schedule kind and shape, on one recompute and optimizer setting to keep it quick.
+    if (plan.recompute_granularity != megaplan::RecomputeGranularity::kSelective || plan.use_distributed_optimizer) continue;
+    const double bound = estimator.lower_bound_s(plan);
+    const double time = estimator.estimate(plan).iteration_time_s;
+    INFO(megaplan::planner::describe_plan(plan) << ": bound " << bound << " s, simulated " << time << " s");
+    CHECK(bound > 0);
+    CHECK(bound <= time);
+    if (std::find(kinds_seen.begin(), kinds_seen.end(), plan.schedule) == kinds_seen.end()) kinds_seen.push_back(plan.schedule);
+    ++checked;
+  }
+  CHECK(checked > 100);
+  CHECK(kinds_seen.size() == 6);
+}
