@@ -2,7 +2,6 @@
 // per-rank parameter and FLOP formulas (run for every candidate layout), and schedule building.
 #include <benchmark/benchmark.h>
 
-#include "core/heap_tuning.h"
 #include "core/formulas.h"
 #include "core/model_presets.h"
 #include "core/parallel_plan.h"
@@ -54,12 +53,3 @@ BENCHMARK(BM_GenerateLowerValidate)->Args({8, 2, 64})->Args({64, 4, 1024})->Unit
 
 }  // namespace
 
-// megaplan's own allocator settings (core/heap_tuning.h), as its commands and the planner run.
-int main(int argc, char** argv) {
-  megaplan::keep_freed_memory_for_reuse();
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  return 0;
-}

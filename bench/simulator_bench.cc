@@ -4,7 +4,6 @@
 #include <benchmark/benchmark.h>
 
 #include "core/cluster_spec.h"
-#include "core/heap_tuning.h"
 #include "core/model_presets.h"
 #include "simulator/simulate_plan.h"
 
@@ -45,12 +44,3 @@ BENCHMARK(BM_SimulateGpt3On8192)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 
-// megaplan's own allocator settings (core/heap_tuning.h), as its commands and the planner run.
-int main(int argc, char** argv) {
-  megaplan::keep_freed_memory_for_reuse();
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  return 0;
-}

@@ -106,44 +106,43 @@ void validate_plan(const ModelSpec& model, const ParallelPlan& plan) {
 
   // Tensor parallelism splits heads, query groups and the MLP's hidden dimension evenly.
   require_divides(tp, model.num_attention_heads, "--tensor-model-parallel-size",
-                  "must divide --num-attention-heads " + str(model.num_attention_heads));
+                  [&] { return "must divide --num-attention-heads " + str(model.num_attention_heads); });
   require_divides(tp, model.effective_num_query_groups(), "--tensor-model-parallel-size",
-                  "must divide --num-query-groups " + str(model.effective_num_query_groups()));
+                  [&] { return "must divide --num-query-groups " + str(model.effective_num_query_groups()); });
   require_divides(tp, model.effective_ffn_hidden_size(), "--tensor-model-parallel-size",
-                  "must divide --ffn-hidden-size " + str(model.effective_ffn_hidden_size()));
+                  [&] { return "must divide --ffn-hidden-size " + str(model.effective_ffn_hidden_size()); });
 
   // Layers split evenly over pipeline ranks, then over each rank's virtual stages.
   const int64_t stages = checked_multiply(pp, vpp, "--virtual-pipeline-model-parallel-size");
   require_divides(stages, model.num_layers, "--num-layers",
-                  "must be divisible by pp*vpp = " + str(pp) + "*" + str(vpp) + " = " + str(stages));
+                  [&] { return "must be divisible by pp*vpp = " + str(pp) + "*" + str(vpp) + " = " + str(stages); });
   if (vpp > 1 && pp == 1) {
     throw SpecError("--virtual-pipeline-model-parallel-size", "needs --pipeline-model-parallel-size > 1");
   }
 
   const int64_t replica_batch = checked_multiply(plan.micro_batch_size, dp, "--micro-batch-size");
   require_divides(replica_batch, plan.global_batch_size, "--global-batch-size",
-                  "must be divisible by micro-batch-size*data-parallel-size = " + str(plan.micro_batch_size) +
-                      "*" + str(dp) + " = " + str(replica_batch));
+                  [&] { return "must be divisible by micro-batch-size*data-parallel-size = " + str(plan.micro_batch_size) +
+                      "*" + str(dp) + " = " + str(replica_batch); });
 
   if (plan.sequence_parallel) {
     if (tp == 1) throw SpecError("--sequence-parallel", "needs --tensor-model-parallel-size > 1");
     require_divides(tp, model.seq_length / cp, "--sequence-parallel",
-                    "needs --seq-length/cp = " + str(model.seq_length / cp) + " divisible by tp " + str(tp));
+                    [&] { return "needs --seq-length/cp = " + str(model.seq_length / cp) + " divisible by tp " + str(tp); });
   }
   if (cp > 1) {
     // Megatron splits the sequence into 2*cp chunks to balance causal attention across ranks.
     const int64_t chunks = checked_multiply(cp, 2, "--context-parallel-size");
     require_divides(chunks, model.seq_length, "--context-parallel-size",
-                    "needs --seq-length divisible by 2*cp = " + str(chunks));
+                    [&] { return "needs --seq-length divisible by 2*cp = " + str(chunks); });
   }
 
-  const std::string schedule = "--schedule";
-  const std::string kind = to_string(plan.schedule);
+  const char* const schedule = "--schedule";
   switch (plan.schedule) {
     case ScheduleKind::kGPipe:
     case ScheduleKind::kOneFOneB:
     case ScheduleKind::kZeroBubbleH1:
-      if (vpp != 1) throw SpecError(schedule, kind + " runs one stage per rank; needs vpp = 1, got " + str(vpp));
+      if (vpp != 1) throw SpecError(schedule, to_string(plan.schedule) + " runs one stage per rank; needs vpp = 1, got " + str(vpp));
       break;
     case ScheduleKind::kInterleaved:
       // Megatron's default microbatch group per virtual stage is pp.
@@ -151,7 +150,7 @@ void validate_plan(const ModelSpec& model, const ParallelPlan& plan) {
       break;
     case ScheduleKind::kZeroBubbleV:
     case ScheduleKind::kDualPipeV:
-      if (vpp != 2) throw SpecError(schedule, kind + " places two stages per rank in a V; needs vpp = 2, got " + str(vpp));
+      if (vpp != 2) throw SpecError(schedule, to_string(plan.schedule) + " places two stages per rank in a V; needs vpp = 2, got " + str(vpp));
       if (plan.schedule == ScheduleKind::kDualPipeV && plan.num_microbatches() < 2 * pp) {
         throw SpecError("--global-batch-size", "dualpipev needs at least 2 * pp = " + str(2 * pp) +
                                                    " microbatches per replica, got " + str(plan.num_microbatches()));

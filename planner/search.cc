@@ -7,9 +7,11 @@
 #include <cstdio>
 #include <exception>
 #include <limits>
+#include <map>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <tuple>
 
 #include "core/error.h"
 #include "core/formulas.h"
@@ -58,18 +60,39 @@ std::pair<int64_t, int64_t> peak_memory(const ModelSpec& model, const ParallelPl
   return {peak, rank};
 }
 
-std::pair<int64_t, int64_t> peak_model_state(const ModelSpec& model, const ParallelPlan& plan) {
-  int64_t peak = 0;
-  int64_t rank = 0;
-  for (const PipelineRankParameters& parameters : parameters_per_pipeline_rank(model, plan)) {
-    const int64_t bytes = model_state_bytes(plan, parameters.parameters_per_gpu).total();
-    if (bytes > peak) {
-      peak = bytes;
-      rank = parameters.pipeline_rank;
+// Parameters per GPU on each pipeline rank depend on tp, pp, vpp and the stage placement only:
+// computed once per such layout, not once per plan (a search asks for ~10^5 plans).
+class ModelStatePeaks {
+ public:
+  explicit ModelStatePeaks(const ModelSpec& model) : model_(model) {}
+  // The fullest pipeline rank's weights, gradients, optimizer state and reserve, and its index.
+  std::pair<int64_t, int64_t> peak(const ParallelPlan& plan) {
+    const auto key = std::tuple(plan.tensor_parallel_size, plan.pipeline_parallel_size,
+                                plan.virtual_pipeline_parallel_size, stage_placement(plan.schedule));
+    auto found = parameters_.find(key);
+    if (found == parameters_.end()) {
+      std::vector<int64_t> per_rank;
+      for (const PipelineRankParameters& rank : parameters_per_pipeline_rank(model_, plan)) {
+        per_rank.push_back(rank.parameters_per_gpu);
+      }
+      found = parameters_.emplace(key, std::move(per_rank)).first;
     }
+    int64_t peak = 0;
+    int64_t rank = 0;
+    for (std::size_t r = 0; r < found->second.size(); ++r) {
+      const int64_t bytes = model_state_bytes(plan, found->second[r]).total();
+      if (bytes > peak) {
+        peak = bytes;
+        rank = static_cast<int64_t>(r);
+      }
+    }
+    return {peak, rank};
   }
-  return {peak, rank};
-}
+
+ private:
+  const ModelSpec& model_;
+  std::map<std::tuple<int64_t, int64_t, int64_t, StagePlacement>, std::vector<int64_t>> parameters_;
+};
 
 // The shared state of one search: the k best so far and the counts, behind one mutex.
 class Ranking {
@@ -157,9 +180,10 @@ SearchResult search_plans(const ModelSpec& model, const GpuSpec& gpu, const std:
 
   // Model state first: no schedule needed. Then order what is left by its lower bound, so that the
   // likely winners are simulated first and the k-th best soon rules out the rest.
+  ModelStatePeaks model_state(model);
   std::vector<Candidate> survivors;
   for (std::size_t index = 0; index < candidates.size(); ++index) {
-    if (peak_model_state(model, candidates[index]).first > limit) {
+    if (model_state.peak(candidates[index]).first > limit) {
       ++result.counts.pruned_model_state;
       continue;
     }
@@ -219,7 +243,7 @@ SearchResult search_plans(const ModelSpec& model, const GpuSpec& gpu, const std:
   Closest closest = ranking.closest();
   std::vector<std::pair<int64_t, std::size_t>> by_state;
   for (std::size_t index = 0; index < candidates.size(); ++index) {
-    const int64_t state = peak_model_state(model, candidates[index]).first;
+    const int64_t state = model_state.peak(candidates[index]).first;
     if (state > limit) by_state.emplace_back(state - limit, index);
   }
   std::sort(by_state.begin(), by_state.end());

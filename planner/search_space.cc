@@ -161,6 +161,14 @@ std::vector<ParallelPlan> enumerate_plans(const SearchProblem& problem) {
                     (schedule == ScheduleKind::kInterleaved && vpp < 2)) {
                   continue;
                 }
+                // Megatron's rules on the microbatch count, checked here too because a refusal from
+                // validate_plan costs an exception: interleaving with its default group (pp) needs
+                // pp <= M and M % pp == 0 (a remainder is below pp); DualPipeV needs M >= 2 pp.
+                const int64_t microbatches = problem.global_batch_size / (dp * mbs);
+                if (schedule == ScheduleKind::kInterleaved && (microbatches < grid.pp || microbatches % grid.pp != 0)) {
+                  continue;
+                }
+                if (schedule == ScheduleKind::kDualPipeV && microbatches < 2 * grid.pp) continue;
                 ParallelPlan plan;
                 plan.tensor_parallel_size = grid.tp;
                 plan.pipeline_parallel_size = grid.pp;

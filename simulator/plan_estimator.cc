@@ -1,9 +1,11 @@
 #include "simulator/plan_estimator.h"
 
+#include <algorithm>
 #include <numeric>
 #include <utility>
 #include <vector>
 
+#include "core/formulas.h"
 #include "core/job_spec.h"
 #include "simulator/simulate_plan.h"
 
@@ -12,7 +14,7 @@ namespace megaplan::sim {
 SimulatorEstimator::SimulatorEstimator(ModelSpec model, ClusterSpec cluster, Profile profile)
     : model_(std::move(model)), cluster_(std::move(cluster)), profile_(std::move(profile)), topology_(cluster_) {}
 
-LayerCosts SimulatorEstimator::layer_costs(const ParallelPlan& plan) const {
+SimulatorEstimator::Costs SimulatorEstimator::layer_costs(const ParallelPlan& plan) const {
   const LayerKey key{plan.tensor_parallel_size, plan.context_parallel_size, plan.micro_batch_size,
                      plan.sequence_parallel, plan.recompute_granularity};
   {
@@ -30,28 +32,60 @@ LayerCosts SimulatorEstimator::layer_costs(const ParallelPlan& plan) const {
   const GroupRoutes routes{topology_.ring_route(tensor_group), topology_.ring_route(context_group),
                            topology_.ring_route({0})};
   CostSources sources;
-  const LayerCosts costs = transformer_layer_costs(model_, plan, profile_, routes, sources);
+  const Costs costs{transformer_layer_costs(model_, plan, profile_, routes, sources),
+                    output_layer_costs(model_, plan, profile_, routes.tensor, sources)};
   const std::lock_guard<std::mutex> lock(cache_mutex_);
   layer_cache_.emplace(key, costs);
   return costs;
 }
 
+double SimulatorEstimator::optimizer_seconds(const ParallelPlan& plan, int64_t rank) const {
+  const auto parameter_key = std::tuple(plan.tensor_parallel_size, plan.pipeline_parallel_size,
+                                        plan.virtual_pipeline_parallel_size, stage_placement(plan.schedule));
+  const int64_t replicas = plan.data_parallel_size * plan.context_parallel_size;
+  const auto route_key = std::pair(plan.tensor_parallel_size, replicas);
+  std::unique_lock<std::mutex> lock(cache_mutex_);
+  auto parameters = parameter_cache_.find(parameter_key);
+  if (parameters == parameter_cache_.end()) {
+    std::vector<int64_t> per_rank;
+    for (const PipelineRankParameters& holder : parameters_per_pipeline_rank(model_, plan)) {
+      per_rank.push_back(holder.parameters_per_gpu);
+    }
+    parameters = parameter_cache_.emplace(parameter_key, std::move(per_rank)).first;
+  }
+  auto route = data_route_cache_.find(route_key);
+  if (route == data_route_cache_.end()) {
+    std::vector<int64_t> group;  // Megatron's order tp-cp-ep-dp-pp: rank 0's dp x cp group strides by tp
+    for (int64_t member = 0; member < replicas; ++member) group.push_back(member * plan.tensor_parallel_size);
+    route = data_route_cache_.emplace(route_key, topology_.ring_route(group)).first;
+  }
+  const int64_t parameters_per_gpu = parameters->second[static_cast<std::size_t>(rank)];
+  const Route data_route = route->second;
+  lock.unlock();
+  CostSources sources;
+  return optimizer_step_seconds(plan, parameters_per_gpu, profile_, data_route, sources);
+}
+
 double SimulatorEstimator::lower_bound_s(const ParallelPlan& plan) const {
-  const LayerCosts layer = layer_costs(plan);
+  const Costs costs = layer_costs(plan);
+  const LayerCosts& layer = costs.layer;
+  const LayerCosts& head = costs.output_layer;
   const double layers_per_stage =
       static_cast<double>(model_.num_layers) / static_cast<double>(plan.num_virtual_stages());
   const double forward = layers_per_stage * layer.forward;
   const double backward = layers_per_stage * (layer.backward_input + layer.backward_weight);
+  const auto microbatches = static_cast<double>(plan.num_microbatches());
+  const double rank_work = microbatches * static_cast<double>(plan.virtual_pipeline_parallel_size) * (forward + backward);
+  const double head_work = microbatches * (head.forward + head.backward_input + head.backward_weight);
   const double below = static_cast<double>(plan.pipeline_parallel_size - 1);
-  double bound = below * forward +
-                 static_cast<double>(plan.num_microbatches() * plan.virtual_pipeline_parallel_size) * (forward + backward);
-  // Where the backward is not split, the last rank's last computation is its first stage's
-  // backward of the last microbatch, and that microbatch's backward still has every stage below
-  // to pass: (M + pp - 1)(F + B) for 1F1B, exactly its classic time without communication.
+  const bool v_placement = stage_placement(plan.schedule) == StagePlacement::kV;
+  const int64_t last = plan.pipeline_parallel_size - 1;
+  double last_rank = below * forward + rank_work + (v_placement ? 0 : head_work) + optimizer_seconds(plan, last);
   const bool fused_backward = plan.schedule == ScheduleKind::kOneFOneB || plan.schedule == ScheduleKind::kInterleaved ||
                               plan.schedule == ScheduleKind::kGPipe;
-  if (fused_backward) bound += below * backward;
-  return bound;
+  if (fused_backward) last_rank += below * backward;
+  const double first_rank = v_placement ? rank_work + head_work + optimizer_seconds(plan, 0) : 0;
+  return std::max(last_rank, first_rank);
 }
 
 StepEstimate SimulatorEstimator::estimate(const ParallelPlan& plan) const {

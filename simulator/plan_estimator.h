@@ -5,6 +5,8 @@
 #include <map>
 #include <mutex>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 #include "core/cluster_spec.h"
 #include "core/model_spec.h"
@@ -23,24 +25,35 @@ class SimulatorEstimator final : public StepTimeEstimator {
   // The last pipeline rank cannot start before the forward of the microbatch it first runs has
   // passed every stage below it, and then computes all of its stages' work for every microbatch
   // back to back at best: (pp - 1) F + M * vpp * (F + B + W), with F, B, W one virtual stage's
-  // transformer layers on the fastest groups' routes. Embedding, output layer, transfers, the
-  // gradient reduction and the optimizer step only add to the simulated time. Where the backward
-  // is not split (1f1b, interleaved, gpipe) the last microbatch's backward then passes the pp - 1
-  // stages below: + (pp - 1) B.
+  // transformer layers on the fastest groups' routes, plus M times the output layer where the last
+  // stage is that rank's (loop placement; in a V it is rank 0's, which gives a second bound).
+  // Where the backward is not split (1f1b, interleaved, gpipe) the last microbatch's backward then
+  // passes the pp - 1 stages below: + (pp - 1) B. OPTIM follows all of the rank's work: + its step.
+  // The embedding, transfers and the gradient reduction only add to the simulated time.
   double lower_bound_s(const ParallelPlan& plan) const override;
   StepEstimate estimate(const ParallelPlan& plan) const override;
 
  private:
   // What one layer's cost depends on: tp, cp, mbs, sequence parallelism and recomputation.
   using LayerKey = std::tuple<int64_t, int64_t, int64_t, bool, RecomputeGranularity>;
-  LayerCosts layer_costs(const ParallelPlan& plan) const;
+  struct Costs {
+    LayerCosts layer;
+    LayerCosts output_layer;
+  };
+  Costs layer_costs(const ParallelPlan& plan) const;
+  // OPTIM's time on pipeline rank `rank` (on the fastest data-parallel route).
+  double optimizer_seconds(const ParallelPlan& plan, int64_t rank) const;
 
   ModelSpec model_;
   ClusterSpec cluster_;
   Profile profile_;
   Topology topology_;
   mutable std::mutex cache_mutex_;
-  mutable std::map<LayerKey, LayerCosts> layer_cache_;
+  mutable std::map<LayerKey, Costs> layer_cache_;
+  // Parameters per GPU on each pipeline rank, by tp, pp, vpp and stage placement.
+  mutable std::map<std::tuple<int64_t, int64_t, int64_t, StagePlacement>, std::vector<int64_t>> parameter_cache_;
+  // Global rank 0's data-parallel (dp x cp) ring route, by tp and dp x cp.
+  mutable std::map<std::pair<int64_t, int64_t>, Route> data_route_cache_;
 };
 
 }  // namespace megaplan::sim

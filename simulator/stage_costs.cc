@@ -173,6 +173,45 @@ LayerCosts transformer_layer_costs(const ModelSpec& model, const ParallelPlan& p
   return layer;
 }
 
+LayerCosts output_layer_costs(const ModelSpec& model, const ParallelPlan& plan, const Profile& profile,
+                              const Route& tensor_route, CostSources& sources) {
+  // The final norm, the vocabulary-parallel projection, and the cross entropy over fp32 logits
+  // (bf16 in, fp32 softmax out; back the other way).
+  const int64_t t = plan.tensor_parallel_size;
+  const int64_t tokens = tokens_per_microbatch(model, plan);
+  const int64_t h = model.hidden_size;
+  const int64_t vocabulary = padded_vocab_size(model, t);
+  const int64_t activation_bytes = kBf16 * tokens * h;
+  const CollectiveCoster tensor(profile, tensor_route, t, sources);
+  const GemmCosts gemms = cost_gemms({{tokens, vocabulary / t, h}}, profile, sources);
+  const int64_t logits = tokens * vocabulary / t;
+  const double gather = plan.sequence_parallel ? tensor(CollectiveOp::kAllGather, activation_bytes) : 0;
+  const double scatter = plan.sequence_parallel ? tensor(CollectiveOp::kReduceScatter, activation_bytes)
+                                                : tensor(CollectiveOp::kAllReduce, activation_bytes);
+  const double norm_bytes = static_cast<double>(4 * activation_bytes / (plan.sequence_parallel ? t : 1));
+  LayerCosts head;
+  head.forward_collectives = gather;
+  head.forward = gemms.forward + gather +
+                 profile.elementwise_seconds(static_cast<int64_t>(norm_bytes) + (kBf16 + kFp32) * logits, sources);
+  head.backward_collectives = scatter;
+  head.backward_input = gemms.input_gradient + scatter +
+                        profile.elementwise_seconds(static_cast<int64_t>(2 * norm_bytes) + (kFp32 + kBf16) * logits, sources);
+  head.backward_weight = gemms.weight_gradient;
+  return head;
+}
+
+double optimizer_step_seconds(const ParallelPlan& plan, int64_t parameters_per_gpu, const Profile& profile,
+                              const Route& data_route, CostSources& sources) {
+  // Adam on the rank's (shard of) parameters: read master weights, moments and the gradient,
+  // write master weights, moments and the bf16 parameters: 30 bytes per parameter.
+  const int64_t replicas = plan.data_parallel_size * plan.context_parallel_size;
+  const int64_t shard = plan.use_distributed_optimizer ? parameters_per_gpu / replicas : parameters_per_gpu;
+  double seconds = profile.elementwise_seconds(30 * shard, sources);
+  const CollectiveCoster data(profile, data_route, replicas, sources);
+  if (plan.use_distributed_optimizer) seconds += data(CollectiveOp::kAllGather, kBf16 * parameters_per_gpu);
+  return seconds;
+}
+
 ActionCosts plan_action_costs(const ModelSpec& model, const ParallelPlan& plan, const Profile& profile,
                               const Topology& topology, CostSources& sources) {
   const std::vector<GroupRoutes> routes = pipeline_group_routes(plan, topology);
@@ -188,7 +227,6 @@ ActionCosts plan_action_costs(const ModelSpec& model, const ParallelPlan& plan, 
   const int64_t pp = plan.pipeline_parallel_size;
   const int64_t tokens = tokens_per_microbatch(model, plan);
   const int64_t h = model.hidden_size;
-  const int64_t vocabulary = padded_vocab_size(model, t);
   const int64_t layers = layers_per_virtual_stage(model, plan);
   const int64_t num_stages = plan.num_virtual_stages();
   const StagePlacement placement = stage_placement(plan.schedule);
@@ -218,23 +256,14 @@ ActionCosts plan_action_costs(const ModelSpec& model, const ParallelPlan& plan, 
   first.forward_collectives += embedding_combine;
   first.backward_weight += profile.elementwise_seconds(2 * activation_bytes, sources);  // scatter-add of rows
 
-  // Output layer on the last stage: final norm, the vocabulary-parallel projection, and the
-  // cross entropy over fp32 logits (bf16 in, fp32 softmax out; back the other way).
+  // Output layer on the last stage.
   StageCosts& last = costs.stages.back();
-  const CollectiveCoster tensor(profile, routes_of_stage(num_stages - 1).tensor, t, sources);
-  const GemmCosts head = cost_gemms({{tokens, vocabulary / t, h}}, profile, sources);
-  const int64_t logits = tokens * vocabulary / t;
-  const double head_gather = plan.sequence_parallel ? tensor(CollectiveOp::kAllGather, activation_bytes) : 0;
-  const double head_scatter = plan.sequence_parallel ? tensor(CollectiveOp::kReduceScatter, activation_bytes)
-                                                     : tensor(CollectiveOp::kAllReduce, activation_bytes);
-  const double norm_bytes = static_cast<double>(4 * activation_bytes / (plan.sequence_parallel ? t : 1));
-  last.forward += head.forward + head_gather +
-                  profile.elementwise_seconds(static_cast<int64_t>(norm_bytes) + (kBf16 + kFp32) * logits, sources);
-  last.forward_collectives += head_gather;
-  last.backward_input += head.input_gradient + head_scatter +
-                         profile.elementwise_seconds(static_cast<int64_t>(2 * norm_bytes) + (kFp32 + kBf16) * logits, sources);
-  last.backward_collectives += head_scatter;
-  last.backward_weight += head.weight_gradient;
+  const LayerCosts head = output_layer_costs(model, plan, profile, routes_of_stage(num_stages - 1).tensor, sources);
+  last.forward += head.forward;
+  last.forward_collectives += head.forward_collectives;
+  last.backward_input += head.backward_input;
+  last.backward_collectives += head.backward_collectives;
+  last.backward_weight += head.backward_weight;
 
   // Pipeline transfers: each tp rank sends its part (the sequence shard with SP, else the whole).
   const int64_t transfer_bytes = activation_bytes / (plan.sequence_parallel ? t : 1);
@@ -274,16 +303,11 @@ ActionCosts plan_action_costs(const ModelSpec& model, const ParallelPlan& plan, 
     }
   }
 
-  // Adam on the rank's (shard of) parameters: read master weights, moments and the gradient,
-  // write master weights, moments and the bf16 parameters: 30 bytes per parameter.
   costs.optimizer.resize(static_cast<std::size_t>(pp));
   for (int64_t rank = 0; rank < pp; ++rank) {
-    const int64_t parameters = rank_parameters[static_cast<std::size_t>(rank)].parameters_per_gpu;
-    const int64_t shard = plan.use_distributed_optimizer ? parameters / replicas : parameters;
-    double seconds = profile.elementwise_seconds(30 * shard, sources);
-    const CollectiveCoster data(profile, routes[static_cast<std::size_t>(rank)].data, replicas, sources);
-    if (plan.use_distributed_optimizer) seconds += data(CollectiveOp::kAllGather, kBf16 * parameters);
-    costs.optimizer[static_cast<std::size_t>(rank)] = seconds;
+    costs.optimizer[static_cast<std::size_t>(rank)] =
+        optimizer_step_seconds(plan, rank_parameters[static_cast<std::size_t>(rank)].parameters_per_gpu, profile,
+                               routes[static_cast<std::size_t>(rank)].data, sources);
   }
   return costs;
 }

@@ -45,6 +45,16 @@ std::vector<GroupRoutes> pipeline_group_routes(const ParallelPlan& plan, const T
 LayerCosts transformer_layer_costs(const ModelSpec& model, const ParallelPlan& plan, const Profile& profile,
                                    const GroupRoutes& routes, CostSources& sources);
 
+// The output layer on the last stage, in the same split: final norm, the vocabulary-parallel
+// projection (with its tensor-parallel gather and scatter) and the cross entropy.
+LayerCosts output_layer_costs(const ModelSpec& model, const ParallelPlan& plan, const Profile& profile,
+                              const Route& tensor_route, CostSources& sources);
+
+// OPTIM on a pipeline rank holding `parameters_per_gpu`: Adam over its (shard of the) parameters,
+// and with the distributed optimizer the all-gather of the updated bf16 parameters over dp x cp.
+double optimizer_step_seconds(const ParallelPlan& plan, int64_t parameters_per_gpu, const Profile& profile,
+                              const Route& data_route, CostSources& sources);
+
 // Every stage and every pipeline rank of the plan on `topology` (the job's GPUs).
 // REQUIRES: validate_plan(model, plan) passed; topology.num_gpus() == plan.world_size().
 ActionCosts plan_action_costs(const ModelSpec& model, const ParallelPlan& plan, const Profile& profile,
