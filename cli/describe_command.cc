@@ -4,7 +4,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include "cli/atomic_write.h"
+#include "executor/io/staged_file.h"
 #include "cli/commands.h"
 #include "core/formulas.h"
 #include "core/json_io.h"
@@ -109,7 +109,7 @@ int run_describe(const DescribeOptions& options, std::ostream& out) {
   const JobSpec job = load_job(options.model, options.cluster, options.plan, options.plan_file);
   const JobFacts facts = derive_facts(job);
   // Write the file before printing, so a failed write leaves no misleading output behind.
-  if (options.out) write_file_atomically(*options.out, job_spec_to_json(job).dump(2) + "\n");
+  if (options.out) exec::write_file_atomically(*options.out, job_spec_to_json(job).dump(2) + "\n");
   if (options.json) {
     out << facts_to_json(job, facts).dump(2) << "\n";
   } else {

@@ -7,7 +7,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include "cli/atomic_write.h"
+#include "executor/io/staged_file.h"
 #include "cli/commands.h"
 #include "core/error.h"
 #include "core/schedule/lowering.h"
@@ -111,7 +111,7 @@ int run_schedule(const ScheduleOptions& options, std::ostream& out) {
     write_text(title, schedule, text);
   }
   if (options.out) {
-    write_file_atomically(*options.out, text.str());
+    exec::write_file_atomically(*options.out, text.str());
   } else {
     out << text.str();
   }

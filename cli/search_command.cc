@@ -10,7 +10,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include "cli/atomic_write.h"
+#include "executor/io/staged_file.h"
 #include "cli/commands.h"
 #include "cli/profile_choice.h"
 #include "cli/progress_bar.h"
@@ -203,7 +203,7 @@ int run_search(const SearchCommandOptions& options, std::ostream& out) {
       options.threads > 0 ? options.threads : std::max<int64_t>(1, std::thread::hardware_concurrency());
 
   job.plan = result.plans.front().plan;
-  if (options.out) write_file_atomically(*options.out, job_spec_to_json(job).dump(2) + "\n");
+  if (options.out) exec::write_file_atomically(*options.out, job_spec_to_json(job).dump(2) + "\n");
   if (options.json) {
     nlohmann::json plans = nlohmann::json::array();
     for (const planner::RankedPlan& ranked : result.plans) plans.push_back(plan_json(ranked, result.memory_limit_bytes));

@@ -8,7 +8,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include "cli/atomic_write.h"
+#include "executor/io/staged_file.h"
 #include "cli/commands.h"
 #include "cli/profile_choice.h"
 #include "core/error.h"
@@ -124,7 +124,7 @@ int run_simulate(const SimulateOptions& options, std::ostream& out) {
   const sim::Profile profile = choose_profile(options.profile, job.cluster.gpu);
   const sim::PlanSimulation simulation = sim::simulate_plan(job, profile, options.trace.has_value());
   if (options.trace) {
-    write_file_atomically(*options.trace, timeline_to_chrome_trace(simulation.result.timeline).dump() + "\n");
+    exec::write_file_atomically(*options.trace, timeline_to_chrome_trace(simulation.result.timeline).dump() + "\n");
   }
   if (options.json) {
     out << to_json(job, profile, simulation).dump(2) << "\n";

@@ -20,16 +20,15 @@ std::vector<Action> gpipe_schedule(int64_t pipeline_parallel_size, int64_t micro
 std::vector<Action> one_f_one_b_schedule(int64_t pipeline_parallel_size, int64_t microbatches, int64_t rank) {
   const int64_t warmup = std::min(pipeline_parallel_size - rank - 1, microbatches);
   const int64_t steady = microbatches - warmup;
-  std::vector<Action> actions;
-  actions.reserve(static_cast<std::size_t>(2 * microbatches));
-  for (int64_t microbatch = 0; microbatch < warmup; ++microbatch) actions.push_back(forward(rank, microbatch));
+  // Sized up front and written in place: the planner generates schedules of 10^5 actions often.
+  std::vector<Action> actions(static_cast<std::size_t>(2 * microbatches));
+  Action* next = actions.data();
+  for (int64_t microbatch = 0; microbatch < warmup; ++microbatch) *next++ = forward(rank, microbatch);
   for (int64_t step = 0; step < steady; ++step) {
-    actions.push_back(forward(rank, warmup + step));
-    actions.push_back(backward(rank, step));
+    *next++ = forward(rank, warmup + step);
+    *next++ = backward(rank, step);
   }
-  for (int64_t microbatch = steady; microbatch < microbatches; ++microbatch) {
-    actions.push_back(backward(rank, microbatch));
-  }
+  for (int64_t microbatch = steady; microbatch < microbatches; ++microbatch) *next++ = backward(rank, microbatch);
   return actions;
 }
 
@@ -87,14 +86,15 @@ std::vector<Action> interleaved_schedule(int64_t pipeline_parallel_size, int64_t
     const VirtualMicrobatch& entry = table[static_cast<std::size_t>(k)];
     return backward(stage_of_chunk(virtual_pipeline_size - 1 - entry.model_chunk), entry.microbatch);
   };
-  std::vector<Action> actions;
-  actions.reserve(static_cast<std::size_t>(2 * total));
-  for (int64_t k = 0; k < warmup; ++k) actions.push_back(forward_of(k));
+  // Sized up front and written in place, as one_f_one_b_schedule.
+  std::vector<Action> actions(static_cast<std::size_t>(2 * total));
+  Action* next = actions.data();
+  for (int64_t k = 0; k < warmup; ++k) *next++ = forward_of(k);
   for (int64_t k = 0; k < total - warmup; ++k) {
-    actions.push_back(forward_of(warmup + k));
-    actions.push_back(backward_of(k));
+    *next++ = forward_of(warmup + k);
+    *next++ = backward_of(k);
   }
-  for (int64_t k = total - warmup; k < total; ++k) actions.push_back(backward_of(k));
+  for (int64_t k = total - warmup; k < total; ++k) *next++ = backward_of(k);
   return actions;
 }
 

@@ -38,7 +38,7 @@ expect_error() {
 expect_ok --help
 expect_ok --version
 grep -q "megaplan 0" "$scratch/out" || fail "--version prints no version"
-for command in describe devices groups presets schedule search simulate; do
+for command in data describe devices groups presets schedule search simulate; do
   expect_ok "$command" --help
   grep -q "Usage" "$scratch/out" || fail "$command --help prints no usage"
 done
@@ -139,6 +139,18 @@ expect_error 'error: --plan: cannot be combined with --tp' simulate --plan "$scr
 expect_error "error: $scratch/missing-profile.json: cannot read file" simulate --model gpt2-124m --cluster h200-x2 --profile "$scratch/missing-profile.json"
 expect_error 'error: --tensor-model-parallel-size' simulate --model gpt2-1.5b --cluster h200-x2 --tp 2 --trace "$scratch/never-trace.json"
 [ ! -e "$scratch/never-trace.json" ] || fail "a failed simulate wrote --trace"
+
+# Data: text to Megatron's indexed dataset; broken input writes nothing.
+printf '{"text": "hello"}\n{"text": "world!"}\n' >"$scratch/docs.jsonl"
+expect_ok data prepare --input "$scratch/docs.jsonl" "$examples/models/tiny-gpt.json" --output-prefix "$scratch/corpus" --append-eod
+grep -q '^wrote .*: 3 documents, ' "$scratch/out" || fail "data prepare: $(cat "$scratch/out")"
+[ -s "$scratch/corpus.bin" ] && [ -s "$scratch/corpus.idx" ] || fail "data prepare wrote no .bin/.idx"
+head -c 7 "$scratch/corpus.idx" | grep -q MMIDIDX || fail "data prepare's .idx has no MMIDIDX magic"
+printf '{"text": "fine"}\n{"text": \n' >"$scratch/bad.jsonl"
+expect_error "error: --input: $scratch/bad.jsonl:2: malformed JSON" data prepare --input "$scratch/bad.jsonl" --output-prefix "$scratch/never"
+expect_error "error: --input: $scratch/nothing.txt: cannot read file" data prepare --input "$scratch/nothing.txt" --output-prefix "$scratch/never"
+expect_error 'error: --tokenizer: unknown tokenizer "sentencepiece"' data prepare --input "$scratch/docs.jsonl" --output-prefix "$scratch/never" --tokenizer sentencepiece
+ls "$scratch" | grep -q '^never' && fail "a failed data prepare left files behind"
 
 # Search: a small space end to end; the best plan as a job file that simulate reads back; JSON;
 # Megatron's arguments; the explanation.

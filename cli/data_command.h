@@ -1,0 +1,17 @@
+// `megaplan data prepare`: text files to Megatron's indexed dataset (.bin/.idx).
+#pragma once
+
+#include <ostream>
+
+#include "executor/data/prepare.h"
+
+namespace megaplan::cli {
+
+struct DataPrepareOptions {
+  exec::PrepareOptions prepare;
+  std::string tokenizer = "byte";
+};
+
+int run_data_prepare(const DataPrepareOptions& options, std::ostream& out);
+
+}  // namespace megaplan::cli

@@ -1,0 +1,234 @@
+#include "executor/data/indexed_dataset.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <limits>
+
+#include "core/error.h"
+#include "executor/io/staged_file.h"
+
+namespace megaplan::exec {
+
+namespace {
+
+constexpr char kMagic[9] = {'M', 'M', 'I', 'D', 'I', 'D', 'X', '\0', '\0'};
+constexpr std::size_t kHeaderBytes = 9 + 8 + 1 + 8 + 8;
+const std::string kField = "--data-path";
+
+template <typename T>
+T load(const unsigned char* at) {
+  T value;
+  std::memcpy(&value, at, sizeof value);  // the arrays need not be aligned for T
+  return value;
+}
+
+[[noreturn]] void refuse(const std::string& path, const std::string& rule) { throw SpecError(kField, path + ": " + rule); }
+
+bool known(uint8_t code) { return code >= 1 && code <= 8; }
+
+}  // namespace
+
+std::size_t token_bytes(TokenType type) {
+  switch (type) {
+    case TokenType::kUint8:
+    case TokenType::kInt8:
+      return 1;
+    case TokenType::kInt16:
+    case TokenType::kUint16:
+      return 2;
+    case TokenType::kInt32:
+    case TokenType::kFloat32:
+      return 4;
+    case TokenType::kInt64:
+    case TokenType::kFloat64:
+      return 8;
+  }
+  return 0;
+}
+
+TokenType token_type_for_vocabulary(int64_t vocab_size) {
+  return vocab_size < 65500 ? TokenType::kUint16 : TokenType::kInt32;
+}
+
+IndexedDataset::Mapping IndexedDataset::map_file(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) refuse(path, std::string("cannot open: ") + std::strerror(errno));
+  struct stat status {};
+  if (::fstat(fd, &status) != 0) {
+    const int saved = errno;
+    ::close(fd);
+    refuse(path, std::string("cannot stat: ") + std::strerror(saved));
+  }
+  Mapping mapping;
+  mapping.size = static_cast<std::size_t>(status.st_size);
+  if (mapping.size > 0) {
+    void* address = ::mmap(nullptr, mapping.size, PROT_READ, MAP_SHARED, fd, 0);
+    if (address == MAP_FAILED) {
+      const int saved = errno;
+      ::close(fd);
+      refuse(path, std::string("cannot map: ") + std::strerror(saved));
+    }
+    mapping.data = static_cast<const unsigned char*>(address);
+  }
+  ::close(fd);  // the mapping stays valid
+  return mapping;
+}
+
+IndexedDataset::IndexedDataset(const std::string& prefix) : prefix_(prefix) {
+  const std::string index_path = prefix + ".idx";
+  const std::string data_path = prefix + ".bin";
+  index_ = map_file(index_path);
+  try {
+    data_ = map_file(data_path);
+    if (index_.size < kHeaderBytes) {
+      refuse(index_path, "truncated: " + std::to_string(index_.size) + " bytes, shorter than the " +
+                             std::to_string(kHeaderBytes) + "-byte header");
+    }
+    if (std::memcmp(index_.data, kMagic, sizeof kMagic) != 0) refuse(index_path, "not a Megatron index (no MMIDIDX magic)");
+    const auto version = load<uint64_t>(index_.data + 9);
+    if (version != 1) refuse(index_path, "index version " + std::to_string(version) + " (only version 1 is known)");
+    const uint8_t code = index_.data[17];
+    if (!known(code)) refuse(index_path, "unknown dtype code " + std::to_string(code) + " (Megatron's are 1-8)");
+    token_type_ = static_cast<TokenType>(code);
+    const auto sequences = load<uint64_t>(index_.data + 18);
+    const auto documents = load<uint64_t>(index_.data + 26);
+    // Sizes from the header, checked before they are trusted as offsets.
+    constexpr uint64_t kLimit = std::numeric_limits<uint64_t>::max() / 32;
+    if (sequences > kLimit || documents > kLimit) refuse(index_path, "implausible counts in the header");
+    const uint64_t expected = kHeaderBytes + sequences * (4 + 8) + documents * 8;
+    if (index_.size != expected) {
+      refuse(index_path, std::string(index_.size < expected ? "truncated" : "too long") + ": " +
+                             std::to_string(index_.size) + " bytes, but its header promises " +
+                             std::to_string(sequences) + " sequences and " + std::to_string(documents) +
+                             " document indices, " + std::to_string(expected) + " bytes");
+    }
+    num_sequences_ = static_cast<std::size_t>(sequences);
+    num_document_indices_ = static_cast<std::size_t>(documents);
+    lengths_ = index_.data + kHeaderBytes;
+    pointers_ = lengths_ + 4 * num_sequences_;
+    documents_ = pointers_ + 8 * num_sequences_;
+    if (num_document_indices_ == 0 || load<int64_t>(documents_) != 0 ||
+        load<int64_t>(documents_ + 8 * (num_document_indices_ - 1)) != static_cast<int64_t>(num_sequences_)) {
+      refuse(index_path, "document indices must run from 0 to the sequence count " + std::to_string(num_sequences_));
+    }
+    for (std::size_t d = 1; d < num_document_indices_; ++d) {
+      if (load<int64_t>(documents_ + 8 * d) < load<int64_t>(documents_ + 8 * (d - 1))) {
+        refuse(index_path, "document indices decrease at document " + std::to_string(d));
+      }
+    }
+    const std::size_t width = token_bytes(token_type_);
+    for (std::size_t s = 0; s < num_sequences_; ++s) {
+      const int32_t length = sequence_length(s);
+      const auto pointer = load<int64_t>(pointers_ + 8 * s);
+      if (length < 0 || pointer < 0 ||
+          static_cast<uint64_t>(pointer) + static_cast<uint64_t>(length) * width > data_.size) {
+        refuse(data_path, "truncated: sequence " + std::to_string(s) + " (" + std::to_string(length) +
+                              " tokens at byte " + std::to_string(pointer) + ") reaches past its " +
+                              std::to_string(data_.size) + " bytes");
+      }
+    }
+  } catch (...) {
+    if (index_.data) ::munmap(const_cast<unsigned char*>(index_.data), index_.size);
+    if (data_.data) ::munmap(const_cast<unsigned char*>(data_.data), data_.size);
+    throw;
+  }
+}
+
+IndexedDataset::~IndexedDataset() {
+  if (index_.data) ::munmap(const_cast<unsigned char*>(index_.data), index_.size);
+  if (data_.data) ::munmap(const_cast<unsigned char*>(data_.data), data_.size);
+}
+
+int32_t IndexedDataset::sequence_length(std::size_t sequence) const { return load<int32_t>(lengths_ + 4 * sequence); }
+
+int64_t IndexedDataset::document_start(std::size_t document) const { return load<int64_t>(documents_ + 8 * document); }
+
+void IndexedDataset::read(std::size_t sequence, std::size_t offset, std::size_t count, int64_t* out) const {
+  const std::size_t width = token_bytes(token_type_);
+  const unsigned char* at =
+      data_.data + static_cast<std::size_t>(load<int64_t>(pointers_ + 8 * sequence)) + offset * width;
+  for (std::size_t i = 0; i < count; ++i, at += width) {
+    switch (token_type_) {
+      case TokenType::kUint8: out[i] = load<uint8_t>(at); break;
+      case TokenType::kInt8: out[i] = load<int8_t>(at); break;
+      case TokenType::kInt16: out[i] = load<int16_t>(at); break;
+      case TokenType::kUint16: out[i] = load<uint16_t>(at); break;
+      case TokenType::kInt32: out[i] = load<int32_t>(at); break;
+      case TokenType::kInt64: out[i] = load<int64_t>(at); break;
+      case TokenType::kFloat32: out[i] = static_cast<int64_t>(load<float>(at)); break;
+      case TokenType::kFloat64: out[i] = static_cast<int64_t>(load<double>(at)); break;
+    }
+  }
+}
+
+std::vector<int64_t> IndexedDataset::sequence(std::size_t sequence) const {
+  std::vector<int64_t> tokens(static_cast<std::size_t>(sequence_length(sequence)));
+  read(sequence, 0, tokens.size(), tokens.data());
+  return tokens;
+}
+
+IndexedDatasetWriter::IndexedDatasetWriter(std::string prefix, TokenType type) : prefix_(std::move(prefix)), type_(type) {}
+
+void IndexedDatasetWriter::add_document(const std::vector<int64_t>& tokens) {
+  const std::size_t width = token_bytes(type_);
+  if (tokens.size() > static_cast<std::size_t>(std::numeric_limits<int32_t>::max())) {
+    throw SpecError("--input", "a document of " + std::to_string(tokens.size()) + " tokens exceeds int32 lengths");
+  }
+  pointers_.push_back(static_cast<int64_t>(data_.size()));
+  lengths_.push_back(static_cast<int32_t>(tokens.size()));
+  for (int64_t token : tokens) {
+    unsigned char bytes[8];
+    bool fits = true;
+    switch (type_) {
+      case TokenType::kUint8: { const auto v = static_cast<uint8_t>(token); fits = v == token; std::memcpy(bytes, &v, 1); break; }
+      case TokenType::kInt8: { const auto v = static_cast<int8_t>(token); fits = v == token; std::memcpy(bytes, &v, 1); break; }
+      case TokenType::kInt16: { const auto v = static_cast<int16_t>(token); fits = v == token; std::memcpy(bytes, &v, 2); break; }
+      case TokenType::kUint16: { const auto v = static_cast<uint16_t>(token); fits = v == token; std::memcpy(bytes, &v, 2); break; }
+      case TokenType::kInt32: { const auto v = static_cast<int32_t>(token); fits = v == token; std::memcpy(bytes, &v, 4); break; }
+      case TokenType::kInt64: std::memcpy(bytes, &token, 8); break;
+      case TokenType::kFloat32: { const auto v = static_cast<float>(token); fits = static_cast<int64_t>(v) == token; std::memcpy(bytes, &v, 4); break; }
+      case TokenType::kFloat64: { const auto v = static_cast<double>(token); fits = static_cast<int64_t>(v) == token; std::memcpy(bytes, &v, 8); break; }
+    }
+    if (!fits) {
+      throw SpecError("--input", "token " + std::to_string(token) + " does not fit dtype code " +
+                                     std::to_string(static_cast<int>(type_)));
+    }
+    data_.insert(data_.end(), bytes, bytes + width);
+  }
+}
+
+void IndexedDatasetWriter::finish() {
+  // Both files are staged before either is renamed: a failure leaves neither behind.
+  StagedFile data(prefix_ + ".bin");
+  data.write(data_.data(), data_.size());
+  StagedFile index(prefix_ + ".idx");
+  index.write(kMagic, sizeof kMagic);
+  const uint64_t version = 1;
+  const auto code = static_cast<uint8_t>(type_);
+  const uint64_t sequences = lengths_.size();
+  const uint64_t document_indices = lengths_.size() + 1;
+  index.write(&version, 8);
+  index.write(&code, 1);
+  index.write(&sequences, 8);
+  index.write(&document_indices, 8);
+  index.write(lengths_.data(), 4 * lengths_.size());
+  index.write(pointers_.data(), 8 * pointers_.size());
+  for (uint64_t d = 0; d < document_indices; ++d) {
+    const auto start = static_cast<int64_t>(d);
+    index.write(&start, 8);
+  }
+  data.commit();
+  try {
+    index.commit();
+  } catch (...) {
+    ::unlink((prefix_ + ".bin").c_str());
+    throw;
+  }
+}
+
+}  // namespace megaplan::exec

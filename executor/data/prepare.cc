@@ -1,0 +1,65 @@
+#include "executor/data/prepare.h"
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/text_file.h"
+#include "executor/data/indexed_dataset.h"
+
+namespace megaplan::exec {
+
+namespace {
+
+bool ends_with(const std::string& text, const std::string& suffix) {
+  return text.size() >= suffix.size() && text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+}  // namespace
+
+PrepareSummary prepare_dataset(const PrepareOptions& options, const Tokenizer& tokenizer) {
+  if (options.inputs.empty()) throw SpecError("--input", "at least one input file is needed");
+  if (options.output_prefix.empty()) throw SpecError("--output-prefix", "must not be empty");
+  IndexedDatasetWriter writer(options.output_prefix, token_type_for_vocabulary(tokenizer.vocab_size()));
+  PrepareSummary summary;
+  const auto add = [&](std::string_view text) {
+    std::vector<int64_t> tokens = tokenizer.encode(text);
+    if (options.append_end_of_document) tokens.push_back(tokenizer.end_of_document());
+    summary.tokens += static_cast<int64_t>(tokens.size());
+    ++summary.documents;
+    writer.add_document(tokens);
+  };
+  for (const std::string& path : options.inputs) {
+    std::string contents;
+    try {
+      contents = read_text_file(path);
+    } catch (const SpecError& error) {
+      throw SpecError("--input", error.what());
+    }
+    summary.bytes_read += static_cast<int64_t>(contents.size());
+    if (!ends_with(path, ".jsonl")) {
+      add(contents);
+      continue;
+    }
+    std::size_t line_number = 0;
+    std::size_t start = 0;
+    while (start < contents.size()) {
+      std::size_t end = contents.find('\n', start);
+      if (end == std::string::npos) end = contents.size();
+      ++line_number;
+      const std::string_view line(contents.data() + start, end - start);
+      start = end + 1;
+      if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
+      const nlohmann::json record = nlohmann::json::parse(line, nullptr, false);
+      const std::string where = path + ":" + std::to_string(line_number);
+      if (record.is_discarded()) throw SpecError("--input", where + ": malformed JSON");
+      if (!record.is_object() || !record.contains(options.json_key) || !record[options.json_key].is_string()) {
+        throw SpecError("--input", where + ": no string field \"" + options.json_key + "\"");
+      }
+      add(record[options.json_key].get<std::string>());
+    }
+  }
+  writer.finish();
+  return summary;
+}
+
+}  // namespace megaplan::exec

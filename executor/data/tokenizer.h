@@ -1,0 +1,31 @@
+// Tokenizers for `megaplan data prepare` and the trainer. Byte-level: every byte is its own token
+// (0-255) and the end-of-document token is 256. GPT-2's byte-level BPE comes with the next slice.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace megaplan::exec {
+
+class Tokenizer {
+ public:
+  virtual ~Tokenizer() = default;
+  virtual std::vector<int64_t> encode(std::string_view text) const = 0;
+  virtual int64_t end_of_document() const = 0;
+  virtual int64_t vocab_size() const = 0;
+};
+
+class ByteTokenizer final : public Tokenizer {
+ public:
+  std::vector<int64_t> encode(std::string_view text) const override;
+  int64_t end_of_document() const override { return 256; }
+  int64_t vocab_size() const override { return 257; }
+};
+
+// "byte" (more kinds to come); throws SpecError("--tokenizer", ...) naming the known ones.
+std::unique_ptr<Tokenizer> make_tokenizer(const std::string& kind);
+
+}  // namespace megaplan::exec

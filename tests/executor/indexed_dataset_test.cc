@@ -1,0 +1,184 @@
+// Megatron's indexed dataset: .idx files whose bytes are written here by hand, in Megatron's
+// layout, read back exactly; every dtype code; the writer's round trip; and broken files refused
+// with one line naming the file and the rule.
+#include <catch2/catch.hpp>
+
+#include <cstdio>
+#include <filesystem>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <unistd.h>
+#include <vector>
+
+#include "core/error.h"
+#include "executor/data/indexed_dataset.h"
+#include "executor/data/prepare.h"
+
+using Catch::Matchers::Contains;
+using megaplan::exec::IndexedDataset;
+using megaplan::exec::IndexedDatasetWriter;
+using megaplan::exec::TokenType;
+
+namespace {
+
+class ScratchDirectory {
+ public:
+  ScratchDirectory() {
+    char pattern[] = "/tmp/megaplan-data-XXXXXX";
+    path_ = ::mkdtemp(pattern);
+  }
+  ~ScratchDirectory() { std::filesystem::remove_all(path_); }
+  std::string file(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+// Little-endian bytes of a value, appended.
+template <typename T>
+void put(std::string& bytes, T value) {
+  char raw[sizeof(T)];
+  std::memcpy(raw, &value, sizeof(T));
+  bytes.append(raw, sizeof(T));
+}
+
+void write_bytes(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+// An .idx in Megatron's layout for sequences of the given lengths laid back to back.
+std::string index_bytes(uint8_t code, std::size_t width, const std::vector<int32_t>& lengths,
+                        const std::vector<int64_t>& documents) {
+  std::string bytes("MMIDIDX\0\0", 9);
+  put<uint64_t>(bytes, 1);
+  put<uint8_t>(bytes, code);
+  put<uint64_t>(bytes, lengths.size());
+  put<uint64_t>(bytes, documents.size());
+  for (int32_t length : lengths) put<int32_t>(bytes, length);
+  int64_t pointer = 0;
+  for (int32_t length : lengths) {
+    put<int64_t>(bytes, pointer);
+    pointer += length * static_cast<int64_t>(width);
+  }
+  for (int64_t document : documents) put<int64_t>(bytes, document);
+  return bytes;
+}
+
+}  // namespace
+
+TEST_CASE("an .idx written byte by byte in Megatron's layout reads back", "[data]") {
+  const ScratchDirectory scratch;
+  const std::string prefix = scratch.file("corpus");
+  // Three sequences (uint16 tokens) in two documents: {0, 1}, {2} -> document indices 0, 2, 3.
+  std::string bin;
+  for (int token : {7, 8, 9, 50000, 65535, 1}) put<uint16_t>(bin, static_cast<uint16_t>(token));
+  write_bytes(prefix + ".bin", bin);
+  write_bytes(prefix + ".idx", index_bytes(8, 2, {3, 2, 1}, {0, 2, 3}));
+  const IndexedDataset dataset(prefix);
+  CHECK(dataset.token_type() == TokenType::kUint16);
+  CHECK(dataset.num_sequences() == 3);
+  CHECK(dataset.num_documents() == 2);
+  CHECK(dataset.document_start(1) == 2);
+  CHECK(dataset.sequence(0) == std::vector<int64_t>{7, 8, 9});
+  CHECK(dataset.sequence(1) == std::vector<int64_t>{50000, 65535});
+  CHECK(dataset.sequence(2) == std::vector<int64_t>{1});
+  int64_t middle[2];
+  dataset.read(0, 1, 2, middle);
+  CHECK(middle[0] == 8);
+  CHECK(middle[1] == 9);
+}
+
+TEST_CASE("every dtype code reads its tokens", "[data]") {
+  const ScratchDirectory scratch;
+  struct Case {
+    TokenType type;
+    std::vector<int64_t> tokens;
+  };
+  const std::vector<Case> cases = {{TokenType::kUint8, {0, 255, 3}},        {TokenType::kInt8, {-128, 127, 0}},
+                                   {TokenType::kInt16, {-32768, 32767, 5}}, {TokenType::kInt32, {-7, 2147483647, 0}},
+                                   {TokenType::kInt64, {-1, int64_t{1} << 40, 9}}, {TokenType::kFloat64, {3, 1 << 30, 0}},
+                                   {TokenType::kFloat32, {3, 1 << 20, 0}},  {TokenType::kUint16, {65535, 0, 1}}};
+  for (const Case& entry : cases) {
+    const std::string prefix = scratch.file("dtype" + std::to_string(static_cast<int>(entry.type)));
+    IndexedDatasetWriter writer(prefix, entry.type);
+    writer.add_document(entry.tokens);
+    writer.add_document({entry.tokens[2]});
+    writer.finish();
+    const IndexedDataset dataset(prefix);
+    CHECK(dataset.token_type() == entry.type);
+    CHECK(dataset.sequence(0) == entry.tokens);
+    CHECK(dataset.sequence(1) == std::vector<int64_t>{entry.tokens[2]});
+    CHECK(dataset.num_documents() == 2);
+  }
+  IndexedDatasetWriter narrow(scratch.file("narrow"), TokenType::kUint16);
+  CHECK_THROWS_WITH(narrow.add_document({70000}), Contains("token 70000 does not fit dtype code 8"));
+  CHECK(megaplan::exec::token_type_for_vocabulary(50257) == TokenType::kUint16);
+  CHECK(megaplan::exec::token_type_for_vocabulary(128256) == TokenType::kInt32);
+}
+
+TEST_CASE("broken datasets are refused naming the file and the rule", "[data]") {
+  const ScratchDirectory scratch;
+  const std::string prefix = scratch.file("broken");
+  std::string bin;
+  for (int token : {1, 2, 3, 4}) put<uint16_t>(bin, static_cast<uint16_t>(token));
+  const std::string good_index = index_bytes(8, 2, {3, 1}, {0, 1, 2});
+
+  CHECK_THROWS_WITH(IndexedDataset(prefix), Contains("--data-path: " + prefix + ".idx: cannot open"));
+
+  write_bytes(prefix + ".bin", bin);
+  write_bytes(prefix + ".idx", good_index.substr(0, good_index.size() - 5));
+  CHECK_THROWS_WITH(IndexedDataset(prefix), Contains(".idx: truncated") && Contains("promises 2 sequences"));
+
+  write_bytes(prefix + ".idx", good_index);
+  write_bytes(prefix + ".bin", bin.substr(0, 6));
+  CHECK_THROWS_WITH(IndexedDataset(prefix), Contains(".bin: truncated: sequence 1"));
+
+  write_bytes(prefix + ".bin", bin);
+  std::string bad_magic = good_index;
+  bad_magic[0] = 'X';
+  write_bytes(prefix + ".idx", bad_magic);
+  CHECK_THROWS_WITH(IndexedDataset(prefix), Contains("no MMIDIDX magic"));
+
+  std::string bad_version = good_index;
+  bad_version[9] = 2;
+  write_bytes(prefix + ".idx", bad_version);
+  CHECK_THROWS_WITH(IndexedDataset(prefix), Contains("index version 2"));
+
+  std::string bad_code = good_index;
+  bad_code[17] = 9;
+  write_bytes(prefix + ".idx", bad_code);
+  CHECK_THROWS_WITH(IndexedDataset(prefix), Contains("unknown dtype code 9"));
+
+  write_bytes(prefix + ".idx", index_bytes(8, 2, {3, 1}, {0, 2, 1}));
+  CHECK_THROWS_WITH(IndexedDataset(prefix), Contains("document indices must run from 0 to the sequence count 2"));
+
+  write_bytes(prefix + ".idx", good_index);
+  CHECK_NOTHROW(IndexedDataset(prefix));
+}
+
+TEST_CASE("prepare turns .jsonl lines and whole files into documents", "[data]") {
+  const ScratchDirectory scratch;
+  write_bytes(scratch.file("a.jsonl"), "{\"text\": \"ab\"}\n\n{\"text\": \"c\", \"id\": 3}\n");
+  write_bytes(scratch.file("b.txt"), "xyz");
+  megaplan::exec::PrepareOptions options;
+  options.inputs = {scratch.file("a.jsonl"), scratch.file("b.txt")};
+  options.output_prefix = scratch.file("out");
+  options.append_end_of_document = true;
+  const megaplan::exec::ByteTokenizer bytes;
+  const megaplan::exec::PrepareSummary summary = megaplan::exec::prepare_dataset(options, bytes);
+  CHECK(summary.documents == 3);
+  CHECK(summary.tokens == 3 + 2 + 4);
+  const IndexedDataset dataset(options.output_prefix);
+  CHECK(dataset.token_type() == TokenType::kUint16);
+  CHECK(dataset.sequence(0) == std::vector<int64_t>{'a', 'b', 256});
+  CHECK(dataset.sequence(1) == std::vector<int64_t>{'c', 256});
+  CHECK(dataset.sequence(2) == std::vector<int64_t>{'x', 'y', 'z', 256});
+
+  write_bytes(scratch.file("c.jsonl"), "{\"body\": \"ab\"}\n");
+  options.inputs = {scratch.file("c.jsonl")};
+  options.output_prefix = scratch.file("never");
+  CHECK_THROWS_WITH(megaplan::exec::prepare_dataset(options, bytes), Contains("c.jsonl:1: no string field \"text\""));
+  CHECK(!std::filesystem::exists(scratch.file("never.bin")));
+  CHECK(!std::filesystem::exists(scratch.file("never.idx")));
+}
