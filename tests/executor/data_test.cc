@@ -1,6 +1,6 @@
-// Megatron's indexed dataset: .idx files whose bytes are written here by hand, in Megatron's
-// layout, read back exactly; every dtype code; the writer's round trip; and broken files refused
-// with one line naming the file and the rule.
+// The data pipeline. Megatron's indexed dataset: .idx files whose bytes are written here by hand,
+// in Megatron's layout, read back exactly; every dtype code; the writer's round trip; broken files
+// refused with one line naming the file and the rule. Then data prepare, --split and GPT samples.
 #include <catch2/catch.hpp>
 
 #include <cstdio>
@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "executor/data/gpt_dataset.h"
 #include "executor/data/indexed_dataset.h"
 #include "executor/data/prepare.h"
 
@@ -181,4 +182,68 @@ TEST_CASE("prepare turns .jsonl lines and whole files into documents", "[data]")
   CHECK_THROWS_WITH(megaplan::exec::prepare_dataset(options, bytes), Contains("c.jsonl:1: no string field \"text\""));
   CHECK(!std::filesystem::exists(scratch.file("never.bin")));
   CHECK(!std::filesystem::exists(scratch.file("never.idx")));
+}
+
+TEST_CASE("--split follows Megatron's rounding", "[data]") {
+  using megaplan::exec::split_documents;
+  const auto thousand = split_documents("949,50,1", 1000);
+  CHECK(thousand[0].begin == 0);
+  CHECK(thousand[0].end == 949);
+  CHECK(thousand[1].end == 999);
+  CHECK(thousand[2].end == 1000);
+  // Python rounds 0.5 to 0 and 9.49 to 9; the missing document goes to every boundary.
+  const auto ten = split_documents("949,50,1", 10);
+  CHECK(ten[0].size() == 10);
+  CHECK(ten[1].size() == 0);
+  CHECK(ten[2].size() == 0);
+  const auto halves = split_documents("1,1", 7);
+  CHECK(halves[0].size() + halves[1].size() == 7);
+  CHECK(halves[2].size() == 0);
+  for (const char* bad : {"a,b", "0,0", "1,2,3,4", "-1", "1,,2", ""}) {
+    CHECK_THROWS_WITH(split_documents(bad, 10), Contains("--split"));
+  }
+}
+
+TEST_CASE("GPT samples are overlapping windows of the shuffled document stream", "[data]") {
+  const ScratchDirectory scratch;
+  const std::string prefix = scratch.file("stream");
+  // Token 1000 * document + position: any window shows where it came from.
+  IndexedDatasetWriter writer(prefix, TokenType::kInt32);
+  const std::vector<int64_t> lengths = {5, 1, 9, 3, 7};
+  for (std::size_t d = 0; d < lengths.size(); ++d) {
+    std::vector<int64_t> tokens;
+    for (int64_t p = 0; p < lengths[d]; ++p) tokens.push_back(1000 * static_cast<int64_t>(d) + p);
+    writer.add_document(tokens);
+  }
+  writer.finish();
+  const IndexedDataset dataset(prefix);
+  const int64_t seq = 4;
+  const megaplan::exec::GptSamples samples(dataset, {0, 5}, seq, 30, 1234);
+  REQUIRE(samples.size() == 30);
+  CHECK(samples.epochs() == 5);  // 25 tokens per epoch: (5 * 25 - 1) / 4 = 31 >= 30 samples
+  std::vector<std::vector<int64_t>> seen;
+  for (int64_t i = 0; i < samples.size(); ++i) {
+    std::vector<int64_t> tokens(static_cast<std::size_t>(seq + 1));
+    samples.sample(i, tokens.data());
+    // Within a document positions count up by one; a new document starts at position 0.
+    for (std::size_t k = 1; k < tokens.size(); ++k) {
+      const bool next_in_document = tokens[k] == tokens[k - 1] + 1 && tokens[k] / 1000 == tokens[k - 1] / 1000;
+      const bool document_ends = tokens[k - 1] % 1000 == lengths[static_cast<std::size_t>(tokens[k - 1] / 1000)] - 1;
+      CHECK((next_in_document || (document_ends && tokens[k] % 1000 == 0)));
+    }
+    seen.push_back(tokens);
+  }
+  // Same seed, same samples; another seed, another order.
+  const megaplan::exec::GptSamples again(dataset, {0, 5}, seq, 30, 1234);
+  const megaplan::exec::GptSamples other(dataset, {0, 5}, seq, 30, 99);
+  bool differs = false;
+  for (int64_t i = 0; i < 30; ++i) {
+    std::vector<int64_t> a(static_cast<std::size_t>(seq + 1)), b(static_cast<std::size_t>(seq + 1));
+    again.sample(i, a.data());
+    other.sample(i, b.data());
+    CHECK(a == seen[static_cast<std::size_t>(i)]);
+    differs = differs || b != seen[static_cast<std::size_t>(i)];
+  }
+  CHECK(differs);
+  CHECK_THROWS_WITH(megaplan::exec::GptSamples(dataset, {1, 2}, seq, 3, 1), Contains("too few for any sample"));
 }
