@@ -1,0 +1,157 @@
+// The CPU reference kernels: every backward against central finite differences of its forward,
+// on fresh random inputs, and AdamW against its formula worked by hand.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <functional>
+#include <random>
+#include <vector>
+
+#include "executor/kernels/reference/adamw.h"
+#include "executor/kernels/reference/attention.h"
+#include "executor/kernels/reference/cross_entropy.h"
+#include "executor/kernels/reference/gelu.h"
+#include "executor/kernels/reference/layernorm.h"
+
+namespace ref = megaplan::exec::reference;
+
+namespace {
+
+std::vector<float> random_vector(std::size_t n, std::mt19937& generator, float scale = 1.0f) {
+  std::normal_distribution<float> normal(0.0f, scale);
+  std::vector<float> values(n);
+  for (float& value : values) value = normal(generator);
+  return values;
+}
+
+// Checks `analytic` against d loss / d values[i] by central differences, on a sample of entries.
+void check_gradient(std::vector<float>& values, const std::vector<float>& analytic, const std::function<double()>& loss,
+                    const char* what) {
+  REQUIRE(values.size() == analytic.size());
+  const float step = 1e-2f;
+  for (std::size_t i = 0; i < values.size(); i += 1 + values.size() / 23) {
+    const float saved = values[i];
+    values[i] = saved + step;
+    const double up = loss();
+    values[i] = saved - step;
+    const double down = loss();
+    values[i] = saved;
+    const double numeric = (up - down) / (2.0 * step);
+    INFO(what << "[" << i << "]: analytic " << analytic[i] << ", numeric " << numeric);
+    CHECK(std::abs(analytic[i] - numeric) <= 2e-2 + 2e-2 * std::abs(numeric));
+  }
+}
+
+double weighted_sum(const std::vector<float>& values, const std::vector<float>& weights) {
+  double sum = 0;
+  for (std::size_t i = 0; i < values.size(); ++i) sum += static_cast<double>(values[i]) * weights[i];
+  return sum;
+}
+
+}  // namespace
+
+TEST_CASE("layernorm's backward is its forward's gradient", "[kernels]") {
+  std::mt19937 generator(7);
+  const std::size_t rows = 3, cols = 16;
+  std::vector<float> x = random_vector(rows * cols, generator, 2.0f);
+  std::vector<float> gamma = random_vector(cols, generator), beta = random_vector(cols, generator);
+  const std::vector<float> weights = random_vector(rows * cols, generator);  // loss = sum(y * weights)
+  std::vector<float> y(rows * cols), mean(rows), rstd(rows);
+  const auto loss = [&] {
+    ref::layernorm_forward(x.data(), gamma.data(), beta.data(), rows, cols, 1e-5f, y.data(), mean.data(), rstd.data());
+    return weighted_sum(y, weights);
+  };
+  loss();
+  std::vector<float> dx(rows * cols), dgamma(cols, 0.0f), dbeta(cols, 0.0f);
+  ref::layernorm_backward(weights.data(), x.data(), gamma.data(), mean.data(), rstd.data(), rows, cols, dx.data(),
+                          dgamma.data(), dbeta.data());
+  for (std::size_t r = 0; r < rows; ++r) {  // normalised rows: mean 0, variance 1 before the affine part
+    double sum = 0;
+    for (std::size_t c = 0; c < cols; ++c) sum += (y[r * cols + c] - beta[c]) / gamma[c];
+    CHECK(std::abs(sum) < 1e-3);
+  }
+  check_gradient(x, dx, loss, "dx");
+  check_gradient(gamma, dgamma, loss, "dgamma");
+  check_gradient(beta, dbeta, loss, "dbeta");
+}
+
+TEST_CASE("GELU (tanh) values and gradient", "[kernels]") {
+  std::vector<float> x = {-3.0f, -1.0f, 0.0f, 0.5f, 2.0f};
+  std::vector<float> y(x.size());
+  ref::gelu_forward(x.data(), x.size(), y.data());
+  CHECK(y[2] == 0.0f);
+  CHECK(y[4] == Approx(1.9545977).epsilon(1e-6));  // 2 * Phi-ish, tanh form
+  CHECK(y[1] == Approx(-0.15880801).epsilon(1e-6));
+  std::mt19937 generator(3);
+  std::vector<float> input = random_vector(40, generator, 2.0f);
+  const std::vector<float> weights = random_vector(40, generator);
+  std::vector<float> out(40), dx(40);
+  const auto loss = [&] {
+    ref::gelu_forward(input.data(), input.size(), out.data());
+    return weighted_sum(out, weights);
+  };
+  ref::gelu_backward(weights.data(), input.data(), input.size(), dx.data());
+  check_gradient(input, dx, loss, "dx");
+}
+
+TEST_CASE("masked cross entropy and its gradient", "[kernels]") {
+  std::mt19937 generator(11);
+  const std::size_t tokens = 5, vocab = 7;
+  std::vector<float> logits = random_vector(tokens * vocab, generator, 3.0f);
+  const std::vector<int64_t> targets = {0, 6, 3, 3, 1};
+  const std::vector<float> mask = {1, 1, 0, 1, 1};
+  std::vector<float> losses(tokens), probs(tokens * vocab);
+  const auto loss = [&] {
+    return ref::cross_entropy_forward(logits.data(), targets.data(), mask.data(), tokens, vocab, losses.data(),
+                                      probs.data());
+  };
+  const double mean = loss();
+  CHECK(losses[2] == 0.0f);
+  CHECK(mean == Approx((losses[0] + losses[1] + losses[3] + losses[4]) / 4.0));
+  std::vector<float> dlogits(tokens * vocab);
+  ref::cross_entropy_backward(probs.data(), targets.data(), mask.data(), tokens, vocab, 1.0f, dlogits.data());
+  check_gradient(logits, dlogits, loss, "dlogits");
+  // Uniform logits: the loss is log(vocab).
+  std::vector<float> flat(tokens * vocab, 0.5f);
+  CHECK(ref::cross_entropy_forward(flat.data(), targets.data(), mask.data(), tokens, vocab, losses.data(), probs.data()) ==
+        Approx(std::log(7.0)));
+}
+
+TEST_CASE("causal attention's backward is its forward's gradient", "[kernels]") {
+  std::mt19937 generator(5);
+  const std::size_t heads = 2, seq = 5, dim = 4;
+  const std::size_t n = heads * seq * dim;
+  std::vector<float> q = random_vector(n, generator), k = random_vector(n, generator), v = random_vector(n, generator);
+  const std::vector<float> weights = random_vector(n, generator);
+  std::vector<float> o(n), probs(heads * seq * seq);
+  const auto loss = [&] {
+    ref::attention_forward(q.data(), k.data(), v.data(), heads, seq, dim, o.data(), probs.data());
+    return weighted_sum(o, weights);
+  };
+  loss();
+  // Causal: the first query sees only the first key, so its output is the first value.
+  for (std::size_t d = 0; d < dim; ++d) CHECK(o[d] == Approx(v[d]));
+  CHECK(probs[1] == 0.0f);
+  std::vector<float> dq(n), dk(n), dv(n);
+  ref::attention_backward(weights.data(), q.data(), k.data(), v.data(), probs.data(), heads, seq, dim, dq.data(),
+                          dk.data(), dv.data());
+  check_gradient(q, dq, loss, "dq");
+  check_gradient(k, dk, loss, "dk");
+  check_gradient(v, dv, loss, "dv");
+}
+
+TEST_CASE("AdamW steps as torch.optim.AdamW", "[kernels]") {
+  std::vector<float> w = {1.0f, -2.0f}, g = {0.5f, 0.1f}, m = {0, 0}, v = {0, 0};
+  ref::AdamWParameters parameters;
+  parameters.lr = 0.1;
+  parameters.weight_decay = 0.01;
+  ref::adamw_step(w.data(), g.data(), m.data(), v.data(), 2, 1, parameters);
+  // Step 1: m_hat = g, v_hat = g^2, so the Adam part is g / (|g| + eps) = sign(g).
+  CHECK(w[0] == Approx(1.0 - 0.1 * (1.0 + 0.01 * 1.0)).epsilon(1e-6));
+  CHECK(w[1] == Approx(-2.0 - 0.1 * (1.0 + 0.01 * -2.0)).epsilon(1e-6));
+  CHECK(m[0] == Approx(0.05));
+  CHECK(v[0] == Approx(0.00025));
+  ref::adamw_step(w.data(), g.data(), m.data(), v.data(), 2, 2, parameters);
+  // Constant gradients keep m_hat = g and v_hat = g^2 after bias correction.
+  CHECK(w[0] == Approx(0.899 - 0.1 * (1.0 + 0.01 * 0.899)).epsilon(1e-5));
+}
