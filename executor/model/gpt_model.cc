@@ -1,0 +1,284 @@
+#include "executor/model/gpt_model.h"
+
+#include <cmath>
+#include <random>
+
+#include "core/error.h"
+
+namespace megaplan::exec {
+
+namespace {
+
+std::size_t product(const std::vector<int64_t>& shape) {
+  std::size_t size = 1;
+  for (int64_t extent : shape) size *= static_cast<std::size_t>(extent);
+  return size;
+}
+
+}  // namespace
+
+Parameter& GptModel::add_parameter(const std::string& name, std::vector<int64_t> shape, TensorSplit split, bool decay) {
+  Parameter parameter;
+  parameter.name = name;
+  parameter.size = product(shape);
+  parameter.shape = std::move(shape);
+  parameter.split = split;
+  parameter.weight_decay = decay;
+  parameter.value = backend_.allocate(parameter.size);
+  parameter.gradient = backend_.allocate(parameter.size);
+  parameter.first_moment = backend_.allocate(parameter.size);
+  parameter.second_moment = backend_.allocate(parameter.size);
+  parameters_.push_back(std::move(parameter));
+  return parameters_.back();
+}
+
+GptModel::GptModel(const ModelSpec& model, int64_t micro_batch_size, Backend& backend, uint64_t seed)
+    : backend_(backend),
+      hidden_(model.hidden_size),
+      heads_(model.num_attention_heads),
+      layers_count_(model.num_layers),
+      ffn_(model.effective_ffn_hidden_size()),
+      seq_(model.seq_length),
+      vocab_(padded_vocab_size(model, 1)),
+      batch_(micro_batch_size) {
+  const auto unsupported = [](const std::string& field, const std::string& what) {
+    throw SpecError(field, what + " is not in the " + std::string("trainer yet (next executor issue)"));
+  };
+  if (model.normalization != Normalization::kLayerNorm) unsupported("--normalization", "RMSNorm");
+  if (model.position_embedding_type != PositionEmbedding::kLearnedAbsolute) unsupported("--position-embedding-type", "RoPE");
+  if (model.swiglu) unsupported("--swiglu", "SwiGLU");
+  if (model.effective_num_query_groups() != model.num_attention_heads) unsupported("--num-query-groups", "GQA");
+  if (model.untie_embeddings_and_output_weights) unsupported("--untie-embeddings-and-output-weights", "an untied output layer");
+  if (!model.add_bias_linear) unsupported("--disable-bias-linear", "linear layers without bias");
+  if (model.effective_kv_channels() * heads_ != hidden_) unsupported("--kv-channels", "a head dimension other than h / heads");
+  if (micro_batch_size <= 0) throw SpecError("--micro-batch-size", "must be a positive integer");
+
+  const int64_t h = hidden_;
+  parameters_.reserve(static_cast<std::size_t>(4 + 12 * layers_count_));  // pointers into it stay valid
+  word_embeddings_ = &add_parameter("embedding.word_embeddings.weight", {vocab_, h}, TensorSplit::kVocabulary, true);
+  position_embeddings_ = &add_parameter("embedding.position_embeddings.weight", {seq_, h}, TensorSplit::kReplicated, true);
+  for (int64_t l = 0; l < layers_count_; ++l) {
+    const std::string prefix = "decoder.layers." + std::to_string(l) + ".";
+    Layer layer{};
+    layer.ln1_gamma = &add_parameter(prefix + "input_layernorm.weight", {h}, TensorSplit::kReplicated, false);
+    layer.ln1_beta = &add_parameter(prefix + "input_layernorm.bias", {h}, TensorSplit::kReplicated, false);
+    layer.qkv_weight = &add_parameter(prefix + "self_attention.linear_qkv.weight", {3 * h, h}, TensorSplit::kColumn, true);
+    layer.qkv_bias = &add_parameter(prefix + "self_attention.linear_qkv.bias", {3 * h}, TensorSplit::kColumn, false);
+    layer.proj_weight = &add_parameter(prefix + "self_attention.linear_proj.weight", {h, h}, TensorSplit::kRow, true);
+    layer.proj_bias = &add_parameter(prefix + "self_attention.linear_proj.bias", {h}, TensorSplit::kReplicated, false);
+    layer.ln2_gamma = &add_parameter(prefix + "pre_mlp_layernorm.weight", {h}, TensorSplit::kReplicated, false);
+    layer.ln2_beta = &add_parameter(prefix + "pre_mlp_layernorm.bias", {h}, TensorSplit::kReplicated, false);
+    layer.fc1_weight = &add_parameter(prefix + "mlp.linear_fc1.weight", {ffn_, h}, TensorSplit::kColumn, true);
+    layer.fc1_bias = &add_parameter(prefix + "mlp.linear_fc1.bias", {ffn_}, TensorSplit::kColumn, false);
+    layer.fc2_weight = &add_parameter(prefix + "mlp.linear_fc2.weight", {h, ffn_}, TensorSplit::kRow, true);
+    layer.fc2_bias = &add_parameter(prefix + "mlp.linear_fc2.bias", {h}, TensorSplit::kReplicated, false);
+    layers_.push_back(layer);
+  }
+  final_gamma_ = &add_parameter("decoder.final_layernorm.weight", {h}, TensorSplit::kReplicated, false);
+  final_beta_ = &add_parameter("decoder.final_layernorm.bias", {h}, TensorSplit::kReplicated, false);
+
+  // Megatron's initialisation: normal(0, 0.02), output projections scaled by 1 / sqrt(2 L).
+  std::mt19937_64 generator(seed);
+  const double sigma = 0.02;
+  const double output_sigma = sigma / std::sqrt(2.0 * static_cast<double>(layers_count_));
+  for (Parameter& parameter : parameters_) {
+    std::vector<float> host(parameter.size, 0.0f);
+    const bool norm_weight = parameter.name.find("layernorm.weight") != std::string::npos;
+    const bool bias = parameter.name.size() >= 4 && parameter.name.compare(parameter.name.size() - 4, 4, "bias") == 0;
+    if (norm_weight) {
+      std::fill(host.begin(), host.end(), 1.0f);
+    } else if (!bias) {
+      const bool output = parameter.name.find("linear_proj.weight") != std::string::npos ||
+                          parameter.name.find("linear_fc2.weight") != std::string::npos;
+      std::normal_distribution<double> normal(0.0, output ? output_sigma : sigma);
+      for (float& value : host) value = static_cast<float>(normal(generator));
+    }
+    backend_.upload(parameter.value, host.data(), parameter.size);
+  }
+
+  const auto tokens = static_cast<std::size_t>(batch_ * seq_);
+  const auto hs = static_cast<std::size_t>(hidden_);
+  d_hidden_ = backend_.allocate(tokens * hs);
+  d_hidden2_ = backend_.allocate(tokens * hs);
+  d_hidden3_ = backend_.allocate(tokens * hs);
+  d_qkv_ = backend_.allocate(tokens * 3 * hs);
+  d_ffn_ = backend_.allocate(tokens * static_cast<std::size_t>(ffn_));
+  d_ffn2_ = backend_.allocate(tokens * static_cast<std::size_t>(ffn_));
+  logits_ = backend_.allocate(tokens * static_cast<std::size_t>(vocab_));
+}
+
+GptModel::~GptModel() {
+  for (auto& [microbatch, activations] : in_flight_) release_activations(activations);
+  for (Activations& activations : spare_) release_activations(activations);
+  for (Parameter& parameter : parameters_) {
+    for (float* buffer : {parameter.value, parameter.gradient, parameter.first_moment, parameter.second_moment}) {
+      backend_.release(buffer);
+    }
+  }
+  for (float* buffer : {d_hidden_, d_hidden2_, d_hidden3_, d_qkv_, d_ffn_, d_ffn2_, logits_}) backend_.release(buffer);
+}
+
+GptModel::Activations GptModel::allocate_activations() {
+  if (!spare_.empty()) {
+    Activations reused = std::move(spare_.back());
+    spare_.pop_back();
+    return reused;
+  }
+  const auto tokens = static_cast<std::size_t>(batch_ * seq_);
+  const auto h = static_cast<std::size_t>(hidden_);
+  const auto f = static_cast<std::size_t>(ffn_);
+  Activations a;
+  for (int64_t l = 0; l < layers_count_; ++l) {
+    LayerActivations layer{};
+    layer.input = backend_.allocate(tokens * h);
+    layer.ln1 = backend_.allocate(tokens * h);
+    layer.ln1_mean = backend_.allocate(tokens);
+    layer.ln1_rstd = backend_.allocate(tokens);
+    layer.qkv = backend_.allocate(tokens * 3 * h);
+    layer.attention_saved = backend_.allocate(backend_.attention_saved_size(
+        static_cast<std::size_t>(batch_), static_cast<std::size_t>(seq_), static_cast<std::size_t>(heads_),
+        static_cast<std::size_t>(hidden_ / heads_)));
+    layer.attention = backend_.allocate(tokens * h);
+    layer.middle = backend_.allocate(tokens * h);
+    layer.ln2 = backend_.allocate(tokens * h);
+    layer.ln2_mean = backend_.allocate(tokens);
+    layer.ln2_rstd = backend_.allocate(tokens);
+    layer.fc1 = backend_.allocate(tokens * f);
+    layer.gelu = backend_.allocate(tokens * f);
+    a.layers.push_back(layer);
+  }
+  a.output = backend_.allocate(tokens * h);
+  a.final_norm = backend_.allocate(tokens * h);
+  a.final_mean = backend_.allocate(tokens);
+  a.final_rstd = backend_.allocate(tokens);
+  a.probs = backend_.allocate(tokens * static_cast<std::size_t>(vocab_));
+  return a;
+}
+
+void GptModel::release_activations(Activations& a) {
+  for (LayerActivations& l : a.layers) {
+    for (float* buffer : {l.input, l.ln1, l.ln1_mean, l.ln1_rstd, l.qkv, l.attention_saved, l.attention, l.middle, l.ln2,
+                          l.ln2_mean, l.ln2_rstd, l.fc1, l.gelu}) {
+      backend_.release(buffer);
+    }
+  }
+  for (float* buffer : {a.output, a.final_norm, a.final_mean, a.final_rstd, a.probs}) backend_.release(buffer);
+  a.layers.clear();
+}
+
+double GptModel::run_forward(Activations& a, const std::vector<int64_t>& tokens, const std::vector<float>& mask) {
+  const auto batch = static_cast<std::size_t>(batch_);
+  const auto seq = static_cast<std::size_t>(seq_);
+  const std::size_t count = batch * seq;
+  if (tokens.size() != batch * (seq + 1) || mask.size() != count) {
+    throw SpecError("--micro-batch-size", "a microbatch needs " + std::to_string(batch * (seq + 1)) + " tokens, got " +
+                                              std::to_string(tokens.size()));
+  }
+  a.inputs.resize(count);
+  a.labels.resize(count);
+  for (std::size_t b = 0; b < batch; ++b) {
+    for (std::size_t s = 0; s < seq; ++s) {
+      const int64_t input = tokens[b * (seq + 1) + s];
+      const int64_t label = tokens[b * (seq + 1) + s + 1];
+      if (input < 0 || input >= vocab_ || label < 0 || label >= vocab_) {
+        throw SpecError("--data-path", "token " + std::to_string(std::max(input, label)) +
+                                           " is outside the model's padded vocabulary of " + std::to_string(vocab_));
+      }
+      a.inputs[b * seq + s] = input;
+      a.labels[b * seq + s] = label;
+    }
+  }
+  a.mask = mask;
+  const auto h = static_cast<std::size_t>(hidden_);
+  const auto f = static_cast<std::size_t>(ffn_);
+  const auto heads = static_cast<std::size_t>(heads_);
+  float* x = a.layers.empty() ? a.output : a.layers[0].input;
+  backend_.embedding_forward(a.inputs.data(), count, seq, word_embeddings_->value, position_embeddings_->value, h, x);
+  for (std::size_t l = 0; l < layers_.size(); ++l) {
+    const Layer& w = layers_[l];
+    LayerActivations& act = a.layers[l];
+    float* next = l + 1 < layers_.size() ? a.layers[l + 1].input : a.output;
+    backend_.layernorm_forward(act.input, w.ln1_gamma->value, w.ln1_beta->value, count, h, act.ln1, act.ln1_mean, act.ln1_rstd);
+    backend_.linear_forward(act.ln1, w.qkv_weight->value, w.qkv_bias->value, count, h, 3 * h, act.qkv);
+    backend_.attention_forward(act.qkv, batch, seq, heads, h / heads, act.attention, act.attention_saved);
+    backend_.linear_forward(act.attention, w.proj_weight->value, w.proj_bias->value, count, h, h, act.middle);
+    backend_.accumulate(act.input, count * h, act.middle);  // residual
+    backend_.layernorm_forward(act.middle, w.ln2_gamma->value, w.ln2_beta->value, count, h, act.ln2, act.ln2_mean, act.ln2_rstd);
+    backend_.linear_forward(act.ln2, w.fc1_weight->value, w.fc1_bias->value, count, h, f, act.fc1);
+    backend_.gelu_forward(act.fc1, count * f, act.gelu);
+    backend_.linear_forward(act.gelu, w.fc2_weight->value, w.fc2_bias->value, count, f, h, next);
+    backend_.accumulate(act.middle, count * h, next);  // residual
+  }
+  backend_.layernorm_forward(a.output, final_gamma_->value, final_beta_->value, count, h, a.final_norm, a.final_mean,
+                             a.final_rstd);
+  // Tied output layer: logits = final_norm E^T.
+  backend_.linear_forward(a.final_norm, word_embeddings_->value, nullptr, count, h, static_cast<std::size_t>(vocab_), logits_);
+  return backend_.cross_entropy_forward(logits_, a.labels.data(), a.mask.data(), count, static_cast<std::size_t>(vocab_),
+                                        a.probs);
+}
+
+double GptModel::forward(int64_t microbatch, const std::vector<int64_t>& tokens, const std::vector<float>& loss_mask) {
+  Activations activations = allocate_activations();
+  const double loss = run_forward(activations, tokens, loss_mask);
+  in_flight_[microbatch] = std::move(activations);
+  return loss;
+}
+
+double GptModel::evaluate(const std::vector<int64_t>& tokens, const std::vector<float>& loss_mask) {
+  Activations activations = allocate_activations();
+  const double loss = run_forward(activations, tokens, loss_mask);
+  spare_.push_back(std::move(activations));
+  return loss;
+}
+
+void GptModel::backward(int64_t microbatch, float loss_scale) {
+  const auto found = in_flight_.find(microbatch);
+  if (found == in_flight_.end()) throw std::logic_error("GptModel::backward without its forward");
+  Activations a = std::move(found->second);
+  in_flight_.erase(found);
+  const auto batch = static_cast<std::size_t>(batch_);
+  const auto seq = static_cast<std::size_t>(seq_);
+  const std::size_t count = batch * seq;
+  const auto h = static_cast<std::size_t>(hidden_);
+  const auto f = static_cast<std::size_t>(ffn_);
+  const auto v = static_cast<std::size_t>(vocab_);
+  const auto heads = static_cast<std::size_t>(heads_);
+
+  backend_.cross_entropy_backward(a.probs, a.labels.data(), a.mask.data(), count, v, loss_scale, logits_);
+  backend_.linear_backward(logits_, a.final_norm, word_embeddings_->value, count, h, v, d_hidden2_,
+                           word_embeddings_->gradient, nullptr);
+  float* dx = d_hidden_;
+  backend_.layernorm_backward(d_hidden2_, a.output, final_gamma_->value, a.final_mean, a.final_rstd, count, h, dx,
+                              final_gamma_->gradient, final_beta_->gradient);
+  for (std::size_t l = layers_.size(); l-- > 0;) {
+    const Layer& w = layers_[l];
+    const LayerActivations& act = a.layers[l];
+    // next = middle + fc2(gelu(fc1(ln2(middle)))): dx is d next.
+    backend_.linear_backward(dx, act.gelu, w.fc2_weight->value, count, f, h, d_ffn_, w.fc2_weight->gradient,
+                             w.fc2_bias->gradient);
+    backend_.gelu_backward(d_ffn_, act.fc1, count * f, d_ffn2_);
+    backend_.linear_backward(d_ffn2_, act.ln2, w.fc1_weight->value, count, h, f, d_hidden2_, w.fc1_weight->gradient,
+                             w.fc1_bias->gradient);
+    backend_.layernorm_backward(d_hidden2_, act.middle, w.ln2_gamma->value, act.ln2_mean, act.ln2_rstd, count, h,
+                                d_hidden3_, w.ln2_gamma->gradient, w.ln2_beta->gradient);
+    backend_.accumulate(d_hidden3_, count * h, dx);  // dx is now d middle
+    // middle = input + proj(attention(qkv(ln1(input)))).
+    backend_.linear_backward(dx, act.attention, w.proj_weight->value, count, h, h, d_hidden2_, w.proj_weight->gradient,
+                             w.proj_bias->gradient);
+    backend_.attention_backward(d_hidden2_, act.qkv, act.attention_saved, batch, seq, heads, h / heads, d_qkv_);
+    backend_.linear_backward(d_qkv_, act.ln1, w.qkv_weight->value, count, h, 3 * h, d_hidden2_, w.qkv_weight->gradient,
+                             w.qkv_bias->gradient);
+    backend_.layernorm_backward(d_hidden2_, act.input, w.ln1_gamma->value, act.ln1_mean, act.ln1_rstd, count, h,
+                                d_hidden3_, w.ln1_gamma->gradient, w.ln1_beta->gradient);
+    backend_.accumulate(d_hidden3_, count * h, dx);  // dx is now d input
+  }
+  backend_.embedding_backward(dx, a.inputs.data(), count, seq, h, word_embeddings_->gradient,
+                              position_embeddings_->gradient);
+  spare_.push_back(std::move(a));
+}
+
+void GptModel::zero_gradients() {
+  for (Parameter& parameter : parameters_) backend_.fill(parameter.gradient, parameter.size, 0.0f);
+}
+
+}  // namespace megaplan::exec
