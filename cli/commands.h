@@ -25,5 +25,6 @@ void setup_presets_command(CLI::App& app, CommandContext& context);
 void setup_schedule_command(CLI::App& app, CommandContext& context);
 void setup_search_command(CLI::App& app, CommandContext& context);
 void setup_simulate_command(CLI::App& app, CommandContext& context);
+void setup_train_command(CLI::App& app, CommandContext& context);
 
 }  // namespace megaplan::cli

@@ -17,6 +17,8 @@ class Backend {
   // A zeroed buffer of n floats, owned by the backend until release() or its destruction.
   virtual float* allocate(std::size_t n) = 0;
   virtual void release(float* buffer) = 0;
+  // The most bytes allocated at once so far (megaplan's own buffers; for the log's peak memory).
+  virtual int64_t peak_bytes() const = 0;
   virtual void upload(float* device, const float* host, std::size_t n) = 0;
   virtual void download(float* host, const float* device, std::size_t n) = 0;
   virtual void fill(float* x, std::size_t n, float value) = 0;

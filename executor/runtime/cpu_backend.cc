@@ -19,11 +19,18 @@ constexpr float kLayerNormEps = 1e-5f;
 float* CpuBackend::allocate(std::size_t n) {
   auto buffer = std::make_unique<float[]>(std::max<std::size_t>(n, 1));  // value-initialised: zeros
   float* raw = buffer.get();
-  buffers_.emplace(raw, std::move(buffer));
+  buffers_.emplace(raw, Buffer{std::move(buffer), n});
+  bytes_ += static_cast<int64_t>(n * sizeof(float));
+  peak_bytes_ = std::max(peak_bytes_, bytes_);
   return raw;
 }
 
-void CpuBackend::release(float* buffer) { buffers_.erase(buffer); }
+void CpuBackend::release(float* buffer) {
+  const auto found = buffers_.find(buffer);
+  if (found == buffers_.end()) return;
+  bytes_ -= static_cast<int64_t>(found->second.size * sizeof(float));
+  buffers_.erase(found);
+}
 
 void CpuBackend::upload(float* device, const float* host, std::size_t n) { std::memcpy(device, host, n * sizeof(float)); }
 

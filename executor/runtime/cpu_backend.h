@@ -14,6 +14,7 @@ class CpuBackend final : public Backend {
   std::string name() const override { return "cpu"; }
   float* allocate(std::size_t n) override;
   void release(float* buffer) override;
+  int64_t peak_bytes() const override { return peak_bytes_; }
   void upload(float* device, const float* host, std::size_t n) override;
   void download(float* host, const float* device, std::size_t n) override;
   void fill(float* x, std::size_t n, float value) override;
@@ -49,7 +50,13 @@ class CpuBackend final : public Backend {
                   double beta2, double eps, double weight_decay) override;
 
  private:
-  std::unordered_map<float*, std::unique_ptr<float[]>> buffers_;
+  struct Buffer {
+    std::unique_ptr<float[]> data;
+    std::size_t size;
+  };
+  std::unordered_map<float*, Buffer> buffers_;
+  int64_t bytes_ = 0;
+  int64_t peak_bytes_ = 0;
 };
 
 }  // namespace megaplan::exec
