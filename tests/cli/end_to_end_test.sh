@@ -38,7 +38,7 @@ expect_error() {
 expect_ok --help
 expect_ok --version
 grep -q "megaplan 0" "$scratch/out" || fail "--version prints no version"
-for command in data describe devices groups presets schedule search simulate; do
+for command in data describe devices groups presets schedule search simulate train; do
   expect_ok "$command" --help
   grep -q "Usage" "$scratch/out" || fail "$command --help prints no usage"
 done
@@ -152,6 +152,18 @@ expect_error "error: --input: $scratch/nothing.txt: cannot read file" data prepa
 expect_error 'error: --tokenizer: unknown tokenizer "sentencepiece"' data prepare --input "$scratch/docs.jsonl" --output-prefix "$scratch/never" --tokenizer sentencepiece
 ls "$scratch" | grep -q '^never' && fail "a failed data prepare left files behind"
 
+# Train on the CPU backend: a few iterations end to end; bad input names the flag.
+expect_ok train --device cpu --model "$examples/models/tiny-gpt.json" --vocab-size 257 --seq-length 16 --num-layers 1 \
+  --data-path "$scratch/corpus" --split 1,0,0 --train-iters 2 --mbs 1 --gbs 2 --log-interval 1 --log-file "$scratch/train.jsonl"
+grep -q '^iteration 2/2 | loss ' "$scratch/out" || fail "train prints no iteration line: $(cat "$scratch/out")"
+[ "$(wc -l <"$scratch/train.jsonl")" -eq 2 ] || fail "train --log-file holds no line per iteration"
+grep -q '"grad_norm"' "$scratch/train.jsonl" || fail "train --log-file lacks grad_norm"
+expect_error 'error: --data-path: .*nowhere.idx: cannot open' train --device cpu --model "$examples/models/tiny-gpt.json" --data-path "$scratch/nowhere" --train-iters 2
+expect_error 'error: --data-path: token 256 is outside the model.s padded vocabulary of 256' train --device cpu --model "$examples/models/tiny-gpt.json" --seq-length 16 --data-path "$scratch/corpus" --split 1,0,0 --train-iters 1
+expect_error 'error: --global-batch-size: 3 must be divisible by --micro-batch-size 2' train --device cpu --model "$examples/models/tiny-gpt.json" --data-path "$scratch/corpus" --train-iters 2 --mbs 2 --gbs 3
+expect_error 'error: --lr-decay-style: unknown style "step"' train --device cpu --model "$examples/models/tiny-gpt.json" --data-path "$scratch/corpus" --train-iters 2 --lr-decay-style step
+expect_error 'error: --device: the CUDA trainer is not built yet' train --model "$examples/models/tiny-gpt.json" --data-path "$scratch/corpus" --train-iters 2
+
 # Search: a small space end to end; the best plan as a job file that simulate reads back; JSON;
 # Megatron's arguments; the explanation.
 expect_ok search --model gpt2-350m --cluster dgx-a100-80gb --gpus 8 --gbs 16 --pp 1,2 --cp 1 --top 3 --threads 2 \
@@ -161,6 +173,7 @@ grep -q 'Why #1 beats #2' "$scratch/out" || fail "search --explain says nothing"
 grep -q '^--tensor-model-parallel-size ' "$scratch/out" || fail "search --emit megatron prints no arguments"
 grep -q ' simulated; ' "$scratch/out" || fail "search prints no counts"
 expect_ok simulate --plan "$scratch/best.json"
+expect_error 'error: --plan: .* lays the model over 8 GPUs; this trainer runs one' train --device cpu --plan "$scratch/best.json" --data-path "$scratch/corpus" --train-iters 2
 expect_ok search --model gpt2-350m --cluster dgx-a100-80gb --gpus 8 --gbs 16 --tp 2 --pp 2 --json
 for key in plans counts iteration_time_s model_tflops_per_gpu mfu bubble_fraction peak_memory_bytes fits_in_memory \
   tensor_parallel_size pruned_by_bound simulated; do
