@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/json_io.h"
 #include "executor/runtime/cpu_backend.h"
+#include "executor/runtime/cuda_backend.h"
 
 namespace megaplan::cli {
 
@@ -32,11 +33,14 @@ int run_train(const TrainCommandOptions& options, std::ostream& out) {
   if (options.device != "cpu" && options.device != "cuda") {
     throw SpecError("--device", "must be cpu or cuda, got \"" + options.device + "\"");
   }
+  std::unique_ptr<exec::Backend> backend;
   if (options.device == "cuda") {
-    throw SpecError("--device", "the CUDA trainer is not built yet (issue 6's next slice); use --device cpu");
+    backend = exec::make_cuda_backend();
+    train.peak_flops_per_s = exec::cuda_dense_bf16_peak_flops();
+  } else {
+    backend = std::make_unique<exec::CpuBackend>();
   }
-  exec::CpuBackend backend;
-  exec::train(model, train, backend, out);
+  exec::train(model, train, *backend, out);
   return 0;
 }
 

@@ -162,7 +162,7 @@ expect_error 'error: --data-path: .*nowhere.idx: cannot open' train --device cpu
 expect_error 'error: --data-path: token 256 is outside the model.s padded vocabulary of 256' train --device cpu --model "$examples/models/tiny-gpt.json" --seq-length 16 --data-path "$scratch/corpus" --split 1,0,0 --train-iters 1
 expect_error 'error: --global-batch-size: 3 must be divisible by --micro-batch-size 2' train --device cpu --model "$examples/models/tiny-gpt.json" --data-path "$scratch/corpus" --train-iters 2 --mbs 2 --gbs 3
 expect_error 'error: --lr-decay-style: unknown style "step"' train --device cpu --model "$examples/models/tiny-gpt.json" --data-path "$scratch/corpus" --train-iters 2 --lr-decay-style step
-expect_error 'error: --device: the CUDA trainer is not built yet' train --model "$examples/models/tiny-gpt.json" --data-path "$scratch/corpus" --train-iters 2
+expect_error 'error: --device: must be cpu or cuda, got "tpu"' train --device tpu --model "$examples/models/tiny-gpt.json" --data-path "$scratch/corpus" --train-iters 2
 
 # Search: a small space end to end; the best plan as a job file that simulate reads back; JSON;
 # Megatron's arguments; the explanation.

@@ -1,0 +1,12 @@
+#include "core/error.h"
+#include "executor/runtime/cuda_backend.h"
+
+namespace megaplan::exec {
+
+std::unique_ptr<Backend> make_cuda_backend() {
+  throw SpecError("--device", "this megaplan was built without CUDA; use --device cpu");
+}
+
+double cuda_dense_bf16_peak_flops() { return 0; }
+
+}  // namespace megaplan::exec
