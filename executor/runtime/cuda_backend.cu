@@ -84,21 +84,17 @@ __global__ void embedding_forward_kernel(const int64_t* tokens, std::size_t coun
   y[i] = word[static_cast<std::size_t>(tokens[t]) * hidden + c] + position[(t % seq) * hidden + c];
 }
 
-// One thread per (row of the table, column): it adds, in token order, every token's gradient for
-// its row. Deterministic, at the price of scanning the tokens once per table row.
-__global__ void embedding_backward_kernel(const float* dy, const int64_t* tokens, std::size_t count, std::size_t seq,
-                                          std::size_t hidden, std::size_t rows, float* dword, float* dposition) {
+// One thread per (used table row, column): it adds its row's token gradients in token order, from
+// a host-built list of each used row's token positions (CSR). Deterministic, and O(tokens x hidden).
+__global__ void embedding_backward_kernel(const float* dy, const int64_t* row_ids, const int64_t* row_starts,
+                                          const int64_t* positions, std::size_t used_rows, std::size_t hidden,
+                                          float* table) {
   const std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
-  if (i >= rows * hidden) return;
-  const std::size_t row = i / hidden, c = i % hidden;
-  float word_sum = 0;
-  float position_sum = 0;
-  for (std::size_t t = 0; t < count; ++t) {
-    if (static_cast<std::size_t>(tokens[t]) == row) word_sum += dy[t * hidden + c];
-    if (row < seq && t % seq == row) position_sum += dy[t * hidden + c];
-  }
-  dword[row * hidden + c] += word_sum;
-  if (row < seq) dposition[row * hidden + c] += position_sum;
+  if (i >= used_rows * hidden) return;
+  const std::size_t r = i / hidden, c = i % hidden;
+  float sum = 0;
+  for (int64_t p = row_starts[r]; p < row_starts[r + 1]; ++p) sum += dy[static_cast<std::size_t>(positions[p]) * hidden + c];
+  table[static_cast<std::size_t>(row_ids[r]) * hidden + c] += sum;
 }
 
 __global__ void layernorm_forward_kernel(const float* x, const float* gamma, const float* beta, std::size_t cols,
@@ -425,13 +421,13 @@ class CudaBackend final : public Backend {
   }
   void embedding_backward(const float* dy, const int64_t* tokens, std::size_t count, std::size_t seq,
                           std::size_t hidden, float* dword, float* dposition) override {
-    const int64_t* device_tokens = upload_tokens(tokens, count, tokens_, tokens_capacity_);
-    int64_t largest = 0;
-    for (std::size_t t = 0; t < count; ++t) largest = std::max(largest, tokens[t]);
-    const std::size_t rows = std::max<std::size_t>(static_cast<std::size_t>(largest) + 1, seq);
-    embedding_backward_kernel<<<blocks_for(rows * hidden), kThreads>>>(dy, device_tokens, count, seq, hidden, rows,
-                                                                       dword, dposition);
-    check_launch("embedding_backward");
+    // The word table's rows by token id, then the position table's by position.
+    std::vector<int64_t> word_rows(count);
+    for (std::size_t t = 0; t < count; ++t) word_rows[t] = tokens[t];
+    scatter_rows(dy, word_rows, hidden, dword);
+    std::vector<int64_t> position_rows(count);
+    for (std::size_t t = 0; t < count; ++t) position_rows[t] = static_cast<int64_t>(t % seq);
+    scatter_rows(dy, position_rows, hidden, dposition);
   }
 
   void layernorm_forward(const float* x, const float* gamma, const float* beta, std::size_t rows, std::size_t cols,
@@ -541,6 +537,29 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  // table[row_of[t]] += dy[t] for every t, grouped on the host into a CSR list per used row.
+  void scatter_rows(const float* dy, const std::vector<int64_t>& row_of, std::size_t hidden, float* table) {
+    std::vector<int64_t> order(row_of.size());
+    for (std::size_t t = 0; t < order.size(); ++t) order[t] = static_cast<int64_t>(t);
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return row_of[a] < row_of[b]; });
+    std::vector<int64_t> ids, starts;
+    for (std::size_t p = 0; p < order.size(); ++p) {
+      if (p == 0 || row_of[order[p]] != row_of[order[p - 1]]) {
+        ids.push_back(row_of[order[p]]);
+        starts.push_back(static_cast<int64_t>(p));
+      }
+    }
+    starts.push_back(static_cast<int64_t>(order.size()));
+    // One upload: ids, then starts, then positions.
+    std::vector<int64_t> packed(ids);
+    packed.insert(packed.end(), starts.begin(), starts.end());
+    packed.insert(packed.end(), order.begin(), order.end());
+    const int64_t* device = upload_tokens(packed.data(), packed.size(), tokens_, tokens_capacity_);
+    embedding_backward_kernel<<<blocks_for(ids.size() * hidden), kThreads>>>(
+        dy, device, device + ids.size(), device + ids.size() + starts.size(), ids.size(), hidden, table);
+    check_launch("embedding_backward");
+  }
+
   const int64_t* upload_tokens(const int64_t* host, std::size_t count, int64_t*& device, std::size_t& capacity) {
     if (count > capacity) {
       if (device) check(cudaFree(device), "cudaFree");
