@@ -120,6 +120,22 @@ std::size_t CpuBackend::attention_saved_size(std::size_t batch, std::size_t seq,
   return batch * heads * seq * seq;  // the probabilities
 }
 
+namespace {
+
+// Copies head h of batch row b out of packed qkv into contiguous [seq x dim] q, k and v.
+void gather_head(const float* qkv, std::size_t b, std::size_t h, std::size_t seq, std::size_t heads, std::size_t dim,
+                 std::vector<float>& q, std::vector<float>& k, std::vector<float>& v) {
+  for (std::size_t s = 0; s < seq; ++s) {
+    const float* row = qkv + ((b * seq + s) * heads + h) * 3 * dim;
+    const auto at = static_cast<std::ptrdiff_t>(s * dim);
+    std::copy(row, row + dim, q.begin() + at);
+    std::copy(row + dim, row + 2 * dim, k.begin() + at);
+    std::copy(row + 2 * dim, row + 3 * dim, v.begin() + at);
+  }
+}
+
+}  // namespace
+
 // qkv rows hold, per head, its q, k and v (Megatron's per-head grouping, which tensor parallelism
 // splits by heads): element (b, s, head, part, d) at ((b * seq + s) * heads + head) * 3 * dim + part * dim + d.
 void CpuBackend::attention_forward(const float* qkv, std::size_t batch, std::size_t seq, std::size_t heads,
@@ -127,12 +143,7 @@ void CpuBackend::attention_forward(const float* qkv, std::size_t batch, std::siz
   std::vector<float> q(seq * dim), k(seq * dim), v(seq * dim), o(seq * dim);
   for (std::size_t b = 0; b < batch; ++b) {
     for (std::size_t h = 0; h < heads; ++h) {
-      for (std::size_t s = 0; s < seq; ++s) {
-        const float* row = qkv + ((b * seq + s) * heads + h) * 3 * dim;
-        std::copy(row, row + dim, q.begin() + static_cast<std::ptrdiff_t>(s * dim));
-        std::copy(row + dim, row + 2 * dim, k.begin() + static_cast<std::ptrdiff_t>(s * dim));
-        std::copy(row + 2 * dim, row + 3 * dim, v.begin() + static_cast<std::ptrdiff_t>(s * dim));
-      }
+      gather_head(qkv, b, h, seq, heads, dim, q, k, v);
       reference::attention_forward(q.data(), k.data(), v.data(), 1, seq, dim, o.data(),
                                    saved + (b * heads + h) * seq * seq);
       for (std::size_t s = 0; s < seq; ++s) {
@@ -149,11 +160,8 @@ void CpuBackend::attention_backward(const float* dout, const float* qkv, const f
       dv(seq * dim);
   for (std::size_t b = 0; b < batch; ++b) {
     for (std::size_t h = 0; h < heads; ++h) {
+      gather_head(qkv, b, h, seq, heads, dim, q, k, v);
       for (std::size_t s = 0; s < seq; ++s) {
-        const float* row = qkv + ((b * seq + s) * heads + h) * 3 * dim;
-        std::copy(row, row + dim, q.begin() + static_cast<std::ptrdiff_t>(s * dim));
-        std::copy(row + dim, row + 2 * dim, k.begin() + static_cast<std::ptrdiff_t>(s * dim));
-        std::copy(row + 2 * dim, row + 3 * dim, v.begin() + static_cast<std::ptrdiff_t>(s * dim));
         const float* grad = dout + ((b * seq + s) * heads + h) * dim;
         std::copy(grad, grad + dim, g.begin() + static_cast<std::ptrdiff_t>(s * dim));
       }

@@ -16,6 +16,7 @@
 #include "executor/runtime/cpu_backend.h"
 #include "executor/runtime/cuda_backend.h"
 #include "executor/train/trainer.h"
+#include "training_fixtures.h"
 
 namespace {
 
@@ -170,29 +171,9 @@ TEST_CASE("every CUDA operation matches the CPU backend", "[gpu][kernels]") {
 }
 
 TEST_CASE("a tiny GPT trains on the GPU and resumes bit for bit", "[gpu][train]") {
-  char pattern[] = "/tmp/megaplan-gpu-train-XXXXXX";
-  const std::string dir = ::mkdtemp(pattern);
-  std::mt19937 generator(3);
-  const std::vector<std::string> words = {"the cat ", "sat on ", "a mat ", "and ", "ran ", "to the park. "};
-  megaplan::exec::PrepareOptions prepare;
-  for (int d = 0; d < 40; ++d) {
-    std::string text;
-    for (int w = 0; w < 120; ++w) text += words[generator() % words.size()];
-    const std::string path = dir + "/doc" + std::to_string(d) + ".txt";
-    std::ofstream(path) << text;
-    prepare.inputs.push_back(path);
-  }
-  prepare.output_prefix = dir + "/corpus";
-  prepare.append_end_of_document = true;
-  megaplan::exec::prepare_dataset(prepare, megaplan::exec::ByteTokenizer());
-  megaplan::ModelSpec model;
-  model.name = "tiny-gpt";
-  model.num_layers = 2;
-  model.hidden_size = 64;
-  model.num_attention_heads = 4;
-  model.seq_length = 32;
-  model.vocab_size = 257;
-  model.make_vocab_size_divisible_by = 64;
+  const megaplan::test::ScratchDirectory scratch;
+  const std::string corpus = megaplan::test::sentence_corpus(scratch);
+  const megaplan::ModelSpec model = megaplan::test::tiny_gpt();
   megaplan::exec::TrainOptions options;
   options.train_iters = 40;
   options.micro_batch_size = 4;
@@ -202,32 +183,25 @@ TEST_CASE("a tiny GPT trains on the GPU and resumes bit for bit", "[gpu][train]"
   options.log_interval = 1;
   options.eval_iters = 0;
   options.split = "1,0,0";
-  options.data_path = prepare.output_prefix;
-  const auto losses = [](const std::string& path) {
-    std::vector<double> values;
-    std::ifstream log(path);
-    std::string line;
-    while (std::getline(log, line)) values.push_back(nlohmann::json::parse(line).at("loss").get<double>());
-    return values;
-  };
+  options.data_path = corpus;
+  using megaplan::test::logged_losses;
   std::ostringstream out;
-  options.log_file = dir + "/whole.jsonl";
+  options.log_file = scratch.file("whole.jsonl");
   megaplan::exec::train(model, options, *megaplan::exec::make_cuda_backend(), out);
-  options.log_file = dir + "/cpu.jsonl";
+  options.log_file = scratch.file("cpu.jsonl");
   {
     megaplan::exec::CpuBackend cpu;
     megaplan::exec::train(model, options, cpu, out);
   }
-  options.log_file = dir + "/parts.jsonl";
-  options.save = dir + "/checkpoints";
+  options.log_file = scratch.file("parts.jsonl");
+  options.save = scratch.file("checkpoints");
   options.exit_interval = 20;
   megaplan::exec::train(model, options, *megaplan::exec::make_cuda_backend(), out);
   options.exit_interval = 0;
   options.load = options.save;
   megaplan::exec::train(model, options, *megaplan::exec::make_cuda_backend(), out);
-  const std::vector<double> whole = losses(dir + "/whole.jsonl"), parts = losses(dir + "/parts.jsonl"),
-                            cpu = losses(dir + "/cpu.jsonl");
-  std::filesystem::remove_all(dir);
+  const std::vector<double> whole = logged_losses(scratch.file("whole.jsonl")),
+                            parts = logged_losses(scratch.file("parts.jsonl")), cpu = logged_losses(scratch.file("cpu.jsonl"));
   REQUIRE(whole.size() == 40);
   REQUIRE(parts.size() == 40);
   CHECK(whole.back() < 0.7 * whole.front());

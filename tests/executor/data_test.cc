@@ -15,6 +15,7 @@
 #include "executor/data/gpt_dataset.h"
 #include "executor/data/indexed_dataset.h"
 #include "executor/data/prepare.h"
+#include "training_fixtures.h"
 
 using Catch::Matchers::Contains;
 using megaplan::exec::IndexedDataset;
@@ -23,18 +24,7 @@ using megaplan::exec::TokenType;
 
 namespace {
 
-class ScratchDirectory {
- public:
-  ScratchDirectory() {
-    char pattern[] = "/tmp/megaplan-data-XXXXXX";
-    path_ = ::mkdtemp(pattern);
-  }
-  ~ScratchDirectory() { std::filesystem::remove_all(path_); }
-  std::string file(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
+using megaplan::test::ScratchDirectory;
 
 // Little-endian bytes of a value, appended.
 template <typename T>

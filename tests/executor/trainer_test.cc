@@ -4,80 +4,20 @@
 #include <catch2/catch.hpp>
 
 #include <filesystem>
-#include <fstream>
-#include <nlohmann/json.hpp>
-#include <random>
 #include <sstream>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
-#include "core/model_spec.h"
-#include "executor/data/prepare.h"
 #include "executor/runtime/cpu_backend.h"
 #include "executor/train/trainer.h"
+#include "training_fixtures.h"
 
-namespace {
-
-class Scratch {
- public:
-  Scratch() {
-    char pattern[] = "/tmp/megaplan-train-XXXXXX";
-    path_ = ::mkdtemp(pattern);
-  }
-  ~Scratch() { std::filesystem::remove_all(path_); }
-  std::string file(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
-
-// Sentences from a small grammar: text with structure a model can learn quickly.
-std::string generated_text(std::mt19937& generator, int sentences) {
-  const std::vector<std::string> subjects = {"the cat", "a dog", "my friend", "the old man", "a small bird"};
-  const std::vector<std::string> verbs = {"sat on", "ran to", "looked at", "jumped over", "walked past"};
-  const std::vector<std::string> objects = {"the mat", "the park", "a red car", "the river", "an open door"};
-  std::string text;
-  for (int i = 0; i < sentences; ++i) {
-    text += subjects[generator() % subjects.size()] + " " + verbs[generator() % verbs.size()] + " " +
-            objects[generator() % objects.size()] + ". ";
-  }
-  return text;
-}
-
-megaplan::ModelSpec tiny_gpt() {
-  megaplan::ModelSpec model;
-  model.name = "tiny-gpt";
-  model.num_layers = 2;
-  model.hidden_size = 64;
-  model.num_attention_heads = 4;
-  model.seq_length = 32;
-  model.vocab_size = 257;  // bytes and the end-of-document token
-  model.make_vocab_size_divisible_by = 64;
-  return model;
-}
-
-std::vector<double> logged_losses(const std::string& path) {
-  std::vector<double> losses;
-  std::ifstream log(path);
-  std::string line;
-  while (std::getline(log, line)) losses.push_back(nlohmann::json::parse(line).at("loss").get<double>());
-  return losses;
-}
-
-}  // namespace
 
 TEST_CASE("a tiny GPT trains on the CPU backend and resumes exactly", "[train]") {
-  const Scratch scratch;
-  std::mt19937 generator(3);
-  for (int d = 0; d < 40; ++d) {
-    std::ofstream(scratch.file("doc" + std::to_string(d) + ".txt")) << generated_text(generator, 20);
-  }
-  megaplan::exec::PrepareOptions prepare;
-  for (int d = 0; d < 40; ++d) prepare.inputs.push_back(scratch.file("doc" + std::to_string(d) + ".txt"));
-  prepare.output_prefix = scratch.file("corpus");
-  prepare.append_end_of_document = true;
-  megaplan::exec::prepare_dataset(prepare, megaplan::exec::ByteTokenizer());
+  using megaplan::test::logged_losses;
+  using megaplan::test::tiny_gpt;
+  const megaplan::test::ScratchDirectory scratch;
+  const std::string corpus = megaplan::test::sentence_corpus(scratch);
 
   megaplan::exec::TrainOptions options;
   options.train_iters = 40;
@@ -91,7 +31,7 @@ TEST_CASE("a tiny GPT trains on the CPU backend and resumes exactly", "[train]")
   options.eval_interval = 20;
   options.eval_iters = 1;
   options.split = "9,1,0";
-  options.data_path = prepare.output_prefix;
+  options.data_path = corpus;
   std::ostringstream out;
 
   options.log_file = scratch.file("whole.jsonl");

@@ -1,0 +1,80 @@
+// What the executor's tests share: a scratch directory, a tiny GPT, a small corpus with structure
+// a model learns quickly, and the losses a --log-file recorded.
+#pragma once
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/model_spec.h"
+#include "executor/data/prepare.h"
+
+namespace megaplan::test {
+
+// A fresh directory under /tmp, removed with everything in it at scope exit.
+class ScratchDirectory {
+ public:
+  ScratchDirectory() {
+    char pattern[] = "/tmp/megaplan-test-XXXXXX";
+    path_ = ::mkdtemp(pattern);
+  }
+  ~ScratchDirectory() { std::filesystem::remove_all(path_); }
+  ScratchDirectory(const ScratchDirectory&) = delete;
+  ScratchDirectory& operator=(const ScratchDirectory&) = delete;
+  std::string file(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+// 2 layers, hidden 64, 4 heads, seq 32, the byte vocabulary with its end-of-document token.
+inline ModelSpec tiny_gpt() {
+  ModelSpec model;
+  model.name = "tiny-gpt";
+  model.num_layers = 2;
+  model.hidden_size = 64;
+  model.num_attention_heads = 4;
+  model.seq_length = 32;
+  model.vocab_size = 257;
+  model.make_vocab_size_divisible_by = 64;
+  return model;
+}
+
+// 40 documents of 20 sentences from a small grammar, prepared with the byte tokenizer (and
+// end-of-document tokens) as PREFIX.bin/.idx in `scratch`; returns the prefix.
+inline std::string sentence_corpus(const ScratchDirectory& scratch) {
+  const std::vector<std::string> subjects = {"the cat", "a dog", "my friend", "the old man", "a small bird"};
+  const std::vector<std::string> verbs = {"sat on", "ran to", "looked at", "jumped over", "walked past"};
+  const std::vector<std::string> objects = {"the mat", "the park", "a red car", "the river", "an open door"};
+  std::mt19937 generator(3);
+  exec::PrepareOptions prepare;
+  for (int d = 0; d < 40; ++d) {
+    std::string text;
+    for (int s = 0; s < 20; ++s) {
+      text += subjects[generator() % subjects.size()] + " " + verbs[generator() % verbs.size()] + " " +
+              objects[generator() % objects.size()] + ". ";
+    }
+    const std::string path = scratch.file("doc" + std::to_string(d) + ".txt");
+    std::ofstream(path) << text;
+    prepare.inputs.push_back(path);
+  }
+  prepare.output_prefix = scratch.file("corpus");
+  prepare.append_end_of_document = true;
+  exec::prepare_dataset(prepare, exec::ByteTokenizer());
+  return prepare.output_prefix;
+}
+
+inline std::vector<double> logged_losses(const std::string& path) {
+  std::vector<double> losses;
+  std::ifstream log(path);
+  std::string line;
+  while (std::getline(log, line)) losses.push_back(nlohmann::json::parse(line).at("loss").get<double>());
+  return losses;
+}
+
+}  // namespace megaplan::test
