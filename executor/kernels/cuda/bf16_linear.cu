@@ -1,0 +1,235 @@
+#include "executor/kernels/cuda/bf16_linear.h"
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <cstring>
+#include <string>
+
+#include "core/error.h"
+
+namespace megaplan::exec::cuda {
+
+namespace {
+
+constexpr std::size_t kWorkspaceBytes = std::size_t{32} << 20;
+
+void check(cudaError_t status, const char* what) {
+  if (status != cudaSuccess) throw SpecError("--device", std::string(what) + ": " + cudaGetErrorString(status));
+}
+void check(cublasStatus_t status, const char* what) {
+  if (status != CUBLAS_STATUS_SUCCESS) {
+    throw SpecError("--device", std::string(what) + ": cuBLAS status " + std::to_string(static_cast<int>(status)));
+  }
+}
+
+// One column-major GEMM D = op(A) op(B) (+ C = D when accumulating) with an epilogue.
+struct Gemm {
+  cublasOperation_t transa, transb;
+  uint64_t rows, cols, inner;  // D is rows x cols, the product's inner dimension `inner`
+  const void* a; int64_t lda;
+  const void* b; int64_t ldb;
+  void* d; int64_t ldd; cudaDataType_t d_type;
+  bool accumulate;
+  cublasLtEpilogue_t epilogue;
+  const void* bias; cudaDataType_t bias_type;
+  void* aux; int64_t aux_ld;
+};
+
+void run(cublasLtHandle_t handle, void* workspace, const Gemm& g) {
+  cublasLtMatmulDesc_t operation = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+  cublasLtMatmulPreference_t preference = nullptr;
+  const auto cleanup = [&] {
+    if (preference) cublasLtMatmulPreferenceDestroy(preference);
+    if (d) cublasLtMatrixLayoutDestroy(d);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (operation) cublasLtMatmulDescDestroy(operation);
+  };
+  try {
+    check(cublasLtMatmulDescCreate(&operation, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
+    check(cublasLtMatmulDescSetAttribute(operation, CUBLASLT_MATMUL_DESC_TRANSA, &g.transa, sizeof g.transa), "TRANSA");
+    check(cublasLtMatmulDescSetAttribute(operation, CUBLASLT_MATMUL_DESC_TRANSB, &g.transb, sizeof g.transb), "TRANSB");
+    check(cublasLtMatmulDescSetAttribute(operation, CUBLASLT_MATMUL_DESC_EPILOGUE, &g.epilogue, sizeof g.epilogue),
+          "EPILOGUE");
+    if (g.bias) {
+      check(cublasLtMatmulDescSetAttribute(operation, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof g.bias),
+            "BIAS_POINTER");
+      const int32_t type = g.bias_type;
+      check(cublasLtMatmulDescSetAttribute(operation, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &type, sizeof type),
+            "BIAS_DATA_TYPE");
+    }
+    if (g.aux) {
+      check(cublasLtMatmulDescSetAttribute(operation, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g.aux, sizeof g.aux),
+            "EPILOGUE_AUX_POINTER");
+      check(cublasLtMatmulDescSetAttribute(operation, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &g.aux_ld, sizeof g.aux_ld),
+            "EPILOGUE_AUX_LD");
+    }
+    const bool a_transposed = g.transa == CUBLAS_OP_T;
+    const bool b_transposed = g.transb == CUBLAS_OP_T;
+    check(cublasLtMatrixLayoutCreate(&a, CUDA_R_16BF, a_transposed ? g.inner : g.rows, a_transposed ? g.rows : g.inner,
+                                     g.lda),
+          "layout A");
+    check(cublasLtMatrixLayoutCreate(&b, CUDA_R_16BF, b_transposed ? g.cols : g.inner, b_transposed ? g.inner : g.cols,
+                                     g.ldb),
+          "layout B");
+    check(cublasLtMatrixLayoutCreate(&d, g.d_type, g.rows, g.cols, g.ldd), "layout D");
+    check(cublasLtMatmulPreferenceCreate(&preference), "preference");
+    const std::size_t workspace_bytes = kWorkspaceBytes;
+    check(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
+                                               sizeof workspace_bytes),
+          "workspace preference");
+    cublasLtMatmulHeuristicResult_t heuristic{};
+    int found = 0;
+    check(cublasLtMatmulAlgoGetHeuristic(handle, operation, a, b, d, d, preference, 1, &heuristic, &found),
+          "cublasLtMatmulAlgoGetHeuristic");
+    if (found == 0) throw SpecError("--device", "cuBLASLt has no algorithm for this GEMM and epilogue");
+    const float alpha = 1.0f;
+    const float beta = g.accumulate ? 1.0f : 0.0f;
+    check(cublasLtMatmul(handle, operation, &alpha, g.a, a, g.b, b, &beta, g.d, d, g.d, d, &heuristic.algo, workspace,
+                         kWorkspaceBytes, nullptr),
+          "cublasLtMatmul");
+  } catch (...) {
+    cleanup();
+    throw;
+  }
+  cleanup();
+}
+
+}  // namespace
+
+Bf16Linear::Bf16Linear() {
+  cublasLtHandle_t handle = nullptr;
+  check(cublasLtCreate(&handle), "cublasLtCreate");
+  handle_ = handle;
+  check(cudaMalloc(&workspace_, kWorkspaceBytes), "cudaMalloc (cuBLASLt workspace)");
+}
+
+Bf16Linear::~Bf16Linear() {
+  if (workspace_) cudaFree(workspace_);
+  if (handle_) cublasLtDestroy(static_cast<cublasLtHandle_t>(handle_));
+}
+
+void Bf16Linear::forward(const Bf16* x, const Bf16* w, const Bf16* bias, int64_t m, int64_t k, int64_t n,
+                         LinearEpilogue epilogue, Bf16* y, Bf16* pre_activation) {
+  // Row-major Y = X W^T is column-major Y^T (n x m) = W (n x k, the buffer read transposed) X^T.
+  Gemm g{};
+  g.transa = CUBLAS_OP_T;
+  g.transb = CUBLAS_OP_N;
+  g.rows = static_cast<uint64_t>(n);
+  g.cols = static_cast<uint64_t>(m);
+  g.inner = static_cast<uint64_t>(k);
+  g.a = w;
+  g.lda = k;
+  g.b = x;
+  g.ldb = k;
+  g.d = y;
+  g.ldd = n;
+  g.d_type = CUDA_R_16BF;
+  g.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  if (epilogue != LinearEpilogue::kNone) {
+    g.bias = bias;
+    g.bias_type = CUDA_R_16BF;
+    g.epilogue = CUBLASLT_EPILOGUE_BIAS;
+  }
+  if (epilogue == LinearEpilogue::kBiasGelu) {
+    g.epilogue = CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    g.aux = pre_activation;
+    g.aux_ld = n;
+  }
+  run(static_cast<cublasLtHandle_t>(handle_), workspace_, g);
+}
+
+void Bf16Linear::backward(const Bf16* dy, const Bf16* x, const Bf16* w, int64_t m, int64_t k, int64_t n, Bf16* dx,
+                          float* dw, float* bias_gradient) {
+  if (dx) {  // dX = dY W: column-major dX^T (k x m) = W^T (the buffer as is) dY^T (the buffer as is)
+    Gemm g{};
+    g.transa = CUBLAS_OP_N;
+    g.transb = CUBLAS_OP_N;
+    g.rows = static_cast<uint64_t>(k);
+    g.cols = static_cast<uint64_t>(m);
+    g.inner = static_cast<uint64_t>(n);
+    g.a = w;
+    g.lda = k;
+    g.b = dy;
+    g.ldb = n;
+    g.d = dx;
+    g.ldd = k;
+    g.d_type = CUDA_R_16BF;
+    g.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+    run(static_cast<cublasLtHandle_t>(handle_), workspace_, g);
+  }
+  // dW += dY^T X: column-major dW^T (k x n) += X^T (the buffer as is) dY (the buffer transposed);
+  // reducing B = dY over the inner (token) dimension gives the bias gradient (BGRADB).
+  Gemm g{};
+  g.transa = CUBLAS_OP_N;
+  g.transb = CUBLAS_OP_T;
+  g.rows = static_cast<uint64_t>(k);
+  g.cols = static_cast<uint64_t>(n);
+  g.inner = static_cast<uint64_t>(m);
+  g.a = x;
+  g.lda = k;
+  g.b = dy;
+  g.ldb = n;
+  g.d = dw;
+  g.ldd = k;
+  g.d_type = CUDA_R_32F;
+  g.accumulate = true;
+  g.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  if (bias_gradient) {
+    g.epilogue = CUBLASLT_EPILOGUE_BGRADB;
+    g.bias = bias_gradient;
+    g.bias_type = CUDA_R_32F;
+  }
+  run(static_cast<cublasLtHandle_t>(handle_), workspace_, g);
+}
+
+Bf16 to_bf16(float value) {
+  uint32_t bits;
+  std::memcpy(&bits, &value, sizeof bits);
+  if ((bits & 0x7f800000u) == 0x7f800000u && (bits & 0x007fffffu) != 0) return static_cast<Bf16>((bits >> 16) | 0x40);
+  bits += 0x7fffu + ((bits >> 16) & 1u);  // round to nearest even
+  return static_cast<Bf16>(bits >> 16);
+}
+
+float from_bf16(Bf16 value) {
+  const uint32_t bits = static_cast<uint32_t>(value) << 16;
+  float result;
+  std::memcpy(&result, &bits, sizeof result);
+  return result;
+}
+
+Bf16* upload_bf16(const std::vector<float>& host) {
+  std::vector<Bf16> converted(host.size());
+  for (std::size_t i = 0; i < host.size(); ++i) converted[i] = to_bf16(host[i]);
+  void* device = nullptr;
+  check(cudaMalloc(&device, std::max<std::size_t>(1, converted.size()) * sizeof(Bf16)), "cudaMalloc");
+  check(cudaMemcpy(device, converted.data(), converted.size() * sizeof(Bf16), cudaMemcpyHostToDevice), "cudaMemcpy");
+  return static_cast<Bf16*>(device);
+}
+
+float* upload_floats(const std::vector<float>& host) {
+  void* device = nullptr;
+  check(cudaMalloc(&device, std::max<std::size_t>(1, host.size()) * sizeof(float)), "cudaMalloc");
+  check(cudaMemcpy(device, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy");
+  return static_cast<float*>(device);
+}
+
+std::vector<float> download_bf16(const Bf16* device, std::size_t n) {
+  std::vector<Bf16> raw(n);
+  check(cudaMemcpy(raw.data(), device, n * sizeof(Bf16), cudaMemcpyDeviceToHost), "cudaMemcpy");
+  std::vector<float> values(n);
+  for (std::size_t i = 0; i < n; ++i) values[i] = from_bf16(raw[i]);
+  return values;
+}
+
+std::vector<float> download_floats(const float* device, std::size_t n) {
+  std::vector<float> values(n);
+  check(cudaMemcpy(values.data(), device, n * sizeof(float), cudaMemcpyDeviceToHost), "cudaMemcpy");
+  return values;
+}
+
+void free_device(void* device) { cudaFree(device); }
+
+}  // namespace megaplan::exec::cuda

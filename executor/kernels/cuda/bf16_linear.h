@@ -1,0 +1,49 @@
+// Linear layers on bf16 tensor cores through cuBLASLt, with the bias, GELU and bias-gradient work
+// fused into the GEMMs' epilogues: the building block of the bf16 CUDA backend. bf16 values are
+// held as their 16 bits (Bf16), so this header needs no CUDA header.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace megaplan::exec::cuda {
+
+using Bf16 = uint16_t;  // bfloat16 bits
+
+enum class LinearEpilogue { kNone, kBias, kBiasGelu };
+
+class Bf16Linear {
+ public:
+  // A cuBLASLt handle and a 32 MiB workspace on the current device; throws SpecError("--device", ...).
+  Bf16Linear();
+  ~Bf16Linear();
+  Bf16Linear(const Bf16Linear&) = delete;
+  Bf16Linear& operator=(const Bf16Linear&) = delete;
+
+  // y[m x n] = epilogue(x[m x k] W^T + bias) with W stored [n x k]; fp32 accumulation. kBiasGelu
+  // (the tanh GELU) also writes the pre-activation x W^T + bias to `pre_activation` [m x n].
+  void forward(const Bf16* x, const Bf16* w, const Bf16* bias, int64_t m, int64_t k, int64_t n,
+               LinearEpilogue epilogue, Bf16* y, Bf16* pre_activation);
+  // dx[m x k] = dy W (bf16; null: skipped); dw[n x k] += dy^T x in fp32; bias_gradient[n] = the
+  // column sums of dy in fp32, fused into the weight-gradient GEMM (overwritten; null: none).
+  void backward(const Bf16* dy, const Bf16* x, const Bf16* w, int64_t m, int64_t k, int64_t n, Bf16* dx, float* dw,
+                float* bias_gradient);
+
+ private:
+  void* handle_ = nullptr;
+  void* workspace_ = nullptr;
+};
+
+// Round to nearest even, as the device converts.
+Bf16 to_bf16(float value);
+float from_bf16(Bf16 value);
+
+// Device memory for tests and the backend: uploads (rounding floats to bf16), downloads, frees.
+Bf16* upload_bf16(const std::vector<float>& host);
+float* upload_floats(const std::vector<float>& host);
+std::vector<float> download_bf16(const Bf16* device, std::size_t n);
+std::vector<float> download_floats(const float* device, std::size_t n);
+void free_device(void* device);
+
+}  // namespace megaplan::exec::cuda
