@@ -26,7 +26,10 @@ void setup_data_command(CLI::App& app, CommandContext& context) {
       "prepare", "Tokenize text files (.jsonl: one document per line) into PREFIX.bin and PREFIX.idx");
   prepare->add_option("--input", options->prepare.inputs, "Input files")->required();
   prepare->add_option("--output-prefix", options->prepare.output_prefix, "Writes PREFIX.bin and PREFIX.idx")->required();
-  prepare->add_option("--tokenizer", options->tokenizer, "byte")->capture_default_str();
+  prepare->add_option("--tokenizer", options->tokenizer.kind, "byte or gpt2 (GPT-2's byte-level BPE)")
+      ->capture_default_str();
+  prepare->add_option("--vocab-file", options->tokenizer.vocab_file, "GPT-2's vocab.json (with --tokenizer gpt2)");
+  prepare->add_option("--merge-file", options->tokenizer.merge_file, "GPT-2's merges.txt (with --tokenizer gpt2)");
   prepare->add_option("--json-keys", options->prepare.json_key, "The field of each .jsonl line to read")
       ->capture_default_str();
   prepare->add_flag("--append-eod", options->prepare.append_end_of_document,

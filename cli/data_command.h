@@ -9,7 +9,7 @@ namespace megaplan::cli {
 
 struct DataPrepareOptions {
   exec::PrepareOptions prepare;
-  std::string tokenizer = "byte";
+  exec::TokenizerOptions tokenizer;
 };
 
 int run_data_prepare(const DataPrepareOptions& options, std::ostream& out);

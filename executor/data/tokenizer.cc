@@ -1,6 +1,7 @@
 #include "executor/data/tokenizer.h"
 
 #include "core/error.h"
+#include "executor/data/gpt2_tokenizer.h"
 
 namespace megaplan::exec {
 
@@ -10,9 +11,18 @@ std::vector<int64_t> ByteTokenizer::encode(std::string_view text) const {
   return tokens;
 }
 
-std::unique_ptr<Tokenizer> make_tokenizer(const std::string& kind) {
-  if (kind == "byte") return std::make_unique<ByteTokenizer>();
-  throw SpecError("--tokenizer", "unknown tokenizer \"" + kind + "\" (known: byte)");
+std::unique_ptr<Tokenizer> make_tokenizer(const TokenizerOptions& options) {
+  if (options.kind == "byte") {
+    if (!options.vocab_file.empty()) throw SpecError("--vocab-file", "--tokenizer byte reads no vocabulary; drop it");
+    if (!options.merge_file.empty()) throw SpecError("--merge-file", "--tokenizer byte reads no merges; drop it");
+    return std::make_unique<ByteTokenizer>();
+  }
+  if (options.kind == "gpt2") {
+    if (options.vocab_file.empty()) throw SpecError("--vocab-file", "--tokenizer gpt2 needs its vocab.json");
+    if (options.merge_file.empty()) throw SpecError("--merge-file", "--tokenizer gpt2 needs its merges.txt");
+    return std::make_unique<Gpt2Tokenizer>(options.vocab_file, options.merge_file);
+  }
+  throw SpecError("--tokenizer", "unknown tokenizer \"" + options.kind + "\" (known: byte, gpt2)");
 }
 
 }  // namespace megaplan::exec

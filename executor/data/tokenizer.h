@@ -1,5 +1,5 @@
 // Tokenizers for `megaplan data prepare` and the trainer. Byte-level: every byte is its own token
-// (0-255) and the end-of-document token is 256. GPT-2's byte-level BPE comes with the next slice.
+// (0-255) and the end-of-document token is 256. GPT-2's byte-level BPE is in gpt2_tokenizer.h.
 #pragma once
 
 #include <cstdint>
@@ -25,7 +25,15 @@ class ByteTokenizer final : public Tokenizer {
   int64_t vocab_size() const override { return 257; }
 };
 
-// "byte" (more kinds to come); throws SpecError("--tokenizer", ...) naming the known ones.
-std::unique_ptr<Tokenizer> make_tokenizer(const std::string& kind);
+// What --tokenizer, --vocab-file and --merge-file say.
+struct TokenizerOptions {
+  std::string kind = "byte";
+  std::string vocab_file;
+  std::string merge_file;
+};
+
+// "byte" or "gpt2". Throws SpecError("--tokenizer", ...) naming the known kinds; gpt2 needs both
+// files and byte takes neither (SpecError naming the flag); file errors as Gpt2Tokenizer's.
+std::unique_ptr<Tokenizer> make_tokenizer(const TokenizerOptions& options);
 
 }  // namespace megaplan::exec

@@ -17,6 +17,25 @@ std::size_t product(const std::vector<int64_t>& shape) {
 
 }  // namespace
 
+int64_t GptModel::predicted_bytes(const ModelSpec& model, int64_t micro_batch_size, const Backend& backend) {
+  const int64_t h = model.hidden_size, f = model.effective_ffn_hidden_size(), L = model.num_layers;
+  const int64_t s = model.seq_length, v = padded_vocab_size(model, 1), heads = model.num_attention_heads;
+  const int64_t tokens = micro_batch_size * s;
+  const auto act = static_cast<int64_t>(backend.activation_bytes());
+  const int64_t parameters = v * h + s * h + L * (4 * h * h + 2 * f * h + 9 * h + f) + 2 * h;
+  const int64_t copy_bytes = act == static_cast<int64_t>(sizeof(float)) ? 0 : act;  // fp32 compute aliases
+  const int64_t weights = parameters * (4 * static_cast<int64_t>(sizeof(float)) + copy_bytes);
+  const int64_t scratch = act * tokens * (7 * h + f);
+  const auto attention_saved = static_cast<int64_t>(backend.attention_saved_size(
+      static_cast<std::size_t>(micro_batch_size), static_cast<std::size_t>(s), static_cast<std::size_t>(heads),
+      static_cast<std::size_t>(h / heads)));
+  const auto loss_saved =
+      static_cast<int64_t>(backend.cross_entropy_saved_size(static_cast<std::size_t>(tokens), static_cast<std::size_t>(v)));
+  const int64_t activations = act * (L * tokens * (8 * h + 2 * f) + tokens * (2 * h + v)) +
+                              static_cast<int64_t>(sizeof(float)) * (L * (4 * tokens + attention_saved) + 2 * tokens + loss_saved);
+  return weights + scratch + activations;
+}
+
 Parameter& GptModel::add_parameter(const std::string& name, std::vector<int64_t> shape, TensorSplit split, bool decay) {
   Parameter parameter;
   parameter.name = name;
@@ -28,6 +47,7 @@ Parameter& GptModel::add_parameter(const std::string& name, std::vector<int64_t>
   parameter.gradient = backend_.allocate(parameter.size);
   parameter.first_moment = backend_.allocate(parameter.size);
   parameter.second_moment = backend_.allocate(parameter.size);
+  parameter.compute = backend_.compute_copy(parameter.value, parameter.size);
   parameters_.push_back(std::move(parameter));
   return parameters_.back();
 }
@@ -52,6 +72,13 @@ GptModel::GptModel(const ModelSpec& model, int64_t micro_batch_size, Backend& ba
   if (!model.add_bias_linear) unsupported("--disable-bias-linear", "linear layers without bias");
   if (model.effective_kv_channels() * heads_ != hidden_) unsupported("--kv-channels", "a head dimension other than h / heads");
   if (micro_batch_size <= 0) throw SpecError("--micro-batch-size", "must be a positive integer");
+  const int64_t needed = predicted_bytes(model, micro_batch_size, backend);
+  if (const int64_t available = backend.available_bytes(); needed > available) {
+    throw SpecError("--micro-batch-size", model.name + " with micro-batch size " + std::to_string(micro_batch_size) +
+                                              " needs " + std::to_string(needed) + " bytes on " + backend.name() +
+                                              " (weights, gradients, optimizer state and one microbatch's "
+                                              "activations) but " + std::to_string(available) + " are available");
+  }
 
   const int64_t h = hidden_;
   parameters_.reserve(static_cast<std::size_t>(4 + 12 * layers_count_));  // pointers into it stay valid
@@ -95,27 +122,44 @@ GptModel::GptModel(const ModelSpec& model, int64_t micro_batch_size, Backend& ba
     }
     backend_.upload(parameter.value, host.data(), parameter.size);
   }
+  refresh_compute_weights();
 
   const auto tokens = static_cast<std::size_t>(batch_ * seq_);
   const auto hs = static_cast<std::size_t>(hidden_);
-  d_hidden_ = backend_.allocate(tokens * hs);
-  d_hidden2_ = backend_.allocate(tokens * hs);
-  d_hidden3_ = backend_.allocate(tokens * hs);
-  d_qkv_ = backend_.allocate(tokens * 3 * hs);
-  d_ffn_ = backend_.allocate(tokens * static_cast<std::size_t>(ffn_));
-  d_ffn2_ = backend_.allocate(tokens * static_cast<std::size_t>(ffn_));
-  logits_ = backend_.allocate(tokens * static_cast<std::size_t>(vocab_));
+  branch_out_ = backend_.allocate_activation(tokens * hs);
+  d_hidden_ = backend_.allocate_activation(tokens * hs);
+  d_residual_[0] = backend_.allocate_activation(tokens * hs);
+  d_residual_[1] = backend_.allocate_activation(tokens * hs);
+  d_qkv_ = backend_.allocate_activation(tokens * 3 * hs);
+  d_ffn_ = backend_.allocate_activation(tokens * static_cast<std::size_t>(ffn_));
 }
 
 GptModel::~GptModel() {
   for (auto& [microbatch, activations] : in_flight_) release_activations(activations);
   for (Activations& activations : spare_) release_activations(activations);
   for (Parameter& parameter : parameters_) {
+    backend_.release_compute_copy(parameter.compute, parameter.value);
     for (float* buffer : {parameter.value, parameter.gradient, parameter.first_moment, parameter.second_moment}) {
       backend_.release(buffer);
     }
   }
-  for (float* buffer : {d_hidden_, d_hidden2_, d_hidden3_, d_qkv_, d_ffn_, d_ffn2_, logits_}) backend_.release(buffer);
+  for (Activation buffer : {branch_out_, d_hidden_, d_residual_[0], d_residual_[1], d_qkv_, d_ffn_}) {
+    backend_.release(buffer);
+  }
+}
+
+std::vector<OptimizerTensor> GptModel::optimizer_tensors(double weight_decay) const {
+  std::vector<OptimizerTensor> tensors;
+  tensors.reserve(parameters_.size());
+  for (const Parameter& p : parameters_) {
+    tensors.push_back({p.value, p.gradient, p.first_moment, p.second_moment, p.compute, p.size,
+                       p.weight_decay ? weight_decay : 0.0});
+  }
+  return tensors;
+}
+
+void GptModel::refresh_compute_weights() {
+  for (Parameter& p : parameters_) backend_.refresh_compute_copy(p.value, p.size, p.compute);
 }
 
 GptModel::Activations GptModel::allocate_activations() {
@@ -127,42 +171,46 @@ GptModel::Activations GptModel::allocate_activations() {
   const auto tokens = static_cast<std::size_t>(batch_ * seq_);
   const auto h = static_cast<std::size_t>(hidden_);
   const auto f = static_cast<std::size_t>(ffn_);
+  const auto stats = [&] { return backend_.allocate(tokens); };
+  const auto act = [&](std::size_t n) { return backend_.allocate_activation(n); };
   Activations a;
   for (int64_t l = 0; l < layers_count_; ++l) {
     LayerActivations layer{};
-    layer.input = backend_.allocate(tokens * h);
-    layer.ln1 = backend_.allocate(tokens * h);
-    layer.ln1_mean = backend_.allocate(tokens);
-    layer.ln1_rstd = backend_.allocate(tokens);
-    layer.qkv = backend_.allocate(tokens * 3 * h);
+    layer.input = act(tokens * h);
+    layer.ln1 = act(tokens * h);
+    layer.qkv = act(tokens * 3 * h);
+    layer.attention = act(tokens * h);
+    layer.middle = act(tokens * h);
+    layer.ln2 = act(tokens * h);
+    layer.fc1 = act(tokens * f);
+    layer.gelu = act(tokens * f);
+    layer.ln1_mean = stats();
+    layer.ln1_rstd = stats();
+    layer.ln2_mean = stats();
+    layer.ln2_rstd = stats();
     layer.attention_saved = backend_.allocate(backend_.attention_saved_size(
         static_cast<std::size_t>(batch_), static_cast<std::size_t>(seq_), static_cast<std::size_t>(heads_),
         static_cast<std::size_t>(hidden_ / heads_)));
-    layer.attention = backend_.allocate(tokens * h);
-    layer.middle = backend_.allocate(tokens * h);
-    layer.ln2 = backend_.allocate(tokens * h);
-    layer.ln2_mean = backend_.allocate(tokens);
-    layer.ln2_rstd = backend_.allocate(tokens);
-    layer.fc1 = backend_.allocate(tokens * f);
-    layer.gelu = backend_.allocate(tokens * f);
     a.layers.push_back(layer);
   }
-  a.output = backend_.allocate(tokens * h);
-  a.final_norm = backend_.allocate(tokens * h);
-  a.final_mean = backend_.allocate(tokens);
-  a.final_rstd = backend_.allocate(tokens);
-  a.probs = backend_.allocate(tokens * static_cast<std::size_t>(vocab_));
+  a.output = act(tokens * h);
+  a.final_norm = act(tokens * h);
+  a.logits = act(tokens * static_cast<std::size_t>(vocab_));
+  a.final_mean = stats();
+  a.final_rstd = stats();
+  a.loss_saved = backend_.allocate(backend_.cross_entropy_saved_size(tokens, static_cast<std::size_t>(vocab_)));
   return a;
 }
 
 void GptModel::release_activations(Activations& a) {
   for (LayerActivations& l : a.layers) {
-    for (float* buffer : {l.input, l.ln1, l.ln1_mean, l.ln1_rstd, l.qkv, l.attention_saved, l.attention, l.middle, l.ln2,
-                          l.ln2_mean, l.ln2_rstd, l.fc1, l.gelu}) {
+    for (Activation buffer : {l.input, l.ln1, l.qkv, l.attention, l.middle, l.ln2, l.fc1, l.gelu}) {
       backend_.release(buffer);
     }
+    for (float* buffer : {l.ln1_mean, l.ln1_rstd, l.attention_saved, l.ln2_mean, l.ln2_rstd}) backend_.release(buffer);
   }
-  for (float* buffer : {a.output, a.final_norm, a.final_mean, a.final_rstd, a.probs}) backend_.release(buffer);
+  for (Activation buffer : {a.output, a.final_norm, a.logits}) backend_.release(buffer);
+  for (float* buffer : {a.final_mean, a.final_rstd, a.loss_saved}) backend_.release(buffer);
   a.layers.clear();
 }
 
@@ -192,29 +240,43 @@ double GptModel::run_forward(Activations& a, const std::vector<int64_t>& tokens,
   const auto h = static_cast<std::size_t>(hidden_);
   const auto f = static_cast<std::size_t>(ffn_);
   const auto heads = static_cast<std::size_t>(heads_);
-  float* x = a.layers.empty() ? a.output : a.layers[0].input;
-  backend_.embedding_forward(a.inputs.data(), count, seq, word_embeddings_->value, position_embeddings_->value, h, x);
+  const auto v = static_cast<std::size_t>(vocab_);
+  // The residual stream: x_{l+1} = middle_l + mlp(ln2(middle_l)), middle_l = x_l + attention(ln1(x_l)).
+  // Each branch's output waits in branch_out_ until the next norm adds it to the stream.
+  Activation stream = a.layers.empty() ? a.output : a.layers[0].input;
+  backend_.embedding_forward(a.inputs.data(), count, seq, word_embeddings_->compute, position_embeddings_->compute, h,
+                             stream);
+  ConstActivation pending = nullptr;  // the branch output not yet added to `stream`
   for (std::size_t l = 0; l < layers_.size(); ++l) {
     const Layer& w = layers_[l];
     LayerActivations& act = a.layers[l];
-    float* next = l + 1 < layers_.size() ? a.layers[l + 1].input : a.output;
-    backend_.layernorm_forward(act.input, w.ln1_gamma->value, w.ln1_beta->value, count, h, act.ln1, act.ln1_mean, act.ln1_rstd);
-    backend_.linear_forward(act.ln1, w.qkv_weight->value, w.qkv_bias->value, count, h, 3 * h, act.qkv);
+    if (pending) {
+      backend_.layernorm_forward(stream, pending, act.input, w.ln1_gamma->compute, w.ln1_beta->compute, count, h,
+                                 act.ln1, act.ln1_mean, act.ln1_rstd);
+    } else {
+      backend_.layernorm_forward(act.input, nullptr, nullptr, w.ln1_gamma->compute, w.ln1_beta->compute, count, h,
+                                 act.ln1, act.ln1_mean, act.ln1_rstd);
+    }
+    backend_.linear_forward(act.ln1, w.qkv_weight->compute, w.qkv_bias->compute, count, h, 3 * h,
+                            LinearEpilogue::kBias, act.qkv, nullptr);
     backend_.attention_forward(act.qkv, batch, seq, heads, h / heads, act.attention, act.attention_saved);
-    backend_.linear_forward(act.attention, w.proj_weight->value, w.proj_bias->value, count, h, h, act.middle);
-    backend_.accumulate(act.input, count * h, act.middle);  // residual
-    backend_.layernorm_forward(act.middle, w.ln2_gamma->value, w.ln2_beta->value, count, h, act.ln2, act.ln2_mean, act.ln2_rstd);
-    backend_.linear_forward(act.ln2, w.fc1_weight->value, w.fc1_bias->value, count, h, f, act.fc1);
-    backend_.gelu_forward(act.fc1, count * f, act.gelu);
-    backend_.linear_forward(act.gelu, w.fc2_weight->value, w.fc2_bias->value, count, f, h, next);
-    backend_.accumulate(act.middle, count * h, next);  // residual
+    backend_.linear_forward(act.attention, w.proj_weight->compute, w.proj_bias->compute, count, h, h,
+                            LinearEpilogue::kBias, branch_out_, nullptr);
+    backend_.layernorm_forward(act.input, branch_out_, act.middle, w.ln2_gamma->compute, w.ln2_beta->compute, count, h,
+                               act.ln2, act.ln2_mean, act.ln2_rstd);
+    backend_.linear_forward(act.ln2, w.fc1_weight->compute, w.fc1_bias->compute, count, h, f,
+                            LinearEpilogue::kBiasGelu, act.gelu, act.fc1);
+    backend_.linear_forward(act.gelu, w.fc2_weight->compute, w.fc2_bias->compute, count, f, h, LinearEpilogue::kBias,
+                            branch_out_, nullptr);
+    stream = act.middle;
+    pending = branch_out_;
   }
-  backend_.layernorm_forward(a.output, final_gamma_->value, final_beta_->value, count, h, a.final_norm, a.final_mean,
-                             a.final_rstd);
+  backend_.layernorm_forward(stream, pending, pending ? a.output : nullptr, final_gamma_->compute,
+                             final_beta_->compute, count, h, a.final_norm, a.final_mean, a.final_rstd);
   // Tied output layer: logits = final_norm E^T.
-  backend_.linear_forward(a.final_norm, word_embeddings_->value, nullptr, count, h, static_cast<std::size_t>(vocab_), logits_);
-  return backend_.cross_entropy_forward(logits_, a.labels.data(), a.mask.data(), count, static_cast<std::size_t>(vocab_),
-                                        a.probs);
+  backend_.linear_forward(a.final_norm, word_embeddings_->compute, nullptr, count, h, v, LinearEpilogue::kNone,
+                          a.logits, nullptr);
+  return backend_.cross_entropy_forward(a.logits, a.labels.data(), a.mask.data(), count, v, a.loss_saved);
 }
 
 double GptModel::forward(int64_t microbatch, const std::vector<int64_t>& tokens, const std::vector<float>& loss_mask) {
@@ -244,35 +306,38 @@ void GptModel::backward(int64_t microbatch, float loss_scale) {
   const auto v = static_cast<std::size_t>(vocab_);
   const auto heads = static_cast<std::size_t>(heads_);
 
-  backend_.cross_entropy_backward(a.probs, a.labels.data(), a.mask.data(), count, v, loss_scale, logits_);
-  backend_.linear_backward(logits_, a.final_norm, word_embeddings_->value, count, h, v, d_hidden2_,
+  // The loss's gradient overwrites the logits.
+  backend_.cross_entropy_backward(a.logits, a.loss_saved, a.labels.data(), a.mask.data(), count, v, loss_scale,
+                                  a.logits);
+  backend_.linear_backward(a.logits, a.final_norm, word_embeddings_->compute, count, h, v, d_hidden_,
                            word_embeddings_->gradient, nullptr);
-  float* dx = d_hidden_;
-  backend_.layernorm_backward(d_hidden2_, a.output, final_gamma_->value, a.final_mean, a.final_rstd, count, h, dx,
-                              final_gamma_->gradient, final_beta_->gradient);
+  // d_residual_[0] holds the stream's gradient at a layer's output, [1] at its middle.
+  Activation d_out = d_residual_[0], d_middle = d_residual_[1];
+  backend_.layernorm_backward(d_hidden_, a.output, final_gamma_->compute, a.final_mean, a.final_rstd, count, h,
+                              nullptr, d_out, final_gamma_->gradient, final_beta_->gradient);
   for (std::size_t l = layers_.size(); l-- > 0;) {
     const Layer& w = layers_[l];
     const LayerActivations& act = a.layers[l];
-    // next = middle + fc2(gelu(fc1(ln2(middle)))): dx is d next.
-    backend_.linear_backward(dx, act.gelu, w.fc2_weight->value, count, f, h, d_ffn_, w.fc2_weight->gradient,
-                             w.fc2_bias->gradient);
-    backend_.gelu_backward(d_ffn_, act.fc1, count * f, d_ffn2_);
-    backend_.linear_backward(d_ffn2_, act.ln2, w.fc1_weight->value, count, h, f, d_hidden2_, w.fc1_weight->gradient,
+    // out = middle + fc2(gelu(fc1(ln2(middle)))); fc2's input gradient goes through the GELU in
+    // the same GEMM.
+    backend_.linear_gelu_backward(d_out, act.gelu, w.fc2_weight->compute, count, f, h, act.fc1, d_ffn_,
+                                  w.fc2_weight->gradient, w.fc2_bias->gradient);
+    backend_.linear_backward(d_ffn_, act.ln2, w.fc1_weight->compute, count, h, f, d_hidden_, w.fc1_weight->gradient,
                              w.fc1_bias->gradient);
-    backend_.layernorm_backward(d_hidden2_, act.middle, w.ln2_gamma->value, act.ln2_mean, act.ln2_rstd, count, h,
-                                d_hidden3_, w.ln2_gamma->gradient, w.ln2_beta->gradient);
-    backend_.accumulate(d_hidden3_, count * h, dx);  // dx is now d middle
+    backend_.layernorm_backward(d_hidden_, act.middle, w.ln2_gamma->compute, act.ln2_mean, act.ln2_rstd, count, h,
+                                d_out, d_middle, w.ln2_gamma->gradient, w.ln2_beta->gradient);
     // middle = input + proj(attention(qkv(ln1(input)))).
-    backend_.linear_backward(dx, act.attention, w.proj_weight->value, count, h, h, d_hidden2_, w.proj_weight->gradient,
-                             w.proj_bias->gradient);
-    backend_.attention_backward(d_hidden2_, act.qkv, act.attention_saved, batch, seq, heads, h / heads, d_qkv_);
-    backend_.linear_backward(d_qkv_, act.ln1, w.qkv_weight->value, count, h, 3 * h, d_hidden2_, w.qkv_weight->gradient,
-                             w.qkv_bias->gradient);
-    backend_.layernorm_backward(d_hidden2_, act.input, w.ln1_gamma->value, act.ln1_mean, act.ln1_rstd, count, h,
-                                d_hidden3_, w.ln1_gamma->gradient, w.ln1_beta->gradient);
-    backend_.accumulate(d_hidden3_, count * h, dx);  // dx is now d input
+    backend_.linear_backward(d_middle, act.attention, w.proj_weight->compute, count, h, h, d_hidden_,
+                             w.proj_weight->gradient, w.proj_bias->gradient);
+    backend_.attention_backward(d_hidden_, act.qkv, act.attention, act.attention_saved, batch, seq, heads, h / heads,
+                                d_qkv_);
+    backend_.linear_backward(d_qkv_, act.ln1, w.qkv_weight->compute, count, h, 3 * h, d_hidden_,
+                             w.qkv_weight->gradient, w.qkv_bias->gradient);
+    // The input's gradient goes to d_out's buffer: it is the previous layer's output gradient.
+    backend_.layernorm_backward(d_hidden_, act.input, w.ln1_gamma->compute, act.ln1_mean, act.ln1_rstd, count, h,
+                                d_middle, d_out, w.ln1_gamma->gradient, w.ln1_beta->gradient);
   }
-  backend_.embedding_backward(dx, a.inputs.data(), count, seq, h, word_embeddings_->gradient,
+  backend_.embedding_backward(d_out, a.inputs.data(), count, seq, h, word_embeddings_->gradient,
                               position_embeddings_->gradient);
   spare_.push_back(std::move(a));
 }

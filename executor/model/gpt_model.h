@@ -1,6 +1,7 @@
 // The GPT of core's ModelSpec on a Backend: learned absolute positions, LayerNorm, GELU (tanh),
 // tied input and output embeddings; fp32 master weights and gradients accumulated over
-// microbatches. One instance is one pipeline chunk: with pp = 1 the whole model (embedding, every
+// microbatches, activations and each weight's compute copy in the backend's compute precision
+// (bf16 on the GPU). One instance is one pipeline chunk: with pp = 1 the whole model (embedding, every
 // layer, the output layer); the pipeline-parallel executor builds one per virtual stage. Every
 // parameter says how tensor parallelism would split it.
 #pragma once
@@ -29,6 +30,7 @@ struct Parameter {
   float* gradient = nullptr; // fp32, accumulated over microbatches
   float* first_moment = nullptr;
   float* second_moment = nullptr;
+  Activation compute = nullptr;  // the weight in compute precision, as the layers read it
 };
 
 class GptModel {
@@ -41,7 +43,16 @@ class GptModel {
   GptModel(const GptModel&) = delete;
   GptModel& operator=(const GptModel&) = delete;
 
+  // The bytes a model allocates on `backend` by the end of its first microbatch's backward:
+  // weights, gradients, optimizer state, compute copies, scratch and one microbatch's activations.
+  // The constructor refuses a model whose prediction exceeds the backend's available bytes.
+  static int64_t predicted_bytes(const ModelSpec& model, int64_t micro_batch_size, const Backend& backend);
+
   std::vector<Parameter>& parameters() { return parameters_; }
+  // Every parameter's buffers for the optimizer (weight decay off where the parameter says so).
+  std::vector<OptimizerTensor> optimizer_tensors(double weight_decay) const;
+  // After master weights change outside the optimizer (a checkpoint load).
+  void refresh_compute_weights();
   int64_t vocab_size() const { return vocab_; }
   int64_t seq_length() const { return seq_; }
   int64_t micro_batch_size() const { return batch_; }
@@ -62,15 +73,18 @@ class GptModel {
     Parameter* proj_weight; Parameter* proj_bias; Parameter* ln2_gamma; Parameter* ln2_beta;
     Parameter* fc1_weight; Parameter* fc1_bias; Parameter* fc2_weight; Parameter* fc2_bias;
   };
+  // What the backward reads. The residual stream's sums (input, middle, output) are written by the
+  // norms that follow them, which fuse the residual adds.
   struct LayerActivations {
-    float *input, *ln1, *ln1_mean, *ln1_rstd, *qkv, *attention_saved, *attention, *middle, *ln2, *ln2_mean,
-        *ln2_rstd, *fc1, *gelu;
+    Activation input, ln1, qkv, attention, middle, ln2, fc1, gelu;
+    float *ln1_mean, *ln1_rstd, *attention_saved, *ln2_mean, *ln2_rstd;
   };
   struct Activations {
     std::vector<int64_t> inputs, labels;
     std::vector<float> mask;
     std::vector<LayerActivations> layers;
-    float *output, *final_norm, *final_mean, *final_rstd, *probs;
+    Activation output, final_norm, logits;  // logits: the loss's gradient overwrites them in the backward
+    float *final_mean, *final_rstd, *loss_saved;
   };
   Parameter& add_parameter(const std::string& name, std::vector<int64_t> shape, TensorSplit split, bool decay);
   Activations allocate_activations();
@@ -87,8 +101,9 @@ class GptModel {
   std::vector<Layer> layers_;
   std::map<int64_t, Activations> in_flight_;  // by microbatch, from F until B
   std::vector<Activations> spare_;            // released activations, reused
-  // Backward scratch, one set: backwards run one at a time.
-  float *d_hidden_, *d_hidden2_, *d_hidden3_, *d_qkv_, *d_ffn_, *d_ffn2_, *logits_;
+  // Forward scratch (a branch's output until the next norm adds it to the residual stream) and
+  // backward scratch (d_residual_ ping-pongs between two buffers): one set, as F and B each run whole.
+  Activation branch_out_, d_hidden_, d_residual_[2], d_qkv_, d_ffn_;
 };
 
 }  // namespace megaplan::exec

@@ -1,66 +1,128 @@
 // The operations a GPT needs, behind one interface so that the same model and runtime code runs on
-// plain C++ fp32 (CpuBackend, for tests and tiny models) and on a GPU (the CUDA backend). Buffers
-// are float arrays the backend allocates; token ids are host arrays the backend reads.
+// plain C++ fp32 (CpuBackend, for tests and tiny models) and on a GPU in bf16 (the CUDA backend).
+//
+// Two kinds of buffer. fp32 buffers (float*) hold master weights, their gradients, optimizer
+// state and per-row statistics. Activations (Activation) hold activations, their gradients and the
+// compute copy of every weight in the backend's compute precision: fp32 on the CPU, bf16 on the
+// GPU. The model passes activations between operations and never reads their elements.
+// Token ids and loss masks are host arrays the backend reads.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace megaplan::exec {
+
+struct ActivationStorage;  // never defined: each backend reinterprets it as its compute type
+using Activation = ActivationStorage*;
+using ConstActivation = const ActivationStorage*;
+
+enum class LinearEpilogue { kNone, kBias, kBiasGelu };
+
+// One parameter's buffers as the optimizer sees them.
+struct OptimizerTensor {
+  float* value;          // fp32 master weight
+  const float* gradient; // fp32
+  float* first_moment;
+  float* second_moment;
+  Activation compute;    // refreshed from value after the step (may alias value)
+  std::size_t size;
+  double weight_decay;
+};
+
+struct AdamwSettings {
+  int64_t step;  // 1-based, for the bias corrections
+  double lr, beta1, beta2, eps;
+  double gradient_scale;  // every gradient is multiplied by it first (clipping)
+};
 
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string name() const = 0;
+  // Bytes of one activation element (4 for fp32, 2 for bf16), for memory estimates. A backend
+  // whose activations are fp32 makes each weight's compute copy the master weight itself.
+  virtual std::size_t activation_bytes() const = 0;
+  // Bytes the backend could still allocate (the GPU's free memory; the host's available memory).
+  virtual int64_t available_bytes() const = 0;
 
-  // A zeroed buffer of n floats, owned by the backend until release() or its destruction.
+  // A zeroed fp32 buffer of n floats, owned by the backend until release() or its destruction.
   virtual float* allocate(std::size_t n) = 0;
   virtual void release(float* buffer) = 0;
+  virtual Activation allocate_activation(std::size_t n) = 0;
+  virtual void release(Activation buffer) = 0;
+  // The compute copy of a master weight: `value` itself where the compute precision is fp32.
+  virtual Activation compute_copy(float* value, std::size_t n) = 0;
+  virtual void release_compute_copy(Activation copy, float* value) = 0;
+  // copy = value in compute precision (after the weights change other than by adamw_step).
+  virtual void refresh_compute_copy(const float* value, std::size_t n, Activation copy) = 0;
   // The most bytes allocated at once so far (megaplan's own buffers; for the log's peak memory).
   virtual int64_t peak_bytes() const = 0;
   virtual void upload(float* device, const float* host, std::size_t n) = 0;
   virtual void download(float* host, const float* device, std::size_t n) = 0;
+  // Activations to and from fp32 host values (tests and diagnostics; rounds to the compute type).
+  virtual void upload(Activation device, const float* host, std::size_t n) = 0;
+  virtual void download(float* host, ConstActivation device, std::size_t n) = 0;
   virtual void fill(float* x, std::size_t n, float value) = 0;
 
-  // y[m x n] = x[m x k] W^T + b, with W stored [n x k] as Megatron stores a linear layer's weight.
-  virtual void linear_forward(const float* x, const float* w, const float* b, std::size_t m, std::size_t k,
-                              std::size_t n, float* y) = 0;
+  // y[m x n] = epilogue(x[m x k] W^T + b), W stored [n x k] as Megatron stores a linear layer's
+  // weight. kBiasGelu (tanh GELU) also writes the pre-activation x W^T + b to `pre_activation`.
+  virtual void linear_forward(ConstActivation x, ConstActivation w, ConstActivation b, std::size_t m, std::size_t k,
+                              std::size_t n, LinearEpilogue epilogue, Activation y, Activation pre_activation) = 0;
   // dx[m x k] = dy W (dx may be null); dW += dy^T x; db += column sums of dy (db may be null).
-  virtual void linear_backward(const float* dy, const float* x, const float* w, std::size_t m, std::size_t k,
-                               std::size_t n, float* dx, float* dw, float* db) = 0;
+  virtual void linear_backward(ConstActivation dy, ConstActivation x, ConstActivation w, std::size_t m, std::size_t k,
+                               std::size_t n, Activation dx, float* dw, float* db) = 0;
+  // The backward of an MLP's second layer y = GELU(pre) W^T + b through its GELU (tanh):
+  // d_pre[m x k] = (dy W) * GELU'(pre); dW += dy^T gelu_out (GELU(pre), as the forward kept it);
+  // db += column sums of dy.
+  virtual void linear_gelu_backward(ConstActivation dy, ConstActivation gelu_out, ConstActivation w, std::size_t m,
+                                    std::size_t k, std::size_t n, ConstActivation pre_activation, Activation d_pre,
+                                    float* dw, float* db) = 0;
   // y[tokens x hidden] = word[token] + position[t % seq].
-  virtual void embedding_forward(const int64_t* tokens, std::size_t count, std::size_t seq, const float* word,
-                                 const float* position, std::size_t hidden, float* y) = 0;
+  virtual void embedding_forward(const int64_t* tokens, std::size_t count, std::size_t seq, ConstActivation word,
+                                 ConstActivation position, std::size_t hidden, Activation y) = 0;
   // dword[token] += dy; dposition[t % seq] += dy.
-  virtual void embedding_backward(const float* dy, const int64_t* tokens, std::size_t count, std::size_t seq,
+  virtual void embedding_backward(ConstActivation dy, const int64_t* tokens, std::size_t count, std::size_t seq,
                                   std::size_t hidden, float* dword, float* dposition) = 0;
-  virtual void layernorm_forward(const float* x, const float* gamma, const float* beta, std::size_t rows,
-                                 std::size_t cols, float* y, float* mean, float* rstd) = 0;
-  virtual void layernorm_backward(const float* dy, const float* x, const float* gamma, const float* mean,
-                                  const float* rstd, std::size_t rows, std::size_t cols, float* dx, float* dgamma,
-                                  float* dbeta) = 0;
-  virtual void gelu_forward(const float* x, std::size_t n, float* y) = 0;
-  virtual void gelu_backward(const float* dy, const float* x, std::size_t n, float* dx) = 0;
-  // Causal attention on packed qkv [batch x seq x 3 x heads x dim] into out [batch x seq x heads x dim];
-  // `saved` holds what the backward needs (attention_saved_size floats).
+  // y = LayerNorm(x') with x' = x + residual where residual is non-null (x' is then written to
+  // sum_out: the residual stream's add, fused); mean and rstd [rows] for the backward.
+  virtual void layernorm_forward(ConstActivation x, ConstActivation residual, Activation sum_out,
+                                 ConstActivation gamma, ConstActivation beta, std::size_t rows, std::size_t cols,
+                                 Activation y, float* mean, float* rstd) = 0;
+  // dx = d LayerNorm / dx' + residual_grad (when non-null: the residual stream's gradient flows
+  // around the norm); dgamma, dbeta +=.
+  virtual void layernorm_backward(ConstActivation dy, ConstActivation x, ConstActivation gamma, const float* mean,
+                                  const float* rstd, std::size_t rows, std::size_t cols, ConstActivation residual_grad,
+                                  Activation dx, float* dgamma, float* dbeta) = 0;
+  // Causal attention on packed qkv [batch x seq x 3 x heads x dim] into out [batch x seq x heads x
+  // dim]; `saved` (attention_saved_size floats) holds what the backward needs besides qkv and out.
   virtual std::size_t attention_saved_size(std::size_t batch, std::size_t seq, std::size_t heads,
                                            std::size_t dim) const = 0;
-  virtual void attention_forward(const float* qkv, std::size_t batch, std::size_t seq, std::size_t heads,
-                                 std::size_t dim, float* out, float* saved) = 0;
-  virtual void attention_backward(const float* dout, const float* qkv, const float* saved, std::size_t batch,
-                                  std::size_t seq, std::size_t heads, std::size_t dim, float* dqkv) = 0;
-  // Masked mean cross entropy; probs [tokens x vocab] keeps the softmax for the backward.
-  virtual double cross_entropy_forward(const float* logits, const int64_t* targets, const float* mask,
-                                       std::size_t tokens, std::size_t vocab, float* probs) = 0;
-  virtual void cross_entropy_backward(const float* probs, const int64_t* targets, const float* mask,
-                                      std::size_t tokens, std::size_t vocab, float scale, float* dlogits) = 0;
-  virtual void add(const float* a, const float* b, std::size_t n, float* y) = 0;       // y = a + b
-  virtual void accumulate(const float* a, std::size_t n, float* y) = 0;                // y += a
-  virtual void scale(float* x, std::size_t n, float factor) = 0;                        // x *= factor
-  virtual double sum_of_squares(const float* x, std::size_t n) = 0;
-  virtual void adamw_step(float* w, const float* g, float* m, float* v, std::size_t n, int64_t step, double lr,
-                          double beta1, double beta2, double eps, double weight_decay) = 0;
+  virtual void attention_forward(ConstActivation qkv, std::size_t batch, std::size_t seq, std::size_t heads,
+                                 std::size_t dim, Activation out, float* saved) = 0;
+  // dqkv is overwritten.
+  virtual void attention_backward(ConstActivation dout, ConstActivation qkv, ConstActivation out, const float* saved,
+                                  std::size_t batch, std::size_t seq, std::size_t heads, std::size_t dim,
+                                  Activation dqkv) = 0;
+  // Masked mean cross entropy over logits [tokens x vocab]; `saved` (cross_entropy_saved_size
+  // floats) keeps what the backward needs.
+  virtual std::size_t cross_entropy_saved_size(std::size_t tokens, std::size_t vocab) const = 0;
+  virtual double cross_entropy_forward(ConstActivation logits, const int64_t* targets, const float* mask,
+                                       std::size_t tokens, std::size_t vocab, float* saved) = 0;
+  // dlogits = scale * mask * (softmax - onehot) / sum(mask); dlogits may be logits itself.
+  virtual void cross_entropy_backward(ConstActivation logits, const float* saved, const int64_t* targets,
+                                      const float* mask, std::size_t tokens, std::size_t vocab, float scale,
+                                      Activation dlogits) = 0;
+  virtual void add(ConstActivation a, ConstActivation b, std::size_t n, Activation y) = 0;  // y = a + b
+
+  // The sum of squares of every gradient, in a fixed order (the global gradient norm squared).
+  virtual double gradient_sum_of_squares(const std::vector<OptimizerTensor>& tensors) = 0;
+  // AdamW with decoupled weight decay on every tensor, then each compute copy refreshed.
+  virtual void adamw_step(const std::vector<OptimizerTensor>& tensors, const AdamwSettings& settings) = 0;
+  // Waits for queued work (timing); a no-op where work runs synchronously.
+  virtual void synchronize() = 0;
 };
 
 }  // namespace megaplan::exec

@@ -2,11 +2,15 @@
 
 #include <algorithm>
 #include <cstring>
+#include <fstream>
+#include <string>
+#include <unistd.h>
 #include <vector>
 
 #include "executor/kernels/reference/adamw.h"
 #include "executor/kernels/reference/attention.h"
 #include "executor/kernels/reference/cross_entropy.h"
+#include "executor/kernels/reference/embedding.h"
 #include "executor/kernels/reference/gelu.h"
 #include "executor/kernels/reference/layernorm.h"
 
@@ -14,7 +18,23 @@ namespace megaplan::exec {
 
 namespace {
 constexpr float kLayerNormEps = 1e-5f;
+
+// Activations are fp32 here.
+float* f(Activation a) { return reinterpret_cast<float*>(a); }
+const float* f(ConstActivation a) { return reinterpret_cast<const float*>(a); }
 }  // namespace
+
+int64_t CpuBackend::available_bytes() const {
+  // Linux's estimate of what can be allocated without swapping (free plus reclaimable cache).
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  int64_t kilobytes = 0;
+  std::string unit;
+  while (meminfo >> key >> kilobytes >> unit) {
+    if (key == "MemAvailable:") return kilobytes * 1024;
+  }
+  return static_cast<int64_t>(sysconf(_SC_AVPHYS_PAGES)) * static_cast<int64_t>(sysconf(_SC_PAGESIZE));
+}
 
 float* CpuBackend::allocate(std::size_t n) {
   auto buffer = std::make_unique<float[]>(std::max<std::size_t>(n, 1));  // value-initialised: zeros
@@ -32,16 +52,33 @@ void CpuBackend::release(float* buffer) {
   buffers_.erase(found);
 }
 
+Activation CpuBackend::allocate_activation(std::size_t n) { return reinterpret_cast<Activation>(allocate(n)); }
+
+void CpuBackend::release(Activation buffer) { release(f(buffer)); }
+
+Activation CpuBackend::compute_copy(float* value, std::size_t) { return reinterpret_cast<Activation>(value); }
+
+void CpuBackend::release_compute_copy(Activation, float*) {}  // the master weight itself
+
+void CpuBackend::refresh_compute_copy(const float*, std::size_t, Activation) {}
+
 void CpuBackend::upload(float* device, const float* host, std::size_t n) { std::memcpy(device, host, n * sizeof(float)); }
 
 void CpuBackend::download(float* host, const float* device, std::size_t n) {
   std::memcpy(host, device, n * sizeof(float));
 }
 
+void CpuBackend::upload(Activation device, const float* host, std::size_t n) { upload(f(device), host, n); }
+
+void CpuBackend::download(float* host, ConstActivation device, std::size_t n) { download(host, f(device), n); }
+
 void CpuBackend::fill(float* x, std::size_t n, float value) { std::fill(x, x + n, value); }
 
-void CpuBackend::linear_forward(const float* x, const float* w, const float* b, std::size_t m, std::size_t k,
-                                std::size_t n, float* y) {
+void CpuBackend::linear_forward(ConstActivation x_in, ConstActivation w_in, ConstActivation b_in, std::size_t m,
+                                std::size_t k, std::size_t n, LinearEpilogue epilogue, Activation y_out,
+                                Activation pre_activation) {
+  const float *x = f(x_in), *w = f(w_in), *b = epilogue == LinearEpilogue::kNone ? nullptr : f(b_in);
+  float* y = epilogue == LinearEpilogue::kBiasGelu ? f(pre_activation) : f(y_out);
   for (std::size_t i = 0; i < m; ++i) {
     const float* row = x + i * k;
     for (std::size_t j = 0; j < n; ++j) {
@@ -51,11 +88,13 @@ void CpuBackend::linear_forward(const float* x, const float* w, const float* b, 
       y[i * n + j] = sum + (b ? b[j] : 0.0f);
     }
   }
+  if (epilogue == LinearEpilogue::kBiasGelu) reference::gelu_forward(y, m * n, f(y_out));
 }
 
-void CpuBackend::linear_backward(const float* dy, const float* x, const float* w, std::size_t m, std::size_t k,
-                                 std::size_t n, float* dx, float* dw, float* db) {
-  if (dx) {
+void CpuBackend::linear_backward(ConstActivation dy_in, ConstActivation x_in, ConstActivation w_in, std::size_t m,
+                                 std::size_t k, std::size_t n, Activation dx_out, float* dw, float* db) {
+  const float *dy = f(dy_in), *x = f(x_in), *w = f(w_in);
+  if (float* dx = f(dx_out)) {
     std::fill(dx, dx + m * k, 0.0f);
     for (std::size_t i = 0; i < m; ++i) {
       for (std::size_t j = 0; j < n; ++j) {
@@ -77,42 +116,48 @@ void CpuBackend::linear_backward(const float* dy, const float* x, const float* w
   }
 }
 
-void CpuBackend::embedding_forward(const int64_t* tokens, std::size_t count, std::size_t seq, const float* word,
-                                   const float* position, std::size_t hidden, float* y) {
-  for (std::size_t t = 0; t < count; ++t) {
-    const float* w = word + static_cast<std::size_t>(tokens[t]) * hidden;
-    const float* p = position + (t % seq) * hidden;
-    for (std::size_t c = 0; c < hidden; ++c) y[t * hidden + c] = w[c] + p[c];
-  }
+void CpuBackend::linear_gelu_backward(ConstActivation dy, ConstActivation gelu_out, ConstActivation w, std::size_t m,
+                                      std::size_t k, std::size_t n, ConstActivation pre_activation, Activation d_pre,
+                                      float* dw, float* db) {
+  std::vector<float> d_gelu(m * k);
+  linear_backward(dy, gelu_out, w, m, k, n, reinterpret_cast<Activation>(d_gelu.data()), dw, db);
+  reference::gelu_backward(d_gelu.data(), f(pre_activation), m * k, f(d_pre));
 }
 
-void CpuBackend::embedding_backward(const float* dy, const int64_t* tokens, std::size_t count, std::size_t seq,
+void CpuBackend::embedding_forward(const int64_t* tokens, std::size_t count, std::size_t seq, ConstActivation word,
+                                   ConstActivation position, std::size_t hidden, Activation y) {
+  reference::embedding_forward(tokens, count, seq, f(word), f(position), hidden, f(y));
+}
+
+void CpuBackend::embedding_backward(ConstActivation dy, const int64_t* tokens, std::size_t count, std::size_t seq,
                                     std::size_t hidden, float* dword, float* dposition) {
-  for (std::size_t t = 0; t < count; ++t) {
-    float* w = dword + static_cast<std::size_t>(tokens[t]) * hidden;
-    float* p = dposition + (t % seq) * hidden;
-    for (std::size_t c = 0; c < hidden; ++c) {
-      w[c] += dy[t * hidden + c];
-      p[c] += dy[t * hidden + c];
-    }
+  reference::embedding_backward(f(dy), tokens, count, seq, hidden, dword, dposition);
+}
+
+void CpuBackend::layernorm_forward(ConstActivation x, ConstActivation residual, Activation sum_out,
+                                   ConstActivation gamma, ConstActivation beta, std::size_t rows, std::size_t cols,
+                                   Activation y, float* mean, float* rstd) {
+  const float* input = f(x);
+  if (residual) {
+    add(x, residual, rows * cols, sum_out);
+    input = f(sum_out);
   }
+  reference::layernorm_forward(input, f(gamma), f(beta), rows, cols, kLayerNormEps, f(y), mean, rstd);
 }
 
-void CpuBackend::layernorm_forward(const float* x, const float* gamma, const float* beta, std::size_t rows,
-                                   std::size_t cols, float* y, float* mean, float* rstd) {
-  reference::layernorm_forward(x, gamma, beta, rows, cols, kLayerNormEps, y, mean, rstd);
-}
-
-void CpuBackend::layernorm_backward(const float* dy, const float* x, const float* gamma, const float* mean,
-                                    const float* rstd, std::size_t rows, std::size_t cols, float* dx, float* dgamma,
-                                    float* dbeta) {
-  reference::layernorm_backward(dy, x, gamma, mean, rstd, rows, cols, dx, dgamma, dbeta);
-}
-
-void CpuBackend::gelu_forward(const float* x, std::size_t n, float* y) { reference::gelu_forward(x, n, y); }
-
-void CpuBackend::gelu_backward(const float* dy, const float* x, std::size_t n, float* dx) {
-  reference::gelu_backward(dy, x, n, dx);
+void CpuBackend::layernorm_backward(ConstActivation dy, ConstActivation x, ConstActivation gamma, const float* mean,
+                                    const float* rstd, std::size_t rows, std::size_t cols,
+                                    ConstActivation residual_grad, Activation dx, float* dgamma, float* dbeta) {
+  if (!residual_grad) {
+    reference::layernorm_backward(f(dy), f(x), f(gamma), mean, rstd, rows, cols, f(dx), dgamma, dbeta);
+    return;
+  }
+  // Through a scratch row block: residual_grad may be dx itself.
+  std::vector<float> through_norm(rows * cols);
+  reference::layernorm_backward(f(dy), f(x), f(gamma), mean, rstd, rows, cols, through_norm.data(), dgamma, dbeta);
+  const float* around = f(residual_grad);
+  float* out = f(dx);
+  for (std::size_t i = 0; i < rows * cols; ++i) out[i] = through_norm[i] + around[i];
 }
 
 std::size_t CpuBackend::attention_saved_size(std::size_t batch, std::size_t seq, std::size_t heads,
@@ -138,8 +183,10 @@ void gather_head(const float* qkv, std::size_t b, std::size_t h, std::size_t seq
 
 // qkv rows hold, per head, its q, k and v (Megatron's per-head grouping, which tensor parallelism
 // splits by heads): element (b, s, head, part, d) at ((b * seq + s) * heads + head) * 3 * dim + part * dim + d.
-void CpuBackend::attention_forward(const float* qkv, std::size_t batch, std::size_t seq, std::size_t heads,
-                                   std::size_t dim, float* out, float* saved) {
+void CpuBackend::attention_forward(ConstActivation qkv_in, std::size_t batch, std::size_t seq, std::size_t heads,
+                                   std::size_t dim, Activation out_, float* saved) {
+  const float* qkv = f(qkv_in);
+  float* out = f(out_);
   std::vector<float> q(seq * dim), k(seq * dim), v(seq * dim), o(seq * dim);
   for (std::size_t b = 0; b < batch; ++b) {
     for (std::size_t h = 0; h < heads; ++h) {
@@ -154,8 +201,11 @@ void CpuBackend::attention_forward(const float* qkv, std::size_t batch, std::siz
   }
 }
 
-void CpuBackend::attention_backward(const float* dout, const float* qkv, const float* saved, std::size_t batch,
-                                    std::size_t seq, std::size_t heads, std::size_t dim, float* dqkv) {
+void CpuBackend::attention_backward(ConstActivation dout_in, ConstActivation qkv_in, ConstActivation,
+                                    const float* saved, std::size_t batch, std::size_t seq, std::size_t heads,
+                                    std::size_t dim, Activation dqkv_out) {
+  const float *dout = f(dout_in), *qkv = f(qkv_in);
+  float* dqkv = f(dqkv_out);
   std::vector<float> q(seq * dim), k(seq * dim), v(seq * dim), g(seq * dim), dq(seq * dim), dk(seq * dim),
       dv(seq * dim);
   for (std::size_t b = 0; b < batch; ++b) {
@@ -178,38 +228,44 @@ void CpuBackend::attention_backward(const float* dout, const float* qkv, const f
   }
 }
 
-double CpuBackend::cross_entropy_forward(const float* logits, const int64_t* targets, const float* mask,
-                                         std::size_t tokens, std::size_t vocab, float* probs) {
+double CpuBackend::cross_entropy_forward(ConstActivation logits, const int64_t* targets, const float* mask,
+                                         std::size_t tokens, std::size_t vocab, float* saved) {
   std::vector<float> losses(tokens);
-  return reference::cross_entropy_forward(logits, targets, mask, tokens, vocab, losses.data(), probs);
+  return reference::cross_entropy_forward(f(logits), targets, mask, tokens, vocab, losses.data(), saved);
 }
 
-void CpuBackend::cross_entropy_backward(const float* probs, const int64_t* targets, const float* mask,
-                                        std::size_t tokens, std::size_t vocab, float scale, float* dlogits) {
-  reference::cross_entropy_backward(probs, targets, mask, tokens, vocab, scale, dlogits);
+void CpuBackend::cross_entropy_backward(ConstActivation, const float* saved, const int64_t* targets, const float* mask,
+                                        std::size_t tokens, std::size_t vocab, float scale, Activation dlogits) {
+  reference::cross_entropy_backward(saved, targets, mask, tokens, vocab, scale, f(dlogits));
 }
 
-void CpuBackend::add(const float* a, const float* b, std::size_t n, float* y) {
+void CpuBackend::add(ConstActivation a_in, ConstActivation b_in, std::size_t n, Activation y_out) {
+  const float *a = f(a_in), *b = f(b_in);
+  float* y = f(y_out);
   for (std::size_t i = 0; i < n; ++i) y[i] = a[i] + b[i];
 }
 
-void CpuBackend::accumulate(const float* a, std::size_t n, float* y) {
-  for (std::size_t i = 0; i < n; ++i) y[i] += a[i];
-}
-
-void CpuBackend::scale(float* x, std::size_t n, float factor) {
-  for (std::size_t i = 0; i < n; ++i) x[i] *= factor;
-}
-
-double CpuBackend::sum_of_squares(const float* x, std::size_t n) {
+double CpuBackend::gradient_sum_of_squares(const std::vector<OptimizerTensor>& tensors) {
   double sum = 0;
-  for (std::size_t i = 0; i < n; ++i) sum += static_cast<double>(x[i]) * x[i];
+  for (const OptimizerTensor& tensor : tensors) {
+    for (std::size_t i = 0; i < tensor.size; ++i) sum += static_cast<double>(tensor.gradient[i]) * tensor.gradient[i];
+  }
   return sum;
 }
 
-void CpuBackend::adamw_step(float* w, const float* g, float* m, float* v, std::size_t n, int64_t step, double lr,
-                            double beta1, double beta2, double eps, double weight_decay) {
-  reference::adamw_step(w, g, m, v, n, step, {lr, beta1, beta2, eps, weight_decay});
+void CpuBackend::adamw_step(const std::vector<OptimizerTensor>& tensors, const AdamwSettings& settings) {
+  std::vector<float> scaled;
+  for (const OptimizerTensor& tensor : tensors) {
+    const float* gradient = tensor.gradient;
+    if (settings.gradient_scale != 1.0) {
+      const auto factor = static_cast<float>(settings.gradient_scale);
+      scaled.assign(tensor.gradient, tensor.gradient + tensor.size);
+      for (float& g : scaled) g *= factor;
+      gradient = scaled.data();
+    }
+    reference::adamw_step(tensor.value, gradient, tensor.first_moment, tensor.second_moment, tensor.size, settings.step,
+                          {settings.lr, settings.beta1, settings.beta2, settings.eps, tensor.weight_decay});
+  }
 }
 
 }  // namespace megaplan::exec

@@ -59,6 +59,23 @@ std::string format_double(double value) {
   return text.str();
 }
 
+// A non-finite loss or gradient stops training before the optimizer touches the weights (so no
+// checkpoint of this step is ever written): the error names the step and the first parameter,
+// in the model's order, whose gradient is not finite.
+[[noreturn]] void refuse_non_finite(int64_t iteration, double loss, GptModel& gpt, Backend& backend) {
+  std::string culprit = "no parameter gradient (the loss itself)";
+  for (const Parameter& p : gpt.parameters()) {
+    const OptimizerTensor one{p.value, p.gradient, p.first_moment, p.second_moment, p.compute, p.size, 0.0};
+    if (!std::isfinite(backend.gradient_sum_of_squares({one}))) {
+      culprit = "the gradient of " + p.name;
+      break;
+    }
+  }
+  throw SpecError("loss", "iteration " + std::to_string(iteration) + " is "  + format_double(loss) +
+                                       " and the first non-finite tensor is " + culprit +
+                                       "; stopped before the optimizer step, the last checkpoint is untouched");
+}
+
 }  // namespace
 
 TrainSummary train(const ModelSpec& model, const TrainOptions& options_in, Backend& backend, std::ostream& out) {
@@ -85,6 +102,7 @@ TrainSummary train(const ModelSpec& model, const TrainOptions& options_in, Backe
                                       std::to_string(loaded->seed) + ": the data order would change");
       }
       state = *loaded;
+      gpt.refresh_compute_weights();
       out << "loaded " << *options.load << " at iteration " << state.iteration << "\n";
     } else {
       out << "no checkpoint in " << *options.load << ": starting from scratch\n";
@@ -127,18 +145,14 @@ TrainSummary train(const ModelSpec& model, const TrainOptions& options_in, Backe
         case ActionKind::kReduceGrad:
           break;  // one data-parallel rank: nothing to reduce
         case ActionKind::kOptimizer: {
-          double squares = 0;
-          for (const Parameter& p : gpt.parameters()) squares += backend.sum_of_squares(p.gradient, p.size);
-          grad_norm = std::sqrt(squares);
-          if (options.clip_grad > 0 && grad_norm > options.clip_grad) {
-            const auto factor = static_cast<float>(options.clip_grad / (grad_norm + 1e-6));
-            for (Parameter& p : gpt.parameters()) backend.scale(p.gradient, p.size, factor);
-          }
-          for (Parameter& p : gpt.parameters()) {
-            backend.adamw_step(p.value, p.gradient, p.first_moment, p.second_moment, p.size, iteration, lr,
-                               options.adam_beta1, options.adam_beta2, options.adam_eps,
-                               p.weight_decay ? options.weight_decay : 0.0);
-          }
+          const std::vector<OptimizerTensor> tensors = gpt.optimizer_tensors(options.weight_decay);
+          grad_norm = std::sqrt(backend.gradient_sum_of_squares(tensors));
+          const double loss = loss_sum / static_cast<double>(microbatches);
+          if (!std::isfinite(loss) || !std::isfinite(grad_norm)) refuse_non_finite(iteration, loss, gpt, backend);
+          const double clip = options.clip_grad > 0 && grad_norm > options.clip_grad
+                                  ? options.clip_grad / (grad_norm + 1e-6)
+                                  : 1.0;
+          backend.adamw_step(tensors, {iteration, lr, options.adam_beta1, options.adam_beta2, options.adam_eps, clip});
           gpt.zero_gradients();
           break;
         }

@@ -150,6 +150,18 @@ printf '{"text": "fine"}\n{"text": \n' >"$scratch/bad.jsonl"
 expect_error "error: --input: $scratch/bad.jsonl:2: malformed JSON" data prepare --input "$scratch/bad.jsonl" --output-prefix "$scratch/never"
 expect_error "error: --input: $scratch/nothing.txt: cannot read file" data prepare --input "$scratch/nothing.txt" --output-prefix "$scratch/never"
 expect_error 'error: --tokenizer: unknown tokenizer "sentencepiece"' data prepare --input "$scratch/docs.jsonl" --output-prefix "$scratch/never" --tokenizer sentencepiece
+# GPT-2's BPE on the tiny vocabulary of tests/data/gpt2_tiny (its README works out these ids).
+gpt2_tiny="$(dirname "$0")/../data/gpt2_tiny"
+printf '{"text": "hello the world"}\n{"text": "hello!\\n"}\n' >"$scratch/bpe.jsonl"
+expect_ok data prepare --input "$scratch/bpe.jsonl" --output-prefix "$scratch/bpe" --append-eod --tokenizer gpt2 \
+  --vocab-file "$gpt2_tiny/vocab.json" --merge-file "$gpt2_tiny/merges.txt"
+grep -q '^wrote .*: 2 documents, 8 tokens (vocabulary 268) ' "$scratch/out" || fail "data prepare gpt2: $(cat "$scratch/out")"
+[ "$(od -An -tu2 -v "$scratch/bpe.bin" | tr -s ' \n' ' ')" = " 259 261 266 267 259 33 10 267 " ] ||
+  fail "data prepare gpt2 wrote tokens $(od -An -tu2 -v "$scratch/bpe.bin")"
+expect_error 'error: --merge-file: --tokenizer gpt2 needs its merges.txt' data prepare --input "$scratch/bpe.jsonl" --output-prefix "$scratch/never" --tokenizer gpt2 --vocab-file "$gpt2_tiny/vocab.json"
+expect_error 'error: --vocab-file: --tokenizer byte reads no vocabulary' data prepare --input "$scratch/bpe.jsonl" --output-prefix "$scratch/never" --vocab-file "$gpt2_tiny/vocab.json"
+printf '#version: 0.2\nh e\nll\n' >"$scratch/bad-merges.txt"
+expect_error "error: --merge-file: $scratch/bad-merges.txt:3: want two tokens separated by one space" data prepare --input "$scratch/bpe.jsonl" --output-prefix "$scratch/never" --tokenizer gpt2 --vocab-file "$gpt2_tiny/vocab.json" --merge-file "$scratch/bad-merges.txt"
 ls "$scratch" | grep -q '^never' && fail "a failed data prepare left files behind"
 
 # Train on the CPU backend: a few iterations end to end; bad input names the flag.
@@ -163,6 +175,10 @@ expect_error 'error: --data-path: token 256 is outside the model.s padded vocabu
 expect_error 'error: --global-batch-size: 3 must be divisible by --micro-batch-size 2' train --device cpu --model "$examples/models/tiny-gpt.json" --data-path "$scratch/corpus" --train-iters 2 --mbs 2 --gbs 3
 expect_error 'error: --lr-decay-style: unknown style "step"' train --device cpu --model "$examples/models/tiny-gpt.json" --data-path "$scratch/corpus" --train-iters 2 --lr-decay-style step
 expect_error 'error: --device: must be cpu or cuda, got "tpu"' train --device tpu --model "$examples/models/tiny-gpt.json" --data-path "$scratch/corpus" --train-iters 2
+expect_error 'error: --micro-batch-size: .* needs [0-9]+ bytes on cpu .* but [0-9]+ are available' train --device cpu --model "$examples/models/tiny-gpt.json" --hidden-size 65536 --num-attention-heads 64 --num-layers 64 --data-path "$scratch/corpus" --train-iters 2
+if [ ! -e /dev/nvidia0 ]; then
+  expect_error 'error: --device: no usable CUDA GPU' train --device cuda --model "$examples/models/tiny-gpt.json" --data-path "$scratch/corpus" --train-iters 2
+fi
 
 # Search: a small space end to end; the best plan as a job file that simulate reads back; JSON;
 # Megatron's arguments; the explanation.

@@ -33,7 +33,7 @@ double gelu(double v) { return 0.5 * v * (1.0 + std::tanh(0.7978845608028654 * (
 
 }  // namespace
 
-TEST_CASE("bf16 linear layers with fused bias, GELU and bias-gradient epilogues", "[gpu][kernels]") {
+TEST_CASE("bf16 linear layers with fused bias, GELU, GELU-gradient and bias-gradient epilogues", "[gpu][kernels]") {
   std::mt19937 generator(29);
   cu::Bf16Linear linear;
   for (auto [m, k, n] : {std::tuple<int64_t, int64_t, int64_t>{64, 96, 128}, {128, 64, 256}, {24, 40, 56}}) {
@@ -84,6 +84,20 @@ TEST_CASE("bf16 linear layers with fused bias, GELU and bias-gradient epilogues"
     CHECK(relative_error(cu::download_bf16(dx, mz * kz), want_dx) < 1e-2);
     CHECK(relative_error(cu::download_floats(dw, nz * kz), want_dw) < 1e-3);
     CHECK(relative_error(cu::download_floats(dbias, nz), want_db) < 1e-3);
+
+    // Through a GELU: d_pre = (dy W) * GELU'(pre).
+    const std::vector<float> pre_values = bf16_values(mz * kz, generator);
+    std::vector<double> want_d_pre(mz * kz);
+    for (std::size_t i = 0; i < mz * kz; ++i) {
+      const double v = pre_values[i], e = 1e-4;
+      want_d_pre[i] = want_dx[i] * (gelu(v + e) - gelu(v - e)) / (2 * e);
+    }
+    cu::Bf16* pre_device = cu::upload_bf16(pre_values);
+    cu::Bf16* d_pre = cu::upload_bf16(std::vector<float>(mz * kz, 1e30f));
+    linear.backward_data_through_gelu(ddy, dw_, m, k, n, pre_device, d_pre);
+    CHECK(relative_error(cu::download_bf16(d_pre, mz * kz), want_d_pre) < 1e-2);
+    cu::free_device(pre_device);
+    cu::free_device(d_pre);
     for (void* buffer : {static_cast<void*>(dx_), static_cast<void*>(dw_), static_cast<void*>(db_),
                          static_cast<void*>(ddy), static_cast<void*>(y), static_cast<void*>(aux), static_cast<void*>(dx),
                          static_cast<void*>(dw), static_cast<void*>(dbias)}) {

@@ -1,9 +1,11 @@
-// The CUDA backend against the CPU backend, operation by operation, on fresh random inputs
-// (outputs poisoned first, so an unwritten element fails), then a tiny GPT trained on the GPU:
-// its loss falls as on the CPU, and a resumed run repeats the uninterrupted one bit for bit.
+// The bf16 CUDA backend against the fp32 CPU backend, operation by operation, on fresh random
+// bf16-representable inputs (outputs poisoned first, so an unwritten element fails), then a tiny
+// GPT trained on the GPU: its loss falls as on the CPU, and a resumed run repeats the
+// uninterrupted one bit for bit.
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -20,160 +22,225 @@
 
 namespace {
 
+using megaplan::exec::Activation;
 using megaplan::exec::Backend;
+using megaplan::exec::LinearEpilogue;
+
+// Round to bf16 (nearest even) and back, so both backends start from the same values.
+float bf16_round(float value) {
+  uint32_t bits;
+  std::memcpy(&bits, &value, 4);
+  bits += 0x7fffu + ((bits >> 16) & 1u);
+  bits &= 0xffff0000u;
+  std::memcpy(&value, &bits, 4);
+  return value;
+}
 
 std::vector<float> random_vector(std::size_t n, std::mt19937& generator, float scale = 1.0f) {
   std::normal_distribution<float> normal(0.0f, scale);
   std::vector<float> values(n);
-  for (float& value : values) value = normal(generator);
+  for (float& value : values) value = bf16_round(normal(generator));
   return values;
 }
 
-// A buffer on each backend holding the same host values.
+// A buffer on each backend holding the same host values: fp32 (master weights, gradients,
+// statistics) or an activation (fp32 on the CPU, bf16 on the GPU).
+template <typename Buffer>
 struct Pair {
-  float* cpu;
-  float* gpu;
+  Buffer cpu;
+  Buffer gpu;
   std::size_t n;
 };
+using Floats = Pair<float*>;
+using Acts = Pair<Activation>;
 
 class Both {
  public:
   Both() : gpu_(megaplan::exec::make_cuda_backend()) {}
-  Pair make(const std::vector<float>& host) {
-    Pair pair{cpu_.allocate(host.size()), gpu_->allocate(host.size()), host.size()};
+  Floats floats(const std::vector<float>& host) {
+    Floats pair{cpu_.allocate(host.size()), gpu_->allocate(host.size()), host.size()};
     cpu_.upload(pair.cpu, host.data(), host.size());
     gpu_->upload(pair.gpu, host.data(), host.size());
     return pair;
   }
-  Pair output(std::size_t n) { return make(std::vector<float>(n, 1e30f)); }  // poisoned
+  Acts acts(const std::vector<float>& host) {
+    Acts pair{cpu_.allocate_activation(host.size()), gpu_->allocate_activation(host.size()), host.size()};
+    cpu_.upload(pair.cpu, host.data(), host.size());
+    gpu_->upload(pair.gpu, host.data(), host.size());
+    return pair;
+  }
+  Floats float_output(std::size_t n) { return floats(std::vector<float>(n, 1e30f)); }  // poisoned
+  Acts act_output(std::size_t n) { return acts(std::vector<float>(n, 1e30f)); }
   // ||gpu - cpu|| / ||cpu||, with a NaN or an unwritten element failing.
-  double error(const Pair& pair) {
+  double error(const Floats& pair) {
     std::vector<float> a(pair.n), b(pair.n);
     cpu_.download(a.data(), pair.cpu, pair.n);
     gpu_->download(b.data(), pair.gpu, pair.n);
+    return relative(a, b);
+  }
+  double error(const Acts& pair) {
+    std::vector<float> a(pair.n), b(pair.n);
+    cpu_.download(a.data(), pair.cpu, pair.n);
+    gpu_->download(b.data(), pair.gpu, pair.n);
+    return relative(a, b);
+  }
+  megaplan::exec::CpuBackend& cpu() { return cpu_; }
+  Backend& gpu() { return *gpu_; }
+
+ private:
+  static double relative(const std::vector<float>& a, const std::vector<float>& b) {
     double difference = 0, norm = 0;
-    for (std::size_t i = 0; i < pair.n; ++i) {
+    for (std::size_t i = 0; i < a.size(); ++i) {
       if (!std::isfinite(b[i]) || std::abs(b[i]) > 1e29f) return INFINITY;
       difference += (static_cast<double>(b[i]) - a[i]) * (static_cast<double>(b[i]) - a[i]);
       norm += static_cast<double>(a[i]) * a[i];
     }
     return std::sqrt(difference / std::max(norm, 1e-30));
   }
-  megaplan::exec::CpuBackend& cpu() { return cpu_; }
-  Backend& gpu() { return *gpu_; }
-
- private:
   megaplan::exec::CpuBackend cpu_;
   std::unique_ptr<Backend> gpu_;
 };
 
-constexpr double kFp32 = 1e-5;
+// METHOD.md: bf16 operands land between 1e-3 and 1e-2 against fp32 on the same inputs.
+constexpr double kBf16 = 1e-2;
+// fp32 results of fp32 arithmetic on bf16 inputs (gradients, statistics, the optimizer).
+constexpr double kFp32 = 1e-3;
 
 }  // namespace
 
 TEST_CASE("every CUDA operation matches the CPU backend", "[gpu][kernels]") {
   std::mt19937 generator(17);
   Both both;
-  const std::size_t m = 37, k = 24, n = 19;
-  SECTION("linear") {
-    Pair x = both.make(random_vector(m * k, generator)), w = both.make(random_vector(n * k, generator)),
-         b = both.make(random_vector(n, generator)), y = both.output(m * n);
-    both.cpu().linear_forward(x.cpu, w.cpu, b.cpu, m, k, n, y.cpu);
-    both.gpu().linear_forward(x.gpu, w.gpu, b.gpu, m, k, n, y.gpu);
-    CHECK(both.error(y) < kFp32);
-    Pair dy = both.make(random_vector(m * n, generator)), dx = both.output(m * k),
-         dw = both.make(random_vector(n * k, generator)), db = both.make(random_vector(n, generator));
+  const std::size_t m = 37, k = 24, n = 40;
+  SECTION("linear layers with each epilogue") {
+    Acts x = both.acts(random_vector(m * k, generator)), w = both.acts(random_vector(n * k, generator)),
+         b = both.acts(random_vector(n, generator)), y = both.act_output(m * n), pre = both.act_output(m * n);
+    for (LinearEpilogue epilogue : {LinearEpilogue::kNone, LinearEpilogue::kBias, LinearEpilogue::kBiasGelu}) {
+      INFO("epilogue " << static_cast<int>(epilogue));
+      both.cpu().linear_forward(x.cpu, w.cpu, b.cpu, m, k, n, epilogue, y.cpu, pre.cpu);
+      both.gpu().linear_forward(x.gpu, w.gpu, b.gpu, m, k, n, epilogue, y.gpu, pre.gpu);
+      CHECK(both.error(y) < kBf16);
+      if (epilogue == LinearEpilogue::kBiasGelu) CHECK(both.error(pre) < kBf16);
+    }
+    Acts dy = both.acts(random_vector(m * n, generator)), dx = both.act_output(m * k);
+    Floats dw = both.floats(random_vector(n * k, generator)), db = both.floats(random_vector(n, generator));
     both.cpu().linear_backward(dy.cpu, x.cpu, w.cpu, m, k, n, dx.cpu, dw.cpu, db.cpu);
     both.gpu().linear_backward(dy.gpu, x.gpu, w.gpu, m, k, n, dx.gpu, dw.gpu, db.gpu);
-    CHECK(both.error(dx) < kFp32);
+    CHECK(both.error(dx) < kBf16);
+    CHECK(both.error(dw) < kFp32);
+    CHECK(both.error(db) < kFp32);
+
+    // Through a GELU: the MLP's second layer, whose input x is GELU(pre).
+    Acts gelu_in = both.acts(random_vector(m * k, generator)), d_pre = both.act_output(m * k);
+    both.cpu().linear_gelu_backward(dy.cpu, x.cpu, w.cpu, m, k, n, gelu_in.cpu, d_pre.cpu, dw.cpu, db.cpu);
+    both.gpu().linear_gelu_backward(dy.gpu, x.gpu, w.gpu, m, k, n, gelu_in.gpu, d_pre.gpu, dw.gpu, db.gpu);
+    CHECK(both.error(d_pre) < kBf16);
     CHECK(both.error(dw) < kFp32);
     CHECK(both.error(db) < kFp32);
   }
   SECTION("embedding") {
-    const std::size_t vocab = 11, seq = 5, hidden = 6, count = 20;
+    const std::size_t vocab = 11, seq = 5, hidden = 16, count = 20;
     std::vector<int64_t> tokens(count);
     for (int64_t& t : tokens) t = static_cast<int64_t>(generator() % vocab);
-    Pair word = both.make(random_vector(vocab * hidden, generator)), position = both.make(random_vector(seq * hidden, generator));
-    Pair y = both.output(count * hidden);
+    Acts word = both.acts(random_vector(vocab * hidden, generator)),
+         position = both.acts(random_vector(seq * hidden, generator)), y = both.act_output(count * hidden);
     both.cpu().embedding_forward(tokens.data(), count, seq, word.cpu, position.cpu, hidden, y.cpu);
     both.gpu().embedding_forward(tokens.data(), count, seq, word.gpu, position.gpu, hidden, y.gpu);
-    CHECK(both.error(y) < kFp32);
-    Pair dy = both.make(random_vector(count * hidden, generator));
-    Pair dword = both.make(random_vector(vocab * hidden, generator)), dposition = both.make(random_vector(seq * hidden, generator));
+    CHECK(both.error(y) < kBf16);
+    Acts dy = both.acts(random_vector(count * hidden, generator));
+    Floats dword = both.floats(random_vector(vocab * hidden, generator)),
+           dposition = both.floats(random_vector(seq * hidden, generator));
     both.cpu().embedding_backward(dy.cpu, tokens.data(), count, seq, hidden, dword.cpu, dposition.cpu);
     both.gpu().embedding_backward(dy.gpu, tokens.data(), count, seq, hidden, dword.gpu, dposition.gpu);
     CHECK(both.error(dword) < kFp32);
     CHECK(both.error(dposition) < kFp32);
   }
-  SECTION("layernorm and GELU") {
-    Pair x = both.make(random_vector(m * k, generator, 3.0f)), gamma = both.make(random_vector(k, generator)),
-         beta = both.make(random_vector(k, generator)), y = both.output(m * k), mean = both.output(m), rstd = both.output(m);
-    both.cpu().layernorm_forward(x.cpu, gamma.cpu, beta.cpu, m, k, y.cpu, mean.cpu, rstd.cpu);
-    both.gpu().layernorm_forward(x.gpu, gamma.gpu, beta.gpu, m, k, y.gpu, mean.gpu, rstd.gpu);
-    CHECK(both.error(y) < kFp32);
+  SECTION("layernorm with the residual add") {
+    Acts x = both.acts(random_vector(m * k, generator, 3.0f)), residual = both.acts(random_vector(m * k, generator)),
+         gamma = both.acts(random_vector(k, generator)), beta = both.acts(random_vector(k, generator)),
+         sum = both.act_output(m * k), y = both.act_output(m * k);
+    Floats mean = both.float_output(m), rstd = both.float_output(m);
+    both.cpu().layernorm_forward(x.cpu, residual.cpu, sum.cpu, gamma.cpu, beta.cpu, m, k, y.cpu, mean.cpu, rstd.cpu);
+    both.gpu().layernorm_forward(x.gpu, residual.gpu, sum.gpu, gamma.gpu, beta.gpu, m, k, y.gpu, mean.gpu, rstd.gpu);
+    CHECK(both.error(sum) < kBf16);
+    CHECK(both.error(y) < kBf16);
     CHECK(both.error(rstd) < kFp32);
-    Pair dy = both.make(random_vector(m * k, generator)), dx = both.output(m * k),
-         dgamma = both.make(random_vector(k, generator)), dbeta = both.make(random_vector(k, generator));
-    both.cpu().layernorm_backward(dy.cpu, x.cpu, gamma.cpu, mean.cpu, rstd.cpu, m, k, dx.cpu, dgamma.cpu, dbeta.cpu);
-    both.gpu().layernorm_backward(dy.gpu, x.gpu, gamma.gpu, mean.gpu, rstd.gpu, m, k, dx.gpu, dgamma.gpu, dbeta.gpu);
-    CHECK(both.error(dx) < 1e-4);
-    CHECK(both.error(dgamma) < kFp32);
+    Acts dy = both.acts(random_vector(m * k, generator)), around = both.acts(random_vector(m * k, generator)),
+         dx = both.act_output(m * k);
+    Floats dgamma = both.floats(random_vector(k, generator)), dbeta = both.floats(random_vector(k, generator));
+    both.cpu().layernorm_backward(dy.cpu, sum.cpu, gamma.cpu, mean.cpu, rstd.cpu, m, k, around.cpu, dx.cpu, dgamma.cpu,
+                                  dbeta.cpu);
+    both.gpu().layernorm_backward(dy.gpu, sum.gpu, gamma.gpu, mean.gpu, rstd.gpu, m, k, around.gpu, dx.gpu, dgamma.gpu,
+                                  dbeta.gpu);
+    CHECK(both.error(dx) < kBf16);
+    // The GPU keeps the residual stream's sum in bf16 (as Megatron does), the CPU in fp32: the
+    // weight gradients see inputs that differ by bf16 rounding.
+    CHECK(both.error(dgamma) < kBf16);
     CHECK(both.error(dbeta) < kFp32);
-    Pair g = both.output(m * k), dg = both.output(m * k);
-    both.cpu().gelu_forward(x.cpu, m * k, g.cpu);
-    both.gpu().gelu_forward(x.gpu, m * k, g.gpu);
-    CHECK(both.error(g) < kFp32);
-    both.cpu().gelu_backward(dy.cpu, x.cpu, m * k, dg.cpu);
-    both.gpu().gelu_backward(dy.gpu, x.gpu, m * k, dg.gpu);
-    CHECK(both.error(dg) < kFp32);
   }
   SECTION("attention") {
-    const std::size_t batch = 2, seq = 33, heads = 3, dim = 16;
-    Pair qkv = both.make(random_vector(batch * seq * 3 * heads * dim, generator));
-    Pair out = both.output(batch * seq * heads * dim);
-    Pair saved_cpu{both.cpu().allocate(both.cpu().attention_saved_size(batch, seq, heads, dim)), nullptr, 0};
-    float* saved_gpu = both.gpu().allocate(both.gpu().attention_saved_size(batch, seq, heads, dim));
-    both.cpu().attention_forward(qkv.cpu, batch, seq, heads, dim, out.cpu, saved_cpu.cpu);
-    both.gpu().attention_forward(qkv.gpu, batch, seq, heads, dim, out.gpu, saved_gpu);
-    CHECK(both.error(out) < kFp32);
-    Pair dout = both.make(random_vector(batch * seq * heads * dim, generator));
-    Pair dqkv = both.output(batch * seq * 3 * heads * dim);
-    both.cpu().attention_backward(dout.cpu, qkv.cpu, saved_cpu.cpu, batch, seq, heads, dim, dqkv.cpu);
-    both.gpu().attention_backward(dout.gpu, qkv.gpu, saved_gpu, batch, seq, heads, dim, dqkv.gpu);
-    CHECK(both.error(dqkv) < 1e-4);
+    for (const std::size_t dim : {std::size_t{64}, std::size_t{128}}) {
+      const std::size_t batch = 2, seq = 33, heads = 3;
+      INFO("head dim " << dim);
+      Acts qkv = both.acts(random_vector(batch * seq * 3 * heads * dim, generator));
+      Acts out = both.act_output(batch * seq * heads * dim);
+      float* saved_cpu = both.cpu().allocate(both.cpu().attention_saved_size(batch, seq, heads, dim));
+      float* saved_gpu = both.gpu().allocate(both.gpu().attention_saved_size(batch, seq, heads, dim));
+      both.cpu().attention_forward(qkv.cpu, batch, seq, heads, dim, out.cpu, saved_cpu);
+      both.gpu().attention_forward(qkv.gpu, batch, seq, heads, dim, out.gpu, saved_gpu);
+      CHECK(both.error(out) < kBf16);
+      Acts dout = both.acts(random_vector(batch * seq * heads * dim, generator));
+      Acts dqkv = both.act_output(batch * seq * 3 * heads * dim);
+      both.cpu().attention_backward(dout.cpu, qkv.cpu, out.cpu, saved_cpu, batch, seq, heads, dim, dqkv.cpu);
+      both.gpu().attention_backward(dout.gpu, qkv.gpu, out.gpu, saved_gpu, batch, seq, heads, dim, dqkv.gpu);
+      CHECK(both.error(dqkv) < kBf16);
+    }
   }
-  SECTION("cross entropy, reductions, AdamW") {
-    const std::size_t tokens = 29, vocab = 101;
-    Pair logits = both.make(random_vector(tokens * vocab, generator, 4.0f)), probs = both.output(tokens * vocab);
+  SECTION("cross entropy in place, the gradient norm, AdamW") {
+    const std::size_t tokens = 29, vocab = 128;
+    Acts logits = both.acts(random_vector(tokens * vocab, generator, 4.0f));
+    float* saved_cpu = both.cpu().allocate(both.cpu().cross_entropy_saved_size(tokens, vocab));
+    float* saved_gpu = both.gpu().allocate(both.gpu().cross_entropy_saved_size(tokens, vocab));
     std::vector<int64_t> targets(tokens);
     for (int64_t& t : targets) t = static_cast<int64_t>(generator() % vocab);
     std::vector<float> mask(tokens, 1.0f);
     mask[3] = 0.0f;
-    const double cpu_loss = both.cpu().cross_entropy_forward(logits.cpu, targets.data(), mask.data(), tokens, vocab, probs.cpu);
-    const double gpu_loss = both.gpu().cross_entropy_forward(logits.gpu, targets.data(), mask.data(), tokens, vocab, probs.gpu);
-    CHECK(gpu_loss == Approx(cpu_loss).epsilon(kFp32));
-    CHECK(both.error(probs) < kFp32);
-    Pair dlogits = both.output(tokens * vocab);
-    both.cpu().cross_entropy_backward(probs.cpu, targets.data(), mask.data(), tokens, vocab, 0.5f, dlogits.cpu);
-    both.gpu().cross_entropy_backward(probs.gpu, targets.data(), mask.data(), tokens, vocab, 0.5f, dlogits.gpu);
-    CHECK(both.error(dlogits) < kFp32);
-    CHECK(both.gpu().sum_of_squares(logits.gpu, tokens * vocab) ==
-          Approx(both.cpu().sum_of_squares(logits.cpu, tokens * vocab)).epsilon(1e-9));
-    Pair w = both.make(random_vector(500, generator)), g = both.make(random_vector(500, generator)),
-         first = both.make(std::vector<float>(500, 0.0f)), second = both.make(std::vector<float>(500, 0.0f));
+    const double cpu_loss = both.cpu().cross_entropy_forward(logits.cpu, targets.data(), mask.data(), tokens, vocab, saved_cpu);
+    const double gpu_loss = both.gpu().cross_entropy_forward(logits.gpu, targets.data(), mask.data(), tokens, vocab, saved_gpu);
+    CHECK(gpu_loss == Approx(cpu_loss).epsilon(1e-5));
+    both.cpu().cross_entropy_backward(logits.cpu, saved_cpu, targets.data(), mask.data(), tokens, vocab, 0.5f, logits.cpu);
+    both.gpu().cross_entropy_backward(logits.gpu, saved_gpu, targets.data(), mask.data(), tokens, vocab, 0.5f, logits.gpu);
+    CHECK(both.error(logits) < kBf16);
+
+    Floats w = both.floats(random_vector(500, generator)), g = both.floats(random_vector(500, generator)),
+           first = both.floats(std::vector<float>(500, 0.0f)), second = both.floats(std::vector<float>(500, 0.0f));
+    Floats w2 = both.floats(random_vector(7, generator)), g2 = both.floats(random_vector(7, generator)),
+           first2 = both.floats(std::vector<float>(7, 0.0f)), second2 = both.floats(std::vector<float>(7, 0.0f));
+    Acts copy{both.cpu().compute_copy(w.cpu, 500), both.gpu().compute_copy(w.gpu, 500), 500};
+    Acts copy2{both.cpu().compute_copy(w2.cpu, 7), both.gpu().compute_copy(w2.gpu, 7), 7};
+    using megaplan::exec::OptimizerTensor;
+    const std::vector<OptimizerTensor> on_cpu = {{w.cpu, g.cpu, first.cpu, second.cpu, copy.cpu, 500, 0.1},
+                                                 {w2.cpu, g2.cpu, first2.cpu, second2.cpu, copy2.cpu, 7, 0.0}};
+    const std::vector<OptimizerTensor> on_gpu = {{w.gpu, g.gpu, first.gpu, second.gpu, copy.gpu, 500, 0.1},
+                                                 {w2.gpu, g2.gpu, first2.gpu, second2.gpu, copy2.gpu, 7, 0.0}};
+    CHECK(both.gpu().gradient_sum_of_squares(on_gpu) == Approx(both.cpu().gradient_sum_of_squares(on_cpu)).epsilon(1e-6));
     for (int64_t step = 1; step <= 3; ++step) {
-      both.cpu().adamw_step(w.cpu, g.cpu, first.cpu, second.cpu, 500, step, 1e-2, 0.9, 0.95, 1e-8, 0.1);
-      both.gpu().adamw_step(w.gpu, g.gpu, first.gpu, second.gpu, 500, step, 1e-2, 0.9, 0.95, 1e-8, 0.1);
+      both.cpu().adamw_step(on_cpu, {step, 1e-2, 0.9, 0.95, 1e-8, 0.5});
+      both.gpu().adamw_step(on_gpu, {step, 1e-2, 0.9, 0.95, 1e-8, 0.5});
     }
-    CHECK(both.error(w) < kFp32);
-    CHECK(both.error(second) < kFp32);
+    CHECK(both.error(w) < 1e-5);
+    CHECK(both.error(w2) < 1e-5);
+    CHECK(both.error(second) < 1e-5);
+    CHECK(both.error(copy) < 4e-3);  // the bf16 copy of the updated weights
   }
 }
 
 TEST_CASE("a tiny GPT trains on the GPU and resumes bit for bit", "[gpu][train]") {
   const megaplan::test::ScratchDirectory scratch;
   const std::string corpus = megaplan::test::sentence_corpus(scratch);
-  const megaplan::ModelSpec model = megaplan::test::tiny_gpt();
+  megaplan::ModelSpec model = megaplan::test::tiny_gpt();
+  model.hidden_size = 128;  // head dimension 64, as the flash attention kernels take
+  model.num_attention_heads = 2;
   megaplan::exec::TrainOptions options;
   options.train_iters = 40;
   options.micro_batch_size = 4;
@@ -205,10 +272,10 @@ TEST_CASE("a tiny GPT trains on the GPU and resumes bit for bit", "[gpu][train]"
   REQUIRE(whole.size() == 40);
   REQUIRE(parts.size() == 40);
   CHECK(whole.back() < 0.7 * whole.front());
-  CHECK(whole.front() == Approx(cpu.front()).epsilon(1e-5));  // the same model and data on both backends
+  CHECK(whole.front() == Approx(cpu.front()).epsilon(1e-3));  // the same model and data on both backends
   for (std::size_t i = 0; i < 40; ++i) {
     INFO("iteration " << i + 1 << ": GPU " << whole[i] << ", CPU " << cpu[i]);
     CHECK(parts[i] == whole[i]);  // bit for bit on the device
-    CHECK(whole[i] == Approx(cpu[i]).epsilon(2e-2));
+    CHECK(whole[i] == Approx(cpu[i]).epsilon(5e-2));  // bf16 against fp32: close, not equal
   }
 }

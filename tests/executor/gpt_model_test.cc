@@ -5,6 +5,7 @@
 #include <cmath>
 #include <random>
 
+#include "core/error.h"
 #include "executor/model/gpt_model.h"
 #include "executor/runtime/cpu_backend.h"
 
@@ -53,4 +54,33 @@ TEST_CASE("the GPT's backward is the gradient of its loss", "[model]") {
     }
   }
   CHECK(checked > 60);
+}
+
+TEST_CASE("the GPT's memory prediction is what it allocates, and a model too big is refused", "[model]") {
+  megaplan::exec::CpuBackend backend;
+  const megaplan::ModelSpec spec = tiny_model();
+  {
+    megaplan::exec::GptModel model(spec, 2, backend, 42);
+    std::vector<int64_t> tokens(2 * 5, 3);
+    const std::vector<float> mask(8, 1.0f);
+    (void)model.forward(0, tokens, mask);
+    model.backward(0, 1.0f);
+    (void)model.evaluate(tokens, mask);
+  }
+  CHECK(backend.peak_bytes() == megaplan::exec::GptModel::predicted_bytes(spec, 2, backend));
+
+  megaplan::ModelSpec huge = spec;
+  huge.hidden_size = 65536;
+  huge.num_attention_heads = 64;
+  huge.num_layers = 64;
+  huge.seq_length = 4096;
+  try {
+    megaplan::exec::GptModel model(huge, 8, backend, 42);
+    FAIL("a model larger than memory was built");
+  } catch (const megaplan::SpecError& error) {
+    const std::string message = error.what();
+    INFO(message);
+    CHECK(message.find("--micro-batch-size") != std::string::npos);
+    CHECK(message.find("are available") != std::string::npos);
+  }
 }

@@ -1,6 +1,6 @@
 // The CPU trainer end to end on a generated corpus: a tiny GPT's loss falls by at least 30% in 40
 // iterations, and a run stopped by --exit-interval with --save and resumed with --load logs
-// exactly the losses of an uninterrupted run.
+// exactly the losses of an uninterrupted run; a non-finite loss stops it with the checkpoints intact.
 #include <catch2/catch.hpp>
 
 #include <filesystem>
@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "executor/runtime/cpu_backend.h"
 #include "executor/train/trainer.h"
 #include "training_fixtures.h"
@@ -68,4 +69,37 @@ TEST_CASE("a tiny GPT trains on the CPU backend and resumes exactly", "[train]")
     INFO("iteration " << i + 1);
     CHECK(parts[i] == whole[i]);  // bit for bit
   }
+}
+
+TEST_CASE("a non-finite loss stops training before the optimizer step and keeps the last checkpoint",
+          "[train]") {
+  const megaplan::test::ScratchDirectory scratch;
+  megaplan::exec::TrainOptions options;
+  options.train_iters = 6;
+  options.micro_batch_size = 4;
+  options.global_batch_size = 4;
+  options.learning_rate.max_lr = 1e30;  // the first step throws the weights to infinity
+  options.learning_rate.min_lr = 1e30;
+  options.learning_rate.style = megaplan::exec::DecayStyle::kConstant;
+  options.clip_grad = 0;
+  options.log_interval = 1;
+  options.eval_interval = 100;
+  options.split = "1,0,0";
+  options.data_path = megaplan::test::sentence_corpus(scratch);
+  options.save = scratch.file("checkpoints");
+  options.save_interval = 1;
+  std::ostringstream out;
+  megaplan::exec::CpuBackend backend;
+  try {
+    megaplan::exec::train(megaplan::test::tiny_gpt(), options, backend, out);
+    FAIL("training went on with a non-finite loss");
+  } catch (const megaplan::SpecError& error) {
+    const std::string message = error.what();
+    INFO(message);
+    CHECK(message.find("iteration 2 ") != std::string::npos);
+    CHECK(message.find("first non-finite tensor is the gradient of ") != std::string::npos);
+  }
+  // Iteration 1 was saved; iteration 2 never reached the optimizer or the disk.
+  CHECK(std::filesystem::exists(scratch.file("checkpoints/iter_0000001")));
+  CHECK_FALSE(std::filesystem::exists(scratch.file("checkpoints/iter_0000002")));
 }

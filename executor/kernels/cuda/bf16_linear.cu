@@ -5,6 +5,7 @@
 
 #include <cstring>
 #include <string>
+#include <unordered_map>
 
 #include "core/error.h"
 
@@ -36,7 +37,31 @@ struct Gemm {
   void* aux; int64_t aux_ld;
 };
 
-void run(cublasLtHandle_t handle, void* workspace, const Gemm& g) {
+// The heuristic's choice for each GEMM shape and epilogue: asking cuBLASLt costs tens of
+// microseconds of host time, and a training step runs the same few hundred GEMMs every iteration.
+// One choice per shape also keeps results reproducible run to run.
+struct GemmKey {
+  int transa, transb;
+  uint64_t rows, cols, inner;
+  int64_t lda, ldb, ldd, aux_ld;
+  int d_type, epilogue, bias_type;
+  bool accumulate, bias, aux;
+  bool operator==(const GemmKey&) const = default;
+};
+struct GemmKeyHash {
+  std::size_t operator()(const GemmKey& k) const {
+    std::size_t h = 1469598103934665603ull;
+    for (uint64_t v : {uint64_t(k.transa), uint64_t(k.transb), k.rows, k.cols, k.inner, uint64_t(k.lda),
+                       uint64_t(k.ldb), uint64_t(k.ldd), uint64_t(k.aux_ld), uint64_t(k.d_type), uint64_t(k.epilogue),
+                       uint64_t(k.bias_type), uint64_t(k.accumulate), uint64_t(k.bias), uint64_t(k.aux)}) {
+      h = (h ^ v) * 1099511628211ull;
+    }
+    return h;
+  }
+};
+using AlgorithmCache = std::unordered_map<GemmKey, cublasLtMatmulAlgo_t, GemmKeyHash>;
+
+void run(cublasLtHandle_t handle, void* workspace, AlgorithmCache& cache, const Gemm& g) {
   cublasLtMatmulDesc_t operation = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
   cublasLtMatmulPreference_t preference = nullptr;
@@ -75,20 +100,26 @@ void run(cublasLtHandle_t handle, void* workspace, const Gemm& g) {
                                      g.ldb),
           "layout B");
     check(cublasLtMatrixLayoutCreate(&d, g.d_type, g.rows, g.cols, g.ldd), "layout D");
-    check(cublasLtMatmulPreferenceCreate(&preference), "preference");
-    const std::size_t workspace_bytes = kWorkspaceBytes;
-    check(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
-                                               sizeof workspace_bytes),
-          "workspace preference");
-    cublasLtMatmulHeuristicResult_t heuristic{};
-    int found = 0;
-    check(cublasLtMatmulAlgoGetHeuristic(handle, operation, a, b, d, d, preference, 1, &heuristic, &found),
-          "cublasLtMatmulAlgoGetHeuristic");
-    if (found == 0) throw SpecError("--device", "cuBLASLt has no algorithm for this GEMM and epilogue");
+    const GemmKey key{g.transa, g.transb, g.rows, g.cols, g.inner, g.lda, g.ldb, g.ldd, g.aux_ld, g.d_type,
+                      g.epilogue, g.bias_type, g.accumulate, g.bias != nullptr, g.aux != nullptr};
+    auto found_algorithm = cache.find(key);
+    if (found_algorithm == cache.end()) {
+      check(cublasLtMatmulPreferenceCreate(&preference), "preference");
+      const std::size_t workspace_bytes = kWorkspaceBytes;
+      check(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                 &workspace_bytes, sizeof workspace_bytes),
+            "workspace preference");
+      cublasLtMatmulHeuristicResult_t heuristic{};
+      int found = 0;
+      check(cublasLtMatmulAlgoGetHeuristic(handle, operation, a, b, d, d, preference, 1, &heuristic, &found),
+            "cublasLtMatmulAlgoGetHeuristic");
+      if (found == 0) throw SpecError("--device", "cuBLASLt has no algorithm for this GEMM and epilogue");
+      found_algorithm = cache.emplace(key, heuristic.algo).first;
+    }
     const float alpha = 1.0f;
     const float beta = g.accumulate ? 1.0f : 0.0f;
-    check(cublasLtMatmul(handle, operation, &alpha, g.a, a, g.b, b, &beta, g.d, d, g.d, d, &heuristic.algo, workspace,
-                         kWorkspaceBytes, nullptr),
+    check(cublasLtMatmul(handle, operation, &alpha, g.a, a, g.b, b, &beta, g.d, d, g.d, d, &found_algorithm->second,
+                         workspace, kWorkspaceBytes, nullptr),
           "cublasLtMatmul");
   } catch (...) {
     cleanup();
@@ -99,11 +130,16 @@ void run(cublasLtHandle_t handle, void* workspace, const Gemm& g) {
 
 }  // namespace
 
+struct GemmAlgorithms {
+  AlgorithmCache cache;
+};
+
 Bf16Linear::Bf16Linear() {
   cublasLtHandle_t handle = nullptr;
   check(cublasLtCreate(&handle), "cublasLtCreate");
   handle_ = handle;
   check(cudaMalloc(&workspace_, kWorkspaceBytes), "cudaMalloc (cuBLASLt workspace)");
+  algorithms_ = std::make_unique<GemmAlgorithms>();
 }
 
 Bf16Linear::~Bf16Linear() {
@@ -138,7 +174,7 @@ void Bf16Linear::forward(const Bf16* x, const Bf16* w, const Bf16* bias, int64_t
     g.aux = pre_activation;
     g.aux_ld = n;
   }
-  run(static_cast<cublasLtHandle_t>(handle_), workspace_, g);
+  run(static_cast<cublasLtHandle_t>(handle_), workspace_, algorithms_->cache, g);
 }
 
 void Bf16Linear::backward(const Bf16* dy, const Bf16* x, const Bf16* w, int64_t m, int64_t k, int64_t n, Bf16* dx,
@@ -158,7 +194,7 @@ void Bf16Linear::backward(const Bf16* dy, const Bf16* x, const Bf16* w, int64_t 
     g.ldd = k;
     g.d_type = CUDA_R_16BF;
     g.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
-    run(static_cast<cublasLtHandle_t>(handle_), workspace_, g);
+    run(static_cast<cublasLtHandle_t>(handle_), workspace_, algorithms_->cache, g);
   }
   // dW += dY^T X: column-major dW^T (k x n) += X^T (the buffer as is) dY (the buffer transposed);
   // reducing B = dY over the inner (token) dimension gives the bias gradient (BGRADB).
@@ -182,7 +218,30 @@ void Bf16Linear::backward(const Bf16* dy, const Bf16* x, const Bf16* w, int64_t 
     g.bias = bias_gradient;
     g.bias_type = CUDA_R_32F;
   }
-  run(static_cast<cublasLtHandle_t>(handle_), workspace_, g);
+  run(static_cast<cublasLtHandle_t>(handle_), workspace_, algorithms_->cache, g);
+}
+
+void Bf16Linear::backward_data_through_gelu(const Bf16* dy, const Bf16* w, int64_t m, int64_t k, int64_t n,
+                                            const Bf16* pre_activation, Bf16* d_pre) {
+  // As backward's dX (column-major d_pre^T (k x m) = W^T dY^T); the DGELU epilogue multiplies by
+  // GELU' of the auxiliary pre-activation, k x m column-major: the row-major [m x k] buffer.
+  Gemm g{};
+  g.transa = CUBLAS_OP_N;
+  g.transb = CUBLAS_OP_N;
+  g.rows = static_cast<uint64_t>(k);
+  g.cols = static_cast<uint64_t>(m);
+  g.inner = static_cast<uint64_t>(n);
+  g.a = w;
+  g.lda = k;
+  g.b = dy;
+  g.ldb = n;
+  g.d = d_pre;
+  g.ldd = k;
+  g.d_type = CUDA_R_16BF;
+  g.epilogue = CUBLASLT_EPILOGUE_DGELU;
+  g.aux = const_cast<Bf16*>(pre_activation);  // read only: DGELU reads the auxiliary buffer
+  g.aux_ld = k;
+  run(static_cast<cublasLtHandle_t>(handle_), workspace_, algorithms_->cache, g);
 }
 
 Bf16 to_bf16(float value) {

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 namespace megaplan::exec::cuda {
@@ -29,10 +30,16 @@ class Bf16Linear {
   // column sums of dy in fp32, fused into the weight-gradient GEMM (overwritten; null: none).
   void backward(const Bf16* dy, const Bf16* x, const Bf16* w, int64_t m, int64_t k, int64_t n, Bf16* dx, float* dw,
                 float* bias_gradient);
+  // The input gradient through a GELU, for the MLP's second layer y = GELU(pre) W^T + b:
+  // d_pre[m x k] = (dy W) * GELU'(pre_activation), with the forward's kBiasGelu pre-activation
+  // (the DGELU epilogue). The first layer's bias gradient then comes from its own backward.
+  void backward_data_through_gelu(const Bf16* dy, const Bf16* w, int64_t m, int64_t k, int64_t n,
+                                  const Bf16* pre_activation, Bf16* d_pre);
 
  private:
   void* handle_ = nullptr;
   void* workspace_ = nullptr;
+  std::unique_ptr<struct GemmAlgorithms> algorithms_;  // the chosen algorithm per GEMM shape
 };
 
 // Round to nearest even, as the device converts.

@@ -1,0 +1,112 @@
+"""The PyTorch side of bench/train_speed.sh: the same GPT as megaplan's executor trains (learned
+positions, LayerNorm eps 1e-5, tanh GELU, biases, tied embeddings, vocabulary padded to a
+multiple of 128, no dropout), in the plain fast PyTorch way: bf16 autocast, SDPA, fused AdamW,
+torch.compile. Prints one JSON line: tokens/s, model TFLOP/s (the same formula megaplan logs)
+and peak allocated bytes.
+
+Usage: python3 torch_gpt_reference.py --layers 12 --hidden 768 --heads 12 --seq 1024 --mbs 16
+"""
+import argparse
+import json
+import math
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Block(nn.Module):
+    def __init__(self, hidden, heads):
+        super().__init__()
+        self.heads = heads
+        self.ln1 = nn.LayerNorm(hidden, eps=1e-5)
+        self.qkv = nn.Linear(hidden, 3 * hidden)
+        self.proj = nn.Linear(hidden, hidden)
+        self.ln2 = nn.LayerNorm(hidden, eps=1e-5)
+        self.fc1 = nn.Linear(hidden, 4 * hidden)
+        self.fc2 = nn.Linear(4 * hidden, hidden)
+
+    def forward(self, x):
+        b, s, h = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(h, dim=2)
+        q, k, v = (t.view(b, s, self.heads, h // self.heads).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(y.transpose(1, 2).reshape(b, s, h))
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x)), approximate="tanh"))
+
+
+class Gpt(nn.Module):
+    def __init__(self, layers, hidden, heads, seq, vocab):
+        super().__init__()
+        self.word = nn.Embedding(vocab, hidden)
+        self.position = nn.Embedding(seq, hidden)
+        self.blocks = nn.ModuleList(Block(hidden, heads) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(hidden, eps=1e-5)
+        for name, p in self.named_parameters():
+            if p.dim() == 2:
+                std = 0.02 / math.sqrt(2 * layers) if name.endswith(("proj.weight", "fc2.weight")) else 0.02
+                nn.init.normal_(p, 0.0, std)
+            elif name.endswith("bias"):
+                nn.init.zeros_(p)
+
+    def forward(self, tokens, labels):
+        x = self.word(tokens) + self.position(torch.arange(tokens.shape[1], device=tokens.device))
+        for block in self.blocks:
+            x = block(x)
+        logits = F.linear(self.ln_f(x), self.word.weight)  # tied
+        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), labels.reshape(-1))
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    for flag in ("layers", "hidden", "heads", "seq", "mbs"):
+        parser.add_argument("--" + flag, type=int, required=True)
+    parser.add_argument("--vocab", type=int, default=50257)
+    parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=5)
+    args = parser.parse_args()
+    padded = (args.vocab + 127) // 128 * 128
+    torch.manual_seed(1234)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    model = Gpt(args.layers, args.hidden, args.heads, args.seq, padded).cuda()
+    decay = [p for n, p in model.named_parameters() if p.dim() == 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+                                  lr=1e-4, betas=(0.9, 0.95), fused=True)
+    step = torch.compile(model)
+    data = torch.randint(0, args.vocab, (args.mbs, args.seq + 1), device="cuda")
+    inputs, labels = data[:, :-1].contiguous(), data[:, 1:].contiguous()
+
+    def iteration():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = step(inputs, labels)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss
+
+    for _ in range(args.warmup):
+        iteration()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    for _ in range(args.iters):
+        loss = iteration()
+    loss.item()
+    torch.cuda.synchronize()
+    seconds = (time.perf_counter() - start) / args.iters
+    tokens_per_s = args.mbs * args.seq / seconds
+    # Megatron's model FLOPs per token (as megaplan's formulas): 6N-style dense terms, causal-free
+    # attention scores, and the output layer; forward + backward = 3x forward.
+    h, s, l, v = args.hidden, args.seq, args.layers, padded
+    flops_per_token = 3 * 2 * (l * (12 * h * h + 2 * s * h) + h * v)
+    print(json.dumps({"framework": "pytorch", "tokens_per_s": tokens_per_s,
+                      "model_tflops": tokens_per_s * flops_per_token / 1e12,
+                      "peak_memory_bytes": torch.cuda.max_memory_allocated(),
+                      "loss": loss.item(), "torch": torch.__version__}))
+
+
+if __name__ == "__main__":
+    main()

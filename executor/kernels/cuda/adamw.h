@@ -1,0 +1,44 @@
+// AdamW over every parameter tensor in one launch (multi-tensor): fp32 master weights and
+// moments, the gradient clipped by a scale first, and the model's bf16 weights refreshed in the
+// same pass. Same formulas and order of operations as executor/kernels/reference/adamw.h, in fp32.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "executor/kernels/cuda/bf16_linear.h"
+
+namespace megaplan::exec::cuda {
+
+// One parameter tensor: n values in each buffer (device pointers). compute may be null (then not
+// written). weight_decay is 0 for Megatron's no-decay group (biases, norms).
+struct AdamwTensor {
+  float* master;
+  const float* gradient;
+  float* exp_avg;
+  float* exp_avg_sq;
+  Bf16* compute;
+  int64_t n;
+  float weight_decay;
+};
+
+class MultiTensorAdamw {
+ public:
+  // Uploads the tensor descriptors once; the buffers must outlive this object.
+  explicit MultiTensorAdamw(const std::vector<AdamwTensor>& tensors);
+  ~MultiTensorAdamw();
+  MultiTensorAdamw(const MultiTensorAdamw&) = delete;
+  MultiTensorAdamw& operator=(const MultiTensorAdamw&) = delete;
+
+  // g = gradient * grad_scale (gradient clipping: min(1, clip / norm)); then AdamW as the
+  // reference (bias corrections for `step`, counted from 1; decoupled weight decay); then
+  // compute = bf16(master), rounded to nearest even. Asynchronous on the default stream.
+  void step(int64_t step, float lr, float beta1, float beta2, float eps, float grad_scale);
+
+ private:
+  void* descriptors_ = nullptr;  // device array of per-tensor descriptors
+  int tensor_count_ = 0;
+  int64_t chunk_count_ = 0;  // blocks per step: each block updates one chunk of one tensor
+};
+
+}  // namespace megaplan::exec::cuda

@@ -1,0 +1,215 @@
+#include "executor/kernels/cuda/cross_entropy.h"
+
+#include <string>
+
+#include "executor/kernels/cuda/device_common.cuh"
+
+namespace megaplan::exec::cuda {
+
+namespace {
+
+using namespace detail;
+
+constexpr int kThreads = 256;
+constexpr int kUnroll = 4;  // independent row loads in flight per thread before the first use
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// A running softmax denominator in base 2: sum = sum_i 2^(y_i - max) over the values seen.
+struct Partial {
+  float max;
+  float sum;
+};
+
+__device__ __forceinline__ Partial combine(Partial a, Partial b) {
+  const float top = fmaxf(a.max, b.max);
+  if (top == -INFINITY) return {top, 0.0f};  // neither has seen a value: 2^(-inf - -inf) is NaN
+  return {top, a.sum * exp2f(a.max - top) + b.sum * exp2f(b.max - top)};
+}
+
+// kWidth bf16 values of one row from column `first`: one 16-byte load when kWidth is 8.
+template <int kWidth>
+__device__ __forceinline__ void load_values(const Bf16* row, int64_t first, float (&out)[kWidth]) {
+  if constexpr (kWidth == 8) {
+    const uint4 bits = *reinterpret_cast<const uint4*>(row + first);
+    const uint32_t words[4] = {bits.x, bits.y, bits.z, bits.w};
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      out[2 * w] = __uint_as_float(words[w] << 16);
+      out[2 * w + 1] = __uint_as_float(words[w] & 0xffff0000u);
+    }
+  } else {
+    out[0] = load(row, first);
+  }
+}
+
+template <int kWidth>
+__device__ __forceinline__ void store_values(Bf16* row, int64_t first, const float (&values)[kWidth]) {
+  if constexpr (kWidth == 8) {
+    uint32_t words[4];
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      const __nv_bfloat162 pair = __floats2bfloat162_rn(values[2 * w], values[2 * w + 1]);
+      words[w] = *reinterpret_cast<const uint32_t*>(&pair);
+    }
+    *reinterpret_cast<uint4*>(row + first) = make_uint4(words[0], words[1], words[2], words[3]);
+  } else {
+    store(row, first, values[0]);
+  }
+}
+
+// One pass over the row: each thread keeps an online (max, sum) over its columns in base 2, one
+// rescale per kUnroll * kWidth values; the block combines the partials in a fixed order.
+template <int kWidth>
+__global__ void __launch_bounds__(kThreads) cross_entropy_forward_kernel(const Bf16* logits, int64_t vocab,
+                                                                         int64_t row_stride, const int32_t* targets,
+                                                                         const float* mask, float* lse,
+                                                                         float* losses) {
+  __shared__ Partial warp_partials[kThreads / 32];
+  const int64_t row = blockIdx.x;
+  const Bf16* in = logits + row * row_stride;
+  const int64_t groups = (vocab + kWidth - 1) / kWidth;  // the last may hold padded columns
+  Partial mine{-INFINITY, 0.0f};
+  for (int64_t base = threadIdx.x; base < groups; base += kThreads * kUnroll) {
+    float y[kUnroll][kWidth];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t group = base + u * kThreads;
+      if (group < groups) {
+        load_values<kWidth>(in, group * kWidth, y[u]);
+      } else {
+#pragma unroll
+        for (int i = 0; i < kWidth; ++i) y[u][i] = -INFINITY;
+      }
+    }
+    float top = mine.max;
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t first = (base + u * kThreads) * kWidth;
+#pragma unroll
+      for (int i = 0; i < kWidth; ++i) {
+        y[u][i] = first + i < vocab ? y[u][i] * kLog2e : -INFINITY;
+        top = fmaxf(top, y[u][i]);
+      }
+    }
+    if (top == -INFINITY) continue;  // only possible past the row's end
+    float sum = mine.sum * exp2f(mine.max - top);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+#pragma unroll
+      for (int i = 0; i < kWidth; ++i) sum += exp2f(y[u][i] - top);
+    }
+    mine = {top, sum};
+  }
+  for (int offset = 16; offset > 0; offset /= 2) {
+    const Partial other{__shfl_xor_sync(0xffffffffu, mine.max, offset),
+                        __shfl_xor_sync(0xffffffffu, mine.sum, offset)};
+    mine = combine(mine, other);
+  }
+  if (threadIdx.x % 32 == 0) warp_partials[threadIdx.x / 32] = mine;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    Partial total = warp_partials[0];
+    for (int w = 1; w < kThreads / 32; ++w) total = combine(total, warp_partials[w]);
+    const float row_lse = (total.max + log2f(total.sum)) * kLn2;
+    lse[row] = row_lse;
+    losses[row] = mask[row] * (row_lse - load(in, targets[row]));
+  }
+}
+
+// Element-wise given the row's lse: in place is safe, each value is read by the thread that then
+// overwrites it (so no __restrict__ on logits and dlogits).
+template <int kWidth>
+__global__ void __launch_bounds__(kThreads) cross_entropy_backward_kernel(const Bf16* logits, int64_t vocab,
+                                                                          int64_t row_stride, const int32_t* targets,
+                                                                          const float* mask, const float* lse,
+                                                                          float scale, Bf16* dlogits) {
+  const int64_t row = blockIdx.x;
+  const Bf16* in = logits + row * row_stride;
+  Bf16* out = dlogits + row * row_stride;
+  const int64_t groups = row_stride / kWidth;  // row_stride % kWidth == 0: padded columns too
+  const float weight = scale * mask[row];
+  if (weight == 0.0f) {
+    const float zeros[kWidth] = {};
+    for (int64_t group = threadIdx.x; group < groups; group += kThreads) {
+      store_values<kWidth>(out, group * kWidth, zeros);
+    }
+    return;
+  }
+  const int64_t target = targets[row];
+  const float offset = lse[row] * kLog2e;
+  for (int64_t base = threadIdx.x; base < groups; base += kThreads * kUnroll) {
+    float x[kUnroll][kWidth];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t group = base + u * kThreads;
+      if (group < groups && group * kWidth < vocab) {
+        load_values<kWidth>(in, group * kWidth, x[u]);
+      } else {  // only padded columns (or past the row): never read, written as 0 below
+#pragma unroll
+        for (int i = 0; i < kWidth; ++i) x[u][i] = 0.0f;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t group = base + u * kThreads;
+      if (group >= groups) continue;
+      const int64_t first = group * kWidth;
+      float gradient[kWidth];
+#pragma unroll
+      for (int i = 0; i < kWidth; ++i) {
+        const int64_t column = first + i;
+        const float probability = exp2f(fmaf(x[u][i], kLog2e, -offset));
+        gradient[i] = column < vocab ? weight * (probability - (column == target ? 1.0f : 0.0f)) : 0.0f;
+      }
+      store_values<kWidth>(out, first, gradient);
+    }
+  }
+}
+
+void check_shape(const char* what, int64_t tokens, int64_t vocab, int64_t row_stride) {
+  if (tokens < 0 || tokens > 0x7fffffff || vocab <= 0 || row_stride < vocab) {
+    throw SpecError("--device", std::string(what) +
+                                    ": needs 0 <= tokens < 2^31 and 0 < vocab <= row_stride, got tokens " +
+                                    std::to_string(tokens) + ", vocab " + std::to_string(vocab) + ", row_stride " +
+                                    std::to_string(row_stride));
+  }
+}
+
+// 16-byte loads need every row to start on a 16-byte boundary.
+bool rows_aligned(const void* pointer, int64_t row_stride) {
+  return row_stride % 8 == 0 && reinterpret_cast<uintptr_t>(pointer) % 16 == 0;
+}
+
+}  // namespace
+
+void cross_entropy_forward(const Bf16* logits, int64_t tokens, int64_t vocab, int64_t row_stride,
+                           const int32_t* targets, const float* mask, float* lse, float* losses) {
+  check_shape("cross_entropy_forward", tokens, vocab, row_stride);
+  if (tokens == 0) return;
+  const unsigned blocks = static_cast<unsigned>(tokens);
+  if (rows_aligned(logits, row_stride)) {
+    cross_entropy_forward_kernel<8><<<blocks, kThreads>>>(logits, vocab, row_stride, targets, mask, lse, losses);
+  } else {
+    cross_entropy_forward_kernel<1><<<blocks, kThreads>>>(logits, vocab, row_stride, targets, mask, lse, losses);
+  }
+  check_launch("cross_entropy_forward_kernel");
+}
+
+void cross_entropy_backward(const Bf16* logits, int64_t tokens, int64_t vocab, int64_t row_stride,
+                            const int32_t* targets, const float* mask, const float* lse, float scale,
+                            Bf16* dlogits) {
+  check_shape("cross_entropy_backward", tokens, vocab, row_stride);
+  if (tokens == 0) return;
+  const unsigned blocks = static_cast<unsigned>(tokens);
+  if (rows_aligned(logits, row_stride) && rows_aligned(dlogits, row_stride)) {
+    cross_entropy_backward_kernel<8>
+        <<<blocks, kThreads>>>(logits, vocab, row_stride, targets, mask, lse, scale, dlogits);
+  } else {
+    cross_entropy_backward_kernel<1>
+        <<<blocks, kThreads>>>(logits, vocab, row_stride, targets, mask, lse, scale, dlogits);
+  }
+  check_launch("cross_entropy_backward_kernel");
+}
+
+}  // namespace megaplan::exec::cuda

@@ -1,0 +1,319 @@
+// Element-wise kernels: each thread handles 8 consecutive values, as one 16-byte bf16 access (two
+// for fp32) when every pointer is 16-byte aligned, else as scalar accesses (also for the tail).
+#include "executor/kernels/cuda/elementwise.h"
+
+#include <cmath>
+#include <string>
+
+#include "executor/kernels/cuda/device_common.cuh"
+
+namespace megaplan::exec::cuda {
+
+namespace {
+
+using namespace detail;
+
+constexpr int kThreads = 256;
+
+// --- 8-value vectors; values at or past `end` read as 0 and are not written.
+
+template <bool kAligned>
+__device__ __forceinline__ void load8(const Bf16* p, int64_t start, int64_t end, float (&v)[8]) {
+  if (kAligned && start + 8 <= end) {
+    const uint4 raw = *reinterpret_cast<const uint4*>(p + start);
+    const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {  // bf16 is the top half of an fp32
+      v[2 * k] = __uint_as_float(words[k] << 16);
+      v[2 * k + 1] = __uint_as_float(words[k] & 0xffff0000u);
+    }
+    return;
+  }
+#pragma unroll
+  for (int e = 0; e < 8; ++e) v[e] = start + e < end ? load(p, start + e) : 0.0f;
+}
+
+template <bool kAligned>
+__device__ __forceinline__ void store8(Bf16* p, int64_t start, int64_t end, const float (&v)[8]) {
+  uint16_t bits[8];
+#pragma unroll
+  for (int e = 0; e < 8; ++e) bits[e] = __bfloat16_as_ushort(__float2bfloat16_rn(v[e]));
+  if (kAligned && start + 8 <= end) {
+    uint4 raw;
+    raw.x = bits[0] | (uint32_t{bits[1]} << 16);
+    raw.y = bits[2] | (uint32_t{bits[3]} << 16);
+    raw.z = bits[4] | (uint32_t{bits[5]} << 16);
+    raw.w = bits[6] | (uint32_t{bits[7]} << 16);
+    *reinterpret_cast<uint4*>(p + start) = raw;
+    return;
+  }
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    if (start + e < end) p[start + e] = bits[e];
+  }
+}
+
+template <bool kAligned>
+__device__ __forceinline__ void load8(const float* p, int64_t start, int64_t end, float (&v)[8]) {
+  if (kAligned && start + 8 <= end) {
+    const float4 low = *reinterpret_cast<const float4*>(p + start);
+    const float4 high = *reinterpret_cast<const float4*>(p + start + 4);
+    v[0] = low.x, v[1] = low.y, v[2] = low.z, v[3] = low.w;
+    v[4] = high.x, v[5] = high.y, v[6] = high.z, v[7] = high.w;
+    return;
+  }
+#pragma unroll
+  for (int e = 0; e < 8; ++e) v[e] = start + e < end ? p[start + e] : 0.0f;
+}
+
+template <bool kAligned>
+__device__ __forceinline__ void store8(float* p, int64_t start, int64_t end, const float (&v)[8]) {
+  if (kAligned && start + 8 <= end) {
+    *reinterpret_cast<float4*>(p + start) = make_float4(v[0], v[1], v[2], v[3]);
+    *reinterpret_cast<float4*>(p + start + 4) = make_float4(v[4], v[5], v[6], v[7]);
+    return;
+  }
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    if (start + e < end) p[start + e] = v[e];
+  }
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+__device__ __forceinline__ int64_t vector_index() {
+  return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+
+template <bool kAligned>
+__global__ void add_kernel(const Bf16* a, const Bf16* b, int64_t n, Bf16* y) {
+  const int64_t start = vector_index() * 8;
+  if (start >= n) return;
+  float va[8], vb[8];
+  load8<kAligned>(a, start, n, va);
+  load8<kAligned>(b, start, n, vb);
+#pragma unroll
+  for (int e = 0; e < 8; ++e) va[e] += vb[e];
+  store8<kAligned>(y, start, n, va);
+}
+
+template <bool kAligned>
+__global__ void gelu_backward_kernel(const Bf16* dy, const Bf16* pre, int64_t n, Bf16* dx) {
+  const int64_t start = vector_index() * 8;
+  if (start >= n) return;
+  constexpr float kScale = 0.7978845608028654f;  // sqrt(2 / pi)
+  constexpr float kCubic = 0.044715f;
+  float g[8], v[8];
+  load8<kAligned>(dy, start, n, g);
+  load8<kAligned>(pre, start, n, v);
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    const float x = v[e];
+    const float t = tanhf(kScale * (x + kCubic * x * x * x));
+    const float derivative = 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * kScale * (1.0f + 3.0f * kCubic * x * x);
+    g[e] *= derivative;
+  }
+  store8<kAligned>(dx, start, n, g);
+}
+
+template <bool kAligned>
+__global__ void cast_to_bf16_kernel(const float* x, int64_t n, Bf16* y) {
+  const int64_t start = vector_index() * 8;
+  if (start >= n) return;
+  float v[8];
+  load8<kAligned>(x, start, n, v);
+  store8<kAligned>(y, start, n, v);
+}
+
+template <bool kAligned>
+__global__ void cast_to_float_kernel(const Bf16* x, int64_t n, float* y) {
+  const int64_t start = vector_index() * 8;
+  if (start >= n) return;
+  float v[8];
+  load8<kAligned>(x, start, n, v);
+  store8<kAligned>(y, start, n, v);
+}
+
+__device__ __forceinline__ float sigmoid(float v) { return 1.0f / (1.0f + __expf(-v)); }
+
+// One thread per 8 columns of one row; vectors_per_row = ceil(width / 8).
+template <bool kAligned>
+__global__ void swiglu_forward_kernel(const Bf16* x, int64_t rows, int64_t width, int64_t vectors_per_row, Bf16* y) {
+  const int64_t i = vector_index();
+  if (i >= rows * vectors_per_row) return;
+  const int64_t row = i / vectors_per_row, start = (i % vectors_per_row) * 8;
+  const Bf16* gate_row = x + row * 2 * width;
+  float gate[8], up[8];
+  load8<kAligned>(gate_row, start, width, gate);
+  load8<kAligned>(gate_row + width, start, width, up);
+#pragma unroll
+  for (int e = 0; e < 8; ++e) gate[e] = gate[e] * sigmoid(gate[e]) * up[e];
+  store8<kAligned>(y + row * width, start, width, gate);
+}
+
+template <bool kAligned>
+__global__ void swiglu_backward_kernel(const Bf16* dy, const Bf16* x, int64_t rows, int64_t width,
+                                       int64_t vectors_per_row, Bf16* dx) {
+  const int64_t i = vector_index();
+  if (i >= rows * vectors_per_row) return;
+  const int64_t row = i / vectors_per_row, start = (i % vectors_per_row) * 8;
+  const Bf16* gate_row = x + row * 2 * width;
+  float gate[8], up[8], grad[8];
+  load8<kAligned>(gate_row, start, width, gate);
+  load8<kAligned>(gate_row + width, start, width, up);
+  load8<kAligned>(dy + row * width, start, width, grad);
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    const float s = sigmoid(gate[e]);
+    const float d_up = grad[e] * gate[e] * s;
+    gate[e] = grad[e] * up[e] * s * (1.0f + gate[e] * (1.0f - s));  // silu'(g) = s (1 + g (1 - s))
+    up[e] = d_up;
+  }
+  Bf16* dx_row = dx + row * 2 * width;
+  store8<kAligned>(dx_row, start, width, gate);
+  store8<kAligned>(dx_row + width, start, width, up);
+}
+
+// One thread per token and 8 consecutive rotation pairs: the 8 angles' sines and cosines are
+// computed once and applied to every head of the token.
+template <bool kAligned>
+__global__ void rope_kernel(Bf16* base, int64_t tokens, int64_t seq, int64_t heads, int64_t head_dim,
+                            int64_t token_stride, int64_t half, int64_t vectors_per_token, float log2_theta,
+                            float rotary_dim, bool inverse) {
+  const int64_t i = vector_index();
+  if (i >= tokens * vectors_per_token) return;
+  const int64_t token = i / vectors_per_token, start = (i % vectors_per_token) * 8;
+  const float position = static_cast<float>(token % seq);
+  float cosine[8], sine[8];
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    // Megatron's inv_freq = 1 / theta^(2i / rotary_dim) and angle = t * inv_freq, both fp32.
+    const float inv_freq = 1.0f / exp2f(log2_theta * (2.0f * static_cast<float>(start + e) / rotary_dim));
+    sincosf(position * inv_freq, &sine[e], &cosine[e]);
+    if (inverse) sine[e] = -sine[e];
+  }
+  Bf16* head = base + token * token_stride;
+  for (int64_t h = 0; h < heads; ++h, head += head_dim) {
+    float x1[8], x2[8], out1[8], out2[8];
+    load8<kAligned>(head, start, half, x1);
+    load8<kAligned>(head + half, start, half, x2);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      out1[e] = x1[e] * cosine[e] - x2[e] * sine[e];
+      out2[e] = x2[e] * cosine[e] + x1[e] * sine[e];
+    }
+    store8<kAligned>(head, start, half, out1);
+    store8<kAligned>(head + half, start, half, out2);
+  }
+}
+
+unsigned grid_for_vectors(int64_t vectors) { return blocks_for(vectors, kThreads); }
+
+void check_count(int64_t n, const char* what) {
+  if (n < 0) throw SpecError("--device", std::string(what) + ": a negative size, " + std::to_string(n));
+}
+
+}  // namespace
+
+void add(const Bf16* a, const Bf16* b, int64_t n, Bf16* y) {
+  check_count(n, "add");
+  if (n == 0) return;
+  const unsigned grid = grid_for_vectors((n + 7) / 8);
+  if (aligned16(a) && aligned16(b) && aligned16(y)) {
+    add_kernel<true><<<grid, kThreads>>>(a, b, n, y);
+  } else {
+    add_kernel<false><<<grid, kThreads>>>(a, b, n, y);
+  }
+  check_launch("add");
+}
+
+void gelu_backward(const Bf16* dy, const Bf16* pre_activation, int64_t n, Bf16* dx) {
+  check_count(n, "gelu_backward");
+  if (n == 0) return;
+  const unsigned grid = grid_for_vectors((n + 7) / 8);
+  if (aligned16(dy) && aligned16(pre_activation) && aligned16(dx)) {
+    gelu_backward_kernel<true><<<grid, kThreads>>>(dy, pre_activation, n, dx);
+  } else {
+    gelu_backward_kernel<false><<<grid, kThreads>>>(dy, pre_activation, n, dx);
+  }
+  check_launch("gelu_backward");
+}
+
+void cast_to_bf16(const float* x, int64_t n, Bf16* y) {
+  check_count(n, "cast_to_bf16");
+  if (n == 0) return;
+  const unsigned grid = grid_for_vectors((n + 7) / 8);
+  if (aligned16(x) && aligned16(y)) {
+    cast_to_bf16_kernel<true><<<grid, kThreads>>>(x, n, y);
+  } else {
+    cast_to_bf16_kernel<false><<<grid, kThreads>>>(x, n, y);
+  }
+  check_launch("cast_to_bf16");
+}
+
+void cast_to_float(const Bf16* x, int64_t n, float* y) {
+  check_count(n, "cast_to_float");
+  if (n == 0) return;
+  const unsigned grid = grid_for_vectors((n + 7) / 8);
+  if (aligned16(x) && aligned16(y)) {
+    cast_to_float_kernel<true><<<grid, kThreads>>>(x, n, y);
+  } else {
+    cast_to_float_kernel<false><<<grid, kThreads>>>(x, n, y);
+  }
+  check_launch("cast_to_float");
+}
+
+void swiglu_forward(const Bf16* x, int64_t rows, int64_t width, Bf16* y) {
+  check_count(rows, "swiglu_forward");
+  check_count(width, "swiglu_forward");
+  if (rows == 0 || width == 0) return;
+  const int64_t vectors_per_row = (width + 7) / 8;
+  const unsigned grid = grid_for_vectors(rows * vectors_per_row);
+  if (width % 8 == 0 && aligned16(x) && aligned16(y)) {
+    swiglu_forward_kernel<true><<<grid, kThreads>>>(x, rows, width, vectors_per_row, y);
+  } else {
+    swiglu_forward_kernel<false><<<grid, kThreads>>>(x, rows, width, vectors_per_row, y);
+  }
+  check_launch("swiglu_forward");
+}
+
+void swiglu_backward(const Bf16* dy, const Bf16* x, int64_t rows, int64_t width, Bf16* dx) {
+  check_count(rows, "swiglu_backward");
+  check_count(width, "swiglu_backward");
+  if (rows == 0 || width == 0) return;
+  const int64_t vectors_per_row = (width + 7) / 8;
+  const unsigned grid = grid_for_vectors(rows * vectors_per_row);
+  if (width % 8 == 0 && aligned16(dy) && aligned16(x) && aligned16(dx)) {
+    swiglu_backward_kernel<true><<<grid, kThreads>>>(dy, x, rows, width, vectors_per_row, dx);
+  } else {
+    swiglu_backward_kernel<false><<<grid, kThreads>>>(dy, x, rows, width, vectors_per_row, dx);
+  }
+  check_launch("swiglu_backward");
+}
+
+void rope_apply(Bf16* base, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim, int64_t token_stride,
+                int64_t rotary_dim, float theta, bool inverse) {
+  if (rotary_dim <= 0 || rotary_dim % 2 != 0 || rotary_dim > head_dim || batch < 0 || seq < 0 || heads < 0 ||
+      token_stride < heads * head_dim || !(theta > 1.0f)) {
+    throw SpecError("--device", "rope_apply: needs an even 0 < rotary_dim <= head_dim, token_stride >= heads * "
+                                "head_dim and theta > 1; got rotary_dim " + std::to_string(rotary_dim) +
+                                    ", head_dim " + std::to_string(head_dim) + ", token_stride " +
+                                    std::to_string(token_stride) + ", theta " + std::to_string(theta));
+  }
+  const int64_t tokens = batch * seq;
+  if (tokens == 0 || heads == 0) return;
+  const int64_t half = rotary_dim / 2;
+  const int64_t vectors_per_token = (half + 7) / 8;
+  const unsigned grid = grid_for_vectors(tokens * vectors_per_token);
+  const float log2_theta = std::log2(theta);
+  if (half % 8 == 0 && head_dim % 8 == 0 && token_stride % 8 == 0 && aligned16(base)) {
+    rope_kernel<true><<<grid, kThreads>>>(base, tokens, seq, heads, head_dim, token_stride, half, vectors_per_token,
+                                          log2_theta, static_cast<float>(rotary_dim), inverse);
+  } else {
+    rope_kernel<false><<<grid, kThreads>>>(base, tokens, seq, heads, head_dim, token_stride, half, vectors_per_token,
+                                           log2_theta, static_cast<float>(rotary_dim), inverse);
+  }
+  check_launch("rope_apply");
+}
+
+}  // namespace megaplan::exec::cuda

@@ -1,0 +1,33 @@
+// Token and learned position embeddings on bf16 tables. The backward is deterministic without
+// atomics: the host lists each used vocabulary row's token positions in ascending order (CSR),
+// and each (row, 8 columns) is summed by a fixed group of threads in a fixed order.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "executor/kernels/cuda/bf16_linear.h"
+
+namespace megaplan::exec::cuda {
+
+// y[t] = word[tokens[t]] + position[t % seq] over `count` tokens (position may be null: rotary
+// models). Device pointers; tokens are int32 on the device, each in [0, vocabulary).
+void embedding_forward(const int32_t* tokens, int64_t count, int64_t seq, const Bf16* word, const Bf16* position,
+                       int64_t hidden, Bf16* y);
+
+// Each used vocabulary row (ascending) with the positions of its tokens (ascending):
+// row_ids[used_rows], row_starts[used_rows + 1], positions[count]. Built on the host.
+struct TokenRows {
+  std::vector<int32_t> row_ids, row_starts, positions;
+};
+TokenRows build_token_rows(const int32_t* host_tokens, int64_t count);
+
+// dword[row] += the sum of dy over its positions (in order); dposition[t] += the sum over the
+// batch of dy[b * seq + t] (in batch order; null: skipped). fp32, accumulated as gradients
+// accumulate over microbatches. Device pointers (build_token_rows' lists uploaded).
+// REQUIRES: count a multiple of seq.
+void embedding_backward(const Bf16* dy, const int32_t* row_ids, const int32_t* row_starts, const int32_t* positions,
+                        int64_t used_rows, int64_t count, int64_t seq, int64_t hidden, float* dword,
+                        float* dposition);
+
+}  // namespace megaplan::exec::cuda

@@ -1,0 +1,39 @@
+// Causal flash attention (FlashAttention-2's scheme) on bf16 tensor cores: the forward streams
+// key blocks through an online softmax and keeps only each row's log-sum-exp; the backward
+// recomputes the probabilities. Deterministic: dK and dV are computed per key block and dQ per
+// query block by two kernels, each output written by one thread block, no atomics.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "executor/kernels/cuda/bf16_linear.h"
+
+namespace megaplan::exec::cuda {
+
+// Element d of query head h at token t of sequence b lives at
+//   q[(b * seq + t) * qkv_token_stride + (h / group) * qkv_head_stride + (h % group) * head_dim + d]
+// with group = heads / kv_heads query heads per key-value head, and key-value head g at
+//   k[(b * seq + t) * qkv_token_stride + g * qkv_head_stride + d] (v alike).
+// Megatron's fused qkv [b, s, groups, group + 2, d] is q = qkv, k = qkv + group * d,
+// v = qkv + (group + 1) * d, qkv_head_stride = (group + 2) * d, qkv_token_stride = groups * that.
+struct AttentionShape {
+  int64_t batch, seq, heads, kv_heads, head_dim;
+  int64_t qkv_token_stride, qkv_head_stride;
+  float softmax_scale;
+};
+
+// o = softmax(q k^T * softmax_scale, causal) v into out [batch, seq, heads, head_dim] and the
+// natural log-sum-exp of each row's scaled scores into lse [batch, heads, seq].
+// head_dim must be 64 or 128 (SpecError otherwise).
+void flash_attention_forward(const AttentionShape& shape, const Bf16* q, const Bf16* k, const Bf16* v, Bf16* out,
+                             float* lse);
+
+std::size_t flash_attention_backward_workspace_bytes(const AttentionShape& shape);
+
+// dq, dk, dv (overwritten) are laid out as q, k, v but with dqkv_token_stride per token.
+void flash_attention_backward(const AttentionShape& shape, const Bf16* dout, const Bf16* q, const Bf16* k,
+                              const Bf16* v, const Bf16* out, const float* lse, int64_t dqkv_token_stride, Bf16* dq,
+                              Bf16* dk, Bf16* dv, void* workspace);
+
+}  // namespace megaplan::exec::cuda

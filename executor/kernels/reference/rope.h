@@ -1,0 +1,18 @@
+// Rotary position embeddings (RoPE), the CPU reference, in Megatron's default non-interleaved
+// "rotate half" form: within each head the first rotary_dim dims are two halves (x1, x2) whose
+// i-th pair rotates by the angle t * theta^(-2i / rotary_dim), t the token's position in its
+// sequence; dims from rotary_dim on pass through. Angles and rotation in double.
+#pragma once
+
+#include <cstddef>
+
+namespace megaplan::exec::reference {
+
+// In place on `heads` heads of each token: element (b, t, h, d) at
+// base[(b * seq + t) * token_stride + h * head_dim + d]. inverse = true rotates by the negative
+// angle: RoPE's backward (a rotation's transpose is its inverse).
+// REQUIRES: rotary_dim even, rotary_dim <= head_dim.
+void rope_apply(float* base, std::size_t batch, std::size_t seq, std::size_t heads, std::size_t head_dim,
+                std::size_t token_stride, std::size_t rotary_dim, double theta, bool inverse);
+
+}  // namespace megaplan::exec::reference

@@ -1,0 +1,158 @@
+// The CPU references of the row kernels added for Llama-style models and the embedding: RMSNorm,
+// SwiGLU and RoPE backwards against central finite differences of their forwards on fresh random
+// inputs, and values worked by hand.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <functional>
+#include <random>
+#include <vector>
+
+#include "executor/kernels/reference/embedding.h"
+#include "executor/kernels/reference/rmsnorm.h"
+#include "executor/kernels/reference/rope.h"
+#include "executor/kernels/reference/swiglu.h"
+
+namespace ref = megaplan::exec::reference;
+
+namespace {
+
+std::vector<float> random_vector(std::size_t n, std::mt19937& generator, float scale = 1.0f) {
+  std::normal_distribution<float> normal(0.0f, scale);
+  std::vector<float> values(n);
+  for (float& value : values) value = normal(generator);
+  return values;
+}
+
+// Checks `analytic` against d loss / d values[i] by central differences, on a sample of entries.
+void check_gradient(std::vector<float>& values, const std::vector<float>& analytic, const std::function<double()>& loss,
+                    const char* what) {
+  REQUIRE(values.size() == analytic.size());
+  const float step = 1e-2f;
+  for (std::size_t i = 0; i < values.size(); i += 1 + values.size() / 23) {
+    const float saved = values[i];
+    values[i] = saved + step;
+    const double up = loss();
+    values[i] = saved - step;
+    const double down = loss();
+    values[i] = saved;
+    const double numeric = (up - down) / (2.0 * step);
+    INFO(what << "[" << i << "]: analytic " << analytic[i] << ", numeric " << numeric);
+    CHECK(std::abs(analytic[i] - numeric) <= 2e-2 + 2e-2 * std::abs(numeric));
+  }
+}
+
+double weighted_sum(const std::vector<float>& values, const std::vector<float>& weights) {
+  double sum = 0;
+  for (std::size_t i = 0; i < values.size(); ++i) sum += static_cast<double>(values[i]) * weights[i];
+  return sum;
+}
+
+}  // namespace
+
+TEST_CASE("RMSNorm's backward is its forward's gradient", "[kernels]") {
+  std::mt19937 generator(17);
+  const std::size_t rows = 3, cols = 16;
+  std::vector<float> x = random_vector(rows * cols, generator, 2.0f), gamma = random_vector(cols, generator);
+  const std::vector<float> weights = random_vector(rows * cols, generator);  // loss = sum(y * weights)
+  std::vector<float> y(rows * cols), rstd(rows);
+  const auto loss = [&] {
+    ref::rmsnorm_forward(x.data(), gamma.data(), rows, cols, 1e-5f, y.data(), rstd.data());
+    return weighted_sum(y, weights);
+  };
+  loss();
+  const std::vector<float> dgamma_start = random_vector(cols, generator);
+  std::vector<float> dx(rows * cols), dgamma = dgamma_start;
+  ref::rmsnorm_backward(weights.data(), x.data(), gamma.data(), rstd.data(), rows, cols, dx.data(), dgamma.data());
+  std::vector<float> dgamma_step(cols);  // the accumulated part alone
+  for (std::size_t c = 0; c < cols; ++c) dgamma_step[c] = dgamma[c] - dgamma_start[c];
+  check_gradient(x, dx, loss, "dx");
+  check_gradient(gamma, dgamma_step, loss, "dgamma");
+}
+
+TEST_CASE("RMSNorm values by hand", "[kernels]") {
+  // The row (3, 4): mean square 12.5, so y = x / sqrt(12.5) * gamma.
+  const std::vector<float> x = {3.0f, 4.0f}, gamma = {1.0f, 2.0f};
+  std::vector<float> y(2), rstd(1);
+  ref::rmsnorm_forward(x.data(), gamma.data(), 1, 2, 0.0f, y.data(), rstd.data());
+  CHECK(rstd[0] == Approx(1.0 / std::sqrt(12.5)));
+  CHECK(y[0] == Approx(3.0 / std::sqrt(12.5)));
+  CHECK(y[1] == Approx(8.0 / std::sqrt(12.5)));
+}
+
+TEST_CASE("SwiGLU values and gradient", "[kernels]") {
+  // gate 0: silu(0) = 0; gate 2: silu(2) = 2 / (1 + e^-2).
+  const std::vector<float> fixed = {0.0f, 2.0f, 5.0f, -3.0f};  // one row, width 2: gates (0, 2), ups (5, -3)
+  std::vector<float> out(2);
+  ref::swiglu_forward(fixed.data(), 1, 2, out.data());
+  CHECK(out[0] == 0.0f);
+  CHECK(out[1] == Approx(-3.0 * 2.0 / (1.0 + std::exp(-2.0))));
+
+  std::mt19937 generator(19);
+  const std::size_t rows = 3, width = 5;
+  std::vector<float> x = random_vector(rows * 2 * width, generator, 2.0f);
+  const std::vector<float> weights = random_vector(rows * width, generator);
+  std::vector<float> y(rows * width), dx(rows * 2 * width);
+  const auto loss = [&] {
+    ref::swiglu_forward(x.data(), rows, width, y.data());
+    return weighted_sum(y, weights);
+  };
+  ref::swiglu_backward(weights.data(), x.data(), rows, width, dx.data());
+  check_gradient(x, dx, loss, "dx");
+}
+
+TEST_CASE("RoPE rotates pairs by position-dependent angles, and its inverse is its gradient", "[kernels]") {
+  // head_dim 4, rotary_dim 4, theta 100: pair 0 (dims 0, 2) turns by t, pair 1 (dims 1, 3) by t / 10.
+  std::vector<float> head = {1.0f, 1.0f, 0.0f, 0.0f, 1.0f, 1.0f, 0.0f, 0.0f};  // seq 2, one head
+  ref::rope_apply(head.data(), 1, 2, 1, 4, 4, 4, 100.0, false);
+  CHECK(head[0] == 1.0f);  // position 0 stays
+  CHECK(head[2] == 0.0f);
+  CHECK(head[4] == Approx(std::cos(1.0)));
+  CHECK(head[6] == Approx(std::sin(1.0)));
+  CHECK(head[5] == Approx(std::cos(0.1)));
+  CHECK(head[7] == Approx(std::sin(0.1)));
+
+  // Two heads of head_dim 6 in a token row of 14 (2 dims after them untouched); rotary_dim 4
+  // (dims 4, 5 of each head pass through).
+  std::mt19937 generator(23);
+  const std::size_t batch = 2, seq = 3, heads = 2, head_dim = 6, stride = 14, rotary = 4;
+  std::vector<float> x = random_vector(batch * seq * stride, generator);
+  const std::vector<float> original = x;
+  std::vector<float> y = x;
+  ref::rope_apply(y.data(), batch, seq, heads, head_dim, stride, rotary, 10000.0, false);
+  for (std::size_t token = 0; token < batch * seq; ++token) {
+    for (std::size_t d : {4u, 5u, 10u, 11u, 12u, 13u}) CHECK(y[token * stride + d] == x[token * stride + d]);
+  }
+  std::vector<float> back = y;
+  ref::rope_apply(back.data(), batch, seq, heads, head_dim, stride, rotary, 10000.0, true);
+  for (std::size_t i = 0; i < x.size(); ++i) CHECK(back[i] == Approx(original[i]).margin(1e-6));
+
+  const std::vector<float> weights = random_vector(x.size(), generator);
+  const auto loss = [&] {
+    std::vector<float> rotated = x;
+    ref::rope_apply(rotated.data(), batch, seq, heads, head_dim, stride, rotary, 10000.0, false);
+    return weighted_sum(rotated, weights);
+  };
+  std::vector<float> dx = weights;  // the gradient is the inverse rotation of the output's gradient
+  ref::rope_apply(dx.data(), batch, seq, heads, head_dim, stride, rotary, 10000.0, true);
+  check_gradient(x, dx, loss, "dx");
+}
+
+TEST_CASE("embedding values and accumulated gradients by hand", "[kernels]") {
+  // Vocabulary 3, hidden 2, batch 2 of seq 2: tokens (2, 0 | 2, 2).
+  const std::vector<int64_t> tokens = {2, 0, 2, 2};
+  const std::vector<float> word = {1, 2, 3, 4, 5, 6}, position = {10, 20, 30, 40};
+  std::vector<float> y(8);
+  ref::embedding_forward(tokens.data(), 4, 2, word.data(), position.data(), 2, y.data());
+  CHECK(y == std::vector<float>{15, 26, 31, 42, 15, 26, 35, 46});
+  ref::embedding_forward(tokens.data(), 4, 2, word.data(), nullptr, 2, y.data());
+  CHECK(y == std::vector<float>{5, 6, 1, 2, 5, 6, 5, 6});
+
+  const std::vector<float> dy = {1, 2, 3, 4, 5, 6, 7, 8};
+  std::vector<float> dword = {100, 100, 100, 100, 100, 100}, dposition = {1, 1, 1, 1};
+  ref::embedding_backward(dy.data(), tokens.data(), 4, 2, 2, dword.data(), dposition.data());
+  CHECK(dword == std::vector<float>{103, 104, 100, 100, 113, 116});  // row 1 unused; row 2 gets tokens 0, 2, 3
+  CHECK(dposition == std::vector<float>{7, 9, 11, 13});
+  ref::embedding_backward(dy.data(), tokens.data(), 4, 2, 2, dword.data(), nullptr);  // no position table
+  CHECK(dword == std::vector<float>{106, 108, 100, 100, 126, 132});
+}

@@ -1,0 +1,371 @@
+// The bf16 row and element-wise CUDA kernels (norms, embedding, GELU/SwiGLU/RoPE, residual adds,
+// casts) against the CPU references run on the same bf16-rounded inputs: fresh random inputs,
+// poisoned outputs, odd shapes (rows 1 and 37, columns not a multiple of 8), fp32 weight
+// gradients accumulated onto non-zero starting values, and backward passes run twice to check
+// that they give the same bits.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <tuple>
+#include <vector>
+
+#include "core/error.h"
+#include "executor/kernels/cuda/bf16_linear.h"
+#include "executor/kernels/cuda/elementwise.h"
+#include "executor/kernels/cuda/embedding.h"
+#include "executor/kernels/cuda/norms.h"
+#include "executor/kernels/reference/embedding.h"
+#include "executor/kernels/reference/gelu.h"
+#include "executor/kernels/reference/layernorm.h"
+#include "executor/kernels/reference/rmsnorm.h"
+#include "executor/kernels/reference/rope.h"
+#include "executor/kernels/reference/swiglu.h"
+
+namespace cu = megaplan::exec::cuda;
+namespace ref = megaplan::exec::reference;
+
+namespace {
+
+constexpr float kPoison = 1e30f;
+constexpr float kEps = 1e-5f;
+
+std::vector<float> bf16_values(std::size_t n, std::mt19937& generator, float mean = 0.0f, float scale = 1.0f) {
+  std::normal_distribution<float> normal(mean, scale);
+  std::vector<float> values(n);
+  for (float& value : values) value = cu::from_bf16(cu::to_bf16(normal(generator)));
+  return values;
+}
+
+std::vector<float> float_values(std::size_t n, std::mt19937& generator) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> values(n);
+  for (float& value : values) value = normal(generator);
+  return values;
+}
+
+std::vector<float> rounded(std::vector<float> values) {
+  for (float& value : values) value = cu::from_bf16(cu::to_bf16(value));
+  return values;
+}
+
+// ||got - want|| / ||want||; infinite where anything is not finite (poison left unwritten, NaN).
+double relative_error(const std::vector<float>& got, const std::vector<float>& want) {
+  REQUIRE(got.size() == want.size());
+  double difference = 0, norm = 0;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    if (!std::isfinite(got[i]) || std::abs(got[i]) >= kPoison / 2) return INFINITY;
+    const double d = static_cast<double>(got[i]) - want[i];
+    difference += d * d;
+    norm += static_cast<double>(want[i]) * want[i];
+  }
+  return std::sqrt(difference / norm);
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// Device buffers freed at scope exit.
+class Buffers {
+ public:
+  ~Buffers() {
+    for (void* p : owned_) cu::free_device(p);
+  }
+  cu::Bf16* bf16(const std::vector<float>& host) { return keep(cu::upload_bf16(host)); }
+  cu::Bf16* bf16_poisoned(std::size_t n) { return bf16(std::vector<float>(n, kPoison)); }
+  float* floats(const std::vector<float>& host) { return keep(cu::upload_floats(host)); }
+  float* floats_poisoned(std::size_t n) { return floats(std::vector<float>(n, kPoison)); }
+  int32_t* ints(const std::vector<int32_t>& host) {
+    std::vector<float> bits(host.size());
+    std::memcpy(bits.data(), host.data(), host.size() * sizeof(int32_t));
+    return reinterpret_cast<int32_t*>(floats(bits));  // upload_floats copies bytes: the same 4 per value
+  }
+  void* bytes(std::size_t n) { return floats(std::vector<float>((n + 3) / 4 + 1, 0.0f)); }
+
+ private:
+  template <typename T>
+  T* keep(T* p) {
+    owned_.push_back(p);
+    return p;
+  }
+  std::vector<void*> owned_;
+};
+
+std::vector<float> add_rounded(const std::vector<float>& a, const std::vector<float>& b) {
+  std::vector<float> sum(a.size());
+  for (std::size_t i = 0; i < a.size(); ++i) sum[i] = cu::from_bf16(cu::to_bf16(a[i] + b[i]));
+  return sum;
+}
+
+const std::vector<std::pair<int64_t, int64_t>> kNormShapes = {{37, 200}, {1, 1000}, {64, 1024}, {37, 999},
+                                                              {300, 2048}, {5, 12288}, {2, 32768}};
+
+}  // namespace
+
+TEST_CASE("bf16 layernorm forward and backward, with and without the fused residual", "[gpu][kernels]") {
+  std::mt19937 generator(101);
+  for (auto [rows, cols] : kNormShapes) {
+    for (bool fused : {false, true}) {
+      INFO("rows " << rows << ", cols " << cols << (fused ? ", residual fused" : ""));
+      const auto r = static_cast<std::size_t>(rows), c = static_cast<std::size_t>(cols), n = r * c;
+      Buffers device;
+      const std::vector<float> x = bf16_values(n, generator, 0.5f, 2.0f), residual = bf16_values(n, generator);
+      const std::vector<float> gamma = bf16_values(c, generator, 1.0f, 0.5f), beta = bf16_values(c, generator);
+      const std::vector<float> input = fused ? add_rounded(x, residual) : x;
+      std::vector<float> want_y(n), want_mean(r), want_rstd(r);
+      ref::layernorm_forward(input.data(), gamma.data(), beta.data(), r, c, kEps, want_y.data(), want_mean.data(),
+                             want_rstd.data());
+      cu::Bf16* d_x = device.bf16(x);
+      cu::Bf16* d_sum = fused ? device.bf16_poisoned(n) : nullptr;
+      cu::Bf16* d_y = device.bf16_poisoned(n);
+      float* d_mean = device.floats_poisoned(r);
+      float* d_rstd = device.floats_poisoned(r);
+      cu::layernorm_forward(d_x, fused ? device.bf16(residual) : nullptr, d_sum, device.bf16(gamma),
+                            device.bf16(beta), rows, cols, kEps, d_y, d_mean, d_rstd);
+      if (fused) CHECK(same_bits(cu::download_bf16(d_sum, n), input));
+      CHECK(relative_error(cu::download_bf16(d_y, n), want_y) < 1e-2);
+      // fp32 statistics of the same (rounded) values: far tighter than the bf16 outputs.
+      CHECK(relative_error(cu::download_floats(d_mean, r), want_mean) < 1e-5);
+      CHECK(relative_error(cu::download_floats(d_rstd, r), want_rstd) < 1e-5);
+
+      const std::vector<float> dy = bf16_values(n, generator), around = bf16_values(n, generator);
+      const std::vector<float> dgamma_start = float_values(c, generator), dbeta_start = float_values(c, generator);
+      std::vector<float> want_dx(n), want_dgamma = dgamma_start, want_dbeta = dbeta_start;
+      ref::layernorm_backward(dy.data(), input.data(), gamma.data(), want_mean.data(), want_rstd.data(), r, c,
+                              want_dx.data(), want_dgamma.data(), want_dbeta.data());
+      if (fused) {
+        for (std::size_t i = 0; i < n; ++i) want_dx[i] += around[i];
+      }
+      cu::Bf16* d_input = fused ? d_sum : d_x;
+      cu::Bf16* d_dy = device.bf16(dy);
+      cu::Bf16* d_around = fused ? device.bf16(around) : nullptr;
+      void* workspace = device.bytes(cu::norm_backward_workspace_bytes(rows, cols));
+      std::vector<float> first_dx, first_dgamma, first_dbeta;
+      for (int run = 0; run < 2; ++run) {
+        cu::Bf16* d_dx = device.bf16_poisoned(n);
+        float* d_dgamma = device.floats(dgamma_start);
+        float* d_dbeta = device.floats(dbeta_start);
+        cu::layernorm_backward(d_dy, d_input, device.bf16(gamma), d_mean, d_rstd, rows, cols, d_around, d_dx,
+                               d_dgamma, d_dbeta, workspace);
+        const std::vector<float> dx = cu::download_bf16(d_dx, n), dgamma = cu::download_floats(d_dgamma, c),
+                                 dbeta = cu::download_floats(d_dbeta, c);
+        if (run == 0) {
+          CHECK(relative_error(dx, want_dx) < 1e-2);
+          CHECK(relative_error(dgamma, want_dgamma) < 1e-3);
+          CHECK(relative_error(dbeta, want_dbeta) < 1e-3);
+          first_dx = dx, first_dgamma = dgamma, first_dbeta = dbeta;
+        } else {
+          CHECK(same_bits(dx, first_dx));
+          CHECK(same_bits(dgamma, first_dgamma));
+          CHECK(same_bits(dbeta, first_dbeta));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("bf16 RMSNorm forward and backward, with and without the fused residual", "[gpu][kernels]") {
+  std::mt19937 generator(103);
+  for (auto [rows, cols] : kNormShapes) {
+    for (bool fused : {false, true}) {
+      INFO("rows " << rows << ", cols " << cols << (fused ? ", residual fused" : ""));
+      const auto r = static_cast<std::size_t>(rows), c = static_cast<std::size_t>(cols), n = r * c;
+      Buffers device;
+      const std::vector<float> x = bf16_values(n, generator, 0.5f, 2.0f), residual = bf16_values(n, generator);
+      const std::vector<float> gamma = bf16_values(c, generator, 1.0f, 0.5f);
+      const std::vector<float> input = fused ? add_rounded(x, residual) : x;
+      std::vector<float> want_y(n), want_rstd(r);
+      ref::rmsnorm_forward(input.data(), gamma.data(), r, c, kEps, want_y.data(), want_rstd.data());
+      cu::Bf16* d_x = device.bf16(x);
+      cu::Bf16* d_sum = fused ? device.bf16_poisoned(n) : nullptr;
+      cu::Bf16* d_y = device.bf16_poisoned(n);
+      float* d_rstd = device.floats_poisoned(r);
+      cu::rmsnorm_forward(d_x, fused ? device.bf16(residual) : nullptr, d_sum, device.bf16(gamma), rows, cols, kEps,
+                          d_y, d_rstd);
+      if (fused) CHECK(same_bits(cu::download_bf16(d_sum, n), input));
+      CHECK(relative_error(cu::download_bf16(d_y, n), want_y) < 1e-2);
+      CHECK(relative_error(cu::download_floats(d_rstd, r), want_rstd) < 1e-5);
+
+      const std::vector<float> dy = bf16_values(n, generator), around = bf16_values(n, generator);
+      const std::vector<float> dgamma_start = float_values(c, generator);
+      std::vector<float> want_dx(n), want_dgamma = dgamma_start;
+      ref::rmsnorm_backward(dy.data(), input.data(), gamma.data(), want_rstd.data(), r, c, want_dx.data(),
+                            want_dgamma.data());
+      if (fused) {
+        for (std::size_t i = 0; i < n; ++i) want_dx[i] += around[i];
+      }
+      cu::Bf16* d_input = fused ? d_sum : d_x;
+      cu::Bf16* d_dy = device.bf16(dy);
+      cu::Bf16* d_around = fused ? device.bf16(around) : nullptr;
+      void* workspace = device.bytes(cu::norm_backward_workspace_bytes(rows, cols));
+      std::vector<float> first_dx, first_dgamma;
+      for (int run = 0; run < 2; ++run) {
+        // The second run writes dx over the residual gradient it adds (in place, as the trainer may).
+        cu::Bf16* d_dx = run == 1 && fused ? device.bf16(around) : device.bf16_poisoned(n);
+        float* d_dgamma = device.floats(dgamma_start);
+        cu::rmsnorm_backward(d_dy, d_input, device.bf16(gamma), d_rstd, rows, cols, run == 1 && fused ? d_dx : d_around,
+                             d_dx, d_dgamma, workspace);
+        const std::vector<float> dx = cu::download_bf16(d_dx, n), dgamma = cu::download_floats(d_dgamma, c);
+        if (run == 0) {
+          CHECK(relative_error(dx, want_dx) < 1e-2);
+          CHECK(relative_error(dgamma, want_dgamma) < 1e-3);
+          first_dx = dx, first_dgamma = dgamma;
+        } else {
+          CHECK(same_bits(dx, first_dx));
+          CHECK(same_bits(dgamma, first_dgamma));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("norms reject rows wider than they hold in registers", "[gpu][kernels]") {
+  CHECK_THROWS_AS(cu::layernorm_forward(nullptr, nullptr, nullptr, nullptr, nullptr, 4, 40000, kEps, nullptr,
+                                        nullptr, nullptr),
+                  megaplan::SpecError);
+}
+
+TEST_CASE("bf16 embeddings: forward, and the deterministic backward into fp32 tables", "[gpu][kernels]") {
+  std::mt19937 generator(107);
+  for (auto [batch, seq, hidden, vocab] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{4, 37, 200, 50},
+                                          {2, 64, 1024, 300}, {3, 5, 77, 7}, {1, 1, 8, 3}}) {
+    for (bool with_position : {true, false}) {
+      INFO("batch " << batch << ", seq " << seq << ", hidden " << hidden << ", vocab " << vocab
+                    << (with_position ? ", learned positions" : ""));
+      const int64_t count = batch * seq;
+      const auto n = static_cast<std::size_t>(count), h = static_cast<std::size_t>(hidden),
+                 s = static_cast<std::size_t>(seq), v = static_cast<std::size_t>(vocab);
+      Buffers device;
+      std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(vocab - 1));
+      std::vector<int32_t> tokens(n);
+      for (int32_t& token : tokens) token = pick(generator);
+      tokens[0] = tokens[n - 1];  // at least one repeat
+      const std::vector<int64_t> tokens64(tokens.begin(), tokens.end());
+      const std::vector<float> word = bf16_values(v * h, generator), position = bf16_values(s * h, generator);
+      std::vector<float> want_y(n * h);
+      ref::embedding_forward(tokens64.data(), n, s, word.data(), with_position ? position.data() : nullptr, h,
+                             want_y.data());
+      cu::Bf16* d_y = device.bf16_poisoned(n * h);
+      cu::embedding_forward(device.ints(tokens), count, seq, device.bf16(word),
+                            with_position ? device.bf16(position) : nullptr, hidden, d_y);
+      CHECK(relative_error(cu::download_bf16(d_y, n * h), want_y) < 1e-2);
+
+      const std::vector<float> dy = bf16_values(n * h, generator);
+      const std::vector<float> dword_start = float_values(v * h, generator), dposition_start = float_values(s * h, generator);
+      std::vector<float> want_dword = dword_start, want_dposition = dposition_start;
+      ref::embedding_backward(dy.data(), tokens64.data(), n, s, h, want_dword.data(),
+                              with_position ? want_dposition.data() : nullptr);
+      const cu::TokenRows rows = cu::build_token_rows(tokens.data(), count);
+      REQUIRE(rows.row_starts.size() == rows.row_ids.size() + 1);
+      CHECK(rows.positions.size() == n);
+      cu::Bf16* d_dy = device.bf16(dy);
+      int32_t* row_ids = device.ints(rows.row_ids);
+      int32_t* row_starts = device.ints(rows.row_starts);
+      int32_t* positions = device.ints(rows.positions);
+      std::vector<float> first_dword, first_dposition;
+      for (int run = 0; run < 2; ++run) {
+        float* d_dword = device.floats(dword_start);
+        float* d_dposition = with_position ? device.floats(dposition_start) : nullptr;
+        cu::embedding_backward(d_dy, row_ids, row_starts, positions, static_cast<int64_t>(rows.row_ids.size()), count,
+                               seq, hidden, d_dword, d_dposition);
+        const std::vector<float> dword = cu::download_floats(d_dword, v * h);
+        const std::vector<float> dposition =
+            with_position ? cu::download_floats(d_dposition, s * h) : std::vector<float>();
+        if (run == 0) {
+          CHECK(relative_error(dword, want_dword) < 1e-5);
+          if (with_position) CHECK(relative_error(dposition, want_dposition) < 1e-5);
+          first_dword = dword, first_dposition = dposition;
+        } else {
+          CHECK(same_bits(dword, first_dword));
+          CHECK(same_bits(dposition, first_dposition));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("bf16 element-wise kernels: add, GELU's gradient, casts", "[gpu][kernels]") {
+  std::mt19937 generator(109);
+  for (int64_t count : {int64_t{1}, int64_t{1001}, int64_t{65536}, int64_t{100003}}) {
+    INFO("n " << count);
+    const auto n = static_cast<std::size_t>(count);
+    Buffers device;
+    const std::vector<float> a = bf16_values(n, generator), b = bf16_values(n, generator);
+    cu::Bf16* d_a = device.bf16(a);
+    cu::Bf16* d_y = device.bf16_poisoned(n);
+    cu::add(d_a, device.bf16(b), count, d_y);
+    CHECK(same_bits(cu::download_bf16(d_y, n), add_rounded(a, b)));
+    cu::add(d_a, d_a, count, d_a);  // in place
+    CHECK(same_bits(cu::download_bf16(d_a, n), add_rounded(a, a)));
+
+    const std::vector<float> dy = bf16_values(n, generator), pre = bf16_values(n, generator, 0.0f, 2.0f);
+    std::vector<float> want_dx(n);
+    ref::gelu_backward(dy.data(), pre.data(), n, want_dx.data());
+    cu::Bf16* d_dx = device.bf16_poisoned(n);
+    cu::gelu_backward(device.bf16(dy), device.bf16(pre), count, d_dx);
+    CHECK(relative_error(cu::download_bf16(d_dx, n), want_dx) < 1e-2);
+
+    const std::vector<float> values = float_values(n, generator);
+    cu::Bf16* d_rounded = device.bf16_poisoned(n);
+    cu::cast_to_bf16(device.floats(values), count, d_rounded);
+    CHECK(same_bits(cu::download_bf16(d_rounded, n), rounded(values)));  // the host's round-to-nearest-even
+    float* d_widened = device.floats_poisoned(n);
+    cu::cast_to_float(d_rounded, count, d_widened);
+    CHECK(same_bits(cu::download_floats(d_widened, n), rounded(values)));
+  }
+}
+
+TEST_CASE("bf16 SwiGLU forward and backward", "[gpu][kernels]") {
+  std::mt19937 generator(113);
+  for (auto [rows, width] : {std::pair<int64_t, int64_t>{37, 200}, {1, 1000}, {64, 1024}, {5, 77}}) {
+    INFO("rows " << rows << ", width " << width);
+    const auto r = static_cast<std::size_t>(rows), w = static_cast<std::size_t>(width);
+    Buffers device;
+    const std::vector<float> x = bf16_values(r * 2 * w, generator, 0.0f, 2.0f), dy = bf16_values(r * w, generator);
+    std::vector<float> want_y(r * w), want_dx(r * 2 * w);
+    ref::swiglu_forward(x.data(), r, w, want_y.data());
+    ref::swiglu_backward(dy.data(), x.data(), r, w, want_dx.data());
+    cu::Bf16* d_x = device.bf16(x);
+    cu::Bf16* d_y = device.bf16_poisoned(r * w);
+    cu::Bf16* d_dx = device.bf16_poisoned(r * 2 * w);
+    cu::swiglu_forward(d_x, rows, width, d_y);
+    cu::swiglu_backward(device.bf16(dy), d_x, rows, width, d_dx);
+    CHECK(relative_error(cu::download_bf16(d_y, r * w), want_y) < 1e-2);
+    CHECK(relative_error(cu::download_bf16(d_dx, r * 2 * w), want_dx) < 1e-2);
+  }
+}
+
+TEST_CASE("bf16 rotary embeddings in place, and their inverse", "[gpu][kernels]") {
+  std::mt19937 generator(127);
+  // batch, seq, heads, head_dim, token_stride, rotary_dim: the last is a fused QKV row whose first
+  // `heads` heads (the queries) rotate; the third rotates half of each head; the fourth is unaligned.
+  for (auto [batch, seq, heads, head_dim, token_stride, rotary_dim] :
+       {std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>{2, 37, 4, 64, 256, 64},
+        {1, 300, 2, 128, 768, 128},
+        {3, 16, 3, 64, 192, 32},
+        {2, 9, 3, 20, 61, 12}}) {
+    INFO("batch " << batch << ", seq " << seq << ", heads " << heads << ", head_dim " << head_dim << ", stride "
+                  << token_stride << ", rotary_dim " << rotary_dim);
+    const auto n = static_cast<std::size_t>(batch * seq * token_stride);
+    Buffers device;
+    const std::vector<float> x = bf16_values(n, generator);
+    std::vector<float> want = x;
+    ref::rope_apply(want.data(), batch, seq, heads, head_dim, token_stride, rotary_dim, 10000.0, false);
+    cu::Bf16* d_x = device.bf16(x);
+    cu::rope_apply(d_x, batch, seq, heads, head_dim, token_stride, rotary_dim, 10000.0f, false);
+    const std::vector<float> got = cu::download_bf16(d_x, n);
+    CHECK(relative_error(got, want) < 1e-2);
+    // Values outside the rotated heads and dims are untouched, bit for bit.
+    bool untouched = true;
+    for (std::size_t i = 0; i < n; ++i) {
+      const auto within_token = static_cast<int64_t>(i) % token_stride;
+      const bool rotated = within_token < heads * head_dim && within_token % head_dim < rotary_dim;
+      if (!rotated && got[i] != x[i]) untouched = false;
+    }
+    CHECK(untouched);
+    cu::rope_apply(d_x, batch, seq, heads, head_dim, token_stride, rotary_dim, 10000.0f, true);
+    CHECK(relative_error(cu::download_bf16(d_x, n), x) < 1e-2);
+  }
+}
