@@ -25,13 +25,13 @@ int64_t GptModel::predicted_bytes(const ModelSpec& model, int64_t micro_batch_si
   const int64_t parameters = v * h + s * h + L * (4 * h * h + 2 * f * h + 9 * h + f) + 2 * h;
   const int64_t copy_bytes = act == static_cast<int64_t>(sizeof(float)) ? 0 : act;  // fp32 compute aliases
   const int64_t weights = parameters * (4 * static_cast<int64_t>(sizeof(float)) + copy_bytes);
-  const int64_t scratch = act * tokens * (7 * h + f);
+  const int64_t scratch = act * tokens * (8 * h + f);
   const auto attention_saved = static_cast<int64_t>(backend.attention_saved_size(
       static_cast<std::size_t>(micro_batch_size), static_cast<std::size_t>(s), static_cast<std::size_t>(heads),
       static_cast<std::size_t>(h / heads)));
   const auto loss_saved =
       static_cast<int64_t>(backend.cross_entropy_saved_size(static_cast<std::size_t>(tokens), static_cast<std::size_t>(v)));
-  const int64_t activations = act * (L * tokens * (8 * h + 2 * f) + tokens * (2 * h + v)) +
+  const int64_t activations = act * (L * tokens * (6 * h + 2 * f) + tokens * (2 * h + v)) +
                               static_cast<int64_t>(sizeof(float)) * (L * (4 * tokens + attention_saved) + 2 * tokens + loss_saved);
   return weights + scratch + activations;
 }
@@ -126,6 +126,7 @@ GptModel::GptModel(const ModelSpec& model, int64_t micro_batch_size, Backend& ba
 
   const auto tokens = static_cast<std::size_t>(batch_ * seq_);
   const auto hs = static_cast<std::size_t>(hidden_);
+  norm_out_ = backend_.allocate_activation(tokens * hs);
   branch_out_ = backend_.allocate_activation(tokens * hs);
   d_hidden_ = backend_.allocate_activation(tokens * hs);
   d_residual_[0] = backend_.allocate_activation(tokens * hs);
@@ -143,7 +144,7 @@ GptModel::~GptModel() {
       backend_.release(buffer);
     }
   }
-  for (Activation buffer : {branch_out_, d_hidden_, d_residual_[0], d_residual_[1], d_qkv_, d_ffn_}) {
+  for (Activation buffer : {norm_out_, branch_out_, d_hidden_, d_residual_[0], d_residual_[1], d_qkv_, d_ffn_}) {
     backend_.release(buffer);
   }
 }
@@ -177,11 +178,9 @@ GptModel::Activations GptModel::allocate_activations() {
   for (int64_t l = 0; l < layers_count_; ++l) {
     LayerActivations layer{};
     layer.input = act(tokens * h);
-    layer.ln1 = act(tokens * h);
     layer.qkv = act(tokens * 3 * h);
     layer.attention = act(tokens * h);
     layer.middle = act(tokens * h);
-    layer.ln2 = act(tokens * h);
     layer.fc1 = act(tokens * f);
     layer.gelu = act(tokens * f);
     layer.ln1_mean = stats();
@@ -204,7 +203,7 @@ GptModel::Activations GptModel::allocate_activations() {
 
 void GptModel::release_activations(Activations& a) {
   for (LayerActivations& l : a.layers) {
-    for (Activation buffer : {l.input, l.ln1, l.qkv, l.attention, l.middle, l.ln2, l.fc1, l.gelu}) {
+    for (Activation buffer : {l.input, l.qkv, l.attention, l.middle, l.fc1, l.gelu}) {
       backend_.release(buffer);
     }
     for (float* buffer : {l.ln1_mean, l.ln1_rstd, l.attention_saved, l.ln2_mean, l.ln2_rstd}) backend_.release(buffer);
@@ -252,19 +251,19 @@ double GptModel::run_forward(Activations& a, const std::vector<int64_t>& tokens,
     LayerActivations& act = a.layers[l];
     if (pending) {
       backend_.layernorm_forward(stream, pending, act.input, w.ln1_gamma->compute, w.ln1_beta->compute, count, h,
-                                 act.ln1, act.ln1_mean, act.ln1_rstd);
+                                 norm_out_, act.ln1_mean, act.ln1_rstd);
     } else {
       backend_.layernorm_forward(act.input, nullptr, nullptr, w.ln1_gamma->compute, w.ln1_beta->compute, count, h,
-                                 act.ln1, act.ln1_mean, act.ln1_rstd);
+                                 norm_out_, act.ln1_mean, act.ln1_rstd);
     }
-    backend_.linear_forward(act.ln1, w.qkv_weight->compute, w.qkv_bias->compute, count, h, 3 * h,
+    backend_.linear_forward(norm_out_, w.qkv_weight->compute, w.qkv_bias->compute, count, h, 3 * h,
                             LinearEpilogue::kBias, act.qkv, nullptr);
     backend_.attention_forward(act.qkv, batch, seq, heads, h / heads, act.attention, act.attention_saved);
     backend_.linear_forward(act.attention, w.proj_weight->compute, w.proj_bias->compute, count, h, h,
                             LinearEpilogue::kBias, branch_out_, nullptr);
     backend_.layernorm_forward(act.input, branch_out_, act.middle, w.ln2_gamma->compute, w.ln2_beta->compute, count, h,
-                               act.ln2, act.ln2_mean, act.ln2_rstd);
-    backend_.linear_forward(act.ln2, w.fc1_weight->compute, w.fc1_bias->compute, count, h, f,
+                               norm_out_, act.ln2_mean, act.ln2_rstd);
+    backend_.linear_forward(norm_out_, w.fc1_weight->compute, w.fc1_bias->compute, count, h, f,
                             LinearEpilogue::kBiasGelu, act.gelu, act.fc1);
     backend_.linear_forward(act.gelu, w.fc2_weight->compute, w.fc2_bias->compute, count, f, h, LinearEpilogue::kBias,
                             branch_out_, nullptr);
@@ -322,7 +321,9 @@ void GptModel::backward(int64_t microbatch, float loss_scale) {
     // the same GEMM.
     backend_.linear_gelu_backward(d_out, act.gelu, w.fc2_weight->compute, count, f, h, act.fc1, d_ffn_,
                                   w.fc2_weight->gradient, w.fc2_bias->gradient);
-    backend_.linear_backward(d_ffn_, act.ln2, w.fc1_weight->compute, count, h, f, d_hidden_, w.fc1_weight->gradient,
+    backend_.layernorm_forward(act.middle, nullptr, nullptr, w.ln2_gamma->compute, w.ln2_beta->compute, count, h,
+                               norm_out_, act.ln2_mean, act.ln2_rstd);  // recomputed, not kept
+    backend_.linear_backward(d_ffn_, norm_out_, w.fc1_weight->compute, count, h, f, d_hidden_, w.fc1_weight->gradient,
                              w.fc1_bias->gradient);
     backend_.layernorm_backward(d_hidden_, act.middle, w.ln2_gamma->compute, act.ln2_mean, act.ln2_rstd, count, h,
                                 d_out, d_middle, w.ln2_gamma->gradient, w.ln2_beta->gradient);
@@ -331,7 +332,9 @@ void GptModel::backward(int64_t microbatch, float loss_scale) {
                              w.proj_weight->gradient, w.proj_bias->gradient);
     backend_.attention_backward(d_hidden_, act.qkv, act.attention, act.attention_saved, batch, seq, heads, h / heads,
                                 d_qkv_);
-    backend_.linear_backward(d_qkv_, act.ln1, w.qkv_weight->compute, count, h, 3 * h, d_hidden_,
+    backend_.layernorm_forward(act.input, nullptr, nullptr, w.ln1_gamma->compute, w.ln1_beta->compute, count, h,
+                               norm_out_, act.ln1_mean, act.ln1_rstd);  // recomputed, not kept
+    backend_.linear_backward(d_qkv_, norm_out_, w.qkv_weight->compute, count, h, 3 * h, d_hidden_,
                              w.qkv_weight->gradient, w.qkv_bias->gradient);
     // The input's gradient goes to d_out's buffer: it is the previous layer's output gradient.
     backend_.layernorm_backward(d_hidden_, act.input, w.ln1_gamma->compute, act.ln1_mean, act.ln1_rstd, count, h,

@@ -74,9 +74,11 @@ class GptModel {
     Parameter* fc1_weight; Parameter* fc1_bias; Parameter* fc2_weight; Parameter* fc2_bias;
   };
   // What the backward reads. The residual stream's sums (input, middle, output) are written by the
-  // norms that follow them, which fuse the residual adds.
+  // norms that follow them, which fuse the residual adds. The norms' outputs are not kept: the
+  // backward recomputes them from the stream (one pass over tokens x hidden, against keeping
+  // two such buffers per layer).
   struct LayerActivations {
-    Activation input, ln1, qkv, attention, middle, ln2, fc1, gelu;
+    Activation input, qkv, attention, middle, fc1, gelu;
     float *ln1_mean, *ln1_rstd, *attention_saved, *ln2_mean, *ln2_rstd;
   };
   struct Activations {
@@ -101,9 +103,10 @@ class GptModel {
   std::vector<Layer> layers_;
   std::map<int64_t, Activations> in_flight_;  // by microbatch, from F until B
   std::vector<Activations> spare_;            // released activations, reused
-  // Forward scratch (a branch's output until the next norm adds it to the residual stream) and
-  // backward scratch (d_residual_ ping-pongs between two buffers): one set, as F and B each run whole.
-  Activation branch_out_, d_hidden_, d_residual_[2], d_qkv_, d_ffn_;
+  // Scratch, one set, as F and B each run whole: a norm's output until the linear layer after it
+  // reads it; a branch's output until the next norm adds it to the residual stream; the backward's
+  // gradients (d_residual_ ping-pongs between two buffers).
+  Activation norm_out_, branch_out_, d_hidden_, d_residual_[2], d_qkv_, d_ffn_;
 };
 
 }  // namespace megaplan::exec
