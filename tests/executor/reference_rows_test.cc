@@ -12,43 +12,13 @@
 #include "executor/kernels/reference/rmsnorm.h"
 #include "executor/kernels/reference/rope.h"
 #include "executor/kernels/reference/swiglu.h"
+#include "gradient_check.h"
 
 namespace ref = megaplan::exec::reference;
 
-namespace {
-
-std::vector<float> random_vector(std::size_t n, std::mt19937& generator, float scale = 1.0f) {
-  std::normal_distribution<float> normal(0.0f, scale);
-  std::vector<float> values(n);
-  for (float& value : values) value = normal(generator);
-  return values;
-}
-
-// Checks `analytic` against d loss / d values[i] by central differences, on a sample of entries.
-void check_gradient(std::vector<float>& values, const std::vector<float>& analytic, const std::function<double()>& loss,
-                    const char* what) {
-  REQUIRE(values.size() == analytic.size());
-  const float step = 1e-2f;
-  for (std::size_t i = 0; i < values.size(); i += 1 + values.size() / 23) {
-    const float saved = values[i];
-    values[i] = saved + step;
-    const double up = loss();
-    values[i] = saved - step;
-    const double down = loss();
-    values[i] = saved;
-    const double numeric = (up - down) / (2.0 * step);
-    INFO(what << "[" << i << "]: analytic " << analytic[i] << ", numeric " << numeric);
-    CHECK(std::abs(analytic[i] - numeric) <= 2e-2 + 2e-2 * std::abs(numeric));
-  }
-}
-
-double weighted_sum(const std::vector<float>& values, const std::vector<float>& weights) {
-  double sum = 0;
-  for (std::size_t i = 0; i < values.size(); ++i) sum += static_cast<double>(values[i]) * weights[i];
-  return sum;
-}
-
-}  // namespace
+using megaplan::test::check_gradient;
+using megaplan::test::random_vector;
+using megaplan::test::weighted_sum;
 
 TEST_CASE("RMSNorm's backward is its forward's gradient", "[kernels]") {
   std::mt19937 generator(17);

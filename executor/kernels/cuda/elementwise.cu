@@ -15,43 +15,9 @@ using namespace detail;
 
 constexpr int kThreads = 256;
 
-// --- 8-value vectors; values at or past `end` read as 0 and are not written.
-
-template <bool kAligned>
-__device__ __forceinline__ void load8(const Bf16* p, int64_t start, int64_t end, float (&v)[8]) {
-  if (kAligned && start + 8 <= end) {
-    const uint4 raw = *reinterpret_cast<const uint4*>(p + start);
-    const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {  // bf16 is the top half of an fp32
-      v[2 * k] = __uint_as_float(words[k] << 16);
-      v[2 * k + 1] = __uint_as_float(words[k] & 0xffff0000u);
-    }
-    return;
-  }
-#pragma unroll
-  for (int e = 0; e < 8; ++e) v[e] = start + e < end ? load(p, start + e) : 0.0f;
-}
-
-template <bool kAligned>
-__device__ __forceinline__ void store8(Bf16* p, int64_t start, int64_t end, const float (&v)[8]) {
-  uint16_t bits[8];
-#pragma unroll
-  for (int e = 0; e < 8; ++e) bits[e] = __bfloat16_as_ushort(__float2bfloat16_rn(v[e]));
-  if (kAligned && start + 8 <= end) {
-    uint4 raw;
-    raw.x = bits[0] | (uint32_t{bits[1]} << 16);
-    raw.y = bits[2] | (uint32_t{bits[3]} << 16);
-    raw.z = bits[4] | (uint32_t{bits[5]} << 16);
-    raw.w = bits[6] | (uint32_t{bits[7]} << 16);
-    *reinterpret_cast<uint4*>(p + start) = raw;
-    return;
-  }
-#pragma unroll
-  for (int e = 0; e < 8; ++e) {
-    if (start + e < end) p[start + e] = bits[e];
-  }
-}
+// --- 8-value vectors: fp32 overloads here, the bf16 ones in device_common.cuh.
+using detail::load8;
+using detail::store8;
 
 template <bool kAligned>
 __device__ __forceinline__ void load8(const float* p, int64_t start, int64_t end, float (&v)[8]) {
