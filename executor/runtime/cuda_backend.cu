@@ -17,6 +17,7 @@
 #include "executor/kernels/cuda/adamw.h"
 #include "executor/kernels/cuda/bf16_linear.h"
 #include "executor/kernels/cuda/cross_entropy.h"
+#include "executor/kernels/cuda/device_common.cuh"
 #include "executor/kernels/cuda/elementwise.h"
 #include "executor/kernels/cuda/embedding.h"
 #include "executor/kernels/cuda/flash_attention.h"
@@ -30,10 +31,6 @@ namespace {
 using cuda::Bf16;
 
 constexpr float kLayerNormEps = 1e-5f;
-
-void check(cudaError_t status, const char* what) {
-  if (status != cudaSuccess) throw SpecError("--device", std::string(what) + ": " + cudaGetErrorString(status));
-}
 
 Bf16* bf(Activation a) { return reinterpret_cast<Bf16*>(a); }
 const Bf16* bf(ConstActivation a) { return reinterpret_cast<const Bf16*>(a); }
@@ -51,7 +48,9 @@ __global__ void fill_kernel(float* x, int64_t n, float value) {
   if (i < n) x[i] = value;
 }
 
-unsigned blocks_for(int64_t n) { return static_cast<unsigned>((n + 255) / 256); }
+using cuda::detail::blocks_for;
+using cuda::detail::check;
+using cuda::detail::check_launch;
 
 // A device buffer that grows on demand (scratch whose size depends on the call).
 template <typename T>
@@ -122,8 +121,8 @@ class CudaBackend final : public Backend {
       check(cudaMemsetAsync(x, 0, n * sizeof(float)), "cudaMemsetAsync");
       return;
     }
-    fill_kernel<<<blocks_for(i64(n)), 256>>>(x, i64(n), value);
-    check(cudaGetLastError(), "fill");
+    fill_kernel<<<blocks_for(i64(n), 256), 256>>>(x, i64(n), value);
+    check_launch("fill");
   }
 
   void linear_forward(ConstActivation x, ConstActivation w, ConstActivation b, std::size_t m, std::size_t k,
@@ -144,18 +143,7 @@ class CudaBackend final : public Backend {
   void linear_gelu_backward(ConstActivation dy, ConstActivation gelu_out, ConstActivation w, std::size_t m,
                             std::size_t k, std::size_t n, ConstActivation pre_activation, Activation d_pre, float* dw,
                             float* db) override {
-    if (!dgelu_unavailable_) {
-      try {
-        linear_.backward_data_through_gelu(bf(dy), bf(w), i64(m), i64(k), i64(n), bf(pre_activation), bf(d_pre));
-      } catch (const SpecError&) {
-        dgelu_unavailable_ = true;  // this cuBLASLt has no DGELU kernel here: a separate pass instead
-      }
-    }
-    if (dgelu_unavailable_) {
-      linear_backward(dy, gelu_out, w, m, k, n, d_pre, dw, db);
-      cuda::gelu_backward(bf(d_pre), bf(pre_activation), i64(m * k), bf(d_pre));
-      return;
-    }
+    linear_.backward_data_through_gelu(bf(dy), bf(w), i64(m), i64(k), i64(n), bf(pre_activation), bf(d_pre));
     linear_backward(dy, gelu_out, w, m, k, n, nullptr, dw, db);
   }
 
@@ -256,8 +244,8 @@ class CudaBackend final : public Backend {
 
  private:
   static void accumulate(const float* partial, std::size_t n, float* total) {
-    accumulate_kernel<<<blocks_for(i64(n)), 256>>>(partial, i64(n), total);
-    check(cudaGetLastError(), "accumulate (bias gradient)");
+    accumulate_kernel<<<blocks_for(i64(n), 256), 256>>>(partial, i64(n), total);
+    check_launch("accumulate (bias gradient)");
   }
   void* allocate_bytes(std::size_t bytes) {
     bytes = std::max<std::size_t>(bytes, 16);
@@ -325,7 +313,6 @@ class CudaBackend final : public Backend {
   }
 
   cuda::Bf16Linear linear_;
-  bool dgelu_unavailable_ = false;
   cuda::DeviceReducer reducer_;
   std::unique_ptr<cuda::MultiTensorAdamw> adamw_;
   std::vector<const void*> adamw_key_;

@@ -50,16 +50,10 @@ __device__ __forceinline__ void update_one(const Descriptor& d, int64_t i, const
   if (d.compute) d.compute[i] = __float2bfloat16_rn(w);
 }
 
-// One block per chunk; the chunk's tensor is the last whose first_chunk <= blockIdx.x (the
-// descriptors are few and cached, so a binary search beats a per-chunk table).
+// One block per chunk, its tensor found by owner_of_chunk.
 __global__ void __launch_bounds__(kThreads) adamw_kernel(const Descriptor* tensors, int count, StepConstants k) {
   const int64_t chunk = blockIdx.x;
-  int low = 0, high = count - 1;
-  while (low < high) {
-    const int middle = (low + high + 1) / 2;
-    if (tensors[middle].first_chunk <= chunk) low = middle; else high = middle - 1;
-  }
-  const Descriptor d = tensors[low];
+  const Descriptor d = tensors[owner_of_chunk(tensors, count, chunk)];
   const int64_t start = (chunk - d.first_chunk) * kChunk;
   const int64_t end = min(start + kChunk, d.n);
   if (!d.vectorized) {

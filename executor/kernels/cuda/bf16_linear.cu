@@ -128,6 +128,25 @@ void run(cublasLtHandle_t handle, void* workspace, AlgorithmCache& cache, const 
   cleanup();
 }
 
+// dX[m x k] = dY W: column-major dX^T (k x m) = W^T (the buffer as is) dY^T (the buffer as is).
+Gemm input_gradient(const Bf16* dy, const Bf16* w, int64_t m, int64_t k, int64_t n, Bf16* dx) {
+  Gemm g{};
+  g.transa = CUBLAS_OP_N;
+  g.transb = CUBLAS_OP_N;
+  g.rows = static_cast<uint64_t>(k);
+  g.cols = static_cast<uint64_t>(m);
+  g.inner = static_cast<uint64_t>(n);
+  g.a = w;
+  g.lda = k;
+  g.b = dy;
+  g.ldb = n;
+  g.d = dx;
+  g.ldd = k;
+  g.d_type = CUDA_R_16BF;
+  g.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  return g;
+}
+
 }  // namespace
 
 struct GemmAlgorithms {
@@ -179,23 +198,7 @@ void Bf16Linear::forward(const Bf16* x, const Bf16* w, const Bf16* bias, int64_t
 
 void Bf16Linear::backward(const Bf16* dy, const Bf16* x, const Bf16* w, int64_t m, int64_t k, int64_t n, Bf16* dx,
                           float* dw, float* bias_gradient) {
-  if (dx) {  // dX = dY W: column-major dX^T (k x m) = W^T (the buffer as is) dY^T (the buffer as is)
-    Gemm g{};
-    g.transa = CUBLAS_OP_N;
-    g.transb = CUBLAS_OP_N;
-    g.rows = static_cast<uint64_t>(k);
-    g.cols = static_cast<uint64_t>(m);
-    g.inner = static_cast<uint64_t>(n);
-    g.a = w;
-    g.lda = k;
-    g.b = dy;
-    g.ldb = n;
-    g.d = dx;
-    g.ldd = k;
-    g.d_type = CUDA_R_16BF;
-    g.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
-    run(static_cast<cublasLtHandle_t>(handle_), workspace_, algorithms_->cache, g);
-  }
+  if (dx) run(static_cast<cublasLtHandle_t>(handle_), workspace_, algorithms_->cache, input_gradient(dy, w, m, k, n, dx));
   // dW += dY^T X: column-major dW^T (k x n) += X^T (the buffer as is) dY (the buffer transposed);
   // reducing B = dY over the inner (token) dimension gives the bias gradient (BGRADB).
   Gemm g{};
@@ -223,21 +226,9 @@ void Bf16Linear::backward(const Bf16* dy, const Bf16* x, const Bf16* w, int64_t 
 
 void Bf16Linear::backward_data_through_gelu(const Bf16* dy, const Bf16* w, int64_t m, int64_t k, int64_t n,
                                             const Bf16* pre_activation, Bf16* d_pre) {
-  // As backward's dX (column-major d_pre^T (k x m) = W^T dY^T); the DGELU epilogue multiplies by
-  // GELU' of the auxiliary pre-activation, k x m column-major: the row-major [m x k] buffer.
-  Gemm g{};
-  g.transa = CUBLAS_OP_N;
-  g.transb = CUBLAS_OP_N;
-  g.rows = static_cast<uint64_t>(k);
-  g.cols = static_cast<uint64_t>(m);
-  g.inner = static_cast<uint64_t>(n);
-  g.a = w;
-  g.lda = k;
-  g.b = dy;
-  g.ldb = n;
-  g.d = d_pre;
-  g.ldd = k;
-  g.d_type = CUDA_R_16BF;
+  // backward's dX GEMM with the DGELU epilogue, which multiplies by GELU' of the auxiliary
+  // pre-activation: k x m column-major, the row-major [m x k] buffer.
+  Gemm g = input_gradient(dy, w, m, k, n, d_pre);
   g.epilogue = CUBLASLT_EPILOGUE_DGELU;
   g.aux = const_cast<Bf16*>(pre_activation);  // read only: DGELU reads the auxiliary buffer
   g.aux_ld = k;

@@ -100,4 +100,17 @@ __device__ __forceinline__ void store8(uint16_t* p, int64_t start, int64_t end, 
   }
 }
 
+// Multi-tensor kernels cut a list of tensors into fixed-size chunks: the index of the tensor that
+// owns `chunk`, the last whose first_chunk <= chunk (descriptors in order of first_chunk; they are
+// few and cached, so a binary search beats a per-chunk table).
+template <typename Descriptor>
+__device__ __forceinline__ int owner_of_chunk(const Descriptor* tensors, int count, int64_t chunk) {
+  int low = 0, high = count - 1;
+  while (low < high) {
+    const int middle = (low + high + 1) / 2;
+    if (tensors[middle].first_chunk <= chunk) low = middle; else high = middle - 1;
+  }
+  return low;
+}
+
 }  // namespace megaplan::exec::cuda::detail

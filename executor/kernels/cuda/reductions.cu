@@ -54,12 +54,7 @@ __global__ void __launch_bounds__(kThreads) partial_sums_kernel(const Descriptor
                                                                 double* partials) {
   double sum = 0;
   for (int64_t chunk = blockIdx.x; chunk < chunks; chunk += gridDim.x) {
-    int low = 0, high = count - 1;
-    while (low < high) {
-      const int middle = (low + high + 1) / 2;
-      if (tensors[middle].first_chunk <= chunk) low = middle; else high = middle - 1;
-    }
-    const Descriptor d = tensors[low];
+    const Descriptor d = tensors[owner_of_chunk(tensors, count, chunk)];
     const int64_t start = (chunk - d.first_chunk) * kChunk;
     const int64_t end = min(start + kChunk, d.n);
     float4 values[kVectorsPerThread];
