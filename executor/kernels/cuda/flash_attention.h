@@ -1,7 +1,8 @@
-// Causal flash attention (FlashAttention-2's scheme) on bf16 tensor cores: the forward streams
-// key blocks through an online softmax and keeps only each row's log-sum-exp; the backward
-// recomputes the probabilities. Deterministic: dK and dV are computed per key block and dQ per
-// query block by two kernels, each output written by one thread block, no atomics.
+// Causal flash attention (FlashAttention-2's scheme) on Hopper's bf16 warpgroup MMA (sm_90a):
+// the forward streams key blocks through an online softmax and keeps only each row's
+// log-sum-exp; the backward recomputes the probabilities. Deterministic: dK and dV are computed
+// per key block and dQ per query block by two kernels, each output written by one thread block,
+// no atomics.
 #pragma once
 
 #include <cstddef>
