@@ -334,6 +334,14 @@ std::unique_ptr<Backend> make_cuda_backend() {
     throw SpecError("--device", std::string("no usable CUDA GPU: ") +
                                     (status != cudaSuccess ? cudaGetErrorString(status) : "none present"));
   }
+  // The kernels are built for sm_90a (flash attention uses Hopper's wgmma), which runs on compute
+  // capability 9.0 alone: refuse anything else here rather than fail at the first launch.
+  cudaDeviceProp properties{};
+  if (cudaGetDeviceProperties(&properties, 0) != cudaSuccess || properties.major != 9 || properties.minor != 0) {
+    throw SpecError("--device", "the CUDA backend needs a Hopper GPU (compute capability 9.0, H100 or H200); GPU 0 is " +
+                                    std::string(properties.name) + " (" + std::to_string(properties.major) + "." +
+                                    std::to_string(properties.minor) + ")");
+  }
   return std::make_unique<CudaBackend>();
 }
 
@@ -342,7 +350,6 @@ double cuda_dense_bf16_peak_flops() {
   if (cudaGetDeviceProperties(&properties, 0) != cudaSuccess) return 0;
   const std::string name = properties.name;
   if (name.find("H100") != std::string::npos || name.find("H200") != std::string::npos) return 989.4e12;
-  if (name.find("A100") != std::string::npos) return 312e12;
   return 0;
 }
 

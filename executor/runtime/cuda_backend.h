@@ -11,11 +11,12 @@
 
 namespace megaplan::exec {
 
-// Throws SpecError("--device", ...) when megaplan was built without CUDA or no GPU is usable.
+// Throws SpecError("--device", ...) when megaplan was built without CUDA or no GPU is usable, or
+// GPU 0 is not a Hopper (compute capability 9.0), the one architecture the kernels are built for.
 std::unique_ptr<Backend> make_cuda_backend();
 
-// The dense bf16 tensor-core peak of the GPU make_cuda_backend() uses, from its name (H100, H200,
-// A100 datasheets), for MFU; 0 when the GPU is not one megaplan knows.
+// The dense bf16 tensor-core peak of the GPU make_cuda_backend() uses, from its name (H100 and
+// H200 datasheets), for MFU; 0 when the GPU is not one megaplan knows.
 double cuda_dense_bf16_peak_flops();
 
 }  // namespace megaplan::exec
