@@ -7,26 +7,19 @@
 #include <vector>
 
 #include "executor/kernels/cuda/bf16_linear.h"
+#include "relative_error.h"
 
 namespace cu = megaplan::exec::cuda;
 
 namespace {
+
+using megaplan::test::relative_error;
 
 std::vector<float> bf16_values(std::size_t n, std::mt19937& generator) {
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<float> values(n);
   for (float& value : values) value = cu::from_bf16(cu::to_bf16(normal(generator)));
   return values;
-}
-
-double relative_error(const std::vector<float>& got, const std::vector<double>& want) {
-  double difference = 0, norm = 0;
-  for (std::size_t i = 0; i < want.size(); ++i) {
-    if (!std::isfinite(got[i])) return INFINITY;
-    difference += (got[i] - want[i]) * (got[i] - want[i]);
-    norm += want[i] * want[i];
-  }
-  return std::sqrt(difference / norm);
 }
 
 double gelu(double v) { return 0.5 * v * (1.0 + std::tanh(0.7978845608028654 * (v + 0.044715 * v * v * v))); }

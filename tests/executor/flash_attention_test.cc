@@ -9,10 +9,13 @@
 #include <vector>
 
 #include "executor/kernels/cuda/flash_attention.h"
+#include "relative_error.h"
 
 namespace cu = megaplan::exec::cuda;
 
 namespace {
+
+using megaplan::test::relative_error;
 
 struct Case {
   int64_t batch, seq, heads, kv_heads, dim;
@@ -20,16 +23,6 @@ struct Case {
 
 // ||got - want|| / ||want||; the absolute norm of the difference where want is all zeros (a
 // one-token sequence has zero dq and dk: its softmax is constant).
-double relative_error(const std::vector<float>& got, const std::vector<double>& want) {
-  double difference = 0, norm = 0;
-  for (std::size_t i = 0; i < want.size(); ++i) {
-    if (!std::isfinite(got[i])) return INFINITY;
-    difference += (got[i] - want[i]) * (got[i] - want[i]);
-    norm += want[i] * want[i];
-  }
-  return norm > 0 ? std::sqrt(difference / norm) : std::sqrt(difference);
-}
-
 }  // namespace
 
 TEST_CASE("flash attention matches a double-precision reference, forward and backward", "[gpu][kernels]") {

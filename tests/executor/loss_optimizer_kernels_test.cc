@@ -17,23 +17,16 @@
 #include "executor/kernels/cuda/reductions.h"
 #include "executor/kernels/reference/adamw.h"
 #include "executor/kernels/reference/cross_entropy.h"
+#include "relative_error.h"
 
 namespace cu = megaplan::exec::cuda;
 namespace ref = megaplan::exec::reference;
 
 namespace {
 
-constexpr float kNan = std::numeric_limits<float>::quiet_NaN();
+using megaplan::test::relative_error;
 
-double relative_error(const std::vector<float>& got, const std::vector<double>& want) {
-  double difference = 0, norm = 0;
-  for (std::size_t i = 0; i < want.size(); ++i) {
-    if (!std::isfinite(got[i])) return INFINITY;
-    difference += (got[i] - want[i]) * (got[i] - want[i]);
-    norm += want[i] * want[i];
-  }
-  return std::sqrt(difference / norm);
-}
+constexpr float kNan = std::numeric_limits<float>::quiet_NaN();
 
 std::vector<double> widen(const std::vector<float>& values) { return {values.begin(), values.end()}; }
 

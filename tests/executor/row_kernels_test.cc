@@ -22,6 +22,7 @@
 #include "executor/kernels/reference/rmsnorm.h"
 #include "executor/kernels/reference/rope.h"
 #include "executor/kernels/reference/swiglu.h"
+#include "relative_error.h"
 
 namespace cu = megaplan::exec::cuda;
 namespace ref = megaplan::exec::reference;
@@ -50,17 +51,12 @@ std::vector<float> rounded(std::vector<float> values) {
   return values;
 }
 
-// ||got - want|| / ||want||; infinite where anything is not finite (poison left unwritten, NaN).
+// The shared relative error, infinite also where poison was left unwritten.
 double relative_error(const std::vector<float>& got, const std::vector<float>& want) {
-  REQUIRE(got.size() == want.size());
-  double difference = 0, norm = 0;
-  for (std::size_t i = 0; i < want.size(); ++i) {
-    if (!std::isfinite(got[i]) || std::abs(got[i]) >= kPoison / 2) return INFINITY;
-    const double d = static_cast<double>(got[i]) - want[i];
-    difference += d * d;
-    norm += static_cast<double>(want[i]) * want[i];
+  for (const float value : got) {
+    if (std::abs(value) >= kPoison / 2) return INFINITY;
   }
-  return std::sqrt(difference / norm);
+  return megaplan::test::relative_error(got, want);
 }
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
