@@ -227,8 +227,8 @@ __global__ void __launch_bounds__(kThreads, 2) forward_kernel(Layout layout, con
     copies_issued();
     const bool more = kb + 1 < key_blocks;
     wgmma_fence();
-    // Unconditional, the last one multiplying a stale stage for nothing: a wgmma under a branch
-    // makes ptxas serialize the products.
+    // Unconditional, the last one multiplying a stale stage for nothing: under a branch, ptxas
+    // added warpgroup synchronisation around it.
     issue_s(s, kb + 1);
     for (int kc = 0; kc < kBlock / 16; ++kc) {
       wgmma<1>(flat(o), pa[kc], mn_major<kBlock>(v_tiles + (kb % 2) * kTile, kc * 16), true);  // O += P V
