@@ -53,6 +53,7 @@ std::vector<float> rounded(std::vector<float> values) {
 
 // The shared relative error, infinite also where poison was left unwritten.
 double relative_error(const std::vector<float>& got, const std::vector<float>& want) {
+  REQUIRE(got.size() == want.size());
   for (const float value : got) {
     if (std::abs(value) >= kPoison / 2) return INFINITY;
   }

@@ -85,21 +85,21 @@ __device__ __forceinline__ float (&flat(float (&tiles)[Tiles][4]))[Tiles * 4] {
   return reinterpret_cast<float(&)[Tiles * 4]>(tiles);
 }
 
-// Starts copying rows [row0, row0 + Rows) of a token-strided tensor into a swizzled Rows x D
-// tile (zeros past seq), 16 bytes per copy. Each thread keeps one 16-byte column piece and
+// Starts copying rows [row0, row0 + 64) of a token-strided tensor into a swizzled 64 x D tile
+// (zeros past seq), 16 bytes per copy. Each thread keeps one 16-byte column piece and
 // steps down the rows by a multiple of 8, so its swizzle, and all but one add per copy, is
 // worked out once: the address arithmetic otherwise outweighs the softmax.
-template <int D, int Rows = kBlock>
+template <int D>
 __device__ __forceinline__ void load_tile(unsigned char* tile, const Bf16* base, int64_t token_stride, int row0,
                                           int seq) {
   constexpr int kPieces = D / 8, kRowStep = kThreads / kPieces;
-  static_assert(kRowStep % 8 == 0 && Rows % kRowStep == 0, "rows must keep their swizzle phase");
+  static_assert(kRowStep % 8 == 0 && kBlock % kRowStep == 0, "rows must keep their swizzle phase");
   const int piece = threadIdx.x % kPieces, r0 = threadIdx.x / kPieces;
-  unsigned char* dst = tile + swizzled_offset<Rows>(r0, piece);
+  unsigned char* dst = tile + swizzled_offset<kBlock>(r0, piece);
   const Bf16* src = base + (row0 + r0) * token_stride + piece * 8;
   const int64_t src_step = kRowStep * token_stride;
 #pragma unroll
-  for (int pass = 0; pass < Rows / kRowStep; ++pass) {
+  for (int pass = 0; pass < kBlock / kRowStep; ++pass) {
     const bool valid = row0 + r0 + pass * kRowStep < seq;
     copy_async<16>(dst + pass * kRowStep * kSwizzleRowBytes, valid ? src + pass * src_step : base, valid);
   }
