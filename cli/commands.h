@@ -21,6 +21,7 @@ void setup_data_command(CLI::App& app, CommandContext& context);
 void setup_describe_command(CLI::App& app, CommandContext& context);
 void setup_devices_command(CLI::App& app, CommandContext& context);
 void setup_groups_command(CLI::App& app, CommandContext& context);
+void setup_launch_command(CLI::App& app, CommandContext& context);
 void setup_presets_command(CLI::App& app, CommandContext& context);
 void setup_schedule_command(CLI::App& app, CommandContext& context);
 void setup_search_command(CLI::App& app, CommandContext& context);

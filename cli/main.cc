@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
   megaplan::cli::setup_describe_command(app, context);
   megaplan::cli::setup_devices_command(app, context);
   megaplan::cli::setup_groups_command(app, context);
+  megaplan::cli::setup_launch_command(app, context);
   megaplan::cli::setup_presets_command(app, context);
   megaplan::cli::setup_schedule_command(app, context);
   megaplan::cli::setup_search_command(app, context);

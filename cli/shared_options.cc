@@ -91,18 +91,16 @@ ClusterSpec resolve_cluster(const ClusterOptions& options) {
   return select_gpus(cluster, options.gpus.value_or(cluster.total_gpus()));
 }
 
-JobSpec resolve_job(const ModelOptions& model_options, const ClusterOptions& cluster_options,
-                    const PlanOptions& options) {
-  JobSpec job{resolve_model(model_options), resolve_cluster(cluster_options), ParallelPlan{}};
-  ParallelPlan& plan = job.plan;
+ParallelPlan resolve_plan(const ModelSpec& model, int64_t world_size, const PlanOptions& options) {
+  ParallelPlan plan;
   plan.tensor_parallel_size = options.tensor_parallel_size;
   plan.pipeline_parallel_size = options.pipeline_parallel_size;
   plan.context_parallel_size = options.context_parallel_size;
-  plan.data_parallel_size = derive_data_parallel_size(job.cluster.total_gpus(), plan.tensor_parallel_size,
+  plan.data_parallel_size = derive_data_parallel_size(world_size, plan.tensor_parallel_size,
                                                       plan.pipeline_parallel_size, plan.context_parallel_size);
   if (options.layers_per_virtual_stage) {
-    const int64_t vpp = virtual_pipeline_size_from_layers_per_stage(
-        job.model.num_layers, plan.pipeline_parallel_size, *options.layers_per_virtual_stage);
+    const int64_t vpp = virtual_pipeline_size_from_layers_per_stage(model.num_layers, plan.pipeline_parallel_size,
+                                                                    *options.layers_per_virtual_stage);
     if (options.virtual_pipeline_parallel_size && *options.virtual_pipeline_parallel_size != vpp) {
       throw SpecError("--num-layers-per-virtual-pipeline-stage",
                       "gives vpp " + std::to_string(vpp) + ", which contradicts --virtual-pipeline-model-parallel-size " +
@@ -121,6 +119,13 @@ JobSpec resolve_job(const ModelOptions& model_options, const ClusterOptions& clu
   plan.schedule = options.schedule ? parse_schedule_kind(*options.schedule, "--schedule")
                   : plan.virtual_pipeline_parallel_size > 1 ? ScheduleKind::kInterleaved
                                                             : ScheduleKind::kOneFOneB;
+  return plan;
+}
+
+JobSpec resolve_job(const ModelOptions& model_options, const ClusterOptions& cluster_options,
+                    const PlanOptions& options) {
+  JobSpec job{resolve_model(model_options), resolve_cluster(cluster_options), ParallelPlan{}};
+  job.plan = resolve_plan(job.model, job.cluster.total_gpus(), options);
   validate_job(job);
   return job;
 }

@@ -52,6 +52,9 @@ void add_plan_options(CLI::App& command, PlanOptions& options);
 // Each throws SpecError naming the flag and the rule.
 ModelSpec resolve_model(const ModelOptions& options);
 ClusterSpec resolve_cluster(const ClusterOptions& options);
+// The plan flags for `world_size` GPUs: dp derived, vpp from either flag, the default schedule.
+// Not yet validated against the model (validate_plan).
+ParallelPlan resolve_plan(const ModelSpec& model, int64_t world_size, const PlanOptions& options);
 // The whole job: model and GPUs resolved, dp derived, every rule validated.
 JobSpec resolve_job(const ModelOptions& model, const ClusterOptions& cluster, const PlanOptions& plan);
 

@@ -7,6 +7,9 @@
 #include "cli/commands.h"
 #include "core/error.h"
 #include "core/json_io.h"
+#include "reports/chrome_trace.h"
+#include "executor/comm/launch_environment.h"
+#include "executor/io/staged_file.h"
 #include "executor/runtime/cpu_backend.h"
 #include "executor/runtime/cuda_backend.h"
 
@@ -15,32 +18,58 @@ namespace megaplan::cli {
 int run_train(const TrainCommandOptions& options, std::ostream& out) {
   exec::TrainOptions train = options.train;
   train.learning_rate.style = exec::parse_decay_style(options.lr_decay_style);
-  ModelSpec model;
-  if (options.plan_file) {
-    const JobSpec job = job_spec_from_json(read_json_file(*options.plan_file), *options.plan_file);
-    validate_job(job);
-    if (job.plan.world_size() != 1) {
-      throw SpecError("--plan", *options.plan_file + " lays the model over " + std::to_string(job.plan.world_size()) +
-                                    " GPUs; this trainer runs one (tensor, pipeline and data parallelism come with "
-                                    "the next executor issue)");
-    }
-    model = job.model;
-    train.micro_batch_size = job.plan.micro_batch_size;
-    train.global_batch_size = job.plan.global_batch_size;
-  } else {
-    model = resolve_model(options.model);
-  }
   if (options.device != "cpu" && options.device != "cuda") {
     throw SpecError("--device", "must be cpu or cuda, got \"" + options.device + "\"");
   }
-  std::unique_ptr<exec::Backend> backend;
+  const exec::LaunchEnvironment launch = exec::detect_launch_environment();
+  ModelSpec model;
+  ParallelPlan plan;
+  if (options.plan_file) {
+    const JobSpec job = job_spec_from_json(read_json_file(*options.plan_file), *options.plan_file);
+    validate_job(job);
+    model = job.model;
+    plan = job.plan;
+    if (options.world_size && *options.world_size != plan.world_size()) {
+      throw SpecError("--world-size", std::to_string(*options.world_size) + " differs from the " +
+                                          std::to_string(plan.world_size()) + " GPUs " + *options.plan_file +
+                                          " lays the model over");
+    }
+  } else {
+    model = resolve_model(options.model);
+    validate_model_spec(model);
+    const int64_t world = options.world_size.value_or(launch.world_size);
+    if (world <= 0) throw SpecError("--world-size", "must be a positive integer, got " + std::to_string(world));
+    plan = resolve_plan(model, world, options.plan);
+    validate_plan(model, plan);
+  }
+  if (launch.launcher != "none") {
+    if (launch.world_size != plan.world_size()) {
+      throw SpecError("--world-size", "the plan has " + std::to_string(plan.world_size()) + " ranks but " +
+                                          launch.launcher + " started " + std::to_string(launch.world_size));
+    }
+    if (launch.world_size > 1) {
+      throw SpecError("--world-size", launch.launcher + " started " + std::to_string(launch.world_size) +
+                                          " processes; one process per rank over NCCL is not supported yet: run "
+                                          "one process, whose ranks run as threads");
+    }
+  }
+  exec::BackendFactory make_backend;
   if (options.device == "cuda") {
-    backend = exec::make_cuda_backend();
+    if (plan.world_size() > 1) {
+      throw SpecError("--device", "cuda runs one rank for now; a world of " + std::to_string(plan.world_size()) +
+                                      " ranks trains on --device cpu (its ranks as threads)");
+    }
+    make_backend = [](int64_t) { return exec::make_cuda_backend(); };
     train.peak_flops_per_s = exec::cuda_dense_bf16_peak_flops();
   } else {
-    backend = std::make_unique<exec::CpuBackend>();
+    make_backend = [](int64_t) -> std::unique_ptr<exec::Backend> { return std::make_unique<exec::CpuBackend>(); };
   }
-  exec::train(model, train, *backend, out);
+  train.record_timeline = options.trace.has_value();
+  const exec::TrainSummary summary = exec::train(model, plan, train, make_backend, out);
+  if (options.trace) {
+    exec::write_file_atomically(*options.trace, timeline_to_chrome_trace(summary.timeline).dump() + "\n");
+    out << "wrote the measured timeline of iteration " << summary.last_iteration << " to " << *options.trace << "\n";
+  }
   return 0;
 }
 
@@ -48,15 +77,21 @@ void setup_train_command(CLI::App& app, CommandContext& context) {
   auto options = std::make_shared<TrainCommandOptions>();
   CLI::App* command = app.add_subcommand("train", "Train a GPT (Megatron-LM's flags) on Megatron's indexed data");
   add_model_options(*command, options->model);
+  add_plan_options(*command, options->plan);
   exec::TrainOptions& t = options->train;
-  command->add_option("--plan", options->plan_file, "Job file (search --out): model, micro and global batch");
+  command->add_option("--plan", options->plan_file, "Job file (search --out): the model and the parallel plan");
+  command->add_option("--trace", options->trace,
+                      "Write the last iteration's measured timeline (every pipeline rank) as a Chrome trace here");
+  command->add_option("--pipeline-schedule-csv", t.pipeline_schedule_csv,
+                      "Run this compute-only torch schedule CSV instead of the plan's schedule");
+  command->add_option("--world-size", options->world_size, "Ranks (GPUs) of the run (default: the job's, the launcher's, or 1)");
+  command->add_option("--distributed-timeout-minutes", t.distributed_timeout_minutes,
+                      "A rank that waits longer than this on another ends the run")->capture_default_str();
   command->add_option("--device", options->device, "cpu or cuda")->capture_default_str();
   command->add_option("--data-path", t.data_path, "PREFIX of PREFIX.bin and PREFIX.idx")->required();
   command->add_option("--split", t.split, "Train, validation, test weights over documents")->capture_default_str();
   command->add_option("--train-iters", t.train_iters, "Iterations to train")->required();
   command->add_option("--exit-interval", t.exit_interval, "Stop (after a save) at a multiple of this");
-  command->add_option("--mbs,--micro-batch-size", t.micro_batch_size, "Micro-batch size")->capture_default_str();
-  command->add_option("--gbs,--global-batch-size", t.global_batch_size, "Global batch size")->capture_default_str();
   command->add_option("--lr", t.learning_rate.max_lr, "Peak learning rate")->capture_default_str();
   command->add_option("--min-lr", t.learning_rate.min_lr, "Learning rate after decay")->capture_default_str();
   command->add_option("--lr-warmup-iters", t.learning_rate.warmup_iterations, "Linear warm-up iterations");
@@ -76,13 +111,7 @@ void setup_train_command(CLI::App& app, CommandContext& context) {
   command->add_option("--save-interval", t.save_interval, "Iterations between checkpoints");
   command->add_option("--load", t.load, "Resume from the newest checkpoint here");
   command->callback([options, command, &context] {
-    if (options->plan_file) {
-      for (const CLI::Option* option : command->get_options()) {
-        if (option->count() > 0 && option->get_group().rfind("Model", 0) == 0) {
-          throw SpecError("--plan", "cannot be combined with " + option->get_name() + ": the job file holds the model");
-        }
-      }
-    }
+    if (options->plan_file) reject_flags_beside_job_file(*command);
     context.exit_code = run_train(*options, context.out);
   });
 }

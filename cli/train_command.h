@@ -1,5 +1,6 @@
-// `megaplan train`: trains a GPT for real with Megatron-LM's flag names, on the CPU backend
-// (--device cpu) or, with the CUDA trainer, on a GPU.
+// `megaplan train`: trains a GPT for real with Megatron-LM's flag names and any parallel plan
+// (plan flags or a job file), on the CPU backend (--device cpu) or on GPUs. A world of several
+// ranks runs as threads of this process (in-process communicators).
 #pragma once
 
 #include <optional>
@@ -13,7 +14,10 @@ namespace megaplan::cli {
 
 struct TrainCommandOptions {
   ModelOptions model;
+  PlanOptions plan;
+  std::optional<int64_t> world_size;     // --world-size (default: the job file's, the launcher's, or 1)
   std::optional<std::string> plan_file;  // a job file (search --out, describe --out): its model and plan
+  std::optional<std::string> trace;      // --trace FILE: the last iteration's measured timeline
   std::string device = "cuda";
   std::string lr_decay_style = "linear";
   exec::TrainOptions train;

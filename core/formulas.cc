@@ -54,38 +54,47 @@ int64_t total_parameters(const ModelSpec& model, int64_t tensor_parallel_size) {
          position_embedding_parameters(model) + norm_parameters(model) + output_layer;
 }
 
-std::vector<PipelineRankParameters> parameters_per_pipeline_rank(const ModelSpec& model, const ParallelPlan& plan) {
+StageParameters stage_parameters(const ModelSpec& model, const ParallelPlan& plan, int64_t stage) {
   const int64_t tp = plan.tensor_parallel_size;
   const int64_t pp = plan.pipeline_parallel_size;
   const LayerParameters layer = transformer_layer_parameters(model);
   const int64_t word_embedding = padded_vocab_size(model, tp) * model.hidden_size;  // vocab-parallel
   const int64_t position_embedding = position_embedding_parameters(model);          // replicated
-  const StagePlacement placement = stage_placement(plan.schedule);
-  const int64_t first_rank = pipeline_rank_of_stage(0, pp, placement);
-  const int64_t last_rank = pipeline_rank_of_stage(plan.num_virtual_stages() - 1, pp, placement);
+  const StageLayers layers = stage_layers(stage, model, plan);
+  StageParameters entry;
+  entry.parameters = layers.num_layers * layer.total();
+  entry.parameters_per_gpu = layers.num_layers * layer.per_gpu(tp);
+  if (layers.has_embedding) {
+    entry.parameters += word_embedding + position_embedding;
+    entry.parameters_per_gpu += word_embedding / tp + position_embedding;
+  }
+  if (layers.has_output_layer) {
+    // The output layer is its own weight when untied, and a synchronised copy of the word
+    // embeddings when tied and the embedding lives on another rank; on the same rank (one
+    // stage, or the turn of a V) it reads the embedding itself.
+    const StagePlacement placement = stage_placement(plan.schedule);
+    const bool same_rank = pipeline_rank_of_stage(0, pp, placement) == pipeline_rank_of_stage(stage, pp, placement);
+    entry.holds_output_weight = model.untie_embeddings_and_output_weights || !same_rank;
+    const int64_t output = entry.holds_output_weight ? word_embedding : 0;
+    entry.parameters += norm_parameters(model) + output;
+    entry.parameters_per_gpu += norm_parameters(model) + output / tp;
+  }
+  return entry;
+}
 
+std::vector<PipelineRankParameters> parameters_per_pipeline_rank(const ModelSpec& model, const ParallelPlan& plan) {
   std::vector<PipelineRankParameters> ranks;
-  for (int64_t rank = 0; rank < pp; ++rank) {
+  for (int64_t rank = 0; rank < plan.pipeline_parallel_size; ++rank) {
     PipelineRankParameters entry;
     entry.pipeline_rank = rank;
-    entry.num_layers = static_cast<int64_t>(stages_of_pipeline_rank(rank, plan).size()) *
-                       layers_per_virtual_stage(model, plan);
-    entry.has_embedding = rank == first_rank;
-    entry.has_output_layer = rank == last_rank;
-    entry.parameters = entry.num_layers * layer.total();
-    entry.parameters_per_gpu = entry.num_layers * layer.per_gpu(tp);
-    if (entry.has_embedding) {
-      entry.parameters += word_embedding + position_embedding;
-      entry.parameters_per_gpu += word_embedding / tp + position_embedding;
-    }
-    if (entry.has_output_layer) {
-      // The output layer is its own weight when untied, and a synchronised copy of the word
-      // embeddings when tied and the embedding lives on another rank.
-      const bool holds_output_weight =
-          model.untie_embeddings_and_output_weights || !entry.has_embedding;
-      const int64_t output = holds_output_weight ? word_embedding : 0;
-      entry.parameters += norm_parameters(model) + output;
-      entry.parameters_per_gpu += norm_parameters(model) + output / tp;
+    for (const int64_t stage : stages_of_pipeline_rank(rank, plan)) {
+      const StageLayers layers = stage_layers(stage, model, plan);
+      const StageParameters held = stage_parameters(model, plan, stage);
+      entry.num_layers += layers.num_layers;
+      entry.has_embedding = entry.has_embedding || layers.has_embedding;
+      entry.has_output_layer = entry.has_output_layer || layers.has_output_layer;
+      entry.parameters += held.parameters;
+      entry.parameters_per_gpu += held.parameters_per_gpu;
     }
     ranks.push_back(entry);
   }

@@ -46,6 +46,18 @@ struct PipelineRankParameters {
 // REQUIRES: validate_plan(model, plan) passed.
 std::vector<PipelineRankParameters> parameters_per_pipeline_rank(const ModelSpec& model, const ParallelPlan& plan);
 
+// Parameters one virtual stage holds, whole and on each of its tp GPUs; the rank's are the sum
+// over its stages. `holds_output_weight`: the last stage has an output weight of its own (untied,
+// or the tied copy when stage 0 sits on another pipeline rank).
+struct StageParameters {
+  int64_t parameters = 0;
+  int64_t parameters_per_gpu = 0;
+  bool holds_output_weight = false;
+};
+
+// REQUIRES: validate_plan(model, plan) passed; 0 <= stage < plan.num_virtual_stages().
+StageParameters stage_parameters(const ModelSpec& model, const ParallelPlan& plan, int64_t stage);
+
 // Tokens of one microbatch on one GPU of a context-parallel group, before tensor parallelism:
 // micro batch size x seq / cp (the rows of the layer's GEMMs).
 inline int64_t tokens_per_microbatch(const ModelSpec& model, const ParallelPlan& plan) {

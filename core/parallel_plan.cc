@@ -5,16 +5,11 @@
 
 #include "core/checked_math.h"
 #include "core/json_io.h"
-#include "core/schedule/generators.h"
+#include "core/schedule/schedule_traits.h"
 
 namespace megaplan {
 
 namespace {
-
-const std::pair<ScheduleKind, const char*> kScheduleNames[] = {
-    {ScheduleKind::kGPipe, "gpipe"},         {ScheduleKind::kOneFOneB, "1f1b"},
-    {ScheduleKind::kInterleaved, "interleaved"}, {ScheduleKind::kZeroBubbleH1, "zb-h1"},
-    {ScheduleKind::kZeroBubbleV, "zbv"},     {ScheduleKind::kDualPipeV, "dualpipev"}};
 
 const std::pair<RecomputeGranularity, const char*> kRecomputeNames[] = {
     {RecomputeGranularity::kNone, "none"},
@@ -32,12 +27,7 @@ std::string to_string(RecomputeGranularity granularity) {
   return "?";
 }
 
-std::string to_string(ScheduleKind kind) {
-  for (const auto& [value, name] : kScheduleNames) {
-    if (value == kind) return name;
-  }
-  return "?";
-}
+std::string to_string(ScheduleKind kind) { return schedule_traits(kind).spelling; }
 
 RecomputeGranularity parse_recompute_granularity(const std::string& text, const std::string& field) {
   for (const auto& [value, name] : kRecomputeNames) {
@@ -47,16 +37,15 @@ RecomputeGranularity parse_recompute_granularity(const std::string& text, const 
 }
 
 ScheduleKind parse_schedule_kind(const std::string& text, const std::string& field) {
-  for (const auto& [value, name] : kScheduleNames) {
-    if (text == name) return value;
+  std::string spellings;
+  for (const ScheduleTraits& traits : all_schedule_traits()) {
+    if (text == traits.spelling) return traits.kind;
+    spellings += (spellings.empty() ? "" : ", ") + std::string(traits.spelling);
   }
-  throw SpecError(field, "must be one of gpipe, 1f1b, interleaved, zb-h1, zbv, dualpipev; got \"" + text + "\"");
+  throw SpecError(field, "must be one of " + spellings + "; got \"" + text + "\"");
 }
 
-StagePlacement stage_placement(ScheduleKind kind) {
-  return kind == ScheduleKind::kZeroBubbleV || kind == ScheduleKind::kDualPipeV ? StagePlacement::kV
-                                                                                 : StagePlacement::kLoop;
-}
+StagePlacement stage_placement(ScheduleKind kind) { return schedule_traits(kind).placement; }
 
 int64_t virtual_pipeline_size_from_layers_per_stage(int64_t num_layers, int64_t pipeline_parallel_size,
                                                     int64_t layers_per_virtual_stage) {
@@ -137,26 +126,8 @@ void validate_plan(const ModelSpec& model, const ParallelPlan& plan) {
                     [&] { return "needs --seq-length divisible by 2*cp = " + str(chunks); });
   }
 
-  const char* const schedule = "--schedule";
-  switch (plan.schedule) {
-    case ScheduleKind::kGPipe:
-    case ScheduleKind::kOneFOneB:
-    case ScheduleKind::kZeroBubbleH1:
-      if (vpp != 1) throw SpecError(schedule, to_string(plan.schedule) + " runs one stage per rank; needs vpp = 1, got " + str(vpp));
-      break;
-    case ScheduleKind::kInterleaved:
-      // Megatron's default microbatch group per virtual stage is pp.
-      validate_interleaved_shape(pp, vpp, plan.num_microbatches(), pp, "--global-batch-size");
-      break;
-    case ScheduleKind::kZeroBubbleV:
-    case ScheduleKind::kDualPipeV:
-      if (vpp != 2) throw SpecError(schedule, to_string(plan.schedule) + " places two stages per rank in a V; needs vpp = 2, got " + str(vpp));
-      if (plan.schedule == ScheduleKind::kDualPipeV && plan.num_microbatches() < 2 * pp) {
-        throw SpecError("--global-batch-size", "dualpipev needs at least 2 * pp = " + str(2 * pp) +
-                                                   " microbatches per replica, got " + str(plan.num_microbatches()));
-      }
-      break;
-  }
+  // The schedule's own rules on vpp and M; Megatron's default microbatch group per virtual stage is pp.
+  check_schedule_shape(plan.schedule, pp, vpp, plan.num_microbatches(), pp, ShapeFlags::kPlan);
 }
 
 nlohmann::json parallel_plan_to_json(const ParallelPlan& plan) {

@@ -23,3 +23,16 @@ int64_t first_layer_of_stage(int64_t stage, const ModelSpec& model, const Parall
 }
 
 }  // namespace megaplan
+
+namespace megaplan {
+
+StageLayers stage_layers(int64_t stage, const ModelSpec& model, const ParallelPlan& plan) {
+  StageLayers layers;
+  layers.first_layer = first_layer_of_stage(stage, model, plan);
+  layers.num_layers = layers_per_virtual_stage(model, plan);
+  layers.has_embedding = stage == 0;
+  layers.has_output_layer = stage == plan.num_virtual_stages() - 1;
+  return layers;
+}
+
+}  // namespace megaplan

@@ -32,3 +32,19 @@ std::vector<int64_t> stages_of_pipeline_rank(int64_t pipeline_rank, const Parall
 int64_t first_layer_of_stage(int64_t stage, const ModelSpec& model, const ParallelPlan& plan);
 
 }  // namespace megaplan
+
+namespace megaplan {
+
+// What one virtual stage holds: its transformer layers, the embeddings on the first stage, the
+// final norm, output layer and loss on the last. One stage holds everything when there is one.
+struct StageLayers {
+  int64_t first_layer = 0;
+  int64_t num_layers = 0;
+  bool has_embedding = false;
+  bool has_output_layer = false;
+};
+
+// REQUIRES: validate_plan(model, plan) passed; 0 <= stage < plan.num_virtual_stages().
+StageLayers stage_layers(int64_t stage, const ModelSpec& model, const ParallelPlan& plan);
+
+}  // namespace megaplan

@@ -1,5 +1,5 @@
 // The step-time estimator: what the planner asks of a cost model, declared here so that planner/
-// ranks layouts without knowing the simulator (ARCHITECTURE.md: they meet in core, cli wires them).
+// ranks layouts without knowing the simulator (docs/architecture.md: they meet in core, cli wires them).
 #pragma once
 
 #include <cstdint>

@@ -2,6 +2,7 @@
 // executor will record one in the same form, so the two lay side by side slice for slice.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -10,10 +11,37 @@
 
 namespace megaplan {
 
-// Compute runs F/B/I/W/OVERLAP_F_B and OPTIM; sends and receives have a stream each; the
-// data-parallel stream runs REDUCE_GRAD.
+// The streams of one pipeline rank, as stream_of assigns actions to them.
 enum class TimelineStream : uint8_t { kCompute, kSend, kReceive, kDataParallel };
+inline constexpr std::size_t kTimelineStreamCount = 4;
+static_assert(kTimelineStreamCount == static_cast<std::size_t>(TimelineStream::kDataParallel) + 1);
 std::string to_string(TimelineStream stream);  // "compute", "send", "receive", "data-parallel"
+
+// The stream an action runs on, one rule for the simulator and the executor: compute runs F, B, I,
+// W, OVERLAP_F_B and OPTIM; SEND_F and SEND_B the send stream and RECV_F and RECV_B the receive
+// stream, so a rank can send while it waits to receive; REDUCE_GRAD the data-parallel stream, so
+// gradient reduction overlaps the backwards still to run.
+// Inline: the simulator's event loop asks it once per event and must inline it.
+constexpr TimelineStream stream_of(ActionKind kind) {
+  switch (kind) {
+    case ActionKind::kSendForward:
+    case ActionKind::kSendBackward:
+      return TimelineStream::kSend;
+    case ActionKind::kRecvForward:
+    case ActionKind::kRecvBackward:
+      return TimelineStream::kReceive;
+    case ActionKind::kReduceGrad:
+      return TimelineStream::kDataParallel;
+    case ActionKind::kForward:
+    case ActionKind::kBackward:
+    case ActionKind::kBackwardInput:
+    case ActionKind::kBackwardWeight:
+    case ActionKind::kOptimizer:
+    case ActionKind::kOverlapForwardBackward:
+      return TimelineStream::kCompute;
+  }
+  return TimelineStream::kCompute;  // not reached: every kind is listed, and -Wswitch says when one is not
+}
 
 struct TimelineSlice {
   int32_t pipeline_rank = 0;

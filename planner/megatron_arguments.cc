@@ -1,4 +1,7 @@
+// A plan as Megatron-LM arguments; where Megatron-LM lacks the schedule, torchtitan's name for it.
 #include "planner/megatron_arguments.h"
+
+#include "core/schedule/schedule_traits.h"
 
 namespace megaplan::planner {
 
@@ -29,28 +32,12 @@ std::vector<std::string> megatron_arguments(const ModelSpec& model, const Parall
       arguments.push_back("--recompute-num-layers 1");
       break;
   }
-  // torch.distributed.pipelining's class names, which torchtitan's setting takes.
-  const char* torch_schedule = nullptr;
-  switch (plan.schedule) {
-    case ScheduleKind::kOneFOneB:
-    case ScheduleKind::kInterleaved:
-      break;  // Megatron-LM's own: chosen by the pipeline and virtual-pipeline sizes above
-    case ScheduleKind::kGPipe:
-      torch_schedule = "GPipe";
-      break;
-    case ScheduleKind::kZeroBubbleH1:
-      torch_schedule = "InterleavedZeroBubble";  // with one stage per rank
-      break;
-    case ScheduleKind::kZeroBubbleV:
-      torch_schedule = "ZBVZeroBubble";
-      break;
-    case ScheduleKind::kDualPipeV:
-      torch_schedule = "DualPipeV";
-      break;
-  }
-  if (torch_schedule) {
-    arguments.push_back("# " + to_string(plan.schedule) + " is not a Megatron-LM schedule; in torchtitan: " +
-                        "--parallelism.pipeline_parallel_schedule " + torch_schedule);
+  // Megatron-LM's own schedules are chosen by the pipeline and virtual-pipeline sizes above; for the
+  // others, torch.distributed.pipelining's class name, which torchtitan's setting takes.
+  const ScheduleTraits& schedule = schedule_traits(plan.schedule);
+  if (!schedule.megatron_native) {
+    arguments.push_back("# " + std::string(schedule.spelling) + " is not a Megatron-LM schedule; in torchtitan: " +
+                        "--parallelism.pipeline_parallel_schedule " + schedule.torch_schedule);
   }
   return arguments;
 }

@@ -7,6 +7,7 @@
 
 #include "core/checked_math.h"
 #include "core/error.h"
+#include "core/schedule/schedule_traits.h"
 
 namespace megaplan::planner {
 
@@ -153,22 +154,12 @@ std::vector<ParallelPlan> enumerate_plans(const SearchProblem& problem) {
             if (sp && (model.seq_length / grid.cp) % grid.tp != 0) continue;
             for (bool distributed : distributed_optimizer) {
               for (ScheduleKind schedule : schedules) {
-                const bool one_stage_kind = schedule == ScheduleKind::kOneFOneB || schedule == ScheduleKind::kGPipe ||
-                                            schedule == ScheduleKind::kZeroBubbleH1;
-                const bool v_kind = schedule == ScheduleKind::kZeroBubbleV || schedule == ScheduleKind::kDualPipeV;
-                if (grid.pp == 1 && schedule != ScheduleKind::kOneFOneB) continue;
-                if ((one_stage_kind && vpp != 1) || (v_kind && vpp != 2) ||
-                    (schedule == ScheduleKind::kInterleaved && vpp < 2)) {
-                  continue;
-                }
-                // Megatron's rules on the microbatch count, checked here too because a refusal from
-                // validate_plan costs an exception: interleaving with its default group (pp) needs
-                // pp <= M and M % pp == 0 (a remainder is below pp); DualPipeV needs M >= 2 pp.
+                if (grid.pp == 1 && schedule_traits(schedule).pipeline_only) continue;
+                // The schedule's rules on vpp and the microbatch count (interleaving with Megatron's
+                // default group, pp), asked here too because a refusal from validate_plan costs an
+                // exception.
                 const int64_t microbatches = problem.global_batch_size / (dp * mbs);
-                if (schedule == ScheduleKind::kInterleaved && (microbatches < grid.pp || microbatches % grid.pp != 0)) {
-                  continue;
-                }
-                if (schedule == ScheduleKind::kDualPipeV && microbatches < 2 * grid.pp) continue;
+                if (!schedule_shape_ok(schedule, grid.pp, vpp, microbatches, grid.pp)) continue;
                 ParallelPlan plan;
                 plan.tensor_parallel_size = grid.tp;
                 plan.pipeline_parallel_size = grid.pp;
@@ -182,7 +173,7 @@ std::vector<ParallelPlan> enumerate_plans(const SearchProblem& problem) {
                 plan.recompute_granularity = recompute;
                 plan.schedule = schedule;
                 try {
-                  validate_plan(model, plan);  // the rules left: interleaving's and dualpipev's on M
+                  validate_plan(model, plan);  // the final word
                 } catch (const SpecError&) {
                   continue;
                 }

@@ -14,22 +14,10 @@ namespace megaplan::sim {
 namespace {
 
 constexpr double kUnknown = -1.0;
-constexpr std::size_t kStreams = 4;
+constexpr std::size_t kStreams = kTimelineStreamCount;
 
-std::size_t stream_of(ActionKind kind) {
-  switch (kind) {
-    case ActionKind::kSendForward:
-    case ActionKind::kSendBackward:
-      return static_cast<std::size_t>(TimelineStream::kSend);
-    case ActionKind::kRecvForward:
-    case ActionKind::kRecvBackward:
-      return static_cast<std::size_t>(TimelineStream::kReceive);
-    case ActionKind::kReduceGrad:
-      return static_cast<std::size_t>(TimelineStream::kDataParallel);
-    default:
-      return static_cast<std::size_t>(TimelineStream::kCompute);
-  }
-}
+// Core's stream_of as the index of the engine's per-stream arrays.
+constexpr std::size_t stream_index(ActionKind kind) { return static_cast<std::size_t>(stream_of(kind)); }
 
 // The engine's own dense numbering of the keys it tracks: forwards, input and weight gradients
 // and receives (sends complete with their receive). Smaller than core's index over every kind,
@@ -107,7 +95,7 @@ class Engine {
     for (std::size_t rank = 0; rank < ranks_.size(); ++rank) {
       const auto& actions = schedule.ranks[rank];
       for (std::size_t i = 0; i < actions.size(); ++i) {
-        ranks_[rank].queue[stream_of(actions[i].kind)].push_back(static_cast<uint32_t>(i));
+        ranks_[rank].queue[stream_index(actions[i].kind)].push_back(static_cast<uint32_t>(i));
       }
     }
     result_.timeline.source = "simulated";
@@ -150,17 +138,18 @@ class Engine {
     const std::size_t rank = completion.rank;
     const auto advance_stream = [&](TimelineStream stream) { advance(rank, static_cast<std::size_t>(stream)); };
     switch (stream_of(schedule_.ranks[rank][completion.step].kind)) {
-      case static_cast<std::size_t>(TimelineStream::kCompute): {
+      case TimelineStream::kCompute: {
         advance_stream(TimelineStream::kCompute);
         advance_stream(TimelineStream::kSend);
         const ActionKind kind = schedule_.ranks[rank][completion.step].kind;
         if (kind != ActionKind::kForward && kind != ActionKind::kBackwardInput) advance_stream(TimelineStream::kDataParallel);
         return;
       }
-      case static_cast<std::size_t>(TimelineStream::kReceive):
+      case TimelineStream::kReceive:
         advance_stream(TimelineStream::kCompute);
         return;
-      default:
+      case TimelineStream::kSend:
+      case TimelineStream::kDataParallel:
         if (ranks_[rank].pending == 0) advance_stream(TimelineStream::kCompute);
         return;
     }

@@ -7,6 +7,7 @@
 
 #include "core/formulas.h"
 #include "core/job_spec.h"
+#include "core/schedule/schedule_traits.h"
 #include "simulator/simulate_plan.h"
 
 namespace megaplan::sim {
@@ -81,9 +82,7 @@ double SimulatorEstimator::lower_bound_s(const ParallelPlan& plan) const {
   const bool v_placement = stage_placement(plan.schedule) == StagePlacement::kV;
   const int64_t last = plan.pipeline_parallel_size - 1;
   double last_rank = below * forward + rank_work + (v_placement ? 0 : head_work) + optimizer_seconds(plan, last);
-  const bool fused_backward = plan.schedule == ScheduleKind::kOneFOneB || plan.schedule == ScheduleKind::kInterleaved ||
-                              plan.schedule == ScheduleKind::kGPipe;
-  if (fused_backward) last_rank += below * backward;
+  if (!schedule_traits(plan.schedule).splits_backward) last_rank += below * backward;
   const double first_rank = v_placement ? rank_work + head_work + optimizer_seconds(plan, 0) : 0;
   return std::max(last_rank, first_rank);
 }

@@ -27,8 +27,9 @@ class SimulatorEstimator final : public StepTimeEstimator {
   // back to back at best: (pp - 1) F + M * vpp * (F + B + W), with F, B, W one virtual stage's
   // transformer layers on the fastest groups' routes, plus M times the output layer where the last
   // stage is that rank's (loop placement; in a V it is rank 0's, which gives a second bound).
-  // Where the backward is not split (1f1b, interleaved, gpipe) the last microbatch's backward then
-  // passes the pp - 1 stages below: + (pp - 1) B. OPTIM follows all of the rank's work: + its step.
+  // Where the backward is not split (core's schedule_traits: 1f1b, interleaved, gpipe) the last
+  // microbatch's backward then passes the pp - 1 stages below: + (pp - 1) B. OPTIM follows all of
+  // the rank's work: + its step.
   // The embedding, transfers and the gradient reduction only add to the simulated time.
   double lower_bound_s(const ParallelPlan& plan) const override;
   StepEstimate estimate(const ParallelPlan& plan) const override;

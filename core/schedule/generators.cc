@@ -45,28 +45,52 @@ std::vector<VirtualMicrobatch> interleaved_schedule_table(int64_t microbatches, 
   return table;
 }
 
+namespace {
+
+// The first of Megatron's interleaving rules a shape breaks: one list for the predicate and the
+// messages, so the planner's cheap check and the error cannot drift apart.
+enum class InterleavedRule { kNone, kVirtualStages, kPipeline, kGroupBounds, kFinalGroup };
+
+InterleavedRule broken_interleaved_rule(int64_t pipeline_parallel_size, int64_t virtual_pipeline_size,
+                                        int64_t microbatches, int64_t group_size) {
+  if (virtual_pipeline_size < 2) return InterleavedRule::kVirtualStages;
+  if (pipeline_parallel_size < 2) return InterleavedRule::kPipeline;
+  if (group_size < pipeline_parallel_size || group_size > microbatches) return InterleavedRule::kGroupBounds;
+  // A last group shorter than pp leaves a chunk waiting on gradients scheduled after it: a hang.
+  const int64_t final_group = microbatches % group_size;
+  if (final_group > 0 && final_group < pipeline_parallel_size) return InterleavedRule::kFinalGroup;
+  return InterleavedRule::kNone;
+}
+
+}  // namespace
+
+bool interleaved_shape_ok(int64_t pipeline_parallel_size, int64_t virtual_pipeline_size, int64_t microbatches,
+                          int64_t group_size) {
+  return broken_interleaved_rule(pipeline_parallel_size, virtual_pipeline_size, microbatches, group_size) ==
+         InterleavedRule::kNone;
+}
+
 void validate_interleaved_shape(int64_t pipeline_parallel_size, int64_t virtual_pipeline_size, int64_t microbatches,
                                 int64_t group_size, const std::string& microbatches_field) {
   const std::string& field = microbatches_field;
-  if (virtual_pipeline_size < 2) {
-    throw SpecError("--virtual-pipeline-model-parallel-size",
-                    "the interleaved schedule needs vpp >= 2, got " + std::to_string(virtual_pipeline_size));
-  }
-  if (pipeline_parallel_size < 2) {
-    throw SpecError("--pipeline-model-parallel-size",
-                    "the interleaved schedule needs pp >= 2, got " + std::to_string(pipeline_parallel_size));
-  }
-  if (group_size < pipeline_parallel_size || group_size > microbatches) {
-    throw SpecError(field, "the interleaved schedule needs pp <= microbatch group size <= microbatches; got pp " +
-                               std::to_string(pipeline_parallel_size) + ", group " + std::to_string(group_size) +
-                               ", " + std::to_string(microbatches) + " microbatches");
-  }
-  // A last group shorter than pp leaves a chunk waiting on gradients scheduled after it: a hang.
-  const int64_t final_group = microbatches % group_size;
-  if (final_group > 0 && final_group < pipeline_parallel_size) {
-    throw SpecError(field, "the interleaved schedule needs microbatches % group size to be 0 or >= pp; got " +
-                               std::to_string(microbatches) + " % " + std::to_string(group_size) + " = " +
-                               std::to_string(final_group) + " with pp " + std::to_string(pipeline_parallel_size));
+  switch (broken_interleaved_rule(pipeline_parallel_size, virtual_pipeline_size, microbatches, group_size)) {
+    case InterleavedRule::kNone:
+      return;
+    case InterleavedRule::kVirtualStages:
+      throw SpecError("--virtual-pipeline-model-parallel-size",
+                      "the interleaved schedule needs vpp >= 2, got " + std::to_string(virtual_pipeline_size));
+    case InterleavedRule::kPipeline:
+      throw SpecError("--pipeline-model-parallel-size",
+                      "the interleaved schedule needs pp >= 2, got " + std::to_string(pipeline_parallel_size));
+    case InterleavedRule::kGroupBounds:
+      throw SpecError(field, "the interleaved schedule needs pp <= microbatch group size <= microbatches; got pp " +
+                                 std::to_string(pipeline_parallel_size) + ", group " + std::to_string(group_size) +
+                                 ", " + std::to_string(microbatches) + " microbatches");
+    case InterleavedRule::kFinalGroup:
+      throw SpecError(field, "the interleaved schedule needs microbatches % group size to be 0 or >= pp; got " +
+                                 std::to_string(microbatches) + " % " + std::to_string(group_size) + " = " +
+                                 std::to_string(microbatches % group_size) + " with pp " +
+                                 std::to_string(pipeline_parallel_size));
   }
 }
 

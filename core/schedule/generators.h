@@ -36,6 +36,9 @@ std::vector<VirtualMicrobatch> interleaved_schedule_table(int64_t microbatches, 
 // or --global-batch-size in a plan).
 void validate_interleaved_shape(int64_t pipeline_parallel_size, int64_t virtual_pipeline_size, int64_t microbatches,
                                 int64_t group_size, const std::string& microbatches_field);
+// The same rules as a predicate that throws nothing, for callers that only filter.
+bool interleaved_shape_ok(int64_t pipeline_parallel_size, int64_t virtual_pipeline_size, int64_t microbatches,
+                          int64_t group_size);
 
 // Megatron-LM's forward_backward_pipelining_with_interleaving (current, with
 // microbatch_group_size_per_vp_stage): (pp - rank - 1) * 2 + (vpp - 1) * group warm-up forwards

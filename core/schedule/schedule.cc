@@ -4,6 +4,7 @@
 #include "core/checked_math.h"
 #include "core/pipeline_layout.h"
 #include "core/schedule/generators.h"
+#include "core/schedule/schedule_traits.h"
 
 namespace megaplan {
 
@@ -24,37 +25,10 @@ PipelineSchedule generate_schedule(ScheduleKind kind, int64_t pipeline_parallel_
   schedule.shape.pipeline_parallel_size = pipeline_parallel_size;
   schedule.shape.num_stages = checked_multiply(pipeline_parallel_size, virtual_pipeline_size, "--vpp");
   schedule.shape.microbatches = microbatches;
-  schedule.shape.placement = stage_placement(kind);
-  const std::string kind_name = to_string(kind);
-  const auto require_vpp = [&](int64_t needed, const std::string& why) {
-    if (virtual_pipeline_size != needed) {
-      throw SpecError("--vpp", kind_name + " " + why + "; needs vpp = " + std::to_string(needed) + ", got " +
-                                   std::to_string(virtual_pipeline_size));
-    }
-  };
-  switch (kind) {
-    case ScheduleKind::kGPipe:
-    case ScheduleKind::kOneFOneB:
-    case ScheduleKind::kZeroBubbleH1:
-      require_vpp(1, "runs one stage per rank");
-      break;
-    case ScheduleKind::kInterleaved:
-      if (group_size == 0) group_size = pipeline_parallel_size;
-      validate_interleaved_shape(pipeline_parallel_size, virtual_pipeline_size, microbatches, group_size,
-                                 "--microbatches");
-      break;
-    case ScheduleKind::kZeroBubbleV:
-      require_vpp(2, "runs two stages per rank in a V");
-      break;
-    case ScheduleKind::kDualPipeV:
-      require_vpp(2, "runs two stages per rank in a V");
-      if (microbatches < 2 * pipeline_parallel_size) {
-        throw SpecError("--microbatches", "dualpipev needs at least as many microbatches as stages (2 * pp = " +
-                                              std::to_string(2 * pipeline_parallel_size) + "), got " +
-                                              std::to_string(microbatches));
-      }
-      break;
-  }
+  schedule.shape.placement = schedule_traits(kind).placement;
+  if (group_size == 0) group_size = pipeline_parallel_size;  // Megatron's default; only interleaving reads it
+  check_schedule_shape(kind, pipeline_parallel_size, virtual_pipeline_size, microbatches, group_size,
+                       ShapeFlags::kGenerator);
   schedule.ranks.reserve(static_cast<std::size_t>(pipeline_parallel_size));
   for (int64_t rank = 0; rank < pipeline_parallel_size; ++rank) {
     switch (kind) {

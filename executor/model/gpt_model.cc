@@ -2,8 +2,11 @@
 
 #include <cmath>
 #include <random>
+#include <stdexcept>
 
 #include "core/error.h"
+#include "core/formulas.h"
+#include "core/pipeline_layout.h"
 
 namespace megaplan::exec {
 
@@ -15,54 +18,25 @@ std::size_t product(const std::vector<int64_t>& shape) {
   return size;
 }
 
+// FNV-1a: a parameter's seed must not depend on the standard library's std::hash.
+uint64_t name_hash(const std::string& name) {
+  uint64_t hash = 1469598103934665603ull;
+  for (const char c : name) hash = (hash ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+  return hash;
+}
+
+bool ends_with(const std::string& text, const std::string& suffix) {
+  return text.size() >= suffix.size() && text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+constexpr const char* kWordEmbeddings = "embedding.word_embeddings.weight";
+constexpr const char* kOutputWeight = "output_layer.weight";
+
 }  // namespace
 
-int64_t GptModel::predicted_bytes(const ModelSpec& model, int64_t micro_batch_size, const Backend& backend) {
-  const int64_t h = model.hidden_size, f = model.effective_ffn_hidden_size(), L = model.num_layers;
-  const int64_t s = model.seq_length, v = padded_vocab_size(model, 1), heads = model.num_attention_heads;
-  const int64_t tokens = micro_batch_size * s;
-  const auto act = static_cast<int64_t>(backend.activation_bytes());
-  const int64_t parameters = v * h + s * h + L * (4 * h * h + 2 * f * h + 9 * h + f) + 2 * h;
-  const int64_t copy_bytes = act == static_cast<int64_t>(sizeof(float)) ? 0 : act;  // fp32 compute aliases
-  const int64_t weights = parameters * (4 * static_cast<int64_t>(sizeof(float)) + copy_bytes);
-  const int64_t scratch = act * tokens * (8 * h + f);
-  const auto attention_saved = static_cast<int64_t>(backend.attention_saved_size(
-      static_cast<std::size_t>(micro_batch_size), static_cast<std::size_t>(s), static_cast<std::size_t>(heads),
-      static_cast<std::size_t>(h / heads)));
-  const auto loss_saved =
-      static_cast<int64_t>(backend.cross_entropy_saved_size(static_cast<std::size_t>(tokens), static_cast<std::size_t>(v)));
-  const int64_t activations = act * (L * tokens * (6 * h + 2 * f) + tokens * (2 * h + v)) +
-                              static_cast<int64_t>(sizeof(float)) * (L * (4 * tokens + attention_saved) + 2 * tokens + loss_saved);
-  return weights + scratch + activations;
-}
-
-Parameter& GptModel::add_parameter(const std::string& name, std::vector<int64_t> shape, TensorSplit split, bool decay) {
-  Parameter parameter;
-  parameter.name = name;
-  parameter.size = product(shape);
-  parameter.shape = std::move(shape);
-  parameter.split = split;
-  parameter.weight_decay = decay;
-  parameter.value = backend_.allocate(parameter.size);
-  parameter.gradient = backend_.allocate(parameter.size);
-  parameter.first_moment = backend_.allocate(parameter.size);
-  parameter.second_moment = backend_.allocate(parameter.size);
-  parameter.compute = backend_.compute_copy(parameter.value, parameter.size);
-  parameters_.push_back(std::move(parameter));
-  return parameters_.back();
-}
-
-GptModel::GptModel(const ModelSpec& model, int64_t micro_batch_size, Backend& backend, uint64_t seed)
-    : backend_(backend),
-      hidden_(model.hidden_size),
-      heads_(model.num_attention_heads),
-      layers_count_(model.num_layers),
-      ffn_(model.effective_ffn_hidden_size()),
-      seq_(model.seq_length),
-      vocab_(padded_vocab_size(model, 1)),
-      batch_(micro_batch_size) {
+void GptModel::refuse_unsupported(const ModelSpec& model, const ParallelPlan& plan) {
   const auto unsupported = [](const std::string& field, const std::string& what) {
-    throw SpecError(field, what + " is not in the " + std::string("trainer yet (next executor issue)"));
+    throw SpecError(field, what + " is not in the executor yet");
   };
   if (model.normalization != Normalization::kLayerNorm) unsupported("--normalization", "RMSNorm");
   if (model.position_embedding_type != PositionEmbedding::kLearnedAbsolute) unsupported("--position-embedding-type", "RoPE");
@@ -70,59 +44,167 @@ GptModel::GptModel(const ModelSpec& model, int64_t micro_batch_size, Backend& ba
   if (model.effective_num_query_groups() != model.num_attention_heads) unsupported("--num-query-groups", "GQA");
   if (model.untie_embeddings_and_output_weights) unsupported("--untie-embeddings-and-output-weights", "an untied output layer");
   if (!model.add_bias_linear) unsupported("--disable-bias-linear", "linear layers without bias");
-  if (model.effective_kv_channels() * heads_ != hidden_) unsupported("--kv-channels", "a head dimension other than h / heads");
-  if (micro_batch_size <= 0) throw SpecError("--micro-batch-size", "must be a positive integer");
-  const int64_t needed = predicted_bytes(model, micro_batch_size, backend);
+  if (model.effective_kv_channels() * model.num_attention_heads != model.hidden_size) {
+    unsupported("--kv-channels", "a head dimension other than h / heads");
+  }
+  if (plan.tensor_parallel_size != 1) unsupported("--tensor-model-parallel-size", "tensor parallelism");
+  if (plan.context_parallel_size != 1) unsupported("--context-parallel-size", "context parallelism");
+  if (plan.recompute_granularity != RecomputeGranularity::kNone) unsupported("--recompute-granularity", "recomputation");
+}
+
+namespace {
+
+// Megatron DDP's buffer for a stage: the word embedding (or its tied copy) in a bucket of its own.
+ParameterLayout layout_stage(const std::vector<ParameterSpec>& specs, const ParallelPlan& plan) {
+  std::vector<std::size_t> sizes, alone;
+  for (const ParameterSpec& spec : specs) {
+    if (spec.name == kWordEmbeddings || spec.name == kOutputWeight) alone.push_back(sizes.size());
+    sizes.push_back(spec.size);
+  }
+  return layout_parameters(sizes, default_bucket_size(plan.data_parallel_size), plan.data_parallel_size, alone);
+}
+
+}  // namespace
+
+std::vector<ParameterSpec> GptModel::describe_parameters(const ModelSpec& model, const ParallelPlan& plan,
+                                                         int64_t stage) {
+  const StageLayers layers = stage_layers(stage, model, plan);
+  const int64_t h = model.hidden_size, f = model.effective_ffn_hidden_size();
+  const int64_t v = padded_vocab_size(model, plan.tensor_parallel_size);
+  std::vector<ParameterSpec> specs;
+  const auto add = [&](std::string name, std::vector<int64_t> shape, TensorSplit split, bool decay) {
+    ParameterSpec spec;
+    spec.name = std::move(name);
+    spec.size = product(shape);
+    spec.shape = std::move(shape);
+    spec.split = split;
+    spec.weight_decay = decay;
+    specs.push_back(std::move(spec));
+  };
+  if (layers.has_embedding) {
+    add(kWordEmbeddings, {v, h}, TensorSplit::kVocabulary, true);
+    add("embedding.position_embeddings.weight", {model.effective_max_position_embeddings(), h},
+        TensorSplit::kReplicated, true);
+  }
+  for (int64_t l = layers.first_layer; l < layers.first_layer + layers.num_layers; ++l) {
+    const std::string prefix = "decoder.layers." + std::to_string(l) + ".";
+    add(prefix + "input_layernorm.weight", {h}, TensorSplit::kReplicated, false);
+    add(prefix + "input_layernorm.bias", {h}, TensorSplit::kReplicated, false);
+    add(prefix + "self_attention.linear_qkv.weight", {3 * h, h}, TensorSplit::kColumn, true);
+    add(prefix + "self_attention.linear_qkv.bias", {3 * h}, TensorSplit::kColumn, false);
+    add(prefix + "self_attention.linear_proj.weight", {h, h}, TensorSplit::kRow, true);
+    add(prefix + "self_attention.linear_proj.bias", {h}, TensorSplit::kReplicated, false);
+    add(prefix + "pre_mlp_layernorm.weight", {h}, TensorSplit::kReplicated, false);
+    add(prefix + "pre_mlp_layernorm.bias", {h}, TensorSplit::kReplicated, false);
+    add(prefix + "mlp.linear_fc1.weight", {f, h}, TensorSplit::kColumn, true);
+    add(prefix + "mlp.linear_fc1.bias", {f}, TensorSplit::kColumn, false);
+    add(prefix + "mlp.linear_fc2.weight", {h, f}, TensorSplit::kRow, true);
+    add(prefix + "mlp.linear_fc2.bias", {h}, TensorSplit::kReplicated, false);
+  }
+  if (layers.has_output_layer) {
+    add("decoder.final_layernorm.weight", {h}, TensorSplit::kReplicated, false);
+    add("decoder.final_layernorm.bias", {h}, TensorSplit::kReplicated, false);
+    if (stage_parameters(model, plan, stage).holds_output_weight && !layers.has_embedding) {
+      add(kOutputWeight, {v, h}, TensorSplit::kVocabulary, true);
+    }
+  }
+  return specs;
+}
+
+int64_t GptModel::predicted_bytes(const ModelSpec& model, const ParallelPlan& plan, int64_t stage, int64_t inflight,
+                                  const Backend& backend) {
+  const StageLayers stage_layout = stage_layers(stage, model, plan);
+  const int64_t h = model.hidden_size, f = model.effective_ffn_hidden_size(), L = stage_layout.num_layers;
+  const int64_t s = model.seq_length, v = padded_vocab_size(model, plan.tensor_parallel_size);
+  const int64_t heads = model.num_attention_heads;
+  const int64_t tokens = plan.micro_batch_size * s;
+  const auto act = static_cast<int64_t>(backend.activation_bytes());
+  const auto fp32 = static_cast<int64_t>(sizeof(float));
+  const std::vector<ParameterSpec> specs = describe_parameters(model, plan, stage);
+  int64_t parameters = 0;
+  for (const ParameterSpec& spec : specs) parameters += static_cast<int64_t>(spec.size);
+  const ParameterLayout layout = layout_stage(specs, plan);
+  const int64_t copy_bytes = act == fp32 ? 0 : act;  // fp32 compute aliases the master weight
+  const int64_t weights = 2 * fp32 * static_cast<int64_t>(layout.total) + copy_bytes * parameters;
+  const int64_t scratch = act * tokens * (8 * h + f);
+  const auto attention_saved = static_cast<int64_t>(backend.attention_saved_size(
+      static_cast<std::size_t>(plan.micro_batch_size), static_cast<std::size_t>(s), static_cast<std::size_t>(heads),
+      static_cast<std::size_t>(h / heads)));
+  int64_t microbatch = act * (L * tokens * (6 * h + 2 * f) + tokens * h) + fp32 * L * (4 * tokens + attention_saved);
+  if (stage_layout.has_output_layer) {
+    const auto loss_saved = static_cast<int64_t>(
+        backend.cross_entropy_saved_size(static_cast<std::size_t>(tokens), static_cast<std::size_t>(v)));
+    microbatch += act * tokens * (h + v) + fp32 * (2 * tokens + loss_saved);
+  }
+  return weights + scratch + inflight * microbatch;
+}
+
+void GptModel::add_parameter(const ParameterSpec& spec) {
+  Parameter parameter;
+  static_cast<ParameterSpec&>(parameter) = spec;
+  const std::size_t index = parameters_.size();
+  parameter.value = values_ + layout_.offsets[index];
+  parameter.gradient = gradients_ + layout_.offsets[index];
+  parameter.compute = backend_.compute_copy(parameter.value, parameter.size);
+  parameters_.push_back(std::move(parameter));
+}
+
+GptModel::GptModel(const ModelSpec& model, const ParallelPlan& plan, int64_t stage, Backend& backend, uint64_t seed,
+                   Parameter* tied_embedding)
+    : backend_(backend),
+      stage_(stage),
+      hidden_(model.hidden_size),
+      heads_(model.num_attention_heads),
+      layers_total_(model.num_layers),
+      ffn_(model.effective_ffn_hidden_size()),
+      seq_(model.seq_length),
+      vocab_(padded_vocab_size(model, plan.tensor_parallel_size)),
+      batch_(plan.micro_batch_size) {
+  refuse_unsupported(model, plan);
+  if (plan.micro_batch_size <= 0) throw SpecError("--micro-batch-size", "must be a positive integer");
+  const StageLayers stage_layout = stage_layers(stage, model, plan);
+  first_layer_ = stage_layout.first_layer;
+  has_embedding_ = stage_layout.has_embedding;
+  has_output_ = stage_layout.has_output_layer;
+  const int64_t needed = predicted_bytes(model, plan, stage, 1, backend);
   if (const int64_t available = backend.available_bytes(); needed > available) {
-    throw SpecError("--micro-batch-size", model.name + " with micro-batch size " + std::to_string(micro_batch_size) +
-                                              " needs " + std::to_string(needed) + " bytes on " + backend.name() +
-                                              " (weights, gradients, optimizer state and one microbatch's "
-                                              "activations) but " + std::to_string(available) + " are available");
+    throw SpecError("--micro-batch-size", model.name + " with micro-batch size " + std::to_string(batch_) +
+                                              " needs " + std::to_string(needed) + " bytes for stage " +
+                                              std::to_string(stage) + " on " + backend.name() +
+                                              " (weights, gradients and one microbatch's activations) but " +
+                                              std::to_string(available) + " are available");
   }
 
-  const int64_t h = hidden_;
-  parameters_.reserve(static_cast<std::size_t>(4 + 12 * layers_count_));  // pointers into it stay valid
-  word_embeddings_ = &add_parameter("embedding.word_embeddings.weight", {vocab_, h}, TensorSplit::kVocabulary, true);
-  position_embeddings_ = &add_parameter("embedding.position_embeddings.weight", {seq_, h}, TensorSplit::kReplicated, true);
-  for (int64_t l = 0; l < layers_count_; ++l) {
-    const std::string prefix = "decoder.layers." + std::to_string(l) + ".";
+  const std::vector<ParameterSpec> specs = describe_parameters(model, plan, stage);
+  layout_ = layout_stage(specs, plan);
+  values_ = backend_.allocate(layout_.total);
+  gradients_ = backend_.allocate(layout_.total);
+  parameters_.reserve(specs.size());  // pointers into it stay valid
+  for (const ParameterSpec& spec : specs) add_parameter(spec);
+
+  std::size_t next = 0;
+  const auto take_parameter = [&] { return &parameters_[next++]; };
+  if (has_embedding_) {
+    word_embeddings_ = take_parameter();
+    position_embeddings_ = take_parameter();
+  }
+  for (int64_t l = 0; l < stage_layout.num_layers; ++l) {
     Layer layer{};
-    layer.ln1_gamma = &add_parameter(prefix + "input_layernorm.weight", {h}, TensorSplit::kReplicated, false);
-    layer.ln1_beta = &add_parameter(prefix + "input_layernorm.bias", {h}, TensorSplit::kReplicated, false);
-    layer.qkv_weight = &add_parameter(prefix + "self_attention.linear_qkv.weight", {3 * h, h}, TensorSplit::kColumn, true);
-    layer.qkv_bias = &add_parameter(prefix + "self_attention.linear_qkv.bias", {3 * h}, TensorSplit::kColumn, false);
-    layer.proj_weight = &add_parameter(prefix + "self_attention.linear_proj.weight", {h, h}, TensorSplit::kRow, true);
-    layer.proj_bias = &add_parameter(prefix + "self_attention.linear_proj.bias", {h}, TensorSplit::kReplicated, false);
-    layer.ln2_gamma = &add_parameter(prefix + "pre_mlp_layernorm.weight", {h}, TensorSplit::kReplicated, false);
-    layer.ln2_beta = &add_parameter(prefix + "pre_mlp_layernorm.bias", {h}, TensorSplit::kReplicated, false);
-    layer.fc1_weight = &add_parameter(prefix + "mlp.linear_fc1.weight", {ffn_, h}, TensorSplit::kColumn, true);
-    layer.fc1_bias = &add_parameter(prefix + "mlp.linear_fc1.bias", {ffn_}, TensorSplit::kColumn, false);
-    layer.fc2_weight = &add_parameter(prefix + "mlp.linear_fc2.weight", {h, ffn_}, TensorSplit::kRow, true);
-    layer.fc2_bias = &add_parameter(prefix + "mlp.linear_fc2.bias", {h}, TensorSplit::kReplicated, false);
+    for (Parameter** slot : {&layer.ln1_gamma, &layer.ln1_beta, &layer.qkv_weight, &layer.qkv_bias, &layer.proj_weight,
+                             &layer.proj_bias, &layer.ln2_gamma, &layer.ln2_beta, &layer.fc1_weight, &layer.fc1_bias,
+                             &layer.fc2_weight, &layer.fc2_bias}) {
+      *slot = take_parameter();
+    }
     layers_.push_back(layer);
   }
-  final_gamma_ = &add_parameter("decoder.final_layernorm.weight", {h}, TensorSplit::kReplicated, false);
-  final_beta_ = &add_parameter("decoder.final_layernorm.bias", {h}, TensorSplit::kReplicated, false);
-
-  // Megatron's initialisation: normal(0, 0.02), output projections scaled by 1 / sqrt(2 L).
-  std::mt19937_64 generator(seed);
-  const double sigma = 0.02;
-  const double output_sigma = sigma / std::sqrt(2.0 * static_cast<double>(layers_count_));
-  for (Parameter& parameter : parameters_) {
-    std::vector<float> host(parameter.size, 0.0f);
-    const bool norm_weight = parameter.name.find("layernorm.weight") != std::string::npos;
-    const bool bias = parameter.name.size() >= 4 && parameter.name.compare(parameter.name.size() - 4, 4, "bias") == 0;
-    if (norm_weight) {
-      std::fill(host.begin(), host.end(), 1.0f);
-    } else if (!bias) {
-      const bool output = parameter.name.find("linear_proj.weight") != std::string::npos ||
-                          parameter.name.find("linear_fc2.weight") != std::string::npos;
-      std::normal_distribution<double> normal(0.0, output ? output_sigma : sigma);
-      for (float& value : host) value = static_cast<float>(normal(generator));
-    }
-    backend_.upload(parameter.value, host.data(), parameter.size);
+  if (has_output_) {
+    final_gamma_ = take_parameter();
+    final_beta_ = take_parameter();
+    if (next < parameters_.size()) output_copy_ = take_parameter();
+    output_weight_ = output_copy_ ? output_copy_ : word_embeddings_ ? word_embeddings_ : tied_embedding;
+    if (!output_weight_) throw std::logic_error("GptModel: the last stage needs stage 0's word embedding on its rank");
   }
-  refresh_compute_weights();
+  initialise(seed);
 
   const auto tokens = static_cast<std::size_t>(batch_ * seq_);
   const auto hs = static_cast<std::size_t>(hidden_);
@@ -135,33 +217,50 @@ GptModel::GptModel(const ModelSpec& model, int64_t micro_batch_size, Backend& ba
   d_ffn_ = backend_.allocate_activation(tokens * static_cast<std::size_t>(ffn_));
 }
 
-GptModel::~GptModel() {
-  for (auto& [microbatch, activations] : in_flight_) release_activations(activations);
-  for (Activations& activations : spare_) release_activations(activations);
+void GptModel::initialise(uint64_t seed) {
+  // Megatron's initialisation: normal(0, 0.02), output projections scaled by 1 / sqrt(2 L). The
+  // output layer's copy draws the word embedding's values: the two start equal, as Megatron
+  // makes them by broadcasting the first stage's.
+  const double sigma = 0.02;
+  const double output_sigma = sigma / std::sqrt(2.0 * static_cast<double>(layers_total_));
   for (Parameter& parameter : parameters_) {
-    backend_.release_compute_copy(parameter.compute, parameter.value);
-    for (float* buffer : {parameter.value, parameter.gradient, parameter.first_moment, parameter.second_moment}) {
-      backend_.release(buffer);
+    std::vector<float> host(parameter.size, 0.0f);
+    const std::string& source = &parameter == output_copy_ ? std::string(kWordEmbeddings) : parameter.name;
+    if (ends_with(parameter.name, "layernorm.weight")) {
+      std::fill(host.begin(), host.end(), 1.0f);
+    } else if (!ends_with(parameter.name, "bias")) {
+      const bool output = ends_with(parameter.name, "linear_proj.weight") || ends_with(parameter.name, "linear_fc2.weight");
+      const uint64_t hash = name_hash(source);
+      std::seed_seq sequence{static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32),
+                             static_cast<uint32_t>(hash), static_cast<uint32_t>(hash >> 32)};
+      std::mt19937_64 generator(sequence);
+      std::normal_distribution<double> normal(0.0, output ? output_sigma : sigma);
+      for (float& value : host) value = static_cast<float>(normal(generator));
     }
+    backend_.upload(parameter.value, host.data(), parameter.size);
   }
+  refresh_compute_weights();
+  zero_gradients();
+}
+
+GptModel::~GptModel() {
+  for (auto* held : {&in_flight_, &awaiting_weight_}) {
+    for (auto& [microbatch, activations] : *held) release_activations(activations);
+  }
+  for (Activations& activations : spare_) release_activations(activations);
+  for (Parameter& parameter : parameters_) backend_.release_compute_copy(parameter.compute, parameter.value);
+  backend_.release(values_);
+  backend_.release(gradients_);
   for (Activation buffer : {norm_out_, branch_out_, d_hidden_, d_residual_[0], d_residual_[1], d_qkv_, d_ffn_}) {
     backend_.release(buffer);
   }
 }
 
-std::vector<OptimizerTensor> GptModel::optimizer_tensors(double weight_decay) const {
-  std::vector<OptimizerTensor> tensors;
-  tensors.reserve(parameters_.size());
-  for (const Parameter& p : parameters_) {
-    tensors.push_back({p.value, p.gradient, p.first_moment, p.second_moment, p.compute, p.size,
-                       p.weight_decay ? weight_decay : 0.0});
-  }
-  return tensors;
-}
-
 void GptModel::refresh_compute_weights() {
   for (Parameter& p : parameters_) backend_.refresh_compute_copy(p.value, p.size, p.compute);
 }
+
+void GptModel::zero_gradients() { backend_.fill(gradients_, layout_.total, 0.0f); }
 
 GptModel::Activations GptModel::allocate_activations() {
   if (!spare_.empty()) {
@@ -175,7 +274,7 @@ GptModel::Activations GptModel::allocate_activations() {
   const auto stats = [&] { return backend_.allocate(tokens); };
   const auto act = [&](std::size_t n) { return backend_.allocate_activation(n); };
   Activations a;
-  for (int64_t l = 0; l < layers_count_; ++l) {
+  for (std::size_t l = 0; l < layers_.size(); ++l) {
     LayerActivations layer{};
     layer.input = act(tokens * h);
     layer.qkv = act(tokens * 3 * h);
@@ -193,40 +292,48 @@ GptModel::Activations GptModel::allocate_activations() {
     a.layers.push_back(layer);
   }
   a.output = act(tokens * h);
-  a.final_norm = act(tokens * h);
-  a.logits = act(tokens * static_cast<std::size_t>(vocab_));
-  a.final_mean = stats();
-  a.final_rstd = stats();
-  a.loss_saved = backend_.allocate(backend_.cross_entropy_saved_size(tokens, static_cast<std::size_t>(vocab_)));
+  if (has_output_) {
+    a.final_norm = act(tokens * h);
+    a.logits = act(tokens * static_cast<std::size_t>(vocab_));
+    a.final_mean = stats();
+    a.final_rstd = stats();
+    a.loss_saved = backend_.allocate(backend_.cross_entropy_saved_size(tokens, static_cast<std::size_t>(vocab_)));
+  }
   return a;
 }
 
 void GptModel::release_activations(Activations& a) {
   for (LayerActivations& l : a.layers) {
-    for (Activation buffer : {l.input, l.qkv, l.attention, l.middle, l.fc1, l.gelu}) {
-      backend_.release(buffer);
-    }
+    for (Activation buffer : {l.input, l.qkv, l.attention, l.middle, l.fc1, l.gelu}) backend_.release(buffer);
     for (float* buffer : {l.ln1_mean, l.ln1_rstd, l.attention_saved, l.ln2_mean, l.ln2_rstd}) backend_.release(buffer);
   }
-  for (Activation buffer : {a.output, a.final_norm, a.logits}) backend_.release(buffer);
-  for (float* buffer : {a.final_mean, a.final_rstd, a.loss_saved}) backend_.release(buffer);
+  for (const DeferredGradients& d : a.deferred) {
+    for (Activation buffer : {d.qkv, d.proj, d.fc1, d.fc2}) backend_.release(buffer);
+  }
+  for (Activation buffer : {a.output, a.final_norm, a.logits, a.input_gradient}) {
+    if (buffer) backend_.release(buffer);
+  }
+  for (float* buffer : {a.final_mean, a.final_rstd, a.loss_saved}) {
+    if (buffer) backend_.release(buffer);
+  }
   a.layers.clear();
+  a.deferred.clear();
 }
 
-double GptModel::run_forward(Activations& a, const std::vector<int64_t>& tokens, const std::vector<float>& mask) {
+void GptModel::read_tokens(Activations& a, const MicrobatchTokens& data) const {
   const auto batch = static_cast<std::size_t>(batch_);
   const auto seq = static_cast<std::size_t>(seq_);
   const std::size_t count = batch * seq;
-  if (tokens.size() != batch * (seq + 1) || mask.size() != count) {
-    throw SpecError("--micro-batch-size", "a microbatch needs " + std::to_string(batch * (seq + 1)) + " tokens, got " +
-                                              std::to_string(tokens.size()));
+  if (data.tokens.size() != batch * (seq + 1) || data.loss_mask.size() != count) {
+    throw SpecError("--micro-batch-size", "a microbatch needs " + std::to_string(batch * (seq + 1)) +
+                                              " tokens, got " + std::to_string(data.tokens.size()));
   }
   a.inputs.resize(count);
   a.labels.resize(count);
   for (std::size_t b = 0; b < batch; ++b) {
     for (std::size_t s = 0; s < seq; ++s) {
-      const int64_t input = tokens[b * (seq + 1) + s];
-      const int64_t label = tokens[b * (seq + 1) + s + 1];
+      const int64_t input = data.tokens[b * (seq + 1) + s];
+      const int64_t label = data.tokens[b * (seq + 1) + s + 1];
       if (input < 0 || input >= vocab_ || label < 0 || label >= vocab_) {
         throw SpecError("--data-path", "token " + std::to_string(std::max(input, label)) +
                                            " is outside the model's padded vocabulary of " + std::to_string(vocab_));
@@ -235,16 +342,27 @@ double GptModel::run_forward(Activations& a, const std::vector<int64_t>& tokens,
       a.labels[b * seq + s] = label;
     }
   }
-  a.mask = mask;
+  a.mask = data.loss_mask;
+}
+
+double GptModel::run_forward(Activations& a, const MicrobatchTokens* data) {
+  if ((has_embedding_ || has_output_) && !data) throw std::logic_error("GptModel: the first and last stages read data");
+  if (data) read_tokens(a, *data);
+  const auto batch = static_cast<std::size_t>(batch_);
+  const auto seq = static_cast<std::size_t>(seq_);
+  const std::size_t count = batch * seq;
   const auto h = static_cast<std::size_t>(hidden_);
   const auto f = static_cast<std::size_t>(ffn_);
   const auto heads = static_cast<std::size_t>(heads_);
   const auto v = static_cast<std::size_t>(vocab_);
   // The residual stream: x_{l+1} = middle_l + mlp(ln2(middle_l)), middle_l = x_l + attention(ln1(x_l)).
-  // Each branch's output waits in branch_out_ until the next norm adds it to the stream.
+  // Each branch's output waits in branch_out_ until the next norm adds it to the stream. A
+  // non-first stage's input is already in the first layer's input (or, without layers, the output).
   Activation stream = a.layers.empty() ? a.output : a.layers[0].input;
-  backend_.embedding_forward(a.inputs.data(), count, seq, word_embeddings_->compute, position_embeddings_->compute, h,
-                             stream);
+  if (has_embedding_) {
+    backend_.embedding_forward(a.inputs.data(), count, seq, word_embeddings_->compute, position_embeddings_->compute,
+                               h, stream);
+  }
   ConstActivation pending = nullptr;  // the branch output not yet added to `stream`
   for (std::size_t l = 0; l < layers_.size(); ++l) {
     const Layer& w = layers_[l];
@@ -270,33 +388,63 @@ double GptModel::run_forward(Activations& a, const std::vector<int64_t>& tokens,
     stream = act.middle;
     pending = branch_out_;
   }
+  if (!has_output_) {
+    // The message to the next stage is the residual sum itself.
+    if (pending) backend_.add(stream, pending, count * h, a.output);
+    return 0.0;
+  }
   backend_.layernorm_forward(stream, pending, pending ? a.output : nullptr, final_gamma_->compute,
                              final_beta_->compute, count, h, a.final_norm, a.final_mean, a.final_rstd);
   // Tied output layer: logits = final_norm E^T.
-  backend_.linear_forward(a.final_norm, word_embeddings_->compute, nullptr, count, h, v, LinearEpilogue::kNone,
-                          a.logits, nullptr);
+  backend_.linear_forward(a.final_norm, output_weight_->compute, nullptr, count, h, v, LinearEpilogue::kNone, a.logits,
+                          nullptr);
   return backend_.cross_entropy_forward(a.logits, a.labels.data(), a.mask.data(), count, v, a.loss_saved);
 }
 
-double GptModel::forward(int64_t microbatch, const std::vector<int64_t>& tokens, const std::vector<float>& loss_mask) {
-  Activations activations = allocate_activations();
-  const double loss = run_forward(activations, tokens, loss_mask);
-  in_flight_[microbatch] = std::move(activations);
-  return loss;
+Activation GptModel::input_buffer(int64_t microbatch) {
+  if (has_embedding_) throw std::logic_error("GptModel: the first stage reads tokens, not an input buffer");
+  auto found = in_flight_.find(microbatch);
+  if (found == in_flight_.end()) found = in_flight_.emplace(microbatch, allocate_activations()).first;
+  Activations& a = found->second;
+  return a.layers.empty() ? a.output : a.layers[0].input;
 }
 
-double GptModel::evaluate(const std::vector<int64_t>& tokens, const std::vector<float>& loss_mask) {
-  Activations activations = allocate_activations();
-  const double loss = run_forward(activations, tokens, loss_mask);
-  spare_.push_back(std::move(activations));
-  return loss;
+double GptModel::forward(int64_t microbatch, const MicrobatchTokens* data) {
+  auto found = in_flight_.find(microbatch);
+  if (found == in_flight_.end()) {
+    if (!has_embedding_) throw std::logic_error("GptModel: F of a non-first stage before its input arrived");
+    found = in_flight_.emplace(microbatch, allocate_activations()).first;
+  }
+  return run_forward(found->second, data);
 }
 
-void GptModel::backward(int64_t microbatch, float loss_scale) {
+ConstActivation GptModel::output(int64_t microbatch) const {
   const auto found = in_flight_.find(microbatch);
-  if (found == in_flight_.end()) throw std::logic_error("GptModel::backward without its forward");
+  if (found == in_flight_.end() || has_output_) throw std::logic_error("GptModel::output without its forward");
+  return found->second.output;
+}
+
+double GptModel::evaluate(const MicrobatchTokens* data, ConstActivation input, Activation output) {
+  Activations a = allocate_activations();
+  const std::size_t n = message_size();
+  if (!has_embedding_) backend_.copy(input, n, a.layers.empty() ? a.output : a.layers[0].input);
+  const double loss = run_forward(a, data);
+  if (!has_output_) backend_.copy(a.output, n, output);
+  spare_.push_back(std::move(a));
+  return loss;
+}
+
+GptModel::Activations GptModel::take(std::map<int64_t, Activations>& from, int64_t microbatch, const char* why) {
+  const auto found = from.find(microbatch);
+  if (found == from.end()) throw std::logic_error(std::string("GptModel: ") + why);
   Activations a = std::move(found->second);
-  in_flight_.erase(found);
+  from.erase(found);
+  return a;
+}
+
+void GptModel::backward_input(int64_t microbatch, ConstActivation output_gradient, float loss_scale,
+                              Activation input_gradient, bool defer) {
+  Activations a = take(in_flight_, microbatch, "a backward without its forward");
   const auto batch = static_cast<std::size_t>(batch_);
   const auto seq = static_cast<std::size_t>(seq_);
   const std::size_t count = batch * seq;
@@ -304,49 +452,130 @@ void GptModel::backward(int64_t microbatch, float loss_scale) {
   const auto f = static_cast<std::size_t>(ffn_);
   const auto v = static_cast<std::size_t>(vocab_);
   const auto heads = static_cast<std::size_t>(heads_);
+  // Under I each GEMM's output gradient is kept for W; under B its weight gradient is taken now.
+  // `kept` copies a gradient out of the scratch buffers the loop reuses.
+  const auto kept = [&](ConstActivation gradient, std::size_t n) {
+    Activation copy = backend_.allocate_activation(n);
+    backend_.copy(gradient, n, copy);
+    return copy;
+  };
+  const auto weight_gradient = [&](ConstActivation dy, ConstActivation x, std::size_t k, std::size_t n,
+                                   Parameter* weight, Parameter* bias) {
+    backend_.linear_backward(dy, x, weight->compute, count, k, n, nullptr, weight->gradient,
+                             bias ? bias->gradient : nullptr);
+  };
 
-  // The loss's gradient overwrites the logits.
-  backend_.cross_entropy_backward(a.logits, a.loss_saved, a.labels.data(), a.mask.data(), count, v, loss_scale,
-                                  a.logits);
-  backend_.linear_backward(a.logits, a.final_norm, word_embeddings_->compute, count, h, v, d_hidden_,
-                           word_embeddings_->gradient, nullptr);
   // d_residual_[0] holds the stream's gradient at a layer's output, [1] at its middle.
   Activation d_out = d_residual_[0], d_middle = d_residual_[1];
-  backend_.layernorm_backward(d_hidden_, a.output, final_gamma_->compute, a.final_mean, a.final_rstd, count, h,
-                              nullptr, d_out, final_gamma_->gradient, final_beta_->gradient);
+  if (has_output_) {
+    // The loss's gradient overwrites the logits (and waits there for W under I).
+    backend_.cross_entropy_backward(a.logits, a.loss_saved, a.labels.data(), a.mask.data(), count, v, loss_scale,
+                                    a.logits);
+    backend_.linear_backward(a.logits, a.final_norm, output_weight_->compute, count, h, v, d_hidden_, nullptr, nullptr);
+    if (!defer) weight_gradient(a.logits, a.final_norm, h, v, output_weight_, nullptr);
+    backend_.layernorm_backward(d_hidden_, a.output, final_gamma_->compute, a.final_mean, a.final_rstd, count, h,
+                                nullptr, d_out, final_gamma_->gradient, final_beta_->gradient);
+  } else {
+    backend_.copy(output_gradient, count * h, d_out);
+  }
+  if (defer) a.deferred.resize(layers_.size());
   for (std::size_t l = layers_.size(); l-- > 0;) {
     const Layer& w = layers_[l];
     const LayerActivations& act = a.layers[l];
     // out = middle + fc2(gelu(fc1(ln2(middle)))); fc2's input gradient goes through the GELU in
     // the same GEMM.
-    backend_.linear_gelu_backward(d_out, act.gelu, w.fc2_weight->compute, count, f, h, act.fc1, d_ffn_,
-                                  w.fc2_weight->gradient, w.fc2_bias->gradient);
+    backend_.linear_backward_through_gelu(d_out, w.fc2_weight->compute, count, f, h, act.fc1, d_ffn_);
+    if (defer) {
+      a.deferred[l].fc2 = kept(d_out, count * h);
+    } else {
+      weight_gradient(d_out, act.gelu, f, h, w.fc2_weight, w.fc2_bias);
+    }
     backend_.layernorm_forward(act.middle, nullptr, nullptr, w.ln2_gamma->compute, w.ln2_beta->compute, count, h,
                                norm_out_, act.ln2_mean, act.ln2_rstd);  // recomputed, not kept
-    backend_.linear_backward(d_ffn_, norm_out_, w.fc1_weight->compute, count, h, f, d_hidden_, w.fc1_weight->gradient,
-                             w.fc1_bias->gradient);
+    backend_.linear_backward(d_ffn_, norm_out_, w.fc1_weight->compute, count, h, f, d_hidden_, nullptr, nullptr);
+    if (defer) {
+      a.deferred[l].fc1 = kept(d_ffn_, count * f);
+    } else {
+      weight_gradient(d_ffn_, norm_out_, h, f, w.fc1_weight, w.fc1_bias);
+    }
     backend_.layernorm_backward(d_hidden_, act.middle, w.ln2_gamma->compute, act.ln2_mean, act.ln2_rstd, count, h,
                                 d_out, d_middle, w.ln2_gamma->gradient, w.ln2_beta->gradient);
     // middle = input + proj(attention(qkv(ln1(input)))).
-    backend_.linear_backward(d_middle, act.attention, w.proj_weight->compute, count, h, h, d_hidden_,
-                             w.proj_weight->gradient, w.proj_bias->gradient);
+    backend_.linear_backward(d_middle, act.attention, w.proj_weight->compute, count, h, h, d_hidden_, nullptr, nullptr);
+    if (defer) {
+      a.deferred[l].proj = kept(d_middle, count * h);
+    } else {
+      weight_gradient(d_middle, act.attention, h, h, w.proj_weight, w.proj_bias);
+    }
     backend_.attention_backward(d_hidden_, act.qkv, act.attention, act.attention_saved, batch, seq, heads, h / heads,
                                 d_qkv_);
     backend_.layernorm_forward(act.input, nullptr, nullptr, w.ln1_gamma->compute, w.ln1_beta->compute, count, h,
                                norm_out_, act.ln1_mean, act.ln1_rstd);  // recomputed, not kept
-    backend_.linear_backward(d_qkv_, norm_out_, w.qkv_weight->compute, count, h, 3 * h, d_hidden_,
-                             w.qkv_weight->gradient, w.qkv_bias->gradient);
+    backend_.linear_backward(d_qkv_, norm_out_, w.qkv_weight->compute, count, h, 3 * h, d_hidden_, nullptr, nullptr);
+    if (defer) {
+      a.deferred[l].qkv = kept(d_qkv_, count * 3 * h);
+    } else {
+      weight_gradient(d_qkv_, norm_out_, h, 3 * h, w.qkv_weight, w.qkv_bias);
+    }
     // The input's gradient goes to d_out's buffer: it is the previous layer's output gradient.
     backend_.layernorm_backward(d_hidden_, act.input, w.ln1_gamma->compute, act.ln1_mean, act.ln1_rstd, count, h,
                                 d_middle, d_out, w.ln1_gamma->gradient, w.ln1_beta->gradient);
   }
-  backend_.embedding_backward(d_out, a.inputs.data(), count, seq, h, word_embeddings_->gradient,
-                              position_embeddings_->gradient);
+  if (!has_embedding_) {
+    backend_.copy(d_out, count * h, input_gradient);
+  } else if (defer) {
+    a.input_gradient = kept(d_out, count * h);  // the embedding's gradient is a weight gradient
+  } else {
+    backend_.embedding_backward(d_out, a.inputs.data(), count, seq, h, word_embeddings_->gradient,
+                                position_embeddings_->gradient);
+  }
+  if (defer) {
+    awaiting_weight_.emplace(microbatch, std::move(a));
+  } else {
+    spare_.push_back(std::move(a));
+  }
+}
+
+void GptModel::backward_weight(int64_t microbatch) {
+  Activations a = take(awaiting_weight_, microbatch, "W without its I");
+  weight_gradients(a);
+  for (const DeferredGradients& d : a.deferred) {
+    for (Activation buffer : {d.qkv, d.proj, d.fc1, d.fc2}) backend_.release(buffer);
+  }
+  a.deferred.clear();
+  if (a.input_gradient) backend_.release(a.input_gradient);
+  a.input_gradient = nullptr;
   spare_.push_back(std::move(a));
 }
 
-void GptModel::zero_gradients() {
-  for (Parameter& parameter : parameters_) backend_.fill(parameter.gradient, parameter.size, 0.0f);
+void GptModel::weight_gradients(Activations& a) {
+  const std::size_t count = static_cast<std::size_t>(batch_ * seq_);
+  const auto h = static_cast<std::size_t>(hidden_);
+  const auto f = static_cast<std::size_t>(ffn_);
+  const auto v = static_cast<std::size_t>(vocab_);
+  const auto gradient = [&](ConstActivation dy, ConstActivation x, std::size_t k, std::size_t n, Parameter* weight,
+                            Parameter* bias) {
+    backend_.linear_backward(dy, x, weight->compute, count, k, n, nullptr, weight->gradient,
+                             bias ? bias->gradient : nullptr);
+  };
+  if (has_output_) gradient(a.logits, a.final_norm, h, v, output_weight_, nullptr);
+  for (std::size_t l = layers_.size(); l-- > 0;) {
+    const Layer& w = layers_[l];
+    const LayerActivations& act = a.layers[l];
+    const DeferredGradients& d = a.deferred[l];
+    gradient(d.fc2, act.gelu, f, h, w.fc2_weight, w.fc2_bias);
+    backend_.layernorm_forward(act.middle, nullptr, nullptr, w.ln2_gamma->compute, w.ln2_beta->compute, count, h,
+                               norm_out_, act.ln2_mean, act.ln2_rstd);
+    gradient(d.fc1, norm_out_, h, f, w.fc1_weight, w.fc1_bias);
+    gradient(d.proj, act.attention, h, h, w.proj_weight, w.proj_bias);
+    backend_.layernorm_forward(act.input, nullptr, nullptr, w.ln1_gamma->compute, w.ln1_beta->compute, count, h,
+                               norm_out_, act.ln1_mean, act.ln1_rstd);
+    gradient(d.qkv, norm_out_, h, 3 * h, w.qkv_weight, w.qkv_bias);
+  }
+  if (has_embedding_) {
+    backend_.embedding_backward(a.input_gradient, a.inputs.data(), count, static_cast<std::size_t>(seq_), h,
+                                word_embeddings_->gradient, position_embeddings_->gradient);
+  }
 }
 
 }  // namespace megaplan::exec

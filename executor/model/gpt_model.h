@@ -1,9 +1,18 @@
-// The GPT of core's ModelSpec on a Backend: learned absolute positions, LayerNorm, GELU (tanh),
-// tied input and output embeddings; fp32 master weights and gradients accumulated over
-// microbatches, activations and each weight's compute copy in the backend's compute precision
-// (bf16 on the GPU). One instance is one pipeline chunk: with pp = 1 the whole model (embedding, every
-// layer, the output layer); the pipeline-parallel executor builds one per virtual stage. Every
-// parameter says how tensor parallelism would split it.
+// One virtual pipeline stage of core's GPT (learned absolute positions, LayerNorm, GELU (tanh),
+// tied input and output embeddings) on a Backend: the transformer layers core/pipeline_layout gives
+// the stage, the embeddings on the first stage, and the final norm, output layer and loss on the
+// last. With one stage it is the whole model. fp32 master weights and gradients accumulated over
+// microbatches live in one contiguous buffer each (Megatron DDP's layout, parameter_layout.h);
+// activations and each weight's compute copy are in the backend's compute precision (bf16 on the
+// GPU). Every parameter says how tensor parallelism splits it.
+//
+// The runtime drives a stage through the schedule's actions: F is forward(), B is
+// backward_input() with the weight gradients computed at once, I is backward_input() deferring
+// them and W is backward_weight(). Between stages, activations and their gradients are
+// [micro batch x seq, hidden] buffers: a non-first stage's input is written into input_buffer()
+// (by a receive, or a copy from the previous stage on the same rank) before its F, a non-last
+// stage's output() is read after it; a non-last stage's backward reads the gradient of its output,
+// a non-first stage's backward writes the gradient of its input.
 #pragma once
 
 #include <cstdint>
@@ -12,6 +21,8 @@
 #include <vector>
 
 #include "core/model_spec.h"
+#include "core/parallel_plan.h"
+#include "executor/model/parameter_layout.h"
 #include "executor/runtime/backend.h"
 
 namespace megaplan::exec {
@@ -20,52 +31,94 @@ namespace megaplan::exec {
 // input columns), vocabulary-parallel (embedding rows), or whole on every rank (norms, row biases).
 enum class TensorSplit { kReplicated, kColumn, kRow, kVocabulary };
 
-struct Parameter {
-  std::string name;          // Megatron's, e.g. "decoder.layers.0.self_attention.linear_qkv.weight"
+// What a parameter is, before any memory exists.
+struct ParameterSpec {
+  std::string name;  // Megatron's, e.g. "decoder.layers.0.self_attention.linear_qkv.weight"
   std::vector<int64_t> shape;
   TensorSplit split = TensorSplit::kReplicated;
   bool weight_decay = true;  // off for biases and norms
   std::size_t size = 0;
-  float* value = nullptr;    // fp32 master weight
-  float* gradient = nullptr; // fp32, accumulated over microbatches
-  float* first_moment = nullptr;
-  float* second_moment = nullptr;
+};
+
+struct Parameter : ParameterSpec {
+  float* value = nullptr;     // fp32 master weight: a view into the stage's parameter buffer
+  float* gradient = nullptr;  // fp32, accumulated over microbatches: a view into the gradient buffer
   Activation compute = nullptr;  // the weight in compute precision, as the layers read it
+};
+
+// One microbatch as the data loader gives it: micro_batch_size rows of seq_length + 1 tokens
+// (inputs, then labels shifted by one) and a loss mask of micro_batch_size x seq_length.
+struct MicrobatchTokens {
+  std::vector<int64_t> tokens;
+  std::vector<float> loss_mask;
 };
 
 class GptModel {
  public:
-  // Throws SpecError for what this backend's model does not support yet (RMSNorm, RoPE, SwiGLU,
-  // GQA, untied embeddings, biases off). Weights: normal(0, 0.02), the projection and fc2 scaled
-  // by 1/sqrt(2 * layers) as Megatron does; biases 0; norms 1 and 0.
-  GptModel(const ModelSpec& model, int64_t micro_batch_size, Backend& backend, uint64_t seed);
+  // The parameters of `stage`, in registration order. The sum of their sizes is core's
+  // stage_parameters(model, plan, stage).parameters_per_gpu.
+  // REQUIRES: validate_plan(model, plan) passed.
+  static std::vector<ParameterSpec> describe_parameters(const ModelSpec& model, const ParallelPlan& plan, int64_t stage);
+
+  // Throws SpecError naming the flag of the first thing this executor does not support yet
+  // (RMSNorm, RoPE, SwiGLU, GQA, untied embeddings, biases off, tensor and context parallelism,
+  // recomputation).
+  static void refuse_unsupported(const ModelSpec& model, const ParallelPlan& plan);
+
+  // Refuses what refuse_unsupported() refuses. Weights: normal(0, 0.02), the projection
+  // and fc2 scaled by 1/sqrt(2 * layers) as Megatron does; biases 0; norms 1 and 0. Each
+  // parameter is drawn from a generator seeded by `seed` and its name, so a stage holds exactly
+  // the values the whole model would. `tied_embedding` is the word embedding of stage 0 when it
+  // lives on this rank and this is another, last stage (the V's turn): the output layer reads it
+  // and adds its gradient there. The constructor refuses a stage whose prediction exceeds the
+  // backend's available bytes.
+  GptModel(const ModelSpec& model, const ParallelPlan& plan, int64_t stage, Backend& backend, uint64_t seed,
+           Parameter* tied_embedding = nullptr);
   ~GptModel();
   GptModel(const GptModel&) = delete;
   GptModel& operator=(const GptModel&) = delete;
 
-  // The bytes a model allocates on `backend` by the end of its first microbatch's backward:
-  // weights, gradients, optimizer state, compute copies, scratch and one microbatch's activations.
-  // The constructor refuses a model whose prediction exceeds the backend's available bytes.
-  static int64_t predicted_bytes(const ModelSpec& model, int64_t micro_batch_size, const Backend& backend);
+  // The bytes a stage allocates by the end of its first backward with `inflight` microbatches'
+  // activations held at once: weights, gradients, compute copies, scratch and activations
+  // (optimizer state is the optimizer's).
+  static int64_t predicted_bytes(const ModelSpec& model, const ParallelPlan& plan, int64_t stage, int64_t inflight,
+                                 const Backend& backend);
 
+  int64_t stage() const { return stage_; }
+  bool first_stage() const { return has_embedding_; }
+  bool last_stage() const { return has_output_; }
   std::vector<Parameter>& parameters() { return parameters_; }
-  // Every parameter's buffers for the optimizer (weight decay off where the parameter says so).
-  std::vector<OptimizerTensor> optimizer_tensors(double weight_decay) const;
-  // After master weights change outside the optimizer (a checkpoint load).
+  const std::vector<Parameter>& parameters() const { return parameters_; }
+  // The stage's word embedding, or its output layer's own copy of it (null when neither).
+  Parameter* word_embedding() { return word_embeddings_; }
+  Parameter* output_weight_copy() { return output_copy_; }
+  const ParameterLayout& layout() const { return layout_; }
+  float* parameter_buffer() { return values_; }
+  float* gradient_buffer() { return gradients_; }
+  // After master weights change other than through the optimizer's compute-copy refresh.
   void refresh_compute_weights();
-  int64_t vocab_size() const { return vocab_; }
-  int64_t seq_length() const { return seq_; }
-  int64_t micro_batch_size() const { return batch_; }
-
-  // F: `tokens` holds micro_batch_size rows of seq_length + 1 tokens (inputs, then labels shifted
-  // by one). Returns the masked mean loss and keeps the activations for backward(microbatch).
-  double forward(int64_t microbatch, const std::vector<int64_t>& tokens, const std::vector<float>& loss_mask);
-  // B: gradients of loss * loss_scale accumulate into every parameter's gradient; the
-  // microbatch's activations are released.
-  void backward(int64_t microbatch, float loss_scale);
-  // The loss alone, keeping nothing (evaluation).
-  double evaluate(const std::vector<int64_t>& tokens, const std::vector<float>& loss_mask);
   void zero_gradients();
+  // Elements of one activation or gradient message between stages (micro batch x seq x hidden).
+  std::size_t message_size() const { return static_cast<std::size_t>(batch_ * seq_ * hidden_); }
+
+  // REQUIRES: !first_stage(). Where F(microbatch) reads its input; valid until its backward.
+  Activation input_buffer(int64_t microbatch);
+  // F. `data` is read on the first stage (inputs) and the last (labels, mask); returns the
+  // microbatch's masked mean loss on the last stage, 0 elsewhere.
+  double forward(int64_t microbatch, const MicrobatchTokens* data);
+  // REQUIRES: !last_stage() and forward(microbatch) ran. Valid until the microbatch's backward.
+  ConstActivation output(int64_t microbatch) const;
+  // B (defer_weight_gradients false) or I (true). The last stage starts from loss * loss_scale,
+  // others from `output_gradient`; a non-first stage writes its input's gradient to
+  // `input_gradient` (message_size() elements). B releases the microbatch's activations; after I
+  // they wait for backward_weight().
+  void backward_input(int64_t microbatch, ConstActivation output_gradient, float loss_scale, Activation input_gradient,
+                      bool defer_weight_gradients);
+  // W: the weight gradients I deferred. REQUIRES: backward_input(microbatch, ..., true) ran.
+  void backward_weight(int64_t microbatch);
+  // A forward that keeps nothing (evaluation): input as forward's (null on the first stage);
+  // writes output (non-last stages) and returns the loss (last stage).
+  double evaluate(const MicrobatchTokens* data, ConstActivation input, Activation output);
 
  private:
   struct Layer {
@@ -81,28 +134,50 @@ class GptModel {
     Activation input, qkv, attention, middle, fc1, gelu;
     float *ln1_mean, *ln1_rstd, *attention_saved, *ln2_mean, *ln2_rstd;
   };
+  // The output gradient of each GEMM whose weight gradient I deferred to W.
+  struct DeferredGradients {
+    Activation qkv, proj, fc1, fc2;
+  };
   struct Activations {
     std::vector<int64_t> inputs, labels;
     std::vector<float> mask;
     std::vector<LayerActivations> layers;
-    Activation output, final_norm, logits;  // logits: the loss's gradient overwrites them in the backward
-    float *final_mean, *final_rstd, *loss_saved;
+    // output: the stage's last residual sum (the final norm's input on the last stage, the
+    // message to the next stage elsewhere). logits: the loss's gradient overwrites them.
+    Activation output = nullptr, final_norm = nullptr, logits = nullptr;
+    float *final_mean = nullptr, *final_rstd = nullptr, *loss_saved = nullptr;
+    std::vector<DeferredGradients> deferred;  // filled by I
+    Activation input_gradient = nullptr;      // first stage under I: the embedding's, for W
   };
-  Parameter& add_parameter(const std::string& name, std::vector<int64_t> shape, TensorSplit split, bool decay);
+  void add_parameter(const ParameterSpec& spec);
+  void initialise(uint64_t seed);
   Activations allocate_activations();
   void release_activations(Activations& activations);
-  double run_forward(Activations& activations, const std::vector<int64_t>& tokens, const std::vector<float>& mask);
+  // Tokens and labels of a microbatch into `a`, checked against the vocabulary.
+  void read_tokens(Activations& a, const MicrobatchTokens& data) const;
+  // REQUIRES: a.layers[0].input holds the stage input on a non-first stage.
+  double run_forward(Activations& activations, const MicrobatchTokens* data);
+  // The deferred weight gradients of one microbatch.
+  void weight_gradients(Activations& a);
+  Activations take(std::map<int64_t, Activations>& from, int64_t microbatch, const char* why);
 
   Backend& backend_;
-  int64_t hidden_, heads_, layers_count_, ffn_, seq_, vocab_, batch_;
+  int64_t stage_, hidden_, heads_, layers_total_, first_layer_, ffn_, seq_, vocab_, batch_;
+  bool has_embedding_, has_output_;
   std::vector<Parameter> parameters_;
+  ParameterLayout layout_;
+  float* values_ = nullptr;
+  float* gradients_ = nullptr;
   Parameter* word_embeddings_ = nullptr;
   Parameter* position_embeddings_ = nullptr;
+  Parameter* output_copy_ = nullptr;  // the tied output weight's own copy on a later rank
+  Parameter* output_weight_ = nullptr;  // what the output layer reads: one of the above or tied_embedding
   Parameter* final_gamma_ = nullptr;
   Parameter* final_beta_ = nullptr;
   std::vector<Layer> layers_;
-  std::map<int64_t, Activations> in_flight_;  // by microbatch, from F until B
-  std::vector<Activations> spare_;            // released activations, reused
+  std::map<int64_t, Activations> in_flight_;        // by microbatch, from F (or input_buffer) until B or I
+  std::map<int64_t, Activations> awaiting_weight_;  // from I until W
+  std::vector<Activations> spare_;                  // released activations, reused
   // Scratch, one set, as F and B each run whole: a norm's output until the linear layer after it
   // reads it; a branch's output until the next norm adds it to the residual stream; the backward's
   // gradients (d_residual_ ping-pongs between two buffers).

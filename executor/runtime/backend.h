@@ -71,15 +71,15 @@ class Backend {
   // weight. kBiasGelu (tanh GELU) also writes the pre-activation x W^T + b to `pre_activation`.
   virtual void linear_forward(ConstActivation x, ConstActivation w, ConstActivation b, std::size_t m, std::size_t k,
                               std::size_t n, LinearEpilogue epilogue, Activation y, Activation pre_activation) = 0;
-  // dx[m x k] = dy W (dx may be null); dW += dy^T x; db += column sums of dy (db may be null).
+  // dx[m x k] = dy W (dx may be null); dW += dy^T x and db += column sums of dy (dw may be null:
+  // no weight gradient, and then db is null too; db may be null alone). Zero-bubble schedules take
+  // the two halves at different times (I and W).
   virtual void linear_backward(ConstActivation dy, ConstActivation x, ConstActivation w, std::size_t m, std::size_t k,
                                std::size_t n, Activation dx, float* dw, float* db) = 0;
-  // The backward of an MLP's second layer y = GELU(pre) W^T + b through its GELU (tanh):
-  // d_pre[m x k] = (dy W) * GELU'(pre); dW += dy^T gelu_out (GELU(pre), as the forward kept it);
-  // db += column sums of dy.
-  virtual void linear_gelu_backward(ConstActivation dy, ConstActivation gelu_out, ConstActivation w, std::size_t m,
-                                    std::size_t k, std::size_t n, ConstActivation pre_activation, Activation d_pre,
-                                    float* dw, float* db) = 0;
+  // The input gradient of an MLP's second layer y = GELU(pre) W^T + b through its GELU (tanh):
+  // d_pre[m x k] = (dy W) * GELU'(pre). Its weight gradient is linear_backward's, on GELU(pre).
+  virtual void linear_backward_through_gelu(ConstActivation dy, ConstActivation w, std::size_t m, std::size_t k,
+                                            std::size_t n, ConstActivation pre_activation, Activation d_pre) = 0;
   // y[tokens x hidden] = word[token] + position[t % seq].
   virtual void embedding_forward(const int64_t* tokens, std::size_t count, std::size_t seq, ConstActivation word,
                                  ConstActivation position, std::size_t hidden, Activation y) = 0;
@@ -116,6 +116,7 @@ class Backend {
                                       const float* mask, std::size_t tokens, std::size_t vocab, float scale,
                                       Activation dlogits) = 0;
   virtual void add(ConstActivation a, ConstActivation b, std::size_t n, Activation y) = 0;  // y = a + b
+  virtual void copy(ConstActivation from, std::size_t n, Activation to) = 0;
 
   // The sum of squares of every gradient, in a fixed order (the global gradient norm squared).
   virtual double gradient_sum_of_squares(const std::vector<OptimizerTensor>& tensors) = 0;

@@ -105,6 +105,7 @@ void CpuBackend::linear_backward(ConstActivation dy_in, ConstActivation x_in, Co
       }
     }
   }
+  if (!dw) return;
   for (std::size_t i = 0; i < m; ++i) {
     const float* row = x + i * k;
     for (std::size_t j = 0; j < n; ++j) {
@@ -116,11 +117,10 @@ void CpuBackend::linear_backward(ConstActivation dy_in, ConstActivation x_in, Co
   }
 }
 
-void CpuBackend::linear_gelu_backward(ConstActivation dy, ConstActivation gelu_out, ConstActivation w, std::size_t m,
-                                      std::size_t k, std::size_t n, ConstActivation pre_activation, Activation d_pre,
-                                      float* dw, float* db) {
+void CpuBackend::linear_backward_through_gelu(ConstActivation dy, ConstActivation w, std::size_t m, std::size_t k,
+                                              std::size_t n, ConstActivation pre_activation, Activation d_pre) {
   std::vector<float> d_gelu(m * k);
-  linear_backward(dy, gelu_out, w, m, k, n, reinterpret_cast<Activation>(d_gelu.data()), dw, db);
+  linear_backward(dy, nullptr, w, m, k, n, reinterpret_cast<Activation>(d_gelu.data()), nullptr, nullptr);
   reference::gelu_backward(d_gelu.data(), f(pre_activation), m * k, f(d_pre));
 }
 
@@ -244,6 +244,8 @@ void CpuBackend::add(ConstActivation a_in, ConstActivation b_in, std::size_t n, 
   float* y = f(y_out);
   for (std::size_t i = 0; i < n; ++i) y[i] = a[i] + b[i];
 }
+
+void CpuBackend::copy(ConstActivation from, std::size_t n, Activation to) { std::copy_n(f(from), n, f(to)); }
 
 double CpuBackend::gradient_sum_of_squares(const std::vector<OptimizerTensor>& tensors) {
   double sum = 0;

@@ -32,9 +32,8 @@ class CpuBackend final : public Backend {
                       std::size_t n, LinearEpilogue epilogue, Activation y, Activation pre_activation) override;
   void linear_backward(ConstActivation dy, ConstActivation x, ConstActivation w, std::size_t m, std::size_t k,
                        std::size_t n, Activation dx, float* dw, float* db) override;
-  void linear_gelu_backward(ConstActivation dy, ConstActivation gelu_out, ConstActivation w, std::size_t m,
-                            std::size_t k, std::size_t n, ConstActivation pre_activation, Activation d_pre, float* dw,
-                            float* db) override;
+  void linear_backward_through_gelu(ConstActivation dy, ConstActivation w, std::size_t m, std::size_t k,
+                                    std::size_t n, ConstActivation pre_activation, Activation d_pre) override;
   void embedding_forward(const int64_t* tokens, std::size_t count, std::size_t seq, ConstActivation word,
                          ConstActivation position, std::size_t hidden, Activation y) override;
   void embedding_backward(ConstActivation dy, const int64_t* tokens, std::size_t count, std::size_t seq,
@@ -58,6 +57,7 @@ class CpuBackend final : public Backend {
   void cross_entropy_backward(ConstActivation logits, const float* saved, const int64_t* targets, const float* mask,
                               std::size_t tokens, std::size_t vocab, float scale, Activation dlogits) override;
   void add(ConstActivation a, ConstActivation b, std::size_t n, Activation y) override;
+  void copy(ConstActivation from, std::size_t n, Activation to) override;
   double gradient_sum_of_squares(const std::vector<OptimizerTensor>& tensors) override;
   void adamw_step(const std::vector<OptimizerTensor>& tensors, const AdamwSettings& settings) override;
   void synchronize() override {}

@@ -140,11 +140,9 @@ class CudaBackend final : public Backend {
     if (db) accumulate(bias_partial, n, db);
   }
 
-  void linear_gelu_backward(ConstActivation dy, ConstActivation gelu_out, ConstActivation w, std::size_t m,
-                            std::size_t k, std::size_t n, ConstActivation pre_activation, Activation d_pre, float* dw,
-                            float* db) override {
+  void linear_backward_through_gelu(ConstActivation dy, ConstActivation w, std::size_t m, std::size_t k,
+                                    std::size_t n, ConstActivation pre_activation, Activation d_pre) override {
     linear_.backward_data_through_gelu(bf(dy), bf(w), i64(m), i64(k), i64(n), bf(pre_activation), bf(d_pre));
-    linear_backward(dy, gelu_out, w, m, k, n, nullptr, dw, db);
   }
 
   void embedding_forward(const int64_t* tokens, std::size_t count, std::size_t seq, ConstActivation word,
@@ -229,6 +227,9 @@ class CudaBackend final : public Backend {
   }
   void add(ConstActivation a, ConstActivation b, std::size_t n, Activation y) override {
     cuda::add(bf(a), bf(b), i64(n), bf(y));
+  }
+  void copy(ConstActivation from, std::size_t n, Activation to) override {
+    check(cudaMemcpyAsync(bf(to), bf(from), n * sizeof(cuda::Bf16), cudaMemcpyDeviceToDevice), "cudaMemcpyAsync (copy)");
   }
 
   double gradient_sum_of_squares(const std::vector<OptimizerTensor>& tensors) override {

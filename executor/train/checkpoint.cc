@@ -34,8 +34,8 @@ void sync_directory(const std::string& path) {
 
 }  // namespace
 
-void save_checkpoint(const std::string& directory, const TrainingState& state, std::vector<Parameter>& parameters,
-                     Backend& backend) {
+void save_checkpoint(const std::string& directory, const TrainingState& state,
+                     const std::vector<ParameterState>& parameters, Backend& backend) {
   namespace fs = std::filesystem;
   std::error_code error;
   fs::create_directories(directory, error);
@@ -50,9 +50,11 @@ void save_checkpoint(const std::string& directory, const TrainingState& state, s
     StagedFile weights(staging + "/model.bin");
     nlohmann::json listing = nlohmann::json::array();
     std::vector<float> host;
-    for (const Parameter& parameter : parameters) {
+    for (const ParameterState& entry : parameters) {
+      const Parameter& parameter = *entry.parameter;
       host.resize(parameter.size);
-      for (float* buffer : {parameter.value, parameter.first_moment, parameter.second_moment}) {
+      for (const float* buffer : {static_cast<const float*>(parameter.value), static_cast<const float*>(entry.first_moment),
+                                  static_cast<const float*>(entry.second_moment)}) {
         backend.download(host.data(), buffer, parameter.size);
         weights.write(host.data(), host.size() * sizeof(float));
       }
@@ -77,7 +79,7 @@ void save_checkpoint(const std::string& directory, const TrainingState& state, s
   }
 }
 
-std::optional<TrainingState> load_checkpoint(const std::string& directory, std::vector<Parameter>& parameters,
+std::optional<TrainingState> load_checkpoint(const std::string& directory, const std::vector<ParameterState>& parameters,
                                              Backend& backend) {
   const std::string latest = directory + "/latest_checkpointed_iteration.txt";
   if (!std::filesystem::exists(latest)) return std::nullopt;
@@ -100,11 +102,12 @@ std::optional<TrainingState> load_checkpoint(const std::string& directory, std::
   }
   std::size_t total = 0;
   for (std::size_t i = 0; i < parameters.size(); ++i) {
-    if (listing[i].value("name", "") != parameters[i].name || listing[i].value("size", std::size_t{0}) != parameters[i].size) {
+    const Parameter& parameter = *parameters[i].parameter;
+    if (listing[i].value("name", "") != parameter.name || listing[i].value("size", std::size_t{0}) != parameter.size) {
       throw refuse("parameter " + std::to_string(i) + " is " + listing[i].value("name", std::string("?")) +
-                   " in the checkpoint but " + parameters[i].name + " in the model");
+                   " in the checkpoint but " + parameter.name + " in the model");
     }
-    total += 3 * parameters[i].size * sizeof(float);
+    total += 3 * parameter.size * sizeof(float);
   }
   std::ifstream weights(path + "/model.bin", std::ios::binary);
   if (!weights) throw refuse(iteration_directory(iteration) + "/model.bin: cannot open");
@@ -115,9 +118,10 @@ std::optional<TrainingState> load_checkpoint(const std::string& directory, std::
   }
   weights.seekg(0);
   std::vector<float> host;
-  for (Parameter& parameter : parameters) {
+  for (const ParameterState& entry : parameters) {
+    const Parameter& parameter = *entry.parameter;
     host.resize(parameter.size);
-    for (float* buffer : {parameter.value, parameter.first_moment, parameter.second_moment}) {
+    for (float* buffer : {parameter.value, entry.first_moment, entry.second_moment}) {
       weights.read(reinterpret_cast<char*>(host.data()), static_cast<std::streamsize>(host.size() * sizeof(float)));
       backend.upload(buffer, host.data(), parameter.size);
     }

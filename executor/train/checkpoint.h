@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "executor/model/gpt_model.h"
 #include "executor/runtime/backend.h"
+#include "executor/train/optimizer.h"
 
 namespace megaplan::exec {
 
@@ -23,12 +23,12 @@ struct TrainingState {
 };
 
 // Throws SpecError("--save", ...) when the directory cannot be written.
-void save_checkpoint(const std::string& directory, const TrainingState& state, std::vector<Parameter>& parameters,
-                     Backend& backend);
+void save_checkpoint(const std::string& directory, const TrainingState& state,
+                     const std::vector<ParameterState>& parameters, Backend& backend);
 
 // The newest checkpoint under `directory`, or nothing when it holds none. Throws
 // SpecError("--load", ...) for an unreadable or inconsistent one (another model's parameters).
-std::optional<TrainingState> load_checkpoint(const std::string& directory, std::vector<Parameter>& parameters,
+std::optional<TrainingState> load_checkpoint(const std::string& directory, const std::vector<ParameterState>& parameters,
                                              Backend& backend);
 
 }  // namespace megaplan::exec

@@ -3,53 +3,59 @@
 #include <chrono>
 #include <cmath>
 #include <fstream>
+#include <map>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "core/error.h"
 #include "core/formulas.h"
+#include "core/pipeline_layout.h"
+#include "core/text_file.h"
 #include "core/schedule/lowering.h"
+#include "core/schedule/schedule_csv.h"
 #include "core/schedule/schedule.h"
+#include "core/schedule/schedule_facts.h"
+#include "core/schedule/validation.h"
+#include "executor/comm/in_process_comm.h"
+#include "executor/comm/rank_threads.h"
 #include "executor/data/gpt_dataset.h"
 #include "executor/data/indexed_dataset.h"
 #include "executor/model/gpt_model.h"
+#include "executor/runtime/interpreter.h"
 #include "executor/train/checkpoint.h"
+#include "executor/train/host_values.h"
+#include "executor/train/optimizer.h"
+#include "executor/train/parallel_groups.h"
 
 namespace megaplan::exec {
 
 namespace {
 
-void validate(const TrainOptions& options) {
+void validate(const TrainOptions& options, const ParallelPlan& plan) {
   const auto positive = [](int64_t value, const char* flag) {
     if (value <= 0) throw SpecError(flag, "must be a positive integer, got " + std::to_string(value));
   };
   positive(options.train_iters, "--train-iters");
-  positive(options.micro_batch_size, "--micro-batch-size");
-  positive(options.global_batch_size, "--global-batch-size");
   positive(options.log_interval, "--log-interval");
   positive(options.eval_interval, "--eval-interval");
+  positive(options.distributed_timeout_minutes, "--distributed-timeout-minutes");
   if (options.eval_iters < 0) throw SpecError("--eval-iters", "must be non-negative");
-  if (options.global_batch_size % options.micro_batch_size != 0) {
-    throw SpecError("--global-batch-size", std::to_string(options.global_batch_size) +
-                                               " must be divisible by --micro-batch-size " +
-                                               std::to_string(options.micro_batch_size) + " (one data-parallel rank)");
-  }
   if (options.exit_interval < 0) throw SpecError("--exit-interval", "must be non-negative");
   if (options.save_interval < 0) throw SpecError("--save-interval", "must be non-negative");
   if (options.save_interval > 0 && !options.save) throw SpecError("--save-interval", "needs --save DIR");
   if (!(options.clip_grad >= 0)) throw SpecError("--clip-grad", "must be non-negative");
   if (options.data_path.empty()) throw SpecError("--data-path", "is required");
-  options.learning_rate.validate();
-}
-
-// Rows of seq_length + 1 tokens for `count` samples starting at `first`, all-ones loss mask.
-void batch_tokens(const GptSamples& samples, int64_t first, int64_t count, int64_t seq, std::vector<int64_t>& tokens,
-                  std::vector<float>& mask) {
-  tokens.resize(static_cast<std::size_t>(count * (seq + 1)));
-  mask.assign(static_cast<std::size_t>(count * seq), 1.0f);
-  for (int64_t i = 0; i < count; ++i) {
-    samples.sample((first + i) % samples.size(), tokens.data() + i * (seq + 1));
+  if (plan.world_size() > 1) {
+    // Per-rank checkpoints (Megatron's mp_rank_TT_PPP layout, resharded on load) are the next slice.
+    for (const auto& [flag, given] : {std::pair{"--save", options.save.has_value()}, {"--load", options.load.has_value()}}) {
+      if (given) {
+        throw SpecError(flag, "checkpoints of a world of " + std::to_string(plan.world_size()) +
+                                  " ranks are not supported yet; one rank saves and loads");
+      }
+    }
   }
+  options.learning_rate.validate();
 }
 
 std::string format_double(double value) {
@@ -59,156 +65,323 @@ std::string format_double(double value) {
   return text.str();
 }
 
-// A non-finite loss or gradient stops training before the optimizer touches the weights (so no
-// checkpoint of this step is ever written): the error names the step and the first parameter,
-// in the model's order, whose gradient is not finite.
-[[noreturn]] void refuse_non_finite(int64_t iteration, double loss, GptModel& gpt, Backend& backend) {
-  std::string culprit = "no parameter gradient (the loss itself)";
-  for (const Parameter& p : gpt.parameters()) {
-    const OptimizerTensor one{p.value, p.gradient, p.first_moment, p.second_moment, p.compute, p.size, 0.0};
-    if (!std::isfinite(backend.gradient_sum_of_squares({one}))) {
-      culprit = "the gradient of " + p.name;
-      break;
-    }
+// A torch schedule CSV for this plan: compute-only (megaplan places the messages, REDUCE_GRAD and
+// OPTIM) and of the plan's shape, since the stage chunks are laid out by the plan.
+PipelineSchedule imported_schedule(const std::string& path, const ParallelPlan& plan) {
+  const char* const flag = "--pipeline-schedule-csv";
+  PipelineSchedule schedule = parse_schedule_csv(read_text_file(path), path);
+  if (schedule.lowered) {
+    throw SpecError(flag, path + " holds sends and receives; give the compute-only schedule (megaplan places the communication)");
   }
-  throw SpecError("loss", "iteration " + std::to_string(iteration) + " is "  + format_double(loss) +
-                                       " and the first non-finite tensor is " + culprit +
-                                       "; stopped before the optimizer step, the last checkpoint is untouched");
+  const ScheduleShape& shape = schedule.shape;
+  const auto mismatch = [&](const std::string& what, int64_t file, int64_t wanted) {
+    throw SpecError(flag, path + " has " + std::to_string(file) + " " + what + ", the plan " + std::to_string(wanted));
+  };
+  if (shape.pipeline_parallel_size != plan.pipeline_parallel_size) {
+    mismatch("pipeline ranks", shape.pipeline_parallel_size, plan.pipeline_parallel_size);
+  }
+  if (shape.num_stages != plan.num_virtual_stages()) mismatch("stages", shape.num_stages, plan.num_virtual_stages());
+  if (shape.microbatches != plan.num_microbatches()) mismatch("microbatches", shape.microbatches, plan.num_microbatches());
+  if (shape.placement != stage_placement(plan.schedule)) {
+    throw SpecError(flag, path + " places stages " + (shape.placement == StagePlacement::kV ? "in a V" : "in a loop") +
+                              " but --schedule " + to_string(plan.schedule) + " does not");
+  }
+  return schedule;
 }
 
-}  // namespace
+// What every rank reads and nobody changes: the plan's schedule and the data.
+struct Run {
+  const ModelSpec& model;
+  const ParallelPlan& plan;
+  const TrainOptions& options;
+  PipelineSchedule schedule;  // lowered and validated
+  const IndexedDataset& dataset;
+  const GptSamples& train_samples;
+  const GptSamples* valid_samples;
+};
 
-TrainSummary train(const ModelSpec& model, const TrainOptions& options_in, Backend& backend, std::ostream& out) {
-  TrainOptions options = options_in;
-  if (options.learning_rate.decay_iterations == 0) options.learning_rate.decay_iterations = options.train_iters;
-  validate(options);
-  const IndexedDataset dataset(options.data_path);
-  const auto splits = split_documents(options.split, static_cast<int64_t>(dataset.num_documents()));
-  const int64_t seq = model.seq_length;
-  const int64_t gbs = options.global_batch_size;
-  const GptSamples train_samples(dataset, splits[0], seq, options.train_iters * gbs, options.seed);
-  const int64_t evaluations = options.train_iters / options.eval_interval + 1;
-  const bool can_evaluate = splits[1].size() > 0 && options.eval_iters > 0;
-  std::optional<GptSamples> valid_samples;
-  if (can_evaluate) valid_samples.emplace(dataset, splits[1], seq, evaluations * options.eval_iters * gbs, options.seed + 1);
+// Megatron's sampler: a global batch is gbs consecutive samples; microbatch m of data-parallel
+// rank r takes mbs of them at (m x dp + r) x mbs.
+void read_microbatch(const GptSamples& samples, int64_t batch_start, int64_t microbatch, int64_t dp_rank,
+                     const ParallelPlan& plan, int64_t seq, MicrobatchTokens& out) {
+  const int64_t mbs = plan.micro_batch_size;
+  const int64_t first = batch_start + (microbatch * plan.data_parallel_size + dp_rank) * mbs;
+  out.tokens.resize(static_cast<std::size_t>(mbs * (seq + 1)));
+  out.loss_mask.assign(static_cast<std::size_t>(mbs * seq), 1.0f);
+  for (int64_t i = 0; i < mbs; ++i) {
+    samples.sample((first + i) % samples.size(), out.tokens.data() + i * (seq + 1));
+  }
+}
 
-  GptModel gpt(model, options.micro_batch_size, backend, options.seed);
+// The bytes a rank needs: its chunks with the schedule's peak of in-flight microbatches, and
+// AdamW's two moments for what it owns.
+int64_t predicted_rank_bytes(const Run& run, int64_t pipeline_rank, const Backend& backend) {
+  const int64_t inflight = peak_inflight_microbatches(run.schedule.ranks[static_cast<std::size_t>(pipeline_rank)]);
+  int64_t bytes = 0;
+  for (const int64_t stage : stages_of_pipeline_rank(pipeline_rank, run.plan)) {
+    bytes += GptModel::predicted_bytes(run.model, run.plan, stage, inflight, backend);
+    int64_t moments = 2 * static_cast<int64_t>(sizeof(float)) * stage_parameters(run.model, run.plan, stage).parameters_per_gpu;
+    if (run.plan.use_distributed_optimizer) moments /= run.plan.data_parallel_size;
+    bytes += moments;
+  }
+  return bytes;
+}
+
+class RankTrainer {
+ public:
+  RankTrainer(const Run& run, Backend& backend, ParallelGroups& groups, std::ostream* out)
+      : run_(run), backend_(backend), groups_(groups), out_(out) {
+    const int64_t needed = predicted_rank_bytes(run, groups.pipeline_rank, backend);
+    if (const int64_t available = backend.available_bytes(); needed > available) {
+      throw SpecError("--micro-batch-size",
+                      run.model.name + " with micro-batch size " + std::to_string(run.plan.micro_batch_size) +
+                          " needs " + std::to_string(needed) + " bytes on pipeline rank " +
+                          std::to_string(groups.pipeline_rank) + " (" + backend.name() +
+                          ": weights, gradients, optimizer state and the schedule's in-flight activations) but " +
+                          std::to_string(available) + " are available");
+    }
+    Parameter* embedding = nullptr;  // stage 0's, when this rank holds it: a V's last stage reads it
+    for (const int64_t stage : stages_of_pipeline_rank(groups.pipeline_rank, run.plan)) {
+      chunks_.push_back(std::make_unique<GptModel>(run.model, run.plan, stage, backend, run.options.seed, embedding));
+      if (chunks_.back()->first_stage()) embedding = chunks_.back()->word_embedding();
+      by_stage_[stage] = chunks_.back().get();
+    }
+    std::vector<GptModel*> ordered;
+    for (auto& chunk : chunks_) ordered.push_back(chunk.get());
+    OptimizerSettings settings;
+    settings.weight_decay = run.options.weight_decay;
+    settings.beta1 = run.options.adam_beta1;
+    settings.beta2 = run.options.adam_beta2;
+    settings.eps = run.options.adam_eps;
+    settings.clip_grad = run.options.clip_grad;
+    optimizer_ = std::make_unique<Optimizer>(
+        ordered, OptimizerGroups{groups.data_parallel.get(), groups.model_parallel.get(), groups.embedding.get()},
+        run.plan.use_distributed_optimizer, settings, backend);
+    interpreter_ = std::make_unique<Interpreter>(run.schedule, groups.pipeline_rank, by_stage_, groups.pipeline.get(),
+                                                 run.plan.data_parallel_size, *optimizer_, backend);
+  }
+
+  TrainSummary train();
+
+ private:
+  // The sum over the pipeline's stages and the data-parallel replicas (each rank adds its part).
+  double sum_over_model(double value) {
+    if (groups_.pipeline) value = sum_over(*groups_.pipeline, backend_, value);
+    if (groups_.data_parallel) value = sum_over(*groups_.data_parallel, backend_, value);
+    return value;
+  }
+  double evaluate(int64_t iteration);
+  void log(int64_t iteration, double loss, double lr, double gradient_norm, double seconds);
+
+  const Run& run_;
+  Backend& backend_;
+  ParallelGroups& groups_;
+  std::ostream* out_;  // rank 0's; null on the others
+  std::vector<std::unique_ptr<GptModel>> chunks_;
+  std::map<int64_t, GptModel*> by_stage_;
+  std::unique_ptr<Optimizer> optimizer_;
+  std::unique_ptr<Interpreter> interpreter_;
+  std::optional<std::ofstream> log_file_;
+};
+
+double RankTrainer::evaluate(int64_t iteration) {
+  // Forward only, microbatch by microbatch through the stages in order: each rank runs the stages
+  // it holds and passes activations on (buffered sends: no rank waits on a later one).
+  const ParallelPlan& plan = run_.plan;
+  const int64_t microbatches = plan.num_microbatches();
+  const int64_t seq = run_.model.seq_length;
+  const int64_t first = (iteration / run_.options.eval_interval - 1) * run_.options.eval_iters * plan.global_batch_size;
+  const ScheduleShape& shape = run_.schedule.shape;
+  const std::size_t message = chunks_.front()->message_size();
+  const DataType type = backend_.activation_bytes() == sizeof(float) ? DataType::kFloat32 : DataType::kBFloat16;
+  Activation buffers[2] = {backend_.allocate_activation(message), backend_.allocate_activation(message)};
+  double total = 0;
+  MicrobatchTokens data;
+  for (int64_t e = 0; e < run_.options.eval_iters; ++e) {
+    for (int64_t m = 0; m < microbatches; ++m) {
+      read_microbatch(*run_.valid_samples, first + e * plan.global_batch_size, m, groups_.data_parallel_rank, plan, seq,
+                      data);
+      int current = 0;  // buffers[current] holds the input of the next stage run here
+      for (int64_t stage = 0; stage < shape.num_stages; ++stage) {
+        if (shape.rank_of_stage(stage) != groups_.pipeline_rank) continue;
+        if (stage > 0 && !shape.next_stage_on_same_rank(stage - 1)) {
+          groups_.pipeline->recv(buffers[current], message, type, shape.rank_of_stage(stage - 1))->wait();
+        }
+        GptModel& chunk = *by_stage_.at(stage);
+        const double loss = chunk.evaluate(&data, buffers[current], buffers[1 - current]);
+        current = 1 - current;
+        if (chunk.last_stage()) {
+          total += loss;
+        } else if (!shape.next_stage_on_same_rank(stage)) {
+          groups_.pipeline->send(buffers[current], message, type, shape.rank_of_stage(stage + 1))->wait();
+        }
+      }
+    }
+  }
+  for (Activation buffer : buffers) backend_.release(buffer);
+  return sum_over_model(total) /
+         static_cast<double>(run_.options.eval_iters * microbatches * plan.data_parallel_size);
+}
+
+void RankTrainer::log(int64_t iteration, double loss, double lr, double gradient_norm, double seconds) {
+  const int64_t tokens = run_.plan.global_batch_size * run_.model.seq_length;
+  const double tokens_per_s = static_cast<double>(tokens) / seconds;
+  const double flops = model_flops(run_.model, run_.plan.global_batch_size,
+                                   padded_vocab_size(run_.model, run_.plan.tensor_parallel_size));
+  const double tflops = flops / seconds / 1e12 / static_cast<double>(run_.plan.world_size());
+  nlohmann::json record = {{"iteration", iteration},       {"loss", loss},
+                           {"lr", lr},                     {"grad_norm", gradient_norm},
+                           {"tokens_per_s", tokens_per_s}, {"model_tflops_per_gpu", tflops},
+                           {"mfu", run_.options.peak_flops_per_s > 0 ? tflops * 1e12 / run_.options.peak_flops_per_s : 0.0},
+                           {"peak_memory_bytes", backend_.peak_bytes()}};
+  *out_ << "iteration " << iteration << "/" << run_.options.train_iters << " | loss " << format_double(loss) << " | lr "
+        << format_double(lr) << " | grad norm " << format_double(gradient_norm) << " | " << format_double(tokens_per_s)
+        << " tokens/s | " << format_double(tflops) << " model TFLOP/s per GPU\n";
+  if (log_file_) *log_file_ << record.dump() << "\n" << std::flush;
+}
+
+TrainSummary RankTrainer::train() {
+  const TrainOptions& options = run_.options;
+  const ParallelPlan& plan = run_.plan;
   TrainingState state;
   state.seed = options.seed;
   if (options.load) {
-    if (const std::optional<TrainingState> loaded = load_checkpoint(*options.load, gpt.parameters(), backend)) {
+    std::vector<ParameterState> states = optimizer_->parameter_states();
+    if (const std::optional<TrainingState> loaded = load_checkpoint(*options.load, states, backend_)) {
       if (loaded->seed != options.seed) {
         throw SpecError("--seed", std::to_string(options.seed) + " differs from the checkpoint's " +
                                       std::to_string(loaded->seed) + ": the data order would change");
       }
       state = *loaded;
-      gpt.refresh_compute_weights();
-      out << "loaded " << *options.load << " at iteration " << state.iteration << "\n";
-    } else {
-      out << "no checkpoint in " << *options.load << ": starting from scratch\n";
+      for (auto& chunk : chunks_) chunk->refresh_compute_weights();
+      if (out_) *out_ << "loaded " << *options.load << " at iteration " << state.iteration << "\n";
+    } else if (out_) {
+      *out_ << "no checkpoint in " << *options.load << ": starting from scratch\n";
     }
   }
-
-  // Rank 0's lowered schedule: with pp = 1, F and B for each microbatch, then REDUCE_GRAD and OPTIM.
-  const int64_t microbatches = gbs / options.micro_batch_size;
-  const PipelineSchedule schedule = lower_schedule(generate_schedule(ScheduleKind::kOneFOneB, 1, 1, microbatches));
-  const std::vector<Action>& actions = schedule.ranks.front();
-
-  std::optional<std::ofstream> log;
-  if (options.log_file) {
-    log.emplace(*options.log_file, std::ios::app);
-    if (!*log) throw SpecError("--log-file", *options.log_file + ": cannot open for appending");
+  if (out_ && options.log_file) {
+    log_file_.emplace(*options.log_file, std::ios::app);
+    if (!*log_file_) throw SpecError("--log-file", *options.log_file + ": cannot open for appending");
   }
-  const double flops_per_iteration = model_flops(model, gbs, padded_vocab_size(model, 1));
+
+  const int64_t microbatches = plan.num_microbatches();
+  const int64_t seq = run_.model.seq_length;
   TrainSummary summary;
   summary.first_iteration = state.iteration + 1;
-  std::vector<int64_t> tokens;
-  std::vector<float> mask;
+  std::map<int64_t, MicrobatchTokens> data;  // this iteration's microbatches, read when first asked
   auto window_start = std::chrono::steady_clock::now();
   int64_t window_iterations = 0;
   while (state.iteration < options.train_iters) {
     const int64_t iteration = state.iteration + 1;
-    double loss_sum = 0;
-    double grad_norm = 0;
     const double lr = options.learning_rate.at(iteration);
-    for (const Action& action : actions) {
-      switch (action.kind) {
-        case ActionKind::kForward:
-          batch_tokens(train_samples, state.consumed_samples + action.microbatch * options.micro_batch_size,
-                       options.micro_batch_size, seq, tokens, mask);
-          loss_sum += gpt.forward(action.microbatch, tokens, mask);
-          break;
-        case ActionKind::kBackward:
-          // The loss is the mean over microbatches, as Megatron divides each by their number.
-          gpt.backward(action.microbatch, 1.0f / static_cast<float>(microbatches));
-          break;
-        case ActionKind::kReduceGrad:
-          break;  // one data-parallel rank: nothing to reduce
-        case ActionKind::kOptimizer: {
-          const std::vector<OptimizerTensor> tensors = gpt.optimizer_tensors(options.weight_decay);
-          grad_norm = std::sqrt(backend.gradient_sum_of_squares(tensors));
-          const double loss = loss_sum / static_cast<double>(microbatches);
-          if (!std::isfinite(loss) || !std::isfinite(grad_norm)) refuse_non_finite(iteration, loss, gpt, backend);
-          const double clip = options.clip_grad > 0 && grad_norm > options.clip_grad
-                                  ? options.clip_grad / (grad_norm + 1e-6)
-                                  : 1.0;
-          backend.adamw_step(tensors, {iteration, lr, options.adam_beta1, options.adam_beta2, options.adam_eps, clip});
-          gpt.zero_gradients();
-          break;
-        }
-        default:
-          throw std::logic_error("trainer: a pp = 1 schedule holds only F, B, REDUCE_GRAD and OPTIM");
+    data.clear();
+    const auto microbatch = [&](int64_t m) -> const MicrobatchTokens& {
+      auto found = data.find(m);
+      if (found == data.end()) {
+        found = data.emplace(m, MicrobatchTokens{}).first;
+        read_microbatch(run_.train_samples, state.consumed_samples, m, groups_.data_parallel_rank, plan, seq,
+                        found->second);
       }
-    }
+      return found->second;
+    };
+    // Each iteration replaces the last one's timeline: the run's last iteration is the one kept.
+    const bool traced = options.record_timeline && groups_.data_parallel_rank == 0 && groups_.tensor_parallel_rank == 0;
+    if (traced) summary.timeline = Timeline{"measured (" + backend_.name() + ")", {}};
+    const IterationResult result =
+        interpreter_->run(iteration, lr, microbatch, traced ? &summary.timeline : nullptr, std::chrono::steady_clock::now());
+    const double loss = sum_over_model(result.loss_sum) / static_cast<double>(microbatches * plan.data_parallel_size);
     state.iteration = iteration;
-    state.consumed_samples += gbs;
+    state.consumed_samples += plan.global_batch_size;
     ++window_iterations;
-    const double loss = loss_sum / static_cast<double>(microbatches);
     summary.last_iteration = iteration;
     summary.last_loss = loss;
+    summary.last_gradient_norm = result.gradient_norm;
 
     if (iteration % options.log_interval == 0 || iteration == options.train_iters) {
-      const double seconds =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - window_start).count() /
-          static_cast<double>(window_iterations);
-      const double tokens_per_s = static_cast<double>(gbs * seq) / seconds;
-      const double tflops = flops_per_iteration / seconds / 1e12;
-      nlohmann::json record = {{"iteration", iteration},         {"loss", loss},
-                               {"lr", lr},                       {"grad_norm", grad_norm},
-                               {"tokens_per_s", tokens_per_s},   {"model_tflops_per_gpu", tflops},
-                               {"mfu", options.peak_flops_per_s > 0 ? tflops * 1e12 / options.peak_flops_per_s : 0.0},
-                               {"peak_memory_bytes", backend.peak_bytes()}};
-      out << "iteration " << iteration << "/" << options.train_iters << " | loss " << format_double(loss) << " | lr "
-          << format_double(lr) << " | grad norm " << format_double(grad_norm) << " | " << format_double(tokens_per_s)
-          << " tokens/s | " << format_double(tflops) << " model TFLOP/s\n";
-      if (log) *log << record.dump() << "\n" << std::flush;
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - window_start).count() /
+                             static_cast<double>(window_iterations);
+      if (out_) log(iteration, loss, lr, result.gradient_norm, seconds);
       window_start = std::chrono::steady_clock::now();
       window_iterations = 0;
     }
-    if (valid_samples && iteration % options.eval_interval == 0) {
-      const int64_t first = (iteration / options.eval_interval - 1) * options.eval_iters * gbs;
-      double total = 0;
-      for (int64_t e = 0; e < options.eval_iters; ++e) {
-        for (int64_t m = 0; m < microbatches; ++m) {
-          batch_tokens(*valid_samples, first + e * gbs + m * options.micro_batch_size, options.micro_batch_size, seq,
-                       tokens, mask);
-          total += gpt.evaluate(tokens, mask);
-        }
-      }
-      out << "validation loss at iteration " << iteration << ": "
-          << format_double(total / static_cast<double>(options.eval_iters * microbatches)) << "\n";
+    if (run_.valid_samples && iteration % options.eval_interval == 0) {
+      const double validation = evaluate(iteration);
+      if (out_) *out_ << "validation loss at iteration " << iteration << ": " << format_double(validation) << "\n";
     }
     const bool exiting = options.exit_interval > 0 && iteration % options.exit_interval == 0;
     if (options.save && ((options.save_interval > 0 && iteration % options.save_interval == 0) || exiting ||
                          iteration == options.train_iters)) {
-      save_checkpoint(*options.save, state, gpt.parameters(), backend);
-      out << "saved " << *options.save << " at iteration " << iteration << "\n";
+      save_checkpoint(*options.save, state, optimizer_->parameter_states(), backend_);
+      if (out_) *out_ << "saved " << *options.save << " at iteration " << iteration << "\n";
     }
     if (exiting) {
-      out << "exiting at iteration " << iteration << " (--exit-interval " << options.exit_interval << ")\n";
+      if (out_) *out_ << "exiting at iteration " << iteration << " (--exit-interval " << options.exit_interval << ")\n";
       break;
     }
   }
+  if (options.keep_final_weights && groups_.data_parallel_rank == 0) {
+    for (auto& chunk : chunks_) {
+      for (const Parameter& p : chunk->parameters()) {
+        std::vector<float>& values = summary.final_weights[p.name];
+        values.resize(p.size);
+        backend_.download(values.data(), p.value, p.size);
+      }
+    }
+  }
+  return summary;
+}
+
+}  // namespace
+
+TrainSummary train(const ModelSpec& model, const ParallelPlan& plan, const TrainOptions& options_in,
+                   const BackendFactory& make_backend, std::ostream& out) {
+  TrainOptions options = options_in;
+  if (options.learning_rate.decay_iterations == 0) options.learning_rate.decay_iterations = options.train_iters;
+  validate(options, plan);
+  GptModel::refuse_unsupported(model, plan);
+  // A schedule that would hang is refused before any rank starts.
+  PipelineSchedule schedule = lower_schedule(options.pipeline_schedule_csv ? imported_schedule(*options.pipeline_schedule_csv, plan)
+                                                                           : generate_plan_schedule(plan));
+  validate_schedule(schedule);
+
+  const IndexedDataset dataset(options.data_path);
+  const auto splits = split_documents(options.split, static_cast<int64_t>(dataset.num_documents()));
+  const int64_t gbs = plan.global_batch_size;
+  const GptSamples train_samples(dataset, splits[0], model.seq_length, options.train_iters * gbs, options.seed);
+  const int64_t evaluations = options.train_iters / options.eval_interval + 1;
+  std::optional<GptSamples> valid_samples;
+  if (splits[1].size() > 0 && options.eval_iters > 0) {
+    valid_samples.emplace(dataset, splits[1], model.seq_length, evaluations * options.eval_iters * gbs,
+                          options.seed + 1);
+  }
+  const Run run{model, plan, options, std::move(schedule), dataset, train_samples,
+                valid_samples ? &*valid_samples : nullptr};
+
+  if (plan.world_size() == 1) {
+    std::unique_ptr<Backend> backend = make_backend(0);
+    ParallelGroups groups = make_parallel_groups(plan, 0, [](const std::vector<int64_t>&, const std::string&) {
+      return std::unique_ptr<Comm>();  // a world of one needs no communicator
+    });
+    return RankTrainer(run, *backend, groups, &out).train();
+  }
+  InProcessWorld world(plan.world_size(), std::chrono::minutes(options.distributed_timeout_minutes));
+  TrainSummary summary;
+  std::mutex summary_mutex;
+  run_rank_threads(world, plan.world_size(), [&](int64_t rank) {
+    std::unique_ptr<Backend> backend = make_backend(rank);
+    ParallelGroups groups = make_parallel_groups(plan, rank, [&](const std::vector<int64_t>& ranks, const std::string& label) {
+      return world.group(rank, ranks, label);
+    });
+    TrainSummary mine = RankTrainer(run, *backend, groups, rank == 0 ? &out : nullptr).train();
+    const std::lock_guard<std::mutex> lock(summary_mutex);
+    summary.final_weights.merge(mine.final_weights);
+    summary.timeline.slices.insert(summary.timeline.slices.end(), mine.timeline.slices.begin(), mine.timeline.slices.end());
+    if (rank == 0) {
+      mine.final_weights = std::move(summary.final_weights);
+      mine.timeline.slices = std::move(summary.timeline.slices);
+      summary = std::move(mine);
+    }
+  });
   return summary;
 }
 

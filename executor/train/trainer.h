@@ -1,15 +1,24 @@
-// The training loop with Megatron-LM's flag names: it walks rank 0's lowered schedule from
-// core/schedule each iteration (with pp = 1: F and B per microbatch, REDUCE_GRAD, OPTIM) on the
-// GPT model, clips the global gradient norm, steps AdamW on the learning-rate schedule, evaluates,
-// logs, and saves and resumes checkpoints.
+// The training loop with Megatron-LM's flag names, for any plan: every rank builds the stage
+// chunks core places on its pipeline rank and walks its lowered action list from core/schedule
+// (Interpreter) each iteration; data-parallel ranks read Megatron's samples for their rank within
+// each global batch; the loss is logged as Megatron logs it (the mean over microbatches and
+// replicas) by rank 0; evaluation, checkpoints (one rank for now) and the learning-rate schedule
+// follow Megatron. A world of several ranks runs as threads of this process on in-process
+// communicators (the CPU backend, or several ranks sharing one device).
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
 #include <optional>
 #include <ostream>
 #include <string>
+#include <vector>
 
 #include "core/model_spec.h"
+#include "core/parallel_plan.h"
+#include "core/timeline.h"
 #include "executor/runtime/backend.h"
 #include "executor/train/learning_rate.h"
 
@@ -18,8 +27,6 @@ namespace megaplan::exec {
 struct TrainOptions {
   int64_t train_iters = 0;       // --train-iters
   int64_t exit_interval = 0;     // --exit-interval: stop (after saving) at a multiple of it; 0 never
-  int64_t micro_batch_size = 1;  // --micro-batch-size
-  int64_t global_batch_size = 1; // --global-batch-size
   LearningRateSchedule learning_rate;
   double weight_decay = 0.01;    // --weight-decay (not on biases and norms)
   double adam_beta1 = 0.9;
@@ -37,15 +44,35 @@ struct TrainOptions {
   int64_t save_interval = 0;            // --save-interval
   std::optional<std::string> load;      // --load DIR
   double peak_flops_per_s = 0;          // the device's dense peak, for MFU (0: not reported)
+  int64_t distributed_timeout_minutes = 10;  // --distributed-timeout-minutes: a rank that waits longer ends the run
+  bool keep_final_weights = false;  // fill TrainSummary::final_weights (tests comparing layouts)
+  bool record_timeline = false;     // fill TrainSummary::timeline (--trace)
+  // --pipeline-schedule-csv: a compute-only torch schedule CSV (torchtitan's
+  // pipeline_parallel_schedule_csv) to run instead of the plan's generated schedule; it must have
+  // the plan's pp, stages, placement and microbatches, and is lowered and validated before any rank starts.
+  std::optional<std::string> pipeline_schedule_csv;
 };
 
 struct TrainSummary {
   int64_t first_iteration = 0;  // the first iteration this run trained (after a --load, the next)
   int64_t last_iteration = 0;
   double last_loss = 0;
+  double last_gradient_norm = 0;
+  // With keep_final_weights: every parameter's fp32 master value at the end, by Megatron name, as
+  // the first data-parallel replica holds it (a stage's tied output copy under "output_layer.weight").
+  std::map<std::string, std::vector<float>> final_weights;
+  // With record_timeline: the last iteration's actions on every pipeline rank (as the first tensor-
+  // and data-parallel rank of each ran them), timed from that iteration's start on each rank.
+  Timeline timeline;
 };
 
-// Throws SpecError naming the flag for bad options, data or checkpoints.
-TrainSummary train(const ModelSpec& model, const TrainOptions& options, Backend& backend, std::ostream& out);
+// The backend of one rank (ranks run on threads: each has its own).
+using BackendFactory = std::function<std::unique_ptr<Backend>(int64_t rank)>;
+
+// Trains `plan` (every rank of its world, as threads when there are several). Throws SpecError
+// naming the flag for bad options, data or checkpoints; a failure on any rank ends every rank and
+// is rethrown here. REQUIRES: validate_plan(model, plan) passed.
+TrainSummary train(const ModelSpec& model, const ParallelPlan& plan, const TrainOptions& options,
+                   const BackendFactory& make_backend, std::ostream& out);
 
 }  // namespace megaplan::exec

@@ -38,7 +38,7 @@ expect_error() {
 expect_ok --help
 expect_ok --version
 grep -q "megaplan 0" "$scratch/out" || fail "--version prints no version"
-for command in data describe devices groups presets schedule search simulate train; do
+for command in data describe devices groups launch presets schedule search simulate train; do
   expect_ok "$command" --help
   grep -q "Usage" "$scratch/out" || fail "$command --help prints no usage"
 done
@@ -164,7 +164,19 @@ printf '#version: 0.2\nh e\nll\n' >"$scratch/bad-merges.txt"
 expect_error "error: --merge-file: $scratch/bad-merges.txt:3: want two tokens separated by one space" data prepare --input "$scratch/bpe.jsonl" --output-prefix "$scratch/never" --tokenizer gpt2 --vocab-file "$gpt2_tiny/vocab.json" --merge-file "$scratch/bad-merges.txt"
 ls "$scratch" | grep -q '^never' && fail "a failed data prepare left files behind"
 
-# Train on the CPU backend: a few iterations end to end; bad input names the flag.
+# Train on the CPU backend: a few iterations end to end, on one rank and on a pipeline of two ranks
+# (threads); bad input names the flag.
+expect_ok train --device cpu --model "$examples/models/tiny-gpt.json" --vocab-size 257 --seq-length 16 \
+  --world-size 2 --pp 2 --schedule zbv --vpp 2 --num-layers 4 --mbs 1 --gbs 4 \
+  --data-path "$scratch/corpus" --split 1,0,0 --train-iters 2 --log-interval 1
+[ "$(grep -c '^iteration [12]/2 | loss ' "$scratch/out")" -eq 2 ] || fail "a pipeline's rank 0 prints one line per iteration: $(cat "$scratch/out")"
+expect_error 'error: --context-parallel-size: context parallelism is not in the executor yet' train --device cpu --model "$examples/models/tiny-gpt.json" --world-size 2 --cp 2 --data-path "$scratch/corpus" --train-iters 2
+# A plan whose world differs from the launcher's.
+RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 "$megaplan" train --device cpu --model "$examples/models/tiny-gpt.json" \
+  --world-size 2 --data-path "$scratch/corpus" --train-iters 2 >"$scratch/out" 2>"$scratch/err"
+[ $? -eq 2 ] && [ "$(wc -l <"$scratch/err")" -eq 1 ] &&
+  grep -q 'error: --world-size: the plan has 2 ranks but torchrun started 1' "$scratch/err" ||
+  fail "train under a launcher of another world size: $(cat "$scratch/err")"
 expect_ok train --device cpu --model "$examples/models/tiny-gpt.json" --vocab-size 257 --seq-length 16 --num-layers 1 \
   --data-path "$scratch/corpus" --split 1,0,0 --train-iters 2 --mbs 1 --gbs 2 --log-interval 1 --log-file "$scratch/train.jsonl"
 grep -q '^iteration 2/2 | loss ' "$scratch/out" || fail "train prints no iteration line: $(cat "$scratch/out")"
@@ -172,12 +184,12 @@ grep -q '^iteration 2/2 | loss ' "$scratch/out" || fail "train prints no iterati
 grep -q '"grad_norm"' "$scratch/train.jsonl" || fail "train --log-file lacks grad_norm"
 expect_error 'error: --data-path: .*nowhere.idx: cannot open' train --device cpu --model "$examples/models/tiny-gpt.json" --data-path "$scratch/nowhere" --train-iters 2
 expect_error 'error: --data-path: token 256 is outside the model.s padded vocabulary of 256' train --device cpu --model "$examples/models/tiny-gpt.json" --seq-length 16 --data-path "$scratch/corpus" --split 1,0,0 --train-iters 1
-expect_error 'error: --global-batch-size: 3 must be divisible by --micro-batch-size 2' train --device cpu --model "$examples/models/tiny-gpt.json" --data-path "$scratch/corpus" --train-iters 2 --mbs 2 --gbs 3
+expect_error 'error: --global-batch-size: must be divisible by micro-batch-size\*data-parallel-size = 2\*1 = 2' train --device cpu --model "$examples/models/tiny-gpt.json" --data-path "$scratch/corpus" --train-iters 2 --mbs 2 --gbs 3
 expect_error 'error: --lr-decay-style: unknown style "step"' train --device cpu --model "$examples/models/tiny-gpt.json" --data-path "$scratch/corpus" --train-iters 2 --lr-decay-style step
 expect_error 'error: --device: must be cpu or cuda, got "tpu"' train --device tpu --model "$examples/models/tiny-gpt.json" --data-path "$scratch/corpus" --train-iters 2
-expect_error 'error: --micro-batch-size: .* needs [0-9]+ bytes on cpu .* but [0-9]+ are available' train --device cpu --model "$examples/models/tiny-gpt.json" --hidden-size 65536 --num-attention-heads 64 --num-layers 64 --data-path "$scratch/corpus" --train-iters 2
+expect_error 'error: --micro-batch-size: .* needs [0-9]+ bytes on pipeline rank 0 \(cpu: .* but [0-9]+ are available' train --device cpu --model "$examples/models/tiny-gpt.json" --hidden-size 65536 --num-attention-heads 64 --num-layers 64 --data-path "$scratch/corpus" --train-iters 2
 if [ ! -e /dev/nvidia0 ]; then
-  expect_error 'error: --device: no usable CUDA GPU' train --device cuda --model "$examples/models/tiny-gpt.json" --data-path "$scratch/corpus" --train-iters 2
+  expect_error 'error: --device: (no usable CUDA GPU|this megaplan was built without CUDA)' train --device cuda --model "$examples/models/tiny-gpt.json" --data-path "$scratch/corpus" --train-iters 2
 fi
 
 # Search: a small space end to end; the best plan as a job file that simulate reads back; JSON;
@@ -189,7 +201,8 @@ grep -q 'Why #1 beats #2' "$scratch/out" || fail "search --explain says nothing"
 grep -q '^--tensor-model-parallel-size ' "$scratch/out" || fail "search --emit megatron prints no arguments"
 grep -q ' simulated; ' "$scratch/out" || fail "search prints no counts"
 expect_ok simulate --plan "$scratch/best.json"
-expect_error 'error: --plan: .* lays the model over 8 GPUs; this trainer runs one' train --device cpu --plan "$scratch/best.json" --data-path "$scratch/corpus" --train-iters 2
+expect_error 'error: --world-size: 4 differs from the 8 GPUs .*best.json lays the model over' train --device cpu --plan "$scratch/best.json" --world-size 4 --data-path "$scratch/corpus" --train-iters 2
+expect_error 'error: --plan: cannot be combined with --pp' train --device cpu --plan "$scratch/best.json" --pp 2 --data-path "$scratch/corpus" --train-iters 2
 expect_ok search --model gpt2-350m --cluster dgx-a100-80gb --gpus 8 --gbs 16 --tp 2 --pp 2 --json
 for key in plans counts iteration_time_s model_tflops_per_gpu mfu bubble_fraction peak_memory_bytes fits_in_memory \
   tensor_parallel_size pruned_by_bound simulated; do
@@ -201,6 +214,20 @@ expect_error 'error: --gpus: 65536 GPUs exceed cluster dgx-a100-80gb' search --g
 expect_error 'error: --memory-fraction: no layout fits in .* the closest, .* more' search --model gpt3-175b --gpus 8 --gbs 8 --cp 1 --out "$scratch/never-best.json"
 [ ! -e "$scratch/never-best.json" ] || fail "a failed search wrote --out"
 expect_error 'error: --emit: knows "megatron" only' search --model gpt2-350m --cluster dgx-a100-80gb --gpus 8 --gbs 16 --emit deepspeed
+
+# Launch: one node's ranks as torchrun starts them; a failing rank is named and its code returned.
+expect_ok launch --nproc-per-node 2 -- presets
+[ "$(grep -c '^gpt2-124m' "$scratch/out")" -eq 2 ] || fail "launch --nproc-per-node 2 -- presets did not run presets twice"
+expect_error 'error: --nproc-per-node: must be at least 1, got 0' launch --nproc-per-node 0 -- presets
+expect_error 'error: --master-addr: --nnodes 2 needs rank 0.s host' launch --nnodes 2 --node-rank 1 -- presets
+expect_error 'error: --node-rank: must be in 0..1 for --nnodes 2, got 2' launch --nnodes 2 --node-rank 2 --master-addr 10.0.0.1 -- presets
+expect_error 'error: command: nothing after `--`' launch --nproc-per-node 2
+"$megaplan" launch --nproc-per-node 2 -- describe --model no-such-model >"$scratch/out" 2>"$scratch/err"
+code=$?
+[ "$code" -eq 2 ] || fail "launch of a failing describe: exit code $code, want the rank's 2"
+grep -qE '^megaplan: launch: rank [01] \(pid [0-9]+\) exited with status 2' "$scratch/err" ||
+  fail "launch does not name the failing rank: $(cat "$scratch/err")"
+[ "$(grep -c '^megaplan: launch:' "$scratch/err")" -eq 1 ] || fail "launch printed more than one line of its own: $(cat "$scratch/err")"
 
 # Without a usable GPU, `devices` says so in one line; with one, it lists it.
 if "$megaplan" devices >"$scratch/out" 2>"$scratch/err"; then

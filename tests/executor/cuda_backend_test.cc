@@ -132,11 +132,18 @@ TEST_CASE("every CUDA operation matches the CPU backend", "[gpu][kernels]") {
 
     // Through a GELU: the MLP's second layer, whose input x is GELU(pre).
     Acts gelu_in = both.acts(random_vector(m * k, generator)), d_pre = both.act_output(m * k);
-    both.cpu().linear_gelu_backward(dy.cpu, x.cpu, w.cpu, m, k, n, gelu_in.cpu, d_pre.cpu, dw.cpu, db.cpu);
-    both.gpu().linear_gelu_backward(dy.gpu, x.gpu, w.gpu, m, k, n, gelu_in.gpu, d_pre.gpu, dw.gpu, db.gpu);
+    both.cpu().linear_backward_through_gelu(dy.cpu, w.cpu, m, k, n, gelu_in.cpu, d_pre.cpu);
+    both.gpu().linear_backward_through_gelu(dy.gpu, w.gpu, m, k, n, gelu_in.gpu, d_pre.gpu);
     CHECK(both.error(d_pre) < kBf16);
+    // The weight gradient alone (zero-bubble's W), and the input gradient alone (its I).
+    both.cpu().linear_backward(dy.cpu, x.cpu, w.cpu, m, k, n, nullptr, dw.cpu, db.cpu);
+    both.gpu().linear_backward(dy.gpu, x.gpu, w.gpu, m, k, n, nullptr, dw.gpu, db.gpu);
     CHECK(both.error(dw) < kFp32);
     CHECK(both.error(db) < kFp32);
+    both.cpu().linear_backward(dy.cpu, x.cpu, w.cpu, m, k, n, dx.cpu, nullptr, nullptr);
+    both.gpu().linear_backward(dy.gpu, x.gpu, w.gpu, m, k, n, dx.gpu, nullptr, nullptr);
+    CHECK(both.error(dx) < kBf16);
+    CHECK(both.error(dw) < kFp32);
   }
   SECTION("embedding") {
     const std::size_t vocab = 11, seq = 5, hidden = 16, count = 20;
@@ -243,8 +250,9 @@ TEST_CASE("a tiny GPT trains on the GPU and resumes bit for bit", "[gpu][train]"
   model.num_attention_heads = 2;
   megaplan::exec::TrainOptions options;
   options.train_iters = 40;
-  options.micro_batch_size = 4;
-  options.global_batch_size = 8;
+  megaplan::ParallelPlan plan;
+  plan.micro_batch_size = 4;
+  plan.global_batch_size = 8;
   options.learning_rate.max_lr = 3e-3;
   options.learning_rate.warmup_iterations = 4;
   options.log_interval = 1;
@@ -253,20 +261,22 @@ TEST_CASE("a tiny GPT trains on the GPU and resumes bit for bit", "[gpu][train]"
   options.data_path = corpus;
   using megaplan::test::logged_losses;
   std::ostringstream out;
+  const megaplan::exec::BackendFactory gpu = [](int64_t) { return megaplan::exec::make_cuda_backend(); };
   options.log_file = scratch.file("whole.jsonl");
-  megaplan::exec::train(model, options, *megaplan::exec::make_cuda_backend(), out);
+  megaplan::exec::train(model, plan, options, gpu, out);
   options.log_file = scratch.file("cpu.jsonl");
-  {
-    megaplan::exec::CpuBackend cpu;
-    megaplan::exec::train(model, options, cpu, out);
-  }
+  megaplan::exec::train(model, plan, options,
+                        [](int64_t) -> std::unique_ptr<megaplan::exec::Backend> {
+                          return std::make_unique<megaplan::exec::CpuBackend>();
+                        },
+                        out);
   options.log_file = scratch.file("parts.jsonl");
   options.save = scratch.file("checkpoints");
   options.exit_interval = 20;
-  megaplan::exec::train(model, options, *megaplan::exec::make_cuda_backend(), out);
+  megaplan::exec::train(model, plan, options, gpu, out);
   options.exit_interval = 0;
   options.load = options.save;
-  megaplan::exec::train(model, options, *megaplan::exec::make_cuda_backend(), out);
+  megaplan::exec::train(model, plan, options, gpu, out);
   const std::vector<double> whole = logged_losses(scratch.file("whole.jsonl")),
                             parts = logged_losses(scratch.file("parts.jsonl")), cpu = logged_losses(scratch.file("cpu.jsonl"));
   REQUIRE(whole.size() == 40);

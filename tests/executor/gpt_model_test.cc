@@ -1,15 +1,21 @@
-// The GPT on the CPU backend: its backward is the gradient of its forward (finite differences on
-// a tiny model, every kind of parameter), and a microbatch's loss starts near log(vocabulary).
+// A GPT stage on the CPU backend: its backward is the gradient of its forward (finite differences on
+// a tiny model, every kind of parameter); the split backward (I then W) equals the fused one (B);
+// its parameters are core's count for every stage of a pipeline; its memory prediction is what it
+// allocates.
 #include <catch2/catch.hpp>
 
 #include <cmath>
 #include <random>
 
 #include "core/error.h"
+#include "core/formulas.h"
 #include "executor/model/gpt_model.h"
 #include "executor/runtime/cpu_backend.h"
 
 namespace {
+
+using megaplan::exec::GptModel;
+using megaplan::exec::MicrobatchTokens;
 
 megaplan::ModelSpec tiny_model() {
   megaplan::ModelSpec model;
@@ -23,29 +29,42 @@ megaplan::ModelSpec tiny_model() {
   return model;
 }
 
+megaplan::ParallelPlan one_rank(int64_t micro_batch_size) {
+  megaplan::ParallelPlan plan;
+  plan.micro_batch_size = micro_batch_size;
+  plan.global_batch_size = micro_batch_size;
+  return plan;
+}
+
+MicrobatchTokens random_microbatch(std::size_t batch, std::size_t seq, int64_t vocab, unsigned seed) {
+  std::mt19937 generator(seed);
+  std::uniform_int_distribution<int64_t> token(0, vocab - 1);
+  MicrobatchTokens data;
+  data.tokens.resize(batch * (seq + 1));
+  for (int64_t& t : data.tokens) t = token(generator);
+  data.loss_mask.assign(batch * seq, 1.0f);
+  return data;
+}
+
 }  // namespace
 
 TEST_CASE("the GPT's backward is the gradient of its loss", "[model]") {
   megaplan::exec::CpuBackend backend;
-  megaplan::exec::GptModel model(tiny_model(), 2, backend, 42);
-  std::mt19937 generator(1);
-  std::uniform_int_distribution<int64_t> token(0, 15);
-  std::vector<int64_t> tokens(2 * 5);
-  for (int64_t& t : tokens) t = token(generator);
-  const std::vector<float> mask = {1, 1, 1, 0, 1, 1, 1, 1};
-  model.zero_gradients();
-  const double loss = model.forward(0, tokens, mask);
+  GptModel model(tiny_model(), one_rank(2), 0, backend, 42);
+  MicrobatchTokens data = random_microbatch(2, 4, 16, 1);
+  data.loss_mask = {1, 1, 1, 0, 1, 1, 1, 1};
+  const double loss = model.forward(0, &data);
   CHECK(loss == Approx(std::log(16.0)).epsilon(0.1));  // small initial weights: near uniform
-  model.backward(0, 1.0f);
+  model.backward_input(0, nullptr, 1.0f, nullptr, false);
   int64_t checked = 0;
   for (megaplan::exec::Parameter& parameter : model.parameters()) {
     for (std::size_t i = 0; i < parameter.size; i += 1 + parameter.size / 3) {
       const float saved = parameter.value[i];
       const float step = 2e-3f;  // small: layernorm of 0.02-scale inputs bends quickly
       parameter.value[i] = saved + step;
-      const double up = model.evaluate(tokens, mask);
+      const double up = model.evaluate(&data, nullptr, nullptr);
       parameter.value[i] = saved - step;
-      const double down = model.evaluate(tokens, mask);
+      const double down = model.evaluate(&data, nullptr, nullptr);
       parameter.value[i] = saved;
       const double numeric = (up - down) / (2 * step);
       INFO(parameter.name << "[" << i << "]: analytic " << parameter.gradient[i] << ", numeric " << numeric);
@@ -56,31 +75,66 @@ TEST_CASE("the GPT's backward is the gradient of its loss", "[model]") {
   CHECK(checked > 60);
 }
 
-TEST_CASE("the GPT's memory prediction is what it allocates, and a model too big is refused", "[model]") {
+TEST_CASE("a backward split into I and W gives B's gradients", "[model]") {
+  megaplan::exec::CpuBackend backend;
+  GptModel fused(tiny_model(), one_rank(2), 0, backend, 42);
+  GptModel split(tiny_model(), one_rank(2), 0, backend, 42);
+  for (int64_t m = 0; m < 2; ++m) {
+    const MicrobatchTokens data = random_microbatch(2, 4, 16, static_cast<unsigned>(m + 5));
+    CHECK(fused.forward(m, &data) == split.forward(m, &data));
+  }
+  fused.backward_input(0, nullptr, 0.5f, nullptr, false);
+  fused.backward_input(1, nullptr, 0.5f, nullptr, false);
+  split.backward_input(0, nullptr, 0.5f, nullptr, true);
+  split.backward_input(1, nullptr, 0.5f, nullptr, true);  // two microbatches await W at once
+  split.backward_weight(1);
+  split.backward_weight(0);
+  for (std::size_t p = 0; p < fused.parameters().size(); ++p) {
+    const auto& a = fused.parameters()[p];
+    const auto& b = split.parameters()[p];
+    INFO(a.name);
+    for (std::size_t i = 0; i < a.size; ++i) CHECK(b.gradient[i] == Approx(a.gradient[i]).margin(1e-7));
+  }
+}
+
+TEST_CASE("each pipeline stage holds the layers and parameters core gives it", "[model]") {
+  megaplan::ModelSpec model = tiny_model();
+  model.num_layers = 4;
+  for (const megaplan::ScheduleKind kind :
+       {megaplan::ScheduleKind::kOneFOneB, megaplan::ScheduleKind::kInterleaved, megaplan::ScheduleKind::kZeroBubbleV}) {
+    megaplan::ParallelPlan plan = one_rank(1);
+    plan.pipeline_parallel_size = 2;
+    plan.virtual_pipeline_parallel_size = kind == megaplan::ScheduleKind::kOneFOneB ? 1 : 2;
+    plan.schedule = kind;
+    plan.global_batch_size = 4;
+    for (int64_t stage = 0; stage < plan.num_virtual_stages(); ++stage) {
+      INFO(megaplan::to_string(kind) << " stage " << stage);
+      std::size_t parameters = 0;
+      for (const auto& spec : GptModel::describe_parameters(model, plan, stage)) parameters += spec.size;
+      CHECK(static_cast<int64_t>(parameters) == megaplan::stage_parameters(model, plan, stage).parameters_per_gpu);
+    }
+  }
+  // A V places the last stage on rank 0 beside stage 0: its output layer reads the embedding itself.
+  megaplan::ParallelPlan v = one_rank(1);
+  v.pipeline_parallel_size = 2;
+  v.virtual_pipeline_parallel_size = 2;
+  v.schedule = megaplan::ScheduleKind::kZeroBubbleV;
+  const auto last = GptModel::describe_parameters(model, v, 3);
+  CHECK(last.back().name == "decoder.final_layernorm.bias");
+  megaplan::ParallelPlan loop = v;
+  loop.schedule = megaplan::ScheduleKind::kInterleaved;
+  CHECK(GptModel::describe_parameters(model, loop, 3).back().name == "output_layer.weight");
+}
+
+TEST_CASE("the GPT's memory prediction is what it allocates", "[model]") {
   megaplan::exec::CpuBackend backend;
   const megaplan::ModelSpec spec = tiny_model();
   {
-    megaplan::exec::GptModel model(spec, 2, backend, 42);
-    std::vector<int64_t> tokens(2 * 5, 3);
-    const std::vector<float> mask(8, 1.0f);
-    (void)model.forward(0, tokens, mask);
-    model.backward(0, 1.0f);
-    (void)model.evaluate(tokens, mask);
+    GptModel model(spec, one_rank(2), 0, backend, 42);
+    const MicrobatchTokens data = random_microbatch(2, 4, 16, 3);
+    (void)model.forward(0, &data);
+    model.backward_input(0, nullptr, 1.0f, nullptr, false);
+    (void)model.evaluate(&data, nullptr, nullptr);
   }
-  CHECK(backend.peak_bytes() == megaplan::exec::GptModel::predicted_bytes(spec, 2, backend));
-
-  megaplan::ModelSpec huge = spec;
-  huge.hidden_size = 65536;
-  huge.num_attention_heads = 64;
-  huge.num_layers = 64;
-  huge.seq_length = 4096;
-  try {
-    megaplan::exec::GptModel model(huge, 8, backend, 42);
-    FAIL("a model larger than memory was built");
-  } catch (const megaplan::SpecError& error) {
-    const std::string message = error.what();
-    INFO(message);
-    CHECK(message.find("--micro-batch-size") != std::string::npos);
-    CHECK(message.find("are available") != std::string::npos);
-  }
+  CHECK(backend.peak_bytes() == GptModel::predicted_bytes(spec, one_rank(2), 0, 1, backend));
 }

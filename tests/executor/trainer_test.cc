@@ -9,21 +9,39 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/parallel_plan.h"
 #include "executor/runtime/cpu_backend.h"
 #include "executor/train/trainer.h"
 #include "training_fixtures.h"
 
+namespace {
+
+megaplan::ParallelPlan one_rank(int64_t micro_batch_size, int64_t global_batch_size) {
+  megaplan::ParallelPlan plan;
+  plan.micro_batch_size = micro_batch_size;
+  plan.global_batch_size = global_batch_size;
+  return plan;
+}
+
+megaplan::exec::TrainSummary train_on_cpu(const megaplan::ParallelPlan& plan, const megaplan::exec::TrainOptions& options,
+                                          std::ostream& out) {
+  return megaplan::exec::train(megaplan::test::tiny_gpt(), plan, options,
+                               [](int64_t) -> std::unique_ptr<megaplan::exec::Backend> {
+                                 return std::make_unique<megaplan::exec::CpuBackend>();
+                               },
+                               out);
+}
+
+}  // namespace
 
 TEST_CASE("a tiny GPT trains on the CPU backend and resumes exactly", "[train]") {
   using megaplan::test::logged_losses;
-  using megaplan::test::tiny_gpt;
-  const megaplan::test::ScratchDirectory scratch;
+    const megaplan::test::ScratchDirectory scratch;
   const std::string corpus = megaplan::test::sentence_corpus(scratch);
 
   megaplan::exec::TrainOptions options;
   options.train_iters = 40;
-  options.micro_batch_size = 4;
-  options.global_batch_size = 8;
+  const megaplan::ParallelPlan plan = one_rank(4, 8);
   options.learning_rate.max_lr = 3e-3;
   options.learning_rate.min_lr = 3e-4;
   options.learning_rate.warmup_iterations = 4;
@@ -36,10 +54,7 @@ TEST_CASE("a tiny GPT trains on the CPU backend and resumes exactly", "[train]")
   std::ostringstream out;
 
   options.log_file = scratch.file("whole.jsonl");
-  {
-    megaplan::exec::CpuBackend backend;
-    megaplan::exec::train(tiny_gpt(), options, backend, out);
-  }
+  train_on_cpu(plan, options, out);
   const std::vector<double> whole = logged_losses(*options.log_file);
   REQUIRE(whole.size() == 40);
   double last_five = 0;
@@ -50,19 +65,13 @@ TEST_CASE("a tiny GPT trains on the CPU backend and resumes exactly", "[train]")
   options.log_file = scratch.file("parts.jsonl");
   options.save = scratch.file("checkpoints");
   options.exit_interval = 20;
-  {
-    megaplan::exec::CpuBackend backend;
-    CHECK(megaplan::exec::train(tiny_gpt(), options, backend, out).last_iteration == 20);
-  }
+  CHECK(train_on_cpu(plan, options, out).last_iteration == 20);
   CHECK(std::filesystem::exists(scratch.file("checkpoints/iter_0000020/model.bin")));
   options.exit_interval = 0;
   options.load = options.save;
-  {
-    megaplan::exec::CpuBackend backend;
-    const megaplan::exec::TrainSummary resumed = megaplan::exec::train(tiny_gpt(), options, backend, out);
-    CHECK(resumed.first_iteration == 21);
-    CHECK(resumed.last_iteration == 40);
-  }
+  const megaplan::exec::TrainSummary resumed = train_on_cpu(plan, options, out);
+  CHECK(resumed.first_iteration == 21);
+  CHECK(resumed.last_iteration == 40);
   const std::vector<double> parts = logged_losses(*options.log_file);
   REQUIRE(parts.size() == 40);
   for (std::size_t i = 0; i < 40; ++i) {
@@ -76,8 +85,6 @@ TEST_CASE("a non-finite loss stops training before the optimizer step and keeps 
   const megaplan::test::ScratchDirectory scratch;
   megaplan::exec::TrainOptions options;
   options.train_iters = 6;
-  options.micro_batch_size = 4;
-  options.global_batch_size = 4;
   options.learning_rate.max_lr = 1e30;  // the first step throws the weights to infinity
   options.learning_rate.min_lr = 1e30;
   options.learning_rate.style = megaplan::exec::DecayStyle::kConstant;
@@ -89,15 +96,14 @@ TEST_CASE("a non-finite loss stops training before the optimizer step and keeps 
   options.save = scratch.file("checkpoints");
   options.save_interval = 1;
   std::ostringstream out;
-  megaplan::exec::CpuBackend backend;
   try {
-    megaplan::exec::train(megaplan::test::tiny_gpt(), options, backend, out);
+    train_on_cpu(one_rank(4, 4), options, out);
     FAIL("training went on with a non-finite loss");
   } catch (const megaplan::SpecError& error) {
     const std::string message = error.what();
     INFO(message);
-    CHECK(message.find("iteration 2 ") != std::string::npos);
-    CHECK(message.find("first non-finite tensor is the gradient of ") != std::string::npos);
+    CHECK(message.find("iteration 2: ") != std::string::npos);
+    CHECK(message.find("the first non-finite gradient on pipeline rank 0 is ") != std::string::npos);
   }
   // Iteration 1 was saved; iteration 2 never reached the optimizer or the disk.
   CHECK(std::filesystem::exists(scratch.file("checkpoints/iter_0000001")));

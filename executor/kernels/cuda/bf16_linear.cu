@@ -199,6 +199,7 @@ void Bf16Linear::forward(const Bf16* x, const Bf16* w, const Bf16* bias, int64_t
 void Bf16Linear::backward(const Bf16* dy, const Bf16* x, const Bf16* w, int64_t m, int64_t k, int64_t n, Bf16* dx,
                           float* dw, float* bias_gradient) {
   if (dx) run(static_cast<cublasLtHandle_t>(handle_), workspace_, algorithms_->cache, input_gradient(dy, w, m, k, n, dx));
+  if (!dw) return;
   // dW += dY^T X: column-major dW^T (k x n) += X^T (the buffer as is) dY (the buffer transposed);
   // reducing B = dY over the inner (token) dimension gives the bias gradient (BGRADB).
   Gemm g{};

@@ -26,8 +26,9 @@ class Bf16Linear {
   // (the tanh GELU) also writes the pre-activation x W^T + bias to `pre_activation` [m x n].
   void forward(const Bf16* x, const Bf16* w, const Bf16* bias, int64_t m, int64_t k, int64_t n,
                LinearEpilogue epilogue, Bf16* y, Bf16* pre_activation);
-  // dx[m x k] = dy W (bf16; null: skipped); dw[n x k] += dy^T x in fp32; bias_gradient[n] = the
-  // column sums of dy in fp32, fused into the weight-gradient GEMM (overwritten; null: none).
+  // dx[m x k] = dy W (bf16; null: skipped); dw[n x k] += dy^T x in fp32 (null: skipped, with the
+  // bias gradient); bias_gradient[n] = the column sums of dy in fp32, fused into the
+  // weight-gradient GEMM (overwritten; null: none).
   void backward(const Bf16* dy, const Bf16* x, const Bf16* w, int64_t m, int64_t k, int64_t n, Bf16* dx, float* dw,
                 float* bias_gradient);
   // The input gradient through a GELU, for the MLP's second layer y = GELU(pre) W^T + b:

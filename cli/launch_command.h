@@ -1,0 +1,43 @@
+// `megaplan launch`: starts one node's ranks as torchrun does — N copies of this binary running the
+// command after `--`, each with torchrun's RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+// MASTER_ADDR and MASTER_PORT — and supervises them: one failing rank stops the others.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+namespace megaplan::cli {
+
+struct LaunchOptions {
+  int64_t nproc_per_node = 1;
+  int64_t nnodes = 1;
+  int64_t node_rank = 0;
+  std::optional<std::string> master_addr;  // required with nnodes > 1; else 127.0.0.1
+  int64_t master_port = 29500;
+  std::vector<std::string> command;  // the arguments after `--`, e.g. {"train", "--plan", "job.json"}
+  // How long ranks get between SIGTERM and SIGKILL once one failed. Not a flag; tests shorten it.
+  std::chrono::milliseconds stop_grace{5000};
+};
+
+// Throws SpecError naming the flag: nproc-per-node and nnodes >= 1, 0 <= node-rank < nnodes,
+// master-port in 1..65535, a command after `--`, --master-addr with more than one node.
+void validate_launch_options(const LaunchOptions& options);
+
+// Runs `program` with options.command as its arguments, once per local rank, in an environment
+// without any launcher's rank variables (launch_environment_variables()) plus torchrun's for the
+// rank; NCCL_NVLS_ENABLE=0 unless the caller set it. stdin, stdout and stderr are inherited.
+// Waits for every child. When one exits non-zero or by a signal, writes one line naming that rank
+// and its status to `err`, sends SIGTERM to the rest, SIGKILL after options.stop_grace, reaps them
+// all, and returns the failure's exit code (128 + signal for a signal). SIGINT and SIGTERM sent to
+// this process are forwarded to the children. Returns 0 when every rank exits 0. Throws what
+// validate_launch_options throws, and SpecError(program, ...) when a rank cannot be started (the
+// ones already running are killed and reaped first).
+// Signals are taken with sigtimedwait in the calling thread: other threads of the process should
+// block SIGINT and SIGTERM, or one may take a signal meant for forwarding.
+int run_launch(const LaunchOptions& options, const std::string& program, std::ostream& err);
+
+}  // namespace megaplan::cli

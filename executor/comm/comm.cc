@@ -1,0 +1,44 @@
+// The Comm interface's element types: their sizes, names, and the host bf16 conversions that the
+// CPU implementations reduce with and the tests compute expected values with.
+#include "executor/comm/comm.h"
+
+#include <cstring>
+
+namespace megaplan::exec {
+
+std::size_t element_bytes(DataType type) {
+  switch (type) {
+    case DataType::kFloat32: return 4;
+    case DataType::kBFloat16: return 2;
+  }
+  throw std::invalid_argument("element_bytes: unknown DataType " + std::to_string(static_cast<int>(type)));
+}
+
+const char* data_type_name(DataType type) {
+  switch (type) {
+    case DataType::kFloat32: return "fp32";
+    case DataType::kBFloat16: return "bf16";
+  }
+  return "unknown DataType";
+}
+
+float bf16_to_float(uint16_t bits) {
+  const uint32_t wide = static_cast<uint32_t>(bits) << 16;
+  float value;
+  std::memcpy(&value, &wide, sizeof value);
+  return value;
+}
+
+uint16_t float_to_bf16(float value) {
+  uint32_t bits;
+  std::memcpy(&bits, &value, sizeof bits);
+  // A NaN whose payload sits only in the low half would round to infinity (or carry into the
+  // exponent): keep it a NaN by setting the quiet bit instead of rounding.
+  if ((bits & 0x7f800000u) == 0x7f800000u && (bits & 0x007fffffu) != 0) {
+    return static_cast<uint16_t>((bits >> 16) | 0x40u);
+  }
+  bits += 0x7fffu + ((bits >> 16) & 1u);  // round to nearest, ties to even
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+}  // namespace megaplan::exec

@@ -1,0 +1,91 @@
+// Comm: one process group (Megatron's tp, pp, dp, dp-cp, tp-dp, embedding... groups, each built
+// from core's rank groups) as the executor's runtime sees it. Three implementations sit behind it:
+// ranks as threads of one process on the CPU (in_process_comm.h), ranks as threads sharing one GPU,
+// and NCCL with one process per GPU. The runtime is written once against this interface.
+//
+// Semantics, the same for every implementation:
+// - Buffers live where the backend keeps them (host memory for the CPU backend, device memory for
+//   a GPU backend); `count` is in elements of `type`.
+// - Ranks are group ranks: 0 .. size()-1, the position of the global rank in the group's list.
+// - Collectives (all_reduce, reduce_scatter, all_gather, broadcast, barrier) are called by every
+//   member in the same order. Reductions add (or take the maximum) in increasing group-rank order
+//   wherever the implementation controls the order (the in-process ones always do), so a run
+//   repeats bit for bit.
+// - send/recv are matched per (sender, receiver) pair in call order, as NCCL matches them. A send
+//   never waits for its receive to be posted (lowered schedules assume a send runs on its own
+//   stream), so a rank may send, then receive, while its peer does the same.
+// - Every call is asynchronous: it is ordered after the work the caller has already issued on its
+//   compute stream and returns a request; request->wait() orders the caller's later compute after
+//   the operation (on a GPU without blocking the host; on the CPU by blocking until it is done).
+//   Buffers must stay valid, and inputs unchanged, until then.
+// - Failure: when any rank of the world fails or a call waits longer than the world's timeout, every
+//   blocked and later call on every communicator of that world throws CommAborted with the first
+//   reason, so no rank hangs silently.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace megaplan::exec {
+
+enum class DataType : uint8_t { kFloat32, kBFloat16 };
+std::size_t element_bytes(DataType type);  // 4 or 2
+const char* data_type_name(DataType type);  // "fp32" or "bf16", for error messages
+
+// kBFloat16 elements are stored as uint16_t bits (the upper half of an fp32). Host conversions for
+// implementations that reduce on the CPU, and for tests: widening is exact; narrowing rounds to
+// nearest even and keeps a NaN a quiet NaN (as the CUDA kernels' to_bf16 does).
+float bf16_to_float(uint16_t bits);
+uint16_t float_to_bf16(float value);
+
+enum class ReduceOp : uint8_t { kSum, kMax };
+
+// Thrown by every communicator of a world once one rank failed or timed out; what() is the reason
+// the first failing rank gave (e.g. "rank 3: data-path: ..." or "rank 1: timed out after 10 min
+// in all_reduce on group tp [0, 1]").
+class CommAborted : public std::runtime_error {
+ public:
+  explicit CommAborted(const std::string& reason) : std::runtime_error(reason) {}
+};
+
+// An operation in flight.
+class CommRequest {
+ public:
+  virtual ~CommRequest() = default;
+  // Orders the caller's later work after the operation (see the semantics above). Throws
+  // CommAborted when the world was aborted before the operation finished.
+  virtual void wait() = 0;
+};
+using Request = std::unique_ptr<CommRequest>;
+
+class Comm {
+ public:
+  virtual ~Comm() = default;
+  // "in-process-cpu", "in-process-gpu" or "nccl", written into logs and traces.
+  virtual std::string name() const = 0;
+  virtual int64_t rank() const = 0;  // this member's group rank
+  virtual int64_t size() const = 0;
+  // The group's global ranks in its order (global_ranks()[rank()] is this process's or thread's).
+  virtual const std::vector<int64_t>& global_ranks() const = 0;
+
+  // To and from group rank `peer` (!= rank()).
+  virtual Request send(const void* data, std::size_t count, DataType type, int64_t peer) = 0;
+  virtual Request recv(void* data, std::size_t count, DataType type, int64_t peer) = 0;
+  // In place: data = op over the members' data.
+  virtual Request all_reduce(void* data, std::size_t count, DataType type, ReduceOp op) = 0;
+  // output[count] = op over the members' input[rank() * count .. (rank() + 1) * count).
+  virtual Request reduce_scatter(const void* input, void* output, std::size_t count, DataType type,
+                                 ReduceOp op) = 0;
+  // output[r * count ..] = member r's input[count], for every r.
+  virtual Request all_gather(const void* input, void* output, std::size_t count, DataType type) = 0;
+  // data = the root member's data.
+  virtual Request broadcast(void* data, std::size_t count, DataType type, int64_t root) = 0;
+  // Returns once every member has called it.
+  virtual void barrier() = 0;
+};
+
+}  // namespace megaplan::exec

@@ -1,0 +1,503 @@
+// The in-process CPU communicators: group state shared by the member threads, the collectives
+// computed by the last member to arrive, buffered point-to-point mailboxes, abort and timeout.
+#include "executor/comm/in_process_comm.h"
+
+#include <algorithm>
+#include <cmath>
+#include <condition_variable>
+#include <cstddef>
+#include <cstring>
+#include <stdexcept>
+
+namespace megaplan::exec {
+namespace in_process {
+
+using Clock = std::chrono::steady_clock;
+
+enum class CollectiveKind : uint8_t { kAllReduce, kReduceScatter, kAllGather, kBroadcast, kBarrier };
+
+const char* kind_name(CollectiveKind kind) {
+  switch (kind) {
+    case CollectiveKind::kAllReduce: return "all_reduce";
+    case CollectiveKind::kReduceScatter: return "reduce_scatter";
+    case CollectiveKind::kAllGather: return "all_gather";
+    case CollectiveKind::kBroadcast: return "broadcast";
+    case CollectiveKind::kBarrier: return "barrier";
+  }
+  return "unknown collective";
+}
+
+// What one member passed to the collective it is blocked in. For all_reduce and broadcast, which
+// work in place, input == output.
+struct Contribution {
+  bool present = false;
+  CollectiveKind kind = CollectiveKind::kBarrier;
+  const void* input = nullptr;
+  void* output = nullptr;
+  std::size_t count = 0;
+  DataType type = DataType::kFloat32;
+  ReduceOp op = ReduceOp::kSum;
+  int64_t root = 0;
+};
+
+// A buffered send, waiting for the recv with its sequence number.
+struct Message {
+  std::vector<std::byte> bytes;
+  std::size_t count = 0;
+  DataType type = DataType::kFloat32;
+};
+
+struct GroupState {
+  GroupState(std::string label_in, std::vector<int64_t> ranks_in)
+      : label(std::move(label_in)),
+        ranks(std::move(ranks_in)),
+        member_live(ranks.size(), false),
+        contributions(ranks.size()),
+        sends_made(ranks.size() * ranks.size(), 0),
+        recvs_posted(ranks.size() * ranks.size(), 0),
+        mailboxes(ranks.size() * ranks.size()) {}
+
+  int64_t size() const { return static_cast<int64_t>(ranks.size()); }
+  std::size_t pair_index(int64_t sender, int64_t receiver) const {
+    return static_cast<std::size_t>(sender * size() + receiver);
+  }
+
+  const std::string label;
+  const std::vector<int64_t> ranks;
+
+  std::mutex mutex;                  // guards everything below
+  std::condition_variable changed;   // a collective completed, a message arrived, the world aborted
+  std::vector<bool> member_live;     // by group rank: a communicator exists
+
+  // The collective in progress: contributions by group rank, how many are present, and how many
+  // collectives have completed (a blocked member waits for it to move past the value it saw).
+  std::vector<Contribution> contributions;
+  int64_t arrived = 0;
+  uint64_t generation = 0;
+  std::vector<float> accumulator, incoming;  // the last arriver's scratch, kept to avoid reallocating
+
+  // Point to point, indexed by pair_index(sender, receiver): the k-th send of a pair is message k
+  // of its mailbox, and the k-th recv posted for the pair takes it.
+  std::vector<uint64_t> sends_made;
+  std::vector<uint64_t> recvs_posted;
+  std::vector<std::map<uint64_t, Message>> mailboxes;
+};
+
+namespace {
+
+std::string rank_list(const std::vector<int64_t>& ranks) {
+  std::string text = "[";
+  for (std::size_t i = 0; i < ranks.size(); ++i) text += (i ? ", " : "") + std::to_string(ranks[i]);
+  return text + "]";
+}
+
+std::string group_name(const GroupState& state) { return "group " + state.label + " " + rank_list(state.ranks); }
+
+std::string duration_text(std::chrono::milliseconds duration) {
+  const int64_t ms = duration.count();
+  if (ms % 60000 == 0) return std::to_string(ms / 60000) + " min";
+  if (ms % 1000 == 0) return std::to_string(ms / 1000) + " s";
+  return std::to_string(ms) + " ms";
+}
+
+void throw_if_aborted(const InProcessWorld& world) {
+  if (world.aborted()) throw CommAborted(world.abort_reason());
+}
+
+// Blocks on state.changed until done() holds, or throws CommAborted when the world is aborted first
+// or the world's timeout passes first (then this member aborts the world, naming what it waited for:
+// describe() is called under the lock). `lock` holds state.mutex; it is released when this throws.
+template <typename Done, typename Describe>
+void wait_for(InProcessWorld& world, GroupState& state, std::unique_lock<std::mutex>& lock,
+              int64_t global_rank, const Done& done, const Describe& describe) {
+  const auto deadline = Clock::now() + world.timeout();
+  while (!done()) {
+    throw_if_aborted(world);
+    if (state.changed.wait_until(lock, deadline) == std::cv_status::timeout && !done()) {
+      throw_if_aborted(world);
+      const std::string reason = "rank " + std::to_string(global_rank) + ": timed out after " +
+                                 duration_text(world.timeout()) + " in " + describe();
+      // abort() locks every group's mutex to wake its members, this one's included.
+      lock.unlock();
+      world.abort(reason);
+      throw CommAborted(world.abort_reason());
+    }
+  }
+}
+
+// Elements [offset, offset + count) of a buffer of `type`, as floats (bf16 widens exactly).
+void load(const void* base, DataType type, std::size_t offset, std::size_t count, float* out) {
+  if (type == DataType::kFloat32) {
+    std::memcpy(out, static_cast<const float*>(base) + offset, count * sizeof(float));
+    return;
+  }
+  const uint16_t* bits = static_cast<const uint16_t*>(base) + offset;
+  for (std::size_t i = 0; i < count; ++i) out[i] = bf16_to_float(bits[i]);
+}
+
+// The one rounding of a bf16 reduction happens here.
+void store(const float* values, std::size_t count, DataType type, void* base) {
+  if (type == DataType::kFloat32) {
+    std::memcpy(base, values, count * sizeof(float));
+    return;
+  }
+  uint16_t* bits = static_cast<uint16_t*>(base);
+  for (std::size_t i = 0; i < count; ++i) bits[i] = float_to_bf16(values[i]);
+}
+
+// state.accumulator = op over the members, in increasing group rank, of their input elements
+// [offset, offset + count).
+void reduce_members(GroupState& state, std::size_t offset) {
+  const Contribution& first = state.contributions[0];
+  const std::size_t count = first.count;
+  state.accumulator.resize(count);
+  state.incoming.resize(count);
+  float* accumulator = state.accumulator.data();
+  float* incoming = state.incoming.data();
+  load(first.input, first.type, offset, count, accumulator);
+  for (std::size_t member = 1; member < state.contributions.size(); ++member) {
+    load(state.contributions[member].input, first.type, offset, count, incoming);
+    if (first.op == ReduceOp::kSum) {
+      for (std::size_t i = 0; i < count; ++i) accumulator[i] += incoming[i];
+    } else {
+      // NaN wins (torch.max propagates it); of equal values the lower rank's stays.
+      for (std::size_t i = 0; i < count; ++i) {
+        if (std::isnan(incoming[i]) || incoming[i] > accumulator[i]) accumulator[i] = incoming[i];
+      }
+    }
+  }
+}
+
+std::string call_text(const Contribution& call) {
+  std::string text = std::string(kind_name(call.kind)) + "(" + std::to_string(call.count) + " " +
+                     data_type_name(call.type);
+  if (call.kind == CollectiveKind::kAllReduce || call.kind == CollectiveKind::kReduceScatter) {
+    text += call.op == ReduceOp::kSum ? ", sum" : ", max";
+  }
+  if (call.kind == CollectiveKind::kBroadcast) text += ", root " + std::to_string(call.root);
+  return text + ")";
+}
+
+bool same_call(const Contribution& a, const Contribution& b) {
+  if (a.kind != b.kind) return false;
+  if (a.kind == CollectiveKind::kBarrier) return true;
+  if (a.count != b.count || a.type != b.type) return false;
+  if ((a.kind == CollectiveKind::kAllReduce || a.kind == CollectiveKind::kReduceScatter) && a.op != b.op) {
+    return false;
+  }
+  return a.kind != CollectiveKind::kBroadcast || a.root == b.root;
+}
+
+// Writes every member's result. REQUIRES: every member's contribution is present and the same call.
+void compute_collective(GroupState& state) {
+  const Contribution& first = state.contributions[0];
+  const std::size_t count = first.count;
+  const std::size_t bytes = count * element_bytes(first.type);
+  switch (first.kind) {
+    case CollectiveKind::kAllReduce:
+      reduce_members(state, 0);
+      for (const Contribution& member : state.contributions) {
+        store(state.accumulator.data(), count, first.type, member.output);
+      }
+      break;
+    case CollectiveKind::kReduceScatter:
+      // Target by target: with NCCL's in-place layout a member's output overwrites only its own
+      // chunk of its input, which no later target reads.
+      for (std::size_t target = 0; target < state.contributions.size(); ++target) {
+        reduce_members(state, target * count);
+        store(state.accumulator.data(), count, first.type, state.contributions[target].output);
+      }
+      break;
+    case CollectiveKind::kAllGather:
+      for (const Contribution& target : state.contributions) {
+        for (std::size_t source = 0; source < state.contributions.size(); ++source) {
+          // memmove: in place, a member's own input already sits at its chunk of its output.
+          std::memmove(static_cast<std::byte*>(target.output) + source * bytes,
+                       state.contributions[source].input, bytes);
+        }
+      }
+      break;
+    case CollectiveKind::kBroadcast: {
+      const void* root_data = state.contributions[static_cast<std::size_t>(first.root)].input;
+      for (const Contribution& member : state.contributions) {
+        if (member.output != root_data) std::memcpy(member.output, root_data, bytes);
+      }
+      break;
+    }
+    case CollectiveKind::kBarrier:
+      break;
+  }
+}
+
+class CompletedRequest final : public CommRequest {
+ public:
+  explicit CompletedRequest(const InProcessWorld& world) : world_(world) {}
+  void wait() override { throw_if_aborted(world_); }
+
+ private:
+  const InProcessWorld& world_;
+};
+
+class RecvRequest final : public CommRequest {
+ public:
+  RecvRequest(InProcessWorld& world, GroupState& state, int64_t rank, int64_t peer, uint64_t sequence,
+              void* data, std::size_t count, DataType type)
+      : world_(world), state_(state), rank_(rank), peer_(peer), sequence_(sequence), data_(data),
+        count_(count), type_(type) {}
+
+  void wait() override {
+    throw_if_aborted(world_);
+    if (done_) return;
+    Message message;
+    {
+      std::unique_lock<std::mutex> lock(state_.mutex);
+      auto& mailbox = state_.mailboxes[state_.pair_index(peer_, rank_)];
+      const int64_t global_rank = state_.ranks[static_cast<std::size_t>(rank_)];
+      wait_for(world_, state_, lock, global_rank,
+               [&] { return mailbox.count(sequence_) != 0; },
+               [&] {
+                 return "recv from rank " + std::to_string(state_.ranks[static_cast<std::size_t>(peer_)]) +
+                        " on " + group_name(state_);
+               });
+      auto found = mailbox.find(sequence_);
+      message = std::move(found->second);
+      mailbox.erase(found);
+    }
+    done_ = true;
+    if (message.count != count_ || message.type != type_) {
+      throw std::logic_error(
+          "rank " + std::to_string(state_.ranks[static_cast<std::size_t>(rank_)]) + ": recv of " +
+          std::to_string(count_) + " " + data_type_name(type_) + " from rank " +
+          std::to_string(state_.ranks[static_cast<std::size_t>(peer_)]) + " on " + group_name(state_) +
+          " matched a send of " + std::to_string(message.count) + " " + data_type_name(message.type));
+    }
+    if (!message.bytes.empty()) std::memcpy(data_, message.bytes.data(), message.bytes.size());
+  }
+
+ private:
+  InProcessWorld& world_;
+  GroupState& state_;
+  int64_t rank_, peer_;
+  uint64_t sequence_;
+  void* data_;
+  std::size_t count_;
+  DataType type_;
+  bool done_ = false;
+};
+
+class InProcessComm final : public Comm {
+ public:
+  InProcessComm(InProcessWorld& world, GroupState& state, int64_t rank)
+      : world_(world), state_(state), rank_(rank) {}
+  ~InProcessComm() override {
+    const std::lock_guard<std::mutex> lock(state_.mutex);
+    state_.member_live[static_cast<std::size_t>(rank_)] = false;
+  }
+
+  std::string name() const override { return "in-process-cpu"; }
+  int64_t rank() const override { return rank_; }
+  int64_t size() const override { return state_.size(); }
+  const std::vector<int64_t>& global_ranks() const override { return state_.ranks; }
+
+  Request send(const void* data, std::size_t count, DataType type, int64_t peer) override {
+    check_peer(peer, "send");
+    check_buffer(data, count, "send");
+    Message message;
+    message.count = count;
+    message.type = type;
+    message.bytes.resize(count * element_bytes(type));
+    if (count > 0) std::memcpy(message.bytes.data(), data, message.bytes.size());
+    {
+      const std::lock_guard<std::mutex> lock(state_.mutex);
+      throw_if_aborted(world_);
+      const std::size_t pair = state_.pair_index(rank_, peer);
+      state_.mailboxes[pair].emplace(state_.sends_made[pair]++, std::move(message));
+    }
+    state_.changed.notify_all();
+    return std::make_unique<CompletedRequest>(world_);
+  }
+
+  Request recv(void* data, std::size_t count, DataType type, int64_t peer) override {
+    check_peer(peer, "recv");
+    check_buffer(data, count, "recv");
+    const std::lock_guard<std::mutex> lock(state_.mutex);
+    throw_if_aborted(world_);
+    const uint64_t sequence = state_.recvs_posted[state_.pair_index(peer, rank_)]++;
+    return std::make_unique<RecvRequest>(world_, state_, rank_, peer, sequence, data, count, type);
+  }
+
+  Request all_reduce(void* data, std::size_t count, DataType type, ReduceOp op) override {
+    check_buffer(data, count, "all_reduce");
+    return collective({true, CollectiveKind::kAllReduce, data, data, count, type, op, 0});
+  }
+
+  Request reduce_scatter(const void* input, void* output, std::size_t count, DataType type,
+                         ReduceOp op) override {
+    check_buffer(input, count, "reduce_scatter");
+    check_buffer(output, count, "reduce_scatter");
+    return collective({true, CollectiveKind::kReduceScatter, input, output, count, type, op, 0});
+  }
+
+  Request all_gather(const void* input, void* output, std::size_t count, DataType type) override {
+    check_buffer(input, count, "all_gather");
+    check_buffer(output, count, "all_gather");
+    return collective({true, CollectiveKind::kAllGather, input, output, count, type, ReduceOp::kSum, 0});
+  }
+
+  Request broadcast(void* data, std::size_t count, DataType type, int64_t root) override {
+    if (root < 0 || root >= size()) {
+      throw std::invalid_argument("broadcast on " + group_name(state_) + ": root " + std::to_string(root) +
+                                  " is not a group rank (0.." + std::to_string(size() - 1) + ")");
+    }
+    check_buffer(data, count, "broadcast");
+    return collective({true, CollectiveKind::kBroadcast, data, data, count, type, ReduceOp::kSum, root});
+  }
+
+  void barrier() override {
+    collective({true, CollectiveKind::kBarrier, nullptr, nullptr, 0, DataType::kFloat32, ReduceOp::kSum, 0});
+  }
+
+ private:
+  int64_t global_rank() const { return state_.ranks[static_cast<std::size_t>(rank_)]; }
+
+  void check_peer(int64_t peer, const char* operation) const {
+    if (peer < 0 || peer >= size() || peer == rank_) {
+      throw std::invalid_argument(std::string(operation) + " on " + group_name(state_) + ": peer " +
+                                  std::to_string(peer) + " is not another group rank of group rank " +
+                                  std::to_string(rank_));
+    }
+  }
+
+  void check_buffer(const void* data, std::size_t count, const char* operation) const {
+    if (data == nullptr && count > 0) {
+      throw std::invalid_argument(std::string(operation) + " on " + group_name(state_) + ": null buffer for " +
+                                  std::to_string(count) + " elements");
+    }
+  }
+
+  // Deposits this member's call and blocks until the last member has computed every result.
+  Request collective(const Contribution& call) {
+    std::unique_lock<std::mutex> lock(state_.mutex);
+    throw_if_aborted(world_);
+    state_.contributions[static_cast<std::size_t>(rank_)] = call;
+    if (++state_.arrived < size()) {
+      const uint64_t generation = state_.generation;
+      wait_for(world_, state_, lock, global_rank(),
+               [&] { return state_.generation != generation; },
+               [&] { return std::string(kind_name(call.kind)) + " on " + group_name(state_) + missing_members(); });
+      return std::make_unique<CompletedRequest>(world_);
+    }
+    // Every member is blocked here with its buffers alive: one that left early did so because the
+    // world was aborted, and then throw_if_aborted above has thrown.
+    const Contribution& first = state_.contributions[0];
+    for (const Contribution& other : state_.contributions) {
+      if (same_call(first, other)) continue;
+      std::string message = "rank " + std::to_string(global_rank()) + ": collective mismatch on " +
+                            group_name(state_) + ":";
+      for (std::size_t member = 0; member < state_.contributions.size(); ++member) {
+        message += (member ? ", " : " ") + std::string("group rank ") + std::to_string(member) + " called " +
+                   call_text(state_.contributions[member]);
+      }
+      lock.unlock();
+      world_.abort(message);
+      throw std::logic_error(message);
+    }
+    compute_collective(state_);
+    for (Contribution& member : state_.contributions) member.present = false;
+    state_.arrived = 0;
+    ++state_.generation;
+    lock.unlock();
+    state_.changed.notify_all();
+    return std::make_unique<CompletedRequest>(world_);
+  }
+
+  // "; waiting for ranks [..]": the global ranks that have not joined the collective in progress.
+  std::string missing_members() const {
+    std::vector<int64_t> missing;
+    for (std::size_t member = 0; member < state_.contributions.size(); ++member) {
+      if (!state_.contributions[member].present) missing.push_back(state_.ranks[member]);
+    }
+    return "; waiting for ranks " + rank_list(missing);
+  }
+
+  InProcessWorld& world_;
+  GroupState& state_;
+  int64_t rank_;
+};
+
+}  // namespace
+}  // namespace in_process
+
+InProcessWorld::InProcessWorld(int64_t world_size, std::chrono::milliseconds timeout)
+    : world_size_(world_size), timeout_(timeout) {
+  if (world_size <= 0) throw std::invalid_argument("InProcessWorld: world size " + std::to_string(world_size) + " <= 0");
+  if (timeout.count() <= 0) throw std::invalid_argument("InProcessWorld: timeout must be positive");
+}
+
+InProcessWorld::~InProcessWorld() = default;
+
+std::unique_ptr<Comm> InProcessWorld::group(int64_t global_rank, const std::vector<int64_t>& ranks,
+                                            std::string label) {
+  const std::string described = "group " + label + " " + in_process::rank_list(ranks);
+  if (ranks.empty()) throw std::invalid_argument("InProcessWorld::group: " + described + " has no ranks");
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    if (ranks[i] < 0 || ranks[i] >= world_size_) {
+      throw std::invalid_argument("InProcessWorld::group: " + described + " names rank " +
+                                  std::to_string(ranks[i]) + " outside the world of " +
+                                  std::to_string(world_size_));
+    }
+    if (std::find(ranks.begin(), ranks.begin() + static_cast<std::ptrdiff_t>(i), ranks[i]) !=
+        ranks.begin() + static_cast<std::ptrdiff_t>(i)) {
+      throw std::invalid_argument("InProcessWorld::group: " + described + " names rank " +
+                                  std::to_string(ranks[i]) + " twice");
+    }
+  }
+  const auto position = std::find(ranks.begin(), ranks.end(), global_rank);
+  if (position == ranks.end()) {
+    throw std::invalid_argument("InProcessWorld::group: rank " + std::to_string(global_rank) +
+                                " is not a member of " + described);
+  }
+  const int64_t group_rank = position - ranks.begin();
+
+  in_process::GroupState* state;
+  {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    auto& slot = groups_[GroupKey(label, ranks)];
+    if (!slot) slot = std::make_unique<in_process::GroupState>(label, ranks);
+    state = slot.get();
+  }
+  {
+    const std::lock_guard<std::mutex> lock(state->mutex);
+    const auto member = static_cast<std::size_t>(group_rank);
+    if (state->member_live[member]) {
+      throw std::logic_error("InProcessWorld::group: rank " + std::to_string(global_rank) +
+                             " already holds a communicator for " + described);
+    }
+    state->member_live[member] = true;
+  }
+  return std::make_unique<in_process::InProcessComm>(*this, *state, group_rank);
+}
+
+void InProcessWorld::abort(const std::string& reason) {
+  std::vector<in_process::GroupState*> states;
+  {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    if (aborted_.load(std::memory_order_relaxed)) return;
+    abort_reason_ = reason;
+    aborted_.store(true, std::memory_order_release);
+    for (auto& [key, state] : groups_) states.push_back(state.get());
+  }
+  // Taking each group's mutex before notifying means a member that saw the world not aborted is
+  // already waiting on the condition variable, so it cannot miss this wake-up.
+  for (in_process::GroupState* state : states) {
+    { const std::lock_guard<std::mutex> lock(state->mutex); }
+    state->changed.notify_all();
+  }
+}
+
+std::string InProcessWorld::abort_reason() const {
+  if (!aborted()) return {};
+  return abort_reason_;  // immutable once aborted_ is set
+}
+
+}  // namespace megaplan::exec

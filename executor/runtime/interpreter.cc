@@ -1,0 +1,205 @@
+#include "executor/runtime/interpreter.h"
+
+#include <cmath>
+#include <sstream>
+#include <stdexcept>
+
+#include "core/error.h"
+
+namespace megaplan::exec {
+
+namespace {
+
+DataType activation_type(const Backend& backend) {
+  return backend.activation_bytes() == sizeof(float) ? DataType::kFloat32 : DataType::kBFloat16;
+}
+
+}  // namespace
+
+Interpreter::Interpreter(const PipelineSchedule& schedule, int64_t pipeline_rank, std::map<int64_t, GptModel*> chunks,
+                         Comm* pipeline, int64_t data_parallel_size, Optimizer& optimizer, Backend& backend)
+    : actions_(schedule.ranks.at(static_cast<std::size_t>(pipeline_rank))),
+      shape_(schedule.shape),
+      pipeline_rank_(pipeline_rank),
+      chunks_(std::move(chunks)),
+      pipeline_(pipeline),
+      loss_scale_(1.0f / static_cast<float>(schedule.shape.microbatches * data_parallel_size)),
+      optimizer_(optimizer),
+      backend_(backend) {
+  if (!schedule.lowered) throw std::logic_error("Interpreter: the schedule is not lowered");
+  if (shape_.pipeline_parallel_size > 1 && !pipeline_) throw std::logic_error("Interpreter: pp > 1 without a group");
+}
+
+Interpreter::~Interpreter() {
+  for (Activation buffer : spare_gradients_) backend_.release(buffer);
+}
+
+GptModel& Interpreter::chunk(int64_t stage) {
+  const auto found = chunks_.find(stage);
+  if (found == chunks_.end()) {
+    throw std::logic_error("Interpreter: stage " + std::to_string(stage) + " is not on pipeline rank " +
+                           std::to_string(pipeline_rank_));
+  }
+  return *found->second;
+}
+
+int64_t Interpreter::peer(int64_t stage) const { return shape_.rank_of_stage(stage); }
+
+void Interpreter::wait(std::map<Key, Request>& pending, Key key) {
+  const auto found = pending.find(key);
+  if (found == pending.end()) return;
+  found->second->wait();
+  pending.erase(found);
+}
+
+Activation Interpreter::gradient_buffer() {
+  if (!spare_gradients_.empty()) {
+    Activation buffer = spare_gradients_.back();
+    spare_gradients_.pop_back();
+    return buffer;
+  }
+  return backend_.allocate_activation(chunks_.begin()->second->message_size());
+}
+
+void Interpreter::release(Activation buffer) { spare_gradients_.push_back(buffer); }
+
+void Interpreter::forward(int64_t stage, int64_t microbatch,
+                          const std::function<const MicrobatchTokens&(int64_t)>& data, IterationResult& result) {
+  GptModel& model = chunk(stage);
+  if (stage > 0) {
+    if (shape_.next_stage_on_same_rank(stage - 1)) {
+      backend_.copy(chunk(stage - 1).output(microbatch), model.message_size(), model.input_buffer(microbatch));
+    } else {
+      wait(receives_, {stage, microbatch});
+    }
+  }
+  const MicrobatchTokens* tokens = model.first_stage() || model.last_stage() ? &data(microbatch) : nullptr;
+  const double loss = model.forward(microbatch, tokens);
+  if (model.last_stage()) result.loss_sum += loss;
+}
+
+void Interpreter::backward(int64_t stage, int64_t microbatch, bool defer) {
+  GptModel& model = chunk(stage);
+  Activation output_gradient = nullptr;
+  if (!model.last_stage()) {
+    // The next stage's input gradient: handed over on this rank, or received.
+    auto& source = shape_.next_stage_on_same_rank(stage) ? input_gradients_ : output_gradients_;
+    const Key key = shape_.next_stage_on_same_rank(stage) ? Key{stage + 1, microbatch} : Key{stage, microbatch};
+    const auto found = source.find(key);
+    if (found == source.end()) throw std::logic_error("Interpreter: a backward without its output gradient");
+    if (found->second.request) found->second.request->wait();
+    output_gradient = found->second.buffer;
+    source.erase(found);
+  }
+  wait(sends_, {stage, microbatch});  // the backward releases the output being sent
+  Activation input_gradient = model.first_stage() ? nullptr : gradient_buffer();
+  model.backward_input(microbatch, output_gradient, loss_scale_, input_gradient, defer);
+  if (output_gradient) release(output_gradient);
+  if (input_gradient) input_gradients_[{stage, microbatch}] = Held{input_gradient, nullptr};
+}
+
+void Interpreter::execute(const Action& action, int64_t iteration, double lr,
+                          const std::function<const MicrobatchTokens&(int64_t)>& data, IterationResult& result) {
+  const int64_t s = action.stage, m = action.microbatch;
+  const DataType type = activation_type(backend_);
+  switch (action.kind) {
+    case ActionKind::kForward:
+      forward(s, m, data, result);
+      break;
+    case ActionKind::kBackward:
+      backward(s, m, false);
+      break;
+    case ActionKind::kBackwardInput:
+      backward(s, m, true);
+      break;
+    case ActionKind::kBackwardWeight:
+      chunk(s).backward_weight(m);
+      break;
+    case ActionKind::kOverlapForwardBackward:
+      for (const Action& part : parts_of(action)) execute(part, iteration, lr, data, result);
+      break;
+    case ActionKind::kRecvForward: {
+      GptModel& model = chunk(s);
+      receives_[{s, m}] = pipeline_->recv(model.input_buffer(m), model.message_size(), type, peer(s - 1));
+      break;
+    }
+    case ActionKind::kSendForward: {
+      GptModel& model = chunk(s);
+      sends_[{s, m}] = pipeline_->send(model.output(m), model.message_size(), type, peer(s + 1));
+      break;
+    }
+    case ActionKind::kRecvBackward: {
+      Activation buffer = gradient_buffer();
+      Request request = pipeline_->recv(buffer, chunk(s).message_size(), type, peer(s + 1));
+      output_gradients_[{s, m}] = Held{buffer, std::move(request)};
+      break;
+    }
+    case ActionKind::kSendBackward: {
+      const auto found = input_gradients_.find({s, m});
+      if (found == input_gradients_.end()) throw std::logic_error("Interpreter: SEND_B before its backward");
+      Held held = std::move(found->second);
+      input_gradients_.erase(found);
+      held.request = pipeline_->send(held.buffer, chunk(s).message_size(), type, peer(s - 1));
+      sent_.push_back(std::move(held));
+      break;
+    }
+    case ActionKind::kReduceGrad:
+      optimizer_.reduce_gradients(s);
+      break;
+    case ActionKind::kOptimizer: {
+      for (auto& [key, request] : sends_) request->wait();
+      sends_.clear();
+      for (Held& held : sent_) {
+        held.request->wait();
+        release(held.buffer);
+      }
+      sent_.clear();
+      if (!receives_.empty() || !output_gradients_.empty() || !input_gradients_.empty()) {
+        throw std::logic_error("Interpreter: messages left over at OPTIM");
+      }
+      result.gradient_norm = optimizer_.gradient_norm();
+      if (!std::isfinite(result.gradient_norm)) {
+        const std::string culprit = optimizer_.first_non_finite_gradient();
+        std::ostringstream norm;
+        norm << result.gradient_norm;
+        throw SpecError("loss", "iteration " + std::to_string(iteration) + ": the gradient norm is " + norm.str() +
+                                    (culprit.empty() ? std::string(" (every gradient on pipeline rank ") +
+                                                           std::to_string(pipeline_rank_) + " is finite)"
+                                                     : " and the first non-finite gradient on pipeline rank " +
+                                                           std::to_string(pipeline_rank_) + " is " + culprit) +
+                                    "; stopped before the optimizer step, the last checkpoint is untouched");
+      }
+      if (!std::isfinite(result.loss_sum)) {
+        std::ostringstream loss;
+        loss << result.loss_sum;
+        throw SpecError("loss", "iteration " + std::to_string(iteration) + ": the loss is " + loss.str() +
+                                    "; stopped before the optimizer step, the last checkpoint is untouched");
+      }
+      optimizer_.step(iteration, lr, result.gradient_norm);
+      break;
+    }
+  }
+}
+
+IterationResult Interpreter::run(int64_t iteration, double lr,
+                                 const std::function<const MicrobatchTokens&(int64_t)>& data, Timeline* timeline,
+                                 std::chrono::steady_clock::time_point origin) {
+  IterationResult result;
+  for (const Action& action : actions_) {
+    const auto start = std::chrono::steady_clock::now();
+    execute(action, iteration, lr, data, result);
+    if (timeline) {
+      const auto end = std::chrono::steady_clock::now();
+      TimelineSlice slice;
+      slice.pipeline_rank = static_cast<int32_t>(pipeline_rank_);
+      slice.stream = stream_of(action.kind);
+      slice.action = action;
+      slice.start_s = std::chrono::duration<double>(start - origin).count();
+      slice.end_s = std::chrono::duration<double>(end - origin).count();
+      timeline->slices.push_back(slice);
+    }
+  }
+  return result;
+}
+
+}  // namespace megaplan::exec

@@ -1,0 +1,92 @@
+// Interpreter: performs one pipeline rank's lowered action list from core/schedule — the list the
+// simulator costed — once per iteration, and records what each action took in core's Timeline.
+//
+// Semantics, as simulator/engine.h describes them for the simulated run:
+// - Actions are issued in list order. F, B, I, W and OVERLAP_F_B (its forward, then its backward)
+//   run the rank's stage chunks; SEND_*/RECV_* are point-to-point calls on the pipeline group in
+//   list order (the lowering pairs them), receiving straight into the consuming stage's input
+//   buffer or a gradient buffer; a computation waits for the receive it consumes, and a buffer
+//   being sent is kept until the send completes. Stages on one rank (a V's turn) hand activations
+//   and gradients over without a message.
+// - REDUCE_GRAD(s) reduces stage s's gradient buckets over the data-parallel group; OPTIM waits
+//   for every send, checks the gradient norm, clips and steps (optimizer.h).
+// - The loss scale of every backward is 1 / (microbatches x data-parallel size): summed over the
+//   microbatches and the replicas, the gradients are those of the global batch's mean loss.
+// - Timing: each action's slice spans its issue to its completion on the host's steady clock,
+//   which on the CPU backend is when the work is done.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <vector>
+
+#include "core/schedule/schedule.h"
+#include "core/timeline.h"
+#include "executor/comm/comm.h"
+#include "executor/model/gpt_model.h"
+#include "executor/runtime/backend.h"
+#include "executor/train/optimizer.h"
+
+namespace megaplan::exec {
+
+struct IterationResult {
+  double loss_sum = 0;       // the last stage's microbatch losses, summed (0 on other ranks)
+  double gradient_norm = 0;  // before clipping
+};
+
+class Interpreter {
+ public:
+  // `chunks` by virtual stage: every stage core places on `pipeline_rank`. `pipeline` is the
+  // rank's pp group (null when pp = 1). REQUIRES: schedule.lowered, validate_schedule passed.
+  Interpreter(const PipelineSchedule& schedule, int64_t pipeline_rank, std::map<int64_t, GptModel*> chunks,
+              Comm* pipeline, int64_t data_parallel_size, Optimizer& optimizer, Backend& backend);
+  ~Interpreter();
+  Interpreter(const Interpreter&) = delete;
+  Interpreter& operator=(const Interpreter&) = delete;
+
+  // One iteration. `data(m)` is microbatch m's tokens (asked on the first and last stage only).
+  // Slices are appended to `timeline` when it is not null, timed from `origin`. Throws SpecError
+  // naming the step and the first non-finite gradient when the gradient norm is not finite, before
+  // the optimizer touches the weights.
+  IterationResult run(int64_t iteration, double lr, const std::function<const MicrobatchTokens&(int64_t)>& data,
+                      Timeline* timeline, std::chrono::steady_clock::time_point origin);
+
+ private:
+  struct Key {
+    int64_t stage, microbatch;
+    auto operator<=>(const Key&) const = default;
+  };
+  struct Held {  // a gradient buffer, and the request still using it
+    Activation buffer = nullptr;
+    Request request;
+  };
+  void execute(const Action& action, int64_t iteration, double lr,
+               const std::function<const MicrobatchTokens&(int64_t)>& data, IterationResult& result);
+  void forward(int64_t stage, int64_t microbatch, const std::function<const MicrobatchTokens&(int64_t)>& data,
+               IterationResult& result);
+  void backward(int64_t stage, int64_t microbatch, bool defer);
+  GptModel& chunk(int64_t stage);
+  int64_t peer(int64_t stage) const;  // the pp group rank of a stage
+  void wait(std::map<Key, Request>& pending, Key key);
+  Activation gradient_buffer();
+  void release(Activation buffer);
+
+  const std::vector<Action>& actions_;
+  ScheduleShape shape_;
+  int64_t pipeline_rank_;
+  std::map<int64_t, GptModel*> chunks_;
+  Comm* pipeline_;
+  float loss_scale_;
+  Optimizer& optimizer_;
+  Backend& backend_;
+  std::map<Key, Request> receives_;      // RECV_F in flight, by the stage it feeds
+  std::map<Key, Request> sends_;         // SEND_F in flight: the output stays until it is done
+  std::map<Key, Held> output_gradients_;  // received or handed over (RECV_B, a local B), by the stage that reads it
+  std::map<Key, Held> input_gradients_;   // written by B/I of a stage, until sent (SEND_B) or handed over
+  std::vector<Held> sent_;                // SEND_B buffers until OPTIM
+  std::vector<Activation> spare_gradients_;
+};
+
+}  // namespace megaplan::exec

@@ -1,0 +1,170 @@
+#include "executor/train/optimizer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+
+#include "executor/train/host_values.h"
+
+namespace megaplan::exec {
+
+namespace {
+
+int64_t data_parallel_size(const OptimizerGroups& groups) {
+  return groups.data_parallel ? groups.data_parallel->size() : 1;
+}
+
+int64_t data_parallel_rank(const OptimizerGroups& groups) {
+  return groups.data_parallel ? groups.data_parallel->rank() : 0;
+}
+
+}  // namespace
+
+bool Optimizer::tied(const Parameter& parameter) const {
+  for (GptModel* chunk : chunks_) {
+    if (chunk->output_weight_copy() == &parameter) return true;
+    if (groups_.embedding && chunk->word_embedding() == &parameter) return true;
+  }
+  return false;
+}
+
+Optimizer::Optimizer(std::vector<GptModel*> chunks, const OptimizerGroups& groups, bool distributed,
+                     const OptimizerSettings& settings, Backend& backend)
+    : chunks_(std::move(chunks)), groups_(groups), distributed_(distributed), settings_(settings), backend_(backend) {
+  const int64_t dp = data_parallel_size(groups_);
+  const auto dp_rank = static_cast<std::size_t>(data_parallel_rank(groups_));
+  for (GptModel* chunk : chunks_) {
+    const ParameterLayout& layout = chunk->layout();
+    std::vector<Parameter>& parameters = chunk->parameters();
+    if (!distributed_) {
+      // Moments mirror the parameter buffer; each parameter is one piece.
+      float* first = backend_.allocate(layout.total);
+      float* second = backend_.allocate(layout.total);
+      moment_buffers_.insert(moment_buffers_.end(), {first, second});
+      for (std::size_t i = 0; i < parameters.size(); ++i) {
+        pieces_.push_back({&parameters[i], 0, parameters[i].size, first + layout.offsets[i], second + layout.offsets[i]});
+      }
+      continue;
+    }
+    // The rank's shard of each bucket, cut at parameter boundaries into pieces.
+    for (const GradientBucket& bucket : layout.buckets) {
+      const std::size_t shard = bucket.shard_size(dp);
+      const std::size_t begin = bucket.offset + dp_rank * shard, end = begin + shard;
+      float* first = backend_.allocate(shard);
+      float* second = backend_.allocate(shard);
+      moment_buffers_.insert(moment_buffers_.end(), {first, second});
+      for (std::size_t i = bucket.first_parameter; i <= bucket.last_parameter; ++i) {
+        const std::size_t lo = std::max(begin, layout.offsets[i]);
+        const std::size_t hi = std::min(end, layout.offsets[i] + parameters[i].size);
+        if (lo >= hi) continue;
+        pieces_.push_back({&parameters[i], lo - layout.offsets[i], hi - lo, first + (lo - begin), second + (lo - begin)});
+      }
+    }
+  }
+}
+
+Optimizer::~Optimizer() {
+  for (float* buffer : moment_buffers_) backend_.release(buffer);
+}
+
+void Optimizer::reduce_gradients(int64_t stage) {
+  Comm* dp = groups_.data_parallel;
+  if (!dp || dp->size() == 1) return;
+  GptModel* chunk = nullptr;
+  for (GptModel* candidate : chunks_) {
+    if (candidate->stage() == stage) chunk = candidate;
+  }
+  if (!chunk) throw std::logic_error("REDUCE_GRAD of a stage this rank does not hold");
+  const ParameterLayout& layout = chunk->layout();
+  float* gradients = chunk->gradient_buffer();
+  std::vector<Request> pending;
+  for (const GradientBucket& bucket : layout.buckets) {
+    float* data = gradients + bucket.offset;
+    bool holds_tied = false;
+    for (std::size_t i = bucket.first_parameter; i <= bucket.last_parameter; ++i) {
+      holds_tied = holds_tied || tied(chunk->parameters()[i]);
+    }
+    if (distributed_ && !holds_tied) {
+      const std::size_t shard = bucket.shard_size(dp->size());
+      pending.push_back(dp->reduce_scatter(data, data + static_cast<std::size_t>(dp->rank()) * shard, shard,
+                                           DataType::kFloat32, ReduceOp::kSum));
+    } else {
+      pending.push_back(dp->all_reduce(data, bucket.size, DataType::kFloat32, ReduceOp::kSum));
+    }
+  }
+  for (Request& request : pending) request->wait();
+}
+
+std::vector<OptimizerTensor> Optimizer::tensors(bool for_norm) const {
+  std::vector<OptimizerTensor> result;
+  result.reserve(pieces_.size());
+  for (const Piece& piece : pieces_) {
+    const Parameter& p = *piece.parameter;
+    // The tied output weight's copy repeats the word embedding's gradient: counted once.
+    if (for_norm) {
+      bool copy = false;
+      for (GptModel* chunk : chunks_) copy = copy || chunk->output_weight_copy() == &p;
+      if (copy) continue;
+    }
+    const bool whole = piece.offset == 0 && piece.size == p.size;
+    result.push_back({p.value + piece.offset, p.gradient + piece.offset, piece.first_moment, piece.second_moment,
+                      whole ? p.compute : nullptr, piece.size, p.weight_decay ? settings_.weight_decay : 0.0});
+  }
+  return result;
+}
+
+double Optimizer::gradient_norm() {
+  // The tied embedding's two gradients become their sum on both stages first.
+  if (Comm* embedding = groups_.embedding) {
+    for (GptModel* chunk : chunks_) {
+      Parameter* weight = chunk->first_stage() ? chunk->word_embedding() : chunk->output_weight_copy();
+      if (weight) embedding->all_reduce(weight->gradient, weight->size, DataType::kFloat32, ReduceOp::kSum)->wait();
+    }
+  }
+  double sum_of_squares = backend_.gradient_sum_of_squares(tensors(true));
+  for (Comm* group : {distributed_ ? groups_.data_parallel : nullptr, groups_.model_parallel}) {
+    if (group) sum_of_squares = sum_over(*group, backend_, sum_of_squares);
+  }
+  return std::sqrt(sum_of_squares);
+}
+
+void Optimizer::step(int64_t iteration, double lr, double gradient_norm) {
+  const double clip = settings_.clip_grad > 0 && gradient_norm > settings_.clip_grad
+                          ? settings_.clip_grad / (gradient_norm + 1e-6)
+                          : 1.0;
+  backend_.adamw_step(tensors(false), {iteration, lr, settings_.beta1, settings_.beta2, settings_.eps, clip});
+  if (distributed_ && data_parallel_size(groups_) > 1) {
+    Comm& dp = *groups_.data_parallel;
+    for (GptModel* chunk : chunks_) {
+      std::vector<Request> pending;
+      for (const GradientBucket& bucket : chunk->layout().buckets) {
+        const std::size_t shard = bucket.shard_size(dp.size());
+        float* data = chunk->parameter_buffer() + bucket.offset;
+        pending.push_back(dp.all_gather(data + static_cast<std::size_t>(dp.rank()) * shard, data, shard,
+                                        DataType::kFloat32));
+      }
+      for (Request& request : pending) request->wait();
+      chunk->refresh_compute_weights();
+    }
+  }
+  for (GptModel* chunk : chunks_) chunk->zero_gradients();
+}
+
+std::vector<ParameterState> Optimizer::parameter_states() {
+  if (distributed_) throw std::logic_error("Optimizer::parameter_states under the distributed optimizer");
+  std::vector<ParameterState> states;
+  for (const Piece& piece : pieces_) states.push_back({piece.parameter, piece.first_moment, piece.second_moment});
+  return states;
+}
+
+std::string Optimizer::first_non_finite_gradient() {
+  for (GptModel* chunk : chunks_) {
+    for (const Parameter& p : chunk->parameters()) {
+      const OptimizerTensor one{p.value, p.gradient, nullptr, nullptr, nullptr, p.size, 0.0};
+      if (!std::isfinite(backend_.gradient_sum_of_squares({one}))) return p.name;
+    }
+  }
+  return "";
+}
+
+}  // namespace megaplan::exec

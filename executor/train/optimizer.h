@@ -1,0 +1,82 @@
+// One rank's optimizer over its stage chunks, with Megatron's data-parallel semantics:
+// - REDUCE_GRAD(s) reduces stage s's gradient buffer bucket by bucket over the data-parallel
+//   group: an all-reduce, or with the distributed optimizer a reduce-scatter that leaves each rank
+//   the reduced shard it owns. The loss is pre-scaled by 1 / (microbatches x dp), so the sums are
+//   the data-parallel mean. Buckets holding a tied embedding are all-reduced either way: the
+//   embedding group adds the first and last stage's full gradients afterwards.
+// - OPTIM adds the tied word-embedding gradients of the first and last stage (Megatron's
+//   embedding group), computes the global gradient norm over every model-parallel rank (the tied
+//   copy counted once; with the distributed optimizer each data-parallel rank adds its shard),
+//   clips, steps AdamW on what the rank owns (all of its parameters, or its shard of each bucket),
+//   all-gathers the updated shards, and zeroes the gradients.
+// AdamW's moments live here: for every parameter, or for the owned shards only.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "executor/comm/comm.h"
+#include "executor/model/gpt_model.h"
+#include "executor/runtime/backend.h"
+
+namespace megaplan::exec {
+
+struct OptimizerGroups {
+  Comm* data_parallel = nullptr;   // this rank's dp group
+  Comm* model_parallel = nullptr;  // tp x pp: the gradient norm's reduction
+  Comm* embedding = nullptr;       // the ranks of stage 0 and the last stage, when they differ and share weights
+};
+
+struct OptimizerSettings {
+  double weight_decay = 0.01;
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+  double clip_grad = 1.0;  // 0: no clipping
+};
+
+// A parameter's optimizer state as checkpoints see it (non-distributed optimizer).
+struct ParameterState {
+  const Parameter* parameter;
+  float* first_moment;
+  float* second_moment;
+};
+
+class Optimizer {
+ public:
+  // `chunks` are the rank's stages in increasing stage order.
+  Optimizer(std::vector<GptModel*> chunks, const OptimizerGroups& groups, bool distributed,
+            const OptimizerSettings& settings, Backend& backend);
+  ~Optimizer();
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  // REDUCE_GRAD for the rank's chunk of `stage`.
+  void reduce_gradients(int64_t stage);
+  // The global gradient norm before clipping (non-finite when a gradient is).
+  double gradient_norm();
+  // OPTIM after gradient_norm(): clip with it, step, gather, zero the gradients.
+  void step(int64_t iteration, double lr, double gradient_norm);
+  // Every parameter's state in chunk order. REQUIRES: the optimizer is not distributed.
+  std::vector<ParameterState> parameter_states();
+  // The first parameter, in chunk order, whose gradient is not finite ("" when none).
+  std::string first_non_finite_gradient();
+
+ private:
+  struct Piece {  // what AdamW updates: a parameter, or the part of it inside an owned shard
+    const Parameter* parameter;
+    std::size_t offset, size;  // within the parameter
+    float* first_moment;
+    float* second_moment;
+  };
+  std::vector<OptimizerTensor> tensors(bool for_norm) const;
+  bool tied(const Parameter& parameter) const;
+
+  std::vector<GptModel*> chunks_;
+  OptimizerGroups groups_;
+  bool distributed_;
+  OptimizerSettings settings_;
+  Backend& backend_;
+  std::vector<float*> moment_buffers_;  // owned, released at destruction
+  std::vector<Piece> pieces_;
+};
+
+}  // namespace megaplan::exec

@@ -1,0 +1,235 @@
+// Every parallel layout trains like one rank: a 4-layer GPT on the CPU backend, ranks as threads of
+// one process on the in-process communicators, 12 iterations of the same global batches. Each
+// layout must log the single-rank run's losses and end on its weights and gradient norm.
+//
+// Tolerance: the layouts compute the same sums in a different order (a pipeline adds no
+// arithmetic, but data parallelism adds the replicas' gradients after each replica summed its own
+// microbatches, and the distributed optimizer's norm adds shard by shard). In fp32 that moves
+// results by a few ulps (~1e-7 relative) per step. AdamW then divides each gradient by its own
+// sqrt(v): an element whose gradient is near zero can turn an ulp of difference into a step of up
+// to lr (3e-3, against weights of at most ~0.05), so weights drift further than losses. Measured:
+// pipelines are exact, data parallelism moves losses by < 1e-5 relative and a weight tensor by at
+// most 2.5e-4 of its largest value. We allow 1e-4 relative on losses and the gradient norm and
+// 1e-3 of the tensor's largest value on weights; a wrong microbatch, a missing or doubled gradient
+// or a stale weight moves losses by 1e-2 or more.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "core/parallel_plan.h"
+#include "core/schedule/lowering.h"
+#include "core/schedule/schedule.h"
+#include "core/schedule/schedule_csv.h"
+#include "core/timeline.h"
+#include "executor/runtime/cpu_backend.h"
+#include "executor/train/trainer.h"
+#include "training_fixtures.h"
+
+namespace {
+
+using megaplan::ParallelPlan;
+using megaplan::ScheduleKind;
+namespace exec = megaplan::exec;
+
+megaplan::ModelSpec four_layer_gpt() {
+  megaplan::ModelSpec model = megaplan::test::tiny_gpt();
+  model.num_layers = 4;
+  model.hidden_size = 32;
+  model.num_attention_heads = 2;
+  model.seq_length = 16;
+  return model;
+}
+
+exec::TrainOptions options_for(const std::string& corpus) {
+  exec::TrainOptions options;
+  options.train_iters = 12;
+  options.learning_rate.max_lr = 3e-3;
+  options.learning_rate.warmup_iterations = 2;
+  options.log_interval = 1;
+  options.eval_interval = 6;
+  options.eval_iters = 1;
+  options.split = "9,1,0";
+  options.data_path = corpus;
+  options.keep_final_weights = true;
+  options.distributed_timeout_minutes = 2;
+  return options;
+}
+
+struct Layout {
+  std::string name;
+  ParallelPlan plan;
+};
+
+ParallelPlan plan_of(int64_t tp, int64_t pp, int64_t dp, int64_t vpp, ScheduleKind schedule) {
+  ParallelPlan plan;
+  plan.tensor_parallel_size = tp;
+  plan.pipeline_parallel_size = pp;
+  plan.data_parallel_size = dp;
+  plan.virtual_pipeline_parallel_size = vpp;
+  plan.micro_batch_size = 2;
+  plan.global_batch_size = 8;
+  plan.schedule = schedule;
+  return plan;
+}
+
+struct Outcome {
+  std::vector<double> losses;
+  exec::TrainSummary summary;
+  std::string out;
+};
+
+Outcome train(const megaplan::ModelSpec& model, const ParallelPlan& plan, exec::TrainOptions options,
+              const megaplan::test::ScratchDirectory& scratch, const std::string& name) {
+  megaplan::validate_plan(model, plan);
+  options.log_file = scratch.file(name + ".jsonl");
+  std::ostringstream out;
+  Outcome outcome;
+  outcome.summary = exec::train(model, plan, options,
+                                [](int64_t) -> std::unique_ptr<exec::Backend> { return std::make_unique<exec::CpuBackend>(); },
+                                out);
+  outcome.losses = megaplan::test::logged_losses(*options.log_file);
+  outcome.out = out.str();
+  return outcome;
+}
+
+double largest_magnitude(const std::vector<float>& values) {
+  double largest = 0;
+  for (const float v : values) largest = std::max(largest, static_cast<double>(std::abs(v)));
+  return largest;
+}
+
+}  // namespace
+
+TEST_CASE("every pipeline schedule and data-parallel layout trains like one rank", "[parallel]") {
+  const megaplan::test::ScratchDirectory scratch;
+  const std::string corpus = megaplan::test::sentence_corpus(scratch);
+  const megaplan::ModelSpec model = four_layer_gpt();
+  const exec::TrainOptions options = options_for(corpus);
+  const Outcome single = train(model, plan_of(1, 1, 1, 1, ScheduleKind::kOneFOneB), options, scratch, "single");
+  REQUIRE(single.losses.size() == 12);
+  REQUIRE(single.losses.back() < single.losses.front());  // it learns: the comparison means something
+
+  ParallelPlan distributed = plan_of(1, 1, 2, 1, ScheduleKind::kOneFOneB);
+  distributed.use_distributed_optimizer = true;
+  ParallelPlan everything = plan_of(1, 2, 2, 1, ScheduleKind::kOneFOneB);
+  everything.use_distributed_optimizer = true;
+  const std::vector<Layout> layouts = {
+      {"pp2 gpipe", plan_of(1, 2, 1, 1, ScheduleKind::kGPipe)},
+      {"pp2 1f1b", plan_of(1, 2, 1, 1, ScheduleKind::kOneFOneB)},
+      {"pp2 interleaved vpp2", plan_of(1, 2, 1, 2, ScheduleKind::kInterleaved)},
+      {"pp2 zb-h1", plan_of(1, 2, 1, 1, ScheduleKind::kZeroBubbleH1)},
+      {"pp2 zbv", plan_of(1, 2, 1, 2, ScheduleKind::kZeroBubbleV)},
+      {"pp2 dualpipev", plan_of(1, 2, 1, 2, ScheduleKind::kDualPipeV)},
+      {"dp2", plan_of(1, 1, 2, 1, ScheduleKind::kOneFOneB)},
+      {"dp2 distributed optimizer", distributed},
+      {"pp2 x dp2 distributed optimizer", everything},
+  };
+  for (std::size_t l = 0; l < layouts.size(); ++l) {
+    const Layout& layout = layouts[l];
+    INFO(layout.name);
+    const Outcome run = train(model, layout.plan, options, scratch, "layout" + std::to_string(l));
+    REQUIRE(run.losses.size() == 12);
+    for (std::size_t i = 0; i < 12; ++i) {
+      INFO("iteration " << i + 1);
+      CHECK(run.losses[i] == Approx(single.losses[i]).epsilon(1e-4));
+    }
+    CHECK(run.summary.last_gradient_norm == Approx(single.summary.last_gradient_norm).epsilon(1e-4));
+    // Validation ran through the pipeline too, and agrees.
+    CHECK(run.out.find("validation loss at iteration 12") != std::string::npos);
+    REQUIRE(single.summary.final_weights.size() > 40);
+    for (const auto& [name, expected] : single.summary.final_weights) {
+      INFO(name);
+      const auto found = run.summary.final_weights.find(name);
+      REQUIRE(found != run.summary.final_weights.end());
+      REQUIRE(found->second.size() == expected.size());
+      const double scale = std::max(largest_magnitude(expected), 1e-6);
+      double worst = 0;
+      for (std::size_t i = 0; i < expected.size(); ++i) {
+        worst = std::max(worst, std::abs(static_cast<double>(found->second[i]) - expected[i]) / scale);
+      }
+      CHECK(worst <= 1e-3);
+    }
+    // The tied output layer's copy on the last pipeline rank stayed equal to the embedding.
+    const auto copy = run.summary.final_weights.find("output_layer.weight");
+    if (copy != run.summary.final_weights.end()) {
+      CHECK(copy->second == run.summary.final_weights.at("embedding.word_embeddings.weight"));
+    }
+  }
+}
+
+TEST_CASE("a rank that fails ends every rank with its message", "[parallel]") {
+  const megaplan::test::ScratchDirectory scratch;
+  exec::TrainOptions options = options_for(megaplan::test::sentence_corpus(scratch));
+  options.learning_rate.max_lr = 1e30;  // the weights become infinite after the first step
+  options.learning_rate.min_lr = 1e30;
+  options.learning_rate.style = exec::DecayStyle::kConstant;
+  options.clip_grad = 0;
+  const megaplan::ModelSpec model = four_layer_gpt();
+  try {
+    (void)train(model, plan_of(1, 2, 2, 1, ScheduleKind::kOneFOneB), options, scratch, "failing");
+    FAIL("training went on with infinite weights");
+  } catch (const megaplan::SpecError& error) {
+    const std::string message = error.what();
+    INFO(message);
+    CHECK(message.find("iteration 2") != std::string::npos);
+    CHECK(message.find("stopped before the optimizer step") != std::string::npos);
+  }
+}
+
+TEST_CASE("a measured timeline has one slice per action of every rank's lowered list, in order", "[parallel]") {
+  const megaplan::test::ScratchDirectory scratch;
+  exec::TrainOptions options = options_for(megaplan::test::sentence_corpus(scratch));
+  options.train_iters = 2;
+  options.record_timeline = true;
+  const megaplan::ModelSpec model = four_layer_gpt();
+  const ParallelPlan plan = plan_of(1, 2, 2, 2, ScheduleKind::kInterleaved);
+  const Outcome run = train(model, plan, options, scratch, "traced");
+  const megaplan::PipelineSchedule schedule = megaplan::lower_schedule(megaplan::generate_plan_schedule(plan));
+  for (std::size_t rank = 0; rank < 2; ++rank) {
+    INFO("pipeline rank " << rank);
+    std::vector<megaplan::Action> recorded;
+    double previous_end = 0;
+    for (const megaplan::TimelineSlice& slice : run.summary.timeline.slices) {
+      if (slice.pipeline_rank != static_cast<int32_t>(rank)) continue;
+      recorded.push_back(slice.action);
+      CHECK(slice.stream == megaplan::stream_of(slice.action.kind));
+      CHECK(slice.start_s >= previous_end);  // issued in order, one after another on the host
+      CHECK(slice.end_s >= slice.start_s);
+      previous_end = slice.end_s;
+    }
+    CHECK(recorded == schedule.ranks[rank]);
+  }
+}
+
+TEST_CASE("an imported schedule runs as the generated one, and one that would hang is refused before launch",
+          "[parallel]") {
+  const megaplan::test::ScratchDirectory scratch;
+  exec::TrainOptions options = options_for(megaplan::test::sentence_corpus(scratch));
+  options.train_iters = 3;
+  const megaplan::ModelSpec model = four_layer_gpt();
+  const ParallelPlan plan = plan_of(1, 2, 1, 1, ScheduleKind::kOneFOneB);
+  const Outcome generated = train(model, plan, options, scratch, "generated");
+  options.pipeline_schedule_csv = scratch.file("1f1b.csv");
+  std::ofstream(*options.pipeline_schedule_csv) << megaplan::schedule_to_csv(megaplan::generate_plan_schedule(plan));
+  const Outcome imported = train(model, plan, options, scratch, "imported");
+  CHECK(imported.losses == generated.losses);
+
+  // Rank 1 runs a backward before its forward: no rank can make progress.
+  std::ofstream(*options.pipeline_schedule_csv) << "0F0,0F1,0F2,0F3,0B0,0B1,0B2,0B3\n"
+                                                   "1B0,1F0,1F1,1B1,1F2,1B2,1F3,1B3\n";
+  try {
+    (void)train(model, plan, options, scratch, "hangs");
+    FAIL("a schedule that hangs was run");
+  } catch (const megaplan::SpecError& error) {
+    INFO(error.what());
+    CHECK(error.field() == "schedule");
+  }
+  CHECK_FALSE(std::filesystem::exists(scratch.file("hangs.jsonl")));  // refused before any rank logged
+}
