@@ -283,9 +283,18 @@ TEST_CASE("a tiny GPT trains on the GPU and resumes bit for bit", "[gpu][train]"
   REQUIRE(parts.size() == 40);
   CHECK(whole.back() < 0.7 * whole.front());
   CHECK(whole.front() == Approx(cpu.front()).epsilon(1e-3));  // the same model and data on both backends
+  // bf16 against fp32: close, not equal, and drifting apart as training goes on (measured on an H200,
+  // this model on Python sources: 5e-4 at the first step, 1-2% after 30 at lr 3e-3). So each of
+  // the first 10 iterations within 1e-2, and the last 10 within 5e-2 on average.
+  double gpu_tail = 0, cpu_tail = 0;
   for (std::size_t i = 0; i < 40; ++i) {
     INFO("iteration " << i + 1 << ": GPU " << whole[i] << ", CPU " << cpu[i]);
     CHECK(parts[i] == whole[i]);  // bit for bit on the device
-    CHECK(whole[i] == Approx(cpu[i]).epsilon(5e-2));  // bf16 against fp32: close, not equal
+    if (i < 10) CHECK(whole[i] == Approx(cpu[i]).epsilon(1e-2));
+    if (i >= 30) {
+      gpu_tail += whole[i] / 10;
+      cpu_tail += cpu[i] / 10;
+    }
   }
+  CHECK(gpu_tail == Approx(cpu_tail).epsilon(5e-2));
 }
