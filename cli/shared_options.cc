@@ -49,6 +49,8 @@ void add_plan_options(CLI::App& command, PlanOptions& options) {
   command.add_flag("--sequence-parallel", options.sequence_parallel, "Sequence parallelism (needs tp > 1)")->group(group);
   command.add_flag("--use-distributed-optimizer", options.use_distributed_optimizer, "Shard optimizer state over dp")->group(group);
   command.add_option("--recompute-granularity", options.recompute_granularity, "none, selective or full")->capture_default_str()->group(group);
+  command.add_option("--recompute-method", options.recompute_method, "With full: uniform (groups of N layers) or block (the first N layers of each chunk)")->group(group);
+  command.add_option("--recompute-num-layers", options.recompute_num_layers, "With full: N (default 1)")->group(group);
   command.add_option("--schedule", options.schedule, "gpipe, 1f1b, interleaved, zb-h1, zbv, dualpipev (default: interleaved when vpp > 1, else 1f1b)")->group(group);
 }
 
@@ -116,6 +118,13 @@ ParallelPlan resolve_plan(const ModelSpec& model, int64_t world_size, const Plan
   plan.sequence_parallel = options.sequence_parallel;
   plan.use_distributed_optimizer = options.use_distributed_optimizer;
   plan.recompute_granularity = parse_recompute_granularity(options.recompute_granularity, "--recompute-granularity");
+  if (plan.recompute_granularity != RecomputeGranularity::kFull) {
+    // As Megatron: the method and the layer count describe full recomputation only.
+    if (options.recompute_method) throw SpecError("--recompute-method", "needs --recompute-granularity full");
+    if (options.recompute_num_layers) throw SpecError("--recompute-num-layers", "needs --recompute-granularity full");
+  }
+  if (options.recompute_method) plan.recompute_method = parse_recompute_method(*options.recompute_method, "--recompute-method");
+  plan.recompute_num_layers = options.recompute_num_layers.value_or(1);
   plan.schedule = options.schedule ? parse_schedule_kind(*options.schedule, "--schedule")
                   : plan.virtual_pipeline_parallel_size > 1 ? ScheduleKind::kInterleaved
                                                             : ScheduleKind::kOneFOneB;

@@ -42,6 +42,8 @@ struct PlanOptions {
   bool sequence_parallel = false;
   bool use_distributed_optimizer = false;
   std::string recompute_granularity = "none";
+  std::optional<std::string> recompute_method;   // full only: uniform (default) or block
+  std::optional<int64_t> recompute_num_layers;   // full only: default 1
   std::optional<std::string> schedule;  // default: interleaved when vpp > 1, else 1f1b
 };
 

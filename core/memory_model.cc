@@ -52,10 +52,21 @@ StageActivationBytes transformer_layer_activation_bytes(const ModelSpec& model, 
 }
 
 std::vector<StageActivationBytes> stage_activation_bytes(const ModelSpec& model, const ParallelPlan& plan) {
-  const StageActivationBytes layer = transformer_layer_activation_bytes(model, plan);
-  const int64_t layers = layers_per_virtual_stage(model, plan);
-  std::vector<StageActivationBytes> stages(static_cast<std::size_t>(plan.num_virtual_stages()),
-                                           {layers * layer.activation, layers * layer.weight_gradient_input});
+  // A checkpointed group keeps its first layer's input (what transformer_layer_activation_bytes
+  // gives under full recomputation); the layers --recompute-method leaves alone keep everything.
+  const bool full = plan.recompute_granularity == RecomputeGranularity::kFull;
+  const StageActivationBytes per_layer = transformer_layer_activation_bytes(model, plan);
+  ParallelPlan no_recompute = plan;
+  no_recompute.recompute_granularity = RecomputeGranularity::kNone;
+  const StageActivationBytes whole = full ? transformer_layer_activation_bytes(model, no_recompute) : per_layer;
+  StageActivationBytes stage;
+  for (const LayerGroup& group : recompute_groups(model, plan)) {
+    const bool checkpointed = full && group.recomputed;
+    const int64_t count = checkpointed ? 1 : group.num_layers;
+    stage.activation += count * (checkpointed ? per_layer : whole).activation;
+    stage.weight_gradient_input += count * (checkpointed ? per_layer : whole).weight_gradient_input;
+  }
+  std::vector<StageActivationBytes> stages(static_cast<std::size_t>(plan.num_virtual_stages()), stage);
   // The last stage: the final norm's input and the cross entropy's fp32 softmax over the
   // vocabulary-parallel logits, kept until the backward.
   const int64_t sb = tokens_per_microbatch(model, plan);
@@ -116,7 +127,12 @@ std::vector<PipelineRankMemory> memory_per_pipeline_rank(const ModelSpec& model,
       transient = kActivationBytes * sb * padded_vocab_size(model, t) / t;  // the bf16 logits
     }
     if (plan.recompute_granularity == RecomputeGranularity::kFull) {
-      transient = std::max(transient, rematerialised_layer - layer.activation);
+      // The largest checkpointed group, run forward again whole in the backward.
+      int64_t group_layers = 0;
+      for (const LayerGroup& group : recompute_groups(model, plan)) {
+        if (group.recomputed) group_layers = std::max(group_layers, group.num_layers);
+      }
+      transient = std::max(transient, group_layers * rematerialised_layer - layer.activation);
     }
     memory.transient_bytes = transient;
     memory.allocator_overhead_bytes = static_cast<int64_t>(

@@ -16,6 +16,9 @@ const std::pair<RecomputeGranularity, const char*> kRecomputeNames[] = {
     {RecomputeGranularity::kSelective, "selective"},
     {RecomputeGranularity::kFull, "full"}};
 
+const std::pair<RecomputeMethod, const char*> kRecomputeMethodNames[] = {{RecomputeMethod::kUniform, "uniform"},
+                                                                        {RecomputeMethod::kBlock, "block"}};
+
 std::string str(int64_t value) { return std::to_string(value); }
 
 }  // namespace
@@ -28,6 +31,20 @@ std::string to_string(RecomputeGranularity granularity) {
 }
 
 std::string to_string(ScheduleKind kind) { return schedule_traits(kind).spelling; }
+
+std::string to_string(RecomputeMethod method) {
+  for (const auto& [value, name] : kRecomputeMethodNames) {
+    if (value == method) return name;
+  }
+  return "?";
+}
+
+RecomputeMethod parse_recompute_method(const std::string& text, const std::string& field) {
+  for (const auto& [value, name] : kRecomputeMethodNames) {
+    if (text == name) return value;
+  }
+  throw SpecError(field, "must be uniform or block; got \"" + text + "\"");
+}
 
 RecomputeGranularity parse_recompute_granularity(const std::string& text, const std::string& field) {
   for (const auto& [value, name] : kRecomputeNames) {
@@ -126,6 +143,15 @@ void validate_plan(const ModelSpec& model, const ParallelPlan& plan) {
                     [&] { return "needs --seq-length divisible by 2*cp = " + str(chunks); });
   }
 
+  if (plan.recompute_granularity == RecomputeGranularity::kFull) {
+    // Megatron checkpoints groups (uniform) or single layers (block) within each model chunk.
+    const int64_t stage_layers = model.num_layers / plan.num_virtual_stages();
+    if (plan.recompute_num_layers < 1 || plan.recompute_num_layers > stage_layers) {
+      throw SpecError("--recompute-num-layers", "must be between 1 and the " + str(stage_layers) +
+                                                    " layers of a model chunk, got " + str(plan.recompute_num_layers));
+    }
+  }
+
   // The schedule's own rules on vpp and M; Megatron's default microbatch group per virtual stage is pp.
   check_schedule_shape(plan.schedule, pp, vpp, plan.num_microbatches(), pp, ShapeFlags::kPlan);
 }
@@ -142,6 +168,8 @@ nlohmann::json parallel_plan_to_json(const ParallelPlan& plan) {
       {"sequence_parallel", plan.sequence_parallel},
       {"use_distributed_optimizer", plan.use_distributed_optimizer},
       {"recompute_granularity", to_string(plan.recompute_granularity)},
+      {"recompute_method", to_string(plan.recompute_method)},
+      {"recompute_num_layers", plan.recompute_num_layers},
       {"schedule", to_string(plan.schedule)},
   };
 }
@@ -162,6 +190,10 @@ ParallelPlan parallel_plan_from_json(const nlohmann::json& json, const std::stri
   if (reader.read("recompute_granularity", text)) {
     plan.recompute_granularity = parse_recompute_granularity(text, reader.field("recompute_granularity"));
   }
+  if (reader.read("recompute_method", text)) {
+    plan.recompute_method = parse_recompute_method(text, reader.field("recompute_method"));
+  }
+  reader.read("recompute_num_layers", plan.recompute_num_layers);
   if (reader.read("schedule", text)) plan.schedule = parse_schedule_kind(text, reader.field("schedule"));
   reader.reject_unknown_keys();
   return plan;

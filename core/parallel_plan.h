@@ -13,10 +13,15 @@
 namespace megaplan {
 
 enum class RecomputeGranularity { kNone, kSelective, kFull };
+// Megatron's --recompute-method for full recomputation: "uniform" checkpoints groups of
+// --recompute-num-layers layers, "block" checkpoints each of a stage's first N layers alone.
+enum class RecomputeMethod { kUniform, kBlock };
 // Spellings: "gpipe", "1f1b", "interleaved", "zb-h1", "zbv", "dualpipev".
 enum class ScheduleKind { kGPipe, kOneFOneB, kInterleaved, kZeroBubbleH1, kZeroBubbleV, kDualPipeV };
 
 std::string to_string(RecomputeGranularity granularity);  // "none", "selective", "full"
+std::string to_string(RecomputeMethod method);            // "uniform", "block"
+RecomputeMethod parse_recompute_method(const std::string& text, const std::string& field);
 std::string to_string(ScheduleKind kind);
 RecomputeGranularity parse_recompute_granularity(const std::string& text, const std::string& field);
 ScheduleKind parse_schedule_kind(const std::string& text, const std::string& field);
@@ -38,6 +43,8 @@ struct ParallelPlan {
   bool use_distributed_optimizer = false;
   RecomputeGranularity recompute_granularity = RecomputeGranularity::kNone;
   ScheduleKind schedule = ScheduleKind::kOneFOneB;
+  RecomputeMethod recompute_method = RecomputeMethod::kUniform;  // full recomputation only
+  int64_t recompute_num_layers = 1;                              // full recomputation only
 
   int64_t world_size() const {
     return tensor_parallel_size * pipeline_parallel_size * context_parallel_size * data_parallel_size;

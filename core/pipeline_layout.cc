@@ -1,6 +1,8 @@
 // Virtual stage layout.
 #include "core/pipeline_layout.h"
 
+#include <algorithm>
+
 namespace megaplan {
 
 int64_t layers_per_virtual_stage(const ModelSpec& model, const ParallelPlan& plan) {
@@ -33,6 +35,30 @@ StageLayers stage_layers(int64_t stage, const ModelSpec& model, const ParallelPl
   layers.has_embedding = stage == 0;
   layers.has_output_layer = stage == plan.num_virtual_stages() - 1;
   return layers;
+}
+
+}  // namespace megaplan
+
+namespace megaplan {
+
+std::vector<LayerGroup> recompute_groups(const ModelSpec& model, const ParallelPlan& plan) {
+  const int64_t layers = layers_per_virtual_stage(model, plan);
+  const bool full = plan.recompute_granularity == RecomputeGranularity::kFull;
+  const int64_t n = plan.recompute_num_layers;
+  std::vector<LayerGroup> groups;
+  for (int64_t l = 0; l < layers;) {
+    LayerGroup group;
+    group.first_layer = l;
+    if (full && plan.recompute_method == RecomputeMethod::kUniform) {
+      group.num_layers = std::min(n, layers - l);
+      group.recomputed = true;
+    } else {
+      group.recomputed = full && l < n;  // block: the first N alone
+    }
+    l += group.num_layers;
+    groups.push_back(group);
+  }
+  return groups;
 }
 
 }  // namespace megaplan

@@ -48,3 +48,20 @@ struct StageLayers {
 StageLayers stage_layers(int64_t stage, const ModelSpec& model, const ParallelPlan& plan);
 
 }  // namespace megaplan
+
+namespace megaplan {
+
+// How full recomputation cuts a virtual stage's layers (Megatron's --recompute-method): uniform N
+// checkpoints consecutive groups of N layers (the last may be shorter): each keeps only its input
+// and is run forward again, whole, in the backward; block N checkpoints each of the stage's first N
+// layers alone and keeps the rest. Without full recomputation every layer is one kept group.
+struct LayerGroup {
+  int64_t first_layer = 0;  // index within the stage
+  int64_t num_layers = 1;
+  bool recomputed = false;
+};
+
+// REQUIRES: validate_plan(model, plan) passed.
+std::vector<LayerGroup> recompute_groups(const ModelSpec& model, const ParallelPlan& plan);
+
+}  // namespace megaplan

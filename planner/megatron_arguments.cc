@@ -26,10 +26,9 @@ std::vector<std::string> megatron_arguments(const ModelSpec& model, const Parall
       arguments.push_back("--recompute-granularity selective");
       break;
     case RecomputeGranularity::kFull:
-      // Every layer recomputed, one at a time: what the simulator and the memory model assume.
       arguments.push_back("--recompute-granularity full");
-      arguments.push_back("--recompute-method uniform");
-      arguments.push_back("--recompute-num-layers 1");
+      arguments.push_back("--recompute-method " + to_string(plan.recompute_method));
+      arguments.push_back("--recompute-num-layers " + std::to_string(plan.recompute_num_layers));
       break;
   }
   // Megatron-LM's own schedules are chosen by the pipeline and virtual-pipeline sizes above; for the

@@ -167,8 +167,13 @@ LayerCosts transformer_layer_costs(const ModelSpec& model, const ParallelPlan& p
   if (plan.recompute_granularity == RecomputeGranularity::kSelective) {
     layer.backward_input += attention_forward;
   } else if (plan.recompute_granularity == RecomputeGranularity::kFull) {
-    layer.backward_input += layer.forward;
-    layer.backward_collectives += layer.forward_collectives;
+    // Costs are per average layer of a stage: only the layers --recompute-method checkpoints
+    // run forward again (all of them under uniform, the first N under block).
+    int64_t recomputed = 0;
+    for (const LayerGroup& group : recompute_groups(model, plan)) recomputed += group.recomputed ? group.num_layers : 0;
+    const double fraction = static_cast<double>(recomputed) / static_cast<double>(layers_per_virtual_stage(model, plan));
+    layer.backward_input += fraction * layer.forward;
+    layer.backward_collectives += fraction * layer.forward_collectives;
   }
   return layer;
 }

@@ -49,7 +49,6 @@ void GptModel::refuse_unsupported(const ModelSpec& model, const ParallelPlan& pl
   }
   if (plan.tensor_parallel_size != 1) unsupported("--tensor-model-parallel-size", "tensor parallelism");
   if (plan.context_parallel_size != 1) unsupported("--context-parallel-size", "context parallelism");
-  if (plan.recompute_granularity != RecomputeGranularity::kNone) unsupported("--recompute-granularity", "recomputation");
 }
 
 namespace {
@@ -66,6 +65,21 @@ ParameterLayout layout_stage(const std::vector<ParameterSpec>& specs, const Para
 
 }  // namespace
 
+std::vector<GptModel::Keep> GptModel::layer_keeps(const ParallelPlan& plan, const std::vector<LayerGroup>& groups) {
+  std::vector<Keep> keeps;
+  for (const LayerGroup& group : groups) {
+    for (int64_t l = 0; l < group.num_layers; ++l) {
+      if (group.recomputed) {
+        keeps.push_back(l == 0 ? Keep::kInput : Keep::kNothing);
+      } else {
+        keeps.push_back(plan.recompute_granularity == RecomputeGranularity::kSelective ? Keep::kAllButAttention
+                                                                                       : Keep::kAll);
+      }
+    }
+  }
+  return keeps;
+}
+
 std::vector<ParameterSpec> GptModel::describe_parameters(const ModelSpec& model, const ParallelPlan& plan,
                                                          int64_t stage) {
   const StageLayers layers = stage_layers(stage, model, plan);
@@ -76,6 +90,7 @@ std::vector<ParameterSpec> GptModel::describe_parameters(const ModelSpec& model,
     ParameterSpec spec;
     spec.name = std::move(name);
     spec.size = product(shape);
+    spec.global_shape = shape;  // tensor parallelism is not in the executor yet: every shard is whole
     spec.shape = std::move(shape);
     spec.split = split;
     spec.weight_decay = decay;
@@ -114,7 +129,7 @@ std::vector<ParameterSpec> GptModel::describe_parameters(const ModelSpec& model,
 int64_t GptModel::predicted_bytes(const ModelSpec& model, const ParallelPlan& plan, int64_t stage, int64_t inflight,
                                   const Backend& backend) {
   const StageLayers stage_layout = stage_layers(stage, model, plan);
-  const int64_t h = model.hidden_size, f = model.effective_ffn_hidden_size(), L = stage_layout.num_layers;
+  const int64_t h = model.hidden_size, f = model.effective_ffn_hidden_size();
   const int64_t s = model.seq_length, v = padded_vocab_size(model, plan.tensor_parallel_size);
   const int64_t heads = model.num_attention_heads;
   const int64_t tokens = plan.micro_batch_size * s;
@@ -130,13 +145,30 @@ int64_t GptModel::predicted_bytes(const ModelSpec& model, const ParallelPlan& pl
   const auto attention_saved = static_cast<int64_t>(backend.attention_saved_size(
       static_cast<std::size_t>(plan.micro_batch_size), static_cast<std::size_t>(s), static_cast<std::size_t>(heads),
       static_cast<std::size_t>(h / heads)));
-  int64_t microbatch = act * (L * tokens * (6 * h + 2 * f) + tokens * h) + fp32 * L * (4 * tokens + attention_saved);
+  // Per microbatch: what each layer keeps (recomputation decides), the stage's output, and on the
+  // last stage the final norm, logits and loss state.
+  const int64_t input_bytes = act * tokens * h;
+  const int64_t attention_bytes = act * tokens * h + fp32 * attention_saved;
+  const int64_t layer_bytes = act * tokens * (5 * h + 2 * f) + fp32 * 4 * tokens + attention_bytes;
+  const std::vector<LayerGroup> groups = recompute_groups(model, plan);
+  int64_t microbatch = act * tokens * h;
+  int64_t pool_sets = 0;  // full layer sets borrowed at once: the forward's scratch, a recomputed group
+  for (const Keep keep : layer_keeps(plan, groups)) {
+    microbatch += keep == Keep::kAll ? layer_bytes
+                  : keep == Keep::kAllButAttention ? layer_bytes - attention_bytes
+                  : keep == Keep::kInput ? input_bytes
+                                         : 0;
+    if (keep != Keep::kAll) pool_sets = 1;
+  }
+  for (const LayerGroup& group : groups) {
+    if (group.recomputed) pool_sets = std::max(pool_sets, group.num_layers);
+  }
   if (stage_layout.has_output_layer) {
     const auto loss_saved = static_cast<int64_t>(
         backend.cross_entropy_saved_size(static_cast<std::size_t>(tokens), static_cast<std::size_t>(v)));
     microbatch += act * tokens * (h + v) + fp32 * (2 * tokens + loss_saved);
   }
-  return weights + scratch + inflight * microbatch;
+  return weights + scratch + pool_sets * layer_bytes + inflight * microbatch;
 }
 
 void GptModel::add_parameter(const ParameterSpec& spec) {
@@ -166,6 +198,8 @@ GptModel::GptModel(const ModelSpec& model, const ParallelPlan& plan, int64_t sta
   first_layer_ = stage_layout.first_layer;
   has_embedding_ = stage_layout.has_embedding;
   has_output_ = stage_layout.has_output_layer;
+  groups_ = recompute_groups(model, plan);
+  keep_ = layer_keeps(plan, groups_);
   const int64_t needed = predicted_bytes(model, plan, stage, 1, backend);
   if (const int64_t available = backend.available_bytes(); needed > available) {
     throw SpecError("--micro-batch-size", model.name + " with micro-batch size " + std::to_string(batch_) +
@@ -248,6 +282,7 @@ GptModel::~GptModel() {
     for (auto& [microbatch, activations] : *held) release_activations(activations);
   }
   for (Activations& activations : spare_) release_activations(activations);
+  for (LayerActivations& layer : pool_) release_layer(layer);
   for (Parameter& parameter : parameters_) backend_.release_compute_copy(parameter.compute, parameter.value);
   backend_.release(values_);
   backend_.release(gradients_);
@@ -262,6 +297,55 @@ void GptModel::refresh_compute_weights() {
 
 void GptModel::zero_gradients() { backend_.fill(gradients_, layout_.total, 0.0f); }
 
+GptModel::LayerActivations GptModel::allocate_layer(Keep keep) {
+  const auto tokens = static_cast<std::size_t>(batch_ * seq_);
+  const auto h = static_cast<std::size_t>(hidden_);
+  const auto f = static_cast<std::size_t>(ffn_);
+  const auto stats = [&] { return backend_.allocate(tokens); };
+  const auto act = [&](std::size_t n) { return backend_.allocate_activation(n); };
+  LayerActivations layer;
+  if (keep == Keep::kNothing) return layer;
+  layer.input = act(tokens * h);
+  if (keep == Keep::kInput) return layer;
+  layer.qkv = act(tokens * 3 * h);
+  layer.middle = act(tokens * h);
+  layer.fc1 = act(tokens * f);
+  layer.gelu = act(tokens * f);
+  layer.ln1_mean = stats();
+  layer.ln1_rstd = stats();
+  layer.ln2_mean = stats();
+  layer.ln2_rstd = stats();
+  if (keep == Keep::kAll) {
+    layer.attention = act(tokens * h);
+    layer.attention_saved = backend_.allocate(backend_.attention_saved_size(
+        static_cast<std::size_t>(batch_), static_cast<std::size_t>(seq_), static_cast<std::size_t>(heads_),
+        static_cast<std::size_t>(hidden_ / heads_)));
+  }
+  return layer;
+}
+
+void GptModel::release_layer(LayerActivations& l) {
+  for (Activation buffer : {l.input, l.qkv, l.attention, l.middle, l.fc1, l.gelu}) {
+    if (buffer) backend_.release(buffer);
+  }
+  for (float* buffer : {l.ln1_mean, l.ln1_rstd, l.attention_saved, l.ln2_mean, l.ln2_rstd}) {
+    if (buffer) backend_.release(buffer);
+  }
+  l = LayerActivations{};
+}
+
+GptModel::LayerActivations GptModel::borrow() {
+  if (pool_.empty()) return allocate_layer(Keep::kAll);
+  LayerActivations layer = pool_.back();
+  pool_.pop_back();
+  return layer;
+}
+
+void GptModel::give_back(LayerActivations& layer) {
+  pool_.push_back(layer);
+  layer = LayerActivations{};
+}
+
 GptModel::Activations GptModel::allocate_activations() {
   if (!spare_.empty()) {
     Activations reused = std::move(spare_.back());
@@ -270,45 +354,26 @@ GptModel::Activations GptModel::allocate_activations() {
   }
   const auto tokens = static_cast<std::size_t>(batch_ * seq_);
   const auto h = static_cast<std::size_t>(hidden_);
-  const auto f = static_cast<std::size_t>(ffn_);
-  const auto stats = [&] { return backend_.allocate(tokens); };
-  const auto act = [&](std::size_t n) { return backend_.allocate_activation(n); };
   Activations a;
-  for (std::size_t l = 0; l < layers_.size(); ++l) {
-    LayerActivations layer{};
-    layer.input = act(tokens * h);
-    layer.qkv = act(tokens * 3 * h);
-    layer.attention = act(tokens * h);
-    layer.middle = act(tokens * h);
-    layer.fc1 = act(tokens * f);
-    layer.gelu = act(tokens * f);
-    layer.ln1_mean = stats();
-    layer.ln1_rstd = stats();
-    layer.ln2_mean = stats();
-    layer.ln2_rstd = stats();
-    layer.attention_saved = backend_.allocate(backend_.attention_saved_size(
-        static_cast<std::size_t>(batch_), static_cast<std::size_t>(seq_), static_cast<std::size_t>(heads_),
-        static_cast<std::size_t>(hidden_ / heads_)));
-    a.layers.push_back(layer);
-  }
-  a.output = act(tokens * h);
+  for (const Keep keep : keep_) a.layers.push_back(allocate_layer(keep));
+  a.output = backend_.allocate_activation(tokens * h);
   if (has_output_) {
-    a.final_norm = act(tokens * h);
-    a.logits = act(tokens * static_cast<std::size_t>(vocab_));
-    a.final_mean = stats();
-    a.final_rstd = stats();
+    a.final_norm = backend_.allocate_activation(tokens * h);
+    a.logits = backend_.allocate_activation(tokens * static_cast<std::size_t>(vocab_));
+    a.final_mean = backend_.allocate(tokens);
+    a.final_rstd = backend_.allocate(tokens);
     a.loss_saved = backend_.allocate(backend_.cross_entropy_saved_size(tokens, static_cast<std::size_t>(vocab_)));
   }
   return a;
 }
 
 void GptModel::release_activations(Activations& a) {
-  for (LayerActivations& l : a.layers) {
-    for (Activation buffer : {l.input, l.qkv, l.attention, l.middle, l.fc1, l.gelu}) backend_.release(buffer);
-    for (float* buffer : {l.ln1_mean, l.ln1_rstd, l.attention_saved, l.ln2_mean, l.ln2_rstd}) backend_.release(buffer);
-  }
+  for (LayerActivations& l : a.layers) release_layer(l);
+  for (LayerActivations& l : a.borrowed) release_layer(l);
   for (const DeferredGradients& d : a.deferred) {
-    for (Activation buffer : {d.qkv, d.proj, d.fc1, d.fc2}) backend_.release(buffer);
+    for (Activation buffer : {d.qkv, d.proj, d.fc1, d.fc2}) {
+      if (buffer) backend_.release(buffer);
+    }
   }
   for (Activation buffer : {a.output, a.final_norm, a.logits, a.input_gradient}) {
     if (buffer) backend_.release(buffer);
@@ -317,6 +382,7 @@ void GptModel::release_activations(Activations& a) {
     if (buffer) backend_.release(buffer);
   }
   a.layers.clear();
+  a.borrowed.clear();
   a.deferred.clear();
 }
 
@@ -352,49 +418,37 @@ double GptModel::run_forward(Activations& a, const MicrobatchTokens* data) {
   const auto seq = static_cast<std::size_t>(seq_);
   const std::size_t count = batch * seq;
   const auto h = static_cast<std::size_t>(hidden_);
-  const auto f = static_cast<std::size_t>(ffn_);
-  const auto heads = static_cast<std::size_t>(heads_);
   const auto v = static_cast<std::size_t>(vocab_);
   // The residual stream: x_{l+1} = middle_l + mlp(ln2(middle_l)), middle_l = x_l + attention(ln1(x_l)).
   // Each branch's output waits in branch_out_ until the next norm adds it to the stream. A
   // non-first stage's input is already in the first layer's input (or, without layers, the output).
-  Activation stream = a.layers.empty() ? a.output : a.layers[0].input;
+  Activation first_input = a.layers.empty() ? a.output : a.layers[0].input;
   if (has_embedding_) {
     backend_.embedding_forward(a.inputs.data(), count, seq, word_embeddings_->compute, position_embeddings_->compute,
-                               h, stream);
+                               h, first_input);
   }
+  ConstActivation stream = first_input;
   ConstActivation pending = nullptr;  // the branch output not yet added to `stream`
+  // Layers that keep less than everything run on one borrowed set, which each layer's first norm
+  // has read before the next layer writes it.
+  LayerActivations scratch;
   for (std::size_t l = 0; l < layers_.size(); ++l) {
-    const Layer& w = layers_[l];
-    LayerActivations& act = a.layers[l];
-    if (pending) {
-      backend_.layernorm_forward(stream, pending, act.input, w.ln1_gamma->compute, w.ln1_beta->compute, count, h,
-                                 norm_out_, act.ln1_mean, act.ln1_rstd);
-    } else {
-      backend_.layernorm_forward(act.input, nullptr, nullptr, w.ln1_gamma->compute, w.ln1_beta->compute, count, h,
-                                 norm_out_, act.ln1_mean, act.ln1_rstd);
+    LayerActivations act = a.layers[l];
+    if (keep_[l] != Keep::kAll) {
+      if (!scratch.qkv) scratch = borrow();
+      fill_missing(act, scratch);
     }
-    backend_.linear_forward(norm_out_, w.qkv_weight->compute, w.qkv_bias->compute, count, h, 3 * h,
-                            LinearEpilogue::kBias, act.qkv, nullptr);
-    backend_.attention_forward(act.qkv, batch, seq, heads, h / heads, act.attention, act.attention_saved);
-    backend_.linear_forward(act.attention, w.proj_weight->compute, w.proj_bias->compute, count, h, h,
-                            LinearEpilogue::kBias, branch_out_, nullptr);
-    backend_.layernorm_forward(act.input, branch_out_, act.middle, w.ln2_gamma->compute, w.ln2_beta->compute, count, h,
-                               norm_out_, act.ln2_mean, act.ln2_rstd);
-    backend_.linear_forward(norm_out_, w.fc1_weight->compute, w.fc1_bias->compute, count, h, f,
-                            LinearEpilogue::kBiasGelu, act.gelu, act.fc1);
-    backend_.linear_forward(act.gelu, w.fc2_weight->compute, w.fc2_bias->compute, count, f, h, LinearEpilogue::kBias,
-                            branch_out_, nullptr);
-    stream = act.middle;
-    pending = branch_out_;
+    layer_forward(l, act, stream, pending);
   }
   if (!has_output_) {
     // The message to the next stage is the residual sum itself.
     if (pending) backend_.add(stream, pending, count * h, a.output);
+    if (scratch.qkv) give_back(scratch);
     return 0.0;
   }
   backend_.layernorm_forward(stream, pending, pending ? a.output : nullptr, final_gamma_->compute,
                              final_beta_->compute, count, h, a.final_norm, a.final_mean, a.final_rstd);
+  if (scratch.qkv) give_back(scratch);
   // Tied output layer: logits = final_norm E^T.
   backend_.linear_forward(a.final_norm, output_weight_->compute, nullptr, count, h, v, LinearEpilogue::kNone, a.logits,
                           nullptr);
@@ -442,6 +496,95 @@ GptModel::Activations GptModel::take(std::map<int64_t, Activations>& from, int64
   return a;
 }
 
+void GptModel::fill_missing(LayerActivations& act, const LayerActivations& from) {
+  for (auto [field, source] : {std::pair{&act.input, from.input}, {&act.qkv, from.qkv}, {&act.attention, from.attention},
+                               {&act.middle, from.middle}, {&act.fc1, from.fc1}, {&act.gelu, from.gelu}}) {
+    if (!*field) *field = source;
+  }
+  for (auto [field, source] : {std::pair{&act.ln1_mean, from.ln1_mean}, {&act.ln1_rstd, from.ln1_rstd},
+                               {&act.attention_saved, from.attention_saved}, {&act.ln2_mean, from.ln2_mean},
+                               {&act.ln2_rstd, from.ln2_rstd}}) {
+    if (!*field) *field = source;
+  }
+}
+
+void GptModel::layer_forward(std::size_t l, const LayerActivations& act, ConstActivation& stream,
+                             ConstActivation& pending) {
+  const auto batch = static_cast<std::size_t>(batch_);
+  const auto seq = static_cast<std::size_t>(seq_);
+  const std::size_t count = batch * seq;
+  const auto h = static_cast<std::size_t>(hidden_);
+  const auto f = static_cast<std::size_t>(ffn_);
+  const auto heads = static_cast<std::size_t>(heads_);
+  const Layer& w = layers_[l];
+  if (pending) {
+    backend_.layernorm_forward(stream, pending, act.input, w.ln1_gamma->compute, w.ln1_beta->compute, count, h,
+                               norm_out_, act.ln1_mean, act.ln1_rstd);
+  } else {
+    backend_.layernorm_forward(act.input, nullptr, nullptr, w.ln1_gamma->compute, w.ln1_beta->compute, count, h,
+                               norm_out_, act.ln1_mean, act.ln1_rstd);
+  }
+  backend_.linear_forward(norm_out_, w.qkv_weight->compute, w.qkv_bias->compute, count, h, 3 * h,
+                          LinearEpilogue::kBias, act.qkv, nullptr);
+  backend_.attention_forward(act.qkv, batch, seq, heads, h / heads, act.attention, act.attention_saved);
+  backend_.linear_forward(act.attention, w.proj_weight->compute, w.proj_bias->compute, count, h, h,
+                          LinearEpilogue::kBias, branch_out_, nullptr);
+  backend_.layernorm_forward(act.input, branch_out_, act.middle, w.ln2_gamma->compute, w.ln2_beta->compute, count, h,
+                             norm_out_, act.ln2_mean, act.ln2_rstd);
+  backend_.linear_forward(norm_out_, w.fc1_weight->compute, w.fc1_bias->compute, count, h, f,
+                          LinearEpilogue::kBiasGelu, act.gelu, act.fc1);
+  backend_.linear_forward(act.gelu, w.fc2_weight->compute, w.fc2_bias->compute, count, f, h, LinearEpilogue::kBias,
+                          branch_out_, nullptr);
+  stream = act.middle;
+  pending = branch_out_;
+}
+
+void GptModel::layer_backward(std::size_t l, const LayerActivations& act, Activation d_out, Activation d_middle,
+                              DeferredGradients* deferred) {
+  const auto batch = static_cast<std::size_t>(batch_);
+  const auto seq = static_cast<std::size_t>(seq_);
+  const std::size_t count = batch * seq;
+  const auto h = static_cast<std::size_t>(hidden_);
+  const auto f = static_cast<std::size_t>(ffn_);
+  const auto heads = static_cast<std::size_t>(heads_);
+  const Layer& w = layers_[l];
+  // Under I each GEMM's output gradient is copied out of the scratch buffers the loop reuses and
+  // kept for W; under B its weight gradient is taken now.
+  const auto weight_gradient = [&](ConstActivation dy, ConstActivation x, std::size_t k, std::size_t n,
+                                   Parameter* weight, Parameter* bias, Activation* keep) {
+    if (deferred) {
+      *keep = backend_.allocate_activation(count * n);
+      backend_.copy(dy, count * n, *keep);
+    } else {
+      backend_.linear_backward(dy, x, weight->compute, count, k, n, nullptr, weight->gradient, bias->gradient);
+    }
+  };
+  DeferredGradients unused;
+  DeferredGradients& kept = deferred ? *deferred : unused;
+  // out = middle + fc2(gelu(fc1(ln2(middle)))); fc2's input gradient goes through the GELU in
+  // the same GEMM.
+  backend_.linear_backward_through_gelu(d_out, w.fc2_weight->compute, count, f, h, act.fc1, d_ffn_);
+  weight_gradient(d_out, act.gelu, f, h, w.fc2_weight, w.fc2_bias, &kept.fc2);
+  backend_.layernorm_forward(act.middle, nullptr, nullptr, w.ln2_gamma->compute, w.ln2_beta->compute, count, h,
+                             norm_out_, act.ln2_mean, act.ln2_rstd);  // recomputed, not kept
+  backend_.linear_backward(d_ffn_, norm_out_, w.fc1_weight->compute, count, h, f, d_hidden_, nullptr, nullptr);
+  weight_gradient(d_ffn_, norm_out_, h, f, w.fc1_weight, w.fc1_bias, &kept.fc1);
+  backend_.layernorm_backward(d_hidden_, act.middle, w.ln2_gamma->compute, act.ln2_mean, act.ln2_rstd, count, h, d_out,
+                              d_middle, w.ln2_gamma->gradient, w.ln2_beta->gradient);
+  // middle = input + proj(attention(qkv(ln1(input)))).
+  backend_.linear_backward(d_middle, act.attention, w.proj_weight->compute, count, h, h, d_hidden_, nullptr, nullptr);
+  weight_gradient(d_middle, act.attention, h, h, w.proj_weight, w.proj_bias, &kept.proj);
+  backend_.attention_backward(d_hidden_, act.qkv, act.attention, act.attention_saved, batch, seq, heads, h / heads,
+                              d_qkv_);
+  backend_.layernorm_forward(act.input, nullptr, nullptr, w.ln1_gamma->compute, w.ln1_beta->compute, count, h,
+                             norm_out_, act.ln1_mean, act.ln1_rstd);  // recomputed, not kept
+  backend_.linear_backward(d_qkv_, norm_out_, w.qkv_weight->compute, count, h, 3 * h, d_hidden_, nullptr, nullptr);
+  weight_gradient(d_qkv_, norm_out_, h, 3 * h, w.qkv_weight, w.qkv_bias, &kept.qkv);
+  // The input's gradient goes to d_out's buffer: it is the previous layer's output gradient.
+  backend_.layernorm_backward(d_hidden_, act.input, w.ln1_gamma->compute, act.ln1_mean, act.ln1_rstd, count, h,
+                              d_middle, d_out, w.ln1_gamma->gradient, w.ln1_beta->gradient);
+}
+
 void GptModel::backward_input(int64_t microbatch, ConstActivation output_gradient, float loss_scale,
                               Activation input_gradient, bool defer) {
   Activations a = take(in_flight_, microbatch, "a backward without its forward");
@@ -449,21 +592,8 @@ void GptModel::backward_input(int64_t microbatch, ConstActivation output_gradien
   const auto seq = static_cast<std::size_t>(seq_);
   const std::size_t count = batch * seq;
   const auto h = static_cast<std::size_t>(hidden_);
-  const auto f = static_cast<std::size_t>(ffn_);
   const auto v = static_cast<std::size_t>(vocab_);
   const auto heads = static_cast<std::size_t>(heads_);
-  // Under I each GEMM's output gradient is kept for W; under B its weight gradient is taken now.
-  // `kept` copies a gradient out of the scratch buffers the loop reuses.
-  const auto kept = [&](ConstActivation gradient, std::size_t n) {
-    Activation copy = backend_.allocate_activation(n);
-    backend_.copy(gradient, n, copy);
-    return copy;
-  };
-  const auto weight_gradient = [&](ConstActivation dy, ConstActivation x, std::size_t k, std::size_t n,
-                                   Parameter* weight, Parameter* bias) {
-    backend_.linear_backward(dy, x, weight->compute, count, k, n, nullptr, weight->gradient,
-                             bias ? bias->gradient : nullptr);
-  };
 
   // d_residual_[0] holds the stream's gradient at a layer's output, [1] at its middle.
   Activation d_out = d_residual_[0], d_middle = d_residual_[1];
@@ -472,59 +602,55 @@ void GptModel::backward_input(int64_t microbatch, ConstActivation output_gradien
     backend_.cross_entropy_backward(a.logits, a.loss_saved, a.labels.data(), a.mask.data(), count, v, loss_scale,
                                     a.logits);
     backend_.linear_backward(a.logits, a.final_norm, output_weight_->compute, count, h, v, d_hidden_, nullptr, nullptr);
-    if (!defer) weight_gradient(a.logits, a.final_norm, h, v, output_weight_, nullptr);
+    if (!defer) {
+      backend_.linear_backward(a.logits, a.final_norm, output_weight_->compute, count, h, v, nullptr,
+                               output_weight_->gradient, nullptr);
+    }
     backend_.layernorm_backward(d_hidden_, a.output, final_gamma_->compute, a.final_mean, a.final_rstd, count, h,
                                 nullptr, d_out, final_gamma_->gradient, final_beta_->gradient);
   } else {
     backend_.copy(output_gradient, count * h, d_out);
   }
   if (defer) a.deferred.resize(layers_.size());
-  for (std::size_t l = layers_.size(); l-- > 0;) {
-    const Layer& w = layers_[l];
-    const LayerActivations& act = a.layers[l];
-    // out = middle + fc2(gelu(fc1(ln2(middle)))); fc2's input gradient goes through the GELU in
-    // the same GEMM.
-    backend_.linear_backward_through_gelu(d_out, w.fc2_weight->compute, count, f, h, act.fc1, d_ffn_);
-    if (defer) {
-      a.deferred[l].fc2 = kept(d_out, count * h);
-    } else {
-      weight_gradient(d_out, act.gelu, f, h, w.fc2_weight, w.fc2_bias);
+  a.work = a.layers;
+  for (std::size_t g = groups_.size(); g-- > 0;) {
+    const LayerGroup& group = groups_[g];
+    const auto first = static_cast<std::size_t>(group.first_layer);
+    const auto end = first + static_cast<std::size_t>(group.num_layers);
+    std::vector<LayerActivations> borrowed;
+    if (group.recomputed) {
+      // Full recomputation: the group's forward again, from its kept input, on borrowed buffers.
+      ConstActivation stream = a.work[first].input, pending = nullptr;
+      for (std::size_t l = first; l < end; ++l) {
+        borrowed.push_back(borrow());
+        fill_missing(a.work[l], borrowed.back());
+        layer_forward(l, a.work[l], stream, pending);
+      }
     }
-    backend_.layernorm_forward(act.middle, nullptr, nullptr, w.ln2_gamma->compute, w.ln2_beta->compute, count, h,
-                               norm_out_, act.ln2_mean, act.ln2_rstd);  // recomputed, not kept
-    backend_.linear_backward(d_ffn_, norm_out_, w.fc1_weight->compute, count, h, f, d_hidden_, nullptr, nullptr);
-    if (defer) {
-      a.deferred[l].fc1 = kept(d_ffn_, count * f);
-    } else {
-      weight_gradient(d_ffn_, norm_out_, h, f, w.fc1_weight, w.fc1_bias);
+    for (std::size_t l = end; l-- > first;) {
+      if (keep_[l] == Keep::kAllButAttention) {
+        // Selective recomputation: the attention core again, from the kept qkv.
+        borrowed.push_back(borrow());
+        fill_missing(a.work[l], borrowed.back());
+        backend_.attention_forward(a.work[l].qkv, batch, seq, heads, h / heads, a.work[l].attention,
+                                   a.work[l].attention_saved);
+      }
+      layer_backward(l, a.work[l], d_out, d_middle, defer ? &a.deferred[l] : nullptr);
     }
-    backend_.layernorm_backward(d_hidden_, act.middle, w.ln2_gamma->compute, act.ln2_mean, act.ln2_rstd, count, h,
-                                d_out, d_middle, w.ln2_gamma->gradient, w.ln2_beta->gradient);
-    // middle = input + proj(attention(qkv(ln1(input)))).
-    backend_.linear_backward(d_middle, act.attention, w.proj_weight->compute, count, h, h, d_hidden_, nullptr, nullptr);
-    if (defer) {
-      a.deferred[l].proj = kept(d_middle, count * h);
-    } else {
-      weight_gradient(d_middle, act.attention, h, h, w.proj_weight, w.proj_bias);
+    // W still reads what was recomputed; B is done with it.
+    for (LayerActivations& layer : borrowed) {
+      if (defer) {
+        a.borrowed.push_back(layer);
+      } else {
+        give_back(layer);
+      }
     }
-    backend_.attention_backward(d_hidden_, act.qkv, act.attention, act.attention_saved, batch, seq, heads, h / heads,
-                                d_qkv_);
-    backend_.layernorm_forward(act.input, nullptr, nullptr, w.ln1_gamma->compute, w.ln1_beta->compute, count, h,
-                               norm_out_, act.ln1_mean, act.ln1_rstd);  // recomputed, not kept
-    backend_.linear_backward(d_qkv_, norm_out_, w.qkv_weight->compute, count, h, 3 * h, d_hidden_, nullptr, nullptr);
-    if (defer) {
-      a.deferred[l].qkv = kept(d_qkv_, count * 3 * h);
-    } else {
-      weight_gradient(d_qkv_, norm_out_, h, 3 * h, w.qkv_weight, w.qkv_bias);
-    }
-    // The input's gradient goes to d_out's buffer: it is the previous layer's output gradient.
-    backend_.layernorm_backward(d_hidden_, act.input, w.ln1_gamma->compute, act.ln1_mean, act.ln1_rstd, count, h,
-                                d_middle, d_out, w.ln1_gamma->gradient, w.ln1_beta->gradient);
   }
   if (!has_embedding_) {
     backend_.copy(d_out, count * h, input_gradient);
   } else if (defer) {
-    a.input_gradient = kept(d_out, count * h);  // the embedding's gradient is a weight gradient
+    a.input_gradient = backend_.allocate_activation(count * h);  // the embedding's gradient is a weight gradient
+    backend_.copy(d_out, count * h, a.input_gradient);
   } else {
     backend_.embedding_backward(d_out, a.inputs.data(), count, seq, h, word_embeddings_->gradient,
                                 position_embeddings_->gradient);
@@ -543,6 +669,8 @@ void GptModel::backward_weight(int64_t microbatch) {
     for (Activation buffer : {d.qkv, d.proj, d.fc1, d.fc2}) backend_.release(buffer);
   }
   a.deferred.clear();
+  for (LayerActivations& layer : a.borrowed) give_back(layer);
+  a.borrowed.clear();
   if (a.input_gradient) backend_.release(a.input_gradient);
   a.input_gradient = nullptr;
   spare_.push_back(std::move(a));
@@ -561,7 +689,7 @@ void GptModel::weight_gradients(Activations& a) {
   if (has_output_) gradient(a.logits, a.final_norm, h, v, output_weight_, nullptr);
   for (std::size_t l = layers_.size(); l-- > 0;) {
     const Layer& w = layers_[l];
-    const LayerActivations& act = a.layers[l];
+    const LayerActivations& act = a.work[l];
     const DeferredGradients& d = a.deferred[l];
     gradient(d.fc2, act.gelu, f, h, w.fc2_weight, w.fc2_bias);
     backend_.layernorm_forward(act.middle, nullptr, nullptr, w.ln2_gamma->compute, w.ln2_beta->compute, count, h,

@@ -22,6 +22,7 @@
 
 #include "core/model_spec.h"
 #include "core/parallel_plan.h"
+#include "core/pipeline_layout.h"
 #include "executor/model/parameter_layout.h"
 #include "executor/runtime/backend.h"
 
@@ -34,7 +35,13 @@ enum class TensorSplit { kReplicated, kColumn, kRow, kVocabulary };
 // What a parameter is, before any memory exists.
 struct ParameterSpec {
   std::string name;  // Megatron's, e.g. "decoder.layers.0.self_attention.linear_qkv.weight"
-  std::vector<int64_t> shape;
+  std::vector<int64_t> shape;         // this rank's shard
+  std::vector<int64_t> global_shape;  // the whole tensor, as the single-rank model holds it
+  // Tensor parallelism cuts a column-parallel or vocabulary-parallel tensor along dimension 0 and a
+  // row-parallel one along dimension 1 into `shard_count` equal parts; this rank holds part
+  // `shard_index`. Replicated tensors: part 0 of 1 on every rank.
+  int64_t shard_index = 0;
+  int64_t shard_count = 1;
   TensorSplit split = TensorSplit::kReplicated;
   bool weight_decay = true;  // off for biases and norms
   std::size_t size = 0;
@@ -61,8 +68,7 @@ class GptModel {
   static std::vector<ParameterSpec> describe_parameters(const ModelSpec& model, const ParallelPlan& plan, int64_t stage);
 
   // Throws SpecError naming the flag of the first thing this executor does not support yet
-  // (RMSNorm, RoPE, SwiGLU, GQA, untied embeddings, biases off, tensor and context parallelism,
-  // recomputation).
+  // (RMSNorm, RoPE, SwiGLU, GQA, untied embeddings, biases off, tensor and context parallelism).
   static void refuse_unsupported(const ModelSpec& model, const ParallelPlan& plan);
 
   // Refuses what refuse_unsupported() refuses. Weights: normal(0, 0.02), the projection
@@ -130,14 +136,18 @@ class GptModel {
   // norms that follow them, which fuse the residual adds. The norms' outputs are not kept: the
   // backward recomputes them from the stream (one pass over tokens x hidden, against keeping
   // two such buffers per layer).
-  struct LayerActivations {
-    Activation input, qkv, attention, middle, fc1, gelu;
-    float *ln1_mean, *ln1_rstd, *attention_saved, *ln2_mean, *ln2_rstd;
+  struct LayerActivations {  // null where the layer's Keep does not keep it
+    Activation input = nullptr, qkv = nullptr, attention = nullptr, middle = nullptr, fc1 = nullptr, gelu = nullptr;
+    float *ln1_mean = nullptr, *ln1_rstd = nullptr, *attention_saved = nullptr, *ln2_mean = nullptr, *ln2_rstd = nullptr;
   };
   // The output gradient of each GEMM whose weight gradient I deferred to W.
   struct DeferredGradients {
     Activation qkv, proj, fc1, fc2;
   };
+  // What a layer keeps from its forward for the backward (recomputation decides): everything;
+  // all but the attention core's output (selective); only its input (the first layer of a group
+  // that full recomputation checkpoints); nothing (the group's other layers).
+  enum class Keep { kAll, kAllButAttention, kInput, kNothing };
   struct Activations {
     std::vector<int64_t> inputs, labels;
     std::vector<float> mask;
@@ -147,12 +157,32 @@ class GptModel {
     Activation output = nullptr, final_norm = nullptr, logits = nullptr;
     float *final_mean = nullptr, *final_rstd = nullptr, *loss_saved = nullptr;
     std::vector<DeferredGradients> deferred;  // filled by I
+    // The backward's view of every layer: kept buffers, and recomputed ones from `borrowed`
+    // (kept with the microbatch from I until W, else returned after each group).
+    std::vector<LayerActivations> work;
+    std::vector<LayerActivations> borrowed;
     Activation input_gradient = nullptr;      // first stage under I: the embedding's, for W
   };
   void add_parameter(const ParameterSpec& spec);
   void initialise(uint64_t seed);
   Activations allocate_activations();
   void release_activations(Activations& activations);
+  LayerActivations allocate_layer(Keep keep);
+  void release_layer(LayerActivations& layer);
+  // A full set of one layer's buffers from the recomputation pool, and back.
+  LayerActivations borrow();
+  void give_back(LayerActivations& layer);
+  // What each layer of a stage keeps, from core's recomputation groups.
+  static std::vector<Keep> layer_keeps(const ParallelPlan& plan, const std::vector<LayerGroup>& groups);
+  // Fills the buffers `act` does not keep with `from`'s.
+  static void fill_missing(LayerActivations& act, const LayerActivations& from);
+  // One layer's forward: `stream` + `pending` (null: `stream` alone) is its input, written to
+  // act.input; on return `stream` is its middle and `pending` its MLP output (branch_out_).
+  void layer_forward(std::size_t l, const LayerActivations& act, ConstActivation& stream, ConstActivation& pending);
+  // One layer's backward from d_out (the gradient at its output) into d_out (at its input), via
+  // d_middle; `deferred` non-null under I.
+  void layer_backward(std::size_t l, const LayerActivations& act, Activation d_out, Activation d_middle,
+                      DeferredGradients* deferred);
   // Tokens and labels of a microbatch into `a`, checked against the vocabulary.
   void read_tokens(Activations& a, const MicrobatchTokens& data) const;
   // REQUIRES: a.layers[0].input holds the stage input on a non-first stage.
@@ -178,6 +208,9 @@ class GptModel {
   std::map<int64_t, Activations> in_flight_;        // by microbatch, from F (or input_buffer) until B or I
   std::map<int64_t, Activations> awaiting_weight_;  // from I until W
   std::vector<Activations> spare_;                  // released activations, reused
+  std::vector<Keep> keep_;                          // by layer of the stage
+  std::vector<LayerGroup> groups_;                  // core's recomputation groups of the stage
+  std::vector<LayerActivations> pool_;              // full layer sets for recomputation, reused
   // Scratch, one set, as F and B each run whole: a norm's output until the linear layer after it
   // reads it; a branch's output until the next norm adds it to the residual stream; the backward's
   // gradients (d_residual_ ping-pongs between two buffers).

@@ -170,6 +170,8 @@ expect_ok train --device cpu --model "$examples/models/tiny-gpt.json" --vocab-si
   --world-size 2 --pp 2 --schedule zbv --vpp 2 --num-layers 4 --mbs 1 --gbs 4 \
   --data-path "$scratch/corpus" --split 1,0,0 --train-iters 2 --log-interval 1
 [ "$(grep -c '^iteration [12]/2 | loss ' "$scratch/out")" -eq 2 ] || fail "a pipeline's rank 0 prints one line per iteration: $(cat "$scratch/out")"
+expect_error 'error: --recompute-method: needs --recompute-granularity full' train --device cpu --model "$examples/models/tiny-gpt.json" --recompute-method block --data-path "$scratch/corpus" --train-iters 2
+expect_error 'error: --recompute-num-layers: must be between 1 and the 2 layers of a model chunk, got 3' train --device cpu --model "$examples/models/tiny-gpt.json" --recompute-granularity full --recompute-num-layers 3 --data-path "$scratch/corpus" --train-iters 2
 expect_error 'error: --context-parallel-size: context parallelism is not in the executor yet' train --device cpu --model "$examples/models/tiny-gpt.json" --world-size 2 --cp 2 --data-path "$scratch/corpus" --train-iters 2
 # A plan whose world differs from the launcher's.
 RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 "$megaplan" train --device cpu --model "$examples/models/tiny-gpt.json" \

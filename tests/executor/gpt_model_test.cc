@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <random>
+#include <tuple>
 
 #include "core/error.h"
 #include "core/formulas.h"
@@ -126,15 +127,27 @@ TEST_CASE("each pipeline stage holds the layers and parameters core gives it", "
   CHECK(GptModel::describe_parameters(model, loop, 3).back().name == "output_layer.weight");
 }
 
-TEST_CASE("the GPT's memory prediction is what it allocates", "[model]") {
-  megaplan::exec::CpuBackend backend;
-  const megaplan::ModelSpec spec = tiny_model();
-  {
-    GptModel model(spec, one_rank(2), 0, backend, 42);
-    const MicrobatchTokens data = random_microbatch(2, 4, 16, 3);
-    (void)model.forward(0, &data);
-    model.backward_input(0, nullptr, 1.0f, nullptr, false);
-    (void)model.evaluate(&data, nullptr, nullptr);
+TEST_CASE("the GPT's memory prediction is what it allocates, with and without recomputation", "[model]") {
+  megaplan::ModelSpec spec = tiny_model();
+  spec.num_layers = 4;
+  for (const auto& [granularity, method, layers] :
+       {std::tuple{megaplan::RecomputeGranularity::kNone, megaplan::RecomputeMethod::kUniform, int64_t{1}},
+        {megaplan::RecomputeGranularity::kSelective, megaplan::RecomputeMethod::kUniform, 1},
+        {megaplan::RecomputeGranularity::kFull, megaplan::RecomputeMethod::kUniform, 3},
+        {megaplan::RecomputeGranularity::kFull, megaplan::RecomputeMethod::kBlock, 2}}) {
+    megaplan::ParallelPlan plan = one_rank(2);
+    plan.recompute_granularity = granularity;
+    plan.recompute_method = method;
+    plan.recompute_num_layers = layers;
+    INFO(megaplan::to_string(granularity) << " " << megaplan::to_string(method) << " " << layers);
+    megaplan::exec::CpuBackend backend;
+    {
+      GptModel model(spec, plan, 0, backend, 42);
+      const MicrobatchTokens data = random_microbatch(2, 4, 16, 3);
+      (void)model.forward(0, &data);
+      model.backward_input(0, nullptr, 1.0f, nullptr, false);
+      (void)model.evaluate(&data, nullptr, nullptr);
+    }
+    CHECK(backend.peak_bytes() == GptModel::predicted_bytes(spec, plan, 0, 1, backend));
   }
-  CHECK(backend.peak_bytes() == GptModel::predicted_bytes(spec, one_rank(2), 0, 1, backend));
 }

@@ -107,7 +107,7 @@ double largest_magnitude(const std::vector<float>& values) {
 
 }  // namespace
 
-TEST_CASE("every pipeline schedule and data-parallel layout trains like one rank", "[parallel]") {
+TEST_CASE("every pipeline schedule, data-parallel layout and recomputation trains like one rank", "[parallel]") {
   const megaplan::test::ScratchDirectory scratch;
   const std::string corpus = megaplan::test::sentence_corpus(scratch);
   const megaplan::ModelSpec model = four_layer_gpt();
@@ -116,6 +116,15 @@ TEST_CASE("every pipeline schedule and data-parallel layout trains like one rank
   REQUIRE(single.losses.size() == 12);
   REQUIRE(single.losses.back() < single.losses.front());  // it learns: the comparison means something
 
+  const auto recomputed = [](ParallelPlan plan, megaplan::RecomputeGranularity granularity,
+                             megaplan::RecomputeMethod method, int64_t layers) {
+    plan.recompute_granularity = granularity;
+    plan.recompute_method = method;
+    plan.recompute_num_layers = layers;
+    return plan;
+  };
+  using megaplan::RecomputeGranularity;
+  using megaplan::RecomputeMethod;
   ParallelPlan distributed = plan_of(1, 1, 2, 1, ScheduleKind::kOneFOneB);
   distributed.use_distributed_optimizer = true;
   ParallelPlan everything = plan_of(1, 2, 2, 1, ScheduleKind::kOneFOneB);
@@ -130,6 +139,16 @@ TEST_CASE("every pipeline schedule and data-parallel layout trains like one rank
       {"dp2", plan_of(1, 1, 2, 1, ScheduleKind::kOneFOneB)},
       {"dp2 distributed optimizer", distributed},
       {"pp2 x dp2 distributed optimizer", everything},
+      {"selective recomputation", recomputed(plan_of(1, 1, 1, 1, ScheduleKind::kOneFOneB),
+                                             RecomputeGranularity::kSelective, RecomputeMethod::kUniform, 1)},
+      {"full recomputation, uniform 3", recomputed(plan_of(1, 1, 1, 1, ScheduleKind::kOneFOneB),
+                                                  RecomputeGranularity::kFull, RecomputeMethod::kUniform, 3)},
+      {"pp2 1f1b, full recomputation, block 1", recomputed(plan_of(1, 2, 1, 1, ScheduleKind::kOneFOneB),
+                                                          RecomputeGranularity::kFull, RecomputeMethod::kBlock, 1)},
+      {"pp2 zbv, full recomputation, uniform 1", recomputed(plan_of(1, 2, 1, 2, ScheduleKind::kZeroBubbleV),
+                                                           RecomputeGranularity::kFull, RecomputeMethod::kUniform, 1)},
+      {"pp2 zb-h1, selective recomputation", recomputed(plan_of(1, 2, 1, 1, ScheduleKind::kZeroBubbleH1),
+                                                       RecomputeGranularity::kSelective, RecomputeMethod::kUniform, 1)},
   };
   for (std::size_t l = 0; l < layouts.size(); ++l) {
     const Layout& layout = layouts[l];
