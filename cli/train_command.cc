@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/json_io.h"
 #include "reports/chrome_trace.h"
+#include "executor/comm/in_process_gpu_memory.h"
 #include "executor/comm/launch_environment.h"
 #include "executor/io/staged_file.h"
 #include "executor/runtime/cpu_backend.h"
@@ -54,18 +55,18 @@ int run_train(const TrainCommandOptions& options, std::ostream& out) {
     }
   }
   exec::BackendFactory make_backend;
+  exec::InProcessMemoryFactory make_memory = exec::make_in_process_cpu_memory;
   if (options.device == "cuda") {
-    if (plan.world_size() > 1) {
-      throw SpecError("--device", "cuda runs one rank for now; a world of " + std::to_string(plan.world_size()) +
-                                      " ranks trains on --device cpu (its ranks as threads)");
-    }
+    // A world of several ranks runs them as threads sharing GPU 0 (one process per GPU over NCCL
+    // is not built yet): exact, and slow, since their work runs on one stream.
     make_backend = [](int64_t) { return exec::make_cuda_backend(); };
+    make_memory = exec::make_in_process_gpu_memory;
     train.peak_flops_per_s = exec::cuda_dense_bf16_peak_flops();
   } else {
     make_backend = [](int64_t) -> std::unique_ptr<exec::Backend> { return std::make_unique<exec::CpuBackend>(); };
   }
   train.record_timeline = options.trace.has_value();
-  const exec::TrainSummary summary = exec::train(model, plan, train, make_backend, out);
+  const exec::TrainSummary summary = exec::train(model, plan, train, make_backend, out, make_memory);
   if (options.trace) {
     exec::write_file_atomically(*options.trace, timeline_to_chrome_trace(summary.timeline).dump() + "\n");
     out << "wrote the measured timeline of iteration " << summary.last_iteration << " to " << *options.trace << "\n";

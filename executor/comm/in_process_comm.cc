@@ -1,12 +1,11 @@
-// The in-process CPU communicators: group state shared by the member threads, the collectives
-// computed by the last member to arrive, buffered point-to-point mailboxes, abort and timeout.
+// The in-process communicators: group state shared by the member threads, the collectives
+// computed by the last member to arrive, buffered point-to-point mailboxes, abort and timeout. The
+// world's InProcessMemory moves and reduces the bytes (host memory, or one GPU).
 #include "executor/comm/in_process_comm.h"
 
 #include <algorithm>
-#include <cmath>
 #include <condition_variable>
 #include <cstddef>
-#include <cstring>
 #include <stdexcept>
 
 namespace megaplan::exec {
@@ -40,9 +39,15 @@ struct Contribution {
   int64_t root = 0;
 };
 
+// Gives a message's staging back to the memory it came from.
+struct StagingRelease {
+  InProcessMemory* memory = nullptr;
+  void operator()(void* staging) const noexcept { memory->release_staging(staging); }
+};
+
 // A buffered send, waiting for the recv with its sequence number.
 struct Message {
-  std::vector<std::byte> bytes;
+  std::unique_ptr<void, StagingRelease> staging;  // the sent bytes; null when there are none
   std::size_t count = 0;
   DataType type = DataType::kFloat32;
 };
@@ -74,7 +79,6 @@ struct GroupState {
   std::vector<Contribution> contributions;
   int64_t arrived = 0;
   uint64_t generation = 0;
-  std::vector<float> accumulator, incoming;  // the last arriver's scratch, kept to avoid reallocating
 
   // Point to point, indexed by pair_index(sender, receiver): the k-th send of a pair is message k
   // of its mailbox, and the k-th recv posted for the pair takes it.
@@ -125,49 +129,6 @@ void wait_for(InProcessWorld& world, GroupState& state, std::unique_lock<std::mu
   }
 }
 
-// Elements [offset, offset + count) of a buffer of `type`, as floats (bf16 widens exactly).
-void load(const void* base, DataType type, std::size_t offset, std::size_t count, float* out) {
-  if (type == DataType::kFloat32) {
-    std::memcpy(out, static_cast<const float*>(base) + offset, count * sizeof(float));
-    return;
-  }
-  const uint16_t* bits = static_cast<const uint16_t*>(base) + offset;
-  for (std::size_t i = 0; i < count; ++i) out[i] = bf16_to_float(bits[i]);
-}
-
-// The one rounding of a bf16 reduction happens here.
-void store(const float* values, std::size_t count, DataType type, void* base) {
-  if (type == DataType::kFloat32) {
-    std::memcpy(base, values, count * sizeof(float));
-    return;
-  }
-  uint16_t* bits = static_cast<uint16_t*>(base);
-  for (std::size_t i = 0; i < count; ++i) bits[i] = float_to_bf16(values[i]);
-}
-
-// state.accumulator = op over the members, in increasing group rank, of their input elements
-// [offset, offset + count).
-void reduce_members(GroupState& state, std::size_t offset) {
-  const Contribution& first = state.contributions[0];
-  const std::size_t count = first.count;
-  state.accumulator.resize(count);
-  state.incoming.resize(count);
-  float* accumulator = state.accumulator.data();
-  float* incoming = state.incoming.data();
-  load(first.input, first.type, offset, count, accumulator);
-  for (std::size_t member = 1; member < state.contributions.size(); ++member) {
-    load(state.contributions[member].input, first.type, offset, count, incoming);
-    if (first.op == ReduceOp::kSum) {
-      for (std::size_t i = 0; i < count; ++i) accumulator[i] += incoming[i];
-    } else {
-      // NaN wins (torch.max propagates it); of equal values the lower rank's stays.
-      for (std::size_t i = 0; i < count; ++i) {
-        if (std::isnan(incoming[i]) || incoming[i] > accumulator[i]) accumulator[i] = incoming[i];
-      }
-    }
-  }
-}
-
 std::string call_text(const Contribution& call) {
   std::string text = std::string(kind_name(call.kind)) + "(" + std::to_string(call.count) + " " +
                      data_type_name(call.type);
@@ -188,39 +149,50 @@ bool same_call(const Contribution& a, const Contribution& b) {
   return a.kind != CollectiveKind::kBroadcast || a.root == b.root;
 }
 
-// Writes every member's result. REQUIRES: every member's contribution is present and the same call.
-void compute_collective(GroupState& state) {
+// Writes every member's result through `memory`. REQUIRES: every member's contribution is present
+// and the same call.
+void compute_collective(GroupState& state, InProcessMemory& memory) {
   const Contribution& first = state.contributions[0];
   const std::size_t count = first.count;
   const std::size_t bytes = count * element_bytes(first.type);
+  if (bytes == 0) return;  // a barrier, or an empty buffer
+  // Byte `offset` of a member's input, for the reductions.
+  const auto inputs_at = [&](std::size_t offset) {
+    std::vector<const void*> inputs;
+    for (const Contribution& member : state.contributions) {
+      inputs.push_back(static_cast<const std::byte*>(member.input) + offset);
+    }
+    return inputs;
+  };
   switch (first.kind) {
     case CollectiveKind::kAllReduce:
-      reduce_members(state, 0);
-      for (const Contribution& member : state.contributions) {
-        store(state.accumulator.data(), count, first.type, member.output);
+      // Into group rank 0's buffer (its own input: reductions are element-wise), then copied to the
+      // others, whose inputs have been read by then.
+      memory.reduce(first.output, inputs_at(0), count, first.type, first.op);
+      for (std::size_t member = 1; member < state.contributions.size(); ++member) {
+        memory.copy(state.contributions[member].output, first.output, bytes);
       }
       break;
     case CollectiveKind::kReduceScatter:
-      // Target by target: with NCCL's in-place layout a member's output overwrites only its own
-      // chunk of its input, which no later target reads.
+      // Target by target: with NCCL's in-place layout a member's output is its own chunk of its
+      // input (reduced in place), which no later target reads.
       for (std::size_t target = 0; target < state.contributions.size(); ++target) {
-        reduce_members(state, target * count);
-        store(state.accumulator.data(), count, first.type, state.contributions[target].output);
+        memory.reduce(state.contributions[target].output, inputs_at(target * bytes), count, first.type, first.op);
       }
       break;
     case CollectiveKind::kAllGather:
       for (const Contribution& target : state.contributions) {
         for (std::size_t source = 0; source < state.contributions.size(); ++source) {
-          // memmove: in place, a member's own input already sits at its chunk of its output.
-          std::memmove(static_cast<std::byte*>(target.output) + source * bytes,
-                       state.contributions[source].input, bytes);
+          // In place, a member's own input already sits at its chunk of its output.
+          void* chunk = static_cast<std::byte*>(target.output) + source * bytes;
+          if (chunk != state.contributions[source].input) memory.copy(chunk, state.contributions[source].input, bytes);
         }
       }
       break;
     case CollectiveKind::kBroadcast: {
       const void* root_data = state.contributions[static_cast<std::size_t>(first.root)].input;
       for (const Contribution& member : state.contributions) {
-        if (member.output != root_data) std::memcpy(member.output, root_data, bytes);
+        if (member.output != root_data) memory.copy(member.output, root_data, bytes);
       }
       break;
     }
@@ -271,8 +243,8 @@ class RecvRequest final : public CommRequest {
           std::to_string(state_.ranks[static_cast<std::size_t>(peer_)]) + " on " + group_name(state_) +
           " matched a send of " + std::to_string(message.count) + " " + data_type_name(message.type));
     }
-    if (!message.bytes.empty()) std::memcpy(data_, message.bytes.data(), message.bytes.size());
-  }
+    if (message.staging) world_.memory().copy(data_, message.staging.get(), count_ * element_bytes(type_));
+  }  // the staging goes back to the memory here, after the copy out
 
  private:
   InProcessWorld& world_;
@@ -294,7 +266,7 @@ class InProcessComm final : public Comm {
     state_.member_live[static_cast<std::size_t>(rank_)] = false;
   }
 
-  std::string name() const override { return "in-process-cpu"; }
+  std::string name() const override { return "in-process-" + world_.memory().name(); }
   int64_t rank() const override { return rank_; }
   int64_t size() const override { return state_.size(); }
   const std::vector<int64_t>& global_ranks() const override { return state_.ranks; }
@@ -302,11 +274,14 @@ class InProcessComm final : public Comm {
   Request send(const void* data, std::size_t count, DataType type, int64_t peer) override {
     check_peer(peer, "send");
     check_buffer(data, count, "send");
+    InProcessMemory& memory = world_.memory();
     Message message;
     message.count = count;
     message.type = type;
-    message.bytes.resize(count * element_bytes(type));
-    if (count > 0) std::memcpy(message.bytes.data(), data, message.bytes.size());
+    if (const std::size_t bytes = count * element_bytes(type); bytes > 0) {
+      message.staging = std::unique_ptr<void, StagingRelease>(memory.allocate_staging(bytes), StagingRelease{&memory});
+      memory.copy(message.staging.get(), data, bytes);
+    }
     {
       const std::lock_guard<std::mutex> lock(state_.mutex);
       throw_if_aborted(world_);
@@ -402,7 +377,13 @@ class InProcessComm final : public Comm {
       world_.abort(message);
       throw std::logic_error(message);
     }
-    compute_collective(state_);
+    try {
+      compute_collective(state_, world_.memory());
+    } catch (const std::exception& error) {  // e.g. a CUDA error: the blocked members must not wait for the timeout
+      lock.unlock();
+      world_.abort("rank " + std::to_string(global_rank()) + ": " + error.what());
+      throw;
+    }
     for (Contribution& member : state_.contributions) member.present = false;
     state_.arrived = 0;
     ++state_.generation;
@@ -428,10 +409,12 @@ class InProcessComm final : public Comm {
 }  // namespace
 }  // namespace in_process
 
-InProcessWorld::InProcessWorld(int64_t world_size, std::chrono::milliseconds timeout)
-    : world_size_(world_size), timeout_(timeout) {
+InProcessWorld::InProcessWorld(int64_t world_size, std::chrono::milliseconds timeout,
+                               std::unique_ptr<InProcessMemory> memory)
+    : world_size_(world_size), timeout_(timeout), memory_(std::move(memory)) {
   if (world_size <= 0) throw std::invalid_argument("InProcessWorld: world size " + std::to_string(world_size) + " <= 0");
   if (timeout.count() <= 0) throw std::invalid_argument("InProcessWorld: timeout must be positive");
+  if (!memory_) throw std::invalid_argument("InProcessWorld: no memory");
 }
 
 InProcessWorld::~InProcessWorld() = default;

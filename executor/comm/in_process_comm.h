@@ -1,6 +1,9 @@
-// The in-process CPU implementation of Comm: every rank of a world is a thread of this process and
-// every buffer is host memory, so the runtime's parallel code paths (tp, pp, dp groups, their
-// interleaving, failures and hangs) run in tests and on machines without GPUs.
+// The in-process implementations of Comm: every rank of a world is a thread of this process, so the
+// runtime's parallel code paths (tp, pp, dp groups, their interleaving, failures and hangs) run in
+// tests, on machines without GPUs, and on one GPU. Where the buffers live and how their bytes move
+// is the world's InProcessMemory (in_process_memory.h): host memory by default ("in-process-cpu"),
+// or every rank's buffers on GPU 0 (in_process_gpu_memory.h, "in-process-gpu"). Everything below
+// holds for both; "copies", "computes" and "writes" are calls on the memory.
 //
 // How it keeps comm.h's semantics, and where it chooses:
 // - A world (InProcessWorld) owns the shared state of every group built from it. A group is keyed
@@ -21,13 +24,14 @@
 //   The maximum propagates NaN; of equal values (+0 and -0) it keeps the lower rank's.
 // - reduce_scatter and all_gather also accept NCCL's in-place layouts (output inside input at
 //   rank() * count, or input inside output at rank() * count).
-// - send is buffered: it copies the data into the (sender, receiver) mailbox of the group and
-//   returns a complete request. recv returns at once; its wait() blocks until the message with the
-//   same sequence number (the k-th recv from a peer takes the k-th send to it) has arrived, then
-//   copies it out. So a rank may post recvs, then sends, then wait, as it may on a GPU, and waits
-//   may come in any order. A count or type mismatch between the matched send and recv throws
-//   std::logic_error from wait(), naming both. A recv request destroyed without wait() leaves its
-//   message unread and does not shift the matching of later recvs.
+// - send is buffered: it copies the data into a staging buffer of the memory, puts that into the
+//   (sender, receiver) mailbox of the group and returns a complete request. recv returns at once;
+//   its wait() blocks until the message with the same sequence number (the k-th recv from a peer
+//   takes the k-th send to it) has arrived, then copies it out and gives the staging back. So a
+//   rank may post recvs, then sends, then wait, as it may on a GPU, and waits may come in any
+//   order. A count or type mismatch between the matched send and recv throws std::logic_error from
+//   wait(), naming both. A recv request destroyed without wait() leaves its message unread (its
+//   staging goes back with the world) and does not shift the matching of later recvs.
 // - Failure: abort(reason) records the first reason, wakes every member blocked in any group of the
 //   world, and makes them and every later call (and wait() on any request, even a complete one)
 //   throw CommAborted(first reason). A member blocked longer than the world's timeout in one call or
@@ -48,6 +52,7 @@
 #include <vector>
 
 #include "executor/comm/comm.h"
+#include "executor/comm/in_process_memory.h"
 
 namespace megaplan::exec {
 
@@ -57,15 +62,18 @@ struct GroupState;  // one group's collectives and mailboxes (in_process_comm.cc
 
 class InProcessWorld {
  public:
-  // `timeout` bounds every single blocking wait (a collective, a recv's wait()).
-  // REQUIRES: world_size > 0 and timeout > 0 (std::invalid_argument otherwise).
-  InProcessWorld(int64_t world_size, std::chrono::milliseconds timeout);
+  // `timeout` bounds every single blocking wait (a collective, a recv's wait()). `memory` holds and
+  // moves the members' bytes: host memory unless told otherwise.
+  // REQUIRES: world_size > 0, timeout > 0 and memory non-null (std::invalid_argument otherwise).
+  InProcessWorld(int64_t world_size, std::chrono::milliseconds timeout,
+                 std::unique_ptr<InProcessMemory> memory = make_in_process_cpu_memory());
   ~InProcessWorld();
   InProcessWorld(const InProcessWorld&) = delete;
   InProcessWorld& operator=(const InProcessWorld&) = delete;
 
   int64_t world_size() const { return world_size_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
+  InProcessMemory& memory() const { return *memory_; }
 
   // The communicator of global rank `global_rank` in the group `ranks` (global ranks, in the
   // group's order). `label` ("tp", "dp", "pp", "embedding"...) names the group in error messages
@@ -87,6 +95,7 @@ class InProcessWorld {
 
   int64_t world_size_;
   std::chrono::milliseconds timeout_;
+  std::unique_ptr<InProcessMemory> memory_;  // before groups_: their unread messages give staging back to it
   mutable std::mutex mutex_;  // guards groups_ and abort_reason_'s single write
   std::map<GroupKey, std::unique_ptr<in_process::GroupState>> groups_;
   std::string abort_reason_;  // written once, before aborted_ is set; read-only afterwards

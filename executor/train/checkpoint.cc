@@ -4,12 +4,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cerrno>
+#include <algorithm>
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <stdexcept>
+#include <utility>
 
 #include "core/error.h"
 #include "core/text_file.h"
@@ -19,9 +21,26 @@ namespace megaplan::exec {
 
 namespace {
 
+constexpr const char* kFormat = "megaplan-checkpoint/2";
+constexpr const char* kWordEmbeddings = "embedding.word_embeddings.weight";
+constexpr const char* kOutputWeight = "output_layer.weight";
+constexpr std::size_t kArraysPerTensor = 3;  // value, first moment, second moment
+
 std::string iteration_directory(int64_t iteration) {
   char name[32];
   std::snprintf(name, sizeof name, "iter_%07lld", static_cast<long long>(iteration));
+  return name;
+}
+
+// Megatron's mp_rank_TT (pp = 1) or mp_rank_TT_PPP.
+std::string rank_directory(int64_t tensor_parallel_rank, int64_t pipeline_rank, int64_t pipeline_parallel_size) {
+  char name[64];
+  if (pipeline_parallel_size == 1) {
+    std::snprintf(name, sizeof name, "mp_rank_%02lld", static_cast<long long>(tensor_parallel_rank));
+  } else {
+    std::snprintf(name, sizeof name, "mp_rank_%02lld_%03lld", static_cast<long long>(tensor_parallel_rank),
+                  static_cast<long long>(pipeline_rank));
+  }
   return name;
 }
 
@@ -32,105 +51,435 @@ void sync_directory(const std::string& path) {
   ::close(fd);
 }
 
+// FNV-1a, 64 bits, over bytes (checkpoint.h says why this hash).
+class Fnv1a64 {
+ public:
+  void add(const void* data, std::size_t size) {
+    const auto* bytes = static_cast<const unsigned char*>(data);
+    for (std::size_t i = 0; i < size; ++i) hash_ = (hash_ ^ bytes[i]) * 1099511628211ull;
+  }
+  uint64_t value() const { return hash_; }
+
+ private:
+  uint64_t hash_ = 14695981039346656037ull;
+};
+
+std::string hex(uint64_t value) {
+  char text[24];
+  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(value));
+  return text;
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string text = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
+  return text + "]";
+}
+
+std::size_t elements(const std::vector<int64_t>& shape) {
+  std::size_t count = 1;
+  for (const int64_t extent : shape) count *= static_cast<std::size_t>(extent);
+  return count;
+}
+
+// A row-major tensor seen as [outer, extent, inner] around dimension `dim`.
+struct Around {
+  std::size_t outer = 1, extent = 1, inner = 1;
+};
+Around around(const std::vector<int64_t>& shape, int64_t dim) {
+  Around result;
+  for (std::size_t d = 0; d < shape.size(); ++d) {
+    const auto extent = static_cast<std::size_t>(shape[d]);
+    if (static_cast<int64_t>(d) < dim) result.outer *= extent;
+    else if (static_cast<int64_t>(d) == dim) result.extent = extent;
+    else result.inner *= extent;
+  }
+  return result;
+}
+
+// The shape of part `cut` of a tensor of `global_shape`.
+std::vector<int64_t> part_shape(std::vector<int64_t> global_shape, const TensorCut& cut) {
+  if (cut.count > 1) global_shape[static_cast<std::size_t>(cut.dim)] /= cut.count;
+  return global_shape;
+}
+
+// One saved shard of a tensor, as its manifest describes it.
+struct SavedShard {
+  std::string manifest;   // DIR/iter_.../mp_rank_.../manifest.json
+  std::string data_file;  // DIR/iter_.../mp_rank_.../model.bin
+  std::vector<int64_t> shape, global_shape;
+  TensorCut cut;
+  uint64_t offset = 0;  // bytes into data_file
+  uint64_t checksum = 0;
+};
+
+[[noreturn]] void refuse_load(const std::string& rule) { throw SpecError("--load", rule); }
+
+// Reads a rank directory's manifest into `saved` (by tensor name, in directory order).
+void read_manifest(const std::string& rank_path, std::map<std::string, std::vector<SavedShard>>& saved) {
+  const std::string path = rank_path + "/manifest.json";
+  if (!std::filesystem::exists(path)) refuse_load(path + ": missing (the checkpoint is incomplete)");
+  const nlohmann::json manifest = nlohmann::json::parse(read_text_file(path), nullptr, false);
+  if (manifest.is_discarded() || !manifest.is_object() || manifest.value("format", "") != kFormat ||
+      !manifest.contains("tensors") || !manifest["tensors"].is_array()) {
+    refuse_load(path + ": not a " + std::string(kFormat) + " manifest");
+  }
+  for (const nlohmann::json& entry : manifest["tensors"]) {
+    SavedShard shard;
+    shard.manifest = path;
+    std::string name;
+    try {
+      name = entry.at("name").get<std::string>();
+      if (entry.at("dtype").get<std::string>() != "float32") {
+        refuse_load(path + ": " + name + " is " + entry.at("dtype").get<std::string>() + ", not float32");
+      }
+      shard.data_file = rank_path + "/" + manifest.value("data_file", std::string("model.bin"));
+      shard.shape = entry.at("shape").get<std::vector<int64_t>>();
+      shard.global_shape = entry.at("global_shape").get<std::vector<int64_t>>();
+      const nlohmann::json& cut = entry.at("shard");
+      shard.cut.dim = cut.at("dim").is_null() ? -1 : cut.at("dim").get<int64_t>();
+      shard.cut.index = cut.at("index").get<int64_t>();
+      shard.cut.count = cut.at("count").get<int64_t>();
+      shard.offset = entry.at("offset").get<uint64_t>();
+      shard.checksum = std::stoull(entry.at("fnv1a64").get<std::string>(), nullptr, 16);
+    } catch (const SpecError&) {
+      throw;
+    } catch (const std::exception& error) {
+      refuse_load(path + ": a tensor entry " + (name.empty() ? "" : "(" + name + ") ") + "is malformed: " + error.what());
+    }
+    const TensorCut& cut = shard.cut;
+    const bool whole = cut.count == 1;
+    const bool cut_fits = cut.count >= 1 && cut.index >= 0 && cut.index < cut.count &&
+                          (whole || (cut.dim >= 0 && cut.dim < static_cast<int64_t>(shard.global_shape.size()) &&
+                                     shard.global_shape[static_cast<std::size_t>(cut.dim)] % cut.count == 0));
+    if (!cut_fits || shard.shape != part_shape(shard.global_shape, cut)) {
+      refuse_load(path + ": " + name + " has shape " + shape_text(shard.shape) + ", which is not part " +
+                  std::to_string(cut.index) + " of " + std::to_string(cut.count) + " along dimension " +
+                  std::to_string(cut.dim) + " of its global shape " + shape_text(shard.global_shape));
+    }
+    saved[name].push_back(std::move(shard));
+  }
+}
+
+// The three arrays (value, first and second moment) of `name`'s part `wanted`, from whichever
+// shards were saved, each shard's checksum verified.
+std::vector<std::vector<float>> read_tensor(const std::string& name, const std::vector<SavedShard>& shards,
+                                            const TensorCut& wanted, std::map<std::string, std::ifstream>& files) {
+  // The cut of the first shard found; replicated tensors were saved by every tensor-parallel rank
+  // and any one copy serves.
+  const TensorCut saved_cut = shards.front().cut;
+  std::vector<const SavedShard*> parts(static_cast<std::size_t>(saved_cut.count), nullptr);
+  for (const SavedShard& shard : shards) {
+    if (shard.cut.count == saved_cut.count && shard.cut.dim == saved_cut.dim && !parts[static_cast<std::size_t>(shard.cut.index)]) {
+      parts[static_cast<std::size_t>(shard.cut.index)] = &shard;
+    }
+  }
+  std::vector<std::vector<std::vector<float>>> arrays(kArraysPerTensor);  // [array][part]
+  for (std::size_t p = 0; p < parts.size(); ++p) {
+    if (!parts[p]) {
+      refuse_load("the checkpoint holds no part " + std::to_string(p) + " of " + std::to_string(parts.size()) + " of " +
+                  name + " (a rank directory is missing)");
+    }
+    const SavedShard& shard = *parts[p];
+    const std::size_t count = elements(shard.shape);
+    std::vector<float> bytes(kArraysPerTensor * count);
+    std::ifstream& file = files[shard.data_file];
+    if (!file.is_open()) {
+      file.open(shard.data_file, std::ios::binary);
+      if (!file) refuse_load(shard.data_file + ": cannot open");
+    }
+    file.clear();
+    file.seekg(static_cast<std::streamoff>(shard.offset));
+    file.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(bytes.size() * sizeof(float)));
+    if (!file) {
+      refuse_load(shard.data_file + ": ends before " + name + " (" + std::to_string(bytes.size() * sizeof(float)) +
+                  " bytes at offset " + std::to_string(shard.offset) + ")");
+    }
+    Fnv1a64 checksum;
+    checksum.add(bytes.data(), bytes.size() * sizeof(float));
+    if (checksum.value() != shard.checksum) {
+      refuse_load(shard.data_file + ": checksum of " + name + " does not match its manifest (FNV-1a 64 " +
+                  hex(checksum.value()) + " read, " + hex(shard.checksum) + " saved): the file is corrupted");
+    }
+    for (std::size_t a = 0; a < kArraysPerTensor; ++a) {
+      arrays[a].emplace_back(bytes.begin() + static_cast<std::ptrdiff_t>(a * count),
+                             bytes.begin() + static_cast<std::ptrdiff_t>((a + 1) * count));
+    }
+  }
+  std::vector<std::vector<float>> result;
+  for (const auto& array_parts : arrays) {
+    result.push_back(reshard(array_parts, saved_cut.dim, shards.front().global_shape, wanted));
+  }
+  return result;
+}
+
+void write_rank_directory(const std::string& path, const CheckpointRank& rank, const std::vector<TensorState>& moments) {
+  std::error_code error;
+  if (!std::filesystem::create_directory(path, error)) {
+    throw SpecError("--save", path + ": cannot create: " + (error ? error.message() : std::string("exists")));
+  }
+  StagedFile data(path + "/model.bin");
+  nlohmann::json tensors = nlohmann::json::array();
+  uint64_t offset = 0;
+  std::vector<float> value;
+  for (const TensorState& state : moments) {
+    const Parameter& parameter = *state.parameter;
+    value.resize(parameter.size);
+    rank.backend.download(value.data(), parameter.value, parameter.size);
+    Fnv1a64 checksum;
+    for (const std::vector<float>* array : {&std::as_const(value), &state.first_moment, &state.second_moment}) {
+      data.write(array->data(), array->size() * sizeof(float));
+      checksum.add(array->data(), array->size() * sizeof(float));
+    }
+    const TensorCut cut = tensor_cut(parameter);
+    tensors.push_back({{"name", parameter.name},
+                       {"dtype", "float32"},
+                       {"shape", parameter.shape},
+                       {"global_shape", parameter.global_shape},
+                       {"shard", {{"dim", cut.dim < 0 ? nlohmann::json(nullptr) : nlohmann::json(cut.dim)},
+                                  {"index", cut.index},
+                                  {"count", cut.count}}},
+                       {"offset", offset},
+                       {"fnv1a64", hex(checksum.value())}});
+    offset += kArraysPerTensor * parameter.size * sizeof(float);
+  }
+  data.commit();
+  std::vector<int64_t> stages;
+  for (const GptModel* chunk : rank.chunks) stages.push_back(chunk->stage());
+  const nlohmann::json manifest = {
+      {"format", kFormat},
+      {"data_file", "model.bin"},
+      {"layout", "per tensor at its offset: value, exp_avg, exp_avg_sq, each shape's elements of float32 (little endian)"},
+      {"checksum", "fnv1a64: FNV-1a 64 over the tensor's three arrays' bytes"},
+      {"tensor_parallel_rank", rank.groups.tensor_parallel_rank},
+      {"pipeline_rank", rank.groups.pipeline_rank},
+      {"stages", stages},
+      {"tensors", tensors}};
+  write_file_atomically(path + "/manifest.json", manifest.dump(1) + "\n");
+  sync_directory(path);
+}
+
 }  // namespace
 
-void save_checkpoint(const std::string& directory, const TrainingState& state,
-                     const std::vector<ParameterState>& parameters, Backend& backend) {
+TensorCut tensor_cut(const ParameterSpec& spec) {
+  switch (spec.split) {
+    case TensorSplit::kColumn:
+    case TensorSplit::kVocabulary:
+      return {0, spec.shard_index, spec.shard_count};
+    case TensorSplit::kRow:
+      return {1, spec.shard_index, spec.shard_count};
+    case TensorSplit::kReplicated:
+      break;
+  }
+  return {-1, 0, 1};
+}
+
+std::vector<float> reshard(const std::vector<std::vector<float>>& parts, int64_t parts_dim,
+                           const std::vector<int64_t>& global_shape, const TensorCut& wanted) {
+  const std::size_t total = elements(global_shape);
+  const auto divides = [&](int64_t dim, std::size_t count) {
+    return count == 1 || (dim >= 0 && dim < static_cast<int64_t>(global_shape.size()) &&
+                          global_shape[static_cast<std::size_t>(dim)] % static_cast<int64_t>(count) == 0);
+  };
+  if (parts.empty() || !divides(parts_dim, parts.size())) {
+    throw std::invalid_argument("reshard: " + std::to_string(parts.size()) + " parts along dimension " +
+                                std::to_string(parts_dim) + " do not divide " + shape_text(global_shape));
+  }
+  std::vector<float> whole;
+  if (parts.size() == 1) {
+    whole = parts.front();
+  } else {
+    whole.resize(total);
+    const Around shape = around(global_shape, parts_dim);
+    const std::size_t piece = shape.extent / parts.size() * shape.inner;  // one part's elements per outer index
+    for (std::size_t k = 0; k < parts.size(); ++k) {
+      if (parts[k].size() != total / parts.size()) throw std::invalid_argument("reshard: parts of unequal sizes");
+      for (std::size_t o = 0; o < shape.outer; ++o) {
+        std::copy_n(parts[k].data() + o * piece, piece, whole.data() + o * shape.extent * shape.inner + k * piece);
+      }
+    }
+  }
+  if (whole.size() != total) throw std::invalid_argument("reshard: the part holds " + std::to_string(whole.size()) +
+                                                         " elements, " + shape_text(global_shape) + " needs " +
+                                                         std::to_string(total));
+  if (wanted.count == 1) return whole;
+  if (!divides(wanted.dim, static_cast<std::size_t>(wanted.count)) || wanted.index < 0 || wanted.index >= wanted.count) {
+    throw std::invalid_argument("reshard: part " + std::to_string(wanted.index) + " of " + std::to_string(wanted.count) +
+                                " along dimension " + std::to_string(wanted.dim) + " of " + shape_text(global_shape));
+  }
+  const Around shape = around(global_shape, wanted.dim);
+  const std::size_t piece = shape.extent / static_cast<std::size_t>(wanted.count) * shape.inner;
+  std::vector<float> part(total / static_cast<std::size_t>(wanted.count));
+  for (std::size_t o = 0; o < shape.outer; ++o) {
+    std::copy_n(whole.data() + o * shape.extent * shape.inner + static_cast<std::size_t>(wanted.index) * piece, piece,
+                part.data() + o * piece);
+  }
+  return part;
+}
+
+void save_checkpoint(const std::string& directory, const TrainingState& state, const CheckpointRank& rank) {
   namespace fs = std::filesystem;
-  std::error_code error;
-  fs::create_directories(directory, error);
-  if (error) throw SpecError("--save", directory + ": cannot create: " + error.message());
+  const ParallelGroups& groups = rank.groups;
+  const bool leader = groups.global_rank == 0;       // prepares, renames, writes "latest"
+  const bool writer = groups.data_parallel_rank == 0;  // writes its mp_rank directory
   const std::string final_path = directory + "/" + iteration_directory(state.iteration);
   const std::string staging = final_path + ".tmp";
-  fs::remove_all(staging, error);
-  if (!fs::create_directory(staging, error)) {
-    throw SpecError("--save", staging + ": cannot create: " + (error ? error.message() : std::string("exists")));
-  }
+  const auto barrier = [&] {
+    if (groups.world) groups.world->barrier();
+  };
+  std::error_code error;
   try {
-    StagedFile weights(staging + "/model.bin");
-    nlohmann::json listing = nlohmann::json::array();
-    std::vector<float> host;
-    for (const ParameterState& entry : parameters) {
-      const Parameter& parameter = *entry.parameter;
-      host.resize(parameter.size);
-      for (const float* buffer : {static_cast<const float*>(parameter.value), static_cast<const float*>(entry.first_moment),
-                                  static_cast<const float*>(entry.second_moment)}) {
-        backend.download(host.data(), buffer, parameter.size);
-        weights.write(host.data(), host.size() * sizeof(float));
+    if (leader) {
+      fs::create_directories(directory, error);
+      if (error) throw SpecError("--save", directory + ": cannot create: " + error.message());
+      fs::remove_all(staging, error);  // a failed save's leftovers, perhaps of another layout
+      if (!fs::create_directory(staging, error)) {
+        throw SpecError("--save", staging + ": cannot create: " + (error ? error.message() : std::string("exists")));
       }
-      listing.push_back({{"name", parameter.name}, {"size", parameter.size}});
     }
-    weights.commit();
-    const nlohmann::json meta = {{"format", "megaplan-checkpoint/1"},
-                                 {"iteration", state.iteration},
-                                 {"consumed_samples", state.consumed_samples},
-                                 {"seed", state.seed},
-                                 {"parameters", listing}};
-    write_file_atomically(staging + "/state.json", meta.dump(2) + "\n");
-    sync_directory(staging);
-    fs::remove_all(final_path, error);  // a save at an iteration saved before replaces it
-    fs::rename(staging, final_path, error);
-    if (error) throw SpecError("--save", final_path + ": cannot rename into place: " + error.message());
-    sync_directory(directory);
-    write_file_atomically(directory + "/latest_checkpointed_iteration.txt", std::to_string(state.iteration) + "\n");
+    barrier();  // the staging directory exists
+    std::vector<TensorState> moments;
+    // With the distributed optimizer every data-parallel rank takes part in gathering the moments.
+    if (writer || rank.plan.use_distributed_optimizer) moments = rank.optimizer.export_state();
+    if (writer) {
+      write_rank_directory(
+          staging + "/" + rank_directory(groups.tensor_parallel_rank, groups.pipeline_rank, rank.plan.pipeline_parallel_size),
+          rank, moments);
+    }
+    if (leader) {
+      nlohmann::json directories = nlohmann::json::array();
+      for (int64_t p = 0; p < rank.plan.pipeline_parallel_size; ++p) {
+        for (int64_t t = 0; t < rank.plan.tensor_parallel_size; ++t) {
+          directories.push_back(rank_directory(t, p, rank.plan.pipeline_parallel_size));
+        }
+      }
+      const nlohmann::json meta = {{"format", kFormat},
+                                   {"iteration", state.iteration},
+                                   {"consumed_samples", state.consumed_samples},
+                                   {"seed", state.seed},
+                                   {"model", rank.model.name},
+                                   {"plan", parallel_plan_to_json(rank.plan)},
+                                   {"directories", directories}};
+      write_file_atomically(staging + "/state.json", meta.dump(2) + "\n");
+    }
+    barrier();  // every writer's files are synced
+    if (leader) {
+      sync_directory(staging);
+      fs::remove_all(final_path, error);  // a save at an iteration saved before replaces it
+      fs::rename(staging, final_path, error);
+      if (error) throw SpecError("--save", final_path + ": cannot rename into place: " + error.message());
+      sync_directory(directory);
+      write_file_atomically(directory + "/latest_checkpointed_iteration.txt", std::to_string(state.iteration) + "\n");
+    }
+    barrier();  // the checkpoint is in place for every rank
+  } catch (const SpecError& failure) {
+    if (leader) fs::remove_all(staging, error);
+    if (failure.field() == "--save") throw;
+    throw SpecError("--save", failure.what());  // a staged file's failure names the file: keep it, under --save
   } catch (...) {
-    fs::remove_all(staging, error);
+    if (leader) fs::remove_all(staging, error);
     throw;
   }
 }
 
-std::optional<TrainingState> load_checkpoint(const std::string& directory, const std::vector<ParameterState>& parameters,
-                                             Backend& backend) {
+namespace {
+
+std::optional<TrainingState> load_latest(const std::string& directory, const CheckpointRank& rank) {
   const std::string latest = directory + "/latest_checkpointed_iteration.txt";
   if (!std::filesystem::exists(latest)) return std::nullopt;
-  const auto refuse = [&](const std::string& rule) -> SpecError { return SpecError("--load", directory + ": " + rule); };
   int64_t iteration = 0;
   try {
     iteration = std::stoll(read_text_file(latest));
   } catch (const std::exception&) {
-    throw refuse("latest_checkpointed_iteration.txt holds no iteration number");
+    refuse_load(latest + " holds no iteration number");
   }
   const std::string path = directory + "/" + iteration_directory(iteration);
-  nlohmann::json meta = nlohmann::json::parse(read_text_file(path + "/state.json"), nullptr, false);
-  if (meta.is_discarded() || meta.value("format", "") != "megaplan-checkpoint/1") {
-    throw refuse(iteration_directory(iteration) + "/state.json is not a megaplan checkpoint");
+  if (!std::filesystem::is_directory(path)) {
+    refuse_load(latest + " names iteration " + std::to_string(iteration) + " but " + path + " does not exist");
   }
-  const nlohmann::json& listing = meta["parameters"];
-  if (!listing.is_array() || listing.size() != parameters.size()) {
-    throw refuse("the checkpoint holds " + std::to_string(listing.size()) + " parameters, the model " +
-                 std::to_string(parameters.size()));
+  const nlohmann::json meta = nlohmann::json::parse(read_text_file(path + "/state.json"), nullptr, false);
+  if (meta.is_discarded() || !meta.is_object() || meta.value("format", "") != kFormat || !meta.contains("directories") ||
+      !meta["directories"].is_array()) {
+    refuse_load(path + "/state.json is not a " + std::string(kFormat) + " checkpoint" +
+                (meta.is_object() && meta.contains("format") ? " (its format is " + meta["format"].dump() + ")" : ""));
   }
-  std::size_t total = 0;
-  for (std::size_t i = 0; i < parameters.size(); ++i) {
-    const Parameter& parameter = *parameters[i].parameter;
-    if (listing[i].value("name", "") != parameter.name || listing[i].value("size", std::size_t{0}) != parameter.size) {
-      throw refuse("parameter " + std::to_string(i) + " is " + listing[i].value("name", std::string("?")) +
-                   " in the checkpoint but " + parameter.name + " in the model");
-    }
-    total += 3 * parameter.size * sizeof(float);
-  }
-  std::ifstream weights(path + "/model.bin", std::ios::binary);
-  if (!weights) throw refuse(iteration_directory(iteration) + "/model.bin: cannot open");
-  weights.seekg(0, std::ios::end);
-  if (static_cast<std::size_t>(weights.tellg()) != total) {
-    throw refuse(iteration_directory(iteration) + "/model.bin: " + std::to_string(static_cast<long long>(weights.tellg())) +
-                 " bytes, the model needs " + std::to_string(total));
-  }
-  weights.seekg(0);
-  std::vector<float> host;
-  for (const ParameterState& entry : parameters) {
-    const Parameter& parameter = *entry.parameter;
-    host.resize(parameter.size);
-    for (float* buffer : {parameter.value, entry.first_moment, entry.second_moment}) {
-      weights.read(reinterpret_cast<char*>(host.data()), static_cast<std::streamsize>(host.size() * sizeof(float)));
-      backend.upload(buffer, host.data(), parameter.size);
-    }
-  }
+
   TrainingState state;
-  state.iteration = meta.value("iteration", int64_t{0});
+  state.iteration = meta.value("iteration", int64_t{-1});
   state.consumed_samples = meta.value("consumed_samples", int64_t{0});
   state.seed = meta.value("seed", uint64_t{0});
+  if (state.iteration != iteration) {
+    refuse_load(path + "/state.json says iteration " + std::to_string(state.iteration) + " but " + latest + " says " +
+                std::to_string(iteration));
+  }
+
+  // Every tensor of every saved rank directory, and the tensors the model has over all its stages.
+  std::map<std::string, std::vector<SavedShard>> saved;
+  for (const nlohmann::json& name : meta["directories"]) {
+    if (!name.is_string()) refuse_load(path + "/state.json: \"directories\" holds a non-string");
+    read_manifest(path + "/" + name.get<std::string>(), saved);
+  }
+  std::map<std::string, std::vector<int64_t>> expected;  // name -> global shape
+  for (int64_t stage = 0; stage < rank.plan.num_virtual_stages(); ++stage) {
+    for (const ParameterSpec& spec : GptModel::describe_parameters(rank.model, rank.plan, stage)) {
+      if (spec.name != kOutputWeight) expected[spec.name] = spec.global_shape;
+    }
+  }
+  for (const auto& [name, shards] : saved) {
+    // The tied output layer's copy has the word embedding's shape; a layout without one ignores it.
+    const auto found = expected.find(name == kOutputWeight ? kWordEmbeddings : name);
+    if (found == expected.end()) {
+      refuse_load(shards.front().manifest + ": the checkpoint holds " + name + ", which " + rank.model.name +
+                  " does not have (a checkpoint of another model)");
+    }
+    if (shards.front().global_shape != found->second) {
+      refuse_load(shards.front().manifest + ": " + name + " has global shape " + shape_text(shards.front().global_shape) +
+                  " in the checkpoint but " + shape_text(found->second) + " in the model");
+    }
+    for (const SavedShard& shard : shards) {
+      if (shard.global_shape != shards.front().global_shape) {
+        refuse_load(shard.manifest + ": " + name + " has global shape " + shape_text(shard.global_shape) + " here but " +
+                    shape_text(shards.front().global_shape) + " in " + shards.front().manifest);
+      }
+    }
+  }
+  for (const auto& [name, shape] : expected) {
+    if (!saved.count(name)) {
+      refuse_load(path + " holds no " + name + ", which the model needs (a checkpoint of another model)");
+    }
+  }
+
+  // This rank's tensors: values straight into the chunks, moments through the optimizer.
+  std::map<std::string, std::ifstream> files;
+  std::vector<TensorState> moments;
+  for (GptModel* chunk : rank.chunks) {
+    for (const Parameter& parameter : chunk->parameters()) {
+      const std::string source =
+          parameter.name == kOutputWeight && !saved.count(parameter.name) ? kWordEmbeddings : parameter.name;
+      std::vector<std::vector<float>> arrays = read_tensor(source, saved.at(source), tensor_cut(parameter), files);
+      if (arrays[0].size() != parameter.size) {
+        throw std::logic_error("checkpoint: " + parameter.name + "'s part holds " + std::to_string(arrays[0].size()) +
+                               " elements, the parameter " + std::to_string(parameter.size));
+      }
+      rank.backend.upload(parameter.value, arrays[0].data(), parameter.size);
+      moments.push_back({&parameter, std::move(arrays[1]), std::move(arrays[2])});
+    }
+  }
+  rank.optimizer.import_state(moments);
+  for (GptModel* chunk : rank.chunks) chunk->refresh_compute_weights();
+
   return state;
+}
+
+}  // namespace
+
+std::optional<TrainingState> load_checkpoint(const std::string& directory, const CheckpointRank& rank) {
+  try {
+    return load_latest(directory, rank);
+  } catch (const SpecError& failure) {
+    if (failure.field() == "--load") throw;
+    throw SpecError("--load", failure.what());  // an unreadable file names itself: keep it, under --load
+  }
 }
 
 }  // namespace megaplan::exec

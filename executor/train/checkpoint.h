@@ -1,9 +1,35 @@
-// Checkpoints as Megatron lays them out: DIR/iter_0000040/ per save and
-// DIR/latest_checkpointed_iteration.txt naming the newest. A save is atomic: the iteration's
-// directory is written under a temporary name, its files synced, then renamed; the "latest" file
-// is replaced last. What is saved: every parameter's fp32 value and both Adam moments (model.bin,
-// in the model's parameter order, checked by name and size on load) and the state that resumes
-// the run exactly (state.json: iteration, consumed samples, seed, and the parameter list).
+// Per-rank checkpoints in Megatron's layout, resharded on load:
+//
+//   DIR/latest_checkpointed_iteration.txt            the newest complete save; replaced last
+//   DIR/iter_0000040/state.json                      iteration, consumed samples, seed, the saving plan
+//                                                    (tp, pp, vpp, dp, schedule, distributed optimizer...),
+//                                                    the format and the list of rank directories
+//   DIR/iter_0000040/mp_rank_TT[_PPP]/model.bin      per tensor: fp32 value, first moment, second moment
+//   DIR/iter_0000040/mp_rank_TT[_PPP]/manifest.json  per tensor: name, dtype, shard shape, global shape,
+//                                                    shard (dim, index, count), byte offset, checksum
+//
+// TT is the tensor-parallel rank (2 digits) and PPP the pipeline rank (3 digits, only when pp > 1),
+// as Megatron names them. The ranks of data-parallel rank 0 write their directory: every stage
+// chunk they hold, each tensor their whole tensor-parallel shard, with the Adam moments the
+// distributed optimizer spread over the data-parallel group gathered first.
+//
+// The checksum is FNV-1a 64 over the tensor's bytes in model.bin (value, then the moments): no
+// dependency, the same hash the model seeds its parameters with, and it detects every change
+// confined to one byte (each step of FNV-1a is a bijection of the state), which is the corruption
+// a disk or a copy makes; 64 bits make an accidental match of other damage negligible.
+//
+// A save is atomic across ranks: everything goes into iter_XXXXXXX.tmp, every writer syncs its
+// files, all ranks meet at a barrier, then global rank 0 renames the directory into place and
+// writes latest_checkpointed_iteration.txt. A failure on any rank stops the others at the barrier
+// (the communicators abort), so no iter_ directory that a load would pick is left half-written; a
+// leftover .tmp directory is never read and the next save of that iteration replaces it.
+//
+// A load finds every tensor a rank needs by name in the manifests, whatever layout saved them: the
+// saved shards are concatenated along their split dimension and the rank's part is cut out (tensor
+// parallelism), stages are found wherever they were saved (pipeline and virtual pipeline sizes),
+// and the distributed optimizer takes its shard of the whole moments (data parallelism). A last
+// stage's tied copy of the word embedding is read from the embedding when the saving layout had no
+// copy. Under an unchanged layout the resumed run repeats the uninterrupted one bit for bit.
 #pragma once
 
 #include <cstdint>
@@ -11,8 +37,12 @@
 #include <string>
 #include <vector>
 
+#include "core/model_spec.h"
+#include "core/parallel_plan.h"
+#include "executor/model/gpt_model.h"
 #include "executor/runtime/backend.h"
 #include "executor/train/optimizer.h"
+#include "executor/train/parallel_groups.h"
 
 namespace megaplan::exec {
 
@@ -22,13 +52,44 @@ struct TrainingState {
   uint64_t seed = 0;             // the data order and the initialisation (no dropout: no other randomness)
 };
 
-// Throws SpecError("--save", ...) when the directory cannot be written.
-void save_checkpoint(const std::string& directory, const TrainingState& state,
-                     const std::vector<ParameterState>& parameters, Backend& backend);
+// One rank as checkpoints see it: the plan it runs, its place in the world, its stage chunks (in
+// increasing stage order, as the optimizer holds them) and their optimizer.
+struct CheckpointRank {
+  const ModelSpec& model;
+  const ParallelPlan& plan;
+  const ParallelGroups& groups;
+  std::vector<GptModel*> chunks;
+  Optimizer& optimizer;
+  Backend& backend;
+};
 
-// The newest checkpoint under `directory`, or nothing when it holds none. Throws
-// SpecError("--load", ...) for an unreadable or inconsistent one (another model's parameters).
-std::optional<TrainingState> load_checkpoint(const std::string& directory, const std::vector<ParameterState>& parameters,
-                                             Backend& backend);
+// Every rank of the world calls it at the same iteration (it meets the others at barriers on
+// groups.world, and gathers the distributed optimizer's moments over the data-parallel group).
+// Throws SpecError("--save", ...) when something cannot be written; the other ranks then throw
+// CommAborted, and DIR's latest_checkpointed_iteration.txt and earlier iterations are unchanged.
+void save_checkpoint(const std::string& directory, const TrainingState& state, const CheckpointRank& rank);
+
+// The newest checkpoint under `directory` loaded into the rank's chunks and optimizer (compute
+// weights refreshed), or nothing when the directory holds none. Throws SpecError("--load", ...)
+// naming the file and the rule for an unreadable checkpoint, one of another model (a tensor
+// missing, extra, or of another global shape: both shapes named) or a corrupted tensor (its
+// checksum); nothing has been trained or written then.
+std::optional<TrainingState> load_checkpoint(const std::string& directory, const CheckpointRank& rank);
+
+// How tensor parallelism cut a tensor: part `index` of `count` equal parts along dimension `dim`
+// (dim -1, or count 1: the whole tensor).
+struct TensorCut {
+  int64_t dim = -1;
+  int64_t index = 0;
+  int64_t count = 1;
+};
+TensorCut tensor_cut(const ParameterSpec& spec);
+
+// Resharding, on row-major fp32 tensors: concatenates `parts` (part i of parts.size() equal parts
+// along `parts_dim`; one part: the whole tensor) into the tensor of `global_shape` and returns the
+// part `wanted` describes. Throws std::invalid_argument when the parts or the cut do not divide
+// `global_shape` that way.
+std::vector<float> reshard(const std::vector<std::vector<float>>& parts, int64_t parts_dim,
+                           const std::vector<int64_t>& global_shape, const TensorCut& wanted);
 
 }  // namespace megaplan::exec

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <stdexcept>
 
 #include "executor/train/host_values.h"
@@ -47,12 +48,14 @@ Optimizer::Optimizer(std::vector<GptModel*> chunks, const OptimizerGroups& group
       continue;
     }
     // The rank's shard of each bucket, cut at parameter boundaries into pieces.
+    shard_moments_.emplace_back();
     for (const GradientBucket& bucket : layout.buckets) {
       const std::size_t shard = bucket.shard_size(dp);
       const std::size_t begin = bucket.offset + dp_rank * shard, end = begin + shard;
       float* first = backend_.allocate(shard);
       float* second = backend_.allocate(shard);
       moment_buffers_.insert(moment_buffers_.end(), {first, second});
+      shard_moments_.back().emplace_back(first, second);
       for (std::size_t i = bucket.first_parameter; i <= bucket.last_parameter; ++i) {
         const std::size_t lo = std::max(begin, layout.offsets[i]);
         const std::size_t hi = std::min(end, layout.offsets[i] + parameters[i].size);
@@ -150,11 +153,62 @@ void Optimizer::step(int64_t iteration, double lr, double gradient_norm) {
   for (GptModel* chunk : chunks_) chunk->zero_gradients();
 }
 
-std::vector<ParameterState> Optimizer::parameter_states() {
-  if (distributed_) throw std::logic_error("Optimizer::parameter_states under the distributed optimizer");
-  std::vector<ParameterState> states;
-  for (const Piece& piece : pieces_) states.push_back({piece.parameter, piece.first_moment, piece.second_moment});
+std::vector<TensorState> Optimizer::export_state() {
+  std::vector<TensorState> states;
+  std::map<const Parameter*, std::size_t> index;
+  for (GptModel* chunk : chunks_) {
+    for (const Parameter& p : chunk->parameters()) {
+      index[&p] = states.size();
+      states.push_back({&p, std::vector<float>(p.size), std::vector<float>(p.size)});
+    }
+  }
+  Comm* dp = groups_.data_parallel;
+  if (!distributed_ || !dp || dp->size() == 1) {
+    // The pieces are whole parameters (one shard holds a whole bucket when dp = 1).
+    for (const Piece& piece : pieces_) {
+      TensorState& state = states[index.at(piece.parameter)];
+      backend_.download(state.first_moment.data() + piece.offset, piece.first_moment, piece.size);
+      backend_.download(state.second_moment.data() + piece.offset, piece.second_moment, piece.size);
+    }
+    return states;
+  }
+  // Each bucket's shards gathered into buffers laid out as the chunk's parameter buffer.
+  for (std::size_t c = 0; c < chunks_.size(); ++c) {
+    const ParameterLayout& layout = chunks_[c]->layout();
+    float* first = backend_.allocate(layout.total);
+    float* second = backend_.allocate(layout.total);
+    std::vector<Request> pending;
+    for (std::size_t b = 0; b < layout.buckets.size(); ++b) {
+      const GradientBucket& bucket = layout.buckets[b];
+      const std::size_t shard = bucket.shard_size(dp->size());
+      pending.push_back(dp->all_gather(shard_moments_[c][b].first, first + bucket.offset, shard, DataType::kFloat32));
+      pending.push_back(dp->all_gather(shard_moments_[c][b].second, second + bucket.offset, shard, DataType::kFloat32));
+    }
+    for (Request& request : pending) request->wait();
+    const std::vector<Parameter>& parameters = chunks_[c]->parameters();
+    for (std::size_t i = 0; i < parameters.size(); ++i) {
+      TensorState& state = states[index.at(&parameters[i])];
+      backend_.download(state.first_moment.data(), first + layout.offsets[i], parameters[i].size);
+      backend_.download(state.second_moment.data(), second + layout.offsets[i], parameters[i].size);
+    }
+    backend_.release(first);
+    backend_.release(second);
+  }
   return states;
+}
+
+void Optimizer::import_state(const std::vector<TensorState>& states) {
+  std::map<const Parameter*, const TensorState*> by_parameter;
+  for (const TensorState& state : states) by_parameter[state.parameter] = &state;
+  for (const Piece& piece : pieces_) {
+    const auto found = by_parameter.find(piece.parameter);
+    if (found == by_parameter.end() || found->second->first_moment.size() != piece.parameter->size ||
+        found->second->second_moment.size() != piece.parameter->size) {
+      throw std::logic_error("Optimizer::import_state: no whole moments of " + piece.parameter->name);
+    }
+    backend_.upload(piece.first_moment, found->second->first_moment.data() + piece.offset, piece.size);
+    backend_.upload(piece.second_moment, found->second->second_moment.data() + piece.offset, piece.size);
+  }
 }
 
 std::string Optimizer::first_non_finite_gradient() {

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "executor/comm/comm.h"
@@ -33,11 +34,11 @@ struct OptimizerSettings {
   double clip_grad = 1.0;  // 0: no clipping
 };
 
-// A parameter's optimizer state as checkpoints see it (non-distributed optimizer).
-struct ParameterState {
-  const Parameter* parameter;
-  float* first_moment;
-  float* second_moment;
+// A parameter's AdamW moments as checkpoints see them: whole (the rank's tensor-parallel shard of
+// the tensor, parameter.size elements each), on the host.
+struct TensorState {
+  const Parameter* parameter = nullptr;
+  std::vector<float> first_moment, second_moment;
 };
 
 class Optimizer {
@@ -55,8 +56,15 @@ class Optimizer {
   double gradient_norm();
   // OPTIM after gradient_norm(): clip with it, step, gather, zero the gradients.
   void step(int64_t iteration, double lr, double gradient_norm);
-  // Every parameter's state in chunk order. REQUIRES: the optimizer is not distributed.
-  std::vector<ParameterState> parameter_states();
+  // Every parameter's moments, whole, in chunk and registration order. With the distributed
+  // optimizer over several data-parallel ranks it is a collective over the data-parallel group
+  // (every member calls it): the owned shards' moments are all-gathered, and every member returns
+  // all of them.
+  std::vector<TensorState> export_state();
+  // Sets the moments this rank owns from whole ones (the distributed optimizer reads only its
+  // shard's pieces). REQUIRES: `states` holds every parameter of the chunks, each with
+  // parameter.size elements of each moment (std::logic_error otherwise).
+  void import_state(const std::vector<TensorState>& states);
   // The first parameter, in chunk order, whose gradient is not finite ("" when none).
   std::string first_non_finite_gradient();
 
@@ -77,6 +85,8 @@ class Optimizer {
   Backend& backend_;
   std::vector<float*> moment_buffers_;  // owned, released at destruction
   std::vector<Piece> pieces_;
+  // Distributed: the owned shard's moments of each bucket (first, second), by chunk and bucket.
+  std::vector<std::vector<std::pair<float*, float*>>> shard_moments_;
 };
 
 }  // namespace megaplan::exec

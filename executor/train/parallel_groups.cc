@@ -34,8 +34,13 @@ ParallelGroups make_parallel_groups(const ParallelPlan& plan, int64_t global_ran
   result.pipeline_rank = pipeline_rank;
   result.data_parallel_rank = data_parallel_rank;
   result.tensor_parallel_rank = tensor_parallel.second;
-  // Every rank builds its groups in the same order (pp, dp, tp-pp, embedding), which the NCCL
-  // implementation needs: creating a communicator is a collective over the world.
+  // Every rank builds its groups in the same order (world, pp, dp, tp-pp, embedding), which the
+  // NCCL implementation needs: creating a communicator is a collective over the world.
+  if (plan.world_size() > 1) {
+    std::vector<int64_t> everyone(static_cast<std::size_t>(plan.world_size()));
+    for (std::size_t r = 0; r < everyone.size(); ++r) everyone[r] = static_cast<int64_t>(r);
+    result.world = make(everyone, "world");
+  }
   if (pipeline->size() > 1) result.pipeline = make(*pipeline, "pp");
   if (data_parallel->size() > 1) result.data_parallel = make(*data_parallel, "dp");
   if (model_parallel->size() > 1) result.model_parallel = make(*model_parallel, "tp-pp");

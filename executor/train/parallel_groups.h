@@ -1,7 +1,7 @@
 // The communicators one rank trains with, built from core's Megatron rank groups by whichever Comm
 // implementation runs the world (in-process threads, one GPU, NCCL): its pipeline, data-parallel
-// and model-parallel (tp x pp) groups, and the tied-embedding group of the ranks that hold stage 0
-// and the last stage.
+// and model-parallel (tp x pp) groups, the tied-embedding group of the ranks that hold stage 0
+// and the last stage, and the world.
 #pragma once
 
 #include <cstdint>
@@ -25,8 +25,9 @@ struct ParallelGroups {
   int64_t data_parallel_rank = 0;
   int64_t tensor_parallel_rank = 0;
   // Null where the group has one member; `embedding` also where this rank holds neither end, or
-  // one rank holds both (the output layer then reads the embedding itself).
-  std::unique_ptr<Comm> pipeline, data_parallel, model_parallel, embedding;
+  // one rank holds both (the output layer then reads the embedding itself). `world` holds every
+  // rank (checkpoints meet on it).
+  std::unique_ptr<Comm> world, pipeline, data_parallel, model_parallel, embedding;
 };
 
 // REQUIRES: validate_plan passed for plan; 0 <= global_rank < plan.world_size().

@@ -32,7 +32,7 @@ namespace megaplan::exec {
 
 namespace {
 
-void validate(const TrainOptions& options, const ParallelPlan& plan) {
+void validate(const TrainOptions& options) {
   const auto positive = [](int64_t value, const char* flag) {
     if (value <= 0) throw SpecError(flag, "must be a positive integer, got " + std::to_string(value));
   };
@@ -46,15 +46,6 @@ void validate(const TrainOptions& options, const ParallelPlan& plan) {
   if (options.save_interval > 0 && !options.save) throw SpecError("--save-interval", "needs --save DIR");
   if (!(options.clip_grad >= 0)) throw SpecError("--clip-grad", "must be non-negative");
   if (options.data_path.empty()) throw SpecError("--data-path", "is required");
-  if (plan.world_size() > 1) {
-    // Per-rank checkpoints (Megatron's mp_rank_TT_PPP layout, resharded on load) are the next slice.
-    for (const auto& [flag, given] : {std::pair{"--save", options.save.has_value()}, {"--load", options.load.has_value()}}) {
-      if (given) {
-        throw SpecError(flag, "checkpoints of a world of " + std::to_string(plan.world_size()) +
-                                  " ranks are not supported yet; one rank saves and loads");
-      }
-    }
-  }
   options.learning_rate.validate();
 }
 
@@ -181,6 +172,12 @@ class RankTrainer {
   std::map<int64_t, GptModel*> by_stage_;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<Interpreter> interpreter_;
+  // What checkpoints read and write of this rank.
+  CheckpointRank checkpoint_rank() {
+    std::vector<GptModel*> chunks;
+    for (auto& chunk : chunks_) chunks.push_back(chunk.get());
+    return {run_.model, run_.plan, groups_, std::move(chunks), *optimizer_, backend_};
+  }
   std::optional<std::ofstream> log_file_;
 };
 
@@ -246,14 +243,12 @@ TrainSummary RankTrainer::train() {
   TrainingState state;
   state.seed = options.seed;
   if (options.load) {
-    std::vector<ParameterState> states = optimizer_->parameter_states();
-    if (const std::optional<TrainingState> loaded = load_checkpoint(*options.load, states, backend_)) {
+    if (const std::optional<TrainingState> loaded = load_checkpoint(*options.load, checkpoint_rank())) {
       if (loaded->seed != options.seed) {
         throw SpecError("--seed", std::to_string(options.seed) + " differs from the checkpoint's " +
                                       std::to_string(loaded->seed) + ": the data order would change");
       }
       state = *loaded;
-      for (auto& chunk : chunks_) chunk->refresh_compute_weights();
       if (out_) *out_ << "loaded " << *options.load << " at iteration " << state.iteration << "\n";
     } else if (out_) {
       *out_ << "no checkpoint in " << *options.load << ": starting from scratch\n";
@@ -311,7 +306,7 @@ TrainSummary RankTrainer::train() {
     const bool exiting = options.exit_interval > 0 && iteration % options.exit_interval == 0;
     if (options.save && ((options.save_interval > 0 && iteration % options.save_interval == 0) || exiting ||
                          iteration == options.train_iters)) {
-      save_checkpoint(*options.save, state, optimizer_->parameter_states(), backend_);
+      save_checkpoint(*options.save, state, checkpoint_rank());
       if (out_) *out_ << "saved " << *options.save << " at iteration " << iteration << "\n";
     }
     if (exiting) {
@@ -334,10 +329,10 @@ TrainSummary RankTrainer::train() {
 }  // namespace
 
 TrainSummary train(const ModelSpec& model, const ParallelPlan& plan, const TrainOptions& options_in,
-                   const BackendFactory& make_backend, std::ostream& out) {
+                   const BackendFactory& make_backend, std::ostream& out, const InProcessMemoryFactory& make_memory) {
   TrainOptions options = options_in;
   if (options.learning_rate.decay_iterations == 0) options.learning_rate.decay_iterations = options.train_iters;
-  validate(options, plan);
+  validate(options);
   GptModel::refuse_unsupported(model, plan);
   // A schedule that would hang is refused before any rank starts.
   PipelineSchedule schedule = lower_schedule(options.pipeline_schedule_csv ? imported_schedule(*options.pipeline_schedule_csv, plan)
@@ -364,7 +359,7 @@ TrainSummary train(const ModelSpec& model, const ParallelPlan& plan, const Train
     });
     return RankTrainer(run, *backend, groups, &out).train();
   }
-  InProcessWorld world(plan.world_size(), std::chrono::minutes(options.distributed_timeout_minutes));
+  InProcessWorld world(plan.world_size(), std::chrono::minutes(options.distributed_timeout_minutes), make_memory());
   TrainSummary summary;
   std::mutex summary_mutex;
   run_rank_threads(world, plan.world_size(), [&](int64_t rank) {

@@ -2,8 +2,8 @@
 // chunks core places on its pipeline rank and walks its lowered action list from core/schedule
 // (Interpreter) each iteration; data-parallel ranks read Megatron's samples for their rank within
 // each global batch; the loss is logged as Megatron logs it (the mean over microbatches and
-// replicas) by rank 0; evaluation, checkpoints (one rank for now) and the learning-rate schedule
-// follow Megatron. A world of several ranks runs as threads of this process on in-process
+// replicas) by rank 0; evaluation, per-rank checkpoints (resharded on load) and the learning-rate
+// schedule follow Megatron. A world of several ranks runs as threads of this process on in-process
 // communicators (the CPU backend, or several ranks sharing one device).
 #pragma once
 
@@ -19,6 +19,7 @@
 #include "core/model_spec.h"
 #include "core/parallel_plan.h"
 #include "core/timeline.h"
+#include "executor/comm/in_process_memory.h"
 #include "executor/runtime/backend.h"
 #include "executor/train/learning_rate.h"
 
@@ -68,11 +69,17 @@ struct TrainSummary {
 
 // The backend of one rank (ranks run on threads: each has its own).
 using BackendFactory = std::function<std::unique_ptr<Backend>(int64_t rank)>;
+// Where a world of several ranks keeps and moves its messages: the memory the backends allocate
+// (host memory for the CPU backend, make_in_process_gpu_memory() for the CUDA backend, whose ranks
+// then share GPU 0). Called once per run of several ranks.
+using InProcessMemoryFactory = std::function<std::unique_ptr<InProcessMemory>()>;
 
 // Trains `plan` (every rank of its world, as threads when there are several). Throws SpecError
 // naming the flag for bad options, data or checkpoints; a failure on any rank ends every rank and
-// is rethrown here. REQUIRES: validate_plan(model, plan) passed.
+// is rethrown here. REQUIRES: validate_plan(model, plan) passed; make_memory's memory is where
+// make_backend's backends allocate.
 TrainSummary train(const ModelSpec& model, const ParallelPlan& plan, const TrainOptions& options,
-                   const BackendFactory& make_backend, std::ostream& out);
+                   const BackendFactory& make_backend, std::ostream& out,
+                   const InProcessMemoryFactory& make_memory = make_in_process_cpu_memory);
 
 }  // namespace megaplan::exec

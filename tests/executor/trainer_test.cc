@@ -66,7 +66,7 @@ TEST_CASE("a tiny GPT trains on the CPU backend and resumes exactly", "[train]")
   options.save = scratch.file("checkpoints");
   options.exit_interval = 20;
   CHECK(train_on_cpu(plan, options, out).last_iteration == 20);
-  CHECK(std::filesystem::exists(scratch.file("checkpoints/iter_0000020/model.bin")));
+  CHECK(std::filesystem::exists(scratch.file("checkpoints/iter_0000020/mp_rank_00/model.bin")));
   options.exit_interval = 0;
   options.load = options.save;
   const megaplan::exec::TrainSummary resumed = train_on_cpu(plan, options, out);

@@ -1,0 +1,458 @@
+// Per-rank checkpoints: Megatron's directory layout, a bit-exact resume under the saving layout,
+// loading under other layouts (pipeline, virtual pipeline, data parallelism, the distributed
+// optimizer on or off) on the single-rank trajectory, the tensor-parallel resharding rule, and
+// refusals (a corrupted shard, a checkpoint of another model) and failed saves that leave the last
+// good checkpoint as it was. A 4-layer GPT on the CPU backend, ranks as threads.
+//
+// Tolerance of a resharded load: the tolerance parallel_training_test.cc states and explains
+// (1e-4 relative on losses): after the load each layout runs its own order of the same sums.
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "core/parallel_plan.h"
+#include "core/text_file.h"
+#include "executor/runtime/cpu_backend.h"
+#include "executor/train/checkpoint.h"
+#include "executor/train/trainer.h"
+#include "training_fixtures.h"
+
+namespace {
+
+using megaplan::ParallelPlan;
+using megaplan::ScheduleKind;
+namespace exec = megaplan::exec;
+namespace fs = std::filesystem;
+
+megaplan::ModelSpec four_layer_gpt() {
+  megaplan::ModelSpec model = megaplan::test::tiny_gpt();
+  model.num_layers = 4;
+  model.hidden_size = 32;
+  model.num_attention_heads = 2;
+  model.seq_length = 16;
+  return model;
+}
+
+exec::TrainOptions options_for(const std::string& corpus) {
+  exec::TrainOptions options;
+  options.train_iters = 8;
+  options.learning_rate.max_lr = 3e-3;
+  options.learning_rate.warmup_iterations = 2;
+  options.log_interval = 1;
+  options.eval_interval = 100;
+  options.eval_iters = 0;
+  options.split = "1,0,0";
+  options.data_path = corpus;
+  options.distributed_timeout_minutes = 1;
+  return options;
+}
+
+ParallelPlan plan_of(int64_t pp, int64_t dp, int64_t vpp, ScheduleKind schedule, bool distributed_optimizer) {
+  ParallelPlan plan;
+  plan.pipeline_parallel_size = pp;
+  plan.data_parallel_size = dp;
+  plan.virtual_pipeline_parallel_size = vpp;
+  plan.micro_batch_size = 2;
+  plan.global_batch_size = 8;
+  plan.schedule = schedule;
+  plan.use_distributed_optimizer = distributed_optimizer;
+  return plan;
+}
+
+exec::BackendFactory cpu_backends() {
+  return [](int64_t) -> std::unique_ptr<exec::Backend> { return std::make_unique<exec::CpuBackend>(); };
+}
+
+struct Outcome {
+  std::vector<double> losses;  // as logged, one per iteration this run trained
+  exec::TrainSummary summary;
+  std::string out;
+};
+
+Outcome train(const megaplan::ModelSpec& model, const ParallelPlan& plan, exec::TrainOptions options,
+              const megaplan::test::ScratchDirectory& scratch, const std::string& name,
+              const exec::BackendFactory& backends = cpu_backends()) {
+  megaplan::validate_plan(model, plan);
+  options.log_file = scratch.file(name + ".jsonl");
+  std::ostringstream out;
+  Outcome outcome;
+  outcome.summary = exec::train(model, plan, options, backends, out);
+  outcome.losses = megaplan::test::logged_losses(*options.log_file);
+  outcome.out = out.str();
+  return outcome;
+}
+
+// Every file under `directory`, by relative path, with its bytes.
+std::map<std::string, std::string> snapshot(const std::string& directory) {
+  std::map<std::string, std::string> files;
+  for (const fs::directory_entry& entry : fs::recursive_directory_iterator(directory)) {
+    if (!entry.is_regular_file()) continue;
+    std::ifstream file(entry.path(), std::ios::binary);
+    std::ostringstream bytes;
+    bytes << file.rdbuf();
+    files[fs::relative(entry.path(), directory).string()] = bytes.str();
+  }
+  return files;
+}
+
+std::string error_of(const std::function<void()>& run) {
+  try {
+    run();
+  } catch (const megaplan::SpecError& error) {
+    CHECK(error.field() == "--load");
+    return error.what();
+  }
+  FAIL("no SpecError");
+  return "";
+}
+
+// A CPU backend that fails every download of more than a few values (what a checkpoint does with
+// weights and moments; training downloads only scalars): a disk or device failing mid-save.
+class FailingDownloads final : public exec::Backend {
+ public:
+  using Activation = exec::Activation;
+  using ConstActivation = exec::ConstActivation;
+  std::string name() const override { return inner_.name(); }
+  std::size_t activation_bytes() const override { return inner_.activation_bytes(); }
+  int64_t available_bytes() const override { return inner_.available_bytes(); }
+  float* allocate(std::size_t n) override { return inner_.allocate(n); }
+  void release(float* buffer) override { inner_.release(buffer); }
+  Activation allocate_activation(std::size_t n) override { return inner_.allocate_activation(n); }
+  void release(Activation buffer) override { inner_.release(buffer); }
+  Activation compute_copy(float* value, std::size_t n) override { return inner_.compute_copy(value, n); }
+  void release_compute_copy(Activation copy, float* value) override { inner_.release_compute_copy(copy, value); }
+  void refresh_compute_copy(const float* value, std::size_t n, Activation copy) override {
+    inner_.refresh_compute_copy(value, n, copy);
+  }
+  int64_t peak_bytes() const override { return inner_.peak_bytes(); }
+  void upload(float* device, const float* host, std::size_t n) override { inner_.upload(device, host, n); }
+  void download(float* host, const float* device, std::size_t n) override {
+    if (n > 64) throw std::runtime_error("injected failure: a download of " + std::to_string(n) + " values");
+    inner_.download(host, device, n);
+  }
+  void upload(Activation device, const float* host, std::size_t n) override { inner_.upload(device, host, n); }
+  void download(float* host, ConstActivation device, std::size_t n) override { inner_.download(host, device, n); }
+  void fill(float* x, std::size_t n, float value) override { inner_.fill(x, n, value); }
+  void linear_forward(ConstActivation x, ConstActivation w, ConstActivation b, std::size_t m, std::size_t k,
+                      std::size_t n, exec::LinearEpilogue epilogue, Activation y, Activation pre) override {
+    inner_.linear_forward(x, w, b, m, k, n, epilogue, y, pre);
+  }
+  void linear_backward(ConstActivation dy, ConstActivation x, ConstActivation w, std::size_t m, std::size_t k,
+                       std::size_t n, Activation dx, float* dw, float* db) override {
+    inner_.linear_backward(dy, x, w, m, k, n, dx, dw, db);
+  }
+  void linear_backward_through_gelu(ConstActivation dy, ConstActivation w, std::size_t m, std::size_t k, std::size_t n,
+                                    ConstActivation pre, Activation d_pre) override {
+    inner_.linear_backward_through_gelu(dy, w, m, k, n, pre, d_pre);
+  }
+  void embedding_forward(const int64_t* tokens, std::size_t count, std::size_t seq, ConstActivation word,
+                         ConstActivation position, std::size_t hidden, Activation y) override {
+    inner_.embedding_forward(tokens, count, seq, word, position, hidden, y);
+  }
+  void embedding_backward(ConstActivation dy, const int64_t* tokens, std::size_t count, std::size_t seq,
+                          std::size_t hidden, float* dword, float* dposition) override {
+    inner_.embedding_backward(dy, tokens, count, seq, hidden, dword, dposition);
+  }
+  void layernorm_forward(ConstActivation x, ConstActivation residual, Activation sum_out, ConstActivation gamma,
+                         ConstActivation beta, std::size_t rows, std::size_t cols, Activation y, float* mean,
+                         float* rstd) override {
+    inner_.layernorm_forward(x, residual, sum_out, gamma, beta, rows, cols, y, mean, rstd);
+  }
+  void layernorm_backward(ConstActivation dy, ConstActivation x, ConstActivation gamma, const float* mean,
+                          const float* rstd, std::size_t rows, std::size_t cols, ConstActivation residual_grad,
+                          Activation dx, float* dgamma, float* dbeta) override {
+    inner_.layernorm_backward(dy, x, gamma, mean, rstd, rows, cols, residual_grad, dx, dgamma, dbeta);
+  }
+  std::size_t attention_saved_size(std::size_t batch, std::size_t seq, std::size_t heads,
+                                   std::size_t dim) const override {
+    return inner_.attention_saved_size(batch, seq, heads, dim);
+  }
+  void attention_forward(ConstActivation qkv, std::size_t batch, std::size_t seq, std::size_t heads, std::size_t dim,
+                         Activation out, float* saved) override {
+    inner_.attention_forward(qkv, batch, seq, heads, dim, out, saved);
+  }
+  void attention_backward(ConstActivation dout, ConstActivation qkv, ConstActivation out, const float* saved,
+                          std::size_t batch, std::size_t seq, std::size_t heads, std::size_t dim,
+                          Activation dqkv) override {
+    inner_.attention_backward(dout, qkv, out, saved, batch, seq, heads, dim, dqkv);
+  }
+  std::size_t cross_entropy_saved_size(std::size_t tokens, std::size_t vocab) const override {
+    return inner_.cross_entropy_saved_size(tokens, vocab);
+  }
+  double cross_entropy_forward(ConstActivation logits, const int64_t* targets, const float* mask, std::size_t tokens,
+                               std::size_t vocab, float* saved) override {
+    return inner_.cross_entropy_forward(logits, targets, mask, tokens, vocab, saved);
+  }
+  void cross_entropy_backward(ConstActivation logits, const float* saved, const int64_t* targets, const float* mask,
+                              std::size_t tokens, std::size_t vocab, float scale, Activation dlogits) override {
+    inner_.cross_entropy_backward(logits, saved, targets, mask, tokens, vocab, scale, dlogits);
+  }
+  void add(ConstActivation a, ConstActivation b, std::size_t n, Activation y) override { inner_.add(a, b, n, y); }
+  void copy(ConstActivation from, std::size_t n, Activation to) override { inner_.copy(from, n, to); }
+  double gradient_sum_of_squares(const std::vector<exec::OptimizerTensor>& tensors) override {
+    return inner_.gradient_sum_of_squares(tensors);
+  }
+  void adamw_step(const std::vector<exec::OptimizerTensor>& tensors, const exec::AdamwSettings& settings) override {
+    inner_.adamw_step(tensors, settings);
+  }
+  void synchronize() override { inner_.synchronize(); }
+
+ private:
+  exec::CpuBackend inner_;
+};
+
+}  // namespace
+
+TEST_CASE("a checkpoint of pp 2 x dp 2 resumes bit for bit and loads under other layouts", "[checkpoint]") {
+  const megaplan::test::ScratchDirectory scratch;
+  const megaplan::ModelSpec model = four_layer_gpt();
+  exec::TrainOptions options = options_for(megaplan::test::sentence_corpus(scratch));
+  const ParallelPlan saving = plan_of(2, 2, 1, ScheduleKind::kOneFOneB, true);
+  const Outcome single = train(model, plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false), options, scratch, "single");
+  const Outcome whole = train(model, saving, options, scratch, "whole");
+  REQUIRE(single.losses.size() == 8);
+  REQUIRE(whole.losses.size() == 8);
+
+  const std::string directory = scratch.file("checkpoints");
+  options.save = directory;
+  options.exit_interval = 4;
+  CHECK(train(model, saving, options, scratch, "first-half").summary.last_iteration == 4);
+  // Megatron's layout: one directory per pipeline rank (tp rank 00), written by data-parallel rank 0.
+  CHECK(megaplan::read_text_file(directory + "/latest_checkpointed_iteration.txt") == "4\n");
+  for (const char* file : {"state.json", "mp_rank_00_000/model.bin", "mp_rank_00_000/manifest.json",
+                           "mp_rank_00_001/model.bin", "mp_rank_00_001/manifest.json"}) {
+    CHECK(fs::exists(directory + "/iter_0000004/" + file));
+  }
+  CHECK_FALSE(fs::exists(directory + "/iter_0000004.tmp"));
+  const nlohmann::json state = nlohmann::json::parse(megaplan::read_text_file(directory + "/iter_0000004/state.json"));
+  CHECK(state.at("iteration") == 4);
+  CHECK(state.at("consumed_samples") == 32);
+  CHECK(state.at("plan").at("pipeline_parallel_size") == 2);
+  CHECK(state.at("plan").at("use_distributed_optimizer") == true);
+  const nlohmann::json manifest =
+      nlohmann::json::parse(megaplan::read_text_file(directory + "/iter_0000004/mp_rank_00_001/manifest.json"));
+  bool tied_copy = false;
+  for (const nlohmann::json& tensor : manifest.at("tensors")) {
+    CHECK(tensor.at("dtype") == "float32");
+    tied_copy = tied_copy || tensor.at("name") == "output_layer.weight";
+  }
+  CHECK(tied_copy);  // the last stage's own copy of the word embedding
+
+  // Other layouts continue the single-rank trajectory (and save nothing here).
+  options.exit_interval = 0;
+  options.save.reset();
+  options.load = directory;
+  const std::vector<std::pair<std::string, ParallelPlan>> layouts = {
+      {"one rank", plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false)},
+      {"pp 4", plan_of(4, 1, 1, ScheduleKind::kOneFOneB, false)},
+      {"dp 2 without the distributed optimizer", plan_of(1, 2, 1, ScheduleKind::kOneFOneB, false)},
+      {"pp 2 dualpipev (a V: the last stage reads the embedding, no copy)", plan_of(2, 1, 2, ScheduleKind::kDualPipeV, false)},
+  };
+  for (std::size_t l = 0; l < layouts.size(); ++l) {
+    INFO(layouts[l].first);
+    const Outcome resumed = train(model, layouts[l].second, options, scratch, "layout" + std::to_string(l));
+    CHECK(resumed.summary.first_iteration == 5);
+    CHECK(resumed.out.find("loaded " + directory + " at iteration 4") != std::string::npos);
+    REQUIRE(resumed.losses.size() == 4);
+    for (std::size_t i = 0; i < 4; ++i) {
+      INFO("iteration " << i + 5);
+      CHECK(resumed.losses[i] == Approx(single.losses[i + 4]).epsilon(1e-4));
+    }
+  }
+
+  // The saving layout repeats the uninterrupted run bit for bit, and saves again.
+  options.save = directory;
+  const Outcome resumed = train(model, saving, options, scratch, "second-half");
+  REQUIRE(resumed.losses.size() == 4);
+  for (std::size_t i = 0; i < 4; ++i) {
+    INFO("iteration " << i + 5);
+    CHECK(resumed.losses[i] == whole.losses[i + 4]);
+  }
+  CHECK(megaplan::read_text_file(directory + "/latest_checkpointed_iteration.txt") == "8\n");
+}
+
+TEST_CASE("checkpoints hand a run from pp 2 interleaved to dp 2 with the distributed optimizer to pp 2",
+          "[checkpoint]") {
+  const megaplan::test::ScratchDirectory scratch;
+  const megaplan::ModelSpec model = four_layer_gpt();
+  exec::TrainOptions options = options_for(megaplan::test::sentence_corpus(scratch));
+  const Outcome single = train(model, plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false), options, scratch, "single");
+  REQUIRE(single.losses.size() == 8);
+  const std::vector<std::pair<ParallelPlan, int64_t>> legs = {  // a layout and the iteration it stops at
+      {plan_of(2, 1, 2, ScheduleKind::kInterleaved, false), 2},
+      {plan_of(1, 2, 1, ScheduleKind::kOneFOneB, true), 4},
+      // dp 2 saved no tied copy of the embedding: pp 2's last stage reads its copy from the embedding.
+      {plan_of(2, 1, 1, ScheduleKind::kOneFOneB, false), 8},
+  };
+  std::vector<double> losses;
+  for (std::size_t leg = 0; leg < legs.size(); ++leg) {
+    INFO("leg " << leg);
+    options.save = scratch.file("leg" + std::to_string(leg));
+    options.exit_interval = legs[leg].second == 8 ? 0 : legs[leg].second;
+    const Outcome run = train(model, legs[leg].first, options, scratch, "leg" + std::to_string(leg));
+    CHECK(run.summary.last_iteration == legs[leg].second);
+    losses.insert(losses.end(), run.losses.begin(), run.losses.end());
+    options.load = options.save;
+    if (leg == 0) {
+      // Each pipeline rank's directory holds both of its chunks (stages 0 and 2, 1 and 3).
+      const nlohmann::json manifest = nlohmann::json::parse(
+          megaplan::read_text_file(*options.save + "/iter_0000002/mp_rank_00_001/manifest.json"));
+      CHECK(manifest.at("stages") == nlohmann::json::array({1, 3}));
+    }
+  }
+  REQUIRE(losses.size() == 8);
+  for (std::size_t i = 0; i < 8; ++i) {
+    INFO("iteration " << i + 1);
+    CHECK(losses[i] == Approx(single.losses[i]).epsilon(1e-4));
+  }
+}
+
+TEST_CASE("resharding concatenates saved parts along their dimension and cuts the wanted part", "[checkpoint]") {
+  // A [4, 6, 2] tensor holding 0 .. 47, saved as 2 parts along dimension 1 (row-parallel style).
+  const std::vector<int64_t> shape = {4, 6, 2};
+  std::vector<float> whole(48);
+  for (std::size_t i = 0; i < whole.size(); ++i) whole[i] = static_cast<float>(i);
+  const auto element = [](std::size_t a, std::size_t b, std::size_t c) { return static_cast<float>((a * 6 + b) * 2 + c); };
+  std::vector<std::vector<float>> halves(2);
+  for (std::size_t a = 0; a < 4; ++a) {
+    for (std::size_t b = 0; b < 6; ++b) {
+      for (std::size_t c = 0; c < 2; ++c) halves[b / 3].push_back(element(a, b, c));
+    }
+  }
+  CHECK(exec::reshard(halves, 1, shape, {}) == whole);
+  CHECK(exec::reshard({whole}, -1, shape, {}) == whole);
+  // Part 1 of 3 along dimension 1: columns 2 and 3 of every row.
+  std::vector<float> third;
+  for (std::size_t a = 0; a < 4; ++a) {
+    for (std::size_t b = 2; b < 4; ++b) {
+      for (std::size_t c = 0; c < 2; ++c) third.push_back(element(a, b, c));
+    }
+  }
+  CHECK(exec::reshard(halves, 1, shape, {1, 1, 3}) == third);
+  // Part 3 of 4 along dimension 0 (column-parallel style): the last row block.
+  CHECK(exec::reshard(halves, 1, shape, {0, 3, 4}) == std::vector<float>(whole.begin() + 36, whole.end()));
+  // Part 1 of 2 along the last dimension.
+  std::vector<float> odd;
+  for (std::size_t i = 1; i < 48; i += 2) odd.push_back(whole[i]);
+  CHECK(exec::reshard({whole}, -1, shape, {2, 1, 2}) == odd);
+  CHECK_THROWS_AS(exec::reshard(halves, 1, shape, {1, 0, 4}), std::invalid_argument);  // 6 columns in 4 parts
+}
+
+TEST_CASE("a corrupted shard and a checkpoint of another model are refused with one line", "[checkpoint]") {
+  const megaplan::test::ScratchDirectory scratch;
+  const megaplan::ModelSpec model = four_layer_gpt();
+  exec::TrainOptions options = options_for(megaplan::test::sentence_corpus(scratch));
+  options.train_iters = 3;
+  const ParallelPlan pp2 = plan_of(2, 1, 1, ScheduleKind::kOneFOneB, false);
+  const std::string directory = scratch.file("checkpoints");
+  options.save = directory;
+  options.exit_interval = 2;
+  (void)train(model, pp2, options, scratch, "saved");
+
+  // One flipped byte inside decoder.layers.1.mlp.linear_fc1.weight (its first moment).
+  const std::string rank_directory = directory + "/iter_0000002/mp_rank_00_000";
+  const nlohmann::json manifest = nlohmann::json::parse(megaplan::read_text_file(rank_directory + "/manifest.json"));
+  const std::string corrupted = "decoder.layers.1.mlp.linear_fc1.weight";
+  uint64_t offset = 0, size = 0;
+  for (const nlohmann::json& tensor : manifest.at("tensors")) {
+    if (tensor.at("name") == corrupted) {
+      offset = tensor.at("offset").get<uint64_t>();
+      size = 4 * 128 * 32;
+      CHECK(tensor.at("shape") == nlohmann::json::array({128, 32}));
+    }
+  }
+  REQUIRE(size > 0);
+  const std::map<std::string, std::string> before = snapshot(directory);
+  {
+    std::fstream file(rank_directory + "/model.bin", std::ios::in | std::ios::out | std::ios::binary);
+    file.seekp(static_cast<std::streamoff>(offset + size + 1001));
+    file.put('\x5a');
+  }
+  options.exit_interval = 0;
+  options.load = directory;
+  options.save_interval = 1;
+  std::string message = error_of([&] { (void)train(model, pp2, options, scratch, "corrupted"); });
+  INFO(message);
+  CHECK(message.find(rank_directory + "/model.bin: checksum of " + corrupted + " does not match") != std::string::npos);
+  CHECK(message.find('\n') == std::string::npos);
+  // Nothing trained, logged or saved.
+  CHECK_FALSE(fs::exists(scratch.file("corrupted.jsonl")));
+  std::map<std::string, std::string> after = snapshot(directory);
+  after.erase("iter_0000002/mp_rank_00_000/model.bin");
+  std::map<std::string, std::string> expected = before;
+  expected.erase("iter_0000002/mp_rank_00_000/model.bin");
+  CHECK(after == expected);
+
+  // A checkpoint of a model with hidden size 64: every tensor has another shape.
+  megaplan::ModelSpec wider = model;
+  wider.hidden_size = 64;
+  exec::TrainOptions other = options;
+  other.train_iters = 1;
+  other.learning_rate.warmup_iterations = 0;
+  other.load.reset();
+  other.save = scratch.file("wider");
+  other.save_interval = 0;
+  (void)train(wider, plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false), other, scratch, "wider");
+  options.load = other.save;
+  message = error_of([&] { (void)train(model, pp2, options, scratch, "wider-loaded"); });
+  CHECK(message ==
+        "--load: " + *other.save +
+            "/iter_0000001/mp_rank_00/manifest.json: decoder.final_layernorm.bias has global shape [64] in the "
+            "checkpoint but [32] in the model");
+
+  // A checkpoint of two layers lacks the model's layers 2 and 3.
+  megaplan::ModelSpec shallower = model;
+  shallower.num_layers = 2;
+  other.save = scratch.file("shallower");
+  (void)train(shallower, plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false), other, scratch, "shallower");
+  options.load = other.save;
+  message = error_of([&] { (void)train(model, pp2, options, scratch, "shallower-loaded"); });
+  CHECK(message.find("holds no decoder.layers.2.") != std::string::npos);
+}
+
+TEST_CASE("a save that fails on any rank leaves the last checkpoint as it was", "[checkpoint]") {
+  const megaplan::test::ScratchDirectory scratch;
+  const megaplan::ModelSpec model = four_layer_gpt();
+  exec::TrainOptions options = options_for(megaplan::test::sentence_corpus(scratch));
+  // Without the distributed optimizer a save communicates only at its barriers, so the failing
+  // writer (pipeline rank 1's) fails while rank 0 goes on to the barrier before the rename.
+  const ParallelPlan plan = plan_of(2, 2, 1, ScheduleKind::kOneFOneB, false);
+  const std::string directory = scratch.file("checkpoints");
+  options.save = directory;
+  options.exit_interval = 4;
+  (void)train(model, plan, options, scratch, "first");
+  const std::map<std::string, std::string> before = snapshot(directory);
+  REQUIRE(before.count("latest_checkpointed_iteration.txt"));
+
+  // Global rank 0 (which renames the directory and writes "latest") saves fine; every other rank
+  // fails where it downloads its tensors.
+  options.exit_interval = 0;
+  options.load = directory;
+  const exec::BackendFactory failing = [](int64_t rank) -> std::unique_ptr<exec::Backend> {
+    if (rank == 0) return std::make_unique<exec::CpuBackend>();
+    return std::make_unique<FailingDownloads>();
+  };
+  try {
+    (void)train(model, plan, options, scratch, "failing", failing);
+    FAIL("the save succeeded");
+  } catch (const std::runtime_error& error) {
+    INFO(error.what());
+    CHECK(std::string(error.what()).find("injected failure") != std::string::npos);
+  }
+  CHECK_FALSE(fs::exists(directory + "/iter_0000008"));
+  CHECK(snapshot(directory) == before);  // latest still names iteration 4, whose files are unchanged
+
+  // And the run resumes from it.
+  options.train_iters = 5;
+  options.save.reset();
+  CHECK(train(model, plan, options, scratch, "resumed").summary.first_iteration == 5);
+}
