@@ -29,8 +29,6 @@ bool ends_with(const std::string& text, const std::string& suffix) {
   return text.size() >= suffix.size() && text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-constexpr const char* kWordEmbeddings = "embedding.word_embeddings.weight";
-constexpr const char* kOutputWeight = "output_layer.weight";
 
 }  // namespace
 

@@ -53,6 +53,11 @@ struct Parameter : ParameterSpec {
   Activation compute = nullptr;  // the weight in compute precision, as the layers read it
 };
 
+// Megatron's names of the tied pair: the word embedding, and the last stage's copy of it when stage 0
+// sits on another pipeline rank (checkpoints read one for the other).
+inline constexpr const char* kWordEmbeddings = "embedding.word_embeddings.weight";
+inline constexpr const char* kOutputWeight = "output_layer.weight";
+
 // One microbatch as the data loader gives it: micro_batch_size rows of seq_length + 1 tokens
 // (inputs, then labels shifted by one) and a loss mask of micro_batch_size x seq_length.
 struct MicrobatchTokens {

@@ -22,8 +22,6 @@ namespace megaplan::exec {
 namespace {
 
 constexpr const char* kFormat = "megaplan-checkpoint/2";
-constexpr const char* kWordEmbeddings = "embedding.word_embeddings.weight";
-constexpr const char* kOutputWeight = "output_layer.weight";
 constexpr std::size_t kArraysPerTensor = 3;  // value, first moment, second moment
 
 std::string iteration_directory(int64_t iteration) {
