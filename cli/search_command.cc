@@ -15,6 +15,7 @@
 #include "cli/profile_choice.h"
 #include "cli/progress_bar.h"
 #include "core/error.h"
+#include "planner/launch_commands.h"
 #include "planner/megatron_arguments.h"
 #include "planner/search.h"
 #include "planner/search_space.h"
@@ -168,13 +169,19 @@ void write_text(const SearchCommandOptions& options, const JobSpec& job, const p
   out << table.render();
 }
 
+// The best plan's launch lines: its job file is --out's (job.json when none).
+std::vector<planner::LaunchCommand> launch_commands_for(const SearchCommandOptions& options, const JobSpec& job) {
+  return planner::launch_commands(job.plan, job.cluster, options.out.value_or("job.json"),
+                                  "--data-path DATA_PREFIX --train-iters ITERS");
+}
+
 }  // namespace
 
 int run_search(const SearchCommandOptions& options, std::ostream& out) {
   ClusterOptions cluster_options = options.cluster;
   if (!options.cluster_given && !cluster_options.gpus) cluster_options.gpus = kDefaultGpus;
-  if (options.emit && *options.emit != "megatron") {
-    throw SpecError("--emit", "knows \"megatron\" only, got \"" + *options.emit + "\"");
+  if (options.emit && *options.emit != "megatron" && *options.emit != "launch") {
+    throw SpecError("--emit", "knows \"megatron\" and \"launch\", got \"" + *options.emit + "\"");
   }
   if (options.threads < 0) throw SpecError("--threads", "must be 0 (all cores) or more, got " + std::to_string(options.threads));
   JobSpec job{resolve_model(options.model), resolve_cluster(cluster_options), ParallelPlan{}};
@@ -217,14 +224,28 @@ int run_search(const SearchCommandOptions& options, std::ostream& out) {
                            {"memory_limit_bytes", result.memory_limit_bytes},
                            {"seconds", seconds},
                            {"threads", threads}};
-    if (options.emit) json["megatron_arguments"] = planner::megatron_arguments(job.model, job.plan);
+    if (options.emit == "megatron") json["megatron_arguments"] = planner::megatron_arguments(job.model, job.plan);
+    if (options.emit == "launch") {
+      nlohmann::json commands = nlohmann::json::array();
+      for (const planner::LaunchCommand& command : launch_commands_for(options, job)) {
+        commands.push_back({{"launcher", command.launcher}, {"note", command.note}, {"command", command.command}});
+      }
+      json["launch_commands"] = std::move(commands);
+    }
     out << json.dump(2) << "\n";
     return 0;
   }
   write_text(options, job, result, seconds, threads, out);
   if (options.explain) write_explanation(result, out);
-  if (options.emit) {
+  if (options.emit == "megatron") {
     out << "\nMegatron-LM arguments for #1:\n" << joined_arguments(planner::megatron_arguments(job.model, job.plan));
+  }
+  if (options.emit == "launch") {
+    out << "\nLaunch #1 (" << (options.out ? "the job file --out wrote" : "write the job file with --out job.json")
+        << "; DATA_PREFIX and ITERS are yours):\n";
+    for (const planner::LaunchCommand& command : launch_commands_for(options, job)) {
+      out << "# " << command.launcher << ", " << command.note << "\n" << command.command << "\n";
+    }
   }
   return 0;
 }
@@ -266,7 +287,9 @@ void setup_search_command(CLI::App& app, CommandContext& context) {
   command->add_option("--threads", options->threads, "Worker threads (0: all cores)")->capture_default_str();
   command->add_option("--profile", options->profile, "Kernel and link timings (profiles/*.json); default: datasheet");
   command->add_option("--out", options->out, "Write the best plan as a job file (for simulate --plan)");
-  command->add_option("--emit", options->emit, "Print the best plan's arguments for: megatron");
+  command->add_option("--emit", options->emit,
+                      "Print the best plan as: megatron (Megatron-LM's arguments), launch (torchrun, srun, mpirun and "
+                      "megaplan launch lines)");
   command->add_flag("--explain", options->explain, "Say why the winner beats the runner-up, term by term");
   command->add_flag("--json", options->json, "Print JSON: {\"plans\": [...], \"counts\": {...}}");
   command->callback([options, command, &context] {

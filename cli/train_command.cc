@@ -13,8 +13,28 @@
 #include "executor/io/staged_file.h"
 #include "executor/runtime/cpu_backend.h"
 #include "executor/runtime/cuda_backend.h"
+#include "executor/train/launched_training.h"
 
 namespace megaplan::cli {
+
+namespace {
+
+// Every rank of the plan in this process: on the CPU, or as threads sharing GPU 0 (exact, and
+// slow, since their work runs on one stream).
+exec::TrainSummary train_in_process(const ModelSpec& model, const ParallelPlan& plan, const exec::TrainOptions& train,
+                                    const std::string& device, std::ostream& out) {
+  exec::BackendFactory make_backend;
+  exec::InProcessMemoryFactory make_memory = exec::make_in_process_cpu_memory;
+  if (device == "cuda") {
+    make_backend = [](int64_t) { return exec::make_cuda_backend(); };
+    make_memory = exec::make_in_process_gpu_memory;
+  } else {
+    make_backend = [](int64_t) -> std::unique_ptr<exec::Backend> { return std::make_unique<exec::CpuBackend>(); };
+  }
+  return exec::train(model, plan, train, make_backend, out, make_memory);
+}
+
+}  // namespace
 
 int run_train(const TrainCommandOptions& options, std::ostream& out) {
   exec::TrainOptions train = options.train;
@@ -48,28 +68,30 @@ int run_train(const TrainCommandOptions& options, std::ostream& out) {
       throw SpecError("--world-size", "the plan has " + std::to_string(plan.world_size()) + " ranks but " +
                                           launch.launcher + " started " + std::to_string(launch.world_size));
     }
-    if (launch.world_size > 1) {
-      throw SpecError("--world-size", launch.launcher + " started " + std::to_string(launch.world_size) +
-                                          " processes; one process per rank over NCCL is not supported yet: run "
-                                          "one process, whose ranks run as threads");
+    if (launch.world_size > 1 && options.device == "cpu") {
+      throw SpecError("--device", launch.launcher + " started " + std::to_string(launch.world_size) +
+                                      " processes, but the CPU backend runs every rank as a thread of one process: "
+                                      "start one process with --world-size " + std::to_string(launch.world_size) +
+                                      ", or use --device cuda (one process per GPU over NCCL)");
     }
   }
-  exec::BackendFactory make_backend;
-  exec::InProcessMemoryFactory make_memory = exec::make_in_process_cpu_memory;
-  if (options.device == "cuda") {
-    // A world of several ranks runs them as threads sharing GPU 0 (one process per GPU over NCCL
-    // is not built yet): exact, and slow, since their work runs on one stream.
-    make_backend = [](int64_t) { return exec::make_cuda_backend(); };
-    make_memory = exec::make_in_process_gpu_memory;
-    train.peak_flops_per_s = exec::cuda_dense_bf16_peak_flops();
+  // Under a launcher with --device cuda, this process trains its own rank over NCCL (world size 1
+  // included, so a launched run always takes the path its larger runs take).
+  const bool launched = launch.launcher != "none" && options.device == "cuda";
+  // Each launched rank times only its own actions; rank 0 writes them.
+  const bool writes_trace = options.trace && launch.rank == 0;
+  train.record_timeline = writes_trace;
+  if (options.device == "cuda") train.peak_flops_per_s = exec::cuda_dense_bf16_peak_flops();
+  exec::TrainSummary summary;
+  if (launched) {
+    summary = exec::train_launched(model, plan, train, launch, out);
   } else {
-    make_backend = [](int64_t) -> std::unique_ptr<exec::Backend> { return std::make_unique<exec::CpuBackend>(); };
+    summary = train_in_process(model, plan, train, options.device, out);
   }
-  train.record_timeline = options.trace.has_value();
-  const exec::TrainSummary summary = exec::train(model, plan, train, make_backend, out, make_memory);
-  if (options.trace) {
+  if (writes_trace) {
     exec::write_file_atomically(*options.trace, timeline_to_chrome_trace(summary.timeline).dump() + "\n");
-    out << "wrote the measured timeline of iteration " << summary.last_iteration << " to " << *options.trace << "\n";
+    out << "wrote the measured timeline of iteration " << summary.last_iteration
+        << (launched && launch.world_size > 1 ? " (rank 0's actions)" : "") << " to " << *options.trace << "\n";
   }
   return 0;
 }
@@ -82,7 +104,8 @@ void setup_train_command(CLI::App& app, CommandContext& context) {
   exec::TrainOptions& t = options->train;
   command->add_option("--plan", options->plan_file, "Job file (search --out): the model and the parallel plan");
   command->add_option("--trace", options->trace,
-                      "Write the last iteration's measured timeline (every pipeline rank) as a Chrome trace here");
+                      "Write the last iteration's measured timeline (every pipeline rank; under a launcher, rank 0's) "
+                      "as a Chrome trace here");
   command->add_option("--pipeline-schedule-csv", t.pipeline_schedule_csv,
                       "Run this compute-only torch schedule CSV instead of the plan's schedule");
   command->add_option("--world-size", options->world_size, "Ranks (GPUs) of the run (default: the job's, the launcher's, or 1)");

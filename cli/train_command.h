@@ -1,6 +1,7 @@
 // `megaplan train`: trains a GPT for real with Megatron-LM's flag names and any parallel plan
 // (plan flags or a job file), on the CPU backend (--device cpu) or on GPUs. A world of several
-// ranks runs as threads of this process (in-process communicators).
+// ranks runs as threads of this process (in-process communicators), or, started by a launcher with
+// --device cuda, as one process per GPU over NCCL (executor/train/launched_training.h).
 #pragma once
 
 #include <optional>

@@ -1,5 +1,6 @@
 // The Comm interface's element types: their sizes, names, and the host bf16 conversions that the
-// CPU implementations reduce with and the tests compute expected values with.
+// CPU implementations reduce with and the tests compute expected values with; the words every
+// implementation's error messages share.
 #include "executor/comm/comm.h"
 
 #include <cstring>
@@ -39,6 +40,19 @@ uint16_t float_to_bf16(float value) {
   }
   bits += 0x7fffu + ((bits >> 16) & 1u);  // round to nearest, ties to even
   return static_cast<uint16_t>(bits >> 16);
+}
+
+std::string rank_list(const std::vector<int64_t>& ranks) {
+  std::string text = "[";
+  for (std::size_t i = 0; i < ranks.size(); ++i) text += (i ? ", " : "") + std::to_string(ranks[i]);
+  return text + "]";
+}
+
+std::string duration_text(std::chrono::milliseconds duration) {
+  const int64_t ms = duration.count();
+  if (ms % 60000 == 0) return std::to_string(ms / 60000) + " min";
+  if (ms % 1000 == 0) return std::to_string(ms / 1000) + " s";
+  return std::to_string(ms) + " ms";
 }
 
 }  // namespace megaplan::exec

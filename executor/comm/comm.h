@@ -12,8 +12,10 @@
 //   wherever the implementation controls the order (the in-process ones always do), so a run
 //   repeats bit for bit.
 // - send/recv are matched per (sender, receiver) pair in call order, as NCCL matches them. A send
-//   never waits for its receive to be posted (lowered schedules assume a send runs on its own
-//   stream), so a rank may send, then receive, while its peer does the same.
+//   never blocks its caller until its receive is posted (lowered schedules assume a send runs on
+//   its own stream), so a rank may send, then receive, while its peer does the same. (On a GPU
+//   the send's own stream may wait for the receive; the NCCL implementation keeps each direction
+//   of a pair on its own stream so that this cannot deadlock.)
 // - Every call is asynchronous: it is ordered after the work the caller has already issued on its
 //   compute stream and returns a request; request->wait() orders the caller's later compute after
 //   the operation (on a GPU without blocking the host; on the CPU by blocking until it is done).
@@ -23,6 +25,7 @@
 //   reason, so no rank hangs silently.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -43,6 +46,10 @@ float bf16_to_float(uint16_t bits);
 uint16_t float_to_bf16(float value);
 
 enum class ReduceOp : uint8_t { kSum, kMax };
+
+// For error messages: "[0, 1, 2]" and "10 min" / "30 s" / "250 ms".
+std::string rank_list(const std::vector<int64_t>& ranks);
+std::string duration_text(std::chrono::milliseconds duration);
 
 // Thrown by every communicator of a world once one rank failed or timed out; what() is the reason
 // the first failing rank gave (e.g. "rank 3: data-path: ..." or "rank 1: timed out after 10 min

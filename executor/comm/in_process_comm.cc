@@ -89,20 +89,7 @@ struct GroupState {
 
 namespace {
 
-std::string rank_list(const std::vector<int64_t>& ranks) {
-  std::string text = "[";
-  for (std::size_t i = 0; i < ranks.size(); ++i) text += (i ? ", " : "") + std::to_string(ranks[i]);
-  return text + "]";
-}
-
 std::string group_name(const GroupState& state) { return "group " + state.label + " " + rank_list(state.ranks); }
-
-std::string duration_text(std::chrono::milliseconds duration) {
-  const int64_t ms = duration.count();
-  if (ms % 60000 == 0) return std::to_string(ms / 60000) + " min";
-  if (ms % 1000 == 0) return std::to_string(ms / 1000) + " s";
-  return std::to_string(ms) + " ms";
-}
 
 void throw_if_aborted(const InProcessWorld& world) {
   if (world.aborted()) throw CommAborted(world.abort_reason());
@@ -421,7 +408,7 @@ InProcessWorld::~InProcessWorld() = default;
 
 std::unique_ptr<Comm> InProcessWorld::group(int64_t global_rank, const std::vector<int64_t>& ranks,
                                             std::string label) {
-  const std::string described = "group " + label + " " + in_process::rank_list(ranks);
+  const std::string described = "group " + label + " " + rank_list(ranks);
   if (ranks.empty()) throw std::invalid_argument("InProcessWorld::group: " + described + " has no ranks");
   for (std::size_t i = 0; i < ranks.size(); ++i) {
     if (ranks[i] < 0 || ranks[i] >= world_size_) {

@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "core/formulas.h"
 #include "core/pipeline_layout.h"
+#include "executor/model/vocabulary_parallel_loss.h"
 
 namespace megaplan::exec {
 
@@ -45,7 +46,6 @@ void GptModel::refuse_unsupported(const ModelSpec& model, const ParallelPlan& pl
   if (model.effective_kv_channels() * model.num_attention_heads != model.hidden_size) {
     unsupported("--kv-channels", "a head dimension other than h / heads");
   }
-  if (plan.tensor_parallel_size != 1) unsupported("--tensor-model-parallel-size", "tensor parallelism");
   if (plan.context_parallel_size != 1) unsupported("--context-parallel-size", "context parallelism");
 }
 
@@ -78,19 +78,36 @@ std::vector<GptModel::Keep> GptModel::layer_keeps(const ParallelPlan& plan, cons
   return keeps;
 }
 
+TensorCut tensor_cut(const ParameterSpec& spec) {
+  switch (spec.split) {
+    case TensorSplit::kColumn:
+    case TensorSplit::kVocabulary:
+      return {0, spec.shard_index, spec.shard_count};
+    case TensorSplit::kRow:
+      return {1, spec.shard_index, spec.shard_count};
+    case TensorSplit::kReplicated:
+      break;
+  }
+  return {};
+}
+
 std::vector<ParameterSpec> GptModel::describe_parameters(const ModelSpec& model, const ParallelPlan& plan,
-                                                         int64_t stage) {
+                                                         int64_t stage, int64_t tp_rank) {
   const StageLayers layers = stage_layers(stage, model, plan);
   const int64_t h = model.hidden_size, f = model.effective_ffn_hidden_size();
   const int64_t v = padded_vocab_size(model, plan.tensor_parallel_size);
   std::vector<ParameterSpec> specs;
-  const auto add = [&](std::string name, std::vector<int64_t> shape, TensorSplit split, bool decay) {
+  const auto add = [&](std::string name, std::vector<int64_t> global_shape, TensorSplit split, bool decay) {
     ParameterSpec spec;
     spec.name = std::move(name);
-    spec.size = product(shape);
-    spec.global_shape = shape;  // tensor parallelism is not in the executor yet: every shard is whole
-    spec.shape = std::move(shape);
     spec.split = split;
+    if (split != TensorSplit::kReplicated) {
+      spec.shard_index = tp_rank;
+      spec.shard_count = plan.tensor_parallel_size;
+    }
+    spec.global_shape = global_shape;
+    spec.shape = part_shape(std::move(global_shape), tensor_cut(spec));
+    spec.size = product(spec.shape);
     spec.weight_decay = decay;
     specs.push_back(std::move(spec));
   };
@@ -103,6 +120,8 @@ std::vector<ParameterSpec> GptModel::describe_parameters(const ModelSpec& model,
     const std::string prefix = "decoder.layers." + std::to_string(l) + ".";
     add(prefix + "input_layernorm.weight", {h}, TensorSplit::kReplicated, false);
     add(prefix + "input_layernorm.bias", {h}, TensorSplit::kReplicated, false);
+    // Rows grouped by head, each head's q, k and v together (Megatron's layout): a column cut holds
+    // whole heads.
     add(prefix + "self_attention.linear_qkv.weight", {3 * h, h}, TensorSplit::kColumn, true);
     add(prefix + "self_attention.linear_qkv.bias", {3 * h}, TensorSplit::kColumn, false);
     add(prefix + "self_attention.linear_proj.weight", {h, h}, TensorSplit::kRow, true);
@@ -128,9 +147,11 @@ int64_t GptModel::predicted_bytes(const ModelSpec& model, const ParallelPlan& pl
                                   const Backend& backend) {
   const StageLayers stage_layout = stage_layers(stage, model, plan);
   const int64_t h = model.hidden_size, f = model.effective_ffn_hidden_size();
-  const int64_t s = model.seq_length, v = padded_vocab_size(model, plan.tensor_parallel_size);
-  const int64_t heads = model.num_attention_heads;
+  const int64_t tp = plan.tensor_parallel_size;
+  const int64_t s = model.seq_length, v = padded_vocab_size(model, tp) / tp;  // the rank's vocabulary rows
+  const int64_t heads = model.num_attention_heads / tp;
   const int64_t tokens = plan.micro_batch_size * s;
+  const int64_t rows = plan.sequence_parallel ? tokens / tp : tokens;  // of the residual stream
   const auto act = static_cast<int64_t>(backend.activation_bytes());
   const auto fp32 = static_cast<int64_t>(sizeof(float));
   const std::vector<ParameterSpec> specs = describe_parameters(model, plan, stage);
@@ -139,17 +160,22 @@ int64_t GptModel::predicted_bytes(const ModelSpec& model, const ParallelPlan& pl
   const ParameterLayout layout = layout_stage(specs, plan);
   const int64_t copy_bytes = act == fp32 ? 0 : act;  // fp32 compute aliases the master weight
   const int64_t weights = 2 * fp32 * static_cast<int64_t>(layout.total) + copy_bytes * parameters;
-  const int64_t scratch = act * tokens * (8 * h + f);
+  // norm_out_, branch_out_, d_residual_ x 2: rows; d_hidden_: tokens; d_qkv_, d_ffn_: the rank's
+  // share; gathered_ and partial_ under sequence parallelism; the loss's row statistics, the rank's
+  // and (tp > 1) every rank's.
+  const int64_t statistics = stage_layout.has_output_layer ? fp32 * 2 * tokens * (tp > 1 ? tp + 1 : 1) : 0;
+  const int64_t scratch = act * (4 * rows * h + tokens * h + tokens * (3 * h + f) / tp) +
+                          (plan.sequence_parallel ? 2 * act * tokens * h : 0) + statistics;
   const auto attention_saved = static_cast<int64_t>(backend.attention_saved_size(
       static_cast<std::size_t>(plan.micro_batch_size), static_cast<std::size_t>(s), static_cast<std::size_t>(heads),
-      static_cast<std::size_t>(h / heads)));
+      static_cast<std::size_t>(model.hidden_size / model.num_attention_heads)));
   // Per microbatch: what each layer keeps (recomputation decides), the stage's output, and on the
   // last stage the final norm, logits and loss state.
-  const int64_t input_bytes = act * tokens * h;
-  const int64_t attention_bytes = act * tokens * h + fp32 * attention_saved;
-  const int64_t layer_bytes = act * tokens * (5 * h + 2 * f) + fp32 * 4 * tokens + attention_bytes;
+  const int64_t input_bytes = act * rows * h;
+  const int64_t attention_bytes = act * tokens * h / tp + fp32 * attention_saved;
+  const int64_t layer_bytes = act * (2 * rows * h + tokens * (3 * h + 2 * f) / tp) + fp32 * 4 * rows + attention_bytes;
   const std::vector<LayerGroup> groups = recompute_groups(model, plan);
-  int64_t microbatch = act * tokens * h;
+  int64_t microbatch = act * rows * h;
   int64_t pool_sets = 0;  // full layer sets borrowed at once: the forward's scratch, a recomputed group
   for (const Keep keep : layer_keeps(plan, groups)) {
     microbatch += keep == Keep::kAll ? layer_bytes
@@ -161,11 +187,7 @@ int64_t GptModel::predicted_bytes(const ModelSpec& model, const ParallelPlan& pl
   for (const LayerGroup& group : groups) {
     if (group.recomputed) pool_sets = std::max(pool_sets, group.num_layers);
   }
-  if (stage_layout.has_output_layer) {
-    const auto loss_saved = static_cast<int64_t>(
-        backend.cross_entropy_saved_size(static_cast<std::size_t>(tokens), static_cast<std::size_t>(v)));
-    microbatch += act * tokens * (h + v) + fp32 * (2 * tokens + loss_saved);
-  }
+  if (stage_layout.has_output_layer) microbatch += act * tokens * (h + v) + fp32 * (2 * rows + tokens);
   return weights + scratch + pool_sets * layer_bytes + inflight * microbatch;
 }
 
@@ -180,7 +202,7 @@ void GptModel::add_parameter(const ParameterSpec& spec) {
 }
 
 GptModel::GptModel(const ModelSpec& model, const ParallelPlan& plan, int64_t stage, Backend& backend, uint64_t seed,
-                   Parameter* tied_embedding)
+                   Parameter* tied_embedding, Comm* tensor_parallel)
     : backend_(backend),
       stage_(stage),
       hidden_(model.hidden_size),
@@ -189,8 +211,21 @@ GptModel::GptModel(const ModelSpec& model, const ParallelPlan& plan, int64_t sta
       ffn_(model.effective_ffn_hidden_size()),
       seq_(model.seq_length),
       vocab_(padded_vocab_size(model, plan.tensor_parallel_size)),
-      batch_(plan.micro_batch_size) {
+      batch_(plan.micro_batch_size),
+      tensor_parallel_(tensor_parallel),
+      tp_(plan.tensor_parallel_size),
+      tp_rank_(tensor_parallel ? tensor_parallel->rank() : 0),
+      sequence_parallel_(plan.sequence_parallel),
+      heads_local_(heads_ / tp_),
+      ffn_local_(ffn_ / tp_),
+      vocab_local_(vocab_ / tp_),
+      vocab_start_(tp_rank_ * vocab_local_),
+      rows_(plan.sequence_parallel ? batch_ * seq_ / tp_ : batch_ * seq_),
+      activation_type_(backend.activation_bytes() == sizeof(float) ? DataType::kFloat32 : DataType::kBFloat16) {
   refuse_unsupported(model, plan);
+  if ((tp_ > 1) != (tensor_parallel != nullptr) || (tensor_parallel && tensor_parallel->size() != tp_)) {
+    throw std::logic_error("GptModel: the tensor-parallel group does not match the plan's tp");
+  }
   if (plan.micro_batch_size <= 0) throw SpecError("--micro-batch-size", "must be a positive integer");
   const StageLayers stage_layout = stage_layers(stage, model, plan);
   first_layer_ = stage_layout.first_layer;
@@ -207,7 +242,7 @@ GptModel::GptModel(const ModelSpec& model, const ParallelPlan& plan, int64_t sta
                                               std::to_string(available) + " are available");
   }
 
-  const std::vector<ParameterSpec> specs = describe_parameters(model, plan, stage);
+  const std::vector<ParameterSpec> specs = describe_parameters(model, plan, stage, tp_rank_);
   layout_ = layout_stage(specs, plan);
   values_ = backend_.allocate(layout_.total);
   gradients_ = backend_.allocate(layout_.total);
@@ -239,14 +274,23 @@ GptModel::GptModel(const ModelSpec& model, const ParallelPlan& plan, int64_t sta
   initialise(seed);
 
   const auto tokens = static_cast<std::size_t>(batch_ * seq_);
+  const auto rows = static_cast<std::size_t>(rows_);
   const auto hs = static_cast<std::size_t>(hidden_);
-  norm_out_ = backend_.allocate_activation(tokens * hs);
-  branch_out_ = backend_.allocate_activation(tokens * hs);
+  norm_out_ = backend_.allocate_activation(rows * hs);
+  branch_out_ = backend_.allocate_activation(rows * hs);
   d_hidden_ = backend_.allocate_activation(tokens * hs);
-  d_residual_[0] = backend_.allocate_activation(tokens * hs);
-  d_residual_[1] = backend_.allocate_activation(tokens * hs);
-  d_qkv_ = backend_.allocate_activation(tokens * 3 * hs);
-  d_ffn_ = backend_.allocate_activation(tokens * static_cast<std::size_t>(ffn_));
+  d_residual_[0] = backend_.allocate_activation(rows * hs);
+  d_residual_[1] = backend_.allocate_activation(rows * hs);
+  d_qkv_ = backend_.allocate_activation(tokens * 3 * hs / static_cast<std::size_t>(tp_));
+  d_ffn_ = backend_.allocate_activation(tokens * static_cast<std::size_t>(ffn_local_));
+  if (sequence_parallel_) {
+    gathered_ = backend_.allocate_activation(tokens * hs);
+    partial_ = backend_.allocate_activation(tokens * hs);
+  }
+  if (has_output_) {
+    statistics_ = backend_.allocate(2 * tokens);
+    if (tp_ > 1) all_statistics_ = backend_.allocate(2 * tokens * static_cast<std::size_t>(tp_));
+  }
 }
 
 void GptModel::initialise(uint64_t seed) {
@@ -256,7 +300,7 @@ void GptModel::initialise(uint64_t seed) {
   const double sigma = 0.02;
   const double output_sigma = sigma / std::sqrt(2.0 * static_cast<double>(layers_total_));
   for (Parameter& parameter : parameters_) {
-    std::vector<float> host(parameter.size, 0.0f);
+    std::vector<float> host(product(parameter.global_shape), 0.0f);
     const std::string& source = &parameter == output_copy_ ? std::string(kWordEmbeddings) : parameter.name;
     if (ends_with(parameter.name, "layernorm.weight")) {
       std::fill(host.begin(), host.end(), 1.0f);
@@ -269,6 +313,8 @@ void GptModel::initialise(uint64_t seed) {
       std::normal_distribution<double> normal(0.0, output ? output_sigma : sigma);
       for (float& value : host) value = static_cast<float>(normal(generator));
     }
+    // The rank's part of the whole tensor the single-rank run draws.
+    if (parameter.shard_count > 1) host = reshard({host}, TensorCut{}, parameter.global_shape, tensor_cut(parameter));
     backend_.upload(parameter.value, host.data(), parameter.size);
   }
   refresh_compute_weights();
@@ -284,8 +330,12 @@ GptModel::~GptModel() {
   for (Parameter& parameter : parameters_) backend_.release_compute_copy(parameter.compute, parameter.value);
   backend_.release(values_);
   backend_.release(gradients_);
-  for (Activation buffer : {norm_out_, branch_out_, d_hidden_, d_residual_[0], d_residual_[1], d_qkv_, d_ffn_}) {
-    backend_.release(buffer);
+  for (Activation buffer : {norm_out_, branch_out_, d_hidden_, d_residual_[0], d_residual_[1], d_qkv_, d_ffn_, gathered_,
+                            partial_}) {
+    if (buffer) backend_.release(buffer);
+  }
+  for (float* buffer : {statistics_, all_statistics_}) {
+    if (buffer) backend_.release(buffer);
   }
 }
 
@@ -297,16 +347,18 @@ void GptModel::zero_gradients() { backend_.fill(gradients_, layout_.total, 0.0f)
 
 GptModel::LayerActivations GptModel::allocate_layer(Keep keep) {
   const auto tokens = static_cast<std::size_t>(batch_ * seq_);
+  const auto rows = static_cast<std::size_t>(rows_);
   const auto h = static_cast<std::size_t>(hidden_);
-  const auto f = static_cast<std::size_t>(ffn_);
-  const auto stats = [&] { return backend_.allocate(tokens); };
+  const auto h_local = h / static_cast<std::size_t>(tp_);
+  const auto f = static_cast<std::size_t>(ffn_local_);
+  const auto stats = [&] { return backend_.allocate(rows); };
   const auto act = [&](std::size_t n) { return backend_.allocate_activation(n); };
   LayerActivations layer;
   if (keep == Keep::kNothing) return layer;
-  layer.input = act(tokens * h);
+  layer.input = act(rows * h);
   if (keep == Keep::kInput) return layer;
-  layer.qkv = act(tokens * 3 * h);
-  layer.middle = act(tokens * h);
+  layer.qkv = act(tokens * 3 * h_local);
+  layer.middle = act(rows * h);
   layer.fc1 = act(tokens * f);
   layer.gelu = act(tokens * f);
   layer.ln1_mean = stats();
@@ -314,9 +366,9 @@ GptModel::LayerActivations GptModel::allocate_layer(Keep keep) {
   layer.ln2_mean = stats();
   layer.ln2_rstd = stats();
   if (keep == Keep::kAll) {
-    layer.attention = act(tokens * h);
+    layer.attention = act(tokens * h_local);
     layer.attention_saved = backend_.allocate(backend_.attention_saved_size(
-        static_cast<std::size_t>(batch_), static_cast<std::size_t>(seq_), static_cast<std::size_t>(heads_),
+        static_cast<std::size_t>(batch_), static_cast<std::size_t>(seq_), static_cast<std::size_t>(heads_local_),
         static_cast<std::size_t>(hidden_ / heads_)));
   }
   return layer;
@@ -351,16 +403,17 @@ GptModel::Activations GptModel::allocate_activations() {
     return reused;
   }
   const auto tokens = static_cast<std::size_t>(batch_ * seq_);
+  const auto rows = static_cast<std::size_t>(rows_);
   const auto h = static_cast<std::size_t>(hidden_);
   Activations a;
   for (const Keep keep : keep_) a.layers.push_back(allocate_layer(keep));
-  a.output = backend_.allocate_activation(tokens * h);
+  a.output = backend_.allocate_activation(rows * h);
   if (has_output_) {
-    a.final_norm = backend_.allocate_activation(tokens * h);
-    a.logits = backend_.allocate_activation(tokens * static_cast<std::size_t>(vocab_));
-    a.final_mean = backend_.allocate(tokens);
-    a.final_rstd = backend_.allocate(tokens);
-    a.loss_saved = backend_.allocate(backend_.cross_entropy_saved_size(tokens, static_cast<std::size_t>(vocab_)));
+    a.final_norm = backend_.allocate_activation(tokens * h);  // gathered: the output layer's input
+    a.logits = backend_.allocate_activation(tokens * static_cast<std::size_t>(vocab_local_));
+    a.final_mean = backend_.allocate(rows);
+    a.final_rstd = backend_.allocate(rows);
+    a.loss_saved = backend_.allocate(tokens);  // the whole vocabulary's log-sum-exp per row
   }
   return a;
 }
@@ -415,15 +468,19 @@ double GptModel::run_forward(Activations& a, const MicrobatchTokens* data) {
   const auto batch = static_cast<std::size_t>(batch_);
   const auto seq = static_cast<std::size_t>(seq_);
   const std::size_t count = batch * seq;
+  const auto rows = static_cast<std::size_t>(rows_);
   const auto h = static_cast<std::size_t>(hidden_);
-  const auto v = static_cast<std::size_t>(vocab_);
+  const auto v = static_cast<std::size_t>(vocab_local_);
   // The residual stream: x_{l+1} = middle_l + mlp(ln2(middle_l)), middle_l = x_l + attention(ln1(x_l)).
   // Each branch's output waits in branch_out_ until the next norm adds it to the stream. A
   // non-first stage's input is already in the first layer's input (or, without layers, the output).
   Activation first_input = a.layers.empty() ? a.output : a.layers[0].input;
   if (has_embedding_) {
-    backend_.embedding_forward(a.inputs.data(), count, seq, word_embeddings_->compute, position_embeddings_->compute,
-                               h, first_input);
+    // Vocabulary-parallel: each rank looks up its rows' tokens; the sum over the group is the embedding.
+    backend_.embedding_forward(a.inputs.data(), count, seq, word_embeddings_->compute,
+                               static_cast<std::size_t>(vocab_start_), v,
+                               tp_rank_ == 0 ? position_embeddings_->compute : nullptr, h, partial_of(first_input));
+    if (Request done = reduce(first_input)) done->wait();
   }
   ConstActivation stream = first_input;
   ConstActivation pending = nullptr;  // the branch output not yet added to `stream`
@@ -440,17 +497,59 @@ double GptModel::run_forward(Activations& a, const MicrobatchTokens* data) {
   }
   if (!has_output_) {
     // The message to the next stage is the residual sum itself.
-    if (pending) backend_.add(stream, pending, count * h, a.output);
+    if (pending) backend_.add(stream, pending, rows * h, a.output);
     if (scratch.qkv) give_back(scratch);
     return 0.0;
   }
+  Activation normed = sequence_parallel_ ? norm_out_ : a.final_norm;
   backend_.layernorm_forward(stream, pending, pending ? a.output : nullptr, final_gamma_->compute,
-                             final_beta_->compute, count, h, a.final_norm, a.final_mean, a.final_rstd);
+                             final_beta_->compute, rows, h, normed, a.final_mean, a.final_rstd);
+  gather_rows(normed, a.final_norm);
   if (scratch.qkv) give_back(scratch);
-  // Tied output layer: logits = final_norm E^T.
+  // Tied output layer: logits = final_norm E^T over the rank's vocabulary rows.
   backend_.linear_forward(a.final_norm, output_weight_->compute, nullptr, count, h, v, LinearEpilogue::kNone, a.logits,
                           nullptr);
-  return backend_.cross_entropy_forward(a.logits, a.labels.data(), a.mask.data(), count, v, a.loss_saved);
+  backend_.cross_entropy_statistics(a.logits, a.labels.data(), count, v, static_cast<std::size_t>(vocab_start_),
+                                    statistics_, statistics_ + count);
+  const float* every_shard = statistics_;
+  if (tensor_parallel_) {
+    tensor_parallel_->all_gather(statistics_, all_statistics_, 2 * count, DataType::kFloat32)->wait();
+    every_shard = all_statistics_;
+  }
+  std::vector<float> host(2 * count * static_cast<std::size_t>(tp_)), lse;
+  backend_.download(host.data(), every_shard, host.size());
+  const double loss = merge_cross_entropy(host, static_cast<std::size_t>(tp_), a.mask.data(), count, lse);
+  backend_.upload(a.loss_saved, lse.data(), count);
+  return loss;
+}
+
+ConstActivation GptModel::gather_rows(ConstActivation rows, Activation full) {
+  if (!sequence_parallel_) return rows;
+  tensor_parallel_->all_gather(rows, full, static_cast<std::size_t>(rows_ * hidden_), activation_type_)->wait();
+  return full;
+}
+
+Activation GptModel::partial_of(Activation destination) { return sequence_parallel_ ? partial_ : destination; }
+
+Request GptModel::reduce(Activation destination) {
+  if (!tensor_parallel_) return nullptr;
+  if (sequence_parallel_) {
+    return tensor_parallel_->reduce_scatter(partial_, destination, static_cast<std::size_t>(rows_ * hidden_),
+                                            activation_type_, ReduceOp::kSum);
+  }
+  return tensor_parallel_->all_reduce(destination, static_cast<std::size_t>(rows_ * hidden_), activation_type_,
+                                      ReduceOp::kSum);
+}
+
+void GptModel::reduce_sequence_parallel_gradients() {
+  if (!sequence_parallel_) return;
+  std::vector<Request> pending;
+  for (Parameter& p : parameters_) {
+    if (ends_with(p.name, "layernorm.weight") || ends_with(p.name, "layernorm.bias")) {
+      pending.push_back(tensor_parallel_->all_reduce(p.gradient, p.size, DataType::kFloat32, ReduceOp::kSum));
+    }
+  }
+  for (Request& request : pending) request->wait();
 }
 
 Activation GptModel::input_buffer(int64_t microbatch) {
@@ -511,28 +610,36 @@ void GptModel::layer_forward(std::size_t l, const LayerActivations& act, ConstAc
   const auto batch = static_cast<std::size_t>(batch_);
   const auto seq = static_cast<std::size_t>(seq_);
   const std::size_t count = batch * seq;
+  const auto rows = static_cast<std::size_t>(rows_);
   const auto h = static_cast<std::size_t>(hidden_);
-  const auto f = static_cast<std::size_t>(ffn_);
-  const auto heads = static_cast<std::size_t>(heads_);
+  const auto h_local = h / static_cast<std::size_t>(tp_);
+  const auto f = static_cast<std::size_t>(ffn_local_);
+  const auto heads = static_cast<std::size_t>(heads_local_);
+  const auto dim = h / static_cast<std::size_t>(heads_);
   const Layer& w = layers_[l];
+  // A row-parallel layer's bias is added once to the sum: by tensor-parallel rank 0, before it.
+  const bool row_bias = tp_rank_ == 0;
   if (pending) {
-    backend_.layernorm_forward(stream, pending, act.input, w.ln1_gamma->compute, w.ln1_beta->compute, count, h,
+    backend_.layernorm_forward(stream, pending, act.input, w.ln1_gamma->compute, w.ln1_beta->compute, rows, h,
                                norm_out_, act.ln1_mean, act.ln1_rstd);
   } else {
-    backend_.layernorm_forward(act.input, nullptr, nullptr, w.ln1_gamma->compute, w.ln1_beta->compute, count, h,
+    backend_.layernorm_forward(act.input, nullptr, nullptr, w.ln1_gamma->compute, w.ln1_beta->compute, rows, h,
                                norm_out_, act.ln1_mean, act.ln1_rstd);
   }
-  backend_.linear_forward(norm_out_, w.qkv_weight->compute, w.qkv_bias->compute, count, h, 3 * h,
-                          LinearEpilogue::kBias, act.qkv, nullptr);
-  backend_.attention_forward(act.qkv, batch, seq, heads, h / heads, act.attention, act.attention_saved);
-  backend_.linear_forward(act.attention, w.proj_weight->compute, w.proj_bias->compute, count, h, h,
-                          LinearEpilogue::kBias, branch_out_, nullptr);
-  backend_.layernorm_forward(act.input, branch_out_, act.middle, w.ln2_gamma->compute, w.ln2_beta->compute, count, h,
+  backend_.linear_forward(gather_rows(norm_out_, gathered_), w.qkv_weight->compute, w.qkv_bias->compute, count, h,
+                          3 * h_local, LinearEpilogue::kBias, act.qkv, nullptr);
+  backend_.attention_forward(act.qkv, batch, seq, heads, dim, act.attention, act.attention_saved);
+  backend_.linear_forward(act.attention, w.proj_weight->compute, row_bias ? w.proj_bias->compute : nullptr, count,
+                          h_local, h, row_bias ? LinearEpilogue::kBias : LinearEpilogue::kNone,
+                          partial_of(branch_out_), nullptr);
+  if (Request done = reduce(branch_out_)) done->wait();
+  backend_.layernorm_forward(act.input, branch_out_, act.middle, w.ln2_gamma->compute, w.ln2_beta->compute, rows, h,
                              norm_out_, act.ln2_mean, act.ln2_rstd);
-  backend_.linear_forward(norm_out_, w.fc1_weight->compute, w.fc1_bias->compute, count, h, f,
+  backend_.linear_forward(gather_rows(norm_out_, gathered_), w.fc1_weight->compute, w.fc1_bias->compute, count, h, f,
                           LinearEpilogue::kBiasGelu, act.gelu, act.fc1);
-  backend_.linear_forward(act.gelu, w.fc2_weight->compute, w.fc2_bias->compute, count, f, h, LinearEpilogue::kBias,
-                          branch_out_, nullptr);
+  backend_.linear_forward(act.gelu, w.fc2_weight->compute, row_bias ? w.fc2_bias->compute : nullptr, count, f, h,
+                          row_bias ? LinearEpilogue::kBias : LinearEpilogue::kNone, partial_of(branch_out_), nullptr);
+  if (Request done = reduce(branch_out_)) done->wait();
   stream = act.middle;
   pending = branch_out_;
 }
@@ -542,12 +649,16 @@ void GptModel::layer_backward(std::size_t l, const LayerActivations& act, Activa
   const auto batch = static_cast<std::size_t>(batch_);
   const auto seq = static_cast<std::size_t>(seq_);
   const std::size_t count = batch * seq;
+  const auto rows = static_cast<std::size_t>(rows_);
   const auto h = static_cast<std::size_t>(hidden_);
-  const auto f = static_cast<std::size_t>(ffn_);
-  const auto heads = static_cast<std::size_t>(heads_);
+  const auto h_local = h / static_cast<std::size_t>(tp_);
+  const auto f = static_cast<std::size_t>(ffn_local_);
+  const auto heads = static_cast<std::size_t>(heads_local_);
+  const auto dim = h / static_cast<std::size_t>(heads_);
   const Layer& w = layers_[l];
   // Under I each GEMM's output gradient is copied out of the scratch buffers the loop reuses and
-  // kept for W; under B its weight gradient is taken now.
+  // kept for W; under B its weight gradient is taken now. A row-parallel bias's gradient comes from
+  // the whole output gradient, so every rank holds the same one.
   const auto weight_gradient = [&](ConstActivation dy, ConstActivation x, std::size_t k, std::size_t n,
                                    Parameter* weight, Parameter* bias, Activation* keep) {
     if (deferred) {
@@ -561,25 +672,36 @@ void GptModel::layer_backward(std::size_t l, const LayerActivations& act, Activa
   DeferredGradients& kept = deferred ? *deferred : unused;
   // out = middle + fc2(gelu(fc1(ln2(middle)))); fc2's input gradient goes through the GELU in
   // the same GEMM.
-  backend_.linear_backward_through_gelu(d_out, w.fc2_weight->compute, count, f, h, act.fc1, d_ffn_);
-  weight_gradient(d_out, act.gelu, f, h, w.fc2_weight, w.fc2_bias, &kept.fc2);
-  backend_.layernorm_forward(act.middle, nullptr, nullptr, w.ln2_gamma->compute, w.ln2_beta->compute, count, h,
+  ConstActivation d_out_full = gather_rows(d_out, gathered_);
+  backend_.linear_backward_through_gelu(d_out_full, w.fc2_weight->compute, count, f, h, act.fc1, d_ffn_);
+  weight_gradient(d_out_full, act.gelu, f, h, w.fc2_weight, w.fc2_bias, &kept.fc2);
+  backend_.layernorm_forward(act.middle, nullptr, nullptr, w.ln2_gamma->compute, w.ln2_beta->compute, rows, h,
                              norm_out_, act.ln2_mean, act.ln2_rstd);  // recomputed, not kept
-  backend_.linear_backward(d_ffn_, norm_out_, w.fc1_weight->compute, count, h, f, d_hidden_, nullptr, nullptr);
-  weight_gradient(d_ffn_, norm_out_, h, f, w.fc1_weight, w.fc1_bias, &kept.fc1);
-  backend_.layernorm_backward(d_hidden_, act.middle, w.ln2_gamma->compute, act.ln2_mean, act.ln2_rstd, count, h, d_out,
+  ConstActivation ln2_full = gather_rows(norm_out_, gathered_);
+  // A column-parallel layer's input gradient is a partial sum: its reduction overlaps the weight gradient.
+  backend_.linear_backward(d_ffn_, ln2_full, w.fc1_weight->compute, count, h, f, partial_of(d_hidden_), nullptr,
+                           nullptr);
+  Request summed = reduce(d_hidden_);
+  weight_gradient(d_ffn_, ln2_full, h, f, w.fc1_weight, w.fc1_bias, &kept.fc1);
+  if (summed) summed->wait();
+  backend_.layernorm_backward(d_hidden_, act.middle, w.ln2_gamma->compute, act.ln2_mean, act.ln2_rstd, rows, h, d_out,
                               d_middle, w.ln2_gamma->gradient, w.ln2_beta->gradient);
   // middle = input + proj(attention(qkv(ln1(input)))).
-  backend_.linear_backward(d_middle, act.attention, w.proj_weight->compute, count, h, h, d_hidden_, nullptr, nullptr);
-  weight_gradient(d_middle, act.attention, h, h, w.proj_weight, w.proj_bias, &kept.proj);
-  backend_.attention_backward(d_hidden_, act.qkv, act.attention, act.attention_saved, batch, seq, heads, h / heads,
-                              d_qkv_);
-  backend_.layernorm_forward(act.input, nullptr, nullptr, w.ln1_gamma->compute, w.ln1_beta->compute, count, h,
+  ConstActivation d_middle_full = gather_rows(d_middle, gathered_);
+  backend_.linear_backward(d_middle_full, act.attention, w.proj_weight->compute, count, h_local, h, d_hidden_, nullptr,
+                           nullptr);
+  weight_gradient(d_middle_full, act.attention, h_local, h, w.proj_weight, w.proj_bias, &kept.proj);
+  backend_.attention_backward(d_hidden_, act.qkv, act.attention, act.attention_saved, batch, seq, heads, dim, d_qkv_);
+  backend_.layernorm_forward(act.input, nullptr, nullptr, w.ln1_gamma->compute, w.ln1_beta->compute, rows, h,
                              norm_out_, act.ln1_mean, act.ln1_rstd);  // recomputed, not kept
-  backend_.linear_backward(d_qkv_, norm_out_, w.qkv_weight->compute, count, h, 3 * h, d_hidden_, nullptr, nullptr);
-  weight_gradient(d_qkv_, norm_out_, h, 3 * h, w.qkv_weight, w.qkv_bias, &kept.qkv);
+  ConstActivation ln1_full = gather_rows(norm_out_, gathered_);
+  backend_.linear_backward(d_qkv_, ln1_full, w.qkv_weight->compute, count, h, 3 * h_local, partial_of(d_hidden_),
+                           nullptr, nullptr);
+  summed = reduce(d_hidden_);
+  weight_gradient(d_qkv_, ln1_full, h, 3 * h_local, w.qkv_weight, w.qkv_bias, &kept.qkv);
+  if (summed) summed->wait();
   // The input's gradient goes to d_out's buffer: it is the previous layer's output gradient.
-  backend_.layernorm_backward(d_hidden_, act.input, w.ln1_gamma->compute, act.ln1_mean, act.ln1_rstd, count, h,
+  backend_.layernorm_backward(d_hidden_, act.input, w.ln1_gamma->compute, act.ln1_mean, act.ln1_rstd, rows, h,
                               d_middle, d_out, w.ln1_gamma->gradient, w.ln1_beta->gradient);
 }
 
@@ -589,25 +711,31 @@ void GptModel::backward_input(int64_t microbatch, ConstActivation output_gradien
   const auto batch = static_cast<std::size_t>(batch_);
   const auto seq = static_cast<std::size_t>(seq_);
   const std::size_t count = batch * seq;
+  const auto rows = static_cast<std::size_t>(rows_);
   const auto h = static_cast<std::size_t>(hidden_);
-  const auto v = static_cast<std::size_t>(vocab_);
-  const auto heads = static_cast<std::size_t>(heads_);
+  const auto v = static_cast<std::size_t>(vocab_local_);
+  const auto vocab_start = static_cast<std::size_t>(vocab_start_);
+  const auto heads = static_cast<std::size_t>(heads_local_);
+  const auto dim = h / static_cast<std::size_t>(heads_);
 
   // d_residual_[0] holds the stream's gradient at a layer's output, [1] at its middle.
   Activation d_out = d_residual_[0], d_middle = d_residual_[1];
   if (has_output_) {
     // The loss's gradient overwrites the logits (and waits there for W under I).
-    backend_.cross_entropy_backward(a.logits, a.loss_saved, a.labels.data(), a.mask.data(), count, v, loss_scale,
-                                    a.logits);
-    backend_.linear_backward(a.logits, a.final_norm, output_weight_->compute, count, h, v, d_hidden_, nullptr, nullptr);
+    backend_.cross_entropy_backward(a.logits, a.loss_saved, a.labels.data(), a.mask.data(), count, v, vocab_start,
+                                    loss_scale, a.logits);
+    backend_.linear_backward(a.logits, a.final_norm, output_weight_->compute, count, h, v, partial_of(d_hidden_),
+                             nullptr, nullptr);
+    Request summed = reduce(d_hidden_);
     if (!defer) {
       backend_.linear_backward(a.logits, a.final_norm, output_weight_->compute, count, h, v, nullptr,
                                output_weight_->gradient, nullptr);
     }
-    backend_.layernorm_backward(d_hidden_, a.output, final_gamma_->compute, a.final_mean, a.final_rstd, count, h,
+    if (summed) summed->wait();
+    backend_.layernorm_backward(d_hidden_, a.output, final_gamma_->compute, a.final_mean, a.final_rstd, rows, h,
                                 nullptr, d_out, final_gamma_->gradient, final_beta_->gradient);
   } else {
-    backend_.copy(output_gradient, count * h, d_out);
+    backend_.copy(output_gradient, rows * h, d_out);
   }
   if (defer) a.deferred.resize(layers_.size());
   a.work = a.layers;
@@ -630,7 +758,7 @@ void GptModel::backward_input(int64_t microbatch, ConstActivation output_gradien
         // Selective recomputation: the attention core again, from the kept qkv.
         borrowed.push_back(borrow());
         fill_missing(a.work[l], borrowed.back());
-        backend_.attention_forward(a.work[l].qkv, batch, seq, heads, h / heads, a.work[l].attention,
+        backend_.attention_forward(a.work[l].qkv, batch, seq, heads, dim, a.work[l].attention,
                                    a.work[l].attention_saved);
       }
       layer_backward(l, a.work[l], d_out, d_middle, defer ? &a.deferred[l] : nullptr);
@@ -645,13 +773,13 @@ void GptModel::backward_input(int64_t microbatch, ConstActivation output_gradien
     }
   }
   if (!has_embedding_) {
-    backend_.copy(d_out, count * h, input_gradient);
+    backend_.copy(d_out, rows * h, input_gradient);
   } else if (defer) {
     a.input_gradient = backend_.allocate_activation(count * h);  // the embedding's gradient is a weight gradient
-    backend_.copy(d_out, count * h, a.input_gradient);
+    backend_.copy(gather_rows(d_out, gathered_), count * h, a.input_gradient);
   } else {
-    backend_.embedding_backward(d_out, a.inputs.data(), count, seq, h, word_embeddings_->gradient,
-                                position_embeddings_->gradient);
+    backend_.embedding_backward(gather_rows(d_out, gathered_), a.inputs.data(), count, seq, h, vocab_start, v,
+                                word_embeddings_->gradient, position_embeddings_->gradient);
   }
   if (defer) {
     awaiting_weight_.emplace(microbatch, std::move(a));
@@ -676,9 +804,11 @@ void GptModel::backward_weight(int64_t microbatch) {
 
 void GptModel::weight_gradients(Activations& a) {
   const std::size_t count = static_cast<std::size_t>(batch_ * seq_);
+  const auto rows = static_cast<std::size_t>(rows_);
   const auto h = static_cast<std::size_t>(hidden_);
-  const auto f = static_cast<std::size_t>(ffn_);
-  const auto v = static_cast<std::size_t>(vocab_);
+  const auto h_local = h / static_cast<std::size_t>(tp_);
+  const auto f = static_cast<std::size_t>(ffn_local_);
+  const auto v = static_cast<std::size_t>(vocab_local_);
   const auto gradient = [&](ConstActivation dy, ConstActivation x, std::size_t k, std::size_t n, Parameter* weight,
                             Parameter* bias) {
     backend_.linear_backward(dy, x, weight->compute, count, k, n, nullptr, weight->gradient,
@@ -690,17 +820,18 @@ void GptModel::weight_gradients(Activations& a) {
     const LayerActivations& act = a.work[l];
     const DeferredGradients& d = a.deferred[l];
     gradient(d.fc2, act.gelu, f, h, w.fc2_weight, w.fc2_bias);
-    backend_.layernorm_forward(act.middle, nullptr, nullptr, w.ln2_gamma->compute, w.ln2_beta->compute, count, h,
+    backend_.layernorm_forward(act.middle, nullptr, nullptr, w.ln2_gamma->compute, w.ln2_beta->compute, rows, h,
                                norm_out_, act.ln2_mean, act.ln2_rstd);
-    gradient(d.fc1, norm_out_, h, f, w.fc1_weight, w.fc1_bias);
-    gradient(d.proj, act.attention, h, h, w.proj_weight, w.proj_bias);
-    backend_.layernorm_forward(act.input, nullptr, nullptr, w.ln1_gamma->compute, w.ln1_beta->compute, count, h,
+    gradient(d.fc1, gather_rows(norm_out_, gathered_), h, f, w.fc1_weight, w.fc1_bias);
+    gradient(d.proj, act.attention, h_local, h, w.proj_weight, w.proj_bias);
+    backend_.layernorm_forward(act.input, nullptr, nullptr, w.ln1_gamma->compute, w.ln1_beta->compute, rows, h,
                                norm_out_, act.ln1_mean, act.ln1_rstd);
-    gradient(d.qkv, norm_out_, h, 3 * h, w.qkv_weight, w.qkv_bias);
+    gradient(d.qkv, gather_rows(norm_out_, gathered_), h, 3 * h_local, w.qkv_weight, w.qkv_bias);
   }
   if (has_embedding_) {
     backend_.embedding_backward(a.input_gradient, a.inputs.data(), count, static_cast<std::size_t>(seq_), h,
-                                word_embeddings_->gradient, position_embeddings_->gradient);
+                                static_cast<std::size_t>(vocab_start_), v, word_embeddings_->gradient,
+                                position_embeddings_->gradient);
   }
 }
 

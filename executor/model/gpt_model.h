@@ -6,6 +6,16 @@
 // activations and each weight's compute copy are in the backend's compute precision (bf16 on the
 // GPU). Every parameter says how tensor parallelism splits it.
 //
+// Tensor parallelism is Megatron's: QKV and fc1 are column-parallel (each rank holds its heads'
+// q, k and v and its slice of the MLP), the projection and fc2 row-parallel (their partial outputs
+// summed over the tensor-parallel group), the word embedding and the output layer vocabulary-
+// parallel (the cross entropy's row statistics gathered, vocabulary_parallel_loss.h). Without
+// sequence parallelism every rank holds the whole residual stream and the sums are all-reduces;
+// with it (--sequence-parallel) each rank holds 1/tp of the stream's rows, norms and residual adds
+// run on them, the column-parallel inputs are all-gathered and the sums reduce-scattered. A
+// row-parallel bias (and the position embedding) is added once, by tensor-parallel rank 0, before
+// the sum; every rank computes its gradient from the whole output gradient.
+//
 // The runtime drives a stage through the schedule's actions: F is forward(), B is
 // backward_input() with the weight gradients computed at once, I is backward_input() deferring
 // them and W is backward_weight(). Between stages, activations and their gradients are
@@ -23,7 +33,9 @@
 #include "core/model_spec.h"
 #include "core/parallel_plan.h"
 #include "core/pipeline_layout.h"
+#include "executor/comm/comm.h"
 #include "executor/model/parameter_layout.h"
+#include "executor/model/tensor_shards.h"
 #include "executor/runtime/backend.h"
 
 namespace megaplan::exec {
@@ -47,6 +59,9 @@ struct ParameterSpec {
   std::size_t size = 0;
 };
 
+// The cut (tensor_shards.h) a spec's split and shard describe.
+TensorCut tensor_cut(const ParameterSpec& spec);
+
 struct Parameter : ParameterSpec {
   float* value = nullptr;     // fp32 master weight: a view into the stage's parameter buffer
   float* gradient = nullptr;  // fp32, accumulated over microbatches: a view into the gradient buffer
@@ -67,13 +82,14 @@ struct MicrobatchTokens {
 
 class GptModel {
  public:
-  // The parameters of `stage`, in registration order. The sum of their sizes is core's
-  // stage_parameters(model, plan, stage).parameters_per_gpu.
+  // The parameters of `stage` on tensor-parallel rank `tp_rank`, in registration order. The sum of
+  // their sizes is core's stage_parameters(model, plan, stage).parameters_per_gpu.
   // REQUIRES: validate_plan(model, plan) passed.
-  static std::vector<ParameterSpec> describe_parameters(const ModelSpec& model, const ParallelPlan& plan, int64_t stage);
+  static std::vector<ParameterSpec> describe_parameters(const ModelSpec& model, const ParallelPlan& plan, int64_t stage,
+                                                        int64_t tp_rank = 0);
 
   // Throws SpecError naming the flag of the first thing this executor does not support yet
-  // (RMSNorm, RoPE, SwiGLU, GQA, untied embeddings, biases off, tensor and context parallelism).
+  // (RMSNorm, RoPE, SwiGLU, GQA, untied embeddings, biases off, context parallelism).
   static void refuse_unsupported(const ModelSpec& model, const ParallelPlan& plan);
 
   // Refuses what refuse_unsupported() refuses. Weights: normal(0, 0.02), the projection
@@ -81,10 +97,11 @@ class GptModel {
   // parameter is drawn from a generator seeded by `seed` and its name, so a stage holds exactly
   // the values the whole model would. `tied_embedding` is the word embedding of stage 0 when it
   // lives on this rank and this is another, last stage (the V's turn): the output layer reads it
-  // and adds its gradient there. The constructor refuses a stage whose prediction exceeds the
-  // backend's available bytes.
+  // and adds its gradient there. `tensor_parallel` is the rank's tp group (null when tp = 1); the
+  // model holds that rank's shard of every split parameter, drawn as the slice of the whole tensor.
+  // The constructor refuses a stage whose prediction exceeds the backend's available bytes.
   GptModel(const ModelSpec& model, const ParallelPlan& plan, int64_t stage, Backend& backend, uint64_t seed,
-           Parameter* tied_embedding = nullptr);
+           Parameter* tied_embedding = nullptr, Comm* tensor_parallel = nullptr);
   ~GptModel();
   GptModel(const GptModel&) = delete;
   GptModel& operator=(const GptModel&) = delete;
@@ -94,6 +111,12 @@ class GptModel {
   // (optimizer state is the optimizer's).
   static int64_t predicted_bytes(const ModelSpec& model, const ParallelPlan& plan, int64_t stage, int64_t inflight,
                                  const Backend& backend);
+
+  int64_t tensor_parallel_rank() const { return tp_rank_; }
+  // Under sequence parallelism each rank's norm gradients cover its rows only: summed over the
+  // tensor-parallel group (Megatron's all-reduce of layernorm gradients), before the data-parallel
+  // reduction reads them. A no-op otherwise.
+  void reduce_sequence_parallel_gradients();
 
   int64_t stage() const { return stage_; }
   bool first_stage() const { return has_embedding_; }
@@ -109,8 +132,9 @@ class GptModel {
   // After master weights change other than through the optimizer's compute-copy refresh.
   void refresh_compute_weights();
   void zero_gradients();
-  // Elements of one activation or gradient message between stages (micro batch x seq x hidden).
-  std::size_t message_size() const { return static_cast<std::size_t>(batch_ * seq_ * hidden_); }
+  // Elements of one activation or gradient message between stages: the rank's rows of the residual
+  // stream (micro batch x seq, over tp under sequence parallelism) x hidden.
+  std::size_t message_size() const { return static_cast<std::size_t>(rows_ * hidden_); }
 
   // REQUIRES: !first_stage(). Where F(microbatch) reads its input; valid until its backward.
   Activation input_buffer(int64_t microbatch);
@@ -188,6 +212,15 @@ class GptModel {
   // d_middle; `deferred` non-null under I.
   void layer_backward(std::size_t l, const LayerActivations& act, Activation d_out, Activation d_middle,
                       DeferredGradients* deferred);
+  // Tensor parallelism's collectives on activations (no-ops when tp = 1). The full [tokens x
+  // hidden] input of a column-parallel layer: `rows` itself, or under sequence parallelism all
+  // ranks' rows gathered into `full`.
+  ConstActivation gather_rows(ConstActivation rows, Activation full);
+  // Where a row-parallel GEMM (or a column-parallel input gradient) writes its partial sum whose
+  // reduce(destination) leaves the sum in `destination`: in place (all-reduce), or partial_
+  // reduce-scattered into the rank's rows.
+  Activation partial_of(Activation destination);
+  Request reduce(Activation destination);
   // Tokens and labels of a microbatch into `a`, checked against the vocabulary.
   void read_tokens(Activations& a, const MicrobatchTokens& data) const;
   // REQUIRES: a.layers[0].input holds the stage input on a non-first stage.
@@ -198,6 +231,13 @@ class GptModel {
 
   Backend& backend_;
   int64_t stage_, hidden_, heads_, layers_total_, first_layer_, ffn_, seq_, vocab_, batch_;
+  // Tensor parallelism: the group, this rank, whether the stream is split by rows, and the
+  // rank's share: heads, MLP width, vocabulary rows (from vocab_start_), stream rows.
+  Comm* tensor_parallel_;
+  int64_t tp_, tp_rank_;
+  bool sequence_parallel_;
+  int64_t heads_local_, ffn_local_, vocab_local_, vocab_start_, rows_;
+  DataType activation_type_;
   bool has_embedding_, has_output_;
   std::vector<Parameter> parameters_;
   ParameterLayout layout_;
@@ -218,8 +258,13 @@ class GptModel {
   std::vector<LayerActivations> pool_;              // full layer sets for recomputation, reused
   // Scratch, one set, as F and B each run whole: a norm's output until the linear layer after it
   // reads it; a branch's output until the next norm adds it to the residual stream; the backward's
-  // gradients (d_residual_ ping-pongs between two buffers).
+  // gradients (d_residual_ ping-pongs between two buffers). Under sequence parallelism: gathered
+  // rows (gathered_) and partial sums before their reduce-scatter (partial_); the loss's row
+  // statistics, this rank's and every rank's (fp32).
   Activation norm_out_, branch_out_, d_hidden_, d_residual_[2], d_qkv_, d_ffn_;
+  Activation gathered_ = nullptr, partial_ = nullptr;
+  float* statistics_ = nullptr;
+  float* all_statistics_ = nullptr;
 };
 
 }  // namespace megaplan::exec

@@ -32,6 +32,11 @@ struct OptimizerTensor {
   double weight_decay;
 };
 
+// One of the marks a backend has handed out since its last release_marks() (Backend::mark).
+struct TimingMark {
+  std::size_t index;
+};
+
 struct AdamwSettings {
   int64_t step;  // 1-based, for the bias corrections
   double lr, beta1, beta2, eps;
@@ -80,12 +85,19 @@ class Backend {
   // d_pre[m x k] = (dy W) * GELU'(pre). Its weight gradient is linear_backward's, on GELU(pre).
   virtual void linear_backward_through_gelu(ConstActivation dy, ConstActivation w, std::size_t m, std::size_t k,
                                             std::size_t n, ConstActivation pre_activation, Activation d_pre) = 0;
-  // y[tokens x hidden] = word[token] + position[t % seq].
+  // Token and learned position embeddings over `count` tokens (batch-major, `seq` per sequence).
+  // `word` holds rows vocab_start .. vocab_start + vocab_rows of the (padded) vocabulary: all of it,
+  // or a tensor-parallel rank's shard of a vocabulary-parallel table.
+  // y[t] = (word[tokens[t] - vocab_start] where the token falls in the shard, else 0)
+  //        + position[t % seq] (position may be null: added by one rank of a tensor-parallel group).
   virtual void embedding_forward(const int64_t* tokens, std::size_t count, std::size_t seq, ConstActivation word,
-                                 ConstActivation position, std::size_t hidden, Activation y) = 0;
-  // dword[token] += dy; dposition[t % seq] += dy.
+                                 std::size_t vocab_start, std::size_t vocab_rows, ConstActivation position,
+                                 std::size_t hidden, Activation y) = 0;
+  // dword[tokens[t] - vocab_start] += dy[t] for the shard's tokens; dposition[t % seq] += dy[t]
+  // (dposition may be null).
   virtual void embedding_backward(ConstActivation dy, const int64_t* tokens, std::size_t count, std::size_t seq,
-                                  std::size_t hidden, float* dword, float* dposition) = 0;
+                                  std::size_t hidden, std::size_t vocab_start, std::size_t vocab_rows, float* dword,
+                                  float* dposition) = 0;
   // y = LayerNorm(x') with x' = x + residual where residual is non-null (x' is then written to
   // sum_out: the residual stream's add, fused); mean and rstd [rows] for the backward.
   virtual void layernorm_forward(ConstActivation x, ConstActivation residual, Activation sum_out,
@@ -96,8 +108,9 @@ class Backend {
   virtual void layernorm_backward(ConstActivation dy, ConstActivation x, ConstActivation gamma, const float* mean,
                                   const float* rstd, std::size_t rows, std::size_t cols, ConstActivation residual_grad,
                                   Activation dx, float* dgamma, float* dbeta) = 0;
-  // Causal attention on packed qkv [batch x seq x 3 x heads x dim] into out [batch x seq x heads x
-  // dim]; `saved` (attention_saved_size floats) holds what the backward needs besides qkv and out.
+  // Causal attention on packed qkv [batch x seq x heads x 3 x dim] (each head's q, k and v
+  // together: Megatron's grouping, which tensor parallelism cuts by heads) into out [batch x seq x
+  // heads x dim]; `saved` (attention_saved_size floats) holds what the backward needs besides qkv and out.
   virtual std::size_t attention_saved_size(std::size_t batch, std::size_t seq, std::size_t heads,
                                            std::size_t dim) const = 0;
   virtual void attention_forward(ConstActivation qkv, std::size_t batch, std::size_t seq, std::size_t heads,
@@ -106,15 +119,21 @@ class Backend {
   virtual void attention_backward(ConstActivation dout, ConstActivation qkv, ConstActivation out, const float* saved,
                                   std::size_t batch, std::size_t seq, std::size_t heads, std::size_t dim,
                                   Activation dqkv) = 0;
-  // Masked mean cross entropy over logits [tokens x vocab]; `saved` (cross_entropy_saved_size
-  // floats) keeps what the backward needs.
-  virtual std::size_t cross_entropy_saved_size(std::size_t tokens, std::size_t vocab) const = 0;
-  virtual double cross_entropy_forward(ConstActivation logits, const int64_t* targets, const float* mask,
-                                       std::size_t tokens, std::size_t vocab, float* saved) = 0;
-  // dlogits = scale * mask * (softmax - onehot) / sum(mask); dlogits may be logits itself.
-  virtual void cross_entropy_backward(ConstActivation logits, const float* saved, const int64_t* targets,
-                                      const float* mask, std::size_t tokens, std::size_t vocab, float scale,
-                                      Activation dlogits) = 0;
+  // Softmax cross entropy over a vocabulary that may be split across tensor-parallel ranks
+  // (Megatron's vocabulary-parallel cross entropy): `logits` [tokens x vocab] are columns
+  // vocab_start .. vocab_start + vocab of the whole (padded) vocabulary. The forward gives each
+  // row's statistics over the shard, fp32 [tokens] each: lse = log sum exp(logits[t]), and
+  // target_logit = logits[t][targets[t] - vocab_start] where the target falls in the shard, else 0.
+  // Merging the shards' statistics into the loss is backend-independent
+  // (executor/model/vocabulary_parallel_loss.h).
+  virtual void cross_entropy_statistics(ConstActivation logits, const int64_t* targets, std::size_t tokens,
+                                        std::size_t vocab, std::size_t vocab_start, float* lse,
+                                        float* target_logit) = 0;
+  // With the whole vocabulary's lse [tokens]: dlogits = scale * mask[t] / sum(mask) *
+  // (exp(logits - lse) - onehot(targets[t] - vocab_start)); dlogits may be logits itself.
+  virtual void cross_entropy_backward(ConstActivation logits, const float* lse, const int64_t* targets,
+                                      const float* mask, std::size_t tokens, std::size_t vocab,
+                                      std::size_t vocab_start, float scale, Activation dlogits) = 0;
   virtual void add(ConstActivation a, ConstActivation b, std::size_t n, Activation y) = 0;  // y = a + b
   virtual void copy(ConstActivation from, std::size_t n, Activation to) = 0;
 
@@ -124,6 +143,16 @@ class Backend {
   virtual void adamw_step(const std::vector<OptimizerTensor>& tensors, const AdamwSettings& settings) = 0;
   // Waits for queued work (timing); a no-op where work runs synchronously.
   virtual void synchronize() = 0;
+
+  // Timing that follows the work rather than its issue. A mark is a point in the backend's stream
+  // of work: the host's steady clock when reached on the CPU (work there is synchronous), an event
+  // recorded on the stream the backend issues its work on for the GPU, so that the time between
+  // two marks is what the device spent between them, not how long the host took to queue it.
+  virtual TimingMark mark() = 0;
+  // Seconds from `from` to `to`, waiting for `to` to be reached. REQUIRES: `from` was taken first.
+  virtual double seconds_between(TimingMark from, TimingMark to) = 0;
+  // Ends every mark taken so far; the backend reuses what held them (no per-mark cost once warm).
+  virtual void release_marks() = 0;
 };
 
 }  // namespace megaplan::exec

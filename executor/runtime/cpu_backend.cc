@@ -125,13 +125,15 @@ void CpuBackend::linear_backward_through_gelu(ConstActivation dy, ConstActivatio
 }
 
 void CpuBackend::embedding_forward(const int64_t* tokens, std::size_t count, std::size_t seq, ConstActivation word,
-                                   ConstActivation position, std::size_t hidden, Activation y) {
-  reference::embedding_forward(tokens, count, seq, f(word), f(position), hidden, f(y));
+                                   std::size_t vocab_start, std::size_t vocab_rows, ConstActivation position,
+                                   std::size_t hidden, Activation y) {
+  reference::embedding_forward(tokens, count, seq, f(word), vocab_start, vocab_rows, f(position), hidden, f(y));
 }
 
 void CpuBackend::embedding_backward(ConstActivation dy, const int64_t* tokens, std::size_t count, std::size_t seq,
-                                    std::size_t hidden, float* dword, float* dposition) {
-  reference::embedding_backward(f(dy), tokens, count, seq, hidden, dword, dposition);
+                                    std::size_t hidden, std::size_t vocab_start, std::size_t vocab_rows, float* dword,
+                                    float* dposition) {
+  reference::embedding_backward(f(dy), tokens, count, seq, hidden, vocab_start, vocab_rows, dword, dposition);
 }
 
 void CpuBackend::layernorm_forward(ConstActivation x, ConstActivation residual, Activation sum_out,
@@ -228,15 +230,15 @@ void CpuBackend::attention_backward(ConstActivation dout_in, ConstActivation qkv
   }
 }
 
-double CpuBackend::cross_entropy_forward(ConstActivation logits, const int64_t* targets, const float* mask,
-                                         std::size_t tokens, std::size_t vocab, float* saved) {
-  std::vector<float> losses(tokens);
-  return reference::cross_entropy_forward(f(logits), targets, mask, tokens, vocab, losses.data(), saved);
+void CpuBackend::cross_entropy_statistics(ConstActivation logits, const int64_t* targets, std::size_t tokens,
+                                          std::size_t vocab, std::size_t vocab_start, float* lse, float* target_logit) {
+  reference::cross_entropy_statistics(f(logits), targets, tokens, vocab, vocab_start, lse, target_logit);
 }
 
-void CpuBackend::cross_entropy_backward(ConstActivation, const float* saved, const int64_t* targets, const float* mask,
-                                        std::size_t tokens, std::size_t vocab, float scale, Activation dlogits) {
-  reference::cross_entropy_backward(saved, targets, mask, tokens, vocab, scale, f(dlogits));
+void CpuBackend::cross_entropy_backward(ConstActivation logits, const float* lse, const int64_t* targets,
+                                        const float* mask, std::size_t tokens, std::size_t vocab,
+                                        std::size_t vocab_start, float scale, Activation dlogits) {
+  reference::cross_entropy_backward(f(logits), lse, targets, mask, tokens, vocab, vocab_start, scale, f(dlogits));
 }
 
 void CpuBackend::add(ConstActivation a_in, ConstActivation b_in, std::size_t n, Activation y_out) {
@@ -268,6 +270,15 @@ void CpuBackend::adamw_step(const std::vector<OptimizerTensor>& tensors, const A
     reference::adamw_step(tensor.value, gradient, tensor.first_moment, tensor.second_moment, tensor.size, settings.step,
                           {settings.lr, settings.beta1, settings.beta2, settings.eps, tensor.weight_decay});
   }
+}
+
+TimingMark CpuBackend::mark() {
+  marks_.push_back(std::chrono::steady_clock::now());
+  return {marks_.size() - 1};
+}
+
+double CpuBackend::seconds_between(TimingMark from, TimingMark to) {
+  return std::chrono::duration<double>(marks_.at(to.index) - marks_.at(from.index)).count();
 }
 
 }  // namespace megaplan::exec

@@ -3,8 +3,10 @@
 // weights themselves. Slow but exact enough to train a tiny GPT in the test suite.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <unordered_map>
+#include <vector>
 
 #include "executor/runtime/backend.h"
 
@@ -35,9 +37,11 @@ class CpuBackend final : public Backend {
   void linear_backward_through_gelu(ConstActivation dy, ConstActivation w, std::size_t m, std::size_t k,
                                     std::size_t n, ConstActivation pre_activation, Activation d_pre) override;
   void embedding_forward(const int64_t* tokens, std::size_t count, std::size_t seq, ConstActivation word,
-                         ConstActivation position, std::size_t hidden, Activation y) override;
+                         std::size_t vocab_start, std::size_t vocab_rows, ConstActivation position, std::size_t hidden,
+                         Activation y) override;
   void embedding_backward(ConstActivation dy, const int64_t* tokens, std::size_t count, std::size_t seq,
-                          std::size_t hidden, float* dword, float* dposition) override;
+                          std::size_t hidden, std::size_t vocab_start, std::size_t vocab_rows, float* dword,
+                          float* dposition) override;
   void layernorm_forward(ConstActivation x, ConstActivation residual, Activation sum_out, ConstActivation gamma,
                          ConstActivation beta, std::size_t rows, std::size_t cols, Activation y, float* mean,
                          float* rstd) override;
@@ -51,16 +55,19 @@ class CpuBackend final : public Backend {
   void attention_backward(ConstActivation dout, ConstActivation qkv, ConstActivation out, const float* saved,
                           std::size_t batch, std::size_t seq, std::size_t heads, std::size_t dim,
                           Activation dqkv) override;
-  std::size_t cross_entropy_saved_size(std::size_t tokens, std::size_t vocab) const override { return tokens * vocab; }
-  double cross_entropy_forward(ConstActivation logits, const int64_t* targets, const float* mask, std::size_t tokens,
-                               std::size_t vocab, float* saved) override;
-  void cross_entropy_backward(ConstActivation logits, const float* saved, const int64_t* targets, const float* mask,
-                              std::size_t tokens, std::size_t vocab, float scale, Activation dlogits) override;
+  void cross_entropy_statistics(ConstActivation logits, const int64_t* targets, std::size_t tokens, std::size_t vocab,
+                                std::size_t vocab_start, float* lse, float* target_logit) override;
+  void cross_entropy_backward(ConstActivation logits, const float* lse, const int64_t* targets, const float* mask,
+                              std::size_t tokens, std::size_t vocab, std::size_t vocab_start, float scale,
+                              Activation dlogits) override;
   void add(ConstActivation a, ConstActivation b, std::size_t n, Activation y) override;
   void copy(ConstActivation from, std::size_t n, Activation to) override;
   double gradient_sum_of_squares(const std::vector<OptimizerTensor>& tensors) override;
   void adamw_step(const std::vector<OptimizerTensor>& tensors, const AdamwSettings& settings) override;
   void synchronize() override {}
+  TimingMark mark() override;
+  double seconds_between(TimingMark from, TimingMark to) override;
+  void release_marks() override { marks_.clear(); }  // keeps the capacity: no allocation once warm
 
  private:
   struct Buffer {
@@ -70,6 +77,7 @@ class CpuBackend final : public Backend {
   std::unordered_map<float*, Buffer> buffers_;
   int64_t bytes_ = 0;
   int64_t peak_bytes_ = 0;
+  std::vector<std::chrono::steady_clock::time_point> marks_;  // by TimingMark::index
 };
 
 }  // namespace megaplan::exec

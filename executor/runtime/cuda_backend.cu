@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -74,9 +75,10 @@ class Scratch {
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend() { check(cudaSetDevice(0), "cudaSetDevice"); }
+  CudaBackend() = default;
   ~CudaBackend() override {
     for (auto& [pointer, bytes] : sizes_) cudaFree(pointer);
+    for (cudaEvent_t event : events_) cudaEventDestroy(event);
   }
 
   std::string name() const override { return "cuda"; }
@@ -146,14 +148,16 @@ class CudaBackend final : public Backend {
   }
 
   void embedding_forward(const int64_t* tokens, std::size_t count, std::size_t seq, ConstActivation word,
-                         ConstActivation position, std::size_t hidden, Activation y) override {
-    cuda::embedding_forward(upload_tokens(tokens, count), i64(count), i64(seq), bf(word), bf(position), i64(hidden),
-                            bf(y));
+                         std::size_t vocab_start, std::size_t vocab_rows, ConstActivation position, std::size_t hidden,
+                         Activation y) override {
+    const int32_t* rows = upload_ints(shard_indices(tokens, count, vocab_start, vocab_rows), tokens_);
+    cuda::embedding_forward(rows, i64(count), i64(seq), bf(word), bf(position), i64(hidden), bf(y));
   }
   void embedding_backward(ConstActivation dy, const int64_t* tokens, std::size_t count, std::size_t seq,
-                          std::size_t hidden, float* dword, float* dposition) override {
-    std::vector<int32_t> narrow(tokens, tokens + count);
-    const cuda::TokenRows rows = cuda::build_token_rows(narrow.data(), i64(count));
+                          std::size_t hidden, std::size_t vocab_start, std::size_t vocab_rows, float* dword,
+                          float* dposition) override {
+    const std::vector<int32_t>& local = shard_indices(tokens, count, vocab_start, vocab_rows);
+    const cuda::TokenRows rows = cuda::build_token_rows(local.data(), i64(count));
     int32_t* row_ids = upload_ints(rows.row_ids, row_ids_);
     int32_t* row_starts = upload_ints(rows.row_starts, row_starts_);
     int32_t* positions = upload_ints(rows.positions, positions_);
@@ -208,22 +212,19 @@ class CudaBackend final : public Backend {
                                    dq, dq + dim, dq + 2 * dim, workspace);
   }
 
-  std::size_t cross_entropy_saved_size(std::size_t tokens, std::size_t) const override { return tokens; }  // lse
-  double cross_entropy_forward(ConstActivation logits, const int64_t* targets, const float* mask, std::size_t tokens,
-                               std::size_t vocab, float* saved) override {
-    float* losses = losses_.get(tokens);
-    cuda::cross_entropy_forward(bf(logits), i64(tokens), i64(vocab), i64(vocab), upload_targets(targets, tokens),
-                                upload_mask(mask, tokens), saved, losses);
-    const double total = reducer_.sum(losses, i64(tokens));
-    const double count = mask_sum(mask, tokens);
-    return count > 0 ? total / count : 0.0;
+  void cross_entropy_statistics(ConstActivation logits, const int64_t* targets, std::size_t tokens, std::size_t vocab,
+                                std::size_t vocab_start, float* lse, float* target_logit) override {
+    const int32_t* columns = upload_ints(shard_indices(targets, tokens, vocab_start, vocab), targets_);
+    cuda::cross_entropy_statistics(bf(logits), i64(tokens), i64(vocab), i64(vocab), columns, lse, target_logit);
   }
-  void cross_entropy_backward(ConstActivation logits, const float* saved, const int64_t* targets, const float* mask,
-                              std::size_t tokens, std::size_t vocab, float scale, Activation dlogits) override {
+  void cross_entropy_backward(ConstActivation logits, const float* lse, const int64_t* targets, const float* mask,
+                              std::size_t tokens, std::size_t vocab, std::size_t vocab_start, float scale,
+                              Activation dlogits) override {
     const double count = mask_sum(mask, tokens);
     const auto per_token = static_cast<float>(count > 0 ? scale / count : 0.0);
-    cuda::cross_entropy_backward(bf(logits), i64(tokens), i64(vocab), i64(vocab), upload_targets(targets, tokens),
-                                 upload_mask(mask, tokens), saved, per_token, bf(dlogits));
+    const int32_t* columns = upload_ints(shard_indices(targets, tokens, vocab_start, vocab), targets_);
+    cuda::cross_entropy_backward(bf(logits), i64(tokens), i64(vocab), i64(vocab), columns, upload_mask(mask, tokens),
+                                 lse, per_token, bf(dlogits));
   }
   void add(ConstActivation a, ConstActivation b, std::size_t n, Activation y) override {
     cuda::add(bf(a), bf(b), i64(n), bf(y));
@@ -243,7 +244,32 @@ class CudaBackend final : public Backend {
   }
   void synchronize() override { check(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); }
 
+  // An event recorded on stream 0, where every launch and copy above is issued (the legacy default
+  // stream: megaplan builds without per-thread default streams). Events are created the first
+  // time that many marks are live and reused after release_marks().
+  TimingMark mark() override {
+    if (marks_ == events_.size()) {
+      cudaEvent_t event = nullptr;
+      check(cudaEventCreate(&event), "cudaEventCreate (timing mark)");
+      events_.push_back(event);
+    }
+    check(cudaEventRecord(events_[marks_], nullptr), "cudaEventRecord (timing mark)");
+    return {marks_++};
+  }
+  double seconds_between(TimingMark from, TimingMark to) override {
+    // `from` precedes `to` on the one stream, so it is complete once `to` is.
+    check(cudaEventSynchronize(event_of(to)), "cudaEventSynchronize (timing mark)");
+    float milliseconds = 0;
+    check(cudaEventElapsedTime(&milliseconds, event_of(from), event_of(to)), "cudaEventElapsedTime");
+    return milliseconds * 1e-3;
+  }
+  void release_marks() override { marks_ = 0; }
+
  private:
+  cudaEvent_t event_of(TimingMark mark) const {
+    if (mark.index >= marks_) throw std::logic_error("CudaBackend: a timing mark used after release_marks()");
+    return events_[mark.index];
+  }
   static void accumulate(const float* partial, std::size_t n, float* total) {
     accumulate_kernel<<<blocks_for(i64(n), 256), 256>>>(partial, i64(n), total);
     check_launch("accumulate (bias gradient)");
@@ -272,16 +298,20 @@ class CudaBackend final : public Backend {
     sizes_.erase(found);
     check(cudaFree(buffer), "cudaFree");
   }
-  const int32_t* upload_tokens(const int64_t* tokens, std::size_t count) {
-    host_ints_.assign(tokens, tokens + count);
-    return upload_ints(host_ints_, tokens_);
-  }
-  const int32_t* upload_targets(const int64_t* targets, std::size_t count) {
-    host_ints_.assign(targets, targets + count);
-    return upload_ints(host_ints_, targets_);
+  // The kernels' int32 indices into a vocabulary shard [start, start + size): each id's row (or
+  // column) in the shard, or -1 where another shard holds it.
+  const std::vector<int32_t>& shard_indices(const int64_t* ids, std::size_t count, std::size_t start,
+                                            std::size_t size) {
+    host_ints_.resize(count);
+    for (std::size_t i = 0; i < count; ++i) {
+      const int64_t local = ids[i] - i64(start);
+      host_ints_[i] = local >= 0 && local < i64(size) ? static_cast<int32_t>(local) : -1;
+    }
+    return host_ints_;
   }
   int32_t* upload_ints(const std::vector<int32_t>& host, Scratch<int32_t>& device) {
     int32_t* pointer = device.get(host.size());
+    if (host.empty()) return pointer;  // a shard none of the tokens falls in has no rows to list
     check(cudaMemcpy(pointer, host.data(), host.size() * sizeof(int32_t), cudaMemcpyHostToDevice), "cudaMemcpy");
     return pointer;
   }
@@ -322,8 +352,10 @@ class CudaBackend final : public Backend {
   int64_t peak_ = 0;
   std::vector<int32_t> host_ints_;
   Scratch<int32_t> tokens_, targets_, row_ids_, row_starts_, positions_;
-  Scratch<float> mask_, losses_, bias_scratch_;
+  Scratch<float> mask_, bias_scratch_;
   Scratch<unsigned char> workspace_;
+  std::vector<cudaEvent_t> events_;  // by TimingMark::index; the first marks_ are live
+  std::size_t marks_ = 0;
 };
 
 }  // namespace
@@ -337,18 +369,21 @@ std::unique_ptr<Backend> make_cuda_backend() {
   }
   // The kernels are built for sm_90a (flash attention uses Hopper's wgmma), which runs on compute
   // capability 9.0 alone: refuse anything else here rather than fail at the first launch.
+  int device = 0;
+  check(cudaGetDevice(&device), "cudaGetDevice");
   cudaDeviceProp properties{};
-  if (cudaGetDeviceProperties(&properties, 0) != cudaSuccess || properties.major != 9 || properties.minor != 0) {
-    throw SpecError("--device", "the CUDA backend needs a Hopper GPU (compute capability 9.0, H100 or H200); GPU 0 is " +
-                                    std::string(properties.name) + " (" + std::to_string(properties.major) + "." +
-                                    std::to_string(properties.minor) + ")");
+  if (cudaGetDeviceProperties(&properties, device) != cudaSuccess || properties.major != 9 || properties.minor != 0) {
+    throw SpecError("--device", "the CUDA backend needs a Hopper GPU (compute capability 9.0, H100 or H200); GPU " +
+                                    std::to_string(device) + " is " + std::string(properties.name) + " (" +
+                                    std::to_string(properties.major) + "." + std::to_string(properties.minor) + ")");
   }
   return std::make_unique<CudaBackend>();
 }
 
 double cuda_dense_bf16_peak_flops() {
+  int device = 0;
   cudaDeviceProp properties{};
-  if (cudaGetDeviceProperties(&properties, 0) != cudaSuccess) return 0;
+  if (cudaGetDevice(&device) != cudaSuccess || cudaGetDeviceProperties(&properties, device) != cudaSuccess) return 0;
   const std::string name = properties.name;
   if (name.find("H100") != std::string::npos || name.find("H200") != std::string::npos) return 989.4e12;
   return 0;

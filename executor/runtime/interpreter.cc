@@ -14,6 +14,18 @@ DataType activation_type(const Backend& backend) {
   return backend.activation_bytes() == sizeof(float) ? DataType::kFloat32 : DataType::kBFloat16;
 }
 
+// Releases the backend's timing marks however the iteration ends (a non-finite loss throws).
+class MarksReleased {
+ public:
+  explicit MarksReleased(Backend& backend) : backend_(backend) {}
+  ~MarksReleased() { backend_.release_marks(); }
+  MarksReleased(const MarksReleased&) = delete;
+  MarksReleased& operator=(const MarksReleased&) = delete;
+
+ private:
+  Backend& backend_;
+};
+
 }  // namespace
 
 Interpreter::Interpreter(const PipelineSchedule& schedule, int64_t pipeline_rank, std::map<int64_t, GptModel*> chunks,
@@ -182,24 +194,36 @@ void Interpreter::execute(const Action& action, int64_t iteration, double lr,
 }
 
 IterationResult Interpreter::run(int64_t iteration, double lr,
-                                 const std::function<const MicrobatchTokens&(int64_t)>& data, Timeline* timeline,
-                                 std::chrono::steady_clock::time_point origin) {
+                                 const std::function<const MicrobatchTokens&(int64_t)>& data, Timeline* timeline) {
   IterationResult result;
-  for (const Action& action : actions_) {
-    const auto start = std::chrono::steady_clock::now();
-    execute(action, iteration, lr, data, result);
-    if (timeline) {
-      const auto end = std::chrono::steady_clock::now();
-      TimelineSlice slice;
-      slice.pipeline_rank = static_cast<int32_t>(pipeline_rank_);
-      slice.stream = stream_of(action.kind);
-      slice.action = action;
-      slice.start_s = std::chrono::duration<double>(start - origin).count();
-      slice.end_s = std::chrono::duration<double>(end - origin).count();
-      timeline->slices.push_back(slice);
-    }
+  if (!timeline) {
+    for (const Action& action : actions_) execute(action, iteration, lr, data, result);
+    return result;
   }
+  const MarksReleased released(backend_);
+  // marks[i] is taken before action i and marks[i + 1] after it: nothing of this rank's reaches
+  // the backend between one action's end and the next one's start.
+  std::vector<TimingMark> marks;
+  marks.reserve(actions_.size() + 1);
+  marks.push_back(backend_.mark());
+  for (const Action& action : actions_) {
+    execute(action, iteration, lr, data, result);
+    marks.push_back(backend_.mark());
+  }
+  record(marks, *timeline);  // after the last action, so that reading the marks delays none of them
   return result;
+}
+
+void Interpreter::record(const std::vector<TimingMark>& marks, Timeline& timeline) {
+  for (std::size_t i = 0; i < actions_.size(); ++i) {
+    TimelineSlice slice;
+    slice.pipeline_rank = static_cast<int32_t>(pipeline_rank_);
+    slice.stream = stream_of(actions_[i].kind);
+    slice.action = actions_[i];
+    slice.start_s = backend_.seconds_between(marks.front(), marks[i]);
+    slice.end_s = backend_.seconds_between(marks.front(), marks[i + 1]);
+    timeline.slices.push_back(slice);
+  }
 }
 
 }  // namespace megaplan::exec

@@ -12,11 +12,15 @@
 //   for every send, checks the gradient norm, clips and steps (optimizer.h).
 // - The loss scale of every backward is 1 / (microbatches x data-parallel size): summed over the
 //   microbatches and the replicas, the gradients are those of the global batch's mean loss.
-// - Timing: each action's slice spans its issue to its completion on the host's steady clock,
-//   which on the CPU backend is when the work is done.
+// - Timing: each action's slice runs from a backend timing mark taken before it to one taken after
+//   it (Backend::mark), in seconds from the iteration's first mark: the host's steady clock on the
+//   CPU, where work is done when issued; CUDA events on the GPU's stream, so a slice is when the
+//   GPU ran the action, not when the host queued it. Ranks that share one GPU share that stream, so
+//   a slice there also spans whatever other ranks queued in between (the in-process one-GPU
+//   communicator's copies and reductions included). Marks are taken only when a timeline is asked
+//   for, and read after the iteration's last action (which waits for the GPU to finish it).
 #pragma once
 
-#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -47,11 +51,11 @@ class Interpreter {
   Interpreter& operator=(const Interpreter&) = delete;
 
   // One iteration. `data(m)` is microbatch m's tokens (asked on the first and last stage only).
-  // Slices are appended to `timeline` when it is not null, timed from `origin`. Throws SpecError
+  // Slices are appended to `timeline` when it is not null (see Timing above). Throws SpecError
   // naming the step and the first non-finite gradient when the gradient norm is not finite, before
   // the optimizer touches the weights.
   IterationResult run(int64_t iteration, double lr, const std::function<const MicrobatchTokens&(int64_t)>& data,
-                      Timeline* timeline, std::chrono::steady_clock::time_point origin);
+                      Timeline* timeline);
 
  private:
   struct Key {
@@ -67,6 +71,8 @@ class Interpreter {
   void forward(int64_t stage, int64_t microbatch, const std::function<const MicrobatchTokens&(int64_t)>& data,
                IterationResult& result);
   void backward(int64_t stage, int64_t microbatch, bool defer);
+  // One slice per action; marks[i] was taken before actions_[i] and marks[i + 1] after it.
+  void record(const std::vector<TimingMark>& marks, Timeline& timeline);
   GptModel& chunk(int64_t stage);
   int64_t peer(int64_t stage) const;  // the pp group rank of a stage
   void wait(std::map<Key, Request>& pending, Key key);

@@ -68,39 +68,6 @@ std::string hex(uint64_t value) {
   return text;
 }
 
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::string text = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
-  return text + "]";
-}
-
-std::size_t elements(const std::vector<int64_t>& shape) {
-  std::size_t count = 1;
-  for (const int64_t extent : shape) count *= static_cast<std::size_t>(extent);
-  return count;
-}
-
-// A row-major tensor seen as [outer, extent, inner] around dimension `dim`.
-struct Around {
-  std::size_t outer = 1, extent = 1, inner = 1;
-};
-Around around(const std::vector<int64_t>& shape, int64_t dim) {
-  Around result;
-  for (std::size_t d = 0; d < shape.size(); ++d) {
-    const auto extent = static_cast<std::size_t>(shape[d]);
-    if (static_cast<int64_t>(d) < dim) result.outer *= extent;
-    else if (static_cast<int64_t>(d) == dim) result.extent = extent;
-    else result.inner *= extent;
-  }
-  return result;
-}
-
-// The shape of part `cut` of a tensor of `global_shape`.
-std::vector<int64_t> part_shape(std::vector<int64_t> global_shape, const TensorCut& cut) {
-  if (cut.count > 1) global_shape[static_cast<std::size_t>(cut.dim)] /= cut.count;
-  return global_shape;
-}
-
 // One saved shard of a tensor, as its manifest describes it.
 struct SavedShard {
   std::string manifest;   // DIR/iter_.../mp_rank_.../manifest.json
@@ -146,11 +113,7 @@ void read_manifest(const std::string& rank_path, std::map<std::string, std::vect
       refuse_load(path + ": a tensor entry " + (name.empty() ? "" : "(" + name + ") ") + "is malformed: " + error.what());
     }
     const TensorCut& cut = shard.cut;
-    const bool whole = cut.count == 1;
-    const bool cut_fits = cut.count >= 1 && cut.index >= 0 && cut.index < cut.count &&
-                          (whole || (cut.dim >= 0 && cut.dim < static_cast<int64_t>(shard.global_shape.size()) &&
-                                     shard.global_shape[static_cast<std::size_t>(cut.dim)] % cut.count == 0));
-    if (!cut_fits || shard.shape != part_shape(shard.global_shape, cut)) {
+    if (!cut_fits(shard.global_shape, cut) || shard.shape != part_shape(shard.global_shape, cut)) {
       refuse_load(path + ": " + name + " has shape " + shape_text(shard.shape) + ", which is not part " +
                   std::to_string(cut.index) + " of " + std::to_string(cut.count) + " along dimension " +
                   std::to_string(cut.dim) + " of its global shape " + shape_text(shard.global_shape));
@@ -168,7 +131,8 @@ std::vector<std::vector<float>> read_tensor(const std::string& name, const std::
   const TensorCut saved_cut = shards.front().cut;
   std::vector<const SavedShard*> parts(static_cast<std::size_t>(saved_cut.count), nullptr);
   for (const SavedShard& shard : shards) {
-    if (shard.cut.count == saved_cut.count && shard.cut.dim == saved_cut.dim && !parts[static_cast<std::size_t>(shard.cut.index)]) {
+    if (shard.cut.count == saved_cut.count && shard.cut.dim == saved_cut.dim &&
+        !parts[static_cast<std::size_t>(shard.cut.index)]) {
       parts[static_cast<std::size_t>(shard.cut.index)] = &shard;
     }
   }
@@ -206,7 +170,7 @@ std::vector<std::vector<float>> read_tensor(const std::string& name, const std::
   }
   std::vector<std::vector<float>> result;
   for (const auto& array_parts : arrays) {
-    result.push_back(reshard(array_parts, saved_cut.dim, shards.front().global_shape, wanted));
+    result.push_back(reshard(array_parts, saved_cut, shards.front().global_shape, wanted));
   }
   return result;
 }
@@ -258,62 +222,6 @@ void write_rank_directory(const std::string& path, const CheckpointRank& rank, c
 }
 
 }  // namespace
-
-TensorCut tensor_cut(const ParameterSpec& spec) {
-  switch (spec.split) {
-    case TensorSplit::kColumn:
-    case TensorSplit::kVocabulary:
-      return {0, spec.shard_index, spec.shard_count};
-    case TensorSplit::kRow:
-      return {1, spec.shard_index, spec.shard_count};
-    case TensorSplit::kReplicated:
-      break;
-  }
-  return {-1, 0, 1};
-}
-
-std::vector<float> reshard(const std::vector<std::vector<float>>& parts, int64_t parts_dim,
-                           const std::vector<int64_t>& global_shape, const TensorCut& wanted) {
-  const std::size_t total = elements(global_shape);
-  const auto divides = [&](int64_t dim, std::size_t count) {
-    return count == 1 || (dim >= 0 && dim < static_cast<int64_t>(global_shape.size()) &&
-                          global_shape[static_cast<std::size_t>(dim)] % static_cast<int64_t>(count) == 0);
-  };
-  if (parts.empty() || !divides(parts_dim, parts.size())) {
-    throw std::invalid_argument("reshard: " + std::to_string(parts.size()) + " parts along dimension " +
-                                std::to_string(parts_dim) + " do not divide " + shape_text(global_shape));
-  }
-  std::vector<float> whole;
-  if (parts.size() == 1) {
-    whole = parts.front();
-  } else {
-    whole.resize(total);
-    const Around shape = around(global_shape, parts_dim);
-    const std::size_t piece = shape.extent / parts.size() * shape.inner;  // one part's elements per outer index
-    for (std::size_t k = 0; k < parts.size(); ++k) {
-      if (parts[k].size() != total / parts.size()) throw std::invalid_argument("reshard: parts of unequal sizes");
-      for (std::size_t o = 0; o < shape.outer; ++o) {
-        std::copy_n(parts[k].data() + o * piece, piece, whole.data() + o * shape.extent * shape.inner + k * piece);
-      }
-    }
-  }
-  if (whole.size() != total) throw std::invalid_argument("reshard: the part holds " + std::to_string(whole.size()) +
-                                                         " elements, " + shape_text(global_shape) + " needs " +
-                                                         std::to_string(total));
-  if (wanted.count == 1) return whole;
-  if (!divides(wanted.dim, static_cast<std::size_t>(wanted.count)) || wanted.index < 0 || wanted.index >= wanted.count) {
-    throw std::invalid_argument("reshard: part " + std::to_string(wanted.index) + " of " + std::to_string(wanted.count) +
-                                " along dimension " + std::to_string(wanted.dim) + " of " + shape_text(global_shape));
-  }
-  const Around shape = around(global_shape, wanted.dim);
-  const std::size_t piece = shape.extent / static_cast<std::size_t>(wanted.count) * shape.inner;
-  std::vector<float> part(total / static_cast<std::size_t>(wanted.count));
-  for (std::size_t o = 0; o < shape.outer; ++o) {
-    std::copy_n(whole.data() + o * shape.extent * shape.inner + static_cast<std::size_t>(wanted.index) * piece, piece,
-                part.data() + o * piece);
-  }
-  return part;
-}
 
 void save_checkpoint(const std::string& directory, const TrainingState& state, const CheckpointRank& rank) {
   namespace fs = std::filesystem;

@@ -76,20 +76,4 @@ void save_checkpoint(const std::string& directory, const TrainingState& state, c
 // checksum); nothing has been trained or written then.
 std::optional<TrainingState> load_checkpoint(const std::string& directory, const CheckpointRank& rank);
 
-// How tensor parallelism cut a tensor: part `index` of `count` equal parts along dimension `dim`
-// (dim -1, or count 1: the whole tensor).
-struct TensorCut {
-  int64_t dim = -1;
-  int64_t index = 0;
-  int64_t count = 1;
-};
-TensorCut tensor_cut(const ParameterSpec& spec);
-
-// Resharding, on row-major fp32 tensors: concatenates `parts` (part i of parts.size() equal parts
-// along `parts_dim`; one part: the whole tensor) into the tensor of `global_shape` and returns the
-// part `wanted` describes. Throws std::invalid_argument when the parts or the cut do not divide
-// `global_shape` that way.
-std::vector<float> reshard(const std::vector<std::vector<float>>& parts, int64_t parts_dim,
-                           const std::vector<int64_t>& global_shape, const TensorCut& wanted);
-
 }  // namespace megaplan::exec

@@ -71,13 +71,16 @@ Optimizer::~Optimizer() {
 }
 
 void Optimizer::reduce_gradients(int64_t stage) {
-  Comm* dp = groups_.data_parallel;
-  if (!dp || dp->size() == 1) return;
   GptModel* chunk = nullptr;
   for (GptModel* candidate : chunks_) {
     if (candidate->stage() == stage) chunk = candidate;
   }
   if (!chunk) throw std::logic_error("REDUCE_GRAD of a stage this rank does not hold");
+  // The tensor-parallel sum of sequence-parallel norm gradients comes first: the data-parallel
+  // reduction (a reduce-scatter under the distributed optimizer) reads whole gradients.
+  chunk->reduce_sequence_parallel_gradients();
+  Comm* dp = groups_.data_parallel;
+  if (!dp || dp->size() == 1) return;
   const ParameterLayout& layout = chunk->layout();
   float* gradients = chunk->gradient_buffer();
   std::vector<Request> pending;
@@ -103,10 +106,14 @@ std::vector<OptimizerTensor> Optimizer::tensors(bool for_norm) const {
   result.reserve(pieces_.size());
   for (const Piece& piece : pieces_) {
     const Parameter& p = *piece.parameter;
-    // The tied output weight's copy repeats the word embedding's gradient: counted once.
+    // The tied output weight's copy repeats the word embedding's gradient, and a replicated tensor
+    // repeats on every tensor-parallel rank: each counted once (Megatron counts tp rank 0's).
     if (for_norm) {
       bool copy = false;
-      for (GptModel* chunk : chunks_) copy = copy || chunk->output_weight_copy() == &p;
+      for (GptModel* chunk : chunks_) {
+        copy = copy || chunk->output_weight_copy() == &p ||
+               (p.split == TensorSplit::kReplicated && chunk->tensor_parallel_rank() != 0);
+      }
       if (copy) continue;
     }
     const bool whole = piece.offset == 0 && piece.size == p.size;

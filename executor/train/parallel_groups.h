@@ -1,6 +1,6 @@
 // The communicators one rank trains with, built from core's Megatron rank groups by whichever Comm
 // implementation runs the world (in-process threads, one GPU, NCCL): its pipeline, data-parallel
-// and model-parallel (tp x pp) groups, the tied-embedding group of the ranks that hold stage 0
+// tensor-parallel and model-parallel (tp x pp) groups, the tied-embedding group of the ranks that hold stage 0
 // and the last stage, and the world.
 #pragma once
 
@@ -15,9 +15,21 @@
 
 namespace megaplan::exec {
 
-// Makes this rank's communicator of a group (global ranks in the group's order); every member of
-// the group calls it with the same list and label.
-using CommFactory = std::function<std::unique_ptr<Comm>(const std::vector<int64_t>& ranks, const std::string& label)>;
+// One kind of group (Megatron's tp, pp, dp, ...): every group of that kind over the world (disjoint
+// lists of global ranks, each in its group's order) and which of them holds this rank.
+struct GroupKind {
+  std::string label;  // "world", "tp", "pp", "dp", "tp-pp", "embedding"
+  std::vector<std::vector<int64_t>> groups;
+  int64_t mine = -1;  // index into groups; -1: this rank is in none (the embedding group off the pipeline's ends)
+};
+
+// Whether this rank needs a communicator for the kind: it is in a group of two or more.
+bool needs_communicator(const GroupKind& kind);
+
+// Makes this rank's communicator of one kind of group, or null where !needs_communicator(kind).
+// Every rank of the world calls it once per kind, in the same order (world, tp, pp, dp, tp-pp,
+// embedding), which NCCL's communicator split needs: it is a collective over the world.
+using CommFactory = std::function<std::unique_ptr<Comm>(const GroupKind& kind)>;
 
 struct ParallelGroups {
   int64_t global_rank = 0;
@@ -27,7 +39,7 @@ struct ParallelGroups {
   // Null where the group has one member; `embedding` also where this rank holds neither end, or
   // one rank holds both (the output layer then reads the embedding itself). `world` holds every
   // rank (checkpoints meet on it).
-  std::unique_ptr<Comm> world, pipeline, data_parallel, model_parallel, embedding;
+  std::unique_ptr<Comm> world, tensor_parallel, pipeline, data_parallel, model_parallel, embedding;
 };
 
 // REQUIRES: validate_plan passed for plan; 0 <= global_rank < plan.world_size().

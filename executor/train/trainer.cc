@@ -118,6 +118,13 @@ int64_t predicted_rank_bytes(const Run& run, int64_t pipeline_rank, const Backen
   return bytes;
 }
 
+// One tensor-parallel shard of a final weight (keep_final_weights), joined with the others' later.
+struct WeightShard {
+  TensorCut cut;
+  std::vector<int64_t> global_shape;
+  std::vector<float> values;
+};
+
 class RankTrainer {
  public:
   RankTrainer(const Run& run, Backend& backend, ParallelGroups& groups, std::ostream* out)
@@ -133,7 +140,8 @@ class RankTrainer {
     }
     Parameter* embedding = nullptr;  // stage 0's, when this rank holds it: a V's last stage reads it
     for (const int64_t stage : stages_of_pipeline_rank(groups.pipeline_rank, run.plan)) {
-      chunks_.push_back(std::make_unique<GptModel>(run.model, run.plan, stage, backend, run.options.seed, embedding));
+      chunks_.push_back(std::make_unique<GptModel>(run.model, run.plan, stage, backend, run.options.seed, embedding,
+                                                   groups.tensor_parallel.get()));
       if (chunks_.back()->first_stage()) embedding = chunks_.back()->word_embedding();
       by_stage_[stage] = chunks_.back().get();
     }
@@ -153,8 +161,11 @@ class RankTrainer {
   }
 
   TrainSummary train();
+  // With keep_final_weights, on the first data-parallel replica: the rank's part of every parameter.
+  std::map<std::string, WeightShard>& final_shards() { return final_shards_; }
 
  private:
+  std::map<std::string, WeightShard> final_shards_;
   // The sum over the pipeline's stages and the data-parallel replicas (each rank adds its part).
   double sum_over_model(double value) {
     if (groups_.pipeline) value = sum_over(*groups_.pipeline, backend_, value);
@@ -282,8 +293,7 @@ TrainSummary RankTrainer::train() {
     // Each iteration replaces the last one's timeline: the run's last iteration is the one kept.
     const bool traced = options.record_timeline && groups_.data_parallel_rank == 0 && groups_.tensor_parallel_rank == 0;
     if (traced) summary.timeline = Timeline{"measured (" + backend_.name() + ")", {}};
-    const IterationResult result =
-        interpreter_->run(iteration, lr, microbatch, traced ? &summary.timeline : nullptr, std::chrono::steady_clock::now());
+    const IterationResult result = interpreter_->run(iteration, lr, microbatch, traced ? &summary.timeline : nullptr);
     const double loss = sum_over_model(result.loss_sum) / static_cast<double>(microbatches * plan.data_parallel_size);
     state.iteration = iteration;
     state.consumed_samples += plan.global_batch_size;
@@ -317,9 +327,11 @@ TrainSummary RankTrainer::train() {
   if (options.keep_final_weights && groups_.data_parallel_rank == 0) {
     for (auto& chunk : chunks_) {
       for (const Parameter& p : chunk->parameters()) {
-        std::vector<float>& values = summary.final_weights[p.name];
-        values.resize(p.size);
-        backend_.download(values.data(), p.value, p.size);
+        WeightShard& shard = final_shards_[p.name];
+        shard.cut = tensor_cut(p);
+        shard.global_shape = p.global_shape;
+        shard.values.resize(p.size);
+        backend_.download(shard.values.data(), p.value, p.size);
       }
     }
   }
@@ -328,55 +340,110 @@ TrainSummary RankTrainer::train() {
 
 }  // namespace
 
-TrainSummary train(const ModelSpec& model, const ParallelPlan& plan, const TrainOptions& options_in,
-                   const BackendFactory& make_backend, std::ostream& out, const InProcessMemoryFactory& make_memory) {
+namespace {
+
+TrainOptions with_defaults(const TrainOptions& options_in) {
   TrainOptions options = options_in;
   if (options.learning_rate.decay_iterations == 0) options.learning_rate.decay_iterations = options.train_iters;
   validate(options);
-  GptModel::refuse_unsupported(model, plan);
-  // A schedule that would hang is refused before any rank starts.
+  return options;
+}
+
+PipelineSchedule checked_schedule(const ParallelPlan& plan, const TrainOptions& options) {
   PipelineSchedule schedule = lower_schedule(options.pipeline_schedule_csv ? imported_schedule(*options.pipeline_schedule_csv, plan)
                                                                            : generate_plan_schedule(plan));
   validate_schedule(schedule);
+  return schedule;
+}
 
-  const IndexedDataset dataset(options.data_path);
-  const auto splits = split_documents(options.split, static_cast<int64_t>(dataset.num_documents()));
-  const int64_t gbs = plan.global_batch_size;
-  const GptSamples train_samples(dataset, splits[0], model.seq_length, options.train_iters * gbs, options.seed);
-  const int64_t evaluations = options.train_iters / options.eval_interval + 1;
-  std::optional<GptSamples> valid_samples;
-  if (splits[1].size() > 0 && options.eval_iters > 0) {
-    valid_samples.emplace(dataset, splits[1], model.seq_length, evaluations * options.eval_iters * gbs,
-                          options.seed + 1);
+// What every rank of a run shares, built and checked before any rank starts (a schedule that would
+// hang is refused here). Not movable: the samples refer to the dataset.
+struct PreparedRun {
+  PreparedRun(const ModelSpec& model_in, const ParallelPlan& plan_in, const TrainOptions& options_in)
+      : model(model_in),
+        plan(plan_in),
+        options(with_defaults(options_in)),
+        schedule((GptModel::refuse_unsupported(model, plan), checked_schedule(plan, options))),
+        dataset(options.data_path),
+        splits(split_documents(options.split, static_cast<int64_t>(dataset.num_documents()))),
+        train_samples(dataset, splits[0], model.seq_length, options.train_iters * plan.global_batch_size, options.seed) {
+    const int64_t evaluations = options.train_iters / options.eval_interval + 1;
+    if (splits[1].size() > 0 && options.eval_iters > 0) {
+      valid_samples.emplace(dataset, splits[1], model.seq_length,
+                            evaluations * options.eval_iters * plan.global_batch_size, options.seed + 1);
+    }
   }
-  const Run run{model, plan, options, std::move(schedule), dataset, train_samples,
-                valid_samples ? &*valid_samples : nullptr};
+  PreparedRun(const PreparedRun&) = delete;
+  PreparedRun& operator=(const PreparedRun&) = delete;
+  Run run() const {
+    return Run{model, plan, options, schedule, dataset, train_samples, valid_samples ? &*valid_samples : nullptr};
+  }
 
+  const ModelSpec& model;
+  const ParallelPlan& plan;
+  TrainOptions options;
+  PipelineSchedule schedule;
+  IndexedDataset dataset;
+  std::array<DocumentRange, 3> splits;
+  GptSamples train_samples;
+  std::optional<GptSamples> valid_samples;
+};
+
+}  // namespace
+
+TrainSummary train(const ModelSpec& model, const ParallelPlan& plan, const TrainOptions& options,
+                   const BackendFactory& make_backend, std::ostream& out, const InProcessMemoryFactory& make_memory) {
+  const PreparedRun prepared(model, plan, options);
+  const Run run = prepared.run();
   if (plan.world_size() == 1) {
     std::unique_ptr<Backend> backend = make_backend(0);
-    ParallelGroups groups = make_parallel_groups(plan, 0, [](const std::vector<int64_t>&, const std::string&) {
+    ParallelGroups groups = make_parallel_groups(plan, 0, [](const GroupKind&) {
       return std::unique_ptr<Comm>();  // a world of one needs no communicator
     });
-    return RankTrainer(run, *backend, groups, &out).train();
+    RankTrainer trainer(run, *backend, groups, &out);
+    TrainSummary summary = trainer.train();
+    for (auto& [name, shard] : trainer.final_shards()) summary.final_weights[name] = std::move(shard.values);
+    return summary;
   }
-  InProcessWorld world(plan.world_size(), std::chrono::minutes(options.distributed_timeout_minutes), make_memory());
+  InProcessWorld world(plan.world_size(), std::chrono::minutes(prepared.options.distributed_timeout_minutes),
+                       make_memory());
   TrainSummary summary;
+  std::map<std::string, std::map<int64_t, WeightShard>> shards;  // by name, then shard index
   std::mutex summary_mutex;
   run_rank_threads(world, plan.world_size(), [&](int64_t rank) {
     std::unique_ptr<Backend> backend = make_backend(rank);
-    ParallelGroups groups = make_parallel_groups(plan, rank, [&](const std::vector<int64_t>& ranks, const std::string& label) {
-      return world.group(rank, ranks, label);
+    ParallelGroups groups = make_parallel_groups(plan, rank, [&](const GroupKind& kind) -> std::unique_ptr<Comm> {
+      if (!needs_communicator(kind)) return nullptr;
+      return world.group(rank, kind.groups[static_cast<std::size_t>(kind.mine)], kind.label);
     });
-    TrainSummary mine = RankTrainer(run, *backend, groups, rank == 0 ? &out : nullptr).train();
+    RankTrainer trainer(run, *backend, groups, rank == 0 ? &out : nullptr);
+    TrainSummary mine = trainer.train();
     const std::lock_guard<std::mutex> lock(summary_mutex);
-    summary.final_weights.merge(mine.final_weights);
+    for (auto& [name, shard] : trainer.final_shards()) shards[name].emplace(shard.cut.index, std::move(shard));
     summary.timeline.slices.insert(summary.timeline.slices.end(), mine.timeline.slices.begin(), mine.timeline.slices.end());
     if (rank == 0) {
-      mine.final_weights = std::move(summary.final_weights);
       mine.timeline.slices = std::move(summary.timeline.slices);
       summary = std::move(mine);
     }
   });
+  // Tensor-parallel shards joined into the tensors the single-rank run holds.
+  for (auto& [name, parts] : shards) {
+    std::vector<std::vector<float>> values;
+    for (auto& [index, shard] : parts) values.push_back(std::move(shard.values));
+    const WeightShard& first = parts.begin()->second;
+    summary.final_weights[name] = reshard(values, first.cut, first.global_shape, TensorCut{});
+  }
+  return summary;
+}
+
+TrainSummary train_rank(const ModelSpec& model, const ParallelPlan& plan, const TrainOptions& options, int64_t rank,
+                        Backend& backend, const CommFactory& make_comm, std::ostream& out) {
+  const PreparedRun prepared(model, plan, options);
+  const Run run = prepared.run();
+  ParallelGroups groups = make_parallel_groups(plan, rank, make_comm);
+  RankTrainer trainer(run, backend, groups, rank == 0 ? &out : nullptr);
+  TrainSummary summary = trainer.train();
+  for (auto& [name, shard] : trainer.final_shards()) summary.final_weights[name] = std::move(shard.values);
   return summary;
 }
 

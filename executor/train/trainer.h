@@ -21,6 +21,7 @@
 #include "core/timeline.h"
 #include "executor/comm/in_process_memory.h"
 #include "executor/runtime/backend.h"
+#include "executor/train/parallel_groups.h"
 #include "executor/train/learning_rate.h"
 
 namespace megaplan::exec {
@@ -81,5 +82,11 @@ using InProcessMemoryFactory = std::function<std::unique_ptr<InProcessMemory>()>
 TrainSummary train(const ModelSpec& model, const ParallelPlan& plan, const TrainOptions& options,
                    const BackendFactory& make_backend, std::ostream& out,
                    const InProcessMemoryFactory& make_memory = make_in_process_cpu_memory);
+
+// Trains rank `rank` of `plan` in this process while the other ranks run in their own processes
+// (NCCL, one process per GPU): `make_comm` builds its communicators. Rank 0 writes the log to
+// `out`. The summary's final_weights and timeline hold this rank's part only.
+TrainSummary train_rank(const ModelSpec& model, const ParallelPlan& plan, const TrainOptions& options, int64_t rank,
+                        Backend& backend, const CommFactory& make_comm, std::ostream& out);
 
 }  // namespace megaplan::exec

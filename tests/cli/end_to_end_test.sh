@@ -170,6 +170,10 @@ expect_ok train --device cpu --model "$examples/models/tiny-gpt.json" --vocab-si
   --world-size 2 --pp 2 --schedule zbv --vpp 2 --num-layers 4 --mbs 1 --gbs 4 \
   --data-path "$scratch/corpus" --split 1,0,0 --train-iters 2 --log-interval 1
 [ "$(grep -c '^iteration [12]/2 | loss ' "$scratch/out")" -eq 2 ] || fail "a pipeline's rank 0 prints one line per iteration: $(cat "$scratch/out")"
+expect_ok train --device cpu --model "$examples/models/tiny-gpt.json" --vocab-size 257 --seq-length 16 \
+  --world-size 4 --tp 2 --sequence-parallel --pp 2 --num-layers 2 --mbs 1 --gbs 2 \
+  --data-path "$scratch/corpus" --split 1,0,0 --train-iters 2 --log-interval 1
+[ "$(grep -c '^iteration [12]/2 | loss ' "$scratch/out")" -eq 2 ] || fail "tp 2 x pp 2 prints one line per iteration: $(cat "$scratch/out")"
 expect_error 'error: --recompute-method: needs --recompute-granularity full' train --device cpu --model "$examples/models/tiny-gpt.json" --recompute-method block --data-path "$scratch/corpus" --train-iters 2
 expect_error 'error: --recompute-num-layers: must be between 1 and the 2 layers of a model chunk, got 3' train --device cpu --model "$examples/models/tiny-gpt.json" --recompute-granularity full --recompute-num-layers 3 --data-path "$scratch/corpus" --train-iters 2
 expect_error 'error: --context-parallel-size: context parallelism is not in the executor yet' train --device cpu --model "$examples/models/tiny-gpt.json" --world-size 2 --cp 2 --data-path "$scratch/corpus" --train-iters 2
@@ -179,6 +183,19 @@ RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 "$megaplan" train --device c
 [ $? -eq 2 ] && [ "$(wc -l <"$scratch/err")" -eq 1 ] &&
   grep -q 'error: --world-size: the plan has 2 ranks but torchrun started 1' "$scratch/err" ||
   fail "train under a launcher of another world size: $(cat "$scratch/err")"
+# One process per GPU: the CPU backend's ranks are threads of one process, so a launched world of
+# several is refused; a launched world of several needs rank 0's address, checked before any GPU.
+RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=2 "$megaplan" train --device cpu --model "$examples/models/tiny-gpt.json" \
+  --data-path "$scratch/corpus" --train-iters 2 >"$scratch/out" 2>"$scratch/err"
+[ $? -eq 2 ] && [ "$(wc -l <"$scratch/err")" -eq 1 ] &&
+  grep -q 'error: --device: torchrun started 2 processes, but the CPU backend runs every rank as a thread' "$scratch/err" ||
+  fail "train --device cpu under a launcher of 2: $(cat "$scratch/err")"
+env -u MASTER_ADDR -u MASTER_PORT OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=2 OMPI_COMM_WORLD_LOCAL_RANK=0 \
+  OMPI_COMM_WORLD_LOCAL_SIZE=2 "$megaplan" train --device cuda --model "$examples/models/tiny-gpt.json" \
+  --data-path "$scratch/corpus" --train-iters 2 >"$scratch/out" 2>"$scratch/err"
+[ $? -eq 2 ] && [ "$(wc -l <"$scratch/err")" -eq 1 ] &&
+  grep -q 'error: MASTER_ADDR: mpirun started 2 processes but MASTER_ADDR is not set' "$scratch/err" ||
+  fail "train under mpirun -np 2 without MASTER_ADDR: $(cat "$scratch/err")"
 expect_ok train --device cpu --model "$examples/models/tiny-gpt.json" --vocab-size 257 --seq-length 16 --num-layers 1 \
   --data-path "$scratch/corpus" --split 1,0,0 --train-iters 2 --mbs 1 --gbs 2 --log-interval 1 --log-file "$scratch/train.jsonl"
 grep -q '^iteration 2/2 | loss ' "$scratch/out" || fail "train prints no iteration line: $(cat "$scratch/out")"
@@ -192,6 +209,17 @@ expect_error 'error: --device: must be cpu or cuda, got "tpu"' train --device tp
 expect_error 'error: --micro-batch-size: .* needs [0-9]+ bytes on pipeline rank 0 \(cpu: .* but [0-9]+ are available' train --device cpu --model "$examples/models/tiny-gpt.json" --hidden-size 65536 --num-attention-heads 64 --num-layers 64 --data-path "$scratch/corpus" --train-iters 2
 if [ ! -e /dev/nvidia0 ]; then
   expect_error 'error: --device: (no usable CUDA GPU|this megaplan was built without CUDA)' train --device cuda --model "$examples/models/tiny-gpt.json" --data-path "$scratch/corpus" --train-iters 2
+  # Launched, the rank refuses the same way (through the NCCL world, before its backend).
+  RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 expect_error 'error: --device: (no usable CUDA GPU|this megaplan was built without CUDA)' \
+    train --device cuda --model "$examples/models/tiny-gpt.json" --data-path "$scratch/corpus" --train-iters 2
+fi
+# With a usable GPU, a rank started by `megaplan launch` trains over NCCL (heads of dimension 64,
+# as the flash attention kernels take).
+if "$megaplan" devices >/dev/null 2>&1; then
+  expect_ok launch --nproc-per-node 1 -- train --device cuda --model "$examples/models/tiny-gpt.json" --vocab-size 257 \
+    --seq-length 16 --num-layers 1 --hidden-size 128 --num-attention-heads 2 --data-path "$scratch/corpus" \
+    --split 1,0,0 --train-iters 2 --mbs 1 --gbs 2 --log-interval 1 --distributed-timeout-minutes 1
+  [ "$(grep -c '^iteration [12]/2 | loss ' "$scratch/out")" -eq 2 ] || fail "launch -- train --device cuda: $(cat "$scratch/out" "$scratch/err")"
 fi
 
 # Search: a small space end to end; the best plan as a job file that simulate reads back; JSON;
@@ -205,6 +233,13 @@ grep -q ' simulated; ' "$scratch/out" || fail "search prints no counts"
 expect_ok simulate --plan "$scratch/best.json"
 expect_error 'error: --world-size: 4 differs from the 8 GPUs .*best.json lays the model over' train --device cpu --plan "$scratch/best.json" --world-size 4 --data-path "$scratch/corpus" --train-iters 2
 expect_error 'error: --plan: cannot be combined with --pp' train --device cpu --plan "$scratch/best.json" --pp 2 --data-path "$scratch/corpus" --train-iters 2
+expect_ok search --model gpt2-350m --cluster dgx-a100-80gb --gpus 16 --gbs 16 --pp 2 --cp 1 --top 1 --threads 2 \
+  --emit launch --out "$scratch/best16.json"
+for line in "^NCCL_NVLS_ENABLE=0 torchrun --nnodes 2 --nproc-per-node 8 --node-rank \\\$NODE_RANK .* --no-python megaplan train --plan $scratch/best16.json --device cuda" \
+  "^megaplan launch --nnodes 2 --nproc-per-node 8 .* -- train --plan $scratch/best16.json" \
+  "srun --nodes 2 --ntasks-per-node 8 --gpus-per-node 8 megaplan train --plan" "^mpirun -np 16 --npernode 8 "; do
+  grep -q -- "$line" "$scratch/out" || fail "search --emit launch prints no line matching $line: $(cat "$scratch/out")"
+done
 expect_ok search --model gpt2-350m --cluster dgx-a100-80gb --gpus 8 --gbs 16 --tp 2 --pp 2 --json
 for key in plans counts iteration_time_s model_tflops_per_gpu mfu bubble_fraction peak_memory_bytes fits_in_memory \
   tensor_parallel_size pruned_by_bound simulated; do
@@ -215,7 +250,7 @@ expect_error 'error: --global-batch-size: 1537 is not divisible by any data-para
 expect_error 'error: --gpus: 65536 GPUs exceed cluster dgx-a100-80gb' search --gpus 65536
 expect_error 'error: --memory-fraction: no layout fits in .* the closest, .* more' search --model gpt3-175b --gpus 8 --gbs 8 --cp 1 --out "$scratch/never-best.json"
 [ ! -e "$scratch/never-best.json" ] || fail "a failed search wrote --out"
-expect_error 'error: --emit: knows "megatron" only' search --model gpt2-350m --cluster dgx-a100-80gb --gpus 8 --gbs 16 --emit deepspeed
+expect_error 'error: --emit: knows "megatron" and "launch"' search --model gpt2-350m --cluster dgx-a100-80gb --gpus 8 --gbs 16 --emit deepspeed
 
 # Launch: one node's ranks as torchrun starts them; a failing rank is named and its code returned.
 expect_ok launch --nproc-per-node 2 -- presets

@@ -1,6 +1,6 @@
 // Per-rank checkpoints: Megatron's directory layout, a bit-exact resume under the saving layout,
 // loading under other layouts (pipeline, virtual pipeline, data parallelism, the distributed
-// optimizer on or off) on the single-rank trajectory, the tensor-parallel resharding rule, and
+// optimizer on or off, tensor and sequence parallelism) on the single-rank trajectory, the tensor-parallel resharding rule, and
 // refusals (a corrupted shard, a checkpoint of another model) and failed saves that leave the last
 // good checkpoint as it was. A 4-layer GPT on the CPU backend, ranks as threads.
 //
@@ -39,6 +39,7 @@ megaplan::ModelSpec four_layer_gpt() {
   model.hidden_size = 32;
   model.num_attention_heads = 2;
   model.seq_length = 16;
+  model.make_vocab_size_divisible_by = 129;  // 257 pads to 258 at tp 1 and tp 2 alike
   return model;
 }
 
@@ -57,13 +58,7 @@ exec::TrainOptions options_for(const std::string& corpus) {
 }
 
 ParallelPlan plan_of(int64_t pp, int64_t dp, int64_t vpp, ScheduleKind schedule, bool distributed_optimizer) {
-  ParallelPlan plan;
-  plan.pipeline_parallel_size = pp;
-  plan.data_parallel_size = dp;
-  plan.virtual_pipeline_parallel_size = vpp;
-  plan.micro_batch_size = 2;
-  plan.global_batch_size = 8;
-  plan.schedule = schedule;
+  ParallelPlan plan = megaplan::test::layout(1, pp, dp, vpp, schedule);
   plan.use_distributed_optimizer = distributed_optimizer;
   return plan;
 }
@@ -155,12 +150,14 @@ class FailingDownloads final : public exec::Backend {
     inner_.linear_backward_through_gelu(dy, w, m, k, n, pre, d_pre);
   }
   void embedding_forward(const int64_t* tokens, std::size_t count, std::size_t seq, ConstActivation word,
-                         ConstActivation position, std::size_t hidden, Activation y) override {
-    inner_.embedding_forward(tokens, count, seq, word, position, hidden, y);
+                         std::size_t vocab_start, std::size_t vocab_rows, ConstActivation position, std::size_t hidden,
+                         Activation y) override {
+    inner_.embedding_forward(tokens, count, seq, word, vocab_start, vocab_rows, position, hidden, y);
   }
   void embedding_backward(ConstActivation dy, const int64_t* tokens, std::size_t count, std::size_t seq,
-                          std::size_t hidden, float* dword, float* dposition) override {
-    inner_.embedding_backward(dy, tokens, count, seq, hidden, dword, dposition);
+                          std::size_t hidden, std::size_t vocab_start, std::size_t vocab_rows, float* dword,
+                          float* dposition) override {
+    inner_.embedding_backward(dy, tokens, count, seq, hidden, vocab_start, vocab_rows, dword, dposition);
   }
   void layernorm_forward(ConstActivation x, ConstActivation residual, Activation sum_out, ConstActivation gamma,
                          ConstActivation beta, std::size_t rows, std::size_t cols, Activation y, float* mean,
@@ -185,16 +182,14 @@ class FailingDownloads final : public exec::Backend {
                           Activation dqkv) override {
     inner_.attention_backward(dout, qkv, out, saved, batch, seq, heads, dim, dqkv);
   }
-  std::size_t cross_entropy_saved_size(std::size_t tokens, std::size_t vocab) const override {
-    return inner_.cross_entropy_saved_size(tokens, vocab);
+  void cross_entropy_statistics(ConstActivation logits, const int64_t* targets, std::size_t tokens, std::size_t vocab,
+                                std::size_t vocab_start, float* lse, float* target_logit) override {
+    inner_.cross_entropy_statistics(logits, targets, tokens, vocab, vocab_start, lse, target_logit);
   }
-  double cross_entropy_forward(ConstActivation logits, const int64_t* targets, const float* mask, std::size_t tokens,
-                               std::size_t vocab, float* saved) override {
-    return inner_.cross_entropy_forward(logits, targets, mask, tokens, vocab, saved);
-  }
-  void cross_entropy_backward(ConstActivation logits, const float* saved, const int64_t* targets, const float* mask,
-                              std::size_t tokens, std::size_t vocab, float scale, Activation dlogits) override {
-    inner_.cross_entropy_backward(logits, saved, targets, mask, tokens, vocab, scale, dlogits);
+  void cross_entropy_backward(ConstActivation logits, const float* lse, const int64_t* targets, const float* mask,
+                              std::size_t tokens, std::size_t vocab, std::size_t vocab_start, float scale,
+                              Activation dlogits) override {
+    inner_.cross_entropy_backward(logits, lse, targets, mask, tokens, vocab, vocab_start, scale, dlogits);
   }
   void add(ConstActivation a, ConstActivation b, std::size_t n, Activation y) override { inner_.add(a, b, n, y); }
   void copy(ConstActivation from, std::size_t n, Activation to) override { inner_.copy(from, n, to); }
@@ -205,6 +200,11 @@ class FailingDownloads final : public exec::Backend {
     inner_.adamw_step(tensors, settings);
   }
   void synchronize() override { inner_.synchronize(); }
+  exec::TimingMark mark() override { return inner_.mark(); }
+  double seconds_between(exec::TimingMark from, exec::TimingMark to) override {
+    return inner_.seconds_between(from, to);
+  }
+  void release_marks() override { inner_.release_marks(); }
 
  private:
   exec::CpuBackend inner_;
@@ -280,6 +280,55 @@ TEST_CASE("a checkpoint of pp 2 x dp 2 resumes bit for bit and loads under other
   CHECK(megaplan::read_text_file(directory + "/latest_checkpointed_iteration.txt") == "8\n");
 }
 
+TEST_CASE("a checkpoint of tp 2 x pp 2 resumes bit for bit and loads at one rank and at pp 4", "[checkpoint]") {
+  const megaplan::test::ScratchDirectory scratch;
+  const megaplan::ModelSpec model = four_layer_gpt();
+  exec::TrainOptions options = options_for(megaplan::test::sentence_corpus(scratch));
+  ParallelPlan saving = plan_of(2, 1, 1, ScheduleKind::kOneFOneB, false);
+  saving.tensor_parallel_size = 2;
+  saving.sequence_parallel = true;
+  const Outcome single = train(model, plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false), options, scratch, "single");
+  const Outcome whole = train(model, saving, options, scratch, "whole");
+  REQUIRE(whole.losses.size() == 8);
+
+  const std::string directory = scratch.file("checkpoints");
+  options.save = directory;
+  options.exit_interval = 4;
+  CHECK(train(model, saving, options, scratch, "first-half").summary.last_iteration == 4);
+  // One directory per (tensor, pipeline) rank; a column-parallel tensor is saved as its part.
+  for (const char* rank : {"mp_rank_00_000", "mp_rank_01_000", "mp_rank_00_001", "mp_rank_01_001"}) {
+    CHECK(fs::exists(directory + "/iter_0000004/" + rank + "/model.bin"));
+  }
+  const nlohmann::json manifest =
+      nlohmann::json::parse(megaplan::read_text_file(directory + "/iter_0000004/mp_rank_01_000/manifest.json"));
+  bool column_part = false;
+  for (const nlohmann::json& tensor : manifest.at("tensors")) {
+    if (tensor.at("name") != "decoder.layers.0.self_attention.linear_qkv.weight") continue;
+    column_part = tensor.at("shard") == nlohmann::json{{"dim", 0}, {"index", 1}, {"count", 2}} &&
+                  tensor.at("shape") == nlohmann::json::array({48, 32}) &&
+                  tensor.at("global_shape") == nlohmann::json::array({96, 32});
+  }
+  CHECK(column_part);
+
+  options.exit_interval = 0;
+  options.save.reset();
+  options.load = directory;
+  for (const auto& [name, plan] : std::vector<std::pair<std::string, ParallelPlan>>{
+           {"one rank", plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false)},
+           {"pp 4", plan_of(4, 1, 1, ScheduleKind::kOneFOneB, false)}}) {
+    INFO(name);
+    const Outcome resumed = train(model, plan, options, scratch, name);
+    REQUIRE(resumed.losses.size() == 4);
+    for (std::size_t i = 0; i < 4; ++i) {
+      INFO("iteration " << i + 5);
+      CHECK(resumed.losses[i] == Approx(single.losses[i + 4]).epsilon(1e-4));
+    }
+  }
+  const Outcome resumed = train(model, saving, options, scratch, "second-half");
+  REQUIRE(resumed.losses.size() == 4);
+  for (std::size_t i = 0; i < 4; ++i) CHECK(resumed.losses[i] == whole.losses[i + 4]);
+}
+
 TEST_CASE("checkpoints hand a run from pp 2 interleaved to dp 2 with the distributed optimizer to pp 2",
           "[checkpoint]") {
   const megaplan::test::ScratchDirectory scratch;
@@ -314,37 +363,6 @@ TEST_CASE("checkpoints hand a run from pp 2 interleaved to dp 2 with the distrib
     INFO("iteration " << i + 1);
     CHECK(losses[i] == Approx(single.losses[i]).epsilon(1e-4));
   }
-}
-
-TEST_CASE("resharding concatenates saved parts along their dimension and cuts the wanted part", "[checkpoint]") {
-  // A [4, 6, 2] tensor holding 0 .. 47, saved as 2 parts along dimension 1 (row-parallel style).
-  const std::vector<int64_t> shape = {4, 6, 2};
-  std::vector<float> whole(48);
-  for (std::size_t i = 0; i < whole.size(); ++i) whole[i] = static_cast<float>(i);
-  const auto element = [](std::size_t a, std::size_t b, std::size_t c) { return static_cast<float>((a * 6 + b) * 2 + c); };
-  std::vector<std::vector<float>> halves(2);
-  for (std::size_t a = 0; a < 4; ++a) {
-    for (std::size_t b = 0; b < 6; ++b) {
-      for (std::size_t c = 0; c < 2; ++c) halves[b / 3].push_back(element(a, b, c));
-    }
-  }
-  CHECK(exec::reshard(halves, 1, shape, {}) == whole);
-  CHECK(exec::reshard({whole}, -1, shape, {}) == whole);
-  // Part 1 of 3 along dimension 1: columns 2 and 3 of every row.
-  std::vector<float> third;
-  for (std::size_t a = 0; a < 4; ++a) {
-    for (std::size_t b = 2; b < 4; ++b) {
-      for (std::size_t c = 0; c < 2; ++c) third.push_back(element(a, b, c));
-    }
-  }
-  CHECK(exec::reshard(halves, 1, shape, {1, 1, 3}) == third);
-  // Part 3 of 4 along dimension 0 (column-parallel style): the last row block.
-  CHECK(exec::reshard(halves, 1, shape, {0, 3, 4}) == std::vector<float>(whole.begin() + 36, whole.end()));
-  // Part 1 of 2 along the last dimension.
-  std::vector<float> odd;
-  for (std::size_t i = 1; i < 48; i += 2) odd.push_back(whole[i]);
-  CHECK(exec::reshard({whole}, -1, shape, {2, 1, 2}) == odd);
-  CHECK_THROWS_AS(exec::reshard(halves, 1, shape, {1, 0, 4}), std::invalid_argument);  // 6 columns in 4 parts
 }
 
 TEST_CASE("a corrupted shard and a checkpoint of another model are refused with one line", "[checkpoint]") {

@@ -1,9 +1,10 @@
 // The bf16 CUDA backend against the fp32 CPU backend, operation by operation, on fresh random
-// bf16-representable inputs (outputs poisoned first, so an unwritten element fails), then a tiny
-// GPT trained on the GPU: its loss falls as on the CPU, and a resumed run repeats the
-// uninterrupted one bit for bit.
+// bf16-representable inputs (outputs poisoned first, so an unwritten element fails); its timing
+// marks time the GPU's work; then a tiny GPT trained on the GPU: its loss falls as on the CPU, and
+// a resumed run repeats the uninterrupted one bit for bit.
 #include <catch2/catch.hpp>
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -11,10 +12,12 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
+#include <stdexcept>
 #include <unistd.h>
 #include <vector>
 
 #include "executor/data/prepare.h"
+#include "executor/model/vocabulary_parallel_loss.h"
 #include "executor/runtime/cpu_backend.h"
 #include "executor/runtime/cuda_backend.h"
 #include "executor/train/trainer.h"
@@ -25,6 +28,7 @@ namespace {
 using megaplan::exec::Activation;
 using megaplan::exec::Backend;
 using megaplan::exec::LinearEpilogue;
+using megaplan::exec::merge_cross_entropy;
 
 // Round to bf16 (nearest even) and back, so both backends start from the same values.
 float bf16_round(float value) {
@@ -72,17 +76,22 @@ class Both {
   Floats float_output(std::size_t n) { return floats(std::vector<float>(n, 1e30f)); }  // poisoned
   Acts act_output(std::size_t n) { return acts(std::vector<float>(n, 1e30f)); }
   // ||gpu - cpu|| / ||cpu||, with a NaN or an unwritten element failing.
-  double error(const Floats& pair) {
-    std::vector<float> a(pair.n), b(pair.n);
-    cpu_.download(a.data(), pair.cpu, pair.n);
-    gpu_->download(b.data(), pair.gpu, pair.n);
-    return relative(a, b);
-  }
+  double error(const Floats& pair) { return relative(cpu_values(pair), gpu_values(pair)); }
   double error(const Acts& pair) {
     std::vector<float> a(pair.n), b(pair.n);
     cpu_.download(a.data(), pair.cpu, pair.n);
     gpu_->download(b.data(), pair.gpu, pair.n);
     return relative(a, b);
+  }
+  std::vector<float> cpu_values(const Floats& pair) {
+    std::vector<float> values(pair.n);
+    cpu_.download(values.data(), pair.cpu, pair.n);
+    return values;
+  }
+  std::vector<float> gpu_values(const Floats& pair) {
+    std::vector<float> values(pair.n);
+    gpu_->download(values.data(), pair.gpu, pair.n);
+    return values;
   }
   megaplan::exec::CpuBackend& cpu() { return cpu_; }
   Backend& gpu() { return *gpu_; }
@@ -149,18 +158,26 @@ TEST_CASE("every CUDA operation matches the CPU backend", "[gpu][kernels]") {
     const std::size_t vocab = 11, seq = 5, hidden = 16, count = 20;
     std::vector<int64_t> tokens(count);
     for (int64_t& t : tokens) t = static_cast<int64_t>(generator() % vocab);
-    Acts word = both.acts(random_vector(vocab * hidden, generator)),
-         position = both.acts(random_vector(seq * hidden, generator)), y = both.act_output(count * hidden);
-    both.cpu().embedding_forward(tokens.data(), count, seq, word.cpu, position.cpu, hidden, y.cpu);
-    both.gpu().embedding_forward(tokens.data(), count, seq, word.gpu, position.gpu, hidden, y.gpu);
-    CHECK(both.error(y) < kBf16);
-    Acts dy = both.acts(random_vector(count * hidden, generator));
-    Floats dword = both.floats(random_vector(vocab * hidden, generator)),
-           dposition = both.floats(random_vector(seq * hidden, generator));
-    both.cpu().embedding_backward(dy.cpu, tokens.data(), count, seq, hidden, dword.cpu, dposition.cpu);
-    both.gpu().embedding_backward(dy.gpu, tokens.data(), count, seq, hidden, dword.gpu, dposition.gpu);
-    CHECK(both.error(dword) < kFp32);
-    CHECK(both.error(dposition) < kFp32);
+    // The whole table, and a vocabulary-parallel shard of rows 4 .. 8 that some tokens miss.
+    for (auto [vocab_start, vocab_rows] : {std::pair<std::size_t, std::size_t>{0, vocab}, {4, 5}}) {
+      INFO("rows " << vocab_start << " + " << vocab_rows);
+      Acts word = both.acts(random_vector(vocab_rows * hidden, generator)),
+           position = both.acts(random_vector(seq * hidden, generator)), y = both.act_output(count * hidden);
+      both.cpu().embedding_forward(tokens.data(), count, seq, word.cpu, vocab_start, vocab_rows, position.cpu, hidden,
+                                   y.cpu);
+      both.gpu().embedding_forward(tokens.data(), count, seq, word.gpu, vocab_start, vocab_rows, position.gpu, hidden,
+                                   y.gpu);
+      CHECK(both.error(y) < kBf16);
+      Acts dy = both.acts(random_vector(count * hidden, generator));
+      Floats dword = both.floats(random_vector(vocab_rows * hidden, generator)),
+             dposition = both.floats(random_vector(seq * hidden, generator));
+      both.cpu().embedding_backward(dy.cpu, tokens.data(), count, seq, hidden, vocab_start, vocab_rows, dword.cpu,
+                                    dposition.cpu);
+      both.gpu().embedding_backward(dy.gpu, tokens.data(), count, seq, hidden, vocab_start, vocab_rows, dword.gpu,
+                                    dposition.gpu);
+      CHECK(both.error(dword) < kFp32);
+      CHECK(both.error(dposition) < kFp32);
+    }
   }
   SECTION("layernorm with the residual add") {
     Acts x = both.acts(random_vector(m * k, generator, 3.0f)), residual = both.acts(random_vector(m * k, generator)),
@@ -203,21 +220,44 @@ TEST_CASE("every CUDA operation matches the CPU backend", "[gpu][kernels]") {
       CHECK(both.error(dqkv) < kBf16);
     }
   }
-  SECTION("cross entropy in place, the gradient norm, AdamW") {
-    const std::size_t tokens = 29, vocab = 128;
-    Acts logits = both.acts(random_vector(tokens * vocab, generator, 4.0f));
-    float* saved_cpu = both.cpu().allocate(both.cpu().cross_entropy_saved_size(tokens, vocab));
-    float* saved_gpu = both.gpu().allocate(both.gpu().cross_entropy_saved_size(tokens, vocab));
+  SECTION("cross entropy over 1 and 2 vocabulary shards in place, the gradient norm, AdamW") {
+    const std::size_t tokens = 29, whole_vocab = 256;
     std::vector<int64_t> targets(tokens);
-    for (int64_t& t : targets) t = static_cast<int64_t>(generator() % vocab);
+    for (int64_t& t : targets) t = static_cast<int64_t>(generator() % whole_vocab);
     std::vector<float> mask(tokens, 1.0f);
     mask[3] = 0.0f;
-    const double cpu_loss = both.cpu().cross_entropy_forward(logits.cpu, targets.data(), mask.data(), tokens, vocab, saved_cpu);
-    const double gpu_loss = both.gpu().cross_entropy_forward(logits.gpu, targets.data(), mask.data(), tokens, vocab, saved_gpu);
-    CHECK(gpu_loss == Approx(cpu_loss).epsilon(1e-5));
-    both.cpu().cross_entropy_backward(logits.cpu, saved_cpu, targets.data(), mask.data(), tokens, vocab, 0.5f, logits.cpu);
-    both.gpu().cross_entropy_backward(logits.gpu, saved_gpu, targets.data(), mask.data(), tokens, vocab, 0.5f, logits.gpu);
-    CHECK(both.error(logits) < kBf16);
+    for (const std::size_t shards : {std::size_t{1}, std::size_t{2}}) {
+      INFO(shards << " shard(s)");
+      const std::size_t vocab = whole_vocab / shards;
+      // Each shard's statistics where merge_cross_entropy wants them: [lse, target logit] per shard.
+      Floats statistics = both.float_output(shards * 2 * tokens);
+      std::vector<Acts> logits;
+      for (std::size_t s = 0; s < shards; ++s) {
+        logits.push_back(both.acts(random_vector(tokens * vocab, generator, 4.0f)));
+        float* cpu_rows = statistics.cpu + s * 2 * tokens;
+        float* gpu_rows = statistics.gpu + s * 2 * tokens;
+        both.cpu().cross_entropy_statistics(logits[s].cpu, targets.data(), tokens, vocab, s * vocab, cpu_rows,
+                                            cpu_rows + tokens);
+        both.gpu().cross_entropy_statistics(logits[s].gpu, targets.data(), tokens, vocab, s * vocab, gpu_rows,
+                                            gpu_rows + tokens);
+      }
+      CHECK(both.error(statistics) < kFp32);
+      std::vector<float> cpu_lse, gpu_lse;
+      const double cpu_loss = merge_cross_entropy(both.cpu_values(statistics), shards, mask.data(), tokens, cpu_lse);
+      const double gpu_loss = merge_cross_entropy(both.gpu_values(statistics), shards, mask.data(), tokens, gpu_lse);
+      CHECK(gpu_loss == Approx(cpu_loss).epsilon(1e-5));
+      // Each backend's backward from its own merged lse.
+      Floats lse = both.floats(cpu_lse);
+      both.gpu().upload(lse.gpu, gpu_lse.data(), tokens);
+      for (std::size_t s = 0; s < shards; ++s) {
+        INFO("shard " << s);
+        both.cpu().cross_entropy_backward(logits[s].cpu, lse.cpu, targets.data(), mask.data(), tokens, vocab,
+                                          s * vocab, 0.5f, logits[s].cpu);
+        both.gpu().cross_entropy_backward(logits[s].gpu, lse.gpu, targets.data(), mask.data(), tokens, vocab,
+                                          s * vocab, 0.5f, logits[s].gpu);
+        CHECK(both.error(logits[s]) < kBf16);
+      }
+    }
 
     Floats w = both.floats(random_vector(500, generator)), g = both.floats(random_vector(500, generator)),
            first = both.floats(std::vector<float>(500, 0.0f)), second = both.floats(std::vector<float>(500, 0.0f));
@@ -240,6 +280,32 @@ TEST_CASE("every CUDA operation matches the CPU backend", "[gpu][kernels]") {
     CHECK(both.error(second) < 1e-5);
     CHECK(both.error(copy) < 4e-3);  // the bf16 copy of the updated weights
   }
+}
+
+TEST_CASE("GPU timing marks time the work between them, not its issue", "[gpu][timing]") {
+  const std::unique_ptr<Backend> gpu = megaplan::exec::make_cuda_backend();
+  constexpr std::size_t kFloats = std::size_t{1} << 28;  // 1 GiB
+  constexpr int kFills = 8;
+  float* buffer = gpu->allocate(kFloats);
+  gpu->synchronize();
+  const auto host_start = std::chrono::steady_clock::now();
+  const megaplan::exec::TimingMark start = gpu->mark();
+  for (int i = 0; i < kFills; ++i) gpu->fill(buffer, kFloats, 1.0f + static_cast<float>(i));
+  const megaplan::exec::TimingMark end = gpu->mark();
+  const double measured = gpu->seconds_between(start, end);
+  const double host = std::chrono::duration<double>(std::chrono::steady_clock::now() - host_start).count();
+  // 8 GiB written take at least 0.86 ms at 10 TB/s, beyond any Hopper's bandwidth; queueing eight
+  // launches takes tens of microseconds, so host issue times would fall short of this.
+  CHECK(measured >= kFills * static_cast<double>(kFloats * sizeof(float)) / 10e12);
+  CHECK(measured <= host);  // the marks were recorded after host_start and reached before now
+  gpu->release(buffer);
+
+  gpu->release_marks();
+  CHECK_THROWS_AS(gpu->seconds_between(start, end), std::logic_error);
+  const megaplan::exec::TimingMark again = gpu->mark();  // the pool's first event, reused
+  CHECK(again.index == 0);
+  CHECK(gpu->seconds_between(again, gpu->mark()) >= 0);
+  gpu->release_marks();
 }
 
 TEST_CASE("a tiny GPT trains on the GPU and resumes bit for bit", "[gpu][train]") {

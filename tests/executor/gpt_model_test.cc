@@ -1,7 +1,7 @@
 // A GPT stage on the CPU backend: its backward is the gradient of its forward (finite differences on
 // a tiny model, every kind of parameter); the split backward (I then W) equals the fused one (B);
-// its parameters are core's count for every stage of a pipeline; its memory prediction is what it
-// allocates.
+// its parameters are core's count for every stage of a pipeline and tensor-parallel rank; its memory
+// prediction is what it allocates, with and without tensor and sequence parallelism.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -10,6 +10,8 @@
 
 #include "core/error.h"
 #include "core/formulas.h"
+#include "executor/comm/in_process_comm.h"
+#include "executor/comm/rank_threads.h"
 #include "executor/model/gpt_model.h"
 #include "executor/runtime/cpu_backend.h"
 
@@ -108,11 +110,19 @@ TEST_CASE("each pipeline stage holds the layers and parameters core gives it", "
     plan.virtual_pipeline_parallel_size = kind == megaplan::ScheduleKind::kOneFOneB ? 1 : 2;
     plan.schedule = kind;
     plan.global_batch_size = 4;
-    for (int64_t stage = 0; stage < plan.num_virtual_stages(); ++stage) {
-      INFO(megaplan::to_string(kind) << " stage " << stage);
-      std::size_t parameters = 0;
-      for (const auto& spec : GptModel::describe_parameters(model, plan, stage)) parameters += spec.size;
-      CHECK(static_cast<int64_t>(parameters) == megaplan::stage_parameters(model, plan, stage).parameters_per_gpu);
+    for (const int64_t tp : {1, 2}) {
+      plan.tensor_parallel_size = tp;
+      for (int64_t stage = 0; stage < plan.num_virtual_stages(); ++stage) {
+        for (int64_t rank = 0; rank < tp; ++rank) {
+          INFO(megaplan::to_string(kind) << " stage " << stage << " tp rank " << rank << " of " << tp);
+          std::size_t parameters = 0;
+          for (const auto& spec : GptModel::describe_parameters(model, plan, stage, rank)) {
+            parameters += spec.size;
+            CHECK(spec.shard_index == (spec.shard_count > 1 ? rank : 0));
+          }
+          CHECK(static_cast<int64_t>(parameters) == megaplan::stage_parameters(model, plan, stage).parameters_per_gpu);
+        }
+      }
     }
   }
   // A V places the last stage on rank 0 beside stage 0: its output layer reads the embedding itself.
@@ -149,5 +159,31 @@ TEST_CASE("the GPT's memory prediction is what it allocates, with and without re
       (void)model.evaluate(&data, nullptr, nullptr);
     }
     CHECK(backend.peak_bytes() == GptModel::predicted_bytes(spec, plan, 0, 1, backend));
+  }
+}
+
+TEST_CASE("the memory prediction holds under tensor and sequence parallelism", "[model]") {
+  megaplan::ModelSpec spec = tiny_model();
+  spec.make_vocab_size_divisible_by = 4;  // 16 rows: 8 per rank
+  for (const bool sequence_parallel : {false, true}) {
+    megaplan::ParallelPlan plan = one_rank(2);
+    plan.tensor_parallel_size = 2;
+    plan.sequence_parallel = sequence_parallel;
+    INFO("sequence parallel " << sequence_parallel);
+    megaplan::exec::InProcessWorld world(2, std::chrono::seconds(60));
+    std::vector<int64_t> peaks(2), predicted(2);
+    megaplan::exec::run_rank_threads(world, 2, [&](int64_t rank) {
+      std::unique_ptr<megaplan::exec::Comm> tp = world.group(rank, {0, 1}, "tp");
+      megaplan::exec::CpuBackend backend;
+      {
+        GptModel model(spec, plan, 0, backend, 42, nullptr, tp.get());
+        const MicrobatchTokens data = random_microbatch(2, 4, 16, 3);
+        (void)model.forward(0, &data);
+        model.backward_input(0, nullptr, 1.0f, nullptr, false);
+      }
+      peaks[static_cast<std::size_t>(rank)] = backend.peak_bytes();
+      predicted[static_cast<std::size_t>(rank)] = GptModel::predicted_bytes(spec, plan, 0, 1, backend);
+    });
+    CHECK(peaks == predicted);
   }
 }

@@ -1,6 +1,7 @@
 // The loss and optimizer kernels against the CPU references and double-precision math on fresh
-// random inputs: the fused softmax cross-entropy (padded vocabularies, masks, in place), the
-// multi-tensor AdamW with its bf16 weight copy, and the deterministic device sums.
+// random inputs: the fused softmax cross entropy (padded vocabularies, masks, a vocabulary shard
+// with targets outside it, in place), the multi-tensor AdamW with its bf16 weight copy, and the
+// deterministic device sums.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -50,86 +51,97 @@ bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
 
 }  // namespace
 
-TEST_CASE("cross entropy forward and backward match the CPU reference on padded vocabularies with masks",
+TEST_CASE("cross entropy statistics and backward match the CPU reference on padded vocabularies with masks",
           "[gpu][kernels]") {
   std::mt19937 generator(41);
   // (vocab, row_stride): GPT-2's vocabulary padded as Megatron pads it; a small one padded; an
   // odd stride that takes the scalar path.
   for (auto [vocab, stride] : {std::pair<int64_t, int64_t>{50257, 50304}, {1000, 1024}, {997, 1001}}) {
     for (int64_t tokens : {int64_t{1}, int64_t{37}, int64_t{512}}) {
-      INFO("vocab " << vocab << ", row_stride " << stride << ", tokens " << tokens);
-      const auto t_count = static_cast<std::size_t>(tokens), v_count = static_cast<std::size_t>(vocab),
-                 s_count = static_cast<std::size_t>(stride);
-      // Logits rounded to bf16 first, so the references see exactly what the device reads;
-      // padded columns hold huge values that would swamp the log-sum-exp if they were read.
-      std::vector<float> dense = normal_values(t_count * v_count, 0.0f, 3.0f, generator);
-      for (float& value : dense) value = cu::from_bf16(cu::to_bf16(value));
-      std::vector<float> padded(t_count * s_count, 1e30f);
-      for (std::size_t t = 0; t < t_count; ++t) std::copy_n(&dense[t * v_count], v_count, &padded[t * s_count]);
-      std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(vocab - 1));
-      std::bernoulli_distribution keep(0.7);
-      std::vector<int32_t> targets(t_count);
-      std::vector<int64_t> targets64(t_count);
-      std::vector<float> mask(t_count);
-      for (std::size_t t = 0; t < t_count; ++t) {
-        targets[t] = pick(generator);
-        targets64[t] = targets[t];
-        mask[t] = (t == 0 || keep(generator)) ? 1.0f : 0.0f;  // at least one token counts
-      }
-      std::vector<float> want_losses(t_count), probabilities(t_count * v_count), want_dlogits(t_count * v_count);
-      ref::cross_entropy_forward(dense.data(), targets64.data(), mask.data(), t_count, v_count, want_losses.data(),
-                                 probabilities.data());
-      ref::cross_entropy_backward(probabilities.data(), targets64.data(), mask.data(), t_count, v_count, 1.0f,
-                                  want_dlogits.data());
-      std::vector<double> want_lse(t_count);
-      for (std::size_t t = 0; t < t_count; ++t) {
-        const float* row = &dense[t * v_count];
-        const double peak = *std::max_element(row, row + v_count);
-        double sum = 0;
-        for (std::size_t v = 0; v < v_count; ++v) sum += std::exp(row[v] - peak);
-        want_lse[t] = peak + std::log(sum);
-      }
-      double mask_total = 0;
-      for (float m : mask) mask_total += m;
-      const float scale = static_cast<float>(1.0 / mask_total);
+      // The whole vocabulary, and the second of two vocabulary-parallel shards: about half the
+      // targets fall in the other shard and reach the kernels as -1.
+      for (bool sharded : {false, true}) {
+        const int64_t vocab_start = sharded ? vocab : 0;
+        INFO("vocab " << vocab << ", row_stride " << stride << ", tokens " << tokens << ", vocab_start "
+                      << vocab_start);
+        const auto t_count = static_cast<std::size_t>(tokens), v_count = static_cast<std::size_t>(vocab),
+                   s_count = static_cast<std::size_t>(stride);
+        // Logits rounded to bf16 first, so the references see exactly what the device reads;
+        // padded columns hold huge values that would swamp the log-sum-exp if they were read.
+        std::vector<float> dense = normal_values(t_count * v_count, 0.0f, 3.0f, generator);
+        for (float& value : dense) value = cu::from_bf16(cu::to_bf16(value));
+        std::vector<float> padded(t_count * s_count, 1e30f);
+        for (std::size_t t = 0; t < t_count; ++t) std::copy_n(&dense[t * v_count], v_count, &padded[t * s_count]);
+        std::uniform_int_distribution<int64_t> pick(0, vocab_start + vocab - 1);
+        std::bernoulli_distribution keep(0.7);
+        std::vector<int64_t> targets64(t_count);
+        std::vector<int32_t> columns(t_count);  // what the backend uploads: the shard's column or -1
+        std::vector<float> mask(t_count);
+        for (std::size_t t = 0; t < t_count; ++t) {
+          targets64[t] = pick(generator);
+          columns[t] = targets64[t] >= vocab_start ? static_cast<int32_t>(targets64[t] - vocab_start) : -1;
+          mask[t] = (t == 0 || keep(generator)) ? 1.0f : 0.0f;  // at least one token counts
+        }
+        std::vector<float> want_lse(t_count), want_target(t_count);
+        ref::cross_entropy_statistics(dense.data(), targets64.data(), t_count, v_count,
+                                      static_cast<std::size_t>(vocab_start), want_lse.data(), want_target.data());
 
-      cu::Bf16* logits = cu::upload_bf16(padded);
-      int32_t* device_targets = upload_targets(targets);
-      float* device_mask = cu::upload_floats(mask);
-      float* lse = cu::upload_floats(std::vector<float>(t_count, kNan));     // poisoned
-      float* losses = cu::upload_floats(std::vector<float>(t_count, kNan));  // poisoned
-      cu::Bf16* dlogits = cu::upload_bf16(std::vector<float>(t_count * s_count, 1e30f));  // poisoned
+        cu::Bf16* logits = cu::upload_bf16(padded);
+        int32_t* device_targets = upload_targets(columns);
+        float* device_mask = cu::upload_floats(mask);
+        float* lse = cu::upload_floats(std::vector<float>(t_count, kNan));            // poisoned
+        float* target_logit = cu::upload_floats(std::vector<float>(t_count, kNan));  // poisoned
+        cu::Bf16* dlogits = cu::upload_bf16(std::vector<float>(t_count * s_count, 1e30f));  // poisoned
 
-      cu::cross_entropy_forward(logits, tokens, vocab, stride, device_targets, device_mask, lse, losses);
-      const std::vector<float> got_lse = cu::download_floats(lse, t_count);
-      const double lse_error = relative_error(got_lse, want_lse);
-      const double loss_error = relative_error(cu::download_floats(losses, t_count), widen(want_losses));
-      CAPTURE(lse_error, loss_error);
-      CHECK(lse_error < 1e-6);
-      CHECK(loss_error < 1e-5);
+        cu::cross_entropy_statistics(logits, tokens, vocab, stride, device_targets, lse, target_logit);
+        const std::vector<float> got_lse = cu::download_floats(lse, t_count);
+        const double lse_error = relative_error(got_lse, widen(want_lse));
+        CAPTURE(lse_error);
+        CHECK(lse_error < 1e-6);
+        CHECK(bitwise_equal(cu::download_floats(target_logit, t_count), want_target));  // a bf16 logit, or 0
 
-      cu::cross_entropy_backward(logits, tokens, vocab, stride, device_targets, device_mask, lse, scale, dlogits);
-      const std::vector<float> got_padded = cu::download_bf16(dlogits, t_count * s_count);
-      std::vector<float> got_dense(t_count * v_count);
-      bool padding_zero = true;
-      for (std::size_t t = 0; t < t_count; ++t) {
-        std::copy_n(&got_padded[t * s_count], v_count, &got_dense[t * v_count]);
-        for (std::size_t v = v_count; v < s_count; ++v) padding_zero = padding_zero && got_padded[t * s_count + v] == 0;
-      }
-      const double gradient_error = relative_error(got_dense, widen(want_dlogits));
-      CAPTURE(gradient_error);
-      CHECK(gradient_error < 1e-2);
-      CHECK(padding_zero);
+        // The backward takes the whole vocabulary's lse: for the shard, as if the other shard's
+        // logits summed to as much as this one's.
+        std::vector<float> whole_lse = got_lse;
+        if (sharded) {
+          for (float& value : whole_lse) value += static_cast<float>(std::log(2.0));
+        }
+        float* device_whole_lse = cu::upload_floats(whole_lse);
+        std::vector<float> want_dlogits(t_count * v_count);
+        ref::cross_entropy_backward(dense.data(), whole_lse.data(), targets64.data(), mask.data(), t_count, v_count,
+                                    static_cast<std::size_t>(vocab_start), 1.0f, want_dlogits.data());
+        double mask_total = 0;
+        for (float m : mask) mask_total += m;
+        const float scale = static_cast<float>(1.0 / mask_total);
 
-      // In place over a second copy of the logits: the same bits as the separate output.
-      cu::Bf16* in_place = cu::upload_bf16(padded);
-      cu::cross_entropy_backward(in_place, tokens, vocab, stride, device_targets, device_mask, lse, scale, in_place);
-      CHECK(bitwise_equal(cu::download_bf16(in_place, t_count * s_count), got_padded));
+        cu::cross_entropy_backward(logits, tokens, vocab, stride, device_targets, device_mask, device_whole_lse,
+                                   scale, dlogits);
+        const std::vector<float> got_padded = cu::download_bf16(dlogits, t_count * s_count);
+        std::vector<float> got_dense(t_count * v_count);
+        bool padding_zero = true;
+        for (std::size_t t = 0; t < t_count; ++t) {
+          std::copy_n(&got_padded[t * s_count], v_count, &got_dense[t * v_count]);
+          for (std::size_t v = v_count; v < s_count; ++v) {
+            padding_zero = padding_zero && got_padded[t * s_count + v] == 0;
+          }
+        }
+        const double gradient_error = relative_error(got_dense, widen(want_dlogits));
+        CAPTURE(gradient_error);
+        CHECK(gradient_error < 1e-2);
+        CHECK(padding_zero);
 
-      for (void* buffer : {static_cast<void*>(logits), static_cast<void*>(device_targets),
-                           static_cast<void*>(device_mask), static_cast<void*>(lse), static_cast<void*>(losses),
-                           static_cast<void*>(dlogits), static_cast<void*>(in_place)}) {
-        cu::free_device(buffer);
+        // In place over a second copy of the logits: the same bits as the separate output.
+        cu::Bf16* in_place = cu::upload_bf16(padded);
+        cu::cross_entropy_backward(in_place, tokens, vocab, stride, device_targets, device_mask, device_whole_lse,
+                                   scale, in_place);
+        CHECK(bitwise_equal(cu::download_bf16(in_place, t_count * s_count), got_padded));
+
+        for (void* buffer : {static_cast<void*>(logits), static_cast<void*>(device_targets),
+                             static_cast<void*>(device_mask), static_cast<void*>(lse), static_cast<void*>(target_logit),
+                             static_cast<void*>(device_whole_lse), static_cast<void*>(dlogits),
+                             static_cast<void*>(in_place)}) {
+          cu::free_device(buffer);
+        }
       }
     }
   }

@@ -2,33 +2,47 @@
 // the CUDA backend (hidden 128 and 2 heads: head dimension 64, as the flash attention kernels take),
 // the ranks as threads sharing GPU 0 through the in-process one-GPU communicator
 // (executor/comm/in_process_gpu_memory.h), against the single-rank CUDA run: pp 2 under 1F1B,
-// interleaved 1F1B (vpp 2) and ZBV, dp 2 with the distributed optimizer, and pp 2 x dp 2.
+// interleaved 1F1B (vpp 2) and ZBV, dp 2 with the distributed optimizer, pp 2 x dp 2, tp 2 with
+// and without sequence parallelism, and tp 2 x pp 2 x dp 2 with both.
 //
 // Tolerances (bf16 compute, fp32 master weights, gradients and reductions), with what an H200
-// measured on 2026-11-23:
+// measured on 2026-11-24 (the test prints these figures for every layout):
 // - A pipeline changes no arithmetic. Every microbatch meets the same kernels on the same shapes,
 //   and the message between stages is the residual sum that the next stage's first norm would have
 //   formed anyway (the fused norm rounds it to bf16 first, as the message is). Only the tied word
 //   embedding's two gradients are added across the embedding group instead of accumulating in one
-//   buffer: an fp32 ulp in a few elements. Measured: every loss equal to 10 digits, the last
-//   gradient norm within 1e-9. We allow 1e-5 relative on both; a wrong microbatch, message or
-//   stage moves losses by 1e-2 or more.
+//   buffer: an fp32 ulp in a few elements. Measured: every loss equal, the last gradient norm
+//   within 4e-10. We allow 1e-5 relative on both; a wrong microbatch, message or stage moves losses
+//   by 1e-2 or more.
 // - Data parallelism regroups every gradient sum: each replica's weight-gradient GEMMs accumulate
 //   its own microbatches, then the replicas' sums are added. That is an fp32 ulp, but AdamW divides
 //   each gradient by its own sqrt(v), so a near-zero gradient turns it into a visible step, and a
 //   master weight can then cross a bf16 rounding boundary, moving its compute copy by 2^-8
 //   relative; such flips feed every later forward. The first iteration's loss (before any step)
-//   must agree to 1e-5. Measured: the first two losses equal, then drift growing to 2e-3 relative
-//   at iteration 8, and 2.3e-3 on the last gradient norm. We allow 2e-2 on the losses and 5e-2 on
-//   the gradient norm, which still catches gradients summed over the replicas but not averaged
-//   (the norm off by 2x) or a replica reading another's samples (the first loss off).
+//   must agree to 1e-5. Measured: the first loss equal, the worst loss 3.6e-5 relative, the last
+//   gradient norm 8.7e-6. We allow 2e-3 on the losses and 1e-3 on the gradient norm, which still
+//   catches gradients summed over the replicas but not averaged (the norm off by 2x) or a replica
+//   reading another's samples (the first loss off).
+// - Tensor parallelism changes the forward's arithmetic too: a row-parallel GEMM's two partial
+//   products are each rounded to bf16 before their sum is rounded again, where one rank's GEMM
+//   rounds once. Measured: the first loss 1.1e-5 relative, the worst 2.6e-4, the last gradient norm
+//   8e-5. We allow 1e-4 on the first loss and the data-parallel bounds after it; a wrong head, shard
+//   or missing sum moves the first loss by 1e-2 or more.
+// At 3e-3 the learning rate spiked every run's loss at iteration 6, which magnified these
+// differences tenfold; 1e-3 trains smoothly.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <cmath>
+#include <iostream>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "core/parallel_plan.h"
+#include "core/schedule/lowering.h"
+#include "core/schedule/schedule.h"
+#include "core/timeline.h"
 #include "executor/comm/in_process_gpu_memory.h"
 #include "executor/runtime/cuda_backend.h"
 #include "executor/train/trainer.h"
@@ -47,13 +61,15 @@ megaplan::ModelSpec four_layer_gpt() {
   model.num_layers = 4;
   model.hidden_size = 128;
   model.num_attention_heads = 2;
+  // 257 tokens pad to 272 at tp 1 and tp 2 alike (136 rows per rank: GEMM-friendly multiples of 8).
+  model.make_vocab_size_divisible_by = 136;
   return model;
 }
 
 exec::TrainOptions options_for(const std::string& corpus) {
   exec::TrainOptions options;
   options.train_iters = static_cast<int64_t>(kIterations);
-  options.learning_rate.max_lr = 3e-3;
+  options.learning_rate.max_lr = 1e-3;
   options.learning_rate.warmup_iterations = 2;
   options.log_interval = 1;
   options.eval_interval = 4;
@@ -65,14 +81,10 @@ exec::TrainOptions options_for(const std::string& corpus) {
   return options;
 }
 
-ParallelPlan plan_of(int64_t pp, int64_t dp, int64_t vpp, ScheduleKind schedule, bool distributed_optimizer) {
-  ParallelPlan plan;
-  plan.pipeline_parallel_size = pp;
-  plan.data_parallel_size = dp;
-  plan.virtual_pipeline_parallel_size = vpp;
-  plan.micro_batch_size = 2;
-  plan.global_batch_size = 8;
-  plan.schedule = schedule;
+ParallelPlan plan_of(int64_t pp, int64_t dp, int64_t vpp, ScheduleKind schedule, bool distributed_optimizer,
+                     int64_t tp = 1, bool sequence_parallel = false) {
+  ParallelPlan plan = megaplan::test::layout(tp, pp, dp, vpp, schedule);
+  plan.sequence_parallel = sequence_parallel;
   plan.use_distributed_optimizer = distributed_optimizer;
   return plan;
 }
@@ -99,13 +111,14 @@ Outcome train_on_gpu(const megaplan::ModelSpec& model, const ParallelPlan& plan,
 struct Layout {
   std::string name;
   ParallelPlan plan;
+  double first_loss_tolerance;
   double loss_tolerance;
   double gradient_norm_tolerance;
 };
 
 }  // namespace
 
-TEST_CASE("pipeline and data-parallel layouts train on one GPU like one rank", "[gpu][train][parallel]") {
+TEST_CASE("pipeline, data- and tensor-parallel layouts train on one GPU like one rank", "[gpu][train][parallel]") {
   const megaplan::test::ScratchDirectory scratch;
   const exec::TrainOptions options = options_for(megaplan::test::sentence_corpus(scratch));
   const megaplan::ModelSpec model = four_layer_gpt();
@@ -115,24 +128,38 @@ TEST_CASE("pipeline and data-parallel layouts train on one GPU like one rank", "
   REQUIRE(single.losses.back() < single.losses.front());  // it learns: the comparison means something
 
   const std::vector<Layout> layouts = {
-      {"pp2 1f1b", plan_of(2, 1, 1, ScheduleKind::kOneFOneB, false), 1e-5, 1e-5},
-      {"pp2 interleaved vpp2", plan_of(2, 1, 2, ScheduleKind::kInterleaved, false), 1e-5, 1e-5},
-      {"pp2 zbv", plan_of(2, 1, 2, ScheduleKind::kZeroBubbleV, false), 1e-5, 1e-5},
-      {"dp2 distributed optimizer", plan_of(1, 2, 1, ScheduleKind::kOneFOneB, true), 2e-2, 5e-2},
-      {"pp2 x dp2 distributed optimizer", plan_of(2, 2, 1, ScheduleKind::kOneFOneB, true), 2e-2, 5e-2},
+      {"pp2 1f1b", plan_of(2, 1, 1, ScheduleKind::kOneFOneB, false), 1e-5, 1e-5, 1e-5},
+      {"pp2 interleaved vpp2", plan_of(2, 1, 2, ScheduleKind::kInterleaved, false), 1e-5, 1e-5, 1e-5},
+      {"pp2 zbv", plan_of(2, 1, 2, ScheduleKind::kZeroBubbleV, false), 1e-5, 1e-5, 1e-5},
+      {"dp2 distributed optimizer", plan_of(1, 2, 1, ScheduleKind::kOneFOneB, true), 1e-5, 2e-3, 1e-3},
+      {"pp2 x dp2 distributed optimizer", plan_of(2, 2, 1, ScheduleKind::kOneFOneB, true), 1e-5, 2e-3, 1e-3},
+      {"tp2", plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false, 2), 1e-4, 2e-3, 1e-3},
+      {"tp2 sequence parallel", plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false, 2, true), 1e-4, 2e-3, 1e-3},
+      {"tp2 x pp2 x dp2, sequence parallel, distributed optimizer",
+       plan_of(2, 2, 1, ScheduleKind::kOneFOneB, true, 2, true), 1e-4, 2e-3, 1e-3},
   };
   for (std::size_t l = 0; l < layouts.size(); ++l) {
     const Layout& layout = layouts[l];
     INFO(layout.name);
     const Outcome run = train_on_gpu(model, layout.plan, options, scratch, "layout" + std::to_string(l));
     REQUIRE(run.losses.size() == kIterations);
-    CHECK(run.losses[0] == Approx(single.losses[0]).epsilon(1e-5));  // before any step
+    CHECK(run.losses[0] == Approx(single.losses[0]).epsilon(layout.first_loss_tolerance));  // before any step
     for (std::size_t i = 0; i < kIterations; ++i) {
       INFO("iteration " << i + 1 << ": " << run.losses[i] << " against " << single.losses[i]);
       CHECK(run.losses[i] == Approx(single.losses[i]).epsilon(layout.loss_tolerance));
     }
     CHECK(run.summary.last_gradient_norm ==
           Approx(single.summary.last_gradient_norm).epsilon(layout.gradient_norm_tolerance));
+    // What the tolerances above are set from: printed for every run.
+    double worst = 0;
+    for (std::size_t i = 0; i < kIterations; ++i) {
+      worst = std::max(worst, std::abs(run.losses[i] - single.losses[i]) / std::abs(single.losses[i]));
+    }
+    std::cout << layout.name << ": first loss " << std::abs(run.losses[0] - single.losses[0]) / single.losses[0]
+              << ", worst loss " << worst << ", last gradient norm "
+              << std::abs(run.summary.last_gradient_norm - single.summary.last_gradient_norm) /
+                     single.summary.last_gradient_norm
+              << " relative\n";
     // Validation ran through the pipeline too.
     CHECK(run.out.find("validation loss at iteration " + std::to_string(kIterations)) != std::string::npos);
     // The tied output layer's copy on the last pipeline rank stayed equal to the embedding, bit for
@@ -141,5 +168,44 @@ TEST_CASE("pipeline and data-parallel layouts train on one GPU like one rank", "
     if (copy != run.summary.final_weights.end()) {
       CHECK(copy->second == run.summary.final_weights.at("embedding.word_embeddings.weight"));
     }
+  }
+}
+
+// Each rank's slices come from CUDA events on the stream both ranks share: in list order, one after
+// another from the iteration's first mark, and every forward and backward takes GPU time. They take
+// most of it (an H100 measured 88% and 91% on the two ranks; a slice also holds the other rank's
+// work queued meanwhile); half is a generous floor that marks missing their action's work fail.
+TEST_CASE("a measured pp 2 timeline on the GPU has one slice per action of the lowered lists, in order",
+          "[gpu][train][parallel]") {
+  const megaplan::test::ScratchDirectory scratch;
+  exec::TrainOptions options = options_for(megaplan::test::sentence_corpus(scratch));
+  options.train_iters = 2;
+  options.record_timeline = true;
+  const ParallelPlan plan = plan_of(2, 1, 1, ScheduleKind::kOneFOneB, false);
+  const Outcome run = train_on_gpu(four_layer_gpt(), plan, options, scratch, "traced");
+  const megaplan::PipelineSchedule schedule = megaplan::lower_schedule(megaplan::generate_plan_schedule(plan));
+  for (std::size_t rank = 0; rank < 2; ++rank) {
+    INFO("pipeline rank " << rank);
+    std::vector<megaplan::Action> recorded;
+    double previous_end = 0, computing = 0;
+    for (const megaplan::TimelineSlice& slice : run.summary.timeline.slices) {
+      if (slice.pipeline_rank != static_cast<int32_t>(rank)) continue;
+      INFO(megaplan::to_string(slice.action) << " from " << slice.start_s << " s to " << slice.end_s << " s");
+      if (recorded.empty()) CHECK(slice.start_s == 0);
+      recorded.push_back(slice.action);
+      CHECK(slice.start_s >= previous_end);
+      CHECK(slice.end_s >= slice.start_s);
+      previous_end = slice.end_s;
+      const megaplan::ActionKind kind = slice.action.kind;
+      if (kind == megaplan::ActionKind::kForward || kind == megaplan::ActionKind::kBackward) {
+        CHECK(slice.end_s > slice.start_s);
+        computing += slice.end_s - slice.start_s;
+      }
+    }
+    CHECK(recorded == schedule.ranks[rank]);
+    const double fraction = computing / previous_end;
+    INFO("forwards and backwards: " << computing << " s of the iteration's " << previous_end << " s");
+    CHECK(fraction > 0.5);
+    CHECK(fraction <= 1);
   }
 }

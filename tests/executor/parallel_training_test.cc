@@ -4,7 +4,8 @@
 //
 // Tolerance: the layouts compute the same sums in a different order (a pipeline adds no
 // arithmetic, but data parallelism adds the replicas' gradients after each replica summed its own
-// microbatches, and the distributed optimizer's norm adds shard by shard). In fp32 that moves
+// microbatches, the distributed optimizer's norm adds shard by shard, and tensor parallelism sums
+// row-parallel GEMMs' partial products and sequence-parallel norm gradients across ranks). In fp32 that moves
 // results by a few ulps (~1e-7 relative) per step. AdamW then divides each gradient by its own
 // sqrt(v): an element whose gradient is near zero can turn an ulp of difference into a step of up
 // to lr (3e-3, against weights of at most ~0.05), so weights drift further than losses. Measured:
@@ -44,6 +45,9 @@ megaplan::ModelSpec four_layer_gpt() {
   model.hidden_size = 32;
   model.num_attention_heads = 2;
   model.seq_length = 16;
+  // Megatron pads the vocabulary to a multiple of this times tp: 129 pads the byte tokenizer's 257
+  // to 258 at tp 1 and tp 2 alike, so those layouts hold the same tensors.
+  model.make_vocab_size_divisible_by = 129;
   return model;
 }
 
@@ -68,15 +72,7 @@ struct Layout {
 };
 
 ParallelPlan plan_of(int64_t tp, int64_t pp, int64_t dp, int64_t vpp, ScheduleKind schedule) {
-  ParallelPlan plan;
-  plan.tensor_parallel_size = tp;
-  plan.pipeline_parallel_size = pp;
-  plan.data_parallel_size = dp;
-  plan.virtual_pipeline_parallel_size = vpp;
-  plan.micro_batch_size = 2;
-  plan.global_batch_size = 8;
-  plan.schedule = schedule;
-  return plan;
+  return megaplan::test::layout(tp, pp, dp, vpp, schedule);
 }
 
 struct Outcome {
@@ -127,7 +123,13 @@ TEST_CASE("every pipeline schedule, data-parallel layout and recomputation train
   using megaplan::RecomputeMethod;
   ParallelPlan distributed = plan_of(1, 1, 2, 1, ScheduleKind::kOneFOneB);
   distributed.use_distributed_optimizer = true;
-  ParallelPlan everything = plan_of(1, 2, 2, 1, ScheduleKind::kOneFOneB);
+  ParallelPlan pipeline_data = plan_of(1, 2, 2, 1, ScheduleKind::kOneFOneB);
+  pipeline_data.use_distributed_optimizer = true;
+  const auto sequence_parallel = [](ParallelPlan plan) {
+    plan.sequence_parallel = true;
+    return plan;
+  };
+  ParallelPlan everything = sequence_parallel(plan_of(2, 2, 2, 1, ScheduleKind::kOneFOneB));
   everything.use_distributed_optimizer = true;
   const std::vector<Layout> layouts = {
       {"pp2 gpipe", plan_of(1, 2, 1, 1, ScheduleKind::kGPipe)},
@@ -138,7 +140,13 @@ TEST_CASE("every pipeline schedule, data-parallel layout and recomputation train
       {"pp2 dualpipev", plan_of(1, 2, 1, 2, ScheduleKind::kDualPipeV)},
       {"dp2", plan_of(1, 1, 2, 1, ScheduleKind::kOneFOneB)},
       {"dp2 distributed optimizer", distributed},
-      {"pp2 x dp2 distributed optimizer", everything},
+      {"pp2 x dp2 distributed optimizer", pipeline_data},
+      {"tp2", plan_of(2, 1, 1, 1, ScheduleKind::kOneFOneB)},
+      {"tp2 sequence parallel", sequence_parallel(plan_of(2, 1, 1, 1, ScheduleKind::kOneFOneB))},
+      {"tp2 x pp2 x dp2, sequence parallel, distributed optimizer", everything},
+      {"tp2 sequence parallel x pp2 zb-h1", sequence_parallel(plan_of(2, 2, 1, 1, ScheduleKind::kZeroBubbleH1))},
+      {"tp2 sequence parallel, full recomputation", recomputed(sequence_parallel(plan_of(2, 1, 1, 1, ScheduleKind::kOneFOneB)),
+                                                               RecomputeGranularity::kFull, RecomputeMethod::kUniform, 2)},
       {"selective recomputation", recomputed(plan_of(1, 1, 1, 1, ScheduleKind::kOneFOneB),
                                              RecomputeGranularity::kSelective, RecomputeMethod::kUniform, 1)},
       {"full recomputation, uniform 3", recomputed(plan_of(1, 1, 1, 1, ScheduleKind::kOneFOneB),

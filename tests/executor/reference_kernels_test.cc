@@ -1,5 +1,6 @@
 // The CPU reference kernels: every backward against central finite differences of its forward,
-// on fresh random inputs, and AdamW against its formula worked by hand.
+// on fresh random inputs, the vocabulary-parallel cross entropy's shards against the whole
+// vocabulary, and AdamW against its formula worked by hand.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -12,10 +13,12 @@
 #include "executor/kernels/reference/cross_entropy.h"
 #include "executor/kernels/reference/gelu.h"
 #include "executor/kernels/reference/layernorm.h"
+#include "executor/model/vocabulary_parallel_loss.h"
 #include "gradient_check.h"
 
 namespace ref = megaplan::exec::reference;
 
+using megaplan::exec::merge_cross_entropy;
 using megaplan::test::check_gradient;
 using megaplan::test::random_vector;
 using megaplan::test::weighted_sum;
@@ -70,21 +73,74 @@ TEST_CASE("masked cross entropy and its gradient", "[kernels]") {
   std::vector<float> logits = random_vector(tokens * vocab, generator, 3.0f);
   const std::vector<int64_t> targets = {0, 6, 3, 3, 1};
   const std::vector<float> mask = {1, 1, 0, 1, 1};
-  std::vector<float> losses(tokens), probs(tokens * vocab);
+  std::vector<float> statistics(2 * tokens), lse;  // one shard: [lse, target logit]
   const auto loss = [&] {
-    return ref::cross_entropy_forward(logits.data(), targets.data(), mask.data(), tokens, vocab, losses.data(),
-                                      probs.data());
+    ref::cross_entropy_statistics(logits.data(), targets.data(), tokens, vocab, 0, statistics.data(),
+                                  statistics.data() + tokens);
+    return merge_cross_entropy(statistics, 1, mask.data(), tokens, lse);
   };
   const double mean = loss();
-  CHECK(losses[2] == 0.0f);
-  CHECK(mean == Approx((losses[0] + losses[1] + losses[3] + losses[4]) / 4.0));
+  double unmasked = 0;
+  for (std::size_t t = 0; t < tokens; ++t) {
+    CHECK(statistics[tokens + t] == logits[t * vocab + static_cast<std::size_t>(targets[t])]);
+    if (t != 2) unmasked += statistics[t] - statistics[tokens + t];
+  }
+  CHECK(mean == Approx(unmasked / 4.0));
   std::vector<float> dlogits(tokens * vocab);
-  ref::cross_entropy_backward(probs.data(), targets.data(), mask.data(), tokens, vocab, 1.0f, dlogits.data());
+  ref::cross_entropy_backward(logits.data(), lse.data(), targets.data(), mask.data(), tokens, vocab, 0, 1.0f,
+                              dlogits.data());
   check_gradient(logits, dlogits, loss, "dlogits");
   // Uniform logits: the loss is log(vocab).
-  std::vector<float> flat(tokens * vocab, 0.5f);
-  CHECK(ref::cross_entropy_forward(flat.data(), targets.data(), mask.data(), tokens, vocab, losses.data(), probs.data()) ==
-        Approx(std::log(7.0)));
+  logits.assign(tokens * vocab, 0.5f);
+  CHECK(loss() == Approx(std::log(7.0)));
+}
+
+TEST_CASE("vocabulary-parallel cross entropy: two shards merge into the whole vocabulary's", "[kernels]") {
+  std::mt19937 generator(13);
+  const std::size_t tokens = 6, vocab = 10;
+  const std::vector<std::size_t> starts = {0, 4}, sizes = {4, 6};  // uneven, so no shard mirrors the other
+  const std::vector<float> logits = random_vector(tokens * vocab, generator, 3.0f);
+  const std::vector<int64_t> targets = {0, 9, 3, 4, 7, 2};  // each shard holds some
+  const std::vector<float> mask = {1, 0, 1, 1, 1, 1};
+  std::vector<float> whole_statistics(2 * tokens), whole_lse;
+  ref::cross_entropy_statistics(logits.data(), targets.data(), tokens, vocab, 0, whole_statistics.data(),
+                                whole_statistics.data() + tokens);
+  const double whole_loss = merge_cross_entropy(whole_statistics, 1, mask.data(), tokens, whole_lse);
+  std::vector<float> whole_dlogits(tokens * vocab);
+  ref::cross_entropy_backward(logits.data(), whole_lse.data(), targets.data(), mask.data(), tokens, vocab, 0, 0.5f,
+                              whole_dlogits.data());
+
+  std::vector<std::vector<float>> shard_logits(starts.size());
+  std::vector<float> statistics(starts.size() * 2 * tokens), lse;
+  for (std::size_t s = 0; s < starts.size(); ++s) {
+    for (std::size_t t = 0; t < tokens; ++t) {
+      const float* row = &logits[t * vocab + starts[s]];
+      shard_logits[s].insert(shard_logits[s].end(), row, row + sizes[s]);
+    }
+    float* shard_statistics = &statistics[s * 2 * tokens];
+    ref::cross_entropy_statistics(shard_logits[s].data(), targets.data(), tokens, sizes[s], starts[s],
+                                  shard_statistics, shard_statistics + tokens);
+    for (std::size_t t = 0; t < tokens; ++t) {
+      const bool held = targets[t] >= static_cast<int64_t>(starts[s]) &&
+                        targets[t] < static_cast<int64_t>(starts[s] + sizes[s]);
+      INFO("shard " << s << ", token " << t);
+      CHECK(shard_statistics[tokens + t] == (held ? whole_statistics[tokens + t] : 0.0f));
+    }
+  }
+  CHECK(merge_cross_entropy(statistics, starts.size(), mask.data(), tokens, lse) == Approx(whole_loss).epsilon(1e-6));
+  for (std::size_t t = 0; t < tokens; ++t) CHECK(lse[t] == Approx(whole_lse[t]).epsilon(1e-6));
+
+  for (std::size_t s = 0; s < starts.size(); ++s) {
+    std::vector<float>& dlogits = shard_logits[s];  // in place
+    ref::cross_entropy_backward(dlogits.data(), lse.data(), targets.data(), mask.data(), tokens, sizes[s], starts[s],
+                                0.5f, dlogits.data());
+    for (std::size_t t = 0; t < tokens; ++t) {
+      for (std::size_t v = 0; v < sizes[s]; ++v) {
+        INFO("shard " << s << ", token " << t << ", column " << v);
+        CHECK(dlogits[t * sizes[s] + v] == Approx(whole_dlogits[t * vocab + starts[s] + v]).margin(1e-6));
+      }
+    }
+  }
 }
 
 TEST_CASE("causal attention's backward is its forward's gradient", "[kernels]") {

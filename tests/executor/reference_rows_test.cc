@@ -113,16 +113,40 @@ TEST_CASE("embedding values and accumulated gradients by hand", "[kernels]") {
   const std::vector<int64_t> tokens = {2, 0, 2, 2};
   const std::vector<float> word = {1, 2, 3, 4, 5, 6}, position = {10, 20, 30, 40};
   std::vector<float> y(8);
-  ref::embedding_forward(tokens.data(), 4, 2, word.data(), position.data(), 2, y.data());
+  ref::embedding_forward(tokens.data(), 4, 2, word.data(), 0, 3, position.data(), 2, y.data());
   CHECK(y == std::vector<float>{15, 26, 31, 42, 15, 26, 35, 46});
-  ref::embedding_forward(tokens.data(), 4, 2, word.data(), nullptr, 2, y.data());
+  ref::embedding_forward(tokens.data(), 4, 2, word.data(), 0, 3, nullptr, 2, y.data());
   CHECK(y == std::vector<float>{5, 6, 1, 2, 5, 6, 5, 6});
 
   const std::vector<float> dy = {1, 2, 3, 4, 5, 6, 7, 8};
   std::vector<float> dword = {100, 100, 100, 100, 100, 100}, dposition = {1, 1, 1, 1};
-  ref::embedding_backward(dy.data(), tokens.data(), 4, 2, 2, dword.data(), dposition.data());
+  ref::embedding_backward(dy.data(), tokens.data(), 4, 2, 2, 0, 3, dword.data(), dposition.data());
   CHECK(dword == std::vector<float>{103, 104, 100, 100, 113, 116});  // row 1 unused; row 2 gets tokens 0, 2, 3
   CHECK(dposition == std::vector<float>{7, 9, 11, 13});
-  ref::embedding_backward(dy.data(), tokens.data(), 4, 2, 2, dword.data(), nullptr);  // no position table
+  ref::embedding_backward(dy.data(), tokens.data(), 4, 2, 2, 0, 3, dword.data(), nullptr);  // no position table
   CHECK(dword == std::vector<float>{106, 108, 100, 100, 126, 132});
+}
+
+TEST_CASE("vocabulary-parallel embedding: shards add up to the whole table's", "[kernels]") {
+  // The table above split into rows 0 | 1, 2 (tokens 2, 0 | 2, 2): the first shard adds no
+  // position, as under tensor parallelism, where one rank adds it and the group sums.
+  const std::vector<int64_t> tokens = {2, 0, 2, 2};
+  const std::vector<float> first = {1, 2}, second = {3, 4, 5, 6}, position = {10, 20, 30, 40};
+  std::vector<float> y_first(8), y_second(8);
+  ref::embedding_forward(tokens.data(), 4, 2, first.data(), 0, 1, nullptr, 2, y_first.data());
+  CHECK(y_first == std::vector<float>{0, 0, 1, 2, 0, 0, 0, 0});  // only token 0 is in the first shard
+  ref::embedding_forward(tokens.data(), 4, 2, second.data(), 1, 2, position.data(), 2, y_second.data());
+  CHECK(y_second == std::vector<float>{15, 26, 30, 40, 15, 26, 35, 46});  // token 0: the position alone
+  std::vector<float> sum(8);
+  for (std::size_t i = 0; i < sum.size(); ++i) sum[i] = y_first[i] + y_second[i];
+  CHECK(sum == std::vector<float>{15, 26, 31, 42, 15, 26, 35, 46});  // the whole table's, above
+
+  const std::vector<float> dy = {1, 2, 3, 4, 5, 6, 7, 8};
+  std::vector<float> dword = {100, 100, 100, 100}, dposition = {1, 1, 1, 1};
+  ref::embedding_backward(dy.data(), tokens.data(), 4, 2, 2, 1, 2, dword.data(), dposition.data());
+  CHECK(dword == std::vector<float>{100, 100, 113, 116});  // token 1 unused, token 0 another shard's
+  CHECK(dposition == std::vector<float>{7, 9, 11, 13});     // every token's, its shard or not
+  std::vector<float> dword_first = {100, 100};
+  ref::embedding_backward(dy.data(), tokens.data(), 4, 2, 2, 0, 1, dword_first.data(), nullptr);
+  CHECK(dword_first == std::vector<float>{103, 104});
 }

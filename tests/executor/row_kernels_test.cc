@@ -5,6 +5,7 @@
 // that they give the same bits.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -228,55 +229,69 @@ TEST_CASE("bf16 embeddings: forward, and the deterministic backward into fp32 ta
   std::mt19937 generator(107);
   for (auto [batch, seq, hidden, vocab] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{4, 37, 200, 50},
                                           {2, 64, 1024, 300}, {3, 5, 77, 7}, {1, 1, 8, 3}}) {
-    for (bool with_position : {true, false}) {
-      INFO("batch " << batch << ", seq " << seq << ", hidden " << hidden << ", vocab " << vocab
-                    << (with_position ? ", learned positions" : ""));
-      const int64_t count = batch * seq;
-      const auto n = static_cast<std::size_t>(count), h = static_cast<std::size_t>(hidden),
-                 s = static_cast<std::size_t>(seq), v = static_cast<std::size_t>(vocab);
-      Buffers device;
-      std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(vocab - 1));
-      std::vector<int32_t> tokens(n);
-      for (int32_t& token : tokens) token = pick(generator);
-      tokens[0] = tokens[n - 1];  // at least one repeat
-      const std::vector<int64_t> tokens64(tokens.begin(), tokens.end());
-      const std::vector<float> word = bf16_values(v * h, generator), position = bf16_values(s * h, generator);
-      std::vector<float> want_y(n * h);
-      ref::embedding_forward(tokens64.data(), n, s, word.data(), with_position ? position.data() : nullptr, h,
-                             want_y.data());
-      cu::Bf16* d_y = device.bf16_poisoned(n * h);
-      cu::embedding_forward(device.ints(tokens), count, seq, device.bf16(word),
-                            with_position ? device.bf16(position) : nullptr, hidden, d_y);
-      CHECK(relative_error(cu::download_bf16(d_y, n * h), want_y) < 1e-2);
+    // The whole table, and a vocabulary-parallel shard of its rows [vocab / 3, vocab / 3 + rows):
+    // the tokens outside reach the kernels as -1.
+    for (bool sharded : {false, true}) {
+      for (bool with_position : {true, false}) {
+        const int64_t vocab_start = sharded ? vocab / 3 : 0;
+        const int64_t vocab_rows = sharded ? std::max<int64_t>(1, vocab / 2) : vocab;
+        INFO("batch " << batch << ", seq " << seq << ", hidden " << hidden << ", vocab " << vocab << ", rows "
+                      << vocab_start << " + " << vocab_rows << (with_position ? ", learned positions" : ""));
+        const int64_t count = batch * seq;
+        const auto n = static_cast<std::size_t>(count), h = static_cast<std::size_t>(hidden),
+                   s = static_cast<std::size_t>(seq), v = static_cast<std::size_t>(vocab_rows),
+                   start = static_cast<std::size_t>(vocab_start);
+        Buffers device;
+        std::uniform_int_distribution<int64_t> pick(0, vocab - 1);
+        std::vector<int64_t> tokens64(n);
+        for (int64_t& token : tokens64) token = pick(generator);
+        tokens64[0] = tokens64[n - 1];  // at least one repeat
+        std::vector<int32_t> rows_of_tokens(n);  // what the backend uploads: the shard's row or -1
+        std::size_t in_shard = 0;
+        for (std::size_t t = 0; t < n; ++t) {
+          const int64_t row = tokens64[t] - vocab_start;
+          rows_of_tokens[t] = row >= 0 && row < vocab_rows ? static_cast<int32_t>(row) : -1;
+          in_shard += rows_of_tokens[t] >= 0 ? 1 : 0;
+        }
+        const std::vector<float> word = bf16_values(v * h, generator), position = bf16_values(s * h, generator);
+        std::vector<float> want_y(n * h);
+        ref::embedding_forward(tokens64.data(), n, s, word.data(), start, v, with_position ? position.data() : nullptr,
+                               h, want_y.data());
+        cu::Bf16* d_y = device.bf16_poisoned(n * h);
+        cu::embedding_forward(device.ints(rows_of_tokens), count, seq, device.bf16(word),
+                              with_position ? device.bf16(position) : nullptr, hidden, d_y);
+        CHECK(relative_error(cu::download_bf16(d_y, n * h), want_y) < 1e-2);
 
-      const std::vector<float> dy = bf16_values(n * h, generator);
-      const std::vector<float> dword_start = float_values(v * h, generator), dposition_start = float_values(s * h, generator);
-      std::vector<float> want_dword = dword_start, want_dposition = dposition_start;
-      ref::embedding_backward(dy.data(), tokens64.data(), n, s, h, want_dword.data(),
-                              with_position ? want_dposition.data() : nullptr);
-      const cu::TokenRows rows = cu::build_token_rows(tokens.data(), count);
-      REQUIRE(rows.row_starts.size() == rows.row_ids.size() + 1);
-      CHECK(rows.positions.size() == n);
-      cu::Bf16* d_dy = device.bf16(dy);
-      int32_t* row_ids = device.ints(rows.row_ids);
-      int32_t* row_starts = device.ints(rows.row_starts);
-      int32_t* positions = device.ints(rows.positions);
-      std::vector<float> first_dword, first_dposition;
-      for (int run = 0; run < 2; ++run) {
-        float* d_dword = device.floats(dword_start);
-        float* d_dposition = with_position ? device.floats(dposition_start) : nullptr;
-        cu::embedding_backward(d_dy, row_ids, row_starts, positions, static_cast<int64_t>(rows.row_ids.size()), count,
-                               seq, hidden, d_dword, d_dposition);
-        const std::vector<float> dword = cu::download_floats(d_dword, v * h);
-        const std::vector<float> dposition =
-            with_position ? cu::download_floats(d_dposition, s * h) : std::vector<float>();
-        if (run == 0) {
-          CHECK(relative_error(dword, want_dword) < 1e-5);
-          if (with_position) CHECK(relative_error(dposition, want_dposition) < 1e-5);
-          first_dword = dword, first_dposition = dposition;
-        } else {
-          CHECK(same_bits(dword, first_dword));
-          CHECK(same_bits(dposition, first_dposition));
+        const std::vector<float> dy = bf16_values(n * h, generator);
+        const std::vector<float> dword_start = float_values(v * h, generator),
+                                 dposition_start = float_values(s * h, generator);
+        std::vector<float> want_dword = dword_start, want_dposition = dposition_start;
+        ref::embedding_backward(dy.data(), tokens64.data(), n, s, h, start, v, want_dword.data(),
+                                with_position ? want_dposition.data() : nullptr);
+        const cu::TokenRows rows = cu::build_token_rows(rows_of_tokens.data(), count);
+        REQUIRE(rows.row_starts.size() == rows.row_ids.size() + 1);
+        CHECK(rows.positions.size() == in_shard);  // -1 tokens are left out
+        cu::Bf16* d_dy = device.bf16(dy);
+        int32_t* row_ids = device.ints(rows.row_ids);
+        int32_t* row_starts = device.ints(rows.row_starts);
+        int32_t* positions = device.ints(rows.positions);
+        std::vector<float> first_dword, first_dposition;
+        for (int run = 0; run < 2; ++run) {
+          float* d_dword = device.floats(dword_start);
+          float* d_dposition = with_position ? device.floats(dposition_start) : nullptr;
+          cu::embedding_backward(d_dy, row_ids, row_starts, positions, static_cast<int64_t>(rows.row_ids.size()),
+                                 count, seq, hidden, d_dword, d_dposition);
+          const std::vector<float> dword = cu::download_floats(d_dword, v * h);
+          const std::vector<float> dposition =
+              with_position ? cu::download_floats(d_dposition, s * h) : std::vector<float>();
+          if (run == 0) {
+            CHECK(relative_error(dword, want_dword) < 1e-5);
+            if (with_position) CHECK(relative_error(dposition, want_dposition) < 1e-5);
+            first_dword = dword, first_dposition = dposition;
+          } else {
+            CHECK(same_bits(dword, first_dword));
+            CHECK(same_bits(dposition, first_dposition));
+          }
         }
       }
     }

@@ -1,5 +1,5 @@
-// What the executor's tests share: a scratch directory, a tiny GPT, a small corpus with structure
-// a model learns quickly, and the losses a --log-file recorded.
+// What the executor's tests share: a scratch directory, a tiny GPT, a layout of it, a small corpus
+// with structure a model learns quickly, and the losses a --log-file recorded.
 #pragma once
 
 #include <unistd.h>
@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/model_spec.h"
+#include "core/parallel_plan.h"
 #include "executor/data/prepare.h"
 
 namespace megaplan::test {
@@ -43,6 +44,21 @@ inline ModelSpec tiny_gpt() {
   model.vocab_size = 257;
   model.make_vocab_size_divisible_by = 64;
   return model;
+}
+
+// A layout of tp x pp x dp ranks (vpp model chunks per pipeline rank) training microbatches of
+// `micro_batch` in global batches of `global_batch`; the rest is ParallelPlan's defaults.
+inline ParallelPlan layout(int64_t tp, int64_t pp, int64_t dp, int64_t vpp, ScheduleKind schedule,
+                           int64_t micro_batch = 2, int64_t global_batch = 8) {
+  ParallelPlan plan;
+  plan.tensor_parallel_size = tp;
+  plan.pipeline_parallel_size = pp;
+  plan.data_parallel_size = dp;
+  plan.virtual_pipeline_parallel_size = vpp;
+  plan.schedule = schedule;
+  plan.micro_batch_size = micro_batch;
+  plan.global_batch_size = global_batch;
+  return plan;
 }
 
 // 40 documents of 20 sentences from a small grammar, prepared with the byte tokenizer (and

@@ -61,10 +61,10 @@ __device__ __forceinline__ void store_values(Bf16* row, int64_t first, const flo
 // One pass over the row: each thread keeps an online (max, sum) over its columns in base 2, one
 // rescale per kUnroll * kWidth values; the block combines the partials in a fixed order.
 template <int kWidth>
-__global__ void __launch_bounds__(kThreads) cross_entropy_forward_kernel(const Bf16* logits, int64_t vocab,
-                                                                         int64_t row_stride, const int32_t* targets,
-                                                                         const float* mask, float* lse,
-                                                                         float* losses) {
+__global__ void __launch_bounds__(kThreads) cross_entropy_statistics_kernel(const Bf16* logits, int64_t vocab,
+                                                                            int64_t row_stride,
+                                                                            const int32_t* targets, float* lse,
+                                                                            float* target_logit) {
   __shared__ Partial warp_partials[kThreads / 32];
   const int64_t row = blockIdx.x;
   const Bf16* in = logits + row * row_stride;
@@ -111,9 +111,9 @@ __global__ void __launch_bounds__(kThreads) cross_entropy_forward_kernel(const B
   if (threadIdx.x == 0) {
     Partial total = warp_partials[0];
     for (int w = 1; w < kThreads / 32; ++w) total = combine(total, warp_partials[w]);
-    const float row_lse = (total.max + log2f(total.sum)) * kLn2;
-    lse[row] = row_lse;
-    losses[row] = mask[row] * (row_lse - load(in, targets[row]));
+    lse[row] = (total.max + log2f(total.sum)) * kLn2;
+    const int32_t target = targets[row];
+    target_logit[row] = target >= 0 ? load(in, target) : 0.0f;  // -1: another shard's column
   }
 }
 
@@ -136,7 +136,7 @@ __global__ void __launch_bounds__(kThreads) cross_entropy_backward_kernel(const 
     }
     return;
   }
-  const int64_t target = targets[row];
+  const int64_t target = targets[row];  // -1 (another shard's column) matches no column: no onehot
   const float offset = lse[row] * kLog2e;
   for (int64_t base = threadIdx.x; base < groups; base += kThreads * kUnroll) {
     float x[kUnroll][kWidth];
@@ -183,17 +183,19 @@ bool rows_aligned(const void* pointer, int64_t row_stride) {
 
 }  // namespace
 
-void cross_entropy_forward(const Bf16* logits, int64_t tokens, int64_t vocab, int64_t row_stride,
-                           const int32_t* targets, const float* mask, float* lse, float* losses) {
-  check_shape("cross_entropy_forward", tokens, vocab, row_stride);
+void cross_entropy_statistics(const Bf16* logits, int64_t tokens, int64_t vocab, int64_t row_stride,
+                              const int32_t* targets, float* lse, float* target_logit) {
+  check_shape("cross_entropy_statistics", tokens, vocab, row_stride);
   if (tokens == 0) return;
   const unsigned blocks = static_cast<unsigned>(tokens);
   if (rows_aligned(logits, row_stride)) {
-    cross_entropy_forward_kernel<8><<<blocks, kThreads>>>(logits, vocab, row_stride, targets, mask, lse, losses);
+    cross_entropy_statistics_kernel<8>
+        <<<blocks, kThreads>>>(logits, vocab, row_stride, targets, lse, target_logit);
   } else {
-    cross_entropy_forward_kernel<1><<<blocks, kThreads>>>(logits, vocab, row_stride, targets, mask, lse, losses);
+    cross_entropy_statistics_kernel<1>
+        <<<blocks, kThreads>>>(logits, vocab, row_stride, targets, lse, target_logit);
   }
-  check_launch("cross_entropy_forward_kernel");
+  check_launch("cross_entropy_statistics_kernel");
 }
 
 void cross_entropy_backward(const Bf16* logits, int64_t tokens, int64_t vocab, int64_t row_stride,

@@ -1,5 +1,6 @@
-// Softmax cross-entropy over a (padded) vocabulary on bf16 logits, one block per token row: the
-// forward keeps each row's log-sum-exp so the backward needs no second reduction over the row.
+// Softmax cross entropy over a (padded) vocabulary, or a tensor-parallel rank's shard of it, on
+// bf16 logits, one block per token row: the forward gives each row's log-sum-exp and target logit
+// (merged over the shards on the host), so the backward needs no second reduction over the row.
 #pragma once
 
 #include <cstdint>
@@ -9,16 +10,19 @@
 namespace megaplan::exec::cuda {
 
 // logits [tokens x row_stride] bf16 whose first `vocab` columns are real (Megatron pads the
-// vocabulary; padded columns are never read). targets int32 in [0, vocab), mask fp32 (0 or 1).
-// Writes lse[t] (fp32 log-sum-exp of the row) and losses[t] = mask[t] * (lse[t] - logit[t][target[t]]).
+// vocabulary; padded columns are never read). targets int32: the target's column in [0, vocab),
+// or -1 where another shard holds it. Writes, fp32, lse[t] = log sum exp of the row's `vocab`
+// columns and target_logit[t] = logit[t][targets[t]] (0 for -1).
 // REQUIRES: 0 < vocab <= row_stride; all pointers on the device.
-void cross_entropy_forward(const Bf16* logits, int64_t tokens, int64_t vocab, int64_t row_stride,
-                           const int32_t* targets, const float* mask, float* lse, float* losses);
+void cross_entropy_statistics(const Bf16* logits, int64_t tokens, int64_t vocab, int64_t row_stride,
+                              const int32_t* targets, float* lse, float* target_logit);
 
-// dlogits = scale * mask[t] * (softmax(row) - onehot(target)) as bf16; padded columns set to 0.
+// dlogits = scale * mask[t] * (exp(logit - lse[t]) - onehot(targets[t])) as bf16, with lse the
+// whole vocabulary's (the shards' merged; the forward's own with one shard); a -1 target has no
+// onehot in this shard. Padded columns set to 0.
 // dlogits may EQUAL logits (in place, so the [tokens x vocab] gradient needs no second buffer):
-// with the forward's lse each element depends only on itself, and each thread reads an element
-// before it writes that same element. Rows whose scale * mask is 0 are written as zeros unread.
+// with lse given each element depends only on itself, and each thread reads an element before it
+// writes that same element. Rows whose scale * mask is 0 are written as zeros unread.
 void cross_entropy_backward(const Bf16* logits, int64_t tokens, int64_t vocab, int64_t row_stride,
                             const int32_t* targets, const float* mask, const float* lse, float scale, Bf16* dlogits);
 

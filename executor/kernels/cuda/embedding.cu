@@ -3,7 +3,6 @@
 #include "executor/kernels/cuda/embedding.h"
 
 #include <algorithm>
-#include <numeric>
 #include <string>
 
 #include "executor/kernels/cuda/device_common.cuh"
@@ -50,8 +49,9 @@ __global__ void embedding_forward_kernel(const int32_t* tokens, int64_t count, i
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= count * vectors_per_row) return;
   const int64_t t = i / vectors_per_row, start = (i % vectors_per_row) * 8;
-  float v[8];
-  load8<kAligned>(word + static_cast<int64_t>(tokens[t]) * hidden, start, hidden, v);
+  const int32_t token = tokens[t];
+  float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};  // -1: another shard's token, no word row
+  if (token >= 0) load8<kAligned>(word + static_cast<int64_t>(token) * hidden, start, hidden, v);
   if (position) {
     float p[8];
     load8<kAligned>(position + (t % seq) * hidden, start, hidden, p);
@@ -132,19 +132,22 @@ void embedding_forward(const int32_t* tokens, int64_t count, int64_t seq, const 
 }
 
 TokenRows build_token_rows(const int32_t* host_tokens, int64_t count) {
-  std::vector<int32_t> order(static_cast<std::size_t>(count));
-  std::iota(order.begin(), order.end(), 0);
+  std::vector<int32_t> order;  // the positions of the shard's tokens
+  order.reserve(static_cast<std::size_t>(count));
+  for (int32_t t = 0; t < static_cast<int32_t>(count); ++t) {
+    if (host_tokens[t] >= 0) order.push_back(t);
+  }
   // Stable: a row's positions stay ascending, so its sum runs in token order.
   std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return host_tokens[a] < host_tokens[b]; });
   TokenRows rows;
-  for (int64_t i = 0; i < count; ++i) {
-    const int32_t token = host_tokens[order[static_cast<std::size_t>(i)]];
+  for (std::size_t i = 0; i < order.size(); ++i) {
+    const int32_t token = host_tokens[order[i]];
     if (rows.row_ids.empty() || rows.row_ids.back() != token) {
       rows.row_ids.push_back(token);
       rows.row_starts.push_back(static_cast<int32_t>(i));
     }
   }
-  rows.row_starts.push_back(static_cast<int32_t>(count));
+  rows.row_starts.push_back(static_cast<int32_t>(order.size()));
   rows.positions = std::move(order);
   return rows;
 }

@@ -1,6 +1,7 @@
-// Token and learned position embeddings on bf16 tables. The backward is deterministic without
-// atomics: the host lists each used vocabulary row's token positions in ascending order (CSR),
-// and each (row, 8 columns) is summed by a fixed group of threads in a fixed order.
+// Token and learned position embeddings on bf16 tables: the whole word table, or a tensor-parallel
+// rank's shard of a vocabulary-parallel one. The backward is deterministic without atomics: the
+// host lists each used table row's token positions in ascending order (CSR), and each (row, 8
+// columns) is summed by a fixed group of threads in a fixed order.
 #pragma once
 
 #include <cstdint>
@@ -11,12 +12,15 @@
 namespace megaplan::exec::cuda {
 
 // y[t] = word[tokens[t]] + position[t % seq] over `count` tokens (position may be null: rotary
-// models). Device pointers; tokens are int32 on the device, each in [0, vocabulary).
+// models, or a tensor-parallel rank that leaves it to another). Device pointers; tokens are int32
+// on the device, each a row of `word` or -1 for a token another shard holds (no word row:
+// y[t] = position[t % seq], or 0).
 void embedding_forward(const int32_t* tokens, int64_t count, int64_t seq, const Bf16* word, const Bf16* position,
                        int64_t hidden, Bf16* y);
 
-// Each used vocabulary row (ascending) with the positions of its tokens (ascending):
-// row_ids[used_rows], row_starts[used_rows + 1], positions[count]. Built on the host.
+// Each used table row (ascending) with the positions of its tokens (ascending):
+// row_ids[used_rows], row_starts[used_rows + 1], positions[row_starts[used_rows]]. Built on the
+// host; -1 tokens (another shard's) are left out, so their positions add to no word row.
 struct TokenRows {
   std::vector<int32_t> row_ids, row_starts, positions;
 };

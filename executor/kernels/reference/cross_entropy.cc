@@ -11,35 +11,38 @@ double mask_total(const float* mask, std::size_t tokens) {
   for (std::size_t t = 0; t < tokens; ++t) total += mask[t];
   return total;
 }
+
+// The target's column in the shard, or -1 when another shard holds it.
+int64_t local_target(int64_t target, std::size_t vocab, std::size_t vocab_start) {
+  const int64_t local = target - static_cast<int64_t>(vocab_start);
+  return local >= 0 && local < static_cast<int64_t>(vocab) ? local : -1;
+}
 }  // namespace
 
-double cross_entropy_forward(const float* logits, const int64_t* targets, const float* mask, std::size_t tokens,
-                             std::size_t vocab, float* token_losses, float* probs) {
-  double loss = 0;
+void cross_entropy_statistics(const float* logits, const int64_t* targets, std::size_t tokens, std::size_t vocab,
+                              std::size_t vocab_start, float* lse, float* target_logit) {
   for (std::size_t t = 0; t < tokens; ++t) {
     const float* row = logits + t * vocab;
     const float peak = *std::max_element(row, row + vocab);
     double sum = 0;
     for (std::size_t v = 0; v < vocab; ++v) sum += std::exp(static_cast<double>(row[v]) - peak);
-    for (std::size_t v = 0; v < vocab; ++v) {
-      probs[t * vocab + v] = static_cast<float>(std::exp(static_cast<double>(row[v]) - peak) / sum);
-    }
-    const double token_loss = std::log(sum) + peak - row[static_cast<std::size_t>(targets[t])];
-    token_losses[t] = static_cast<float>(token_loss * mask[t]);
-    loss += token_loss * mask[t];
+    lse[t] = static_cast<float>(std::log(sum) + peak);
+    const int64_t local = local_target(targets[t], vocab, vocab_start);
+    target_logit[t] = local >= 0 ? row[local] : 0.0f;
   }
-  const double total = mask_total(mask, tokens);
-  return total > 0 ? loss / total : 0.0;
 }
 
-void cross_entropy_backward(const float* probs, const int64_t* targets, const float* mask, std::size_t tokens,
-                            std::size_t vocab, float loss_gradient, float* dlogits) {
+void cross_entropy_backward(const float* logits, const float* lse, const int64_t* targets, const float* mask,
+                            std::size_t tokens, std::size_t vocab, std::size_t vocab_start, float loss_gradient,
+                            float* dlogits) {
   const double total = mask_total(mask, tokens);
   const double scale = total > 0 ? loss_gradient / total : 0.0;
   for (std::size_t t = 0; t < tokens; ++t) {
+    const int64_t local = local_target(targets[t], vocab, vocab_start);
     for (std::size_t v = 0; v < vocab; ++v) {
-      const double onehot = v == static_cast<std::size_t>(targets[t]) ? 1.0 : 0.0;
-      dlogits[t * vocab + v] = static_cast<float>((probs[t * vocab + v] - onehot) * mask[t] * scale);
+      const double probability = std::exp(static_cast<double>(logits[t * vocab + v]) - lse[t]);
+      const double onehot = static_cast<int64_t>(v) == local ? 1.0 : 0.0;
+      dlogits[t * vocab + v] = static_cast<float>((probability - onehot) * mask[t] * scale);
     }
   }
 }

@@ -1,5 +1,7 @@
-// Softmax cross-entropy over the vocabulary with a loss mask, the CPU reference: the loss is the
-// masked mean of -log softmax(logits)[target] over the tokens, as Megatron's GPT loss.
+// Softmax cross entropy over a vocabulary shard, the CPU reference (Megatron's vocabulary-parallel
+// cross entropy; one shard holding the whole vocabulary is the plain loss). The shard's logits
+// [tokens x vocab] are columns vocab_start .. vocab_start + vocab of the whole vocabulary; the
+// shards' statistics merge into the loss in executor/model/vocabulary_parallel_loss.h.
 #pragma once
 
 #include <cstddef>
@@ -7,13 +9,15 @@
 
 namespace megaplan::exec::reference {
 
-// logits[tokens x vocab], targets[tokens], mask[tokens] (0 or 1). Returns the masked mean loss and
-// writes each token's loss (0 where masked). Writes probabilities for the backward into `probs`.
-double cross_entropy_forward(const float* logits, const int64_t* targets, const float* mask, std::size_t tokens,
-                             std::size_t vocab, float* token_losses, float* probs);
+// Per row: lse[t] = log sum exp(logits[t]) over the shard; target_logit[t] =
+// logits[t][targets[t] - vocab_start] where the target is in the shard, else 0.
+void cross_entropy_statistics(const float* logits, const int64_t* targets, std::size_t tokens, std::size_t vocab,
+                              std::size_t vocab_start, float* lse, float* target_logit);
 
-// dlogits = (probs - onehot(target)) * mask / sum(mask), scaled by `loss_gradient` (d total/d loss).
-void cross_entropy_backward(const float* probs, const int64_t* targets, const float* mask, std::size_t tokens,
-                            std::size_t vocab, float loss_gradient, float* dlogits);
+// With the whole vocabulary's lse: dlogits = (exp(logits - lse) - onehot(target - vocab_start)) *
+// mask / sum(mask) * loss_gradient (d total / d loss). dlogits may be logits.
+void cross_entropy_backward(const float* logits, const float* lse, const int64_t* targets, const float* mask,
+                            std::size_t tokens, std::size_t vocab, std::size_t vocab_start, float loss_gradient,
+                            float* dlogits);
 
 }  // namespace megaplan::exec::reference

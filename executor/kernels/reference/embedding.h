@@ -1,6 +1,8 @@
-// Token and learned position embeddings, the CPU reference: y[t] = word[tokens[t]] +
-// position[t % seq] over `count` tokens (batch-major, `seq` per sequence); position may be null
-// (rotary models have none).
+// Token and learned position embeddings, the CPU reference, over `count` tokens (batch-major, `seq`
+// per sequence). `word` holds vocabulary rows vocab_start .. vocab_start + vocab_rows (a
+// vocabulary-parallel shard, or all of them): y[t] = (word[tokens[t] - vocab_start] for the shard's
+// tokens, else 0) + position[t % seq]; position may be null (rotary models have none; under tensor
+// parallelism one rank adds it).
 #pragma once
 
 #include <cstddef>
@@ -9,11 +11,13 @@
 namespace megaplan::exec::reference {
 
 void embedding_forward(const int64_t* tokens, std::size_t count, std::size_t seq, const float* word,
-                       const float* position, std::size_t hidden, float* y);
+                       std::size_t vocab_start, std::size_t vocab_rows, const float* position, std::size_t hidden,
+                       float* y);
 
-// dword[tokens[t]] += dy[t] and dposition[t % seq] += dy[t] (accumulated, as gradients accumulate
-// over microbatches), in token order with double sums per row; dposition null: skipped.
+// dword[tokens[t] - vocab_start] += dy[t] for the shard's tokens and dposition[t % seq] += dy[t]
+// (accumulated, as gradients accumulate over microbatches), in token order with double sums per
+// row; dposition null: skipped.
 void embedding_backward(const float* dy, const int64_t* tokens, std::size_t count, std::size_t seq, std::size_t hidden,
-                        float* dword, float* dposition);
+                        std::size_t vocab_start, std::size_t vocab_rows, float* dword, float* dposition);
 
 }  // namespace megaplan::exec::reference

@@ -1,0 +1,99 @@
+#include "executor/model/tensor_shards.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace megaplan::exec {
+
+namespace {
+
+// A row-major tensor seen as [outer, extent, inner] around the cut's dimension: a part is a
+// contiguous extent / count slice of every outer row.
+struct Around {
+  std::size_t outer = 1, extent = 1, inner = 1;
+};
+Around around(const std::vector<int64_t>& shape, const TensorCut& cut) {
+  Around result;
+  for (std::size_t d = 0; d < shape.size(); ++d) {
+    const auto extent = static_cast<std::size_t>(shape[d]);
+    if (static_cast<int64_t>(d) < cut.dim) result.outer *= extent;
+    else if (static_cast<int64_t>(d) == cut.dim) result.extent = extent;
+    else result.inner *= extent;
+  }
+  return result;
+}
+
+std::string cut_text(const TensorCut& cut) {
+  return "part " + std::to_string(cut.index) + " of " + std::to_string(cut.count) + " along dimension " +
+         std::to_string(cut.dim);
+}
+
+}  // namespace
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string text = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
+  return text + "]";
+}
+
+std::size_t elements(const std::vector<int64_t>& shape) {
+  std::size_t count = 1;
+  for (const int64_t extent : shape) count *= static_cast<std::size_t>(extent);
+  return count;
+}
+
+bool cut_fits(const std::vector<int64_t>& global_shape, const TensorCut& cut) {
+  if (cut.count < 1 || cut.index < 0 || cut.index >= cut.count) return false;
+  if (cut.count == 1) return true;
+  return cut.dim >= 0 && cut.dim < static_cast<int64_t>(global_shape.size()) &&
+         global_shape[static_cast<std::size_t>(cut.dim)] % cut.count == 0;
+}
+
+std::vector<int64_t> part_shape(std::vector<int64_t> global_shape, const TensorCut& cut) {
+  if (cut.count > 1) global_shape[static_cast<std::size_t>(cut.dim)] /= cut.count;
+  return global_shape;
+}
+
+std::vector<float> reshard(const std::vector<std::vector<float>>& parts, const TensorCut& parts_cut,
+                           const std::vector<int64_t>& global_shape, const TensorCut& wanted) {
+  const std::size_t total = elements(global_shape);
+  TensorCut joined = parts_cut;
+  joined.index = 0;
+  joined.count = static_cast<int64_t>(parts.size());
+  if (parts.empty() || !cut_fits(global_shape, joined)) {
+    throw std::invalid_argument("reshard: " + std::to_string(parts.size()) + " parts along dimension " +
+                                std::to_string(parts_cut.dim) + " do not divide " + shape_text(global_shape));
+  }
+  std::vector<float> whole;
+  if (parts.size() == 1) {
+    whole = parts.front();
+  } else {
+    whole.resize(total);
+    const Around shape = around(global_shape, joined);
+    const std::size_t piece = shape.extent / parts.size() * shape.inner;  // one part's elements per outer row
+    for (std::size_t k = 0; k < parts.size(); ++k) {
+      if (parts[k].size() != total / parts.size()) throw std::invalid_argument("reshard: parts of unequal sizes");
+      for (std::size_t o = 0; o < shape.outer; ++o) {
+        std::copy_n(parts[k].data() + o * piece, piece, whole.data() + o * shape.extent * shape.inner + k * piece);
+      }
+    }
+  }
+  if (whole.size() != total) {
+    throw std::invalid_argument("reshard: the part holds " + std::to_string(whole.size()) + " elements, " +
+                                shape_text(global_shape) + " needs " + std::to_string(total));
+  }
+  if (wanted.count == 1) return whole;
+  if (!cut_fits(global_shape, wanted)) {
+    throw std::invalid_argument("reshard: " + cut_text(wanted) + " of " + shape_text(global_shape));
+  }
+  const Around shape = around(global_shape, wanted);
+  const std::size_t piece = shape.extent / static_cast<std::size_t>(wanted.count) * shape.inner;
+  std::vector<float> part(total / static_cast<std::size_t>(wanted.count));
+  for (std::size_t o = 0; o < shape.outer; ++o) {
+    std::copy_n(whole.data() + o * shape.extent * shape.inner + static_cast<std::size_t>(wanted.index) * piece, piece,
+                part.data() + o * piece);
+  }
+  return part;
+}
+
+}  // namespace megaplan::exec

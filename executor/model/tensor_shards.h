@@ -1,0 +1,36 @@
+// How tensor parallelism cuts a tensor, and moving between cuts: the one rule that initialisation
+// (every rank draws the whole tensor and keeps its part, so layouts start from the single-rank
+// run's values) and checkpoints (saved under one layout, loaded under another) share.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace megaplan::exec {
+
+// Part `index` of `count` equal parts along dimension `dim`; dim -1 or count 1: the whole tensor.
+struct TensorCut {
+  int64_t dim = -1;
+  int64_t index = 0;
+  int64_t count = 1;
+};
+
+std::string shape_text(const std::vector<int64_t>& shape);  // "[3, 4]"
+std::size_t elements(const std::vector<int64_t>& shape);
+
+// Whether `cut` describes a part of a tensor of `global_shape` (dimension in range and divisible
+// by count, 0 <= index < count).
+bool cut_fits(const std::vector<int64_t>& global_shape, const TensorCut& cut);
+// The shape of part `cut` of a tensor of `global_shape`. REQUIRES: cut_fits.
+std::vector<int64_t> part_shape(std::vector<int64_t> global_shape, const TensorCut& cut);
+
+// Resharding, on row-major fp32 tensors: joins `parts` (parts[i] is part i of parts.size() under
+// `parts_cut`, whose index is ignored; one part: the whole tensor) into the tensor of
+// `global_shape` and returns the part `wanted` describes. Throws std::invalid_argument when the
+// parts or the cut do not divide `global_shape` that way.
+std::vector<float> reshard(const std::vector<std::vector<float>>& parts, const TensorCut& parts_cut,
+                           const std::vector<int64_t>& global_shape, const TensorCut& wanted);
+
+}  // namespace megaplan::exec

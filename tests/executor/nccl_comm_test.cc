@@ -1,0 +1,250 @@
+// The NCCL communicator on one GPU: a world of one process (NCCL cannot put two ranks of a world on
+// one GPU, and one process drives one GPU), through its real bootstrap, split, streams and events.
+// With one member every collective is a copy, so what is checked is the plumbing: each call moves
+// exactly `count` elements of its type (sentinels around the output stay), runs after the work
+// already issued on the compute stream and before the work issued after wait(); then failure: an
+// abort, a timeout the watchdog finds, and a process the watchdog ends because its thread is blocked
+// on the GPU behind the hung operation. send/recv need a peer: megaplan launch with two GPUs
+// covers them (bench/nccl_world_one.sh runs the launchers).
+#include <catch2/catch.hpp>
+
+#include <cuda_runtime_api.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "executor/comm/comm.h"
+#include "executor/comm/nccl_comm.h"
+
+namespace {
+
+namespace exec = megaplan::exec;
+using exec::DataType;
+using exec::ReduceOp;
+using namespace std::chrono_literals;
+
+// A world of one has no peer to reach, so the rendezvous opens no socket and the port is unused.
+constexpr int kUnusedPort = 29500;
+
+std::unique_ptr<exec::NcclWorld> world_of_one(std::chrono::milliseconds timeout = 1min) {
+  return exec::make_nccl_world(0, 1, 0, "127.0.0.1", kUnusedPort, timeout, nullptr);
+}
+
+// A world whose operations time out after 1 s. The timeout bounds NCCL's host calls as well, and
+// the first world of a process pays NCCL's one-time start (about a second): a world made and
+// dropped before takes that cost out of the timed one.
+std::unique_ptr<exec::NcclWorld> world_timing_out_after_1s() {
+  (void)world_of_one();
+  return world_of_one(1s);
+}
+
+// Device memory holding `bytes`, freed at scope exit.
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(const std::vector<uint8_t>& bytes) : size_(bytes.size()) {
+    REQUIRE(cudaMalloc(&data_, size_) == cudaSuccess);
+    REQUIRE(cudaMemcpy(data_, bytes.data(), size_, cudaMemcpyHostToDevice) == cudaSuccess);
+  }
+  ~DeviceBuffer() { cudaFree(data_); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  void* get() const { return data_; }
+  // Read on the legacy default stream, so after whatever the compute stream was ordered after.
+  std::vector<uint8_t> read() const {
+    std::vector<uint8_t> bytes(size_);
+    REQUIRE(cudaMemcpy(bytes.data(), data_, size_, cudaMemcpyDeviceToHost) == cudaSuccess);
+    return bytes;
+  }
+
+ private:
+  void* data_ = nullptr;
+  std::size_t size_ = 0;
+};
+
+// `count` elements of `type` with distinct bit patterns (any bits are fine: one member copies).
+std::vector<uint8_t> pattern(std::size_t count, DataType type, uint8_t seed) {
+  std::vector<uint8_t> bytes(count * exec::element_bytes(type));
+  for (std::size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<uint8_t>(seed + 7 * i + (i >> 8));
+  return bytes;
+}
+
+std::vector<uint8_t> filled(std::size_t bytes, uint8_t value) { return std::vector<uint8_t>(bytes, value); }
+
+std::vector<uint8_t> concat(std::vector<uint8_t> a, const std::vector<uint8_t>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+}  // namespace
+
+TEST_CASE("NCCL: a world of one splits a group and names it", "[gpu][nccl]") {
+  const auto world = world_of_one();
+  CHECK(world->rank() == 0);
+  CHECK(world->world_size() == 1);
+  CHECK(world->split(-1, 0, {}, "embedding") == nullptr);
+  const std::unique_ptr<exec::Comm> comm = world->split(0, 0, {0}, "world");
+  REQUIRE(comm);
+  CHECK(comm->name() == "nccl");
+  CHECK(comm->rank() == 0);
+  CHECK(comm->size() == 1);
+  CHECK(comm->global_ranks() == std::vector<int64_t>{0});
+  CHECK_THROWS_AS(world->split(0, 1, {0}, "tp"), std::invalid_argument);
+  DeviceBuffer buffer(filled(4, 0));
+  CHECK_THROWS_AS(comm->send(buffer.get(), 1, DataType::kFloat32, 0), std::invalid_argument);
+  CHECK_THROWS_AS(comm->broadcast(buffer.get(), 1, DataType::kFloat32, 1), std::invalid_argument);
+}
+
+TEST_CASE("NCCL: every collective moves exactly its elements, fp32 and bf16", "[gpu][nccl]") {
+  const auto world = world_of_one();
+  const std::unique_ptr<exec::Comm> comm = world->split(0, 0, {0}, "dp");
+  constexpr std::size_t kCount = 1000;  // not a multiple of anything NCCL likes
+  for (const DataType type : {DataType::kFloat32, DataType::kBFloat16}) {
+    INFO(exec::data_type_name(type));
+    const std::size_t bytes = kCount * exec::element_bytes(type);
+    const std::vector<uint8_t> input = pattern(kCount, type, 3);
+    const std::vector<uint8_t> sentinel = filled(64, 0xAB);
+
+    for (const ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax}) {
+      // In place, with the sentinel behind the data: a reduction of one member leaves the data as it
+      // was (bit for bit, NaN patterns included) and touches nothing after it.
+      DeviceBuffer data(concat(input, sentinel));
+      comm->all_reduce(data.get(), kCount, type, op)->wait();
+      CHECK(data.read() == concat(input, sentinel));
+
+      DeviceBuffer source(input);
+      DeviceBuffer output(concat(filled(bytes, 0), sentinel));
+      comm->reduce_scatter(source.get(), output.get(), kCount, type, op)->wait();
+      CHECK(output.read() == concat(input, sentinel));
+    }
+    DeviceBuffer source(input);
+    DeviceBuffer gathered(concat(filled(bytes, 0), sentinel));
+    comm->all_gather(source.get(), gathered.get(), kCount, type)->wait();
+    CHECK(gathered.read() == concat(input, sentinel));
+
+    DeviceBuffer data(concat(input, sentinel));
+    comm->broadcast(data.get(), kCount, type, 0)->wait();
+    CHECK(data.read() == concat(input, sentinel));
+  }
+  comm->barrier();
+}
+
+TEST_CASE("NCCL: a call runs after the compute stream's earlier work, and wait() orders the later", "[gpu][nccl]") {
+  const auto world = world_of_one();
+  const std::unique_ptr<exec::Comm> comm = world->split(0, 0, {0}, "dp");
+  // Enough bytes that the compute stream's memsets take milliseconds, while the communicator's
+  // stream (a stream of its own) would start at once if nothing ordered it.
+  constexpr std::size_t kCount = std::size_t{64} << 20;
+  const std::size_t bytes = kCount * sizeof(float);
+  DeviceBuffer source(filled(bytes, 0));
+  DeviceBuffer output(filled(bytes, 0));
+  for (int round = 0; round < 20; ++round) REQUIRE(cudaMemsetAsync(source.get(), round, bytes, nullptr) == cudaSuccess);
+  REQUIRE(cudaMemsetAsync(source.get(), 0x3C, bytes, nullptr) == cudaSuccess);
+  comm->reduce_scatter(source.get(), output.get(), kCount, DataType::kFloat32, ReduceOp::kSum)->wait();
+  // A copy on the compute stream after wait(): it sees the reduce_scatter's result.
+  std::vector<uint8_t> tail(4096);
+  REQUIRE(cudaMemcpyAsync(tail.data(), static_cast<uint8_t*>(output.get()) + bytes - tail.size(), tail.size(),
+                          cudaMemcpyDeviceToHost, nullptr) == cudaSuccess);
+  REQUIRE(cudaStreamSynchronize(nullptr) == cudaSuccess);
+  CHECK(tail == filled(tail.size(), 0x3C));
+}
+
+TEST_CASE("NCCL: after abort every call and wait throws CommAborted with the first reason", "[gpu][nccl]") {
+  const auto world = world_of_one();
+  const std::unique_ptr<exec::Comm> comm = world->split(0, 0, {0}, "dp");
+  DeviceBuffer data(filled(64, 0));
+  const exec::Request issued = comm->all_reduce(data.get(), 16, DataType::kFloat32, ReduceOp::kSum);
+  world->abort("rank 0: test: the data path failed");
+  world->abort("a second reason changes nothing");
+  CHECK(world->aborted());
+  const auto aborted = Catch::Message("rank 0: test: the data path failed");
+  CHECK_THROWS_MATCHES(issued->wait(), exec::CommAborted, aborted);
+  CHECK_THROWS_MATCHES(comm->all_reduce(data.get(), 16, DataType::kFloat32, ReduceOp::kSum), exec::CommAborted,
+                       aborted);
+  CHECK_THROWS_MATCHES(comm->all_gather(data.get(), data.get(), 16, DataType::kFloat32), exec::CommAborted, aborted);
+  CHECK_THROWS_MATCHES(comm->barrier(), exec::CommAborted, aborted);
+  CHECK_THROWS_MATCHES(world->split(0, 0, {0}, "tp"), exec::CommAborted, aborted);
+}
+
+TEST_CASE("NCCL: an operation unfinished after the timeout fails the world, naming it", "[gpu][nccl]") {
+  {
+    const auto world = world_timing_out_after_1s();
+    const std::unique_ptr<exec::Comm> comm = world->split(0, 0, {0}, "dp");
+    DeviceBuffer data(filled(16, 0));
+    // The compute stream is held for 3 s by a host function; the all_reduce, ordered after it,
+    // cannot finish within the world's 1 s.
+    REQUIRE(cudaLaunchHostFunc(nullptr, [](void*) { std::this_thread::sleep_for(3s); }, nullptr) == cudaSuccess);
+    comm->all_reduce(data.get(), 4, DataType::kFloat32, ReduceOp::kSum)->wait();
+    const auto deadline = std::chrono::steady_clock::now() + 5s;
+    while (!world->aborted() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(10ms);
+    REQUIRE(world->aborted());
+    CHECK_THROWS_MATCHES(comm->barrier(), exec::CommAborted,
+                         Catch::Message("rank 0: timed out after 1 s in all_reduce(4 fp32, sum) on group dp [0]"));
+    // The world ends here, well within the watchdog's grace: the process goes on.
+  }
+  // The GPU is still usable: nothing was left broken.
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  const auto world = world_of_one();
+  const std::unique_ptr<exec::Comm> comm = world->split(0, 0, {0}, "dp");
+  comm->barrier();
+}
+
+// Run by the next test in a process of its own, which the watchdog must end: the compute stream is
+// held for a minute, and the thread waits for the device behind an operation that cannot finish.
+TEST_CASE("NCCL: (child process) blocked on the GPU behind a hung operation", "[.][nccl-watchdog-child]") {
+  const auto world = world_timing_out_after_1s();
+  const std::unique_ptr<exec::Comm> comm = world->split(0, 0, {0}, "dp");
+  DeviceBuffer data(filled(16, 0));
+  REQUIRE(cudaLaunchHostFunc(nullptr, [](void*) { std::this_thread::sleep_for(60s); }, nullptr) == cudaSuccess);
+  comm->all_reduce(data.get(), 4, DataType::kFloat32, ReduceOp::kSum)->wait();
+  (void)cudaDeviceSynchronize();  // no exception reaches this thread for a minute
+  FAIL("the watchdog did not end the process");
+}
+
+TEST_CASE("NCCL: the watchdog ends a process blocked where no exception reaches it, in one line", "[gpu][nccl]") {
+  char stderr_path[] = "/tmp/megaplan-nccl-watchdog-XXXXXX";
+  const int stderr_fd = ::mkstemp(stderr_path);
+  REQUIRE(stderr_fd >= 0);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, stderr_fd, STDERR_FILENO);
+  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
+  std::string self = "/proc/self/exe", filter = "[nccl-watchdog-child]";
+  char* argv[] = {self.data(), filter.data(), nullptr};
+  pid_t child = -1;
+  const int spawned = ::posix_spawn(&child, "/proc/self/exe", &actions, nullptr, argv, environ);
+  posix_spawn_file_actions_destroy(&actions);
+  ::close(stderr_fd);
+  REQUIRE(spawned == 0);
+  // 1 s to find the timeout, 10 s of grace, and the start of a process with a GPU.
+  int status = 0;
+  const auto deadline = std::chrono::steady_clock::now() + 40s;
+  while (::waitpid(child, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      ::kill(child, SIGKILL);
+      ::waitpid(child, &status, 0);
+      FAIL("the child still ran after 40 s");
+    }
+    std::this_thread::sleep_for(50ms);
+  }
+  std::ostringstream written;
+  written << std::ifstream(stderr_path).rdbuf();
+  ::unlink(stderr_path);
+  INFO("child's stderr: " << written.str());
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 1);
+  CHECK(written.str().find("megaplan: rank 0: timed out after 1 s in all_reduce(4 fp32, sum) on group dp [0]\n") !=
+        std::string::npos);
+}

@@ -1,0 +1,51 @@
+// Tensor cuts and resharding (executor/model/tensor_shards.h): what initialisation slices and
+// checkpoints join and cut again.
+#include <catch2/catch.hpp>
+
+#include <stdexcept>
+#include <vector>
+
+#include "executor/model/tensor_shards.h"
+
+namespace exec = megaplan::exec;
+
+TEST_CASE("resharding concatenates saved parts along their dimension and cuts the wanted part", "[shards]") {
+  // A [4, 6, 2] tensor holding 0 .. 47, saved as 2 parts along dimension 1 (row-parallel style).
+  const std::vector<int64_t> shape = {4, 6, 2};
+  std::vector<float> whole(48);
+  for (std::size_t i = 0; i < whole.size(); ++i) whole[i] = static_cast<float>(i);
+  const auto element = [](std::size_t a, std::size_t b, std::size_t c) { return static_cast<float>((a * 6 + b) * 2 + c); };
+  std::vector<std::vector<float>> halves(2);
+  for (std::size_t a = 0; a < 4; ++a) {
+    for (std::size_t b = 0; b < 6; ++b) {
+      for (std::size_t c = 0; c < 2; ++c) halves[b / 3].push_back(element(a, b, c));
+    }
+  }
+  CHECK(exec::reshard(halves, exec::TensorCut{1}, shape, {}) == whole);
+  CHECK(exec::reshard({whole}, exec::TensorCut{}, shape, {}) == whole);
+  // Part 1 of 3 along dimension 1: columns 2 and 3 of every row.
+  std::vector<float> third;
+  for (std::size_t a = 0; a < 4; ++a) {
+    for (std::size_t b = 2; b < 4; ++b) {
+      for (std::size_t c = 0; c < 2; ++c) third.push_back(element(a, b, c));
+    }
+  }
+  CHECK(exec::reshard(halves, exec::TensorCut{1}, shape, {1, 1, 3}) == third);
+  // Part 3 of 4 along dimension 0 (column-parallel style): the last row block.
+  CHECK(exec::reshard(halves, exec::TensorCut{1}, shape, {0, 3, 4}) == std::vector<float>(whole.begin() + 36, whole.end()));
+  // Part 1 of 2 along the last dimension.
+  std::vector<float> odd;
+  for (std::size_t i = 1; i < 48; i += 2) odd.push_back(whole[i]);
+  CHECK(exec::reshard({whole}, exec::TensorCut{}, shape, {2, 1, 2}) == odd);
+  CHECK_THROWS_AS(exec::reshard(halves, exec::TensorCut{1}, shape, {1, 0, 4}), std::invalid_argument);  // 6 columns in 4 parts
+}
+
+TEST_CASE("a cut fits where its dimension divides into its parts", "[shards]") {
+  const std::vector<int64_t> shape = {6, 2};
+  CHECK(exec::cut_fits(shape, {0, 2, 3}));
+  CHECK(exec::part_shape(shape, {0, 2, 3}) == std::vector<int64_t>{2, 2});
+  CHECK_FALSE(exec::cut_fits(shape, {0, 0, 4}));  // 6 rows in 4 parts
+  CHECK_FALSE(exec::cut_fits(shape, {2, 0, 2}));  // no third dimension
+  CHECK_FALSE(exec::cut_fits(shape, {1, 2, 2}));  // no part 2 of 2
+  CHECK(exec::cut_fits(shape, {}));               // the whole tensor
+}
