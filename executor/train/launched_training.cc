@@ -54,6 +54,7 @@ TrainSummary train_launched(const ModelSpec& model, const ParallelPlan& plan, co
     return value ? std::optional<std::string>(value) : std::nullopt;
   };
   const RendezvousAddress address = rendezvous_address(launch, getenv);
+  (void)checked_train_options(options);  // before the world: its timeout comes from them
   // Declared before the world, so destroyed after it: the world's end aborts any NCCL kernel still
   // using the backend's buffers, which the backend's cudaFree would otherwise wait for.
   std::unique_ptr<Backend> backend;

@@ -30,9 +30,9 @@
 
 namespace megaplan::exec {
 
-namespace {
-
-void validate(const TrainOptions& options) {
+TrainOptions checked_train_options(const TrainOptions& options_in) {
+  TrainOptions options = options_in;
+  if (options.learning_rate.decay_iterations == 0) options.learning_rate.decay_iterations = options.train_iters;
   const auto positive = [](int64_t value, const char* flag) {
     if (value <= 0) throw SpecError(flag, "must be a positive integer, got " + std::to_string(value));
   };
@@ -47,7 +47,10 @@ void validate(const TrainOptions& options) {
   if (!(options.clip_grad >= 0)) throw SpecError("--clip-grad", "must be non-negative");
   if (options.data_path.empty()) throw SpecError("--data-path", "is required");
   options.learning_rate.validate();
+  return options;
 }
+
+namespace {
 
 std::string format_double(double value) {
   std::ostringstream text;
@@ -342,12 +345,6 @@ TrainSummary RankTrainer::train() {
 
 namespace {
 
-TrainOptions with_defaults(const TrainOptions& options_in) {
-  TrainOptions options = options_in;
-  if (options.learning_rate.decay_iterations == 0) options.learning_rate.decay_iterations = options.train_iters;
-  validate(options);
-  return options;
-}
 
 PipelineSchedule checked_schedule(const ParallelPlan& plan, const TrainOptions& options) {
   PipelineSchedule schedule = lower_schedule(options.pipeline_schedule_csv ? imported_schedule(*options.pipeline_schedule_csv, plan)
@@ -362,7 +359,7 @@ struct PreparedRun {
   PreparedRun(const ModelSpec& model_in, const ParallelPlan& plan_in, const TrainOptions& options_in)
       : model(model_in),
         plan(plan_in),
-        options(with_defaults(options_in)),
+        options(checked_train_options(options_in)),
         schedule((GptModel::refuse_unsupported(model, plan), checked_schedule(plan, options))),
         dataset(options.data_path),
         splits(split_documents(options.split, static_cast<int64_t>(dataset.num_documents()))),

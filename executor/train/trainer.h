@@ -68,6 +68,11 @@ struct TrainSummary {
   Timeline timeline;
 };
 
+// The options with their defaults filled in (--lr-decay-iters: --train-iters). Throws SpecError
+// naming the flag of the first option out of range: what train() checks first, and a launched rank
+// before it joins its world.
+TrainOptions checked_train_options(const TrainOptions& options);
+
 // The backend of one rank (ranks run on threads: each has its own).
 using BackendFactory = std::function<std::unique_ptr<Backend>(int64_t rank)>;
 // Where a world of several ranks keeps and moves its messages: the memory the backends allocate

@@ -196,6 +196,12 @@ env -u MASTER_ADDR -u MASTER_PORT OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=2 
 [ $? -eq 2 ] && [ "$(wc -l <"$scratch/err")" -eq 1 ] &&
   grep -q 'error: MASTER_ADDR: mpirun started 2 processes but MASTER_ADDR is not set' "$scratch/err" ||
   fail "train under mpirun -np 2 without MASTER_ADDR: $(cat "$scratch/err")"
+# A launched rank checks its options before it joins a world (whose timeout comes from them).
+RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 "$megaplan" train --device cuda --model "$examples/models/tiny-gpt.json" \
+  --data-path "$scratch/corpus" --train-iters 2 --distributed-timeout-minutes 0 >"$scratch/out" 2>"$scratch/err"
+[ $? -eq 2 ] && [ "$(wc -l <"$scratch/err")" -eq 1 ] &&
+  grep -q 'error: --distributed-timeout-minutes: must be a positive integer, got 0' "$scratch/err" ||
+  fail "a launched train with --distributed-timeout-minutes 0: $(cat "$scratch/err")"
 expect_ok train --device cpu --model "$examples/models/tiny-gpt.json" --vocab-size 257 --seq-length 16 --num-layers 1 \
   --data-path "$scratch/corpus" --split 1,0,0 --train-iters 2 --mbs 1 --gbs 2 --log-interval 1 --log-file "$scratch/train.jsonl"
 grep -q '^iteration 2/2 | loss ' "$scratch/out" || fail "train prints no iteration line: $(cat "$scratch/out")"
