@@ -78,6 +78,7 @@ class CudaBackend final : public Backend {
   CudaBackend() = default;
   ~CudaBackend() override {
     for (auto& [pointer, bytes] : sizes_) cudaFree(pointer);
+    for (auto& [bytes, pointer] : released_) cudaFree(pointer);
     for (cudaEvent_t event : events_) cudaEventDestroy(event);
   }
 
@@ -274,10 +275,35 @@ class CudaBackend final : public Backend {
     accumulate_kernel<<<blocks_for(i64(n), 256), 256>>>(partial, i64(n), total);
     check_launch("accumulate (bias gradient)");
   }
+  // Released buffers are kept by size and handed out again rather than freed: cudaFree waits for
+  // the whole device, and with NCCL operations pending on other streams (a posted receive whose
+  // send the peer issues only after its own cudaFree returns) that wait could never end. A
+  // training step asks for the same sizes every iteration, so the cache stops growing after the
+  // first; it is freed when the GPU runs out, and with the backend.
   void* allocate_bytes(std::size_t bytes) {
     bytes = std::max<std::size_t>(bytes, 16);
     void* pointer = nullptr;
-    const cudaError_t status = cudaMalloc(&pointer, bytes);
+    if (const auto cached = released_.find(bytes); cached != released_.end()) {
+      pointer = cached->second;
+      released_.erase(cached);
+    } else {
+      pointer = fresh_device_memory(bytes);
+    }
+    check(cudaMemsetAsync(pointer, 0, bytes), "cudaMemsetAsync");
+    sizes_[pointer] = bytes;
+    bytes_ += static_cast<int64_t>(bytes);
+    peak_ = std::max(peak_, bytes_);
+    return pointer;
+  }
+  void* fresh_device_memory(std::size_t bytes) {
+    void* pointer = nullptr;
+    cudaError_t status = cudaMalloc(&pointer, bytes);
+    if (status == cudaErrorMemoryAllocation && !released_.empty()) {
+      (void)cudaGetLastError();  // clears the failed allocation's error
+      for (const auto& [size, buffer] : released_) cudaFree(buffer);
+      released_.clear();
+      status = cudaMalloc(&pointer, bytes);
+    }
     if (status != cudaSuccess) {
       std::size_t free = 0, total = 0;
       cudaMemGetInfo(&free, &total);
@@ -285,18 +311,14 @@ class CudaBackend final : public Backend {
                                                 " more bytes requested with " + std::to_string(bytes_) +
                                                 " held and " + std::to_string(free) + " free");
     }
-    check(cudaMemset(pointer, 0, bytes), "cudaMemset");
-    sizes_[pointer] = bytes;
-    bytes_ += static_cast<int64_t>(bytes);
-    peak_ = std::max(peak_, bytes_);
     return pointer;
   }
   void release_bytes(void* buffer) {
     const auto found = sizes_.find(buffer);
     if (found == sizes_.end()) return;
     bytes_ -= static_cast<int64_t>(found->second);
+    released_.emplace(found->second, buffer);
     sizes_.erase(found);
-    check(cudaFree(buffer), "cudaFree");
   }
   // The kernels' int32 indices into a vocabulary shard [start, start + size): each id's row (or
   // column) in the shard, or -1 where another shard holds it.
@@ -347,7 +369,8 @@ class CudaBackend final : public Backend {
   cuda::DeviceReducer reducer_;
   std::unique_ptr<cuda::MultiTensorAdamw> adamw_;
   std::vector<const void*> adamw_key_;
-  std::unordered_map<void*, std::size_t> sizes_;
+  std::unordered_map<void*, std::size_t> sizes_;  // live buffers
+  std::unordered_multimap<std::size_t, void*> released_;  // by size, for reuse
   int64_t bytes_ = 0;
   int64_t peak_ = 0;
   std::vector<int32_t> host_ints_;
