@@ -1,4 +1,4 @@
-// `megaplan launch`: starts one node's ranks as torchrun does — N copies of this binary running the
+// What `megaplan launch` does: starts one node's ranks as torchrun does — N copies of this binary running the
 // command after `--`, each with torchrun's RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
 // MASTER_ADDR and MASTER_PORT — and supervises them: one failing rank stops the others.
 #pragma once
@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-namespace megaplan::cli {
+namespace megaplan::exec {
 
 struct LaunchOptions {
   int64_t nproc_per_node = 1;
@@ -40,4 +40,4 @@ void validate_launch_options(const LaunchOptions& options);
 // block SIGINT and SIGTERM, or one may take a signal meant for forwarding.
 int run_launch(const LaunchOptions& options, const std::string& program, std::ostream& err);
 
-}  // namespace megaplan::cli
+}  // namespace megaplan::exec

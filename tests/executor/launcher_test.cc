@@ -1,0 +1,216 @@
+// Tests for run_launch (executor/comm/launcher.h, what `megaplan launch` runs) with /bin/sh ranks:
+// their environment, the stop of every rank when one fails, the exit code, and the validation of
+// its options.
+#include "executor/comm/launcher.h"
+
+#include <signal.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "core/error.h"
+
+namespace megaplan::exec {
+namespace {
+
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+
+// A scratch folder, removed with everything in it.
+class TemporaryFolder {
+ public:
+  TemporaryFolder() {
+    std::string pattern = (fs::temp_directory_path() / "megaplan-launch-XXXXXX").string();
+    REQUIRE(::mkdtemp(pattern.data()) != nullptr);
+    path_ = pattern;
+  }
+  ~TemporaryFolder() { fs::remove_all(path_); }
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
+
+// Sets (or unsets) a variable of this process for one test, and puts the old value back.
+class ScopedVariable {
+ public:
+  ScopedVariable(const char* name, const char* value) : name_(name) {
+    if (const char* old = ::getenv(name)) old_ = old;
+    if (value) {
+      ::setenv(name, value, 1);
+    } else {
+      ::unsetenv(name);
+    }
+  }
+  ~ScopedVariable() {
+    if (old_) {
+      ::setenv(name_.c_str(), old_->c_str(), 1);
+    } else {
+      ::unsetenv(name_.c_str());
+    }
+  }
+
+ private:
+  std::string name_;
+  std::optional<std::string> old_;
+};
+
+LaunchOptions shell_ranks(int64_t ranks, const std::string& script) {
+  LaunchOptions options;
+  options.nproc_per_node = ranks;
+  options.command = {"-c", script};
+  return options;
+}
+
+// What a rank wrote with `env > folder/rank-$LOCAL_RANK.env`, as a map.
+std::map<std::string, std::string> read_environment(const fs::path& file) {
+  std::map<std::string, std::string> variables;
+  std::ifstream in(file);
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto equals = line.find('=');
+    if (equals != std::string::npos) variables[line.substr(0, equals)] = line.substr(equals + 1);
+  }
+  return variables;
+}
+
+std::string error_of(const LaunchOptions& options) {
+  std::ostringstream err;
+  try {
+    run_launch(options, "/bin/sh", err);
+  } catch (const SpecError& error) {
+    return error.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("launch: every rank gets torchrun's variables and no other launcher's", "[launch_command]") {
+  TemporaryFolder folder;
+  // Variables an outer launcher left behind; the ranks must not see them ("two launchers at once").
+  const ScopedVariable mpi_rank("OMPI_COMM_WORLD_RANK", "5");
+  const ScopedVariable mpi_node_rank("OMPI_COMM_WORLD_NODE_RANK", "1");
+  const ScopedVariable slurm_rank("SLURM_PROCID", "5");
+  const ScopedVariable stale_rank("RANK", "7");
+  const ScopedVariable nvls("NCCL_NVLS_ENABLE", nullptr);
+  const ScopedVariable kept("MEGAPLAN_LAUNCH_TEST_KEPT", "yes");
+
+  LaunchOptions options = shell_ranks(2, "env > \"$0/rank-$LOCAL_RANK.env\"");
+  options.command.push_back(folder.path().string());  // $0 of the script
+  options.nnodes = 3;
+  options.node_rank = 1;
+  options.master_addr = "node-0.cluster";
+  options.master_port = 1234;
+  std::ostringstream err;
+  CHECK(run_launch(options, "/bin/sh", err) == 0);
+  CHECK(err.str().empty());
+
+  for (int local_rank = 0; local_rank < 2; ++local_rank) {
+    INFO("local rank " << local_rank);
+    const auto variables = read_environment(folder.path() / ("rank-" + std::to_string(local_rank) + ".env"));
+    CHECK(variables.at("RANK") == std::to_string(2 + local_rank));
+    CHECK(variables.at("WORLD_SIZE") == "6");
+    CHECK(variables.at("LOCAL_RANK") == std::to_string(local_rank));
+    CHECK(variables.at("LOCAL_WORLD_SIZE") == "2");
+    CHECK(variables.at("MASTER_ADDR") == "node-0.cluster");
+    CHECK(variables.at("MASTER_PORT") == "1234");
+    CHECK(variables.at("NCCL_NVLS_ENABLE") == "0");
+    CHECK(variables.at("MEGAPLAN_LAUNCH_TEST_KEPT") == "yes");
+    CHECK(variables.count("OMPI_COMM_WORLD_RANK") == 0);
+    CHECK(variables.count("OMPI_COMM_WORLD_NODE_RANK") == 0);
+    CHECK(variables.count("SLURM_PROCID") == 0);
+  }
+}
+
+TEST_CASE("launch: defaults, and a NCCL_NVLS_ENABLE the user set is kept", "[launch_command]") {
+  TemporaryFolder folder;
+  const ScopedVariable nvls("NCCL_NVLS_ENABLE", "1");
+  LaunchOptions options = shell_ranks(1, "env > \"$0/rank.env\"");
+  options.command.push_back(folder.path().string());
+  std::ostringstream err;
+  CHECK(run_launch(options, "/bin/sh", err) == 0);
+  const auto variables = read_environment(folder.path() / "rank.env");
+  CHECK(variables.at("RANK") == "0");
+  CHECK(variables.at("WORLD_SIZE") == "1");
+  CHECK(variables.at("MASTER_ADDR") == "127.0.0.1");
+  CHECK(variables.at("MASTER_PORT") == "29500");
+  CHECK(variables.at("NCCL_NVLS_ENABLE") == "1");
+}
+
+TEST_CASE("launch: one failing rank stops a sleeping sibling at once", "[launch_command]") {
+  LaunchOptions options = shell_ranks(3, "if [ \"$RANK\" = 1 ]; then sleep 0.2; exit 3; fi; exec sleep 30");
+  std::ostringstream err;
+  const auto start = std::chrono::steady_clock::now();
+  CHECK(run_launch(options, "/bin/sh", err) == 3);
+  CHECK(std::chrono::steady_clock::now() - start < 4s);
+  CHECK_THAT(err.str(), Catch::Matchers::Matches("megaplan: launch: rank 1 \\(pid [0-9]+\\) exited with status 3; "
+                                                 "stopping the other 2 rank\\(s\\)\n"));
+}
+
+TEST_CASE("launch: a rank that ignores SIGTERM is killed after the grace period", "[launch_command]") {
+  LaunchOptions options =
+      shell_ranks(2, "if [ \"$RANK\" = 0 ]; then kill -9 $$; fi; trap '' TERM; exec sleep 30");
+  options.stop_grace = 300ms;
+  std::ostringstream err;
+  const auto start = std::chrono::steady_clock::now();
+  CHECK(run_launch(options, "/bin/sh", err) == 128 + SIGKILL);
+  CHECK(std::chrono::steady_clock::now() - start < 4s);
+  CHECK_THAT(err.str(), Catch::Matchers::StartsWith("megaplan: launch: rank 0 (pid ") &&
+                            Catch::Matchers::Contains("was killed by signal 9"));
+}
+
+TEST_CASE("launch: all ranks succeed, exit 0; a program that cannot run is named", "[launch_command]") {
+  std::ostringstream err;
+  CHECK(run_launch(shell_ranks(4, "exit 0"), "/bin/sh", err) == 0);
+  CHECK(err.str().empty());
+  LaunchOptions options = shell_ranks(2, "exit 0");
+  CHECK_THROWS_WITH(run_launch(options, "/no/such/program", err),
+                    "/no/such/program: cannot start rank 0: No such file or directory");
+}
+
+TEST_CASE("launch: SIGTERM to the launcher reaches the ranks", "[launch_command]") {
+  // The ranks stand in for the launcher's signaller: rank 0 signals the launcher (its parent).
+  LaunchOptions options = shell_ranks(2, "if [ \"$RANK\" = 0 ]; then kill -TERM $PPID; fi; exec sleep 30");
+  std::ostringstream err;
+  const auto start = std::chrono::steady_clock::now();
+  CHECK(run_launch(options, "/bin/sh", err) == 128 + SIGTERM);
+  CHECK(std::chrono::steady_clock::now() - start < 4s);
+  CHECK_THAT(err.str(), Catch::Matchers::Contains("was killed by signal 15"));
+}
+
+TEST_CASE("launch: bad options name the flag", "[launch_command]") {
+  LaunchOptions options = shell_ranks(0, "exit 0");
+  CHECK(error_of(options) == "--nproc-per-node: must be at least 1, got 0");
+  options = shell_ranks(1, "exit 0");
+  options.nnodes = 0;
+  CHECK(error_of(options) == "--nnodes: must be at least 1, got 0");
+  options.nnodes = 2;
+  options.node_rank = 2;
+  options.master_addr = "10.0.0.1";
+  CHECK(error_of(options) == "--node-rank: must be in 0..1 for --nnodes 2, got 2");
+  options.node_rank = 1;
+  options.master_port = 65536;
+  CHECK(error_of(options) == "--master-port: must be a TCP port in 1..65535, got 65536");
+  options.master_port = 29500;
+  options.master_addr.reset();
+  CHECK(error_of(options) ==
+        "--master-addr: --nnodes 2 needs rank 0's host name or address, the same on every node");
+  options = shell_ranks(1, "");
+  options.command.clear();
+  CHECK_THAT(error_of(options), Catch::Matchers::StartsWith("command: nothing after `--`"));
+  options.command = {"launch", "--", "train"};
+  CHECK_THAT(error_of(options), Catch::Matchers::StartsWith("command: `launch` would start launchers"));
+}
+
+}  // namespace megaplan::exec
