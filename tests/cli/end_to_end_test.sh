@@ -246,6 +246,13 @@ for line in "^NCCL_NVLS_ENABLE=0 torchrun --nnodes 2 --nproc-per-node 8 --node-r
   "srun --nodes 2 --ntasks-per-node 8 --gpus-per-node 8 megaplan train --plan" "^mpirun -np 16 --npernode 8 "; do
   grep -q -- "$line" "$scratch/out" || fail "search --emit launch prints no line matching $line: $(cat "$scratch/out")"
 done
+# The layout a search chose trains as planned, from its job file: here tp 2 with sequence
+# parallelism over 4 ranks, as threads on the CPU.
+expect_ok search --model "$examples/models/tiny-gpt.json" --vocab-size 257 --seq-length 16 --cluster dgx-a100-80gb \
+  --gpus 4 --gbs 8 --cp 1 --tp 2 --sequence-parallel --top 1 --threads 2 --out "$scratch/tiny-best.json"
+expect_ok train --device cpu --plan "$scratch/tiny-best.json" --data-path "$scratch/corpus" --split 1,0,0 \
+  --train-iters 2 --log-interval 1
+[ "$(grep -c '^iteration [12]/2 | loss ' "$scratch/out")" -eq 2 ] || fail "the searched plan did not train: $(cat "$scratch/out")"
 expect_ok search --model gpt2-350m --cluster dgx-a100-80gb --gpus 8 --gbs 16 --tp 2 --pp 2 --json
 for key in plans counts iteration_time_s model_tflops_per_gpu mfu bubble_fraction peak_memory_bytes fits_in_memory \
   tensor_parallel_size pruned_by_bound simulated; do
