@@ -543,11 +543,14 @@ Request GptModel::reduce(Activation destination) {
 
 void GptModel::reduce_sequence_parallel_gradients() {
   if (!sequence_parallel_) return;
+  std::vector<Parameter*> norms;
+  for (const Layer& layer : layers_) {
+    norms.insert(norms.end(), {layer.ln1_gamma, layer.ln1_beta, layer.ln2_gamma, layer.ln2_beta});
+  }
+  if (has_output_) norms.insert(norms.end(), {final_gamma_, final_beta_});
   std::vector<Request> pending;
-  for (Parameter& p : parameters_) {
-    if (ends_with(p.name, "layernorm.weight") || ends_with(p.name, "layernorm.bias")) {
-      pending.push_back(tensor_parallel_->all_reduce(p.gradient, p.size, DataType::kFloat32, ReduceOp::kSum));
-    }
+  for (Parameter* norm : norms) {
+    pending.push_back(tensor_parallel_->all_reduce(norm->gradient, norm->size, DataType::kFloat32, ReduceOp::kSum));
   }
   for (Request& request : pending) request->wait();
 }

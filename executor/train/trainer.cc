@@ -341,10 +341,14 @@ TrainSummary RankTrainer::train() {
   return summary;
 }
 
-}  // namespace
-
-namespace {
-
+// One rank whose summary is its own: the world's only rank, or one of a world of processes (its
+// final weights are its parts). `out`: the log, rank 0's only (null elsewhere).
+TrainSummary train_alone(const Run& run, Backend& backend, ParallelGroups& groups, std::ostream* out) {
+  RankTrainer trainer(run, backend, groups, out);
+  TrainSummary summary = trainer.train();
+  for (auto& [name, shard] : trainer.final_shards()) summary.final_weights[name] = std::move(shard.values);
+  return summary;
+}
 
 PipelineSchedule checked_schedule(const ParallelPlan& plan, const TrainOptions& options) {
   PipelineSchedule schedule = lower_schedule(options.pipeline_schedule_csv ? imported_schedule(*options.pipeline_schedule_csv, plan)
@@ -397,10 +401,7 @@ TrainSummary train(const ModelSpec& model, const ParallelPlan& plan, const Train
     ParallelGroups groups = make_parallel_groups(plan, 0, [](const GroupKind&) {
       return std::unique_ptr<Comm>();  // a world of one needs no communicator
     });
-    RankTrainer trainer(run, *backend, groups, &out);
-    TrainSummary summary = trainer.train();
-    for (auto& [name, shard] : trainer.final_shards()) summary.final_weights[name] = std::move(shard.values);
-    return summary;
+    return train_alone(run, *backend, groups, &out);
   }
   InProcessWorld world(plan.world_size(), std::chrono::minutes(prepared.options.distributed_timeout_minutes),
                        make_memory());
@@ -438,10 +439,7 @@ TrainSummary train_rank(const ModelSpec& model, const ParallelPlan& plan, const 
   const PreparedRun prepared(model, plan, options);
   const Run run = prepared.run();
   ParallelGroups groups = make_parallel_groups(plan, rank, make_comm);
-  RankTrainer trainer(run, backend, groups, rank == 0 ? &out : nullptr);
-  TrainSummary summary = trainer.train();
-  for (auto& [name, shard] : trainer.final_shards()) summary.final_weights[name] = std::move(shard.values);
-  return summary;
+  return train_alone(run, backend, groups, rank == 0 ? &out : nullptr);
 }
 
 }  // namespace megaplan::exec

@@ -33,15 +33,7 @@ using megaplan::ScheduleKind;
 namespace exec = megaplan::exec;
 namespace fs = std::filesystem;
 
-megaplan::ModelSpec four_layer_gpt() {
-  megaplan::ModelSpec model = megaplan::test::tiny_gpt();
-  model.num_layers = 4;
-  model.hidden_size = 32;
-  model.num_attention_heads = 2;
-  model.seq_length = 16;
-  model.make_vocab_size_divisible_by = 129;  // 257 pads to 258 at tp 1 and tp 2 alike
-  return model;
-}
+using megaplan::test::four_layer_gpt;
 
 exec::TrainOptions options_for(const std::string& corpus) {
   exec::TrainOptions options;

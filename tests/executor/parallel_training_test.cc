@@ -39,17 +39,7 @@ using megaplan::ParallelPlan;
 using megaplan::ScheduleKind;
 namespace exec = megaplan::exec;
 
-megaplan::ModelSpec four_layer_gpt() {
-  megaplan::ModelSpec model = megaplan::test::tiny_gpt();
-  model.num_layers = 4;
-  model.hidden_size = 32;
-  model.num_attention_heads = 2;
-  model.seq_length = 16;
-  // Megatron pads the vocabulary to a multiple of this times tp: 129 pads the byte tokenizer's 257
-  // to 258 at tp 1 and tp 2 alike, so those layouts hold the same tensors.
-  model.make_vocab_size_divisible_by = 129;
-  return model;
-}
+using megaplan::test::four_layer_gpt;
 
 exec::TrainOptions options_for(const std::string& corpus) {
   exec::TrainOptions options;

@@ -46,6 +46,20 @@ inline ModelSpec tiny_gpt() {
   return model;
 }
 
+// The multi-rank CPU tests' model: 4 layers (a pipeline of 2 or 4 stages), hidden 32, 2 heads (one
+// per rank at tp 2), seq 16. Megatron pads the vocabulary to a multiple of
+// make_vocab_size_divisible_by times tp: 129 pads the byte tokenizer's 257 to 258 at tp 1 and tp 2
+// alike, so those layouts hold the same tensors.
+inline ModelSpec four_layer_gpt() {
+  ModelSpec model = tiny_gpt();
+  model.num_layers = 4;
+  model.hidden_size = 32;
+  model.num_attention_heads = 2;
+  model.seq_length = 16;
+  model.make_vocab_size_divisible_by = 129;
+  return model;
+}
+
 // A layout of tp x pp x dp ranks (vpp model chunks per pipeline rank) training microbatches of
 // `micro_batch` in global batches of `global_batch`; the rest is ParallelPlan's defaults.
 inline ParallelPlan layout(int64_t tp, int64_t pp, int64_t dp, int64_t vpp, ScheduleKind schedule,
