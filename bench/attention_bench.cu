@@ -1,6 +1,7 @@
 // Times flash attention's forward and backward on the GPT shapes the trainer uses, with Megatron's
 // packed qkv [batch, seq, heads, 3, dim]. FLOPs follow FlashAttention's convention: causal forward is
-// half of 4 * b * h * s^2 * d, the backward 2.5 times that. Median of 30 timed runs after warm-up.
+// half of 4 * b * h * s^2 * d, the backward 2.5 times that. Median of 30 timed runs after warm-up,
+// all on one non-blocking stream, as the backend issues them.
 // Standalone: nvcc ... bench/attention_bench.cu executor/kernels/cuda/flash_attention.cu
 //             executor/kernels/cuda/bf16_linear.cu -lcublasLt -lcublas
 #include <cuda_bf16.h>
@@ -14,6 +15,7 @@
 
 #include "core/error.h"
 #include "executor/kernels/cuda/flash_attention.h"
+#include "executor/kernels/cuda/stream.h"
 
 namespace cu = megaplan::exec::cuda;
 
@@ -40,26 +42,26 @@ __global__ void fill_random(cu::Bf16* data, int64_t n, uint32_t seed) {
   reinterpret_cast<__nv_bfloat16*>(data)[i] = __float2bfloat16((sum - 2.0f) * 1.7320508f);
 }
 
-cu::Bf16* random_buffer(int64_t n, uint32_t seed) {
+cu::Bf16* random_buffer(int64_t n, uint32_t seed, cudaStream_t stream) {
   void* p = nullptr;
   check(cudaMalloc(&p, static_cast<size_t>(n) * 2), "cudaMalloc");
   auto* data = static_cast<cu::Bf16*>(p);
-  fill_random<<<static_cast<unsigned>((n + 255) / 256), 256>>>(data, n, seed);
+  fill_random<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(data, n, seed);
   check(cudaGetLastError(), "fill_random");
   return data;
 }
 
 template <typename F>
-float median_ms(F&& f) {
+float median_ms(cudaStream_t stream, F&& f) {
   for (int i = 0; i < 5; ++i) f();
   cudaEvent_t start, stop;
   check(cudaEventCreate(&start), "event");
   check(cudaEventCreate(&stop), "event");
   std::vector<float> times;
   for (int i = 0; i < 30; ++i) {
-    check(cudaEventRecord(start), "record");
+    check(cudaEventRecord(start, stream), "record");
     f();
-    check(cudaEventRecord(stop), "record");
+    check(cudaEventRecord(stop, stream), "record");
     check(cudaEventSynchronize(stop), "sync");
     float ms = 0;
     check(cudaEventElapsedTime(&ms, start, stop), "elapsed");
@@ -79,25 +81,26 @@ struct Case {
 }  // namespace
 
 int main() {
+  const cu::Stream stream;
   std::printf("%-10s %-22s %9s %10s %9s %10s\n", "model", "shape", "fwd_ms", "fwd_TF/s", "bwd_ms", "bwd_TF/s");
   for (const Case c : {Case{"gpt-1.3b", 8, 2048, 16, 128}, Case{"gpt2-350m", 16, 1024, 16, 64},
                        Case{"gpt2-124m", 16, 1024, 12, 64}}) {
     const int64_t d = c.dim, token_stride = c.heads * 3 * d, tokens = c.batch * c.seq;
     const cu::AttentionShape shape{c.batch, c.seq, c.heads, c.heads, d, token_stride, 3 * d,
                                    1.0f / std::sqrt(static_cast<float>(d))};
-    cu::Bf16* qkv = random_buffer(tokens * token_stride, 1);
-    cu::Bf16* dout = random_buffer(tokens * c.heads * d, 2);
-    cu::Bf16* out = random_buffer(tokens * c.heads * d, 3);
-    cu::Bf16* dqkv = random_buffer(tokens * token_stride, 4);
+    cu::Bf16* qkv = random_buffer(tokens * token_stride, 1, stream);
+    cu::Bf16* dout = random_buffer(tokens * c.heads * d, 2, stream);
+    cu::Bf16* out = random_buffer(tokens * c.heads * d, 3, stream);
+    cu::Bf16* dqkv = random_buffer(tokens * token_stride, 4, stream);
     void *lse = nullptr, *workspace = nullptr;
     check(cudaMalloc(&lse, static_cast<size_t>(c.batch * c.heads * c.seq) * 4), "cudaMalloc");
     check(cudaMalloc(&workspace, cu::flash_attention_backward_workspace_bytes(shape)), "cudaMalloc");
     const cu::Bf16 *q = qkv, *k = qkv + d, *v = qkv + 2 * d;
     auto* lse_f = static_cast<float*>(lse);
-    const float fwd = median_ms([&] { cu::flash_attention_forward(shape, q, k, v, out, lse_f); });
-    const float bwd = median_ms([&] {
+    const float fwd = median_ms(stream, [&] { cu::flash_attention_forward(shape, q, k, v, out, lse_f, stream); });
+    const float bwd = median_ms(stream, [&] {
       cu::flash_attention_backward(shape, dout, q, k, v, out, lse_f, token_stride, dqkv, dqkv + d, dqkv + 2 * d,
-                                   workspace);
+                                   workspace, stream);
     });
     const double flops = static_cast<double>(4 * c.batch * c.heads * c.seq * c.seq * d / 2);
     char label[64];

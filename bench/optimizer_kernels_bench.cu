@@ -1,7 +1,7 @@
 // Times the loss and optimizer kernels at training sizes and prints achieved GB/s against the
 // device-to-device copy ceiling: cross entropy statistics + backward over GPT-2's padded
-// vocabulary, and AdamW and the gradient norm over a 350M-parameter GPT's tensors. Standalone (no
-// Catch2).
+// vocabulary, and AdamW and the gradient norm over a 350M-parameter GPT's tensors, all on one
+// non-blocking stream, as the backend issues them. Standalone (no Catch2).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -15,6 +15,7 @@
 #include "executor/kernels/cuda/adamw.h"
 #include "executor/kernels/cuda/cross_entropy.h"
 #include "executor/kernels/cuda/reductions.h"
+#include "executor/kernels/cuda/stream.h"
 
 namespace cu = megaplan::exec::cuda;
 
@@ -50,8 +51,8 @@ __global__ void fill_targets(int32_t* targets, float* mask, int64_t tokens, int3
   }
 }
 
-void fill(float* out, int64_t n, uint32_t seed, float low, float high) {
-  fill_floats<<<1024, 256>>>(out, n, seed, low, high);
+void fill(float* out, int64_t n, uint32_t seed, float low, float high, cudaStream_t stream) {
+  fill_floats<<<1024, 256, 0, stream>>>(out, n, seed, low, high);
   check(cudaGetLastError(), "fill_floats");
 }
 
@@ -63,16 +64,16 @@ T* allocate(int64_t n) {
 }
 
 // Median milliseconds of `repeats` runs after `warmup`, timed with events around each run.
-double median_ms(const std::function<void()>& work, int warmup = 3, int repeats = 20) {
+double median_ms(cudaStream_t stream, const std::function<void()>& work, int warmup = 3, int repeats = 20) {
   for (int i = 0; i < warmup; ++i) work();
   cudaEvent_t begin, end;
   check(cudaEventCreate(&begin), "cudaEventCreate");
   check(cudaEventCreate(&end), "cudaEventCreate");
   std::vector<double> times;
   for (int i = 0; i < repeats; ++i) {
-    check(cudaEventRecord(begin), "cudaEventRecord");
+    check(cudaEventRecord(begin, stream), "cudaEventRecord");
     work();
-    check(cudaEventRecord(end), "cudaEventRecord");
+    check(cudaEventRecord(end, stream), "cudaEventRecord");
     check(cudaEventSynchronize(end), "cudaEventSynchronize");
     float ms = 0;
     check(cudaEventElapsedTime(&ms, begin, end), "cudaEventElapsedTime");
@@ -94,13 +95,15 @@ struct Row {
 
 int main() {
   try {
+    const cu::Stream stream;
     std::vector<Row> rows;
     {  // The ceiling: a large device-to-device copy, bytes read plus bytes written.
       const int64_t n = int64_t{1} << 30;
       auto* a = allocate<uint8_t>(n);
       auto* b = allocate<uint8_t>(n);
-      check(cudaMemset(a, 1, n), "cudaMemset");
-      const double ms = median_ms([&] { check(cudaMemcpy(b, a, n, cudaMemcpyDeviceToDevice), "cudaMemcpy"); });
+      check(cudaMemsetAsync(a, 1, n, stream), "cudaMemsetAsync");
+      const double ms = median_ms(
+          stream, [&] { check(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, stream), "cudaMemcpyAsync"); });
       rows.push_back({"cudaMemcpy D2D 1 GiB", 2.0 * n, ms});
       cudaFree(a);
       cudaFree(b);
@@ -114,29 +117,31 @@ int main() {
       auto* mask = allocate<float>(tokens);
       auto* lse = allocate<float>(tokens);
       auto* target_logit = allocate<float>(tokens);
-      fill(staging, tokens * stride, 11, -6.0f, 6.0f);
-      fill_bf16_from_floats<<<1024, 256>>>(staging, logits, tokens * stride);
+      fill(staging, tokens * stride, 11, -6.0f, 6.0f, stream);
+      fill_bf16_from_floats<<<1024, 256, 0, stream>>>(staging, logits, tokens * stride);
       check(cudaGetLastError(), "fill_bf16_from_floats");
-      fill_targets<<<64, 256>>>(targets, mask, tokens, static_cast<int32_t>(vocab));
+      fill_targets<<<64, 256, 0, stream>>>(targets, mask, tokens, static_cast<int32_t>(vocab));
       check(cudaGetLastError(), "fill_targets");
+      check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");  // the conversion has read staging
       cudaFree(staging);
       const double read_bytes = static_cast<double>(tokens) * ((vocab + 7) / 8 * 8) * 2;  // to the 16-byte group
       const double row_bytes = static_cast<double>(tokens) * stride * 2;
-      const double statistics_ms = median_ms(
-          [&] { cu::cross_entropy_statistics(logits, tokens, vocab, stride, targets, lse, target_logit); });
+      const double statistics_ms = median_ms(stream, [&] {
+        cu::cross_entropy_statistics(logits, tokens, vocab, stride, targets, lse, target_logit, stream);
+      });
       rows.push_back({"cross entropy statistics 16384 x 50257/50304", read_bytes, statistics_ms});
-      const double backward_ms = median_ms([&] {
-        cu::cross_entropy_backward(logits, tokens, vocab, stride, targets, mask, lse, 1.0f / tokens, dlogits);
+      const double backward_ms = median_ms(stream, [&] {
+        cu::cross_entropy_backward(logits, tokens, vocab, stride, targets, mask, lse, 1.0f / tokens, dlogits, stream);
       });
       rows.push_back({"cross entropy backward (separate output)", read_bytes + row_bytes, backward_ms});
-      const double both_ms = median_ms([&] {
-        cu::cross_entropy_statistics(logits, tokens, vocab, stride, targets, lse, target_logit);
-        cu::cross_entropy_backward(logits, tokens, vocab, stride, targets, mask, lse, 1.0f / tokens, dlogits);
+      const double both_ms = median_ms(stream, [&] {
+        cu::cross_entropy_statistics(logits, tokens, vocab, stride, targets, lse, target_logit, stream);
+        cu::cross_entropy_backward(logits, tokens, vocab, stride, targets, mask, lse, 1.0f / tokens, dlogits, stream);
       });
       rows.push_back({"cross entropy statistics + backward", 2 * read_bytes + row_bytes, both_ms});
       // In place the values change each run; timing still reads and writes every row the same way.
-      const double in_place_ms = median_ms([&] {
-        cu::cross_entropy_backward(dlogits, tokens, vocab, stride, targets, mask, lse, 1.0f / tokens, dlogits);
+      const double in_place_ms = median_ms(stream, [&] {
+        cu::cross_entropy_backward(dlogits, tokens, vocab, stride, targets, mask, lse, 1.0f / tokens, dlogits, stream);
       });
       rows.push_back({"cross entropy backward in place", read_bytes + row_bytes, in_place_ms});
       for (void* p : {static_cast<void*>(logits), static_cast<void*>(dlogits), static_cast<void*>(targets),
@@ -164,10 +169,10 @@ int main() {
       auto* exp_avg = allocate<float>(total);
       auto* exp_avg_sq = allocate<float>(total);
       auto* compute = allocate<uint16_t>(total);
-      fill(master, total, 1, -1.0f, 1.0f);
-      fill(gradient, total, 2, -1.0f, 1.0f);
-      fill(exp_avg, total, 3, -0.01f, 0.01f);
-      fill(exp_avg_sq, total, 4, 1e-6f, 1e-4f);
+      fill(master, total, 1, -1.0f, 1.0f, stream);
+      fill(gradient, total, 2, -1.0f, 1.0f, stream);
+      fill(exp_avg, total, 3, -0.01f, 0.01f, stream);
+      fill(exp_avg_sq, total, 4, 1e-6f, 1e-4f, stream);
       std::vector<cu::AdamwTensor> tensors;
       std::vector<cu::TensorSpan> gradients;
       int64_t offset = 0;
@@ -177,16 +182,17 @@ int main() {
         gradients.push_back({gradient + offset, n});
         offset += n;
       }
-      cu::MultiTensorAdamw optimizer(tensors);
+      cu::MultiTensorAdamw optimizer(tensors, stream);
       int64_t step = 0;
-      const double adamw_ms = median_ms([&] { optimizer.step(++step, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.5f); });
+      const double adamw_ms =
+          median_ms(stream, [&] { optimizer.step(++step, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.5f, stream); });
       rows.push_back({"AdamW " + std::to_string(total / 1000000) + "M params, " + std::to_string(shapes.size()) +
                           " tensors",
                       static_cast<double>(total) * (16 + 12 + 2), adamw_ms});
       cu::DeviceReducer reducer;
-      const double norm_ms = median_ms([&] { (void)reducer.sum_of_squares(gradients); });
+      const double norm_ms = median_ms(stream, [&] { (void)reducer.sum_of_squares(gradients, stream); });
       rows.push_back({"gradient norm^2 (sum of squares, to host)", static_cast<double>(total) * 4, norm_ms});
-      const double sum_ms = median_ms([&] { (void)reducer.sum(gradient, total); });
+      const double sum_ms = median_ms(stream, [&] { (void)reducer.sum(gradient, total, stream); });
       rows.push_back({"sum of one flat tensor (to host)", static_cast<double>(total) * 4, sum_ms});
       for (void* p : {static_cast<void*>(master), static_cast<void*>(gradient), static_cast<void*>(exp_avg),
                       static_cast<void*>(exp_avg_sq), static_cast<void*>(compute)}) {

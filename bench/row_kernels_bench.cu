@@ -1,7 +1,8 @@
 // Achieved memory bandwidth of the bf16 row kernels (LayerNorm and RMSNorm forward and backward,
 // the residual add) on rows x cols activations, against a device-to-device copy, the ceiling.
 // Bytes counted: each activation read once and each written once (weights and statistics left
-// out). Times are medians of device-event timings after a warm-up.
+// out). Times are medians of device-event timings after a warm-up, all on one non-blocking stream,
+// as the backend issues them.
 // Build (from the repository root), one line:
 //   nvcc -std=c++20 -O3 -gencode=arch=compute_90,code=sm_90 -I. bench/row_kernels_bench.cu
 //     executor/kernels/cuda/{norms,elementwise,bf16_linear}.cu -lcublasLt -lcublas -o row_kernels_bench
@@ -16,6 +17,7 @@
 #include "executor/kernels/cuda/bf16_linear.h"
 #include "executor/kernels/cuda/elementwise.h"
 #include "executor/kernels/cuda/norms.h"
+#include "executor/kernels/cuda/stream.h"
 
 namespace cu = megaplan::exec::cuda;
 
@@ -28,17 +30,17 @@ void check(cudaError_t status, const char* what) {
   }
 }
 
-double median_ms(const std::function<void()>& body) {
+double median_ms(cudaStream_t stream, const std::function<void()>& body) {
   for (int i = 0; i < 5; ++i) body();
-  check(cudaDeviceSynchronize(), "warm-up");
+  check(cudaStreamSynchronize(stream), "warm-up");
   cudaEvent_t start, stop;
   check(cudaEventCreate(&start), "event");
   check(cudaEventCreate(&stop), "event");
   std::vector<double> times;
   for (int i = 0; i < 30; ++i) {
-    check(cudaEventRecord(start), "record");
+    check(cudaEventRecord(start, stream), "record");
     body();
-    check(cudaEventRecord(stop), "record");
+    check(cudaEventRecord(stop, stream), "record");
     check(cudaEventSynchronize(stop), "sync");
     float ms = 0;
     check(cudaEventElapsedTime(&ms, start, stop), "elapsed");
@@ -67,50 +69,52 @@ void row(const char* name, int64_t rows, int64_t cols, double bytes_per_value, d
 
 int main() {
   std::mt19937 generator(1);
+  const cu::Stream stream;
   std::printf("%-28s %6s %6s %10s %10s\n", "kernel", "rows", "cols", "us", "GB/s");
   for (int64_t cols : {int64_t{1024}, int64_t{2048}, int64_t{4096}}) {
     const int64_t rows = 16384;
     const auto n = static_cast<std::size_t>(rows * cols), c = static_cast<std::size_t>(cols);
-    cu::Bf16* x = cu::upload_bf16(random_values(n, generator));
-    cu::Bf16* r = cu::upload_bf16(random_values(n, generator));
-    cu::Bf16* sum = cu::upload_bf16(random_values(n, generator));
-    cu::Bf16* y = cu::upload_bf16(random_values(n, generator));
-    cu::Bf16* dy = cu::upload_bf16(random_values(n, generator));
-    cu::Bf16* dx = cu::upload_bf16(random_values(n, generator));
-    cu::Bf16* gamma = cu::upload_bf16(random_values(c, generator));
-    cu::Bf16* beta = cu::upload_bf16(random_values(c, generator));
-    float* mean = cu::upload_floats(std::vector<float>(static_cast<std::size_t>(rows)));
-    float* rstd = cu::upload_floats(std::vector<float>(static_cast<std::size_t>(rows)));
-    float* dgamma = cu::upload_floats(std::vector<float>(c));
-    float* dbeta = cu::upload_floats(std::vector<float>(c));
+    cu::Bf16* x = cu::upload_bf16(random_values(n, generator), stream);
+    cu::Bf16* r = cu::upload_bf16(random_values(n, generator), stream);
+    cu::Bf16* sum = cu::upload_bf16(random_values(n, generator), stream);
+    cu::Bf16* y = cu::upload_bf16(random_values(n, generator), stream);
+    cu::Bf16* dy = cu::upload_bf16(random_values(n, generator), stream);
+    cu::Bf16* dx = cu::upload_bf16(random_values(n, generator), stream);
+    cu::Bf16* gamma = cu::upload_bf16(random_values(c, generator), stream);
+    cu::Bf16* beta = cu::upload_bf16(random_values(c, generator), stream);
+    float* mean = cu::upload_floats(std::vector<float>(static_cast<std::size_t>(rows)), stream);
+    float* rstd = cu::upload_floats(std::vector<float>(static_cast<std::size_t>(rows)), stream);
+    float* dgamma = cu::upload_floats(std::vector<float>(c), stream);
+    float* dbeta = cu::upload_floats(std::vector<float>(c), stream);
     void* workspace = nullptr;
     check(cudaMalloc(&workspace, cu::norm_backward_workspace_bytes(rows, cols)), "cudaMalloc");
     const float eps = 1e-5f;
 
-    row("copy (ceiling)", rows, cols, 4, median_ms([&] {
-          check(cudaMemcpy(y, x, n * 2, cudaMemcpyDeviceToDevice), "copy");
+    row("copy (ceiling)", rows, cols, 4, median_ms(stream, [&] {
+          check(cudaMemcpyAsync(y, x, n * 2, cudaMemcpyDeviceToDevice, stream), "copy");
         }));
-    row("add", rows, cols, 6, median_ms([&] { cu::add(x, r, rows * cols, y); }));
-    row("layernorm_forward", rows, cols, 4, median_ms([&] {
-          cu::layernorm_forward(x, nullptr, nullptr, gamma, beta, rows, cols, eps, y, mean, rstd);
+    row("add", rows, cols, 6, median_ms(stream, [&] { cu::add(x, r, rows * cols, y, stream); }));
+    row("layernorm_forward", rows, cols, 4, median_ms(stream, [&] {
+          cu::layernorm_forward(x, nullptr, nullptr, gamma, beta, rows, cols, eps, y, mean, rstd, stream);
         }));
-    row("layernorm_forward+residual", rows, cols, 8, median_ms([&] {
-          cu::layernorm_forward(x, r, sum, gamma, beta, rows, cols, eps, y, mean, rstd);
+    row("layernorm_forward+residual", rows, cols, 8, median_ms(stream, [&] {
+          cu::layernorm_forward(x, r, sum, gamma, beta, rows, cols, eps, y, mean, rstd, stream);
         }));
-    row("layernorm_backward", rows, cols, 6, median_ms([&] {
-          cu::layernorm_backward(dy, x, gamma, mean, rstd, rows, cols, nullptr, dx, dgamma, dbeta, workspace);
+    row("layernorm_backward", rows, cols, 6, median_ms(stream, [&] {
+          cu::layernorm_backward(dy, x, gamma, mean, rstd, rows, cols, nullptr, dx, dgamma, dbeta, workspace, stream);
         }));
-    row("layernorm_backward+residual", rows, cols, 8, median_ms([&] {
-          cu::layernorm_backward(dy, x, gamma, mean, rstd, rows, cols, r, dx, dgamma, dbeta, workspace);
+    row("layernorm_backward+residual", rows, cols, 8, median_ms(stream, [&] {
+          cu::layernorm_backward(dy, x, gamma, mean, rstd, rows, cols, r, dx, dgamma, dbeta, workspace, stream);
         }));
-    row("rmsnorm_forward", rows, cols, 4, median_ms([&] {
-          cu::rmsnorm_forward(x, nullptr, nullptr, gamma, rows, cols, eps, y, rstd);
+    row("rmsnorm_forward", rows, cols, 4, median_ms(stream, [&] {
+          cu::rmsnorm_forward(x, nullptr, nullptr, gamma, rows, cols, eps, y, rstd, stream);
         }));
-    row("rmsnorm_backward", rows, cols, 6, median_ms([&] {
-          cu::rmsnorm_backward(dy, x, gamma, rstd, rows, cols, nullptr, dx, dgamma, workspace);
+    row("rmsnorm_backward", rows, cols, 6, median_ms(stream, [&] {
+          cu::rmsnorm_backward(dy, x, gamma, rstd, rows, cols, nullptr, dx, dgamma, workspace, stream);
         }));
-    row("swiglu_forward (2 width=cols)", rows, cols, 3, median_ms([&] { cu::swiglu_forward(dy, rows, cols / 2, y); }));
-    check(cudaDeviceSynchronize(), "bench");
+    row("swiglu_forward (2 width=cols)", rows, cols, 3,
+        median_ms(stream, [&] { cu::swiglu_forward(dy, rows, cols / 2, y, stream); }));
+    check(cudaStreamSynchronize(stream), "bench");
     for (void* p : {static_cast<void*>(x), static_cast<void*>(r), static_cast<void*>(sum), static_cast<void*>(y),
                     static_cast<void*>(dy), static_cast<void*>(dx), static_cast<void*>(gamma), static_cast<void*>(beta),
                     static_cast<void*>(mean), static_cast<void*>(rstd), static_cast<void*>(dgamma),

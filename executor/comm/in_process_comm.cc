@@ -1,6 +1,6 @@
 // The in-process communicators: group state shared by the member threads, the collectives
 // computed by the last member to arrive, buffered point-to-point mailboxes, abort and timeout. The
-// world's InProcessMemory moves and reduces the bytes (host memory, or one GPU).
+// world's InProcessMemory moves and reduces the bytes (host memory, or one GPU) on each group's lane.
 #include "executor/comm/in_process_comm.h"
 
 #include <algorithm>
@@ -37,12 +37,13 @@ struct Contribution {
   DataType type = DataType::kFloat32;
   ReduceOp op = ReduceOp::kSum;
   int64_t root = 0;
+  StreamPoint ready;  // the member's compute stream at its call: its input is produced, its output free
 };
 
-// Gives a message's staging back to the memory it came from.
+// Gives a message's staging back to the lane it came from, in the lane's order.
 struct StagingRelease {
-  InProcessMemory* memory = nullptr;
-  void operator()(void* staging) const noexcept { memory->release_staging(staging); }
+  Lane* lane = nullptr;
+  void operator()(void* staging) const noexcept { lane->release_staging(staging); }
 };
 
 // A buffered send, waiting for the recv with its sequence number.
@@ -50,12 +51,14 @@ struct Message {
   std::unique_ptr<void, StagingRelease> staging;  // the sent bytes; null when there are none
   std::size_t count = 0;
   DataType type = DataType::kFloat32;
+  StreamPoint sent;  // the lane after the copy into staging
 };
 
 struct GroupState {
-  GroupState(std::string label_in, std::vector<int64_t> ranks_in)
+  GroupState(std::string label_in, std::vector<int64_t> ranks_in, std::unique_ptr<Lane> lane_in)
       : label(std::move(label_in)),
         ranks(std::move(ranks_in)),
+        lane(std::move(lane_in)),
         member_live(ranks.size(), false),
         contributions(ranks.size()),
         sends_made(ranks.size() * ranks.size(), 0),
@@ -69,6 +72,8 @@ struct GroupState {
 
   const std::string label;
   const std::vector<int64_t> ranks;
+  // The group's byte movement; declared before the mailboxes, whose unread staging goes back to it.
+  const std::unique_ptr<Lane> lane;
 
   std::mutex mutex;                  // guards everything below
   std::condition_variable changed;   // a collective completed, a message arrived, the world aborted
@@ -79,6 +84,9 @@ struct GroupState {
   std::vector<Contribution> contributions;
   int64_t arrived = 0;
   uint64_t generation = 0;
+  // The lane after the latest completed collective's results; read by its released members (the
+  // next collective cannot complete before every one of them has joined it).
+  StreamPoint completed;
 
   // Point to point, indexed by pair_index(sender, receiver): the k-th send of a pair is message k
   // of its mailbox, and the k-th recv posted for the pair takes it.
@@ -136,9 +144,10 @@ bool same_call(const Contribution& a, const Contribution& b) {
   return a.kind != CollectiveKind::kBroadcast || a.root == b.root;
 }
 
-// Writes every member's result through `memory`. REQUIRES: every member's contribution is present
-// and the same call.
-void compute_collective(GroupState& state, InProcessMemory& memory) {
+// Writes every member's result on the group's lane. REQUIRES: every member's contribution is present
+// and the same call, and the lane waits for every member's ready point.
+void compute_collective(GroupState& state) {
+  Lane& lane = *state.lane;
   const Contribution& first = state.contributions[0];
   const std::size_t count = first.count;
   const std::size_t bytes = count * element_bytes(first.type);
@@ -155,16 +164,16 @@ void compute_collective(GroupState& state, InProcessMemory& memory) {
     case CollectiveKind::kAllReduce:
       // Into group rank 0's buffer (its own input: reductions are element-wise), then copied to the
       // others, whose inputs have been read by then.
-      memory.reduce(first.output, inputs_at(0), count, first.type, first.op);
+      lane.reduce(first.output, inputs_at(0), count, first.type, first.op);
       for (std::size_t member = 1; member < state.contributions.size(); ++member) {
-        memory.copy(state.contributions[member].output, first.output, bytes);
+        lane.copy(state.contributions[member].output, first.output, bytes);
       }
       break;
     case CollectiveKind::kReduceScatter:
       // Target by target: with NCCL's in-place layout a member's output is its own chunk of its
       // input (reduced in place), which no later target reads.
       for (std::size_t target = 0; target < state.contributions.size(); ++target) {
-        memory.reduce(state.contributions[target].output, inputs_at(target * bytes), count, first.type, first.op);
+        lane.reduce(state.contributions[target].output, inputs_at(target * bytes), count, first.type, first.op);
       }
       break;
     case CollectiveKind::kAllGather:
@@ -172,14 +181,14 @@ void compute_collective(GroupState& state, InProcessMemory& memory) {
         for (std::size_t source = 0; source < state.contributions.size(); ++source) {
           // In place, a member's own input already sits at its chunk of its output.
           void* chunk = static_cast<std::byte*>(target.output) + source * bytes;
-          if (chunk != state.contributions[source].input) memory.copy(chunk, state.contributions[source].input, bytes);
+          if (chunk != state.contributions[source].input) lane.copy(chunk, state.contributions[source].input, bytes);
         }
       }
       break;
     case CollectiveKind::kBroadcast: {
       const void* root_data = state.contributions[static_cast<std::size_t>(first.root)].input;
       for (const Contribution& member : state.contributions) {
-        if (member.output != root_data) memory.copy(member.output, root_data, bytes);
+        if (member.output != root_data) lane.copy(member.output, root_data, bytes);
       }
       break;
     }
@@ -188,21 +197,29 @@ void compute_collective(GroupState& state, InProcessMemory& memory) {
   }
 }
 
-class CompletedRequest final : public CommRequest {
+// An operation whose work has been given to a lane: wait() makes the member's stream start its later
+// work after `done`.
+class IssuedRequest final : public CommRequest {
  public:
-  explicit CompletedRequest(const InProcessWorld& world) : world_(world) {}
-  void wait() override { throw_if_aborted(world_); }
+  IssuedRequest(const InProcessWorld& world, void* stream, StreamPoint done)
+      : world_(world), stream_(stream), done_(std::move(done)) {}
+  void wait() override {
+    throw_if_aborted(world_);
+    world_.memory().wait(stream_, done_);
+  }
 
  private:
   const InProcessWorld& world_;
+  void* stream_;
+  StreamPoint done_;
 };
 
 class RecvRequest final : public CommRequest {
  public:
   RecvRequest(InProcessWorld& world, GroupState& state, int64_t rank, int64_t peer, uint64_t sequence,
-              void* data, std::size_t count, DataType type)
+              void* data, std::size_t count, DataType type, void* stream)
       : world_(world), state_(state), rank_(rank), peer_(peer), sequence_(sequence), data_(data),
-        count_(count), type_(type) {}
+        count_(count), type_(type), stream_(stream) {}
 
   void wait() override {
     throw_if_aborted(world_);
@@ -230,8 +247,15 @@ class RecvRequest final : public CommRequest {
           std::to_string(state_.ranks[static_cast<std::size_t>(peer_)]) + " on " + group_name(state_) +
           " matched a send of " + std::to_string(message.count) + " " + data_type_name(message.type));
     }
-    if (message.staging) world_.memory().copy(data_, message.staging.get(), count_ * element_bytes(type_));
-  }  // the staging goes back to the memory here, after the copy out
+    if (!message.staging) return;
+    // After the send's copy in, and after what this member has given its stream so far (which may
+    // still read the buffer); the member's later work after the copy out.
+    Lane& lane = *state_.lane;
+    lane.wait(message.sent);
+    lane.wait(world_.memory().record(stream_));
+    lane.copy(data_, message.staging.get(), count_ * element_bytes(type_));
+    world_.memory().wait(stream_, lane.record());
+  }  // the staging goes back to the lane here, after the copy out
 
  private:
   InProcessWorld& world_;
@@ -241,13 +265,14 @@ class RecvRequest final : public CommRequest {
   void* data_;
   std::size_t count_;
   DataType type_;
+  void* stream_;
   bool done_ = false;
 };
 
 class InProcessComm final : public Comm {
  public:
-  InProcessComm(InProcessWorld& world, GroupState& state, int64_t rank)
-      : world_(world), state_(state), rank_(rank) {}
+  InProcessComm(InProcessWorld& world, GroupState& state, int64_t rank, void* stream)
+      : world_(world), state_(state), rank_(rank), stream_(stream) {}
   ~InProcessComm() override {
     const std::lock_guard<std::mutex> lock(state_.mutex);
     state_.member_live[static_cast<std::size_t>(rank_)] = false;
@@ -261,14 +286,17 @@ class InProcessComm final : public Comm {
   Request send(const void* data, std::size_t count, DataType type, int64_t peer) override {
     check_peer(peer, "send");
     check_buffer(data, count, "send");
-    InProcessMemory& memory = world_.memory();
+    Lane& lane = *state_.lane;
     Message message;
     message.count = count;
     message.type = type;
     if (const std::size_t bytes = count * element_bytes(type); bytes > 0) {
-      message.staging = std::unique_ptr<void, StagingRelease>(memory.allocate_staging(bytes), StagingRelease{&memory});
-      memory.copy(message.staging.get(), data, bytes);
+      message.staging = std::unique_ptr<void, StagingRelease>(lane.allocate_staging(bytes), StagingRelease{&lane});
+      lane.wait(world_.memory().record(stream_));  // the data is produced
+      lane.copy(message.staging.get(), data, bytes);
+      message.sent = lane.record();
     }
+    StreamPoint sent = message.sent;
     {
       const std::lock_guard<std::mutex> lock(state_.mutex);
       throw_if_aborted(world_);
@@ -276,7 +304,8 @@ class InProcessComm final : public Comm {
       state_.mailboxes[pair].emplace(state_.sends_made[pair]++, std::move(message));
     }
     state_.changed.notify_all();
-    return std::make_unique<CompletedRequest>(world_);
+    // The sender may change its buffer once the copy into staging is done.
+    return std::make_unique<IssuedRequest>(world_, stream_, std::move(sent));
   }
 
   Request recv(void* data, std::size_t count, DataType type, int64_t peer) override {
@@ -285,25 +314,25 @@ class InProcessComm final : public Comm {
     const std::lock_guard<std::mutex> lock(state_.mutex);
     throw_if_aborted(world_);
     const uint64_t sequence = state_.recvs_posted[state_.pair_index(peer, rank_)]++;
-    return std::make_unique<RecvRequest>(world_, state_, rank_, peer, sequence, data, count, type);
+    return std::make_unique<RecvRequest>(world_, state_, rank_, peer, sequence, data, count, type, stream_);
   }
 
   Request all_reduce(void* data, std::size_t count, DataType type, ReduceOp op) override {
     check_buffer(data, count, "all_reduce");
-    return collective({true, CollectiveKind::kAllReduce, data, data, count, type, op, 0});
+    return collective({true, CollectiveKind::kAllReduce, data, data, count, type, op, 0, nullptr});
   }
 
   Request reduce_scatter(const void* input, void* output, std::size_t count, DataType type,
                          ReduceOp op) override {
     check_buffer(input, count, "reduce_scatter");
     check_buffer(output, count, "reduce_scatter");
-    return collective({true, CollectiveKind::kReduceScatter, input, output, count, type, op, 0});
+    return collective({true, CollectiveKind::kReduceScatter, input, output, count, type, op, 0, nullptr});
   }
 
   Request all_gather(const void* input, void* output, std::size_t count, DataType type) override {
     check_buffer(input, count, "all_gather");
     check_buffer(output, count, "all_gather");
-    return collective({true, CollectiveKind::kAllGather, input, output, count, type, ReduceOp::kSum, 0});
+    return collective({true, CollectiveKind::kAllGather, input, output, count, type, ReduceOp::kSum, 0, nullptr});
   }
 
   Request broadcast(void* data, std::size_t count, DataType type, int64_t root) override {
@@ -312,11 +341,11 @@ class InProcessComm final : public Comm {
                                   " is not a group rank (0.." + std::to_string(size() - 1) + ")");
     }
     check_buffer(data, count, "broadcast");
-    return collective({true, CollectiveKind::kBroadcast, data, data, count, type, ReduceOp::kSum, root});
+    return collective({true, CollectiveKind::kBroadcast, data, data, count, type, ReduceOp::kSum, root, nullptr});
   }
 
   void barrier() override {
-    collective({true, CollectiveKind::kBarrier, nullptr, nullptr, 0, DataType::kFloat32, ReduceOp::kSum, 0});
+    collective({true, CollectiveKind::kBarrier, nullptr, nullptr, 0, DataType::kFloat32, ReduceOp::kSum, 0, nullptr});
   }
 
  private:
@@ -338,7 +367,8 @@ class InProcessComm final : public Comm {
   }
 
   // Deposits this member's call and blocks until the last member has computed every result.
-  Request collective(const Contribution& call) {
+  Request collective(Contribution call) {
+    call.ready = world_.memory().record(stream_);
     std::unique_lock<std::mutex> lock(state_.mutex);
     throw_if_aborted(world_);
     state_.contributions[static_cast<std::size_t>(rank_)] = call;
@@ -347,7 +377,7 @@ class InProcessComm final : public Comm {
       wait_for(world_, state_, lock, global_rank(),
                [&] { return state_.generation != generation; },
                [&] { return std::string(kind_name(call.kind)) + " on " + group_name(state_) + missing_members(); });
-      return std::make_unique<CompletedRequest>(world_);
+      return std::make_unique<IssuedRequest>(world_, stream_, state_.completed);
     }
     // Every member is blocked here with its buffers alive: one that left early did so because the
     // world was aborted, and then throw_if_aborted above has thrown.
@@ -365,7 +395,9 @@ class InProcessComm final : public Comm {
       throw std::logic_error(message);
     }
     try {
-      compute_collective(state_, world_.memory());
+      for (const Contribution& member : state_.contributions) state_.lane->wait(member.ready);
+      compute_collective(state_);
+      state_.completed = state_.lane->record();
     } catch (const std::exception& error) {  // e.g. a CUDA error: the blocked members must not wait for the timeout
       lock.unlock();
       world_.abort("rank " + std::to_string(global_rank()) + ": " + error.what());
@@ -374,9 +406,10 @@ class InProcessComm final : public Comm {
     for (Contribution& member : state_.contributions) member.present = false;
     state_.arrived = 0;
     ++state_.generation;
+    StreamPoint completed = state_.completed;
     lock.unlock();
     state_.changed.notify_all();
-    return std::make_unique<CompletedRequest>(world_);
+    return std::make_unique<IssuedRequest>(world_, stream_, std::move(completed));
   }
 
   // "; waiting for ranks [..]": the global ranks that have not joined the collective in progress.
@@ -391,6 +424,7 @@ class InProcessComm final : public Comm {
   InProcessWorld& world_;
   GroupState& state_;
   int64_t rank_;
+  void* stream_;  // the member's compute stream
 };
 
 }  // namespace
@@ -407,7 +441,7 @@ InProcessWorld::InProcessWorld(int64_t world_size, std::chrono::milliseconds tim
 InProcessWorld::~InProcessWorld() = default;
 
 std::unique_ptr<Comm> InProcessWorld::group(int64_t global_rank, const std::vector<int64_t>& ranks,
-                                            std::string label) {
+                                            std::string label, void* compute_stream) {
   const std::string described = "group " + label + " " + rank_list(ranks);
   if (ranks.empty()) throw std::invalid_argument("InProcessWorld::group: " + described + " has no ranks");
   for (std::size_t i = 0; i < ranks.size(); ++i) {
@@ -433,7 +467,7 @@ std::unique_ptr<Comm> InProcessWorld::group(int64_t global_rank, const std::vect
   {
     const std::lock_guard<std::mutex> lock(mutex_);
     auto& slot = groups_[GroupKey(label, ranks)];
-    if (!slot) slot = std::make_unique<in_process::GroupState>(label, ranks);
+    if (!slot) slot = std::make_unique<in_process::GroupState>(label, ranks, memory_->make_lane());
     state = slot.get();
   }
   {
@@ -445,7 +479,7 @@ std::unique_ptr<Comm> InProcessWorld::group(int64_t global_rank, const std::vect
     }
     state->member_live[member] = true;
   }
-  return std::make_unique<in_process::InProcessComm>(*this, *state, group_rank);
+  return std::make_unique<in_process::InProcessComm>(*this, *state, group_rank, compute_stream);
 }
 
 void InProcessWorld::abort(const std::string& reason) {

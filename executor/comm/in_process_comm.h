@@ -10,13 +10,14 @@
 //   by its label and its global-rank list; every member passes the same list (in Megatron's order:
 //   group rank = position in it) and the same label. Groups are independent: a thread may use its
 //   tp, dp and pp communicators in any interleaving that keeps each group's own call order.
-// - Collectives complete at the call: each member deposits its buffers and blocks; the last to
-//   arrive checks that every member called the same operation (else std::logic_error for it and an
-//   aborted world for the others), computes the result for every member and writes it into their
-//   buffers, and releases them by advancing the group's generation counter. The returned request is
-//   complete. This is what NCCL does on a single stream (a collective holds the stream until every
-//   member joins), so a program that hangs here would hang on a GPU that issues collectives on its
-//   compute stream too.
+// - Collectives complete at the call on the host: each member deposits its buffers and a point of
+//   its compute stream and blocks; the last to arrive checks that every member called the same
+//   operation (else std::logic_error for it and an aborted world for the others), gives the group's
+//   lane the result for every member (after every member's point), and releases them by advancing
+//   the group's generation counter. request->wait() then orders the member's later work after the
+//   lane's (nothing to wait for on the CPU). This is what NCCL does on a single stream (a collective
+//   holds the stream until every member joins), so a program that hangs here would hang on a GPU
+//   that issues collectives on its compute stream too.
 // - Reductions run in increasing group-rank order, element by element, in float: the result equals
 //   the sequential sum (or maximum) ((x0 op x1) op x2) ... bit for bit, on every member. bf16 inputs
 //   are widened exactly, accumulated in float and rounded to nearest even ONCE, at the end (as NCCL's
@@ -24,10 +25,11 @@
 //   The maximum propagates NaN; of equal values (+0 and -0) it keeps the lower rank's.
 // - reduce_scatter and all_gather also accept NCCL's in-place layouts (output inside input at
 //   rank() * count, or input inside output at rank() * count).
-// - send is buffered: it copies the data into a staging buffer of the memory, puts that into the
-//   (sender, receiver) mailbox of the group and returns a complete request. recv returns at once;
-//   its wait() blocks until the message with the same sequence number (the k-th recv from a peer
-//   takes the k-th send to it) has arrived, then copies it out and gives the staging back. So a
+// - send is buffered: it copies the data into a staging buffer of the group's lane, puts that into
+//   the (sender, receiver) mailbox of the group and returns (its wait() orders the sender's later
+//   writes after the copy). recv returns at once; its wait() blocks until the message with the same
+//   sequence number (the k-th recv from a peer takes the k-th send to it) has arrived, then copies
+//   it out and gives the staging back. So a
 //   rank may post recvs, then sends, then wait, as it may on a GPU, and waits may come in any
 //   order. A count or type mismatch between the matched send and recv throws std::logic_error from
 //   wait(), naming both. A recv request destroyed without wait() leaves its message unread (its
@@ -78,10 +80,14 @@ class InProcessWorld {
   // The communicator of global rank `global_rank` in the group `ranks` (global ranks, in the
   // group's order). `label` ("tp", "dp", "pp", "embedding"...) names the group in error messages
   // and tells apart groups with the same ranks (Megatron's dp and dp-cp when cp = 1).
+  // `compute_stream` is the member's backend's compute_stream(): the communicator orders its work
+  // after what the member gave that stream before each call, and the stream's later work after the
+  // result in request->wait().
   // Throws std::invalid_argument when `ranks` is empty, repeats a rank, names one outside the world
   // or does not contain `global_rank`; std::logic_error when this member already holds a live
   // communicator for the group. Thread-safe.
-  std::unique_ptr<Comm> group(int64_t global_rank, const std::vector<int64_t>& ranks, std::string label);
+  std::unique_ptr<Comm> group(int64_t global_rank, const std::vector<int64_t>& ranks, std::string label,
+                              void* compute_stream = nullptr);
 
   // Fails the world: see the header comment. The first reason wins; later calls change nothing.
   // Thread-safe; never blocks on a communicator.

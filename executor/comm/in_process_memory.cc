@@ -31,9 +31,11 @@ void store(const float* values, DataType type, std::size_t offset, std::size_t c
   for (std::size_t i = 0; i < count; ++i) bits[i] = float_to_bf16(values[i]);
 }
 
-class CpuMemory final : public InProcessMemory {
+// Work is done when the call returns, so there is nothing to order: points are null.
+class CpuLane final : public Lane {
  public:
-  std::string name() const override { return "cpu"; }
+  void wait(const StreamPoint&) override {}
+  StreamPoint record() override { return nullptr; }
 
   // memmove: an overlap the contract rules out still copies as if through a temporary on the host.
   void copy(void* dst, const void* src, std::size_t bytes) override {
@@ -42,7 +44,7 @@ class CpuMemory final : public InProcessMemory {
 
   void reduce(void* dst, const std::vector<const void*>& inputs, std::size_t count, DataType type,
               ReduceOp op) override {
-    if (inputs.empty()) throw std::invalid_argument("InProcessMemory::reduce: no inputs");
+    if (inputs.empty()) throw std::invalid_argument("Lane::reduce: no inputs");
     // Block by block, on the stack: every element sees the same sequence of float operations as
     // an element-at-a-time loop, the inputs stream through the cache, and since a block is
     // stored only after every input's part of it was read, dst may be one of the inputs.
@@ -68,6 +70,14 @@ class CpuMemory final : public InProcessMemory {
 
   void* allocate_staging(std::size_t bytes) override { return ::operator new(bytes); }
   void release_staging(void* staging) noexcept override { ::operator delete(staging); }
+};
+
+class CpuMemory final : public InProcessMemory {
+ public:
+  std::string name() const override { return "cpu"; }
+  std::unique_ptr<Lane> make_lane() override { return std::make_unique<CpuLane>(); }
+  StreamPoint record(void*) override { return nullptr; }
+  void wait(void*, const StreamPoint&) override {}
 };
 
 }  // namespace

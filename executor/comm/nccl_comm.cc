@@ -94,7 +94,8 @@ struct Group {
   int64_t rank = 0;            // this process's group rank
   Lane up;                     // collectives, and messages from lower to higher group ranks
   Lane down;                   // messages from higher to lower group ranks
-  cudaEvent_t ready = nullptr;  // the compute stream at the latest call
+  cudaStream_t compute = nullptr;  // the stream this process's work on the group's buffers runs on
+  cudaEvent_t ready = nullptr;     // the compute stream at the latest call
   float* scratch = nullptr;     // barrier's one element, on up.stream
   std::string name() const { return "group " + label + " " + rank_list(ranks); }
 };
@@ -142,7 +143,7 @@ class ExitTimer {
 class World final : public NcclWorld {
  public:
   World(int64_t rank, int64_t world_size, int device, const std::string& master_addr, int master_port,
-        std::chrono::milliseconds timeout, void* compute_stream);
+        std::chrono::milliseconds timeout);
   ~World() override;
   World(const World&) = delete;
   World& operator=(const World&) = delete;
@@ -150,14 +151,14 @@ class World final : public NcclWorld {
   int64_t rank() const override { return rank_; }
   int64_t world_size() const override { return world_size_; }
   std::unique_ptr<Comm> split(int64_t color, int64_t key, const std::vector<int64_t>& ranks,
-                              const std::string& label) override;
+                              const std::string& label, void* compute_stream) override;
   void abort(const std::string& reason) override;
   bool aborted() const override { return aborted_.load(std::memory_order_acquire); }
   void select_device() const;  // the world's GPU for the calling thread
 
   // For the communicators and their requests. `what` names the operation and its group in errors.
   std::shared_ptr<Event> issue(Group& group, bool down, const std::string& what, const NcclCall& call);
-  void order_compute_after(const Event& done, const std::string& what);  // Request::wait
+  void order_compute_after(const Group& group, const Event& done, const std::string& what);  // Request::wait
   void wait_on_host(const Event& done, const std::string& what);           // barrier
   [[noreturn]] void throw_aborted() const { throw CommAborted(abort_reason()); }
 
@@ -183,7 +184,6 @@ class World final : public NcclWorld {
   const int64_t world_size_;
   const int device_;
   const std::chrono::milliseconds timeout_;
-  const cudaStream_t compute_stream_;
   ncclComm_t world_comm_ = nullptr;  // the parent of every group, never used for operations
 
   std::timed_mutex nccl_mutex_;
@@ -203,12 +203,13 @@ class World final : public NcclWorld {
 
 class NcclRequest final : public CommRequest {
  public:
-  NcclRequest(World& world, std::shared_ptr<Event> done, std::string what)
-      : world_(world), done_(std::move(done)), what_(std::move(what)) {}
-  void wait() override { world_.order_compute_after(*done_, what_); }
+  NcclRequest(World& world, const Group& group, std::shared_ptr<Event> done, std::string what)
+      : world_(world), group_(group), done_(std::move(done)), what_(std::move(what)) {}
+  void wait() override { world_.order_compute_after(group_, *done_, what_); }
 
  private:
   World& world_;
+  const Group& group_;
   std::shared_ptr<Event> done_;
   std::string what_;
 };
@@ -285,7 +286,7 @@ class NcclComm final : public Comm {
 
  private:
   Request issue(bool down, const std::string& what, const NcclCall& call) {
-    return std::make_unique<NcclRequest>(world_, world_.issue(group_, down, what, call), what);
+    return std::make_unique<NcclRequest>(world_, group_, world_.issue(group_, down, what, call), what);
   }
   std::string on() const { return " on " + group_.name(); }
   std::string global(int64_t group_rank) const {
@@ -313,12 +314,8 @@ class NcclComm final : public Comm {
 };
 
 World::World(int64_t rank, int64_t world_size, int device, const std::string& master_addr, int master_port,
-             std::chrono::milliseconds timeout, void* compute_stream)
-    : rank_(rank),
-      world_size_(world_size),
-      device_(device),
-      timeout_(timeout),
-      compute_stream_(static_cast<cudaStream_t>(compute_stream)) {
+             std::chrono::milliseconds timeout)
+    : rank_(rank), world_size_(world_size), device_(device), timeout_(timeout) {
   if (world_size <= 0 || rank < 0 || rank >= world_size || world_size > INT_MAX) {
     throw std::invalid_argument("NcclWorld: rank " + std::to_string(rank) + " of a world of " +
                                 std::to_string(world_size));
@@ -401,7 +398,7 @@ void World::select_device() const {
 }
 
 std::unique_ptr<Comm> World::split(int64_t color, int64_t key, const std::vector<int64_t>& ranks,
-                                   const std::string& label) {
+                                   const std::string& label, void* compute_stream) {
   const std::string name = "group " + label + " " + rank_list(ranks);
   if (color > INT_MAX) {
     throw std::invalid_argument("split of " + name + ": color " + std::to_string(color) + " > INT_MAX");
@@ -443,6 +440,7 @@ std::unique_ptr<Comm> World::split(int64_t color, int64_t key, const std::vector
                            ": the ranks passed different group lists");
   }
   Group& added = *group;
+  added.compute = static_cast<cudaStream_t>(compute_stream);
   {
     // From here on the cleanup owns the communicators and whatever was created beside them.
     const std::lock_guard<std::mutex> state(state_mutex_);
@@ -464,7 +462,7 @@ std::shared_ptr<Event> World::issue(Group& group, bool down, const std::string& 
   throw_if_aborted();
   const Lane& lane = down ? group.down : group.up;
   // The operation reads what the compute stream has produced so far.
-  check_cuda(cudaEventRecord(group.ready, compute_stream_), "cudaEventRecord before " + what);
+  check_cuda(cudaEventRecord(group.ready, group.compute), "cudaEventRecord before " + what);
   check_cuda(cudaStreamWaitEvent(lane.stream, group.ready, 0), "cudaStreamWaitEvent before " + what);
   const ncclResult_t result = host_call(what, [&] { return call(lane.comm, lane.stream); });
   if (result != ncclSuccess) {
@@ -480,9 +478,9 @@ std::shared_ptr<Event> World::issue(Group& group, bool down, const std::string& 
   return done;
 }
 
-void World::order_compute_after(const Event& done, const std::string& what) {
+void World::order_compute_after(const Group& group, const Event& done, const std::string& what) {
   throw_if_aborted();
-  check_cuda(cudaStreamWaitEvent(compute_stream_, done.event, 0), "cudaStreamWaitEvent for " + what);
+  check_cuda(cudaStreamWaitEvent(group.compute, done.event, 0), "cudaStreamWaitEvent for " + what);
 }
 
 void World::wait_on_host(const Event& done, const std::string& what) {
@@ -659,8 +657,8 @@ void World::release(bool finalized) {
 }  // namespace
 
 std::unique_ptr<NcclWorld> make_nccl_world(int64_t rank, int64_t world_size, int device, const std::string& master_addr,
-                                           int master_port, std::chrono::milliseconds timeout, void* compute_stream) {
-  return std::make_unique<World>(rank, world_size, device, master_addr, master_port, timeout, compute_stream);
+                                           int master_port, std::chrono::milliseconds timeout) {
+  return std::make_unique<World>(rank, world_size, device, master_addr, master_port, timeout);
 }
 
 }  // namespace megaplan::exec

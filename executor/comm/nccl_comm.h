@@ -3,7 +3,8 @@
 // the groups (tp, pp, dp, ...) are split from it.
 //
 // How it keeps comm.h's semantics, and where it chooses:
-// - Streams. Every call records an event on the caller's compute stream, makes a stream of the
+// - Streams. Every call records an event on the compute stream its communicator was split for
+//   (the backend's compute_stream()), makes a stream of the
 //   group wait for it, runs the NCCL call on that stream and records a completion event after it;
 //   request->wait() makes the compute stream wait for that event. Nothing blocks the host except
 //   barrier(), which waits for its tiny all-reduce to finish.
@@ -57,9 +58,11 @@ class NcclWorld {
   // order) and `label` ("tp", "dp", ...) name it in errors and global_ranks(). A rank in no group
   // passes color < 0 and gets null. Throws std::invalid_argument when ranks[key] is not this rank,
   // std::logic_error when NCCL's group disagrees with `ranks` (the ranks passed different lists),
-  // CommAborted once the world failed.
+  // CommAborted once the world failed. The communicator orders its operations after the work given
+  // to `compute_stream` (a cudaStream_t, as void* so that this header needs no CUDA; null: the
+  // legacy default stream) and that stream's later work after them in request->wait().
   virtual std::unique_ptr<Comm> split(int64_t color, int64_t key, const std::vector<int64_t>& ranks,
-                                      const std::string& label) = 0;
+                                      const std::string& label, void* compute_stream) = 0;
 
   // Fails the world with `reason` (the first reason wins): every later call throws CommAborted,
   // and the watchdog aborts the communicators. Thread-safe; does not end the process.
@@ -70,14 +73,12 @@ class NcclWorld {
 // Bootstraps the world: selects GPU `device` for the calling thread, rank 0 makes NCCL's unique id,
 // tcp_broadcast_from_rank0 hands it to every rank over master_addr:master_port, and
 // ncclCommInitRank builds the world's communicator. `timeout` bounds the rendezvous and, from then
-// on, every operation (see the watchdog above). `compute_stream` is the cudaStream_t the backend
-// issues its work on (nullptr: the legacy default stream), as void* so that this header needs no
-// CUDA.
+// on, every operation (see the watchdog above).
 // Throws SpecError("--device", ...) when megaplan was built without CUDA or no GPU is usable,
 // SpecError("LOCAL_RANK", ...) when there is no GPU `device`, what tcp_broadcast_from_rank0
 // throws, and std::runtime_error naming the NCCL call and its error when NCCL fails.
 // REQUIRES: 0 <= rank < world_size; every rank passes the same world_size, address and port.
 std::unique_ptr<NcclWorld> make_nccl_world(int64_t rank, int64_t world_size, int device, const std::string& master_addr,
-                                           int master_port, std::chrono::milliseconds timeout, void* compute_stream);
+                                           int master_port, std::chrono::milliseconds timeout);
 
 }  // namespace megaplan::exec

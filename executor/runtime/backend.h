@@ -143,6 +143,10 @@ class Backend {
   virtual void adamw_step(const std::vector<OptimizerTensor>& tensors, const AdamwSettings& settings) = 0;
   // Waits for queued work (timing); a no-op where work runs synchronously.
   virtual void synchronize() = 0;
+  // The stream this backend issues all its work on (a cudaStream_t, as void* so that this header
+  // needs no CUDA), which communicators order their operations after and make wait for their
+  // results; null where work runs synchronously on the host.
+  virtual void* compute_stream() const = 0;
 
   // Timing that follows the work rather than its issue. A mark is a point in the backend's stream
   // of work: the host's steady clock when reached on the CPU (work there is synchronous), an event

@@ -65,6 +65,7 @@ class CpuBackend final : public Backend {
   double gradient_sum_of_squares(const std::vector<OptimizerTensor>& tensors) override;
   void adamw_step(const std::vector<OptimizerTensor>& tensors, const AdamwSettings& settings) override;
   void synchronize() override {}
+  void* compute_stream() const override { return nullptr; }
   TimingMark mark() override;
   double seconds_between(TimingMark from, TimingMark to) override;
   void release_marks() override { marks_.clear(); }  // keeps the capacity: no allocation once warm

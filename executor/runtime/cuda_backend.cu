@@ -2,6 +2,10 @@
 // optimizer state. Linear layers run on cuBLASLt with fused epilogues, attention on the flash
 // kernels, the rest on the kernels of executor/kernels/cuda. Every reduction runs in a fixed order
 // (no atomics), so a resumed run repeats an uninterrupted one bit for bit on the same GPU.
+//
+// All of the backend's device work — launches, GEMMs, memsets, copies, uploads, downloads, timing
+// events — goes to one non-blocking stream of its own, in the order of the calls; communicators
+// order themselves against it through compute_stream().
 #include "executor/runtime/cuda_backend.h"
 
 #include <cuda_runtime.h>
@@ -24,6 +28,7 @@
 #include "executor/kernels/cuda/flash_attention.h"
 #include "executor/kernels/cuda/norms.h"
 #include "executor/kernels/cuda/reductions.h"
+#include "executor/kernels/cuda/stream.h"
 
 namespace megaplan::exec {
 
@@ -53,30 +58,41 @@ using cuda::detail::blocks_for;
 using cuda::detail::check;
 using cuda::detail::check_launch;
 
-// A device buffer that grows on demand (scratch whose size depends on the call).
+// A device buffer that grows on demand (scratch whose size depends on the call), allocated and
+// freed in `stream`'s order: the old buffer goes after the work queued on it, with no wait.
+// REQUIRES: `stream` outlives the scratch.
 template <typename T>
 class Scratch {
  public:
-  ~Scratch() { cudaFree(data_); }
+  explicit Scratch(cudaStream_t stream) : stream_(stream) {}
+  ~Scratch() {
+    if (data_) (void)cudaFreeAsync(data_, stream_);
+  }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
   T* get(std::size_t n) {
     if (n > capacity_) {
-      cudaFree(data_);
+      if (data_) check(cudaFreeAsync(data_, stream_), "cudaFreeAsync (scratch)");
       data_ = nullptr;
-      check(cudaMalloc(&data_, std::max<std::size_t>(n, 1) * sizeof(T)), "cudaMalloc (scratch)");
+      capacity_ = 0;
+      check(cudaMallocAsync(&data_, std::max<std::size_t>(n, 1) * sizeof(T), stream_), "cudaMallocAsync (scratch)");
       capacity_ = n;
     }
     return data_;
   }
 
  private:
+  cudaStream_t stream_;
   T* data_ = nullptr;
   std::size_t capacity_ = 0;
 };
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend() = default;
+  // After this body the members go in reverse order: the scratch frees on stream_, the kernels'
+  // objects with cudaFree, and stream_, declared first, last.
   ~CudaBackend() override {
+    (void)cudaStreamSynchronize(stream_);
     for (auto& [pointer, bytes] : sizes_) cudaFree(pointer);
     for (auto& [bytes, pointer] : released_) cudaFree(pointer);
     for (cudaEvent_t event : events_) cudaEventDestroy(event);
@@ -99,32 +115,40 @@ class CudaBackend final : public Backend {
   Activation compute_copy(float*, std::size_t n) override { return allocate_activation(n); }
   void release_compute_copy(Activation copy, float*) override { release(copy); }
   void refresh_compute_copy(const float* value, std::size_t n, Activation copy) override {
-    cuda::cast_to_bf16(value, i64(n), bf(copy));
+    cuda::cast_to_bf16(value, i64(n), bf(copy), stream_);
   }
   int64_t peak_bytes() const override { return peak_; }
+  // Uploads are queued on stream_. Their sources are pageable host memory, which cudaMemcpyAsync
+  // stages before it returns, so the caller's buffer and the temporaries here may change or go at
+  // once. Downloads come after everything queued before them and return with the bytes.
   void upload(float* device, const float* host, std::size_t n) override {
-    check(cudaMemcpy(device, host, n * sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy to device");
+    check(cudaMemcpyAsync(device, host, n * sizeof(float), cudaMemcpyHostToDevice, stream_),
+          "cudaMemcpyAsync to device");
   }
   void download(float* host, const float* device, std::size_t n) override {
-    check(cudaMemcpy(host, device, n * sizeof(float), cudaMemcpyDeviceToHost), "cudaMemcpy to host");
+    check(cudaMemcpyAsync(host, device, n * sizeof(float), cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync to host");
+    synchronize();
   }
   void upload(Activation device, const float* host, std::size_t n) override {
     std::vector<Bf16> rounded(n);
     for (std::size_t i = 0; i < n; ++i) rounded[i] = cuda::to_bf16(host[i]);
-    check(cudaMemcpy(device, rounded.data(), n * sizeof(Bf16), cudaMemcpyHostToDevice), "cudaMemcpy to device");
+    check(cudaMemcpyAsync(device, rounded.data(), n * sizeof(Bf16), cudaMemcpyHostToDevice, stream_),
+          "cudaMemcpyAsync to device");
   }
   void download(float* host, ConstActivation device, std::size_t n) override {
     std::vector<Bf16> values(n);
-    check(cudaMemcpy(values.data(), device, n * sizeof(Bf16), cudaMemcpyDeviceToHost), "cudaMemcpy to host");
+    check(cudaMemcpyAsync(values.data(), device, n * sizeof(Bf16), cudaMemcpyDeviceToHost, stream_),
+          "cudaMemcpyAsync to host");
+    synchronize();
     for (std::size_t i = 0; i < n; ++i) host[i] = cuda::from_bf16(values[i]);
   }
   void fill(float* x, std::size_t n, float value) override {
     if (n == 0) return;
     if (value == 0.0f) {
-      check(cudaMemsetAsync(x, 0, n * sizeof(float)), "cudaMemsetAsync");
+      check(cudaMemsetAsync(x, 0, n * sizeof(float), stream_), "cudaMemsetAsync");
       return;
     }
-    fill_kernel<<<blocks_for(i64(n), 256), 256>>>(x, i64(n), value);
+    fill_kernel<<<blocks_for(i64(n), 256), 256, 0, stream_>>>(x, i64(n), value);
     check_launch("fill");
   }
 
@@ -134,25 +158,26 @@ class CudaBackend final : public Backend {
                              : epilogue == LinearEpilogue::kBias ? cuda::LinearEpilogue::kBias
                                                                  : cuda::LinearEpilogue::kBiasGelu;
     linear_.forward(bf(x), bf(w), epilogue == LinearEpilogue::kNone ? nullptr : bf(b), i64(m), i64(k), i64(n),
-                    lt_epilogue, bf(y), bf(pre_activation));
+                    lt_epilogue, bf(y), bf(pre_activation), stream_);
   }
   void linear_backward(ConstActivation dy, ConstActivation x, ConstActivation w, std::size_t m, std::size_t k,
                        std::size_t n, Activation dx, float* dw, float* db) override {
     float* bias_partial = db ? bias_scratch_.get(n) : nullptr;
-    linear_.backward(bf(dy), bf(x), bf(w), i64(m), i64(k), i64(n), bf(dx), dw, bias_partial);
+    linear_.backward(bf(dy), bf(x), bf(w), i64(m), i64(k), i64(n), bf(dx), dw, bias_partial, stream_);
     if (db) accumulate(bias_partial, n, db);
   }
 
   void linear_backward_through_gelu(ConstActivation dy, ConstActivation w, std::size_t m, std::size_t k,
                                     std::size_t n, ConstActivation pre_activation, Activation d_pre) override {
-    linear_.backward_data_through_gelu(bf(dy), bf(w), i64(m), i64(k), i64(n), bf(pre_activation), bf(d_pre));
+    linear_.backward_data_through_gelu(bf(dy), bf(w), i64(m), i64(k), i64(n), bf(pre_activation), bf(d_pre),
+                                       stream_);
   }
 
   void embedding_forward(const int64_t* tokens, std::size_t count, std::size_t seq, ConstActivation word,
                          std::size_t vocab_start, std::size_t vocab_rows, ConstActivation position, std::size_t hidden,
                          Activation y) override {
     const int32_t* rows = upload_ints(shard_indices(tokens, count, vocab_start, vocab_rows), tokens_);
-    cuda::embedding_forward(rows, i64(count), i64(seq), bf(word), bf(position), i64(hidden), bf(y));
+    cuda::embedding_forward(rows, i64(count), i64(seq), bf(word), bf(position), i64(hidden), bf(y), stream_);
   }
   void embedding_backward(ConstActivation dy, const int64_t* tokens, std::size_t count, std::size_t seq,
                           std::size_t hidden, std::size_t vocab_start, std::size_t vocab_rows, float* dword,
@@ -163,21 +188,21 @@ class CudaBackend final : public Backend {
     int32_t* row_starts = upload_ints(rows.row_starts, row_starts_);
     int32_t* positions = upload_ints(rows.positions, positions_);
     cuda::embedding_backward(bf(dy), row_ids, row_starts, positions, i64(rows.row_ids.size()), i64(count), i64(seq),
-                             i64(hidden), dword, dposition);
+                             i64(hidden), dword, dposition, stream_);
   }
 
   void layernorm_forward(ConstActivation x, ConstActivation residual, Activation sum_out, ConstActivation gamma,
                          ConstActivation beta, std::size_t rows, std::size_t cols, Activation y, float* mean,
                          float* rstd) override {
     cuda::layernorm_forward(bf(x), bf(residual), bf(sum_out), bf(gamma), bf(beta), i64(rows), i64(cols), kLayerNormEps,
-                            bf(y), mean, rstd);
+                            bf(y), mean, rstd, stream_);
   }
   void layernorm_backward(ConstActivation dy, ConstActivation x, ConstActivation gamma, const float* mean,
                           const float* rstd, std::size_t rows, std::size_t cols, ConstActivation residual_grad,
                           Activation dx, float* dgamma, float* dbeta) override {
     void* workspace = workspace_.get(cuda::norm_backward_workspace_bytes(i64(rows), i64(cols)));
     cuda::layernorm_backward(bf(dy), bf(x), bf(gamma), mean, rstd, i64(rows), i64(cols), bf(residual_grad), bf(dx),
-                             dgamma, dbeta, workspace);
+                             dgamma, dbeta, workspace, stream_);
   }
 
   std::size_t attention_saved_size(std::size_t batch, std::size_t seq, std::size_t heads, std::size_t) const override {
@@ -200,7 +225,7 @@ class CudaBackend final : public Backend {
                          Activation out, float* saved) override {
     const cuda::AttentionShape shape = attention_shape(batch, seq, heads, dim);
     const Bf16* q = bf(qkv);
-    cuda::flash_attention_forward(shape, q, q + dim, q + 2 * dim, bf(out), saved);
+    cuda::flash_attention_forward(shape, q, q + dim, q + 2 * dim, bf(out), saved, stream_);
   }
   void attention_backward(ConstActivation dout, ConstActivation qkv, ConstActivation out, const float* saved,
                           std::size_t batch, std::size_t seq, std::size_t heads, std::size_t dim,
@@ -210,13 +235,14 @@ class CudaBackend final : public Backend {
     Bf16* dq = bf(dqkv);
     void* workspace = workspace_.get(cuda::flash_attention_backward_workspace_bytes(shape));
     cuda::flash_attention_backward(shape, bf(dout), q, q + dim, q + 2 * dim, bf(out), saved, shape.qkv_token_stride,
-                                   dq, dq + dim, dq + 2 * dim, workspace);
+                                   dq, dq + dim, dq + 2 * dim, workspace, stream_);
   }
 
   void cross_entropy_statistics(ConstActivation logits, const int64_t* targets, std::size_t tokens, std::size_t vocab,
                                 std::size_t vocab_start, float* lse, float* target_logit) override {
     const int32_t* columns = upload_ints(shard_indices(targets, tokens, vocab_start, vocab), targets_);
-    cuda::cross_entropy_statistics(bf(logits), i64(tokens), i64(vocab), i64(vocab), columns, lse, target_logit);
+    cuda::cross_entropy_statistics(bf(logits), i64(tokens), i64(vocab), i64(vocab), columns, lse, target_logit,
+                                   stream_);
   }
   void cross_entropy_backward(ConstActivation logits, const float* lse, const int64_t* targets, const float* mask,
                               std::size_t tokens, std::size_t vocab, std::size_t vocab_start, float scale,
@@ -225,36 +251,39 @@ class CudaBackend final : public Backend {
     const auto per_token = static_cast<float>(count > 0 ? scale / count : 0.0);
     const int32_t* columns = upload_ints(shard_indices(targets, tokens, vocab_start, vocab), targets_);
     cuda::cross_entropy_backward(bf(logits), i64(tokens), i64(vocab), i64(vocab), columns, upload_mask(mask, tokens),
-                                 lse, per_token, bf(dlogits));
+                                 lse, per_token, bf(dlogits), stream_);
   }
   void add(ConstActivation a, ConstActivation b, std::size_t n, Activation y) override {
-    cuda::add(bf(a), bf(b), i64(n), bf(y));
+    cuda::add(bf(a), bf(b), i64(n), bf(y), stream_);
   }
   void copy(ConstActivation from, std::size_t n, Activation to) override {
-    check(cudaMemcpyAsync(bf(to), bf(from), n * sizeof(cuda::Bf16), cudaMemcpyDeviceToDevice), "cudaMemcpyAsync (copy)");
+    check(cudaMemcpyAsync(bf(to), bf(from), n * sizeof(cuda::Bf16), cudaMemcpyDeviceToDevice, stream_),
+          "cudaMemcpyAsync (copy)");
   }
 
   double gradient_sum_of_squares(const std::vector<OptimizerTensor>& tensors) override {
     std::vector<cuda::TensorSpan> spans;
     spans.reserve(tensors.size());
     for (const OptimizerTensor& t : tensors) spans.push_back({t.gradient, i64(t.size)});
-    return reducer_.sum_of_squares(spans);
+    return reducer_.sum_of_squares(spans, stream_);
   }
   void adamw_step(const std::vector<OptimizerTensor>& tensors, const AdamwSettings& s) override {
-    optimizer_for(tensors).step(s.step, s.lr, s.beta1, s.beta2, s.eps, s.gradient_scale);
+    optimizer_for(tensors).step(s.step, s.lr, s.beta1, s.beta2, s.eps, s.gradient_scale, stream_);
   }
-  void synchronize() override { check(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); }
+  // The backend's own stream, not the device: a device-wide wait would also wait for work on other
+  // streams, such as a posted NCCL receive whose send needs this rank to go on (see allocate_bytes).
+  void synchronize() override { check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"); }
+  void* compute_stream() const override { return stream_; }
 
-  // An event recorded on stream 0, where every launch and copy above is issued (the legacy default
-  // stream: megaplan builds without per-thread default streams). Events are created the first
-  // time that many marks are live and reused after release_marks().
+  // An event recorded on stream_, where every launch and copy above is issued. Events are created
+  // the first time that many marks are live and reused after release_marks().
   TimingMark mark() override {
     if (marks_ == events_.size()) {
       cudaEvent_t event = nullptr;
       check(cudaEventCreate(&event), "cudaEventCreate (timing mark)");
       events_.push_back(event);
     }
-    check(cudaEventRecord(events_[marks_], nullptr), "cudaEventRecord (timing mark)");
+    check(cudaEventRecord(events_[marks_], stream_), "cudaEventRecord (timing mark)");
     return {marks_++};
   }
   double seconds_between(TimingMark from, TimingMark to) override {
@@ -271,8 +300,8 @@ class CudaBackend final : public Backend {
     if (mark.index >= marks_) throw std::logic_error("CudaBackend: a timing mark used after release_marks()");
     return events_[mark.index];
   }
-  static void accumulate(const float* partial, std::size_t n, float* total) {
-    accumulate_kernel<<<blocks_for(i64(n), 256), 256>>>(partial, i64(n), total);
+  void accumulate(const float* partial, std::size_t n, float* total) {
+    accumulate_kernel<<<blocks_for(i64(n), 256), 256, 0, stream_>>>(partial, i64(n), total);
     check_launch("accumulate (bias gradient)");
   }
   // Released buffers are kept by size and handed out again rather than freed: cudaFree waits for
@@ -289,7 +318,7 @@ class CudaBackend final : public Backend {
     } else {
       pointer = fresh_device_memory(bytes);
     }
-    check(cudaMemsetAsync(pointer, 0, bytes), "cudaMemsetAsync");
+    check(cudaMemsetAsync(pointer, 0, bytes, stream_), "cudaMemsetAsync");
     sizes_[pointer] = bytes;
     bytes_ += static_cast<int64_t>(bytes);
     peak_ = std::max(peak_, bytes_);
@@ -331,15 +360,17 @@ class CudaBackend final : public Backend {
     }
     return host_ints_;
   }
+  // Staged before cudaMemcpyAsync returns (see upload), so host_ints_ may be refilled at once.
   int32_t* upload_ints(const std::vector<int32_t>& host, Scratch<int32_t>& device) {
     int32_t* pointer = device.get(host.size());
     if (host.empty()) return pointer;  // a shard none of the tokens falls in has no rows to list
-    check(cudaMemcpy(pointer, host.data(), host.size() * sizeof(int32_t), cudaMemcpyHostToDevice), "cudaMemcpy");
+    check(cudaMemcpyAsync(pointer, host.data(), host.size() * sizeof(int32_t), cudaMemcpyHostToDevice, stream_),
+          "cudaMemcpyAsync");
     return pointer;
   }
   const float* upload_mask(const float* mask, std::size_t count) {
     float* pointer = mask_.get(count);
-    check(cudaMemcpy(pointer, mask, count * sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy");
+    check(cudaMemcpyAsync(pointer, mask, count * sizeof(float), cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync");
     return pointer;
   }
   static double mask_sum(const float* mask, std::size_t count) {
@@ -359,12 +390,13 @@ class CudaBackend final : public Backend {
         list.push_back({t.value, t.gradient, t.first_moment, t.second_moment, bf(t.compute), i64(t.size),
                         static_cast<float>(t.weight_decay)});
       }
-      adamw_ = std::make_unique<cuda::MultiTensorAdamw>(list);
+      adamw_ = std::make_unique<cuda::MultiTensorAdamw>(list, stream_);
       adamw_key_ = std::move(key);
     }
     return *adamw_;
   }
 
+  cuda::Stream stream_;  // first: created before the members that use it, destroyed after them
   cuda::Bf16Linear linear_;
   cuda::DeviceReducer reducer_;
   std::unique_ptr<cuda::MultiTensorAdamw> adamw_;
@@ -374,9 +406,9 @@ class CudaBackend final : public Backend {
   int64_t bytes_ = 0;
   int64_t peak_ = 0;
   std::vector<int32_t> host_ints_;
-  Scratch<int32_t> tokens_, targets_, row_ids_, row_starts_, positions_;
-  Scratch<float> mask_, bias_scratch_;
-  Scratch<unsigned char> workspace_;
+  Scratch<int32_t> tokens_{stream_}, targets_{stream_}, row_ids_{stream_}, row_starts_{stream_}, positions_{stream_};
+  Scratch<float> mask_{stream_}, bias_scratch_{stream_};
+  Scratch<unsigned char> workspace_{stream_};
   std::vector<cudaEvent_t> events_;  // by TimingMark::index; the first marks_ are live
   std::size_t marks_ = 0;
 };

@@ -60,13 +60,12 @@ TrainSummary train_launched(const ModelSpec& model, const ParallelPlan& plan, co
   std::unique_ptr<Backend> backend;
   const std::unique_ptr<NcclWorld> world =
       make_nccl_world(launch.rank, launch.world_size, static_cast<int>(launch.local_rank), address.host, address.port,
-                      std::chrono::minutes(options.distributed_timeout_minutes),
-                      nullptr);  // the CUDA backend issues its work on the legacy default stream
+                      std::chrono::minutes(options.distributed_timeout_minutes));
   backend = make_cuda_backend();  // on the GPU the world selected for this thread
+  void* const stream = backend->compute_stream();
   const CommFactory make_comm = split_comm_factory(
-      launch.rank, [&world](int64_t color, int64_t key, const std::vector<int64_t>& ranks, const std::string& label) {
-        return world->split(color, key, ranks, label);
-      });
+      launch.rank, [&world, stream](int64_t color, int64_t key, const std::vector<int64_t>& ranks,
+                                    const std::string& label) { return world->split(color, key, ranks, label, stream); });
   return train_rank(model, plan, options, launch.rank, *backend, make_comm, out);
 }
 

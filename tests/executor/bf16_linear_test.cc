@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "executor/kernels/cuda/bf16_linear.h"
+#include "executor/kernels/cuda/stream.h"
 #include "relative_error.h"
 
 namespace cu = megaplan::exec::cuda;
@@ -28,6 +29,7 @@ double gelu(double v) { return 0.5 * v * (1.0 + std::tanh(0.7978845608028654 * (
 
 TEST_CASE("bf16 linear layers with fused bias, GELU, GELU-gradient and bias-gradient epilogues", "[gpu][kernels]") {
   std::mt19937 generator(29);
+  const cu::Stream stream;
   cu::Bf16Linear linear;
   for (auto [m, k, n] : {std::tuple<int64_t, int64_t, int64_t>{64, 96, 128}, {128, 64, 256}, {24, 40, 56}}) {
     const auto mz = static_cast<std::size_t>(m), kz = static_cast<std::size_t>(k), nz = static_cast<std::size_t>(n);
@@ -43,19 +45,19 @@ TEST_CASE("bf16 linear layers with fused bias, GELU, GELU-gradient and bias-grad
     }
     std::vector<double> activated(pre.size());
     for (std::size_t i = 0; i < pre.size(); ++i) activated[i] = gelu(pre[i]);
-    cu::Bf16* dx_ = cu::upload_bf16(x);
-    cu::Bf16* dw_ = cu::upload_bf16(w);
-    cu::Bf16* db_ = cu::upload_bf16(b);
-    cu::Bf16* ddy = cu::upload_bf16(dy);
-    cu::Bf16* y = cu::upload_bf16(std::vector<float>(mz * nz, 1e30f));    // poisoned
-    cu::Bf16* aux = cu::upload_bf16(std::vector<float>(mz * nz, 1e30f));  // poisoned
+    cu::Bf16* dx_ = cu::upload_bf16(x, stream);
+    cu::Bf16* dw_ = cu::upload_bf16(w, stream);
+    cu::Bf16* db_ = cu::upload_bf16(b, stream);
+    cu::Bf16* ddy = cu::upload_bf16(dy, stream);
+    cu::Bf16* y = cu::upload_bf16(std::vector<float>(mz * nz, 1e30f), stream);    // poisoned
+    cu::Bf16* aux = cu::upload_bf16(std::vector<float>(mz * nz, 1e30f), stream);  // poisoned
     INFO("m " << m << ", k " << k << ", n " << n);
 
-    linear.forward(dx_, dw_, db_, m, k, n, cu::LinearEpilogue::kBias, y, nullptr);
-    CHECK(relative_error(cu::download_bf16(y, mz * nz), pre) < 1e-2);
-    linear.forward(dx_, dw_, db_, m, k, n, cu::LinearEpilogue::kBiasGelu, y, aux);
-    CHECK(relative_error(cu::download_bf16(y, mz * nz), activated) < 1e-2);
-    CHECK(relative_error(cu::download_bf16(aux, mz * nz), pre) < 1e-2);
+    linear.forward(dx_, dw_, db_, m, k, n, cu::LinearEpilogue::kBias, y, nullptr, stream);
+    CHECK(relative_error(cu::download_bf16(y, mz * nz, stream), pre) < 1e-2);
+    linear.forward(dx_, dw_, db_, m, k, n, cu::LinearEpilogue::kBiasGelu, y, aux, stream);
+    CHECK(relative_error(cu::download_bf16(y, mz * nz, stream), activated) < 1e-2);
+    CHECK(relative_error(cu::download_bf16(aux, mz * nz, stream), pre) < 1e-2);
 
     std::vector<double> want_dx(mz * kz, 0.0), want_dw(nz * kz, 0.0), want_db(nz, 0.0);
     const std::vector<float> dw_start = bf16_values(nz * kz, generator);
@@ -70,13 +72,13 @@ TEST_CASE("bf16 linear layers with fused bias, GELU, GELU-gradient and bias-grad
       }
     }
     for (std::size_t i = 0; i < want_dw.size(); ++i) want_dw[i] += dw_start[i];  // accumulates
-    cu::Bf16* dx = cu::upload_bf16(std::vector<float>(mz * kz, 1e30f));
-    float* dw = cu::upload_floats(dw_start);
-    float* dbias = cu::upload_floats(std::vector<float>(nz, 1e30f));
-    linear.backward(ddy, dx_, dw_, m, k, n, dx, dw, dbias);
-    CHECK(relative_error(cu::download_bf16(dx, mz * kz), want_dx) < 1e-2);
-    CHECK(relative_error(cu::download_floats(dw, nz * kz), want_dw) < 1e-3);
-    CHECK(relative_error(cu::download_floats(dbias, nz), want_db) < 1e-3);
+    cu::Bf16* dx = cu::upload_bf16(std::vector<float>(mz * kz, 1e30f), stream);
+    float* dw = cu::upload_floats(dw_start, stream);
+    float* dbias = cu::upload_floats(std::vector<float>(nz, 1e30f), stream);
+    linear.backward(ddy, dx_, dw_, m, k, n, dx, dw, dbias, stream);
+    CHECK(relative_error(cu::download_bf16(dx, mz * kz, stream), want_dx) < 1e-2);
+    CHECK(relative_error(cu::download_floats(dw, nz * kz, stream), want_dw) < 1e-3);
+    CHECK(relative_error(cu::download_floats(dbias, nz, stream), want_db) < 1e-3);
 
     // Through a GELU: d_pre = (dy W) * GELU'(pre).
     const std::vector<float> pre_values = bf16_values(mz * kz, generator);
@@ -85,10 +87,10 @@ TEST_CASE("bf16 linear layers with fused bias, GELU, GELU-gradient and bias-grad
       const double v = pre_values[i], e = 1e-4;
       want_d_pre[i] = want_dx[i] * (gelu(v + e) - gelu(v - e)) / (2 * e);
     }
-    cu::Bf16* pre_device = cu::upload_bf16(pre_values);
-    cu::Bf16* d_pre = cu::upload_bf16(std::vector<float>(mz * kz, 1e30f));
-    linear.backward_data_through_gelu(ddy, dw_, m, k, n, pre_device, d_pre);
-    CHECK(relative_error(cu::download_bf16(d_pre, mz * kz), want_d_pre) < 1e-2);
+    cu::Bf16* pre_device = cu::upload_bf16(pre_values, stream);
+    cu::Bf16* d_pre = cu::upload_bf16(std::vector<float>(mz * kz, 1e30f), stream);
+    linear.backward_data_through_gelu(ddy, dw_, m, k, n, pre_device, d_pre, stream);
+    CHECK(relative_error(cu::download_bf16(d_pre, mz * kz, stream), want_d_pre) < 1e-2);
     cu::free_device(pre_device);
     cu::free_device(d_pre);
     for (void* buffer : {static_cast<void*>(dx_), static_cast<void*>(dw_), static_cast<void*>(db_),

@@ -192,6 +192,7 @@ class FailingDownloads final : public exec::Backend {
     inner_.adamw_step(tensors, settings);
   }
   void synchronize() override { inner_.synchronize(); }
+  void* compute_stream() const override { return inner_.compute_stream(); }
   exec::TimingMark mark() override { return inner_.mark(); }
   double seconds_between(exec::TimingMark from, exec::TimingMark to) override {
     return inner_.seconds_between(from, to);

@@ -1,19 +1,23 @@
 // The in-process one-GPU communicator against the CPU one. First its reduction kernel
-// (executor/kernels/cuda/comm_reduce.h) against the CPU InProcessMemory's reduce on random data:
+// (executor/kernels/cuda/comm_reduce.h) against a CPU InProcessMemory lane's reduce on random data:
 // the same bits for fp32 and bf16, sum and max, 1 to 5 inputs, odd sizes, in place, with NaNs,
 // infinities and signed zeros (a NaN may differ only in its payload). Then one program of every
 // collective and of sends and receives, run by ranks as threads on a world of each memory (device
-// buffers for the GPU one), each step reading the last one's result: every rank ends with the CPU
-// world's bytes.
+// buffers, and a compute stream of each rank's own, for the GPU one), each step reading the last
+// one's result: every rank ends with the CPU world's bytes.
 #include <catch2/catch.hpp>
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <functional>
 #include <limits>
 #include <list>
 #include <memory>
+#include <optional>
 #include <random>
+#include <stdexcept>
+#include <thread>
 #include <vector>
 
 #include "executor/comm/in_process_comm.h"
@@ -21,6 +25,7 @@
 #include "executor/comm/rank_threads.h"
 #include "executor/kernels/cuda/bf16_linear.h"
 #include "executor/kernels/cuda/comm_reduce.h"
+#include "executor/kernels/cuda/stream.h"
 
 namespace {
 
@@ -60,14 +65,14 @@ std::vector<float> decode(const Bytes& bytes, DataType type) {
 }
 
 // Device copies of raw bytes, through the float upload (padded to whole floats).
-void* upload(const Bytes& bytes) {
+void* upload(const Bytes& bytes, cudaStream_t stream) {
   std::vector<float> words((bytes.size() + 3) / 4, 0.0f);
   std::memcpy(words.data(), bytes.data(), bytes.size());
-  return cu::upload_floats(words);
+  return cu::upload_floats(words, stream);
 }
 
-Bytes download(const void* device, std::size_t bytes) {
-  const std::vector<float> words = cu::download_floats(static_cast<const float*>(device), (bytes + 3) / 4);
+Bytes download(const void* device, std::size_t bytes, cudaStream_t stream) {
+  const std::vector<float> words = cu::download_floats(static_cast<const float*>(device), (bytes + 3) / 4, stream);
   Bytes result(bytes);
   std::memcpy(result.data(), words.data(), bytes);
   return result;
@@ -105,8 +110,10 @@ std::vector<float> random_input(std::size_t count, std::size_t r, std::mt19937& 
 }  // namespace
 
 TEST_CASE("comm_reduce gives the CPU memory's reduction, bit for bit", "[gpu][comm]") {
-  const std::unique_ptr<exec::InProcessMemory> cpu = exec::make_in_process_cpu_memory();
+  const std::unique_ptr<exec::InProcessMemory> cpu_memory = exec::make_in_process_cpu_memory();
+  const std::unique_ptr<exec::Lane> cpu = cpu_memory->make_lane();
   std::mt19937 generator(11);
+  const cu::Stream stream;
   for (const DataType type : {DataType::kFloat32, DataType::kBFloat16}) {
     for (const ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax}) {
       for (const std::size_t ranks : {1, 2, 3, 5}) {
@@ -118,19 +125,19 @@ TEST_CASE("comm_reduce gives the CPU memory's reduction, bit for bit", "[gpu][co
           for (std::size_t r = 0; r < ranks; ++r) inputs.push_back(encode(random_input(count, r, generator), type));
           for (const Bytes& input : inputs) {
             host_inputs.push_back(input.data());
-            device_inputs.push_back(upload(input));
+            device_inputs.push_back(upload(input, stream));
           }
           const std::size_t bytes = inputs[0].size();
           Bytes want(bytes);
           cpu->reduce(want.data(), host_inputs, count, type, op);
 
-          void* device_output = upload(Bytes(bytes, std::byte{0x7f}));  // poisoned
-          cu::comm_reduce(device_output, device_inputs, count, type, op);
-          CHECK(mismatches(download(device_output, bytes), want, type) == 0);
+          void* device_output = upload(Bytes(bytes, std::byte{0x7f}), stream);  // poisoned
+          cu::comm_reduce(device_output, device_inputs, count, type, op, stream);
+          CHECK(mismatches(download(device_output, bytes, stream), want, type) == 0);
           // In place, into the last input.
           void* last = const_cast<void*>(device_inputs.back());
-          cu::comm_reduce(last, device_inputs, count, type, op);
-          CHECK(mismatches(download(last, bytes), want, type) == 0);
+          cu::comm_reduce(last, device_inputs, count, type, op, stream);
+          CHECK(mismatches(download(last, bytes, stream), want, type) == 0);
 
           cu::free_device(device_output);
           for (const void* input : device_inputs) cu::free_device(const_cast<void*>(input));
@@ -138,31 +145,48 @@ TEST_CASE("comm_reduce gives the CPU memory's reduction, bit for bit", "[gpu][co
       }
     }
   }
-  CHECK_THROWS_AS(cu::comm_reduce(nullptr, {}, 1, DataType::kFloat32, ReduceOp::kSum), std::invalid_argument);
+  CHECK_THROWS_AS(cu::comm_reduce(nullptr, {}, 1, DataType::kFloat32, ReduceOp::kSum, stream), std::invalid_argument);
 }
 
 namespace {
 
-// One rank's buffers, on the host or on the device, and what it saw.
+// One rank's buffers, on the host or on the device, and what it saw. On the device the rank has a
+// compute stream of its own, as a rank's backend does: its uploads and downloads run there, and
+// its communicator orders the world's work against it.
 class RankSpace {
  public:
-  explicit RankSpace(bool on_gpu) : on_gpu_(on_gpu) {}
+  explicit RankSpace(bool on_gpu) {
+    if (on_gpu) stream_.emplace();
+  }
   ~RankSpace() {
     for (void* device : device_) cu::free_device(device);
   }
+  RankSpace(const RankSpace&) = delete;
+  RankSpace& operator=(const RankSpace&) = delete;
+  // On the device the bytes land a few milliseconds late, behind a host function holding the
+  // stream: a collective or send that did not wait for the rank's stream would read the buffer
+  // before they arrive.
   void* put(const Bytes& bytes) {
-    if (on_gpu_) return device_.emplace_back(upload(bytes));
+    if (stream_) {
+      // (Catch's assertions are not for rank threads: a failure throws, and the rank's exception
+      // reaches the test.)
+      const auto hold = [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(3)); };
+      if (cudaLaunchHostFunc(*stream_, hold, nullptr) != cudaSuccess) throw std::runtime_error("cudaLaunchHostFunc");
+      return device_.emplace_back(upload(bytes, *stream_));
+    }
     return host_.emplace_back(bytes).data();
   }
   Bytes get(const void* buffer, std::size_t bytes) const {
-    if (on_gpu_) return download(buffer, bytes);
+    if (stream_) return download(buffer, bytes, *stream_);
     const auto* begin = static_cast<const std::byte*>(buffer);
     return Bytes(begin, begin + bytes);
   }
+  // What world.group takes: the rank's stream, or null on the host.
+  void* compute_stream() const { return stream_ ? static_cast<cudaStream_t>(*stream_) : nullptr; }
   std::vector<Bytes> seen;
 
  private:
-  bool on_gpu_;
+  std::optional<cu::Stream> stream_;
   std::list<Bytes> host_;  // stable addresses
   std::vector<void*> device_;
 };
@@ -181,7 +205,7 @@ Bytes values_of(int64_t rank, std::size_t salt, std::size_t count, DataType type
 void program(exec::InProcessWorld& world, int64_t rank, int64_t ranks, RankSpace& space) {
   std::vector<int64_t> members;
   for (int64_t r = 0; r < ranks; ++r) members.push_back(r);
-  const std::unique_ptr<exec::Comm> comm = world.group(rank, members, "test");
+  const std::unique_ptr<exec::Comm> comm = world.group(rank, members, "test", space.compute_stream());
   space.seen.push_back(encode({static_cast<float>(comm->name() == "in-process-" + world.memory().name())},
                               DataType::kFloat32));
   const auto n = static_cast<std::size_t>(ranks);

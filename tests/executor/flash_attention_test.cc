@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "executor/kernels/cuda/flash_attention.h"
+#include "executor/kernels/cuda/stream.h"
 #include "relative_error.h"
 
 namespace cu = megaplan::exec::cuda;
@@ -28,6 +29,7 @@ struct Case {
 TEST_CASE("flash attention matches a double-precision reference, forward and backward", "[gpu][kernels]") {
   std::mt19937 generator(7);
   std::normal_distribution<float> normal(0.0f, 1.0f);
+  const cu::Stream stream;
   for (const Case c : {Case{2, 37, 3, 3, 64}, Case{1, 200, 4, 2, 128}, Case{2, 1, 2, 2, 64}, Case{1, 130, 2, 2, 128},
                        Case{1, 64, 4, 1, 64}}) {
     INFO("batch " << c.batch << ", seq " << c.seq << ", heads " << c.heads << ", kv heads " << c.kv_heads << ", dim "
@@ -98,22 +100,23 @@ TEST_CASE("flash attention matches a double-precision reference, forward and bac
       }
     }
 
-    cu::Bf16* qkv_device = cu::upload_bf16(qkv);
-    cu::Bf16* dout_device = cu::upload_bf16(dout);
-    cu::Bf16* out = cu::upload_bf16(std::vector<float>(dout.size(), 1e30f));  // poisoned
-    float* lse = cu::upload_floats(std::vector<float>(want_lse.size(), NAN));
-    cu::Bf16* dqkv = cu::upload_bf16(std::vector<float>(qkv.size(), 1e30f));
+    cu::Bf16* qkv_device = cu::upload_bf16(qkv, stream);
+    cu::Bf16* dout_device = cu::upload_bf16(dout, stream);
+    cu::Bf16* out = cu::upload_bf16(std::vector<float>(dout.size(), 1e30f), stream);  // poisoned
+    float* lse = cu::upload_floats(std::vector<float>(want_lse.size(), NAN), stream);
+    cu::Bf16* dqkv = cu::upload_bf16(std::vector<float>(qkv.size(), 1e30f), stream);
     const cu::AttentionShape shape{c.batch, c.seq, c.heads, c.kv_heads, d, token_stride, head_stride,
                                    static_cast<float>(scale)};
     const cu::Bf16 *q = qkv_device, *k = qkv_device + group * d, *v = qkv_device + (group + 1) * d;
-    cu::flash_attention_forward(shape, q, k, v, out, lse);
-    CHECK(relative_error(cu::download_bf16(out, dout.size()), want_out) < 1e-2);
-    CHECK(relative_error(cu::download_floats(lse, want_lse.size()), want_lse) < 1e-3);
+    cu::flash_attention_forward(shape, q, k, v, out, lse, stream);
+    CHECK(relative_error(cu::download_bf16(out, dout.size(), stream), want_out) < 1e-2);
+    CHECK(relative_error(cu::download_floats(lse, want_lse.size(), stream), want_lse) < 1e-3);
 
-    float* workspace = cu::upload_floats(std::vector<float>(cu::flash_attention_backward_workspace_bytes(shape) / 4));
+    float* workspace =
+        cu::upload_floats(std::vector<float>(cu::flash_attention_backward_workspace_bytes(shape) / 4), stream);
     cu::flash_attention_backward(shape, dout_device, q, k, v, out, lse, token_stride, dqkv, dqkv + group * d,
-                                 dqkv + (group + 1) * d, workspace);
-    const std::vector<float> first = cu::download_bf16(dqkv, qkv.size());
+                                 dqkv + (group + 1) * d, workspace, stream);
+    const std::vector<float> first = cu::download_bf16(dqkv, qkv.size(), stream);
     // dq, dk and dv separately: within a key-value head's slot, group * d query values, d key, d value.
     for (int part = 0; part < 3; ++part) {
       INFO((part == 0 ? "dq" : part == 1 ? "dk" : "dv"));
@@ -129,8 +132,8 @@ TEST_CASE("flash attention matches a double-precision reference, forward and bac
       CHECK(relative_error(got_part, want_part) < 1e-2);
     }
     cu::flash_attention_backward(shape, dout_device, q, k, v, out, lse, token_stride, dqkv, dqkv + group * d,
-                                 dqkv + (group + 1) * d, workspace);
-    const std::vector<float> second = cu::download_bf16(dqkv, qkv.size());
+                                 dqkv + (group + 1) * d, workspace, stream);
+    const std::vector<float> second = cu::download_bf16(dqkv, qkv.size(), stream);
     CHECK(std::memcmp(first.data(), second.data(), first.size() * sizeof(float)) == 0);  // deterministic
     for (void* buffer : {static_cast<void*>(qkv_device), static_cast<void*>(dout_device), static_cast<void*>(out),
                          static_cast<void*>(lse), static_cast<void*>(dqkv), static_cast<void*>(workspace)}) {
@@ -141,6 +144,7 @@ TEST_CASE("flash attention matches a double-precision reference, forward and bac
 
 TEST_CASE("flash attention refuses head dimensions it has no kernel for", "[gpu][kernels]") {
   const cu::AttentionShape shape{1, 8, 2, 2, 80, 480, 240, 0.1f};
-  CHECK_THROWS_WITH(cu::flash_attention_forward(shape, nullptr, nullptr, nullptr, nullptr, nullptr),
+  const cu::Stream stream;
+  CHECK_THROWS_WITH(cu::flash_attention_forward(shape, nullptr, nullptr, nullptr, nullptr, nullptr, stream),
                     Catch::Contains("head dimensions 64 and 128, got 80"));
 }

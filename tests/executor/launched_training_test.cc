@@ -160,7 +160,7 @@ TEST_CASE("without NCCL or a GPU, a launched rank refuses in one line", "[launch
     return;
   }
   try {
-    (void)exec::make_nccl_world(0, 1, 0, "127.0.0.1", 29500, std::chrono::minutes(1), nullptr);
+    (void)exec::make_nccl_world(0, 1, 0, "127.0.0.1", 29500, std::chrono::minutes(1));
     FAIL("make_nccl_world made a world without a GPU");
   } catch (const SpecError& error) {
     CHECK(error.field() == "--device");

@@ -16,6 +16,7 @@
 #include "executor/kernels/cuda/bf16_linear.h"
 #include "executor/kernels/cuda/cross_entropy.h"
 #include "executor/kernels/cuda/reductions.h"
+#include "executor/kernels/cuda/stream.h"
 #include "executor/kernels/reference/adamw.h"
 #include "executor/kernels/reference/cross_entropy.h"
 #include "relative_error.h"
@@ -39,10 +40,10 @@ std::vector<float> normal_values(std::size_t n, float mean, float deviation, std
 }
 
 // int32 targets travel as their bits in a float buffer: the helpers move floats only.
-int32_t* upload_targets(const std::vector<int32_t>& targets) {
+int32_t* upload_targets(const std::vector<int32_t>& targets, cudaStream_t stream) {
   std::vector<float> bits(targets.size());
   std::memcpy(bits.data(), targets.data(), targets.size() * sizeof(int32_t));
-  return reinterpret_cast<int32_t*>(cu::upload_floats(bits));
+  return reinterpret_cast<int32_t*>(cu::upload_floats(bits, stream));
 }
 
 bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
@@ -54,6 +55,7 @@ bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
 TEST_CASE("cross entropy statistics and backward match the CPU reference on padded vocabularies with masks",
           "[gpu][kernels]") {
   std::mt19937 generator(41);
+  const cu::Stream stream;
   // (vocab, row_stride): GPT-2's vocabulary padded as Megatron pads it; a small one padded; an
   // odd stride that takes the scalar path.
   for (auto [vocab, stride] : {std::pair<int64_t, int64_t>{50257, 50304}, {1000, 1024}, {997, 1001}}) {
@@ -86,19 +88,19 @@ TEST_CASE("cross entropy statistics and backward match the CPU reference on padd
         ref::cross_entropy_statistics(dense.data(), targets64.data(), t_count, v_count,
                                       static_cast<std::size_t>(vocab_start), want_lse.data(), want_target.data());
 
-        cu::Bf16* logits = cu::upload_bf16(padded);
-        int32_t* device_targets = upload_targets(columns);
-        float* device_mask = cu::upload_floats(mask);
-        float* lse = cu::upload_floats(std::vector<float>(t_count, kNan));            // poisoned
-        float* target_logit = cu::upload_floats(std::vector<float>(t_count, kNan));  // poisoned
-        cu::Bf16* dlogits = cu::upload_bf16(std::vector<float>(t_count * s_count, 1e30f));  // poisoned
+        cu::Bf16* logits = cu::upload_bf16(padded, stream);
+        int32_t* device_targets = upload_targets(columns, stream);
+        float* device_mask = cu::upload_floats(mask, stream);
+        float* lse = cu::upload_floats(std::vector<float>(t_count, kNan), stream);                   // poisoned
+        float* target_logit = cu::upload_floats(std::vector<float>(t_count, kNan), stream);          // poisoned
+        cu::Bf16* dlogits = cu::upload_bf16(std::vector<float>(t_count * s_count, 1e30f), stream);  // poisoned
 
-        cu::cross_entropy_statistics(logits, tokens, vocab, stride, device_targets, lse, target_logit);
-        const std::vector<float> got_lse = cu::download_floats(lse, t_count);
+        cu::cross_entropy_statistics(logits, tokens, vocab, stride, device_targets, lse, target_logit, stream);
+        const std::vector<float> got_lse = cu::download_floats(lse, t_count, stream);
         const double lse_error = relative_error(got_lse, widen(want_lse));
         CAPTURE(lse_error);
         CHECK(lse_error < 1e-6);
-        CHECK(bitwise_equal(cu::download_floats(target_logit, t_count), want_target));  // a bf16 logit, or 0
+        CHECK(bitwise_equal(cu::download_floats(target_logit, t_count, stream), want_target));  // a bf16 logit, or 0
 
         // The backward takes the whole vocabulary's lse: for the shard, as if the other shard's
         // logits summed to as much as this one's.
@@ -106,7 +108,7 @@ TEST_CASE("cross entropy statistics and backward match the CPU reference on padd
         if (sharded) {
           for (float& value : whole_lse) value += static_cast<float>(std::log(2.0));
         }
-        float* device_whole_lse = cu::upload_floats(whole_lse);
+        float* device_whole_lse = cu::upload_floats(whole_lse, stream);
         std::vector<float> want_dlogits(t_count * v_count);
         ref::cross_entropy_backward(dense.data(), whole_lse.data(), targets64.data(), mask.data(), t_count, v_count,
                                     static_cast<std::size_t>(vocab_start), 1.0f, want_dlogits.data());
@@ -115,8 +117,8 @@ TEST_CASE("cross entropy statistics and backward match the CPU reference on padd
         const float scale = static_cast<float>(1.0 / mask_total);
 
         cu::cross_entropy_backward(logits, tokens, vocab, stride, device_targets, device_mask, device_whole_lse,
-                                   scale, dlogits);
-        const std::vector<float> got_padded = cu::download_bf16(dlogits, t_count * s_count);
+                                   scale, dlogits, stream);
+        const std::vector<float> got_padded = cu::download_bf16(dlogits, t_count * s_count, stream);
         std::vector<float> got_dense(t_count * v_count);
         bool padding_zero = true;
         for (std::size_t t = 0; t < t_count; ++t) {
@@ -131,10 +133,10 @@ TEST_CASE("cross entropy statistics and backward match the CPU reference on padd
         CHECK(padding_zero);
 
         // In place over a second copy of the logits: the same bits as the separate output.
-        cu::Bf16* in_place = cu::upload_bf16(padded);
+        cu::Bf16* in_place = cu::upload_bf16(padded, stream);
         cu::cross_entropy_backward(in_place, tokens, vocab, stride, device_targets, device_mask, device_whole_lse,
-                                   scale, in_place);
-        CHECK(bitwise_equal(cu::download_bf16(in_place, t_count * s_count), got_padded));
+                                   scale, in_place, stream);
+        CHECK(bitwise_equal(cu::download_bf16(in_place, t_count * s_count, stream), got_padded));
 
         for (void* buffer : {static_cast<void*>(logits), static_cast<void*>(device_targets),
                              static_cast<void*>(device_mask), static_cast<void*>(lse), static_cast<void*>(target_logit),
@@ -150,6 +152,7 @@ TEST_CASE("cross entropy statistics and backward match the CPU reference on padd
 TEST_CASE("multi-tensor AdamW matches the reference over three steps and refreshes the bf16 weights",
           "[gpu][kernels]") {
   std::mt19937 generator(43);
+  const cu::Stream stream;
   // Odd sizes packed back to back in one buffer: the 7-value tensor starts misaligned (scalar
   // path), the others aligned with ragged ends.
   const std::vector<std::size_t> sizes = {1, 7, 1000003};
@@ -167,12 +170,12 @@ TEST_CASE("multi-tensor AdamW matches the reference over three steps and refresh
     for (int s = 0; s < kSteps; ++s) gradients.push_back(normal_values(total, 0.0f, 1.0f, generator));
     const std::vector<float> weight_decays = {decay, 0.0f, decay};  // the middle one as a bias
 
-    float* master = cu::upload_floats(start);
-    float* exp_avg = cu::upload_floats(first);
-    float* exp_avg_sq = cu::upload_floats(second);
-    cu::Bf16* compute = cu::upload_bf16(std::vector<float>(total, 1e30f));  // poisoned
+    float* master = cu::upload_floats(start, stream);
+    float* exp_avg = cu::upload_floats(first, stream);
+    float* exp_avg_sq = cu::upload_floats(second, stream);
+    cu::Bf16* compute = cu::upload_bf16(std::vector<float>(total, 1e30f), stream);  // poisoned
     std::vector<float*> device_gradients;
-    for (const auto& g : gradients) device_gradients.push_back(cu::upload_floats(g));
+    for (const auto& g : gradients) device_gradients.push_back(cu::upload_floats(g, stream));
 
     // The descriptors hold the gradient pointers, so each step's gradient gets its own optimizer.
     std::vector<std::vector<float>> want_master(3), want_first(3), want_second(3);
@@ -188,8 +191,8 @@ TEST_CASE("multi-tensor AdamW matches the reference over three steps and refresh
         tensors.push_back({master + o, device_gradients[s] + o, exp_avg + o, exp_avg_sq + o,
                            k == 1 ? nullptr : compute + o, static_cast<int64_t>(sizes[k]), weight_decays[k]});
       }
-      cu::MultiTensorAdamw optimizer(tensors);
-      optimizer.step(s + 1, lr, beta1, beta2, eps, grad_scale);
+      cu::MultiTensorAdamw optimizer(tensors, stream);
+      optimizer.step(s + 1, lr, beta1, beta2, eps, grad_scale, stream);
       for (std::size_t k = 0; k < sizes.size(); ++k) {
         std::vector<float> scaled(sizes[k]);
         for (std::size_t i = 0; i < sizes[k]; ++i) scaled[i] = gradients[s][offsets[k] + i] * grad_scale;
@@ -203,10 +206,10 @@ TEST_CASE("multi-tensor AdamW matches the reference over three steps and refresh
                         s + 1, parameters);
       }
     }
-    const std::vector<float> got_master = cu::download_floats(master, total);
-    const std::vector<float> got_first = cu::download_floats(exp_avg, total);
-    const std::vector<float> got_second = cu::download_floats(exp_avg_sq, total);
-    const std::vector<float> got_compute = cu::download_bf16(compute, total);
+    const std::vector<float> got_master = cu::download_floats(master, total, stream);
+    const std::vector<float> got_first = cu::download_floats(exp_avg, total, stream);
+    const std::vector<float> got_second = cu::download_floats(exp_avg_sq, total, stream);
+    const std::vector<float> got_compute = cu::download_bf16(compute, total, stream);
     for (std::size_t k = 0; k < sizes.size(); ++k) {
       INFO("tensor of " << sizes[k] << " values");
       const std::size_t o = offsets[k];
@@ -243,19 +246,20 @@ TEST_CASE("multi-tensor AdamW matches the reference over three steps and refresh
 
 TEST_CASE("device sums and sums of squares match double math and repeat bit for bit", "[gpu][kernels]") {
   std::mt19937 generator(47);
+  const cu::Stream stream;
   cu::DeviceReducer reducer;
   for (std::size_t n : {std::size_t{1}, std::size_t{7}, std::size_t{1000003}, std::size_t{4096 * 1024 + 5}}) {
     INFO("n " << n);
     const std::vector<float> values = normal_values(n + 1, 0.3f, 1.0f, generator);
-    float* device = cu::upload_floats(values);
+    float* device = cu::upload_floats(values, stream);
     for (std::size_t shift : {std::size_t{0}, std::size_t{1}}) {  // aligned, and misaligned by one float
       const int64_t count = static_cast<int64_t>(n);
       double want = 0;
       for (std::size_t i = 0; i < n; ++i) want += values[shift + i];
-      const double got = reducer.sum(device + shift, count);
+      const double got = reducer.sum(device + shift, count, stream);
       CAPTURE(shift, got, want);
       CHECK(std::abs(got - want) <= 1e-10 * std::max(1.0, std::abs(want)));
-      const double again = reducer.sum(device + shift, count);
+      const double again = reducer.sum(device + shift, count, stream);
       CHECK(std::memcmp(&got, &again, sizeof got) == 0);
     }
     cu::free_device(device);
@@ -268,19 +272,19 @@ TEST_CASE("device sums and sums of squares match double math and repeat bit for 
   double want = 0;
   for (std::size_t k = 0; k < sizes.size(); ++k) {
     host.push_back(normal_values(sizes[k] + 1, 0.0f, 1.0f + static_cast<float>(k), generator));
-    device.push_back(cu::upload_floats(host.back()));
+    device.push_back(cu::upload_floats(host.back(), stream));
     const std::size_t shift = k % 2;  // every other tensor misaligned
     spans.push_back({device.back() + shift, static_cast<int64_t>(sizes[k])});
     for (std::size_t i = 0; i < sizes[k]; ++i) want += static_cast<double>(host[k][shift + i]) * host[k][shift + i];
   }
-  const double got = reducer.sum_of_squares(spans);
+  const double got = reducer.sum_of_squares(spans, stream);
   CAPTURE(got, want);
   CHECK(std::abs(got - want) <= 1e-11 * want);
-  (void)reducer.sum(device[2], 5);  // another list in between: the descriptors are uploaded again
-  const double again = reducer.sum_of_squares(spans);
+  (void)reducer.sum(device[2], 5, stream);  // another list in between: the descriptors are uploaded again
+  const double again = reducer.sum_of_squares(spans, stream);
   CHECK(std::memcmp(&got, &again, sizeof got) == 0);
   cu::DeviceReducer other;  // a fresh reducer, fresh scratch: the same bits
-  const double fresh = other.sum_of_squares(spans);
+  const double fresh = other.sum_of_squares(spans, stream);
   CHECK(std::memcmp(&got, &fresh, sizeof got) == 0);
   for (float* d : device) cu::free_device(d);
 }

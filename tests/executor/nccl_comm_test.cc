@@ -38,9 +38,11 @@ using namespace std::chrono_literals;
 
 // A world of one has no peer to reach, so the rendezvous opens no socket and the port is unused.
 constexpr int kUnusedPort = 29500;
+// The compute stream of most tests here: their copies, memsets and host functions use it.
+void* const kLegacyStream = nullptr;
 
 std::unique_ptr<exec::NcclWorld> world_of_one(std::chrono::milliseconds timeout = 1min) {
-  return exec::make_nccl_world(0, 1, 0, "127.0.0.1", kUnusedPort, timeout, nullptr);
+  return exec::make_nccl_world(0, 1, 0, "127.0.0.1", kUnusedPort, timeout);
 }
 
 // A world whose operations time out after 1 s. The timeout bounds NCCL's host calls as well, and
@@ -94,14 +96,14 @@ TEST_CASE("NCCL: a world of one splits a group and names it", "[gpu][nccl]") {
   const auto world = world_of_one();
   CHECK(world->rank() == 0);
   CHECK(world->world_size() == 1);
-  CHECK(world->split(-1, 0, {}, "embedding") == nullptr);
-  const std::unique_ptr<exec::Comm> comm = world->split(0, 0, {0}, "world");
+  CHECK(world->split(-1, 0, {}, "embedding", kLegacyStream) == nullptr);
+  const std::unique_ptr<exec::Comm> comm = world->split(0, 0, {0}, "world", kLegacyStream);
   REQUIRE(comm);
   CHECK(comm->name() == "nccl");
   CHECK(comm->rank() == 0);
   CHECK(comm->size() == 1);
   CHECK(comm->global_ranks() == std::vector<int64_t>{0});
-  CHECK_THROWS_AS(world->split(0, 1, {0}, "tp"), std::invalid_argument);
+  CHECK_THROWS_AS(world->split(0, 1, {0}, "tp", kLegacyStream), std::invalid_argument);
   DeviceBuffer buffer(filled(4, 0));
   CHECK_THROWS_AS(comm->send(buffer.get(), 1, DataType::kFloat32, 0), std::invalid_argument);
   CHECK_THROWS_AS(comm->broadcast(buffer.get(), 1, DataType::kFloat32, 1), std::invalid_argument);
@@ -109,7 +111,7 @@ TEST_CASE("NCCL: a world of one splits a group and names it", "[gpu][nccl]") {
 
 TEST_CASE("NCCL: every collective moves exactly its elements, fp32 and bf16", "[gpu][nccl]") {
   const auto world = world_of_one();
-  const std::unique_ptr<exec::Comm> comm = world->split(0, 0, {0}, "dp");
+  const std::unique_ptr<exec::Comm> comm = world->split(0, 0, {0}, "dp", kLegacyStream);
   constexpr std::size_t kCount = 1000;  // not a multiple of anything NCCL likes
   for (const DataType type : {DataType::kFloat32, DataType::kBFloat16}) {
     INFO(exec::data_type_name(type));
@@ -143,27 +145,32 @@ TEST_CASE("NCCL: every collective moves exactly its elements, fp32 and bf16", "[
 
 TEST_CASE("NCCL: a call runs after the compute stream's earlier work, and wait() orders the later", "[gpu][nccl]") {
   const auto world = world_of_one();
-  const std::unique_ptr<exec::Comm> comm = world->split(0, 0, {0}, "dp");
+  // A non-blocking stream, as the CUDA backend's: nothing orders it against the legacy stream or the
+  // communicator's own streams except the communicator's events.
+  cudaStream_t compute = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking) == cudaSuccess);
+  const std::unique_ptr<exec::Comm> comm = world->split(0, 0, {0}, "dp", compute);
   // Enough bytes that the compute stream's memsets take milliseconds, while the communicator's
   // stream (a stream of its own) would start at once if nothing ordered it.
   constexpr std::size_t kCount = std::size_t{64} << 20;
   const std::size_t bytes = kCount * sizeof(float);
   DeviceBuffer source(filled(bytes, 0));
   DeviceBuffer output(filled(bytes, 0));
-  for (int round = 0; round < 20; ++round) REQUIRE(cudaMemsetAsync(source.get(), round, bytes, nullptr) == cudaSuccess);
-  REQUIRE(cudaMemsetAsync(source.get(), 0x3C, bytes, nullptr) == cudaSuccess);
+  for (int round = 0; round < 20; ++round) REQUIRE(cudaMemsetAsync(source.get(), round, bytes, compute) == cudaSuccess);
+  REQUIRE(cudaMemsetAsync(source.get(), 0x3C, bytes, compute) == cudaSuccess);
   comm->reduce_scatter(source.get(), output.get(), kCount, DataType::kFloat32, ReduceOp::kSum)->wait();
   // A copy on the compute stream after wait(): it sees the reduce_scatter's result.
   std::vector<uint8_t> tail(4096);
   REQUIRE(cudaMemcpyAsync(tail.data(), static_cast<uint8_t*>(output.get()) + bytes - tail.size(), tail.size(),
-                          cudaMemcpyDeviceToHost, nullptr) == cudaSuccess);
-  REQUIRE(cudaStreamSynchronize(nullptr) == cudaSuccess);
+                          cudaMemcpyDeviceToHost, compute) == cudaSuccess);
+  REQUIRE(cudaStreamSynchronize(compute) == cudaSuccess);
   CHECK(tail == filled(tail.size(), 0x3C));
+  REQUIRE(cudaStreamDestroy(compute) == cudaSuccess);
 }
 
 TEST_CASE("NCCL: after abort every call and wait throws CommAborted with the first reason", "[gpu][nccl]") {
   const auto world = world_of_one();
-  const std::unique_ptr<exec::Comm> comm = world->split(0, 0, {0}, "dp");
+  const std::unique_ptr<exec::Comm> comm = world->split(0, 0, {0}, "dp", kLegacyStream);
   DeviceBuffer data(filled(64, 0));
   const exec::Request issued = comm->all_reduce(data.get(), 16, DataType::kFloat32, ReduceOp::kSum);
   world->abort("rank 0: test: the data path failed");
@@ -175,13 +182,13 @@ TEST_CASE("NCCL: after abort every call and wait throws CommAborted with the fir
                        aborted);
   CHECK_THROWS_MATCHES(comm->all_gather(data.get(), data.get(), 16, DataType::kFloat32), exec::CommAborted, aborted);
   CHECK_THROWS_MATCHES(comm->barrier(), exec::CommAborted, aborted);
-  CHECK_THROWS_MATCHES(world->split(0, 0, {0}, "tp"), exec::CommAborted, aborted);
+  CHECK_THROWS_MATCHES(world->split(0, 0, {0}, "tp", kLegacyStream), exec::CommAborted, aborted);
 }
 
 TEST_CASE("NCCL: an operation unfinished after the timeout fails the world, naming it", "[gpu][nccl]") {
   {
     const auto world = world_timing_out_after_1s();
-    const std::unique_ptr<exec::Comm> comm = world->split(0, 0, {0}, "dp");
+    const std::unique_ptr<exec::Comm> comm = world->split(0, 0, {0}, "dp", kLegacyStream);
     DeviceBuffer data(filled(16, 0));
     // The compute stream is held for 3 s by a host function; the all_reduce, ordered after it,
     // cannot finish within the world's 1 s.
@@ -197,7 +204,7 @@ TEST_CASE("NCCL: an operation unfinished after the timeout fails the world, nami
   // The GPU is still usable: nothing was left broken.
   REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
   const auto world = world_of_one();
-  const std::unique_ptr<exec::Comm> comm = world->split(0, 0, {0}, "dp");
+  const std::unique_ptr<exec::Comm> comm = world->split(0, 0, {0}, "dp", kLegacyStream);
   comm->barrier();
 }
 
@@ -205,7 +212,7 @@ TEST_CASE("NCCL: an operation unfinished after the timeout fails the world, nami
 // held for a minute, and the thread waits for the device behind an operation that cannot finish.
 TEST_CASE("NCCL: (child process) blocked on the GPU behind a hung operation", "[.][nccl-watchdog-child]") {
   const auto world = world_timing_out_after_1s();
-  const std::unique_ptr<exec::Comm> comm = world->split(0, 0, {0}, "dp");
+  const std::unique_ptr<exec::Comm> comm = world->split(0, 0, {0}, "dp", kLegacyStream);
   DeviceBuffer data(filled(16, 0));
   REQUIRE(cudaLaunchHostFunc(nullptr, [](void*) { std::this_thread::sleep_for(60s); }, nullptr) == cudaSuccess);
   comm->all_reduce(data.get(), 4, DataType::kFloat32, ReduceOp::kSum)->wait();

@@ -17,6 +17,7 @@
 #include "executor/kernels/cuda/elementwise.h"
 #include "executor/kernels/cuda/embedding.h"
 #include "executor/kernels/cuda/norms.h"
+#include "executor/kernels/cuda/stream.h"
 #include "executor/kernels/reference/embedding.h"
 #include "executor/kernels/reference/gelu.h"
 #include "executor/kernels/reference/layernorm.h"
@@ -65,15 +66,18 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
-// Device buffers freed at scope exit.
+// Device buffers filled on `stream`, freed at scope exit.
 class Buffers {
  public:
+  explicit Buffers(cudaStream_t stream) : stream_(stream) {}
   ~Buffers() {
     for (void* p : owned_) cu::free_device(p);
   }
-  cu::Bf16* bf16(const std::vector<float>& host) { return keep(cu::upload_bf16(host)); }
+  Buffers(const Buffers&) = delete;
+  Buffers& operator=(const Buffers&) = delete;
+  cu::Bf16* bf16(const std::vector<float>& host) { return keep(cu::upload_bf16(host, stream_)); }
   cu::Bf16* bf16_poisoned(std::size_t n) { return bf16(std::vector<float>(n, kPoison)); }
-  float* floats(const std::vector<float>& host) { return keep(cu::upload_floats(host)); }
+  float* floats(const std::vector<float>& host) { return keep(cu::upload_floats(host, stream_)); }
   float* floats_poisoned(std::size_t n) { return floats(std::vector<float>(n, kPoison)); }
   int32_t* ints(const std::vector<int32_t>& host) {
     std::vector<float> bits(host.size());
@@ -88,6 +92,7 @@ class Buffers {
     owned_.push_back(p);
     return p;
   }
+  cudaStream_t stream_;
   std::vector<void*> owned_;
 };
 
@@ -104,11 +109,12 @@ const std::vector<std::pair<int64_t, int64_t>> kNormShapes = {{37, 200}, {1, 100
 
 TEST_CASE("bf16 layernorm forward and backward, with and without the fused residual", "[gpu][kernels]") {
   std::mt19937 generator(101);
+  const cu::Stream stream;
   for (auto [rows, cols] : kNormShapes) {
     for (bool fused : {false, true}) {
       INFO("rows " << rows << ", cols " << cols << (fused ? ", residual fused" : ""));
       const auto r = static_cast<std::size_t>(rows), c = static_cast<std::size_t>(cols), n = r * c;
-      Buffers device;
+      Buffers device(stream);
       const std::vector<float> x = bf16_values(n, generator, 0.5f, 2.0f), residual = bf16_values(n, generator);
       const std::vector<float> gamma = bf16_values(c, generator, 1.0f, 0.5f), beta = bf16_values(c, generator);
       const std::vector<float> input = fused ? add_rounded(x, residual) : x;
@@ -121,12 +127,12 @@ TEST_CASE("bf16 layernorm forward and backward, with and without the fused resid
       float* d_mean = device.floats_poisoned(r);
       float* d_rstd = device.floats_poisoned(r);
       cu::layernorm_forward(d_x, fused ? device.bf16(residual) : nullptr, d_sum, device.bf16(gamma),
-                            device.bf16(beta), rows, cols, kEps, d_y, d_mean, d_rstd);
-      if (fused) CHECK(same_bits(cu::download_bf16(d_sum, n), input));
-      CHECK(relative_error(cu::download_bf16(d_y, n), want_y) < 1e-2);
+                            device.bf16(beta), rows, cols, kEps, d_y, d_mean, d_rstd, stream);
+      if (fused) CHECK(same_bits(cu::download_bf16(d_sum, n, stream), input));
+      CHECK(relative_error(cu::download_bf16(d_y, n, stream), want_y) < 1e-2);
       // fp32 statistics of the same (rounded) values: far tighter than the bf16 outputs.
-      CHECK(relative_error(cu::download_floats(d_mean, r), want_mean) < 1e-5);
-      CHECK(relative_error(cu::download_floats(d_rstd, r), want_rstd) < 1e-5);
+      CHECK(relative_error(cu::download_floats(d_mean, r, stream), want_mean) < 1e-5);
+      CHECK(relative_error(cu::download_floats(d_rstd, r, stream), want_rstd) < 1e-5);
 
       const std::vector<float> dy = bf16_values(n, generator), around = bf16_values(n, generator);
       const std::vector<float> dgamma_start = float_values(c, generator), dbeta_start = float_values(c, generator);
@@ -146,9 +152,10 @@ TEST_CASE("bf16 layernorm forward and backward, with and without the fused resid
         float* d_dgamma = device.floats(dgamma_start);
         float* d_dbeta = device.floats(dbeta_start);
         cu::layernorm_backward(d_dy, d_input, device.bf16(gamma), d_mean, d_rstd, rows, cols, d_around, d_dx,
-                               d_dgamma, d_dbeta, workspace);
-        const std::vector<float> dx = cu::download_bf16(d_dx, n), dgamma = cu::download_floats(d_dgamma, c),
-                                 dbeta = cu::download_floats(d_dbeta, c);
+                               d_dgamma, d_dbeta, workspace, stream);
+        const std::vector<float> dx = cu::download_bf16(d_dx, n, stream),
+                                 dgamma = cu::download_floats(d_dgamma, c, stream),
+                                 dbeta = cu::download_floats(d_dbeta, c, stream);
         if (run == 0) {
           CHECK(relative_error(dx, want_dx) < 1e-2);
           CHECK(relative_error(dgamma, want_dgamma) < 1e-3);
@@ -166,11 +173,12 @@ TEST_CASE("bf16 layernorm forward and backward, with and without the fused resid
 
 TEST_CASE("bf16 RMSNorm forward and backward, with and without the fused residual", "[gpu][kernels]") {
   std::mt19937 generator(103);
+  const cu::Stream stream;
   for (auto [rows, cols] : kNormShapes) {
     for (bool fused : {false, true}) {
       INFO("rows " << rows << ", cols " << cols << (fused ? ", residual fused" : ""));
       const auto r = static_cast<std::size_t>(rows), c = static_cast<std::size_t>(cols), n = r * c;
-      Buffers device;
+      Buffers device(stream);
       const std::vector<float> x = bf16_values(n, generator, 0.5f, 2.0f), residual = bf16_values(n, generator);
       const std::vector<float> gamma = bf16_values(c, generator, 1.0f, 0.5f);
       const std::vector<float> input = fused ? add_rounded(x, residual) : x;
@@ -181,10 +189,10 @@ TEST_CASE("bf16 RMSNorm forward and backward, with and without the fused residua
       cu::Bf16* d_y = device.bf16_poisoned(n);
       float* d_rstd = device.floats_poisoned(r);
       cu::rmsnorm_forward(d_x, fused ? device.bf16(residual) : nullptr, d_sum, device.bf16(gamma), rows, cols, kEps,
-                          d_y, d_rstd);
-      if (fused) CHECK(same_bits(cu::download_bf16(d_sum, n), input));
-      CHECK(relative_error(cu::download_bf16(d_y, n), want_y) < 1e-2);
-      CHECK(relative_error(cu::download_floats(d_rstd, r), want_rstd) < 1e-5);
+                          d_y, d_rstd, stream);
+      if (fused) CHECK(same_bits(cu::download_bf16(d_sum, n, stream), input));
+      CHECK(relative_error(cu::download_bf16(d_y, n, stream), want_y) < 1e-2);
+      CHECK(relative_error(cu::download_floats(d_rstd, r, stream), want_rstd) < 1e-5);
 
       const std::vector<float> dy = bf16_values(n, generator), around = bf16_values(n, generator);
       const std::vector<float> dgamma_start = float_values(c, generator);
@@ -204,8 +212,9 @@ TEST_CASE("bf16 RMSNorm forward and backward, with and without the fused residua
         cu::Bf16* d_dx = run == 1 && fused ? device.bf16(around) : device.bf16_poisoned(n);
         float* d_dgamma = device.floats(dgamma_start);
         cu::rmsnorm_backward(d_dy, d_input, device.bf16(gamma), d_rstd, rows, cols, run == 1 && fused ? d_dx : d_around,
-                             d_dx, d_dgamma, workspace);
-        const std::vector<float> dx = cu::download_bf16(d_dx, n), dgamma = cu::download_floats(d_dgamma, c);
+                             d_dx, d_dgamma, workspace, stream);
+        const std::vector<float> dx = cu::download_bf16(d_dx, n, stream),
+                                 dgamma = cu::download_floats(d_dgamma, c, stream);
         if (run == 0) {
           CHECK(relative_error(dx, want_dx) < 1e-2);
           CHECK(relative_error(dgamma, want_dgamma) < 1e-3);
@@ -220,13 +229,15 @@ TEST_CASE("bf16 RMSNorm forward and backward, with and without the fused residua
 }
 
 TEST_CASE("norms reject rows wider than they hold in registers", "[gpu][kernels]") {
+  const cu::Stream stream;
   CHECK_THROWS_AS(cu::layernorm_forward(nullptr, nullptr, nullptr, nullptr, nullptr, 4, 40000, kEps, nullptr,
-                                        nullptr, nullptr),
+                                        nullptr, nullptr, stream),
                   megaplan::SpecError);
 }
 
 TEST_CASE("bf16 embeddings: forward, and the deterministic backward into fp32 tables", "[gpu][kernels]") {
   std::mt19937 generator(107);
+  const cu::Stream stream;
   for (auto [batch, seq, hidden, vocab] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{4, 37, 200, 50},
                                           {2, 64, 1024, 300}, {3, 5, 77, 7}, {1, 1, 8, 3}}) {
     // The whole table, and a vocabulary-parallel shard of its rows [vocab / 3, vocab / 3 + rows):
@@ -241,7 +252,7 @@ TEST_CASE("bf16 embeddings: forward, and the deterministic backward into fp32 ta
         const auto n = static_cast<std::size_t>(count), h = static_cast<std::size_t>(hidden),
                    s = static_cast<std::size_t>(seq), v = static_cast<std::size_t>(vocab_rows),
                    start = static_cast<std::size_t>(vocab_start);
-        Buffers device;
+        Buffers device(stream);
         std::uniform_int_distribution<int64_t> pick(0, vocab - 1);
         std::vector<int64_t> tokens64(n);
         for (int64_t& token : tokens64) token = pick(generator);
@@ -259,8 +270,8 @@ TEST_CASE("bf16 embeddings: forward, and the deterministic backward into fp32 ta
                                h, want_y.data());
         cu::Bf16* d_y = device.bf16_poisoned(n * h);
         cu::embedding_forward(device.ints(rows_of_tokens), count, seq, device.bf16(word),
-                              with_position ? device.bf16(position) : nullptr, hidden, d_y);
-        CHECK(relative_error(cu::download_bf16(d_y, n * h), want_y) < 1e-2);
+                              with_position ? device.bf16(position) : nullptr, hidden, d_y, stream);
+        CHECK(relative_error(cu::download_bf16(d_y, n * h, stream), want_y) < 1e-2);
 
         const std::vector<float> dy = bf16_values(n * h, generator);
         const std::vector<float> dword_start = float_values(v * h, generator),
@@ -280,10 +291,10 @@ TEST_CASE("bf16 embeddings: forward, and the deterministic backward into fp32 ta
           float* d_dword = device.floats(dword_start);
           float* d_dposition = with_position ? device.floats(dposition_start) : nullptr;
           cu::embedding_backward(d_dy, row_ids, row_starts, positions, static_cast<int64_t>(rows.row_ids.size()),
-                                 count, seq, hidden, d_dword, d_dposition);
-          const std::vector<float> dword = cu::download_floats(d_dword, v * h);
+                                 count, seq, hidden, d_dword, d_dposition, stream);
+          const std::vector<float> dword = cu::download_floats(d_dword, v * h, stream);
           const std::vector<float> dposition =
-              with_position ? cu::download_floats(d_dposition, s * h) : std::vector<float>();
+              with_position ? cu::download_floats(d_dposition, s * h, stream) : std::vector<float>();
           if (run == 0) {
             CHECK(relative_error(dword, want_dword) < 1e-5);
             if (with_position) CHECK(relative_error(dposition, want_dposition) < 1e-5);
@@ -300,41 +311,43 @@ TEST_CASE("bf16 embeddings: forward, and the deterministic backward into fp32 ta
 
 TEST_CASE("bf16 element-wise kernels: add, GELU's gradient, casts", "[gpu][kernels]") {
   std::mt19937 generator(109);
+  const cu::Stream stream;
   for (int64_t count : {int64_t{1}, int64_t{1001}, int64_t{65536}, int64_t{100003}}) {
     INFO("n " << count);
     const auto n = static_cast<std::size_t>(count);
-    Buffers device;
+    Buffers device(stream);
     const std::vector<float> a = bf16_values(n, generator), b = bf16_values(n, generator);
     cu::Bf16* d_a = device.bf16(a);
     cu::Bf16* d_y = device.bf16_poisoned(n);
-    cu::add(d_a, device.bf16(b), count, d_y);
-    CHECK(same_bits(cu::download_bf16(d_y, n), add_rounded(a, b)));
-    cu::add(d_a, d_a, count, d_a);  // in place
-    CHECK(same_bits(cu::download_bf16(d_a, n), add_rounded(a, a)));
+    cu::add(d_a, device.bf16(b), count, d_y, stream);
+    CHECK(same_bits(cu::download_bf16(d_y, n, stream), add_rounded(a, b)));
+    cu::add(d_a, d_a, count, d_a, stream);  // in place
+    CHECK(same_bits(cu::download_bf16(d_a, n, stream), add_rounded(a, a)));
 
     const std::vector<float> dy = bf16_values(n, generator), pre = bf16_values(n, generator, 0.0f, 2.0f);
     std::vector<float> want_dx(n);
     ref::gelu_backward(dy.data(), pre.data(), n, want_dx.data());
     cu::Bf16* d_dx = device.bf16_poisoned(n);
-    cu::gelu_backward(device.bf16(dy), device.bf16(pre), count, d_dx);
-    CHECK(relative_error(cu::download_bf16(d_dx, n), want_dx) < 1e-2);
+    cu::gelu_backward(device.bf16(dy), device.bf16(pre), count, d_dx, stream);
+    CHECK(relative_error(cu::download_bf16(d_dx, n, stream), want_dx) < 1e-2);
 
     const std::vector<float> values = float_values(n, generator);
     cu::Bf16* d_rounded = device.bf16_poisoned(n);
-    cu::cast_to_bf16(device.floats(values), count, d_rounded);
-    CHECK(same_bits(cu::download_bf16(d_rounded, n), rounded(values)));  // the host's round-to-nearest-even
+    cu::cast_to_bf16(device.floats(values), count, d_rounded, stream);
+    CHECK(same_bits(cu::download_bf16(d_rounded, n, stream), rounded(values)));  // the host's round-to-nearest-even
     float* d_widened = device.floats_poisoned(n);
-    cu::cast_to_float(d_rounded, count, d_widened);
-    CHECK(same_bits(cu::download_floats(d_widened, n), rounded(values)));
+    cu::cast_to_float(d_rounded, count, d_widened, stream);
+    CHECK(same_bits(cu::download_floats(d_widened, n, stream), rounded(values)));
   }
 }
 
 TEST_CASE("bf16 SwiGLU forward and backward", "[gpu][kernels]") {
   std::mt19937 generator(113);
+  const cu::Stream stream;
   for (auto [rows, width] : {std::pair<int64_t, int64_t>{37, 200}, {1, 1000}, {64, 1024}, {5, 77}}) {
     INFO("rows " << rows << ", width " << width);
     const auto r = static_cast<std::size_t>(rows), w = static_cast<std::size_t>(width);
-    Buffers device;
+    Buffers device(stream);
     const std::vector<float> x = bf16_values(r * 2 * w, generator, 0.0f, 2.0f), dy = bf16_values(r * w, generator);
     std::vector<float> want_y(r * w), want_dx(r * 2 * w);
     ref::swiglu_forward(x.data(), r, w, want_y.data());
@@ -342,15 +355,16 @@ TEST_CASE("bf16 SwiGLU forward and backward", "[gpu][kernels]") {
     cu::Bf16* d_x = device.bf16(x);
     cu::Bf16* d_y = device.bf16_poisoned(r * w);
     cu::Bf16* d_dx = device.bf16_poisoned(r * 2 * w);
-    cu::swiglu_forward(d_x, rows, width, d_y);
-    cu::swiglu_backward(device.bf16(dy), d_x, rows, width, d_dx);
-    CHECK(relative_error(cu::download_bf16(d_y, r * w), want_y) < 1e-2);
-    CHECK(relative_error(cu::download_bf16(d_dx, r * 2 * w), want_dx) < 1e-2);
+    cu::swiglu_forward(d_x, rows, width, d_y, stream);
+    cu::swiglu_backward(device.bf16(dy), d_x, rows, width, d_dx, stream);
+    CHECK(relative_error(cu::download_bf16(d_y, r * w, stream), want_y) < 1e-2);
+    CHECK(relative_error(cu::download_bf16(d_dx, r * 2 * w, stream), want_dx) < 1e-2);
   }
 }
 
 TEST_CASE("bf16 rotary embeddings in place, and their inverse", "[gpu][kernels]") {
   std::mt19937 generator(127);
+  const cu::Stream stream;
   // batch, seq, heads, head_dim, token_stride, rotary_dim: the last is a fused QKV row whose first
   // `heads` heads (the queries) rotate; the third rotates half of each head; the fourth is unaligned.
   for (auto [batch, seq, heads, head_dim, token_stride, rotary_dim] :
@@ -361,13 +375,13 @@ TEST_CASE("bf16 rotary embeddings in place, and their inverse", "[gpu][kernels]"
     INFO("batch " << batch << ", seq " << seq << ", heads " << heads << ", head_dim " << head_dim << ", stride "
                   << token_stride << ", rotary_dim " << rotary_dim);
     const auto n = static_cast<std::size_t>(batch * seq * token_stride);
-    Buffers device;
+    Buffers device(stream);
     const std::vector<float> x = bf16_values(n, generator);
     std::vector<float> want = x;
     ref::rope_apply(want.data(), batch, seq, heads, head_dim, token_stride, rotary_dim, 10000.0, false);
     cu::Bf16* d_x = device.bf16(x);
-    cu::rope_apply(d_x, batch, seq, heads, head_dim, token_stride, rotary_dim, 10000.0f, false);
-    const std::vector<float> got = cu::download_bf16(d_x, n);
+    cu::rope_apply(d_x, batch, seq, heads, head_dim, token_stride, rotary_dim, 10000.0f, false, stream);
+    const std::vector<float> got = cu::download_bf16(d_x, n, stream);
     CHECK(relative_error(got, want) < 1e-2);
     // Values outside the rotated heads and dims are untouched, bit for bit.
     bool untouched = true;
@@ -377,7 +391,7 @@ TEST_CASE("bf16 rotary embeddings in place, and their inverse", "[gpu][kernels]"
       if (!rotated && got[i] != x[i]) untouched = false;
     }
     CHECK(untouched);
-    cu::rope_apply(d_x, batch, seq, heads, head_dim, token_stride, rotary_dim, 10000.0f, true);
-    CHECK(relative_error(cu::download_bf16(d_x, n), x) < 1e-2);
+    cu::rope_apply(d_x, batch, seq, heads, head_dim, token_stride, rotary_dim, 10000.0f, true, stream);
+    CHECK(relative_error(cu::download_bf16(d_x, n, stream), x) < 1e-2);
   }
 }

@@ -100,7 +100,7 @@ bool aligned(const void* pointer, uintptr_t bytes) { return reinterpret_cast<uin
 
 }  // namespace
 
-MultiTensorAdamw::MultiTensorAdamw(const std::vector<AdamwTensor>& tensors) {
+MultiTensorAdamw::MultiTensorAdamw(const std::vector<AdamwTensor>& tensors, cudaStream_t stream) {
   std::vector<Descriptor> descriptors;
   for (const AdamwTensor& t : tensors) {
     if (t.n < 0) throw SpecError("--device", "MultiTensorAdamw: a tensor has n = " + std::to_string(t.n));
@@ -127,14 +127,17 @@ MultiTensorAdamw::MultiTensorAdamw(const std::vector<AdamwTensor>& tensors) {
   if (descriptors.empty()) return;
   const std::size_t bytes = descriptors.size() * sizeof(Descriptor);
   check(cudaMalloc(&descriptors_, bytes), "cudaMalloc (AdamW descriptors)");
-  check(cudaMemcpy(descriptors_, descriptors.data(), bytes, cudaMemcpyHostToDevice), "cudaMemcpy (AdamW descriptors)");
+  // From pageable memory the copy returns once the bytes are staged: `descriptors` may go.
+  check(cudaMemcpyAsync(descriptors_, descriptors.data(), bytes, cudaMemcpyHostToDevice, stream),
+        "cudaMemcpyAsync (AdamW descriptors)");
 }
 
 MultiTensorAdamw::~MultiTensorAdamw() {
   if (descriptors_) cudaFree(descriptors_);
 }
 
-void MultiTensorAdamw::step(int64_t step, float lr, float beta1, float beta2, float eps, float grad_scale) {
+void MultiTensorAdamw::step(int64_t step, float lr, float beta1, float beta2, float eps, float grad_scale,
+                            cudaStream_t stream) {
   if (step < 1) throw SpecError("--device", "MultiTensorAdamw::step: steps count from 1, got " + std::to_string(step));
   if (tensor_count_ == 0) return;
   StepConstants k{};
@@ -147,8 +150,8 @@ void MultiTensorAdamw::step(int64_t step, float lr, float beta1, float beta2, fl
   k.grad_scale = grad_scale;
   k.correction1 = static_cast<float>(1.0 - std::pow(static_cast<double>(beta1), static_cast<double>(step)));
   k.correction2 = static_cast<float>(1.0 - std::pow(static_cast<double>(beta2), static_cast<double>(step)));
-  adamw_kernel<<<static_cast<unsigned>(chunk_count_), kThreads>>>(static_cast<const Descriptor*>(descriptors_),
-                                                                   tensor_count_, k);
+  adamw_kernel<<<static_cast<unsigned>(chunk_count_), kThreads, 0, stream>>>(
+      static_cast<const Descriptor*>(descriptors_), tensor_count_, k);
   check_launch("adamw_kernel");
 }
 

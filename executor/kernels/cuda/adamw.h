@@ -3,6 +3,8 @@
 // same pass. Same formulas and order of operations as executor/kernels/reference/adamw.h, in fp32.
 #pragma once
 
+#include <cuda_runtime_api.h>  // cudaStream_t
+
 #include <cstdint>
 #include <vector>
 
@@ -24,16 +26,17 @@ struct AdamwTensor {
 
 class MultiTensorAdamw {
  public:
-  // Uploads the tensor descriptors once; the buffers must outlive this object.
-  explicit MultiTensorAdamw(const std::vector<AdamwTensor>& tensors);
+  // Uploads the tensor descriptors once, on `stream` (a step on another stream must be ordered
+  // after it); the buffers must outlive this object.
+  MultiTensorAdamw(const std::vector<AdamwTensor>& tensors, cudaStream_t stream);
   ~MultiTensorAdamw();
   MultiTensorAdamw(const MultiTensorAdamw&) = delete;
   MultiTensorAdamw& operator=(const MultiTensorAdamw&) = delete;
 
   // g = gradient * grad_scale (gradient clipping: min(1, clip / norm)); then AdamW as the
   // reference (bias corrections for `step`, counted from 1; decoupled weight decay); then
-  // compute = bf16(master), rounded to nearest even. Asynchronous on the default stream.
-  void step(int64_t step, float lr, float beta1, float beta2, float eps, float grad_scale);
+  // compute = bf16(master), rounded to nearest even. Asynchronous on `stream`.
+  void step(int64_t step, float lr, float beta1, float beta2, float eps, float grad_scale, cudaStream_t stream);
 
  private:
   void* descriptors_ = nullptr;  // device array of per-tensor descriptors

@@ -61,7 +61,7 @@ struct GemmKeyHash {
 };
 using AlgorithmCache = std::unordered_map<GemmKey, cublasLtMatmulAlgo_t, GemmKeyHash>;
 
-void run(cublasLtHandle_t handle, void* workspace, AlgorithmCache& cache, const Gemm& g) {
+void run(cublasLtHandle_t handle, void* workspace, AlgorithmCache& cache, const Gemm& g, cudaStream_t stream) {
   cublasLtMatmulDesc_t operation = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
   cublasLtMatmulPreference_t preference = nullptr;
@@ -119,7 +119,7 @@ void run(cublasLtHandle_t handle, void* workspace, AlgorithmCache& cache, const 
     const float alpha = 1.0f;
     const float beta = g.accumulate ? 1.0f : 0.0f;
     check(cublasLtMatmul(handle, operation, &alpha, g.a, a, g.b, b, &beta, g.d, d, g.d, d, &found_algorithm->second,
-                         workspace, kWorkspaceBytes, nullptr),
+                         workspace, kWorkspaceBytes, stream),
           "cublasLtMatmul");
   } catch (...) {
     cleanup();
@@ -167,7 +167,7 @@ Bf16Linear::~Bf16Linear() {
 }
 
 void Bf16Linear::forward(const Bf16* x, const Bf16* w, const Bf16* bias, int64_t m, int64_t k, int64_t n,
-                         LinearEpilogue epilogue, Bf16* y, Bf16* pre_activation) {
+                         LinearEpilogue epilogue, Bf16* y, Bf16* pre_activation, cudaStream_t stream) {
   // Row-major Y = X W^T is column-major Y^T (n x m) = W (n x k, the buffer read transposed) X^T.
   Gemm g{};
   g.transa = CUBLAS_OP_T;
@@ -193,12 +193,15 @@ void Bf16Linear::forward(const Bf16* x, const Bf16* w, const Bf16* bias, int64_t
     g.aux = pre_activation;
     g.aux_ld = n;
   }
-  run(static_cast<cublasLtHandle_t>(handle_), workspace_, algorithms_->cache, g);
+  run(static_cast<cublasLtHandle_t>(handle_), workspace_, algorithms_->cache, g, stream);
 }
 
 void Bf16Linear::backward(const Bf16* dy, const Bf16* x, const Bf16* w, int64_t m, int64_t k, int64_t n, Bf16* dx,
-                          float* dw, float* bias_gradient) {
-  if (dx) run(static_cast<cublasLtHandle_t>(handle_), workspace_, algorithms_->cache, input_gradient(dy, w, m, k, n, dx));
+                          float* dw, float* bias_gradient, cudaStream_t stream) {
+  if (dx) {
+    run(static_cast<cublasLtHandle_t>(handle_), workspace_, algorithms_->cache, input_gradient(dy, w, m, k, n, dx),
+        stream);
+  }
   if (!dw) return;
   // dW += dY^T X: column-major dW^T (k x n) += X^T (the buffer as is) dY (the buffer transposed);
   // reducing B = dY over the inner (token) dimension gives the bias gradient (BGRADB).
@@ -222,18 +225,18 @@ void Bf16Linear::backward(const Bf16* dy, const Bf16* x, const Bf16* w, int64_t 
     g.bias = bias_gradient;
     g.bias_type = CUDA_R_32F;
   }
-  run(static_cast<cublasLtHandle_t>(handle_), workspace_, algorithms_->cache, g);
+  run(static_cast<cublasLtHandle_t>(handle_), workspace_, algorithms_->cache, g, stream);
 }
 
 void Bf16Linear::backward_data_through_gelu(const Bf16* dy, const Bf16* w, int64_t m, int64_t k, int64_t n,
-                                            const Bf16* pre_activation, Bf16* d_pre) {
+                                            const Bf16* pre_activation, Bf16* d_pre, cudaStream_t stream) {
   // backward's dX GEMM with the DGELU epilogue, which multiplies by GELU' of the auxiliary
   // pre-activation: k x m column-major, the row-major [m x k] buffer.
   Gemm g = input_gradient(dy, w, m, k, n, d_pre);
   g.epilogue = CUBLASLT_EPILOGUE_DGELU;
   g.aux = const_cast<Bf16*>(pre_activation);  // read only: DGELU reads the auxiliary buffer
   g.aux_ld = k;
-  run(static_cast<cublasLtHandle_t>(handle_), workspace_, algorithms_->cache, g);
+  run(static_cast<cublasLtHandle_t>(handle_), workspace_, algorithms_->cache, g, stream);
 }
 
 Bf16 to_bf16(float value) {
@@ -251,33 +254,39 @@ float from_bf16(Bf16 value) {
   return result;
 }
 
-Bf16* upload_bf16(const std::vector<float>& host) {
+// The uploads copy from pageable memory, which cudaMemcpyAsync stages before it returns: the host
+// vectors (`converted` a temporary) may go at once.
+Bf16* upload_bf16(const std::vector<float>& host, cudaStream_t stream) {
   std::vector<Bf16> converted(host.size());
   for (std::size_t i = 0; i < host.size(); ++i) converted[i] = to_bf16(host[i]);
   void* device = nullptr;
   check(cudaMalloc(&device, std::max<std::size_t>(1, converted.size()) * sizeof(Bf16)), "cudaMalloc");
-  check(cudaMemcpy(device, converted.data(), converted.size() * sizeof(Bf16), cudaMemcpyHostToDevice), "cudaMemcpy");
+  check(cudaMemcpyAsync(device, converted.data(), converted.size() * sizeof(Bf16), cudaMemcpyHostToDevice, stream),
+        "cudaMemcpyAsync");
   return static_cast<Bf16*>(device);
 }
 
-float* upload_floats(const std::vector<float>& host) {
+float* upload_floats(const std::vector<float>& host, cudaStream_t stream) {
   void* device = nullptr;
   check(cudaMalloc(&device, std::max<std::size_t>(1, host.size()) * sizeof(float)), "cudaMalloc");
-  check(cudaMemcpy(device, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy");
+  check(cudaMemcpyAsync(device, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice, stream),
+        "cudaMemcpyAsync");
   return static_cast<float*>(device);
 }
 
-std::vector<float> download_bf16(const Bf16* device, std::size_t n) {
+std::vector<float> download_bf16(const Bf16* device, std::size_t n, cudaStream_t stream) {
   std::vector<Bf16> raw(n);
-  check(cudaMemcpy(raw.data(), device, n * sizeof(Bf16), cudaMemcpyDeviceToHost), "cudaMemcpy");
+  check(cudaMemcpyAsync(raw.data(), device, n * sizeof(Bf16), cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
+  check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
   std::vector<float> values(n);
   for (std::size_t i = 0; i < n; ++i) values[i] = from_bf16(raw[i]);
   return values;
 }
 
-std::vector<float> download_floats(const float* device, std::size_t n) {
+std::vector<float> download_floats(const float* device, std::size_t n, cudaStream_t stream) {
   std::vector<float> values(n);
-  check(cudaMemcpy(values.data(), device, n * sizeof(float), cudaMemcpyDeviceToHost), "cudaMemcpy");
+  check(cudaMemcpyAsync(values.data(), device, n * sizeof(float), cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
+  check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
   return values;
 }
 

@@ -46,19 +46,20 @@ __global__ void comm_reduce_kernel(const __grid_constant__ Inputs inputs, int64_
 }
 
 template <typename T>
-void launch(void* dst, const Inputs& inputs, int64_t n, ReduceOp op) {
+void launch(void* dst, const Inputs& inputs, int64_t n, ReduceOp op, cudaStream_t stream) {
   const unsigned blocks = blocks_for(n, kThreads);
   if (op == ReduceOp::kSum) {
-    comm_reduce_kernel<T, false><<<blocks, kThreads, 0, cudaStreamLegacy>>>(inputs, n, static_cast<T*>(dst));
+    comm_reduce_kernel<T, false><<<blocks, kThreads, 0, stream>>>(inputs, n, static_cast<T*>(dst));
   } else {
-    comm_reduce_kernel<T, true><<<blocks, kThreads, 0, cudaStreamLegacy>>>(inputs, n, static_cast<T*>(dst));
+    comm_reduce_kernel<T, true><<<blocks, kThreads, 0, stream>>>(inputs, n, static_cast<T*>(dst));
   }
   check_launch("comm_reduce");
 }
 
 }  // namespace
 
-void comm_reduce(void* dst, const std::vector<const void*>& inputs, std::size_t count, DataType type, ReduceOp op) {
+void comm_reduce(void* dst, const std::vector<const void*>& inputs, std::size_t count, DataType type, ReduceOp op,
+                 cudaStream_t stream) {
   if (inputs.empty() || inputs.size() > kMaxCommReduceInputs) {
     throw std::invalid_argument("comm_reduce: " + std::to_string(inputs.size()) + " inputs (1.." +
                                 std::to_string(kMaxCommReduceInputs) + " supported)");
@@ -69,9 +70,9 @@ void comm_reduce(void* dst, const std::vector<const void*>& inputs, std::size_t 
   packed.count = static_cast<int>(inputs.size());
   const auto n = static_cast<int64_t>(count);
   if (type == DataType::kFloat32) {
-    launch<float>(dst, packed, n, op);
+    launch<float>(dst, packed, n, op, stream);
   } else {
-    launch<uint16_t>(dst, packed, n, op);
+    launch<uint16_t>(dst, packed, n, op, stream);
   }
 }
 

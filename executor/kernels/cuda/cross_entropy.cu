@@ -184,32 +184,32 @@ bool rows_aligned(const void* pointer, int64_t row_stride) {
 }  // namespace
 
 void cross_entropy_statistics(const Bf16* logits, int64_t tokens, int64_t vocab, int64_t row_stride,
-                              const int32_t* targets, float* lse, float* target_logit) {
+                              const int32_t* targets, float* lse, float* target_logit, cudaStream_t stream) {
   check_shape("cross_entropy_statistics", tokens, vocab, row_stride);
   if (tokens == 0) return;
   const unsigned blocks = static_cast<unsigned>(tokens);
   if (rows_aligned(logits, row_stride)) {
     cross_entropy_statistics_kernel<8>
-        <<<blocks, kThreads>>>(logits, vocab, row_stride, targets, lse, target_logit);
+        <<<blocks, kThreads, 0, stream>>>(logits, vocab, row_stride, targets, lse, target_logit);
   } else {
     cross_entropy_statistics_kernel<1>
-        <<<blocks, kThreads>>>(logits, vocab, row_stride, targets, lse, target_logit);
+        <<<blocks, kThreads, 0, stream>>>(logits, vocab, row_stride, targets, lse, target_logit);
   }
   check_launch("cross_entropy_statistics_kernel");
 }
 
 void cross_entropy_backward(const Bf16* logits, int64_t tokens, int64_t vocab, int64_t row_stride,
                             const int32_t* targets, const float* mask, const float* lse, float scale,
-                            Bf16* dlogits) {
+                            Bf16* dlogits, cudaStream_t stream) {
   check_shape("cross_entropy_backward", tokens, vocab, row_stride);
   if (tokens == 0) return;
   const unsigned blocks = static_cast<unsigned>(tokens);
   if (rows_aligned(logits, row_stride) && rows_aligned(dlogits, row_stride)) {
     cross_entropy_backward_kernel<8>
-        <<<blocks, kThreads>>>(logits, vocab, row_stride, targets, mask, lse, scale, dlogits);
+        <<<blocks, kThreads, 0, stream>>>(logits, vocab, row_stride, targets, mask, lse, scale, dlogits);
   } else {
     cross_entropy_backward_kernel<1>
-        <<<blocks, kThreads>>>(logits, vocab, row_stride, targets, mask, lse, scale, dlogits);
+        <<<blocks, kThreads, 0, stream>>>(logits, vocab, row_stride, targets, mask, lse, scale, dlogits);
   }
   check_launch("cross_entropy_backward_kernel");
 }

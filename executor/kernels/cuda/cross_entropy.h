@@ -3,6 +3,8 @@
 // (merged over the shards on the host), so the backward needs no second reduction over the row.
 #pragma once
 
+#include <cuda_runtime_api.h>  // cudaStream_t
+
 #include <cstdint>
 
 #include "executor/kernels/cuda/bf16_linear.h"
@@ -12,10 +14,11 @@ namespace megaplan::exec::cuda {
 // logits [tokens x row_stride] bf16 whose first `vocab` columns are real (Megatron pads the
 // vocabulary; padded columns are never read). targets int32: the target's column in [0, vocab),
 // or -1 where another shard holds it. Writes, fp32, lse[t] = log sum exp of the row's `vocab`
-// columns and target_logit[t] = logit[t][targets[t]] (0 for -1).
+// columns and target_logit[t] = logit[t][targets[t]] (0 for -1). Asynchronous on `stream`, as the
+// backward.
 // REQUIRES: 0 < vocab <= row_stride; all pointers on the device.
 void cross_entropy_statistics(const Bf16* logits, int64_t tokens, int64_t vocab, int64_t row_stride,
-                              const int32_t* targets, float* lse, float* target_logit);
+                              const int32_t* targets, float* lse, float* target_logit, cudaStream_t stream);
 
 // dlogits = scale * mask[t] * (exp(logit - lse[t]) - onehot(targets[t])) as bf16, with lse the
 // whole vocabulary's (the shards' merged; the forward's own with one shard); a -1 target has no
@@ -24,6 +27,7 @@ void cross_entropy_statistics(const Bf16* logits, int64_t tokens, int64_t vocab,
 // with lse given each element depends only on itself, and each thread reads an element before it
 // writes that same element. Rows whose scale * mask is 0 are written as zeros unread.
 void cross_entropy_backward(const Bf16* logits, int64_t tokens, int64_t vocab, int64_t row_stride,
-                            const int32_t* targets, const float* mask, const float* lse, float scale, Bf16* dlogits);
+                            const int32_t* targets, const float* mask, const float* lse, float scale, Bf16* dlogits,
+                            cudaStream_t stream);
 
 }  // namespace megaplan::exec::cuda

@@ -181,84 +181,84 @@ void check_count(int64_t n, const char* what) {
 
 }  // namespace
 
-void add(const Bf16* a, const Bf16* b, int64_t n, Bf16* y) {
+void add(const Bf16* a, const Bf16* b, int64_t n, Bf16* y, cudaStream_t stream) {
   check_count(n, "add");
   if (n == 0) return;
   const unsigned grid = grid_for_vectors((n + 7) / 8);
   if (aligned16(a) && aligned16(b) && aligned16(y)) {
-    add_kernel<true><<<grid, kThreads>>>(a, b, n, y);
+    add_kernel<true><<<grid, kThreads, 0, stream>>>(a, b, n, y);
   } else {
-    add_kernel<false><<<grid, kThreads>>>(a, b, n, y);
+    add_kernel<false><<<grid, kThreads, 0, stream>>>(a, b, n, y);
   }
   check_launch("add");
 }
 
-void gelu_backward(const Bf16* dy, const Bf16* pre_activation, int64_t n, Bf16* dx) {
+void gelu_backward(const Bf16* dy, const Bf16* pre_activation, int64_t n, Bf16* dx, cudaStream_t stream) {
   check_count(n, "gelu_backward");
   if (n == 0) return;
   const unsigned grid = grid_for_vectors((n + 7) / 8);
   if (aligned16(dy) && aligned16(pre_activation) && aligned16(dx)) {
-    gelu_backward_kernel<true><<<grid, kThreads>>>(dy, pre_activation, n, dx);
+    gelu_backward_kernel<true><<<grid, kThreads, 0, stream>>>(dy, pre_activation, n, dx);
   } else {
-    gelu_backward_kernel<false><<<grid, kThreads>>>(dy, pre_activation, n, dx);
+    gelu_backward_kernel<false><<<grid, kThreads, 0, stream>>>(dy, pre_activation, n, dx);
   }
   check_launch("gelu_backward");
 }
 
-void cast_to_bf16(const float* x, int64_t n, Bf16* y) {
+void cast_to_bf16(const float* x, int64_t n, Bf16* y, cudaStream_t stream) {
   check_count(n, "cast_to_bf16");
   if (n == 0) return;
   const unsigned grid = grid_for_vectors((n + 7) / 8);
   if (aligned16(x) && aligned16(y)) {
-    cast_to_bf16_kernel<true><<<grid, kThreads>>>(x, n, y);
+    cast_to_bf16_kernel<true><<<grid, kThreads, 0, stream>>>(x, n, y);
   } else {
-    cast_to_bf16_kernel<false><<<grid, kThreads>>>(x, n, y);
+    cast_to_bf16_kernel<false><<<grid, kThreads, 0, stream>>>(x, n, y);
   }
   check_launch("cast_to_bf16");
 }
 
-void cast_to_float(const Bf16* x, int64_t n, float* y) {
+void cast_to_float(const Bf16* x, int64_t n, float* y, cudaStream_t stream) {
   check_count(n, "cast_to_float");
   if (n == 0) return;
   const unsigned grid = grid_for_vectors((n + 7) / 8);
   if (aligned16(x) && aligned16(y)) {
-    cast_to_float_kernel<true><<<grid, kThreads>>>(x, n, y);
+    cast_to_float_kernel<true><<<grid, kThreads, 0, stream>>>(x, n, y);
   } else {
-    cast_to_float_kernel<false><<<grid, kThreads>>>(x, n, y);
+    cast_to_float_kernel<false><<<grid, kThreads, 0, stream>>>(x, n, y);
   }
   check_launch("cast_to_float");
 }
 
-void swiglu_forward(const Bf16* x, int64_t rows, int64_t width, Bf16* y) {
+void swiglu_forward(const Bf16* x, int64_t rows, int64_t width, Bf16* y, cudaStream_t stream) {
   check_count(rows, "swiglu_forward");
   check_count(width, "swiglu_forward");
   if (rows == 0 || width == 0) return;
   const int64_t vectors_per_row = (width + 7) / 8;
   const unsigned grid = grid_for_vectors(rows * vectors_per_row);
   if (width % 8 == 0 && aligned16(x) && aligned16(y)) {
-    swiglu_forward_kernel<true><<<grid, kThreads>>>(x, rows, width, vectors_per_row, y);
+    swiglu_forward_kernel<true><<<grid, kThreads, 0, stream>>>(x, rows, width, vectors_per_row, y);
   } else {
-    swiglu_forward_kernel<false><<<grid, kThreads>>>(x, rows, width, vectors_per_row, y);
+    swiglu_forward_kernel<false><<<grid, kThreads, 0, stream>>>(x, rows, width, vectors_per_row, y);
   }
   check_launch("swiglu_forward");
 }
 
-void swiglu_backward(const Bf16* dy, const Bf16* x, int64_t rows, int64_t width, Bf16* dx) {
+void swiglu_backward(const Bf16* dy, const Bf16* x, int64_t rows, int64_t width, Bf16* dx, cudaStream_t stream) {
   check_count(rows, "swiglu_backward");
   check_count(width, "swiglu_backward");
   if (rows == 0 || width == 0) return;
   const int64_t vectors_per_row = (width + 7) / 8;
   const unsigned grid = grid_for_vectors(rows * vectors_per_row);
   if (width % 8 == 0 && aligned16(dy) && aligned16(x) && aligned16(dx)) {
-    swiglu_backward_kernel<true><<<grid, kThreads>>>(dy, x, rows, width, vectors_per_row, dx);
+    swiglu_backward_kernel<true><<<grid, kThreads, 0, stream>>>(dy, x, rows, width, vectors_per_row, dx);
   } else {
-    swiglu_backward_kernel<false><<<grid, kThreads>>>(dy, x, rows, width, vectors_per_row, dx);
+    swiglu_backward_kernel<false><<<grid, kThreads, 0, stream>>>(dy, x, rows, width, vectors_per_row, dx);
   }
   check_launch("swiglu_backward");
 }
 
 void rope_apply(Bf16* base, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim, int64_t token_stride,
-                int64_t rotary_dim, float theta, bool inverse) {
+                int64_t rotary_dim, float theta, bool inverse, cudaStream_t stream) {
   if (rotary_dim <= 0 || rotary_dim % 2 != 0 || rotary_dim > head_dim || batch < 0 || seq < 0 || heads < 0 ||
       token_stride < heads * head_dim || !(theta > 1.0f)) {
     throw SpecError("--device", "rope_apply: needs an even 0 < rotary_dim <= head_dim, token_stride >= heads * "
@@ -273,11 +273,13 @@ void rope_apply(Bf16* base, int64_t batch, int64_t seq, int64_t heads, int64_t h
   const unsigned grid = grid_for_vectors(tokens * vectors_per_token);
   const float log2_theta = std::log2(theta);
   if (half % 8 == 0 && head_dim % 8 == 0 && token_stride % 8 == 0 && aligned16(base)) {
-    rope_kernel<true><<<grid, kThreads>>>(base, tokens, seq, heads, head_dim, token_stride, half, vectors_per_token,
-                                          log2_theta, static_cast<float>(rotary_dim), inverse);
+    rope_kernel<true><<<grid, kThreads, 0, stream>>>(base, tokens, seq, heads, head_dim, token_stride, half,
+                                                     vectors_per_token, log2_theta, static_cast<float>(rotary_dim),
+                                                     inverse);
   } else {
-    rope_kernel<false><<<grid, kThreads>>>(base, tokens, seq, heads, head_dim, token_stride, half, vectors_per_token,
-                                           log2_theta, static_cast<float>(rotary_dim), inverse);
+    rope_kernel<false><<<grid, kThreads, 0, stream>>>(base, tokens, seq, heads, head_dim, token_stride, half,
+                                                      vectors_per_token, log2_theta, static_cast<float>(rotary_dim),
+                                                      inverse);
   }
   check_launch("rope_apply");
 }

@@ -117,16 +117,17 @@ void check_shape(int64_t count, int64_t seq, int64_t hidden, const char* what) {
 }  // namespace
 
 void embedding_forward(const int32_t* tokens, int64_t count, int64_t seq, const Bf16* word, const Bf16* position,
-                       int64_t hidden, Bf16* y) {
+                       int64_t hidden, Bf16* y, cudaStream_t stream) {
   if (count == 0) return;
   if (seq <= 0 || hidden <= 0) check_shape(count, seq, hidden, "embedding_forward");
   const int64_t vectors_per_row = (hidden + 7) / 8;
   const unsigned grid = blocks_for(count * vectors_per_row, kThreads);
   if (hidden % 8 == 0 && aligned16(word) && aligned16(position) && aligned16(y)) {
-    embedding_forward_kernel<true><<<grid, kThreads>>>(tokens, count, seq, word, position, hidden, vectors_per_row, y);
+    embedding_forward_kernel<true><<<grid, kThreads, 0, stream>>>(tokens, count, seq, word, position, hidden,
+                                                                  vectors_per_row, y);
   } else {
-    embedding_forward_kernel<false><<<grid, kThreads>>>(tokens, count, seq, word, position, hidden, vectors_per_row,
-                                                        y);
+    embedding_forward_kernel<false><<<grid, kThreads, 0, stream>>>(tokens, count, seq, word, position, hidden,
+                                                                   vectors_per_row, y);
   }
   check_launch("embedding_forward");
 }
@@ -154,7 +155,7 @@ TokenRows build_token_rows(const int32_t* host_tokens, int64_t count) {
 
 void embedding_backward(const Bf16* dy, const int32_t* row_ids, const int32_t* row_starts, const int32_t* positions,
                         int64_t used_rows, int64_t count, int64_t seq, int64_t hidden, float* dword,
-                        float* dposition) {
+                        float* dposition, cudaStream_t stream) {
   check_shape(count, seq, hidden, "embedding_backward");
   if (count == 0) return;
   const bool aligned = hidden % 8 == 0 && aligned16(dy) && aligned16(dword) && aligned16(dposition);
@@ -163,9 +164,9 @@ void embedding_backward(const Bf16* dy, const int32_t* row_ids, const int32_t* r
                     static_cast<unsigned>((hidden + kColumnVectors * 8 - 1) / (kColumnVectors * 8)));
     const dim3 block(kColumnVectors, kPositionSlices);
     if (aligned) {
-      word_gradient_kernel<true><<<grid, block>>>(dy, row_ids, row_starts, positions, hidden, dword);
+      word_gradient_kernel<true><<<grid, block, 0, stream>>>(dy, row_ids, row_starts, positions, hidden, dword);
     } else {
-      word_gradient_kernel<false><<<grid, block>>>(dy, row_ids, row_starts, positions, hidden, dword);
+      word_gradient_kernel<false><<<grid, block, 0, stream>>>(dy, row_ids, row_starts, positions, hidden, dword);
     }
     check_launch("embedding word gradient");
   }
@@ -173,9 +174,11 @@ void embedding_backward(const Bf16* dy, const int32_t* row_ids, const int32_t* r
     const int64_t vectors_per_row = (hidden + 7) / 8;
     const unsigned grid = blocks_for(seq * vectors_per_row, kThreads);
     if (aligned) {
-      position_gradient_kernel<true><<<grid, kThreads>>>(dy, count / seq, seq, hidden, vectors_per_row, dposition);
+      position_gradient_kernel<true><<<grid, kThreads, 0, stream>>>(dy, count / seq, seq, hidden, vectors_per_row,
+                                                                    dposition);
     } else {
-      position_gradient_kernel<false><<<grid, kThreads>>>(dy, count / seq, seq, hidden, vectors_per_row, dposition);
+      position_gradient_kernel<false><<<grid, kThreads, 0, stream>>>(dy, count / seq, seq, hidden, vectors_per_row,
+                                                                     dposition);
     }
     check_launch("embedding position gradient");
   }

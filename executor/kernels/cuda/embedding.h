@@ -4,6 +4,8 @@
 // columns) is summed by a fixed group of threads in a fixed order.
 #pragma once
 
+#include <cuda_runtime_api.h>  // cudaStream_t
+
 #include <cstdint>
 #include <vector>
 
@@ -14,9 +16,9 @@ namespace megaplan::exec::cuda {
 // y[t] = word[tokens[t]] + position[t % seq] over `count` tokens (position may be null: rotary
 // models, or a tensor-parallel rank that leaves it to another). Device pointers; tokens are int32
 // on the device, each a row of `word` or -1 for a token another shard holds (no word row:
-// y[t] = position[t % seq], or 0).
+// y[t] = position[t % seq], or 0). Asynchronous on `stream`, as the backward.
 void embedding_forward(const int32_t* tokens, int64_t count, int64_t seq, const Bf16* word, const Bf16* position,
-                       int64_t hidden, Bf16* y);
+                       int64_t hidden, Bf16* y, cudaStream_t stream);
 
 // Each used table row (ascending) with the positions of its tokens (ascending):
 // row_ids[used_rows], row_starts[used_rows + 1], positions[row_starts[used_rows]]. Built on the
@@ -32,6 +34,6 @@ TokenRows build_token_rows(const int32_t* host_tokens, int64_t count);
 // REQUIRES: count a multiple of seq.
 void embedding_backward(const Bf16* dy, const int32_t* row_ids, const int32_t* row_starts, const int32_t* positions,
                         int64_t used_rows, int64_t count, int64_t seq, int64_t hidden, float* dword,
-                        float* dposition);
+                        float* dposition, cudaStream_t stream);
 
 }  // namespace megaplan::exec::cuda

@@ -532,36 +532,38 @@ constexpr int dq_shared_bytes() {
 }
 
 template <int D>
-void forward(const AttentionShape& shape, const Bf16* q, const Bf16* k, const Bf16* v, Bf16* out, float* lse) {
+void forward(const AttentionShape& shape, const Bf16* q, const Bf16* k, const Bf16* v, Bf16* out, float* lse,
+             cudaStream_t stream) {
   const Layout layout = layout_of(shape);
   constexpr int bytes = forward_shared_bytes<D>();
   check(cudaFuncSetAttribute(forward_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
         "flash attention forward shared memory");
   const dim3 grid(static_cast<unsigned>((shape.seq + kBlock - 1) / kBlock), static_cast<unsigned>(shape.batch * shape.heads));
-  forward_kernel<D><<<grid, kThreads, bytes>>>(layout, q, k, v, out, lse, shape.softmax_scale * kLog2e);
+  forward_kernel<D><<<grid, kThreads, bytes, stream>>>(layout, q, k, v, out, lse, shape.softmax_scale * kLog2e);
   check_launch("flash attention forward");
 }
 
 template <int D>
 void backward(const AttentionShape& shape, const Bf16* dout, const Bf16* q, const Bf16* k, const Bf16* v,
-              const Bf16* out, const float* lse, int64_t d_stride, Bf16* dq, Bf16* dk, Bf16* dv, void* workspace) {
+              const Bf16* out, const float* lse, int64_t d_stride, Bf16* dq, Bf16* dk, Bf16* dv, void* workspace,
+              cudaStream_t stream) {
   const Layout layout = layout_of(shape);
   float* delta = static_cast<float*>(workspace);
   const int64_t rows = shape.batch * shape.seq * shape.heads;
-  delta_kernel<D><<<blocks_for(rows, kWarps), kThreads>>>(dout, out, rows, shape.heads, shape.seq, delta);
+  delta_kernel<D><<<blocks_for(rows, kWarps), kThreads, 0, stream>>>(dout, out, rows, shape.heads, shape.seq, delta);
   check_launch("flash attention delta");
   const unsigned blocks = static_cast<unsigned>((shape.seq + kBlock - 1) / kBlock);
   const float scale = shape.softmax_scale, scale_log2 = shape.softmax_scale * kLog2e;
   constexpr int dkdv_bytes = dkdv_shared_bytes<D>();
   check(cudaFuncSetAttribute(dkdv_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, dkdv_bytes),
         "flash attention dK/dV shared memory");
-  dkdv_kernel<D><<<dim3(blocks, static_cast<unsigned>(shape.batch * shape.kv_heads)), kThreads, dkdv_bytes>>>(
+  dkdv_kernel<D><<<dim3(blocks, static_cast<unsigned>(shape.batch * shape.kv_heads)), kThreads, dkdv_bytes, stream>>>(
       layout, dout, q, k, v, lse, delta, d_stride, dk, dv, scale, scale_log2);
   check_launch("flash attention dK/dV");
   constexpr int dq_bytes = dq_shared_bytes<D>();
   check(cudaFuncSetAttribute(dq_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, dq_bytes),
         "flash attention dQ shared memory");
-  dq_kernel<D><<<dim3(blocks, static_cast<unsigned>(shape.batch * shape.heads)), kThreads, dq_bytes>>>(
+  dq_kernel<D><<<dim3(blocks, static_cast<unsigned>(shape.batch * shape.heads)), kThreads, dq_bytes, stream>>>(
       layout, dout, q, k, v, lse, delta, d_stride, dq, scale, scale_log2);
   check_launch("flash attention dQ");
 }
@@ -569,10 +571,10 @@ void backward(const AttentionShape& shape, const Bf16* dout, const Bf16* q, cons
 }  // namespace
 
 void flash_attention_forward(const AttentionShape& shape, const Bf16* q, const Bf16* k, const Bf16* v, Bf16* out,
-                             float* lse) {
+                             float* lse, cudaStream_t stream) {
   if (shape.batch * shape.seq * shape.heads == 0) return;
-  if (shape.head_dim == 128) return forward<128>(shape, q, k, v, out, lse);
-  if (shape.head_dim == 64) return forward<64>(shape, q, k, v, out, lse);
+  if (shape.head_dim == 128) return forward<128>(shape, q, k, v, out, lse, stream);
+  if (shape.head_dim == 64) return forward<64>(shape, q, k, v, out, lse, stream);
   (void)layout_of(shape);  // throws the head-dimension error
 }
 
@@ -582,10 +584,14 @@ std::size_t flash_attention_backward_workspace_bytes(const AttentionShape& shape
 
 void flash_attention_backward(const AttentionShape& shape, const Bf16* dout, const Bf16* q, const Bf16* k,
                               const Bf16* v, const Bf16* out, const float* lse, int64_t dqkv_token_stride, Bf16* dq,
-                              Bf16* dk, Bf16* dv, void* workspace) {
+                              Bf16* dk, Bf16* dv, void* workspace, cudaStream_t stream) {
   if (shape.batch * shape.seq * shape.heads == 0) return;
-  if (shape.head_dim == 128) return backward<128>(shape, dout, q, k, v, out, lse, dqkv_token_stride, dq, dk, dv, workspace);
-  if (shape.head_dim == 64) return backward<64>(shape, dout, q, k, v, out, lse, dqkv_token_stride, dq, dk, dv, workspace);
+  if (shape.head_dim == 128) {
+    return backward<128>(shape, dout, q, k, v, out, lse, dqkv_token_stride, dq, dk, dv, workspace, stream);
+  }
+  if (shape.head_dim == 64) {
+    return backward<64>(shape, dout, q, k, v, out, lse, dqkv_token_stride, dq, dk, dv, workspace, stream);
+  }
   (void)layout_of(shape);
 }
 

@@ -5,6 +5,8 @@
 // no atomics.
 #pragma once
 
+#include <cuda_runtime_api.h>  // cudaStream_t
+
 #include <cstddef>
 #include <cstdint>
 
@@ -26,15 +28,15 @@ struct AttentionShape {
 
 // o = softmax(q k^T * softmax_scale, causal) v into out [batch, seq, heads, head_dim] and the
 // natural log-sum-exp of each row's scaled scores into lse [batch, heads, seq].
-// head_dim must be 64 or 128 (SpecError otherwise).
+// head_dim must be 64 or 128 (SpecError otherwise). Both passes are asynchronous on `stream`.
 void flash_attention_forward(const AttentionShape& shape, const Bf16* q, const Bf16* k, const Bf16* v, Bf16* out,
-                             float* lse);
+                             float* lse, cudaStream_t stream);
 
 std::size_t flash_attention_backward_workspace_bytes(const AttentionShape& shape);
 
 // dq, dk, dv (overwritten) are laid out as q, k, v but with dqkv_token_stride per token.
 void flash_attention_backward(const AttentionShape& shape, const Bf16* dout, const Bf16* q, const Bf16* k,
                               const Bf16* v, const Bf16* out, const float* lse, int64_t dqkv_token_stride, Bf16* dq,
-                              Bf16* dk, Bf16* dv, void* workspace);
+                              Bf16* dk, Bf16* dv, void* workspace, cudaStream_t stream);
 
 }  // namespace megaplan::exec::cuda

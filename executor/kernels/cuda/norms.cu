@@ -382,7 +382,8 @@ void with_vecs(int vecs, Body&& body) {
 
 template <bool kRms>
 void norm_forward(const Bf16* x, const Bf16* residual, Bf16* sum_out, const Bf16* gamma, const Bf16* beta,
-                  int64_t rows, int64_t cols, float eps, Bf16* y, float* mean, float* rstd, const char* what) {
+                  int64_t rows, int64_t cols, float eps, Bf16* y, float* mean, float* rstd, const char* what,
+                  cudaStream_t stream) {
   check_cols(rows, cols, what);
   if (residual && !sum_out) throw SpecError("--device", std::string(what) + ": a residual needs sum_out");
   if (rows == 0) return;
@@ -393,8 +394,8 @@ void norm_forward(const Bf16* x, const Bf16* residual, Bf16* sum_out, const Bf16
   with_vecs(layout.vecs, [&](auto vecs) {
     constexpr int kVecs = decltype(vecs)::value;
     auto kernel = aligned ? norm_forward_kernel<kRms, true, kVecs> : norm_forward_kernel<kRms, false, kVecs>;
-    kernel<<<grid, kBlockThreads>>>(x, residual, sum_out, gamma, beta, rows, static_cast<int>(cols), eps, y, mean,
-                                    rstd, layout.threads_per_row);
+    kernel<<<grid, kBlockThreads, 0, stream>>>(x, residual, sum_out, gamma, beta, rows, static_cast<int>(cols), eps,
+                                               y, mean, rstd, layout.threads_per_row);
   });
   check_launch(what);
 }
@@ -402,7 +403,7 @@ void norm_forward(const Bf16* x, const Bf16* residual, Bf16* sum_out, const Bf16
 template <bool kRms>
 void norm_backward(const Bf16* dy, const Bf16* x, const Bf16* gamma, const float* mean, const float* rstd,
                    int64_t rows, int64_t cols, const Bf16* residual_grad, Bf16* dx, float* dgamma, float* dbeta,
-                   void* workspace, const char* what) {
+                   void* workspace, const char* what, cudaStream_t stream) {
   check_cols(rows, cols, what);
   if (rows == 0) return;
   const RowLayout layout = layout_for(cols, kBackwardVecs);
@@ -416,18 +417,18 @@ void norm_backward(const Bf16* dy, const Bf16* x, const Bf16* gamma, const float
     const std::size_t buffer =
         layout.rows_per_block > 1 ? 2 * sizeof(float) * layout.threads_per_row * kVecs * 8 : 0;
     auto kernel = aligned ? norm_backward_kernel<kRms, true, kVecs> : norm_backward_kernel<kRms, false, kVecs>;
-    kernel<<<static_cast<unsigned>(blocks), kBlockThreads, buffer>>>(dy, x, gamma, mean, rstd, rows,
-                                                                     static_cast<int>(cols), residual_grad, dx,
-                                                                     partial_gamma, partial_beta,
-                                                                     layout.threads_per_row);
+    kernel<<<static_cast<unsigned>(blocks), kBlockThreads, buffer, stream>>>(dy, x, gamma, mean, rstd, rows,
+                                                                             static_cast<int>(cols), residual_grad,
+                                                                             dx, partial_gamma, partial_beta,
+                                                                             layout.threads_per_row);
   });
   check_launch(what);
   const dim3 reduce_grid(static_cast<unsigned>((cols + kReduceColumns - 1) / kReduceColumns));
   const dim3 reduce_block(kReduceColumns, kReduceSlices);
-  sum_partials_kernel<<<reduce_grid, reduce_block>>>(partial_gamma, blocks, cols, dgamma);
+  sum_partials_kernel<<<reduce_grid, reduce_block, 0, stream>>>(partial_gamma, blocks, cols, dgamma);
   check_launch("norm weight gradient sum");
   if (!kRms) {
-    sum_partials_kernel<<<reduce_grid, reduce_block>>>(partial_beta, blocks, cols, dbeta);
+    sum_partials_kernel<<<reduce_grid, reduce_block, 0, stream>>>(partial_beta, blocks, cols, dbeta);
     check_launch("norm bias gradient sum");
   }
 }
@@ -435,8 +436,8 @@ void norm_backward(const Bf16* dy, const Bf16* x, const Bf16* gamma, const float
 }  // namespace
 
 void layernorm_forward(const Bf16* x, const Bf16* residual, Bf16* sum_out, const Bf16* gamma, const Bf16* beta,
-                       int64_t rows, int64_t cols, float eps, Bf16* y, float* mean, float* rstd) {
-  norm_forward<false>(x, residual, sum_out, gamma, beta, rows, cols, eps, y, mean, rstd, "layernorm_forward");
+                       int64_t rows, int64_t cols, float eps, Bf16* y, float* mean, float* rstd, cudaStream_t stream) {
+  norm_forward<false>(x, residual, sum_out, gamma, beta, rows, cols, eps, y, mean, rstd, "layernorm_forward", stream);
 }
 
 std::size_t norm_backward_workspace_bytes(int64_t rows, int64_t cols) {
@@ -446,20 +447,21 @@ std::size_t norm_backward_workspace_bytes(int64_t rows, int64_t cols) {
 
 void layernorm_backward(const Bf16* dy, const Bf16* x, const Bf16* gamma, const float* mean, const float* rstd,
                         int64_t rows, int64_t cols, const Bf16* residual_grad, Bf16* dx, float* dgamma, float* dbeta,
-                        void* workspace) {
+                        void* workspace, cudaStream_t stream) {
   norm_backward<false>(dy, x, gamma, mean, rstd, rows, cols, residual_grad, dx, dgamma, dbeta, workspace,
-                       "layernorm_backward");
+                       "layernorm_backward", stream);
 }
 
 void rmsnorm_forward(const Bf16* x, const Bf16* residual, Bf16* sum_out, const Bf16* gamma, int64_t rows, int64_t cols,
-                     float eps, Bf16* y, float* rstd) {
-  norm_forward<true>(x, residual, sum_out, gamma, nullptr, rows, cols, eps, y, nullptr, rstd, "rmsnorm_forward");
+                     float eps, Bf16* y, float* rstd, cudaStream_t stream) {
+  norm_forward<true>(x, residual, sum_out, gamma, nullptr, rows, cols, eps, y, nullptr, rstd, "rmsnorm_forward",
+                     stream);
 }
 
 void rmsnorm_backward(const Bf16* dy, const Bf16* x, const Bf16* gamma, const float* rstd, int64_t rows, int64_t cols,
-                      const Bf16* residual_grad, Bf16* dx, float* dgamma, void* workspace) {
+                      const Bf16* residual_grad, Bf16* dx, float* dgamma, void* workspace, cudaStream_t stream) {
   norm_backward<true>(dy, x, gamma, nullptr, rstd, rows, cols, residual_grad, dx, dgamma, nullptr, workspace,
-                      "rmsnorm_backward");
+                      "rmsnorm_backward", stream);
 }
 
 }  // namespace megaplan::exec::cuda

@@ -4,6 +4,8 @@
 // one fixed-order pass over the blocks): no atomics, the same bits every run.
 #pragma once
 
+#include <cuda_runtime_api.h>  // cudaStream_t
+
 #include <cstddef>
 #include <cstdint>
 
@@ -11,7 +13,8 @@
 
 namespace megaplan::exec::cuda {
 
-// All pointers are device pointers; every call runs on the default stream.
+// All pointers are device pointers; every call is asynchronous on the stream it is given (a
+// backward's workspace stays in use until that stream has run it).
 // REQUIRES: 1 <= cols <= 32768 (a row lives in registers); throws SpecError("--device", ...).
 
 // y = LN(x') * gamma + beta with x' = x + residual when residual is non-null: x' is then written
@@ -19,7 +22,7 @@ namespace megaplan::exec::cuda {
 // rounded to bf16, and the statistics are those of the rounded sum, the tensor the backward sees.
 // mean and rstd [rows] fp32 are kept for the backward. sum_out and y may alias x.
 void layernorm_forward(const Bf16* x, const Bf16* residual, Bf16* sum_out, const Bf16* gamma, const Bf16* beta,
-                       int64_t rows, int64_t cols, float eps, Bf16* y, float* mean, float* rstd);
+                       int64_t rows, int64_t cols, float eps, Bf16* y, float* mean, float* rstd, cudaStream_t stream);
 
 // Scratch bytes layernorm_backward and rmsnorm_backward need for their partial column sums.
 std::size_t norm_backward_workspace_bytes(int64_t rows, int64_t cols);
@@ -29,12 +32,12 @@ std::size_t norm_backward_workspace_bytes(int64_t rows, int64_t cols);
 // residual_grad. dgamma, dbeta [cols] += their sums over the rows.
 void layernorm_backward(const Bf16* dy, const Bf16* x, const Bf16* gamma, const float* mean, const float* rstd,
                         int64_t rows, int64_t cols, const Bf16* residual_grad, Bf16* dx, float* dgamma, float* dbeta,
-                        void* workspace);
+                        void* workspace, cudaStream_t stream);
 
 // RMSNorm (Llama): y = x' * rsqrt(mean(x'^2) + eps) * gamma; the same conventions as LayerNorm.
 void rmsnorm_forward(const Bf16* x, const Bf16* residual, Bf16* sum_out, const Bf16* gamma, int64_t rows, int64_t cols,
-                     float eps, Bf16* y, float* rstd);
+                     float eps, Bf16* y, float* rstd, cudaStream_t stream);
 void rmsnorm_backward(const Bf16* dy, const Bf16* x, const Bf16* gamma, const float* rstd, int64_t rows, int64_t cols,
-                      const Bf16* residual_grad, Bf16* dx, float* dgamma, void* workspace);
+                      const Bf16* residual_grad, Bf16* dx, float* dgamma, void* workspace, cudaStream_t stream);
 
 }  // namespace megaplan::exec::cuda

@@ -105,11 +105,17 @@ DeviceReducer::~DeviceReducer() {
   if (partials_) cudaFree(partials_);
 }
 
-double DeviceReducer::sum(const float* x, int64_t n) { return reduce({TensorSpan{x, n}}, false); }
+double DeviceReducer::sum(const float* x, int64_t n, cudaStream_t stream) {
+  return reduce({TensorSpan{x, n}}, false, stream);
+}
 
-double DeviceReducer::sum_of_squares(const std::vector<TensorSpan>& tensors) { return reduce(tensors, true); }
+double DeviceReducer::sum_of_squares(const std::vector<TensorSpan>& tensors, cudaStream_t stream) {
+  return reduce(tensors, true, stream);
+}
 
-double DeviceReducer::reduce(const std::vector<TensorSpan>& tensors, bool square) {
+// Every call ends waiting for `stream`, so no earlier call's kernels still read the descriptors or
+// the partials when this one overwrites them, whichever stream it ran on.
+double DeviceReducer::reduce(const std::vector<TensorSpan>& tensors, bool square, cudaStream_t stream) {
   std::vector<Descriptor> descriptors;
   int64_t chunks = 0;
   for (const TensorSpan& t : tensors) {
@@ -131,7 +137,9 @@ double DeviceReducer::reduce(const std::vector<TensorSpan>& tensors, bool square
       descriptor_capacity_ = bytes;
     }
     uploaded_.clear();  // stays empty if the copy throws
-    check(cudaMemcpy(descriptors_, descriptors.data(), bytes, cudaMemcpyHostToDevice), "cudaMemcpy (descriptors)");
+    // From pageable memory the copy returns once the bytes are staged: `descriptors` may go.
+    check(cudaMemcpyAsync(descriptors_, descriptors.data(), bytes, cudaMemcpyHostToDevice, stream),
+          "cudaMemcpyAsync (descriptors)");
     uploaded_ = tensors;
   }
   const int blocks = static_cast<int>(std::min<int64_t>(chunks, kMaxBlocks));
@@ -139,15 +147,17 @@ double DeviceReducer::reduce(const std::vector<TensorSpan>& tensors, bool square
   const int count = static_cast<int>(descriptors.size());
   auto* partials = static_cast<double*>(partials_);
   if (square) {
-    partial_sums_kernel<true><<<blocks, kThreads>>>(device_descriptors, count, chunks, partials);
+    partial_sums_kernel<true><<<blocks, kThreads, 0, stream>>>(device_descriptors, count, chunks, partials);
   } else {
-    partial_sums_kernel<false><<<blocks, kThreads>>>(device_descriptors, count, chunks, partials);
+    partial_sums_kernel<false><<<blocks, kThreads, 0, stream>>>(device_descriptors, count, chunks, partials);
   }
   check_launch("partial_sums_kernel");
-  final_sum_kernel<<<1, kThreads>>>(partials, blocks, static_cast<double*>(result_));
+  final_sum_kernel<<<1, kThreads, 0, stream>>>(partials, blocks, static_cast<double*>(result_));
   check_launch("final_sum_kernel");
   double result = 0;
-  check(cudaMemcpy(&result, result_, sizeof result, cudaMemcpyDeviceToHost), "cudaMemcpy (reduction result)");
+  check(cudaMemcpyAsync(&result, result_, sizeof result, cudaMemcpyDeviceToHost, stream),
+        "cudaMemcpyAsync (reduction result)");
+  check(cudaStreamSynchronize(stream), "cudaStreamSynchronize (reduction result)");
   return result;
 }
 

@@ -4,6 +4,8 @@
 // values keeps its precision.
 #pragma once
 
+#include <cuda_runtime_api.h>  // cudaStream_t
+
 #include <cstdint>
 #include <vector>
 
@@ -22,14 +24,15 @@ class DeviceReducer {
   DeviceReducer(const DeviceReducer&) = delete;
   DeviceReducer& operator=(const DeviceReducer&) = delete;
 
-  // Sum of x[0..n); returns to the host (synchronizes). Throws SpecError("--device", ...).
-  double sum(const float* x, int64_t n);
+  // Sum of x[0..n), computed on `stream` after its earlier work; returns to the host (waits for
+  // the stream). Throws SpecError("--device", ...).
+  double sum(const float* x, int64_t n, cudaStream_t stream);
   // Sum of the squares of every value of every tensor, all tensors in one launch: the global
-  // gradient norm squared. Returns to the host (synchronizes).
-  double sum_of_squares(const std::vector<TensorSpan>& tensors);
+  // gradient norm squared. On `stream`, returned to the host as sum().
+  double sum_of_squares(const std::vector<TensorSpan>& tensors, cudaStream_t stream);
 
  private:
-  double reduce(const std::vector<TensorSpan>& tensors, bool square);
+  double reduce(const std::vector<TensorSpan>& tensors, bool square, cudaStream_t stream);
 
   void* partials_ = nullptr;     // double per block of the fixed grid
   void* result_ = nullptr;       // one double
