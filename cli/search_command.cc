@@ -171,8 +171,10 @@ void write_text(const SearchCommandOptions& options, const JobSpec& job, const p
 
 // The best plan's launch lines: its job file is --out's (job.json when none).
 std::vector<planner::LaunchCommand> launch_commands_for(const SearchCommandOptions& options, const JobSpec& job) {
-  return planner::launch_commands(job.plan, job.cluster, options.out.value_or("job.json"),
-                                  "--data-path DATA_PREFIX --train-iters ITERS");
+  return planner::launch_commands(
+      job.plan, job.cluster, options.out.value_or("job.json"),
+      std::string("--data-path DATA_PREFIX --train-iters ITERS") +
+          (planner::overlaps_gradient_reduction(job.plan) ? " --overlap-grad-reduce" : ""));
 }
 
 }  // namespace

@@ -111,6 +111,10 @@ void setup_train_command(CLI::App& app, CommandContext& context) {
   command->add_option("--world-size", options->world_size, "Ranks (GPUs) of the run (default: the job's, the launcher's, or 1)");
   command->add_option("--distributed-timeout-minutes", t.distributed_timeout_minutes,
                       "A rank that waits longer than this on another ends the run")->capture_default_str();
+  command->add_flag("--overlap-grad-reduce", t.overlap_grad_reduce,
+                    "Start each gradient bucket's data-parallel reduction as soon as the backward fills it");
+  command->add_option("--ddp-bucket-size", t.ddp_bucket_size,
+                      "Parameters per gradient bucket (default: Megatron's, max(40M, 1M x dp))");
   command->add_option("--device", options->device, "cpu or cuda")->capture_default_str();
   command->add_option("--data-path", t.data_path, "PREFIX of PREFIX.bin and PREFIX.idx")->required();
   command->add_option("--split", t.split, "Train, validation, test weights over documents")->capture_default_str();

@@ -19,6 +19,7 @@ std::vector<std::string> megatron_arguments(const ModelSpec& model, const Parall
   arguments.push_back(value("--global-batch-size", plan.global_batch_size));
   if (plan.sequence_parallel) arguments.push_back("--sequence-parallel");
   if (plan.use_distributed_optimizer) arguments.push_back("--use-distributed-optimizer");
+  if (overlaps_gradient_reduction(plan)) arguments.push_back("--overlap-grad-reduce");
   switch (plan.recompute_granularity) {
     case RecomputeGranularity::kNone:
       break;

@@ -15,4 +15,9 @@ namespace megaplan::planner {
 // naming torchtitan's setting instead.
 std::vector<std::string> megatron_arguments(const ModelSpec& model, const ParallelPlan& plan);
 
+// Whether a run of the plan passes --overlap-grad-reduce (Megatron-LM's and megaplan train's flag):
+// the simulator costs each gradient bucket's data-parallel reduction from the moment the backward
+// fills it, so wherever there is a data-parallel reduction.
+inline bool overlaps_gradient_reduction(const ParallelPlan& plan) { return plan.data_parallel_size > 1; }
+
 }  // namespace megaplan::planner

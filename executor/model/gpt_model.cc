@@ -51,14 +51,17 @@ void GptModel::refuse_unsupported(const ModelSpec& model, const ParallelPlan& pl
 
 namespace {
 
-// Megatron DDP's buffer for a stage: the word embedding (or its tied copy) in a bucket of its own.
-ParameterLayout layout_stage(const std::vector<ParameterSpec>& specs, const ParallelPlan& plan) {
+// Megatron DDP's buffer for a stage: the word embedding (or its tied copy) in a bucket of its own;
+// buckets of `bucket_size` elements (0: Megatron's default).
+ParameterLayout layout_stage(const std::vector<ParameterSpec>& specs, const ParallelPlan& plan,
+                             std::size_t bucket_size) {
   std::vector<std::size_t> sizes, alone;
   for (const ParameterSpec& spec : specs) {
     if (spec.name == kWordEmbeddings || spec.name == kOutputWeight) alone.push_back(sizes.size());
     sizes.push_back(spec.size);
   }
-  return layout_parameters(sizes, default_bucket_size(plan.data_parallel_size), plan.data_parallel_size, alone);
+  if (bucket_size == 0) bucket_size = default_bucket_size(plan.data_parallel_size);
+  return layout_parameters(sizes, bucket_size, plan.data_parallel_size, alone);
 }
 
 }  // namespace
@@ -144,7 +147,7 @@ std::vector<ParameterSpec> GptModel::describe_parameters(const ModelSpec& model,
 }
 
 int64_t GptModel::predicted_bytes(const ModelSpec& model, const ParallelPlan& plan, int64_t stage, int64_t inflight,
-                                  const Backend& backend) {
+                                  const Backend& backend, std::size_t bucket_size) {
   const StageLayers stage_layout = stage_layers(stage, model, plan);
   const int64_t h = model.hidden_size, f = model.effective_ffn_hidden_size();
   const int64_t tp = plan.tensor_parallel_size;
@@ -157,7 +160,7 @@ int64_t GptModel::predicted_bytes(const ModelSpec& model, const ParallelPlan& pl
   const std::vector<ParameterSpec> specs = describe_parameters(model, plan, stage);
   int64_t parameters = 0;
   for (const ParameterSpec& spec : specs) parameters += static_cast<int64_t>(spec.size);
-  const ParameterLayout layout = layout_stage(specs, plan);
+  const ParameterLayout layout = layout_stage(specs, plan, bucket_size);
   const int64_t copy_bytes = act == fp32 ? 0 : act;  // fp32 compute aliases the master weight
   const int64_t weights = 2 * fp32 * static_cast<int64_t>(layout.total) + copy_bytes * parameters;
   // norm_out_, branch_out_, d_residual_ x 2: rows; d_hidden_: tokens; d_qkv_, d_ffn_: the rank's
@@ -202,7 +205,7 @@ void GptModel::add_parameter(const ParameterSpec& spec) {
 }
 
 GptModel::GptModel(const ModelSpec& model, const ParallelPlan& plan, int64_t stage, Backend& backend, uint64_t seed,
-                   Parameter* tied_embedding, Comm* tensor_parallel)
+                   Parameter* tied_embedding, Comm* tensor_parallel, std::size_t bucket_size)
     : backend_(backend),
       stage_(stage),
       hidden_(model.hidden_size),
@@ -233,7 +236,7 @@ GptModel::GptModel(const ModelSpec& model, const ParallelPlan& plan, int64_t sta
   has_output_ = stage_layout.has_output_layer;
   groups_ = recompute_groups(model, plan);
   keep_ = layer_keeps(plan, groups_);
-  const int64_t needed = predicted_bytes(model, plan, stage, 1, backend);
+  const int64_t needed = predicted_bytes(model, plan, stage, 1, backend, bucket_size);
   if (const int64_t available = backend.available_bytes(); needed > available) {
     throw SpecError("--micro-batch-size", model.name + " with micro-batch size " + std::to_string(batch_) +
                                               " needs " + std::to_string(needed) + " bytes for stage " +
@@ -243,7 +246,7 @@ GptModel::GptModel(const ModelSpec& model, const ParallelPlan& plan, int64_t sta
   }
 
   const std::vector<ParameterSpec> specs = describe_parameters(model, plan, stage, tp_rank_);
-  layout_ = layout_stage(specs, plan);
+  layout_ = layout_stage(specs, plan, bucket_size);
   values_ = backend_.allocate(layout_.total);
   gradients_ = backend_.allocate(layout_.total);
   parameters_.reserve(specs.size());  // pointers into it stay valid
@@ -541,7 +544,7 @@ Request GptModel::reduce(Activation destination) {
                                       ReduceOp::kSum);
 }
 
-void GptModel::reduce_sequence_parallel_gradients() {
+void GptModel::reduce_sequence_parallel_gradients(std::size_t first, std::size_t last) {
   if (!sequence_parallel_) return;
   std::vector<Parameter*> norms;
   for (const Layer& layer : layers_) {
@@ -550,9 +553,15 @@ void GptModel::reduce_sequence_parallel_gradients() {
   if (has_output_) norms.insert(norms.end(), {final_gamma_, final_beta_});
   std::vector<Request> pending;
   for (Parameter* norm : norms) {
+    const auto index = static_cast<std::size_t>(norm - parameters_.data());
+    if (index < first || index > last) continue;
     pending.push_back(tensor_parallel_->all_reduce(norm->gradient, norm->size, DataType::kFloat32, ReduceOp::kSum));
   }
   for (Request& request : pending) request->wait();
+}
+
+void GptModel::gradients_done_from(const Parameter* first) {
+  if (gradient_progress_) gradient_progress_(static_cast<std::size_t>(first - parameters_.data()));
 }
 
 Activation GptModel::input_buffer(int64_t microbatch) {
@@ -737,6 +746,7 @@ void GptModel::backward_input(int64_t microbatch, ConstActivation output_gradien
     if (summed) summed->wait();
     backend_.layernorm_backward(d_hidden_, a.output, final_gamma_->compute, a.final_mean, a.final_rstd, rows, h,
                                 nullptr, d_out, final_gamma_->gradient, final_beta_->gradient);
+    if (!defer) gradients_done_from(final_gamma_);
   } else {
     backend_.copy(output_gradient, rows * h, d_out);
   }
@@ -765,6 +775,7 @@ void GptModel::backward_input(int64_t microbatch, ConstActivation output_gradien
                                    a.work[l].attention_saved);
       }
       layer_backward(l, a.work[l], d_out, d_middle, defer ? &a.deferred[l] : nullptr);
+      if (!defer) gradients_done_from(layers_[l].ln1_gamma);
     }
     // W still reads what was recomputed; B is done with it.
     for (LayerActivations& layer : borrowed) {
@@ -783,6 +794,7 @@ void GptModel::backward_input(int64_t microbatch, ConstActivation output_gradien
   } else {
     backend_.embedding_backward(gather_rows(d_out, gathered_), a.inputs.data(), count, seq, h, vocab_start, v,
                                 word_embeddings_->gradient, position_embeddings_->gradient);
+    gradients_done_from(word_embeddings_);
   }
   if (defer) {
     awaiting_weight_.emplace(microbatch, std::move(a));
@@ -817,7 +829,11 @@ void GptModel::weight_gradients(Activations& a) {
     backend_.linear_backward(dy, x, weight->compute, count, k, n, nullptr, weight->gradient,
                              bias ? bias->gradient : nullptr);
   };
-  if (has_output_) gradient(a.logits, a.final_norm, h, v, output_weight_, nullptr);
+  // I took the norms' gradients: each part is done with its linear layers'.
+  if (has_output_) {
+    gradient(a.logits, a.final_norm, h, v, output_weight_, nullptr);
+    gradients_done_from(final_gamma_);
+  }
   for (std::size_t l = layers_.size(); l-- > 0;) {
     const Layer& w = layers_[l];
     const LayerActivations& act = a.work[l];
@@ -830,11 +846,13 @@ void GptModel::weight_gradients(Activations& a) {
     backend_.layernorm_forward(act.input, nullptr, nullptr, w.ln1_gamma->compute, w.ln1_beta->compute, rows, h,
                                norm_out_, act.ln1_mean, act.ln1_rstd);
     gradient(d.qkv, gather_rows(norm_out_, gathered_), h, 3 * h_local, w.qkv_weight, w.qkv_bias);
+    gradients_done_from(w.ln1_gamma);
   }
   if (has_embedding_) {
     backend_.embedding_backward(a.input_gradient, a.inputs.data(), count, static_cast<std::size_t>(seq_), h,
                                 static_cast<std::size_t>(vocab_start_), v, word_embeddings_->gradient,
                                 position_embeddings_->gradient);
+    gradients_done_from(word_embeddings_);
   }
 }
 

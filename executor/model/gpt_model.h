@@ -26,6 +26,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -100,8 +101,10 @@ class GptModel {
   // and adds its gradient there. `tensor_parallel` is the rank's tp group (null when tp = 1); the
   // model holds that rank's shard of every split parameter, drawn as the slice of the whole tensor.
   // The constructor refuses a stage whose prediction exceeds the backend's available bytes.
+  // Gradients are reduced in buckets of `bucket_size` elements (Megatron's --ddp-bucket-size; 0:
+  // its default).
   GptModel(const ModelSpec& model, const ParallelPlan& plan, int64_t stage, Backend& backend, uint64_t seed,
-           Parameter* tied_embedding = nullptr, Comm* tensor_parallel = nullptr);
+           Parameter* tied_embedding = nullptr, Comm* tensor_parallel = nullptr, std::size_t bucket_size = 0);
   ~GptModel();
   GptModel(const GptModel&) = delete;
   GptModel& operator=(const GptModel&) = delete;
@@ -110,13 +113,22 @@ class GptModel {
   // activations held at once: weights, gradients, compute copies, scratch and activations
   // (optimizer state is the optimizer's).
   static int64_t predicted_bytes(const ModelSpec& model, const ParallelPlan& plan, int64_t stage, int64_t inflight,
-                                 const Backend& backend);
+                                 const Backend& backend, std::size_t bucket_size = 0);
 
   int64_t tensor_parallel_rank() const { return tp_rank_; }
   // Under sequence parallelism each rank's norm gradients cover its rows only: summed over the
   // tensor-parallel group (Megatron's all-reduce of layernorm gradients), before the data-parallel
-  // reduction reads them. A no-op otherwise.
-  void reduce_sequence_parallel_gradients();
+  // reduction reads them; those of the parameters with registration index in [first, last]. A
+  // no-op otherwise.
+  void reduce_sequence_parallel_gradients(std::size_t first = 0, std::size_t last = SIZE_MAX);
+
+  // Called as a backward finishes a microbatch's gradients of a part of the chunk (in B, or in W
+  // after I): every parameter from registration index `first` on then holds that microbatch's
+  // gradient. The parts, in backward order: the final norm and output layer, each layer from the
+  // last, the embedding. (The optimizer starts a bucket's data-parallel reduction once its
+  // parameters hold every microbatch's: Megatron's --overlap-grad-reduce.)
+  using GradientProgress = std::function<void(std::size_t first)>;
+  void on_gradient_progress(GradientProgress progress) { gradient_progress_ = std::move(progress); }
 
   int64_t stage() const { return stage_; }
   bool first_stage() const { return has_embedding_; }
@@ -250,6 +262,7 @@ class GptModel {
   Parameter* final_gamma_ = nullptr;
   Parameter* final_beta_ = nullptr;
   std::vector<Layer> layers_;
+  GradientProgress gradient_progress_;  // null: nobody listens
   std::map<int64_t, Activations> in_flight_;        // by microbatch, from F (or input_buffer) until B or I
   std::map<int64_t, Activations> awaiting_weight_;  // from I until W
   std::vector<Activations> spare_;                  // released activations, reused
@@ -262,6 +275,8 @@ class GptModel {
   // rows (gathered_) and partial sums before their reduce-scatter (partial_); the loss's row
   // statistics, this rank's and every rank's (fp32).
   Activation norm_out_, branch_out_, d_hidden_, d_residual_[2], d_qkv_, d_ffn_;
+  // Tells gradient_progress_ that every parameter from `first` on holds this microbatch's gradient.
+  void gradients_done_from(const Parameter* first);
   Activation gathered_ = nullptr, partial_ = nullptr;
   float* statistics_ = nullptr;
   float* all_statistics_ = nullptr;

@@ -34,6 +34,12 @@ Optimizer::Optimizer(std::vector<GptModel*> chunks, const OptimizerGroups& group
     : chunks_(std::move(chunks)), groups_(groups), distributed_(distributed), settings_(settings), backend_(backend) {
   const int64_t dp = data_parallel_size(groups_);
   const auto dp_rank = static_cast<std::size_t>(data_parallel_rank(groups_));
+  for (std::size_t c = 0; c < chunks_.size(); ++c) {
+    progress_.push_back({{}, std::vector<bool>(chunks_[c]->layout().buckets.size(), false)});
+    if (settings_.overlap_grad_reduce && dp > 1) {
+      chunks_[c]->on_gradient_progress([this, c](std::size_t first) { gradients_done(c, first); });
+    }
+  }
   for (GptModel* chunk : chunks_) {
     const ParameterLayout& layout = chunk->layout();
     std::vector<Parameter>& parameters = chunk->parameters();
@@ -67,38 +73,62 @@ Optimizer::Optimizer(std::vector<GptModel*> chunks, const OptimizerGroups& group
 }
 
 Optimizer::~Optimizer() {
+  for (GptModel* chunk : chunks_) chunk->on_gradient_progress(nullptr);
   for (float* buffer : moment_buffers_) backend_.release(buffer);
 }
 
 void Optimizer::reduce_gradients(int64_t stage) {
-  GptModel* chunk = nullptr;
-  for (GptModel* candidate : chunks_) {
-    if (candidate->stage() == stage) chunk = candidate;
+  std::size_t c = 0;
+  while (c < chunks_.size() && chunks_[c]->stage() != stage) ++c;
+  if (c == chunks_.size()) throw std::logic_error("REDUCE_GRAD of a stage this rank does not hold");
+  if (data_parallel_size(groups_) == 1) {
+    chunks_[c]->reduce_sequence_parallel_gradients();
+    return;
   }
-  if (!chunk) throw std::logic_error("REDUCE_GRAD of a stage this rank does not hold");
+  for (std::size_t b = 0; b < chunks_[c]->layout().buckets.size(); ++b) {
+    if (!progress_[c].started[b]) start_reduction(c, b);
+  }
+  if (!settings_.overlap_grad_reduce) finish_reductions();
+}
+
+void Optimizer::gradients_done(std::size_t chunk, std::size_t first) {
+  Progress& progress = progress_[chunk];
+  if (++progress.done[first] < settings_.microbatches) return;
+  const std::vector<GradientBucket>& buckets = chunks_[chunk]->layout().buckets;
+  for (std::size_t b = 0; b < buckets.size(); ++b) {
+    if (!progress.started[b] && buckets[b].first_parameter >= first) start_reduction(chunk, b);
+  }
+}
+
+void Optimizer::start_reduction(std::size_t c, std::size_t b) {
+  GptModel& chunk = *chunks_[c];
+  const GradientBucket& bucket = chunk.layout().buckets[b];
+  progress_[c].started[b] = true;
   // The tensor-parallel sum of sequence-parallel norm gradients comes first: the data-parallel
   // reduction (a reduce-scatter under the distributed optimizer) reads whole gradients.
-  chunk->reduce_sequence_parallel_gradients();
-  Comm* dp = groups_.data_parallel;
-  if (!dp || dp->size() == 1) return;
-  const ParameterLayout& layout = chunk->layout();
-  float* gradients = chunk->gradient_buffer();
-  std::vector<Request> pending;
-  for (const GradientBucket& bucket : layout.buckets) {
-    float* data = gradients + bucket.offset;
-    bool holds_tied = false;
-    for (std::size_t i = bucket.first_parameter; i <= bucket.last_parameter; ++i) {
-      holds_tied = holds_tied || tied(chunk->parameters()[i]);
-    }
-    if (distributed_ && !holds_tied) {
-      const std::size_t shard = bucket.shard_size(dp->size());
-      pending.push_back(dp->reduce_scatter(data, data + static_cast<std::size_t>(dp->rank()) * shard, shard,
-                                           DataType::kFloat32, ReduceOp::kSum));
-    } else {
-      pending.push_back(dp->all_reduce(data, bucket.size, DataType::kFloat32, ReduceOp::kSum));
-    }
+  chunk.reduce_sequence_parallel_gradients(bucket.first_parameter, bucket.last_parameter);
+  Comm& dp = *groups_.data_parallel;
+  float* data = chunk.gradient_buffer() + bucket.offset;
+  bool holds_tied = false;
+  for (std::size_t i = bucket.first_parameter; i <= bucket.last_parameter; ++i) {
+    holds_tied = holds_tied || tied(chunk.parameters()[i]);
   }
-  for (Request& request : pending) request->wait();
+  if (distributed_ && !holds_tied) {
+    const std::size_t shard = bucket.shard_size(dp.size());
+    reducing_.push_back(dp.reduce_scatter(data, data + static_cast<std::size_t>(dp.rank()) * shard, shard,
+                                          DataType::kFloat32, ReduceOp::kSum));
+  } else {
+    reducing_.push_back(dp.all_reduce(data, bucket.size, DataType::kFloat32, ReduceOp::kSum));
+  }
+}
+
+void Optimizer::finish_reductions() {
+  for (Request& request : reducing_) request->wait();
+  reducing_.clear();
+  for (Progress& progress : progress_) {
+    progress.done.clear();
+    std::fill(progress.started.begin(), progress.started.end(), false);
+  }
 }
 
 std::vector<OptimizerTensor> Optimizer::tensors(bool for_norm) const {
@@ -124,6 +154,7 @@ std::vector<OptimizerTensor> Optimizer::tensors(bool for_norm) const {
 }
 
 double Optimizer::gradient_norm() {
+  finish_reductions();  // the overlapped ones end here, before anything reads a gradient
   // The tied embedding's two gradients become their sum on both stages first.
   if (Comm* embedding = groups_.embedding) {
     for (GptModel* chunk : chunks_) {

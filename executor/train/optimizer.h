@@ -4,6 +4,11 @@
 //   the reduced shard it owns. The loss is pre-scaled by 1 / (microbatches x dp), so the sums are
 //   the data-parallel mean. Buckets holding a tied embedding are all-reduced either way: the
 //   embedding group adds the first and last stage's full gradients afterwards.
+//   With overlap_grad_reduce (Megatron's --overlap-grad-reduce, which the simulator costs) a
+//   bucket's reduction starts as soon as the backward has produced its parameters' gradients of
+//   every microbatch (the chunk's gradient progress), REDUCE_GRAD starts whatever has not started,
+//   and nothing waits for them before OPTIM: the reductions overlap the backwards still to run.
+//   Without it REDUCE_GRAD starts every bucket and waits. The sums are the same bits either way.
 // - OPTIM adds the tied word-embedding gradients of the first and last stage (Megatron's
 //   embedding group), computes the global gradient norm over every model-parallel rank (the tied
 //   copy counted once; with the distributed optimizer each data-parallel rank adds its shard),
@@ -13,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <utility>
 #include <vector>
 
@@ -32,6 +38,8 @@ struct OptimizerSettings {
   double weight_decay = 0.01;
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
   double clip_grad = 1.0;  // 0: no clipping
+  bool overlap_grad_reduce = false;
+  int64_t microbatches = 1;  // per iteration: a gradient is final after this many backwards
 };
 
 // A parameter's AdamW moments as checkpoints see them: whole (the rank's tensor-parallel shard of
@@ -85,6 +93,17 @@ class Optimizer {
   Backend& backend_;
   std::vector<float*> moment_buffers_;  // owned, released at destruction
   std::vector<Piece> pieces_;
+  // Overlapped reduction, by chunk: how many microbatches' gradients each part (keyed by its first
+  // parameter) holds, and which buckets have started; the reductions not yet waited for.
+  struct Progress {
+    std::map<std::size_t, int64_t> done;
+    std::vector<bool> started;
+  };
+  std::vector<Progress> progress_;
+  std::vector<Request> reducing_;
+  void gradients_done(std::size_t chunk, std::size_t first);
+  void start_reduction(std::size_t chunk, std::size_t bucket);
+  void finish_reductions();
   // Distributed: the owned shard's moments of each bucket (first, second), by chunk and bucket.
   std::vector<std::vector<std::pair<float*, float*>>> shard_moments_;
 };

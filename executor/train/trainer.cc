@@ -45,6 +45,7 @@ TrainOptions checked_train_options(const TrainOptions& options_in) {
   if (options.save_interval < 0) throw SpecError("--save-interval", "must be non-negative");
   if (options.save_interval > 0 && !options.save) throw SpecError("--save-interval", "needs --save DIR");
   if (!(options.clip_grad >= 0)) throw SpecError("--clip-grad", "must be non-negative");
+  if (options.ddp_bucket_size < 0) throw SpecError("--ddp-bucket-size", "must be non-negative (0: Megatron's default)");
   if (options.data_path.empty()) throw SpecError("--data-path", "is required");
   options.learning_rate.validate();
   return options;
@@ -113,7 +114,8 @@ int64_t predicted_rank_bytes(const Run& run, int64_t pipeline_rank, const Backen
   const int64_t inflight = peak_inflight_microbatches(run.schedule.ranks[static_cast<std::size_t>(pipeline_rank)]);
   int64_t bytes = 0;
   for (const int64_t stage : stages_of_pipeline_rank(pipeline_rank, run.plan)) {
-    bytes += GptModel::predicted_bytes(run.model, run.plan, stage, inflight, backend);
+    bytes += GptModel::predicted_bytes(run.model, run.plan, stage, inflight, backend,
+                                       static_cast<std::size_t>(run.options.ddp_bucket_size));
     int64_t moments = 2 * static_cast<int64_t>(sizeof(float)) * stage_parameters(run.model, run.plan, stage).parameters_per_gpu;
     if (run.plan.use_distributed_optimizer) moments /= run.plan.data_parallel_size;
     bytes += moments;
@@ -144,7 +146,8 @@ class RankTrainer {
     Parameter* embedding = nullptr;  // stage 0's, when this rank holds it: a V's last stage reads it
     for (const int64_t stage : stages_of_pipeline_rank(groups.pipeline_rank, run.plan)) {
       chunks_.push_back(std::make_unique<GptModel>(run.model, run.plan, stage, backend, run.options.seed, embedding,
-                                                   groups.tensor_parallel.get()));
+                                                   groups.tensor_parallel.get(),
+                                                   static_cast<std::size_t>(run.options.ddp_bucket_size)));
       if (chunks_.back()->first_stage()) embedding = chunks_.back()->word_embedding();
       by_stage_[stage] = chunks_.back().get();
     }
@@ -156,6 +159,8 @@ class RankTrainer {
     settings.beta2 = run.options.adam_beta2;
     settings.eps = run.options.adam_eps;
     settings.clip_grad = run.options.clip_grad;
+    settings.overlap_grad_reduce = run.options.overlap_grad_reduce;
+    settings.microbatches = run.plan.num_microbatches();
     optimizer_ = std::make_unique<Optimizer>(
         ordered, OptimizerGroups{groups.data_parallel.get(), groups.model_parallel.get(), groups.embedding.get()},
         run.plan.use_distributed_optimizer, settings, backend);

@@ -175,6 +175,31 @@ TEST_CASE("pipeline, data- and tensor-parallel layouts train on one GPU like one
 // another from the iteration's first mark, and every forward and backward takes GPU time. They take
 // most of it (an H100 measured 88% and 91% on the two ranks; a slice also holds the other rank's
 // work queued meanwhile); half is a generous floor that marks missing their action's work fail.
+TEST_CASE("on one GPU, gradient buckets reduced as the backward fills them give the bits of a reduction at "
+          "REDUCE_GRAD", "[gpu][train][parallel]") {
+  // Each rank's compute stream runs on while its buckets are reduced on the dp group's stream: the
+  // events must order every reduction after the bucket's last gradient and OPTIM after every
+  // reduction, or the sums change. Small buckets (about one parameter each) so that most start
+  // inside the last backward.
+  const megaplan::test::ScratchDirectory scratch;
+  exec::TrainOptions options = options_for(megaplan::test::sentence_corpus(scratch));
+  options.train_iters = 4;
+  options.ddp_bucket_size = 20000;
+  for (const ParallelPlan& plan : {plan_of(1, 2, 1, ScheduleKind::kOneFOneB, true),
+                                   plan_of(2, 2, 1, ScheduleKind::kZeroBubbleH1, true, 2, true)}) {
+    INFO("tp " << plan.tensor_parallel_size << " pp " << plan.pipeline_parallel_size << " dp 2");
+    const std::string name = "tp" + std::to_string(plan.tensor_parallel_size);
+    options.overlap_grad_reduce = false;
+    const Outcome at_reduce_grad = train_on_gpu(four_layer_gpt(), plan, options, scratch, name + "-serial");
+    options.overlap_grad_reduce = true;
+    const Outcome overlapped = train_on_gpu(four_layer_gpt(), plan, options, scratch, name + "-overlapped");
+    REQUIRE(at_reduce_grad.losses.size() == 4);
+    CHECK(overlapped.losses == at_reduce_grad.losses);
+    CHECK(overlapped.summary.last_gradient_norm == at_reduce_grad.summary.last_gradient_norm);
+    CHECK(overlapped.summary.final_weights == at_reduce_grad.summary.final_weights);
+  }
+}
+
 TEST_CASE("a measured pp 2 timeline on the GPU has one slice per action of the lowered lists, in order",
           "[gpu][train][parallel]") {
   const megaplan::test::ScratchDirectory scratch;

@@ -181,6 +181,39 @@ TEST_CASE("every pipeline schedule, data-parallel layout and recomputation train
   }
 }
 
+TEST_CASE("gradient buckets reduced as the backward fills them give the bits of a reduction at REDUCE_GRAD",
+          "[parallel]") {
+  // Small buckets (Megatron's --ddp-bucket-size; one or two parameters each here), so that most
+  // start inside the last microbatch's backward, layer by layer: one started before every
+  // microbatch's gradient was in it, or on a gradient a later part still adds to, would change the
+  // sums. Deferred weight gradients (zb-h1) finish buckets in W; sequence parallelism sums a
+  // bucket's norm gradients over tp first.
+  const megaplan::test::ScratchDirectory scratch;
+  exec::TrainOptions options = options_for(megaplan::test::sentence_corpus(scratch));
+  options.train_iters = 4;
+  options.ddp_bucket_size = 2000;
+  ParallelPlan zero_bubble = plan_of(1, 2, 2, 1, ScheduleKind::kZeroBubbleH1);
+  zero_bubble.use_distributed_optimizer = true;
+  ParallelPlan everything = plan_of(2, 2, 2, 2, ScheduleKind::kInterleaved);
+  everything.sequence_parallel = true;
+  everything.use_distributed_optimizer = true;
+  const std::vector<Layout> layouts = {{"dp2", plan_of(1, 1, 2, 1, ScheduleKind::kOneFOneB)},
+                                       {"pp2 x dp2 zb-h1, distributed optimizer", zero_bubble},
+                                       {"tp2 sequence parallel x pp2 interleaved vpp2 x dp2, distributed optimizer",
+                                        everything}};
+  for (std::size_t l = 0; l < layouts.size(); ++l) {
+    INFO(layouts[l].name);
+    options.overlap_grad_reduce = false;
+    const Outcome at_reduce_grad = train(four_layer_gpt(), layouts[l].plan, options, scratch, "serial" + std::to_string(l));
+    options.overlap_grad_reduce = true;
+    const Outcome overlapped = train(four_layer_gpt(), layouts[l].plan, options, scratch, "overlap" + std::to_string(l));
+    REQUIRE(at_reduce_grad.losses.size() == 4);
+    CHECK(overlapped.losses == at_reduce_grad.losses);
+    CHECK(overlapped.summary.last_gradient_norm == at_reduce_grad.summary.last_gradient_norm);
+    CHECK(overlapped.summary.final_weights == at_reduce_grad.summary.final_weights);
+  }
+}
+
 TEST_CASE("a rank that fails ends every rank with its message", "[parallel]") {
   const megaplan::test::ScratchDirectory scratch;
   exec::TrainOptions options = options_for(megaplan::test::sentence_corpus(scratch));

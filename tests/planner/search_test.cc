@@ -224,7 +224,8 @@ TEST_CASE("Megatron-LM arguments for a plan", "[planner]") {
   CHECK(arguments == std::vector<std::string>{"--tensor-model-parallel-size 8", "--pipeline-model-parallel-size 8",
                                               "--num-layers-per-virtual-pipeline-stage 4", "--micro-batch-size 1",
                                               "--global-batch-size 1536", "--sequence-parallel",
-                                              "--use-distributed-optimizer", "--recompute-granularity selective"});
+                                              "--use-distributed-optimizer", "--overlap-grad-reduce",
+                                              "--recompute-granularity selective"});
   plan.virtual_pipeline_parallel_size = 2;
   plan.schedule = megaplan::ScheduleKind::kZeroBubbleV;
   plan.recompute_granularity = megaplan::RecomputeGranularity::kFull;
