@@ -78,9 +78,9 @@ int run_train(const TrainCommandOptions& options, std::ostream& out) {
   // Under a launcher with --device cuda, this process trains its own rank over NCCL (world size 1
   // included, so a launched run always takes the path its larger runs take).
   const bool launched = launch.launcher != "none" && options.device == "cuda";
-  // Each launched rank times only its own actions; rank 0 writes them.
+  // Every rank times its actions (a launched pipeline's are gathered); rank 0 writes them.
+  train.record_timeline = options.trace.has_value();
   const bool writes_trace = options.trace && launch.rank == 0;
-  train.record_timeline = writes_trace;
   if (options.device == "cuda") train.peak_flops_per_s = exec::cuda_dense_bf16_peak_flops();
   exec::TrainSummary summary;
   if (launched) {
@@ -90,8 +90,7 @@ int run_train(const TrainCommandOptions& options, std::ostream& out) {
   }
   if (writes_trace) {
     exec::write_file_atomically(*options.trace, timeline_to_chrome_trace(summary.timeline).dump() + "\n");
-    out << "wrote the measured timeline of iteration " << summary.last_iteration
-        << (launched && launch.world_size > 1 ? " (rank 0's actions)" : "") << " to " << *options.trace << "\n";
+    out << "wrote the measured timeline of iteration " << summary.last_iteration << " to " << *options.trace << "\n";
   }
   return 0;
 }

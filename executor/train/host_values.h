@@ -16,4 +16,8 @@ std::vector<double> all_gather_doubles(Comm& group, Backend& backend, double val
 // The sum over members of `value`, added in group-rank order on the host.
 double sum_over(Comm& group, Backend& backend, double value);
 
+// Every member's list, in group-rank order; the lists may differ in length. Each double travels as
+// its two 32-bit words, so values come back bit for bit.
+std::vector<std::vector<double>> all_gather_lists(Comm& group, Backend& backend, const std::vector<double>& values);
+
 }  // namespace megaplan::exec

@@ -439,12 +439,62 @@ TrainSummary train(const ModelSpec& model, const ParallelPlan& plan, const Train
   return summary;
 }
 
+namespace {
+
+// A slice as doubles (every field is an integer or a time), and back.
+constexpr std::size_t kSliceFields = 10;
+
+void append_slice(const TimelineSlice& slice, std::vector<double>& out) {
+  const Action& a = slice.action;
+  out.insert(out.end(), {static_cast<double>(slice.pipeline_rank), static_cast<double>(slice.stream),
+                         static_cast<double>(a.kind), static_cast<double>(a.backward_kind),
+                         static_cast<double>(a.stage), static_cast<double>(a.microbatch),
+                         static_cast<double>(a.backward_stage), static_cast<double>(a.backward_microbatch),
+                         slice.start_s, slice.end_s});
+}
+
+TimelineSlice slice_at(const double* field) {
+  TimelineSlice slice;
+  slice.pipeline_rank = static_cast<int32_t>(field[0]);
+  slice.stream = static_cast<TimelineStream>(field[1]);
+  slice.action.kind = static_cast<ActionKind>(field[2]);
+  slice.action.backward_kind = static_cast<ActionKind>(field[3]);
+  slice.action.stage = static_cast<int32_t>(field[4]);
+  slice.action.microbatch = static_cast<int32_t>(field[5]);
+  slice.action.backward_stage = static_cast<int32_t>(field[6]);
+  slice.action.backward_microbatch = static_cast<int32_t>(field[7]);
+  slice.start_s = field[8];
+  slice.end_s = field[9];
+  return slice;
+}
+
+// The traced pipeline's timelines (its ranks are the first tensor- and data-parallel rank of each
+// stage), every rank's slices gathered over the pipeline group, in pipeline-rank order: what the
+// in-process run joins from its threads.
+void gather_pipeline_timeline(Comm* pipeline, Backend& backend, Timeline& timeline) {
+  if (!pipeline || pipeline->size() == 1) return;
+  std::vector<double> mine;
+  for (const TimelineSlice& slice : timeline.slices) append_slice(slice, mine);
+  timeline.slices.clear();
+  for (const std::vector<double>& list : all_gather_lists(*pipeline, backend, mine)) {
+    for (std::size_t at = 0; at + kSliceFields <= list.size(); at += kSliceFields) {
+      timeline.slices.push_back(slice_at(list.data() + at));
+    }
+  }
+}
+
+}  // namespace
+
 TrainSummary train_rank(const ModelSpec& model, const ParallelPlan& plan, const TrainOptions& options, int64_t rank,
                         Backend& backend, const CommFactory& make_comm, std::ostream& out) {
   const PreparedRun prepared(model, plan, options);
   const Run run = prepared.run();
   ParallelGroups groups = make_parallel_groups(plan, rank, make_comm);
-  return train_alone(run, backend, groups, rank == 0 ? &out : nullptr);
+  TrainSummary summary = train_alone(run, backend, groups, rank == 0 ? &out : nullptr);
+  if (options.record_timeline && groups.data_parallel_rank == 0 && groups.tensor_parallel_rank == 0) {
+    gather_pipeline_timeline(groups.pipeline.get(), backend, summary.timeline);
+  }
+  return summary;
 }
 
 }  // namespace megaplan::exec

@@ -92,7 +92,9 @@ TrainSummary train(const ModelSpec& model, const ParallelPlan& plan, const Train
 
 // Trains rank `rank` of `plan` in this process while the other ranks run in their own processes
 // (NCCL, one process per GPU): `make_comm` builds its communicators. Rank 0 writes the log to
-// `out`. The summary's final_weights and timeline hold this rank's part only.
+// `out`. The summary's final_weights hold this rank's part only; with record_timeline (set on
+// every rank) the ranks of the traced pipeline gather their timelines, so that rank 0's holds
+// every pipeline rank's, as train()'s does.
 TrainSummary train_rank(const ModelSpec& model, const ParallelPlan& plan, const TrainOptions& options, int64_t rank,
                         Backend& backend, const CommFactory& make_comm, std::ostream& out);
 

@@ -16,6 +16,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -29,6 +30,9 @@
 #include "core/schedule/schedule.h"
 #include "core/schedule/schedule_csv.h"
 #include "core/timeline.h"
+#include "executor/comm/in_process_comm.h"
+#include "executor/comm/rank_threads.h"
+#include "executor/train/parallel_groups.h"
 #include "executor/runtime/cpu_backend.h"
 #include "executor/train/trainer.h"
 #include "training_fixtures.h"
@@ -253,6 +257,45 @@ TEST_CASE("a measured timeline has one slice per action of every rank's lowered 
       CHECK(slice.start_s >= previous_end);  // issued in order, one after another on the host
       CHECK(slice.end_s >= slice.start_s);
       previous_end = slice.end_s;
+    }
+    CHECK(recorded == schedule.ranks[rank]);
+  }
+}
+
+TEST_CASE("launched ranks gather the traced pipeline's timelines, so rank 0 holds every pipeline rank's",
+          "[parallel]") {
+  // train_rank is what one process of a launched world runs; here each rank is a thread with its
+  // own in-process communicators, as NCCL's would be built.
+  const megaplan::test::ScratchDirectory scratch;
+  exec::TrainOptions options = options_for(megaplan::test::sentence_corpus(scratch));
+  options.train_iters = 2;
+  options.record_timeline = true;
+  const megaplan::ModelSpec model = four_layer_gpt();
+  const ParallelPlan plan = plan_of(1, 2, 2, 2, ScheduleKind::kInterleaved);
+  megaplan::validate_plan(model, plan);
+  exec::InProcessWorld world(plan.world_size(), std::chrono::minutes(2));
+  std::vector<exec::TrainSummary> summaries(static_cast<std::size_t>(plan.world_size()));
+  exec::run_rank_threads(world, plan.world_size(), [&](int64_t rank) {
+    exec::CpuBackend backend;
+    std::ostringstream out;
+    summaries[static_cast<std::size_t>(rank)] = exec::train_rank(
+        model, plan, options, rank, backend,
+        [&](const exec::GroupKind& kind) -> std::unique_ptr<exec::Comm> {
+          if (!exec::needs_communicator(kind)) return nullptr;
+          return world.group(rank, kind.groups[static_cast<std::size_t>(kind.mine)], kind.label);
+        },
+        out);
+  });
+  const megaplan::PipelineSchedule schedule = megaplan::lower_schedule(megaplan::generate_plan_schedule(plan));
+  const std::vector<megaplan::TimelineSlice>& slices = summaries[0].timeline.slices;
+  for (std::size_t rank = 0; rank < 2; ++rank) {
+    INFO("pipeline rank " << rank);
+    std::vector<megaplan::Action> recorded;
+    for (const megaplan::TimelineSlice& slice : slices) {
+      if (slice.pipeline_rank != static_cast<int32_t>(rank)) continue;
+      recorded.push_back(slice.action);
+      CHECK(slice.stream == megaplan::stream_of(slice.action.kind));
+      CHECK(slice.end_s >= slice.start_s);
     }
     CHECK(recorded == schedule.ranks[rank]);
   }
