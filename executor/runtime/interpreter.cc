@@ -78,6 +78,7 @@ void Interpreter::release(Activation buffer) { spare_gradients_.push_back(buffer
 void Interpreter::forward(int64_t stage, int64_t microbatch,
                           const std::function<const MicrobatchTokens&(int64_t)>& data, IterationResult& result) {
   GptModel& model = chunk(stage);
+  optimizer_.parameters_ready(stage);  // the last step's parameter all-gather, if it still runs
   if (stage > 0) {
     if (shape_.next_stage_on_same_rank(stage - 1)) {
       backend_.copy(chunk(stage - 1).output(microbatch), model.message_size(), model.input_buffer(microbatch));

@@ -36,6 +36,7 @@ Optimizer::Optimizer(std::vector<GptModel*> chunks, const OptimizerGroups& group
   const auto dp_rank = static_cast<std::size_t>(data_parallel_rank(groups_));
   for (std::size_t c = 0; c < chunks_.size(); ++c) {
     progress_.push_back({{}, std::vector<bool>(chunks_[c]->layout().buckets.size(), false)});
+    gathering_.emplace_back();
     if (settings_.overlap_grad_reduce && dp > 1) {
       chunks_[c]->on_gradient_progress([this, c](std::size_t first) { gradients_done(c, first); });
     }
@@ -122,6 +123,23 @@ void Optimizer::start_reduction(std::size_t c, std::size_t b) {
   }
 }
 
+void Optimizer::finish_gather(std::size_t c) {
+  if (gathering_[c].empty()) return;
+  for (Request& request : gathering_[c]) request->wait();
+  gathering_[c].clear();
+  chunks_[c]->refresh_compute_weights();
+}
+
+void Optimizer::parameters_ready(int64_t stage) {
+  for (std::size_t c = 0; c < chunks_.size(); ++c) {
+    if (chunks_[c]->stage() == stage) finish_gather(c);
+  }
+}
+
+void Optimizer::finish_parameter_gathers() {
+  for (std::size_t c = 0; c < chunks_.size(); ++c) finish_gather(c);
+}
+
 void Optimizer::finish_reductions() {
   for (Request& request : reducing_) request->wait();
   reducing_.clear();
@@ -176,16 +194,15 @@ void Optimizer::step(int64_t iteration, double lr, double gradient_norm) {
   backend_.adamw_step(tensors(false), {iteration, lr, settings_.beta1, settings_.beta2, settings_.eps, clip});
   if (distributed_ && data_parallel_size(groups_) > 1) {
     Comm& dp = *groups_.data_parallel;
-    for (GptModel* chunk : chunks_) {
-      std::vector<Request> pending;
-      for (const GradientBucket& bucket : chunk->layout().buckets) {
+    for (std::size_t c = 0; c < chunks_.size(); ++c) {
+      GptModel& chunk = *chunks_[c];
+      for (const GradientBucket& bucket : chunk.layout().buckets) {
         const std::size_t shard = bucket.shard_size(dp.size());
-        float* data = chunk->parameter_buffer() + bucket.offset;
-        pending.push_back(dp.all_gather(data + static_cast<std::size_t>(dp.rank()) * shard, data, shard,
-                                        DataType::kFloat32));
+        float* data = chunk.parameter_buffer() + bucket.offset;
+        gathering_[c].push_back(dp.all_gather(data + static_cast<std::size_t>(dp.rank()) * shard, data, shard,
+                                              DataType::kFloat32));
       }
-      for (Request& request : pending) request->wait();
-      chunk->refresh_compute_weights();
+      if (!settings_.overlap_param_gather) finish_gather(c);
     }
   }
   for (GptModel* chunk : chunks_) chunk->zero_gradients();

@@ -9,6 +9,11 @@
 //   every microbatch (the chunk's gradient progress), REDUCE_GRAD starts whatever has not started,
 //   and nothing waits for them before OPTIM: the reductions overlap the backwards still to run.
 //   Without it REDUCE_GRAD starts every bucket and waits. The sums are the same bits either way.
+//   With the distributed optimizer and overlap_param_gather (Megatron's --overlap-param-gather) the
+//   all-gathers of the updated shards are started at OPTIM and waited for only at each chunk's
+//   first forward of the next iteration (parameters_ready), so they overlap the work before it;
+//   finish_parameter_gathers() ends them all before anything else reads the weights (evaluation,
+//   checkpoints, the end of training).
 // - OPTIM adds the tied word-embedding gradients of the first and last stage (Megatron's
 //   embedding group), computes the global gradient norm over every model-parallel rank (the tied
 //   copy counted once; with the distributed optimizer each data-parallel rank adds its shard),
@@ -39,6 +44,7 @@ struct OptimizerSettings {
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
   double clip_grad = 1.0;  // 0: no clipping
   bool overlap_grad_reduce = false;
+  bool overlap_param_gather = false;
   int64_t microbatches = 1;  // per iteration: a gradient is final after this many backwards
 };
 
@@ -62,8 +68,12 @@ class Optimizer {
   void reduce_gradients(int64_t stage);
   // The global gradient norm before clipping (non-finite when a gradient is).
   double gradient_norm();
-  // OPTIM after gradient_norm(): clip with it, step, gather, zero the gradients.
+  // OPTIM after gradient_norm(): clip with it, step, gather (or start gathering), zero the gradients.
   void step(int64_t iteration, double lr, double gradient_norm);
+  // Before F of `stage`: its chunk's parameters are gathered and its compute weights refreshed.
+  void parameters_ready(int64_t stage);
+  // Every chunk's, before the weights are read otherwise.
+  void finish_parameter_gathers();
   // Every parameter's moments, whole, in chunk and registration order. With the distributed
   // optimizer over several data-parallel ranks it is a collective over the data-parallel group
   // (every member calls it): the owned shards' moments are all-gathered, and every member returns
@@ -101,6 +111,8 @@ class Optimizer {
   };
   std::vector<Progress> progress_;
   std::vector<Request> reducing_;
+  std::vector<std::vector<Request>> gathering_;  // by chunk: the updated shards' all-gathers in flight
+  void finish_gather(std::size_t chunk);
   void gradients_done(std::size_t chunk, std::size_t first);
   void start_reduction(std::size_t chunk, std::size_t bucket);
   void finish_reductions();

@@ -160,6 +160,7 @@ class RankTrainer {
     settings.eps = run.options.adam_eps;
     settings.clip_grad = run.options.clip_grad;
     settings.overlap_grad_reduce = run.options.overlap_grad_reduce;
+    settings.overlap_param_gather = run.options.overlap_param_gather;
     settings.microbatches = run.plan.num_microbatches();
     optimizer_ = std::make_unique<Optimizer>(
         ordered, OptimizerGroups{groups.data_parallel.get(), groups.model_parallel.get(), groups.embedding.get()},
@@ -318,12 +319,14 @@ TrainSummary RankTrainer::train() {
       window_iterations = 0;
     }
     if (run_.valid_samples && iteration % options.eval_interval == 0) {
+      optimizer_->finish_parameter_gathers();
       const double validation = evaluate(iteration);
       if (out_) *out_ << "validation loss at iteration " << iteration << ": " << format_double(validation) << "\n";
     }
     const bool exiting = options.exit_interval > 0 && iteration % options.exit_interval == 0;
     if (options.save && ((options.save_interval > 0 && iteration % options.save_interval == 0) || exiting ||
                          iteration == options.train_iters)) {
+      optimizer_->finish_parameter_gathers();
       save_checkpoint(*options.save, state, checkpoint_rank());
       if (out_) *out_ << "saved " << *options.save << " at iteration " << iteration << "\n";
     }
@@ -332,6 +335,7 @@ TrainSummary RankTrainer::train() {
       break;
     }
   }
+  optimizer_->finish_parameter_gathers();
   if (options.keep_final_weights && groups_.data_parallel_rank == 0) {
     for (auto& chunk : chunks_) {
       for (const Parameter& p : chunk->parameters()) {
@@ -362,6 +366,14 @@ PipelineSchedule checked_schedule(const ParallelPlan& plan, const TrainOptions& 
   return schedule;
 }
 
+// The options that depend on the plan (Megatron's rules).
+void refuse_plan_options(const ParallelPlan& plan, const TrainOptions& options) {
+  if (options.overlap_param_gather && !plan.use_distributed_optimizer) {
+    throw SpecError("--overlap-param-gather", "needs --use-distributed-optimizer (it overlaps the all-gather of "
+                                              "the updated parameter shards)");
+  }
+}
+
 // What every rank of a run shares, built and checked before any rank starts (a schedule that would
 // hang is refused here). Not movable: the samples refer to the dataset.
 struct PreparedRun {
@@ -369,7 +381,8 @@ struct PreparedRun {
       : model(model_in),
         plan(plan_in),
         options(checked_train_options(options_in)),
-        schedule((GptModel::refuse_unsupported(model, plan), checked_schedule(plan, options))),
+        schedule((GptModel::refuse_unsupported(model, plan), refuse_plan_options(plan, options),
+                  checked_schedule(plan, options))),
         dataset(options.data_path),
         splits(split_documents(options.split, static_cast<int64_t>(dataset.num_documents()))),
         train_samples(dataset, splits[0], model.seq_length, options.train_iters * plan.global_batch_size, options.seed) {

@@ -175,9 +175,10 @@ expect_ok train --device cpu --model "$examples/models/tiny-gpt.json" --vocab-si
   --data-path "$scratch/corpus" --split 1,0,0 --train-iters 2 --log-interval 1
 [ "$(grep -c '^iteration [12]/2 | loss ' "$scratch/out")" -eq 2 ] || fail "tp 2 x pp 2 prints one line per iteration: $(cat "$scratch/out")"
 expect_ok train --device cpu --model "$examples/models/tiny-gpt.json" --vocab-size 257 --seq-length 16 \
-  --world-size 2 --use-distributed-optimizer --overlap-grad-reduce --ddp-bucket-size 5000 --mbs 1 --gbs 2 \
+  --world-size 2 --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather --ddp-bucket-size 5000 --mbs 1 --gbs 2 \
   --data-path "$scratch/corpus" --split 1,0,0 --train-iters 2 --log-interval 1
 [ "$(grep -c '^iteration [12]/2 | loss ' "$scratch/out")" -eq 2 ] || fail "dp 2 with overlapped buckets: $(cat "$scratch/out")"
+expect_error 'error: --overlap-param-gather: needs --use-distributed-optimizer' train --device cpu --model "$examples/models/tiny-gpt.json" --world-size 2 --overlap-param-gather --data-path "$scratch/corpus" --train-iters 2
 expect_error 'error: --ddp-bucket-size: must be non-negative' train --device cpu --model "$examples/models/tiny-gpt.json" --ddp-bucket-size -1 --data-path "$scratch/corpus" --train-iters 2
 expect_error 'error: --recompute-method: needs --recompute-granularity full' train --device cpu --model "$examples/models/tiny-gpt.json" --recompute-method block --data-path "$scratch/corpus" --train-iters 2
 expect_error 'error: --recompute-num-layers: must be between 1 and the 2 layers of a model chunk, got 3' train --device cpu --model "$examples/models/tiny-gpt.json" --recompute-granularity full --recompute-num-layers 3 --data-path "$scratch/corpus" --train-iters 2

@@ -175,8 +175,8 @@ TEST_CASE("pipeline, data- and tensor-parallel layouts train on one GPU like one
 // another from the iteration's first mark, and every forward and backward takes GPU time. They take
 // most of it (an H100 measured 88% and 91% on the two ranks; a slice also holds the other rank's
 // work queued meanwhile); half is a generous floor that marks missing their action's work fail.
-TEST_CASE("on one GPU, gradient buckets reduced as the backward fills them give the bits of a reduction at "
-          "REDUCE_GRAD", "[gpu][train][parallel]") {
+TEST_CASE("on one GPU, overlapped gradient reduction and parameter gathering give the bits of the unoverlapped run",
+          "[gpu][train][parallel]") {
   // Each rank's compute stream runs on while its buckets are reduced on the dp group's stream: the
   // events must order every reduction after the bucket's last gradient and OPTIM after every
   // reduction, or the sums change. Small buckets (about one parameter each) so that most start
@@ -184,6 +184,7 @@ TEST_CASE("on one GPU, gradient buckets reduced as the backward fills them give 
   const megaplan::test::ScratchDirectory scratch;
   exec::TrainOptions options = options_for(megaplan::test::sentence_corpus(scratch));
   options.train_iters = 4;
+  options.eval_interval = 2;
   options.ddp_bucket_size = 20000;
   for (const ParallelPlan& plan : {plan_of(1, 2, 1, ScheduleKind::kOneFOneB, true),
                                    plan_of(2, 2, 1, ScheduleKind::kZeroBubbleH1, true, 2, true)}) {
@@ -197,6 +198,14 @@ TEST_CASE("on one GPU, gradient buckets reduced as the backward fills them give 
     CHECK(overlapped.losses == at_reduce_grad.losses);
     CHECK(overlapped.summary.last_gradient_norm == at_reduce_grad.summary.last_gradient_norm);
     CHECK(overlapped.summary.final_weights == at_reduce_grad.summary.final_weights);
+    // The updated shards gathered behind the next iteration's work: each chunk's bf16 compute
+    // weights must be refreshed from them before its first forward (and before evaluation), or the
+    // losses change.
+    options.overlap_param_gather = true;
+    const Outcome gathered_later = train_on_gpu(four_layer_gpt(), plan, options, scratch, name + "-gather");
+    options.overlap_param_gather = false;
+    CHECK(gathered_later.losses == at_reduce_grad.losses);
+    CHECK(gathered_later.summary.final_weights == at_reduce_grad.summary.final_weights);
   }
 }
 

@@ -195,6 +195,7 @@ TEST_CASE("gradient buckets reduced as the backward fills them give the bits of 
   const megaplan::test::ScratchDirectory scratch;
   exec::TrainOptions options = options_for(megaplan::test::sentence_corpus(scratch));
   options.train_iters = 4;
+  options.eval_interval = 2;
   options.ddp_bucket_size = 2000;
   ParallelPlan zero_bubble = plan_of(1, 2, 2, 1, ScheduleKind::kZeroBubbleH1);
   zero_bubble.use_distributed_optimizer = true;
@@ -215,6 +216,15 @@ TEST_CASE("gradient buckets reduced as the backward fills them give the bits of 
     CHECK(overlapped.losses == at_reduce_grad.losses);
     CHECK(overlapped.summary.last_gradient_norm == at_reduce_grad.summary.last_gradient_norm);
     CHECK(overlapped.summary.final_weights == at_reduce_grad.summary.final_weights);
+    if (!layouts[l].plan.use_distributed_optimizer) continue;
+    // The updated shards gathered behind the next iteration's work, waited for at each chunk's
+    // first forward (and before each evaluation): the same bits again.
+    options.overlap_param_gather = true;
+    const Outcome gathered_later = train(four_layer_gpt(), layouts[l].plan, options, scratch, "gather" + std::to_string(l));
+    options.overlap_param_gather = false;
+    CHECK(gathered_later.losses == at_reduce_grad.losses);
+    CHECK(gathered_later.summary.final_weights == at_reduce_grad.summary.final_weights);
+    CHECK(gathered_later.out.find("validation loss at iteration 2") != std::string::npos);
   }
 }
 
