@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One process per GPU over NCCL, started by each launcher: a tiny GPT trained by `megaplan launch
-# --nproc-per-node 1` and by `mpirun -np 1`, and, where two GPUs are visible, dp 2, pp 2 and tp 2
-# (with and without sequence parallelism) by `megaplan launch --nproc-per-node 2`. Each launched run is compared with the same layout trained in
+# --nproc-per-node 1`, `mpirun -np 1` and `torchrun --no-python` (where PyTorch is installed), and,
+# where two GPUs are visible, dp 2, pp 2 and tp 2 (with and without sequence parallelism) by
+# `megaplan launch --nproc-per-node 2` and dp 2 by torchrun. Each launched run is compared with the same layout trained in
 # one process (its ranks as threads sharing GPU 0), whose arithmetic it must repeat: a pipeline moves
 # the same bytes, and a sum of two ranks' values is the same in either order. Prints a table last.
 #   bench/nccl_launchers.sh MEGAPLAN_BINARY OUT_DIR
@@ -49,7 +50,13 @@ if command -v mpirun > /dev/null; then
 else
   echo "mpirun-1 not-installed" >> "$out/codes"
 fi
-rows+=("megaplan-launch 1 dp1 launch-1 reference-1" "mpirun 1 dp1 mpirun-1 reference-1")
+if command -v torchrun > /dev/null; then
+  run torchrun-1 -- torchrun --nproc-per-node 1 --no-python "$megaplan"
+else
+  echo "torchrun-1 not-installed" >> "$out/codes"
+fi
+rows+=("megaplan-launch 1 dp1 launch-1 reference-1" "mpirun 1 dp1 mpirun-1 reference-1"
+       "torchrun 1 dp1 torchrun-1 reference-1")
 gpus=$(nvidia-smi -L 2> /dev/null | grep -c '^GPU ')
 if [ "$gpus" -ge 2 ]; then
   run reference-dp2 --world-size 2 -- "$megaplan"
@@ -62,6 +69,11 @@ if [ "$gpus" -ge 2 ]; then
   run launch-tp2sp --tp 2 --sequence-parallel -- "$megaplan" launch --nproc-per-node 2 --
   rows+=("megaplan-launch 2 dp2 launch-dp2 reference-dp2" "megaplan-launch 2 pp2 launch-pp2 reference-pp2"
          "megaplan-launch 2 tp2 launch-tp2 reference-tp2" "megaplan-launch 2 tp2sp launch-tp2sp reference-tp2sp")
+  if command -v torchrun > /dev/null; then
+    # torchrun's agent keeps its store on MASTER_PORT: megaplan's rendezvous takes the next port.
+    run torchrun-dp2 -- torchrun --nproc-per-node 2 --master-port 29611 --no-python "$megaplan"
+    rows+=("torchrun 2 dp2 torchrun-dp2 reference-dp2")
+  fi
 fi
 
 python3 - "$out" "${rows[@]}" <<'PY'
