@@ -94,3 +94,8 @@ for row in sys.argv[2:]:
         f"no: max relative difference {max(abs(a - b) / abs(b) for a, b in zip(ours, theirs)):.2e}")
     print(f"{launcher:<16}{world:>6}{layout:>7}{codes.get(name, '-'):>14}{final:>12}  {same}")
 PY
+# How each launched world got NCCL's id (rank 0's first line): over MPI under mpirun where
+# megaplan was built with Open MPI, else over the TCP rendezvous.
+for name in launch-1 mpirun-1 torchrun-1; do
+  [ -f "$out/$name.txt" ] && echo "$name: $(grep -m1 'bootstrapped over' "$out/$name.txt")"
+done

@@ -35,7 +35,6 @@
 #include <utility>
 
 #include "core/error.h"
-#include "executor/comm/tcp_rendezvous.h"
 
 namespace megaplan::exec {
 namespace {
@@ -142,7 +141,7 @@ class ExitTimer {
 
 class World final : public NcclWorld {
  public:
-  World(int64_t rank, int64_t world_size, int device, const std::string& master_addr, int master_port,
+  World(int64_t rank, int64_t world_size, int device, const IdBroadcast& broadcast,
         std::chrono::milliseconds timeout);
   ~World() override;
   World(const World&) = delete;
@@ -313,7 +312,7 @@ class NcclComm final : public Comm {
   Group& group_;
 };
 
-World::World(int64_t rank, int64_t world_size, int device, const std::string& master_addr, int master_port,
+World::World(int64_t rank, int64_t world_size, int device, const IdBroadcast& broadcast,
              std::chrono::milliseconds timeout)
     : rank_(rank), world_size_(world_size), device_(device), timeout_(timeout) {
   if (world_size <= 0 || rank < 0 || rank >= world_size || world_size > INT_MAX) {
@@ -344,7 +343,7 @@ World::World(int64_t rank, int64_t world_size, int device, const std::string& ma
       if (made != ncclSuccess) throw std::runtime_error("rank 0: ncclGetUniqueId: " + nccl_error_text(made, nullptr));
       blob.assign(reinterpret_cast<const uint8_t*>(&id), reinterpret_cast<const uint8_t*>(&id) + sizeof id);
     }
-    blob = tcp_broadcast_from_rank0(rank, world_size, master_addr, master_port, blob, timeout);
+    blob = broadcast(blob);
     if (blob.size() != sizeof id) {
       throw std::runtime_error("rank " + std::to_string(rank) + ": rank 0 sent a " + std::to_string(blob.size()) +
                                "-byte NCCL id, not " + std::to_string(sizeof id));
@@ -656,9 +655,9 @@ void World::release(bool finalized) {
 
 }  // namespace
 
-std::unique_ptr<NcclWorld> make_nccl_world(int64_t rank, int64_t world_size, int device, const std::string& master_addr,
-                                           int master_port, std::chrono::milliseconds timeout) {
-  return std::make_unique<World>(rank, world_size, device, master_addr, master_port, timeout);
+std::unique_ptr<NcclWorld> make_nccl_world(int64_t rank, int64_t world_size, int device, const IdBroadcast& broadcast,
+                                           std::chrono::milliseconds timeout) {
+  return std::make_unique<World>(rank, world_size, device, broadcast, timeout);
 }
 
 }  // namespace megaplan::exec

@@ -37,6 +37,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -70,15 +71,20 @@ class NcclWorld {
   virtual bool aborted() const = 0;
 };
 
+// How rank 0's NCCL unique id reaches every rank: given rank 0's bytes (read on rank 0 only),
+// returns them on every rank. tcp_broadcast_from_rank0 at MASTER_ADDR:MASTER_PORT, or
+// mpi_broadcast_from_rank0 under mpirun (launched_training.cc chooses).
+using IdBroadcast = std::function<std::vector<uint8_t>(const std::vector<uint8_t>& blob_on_rank0)>;
+
 // Bootstraps the world: selects GPU `device` for the calling thread, rank 0 makes NCCL's unique id,
-// tcp_broadcast_from_rank0 hands it to every rank over master_addr:master_port, and
-// ncclCommInitRank builds the world's communicator. `timeout` bounds the rendezvous and, from then
-// on, every operation (see the watchdog above).
+// `broadcast` hands it to every rank, and ncclCommInitRank builds the world's communicator.
+// `timeout` bounds, from then on, every operation (see the watchdog above).
 // Throws SpecError("--device", ...) when megaplan was built without CUDA or no GPU is usable,
-// SpecError("LOCAL_RANK", ...) when there is no GPU `device`, what tcp_broadcast_from_rank0
-// throws, and std::runtime_error naming the NCCL call and its error when NCCL fails.
-// REQUIRES: 0 <= rank < world_size; every rank passes the same world_size, address and port.
-std::unique_ptr<NcclWorld> make_nccl_world(int64_t rank, int64_t world_size, int device, const std::string& master_addr,
-                                           int master_port, std::chrono::milliseconds timeout);
+// SpecError("LOCAL_RANK", ...) when there is no GPU `device`, what `broadcast` throws, and
+// std::runtime_error naming the NCCL call and its error when NCCL fails.
+// REQUIRES: 0 <= rank < world_size; every rank passes the same world_size and a broadcast over
+// the same world.
+std::unique_ptr<NcclWorld> make_nccl_world(int64_t rank, int64_t world_size, int device, const IdBroadcast& broadcast,
+                                           std::chrono::milliseconds timeout);
 
 }  // namespace megaplan::exec

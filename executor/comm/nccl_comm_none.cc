@@ -4,8 +4,7 @@
 
 namespace megaplan::exec {
 
-std::unique_ptr<NcclWorld> make_nccl_world(int64_t, int64_t, int, const std::string&, int,
-                                           std::chrono::milliseconds) {
+std::unique_ptr<NcclWorld> make_nccl_world(int64_t, int64_t, int, const IdBroadcast&, std::chrono::milliseconds) {
   throw SpecError("--device", "this megaplan was built without CUDA, so without NCCL: one process per GPU needs a "
                               "CUDA build; use --device cpu in one process, whose ranks run as threads");
 }

@@ -6,7 +6,9 @@
 #include <optional>
 
 #include "core/error.h"
+#include "executor/comm/mpi_bootstrap.h"
 #include "executor/comm/nccl_comm.h"
+#include "executor/comm/tcp_rendezvous.h"
 #include "executor/runtime/cuda_backend.h"
 
 namespace megaplan::exec {
@@ -53,14 +55,32 @@ TrainSummary train_launched(const ModelSpec& model, const ParallelPlan& plan, co
     const char* value = std::getenv(name.c_str());
     return value ? std::optional<std::string>(value) : std::nullopt;
   };
-  const RendezvousAddress address = rendezvous_address(launch, getenv);
+  // NCCL's id travels over MPI under mpirun where megaplan has MPI (no MASTER_ADDR needed), else
+  // over the TCP rendezvous.
+  IdBroadcast broadcast;
+  std::string bootstrap = "MPI";
+  const std::chrono::milliseconds timeout = std::chrono::minutes(options.distributed_timeout_minutes);
+  if (launch.launcher == "mpirun" && mpi_bootstrap_available()) {
+    broadcast = [&launch](const std::vector<uint8_t>& blob) {
+      return mpi_broadcast_from_rank0(launch.rank, launch.world_size, blob);
+    };
+  } else {
+    const RendezvousAddress address = rendezvous_address(launch, getenv);
+    bootstrap = "the TCP rendezvous at " + address.host + ":" + std::to_string(address.port);
+    broadcast = [&launch, address, timeout](const std::vector<uint8_t>& blob) {
+      return tcp_broadcast_from_rank0(launch.rank, launch.world_size, address.host, address.port, blob, timeout);
+    };
+  }
   (void)checked_train_options(options);  // before the world: its timeout comes from them
   // Declared before the world, so destroyed after it: the world's end aborts any NCCL kernel still
   // using the backend's buffers, which the backend's cudaFree would otherwise wait for.
   std::unique_ptr<Backend> backend;
   const std::unique_ptr<NcclWorld> world =
-      make_nccl_world(launch.rank, launch.world_size, static_cast<int>(launch.local_rank), address.host, address.port,
-                      std::chrono::minutes(options.distributed_timeout_minutes));
+      make_nccl_world(launch.rank, launch.world_size, static_cast<int>(launch.local_rank), broadcast, timeout);
+  if (launch.rank == 0) {
+    out << "NCCL world of " << launch.world_size << " rank(s) from " << launch.launcher << ", bootstrapped over "
+        << bootstrap << "\n";
+  }
   backend = make_cuda_backend();  // on the GPU the world selected for this thread
   void* const stream = backend->compute_stream();
   const CommFactory make_comm = split_comm_factory(

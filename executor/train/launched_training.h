@@ -20,8 +20,9 @@
 namespace megaplan::exec {
 
 // Where rank 0's TCP rendezvous listens: the launcher's MASTER_ADDR, and MASTER_PORT or 29500
-// (torch's and `megaplan launch`'s default). A world of one opens no socket, so it needs neither
-// (mpirun -np 1 sets none). torchrun's agent serves its own store on MASTER_PORT, and says so to
+// (torch's and `megaplan launch`'s default). A world of one opens no socket, so it needs neither.
+// (Under mpirun, when megaplan was built with MPI, NCCL's id travels over MPI instead and no
+// address is needed: executor/comm/mpi_bootstrap.h.) torchrun's agent serves its own store on MASTER_PORT, and says so to
 // its ranks with TORCHELASTIC_USE_AGENT_STORE=True (read through `getenv`): the rendezvous then
 // takes the next port. Throws SpecError("MASTER_ADDR", ...) when a world of several has no
 // MASTER_ADDR, SpecError("MASTER_PORT", ...) when there is no next port.

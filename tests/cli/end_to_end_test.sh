@@ -196,12 +196,13 @@ RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=2 "$megaplan" train --device c
 [ $? -eq 2 ] && [ "$(wc -l <"$scratch/err")" -eq 1 ] &&
   grep -q 'error: --device: torchrun started 2 processes, but the CPU backend runs every rank as a thread' "$scratch/err" ||
   fail "train --device cpu under a launcher of 2: $(cat "$scratch/err")"
-env -u MASTER_ADDR -u MASTER_PORT OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=2 OMPI_COMM_WORLD_LOCAL_RANK=0 \
-  OMPI_COMM_WORLD_LOCAL_SIZE=2 "$megaplan" train --device cuda --model "$examples/models/tiny-gpt.json" \
+# (srun's world bootstraps over the TCP rendezvous; mpirun's goes over MPI where megaplan has it.)
+env -u MASTER_ADDR -u MASTER_PORT SLURM_PROCID=0 SLURM_NTASKS=2 SLURM_LOCALID=0 SLURM_TASKS_PER_NODE=2 \
+  "$megaplan" train --device cuda --model "$examples/models/tiny-gpt.json" \
   --data-path "$scratch/corpus" --train-iters 2 >"$scratch/out" 2>"$scratch/err"
 [ $? -eq 2 ] && [ "$(wc -l <"$scratch/err")" -eq 1 ] &&
-  grep -q 'error: MASTER_ADDR: mpirun started 2 processes but MASTER_ADDR is not set' "$scratch/err" ||
-  fail "train under mpirun -np 2 without MASTER_ADDR: $(cat "$scratch/err")"
+  grep -q 'error: MASTER_ADDR: srun started 2 processes but MASTER_ADDR is not set' "$scratch/err" ||
+  fail "train under srun -n 2 without MASTER_ADDR: $(cat "$scratch/err")"
 # A launched rank checks its options before it joins a world (whose timeout comes from them).
 RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 "$megaplan" train --device cuda --model "$examples/models/tiny-gpt.json" \
   --data-path "$scratch/corpus" --train-iters 2 --distributed-timeout-minutes 0 >"$scratch/out" 2>"$scratch/err"

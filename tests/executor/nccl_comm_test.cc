@@ -28,6 +28,7 @@
 
 #include "executor/comm/comm.h"
 #include "executor/comm/nccl_comm.h"
+#include "executor/comm/tcp_rendezvous.h"
 
 namespace {
 
@@ -42,7 +43,10 @@ constexpr int kUnusedPort = 29500;
 void* const kLegacyStream = nullptr;
 
 std::unique_ptr<exec::NcclWorld> world_of_one(std::chrono::milliseconds timeout = 1min) {
-  return exec::make_nccl_world(0, 1, 0, "127.0.0.1", kUnusedPort, timeout);
+  const exec::IdBroadcast through_tcp = [timeout](const std::vector<uint8_t>& blob) {
+    return exec::tcp_broadcast_from_rank0(0, 1, "127.0.0.1", kUnusedPort, blob, timeout);
+  };
+  return exec::make_nccl_world(0, 1, 0, through_tcp, timeout);
 }
 
 // A world whose operations time out after 1 s. The timeout bounds NCCL's host calls as well, and
