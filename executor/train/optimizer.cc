@@ -4,6 +4,7 @@
 #include <cmath>
 #include <map>
 #include <stdexcept>
+#include <string>
 
 #include "executor/train/host_values.h"
 
@@ -78,10 +79,15 @@ Optimizer::~Optimizer() {
   for (float* buffer : moment_buffers_) backend_.release(buffer);
 }
 
+std::size_t Optimizer::chunk_of(int64_t stage, const char* action) const {
+  for (std::size_t c = 0; c < chunks_.size(); ++c) {
+    if (chunks_[c]->stage() == stage) return c;
+  }
+  throw std::logic_error(std::string(action) + " of a stage this rank does not hold");
+}
+
 void Optimizer::reduce_gradients(int64_t stage) {
-  std::size_t c = 0;
-  while (c < chunks_.size() && chunks_[c]->stage() != stage) ++c;
-  if (c == chunks_.size()) throw std::logic_error("REDUCE_GRAD of a stage this rank does not hold");
+  const std::size_t c = chunk_of(stage, "REDUCE_GRAD");
   if (data_parallel_size(groups_) == 1) {
     chunks_[c]->reduce_sequence_parallel_gradients();
     return;
@@ -130,11 +136,7 @@ void Optimizer::finish_gather(std::size_t c) {
   chunks_[c]->refresh_compute_weights();
 }
 
-void Optimizer::parameters_ready(int64_t stage) {
-  for (std::size_t c = 0; c < chunks_.size(); ++c) {
-    if (chunks_[c]->stage() == stage) finish_gather(c);
-  }
-}
+void Optimizer::parameters_ready(int64_t stage) { finish_gather(chunk_of(stage, "F")); }
 
 void Optimizer::finish_parameter_gathers() {
   for (std::size_t c = 0; c < chunks_.size(); ++c) finish_gather(c);

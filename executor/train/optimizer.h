@@ -113,6 +113,8 @@ class Optimizer {
   std::vector<Request> reducing_;
   std::vector<std::vector<Request>> gathering_;  // by chunk: the updated shards' all-gathers in flight
   void finish_gather(std::size_t chunk);
+  // The index in chunks_ of `stage`'s chunk; std::logic_error naming `action` when the rank lacks it.
+  std::size_t chunk_of(int64_t stage, const char* action) const;
   void gradients_done(std::size_t chunk, std::size_t first);
   void start_reduction(std::size_t chunk, std::size_t bucket);
   void finish_reductions();
