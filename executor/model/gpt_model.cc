@@ -164,9 +164,8 @@ int64_t GptModel::predicted_bytes(const ModelSpec& model, const ParallelPlan& pl
   const int64_t copy_bytes = act == fp32 ? 0 : act;  // fp32 compute aliases the master weight
   const int64_t weights = 2 * fp32 * static_cast<int64_t>(layout.total) + copy_bytes * parameters;
   // norm_out_, branch_out_, d_residual_ x 2: rows; d_hidden_: tokens; d_qkv_, d_ffn_: the rank's
-  // share; gathered_ and partial_ under sequence parallelism; the loss's row statistics, the rank's
-  // and (tp > 1) every rank's.
-  const int64_t statistics = stage_layout.has_output_layer ? fp32 * 2 * tokens * (tp > 1 ? tp + 1 : 1) : 0;
+  // share; gathered_ and partial_ under sequence parallelism; the loss's row statistics.
+  const int64_t statistics = stage_layout.has_output_layer ? fp32 * 2 * tokens : 0;
   const int64_t scratch = act * (4 * rows * h + tokens * h + tokens * (3 * h + f) / tp) +
                           (plan.sequence_parallel ? 2 * act * tokens * h : 0) + statistics;
   const auto attention_saved = static_cast<int64_t>(backend.attention_saved_size(
@@ -292,7 +291,6 @@ GptModel::GptModel(const ModelSpec& model, const ParallelPlan& plan, int64_t sta
   }
   if (has_output_) {
     statistics_ = backend_.allocate(2 * tokens);
-    if (tp_ > 1) all_statistics_ = backend_.allocate(2 * tokens * static_cast<std::size_t>(tp_));
   }
 }
 
@@ -337,9 +335,7 @@ GptModel::~GptModel() {
                             partial_}) {
     if (buffer) backend_.release(buffer);
   }
-  for (float* buffer : {statistics_, all_statistics_}) {
-    if (buffer) backend_.release(buffer);
-  }
+  if (statistics_) backend_.release(statistics_);
 }
 
 void GptModel::refresh_compute_weights() {
@@ -514,14 +510,9 @@ double GptModel::run_forward(Activations& a, const MicrobatchTokens* data) {
                           nullptr);
   backend_.cross_entropy_statistics(a.logits, a.labels.data(), count, v, static_cast<std::size_t>(vocab_start_),
                                     statistics_, statistics_ + count);
-  const float* every_shard = statistics_;
-  if (tensor_parallel_) {
-    tensor_parallel_->all_gather(statistics_, all_statistics_, 2 * count, DataType::kFloat32)->wait();
-    every_shard = all_statistics_;
-  }
-  std::vector<float> host(2 * count * static_cast<std::size_t>(tp_)), lse;
-  backend_.download(host.data(), every_shard, host.size());
-  const double loss = merge_cross_entropy(host, static_cast<std::size_t>(tp_), a.mask.data(), count, lse);
+  std::vector<float> lse;
+  const double loss = vocabulary_parallel_cross_entropy(backend_, tensor_parallel_, statistics_, a.mask.data(), count,
+                                                        lse);
   backend_.upload(a.loss_saved, lse.data(), count);
   return loss;
 }

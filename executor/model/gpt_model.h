@@ -273,13 +273,12 @@ class GptModel {
   // reads it; a branch's output until the next norm adds it to the residual stream; the backward's
   // gradients (d_residual_ ping-pongs between two buffers). Under sequence parallelism: gathered
   // rows (gathered_) and partial sums before their reduce-scatter (partial_); the loss's row
-  // statistics, this rank's and every rank's (fp32).
+  // statistics (fp32, reduced over the tensor-parallel group in place).
   Activation norm_out_, branch_out_, d_hidden_, d_residual_[2], d_qkv_, d_ffn_;
   // Tells gradient_progress_ that every parameter from `first` on holds this microbatch's gradient.
   void gradients_done_from(const Parameter* first);
   Activation gathered_ = nullptr, partial_ = nullptr;
   float* statistics_ = nullptr;
-  float* all_statistics_ = nullptr;
 };
 
 }  // namespace megaplan::exec

@@ -1,30 +1,42 @@
 #include "executor/model/vocabulary_parallel_loss.h"
 
-#include <algorithm>
 #include <cmath>
-#include <stdexcept>
 
 namespace megaplan::exec {
 
-double merge_cross_entropy(const std::vector<float>& statistics, std::size_t shards, const float* mask,
-                           std::size_t tokens, std::vector<float>& lse) {
-  if (statistics.size() != shards * 2 * tokens) throw std::logic_error("merge_cross_entropy: statistics size");
+double vocabulary_parallel_cross_entropy(Backend& backend, Comm* tensor_parallel, float* statistics,
+                                         const float* mask, std::size_t tokens, std::vector<float>& lse) {
+  // host = [lse_s | target]; peak starts as this shard's lse (the whole vocabulary's without tp).
+  std::vector<float> host(2 * tokens);
+  backend.download(host.data(), statistics, host.size());
+  std::vector<float> peak(host.begin(), host.begin() + static_cast<std::ptrdiff_t>(tokens));
+  if (tensor_parallel) {
+    tensor_parallel->all_reduce(statistics, tokens, DataType::kFloat32, ReduceOp::kMax)->wait();
+    backend.download(peak.data(), statistics, tokens);
+  }
+  shift_by_peak(host.data(), peak.data(), tokens, host.data());
+  if (tensor_parallel) {
+    backend.upload(statistics, host.data(), tokens);  // the terms beside the shard's target logits
+    tensor_parallel->all_reduce(statistics, 2 * tokens, DataType::kFloat32, ReduceOp::kSum)->wait();
+    backend.download(host.data(), statistics, host.size());
+  }
+  return finish_cross_entropy(peak.data(), host.data(), host.data() + tokens, mask, tokens, lse);
+}
+
+void shift_by_peak(const float* shard_lse, const float* peak, std::size_t tokens, float* terms) {
+  for (std::size_t t = 0; t < tokens; ++t) {
+    terms[t] = static_cast<float>(std::exp(static_cast<double>(shard_lse[t]) - static_cast<double>(peak[t])));
+  }
+}
+
+double finish_cross_entropy(const float* peak, const float* term_sum, const float* target, const float* mask,
+                            std::size_t tokens, std::vector<float>& lse) {
   lse.resize(tokens);
   double loss = 0, count = 0;
   for (std::size_t t = 0; t < tokens; ++t) {
-    const auto at = [&](std::size_t shard, std::size_t which) { return statistics[(shard * 2 + which) * tokens + t]; };
-    double row_lse = at(0, 0);
-    double target = at(0, 1);
-    if (shards > 1) {
-      double peak = row_lse;
-      for (std::size_t s = 1; s < shards; ++s) peak = std::max(peak, static_cast<double>(at(s, 0)));
-      double sum = 0;
-      for (std::size_t s = 0; s < shards; ++s) sum += std::exp(static_cast<double>(at(s, 0)) - peak);
-      row_lse = peak + std::log(sum);
-      for (std::size_t s = 1; s < shards; ++s) target += at(s, 1);
-    }
+    const double row_lse = static_cast<double>(peak[t]) + std::log(static_cast<double>(term_sum[t]));
     lse[t] = static_cast<float>(row_lse);
-    loss += mask[t] * (row_lse - target);
+    loss += mask[t] * (row_lse - target[t]);
     count += mask[t];
   }
   return count > 0 ? loss / count : 0.0;

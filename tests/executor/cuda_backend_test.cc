@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "executor/data/prepare.h"
-#include "executor/model/vocabulary_parallel_loss.h"
+#include "shard_cross_entropy.h"
 #include "executor/runtime/cpu_backend.h"
 #include "executor/runtime/cuda_backend.h"
 #include "executor/train/trainer.h"
@@ -28,7 +28,7 @@ namespace {
 using megaplan::exec::Activation;
 using megaplan::exec::Backend;
 using megaplan::exec::LinearEpilogue;
-using megaplan::exec::merge_cross_entropy;
+using megaplan::test::shard_cross_entropy;
 
 // Round to bf16 (nearest even) and back, so both backends start from the same values.
 float bf16_round(float value) {
@@ -243,8 +243,8 @@ TEST_CASE("every CUDA operation matches the CPU backend", "[gpu][kernels]") {
       }
       CHECK(both.error(statistics) < kFp32);
       std::vector<float> cpu_lse, gpu_lse;
-      const double cpu_loss = merge_cross_entropy(both.cpu_values(statistics), shards, mask.data(), tokens, cpu_lse);
-      const double gpu_loss = merge_cross_entropy(both.gpu_values(statistics), shards, mask.data(), tokens, gpu_lse);
+      const double cpu_loss = shard_cross_entropy(both.cpu_values(statistics), shards, mask.data(), tokens, cpu_lse);
+      const double gpu_loss = shard_cross_entropy(both.gpu_values(statistics), shards, mask.data(), tokens, gpu_lse);
       CHECK(gpu_loss == Approx(cpu_loss).epsilon(1e-5));
       // Each backend's backward from its own merged lse.
       Floats lse = both.floats(cpu_lse);

@@ -13,12 +13,12 @@
 #include "executor/kernels/reference/cross_entropy.h"
 #include "executor/kernels/reference/gelu.h"
 #include "executor/kernels/reference/layernorm.h"
-#include "executor/model/vocabulary_parallel_loss.h"
+#include "shard_cross_entropy.h"
 #include "gradient_check.h"
 
 namespace ref = megaplan::exec::reference;
 
-using megaplan::exec::merge_cross_entropy;
+using megaplan::test::shard_cross_entropy;
 using megaplan::test::check_gradient;
 using megaplan::test::random_vector;
 using megaplan::test::weighted_sum;
@@ -77,7 +77,7 @@ TEST_CASE("masked cross entropy and its gradient", "[kernels]") {
   const auto loss = [&] {
     ref::cross_entropy_statistics(logits.data(), targets.data(), tokens, vocab, 0, statistics.data(),
                                   statistics.data() + tokens);
-    return merge_cross_entropy(statistics, 1, mask.data(), tokens, lse);
+    return shard_cross_entropy(statistics, 1, mask.data(), tokens, lse);
   };
   const double mean = loss();
   double unmasked = 0;
@@ -105,7 +105,7 @@ TEST_CASE("vocabulary-parallel cross entropy: two shards merge into the whole vo
   std::vector<float> whole_statistics(2 * tokens), whole_lse;
   ref::cross_entropy_statistics(logits.data(), targets.data(), tokens, vocab, 0, whole_statistics.data(),
                                 whole_statistics.data() + tokens);
-  const double whole_loss = merge_cross_entropy(whole_statistics, 1, mask.data(), tokens, whole_lse);
+  const double whole_loss = shard_cross_entropy(whole_statistics, 1, mask.data(), tokens, whole_lse);
   std::vector<float> whole_dlogits(tokens * vocab);
   ref::cross_entropy_backward(logits.data(), whole_lse.data(), targets.data(), mask.data(), tokens, vocab, 0, 0.5f,
                               whole_dlogits.data());
@@ -127,7 +127,7 @@ TEST_CASE("vocabulary-parallel cross entropy: two shards merge into the whole vo
       CHECK(shard_statistics[tokens + t] == (held ? whole_statistics[tokens + t] : 0.0f));
     }
   }
-  CHECK(merge_cross_entropy(statistics, starts.size(), mask.data(), tokens, lse) == Approx(whole_loss).epsilon(1e-6));
+  CHECK(shard_cross_entropy(statistics, starts.size(), mask.data(), tokens, lse) == Approx(whole_loss).epsilon(1e-6));
   for (std::size_t t = 0; t < tokens; ++t) CHECK(lse[t] == Approx(whole_lse[t]).epsilon(1e-6));
 
   for (std::size_t s = 0; s < starts.size(); ++s) {
