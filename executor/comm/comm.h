@@ -17,8 +17,9 @@
 //   the send's own stream may wait for the receive; the NCCL implementation keeps each direction
 //   of a pair on its own stream so that this cannot deadlock.)
 // - Every call is asynchronous: it is ordered after the work the caller has already issued on its
-//   compute stream and returns a request; request->wait() orders the caller's later compute after
-//   the operation (on a GPU without blocking the host; on the CPU by blocking until it is done).
+//   compute stream (the one its ComputeStream names at the call) and returns a request;
+//   request->wait() orders the caller's later compute after the operation (on a GPU, the compute
+//   stream named at the wait, without blocking the host; on the CPU by blocking until it is done).
 //   Buffers must stay valid, and inputs unchanged, until then.
 // - Failure: when any rank of the world fails or a call waits longer than the world's timeout, every
 //   blocked and later call on every communicator of that world throws CommAborted with the first
@@ -28,6 +29,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -46,6 +48,12 @@ float bf16_to_float(uint16_t bits);
 uint16_t float_to_bf16(float value);
 
 enum class ReduceOp : uint8_t { kSum, kMax };
+
+// The stream a member issues its compute on (a cudaStream_t, as void* so that this header needs no
+// CUDA; null where work runs synchronously on the host): its backend's compute_stream(), asked at
+// every call and every wait rather than fixed when the group is made, because a rank issues on a
+// second stream while an OVERLAP_F_B's pair overlaps (Backend::run_pair). An empty function means null.
+using ComputeStream = std::function<void*()>;
 
 // For error messages: "[0, 1, 2]" and "10 min" / "30 s" / "250 ms".
 std::string rank_list(const std::vector<int64_t>& ranks);

@@ -197,29 +197,32 @@ void compute_collective(GroupState& state) {
   }
 }
 
+// The member's compute stream now (null on the CPU).
+void* current(const ComputeStream& stream) { return stream ? stream() : nullptr; }
+
 // An operation whose work has been given to a lane: wait() makes the member's stream start its later
 // work after `done`.
 class IssuedRequest final : public CommRequest {
  public:
-  IssuedRequest(const InProcessWorld& world, void* stream, StreamPoint done)
-      : world_(world), stream_(stream), done_(std::move(done)) {}
+  IssuedRequest(const InProcessWorld& world, ComputeStream stream, StreamPoint done)
+      : world_(world), stream_(std::move(stream)), done_(std::move(done)) {}
   void wait() override {
     throw_if_aborted(world_);
-    world_.memory().wait(stream_, done_);
+    world_.memory().wait(current(stream_), done_);
   }
 
  private:
   const InProcessWorld& world_;
-  void* stream_;
+  ComputeStream stream_;
   StreamPoint done_;
 };
 
 class RecvRequest final : public CommRequest {
  public:
   RecvRequest(InProcessWorld& world, GroupState& state, int64_t rank, int64_t peer, uint64_t sequence,
-              void* data, std::size_t count, DataType type, void* stream)
+              void* data, std::size_t count, DataType type, ComputeStream stream)
       : world_(world), state_(state), rank_(rank), peer_(peer), sequence_(sequence), data_(data),
-        count_(count), type_(type), stream_(stream) {}
+        count_(count), type_(type), stream_(std::move(stream)) {}
 
   void wait() override {
     throw_if_aborted(world_);
@@ -252,9 +255,10 @@ class RecvRequest final : public CommRequest {
     // still read the buffer); the member's later work after the copy out.
     Lane& lane = *state_.lane;
     lane.wait(message.sent);
-    lane.wait(world_.memory().record(stream_));
+    void* const stream = current(stream_);
+    lane.wait(world_.memory().record(stream));
     lane.copy(data_, message.staging.get(), count_ * element_bytes(type_));
-    world_.memory().wait(stream_, lane.record());
+    world_.memory().wait(stream, lane.record());
   }  // the staging goes back to the lane here, after the copy out
 
  private:
@@ -265,14 +269,14 @@ class RecvRequest final : public CommRequest {
   void* data_;
   std::size_t count_;
   DataType type_;
-  void* stream_;
+  ComputeStream stream_;
   bool done_ = false;
 };
 
 class InProcessComm final : public Comm {
  public:
-  InProcessComm(InProcessWorld& world, GroupState& state, int64_t rank, void* stream)
-      : world_(world), state_(state), rank_(rank), stream_(stream) {}
+  InProcessComm(InProcessWorld& world, GroupState& state, int64_t rank, ComputeStream stream)
+      : world_(world), state_(state), rank_(rank), stream_(std::move(stream)) {}
   ~InProcessComm() override {
     const std::lock_guard<std::mutex> lock(state_.mutex);
     state_.member_live[static_cast<std::size_t>(rank_)] = false;
@@ -292,7 +296,7 @@ class InProcessComm final : public Comm {
     message.type = type;
     if (const std::size_t bytes = count * element_bytes(type); bytes > 0) {
       message.staging = std::unique_ptr<void, StagingRelease>(lane.allocate_staging(bytes), StagingRelease{&lane});
-      lane.wait(world_.memory().record(stream_));  // the data is produced
+      lane.wait(world_.memory().record(current(stream_)));  // the data is produced
       lane.copy(message.staging.get(), data, bytes);
       message.sent = lane.record();
     }
@@ -368,7 +372,7 @@ class InProcessComm final : public Comm {
 
   // Deposits this member's call and blocks until the last member has computed every result.
   Request collective(Contribution call) {
-    call.ready = world_.memory().record(stream_);
+    call.ready = world_.memory().record(current(stream_));
     std::unique_lock<std::mutex> lock(state_.mutex);
     throw_if_aborted(world_);
     state_.contributions[static_cast<std::size_t>(rank_)] = call;
@@ -424,7 +428,7 @@ class InProcessComm final : public Comm {
   InProcessWorld& world_;
   GroupState& state_;
   int64_t rank_;
-  void* stream_;  // the member's compute stream
+  ComputeStream stream_;  // the member's compute stream
 };
 
 }  // namespace
@@ -441,7 +445,7 @@ InProcessWorld::InProcessWorld(int64_t world_size, std::chrono::milliseconds tim
 InProcessWorld::~InProcessWorld() = default;
 
 std::unique_ptr<Comm> InProcessWorld::group(int64_t global_rank, const std::vector<int64_t>& ranks,
-                                            std::string label, void* compute_stream) {
+                                            std::string label, ComputeStream compute_stream) {
   const std::string described = "group " + label + " " + rank_list(ranks);
   if (ranks.empty()) throw std::invalid_argument("InProcessWorld::group: " + described + " has no ranks");
   for (std::size_t i = 0; i < ranks.size(); ++i) {
@@ -479,7 +483,7 @@ std::unique_ptr<Comm> InProcessWorld::group(int64_t global_rank, const std::vect
     }
     state->member_live[member] = true;
   }
-  return std::make_unique<in_process::InProcessComm>(*this, *state, group_rank, compute_stream);
+  return std::make_unique<in_process::InProcessComm>(*this, *state, group_rank, std::move(compute_stream));
 }
 
 void InProcessWorld::abort(const std::string& reason) {

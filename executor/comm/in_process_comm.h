@@ -80,14 +80,14 @@ class InProcessWorld {
   // The communicator of global rank `global_rank` in the group `ranks` (global ranks, in the
   // group's order). `label` ("tp", "dp", "pp", "embedding"...) names the group in error messages
   // and tells apart groups with the same ranks (Megatron's dp and dp-cp when cp = 1).
-  // `compute_stream` is the member's backend's compute_stream(): the communicator orders its work
+  // `compute_stream` names the member's backend's compute stream: the communicator orders its work
   // after what the member gave that stream before each call, and the stream's later work after the
-  // result in request->wait().
+  // result in request->wait() (each asks it which stream that is at the time).
   // Throws std::invalid_argument when `ranks` is empty, repeats a rank, names one outside the world
   // or does not contain `global_rank`; std::logic_error when this member already holds a live
   // communicator for the group. Thread-safe.
   std::unique_ptr<Comm> group(int64_t global_rank, const std::vector<int64_t>& ranks, std::string label,
-                              void* compute_stream = nullptr);
+                              ComputeStream compute_stream = {});
 
   // Fails the world: see the header comment. The first reason wins; later calls change nothing.
   // Thread-safe; never blocks on a communicator.

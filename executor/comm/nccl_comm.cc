@@ -93,8 +93,9 @@ struct Group {
   int64_t rank = 0;            // this process's group rank
   Lane up;                     // collectives, and messages from lower to higher group ranks
   Lane down;                   // messages from higher to lower group ranks
-  cudaStream_t compute = nullptr;  // the stream this process's work on the group's buffers runs on
-  cudaEvent_t ready = nullptr;     // the compute stream at the latest call
+  ComputeStream compute;        // the stream this process's work on the group's buffers runs on now
+  cudaEvent_t ready = nullptr;  // the compute stream at the latest call
+  cudaStream_t compute_now() const { return compute ? static_cast<cudaStream_t>(compute()) : nullptr; }
   float* scratch = nullptr;     // barrier's one element, on up.stream
   std::string name() const { return "group " + label + " " + rank_list(ranks); }
 };
@@ -150,7 +151,7 @@ class World final : public NcclWorld {
   int64_t rank() const override { return rank_; }
   int64_t world_size() const override { return world_size_; }
   std::unique_ptr<Comm> split(int64_t color, int64_t key, const std::vector<int64_t>& ranks,
-                              const std::string& label, void* compute_stream) override;
+                              const std::string& label, ComputeStream compute_stream) override;
   void abort(const std::string& reason) override;
   bool aborted() const override { return aborted_.load(std::memory_order_acquire); }
   void select_device() const;  // the world's GPU for the calling thread
@@ -397,7 +398,7 @@ void World::select_device() const {
 }
 
 std::unique_ptr<Comm> World::split(int64_t color, int64_t key, const std::vector<int64_t>& ranks,
-                                   const std::string& label, void* compute_stream) {
+                                   const std::string& label, ComputeStream compute_stream) {
   const std::string name = "group " + label + " " + rank_list(ranks);
   if (color > INT_MAX) {
     throw std::invalid_argument("split of " + name + ": color " + std::to_string(color) + " > INT_MAX");
@@ -439,7 +440,7 @@ std::unique_ptr<Comm> World::split(int64_t color, int64_t key, const std::vector
                            ": the ranks passed different group lists");
   }
   Group& added = *group;
-  added.compute = static_cast<cudaStream_t>(compute_stream);
+  added.compute = std::move(compute_stream);
   {
     // From here on the cleanup owns the communicators and whatever was created beside them.
     const std::lock_guard<std::mutex> state(state_mutex_);
@@ -461,7 +462,7 @@ std::shared_ptr<Event> World::issue(Group& group, bool down, const std::string& 
   throw_if_aborted();
   const Lane& lane = down ? group.down : group.up;
   // The operation reads what the compute stream has produced so far.
-  check_cuda(cudaEventRecord(group.ready, group.compute), "cudaEventRecord before " + what);
+  check_cuda(cudaEventRecord(group.ready, group.compute_now()), "cudaEventRecord before " + what);
   check_cuda(cudaStreamWaitEvent(lane.stream, group.ready, 0), "cudaStreamWaitEvent before " + what);
   const ncclResult_t result = host_call(what, [&] { return call(lane.comm, lane.stream); });
   if (result != ncclSuccess) {
@@ -479,7 +480,7 @@ std::shared_ptr<Event> World::issue(Group& group, bool down, const std::string& 
 
 void World::order_compute_after(const Group& group, const Event& done, const std::string& what) {
   throw_if_aborted();
-  check_cuda(cudaStreamWaitEvent(group.compute, done.event, 0), "cudaStreamWaitEvent for " + what);
+  check_cuda(cudaStreamWaitEvent(group.compute_now(), done.event, 0), "cudaStreamWaitEvent for " + what);
 }
 
 void World::wait_on_host(const Event& done, const std::string& what) {

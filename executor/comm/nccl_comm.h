@@ -4,7 +4,7 @@
 //
 // How it keeps comm.h's semantics, and where it chooses:
 // - Streams. Every call records an event on the compute stream its communicator was split for
-//   (the backend's compute_stream()), makes a stream of the
+//   (the backend's compute_stream() at the call), makes a stream of the
 //   group wait for it, runs the NCCL call on that stream and records a completion event after it;
 //   request->wait() makes the compute stream wait for that event. Nothing blocks the host except
 //   barrier(), which waits for its tiny all-reduce to finish.
@@ -60,10 +60,10 @@ class NcclWorld {
   // passes color < 0 and gets null. Throws std::invalid_argument when ranks[key] is not this rank,
   // std::logic_error when NCCL's group disagrees with `ranks` (the ranks passed different lists),
   // CommAborted once the world failed. The communicator orders its operations after the work given
-  // to `compute_stream` (a cudaStream_t, as void* so that this header needs no CUDA; null: the
-  // legacy default stream) and that stream's later work after them in request->wait().
+  // to the stream `compute_stream` names at each call (null or empty: the legacy default stream)
+  // and that stream's later work after them in request->wait().
   virtual std::unique_ptr<Comm> split(int64_t color, int64_t key, const std::vector<int64_t>& ranks,
-                                      const std::string& label, void* compute_stream) = 0;
+                                      const std::string& label, ComputeStream compute_stream) = 0;
 
   // Fails the world with `reason` (the first reason wins): every later call throws CommAborted,
   // and the watchdog aborts the communicators. Thread-safe; does not end the process.

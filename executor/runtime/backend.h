@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -143,10 +144,16 @@ class Backend {
   virtual void adamw_step(const std::vector<OptimizerTensor>& tensors, const AdamwSettings& settings) = 0;
   // Waits for queued work (timing); a no-op where work runs synchronously.
   virtual void synchronize() = 0;
-  // The stream this backend issues all its work on (a cudaStream_t, as void* so that this header
+  // The stream this backend issues its work on now (a cudaStream_t, as void* so that this header
   // needs no CUDA), which communicators order their operations after and make wait for their
-  // results; null where work runs synchronously on the host.
+  // results; null where work runs synchronously on the host. It changes only inside run_pair.
   virtual void* compute_stream() const = 0;
+  // Issues `first`, then `second` (the host runs them in that order). A backend with streams issues
+  // `second`'s work on a second stream that starts after everything issued before the call, and
+  // makes everything issued after the call wait for both, so that the two may overlap on the device:
+  // DualPipeV's OVERLAP_F_B, a backward and a forward of different chunks. REQUIRES: neither reads
+  // or writes what the other writes. Not reentrant.
+  virtual void run_pair(const std::function<void()>& first, const std::function<void()>& second) = 0;
 
   // Timing that follows the work rather than its issue. A mark is a point in the backend's stream
   // of work: the host's steady clock when reached on the CPU (work there is synchronous), an event

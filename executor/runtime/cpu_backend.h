@@ -66,6 +66,10 @@ class CpuBackend final : public Backend {
   void adamw_step(const std::vector<OptimizerTensor>& tensors, const AdamwSettings& settings) override;
   void synchronize() override {}
   void* compute_stream() const override { return nullptr; }
+  void run_pair(const std::function<void()>& first, const std::function<void()>& second) override {
+    first();  // one thread, no streams: nothing to overlap
+    second();
+  }
   TimingMark mark() override;
   double seconds_between(TimingMark from, TimingMark to) override;
   void release_marks() override { marks_.clear(); }  // keeps the capacity: no allocation once warm

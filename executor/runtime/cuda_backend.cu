@@ -5,17 +5,21 @@
 //
 // All of the backend's device work — launches, GEMMs, memsets, copies, uploads, downloads, timing
 // events — goes to one non-blocking stream of its own, in the order of the calls; communicators
-// order themselves against it through compute_stream().
+// order themselves against it through compute_stream(). run_pair's second part alone goes to a
+// second stream (a Lane of its own, made at the first pair), forked from and joined back to the
+// first with events.
 #include "executor/runtime/cuda_backend.h"
 
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -87,15 +91,34 @@ class Scratch {
   std::size_t capacity_ = 0;
 };
 
+// What issuing work on one stream needs to itself: the stream, cuBLASLt's handle and workspace
+// (shared by every GEMM on the stream), and the scratch whose size depends on the call (token and
+// mask uploads, bias-gradient partials, norm and attention workspaces). Members go in reverse
+// order: the scratch frees on the stream, then the GEMMs' workspace, then the stream.
+struct Lane {
+  cuda::Stream stream;
+  cuda::Bf16Linear linear;
+  Scratch<int32_t> tokens{stream}, targets{stream}, row_ids{stream}, row_starts{stream}, positions{stream};
+  Scratch<float> mask{stream}, bias{stream};
+  Scratch<unsigned char> workspace{stream};
+};
+
 class CudaBackend final : public Backend {
  public:
-  // After this body the members go in reverse order: the scratch frees on stream_, the kernels'
-  // objects with cudaFree, and stream_, declared first, last.
+  CudaBackend() : lanes_{std::make_unique<Lane>(), nullptr}, lane_(lanes_[0].get()) {}
+  // After this body the members go in reverse order: the kernels' objects with cudaFree, then the
+  // lanes, declared first.
   ~CudaBackend() override {
-    (void)cudaStreamSynchronize(stream_);
+    for (const auto& lane : lanes_) {
+      if (lane) (void)cudaStreamSynchronize(lane->stream);
+    }
     for (auto& [pointer, bytes] : sizes_) cudaFree(pointer);
     for (auto& [bytes, pointer] : released_) cudaFree(pointer);
+    for (auto& [bytes, pointer] : released_in_pair_) cudaFree(pointer);
     for (cudaEvent_t event : events_) cudaEventDestroy(event);
+    for (cudaEvent_t event : {fork_, join_}) {
+      if (event) cudaEventDestroy(event);
+    }
   }
 
   std::string name() const override { return "cuda"; }
@@ -115,29 +138,29 @@ class CudaBackend final : public Backend {
   Activation compute_copy(float*, std::size_t n) override { return allocate_activation(n); }
   void release_compute_copy(Activation copy, float*) override { release(copy); }
   void refresh_compute_copy(const float* value, std::size_t n, Activation copy) override {
-    cuda::cast_to_bf16(value, i64(n), bf(copy), stream_);
+    cuda::cast_to_bf16(value, i64(n), bf(copy), lane_->stream);
   }
   int64_t peak_bytes() const override { return peak_; }
-  // Uploads are queued on stream_. Their sources are pageable host memory, which cudaMemcpyAsync
+  // Uploads are queued on the current lane. Their sources are pageable host memory, which cudaMemcpyAsync
   // stages before it returns, so the caller's buffer and the temporaries here may change or go at
   // once. Downloads come after everything queued before them and return with the bytes.
   void upload(float* device, const float* host, std::size_t n) override {
-    check(cudaMemcpyAsync(device, host, n * sizeof(float), cudaMemcpyHostToDevice, stream_),
+    check(cudaMemcpyAsync(device, host, n * sizeof(float), cudaMemcpyHostToDevice, lane_->stream),
           "cudaMemcpyAsync to device");
   }
   void download(float* host, const float* device, std::size_t n) override {
-    check(cudaMemcpyAsync(host, device, n * sizeof(float), cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync to host");
+    check(cudaMemcpyAsync(host, device, n * sizeof(float), cudaMemcpyDeviceToHost, lane_->stream), "cudaMemcpyAsync to host");
     synchronize();
   }
   void upload(Activation device, const float* host, std::size_t n) override {
     std::vector<Bf16> rounded(n);
     for (std::size_t i = 0; i < n; ++i) rounded[i] = cuda::to_bf16(host[i]);
-    check(cudaMemcpyAsync(device, rounded.data(), n * sizeof(Bf16), cudaMemcpyHostToDevice, stream_),
+    check(cudaMemcpyAsync(device, rounded.data(), n * sizeof(Bf16), cudaMemcpyHostToDevice, lane_->stream),
           "cudaMemcpyAsync to device");
   }
   void download(float* host, ConstActivation device, std::size_t n) override {
     std::vector<Bf16> values(n);
-    check(cudaMemcpyAsync(values.data(), device, n * sizeof(Bf16), cudaMemcpyDeviceToHost, stream_),
+    check(cudaMemcpyAsync(values.data(), device, n * sizeof(Bf16), cudaMemcpyDeviceToHost, lane_->stream),
           "cudaMemcpyAsync to host");
     synchronize();
     for (std::size_t i = 0; i < n; ++i) host[i] = cuda::from_bf16(values[i]);
@@ -145,10 +168,10 @@ class CudaBackend final : public Backend {
   void fill(float* x, std::size_t n, float value) override {
     if (n == 0) return;
     if (value == 0.0f) {
-      check(cudaMemsetAsync(x, 0, n * sizeof(float), stream_), "cudaMemsetAsync");
+      check(cudaMemsetAsync(x, 0, n * sizeof(float), lane_->stream), "cudaMemsetAsync");
       return;
     }
-    fill_kernel<<<blocks_for(i64(n), 256), 256, 0, stream_>>>(x, i64(n), value);
+    fill_kernel<<<blocks_for(i64(n), 256), 256, 0, lane_->stream>>>(x, i64(n), value);
     check_launch("fill");
   }
 
@@ -157,52 +180,52 @@ class CudaBackend final : public Backend {
     const auto lt_epilogue = epilogue == LinearEpilogue::kNone   ? cuda::LinearEpilogue::kNone
                              : epilogue == LinearEpilogue::kBias ? cuda::LinearEpilogue::kBias
                                                                  : cuda::LinearEpilogue::kBiasGelu;
-    linear_.forward(bf(x), bf(w), epilogue == LinearEpilogue::kNone ? nullptr : bf(b), i64(m), i64(k), i64(n),
-                    lt_epilogue, bf(y), bf(pre_activation), stream_);
+    lane_->linear.forward(bf(x), bf(w), epilogue == LinearEpilogue::kNone ? nullptr : bf(b), i64(m), i64(k), i64(n),
+                    lt_epilogue, bf(y), bf(pre_activation), lane_->stream);
   }
   void linear_backward(ConstActivation dy, ConstActivation x, ConstActivation w, std::size_t m, std::size_t k,
                        std::size_t n, Activation dx, float* dw, float* db) override {
-    float* bias_partial = db ? bias_scratch_.get(n) : nullptr;
-    linear_.backward(bf(dy), bf(x), bf(w), i64(m), i64(k), i64(n), bf(dx), dw, bias_partial, stream_);
+    float* bias_partial = db ? lane_->bias.get(n) : nullptr;
+    lane_->linear.backward(bf(dy), bf(x), bf(w), i64(m), i64(k), i64(n), bf(dx), dw, bias_partial, lane_->stream);
     if (db) accumulate(bias_partial, n, db);
   }
 
   void linear_backward_through_gelu(ConstActivation dy, ConstActivation w, std::size_t m, std::size_t k,
                                     std::size_t n, ConstActivation pre_activation, Activation d_pre) override {
-    linear_.backward_data_through_gelu(bf(dy), bf(w), i64(m), i64(k), i64(n), bf(pre_activation), bf(d_pre),
-                                       stream_);
+    lane_->linear.backward_data_through_gelu(bf(dy), bf(w), i64(m), i64(k), i64(n), bf(pre_activation), bf(d_pre),
+                                       lane_->stream);
   }
 
   void embedding_forward(const int64_t* tokens, std::size_t count, std::size_t seq, ConstActivation word,
                          std::size_t vocab_start, std::size_t vocab_rows, ConstActivation position, std::size_t hidden,
                          Activation y) override {
-    const int32_t* rows = upload_ints(shard_indices(tokens, count, vocab_start, vocab_rows), tokens_);
-    cuda::embedding_forward(rows, i64(count), i64(seq), bf(word), bf(position), i64(hidden), bf(y), stream_);
+    const int32_t* rows = upload_ints(shard_indices(tokens, count, vocab_start, vocab_rows), lane_->tokens);
+    cuda::embedding_forward(rows, i64(count), i64(seq), bf(word), bf(position), i64(hidden), bf(y), lane_->stream);
   }
   void embedding_backward(ConstActivation dy, const int64_t* tokens, std::size_t count, std::size_t seq,
                           std::size_t hidden, std::size_t vocab_start, std::size_t vocab_rows, float* dword,
                           float* dposition) override {
     const std::vector<int32_t>& local = shard_indices(tokens, count, vocab_start, vocab_rows);
     const cuda::TokenRows rows = cuda::build_token_rows(local.data(), i64(count));
-    int32_t* row_ids = upload_ints(rows.row_ids, row_ids_);
-    int32_t* row_starts = upload_ints(rows.row_starts, row_starts_);
-    int32_t* positions = upload_ints(rows.positions, positions_);
+    int32_t* row_ids = upload_ints(rows.row_ids, lane_->row_ids);
+    int32_t* row_starts = upload_ints(rows.row_starts, lane_->row_starts);
+    int32_t* positions = upload_ints(rows.positions, lane_->positions);
     cuda::embedding_backward(bf(dy), row_ids, row_starts, positions, i64(rows.row_ids.size()), i64(count), i64(seq),
-                             i64(hidden), dword, dposition, stream_);
+                             i64(hidden), dword, dposition, lane_->stream);
   }
 
   void layernorm_forward(ConstActivation x, ConstActivation residual, Activation sum_out, ConstActivation gamma,
                          ConstActivation beta, std::size_t rows, std::size_t cols, Activation y, float* mean,
                          float* rstd) override {
     cuda::layernorm_forward(bf(x), bf(residual), bf(sum_out), bf(gamma), bf(beta), i64(rows), i64(cols), kLayerNormEps,
-                            bf(y), mean, rstd, stream_);
+                            bf(y), mean, rstd, lane_->stream);
   }
   void layernorm_backward(ConstActivation dy, ConstActivation x, ConstActivation gamma, const float* mean,
                           const float* rstd, std::size_t rows, std::size_t cols, ConstActivation residual_grad,
                           Activation dx, float* dgamma, float* dbeta) override {
-    void* workspace = workspace_.get(cuda::norm_backward_workspace_bytes(i64(rows), i64(cols)));
+    void* workspace = lane_->workspace.get(cuda::norm_backward_workspace_bytes(i64(rows), i64(cols)));
     cuda::layernorm_backward(bf(dy), bf(x), bf(gamma), mean, rstd, i64(rows), i64(cols), bf(residual_grad), bf(dx),
-                             dgamma, dbeta, workspace, stream_);
+                             dgamma, dbeta, workspace, lane_->stream);
   }
 
   std::size_t attention_saved_size(std::size_t batch, std::size_t seq, std::size_t heads, std::size_t) const override {
@@ -225,7 +248,7 @@ class CudaBackend final : public Backend {
                          Activation out, float* saved) override {
     const cuda::AttentionShape shape = attention_shape(batch, seq, heads, dim);
     const Bf16* q = bf(qkv);
-    cuda::flash_attention_forward(shape, q, q + dim, q + 2 * dim, bf(out), saved, stream_);
+    cuda::flash_attention_forward(shape, q, q + dim, q + 2 * dim, bf(out), saved, lane_->stream);
   }
   void attention_backward(ConstActivation dout, ConstActivation qkv, ConstActivation out, const float* saved,
                           std::size_t batch, std::size_t seq, std::size_t heads, std::size_t dim,
@@ -233,31 +256,31 @@ class CudaBackend final : public Backend {
     const cuda::AttentionShape shape = attention_shape(batch, seq, heads, dim);
     const Bf16* q = bf(qkv);
     Bf16* dq = bf(dqkv);
-    void* workspace = workspace_.get(cuda::flash_attention_backward_workspace_bytes(shape));
+    void* workspace = lane_->workspace.get(cuda::flash_attention_backward_workspace_bytes(shape));
     cuda::flash_attention_backward(shape, bf(dout), q, q + dim, q + 2 * dim, bf(out), saved, shape.qkv_token_stride,
-                                   dq, dq + dim, dq + 2 * dim, workspace, stream_);
+                                   dq, dq + dim, dq + 2 * dim, workspace, lane_->stream);
   }
 
   void cross_entropy_statistics(ConstActivation logits, const int64_t* targets, std::size_t tokens, std::size_t vocab,
                                 std::size_t vocab_start, float* lse, float* target_logit) override {
-    const int32_t* columns = upload_ints(shard_indices(targets, tokens, vocab_start, vocab), targets_);
+    const int32_t* columns = upload_ints(shard_indices(targets, tokens, vocab_start, vocab), lane_->targets);
     cuda::cross_entropy_statistics(bf(logits), i64(tokens), i64(vocab), i64(vocab), columns, lse, target_logit,
-                                   stream_);
+                                   lane_->stream);
   }
   void cross_entropy_backward(ConstActivation logits, const float* lse, const int64_t* targets, const float* mask,
                               std::size_t tokens, std::size_t vocab, std::size_t vocab_start, float scale,
                               Activation dlogits) override {
     const double count = mask_sum(mask, tokens);
     const auto per_token = static_cast<float>(count > 0 ? scale / count : 0.0);
-    const int32_t* columns = upload_ints(shard_indices(targets, tokens, vocab_start, vocab), targets_);
+    const int32_t* columns = upload_ints(shard_indices(targets, tokens, vocab_start, vocab), lane_->targets);
     cuda::cross_entropy_backward(bf(logits), i64(tokens), i64(vocab), i64(vocab), columns, upload_mask(mask, tokens),
-                                 lse, per_token, bf(dlogits), stream_);
+                                 lse, per_token, bf(dlogits), lane_->stream);
   }
   void add(ConstActivation a, ConstActivation b, std::size_t n, Activation y) override {
-    cuda::add(bf(a), bf(b), i64(n), bf(y), stream_);
+    cuda::add(bf(a), bf(b), i64(n), bf(y), lane_->stream);
   }
   void copy(ConstActivation from, std::size_t n, Activation to) override {
-    check(cudaMemcpyAsync(bf(to), bf(from), n * sizeof(cuda::Bf16), cudaMemcpyDeviceToDevice, stream_),
+    check(cudaMemcpyAsync(bf(to), bf(from), n * sizeof(cuda::Bf16), cudaMemcpyDeviceToDevice, lane_->stream),
           "cudaMemcpyAsync (copy)");
   }
 
@@ -265,29 +288,56 @@ class CudaBackend final : public Backend {
     std::vector<cuda::TensorSpan> spans;
     spans.reserve(tensors.size());
     for (const OptimizerTensor& t : tensors) spans.push_back({t.gradient, i64(t.size)});
-    return reducer_.sum_of_squares(spans, stream_);
+    return reducer_.sum_of_squares(spans, lane_->stream);
   }
   void adamw_step(const std::vector<OptimizerTensor>& tensors, const AdamwSettings& s) override {
-    optimizer_for(tensors).step(s.step, s.lr, s.beta1, s.beta2, s.eps, s.gradient_scale, stream_);
+    optimizer_for(tensors).step(s.step, s.lr, s.beta1, s.beta2, s.eps, s.gradient_scale, lane_->stream);
   }
-  // The backend's own stream, not the device: a device-wide wait would also wait for work on other
+  // The current lane's stream, not the device: a device-wide wait would also wait for work on other
   // streams, such as a posted NCCL receive whose send needs this rank to go on (see allocate_bytes).
-  void synchronize() override { check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"); }
-  void* compute_stream() const override { return stream_; }
+  // Outside run_pair that is the first lane, which has waited for the second.
+  void synchronize() override { check(cudaStreamSynchronize(lane_->stream), "cudaStreamSynchronize"); }
+  void* compute_stream() const override { return lane_->stream; }
 
-  // An event recorded on stream_, where every launch and copy above is issued. Events are created
-  // the first time that many marks are live and reused after release_marks().
+  void run_pair(const std::function<void()>& first, const std::function<void()>& second) override {
+    if (paired_) throw std::logic_error("CudaBackend: run_pair inside run_pair");
+    if (!lanes_[1]) {
+      lanes_[1] = std::make_unique<Lane>();
+      check(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming), "cudaEventCreate (pair)");
+      check(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming), "cudaEventCreate (pair)");
+    }
+    Lane& main = *lanes_[0];
+    Lane& side = *lanes_[1];
+    check(cudaEventRecord(fork_, main.stream), "cudaEventRecord (pair fork)");
+    check(cudaStreamWaitEvent(side.stream, fork_, 0), "cudaStreamWaitEvent (pair fork)");
+    paired_ = true;
+    try {
+      first();
+      lane_ = &side;
+      second();
+    } catch (...) {
+      lane_ = &main;
+      end_pair(false);
+      throw;
+    }
+    lane_ = &main;
+    end_pair(true);
+  }
+
+  // An event recorded on the first lane's stream, where every launch and copy above is issued
+  // outside run_pair (whose end that stream waits for). Events are created the first time that many
+  // marks are live and reused after release_marks().
   TimingMark mark() override {
     if (marks_ == events_.size()) {
       cudaEvent_t event = nullptr;
       check(cudaEventCreate(&event), "cudaEventCreate (timing mark)");
       events_.push_back(event);
     }
-    check(cudaEventRecord(events_[marks_], stream_), "cudaEventRecord (timing mark)");
+    check(cudaEventRecord(events_[marks_], lanes_[0]->stream), "cudaEventRecord (timing mark)");
     return {marks_++};
   }
   double seconds_between(TimingMark from, TimingMark to) override {
-    // `from` precedes `to` on the one stream, so it is complete once `to` is.
+    // `from` precedes `to` on the first lane's stream, so it is complete once `to` is.
     check(cudaEventSynchronize(event_of(to)), "cudaEventSynchronize (timing mark)");
     float milliseconds = 0;
     check(cudaEventElapsedTime(&milliseconds, event_of(from), event_of(to)), "cudaEventElapsedTime");
@@ -300,8 +350,18 @@ class CudaBackend final : public Backend {
     if (mark.index >= marks_) throw std::logic_error("CudaBackend: a timing mark used after release_marks()");
     return events_[mark.index];
   }
+  // The first lane waits for the second's part of the pair; buffers released during the pair become
+  // reusable only now, when neither lane's queued work can still touch them.
+  void end_pair(bool checked) {
+    paired_ = false;
+    const cudaError_t recorded = cudaEventRecord(join_, lanes_[1]->stream);
+    const cudaError_t waited = recorded == cudaSuccess ? cudaStreamWaitEvent(lanes_[0]->stream, join_, 0) : recorded;
+    released_.insert(released_in_pair_.begin(), released_in_pair_.end());
+    released_in_pair_.clear();
+    if (checked) check(waited, "cudaEventRecord/cudaStreamWaitEvent (pair join)");
+  }
   void accumulate(const float* partial, std::size_t n, float* total) {
-    accumulate_kernel<<<blocks_for(i64(n), 256), 256, 0, stream_>>>(partial, i64(n), total);
+    accumulate_kernel<<<blocks_for(i64(n), 256), 256, 0, lane_->stream>>>(partial, i64(n), total);
     check_launch("accumulate (bias gradient)");
   }
   // Released buffers are kept by size and handed out again rather than freed: cudaFree waits for
@@ -318,7 +378,7 @@ class CudaBackend final : public Backend {
     } else {
       pointer = fresh_device_memory(bytes);
     }
-    check(cudaMemsetAsync(pointer, 0, bytes, stream_), "cudaMemsetAsync");
+    check(cudaMemsetAsync(pointer, 0, bytes, lane_->stream), "cudaMemsetAsync");
     sizes_[pointer] = bytes;
     bytes_ += static_cast<int64_t>(bytes);
     peak_ = std::max(peak_, bytes_);
@@ -346,7 +406,12 @@ class CudaBackend final : public Backend {
     const auto found = sizes_.find(buffer);
     if (found == sizes_.end()) return;
     bytes_ -= static_cast<int64_t>(found->second);
-    released_.emplace(found->second, buffer);
+    // Inside run_pair the other lane may still be reading it: reusable after the join (end_pair).
+    if (paired_) {
+      released_in_pair_.emplace_back(found->second, buffer);
+    } else {
+      released_.emplace(found->second, buffer);
+    }
     sizes_.erase(found);
   }
   // The kernels' int32 indices into a vocabulary shard [start, start + size): each id's row (or
@@ -364,13 +429,13 @@ class CudaBackend final : public Backend {
   int32_t* upload_ints(const std::vector<int32_t>& host, Scratch<int32_t>& device) {
     int32_t* pointer = device.get(host.size());
     if (host.empty()) return pointer;  // a shard none of the tokens falls in has no rows to list
-    check(cudaMemcpyAsync(pointer, host.data(), host.size() * sizeof(int32_t), cudaMemcpyHostToDevice, stream_),
+    check(cudaMemcpyAsync(pointer, host.data(), host.size() * sizeof(int32_t), cudaMemcpyHostToDevice, lane_->stream),
           "cudaMemcpyAsync");
     return pointer;
   }
   const float* upload_mask(const float* mask, std::size_t count) {
-    float* pointer = mask_.get(count);
-    check(cudaMemcpyAsync(pointer, mask, count * sizeof(float), cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync");
+    float* pointer = lane_->mask.get(count);
+    check(cudaMemcpyAsync(pointer, mask, count * sizeof(float), cudaMemcpyHostToDevice, lane_->stream), "cudaMemcpyAsync");
     return pointer;
   }
   static double mask_sum(const float* mask, std::size_t count) {
@@ -390,14 +455,17 @@ class CudaBackend final : public Backend {
         list.push_back({t.value, t.gradient, t.first_moment, t.second_moment, bf(t.compute), i64(t.size),
                         static_cast<float>(t.weight_decay)});
       }
-      adamw_ = std::make_unique<cuda::MultiTensorAdamw>(list, stream_);
+      adamw_ = std::make_unique<cuda::MultiTensorAdamw>(list, lane_->stream);
       adamw_key_ = std::move(key);
     }
     return *adamw_;
   }
 
-  cuda::Stream stream_;  // first: created before the members that use it, destroyed after them
-  cuda::Bf16Linear linear_;
+  std::unique_ptr<Lane> lanes_[2];  // first: created before the members that use them, destroyed after
+  Lane* lane_;                      // where work goes now: lanes_[0], or lanes_[1] in run_pair's second part
+  cudaEvent_t fork_ = nullptr, join_ = nullptr;  // made with lanes_[1]
+  bool paired_ = false;
+  std::vector<std::pair<std::size_t, void*>> released_in_pair_;  // by size, reusable after the pair's join
   cuda::DeviceReducer reducer_;
   std::unique_ptr<cuda::MultiTensorAdamw> adamw_;
   std::vector<const void*> adamw_key_;
@@ -406,9 +474,6 @@ class CudaBackend final : public Backend {
   int64_t bytes_ = 0;
   int64_t peak_ = 0;
   std::vector<int32_t> host_ints_;
-  Scratch<int32_t> tokens_{stream_}, targets_{stream_}, row_ids_{stream_}, row_starts_{stream_}, positions_{stream_};
-  Scratch<float> mask_{stream_}, bias_scratch_{stream_};
-  Scratch<unsigned char> workspace_{stream_};
   std::vector<cudaEvent_t> events_;  // by TimingMark::index; the first marks_ are live
   std::size_t marks_ = 0;
 };

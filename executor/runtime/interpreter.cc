@@ -128,9 +128,23 @@ void Interpreter::execute(const Action& action, int64_t iteration, double lr,
     case ActionKind::kBackwardWeight:
       chunk(s).backward_weight(m);
       break;
-    case ActionKind::kOverlapForwardBackward:
-      for (const Action& part : parts_of(action)) execute(part, iteration, lr, data, result);
+    case ActionKind::kOverlapForwardBackward: {
+      const ActionParts parts = parts_of(action);
+      const Action& forward_part = parts.parts[0];
+      const Action& backward_part = parts.parts[1];
+      const auto run = [&](const Action& part) { execute(part, iteration, lr, data, result); };
+      if (forward_part.stage == backward_part.stage) {
+        // One chunk's scratch serves its F and B alike (GptModel): one after the other.
+        run(forward_part);
+        run(backward_part);
+      } else {
+        // Two chunks touch disjoint buffers: the backward, and beside it (a second stream on the
+        // GPU) the forward, issued second so that a host wait inside it (the loss) holds up
+        // nothing already queued.
+        backend_.run_pair([&] { run(backward_part); }, [&] { run(forward_part); });
+      }
       break;
+    }
     case ActionKind::kRecvForward: {
       GptModel& model = chunk(s);
       receives_[{s, m}] = pipeline_->recv(model.input_buffer(m), model.message_size(), type, peer(s - 1));

@@ -2,8 +2,10 @@
 // simulator costed — once per iteration, and records what each action took in core's Timeline.
 //
 // Semantics, as simulator/engine.h describes them for the simulated run:
-// - Actions are issued in list order. F, B, I, W and OVERLAP_F_B (its forward, then its backward)
-//   run the rank's stage chunks; SEND_*/RECV_* are point-to-point calls on the pipeline group in
+// - Actions are issued in list order. F, B, I, W and OVERLAP_F_B run the rank's stage chunks; an
+//   OVERLAP_F_B of two chunks issues its backward, then its forward through Backend::run_pair (on
+//   a second stream on the GPU, so the two may overlap; one after the other on the CPU), and of
+//   one chunk its forward, then its backward; SEND_*/RECV_* are point-to-point calls on the pipeline group in
 //   list order (the lowering pairs them), receiving straight into the consuming stage's input
 //   buffer or a gradient buffer; a computation waits for the receive it consumes, and a buffer
 //   being sent is kept until the send completes. Stages on one rank (a V's turn) hand activations
@@ -15,8 +17,9 @@
 // - Timing: each action's slice runs from a backend timing mark taken before it to one taken after
 //   it (Backend::mark), in seconds from the iteration's first mark: the host's steady clock on the
 //   CPU, where work is done when issued; CUDA events on the GPU's stream, so a slice is when the
-//   GPU ran the action, not when the host queued it. Ranks that share one GPU share that stream, so
-//   a slice there also spans whatever other ranks queued in between (the in-process one-GPU
+//   GPU ran the action, not when the host queued it (an OVERLAP_F_B's slice ends when both of its
+//   streams are done). Ranks that share one GPU each have their own streams, so a slice there also
+//   includes the time the GPU gave other ranks' work meanwhile (the in-process one-GPU
 //   communicator's copies and reductions included). Marks are taken only when a timeline is asked
 //   for, and read after the iteration's last action (which waits for the GPU to finish it).
 #pragma once

@@ -82,10 +82,10 @@ TrainSummary train_launched(const ModelSpec& model, const ParallelPlan& plan, co
         << bootstrap << "\n";
   }
   backend = make_cuda_backend();  // on the GPU the world selected for this thread
-  void* const stream = backend->compute_stream();
+  const ComputeStream stream = [compute = backend.get()] { return compute->compute_stream(); };
   const CommFactory make_comm = split_comm_factory(
-      launch.rank, [&world, stream](int64_t color, int64_t key, const std::vector<int64_t>& ranks,
-                                    const std::string& label) { return world->split(color, key, ranks, label, stream); });
+      launch.rank, [&world, &stream](int64_t color, int64_t key, const std::vector<int64_t>& ranks,
+                                     const std::string& label) { return world->split(color, key, ranks, label, stream); });
   return train_rank(model, plan, options, launch.rank, *backend, make_comm, out);
 }
 

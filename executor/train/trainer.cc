@@ -430,7 +430,8 @@ TrainSummary train(const ModelSpec& model, const ParallelPlan& plan, const Train
     std::unique_ptr<Backend> backend = make_backend(rank);
     ParallelGroups groups = make_parallel_groups(plan, rank, [&](const GroupKind& kind) -> std::unique_ptr<Comm> {
       if (!needs_communicator(kind)) return nullptr;
-      return world.group(rank, kind.groups[static_cast<std::size_t>(kind.mine)], kind.label, backend->compute_stream());
+      return world.group(rank, kind.groups[static_cast<std::size_t>(kind.mine)], kind.label,
+                         [compute = backend.get()] { return compute->compute_stream(); });
     });
     RankTrainer trainer(run, *backend, groups, rank == 0 ? &out : nullptr);
     TrainSummary mine = trainer.train();

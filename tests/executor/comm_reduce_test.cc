@@ -205,7 +205,8 @@ Bytes values_of(int64_t rank, std::size_t salt, std::size_t count, DataType type
 void program(exec::InProcessWorld& world, int64_t rank, int64_t ranks, RankSpace& space) {
   std::vector<int64_t> members;
   for (int64_t r = 0; r < ranks; ++r) members.push_back(r);
-  const std::unique_ptr<exec::Comm> comm = world.group(rank, members, "test", space.compute_stream());
+  const std::unique_ptr<exec::Comm> comm =
+      world.group(rank, members, "test", [&space] { return space.compute_stream(); });
   space.seen.push_back(encode({static_cast<float>(comm->name() == "in-process-" + world.memory().name())},
                               DataType::kFloat32));
   const auto n = static_cast<std::size_t>(ranks);

@@ -40,7 +40,7 @@ using namespace std::chrono_literals;
 // A world of one has no peer to reach, so the rendezvous opens no socket and the port is unused.
 constexpr int kUnusedPort = 29500;
 // The compute stream of most tests here: their copies, memsets and host functions use it.
-void* const kLegacyStream = nullptr;
+const exec::ComputeStream kLegacyStream = [] { return static_cast<void*>(nullptr); };
 
 std::unique_ptr<exec::NcclWorld> world_of_one(std::chrono::milliseconds timeout = 1min) {
   const exec::IdBroadcast through_tcp = [timeout](const std::vector<uint8_t>& blob) {
@@ -147,29 +147,41 @@ TEST_CASE("NCCL: every collective moves exactly its elements, fp32 and bf16", "[
   comm->barrier();
 }
 
-TEST_CASE("NCCL: a call runs after the compute stream's earlier work, and wait() orders the later", "[gpu][nccl]") {
+TEST_CASE("NCCL: a call runs after its compute stream's earlier work, and wait() orders the stream current then",
+          "[gpu][nccl]") {
   const auto world = world_of_one();
-  // A non-blocking stream, as the CUDA backend's: nothing orders it against the legacy stream or the
-  // communicator's own streams except the communicator's events.
-  cudaStream_t compute = nullptr;
-  REQUIRE(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking) == cudaSuccess);
-  const std::unique_ptr<exec::Comm> comm = world->split(0, 0, {0}, "dp", compute);
-  // Enough bytes that the compute stream's memsets take milliseconds, while the communicator's
+  // Non-blocking streams, as the CUDA backend's: nothing orders them against the legacy stream or
+  // the communicator's own streams except the communicator's events. The communicator asks which
+  // one computes at each call and each wait (a backend's run_pair switches streams in between).
+  cudaStream_t streams[2] = {nullptr, nullptr};
+  for (cudaStream_t& stream : streams) {
+    REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess);
+  }
+  cudaStream_t current = streams[0];
+  const std::unique_ptr<exec::Comm> comm =
+      world->split(0, 0, {0}, "dp", [&current] { return static_cast<void*>(current); });
+  // Enough bytes that the first stream's memsets take milliseconds, while the communicator's
   // stream (a stream of its own) would start at once if nothing ordered it.
   constexpr std::size_t kCount = std::size_t{64} << 20;
   const std::size_t bytes = kCount * sizeof(float);
   DeviceBuffer source(filled(bytes, 0));
   DeviceBuffer output(filled(bytes, 0));
-  for (int round = 0; round < 20; ++round) REQUIRE(cudaMemsetAsync(source.get(), round, bytes, compute) == cudaSuccess);
-  REQUIRE(cudaMemsetAsync(source.get(), 0x3C, bytes, compute) == cudaSuccess);
-  comm->reduce_scatter(source.get(), output.get(), kCount, DataType::kFloat32, ReduceOp::kSum)->wait();
-  // A copy on the compute stream after wait(): it sees the reduce_scatter's result.
+  for (int round = 0; round < 20; ++round) {
+    REQUIRE(cudaMemsetAsync(source.get(), round, bytes, streams[0]) == cudaSuccess);
+  }
+  REQUIRE(cudaMemsetAsync(source.get(), 0x3C, bytes, streams[0]) == cudaSuccess);
+  const exec::Request scattered =
+      comm->reduce_scatter(source.get(), output.get(), kCount, DataType::kFloat32, ReduceOp::kSum);
+  current = streams[1];
+  scattered->wait();
+  // A copy on the second stream after wait(): it sees the reduce_scatter's result.
   std::vector<uint8_t> tail(4096);
   REQUIRE(cudaMemcpyAsync(tail.data(), static_cast<uint8_t*>(output.get()) + bytes - tail.size(), tail.size(),
-                          cudaMemcpyDeviceToHost, compute) == cudaSuccess);
-  REQUIRE(cudaStreamSynchronize(compute) == cudaSuccess);
+                          cudaMemcpyDeviceToHost, streams[1]) == cudaSuccess);
+  REQUIRE(cudaStreamSynchronize(streams[1]) == cudaSuccess);
   CHECK(tail == filled(tail.size(), 0x3C));
-  REQUIRE(cudaStreamDestroy(compute) == cudaSuccess);
+  REQUIRE(cudaStreamSynchronize(streams[0]) == cudaSuccess);
+  for (cudaStream_t stream : streams) REQUIRE(cudaStreamDestroy(stream) == cudaSuccess);
 }
 
 TEST_CASE("NCCL: after abort every call and wait throws CommAborted with the first reason", "[gpu][nccl]") {

@@ -1,0 +1,126 @@
+// A Backend that passes every call to another: tests derive from it to change one behaviour (a
+// failing download, a pair run on one stream) and keep the rest of a real backend.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "executor/runtime/backend.h"
+
+namespace megaplan::test {
+
+class ForwardingBackend : public exec::Backend {
+ public:
+  using Activation = exec::Activation;
+  using ConstActivation = exec::ConstActivation;
+  using LinearEpilogue = exec::LinearEpilogue;
+  using OptimizerTensor = exec::OptimizerTensor;
+  using AdamwSettings = exec::AdamwSettings;
+  using TimingMark = exec::TimingMark;
+
+  explicit ForwardingBackend(std::unique_ptr<exec::Backend> inner) : inner_(std::move(inner)) {}
+
+  std::string name() const override { return inner_->name(); }
+  std::size_t activation_bytes() const override { return inner_->activation_bytes(); }
+  int64_t available_bytes() const override { return inner_->available_bytes(); }
+  float* allocate(std::size_t n) override { return inner_->allocate(n); }
+  void release(float* buffer) override { inner_->release(buffer); }
+  Activation allocate_activation(std::size_t n) override { return inner_->allocate_activation(n); }
+  void release(Activation buffer) override { inner_->release(buffer); }
+  Activation compute_copy(float* value, std::size_t n) override { return inner_->compute_copy(value, n); }
+  void release_compute_copy(Activation copy, float* value) override { inner_->release_compute_copy(copy, value); }
+  void refresh_compute_copy(const float* value, std::size_t n, Activation copy) override {
+    inner_->refresh_compute_copy(value, n, copy);
+  }
+  int64_t peak_bytes() const override { return inner_->peak_bytes(); }
+  void upload(float* device, const float* host, std::size_t n) override { inner_->upload(device, host, n); }
+  void download(float* host, const float* device, std::size_t n) override { inner_->download(host, device, n); }
+  void upload(Activation device, const float* host, std::size_t n) override { inner_->upload(device, host, n); }
+  void download(float* host, ConstActivation device, std::size_t n) override { inner_->download(host, device, n); }
+  void fill(float* x, std::size_t n, float value) override { inner_->fill(x, n, value); }
+  void linear_forward(ConstActivation x, ConstActivation w, ConstActivation b, std::size_t m, std::size_t k,
+                      std::size_t n, LinearEpilogue epilogue, Activation y, Activation pre) override {
+    inner_->linear_forward(x, w, b, m, k, n, epilogue, y, pre);
+  }
+  void linear_backward(ConstActivation dy, ConstActivation x, ConstActivation w, std::size_t m, std::size_t k,
+                       std::size_t n, Activation dx, float* dw, float* db) override {
+    inner_->linear_backward(dy, x, w, m, k, n, dx, dw, db);
+  }
+  void linear_backward_through_gelu(ConstActivation dy, ConstActivation w, std::size_t m, std::size_t k, std::size_t n,
+                                    ConstActivation pre, Activation d_pre) override {
+    inner_->linear_backward_through_gelu(dy, w, m, k, n, pre, d_pre);
+  }
+  void embedding_forward(const int64_t* tokens, std::size_t count, std::size_t seq, ConstActivation word,
+                         std::size_t vocab_start, std::size_t vocab_rows, ConstActivation position, std::size_t hidden,
+                         Activation y) override {
+    inner_->embedding_forward(tokens, count, seq, word, vocab_start, vocab_rows, position, hidden, y);
+  }
+  void embedding_backward(ConstActivation dy, const int64_t* tokens, std::size_t count, std::size_t seq,
+                          std::size_t hidden, std::size_t vocab_start, std::size_t vocab_rows, float* dword,
+                          float* dposition) override {
+    inner_->embedding_backward(dy, tokens, count, seq, hidden, vocab_start, vocab_rows, dword, dposition);
+  }
+  void layernorm_forward(ConstActivation x, ConstActivation residual, Activation sum_out, ConstActivation gamma,
+                         ConstActivation beta, std::size_t rows, std::size_t cols, Activation y, float* mean,
+                         float* rstd) override {
+    inner_->layernorm_forward(x, residual, sum_out, gamma, beta, rows, cols, y, mean, rstd);
+  }
+  void layernorm_backward(ConstActivation dy, ConstActivation x, ConstActivation gamma, const float* mean,
+                          const float* rstd, std::size_t rows, std::size_t cols, ConstActivation residual_grad,
+                          Activation dx, float* dgamma, float* dbeta) override {
+    inner_->layernorm_backward(dy, x, gamma, mean, rstd, rows, cols, residual_grad, dx, dgamma, dbeta);
+  }
+  std::size_t attention_saved_size(std::size_t batch, std::size_t seq, std::size_t heads,
+                                   std::size_t dim) const override {
+    return inner_->attention_saved_size(batch, seq, heads, dim);
+  }
+  void attention_forward(ConstActivation qkv, std::size_t batch, std::size_t seq, std::size_t heads, std::size_t dim,
+                         Activation out, float* saved) override {
+    inner_->attention_forward(qkv, batch, seq, heads, dim, out, saved);
+  }
+  void attention_backward(ConstActivation dout, ConstActivation qkv, ConstActivation out, const float* saved,
+                          std::size_t batch, std::size_t seq, std::size_t heads, std::size_t dim,
+                          Activation dqkv) override {
+    inner_->attention_backward(dout, qkv, out, saved, batch, seq, heads, dim, dqkv);
+  }
+  void cross_entropy_statistics(ConstActivation logits, const int64_t* targets, std::size_t tokens, std::size_t vocab,
+                                std::size_t vocab_start, float* lse, float* target_logit) override {
+    inner_->cross_entropy_statistics(logits, targets, tokens, vocab, vocab_start, lse, target_logit);
+  }
+  void cross_entropy_backward(ConstActivation logits, const float* lse, const int64_t* targets, const float* mask,
+                              std::size_t tokens, std::size_t vocab, std::size_t vocab_start, float scale,
+                              Activation dlogits) override {
+    inner_->cross_entropy_backward(logits, lse, targets, mask, tokens, vocab, vocab_start, scale, dlogits);
+  }
+  void add(ConstActivation a, ConstActivation b, std::size_t n, Activation y) override { inner_->add(a, b, n, y); }
+  void copy(ConstActivation from, std::size_t n, Activation to) override { inner_->copy(from, n, to); }
+  double gradient_sum_of_squares(const std::vector<OptimizerTensor>& tensors) override {
+    return inner_->gradient_sum_of_squares(tensors);
+  }
+  void adamw_step(const std::vector<OptimizerTensor>& tensors, const AdamwSettings& settings) override {
+    inner_->adamw_step(tensors, settings);
+  }
+  void synchronize() override { inner_->synchronize(); }
+  void* compute_stream() const override { return inner_->compute_stream(); }
+  void run_pair(const std::function<void()>& first, const std::function<void()>& second) override {
+    inner_->run_pair(first, second);
+  }
+  TimingMark mark() override { return inner_->mark(); }
+  double seconds_between(TimingMark from, TimingMark to) override {
+    return inner_->seconds_between(from, to);
+  }
+  void release_marks() override { inner_->release_marks(); }
+
+ protected:
+  exec::Backend& inner() { return *inner_; }
+
+ private:
+  std::unique_ptr<exec::Backend> inner_;
+};
+
+}  // namespace megaplan::test
