@@ -17,6 +17,7 @@ struct CommandContext {
   int exit_code = 0;
 };
 
+void setup_compare_command(CLI::App& app, CommandContext& context);
 void setup_data_command(CLI::App& app, CommandContext& context);
 void setup_describe_command(CLI::App& app, CommandContext& context);
 void setup_devices_command(CLI::App& app, CommandContext& context);

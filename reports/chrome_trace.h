@@ -1,7 +1,9 @@
 // Timelines as Chrome trace JSON (the Trace Event Format), which Perfetto and chrome://tracing
 // load: one process per pipeline rank, one thread per stream, one complete ("X") slice per action
-// named as the action is written ("0F3").
+// named as the action is written ("0F3"); and such a trace read back (`megaplan compare`).
 #pragma once
+
+#include <string>
 
 #include <nlohmann/json.hpp>
 
@@ -10,5 +12,11 @@
 namespace megaplan {
 
 nlohmann::json timeline_to_chrome_trace(const Timeline& timeline);
+
+// The timeline a trace written by timeline_to_chrome_trace holds (`simulate --trace`, `train
+// --trace`): its "X" events become slices, metadata events are skipped. Throws SpecError naming
+// `file` and the event ("S.json: traceEvents[12]: name: ...") when an event is not such a slice:
+// a name that is no action, a thread that is not its action's stream, a negative time.
+Timeline timeline_from_chrome_trace(const nlohmann::json& trace, const std::string& file);
 
 }  // namespace megaplan

@@ -168,8 +168,20 @@ ls "$scratch" | grep -q '^never' && fail "a failed data prepare left files behin
 # (threads); bad input names the flag.
 expect_ok train --device cpu --model "$examples/models/tiny-gpt.json" --vocab-size 257 --seq-length 16 \
   --world-size 2 --pp 2 --schedule zbv --vpp 2 --num-layers 4 --mbs 1 --gbs 4 \
-  --data-path "$scratch/corpus" --split 1,0,0 --train-iters 2 --log-interval 1
+  --data-path "$scratch/corpus" --split 1,0,0 --train-iters 2 --log-interval 1 --trace "$scratch/measured.json"
 [ "$(grep -c '^iteration [12]/2 | loss ' "$scratch/out")" -eq 2 ] || fail "a pipeline's rank 0 prints one line per iteration: $(cat "$scratch/out")"
+# The same plan simulated, and the two timelines compared action by action.
+expect_ok simulate --model "$examples/models/tiny-gpt.json" --vocab-size 257 --seq-length 16 --cluster h200-x2 \
+  --pp 2 --schedule zbv --vpp 2 --num-layers 4 --mbs 1 --gbs 4 --trace "$scratch/simulated.json"
+expect_ok compare --simulated "$scratch/simulated.json" --measured "$scratch/measured.json"
+grep -q '^order      every rank computed in the simulated order' "$scratch/out" || fail "compare: $(cat "$scratch/out")"
+grep -qE '^ +1  W +8 ' "$scratch/out" || fail "compare lists rank 1's eight W: $(cat "$scratch/out")"
+expect_ok compare --simulated "$scratch/simulated.json" --measured "$scratch/measured.json" --json
+grep -q '"iteration_error"' "$scratch/out" || fail "compare --json: $(head -c 300 "$scratch/out")"
+expect_error 'error: --measured: .*/trace.json lacks [0-9A-Z_]+ on pipeline rank [01], which .*/simulated.json holds' compare --simulated "$scratch/simulated.json" --measured "$scratch/trace.json"
+printf 'not json' >"$scratch/not-json.txt"
+expect_error 'error: --simulated: .*/not-json.txt is not JSON' compare --simulated "$scratch/not-json.txt" --measured "$scratch/measured.json"
+expect_error 'error: --simulated: .*/missing.json: cannot read file' compare --simulated "$scratch/missing.json" --measured "$scratch/measured.json"
 expect_ok train --device cpu --model "$examples/models/tiny-gpt.json" --vocab-size 257 --seq-length 16 \
   --world-size 4 --tp 2 --sequence-parallel --pp 2 --num-layers 2 --mbs 1 --gbs 2 \
   --data-path "$scratch/corpus" --split 1,0,0 --train-iters 2 --log-interval 1

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The simulator against the executor on one GPU: each layout is trained with `train --trace`
+# (the last iteration's measured timeline), simulated with `simulate --trace` on the matching
+# cluster preset, and the two compared by `megaplan compare`. Single-GPU layouts show the
+# simulator's error per action kind; the pp 2 layouts run both ranks as threads on the one GPU
+# (the in-process communicator), so their times are not a 2-GPU run's, but their order of actions
+# must be the simulated one. Prints each comparison, then a summary table.
+#   bench/simulated_vs_measured.sh MEGAPLAN_BINARY OUT_DIR [h100|h200]
+set -uo pipefail
+megaplan=$(realpath "$1")
+out=$2
+gpu=${3:-h100}
+mkdir -p "$out"
+export NCCL_NVLS_ENABLE=0
+
+corpus="$out/corpus"
+mapfile -t files < <(find /usr/lib/python3* -name '*.py' -size +4k 2>/dev/null | sort | head -800)
+"$megaplan" data prepare --tokenizer byte --append-eod --output-prefix "$corpus" --input "${files[@]}" > "$out/prepare.log" ||
+  { echo "data prepare failed"; exit 1; }
+
+# name | plan flags | cluster
+layouts=(
+  "gpt2-124m mbs 8 gbs 32|--model gpt2-124m --mbs 8 --gbs 32|--cluster ${gpu}-x1"
+  "gpt2-350m mbs 4 gbs 16|--model gpt2-350m --mbs 4 --gbs 16|--cluster ${gpu}-x1"
+  "gpt-1.3b mbs 2 gbs 8|--model gpt-1.3b --mbs 2 --gbs 8|--cluster ${gpu}-x1"
+  "gpt2-124m pp 2 1f1b, one GPU|--model gpt2-124m --mbs 4 --gbs 32 --pp 2 --world-size 2|--cluster dgx-${gpu} --gpus 2"
+  "gpt2-124m pp 2 dualpipev, one GPU|--model gpt2-124m --mbs 4 --gbs 32 --pp 2 --vpp 2 --schedule dualpipev --world-size 2|--cluster dgx-${gpu} --gpus 2"
+)
+rows=()
+for i in "${!layouts[@]}"; do
+  IFS='|' read -r name plan cluster <<< "${layouts[$i]}"
+  # shellcheck disable=SC2086
+  "$megaplan" train $plan --device cuda --data-path "$corpus" --split 1,0,0 --train-iters 6 --log-interval 3 \
+    --eval-iters 0 --lr 1e-4 --trace "$out/measured-$i.json" > "$out/train-$i.txt" 2>&1 ||
+    { echo "train failed for $name:"; tail -3 "$out/train-$i.txt"; continue; }
+  # shellcheck disable=SC2086
+  "$megaplan" simulate ${plan/--world-size 2/} $cluster --trace "$out/simulated-$i.json" > "$out/simulate-$i.txt" 2>&1 ||
+    { echo "simulate failed for $name:"; tail -3 "$out/simulate-$i.txt"; continue; }
+  "$megaplan" compare --simulated "$out/simulated-$i.json" --measured "$out/measured-$i.json" > "$out/compare-$i.txt" 2>&1 ||
+    { echo "compare failed for $name:"; tail -3 "$out/compare-$i.txt"; continue; }
+  echo "== $name"
+  cat "$out/compare-$i.txt"
+  iteration=$(grep '^iteration' "$out/compare-$i.txt" | sed 's/^iteration *//')
+  order=$(grep -q 'every rank computed in the simulated order' "$out/compare-$i.txt" && echo same || echo differs)
+  rows+=("$name|$iteration|$order")
+done
+echo
+printf '%-36s %-60s %s\n' layout "iteration (simulated, measured: error)" order
+for row in "${rows[@]}"; do
+  IFS='|' read -r name iteration order <<< "$row"
+  printf '%-36s %-60s %s\n' "$name" "$iteration" "$order"
+done
