@@ -3,23 +3,13 @@
 
 #include <map>
 
-#include "core/schedule/lowering.h"
 #include "reports/chrome_trace.h"
-#include "simulator/engine.h"
+#include "simulated_pipeline.h"
 
 TEST_CASE("the trace parses and has one slice per action, on named tracks", "[reports][trace]") {
-  const megaplan::PipelineSchedule schedule =
-      megaplan::lower_schedule(megaplan::generate_schedule(megaplan::ScheduleKind::kOneFOneB, 2, 1, 3));
-  megaplan::sim::ActionCosts costs;
-  costs.stages.assign(2, {});
-  for (auto& stage : costs.stages) {
-    stage.forward = 1e-3;
-    stage.backward_input = 1e-3;
-    stage.backward_weight = 1e-3;
-    stage.send_forward = stage.send_backward = 1e-4;
-  }
-  costs.optimizer = {1e-4, 1e-4};
-  const auto result = megaplan::sim::simulate_schedule(schedule, costs, true);
+  const megaplan::test::SimulatedPipeline pipeline = megaplan::test::simulated_1f1b(3);
+  const megaplan::PipelineSchedule& schedule = pipeline.schedule;
+  const auto& result = pipeline.result;
   const nlohmann::json trace = nlohmann::json::parse(megaplan::timeline_to_chrome_trace(result.timeline).dump());
 
   std::size_t actions = 0;

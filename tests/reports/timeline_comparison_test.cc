@@ -5,10 +5,9 @@
 #include <string>
 
 #include "core/error.h"
-#include "core/schedule/lowering.h"
 #include "reports/chrome_trace.h"
 #include "reports/timeline_comparison.h"
-#include "simulator/engine.h"
+#include "simulated_pipeline.h"
 
 namespace {
 
@@ -16,20 +15,9 @@ using megaplan::ActionKind;
 using megaplan::Timeline;
 using megaplan::TimelineSlice;
 
-// A 1F1B pipeline of 2 ranks and 4 microbatches, simulated with distinct costs per kind.
+// A 1F1B pipeline of 2 ranks and 4 microbatches.
 Timeline simulated_timeline() {
-  const megaplan::PipelineSchedule schedule =
-      megaplan::lower_schedule(megaplan::generate_schedule(megaplan::ScheduleKind::kOneFOneB, 2, 1, 4));
-  megaplan::sim::ActionCosts costs;
-  costs.stages.assign(2, {});
-  for (auto& stage : costs.stages) {
-    stage.forward = 1e-3;
-    stage.backward_input = 2e-3;
-    stage.backward_weight = 1e-3;
-    stage.send_forward = stage.send_backward = 1e-4;
-  }
-  costs.optimizer = {5e-4, 5e-4};
-  Timeline timeline = megaplan::sim::simulate_schedule(schedule, costs, true).timeline;
+  Timeline timeline = megaplan::test::simulated_1f1b(4).result.timeline;
   timeline.source = "simulated.json";
   return timeline;
 }
