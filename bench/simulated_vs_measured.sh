@@ -5,11 +5,15 @@
 # simulator's error per action kind; the pp 2 layouts run both ranks as threads on the one GPU
 # (the in-process communicator), so their times are not a 2-GPU run's, but their order of actions
 # must be the simulated one. Prints each comparison, then a summary table.
-#   bench/simulated_vs_measured.sh MEGAPLAN_BINARY OUT_DIR [h100|h200]
+# With PROFILE the simulator costs kernels from that file (`megaplan profile --out`), else from
+# the GPU's datasheet profile.
+#   bench/simulated_vs_measured.sh MEGAPLAN_BINARY OUT_DIR [h100|h200] [PROFILE]
 set -uo pipefail
 megaplan=$(realpath "$1")
 out=$2
 gpu=${3:-h100}
+profile=()
+[ $# -ge 4 ] && profile=(--profile "$(realpath "$4")")
 mkdir -p "$out"
 export NCCL_NVLS_ENABLE=0
 
@@ -34,7 +38,7 @@ for i in "${!layouts[@]}"; do
     --eval-iters 0 --lr 1e-4 --trace "$out/measured-$i.json" > "$out/train-$i.txt" 2>&1 ||
     { echo "train failed for $name:"; tail -3 "$out/train-$i.txt"; continue; }
   # shellcheck disable=SC2086
-  "$megaplan" simulate ${plan/--world-size 2/} $cluster --trace "$out/simulated-$i.json" > "$out/simulate-$i.txt" 2>&1 ||
+  "$megaplan" simulate ${plan/--world-size 2/} $cluster "${profile[@]}" --trace "$out/simulated-$i.json" > "$out/simulate-$i.txt" 2>&1 ||
     { echo "simulate failed for $name:"; tail -3 "$out/simulate-$i.txt"; continue; }
   "$megaplan" compare --simulated "$out/simulated-$i.json" --measured "$out/measured-$i.json" > "$out/compare-$i.txt" 2>&1 ||
     { echo "compare failed for $name:"; tail -3 "$out/compare-$i.txt"; continue; }

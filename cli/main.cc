@@ -25,6 +25,7 @@ int main(int argc, char** argv) {
   megaplan::cli::setup_groups_command(app, context);
   megaplan::cli::setup_launch_command(app, context);
   megaplan::cli::setup_presets_command(app, context);
+  megaplan::cli::setup_profile_command(app, context);
   megaplan::cli::setup_schedule_command(app, context);
   megaplan::cli::setup_search_command(app, context);
   megaplan::cli::setup_simulate_command(app, context);

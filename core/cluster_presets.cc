@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/cluster_spec.h"
+#include "core/device_gpu.h"
 #include "core/error.h"
 
 namespace megaplan {
@@ -74,6 +75,15 @@ std::vector<ClusterSpec> build_presets() {
 const std::vector<ClusterSpec>& cluster_presets() {
   static const std::vector<ClusterSpec> presets = build_presets();
   return presets;
+}
+
+std::optional<GpuSpec> gpu_preset_for_device(const std::string& device_name) {
+  const auto has = [&](const char* text) { return device_name.find(text) != std::string::npos; };
+  if (has("PCIe") || has("NVL")) return std::nullopt;
+  if (has("H100") && has("80GB HBM3")) return h100_sxm5_80gb();
+  if (has("H200")) return h200_sxm_141gb();
+  if (has("A100-SXM4-80GB")) return a100_sxm4_80gb();
+  return std::nullopt;
 }
 
 ClusterSpec cluster_preset(const std::string& name) {

@@ -66,6 +66,16 @@ int64_t positive_integer(JsonFieldReader& reader, const std::string& key) {
   return value;
 }
 
+// A measured entry's optional spread: (p90 - p10) / median of its repetitions, >= 0. Lookups do
+// not use it; it says how far a measured time can be trusted.
+void optional_spread(JsonFieldReader& reader) {
+  double value = 0;
+  if (!reader.read("spread", value)) return;
+  if (!(value >= 0) || !std::isfinite(value)) {
+    throw SpecError(reader.field("spread"), "must be a number >= 0, got " + nlohmann::json(value).dump());
+  }
+}
+
 double efficiency(JsonFieldReader& reader, const std::string& key) {
   const double value = positive(reader, key);
   if (value > 1) throw SpecError(reader.field(key), "must be in (0, 1], got " + nlohmann::json(value).dump());
@@ -174,7 +184,11 @@ Profile Profile::from_json(const nlohmann::json& json, const std::string& source
   curve.link_efficiency = efficiency(curve_reader, "link_efficiency");
   curve_reader.reject_unknown_keys();
 
-  for (const char* key : {"gemm", "attention", "elementwise", "collectives", "p2p"}) reader.ignore(key);
+  // Where a measured profile comes from (GPU, clocks, driver, libraries, date): free-form, for people.
+  if (reader.has("provenance") && !json.at("provenance").is_object()) {
+    throw SpecError(reader.field("provenance"), "must be an object");
+  }
+  for (const char* key : {"gemm", "attention", "elementwise", "collectives", "p2p", "provenance"}) reader.ignore(key);
   reader.reject_unknown_keys();
 
   const nlohmann::json& gemms = array_field(json, "gemm", source);
@@ -186,6 +200,7 @@ Profile Profile::from_json(const nlohmann::json& json, const std::string& source
     const int64_t k = positive_integer(entry, "k");
     const DType dtype = parse_name(entry, "dtype", kDTypes);
     const double seconds = positive(entry, "seconds");
+    optional_spread(entry);
     entry.reject_unknown_keys();
     reject_duplicate(gemm_seen, std::tuple{m, n, k, dtype}, source, "gemm", i, "m, n, k and dtype");
     profile.gemm_[static_cast<std::size_t>(dtype)].push_back(
@@ -203,6 +218,7 @@ Profile Profile::from_json(const nlohmann::json& json, const std::string& source
     entry.require("causal", causal);
     const double forward_s = positive(entry, "forward_s");
     const double backward_s = positive(entry, "backward_s");
+    optional_spread(entry);
     entry.reject_unknown_keys();
     reject_duplicate(attention_seen, std::tuple{batch_heads, seq, head_dim, causal}, source, "attention", i,
                      "batch_heads, seq, head_dim and causal");
@@ -218,6 +234,7 @@ Profile Profile::from_json(const nlohmann::json& json, const std::string& source
     JsonFieldReader entry(elementwise[i], entry_source(source, "elementwise", i));
     const int64_t bytes = positive_integer(entry, "bytes");
     const double seconds = positive(entry, "seconds");
+    optional_spread(entry);
     entry.reject_unknown_keys();
     reject_duplicate(elementwise_seen, bytes, source, "elementwise", i, "bytes");
     profile.elementwise_.points.emplace_back(log_of(bytes), std::log(seconds));

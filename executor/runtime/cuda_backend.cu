@@ -16,12 +16,14 @@
 #include <cmath>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
+#include "core/device_gpu.h"
 #include "core/error.h"
 #include "executor/kernels/cuda/adamw.h"
 #include "executor/kernels/cuda/bf16_linear.h"
@@ -504,9 +506,8 @@ double cuda_dense_bf16_peak_flops() {
   int device = 0;
   cudaDeviceProp properties{};
   if (cudaGetDevice(&device) != cudaSuccess || cudaGetDeviceProperties(&properties, device) != cudaSuccess) return 0;
-  const std::string name = properties.name;
-  if (name.find("H100") != std::string::npos || name.find("H200") != std::string::npos) return 989.4e12;
-  return 0;
+  const std::optional<GpuSpec> gpu = gpu_preset_for_device(properties.name);
+  return gpu ? gpu->dense_bf16_flops_per_s : 0;
 }
 
 }  // namespace megaplan::exec

@@ -17,8 +17,8 @@ namespace megaplan::exec {
 // 9.0), the one architecture the kernels are built for.
 std::unique_ptr<Backend> make_cuda_backend();
 
-// The dense bf16 tensor-core peak of the calling thread's current GPU, from its name (H100 and H200
-// datasheets), for MFU; 0 when the GPU is not one megaplan knows.
+// The dense bf16 tensor-core peak of the calling thread's current GPU, the datasheet's of the preset
+// GPU it is (core/device_gpu.h), for MFU; 0 when the GPU is not one megaplan knows.
 double cuda_dense_bf16_peak_flops();
 
 }  // namespace megaplan::exec

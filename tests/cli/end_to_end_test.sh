@@ -170,6 +170,11 @@ expect_ok train --device cpu --model "$examples/models/tiny-gpt.json" --vocab-si
   --world-size 2 --pp 2 --schedule zbv --vpp 2 --num-layers 4 --mbs 1 --gbs 4 \
   --data-path "$scratch/corpus" --split 1,0,0 --train-iters 2 --log-interval 1 --trace "$scratch/measured.json"
 [ "$(grep -c '^iteration [12]/2 | loss ' "$scratch/out")" -eq 2 ] || fail "a pipeline's rank 0 prints one line per iteration: $(cat "$scratch/out")"
+# Without a GPU, profile says so in one line and writes nothing.
+if ! "$megaplan" devices >/dev/null 2>&1; then
+  expect_error 'error: gpu: ' profile --quick --out "$scratch/never-profile.json"
+  [ ! -e "$scratch/never-profile.json" ] || fail "a failed profile wrote --out"
+fi
 # The same plan simulated, and the two timelines compared action by action.
 expect_ok simulate --model "$examples/models/tiny-gpt.json" --vocab-size 257 --seq-length 16 --cluster h200-x2 \
   --pp 2 --schedule zbv --vpp 2 --num-layers 4 --mbs 1 --gbs 4 --trace "$scratch/simulated.json"

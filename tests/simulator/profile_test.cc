@@ -302,3 +302,22 @@ TEST_CASE("bad profile fields are refused with the field and the rule", "[simula
 
   CHECK_THROWS_WITH(Profile::load("/no/such/profile.json"), Contains("/no/such/profile.json: cannot read file"));
 }
+
+TEST_CASE("the shipped measured profiles load and cost a layer's kernels from their tables", "[simulator][profile]") {
+  for (const auto& [file, cluster] : {std::pair{"h100-sxm5-80gb", "dgx-h100"}, std::pair{"h200-sxm-141gb", "dgx-h200"}}) {
+    INFO(file);
+    const Profile shipped = Profile::load(std::string(MEGAPLAN_PROFILES_DIR) + "/" + file + ".measured.json");
+    CHECK(shipped.gpu_name() == megaplan::cluster_preset(cluster).gpu.name);
+    CHECK_THAT(shipped.source(), Contains("measured: megaplan profile on NVIDIA H"));
+    // gpt2-124m's qkv GEMM over 8192 tokens and its attention: measured, and a plausible fraction
+    // of the 989 TFLOP/s dense peak (a unit or table mix-up would be off by orders of magnitude).
+    CostSources sources;
+    const double gemm = shipped.gemm_seconds(8192, 3 * 768, 768, megaplan::sim::DType::kBf16, sources);
+    const double tflops = 2.0 * 8192 * 3 * 768 * 768 / gemm / 1e12;
+    CHECK(tflops > 100);
+    CHECK(tflops < 989.4);
+    (void)shipped.attention_forward_seconds(96, 1024, 64, true, sources);
+    CHECK(sources.table == 2);
+    CHECK(sources.fallback == 0);
+  }
+}

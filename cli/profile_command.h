@@ -1,0 +1,32 @@
+// `megaplan profile [--out FILE] [--quick]`: times the executor's own kernels on GPU 0 through the
+// CUDA backend (executor/runtime/kernel_profiler.h) and writes a measured megaplan-profile/1 file
+// (profiles/README.md) for `simulate --profile` and `search --profile`: the GPU's datasheet rates
+// and roofline for what the tables do not cover, the measured GEMM, attention and element-wise
+// tables, and the provenance (device, SMs, memory clock, driver, CUDA, cuBLAS, NCCL, megaplan,
+// date, command). Without a usable GPU it says so and exits 2.
+#pragma once
+
+#include <optional>
+#include <ostream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "core/cluster_spec.h"
+#include "executor/runtime/kernel_profiler.h"
+
+namespace megaplan::cli {
+
+struct ProfileOptions {
+  std::optional<std::string> out;  // default: the JSON on stdout
+  bool quick = false;
+};
+
+int run_profile(const ProfileOptions& options, std::ostream& out);
+
+// The profile file: `gpu`'s datasheet device rates and roofline, the measured tables, `source`
+// and `provenance`. Checked by loading it as the simulator would (a failure is a bug here).
+nlohmann::json measured_profile_json(const GpuSpec& gpu, const exec::MeasuredTables& tables, const std::string& source,
+                                     const nlohmann::json& provenance);
+
+}  // namespace megaplan::cli
