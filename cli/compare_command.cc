@@ -41,14 +41,6 @@ std::string milliseconds(double seconds) {
   return text.str();
 }
 
-std::string signed_percent(double fraction) {
-  std::ostringstream text;
-  text.setf(std::ios::fixed | std::ios::showpos);
-  text.precision(1);
-  text << 100 * fraction << "%";
-  return text.str();
-}
-
 nlohmann::json to_json(const CompareOptions& options, const TimelineComparison& comparison) {
   nlohmann::json ranks = nlohmann::json::array();
   for (const RankComparison& rank : comparison.ranks) {
@@ -79,7 +71,7 @@ void write_text(const CompareOptions& options, const TimelineComparison& compari
       << "measured   " << options.measured << "\n"
       << "iteration  " << milliseconds(comparison.simulated_iteration_s) << " ms simulated, "
       << milliseconds(comparison.measured_iteration_s) << " ms measured: "
-      << signed_percent(relative_error(comparison.simulated_iteration_s, comparison.measured_iteration_s)) << "\n";
+      << format_percent(relative_error(comparison.simulated_iteration_s, comparison.measured_iteration_s), true) << "\n";
   bool same_order = true;
   for (const RankComparison& rank : comparison.ranks) same_order = same_order && rank.same_compute_order;
   out << "order      " << (same_order ? "every rank computed in the simulated order"
@@ -91,12 +83,12 @@ void write_text(const CompareOptions& options, const TimelineComparison& compari
       const double count = static_cast<double>(kind.count);
       table.add_row({std::to_string(rank.pipeline_rank), action_kind_token(kind.kind), std::to_string(kind.count),
                      milliseconds(kind.simulated_s / count), milliseconds(kind.measured_s / count),
-                     signed_percent(relative_error(kind.simulated_s, kind.measured_s)),
+                     format_percent(relative_error(kind.simulated_s, kind.measured_s), true),
                      rank.same_compute_order ? "same" : "differs"});
     }
     table.add_row({std::to_string(rank.pipeline_rank), "span", "1", milliseconds(rank.simulated_span_s),
                    milliseconds(rank.measured_span_s),
-                   signed_percent(relative_error(rank.simulated_span_s, rank.measured_span_s)),
+                   format_percent(relative_error(rank.simulated_span_s, rank.measured_span_s), true),
                    rank.same_compute_order ? "same" : "differs"});
   }
   out << table.render();

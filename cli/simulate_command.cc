@@ -27,14 +27,6 @@ std::string seconds(double value) {
   return text.str();
 }
 
-std::string percent(double fraction) {
-  std::ostringstream text;
-  text.setf(std::ios::fixed);
-  text.precision(1);
-  text << 100 * fraction << "%";
-  return text.str();
-}
-
 // The rank whose memory is fullest, and by how much it overflows (0 when it fits).
 std::pair<int64_t, int64_t> fullest_rank(const sim::PlanSimulation& simulation) {
   int64_t rank = 0;
@@ -92,9 +84,9 @@ void write_text(const JobSpec& job, const sim::Profile& profile, const sim::Plan
   out << "iteration  " << seconds(result.iteration_time_s) << " s, "
       << format_count(tokens / result.iteration_time_s) << " tokens/s\n";
   out << "compute    " << seconds(simulation.model_tflops_per_gpu) << " model TFLOP/s per GPU ("
-      << seconds(simulation.hardware_tflops_per_gpu) << " with recomputation), MFU " << percent(simulation.mfu)
+      << seconds(simulation.hardware_tflops_per_gpu) << " with recomputation), MFU " << format_percent(simulation.mfu)
       << " of " << format_flops(job.cluster.gpu.dense_bf16_flops_per_s) << "/s dense bf16\n";
-  out << "bubble     " << percent(result.bubble_fraction) << " of the pipeline's span\n";
+  out << "bubble     " << format_percent(result.bubble_fraction) << " of the pipeline's span\n";
   const auto [rank, shortfall] = fullest_rank(simulation);
   out << "memory     peak " << format_bytes(static_cast<double>(simulation.peak_memory_bytes)) << " (pipeline rank "
       << rank << ") of " << format_bytes(static_cast<double>(simulation.memory_capacity_bytes)) << ": "

@@ -74,4 +74,10 @@ std::string format_bytes(double bytes) {
   return scaled(bytes, 1024.0, {" B", " KiB", " MiB", " GiB", " TiB", " PiB"}, "%.1f%s");
 }
 
+std::string format_percent(double fraction, bool with_sign) {
+  char text[64];
+  std::snprintf(text, sizeof(text), with_sign ? "%+.1f%%" : "%.1f%%", 100 * fraction);
+  return text;
+}
+
 }  // namespace megaplan

@@ -24,5 +24,7 @@ class TextTable {
 std::string format_count(double value);
 std::string format_flops(double flops);
 std::string format_bytes(double bytes);
+// A fraction as a percentage with one decimal: 0.1234 -> "12.3%"; `with_sign`: "+12.3%", "-4.0%".
+std::string format_percent(double fraction, bool with_sign = false);
 
 }  // namespace megaplan

@@ -54,6 +54,8 @@ enum class ReduceOp : uint8_t { kSum, kMax };
 // every call and every wait rather than fixed when the group is made, because a rank issues on a
 // second stream while an OVERLAP_F_B's pair overlaps (Backend::run_pair). An empty function means null.
 using ComputeStream = std::function<void*()>;
+// The stream `stream` names now: null where it is empty.
+inline void* current_stream(const ComputeStream& stream) { return stream ? stream() : nullptr; }
 
 // For error messages: "[0, 1, 2]" and "10 min" / "30 s" / "250 ms".
 std::string rank_list(const std::vector<int64_t>& ranks);

@@ -197,9 +197,6 @@ void compute_collective(GroupState& state) {
   }
 }
 
-// The member's compute stream now (null on the CPU).
-void* current(const ComputeStream& stream) { return stream ? stream() : nullptr; }
-
 // An operation whose work has been given to a lane: wait() makes the member's stream start its later
 // work after `done`.
 class IssuedRequest final : public CommRequest {
@@ -208,7 +205,7 @@ class IssuedRequest final : public CommRequest {
       : world_(world), stream_(std::move(stream)), done_(std::move(done)) {}
   void wait() override {
     throw_if_aborted(world_);
-    world_.memory().wait(current(stream_), done_);
+    world_.memory().wait(current_stream(stream_), done_);
   }
 
  private:
@@ -255,7 +252,7 @@ class RecvRequest final : public CommRequest {
     // still read the buffer); the member's later work after the copy out.
     Lane& lane = *state_.lane;
     lane.wait(message.sent);
-    void* const stream = current(stream_);
+    void* const stream = current_stream(stream_);
     lane.wait(world_.memory().record(stream));
     lane.copy(data_, message.staging.get(), count_ * element_bytes(type_));
     world_.memory().wait(stream, lane.record());
@@ -296,7 +293,7 @@ class InProcessComm final : public Comm {
     message.type = type;
     if (const std::size_t bytes = count * element_bytes(type); bytes > 0) {
       message.staging = std::unique_ptr<void, StagingRelease>(lane.allocate_staging(bytes), StagingRelease{&lane});
-      lane.wait(world_.memory().record(current(stream_)));  // the data is produced
+      lane.wait(world_.memory().record(current_stream(stream_)));  // the data is produced
       lane.copy(message.staging.get(), data, bytes);
       message.sent = lane.record();
     }
@@ -372,7 +369,7 @@ class InProcessComm final : public Comm {
 
   // Deposits this member's call and blocks until the last member has computed every result.
   Request collective(Contribution call) {
-    call.ready = world_.memory().record(current(stream_));
+    call.ready = world_.memory().record(current_stream(stream_));
     std::unique_lock<std::mutex> lock(state_.mutex);
     throw_if_aborted(world_);
     state_.contributions[static_cast<std::size_t>(rank_)] = call;

@@ -95,7 +95,7 @@ struct Group {
   Lane down;                   // messages from higher to lower group ranks
   ComputeStream compute;        // the stream this process's work on the group's buffers runs on now
   cudaEvent_t ready = nullptr;  // the compute stream at the latest call
-  cudaStream_t compute_now() const { return compute ? static_cast<cudaStream_t>(compute()) : nullptr; }
+  cudaStream_t compute_now() const { return static_cast<cudaStream_t>(current_stream(compute)); }
   float* scratch = nullptr;     // barrier's one element, on up.stream
   std::string name() const { return "group " + label + " " + rank_list(ranks); }
 };

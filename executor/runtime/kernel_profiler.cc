@@ -66,7 +66,9 @@ ProfileGrid profile_grid(bool quick) {
 
 MeasuredTables measure_kernels(Backend& backend, const ProfileGrid& grid,
                                const std::function<void(int64_t done, int64_t total)>& progress) {
-  if (grid.repetitions < 1 || grid.warmup < 0) throw std::invalid_argument("measure_kernels: repetitions < 1");
+  if (grid.repetitions < 1 || grid.warmup < 0) {
+    throw std::invalid_argument("measure_kernels: repetitions < 1 or warmup < 0");
+  }
   const auto total = static_cast<int64_t>(grid.gemms.size() + grid.attention.size() + grid.elementwise_elements.size());
   int64_t done = 0;
   const auto step = [&] {

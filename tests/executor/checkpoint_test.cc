@@ -26,6 +26,7 @@
 #include "executor/train/trainer.h"
 #include "forwarding_backend.h"
 #include "training_fixtures.h"
+#include "training_run.h"
 
 namespace {
 
@@ -60,23 +61,12 @@ exec::BackendFactory cpu_backends() {
   return [](int64_t) -> std::unique_ptr<exec::Backend> { return std::make_unique<exec::CpuBackend>(); };
 }
 
-struct Outcome {
-  std::vector<double> losses;  // as logged, one per iteration this run trained
-  exec::TrainSummary summary;
-  std::string out;
-};
+using megaplan::test::Outcome;
 
-Outcome train(const megaplan::ModelSpec& model, const ParallelPlan& plan, exec::TrainOptions options,
+Outcome train(const megaplan::ModelSpec& model, const ParallelPlan& plan, const exec::TrainOptions& options,
               const megaplan::test::ScratchDirectory& scratch, const std::string& name,
               const exec::BackendFactory& backends = cpu_backends()) {
-  megaplan::validate_plan(model, plan);
-  options.log_file = scratch.file(name + ".jsonl");
-  std::ostringstream out;
-  Outcome outcome;
-  outcome.summary = exec::train(model, plan, options, backends, out);
-  outcome.losses = megaplan::test::logged_losses(*options.log_file);
-  outcome.out = out.str();
-  return outcome;
+  return megaplan::test::train_logged(model, plan, options, scratch, name, backends);
 }
 
 // Every file under `directory`, by relative path, with its bytes.

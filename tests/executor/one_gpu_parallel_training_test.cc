@@ -50,6 +50,7 @@
 #include "executor/train/trainer.h"
 #include "forwarding_backend.h"
 #include "training_fixtures.h"
+#include "training_run.h"
 
 namespace {
 
@@ -92,23 +93,15 @@ ParallelPlan plan_of(int64_t pp, int64_t dp, int64_t vpp, ScheduleKind schedule,
   return plan;
 }
 
-struct Outcome {
-  std::vector<double> losses;
-  exec::TrainSummary summary;
-  std::string out;
-};
+using megaplan::test::Outcome;
 
-Outcome train_on_gpu(const megaplan::ModelSpec& model, const ParallelPlan& plan, exec::TrainOptions options,
-                     const megaplan::test::ScratchDirectory& scratch, const std::string& name) {
-  megaplan::validate_plan(model, plan);
-  options.log_file = scratch.file(name + ".jsonl");
-  std::ostringstream out;
-  Outcome outcome;
-  outcome.summary = exec::train(model, plan, options, [](int64_t) { return exec::make_cuda_backend(); }, out,
-                                exec::make_in_process_gpu_memory);
-  outcome.losses = megaplan::test::logged_losses(*options.log_file);
-  outcome.out = out.str();
-  return outcome;
+// The ranks as threads sharing GPU 0 (the in-process one-GPU communicator), each with a CUDA
+// backend unless `backends` says otherwise.
+Outcome train_on_gpu(const megaplan::ModelSpec& model, const ParallelPlan& plan, const exec::TrainOptions& options,
+                     const megaplan::test::ScratchDirectory& scratch, const std::string& name,
+                     const exec::BackendFactory& backends = [](int64_t) { return exec::make_cuda_backend(); }) {
+  return megaplan::test::train_logged(model, plan, options, scratch, name, backends,
+                                      exec::make_in_process_gpu_memory);
 }
 
 struct Layout {
@@ -230,18 +223,9 @@ TEST_CASE("on one GPU, DualPipeV's pairs on two streams give the bits of the pai
   options.train_iters = 4;
   options.eval_interval = 2;
   const ParallelPlan plan = plan_of(2, 1, 2, ScheduleKind::kDualPipeV, false, 2, true);
-  const megaplan::ModelSpec model = four_layer_gpt();
-  megaplan::validate_plan(model, plan);
-  const auto run = [&](const exec::BackendFactory& make_backend, const std::string& name) {
-    options.log_file = scratch.file(name + ".jsonl");
-    std::ostringstream out;
-    Outcome outcome;
-    outcome.summary = exec::train(model, plan, options, make_backend, out, exec::make_in_process_gpu_memory);
-    outcome.losses = megaplan::test::logged_losses(*options.log_file);
-    return outcome;
-  };
-  const Outcome two_streams = run([](int64_t) { return exec::make_cuda_backend(); }, "two-streams");
-  const Outcome one_stream = run([](int64_t) { return std::make_unique<OneStreamPairs>(); }, "one-stream");
+  const Outcome two_streams = train_on_gpu(four_layer_gpt(), plan, options, scratch, "two-streams");
+  const Outcome one_stream = train_on_gpu(four_layer_gpt(), plan, options, scratch, "one-stream",
+                                          [](int64_t) { return std::make_unique<OneStreamPairs>(); });
   REQUIRE(one_stream.losses.size() == 4);
   CHECK(two_streams.losses == one_stream.losses);
   CHECK(two_streams.summary.last_gradient_norm == one_stream.summary.last_gradient_norm);

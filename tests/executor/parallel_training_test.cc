@@ -36,6 +36,7 @@
 #include "executor/runtime/cpu_backend.h"
 #include "executor/train/trainer.h"
 #include "training_fixtures.h"
+#include "training_run.h"
 
 namespace {
 
@@ -69,24 +70,13 @@ ParallelPlan plan_of(int64_t tp, int64_t pp, int64_t dp, int64_t vpp, ScheduleKi
   return megaplan::test::layout(tp, pp, dp, vpp, schedule);
 }
 
-struct Outcome {
-  std::vector<double> losses;
-  exec::TrainSummary summary;
-  std::string out;
-};
+using megaplan::test::Outcome;
 
-Outcome train(const megaplan::ModelSpec& model, const ParallelPlan& plan, exec::TrainOptions options,
+Outcome train(const megaplan::ModelSpec& model, const ParallelPlan& plan, const exec::TrainOptions& options,
               const megaplan::test::ScratchDirectory& scratch, const std::string& name) {
-  megaplan::validate_plan(model, plan);
-  options.log_file = scratch.file(name + ".jsonl");
-  std::ostringstream out;
-  Outcome outcome;
-  outcome.summary = exec::train(model, plan, options,
-                                [](int64_t) -> std::unique_ptr<exec::Backend> { return std::make_unique<exec::CpuBackend>(); },
-                                out);
-  outcome.losses = megaplan::test::logged_losses(*options.log_file);
-  outcome.out = out.str();
-  return outcome;
+  return megaplan::test::train_logged(
+      model, plan, options, scratch, name,
+      [](int64_t) -> std::unique_ptr<exec::Backend> { return std::make_unique<exec::CpuBackend>(); });
 }
 
 // Each pipeline rank's slices of `timeline` are its lowered list's actions, in order, each on the
