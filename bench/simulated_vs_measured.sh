@@ -24,9 +24,15 @@ mapfile -t files < <(find /usr/lib/python3* -name '*.py' -size +4k 2>/dev/null |
 
 # name | plan flags | cluster
 layouts=(
+  "gpt2-124m mbs 4 gbs 32|--model gpt2-124m --mbs 4 --gbs 32|--cluster ${gpu}-x1"
   "gpt2-124m mbs 8 gbs 32|--model gpt2-124m --mbs 8 --gbs 32|--cluster ${gpu}-x1"
+  "gpt2-124m mbs 16 gbs 32|--model gpt2-124m --mbs 16 --gbs 32|--cluster ${gpu}-x1"
+  "gpt2-124m mbs 8 selective|--model gpt2-124m --mbs 8 --gbs 32 --recompute-granularity selective|--cluster ${gpu}-x1"
   "gpt2-350m mbs 4 gbs 16|--model gpt2-350m --mbs 4 --gbs 16|--cluster ${gpu}-x1"
+  "gpt2-350m mbs 8 full|--model gpt2-350m --mbs 8 --gbs 16 --recompute-granularity full --recompute-method uniform --recompute-num-layers 1|--cluster ${gpu}-x1"
+  "gpt-1.3b mbs 1 gbs 8|--model gpt-1.3b --mbs 1 --gbs 8|--cluster ${gpu}-x1"
   "gpt-1.3b mbs 2 gbs 8|--model gpt-1.3b --mbs 2 --gbs 8|--cluster ${gpu}-x1"
+  "gpt-1.3b mbs 4 selective|--model gpt-1.3b --mbs 4 --gbs 8 --recompute-granularity selective|--cluster ${gpu}-x1"
   "gpt2-124m pp 2 1f1b, one GPU|--model gpt2-124m --mbs 4 --gbs 32 --pp 2 --world-size 2|--cluster dgx-${gpu} --gpus 2"
   "gpt2-124m pp 2 dualpipev, one GPU|--model gpt2-124m --mbs 4 --gbs 32 --pp 2 --vpp 2 --schedule dualpipev --world-size 2|--cluster dgx-${gpu} --gpus 2"
 )

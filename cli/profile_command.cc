@@ -56,7 +56,7 @@ nlohmann::json measured_profile_json(const GpuSpec& gpu, const exec::MeasuredTab
         {"link_efficiency", curve.link_efficiency}}},
       {"gemm", tables.gemm},
       {"attention", tables.attention},
-      {"elementwise", tables.elementwise}};
+      {"kernels", tables.kernels}};
   try {
     (void)sim::Profile::from_json(profile, "megaplan profile");
   } catch (const SpecError& error) {
@@ -109,7 +109,7 @@ int run_profile(const ProfileOptions& options, std::ostream& out) {
 void setup_profile_command(CLI::App& app, CommandContext& context) {
   auto options = std::make_shared<ProfileOptions>();
   CLI::App* command = app.add_subcommand(
-      "profile", "Time the executor's GEMMs, attention and element-wise kernels on GPU 0 into a measured profile");
+      "profile", "Time the executor's GEMMs, attention and memory-bound kernels on GPU 0 into a measured profile");
   command->add_option("--out", options->out, "Write the profile here (atomically); default: stdout");
   command->add_flag("--quick", options->quick, "A smaller grid: under a minute on an H100 (full: under five)");
   command->callback([options, &context] { context.exit_code = run_profile(*options, context.out); });

@@ -241,7 +241,7 @@ class Engine {
         return stage.forward;
       case ActionKind::kBackward:
         collectives += stage.backward_collectives;
-        return stage.backward_input + stage.backward_weight;
+        return stage.backward;
       case ActionKind::kBackwardInput:
         collectives += stage.backward_collectives;
         return stage.backward_input;

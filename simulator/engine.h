@@ -24,10 +24,11 @@ namespace megaplan::sim {
 // Seconds for one microbatch on one virtual stage.
 struct StageCosts {
   double forward = 0;               // F, with its tensor- and context-parallel collectives
-  double backward_input = 0;        // I (or B's input half), with collectives and recomputation
-  double backward_weight = 0;       // W (or B's weight half)
+  double backward = 0;              // B, with collectives and recomputation
+  double backward_input = 0;        // I, with collectives and recomputation
+  double backward_weight = 0;       // W
   double forward_collectives = 0;   // the part of `forward` spent in collectives
-  double backward_collectives = 0;  // the part of `backward_input` spent in collectives
+  double backward_collectives = 0;  // the part of `backward` and of `backward_input` spent in collectives
   double send_forward = 0;          // transfer of the activation to stage s + 1
   double send_backward = 0;         // transfer of the input gradient to stage s - 1
   std::vector<double> gradient_buckets;  // REDUCE_GRAD(s): each bucket's reduction, in order

@@ -74,10 +74,10 @@ double SimulatorEstimator::lower_bound_s(const ParallelPlan& plan) const {
   const double layers_per_stage =
       static_cast<double>(model_.num_layers) / static_cast<double>(plan.num_virtual_stages());
   const double forward = layers_per_stage * layer.forward;
-  const double backward = layers_per_stage * (layer.backward_input + layer.backward_weight);
+  const double backward = layers_per_stage * layer.backward;  // B: never more than I + W
   const auto microbatches = static_cast<double>(plan.num_microbatches());
   const double rank_work = microbatches * static_cast<double>(plan.virtual_pipeline_parallel_size) * (forward + backward);
-  const double head_work = microbatches * (head.forward + head.backward_input + head.backward_weight);
+  const double head_work = microbatches * (head.forward + head.backward);
   const double below = static_cast<double>(plan.pipeline_parallel_size - 1);
   const bool v_placement = stage_placement(plan.schedule) == StagePlacement::kV;
   const int64_t last = plan.pipeline_parallel_size - 1;

@@ -99,6 +99,14 @@ constexpr std::array<std::pair<const char*, CollectiveOp>, 4> kOps = {{{"all_red
                                                                        {"all_gather", CollectiveOp::kAllGather},
                                                                        {"reduce_scatter", CollectiveOp::kReduceScatter},
                                                                        {"all_to_all", CollectiveOp::kAllToAll}}};
+constexpr std::array<std::pair<const char*, GemmLayout>, 3> kLayouts = {{{"forward", GemmLayout::kForward},
+                                                                         {"input_gradient", GemmLayout::kInputGradient},
+                                                                         {"weight_gradient", GemmLayout::kWeightGradient}}};
+constexpr std::array<std::pair<const char*, GemmEpilogue>, 5> kEpilogues = {{{"none", GemmEpilogue::kNone},
+                                                                             {"bias", GemmEpilogue::kBias},
+                                                                             {"bias_gelu", GemmEpilogue::kBiasGelu},
+                                                                             {"gelu_gradient", GemmEpilogue::kGeluGradient},
+                                                                             {"bias_gradient", GemmEpilogue::kBiasGradient}}};
 constexpr std::array<std::pair<const char*, LinkKind>, 2> kLinks = {{{"nvlink", LinkKind::kNvlink},
                                                                      {"network", LinkKind::kNetwork}}};
 
@@ -188,23 +196,29 @@ Profile Profile::from_json(const nlohmann::json& json, const std::string& source
   if (reader.has("provenance") && !json.at("provenance").is_object()) {
     throw SpecError(reader.field("provenance"), "must be an object");
   }
-  for (const char* key : {"gemm", "attention", "elementwise", "collectives", "p2p", "provenance"}) reader.ignore(key);
+  for (const char* key : {"gemm", "attention", "elementwise", "kernels", "collectives", "p2p", "provenance"}) {
+    reader.ignore(key);
+  }
   reader.reject_unknown_keys();
 
   const nlohmann::json& gemms = array_field(json, "gemm", source);
-  std::map<std::tuple<int64_t, int64_t, int64_t, DType>, std::size_t> gemm_seen;
+  std::map<std::tuple<int64_t, int64_t, int64_t, DType, GemmLayout, GemmEpilogue>, std::size_t> gemm_seen;
   for (std::size_t i = 0; i < gemms.size(); ++i) {
     JsonFieldReader entry(gemms[i], entry_source(source, "gemm", i));
     const int64_t m = positive_integer(entry, "m");
     const int64_t n = positive_integer(entry, "n");
     const int64_t k = positive_integer(entry, "k");
     const DType dtype = parse_name(entry, "dtype", kDTypes);
+    const GemmLayout layout = entry.has("layout") ? parse_name(entry, "layout", kLayouts) : GemmLayout::kForward;
+    const GemmEpilogue epilogue = entry.has("epilogue") ? parse_name(entry, "epilogue", kEpilogues) : GemmEpilogue::kNone;
     const double seconds = positive(entry, "seconds");
     optional_spread(entry);
     entry.reject_unknown_keys();
-    reject_duplicate(gemm_seen, std::tuple{m, n, k, dtype}, source, "gemm", i, "m, n, k and dtype");
-    profile.gemm_[static_cast<std::size_t>(dtype)].push_back(
-        {{log_of(m), log_of(n), log_of(k)}, std::log(gemm_flops(m, n, k) / seconds), seconds});
+    reject_duplicate(gemm_seen, std::tuple{m, n, k, dtype, layout, epilogue}, source, "gemm", i,
+                     "m, n, k, dtype, layout and epilogue");
+    const ShapePoint point{{log_of(m), log_of(n), log_of(k)}, std::log(gemm_flops(m, n, k) / seconds), seconds};
+    profile.gemm_[{dtype, layout, epilogue}].push_back(point);
+    profile.gemm_by_layout_[{dtype, layout}].push_back(point);
   }
 
   const nlohmann::json& attention = array_field(json, "attention", source);
@@ -240,6 +254,26 @@ Profile Profile::from_json(const nlohmann::json& json, const std::string& source
     profile.elementwise_.points.emplace_back(log_of(bytes), std::log(seconds));
   }
 
+  const nlohmann::json& kernels = array_field(json, "kernels", source);
+  std::map<std::tuple<std::string, int64_t>, std::size_t> kernels_seen;
+  for (std::size_t i = 0; i < kernels.size(); ++i) {
+    JsonFieldReader entry(kernels[i], entry_source(source, "kernels", i));
+    std::string kernel_class;
+    entry.require("kernel", kernel_class);
+    const std::vector<std::string>& classes = memory_kernel_classes();
+    if (std::find(classes.begin(), classes.end(), kernel_class) == classes.end()) {
+      std::string known;
+      for (const std::string& name : classes) known += (known.empty() ? "" : ", ") + name;
+      throw SpecError(entry.field("kernel"), "must be one of " + known + "; got \"" + kernel_class + "\"");
+    }
+    const int64_t bytes = positive_integer(entry, "bytes");
+    const double seconds = positive(entry, "seconds");
+    optional_spread(entry);
+    entry.reject_unknown_keys();
+    reject_duplicate(kernels_seen, std::tuple{kernel_class, bytes}, source, "kernels", i, "kernel and bytes");
+    profile.memory_kernels_[kernel_class].points.emplace_back(log_of(bytes), std::log(seconds));
+  }
+
   const nlohmann::json& collectives = array_field(json, "collectives", source);
   std::map<std::tuple<CollectiveOp, int64_t, LinkKind, int64_t>, std::size_t> collectives_seen;
   for (std::size_t i = 0; i < collectives.size(); ++i) {
@@ -270,6 +304,7 @@ Profile Profile::from_json(const nlohmann::json& json, const std::string& source
 
   // Curves are searched by bytes; sorted once here so lookups only bisect.
   std::sort(profile.elementwise_.points.begin(), profile.elementwise_.points.end());
+  for (auto& [name, kernel_curve] : profile.memory_kernels_) std::sort(kernel_curve.points.begin(), kernel_curve.points.end());
   for (auto& [key, bus_curve] : profile.collectives_) std::sort(bus_curve.points.begin(), bus_curve.points.end());
   for (Curve& p2p_curve : profile.p2p_) std::sort(p2p_curve.points.begin(), p2p_curve.points.end());
   return profile;
@@ -334,12 +369,29 @@ double Profile::seconds_from_curve(const Curve& curve, double log_bytes) {
 }
 
 double Profile::gemm_seconds(int64_t m, int64_t n, int64_t k, DType dtype, CostSources& sources) const {
+  return gemm_seconds(GemmLayout::kForward, GemmEpilogue::kNone, m, n, k, dtype, sources);
+}
+
+double Profile::gemm_seconds(GemmLayout layout, GemmEpilogue epilogue, int64_t m, int64_t n, int64_t k, DType dtype,
+                             CostSources& sources) const {
   if (m <= 0 || n <= 0 || k <= 0) return 0;
   const double flops = gemm_flops(m, n, k);
-  const auto& table = gemm_[static_cast<std::size_t>(dtype)];
-  if (!table.empty()) {
+  const std::array<double, 3> log_shape = {log_of(m), log_of(n), log_of(k)};
+  if (const auto found = gemm_.find({dtype, layout, epilogue}); found != gemm_.end()) {
     ++sources.table;
-    return shape_lookup(table, {log_of(m), log_of(n), log_of(k)}, flops);
+    return shape_lookup(found->second, log_shape, flops);
+  }
+  if (const auto found = gemm_by_layout_.find({dtype, layout}); found != gemm_by_layout_.end()) {
+    ++sources.table;
+    return shape_lookup(found->second, log_shape, flops);
+  }
+  if (const auto found = gemm_by_layout_.find({dtype, GemmLayout::kForward}); found != gemm_by_layout_.end()) {
+    // The product as a forward GEMM of its own shape: dx[m x k] = dy[m x n] W[n x k]; dW[n x k] = dy^T[n x m] x[m x k].
+    ++sources.table;
+    const std::array<double, 3> product = layout == GemmLayout::kInputGradient  ? std::array{log_shape[0], log_shape[2], log_shape[1]}
+                                          : layout == GemmLayout::kWeightGradient ? std::array{log_shape[1], log_shape[2], log_shape[0]}
+                                                                                   : log_shape;
+    return shape_lookup(found->second, product, flops);
   }
   ++sources.fallback;
   const bool fp32 = dtype == DType::kFp32;
@@ -391,6 +443,35 @@ double Profile::elementwise_seconds(int64_t bytes, CostSources& sources) const {
   ++sources.fallback;
   return static_cast<double>(bytes) / (device_.memory_bandwidth_bytes_per_s * curve_.memory_efficiency) +
          device_.kernel_launch_s;
+}
+
+double Profile::memory_kernel_seconds(const std::string& kernel_class, int64_t bytes, CostSources& sources) const {
+  if (bytes <= 0) return 0;
+  const auto found = memory_kernels_.find(kernel_class);
+  if (found != memory_kernels_.end()) {
+    ++sources.table;
+    return seconds_from_curve(found->second, log_of(bytes));
+  }
+  if (elementwise_.points.empty()) {
+    if (const auto add = memory_kernels_.find("add"); add != memory_kernels_.end()) {
+      ++sources.table;
+      return seconds_from_curve(add->second, log_of(bytes));
+    }
+  }
+  return elementwise_seconds(bytes, sources);
+}
+
+double Profile::kernel_seconds(const Kernel& kernel, CostSources& sources) const {
+  switch (kernel.kind) {
+    case KernelKind::kGemm:
+      return gemm_seconds(kernel.layout, kernel.epilogue, kernel.m, kernel.n, kernel.k, DType::kBf16, sources);
+    case KernelKind::kAttentionForward:
+      return attention_forward_seconds(kernel.batch * kernel.heads, kernel.seq, kernel.head_dim, true, sources);
+    case KernelKind::kAttentionBackward:
+      return attention_backward_seconds(kernel.batch * kernel.heads, kernel.seq, kernel.head_dim, true, sources);
+    default:
+      return memory_kernel_seconds(memory_kernel_class(kernel), kernel_bytes(kernel, 2), sources);
+  }
 }
 
 double Profile::collective_seconds(CollectiveOp op, int64_t group_size, int64_t bytes, LinkKind link,

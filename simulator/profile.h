@@ -15,6 +15,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "core/cluster_spec.h"
+#include "core/kernel_list.h"
 
 namespace megaplan::sim {
 
@@ -74,8 +75,14 @@ class Profile {
   const DeviceRates& device() const { return device_; }
   const RooflineCurve& roofline_curve() const { return curve_; }
 
-  // X[m x k] W[k x n]: 2mnk FLOPs.
+  // X[m x k] W[k x n]: 2mnk FLOPs, the forward product without an epilogue.
   double gemm_seconds(int64_t m, int64_t n, int64_t k, DType dtype, CostSources& sources) const;
+  // A linear layer's product in one of its three training layouts, (m, n, k) its forward shape
+  // (core/kernel_list.h), with an epilogue. Measured entries of the same layout and epilogue are
+  // blended; without any, those of the layout; without those, the forward table at the product's
+  // own shape; then the roofline.
+  double gemm_seconds(GemmLayout layout, GemmEpilogue epilogue, int64_t m, int64_t n, int64_t k, DType dtype,
+                      CostSources& sources) const;
   // Flash attention over `batch_heads` sequences of `seq` tokens with head dimension `head_dim`,
   // bf16: 4 * batch_heads * seq^2 * head_dim FLOPs forward (half when causal), 2.5x that backward.
   double attention_forward_seconds(int64_t batch_heads, int64_t seq, int64_t head_dim, bool causal,
@@ -84,6 +91,12 @@ class Profile {
                                     CostSources& sources) const;
   // A memory-bound pass moving `bytes` (reads plus writes).
   double elementwise_seconds(int64_t bytes, CostSources& sources) const;
+  // A memory-bound kernel of a class of core's kernel lists (memory_kernel_class) moving `bytes`
+  // (kernel_bytes): its class's measured curve; without one the `elementwise` table, then the
+  // measured residual add's curve (a streaming pass like any), then the roofline.
+  double memory_kernel_seconds(const std::string& kernel_class, int64_t bytes, CostSources& sources) const;
+  // Any kernel of core's lists, with bf16 activations. Attention is causal.
+  double kernel_seconds(const Kernel& kernel, CostSources& sources) const;
   // NCCL's cost: `bytes` is the buffer (all-reduce: the whole tensor; all-gather: the gathered
   // output; reduce-scatter: the input; all-to-all: one rank's send buffer), moved as
   // bytes * factor / bus bandwidth with factor 2(n-1)/n for all-reduce and (n-1)/n otherwise;
@@ -118,10 +131,13 @@ class Profile {
   std::string source_;
   DeviceRates device_;
   RooflineCurve curve_;
-  std::array<std::vector<ShapePoint>, 2> gemm_;                // by DType
+  // By dtype, layout and epilogue; and by dtype and layout, every epilogue's entries together.
+  std::map<std::tuple<DType, GemmLayout, GemmEpilogue>, std::vector<ShapePoint>> gemm_;
+  std::map<std::pair<DType, GemmLayout>, std::vector<ShapePoint>> gemm_by_layout_;
   std::array<std::vector<ShapePoint>, 2> attention_forward_;   // by causal
   std::array<std::vector<ShapePoint>, 2> attention_backward_;  // by causal
   Curve elementwise_;  // log seconds
+  std::map<std::string, Curve> memory_kernels_;  // log seconds over log bytes, by kernel class
   std::map<std::tuple<CollectiveOp, int64_t, LinkKind>, Curve> collectives_;  // log bus bandwidth
   std::array<Curve, 2> p2p_;  // log seconds, by LinkKind
 };

@@ -2,8 +2,11 @@
 #include "simulator/stage_costs.h"
 
 #include <algorithm>
+#include <array>
+#include <utility>
 
 #include "core/formulas.h"
+#include "core/kernel_list.h"
 #include "core/pipeline_layout.h"
 #include "core/rank_groups.h"
 
@@ -17,25 +20,35 @@ constexpr int64_t kFp32 = 4;
 LinkKind kind_of(const Route& route) { return route.crosses_nodes ? LinkKind::kNetwork : LinkKind::kNvlink; }
 LinkParams params_of(const Route& route) { return {route.bandwidth_bytes_per_s, route.latency_s}; }
 
-// A forward GEMM X[m x k] W[k x n] and its two backward GEMMs: dX = dY W^T, dW = X^T dY.
-struct Gemm {
-  int64_t m, n, k;
-};
+// Seconds of every block of the executor's kernel list; context parallelism splits each
+// sequence's queries over cp GPUs, so attention takes 1/cp of the whole sequence's time.
+using BlockSeconds = std::array<double, kNumKernelBlocks>;
 
-struct GemmCosts {
-  double forward = 0;
-  double input_gradient = 0;
-  double weight_gradient = 0;
-};
-
-GemmCosts cost_gemms(const std::vector<Gemm>& gemms, const Profile& profile, CostSources& sources) {
-  GemmCosts costs;
-  for (const Gemm& g : gemms) {
-    costs.forward += profile.gemm_seconds(g.m, g.n, g.k, DType::kBf16, sources);
-    costs.input_gradient += profile.gemm_seconds(g.m, g.k, g.n, DType::kBf16, sources);
-    costs.weight_gradient += profile.gemm_seconds(g.k, g.n, g.m, DType::kBf16, sources);
+BlockSeconds cost_blocks(const ExecutorKernels& kernels, const Profile& profile, int64_t context_parallel_size,
+                         CostSources& sources) {
+  BlockSeconds seconds{};
+  for (std::size_t b = 0; b < kNumKernelBlocks; ++b) {
+    for (const Kernel& kernel : kernels.block(static_cast<KernelBlock>(b))) {
+      const bool attention = kernel.kind == KernelKind::kAttentionForward || kernel.kind == KernelKind::kAttentionBackward;
+      seconds[b] += profile.kernel_seconds(kernel, sources) / static_cast<double>(attention ? context_parallel_size : 1);
+    }
   }
-  return costs;
+  return seconds;
+}
+
+double part_seconds(const ExecutorKernels& kernels, const BlockSeconds& seconds, int64_t stage, SchedulePart part) {
+  double total = 0;
+  for (const CountedBlock& counted : kernels.stage_blocks(stage, part)) {
+    total += static_cast<double>(counted.count) * seconds[static_cast<std::size_t>(counted.block)];
+  }
+  return total;
+}
+
+// Layers of a virtual stage that full recomputation runs forward again in the backward.
+int64_t recomputed_layers(const ModelSpec& model, const ParallelPlan& plan) {
+  int64_t recomputed = 0;
+  for (const LayerGroup& group : recompute_groups(model, plan)) recomputed += group.recomputed ? group.num_layers : 0;
+  return recomputed;
 }
 
 class CollectiveCoster {
@@ -99,140 +112,157 @@ std::vector<GroupRoutes> pipeline_group_routes(const ParallelPlan& plan, const T
   return routes;
 }
 
-LayerCosts transformer_layer_costs(const ModelSpec& model, const ParallelPlan& plan, const Profile& profile,
-                                   const GroupRoutes& routes, CostSources& sources) {
+namespace {
+
+// A layer's collectives on the critical path, per microbatch: forward and backward.
+struct LayerCollectives {
+  double forward = 0;
+  double backward = 0;
+};
+
+LayerCollectives layer_collectives(const ModelSpec& model, const ParallelPlan& plan, const Profile& profile,
+                                   const GroupRoutes& routes, double attention_forward, double attention_backward,
+                                   CostSources& sources) {
   const int64_t t = plan.tensor_parallel_size;
   const int64_t cp = plan.context_parallel_size;
-  const int64_t tokens = tokens_per_microbatch(model, plan);  // GEMM rows
-  const int64_t h = model.hidden_size;
-  const int64_t f = model.effective_ffn_hidden_size();
-  const int64_t q = model.query_projection_size();
-  const int64_t kv = model.kv_projection_size();
-  const int64_t fc1_width = f * (model.swiglu ? 2 : 1);
-
-  // Column-parallel QKV and fc1 split their outputs over tp; row-parallel projection and fc2
-  // split their inputs.
-  const GemmCosts gemms = cost_gemms(
-      {{tokens, (q + 2 * kv) / t, h}, {tokens, h, q / t}, {tokens, fc1_width / t, h}, {tokens, h, f / t}}, profile,
-      sources);
-
-  // Flash attention over the whole sequence; context parallelism splits the queries.
-  const int64_t batch_heads = plan.micro_batch_size * model.num_attention_heads / t;
-  const int64_t head_dim = model.effective_kv_channels();
-  const double attention_forward =
-      profile.attention_forward_seconds(batch_heads, model.seq_length, head_dim, true, sources) / static_cast<double>(cp);
-  const double attention_backward =
-      profile.attention_backward_seconds(batch_heads, model.seq_length, head_dim, true, sources) / static_cast<double>(cp);
-
-  // Element-wise passes in bf16: two norms (read, write), two residual adds (two reads, a write),
-  // the activation (GELU reads one input; SwiGLU two), rotary embeddings on Q and K. Norms and
-  // residuals run on the sequence shard under sequence parallelism. Backward moves about twice
-  // the bytes (gradients in, saved inputs, gradients out).
-  const int64_t outside = tokens * h / (plan.sequence_parallel ? t : 1);
-  int64_t elementwise_bytes = kBf16 * (2 * 2 * outside + 2 * 3 * outside);
-  elementwise_bytes += kBf16 * tokens * (fc1_width + f) / t;
-  if (model.position_embedding_type == PositionEmbedding::kRope) elementwise_bytes += kBf16 * 2 * tokens * (q + kv) / t;
-  const double elementwise_forward = profile.elementwise_seconds(elementwise_bytes, sources);
-  const double elementwise_backward = profile.elementwise_seconds(2 * elementwise_bytes, sources);
-
+  const int64_t tokens = tokens_per_microbatch(model, plan);
   // Tensor parallelism: two all-reduces of the layer's output per pass, or with sequence
   // parallelism two all-gathers and two reduce-scatters of the same tensor.
   const CollectiveCoster tensor(profile, routes.tensor, t, sources);
-  const int64_t activation_bytes = kBf16 * tokens * h;
+  const int64_t activation_bytes = kBf16 * tokens * model.hidden_size;
   const double tensor_collectives =
       plan.sequence_parallel
           ? 2 * (tensor(CollectiveOp::kAllGather, activation_bytes) + tensor(CollectiveOp::kReduceScatter, activation_bytes))
           : 2 * tensor(CollectiveOp::kAllReduce, activation_bytes);
-
+  LayerCollectives collectives{tensor_collectives, tensor_collectives};
   // Context parallelism: K and V go round the cp ring (twice as much with their gradients in the
   // backward), overlapping the attention blocks; only what attention does not cover is exposed.
-  double context_forward = 0;
-  double context_backward = 0;
   if (cp > 1) {
     const CollectiveCoster context(profile, routes.context, cp, sources);
-    const int64_t kv_bytes = kBf16 * 2 * tokens * kv / t;
+    const int64_t kv_bytes = kBf16 * 2 * tokens * model.kv_projection_size() / t;
     const double ring = context(CollectiveOp::kAllGather, kv_bytes * cp);
-    context_forward = std::max(0.0, ring - attention_forward);
-    context_backward = std::max(0.0, 2 * ring - attention_backward);
+    collectives.forward += std::max(0.0, ring - attention_forward);
+    collectives.backward += std::max(0.0, 2 * ring - attention_backward);
   }
+  return collectives;
+}
 
-  LayerCosts layer;
-  layer.forward_collectives = tensor_collectives + context_forward;
-  layer.forward = gemms.forward + attention_forward + elementwise_forward + layer.forward_collectives;
-  layer.backward_collectives = tensor_collectives + context_backward;
-  layer.backward_input = gemms.input_gradient + attention_backward + elementwise_backward + layer.backward_collectives;
-  layer.backward_weight = gemms.weight_gradient;
-  // Recomputation repeats forward work inside the backward: the attention core (selective) or
-  // the whole layer with its collectives (full).
-  if (plan.recompute_granularity == RecomputeGranularity::kSelective) {
-    layer.backward_input += attention_forward;
-  } else if (plan.recompute_granularity == RecomputeGranularity::kFull) {
-    // Costs are per average layer of a stage: only the layers --recompute-method checkpoints
-    // run forward again (all of them under uniform, the first N under block).
-    int64_t recomputed = 0;
-    for (const LayerGroup& group : recompute_groups(model, plan)) recomputed += group.recomputed ? group.num_layers : 0;
-    const double fraction = static_cast<double>(recomputed) / static_cast<double>(layers_per_virtual_stage(model, plan));
-    layer.backward_input += fraction * layer.forward;
-    layer.backward_collectives += fraction * layer.forward_collectives;
+// The attention kernels' time in a block (forward, backward), for what context-parallel exchange hides behind.
+std::pair<double, double> attention_seconds(const ExecutorKernels& kernels, const Profile& profile, int64_t cp,
+                                            CostSources& sources) {
+  double forward = 0, backward = 0;
+  for (const Kernel& kernel : kernels.block(KernelBlock::kLayerBackward)) {
+    if (kernel.kind == KernelKind::kAttentionBackward) backward += profile.kernel_seconds(kernel, sources);
   }
+  for (const Kernel& kernel : kernels.block(KernelBlock::kAttentionRecompute)) forward += profile.kernel_seconds(kernel, sources);
+  return {forward / static_cast<double>(cp), backward / static_cast<double>(cp)};
+}
+
+LayerCollectives plan_layer_collectives(const ModelSpec& model, const ParallelPlan& plan, const Profile& profile,
+                                        const ExecutorKernels& kernels, const GroupRoutes& routes, CostSources& sources) {
+  if (plan.tensor_parallel_size == 1 && plan.context_parallel_size == 1) return {};
+  const auto [attention_forward, attention_backward] =
+      plan.context_parallel_size > 1 ? attention_seconds(kernels, profile, plan.context_parallel_size, sources)
+                                     : std::pair{0.0, 0.0};
+  return layer_collectives(model, plan, profile, routes, attention_forward, attention_backward, sources);
+}
+
+// The output layer's collectives: with sequence parallelism its input is all-gathered in the
+// forward and its input gradient reduce-scattered; without, that gradient is all-reduced.
+LayerCollectives head_collectives(const ModelSpec& model, const ParallelPlan& plan, const Profile& profile,
+                                  const Route& tensor_route, CostSources& sources) {
+  const CollectiveCoster tensor(profile, tensor_route, plan.tensor_parallel_size, sources);
+  const int64_t activation_bytes = kBf16 * tokens_per_microbatch(model, plan) * model.hidden_size;
+  if (plan.sequence_parallel) {
+    return {tensor(CollectiveOp::kAllGather, activation_bytes), tensor(CollectiveOp::kReduceScatter, activation_bytes)};
+  }
+  return {0, tensor(CollectiveOp::kAllReduce, activation_bytes)};
+}
+
+}  // namespace
+
+LayerCosts transformer_layer_costs(const ModelSpec& model, const ParallelPlan& plan, const Profile& profile,
+                                   const GroupRoutes& routes, CostSources& sources) {
+  const ExecutorKernels kernels(model, plan);
+  const int64_t cp = plan.context_parallel_size;
+  const BlockSeconds blocks = cost_blocks(kernels, profile, cp, sources);
+  const auto seconds = [&](KernelBlock block) { return blocks[static_cast<std::size_t>(block)]; };
+  const LayerCollectives collectives = plan_layer_collectives(model, plan, profile, kernels, routes, sources);
+  LayerCosts layer;
+  layer.forward_collectives = collectives.forward;
+  layer.backward_collectives = collectives.backward;
+  layer.forward = std::min(seconds(KernelBlock::kLayerForwardFirst), seconds(KernelBlock::kLayerForward)) + collectives.forward;
+  // Recomputation repeats forward work inside the backward: the attention core (selective) or,
+  // per average layer of a stage, the fraction of layers --recompute-method runs forward again
+  // with their collectives (full).
+  double recompute = 0;
+  if (plan.recompute_granularity == RecomputeGranularity::kSelective) {
+    recompute = seconds(KernelBlock::kAttentionRecompute);
+  } else if (plan.recompute_granularity == RecomputeGranularity::kFull) {
+    const double fraction = static_cast<double>(recomputed_layers(model, plan)) /
+                            static_cast<double>(layers_per_virtual_stage(model, plan));
+    recompute = fraction * layer.forward;
+    layer.backward_collectives += fraction * collectives.forward;
+  }
+  layer.backward = seconds(KernelBlock::kLayerBackward) + recompute + collectives.backward;
+  layer.backward_input = seconds(KernelBlock::kLayerBackwardInput) + recompute + collectives.backward;
+  layer.backward_weight = seconds(KernelBlock::kLayerWeightGradient);
   return layer;
 }
 
 LayerCosts output_layer_costs(const ModelSpec& model, const ParallelPlan& plan, const Profile& profile,
                               const Route& tensor_route, CostSources& sources) {
-  // The final norm, the vocabulary-parallel projection, and the cross entropy over fp32 logits
-  // (bf16 in, fp32 softmax out; back the other way).
-  const int64_t t = plan.tensor_parallel_size;
-  const int64_t tokens = tokens_per_microbatch(model, plan);
-  const int64_t h = model.hidden_size;
-  const int64_t vocabulary = padded_vocab_size(model, t);
-  const int64_t activation_bytes = kBf16 * tokens * h;
-  const CollectiveCoster tensor(profile, tensor_route, t, sources);
-  const GemmCosts gemms = cost_gemms({{tokens, vocabulary / t, h}}, profile, sources);
-  const int64_t logits = tokens * vocabulary / t;
-  const double gather = plan.sequence_parallel ? tensor(CollectiveOp::kAllGather, activation_bytes) : 0;
-  const double scatter = plan.sequence_parallel ? tensor(CollectiveOp::kReduceScatter, activation_bytes)
-                                                : tensor(CollectiveOp::kAllReduce, activation_bytes);
-  const double norm_bytes = static_cast<double>(4 * activation_bytes / (plan.sequence_parallel ? t : 1));
+  const ExecutorKernels kernels(model, plan);
+  const auto seconds = [&](KernelBlock block) {
+    double total = 0;
+    for (const Kernel& kernel : kernels.block(block)) total += profile.kernel_seconds(kernel, sources);
+    return total;
+  };
+  const LayerCollectives collectives = head_collectives(model, plan, profile, tensor_route, sources);
   LayerCosts head;
-  head.forward_collectives = gather;
-  head.forward = gemms.forward + gather +
-                 profile.elementwise_seconds(static_cast<int64_t>(norm_bytes) + (kBf16 + kFp32) * logits, sources);
-  head.backward_collectives = scatter;
-  head.backward_input = gemms.input_gradient + scatter +
-                        profile.elementwise_seconds(static_cast<int64_t>(2 * norm_bytes) + (kFp32 + kBf16) * logits, sources);
-  head.backward_weight = gemms.weight_gradient;
+  head.forward_collectives = collectives.forward;
+  head.backward_collectives = collectives.backward;
+  head.forward = seconds(KernelBlock::kHeadForward) + collectives.forward;
+  head.backward = seconds(KernelBlock::kHeadBackward) + collectives.backward;
+  head.backward_input = seconds(KernelBlock::kHeadBackwardInput) + collectives.backward;
+  head.backward_weight = seconds(KernelBlock::kHeadWeightGradient);
   return head;
 }
 
 double optimizer_step_seconds(const ParallelPlan& plan, int64_t parameters_per_gpu, const Profile& profile,
                               const Route& data_route, CostSources& sources) {
-  // Adam on the rank's (shard of) parameters: read master weights, moments and the gradient,
-  // write master weights, moments and the bf16 parameters: 30 bytes per parameter.
   const int64_t replicas = plan.data_parallel_size * plan.context_parallel_size;
+  const bool gathered = plan.use_distributed_optimizer && replicas > 1;
   const int64_t shard = plan.use_distributed_optimizer ? parameters_per_gpu / replicas : parameters_per_gpu;
-  double seconds = profile.elementwise_seconds(30 * shard, sources);
+  double seconds = 0;
+  for (const Kernel& kernel :
+       optimizer_kernels(parameters_per_gpu, shard, gathered ? parameters_per_gpu : 0, {parameters_per_gpu})) {
+    seconds += profile.kernel_seconds(kernel, sources);
+  }
   const CollectiveCoster data(profile, data_route, replicas, sources);
-  if (plan.use_distributed_optimizer) seconds += data(CollectiveOp::kAllGather, kBf16 * parameters_per_gpu);
+  if (gathered) seconds += data(CollectiveOp::kAllGather, kBf16 * parameters_per_gpu);
   return seconds;
 }
 
 ActionCosts plan_action_costs(const ModelSpec& model, const ParallelPlan& plan, const Profile& profile,
                               const Topology& topology, CostSources& sources) {
   const std::vector<GroupRoutes> routes = pipeline_group_routes(plan, topology);
-  // Layer costs per pipeline rank; ranks whose groups route alike share one computation.
-  std::vector<LayerCosts> layers_of_rank;
+  const ExecutorKernels kernels(model, plan);
+  const BlockSeconds blocks = cost_blocks(kernels, profile, plan.context_parallel_size, sources);
+  // Layer collectives per pipeline rank; ranks whose groups route alike share one computation.
+  std::vector<LayerCollectives> collectives_of_rank;
   for (std::size_t rank = 0; rank < routes.size(); ++rank) {
     std::size_t alike = 0;
     while (alike < rank && !same_routes(routes[alike], routes[rank])) ++alike;
-    layers_of_rank.push_back(alike < rank ? layers_of_rank[alike]
-                                          : transformer_layer_costs(model, plan, profile, routes[rank], sources));
+    collectives_of_rank.push_back(alike < rank ? collectives_of_rank[alike]
+                                               : plan_layer_collectives(model, plan, profile, kernels, routes[rank], sources));
   }
   const int64_t t = plan.tensor_parallel_size;
   const int64_t pp = plan.pipeline_parallel_size;
   const int64_t tokens = tokens_per_microbatch(model, plan);
   const int64_t h = model.hidden_size;
-  const int64_t layers = layers_per_virtual_stage(model, plan);
+  const auto layers = static_cast<double>(layers_per_virtual_stage(model, plan));
+  const auto recomputed = static_cast<double>(recomputed_layers(model, plan));
   const int64_t num_stages = plan.num_virtual_stages();
   const StagePlacement placement = stage_placement(plan.schedule);
   const auto routes_of_stage = [&](int64_t stage) -> const GroupRoutes& {
@@ -244,31 +274,30 @@ ActionCosts plan_action_costs(const ModelSpec& model, const ParallelPlan& plan, 
   costs.stages.resize(static_cast<std::size_t>(num_stages));
   for (int64_t index = 0; index < num_stages; ++index) {
     StageCosts& stage = costs.stages[static_cast<std::size_t>(index)];
-    const LayerCosts& layer = layers_of_rank[static_cast<std::size_t>(pipeline_rank_of_stage(index, pp, placement))];
-    stage.forward = static_cast<double>(layers) * layer.forward;
-    stage.backward_input = static_cast<double>(layers) * layer.backward_input;
-    stage.backward_weight = static_cast<double>(layers) * layer.backward_weight;
-    stage.forward_collectives = static_cast<double>(layers) * layer.forward_collectives;
-    stage.backward_collectives = static_cast<double>(layers) * layer.backward_collectives;
+    const LayerCollectives& layer =
+        collectives_of_rank[static_cast<std::size_t>(pipeline_rank_of_stage(index, pp, placement))];
+    stage.forward_collectives = layers * layer.forward;
+    stage.backward_collectives = layers * layer.backward + recomputed * layer.forward;
+    stage.forward = part_seconds(kernels, blocks, index, SchedulePart::kForward) + stage.forward_collectives;
+    stage.backward = part_seconds(kernels, blocks, index, SchedulePart::kBackward) + stage.backward_collectives;
+    stage.backward_input = part_seconds(kernels, blocks, index, SchedulePart::kBackwardInput) + stage.backward_collectives;
+    stage.backward_weight = part_seconds(kernels, blocks, index, SchedulePart::kBackwardWeight);
   }
 
-  // Embedding lookup on the first stage; vocabulary-parallel, so tp ranks combine their rows.
+  // The embedding is vocabulary-parallel: tp ranks combine their rows.
   StageCosts& first = costs.stages.front();
   const CollectiveCoster first_tensor(profile, routes_of_stage(0).tensor, t, sources);
   const double embedding_combine = plan.sequence_parallel ? first_tensor(CollectiveOp::kReduceScatter, activation_bytes)
                                                           : first_tensor(CollectiveOp::kAllReduce, activation_bytes);
-  first.forward += profile.elementwise_seconds(2 * activation_bytes, sources) + embedding_combine;
+  first.forward += embedding_combine;
   first.forward_collectives += embedding_combine;
-  first.backward_weight += profile.elementwise_seconds(2 * activation_bytes, sources);  // scatter-add of rows
 
-  // Output layer on the last stage.
+  // The output layer's collectives on the last stage.
   StageCosts& last = costs.stages.back();
-  const LayerCosts head = output_layer_costs(model, plan, profile, routes_of_stage(num_stages - 1).tensor, sources);
+  const LayerCollectives head = head_collectives(model, plan, profile, routes_of_stage(num_stages - 1).tensor, sources);
   last.forward += head.forward;
-  last.forward_collectives += head.forward_collectives;
-  last.backward_input += head.backward_input;
-  last.backward_collectives += head.backward_collectives;
-  last.backward_weight += head.backward_weight;
+  last.forward_collectives += head.forward;
+  for (double* part : {&last.backward, &last.backward_input, &last.backward_collectives}) *part += head.backward;
 
   // Pipeline transfers: each tp rank sends its part (the sequence shard with SP, else the whole).
   const int64_t transfer_bytes = activation_bytes / (plan.sequence_parallel ? t : 1);
@@ -291,7 +320,7 @@ ActionCosts plan_action_costs(const ModelSpec& model, const ParallelPlan& plan, 
   const std::vector<PipelineRankParameters> rank_parameters = parameters_per_pipeline_rank(model, plan);
   const int64_t bucket = gradient_bucket_parameters(plan.data_parallel_size);
   for (int64_t stage = 0; stage < num_stages; ++stage) {
-    int64_t parameters = layers * layer_parameters.per_gpu(t);
+    int64_t parameters = layers_per_virtual_stage(model, plan) * layer_parameters.per_gpu(t);
     const int64_t rank = pipeline_rank_of_stage(stage, pp, placement);
     const PipelineRankParameters& holder = rank_parameters[static_cast<std::size_t>(rank)];
     // The embedding and output layer's parameters: what the rank holds beyond its layers.

@@ -1,6 +1,6 @@
 // The cost model: how long each action of a plan's schedule takes on one GPU, built from the
-// kernels of a transformer layer (GEMMs, flash attention, element-wise passes), the embedding
-// and the output layer, and the collectives a layout adds — tensor-parallel all-reduces (or
+// kernels megaplan's executor launches (core/kernel_list.h: every GEMM in its layout and epilogue,
+// flash attention, each memory-bound kernel) costed by the profile, and the collectives a layout adds — tensor-parallel all-reduces (or
 // all-gathers and reduce-scatters with sequence parallelism) on the critical path inside each
 // layer, context-parallel K/V exchange overlapping attention, pipeline transfers between stages,
 // data-parallel gradient reduction in Megatron's buckets, and the optimizer step.
@@ -23,8 +23,9 @@ int64_t gradient_bucket_parameters(int64_t data_parallel_size);
 // What a layer costs, split as the simulator needs it (seconds, one microbatch, one GPU).
 struct LayerCosts {
   double forward = 0;
-  double backward_input = 0;   // with recomputation
-  double backward_weight = 0;
+  double backward = 0;         // B: input and weight gradients, with recomputation
+  double backward_input = 0;   // I, with recomputation
+  double backward_weight = 0;  // W
   double forward_collectives = 0;
   double backward_collectives = 0;
 };
@@ -41,7 +42,9 @@ struct GroupRoutes {
 // GPU g).
 std::vector<GroupRoutes> pipeline_group_routes(const ParallelPlan& plan, const Topology& topology);
 
-// One transformer layer. REQUIRES: validate_plan(model, plan) passed.
+// One transformer layer; its forward is the cheaper of a stage's first layer and the later ones
+// (whose input norm also adds the previous branch), so that stage costs are never below layers x
+// these. REQUIRES: validate_plan(model, plan) passed.
 LayerCosts transformer_layer_costs(const ModelSpec& model, const ParallelPlan& plan, const Profile& profile,
                                    const GroupRoutes& routes, CostSources& sources);
 
@@ -50,8 +53,9 @@ LayerCosts transformer_layer_costs(const ModelSpec& model, const ParallelPlan& p
 LayerCosts output_layer_costs(const ModelSpec& model, const ParallelPlan& plan, const Profile& profile,
                               const Route& tensor_route, CostSources& sources);
 
-// OPTIM on a pipeline rank holding `parameters_per_gpu`: Adam over its (shard of the) parameters,
-// and with the distributed optimizer the all-gather of the updated bf16 parameters over dp x cp.
+// OPTIM on a pipeline rank holding `parameters_per_gpu`: the executor's optimizer kernels (the
+// gradient norm, AdamW over its (shard of the) parameters, the gradient buffer zeroed) and with the
+// distributed optimizer the all-gather of the updated parameters over dp x cp and their compute copies.
 double optimizer_step_seconds(const ParallelPlan& plan, int64_t parameters_per_gpu, const Profile& profile,
                               const Route& data_route, CostSources& sources);
 

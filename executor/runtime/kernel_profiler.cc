@@ -1,12 +1,41 @@
 #include "executor/runtime/kernel_profiler.h"
 
 #include <algorithm>
+#include <cmath>
+#include <memory>
 #include <set>
 #include <stdexcept>
+#include <string>
+#include <tuple>
+
+#include "executor/runtime/kernel_launch.h"
 
 namespace megaplan::exec {
 
 namespace {
+
+// Launches rotate over copies of a kernel's buffers holding at least this many bytes in all, four
+// times the 50 MB L2 of an H100 or H200: each launch reads its operands from HBM, as training's
+// kernels mostly do, not from the cache the previous launch of the same kernel filled.
+constexpr int64_t kRotatedBytes = int64_t{200} << 20;
+constexpr int64_t kMaxCopies = 64;
+
+// One point's launches, in turn over its copies.
+class RotatedLaunch {
+ public:
+  RotatedLaunch(Backend& backend, const Kernel& kernel, int64_t kernel_bytes) {
+    const int64_t copies = std::clamp<int64_t>((kRotatedBytes + kernel_bytes - 1) / std::max<int64_t>(kernel_bytes, 1), 1, kMaxCopies);
+    for (int64_t i = 0; i < copies; ++i) launches_.push_back(std::make_unique<KernelLaunch>(backend, kernel));
+  }
+  void operator()() {
+    (*launches_[next_])();
+    next_ = (next_ + 1) % launches_.size();
+  }
+
+ private:
+  std::vector<std::unique_ptr<KernelLaunch>> launches_;
+  std::size_t next_ = 0;
+};
 
 struct Timing {
   double median_s;
@@ -14,16 +43,24 @@ struct Timing {
 };
 
 Timing time_kernel(Backend& backend, const ProfileGrid& grid, const std::function<void()>& launch) {
-  for (int i = 0; i < grid.warmup; ++i) launch();
-  std::vector<double> seconds;
-  seconds.reserve(static_cast<std::size_t>(grid.repetitions));
-  for (int i = 0; i < grid.repetitions; ++i) {
+  // Seconds per launch over `count` launches back to back.
+  const auto timed = [&](int64_t count) {
     const TimingMark from = backend.mark();
-    launch();
+    for (int64_t i = 0; i < count; ++i) launch();
     const TimingMark to = backend.mark();
-    seconds.push_back(backend.seconds_between(from, to));
+    const double seconds = backend.seconds_between(from, to) / static_cast<double>(count);
     backend.release_marks();
-  }
+    return seconds;
+  };
+  // A first launch (cuBLASLt picks its algorithm, caches fill) sizes the batches.
+  const double first = std::max(timed(1), 1e-9);
+  const auto launches_in = [&](double seconds) { return std::max<int64_t>(1, static_cast<int64_t>(seconds / first)); };
+  (void)timed(launches_in(grid.warmup_seconds));
+  const int64_t batch = launches_in(grid.batch_seconds);
+  const double wanted = grid.target_seconds / (first * static_cast<double>(batch));
+  const int repetitions = std::clamp(static_cast<int>(std::ceil(wanted)), grid.min_repetitions, grid.max_repetitions);
+  std::vector<double> seconds;
+  for (int i = 0; i < repetitions; ++i) seconds.push_back(timed(batch));
   std::sort(seconds.begin(), seconds.end());
   const auto at = [&](double quantile) {
     return seconds[static_cast<std::size_t>(quantile * static_cast<double>(seconds.size() - 1) + 0.5)];
@@ -33,102 +70,118 @@ Timing time_kernel(Backend& backend, const ProfileGrid& grid, const std::functio
   return {median, (at(0.9) - at(0.1)) / median};
 }
 
+// A GPT layer of width h as plans make them: heads of 64, a 4h MLP, GPT-2's vocabulary, 1024-token
+// sequences (so that `tokens` is a whole number of them).
+ModelSpec gpt_of_width(int64_t hidden, int64_t tokens) {
+  ModelSpec model;
+  model.name = "profile";
+  model.num_layers = 1;
+  model.hidden_size = hidden;
+  model.num_attention_heads = hidden / 64;
+  model.seq_length = std::min<int64_t>(tokens, 1024);
+  model.vocab_size = 50257;
+  return model;
+}
+
 }  // namespace
 
 ProfileGrid profile_grid(bool quick) {
-  ProfileGrid grid;
-  const std::vector<int64_t> tokens = quick ? std::vector<int64_t>{2048, 8192} : std::vector<int64_t>{2048, 4096, 8192, 16384};
+  const std::vector<int64_t> tokens = quick ? std::vector<int64_t>{2048, 8192} : std::vector<int64_t>{1024, 2048, 4096, 8192, 16384};
   const std::vector<int64_t> widths = quick ? std::vector<int64_t>{768, 2048, 4096} : std::vector<int64_t>{768, 1024, 2048, 4096, 8192};
   const std::vector<int64_t> shards = quick ? std::vector<int64_t>{1} : std::vector<int64_t>{1, 2, 4, 8};
-  std::set<std::array<int64_t, 3>> gemms;  // distinct: shards of different widths can coincide
+  ProfileGrid grid;
+  // Distinct points only: GEMMs by shape, layout and epilogue; memory-bound kernels by class and
+  // bytes, the x-axis of their curves.
+  std::set<std::tuple<int64_t, int64_t, int64_t, GemmLayout, GemmEpilogue>> gemms;
+  std::set<std::pair<std::string, int64_t>> memory_bound;
+  const auto add = [&](const Kernel& kernel) {
+    if (kernel.kind == KernelKind::kAttentionForward || kernel.kind == KernelKind::kAttentionBackward ||
+        kernel.kind == KernelKind::kElementwise) {
+      return;  // attention has its own grid; the executor launches no kElementwise
+    }
+    const bool fresh = kernel.kind == KernelKind::kGemm
+                           ? gemms.emplace(kernel.m, kernel.n, kernel.k, kernel.layout, kernel.epilogue).second
+                           : memory_bound.emplace(memory_kernel_class(kernel), kernel_bytes(kernel, 2)).second;
+    if (fresh) grid.kernels.push_back(kernel);
+  };
   for (const int64_t m : tokens) {
     for (const int64_t h : widths) {
       for (const int64_t t : shards) {
-        gemms.insert({m, 3 * h / t, h});  // qkv, column-parallel
-        gemms.insert({m, h, h / t});      // projection, row-parallel
-        gemms.insert({m, 4 * h / t, h});  // fc1, column-parallel
-        gemms.insert({m, h, 4 * h / t});  // fc2, row-parallel
+        const ModelSpec model = gpt_of_width(h, m);
+        ParallelPlan plan;
+        plan.tensor_parallel_size = t;
+        plan.micro_batch_size = m / model.seq_length;
+        const ExecutorKernels list(model, plan);
+        for (std::size_t b = 0; b < kNumKernelBlocks; ++b) {
+          for (const Kernel& kernel : list.block(static_cast<KernelBlock>(b))) add(kernel);
+        }
       }
     }
   }
-  grid.gemms.assign(gemms.begin(), gemms.end());
   const std::vector<int64_t> sequences = quick ? std::vector<int64_t>{1024, 4096} : std::vector<int64_t>{1024, 2048, 4096, 8192};
   const std::vector<int64_t> batch_heads = quick ? std::vector<int64_t>{16, 64} : std::vector<int64_t>{8, 16, 32, 64, 128};
   for (const int64_t seq : sequences) {
     for (const int64_t bh : batch_heads) {
-      for (const int64_t dim : {int64_t{64}, int64_t{128}}) grid.attention.push_back({bh, seq, dim});
+      for (const int64_t dim : {int64_t{64}, int64_t{128}}) {
+        grid.kernels.push_back(attention_kernel(KernelKind::kAttentionForward, 1, seq, bh, dim));
+      }
     }
   }
-  for (int64_t n = int64_t{1} << 16; n <= (int64_t{1} << 28); n *= quick ? 16 : 4) grid.elementwise_elements.push_back(n);
-  if (quick) grid.repetitions = 5;
+  // The optimizer's kernels over 1 Mi to 1 Gi parameters (quick: 4 Mi and 64 Mi).
+  const int64_t smallest = int64_t{1} << (quick ? 22 : 20), largest = int64_t{1} << (quick ? 26 : 30);
+  for (int64_t n = smallest; n <= largest; n *= quick ? 16 : 4) {
+    for (const KernelKind kind : {KernelKind::kGradientNorm, KernelKind::kAdamw, KernelKind::kRefreshCompute, KernelKind::kFill}) {
+      add(flat_kernel(kind, n));
+    }
+  }
   return grid;
 }
 
 MeasuredTables measure_kernels(Backend& backend, const ProfileGrid& grid,
                                const std::function<void(int64_t done, int64_t total)>& progress) {
-  if (grid.repetitions < 1 || grid.warmup < 0) {
-    throw std::invalid_argument("measure_kernels: repetitions < 1 or warmup < 0");
+  if (grid.min_repetitions < 1 || grid.max_repetitions < grid.min_repetitions) {
+    throw std::invalid_argument("measure_kernels: repetitions must satisfy 1 <= min <= max");
   }
-  const auto total = static_cast<int64_t>(grid.gemms.size() + grid.attention.size() + grid.elementwise_elements.size());
+  const auto total = static_cast<int64_t>(grid.kernels.size());
   int64_t done = 0;
-  const auto step = [&] {
-    if (progress) progress(++done, total);
-  };
-  const auto size = [](int64_t a, int64_t b) { return static_cast<std::size_t>(a * b); };
   const std::string dtype = backend.activation_bytes() == sizeof(float) ? "fp32" : "bf16";
+  const auto activation_bytes = static_cast<int64_t>(backend.activation_bytes());
   MeasuredTables tables;
-
-  for (const auto& [m, n, k] : grid.gemms) {
-    Activation x = backend.allocate_activation(size(m, k));
-    Activation w = backend.allocate_activation(size(n, k));
-    Activation y = backend.allocate_activation(size(m, n));
-    const Timing timing = time_kernel(backend, grid, [&] {
-      backend.linear_forward(x, w, nullptr, static_cast<std::size_t>(m), static_cast<std::size_t>(k),
-                             static_cast<std::size_t>(n), LinearEpilogue::kNone, y, nullptr);
-    });
-    for (Activation buffer : {x, w, y}) backend.release(buffer);
-    tables.gemm.push_back(
-        {{"m", m}, {"n", n}, {"k", k}, {"dtype", dtype}, {"seconds", timing.median_s}, {"spread", timing.spread}});
-    step();
-  }
-
-  for (const AttentionPoint& point : grid.attention) {
-    // One sequence batch of batch_heads heads: the kernels' work depends on their product.
-    const auto heads = static_cast<std::size_t>(point.batch_heads);
-    const auto seq = static_cast<std::size_t>(point.seq);
-    const auto dim = static_cast<std::size_t>(point.head_dim);
-    Activation qkv = backend.allocate_activation(seq * heads * 3 * dim);
-    Activation out = backend.allocate_activation(seq * heads * dim);
-    Activation d_out = backend.allocate_activation(seq * heads * dim);
-    Activation d_qkv = backend.allocate_activation(seq * heads * 3 * dim);
-    float* saved = backend.allocate(backend.attention_saved_size(1, seq, heads, dim));
-    const Timing forward = time_kernel(backend, grid, [&] { backend.attention_forward(qkv, 1, seq, heads, dim, out, saved); });
-    const Timing backward = time_kernel(
-        backend, grid, [&] { backend.attention_backward(d_out, qkv, out, saved, 1, seq, heads, dim, d_qkv); });
-    for (Activation buffer : {qkv, out, d_out, d_qkv}) backend.release(buffer);
-    backend.release(saved);
-    tables.attention.push_back({{"batch_heads", point.batch_heads},
-                                {"seq", point.seq},
-                                {"head_dim", point.head_dim},
-                                {"causal", true},
-                                {"forward_s", forward.median_s},
-                                {"backward_s", backward.median_s},
-                                {"spread", std::max(forward.spread, backward.spread)}});
-    step();
-  }
-
-  for (const int64_t elements : grid.elementwise_elements) {
-    const auto n = static_cast<std::size_t>(elements);
-    Activation a = backend.allocate_activation(n);
-    Activation b = backend.allocate_activation(n);
-    Activation y = backend.allocate_activation(n);
-    const Timing timing = time_kernel(backend, grid, [&] { backend.add(a, b, n, y); });
-    for (Activation buffer : {a, b, y}) backend.release(buffer);
-    // Two operands read and one result written.
-    tables.elementwise.push_back({{"bytes", 3 * elements * static_cast<int64_t>(backend.activation_bytes())},
-                                  {"seconds", timing.median_s},
-                                  {"spread", timing.spread}});
-    step();
+  for (const Kernel& kernel : grid.kernels) {
+    if (kernel.kind == KernelKind::kAttentionForward) {
+      Kernel backward = kernel;
+      backward.kind = KernelKind::kAttentionBackward;
+      RotatedLaunch forward_launch(backend, kernel, kernel_bytes(kernel, activation_bytes));
+      RotatedLaunch backward_launch(backend, backward, kernel_bytes(backward, activation_bytes));
+      const Timing forward = time_kernel(backend, grid, [&] { forward_launch(); });
+      const Timing backward_timing = time_kernel(backend, grid, [&] { backward_launch(); });
+      tables.attention.push_back({{"batch_heads", kernel.batch * kernel.heads},
+                                  {"seq", kernel.seq},
+                                  {"head_dim", kernel.head_dim},
+                                  {"causal", true},
+                                  {"forward_s", forward.median_s},
+                                  {"backward_s", backward_timing.median_s},
+                                  {"spread", std::max(forward.spread, backward_timing.spread)}});
+    } else if (kernel.kind == KernelKind::kGemm) {
+      RotatedLaunch launch(backend, kernel, kernel_bytes(kernel, activation_bytes));
+      const Timing timing = time_kernel(backend, grid, [&] { launch(); });
+      tables.gemm.push_back({{"m", kernel.m},
+                             {"n", kernel.n},
+                             {"k", kernel.k},
+                             {"dtype", dtype},
+                             {"layout", to_string(kernel.layout)},
+                             {"epilogue", to_string(kernel.epilogue)},
+                             {"seconds", timing.median_s},
+                             {"spread", timing.spread}});
+    } else {
+      RotatedLaunch launch(backend, kernel, kernel_bytes(kernel, activation_bytes));
+      const Timing timing = time_kernel(backend, grid, [&] { launch(); });
+      tables.kernels.push_back({{"kernel", memory_kernel_class(kernel)},
+                                {"bytes", kernel_bytes(kernel, activation_bytes)},
+                                {"seconds", timing.median_s},
+                                {"spread", timing.spread}});
+    }
+    if (progress) progress(++done, total);
   }
   return tables;
 }

@@ -1,45 +1,49 @@
-// The executor's kernels timed through the Backend interface, as training calls them, into the
-// measured tables of a megaplan-profile/1 file (profiles/README.md): forward GEMMs x·Wᵀ over the
-// shapes a GPT layer and its tensor-parallel shards produce, causal flash attention forward and
-// backward, and the residual add as the memory-bound pass. Each point runs a warm-up, then
-// repetitions one after another on the backend's stream, each timed between two backend marks
-// (CUDA events on the GPU); the table holds the median and the spread, (p90 - p10) / median.
+// The executor's kernels timed through the Backend interface, as training launches them, into the
+// measured tables of a megaplan-profile/1 file (profiles/README.md). What is timed comes from
+// core's kernel lists (core/kernel_list.h) for GPT layers of the widths, tensor-parallel shards and
+// microbatch sizes plans produce: every GEMM in its training layout with its epilogue, causal
+// flash attention forward and backward, and each memory-bound kernel class (norms, residual add,
+// copies, embedding, cross entropy, the optimizer's norm, AdamW, refresh and fill) by size. Kernels
+// run back to back on the backend's stream as in training: each point launches its kernel for a
+// warm-up, then times repetitions, each a batch of launches between two backend marks (CUDA events
+// on the GPU) divided by their number, so that a mark's own cost does not count; the table holds
+// the median and the spread, (p90 - p10) / median, over the repetitions. Launches rotate over
+// copies of the kernel's buffers larger than the GPU's L2 together, so that operands come from HBM.
 #pragma once
 
-#include <array>
 #include <cstdint>
 #include <functional>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "core/kernel_list.h"
 #include "executor/runtime/backend.h"
 
 namespace megaplan::exec {
 
-struct AttentionPoint {
-  int64_t batch_heads, seq, head_dim;
-};
-
 struct ProfileGrid {
-  std::vector<std::array<int64_t, 3>> gemms;  // m, n, k: x [m x k] times W [n x k] transposed
-  std::vector<AttentionPoint> attention;       // causal
-  std::vector<int64_t> elementwise_elements;   // bf16 elements per residual add
-  int warmup = 2;
-  int repetitions = 10;
+  // GEMMs and memory-bound kernels are timed as they are; an attention forward kernel stands for
+  // its point, whose forward and backward are both timed.
+  std::vector<Kernel> kernels;
+  double warmup_seconds = 0.01;  // launched back to back before timing (at least once)
+  double batch_seconds = 1e-3;   // each repetition launches the kernel this long (at least once)
+  // Repetitions: as many batches as fit in about `target_seconds`, within these bounds.
+  double target_seconds = 0.02;
+  int min_repetitions = 3;
+  int max_repetitions = 20;
 };
 
-// The shapes plans produce, for the GPU: tokens per microbatch 2048 to 16384 (quick: 2048 and
-// 8192), widths 768 to 8192 with the qkv, projection, fc1 and fc2 GEMMs of a layer, unsharded and
-// (full only) split over tp 2, 4 and 8 as column- and row-parallel layers split them; attention
-// over 1024 to 8192 tokens at head dimensions 64 and 128; adds of 64 Ki to 256 Mi elements. Quick
-// mode takes under a minute on an H100, full under five.
+// Quick: 2048 and 8192 tokens, widths 768, 2048 and 4096, no tensor-parallel shards, attention at
+// 1024 and 4096 tokens, the optimizer at 4 Mi and 64 Mi parameters; under a minute on an H100.
+// Full: 1024 to 16384 tokens, widths 768 to 8192, tp 1, 2, 4 and 8, attention at 1024 to 8192
+// tokens, the optimizer at 1 Mi to 1 Gi parameters; under five minutes.
 ProfileGrid profile_grid(bool quick);
 
 struct MeasuredTables {
   nlohmann::json gemm = nlohmann::json::array();
   nlohmann::json attention = nlohmann::json::array();
-  nlohmann::json elementwise = nlohmann::json::array();
+  nlohmann::json kernels = nlohmann::json::array();
 };
 
 // `progress(done, total)` after each point. Allocates each point's buffers and releases them.

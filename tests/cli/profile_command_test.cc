@@ -8,19 +8,28 @@
 #include "cli/profile_command.h"
 #include "core/cluster_spec.h"
 #include "core/error.h"
+#include "core/kernel_list.h"
 #include "executor/runtime/cpu_backend.h"
 #include "executor/runtime/kernel_profiler.h"
 #include "simulator/profile.h"
 
 namespace {
 
+using megaplan::GemmEpilogue;
+using megaplan::GemmLayout;
+using megaplan::KernelKind;
+
 megaplan::exec::ProfileGrid tiny_grid() {
   megaplan::exec::ProfileGrid grid;
-  grid.gemms = {{8, 12, 16}, {16, 8, 8}};
-  grid.attention = {{2, 16, 4}};
-  grid.elementwise_elements = {64, 4096};
-  grid.warmup = 1;
-  grid.repetitions = 3;
+  grid.kernels = {megaplan::gemm_kernel(GemmLayout::kForward, GemmEpilogue::kNone, 8, 12, 16),
+                  megaplan::gemm_kernel(GemmLayout::kWeightGradient, GemmEpilogue::kBiasGradient, 16, 8, 8),
+                  megaplan::attention_kernel(KernelKind::kAttentionForward, 1, 16, 2, 4),
+                  megaplan::row_kernel(KernelKind::kNormForward, 64, 16, true),
+                  megaplan::flat_kernel(KernelKind::kAdamw, 4096)};
+  grid.warmup_seconds = 0;  // one launch
+  grid.batch_seconds = 0;
+  grid.min_repetitions = 3;
+  grid.max_repetitions = 3;
   return grid;
 }
 
@@ -37,9 +46,17 @@ TEST_CASE("kernel timings from a backend become a profile the simulator looks up
       });
   CHECK(last_done == 5);
   CHECK(last_total == 5);
+  REQUIRE(tables.attention.size() == 1);
+  CHECK(tables.attention[0].at("batch_heads") == 2);
   REQUIRE(tables.gemm.size() == 2);
   CHECK(tables.gemm[0].at("dtype") == "fp32");  // the CPU backend computes in fp32
-  CHECK(tables.elementwise[1].at("bytes") == 3 * 4096 * 4);
+  CHECK(tables.gemm[1].at("layout") == "weight_gradient");
+  CHECK(tables.gemm[1].at("epilogue") == "bias_gradient");
+  REQUIRE(tables.kernels.size() == 2);
+  CHECK(tables.kernels[0].at("kernel") == "add_norm_forward");
+  // AdamW moves 7 fp32 words and writes the compute copy (fp32 here) per parameter.
+  CHECK(tables.kernels[1].at("kernel") == "adamw");
+  CHECK(tables.kernels[1].at("bytes") == 4096 * (7 * 4 + 4));
 
   const megaplan::GpuSpec gpu = megaplan::cluster_preset("h100-x1").gpu;
   const nlohmann::json json =
@@ -53,7 +70,11 @@ TEST_CASE("kernel timings from a backend become a profile the simulator looks up
         tables.attention[0].at("forward_s").get<double>());
   CHECK(profile.attention_backward_seconds(2, 16, 4, true, sources) ==
         tables.attention[0].at("backward_s").get<double>());
-  CHECK(sources.table == 3);
+  CHECK(profile.gemm_seconds(GemmLayout::kWeightGradient, GemmEpilogue::kBiasGradient, 16, 8, 8,
+                             megaplan::sim::DType::kFp32, sources) == tables.gemm[1].at("seconds").get<double>());
+  CHECK(profile.memory_kernel_seconds("adamw", 4096 * 32, sources) ==
+        Approx(tables.kernels[1].at("seconds").get<double>()));
+  CHECK(sources.table == 5);
   CHECK(sources.fallback == 0);
   // No bf16 entries: bf16 GEMMs take the datasheet roofline.
   (void)profile.gemm_seconds(8, 12, 16, megaplan::sim::DType::kBf16, sources);

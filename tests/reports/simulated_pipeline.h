@@ -21,6 +21,7 @@ inline SimulatedPipeline simulated_1f1b(int64_t microbatches) {
   costs.stages.assign(2, {});
   for (auto& stage : costs.stages) {
     stage.forward = 1e-3;
+    stage.backward = 2e-3;
     stage.backward_input = 1e-3;
     stage.backward_weight = 1e-3;
     stage.send_forward = stage.send_backward = 1e-4;

@@ -24,6 +24,7 @@ ActionCosts uniform_costs(const megaplan::PipelineSchedule& schedule, double f, 
   ActionCosts costs;
   megaplan::sim::StageCosts stage;
   stage.forward = f;
+  stage.backward = b;
   stage.backward_input = b / 2;
   stage.backward_weight = b / 2;
   stage.send_forward = transfer;
@@ -96,8 +97,7 @@ TEST_CASE("messages delay the next stage by the transfer time, and count as expo
 TEST_CASE("gradient reduction hides behind a long backward and shows after a short one", "[simulator][engine]") {
   const auto schedule = lowered(ScheduleKind::kOneFOneB, 1, 1, 1);
   ActionCosts costs = uniform_costs(schedule, 1, 0);
-  costs.stages[0].backward_input = 1;
-  costs.stages[0].backward_weight = 10;  // B runs from 1 to 12; four buckets fill at 3.75, 6.5, 9.25, 12
+  costs.stages[0].backward = 11;  // B runs from 1 to 12; four buckets fill at 3.75, 6.5, 9.25, 12
   costs.stages[0].gradient_buckets = {1, 1, 1, 1};
   SimulationResult result = megaplan::sim::simulate_schedule(schedule, costs, false);
   CHECK(result.iteration_time_s == Approx(13));  // only the last bucket is exposed

@@ -11,6 +11,7 @@
 
 #include "core/cluster_spec.h"
 #include "core/error.h"
+#include "core/kernel_list.h"
 #include "simulator/profile.h"
 
 using Catch::Matchers::Contains;
@@ -128,6 +129,57 @@ TEST_CASE("GEMM tables: exact hits win, other shapes blend throughput in log spa
   // No fp32 entry: the roofline, counted as such.
   CHECK(profile.gemm_seconds(1024, 1024, 1024, DType::kFp32, sources) > 0);
   CHECK(sources.fallback == 1);
+}
+
+TEST_CASE("GEMM layouts and epilogues: their own entries, then the layout's, then the forward product", "[simulator][profile]") {
+  using megaplan::GemmEpilogue;
+  using megaplan::GemmLayout;
+  nlohmann::json json = base_profile();
+  json["gemm"] = {{{"m", 1024}, {"n", 1024}, {"k", 1024}, {"dtype", "bf16"}, {"seconds", 1e-5}},
+                  {{"m", 1024}, {"n", 1024}, {"k", 1024}, {"dtype", "bf16"}, {"epilogue", "bias_gelu"}, {"seconds", 3e-5}},
+                  {{"m", 1024}, {"n", 4096}, {"k", 1024}, {"dtype", "bf16"}, {"layout", "weight_gradient"},
+                   {"epilogue", "bias_gradient"}, {"seconds", 8e-5}}};
+  const Profile profile = Profile::from_json(json, "p.json");
+  CostSources sources;
+  // The absent "layout" and "epilogue" are the forward product without one.
+  CHECK(profile.gemm_seconds(GemmLayout::kForward, GemmEpilogue::kNone, 1024, 1024, 1024, DType::kBf16, sources) == 1e-5);
+  CHECK(profile.gemm_seconds(GemmLayout::kForward, GemmEpilogue::kBiasGelu, 1024, 1024, 1024, DType::kBf16, sources) == 3e-5);
+  // No bias entry of the forward layout: the layout's entries, both epilogues blended (equal weights).
+  CHECK(profile.gemm_seconds(GemmLayout::kForward, GemmEpilogue::kBias, 2048, 1024, 1024, DType::kBf16, sources) ==
+        Approx(2.0 * 2048 * 1024 * 1024 / std::sqrt((2.0 * 1024 * 1024 * 1024 / 1e-5) * (2.0 * 1024 * 1024 * 1024 / 3e-5))));
+  // A weight gradient without its epilogue's entry takes the layout's.
+  CHECK(profile.gemm_seconds(GemmLayout::kWeightGradient, GemmEpilogue::kNone, 1024, 4096, 1024, DType::kBf16, sources) ==
+        8e-5);
+  // No input-gradient entry at all: the forward table at the product's own shape. dx = dy W for
+  // the layer (m, n, k) = (1024, 4096, 1024) is a forward (1024, 1024, 4096): 4 x the FLOPs of
+  // its nearest entries, at their (blended) throughput.
+  const double seconds = profile.gemm_seconds(GemmLayout::kInputGradient, GemmEpilogue::kNone, 1024, 4096, 1024,
+                                              DType::kBf16, sources);
+  CHECK(seconds > 4 * 1e-5);
+  CHECK(seconds < 4 * 3e-5);
+  CHECK(sources.table == 5);
+  CHECK(sources.fallback == 0);
+}
+
+TEST_CASE("memory-bound kernels: their class's curve, then the residual add's, then the roofline", "[simulator][profile]") {
+  nlohmann::json json = base_profile();
+  json["kernels"] = {{{"kernel", "adamw"}, {"bytes", 1000000}, {"seconds", 1e-5}},
+                     {{"kernel", "adamw"}, {"bytes", 100000000}, {"seconds", 1e-4}},
+                     {{"kernel", "add"}, {"bytes", 1000000}, {"seconds", 4e-6}}};
+  const Profile profile = Profile::from_json(json, "p.json");
+  CostSources sources;
+  CHECK(profile.memory_kernel_seconds("adamw", 1000000, sources) == Approx(1e-5));
+  CHECK(profile.memory_kernel_seconds("adamw", 10000000, sources) == Approx(std::sqrt(1e-5 * 1e-4)));  // log-log halfway
+  CHECK(profile.memory_kernel_seconds("norm_forward", 1000000, sources) == Approx(4e-6));  // the add's curve
+  CHECK(sources.table == 3);
+  // A kernel of core's list is costed by its class and bytes: 7 fp32 words and a bf16 copy per parameter.
+  const megaplan::Kernel adamw = megaplan::flat_kernel(megaplan::KernelKind::kAdamw, 1000000 / 30);
+  CHECK(profile.kernel_seconds(adamw, sources) == Approx(profile.memory_kernel_seconds("adamw", 30 * (1000000 / 30), sources)));
+  // Without any curve, the roofline: bytes over half of 2 TB/s, plus the launch.
+  const Profile bare = Profile::from_json(base_profile(), "p.json");
+  CostSources fallback;
+  CHECK(bare.memory_kernel_seconds("fill", 1000000, fallback) == Approx(1e6 / 1e12 + 1e-6));
+  CHECK(fallback.fallback == 1);
 }
 
 TEST_CASE("attention tables: per causal flag, scaled by FLOPs", "[simulator][profile]") {
@@ -283,7 +335,20 @@ TEST_CASE("bad profile fields are refused with the field and the rule", "[simula
   CHECK(error_of(json) == "p.json: gemm[0]: flops: unknown field");
   json["gemm"] = {{{"m", 1024}, {"n", 1024}, {"k", 1024}, {"dtype", "bf16"}, {"seconds", 1}},
                   {{"m", 1024}, {"n", 1024}, {"k", 1024}, {"dtype", "bf16"}, {"seconds", 2}}};
-  CHECK(error_of(json) == "p.json: gemm[1]: same m, n, k and dtype as gemm[0]");
+  CHECK(error_of(json) == "p.json: gemm[1]: same m, n, k, dtype, layout and epilogue as gemm[0]");
+  json["gemm"] = {{{"m", 1024}, {"n", 1024}, {"k", 1024}, {"dtype", "bf16"}, {"layout", "backward"}, {"seconds", 1}}};
+  CHECK(error_of(json) ==
+        "p.json: gemm[0]: layout: must be one of forward, input_gradient, weight_gradient; got \"backward\"");
+  json["gemm"] = {{{"m", 1024}, {"n", 1024}, {"k", 1024}, {"dtype", "bf16"}, {"epilogue", "relu"}, {"seconds", 1}}};
+  CHECK_THAT(error_of(json), Contains("p.json: gemm[0]: epilogue: must be one of none, bias, bias_gelu"));
+
+  json = base_profile();
+  json["kernels"] = {{{"kernel", "softmax"}, {"bytes", 1}, {"seconds", 1}}};
+  CHECK_THAT(error_of(json), Contains("p.json: kernels[0]: kernel: must be one of norm_forward, add_norm_forward"));
+  json["kernels"] = {{{"kernel", "adamw"}, {"bytes", 1}, {"seconds", 1}}, {{"kernel", "adamw"}, {"bytes", 1}, {"seconds", 2}}};
+  CHECK(error_of(json) == "p.json: kernels[1]: same kernel and bytes as kernels[0]");
+  json["kernels"] = {{{"kernel", "adamw"}, {"bytes", 1}}};
+  CHECK(error_of(json) == "p.json: kernels[0]: seconds: required field is missing");
 
   json = base_profile();
   json["collectives"] = {{{"op", "broadcast"}, {"group_size", 8}, {"link", "nvlink"}, {"bytes", 1}, {"bus_bandwidth_bytes_per_s", 1}}};

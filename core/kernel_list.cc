@@ -1,0 +1,369 @@
+// The executor's kernel lists; the launch order follows executor/model/gpt_model.cc call for call.
+#include "core/kernel_list.h"
+
+#include <sstream>
+#include <stdexcept>
+
+#include "core/formulas.h"
+#include "core/pipeline_layout.h"
+
+namespace megaplan {
+
+namespace {
+
+constexpr int64_t kFp32 = 4;
+
+// FlashAttention-2's backward: five matrix products against the forward's two.
+constexpr double kAttentionBackwardFactor = 2.5;
+
+struct ClassName {
+  KernelKind kind;
+  bool fused_residual;
+  const char* name;
+};
+constexpr std::array<ClassName, 15> kClassNames = {{
+    {KernelKind::kNormForward, false, "norm_forward"},
+    {KernelKind::kNormForward, true, "add_norm_forward"},
+    {KernelKind::kNormBackward, false, "norm_backward"},
+    {KernelKind::kNormBackward, true, "norm_backward_add"},
+    {KernelKind::kAdd, false, "add"},
+    {KernelKind::kCopy, false, "copy"},
+    {KernelKind::kFill, false, "fill"},
+    {KernelKind::kEmbeddingForward, false, "embedding_forward"},
+    {KernelKind::kEmbeddingBackward, false, "embedding_backward"},
+    {KernelKind::kCrossEntropyForward, false, "cross_entropy_forward"},
+    {KernelKind::kCrossEntropyBackward, false, "cross_entropy_backward"},
+    {KernelKind::kGradientNorm, false, "gradient_norm"},
+    {KernelKind::kAdamw, false, "adamw"},
+    {KernelKind::kRefreshCompute, false, "refresh_compute"},
+    {KernelKind::kElementwise, false, "elementwise"},
+}};
+
+}  // namespace
+
+Kernel gemm_kernel(GemmLayout layout, GemmEpilogue epilogue, int64_t m, int64_t n, int64_t k) {
+  Kernel kernel;
+  kernel.kind = KernelKind::kGemm;
+  kernel.layout = layout;
+  kernel.epilogue = epilogue;
+  kernel.m = m;
+  kernel.n = n;
+  kernel.k = k;
+  return kernel;
+}
+
+Kernel attention_kernel(KernelKind kind, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim) {
+  Kernel kernel;
+  kernel.kind = kind;
+  kernel.batch = batch;
+  kernel.seq = seq;
+  kernel.heads = heads;
+  kernel.head_dim = head_dim;
+  return kernel;
+}
+
+Kernel row_kernel(KernelKind kind, int64_t rows, int64_t cols, bool fused_residual) {
+  Kernel kernel;
+  kernel.kind = kind;
+  kernel.rows = rows;
+  kernel.cols = cols;
+  kernel.fused_residual = fused_residual;
+  return kernel;
+}
+
+Kernel flat_kernel(KernelKind kind, int64_t elements) { return row_kernel(kind, elements, 1); }
+
+double kernel_flops(const Kernel& kernel) {
+  const auto d = [](int64_t value) { return static_cast<double>(value); };
+  switch (kernel.kind) {
+    case KernelKind::kGemm:
+      return 2 * d(kernel.m) * d(kernel.n) * d(kernel.k);
+    case KernelKind::kAttentionForward:
+    case KernelKind::kAttentionBackward: {
+      const double forward = 2 * d(kernel.batch) * d(kernel.heads) * d(kernel.seq) * d(kernel.seq) * d(kernel.head_dim);
+      return kernel.kind == KernelKind::kAttentionForward ? forward : kAttentionBackwardFactor * forward;
+    }
+    default:
+      return 0;
+  }
+}
+
+int64_t kernel_bytes(const Kernel& kernel, int64_t activation_bytes) {
+  const int64_t a = activation_bytes;
+  const int64_t cells = kernel.rows * kernel.cols;
+  const int64_t statistics = 2 * kFp32 * kernel.rows;  // a norm's mean and rstd, a loss row's two values
+  switch (kernel.kind) {
+    case KernelKind::kGemm: {
+      // Operands and result once each (a weight gradient accumulates into fp32); the GELU
+      // epilogues also write or read the pre-activation.
+      const bool weight = kernel.layout == GemmLayout::kWeightGradient;
+      const int64_t gelu = kernel.epilogue == GemmEpilogue::kBiasGelu   ? kernel.m * kernel.n
+                           : kernel.epilogue == GemmEpilogue::kGeluGradient ? kernel.m * kernel.k
+                                                                            : 0;
+      return a * (kernel.m * kernel.n + kernel.m * kernel.k + gelu) + (weight ? 2 * kFp32 : a) * kernel.n * kernel.k;
+    }
+    case KernelKind::kAttentionForward:  // q, k, v in, o out, the log-sum-exp rows
+      return 4 * a * kernel.batch * kernel.seq * kernel.heads * kernel.head_dim +
+             kFp32 * kernel.batch * kernel.heads * kernel.seq;
+    case KernelKind::kAttentionBackward:  // q, k, v, o, do in, dq, dk, dv out
+      return 8 * a * kernel.batch * kernel.seq * kernel.heads * kernel.head_dim +
+             kFp32 * kernel.batch * kernel.heads * kernel.seq;
+    case KernelKind::kNormForward:  // x (+ the branch, + the sum written) in, y out
+      return a * cells * (kernel.fused_residual ? 4 : 2) + statistics;
+    case KernelKind::kNormBackward:  // dy, x (+ the stream's gradient) in, dx out
+      return a * cells * (kernel.fused_residual ? 4 : 3) + statistics;
+    case KernelKind::kAdd:
+      return 3 * a * cells;
+    case KernelKind::kCopy:
+      return 2 * a * cells;
+    case KernelKind::kFill:
+    case KernelKind::kGradientNorm:
+      return kFp32 * cells;
+    case KernelKind::kEmbeddingForward:  // a word row and a position row read, the sum written
+      return 3 * a * cells;
+    case KernelKind::kEmbeddingBackward:  // dy read; the word and position gradients (fp32) read and written
+      return a * cells + 4 * kFp32 * cells;
+    case KernelKind::kCrossEntropyForward:
+      return a * cells + statistics;
+    case KernelKind::kCrossEntropyBackward:  // logits in, their gradient out (in place), the rows' lse
+      return 2 * a * cells + kFp32 * kernel.rows;
+    case KernelKind::kAdamw:  // master weight, both moments read and written, gradient read, compute copy written
+      return (7 * kFp32 + a) * cells;
+    case KernelKind::kRefreshCompute:
+      return (kFp32 + a) * cells;
+    case KernelKind::kElementwise:
+      return cells;
+  }
+  return 0;
+}
+
+std::string memory_kernel_class(const Kernel& kernel) {
+  for (const ClassName& entry : kClassNames) {
+    if (entry.kind == kernel.kind && entry.fused_residual == kernel.fused_residual) return entry.name;
+  }
+  return "";
+}
+
+const std::vector<std::string>& memory_kernel_classes() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> result;
+    for (const ClassName& entry : kClassNames) {
+      result.emplace_back(entry.name);
+    }
+    return result;
+  }();
+  return names;
+}
+
+std::string to_string(GemmLayout layout) {
+  switch (layout) {
+    case GemmLayout::kForward: return "forward";
+    case GemmLayout::kInputGradient: return "input_gradient";
+    case GemmLayout::kWeightGradient: return "weight_gradient";
+  }
+  return "?";
+}
+
+std::string to_string(GemmEpilogue epilogue) {
+  switch (epilogue) {
+    case GemmEpilogue::kNone: return "none";
+    case GemmEpilogue::kBias: return "bias";
+    case GemmEpilogue::kBiasGelu: return "bias_gelu";
+    case GemmEpilogue::kGeluGradient: return "gelu_gradient";
+    case GemmEpilogue::kBiasGradient: return "bias_gradient";
+  }
+  return "?";
+}
+
+std::string describe(const Kernel& kernel) {
+  std::ostringstream out;
+  switch (kernel.kind) {
+    case KernelKind::kGemm:
+      out << "gemm " << to_string(kernel.layout) << " " << to_string(kernel.epilogue) << " m=" << kernel.m
+          << " n=" << kernel.n << " k=" << kernel.k;
+      break;
+    case KernelKind::kAttentionForward:
+    case KernelKind::kAttentionBackward:
+      out << (kernel.kind == KernelKind::kAttentionForward ? "attention_forward" : "attention_backward")
+          << " batch=" << kernel.batch << " seq=" << kernel.seq << " heads=" << kernel.heads
+          << " head_dim=" << kernel.head_dim;
+      break;
+    default:
+      out << memory_kernel_class(kernel) << " rows=" << kernel.rows << " cols=" << kernel.cols;
+  }
+  return out.str();
+}
+
+ExecutorKernels::ExecutorKernels(const ModelSpec& model, const ParallelPlan& plan, int64_t tensor_parallel_rank)
+    : model_(model), plan_(plan) {
+  const int64_t t = plan.tensor_parallel_size;
+  const int64_t a = 2;  // bf16 bytes per activation, for the streaming passes' byte counts
+  const int64_t count = tokens_per_microbatch(model, plan);  // the GEMMs' rows
+  const int64_t rows = plan.sequence_parallel ? count / t : count;  // the residual stream's rows
+  const int64_t h = model.hidden_size;
+  const int64_t q = model.query_projection_size() / t;
+  const int64_t kv = model.kv_projection_size() / t;
+  const int64_t qkv = q + 2 * kv;
+  const int64_t f = model.effective_ffn_hidden_size() / t;
+  const int64_t fc1 = model.swiglu ? 2 * f : f;
+  const int64_t v = padded_vocab_size(model, t) / t;
+  const int64_t heads = model.num_attention_heads / t;
+  const int64_t dim = model.effective_kv_channels();
+  const bool bias = model.add_bias_linear;
+  const GemmEpilogue qkv_bias = bias || model.add_qkv_bias ? GemmEpilogue::kBias : GemmEpilogue::kNone;
+  // A row-parallel layer's bias is added once, by tensor-parallel rank 0, before the sum.
+  const GemmEpilogue row_bias = bias && tensor_parallel_rank == 0 ? GemmEpilogue::kBias : GemmEpilogue::kNone;
+  // GPT's GELU rides on fc1's bias epilogue and its derivative on fc2's input gradient.
+  const bool fused_gelu = !model.swiglu && bias;
+  const GemmEpilogue fc1_epilogue = fused_gelu ? GemmEpilogue::kBiasGelu : bias ? GemmEpilogue::kBias : GemmEpilogue::kNone;
+  const auto gradient_epilogue = [](bool has_bias) { return has_bias ? GemmEpilogue::kBiasGradient : GemmEpilogue::kNone; };
+  const bool rope = model.position_embedding_type == PositionEmbedding::kRope;
+
+  const Kernel norm = row_kernel(KernelKind::kNormForward, rows, h);
+  const Kernel add_norm = row_kernel(KernelKind::kNormForward, rows, h, true);
+  const Kernel attention = attention_kernel(KernelKind::kAttentionForward, plan.micro_batch_size, model.seq_length, heads, dim);
+  // Rotary embeddings on q and k (read and write); the activation unfused: GELU reads the
+  // pre-activation and writes its output, SwiGLU reads two halves.
+  const Kernel rotary = row_kernel(KernelKind::kElementwise, count * (q + kv), 2 * a);
+  const Kernel activation = row_kernel(KernelKind::kElementwise, count * f, model.swiglu ? 3 * a : 2 * a);
+  const Kernel activation_backward = row_kernel(KernelKind::kElementwise, count * f, model.swiglu ? 5 * a : 3 * a);
+
+  const auto layer_forward = [&](bool fused_input_norm) {
+    std::vector<Kernel> list = {fused_input_norm ? add_norm : norm,
+                                gemm_kernel(GemmLayout::kForward, qkv_bias, count, qkv, h)};
+    if (rope) list.push_back(rotary);
+    list.push_back(attention);
+    list.push_back(gemm_kernel(GemmLayout::kForward, row_bias, count, h, q));
+    list.push_back(add_norm);
+    list.push_back(gemm_kernel(GemmLayout::kForward, fc1_epilogue, count, fc1, h));
+    if (!fused_gelu) list.push_back(activation);
+    list.push_back(gemm_kernel(GemmLayout::kForward, row_bias, count, h, f));
+    return list;
+  };
+  blocks_[static_cast<std::size_t>(KernelBlock::kLayerForwardFirst)] = layer_forward(false);
+  blocks_[static_cast<std::size_t>(KernelBlock::kLayerForward)] = layer_forward(true);
+
+  // The weight gradient of each GEMM, or under I the copy of its output gradient kept for W.
+  const Kernel fc2_weight = gemm_kernel(GemmLayout::kWeightGradient, gradient_epilogue(bias), count, h, f);
+  const Kernel fc1_weight = gemm_kernel(GemmLayout::kWeightGradient, gradient_epilogue(bias), count, fc1, h);
+  const Kernel proj_weight = gemm_kernel(GemmLayout::kWeightGradient, gradient_epilogue(bias), count, h, q);
+  const Kernel qkv_weight =
+      gemm_kernel(GemmLayout::kWeightGradient, gradient_epilogue(qkv_bias != GemmEpilogue::kNone), count, qkv, h);
+  const auto layer_backward = [&](bool defer) {
+    const auto weight = [&](const Kernel& gemm) { return defer ? flat_kernel(KernelKind::kCopy, count * gemm.n) : gemm; };
+    std::vector<Kernel> list = {gemm_kernel(GemmLayout::kInputGradient,
+                                            fused_gelu ? GemmEpilogue::kGeluGradient : GemmEpilogue::kNone, count, h, f)};
+    if (!fused_gelu) list.push_back(activation_backward);
+    list.push_back(weight(fc2_weight));
+    list.push_back(norm);  // recomputed, not kept
+    list.push_back(gemm_kernel(GemmLayout::kInputGradient, GemmEpilogue::kNone, count, fc1, h));
+    list.push_back(weight(fc1_weight));
+    list.push_back(row_kernel(KernelKind::kNormBackward, rows, h, true));
+    list.push_back(gemm_kernel(GemmLayout::kInputGradient, GemmEpilogue::kNone, count, h, q));
+    list.push_back(weight(proj_weight));
+    list.push_back(attention_kernel(KernelKind::kAttentionBackward, plan.micro_batch_size, model.seq_length, heads, dim));
+    if (rope) list.push_back(rotary);
+    list.push_back(norm);  // recomputed, not kept
+    list.push_back(gemm_kernel(GemmLayout::kInputGradient, GemmEpilogue::kNone, count, qkv, h));
+    list.push_back(weight(qkv_weight));
+    list.push_back(row_kernel(KernelKind::kNormBackward, rows, h, true));
+    return list;
+  };
+  blocks_[static_cast<std::size_t>(KernelBlock::kLayerBackward)] = layer_backward(false);
+  blocks_[static_cast<std::size_t>(KernelBlock::kLayerBackwardInput)] = layer_backward(true);
+  blocks_[static_cast<std::size_t>(KernelBlock::kLayerWeightGradient)] = {fc2_weight, norm, fc1_weight, proj_weight,
+                                                                          norm, qkv_weight};
+  blocks_[static_cast<std::size_t>(KernelBlock::kAttentionRecompute)] = {attention};
+
+  blocks_[static_cast<std::size_t>(KernelBlock::kEmbeddingForward)] = {row_kernel(KernelKind::kEmbeddingForward, count, h)};
+  blocks_[static_cast<std::size_t>(KernelBlock::kEmbeddingBackward)] = {row_kernel(KernelKind::kEmbeddingBackward, count, h)};
+  blocks_[static_cast<std::size_t>(KernelBlock::kEmbeddingGradientCopy)] = {flat_kernel(KernelKind::kCopy, count * h)};
+  blocks_[static_cast<std::size_t>(KernelBlock::kStageOutput)] = {flat_kernel(KernelKind::kAdd, rows * h)};
+  blocks_[static_cast<std::size_t>(KernelBlock::kOutputGradientCopy)] = {flat_kernel(KernelKind::kCopy, rows * h)};
+  blocks_[static_cast<std::size_t>(KernelBlock::kInputGradientCopy)] = {flat_kernel(KernelKind::kCopy, rows * h)};
+
+  const Kernel output_weight = gemm_kernel(GemmLayout::kWeightGradient, GemmEpilogue::kNone, count, v, h);
+  blocks_[static_cast<std::size_t>(KernelBlock::kHeadForward)] = {
+      add_norm, gemm_kernel(GemmLayout::kForward, GemmEpilogue::kNone, count, v, h),
+      row_kernel(KernelKind::kCrossEntropyForward, count, v)};
+  const Kernel loss_backward = row_kernel(KernelKind::kCrossEntropyBackward, count, v);
+  const Kernel output_input = gemm_kernel(GemmLayout::kInputGradient, GemmEpilogue::kNone, count, v, h);
+  const Kernel final_norm_backward = row_kernel(KernelKind::kNormBackward, rows, h);
+  blocks_[static_cast<std::size_t>(KernelBlock::kHeadBackward)] = {loss_backward, output_input, output_weight,
+                                                                   final_norm_backward};
+  blocks_[static_cast<std::size_t>(KernelBlock::kHeadBackwardInput)] = {loss_backward, output_input, final_norm_backward};
+  blocks_[static_cast<std::size_t>(KernelBlock::kHeadWeightGradient)] = {output_weight};
+}
+
+std::vector<CountedBlock> ExecutorKernels::stage_blocks(int64_t stage, SchedulePart part) const {
+  const StageLayers layers = stage_layers(stage, model_, plan_);
+  if (layers.num_layers < 1) throw std::logic_error("ExecutorKernels: a stage without layers");
+  std::vector<CountedBlock> blocks;
+  const auto add = [&](KernelBlock block, int64_t count) {
+    if (count > 0) blocks.push_back({block, count});
+  };
+  if (part == SchedulePart::kForward) {
+    if (layers.has_embedding) add(KernelBlock::kEmbeddingForward, 1);
+    add(KernelBlock::kLayerForwardFirst, 1);
+    add(KernelBlock::kLayerForward, layers.num_layers - 1);
+    add(layers.has_output_layer ? KernelBlock::kHeadForward : KernelBlock::kStageOutput, 1);
+    return blocks;
+  }
+  if (part == SchedulePart::kBackwardWeight) {
+    if (layers.has_output_layer) add(KernelBlock::kHeadWeightGradient, 1);
+    add(KernelBlock::kLayerWeightGradient, layers.num_layers);
+    if (layers.has_embedding) add(KernelBlock::kEmbeddingBackward, 1);
+    return blocks;
+  }
+  const bool defer = part == SchedulePart::kBackwardInput;
+  if (layers.has_output_layer) {
+    add(defer ? KernelBlock::kHeadBackwardInput : KernelBlock::kHeadBackward, 1);
+  } else {
+    add(KernelBlock::kOutputGradientCopy, 1);
+  }
+  const KernelBlock layer_backward = defer ? KernelBlock::kLayerBackwardInput : KernelBlock::kLayerBackward;
+  const bool selective = plan_.recompute_granularity == RecomputeGranularity::kSelective;
+  const std::vector<LayerGroup> groups = recompute_groups(model_, plan_);
+  for (auto group = groups.rbegin(); group != groups.rend(); ++group) {
+    if (group->recomputed) {
+      add(KernelBlock::kLayerForwardFirst, 1);
+      add(KernelBlock::kLayerForward, group->num_layers - 1);
+    }
+    if (!selective || group->recomputed) {
+      add(layer_backward, group->num_layers);
+      continue;
+    }
+    for (int64_t l = 0; l < group->num_layers; ++l) {
+      add(KernelBlock::kAttentionRecompute, 1);
+      add(layer_backward, 1);
+    }
+  }
+  if (!layers.has_embedding) {
+    add(KernelBlock::kInputGradientCopy, 1);
+  } else {
+    add(defer ? KernelBlock::kEmbeddingGradientCopy : KernelBlock::kEmbeddingBackward, 1);
+  }
+  return blocks;
+}
+
+std::vector<Kernel> ExecutorKernels::stage_kernels(int64_t stage, SchedulePart part) const {
+  std::vector<Kernel> kernels;
+  for (const CountedBlock& counted : stage_blocks(stage, part)) {
+    for (int64_t i = 0; i < counted.count; ++i) {
+      const std::vector<Kernel>& list = block(counted.block);
+      kernels.insert(kernels.end(), list.begin(), list.end());
+    }
+  }
+  return kernels;
+}
+
+std::vector<Kernel> optimizer_kernels(int64_t norm_elements, int64_t stepped_elements, int64_t refreshed_elements,
+                                      const std::vector<int64_t>& gradient_buffer_elements) {
+  std::vector<Kernel> kernels = {flat_kernel(KernelKind::kGradientNorm, norm_elements),
+                                 flat_kernel(KernelKind::kAdamw, stepped_elements)};
+  if (refreshed_elements > 0) kernels.push_back(flat_kernel(KernelKind::kRefreshCompute, refreshed_elements));
+  for (const int64_t elements : gradient_buffer_elements) kernels.push_back(flat_kernel(KernelKind::kFill, elements));
+  return kernels;
+}
+
+}  // namespace megaplan

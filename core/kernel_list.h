@@ -1,0 +1,149 @@
+// The kernels megaplan's executor launches for one microbatch on one GPU, in launch order and with
+// the shapes its Backend sees: what a transformer layer, the embedding, the output layer and the
+// stage boundaries run in each part of a schedule (F, B, I, W), and what the optimizer step runs.
+// One description, three users: the simulator costs these lists from a profile
+// (simulator/stage_costs), `megaplan profile` times each kernel class over the shapes plans produce
+// (executor/runtime/kernel_profiler), and a test runs the CPU backend's model through a recording
+// backend and checks it launches exactly these lists (tests/executor/kernel_list_test.cc).
+//
+// Collectives are not kernels here: the simulator adds them from the plan's groups.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/model_spec.h"
+#include "core/parallel_plan.h"
+
+namespace megaplan {
+
+enum class KernelKind : uint8_t {
+  kGemm,
+  kAttentionForward,
+  kAttentionBackward,
+  kNormForward,   // fused_residual: adds the residual branch first and writes the sum
+  kNormBackward,  // fused_residual: adds the residual stream's gradient to dx
+  kAdd,
+  kCopy,
+  kFill,  // fp32 (the gradient buffer's zeroing)
+  kEmbeddingForward,
+  kEmbeddingBackward,
+  kCrossEntropyForward,   // the rows' log-sum-exp and target logit over the vocabulary shard
+  kCrossEntropyBackward,  // dlogits in place of the logits
+  kGradientNorm,          // sum of squares of fp32 gradients
+  kAdamw,                 // fp32 master weights, moments and gradients; writes the compute copy
+  kRefreshCompute,        // compute copy from fp32 master weights
+  kElementwise,           // a streaming pass the executor does not launch yet (rotary, SwiGLU)
+};
+
+// Which product of a linear layer y[m x n] = x[m x k] W^T (W stored [n x k]) runs: the forward,
+// the input gradient dx[m x k] = dy W, or the weight gradient dW[n x k] = dy^T x. 2mnk FLOPs each.
+enum class GemmLayout : uint8_t { kForward, kInputGradient, kWeightGradient };
+inline constexpr std::array<GemmLayout, 3> kGemmLayouts = {GemmLayout::kForward, GemmLayout::kInputGradient,
+                                                           GemmLayout::kWeightGradient};
+
+// What the GEMM does besides the product (cuBLASLt epilogues): add a bias; add it and apply GELU
+// (keeping the pre-activation); multiply the input gradient by GELU' of the kept pre-activation;
+// sum the output gradient's columns into the bias gradient.
+enum class GemmEpilogue : uint8_t { kNone, kBias, kBiasGelu, kGeluGradient, kBiasGradient };
+
+struct Kernel {
+  KernelKind kind = KernelKind::kGemm;
+  // GEMM: the layer's forward shape (m tokens, n outputs, k inputs) whatever the layout.
+  GemmLayout layout = GemmLayout::kForward;
+  GemmEpilogue epilogue = GemmEpilogue::kNone;
+  int64_t m = 0, n = 0, k = 0;
+  // Attention: `batch` sequences of `seq` tokens, `heads` heads of `head_dim`, causal.
+  int64_t batch = 0, seq = 0, heads = 0, head_dim = 0;
+  // Row kernels, `rows` x `cols`: norms and embeddings (tokens x hidden), cross entropy (tokens x
+  // the vocabulary shard). Flat kernels (add, copy, fill, optimizer): `rows` elements, cols 1.
+  // kElementwise: `rows` elements moving `cols` bytes each.
+  int64_t rows = 0, cols = 0;
+  bool fused_residual = false;
+  bool operator==(const Kernel&) const = default;
+};
+
+Kernel gemm_kernel(GemmLayout layout, GemmEpilogue epilogue, int64_t m, int64_t n, int64_t k);
+Kernel attention_kernel(KernelKind kind, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim);
+Kernel row_kernel(KernelKind kind, int64_t rows, int64_t cols, bool fused_residual = false);
+Kernel flat_kernel(KernelKind kind, int64_t elements);
+
+// 2mnk for a GEMM; attention forward 2 * 2 * batch * heads * seq^2 * head_dim / 2 (causal), its
+// backward 2.5x (FlashAttention-2's five products against two); 0 for memory-bound kernels.
+double kernel_flops(const Kernel& kernel);
+// Bytes a kernel reads and writes once each, with activations of `activation_bytes` (2 for bf16):
+// the x-axis of a memory-bound kernel's measured curve, and the roofline fallback's memory term.
+int64_t kernel_bytes(const Kernel& kernel, int64_t activation_bytes);
+
+// A memory-bound kernel's class: its name in profiles ("norm_forward", "add_norm_forward", ...).
+// Every kind but GEMM and attention has one; the fused variants of the norms are classes of their own.
+std::string memory_kernel_class(const Kernel& kernel);
+// Every class name, for reading profiles.
+const std::vector<std::string>& memory_kernel_classes();
+std::string to_string(GemmLayout layout);      // "forward", "input_gradient", "weight_gradient"
+std::string to_string(GemmEpilogue epilogue);  // "none", "bias", "bias_gelu", "gelu_gradient", "bias_gradient"
+std::string describe(const Kernel& kernel);    // one line, for test failures and traces
+
+// The blocks a stage's part of a schedule is built from. Within one plan a block's kernels do not
+// depend on the stage, so the simulator costs each block once and multiplies.
+enum class KernelBlock : uint8_t {
+  kEmbeddingForward,
+  kLayerForwardFirst,  // a stage's or recomputed group's first layer: its input norm adds nothing
+  kLayerForward,       // later layers: the input norm adds the previous layer's MLP branch
+  kStageOutput,        // a non-last stage adds the last branch into the message it sends
+  kHeadForward,        // final norm (adding the last branch), output layer, cross entropy
+  kHeadBackward,       // B
+  kHeadBackwardInput,  // I: the output layer's weight gradient waits for W
+  kHeadWeightGradient, // W
+  kOutputGradientCopy, // a non-last stage copies the received gradient into its scratch
+  kAttentionRecompute, // selective recomputation, before each layer's backward
+  kLayerBackward,      // B
+  kLayerBackwardInput, // I: each weight GEMM's output gradient is copied and kept for W
+  kLayerWeightGradient,// W: the weight GEMMs, with the norms they read recomputed
+  kInputGradientCopy,  // a non-first stage hands its input's gradient on
+  kEmbeddingGradientCopy,  // I on the first stage: the embedding's gradient waits for W
+  kEmbeddingBackward,
+};
+inline constexpr std::size_t kNumKernelBlocks = static_cast<std::size_t>(KernelBlock::kEmbeddingBackward) + 1;
+
+struct CountedBlock {
+  KernelBlock block;
+  int64_t count;
+};
+
+enum class SchedulePart : uint8_t { kForward, kBackward, kBackwardInput, kBackwardWeight };
+
+// The kernels of megaplan's executor (executor/model/gpt_model.cc) for one plan. Models the
+// executor cannot run yet (SwiGLU, RMSNorm, rotary, grouped queries, no biases) get the kernels
+// the executor will launch for them: the same GEMMs and norms, unfused activations and rotary
+// embeddings as kElementwise passes.
+class ExecutorKernels {
+ public:
+  // REQUIRES: validate_plan(model, plan) passed. Row-parallel biases are added by tensor-parallel
+  // rank 0 only, so its list is the one the simulator costs.
+  ExecutorKernels(const ModelSpec& model, const ParallelPlan& plan, int64_t tensor_parallel_rank = 0);
+
+  const std::vector<Kernel>& block(KernelBlock block) const { return blocks_[static_cast<std::size_t>(block)]; }
+  // One microbatch's part on a virtual stage, as blocks in launch order.
+  std::vector<CountedBlock> stage_blocks(int64_t stage, SchedulePart part) const;
+  // The same, expanded into kernels.
+  std::vector<Kernel> stage_kernels(int64_t stage, SchedulePart part) const;
+
+ private:
+  ModelSpec model_;
+  ParallelPlan plan_;
+  std::array<std::vector<Kernel>, kNumKernelBlocks> blocks_;
+};
+
+// OPTIM on one pipeline rank: the gradient norm over `norm_elements` (each tied or replicated
+// tensor counted once), AdamW over the `stepped_elements` the rank updates (its shard with the
+// distributed optimizer), the compute copies of `refreshed_elements` gathered parameters (the
+// distributed optimizer with dp > 1; 0 otherwise), and each chunk's gradient buffer zeroed
+// (`gradient_buffer_elements`, one entry per chunk).
+std::vector<Kernel> optimizer_kernels(int64_t norm_elements, int64_t stepped_elements, int64_t refreshed_elements,
+                                      const std::vector<int64_t>& gradient_buffer_elements);
+
+}  // namespace megaplan

@@ -1,0 +1,49 @@
+// One kernel of core's kernel list (core/kernel_list.h) launched on a Backend as the executor's
+// model launches it: the same Backend call, the same shapes, the same epilogue, on buffers of its
+// own. The profiler times kernels through it; a test records its launches and gets the kernel back.
+#pragma once
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "core/kernel_list.h"
+#include "executor/runtime/backend.h"
+
+namespace megaplan::exec {
+
+// What an embedding kernel reads beside its shape: the vocabulary rows it looks tokens up in and
+// the sequence length positions repeat over (GPT-2's padded vocabulary and context by default).
+struct EmbeddingTable {
+  int64_t vocabulary = 50304;
+  int64_t seq = 1024;
+};
+
+class KernelLaunch {
+ public:
+  // Allocates the kernel's buffers (zeroed; tokens and targets spread over the vocabulary).
+  // Throws std::invalid_argument for a kernel the executor does not launch (kElementwise).
+  KernelLaunch(Backend& backend, const Kernel& kernel, EmbeddingTable table = {});
+  ~KernelLaunch();
+  KernelLaunch(const KernelLaunch&) = delete;
+  KernelLaunch& operator=(const KernelLaunch&) = delete;
+
+  void operator()();
+
+ private:
+  Activation activation(int64_t elements);
+  float* floats(int64_t elements);
+  std::vector<OptimizerTensor> optimizer_tensors(int64_t elements);
+
+  Backend& backend_;
+  Kernel kernel_;
+  EmbeddingTable table_;
+  std::vector<Activation> activations_;  // in the order the launch reads them
+  std::vector<float*> floats_;
+  std::vector<int64_t> tokens_;
+  std::vector<float> mask_;
+  std::vector<OptimizerTensor> tensors_;
+  std::vector<std::pair<Activation, float*>> compute_copies_;
+};
+
+}  // namespace megaplan::exec

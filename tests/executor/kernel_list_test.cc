@@ -1,0 +1,202 @@
+// The kernels the executor's GPT launches are core's kernel list (core/kernel_list.h), kernel for
+// kernel and shape for shape, for F, B, I and W on every kind of stage, with each recomputation,
+// on both tensor-parallel ranks with and without sequence parallelism, and for the optimizer step:
+// the list the simulator costs cannot drift from what runs. And what the profiler launches for a
+// listed kernel is that kernel.
+#include <catch2/catch.hpp>
+
+#include <random>
+#include <stdexcept>
+#include <tuple>
+
+#include "core/formulas.h"
+#include "core/kernel_list.h"
+#include "executor/comm/in_process_comm.h"
+#include "executor/comm/rank_threads.h"
+#include "executor/model/gpt_model.h"
+#include "executor/runtime/kernel_launch.h"
+#include "executor/train/optimizer.h"
+#include "tests/executor/recording_backend.h"
+#include "tests/executor/training_fixtures.h"
+
+namespace {
+
+using megaplan::ExecutorKernels;
+using megaplan::Kernel;
+using megaplan::SchedulePart;
+using megaplan::exec::GptModel;
+using megaplan::exec::MicrobatchTokens;
+using megaplan::ScheduleKind;
+using megaplan::test::RecordingBackend;
+using megaplan::test::four_layer_gpt;
+using megaplan::test::layout;
+
+MicrobatchTokens microbatch(const megaplan::ModelSpec& model, int64_t batch) {
+  std::mt19937 generator(5);
+  std::uniform_int_distribution<int64_t> token(0, model.vocab_size - 1);
+  MicrobatchTokens data;
+  data.tokens.resize(static_cast<std::size_t>(batch * (model.seq_length + 1)));
+  for (int64_t& t : data.tokens) t = token(generator);
+  data.loss_mask.assign(static_cast<std::size_t>(batch * model.seq_length), 1.0f);
+  return data;
+}
+
+std::string lines(const std::vector<Kernel>& kernels) {
+  std::string text;
+  for (const Kernel& kernel : kernels) text += "  " + megaplan::describe(kernel) + "\n";
+  return text;
+}
+
+void check_same(const std::vector<Kernel>& launched, const std::vector<Kernel>& listed) {
+  INFO("launched:\n" << lines(launched) << "listed:\n" << lines(listed));
+  CHECK(launched == listed);
+}
+
+// One stage's F then B on microbatch 0, and F, I and W on microbatch 1, each checked against the list.
+void check_stage(GptModel& model, RecordingBackend& backend, const ExecutorKernels& list, int64_t stage,
+                 const MicrobatchTokens* data, bool first, bool last) {
+  const std::size_t n = model.message_size();
+  megaplan::exec::Activation output_gradient = last ? nullptr : backend.allocate_activation(n);
+  megaplan::exec::Activation input_gradient = first ? nullptr : backend.allocate_activation(n);
+  for (const bool defer : {false, true}) {
+    const int64_t microbatch = defer ? 1 : 0;
+    if (!first) (void)model.input_buffer(microbatch);
+    backend.take();
+    (void)model.forward(microbatch, data);
+    check_same(backend.take(), list.stage_kernels(stage, SchedulePart::kForward));
+    model.backward_input(microbatch, output_gradient, 1.0f, input_gradient, defer);
+    check_same(backend.take(), list.stage_kernels(stage, defer ? SchedulePart::kBackwardInput : SchedulePart::kBackward));
+    if (defer) {
+      model.backward_weight(microbatch);
+      check_same(backend.take(), list.stage_kernels(stage, SchedulePart::kBackwardWeight));
+    }
+  }
+  for (megaplan::exec::Activation buffer : {output_gradient, input_gradient}) {
+    if (buffer) backend.release(buffer);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("one stage launches its kernel list for F, B, I and W under each recomputation", "[model][kernels]") {
+  const megaplan::ModelSpec model = four_layer_gpt();
+  for (const auto& [granularity, method, layers] :
+       {std::tuple{megaplan::RecomputeGranularity::kNone, megaplan::RecomputeMethod::kUniform, int64_t{1}},
+        {megaplan::RecomputeGranularity::kSelective, megaplan::RecomputeMethod::kUniform, 1},
+        {megaplan::RecomputeGranularity::kFull, megaplan::RecomputeMethod::kUniform, 3},
+        {megaplan::RecomputeGranularity::kFull, megaplan::RecomputeMethod::kBlock, 2}}) {
+    megaplan::ParallelPlan plan = layout(1, 1, 1, 1, ScheduleKind::kOneFOneB, 2, 2);
+    plan.recompute_granularity = granularity;
+    plan.recompute_method = method;
+    plan.recompute_num_layers = layers;
+    INFO(megaplan::to_string(granularity) << " " << megaplan::to_string(method) << " " << layers);
+    RecordingBackend backend;
+    GptModel gpt(model, plan, 0, backend, 42);
+    const MicrobatchTokens data = microbatch(model, 2);
+    check_stage(gpt, backend, ExecutorKernels(model, plan), 0, &data, true, true);
+  }
+}
+
+TEST_CASE("first, middle and last pipeline stages launch their kernel lists", "[model][kernels]") {
+  const megaplan::ModelSpec model = four_layer_gpt();
+  megaplan::ParallelPlan plan = layout(1, 2, 1, 2, ScheduleKind::kInterleaved, 1, 4);
+  plan.recompute_granularity = megaplan::RecomputeGranularity::kSelective;
+  const ExecutorKernels list(model, plan);
+  const MicrobatchTokens data = microbatch(model, 1);
+  for (int64_t stage = 0; stage < plan.num_virtual_stages(); ++stage) {
+    INFO("stage " << stage);
+    const bool first = stage == 0, last = stage + 1 == plan.num_virtual_stages();
+    RecordingBackend backend;
+    GptModel gpt(model, plan, stage, backend, 42);
+    check_stage(gpt, backend, list, stage, first || last ? &data : nullptr, first, last);
+  }
+}
+
+TEST_CASE("each tensor-parallel rank launches its kernel list, with and without sequence parallelism",
+          "[model][kernels]") {
+  const megaplan::ModelSpec model = four_layer_gpt();
+  for (const bool sequence_parallel : {false, true}) {
+    megaplan::ParallelPlan plan = layout(2, 1, 1, 1, ScheduleKind::kOneFOneB, 2, 2);
+    plan.sequence_parallel = sequence_parallel;
+    INFO("sequence parallel " << sequence_parallel);
+    megaplan::exec::InProcessWorld world(2, std::chrono::seconds(60));
+    std::vector<std::vector<Kernel>> launched(2), listed(2);
+    megaplan::exec::run_rank_threads(world, 2, [&](int64_t rank) {
+      std::unique_ptr<megaplan::exec::Comm> tp = world.group(rank, {0, 1}, "tp");
+      RecordingBackend backend;
+      GptModel gpt(model, plan, 0, backend, 42, nullptr, tp.get());
+      const MicrobatchTokens data = microbatch(model, 2);
+      backend.take();
+      (void)gpt.forward(0, &data);
+      gpt.backward_input(0, nullptr, 1.0f, nullptr, false);
+      const ExecutorKernels list(model, plan, rank);
+      const auto index = static_cast<std::size_t>(rank);
+      launched[index] = backend.take();
+      listed[index] = list.stage_kernels(0, SchedulePart::kForward);
+      for (const Kernel& kernel : list.stage_kernels(0, SchedulePart::kBackward)) listed[index].push_back(kernel);
+    });
+    for (std::size_t rank = 0; rank < 2; ++rank) {
+      INFO("tensor-parallel rank " << rank);
+      check_same(launched[rank], listed[rank]);
+    }
+    CHECK(listed[0] != listed[1]);  // rank 0 alone adds the row-parallel biases
+  }
+}
+
+TEST_CASE("the optimizer step launches the optimizer's kernel list", "[model][kernels]") {
+  const megaplan::ModelSpec model = four_layer_gpt();
+  const megaplan::ParallelPlan plan = layout(1, 1, 1, 1, ScheduleKind::kOneFOneB, 2, 2);
+  RecordingBackend backend;
+  GptModel gpt(model, plan, 0, backend, 42);
+  megaplan::exec::Optimizer optimizer({&gpt}, {}, false, {}, backend);
+  const MicrobatchTokens data = microbatch(model, 2);
+  (void)gpt.forward(0, &data);
+  gpt.backward_input(0, nullptr, 1.0f, nullptr, false);
+  backend.take();
+  optimizer.step(1, 1e-3, optimizer.gradient_norm());
+  // Core's parameter count is what the norm reads and AdamW steps; the fill zeroes the whole buffer.
+  const int64_t parameters = megaplan::stage_parameters(model, plan, 0).parameters_per_gpu;
+  check_same(backend.take(), megaplan::optimizer_kernels(parameters, parameters, 0,
+                                                         {static_cast<int64_t>(gpt.layout().total)}));
+}
+
+TEST_CASE("the profiler's launch of a listed kernel is that kernel", "[kernels]") {
+  // Every kind in every layout, epilogue and fused variant the lists use: what `megaplan profile`
+  // times is what the simulator looks up.
+  using megaplan::GemmEpilogue;
+  using megaplan::GemmLayout;
+  using megaplan::KernelKind;
+  std::vector<Kernel> kernels;
+  for (const GemmLayout layout : megaplan::kGemmLayouts) {
+    const std::vector<GemmEpilogue> epilogues =
+        layout == GemmLayout::kForward         ? std::vector{GemmEpilogue::kNone, GemmEpilogue::kBias, GemmEpilogue::kBiasGelu}
+        : layout == GemmLayout::kInputGradient ? std::vector{GemmEpilogue::kNone, GemmEpilogue::kGeluGradient}
+                                               : std::vector{GemmEpilogue::kNone, GemmEpilogue::kBiasGradient};
+    for (const GemmEpilogue epilogue : epilogues) kernels.push_back(megaplan::gemm_kernel(layout, epilogue, 6, 10, 4));
+  }
+  for (const KernelKind kind : {KernelKind::kAttentionForward, KernelKind::kAttentionBackward}) {
+    kernels.push_back(megaplan::attention_kernel(kind, 2, 8, 3, 4));
+  }
+  for (const bool fused : {false, true}) {
+    kernels.push_back(megaplan::row_kernel(KernelKind::kNormForward, 6, 8, fused));
+    kernels.push_back(megaplan::row_kernel(KernelKind::kNormBackward, 6, 8, fused));
+  }
+  for (const KernelKind kind : {KernelKind::kEmbeddingForward, KernelKind::kEmbeddingBackward,
+                                KernelKind::kCrossEntropyForward, KernelKind::kCrossEntropyBackward}) {
+    kernels.push_back(megaplan::row_kernel(kind, 6, 16));
+  }
+  for (const KernelKind kind : {KernelKind::kAdd, KernelKind::kCopy, KernelKind::kFill, KernelKind::kGradientNorm,
+                                KernelKind::kAdamw, KernelKind::kRefreshCompute}) {
+    kernels.push_back(megaplan::flat_kernel(kind, 100));
+  }
+  RecordingBackend backend;
+  for (const Kernel& kernel : kernels) {
+    INFO(megaplan::describe(kernel));
+    megaplan::exec::KernelLaunch launch(backend, kernel, {16, 8});
+    backend.take();
+    launch();
+    check_same(backend.take(), {kernel});
+  }
+  CHECK_THROWS_AS(megaplan::exec::KernelLaunch(backend, megaplan::row_kernel(KernelKind::kElementwise, 4, 6)),
+                  std::invalid_argument);
+}

@@ -1,0 +1,128 @@
+// A CPU backend that also writes down every kernel it runs, as core's kernel list describes one
+// (core/kernel_list.h): the model's launches can then be compared with the list the simulator
+// costs, and the profiler's launches with the kernels it says it timed.
+#pragma once
+
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "core/kernel_list.h"
+#include "executor/runtime/cpu_backend.h"
+#include "tests/executor/forwarding_backend.h"
+
+namespace megaplan::test {
+
+class RecordingBackend : public ForwardingBackend {
+ public:
+  RecordingBackend() : ForwardingBackend(std::make_unique<exec::CpuBackend>()) {}
+
+  // What ran since the last take().
+  std::vector<Kernel> take() { return std::exchange(kernels_, {}); }
+
+  void refresh_compute_copy(const float* value, std::size_t n, Activation copy) override {
+    record(flat_kernel(KernelKind::kRefreshCompute, size(n)));
+    ForwardingBackend::refresh_compute_copy(value, n, copy);
+  }
+  void fill(float* x, std::size_t n, float value) override {
+    record(flat_kernel(KernelKind::kFill, size(n)));
+    ForwardingBackend::fill(x, n, value);
+  }
+  void linear_forward(ConstActivation x, ConstActivation w, ConstActivation b, std::size_t m, std::size_t k,
+                      std::size_t n, LinearEpilogue epilogue, Activation y, Activation pre) override {
+    const GemmEpilogue recorded = epilogue == LinearEpilogue::kBiasGelu ? GemmEpilogue::kBiasGelu
+                                  : epilogue == LinearEpilogue::kBias   ? GemmEpilogue::kBias
+                                                                        : GemmEpilogue::kNone;
+    record(gemm_kernel(GemmLayout::kForward, recorded, size(m), size(n), size(k)));
+    ForwardingBackend::linear_forward(x, w, b, m, k, n, epilogue, y, pre);
+  }
+  void linear_backward(ConstActivation dy, ConstActivation x, ConstActivation w, std::size_t m, std::size_t k,
+                       std::size_t n, Activation dx, float* dw, float* db) override {
+    if (dx) record(gemm_kernel(GemmLayout::kInputGradient, GemmEpilogue::kNone, size(m), size(n), size(k)));
+    if (dw) {
+      record(gemm_kernel(GemmLayout::kWeightGradient, db ? GemmEpilogue::kBiasGradient : GemmEpilogue::kNone, size(m),
+                         size(n), size(k)));
+    }
+    ForwardingBackend::linear_backward(dy, x, w, m, k, n, dx, dw, db);
+  }
+  void linear_backward_through_gelu(ConstActivation dy, ConstActivation w, std::size_t m, std::size_t k, std::size_t n,
+                                    ConstActivation pre, Activation d_pre) override {
+    record(gemm_kernel(GemmLayout::kInputGradient, GemmEpilogue::kGeluGradient, size(m), size(n), size(k)));
+    ForwardingBackend::linear_backward_through_gelu(dy, w, m, k, n, pre, d_pre);
+  }
+  void embedding_forward(const int64_t* tokens, std::size_t count, std::size_t seq, ConstActivation word,
+                         std::size_t vocab_start, std::size_t vocab_rows, ConstActivation position, std::size_t hidden,
+                         Activation y) override {
+    record(row_kernel(KernelKind::kEmbeddingForward, size(count), size(hidden)));
+    ForwardingBackend::embedding_forward(tokens, count, seq, word, vocab_start, vocab_rows, position, hidden, y);
+  }
+  void embedding_backward(ConstActivation dy, const int64_t* tokens, std::size_t count, std::size_t seq,
+                          std::size_t hidden, std::size_t vocab_start, std::size_t vocab_rows, float* dword,
+                          float* dposition) override {
+    record(row_kernel(KernelKind::kEmbeddingBackward, size(count), size(hidden)));
+    ForwardingBackend::embedding_backward(dy, tokens, count, seq, hidden, vocab_start, vocab_rows, dword, dposition);
+  }
+  void layernorm_forward(ConstActivation x, ConstActivation residual, Activation sum_out, ConstActivation gamma,
+                         ConstActivation beta, std::size_t rows, std::size_t cols, Activation y, float* mean,
+                         float* rstd) override {
+    record(row_kernel(KernelKind::kNormForward, size(rows), size(cols), residual != nullptr));
+    ForwardingBackend::layernorm_forward(x, residual, sum_out, gamma, beta, rows, cols, y, mean, rstd);
+  }
+  void layernorm_backward(ConstActivation dy, ConstActivation x, ConstActivation gamma, const float* mean,
+                          const float* rstd, std::size_t rows, std::size_t cols, ConstActivation residual_grad,
+                          Activation dx, float* dgamma, float* dbeta) override {
+    record(row_kernel(KernelKind::kNormBackward, size(rows), size(cols), residual_grad != nullptr));
+    ForwardingBackend::layernorm_backward(dy, x, gamma, mean, rstd, rows, cols, residual_grad, dx, dgamma, dbeta);
+  }
+  void attention_forward(ConstActivation qkv, std::size_t batch, std::size_t seq, std::size_t heads, std::size_t dim,
+                         Activation out, float* saved) override {
+    record(attention_kernel(KernelKind::kAttentionForward, size(batch), size(seq), size(heads), size(dim)));
+    ForwardingBackend::attention_forward(qkv, batch, seq, heads, dim, out, saved);
+  }
+  void attention_backward(ConstActivation dout, ConstActivation qkv, ConstActivation out, const float* saved,
+                          std::size_t batch, std::size_t seq, std::size_t heads, std::size_t dim,
+                          Activation dqkv) override {
+    record(attention_kernel(KernelKind::kAttentionBackward, size(batch), size(seq), size(heads), size(dim)));
+    ForwardingBackend::attention_backward(dout, qkv, out, saved, batch, seq, heads, dim, dqkv);
+  }
+  void cross_entropy_statistics(ConstActivation logits, const int64_t* targets, std::size_t tokens, std::size_t vocab,
+                                std::size_t vocab_start, float* lse, float* target_logit) override {
+    record(row_kernel(KernelKind::kCrossEntropyForward, size(tokens), size(vocab)));
+    ForwardingBackend::cross_entropy_statistics(logits, targets, tokens, vocab, vocab_start, lse, target_logit);
+  }
+  void cross_entropy_backward(ConstActivation logits, const float* lse, const int64_t* targets, const float* mask,
+                              std::size_t tokens, std::size_t vocab, std::size_t vocab_start, float scale,
+                              Activation dlogits) override {
+    record(row_kernel(KernelKind::kCrossEntropyBackward, size(tokens), size(vocab)));
+    ForwardingBackend::cross_entropy_backward(logits, lse, targets, mask, tokens, vocab, vocab_start, scale, dlogits);
+  }
+  void add(ConstActivation a, ConstActivation b, std::size_t n, Activation y) override {
+    record(flat_kernel(KernelKind::kAdd, size(n)));
+    ForwardingBackend::add(a, b, n, y);
+  }
+  void copy(ConstActivation from, std::size_t n, Activation to) override {
+    record(flat_kernel(KernelKind::kCopy, size(n)));
+    ForwardingBackend::copy(from, n, to);
+  }
+  double gradient_sum_of_squares(const std::vector<OptimizerTensor>& tensors) override {
+    record(flat_kernel(KernelKind::kGradientNorm, elements(tensors)));
+    return ForwardingBackend::gradient_sum_of_squares(tensors);
+  }
+  void adamw_step(const std::vector<OptimizerTensor>& tensors, const AdamwSettings& settings) override {
+    record(flat_kernel(KernelKind::kAdamw, elements(tensors)));
+    ForwardingBackend::adamw_step(tensors, settings);
+  }
+
+ private:
+  static int64_t size(std::size_t n) { return static_cast<int64_t>(n); }
+  static int64_t elements(const std::vector<OptimizerTensor>& tensors) {
+    int64_t total = 0;
+    for (const OptimizerTensor& tensor : tensors) total += size(tensor.size);
+    return total;
+  }
+  void record(const Kernel& kernel) { kernels_.push_back(kernel); }
+
+  std::vector<Kernel> kernels_;
+};
+
+}  // namespace megaplan::test
