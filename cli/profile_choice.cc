@@ -1,13 +1,17 @@
 #include "cli/profile_choice.h"
 
+#include <utility>
+
 #include "core/cluster_spec.h"
 #include "core/error.h"
+#include "simulator/builtin_profiles.h"
 
 namespace megaplan::cli {
 namespace {
 
-// The GPU types megaplan has datasheet numbers for: those of its cluster presets.
+// A shipped measured profile, else the datasheet numbers of a GPU type of megaplan's cluster presets.
 sim::Profile default_profile(const GpuSpec& gpu) {
+  if (std::optional<sim::Profile> measured = sim::builtin_measured_profile(gpu.name)) return std::move(*measured);
   std::string known;
   for (const ClusterSpec& preset : cluster_presets()) {
     if (preset.gpu.name == gpu.name) return sim::Profile::datasheet(preset.gpu);
@@ -27,6 +31,19 @@ sim::Profile choose_profile(const std::optional<std::string>& profile_file, cons
                                      gpu.name);
   }
   return profile;
+}
+
+std::string describe_profile(const sim::Profile& profile) {
+  const std::string kind = to_string(profile.kind());
+  if (profile.origin() == "datasheet") return profile.gpu_name() + ", " + kind + " (no measured tables)";
+  return profile.gpu_name() + ", " + kind + ": " + profile.origin() + "; " + profile.source();
+}
+
+nlohmann::json profile_json(const sim::Profile& profile) {
+  return {{"gpu", profile.gpu_name()},
+          {"kind", to_string(profile.kind())},
+          {"origin", profile.origin()},
+          {"source", profile.source()}};
 }
 
 }  // namespace megaplan::cli

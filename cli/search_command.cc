@@ -196,7 +196,8 @@ int run_search(const SearchCommandOptions& options, std::ostream& out) {
   problem.space = search_space(options);
   planner::validate_search_problem(problem);
 
-  const sim::SimulatorEstimator estimator(job.model, job.cluster, choose_profile(options.profile, job.cluster.gpu));
+  const sim::Profile profile = choose_profile(options.profile, job.cluster.gpu);
+  const sim::SimulatorEstimator estimator(job.model, job.cluster, profile);
   const auto start = std::chrono::steady_clock::now();
   const std::vector<ParallelPlan> candidates = planner::enumerate_plans(problem);
   ProgressBar bar("searching");
@@ -224,6 +225,7 @@ int run_search(const SearchCommandOptions& options, std::ostream& out) {
                              {"pruned_by_bound", result.counts.pruned_by_bound},
                              {"simulated", result.counts.simulated}}},
                            {"memory_limit_bytes", result.memory_limit_bytes},
+                           {"profile", profile_json(profile)},
                            {"seconds", seconds},
                            {"threads", threads}};
     if (options.emit == "megatron") json["megatron_arguments"] = planner::megatron_arguments(job.model, job.plan);
@@ -238,6 +240,7 @@ int run_search(const SearchCommandOptions& options, std::ostream& out) {
     return 0;
   }
   write_text(options, job, result, seconds, threads, out);
+  out << "profile: " << describe_profile(profile) << "\n";
   if (options.explain) write_explanation(result, out);
   if (options.emit == "megatron") {
     out << "\nMegatron-LM arguments for #1:\n" << joined_arguments(planner::megatron_arguments(job.model, job.plan));
@@ -287,7 +290,7 @@ void setup_search_command(CLI::App& app, CommandContext& context) {
       ->capture_default_str();
   command->add_option("--top", options->top, "Plans to rank")->capture_default_str();
   command->add_option("--threads", options->threads, "Worker threads (0: all cores)")->capture_default_str();
-  command->add_option("--profile", options->profile, "Kernel and link timings (profiles/*.json); default: datasheet");
+  command->add_option("--profile", options->profile, "Kernel and link timings (profiles/*.json); default: the GPU's built-in measured profile, else its datasheet");
   command->add_option("--out", options->out, "Write the best plan as a job file (for simulate --plan)");
   command->add_option("--emit", options->emit,
                       "Print the best plan as: megatron (Megatron-LM's arguments), launch (torchrun, srun, mpirun and "

@@ -65,7 +65,7 @@ nlohmann::json to_json(const JobSpec& job, const sim::Profile& profile, const si
           {"fits_in_memory", simulation.fits_in_memory},
           {"memory_shortfall_bytes", shortfall},
           {"fullest_stage", rank},
-          {"profile", {{"gpu", profile.gpu_name()}, {"source", profile.source()}}},
+          {"profile", profile_json(profile)},
           {"kernel_times", {{"from_tables", simulation.sources.table}, {"from_roofline", simulation.sources.fallback}}},
           {"events", simulation.result.events},
           {"stages", std::move(stages)}};
@@ -94,8 +94,8 @@ void write_text(const JobSpec& job, const sim::Profile& profile, const sim::Plan
                                     : "does not fit, short by " + format_bytes(static_cast<double>(shortfall)))
       << "\n";
   const int64_t lookups = simulation.sources.table + simulation.sources.fallback;
-  out << "profile    " << profile.gpu_name() << " (" << profile.source() << "): " << simulation.sources.fallback
-      << " of " << lookups << " kernel times from the roofline fallback\n\n";
+  out << "profile    " << describe_profile(profile) << "\n           " << simulation.sources.fallback << " of "
+      << lookups << " kernel times from the roofline fallback\n\n";
 
   TextTable table({"rank", "compute s", "tp/cp comm s", "pp comm s", "dp comm s", "idle s", "in-flight", "memory"});
   for (std::size_t r = 0; r < result.ranks.size(); ++r) {
@@ -134,7 +134,7 @@ void setup_simulate_command(CLI::App& app, CommandContext& context) {
   add_cluster_options(*command, options->cluster);
   add_plan_options(*command, options->plan);
   command->add_option("--plan", options->plan_file, "Job JSON (as describe --out writes it) instead of the flags above");
-  command->add_option("--profile", options->profile, "Kernel and link timings (profiles/*.json); default: datasheet");
+  command->add_option("--profile", options->profile, "Kernel and link timings (profiles/*.json); default: the GPU's built-in measured profile, else its datasheet");
   command->add_option("--trace", options->trace, "Write the simulated timeline as a Chrome trace (Perfetto) here");
   command->add_flag("--json", options->json, "Print JSON instead of text");
   command->callback([options, command, &context] {

@@ -164,6 +164,7 @@ Profile Profile::from_json(const nlohmann::json& json, const std::string& source
     throw SpecError(reader.field("schema"), "must be \"" + std::string(kSchema) + "\", got \"" + schema + "\"");
   }
   Profile profile;
+  profile.origin_ = source;
   reader.require("gpu", profile.gpu_);
   if (profile.gpu_.empty()) throw SpecError(reader.field("gpu"), "must name the GPU type, got \"\"");
   reader.require("source", profile.source_);
@@ -316,6 +317,7 @@ Profile Profile::datasheet(const GpuSpec& gpu) {
   Profile profile;
   profile.gpu_ = gpu.name;
   profile.source_ = "datasheet";  // short: `megaplan simulate` prints it in parentheses
+  profile.origin_ = "datasheet";
   profile.device_.peak_bf16_flops_per_s = gpu.dense_bf16_flops_per_s;
   profile.device_.peak_fp32_flops_per_s = kTf32PerBf16Peak * gpu.dense_bf16_flops_per_s;
   profile.device_.memory_bandwidth_bytes_per_s = gpu.hbm_bandwidth_bytes_per_s;
@@ -513,7 +515,15 @@ double Profile::p2p_seconds(int64_t bytes, LinkKind link, const LinkParams& fall
          static_cast<double>(bytes) / (fallback_link.bandwidth_bytes_per_s * curve_.link_efficiency);
 }
 
+ProfileKind Profile::kind() const {
+  const bool measured = !gemm_.empty() || !memory_kernels_.empty() || !elementwise_.points.empty() ||
+                        !collectives_.empty() || !p2p_[0].points.empty() || !p2p_[1].points.empty() ||
+                        !attention_forward_[0].empty() || !attention_forward_[1].empty();
+  return measured ? ProfileKind::kMeasured : ProfileKind::kDatasheet;
+}
+
 std::string to_string(DType dtype) { return name_of(dtype, kDTypes); }
+std::string to_string(ProfileKind kind) { return kind == ProfileKind::kMeasured ? "measured" : "datasheet"; }
 std::string to_string(CollectiveOp op) { return name_of(op, kOps); }
 std::string to_string(LinkKind link) { return name_of(link, kLinks); }
 

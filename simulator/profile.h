@@ -22,6 +22,8 @@ namespace megaplan::sim {
 enum class DType : uint8_t { kBf16, kFp32 };
 enum class CollectiveOp : uint8_t { kAllReduce, kAllGather, kReduceScatter, kAllToAll };
 enum class LinkKind : uint8_t { kNvlink, kNetwork };
+// Whether a profile holds measured tables (`megaplan profile`) or only datasheet rates.
+enum class ProfileKind : uint8_t { kMeasured, kDatasheet };
 
 // Where kernel and transfer times came from: a measured table, or the roofline / link fallback.
 struct CostSources {
@@ -72,6 +74,10 @@ class Profile {
 
   const std::string& gpu_name() const { return gpu_; }
   const std::string& source() const { return source_; }
+  // Where it was read from: the file, "profiles/<file> (built in)", or "datasheet" for datasheet().
+  const std::string& origin() const { return origin_; }
+  // Measured when any table has an entry.
+  ProfileKind kind() const;
   const DeviceRates& device() const { return device_; }
   const RooflineCurve& roofline_curve() const { return curve_; }
 
@@ -129,6 +135,7 @@ class Profile {
 
   std::string gpu_;
   std::string source_;
+  std::string origin_;
   DeviceRates device_;
   RooflineCurve curve_;
   // By dtype, layout and epilogue; and by dtype and layout, every epilogue's entries together.
@@ -145,5 +152,6 @@ class Profile {
 std::string to_string(DType dtype);      // "bf16", "fp32"
 std::string to_string(CollectiveOp op);  // "all_reduce", "all_gather", "reduce_scatter", "all_to_all"
 std::string to_string(LinkKind link);    // "nvlink", "network"
+std::string to_string(ProfileKind kind);  // "measured", "datasheet"
 
 }  // namespace megaplan::sim

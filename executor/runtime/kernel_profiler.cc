@@ -20,11 +20,14 @@ namespace {
 constexpr int64_t kRotatedBytes = int64_t{200} << 20;
 constexpr int64_t kMaxCopies = 64;
 
-// One point's launches, in turn over its copies.
+// One point's launches, in turn over its copies. The optimizer's kernels keep one: the backend
+// prepares a launch per tensor list (as training's list never changes), which rotating would redo.
 class RotatedLaunch {
  public:
   RotatedLaunch(Backend& backend, const Kernel& kernel, int64_t kernel_bytes) {
-    const int64_t copies = std::clamp<int64_t>((kRotatedBytes + kernel_bytes - 1) / std::max<int64_t>(kernel_bytes, 1), 1, kMaxCopies);
+    const bool one_list = kernel.kind == KernelKind::kAdamw || kernel.kind == KernelKind::kGradientNorm;
+    const int64_t copies =
+        one_list ? 1 : std::clamp<int64_t>((kRotatedBytes + kernel_bytes - 1) / std::max<int64_t>(kernel_bytes, 1), 1, kMaxCopies);
     for (int64_t i = 0; i < copies; ++i) launches_.push_back(std::make_unique<KernelLaunch>(backend, kernel));
   }
   void operator()() {

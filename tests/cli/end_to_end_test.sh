@@ -126,6 +126,12 @@ for key in iteration_time_s model_tflops_per_gpu mfu bubble_fraction peak_memory
   grep -q "\"$key\"" "$scratch/out" || fail "simulate --json has no $key"
 done
 grep -q '"traceEvents"' "$scratch/trace.json" || fail "simulate --trace wrote no Chrome trace"
+grep -q '"kind": "measured"' "$scratch/out" || fail "simulate on an H200 does not default to its measured profile"
+grep -q '"origin": "profiles/h200-sxm-141gb.measured.json (built in)"' "$scratch/out" || fail "simulate --json does not name the built-in profile"
+expect_ok simulate --model gpt2-124m --cluster dgx-a100-80gb --gpus 8 --gbs 8
+grep -q '^profile    A100-SXM4-80GB, datasheet (no measured tables)' "$scratch/out" || fail "simulate does not say an unmeasured GPU's profile is the datasheet's"
+expect_ok search --model gpt2-124m --cluster h100-x1 --gbs 8 --json
+grep -q '"kind": "measured"' "$scratch/out" || fail "search --json does not name its measured profile"
 expect_ok describe --model gpt2-124m --cluster h200-x2 --pp 2 --gbs 8 --out "$scratch/small-job.json"
 expect_ok simulate --plan "$scratch/small-job.json"
 expect_ok simulate --model gpt2-124m --cluster "$examples/clusters/a100-40gb-4node.json" --gpus 8 --gbs 8 --profile "$examples/profiles/a100-sxm4-40gb.datasheet.json"

@@ -1,0 +1,16 @@
+// The measured profiles shipped in profiles/ (*.measured.json), compiled into the binary so that
+// megaplan costs kernels from measurements wherever it runs: the default profile for their GPUs.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "simulator/profile.h"
+
+namespace megaplan::sim {
+
+// The shipped measured profile of `gpu_name` (core's cluster spec name), if one was measured.
+// Its origin reads "profiles/<file> (built in)".
+std::optional<Profile> builtin_measured_profile(const std::string& gpu_name);
+
+}  // namespace megaplan::sim
