@@ -42,6 +42,7 @@ std::string describe_profile(const sim::Profile& profile) {
 nlohmann::json profile_json(const sim::Profile& profile) {
   return {{"gpu", profile.gpu_name()},
           {"kind", to_string(profile.kind())},
+          {"uncertainty", profile.uncertainty()},
           {"origin", profile.origin()},
           {"source", profile.source()}};
 }

@@ -72,6 +72,7 @@ nlohmann::json plan_json(const planner::RankedPlan& ranked, int64_t memory_limit
   json["peak_memory_bytes"] = ranked.peak_memory_bytes;
   json["fits_in_memory"] = ranked.peak_memory_bytes <= memory_limit;
   json["lower_bound_s"] = ranked.lower_bound_s;
+  json["tie_with_best"] = ranked.tie;
   json["compute_s"] = estimate.compute_s;
   json["tensor_comm_s"] = estimate.tensor_comm_s;
   json["pipeline_comm_s"] = estimate.pipeline_comm_s;
@@ -153,7 +154,8 @@ void write_text(const SearchCommandOptions& options, const JobSpec& job, const p
       << " simulated; " << fixed(seconds, 3) << " s on " << threads << " threads ("
       << format_count(static_cast<double>(counts.enumerated) / std::max(seconds, 1e-9)) << " plans/s)\n\n";
   TextTable table({"#", "tp", "pp", "dp", "cp", "vpp", "mbs", "recompute", "sp", "dist-opt", "schedule",
-                   "iteration s", "TFLOP/s/GPU", "MFU", "peak memory"});
+                   "iteration s", "TFLOP/s/GPU", "MFU", "peak memory", "vs #1"});
+  const double best = result.plans.front().estimate.iteration_time_s;
   for (std::size_t i = 0; i < result.plans.size(); ++i) {
     const planner::RankedPlan& ranked = result.plans[i];
     const ParallelPlan& plan = ranked.plan;
@@ -164,7 +166,8 @@ void write_text(const SearchCommandOptions& options, const JobSpec& job, const p
                    plan.sequence_parallel ? "on" : "off", plan.use_distributed_optimizer ? "on" : "off",
                    to_string(plan.schedule), fixed(ranked.estimate.iteration_time_s, 3),
                    fixed(ranked.estimate.model_tflops_per_gpu, 1), fixed(100 * ranked.estimate.mfu, 1) + "%",
-                   format_bytes(static_cast<double>(ranked.peak_memory_bytes))});
+                   format_bytes(static_cast<double>(ranked.peak_memory_bytes)),
+                   i == 0 ? "" : format_percent(ranked.estimate.iteration_time_s / best - 1, true) + (ranked.tie ? " tie" : "")});
   }
   out << table.render();
 }
@@ -205,6 +208,7 @@ int run_search(const SearchCommandOptions& options, std::ostream& out) {
   search_options.top = options.top;
   search_options.memory_fraction = options.memory_fraction;
   search_options.threads = options.threads;
+  search_options.tie_tolerance = profile.uncertainty();
   search_options.progress = [&bar](int64_t done, int64_t total) { bar.update(done, total); };
   const planner::SearchResult result = planner::search_plans(job.model, job.cluster.gpu, candidates, estimator,
                                                              search_options);
@@ -226,6 +230,7 @@ int run_search(const SearchCommandOptions& options, std::ostream& out) {
                              {"simulated", result.counts.simulated}}},
                            {"memory_limit_bytes", result.memory_limit_bytes},
                            {"profile", profile_json(profile)},
+                           {"tie_tolerance", profile.uncertainty()},
                            {"seconds", seconds},
                            {"threads", threads}};
     if (options.emit == "megatron") json["megatron_arguments"] = planner::megatron_arguments(job.model, job.plan);
@@ -241,6 +246,10 @@ int run_search(const SearchCommandOptions& options, std::ostream& out) {
   }
   write_text(options, job, result, seconds, threads, out);
   out << "profile: " << describe_profile(profile) << "\n";
+  out << (profile.uncertainty() > 0
+              ? "ties: plans marked \"tie\" are predicted within the profile's stated uncertainty (" +
+                    format_percent(profile.uncertainty()) + ") of #1; the simulator cannot rank them apart\n"
+              : std::string("ties: the profile states no uncertainty, so no plan is marked as a tie\n"));
   if (options.explain) write_explanation(result, out);
   if (options.emit == "megatron") {
     out << "\nMegatron-LM arguments for #1:\n" << joined_arguments(planner::megatron_arguments(job.model, job.plan));

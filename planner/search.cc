@@ -231,6 +231,13 @@ SearchResult search_plans(const ModelSpec& model, const GpuSpec& gpu, const std:
   if (failure) std::rethrow_exception(failure);
 
   result.plans = ranking.plans();
+  if (!result.plans.empty()) {
+    const double best = result.plans.front().estimate.iteration_time_s;
+    for (std::size_t i = 1; i < result.plans.size(); ++i) {
+      result.plans[i].tie = result.plans[i].estimate.iteration_time_s <= best * (1 + options.tie_tolerance) &&
+                            options.tie_tolerance > 0;
+    }
+  }
   result.counts.simulated = ranking.simulated();
   result.counts.pruned_activations = ranking.pruned_activations();
   result.counts.pruned_by_bound = static_cast<int64_t>(survivors.size()) - result.counts.simulated -

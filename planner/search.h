@@ -17,6 +17,9 @@ struct SearchOptions {
   int64_t top = 10;              // plans to rank
   double memory_fraction = 0.9;  // of HBM a plan may fill
   int64_t threads = 0;           // 0: every hardware thread
+  // The relative error the estimator's costs carry (a profile's stated uncertainty): plans
+  // predicted within this fraction of the best's time are ties with it. 0: no ties marked.
+  double tie_tolerance = 0;
   // Called from worker threads (never two at once) as plans are decided: (decided, total).
   std::function<void(int64_t, int64_t)> progress;
 };
@@ -26,6 +29,7 @@ struct RankedPlan {
   StepEstimate estimate;
   int64_t peak_memory_bytes = 0;  // the fullest pipeline rank, by core's memory model
   double lower_bound_s = 0;
+  bool tie = false;  // within tie_tolerance of the best: the estimate cannot tell the two apart
 };
 
 struct SearchCounts {

@@ -193,6 +193,13 @@ Profile Profile::from_json(const nlohmann::json& json, const std::string& source
   curve.link_efficiency = efficiency(curve_reader, "link_efficiency");
   curve_reader.reject_unknown_keys();
 
+  if (reader.has("uncertainty")) {
+    reader.require("uncertainty", profile.uncertainty_);
+    if (!(profile.uncertainty_ >= 0 && profile.uncertainty_ < 1)) {
+      throw SpecError(reader.field("uncertainty"),
+                      "must be a fraction in [0, 1), got " + nlohmann::json(profile.uncertainty_).dump());
+    }
+  }
   // Where a measured profile comes from (GPU, clocks, driver, libraries, date): free-form, for people.
   if (reader.has("provenance") && !json.at("provenance").is_object()) {
     throw SpecError(reader.field("provenance"), "must be an object");
@@ -318,6 +325,7 @@ Profile Profile::datasheet(const GpuSpec& gpu) {
   profile.gpu_ = gpu.name;
   profile.source_ = "datasheet";  // short: `megaplan simulate` prints it in parentheses
   profile.origin_ = "datasheet";
+  profile.uncertainty_ = kDatasheetUncertainty;
   profile.device_.peak_bf16_flops_per_s = gpu.dense_bf16_flops_per_s;
   profile.device_.peak_fp32_flops_per_s = kTf32PerBf16Peak * gpu.dense_bf16_flops_per_s;
   profile.device_.memory_bandwidth_bytes_per_s = gpu.hbm_bandwidth_bytes_per_s;

@@ -60,6 +60,9 @@ struct RooflineCurve {
 RooflineCurve default_roofline_curve();
 // The launch gap the datasheet profiles assume.
 constexpr double kDatasheetKernelLaunchS = 3e-6;
+// The datasheet profiles' stated uncertainty: on the lent H100 and H200 they predicted megaplan's
+// single-GPU iterations 15-20% fast (docs/results.md).
+constexpr double kDatasheetUncertainty = 0.20;
 
 // Lookups are const and allocate nothing, so one Profile serves many simulations on many threads.
 // A kernel or transfer with no work (a size <= 0) takes 0 s and is not counted.
@@ -78,6 +81,9 @@ class Profile {
   const std::string& origin() const { return origin_; }
   // Measured when any table has an entry.
   ProfileKind kind() const;
+  // The relative error to expect of an iteration time predicted with this profile, as its author
+  // validated it ("uncertainty"); 0 where none is stated.
+  double uncertainty() const { return uncertainty_; }
   const DeviceRates& device() const { return device_; }
   const RooflineCurve& roofline_curve() const { return curve_; }
 
@@ -136,6 +142,7 @@ class Profile {
   std::string gpu_;
   std::string source_;
   std::string origin_;
+  double uncertainty_ = 0;
   DeviceRates device_;
   RooflineCurve curve_;
   // By dtype, layout and epilogue; and by dtype and layout, every epilogue's entries together.

@@ -132,6 +132,8 @@ expect_ok simulate --model gpt2-124m --cluster dgx-a100-80gb --gpus 8 --gbs 8
 grep -q '^profile    A100-SXM4-80GB, datasheet (no measured tables)' "$scratch/out" || fail "simulate does not say an unmeasured GPU's profile is the datasheet's"
 expect_ok search --model gpt2-124m --cluster h100-x1 --gbs 8 --json
 grep -q '"kind": "measured"' "$scratch/out" || fail "search --json does not name its measured profile"
+grep -q '"tie_tolerance": 0.05' "$scratch/out" || fail "search --json does not state the profile's uncertainty"
+grep -q '"tie_with_best": ' "$scratch/out" || fail "search --json does not mark ties"
 expect_ok describe --model gpt2-124m --cluster h200-x2 --pp 2 --gbs 8 --out "$scratch/small-job.json"
 expect_ok simulate --plan "$scratch/small-job.json"
 expect_ok simulate --model gpt2-124m --cluster "$examples/clusters/a100-40gb-4node.json" --gpus 8 --gbs 8 --profile "$examples/profiles/a100-sxm4-40gb.datasheet.json"

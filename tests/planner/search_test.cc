@@ -186,6 +186,19 @@ TEST_CASE("the search ranks exactly as simulating every plan that fits", "[plann
   for (std::size_t rank = 0; rank < result.plans.size(); ++rank) {
     CHECK(key(threaded.plans[rank].plan) == key(result.plans[rank].plan));
   }
+
+  // No tolerance, no ties; with one, exactly the plans predicted within it of the best.
+  for (const megaplan::planner::RankedPlan& ranked : result.plans) CHECK_FALSE(ranked.tie);
+  const double best = result.plans.front().estimate.iteration_time_s;
+  options.tie_tolerance = (result.plans[3].estimate.iteration_time_s / best - 1) * 1.000001;
+  const megaplan::planner::SearchResult tied =
+      megaplan::planner::search_plans(problem.model, cluster.gpu, candidates, estimator, options);
+  CHECK_FALSE(tied.plans[0].tie);  // the best is not a tie with itself
+  for (std::size_t rank = 1; rank < tied.plans.size(); ++rank) {
+    INFO("#" << rank + 1);
+    CHECK(tied.plans[rank].tie == (tied.plans[rank].estimate.iteration_time_s <= tied.plans[3].estimate.iteration_time_s));
+  }
+  CHECK(tied.plans[3].tie);
 }
 
 TEST_CASE("a request nothing fits names the closest plan and its shortfall", "[planner]") {
