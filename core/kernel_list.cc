@@ -13,9 +13,6 @@ namespace {
 
 constexpr int64_t kFp32 = 4;
 
-// FlashAttention-2's backward: five matrix products against the forward's two.
-constexpr double kAttentionBackwardFactor = 2.5;
-
 struct ClassName {
   KernelKind kind;
   bool fused_residual;
@@ -72,21 +69,6 @@ Kernel row_kernel(KernelKind kind, int64_t rows, int64_t cols, bool fused_residu
 }
 
 Kernel flat_kernel(KernelKind kind, int64_t elements) { return row_kernel(kind, elements, 1); }
-
-double kernel_flops(const Kernel& kernel) {
-  const auto d = [](int64_t value) { return static_cast<double>(value); };
-  switch (kernel.kind) {
-    case KernelKind::kGemm:
-      return 2 * d(kernel.m) * d(kernel.n) * d(kernel.k);
-    case KernelKind::kAttentionForward:
-    case KernelKind::kAttentionBackward: {
-      const double forward = 2 * d(kernel.batch) * d(kernel.heads) * d(kernel.seq) * d(kernel.seq) * d(kernel.head_dim);
-      return kernel.kind == KernelKind::kAttentionForward ? forward : kAttentionBackwardFactor * forward;
-    }
-    default:
-      return 0;
-  }
-}
 
 int64_t kernel_bytes(const Kernel& kernel, int64_t activation_bytes) {
   const int64_t a = activation_bytes;

@@ -71,9 +71,6 @@ Kernel attention_kernel(KernelKind kind, int64_t batch, int64_t seq, int64_t hea
 Kernel row_kernel(KernelKind kind, int64_t rows, int64_t cols, bool fused_residual = false);
 Kernel flat_kernel(KernelKind kind, int64_t elements);
 
-// 2mnk for a GEMM; attention forward 2 * 2 * batch * heads * seq^2 * head_dim / 2 (causal), its
-// backward 2.5x (FlashAttention-2's five products against two); 0 for memory-bound kernels.
-double kernel_flops(const Kernel& kernel);
 // Bytes a kernel reads and writes once each, with activations of `activation_bytes` (2 for bf16):
 // the x-axis of a memory-bound kernel's measured curve, and the roofline fallback's memory term.
 int64_t kernel_bytes(const Kernel& kernel, int64_t activation_bytes);

@@ -231,11 +231,10 @@ SearchResult search_plans(const ModelSpec& model, const GpuSpec& gpu, const std:
   if (failure) std::rethrow_exception(failure);
 
   result.plans = ranking.plans();
-  if (!result.plans.empty()) {
+  if (options.tie_tolerance > 0 && !result.plans.empty()) {
     const double best = result.plans.front().estimate.iteration_time_s;
     for (std::size_t i = 1; i < result.plans.size(); ++i) {
-      result.plans[i].tie = result.plans[i].estimate.iteration_time_s <= best * (1 + options.tie_tolerance) &&
-                            options.tie_tolerance > 0;
+      result.plans[i].tie = result.plans[i].estimate.iteration_time_s <= best * (1 + options.tie_tolerance);
     }
   }
   result.counts.simulated = ranking.simulated();

@@ -82,16 +82,24 @@ double efficiency(JsonFieldReader& reader, const std::string& key) {
   return value;
 }
 
-template <typename Enum, std::size_t N>
-Enum parse_name(JsonFieldReader& reader, const std::string& key, const std::array<std::pair<const char*, Enum>, N>& names) {
+// A name field that must be one of `names`: its index there.
+template <typename Names>
+std::size_t parse_listed(JsonFieldReader& reader, const std::string& key, const Names& names) {
   std::string text;
   reader.require(key, text);
   std::string known;
-  for (const auto& [name, value] : names) {
-    if (text == name) return value;
-    known += (known.empty() ? "" : ", ") + std::string(name);
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    if (text == names[i]) return i;
+    known += (known.empty() ? "" : ", ") + std::string(names[i]);
   }
   throw SpecError(reader.field(key), "must be one of " + known + "; got \"" + text + "\"");
+}
+
+template <typename Enum, std::size_t N>
+Enum parse_name(JsonFieldReader& reader, const std::string& key, const std::array<std::pair<const char*, Enum>, N>& names) {
+  std::array<const char*, N> texts;
+  for (std::size_t i = 0; i < N; ++i) texts[i] = names[i].first;
+  return names[parse_listed(reader, key, texts)].second;
 }
 
 constexpr std::array<std::pair<const char*, DType>, 2> kDTypes = {{{"bf16", DType::kBf16}, {"fp32", DType::kFp32}}};
@@ -266,14 +274,7 @@ Profile Profile::from_json(const nlohmann::json& json, const std::string& source
   std::map<std::tuple<std::string, int64_t>, std::size_t> kernels_seen;
   for (std::size_t i = 0; i < kernels.size(); ++i) {
     JsonFieldReader entry(kernels[i], entry_source(source, "kernels", i));
-    std::string kernel_class;
-    entry.require("kernel", kernel_class);
-    const std::vector<std::string>& classes = memory_kernel_classes();
-    if (std::find(classes.begin(), classes.end(), kernel_class) == classes.end()) {
-      std::string known;
-      for (const std::string& name : classes) known += (known.empty() ? "" : ", ") + name;
-      throw SpecError(entry.field("kernel"), "must be one of " + known + "; got \"" + kernel_class + "\"");
-    }
+    const std::string& kernel_class = memory_kernel_classes()[parse_listed(entry, "kernel", memory_kernel_classes())];
     const int64_t bytes = positive_integer(entry, "bytes");
     const double seconds = positive(entry, "seconds");
     optional_spread(entry);

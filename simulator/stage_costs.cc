@@ -24,14 +24,21 @@ LinkParams params_of(const Route& route) { return {route.bandwidth_bytes_per_s, 
 // sequence's queries over cp GPUs, so attention takes 1/cp of the whole sequence's time.
 using BlockSeconds = std::array<double, kNumKernelBlocks>;
 
+double kernels_seconds(const std::vector<Kernel>& kernels, const Profile& profile, int64_t context_parallel_size,
+                       CostSources& sources) {
+  double seconds = 0;
+  for (const Kernel& kernel : kernels) {
+    const bool attention = kernel.kind == KernelKind::kAttentionForward || kernel.kind == KernelKind::kAttentionBackward;
+    seconds += profile.kernel_seconds(kernel, sources) / static_cast<double>(attention ? context_parallel_size : 1);
+  }
+  return seconds;
+}
+
 BlockSeconds cost_blocks(const ExecutorKernels& kernels, const Profile& profile, int64_t context_parallel_size,
                          CostSources& sources) {
   BlockSeconds seconds{};
   for (std::size_t b = 0; b < kNumKernelBlocks; ++b) {
-    for (const Kernel& kernel : kernels.block(static_cast<KernelBlock>(b))) {
-      const bool attention = kernel.kind == KernelKind::kAttentionForward || kernel.kind == KernelKind::kAttentionBackward;
-      seconds[b] += profile.kernel_seconds(kernel, sources) / static_cast<double>(attention ? context_parallel_size : 1);
-    }
+    seconds[b] = kernels_seconds(kernels.block(static_cast<KernelBlock>(b)), profile, context_parallel_size, sources);
   }
   return seconds;
 }
@@ -147,23 +154,22 @@ LayerCollectives layer_collectives(const ModelSpec& model, const ParallelPlan& p
   return collectives;
 }
 
-// The attention kernels' time in a block (forward, backward), for what context-parallel exchange hides behind.
-std::pair<double, double> attention_seconds(const ExecutorKernels& kernels, const Profile& profile, int64_t cp,
-                                            CostSources& sources) {
-  double forward = 0, backward = 0;
-  for (const Kernel& kernel : kernels.block(KernelBlock::kLayerBackward)) {
-    if (kernel.kind == KernelKind::kAttentionBackward) backward += profile.kernel_seconds(kernel, sources);
-  }
-  for (const Kernel& kernel : kernels.block(KernelBlock::kAttentionRecompute)) forward += profile.kernel_seconds(kernel, sources);
-  return {forward / static_cast<double>(cp), backward / static_cast<double>(cp)};
-}
-
+// With context parallelism, what the K/V exchange hides behind: a layer's attention forward (the
+// selective-recomputation block is exactly that kernel) and its attention backward, split over cp.
 LayerCollectives plan_layer_collectives(const ModelSpec& model, const ParallelPlan& plan, const Profile& profile,
-                                        const ExecutorKernels& kernels, const GroupRoutes& routes, CostSources& sources) {
-  if (plan.tensor_parallel_size == 1 && plan.context_parallel_size == 1) return {};
-  const auto [attention_forward, attention_backward] =
-      plan.context_parallel_size > 1 ? attention_seconds(kernels, profile, plan.context_parallel_size, sources)
-                                     : std::pair{0.0, 0.0};
+                                        const ExecutorKernels& kernels, const BlockSeconds& blocks,
+                                        const GroupRoutes& routes, CostSources& sources) {
+  const int64_t cp = plan.context_parallel_size;
+  if (plan.tensor_parallel_size == 1 && cp == 1) return {};
+  double attention_forward = 0, attention_backward = 0;
+  if (cp > 1) {
+    attention_forward = blocks[static_cast<std::size_t>(KernelBlock::kAttentionRecompute)];
+    std::vector<Kernel> backward;
+    for (const Kernel& kernel : kernels.block(KernelBlock::kLayerBackward)) {
+      if (kernel.kind == KernelKind::kAttentionBackward) backward.push_back(kernel);
+    }
+    attention_backward = kernels_seconds(backward, profile, cp, sources);
+  }
   return layer_collectives(model, plan, profile, routes, attention_forward, attention_backward, sources);
 }
 
@@ -187,7 +193,7 @@ LayerCosts transformer_layer_costs(const ModelSpec& model, const ParallelPlan& p
   const int64_t cp = plan.context_parallel_size;
   const BlockSeconds blocks = cost_blocks(kernels, profile, cp, sources);
   const auto seconds = [&](KernelBlock block) { return blocks[static_cast<std::size_t>(block)]; };
-  const LayerCollectives collectives = plan_layer_collectives(model, plan, profile, kernels, routes, sources);
+  const LayerCollectives collectives = plan_layer_collectives(model, plan, profile, kernels, blocks, routes, sources);
   LayerCosts layer;
   layer.forward_collectives = collectives.forward;
   layer.backward_collectives = collectives.backward;
@@ -214,9 +220,7 @@ LayerCosts output_layer_costs(const ModelSpec& model, const ParallelPlan& plan, 
                               const Route& tensor_route, CostSources& sources) {
   const ExecutorKernels kernels(model, plan);
   const auto seconds = [&](KernelBlock block) {
-    double total = 0;
-    for (const Kernel& kernel : kernels.block(block)) total += profile.kernel_seconds(kernel, sources);
-    return total;
+    return kernels_seconds(kernels.block(block), profile, plan.context_parallel_size, sources);
   };
   const LayerCollectives collectives = head_collectives(model, plan, profile, tensor_route, sources);
   LayerCosts head;
@@ -255,14 +259,15 @@ ActionCosts plan_action_costs(const ModelSpec& model, const ParallelPlan& plan, 
     std::size_t alike = 0;
     while (alike < rank && !same_routes(routes[alike], routes[rank])) ++alike;
     collectives_of_rank.push_back(alike < rank ? collectives_of_rank[alike]
-                                               : plan_layer_collectives(model, plan, profile, kernels, routes[rank], sources));
+                                               : plan_layer_collectives(model, plan, profile, kernels, blocks, routes[rank],
+                                                                        sources));
   }
   const int64_t t = plan.tensor_parallel_size;
   const int64_t pp = plan.pipeline_parallel_size;
   const int64_t tokens = tokens_per_microbatch(model, plan);
   const int64_t h = model.hidden_size;
-  const auto layers = static_cast<double>(layers_per_virtual_stage(model, plan));
-  const auto recomputed = static_cast<double>(recomputed_layers(model, plan));
+  const int64_t layers = layers_per_virtual_stage(model, plan);
+  const int64_t recomputed = recomputed_layers(model, plan);
   const int64_t num_stages = plan.num_virtual_stages();
   const StagePlacement placement = stage_placement(plan.schedule);
   const auto routes_of_stage = [&](int64_t stage) -> const GroupRoutes& {
@@ -276,8 +281,8 @@ ActionCosts plan_action_costs(const ModelSpec& model, const ParallelPlan& plan, 
     StageCosts& stage = costs.stages[static_cast<std::size_t>(index)];
     const LayerCollectives& layer =
         collectives_of_rank[static_cast<std::size_t>(pipeline_rank_of_stage(index, pp, placement))];
-    stage.forward_collectives = layers * layer.forward;
-    stage.backward_collectives = layers * layer.backward + recomputed * layer.forward;
+    stage.forward_collectives = static_cast<double>(layers) * layer.forward;
+    stage.backward_collectives = static_cast<double>(layers) * layer.backward + static_cast<double>(recomputed) * layer.forward;
     stage.forward = part_seconds(kernels, blocks, index, SchedulePart::kForward) + stage.forward_collectives;
     stage.backward = part_seconds(kernels, blocks, index, SchedulePart::kBackward) + stage.backward_collectives;
     stage.backward_input = part_seconds(kernels, blocks, index, SchedulePart::kBackwardInput) + stage.backward_collectives;
@@ -320,7 +325,7 @@ ActionCosts plan_action_costs(const ModelSpec& model, const ParallelPlan& plan, 
   const std::vector<PipelineRankParameters> rank_parameters = parameters_per_pipeline_rank(model, plan);
   const int64_t bucket = gradient_bucket_parameters(plan.data_parallel_size);
   for (int64_t stage = 0; stage < num_stages; ++stage) {
-    int64_t parameters = layers_per_virtual_stage(model, plan) * layer_parameters.per_gpu(t);
+    int64_t parameters = layers * layer_parameters.per_gpu(t);
     const int64_t rank = pipeline_rank_of_stage(stage, pp, placement);
     const PipelineRankParameters& holder = rank_parameters[static_cast<std::size_t>(rank)];
     // The embedding and output layer's parameters: what the rank holds beyond its layers.

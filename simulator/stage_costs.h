@@ -1,9 +1,10 @@
 // The cost model: how long each action of a plan's schedule takes on one GPU, built from the
-// kernels megaplan's executor launches (core/kernel_list.h: every GEMM in its layout and epilogue,
-// flash attention, each memory-bound kernel) costed by the profile, and the collectives a layout adds — tensor-parallel all-reduces (or
-// all-gathers and reduce-scatters with sequence parallelism) on the critical path inside each
-// layer, context-parallel K/V exchange overlapping attention, pipeline transfers between stages,
-// data-parallel gradient reduction in Megatron's buckets, and the optimizer step.
+// kernels megaplan's executor launches (core/kernel_list.h: every GEMM in its layout and
+// epilogue, flash attention, each memory-bound kernel) costed by the profile, and the collectives
+// a layout adds — tensor-parallel all-reduces (or all-gathers and reduce-scatters with sequence
+// parallelism) on the critical path inside each layer, context-parallel K/V exchange overlapping
+// attention, pipeline transfers between stages, data-parallel gradient reduction in Megatron's
+// buckets, and the optimizer step.
 #pragma once
 
 #include <cstdint>
