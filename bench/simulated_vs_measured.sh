@@ -4,7 +4,9 @@
 # cluster preset, and the two compared by `megaplan compare`. Single-GPU layouts show the
 # simulator's error per action kind; the pp 2 layouts run both ranks as threads on the one GPU
 # (the in-process communicator), so their times are not a 2-GPU run's, but their order of actions
-# must be the simulated one. Prints each comparison, then a summary table.
+# must be the simulated one. Peak memory: the executor's allocator peak (the log's
+# peak_memory_bytes) against the simulated peak less the runtime reserve, which lies outside that
+# allocator. Prints each comparison, then a summary table.
 # With PROFILE the simulator costs kernels from that file (`megaplan profile --out`), else from
 # the GPU's datasheet profile.
 #   bench/simulated_vs_measured.sh MEGAPLAN_BINARY OUT_DIR [h100|h200] [PROFILE]
@@ -41,22 +43,33 @@ for i in "${!layouts[@]}"; do
   IFS='|' read -r name plan cluster <<< "${layouts[$i]}"
   # shellcheck disable=SC2086
   "$megaplan" train $plan --device cuda --data-path "$corpus" --split 1,0,0 --train-iters 6 --log-interval 3 \
-    --eval-iters 0 --lr 1e-4 --trace "$out/measured-$i.json" > "$out/train-$i.txt" 2>&1 ||
+    --eval-iters 0 --lr 1e-4 --trace "$out/measured-$i.json" --log-file "$out/log-$i.jsonl" > "$out/train-$i.txt" 2>&1 ||
     { echo "train failed for $name:"; tail -3 "$out/train-$i.txt"; continue; }
   # shellcheck disable=SC2086
   "$megaplan" simulate ${plan/--world-size 2/} $cluster "${profile[@]}" --trace "$out/simulated-$i.json" > "$out/simulate-$i.txt" 2>&1 ||
     { echo "simulate failed for $name:"; tail -3 "$out/simulate-$i.txt"; continue; }
+  # shellcheck disable=SC2086
+  "$megaplan" simulate ${plan/--world-size 2/} $cluster "${profile[@]}" --json > "$out/simulate-$i.json" 2>&1 ||
+    { echo "simulate --json failed for $name"; continue; }
+  memory=$(python3 - "$out/log-$i.jsonl" "$out/simulate-$i.json" <<'PY'
+import json, sys
+measured = max(json.loads(line)["peak_memory_bytes"] for line in open(sys.argv[1]))
+stages = json.load(open(sys.argv[2]))["stages"]
+predicted = max(s["peak_memory_bytes"] - s["runtime_reserve_bytes"] for s in stages)
+print(f"{predicted / 2**30:.3f} {measured / 2**30:.3f} {100 * (predicted - measured) / measured:+.2f}%")
+PY
+)
   "$megaplan" compare --simulated "$out/simulated-$i.json" --measured "$out/measured-$i.json" > "$out/compare-$i.txt" 2>&1 ||
     { echo "compare failed for $name:"; tail -3 "$out/compare-$i.txt"; continue; }
   echo "== $name"
   cat "$out/compare-$i.txt"
   iteration=$(grep '^iteration' "$out/compare-$i.txt" | sed 's/^iteration *//')
   order=$(grep -q 'every rank computed in the simulated order' "$out/compare-$i.txt" && echo same || echo differs)
-  rows+=("$name|$iteration|$order")
+  rows+=("$name|$iteration|$order|$memory")
 done
 echo
-printf '%-36s %-60s %s\n' layout "iteration (simulated, measured: error)" order
+printf '%-36s %-60s %-8s %s\n' layout "iteration (simulated, measured: error)" order "peak GiB (predicted measured error)"
 for row in "${rows[@]}"; do
-  IFS='|' read -r name iteration order <<< "$row"
-  printf '%-36s %-60s %s\n' "$name" "$iteration" "$order"
+  IFS='|' read -r name iteration order memory <<< "$row"
+  printf '%-36s %-60s %-8s %s\n' "$name" "$iteration" "$order" "$memory"
 done

@@ -58,6 +58,7 @@ planner::SearchSpace search_space(const SearchCommandOptions& options) {
   if (options.distributed_optimizer) space.distributed_optimizer = {true};
   if (options.no_distributed_optimizer) space.distributed_optimizer = {false};
   space.allow_cross_node_tensor_parallel = options.allow_cross_node_tensor_parallel;
+  space.implementation = parse_implementation(options.implementation, "--implementation");
   return space;
 }
 
@@ -295,6 +296,9 @@ void setup_search_command(CLI::App& app, CommandContext& context) {
   command->add_flag("--no-distributed-optimizer", options->no_distributed_optimizer, "Only layouts without it")->group(group);
   command->add_flag("--allow-cross-node-tp", options->allow_cross_node_tensor_parallel, "Let tensor parallelism span nodes")
       ->group(group);
+  command->add_option("--implementation", options->implementation,
+                      "Whose training code runs the plans: megaplan (its executor), megatron-core or megatron-local (their memory accounting)")
+      ->capture_default_str()->group(group);
   command->add_option("--memory-fraction", options->memory_fraction, "Fraction of HBM a plan may fill")
       ->capture_default_str();
   command->add_option("--top", options->top, "Plans to rank")->capture_default_str();

@@ -52,6 +52,7 @@ void add_plan_options(CLI::App& command, PlanOptions& options) {
   command.add_option("--recompute-method", options.recompute_method, "With full: uniform (groups of N layers) or block (the first N layers of each chunk)")->group(group);
   command.add_option("--recompute-num-layers", options.recompute_num_layers, "With full: N (default 1)")->group(group);
   command.add_option("--schedule", options.schedule, "gpipe, 1f1b, interleaved, zb-h1, zbv, dualpipev (default: interleaved when vpp > 1, else 1f1b)")->group(group);
+  command.add_option("--implementation", options.implementation, "Whose training code runs the plan: megaplan (its executor), megatron-core or megatron-local (their memory accounting)")->capture_default_str()->group(group);
 }
 
 ModelSpec resolve_model(const ModelOptions& options) {
@@ -125,6 +126,7 @@ ParallelPlan resolve_plan(const ModelSpec& model, int64_t world_size, const Plan
   }
   if (options.recompute_method) plan.recompute_method = parse_recompute_method(*options.recompute_method, "--recompute-method");
   plan.recompute_num_layers = options.recompute_num_layers.value_or(1);
+  plan.implementation = parse_implementation(options.implementation, "--implementation");
   plan.schedule = options.schedule ? parse_schedule_kind(*options.schedule, "--schedule")
                   : plan.virtual_pipeline_parallel_size > 1 ? ScheduleKind::kInterleaved
                                                             : ScheduleKind::kOneFOneB;

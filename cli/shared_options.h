@@ -45,6 +45,7 @@ struct PlanOptions {
   std::optional<std::string> recompute_method;   // full only: uniform (default) or block
   std::optional<int64_t> recompute_num_layers;   // full only: default 1
   std::optional<std::string> schedule;  // default: interleaved when vpp > 1, else 1f1b
+  std::string implementation = "megaplan";
 };
 
 void add_model_options(CLI::App& command, ModelOptions& options);

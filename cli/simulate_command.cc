@@ -45,6 +45,7 @@ nlohmann::json to_json(const JobSpec& job, const sim::Profile& profile, const si
                       {"virtual_stages", stages_of_pipeline_rank(static_cast<int64_t>(rank), job.plan)},
                       {"peak_memory_bytes", memory.total_bytes},
                       {"activation_bytes", memory.activation_bytes},
+                      {"runtime_reserve_bytes", memory.runtime_reserve_bytes},
                       {"peak_inflight_microbatches", memory.peak_inflight_microbatches},
                       {"compute_s", times.compute_s},
                       {"exposed_comm_s", times.exposed_comm_s()},

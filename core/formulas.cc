@@ -12,11 +12,6 @@ int64_t norm_parameters(const ModelSpec& model) {
   return model.normalization == Normalization::kLayerNorm ? 2 * model.hidden_size : model.hidden_size;
 }
 
-int64_t mlp_input_width(const ModelSpec& model) {
-  // SwiGLU's fc1 produces the gate and the up projection side by side.
-  return (model.swiglu ? 2 : 1) * model.effective_ffn_hidden_size();
-}
-
 int64_t position_embedding_parameters(const ModelSpec& model) {
   return model.position_embedding_type == PositionEmbedding::kLearnedAbsolute
              ? model.effective_max_position_embeddings() * model.hidden_size
@@ -24,6 +19,11 @@ int64_t position_embedding_parameters(const ModelSpec& model) {
 }
 
 }  // namespace
+
+int64_t mlp_input_width(const ModelSpec& model) {
+  // SwiGLU's fc1 produces the gate and the up projection side by side.
+  return (model.swiglu ? 2 : 1) * model.effective_ffn_hidden_size();
+}
 
 LayerParameters transformer_layer_parameters(const ModelSpec& model) {
   const int64_t h = model.hidden_size;

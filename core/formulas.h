@@ -46,6 +46,9 @@ struct PipelineRankParameters {
 // REQUIRES: validate_plan(model, plan) passed.
 std::vector<PipelineRankParameters> parameters_per_pipeline_rank(const ModelSpec& model, const ParallelPlan& plan);
 
+// The width of fc1's output: the MLP width, twice it with SwiGLU (the gate and the up projection).
+int64_t mlp_input_width(const ModelSpec& model);
+
 // Parameters one virtual stage holds, whole and on each of its tp GPUs; the rank's are the sum
 // over its stages. `holds_output_weight`: the last stage has an output weight of its own (untied,
 // or the tied copy when stage 0 sits on another pipeline rank).

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "core/checked_math.h"
+#include "core/executor_memory.h"
 #include "core/formulas.h"
 #include "core/pipeline_layout.h"
 
@@ -95,8 +96,10 @@ int64_t peak_model_state_bytes(const ModelSpec& model, const ParallelPlan& plan)
   return peak;
 }
 
-std::vector<PipelineRankMemory> memory_per_pipeline_rank(const ModelSpec& model, const ParallelPlan& plan,
-                                                         const PipelineSchedule& schedule) {
+namespace {
+
+std::vector<PipelineRankMemory> megatron_memory(const ModelSpec& model, const ParallelPlan& plan,
+                                                const PipelineSchedule& schedule) {
   const std::vector<StageActivationBytes> per_stage = stage_activation_bytes(model, plan);
   const std::vector<RankScheduleFacts> facts = schedule_facts(schedule, per_stage);
   const std::vector<PipelineRankParameters> parameters = parameters_per_pipeline_rank(model, plan);
@@ -144,6 +147,37 @@ std::vector<PipelineRankMemory> memory_per_pipeline_rank(const ModelSpec& model,
     ranks.push_back(memory);
   }
   return ranks;
+}
+
+// megaplan's executor: its buffers exactly (bf16 compute, flash attention), its CUDA context and
+// libraries' workspaces as the reserve; its own allocator has no fragmentation to allow for.
+std::vector<PipelineRankMemory> executor_memory(const ModelSpec& model, const ParallelPlan& plan,
+                                                const PipelineSchedule& schedule) {
+  std::vector<PipelineRankMemory> ranks;
+  const std::vector<PipelineRankParameters> parameters = parameters_per_pipeline_rank(model, plan);
+  for (const ExecutorRankMemory& rank : executor_memory_per_pipeline_rank(model, plan, schedule, ExecutorPrecision{})) {
+    PipelineRankMemory memory;
+    memory.pipeline_rank = rank.pipeline_rank;
+    memory.parameters_per_gpu = parameters[static_cast<std::size_t>(rank.pipeline_rank)].parameters_per_gpu;
+    memory.weight_bytes = rank.compute_weight_bytes;
+    memory.gradient_bytes = rank.gradient_bytes;
+    memory.optimizer_bytes = rank.master_weight_bytes + rank.optimizer_bytes;  // as Megatron counts its fp32 copy
+    memory.peak_inflight_microbatches = rank.peak_inflight_microbatches;
+    memory.activation_bytes = rank.activation_bytes;
+    memory.transient_bytes = rank.scratch_bytes;
+    memory.runtime_reserve_bytes = kRuntimeReserveBytes;
+    memory.total_bytes = rank.total_bytes + memory.runtime_reserve_bytes;
+    ranks.push_back(memory);
+  }
+  return ranks;
+}
+
+}  // namespace
+
+std::vector<PipelineRankMemory> memory_per_pipeline_rank(const ModelSpec& model, const ParallelPlan& plan,
+                                                         const PipelineSchedule& schedule) {
+  return plan.implementation == Implementation::kMegaplan ? executor_memory(model, plan, schedule)
+                                                          : megatron_memory(model, plan, schedule);
 }
 
 }  // namespace megaplan

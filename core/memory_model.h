@@ -1,9 +1,11 @@
-// Memory per pipeline rank of a plan: weights, gradients and optimizer states by Megatron's bytes
-// per parameter, and activations per layer after Korthikanti et al. 2022 ("Reducing Activation
-// Recomputation in Large Transformer Models"), multiplied not by a formula per schedule but by
-// what the plan's own schedule holds at its peak (schedule_facts).
+// Memory per pipeline rank of a plan, by the plan's implementation. megaplan's executor: exactly the
+// buffers it allocates (executor_memory.h), plus the runtime reserve. Megatron-LM's (megatron-core,
+// megatron-local): weights, gradients and optimizer states by Megatron's bytes per parameter, and
+// activations per layer after Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large
+// Transformer Models"), multiplied not by a formula per schedule but by what the plan's own
+// schedule holds at its peak (schedule_facts).
 //
-// Assumptions, stated once:
+// Megatron's assumptions, stated once:
 // - bf16 activations and weights; fp32 gradients (Megatron accumulates and all-reduces bf16
 //   training's gradients in fp32) and fp32 Adam states with an fp32 master copy: 18 bytes per
 //   parameter, or 6 + 12/(dp*cp) with the distributed optimizer (it shards over dp x cp).
@@ -68,7 +70,8 @@ ModelStateBytes model_state_bytes(const ParallelPlan& plan, int64_t parameters_p
 // The fullest pipeline rank's model_state_bytes. REQUIRES: validate_plan(model, plan) passed.
 int64_t peak_model_state_bytes(const ModelSpec& model, const ParallelPlan& plan);
 
-// One entry per pipeline rank for `schedule` (the plan's own, see generate_plan_schedule).
+// One entry per pipeline rank for `schedule` (the plan's own, see generate_plan_schedule), by
+// plan.implementation.
 // REQUIRES: validate_plan(model, plan) passed; schedule has the plan's shape.
 std::vector<PipelineRankMemory> memory_per_pipeline_rank(const ModelSpec& model, const ParallelPlan& plan,
                                                          const PipelineSchedule& schedule);

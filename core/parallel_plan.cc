@@ -19,6 +19,11 @@ const std::pair<RecomputeGranularity, const char*> kRecomputeNames[] = {
 const std::pair<RecomputeMethod, const char*> kRecomputeMethodNames[] = {{RecomputeMethod::kUniform, "uniform"},
                                                                         {RecomputeMethod::kBlock, "block"}};
 
+const std::pair<Implementation, const char*> kImplementationNames[] = {
+    {Implementation::kMegaplan, "megaplan"},
+    {Implementation::kMegatronCore, "megatron-core"},
+    {Implementation::kMegatronLocal, "megatron-local"}};
+
 std::string str(int64_t value) { return std::to_string(value); }
 
 }  // namespace
@@ -60,6 +65,20 @@ ScheduleKind parse_schedule_kind(const std::string& text, const std::string& fie
     spellings += (spellings.empty() ? "" : ", ") + std::string(traits.spelling);
   }
   throw SpecError(field, "must be one of " + spellings + "; got \"" + text + "\"");
+}
+
+std::string to_string(Implementation implementation) {
+  for (const auto& [value, name] : kImplementationNames) {
+    if (value == implementation) return name;
+  }
+  return "?";
+}
+
+Implementation parse_implementation(const std::string& text, const std::string& field) {
+  for (const auto& [value, name] : kImplementationNames) {
+    if (text == name) return value;
+  }
+  throw SpecError(field, "must be one of megaplan, megatron-core, megatron-local; got \"" + text + "\"");
 }
 
 StagePlacement stage_placement(ScheduleKind kind) { return schedule_traits(kind).placement; }
@@ -171,6 +190,7 @@ nlohmann::json parallel_plan_to_json(const ParallelPlan& plan) {
       {"recompute_method", to_string(plan.recompute_method)},
       {"recompute_num_layers", plan.recompute_num_layers},
       {"schedule", to_string(plan.schedule)},
+      {"implementation", to_string(plan.implementation)},
   };
 }
 
@@ -195,6 +215,9 @@ ParallelPlan parallel_plan_from_json(const nlohmann::json& json, const std::stri
   }
   reader.read("recompute_num_layers", plan.recompute_num_layers);
   if (reader.read("schedule", text)) plan.schedule = parse_schedule_kind(text, reader.field("schedule"));
+  if (reader.read("implementation", text)) {
+    plan.implementation = parse_implementation(text, reader.field("implementation"));
+  }
   reader.reject_unknown_keys();
   return plan;
 }

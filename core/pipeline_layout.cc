@@ -61,4 +61,19 @@ std::vector<LayerGroup> recompute_groups(const ModelSpec& model, const ParallelP
   return groups;
 }
 
+std::vector<LayerKeep> layer_keeps(const ParallelPlan& plan, const std::vector<LayerGroup>& groups) {
+  std::vector<LayerKeep> keeps;
+  for (const LayerGroup& group : groups) {
+    for (int64_t l = 0; l < group.num_layers; ++l) {
+      if (group.recomputed) {
+        keeps.push_back(l == 0 ? LayerKeep::kInput : LayerKeep::kNothing);
+      } else {
+        keeps.push_back(plan.recompute_granularity == RecomputeGranularity::kSelective ? LayerKeep::kAllButAttention
+                                                                                       : LayerKeep::kAll);
+      }
+    }
+  }
+  return keeps;
+}
+
 }  // namespace megaplan

@@ -64,4 +64,12 @@ struct LayerGroup {
 // REQUIRES: validate_plan(model, plan) passed.
 std::vector<LayerGroup> recompute_groups(const ModelSpec& model, const ParallelPlan& plan);
 
+// What a layer keeps from its forward for its backward (recomputation decides): everything; all
+// but the attention core's output (selective); only its input (the first layer of a group that
+// full recomputation checkpoints); nothing (the group's other layers).
+enum class LayerKeep { kAll, kAllButAttention, kInput, kNothing };
+
+// One entry per layer of the stage, from its recompute_groups.
+std::vector<LayerKeep> layer_keeps(const ParallelPlan& plan, const std::vector<LayerGroup>& groups);
+
 }  // namespace megaplan

@@ -172,6 +172,7 @@ std::vector<ParallelPlan> enumerate_plans(const SearchProblem& problem) {
                 plan.use_distributed_optimizer = distributed;
                 plan.recompute_granularity = recompute;
                 plan.schedule = schedule;
+                plan.implementation = space.implementation;
                 try {
                   validate_plan(model, plan);  // the final word
                 } catch (const SpecError&) {

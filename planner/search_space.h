@@ -24,6 +24,7 @@ struct SearchSpace {
   std::vector<bool> distributed_optimizer;
   std::vector<ScheduleKind> schedules;  // of 1f1b, interleaved, zb-h1, zbv, dualpipev (and gpipe if listed)
   bool allow_cross_node_tensor_parallel = false;
+  Implementation implementation = Implementation::kMegaplan;  // of every plan
 };
 
 struct SearchProblem {

@@ -47,39 +47,12 @@ void GptModel::refuse_unsupported(const ModelSpec& model, const ParallelPlan& pl
     unsupported("--kv-channels", "a head dimension other than h / heads");
   }
   if (plan.context_parallel_size != 1) unsupported("--context-parallel-size", "context parallelism");
-}
-
-namespace {
-
-// Megatron DDP's buffer for a stage: the word embedding (or its tied copy) in a bucket of its own;
-// buckets of `bucket_size` elements (0: Megatron's default).
-ParameterLayout layout_stage(const std::vector<ParameterSpec>& specs, const ParallelPlan& plan,
-                             std::size_t bucket_size) {
-  std::vector<std::size_t> sizes, alone;
-  for (const ParameterSpec& spec : specs) {
-    if (spec.name == kWordEmbeddings || spec.name == kOutputWeight) alone.push_back(sizes.size());
-    sizes.push_back(spec.size);
+  if (plan.implementation != Implementation::kMegaplan) {
+    throw SpecError("--implementation", "must be megaplan to train: " + to_string(plan.implementation) +
+                                            " is Megatron-LM's code, for simulate and search");
   }
-  if (bucket_size == 0) bucket_size = default_bucket_size(plan.data_parallel_size);
-  return layout_parameters(sizes, bucket_size, plan.data_parallel_size, alone);
 }
 
-}  // namespace
-
-std::vector<GptModel::Keep> GptModel::layer_keeps(const ParallelPlan& plan, const std::vector<LayerGroup>& groups) {
-  std::vector<Keep> keeps;
-  for (const LayerGroup& group : groups) {
-    for (int64_t l = 0; l < group.num_layers; ++l) {
-      if (group.recomputed) {
-        keeps.push_back(l == 0 ? Keep::kInput : Keep::kNothing);
-      } else {
-        keeps.push_back(plan.recompute_granularity == RecomputeGranularity::kSelective ? Keep::kAllButAttention
-                                                                                       : Keep::kAll);
-      }
-    }
-  }
-  return keeps;
-}
 
 TensorCut tensor_cut(const ParameterSpec& spec) {
   switch (spec.split) {
@@ -92,105 +65,6 @@ TensorCut tensor_cut(const ParameterSpec& spec) {
       break;
   }
   return {};
-}
-
-std::vector<ParameterSpec> GptModel::describe_parameters(const ModelSpec& model, const ParallelPlan& plan,
-                                                         int64_t stage, int64_t tp_rank) {
-  const StageLayers layers = stage_layers(stage, model, plan);
-  const int64_t h = model.hidden_size, f = model.effective_ffn_hidden_size();
-  const int64_t v = padded_vocab_size(model, plan.tensor_parallel_size);
-  std::vector<ParameterSpec> specs;
-  const auto add = [&](std::string name, std::vector<int64_t> global_shape, TensorSplit split, bool decay) {
-    ParameterSpec spec;
-    spec.name = std::move(name);
-    spec.split = split;
-    if (split != TensorSplit::kReplicated) {
-      spec.shard_index = tp_rank;
-      spec.shard_count = plan.tensor_parallel_size;
-    }
-    spec.global_shape = global_shape;
-    spec.shape = part_shape(std::move(global_shape), tensor_cut(spec));
-    spec.size = product(spec.shape);
-    spec.weight_decay = decay;
-    specs.push_back(std::move(spec));
-  };
-  if (layers.has_embedding) {
-    add(kWordEmbeddings, {v, h}, TensorSplit::kVocabulary, true);
-    add("embedding.position_embeddings.weight", {model.effective_max_position_embeddings(), h},
-        TensorSplit::kReplicated, true);
-  }
-  for (int64_t l = layers.first_layer; l < layers.first_layer + layers.num_layers; ++l) {
-    const std::string prefix = "decoder.layers." + std::to_string(l) + ".";
-    add(prefix + "input_layernorm.weight", {h}, TensorSplit::kReplicated, false);
-    add(prefix + "input_layernorm.bias", {h}, TensorSplit::kReplicated, false);
-    // Rows grouped by head, each head's q, k and v together (Megatron's layout): a column cut holds
-    // whole heads.
-    add(prefix + "self_attention.linear_qkv.weight", {3 * h, h}, TensorSplit::kColumn, true);
-    add(prefix + "self_attention.linear_qkv.bias", {3 * h}, TensorSplit::kColumn, false);
-    add(prefix + "self_attention.linear_proj.weight", {h, h}, TensorSplit::kRow, true);
-    add(prefix + "self_attention.linear_proj.bias", {h}, TensorSplit::kReplicated, false);
-    add(prefix + "pre_mlp_layernorm.weight", {h}, TensorSplit::kReplicated, false);
-    add(prefix + "pre_mlp_layernorm.bias", {h}, TensorSplit::kReplicated, false);
-    add(prefix + "mlp.linear_fc1.weight", {f, h}, TensorSplit::kColumn, true);
-    add(prefix + "mlp.linear_fc1.bias", {f}, TensorSplit::kColumn, false);
-    add(prefix + "mlp.linear_fc2.weight", {h, f}, TensorSplit::kRow, true);
-    add(prefix + "mlp.linear_fc2.bias", {h}, TensorSplit::kReplicated, false);
-  }
-  if (layers.has_output_layer) {
-    add("decoder.final_layernorm.weight", {h}, TensorSplit::kReplicated, false);
-    add("decoder.final_layernorm.bias", {h}, TensorSplit::kReplicated, false);
-    if (stage_parameters(model, plan, stage).holds_output_weight && !layers.has_embedding) {
-      add(kOutputWeight, {v, h}, TensorSplit::kVocabulary, true);
-    }
-  }
-  return specs;
-}
-
-int64_t GptModel::predicted_bytes(const ModelSpec& model, const ParallelPlan& plan, int64_t stage, int64_t inflight,
-                                  const Backend& backend, std::size_t bucket_size) {
-  const StageLayers stage_layout = stage_layers(stage, model, plan);
-  const int64_t h = model.hidden_size, f = model.effective_ffn_hidden_size();
-  const int64_t tp = plan.tensor_parallel_size;
-  const int64_t s = model.seq_length, v = padded_vocab_size(model, tp) / tp;  // the rank's vocabulary rows
-  const int64_t heads = model.num_attention_heads / tp;
-  const int64_t tokens = plan.micro_batch_size * s;
-  const int64_t rows = plan.sequence_parallel ? tokens / tp : tokens;  // of the residual stream
-  const auto act = static_cast<int64_t>(backend.activation_bytes());
-  const auto fp32 = static_cast<int64_t>(sizeof(float));
-  const std::vector<ParameterSpec> specs = describe_parameters(model, plan, stage);
-  int64_t parameters = 0;
-  for (const ParameterSpec& spec : specs) parameters += static_cast<int64_t>(spec.size);
-  const ParameterLayout layout = layout_stage(specs, plan, bucket_size);
-  const int64_t copy_bytes = act == fp32 ? 0 : act;  // fp32 compute aliases the master weight
-  const int64_t weights = 2 * fp32 * static_cast<int64_t>(layout.total) + copy_bytes * parameters;
-  // norm_out_, branch_out_, d_residual_ x 2: rows; d_hidden_: tokens; d_qkv_, d_ffn_: the rank's
-  // share; gathered_ and partial_ under sequence parallelism; the loss's row statistics.
-  const int64_t statistics = stage_layout.has_output_layer ? fp32 * 2 * tokens : 0;
-  const int64_t scratch = act * (4 * rows * h + tokens * h + tokens * (3 * h + f) / tp) +
-                          (plan.sequence_parallel ? 2 * act * tokens * h : 0) + statistics;
-  const auto attention_saved = static_cast<int64_t>(backend.attention_saved_size(
-      static_cast<std::size_t>(plan.micro_batch_size), static_cast<std::size_t>(s), static_cast<std::size_t>(heads),
-      static_cast<std::size_t>(model.hidden_size / model.num_attention_heads)));
-  // Per microbatch: what each layer keeps (recomputation decides), the stage's output, and on the
-  // last stage the final norm, logits and loss state.
-  const int64_t input_bytes = act * rows * h;
-  const int64_t attention_bytes = act * tokens * h / tp + fp32 * attention_saved;
-  const int64_t layer_bytes = act * (2 * rows * h + tokens * (3 * h + 2 * f) / tp) + fp32 * 4 * rows + attention_bytes;
-  const std::vector<LayerGroup> groups = recompute_groups(model, plan);
-  int64_t microbatch = act * rows * h;
-  int64_t pool_sets = 0;  // full layer sets borrowed at once: the forward's scratch, a recomputed group
-  for (const Keep keep : layer_keeps(plan, groups)) {
-    microbatch += keep == Keep::kAll ? layer_bytes
-                  : keep == Keep::kAllButAttention ? layer_bytes - attention_bytes
-                  : keep == Keep::kInput ? input_bytes
-                                         : 0;
-    if (keep != Keep::kAll) pool_sets = 1;
-  }
-  for (const LayerGroup& group : groups) {
-    if (group.recomputed) pool_sets = std::max(pool_sets, group.num_layers);
-  }
-  if (stage_layout.has_output_layer) microbatch += act * tokens * (h + v) + fp32 * (2 * rows + tokens);
-  return weights + scratch + pool_sets * layer_bytes + inflight * microbatch;
 }
 
 void GptModel::add_parameter(const ParameterSpec& spec) {
@@ -235,17 +109,9 @@ GptModel::GptModel(const ModelSpec& model, const ParallelPlan& plan, int64_t sta
   has_output_ = stage_layout.has_output_layer;
   groups_ = recompute_groups(model, plan);
   keep_ = layer_keeps(plan, groups_);
-  const int64_t needed = predicted_bytes(model, plan, stage, 1, backend, bucket_size);
-  if (const int64_t available = backend.available_bytes(); needed > available) {
-    throw SpecError("--micro-batch-size", model.name + " with micro-batch size " + std::to_string(batch_) +
-                                              " needs " + std::to_string(needed) + " bytes for stage " +
-                                              std::to_string(stage) + " on " + backend.name() +
-                                              " (weights, gradients and one microbatch's activations) but " +
-                                              std::to_string(available) + " are available");
-  }
 
   const std::vector<ParameterSpec> specs = describe_parameters(model, plan, stage, tp_rank_);
-  layout_ = layout_stage(specs, plan, bucket_size);
+  layout_ = megaplan::stage_layout(model, plan, stage, bucket_size);
   values_ = backend_.allocate(layout_.total);
   gradients_ = backend_.allocate(layout_.total);
   parameters_.reserve(specs.size());  // pointers into it stay valid

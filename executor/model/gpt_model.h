@@ -33,32 +33,13 @@
 
 #include "core/model_spec.h"
 #include "core/parallel_plan.h"
+#include "core/parameter_list.h"
 #include "core/pipeline_layout.h"
 #include "executor/comm/comm.h"
-#include "executor/model/parameter_layout.h"
 #include "executor/model/tensor_shards.h"
 #include "executor/runtime/backend.h"
 
 namespace megaplan::exec {
-
-// Megatron's splits: column-parallel (QKV, fc1: output rows), row-parallel (projection, fc2:
-// input columns), vocabulary-parallel (embedding rows), or whole on every rank (norms, row biases).
-enum class TensorSplit { kReplicated, kColumn, kRow, kVocabulary };
-
-// What a parameter is, before any memory exists.
-struct ParameterSpec {
-  std::string name;  // Megatron's, e.g. "decoder.layers.0.self_attention.linear_qkv.weight"
-  std::vector<int64_t> shape;         // this rank's shard
-  std::vector<int64_t> global_shape;  // the whole tensor, as the single-rank model holds it
-  // Tensor parallelism cuts a column-parallel or vocabulary-parallel tensor along dimension 0 and a
-  // row-parallel one along dimension 1 into `shard_count` equal parts; this rank holds part
-  // `shard_index`. Replicated tensors: part 0 of 1 on every rank.
-  int64_t shard_index = 0;
-  int64_t shard_count = 1;
-  TensorSplit split = TensorSplit::kReplicated;
-  bool weight_decay = true;  // off for biases and norms
-  std::size_t size = 0;
-};
 
 // The cut (tensor_shards.h) a spec's split and shard describe.
 TensorCut tensor_cut(const ParameterSpec& spec);
@@ -69,11 +50,6 @@ struct Parameter : ParameterSpec {
   Activation compute = nullptr;  // the weight in compute precision, as the layers read it
 };
 
-// Megatron's names of the tied pair: the word embedding, and the last stage's copy of it when stage 0
-// sits on another pipeline rank (checkpoints read one for the other).
-inline constexpr const char* kWordEmbeddings = "embedding.word_embeddings.weight";
-inline constexpr const char* kOutputWeight = "output_layer.weight";
-
 // One microbatch as the data loader gives it: micro_batch_size rows of seq_length + 1 tokens
 // (inputs, then labels shifted by one) and a loss mask of micro_batch_size x seq_length.
 struct MicrobatchTokens {
@@ -83,12 +59,6 @@ struct MicrobatchTokens {
 
 class GptModel {
  public:
-  // The parameters of `stage` on tensor-parallel rank `tp_rank`, in registration order. The sum of
-  // their sizes is core's stage_parameters(model, plan, stage).parameters_per_gpu.
-  // REQUIRES: validate_plan(model, plan) passed.
-  static std::vector<ParameterSpec> describe_parameters(const ModelSpec& model, const ParallelPlan& plan, int64_t stage,
-                                                        int64_t tp_rank = 0);
-
   // Throws SpecError naming the flag of the first thing this executor does not support yet
   // (RMSNorm, RoPE, SwiGLU, GQA, untied embeddings, biases off, context parallelism).
   static void refuse_unsupported(const ModelSpec& model, const ParallelPlan& plan);
@@ -100,7 +70,6 @@ class GptModel {
   // lives on this rank and this is another, last stage (the V's turn): the output layer reads it
   // and adds its gradient there. `tensor_parallel` is the rank's tp group (null when tp = 1); the
   // model holds that rank's shard of every split parameter, drawn as the slice of the whole tensor.
-  // The constructor refuses a stage whose prediction exceeds the backend's available bytes.
   // Gradients are reduced in buckets of `bucket_size` elements (Megatron's --ddp-bucket-size; 0:
   // its default).
   GptModel(const ModelSpec& model, const ParallelPlan& plan, int64_t stage, Backend& backend, uint64_t seed,
@@ -108,12 +77,6 @@ class GptModel {
   ~GptModel();
   GptModel(const GptModel&) = delete;
   GptModel& operator=(const GptModel&) = delete;
-
-  // The bytes a stage allocates by the end of its first backward with `inflight` microbatches'
-  // activations held at once: weights, gradients, compute copies, scratch and activations
-  // (optimizer state is the optimizer's).
-  static int64_t predicted_bytes(const ModelSpec& model, const ParallelPlan& plan, int64_t stage, int64_t inflight,
-                                 const Backend& backend, std::size_t bucket_size = 0);
 
   int64_t tensor_parallel_rank() const { return tp_rank_; }
   // Under sequence parallelism each rank's norm gradients cover its rows only: summed over the
@@ -185,10 +148,7 @@ class GptModel {
   struct DeferredGradients {
     Activation qkv, proj, fc1, fc2;
   };
-  // What a layer keeps from its forward for the backward (recomputation decides): everything;
-  // all but the attention core's output (selective); only its input (the first layer of a group
-  // that full recomputation checkpoints); nothing (the group's other layers).
-  enum class Keep { kAll, kAllButAttention, kInput, kNothing };
+  using Keep = LayerKeep;  // core/pipeline_layout.h
   struct Activations {
     std::vector<int64_t> inputs, labels;
     std::vector<float> mask;
@@ -213,8 +173,6 @@ class GptModel {
   // A full set of one layer's buffers from the recomputation pool, and back.
   LayerActivations borrow();
   void give_back(LayerActivations& layer);
-  // What each layer of a stage keeps, from core's recomputation groups.
-  static std::vector<Keep> layer_keeps(const ParallelPlan& plan, const std::vector<LayerGroup>& groups);
   // Fills the buffers `act` does not keep with `from`'s.
   static void fill_missing(LayerActivations& act, const LayerActivations& from);
   // One layer's forward: `stream` + `pending` (null: `stream` alone) is its input, written to

@@ -2,6 +2,7 @@
 #include "executor/runtime/kernel_launch.h"
 
 #include <algorithm>
+#include <random>
 #include <stdexcept>
 
 namespace megaplan::exec {
@@ -13,11 +14,40 @@ constexpr int64_t kOptimizerTensors = 64;
 
 std::size_t size(int64_t n) { return static_cast<std::size_t>(n); }
 
+// Values uniform in [-1, 1): what every activation buffer starts with (tiled).
+const std::vector<float>& random_tile() {
+  static const std::vector<float> tile = [] {
+    std::mt19937 generator(7);
+    std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+    std::vector<float> values(std::size_t{1} << 16);
+    for (float& v : values) v = uniform(generator);
+    return values;
+  }();
+  return tile;
+}
+
 }  // namespace
 
+// Operands hold varied values, not the allocator's zeros: a GEMM multiplying zeros toggles few bits
+// and draws a fraction of a trained step's power, so it ran at clocks a step at the power limit does
+// not reach; and a division or square root of zero takes the GPU's slow path (AdamW).
 Activation KernelLaunch::activation(int64_t elements) {
-  activations_.push_back(backend_.allocate_activation(size(std::max<int64_t>(elements, 1))));
-  return activations_.back();
+  const auto n = std::max<int64_t>(elements, 1);
+  Activation x = backend_.allocate_activation(size(n));
+  activations_.push_back(x);
+  const std::vector<float>& tile = random_tile();
+  const auto bytes = static_cast<int64_t>(backend_.activation_bytes());
+  const auto at = [&](int64_t element) {
+    return reinterpret_cast<Activation>(reinterpret_cast<unsigned char*>(x) + element * bytes);
+  };
+  int64_t filled = std::min<int64_t>(n, static_cast<int64_t>(tile.size()));
+  backend_.upload(x, tile.data(), size(filled));
+  while (filled < n) {  // doubling copies of what is there
+    const int64_t count = std::min(filled, n - filled);
+    backend_.copy(x, size(count), at(filled));
+    filled += count;
+  }
+  return x;
 }
 
 float* KernelLaunch::floats(int64_t elements) {
@@ -30,6 +60,11 @@ std::vector<OptimizerTensor> KernelLaunch::optimizer_tensors(int64_t elements) {
   float* gradient = floats(elements);
   float* first = floats(elements);
   float* second = floats(elements);
+  // Values a training step sees: normal numbers, the second moment positive.
+  backend_.fill(value, size(elements), 0.01f);
+  backend_.fill(gradient, size(elements), 1e-3f);
+  backend_.fill(first, size(elements), 1e-4f);
+  backend_.fill(second, size(elements), 1e-8f);
   std::vector<OptimizerTensor> tensors;
   const int64_t piece = (elements + kOptimizerTensors - 1) / kOptimizerTensors;
   for (int64_t offset = 0; offset < elements; offset += piece) {

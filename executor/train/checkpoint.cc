@@ -327,7 +327,7 @@ std::optional<TrainingState> load_latest(const std::string& directory, const Che
   }
   std::map<std::string, std::vector<int64_t>> expected;  // name -> global shape
   for (int64_t stage = 0; stage < rank.plan.num_virtual_stages(); ++stage) {
-    for (const ParameterSpec& spec : GptModel::describe_parameters(rank.model, rank.plan, stage)) {
+    for (const ParameterSpec& spec : describe_parameters(rank.model, rank.plan, stage)) {
       if (spec.name != kOutputWeight) expected[spec.name] = spec.global_shape;
     }
   }

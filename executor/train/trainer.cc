@@ -9,13 +9,13 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/executor_memory.h"
 #include "core/formulas.h"
 #include "core/pipeline_layout.h"
 #include "core/text_file.h"
 #include "core/schedule/lowering.h"
 #include "core/schedule/schedule_csv.h"
 #include "core/schedule/schedule.h"
-#include "core/schedule/schedule_facts.h"
 #include "core/schedule/validation.h"
 #include "executor/comm/in_process_comm.h"
 #include "executor/comm/rank_threads.h"
@@ -108,19 +108,15 @@ void read_microbatch(const GptSamples& samples, int64_t batch_start, int64_t mic
   }
 }
 
-// The bytes a rank needs: its chunks with the schedule's peak of in-flight microbatches, and
-// AdamW's two moments for what it owns.
+// The bytes a rank allocates at most (core/executor_memory.h), for what this backend stores.
 int64_t predicted_rank_bytes(const Run& run, int64_t pipeline_rank, const Backend& backend) {
-  const int64_t inflight = peak_inflight_microbatches(run.schedule.ranks[static_cast<std::size_t>(pipeline_rank)]);
-  int64_t bytes = 0;
-  for (const int64_t stage : stages_of_pipeline_rank(pipeline_rank, run.plan)) {
-    bytes += GptModel::predicted_bytes(run.model, run.plan, stage, inflight, backend,
-                                       static_cast<std::size_t>(run.options.ddp_bucket_size));
-    int64_t moments = 2 * static_cast<int64_t>(sizeof(float)) * stage_parameters(run.model, run.plan, stage).parameters_per_gpu;
-    if (run.plan.use_distributed_optimizer) moments /= run.plan.data_parallel_size;
-    bytes += moments;
-  }
-  return bytes;
+  ExecutorPrecision precision;
+  precision.activation_bytes = static_cast<int64_t>(backend.activation_bytes());
+  // The CPU reference keeps attention's probabilities, more than one value per query row.
+  precision.attention_keeps_probabilities = backend.attention_saved_size(1, 2, 1, 1) > 2;
+  return executor_memory_per_pipeline_rank(run.model, run.plan, run.schedule, precision, run.options.ddp_bucket_size,
+                                           run.options.eval_iters > 0)[static_cast<std::size_t>(pipeline_rank)]
+      .total_bytes;
 }
 
 // One tensor-parallel shard of a final weight (keep_final_weights), joined with the others' later.

@@ -56,6 +56,8 @@ expect_error 'error: --model: unknown preset "gpt5"; known presets: gpt2-124m' d
 printf '{\n  "num_layers": 2,\n  "hidden_size": 64\n  "x": 1\n}\n' >"$scratch/broken.json"
 expect_error "error: $scratch/broken.json:4:5: malformed JSON" describe --model "$scratch/broken.json" --cluster h100-x1
 expect_error 'error: --num-layers: must be a positive integer, got 0' describe --model gpt2-124m --cluster h100-x1 --num-layers 0
+expect_error 'error: --implementation: must be one of megaplan, megatron-core, megatron-local; got "nemo"' simulate --model gpt2-124m --cluster h100-x1 --implementation nemo
+expect_error 'error: --implementation: must be megaplan to train' train --model gpt2-124m --implementation megatron-core --data-path /nonexistent --train-iters 1
 expect_error 'error: --hidden-size: must be a positive integer, got -768' describe --model gpt2-124m --cluster h100-x1 --hidden-size -768
 expect_error 'error: --hidden-size: product .* overflows 64 bits' describe --model gpt2-124m --cluster h100-x1 --hidden-size 4611686018427387904 --num-attention-heads 1
 expect_error 'error: --vocab-size: product .* overflows 64 bits' describe --model gpt2-124m --cluster h100-x1 --vocab-size 9223372036854775807
@@ -132,7 +134,7 @@ expect_ok simulate --model gpt2-124m --cluster dgx-a100-80gb --gpus 8 --gbs 8
 grep -q '^profile    A100-SXM4-80GB, datasheet (no measured tables)' "$scratch/out" || fail "simulate does not say an unmeasured GPU's profile is the datasheet's"
 expect_ok search --model gpt2-124m --cluster h100-x1 --gbs 8 --json
 grep -q '"kind": "measured"' "$scratch/out" || fail "search --json does not name its measured profile"
-grep -q '"tie_tolerance": 0.05' "$scratch/out" || fail "search --json does not state the profile's uncertainty"
+grep -q '"tie_tolerance": 0.07' "$scratch/out" || fail "search --json does not state the profile's uncertainty"
 grep -q '"tie_with_best": ' "$scratch/out" || fail "search --json does not mark ties"
 expect_ok describe --model gpt2-124m --cluster h200-x2 --pp 2 --gbs 8 --out "$scratch/small-job.json"
 expect_ok simulate --plan "$scratch/small-job.json"

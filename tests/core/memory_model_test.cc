@@ -1,6 +1,8 @@
-// Memory per pipeline rank against hand calculations.
+// Memory per pipeline rank against hand calculations: Megatron-LM's accounting, and the dispatch
+// to megaplan's executor (whose buffers tests/executor/executor_memory_test.cc checks).
 #include <catch2/catch.hpp>
 
+#include "core/executor_memory.h"
 #include "core/formulas.h"
 #include "core/memory_model.h"
 #include "core/model_presets.h"
@@ -14,6 +16,7 @@ megaplan::ParallelPlan plan_of(int64_t tp, int64_t pp, int64_t dp, int64_t gbs) 
   plan.data_parallel_size = dp;
   plan.micro_batch_size = 1;
   plan.global_batch_size = gbs;
+  plan.implementation = megaplan::Implementation::kMegatronCore;
   return plan;
 }
 
@@ -72,4 +75,27 @@ TEST_CASE("activations follow the schedule's in-flight microbatches", "[memory]"
   plan.schedule = megaplan::ScheduleKind::kGPipe;
   const auto gpipe = megaplan::memory_per_pipeline_rank(model, plan, megaplan::generate_plan_schedule(plan));
   CHECK(gpipe[0].activation_bytes == 8 * stage[0].activation);  // GPipe holds all M
+}
+
+TEST_CASE("megaplan's implementation counts the executor's buffers and the runtime reserve", "[memory]") {
+  const megaplan::ModelSpec model = megaplan::model_preset("gpt2-124m");
+  megaplan::ParallelPlan plan = plan_of(1, 2, 1, 8);
+  plan.implementation = megaplan::Implementation::kMegaplan;
+  const megaplan::PipelineSchedule schedule = megaplan::generate_plan_schedule(plan);
+  const auto memory = megaplan::memory_per_pipeline_rank(model, plan, schedule);
+  const auto executor = megaplan::executor_memory_per_pipeline_rank(model, plan, schedule, megaplan::ExecutorPrecision{});
+  REQUIRE(memory.size() == 2);
+  for (std::size_t rank = 0; rank < 2; ++rank) {
+    CHECK(memory[rank].total_bytes == executor[rank].total_bytes + megaplan::kRuntimeReserveBytes);
+    CHECK(memory[rank].allocator_overhead_bytes == 0);
+    // 2 (bf16 copy) + 4 (gradient) + 4 (master) + 8 (moments) bytes per parameter, padding aside.
+    const int64_t state = memory[rank].weight_bytes + memory[rank].gradient_bytes + memory[rank].optimizer_bytes;
+    CHECK(state >= 18 * memory[rank].parameters_per_gpu);
+    CHECK(state < 18 * memory[rank].parameters_per_gpu + 18 * 64 * 200);  // at most 64 elements' alignment each
+  }
+  // 1F1B: rank 0 holds two microbatches, the last rank one.
+  CHECK(executor[0].peak_inflight_microbatches == 2);
+  CHECK(executor[1].peak_inflight_microbatches == 1);
+  plan.implementation = megaplan::Implementation::kMegatronCore;
+  CHECK(megaplan::memory_per_pipeline_rank(model, plan, schedule)[0].total_bytes != memory[0].total_bytes);
 }

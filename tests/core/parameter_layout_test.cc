@@ -3,9 +3,9 @@
 // and the shared embedding alone in its bucket.
 #include <catch2/catch.hpp>
 
-#include "executor/model/parameter_layout.h"
+#include "core/parameter_layout.h"
 
-using megaplan::exec::layout_parameters;
+using megaplan::layout_parameters;
 
 TEST_CASE("parameters are laid out in reverse, aligned, in buckets padded to the data-parallel size", "[layout]") {
   // Registered sizes 100, 3, 50, 70: the backward produces the 70 first, so it comes first.

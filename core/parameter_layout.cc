@@ -1,9 +1,9 @@
 // Megatron DDP's contiguous parameter and gradient layout.
-#include "executor/model/parameter_layout.h"
+#include "core/parameter_layout.h"
 
 #include <algorithm>
 
-namespace megaplan::exec {
+namespace megaplan {
 
 std::size_t default_bucket_size(int64_t data_parallel_size) {
   return std::max<std::size_t>(40'000'000, 1'000'000 * static_cast<std::size_t>(data_parallel_size));
@@ -43,4 +43,4 @@ ParameterLayout layout_parameters(const std::vector<std::size_t>& sizes, std::si
   return layout;
 }
 
-}  // namespace megaplan::exec
+}  // namespace megaplan

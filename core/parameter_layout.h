@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <vector>
 
-namespace megaplan::exec {
+namespace megaplan {
 
 // Every parameter starts at a multiple of this many elements (256 bytes of fp32, as Megatron pads
 // its buffers): the multi-tensor kernels then take their vectorised path on every parameter.
@@ -42,4 +42,4 @@ std::size_t default_bucket_size(int64_t data_parallel_size);
 ParameterLayout layout_parameters(const std::vector<std::size_t>& sizes, std::size_t bucket_size,
                                   int64_t data_parallel_size, const std::vector<std::size_t>& alone = {});
 
-}  // namespace megaplan::exec
+}  // namespace megaplan

@@ -1,0 +1,69 @@
+// The bytes megaplan's executor allocates on each pipeline rank, buffer by buffer as
+// executor/model/gpt_model.cc, executor/runtime/interpreter.cc and executor/train/optimizer.cc
+// allocate them, walked through the rank's lowered schedule: one home for the executor's refusal of
+// a plan that does not fit and for the simulator's memory of megaplan's own implementation
+// (memory_model.h is Megatron-LM's accounting). tests/executor/executor_memory_test.cc holds it
+// equal to what the CPU backend's ranks allocate, schedule by schedule.
+//
+// What the executor holds:
+// - per stage chunk: fp32 master weights and fp32 gradients in Megatron DDP's padded buffer
+//   (parameter_layout.h), a compute copy of every weight (bf16 on the GPU; the CPU backend computes
+//   on the fp32 masters), AdamW's two fp32 moments (over the buffer, or the rank's shard of each
+//   bucket with the distributed optimizer), and one set of scratch buffers;
+// - per microbatch in flight on a chunk (from its F, or the RECV_F that fills its input, until B or
+//   W): what each layer keeps (recomputation decides), the chunk's output, and on the last stage the
+//   final norm's input, the logits and the loss's statistics. Released sets are kept for reuse, so a
+//   chunk holds as many as it ever had in flight at once;
+// - a pool of whole-layer sets lent to recomputation (and to the forward of layers that keep less
+//   than everything), as large as the most ever lent at once; under I the lent sets, I's copies of
+//   each GEMM's output gradient and the first stage's embedding gradient stay until W;
+// - gradient messages (pooled the same way): from RECV_B, or from the backward that produces them,
+//   until the backward that consumes them, or until OPTIM for those sent.
+// Transient host-value staging (a few words per logged value) is not counted.
+//
+// Llama-family layers are counted with their own widths (query groups, SwiGLU's [gate; up]) in the
+// GPT layer's buffer pattern, as core/kernel_list.h lists their kernels.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/model_spec.h"
+#include "core/parallel_plan.h"
+#include "core/schedule/schedule.h"
+
+namespace megaplan {
+
+// What a backend stores per element.
+struct ExecutorPrecision {
+  int64_t activation_bytes = 2;  // bf16 (the CUDA backend); 4 on the CPU backend, whose weights need no copy
+  // fp32 values attention keeps per query row and head for its backward: false, flash attention's
+  // log-sum-exp (one); true, the CPU reference's probabilities (one per key).
+  bool attention_keeps_probabilities = false;
+};
+
+struct ExecutorRankMemory {
+  int64_t pipeline_rank = 0;
+  int64_t master_weight_bytes = 0;  // fp32, the DDP buffer's padding included
+  int64_t gradient_bytes = 0;       // fp32, the same layout
+  int64_t compute_weight_bytes = 0;  // the weights the layers read (0 when compute is fp32)
+  int64_t optimizer_bytes = 0;      // AdamW's moments
+  int64_t scratch_bytes = 0;        // one set per chunk
+  // At the rank's peak: microbatch sets, the recomputation pool, I's deferred gradients and the
+  // gradient messages; with the most microbatches a chunk had in flight at once, summed over chunks.
+  int64_t activation_bytes = 0;
+  int64_t peak_inflight_microbatches = 0;
+  int64_t total_bytes = 0;  // all of the above: what the rank's backend allocates at most
+};
+
+// One entry per pipeline rank. `schedule` is the plan's lowered schedule (compute-only schedules
+// work too: their inputs then arrive at F and gradients at the backward that needs them).
+// `bucket_size`: --ddp-bucket-size (0: Megatron's default); with `evaluates`, evaluation's two
+// message buffers after the iteration.
+// REQUIRES: validate_plan(model, plan) passed; schedule has the plan's shape.
+std::vector<ExecutorRankMemory> executor_memory_per_pipeline_rank(const ModelSpec& model, const ParallelPlan& plan,
+                                                                 const PipelineSchedule& schedule,
+                                                                 const ExecutorPrecision& precision,
+                                                                 int64_t bucket_size = 0, bool evaluates = false);
+
+}  // namespace megaplan

@@ -1,0 +1,124 @@
+// The executor's parameters, from core's model and plan (see parameter_list.h).
+#include "core/parameter_list.h"
+
+#include <string_view>
+
+#include "core/formulas.h"
+#include "core/pipeline_layout.h"
+
+namespace megaplan {
+
+namespace {
+
+// One parameter as the enumeration gives it: a name within its layer (or the model), the whole
+// shape (`columns` 0 for a vector) and how tensor parallelism splits it.
+struct Entry {
+  int64_t layer;     // -1 outside the transformer layers
+  const char* name;  // after "decoder.layers.<layer>." inside them
+  int64_t rows, columns;
+  TensorSplit split;
+  bool decay;
+};
+
+// Calls visit(entry) for each parameter of `stage`, in registration order. One home for what the
+// list holds: describe_parameters names them, stage_layout only counts them (the planner asks for
+// ~10^5 plans' layouts and needs no names).
+template <typename Visit>
+void for_each_parameter(const ModelSpec& model, const ParallelPlan& plan, int64_t stage, Visit visit) {
+  const StageLayers layers = stage_layers(stage, model, plan);
+  const int64_t h = model.hidden_size, f = model.effective_ffn_hidden_size();
+  const int64_t v = padded_vocab_size(model, plan.tensor_parallel_size);
+  // Biases follow --disable-bias-linear (Qwen2's --add-qkv-bias keeps QKV's); RMSNorm has no bias.
+  const bool bias = model.add_bias_linear;
+  const bool norm_bias = model.normalization == Normalization::kLayerNorm;
+  const int64_t q = model.query_projection_size();
+  const int64_t qkv = q + 2 * model.kv_projection_size();
+  const int64_t fc1 = mlp_input_width(model);  // [gate; up] with SwiGLU
+  constexpr TensorSplit kWhole = TensorSplit::kReplicated;
+  const auto norm = [&](int64_t layer, const char* weight, const char* bias_name) {
+    visit(Entry{layer, weight, h, 0, kWhole, false});
+    if (norm_bias) visit(Entry{layer, bias_name, h, 0, kWhole, false});
+  };
+  if (layers.has_embedding) {
+    visit(Entry{-1, kWordEmbeddings, v, h, TensorSplit::kVocabulary, true});
+    if (model.position_embedding_type == PositionEmbedding::kLearnedAbsolute) {
+      visit(Entry{-1, "embedding.position_embeddings.weight", model.effective_max_position_embeddings(), h, kWhole, true});
+    }
+  }
+  for (int64_t l = layers.first_layer; l < layers.first_layer + layers.num_layers; ++l) {
+    norm(l, "input_layernorm.weight", "input_layernorm.bias");
+    // Rows grouped by query group, each group's queries, key and value together (Megatron's
+    // layout): a column cut holds whole groups.
+    visit(Entry{l, "self_attention.linear_qkv.weight", qkv, h, TensorSplit::kColumn, true});
+    if (bias || model.add_qkv_bias) visit(Entry{l, "self_attention.linear_qkv.bias", qkv, 0, TensorSplit::kColumn, false});
+    visit(Entry{l, "self_attention.linear_proj.weight", h, q, TensorSplit::kRow, true});
+    if (bias) visit(Entry{l, "self_attention.linear_proj.bias", h, 0, kWhole, false});
+    norm(l, "pre_mlp_layernorm.weight", "pre_mlp_layernorm.bias");
+    visit(Entry{l, "mlp.linear_fc1.weight", fc1, h, TensorSplit::kColumn, true});
+    if (bias) visit(Entry{l, "mlp.linear_fc1.bias", fc1, 0, TensorSplit::kColumn, false});
+    visit(Entry{l, "mlp.linear_fc2.weight", h, f, TensorSplit::kRow, true});
+    if (bias) visit(Entry{l, "mlp.linear_fc2.bias", h, 0, kWhole, false});
+  }
+  if (layers.has_output_layer) {
+    norm(-1, "decoder.final_layernorm.weight", "decoder.final_layernorm.bias");
+    // Its own weight when untied, or the tied copy when the embedding sits on another rank.
+    if (stage_parameters(model, plan, stage).holds_output_weight &&
+        (model.untie_embeddings_and_output_weights || !layers.has_embedding)) {
+      visit(Entry{-1, kOutputWeight, v, h, TensorSplit::kVocabulary, true});
+    }
+  }
+}
+
+// This rank's part of an entry: column- and vocabulary-parallel tensors are cut along rows,
+// row-parallel ones along columns.
+std::vector<int64_t> shard_shape(const Entry& entry, int64_t tp) {
+  std::vector<int64_t> shape = entry.columns > 0 ? std::vector<int64_t>{entry.rows, entry.columns}
+                                                 : std::vector<int64_t>{entry.rows};
+  if (entry.split != TensorSplit::kReplicated) shape[entry.split == TensorSplit::kRow ? 1 : 0] /= tp;
+  return shape;
+}
+
+std::size_t shard_size(const Entry& entry, int64_t tp) {
+  const int64_t rows = entry.split == TensorSplit::kColumn || entry.split == TensorSplit::kVocabulary ? entry.rows / tp
+                                                                                                    : entry.rows;
+  const int64_t columns = entry.split == TensorSplit::kRow ? entry.columns / tp : entry.columns;
+  return static_cast<std::size_t>(columns > 0 ? rows * columns : rows);
+}
+
+}  // namespace
+
+std::vector<ParameterSpec> describe_parameters(const ModelSpec& model, const ParallelPlan& plan, int64_t stage,
+                                               int64_t tp_rank) {
+  const int64_t tp = plan.tensor_parallel_size;
+  std::vector<ParameterSpec> specs;
+  for_each_parameter(model, plan, stage, [&](const Entry& entry) {
+    ParameterSpec spec;
+    spec.name = entry.layer >= 0 ? "decoder.layers." + std::to_string(entry.layer) + "." + entry.name : entry.name;
+    spec.split = entry.split;
+    if (entry.split != TensorSplit::kReplicated) {
+      spec.shard_index = tp_rank;
+      spec.shard_count = tp;
+    }
+    spec.global_shape = entry.columns > 0 ? std::vector<int64_t>{entry.rows, entry.columns}
+                                          : std::vector<int64_t>{entry.rows};
+    spec.shape = shard_shape(entry, tp);
+    spec.size = shard_size(entry, tp);
+    spec.weight_decay = entry.decay;
+    specs.push_back(std::move(spec));
+  });
+  return specs;
+}
+
+ParameterLayout stage_layout(const ModelSpec& model, const ParallelPlan& plan, int64_t stage, std::size_t bucket_size) {
+  std::vector<std::size_t> sizes, alone;
+  for_each_parameter(model, plan, stage, [&](const Entry& entry) {
+    // The word embedding (or its tied copy) gets a bucket of its own.
+    const std::string_view name = entry.name;
+    if (name == kWordEmbeddings || name == kOutputWeight) alone.push_back(sizes.size());
+    sizes.push_back(shard_size(entry, plan.tensor_parallel_size));
+  });
+  if (bucket_size == 0) bucket_size = default_bucket_size(plan.data_parallel_size);
+  return layout_parameters(sizes, bucket_size, plan.data_parallel_size, alone);
+}
+
+}  // namespace megaplan

@@ -1,0 +1,53 @@
+// The parameters of megaplan's GPT, per virtual pipeline stage and tensor-parallel rank, in the
+// order the executor registers them, with Megatron's names and splits; and the DDP buffer they
+// fill (parameter_layout.h). One home for the executor, which allocates them, its checkpoints,
+// which name them, and the memory prediction (executor_memory.h), which counts them.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/model_spec.h"
+#include "core/parallel_plan.h"
+#include "core/parameter_layout.h"
+
+namespace megaplan {
+
+// Megatron's splits: column-parallel (QKV, fc1: output rows), row-parallel (projection, fc2:
+// input columns), vocabulary-parallel (embedding rows), or whole on every rank (norms, row biases).
+enum class TensorSplit { kReplicated, kColumn, kRow, kVocabulary };
+
+// What a parameter is, before any memory exists.
+struct ParameterSpec {
+  std::string name;  // Megatron's, e.g. "decoder.layers.0.self_attention.linear_qkv.weight"
+  std::vector<int64_t> shape;         // this rank's shard
+  std::vector<int64_t> global_shape;  // the whole tensor, as the single-rank model holds it
+  // Tensor parallelism cuts a column-parallel or vocabulary-parallel tensor along dimension 0 and a
+  // row-parallel one along dimension 1 into `shard_count` equal parts; this rank holds part
+  // `shard_index`. Replicated tensors: part 0 of 1 on every rank.
+  int64_t shard_index = 0;
+  int64_t shard_count = 1;
+  TensorSplit split = TensorSplit::kReplicated;
+  bool weight_decay = true;  // off for biases and norms
+  std::size_t size = 0;
+};
+
+// Megatron's names of the tied pair: the word embedding, and the last stage's copy of it when stage 0
+// sits on another pipeline rank (checkpoints read one for the other).
+inline constexpr const char* kWordEmbeddings = "embedding.word_embeddings.weight";
+inline constexpr const char* kOutputWeight = "output_layer.weight";
+
+// The parameters of `stage` on tensor-parallel rank `tp_rank`, in registration order. The sum of
+// their sizes is stage_parameters(model, plan, stage).parameters_per_gpu (formulas.h).
+// REQUIRES: validate_plan(model, plan) passed.
+std::vector<ParameterSpec> describe_parameters(const ModelSpec& model, const ParallelPlan& plan, int64_t stage,
+                                               int64_t tp_rank = 0);
+
+// Megatron DDP's buffer for the parameters of `stage` (the same on every tensor-parallel rank):
+// the word embedding (or its tied copy) in a bucket of its own; buckets of `bucket_size` elements
+// (0: Megatron's default). REQUIRES: validate_plan(model, plan) passed.
+ParameterLayout stage_layout(const ModelSpec& model, const ParallelPlan& plan, int64_t stage, std::size_t bucket_size);
+
+}  // namespace megaplan

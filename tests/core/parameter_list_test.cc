@@ -1,0 +1,98 @@
+// The executor's parameter list: per stage and tensor-parallel rank, the sizes add up to core's
+// parameter count for GPT and Llama-family layers alike, with Megatron's names and the tied or
+// untied output layer where Megatron puts it.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <string>
+
+#include "core/formulas.h"
+#include "core/parameter_list.h"
+
+namespace {
+
+megaplan::ModelSpec small_gpt() {
+  megaplan::ModelSpec model;
+  model.name = "test-gpt";
+  model.num_layers = 4;
+  model.hidden_size = 8;
+  model.num_attention_heads = 2;
+  model.seq_length = 4;
+  model.vocab_size = 16;
+  model.make_vocab_size_divisible_by = 8;
+  return model;
+}
+
+// RMSNorm, SwiGLU, RoPE, 4 heads in 2 query groups, untied, no biases (Llama); Qwen2 adds QKV's bias.
+megaplan::ModelSpec small_llama(bool qkv_bias) {
+  megaplan::ModelSpec model = small_gpt();
+  model.name = "test-llama";
+  model.num_attention_heads = 4;
+  model.num_query_groups = 2;
+  model.normalization = megaplan::Normalization::kRMSNorm;
+  model.swiglu = true;
+  model.ffn_hidden_size = 24;
+  model.position_embedding_type = megaplan::PositionEmbedding::kRope;
+  model.untie_embeddings_and_output_weights = true;
+  model.add_bias_linear = false;
+  model.add_qkv_bias = qkv_bias;
+  return model;
+}
+
+bool has(const std::vector<megaplan::ParameterSpec>& specs, const std::string& name) {
+  return std::any_of(specs.begin(), specs.end(), [&](const auto& spec) { return spec.name == name; });
+}
+
+}  // namespace
+
+TEST_CASE("each pipeline stage's parameters add up to core's count, GPT and Llama alike", "[parameters]") {
+  for (const megaplan::ModelSpec& model : {small_gpt(), small_llama(false), small_llama(true)}) {
+    for (const megaplan::ScheduleKind kind : {megaplan::ScheduleKind::kOneFOneB, megaplan::ScheduleKind::kInterleaved,
+                                              megaplan::ScheduleKind::kZeroBubbleV}) {
+      megaplan::ParallelPlan plan;
+      plan.pipeline_parallel_size = 2;
+      plan.virtual_pipeline_parallel_size = kind == megaplan::ScheduleKind::kOneFOneB ? 1 : 2;
+      plan.schedule = kind;
+      plan.global_batch_size = 4;
+      for (const int64_t tp : {1, 2}) {
+        plan.tensor_parallel_size = tp;
+        for (int64_t stage = 0; stage < plan.num_virtual_stages(); ++stage) {
+          for (int64_t rank = 0; rank < tp; ++rank) {
+            INFO(model.name << " " << megaplan::to_string(kind) << " stage " << stage << " tp rank " << rank << " of " << tp);
+            std::size_t parameters = 0;
+            for (const auto& spec : megaplan::describe_parameters(model, plan, stage, rank)) {
+              parameters += spec.size;
+              CHECK(spec.shard_index == (spec.shard_count > 1 ? rank : 0));
+            }
+            CHECK(static_cast<int64_t>(parameters) == megaplan::stage_parameters(model, plan, stage).parameters_per_gpu);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("the output layer is the tied embedding's copy, or its own weight when untied", "[parameters]") {
+  const megaplan::ModelSpec gpt = small_gpt();
+  megaplan::ParallelPlan v;
+  v.pipeline_parallel_size = 2;
+  v.virtual_pipeline_parallel_size = 2;
+  v.schedule = megaplan::ScheduleKind::kZeroBubbleV;
+  v.global_batch_size = 4;
+  // A V places the last stage on rank 0 beside stage 0: its output layer reads the embedding itself.
+  CHECK(megaplan::describe_parameters(gpt, v, 3).back().name == "decoder.final_layernorm.bias");
+  megaplan::ParallelPlan loop = v;
+  loop.schedule = megaplan::ScheduleKind::kInterleaved;
+  CHECK(megaplan::describe_parameters(gpt, loop, 3).back().name == "output_layer.weight");
+
+  const megaplan::ModelSpec llama = small_llama(false);
+  megaplan::ParallelPlan one;
+  const auto whole = megaplan::describe_parameters(llama, one, 0);
+  CHECK(whole.back().name == "output_layer.weight");
+  CHECK(has(whole, "embedding.word_embeddings.weight"));
+  CHECK_FALSE(has(whole, "embedding.position_embeddings.weight"));  // RoPE
+  CHECK_FALSE(has(whole, "decoder.layers.0.input_layernorm.bias"));  // RMSNorm
+  CHECK_FALSE(has(whole, "decoder.layers.0.self_attention.linear_qkv.bias"));
+  CHECK(has(megaplan::describe_parameters(small_llama(true), one, 0), "decoder.layers.0.self_attention.linear_qkv.bias"));
+  CHECK_FALSE(has(megaplan::describe_parameters(small_llama(true), one, 0), "decoder.layers.0.mlp.linear_fc1.bias"));
+}
