@@ -80,6 +80,7 @@ nlohmann::json to_json(const GpuInventory& inventory, const std::vector<ProbeOut
         {"sm_count", device.sm_count},
         {"total_memory_bytes", device.total_memory_bytes},
         {"free_memory_bytes", device.free_memory_bytes},
+        {"sm_clock_khz", device.sm_clock_khz},
         {"memory_clock_khz", device.memory_clock_khz},
         {"memory_bus_width_bits", device.memory_bus_width_bits},
         {"peak_memory_bandwidth_bytes_per_s", device.peak_memory_bandwidth_bytes_per_s()},

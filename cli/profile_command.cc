@@ -12,10 +12,14 @@
 #include "cli/progress_bar.h"
 #include "core/device_gpu.h"
 #include "core/error.h"
+#include "core/json_io.h"
+#include "core/text_file.h"
 #include "core/version.h"
 #include "executor/gpu_inventory.h"
 #include "executor/io/staged_file.h"
 #include "executor/runtime/cuda_backend.h"
+#include "simulator/builtin_profiles.h"
+#include "simulator/nccl_tests.h"
 #include "simulator/profile.h"
 
 namespace megaplan::cli {
@@ -65,7 +69,63 @@ nlohmann::json measured_profile_json(const GpuSpec& gpu, const exec::MeasuredTab
   return profile;
 }
 
+namespace {
+
+void write_profile(const ProfileOptions& options, const nlohmann::json& profile, std::ostream& out) {
+  const std::string text = profile.dump(1) + "\n";
+  if (options.out) {
+    exec::write_file_atomically(*options.out, text);
+  } else {
+    out << text;
+  }
+}
+
+int import_nccl_tests(const ProfileOptions& options, std::ostream& out) {
+  std::vector<sim::NcclTestsRun> runs;
+  for (const std::string& file : options.nccl_tests) runs.push_back(sim::read_nccl_tests(read_text_file(file), file));
+  const std::optional<GpuSpec> gpu = gpu_preset_for_device(runs.front().device);
+  if (!gpu) {
+    throw SpecError("--import-nccl-tests", runs.front().file + ": its GPU, " + runs.front().device +
+                                               ", is none of the preset GPUs (H100 SXM5 80GB, H200 SXM, A100 SXM4 80GB)");
+  }
+  for (const sim::NcclTestsRun& run : runs) {
+    const std::optional<GpuSpec> other = gpu_preset_for_device(run.device);
+    if (!other || other->name != gpu->name) {
+      throw SpecError("--import-nccl-tests", run.file + ": measured on " + run.device + ", not on " + gpu->name +
+                                                 " as " + runs.front().file);
+    }
+  }
+  nlohmann::json base;
+  if (options.profile) {
+    base = read_json_file(*options.profile);
+    (void)sim::Profile::from_json(base, *options.profile);  // a malformed base is refused as simulate would
+    if (base.value("gpu", "") != gpu->name) {
+      throw SpecError("--profile", *options.profile + " describes " + base.value("gpu", std::string("?")) +
+                                       ", the nccl-tests files " + gpu->name);
+    }
+  } else if (const auto builtin = sim::builtin_measured_profile_file(gpu->name)) {
+    base = builtin->json;
+  } else {
+    base = measured_profile_json(*gpu, {}, "datasheet rates with imported nccl-tests tables", nlohmann::json::object());
+  }
+  nlohmann::json profile = sim::with_link_tables(std::move(base), runs);
+  std::string files;
+  for (const std::string& file : options.nccl_tests) files += " " + file;
+  profile["provenance"]["nccl_tests"] = "megaplan profile --import-nccl-tests" + files + ", " + utc_date();
+  try {
+    (void)sim::Profile::from_json(profile, "megaplan profile --import-nccl-tests");
+  } catch (const SpecError& error) {
+    throw std::logic_error(std::string("profile --import-nccl-tests made a profile the simulator refuses: ") + error.what());
+  }
+  write_profile(options, profile, out);
+  return 0;
+}
+
+}  // namespace
+
 int run_profile(const ProfileOptions& options, std::ostream& out) {
+  if (!options.nccl_tests.empty()) return import_nccl_tests(options, out);
+  if (options.profile) throw SpecError("--profile", "is the base of --import-nccl-tests; a measurement here starts from the datasheet");
   const GpuInventory inventory = query_gpu_inventory();  // SpecError("gpu", ...) without a usable GPU
   const GpuDevice& device = inventory.devices.at(0);
   const std::optional<GpuSpec> gpu = gpu_preset_for_device(device.name);
@@ -86,6 +146,7 @@ int run_profile(const ProfileOptions& options, std::ostream& out) {
   const nlohmann::json provenance = {{"device", device.name},
                                      {"compute_capability", device.sm_architecture()},
                                      {"sm_count", device.sm_count},
+                                     {"sm_clock_khz", device.sm_clock_khz},
                                      {"memory_clock_khz", device.memory_clock_khz},
                                      {"memory_bus_width_bits", device.memory_bus_width_bits},
                                      {"cuda_driver", inventory.cuda_driver.text(false)},
@@ -97,12 +158,7 @@ int run_profile(const ProfileOptions& options, std::ostream& out) {
                                      {"date", date},
                                      {"command", command}};
   const std::string source = "measured: " + command + " on " + device.name + ", " + date;
-  const std::string text = measured_profile_json(*gpu, tables, source, provenance).dump(1) + "\n";
-  if (options.out) {
-    exec::write_file_atomically(*options.out, text);
-  } else {
-    out << text;
-  }
+  write_profile(options, measured_profile_json(*gpu, tables, source, provenance), out);
   return 0;
 }
 
@@ -112,6 +168,11 @@ void setup_profile_command(CLI::App& app, CommandContext& context) {
       "profile", "Time the executor's GEMMs, attention and memory-bound kernels on GPU 0 into a measured profile");
   command->add_option("--out", options->out, "Write the profile here (atomically); default: stdout");
   command->add_flag("--quick", options->quick, "A smaller grid: under a minute on an H100 (full: under five)");
+  command->add_option("--import-nccl-tests", options->nccl_tests,
+                      "Time nothing: add these nccl-tests outputs (all_reduce_perf, all_gather_perf, reduce_scatter_perf, "
+                      "alltoall_perf, sendrecv_perf) to their GPU's profile as its collectives and p2p tables");
+  command->add_option("--profile", options->profile,
+                      "With --import-nccl-tests: the profile to add them to (default: the GPU's built-in measured profile, else its datasheet)");
   command->callback([options, &context] { context.exit_code = run_profile(*options, context.out); });
 }
 

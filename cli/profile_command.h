@@ -3,12 +3,15 @@
 // (profiles/README.md) for `simulate --profile` and `search --profile`: the GPU's datasheet rates
 // and roofline for what the tables do not cover, the measured GEMM, attention and element-wise
 // tables, and the provenance (device, SMs, memory clock, driver, CUDA, cuBLAS, NCCL, megaplan,
-// date, command). Without a usable GPU it says so and exits 2.
+// date, command). Without a usable GPU it says so and exits 2. With --import-nccl-tests FILE... it
+// times nothing: the files' collectives and send/receive times join their GPU's profile
+// (simulator/nccl_tests.h), which needs no GPU here.
 #pragma once
 
 #include <optional>
 #include <ostream>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -20,6 +23,10 @@ namespace megaplan::cli {
 struct ProfileOptions {
   std::optional<std::string> out;  // default: the JSON on stdout
   bool quick = false;
+  // --import-nccl-tests: nccl-tests outputs measured elsewhere, added to a profile of their GPU
+  // (--profile FILE, else its built-in measured profile, else its datasheet) instead of timing here.
+  std::vector<std::string> nccl_tests;
+  std::optional<std::string> profile;
 };
 
 int run_profile(const ProfileOptions& options, std::ostream& out);

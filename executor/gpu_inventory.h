@@ -29,6 +29,7 @@ struct GpuDevice {
   int sm_count = 0;                       // streaming multiprocessors
   int64_t total_memory_bytes = 0;
   int64_t free_memory_bytes = 0;          // at query time, in this process's context
+  int64_t sm_clock_khz = 0;               // peak (boost) SM clock; 0 where the runtime does not say
   int64_t memory_clock_khz = 0;           // peak memory clock; 0 where the runtime does not say
   int memory_bus_width_bits = 0;          // 0 where the runtime does not say
   std::string pci_bus_id;                 // "0000:1B:00.0"

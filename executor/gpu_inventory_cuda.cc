@@ -195,7 +195,8 @@ GpuDevice query_device(int device_index) {
   device.compute_capability_minor = properties.minor;
   device.sm_count = properties.multiProcessorCount;
   device.total_memory_bytes = static_cast<int64_t>(properties.totalGlobalMem);
-  // cudaDeviceProp lost memoryClockRate in CUDA 13; the attribute still answers where known.
+  // cudaDeviceProp lost clockRate and memoryClockRate in CUDA 13; the attributes still answer where known.
+  device.sm_clock_khz = optional_attribute(cudaDevAttrClockRate, device_index);
   device.memory_clock_khz = optional_attribute(cudaDevAttrMemoryClockRate, device_index);
   device.memory_bus_width_bits = optional_attribute(cudaDevAttrGlobalMemoryBusWidth, device_index);
 

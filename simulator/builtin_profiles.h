@@ -5,6 +5,8 @@
 #include <optional>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "simulator/profile.h"
 
 namespace megaplan::sim {
@@ -12,5 +14,12 @@ namespace megaplan::sim {
 // The shipped measured profile of `gpu_name` (core's cluster spec name), if one was measured.
 // Its origin reads "profiles/<file> (built in)".
 std::optional<Profile> builtin_measured_profile(const std::string& gpu_name);
+
+// The same as its file, for tools that extend it (profile --import-nccl-tests).
+struct BuiltinProfileFile {
+  nlohmann::json json;
+  std::string origin;
+};
+std::optional<BuiltinProfileFile> builtin_measured_profile_file(const std::string& gpu_name);
 
 }  // namespace megaplan::sim

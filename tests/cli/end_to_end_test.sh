@@ -150,6 +150,24 @@ expect_error "error: $scratch/missing-profile.json: cannot read file" simulate -
 expect_error 'error: --tensor-model-parallel-size' simulate --model gpt2-1.5b --cluster h200-x2 --tp 2 --trace "$scratch/never-trace.json"
 [ ! -e "$scratch/never-trace.json" ] || fail "a failed simulate wrote --trace"
 
+# nccl-tests output measured elsewhere joins its GPU's profile, which simulate then loads.
+{
+  printf '# nThread 1 nGpus 1 minBytes 8 maxBytes 1073741824 step: 2(factor)\n#\n# Using devices\n'
+  for r in 0 1 2 3 4 5 6 7; do
+    printf '#  Rank %d Group  0 Pid %d on node0 device  %d [0000:1b:00] NVIDIA H100 80GB HBM3\n' "$r" "$((100 + r))" "$r"
+  done
+  printf '#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong\n'
+  printf '     1048576        262144     float     sum      -1    25.00   41.94   73.40      0    24.80   42.28   73.99      0\n'
+  printf '  1073741824     268435456     float     sum      -1   4600.0  233.42  408.49      0   4590.0  233.93  409.38      0\n'
+} >"$scratch/all_reduce.txt"
+expect_ok profile --import-nccl-tests "$scratch/all_reduce.txt" --out "$scratch/nccl-profile.json"
+grep -q '"op": "all_reduce"' "$scratch/nccl-profile.json" || fail "profile --import-nccl-tests wrote no all_reduce table"
+expect_ok simulate --model gpt2-124m --cluster dgx-h100 --gpus 8 --tp 4 --profile "$scratch/nccl-profile.json"
+expect_error "error: --import-nccl-tests: $scratch/docs-missing.txt: cannot read file|error: $scratch/docs-missing.txt: cannot read file" profile --import-nccl-tests "$scratch/docs-missing.txt" --out "$scratch/never-profile.json"
+printf 'hello\n' >"$scratch/not-nccl.txt"
+expect_error "error: --import-nccl-tests: $scratch/not-nccl.txt: no nccl-tests table" profile --import-nccl-tests "$scratch/not-nccl.txt" --out "$scratch/never-profile.json"
+[ ! -e "$scratch/never-profile.json" ] || fail "a failed profile --import-nccl-tests wrote its file"
+
 # Data: text to Megatron's indexed dataset; broken input writes nothing.
 printf '{"text": "hello"}\n{"text": "world!"}\n' >"$scratch/docs.jsonl"
 expect_ok data prepare --input "$scratch/docs.jsonl" "$examples/models/tiny-gpt.json" --output-prefix "$scratch/corpus" --append-eod

@@ -1,0 +1,46 @@
+// nccl-tests output (NVIDIA's all_reduce_perf, all_gather_perf, reduce_scatter_perf, alltoall_perf,
+// sendrecv_perf) read into a profile's link tables: `megaplan profile --import-nccl-tests FILE...`
+// turns measurements taken on a cluster megaplan never ran on into `collectives[]` and `p2p[]`
+// (profiles/README.md).
+//
+// What a file says and how it is read:
+// - the ranks: one "#  Rank N Group G Pid P on HOST device D [BUS] NAME" line each; their count
+//   is the group size, one host means NVLink ("nvlink"), several the network ("network"); NAME
+//   is the GPU, which must be one type;
+// - the table: the header line naming its columns (size, count, type, redop, root where the
+//   version prints it, then time, algbw, busbw out of place and again in place) and one row per
+//   size; the out-of-place time (µs) and bus bandwidth (GB/s) are taken, rows of 0 bytes or 0 GB/s
+//   skipped;
+// - the collective, from the row's shape: a size of count x type bytes with a reduction is an
+//   all-reduce, without one a send/receive pair (sendrecv_perf); count x type x ranks bytes with a
+//   reduction is a reduce-scatter, without one an all-gather, or an all-to-all when the file's name
+//   says alltoall (the two print alike). Rooted tests (reduce, broadcast) are refused.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace megaplan::sim {
+
+struct NcclTestsRun {
+  std::string file;
+  std::string device;  // the GPU's name as CUDA reports it
+  std::string op;      // "all_reduce", "all_gather", "reduce_scatter", "all_to_all" or "sendrecv"
+  int64_t group_size = 0;
+  std::string link;    // "nvlink" (one host) or "network"
+  std::vector<std::pair<int64_t, double>> bus_bandwidth;  // (bytes, bytes/s), collectives
+  std::vector<std::pair<int64_t, double>> seconds;        // (bytes, s), sendrecv
+};
+
+// Throws SpecError("--import-nccl-tests", "FILE: ...") naming the first thing it cannot read.
+NcclTestsRun read_nccl_tests(const std::string& text, const std::string& file);
+
+// `profile` with each run's table entries in place of any it held for the same op, group size
+// and link (collectives) or link (p2p).
+nlohmann::json with_link_tables(nlohmann::json profile, const std::vector<NcclTestsRun>& runs);
+
+}  // namespace megaplan::sim
