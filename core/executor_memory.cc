@@ -91,27 +91,26 @@ ChunkBytes chunk_bytes(const ModelSpec& model, const ParallelPlan& plan, int64_t
   return bytes;
 }
 
-// One pipeline rank's walk: high-water marks of what is pooled, and the peak of the sum. State is
-// indexed by (the rank's chunk, microbatch) in flat vectors: the planner walks ~10^4 plans'
-// schedules of up to thousands of microbatches.
+// One pipeline rank's walk in counts: high-water marks of what is pooled (microbatch sets and lent
+// layer sets per chunk, gradient messages) and I's deferred gradients per chunk, recorded at every
+// moment one of them grows; pricing takes the largest sum. State is indexed by (the rank's chunk,
+// microbatch) in flat vectors: the planner walks thousands of schedules of thousands of microbatches.
 class RankWalk {
  public:
-  // `chunks[s]`: stage s's buffers when it is on this rank, else null.
+  // `chunks[s]`: stage s's chunk when it is on this rank, else null (only its shape is read:
+  // first, last, what its forward and its recomputation groups borrow).
   RankWalk(const std::vector<const ChunkBytes*>& chunks, const ScheduleShape& shape)
       : chunks_(chunks), shape_(shape), microbatches_(shape.microbatches), local_(chunks.size(), -1) {
     for (std::size_t stage = 0; stage < chunks.size(); ++stage) {
-      const ChunkBytes* chunk = chunks[stage];
-      if (!chunk) continue;
-      local_[stage] = locals_++;
-      static_bytes_ += chunk->master + chunk->gradients + chunk->compute + chunk->moments + chunk->scratch;
-      message_bytes_ = chunk->message;
+      if (chunks[stage]) local_[stage] = locals_++;
     }
     const auto cells = static_cast<std::size_t>(locals_ * microbatches_);
     held_.assign(cells, 0);
     kept_.assign(cells, 0);
     message_.assign(2 * cells, 0);
     sent_.assign(2 * cells, 0);
-    for (auto* counts : {&live_sets_, &sets_, &lent_, &lent_peak_}) counts->assign(static_cast<std::size_t>(locals_), 0);
+    for (auto* counts : {&live_sets_, &lent_}) counts->assign(static_cast<std::size_t>(locals_), 0);
+    counts_.assign(static_cast<std::size_t>(3 * locals_ + 1), 0);
     note();
   }
 
@@ -157,14 +156,31 @@ class RankWalk {
   }
 
   // Evaluation's two message buffers, after the iteration.
-  void evaluate() { peak_ = std::max(peak_, static_bytes_ + pooled_ + deferred_ + 2 * message_bytes_); }
+  void evaluate() {
+    counts_.back() += 2;
+    note();
+    counts_.back() -= 2;
+  }
 
-  int64_t peak() const { return peak_; }
-  int64_t static_bytes() const { return static_bytes_; }
-  int64_t most_inflight() const {
-    int64_t total = 0;
-    for (const int64_t count : sets_) total += count;
-    return total;
+  ExecutorMemoryWalk::Rank result() {
+    ExecutorMemoryWalk::Rank rank;
+    for (std::size_t stage = 0; stage < chunks_.size(); ++stage) {
+      if (chunks_[stage]) rank.stages.push_back(static_cast<int64_t>(stage));
+    }
+    // High-water counts only grow, so a moment is dominated by any later one whose deferred counts
+    // are no smaller: pricing needs only the rest (without I/W, the last moment alone).
+    for (auto moment = moments_.rbegin(); moment != moments_.rend(); ++moment) {
+      const bool dominated = std::any_of(rank.moments.begin(), rank.moments.end(), [&](const std::vector<int64_t>& later) {
+        for (int64_t i = 0; i < locals_; ++i) {
+          const auto at = static_cast<std::size_t>(3 * i + 2);
+          if (later[at] < (*moment)[at]) return false;
+        }
+        return true;
+      });
+      if (!dominated) rank.moments.push_back(std::move(*moment));
+    }
+    for (int64_t i = 0; i < locals_; ++i) rank.most_inflight += counts_[static_cast<std::size_t>(3 * i)];
+    return rank;
   }
 
  private:
@@ -179,16 +195,17 @@ class RankWalk {
     return 2 * cell(here ? stage : stage - 1, microbatch) + (here ? 0 : 1);
   }
   const ChunkBytes& chunk(int64_t stage) const { return *chunks_[static_cast<std::size_t>(stage)]; }
+  int64_t& sets(int64_t stage) { return counts_[3 * index(stage)]; }
+  int64_t& lent_peak(int64_t stage) { return counts_[3 * index(stage) + 1]; }
+  int64_t& deferred(int64_t stage) { return counts_[3 * index(stage) + 2]; }
 
   // A microbatch's set on `stage`: taken at its RECV_F or F, whichever comes first.
   void hold(int64_t stage, int64_t microbatch) {
     char& held = held_[cell(stage, microbatch)];
     if (held) return;
     held = 1;
-    const std::size_t s = index(stage);
-    if (++live_sets_[s] > sets_[s]) {
-      sets_[s] = live_sets_[s];
-      pooled_ += chunk(stage).microbatch;
+    if (++live_sets_[index(stage)] > sets(stage)) {
+      sets(stage) = live_sets_[index(stage)];
       note();
     }
   }
@@ -197,11 +214,10 @@ class RankWalk {
     --live_sets_[index(stage)];
   }
   void borrow(int64_t stage, int64_t count) {
-    const std::size_t s = index(stage);
-    lent_[s] += count;
-    if (lent_[s] > lent_peak_[s]) {
-      pooled_ += (lent_[s] - lent_peak_[s]) * chunk(stage).layer;
-      lent_peak_[s] = lent_[s];
+    int64_t& lent = lent_[index(stage)];
+    lent += count;
+    if (lent > lent_peak(stage)) {
+      lent_peak(stage) = lent;
       note();
     }
   }
@@ -209,9 +225,8 @@ class RankWalk {
   // Message buffers, keyed by gradient_cell.
   void take_message(std::size_t c) {
     message_[c] = 1;
-    if (++messages_live_ > messages_peak_) {
-      messages_peak_ = messages_live_;
-      pooled_ += message_bytes_;
+    if (++messages_live_ > counts_.back()) {
+      counts_.back() = messages_live_;
       note();
     }
   }
@@ -246,7 +261,7 @@ class RankWalk {
       }
     }
     if (defer) {
-      deferred_ += c.deferred;
+      ++deferred(stage);
       note();
       kept_[cell(stage, microbatch)] = kept;
     }
@@ -260,38 +275,38 @@ class RankWalk {
   }
 
   void weight(int64_t stage, int64_t microbatch) {
-    deferred_ -= chunk(stage).deferred;
+    --deferred(stage);
     int64_t& kept = kept_[cell(stage, microbatch)];
     give_back(stage, kept);
     kept = 0;
     drop(stage, microbatch);
   }
 
-  void note() { peak_ = std::max(peak_, static_bytes_ + pooled_ + deferred_); }
+  // A moment the sum may peak: the counts now. Consecutive repeats (a steady state's I) once.
+  void note() {
+    if (moments_.empty() || moments_.back() != counts_) moments_.push_back(counts_);
+  }
 
   const std::vector<const ChunkBytes*>& chunks_;  // by stage: null for other ranks' stages
   const ScheduleShape& shape_;
   int64_t microbatches_;
   std::vector<int64_t> local_;  // by stage: its index among this rank's chunks, or -1
   int64_t locals_ = 0;
-  int64_t static_bytes_ = 0, message_bytes_ = 0;
-  int64_t pooled_ = 0;    // sets, lent layers and messages ever allocated: kept for reuse
-  int64_t deferred_ = 0;  // I's gradients awaiting W
-  int64_t peak_ = 0;
   std::vector<char> held_;            // by cell
   std::vector<char> message_, sent_;  // by gradient_cell
-  std::vector<int64_t> kept_;                // layers I lent a microbatch until its W
-  std::vector<int64_t> live_sets_, sets_, lent_, lent_peak_;  // by index
-  int64_t messages_live_ = 0, messages_peak_ = 0;
+  std::vector<int64_t> kept_;         // layers I lent a microbatch until its W
+  std::vector<int64_t> live_sets_, lent_;  // by index
+  int64_t messages_live_ = 0;
+  // By index i: 3i sets ever held, 3i + 1 layer sets ever lent at once, 3i + 2 microbatches
+  // awaiting W; last, messages ever held at once.
+  std::vector<int64_t> counts_;
+  std::vector<std::vector<int64_t>> moments_;
 };
 
-}  // namespace
-
-std::vector<ExecutorRankMemory> executor_memory_per_pipeline_rank(const ModelSpec& model, const ParallelPlan& plan,
-                                                                 const PipelineSchedule& schedule,
-                                                                 const ExecutorPrecision& precision,
-                                                                 int64_t bucket_size, bool evaluates) {
-  // Chunks of equal layer count and role (first, last, neither) have equal buffers: computed once.
+// Each stage's chunk; chunks of equal layer count and role (first, last, neither) are equal and
+// computed once.
+std::vector<ChunkBytes> chunks_by_stage(const ModelSpec& model, const ParallelPlan& plan,
+                                        const ExecutorPrecision& precision, int64_t bucket_size) {
   std::map<std::tuple<int64_t, bool, bool>, ChunkBytes> distinct;
   std::vector<ChunkBytes> by_stage;
   by_stage.reserve(static_cast<std::size_t>(plan.num_virtual_stages()));
@@ -304,29 +319,67 @@ std::vector<ExecutorRankMemory> executor_memory_per_pipeline_rank(const ModelSpe
     }
     by_stage.push_back(found->second);
   }
-  std::vector<ExecutorRankMemory> ranks;
+  return by_stage;
+}
+
+}  // namespace
+
+ExecutorMemoryWalk walk_executor_memory(const ModelSpec& model, const ParallelPlan& plan,
+                                        const PipelineSchedule& schedule, bool evaluates) {
+  const std::vector<ChunkBytes> by_stage = chunks_by_stage(model, plan, ExecutorPrecision{}, 0);
+  ExecutorMemoryWalk walk;
   for (int64_t rank = 0; rank < plan.pipeline_parallel_size; ++rank) {
-    std::vector<const ChunkBytes*> chunks(static_cast<std::size_t>(plan.num_virtual_stages()), nullptr);
-    ExecutorRankMemory memory;
-    memory.pipeline_rank = rank;
+    std::vector<const ChunkBytes*> chunks(by_stage.size(), nullptr);
     for (const int64_t stage : stages_of_pipeline_rank(rank, plan)) {
+      chunks[static_cast<std::size_t>(stage)] = &by_stage[static_cast<std::size_t>(stage)];
+    }
+    RankWalk rank_walk(chunks, schedule.shape);
+    for (const Action& action : schedule.ranks[static_cast<std::size_t>(rank)]) rank_walk.run(action);
+    if (evaluates) rank_walk.evaluate();
+    walk.ranks.push_back(rank_walk.result());
+  }
+  return walk;
+}
+
+std::vector<ExecutorRankMemory> price_executor_memory(const ExecutorMemoryWalk& walk, const ModelSpec& model,
+                                                      const ParallelPlan& plan, const ExecutorPrecision& precision,
+                                                      int64_t bucket_size) {
+  const std::vector<ChunkBytes> by_stage = chunks_by_stage(model, plan, precision, bucket_size);
+  std::vector<ExecutorRankMemory> ranks;
+  for (std::size_t rank = 0; rank < walk.ranks.size(); ++rank) {
+    const ExecutorMemoryWalk::Rank& counts = walk.ranks[rank];
+    ExecutorRankMemory memory;
+    memory.pipeline_rank = static_cast<int64_t>(rank);
+    std::vector<int64_t> prices;  // per count, in the walk's order
+    for (const int64_t stage : counts.stages) {
       const ChunkBytes& chunk = by_stage[static_cast<std::size_t>(stage)];
-      chunks[static_cast<std::size_t>(stage)] = &chunk;
       memory.master_weight_bytes += chunk.master;
       memory.gradient_bytes += chunk.gradients;
       memory.compute_weight_bytes += chunk.compute;
       memory.optimizer_bytes += chunk.moments;
       memory.scratch_bytes += chunk.scratch;
+      prices.insert(prices.end(), {chunk.microbatch, chunk.layer, chunk.deferred});
     }
-    RankWalk walk(chunks, schedule.shape);
-    for (const Action& action : schedule.ranks[static_cast<std::size_t>(rank)]) walk.run(action);
-    if (evaluates) walk.evaluate();
-    memory.activation_bytes = walk.peak() - walk.static_bytes();
-    memory.peak_inflight_microbatches = walk.most_inflight();
-    memory.total_bytes = walk.peak();
+    prices.push_back(by_stage.front().message);
+    for (const std::vector<int64_t>& moment : counts.moments) {
+      int64_t bytes = 0;
+      for (std::size_t i = 0; i < prices.size(); ++i) bytes += moment[i] * prices[i];
+      memory.activation_bytes = std::max(memory.activation_bytes, bytes);
+    }
+    memory.peak_inflight_microbatches = counts.most_inflight;
+    memory.total_bytes = memory.master_weight_bytes + memory.gradient_bytes + memory.compute_weight_bytes +
+                         memory.optimizer_bytes + memory.scratch_bytes + memory.activation_bytes;
     ranks.push_back(memory);
   }
   return ranks;
+}
+
+std::vector<ExecutorRankMemory> executor_memory_per_pipeline_rank(const ModelSpec& model, const ParallelPlan& plan,
+                                                                 const PipelineSchedule& schedule,
+                                                                 const ExecutorPrecision& precision,
+                                                                 int64_t bucket_size, bool evaluates) {
+  return price_executor_memory(walk_executor_memory(model, plan, schedule, evaluates), model, plan, precision,
+                               bucket_size);
 }
 
 }  // namespace megaplan

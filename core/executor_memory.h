@@ -56,6 +56,30 @@ struct ExecutorRankMemory {
   int64_t total_bytes = 0;  // all of the above: what the rank's backend allocates at most
 };
 
+// A walk without bytes: per pipeline rank, its stages and the counts (per chunk: microbatch sets
+// and lent layer sets ever held at once, microbatches awaiting W; then gradient messages ever held
+// at once) at every moment one grows. Its events depend on the schedule and the recomputation
+// only, so the planner keeps one per (schedule, pp, vpp, microbatches, recomputation) and prices
+// it for each plan of that shape.
+struct ExecutorMemoryWalk {
+  struct Rank {
+    std::vector<int64_t> stages;
+    std::vector<std::vector<int64_t>> moments;
+    int64_t most_inflight = 0;
+  };
+  std::vector<Rank> ranks;
+};
+
+// REQUIRES as executor_memory_per_pipeline_rank.
+ExecutorMemoryWalk walk_executor_memory(const ModelSpec& model, const ParallelPlan& plan,
+                                        const PipelineSchedule& schedule, bool evaluates = false);
+
+// REQUIRES: `walk` was taken for a plan of the same schedule, pp, vpp, microbatches, layers and
+// recomputation as `plan`.
+std::vector<ExecutorRankMemory> price_executor_memory(const ExecutorMemoryWalk& walk, const ModelSpec& model,
+                                                      const ParallelPlan& plan, const ExecutorPrecision& precision,
+                                                      int64_t bucket_size = 0);
+
 // One entry per pipeline rank. `schedule` is the plan's lowered schedule (compute-only schedules
 // work too: their inputs then arrive at F and gradients at the backward that needs them).
 // `bucket_size`: --ddp-bucket-size (0: Megatron's default); with `evaluates`, evaluation's two

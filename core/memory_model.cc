@@ -149,13 +149,15 @@ std::vector<PipelineRankMemory> megatron_memory(const ModelSpec& model, const Pa
   return ranks;
 }
 
-// megaplan's executor: its buffers exactly (bf16 compute, flash attention), its CUDA context and
-// libraries' workspaces as the reserve; its own allocator has no fragmentation to allow for.
-std::vector<PipelineRankMemory> executor_memory(const ModelSpec& model, const ParallelPlan& plan,
-                                                const PipelineSchedule& schedule) {
+}  // namespace
+
+std::vector<PipelineRankMemory> executor_pipeline_memory(const ModelSpec& model, const ParallelPlan& plan,
+                                                         const ExecutorMemoryWalk& walk) {
+  // bf16 compute and flash attention; the CUDA context and libraries' workspaces as the reserve;
+  // the executor's own allocator has no fragmentation to allow for.
   std::vector<PipelineRankMemory> ranks;
   const std::vector<PipelineRankParameters> parameters = parameters_per_pipeline_rank(model, plan);
-  for (const ExecutorRankMemory& rank : executor_memory_per_pipeline_rank(model, plan, schedule, ExecutorPrecision{})) {
+  for (const ExecutorRankMemory& rank : price_executor_memory(walk, model, plan, ExecutorPrecision{})) {
     PipelineRankMemory memory;
     memory.pipeline_rank = rank.pipeline_rank;
     memory.parameters_per_gpu = parameters[static_cast<std::size_t>(rank.pipeline_rank)].parameters_per_gpu;
@@ -172,12 +174,11 @@ std::vector<PipelineRankMemory> executor_memory(const ModelSpec& model, const Pa
   return ranks;
 }
 
-}  // namespace
-
 std::vector<PipelineRankMemory> memory_per_pipeline_rank(const ModelSpec& model, const ParallelPlan& plan,
                                                          const PipelineSchedule& schedule) {
-  return plan.implementation == Implementation::kMegaplan ? executor_memory(model, plan, schedule)
-                                                          : megatron_memory(model, plan, schedule);
+  return plan.implementation == Implementation::kMegaplan
+             ? executor_pipeline_memory(model, plan, walk_executor_memory(model, plan, schedule))
+             : megatron_memory(model, plan, schedule);
 }
 
 }  // namespace megaplan

@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/executor_memory.h"
 #include "core/model_spec.h"
 #include "core/parallel_plan.h"
 #include "core/schedule/schedule.h"
@@ -75,5 +76,10 @@ int64_t peak_model_state_bytes(const ModelSpec& model, const ParallelPlan& plan)
 // REQUIRES: validate_plan(model, plan) passed; schedule has the plan's shape.
 std::vector<PipelineRankMemory> memory_per_pipeline_rank(const ModelSpec& model, const ParallelPlan& plan,
                                                          const PipelineSchedule& schedule);
+
+// megaplan's entries from a walk of a plan of the same shape (executor_memory.h): what
+// memory_per_pipeline_rank gives for plan.implementation megaplan, without walking again.
+std::vector<PipelineRankMemory> executor_pipeline_memory(const ModelSpec& model, const ParallelPlan& plan,
+                                                         const ExecutorMemoryWalk& walk);
 
 }  // namespace megaplan

@@ -8,6 +8,7 @@
 #include <exception>
 #include <limits>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -47,11 +48,41 @@ struct Closest {
   }
 };
 
+// megaplan's memory walks (core/executor_memory.h), one per schedule shape and recomputation: the
+// plans of a search that share them (tp, sequence parallelism, the distributed optimizer, micro-
+// batch sizes of equal count) are priced from one walk instead of walking their schedules again.
+class MemoryWalks {
+ public:
+  std::shared_ptr<const ExecutorMemoryWalk> get(const ModelSpec& model, const ParallelPlan& plan) {
+    const auto key = std::tuple(plan.schedule, plan.pipeline_parallel_size, plan.virtual_pipeline_parallel_size,
+                                plan.num_microbatches(), plan.recompute_granularity, plan.recompute_method,
+                                plan.recompute_num_layers);
+    {
+      const std::lock_guard<std::mutex> lock(mutex_);
+      if (const auto found = walks_.find(key); found != walks_.end()) return found->second;
+    }
+    auto walk = std::make_shared<const ExecutorMemoryWalk>(
+        walk_executor_memory(model, plan, generate_plan_schedule(plan)));
+    const std::lock_guard<std::mutex> lock(mutex_);
+    return walks_.emplace(key, std::move(walk)).first->second;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::map<std::tuple<ScheduleKind, int64_t, int64_t, int64_t, RecomputeGranularity, RecomputeMethod, int64_t>,
+           std::shared_ptr<const ExecutorMemoryWalk>>
+      walks_;
+};
+
 // The fullest pipeline rank under core's memory model, with the plan's own schedule.
-std::pair<int64_t, int64_t> peak_memory(const ModelSpec& model, const ParallelPlan& plan) {
+std::pair<int64_t, int64_t> peak_memory(const ModelSpec& model, const ParallelPlan& plan, MemoryWalks& walks) {
   int64_t peak = 0;
   int64_t rank = 0;
-  for (const PipelineRankMemory& memory : memory_per_pipeline_rank(model, plan, generate_plan_schedule(plan))) {
+  const std::vector<PipelineRankMemory> ranks =
+      plan.implementation == Implementation::kMegaplan
+          ? executor_pipeline_memory(model, plan, *walks.get(model, plan))
+          : memory_per_pipeline_rank(model, plan, generate_plan_schedule(plan));
+  for (const PipelineRankMemory& memory : ranks) {
     if (memory.total_bytes > peak) {
       peak = memory.total_bytes;
       rank = memory.pipeline_rank;
@@ -181,6 +212,7 @@ SearchResult search_plans(const ModelSpec& model, const GpuSpec& gpu, const std:
   // Model state first: no schedule needed. Then order what is left by its lower bound, so that the
   // likely winners are simulated first and the k-th best soon rules out the rest.
   ModelStatePeaks model_state(model);
+  MemoryWalks walks;
   std::vector<Candidate> survivors;
   for (std::size_t index = 0; index < candidates.size(); ++index) {
     if (model_state.peak(candidates[index]).first > limit) {
@@ -209,7 +241,7 @@ SearchResult search_plans(const ModelSpec& model, const GpuSpec& gpu, const std:
           return;
         }
         const ParallelPlan& plan = candidates[candidate.index];
-        const auto [peak, rank] = peak_memory(model, plan);
+        const auto [peak, rank] = peak_memory(model, plan, walks);
         if (peak > limit) {
           ranking.too_big(peak - limit, candidate.index, rank);
           continue;
@@ -255,7 +287,7 @@ SearchResult search_plans(const ModelSpec& model, const GpuSpec& gpu, const std:
   std::sort(by_state.begin(), by_state.end());
   for (const auto& [state_shortfall, index] : by_state) {
     if (state_shortfall > closest.shortfall) break;
-    const auto [peak, rank] = peak_memory(model, candidates[index]);
+    const auto [peak, rank] = peak_memory(model, candidates[index], walks);
     closest.offer(peak - limit, index, rank);
   }
   const ParallelPlan& plan = candidates[closest.index];
