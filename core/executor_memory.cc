@@ -6,7 +6,6 @@
 #include <tuple>
 #include <utility>
 
-#include "core/checked_math.h"
 #include "core/formulas.h"
 #include "core/parameter_list.h"
 #include "core/pipeline_layout.h"
@@ -17,16 +16,31 @@ namespace {
 
 constexpr int64_t kFloat = 4;
 
+// What the walk reads of a plan. Every chunk's layers keep and borrow alike (recompute_groups is
+// per virtual stage, the same for each); the first and the last stage differ by their ends.
+struct WalkShape {
+  bool forward_borrows = false;       // a layer keeps less than everything: F runs it on a lent set
+  std::vector<int64_t> group_borrows;  // sets each recomputation group borrows in the backward
+  int64_t last_stage = 0;
+};
+
+WalkShape walk_shape(const ModelSpec& model, const ParallelPlan& plan) {
+  WalkShape shape;
+  const std::vector<LayerGroup> groups = recompute_groups(model, plan);
+  for (const LayerKeep keep : layer_keeps(plan, groups)) shape.forward_borrows = shape.forward_borrows || keep != LayerKeep::kAll;
+  const bool selective = plan.recompute_granularity == RecomputeGranularity::kSelective;
+  for (const LayerGroup& group : groups) shape.group_borrows.push_back(group.recomputed || selective ? group.num_layers : 0);
+  shape.last_stage = plan.num_virtual_stages() - 1;
+  return shape;
+}
+
 // One chunk's buffer sizes, in bytes.
 struct ChunkBytes {
   int64_t master = 0, gradients = 0, compute = 0, moments = 0, scratch = 0;
   int64_t microbatch = 0;  // one in-flight set
   int64_t layer = 0;       // one whole-layer set of the recomputation pool
   int64_t deferred = 0;    // I's kept output gradients (and the embedding's input gradient) until W
-  bool forward_borrows = false;       // a layer keeps less than everything: F runs it on a lent set
-  std::vector<int64_t> group_borrows;  // sets each recomputation group borrows in the backward
   int64_t message = 0;     // one activation or gradient message
-  bool first = false, last = false;
 };
 
 ChunkBytes chunk_bytes(const ModelSpec& model, const ParallelPlan& plan, int64_t stage,
@@ -45,8 +59,6 @@ ChunkBytes chunk_bytes(const ModelSpec& model, const ParallelPlan& plan, int64_t
   const StageLayers layers = stage_layers(stage, model, plan);
 
   ChunkBytes bytes;
-  bytes.first = layers.has_embedding;
-  bytes.last = layers.has_output_layer;
   bytes.message = a * rows * h;
   const int64_t parameters = stage_parameters(model, plan, stage).parameters_per_gpu;
   const ParameterLayout layout = stage_layout(model, plan, stage, static_cast<std::size_t>(bucket_size));
@@ -64,7 +76,7 @@ ChunkBytes chunk_bytes(const ModelSpec& model, const ParallelPlan& plan, int64_t
   // norm_out_, branch_out_, d_residual_ x 2 (rows); d_hidden_ (tokens); d_qkv_, d_ffn_ (the
   // rank's share); under sequence parallelism gathered_ and partial_; the loss's row statistics.
   bytes.scratch = a * (4 * rows * h + tokens * h + tokens * (qkv + fc1)) +
-                  (plan.sequence_parallel ? 2 * a * tokens * h : 0) + (bytes.last ? kFloat * 2 * tokens : 0);
+                  (plan.sequence_parallel ? 2 * a * tokens * h : 0) + (layers.has_output_layer ? kFloat * 2 * tokens : 0);
 
   const int64_t saved_per_row = precision.attention_keeps_probabilities ? model.seq_length : 1;
   const int64_t attention = a * tokens * q + kFloat * plan.micro_batch_size * heads * model.seq_length * saved_per_row;
@@ -72,22 +84,16 @@ ChunkBytes chunk_bytes(const ModelSpec& model, const ParallelPlan& plan, int64_t
   // input, middle (rows); qkv, fc1's output, the activation's output (tokens, the rank's share);
   // the two norms' mean and rstd; the attention core's output and saved statistics.
   bytes.layer = 2 * input + a * tokens * (qkv + fc1 + ffn) + kFloat * 4 * rows + attention;
-  const std::vector<LayerGroup> groups = recompute_groups(model, plan);
   bytes.microbatch = input;  // the chunk's output
-  for (const LayerKeep keep : layer_keeps(plan, groups)) {
+  for (const LayerKeep keep : layer_keeps(plan, recompute_groups(model, plan))) {
     bytes.microbatch += keep == LayerKeep::kAll ? bytes.layer
                         : keep == LayerKeep::kAllButAttention ? bytes.layer - attention
                         : keep == LayerKeep::kInput ? input
                                                : 0;
-    bytes.forward_borrows = bytes.forward_borrows || keep != LayerKeep::kAll;
   }
-  if (bytes.last) bytes.microbatch += a * tokens * (h + vocabulary) + kFloat * (2 * rows + tokens);
-  for (const LayerGroup& group : groups) {
-    const bool selective = plan.recompute_granularity == RecomputeGranularity::kSelective;
-    bytes.group_borrows.push_back(group.recomputed ? group.num_layers : selective ? group.num_layers : 0);
-  }
+  if (layers.has_output_layer) bytes.microbatch += a * tokens * (h + vocabulary) + kFloat * (2 * rows + tokens);
   // Per layer, I keeps the output gradients of fc2 and the projection (hidden wide), fc1 and QKV.
-  bytes.deferred = layers.num_layers * a * tokens * (2 * h + fc1 + qkv) + (bytes.first ? a * tokens * h : 0);
+  bytes.deferred = layers.num_layers * a * tokens * (2 * h + fc1 + qkv) + (layers.has_embedding ? a * tokens * h : 0);
   return bytes;
 }
 
@@ -97,13 +103,10 @@ ChunkBytes chunk_bytes(const ModelSpec& model, const ParallelPlan& plan, int64_t
 // microbatch) in flat vectors: the planner walks thousands of schedules of thousands of microbatches.
 class RankWalk {
  public:
-  // `chunks[s]`: stage s's chunk when it is on this rank, else null (only its shape is read:
-  // first, last, what its forward and its recomputation groups borrow).
-  RankWalk(const std::vector<const ChunkBytes*>& chunks, const ScheduleShape& shape)
-      : chunks_(chunks), shape_(shape), microbatches_(shape.microbatches), local_(chunks.size(), -1) {
-    for (std::size_t stage = 0; stage < chunks.size(); ++stage) {
-      if (chunks[stage]) local_[stage] = locals_++;
-    }
+  // `stages`: this rank's, in increasing order.
+  RankWalk(const WalkShape& walk, const ScheduleShape& shape, const std::vector<int64_t>& stages)
+      : walk_(walk), shape_(shape), microbatches_(shape.microbatches), local_(static_cast<std::size_t>(shape.num_stages), -1) {
+    for (const int64_t stage : stages) local_[static_cast<std::size_t>(stage)] = locals_++;
     const auto cells = static_cast<std::size_t>(locals_ * microbatches_);
     held_.assign(cells, 0);
     kept_.assign(cells, 0);
@@ -164,8 +167,8 @@ class RankWalk {
 
   ExecutorMemoryWalk::Rank result() {
     ExecutorMemoryWalk::Rank rank;
-    for (std::size_t stage = 0; stage < chunks_.size(); ++stage) {
-      if (chunks_[stage]) rank.stages.push_back(static_cast<int64_t>(stage));
+    for (std::size_t stage = 0; stage < local_.size(); ++stage) {
+      if (local_[stage] >= 0) rank.stages.push_back(static_cast<int64_t>(stage));
     }
     // High-water counts only grow, so a moment is dominated by any later one whose deferred counts
     // are no smaller: pricing needs only the rest (without I/W, the last moment alone).
@@ -191,10 +194,9 @@ class RankWalk {
   // The gradient at stage s's input: written by this rank's stage s, or received for (or handed
   // over to) this rank's stage s - 1 as the gradient of its output.
   std::size_t gradient_cell(int64_t stage, int64_t microbatch) const {
-    const bool here = stage < static_cast<int64_t>(chunks_.size()) && chunks_[static_cast<std::size_t>(stage)];
+    const bool here = stage < shape_.num_stages && local_[static_cast<std::size_t>(stage)] >= 0;
     return 2 * cell(here ? stage : stage - 1, microbatch) + (here ? 0 : 1);
   }
-  const ChunkBytes& chunk(int64_t stage) const { return *chunks_[static_cast<std::size_t>(stage)]; }
   int64_t& sets(int64_t stage) { return counts_[3 * index(stage)]; }
   int64_t& lent_peak(int64_t stage) { return counts_[3 * index(stage) + 1]; }
   int64_t& deferred(int64_t stage) { return counts_[3 * index(stage) + 2]; }
@@ -238,26 +240,26 @@ class RankWalk {
 
   void forward(int64_t stage, int64_t microbatch) {
     hold(stage, microbatch);
-    if (chunk(stage).forward_borrows) {
+    if (walk_.forward_borrows) {
       borrow(stage, 1);
       give_back(stage, 1);
     }
   }
 
   void backward(int64_t stage, int64_t microbatch, bool defer) {
-    const ChunkBytes& c = chunk(stage);
+    const bool first = stage == 0, last = stage == walk_.last_stage;
     // The gradient of the stage's output: received (RECV_B), or handed over by the next stage on
     // this rank; a compute-only schedule has neither, so it arrives now.
     const std::size_t output_gradient = gradient_cell(stage + 1, microbatch);
-    if (!c.last && !message_[output_gradient]) take_message(output_gradient);
-    if (!c.first) take_message(gradient_cell(stage, microbatch));  // the input gradient this backward writes
+    if (!last && !message_[output_gradient]) take_message(output_gradient);
+    if (!first) take_message(gradient_cell(stage, microbatch));  // the input gradient this backward writes
     int64_t kept = 0;
-    for (auto g = c.group_borrows.size(); g-- > 0;) {
-      borrow(stage, c.group_borrows[g]);
+    for (auto g = walk_.group_borrows.size(); g-- > 0;) {
+      borrow(stage, walk_.group_borrows[g]);
       if (defer) {
-        kept += c.group_borrows[g];
+        kept += walk_.group_borrows[g];
       } else {
-        give_back(stage, c.group_borrows[g]);
+        give_back(stage, walk_.group_borrows[g]);
       }
     }
     if (defer) {
@@ -265,10 +267,10 @@ class RankWalk {
       note();
       kept_[cell(stage, microbatch)] = kept;
     }
-    if (!c.last) give_message(output_gradient);
+    if (!last) give_message(output_gradient);
     // An input gradient handed to the previous stage on this rank is consumed by its backward;
     // one sent waits for OPTIM.
-    if (!c.first && shape_.rank_of_stage(stage - 1) != shape_.rank_of_stage(stage)) {
+    if (!first && shape_.rank_of_stage(stage - 1) != shape_.rank_of_stage(stage)) {
       sent_[gradient_cell(stage, microbatch)] = 1;
     }
     if (!defer) drop(stage, microbatch);
@@ -287,7 +289,7 @@ class RankWalk {
     if (moments_.empty() || moments_.back() != counts_) moments_.push_back(counts_);
   }
 
-  const std::vector<const ChunkBytes*>& chunks_;  // by stage: null for other ranks' stages
+  const WalkShape& walk_;
   const ScheduleShape& shape_;
   int64_t microbatches_;
   std::vector<int64_t> local_;  // by stage: its index among this rank's chunks, or -1
@@ -326,14 +328,12 @@ std::vector<ChunkBytes> chunks_by_stage(const ModelSpec& model, const ParallelPl
 
 ExecutorMemoryWalk walk_executor_memory(const ModelSpec& model, const ParallelPlan& plan,
                                         const PipelineSchedule& schedule, bool evaluates) {
-  const std::vector<ChunkBytes> by_stage = chunks_by_stage(model, plan, ExecutorPrecision{}, 0);
+  const WalkShape shape = walk_shape(model, plan);
   ExecutorMemoryWalk walk;
   for (int64_t rank = 0; rank < plan.pipeline_parallel_size; ++rank) {
-    std::vector<const ChunkBytes*> chunks(by_stage.size(), nullptr);
-    for (const int64_t stage : stages_of_pipeline_rank(rank, plan)) {
-      chunks[static_cast<std::size_t>(stage)] = &by_stage[static_cast<std::size_t>(stage)];
-    }
-    RankWalk rank_walk(chunks, schedule.shape);
+    std::vector<int64_t> stages = stages_of_pipeline_rank(rank, plan);
+    std::sort(stages.begin(), stages.end());
+    RankWalk rank_walk(shape, schedule.shape, stages);
     for (const Action& action : schedule.ranks[static_cast<std::size_t>(rank)]) rank_walk.run(action);
     if (evaluates) rank_walk.evaluate();
     walk.ranks.push_back(rank_walk.result());

@@ -2,6 +2,7 @@
 #include "core/parameter_list.h"
 
 #include <string_view>
+#include <utility>
 
 #include "core/formulas.h"
 #include "core/pipeline_layout.h"
@@ -69,19 +70,19 @@ void for_each_parameter(const ModelSpec& model, const ParallelPlan& plan, int64_
   }
 }
 
-// This rank's part of an entry: column- and vocabulary-parallel tensors are cut along rows,
-// row-parallel ones along columns.
-std::vector<int64_t> shard_shape(const Entry& entry, int64_t tp) {
-  std::vector<int64_t> shape = entry.columns > 0 ? std::vector<int64_t>{entry.rows, entry.columns}
-                                                 : std::vector<int64_t>{entry.rows};
-  if (entry.split != TensorSplit::kReplicated) shape[entry.split == TensorSplit::kRow ? 1 : 0] /= tp;
-  return shape;
+// This rank's part of an entry, {rows, columns}: column- and vocabulary-parallel tensors are cut
+// along rows, row-parallel ones along columns.
+std::pair<int64_t, int64_t> shard_extents(const Entry& entry, int64_t tp) {
+  const bool rows_cut = entry.split == TensorSplit::kColumn || entry.split == TensorSplit::kVocabulary;
+  return {rows_cut ? entry.rows / tp : entry.rows, entry.split == TensorSplit::kRow ? entry.columns / tp : entry.columns};
+}
+
+std::vector<int64_t> shape_of(int64_t rows, int64_t columns) {
+  return columns > 0 ? std::vector<int64_t>{rows, columns} : std::vector<int64_t>{rows};
 }
 
 std::size_t shard_size(const Entry& entry, int64_t tp) {
-  const int64_t rows = entry.split == TensorSplit::kColumn || entry.split == TensorSplit::kVocabulary ? entry.rows / tp
-                                                                                                    : entry.rows;
-  const int64_t columns = entry.split == TensorSplit::kRow ? entry.columns / tp : entry.columns;
+  const auto [rows, columns] = shard_extents(entry, tp);
   return static_cast<std::size_t>(columns > 0 ? rows * columns : rows);
 }
 
@@ -99,9 +100,9 @@ std::vector<ParameterSpec> describe_parameters(const ModelSpec& model, const Par
       spec.shard_index = tp_rank;
       spec.shard_count = tp;
     }
-    spec.global_shape = entry.columns > 0 ? std::vector<int64_t>{entry.rows, entry.columns}
-                                          : std::vector<int64_t>{entry.rows};
-    spec.shape = shard_shape(entry, tp);
+    spec.global_shape = shape_of(entry.rows, entry.columns);
+    const auto [rows, columns] = shard_extents(entry, tp);
+    spec.shape = shape_of(rows, columns);
     spec.size = shard_size(entry, tp);
     spec.weight_decay = entry.decay;
     specs.push_back(std::move(spec));

@@ -50,10 +50,19 @@ bool read_header(const std::vector<std::string>& header, Columns& columns) {
   for (std::size_t i = 1; i < header.size(); ++i) {
     const std::string& name = header[i];
     const std::size_t at = i - 1;
-    if (name == "redop") redop = true, columns.redop = at;
-    if (name == "root") columns.has_root = true, columns.root = at;
-    if (name == "time" && !time) time = true, columns.time = at;
-    if (name == "busbw" && !busbw) busbw = true, columns.busbw = at;
+    if (name == "redop") {
+      redop = true;
+      columns.redop = at;
+    } else if (name == "root") {
+      columns.has_root = true;
+      columns.root = at;
+    } else if (name == "time" && !time) {  // the first is out of place
+      time = true;
+      columns.time = at;
+    } else if (name == "busbw" && !busbw) {
+      busbw = true;
+      columns.busbw = at;
+    }
   }
   return redop && time && busbw && header.size() > 2 && header[1] == "size" && header[2] == "count";
 }
@@ -101,7 +110,7 @@ NcclTestsRun read_nccl_tests(const std::string& text, const std::string& file) {
       throw fail(where + "size, count, time and busbw must be non-negative numbers");
     }
     int64_t root = -1;
-    if (columns.has_root && (!parse_number(w[columns.root], root))) throw fail(where + "root must be an integer");
+    if (columns.has_root && !parse_number(w[columns.root], root)) throw fail(where + "root must be an integer");
     if (root >= 0) throw fail("a rooted test (reduce, broadcast): megaplan models none");
     const int64_t bytes = element_bytes(w[2]);
     if (bytes == 0) throw fail(where + "unknown data type \"" + w[2] + "\"");
