@@ -58,7 +58,12 @@ planner::SearchSpace search_space(const SearchCommandOptions& options) {
   if (options.distributed_optimizer) space.distributed_optimizer = {true};
   if (options.no_distributed_optimizer) space.distributed_optimizer = {false};
   space.allow_cross_node_tensor_parallel = options.allow_cross_node_tensor_parallel;
-  space.implementation = parse_implementation(options.implementation, "--implementation");
+  space.implementation = parse_implementation(options.implementation.implementation, "--implementation");
+  space.options = resolve_implementation_options(options.implementation, space.implementation);
+  ParallelPlan check;  // the options' own rules, once, before any layout is tried
+  check.implementation = space.implementation;
+  check.options = space.options;
+  validate_implementation_options(check);
   return space;
 }
 
@@ -296,9 +301,7 @@ void setup_search_command(CLI::App& app, CommandContext& context) {
   command->add_flag("--no-distributed-optimizer", options->no_distributed_optimizer, "Only layouts without it")->group(group);
   command->add_flag("--allow-cross-node-tp", options->allow_cross_node_tensor_parallel, "Let tensor parallelism span nodes")
       ->group(group);
-  command->add_option("--implementation", options->implementation,
-                      "Whose training code runs the plans: megaplan (its executor), megatron-core or megatron-local (their memory accounting)")
-      ->capture_default_str()->group(group);
+  add_implementation_options(*command, options->implementation);
   command->add_option("--memory-fraction", options->memory_fraction, "Fraction of HBM a plan may fill")
       ->capture_default_str();
   command->add_option("--top", options->top, "Plans to rank")->capture_default_str();

@@ -25,7 +25,7 @@ struct SearchCommandOptions {
   bool sequence_parallel = false, no_sequence_parallel = false;
   bool distributed_optimizer = false, no_distributed_optimizer = false;
   bool allow_cross_node_tensor_parallel = false;
-  std::string implementation = "megaplan";  // --implementation
+  ImplementationFlags implementation;
   int64_t top = 10;
   double memory_fraction = 0.9;
   int64_t threads = 0;

@@ -52,7 +52,69 @@ void add_plan_options(CLI::App& command, PlanOptions& options) {
   command.add_option("--recompute-method", options.recompute_method, "With full: uniform (groups of N layers) or block (the first N layers of each chunk)")->group(group);
   command.add_option("--recompute-num-layers", options.recompute_num_layers, "With full: N (default 1)")->group(group);
   command.add_option("--schedule", options.schedule, "gpipe, 1f1b, interleaved, zb-h1, zbv, dualpipev (default: interleaved when vpp > 1, else 1f1b)")->group(group);
-  command.add_option("--implementation", options.implementation, "Whose training code runs the plan: megaplan (its executor), megatron-core or megatron-local (their memory accounting)")->capture_default_str()->group(group);
+  add_implementation_options(command, options.implementation);
+}
+
+void add_implementation_options(CLI::App& command, ImplementationFlags& flags) {
+  const std::string group = "Implementation (Megatron-LM flags; defaults by --implementation)";
+  command.add_option("--implementation", flags.implementation,
+                     "Whose training code runs the plan: megaplan (its executor), megatron-core (Transformer Engine, "
+                     "bf16, every overlap) or megatron-local (legacy: fp16, unfused attention, local DDP)")
+      ->capture_default_str()->group(group);
+  CLI::Option* fp16 = command.add_flag("--fp16", flags.fp16, "fp16 with loss scaling")->group(group);
+  command.add_flag("--bf16", flags.bf16, "bf16")->excludes(fp16)->group(group);
+  command.add_option("--transformer-impl", flags.transformer_impl, "local or transformer_engine")->group(group);
+  command.add_flag("--use-flash-attn", flags.use_flash_attn, "Flash attention in the local transformer")->group(group);
+  command.add_option("--attention-dropout", flags.attention_dropout, "Dropout on attention probabilities")->group(group);
+  command.add_option("--hidden-dropout", flags.hidden_dropout, "Dropout on the residual branches")->group(group);
+  command.add_flag("--no-masked-softmax-fusion", flags.no_masked_softmax_fusion, "Unfused mask and softmax")->group(group);
+  command.add_flag("--no-bias-gelu-fusion", flags.no_bias_gelu_fusion, "Bias add and GELU apart")->group(group);
+  command.add_flag("--no-bias-dropout-fusion", flags.no_bias_dropout_fusion, "Bias, dropout and residual add apart")
+      ->group(group);
+  command.add_flag("--no-gradient-accumulation-fusion", flags.no_gradient_accumulation_fusion,
+                   "Weight gradients added into the main gradients by a kernel of their own")
+      ->group(group);
+  command.add_flag("--accumulate-allreduce-grads-in-fp32", flags.accumulate_allreduce_grads_in_fp32,
+                   "fp32 main gradients with --fp16")
+      ->group(group);
+  command.add_flag("--overlap-grad-reduce", flags.overlap_grad_reduce, "Reduce gradient buckets during the backward")
+      ->group(group);
+  command.add_flag("--overlap-param-gather", flags.overlap_param_gather,
+                   "Gather the distributed optimizer's parameters during the next forward")
+      ->group(group);
+  command.add_flag("--tp-comm-overlap", flags.tp_comm_overlap, "Overlap tp collectives with GEMMs (with --sequence-parallel)")
+      ->group(group);
+  command.add_flag("--no-scatter-gather-tensors-in-pipeline", flags.no_scatter_gather_tensors_in_pipeline,
+                   "Send whole activations between stages")
+      ->group(group);
+}
+
+ImplementationOptions resolve_implementation_options(const ImplementationFlags& flags, Implementation implementation) {
+  ImplementationOptions options = default_implementation_options(implementation);
+  if (flags.fp16) options.precision = Precision::kFp16;
+  if (flags.bf16) options.precision = Precision::kBf16;
+  if (flags.transformer_impl) options.transformer_impl = parse_transformer_impl(*flags.transformer_impl, "--transformer-impl");
+  if (flags.use_flash_attn) options.use_flash_attn = true;
+  if (flags.attention_dropout) options.attention_dropout = *flags.attention_dropout;
+  if (flags.hidden_dropout) options.hidden_dropout = *flags.hidden_dropout;
+  const std::pair<bool, bool ImplementationOptions::*> off[] = {
+      {flags.no_masked_softmax_fusion, &ImplementationOptions::masked_softmax_fusion},
+      {flags.no_bias_gelu_fusion, &ImplementationOptions::bias_gelu_fusion},
+      {flags.no_bias_dropout_fusion, &ImplementationOptions::bias_dropout_fusion},
+      {flags.no_gradient_accumulation_fusion, &ImplementationOptions::gradient_accumulation_fusion},
+      {flags.no_scatter_gather_tensors_in_pipeline, &ImplementationOptions::scatter_gather_tensors_in_pipeline}};
+  for (const auto& [given, member] : off) {
+    if (given) options.*member = false;
+  }
+  const std::pair<bool, bool ImplementationOptions::*> on[] = {
+      {flags.accumulate_allreduce_grads_in_fp32, &ImplementationOptions::accumulate_allreduce_grads_in_fp32},
+      {flags.overlap_grad_reduce, &ImplementationOptions::overlap_grad_reduce},
+      {flags.overlap_param_gather, &ImplementationOptions::overlap_param_gather},
+      {flags.tp_comm_overlap, &ImplementationOptions::tp_comm_overlap}};
+  for (const auto& [given, member] : on) {
+    if (given) options.*member = true;
+  }
+  return options;
 }
 
 ModelSpec resolve_model(const ModelOptions& options) {
@@ -126,7 +188,17 @@ ParallelPlan resolve_plan(const ModelSpec& model, int64_t world_size, const Plan
   }
   if (options.recompute_method) plan.recompute_method = parse_recompute_method(*options.recompute_method, "--recompute-method");
   plan.recompute_num_layers = options.recompute_num_layers.value_or(1);
-  plan.implementation = parse_implementation(options.implementation, "--implementation");
+  plan.implementation = parse_implementation(options.implementation.implementation, "--implementation");
+  plan.options = resolve_implementation_options(options.implementation, plan.implementation);
+  // Megatron's own checks on the two flags when given (an implementation's defaults apply them
+  // where they can take effect).
+  if (options.implementation.overlap_param_gather && !plan.use_distributed_optimizer) {
+    throw SpecError("--overlap-param-gather", "needs --use-distributed-optimizer (it overlaps the all-gather of "
+                                              "the updated parameter shards)");
+  }
+  if (options.implementation.tp_comm_overlap && !plan.sequence_parallel) {
+    throw SpecError("--tp-comm-overlap", "needs --sequence-parallel (it overlaps its all-gathers and reduce-scatters)");
+  }
   plan.schedule = options.schedule ? parse_schedule_kind(*options.schedule, "--schedule")
                   : plan.virtual_pipeline_parallel_size > 1 ? ScheduleKind::kInterleaved
                                                             : ScheduleKind::kOneFOneB;
@@ -152,7 +224,8 @@ JobSpec load_job(const ModelOptions& model, const ClusterOptions& cluster, const
 void reject_flags_beside_job_file(const CLI::App& command) {
   for (const CLI::Option* option : command.get_options()) {
     const std::string& group = option->get_group();
-    if (option->count() > 0 && (group.rfind("Model", 0) == 0 || group == "Cluster" || group.rfind("Parallel", 0) == 0)) {
+    if (option->count() > 0 && (group.rfind("Model", 0) == 0 || group == "Cluster" || group.rfind("Parallel", 0) == 0 ||
+                                  group.rfind("Implementation", 0) == 0)) {
       throw SpecError("--plan", "cannot be combined with " + option->get_name() + ": the job file holds the whole job");
     }
   }

@@ -31,6 +31,19 @@ struct ClusterOptions {
   std::optional<int64_t> gpus;  // default: the whole cluster when it is one node
 };
 
+// --implementation and the Megatron-LM flags that say what its code does (implementation_options.h).
+struct ImplementationFlags {
+  std::string implementation = "megaplan";
+  bool fp16 = false, bf16 = false;
+  std::optional<std::string> transformer_impl;
+  bool use_flash_attn = false;
+  std::optional<double> attention_dropout, hidden_dropout;
+  bool no_masked_softmax_fusion = false, no_bias_gelu_fusion = false, no_bias_dropout_fusion = false,
+       no_gradient_accumulation_fusion = false, accumulate_allreduce_grads_in_fp32 = false,
+       overlap_grad_reduce = false, overlap_param_gather = false, tp_comm_overlap = false,
+       no_scatter_gather_tensors_in_pipeline = false;
+};
+
 struct PlanOptions {
   int64_t tensor_parallel_size = 1;
   int64_t pipeline_parallel_size = 1;
@@ -45,16 +58,20 @@ struct PlanOptions {
   std::optional<std::string> recompute_method;   // full only: uniform (default) or block
   std::optional<int64_t> recompute_num_layers;   // full only: default 1
   std::optional<std::string> schedule;  // default: interleaved when vpp > 1, else 1f1b
-  std::string implementation = "megaplan";
+  ImplementationFlags implementation;
 };
 
 void add_model_options(CLI::App& command, ModelOptions& options);
 void add_cluster_options(CLI::App& command, ClusterOptions& options);
 void add_plan_options(CLI::App& command, PlanOptions& options);
+// The flags under `group` ("Implementation (Megatron-LM flags)"), for plan options and search.
+void add_implementation_options(CLI::App& command, ImplementationFlags& flags);
 
 // Each throws SpecError naming the flag and the rule.
 ModelSpec resolve_model(const ModelOptions& options);
 ClusterSpec resolve_cluster(const ClusterOptions& options);
+// The implementation's defaults with the flags given applied (validated with the plan).
+ImplementationOptions resolve_implementation_options(const ImplementationFlags& flags, Implementation implementation);
 // The plan flags for `world_size` GPUs: dp derived, vpp from either flag, the default schedule.
 // Not yet validated against the model (validate_plan).
 ParallelPlan resolve_plan(const ModelSpec& model, int64_t world_size, const PlanOptions& options);

@@ -56,6 +56,8 @@ nlohmann::json to_json(const JobSpec& job, const sim::Profile& profile, const si
   }
   const auto [rank, shortfall] = fullest_rank(simulation);
   return {{"schedule", to_string(job.plan.schedule)},
+          {"implementation", to_string(job.plan.implementation)},
+          {"implementation_options", implementation_options_to_json(job.plan.options)},
           {"iteration_time_s", simulation.result.iteration_time_s},
           {"model_tflops_per_gpu", simulation.model_tflops_per_gpu},
           {"hardware_tflops_per_gpu", simulation.hardware_tflops_per_gpu},
@@ -88,6 +90,7 @@ void write_text(const JobSpec& job, const sim::Profile& profile, const sim::Plan
       << seconds(simulation.hardware_tflops_per_gpu) << " with recomputation), MFU " << format_percent(simulation.mfu)
       << " of " << format_flops(job.cluster.gpu.dense_bf16_flops_per_s) << "/s dense bf16\n";
   out << "bubble     " << format_percent(result.bubble_fraction) << " of the pipeline's span\n";
+  out << "code       " << describe_implementation(plan) << "\n";
   const auto [rank, shortfall] = fullest_rank(simulation);
   out << "memory     peak " << format_bytes(static_cast<double>(simulation.peak_memory_bytes)) << " (pipeline rank "
       << rank << ") of " << format_bytes(static_cast<double>(simulation.memory_capacity_bytes)) << ": "

@@ -110,11 +110,6 @@ void setup_train_command(CLI::App& app, CommandContext& context) {
   command->add_option("--world-size", options->world_size, "Ranks (GPUs) of the run (default: the job's, the launcher's, or 1)");
   command->add_option("--distributed-timeout-minutes", t.distributed_timeout_minutes,
                       "A rank that waits longer than this on another ends the run")->capture_default_str();
-  command->add_flag("--overlap-grad-reduce", t.overlap_grad_reduce,
-                    "Start each gradient bucket's data-parallel reduction as soon as the backward fills it");
-  command->add_flag("--overlap-param-gather", t.overlap_param_gather,
-                    "With --use-distributed-optimizer: gather each chunk's updated parameters behind the next "
-                    "iteration's work, waiting only at the chunk's first forward");
   command->add_option("--ddp-bucket-size", t.ddp_bucket_size,
                       "Parameters per gradient bucket (default: Megatron's, max(40M, 1M x dp))");
   command->add_option("--device", options->device, "cpu or cuda")->capture_default_str();

@@ -1,6 +1,7 @@
 // The executor's kernel lists; the launch order follows executor/model/gpt_model.cc call for call.
 #include "core/kernel_list.h"
 
+#include <algorithm>
 #include <sstream>
 #include <stdexcept>
 
@@ -70,6 +71,10 @@ Kernel row_kernel(KernelKind kind, int64_t rows, int64_t cols, bool fused_residu
 
 Kernel flat_kernel(KernelKind kind, int64_t elements) { return row_kernel(kind, elements, 1); }
 
+Kernel streaming_kernel(int64_t elements, int64_t bytes_per_element) {
+  return row_kernel(KernelKind::kElementwise, elements, bytes_per_element);
+}
+
 int64_t kernel_bytes(const Kernel& kernel, int64_t activation_bytes) {
   const int64_t a = activation_bytes;
   const int64_t cells = kernel.rows * kernel.cols;
@@ -82,7 +87,9 @@ int64_t kernel_bytes(const Kernel& kernel, int64_t activation_bytes) {
       const int64_t gelu = kernel.epilogue == GemmEpilogue::kBiasGelu   ? kernel.m * kernel.n
                            : kernel.epilogue == GemmEpilogue::kGeluGradient ? kernel.m * kernel.k
                                                                             : 0;
-      return a * (kernel.m * kernel.n + kernel.m * kernel.k + gelu) + (weight ? 2 * kFp32 : a) * kernel.n * kernel.k;
+      const int64_t products = std::max<int64_t>(1, kernel.batch);
+      return products * (a * (kernel.m * kernel.n + kernel.m * kernel.k + gelu) +
+                         (weight ? 2 * kFp32 : a) * kernel.n * kernel.k);
     }
     case KernelKind::kAttentionForward:  // q, k, v in, o out, the log-sum-exp rows
       return 4 * a * kernel.batch * kernel.seq * kernel.heads * kernel.head_dim +
@@ -163,6 +170,7 @@ std::string describe(const Kernel& kernel) {
     case KernelKind::kGemm:
       out << "gemm " << to_string(kernel.layout) << " " << to_string(kernel.epilogue) << " m=" << kernel.m
           << " n=" << kernel.n << " k=" << kernel.k;
+      if (kernel.batch > 1) out << " batch=" << kernel.batch;
       break;
     case KernelKind::kAttentionForward:
     case KernelKind::kAttentionBackward:
@@ -173,24 +181,33 @@ std::string describe(const Kernel& kernel) {
     default:
       out << memory_kernel_class(kernel) << " rows=" << kernel.rows << " cols=" << kernel.cols;
   }
+  if (kernel.precision != Precision::kBf16) out << " " << to_string(kernel.precision);
   return out.str();
 }
 
-ExecutorKernels::ExecutorKernels(const ModelSpec& model, const ParallelPlan& plan, int64_t tensor_parallel_rank)
-    : model_(model), plan_(plan) {
+LayerDims layer_dims(const ModelSpec& model, const ParallelPlan& plan) {
   const int64_t t = plan.tensor_parallel_size;
+  const int64_t tokens = tokens_per_microbatch(model, plan);
+  const int64_t query = model.query_projection_size() / t;
+  const int64_t key_value = model.kv_projection_size() / t;
+  const int64_t ffn = model.effective_ffn_hidden_size() / t;
+  return {tokens,
+          plan.sequence_parallel ? tokens / t : tokens,
+          model.hidden_size,
+          query,
+          key_value,
+          query + 2 * key_value,
+          ffn,
+          model.swiglu ? 2 * ffn : ffn,
+          padded_vocab_size(model, t) / t,
+          model.num_attention_heads / t,
+          model.effective_kv_channels()};
+}
+
+KernelBlocks executor_kernel_blocks(const ModelSpec& model, const ParallelPlan& plan, int64_t tensor_parallel_rank) {
+  KernelBlocks blocks;
   const int64_t a = 2;  // bf16 bytes per activation, for the streaming passes' byte counts
-  const int64_t count = tokens_per_microbatch(model, plan);  // the GEMMs' rows
-  const int64_t rows = plan.sequence_parallel ? count / t : count;  // the residual stream's rows
-  const int64_t h = model.hidden_size;
-  const int64_t q = model.query_projection_size() / t;
-  const int64_t kv = model.kv_projection_size() / t;
-  const int64_t qkv = q + 2 * kv;
-  const int64_t f = model.effective_ffn_hidden_size() / t;
-  const int64_t fc1 = model.swiglu ? 2 * f : f;
-  const int64_t v = padded_vocab_size(model, t) / t;
-  const int64_t heads = model.num_attention_heads / t;
-  const int64_t dim = model.effective_kv_channels();
+  const auto [count, rows, h, q, kv, qkv, f, fc1, v, heads, dim] = layer_dims(model, plan);
   const bool bias = model.add_bias_linear;
   const GemmEpilogue qkv_bias = bias || model.add_qkv_bias ? GemmEpilogue::kBias : GemmEpilogue::kNone;
   // A row-parallel layer's bias is added once, by tensor-parallel rank 0, before the sum.
@@ -222,8 +239,8 @@ ExecutorKernels::ExecutorKernels(const ModelSpec& model, const ParallelPlan& pla
     list.push_back(gemm_kernel(GemmLayout::kForward, row_bias, count, h, f));
     return list;
   };
-  blocks_[static_cast<std::size_t>(KernelBlock::kLayerForwardFirst)] = layer_forward(false);
-  blocks_[static_cast<std::size_t>(KernelBlock::kLayerForward)] = layer_forward(true);
+  blocks[static_cast<std::size_t>(KernelBlock::kLayerForwardFirst)] = layer_forward(false);
+  blocks[static_cast<std::size_t>(KernelBlock::kLayerForward)] = layer_forward(true);
 
   // The weight gradient of each GEMM, or under I the copy of its output gradient kept for W.
   const Kernel fc2_weight = gemm_kernel(GemmLayout::kWeightGradient, gradient_epilogue(bias), count, h, f);
@@ -251,38 +268,45 @@ ExecutorKernels::ExecutorKernels(const ModelSpec& model, const ParallelPlan& pla
     list.push_back(row_kernel(KernelKind::kNormBackward, rows, h, true));
     return list;
   };
-  blocks_[static_cast<std::size_t>(KernelBlock::kLayerBackward)] = layer_backward(false);
-  blocks_[static_cast<std::size_t>(KernelBlock::kLayerBackwardInput)] = layer_backward(true);
-  blocks_[static_cast<std::size_t>(KernelBlock::kLayerWeightGradient)] = {fc2_weight, norm, fc1_weight, proj_weight,
+  blocks[static_cast<std::size_t>(KernelBlock::kLayerBackward)] = layer_backward(false);
+  blocks[static_cast<std::size_t>(KernelBlock::kLayerBackwardInput)] = layer_backward(true);
+  blocks[static_cast<std::size_t>(KernelBlock::kLayerWeightGradient)] = {fc2_weight, norm, fc1_weight, proj_weight,
                                                                           norm, qkv_weight};
-  blocks_[static_cast<std::size_t>(KernelBlock::kAttentionRecompute)] = {attention};
+  blocks[static_cast<std::size_t>(KernelBlock::kAttentionRecompute)] = {attention};
 
-  blocks_[static_cast<std::size_t>(KernelBlock::kEmbeddingForward)] = {row_kernel(KernelKind::kEmbeddingForward, count, h)};
-  blocks_[static_cast<std::size_t>(KernelBlock::kEmbeddingBackward)] = {row_kernel(KernelKind::kEmbeddingBackward, count, h)};
-  blocks_[static_cast<std::size_t>(KernelBlock::kEmbeddingGradientCopy)] = {flat_kernel(KernelKind::kCopy, count * h)};
-  blocks_[static_cast<std::size_t>(KernelBlock::kStageOutput)] = {flat_kernel(KernelKind::kAdd, rows * h)};
-  blocks_[static_cast<std::size_t>(KernelBlock::kOutputGradientCopy)] = {flat_kernel(KernelKind::kCopy, rows * h)};
-  blocks_[static_cast<std::size_t>(KernelBlock::kInputGradientCopy)] = {flat_kernel(KernelKind::kCopy, rows * h)};
+  blocks[static_cast<std::size_t>(KernelBlock::kEmbeddingForward)] = {row_kernel(KernelKind::kEmbeddingForward, count, h)};
+  blocks[static_cast<std::size_t>(KernelBlock::kEmbeddingBackward)] = {row_kernel(KernelKind::kEmbeddingBackward, count, h)};
+  blocks[static_cast<std::size_t>(KernelBlock::kEmbeddingGradientCopy)] = {flat_kernel(KernelKind::kCopy, count * h)};
+  blocks[static_cast<std::size_t>(KernelBlock::kStageOutput)] = {flat_kernel(KernelKind::kAdd, rows * h)};
+  blocks[static_cast<std::size_t>(KernelBlock::kOutputGradientCopy)] = {flat_kernel(KernelKind::kCopy, rows * h)};
+  blocks[static_cast<std::size_t>(KernelBlock::kInputGradientCopy)] = {flat_kernel(KernelKind::kCopy, rows * h)};
 
   const Kernel output_weight = gemm_kernel(GemmLayout::kWeightGradient, GemmEpilogue::kNone, count, v, h);
-  blocks_[static_cast<std::size_t>(KernelBlock::kHeadForward)] = {
+  blocks[static_cast<std::size_t>(KernelBlock::kHeadForward)] = {
       add_norm, gemm_kernel(GemmLayout::kForward, GemmEpilogue::kNone, count, v, h),
       row_kernel(KernelKind::kCrossEntropyForward, count, v)};
   const Kernel loss_backward = row_kernel(KernelKind::kCrossEntropyBackward, count, v);
   const Kernel output_input = gemm_kernel(GemmLayout::kInputGradient, GemmEpilogue::kNone, count, v, h);
   const Kernel final_norm_backward = row_kernel(KernelKind::kNormBackward, rows, h);
-  blocks_[static_cast<std::size_t>(KernelBlock::kHeadBackward)] = {loss_backward, output_input, output_weight,
+  blocks[static_cast<std::size_t>(KernelBlock::kHeadBackward)] = {loss_backward, output_input, output_weight,
                                                                    final_norm_backward};
-  blocks_[static_cast<std::size_t>(KernelBlock::kHeadBackwardInput)] = {loss_backward, output_input, final_norm_backward};
-  blocks_[static_cast<std::size_t>(KernelBlock::kHeadWeightGradient)] = {output_weight};
+  blocks[static_cast<std::size_t>(KernelBlock::kHeadBackwardInput)] = {loss_backward, output_input, final_norm_backward};
+  blocks[static_cast<std::size_t>(KernelBlock::kHeadWeightGradient)] = {output_weight};
+  return blocks;
 }
 
-std::vector<CountedBlock> ExecutorKernels::stage_blocks(int64_t stage, SchedulePart part) const {
+PlanKernels::PlanKernels(const ModelSpec& model, const ParallelPlan& plan, int64_t tensor_parallel_rank)
+    : model_(model),
+      plan_(plan),
+      blocks_(plan.implementation == Implementation::kMegaplan ? executor_kernel_blocks(model, plan, tensor_parallel_rank)
+                                                               : megatron_kernel_blocks(model, plan)) {}
+
+std::vector<CountedBlock> PlanKernels::stage_blocks(int64_t stage, SchedulePart part) const {
   const StageLayers layers = stage_layers(stage, model_, plan_);
-  if (layers.num_layers < 1) throw std::logic_error("ExecutorKernels: a stage without layers");
+  if (layers.num_layers < 1) throw std::logic_error("PlanKernels: a stage without layers");
   std::vector<CountedBlock> blocks;
   const auto add = [&](KernelBlock block, int64_t count) {
-    if (count > 0) blocks.push_back({block, count});
+    if (count > 0 && !this->block(block).empty()) blocks.push_back({block, count});
   };
   if (part == SchedulePart::kForward) {
     if (layers.has_embedding) add(KernelBlock::kEmbeddingForward, 1);
@@ -328,7 +352,7 @@ std::vector<CountedBlock> ExecutorKernels::stage_blocks(int64_t stage, ScheduleP
   return blocks;
 }
 
-std::vector<Kernel> ExecutorKernels::stage_kernels(int64_t stage, SchedulePart part) const {
+std::vector<Kernel> PlanKernels::stage_kernels(int64_t stage, SchedulePart part) const {
   std::vector<Kernel> kernels;
   for (const CountedBlock& counted : stage_blocks(stage, part)) {
     for (int64_t i = 0; i < counted.count; ++i) {
@@ -345,6 +369,29 @@ std::vector<Kernel> optimizer_kernels(int64_t norm_elements, int64_t stepped_ele
                                  flat_kernel(KernelKind::kAdamw, stepped_elements)};
   if (refreshed_elements > 0) kernels.push_back(flat_kernel(KernelKind::kRefreshCompute, refreshed_elements));
   for (const int64_t elements : gradient_buffer_elements) kernels.push_back(flat_kernel(KernelKind::kFill, elements));
+  return kernels;
+}
+
+
+std::vector<Kernel> optimizer_step_kernels(const ParallelPlan& plan, int64_t parameters_per_gpu) {
+  const int64_t replicas = plan.data_parallel_size * plan.context_parallel_size;
+  const int64_t shard = plan.use_distributed_optimizer ? parameters_per_gpu / replicas : parameters_per_gpu;
+  if (plan.implementation == Implementation::kMegaplan) {
+    const bool gathered = plan.use_distributed_optimizer && replicas > 1;
+    return optimizer_kernels(parameters_per_gpu, shard, gathered ? parameters_per_gpu : 0, {parameters_per_gpu});
+  }
+  const ImplementationOptions& options = plan.options;
+  const int64_t gradient_bytes = main_gradient_bytes(options);
+  std::vector<Kernel> kernels;
+  // fp16 main gradients become the fp32 master weights' gradients by a copy; fp32 ones are views.
+  if (gradient_bytes == 2) kernels.push_back(streaming_kernel(shard, 2 + kFp32));
+  // Loss scaling: the gradients unscaled and checked for inf/NaN in one pass.
+  if (options.precision == Precision::kFp16) kernels.push_back(streaming_kernel(shard, 2 * kFp32));
+  kernels.push_back(flat_kernel(KernelKind::kGradientNorm, shard));
+  kernels.push_back(flat_kernel(KernelKind::kAdamw, shard));
+  // The fp32 master weights copied into the bf16/fp16 model weights (Megatron's Adam writes no copy).
+  kernels.push_back(flat_kernel(KernelKind::kRefreshCompute, shard));
+  kernels.push_back(streaming_kernel(parameters_per_gpu, gradient_bytes));  // the main-gradient buffer zeroed
   return kernels;
 }
 

@@ -1,10 +1,19 @@
-// The kernels megaplan's executor launches for one microbatch on one GPU, in launch order and with
-// the shapes its Backend sees: what a transformer layer, the embedding, the output layer and the
-// stage boundaries run in each part of a schedule (F, B, I, W), and what the optimizer step runs.
-// One description, three users: the simulator costs these lists from a profile
-// (simulator/stage_costs), `megaplan profile` times each kernel class over the shapes plans produce
-// (executor/runtime/kernel_profiler), and a test runs the CPU backend's model through a recording
-// backend and checks it launches exactly these lists (tests/executor/kernel_list_test.cc).
+// The kernels a plan's implementation launches for one microbatch on one GPU, in launch order:
+// what a transformer layer, the embedding, the output layer and the stage boundaries run in each
+// part of a schedule (F, B, I, W), and what the optimizer step runs.
+//
+// megaplan's executor: exactly the kernels and shapes its Backend sees. One description, three
+// users: the simulator costs these lists from a profile (simulator/stage_costs), `megaplan profile`
+// times each kernel class over the shapes plans produce (executor/runtime/kernel_profiler), and a
+// test runs the CPU backend's model through a recording backend and checks it launches exactly
+// these lists (tests/executor/kernel_list_test.cc).
+//
+// Megatron-LM (megatron_kernel_list.cc): the kernels its code launches with the plan's
+// ImplementationOptions, read from Megatron-LM's source: Transformer Engine's or the local
+// layers, unfused attention as batched GEMMs with the s x s scores, softmax and dropout passes,
+// bias-GELU and bias-dropout-add fused or apart, the fp32 cross entropy, and each microbatch's
+// gradient accumulation without gradient-accumulation fusion. Kernels megaplan does not launch
+// are kElementwise passes of their bytes (costed by the profile's streaming bandwidth).
 //
 // Collectives are not kernels here: the simulator adds them from the plan's groups.
 #pragma once
@@ -52,11 +61,13 @@ enum class GemmEpilogue : uint8_t { kNone, kBias, kBiasGelu, kGeluGradient, kBia
 
 struct Kernel {
   KernelKind kind = KernelKind::kGemm;
+  Precision precision = Precision::kBf16;  // of a GEMM's or attention's operands
   // GEMM: the layer's forward shape (m tokens, n outputs, k inputs) whatever the layout.
   GemmLayout layout = GemmLayout::kForward;
   GemmEpilogue epilogue = GemmEpilogue::kNone;
   int64_t m = 0, n = 0, k = 0;
-  // Attention: `batch` sequences of `seq` tokens, `heads` heads of `head_dim`, causal.
+  // Attention: `batch` sequences of `seq` tokens, `heads` heads of `head_dim`, causal. GEMM:
+  // `batch` > 1 products of this shape in one strided-batched launch (unfused attention).
   int64_t batch = 0, seq = 0, heads = 0, head_dim = 0;
   // Row kernels, `rows` x `cols`: norms and embeddings (tokens x hidden), cross entropy (tokens x
   // the vocabulary shard). Flat kernels (add, copy, fill, optimizer): `rows` elements, cols 1.
@@ -67,6 +78,8 @@ struct Kernel {
 };
 
 Kernel gemm_kernel(GemmLayout layout, GemmEpilogue epilogue, int64_t m, int64_t n, int64_t k);
+// A streaming pass over `elements` moving `bytes_per_element` bytes each (kElementwise).
+Kernel streaming_kernel(int64_t elements, int64_t bytes_per_element);
 Kernel attention_kernel(KernelKind kind, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim);
 Kernel row_kernel(KernelKind kind, int64_t rows, int64_t cols, bool fused_residual = false);
 Kernel flat_kernel(KernelKind kind, int64_t elements);
@@ -113,15 +126,38 @@ struct CountedBlock {
 
 enum class SchedulePart : uint8_t { kForward, kBackward, kBackwardInput, kBackwardWeight };
 
-// The kernels of megaplan's executor (executor/model/gpt_model.cc) for one plan. Models the
-// executor cannot run yet (SwiGLU, RMSNorm, rotary, grouped queries, no biases) get the kernels
-// the executor will launch for them: the same GEMMs and norms, unfused activations and rotary
-// embeddings as kElementwise passes.
-class ExecutorKernels {
+using KernelBlocks = std::array<std::vector<Kernel>, kNumKernelBlocks>;
+
+// A transformer layer's dimensions on one tensor-parallel rank, as every kernel list uses them.
+struct LayerDims {
+  int64_t tokens;      // the GEMMs' rows: mbs * seq / cp
+  int64_t rows;        // the residual stream's rows (norms, adds): tokens / tp with sequence parallelism
+  int64_t hidden;      // h
+  int64_t query;       // the query projection's width / tp
+  int64_t key_value;   // K's (and V's) width / tp
+  int64_t qkv;         // query + 2 key_value
+  int64_t ffn;         // the MLP's hidden width / tp
+  int64_t fc1;         // fc1's output width: ffn, twice that with SwiGLU
+  int64_t vocabulary;  // the padded vocabulary / tp
+  int64_t heads;       // attention heads / tp
+  int64_t head_dim;
+};
+LayerDims layer_dims(const ModelSpec& model, const ParallelPlan& plan);
+
+// megaplan's executor (executor/model/gpt_model.cc). Models the executor cannot run yet (SwiGLU,
+// RMSNorm, rotary, grouped queries, no biases) get the kernels the executor will launch for them:
+// the same GEMMs and norms, unfused activations and rotary embeddings as kElementwise passes.
+// Row-parallel biases are added by tensor-parallel rank 0 only.
+KernelBlocks executor_kernel_blocks(const ModelSpec& model, const ParallelPlan& plan, int64_t tensor_parallel_rank);
+// Megatron-LM's, by plan.options (megatron_kernel_list.cc).
+KernelBlocks megatron_kernel_blocks(const ModelSpec& model, const ParallelPlan& plan);
+
+// The kernels of the plan's implementation, by block and by stage.
+class PlanKernels {
  public:
-  // REQUIRES: validate_plan(model, plan) passed. Row-parallel biases are added by tensor-parallel
-  // rank 0 only, so its list is the one the simulator costs.
-  ExecutorKernels(const ModelSpec& model, const ParallelPlan& plan, int64_t tensor_parallel_rank = 0);
+  // REQUIRES: validate_plan(model, plan) passed. `tensor_parallel_rank` matters to megaplan's
+  // executor only; rank 0's list (which adds the row-parallel biases) is the one the simulator costs.
+  PlanKernels(const ModelSpec& model, const ParallelPlan& plan, int64_t tensor_parallel_rank = 0);
 
   const std::vector<Kernel>& block(KernelBlock block) const { return blocks_[static_cast<std::size_t>(block)]; }
   // One microbatch's part on a virtual stage, as blocks in launch order.
@@ -132,7 +168,7 @@ class ExecutorKernels {
  private:
   ModelSpec model_;
   ParallelPlan plan_;
-  std::array<std::vector<Kernel>, kNumKernelBlocks> blocks_;
+  KernelBlocks blocks_;
 };
 
 // OPTIM on one pipeline rank: the gradient norm over `norm_elements` (each tied or replicated
@@ -142,5 +178,12 @@ class ExecutorKernels {
 // (`gradient_buffer_elements`, one entry per chunk).
 std::vector<Kernel> optimizer_kernels(int64_t norm_elements, int64_t stepped_elements, int64_t refreshed_elements,
                                       const std::vector<int64_t>& gradient_buffer_elements);
+
+// OPTIM of the plan's implementation on a pipeline rank holding `parameters_per_gpu`; collectives
+// excluded. megaplan: optimizer_kernels over the rank's parameters (the distributed optimizer steps
+// its shard and refreshes the gathered copies). Megatron: with fp16 gradients their fp32 copies;
+// with fp16 the loss scale's unscale-and-check; the norm, Adam and the master-to-model copy over the
+// (shard of the) parameters; the main-gradient buffer zeroed.
+std::vector<Kernel> optimizer_step_kernels(const ParallelPlan& plan, int64_t parameters_per_gpu);
 
 }  // namespace megaplan

@@ -30,19 +30,33 @@ StageActivationBytes transformer_layer_activation_bytes(const ModelSpec& model, 
   const int64_t outside = plan.sequence_parallel ? t : 1;
   const int64_t norm_inputs = 2 * kActivationBytes * sb * h / outside;
   const int64_t gemm_inputs_outside = 2 * kActivationBytes * sb * h / outside;  // QKV and fc1 inputs
-  // Inside it, split over tp: Q, K, V; flash attention's output (also the projection's input) and
-  // its fp32 log-sum-exp per head and token; fc1's output (twice as wide with SwiGLU); fc2's input.
+  // Inside it, split over tp: Q, K, V; the attention core's output (also the projection's input);
+  // fc1's output (twice as wide with SwiGLU); fc2's input.
   const int64_t heads = model.num_attention_heads;
-  const int64_t qkv = kActivationBytes * sb * (q + 2 * kv) / t;
-  const int64_t attention_output = kActivationBytes * sb * q / t + 4 * sb * heads / t;
+  const int64_t attention_output = kActivationBytes * sb * q / t;
   const int64_t fc1_output = kActivationBytes * sb * f * (model.swiglu ? 2 : 1) / t;
   const int64_t fc2_input = kActivationBytes * sb * f / t;
+  // Fused (flash) attention keeps Q, K, V and an fp32 log-sum-exp per head and token. Unfused
+  // attention keeps Q with K and V repeated to every head (its batched GEMMs' inputs), and
+  // Korthikanti's 5as^2b: the softmax output and, with attention dropout, its mask and output;
+  // selective recomputation reruns the core and keeps none of the s x s terms.
+  const ImplementationOptions& options = plan.options;
+  const bool fused = fused_attention(options);
+  const int64_t qkv = kActivationBytes * sb * (fused ? q + 2 * kv : 3 * q) / t;
+  int64_t attention_core = fused ? 4 * sb * heads / t : 0;
+  if (!fused && plan.recompute_granularity != RecomputeGranularity::kSelective) {
+    const int64_t scores = sb * heads * model.seq_length / plan.context_parallel_size / t;  // b a s^2 / t
+    attention_core = scores * (kActivationBytes + (options.attention_dropout > 0 ? 1 + kActivationBytes : 0));
+  }
+  // Hidden dropout keeps a one-byte mask after each branch (outside the tp region).
+  const int64_t dropout_masks = options.hidden_dropout > 0 ? 2 * sb * h / outside : 0;
 
   StageActivationBytes bytes;
   if (plan.recompute_granularity == RecomputeGranularity::kFull) {
     bytes.activation = kActivationBytes * sb * h / outside;  // the layer's input only
   } else {
-    bytes.activation = norm_inputs + gemm_inputs_outside + qkv + attention_output + fc1_output + fc2_input;
+    bytes.activation = norm_inputs + gemm_inputs_outside + qkv + attention_core + attention_output + fc1_output +
+                       fc2_input + dropout_masks;
   }
   // W needs the four weight GEMMs' inputs: QKV and fc1 (outside), projection and fc2 (inside).
   bytes.weight_gradient_input = gemm_inputs_outside + kActivationBytes * sb * q / t + fc2_input;
@@ -75,6 +89,8 @@ std::vector<StageActivationBytes> stage_activation_bytes(const ModelSpec& model,
   const int64_t outside = plan.sequence_parallel ? t : 1;
   const int64_t vocabulary = padded_vocab_size(model, t);
   stages.back().activation += kActivationBytes * sb * model.hidden_size / outside + kSoftmaxBytes * sb * vocabulary / t;
+  // The embedding dropout's mask on the first stage.
+  if (plan.options.hidden_dropout > 0) stages.front().activation += sb * model.hidden_size / outside;
   return stages;
 }
 
@@ -83,7 +99,7 @@ ModelStateBytes model_state_bytes(const ParallelPlan& plan, int64_t parameters_p
       plan.use_distributed_optimizer ? plan.data_parallel_size * plan.context_parallel_size : 1;
   ModelStateBytes bytes;
   bytes.weight_bytes = checked_multiply(parameters_per_gpu, 2, "weight bytes");
-  bytes.gradient_bytes = checked_multiply(parameters_per_gpu, 4, "gradient bytes");
+  bytes.gradient_bytes = checked_multiply(parameters_per_gpu, main_gradient_bytes(plan.options), "gradient bytes");
   bytes.optimizer_bytes = checked_multiply(parameters_per_gpu, 12, "optimizer bytes") / optimizer_shards;
   return bytes;
 }

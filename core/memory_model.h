@@ -5,13 +5,15 @@
 // Transformer Models"), multiplied not by a formula per schedule but by what the plan's own
 // schedule holds at its peak (schedule_facts).
 //
-// Megatron's assumptions, stated once:
-// - bf16 activations and weights; fp32 gradients (Megatron accumulates and all-reduces bf16
-//   training's gradients in fp32) and fp32 Adam states with an fp32 master copy: 18 bytes per
-//   parameter, or 6 + 12/(dp*cp) with the distributed optimizer (it shards over dp x cp).
-// - Flash attention (Megatron's default through Transformer Engine): no s x s score matrices are
-//   stored, so Korthikanti's 5as^2b term is gone and selective recomputation (the attention core)
-//   saves nothing more. No dropout masks (dropout 0, as current LLM pretraining runs).
+// Megatron's accounting, by the plan's ImplementationOptions (implementation_options.h):
+// - bf16/fp16 activations and weights; main gradients in fp32 (bf16 training, or fp16 with
+//   --accumulate-allreduce-grads-in-fp32) or fp16; fp32 Adam states with an fp32 master copy: 18
+//   bytes per parameter (16 with fp16 gradients), the 12 of the optimizer divided over dp x cp with
+//   the distributed optimizer.
+// - Fused attention (Transformer Engine, or --use-flash-attn): no s x s matrices are stored.
+//   Unfused attention stores Korthikanti's 5as^2b (the softmax output, and with attention dropout
+//   its mask and output; 2as^2b without), which selective recomputation drops.
+// - Hidden dropout stores a one-byte mask after each residual branch and after the embedding.
 // - Full recomputation stores each layer's input and re-materialises one layer at a time.
 // - The last stage keeps the fp32 softmax of its vocabulary-parallel cross entropy per in-flight
 //   microbatch and the bf16 logits transiently.

@@ -19,11 +19,6 @@ const std::pair<RecomputeGranularity, const char*> kRecomputeNames[] = {
 const std::pair<RecomputeMethod, const char*> kRecomputeMethodNames[] = {{RecomputeMethod::kUniform, "uniform"},
                                                                         {RecomputeMethod::kBlock, "block"}};
 
-const std::pair<Implementation, const char*> kImplementationNames[] = {
-    {Implementation::kMegaplan, "megaplan"},
-    {Implementation::kMegatronCore, "megatron-core"},
-    {Implementation::kMegatronLocal, "megatron-local"}};
-
 std::string str(int64_t value) { return std::to_string(value); }
 
 }  // namespace
@@ -65,20 +60,6 @@ ScheduleKind parse_schedule_kind(const std::string& text, const std::string& fie
     spellings += (spellings.empty() ? "" : ", ") + std::string(traits.spelling);
   }
   throw SpecError(field, "must be one of " + spellings + "; got \"" + text + "\"");
-}
-
-std::string to_string(Implementation implementation) {
-  for (const auto& [value, name] : kImplementationNames) {
-    if (value == implementation) return name;
-  }
-  return "?";
-}
-
-Implementation parse_implementation(const std::string& text, const std::string& field) {
-  for (const auto& [value, name] : kImplementationNames) {
-    if (text == name) return value;
-  }
-  throw SpecError(field, "must be one of megaplan, megatron-core, megatron-local; got \"" + text + "\"");
 }
 
 StagePlacement stage_placement(ScheduleKind kind) { return schedule_traits(kind).placement; }
@@ -171,6 +152,8 @@ void validate_plan(const ModelSpec& model, const ParallelPlan& plan) {
     }
   }
 
+  validate_implementation_options(plan);
+
   // The schedule's own rules on vpp and M; Megatron's default microbatch group per virtual stage is pp.
   check_schedule_shape(plan.schedule, pp, vpp, plan.num_microbatches(), pp, ShapeFlags::kPlan);
 }
@@ -191,6 +174,7 @@ nlohmann::json parallel_plan_to_json(const ParallelPlan& plan) {
       {"recompute_num_layers", plan.recompute_num_layers},
       {"schedule", to_string(plan.schedule)},
       {"implementation", to_string(plan.implementation)},
+      {"implementation_options", implementation_options_to_json(plan.options)},
   };
 }
 
@@ -217,6 +201,10 @@ ParallelPlan parallel_plan_from_json(const nlohmann::json& json, const std::stri
   if (reader.read("schedule", text)) plan.schedule = parse_schedule_kind(text, reader.field("schedule"));
   if (reader.read("implementation", text)) {
     plan.implementation = parse_implementation(text, reader.field("implementation"));
+  }
+  plan.options = default_implementation_options(plan.implementation);
+  if (const nlohmann::json* options = reader.read_object("implementation_options")) {
+    plan.options = implementation_options_from_json(*options, reader.field("implementation_options"), plan.implementation);
   }
   reader.reject_unknown_keys();
   return plan;

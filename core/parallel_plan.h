@@ -8,6 +8,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "core/implementation_options.h"
 #include "core/model_spec.h"
 
 namespace megaplan {
@@ -25,13 +26,6 @@ RecomputeMethod parse_recompute_method(const std::string& text, const std::strin
 std::string to_string(ScheduleKind kind);
 RecomputeGranularity parse_recompute_granularity(const std::string& text, const std::string& field);
 ScheduleKind parse_schedule_kind(const std::string& text, const std::string& field);
-
-// Whose training code runs the plan, which decides the buffers (and, once Megatron's kernel lists
-// exist, the kernels) the simulator counts: "megaplan" (this project's executor, the default),
-// "megatron-core" or "megatron-local" (Megatron-LM's, with Korthikanti et al.'s memory accounting).
-enum class Implementation { kMegaplan, kMegatronCore, kMegatronLocal };
-std::string to_string(Implementation implementation);
-Implementation parse_implementation(const std::string& text, const std::string& field);
 
 // How virtual pipeline stages map to pipeline ranks: "loop" (stage % pp, Megatron's interleaved)
 // or "v" (zig-zag, two stages per rank: ZBV and DualPipeV).
@@ -52,7 +46,9 @@ struct ParallelPlan {
   ScheduleKind schedule = ScheduleKind::kOneFOneB;
   RecomputeMethod recompute_method = RecomputeMethod::kUniform;  // full recomputation only
   int64_t recompute_num_layers = 1;                              // full recomputation only
+  // Whose training code runs the plan (implementation_options.h) and what that code does.
   Implementation implementation = Implementation::kMegaplan;
+  ImplementationOptions options = default_implementation_options(Implementation::kMegaplan);
 
   int64_t world_size() const {
     return tensor_parallel_size * pipeline_parallel_size * context_parallel_size * data_parallel_size;

@@ -16,8 +16,10 @@ namespace megaplan::planner {
 std::vector<std::string> megatron_arguments(const ModelSpec& model, const ParallelPlan& plan);
 
 // Whether a run of the plan passes --overlap-grad-reduce (Megatron-LM's and megaplan train's flag):
-// the simulator costs each gradient bucket's data-parallel reduction from the moment the backward
-// fills it, so wherever there is a data-parallel reduction.
-inline bool overlaps_gradient_reduction(const ParallelPlan& plan) { return plan.data_parallel_size > 1; }
+// where the plan's implementation overlaps it (the simulator then costs each gradient bucket's
+// reduction from the moment the backward fills it) and there is a data-parallel reduction.
+inline bool overlaps_gradient_reduction(const ParallelPlan& plan) {
+  return plan.options.overlap_grad_reduce && plan.data_parallel_size > 1;
+}
 
 }  // namespace megaplan::planner

@@ -173,6 +173,7 @@ std::vector<ParallelPlan> enumerate_plans(const SearchProblem& problem) {
                 plan.recompute_granularity = recompute;
                 plan.schedule = schedule;
                 plan.implementation = space.implementation;
+                plan.options = space.options;
                 try {
                   validate_plan(model, plan);  // the final word
                 } catch (const SpecError&) {

@@ -24,7 +24,8 @@ struct SearchSpace {
   std::vector<bool> distributed_optimizer;
   std::vector<ScheduleKind> schedules;  // of 1f1b, interleaved, zb-h1, zbv, dualpipev (and gpipe if listed)
   bool allow_cross_node_tensor_parallel = false;
-  Implementation implementation = Implementation::kMegaplan;  // of every plan
+  Implementation implementation = Implementation::kMegaplan;  // of every plan, with these options
+  ImplementationOptions options = default_implementation_options(Implementation::kMegaplan);
 };
 
 struct SearchProblem {

@@ -354,8 +354,17 @@ class Engine {
   bool start_reduction(std::size_t rank, const Action& action) {
     const WeightGradients& gradients = weight_gradients_[static_cast<std::size_t>(action.stage)];
     if (gradients.done < shape_.microbatches) return false;
-    const double last_end = gradients.last_end;
-    const double last_start = gradients.last_start;
+    double last_end = gradients.last_end;
+    double last_start = gradients.last_start;
+    if (!costs_.overlapped_gradient_reduction) {
+      // Every bucket waits for the rank's whole backward: all its stages' gradients.
+      for (std::size_t stage = 0; stage < weight_gradients_.size(); ++stage) {
+        if (static_cast<std::size_t>(stage_ranks_[stage]) != rank) continue;
+        if (weight_gradients_[stage].done < shape_.microbatches) return false;
+        last_end = std::max(last_end, weight_gradients_[stage].last_end);
+      }
+      last_start = last_end;
+    }
     RankState& state = ranks_[rank];
     const std::size_t stream = static_cast<std::size_t>(TimelineStream::kDataParallel);
     const std::vector<double>& buckets = costs_.stages[static_cast<std::size_t>(action.stage)].gradient_buckets;

@@ -8,7 +8,8 @@
 // - A SEND and its RECV form one transfer: it starts when both streams have reached them (NCCL's
 //   rendezvous) and ends both after the transfer time. A send stream is held until then.
 // - REDUCE_GRAD(s) reduces stage s's gradients bucket by bucket; bucket k of n may start once the
-//   stage's last weight gradient is k+1/n done (Megatron fills buckets during that backward).
+//   stage's last weight gradient is k+1/n done (Megatron fills buckets during that backward). Without
+//   overlap (Megatron's default, local DDP) every bucket waits for all of its rank's gradients.
 // - OPTIM waits for everything before it on its rank (all streams), then steps.
 // The engine keeps no global state: simulations may run concurrently on several threads.
 #pragma once
@@ -37,6 +38,7 @@ struct StageCosts {
 struct ActionCosts {
   std::vector<StageCosts> stages;  // one per virtual stage
   std::vector<double> optimizer;   // OPTIM per pipeline rank (with the distributed optimizer's gather)
+  bool overlapped_gradient_reduction = true;  // --overlap-grad-reduce
 };
 
 struct RankSimulation {

@@ -102,7 +102,8 @@ Enum parse_name(JsonFieldReader& reader, const std::string& key, const std::arra
   return names[parse_listed(reader, key, texts)].second;
 }
 
-constexpr std::array<std::pair<const char*, DType>, 2> kDTypes = {{{"bf16", DType::kBf16}, {"fp32", DType::kFp32}}};
+constexpr std::array<std::pair<const char*, DType>, 3> kDTypes = {
+    {{"bf16", DType::kBf16}, {"fp16", DType::kFp16}, {"fp32", DType::kFp32}}};
 constexpr std::array<std::pair<const char*, CollectiveOp>, 4> kOps = {{{"all_reduce", CollectiveOp::kAllReduce},
                                                                        {"all_gather", CollectiveOp::kAllGather},
                                                                        {"reduce_scatter", CollectiveOp::kReduceScatter},
@@ -386,6 +387,11 @@ double Profile::gemm_seconds(int64_t m, int64_t n, int64_t k, DType dtype, CostS
 double Profile::gemm_seconds(GemmLayout layout, GemmEpilogue epilogue, int64_t m, int64_t n, int64_t k, DType dtype,
                              CostSources& sources) const {
   if (m <= 0 || n <= 0 || k <= 0) return 0;
+  if (dtype == DType::kFp16 && !gemm_by_layout_.contains({DType::kFp16, GemmLayout::kForward})) {
+    // Without an fp16 table, the bf16 one: the tensor cores' fp16 and bf16 rates are equal on
+    // every GPU megaplan knows (A100, H100, H200 datasheets).
+    dtype = DType::kBf16;
+  }
   const double flops = gemm_flops(m, n, k);
   const std::array<double, 3> log_shape = {log_of(m), log_of(n), log_of(k)};
   if (const auto found = gemm_.find({dtype, layout, epilogue}); found != gemm_.end()) {
@@ -474,8 +480,12 @@ double Profile::memory_kernel_seconds(const std::string& kernel_class, int64_t b
 
 double Profile::kernel_seconds(const Kernel& kernel, CostSources& sources) const {
   switch (kernel.kind) {
-    case KernelKind::kGemm:
-      return gemm_seconds(kernel.layout, kernel.epilogue, kernel.m, kernel.n, kernel.k, DType::kBf16, sources);
+    case KernelKind::kGemm: {
+      // A strided-batched GEMM as one GEMM of all its rows: the same FLOPs and operand tiles.
+      const int64_t rows = kernel.m * std::max<int64_t>(1, kernel.batch);
+      const DType dtype = kernel.precision == Precision::kFp16 ? DType::kFp16 : DType::kBf16;
+      return gemm_seconds(kernel.layout, kernel.epilogue, rows, kernel.n, kernel.k, dtype, sources);
+    }
     case KernelKind::kAttentionForward:
       return attention_forward_seconds(kernel.batch * kernel.heads, kernel.seq, kernel.head_dim, true, sources);
     case KernelKind::kAttentionBackward:

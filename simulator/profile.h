@@ -19,7 +19,7 @@
 
 namespace megaplan::sim {
 
-enum class DType : uint8_t { kBf16, kFp32 };
+enum class DType : uint8_t { kBf16, kFp16, kFp32 };
 enum class CollectiveOp : uint8_t { kAllReduce, kAllGather, kReduceScatter, kAllToAll };
 enum class LinkKind : uint8_t { kNvlink, kNetwork };
 // Whether a profile holds measured tables (`megaplan profile`) or only datasheet rates.
@@ -156,7 +156,7 @@ class Profile {
   std::array<Curve, 2> p2p_;  // log seconds, by LinkKind
 };
 
-std::string to_string(DType dtype);      // "bf16", "fp32"
+std::string to_string(DType dtype);      // "bf16", "fp16", "fp32"
 std::string to_string(CollectiveOp op);  // "all_reduce", "all_gather", "reduce_scatter", "all_to_all"
 std::string to_string(LinkKind link);    // "nvlink", "network"
 std::string to_string(ProfileKind kind);  // "measured", "datasheet"

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <array>
+#include <optional>
 #include <utility>
 
 #include "core/formulas.h"
@@ -15,7 +16,6 @@ namespace megaplan::sim {
 namespace {
 
 constexpr int64_t kBf16 = 2;
-constexpr int64_t kFp32 = 4;
 
 LinkKind kind_of(const Route& route) { return route.crosses_nodes ? LinkKind::kNetwork : LinkKind::kNvlink; }
 LinkParams params_of(const Route& route) { return {route.bandwidth_bytes_per_s, route.latency_s}; }
@@ -34,7 +34,7 @@ double kernels_seconds(const std::vector<Kernel>& kernels, const Profile& profil
   return seconds;
 }
 
-BlockSeconds cost_blocks(const ExecutorKernels& kernels, const Profile& profile, int64_t context_parallel_size,
+BlockSeconds cost_blocks(const PlanKernels& kernels, const Profile& profile, int64_t context_parallel_size,
                          CostSources& sources) {
   BlockSeconds seconds{};
   for (std::size_t b = 0; b < kNumKernelBlocks; ++b) {
@@ -43,7 +43,7 @@ BlockSeconds cost_blocks(const ExecutorKernels& kernels, const Profile& profile,
   return seconds;
 }
 
-double part_seconds(const ExecutorKernels& kernels, const BlockSeconds& seconds, int64_t stage, SchedulePart part) {
+double part_seconds(const PlanKernels& kernels, const BlockSeconds& seconds, int64_t stage, SchedulePart part) {
   double total = 0;
   for (const CountedBlock& counted : kernels.stage_blocks(stage, part)) {
     total += static_cast<double>(counted.count) * seconds[static_cast<std::size_t>(counted.block)];
@@ -127,21 +127,69 @@ struct LayerCollectives {
   double backward = 0;
 };
 
+// The GEMMs --tp-comm-overlap runs each sequence-parallel collective beside (Transformer Engine's
+// userbuffers): forward, the all-gather before QKV and fc1 and the reduce-scatter after the
+// projection and fc2; backward, the all-gather of fc2's and the projection's output gradient
+// beside their input-gradient GEMMs and the reduce-scatter of fc1's and QKV's input gradient
+// beside their weight-gradient GEMMs. Seconds of each, in that order: AG, RS, AG, RS.
+struct OverlapGemms {
+  std::array<double, 4> forward{};
+  std::array<double, 4> backward{};
+};
+
+double gemm_seconds_in(const std::vector<Kernel>& block, GemmLayout layout, int64_t n, int64_t k, const Profile& profile,
+                       CostSources& sources) {
+  for (const Kernel& kernel : block) {
+    if (kernel.kind == KernelKind::kGemm && kernel.batch <= 1 && kernel.layout == layout && kernel.n == n &&
+        kernel.k == k) {
+      return profile.kernel_seconds(kernel, sources);
+    }
+  }
+  return 0;
+}
+
+OverlapGemms overlap_gemms(const ModelSpec& model, const ParallelPlan& plan, const PlanKernels& kernels,
+                           const Profile& profile, CostSources& sources) {
+  const LayerDims dims = layer_dims(model, plan);
+  const int64_t h = dims.hidden, q = dims.query, qkv = dims.qkv, f = dims.ffn, fc1 = dims.fc1;
+  const std::vector<Kernel>& forward = kernels.block(KernelBlock::kLayerForward);
+  const std::vector<Kernel>& backward = kernels.block(KernelBlock::kLayerBackward);
+  const auto seconds = [&](const std::vector<Kernel>& block, GemmLayout layout, int64_t n, int64_t k) {
+    return gemm_seconds_in(block, layout, n, k, profile, sources);
+  };
+  OverlapGemms gemms;
+  gemms.forward = {seconds(forward, GemmLayout::kForward, qkv, h), seconds(forward, GemmLayout::kForward, h, q),
+                   seconds(forward, GemmLayout::kForward, fc1, h), seconds(forward, GemmLayout::kForward, h, f)};
+  gemms.backward = {seconds(backward, GemmLayout::kInputGradient, h, f),
+                    seconds(backward, GemmLayout::kWeightGradient, fc1, h),
+                    seconds(backward, GemmLayout::kInputGradient, h, q),
+                    seconds(backward, GemmLayout::kWeightGradient, qkv, h)};
+  return gemms;
+}
+
 LayerCollectives layer_collectives(const ModelSpec& model, const ParallelPlan& plan, const Profile& profile,
                                    const GroupRoutes& routes, double attention_forward, double attention_backward,
-                                   CostSources& sources) {
+                                   const OverlapGemms* overlap, CostSources& sources) {
   const int64_t t = plan.tensor_parallel_size;
   const int64_t cp = plan.context_parallel_size;
   const int64_t tokens = tokens_per_microbatch(model, plan);
   // Tensor parallelism: two all-reduces of the layer's output per pass, or with sequence
-  // parallelism two all-gathers and two reduce-scatters of the same tensor.
+  // parallelism two all-gathers and two reduce-scatters of the same tensor; with --tp-comm-overlap
+  // only what each one's GEMM does not cover.
   const CollectiveCoster tensor(profile, routes.tensor, t, sources);
   const int64_t activation_bytes = kBf16 * tokens * model.hidden_size;
-  const double tensor_collectives =
-      plan.sequence_parallel
-          ? 2 * (tensor(CollectiveOp::kAllGather, activation_bytes) + tensor(CollectiveOp::kReduceScatter, activation_bytes))
-          : 2 * tensor(CollectiveOp::kAllReduce, activation_bytes);
-  LayerCollectives collectives{tensor_collectives, tensor_collectives};
+  LayerCollectives collectives;
+  if (!plan.sequence_parallel) {
+    collectives.forward = collectives.backward = 2 * tensor(CollectiveOp::kAllReduce, activation_bytes);
+  } else {
+    const double gather = tensor(CollectiveOp::kAllGather, activation_bytes);
+    const double scatter = tensor(CollectiveOp::kReduceScatter, activation_bytes);
+    const std::array<double, 4> sequence = {gather, scatter, gather, scatter};
+    for (std::size_t i = 0; i < sequence.size(); ++i) {
+      collectives.forward += overlap ? std::max(0.0, sequence[i] - overlap->forward[i]) : sequence[i];
+      collectives.backward += overlap ? std::max(0.0, sequence[i] - overlap->backward[i]) : sequence[i];
+    }
+  }
   // Context parallelism: K and V go round the cp ring (twice as much with their gradients in the
   // backward), overlapping the attention blocks; only what attention does not cover is exposed.
   if (cp > 1) {
@@ -157,10 +205,12 @@ LayerCollectives layer_collectives(const ModelSpec& model, const ParallelPlan& p
 // With context parallelism, what the K/V exchange hides behind: a layer's attention forward (the
 // selective-recomputation block is exactly that kernel) and its attention backward, split over cp.
 LayerCollectives plan_layer_collectives(const ModelSpec& model, const ParallelPlan& plan, const Profile& profile,
-                                        const ExecutorKernels& kernels, const BlockSeconds& blocks,
+                                        const PlanKernels& kernels, const BlockSeconds& blocks,
                                         const GroupRoutes& routes, CostSources& sources) {
   const int64_t cp = plan.context_parallel_size;
   if (plan.tensor_parallel_size == 1 && cp == 1) return {};
+  std::optional<OverlapGemms> overlap;
+  if (overlaps_tensor_parallel_communication(plan)) overlap = overlap_gemms(model, plan, kernels, profile, sources);
   double attention_forward = 0, attention_backward = 0;
   if (cp > 1) {
     attention_forward = blocks[static_cast<std::size_t>(KernelBlock::kAttentionRecompute)];
@@ -170,7 +220,8 @@ LayerCollectives plan_layer_collectives(const ModelSpec& model, const ParallelPl
     }
     attention_backward = kernels_seconds(backward, profile, cp, sources);
   }
-  return layer_collectives(model, plan, profile, routes, attention_forward, attention_backward, sources);
+  return layer_collectives(model, plan, profile, routes, attention_forward, attention_backward,
+                           overlap ? &*overlap : nullptr, sources);
 }
 
 // The output layer's collectives: with sequence parallelism its input is all-gathered in the
@@ -189,7 +240,7 @@ LayerCollectives head_collectives(const ModelSpec& model, const ParallelPlan& pl
 
 LayerCosts transformer_layer_costs(const ModelSpec& model, const ParallelPlan& plan, const Profile& profile,
                                    const GroupRoutes& routes, CostSources& sources) {
-  const ExecutorKernels kernels(model, plan);
+  const PlanKernels kernels(model, plan);
   const int64_t cp = plan.context_parallel_size;
   const BlockSeconds blocks = cost_blocks(kernels, profile, cp, sources);
   const auto seconds = [&](KernelBlock block) { return blocks[static_cast<std::size_t>(block)]; };
@@ -218,7 +269,7 @@ LayerCosts transformer_layer_costs(const ModelSpec& model, const ParallelPlan& p
 
 LayerCosts output_layer_costs(const ModelSpec& model, const ParallelPlan& plan, const Profile& profile,
                               const Route& tensor_route, CostSources& sources) {
-  const ExecutorKernels kernels(model, plan);
+  const PlanKernels kernels(model, plan);
   const auto seconds = [&](KernelBlock block) {
     return kernels_seconds(kernels.block(block), profile, plan.context_parallel_size, sources);
   };
@@ -235,23 +286,25 @@ LayerCosts output_layer_costs(const ModelSpec& model, const ParallelPlan& plan, 
 
 double optimizer_step_seconds(const ParallelPlan& plan, int64_t parameters_per_gpu, const Profile& profile,
                               const Route& data_route, CostSources& sources) {
-  const int64_t replicas = plan.data_parallel_size * plan.context_parallel_size;
-  const bool gathered = plan.use_distributed_optimizer && replicas > 1;
-  const int64_t shard = plan.use_distributed_optimizer ? parameters_per_gpu / replicas : parameters_per_gpu;
   double seconds = 0;
-  for (const Kernel& kernel :
-       optimizer_kernels(parameters_per_gpu, shard, gathered ? parameters_per_gpu : 0, {parameters_per_gpu})) {
+  for (const Kernel& kernel : optimizer_step_kernels(plan, parameters_per_gpu)) {
     seconds += profile.kernel_seconds(kernel, sources);
   }
+  const int64_t replicas = plan.data_parallel_size * plan.context_parallel_size;
+  if (!plan.use_distributed_optimizer || replicas <= 1) return seconds;
+  // The updated bf16 parameters gathered over dp x cp; --overlap-param-gather issues the gathers
+  // bucket by bucket and waits for each in the next forward, so only the first bucket's is exposed.
   const CollectiveCoster data(profile, data_route, replicas, sources);
-  if (gathered) seconds += data(CollectiveOp::kAllGather, kBf16 * parameters_per_gpu);
-  return seconds;
+  const int64_t gathered = overlaps_parameter_gather(plan)
+                               ? std::min(parameters_per_gpu, gradient_bucket_parameters(plan.data_parallel_size))
+                               : parameters_per_gpu;
+  return seconds + data(CollectiveOp::kAllGather, kBf16 * gathered);
 }
 
 ActionCosts plan_action_costs(const ModelSpec& model, const ParallelPlan& plan, const Profile& profile,
                               const Topology& topology, CostSources& sources) {
   const std::vector<GroupRoutes> routes = pipeline_group_routes(plan, topology);
-  const ExecutorKernels kernels(model, plan);
+  const PlanKernels kernels(model, plan);
   const BlockSeconds blocks = cost_blocks(kernels, profile, plan.context_parallel_size, sources);
   // Layer collectives per pipeline rank; ranks whose groups route alike share one computation.
   std::vector<LayerCollectives> collectives_of_rank;
@@ -304,8 +357,10 @@ ActionCosts plan_action_costs(const ModelSpec& model, const ParallelPlan& plan, 
   last.forward_collectives += head.forward;
   for (double* part : {&last.backward, &last.backward_input, &last.backward_collectives}) *part += head.backward;
 
-  // Pipeline transfers: each tp rank sends its part (the sequence shard with SP, else the whole).
-  const int64_t transfer_bytes = activation_bytes / (plan.sequence_parallel ? t : 1);
+  // Pipeline transfers: each tp rank sends its part (the sequence shard with SP, else the whole);
+  // Megatron's scatter-gather sends 1/tp of the whole and the receiving tp group all-gathers it.
+  const bool scattered = scatters_pipeline_transfers(plan);
+  const int64_t transfer_bytes = activation_bytes / (plan.sequence_parallel || scattered ? t : 1);
   const std::vector<int64_t> pipeline = decoder_ranks(plan).get_ranks("pp").front();  // a GPU per pipeline rank
   for (int64_t stage = 0; stage + 1 < num_stages; ++stage) {
     const int64_t from = pipeline_rank_of_stage(stage, pp, placement);
@@ -315,10 +370,23 @@ ActionCosts plan_action_costs(const ModelSpec& model, const ParallelPlan& plan, 
     const double seconds = profile.p2p_seconds(transfer_bytes, kind_of(route), params_of(route), sources);
     costs.stages[static_cast<std::size_t>(stage)].send_forward = seconds;
     costs.stages[static_cast<std::size_t>(stage) + 1].send_backward = seconds;
+    if (!scattered) continue;
+    StageCosts& receiver = costs.stages[static_cast<std::size_t>(stage) + 1];
+    const double forward_gather =
+        CollectiveCoster(profile, routes_of_stage(stage + 1).tensor, t, sources)(CollectiveOp::kAllGather, activation_bytes);
+    receiver.forward += forward_gather;
+    receiver.forward_collectives += forward_gather;
+    StageCosts& sender = costs.stages[static_cast<std::size_t>(stage)];
+    const double backward_gather =
+        CollectiveCoster(profile, routes_of_stage(stage).tensor, t, sources)(CollectiveOp::kAllGather, activation_bytes);
+    for (double* part : {&sender.backward, &sender.backward_input, &sender.backward_collectives}) *part += backward_gather;
   }
 
-  // Gradients (fp32) reduce over dp x cp in Megatron's buckets; the distributed optimizer
-  // reduce-scatters them and all-gathers the updated bf16 parameters after its step.
+  // Gradients (fp32, or fp16 where the implementation keeps them so) reduce over dp x cp in
+  // Megatron's buckets, during the backward with --overlap-grad-reduce and after it without; the
+  // distributed optimizer reduce-scatters them and all-gathers the updated parameters after its step.
+  costs.overlapped_gradient_reduction = plan.options.overlap_grad_reduce;
+  const int64_t gradient_bytes = main_gradient_bytes(plan.options);
   const int64_t replicas = plan.data_parallel_size * plan.context_parallel_size;
   const CollectiveOp reduction = plan.use_distributed_optimizer ? CollectiveOp::kReduceScatter : CollectiveOp::kAllReduce;
   const LayerParameters layer_parameters = transformer_layer_parameters(model);
@@ -338,7 +406,7 @@ ActionCosts plan_action_costs(const ModelSpec& model, const ParallelPlan& plan, 
     if (replicas <= 1) continue;
     const CollectiveCoster data(profile, routes_of_stage(stage).data, replicas, sources);
     for (int64_t done = 0; done < parameters; done += bucket) {
-      buckets.push_back(data(reduction, kFp32 * std::min(bucket, parameters - done)));
+      buckets.push_back(data(reduction, gradient_bytes * std::min(bucket, parameters - done)));
     }
   }
 
@@ -347,6 +415,20 @@ ActionCosts plan_action_costs(const ModelSpec& model, const ParallelPlan& plan, 
     costs.optimizer[static_cast<std::size_t>(rank)] =
         optimizer_step_seconds(plan, rank_parameters[static_cast<std::size_t>(rank)].parameters_per_gpu, profile,
                                routes[static_cast<std::size_t>(rank)].data, sources);
+  }
+
+  // Tied embeddings on two pipeline ranks: before the step, the word embedding's gradient and the
+  // output layer's copy of it are all-reduced between the two (Megatron's embedding group).
+  const int64_t first_rank = pipeline_rank_of_stage(0, pp, placement);
+  const int64_t last_rank = pipeline_rank_of_stage(num_stages - 1, pp, placement);
+  if (!model.untie_embeddings_and_output_weights && first_rank != last_rank) {
+    const Route route = topology.route(pipeline[static_cast<std::size_t>(first_rank)],
+                                       pipeline[static_cast<std::size_t>(last_rank)]);
+    const int64_t bytes = gradient_bytes * (padded_vocab_size(model, t) / t) * h;
+    const double seconds = profile.collective_seconds(CollectiveOp::kAllReduce, 2, bytes, kind_of(route), params_of(route),
+                                                      sources);
+    costs.optimizer[static_cast<std::size_t>(first_rank)] += seconds;
+    costs.optimizer[static_cast<std::size_t>(last_rank)] += seconds;
   }
   return costs;
 }

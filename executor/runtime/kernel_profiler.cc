@@ -114,7 +114,7 @@ ProfileGrid profile_grid(bool quick) {
         ParallelPlan plan;
         plan.tensor_parallel_size = t;
         plan.micro_batch_size = m / model.seq_length;
-        const ExecutorKernels list(model, plan);
+        const PlanKernels list(model, plan);
         for (std::size_t b = 0; b < kNumKernelBlocks; ++b) {
           for (const Kernel& kernel : list.block(static_cast<KernelBlock>(b))) add(kernel);
         }

@@ -155,8 +155,8 @@ class RankTrainer {
     settings.beta2 = run.options.adam_beta2;
     settings.eps = run.options.adam_eps;
     settings.clip_grad = run.options.clip_grad;
-    settings.overlap_grad_reduce = run.options.overlap_grad_reduce;
-    settings.overlap_param_gather = run.options.overlap_param_gather;
+    settings.overlap_grad_reduce = run.plan.options.overlap_grad_reduce;
+    settings.overlap_param_gather = overlaps_parameter_gather(run.plan);
     settings.microbatches = run.plan.num_microbatches();
     optimizer_ = std::make_unique<Optimizer>(
         ordered, OptimizerGroups{groups.data_parallel.get(), groups.model_parallel.get(), groups.embedding.get()},
@@ -362,14 +362,6 @@ PipelineSchedule checked_schedule(const ParallelPlan& plan, const TrainOptions& 
   return schedule;
 }
 
-// The options that depend on the plan (Megatron's rules).
-void refuse_plan_options(const ParallelPlan& plan, const TrainOptions& options) {
-  if (options.overlap_param_gather && !plan.use_distributed_optimizer) {
-    throw SpecError("--overlap-param-gather", "needs --use-distributed-optimizer (it overlaps the all-gather of "
-                                              "the updated parameter shards)");
-  }
-}
-
 // What every rank of a run shares, built and checked before any rank starts (a schedule that would
 // hang is refused here). Not movable: the samples refer to the dataset.
 struct PreparedRun {
@@ -377,8 +369,7 @@ struct PreparedRun {
       : model(model_in),
         plan(plan_in),
         options(checked_train_options(options_in)),
-        schedule((GptModel::refuse_unsupported(model, plan), refuse_plan_options(plan, options),
-                  checked_schedule(plan, options))),
+        schedule((GptModel::refuse_unsupported(model, plan), checked_schedule(plan, options))),
         dataset(options.data_path),
         splits(split_documents(options.split, static_cast<int64_t>(dataset.num_documents()))),
         train_samples(dataset, splits[0], model.seq_length, options.train_iters * plan.global_batch_size, options.seed) {

@@ -47,8 +47,6 @@ struct TrainOptions {
   std::optional<std::string> load;      // --load DIR
   double peak_flops_per_s = 0;          // the device's dense peak, for MFU (0: not reported)
   int64_t distributed_timeout_minutes = 10;  // --distributed-timeout-minutes: a rank that waits longer ends the run
-  bool overlap_grad_reduce = false;  // --overlap-grad-reduce: see executor/train/optimizer.h
-  bool overlap_param_gather = false;  // --overlap-param-gather: see executor/train/optimizer.h
   int64_t ddp_bucket_size = 0;       // --ddp-bucket-size: parameters per gradient bucket (0: Megatron's default)
   bool keep_final_weights = false;  // fill TrainSummary::final_weights (tests comparing layouts)
   bool record_timeline = false;     // fill TrainSummary::timeline (--trace)

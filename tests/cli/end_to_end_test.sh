@@ -57,6 +57,26 @@ printf '{\n  "num_layers": 2,\n  "hidden_size": 64\n  "x": 1\n}\n' >"$scratch/br
 expect_error "error: $scratch/broken.json:4:5: malformed JSON" describe --model "$scratch/broken.json" --cluster h100-x1
 expect_error 'error: --num-layers: must be a positive integer, got 0' describe --model gpt2-124m --cluster h100-x1 --num-layers 0
 expect_error 'error: --implementation: must be one of megaplan, megatron-core, megatron-local; got "nemo"' simulate --model gpt2-124m --cluster h100-x1 --implementation nemo
+# Megatron-LM's implementation flags: defaults by --implementation, overrides, and their rules.
+expect_ok simulate --model gpt-1.3b --cluster dgx-h100 --gpus 8 --tp 2 --pp 2 --gbs 16 --implementation megatron-local
+grep -q '^code       megatron-local: fp16 with fp16 main gradients; local layers, unfused attention' "$scratch/out" ||
+  fail "simulate names megatron-local's options: $(cat "$scratch/out")"
+expect_ok simulate --model gpt-1.3b --cluster dgx-h100 --gpus 8 --tp 2 --gbs 16 --implementation megatron-local --bf16 \
+  --use-flash-attn --attention-dropout 0 --hidden-dropout 0 --overlap-grad-reduce --json
+grep -q '"precision": "bf16"' "$scratch/out" || fail "simulate --json holds the implementation options"
+grep -q '"use_flash_attn": true' "$scratch/out" || fail "simulate --json holds --use-flash-attn"
+expect_error "error: --fp16: megaplan's executor does not run this" simulate --model gpt2-124m --cluster h100-x1 --fp16
+expect_error 'error: --fp16 excludes --bf16' simulate --model gpt2-124m --cluster h100-x1 --implementation megatron-local --fp16 --bf16
+expect_error 'error: --hidden-dropout: must be a dropout probability in \[0, 1\), got 1.5' simulate --model gpt2-124m --cluster h100-x1 --implementation megatron-core --hidden-dropout 1.5
+expect_error 'error: --tp-comm-overlap: needs --sequence-parallel' simulate --model gpt-1.3b --cluster dgx-h100 --gpus 8 --tp 2 --gbs 4 --implementation megatron-core --tp-comm-overlap
+expect_error 'error: --transformer-impl: must be one of local, transformer_engine; got "apex"' simulate --model gpt2-124m --cluster h100-x1 --implementation megatron-core --transformer-impl apex
+expect_error 'error: --context-parallel-size: needs --transformer-impl transformer_engine' simulate --model gpt-1.3b --cluster dgx-h100 --gpus 8 --cp 2 --gbs 4 --implementation megatron-local
+expect_ok describe --model gpt-1.3b --cluster dgx-h100 --gpus 8 --tp 2 --gbs 16 --implementation megatron-local --hidden-dropout 0 --out "$scratch/local.json"
+grep -q '"hidden_dropout": 0' "$scratch/local.json" || fail "describe --out writes the implementation options"
+expect_ok simulate --plan "$scratch/local.json"
+grep -q 'dropout 0.1 attention, 0 hidden' "$scratch/out" || fail "simulate --plan reads the options back: $(cat "$scratch/out")"
+expect_error 'error: --plan: cannot be combined with --fp16' simulate --plan "$scratch/local.json" --fp16
+expect_ok search --model gpt-1.3b --cluster dgx-h100 --gpus 8 --gbs 64 --implementation megatron-local --top 3
 expect_error 'error: --implementation: must be megaplan to train' train --model gpt2-124m --implementation megatron-core --data-path /nonexistent --train-iters 1
 expect_error 'error: --hidden-size: must be a positive integer, got -768' describe --model gpt2-124m --cluster h100-x1 --hidden-size -768
 expect_error 'error: --hidden-size: product .* overflows 64 bits' describe --model gpt2-124m --cluster h100-x1 --hidden-size 4611686018427387904 --num-attention-heads 1

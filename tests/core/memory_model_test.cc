@@ -99,3 +99,34 @@ TEST_CASE("megaplan's implementation counts the executor's buffers and the runti
   plan.implementation = megaplan::Implementation::kMegatronCore;
   CHECK(megaplan::memory_per_pipeline_rank(model, plan, schedule)[0].total_bytes != memory[0].total_bytes);
 }
+
+TEST_CASE("megatron-local keeps Korthikanti's sbh(10 + 24/t + 5as/(ht)) per layer, and 34/t with SP", "[memory]") {
+  // Korthikanti et al. 2022, Table 2, for fp16 with dropout and unfused attention: the formula this
+  // accounting comes from, checked term for term on gpt-1.3b (s 2048, h 2048, a 16, b 1).
+  const megaplan::ModelSpec model = megaplan::model_preset("gpt-1.3b");
+  const int64_t s = 2048, b = 1, h = 2048, a = 16;
+  for (const int64_t t : {1, 2, 4}) {
+    megaplan::ParallelPlan plan = plan_of(t, 1, 1, 1);
+    plan.implementation = megaplan::Implementation::kMegatronLocal;
+    plan.options = megaplan::default_implementation_options(plan.implementation);
+    megaplan::validate_plan(model, plan);
+    const int64_t scores = 5 * a * s * s * b / t;
+    CHECK(megaplan::transformer_layer_activation_bytes(model, plan).activation == s * b * h * (10 + 24 / t) + scores);
+    if (t == 1) continue;
+    plan.sequence_parallel = true;
+    CHECK(megaplan::transformer_layer_activation_bytes(model, plan).activation == s * b * h * 34 / t + scores);
+    plan.recompute_granularity = megaplan::RecomputeGranularity::kSelective;
+    CHECK(megaplan::transformer_layer_activation_bytes(model, plan).activation == s * b * h * 34 / t);
+    // Without attention dropout only the softmax output (2as^2b) stays.
+    plan.recompute_granularity = megaplan::RecomputeGranularity::kNone;
+    plan.options.attention_dropout = 0;
+    CHECK(megaplan::transformer_layer_activation_bytes(model, plan).activation ==
+          s * b * h * 34 / t + 2 * a * s * s * b / t);
+  }
+  // fp16 main gradients (no --accumulate-allreduce-grads-in-fp32): 16 bytes per parameter.
+  megaplan::ParallelPlan plan = plan_of(1, 1, 1, 1);
+  plan.implementation = megaplan::Implementation::kMegatronLocal;
+  plan.options = megaplan::default_implementation_options(plan.implementation);
+  const megaplan::ModelStateBytes state = megaplan::model_state_bytes(plan, 1000);
+  CHECK(state.weight_bytes + state.gradient_bytes + state.optimizer_bytes == 16 * 1000);
+}

@@ -21,7 +21,7 @@
 
 namespace {
 
-using megaplan::ExecutorKernels;
+using megaplan::PlanKernels;
 using megaplan::Kernel;
 using megaplan::SchedulePart;
 using megaplan::exec::GptModel;
@@ -53,7 +53,7 @@ void check_same(const std::vector<Kernel>& launched, const std::vector<Kernel>& 
 }
 
 // One stage's F then B on microbatch 0, and F, I and W on microbatch 1, each checked against the list.
-void check_stage(GptModel& model, RecordingBackend& backend, const ExecutorKernels& list, int64_t stage,
+void check_stage(GptModel& model, RecordingBackend& backend, const PlanKernels& list, int64_t stage,
                  const MicrobatchTokens* data, bool first, bool last) {
   const std::size_t n = model.message_size();
   megaplan::exec::Activation output_gradient = last ? nullptr : backend.allocate_activation(n);
@@ -93,7 +93,7 @@ TEST_CASE("one stage launches its kernel list for F, B, I and W under each recom
     RecordingBackend backend;
     GptModel gpt(model, plan, 0, backend, 42);
     const MicrobatchTokens data = microbatch(model, 2);
-    check_stage(gpt, backend, ExecutorKernels(model, plan), 0, &data, true, true);
+    check_stage(gpt, backend, PlanKernels(model, plan), 0, &data, true, true);
   }
 }
 
@@ -101,7 +101,7 @@ TEST_CASE("first, middle and last pipeline stages launch their kernel lists", "[
   const megaplan::ModelSpec model = four_layer_gpt();
   megaplan::ParallelPlan plan = layout(1, 2, 1, 2, ScheduleKind::kInterleaved, 1, 4);
   plan.recompute_granularity = megaplan::RecomputeGranularity::kSelective;
-  const ExecutorKernels list(model, plan);
+  const PlanKernels list(model, plan);
   const MicrobatchTokens data = microbatch(model, 1);
   for (int64_t stage = 0; stage < plan.num_virtual_stages(); ++stage) {
     INFO("stage " << stage);
@@ -129,7 +129,7 @@ TEST_CASE("each tensor-parallel rank launches its kernel list, with and without 
       backend.take();
       (void)gpt.forward(0, &data);
       gpt.backward_input(0, nullptr, 1.0f, nullptr, false);
-      const ExecutorKernels list(model, plan, rank);
+      const PlanKernels list(model, plan, rank);
       const auto index = static_cast<std::size_t>(rank);
       launched[index] = backend.take();
       listed[index] = list.stage_kernels(0, SchedulePart::kForward);

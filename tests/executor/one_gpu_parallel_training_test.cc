@@ -183,10 +183,11 @@ TEST_CASE("on one GPU, overlapped gradient reduction and parameter gathering giv
                                    plan_of(2, 2, 1, ScheduleKind::kZeroBubbleH1, true, 2, true)}) {
     INFO("tp " << plan.tensor_parallel_size << " pp " << plan.pipeline_parallel_size << " dp 2");
     const std::string name = "tp" + std::to_string(plan.tensor_parallel_size);
-    options.overlap_grad_reduce = false;
-    const Outcome at_reduce_grad = train_on_gpu(four_layer_gpt(), plan, options, scratch, name + "-serial");
-    options.overlap_grad_reduce = true;
-    const Outcome overlapped = train_on_gpu(four_layer_gpt(), plan, options, scratch, name + "-overlapped");
+    ParallelPlan variant = plan;
+    variant.options.overlap_grad_reduce = false;
+    const Outcome at_reduce_grad = train_on_gpu(four_layer_gpt(), variant, options, scratch, name + "-serial");
+    variant.options.overlap_grad_reduce = true;
+    const Outcome overlapped = train_on_gpu(four_layer_gpt(), variant, options, scratch, name + "-overlapped");
     REQUIRE(at_reduce_grad.losses.size() == 4);
     CHECK(overlapped.losses == at_reduce_grad.losses);
     CHECK(overlapped.summary.last_gradient_norm == at_reduce_grad.summary.last_gradient_norm);
@@ -194,9 +195,8 @@ TEST_CASE("on one GPU, overlapped gradient reduction and parameter gathering giv
     // The updated shards gathered behind the next iteration's work: each chunk's bf16 compute
     // weights must be refreshed from them before its first forward (and before evaluation), or the
     // losses change.
-    options.overlap_param_gather = true;
-    const Outcome gathered_later = train_on_gpu(four_layer_gpt(), plan, options, scratch, name + "-gather");
-    options.overlap_param_gather = false;
+    variant.options.overlap_param_gather = true;
+    const Outcome gathered_later = train_on_gpu(four_layer_gpt(), variant, options, scratch, name + "-gather");
     CHECK(gathered_later.losses == at_reduce_grad.losses);
     CHECK(gathered_later.summary.final_weights == at_reduce_grad.summary.final_weights);
   }

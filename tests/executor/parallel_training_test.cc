@@ -218,20 +218,20 @@ TEST_CASE("gradient buckets reduced as the backward fills them give the bits of 
                                         everything}};
   for (std::size_t l = 0; l < layouts.size(); ++l) {
     INFO(layouts[l].name);
-    options.overlap_grad_reduce = false;
-    const Outcome at_reduce_grad = train(four_layer_gpt(), layouts[l].plan, options, scratch, "serial" + std::to_string(l));
-    options.overlap_grad_reduce = true;
-    const Outcome overlapped = train(four_layer_gpt(), layouts[l].plan, options, scratch, "overlap" + std::to_string(l));
+    ParallelPlan variant = layouts[l].plan;
+    variant.options.overlap_grad_reduce = false;
+    const Outcome at_reduce_grad = train(four_layer_gpt(), variant, options, scratch, "serial" + std::to_string(l));
+    variant.options.overlap_grad_reduce = true;
+    const Outcome overlapped = train(four_layer_gpt(), variant, options, scratch, "overlap" + std::to_string(l));
     REQUIRE(at_reduce_grad.losses.size() == 4);
     CHECK(overlapped.losses == at_reduce_grad.losses);
     CHECK(overlapped.summary.last_gradient_norm == at_reduce_grad.summary.last_gradient_norm);
     CHECK(overlapped.summary.final_weights == at_reduce_grad.summary.final_weights);
-    if (!layouts[l].plan.use_distributed_optimizer) continue;
+    if (!variant.use_distributed_optimizer) continue;
     // The updated shards gathered behind the next iteration's work, waited for at each chunk's
     // first forward (and before each evaluation): the same bits again.
-    options.overlap_param_gather = true;
-    const Outcome gathered_later = train(four_layer_gpt(), layouts[l].plan, options, scratch, "gather" + std::to_string(l));
-    options.overlap_param_gather = false;
+    variant.options.overlap_param_gather = true;
+    const Outcome gathered_later = train(four_layer_gpt(), variant, options, scratch, "gather" + std::to_string(l));
     CHECK(gathered_later.losses == at_reduce_grad.losses);
     CHECK(gathered_later.summary.final_weights == at_reduce_grad.summary.final_weights);
     CHECK(gathered_later.out.find("validation loss at iteration 2") != std::string::npos);

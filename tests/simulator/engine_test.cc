@@ -108,6 +108,23 @@ TEST_CASE("gradient reduction hides behind a long backward and shows after a sho
   CHECK(result.ranks[0].exposed_comm_s() == Approx(11.75));
 }
 
+TEST_CASE("without overlap every bucket waits for the rank's whole backward", "[simulator][engine]") {
+  // Interleaved pp 2 vpp 2, 2 microbatches: rank 0 holds stages 0 and 2. Overlapped, stage 2's
+  // buckets run beside stage 0's backwards; without (Megatron's default, local DDP) they start after
+  // the rank's last backward, and the rank's buckets then run back to back.
+  const auto schedule = lowered(ScheduleKind::kInterleaved, 2, 2, 2);
+  ActionCosts costs = uniform_costs(schedule, 1, 2);
+  for (auto& stage : costs.stages) stage.gradient_buckets = {1.5};
+  const SimulationResult overlapped = megaplan::sim::simulate_schedule(schedule, costs, false);
+  costs.overlapped_gradient_reduction = false;
+  const SimulationResult serial = megaplan::sim::simulate_schedule(schedule, costs, false);
+  CHECK(serial.pipeline_end_s == Approx(overlapped.pipeline_end_s));
+  // Rank 0 finishes the pipeline; then its two stages' buckets, 1.5 s each, back to back.
+  CHECK(serial.iteration_time_s == Approx(serial.pipeline_end_s + 3));
+  CHECK(overlapped.iteration_time_s < serial.iteration_time_s - 1);
+  CHECK(serial.ranks[0].data_parallel_comm_s == Approx(3));
+}
+
 TEST_CASE("every generated schedule simulates to completion with one slice per action", "[simulator][engine]") {
   for (int64_t pp = 1; pp <= 4; ++pp) {
     for (int64_t microbatches = 1; microbatches <= 12; ++microbatches) {

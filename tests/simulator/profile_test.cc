@@ -335,7 +335,7 @@ TEST_CASE("bad profile fields are refused with the field and the rule", "[simula
   json["gemm"] = {{{"m", 0}, {"n", 1024}, {"k", 1024}, {"dtype", "bf16"}, {"seconds", 1}}};
   CHECK(error_of(json) == "p.json: gemm[0]: m: must be a positive integer, got 0");
   json["gemm"] = {{{"m", 1024}, {"n", 1024}, {"k", 1024}, {"dtype", "fp8"}, {"seconds", 1}}};
-  CHECK(error_of(json) == "p.json: gemm[0]: dtype: must be one of bf16, fp32; got \"fp8\"");
+  CHECK(error_of(json) == "p.json: gemm[0]: dtype: must be one of bf16, fp16, fp32; got \"fp8\"");
   json["gemm"] = {{{"m", 1024}, {"n", 1024}, {"k", 1024}, {"dtype", "bf16"}, {"seconds", 1}, {"flops", 1}}};
   CHECK(error_of(json) == "p.json: gemm[0]: flops: unknown field");
   json["gemm"] = {{{"m", 1024}, {"n", 1024}, {"k", 1024}, {"dtype", "bf16"}, {"seconds", 1}},

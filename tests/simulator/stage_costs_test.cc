@@ -45,7 +45,7 @@ TEST_CASE("a GPT-2 layer's kernels are the executor's, each costed by the profil
       megaplan::row_kernel(KernelKind::kNormForward, t, h, true),
       megaplan::gemm_kernel(GemmLayout::kForward, GemmEpilogue::kBiasGelu, t, 4 * h, h),
       megaplan::gemm_kernel(GemmLayout::kForward, GemmEpilogue::kBias, t, h, 4 * h)};
-  const megaplan::ExecutorKernels kernels(spec.model, spec.plan);
+  const megaplan::PlanKernels kernels(spec.model, spec.plan);
   CHECK(kernels.block(megaplan::KernelBlock::kLayerForward) == forward);
 
   const auto profile = megaplan::sim::Profile::datasheet(spec.cluster.gpu);
@@ -142,4 +142,105 @@ TEST_CASE("a placement that splits some tensor-parallel groups across nodes slow
       spec.model, spec.plan, megaplan::sim::Profile::datasheet(spec.cluster.gpu), topology, sources);
   CHECK(costs.stages[1].forward_collectives > 2 * costs.stages[0].forward_collectives);
   CHECK(costs.stages[2].forward_collectives == Approx(costs.stages[1].forward_collectives));
+}
+
+namespace {
+
+megaplan::JobSpec with_implementation(megaplan::JobSpec spec, megaplan::Implementation implementation) {
+  spec.plan.implementation = implementation;
+  spec.plan.options = megaplan::default_implementation_options(implementation);
+  megaplan::validate_job(spec);
+  return spec;
+}
+
+}  // namespace
+
+TEST_CASE("--tp-comm-overlap exposes only what each collective's GEMM does not cover", "[simulator][costs]") {
+  megaplan::JobSpec spec = with_implementation(job("gpt-1.3b", "dgx-h100", 8, 8, 1, 8), megaplan::Implementation::kMegatronCore);
+  spec.plan.sequence_parallel = true;
+  const auto profile = megaplan::sim::Profile::datasheet(spec.cluster.gpu);
+  const megaplan::sim::Topology topology(spec.cluster);
+  const auto route = megaplan::sim::pipeline_group_routes(spec.plan, topology)[0];
+  CostSources sources;
+  const auto overlapped = megaplan::sim::transformer_layer_costs(spec.model, spec.plan, profile, route, sources);
+  spec.plan.options.tp_comm_overlap = false;
+  const auto exposed = megaplan::sim::transformer_layer_costs(spec.model, spec.plan, profile, route, sources);
+  // By hand: all-gather, reduce-scatter, all-gather, reduce-scatter of the layer's activation beside
+  // the QKV, projection, fc1 and fc2 forward GEMMs.
+  const int64_t tokens = 2048, h = 2048, t = 8;
+  const int64_t bytes = 2 * tokens * h;
+  const double gather = profile.collective_seconds(megaplan::sim::CollectiveOp::kAllGather, t, bytes,
+                                                   megaplan::sim::LinkKind::kNvlink,
+                                                   {route.tensor.bandwidth_bytes_per_s, route.tensor.latency_s}, sources);
+  const double scatter = profile.collective_seconds(megaplan::sim::CollectiveOp::kReduceScatter, t, bytes,
+                                                    megaplan::sim::LinkKind::kNvlink,
+                                                    {route.tensor.bandwidth_bytes_per_s, route.tensor.latency_s}, sources);
+  CHECK(exposed.forward_collectives == Approx(2 * (gather + scatter)));
+  using megaplan::GemmEpilogue;
+  using megaplan::GemmLayout;
+  const auto gemm = [&](GemmEpilogue epilogue, int64_t n, int64_t k) {
+    return profile.kernel_seconds(megaplan::gemm_kernel(GemmLayout::kForward, epilogue, tokens, n, k), sources);
+  };
+  const double expected = std::max(0.0, gather - gemm(GemmEpilogue::kBias, 3 * h / t, h)) +
+                          std::max(0.0, scatter - gemm(GemmEpilogue::kNone, h, h / t)) +
+                          std::max(0.0, gather - gemm(GemmEpilogue::kNone, 4 * h / t, h)) +
+                          std::max(0.0, scatter - gemm(GemmEpilogue::kNone, h, 4 * h / t));
+  CHECK(overlapped.forward_collectives == Approx(expected));
+  CHECK(overlapped.forward_collectives < exposed.forward_collectives);
+  CHECK(overlapped.forward == Approx(exposed.forward - exposed.forward_collectives + expected));
+}
+
+TEST_CASE("Megatron's scatter-gather sends 1/tp between stages and gathers it on arrival", "[simulator][costs]") {
+  const megaplan::JobSpec local = with_implementation(job("gpt-1.3b", "dgx-h100", 8, 4, 2, 8),
+                                                      megaplan::Implementation::kMegatronLocal);
+  megaplan::JobSpec whole = local;
+  whole.plan.options.scatter_gather_tensors_in_pipeline = false;
+  const auto profile = megaplan::sim::Profile::datasheet(local.cluster.gpu);
+  const megaplan::sim::Topology topology(local.cluster);
+  CostSources sources;
+  const auto scattered = megaplan::sim::plan_action_costs(local.model, local.plan, profile, topology, sources);
+  const auto sent_whole = megaplan::sim::plan_action_costs(whole.model, whole.plan, profile, topology, sources);
+  const megaplan::sim::Route route = topology.route(0, 4);
+  const int64_t bytes = 2 * 2048 * 2048;
+  const auto p2p = [&](int64_t size) {
+    return profile.p2p_seconds(size, megaplan::sim::LinkKind::kNvlink, {route.bandwidth_bytes_per_s, route.latency_s},
+                               sources);
+  };
+  CHECK(sent_whole.stages[0].send_forward == Approx(p2p(bytes)));
+  CHECK(scattered.stages[0].send_forward == Approx(p2p(bytes / 4)));
+  const auto tp_route = megaplan::sim::pipeline_group_routes(local.plan, topology)[1].tensor;
+  const double gather = profile.collective_seconds(megaplan::sim::CollectiveOp::kAllGather, 4, bytes,
+                                                   megaplan::sim::LinkKind::kNvlink,
+                                                   {tp_route.bandwidth_bytes_per_s, tp_route.latency_s}, sources);
+  CHECK(scattered.stages[1].forward == Approx(sent_whole.stages[1].forward + gather));
+  CHECK(scattered.stages[0].backward > sent_whole.stages[0].backward);
+}
+
+TEST_CASE("tied embeddings on two pipeline ranks all-reduce their gradient before the step", "[simulator][costs]") {
+  const megaplan::JobSpec tied = job("gpt-1.3b", "dgx-h100", 2, 1, 2, 8);
+  megaplan::JobSpec untied = tied;
+  untied.model.untie_embeddings_and_output_weights = true;
+  const auto profile = megaplan::sim::Profile::datasheet(tied.cluster.gpu);
+  const megaplan::sim::Topology topology(tied.cluster);
+  CostSources sources;
+  const auto with_tie = megaplan::sim::plan_action_costs(tied.model, tied.plan, profile, topology, sources);
+  // The untied model holds one more vocabulary x hidden matrix on the last rank: compare the step's
+  // kernels rank by rank rather than the whole OPTIM.
+  const auto kernels_of = [&](const megaplan::JobSpec& spec, std::size_t rank) {
+    const auto ranks = megaplan::parameters_per_pipeline_rank(spec.model, spec.plan);
+    double seconds = 0;
+    for (const megaplan::Kernel& kernel : megaplan::optimizer_step_kernels(spec.plan, ranks[rank].parameters_per_gpu)) {
+      seconds += profile.kernel_seconds(kernel, sources);
+    }
+    return seconds;
+  };
+  const megaplan::sim::Route route = topology.route(0, 1);
+  const int64_t bytes = 4 * megaplan::padded_vocab_size(tied.model, 1) * 2048;
+  const double all_reduce = profile.collective_seconds(megaplan::sim::CollectiveOp::kAllReduce, 2, bytes,
+                                                       megaplan::sim::LinkKind::kNvlink,
+                                                       {route.bandwidth_bytes_per_s, route.latency_s}, sources);
+  CHECK(with_tie.optimizer[0] == Approx(kernels_of(tied, 0) + all_reduce));
+  CHECK(with_tie.optimizer[1] == Approx(kernels_of(tied, 1) + all_reduce));
+  const auto without = megaplan::sim::plan_action_costs(untied.model, untied.plan, profile, topology, sources);
+  CHECK(without.optimizer[0] == Approx(kernels_of(untied, 0)));
 }
