@@ -5,13 +5,16 @@
 #include "core/cluster_spec.h"
 #include "core/error.h"
 #include "simulator/builtin_profiles.h"
+#include "simulator/profile_transfer.h"
 
 namespace megaplan::cli {
 namespace {
 
-// A shipped measured profile, else the datasheet numbers of a GPU type of megaplan's cluster presets.
+// A shipped measured profile, else one transferred from another GPU's, else the datasheet numbers
+// of a GPU type of megaplan's cluster presets.
 sim::Profile default_profile(const GpuSpec& gpu) {
   if (std::optional<sim::Profile> measured = sim::builtin_measured_profile(gpu.name)) return std::move(*measured);
+  if (std::optional<sim::Profile> transferred = sim::builtin_transferred_profile(gpu)) return std::move(*transferred);
   std::string known;
   for (const ClusterSpec& preset : cluster_presets()) {
     if (preset.gpu.name == gpu.name) return sim::Profile::datasheet(preset.gpu);

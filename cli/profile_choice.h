@@ -1,5 +1,6 @@
 // The profile a simulation is costed with: a --profile file (checked against the cluster's GPU),
-// else the built-in measured profile of the GPU type (profiles/*.measured.json), else the
+// else the built-in measured profile of the GPU type (profiles/*.measured.json), else another
+// GPU's built-in measured profile transferred to it (simulator/profile_transfer.h), else the
 // datasheet profile of a GPU type megaplan has presets for. Shared by simulate and search, which
 // both say which profile costed their numbers, and of which kind.
 #pragma once

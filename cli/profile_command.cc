@@ -21,6 +21,7 @@
 #include "simulator/builtin_profiles.h"
 #include "simulator/nccl_tests.h"
 #include "simulator/profile.h"
+#include "simulator/profile_transfer.h"
 
 namespace megaplan::cli {
 namespace {
@@ -121,11 +122,48 @@ int import_nccl_tests(const ProfileOptions& options, std::ostream& out) {
   return 0;
 }
 
+GpuSpec preset_gpu(const std::string& name, const std::string& field) {
+  std::string known;
+  for (const ClusterSpec& preset : cluster_presets()) {
+    if (preset.gpu.name == name) return preset.gpu;
+    if (known.find(preset.gpu.name) == std::string::npos) known += (known.empty() ? "" : ", ") + preset.gpu.name;
+  }
+  throw SpecError(field, "\"" + name + "\" is no preset GPU (" + known + ")");
+}
+
+int transfer(const ProfileOptions& options, std::ostream& out) {
+  const GpuSpec to = preset_gpu(*options.transfer_to, "--transfer-to");
+  nlohmann::json profile;
+  if (options.profile) {
+    const nlohmann::json measured = read_json_file(*options.profile);
+    const GpuSpec from = preset_gpu(sim::Profile::from_json(measured, *options.profile).gpu_name(), "--profile");
+    if (from.name == to.name) throw SpecError("--transfer-to", *options.profile + " already profiles " + to.name);
+    profile = sim::transfer_profile(measured, *options.profile, from, to);
+  } else {
+    if (sim::builtin_measured_profile_file(to.name)) {
+      throw SpecError("--transfer-to", to.name + " has a measured profile of its own; pass --profile FILE to transfer another");
+    }
+    const std::optional<sim::Profile> builtin = sim::builtin_transferred_profile(to);
+    if (!builtin) throw SpecError("--transfer-to", "no built-in measured profile to transfer; pass --profile FILE");
+    const GpuSpec from = preset_gpu(builtin->transferred_from(), "--transfer-to");
+    const std::optional<sim::BuiltinProfileFile> file = sim::builtin_measured_profile_file(from.name);
+    profile = sim::transfer_profile(file->json, file->origin, from, to);
+  }
+  write_profile(options, profile, out);
+  return 0;
+}
+
 }  // namespace
 
 int run_profile(const ProfileOptions& options, std::ostream& out) {
+  if (options.transfer_to) {
+    if (!options.nccl_tests.empty()) throw SpecError("--transfer-to", "cannot be combined with --import-nccl-tests");
+    return transfer(options, out);
+  }
   if (!options.nccl_tests.empty()) return import_nccl_tests(options, out);
-  if (options.profile) throw SpecError("--profile", "is the base of --import-nccl-tests; a measurement here starts from the datasheet");
+  if (options.profile) {
+    throw SpecError("--profile", "is the base of --import-nccl-tests or --transfer-to; a measurement here starts from the datasheet");
+  }
   const GpuInventory inventory = query_gpu_inventory();  // SpecError("gpu", ...) without a usable GPU
   const GpuDevice& device = inventory.devices.at(0);
   const std::optional<GpuSpec> gpu = gpu_preset_for_device(device.name);
@@ -171,8 +209,13 @@ void setup_profile_command(CLI::App& app, CommandContext& context) {
   command->add_option("--import-nccl-tests", options->nccl_tests,
                       "Time nothing: add these nccl-tests outputs (all_reduce_perf, all_gather_perf, reduce_scatter_perf, "
                       "alltoall_perf, sendrecv_perf) to their GPU's profile as its collectives and p2p tables");
+  command->add_option("--transfer-to", options->transfer_to,
+                      "Time nothing: carry a measured profile's tables over to this preset GPU (A100-SXM4-80GB, ...) by the "
+                      "ratio of peaks and bandwidths, with wave quantisation by SM count");
   command->add_option("--profile", options->profile,
-                      "With --import-nccl-tests: the profile to add them to (default: the GPU's built-in measured profile, else its datasheet)");
+                      "With --import-nccl-tests: the profile to add them to (default: the GPU's built-in measured profile, "
+                      "else its datasheet); with --transfer-to: the measured profile to transfer (default: the built-in one "
+                      "simulate would)");
   command->callback([options, &context] { context.exit_code = run_profile(*options, context.out); });
 }
 

@@ -5,7 +5,9 @@
 // tables, and the provenance (device, SMs, memory clock, driver, CUDA, cuBLAS, NCCL, megaplan,
 // date, command). Without a usable GPU it says so and exits 2. With --import-nccl-tests FILE... it
 // times nothing: the files' collectives and send/receive times join their GPU's profile
-// (simulator/nccl_tests.h), which needs no GPU here.
+// (simulator/nccl_tests.h), which needs no GPU here. With --transfer-to GPU it times nothing either:
+// a measured profile (--profile FILE, else the built-in one simulate would transfer) becomes a
+// transferred profile of that GPU (simulator/profile_transfer.h).
 #pragma once
 
 #include <optional>
@@ -27,6 +29,7 @@ struct ProfileOptions {
   // (--profile FILE, else its built-in measured profile, else its datasheet) instead of timing here.
   std::vector<std::string> nccl_tests;
   std::optional<std::string> profile;
+  std::optional<std::string> transfer_to;  // a preset GPU's name (A100-SXM4-80GB, ...)
 };
 
 int run_profile(const ProfileOptions& options, std::ostream& out);

@@ -21,20 +21,21 @@ constexpr double kAssumedInfinibandLatencyS = 2e-6;
 const std::string kLatencyNote = " Link latencies are assumptions (not on datasheets) until measured.";
 
 GpuSpec a100_sxm4_80gb() {
-  // NVIDIA A100 Tensor Core GPU datasheet: BF16/FP16 312 TFLOPS dense, 80GB HBM2e, 2,039 GB/s.
-  return {"A100-SXM4-80GB", 312 * kTera, 312 * kTera, 80 * kGigabyte, 2039 * kGiga};
+  // NVIDIA A100 Tensor Core GPU datasheet: BF16/FP16 312 TFLOPS dense, 80GB HBM2e, 2,039 GB/s;
+  // 108 SMs (NVIDIA A100 Tensor Core GPU Architecture whitepaper).
+  return {"A100-SXM4-80GB", 312 * kTera, 312 * kTera, 80 * kGigabyte, 2039 * kGiga, 108};
 }
 
 GpuSpec h100_sxm5_80gb() {
   // NVIDIA H100 Tensor Core GPU datasheet (SXM): BF16/FP16 1,979 TFLOPS with sparsity, i.e.
-  // 989.4 dense; 80GB HBM3, 3.35 TB/s.
-  return {"H100-SXM5-80GB", 989.4 * kTera, 989.4 * kTera, 80 * kGigabyte, 3350 * kGiga};
+  // 989.4 dense; 80GB HBM3, 3.35 TB/s; 132 SMs (NVIDIA H100 Tensor Core GPU Architecture whitepaper).
+  return {"H100-SXM5-80GB", 989.4 * kTera, 989.4 * kTera, 80 * kGigabyte, 3350 * kGiga, 132};
 }
 
 GpuSpec h200_sxm_141gb() {
   // NVIDIA H200 Tensor Core GPU datasheet (SXM): BF16/FP16 1,979 TFLOPS with sparsity, i.e.
-  // 989.4 dense; 141GB HBM3e, 4.8 TB/s.
-  return {"H200-SXM-141GB", 989.4 * kTera, 989.4 * kTera, 141 * kGigabyte, 4800 * kGiga};
+  // 989.4 dense; 141GB HBM3e, 4.8 TB/s; the H100's GH100 with its 132 SMs.
+  return {"H200-SXM-141GB", 989.4 * kTera, 989.4 * kTera, 141 * kGigabyte, 4800 * kGiga, 132};
 }
 
 IntraNodeFabric nvswitch(double bidirectional_bytes_per_s) {

@@ -28,6 +28,10 @@ void validate_cluster_spec(const ClusterSpec& cluster) {
   require_positive_rate(cluster.gpu.dense_fp16_flops_per_s, "gpu.dense_fp16_flops_per_s");
   require_positive(cluster.gpu.hbm_capacity_bytes, "gpu.hbm_capacity_bytes");
   require_positive_rate(cluster.gpu.hbm_bandwidth_bytes_per_s, "gpu.hbm_bandwidth_bytes_per_s");
+  if (cluster.gpu.streaming_multiprocessors < 0) {
+    throw SpecError("gpu.streaming_multiprocessors",
+                    "must not be negative, got " + std::to_string(cluster.gpu.streaming_multiprocessors));
+  }
   require_non_negative(cluster.intra_node.latency_s, "intra_node.latency_s");
   require_non_negative(cluster.inter_node.latency_s, "inter_node.latency_s");
   if (cluster.inter_node.nics_per_node < 0) {
@@ -87,7 +91,8 @@ nlohmann::json cluster_spec_to_json(const ClusterSpec& cluster) {
         {"dense_bf16_flops_per_s", cluster.gpu.dense_bf16_flops_per_s},
         {"dense_fp16_flops_per_s", cluster.gpu.dense_fp16_flops_per_s},
         {"hbm_capacity_bytes", cluster.gpu.hbm_capacity_bytes},
-        {"hbm_bandwidth_bytes_per_s", cluster.gpu.hbm_bandwidth_bytes_per_s}}},
+        {"hbm_bandwidth_bytes_per_s", cluster.gpu.hbm_bandwidth_bytes_per_s},
+        {"streaming_multiprocessors", cluster.gpu.streaming_multiprocessors}}},
       {"intra_node",
        {{"kind", cluster.intra_node.kind},
         {"bandwidth_per_gpu_bytes_per_s", cluster.intra_node.bandwidth_per_gpu_bytes_per_s},
@@ -119,6 +124,7 @@ ClusterSpec cluster_spec_from_json(const nlohmann::json& json, const std::string
   gpu_reader.read("dense_fp16_flops_per_s", cluster.gpu.dense_fp16_flops_per_s);
   gpu_reader.require("hbm_capacity_bytes", cluster.gpu.hbm_capacity_bytes);
   gpu_reader.require("hbm_bandwidth_bytes_per_s", cluster.gpu.hbm_bandwidth_bytes_per_s);
+  gpu_reader.read("streaming_multiprocessors", cluster.gpu.streaming_multiprocessors);
   gpu_reader.reject_unknown_keys();
 
   if (const nlohmann::json* intra = reader.read_object("intra_node")) {

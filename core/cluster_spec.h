@@ -17,6 +17,7 @@ struct GpuSpec {
   double dense_fp16_flops_per_s = 0;
   int64_t hbm_capacity_bytes = 0;       // datasheet capacity, decimal GB
   double hbm_bandwidth_bytes_per_s = 0;
+  int64_t streaming_multiprocessors = 0;  // SMs; 0 where unknown (wave quantisation then unmodelled)
 };
 
 // Intra-node fabric. Bandwidths are per GPU and per direction; datasheets quote the

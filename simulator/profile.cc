@@ -213,6 +213,14 @@ Profile Profile::from_json(const nlohmann::json& json, const std::string& source
   if (reader.has("provenance") && !json.at("provenance").is_object()) {
     throw SpecError(reader.field("provenance"), "must be an object");
   }
+  // A transferred profile names the measured GPU its tables come from (profile_transfer.h).
+  if (const nlohmann::json* transferred = reader.read_object("transferred_from")) {
+    JsonFieldReader transferred_reader(*transferred, source + ": transferred_from");
+    transferred_reader.require("gpu", profile.transferred_from_);
+    if (profile.transferred_from_.empty()) {
+      throw SpecError(transferred_reader.field("gpu"), "must name the measured GPU, got \"\"");
+    }
+  }
   for (const char* key : {"gemm", "attention", "elementwise", "kernels", "collectives", "p2p", "provenance"}) {
     reader.ignore(key);
   }
@@ -538,11 +546,19 @@ ProfileKind Profile::kind() const {
   const bool measured = !gemm_.empty() || !memory_kernels_.empty() || !elementwise_.points.empty() ||
                         !collectives_.empty() || !p2p_[0].points.empty() || !p2p_[1].points.empty() ||
                         !attention_forward_[0].empty() || !attention_forward_[1].empty();
-  return measured ? ProfileKind::kMeasured : ProfileKind::kDatasheet;
+  if (!measured) return ProfileKind::kDatasheet;
+  return transferred_from_.empty() ? ProfileKind::kMeasured : ProfileKind::kTransferred;
 }
 
 std::string to_string(DType dtype) { return name_of(dtype, kDTypes); }
-std::string to_string(ProfileKind kind) { return kind == ProfileKind::kMeasured ? "measured" : "datasheet"; }
+std::string to_string(ProfileKind kind) {
+  switch (kind) {
+    case ProfileKind::kMeasured: return "measured";
+    case ProfileKind::kTransferred: return "transferred";
+    case ProfileKind::kDatasheet: return "datasheet";
+  }
+  return "?";
+}
 std::string to_string(CollectiveOp op) { return name_of(op, kOps); }
 std::string to_string(LinkKind link) { return name_of(link, kLinks); }
 

@@ -22,8 +22,9 @@ namespace megaplan::sim {
 enum class DType : uint8_t { kBf16, kFp16, kFp32 };
 enum class CollectiveOp : uint8_t { kAllReduce, kAllGather, kReduceScatter, kAllToAll };
 enum class LinkKind : uint8_t { kNvlink, kNetwork };
-// Whether a profile holds measured tables (`megaplan profile`) or only datasheet rates.
-enum class ProfileKind : uint8_t { kMeasured, kDatasheet };
+// Whether a profile holds measured tables (`megaplan profile`), another GPU's measured tables
+// carried over to this one (profile_transfer.h), or only datasheet rates.
+enum class ProfileKind : uint8_t { kMeasured, kTransferred, kDatasheet };
 
 // Where kernel and transfer times came from: a measured table, or the roofline / link fallback.
 struct CostSources {
@@ -79,8 +80,10 @@ class Profile {
   const std::string& source() const { return source_; }
   // Where it was read from: the file, "profiles/<file> (built in)", or "datasheet" for datasheet().
   const std::string& origin() const { return origin_; }
-  // Measured when any table has an entry.
+  // Transferred when it says so (`transferred_from`), else measured when any table has an entry.
   ProfileKind kind() const;
+  // The measured GPU a transferred profile's tables come from; empty otherwise.
+  const std::string& transferred_from() const { return transferred_from_; }
   // The relative error to expect of an iteration time predicted with this profile, as its author
   // validated it ("uncertainty"); 0 where none is stated.
   double uncertainty() const { return uncertainty_; }
@@ -142,6 +145,7 @@ class Profile {
   std::string gpu_;
   std::string source_;
   std::string origin_;
+  std::string transferred_from_;
   double uncertainty_ = 0;
   DeviceRates device_;
   RooflineCurve curve_;
@@ -159,6 +163,6 @@ class Profile {
 std::string to_string(DType dtype);      // "bf16", "fp16", "fp32"
 std::string to_string(CollectiveOp op);  // "all_reduce", "all_gather", "reduce_scatter", "all_to_all"
 std::string to_string(LinkKind link);    // "nvlink", "network"
-std::string to_string(ProfileKind kind);  // "measured", "datasheet"
+std::string to_string(ProfileKind kind);  // "measured", "transferred", "datasheet"
 
 }  // namespace megaplan::sim
