@@ -178,12 +178,11 @@ void write_text(const SearchCommandOptions& options, const JobSpec& job, const p
   out << table.render();
 }
 
-// The best plan's launch lines: its job file is --out's (job.json when none).
+// The best plan's launch lines: its job file is --out's (job.json when none), which also carries
+// the overlaps the simulation assumed (its implementation options).
 std::vector<planner::LaunchCommand> launch_commands_for(const SearchCommandOptions& options, const JobSpec& job) {
-  return planner::launch_commands(
-      job.plan, job.cluster, options.out.value_or("job.json"),
-      std::string("--data-path DATA_PREFIX --train-iters ITERS") +
-          (planner::overlaps_gradient_reduction(job.plan) ? " --overlap-grad-reduce" : ""));
+  return planner::launch_commands(job.plan, job.cluster, options.out.value_or("job.json"),
+                                  "--data-path DATA_PREFIX --train-iters ITERS");
 }
 
 }  // namespace
@@ -251,6 +250,7 @@ int run_search(const SearchCommandOptions& options, std::ostream& out) {
     return 0;
   }
   write_text(options, job, result, seconds, threads, out);
+  out << "code (#1): " << describe_implementation(job.plan) << "\n";
   out << "profile: " << describe_profile(profile) << "\n";
   out << (profile.uncertainty() > 0
               ? "ties: plans marked \"tie\" are predicted within the profile's stated uncertainty (" +

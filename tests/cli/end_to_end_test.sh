@@ -77,6 +77,7 @@ expect_ok simulate --plan "$scratch/local.json"
 grep -q 'dropout 0.1 attention, 0 hidden' "$scratch/out" || fail "simulate --plan reads the options back: $(cat "$scratch/out")"
 expect_error 'error: --plan: cannot be combined with --fp16' simulate --plan "$scratch/local.json" --fp16
 expect_ok search --model gpt-1.3b --cluster dgx-h100 --gpus 8 --gbs 64 --implementation megatron-local --top 3
+grep -q '^code (#1): megatron-local: fp16' "$scratch/out" || fail "search names the implementation: $(cat "$scratch/out")"
 expect_error 'error: --implementation: must be megaplan to train' train --model gpt2-124m --implementation megatron-core --data-path /nonexistent --train-iters 1
 expect_error 'error: --hidden-size: must be a positive integer, got -768' describe --model gpt2-124m --cluster h100-x1 --hidden-size -768
 expect_error 'error: --hidden-size: product .* overflows 64 bits' describe --model gpt2-124m --cluster h100-x1 --hidden-size 4611686018427387904 --num-attention-heads 1
@@ -331,6 +332,9 @@ for line in "^NCCL_NVLS_ENABLE=0 torchrun --nnodes 2 --nproc-per-node 8 --node-r
   "srun --nodes 2 --ntasks-per-node 8 --gpus-per-node 8 megaplan train --plan" "^mpirun -np 16 --npernode 8 "; do
   grep -q -- "$line" "$scratch/out" || fail "search --emit launch prints no line matching $line: $(cat "$scratch/out")"
 done
+# train refuses plan flags beside --plan: the overlaps travel in the job file's implementation options.
+! grep -q -- '--plan .*--overlap-grad-reduce' "$scratch/out" || fail "search --emit launch passes a flag beside --plan"
+grep -q '"overlap_grad_reduce": true' "$scratch/best16.json" || fail "the job file holds the overlap the launch assumes"
 # The layout a search chose trains as planned, from its job file: here tp 2 with sequence
 # parallelism over 4 ranks, as threads on the CPU.
 expect_ok search --model "$examples/models/tiny-gpt.json" --vocab-size 257 --seq-length 16 --cluster dgx-a100-80gb \
