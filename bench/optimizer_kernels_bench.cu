@@ -127,7 +127,7 @@ int main() {
       const double read_bytes = static_cast<double>(tokens) * ((vocab + 7) / 8 * 8) * 2;  // to the 16-byte group
       const double row_bytes = static_cast<double>(tokens) * stride * 2;
       const double statistics_ms = median_ms(stream, [&] {
-        cu::cross_entropy_statistics(logits, tokens, vocab, stride, targets, lse, target_logit, stream);
+        cu::cross_entropy_statistics(logits, tokens, vocab, stride, targets, lse, target_logit, nullptr, stream);
       });
       rows.push_back({"cross entropy statistics 16384 x 50257/50304", read_bytes, statistics_ms});
       const double backward_ms = median_ms(stream, [&] {
@@ -135,7 +135,7 @@ int main() {
       });
       rows.push_back({"cross entropy backward (separate output)", read_bytes + row_bytes, backward_ms});
       const double both_ms = median_ms(stream, [&] {
-        cu::cross_entropy_statistics(logits, tokens, vocab, stride, targets, lse, target_logit, stream);
+        cu::cross_entropy_statistics(logits, tokens, vocab, stride, targets, lse, target_logit, nullptr, stream);
         cu::cross_entropy_backward(logits, tokens, vocab, stride, targets, mask, lse, 1.0f / tokens, dlogits, stream);
       });
       rows.push_back({"cross entropy statistics + backward", 2 * read_bytes + row_bytes, both_ms});

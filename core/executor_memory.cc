@@ -74,9 +74,11 @@ ChunkBytes chunk_bytes(const ModelSpec& model, const ParallelPlan& plan, int64_t
     bytes.moments = 2 * kFloat * buffer;
   }
   // norm_out_, branch_out_, d_residual_ x 2 (rows); d_hidden_ (tokens); d_qkv_, d_ffn_ (the
-  // rank's share); under sequence parallelism gathered_ and partial_; the loss's row statistics.
+  // rank's share); under sequence parallelism gathered_ and partial_; the loss's memory (its running
+  // sum, a double, and the row statistics lse_s, target logit and peak).
   bytes.scratch = a * (4 * rows * h + tokens * h + tokens * (qkv + fc1)) +
-                  (plan.sequence_parallel ? 2 * a * tokens * h : 0) + (layers.has_output_layer ? kFloat * 2 * tokens : 0);
+                  (plan.sequence_parallel ? 2 * a * tokens * h : 0) +
+                  (layers.has_output_layer ? kFloat * (2 + 3 * tokens) : 0);
 
   const int64_t saved_per_row = precision.attention_keeps_probabilities ? model.seq_length : 1;
   const int64_t attention = a * tokens * q + kFloat * plan.micro_batch_size * heads * model.seq_length * saved_per_row;

@@ -19,7 +19,7 @@ struct ClassName {
   bool fused_residual;
   const char* name;
 };
-constexpr std::array<ClassName, 15> kClassNames = {{
+constexpr std::array<ClassName, 17> kClassNames = {{
     {KernelKind::kNormForward, false, "norm_forward"},
     {KernelKind::kNormForward, true, "add_norm_forward"},
     {KernelKind::kNormBackward, false, "norm_backward"},
@@ -31,6 +31,8 @@ constexpr std::array<ClassName, 15> kClassNames = {{
     {KernelKind::kEmbeddingBackward, false, "embedding_backward"},
     {KernelKind::kCrossEntropyForward, false, "cross_entropy_forward"},
     {KernelKind::kCrossEntropyBackward, false, "cross_entropy_backward"},
+    {KernelKind::kCrossEntropyShift, false, "cross_entropy_shift"},
+    {KernelKind::kCrossEntropyFinish, false, "cross_entropy_finish"},
     {KernelKind::kGradientNorm, false, "gradient_norm"},
     {KernelKind::kAdamw, false, "adamw"},
     {KernelKind::kRefreshCompute, false, "refresh_compute"},
@@ -116,6 +118,10 @@ int64_t kernel_bytes(const Kernel& kernel, int64_t activation_bytes) {
       return a * cells + statistics;
     case KernelKind::kCrossEntropyBackward:  // logits in, their gradient out (in place), the rows' lse
       return 2 * a * cells + kFp32 * kernel.rows;
+    case KernelKind::kCrossEntropyShift:  // lse_s and peak in, the term out
+      return 3 * kFp32 * kernel.rows;
+    case KernelKind::kCrossEntropyFinish:  // peak, term sum, target logit, mask in; lse out
+      return 5 * kFp32 * kernel.rows;
     case KernelKind::kAdamw:  // master weight, both moments read and written, gradient read, compute copy written
       return (7 * kFp32 + a) * cells;
     case KernelKind::kRefreshCompute:
@@ -282,9 +288,14 @@ KernelBlocks executor_kernel_blocks(const ModelSpec& model, const ParallelPlan& 
   blocks[static_cast<std::size_t>(KernelBlock::kInputGradientCopy)] = {flat_kernel(KernelKind::kCopy, rows * h)};
 
   const Kernel output_weight = gemm_kernel(GemmLayout::kWeightGradient, GemmEpilogue::kNone, count, v, h);
+  // The loss merges the shards' statistics on the device (vocabulary_parallel_loss.h).
   blocks[static_cast<std::size_t>(KernelBlock::kHeadForward)] = {
       add_norm, gemm_kernel(GemmLayout::kForward, GemmEpilogue::kNone, count, v, h),
       row_kernel(KernelKind::kCrossEntropyForward, count, v)};
+  if (plan.tensor_parallel_size > 1) {
+    blocks[static_cast<std::size_t>(KernelBlock::kHeadForward)].push_back(flat_kernel(KernelKind::kCrossEntropyShift, count));
+  }
+  blocks[static_cast<std::size_t>(KernelBlock::kHeadForward)].push_back(flat_kernel(KernelKind::kCrossEntropyFinish, count));
   const Kernel loss_backward = row_kernel(KernelKind::kCrossEntropyBackward, count, v);
   const Kernel output_input = gemm_kernel(GemmLayout::kInputGradient, GemmEpilogue::kNone, count, v, h);
   const Kernel final_norm_backward = row_kernel(KernelKind::kNormBackward, rows, h);

@@ -42,6 +42,8 @@ enum class KernelKind : uint8_t {
   kEmbeddingBackward,
   kCrossEntropyForward,   // the rows' log-sum-exp and target logit over the vocabulary shard
   kCrossEntropyBackward,  // dlogits in place of the logits
+  kCrossEntropyShift,     // tp > 1: each row's shard term exp(lse_s - peak) (`rows` tokens)
+  kCrossEntropyFinish,    // each row's lse and the microbatch's mean loss, on the device (`rows` tokens)
   kGradientNorm,          // sum of squares of fp32 gradients
   kAdamw,                 // fp32 master weights, moments and gradients; writes the compute copy
   kRefreshCompute,        // compute copy from fp32 master weights

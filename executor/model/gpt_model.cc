@@ -1,6 +1,7 @@
 #include "executor/model/gpt_model.h"
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <stdexcept>
 
@@ -12,6 +13,9 @@
 namespace megaplan::exec {
 
 namespace {
+
+// The running loss sum's floats in the loss memory: one double.
+constexpr std::size_t kLossSumFloats = sizeof(double) / sizeof(float);
 
 std::size_t product(const std::vector<int64_t>& shape) {
   std::size_t size = 1;
@@ -156,7 +160,9 @@ GptModel::GptModel(const ModelSpec& model, const ParallelPlan& plan, int64_t sta
     partial_ = backend_.allocate_activation(tokens * hs);
   }
   if (has_output_) {
-    statistics_ = backend_.allocate(2 * tokens);
+    loss_memory_ = backend_.allocate(kLossSumFloats + 3 * tokens);
+    loss_sum_ = reinterpret_cast<double*>(loss_memory_);  // allocations are at least 16-byte aligned
+    statistics_ = loss_memory_ + kLossSumFloats;
   }
 }
 
@@ -201,7 +207,7 @@ GptModel::~GptModel() {
                             partial_}) {
     if (buffer) backend_.release(buffer);
   }
-  if (statistics_) backend_.release(statistics_);
+  if (loss_memory_) backend_.release(loss_memory_);
 }
 
 void GptModel::refresh_compute_weights() {
@@ -327,7 +333,7 @@ void GptModel::read_tokens(Activations& a, const MicrobatchTokens& data) const {
   a.mask = data.loss_mask;
 }
 
-double GptModel::run_forward(Activations& a, const MicrobatchTokens* data) {
+void GptModel::run_forward(Activations& a, const MicrobatchTokens* data) {
   if ((has_embedding_ || has_output_) && !data) throw std::logic_error("GptModel: the first and last stages read data");
   if (data) read_tokens(a, *data);
   const auto batch = static_cast<std::size_t>(batch_);
@@ -364,7 +370,7 @@ double GptModel::run_forward(Activations& a, const MicrobatchTokens* data) {
     // The message to the next stage is the residual sum itself.
     if (pending) backend_.add(stream, pending, rows * h, a.output);
     if (scratch.qkv) give_back(scratch);
-    return 0.0;
+    return;
   }
   Activation normed = sequence_parallel_ ? norm_out_ : a.final_norm;
   backend_.layernorm_forward(stream, pending, pending ? a.output : nullptr, final_gamma_->compute,
@@ -375,12 +381,20 @@ double GptModel::run_forward(Activations& a, const MicrobatchTokens* data) {
   backend_.linear_forward(a.final_norm, output_weight_->compute, nullptr, count, h, v, LinearEpilogue::kNone, a.logits,
                           nullptr);
   backend_.cross_entropy_statistics(a.logits, a.labels.data(), count, v, static_cast<std::size_t>(vocab_start_),
-                                    statistics_, statistics_ + count);
-  std::vector<float> lse;
-  const double loss = vocabulary_parallel_cross_entropy(backend_, tensor_parallel_, statistics_, a.mask.data(), count,
-                                                        lse);
-  backend_.upload(a.loss_saved, lse.data(), count);
-  return loss;
+                                    statistics_, statistics_ + count, tensor_parallel_ ? statistics_ + 2 * count : nullptr);
+  vocabulary_parallel_cross_entropy(backend_, tensor_parallel_, statistics_, a.mask.data(), count, a.loss_saved,
+                                    loss_sum_);
+}
+
+double GptModel::take_loss_sum() {
+  if (!has_output_) throw std::logic_error("GptModel: take_loss_sum on a stage without the loss");
+  float words[kLossSumFloats];
+  backend_.download(words, loss_memory_, kLossSumFloats);
+  double sum = 0;
+  std::memcpy(&sum, words, sizeof sum);
+  const float zero[kLossSumFloats] = {};
+  backend_.upload(loss_memory_, zero, kLossSumFloats);
+  return sum;
 }
 
 ConstActivation GptModel::gather_rows(ConstActivation rows, Activation full) {
@@ -429,13 +443,13 @@ Activation GptModel::input_buffer(int64_t microbatch) {
   return a.layers.empty() ? a.output : a.layers[0].input;
 }
 
-double GptModel::forward(int64_t microbatch, const MicrobatchTokens* data) {
+void GptModel::forward(int64_t microbatch, const MicrobatchTokens* data) {
   auto found = in_flight_.find(microbatch);
   if (found == in_flight_.end()) {
     if (!has_embedding_) throw std::logic_error("GptModel: F of a non-first stage before its input arrived");
     found = in_flight_.emplace(microbatch, allocate_activations()).first;
   }
-  return run_forward(found->second, data);
+  run_forward(found->second, data);
 }
 
 ConstActivation GptModel::output(int64_t microbatch) const {
@@ -448,10 +462,10 @@ double GptModel::evaluate(const MicrobatchTokens* data, ConstActivation input, A
   Activations a = allocate_activations();
   const std::size_t n = message_size();
   if (!has_embedding_) backend_.copy(input, n, a.layers.empty() ? a.output : a.layers[0].input);
-  const double loss = run_forward(a, data);
+  run_forward(a, data);
   if (!has_output_) backend_.copy(a.output, n, output);
   spare_.push_back(std::move(a));
-  return loss;
+  return has_output_ ? take_loss_sum() : 0.0;
 }
 
 GptModel::Activations GptModel::take(std::map<int64_t, Activations>& from, int64_t microbatch, const char* why) {

@@ -113,9 +113,12 @@ class GptModel {
 
   // REQUIRES: !first_stage(). Where F(microbatch) reads its input; valid until its backward.
   Activation input_buffer(int64_t microbatch);
-  // F. `data` is read on the first stage (inputs) and the last (labels, mask); returns the
-  // microbatch's masked mean loss on the last stage, 0 elsewhere.
-  double forward(int64_t microbatch, const MicrobatchTokens* data);
+  // F. `data` is read on the first stage (inputs) and the last (labels, mask). The last stage adds
+  // the microbatch's masked mean loss to a sum kept on the backend: nothing waits for it.
+  void forward(int64_t microbatch, const MicrobatchTokens* data);
+  // REQUIRES: last_stage(). The sum of the microbatch losses since the last call (waits for them),
+  // then 0 again.
+  double take_loss_sum();
   // REQUIRES: !last_stage() and forward(microbatch) ran. Valid until the microbatch's backward.
   ConstActivation output(int64_t microbatch) const;
   // B (defer_weight_gradients false) or I (true). The last stage starts from loss * loss_scale,
@@ -194,7 +197,7 @@ class GptModel {
   // Tokens and labels of a microbatch into `a`, checked against the vocabulary.
   void read_tokens(Activations& a, const MicrobatchTokens& data) const;
   // REQUIRES: a.layers[0].input holds the stage input on a non-first stage.
-  double run_forward(Activations& activations, const MicrobatchTokens* data);
+  void run_forward(Activations& activations, const MicrobatchTokens* data);
   // The deferred weight gradients of one microbatch.
   void weight_gradients(Activations& a);
   Activations take(std::map<int64_t, Activations>& from, int64_t microbatch, const char* why);
@@ -236,6 +239,10 @@ class GptModel {
   // Tells gradient_progress_ that every parameter from `first` on holds this microbatch's gradient.
   void gradients_done_from(const Parameter* first);
   Activation gathered_ = nullptr, partial_ = nullptr;
+  // The loss's backend memory: the running loss sum (a double, first for its alignment), then the
+  // row statistics [lse_s | target logit | peak] of vocabulary_parallel_loss.h.
+  float* loss_memory_ = nullptr;
+  double* loss_sum_ = nullptr;
   float* statistics_ = nullptr;
 };
 

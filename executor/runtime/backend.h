@@ -125,11 +125,19 @@ class Backend {
   // vocab_start .. vocab_start + vocab of the whole (padded) vocabulary. The forward gives each
   // row's statistics over the shard, fp32 [tokens] each: lse = log sum exp(logits[t]), and
   // target_logit = logits[t][targets[t] - vocab_start] where the target falls in the shard, else 0.
-  // Merging the shards' statistics into the loss is backend-independent
-  // (executor/model/vocabulary_parallel_loss.h).
+  // `peak`, where not null, gets a second copy of lse (the start of the group's max). The shards'
+  // statistics merge into the loss on the backend too (executor/model/vocabulary_parallel_loss.h),
+  // so that the loss never waits on the host.
   virtual void cross_entropy_statistics(ConstActivation logits, const int64_t* targets, std::size_t tokens,
-                                        std::size_t vocab, std::size_t vocab_start, float* lse,
-                                        float* target_logit) = 0;
+                                        std::size_t vocab, std::size_t vocab_start, float* lse, float* target_logit,
+                                        float* peak) = 0;
+  // shard_lse[t] = exp(shard_lse[t] - peak[t]): the shard's share of the row's sum of exponentials.
+  virtual void cross_entropy_shift(const float* peak, std::size_t tokens, float* shard_lse) = 0;
+  // lse[t] = peak[t] + log(term_sum[t]) (peak itself where term_sum is null), and *loss_sum (one
+  // double in backend memory) += the mean of lse - target over the tokens whose mask (host memory,
+  // as the backward's) is 1.
+  virtual void cross_entropy_finish(const float* peak, const float* term_sum, const float* target, const float* mask,
+                                    std::size_t tokens, float* lse, double* loss_sum) = 0;
   // With the whole vocabulary's lse [tokens]: dlogits = scale * mask[t] / sum(mask) *
   // (exp(logits - lse) - onehot(targets[t] - vocab_start)); dlogits may be logits itself.
   virtual void cross_entropy_backward(ConstActivation logits, const float* lse, const int64_t* targets,

@@ -231,8 +231,19 @@ void CpuBackend::attention_backward(ConstActivation dout_in, ConstActivation qkv
 }
 
 void CpuBackend::cross_entropy_statistics(ConstActivation logits, const int64_t* targets, std::size_t tokens,
-                                          std::size_t vocab, std::size_t vocab_start, float* lse, float* target_logit) {
+                                          std::size_t vocab, std::size_t vocab_start, float* lse, float* target_logit,
+                                          float* peak) {
   reference::cross_entropy_statistics(f(logits), targets, tokens, vocab, vocab_start, lse, target_logit);
+  if (peak) std::copy(lse, lse + tokens, peak);
+}
+
+void CpuBackend::cross_entropy_shift(const float* peak, std::size_t tokens, float* shard_lse) {
+  reference::cross_entropy_shift(peak, tokens, shard_lse);
+}
+
+void CpuBackend::cross_entropy_finish(const float* peak, const float* term_sum, const float* target, const float* mask,
+                                      std::size_t tokens, float* lse, double* loss_sum) {
+  *loss_sum += reference::cross_entropy_finish(peak, term_sum, target, mask, tokens, lse);
 }
 
 void CpuBackend::cross_entropy_backward(ConstActivation logits, const float* lse, const int64_t* targets,

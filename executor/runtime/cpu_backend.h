@@ -56,7 +56,10 @@ class CpuBackend final : public Backend {
                           std::size_t batch, std::size_t seq, std::size_t heads, std::size_t dim,
                           Activation dqkv) override;
   void cross_entropy_statistics(ConstActivation logits, const int64_t* targets, std::size_t tokens, std::size_t vocab,
-                                std::size_t vocab_start, float* lse, float* target_logit) override;
+                                std::size_t vocab_start, float* lse, float* target_logit, float* peak) override;
+  void cross_entropy_shift(const float* peak, std::size_t tokens, float* shard_lse) override;
+  void cross_entropy_finish(const float* peak, const float* term_sum, const float* target, const float* mask,
+                            std::size_t tokens, float* lse, double* loss_sum) override;
   void cross_entropy_backward(ConstActivation logits, const float* lse, const int64_t* targets, const float* mask,
                               std::size_t tokens, std::size_t vocab, std::size_t vocab_start, float scale,
                               Activation dlogits) override;

@@ -264,10 +264,18 @@ class CudaBackend final : public Backend {
   }
 
   void cross_entropy_statistics(ConstActivation logits, const int64_t* targets, std::size_t tokens, std::size_t vocab,
-                                std::size_t vocab_start, float* lse, float* target_logit) override {
+                                std::size_t vocab_start, float* lse, float* target_logit, float* peak) override {
     const int32_t* columns = upload_ints(shard_indices(targets, tokens, vocab_start, vocab), lane_->targets);
-    cuda::cross_entropy_statistics(bf(logits), i64(tokens), i64(vocab), i64(vocab), columns, lse, target_logit,
+    cuda::cross_entropy_statistics(bf(logits), i64(tokens), i64(vocab), i64(vocab), columns, lse, target_logit, peak,
                                    lane_->stream);
+  }
+  void cross_entropy_shift(const float* peak, std::size_t tokens, float* shard_lse) override {
+    cuda::cross_entropy_shift(peak, i64(tokens), shard_lse, lane_->stream);
+  }
+  void cross_entropy_finish(const float* peak, const float* term_sum, const float* target, const float* mask,
+                            std::size_t tokens, float* lse, double* loss_sum) override {
+    cuda::cross_entropy_finish(peak, term_sum, target, upload_mask(mask, tokens), i64(tokens), lse, loss_sum,
+                               lane_->stream);
   }
   void cross_entropy_backward(ConstActivation logits, const float* lse, const int64_t* targets, const float* mask,
                               std::size_t tokens, std::size_t vocab, std::size_t vocab_start, float scale,

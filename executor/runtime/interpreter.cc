@@ -76,7 +76,7 @@ Activation Interpreter::gradient_buffer() {
 void Interpreter::release(Activation buffer) { spare_gradients_.push_back(buffer); }
 
 void Interpreter::forward(int64_t stage, int64_t microbatch,
-                          const std::function<const MicrobatchTokens&(int64_t)>& data, IterationResult& result) {
+                          const std::function<const MicrobatchTokens&(int64_t)>& data) {
   GptModel& model = chunk(stage);
   optimizer_.parameters_ready(stage);  // the last step's parameter all-gather, if it still runs
   if (stage > 0) {
@@ -87,8 +87,7 @@ void Interpreter::forward(int64_t stage, int64_t microbatch,
     }
   }
   const MicrobatchTokens* tokens = model.first_stage() || model.last_stage() ? &data(microbatch) : nullptr;
-  const double loss = model.forward(microbatch, tokens);
-  if (model.last_stage()) result.loss_sum += loss;
+  model.forward(microbatch, tokens);
 }
 
 void Interpreter::backward(int64_t stage, int64_t microbatch, bool defer) {
@@ -117,7 +116,7 @@ void Interpreter::execute(const Action& action, int64_t iteration, double lr,
   const DataType type = activation_type(backend_);
   switch (action.kind) {
     case ActionKind::kForward:
-      forward(s, m, data, result);
+      forward(s, m, data);
       break;
     case ActionKind::kBackward:
       backward(s, m, false);
@@ -183,6 +182,10 @@ void Interpreter::execute(const Action& action, int64_t iteration, double lr,
       sent_.clear();
       if (!receives_.empty() || !output_gradients_.empty() || !input_gradients_.empty()) {
         throw std::logic_error("Interpreter: messages left over at OPTIM");
+      }
+      // The losses stayed on the backend; the one wait for them is here, with the norm's.
+      for (const auto& [stage, model] : chunks_) {
+        if (model->last_stage()) result.loss_sum += model->take_loss_sum();
       }
       result.gradient_norm = optimizer_.gradient_norm();
       if (!std::isfinite(result.gradient_norm)) {

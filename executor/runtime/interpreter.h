@@ -71,8 +71,7 @@ class Interpreter {
   };
   void execute(const Action& action, int64_t iteration, double lr,
                const std::function<const MicrobatchTokens&(int64_t)>& data, IterationResult& result);
-  void forward(int64_t stage, int64_t microbatch, const std::function<const MicrobatchTokens&(int64_t)>& data,
-               IterationResult& result);
+  void forward(int64_t stage, int64_t microbatch, const std::function<const MicrobatchTokens&(int64_t)>& data);
   void backward(int64_t stage, int64_t microbatch, bool defer);
   // One slice per action; marks[i] was taken before actions_[i] and marks[i + 1] after it.
   void record(const std::vector<TimingMark>& marks, Timeline& timeline);

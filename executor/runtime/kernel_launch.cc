@@ -147,6 +147,12 @@ KernelLaunch::KernelLaunch(Backend& backend, const Kernel& kernel, EmbeddingTabl
       for (std::size_t t = 0; t < tokens_.size(); ++t) tokens_[t] = static_cast<int64_t>((t * 7919) % size(k.cols));
       mask_.assign(size(k.rows), 1.0f);
       break;
+    case KernelKind::kCrossEntropyShift:
+    case KernelKind::kCrossEntropyFinish:
+      for (int i = 0; i < 4; ++i) floats(k.rows);  // lse_s (the terms), peak, target logit, the lse written
+      floats(2);                                   // the loss sum, a double
+      mask_.assign(size(k.rows), 1.0f);
+      break;
     case KernelKind::kGradientNorm:
     case KernelKind::kAdamw:
       tensors_ = optimizer_tensors(k.rows);
@@ -222,11 +228,17 @@ void KernelLaunch::operator()() {
                                   size(table_.vocabulary), f[0], f[1]);
       break;
     case KernelKind::kCrossEntropyForward:
-      backend_.cross_entropy_statistics(a[0], tokens_.data(), size(k.rows), size(k.cols), 0, f[0], f[1]);
+      backend_.cross_entropy_statistics(a[0], tokens_.data(), size(k.rows), size(k.cols), 0, f[0], f[1], nullptr);
       break;
     case KernelKind::kCrossEntropyBackward:
       backend_.cross_entropy_backward(a[0], f[0], tokens_.data(), mask_.data(), size(k.rows), size(k.cols), 0, 1.0f,
                                       a[0]);
+      break;
+    case KernelKind::kCrossEntropyShift:
+      backend_.cross_entropy_shift(f[1], size(k.rows), f[0]);
+      break;
+    case KernelKind::kCrossEntropyFinish:
+      backend_.cross_entropy_finish(f[1], f[0], f[2], mask_.data(), size(k.rows), f[3], reinterpret_cast<double*>(f[4]));
       break;
     case KernelKind::kGradientNorm:
       (void)backend_.gradient_sum_of_squares(tensors_);

@@ -237,15 +237,53 @@ TEST_CASE("every CUDA operation matches the CPU backend", "[gpu][kernels]") {
         float* cpu_rows = statistics.cpu + s * 2 * tokens;
         float* gpu_rows = statistics.gpu + s * 2 * tokens;
         both.cpu().cross_entropy_statistics(logits[s].cpu, targets.data(), tokens, vocab, s * vocab, cpu_rows,
-                                            cpu_rows + tokens);
+                                            cpu_rows + tokens, nullptr);
         both.gpu().cross_entropy_statistics(logits[s].gpu, targets.data(), tokens, vocab, s * vocab, gpu_rows,
-                                            gpu_rows + tokens);
+                                            gpu_rows + tokens, nullptr);
       }
       CHECK(both.error(statistics) < kFp32);
       std::vector<float> cpu_lse, gpu_lse;
       const double cpu_loss = shard_cross_entropy(both.cpu_values(statistics), shards, mask.data(), tokens, cpu_lse);
       const double gpu_loss = shard_cross_entropy(both.gpu_values(statistics), shards, mask.data(), tokens, gpu_lse);
       CHECK(gpu_loss == Approx(cpu_loss).epsilon(1e-5));
+      // The merge on each backend (vocabulary_parallel_loss.h's steps 2 and 4, the group's
+      // reductions done here by hand): the shard's terms, then lse and the mean loss added to a sum.
+      {
+        std::vector<float> peak(tokens), term_sum(tokens), target(tokens);
+        const std::vector<float> host = both.cpu_values(statistics);
+        for (std::size_t t = 0; t < tokens; ++t) {
+          peak[t] = host[t];
+          for (std::size_t s = 1; s < shards; ++s) peak[t] = std::max(peak[t], host[s * 2 * tokens + t]);
+        }
+        Floats peaks = both.floats(peak);
+        Floats terms = both.floats(std::vector<float>(host.begin(), host.begin() + static_cast<std::ptrdiff_t>(tokens)));
+        both.cpu().cross_entropy_shift(peaks.cpu, tokens, terms.cpu);
+        both.gpu().cross_entropy_shift(peaks.gpu, tokens, terms.gpu);
+        CHECK(both.error(terms) < kFp32);
+        for (std::size_t t = 0; t < tokens; ++t) {
+          for (std::size_t s = 0; s < shards; ++s) {
+            term_sum[t] += static_cast<float>(std::exp(static_cast<double>(host[s * 2 * tokens + t]) - peak[t]));
+            target[t] += host[s * 2 * tokens + tokens + t];
+          }
+        }
+        Floats sums = both.floats(term_sum), targets_in = both.floats(target), merged = both.float_output(tokens);
+        Floats sum_words = both.floats({0.0f, 0.0f, 0.0f, 0.0f});  // the running loss sum: a double
+        for (int repeat = 0; repeat < 2; ++repeat) {
+          both.cpu().cross_entropy_finish(peaks.cpu, sums.cpu, targets_in.cpu, mask.data(), tokens, merged.cpu,
+                                          reinterpret_cast<double*>(sum_words.cpu));
+          both.gpu().cross_entropy_finish(peaks.gpu, sums.gpu, targets_in.gpu, mask.data(), tokens, merged.gpu,
+                                          reinterpret_cast<double*>(sum_words.gpu));
+        }
+        CHECK(both.error(merged) < kFp32);
+        const auto as_double = [](const std::vector<float>& words) {
+          double value = 0;
+          std::memcpy(&value, words.data(), sizeof value);
+          return value;
+        };
+        // Twice the microbatch's mean: the finish adds to the sum.
+        CHECK(as_double(both.gpu_values(sum_words)) == Approx(2 * cpu_loss).epsilon(1e-6));
+        CHECK(as_double(both.gpu_values(sum_words)) == Approx(as_double(both.cpu_values(sum_words))).epsilon(1e-12));
+      }
       // Each backend's backward from its own merged lse.
       Floats lse = both.floats(cpu_lse);
       both.gpu().upload(lse.gpu, gpu_lse.data(), tokens);

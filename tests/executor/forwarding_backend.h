@@ -89,8 +89,15 @@ class ForwardingBackend : public exec::Backend {
     inner_->attention_backward(dout, qkv, out, saved, batch, seq, heads, dim, dqkv);
   }
   void cross_entropy_statistics(ConstActivation logits, const int64_t* targets, std::size_t tokens, std::size_t vocab,
-                                std::size_t vocab_start, float* lse, float* target_logit) override {
-    inner_->cross_entropy_statistics(logits, targets, tokens, vocab, vocab_start, lse, target_logit);
+                                std::size_t vocab_start, float* lse, float* target_logit, float* peak) override {
+    inner_->cross_entropy_statistics(logits, targets, tokens, vocab, vocab_start, lse, target_logit, peak);
+  }
+  void cross_entropy_shift(const float* peak, std::size_t tokens, float* shard_lse) override {
+    inner_->cross_entropy_shift(peak, tokens, shard_lse);
+  }
+  void cross_entropy_finish(const float* peak, const float* term_sum, const float* target, const float* mask,
+                            std::size_t tokens, float* lse, double* loss_sum) override {
+    inner_->cross_entropy_finish(peak, term_sum, target, mask, tokens, lse, loss_sum);
   }
   void cross_entropy_backward(ConstActivation logits, const float* lse, const int64_t* targets, const float* mask,
                               std::size_t tokens, std::size_t vocab, std::size_t vocab_start, float scale,

@@ -62,7 +62,7 @@ void check_stage(GptModel& model, RecordingBackend& backend, const PlanKernels& 
     const int64_t microbatch = defer ? 1 : 0;
     if (!first) (void)model.input_buffer(microbatch);
     backend.take();
-    (void)model.forward(microbatch, data);
+    model.forward(microbatch, data);
     check_same(backend.take(), list.stage_kernels(stage, SchedulePart::kForward));
     model.backward_input(microbatch, output_gradient, 1.0f, input_gradient, defer);
     check_same(backend.take(), list.stage_kernels(stage, defer ? SchedulePart::kBackwardInput : SchedulePart::kBackward));
@@ -127,7 +127,7 @@ TEST_CASE("each tensor-parallel rank launches its kernel list, with and without 
       GptModel gpt(model, plan, 0, backend, 42, nullptr, tp.get());
       const MicrobatchTokens data = microbatch(model, 2);
       backend.take();
-      (void)gpt.forward(0, &data);
+      gpt.forward(0, &data);
       gpt.backward_input(0, nullptr, 1.0f, nullptr, false);
       const PlanKernels list(model, plan, rank);
       const auto index = static_cast<std::size_t>(rank);
@@ -150,7 +150,7 @@ TEST_CASE("the optimizer step launches the optimizer's kernel list", "[model][ke
   GptModel gpt(model, plan, 0, backend, 42);
   megaplan::exec::Optimizer optimizer({&gpt}, {}, false, {}, backend);
   const MicrobatchTokens data = microbatch(model, 2);
-  (void)gpt.forward(0, &data);
+  gpt.forward(0, &data);
   gpt.backward_input(0, nullptr, 1.0f, nullptr, false);
   backend.take();
   optimizer.step(1, 1e-3, optimizer.gradient_norm());

@@ -86,9 +86,18 @@ class RecordingBackend : public ForwardingBackend {
     ForwardingBackend::attention_backward(dout, qkv, out, saved, batch, seq, heads, dim, dqkv);
   }
   void cross_entropy_statistics(ConstActivation logits, const int64_t* targets, std::size_t tokens, std::size_t vocab,
-                                std::size_t vocab_start, float* lse, float* target_logit) override {
+                                std::size_t vocab_start, float* lse, float* target_logit, float* peak) override {
     record(row_kernel(KernelKind::kCrossEntropyForward, size(tokens), size(vocab)));
-    ForwardingBackend::cross_entropy_statistics(logits, targets, tokens, vocab, vocab_start, lse, target_logit);
+    ForwardingBackend::cross_entropy_statistics(logits, targets, tokens, vocab, vocab_start, lse, target_logit, peak);
+  }
+  void cross_entropy_shift(const float* peak, std::size_t tokens, float* shard_lse) override {
+    record(flat_kernel(KernelKind::kCrossEntropyShift, size(tokens)));
+    ForwardingBackend::cross_entropy_shift(peak, tokens, shard_lse);
+  }
+  void cross_entropy_finish(const float* peak, const float* term_sum, const float* target, const float* mask,
+                            std::size_t tokens, float* lse, double* loss_sum) override {
+    record(flat_kernel(KernelKind::kCrossEntropyFinish, size(tokens)));
+    ForwardingBackend::cross_entropy_finish(peak, term_sum, target, mask, tokens, lse, loss_sum);
   }
   void cross_entropy_backward(ConstActivation logits, const float* lse, const int64_t* targets, const float* mask,
                               std::size_t tokens, std::size_t vocab, std::size_t vocab_start, float scale,

@@ -7,7 +7,7 @@
 #include <cstddef>
 #include <vector>
 
-#include "executor/model/vocabulary_parallel_loss.h"
+#include "executor/kernels/reference/cross_entropy.h"
 
 namespace megaplan::test {
 
@@ -21,13 +21,15 @@ inline double shard_cross_entropy(const std::vector<float>& statistics, std::siz
   }
   std::vector<float> sums(2 * tokens, 0.0f), terms(tokens);
   for (std::size_t s = 0; s < shards; ++s) {
-    exec::shift_by_peak(block(s), peak.data(), tokens, terms.data());
+    std::copy(block(s), block(s) + tokens, terms.begin());
+    exec::reference::cross_entropy_shift(peak.data(), tokens, terms.data());
     for (std::size_t t = 0; t < tokens; ++t) {
       sums[t] += terms[t];
       sums[tokens + t] += block(s)[tokens + t];
     }
   }
-  return exec::finish_cross_entropy(peak.data(), sums.data(), sums.data() + tokens, mask, tokens, lse);
+  lse.resize(tokens);
+  return exec::reference::cross_entropy_finish(peak.data(), sums.data(), sums.data() + tokens, mask, tokens, lse.data());
 }
 
 }  // namespace megaplan::test

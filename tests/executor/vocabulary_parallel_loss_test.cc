@@ -37,11 +37,15 @@ Loss cross_entropy(const std::vector<float>& logits, std::size_t columns, std::s
   const std::size_t tokens = targets.size();
   Activation device_logits = backend.allocate_activation(logits.size());
   backend.upload(device_logits, logits.data(), logits.size());
-  float* statistics = backend.allocate(2 * tokens);
+  float* statistics = backend.allocate(3 * tokens);
   backend.cross_entropy_statistics(device_logits, targets.data(), tokens, columns, start, statistics,
-                                   statistics + tokens);
+                                   statistics + tokens, statistics + 2 * tokens);
+  float* lse = backend.allocate(tokens);
+  double loss_sum = 0;  // the CPU backend's memory is the host's
+  vocabulary_parallel_cross_entropy(backend, tensor_parallel, statistics, mask.data(), tokens, lse, &loss_sum);
   Loss loss;
-  loss.mean = vocabulary_parallel_cross_entropy(backend, tensor_parallel, statistics, mask.data(), tokens, loss.lse);
+  loss.mean = loss_sum;
+  loss.lse.assign(lse, lse + tokens);
   return loss;
 }
 

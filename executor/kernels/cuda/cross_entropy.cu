@@ -64,7 +64,7 @@ template <int kWidth>
 __global__ void __launch_bounds__(kThreads) cross_entropy_statistics_kernel(const Bf16* logits, int64_t vocab,
                                                                             int64_t row_stride,
                                                                             const int32_t* targets, float* lse,
-                                                                            float* target_logit) {
+                                                                            float* target_logit, float* peak) {
   __shared__ Partial warp_partials[kThreads / 32];
   const int64_t row = blockIdx.x;
   const Bf16* in = logits + row * row_stride;
@@ -112,9 +112,46 @@ __global__ void __launch_bounds__(kThreads) cross_entropy_statistics_kernel(cons
     Partial total = warp_partials[0];
     for (int w = 1; w < kThreads / 32; ++w) total = combine(total, warp_partials[w]);
     lse[row] = (total.max + log2f(total.sum)) * kLn2;
+    if (peak) peak[row] = lse[row];
     const int32_t target = targets[row];
     target_logit[row] = target >= 0 ? load(in, target) : 0.0f;  // -1: another shard's column
   }
+}
+
+// exp in double, as the CPU reference: the shards' terms are summed across ranks.
+__global__ void cross_entropy_shift_kernel(const float* peak, int64_t tokens, float* shard_lse) {
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t < tokens) shard_lse[t] = static_cast<float>(exp(static_cast<double>(shard_lse[t]) - static_cast<double>(peak[t])));
+}
+
+constexpr int kFinishThreads = 256;
+
+// One block: each thread's rows in double, then a fixed-order tree, so the sum is the same bits
+// every run; one thread adds the microbatch's mean to the running sum (stream order, no atomics).
+__global__ void __launch_bounds__(kFinishThreads) cross_entropy_finish_kernel(const float* peak, const float* term_sum,
+                                                                              const float* target, const float* mask,
+                                                                              int64_t tokens, float* lse,
+                                                                              double* loss_sum) {
+  __shared__ double losses[kFinishThreads];
+  __shared__ double counts[kFinishThreads];
+  double loss = 0, count = 0;
+  for (int64_t t = threadIdx.x; t < tokens; t += kFinishThreads) {
+    const double row = static_cast<double>(peak[t]) + (term_sum ? log(static_cast<double>(term_sum[t])) : 0.0);
+    lse[t] = static_cast<float>(row);
+    loss += static_cast<double>(mask[t]) * (row - static_cast<double>(target[t]));
+    count += mask[t];
+  }
+  losses[threadIdx.x] = loss;
+  counts[threadIdx.x] = count;
+  __syncthreads();
+  for (int stride = kFinishThreads / 2; stride > 0; stride /= 2) {
+    if (threadIdx.x < stride) {
+      losses[threadIdx.x] += losses[threadIdx.x + stride];
+      counts[threadIdx.x] += counts[threadIdx.x + stride];
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0 && counts[0] > 0) *loss_sum += losses[0] / counts[0];
 }
 
 // Element-wise given the row's lse: in place is safe, each value is read by the thread that then
@@ -184,16 +221,17 @@ bool rows_aligned(const void* pointer, int64_t row_stride) {
 }  // namespace
 
 void cross_entropy_statistics(const Bf16* logits, int64_t tokens, int64_t vocab, int64_t row_stride,
-                              const int32_t* targets, float* lse, float* target_logit, cudaStream_t stream) {
+                              const int32_t* targets, float* lse, float* target_logit, float* peak,
+                              cudaStream_t stream) {
   check_shape("cross_entropy_statistics", tokens, vocab, row_stride);
   if (tokens == 0) return;
   const unsigned blocks = static_cast<unsigned>(tokens);
   if (rows_aligned(logits, row_stride)) {
     cross_entropy_statistics_kernel<8>
-        <<<blocks, kThreads, 0, stream>>>(logits, vocab, row_stride, targets, lse, target_logit);
+        <<<blocks, kThreads, 0, stream>>>(logits, vocab, row_stride, targets, lse, target_logit, peak);
   } else {
     cross_entropy_statistics_kernel<1>
-        <<<blocks, kThreads, 0, stream>>>(logits, vocab, row_stride, targets, lse, target_logit);
+        <<<blocks, kThreads, 0, stream>>>(logits, vocab, row_stride, targets, lse, target_logit, peak);
   }
   check_launch("cross_entropy_statistics_kernel");
 }
@@ -212,6 +250,19 @@ void cross_entropy_backward(const Bf16* logits, int64_t tokens, int64_t vocab, i
         <<<blocks, kThreads, 0, stream>>>(logits, vocab, row_stride, targets, mask, lse, scale, dlogits);
   }
   check_launch("cross_entropy_backward_kernel");
+}
+
+void cross_entropy_shift(const float* peak, int64_t tokens, float* shard_lse, cudaStream_t stream) {
+  if (tokens == 0) return;
+  cross_entropy_shift_kernel<<<static_cast<unsigned>((tokens + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
+      peak, tokens, shard_lse);
+  check_launch("cross_entropy_shift_kernel");
+}
+
+void cross_entropy_finish(const float* peak, const float* term_sum, const float* target, const float* mask,
+                          int64_t tokens, float* lse, double* loss_sum, cudaStream_t stream) {
+  cross_entropy_finish_kernel<<<1, kFinishThreads, 0, stream>>>(peak, term_sum, target, mask, tokens, lse, loss_sum);
+  check_launch("cross_entropy_finish_kernel");
 }
 
 }  // namespace megaplan::exec::cuda

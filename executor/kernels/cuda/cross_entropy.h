@@ -14,11 +14,20 @@ namespace megaplan::exec::cuda {
 // logits [tokens x row_stride] bf16 whose first `vocab` columns are real (Megatron pads the
 // vocabulary; padded columns are never read). targets int32: the target's column in [0, vocab),
 // or -1 where another shard holds it. Writes, fp32, lse[t] = log sum exp of the row's `vocab`
-// columns and target_logit[t] = logit[t][targets[t]] (0 for -1). Asynchronous on `stream`, as the
-// backward.
+// columns and target_logit[t] = logit[t][targets[t]] (0 for -1), and lse again to `peak` unless
+// it is null. Asynchronous on `stream`, as the backward.
 // REQUIRES: 0 < vocab <= row_stride; all pointers on the device.
 void cross_entropy_statistics(const Bf16* logits, int64_t tokens, int64_t vocab, int64_t row_stride,
-                              const int32_t* targets, float* lse, float* target_logit, cudaStream_t stream);
+                              const int32_t* targets, float* lse, float* target_logit, float* peak,
+                              cudaStream_t stream);
+
+// The shards merged (executor/model/vocabulary_parallel_loss.h), as the CPU reference computes
+// them: shard_lse[t] = exp(shard_lse[t] - peak[t]) in double.
+void cross_entropy_shift(const float* peak, int64_t tokens, float* shard_lse, cudaStream_t stream);
+// lse[t] = peak[t] + log(term_sum[t]) (peak where term_sum is null), in double; *loss_sum += the
+// mean of lse - target over the tokens whose mask is 1 (nothing when none is). One block.
+void cross_entropy_finish(const float* peak, const float* term_sum, const float* target, const float* mask,
+                          int64_t tokens, float* lse, double* loss_sum, cudaStream_t stream);
 
 // dlogits = scale * mask[t] * (exp(logit - lse[t]) - onehot(targets[t])) as bf16, with lse the
 // whole vocabulary's (the shards' merged; the forward's own with one shard); a -1 target has no

@@ -47,4 +47,22 @@ void cross_entropy_backward(const float* logits, const float* lse, const int64_t
   }
 }
 
+void cross_entropy_shift(const float* peak, std::size_t tokens, float* shard_lse) {
+  for (std::size_t t = 0; t < tokens; ++t) {
+    shard_lse[t] = static_cast<float>(std::exp(static_cast<double>(shard_lse[t]) - static_cast<double>(peak[t])));
+  }
+}
+
+double cross_entropy_finish(const float* peak, const float* term_sum, const float* target, const float* mask,
+                            std::size_t tokens, float* lse) {
+  double loss = 0, count = 0;
+  for (std::size_t t = 0; t < tokens; ++t) {
+    const double row_lse = static_cast<double>(peak[t]) + (term_sum ? std::log(static_cast<double>(term_sum[t])) : 0.0);
+    lse[t] = static_cast<float>(row_lse);
+    loss += mask[t] * (row_lse - target[t]);
+    count += mask[t];
+  }
+  return count > 0 ? loss / count : 0.0;
+}
+
 }  // namespace megaplan::exec::reference

@@ -20,4 +20,13 @@ void cross_entropy_backward(const float* logits, const float* lse, const int64_t
                             std::size_t tokens, std::size_t vocab, std::size_t vocab_start, float loss_gradient,
                             float* dlogits);
 
+// Merging the shards (executor/model/vocabulary_parallel_loss.h), with `peak` the shards' largest
+// lse per row: terms[t] = exp(lse_s[t] - peak[t]) in place of the shard's lse_s.
+void cross_entropy_shift(const float* peak, std::size_t tokens, float* shard_lse);
+
+// lse[t] = peak[t] + log(term_sum[t]) (lse = peak where term_sum is null: one shard); returns the
+// mean of lse - target over the tokens whose mask is 1 (0 when none is).
+double cross_entropy_finish(const float* peak, const float* term_sum, const float* target, const float* mask,
+                            std::size_t tokens, float* lse);
+
 }  // namespace megaplan::exec::reference
