@@ -351,10 +351,10 @@ double Profile::roofline(double flops, double peak, double max_efficiency, doubl
 }
 
 // Inverse-squared-distance blend of log throughput over the kNeighbours nearest measured shapes
-// in log space; an exact shape returns its own measurement. A linear scan: profiler tables hold
-// hundreds of shapes, and the nearest list lives on the stack.
+// in log space, never below `floor_s`; an exact shape returns its own measurement. A linear scan:
+// profiler tables hold hundreds of shapes, and the nearest list lives on the stack.
 double Profile::shape_lookup(const std::vector<ShapePoint>& points, const std::array<double, 3>& log_shape,
-                             double flops) const {
+                             double flops, double floor_s) const {
   std::array<std::pair<double, double>, kNeighbours> nearest;  // (squared distance, log throughput), ascending
   nearest.fill({std::numeric_limits<double>::infinity(), 0});
   for (const ShapePoint& point : points) {
@@ -377,7 +377,7 @@ double Profile::shape_lookup(const std::vector<ShapePoint>& points, const std::a
     weights += 1 / distance;
     blended += log_throughput / distance;
   }
-  return flops / std::exp(blended / weights);
+  return std::max(flops / std::exp(blended / weights), floor_s);
 }
 
 // Below the smallest measurement its time (latency-bound); above the largest, that entry's
@@ -402,13 +402,21 @@ double Profile::gemm_seconds(GemmLayout layout, GemmEpilogue epilogue, int64_t m
   }
   const double flops = gemm_flops(m, n, k);
   const std::array<double, 3> log_shape = {log_of(m), log_of(n), log_of(k)};
+  const double element_bytes = dtype == DType::kFp32 ? 4 : 2;
+  // Each operand read once and the output written once: the floor for a tiled GEMM. An
+  // interpolated shape far from the measured ones (unfused attention's k = head dim products) is
+  // never faster than that: log-space neighbours of a compute-bound table know nothing of it.
+  const double bytes = element_bytes * (static_cast<double>(m) * static_cast<double>(k) +
+                                        static_cast<double>(k) * static_cast<double>(n) +
+                                        static_cast<double>(m) * static_cast<double>(n));
+  const double memory_floor = bytes / (device_.memory_bandwidth_bytes_per_s * curve_.memory_efficiency);
   if (const auto found = gemm_.find({dtype, layout, epilogue}); found != gemm_.end()) {
     ++sources.table;
-    return shape_lookup(found->second, log_shape, flops);
+    return shape_lookup(found->second, log_shape, flops, memory_floor);
   }
   if (const auto found = gemm_by_layout_.find({dtype, layout}); found != gemm_by_layout_.end()) {
     ++sources.table;
-    return shape_lookup(found->second, log_shape, flops);
+    return shape_lookup(found->second, log_shape, flops, memory_floor);
   }
   if (const auto found = gemm_by_layout_.find({dtype, GemmLayout::kForward}); found != gemm_by_layout_.end()) {
     // The product as a forward GEMM of its own shape: dx[m x k] = dy[m x n] W[n x k]; dW[n x k] = dy^T[n x m] x[m x k].
@@ -416,16 +424,10 @@ double Profile::gemm_seconds(GemmLayout layout, GemmEpilogue epilogue, int64_t m
     const std::array<double, 3> product = layout == GemmLayout::kInputGradient  ? std::array{log_shape[0], log_shape[2], log_shape[1]}
                                           : layout == GemmLayout::kWeightGradient ? std::array{log_shape[1], log_shape[2], log_shape[0]}
                                                                                    : log_shape;
-    return shape_lookup(found->second, product, flops);
+    return shape_lookup(found->second, product, flops, memory_floor);
   }
   ++sources.fallback;
-  const bool fp32 = dtype == DType::kFp32;
-  const double peak = fp32 ? device_.peak_fp32_flops_per_s : device_.peak_bf16_flops_per_s;
-  const double element_bytes = fp32 ? 4 : 2;
-  // Each operand read once and the output written once: the floor for a tiled GEMM.
-  const double bytes = element_bytes * (static_cast<double>(m) * static_cast<double>(k) +
-                                        static_cast<double>(k) * static_cast<double>(n) +
-                                        static_cast<double>(m) * static_cast<double>(n));
+  const double peak = dtype == DType::kFp32 ? device_.peak_fp32_flops_per_s : device_.peak_bf16_flops_per_s;
   return roofline(flops, peak, curve_.gemm_max_efficiency, curve_.gemm_half_efficiency_flops, bytes);
 }
 
@@ -433,7 +435,7 @@ double Profile::attention_seconds(const std::vector<ShapePoint>& table, double f
                                   int64_t batch_heads, int64_t seq, int64_t head_dim, CostSources& sources) const {
   if (!table.empty()) {
     ++sources.table;
-    return shape_lookup(table, {log_of(batch_heads), log_of(seq), log_of(head_dim)}, flops);
+    return shape_lookup(table, {log_of(batch_heads), log_of(seq), log_of(head_dim)}, flops, 0.0);
   }
   ++sources.fallback;
   const double bytes =

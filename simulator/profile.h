@@ -135,7 +135,7 @@ class Profile {
   };
 
   double shape_lookup(const std::vector<ShapePoint>& points, const std::array<double, 3>& log_shape,
-                      double flops) const;
+                      double flops, double floor_s) const;
   double roofline(double flops, double peak, double max_efficiency, double half_flops, double bytes) const;
   // Either attention pass: `flops` of work, `tensors` bf16 tensors of batch_heads x seq x head_dim moved.
   double attention_seconds(const std::vector<ShapePoint>& table, double flops, double tensors, int64_t batch_heads,
