@@ -393,3 +393,20 @@ TEST_CASE("the shipped measured profiles load and cost a layer's kernels from th
     CHECK(sources.fallback == 0);
   }
 }
+
+TEST_CASE("an interpolated GEMM is never faster than its bytes over the bandwidth", "[simulator][profile]") {
+  nlohmann::json json = base_profile();  // 2 TB/s at memory efficiency 0.5
+  // One compute-bound measurement: 8192^3 at 800 TFLOP/s.
+  const double big = 2.0 * 8192.0 * 8192.0 * 8192.0;
+  json["gemm"] = {{{"m", 8192}, {"n", 8192}, {"k", 8192}, {"dtype", "bf16"}, {"seconds", big / 8e14}}};
+  const Profile profile = Profile::from_json(json, "p.json");
+  CostSources sources;
+  CHECK(profile.gemm_seconds(8192, 8192, 8192, DType::kBf16, sources) == Approx(big / 8e14));
+  // 65536 x 2048 x 128 (unfused attention's scores): at the neighbour's throughput 43 us, but its
+  // 2 x (65536*128 + 128*2048 + 65536*2048) bytes take 286 us at 1 TB/s.
+  const double bytes = 2.0 * (65536.0 * 128 + 128.0 * 2048 + 65536.0 * 2048);
+  CHECK(profile.gemm_seconds(65536, 2048, 128, DType::kBf16, sources) == Approx(bytes / 1e12));
+  // A compute-bound interpolation keeps the throughput.
+  const double half = 2.0 * 4096.0 * 8192.0 * 8192.0;
+  CHECK(profile.gemm_seconds(4096, 8192, 8192, DType::kBf16, sources) == Approx(half / 8e14));
+}
