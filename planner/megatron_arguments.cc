@@ -1,6 +1,9 @@
 // A plan as Megatron-LM arguments; where Megatron-LM lacks the schedule, torchtitan's name for it.
 #include "planner/megatron_arguments.h"
 
+#include <sstream>
+#include <utility>
+
 #include "core/schedule/schedule_traits.h"
 
 namespace megaplan::planner {
@@ -20,6 +23,33 @@ std::vector<std::string> megatron_arguments(const ModelSpec& model, const Parall
   if (plan.sequence_parallel) arguments.push_back("--sequence-parallel");
   if (plan.use_distributed_optimizer) arguments.push_back("--use-distributed-optimizer");
   if (overlaps_gradient_reduction(plan)) arguments.push_back("--overlap-grad-reduce");
+  // What the simulation assumed the code does (core/implementation_options.h), where it takes effect.
+  const ImplementationOptions& options = plan.options;
+  const auto number = [](double x) {
+    std::ostringstream text;
+    text << x;
+    return text.str();
+  };
+  arguments.push_back(options.precision == Precision::kFp16 ? "--fp16" : "--bf16");
+  arguments.push_back("--transformer-impl " + to_string(options.transformer_impl));
+  if (options.transformer_impl == TransformerImpl::kLocal && options.use_flash_attn) arguments.push_back("--use-flash-attn");
+  arguments.push_back("--attention-dropout " + number(options.attention_dropout));
+  arguments.push_back("--hidden-dropout " + number(options.hidden_dropout));
+  const std::pair<bool, const char*> off[] = {
+      {!fused_attention(options) && !options.masked_softmax_fusion, "--no-masked-softmax-fusion"},
+      {!options.bias_gelu_fusion, "--no-bias-gelu-fusion"},
+      {!options.bias_dropout_fusion, "--no-bias-dropout-fusion"},
+      {!options.gradient_accumulation_fusion, "--no-gradient-accumulation-fusion"},
+      {options.precision == Precision::kFp16 && options.accumulate_allreduce_grads_in_fp32,
+       "--accumulate-allreduce-grads-in-fp32"},
+      {overlaps_parameter_gather(plan), "--overlap-param-gather"},
+      {overlaps_tensor_parallel_communication(plan), "--tp-comm-overlap"},
+      {plan.pipeline_parallel_size > 1 && plan.tensor_parallel_size > 1 && !plan.sequence_parallel &&
+           !options.scatter_gather_tensors_in_pipeline,
+       "--no-scatter-gather-tensors-in-pipeline"}};
+  for (const auto& [given, flag] : off) {
+    if (given) arguments.push_back(flag);
+  }
   switch (plan.recompute_granularity) {
     case RecomputeGranularity::kNone:
       break;

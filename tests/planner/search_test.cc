@@ -237,8 +237,28 @@ TEST_CASE("Megatron-LM arguments for a plan", "[planner]") {
   CHECK(arguments == std::vector<std::string>{"--tensor-model-parallel-size 8", "--pipeline-model-parallel-size 8",
                                               "--num-layers-per-virtual-pipeline-stage 4", "--micro-batch-size 1",
                                               "--global-batch-size 1536", "--sequence-parallel",
-                                              "--use-distributed-optimizer", "--overlap-grad-reduce",
+                                              "--use-distributed-optimizer", "--overlap-grad-reduce", "--bf16",
+                                              "--transformer-impl local", "--use-flash-attn",
+                                              "--attention-dropout 0", "--hidden-dropout 0",
                                               "--recompute-granularity selective"});
+  // Megatron's own implementations: what the simulation assumed, in Megatron's flags.
+  plan.implementation = megaplan::Implementation::kMegatronLocal;
+  plan.options = megaplan::default_implementation_options(plan.implementation);
+  const std::vector<std::string> local = megaplan::planner::megatron_arguments(model, plan);
+  for (const char* flag : {"--fp16", "--transformer-impl local", "--attention-dropout 0.1", "--hidden-dropout 0.1",
+                           "--no-masked-softmax-fusion", "--no-gradient-accumulation-fusion"}) {
+    CHECK(std::find(local.begin(), local.end(), flag) != local.end());
+  }
+  CHECK(std::find(local.begin(), local.end(), "--overlap-grad-reduce") == local.end());
+  plan.implementation = megaplan::Implementation::kMegatronCore;
+  plan.options = megaplan::default_implementation_options(plan.implementation);
+  const std::vector<std::string> core = megaplan::planner::megatron_arguments(model, plan);
+  for (const char* flag : {"--bf16", "--transformer-impl transformer_engine", "--overlap-param-gather",
+                           "--tp-comm-overlap"}) {
+    CHECK(std::find(core.begin(), core.end(), flag) != core.end());
+  }
+  plan.implementation = megaplan::Implementation::kMegaplan;
+  plan.options = megaplan::default_implementation_options(plan.implementation);
   plan.virtual_pipeline_parallel_size = 2;
   plan.schedule = megaplan::ScheduleKind::kZeroBubbleV;
   plan.recompute_granularity = megaplan::RecomputeGranularity::kFull;
