@@ -64,6 +64,8 @@ void add_implementation_options(CLI::App& command, ImplementationFlags& flags) {
   CLI::Option* fp16 = command.add_flag("--fp16", flags.fp16, "fp16 with loss scaling")->group(group);
   command.add_flag("--bf16", flags.bf16, "bf16")->excludes(fp16)->group(group);
   command.add_option("--transformer-impl", flags.transformer_impl, "local or transformer_engine")->group(group);
+  command.add_option("--DDP-impl", flags.ddp_impl, "megatron-local's data parallelism: local (default) or torch")
+      ->group(group);
   command.add_flag("--use-flash-attn", flags.use_flash_attn, "Flash attention in the local transformer")->group(group);
   command.add_option("--attention-dropout", flags.attention_dropout, "Dropout on attention probabilities")->group(group);
   command.add_option("--hidden-dropout", flags.hidden_dropout, "Dropout on the residual branches")->group(group);
@@ -94,6 +96,7 @@ ImplementationOptions resolve_implementation_options(const ImplementationFlags& 
   if (flags.fp16) options.precision = Precision::kFp16;
   if (flags.bf16) options.precision = Precision::kBf16;
   if (flags.transformer_impl) options.transformer_impl = parse_transformer_impl(*flags.transformer_impl, "--transformer-impl");
+  if (flags.ddp_impl) options.ddp_impl = parse_ddp_impl(*flags.ddp_impl, "--DDP-impl");
   if (flags.use_flash_attn) options.use_flash_attn = true;
   if (flags.attention_dropout) options.attention_dropout = *flags.attention_dropout;
   if (flags.hidden_dropout) options.hidden_dropout = *flags.hidden_dropout;

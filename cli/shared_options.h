@@ -35,7 +35,7 @@ struct ClusterOptions {
 struct ImplementationFlags {
   std::string implementation = "megaplan";
   bool fp16 = false, bf16 = false;
-  std::optional<std::string> transformer_impl;
+  std::optional<std::string> transformer_impl, ddp_impl;
   bool use_flash_attn = false;
   std::optional<double> attention_dropout, hidden_dropout;
   bool no_masked_softmax_fusion = false, no_bias_gelu_fusion = false, no_bias_dropout_fusion = false,

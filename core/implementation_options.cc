@@ -1,6 +1,7 @@
 // Implementation defaults, the conditions Megatron puts on its flags, and the JSON mapping.
 #include "core/implementation_options.h"
 
+#include <algorithm>
 #include <array>
 #include <sstream>
 #include <vector>
@@ -10,6 +11,7 @@
 #include "core/error.h"
 #include "core/json_io.h"
 #include "core/parallel_plan.h"
+#include "core/parameter_layout.h"
 
 namespace megaplan {
 
@@ -24,6 +26,8 @@ const std::pair<Precision, const char*> kPrecisionNames[] = {{Precision::kBf16, 
 
 const std::pair<TransformerImpl, const char*> kTransformerImplNames[] = {
     {TransformerImpl::kLocal, "local"}, {TransformerImpl::kTransformerEngine, "transformer_engine"}};
+
+const std::pair<DdpImpl, const char*> kDdpImplNames[] = {{DdpImpl::kLocal, "local"}, {DdpImpl::kTorch, "torch"}};
 
 // The on/off options: their JSON key, the Megatron flag that changes them, and whether megaplan's
 // executor runs both settings (its own --overlap-grad-reduce and --overlap-param-gather).
@@ -84,6 +88,10 @@ std::string to_string(TransformerImpl transformer_impl) { return name_of(transfo
 TransformerImpl parse_transformer_impl(const std::string& text, const std::string& field) {
   return parse_name(text, field, kTransformerImplNames);
 }
+std::string to_string(DdpImpl ddp_impl) { return name_of(ddp_impl, kDdpImplNames); }
+DdpImpl parse_ddp_impl(const std::string& text, const std::string& field) {
+  return parse_name(text, field, kDdpImplNames);
+}
 
 ImplementationOptions default_implementation_options(Implementation implementation) {
   ImplementationOptions options;  // megaplan's executor
@@ -115,14 +123,23 @@ int64_t main_gradient_bytes(const ImplementationOptions& options) {
   return options.precision == Precision::kBf16 || options.accumulate_allreduce_grads_in_fp32 ? 4 : 2;
 }
 
+bool overlaps_gradient_reduction(const ParallelPlan& plan) {
+  return (plan.options.overlap_grad_reduce || plan.options.ddp_impl == DdpImpl::kTorch) &&
+         plan.data_parallel_size * plan.context_parallel_size > 1;
+}
+
+int64_t gradient_bucket_parameters(const ParallelPlan& plan) {
+  if (plan.options.ddp_impl == DdpImpl::kTorch) return (int64_t{25} << 20) / main_gradient_bytes(plan.options);
+  return static_cast<int64_t>(default_bucket_size(plan.data_parallel_size));
+}
+
 bool overlaps_tensor_parallel_communication(const ParallelPlan& plan) {
   return plan.options.tp_comm_overlap && plan.options.transformer_impl == TransformerImpl::kTransformerEngine &&
          plan.sequence_parallel && plan.tensor_parallel_size > 1;
 }
 
 bool overlaps_parameter_gather(const ParallelPlan& plan) {
-  return plan.options.overlap_param_gather && plan.options.overlap_grad_reduce && plan.use_distributed_optimizer &&
-         plan.data_parallel_size * plan.context_parallel_size > 1;
+  return plan.options.overlap_param_gather && overlaps_gradient_reduction(plan) && plan.use_distributed_optimizer;
 }
 
 bool scatters_pipeline_transfers(const ParallelPlan& plan) {
@@ -151,10 +168,11 @@ std::string describe_implementation(const ParallelPlan& plan) {
                {options.bias_dropout_fusion, "bias-dropout-add"},
                {options.gradient_accumulation_fusion, "gradient accumulation"}})
       << "; overlapped: "
-      << list({{options.overlap_grad_reduce && plan.data_parallel_size * plan.context_parallel_size > 1, "gradient reduction"},
+      << list({{overlaps_gradient_reduction(plan), "gradient reduction"},
                {overlaps_parameter_gather(plan), "parameter gather"},
                {overlaps_tensor_parallel_communication(plan), "tp communication"}});
   if (scatters_pipeline_transfers(plan) && plan.pipeline_parallel_size > 1) out << "; scatter-gather pipeline transfers";
+  if (options.ddp_impl == DdpImpl::kTorch) out << "; PyTorch DDP";
   return out.str();
 }
 
@@ -162,6 +180,22 @@ void validate_implementation_options(const ParallelPlan& plan) {
   const ImplementationOptions& options = plan.options;
   require_probability(options.attention_dropout, "--attention-dropout");
   require_probability(options.hidden_dropout, "--hidden-dropout");
+  if (options.ddp_impl == DdpImpl::kTorch) {
+    // Legacy Megatron's own assertions: everything but plain fp16 gradients needs its local DDP.
+    const std::string needs = "legacy Megatron runs it with its local DDP only";
+    if (plan.implementation != Implementation::kMegatronLocal) {
+      throw SpecError("--DDP-impl", "torch is legacy Megatron's (--implementation megatron-local)");
+    }
+    if (main_gradient_bytes(options) != 2) {
+      throw SpecError("--DDP-impl", "torch cannot accumulate gradients in fp32 (bf16 always does): " + needs);
+    }
+    if (options.gradient_accumulation_fusion) {
+      throw SpecError("--DDP-impl", "torch cannot fuse gradient accumulation (--no-gradient-accumulation-fusion): " + needs);
+    }
+    if (plan.use_distributed_optimizer) {
+      throw SpecError("--DDP-impl", "torch cannot run --use-distributed-optimizer: " + needs);
+    }
+  }
   if (plan.implementation != Implementation::kMegaplan) {
     if (plan.context_parallel_size > 1 && options.transformer_impl != TransformerImpl::kTransformerEngine) {
       throw SpecError("--context-parallel-size",
@@ -176,6 +210,7 @@ void validate_implementation_options(const ParallelPlan& plan) {
       "weight-gradient accumulation); --implementation megatron-core or megatron-local models it";
   if (options.precision != executor.precision) throw SpecError("--fp16", rule);
   if (options.transformer_impl != executor.transformer_impl) throw SpecError("--transformer-impl", rule);
+  if (options.ddp_impl != executor.ddp_impl) throw SpecError("--DDP-impl", rule);
   if (options.attention_dropout != executor.attention_dropout) throw SpecError("--attention-dropout", rule);
   if (options.hidden_dropout != executor.hidden_dropout) throw SpecError("--hidden-dropout", rule);
   for (const SwitchField& field : kSwitches) {
@@ -189,6 +224,7 @@ nlohmann::json implementation_options_to_json(const ImplementationOptions& optio
                          {"attention_dropout", options.attention_dropout},
                          {"hidden_dropout", options.hidden_dropout}};
   for (const SwitchField& field : kSwitches) json[field.key] = options.*field.member;
+  json["ddp_impl"] = to_string(options.ddp_impl);
   return json;
 }
 
@@ -201,6 +237,7 @@ ImplementationOptions implementation_options_from_json(const nlohmann::json& jso
   if (reader.read("transformer_impl", text)) {
     options.transformer_impl = parse_transformer_impl(text, reader.field("transformer_impl"));
   }
+  if (reader.read("ddp_impl", text)) options.ddp_impl = parse_ddp_impl(text, reader.field("ddp_impl"));
   reader.read("attention_dropout", options.attention_dropout);
   reader.read("hidden_dropout", options.hidden_dropout);
   for (const SwitchField& field : kSwitches) reader.read(field.key, options.*field.member);

@@ -17,7 +17,8 @@
 //   unfused attention (--no-masked-softmax-fusion: the s x s scores, a masked fill and a softmax),
 //   dropout 0.1 with its masks, bias-GELU and bias-dropout-add fusions, local DDP (each
 //   microbatch's gradients added into the main-gradient buffer by a kernel of their own, reduced
-//   after the whole backward), pipeline transfers scattered over tp and gathered on arrival.
+//   after the whole backward; --DDP-impl torch: PyTorch's, overlapped in 25 MB buckets), pipeline
+//   transfers scattered over tp and gathered on arrival.
 #pragma once
 
 #include <cstdint>
@@ -35,9 +36,15 @@ Implementation parse_implementation(const std::string& text, const std::string& 
 
 enum class Precision : uint8_t { kBf16, kFp16 };
 enum class TransformerImpl : uint8_t { kLocal, kTransformerEngine };
+// Legacy Megatron's --DDP-impl: its own (local: contiguous main-gradient buffers) or PyTorch's
+// DistributedDataParallel (gradients in the parameters' dtype, reduced in 25 MB buckets as the
+// backward produces them).
+enum class DdpImpl : uint8_t { kLocal, kTorch };
 std::string to_string(Precision precision);              // "bf16", "fp16"
 std::string to_string(TransformerImpl transformer_impl);  // "local", "transformer_engine"
+std::string to_string(DdpImpl ddp_impl);                  // "local", "torch"
 TransformerImpl parse_transformer_impl(const std::string& text, const std::string& field);
+DdpImpl parse_ddp_impl(const std::string& text, const std::string& field);
 
 struct ImplementationOptions {
   Precision precision = Precision::kBf16;                                  // --bf16 / --fp16
@@ -54,6 +61,7 @@ struct ImplementationOptions {
   bool overlap_param_gather = false;                                       // --overlap-param-gather
   bool tp_comm_overlap = false;                                            // --tp-comm-overlap
   bool scatter_gather_tensors_in_pipeline = false;  // --no-scatter-gather-tensors-in-pipeline
+  DdpImpl ddp_impl = DdpImpl::kLocal;               // --DDP-impl (megatron-local only)
   bool operator==(const ImplementationOptions&) const = default;
 };
 
@@ -64,6 +72,11 @@ ImplementationOptions default_implementation_options(Implementation implementati
 bool fused_attention(const ImplementationOptions& options);
 // Bytes of a main gradient: fp32 unless fp16 training accumulates in fp16 (bf16 forces fp32).
 int64_t main_gradient_bytes(const ImplementationOptions& options);
+// Gradient reduction overlaps the backward: --overlap-grad-reduce, or PyTorch's DDP (which always
+// does), wherever there is a data-parallel reduction.
+bool overlaps_gradient_reduction(const ParallelPlan& plan);
+// Parameters per gradient bucket: Megatron's max(40M, 1M x dp), or PyTorch DDP's 25 MB of gradients.
+int64_t gradient_bucket_parameters(const ParallelPlan& plan);
 // --tp-comm-overlap takes effect in Transformer Engine's layers with sequence parallelism and tp > 1
 // (Megatron requires all three).
 bool overlaps_tensor_parallel_communication(const ParallelPlan& plan);

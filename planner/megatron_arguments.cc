@@ -22,7 +22,9 @@ std::vector<std::string> megatron_arguments(const ModelSpec& model, const Parall
   arguments.push_back(value("--global-batch-size", plan.global_batch_size));
   if (plan.sequence_parallel) arguments.push_back("--sequence-parallel");
   if (plan.use_distributed_optimizer) arguments.push_back("--use-distributed-optimizer");
-  if (overlaps_gradient_reduction(plan)) arguments.push_back("--overlap-grad-reduce");
+  if (overlaps_gradient_reduction(plan) && plan.options.ddp_impl == DdpImpl::kLocal) {
+    arguments.push_back("--overlap-grad-reduce");
+  }
   // What the simulation assumed the code does (core/implementation_options.h), where it takes effect.
   const ImplementationOptions& options = plan.options;
   const auto number = [](double x) {
@@ -46,7 +48,8 @@ std::vector<std::string> megatron_arguments(const ModelSpec& model, const Parall
       {overlaps_tensor_parallel_communication(plan), "--tp-comm-overlap"},
       {plan.pipeline_parallel_size > 1 && plan.tensor_parallel_size > 1 && !plan.sequence_parallel &&
            !options.scatter_gather_tensors_in_pipeline,
-       "--no-scatter-gather-tensors-in-pipeline"}};
+       "--no-scatter-gather-tensors-in-pipeline"},
+      {options.ddp_impl == DdpImpl::kTorch, "--DDP-impl torch"}};
   for (const auto& [given, flag] : off) {
     if (given) arguments.push_back(flag);
   }

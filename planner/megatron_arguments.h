@@ -17,11 +17,5 @@ namespace megaplan::planner {
 // naming torchtitan's setting instead.
 std::vector<std::string> megatron_arguments(const ModelSpec& model, const ParallelPlan& plan);
 
-// Whether a run of the plan passes --overlap-grad-reduce (Megatron-LM's and megaplan train's flag):
-// where the plan's implementation overlaps it (the simulator then costs each gradient bucket's
-// reduction from the moment the backward fills it) and there is a data-parallel reduction.
-inline bool overlaps_gradient_reduction(const ParallelPlan& plan) {
-  return plan.options.overlap_grad_reduce && plan.data_parallel_size > 1;
-}
 
 }  // namespace megaplan::planner

@@ -94,9 +94,6 @@ RankGenerator decoder_ranks(const ParallelPlan& plan) {
 
 }  // namespace
 
-int64_t gradient_bucket_parameters(int64_t data_parallel_size) {
-  return std::max<int64_t>(40'000'000, 1'000'000 * data_parallel_size);
-}
 
 std::vector<GroupRoutes> pipeline_group_routes(const ParallelPlan& plan, const Topology& topology) {
   const RankGenerator ranks = decoder_ranks(plan);
@@ -296,7 +293,7 @@ double optimizer_step_seconds(const ParallelPlan& plan, int64_t parameters_per_g
   // bucket by bucket and waits for each in the next forward, so only the first bucket's is exposed.
   const CollectiveCoster data(profile, data_route, replicas, sources);
   const int64_t gathered = overlaps_parameter_gather(plan)
-                               ? std::min(parameters_per_gpu, gradient_bucket_parameters(plan.data_parallel_size))
+                               ? std::min(parameters_per_gpu, gradient_bucket_parameters(plan))
                                : parameters_per_gpu;
   return seconds + data(CollectiveOp::kAllGather, kBf16 * gathered);
 }
@@ -385,13 +382,13 @@ ActionCosts plan_action_costs(const ModelSpec& model, const ParallelPlan& plan, 
   // Gradients (fp32, or fp16 where the implementation keeps them so) reduce over dp x cp in
   // Megatron's buckets, during the backward with --overlap-grad-reduce and after it without; the
   // distributed optimizer reduce-scatters them and all-gathers the updated parameters after its step.
-  costs.overlapped_gradient_reduction = plan.options.overlap_grad_reduce;
+  costs.overlapped_gradient_reduction = overlaps_gradient_reduction(plan);
   const int64_t gradient_bytes = main_gradient_bytes(plan.options);
   const int64_t replicas = plan.data_parallel_size * plan.context_parallel_size;
   const CollectiveOp reduction = plan.use_distributed_optimizer ? CollectiveOp::kReduceScatter : CollectiveOp::kAllReduce;
   const LayerParameters layer_parameters = transformer_layer_parameters(model);
   const std::vector<PipelineRankParameters> rank_parameters = parameters_per_pipeline_rank(model, plan);
-  const int64_t bucket = gradient_bucket_parameters(plan.data_parallel_size);
+  const int64_t bucket = gradient_bucket_parameters(plan);
   for (int64_t stage = 0; stage < num_stages; ++stage) {
     int64_t parameters = layers * layer_parameters.per_gpu(t);
     const int64_t rank = pipeline_rank_of_stage(stage, pp, placement);

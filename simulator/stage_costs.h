@@ -18,8 +18,6 @@
 
 namespace megaplan::sim {
 
-// Megatron's default DDP bucket: max(40M, 1M x dp) parameters.
-int64_t gradient_bucket_parameters(int64_t data_parallel_size);
 
 // What a layer costs, split as the simulator needs it (seconds, one microbatch, one GPU).
 struct LayerCosts {

@@ -69,6 +69,10 @@ expect_error "error: --fp16: megaplan's executor does not run this" simulate --m
 expect_error 'error: --fp16 excludes --bf16' simulate --model gpt2-124m --cluster h100-x1 --implementation megatron-local --fp16 --bf16
 expect_error 'error: --hidden-dropout: must be a dropout probability in \[0, 1\), got 1.5' simulate --model gpt2-124m --cluster h100-x1 --implementation megatron-core --hidden-dropout 1.5
 expect_error 'error: --tp-comm-overlap: needs --sequence-parallel' simulate --model gpt-1.3b --cluster dgx-h100 --gpus 8 --tp 2 --gbs 4 --implementation megatron-core --tp-comm-overlap
+expect_ok simulate --model gpt-1.3b --cluster dgx-h100 --gpus 8 --tp 2 --gbs 16 --implementation megatron-local --DDP-impl torch
+grep -q '^code       .*overlapped: gradient reduction; PyTorch DDP' "$scratch/out" || fail "simulate names PyTorch DDP: $(cat "$scratch/out")"
+expect_error 'error: --DDP-impl: torch cannot accumulate gradients in fp32' simulate --model gpt2-124m --cluster h100-x1 --implementation megatron-local --DDP-impl torch --bf16
+expect_error 'error: --DDP-impl: must be one of local, torch; got "apex"' simulate --model gpt2-124m --cluster h100-x1 --implementation megatron-local --DDP-impl apex
 expect_error 'error: --transformer-impl: must be one of local, transformer_engine; got "apex"' simulate --model gpt2-124m --cluster h100-x1 --implementation megatron-core --transformer-impl apex
 expect_error 'error: --context-parallel-size: needs --transformer-impl transformer_engine' simulate --model gpt-1.3b --cluster dgx-h100 --gpus 8 --cp 2 --gbs 4 --implementation megatron-local
 expect_ok describe --model gpt-1.3b --cluster dgx-h100 --gpus 8 --tp 2 --gbs 16 --implementation megatron-local --hidden-dropout 0 --out "$scratch/local.json"

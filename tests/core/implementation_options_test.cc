@@ -141,3 +141,32 @@ TEST_CASE("implementation options round-trip through the plan's JSON; absent key
         "p.json: implementation_options: hidden_dropout: must be a dropout probability in [0, 1), got -0.500000");
   CHECK(error({{"fused_everything", true}}) == "p.json: implementation_options: fused_everything: unknown field");
 }
+
+TEST_CASE("legacy Megatron's --DDP-impl torch: overlapped in 25 MB buckets, fp16 gradients only", "[implementation]") {
+  ParallelPlan plan = plan_of(Implementation::kMegatronLocal);  // dp 2
+  CHECK_FALSE(megaplan::overlaps_gradient_reduction(plan));     // local DDP reduces after the backward
+  CHECK(megaplan::gradient_bucket_parameters(plan) == 40'000'000);
+  plan.options.ddp_impl = megaplan::DdpImpl::kTorch;
+  CHECK(error_of(plan).empty());
+  CHECK(megaplan::overlaps_gradient_reduction(plan));
+  CHECK(megaplan::gradient_bucket_parameters(plan) == (25 << 20) / 2);  // fp16 gradients
+  CHECK_THAT(megaplan::describe_implementation(plan), Catch::Matchers::EndsWith("; PyTorch DDP"));
+  plan.data_parallel_size = 1;
+  CHECK_FALSE(megaplan::overlaps_gradient_reduction(plan));  // nothing to reduce
+  plan.data_parallel_size = 2;
+
+  ParallelPlan bf16 = plan;
+  bf16.options.precision = megaplan::Precision::kBf16;
+  CHECK_THAT(error_of(bf16), Catch::Matchers::StartsWith("--DDP-impl: torch cannot accumulate gradients in fp32"));
+  ParallelPlan fused = plan;
+  fused.options.gradient_accumulation_fusion = true;
+  CHECK_THAT(error_of(fused), Catch::Matchers::StartsWith("--DDP-impl: torch cannot fuse gradient accumulation"));
+  ParallelPlan sharded = plan;
+  sharded.use_distributed_optimizer = true;
+  CHECK_THAT(error_of(sharded), Catch::Matchers::StartsWith("--DDP-impl: torch cannot run --use-distributed-optimizer"));
+  ParallelPlan core = plan_of(Implementation::kMegatronCore);
+  core.options.ddp_impl = megaplan::DdpImpl::kTorch;
+  CHECK(error_of(core) == "--DDP-impl: torch is legacy Megatron's (--implementation megatron-local)");
+  const ParallelPlan read = megaplan::parallel_plan_from_json(megaplan::parallel_plan_to_json(plan), "p.json");
+  CHECK(read.options.ddp_impl == megaplan::DdpImpl::kTorch);
+}
