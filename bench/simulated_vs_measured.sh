@@ -7,13 +7,18 @@
 # must be the simulated one. Peak memory: the executor's allocator peak (the log's
 # peak_memory_bytes) against the simulated peak less the runtime reserve, which lies outside that
 # allocator. Prints each comparison, then a summary table.
+# Single-GPU layouts train for SUSTAIN_SECONDS (default 30) before the traced iteration: a GPU
+# starting cool runs its first seconds above the clock it sustains once at its power limit and
+# temperature (gpt-1.3b on the H100: 288 ms per iteration at first, 297 ms after 30 s), and a
+# training run is the sustained state. The pp 2 layouts, which only check the order, train 6.
 # With PROFILE the simulator costs kernels from that file (`megaplan profile --out`), else from
-# the GPU's datasheet profile.
-#   bench/simulated_vs_measured.sh MEGAPLAN_BINARY OUT_DIR [h100|h200] [PROFILE]
+# the GPU's built-in profile.
+#   [SUSTAIN_SECONDS=S] bench/simulated_vs_measured.sh MEGAPLAN_BINARY OUT_DIR [h100|h200] [PROFILE]
 set -uo pipefail
 megaplan=$(realpath "$1")
 out=$2
 gpu=${3:-h100}
+sustain=${SUSTAIN_SECONDS:-30}
 profile=()
 [ $# -ge 4 ] && profile=(--profile "$(realpath "$4")")
 mkdir -p "$out"
@@ -42,15 +47,20 @@ rows=()
 for i in "${!layouts[@]}"; do
   IFS='|' read -r name plan cluster <<< "${layouts[$i]}"
   # shellcheck disable=SC2086
-  "$megaplan" train $plan --device cuda --data-path "$corpus" --split 1,0,0 --train-iters 6 --log-interval 3 \
-    --eval-iters 0 --lr 1e-4 --trace "$out/measured-$i.json" --log-file "$out/log-$i.jsonl" > "$out/train-$i.txt" 2>&1 ||
-    { echo "train failed for $name:"; tail -3 "$out/train-$i.txt"; continue; }
-  # shellcheck disable=SC2086
   "$megaplan" simulate ${plan/--world-size 2/} $cluster "${profile[@]}" --trace "$out/simulated-$i.json" > "$out/simulate-$i.txt" 2>&1 ||
     { echo "simulate failed for $name:"; tail -3 "$out/simulate-$i.txt"; continue; }
   # shellcheck disable=SC2086
   "$megaplan" simulate ${plan/--world-size 2/} $cluster "${profile[@]}" --json > "$out/simulate-$i.json" 2>&1 ||
     { echo "simulate --json failed for $name"; continue; }
+  iterations=6
+  if [[ $plan != *--world-size* ]]; then
+    iterations=$(python3 -c "import json, math, sys; t = json.load(open(sys.argv[1]))['iteration_time_s']; print(max(6, math.ceil(float(sys.argv[2]) / t)))" \
+      "$out/simulate-$i.json" "$sustain")
+  fi
+  # shellcheck disable=SC2086
+  "$megaplan" train $plan --device cuda --data-path "$corpus" --split 1,0,0 --train-iters "$iterations" \
+    --log-interval "$iterations" --eval-iters 0 --lr 1e-4 --trace "$out/measured-$i.json" --log-file "$out/log-$i.jsonl" \
+    > "$out/train-$i.txt" 2>&1 || { echo "train failed for $name:"; tail -3 "$out/train-$i.txt"; continue; }
   memory=$(python3 - "$out/log-$i.jsonl" "$out/simulate-$i.json" <<'PY'
 import json, sys
 measured = max(json.loads(line)["peak_memory_bytes"] for line in open(sys.argv[1]))
@@ -61,7 +71,7 @@ PY
 )
   "$megaplan" compare --simulated "$out/simulated-$i.json" --measured "$out/measured-$i.json" > "$out/compare-$i.txt" 2>&1 ||
     { echo "compare failed for $name:"; tail -3 "$out/compare-$i.txt"; continue; }
-  echo "== $name"
+  echo "== $name ($iterations iterations)"
   cat "$out/compare-$i.txt"
   iteration=$(grep '^iteration' "$out/compare-$i.txt" | sed 's/^iteration *//')
   order=$(grep -q 'every rank computed in the simulated order' "$out/compare-$i.txt" && echo same || echo differs)

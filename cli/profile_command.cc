@@ -192,6 +192,7 @@ int run_profile(const ProfileOptions& options, std::ostream& out) {
                                      {"cublas", inventory.cublas.text()},
                                      {"cublaslt", inventory.cublaslt.text()},
                                      {"nccl", inventory.nccl.text()},
+                                     {"timing_mark_s", tables.mark_seconds},
                                      {"megaplan", kVersion},
                                      {"date", date},
                                      {"command", command}};

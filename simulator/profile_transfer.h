@@ -28,7 +28,7 @@ namespace megaplan::sim {
 
 // The largest iteration error seen when the H100's measured profile costed the H200's runs and
 // the H200's the H100's (docs/results.md), rounded up.
-inline constexpr double kSameDieTransferUncertainty = 0.09;
+inline constexpr double kSameDieTransferUncertainty = 0.04;
 
 // The profile JSON (schema megaplan-profile/1) of `to` from `measured`, a measured profile of
 // `from` read from `origin`. Throws SpecError naming `origin` when `measured` is not a profile of

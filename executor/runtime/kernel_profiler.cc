@@ -2,88 +2,196 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <memory>
 #include <set>
 #include <stdexcept>
 #include <string>
 #include <tuple>
 
-#include "executor/runtime/kernel_launch.h"
-
 namespace megaplan::exec {
 
 namespace {
 
-// Launches rotate over copies of a kernel's buffers holding at least this many bytes in all, four
-// times the 50 MB L2 of an H100 or H200: each launch reads its operands from HBM, as training's
-// kernels mostly do, not from the cache the previous launch of the same kernel filled.
+// A sequence's launches rotate over copies of its buffers holding at least this many bytes in all,
+// four times the 50 MB L2 of an H100 or H200: each pass reads its operands from HBM, as training's
+// kernels mostly do, not from the cache the previous pass filled.
 constexpr int64_t kRotatedBytes = int64_t{200} << 20;
 constexpr int64_t kMaxCopies = 64;
+// A cell whose kernels move more than this (each has buffers of its own) is timed a kernel at a
+// time instead: the largest, 16384 tokens of width 8192, would need more than an H100 holds. Its
+// kernels are the longest and draw the most power, so alone they run at the clock a step of them
+// would (the power limit).
+constexpr int64_t kMaxCellBytes = int64_t{16} << 30;
 
-// One point's launches, in turn over its copies. The optimizer's kernels keep one: the backend
+// One sequence's launches, a pass at a time over its copies. Within a copy a kernel listed again
+// (the next layer's) reuses the launch of its first listing, buffers and all: a cell of many layers
+// costs the memory of one. A sequence holding the optimizer's kernels keeps one copy: the backend
 // prepares a launch per tensor list (as training's list never changes), which rotating would redo.
-class RotatedLaunch {
+class SequenceLaunches {
  public:
-  RotatedLaunch(Backend& backend, const Kernel& kernel, int64_t kernel_bytes) {
-    const bool one_list = kernel.kind == KernelKind::kAdamw || kernel.kind == KernelKind::kGradientNorm;
+  SequenceLaunches(Backend& backend, const ProfileSequence& sequence, int64_t activation_bytes) {
+    std::vector<std::size_t> first_listing(sequence.kernels.size());
+    int64_t bytes = 0;
+    bool one_list = false;
+    for (std::size_t i = 0; i < sequence.kernels.size(); ++i) {
+      const Kernel& kernel = sequence.kernels[i];
+      first_listing[i] = static_cast<std::size_t>(
+          std::find(sequence.kernels.begin(), sequence.kernels.end(), kernel) - sequence.kernels.begin());
+      if (first_listing[i] == i) bytes += kernel_bytes(kernel, activation_bytes);
+      one_list = one_list || kernel.kind == KernelKind::kAdamw || kernel.kind == KernelKind::kGradientNorm;
+    }
     const int64_t copies =
-        one_list ? 1 : std::clamp<int64_t>((kRotatedBytes + kernel_bytes - 1) / std::max<int64_t>(kernel_bytes, 1), 1, kMaxCopies);
-    for (int64_t i = 0; i < copies; ++i) launches_.push_back(std::make_unique<KernelLaunch>(backend, kernel));
+        one_list ? 1 : std::clamp<int64_t>((kRotatedBytes + bytes - 1) / std::max<int64_t>(bytes, 1), 1, kMaxCopies);
+    copies_.resize(static_cast<std::size_t>(copies));
+    for (auto& copy : copies_) {
+      for (std::size_t i = 0; i < sequence.kernels.size(); ++i) {
+        if (first_listing[i] == i) {
+          owned_.push_back(std::make_unique<KernelLaunch>(backend, sequence.kernels[i], sequence.table));
+          copy.push_back(owned_.back().get());
+        } else {
+          copy.push_back(copy[first_listing[i]]);
+        }
+      }
+    }
   }
-  void operator()() {
-    (*launches_[next_])();
-    next_ = (next_ + 1) % launches_.size();
+  // One pass over the next copy; `after(i)` follows kernel i.
+  template <typename After>
+  void pass(After&& after) {
+    const auto& copy = copies_[next_];
+    for (std::size_t i = 0; i < copy.size(); ++i) {
+      (*copy[i])();
+      after(i);
+    }
+    next_ = (next_ + 1) % copies_.size();
+  }
+  void pass() {
+    pass([](std::size_t) {});
   }
 
  private:
-  std::vector<std::unique_ptr<KernelLaunch>> launches_;
+  std::vector<std::unique_ptr<KernelLaunch>> owned_;
+  std::vector<std::vector<KernelLaunch*>> copies_;
   std::size_t next_ = 0;
 };
 
-struct Timing {
-  double median_s;
-  double spread;  // (p90 - p10) / median
-};
-
-Timing time_kernel(Backend& backend, const ProfileGrid& grid, const std::function<void()>& launch) {
-  // Seconds per launch over `count` launches back to back.
-  const auto timed = [&](int64_t count) {
-    const TimingMark from = backend.mark();
-    for (int64_t i = 0; i < count; ++i) launch();
-    const TimingMark to = backend.mark();
-    const double seconds = backend.seconds_between(from, to) / static_cast<double>(count);
-    backend.release_marks();
-    return seconds;
-  };
-  // A first launch (cuBLASLt picks its algorithm, caches fill) sizes the batches.
-  const double first = std::max(timed(1), 1e-9);
-  const auto launches_in = [&](double seconds) { return std::max<int64_t>(1, static_cast<int64_t>(seconds / first)); };
-  (void)timed(launches_in(grid.warmup_seconds));
-  const int64_t batch = launches_in(grid.batch_seconds);
-  const double wanted = grid.target_seconds / (first * static_cast<double>(batch));
-  const int repetitions = std::clamp(static_cast<int>(std::ceil(wanted)), grid.min_repetitions, grid.max_repetitions);
-  std::vector<double> seconds;
-  for (int i = 0; i < repetitions; ++i) seconds.push_back(timed(batch));
-  std::sort(seconds.begin(), seconds.end());
-  const auto at = [&](double quantile) {
-    return seconds[static_cast<std::size_t>(quantile * static_cast<double>(seconds.size() - 1) + 0.5)];
-  };
-  // A CPU kernel too quick for the steady clock reads 0: the schema wants a positive time.
-  const double median = std::max(at(0.5), 1e-9);
-  return {median, (at(0.9) - at(0.1)) / median};
+double median_of(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
 }
 
-// A GPT layer of width h as plans make them: heads of 64, a 4h MLP, GPT-2's vocabulary, 1024-token
-// sequences (so that `tokens` is a whole number of them).
+// Seconds per kernel of a sequence: one vector of samples (one per repetition) per kernel, in order.
+struct SequenceTiming {
+  std::vector<std::vector<double>> kernel_seconds;
+  double mark_seconds;  // median over the repetitions
+};
+
+SequenceTiming time_sequence(Backend& backend, const ProfileGrid& grid, const ProfileSequence& sequence) {
+  const std::size_t count = sequence.kernels.size();
+  SequenceLaunches launches(backend, sequence, static_cast<int64_t>(backend.activation_bytes()));
+  // A first pass (cuBLASLt picks its algorithms, caches fill) sizes the warm-up and the repetitions.
+  const TimingMark before = backend.mark();
+  launches.pass();
+  const double first = std::max(backend.seconds_between(before, backend.mark()), 1e-9);
+  backend.release_marks();
+  const double warmup_seconds = count > 2 ? grid.cell_warmup_seconds : grid.warmup_seconds;
+  const auto warmup = std::max<int64_t>(1, static_cast<int64_t>(warmup_seconds / first));
+  for (int64_t i = 0; i < warmup; ++i) launches.pass();
+  const int repetitions = std::clamp(static_cast<int>(std::ceil(grid.target_seconds / first)), grid.min_repetitions,
+                                     grid.max_repetitions);
+  // Everything is queued before anything is read, so the device never waits for the host.
+  std::vector<TimingMark> marks;
+  marks.reserve(static_cast<std::size_t>(repetitions) * (count + 2));
+  for (int r = 0; r < repetitions; ++r) {
+    marks.push_back(backend.mark());
+    launches.pass();
+    marks.push_back(backend.mark());  // ends the unmarked pass, starts the marked one
+    launches.pass([&](std::size_t) { marks.push_back(backend.mark()); });
+  }
+  SequenceTiming timing{std::vector<std::vector<double>>(count), 0};
+  std::vector<double> mark_costs;
+  for (int r = 0; r < repetitions; ++r) {
+    const std::size_t at = static_cast<std::size_t>(r) * (count + 2);
+    const double unmarked = backend.seconds_between(marks[at], marks[at + 1]);
+    std::vector<double> intervals(count);
+    double marked = 0;
+    for (std::size_t i = 0; i < count; ++i) {
+      intervals[i] = backend.seconds_between(marks[at + 1 + i], marks[at + 2 + i]);
+      marked += intervals[i];
+    }
+    const double cost = std::max(0.0, (marked - unmarked) / static_cast<double>(count));
+    mark_costs.push_back(cost);
+    // A CPU kernel too quick for the steady clock reads 0: the schema wants a positive time.
+    for (std::size_t i = 0; i < count; ++i) timing.kernel_seconds[i].push_back(std::max(intervals[i] - cost, 1e-9));
+  }
+  backend.release_marks();
+  timing.mark_seconds = median_of(mark_costs);
+  return timing;
+}
+
+// A kernel's samples from every sequence it appeared in: the table's median and spread.
+struct Samples {
+  std::vector<double> seconds;
+  void add(const std::vector<double>& more) { seconds.insert(seconds.end(), more.begin(), more.end()); }
+  double median() const { return median_of(seconds); }
+  double spread() const {
+    std::vector<double> sorted = seconds;
+    std::sort(sorted.begin(), sorted.end());
+    const auto at = [&](double quantile) {
+      return sorted[static_cast<std::size_t>(quantile * static_cast<double>(sorted.size() - 1) + 0.5)];
+    };
+    return (at(0.9) - at(0.1)) / median();
+  }
+};
+
+using GemmKey = std::tuple<int64_t, int64_t, int64_t, GemmLayout, GemmEpilogue>;
+using MemoryKey = std::pair<std::string, int64_t>;
+using AttentionKey = std::tuple<int64_t, int64_t, int64_t>;  // batch x heads, seq, head dim
+
+GemmKey gemm_key(const Kernel& k) { return {k.m, k.n, k.k, k.layout, k.epilogue}; }
+AttentionKey attention_key(const Kernel& k) { return {k.batch * k.heads, k.seq, k.head_dim}; }
+
+// Entries in the order kernels were first met.
+template <typename Key>
+class Table {
+ public:
+  Samples& at(const Key& key) {
+    const auto [it, fresh] = index_.emplace(key, entries_.size());
+    if (fresh) entries_.emplace_back(key, Samples{});
+    return entries_[it->second].second;
+  }
+  const std::vector<std::pair<Key, Samples>>& entries() const { return entries_; }
+
+ private:
+  std::map<Key, std::size_t> index_;
+  std::vector<std::pair<Key, Samples>> entries_;
+};
+
+// A GPT of width h as plans make them: heads of 64 below 2048 (GPT-2) and of 128 from there (GPT-3,
+// Llama) over sequences of 1024 and 2048 tokens, a 4h MLP, GPT-2's vocabulary, `tokens` a whole
+// number of sequences, and GPT-2's twelve layers: the output layer's share of the step, whose
+// kernels draw more power than a layer's, is then a model's, not a one-layer toy's.
 ModelSpec gpt_of_width(int64_t hidden, int64_t tokens) {
   ModelSpec model;
   model.name = "profile";
-  model.num_layers = 1;
+  model.num_layers = 12;
   model.hidden_size = hidden;
-  model.num_attention_heads = hidden / 64;
-  model.seq_length = std::min<int64_t>(tokens, 1024);
+  model.num_attention_heads = hidden / (hidden < 2048 ? 64 : 128);
+  model.seq_length = std::min<int64_t>(tokens, hidden < 2048 ? 1024 : 2048);
   model.vocab_size = 50257;
   return model;
+}
+
+// What a sequence's buffers hold: each distinct kernel's once (SequenceLaunches).
+int64_t distinct_kernel_bytes(const std::vector<Kernel>& kernels) {
+  int64_t bytes = 0;
+  for (std::size_t i = 0; i < kernels.size(); ++i) {
+    if (std::find(kernels.begin(), kernels.begin() + static_cast<std::ptrdiff_t>(i), kernels[i]) ==
+        kernels.begin() + static_cast<std::ptrdiff_t>(i)) {
+      bytes += kernel_bytes(kernels[i], 2);
+    }
+  }
+  return bytes;
 }
 
 }  // namespace
@@ -93,40 +201,54 @@ ProfileGrid profile_grid(bool quick) {
   const std::vector<int64_t> widths = quick ? std::vector<int64_t>{768, 2048, 4096} : std::vector<int64_t>{768, 1024, 2048, 4096, 8192};
   const std::vector<int64_t> shards = quick ? std::vector<int64_t>{1} : std::vector<int64_t>{1, 2, 4, 8};
   ProfileGrid grid;
-  // Distinct points only: GEMMs by shape, layout and epilogue; memory-bound kernels by class and
-  // bytes, the x-axis of their curves.
-  std::set<std::tuple<int64_t, int64_t, int64_t, GemmLayout, GemmEpilogue>> gemms;
-  std::set<std::pair<std::string, int64_t>> memory_bound;
-  const auto add = [&](const Kernel& kernel) {
+  // Each cell's forward and backward in training order; what other blocks launch beside them, once
+  // per distinct point (GEMMs by shape, layout and epilogue; memory-bound kernels by class and
+  // bytes, the x-axis of their curves), alone.
+  std::set<GemmKey> gemms;
+  std::set<MemoryKey> memory_bound;
+  const auto fresh = [&](const Kernel& kernel) {
     if (kernel.kind == KernelKind::kAttentionForward || kernel.kind == KernelKind::kAttentionBackward ||
         kernel.kind == KernelKind::kElementwise) {
-      return;  // attention has its own grid; the executor launches no kElementwise
+      return false;  // attention has its own grid; the executor launches no kElementwise
     }
-    const bool fresh = kernel.kind == KernelKind::kGemm
-                           ? gemms.emplace(kernel.m, kernel.n, kernel.k, kernel.layout, kernel.epilogue).second
-                           : memory_bound.emplace(memory_kernel_class(kernel), kernel_bytes(kernel, 2)).second;
-    if (fresh) grid.kernels.push_back(kernel);
+    return kernel.kind == KernelKind::kGemm ? gemms.insert(gemm_key(kernel)).second
+                                            : memory_bound.emplace(memory_kernel_class(kernel), kernel_bytes(kernel, 2)).second;
   };
+  std::vector<ProfileSequence> alone;
   for (const int64_t m : tokens) {
     for (const int64_t h : widths) {
       for (const int64_t t : shards) {
         const ModelSpec model = gpt_of_width(h, m);
+        if (model.num_attention_heads % t != 0) continue;  // no plan shards these heads so
         ParallelPlan plan;
         plan.tensor_parallel_size = t;
         plan.micro_batch_size = m / model.seq_length;
         const PlanKernels list(model, plan);
+        const EmbeddingTable table{50304 / t, model.seq_length};
+        ProfileSequence cell{list.stage_kernels(0, SchedulePart::kForward), table};
+        const std::vector<Kernel> backward = list.stage_kernels(0, SchedulePart::kBackward);
+        cell.kernels.insert(cell.kernels.end(), backward.begin(), backward.end());
+        if (distinct_kernel_bytes(cell.kernels) <= kMaxCellBytes) {
+          for (const Kernel& kernel : cell.kernels) (void)fresh(kernel);
+          grid.sequences.push_back(std::move(cell));
+        }
         for (std::size_t b = 0; b < kNumKernelBlocks; ++b) {
-          for (const Kernel& kernel : list.block(static_cast<KernelBlock>(b))) add(kernel);
+          for (const Kernel& kernel : list.block(static_cast<KernelBlock>(b))) {
+            if (fresh(kernel)) alone.push_back({{kernel}, table});
+          }
         }
       }
     }
   }
+  grid.sequences.insert(grid.sequences.end(), alone.begin(), alone.end());
   const std::vector<int64_t> sequences = quick ? std::vector<int64_t>{1024, 4096} : std::vector<int64_t>{1024, 2048, 4096, 8192};
   const std::vector<int64_t> batch_heads = quick ? std::vector<int64_t>{16, 64} : std::vector<int64_t>{8, 16, 32, 64, 128};
   for (const int64_t seq : sequences) {
     for (const int64_t bh : batch_heads) {
       for (const int64_t dim : {int64_t{64}, int64_t{128}}) {
-        grid.kernels.push_back(attention_kernel(KernelKind::kAttentionForward, 1, seq, bh, dim));
+        grid.sequences.push_back({{attention_kernel(KernelKind::kAttentionForward, 1, seq, bh, dim),
+                                   attention_kernel(KernelKind::kAttentionBackward, 1, seq, bh, dim)},
+                                  {}});
       }
     }
   }
@@ -134,7 +256,8 @@ ProfileGrid profile_grid(bool quick) {
   const int64_t smallest = int64_t{1} << (quick ? 22 : 20), largest = int64_t{1} << (quick ? 26 : 30);
   for (int64_t n = smallest; n <= largest; n *= quick ? 16 : 4) {
     for (const KernelKind kind : {KernelKind::kGradientNorm, KernelKind::kAdamw, KernelKind::kRefreshCompute, KernelKind::kFill}) {
-      add(flat_kernel(kind, n));
+      const Kernel kernel = flat_kernel(kind, n);
+      if (fresh(kernel)) grid.sequences.push_back({{kernel}, {}});
     }
   }
   return grid;
@@ -145,46 +268,58 @@ MeasuredTables measure_kernels(Backend& backend, const ProfileGrid& grid,
   if (grid.min_repetitions < 1 || grid.max_repetitions < grid.min_repetitions) {
     throw std::invalid_argument("measure_kernels: repetitions must satisfy 1 <= min <= max");
   }
-  const auto total = static_cast<int64_t>(grid.kernels.size());
+  const auto total = static_cast<int64_t>(grid.sequences.size());
   int64_t done = 0;
-  const std::string dtype = backend.activation_bytes() == sizeof(float) ? "fp32" : "bf16";
   const auto activation_bytes = static_cast<int64_t>(backend.activation_bytes());
-  MeasuredTables tables;
-  for (const Kernel& kernel : grid.kernels) {
-    if (kernel.kind == KernelKind::kAttentionForward) {
-      Kernel backward = kernel;
-      backward.kind = KernelKind::kAttentionBackward;
-      RotatedLaunch forward_launch(backend, kernel, kernel_bytes(kernel, activation_bytes));
-      RotatedLaunch backward_launch(backend, backward, kernel_bytes(backward, activation_bytes));
-      const Timing forward = time_kernel(backend, grid, [&] { forward_launch(); });
-      const Timing backward_timing = time_kernel(backend, grid, [&] { backward_launch(); });
-      tables.attention.push_back({{"batch_heads", kernel.batch * kernel.heads},
-                                  {"seq", kernel.seq},
-                                  {"head_dim", kernel.head_dim},
-                                  {"causal", true},
-                                  {"forward_s", forward.median_s},
-                                  {"backward_s", backward_timing.median_s},
-                                  {"spread", std::max(forward.spread, backward_timing.spread)}});
-    } else if (kernel.kind == KernelKind::kGemm) {
-      RotatedLaunch launch(backend, kernel, kernel_bytes(kernel, activation_bytes));
-      const Timing timing = time_kernel(backend, grid, [&] { launch(); });
-      tables.gemm.push_back({{"m", kernel.m},
-                             {"n", kernel.n},
-                             {"k", kernel.k},
-                             {"dtype", dtype},
-                             {"layout", to_string(kernel.layout)},
-                             {"epilogue", to_string(kernel.epilogue)},
-                             {"seconds", timing.median_s},
-                             {"spread", timing.spread}});
-    } else {
-      RotatedLaunch launch(backend, kernel, kernel_bytes(kernel, activation_bytes));
-      const Timing timing = time_kernel(backend, grid, [&] { launch(); });
-      tables.kernels.push_back({{"kernel", memory_kernel_class(kernel)},
-                                {"bytes", kernel_bytes(kernel, activation_bytes)},
-                                {"seconds", timing.median_s},
-                                {"spread", timing.spread}});
+  Table<GemmKey> gemms;
+  Table<MemoryKey> memory_bound;
+  Table<AttentionKey> forward, backward;
+  std::vector<double> mark_costs;
+  for (const ProfileSequence& sequence : grid.sequences) {
+    if (sequence.kernels.empty()) throw std::invalid_argument("measure_kernels: an empty sequence");
+    const SequenceTiming timing = time_sequence(backend, grid, sequence);
+    mark_costs.push_back(timing.mark_seconds);
+    for (std::size_t i = 0; i < sequence.kernels.size(); ++i) {
+      const Kernel& kernel = sequence.kernels[i];
+      const std::vector<double>& seconds = timing.kernel_seconds[i];
+      switch (kernel.kind) {
+        case KernelKind::kGemm: gemms.at(gemm_key(kernel)).add(seconds); break;
+        case KernelKind::kAttentionForward: forward.at(attention_key(kernel)).add(seconds); break;
+        case KernelKind::kAttentionBackward: backward.at(attention_key(kernel)).add(seconds); break;
+        default: memory_bound.at({memory_kernel_class(kernel), kernel_bytes(kernel, activation_bytes)}).add(seconds);
+      }
     }
     if (progress) progress(++done, total);
+  }
+  MeasuredTables tables;
+  tables.mark_seconds = median_of(mark_costs);
+  const std::string dtype = activation_bytes == sizeof(float) ? "fp32" : "bf16";
+  for (const auto& [key, samples] : gemms.entries()) {
+    const auto& [m, n, k, layout, epilogue] = key;
+    tables.gemm.push_back({{"m", m},
+                           {"n", n},
+                           {"k", k},
+                           {"dtype", dtype},
+                           {"layout", to_string(layout)},
+                           {"epilogue", to_string(epilogue)},
+                           {"seconds", samples.median()},
+                           {"spread", samples.spread()}});
+  }
+  for (const auto& [key, forward_samples] : forward.entries()) {
+    Samples& backward_samples = backward.at(key);
+    if (backward_samples.seconds.empty()) continue;  // the table holds both directions
+    const auto& [batch_heads, seq, head_dim] = key;
+    tables.attention.push_back({{"batch_heads", batch_heads},
+                                {"seq", seq},
+                                {"head_dim", head_dim},
+                                {"causal", true},
+                                {"forward_s", forward_samples.median()},
+                                {"backward_s", backward_samples.median()},
+                                {"spread", std::max(forward_samples.spread(), backward_samples.spread())}});
+  }
+  for (const auto& [key, samples] : memory_bound.entries()) {
+    tables.kernels.push_back(
+        {{"kernel", key.first}, {"bytes", key.second}, {"seconds", samples.median()}, {"spread", samples.spread()}});
   }
   return tables;
 }

@@ -1,14 +1,24 @@
 // The executor's kernels timed through the Backend interface, as training launches them, into the
 // measured tables of a megaplan-profile/1 file (profiles/README.md). What is timed comes from
-// core's kernel lists (core/kernel_list.h) for GPT layers of the widths, tensor-parallel shards and
+// core's kernel lists (core/kernel_list.h) for GPT models of the widths, tensor-parallel shards and
 // microbatch sizes plans produce: every GEMM in its training layout with its epilogue, causal
 // flash attention forward and backward, and each memory-bound kernel class (norms, residual add,
-// copies, embedding, cross entropy, the optimizer's norm, AdamW, refresh and fill) by size. Kernels
-// run back to back on the backend's stream as in training: each point launches its kernel for a
-// warm-up, then times repetitions, each a batch of launches between two backend marks (CUDA events
-// on the GPU) divided by their number, so that a mark's own cost does not count; the table holds
-// the median and the spread, (p90 - p10) / median, over the repetitions. Launches rotate over
-// copies of the kernel's buffers larger than the GPU's L2 together, so that operands come from HBM.
+// copies, embedding, cross entropy, the optimizer's norm, AdamW, refresh and fill) by size.
+//
+// Kernels are timed in training's order, not alone: each grid cell is one microbatch's forward and
+// backward of a twelve-layer model (embedding, layers, head, and back), launched back to back as
+// the executor launches them, long enough first that the GPU's power limiter settles where that mix
+// of kernels holds the clock (a kernel timed alone runs at the clock its own power allows, which
+// is not a step's: on an H100 training gpt2-124m and gpt-1.3b both sit at the 700 W limit once
+// warm). Then repetitions each run the sequence twice: once between two marks, once with a mark
+// (a CUDA event on the GPU) after every kernel; a kernel's time is its interval's median less the
+// marks' own cost, the difference of the two runs spread over the marks. Nothing waits for the
+// host between repetitions. Kernels of blocks a cell's forward and backward do not launch
+// (zero-bubble's I and W copies, stage boundaries), the kernels of cells too large to hold at once,
+// the attention grid (forward then backward) and the optimizer's kernels are sequences of their
+// own. Each sequence rotates over copies of its buffers larger than the GPU's L2 together, so that
+// operands come from HBM. A kernel met in several sequences gets the median of all its samples;
+// the spread is (p90 - p10) / median over them.
 #pragma once
 
 #include <cstdint>
@@ -19,17 +29,26 @@
 
 #include "core/kernel_list.h"
 #include "executor/runtime/backend.h"
+#include "executor/runtime/kernel_launch.h"
 
 namespace megaplan::exec {
 
-struct ProfileGrid {
-  // GEMMs and memory-bound kernels are timed as they are; an attention forward kernel stands for
-  // its point, whose forward and backward are both timed.
+// Kernels launched in this order, as a microbatch of training launches them. An attention
+// forward stands for itself only: its backward is listed where it runs.
+struct ProfileSequence {
   std::vector<Kernel> kernels;
-  double warmup_seconds = 0.01;  // launched back to back before timing (at least once)
-  double batch_seconds = 1e-3;   // each repetition launches the kernel this long (at least once)
-  // Repetitions: as many batches as fit in about `target_seconds`, within these bounds.
-  double target_seconds = 0.02;
+  EmbeddingTable table;  // what the embedding and cross entropy kernels index
+};
+
+struct ProfileGrid {
+  std::vector<ProfileSequence> sequences;
+  // Each sequence runs back to back this long before timing (at least once): a cell of training's
+  // order long enough that the GPU's power limiter settles where the cell's mix holds it, whatever
+  // ran before (a tenth of a second left the previous cell's clock), a kernel alone shorter.
+  double cell_warmup_seconds = 0.5;
+  double warmup_seconds = 0.1;
+  // Repetitions: as many as fit in about `target_seconds`, within these bounds.
+  double target_seconds = 0.03;
   int min_repetitions = 3;
   int max_repetitions = 20;
 };
@@ -44,9 +63,11 @@ struct MeasuredTables {
   nlohmann::json gemm = nlohmann::json::array();
   nlohmann::json attention = nlohmann::json::array();
   nlohmann::json kernels = nlohmann::json::array();
+  // The marks' own cost per mark (seconds), median over the sequences: what was subtracted.
+  double mark_seconds = 0;
 };
 
-// `progress(done, total)` after each point. Allocates each point's buffers and releases them.
+// `progress(done, total)` after each sequence. Allocates each sequence's buffers and releases them.
 MeasuredTables measure_kernels(Backend& backend, const ProfileGrid& grid,
                                const std::function<void(int64_t done, int64_t total)>& progress);
 

@@ -3,6 +3,8 @@
 // times at the measured points; and a bad spread is refused with the field named.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <set>
 #include <string>
 
 #include "cli/profile_command.h"
@@ -20,14 +22,21 @@ using megaplan::GemmLayout;
 using megaplan::KernelKind;
 
 megaplan::exec::ProfileGrid tiny_grid() {
+  using megaplan::exec::ProfileSequence;
+  const megaplan::Kernel forward = megaplan::gemm_kernel(GemmLayout::kForward, GemmEpilogue::kNone, 8, 12, 16);
+  const megaplan::Kernel norm = megaplan::row_kernel(KernelKind::kNormForward, 64, 16, true);
   megaplan::exec::ProfileGrid grid;
-  grid.kernels = {megaplan::gemm_kernel(GemmLayout::kForward, GemmEpilogue::kNone, 8, 12, 16),
-                  megaplan::gemm_kernel(GemmLayout::kWeightGradient, GemmEpilogue::kBiasGradient, 16, 8, 8),
-                  megaplan::attention_kernel(KernelKind::kAttentionForward, 1, 16, 2, 4),
-                  megaplan::row_kernel(KernelKind::kNormForward, 64, 16, true),
-                  megaplan::flat_kernel(KernelKind::kAdamw, 4096)};
-  grid.warmup_seconds = 0;  // one launch
-  grid.batch_seconds = 0;
+  // A training-order sequence (the forward GEMM listed twice, as the next layer's is), then kernels
+  // alone; the forward GEMM and the norm appear in two sequences.
+  grid.sequences = {ProfileSequence{{norm, forward,
+                                     megaplan::gemm_kernel(GemmLayout::kWeightGradient, GemmEpilogue::kBiasGradient, 16, 8, 8),
+                                     megaplan::attention_kernel(KernelKind::kAttentionForward, 1, 16, 2, 4),
+                                     megaplan::attention_kernel(KernelKind::kAttentionBackward, 1, 16, 2, 4), forward},
+                                    {}},
+                    ProfileSequence{{forward}, {}}, ProfileSequence{{norm}, {}},
+                    ProfileSequence{{megaplan::flat_kernel(KernelKind::kAdamw, 4096)}, {}}};
+  grid.cell_warmup_seconds = 0;  // one pass
+  grid.warmup_seconds = 0;
   grid.min_repetitions = 3;
   grid.max_repetitions = 3;
   return grid;
@@ -44,11 +53,13 @@ TEST_CASE("kernel timings from a backend become a profile the simulator looks up
         last_done = done;
         last_total = total;
       });
-  CHECK(last_done == 5);
-  CHECK(last_total == 5);
+  CHECK(last_done == 4);  // one step per sequence
+  CHECK(last_total == 4);
+  CHECK(tables.mark_seconds >= 0);
   REQUIRE(tables.attention.size() == 1);
   CHECK(tables.attention[0].at("batch_heads") == 2);
-  REQUIRE(tables.gemm.size() == 2);
+  REQUIRE(tables.gemm.size() == 2);  // one entry per kernel, from every sequence it ran in
+  CHECK(tables.gemm[0].at("layout") == "forward");
   CHECK(tables.gemm[0].at("dtype") == "fp32");  // the CPU backend computes in fp32
   CHECK(tables.gemm[1].at("layout") == "weight_gradient");
   CHECK(tables.gemm[1].at("epilogue") == "bias_gradient");
@@ -88,4 +99,43 @@ TEST_CASE("kernel timings from a backend become a profile the simulator looks up
   bad["provenance"] = "a string";
   CHECK_THROWS_WITH(megaplan::sim::Profile::from_json(bad, "bad.json"),
                     Catch::Matchers::Contains("bad.json: provenance: must be an object"));
+}
+
+TEST_CASE("the profile grid times each cell's microbatch in training order and other kernels alone", "[cli][profile]") {
+  const megaplan::exec::ProfileGrid grid = megaplan::exec::profile_grid(true);
+  REQUIRE(grid.sequences.size() > 6);
+  // Cells: 2 token counts x 3 widths, no tensor-parallel shards; the first is 2048 tokens of width 768.
+  const std::vector<megaplan::Kernel>& cell = grid.sequences[0].kernels;
+  CHECK(cell.front().kind == KernelKind::kEmbeddingForward);
+  CHECK(cell.back().kind == KernelKind::kEmbeddingBackward);
+  CHECK(cell.front().rows == 2048);
+  CHECK(grid.sequences[0].table.seq == 1024);
+  const auto position = [&](KernelKind kind) {
+    return std::find_if(cell.begin(), cell.end(), [&](const megaplan::Kernel& k) { return k.kind == kind; }) - cell.begin();
+  };
+  CHECK(position(KernelKind::kAttentionForward) < position(KernelKind::kCrossEntropyForward));
+  CHECK(std::count_if(cell.begin(), cell.end(), [](const megaplan::Kernel& k) {
+          return k.kind == KernelKind::kAttentionForward;
+        }) == 12);  // GPT-2's twelve layers
+  CHECK(position(KernelKind::kCrossEntropyBackward) < position(KernelKind::kAttentionBackward));
+  // Width 2048 has heads of 128 over 2048-token sequences.
+  const std::vector<megaplan::Kernel>& wide = grid.sequences[1].kernels;
+  const auto attention = std::find_if(wide.begin(), wide.end(),
+                                      [](const megaplan::Kernel& k) { return k.kind == KernelKind::kAttentionForward; });
+  REQUIRE(attention != wide.end());
+  CHECK(attention->head_dim == 128);
+  CHECK(attention->seq == 2048);
+  // A kernel timed in a cell is not timed alone again.
+  std::set<std::string> in_cells;
+  for (const auto& sequence : grid.sequences) {
+    if (sequence.kernels.size() < 3) break;  // the cells come first
+    for (const megaplan::Kernel& k : sequence.kernels) in_cells.insert(megaplan::describe(k));
+  }
+  int alone = 0;
+  for (const auto& sequence : grid.sequences) {
+    if (sequence.kernels.size() != 1) continue;
+    ++alone;
+    CHECK(in_cells.count(megaplan::describe(sequence.kernels[0])) == 0);
+  }
+  CHECK(alone > 0);
 }
