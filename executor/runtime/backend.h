@@ -11,8 +11,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <stdexcept>
 #include <string>
 #include <vector>
+
+#include "core/implementation_options.h"
 
 namespace megaplan::exec {
 
@@ -86,6 +89,14 @@ class Backend {
   // d_pre[m x k] = (dy W) * GELU'(pre). Its weight gradient is linear_backward's, on GELU(pre).
   virtual void linear_backward_through_gelu(ConstActivation dy, ConstActivation w, std::size_t m, std::size_t k,
                                             std::size_t n, ConstActivation pre_activation, Activation d_pre) = 0;
+  // Whether the three linear calls above can run Megatron's fp16 GEMMs: the profiler times them
+  // for the simulator; the model never asks for them.
+  virtual bool runs_fp16_gemms() const { return false; }
+  // The linear calls' 16-bit operands, outputs and biases from now on: the activations' type
+  // (kBf16), or fp16, the same buffers' bits read as fp16. REQUIRES: runs_fp16_gemms() for kFp16.
+  virtual void set_gemm_precision(Precision precision) {
+    if (precision != Precision::kBf16) throw std::logic_error(name() + " backend: no fp16 GEMMs");
+  }
   // Token and learned position embeddings over `count` tokens (batch-major, `seq` per sequence).
   // `word` holds rows vocab_start .. vocab_start + vocab_rows of the (padded) vocabulary: all of it,
   // or a tensor-parallel rank's shard of a vocabulary-parallel table.

@@ -177,6 +177,14 @@ class CudaBackend final : public Backend {
     check_launch("fill");
   }
 
+  bool runs_fp16_gemms() const override { return true; }
+  void set_gemm_precision(Precision precision) override {
+    gemm_fp16_ = precision == Precision::kFp16;
+    for (const auto& lane : lanes_) {
+      if (lane) lane->linear.set_fp16(gemm_fp16_);
+    }
+  }
+
   void linear_forward(ConstActivation x, ConstActivation w, ConstActivation b, std::size_t m, std::size_t k,
                       std::size_t n, LinearEpilogue epilogue, Activation y, Activation pre_activation) override {
     const auto lt_epilogue = epilogue == LinearEpilogue::kNone   ? cuda::LinearEpilogue::kNone
@@ -313,6 +321,7 @@ class CudaBackend final : public Backend {
     if (paired_) throw std::logic_error("CudaBackend: run_pair inside run_pair");
     if (!lanes_[1]) {
       lanes_[1] = std::make_unique<Lane>();
+      lanes_[1]->linear.set_fp16(gemm_fp16_);
       check(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming), "cudaEventCreate (pair)");
       check(cudaEventCreateWithFlags(&join_, cudaEventDisableTiming), "cudaEventCreate (pair)");
     }
@@ -474,6 +483,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<Lane> lanes_[2];  // first: created before the members that use them, destroyed after
   Lane* lane_;                      // where work goes now: lanes_[0], or lanes_[1] in run_pair's second part
   cudaEvent_t fork_ = nullptr, join_ = nullptr;  // made with lanes_[1]
+  bool gemm_fp16_ = false;                        // set_gemm_precision
   bool paired_ = false;
   std::vector<std::pair<std::size_t, void*>> released_in_pair_;  // by size, reusable after the pair's join
   cuda::DeviceReducer reducer_;

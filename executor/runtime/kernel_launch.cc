@@ -82,6 +82,10 @@ KernelLaunch::KernelLaunch(Backend& backend, const Kernel& kernel, EmbeddingTabl
   const Kernel& k = kernel;
   switch (k.kind) {
     case KernelKind::kGemm:
+      if (k.batch > 1) throw std::invalid_argument("KernelLaunch: the executor launches no batched GEMM");
+      if (k.precision == Precision::kFp16 && !backend.runs_fp16_gemms()) {
+        throw std::invalid_argument("KernelLaunch: the " + backend.name() + " backend runs no fp16 GEMM");
+      }
       if (k.layout == GemmLayout::kForward) {
         activation(k.m * k.k);  // x
         activation(k.n * k.k);  // W
@@ -178,6 +182,7 @@ void KernelLaunch::operator()() {
   const std::vector<float*>& f = floats_;
   switch (k.kind) {
     case KernelKind::kGemm:
+      if (k.precision == Precision::kFp16) backend_.set_gemm_precision(Precision::kFp16);
       if (k.layout == GemmLayout::kForward) {
         const LinearEpilogue epilogue = k.epilogue == GemmEpilogue::kBiasGelu ? LinearEpilogue::kBiasGelu
                                         : k.epilogue == GemmEpilogue::kBias   ? LinearEpilogue::kBias
@@ -194,6 +199,7 @@ void KernelLaunch::operator()() {
         backend_.linear_backward(a[0], a[1], a[2], size(k.m), size(k.k), size(k.n), nullptr, f[0],
                                  k.epilogue == GemmEpilogue::kBiasGradient ? f[1] : nullptr);
       }
+      if (k.precision == Precision::kFp16) backend_.set_gemm_precision(Precision::kBf16);
       break;
     case KernelKind::kAttentionForward:
       backend_.attention_forward(a[0], size(k.batch), size(k.seq), size(k.heads), size(k.head_dim), a[1], f[0]);

@@ -22,7 +22,9 @@ struct EmbeddingTable {
 class KernelLaunch {
  public:
   // Allocates the kernel's buffers (zeroed; tokens and targets spread over the vocabulary).
-  // Throws std::invalid_argument for a kernel the executor does not launch (kElementwise).
+  // Throws std::invalid_argument for a kernel the executor does not launch (kElementwise, batched
+  // GEMMs) and for an fp16 GEMM on a backend without them (Backend::runs_fp16_gemms; Megatron's
+  // fp16 GEMMs run on the executor's GEMM calls with fp16 operands, for the profiler).
   KernelLaunch(Backend& backend, const Kernel& kernel, EmbeddingTable table = {});
   ~KernelLaunch();
   KernelLaunch(const KernelLaunch&) = delete;

@@ -144,11 +144,25 @@ struct Samples {
   }
 };
 
-using GemmKey = std::tuple<int64_t, int64_t, int64_t, GemmLayout, GemmEpilogue>;
+using GemmKey = std::tuple<int64_t, int64_t, int64_t, GemmLayout, GemmEpilogue, Precision>;
 using MemoryKey = std::pair<std::string, int64_t>;
 using AttentionKey = std::tuple<int64_t, int64_t, int64_t>;  // batch x heads, seq, head dim
 
-GemmKey gemm_key(const Kernel& k) { return {k.m, k.n, k.k, k.layout, k.epilogue}; }
+GemmKey gemm_key(const Kernel& k) { return {k.m, k.n, k.k, k.layout, k.epilogue, k.precision}; }
+
+// The same kernels with fp16 GEMMs: Megatron's --fp16 step as far as the executor's kernels go.
+std::vector<Kernel> with_fp16_gemms(std::vector<Kernel> kernels) {
+  for (Kernel& kernel : kernels) {
+    if (kernel.kind == KernelKind::kGemm) kernel.precision = Precision::kFp16;
+  }
+  return kernels;
+}
+
+bool has_fp16_gemm(const ProfileSequence& sequence) {
+  return std::any_of(sequence.kernels.begin(), sequence.kernels.end(), [](const Kernel& kernel) {
+    return kernel.kind == KernelKind::kGemm && kernel.precision == Precision::kFp16;
+  });
+}
 AttentionKey attention_key(const Kernel& k) { return {k.batch * k.heads, k.seq, k.head_dim}; }
 
 // Entries in the order kernels were first met.
@@ -201,9 +215,10 @@ ProfileGrid profile_grid(bool quick) {
   const std::vector<int64_t> widths = quick ? std::vector<int64_t>{768, 2048, 4096} : std::vector<int64_t>{768, 1024, 2048, 4096, 8192};
   const std::vector<int64_t> shards = quick ? std::vector<int64_t>{1} : std::vector<int64_t>{1, 2, 4, 8};
   ProfileGrid grid;
-  // Each cell's forward and backward in training order; what other blocks launch beside them, once
-  // per distinct point (GEMMs by shape, layout and epilogue; memory-bound kernels by class and
-  // bytes, the x-axis of their curves), alone.
+  // Each cell's forward and backward in training order, then the same with fp16 GEMMs (Megatron's
+  // --fp16); what other blocks launch beside them, once per distinct point (GEMMs by shape, layout,
+  // epilogue and precision; memory-bound kernels by class and bytes, the x-axis of their curves),
+  // alone.
   std::set<GemmKey> gemms;
   std::set<MemoryKey> memory_bound;
   const auto fresh = [&](const Kernel& kernel) {
@@ -225,16 +240,22 @@ ProfileGrid profile_grid(bool quick) {
         plan.micro_batch_size = m / model.seq_length;
         const PlanKernels list(model, plan);
         const EmbeddingTable table{50304 / t, model.seq_length};
-        ProfileSequence cell{list.stage_kernels(0, SchedulePart::kForward), table};
+        std::vector<Kernel> microbatch = list.stage_kernels(0, SchedulePart::kForward);
         const std::vector<Kernel> backward = list.stage_kernels(0, SchedulePart::kBackward);
-        cell.kernels.insert(cell.kernels.end(), backward.begin(), backward.end());
-        if (distinct_kernel_bytes(cell.kernels) <= kMaxCellBytes) {
-          for (const Kernel& kernel : cell.kernels) (void)fresh(kernel);
-          grid.sequences.push_back(std::move(cell));
-        }
-        for (std::size_t b = 0; b < kNumKernelBlocks; ++b) {
-          for (const Kernel& kernel : list.block(static_cast<KernelBlock>(b))) {
-            if (fresh(kernel)) alone.push_back({{kernel}, table});
+        microbatch.insert(microbatch.end(), backward.begin(), backward.end());
+        const bool fits = distinct_kernel_bytes(microbatch) <= kMaxCellBytes;
+        for (const bool fp16 : {false, true}) {
+          const std::vector<Kernel> kernels = fp16 ? with_fp16_gemms(microbatch) : microbatch;
+          if (fits) {
+            for (const Kernel& kernel : kernels) (void)fresh(kernel);
+            grid.sequences.push_back({kernels, table});
+          }
+          for (std::size_t b = 0; b < kNumKernelBlocks; ++b) {
+            std::vector<Kernel> block = list.block(static_cast<KernelBlock>(b));
+            if (fp16) block = with_fp16_gemms(block);
+            for (const Kernel& kernel : block) {
+              if (fresh(kernel)) alone.push_back({{kernel}, table});
+            }
           }
         }
       }
@@ -275,8 +296,13 @@ MeasuredTables measure_kernels(Backend& backend, const ProfileGrid& grid,
   Table<MemoryKey> memory_bound;
   Table<AttentionKey> forward, backward;
   std::vector<double> mark_costs;
+  const bool fp16 = backend.runs_fp16_gemms();
   for (const ProfileSequence& sequence : grid.sequences) {
     if (sequence.kernels.empty()) throw std::invalid_argument("measure_kernels: an empty sequence");
+    if (!fp16 && has_fp16_gemm(sequence)) {  // the CPU backend computes in fp32 only
+      if (progress) progress(++done, total);
+      continue;
+    }
     const SequenceTiming timing = time_sequence(backend, grid, sequence);
     mark_costs.push_back(timing.mark_seconds);
     for (std::size_t i = 0; i < sequence.kernels.size(); ++i) {
@@ -293,13 +319,13 @@ MeasuredTables measure_kernels(Backend& backend, const ProfileGrid& grid,
   }
   MeasuredTables tables;
   tables.mark_seconds = median_of(mark_costs);
-  const std::string dtype = activation_bytes == sizeof(float) ? "fp32" : "bf16";
+  const std::string activation_dtype = activation_bytes == sizeof(float) ? "fp32" : "bf16";
   for (const auto& [key, samples] : gemms.entries()) {
-    const auto& [m, n, k, layout, epilogue] = key;
+    const auto& [m, n, k, layout, epilogue, precision] = key;
     tables.gemm.push_back({{"m", m},
                            {"n", n},
                            {"k", k},
-                           {"dtype", dtype},
+                           {"dtype", precision == Precision::kFp16 ? "fp16" : activation_dtype},
                            {"layout", to_string(layout)},
                            {"epilogue", to_string(epilogue)},
                            {"seconds", samples.median()},

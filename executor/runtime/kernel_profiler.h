@@ -1,9 +1,11 @@
 // The executor's kernels timed through the Backend interface, as training launches them, into the
 // measured tables of a megaplan-profile/1 file (profiles/README.md). What is timed comes from
 // core's kernel lists (core/kernel_list.h) for GPT models of the widths, tensor-parallel shards and
-// microbatch sizes plans produce: every GEMM in its training layout with its epilogue, causal
-// flash attention forward and backward, and each memory-bound kernel class (norms, residual add,
-// copies, embedding, cross entropy, the optimizer's norm, AdamW, refresh and fill) by size.
+// microbatch sizes plans produce: every GEMM in its training layout with its epilogue, in bf16 and
+// in fp16 (Megatron's --fp16: the same calls with fp16 operands; skipped on a backend without
+// them), causal flash attention forward and backward, and each memory-bound kernel class (norms,
+// residual add, copies, embedding, cross entropy, the optimizer's norm, AdamW, refresh and fill)
+// by size.
 //
 // Kernels are timed in training's order, not alone: each grid cell is one microbatch's forward and
 // backward of a twelve-layer model (embedding, layers, head, and back), launched back to back as

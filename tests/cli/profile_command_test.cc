@@ -35,6 +35,9 @@ megaplan::exec::ProfileGrid tiny_grid() {
                                     {}},
                     ProfileSequence{{forward}, {}}, ProfileSequence{{norm}, {}},
                     ProfileSequence{{megaplan::flat_kernel(KernelKind::kAdamw, 4096)}, {}}};
+  megaplan::Kernel fp16 = forward;
+  fp16.precision = megaplan::Precision::kFp16;
+  grid.sequences.push_back({{fp16}, {}});  // the CPU backend has no fp16 GEMMs: skipped
   grid.cell_warmup_seconds = 0;  // one pass
   grid.warmup_seconds = 0;
   grid.min_repetitions = 3;
@@ -53,8 +56,8 @@ TEST_CASE("kernel timings from a backend become a profile the simulator looks up
         last_done = done;
         last_total = total;
       });
-  CHECK(last_done == 4);  // one step per sequence
-  CHECK(last_total == 4);
+  CHECK(last_done == 5);  // one step per sequence, the skipped one too
+  CHECK(last_total == 5);
   CHECK(tables.mark_seconds >= 0);
   REQUIRE(tables.attention.size() == 1);
   CHECK(tables.attention[0].at("batch_heads") == 2);
@@ -118,8 +121,16 @@ TEST_CASE("the profile grid times each cell's microbatch in training order and o
           return k.kind == KernelKind::kAttentionForward;
         }) == 12);  // GPT-2's twelve layers
   CHECK(position(KernelKind::kCrossEntropyBackward) < position(KernelKind::kAttentionBackward));
+  // The same microbatch with Megatron's fp16 GEMMs follows.
+  std::vector<megaplan::Kernel> fp16 = grid.sequences[1].kernels;
+  REQUIRE(fp16.size() == cell.size());
+  for (std::size_t i = 0; i < fp16.size(); ++i) {
+    CHECK(fp16[i].precision == (cell[i].kind == KernelKind::kGemm ? megaplan::Precision::kFp16 : megaplan::Precision::kBf16));
+    fp16[i].precision = cell[i].precision;
+  }
+  CHECK(fp16 == cell);
   // Width 2048 has heads of 128 over 2048-token sequences.
-  const std::vector<megaplan::Kernel>& wide = grid.sequences[1].kernels;
+  const std::vector<megaplan::Kernel>& wide = grid.sequences[2].kernels;
   const auto attention = std::find_if(wide.begin(), wide.end(),
                                       [](const megaplan::Kernel& k) { return k.kind == KernelKind::kAttentionForward; });
   REQUIRE(attention != wide.end());

@@ -320,6 +320,62 @@ TEST_CASE("every CUDA operation matches the CPU backend", "[gpu][kernels]") {
   }
 }
 
+// fp16 operands travel as 16-bit patterns through bf16 buffers: a float whose upper half is the
+// pattern uploads to exactly that pattern, and downloads back to it.
+float carrying(_Float16 value) {
+  uint16_t half;
+  std::memcpy(&half, &value, 2);
+  const uint32_t bits = static_cast<uint32_t>(half) << 16;
+  float carrier;
+  std::memcpy(&carrier, &bits, 4);
+  return carrier;
+}
+_Float16 carried(float carrier) {
+  uint32_t bits;
+  std::memcpy(&bits, &carrier, 4);
+  const auto half = static_cast<uint16_t>(bits >> 16);
+  _Float16 value;
+  std::memcpy(&value, &half, 2);
+  return value;
+}
+
+TEST_CASE("the CUDA backend's GEMMs read and write fp16 when asked, for the profiler", "[gpu][kernels]") {
+  const std::unique_ptr<Backend> gpu = megaplan::exec::make_cuda_backend();
+  REQUIRE(gpu->runs_fp16_gemms());
+  constexpr std::size_t m = 64, k = 96, n = 48;
+  std::mt19937 generator(11);
+  std::uniform_int_distribution<int> small(-4, 4);  // quarters: every sum below 128 is exact in fp16
+  std::vector<_Float16> x(m * k), w(n * k), bias(n);
+  for (auto* values : {&x, &w, &bias}) {
+    for (_Float16& v : *values) v = static_cast<_Float16>(static_cast<float>(small(generator)) / 4.0f);
+  }
+  const auto upload = [&](const std::vector<_Float16>& values) {
+    std::vector<float> carriers(values.size());
+    for (std::size_t i = 0; i < values.size(); ++i) carriers[i] = carrying(values[i]);
+    Activation buffer = gpu->allocate_activation(values.size());
+    gpu->upload(buffer, carriers.data(), carriers.size());
+    return buffer;
+  };
+  Activation dx = upload(x), dw = upload(w), db = upload(bias), y = gpu->allocate_activation(m * n);
+  gpu->set_gemm_precision(megaplan::Precision::kFp16);
+  gpu->linear_forward(dx, dw, db, m, k, n, LinearEpilogue::kBias, y, nullptr);
+  gpu->set_gemm_precision(megaplan::Precision::kBf16);
+  std::vector<float> out(m * n);
+  gpu->download(out.data(), y, out.size());
+  for (std::size_t row = 0; row < m; ++row) {
+    for (std::size_t col = 0; col < n; ++col) {
+      float expected = static_cast<float>(bias[col]);
+      for (std::size_t i = 0; i < k; ++i) expected += static_cast<float>(x[row * k + i]) * static_cast<float>(w[col * k + i]);
+      INFO("row " << row << " col " << col);
+      REQUIRE(static_cast<float>(carried(out[row * n + col])) == expected);
+    }
+  }
+  for (Activation buffer : {dx, dw, db, y}) gpu->release(buffer);
+  megaplan::exec::CpuBackend cpu;
+  CHECK_FALSE(cpu.runs_fp16_gemms());
+  CHECK_THROWS_AS(cpu.set_gemm_precision(megaplan::Precision::kFp16), std::logic_error);
+}
+
 TEST_CASE("GPU timing marks time the work between them, not its issue", "[gpu][timing]") {
   const std::unique_ptr<Backend> gpu = megaplan::exec::make_cuda_backend();
   constexpr std::size_t kFloats = std::size_t{1} << 28;  // 1 GiB

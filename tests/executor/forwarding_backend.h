@@ -55,6 +55,9 @@ class ForwardingBackend : public exec::Backend {
                                     ConstActivation pre, Activation d_pre) override {
     inner_->linear_backward_through_gelu(dy, w, m, k, n, pre, d_pre);
   }
+  bool runs_fp16_gemms() const override { return inner_->runs_fp16_gemms(); }
+  void set_gemm_precision(megaplan::Precision precision) override { inner_->set_gemm_precision(precision); }
+
   void embedding_forward(const int64_t* tokens, std::size_t count, std::size_t seq, ConstActivation word,
                          std::size_t vocab_start, std::size_t vocab_rows, ConstActivation position, std::size_t hidden,
                          Activation y) override {

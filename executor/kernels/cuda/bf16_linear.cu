@@ -24,6 +24,8 @@ void check(cublasStatus_t status, const char* what) {
   }
 }
 
+cudaDataType_t half_type(bool fp16) { return fp16 ? CUDA_R_16F : CUDA_R_16BF; }
+
 // One column-major GEMM D = op(A) op(B) (+ C = D when accumulating) with an epilogue.
 struct Gemm {
   cublasOperation_t transa, transb;
@@ -35,6 +37,7 @@ struct Gemm {
   cublasLtEpilogue_t epilogue;
   const void* bias; cudaDataType_t bias_type;
   void* aux; int64_t aux_ld;
+  cudaDataType_t half_type;  // the 16-bit operands' type: bf16, or fp16 for the profiler
 };
 
 // The heuristic's choice for each GEMM shape and epilogue: asking cuBLASLt costs tens of
@@ -44,7 +47,7 @@ struct GemmKey {
   int transa, transb;
   uint64_t rows, cols, inner;
   int64_t lda, ldb, ldd, aux_ld;
-  int d_type, epilogue, bias_type;
+  int d_type, epilogue, bias_type, half_type;
   bool accumulate, bias, aux;
   bool operator==(const GemmKey&) const = default;
 };
@@ -53,7 +56,7 @@ struct GemmKeyHash {
     std::size_t h = 1469598103934665603ull;
     for (uint64_t v : {uint64_t(k.transa), uint64_t(k.transb), k.rows, k.cols, k.inner, uint64_t(k.lda),
                        uint64_t(k.ldb), uint64_t(k.ldd), uint64_t(k.aux_ld), uint64_t(k.d_type), uint64_t(k.epilogue),
-                       uint64_t(k.bias_type), uint64_t(k.accumulate), uint64_t(k.bias), uint64_t(k.aux)}) {
+                       uint64_t(k.bias_type), uint64_t(k.half_type), uint64_t(k.accumulate), uint64_t(k.bias), uint64_t(k.aux)}) {
       h = (h ^ v) * 1099511628211ull;
     }
     return h;
@@ -61,7 +64,10 @@ struct GemmKeyHash {
 };
 using AlgorithmCache = std::unordered_map<GemmKey, cublasLtMatmulAlgo_t, GemmKeyHash>;
 
-void run(cublasLtHandle_t handle, void* workspace, AlgorithmCache& cache, const Gemm& g, cudaStream_t stream) {
+void run(cublasLtHandle_t handle, void* workspace, AlgorithmCache& cache, Gemm g, cudaStream_t stream) {
+  // The 16-bit output and bias take the operands' type.
+  if (g.d_type == CUDA_R_16BF) g.d_type = g.half_type;
+  if (g.bias_type == CUDA_R_16BF) g.bias_type = g.half_type;
   cublasLtMatmulDesc_t operation = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
   cublasLtMatmulPreference_t preference = nullptr;
@@ -93,10 +99,10 @@ void run(cublasLtHandle_t handle, void* workspace, AlgorithmCache& cache, const 
     }
     const bool a_transposed = g.transa == CUBLAS_OP_T;
     const bool b_transposed = g.transb == CUBLAS_OP_T;
-    check(cublasLtMatrixLayoutCreate(&a, CUDA_R_16BF, a_transposed ? g.inner : g.rows, a_transposed ? g.rows : g.inner,
+    check(cublasLtMatrixLayoutCreate(&a, g.half_type, a_transposed ? g.inner : g.rows, a_transposed ? g.rows : g.inner,
                                      g.lda),
           "layout A");
-    check(cublasLtMatrixLayoutCreate(&b, CUDA_R_16BF, b_transposed ? g.cols : g.inner, b_transposed ? g.inner : g.cols,
+    check(cublasLtMatrixLayoutCreate(&b, g.half_type, b_transposed ? g.cols : g.inner, b_transposed ? g.inner : g.cols,
                                      g.ldb),
           "layout B");
     check(cublasLtMatrixLayoutCreate(&d, g.d_type, g.rows, g.cols, g.ldd), "layout D");
@@ -193,14 +199,16 @@ void Bf16Linear::forward(const Bf16* x, const Bf16* w, const Bf16* bias, int64_t
     g.aux = pre_activation;
     g.aux_ld = n;
   }
+  g.half_type = half_type(fp16_);
   run(static_cast<cublasLtHandle_t>(handle_), workspace_, algorithms_->cache, g, stream);
 }
 
 void Bf16Linear::backward(const Bf16* dy, const Bf16* x, const Bf16* w, int64_t m, int64_t k, int64_t n, Bf16* dx,
                           float* dw, float* bias_gradient, cudaStream_t stream) {
   if (dx) {
-    run(static_cast<cublasLtHandle_t>(handle_), workspace_, algorithms_->cache, input_gradient(dy, w, m, k, n, dx),
-        stream);
+    Gemm g = input_gradient(dy, w, m, k, n, dx);
+    g.half_type = half_type(fp16_);
+    run(static_cast<cublasLtHandle_t>(handle_), workspace_, algorithms_->cache, g, stream);
   }
   if (!dw) return;
   // dW += dY^T X: column-major dW^T (k x n) += X^T (the buffer as is) dY (the buffer transposed);
@@ -225,6 +233,7 @@ void Bf16Linear::backward(const Bf16* dy, const Bf16* x, const Bf16* w, int64_t 
     g.bias = bias_gradient;
     g.bias_type = CUDA_R_32F;
   }
+  g.half_type = half_type(fp16_);
   run(static_cast<cublasLtHandle_t>(handle_), workspace_, algorithms_->cache, g, stream);
 }
 
@@ -236,6 +245,7 @@ void Bf16Linear::backward_data_through_gelu(const Bf16* dy, const Bf16* w, int64
   g.epilogue = CUBLASLT_EPILOGUE_DGELU;
   g.aux = const_cast<Bf16*>(pre_activation);  // read only: DGELU reads the auxiliary buffer
   g.aux_ld = k;
+  g.half_type = half_type(fp16_);
   run(static_cast<cublasLtHandle_t>(handle_), workspace_, algorithms_->cache, g, stream);
 }
 

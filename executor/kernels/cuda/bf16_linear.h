@@ -40,8 +40,12 @@ class Bf16Linear {
   // (the DGELU epilogue). The first layer's bias gradient then comes from its own backward.
   void backward_data_through_gelu(const Bf16* dy, const Bf16* w, int64_t m, int64_t k, int64_t n,
                                   const Bf16* pre_activation, Bf16* d_pre, cudaStream_t stream);
+  // From now on the 16-bit operands, outputs and biases are fp16, the same buffers' bits read as
+  // fp16 (true) or bf16 (false, the default): the profiler times Megatron's fp16 GEMMs so.
+  void set_fp16(bool fp16) { fp16_ = fp16; }
 
  private:
+  bool fp16_ = false;
   void* handle_ = nullptr;
   void* workspace_ = nullptr;
   std::unique_ptr<struct GemmAlgorithms> algorithms_;  // the chosen algorithm per GEMM shape
