@@ -23,6 +23,9 @@ constexpr int64_t kMaxCopies = 64;
 // kernels are the longest and draw the most power, so alone they run at the clock a step of them
 // would (the power limit).
 constexpr int64_t kMaxCellBytes = int64_t{16} << 30;
+// A cell's warm-up (ProfileSequence::warmup_seconds), as the profiles validated in
+// docs/results.md were taken.
+constexpr double kCellWarmupSeconds = 0.5;
 
 // One sequence's launches, a pass at a time over its copies. Within a copy a kernel listed again
 // (the next layer's) reuses the launch of its first listing, buffers and all: a cell of many layers
@@ -94,8 +97,7 @@ SequenceTiming time_sequence(Backend& backend, const ProfileGrid& grid, const Pr
   launches.pass();
   const double first = std::max(backend.seconds_between(before, backend.mark()), 1e-9);
   backend.release_marks();
-  const double warmup_seconds = count > 2 ? grid.cell_warmup_seconds : grid.warmup_seconds;
-  const auto warmup = std::max<int64_t>(1, static_cast<int64_t>(warmup_seconds / first));
+  const auto warmup = std::max<int64_t>(1, static_cast<int64_t>(sequence.warmup_seconds / first));
   for (int64_t i = 0; i < warmup; ++i) launches.pass();
   const int repetitions = std::clamp(static_cast<int>(std::ceil(grid.target_seconds / first)), grid.min_repetitions,
                                      grid.max_repetitions);
@@ -248,7 +250,7 @@ ProfileGrid profile_grid(bool quick) {
           const std::vector<Kernel> kernels = fp16 ? with_fp16_gemms(microbatch) : microbatch;
           if (fits) {
             for (const Kernel& kernel : kernels) (void)fresh(kernel);
-            grid.sequences.push_back({kernels, table});
+            grid.sequences.push_back({kernels, table, kCellWarmupSeconds});
           }
           for (std::size_t b = 0; b < kNumKernelBlocks; ++b) {
             std::vector<Kernel> block = list.block(static_cast<KernelBlock>(b));

@@ -40,15 +40,14 @@ namespace megaplan::exec {
 struct ProfileSequence {
   std::vector<Kernel> kernels;
   EmbeddingTable table;  // what the embedding and cross entropy kernels index
+  // Run back to back this long before timing (at least once): a cell of training's order long
+  // enough that the GPU's power limiter settles where the cell's mix holds it, whatever ran
+  // before; a kernel alone shorter.
+  double warmup_seconds = 0.1;
 };
 
 struct ProfileGrid {
   std::vector<ProfileSequence> sequences;
-  // Each sequence runs back to back this long before timing (at least once): a cell of training's
-  // order long enough that the GPU's power limiter settles where the cell's mix holds it, whatever
-  // ran before (a tenth of a second left the previous cell's clock), a kernel alone shorter.
-  double cell_warmup_seconds = 0.5;
-  double warmup_seconds = 0.1;
   // Repetitions: as many as fit in about `target_seconds`, within these bounds.
   double target_seconds = 0.03;
   int min_repetitions = 3;

@@ -38,8 +38,7 @@ megaplan::exec::ProfileGrid tiny_grid() {
   megaplan::Kernel fp16 = forward;
   fp16.precision = megaplan::Precision::kFp16;
   grid.sequences.push_back({{fp16}, {}});  // the CPU backend has no fp16 GEMMs: skipped
-  grid.cell_warmup_seconds = 0;  // one pass
-  grid.warmup_seconds = 0;
+  for (auto& sequence : grid.sequences) sequence.warmup_seconds = 0;  // one pass
   grid.min_repetitions = 3;
   grid.max_repetitions = 3;
   return grid;
@@ -113,6 +112,7 @@ TEST_CASE("the profile grid times each cell's microbatch in training order and o
   CHECK(cell.back().kind == KernelKind::kEmbeddingBackward);
   CHECK(cell.front().rows == 2048);
   CHECK(grid.sequences[0].table.seq == 1024);
+  CHECK(grid.sequences[0].warmup_seconds > grid.sequences.back().warmup_seconds);  // cells settle longer
   const auto position = [&](KernelKind kind) {
     return std::find_if(cell.begin(), cell.end(), [&](const megaplan::Kernel& k) { return k.kind == kind; }) - cell.begin();
   };
