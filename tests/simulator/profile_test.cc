@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "core/kernel_list.h"
 #include "simulator/profile.h"
+#include "tests/simulator/round_profile.h"
 
 using Catch::Matchers::Contains;
 using megaplan::sim::CollectiveOp;
@@ -25,19 +26,7 @@ using megaplan::sim::Profile;
 namespace {
 
 // Round numbers: 1 PFLOP/s, 2 TB/s, 1 us launches, efficiencies of one half and one quarter.
-nlohmann::json base_profile() {
-  return {{"schema", "megaplan-profile/1"},
-          {"gpu", "H100-SXM5-80GB"},
-          {"source", "test"},
-          {"device", {{"peak_bf16_flops_per_s", 1e15}, {"memory_bandwidth_bytes_per_s", 2e12}, {"kernel_launch_s", 1e-6}}},
-          {"roofline",
-           {{"gemm_max_efficiency", 0.5},
-            {"gemm_half_efficiency_flops", 1e9},
-            {"attention_max_efficiency", 0.25},
-            {"attention_half_efficiency_flops", 1e9},
-            {"memory_efficiency", 0.5},
-            {"link_efficiency", 0.5}}}};
-}
+nlohmann::json base_profile() { return megaplan::test::round_profile("H100-SXM5-80GB", 2e12); }
 
 std::string error_of(const nlohmann::json& json) {
   try {

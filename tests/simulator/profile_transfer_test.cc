@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "simulator/profile.h"
 #include "simulator/profile_transfer.h"
+#include "tests/simulator/round_profile.h"
 
 using megaplan::sim::CostSources;
 using megaplan::sim::Profile;
@@ -21,28 +22,16 @@ megaplan::GpuSpec gpu(const std::string& name, double peak, double bandwidth, in
 // A measured profile of "from": 1 us launch gap, one GEMM, one attention point, one kernel curve,
 // one collective.
 nlohmann::json measured() {
-  return {{"schema", "megaplan-profile/1"},
-          {"gpu", "from"},
-          {"source", "test"},
-          {"uncertainty", 0.03},
-          {"device", {{"peak_bf16_flops_per_s", 1e15}, {"memory_bandwidth_bytes_per_s", 4e12}, {"kernel_launch_s", 1e-6}}},
-          {"roofline",
-           {{"gemm_max_efficiency", 0.5},
-            {"gemm_half_efficiency_flops", 1e9},
-            {"attention_max_efficiency", 0.25},
-            {"attention_half_efficiency_flops", 1e9},
-            {"memory_efficiency", 0.5},
-            {"link_efficiency", 0.5}}},
-          {"gemm",
-           {{{"m", 1024}, {"n", 1024}, {"k", 4096}, {"dtype", "bf16"}, {"seconds", 21e-6}},
-            {{"m", 1024}, {"n", 1024}, {"k", 4096}, {"dtype", "bf16"}, {"layout", "weight_gradient"}, {"seconds", 0.5e-6}}}},
-          {"attention",
-           {{{"batch_heads", 16}, {"seq", 1024}, {"head_dim", 128}, {"causal", true}, {"forward_s", 11e-6},
-             {"backward_s", 31e-6}}}},
-          {"kernels", {{{"kernel", "add"}, {"bytes", 1 << 20}, {"seconds", 5e-6}}}},
-          {"collectives",
-           {{{"op", "all_reduce"}, {"group_size", 2}, {"link", "nvlink"}, {"bytes", 1 << 20},
-             {"bus_bandwidth_bytes_per_s", 1e11}}}}};
+  nlohmann::json json = megaplan::test::round_profile("from", 4e12);
+  json["uncertainty"] = 0.03;
+  json["gemm"] = {{{"m", 1024}, {"n", 1024}, {"k", 4096}, {"dtype", "bf16"}, {"seconds", 21e-6}},
+                  {{"m", 1024}, {"n", 1024}, {"k", 4096}, {"dtype", "bf16"}, {"layout", "weight_gradient"}, {"seconds", 0.5e-6}}};
+  json["attention"] = {{{"batch_heads", 16}, {"seq", 1024}, {"head_dim", 128}, {"causal", true}, {"forward_s", 11e-6},
+                        {"backward_s", 31e-6}}};
+  json["kernels"] = {{{"kernel", "add"}, {"bytes", 1 << 20}, {"seconds", 5e-6}}};
+  json["collectives"] = {{{"op", "all_reduce"}, {"group_size", 2}, {"link", "nvlink"}, {"bytes", 1 << 20},
+                          {"bus_bandwidth_bytes_per_s", 1e11}}};
+  return json;
 }
 
 }  // namespace
