@@ -17,5 +17,4 @@ namespace megaplan::planner {
 // naming torchtitan's setting instead.
 std::vector<std::string> megatron_arguments(const ModelSpec& model, const ParallelPlan& plan);
 
-
 }  // namespace megaplan::planner

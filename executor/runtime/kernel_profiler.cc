@@ -18,14 +18,35 @@ namespace {
 // kernels mostly do, not from the cache the previous pass filled.
 constexpr int64_t kRotatedBytes = int64_t{200} << 20;
 constexpr int64_t kMaxCopies = 64;
-// A cell whose kernels move more than this (each has buffers of its own) is timed a kernel at a
-// time instead: the largest, 16384 tokens of width 8192, would need more than an H100 holds. Its
+// A cell whose distinct kernels move more than this (each has buffers of its own) is timed a
+// kernel at a time instead: the largest, 16384 tokens of width 8192, would need more than an H100
+// holds. Its
 // kernels are the longest and draw the most power, so alone they run at the clock a step of them
 // would (the power limit).
 constexpr int64_t kMaxCellBytes = int64_t{16} << 30;
 // A cell's warm-up (ProfileSequence::warmup_seconds), as the profiles validated in
 // docs/results.md were taken.
 constexpr double kCellWarmupSeconds = 0.5;
+
+// Where each kernel of a sequence is listed first: a kernel listed again (the next layer's) shares
+// that listing's launch and buffers (SequenceLaunches).
+std::vector<std::size_t> first_listings(const std::vector<Kernel>& kernels) {
+  std::vector<std::size_t> first(kernels.size());
+  for (std::size_t i = 0; i < kernels.size(); ++i) {
+    first[i] = static_cast<std::size_t>(std::find(kernels.begin(), kernels.end(), kernels[i]) - kernels.begin());
+  }
+  return first;
+}
+
+// What a sequence's buffers hold: each distinct kernel's once.
+int64_t distinct_kernel_bytes(const std::vector<Kernel>& kernels, int64_t activation_bytes) {
+  const std::vector<std::size_t> first = first_listings(kernels);
+  int64_t bytes = 0;
+  for (std::size_t i = 0; i < kernels.size(); ++i) {
+    if (first[i] == i) bytes += kernel_bytes(kernels[i], activation_bytes);
+  }
+  return bytes;
+}
 
 // One sequence's launches, a pass at a time over its copies. Within a copy a kernel listed again
 // (the next layer's) reuses the launch of its first listing, buffers and all: a cell of many layers
@@ -34,16 +55,11 @@ constexpr double kCellWarmupSeconds = 0.5;
 class SequenceLaunches {
  public:
   SequenceLaunches(Backend& backend, const ProfileSequence& sequence, int64_t activation_bytes) {
-    std::vector<std::size_t> first_listing(sequence.kernels.size());
-    int64_t bytes = 0;
-    bool one_list = false;
-    for (std::size_t i = 0; i < sequence.kernels.size(); ++i) {
-      const Kernel& kernel = sequence.kernels[i];
-      first_listing[i] = static_cast<std::size_t>(
-          std::find(sequence.kernels.begin(), sequence.kernels.end(), kernel) - sequence.kernels.begin());
-      if (first_listing[i] == i) bytes += kernel_bytes(kernel, activation_bytes);
-      one_list = one_list || kernel.kind == KernelKind::kAdamw || kernel.kind == KernelKind::kGradientNorm;
-    }
+    const std::vector<std::size_t> first_listing = first_listings(sequence.kernels);
+    const int64_t bytes = distinct_kernel_bytes(sequence.kernels, activation_bytes);
+    const bool one_list = std::any_of(sequence.kernels.begin(), sequence.kernels.end(), [](const Kernel& kernel) {
+      return kernel.kind == KernelKind::kAdamw || kernel.kind == KernelKind::kGradientNorm;
+    });
     const int64_t copies =
         one_list ? 1 : std::clamp<int64_t>((kRotatedBytes + bytes - 1) / std::max<int64_t>(bytes, 1), 1, kMaxCopies);
     copies_.resize(static_cast<std::size_t>(copies));
@@ -151,6 +167,7 @@ using MemoryKey = std::pair<std::string, int64_t>;
 using AttentionKey = std::tuple<int64_t, int64_t, int64_t>;  // batch x heads, seq, head dim
 
 GemmKey gemm_key(const Kernel& k) { return {k.m, k.n, k.k, k.layout, k.epilogue, k.precision}; }
+AttentionKey attention_key(const Kernel& k) { return {k.batch * k.heads, k.seq, k.head_dim}; }
 
 // The same kernels with fp16 GEMMs: Megatron's --fp16 step as far as the executor's kernels go.
 std::vector<Kernel> with_fp16_gemms(std::vector<Kernel> kernels) {
@@ -165,7 +182,6 @@ bool has_fp16_gemm(const ProfileSequence& sequence) {
     return kernel.kind == KernelKind::kGemm && kernel.precision == Precision::kFp16;
   });
 }
-AttentionKey attention_key(const Kernel& k) { return {k.batch * k.heads, k.seq, k.head_dim}; }
 
 // Entries in the order kernels were first met.
 template <typename Key>
@@ -196,18 +212,6 @@ ModelSpec gpt_of_width(int64_t hidden, int64_t tokens) {
   model.seq_length = std::min<int64_t>(tokens, hidden < 2048 ? 1024 : 2048);
   model.vocab_size = 50257;
   return model;
-}
-
-// What a sequence's buffers hold: each distinct kernel's once (SequenceLaunches).
-int64_t distinct_kernel_bytes(const std::vector<Kernel>& kernels) {
-  int64_t bytes = 0;
-  for (std::size_t i = 0; i < kernels.size(); ++i) {
-    if (std::find(kernels.begin(), kernels.begin() + static_cast<std::ptrdiff_t>(i), kernels[i]) ==
-        kernels.begin() + static_cast<std::ptrdiff_t>(i)) {
-      bytes += kernel_bytes(kernels[i], 2);
-    }
-  }
-  return bytes;
 }
 
 }  // namespace
@@ -245,7 +249,7 @@ ProfileGrid profile_grid(bool quick) {
         std::vector<Kernel> microbatch = list.stage_kernels(0, SchedulePart::kForward);
         const std::vector<Kernel> backward = list.stage_kernels(0, SchedulePart::kBackward);
         microbatch.insert(microbatch.end(), backward.begin(), backward.end());
-        const bool fits = distinct_kernel_bytes(microbatch) <= kMaxCellBytes;
+        const bool fits = distinct_kernel_bytes(microbatch, 2) <= kMaxCellBytes;
         for (const bool fp16 : {false, true}) {
           const std::vector<Kernel> kernels = fp16 ? with_fp16_gemms(microbatch) : microbatch;
           if (fits) {
