@@ -3,8 +3,10 @@
 
 #include <chrono>
 #include <ctime>
+#include <map>
 #include <memory>
 #include <stdexcept>
+#include <utility>
 
 #include <CLI/CLI.hpp>
 
@@ -35,6 +37,15 @@ std::string utc_date() {
   return text;
 }
 
+// A profile this command wrote must load as the simulator loads it; a refusal is a bug here.
+void check_written(const nlohmann::json& profile, const std::string& what) {
+  try {
+    (void)sim::Profile::from_json(profile, "megaplan profile");
+  } catch (const SpecError& error) {
+    throw std::logic_error(what + " the simulator refuses: " + error.what());
+  }
+}
+
 }  // namespace
 
 nlohmann::json measured_profile_json(const GpuSpec& gpu, const exec::MeasuredTables& tables, const std::string& source,
@@ -62,11 +73,44 @@ nlohmann::json measured_profile_json(const GpuSpec& gpu, const exec::MeasuredTab
       {"gemm", tables.gemm},
       {"attention", tables.attention},
       {"kernels", tables.kernels}};
-  try {
-    (void)sim::Profile::from_json(profile, "megaplan profile");
-  } catch (const SpecError& error) {
-    throw std::logic_error(std::string("megaplan profile wrote a profile the simulator refuses: ") + error.what());
+  check_written(profile, "megaplan profile wrote a profile");
+  return profile;
+}
+
+nlohmann::json with_measured_links(nlohmann::json profile, const exec::CommTimings& timings, const std::string& device) {
+  const std::string link = sim::to_string(sim::LinkKind::kNvlink);
+  std::map<std::pair<exec::CommOp, int64_t>, sim::NcclTestsRun> runs;
+  const auto run_of = [&](exec::CommOp op, int64_t group_size) -> sim::NcclTestsRun& {
+    sim::NcclTestsRun& run = runs[{op, group_size}];
+    run.file = "megaplan profile";
+    run.device = device;
+    run.op = op == exec::CommOp::kSendRecv ? "sendrecv" : exec::comm_op_name(op);
+    run.group_size = group_size;
+    run.link = link;
+    return run;
+  };
+  for (const exec::CommTiming& timing : timings.collectives) {
+    const sim::CollectiveOp op = timing.op == exec::CommOp::kAllReduce   ? sim::CollectiveOp::kAllReduce
+                                 : timing.op == exec::CommOp::kAllGather ? sim::CollectiveOp::kAllGather
+                                                                         : sim::CollectiveOp::kReduceScatter;
+    const double bus_bandwidth =
+        static_cast<double>(timing.bytes) * sim::bus_bandwidth_factor(op, timing.group_size) / timing.seconds;
+    run_of(timing.op, timing.group_size).bus_bandwidth.emplace_back(timing.bytes, bus_bandwidth);
   }
+  for (const exec::CommTiming& timing : timings.p2p) {
+    run_of(timing.op, timing.group_size).seconds.emplace_back(timing.bytes, timing.seconds);
+  }
+  std::vector<sim::NcclTestsRun> tables;
+  for (auto& [key, run] : runs) tables.push_back(std::move(run));
+  profile = sim::with_link_tables(std::move(profile), tables);
+  nlohmann::json overlap = nlohmann::json::array();
+  for (const exec::OverlapTiming& timing : timings.overlap) {
+    overlap.push_back({{"op", exec::comm_op_name(timing.op)},
+                       {"group_size", timing.group_size},
+                       {"link", link},
+                       {"compute_slowdown", std::max(0.0, timing.compute_beside_s / timing.compute_alone_s - 1)}});
+  }
+  if (!overlap.empty()) profile["overlap"] = std::move(overlap);
   return profile;
 }
 
@@ -113,11 +157,7 @@ int import_nccl_tests(const ProfileOptions& options, std::ostream& out) {
   std::string files;
   for (const std::string& file : options.nccl_tests) files += " " + file;
   profile["provenance"]["nccl_tests"] = "megaplan profile --import-nccl-tests" + files + ", " + utc_date();
-  try {
-    (void)sim::Profile::from_json(profile, "megaplan profile --import-nccl-tests");
-  } catch (const SpecError& error) {
-    throw std::logic_error(std::string("profile --import-nccl-tests made a profile the simulator refuses: ") + error.what());
-  }
+  check_written(profile, "profile --import-nccl-tests made a profile");
   write_profile(options, profile, out);
   return 0;
 }
@@ -172,14 +212,28 @@ int run_profile(const ProfileOptions& options, std::ostream& out) {
                                ", which no preset GPU describes (H100 SXM5 80GB, H200 SXM, A100 SXM4 80GB): its "
                                "datasheet rates are needed beside the measured tables");
   }
-  const std::unique_ptr<exec::Backend> backend = exec::make_cuda_backend();
   const std::string command = std::string("megaplan profile") + (options.quick ? " --quick" : "");
   const std::string date = utc_date();
   exec::MeasuredTables tables;
   {
+    const std::unique_ptr<exec::Backend> backend = exec::make_cuda_backend();
     ProgressBar bar(options.quick ? "profiling (quick)" : "profiling");
     tables = exec::measure_kernels(*backend, exec::profile_grid(options.quick),
                                    [&bar](int64_t done, int64_t total) { bar.update(done, total); });
+  }
+  // Links: NCCL over every visible GPU (all of one type, one host: NVLink on the SXM boards).
+  const auto gpus = static_cast<int64_t>(inventory.devices.size());
+  std::optional<exec::CommTimings> links;
+  if (gpus >= 2) {
+    for (const GpuDevice& other : inventory.devices) {
+      if (other.name != device.name) {
+        throw SpecError("gpu", "the visible GPUs are of several types (" + device.name + ", " + other.name +
+                                   "); set CUDA_VISIBLE_DEVICES to GPUs of one type");
+      }
+    }
+    ProgressBar bar("collectives over " + std::to_string(gpus) + " GPUs");
+    links = exec::measure_collectives_on_gpus(gpus, exec::collective_grid(options.quick, gpus),
+                                              [&bar](int64_t done, int64_t total) { bar.update(done, total); });
   }
   const nlohmann::json provenance = {{"device", device.name},
                                      {"compute_capability", device.sm_architecture()},
@@ -193,18 +247,24 @@ int run_profile(const ProfileOptions& options, std::ostream& out) {
                                      {"cublaslt", inventory.cublaslt.text()},
                                      {"nccl", inventory.nccl.text()},
                                      {"timing_mark_s", tables.mark_seconds},
+                                     {"gpus", gpus},
                                      {"megaplan", kVersion},
                                      {"date", date},
                                      {"command", command}};
   const std::string source = "measured: " + command + " on " + device.name + ", " + date;
-  write_profile(options, measured_profile_json(*gpu, tables, source, provenance), out);
+  nlohmann::json profile = measured_profile_json(*gpu, tables, source, provenance);
+  if (links) {
+    profile = with_measured_links(std::move(profile), *links, device.name);
+    check_written(profile, "megaplan profile measured link tables");
+  }
+  write_profile(options, profile, out);
   return 0;
 }
 
 void setup_profile_command(CLI::App& app, CommandContext& context) {
   auto options = std::make_shared<ProfileOptions>();
   CLI::App* command = app.add_subcommand(
-      "profile", "Time the executor's GEMMs, attention and memory-bound kernels on GPU 0 into a measured profile");
+      "profile", "Time the executor's GEMMs, attention and memory-bound kernels on GPU 0 (and NCCL's collectives where two GPUs or more are visible) into a measured profile");
   command->add_option("--out", options->out, "Write the profile here (atomically); default: stdout");
   command->add_flag("--quick", options->quick, "A smaller grid: under a minute on an H100 (full: under five)");
   command->add_option("--import-nccl-tests", options->nccl_tests,

@@ -5,7 +5,9 @@
 // tables, and the provenance (device, SMs, memory clock, driver, CUDA, cuBLAS, NCCL, megaplan,
 // date, command). Without a usable GPU it says so and exits 2. With --import-nccl-tests FILE... it
 // times nothing: the files' collectives and send/receive times join their GPU's profile
-// (simulator/nccl_tests.h), which needs no GPU here. With --transfer-to GPU it times nothing either:
+// (simulator/nccl_tests.h), which needs no GPU here. Where two GPUs or more are visible it also
+// times NCCL's collectives and send/receive over them, and compute beside each
+// (executor/runtime/collective_profiler.h). With --transfer-to GPU it times nothing either:
 // a measured profile (--profile FILE, else the built-in one simulate would transfer) becomes a
 // transferred profile of that GPU (simulator/profile_transfer.h).
 #pragma once
@@ -18,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/cluster_spec.h"
+#include "executor/runtime/collective_profiler.h"
 #include "executor/runtime/kernel_profiler.h"
 
 namespace megaplan::cli {
@@ -38,5 +41,11 @@ int run_profile(const ProfileOptions& options, std::ostream& out);
 // and `provenance`. Checked by loading it as the simulator would (a failure is a bug here).
 nlohmann::json measured_profile_json(const GpuSpec& gpu, const exec::MeasuredTables& tables, const std::string& source,
                                      const nlohmann::json& provenance);
+
+// `profile` with the link tables measured on one host's GPUs (link "nvlink"): collectives as
+// nccl-tests' bus bandwidth, send/receive pairs in seconds (replacing the entries of the same op,
+// group size and link, as --import-nccl-tests does) and the `overlap` table, each op's compute
+// slowdown (beside / alone - 1, at least 0).
+nlohmann::json with_measured_links(nlohmann::json profile, const exec::CommTimings& timings, const std::string& device);
 
 }  // namespace megaplan::cli

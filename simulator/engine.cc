@@ -371,15 +371,33 @@ class Engine {
     const double filling = last_end - last_start;
     double at = state.free[stream];
     double first_start = kUnknown;
+    // How long buckets run beside the compute stream's work issued so far (until its free time).
+    const double compute_free = state.free[static_cast<std::size_t>(TimelineStream::kCompute)];
+    double beside = 0;
     for (std::size_t k = 0; k < buckets.size(); ++k) {
       const double filled = last_start + filling * static_cast<double>(k + 1) / static_cast<double>(buckets.size());
       at = std::max(at, filled);
       if (first_start == kUnknown) first_start = at;
+      beside += std::max(0.0, std::min(at + buckets[k], compute_free) - at);
       at += buckets[k];
     }
     if (buckets.empty()) at = first_start = std::max(at, last_end);
+    slow_compute_beside(state, beside, costs_.stages[static_cast<std::size_t>(action.stage)].gradient_reduction_slowdown);
     complete(rank, stream, first_start, at);
     return true;
+  }
+
+  // Communication running `beside` seconds next to the compute stream's work issued so far
+  // lengthens that work by what the overlap costs it (exposed_beside's share).
+  void slow_compute_beside(RankState& state, double beside, double slowdown) {
+    if (slowdown <= 0 || beside <= 0) return;
+    double& compute_free = state.free[static_cast<std::size_t>(TimelineStream::kCompute)];
+    const double extra = exposed_beside(beside, beside, slowdown);
+    compute_free += extra;
+    state.result.compute_s += extra;
+    state.compute_busy_in_pipeline += extra;
+    state.end = std::max(state.end, compute_free);
+    result_.pipeline_end_s = std::max(result_.pipeline_end_s, compute_free);
   }
 
   [[gnu::noinline]] void finish() {  // once per run: kept out of the flattened loop
@@ -433,6 +451,10 @@ class Engine {
 };
 
 }  // namespace
+
+double exposed_beside(double collective_seconds, double compute_seconds, double slowdown) {
+  return std::max(collective_seconds - compute_seconds, collective_seconds * slowdown / (1 + slowdown));
+}
 
 SimulationResult simulate_schedule(const PipelineSchedule& schedule, const ActionCosts& costs, bool record_timeline) {
   return Engine(schedule, costs, record_timeline).run();

@@ -10,6 +10,9 @@
 // - REDUCE_GRAD(s) reduces stage s's gradients bucket by bucket; bucket k of n may start once the
 //   stage's last weight gradient is k+1/n done (Megatron fills buckets during that backward). Without
 //   overlap (Megatron's default, local DDP) every bucket waits for all of its rank's gradients.
+//   While buckets reduce beside the rank's compute, the compute slows by the stage's
+//   gradient_reduction_slowdown: the compute stream frees that much later (the completion of the
+//   action it was running, already on the heap, does not move).
 // - OPTIM waits for everything before it on its rank (all streams), then steps.
 // The engine keeps no global state: simulations may run concurrently on several threads.
 #pragma once
@@ -33,6 +36,8 @@ struct StageCosts {
   double send_forward = 0;          // transfer of the activation to stage s + 1
   double send_backward = 0;         // transfer of the input gradient to stage s - 1
   std::vector<double> gradient_buckets;  // REDUCE_GRAD(s): each bucket's reduction, in order
+  // How much longer the rank's compute takes while those buckets reduce beside it (a fraction).
+  double gradient_reduction_slowdown = 0;
 };
 
 struct ActionCosts {
@@ -60,6 +65,12 @@ struct SimulationResult {
   int64_t events = 0;  // completions taken off the event heap (every action but the sends)
   Timeline timeline;   // filled when asked for
 };
+
+// What a collective of `collective_seconds` running beside compute of `compute_seconds` adds to
+// the compute alone, when the compute runs `slowdown` (a fraction) longer while they overlap:
+// max(collective - compute, collective x slowdown / (1 + slowdown)) — the collective outlasts the
+// slowed compute, or the compute does work at the slower rate for as long as the collective runs.
+double exposed_beside(double collective_seconds, double compute_seconds, double slowdown);
 
 // REQUIRES: schedule.lowered and validate_schedule(schedule) passed; costs.stages has
 // shape.num_stages entries and costs.optimizer one per pipeline rank.

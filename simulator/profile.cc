@@ -33,12 +33,6 @@ double attention_forward_flops(int64_t batch_heads, int64_t seq, int64_t head_di
   return causal ? flops / 2 : flops;
 }
 
-// NCCL's bus-bandwidth factors (nccl-tests, doc/PERFORMANCE.md): a ring all-reduce sends each
-// byte 2(n-1)/n times, all-gather and reduce-scatter (n-1)/n, all-to-all (n-1)/n.
-double ring_factor(CollectiveOp op, int64_t n) {
-  const double steps = static_cast<double>(n - 1) / static_cast<double>(n);
-  return op == CollectiveOp::kAllReduce ? 2 * steps : steps;
-}
 int64_t ring_steps(CollectiveOp op, int64_t n) { return op == CollectiveOp::kAllReduce ? 2 * (n - 1) : n - 1; }
 
 // --- JSON reading -------------------------------------------------------------------------
@@ -108,6 +102,8 @@ constexpr std::array<std::pair<const char*, CollectiveOp>, 4> kOps = {{{"all_red
                                                                        {"all_gather", CollectiveOp::kAllGather},
                                                                        {"reduce_scatter", CollectiveOp::kReduceScatter},
                                                                        {"all_to_all", CollectiveOp::kAllToAll}}};
+// The overlap table's ops: the collectives in CollectiveOp's order, then a send/receive pair.
+constexpr std::array<const char*, 5> kOverlapOps = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"};
 constexpr std::array<std::pair<const char*, GemmLayout>, 3> kLayouts = {{{"forward", GemmLayout::kForward},
                                                                          {"input_gradient", GemmLayout::kInputGradient},
                                                                          {"weight_gradient", GemmLayout::kWeightGradient}}};
@@ -221,7 +217,7 @@ Profile Profile::from_json(const nlohmann::json& json, const std::string& source
       throw SpecError(transferred_reader.field("gpu"), "must name the measured GPU, got \"\"");
     }
   }
-  for (const char* key : {"gemm", "attention", "elementwise", "kernels", "collectives", "p2p", "provenance"}) {
+  for (const char* key : {"gemm", "attention", "elementwise", "kernels", "collectives", "p2p", "overlap", "provenance"}) {
     reader.ignore(key);
   }
   reader.reject_unknown_keys();
@@ -318,6 +314,24 @@ Profile Profile::from_json(const nlohmann::json& json, const std::string& source
     entry.reject_unknown_keys();
     reject_duplicate(p2p_seen, std::tuple{link, bytes}, source, "p2p", i, "link and bytes");
     profile.p2p_[static_cast<std::size_t>(link)].points.emplace_back(log_of(bytes), std::log(seconds));
+  }
+
+  const nlohmann::json& overlap = array_field(json, "overlap", source);
+  std::map<std::tuple<int, LinkKind, int64_t>, std::size_t> overlap_seen;
+  for (std::size_t i = 0; i < overlap.size(); ++i) {
+    JsonFieldReader entry(overlap[i], entry_source(source, "overlap", i));
+    const int op = static_cast<int>(parse_listed(entry, "op", kOverlapOps));
+    const int64_t group_size = positive_integer(entry, "group_size");
+    const LinkKind link = parse_name(entry, "link", kLinks);
+    double slowdown = 0;
+    entry.require("compute_slowdown", slowdown);
+    entry.reject_unknown_keys();
+    if (group_size < 2) throw SpecError(entry.field("group_size"), "must be at least 2, got " + std::to_string(group_size));
+    if (!(slowdown >= 0) || !std::isfinite(slowdown)) {
+      throw SpecError(entry.field("compute_slowdown"), "must be a number >= 0, got " + nlohmann::json(slowdown).dump());
+    }
+    reject_duplicate(overlap_seen, std::tuple{op, link, group_size}, source, "overlap", i, "op, group_size and link");
+    profile.compute_slowdown_[{op, link, group_size}] = slowdown;
   }
 
   // Curves are searched by bytes; sorted once here so lookups only bisect.
@@ -508,7 +522,7 @@ double Profile::kernel_seconds(const Kernel& kernel, CostSources& sources) const
 double Profile::collective_seconds(CollectiveOp op, int64_t group_size, int64_t bytes, LinkKind link,
                                    const LinkParams& fallback_link, CostSources& sources) const {
   if (group_size <= 1 || bytes <= 0) return 0;
-  const double factor = ring_factor(op, group_size);
+  const double factor = bus_bandwidth_factor(op, group_size);
   const auto found = collectives_.find({op, group_size, link});
   if (found != collectives_.end()) {
     ++sources.table;
@@ -544,9 +558,37 @@ double Profile::p2p_seconds(int64_t bytes, LinkKind link, const LinkParams& fall
          static_cast<double>(bytes) / (fallback_link.bandwidth_bytes_per_s * curve_.link_efficiency);
 }
 
+double Profile::slowdown_lookup(int op, int64_t group_size, LinkKind link) const {
+  double best = 0;
+  double nearest = -1;
+  for (auto it = compute_slowdown_.lower_bound({op, link, 0}); it != compute_slowdown_.end(); ++it) {
+    const auto& [entry_op, entry_link, entry_group] = it->first;
+    if (entry_op != op || entry_link != link) break;
+    const double distance = std::abs(std::log2(static_cast<double>(entry_group) / static_cast<double>(group_size)));
+    if (nearest < 0 || distance <= nearest) {  // ascending group sizes: a tie keeps the larger
+      nearest = distance;
+      best = it->second;
+    }
+  }
+  return best;
+}
+
+double Profile::compute_slowdown(CollectiveOp op, int64_t group_size, LinkKind link) const {
+  return group_size <= 1 ? 0 : slowdown_lookup(static_cast<int>(op), group_size, link);
+}
+
+double Profile::p2p_compute_slowdown(LinkKind link) const { return slowdown_lookup(kSendRecvSlot, 2, link); }
+
+// A ring all-reduce sends each byte 2(n-1)/n times, all-gather, reduce-scatter and all-to-all (n-1)/n.
+double bus_bandwidth_factor(CollectiveOp op, int64_t n) {
+  const double steps = static_cast<double>(n - 1) / static_cast<double>(n);
+  return op == CollectiveOp::kAllReduce ? 2 * steps : steps;
+}
+
 ProfileKind Profile::kind() const {
   const bool measured = !gemm_.empty() || !memory_kernels_.empty() || !elementwise_.points.empty() ||
                         !collectives_.empty() || !p2p_[0].points.empty() || !p2p_[1].points.empty() ||
+                        !compute_slowdown_.empty() ||
                         !attention_forward_[0].empty() || !attention_forward_[1].empty();
   if (!measured) return ProfileKind::kDatasheet;
   return transferred_from_.empty() ? ProfileKind::kMeasured : ProfileKind::kTransferred;

@@ -102,6 +102,7 @@ nlohmann::json transfer_profile(const nlohmann::json& measured, const std::strin
   }
   profile.erase("collectives");
   profile.erase("p2p");
+  profile.erase("overlap");
   profile["transferred_from"] = {{"gpu", from.name},
                                  {"origin", origin},
                                  {"compute_scale", scaling.compute},

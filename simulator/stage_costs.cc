@@ -66,6 +66,10 @@ class CollectiveCoster {
     if (group_size_ <= 1) return 0;
     return profile_.collective_seconds(op, group_size_, bytes, kind_of(route_), params_of(route_), sources_);
   }
+  // How much longer compute takes while `op` runs beside it on this group (Profile::compute_slowdown).
+  double slowdown(CollectiveOp op) const {
+    return group_size_ <= 1 ? 0 : profile_.compute_slowdown(op, group_size_, kind_of(route_));
+  }
 
  private:
   const Profile& profile_;
@@ -172,7 +176,7 @@ LayerCollectives layer_collectives(const ModelSpec& model, const ParallelPlan& p
   const int64_t tokens = tokens_per_microbatch(model, plan);
   // Tensor parallelism: two all-reduces of the layer's output per pass, or with sequence
   // parallelism two all-gathers and two reduce-scatters of the same tensor; with --tp-comm-overlap
-  // only what each one's GEMM does not cover.
+  // what each one's GEMM does not cover, and what the GEMM loses to it (exposed_beside).
   const CollectiveCoster tensor(profile, routes.tensor, t, sources);
   const int64_t activation_bytes = kBf16 * tokens * model.hidden_size;
   LayerCollectives collectives;
@@ -182,19 +186,24 @@ LayerCollectives layer_collectives(const ModelSpec& model, const ParallelPlan& p
     const double gather = tensor(CollectiveOp::kAllGather, activation_bytes);
     const double scatter = tensor(CollectiveOp::kReduceScatter, activation_bytes);
     const std::array<double, 4> sequence = {gather, scatter, gather, scatter};
+    const double gather_slowdown = tensor.slowdown(CollectiveOp::kAllGather);
+    const double scatter_slowdown = tensor.slowdown(CollectiveOp::kReduceScatter);
+    const std::array<double, 4> slowdown = {gather_slowdown, scatter_slowdown, gather_slowdown, scatter_slowdown};
     for (std::size_t i = 0; i < sequence.size(); ++i) {
-      collectives.forward += overlap ? std::max(0.0, sequence[i] - overlap->forward[i]) : sequence[i];
-      collectives.backward += overlap ? std::max(0.0, sequence[i] - overlap->backward[i]) : sequence[i];
+      collectives.forward += overlap ? exposed_beside(sequence[i], overlap->forward[i], slowdown[i]) : sequence[i];
+      collectives.backward += overlap ? exposed_beside(sequence[i], overlap->backward[i], slowdown[i]) : sequence[i];
     }
   }
   // Context parallelism: K and V go round the cp ring (twice as much with their gradients in the
-  // backward), overlapping the attention blocks; only what attention does not cover is exposed.
+  // backward), overlapping the attention blocks; exposed is what attention does not cover and what
+  // attention loses to it.
   if (cp > 1) {
     const CollectiveCoster context(profile, routes.context, cp, sources);
     const int64_t kv_bytes = kBf16 * 2 * tokens * model.kv_projection_size() / t;
     const double ring = context(CollectiveOp::kAllGather, kv_bytes * cp);
-    collectives.forward += std::max(0.0, ring - attention_forward);
-    collectives.backward += std::max(0.0, 2 * ring - attention_backward);
+    const double slowdown = context.slowdown(CollectiveOp::kAllGather);
+    collectives.forward += exposed_beside(ring, attention_forward, slowdown);
+    collectives.backward += exposed_beside(2 * ring, attention_backward, slowdown);
   }
   return collectives;
 }
@@ -290,12 +299,14 @@ double optimizer_step_seconds(const ParallelPlan& plan, int64_t parameters_per_g
   const int64_t replicas = plan.data_parallel_size * plan.context_parallel_size;
   if (!plan.use_distributed_optimizer || replicas <= 1) return seconds;
   // The updated bf16 parameters gathered over dp x cp; --overlap-param-gather issues the gathers
-  // bucket by bucket and waits for each in the next forward, so only the first bucket's is exposed.
+  // bucket by bucket and waits for each in the next forward, so only the first bucket's is exposed,
+  // and the forward it runs beside loses what the others take from it (exposed_beside, all covered).
   const CollectiveCoster data(profile, data_route, replicas, sources);
-  const int64_t gathered = overlaps_parameter_gather(plan)
-                               ? std::min(parameters_per_gpu, gradient_bucket_parameters(plan))
-                               : parameters_per_gpu;
-  return seconds + data(CollectiveOp::kAllGather, kBf16 * gathered);
+  const double all = data(CollectiveOp::kAllGather, kBf16 * parameters_per_gpu);
+  if (!overlaps_parameter_gather(plan)) return seconds + all;
+  const double first = data(CollectiveOp::kAllGather, kBf16 * std::min(parameters_per_gpu, gradient_bucket_parameters(plan)));
+  const double covered = all - first;
+  return seconds + first + exposed_beside(covered, covered, data.slowdown(CollectiveOp::kAllGather));
 }
 
 ActionCosts plan_action_costs(const ModelSpec& model, const ParallelPlan& plan, const Profile& profile,
@@ -402,6 +413,7 @@ ActionCosts plan_action_costs(const ModelSpec& model, const ParallelPlan& plan, 
     std::vector<double>& buckets = costs.stages[static_cast<std::size_t>(stage)].gradient_buckets;
     if (replicas <= 1) continue;
     const CollectiveCoster data(profile, routes_of_stage(stage).data, replicas, sources);
+    costs.stages[static_cast<std::size_t>(stage)].gradient_reduction_slowdown = data.slowdown(reduction);
     for (int64_t done = 0; done < parameters; done += bucket) {
       buckets.push_back(data(reduction, gradient_bytes * std::min(bucket, parameters - done)));
     }

@@ -9,6 +9,8 @@
 #include <string>
 #include <tuple>
 
+#include "executor/runtime/median.h"
+
 namespace megaplan::exec {
 
 namespace {
@@ -93,11 +95,6 @@ class SequenceLaunches {
   std::vector<std::vector<KernelLaunch*>> copies_;
   std::size_t next_ = 0;
 };
-
-double median_of(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  return values[values.size() / 2];
-}
 
 // Seconds per kernel of a sequence: one vector of samples (one per repetition) per kernel, in order.
 struct SequenceTiming {
@@ -288,6 +285,17 @@ ProfileGrid profile_grid(bool quick) {
     }
   }
   return grid;
+}
+
+std::vector<Kernel> layer_kernels(int64_t hidden, int64_t tokens) {
+  const ModelSpec model = gpt_of_width(hidden, tokens);
+  ParallelPlan plan;
+  plan.micro_batch_size = tokens / model.seq_length;
+  const PlanKernels list(model, plan);
+  std::vector<Kernel> kernels = list.block(KernelBlock::kLayerForward);
+  const std::vector<Kernel>& backward = list.block(KernelBlock::kLayerBackward);
+  kernels.insert(kernels.end(), backward.begin(), backward.end());
+  return kernels;
 }
 
 MeasuredTables measure_kernels(Backend& backend, const ProfileGrid& grid,

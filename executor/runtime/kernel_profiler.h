@@ -60,6 +60,11 @@ struct ProfileGrid {
 // tokens, the optimizer at 1 Mi to 1 Gi parameters; under five minutes.
 ProfileGrid profile_grid(bool quick);
 
+// One transformer layer's forward and backward, in training's order, of the GPT of width `hidden`
+// the grid profiles over `tokens` tokens (a whole number of its sequences): the compute the
+// collective profiler runs beside a collective.
+std::vector<Kernel> layer_kernels(int64_t hidden, int64_t tokens);
+
 struct MeasuredTables {
   nlohmann::json gemm = nlohmann::json::array();
   nlohmann::json attention = nlohmann::json::array();

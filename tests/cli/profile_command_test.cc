@@ -1,16 +1,25 @@
 // `megaplan profile`'s parts that run without a GPU: the kernel timings taken through the CPU
 // backend on a tiny grid become a profile the simulator loads, whose lookups return the measured
-// times at the measured points; and a bad spread is refused with the field named.
+// times at the measured points; and a bad spread is refused with the field named. Collectives timed
+// over ranks as threads become link tables the same way.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <chrono>
+#include <mutex>
 #include <set>
 #include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
 
 #include "cli/profile_command.h"
 #include "core/cluster_spec.h"
 #include "core/error.h"
 #include "core/kernel_list.h"
+#include "executor/comm/in_process_comm.h"
+#include "executor/comm/rank_threads.h"
+#include "executor/runtime/collective_profiler.h"
 #include "executor/runtime/cpu_backend.h"
 #include "executor/runtime/kernel_profiler.h"
 #include "simulator/profile.h"
@@ -149,4 +158,143 @@ TEST_CASE("the profile grid times each cell's microbatch in training order and o
     CHECK(in_cells.count(megaplan::describe(sequence.kernels[0])) == 0);
   }
   CHECK(alone > 0);
+}
+
+namespace {
+
+// Four ranks as threads over the in-process communicator, on the CPU backend: group sizes 2 and 4,
+// two sizes, a small GEMM beside.
+megaplan::exec::CollectiveGrid tiny_collective_grid() {
+  megaplan::exec::CollectiveGrid grid;
+  grid.group_sizes = {2, 4};
+  grid.bytes = {4096, 65536};
+  grid.compute = {megaplan::gemm_kernel(GemmLayout::kForward, GemmEpilogue::kNone, 32, 32, 32)};
+  grid.overlap_bytes = 4096;
+  grid.min_repetitions = 3;
+  grid.max_repetitions = 3;
+  return grid;
+}
+
+std::vector<megaplan::exec::CommTimings> measure_on_threads(const megaplan::exec::CollectiveGrid& grid,
+                                                            std::vector<std::pair<int64_t, int64_t>>& progress) {
+  constexpr int64_t kRanks = 4;
+  megaplan::exec::InProcessWorld world(kRanks, std::chrono::seconds(60));
+  std::vector<megaplan::exec::CommTimings> timings(kRanks);
+  std::mutex progress_mutex;
+  megaplan::exec::run_rank_threads(world, kRanks, [&](int64_t rank) {
+    megaplan::exec::CpuBackend backend;
+    const megaplan::exec::GroupMaker make_group = [&](const std::vector<int64_t>& ranks, const std::string& label) {
+      const bool member = std::find(ranks.begin(), ranks.end(), rank) != ranks.end();
+      return member ? world.group(rank, ranks, label) : nullptr;
+    };
+    timings[static_cast<std::size_t>(rank)] =
+        megaplan::exec::measure_collectives(backend, rank, kRanks, make_group, grid, [&](int64_t done, int64_t total) {
+          if (rank != 0) return;
+          const std::lock_guard<std::mutex> lock(progress_mutex);
+          progress.emplace_back(done, total);
+        });
+  });
+  return timings;
+}
+
+}  // namespace
+
+TEST_CASE("collective timings from ranks as threads become link tables the simulator looks up", "[cli][profile]") {
+  using megaplan::exec::CommOp;
+  std::vector<std::pair<int64_t, int64_t>> progress;
+  const std::vector<megaplan::exec::CommTimings> timings = measure_on_threads(tiny_collective_grid(), progress);
+  const megaplan::exec::CommTimings& measured = timings[0];
+  // Rank 0 reports: three collectives x two groups x two sizes; send/receive at two sizes; compute
+  // beside each of the four.
+  REQUIRE(measured.collectives.size() == 12);
+  REQUIRE(measured.p2p.size() == 2);
+  REQUIRE(measured.overlap.size() == 4);
+  for (std::size_t rank = 1; rank < timings.size(); ++rank) {
+    CHECK(timings[rank].collectives.empty());
+    CHECK(timings[rank].overlap.empty());
+  }
+  std::set<std::tuple<CommOp, int64_t, int64_t>> points;
+  for (const auto& timing : measured.collectives) {
+    CHECK(timing.seconds > 0);
+    points.emplace(timing.op, timing.group_size, timing.bytes);
+  }
+  CHECK(points.size() == 12);
+  for (const auto& beside : measured.overlap) {
+    CHECK(beside.compute_alone_s > 0);
+    CHECK(beside.compute_beside_s > 0);
+    CHECK(beside.group_size == (beside.op == CommOp::kSendRecv ? 2 : 4));
+  }
+  REQUIRE(!progress.empty());
+  CHECK(progress.back().first == progress.back().second);
+  CHECK(std::is_sorted(progress.begin(), progress.end()));
+
+  // In the profile: the simulator's lookup at a measured point gives the measured time back.
+  const megaplan::GpuSpec gpu = megaplan::cluster_preset("dgx-h100").gpu;
+  const nlohmann::json profile_json =
+      megaplan::cli::with_measured_links(megaplan::cli::measured_profile_json(gpu, {}, "test", nlohmann::json::object()),
+                                         measured, "NVIDIA H100 80GB HBM3");
+  const auto profile = megaplan::sim::Profile::from_json(profile_json, "measured");
+  CHECK(profile.kind() == megaplan::sim::ProfileKind::kMeasured);
+  megaplan::sim::CostSources sources;
+  const megaplan::sim::LinkParams unused{1, 1};
+  for (const auto& timing : measured.collectives) {
+    const auto op = timing.op == CommOp::kAllReduce   ? megaplan::sim::CollectiveOp::kAllReduce
+                    : timing.op == CommOp::kAllGather ? megaplan::sim::CollectiveOp::kAllGather
+                                                      : megaplan::sim::CollectiveOp::kReduceScatter;
+    CHECK(profile.collective_seconds(op, timing.group_size, timing.bytes, megaplan::sim::LinkKind::kNvlink, unused,
+                                     sources) == Approx(timing.seconds));
+  }
+  for (const auto& timing : measured.p2p) {
+    CHECK(profile.p2p_seconds(timing.bytes, megaplan::sim::LinkKind::kNvlink, unused, sources) == Approx(timing.seconds));
+  }
+  CHECK(sources.fallback == 0);
+  CHECK(profile_json.at("overlap").size() == 4);
+}
+
+TEST_CASE("link tables: nccl-tests' bus bandwidth, p2p seconds and the slowdown, at least 0", "[cli][profile]") {
+  using megaplan::exec::CommOp;
+  megaplan::exec::CommTimings timings;
+  timings.collectives = {{CommOp::kAllReduce, 8, 1 << 20, 1e-4}, {CommOp::kAllGather, 4, 1 << 20, 2e-5}};
+  timings.p2p = {{CommOp::kSendRecv, 2, 1 << 20, 5e-6}};
+  timings.overlap = {{CommOp::kAllReduce, 8, 1e-3, 1.25e-3}, {CommOp::kSendRecv, 2, 1e-3, 0.99e-3}};
+  const megaplan::GpuSpec gpu = megaplan::cluster_preset("dgx-h100").gpu;
+  const nlohmann::json profile = megaplan::cli::with_measured_links(
+      megaplan::cli::measured_profile_json(gpu, {}, "test", nlohmann::json::object()), timings, "NVIDIA H100 80GB HBM3");
+  const nlohmann::json& collectives = profile.at("collectives");
+  REQUIRE(collectives.size() == 2);
+  for (const nlohmann::json& entry : collectives) {
+    CHECK(entry.at("link") == "nvlink");
+    CHECK(entry.at("bytes") == 1 << 20);
+    if (entry.at("op") == "all_reduce") {
+      CHECK(entry.at("group_size") == 8);
+      CHECK(entry.at("bus_bandwidth_bytes_per_s").get<double>() == Approx((1 << 20) * 2 * 7.0 / 8 / 1e-4));
+    } else {
+      CHECK(entry.at("op") == "all_gather");
+      CHECK(entry.at("bus_bandwidth_bytes_per_s").get<double>() == Approx((1 << 20) * 3.0 / 4 / 2e-5));
+    }
+  }
+  CHECK(profile.at("p2p") == nlohmann::json::parse(R"([{"link": "nvlink", "bytes": 1048576, "seconds": 5e-6}])"));
+  const nlohmann::json& overlap = profile.at("overlap");
+  REQUIRE(overlap.size() == 2);
+  CHECK(overlap[0].at("op") == "all_reduce");
+  CHECK(overlap[0].at("compute_slowdown").get<double>() == Approx(0.25));
+  CHECK(overlap[1].at("op") == "send_recv");
+  CHECK(overlap[1].at("compute_slowdown") == 0.0);  // faster beside is noise, not a speed-up
+}
+
+TEST_CASE("a collective grid the world cannot run is refused", "[cli][profile]") {
+  megaplan::exec::CollectiveGrid grid = tiny_collective_grid();
+  std::vector<std::pair<int64_t, int64_t>> progress;
+  grid.group_sizes = {2, 8};
+  CHECK_THROWS_WITH(measure_on_threads(grid, progress), "measure_collectives: group sizes must lie in 2 .. 4");
+  grid = tiny_collective_grid();
+  grid.bytes = {4098};
+  CHECK_THROWS_WITH(measure_on_threads(grid, progress),
+                    "measure_collectives: 4098 bytes is not a positive multiple of 2 x 4");
+  CHECK_THROWS_WITH(megaplan::exec::collective_grid(true, 1), "collective_grid: needs two ranks or more");
+  const megaplan::exec::CollectiveGrid full = megaplan::exec::collective_grid(false, 8);
+  CHECK(full.group_sizes == std::vector<int64_t>{2, 4, 8});
+  CHECK(full.bytes.front() == 65536);
+  CHECK(full.bytes.back() == int64_t{1} << 30);
+  CHECK(!full.compute.empty());
 }

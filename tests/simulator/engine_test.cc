@@ -108,6 +108,29 @@ TEST_CASE("gradient reduction hides behind a long backward and shows after a sho
   CHECK(result.ranks[0].exposed_comm_s() == Approx(11.75));
 }
 
+TEST_CASE("compute beside a gradient reduction takes the measured fraction longer", "[simulator][engine]") {
+  // B runs from 1 to 12 beside buckets [3.75, 4.75], [6.5, 7.5], [9.25, 10.25]: 3 s of overlap;
+  // the last, [12, 13], runs after it. Slowed by 100% while they overlap, B does 1.5 s of its work
+  // in those 3 s and ends 1.5 s later, at 13.5, after the last bucket: nothing of the reduction
+  // shows, the compute is 1.5 s longer.
+  const auto schedule = lowered(ScheduleKind::kOneFOneB, 1, 1, 1);
+  ActionCosts costs = uniform_costs(schedule, 1, 0);
+  costs.stages[0].backward = 11;
+  costs.stages[0].gradient_buckets = {1, 1, 1, 1};
+  costs.stages[0].gradient_reduction_slowdown = 1;
+  const SimulationResult result = megaplan::sim::simulate_schedule(schedule, costs, false);
+  CHECK(result.iteration_time_s == Approx(13.5));
+  CHECK(result.ranks[0].compute_s == Approx(13.5));
+  CHECK(result.ranks[0].exposed_comm_s() == Approx(0).margin(1e-12));
+  CHECK(result.ranks[0].compute_s + result.ranks[0].idle_s + result.ranks[0].exposed_comm_s() ==
+        Approx(result.iteration_time_s));
+  // By the formula: what 3 s of a collective beside longer compute adds, at 100% and at 25%.
+  CHECK(megaplan::sim::exposed_beside(3, 11, 1) == Approx(1.5));
+  CHECK(megaplan::sim::exposed_beside(3, 11, 0.25) == Approx(0.6));
+  CHECK(megaplan::sim::exposed_beside(3, 1, 0.25) == Approx(2));  // the collective outlasts the compute
+  CHECK(megaplan::sim::exposed_beside(3, 1, 0) == Approx(2));
+}
+
 TEST_CASE("without overlap every bucket waits for the rank's whole backward", "[simulator][engine]") {
   // Interleaved pp 2 vpp 2, 2 microbatches: rank 0 holds stages 0 and 2. Overlapped, stage 2's
   // buckets run beside stage 0's backwards; without (Megatron's default, local DDP) they start after

@@ -238,6 +238,29 @@ TEST_CASE("byte curves: element-wise, p2p and collective bus bandwidth", "[simul
   CHECK(sources.fallback == 4);
 }
 
+TEST_CASE("compute slowdown beside communication: the nearest measured group of the same op and link", "[simulator][profile]") {
+  nlohmann::json json = base_profile();
+  const Profile datasheet = Profile::from_json(json, "p.json");
+  CHECK(datasheet.compute_slowdown(CollectiveOp::kAllReduce, 8, LinkKind::kNvlink) == 0);  // nothing measured
+  json["overlap"] = {{{"op", "all_reduce"}, {"group_size", 2}, {"link", "nvlink"}, {"compute_slowdown", 0.05}},
+                     {{"op", "all_reduce"}, {"group_size", 8}, {"link", "nvlink"}, {"compute_slowdown", 0.125}},
+                     {{"op", "reduce_scatter"}, {"group_size", 4}, {"link", "nvlink"}, {"compute_slowdown", 0.25}},
+                     {{"op", "send_recv"}, {"group_size", 2}, {"link", "nvlink"}, {"compute_slowdown", 0.01}}};
+  const Profile profile = Profile::from_json(json, "p.json");
+  CHECK(profile.kind() == megaplan::sim::ProfileKind::kMeasured);
+  CHECK(profile.compute_slowdown(CollectiveOp::kAllReduce, 2, LinkKind::kNvlink) == 0.05);
+  CHECK(profile.compute_slowdown(CollectiveOp::kAllReduce, 8, LinkKind::kNvlink) == 0.125);
+  CHECK(profile.compute_slowdown(CollectiveOp::kAllReduce, 3, LinkKind::kNvlink) == 0.05);   // log2: 2 is nearer than 8
+  CHECK(profile.compute_slowdown(CollectiveOp::kAllReduce, 4, LinkKind::kNvlink) == 0.125);  // as near: the larger
+  CHECK(profile.compute_slowdown(CollectiveOp::kAllReduce, 64, LinkKind::kNvlink) == 0.125);
+  CHECK(profile.compute_slowdown(CollectiveOp::kReduceScatter, 16, LinkKind::kNvlink) == 0.25);
+  CHECK(profile.compute_slowdown(CollectiveOp::kAllGather, 4, LinkKind::kNvlink) == 0);      // another op
+  CHECK(profile.compute_slowdown(CollectiveOp::kAllReduce, 8, LinkKind::kNetwork) == 0);     // another link
+  CHECK(profile.compute_slowdown(CollectiveOp::kAllReduce, 1, LinkKind::kNvlink) == 0);      // no group
+  CHECK(profile.p2p_compute_slowdown(LinkKind::kNvlink) == 0.01);
+  CHECK(profile.p2p_compute_slowdown(LinkKind::kNetwork) == 0);
+}
+
 TEST_CASE("no work takes no time and is not counted", "[simulator][profile]") {
   const Profile profile = Profile::from_json(base_profile(), "p.json");
   CostSources sources;
@@ -355,6 +378,19 @@ TEST_CASE("bad profile fields are refused with the field and the rule", "[simula
   CHECK(error_of(json) == "p.json: p2p[0]: link: must be one of nvlink, network; got \"pcie\"");
   json["p2p"] = {{{"link", "nvlink"}, {"bytes", 1}, {"seconds", 1}}, {{"link", "nvlink"}, {"bytes", 1}, {"seconds", 2}}};
   CHECK(error_of(json) == "p.json: p2p[1]: same link and bytes as p2p[0]");
+  json.erase("p2p");
+  json["overlap"] = {{{"op", "broadcast"}, {"group_size", 2}, {"link", "nvlink"}, {"compute_slowdown", 0.1}}};
+  CHECK(error_of(json) ==
+        "p.json: overlap[0]: op: must be one of all_reduce, all_gather, reduce_scatter, all_to_all, send_recv; got \"broadcast\"");
+  json["overlap"] = {{{"op", "all_reduce"}, {"group_size", 2}, {"link", "nvlink"}, {"compute_slowdown", -0.1}}};
+  CHECK(error_of(json) == "p.json: overlap[0]: compute_slowdown: must be a number >= 0, got -0.1");
+  json["overlap"] = {{{"op", "all_reduce"}, {"group_size", 1}, {"link", "nvlink"}, {"compute_slowdown", 0.1}}};
+  CHECK(error_of(json) == "p.json: overlap[0]: group_size: must be at least 2, got 1");
+  json["overlap"] = {{{"op", "all_reduce"}, {"group_size", 2}, {"link", "nvlink"}, {"compute_slowdown", 0.1}},
+                     {{"op", "all_reduce"}, {"group_size", 2}, {"link", "nvlink"}, {"compute_slowdown", 0.2}}};
+  CHECK(error_of(json) == "p.json: overlap[1]: same op, group_size and link as overlap[0]");
+  json["overlap"] = {{{"op", "all_reduce"}, {"group_size", 2}, {"link", "nvlink"}}};
+  CHECK(error_of(json).find("overlap[0]: compute_slowdown") != std::string::npos);
   json = base_profile();
   json["attention"] = {{{"batch_heads", 1}, {"seq", 1}, {"head_dim", 1}, {"forward_s", 1}, {"backward_s", 1}}};
   CHECK(error_of(json) == "p.json: attention[0]: causal: required field is missing");

@@ -9,6 +9,7 @@
 #include "core/model_presets.h"
 #include "simulator/simulate_plan.h"
 #include "simulator/stage_costs.h"
+#include "tests/simulator/round_profile.h"
 
 using megaplan::sim::CostSources;
 
@@ -188,6 +189,45 @@ TEST_CASE("--tp-comm-overlap exposes only what each collective's GEMM does not c
   CHECK(overlapped.forward_collectives == Approx(expected));
   CHECK(overlapped.forward_collectives < exposed.forward_collectives);
   CHECK(overlapped.forward == Approx(exposed.forward - exposed.forward_collectives + expected));
+}
+
+TEST_CASE("--tp-comm-overlap also costs the GEMMs what the profile measured compute loses beside a collective",
+          "[simulator][costs]") {
+  megaplan::JobSpec spec = with_implementation(job("gpt-1.3b", "dgx-h100", 8, 8, 1, 8), megaplan::Implementation::kMegatronCore);
+  spec.plan.sequence_parallel = true;
+  const megaplan::sim::Topology topology(spec.cluster);
+  const auto route = megaplan::sim::pipeline_group_routes(spec.plan, topology)[0];
+  nlohmann::json json = megaplan::test::round_profile(spec.cluster.gpu.name, 3e12);
+  const auto profile = megaplan::sim::Profile::from_json(json, "round");
+  // Slowdowns large enough that the GEMMs' loss, not the uncovered rest, sets some of the four.
+  json["overlap"] = {{{"op", "all_gather"}, {"group_size", 8}, {"link", "nvlink"}, {"compute_slowdown", 3.0}},
+                     {{"op", "reduce_scatter"}, {"group_size", 8}, {"link", "nvlink"}, {"compute_slowdown", 1.0}}};
+  const auto slowed_profile = megaplan::sim::Profile::from_json(json, "round");
+  CostSources sources;
+  const auto free = megaplan::sim::transformer_layer_costs(spec.model, spec.plan, profile, route, sources);
+  const auto slowed = megaplan::sim::transformer_layer_costs(spec.model, spec.plan, slowed_profile, route, sources);
+  // Per collective: max(collective - GEMM, collective x s / (1 + s)), summed over the forward's four.
+  const int64_t tokens = 2048, h = 2048, t = 8;
+  const int64_t bytes = 2 * tokens * h;
+  const megaplan::sim::LinkParams link{route.tensor.bandwidth_bytes_per_s, route.tensor.latency_s};
+  const auto collective = [&](megaplan::sim::CollectiveOp op) {
+    return profile.collective_seconds(op, t, bytes, megaplan::sim::LinkKind::kNvlink, link, sources);
+  };
+  const double gather = collective(megaplan::sim::CollectiveOp::kAllGather);
+  const double scatter = collective(megaplan::sim::CollectiveOp::kReduceScatter);
+  using megaplan::GemmEpilogue;
+  using megaplan::GemmLayout;
+  const auto gemm = [&](GemmEpilogue epilogue, int64_t n, int64_t k) {
+    return profile.kernel_seconds(megaplan::gemm_kernel(GemmLayout::kForward, epilogue, tokens, n, k), sources);
+  };
+  const auto beside = [](double c, double g, double s) { return std::max(c - g, c * s / (1 + s)); };
+  const double expected = beside(gather, gemm(GemmEpilogue::kBias, 3 * h / t, h), 3.0) +
+                          beside(scatter, gemm(GemmEpilogue::kNone, h, h / t), 1.0) +
+                          beside(gather, gemm(GemmEpilogue::kNone, 4 * h / t, h), 3.0) +
+                          beside(scatter, gemm(GemmEpilogue::kNone, h, 4 * h / t), 1.0);
+  CHECK(slowed.forward_collectives == Approx(expected));
+  CHECK(slowed.forward_collectives > free.forward_collectives);
+  CHECK(slowed.forward - slowed.forward_collectives == Approx(free.forward - free.forward_collectives));
 }
 
 TEST_CASE("Megatron's scatter-gather sends 1/tp between stages and gathers it on arrival", "[simulator][costs]") {
