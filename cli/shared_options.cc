@@ -18,6 +18,8 @@ void add_model_options(CLI::App& command, ModelOptions& options) {
   command.add_option("--ffn-hidden-size", options.ffn_hidden_size, "MLP hidden size (default 4h; 2/3 of it with SwiGLU)")->group(group);
   command.add_option("--num-attention-heads", options.num_attention_heads, "Attention heads")->group(group);
   command.add_option("--num-query-groups", options.num_query_groups, "Key/value groups (GQA); default one per head")->group(group);
+  command.add_flag("--group-query-attention", options.group_query_attention,
+                   "Grouped-query attention (Megatron's flag): --num-query-groups groups, 1 when not given")->group(group);
   command.add_option("--kv-channels", options.kv_channels, "Head dimension (default h / heads)")->group(group);
   command.add_option("--seq-length", options.seq_length, "Training sequence length")->group(group);
   command.add_option("--max-position-embeddings", options.max_position_embeddings, "Position table size")->group(group);
@@ -26,6 +28,9 @@ void add_model_options(CLI::App& command, ModelOptions& options) {
   command.add_flag("--swiglu", options.swiglu, "SwiGLU MLP")->group(group);
   command.add_option("--normalization", options.normalization, "LayerNorm or RMSNorm")->group(group);
   command.add_option("--position-embedding-type", options.position_embedding_type, "learned_absolute or rope")->group(group);
+  command.add_option("--norm-epsilon", options.norm_epsilon, "The norms' epsilon (default 1e-5)")->group(group);
+  command.add_option("--rotary-base", options.rotary_base, "RoPE's theta (default 10000)")->group(group);
+  command.add_option("--rotary-percent", options.rotary_percent, "Share of each head's dimensions RoPE rotates (default 1.0)")->group(group);
   command.add_flag("--untie-embeddings-and-output-weights", options.untie_embeddings_and_output_weights, "Separate output layer weights")->group(group);
   command.add_flag("--disable-bias-linear", options.disable_bias_linear, "No biases in linear layers")->group(group);
   command.add_flag("--add-qkv-bias", options.add_qkv_bias, "QKV bias even with --disable-bias-linear")->group(group);
@@ -136,10 +141,15 @@ ModelSpec resolve_model(const ModelOptions& options) {
   for (const auto& [flag, field] : overrides) {
     if (flag) field = *flag;
   }
+  // Megatron's --num-query-groups defaults to 1 under --group-query-attention.
+  if (options.group_query_attention && !options.num_query_groups) spec.num_query_groups = 1;
   if (options.normalization) spec.normalization = parse_normalization(*options.normalization, "--normalization");
   if (options.position_embedding_type) {
     spec.position_embedding_type = parse_position_embedding(*options.position_embedding_type, "--position-embedding-type");
   }
+  if (options.norm_epsilon) spec.norm_epsilon = *options.norm_epsilon;
+  if (options.rotary_base) spec.rotary_base = *options.rotary_base;
+  if (options.rotary_percent) spec.rotary_percent = *options.rotary_percent;
   spec.swiglu = spec.swiglu || options.swiglu;
   spec.untie_embeddings_and_output_weights =
       spec.untie_embeddings_and_output_weights || options.untie_embeddings_and_output_weights;

@@ -20,7 +20,9 @@ struct ModelOptions {
   std::optional<int64_t> num_layers, hidden_size, ffn_hidden_size, num_attention_heads, num_query_groups,
       kv_channels, seq_length, max_position_embeddings, vocab_size, make_vocab_size_divisible_by;
   std::optional<std::string> normalization, position_embedding_type;
+  std::optional<double> norm_epsilon, rotary_base, rotary_percent;
   bool swiglu = false;
+  bool group_query_attention = false;
   bool untie_embeddings_and_output_weights = false;
   bool disable_bias_linear = false;
   bool add_qkv_bias = false;

@@ -49,6 +49,10 @@ ModelSpec from_llama_family(JsonFieldReader& reader, const std::string& type) {
   bool attention_bias = false;
   reader.read("attention_bias", attention_bias);
   spec.add_qkv_bias = type == "qwen2" || attention_bias;
+  spec.norm_epsilon = 1e-6;  // the three configs' rms_norm_eps default
+  reader.read("rms_norm_eps", spec.norm_epsilon);
+  reader.read("rope_theta", spec.rotary_base);  // default 10000, as Megatron's
+  reader.read("partial_rotary_factor", spec.rotary_percent);
   return spec;
 }
 
@@ -67,6 +71,7 @@ ModelSpec from_gpt2(JsonFieldReader& reader) {
   bool tied = true;
   reader.read("tie_word_embeddings", tied);
   spec.untie_embeddings_and_output_weights = !tied;
+  reader.read("layer_norm_epsilon", spec.norm_epsilon);  // GPT2Config's default 1e-5, Megatron's too
   return spec;  // LayerNorm, GELU, learned positions, biases: Megatron's GPT defaults
 }
 

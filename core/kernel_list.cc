@@ -19,11 +19,18 @@ struct ClassName {
   bool fused_residual;
   const char* name;
 };
-constexpr std::array<ClassName, 17> kClassNames = {{
+constexpr std::array<ClassName, 24> kClassNames = {{
     {KernelKind::kNormForward, false, "norm_forward"},
     {KernelKind::kNormForward, true, "add_norm_forward"},
     {KernelKind::kNormBackward, false, "norm_backward"},
     {KernelKind::kNormBackward, true, "norm_backward_add"},
+    {KernelKind::kRmsNormForward, false, "rmsnorm_forward"},
+    {KernelKind::kRmsNormForward, true, "add_rmsnorm_forward"},
+    {KernelKind::kRmsNormBackward, false, "rmsnorm_backward"},
+    {KernelKind::kRmsNormBackward, true, "rmsnorm_backward_add"},
+    {KernelKind::kSwigluForward, false, "swiglu_forward"},
+    {KernelKind::kSwigluBackward, false, "swiglu_backward"},
+    {KernelKind::kRotary, false, "rotary"},
     {KernelKind::kAdd, false, "add"},
     {KernelKind::kCopy, false, "copy"},
     {KernelKind::kFill, false, "fill"},
@@ -52,13 +59,14 @@ Kernel gemm_kernel(GemmLayout layout, GemmEpilogue epilogue, int64_t m, int64_t 
   return kernel;
 }
 
-Kernel attention_kernel(KernelKind kind, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim) {
+Kernel attention_kernel(KernelKind kind, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim, int64_t groups) {
   Kernel kernel;
   kernel.kind = kind;
   kernel.batch = batch;
   kernel.seq = seq;
   kernel.heads = heads;
   kernel.head_dim = head_dim;
+  kernel.groups = groups > 0 ? groups : heads;
   return kernel;
 }
 
@@ -93,16 +101,26 @@ int64_t kernel_bytes(const Kernel& kernel, int64_t activation_bytes) {
       return products * (a * (kernel.m * kernel.n + kernel.m * kernel.k + gelu) +
                          (weight ? 2 * kFp32 : a) * kernel.n * kernel.k);
     }
-    case KernelKind::kAttentionForward:  // q, k, v in, o out, the log-sum-exp rows
-      return 4 * a * kernel.batch * kernel.seq * kernel.heads * kernel.head_dim +
+    case KernelKind::kAttentionForward:  // q, k, v in, o out, the log-sum-exp rows; k and v per group
+      return 2 * a * kernel.batch * kernel.seq * (kernel.heads + kernel.groups) * kernel.head_dim +
              kFp32 * kernel.batch * kernel.heads * kernel.seq;
     case KernelKind::kAttentionBackward:  // q, k, v, o, do in, dq, dk, dv out
-      return 8 * a * kernel.batch * kernel.seq * kernel.heads * kernel.head_dim +
+      return 4 * a * kernel.batch * kernel.seq * (kernel.heads + kernel.groups) * kernel.head_dim +
              kFp32 * kernel.batch * kernel.heads * kernel.seq;
     case KernelKind::kNormForward:  // x (+ the branch, + the sum written) in, y out
       return a * cells * (kernel.fused_residual ? 4 : 2) + statistics;
     case KernelKind::kNormBackward:  // dy, x (+ the stream's gradient) in, dx out
       return a * cells * (kernel.fused_residual ? 4 : 3) + statistics;
+    case KernelKind::kRmsNormForward:  // as LayerNorm's, with one statistic (rstd) per row
+      return a * cells * (kernel.fused_residual ? 4 : 2) + kFp32 * kernel.rows;
+    case KernelKind::kRmsNormBackward:
+      return a * cells * (kernel.fused_residual ? 4 : 3) + kFp32 * kernel.rows;
+    case KernelKind::kSwigluForward:  // gate and up in, the product out
+      return 3 * a * cells;
+    case KernelKind::kSwigluBackward:  // dy, gate and up in, their two gradients out
+      return 5 * a * cells;
+    case KernelKind::kRotary:  // read and written in place
+      return 2 * a * cells;
     case KernelKind::kAdd:
       return 3 * a * cells;
     case KernelKind::kCopy:
@@ -183,6 +201,7 @@ std::string describe(const Kernel& kernel) {
       out << (kernel.kind == KernelKind::kAttentionForward ? "attention_forward" : "attention_backward")
           << " batch=" << kernel.batch << " seq=" << kernel.seq << " heads=" << kernel.heads
           << " head_dim=" << kernel.head_dim;
+      if (kernel.groups != kernel.heads) out << " groups=" << kernel.groups;
       break;
     default:
       out << memory_kernel_class(kernel) << " rows=" << kernel.rows << " cols=" << kernel.cols;
@@ -224,14 +243,19 @@ KernelBlocks executor_kernel_blocks(const ModelSpec& model, const ParallelPlan& 
   const auto gradient_epilogue = [](bool has_bias) { return has_bias ? GemmEpilogue::kBiasGradient : GemmEpilogue::kNone; };
   const bool rope = model.position_embedding_type == PositionEmbedding::kRope;
 
-  const Kernel norm = row_kernel(KernelKind::kNormForward, rows, h);
-  const Kernel add_norm = row_kernel(KernelKind::kNormForward, rows, h, true);
-  const Kernel attention = attention_kernel(KernelKind::kAttentionForward, plan.micro_batch_size, model.seq_length, heads, dim);
-  // Rotary embeddings on q and k (read and write); the activation unfused: GELU reads the
-  // pre-activation and writes its output, SwiGLU reads two halves.
-  const Kernel rotary = row_kernel(KernelKind::kElementwise, count * (q + kv), 2 * a);
-  const Kernel activation = row_kernel(KernelKind::kElementwise, count * f, model.swiglu ? 3 * a : 2 * a);
-  const Kernel activation_backward = row_kernel(KernelKind::kElementwise, count * f, model.swiglu ? 5 * a : 3 * a);
+  const bool rms = model.normalization == Normalization::kRMSNorm;
+  const KernelKind norm_forward = rms ? KernelKind::kRmsNormForward : KernelKind::kNormForward;
+  const KernelKind norm_backward = rms ? KernelKind::kRmsNormBackward : KernelKind::kNormBackward;
+  const Kernel norm = row_kernel(norm_forward, rows, h);
+  const Kernel add_norm = row_kernel(norm_forward, rows, h, true);
+  const int64_t groups = kv / dim;  // this rank's query groups
+  const Kernel attention =
+      attention_kernel(KernelKind::kAttentionForward, plan.micro_batch_size, model.seq_length, heads, dim, groups);
+  // Rotary embeddings in place on the rotated dimensions of each q and k head.
+  const Kernel rotary = row_kernel(KernelKind::kRotary, count, (q + kv) / dim * model.rotary_dim());
+  // SwiGLU apart from fc1 (GELU without biases is not in the executor: refused before training).
+  const Kernel activation = row_kernel(KernelKind::kSwigluForward, count, f);
+  const Kernel activation_backward = row_kernel(KernelKind::kSwigluBackward, count, f);
 
   const auto layer_forward = [&](bool fused_input_norm) {
     std::vector<Kernel> list = {fused_input_norm ? add_norm : norm,
@@ -263,15 +287,16 @@ KernelBlocks executor_kernel_blocks(const ModelSpec& model, const ParallelPlan& 
     list.push_back(norm);  // recomputed, not kept
     list.push_back(gemm_kernel(GemmLayout::kInputGradient, GemmEpilogue::kNone, count, fc1, h));
     list.push_back(weight(fc1_weight));
-    list.push_back(row_kernel(KernelKind::kNormBackward, rows, h, true));
+    list.push_back(row_kernel(norm_backward, rows, h, true));
     list.push_back(gemm_kernel(GemmLayout::kInputGradient, GemmEpilogue::kNone, count, h, q));
     list.push_back(weight(proj_weight));
-    list.push_back(attention_kernel(KernelKind::kAttentionBackward, plan.micro_batch_size, model.seq_length, heads, dim));
+    list.push_back(
+        attention_kernel(KernelKind::kAttentionBackward, plan.micro_batch_size, model.seq_length, heads, dim, groups));
     if (rope) list.push_back(rotary);
     list.push_back(norm);  // recomputed, not kept
     list.push_back(gemm_kernel(GemmLayout::kInputGradient, GemmEpilogue::kNone, count, qkv, h));
     list.push_back(weight(qkv_weight));
-    list.push_back(row_kernel(KernelKind::kNormBackward, rows, h, true));
+    list.push_back(row_kernel(norm_backward, rows, h, true));
     return list;
   };
   blocks[static_cast<std::size_t>(KernelBlock::kLayerBackward)] = layer_backward(false);
@@ -298,7 +323,7 @@ KernelBlocks executor_kernel_blocks(const ModelSpec& model, const ParallelPlan& 
   blocks[static_cast<std::size_t>(KernelBlock::kHeadForward)].push_back(flat_kernel(KernelKind::kCrossEntropyFinish, count));
   const Kernel loss_backward = row_kernel(KernelKind::kCrossEntropyBackward, count, v);
   const Kernel output_input = gemm_kernel(GemmLayout::kInputGradient, GemmEpilogue::kNone, count, v, h);
-  const Kernel final_norm_backward = row_kernel(KernelKind::kNormBackward, rows, h);
+  const Kernel final_norm_backward = row_kernel(norm_backward, rows, h);
   blocks[static_cast<std::size_t>(KernelBlock::kHeadBackward)] = {loss_backward, output_input, output_weight,
                                                                    final_norm_backward};
   blocks[static_cast<std::size_t>(KernelBlock::kHeadBackwardInput)] = {loss_backward, output_input, final_norm_backward};

@@ -33,8 +33,13 @@ enum class KernelKind : uint8_t {
   kGemm,
   kAttentionForward,
   kAttentionBackward,
-  kNormForward,   // fused_residual: adds the residual branch first and writes the sum
+  kNormForward,   // LayerNorm; fused_residual: adds the residual branch first and writes the sum
   kNormBackward,  // fused_residual: adds the residual stream's gradient to dx
+  kRmsNormForward,   // RMSNorm, as the two above
+  kRmsNormBackward,
+  kSwigluForward,   // silu(gate) * up: `rows` tokens, `cols` the MLP's (sharded) width
+  kSwigluBackward,  // the gate's and the up projection's gradients
+  kRotary,          // RoPE in place on q and k: `rows` tokens, `cols` rotated elements per token
   kAdd,
   kCopy,
   kFill,  // fp32 (the gradient buffer's zeroing)
@@ -47,7 +52,7 @@ enum class KernelKind : uint8_t {
   kGradientNorm,          // sum of squares of fp32 gradients
   kAdamw,                 // fp32 master weights, moments and gradients; writes the compute copy
   kRefreshCompute,        // compute copy from fp32 master weights
-  kElementwise,           // a streaming pass the executor does not launch yet (rotary, SwiGLU)
+  kElementwise,           // a streaming pass of Megatron's the executor does not launch (its own bytes)
 };
 
 // Which product of a linear layer y[m x n] = x[m x k] W^T (W stored [n x k]) runs: the forward,
@@ -68,9 +73,10 @@ struct Kernel {
   GemmLayout layout = GemmLayout::kForward;
   GemmEpilogue epilogue = GemmEpilogue::kNone;
   int64_t m = 0, n = 0, k = 0;
-  // Attention: `batch` sequences of `seq` tokens, `heads` heads of `head_dim`, causal. GEMM:
-  // `batch` > 1 products of this shape in one strided-batched launch (unfused attention).
-  int64_t batch = 0, seq = 0, heads = 0, head_dim = 0;
+  // Attention: `batch` sequences of `seq` tokens, `heads` query heads of `head_dim` in `groups`
+  // key-value groups (GQA; groups == heads without), causal. GEMM: `batch` > 1 products of this
+  // shape in one strided-batched launch (unfused attention).
+  int64_t batch = 0, seq = 0, heads = 0, head_dim = 0, groups = 0;
   // Row kernels, `rows` x `cols`: norms and embeddings (tokens x hidden), cross entropy (tokens x
   // the vocabulary shard). Flat kernels (add, copy, fill, optimizer): `rows` elements, cols 1.
   // kElementwise: `rows` elements moving `cols` bytes each.
@@ -82,7 +88,8 @@ struct Kernel {
 Kernel gemm_kernel(GemmLayout layout, GemmEpilogue epilogue, int64_t m, int64_t n, int64_t k);
 // A streaming pass over `elements` moving `bytes_per_element` bytes each (kElementwise).
 Kernel streaming_kernel(int64_t elements, int64_t bytes_per_element);
-Kernel attention_kernel(KernelKind kind, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim);
+// groups 0: one per head (multi-head attention).
+Kernel attention_kernel(KernelKind kind, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim, int64_t groups = 0);
 Kernel row_kernel(KernelKind kind, int64_t rows, int64_t cols, bool fused_residual = false);
 Kernel flat_kernel(KernelKind kind, int64_t elements);
 

@@ -20,8 +20,9 @@ ModelSpec gpt(const std::string& name, int64_t layers, int64_t hidden, int64_t h
   return spec;  // LayerNorm, GELU MLP of 4h, learned positions, tied embeddings, biases
 }
 
+// Llama 2's and 3's configs: RMSNorm epsilon 1e-5 and RoPE theta 10000 (Llama 2) or 500000 (Llama 3).
 ModelSpec llama(const std::string& name, int64_t layers, int64_t hidden, int64_t ffn, int64_t heads,
-                int64_t query_groups, int64_t seq, int64_t max_positions, int64_t vocab) {
+                int64_t query_groups, int64_t seq, int64_t max_positions, int64_t vocab, double rotary_base) {
   ModelSpec spec;
   spec.name = name;
   spec.num_layers = layers;
@@ -37,6 +38,8 @@ ModelSpec llama(const std::string& name, int64_t layers, int64_t hidden, int64_t
   spec.position_embedding_type = PositionEmbedding::kRope;
   spec.untie_embeddings_and_output_weights = true;
   spec.add_bias_linear = false;
+  spec.norm_epsilon = 1e-5;
+  spec.rotary_base = rotary_base;
   return spec;
 }
 
@@ -54,14 +57,14 @@ std::vector<ModelPreset> build_presets() {
       {gpt("gpt3-175b", 96, 12288, 96, 2048, kGpt2Vocab), 175e9, "Brown et al. 2020, Table 2.1 (GPT-3)"},
       {gpt("gpt-1t", 128, 25600, 160, 2048, 51200), 1008e9,
        "Narayanan et al. 2021 (PTD-P), Table 1: 1008B, vocabulary 51,200"},
-      {llama("llama2-7b", 32, 4096, 11008, 32, 32, 4096, 4096, 32000), 6.74e9,
+      {llama("llama2-7b", 32, 4096, 11008, 32, 32, 4096, 4096, 32000, 10000), 6.74e9,
        "Touvron et al. 2023 (Llama 2); 6.74B counted for meta-llama/Llama-2-7b-hf"},
-      {llama("llama3-8b", 32, 4096, 14336, 32, 8, 8192, 8192, 128256), 8.03e9,
+      {llama("llama3-8b", 32, 4096, 14336, 32, 8, 8192, 8192, 128256, 500000), 8.03e9,
        "Meta Llama 3 model card (8B; 8.03B counted for Meta-Llama-3-8B)"},
-      {llama("llama3-70b", 80, 8192, 28672, 64, 8, 8192, 8192, 128256), 70.6e9,
+      {llama("llama3-70b", 80, 8192, 28672, 64, 8, 8192, 8192, 128256, 500000), 70.6e9,
        "Meta Llama 3 model card (70B; 70.6B counted for Meta-Llama-3-70B)"},
       // Pre-trained at 8K context; positions extend to 128K with RoPE scaling.
-      {llama("llama3.1-405b", 126, 16384, 53248, 128, 8, 8192, 131072, 128256), 405e9,
+      {llama("llama3.1-405b", 126, 16384, 53248, 128, 8, 8192, 131072, 128256, 500000), 405e9,
        "Dubey et al. 2024 (The Llama 3 Herd of Models), Table 3"},
   };
 }

@@ -1,6 +1,8 @@
 // ModelSpec validation, vocabulary padding and JSON mapping.
 #include "core/model_spec.h"
 
+#include <cmath>
+
 #include <nlohmann/json.hpp>
 
 #include "core/checked_math.h"
@@ -69,6 +71,21 @@ void validate_model_spec(const ModelSpec& spec) {
                                         std::to_string(spec.seq_length) + " > " +
                                         std::to_string(spec.effective_max_position_embeddings()) + ")");
   }
+  if (!(spec.norm_epsilon > 0) || !(spec.norm_epsilon < 1)) {
+    throw SpecError("--norm-epsilon", "must be in (0, 1), got " + nlohmann::json(spec.norm_epsilon).dump());
+  }
+  if (!(spec.rotary_base > 1) || !std::isfinite(spec.rotary_base)) {
+    throw SpecError("--rotary-base", "must be a finite number above 1, got " + nlohmann::json(spec.rotary_base).dump());
+  }
+  if (!(spec.rotary_percent > 0) || !(spec.rotary_percent <= 1)) {
+    throw SpecError("--rotary-percent", "must be in (0, 1], got " + nlohmann::json(spec.rotary_percent).dump());
+  }
+  if (spec.position_embedding_type == PositionEmbedding::kRope && (spec.rotary_dim() < 2 || spec.rotary_dim() % 2 != 0)) {
+    throw SpecError("--rotary-percent", "must leave an even number of rotated dimensions, at least 2: --kv-channels " +
+                                            std::to_string(spec.effective_kv_channels()) + " x " +
+                                            nlohmann::json(spec.rotary_percent).dump() + " gives " +
+                                            std::to_string(spec.rotary_dim()));
+  }
   if (spec.effective_ffn_hidden_size() <= 0) {
     throw SpecError("--ffn-hidden-size", "the SwiGLU default (2/3 of 4h rounded down to 64) is 0 for "
                                          "--hidden-size " + std::to_string(spec.hidden_size) +
@@ -107,6 +124,9 @@ nlohmann::json model_spec_to_json(const ModelSpec& spec) {
       {"untie_embeddings_and_output_weights", spec.untie_embeddings_and_output_weights},
       {"add_bias_linear", spec.add_bias_linear},
       {"add_qkv_bias", spec.add_qkv_bias},
+      {"norm_epsilon", spec.norm_epsilon},
+      {"rotary_base", spec.rotary_base},
+      {"rotary_percent", spec.rotary_percent},
   };
 }
 
@@ -134,6 +154,9 @@ ModelSpec model_spec_from_json(const nlohmann::json& json, const std::string& so
   reader.read("untie_embeddings_and_output_weights", spec.untie_embeddings_and_output_weights);
   reader.read("add_bias_linear", spec.add_bias_linear);
   reader.read("add_qkv_bias", spec.add_qkv_bias);
+  reader.read("norm_epsilon", spec.norm_epsilon);
+  reader.read("rotary_base", spec.rotary_base);
+  reader.read("rotary_percent", spec.rotary_percent);
   reader.reject_unknown_keys();
   return spec;
 }

@@ -40,6 +40,9 @@ struct ModelSpec {
   bool untie_embeddings_and_output_weights = false;
   bool add_bias_linear = true;  // Megatron's default; --disable-bias-linear turns it off
   bool add_qkv_bias = false;    // QKV bias even when linear biases are off (Qwen2)
+  double norm_epsilon = 1e-5;   // --norm-epsilon: the norms' epsilon (Megatron's default)
+  double rotary_base = 10000;   // --rotary-base: RoPE's theta (Llama 3: 500000)
+  double rotary_percent = 1.0;  // --rotary-percent: the share of each head's dimensions that rotate
 
   // Effective values with Megatron's defaults applied.
   // Megatron's default: 4h, or with SwiGLU 2/3 of that rounded down to a multiple of 64 so the
@@ -53,6 +56,10 @@ struct ModelSpec {
   int64_t effective_max_position_embeddings() const { return max_position_embeddings > 0 ? max_position_embeddings : seq_length; }
   int64_t query_projection_size() const { return effective_kv_channels() * num_attention_heads; }
   int64_t kv_projection_size() const { return effective_kv_channels() * effective_num_query_groups(); }
+  // Megatron's rotary_dim: int(kv_channels * rotary_percent), the rotated dimensions of a head.
+  int64_t rotary_dim() const {
+    return static_cast<int64_t>(static_cast<double>(effective_kv_channels()) * rotary_percent);
+  }
 };
 
 // Megatron's _vocab_size_with_padding: round vocab_size up to a multiple of

@@ -19,6 +19,7 @@ struct Entry {
   int64_t rows, columns;
   TensorSplit split;
   bool decay;
+  int64_t chunks = 1;  // ParameterSpec::chunks
 };
 
 // Calls visit(entry) for each parameter of `stage`, in registration order. One home for what the
@@ -55,8 +56,9 @@ void for_each_parameter(const ModelSpec& model, const ParallelPlan& plan, int64_
     visit(Entry{l, "self_attention.linear_proj.weight", h, q, TensorSplit::kRow, true});
     if (bias) visit(Entry{l, "self_attention.linear_proj.bias", h, 0, kWhole, false});
     norm(l, "pre_mlp_layernorm.weight", "pre_mlp_layernorm.bias");
-    visit(Entry{l, "mlp.linear_fc1.weight", fc1, h, TensorSplit::kColumn, true});
-    if (bias) visit(Entry{l, "mlp.linear_fc1.bias", fc1, 0, TensorSplit::kColumn, false});
+    const int64_t fc1_chunks = model.swiglu ? 2 : 1;
+    visit(Entry{l, "mlp.linear_fc1.weight", fc1, h, TensorSplit::kColumn, true, fc1_chunks});
+    if (bias) visit(Entry{l, "mlp.linear_fc1.bias", fc1, 0, TensorSplit::kColumn, false, fc1_chunks});
     visit(Entry{l, "mlp.linear_fc2.weight", h, f, TensorSplit::kRow, true});
     if (bias) visit(Entry{l, "mlp.linear_fc2.bias", h, 0, kWhole, false});
   }
@@ -96,6 +98,7 @@ std::vector<ParameterSpec> describe_parameters(const ModelSpec& model, const Par
     ParameterSpec spec;
     spec.name = entry.layer >= 0 ? "decoder.layers." + std::to_string(entry.layer) + "." + entry.name : entry.name;
     spec.split = entry.split;
+    spec.chunks = entry.chunks;
     if (entry.split != TensorSplit::kReplicated) {
       spec.shard_index = tp_rank;
       spec.shard_count = tp;

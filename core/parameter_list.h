@@ -30,6 +30,9 @@ struct ParameterSpec {
   int64_t shard_index = 0;
   int64_t shard_count = 1;
   TensorSplit split = TensorSplit::kReplicated;
+  // A column-parallel tensor of `chunks` blocks stacked along dimension 0, each cut alike, so that
+  // a rank holds its part of every block: SwiGLU's fc1 [gate; up] (a rank's [gate_r; up_r]).
+  int64_t chunks = 1;
   bool weight_decay = true;  // off for biases and norms
   std::size_t size = 0;
 };

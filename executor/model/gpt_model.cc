@@ -1,6 +1,8 @@
 #include "executor/model/gpt_model.h"
 
+#include <algorithm>
 #include <cmath>
+#include <map>
 #include <cstring>
 #include <random>
 #include <stdexcept>
@@ -41,14 +43,10 @@ void GptModel::refuse_unsupported(const ModelSpec& model, const ParallelPlan& pl
   const auto unsupported = [](const std::string& field, const std::string& what) {
     throw SpecError(field, what + " is not in the executor yet");
   };
-  if (model.normalization != Normalization::kLayerNorm) unsupported("--normalization", "RMSNorm");
-  if (model.position_embedding_type != PositionEmbedding::kLearnedAbsolute) unsupported("--position-embedding-type", "RoPE");
-  if (model.swiglu) unsupported("--swiglu", "SwiGLU");
-  if (model.effective_num_query_groups() != model.num_attention_heads) unsupported("--num-query-groups", "GQA");
-  if (model.untie_embeddings_and_output_weights) unsupported("--untie-embeddings-and-output-weights", "an untied output layer");
-  if (!model.add_bias_linear) unsupported("--disable-bias-linear", "linear layers without bias");
-  if (model.effective_kv_channels() * model.num_attention_heads != model.hidden_size) {
-    unsupported("--kv-channels", "a head dimension other than h / heads");
+  // GELU rides on fc1's bias epilogue (core/kernel_list.h lists no GELU of its own).
+  if (!model.swiglu && !model.add_bias_linear) unsupported("--disable-bias-linear", "GELU without biases");
+  if (model.normalization == Normalization::kLayerNorm && model.norm_epsilon != 1e-5) {
+    unsupported("--norm-epsilon", "LayerNorm with an epsilon other than 1e-5");
   }
   if (plan.context_parallel_size != 1) unsupported("--context-parallel-size", "context parallelism");
   if (plan.implementation != Implementation::kMegaplan) {
@@ -62,7 +60,7 @@ TensorCut tensor_cut(const ParameterSpec& spec) {
   switch (spec.split) {
     case TensorSplit::kColumn:
     case TensorSplit::kVocabulary:
-      return {0, spec.shard_index, spec.shard_count};
+      return {0, spec.shard_index, spec.shard_count, spec.chunks};
     case TensorSplit::kRow:
       return {1, spec.shard_index, spec.shard_count};
     case TensorSplit::kReplicated:
@@ -87,16 +85,31 @@ GptModel::GptModel(const ModelSpec& model, const ParallelPlan& plan, int64_t sta
       stage_(stage),
       hidden_(model.hidden_size),
       heads_(model.num_attention_heads),
+      query_groups_(model.effective_num_query_groups()),
+      dim_(model.effective_kv_channels()),
       layers_total_(model.num_layers),
       ffn_(model.effective_ffn_hidden_size()),
       seq_(model.seq_length),
       vocab_(padded_vocab_size(model, plan.tensor_parallel_size)),
       batch_(plan.micro_batch_size),
+      rms_norm_(model.normalization == Normalization::kRMSNorm),
+      swiglu_(model.swiglu),
+      rope_(model.position_embedding_type == PositionEmbedding::kRope),
+      untied_(model.untie_embeddings_and_output_weights),
+      linear_bias_(model.add_bias_linear),
+      qkv_bias_(model.add_bias_linear || model.add_qkv_bias),
+      rotary_dim_(model.rotary_dim()),
+      rotary_base_(static_cast<float>(model.rotary_base)),
+      norm_epsilon_(static_cast<float>(model.norm_epsilon)),
       tensor_parallel_(tensor_parallel),
       tp_(plan.tensor_parallel_size),
       tp_rank_(tensor_parallel ? tensor_parallel->rank() : 0),
       sequence_parallel_(plan.sequence_parallel),
       heads_local_(heads_ / tp_),
+      groups_local_(query_groups_ / tp_),
+      q_local_(heads_local_ * dim_),
+      qkv_local_(groups_local_ * (heads_ / query_groups_ + 2) * dim_),
+      fc1_local_(swiglu_ ? 2 * ffn_ / tp_ : ffn_ / tp_),
       ffn_local_(ffn_ / tp_),
       vocab_local_(vocab_ / tp_),
       vocab_start_(tp_rank_ * vocab_local_),
@@ -121,26 +134,32 @@ GptModel::GptModel(const ModelSpec& model, const ParallelPlan& plan, int64_t sta
   parameters_.reserve(specs.size());  // pointers into it stay valid
   for (const ParameterSpec& spec : specs) add_parameter(spec);
 
-  std::size_t next = 0;
-  const auto take_parameter = [&] { return &parameters_[next++]; };
+  // By Megatron's names (core's parameter list holds only what the architecture has).
+  std::map<std::string, Parameter*> by_name;
+  for (Parameter& parameter : parameters_) by_name[parameter.name] = &parameter;
+  const auto find = [&](const std::string& name) -> Parameter* {
+    const auto found = by_name.find(name);
+    return found == by_name.end() ? nullptr : found->second;
+  };
   if (has_embedding_) {
-    word_embeddings_ = take_parameter();
-    position_embeddings_ = take_parameter();
+    word_embeddings_ = find(kWordEmbeddings);
+    position_embeddings_ = find("embedding.position_embeddings.weight");
   }
   for (int64_t l = 0; l < stage_layout.num_layers; ++l) {
-    Layer layer{};
-    for (Parameter** slot : {&layer.ln1_gamma, &layer.ln1_beta, &layer.qkv_weight, &layer.qkv_bias, &layer.proj_weight,
-                             &layer.proj_bias, &layer.ln2_gamma, &layer.ln2_beta, &layer.fc1_weight, &layer.fc1_bias,
-                             &layer.fc2_weight, &layer.fc2_bias}) {
-      *slot = take_parameter();
-    }
-    layers_.push_back(layer);
+    const std::string prefix = "decoder.layers." + std::to_string(first_layer_ + l) + ".";
+    layers_.push_back({find(prefix + "input_layernorm.weight"), find(prefix + "input_layernorm.bias"),
+                       find(prefix + "self_attention.linear_qkv.weight"), find(prefix + "self_attention.linear_qkv.bias"),
+                       find(prefix + "self_attention.linear_proj.weight"), find(prefix + "self_attention.linear_proj.bias"),
+                       find(prefix + "pre_mlp_layernorm.weight"), find(prefix + "pre_mlp_layernorm.bias"),
+                       find(prefix + "mlp.linear_fc1.weight"), find(prefix + "mlp.linear_fc1.bias"),
+                       find(prefix + "mlp.linear_fc2.weight"), find(prefix + "mlp.linear_fc2.bias")});
   }
   if (has_output_) {
-    final_gamma_ = take_parameter();
-    final_beta_ = take_parameter();
-    if (next < parameters_.size()) output_copy_ = take_parameter();
-    output_weight_ = output_copy_ ? output_copy_ : word_embeddings_ ? word_embeddings_ : tied_embedding;
+    final_gamma_ = find("decoder.final_layernorm.weight");
+    final_beta_ = find("decoder.final_layernorm.bias");
+    Parameter* own = find(kOutputWeight);
+    if (!untied_) output_copy_ = own;
+    output_weight_ = own ? own : word_embeddings_ ? word_embeddings_ : tied_embedding;
     if (!output_weight_) throw std::logic_error("GptModel: the last stage needs stage 0's word embedding on its rank");
   }
   initialise(seed);
@@ -150,11 +169,12 @@ GptModel::GptModel(const ModelSpec& model, const ParallelPlan& plan, int64_t sta
   const auto hs = static_cast<std::size_t>(hidden_);
   norm_out_ = backend_.allocate_activation(rows * hs);
   branch_out_ = backend_.allocate_activation(rows * hs);
-  d_hidden_ = backend_.allocate_activation(tokens * hs);
+  d_hidden_ = backend_.allocate_activation(tokens * std::max(hs, static_cast<std::size_t>(q_local_)));
   d_residual_[0] = backend_.allocate_activation(rows * hs);
   d_residual_[1] = backend_.allocate_activation(rows * hs);
-  d_qkv_ = backend_.allocate_activation(tokens * 3 * hs / static_cast<std::size_t>(tp_));
-  d_ffn_ = backend_.allocate_activation(tokens * static_cast<std::size_t>(ffn_local_));
+  d_qkv_ = backend_.allocate_activation(tokens * static_cast<std::size_t>(qkv_local_));
+  d_ffn_ = backend_.allocate_activation(tokens * static_cast<std::size_t>(fc1_local_));
+  if (swiglu_) d_activated_ = backend_.allocate_activation(tokens * static_cast<std::size_t>(ffn_local_));
   if (sequence_parallel_) {
     gathered_ = backend_.allocate_activation(tokens * hs);
     partial_ = backend_.allocate_activation(tokens * hs);
@@ -174,6 +194,7 @@ void GptModel::initialise(uint64_t seed) {
   const double output_sigma = sigma / std::sqrt(2.0 * static_cast<double>(layers_total_));
   for (Parameter& parameter : parameters_) {
     std::vector<float> host(product(parameter.global_shape), 0.0f);
+    // The tied copy draws the word embedding's values; an untied output layer its own.
     const std::string& source = &parameter == output_copy_ ? std::string(kWordEmbeddings) : parameter.name;
     if (ends_with(parameter.name, "layernorm.weight")) {
       std::fill(host.begin(), host.end(), 1.0f);
@@ -203,8 +224,8 @@ GptModel::~GptModel() {
   for (Parameter& parameter : parameters_) backend_.release_compute_copy(parameter.compute, parameter.value);
   backend_.release(values_);
   backend_.release(gradients_);
-  for (Activation buffer : {norm_out_, branch_out_, d_hidden_, d_residual_[0], d_residual_[1], d_qkv_, d_ffn_, gathered_,
-                            partial_}) {
+  for (Activation buffer : {norm_out_, branch_out_, d_hidden_, d_residual_[0], d_residual_[1], d_qkv_, d_ffn_,
+                            d_activated_, gathered_, partial_}) {
     if (buffer) backend_.release(buffer);
   }
   if (loss_memory_) backend_.release(loss_memory_);
@@ -220,33 +241,31 @@ GptModel::LayerActivations GptModel::allocate_layer(Keep keep) {
   const auto tokens = static_cast<std::size_t>(batch_ * seq_);
   const auto rows = static_cast<std::size_t>(rows_);
   const auto h = static_cast<std::size_t>(hidden_);
-  const auto h_local = h / static_cast<std::size_t>(tp_);
-  const auto f = static_cast<std::size_t>(ffn_local_);
   const auto stats = [&] { return backend_.allocate(rows); };
   const auto act = [&](std::size_t n) { return backend_.allocate_activation(n); };
   LayerActivations layer;
   if (keep == Keep::kNothing) return layer;
   layer.input = act(rows * h);
   if (keep == Keep::kInput) return layer;
-  layer.qkv = act(tokens * 3 * h_local);
+  layer.qkv = act(tokens * static_cast<std::size_t>(qkv_local_));
   layer.middle = act(rows * h);
-  layer.fc1 = act(tokens * f);
-  layer.gelu = act(tokens * f);
-  layer.ln1_mean = stats();
+  layer.fc1 = act(tokens * static_cast<std::size_t>(fc1_local_));
+  layer.activated = act(tokens * static_cast<std::size_t>(ffn_local_));
+  if (!rms_norm_) layer.ln1_mean = stats();
   layer.ln1_rstd = stats();
-  layer.ln2_mean = stats();
+  if (!rms_norm_) layer.ln2_mean = stats();
   layer.ln2_rstd = stats();
   if (keep == Keep::kAll) {
-    layer.attention = act(tokens * h_local);
+    layer.attention = act(tokens * static_cast<std::size_t>(q_local_));
     layer.attention_saved = backend_.allocate(backend_.attention_saved_size(
         static_cast<std::size_t>(batch_), static_cast<std::size_t>(seq_), static_cast<std::size_t>(heads_local_),
-        static_cast<std::size_t>(hidden_ / heads_)));
+        static_cast<std::size_t>(dim_)));
   }
   return layer;
 }
 
 void GptModel::release_layer(LayerActivations& l) {
-  for (Activation buffer : {l.input, l.qkv, l.attention, l.middle, l.fc1, l.gelu}) {
+  for (Activation buffer : {l.input, l.qkv, l.attention, l.middle, l.fc1, l.activated}) {
     if (buffer) backend_.release(buffer);
   }
   for (float* buffer : {l.ln1_mean, l.ln1_rstd, l.attention_saved, l.ln2_mean, l.ln2_rstd}) {
@@ -282,7 +301,7 @@ GptModel::Activations GptModel::allocate_activations() {
   if (has_output_) {
     a.final_norm = backend_.allocate_activation(tokens * h);  // gathered: the output layer's input
     a.logits = backend_.allocate_activation(tokens * static_cast<std::size_t>(vocab_local_));
-    a.final_mean = backend_.allocate(rows);
+    if (!rms_norm_) a.final_mean = backend_.allocate(rows);
     a.final_rstd = backend_.allocate(rows);
     a.loss_saved = backend_.allocate(tokens);  // the whole vocabulary's log-sum-exp per row
   }
@@ -350,7 +369,8 @@ void GptModel::run_forward(Activations& a, const MicrobatchTokens* data) {
     // Vocabulary-parallel: each rank looks up its rows' tokens; the sum over the group is the embedding.
     backend_.embedding_forward(a.inputs.data(), count, seq, word_embeddings_->compute,
                                static_cast<std::size_t>(vocab_start_), v,
-                               tp_rank_ == 0 ? position_embeddings_->compute : nullptr, h, partial_of(first_input));
+                               tp_rank_ == 0 && position_embeddings_ ? position_embeddings_->compute : nullptr, h,
+                               partial_of(first_input));
     if (Request done = reduce(first_input)) done->wait();
   }
   ConstActivation stream = first_input;
@@ -373,11 +393,11 @@ void GptModel::run_forward(Activations& a, const MicrobatchTokens* data) {
     return;
   }
   Activation normed = sequence_parallel_ ? norm_out_ : a.final_norm;
-  backend_.layernorm_forward(stream, pending, pending ? a.output : nullptr, final_gamma_->compute,
-                             final_beta_->compute, rows, h, normed, a.final_mean, a.final_rstd);
+  norm_forward(stream, pending, pending ? a.output : nullptr, final_gamma_, final_beta_, normed, a.final_mean,
+               a.final_rstd);
   gather_rows(normed, a.final_norm);
   if (scratch.qkv) give_back(scratch);
-  // Tied output layer: logits = final_norm E^T over the rank's vocabulary rows.
+  // The output layer (tied: the word embedding E): logits = final_norm E^T over the rank's vocabulary rows.
   backend_.linear_forward(a.final_norm, output_weight_->compute, nullptr, count, h, v, LinearEpilogue::kNone, a.logits,
                           nullptr);
   backend_.cross_entropy_statistics(a.logits, a.labels.data(), count, v, static_cast<std::size_t>(vocab_start_),
@@ -424,6 +444,7 @@ void GptModel::reduce_sequence_parallel_gradients(std::size_t first, std::size_t
   if (has_output_) norms.insert(norms.end(), {final_gamma_, final_beta_});
   std::vector<Request> pending;
   for (Parameter* norm : norms) {
+    if (!norm) continue;  // RMSNorm has no bias
     const auto index = static_cast<std::size_t>(norm - parameters_.data());
     if (index < first || index > last) continue;
     pending.push_back(tensor_parallel_->all_reduce(norm->gradient, norm->size, DataType::kFloat32, ReduceOp::kSum));
@@ -478,7 +499,7 @@ GptModel::Activations GptModel::take(std::map<int64_t, Activations>& from, int64
 
 void GptModel::fill_missing(LayerActivations& act, const LayerActivations& from) {
   for (auto [field, source] : {std::pair{&act.input, from.input}, {&act.qkv, from.qkv}, {&act.attention, from.attention},
-                               {&act.middle, from.middle}, {&act.fc1, from.fc1}, {&act.gelu, from.gelu}}) {
+                               {&act.middle, from.middle}, {&act.fc1, from.fc1}, {&act.activated, from.activated}}) {
     if (!*field) *field = source;
   }
   for (auto [field, source] : {std::pair{&act.ln1_mean, from.ln1_mean}, {&act.ln1_rstd, from.ln1_rstd},
@@ -488,40 +509,78 @@ void GptModel::fill_missing(LayerActivations& act, const LayerActivations& from)
   }
 }
 
+void GptModel::norm_forward(ConstActivation x, ConstActivation residual, Activation sum_out, const Parameter* gamma,
+                            const Parameter* beta, Activation y, float* mean, float* rstd) {
+  const auto rows = static_cast<std::size_t>(rows_);
+  const auto h = static_cast<std::size_t>(hidden_);
+  if (rms_norm_) {
+    backend_.rmsnorm_forward(x, residual, sum_out, gamma->compute, rows, h, norm_epsilon_, y, rstd);
+  } else {
+    backend_.layernorm_forward(x, residual, sum_out, gamma->compute, beta->compute, rows, h, y, mean, rstd);
+  }
+}
+
+void GptModel::norm_backward(ConstActivation dy, ConstActivation x, const Parameter* gamma, const Parameter* beta,
+                             const float* mean, const float* rstd, ConstActivation residual_grad, Activation dx) {
+  const auto rows = static_cast<std::size_t>(rows_);
+  const auto h = static_cast<std::size_t>(hidden_);
+  if (rms_norm_) {
+    backend_.rmsnorm_backward(dy, x, gamma->compute, rstd, rows, h, residual_grad, dx, gamma->gradient);
+  } else {
+    backend_.layernorm_backward(dy, x, gamma->compute, mean, rstd, rows, h, residual_grad, dx, gamma->gradient,
+                                beta->gradient);
+  }
+}
+
+void GptModel::rotate(Activation qkv, bool inverse) {
+  if (!rope_) return;
+  backend_.rotary(qkv, static_cast<std::size_t>(batch_), static_cast<std::size_t>(seq_),
+                  static_cast<std::size_t>(groups_local_), static_cast<std::size_t>(heads_ / query_groups_),
+                  static_cast<std::size_t>(dim_), static_cast<std::size_t>(rotary_dim_), rotary_base_, inverse);
+}
+
 void GptModel::layer_forward(std::size_t l, const LayerActivations& act, ConstActivation& stream,
                              ConstActivation& pending) {
   const auto batch = static_cast<std::size_t>(batch_);
   const auto seq = static_cast<std::size_t>(seq_);
   const std::size_t count = batch * seq;
-  const auto rows = static_cast<std::size_t>(rows_);
   const auto h = static_cast<std::size_t>(hidden_);
-  const auto h_local = h / static_cast<std::size_t>(tp_);
+  const auto q = static_cast<std::size_t>(q_local_);
+  const auto qkv = static_cast<std::size_t>(qkv_local_);
+  const auto fc1 = static_cast<std::size_t>(fc1_local_);
   const auto f = static_cast<std::size_t>(ffn_local_);
-  const auto heads = static_cast<std::size_t>(heads_local_);
-  const auto dim = h / static_cast<std::size_t>(heads_);
   const Layer& w = layers_[l];
+  const auto bias = [](const Parameter* p) { return p ? p->compute : nullptr; };
+  const auto epilogue = [](const Parameter* p) { return p ? LinearEpilogue::kBias : LinearEpilogue::kNone; };
   // A row-parallel layer's bias is added once to the sum: by tensor-parallel rank 0, before it.
-  const bool row_bias = tp_rank_ == 0;
+  const Parameter* proj_bias = tp_rank_ == 0 ? w.proj_bias : nullptr;
+  const Parameter* fc2_bias = tp_rank_ == 0 ? w.fc2_bias : nullptr;
   if (pending) {
-    backend_.layernorm_forward(stream, pending, act.input, w.ln1_gamma->compute, w.ln1_beta->compute, rows, h,
-                               norm_out_, act.ln1_mean, act.ln1_rstd);
+    norm_forward(stream, pending, act.input, w.ln1_gamma, w.ln1_beta, norm_out_, act.ln1_mean, act.ln1_rstd);
   } else {
-    backend_.layernorm_forward(act.input, nullptr, nullptr, w.ln1_gamma->compute, w.ln1_beta->compute, rows, h,
-                               norm_out_, act.ln1_mean, act.ln1_rstd);
+    norm_forward(act.input, nullptr, nullptr, w.ln1_gamma, w.ln1_beta, norm_out_, act.ln1_mean, act.ln1_rstd);
   }
-  backend_.linear_forward(gather_rows(norm_out_, gathered_), w.qkv_weight->compute, w.qkv_bias->compute, count, h,
-                          3 * h_local, LinearEpilogue::kBias, act.qkv, nullptr);
-  backend_.attention_forward(act.qkv, batch, seq, heads, dim, act.attention, act.attention_saved);
-  backend_.linear_forward(act.attention, w.proj_weight->compute, row_bias ? w.proj_bias->compute : nullptr, count,
-                          h_local, h, row_bias ? LinearEpilogue::kBias : LinearEpilogue::kNone,
+  backend_.linear_forward(gather_rows(norm_out_, gathered_), w.qkv_weight->compute, bias(w.qkv_bias), count, h, qkv,
+                          epilogue(w.qkv_bias), act.qkv, nullptr);
+  rotate(act.qkv, false);
+  backend_.attention_forward(act.qkv, batch, seq, static_cast<std::size_t>(heads_local_),
+                             static_cast<std::size_t>(groups_local_), static_cast<std::size_t>(dim_), act.attention,
+                             act.attention_saved);
+  backend_.linear_forward(act.attention, w.proj_weight->compute, bias(proj_bias), count, q, h, epilogue(proj_bias),
                           partial_of(branch_out_), nullptr);
   if (Request done = reduce(branch_out_)) done->wait();
-  backend_.layernorm_forward(act.input, branch_out_, act.middle, w.ln2_gamma->compute, w.ln2_beta->compute, rows, h,
-                             norm_out_, act.ln2_mean, act.ln2_rstd);
-  backend_.linear_forward(gather_rows(norm_out_, gathered_), w.fc1_weight->compute, w.fc1_bias->compute, count, h, f,
-                          LinearEpilogue::kBiasGelu, act.gelu, act.fc1);
-  backend_.linear_forward(act.gelu, w.fc2_weight->compute, row_bias ? w.fc2_bias->compute : nullptr, count, f, h,
-                          row_bias ? LinearEpilogue::kBias : LinearEpilogue::kNone, partial_of(branch_out_), nullptr);
+  norm_forward(act.input, branch_out_, act.middle, w.ln2_gamma, w.ln2_beta, norm_out_, act.ln2_mean, act.ln2_rstd);
+  ConstActivation ln2 = gather_rows(norm_out_, gathered_);
+  if (swiglu_) {
+    backend_.linear_forward(ln2, w.fc1_weight->compute, bias(w.fc1_bias), count, h, fc1, epilogue(w.fc1_bias), act.fc1,
+                            nullptr);
+    backend_.swiglu_forward(act.fc1, count, f, act.activated);
+  } else {
+    backend_.linear_forward(ln2, w.fc1_weight->compute, w.fc1_bias->compute, count, h, f, LinearEpilogue::kBiasGelu,
+                            act.activated, act.fc1);
+  }
+  backend_.linear_forward(act.activated, w.fc2_weight->compute, bias(fc2_bias), count, f, h, epilogue(fc2_bias),
+                          partial_of(branch_out_), nullptr);
   if (Request done = reduce(branch_out_)) done->wait();
   stream = act.middle;
   pending = branch_out_;
@@ -529,15 +588,12 @@ void GptModel::layer_forward(std::size_t l, const LayerActivations& act, ConstAc
 
 void GptModel::layer_backward(std::size_t l, const LayerActivations& act, Activation d_out, Activation d_middle,
                               DeferredGradients* deferred) {
-  const auto batch = static_cast<std::size_t>(batch_);
-  const auto seq = static_cast<std::size_t>(seq_);
-  const std::size_t count = batch * seq;
-  const auto rows = static_cast<std::size_t>(rows_);
+  const std::size_t count = static_cast<std::size_t>(batch_ * seq_);
   const auto h = static_cast<std::size_t>(hidden_);
-  const auto h_local = h / static_cast<std::size_t>(tp_);
+  const auto q = static_cast<std::size_t>(q_local_);
+  const auto qkv = static_cast<std::size_t>(qkv_local_);
+  const auto fc1 = static_cast<std::size_t>(fc1_local_);
   const auto f = static_cast<std::size_t>(ffn_local_);
-  const auto heads = static_cast<std::size_t>(heads_local_);
-  const auto dim = h / static_cast<std::size_t>(heads_);
   const Layer& w = layers_[l];
   // Under I each GEMM's output gradient is copied out of the scratch buffers the loop reuses and
   // kept for W; under B its weight gradient is taken now. A row-parallel bias's gradient comes from
@@ -548,44 +604,51 @@ void GptModel::layer_backward(std::size_t l, const LayerActivations& act, Activa
       *keep = backend_.allocate_activation(count * n);
       backend_.copy(dy, count * n, *keep);
     } else {
-      backend_.linear_backward(dy, x, weight->compute, count, k, n, nullptr, weight->gradient, bias->gradient);
+      backend_.linear_backward(dy, x, weight->compute, count, k, n, nullptr, weight->gradient,
+                               bias ? bias->gradient : nullptr);
     }
   };
   DeferredGradients unused;
   DeferredGradients& kept = deferred ? *deferred : unused;
-  // out = middle + fc2(gelu(fc1(ln2(middle)))); fc2's input gradient goes through the GELU in
-  // the same GEMM.
+  // out = middle + fc2(act(fc1(ln2(middle)))); with GELU, fc2's input gradient goes through the
+  // GELU in the same GEMM; SwiGLU's gradient is a pass of its own.
   ConstActivation d_out_full = gather_rows(d_out, gathered_);
-  backend_.linear_backward_through_gelu(d_out_full, w.fc2_weight->compute, count, f, h, act.fc1, d_ffn_);
-  weight_gradient(d_out_full, act.gelu, f, h, w.fc2_weight, w.fc2_bias, &kept.fc2);
-  backend_.layernorm_forward(act.middle, nullptr, nullptr, w.ln2_gamma->compute, w.ln2_beta->compute, rows, h,
-                             norm_out_, act.ln2_mean, act.ln2_rstd);  // recomputed, not kept
+  if (swiglu_) {
+    backend_.linear_backward(d_out_full, nullptr, w.fc2_weight->compute, count, f, h, d_activated_, nullptr, nullptr);
+    backend_.swiglu_backward(d_activated_, act.fc1, count, f, d_ffn_);
+  } else {
+    backend_.linear_backward_through_gelu(d_out_full, w.fc2_weight->compute, count, f, h, act.fc1, d_ffn_);
+  }
+  weight_gradient(d_out_full, act.activated, f, h, w.fc2_weight, w.fc2_bias, &kept.fc2);
+  norm_forward(act.middle, nullptr, nullptr, w.ln2_gamma, w.ln2_beta, norm_out_, act.ln2_mean,
+               act.ln2_rstd);  // recomputed, not kept
   ConstActivation ln2_full = gather_rows(norm_out_, gathered_);
   // A column-parallel layer's input gradient is a partial sum: its reduction overlaps the weight gradient.
-  backend_.linear_backward(d_ffn_, ln2_full, w.fc1_weight->compute, count, h, f, partial_of(d_hidden_), nullptr,
+  backend_.linear_backward(d_ffn_, ln2_full, w.fc1_weight->compute, count, h, fc1, partial_of(d_hidden_), nullptr,
                            nullptr);
   Request summed = reduce(d_hidden_);
-  weight_gradient(d_ffn_, ln2_full, h, f, w.fc1_weight, w.fc1_bias, &kept.fc1);
+  weight_gradient(d_ffn_, ln2_full, h, fc1, w.fc1_weight, w.fc1_bias, &kept.fc1);
   if (summed) summed->wait();
-  backend_.layernorm_backward(d_hidden_, act.middle, w.ln2_gamma->compute, act.ln2_mean, act.ln2_rstd, rows, h, d_out,
-                              d_middle, w.ln2_gamma->gradient, w.ln2_beta->gradient);
-  // middle = input + proj(attention(qkv(ln1(input)))).
+  norm_backward(d_hidden_, act.middle, w.ln2_gamma, w.ln2_beta, act.ln2_mean, act.ln2_rstd, d_out, d_middle);
+  // middle = input + proj(attention(rope(qkv(ln1(input))))).
   ConstActivation d_middle_full = gather_rows(d_middle, gathered_);
-  backend_.linear_backward(d_middle_full, act.attention, w.proj_weight->compute, count, h_local, h, d_hidden_, nullptr,
+  backend_.linear_backward(d_middle_full, act.attention, w.proj_weight->compute, count, q, h, d_hidden_, nullptr,
                            nullptr);
-  weight_gradient(d_middle_full, act.attention, h_local, h, w.proj_weight, w.proj_bias, &kept.proj);
-  backend_.attention_backward(d_hidden_, act.qkv, act.attention, act.attention_saved, batch, seq, heads, dim, d_qkv_);
-  backend_.layernorm_forward(act.input, nullptr, nullptr, w.ln1_gamma->compute, w.ln1_beta->compute, rows, h,
-                             norm_out_, act.ln1_mean, act.ln1_rstd);  // recomputed, not kept
+  weight_gradient(d_middle_full, act.attention, q, h, w.proj_weight, w.proj_bias, &kept.proj);
+  backend_.attention_backward(d_hidden_, act.qkv, act.attention, act.attention_saved, static_cast<std::size_t>(batch_),
+                              static_cast<std::size_t>(seq_), static_cast<std::size_t>(heads_local_),
+                              static_cast<std::size_t>(groups_local_), static_cast<std::size_t>(dim_), d_qkv_);
+  rotate(d_qkv_, true);  // the gradient of the projection's output, before the rotation
+  norm_forward(act.input, nullptr, nullptr, w.ln1_gamma, w.ln1_beta, norm_out_, act.ln1_mean,
+               act.ln1_rstd);  // recomputed, not kept
   ConstActivation ln1_full = gather_rows(norm_out_, gathered_);
-  backend_.linear_backward(d_qkv_, ln1_full, w.qkv_weight->compute, count, h, 3 * h_local, partial_of(d_hidden_),
-                           nullptr, nullptr);
+  backend_.linear_backward(d_qkv_, ln1_full, w.qkv_weight->compute, count, h, qkv, partial_of(d_hidden_), nullptr,
+                           nullptr);
   summed = reduce(d_hidden_);
-  weight_gradient(d_qkv_, ln1_full, h, 3 * h_local, w.qkv_weight, w.qkv_bias, &kept.qkv);
+  weight_gradient(d_qkv_, ln1_full, h, qkv, w.qkv_weight, w.qkv_bias, &kept.qkv);
   if (summed) summed->wait();
   // The input's gradient goes to d_out's buffer: it is the previous layer's output gradient.
-  backend_.layernorm_backward(d_hidden_, act.input, w.ln1_gamma->compute, act.ln1_mean, act.ln1_rstd, rows, h,
-                              d_middle, d_out, w.ln1_gamma->gradient, w.ln1_beta->gradient);
+  norm_backward(d_hidden_, act.input, w.ln1_gamma, w.ln1_beta, act.ln1_mean, act.ln1_rstd, d_middle, d_out);
 }
 
 void GptModel::backward_input(int64_t microbatch, ConstActivation output_gradient, float loss_scale,
@@ -599,7 +662,7 @@ void GptModel::backward_input(int64_t microbatch, ConstActivation output_gradien
   const auto v = static_cast<std::size_t>(vocab_local_);
   const auto vocab_start = static_cast<std::size_t>(vocab_start_);
   const auto heads = static_cast<std::size_t>(heads_local_);
-  const auto dim = h / static_cast<std::size_t>(heads_);
+  const auto dim = static_cast<std::size_t>(dim_);
 
   // d_residual_[0] holds the stream's gradient at a layer's output, [1] at its middle.
   Activation d_out = d_residual_[0], d_middle = d_residual_[1];
@@ -615,8 +678,7 @@ void GptModel::backward_input(int64_t microbatch, ConstActivation output_gradien
                                output_weight_->gradient, nullptr);
     }
     if (summed) summed->wait();
-    backend_.layernorm_backward(d_hidden_, a.output, final_gamma_->compute, a.final_mean, a.final_rstd, rows, h,
-                                nullptr, d_out, final_gamma_->gradient, final_beta_->gradient);
+    norm_backward(d_hidden_, a.output, final_gamma_, final_beta_, a.final_mean, a.final_rstd, nullptr, d_out);
     if (!defer) gradients_done_from(final_gamma_);
   } else {
     backend_.copy(output_gradient, rows * h, d_out);
@@ -642,8 +704,8 @@ void GptModel::backward_input(int64_t microbatch, ConstActivation output_gradien
         // Selective recomputation: the attention core again, from the kept qkv.
         borrowed.push_back(borrow());
         fill_missing(a.work[l], borrowed.back());
-        backend_.attention_forward(a.work[l].qkv, batch, seq, heads, dim, a.work[l].attention,
-                                   a.work[l].attention_saved);
+        backend_.attention_forward(a.work[l].qkv, batch, seq, heads, static_cast<std::size_t>(groups_local_), dim,
+                                   a.work[l].attention, a.work[l].attention_saved);
       }
       layer_backward(l, a.work[l], d_out, d_middle, defer ? &a.deferred[l] : nullptr);
       if (!defer) gradients_done_from(layers_[l].ln1_gamma);
@@ -664,7 +726,8 @@ void GptModel::backward_input(int64_t microbatch, ConstActivation output_gradien
     backend_.copy(gather_rows(d_out, gathered_), count * h, a.input_gradient);
   } else {
     backend_.embedding_backward(gather_rows(d_out, gathered_), a.inputs.data(), count, seq, h, vocab_start, v,
-                                word_embeddings_->gradient, position_embeddings_->gradient);
+                                word_embeddings_->gradient,
+                                position_embeddings_ ? position_embeddings_->gradient : nullptr);
     gradients_done_from(word_embeddings_);
   }
   if (defer) {
@@ -690,9 +753,10 @@ void GptModel::backward_weight(int64_t microbatch) {
 
 void GptModel::weight_gradients(Activations& a) {
   const std::size_t count = static_cast<std::size_t>(batch_ * seq_);
-  const auto rows = static_cast<std::size_t>(rows_);
   const auto h = static_cast<std::size_t>(hidden_);
-  const auto h_local = h / static_cast<std::size_t>(tp_);
+  const auto q = static_cast<std::size_t>(q_local_);
+  const auto qkv = static_cast<std::size_t>(qkv_local_);
+  const auto fc1 = static_cast<std::size_t>(fc1_local_);
   const auto f = static_cast<std::size_t>(ffn_local_);
   const auto v = static_cast<std::size_t>(vocab_local_);
   const auto gradient = [&](ConstActivation dy, ConstActivation x, std::size_t k, std::size_t n, Parameter* weight,
@@ -709,20 +773,18 @@ void GptModel::weight_gradients(Activations& a) {
     const Layer& w = layers_[l];
     const LayerActivations& act = a.work[l];
     const DeferredGradients& d = a.deferred[l];
-    gradient(d.fc2, act.gelu, f, h, w.fc2_weight, w.fc2_bias);
-    backend_.layernorm_forward(act.middle, nullptr, nullptr, w.ln2_gamma->compute, w.ln2_beta->compute, rows, h,
-                               norm_out_, act.ln2_mean, act.ln2_rstd);
-    gradient(d.fc1, gather_rows(norm_out_, gathered_), h, f, w.fc1_weight, w.fc1_bias);
-    gradient(d.proj, act.attention, h_local, h, w.proj_weight, w.proj_bias);
-    backend_.layernorm_forward(act.input, nullptr, nullptr, w.ln1_gamma->compute, w.ln1_beta->compute, rows, h,
-                               norm_out_, act.ln1_mean, act.ln1_rstd);
-    gradient(d.qkv, gather_rows(norm_out_, gathered_), h, 3 * h_local, w.qkv_weight, w.qkv_bias);
+    gradient(d.fc2, act.activated, f, h, w.fc2_weight, w.fc2_bias);
+    norm_forward(act.middle, nullptr, nullptr, w.ln2_gamma, w.ln2_beta, norm_out_, act.ln2_mean, act.ln2_rstd);
+    gradient(d.fc1, gather_rows(norm_out_, gathered_), h, fc1, w.fc1_weight, w.fc1_bias);
+    gradient(d.proj, act.attention, q, h, w.proj_weight, w.proj_bias);
+    norm_forward(act.input, nullptr, nullptr, w.ln1_gamma, w.ln1_beta, norm_out_, act.ln1_mean, act.ln1_rstd);
+    gradient(d.qkv, gather_rows(norm_out_, gathered_), h, qkv, w.qkv_weight, w.qkv_bias);
     gradients_done_from(w.ln1_gamma);
   }
   if (has_embedding_) {
     backend_.embedding_backward(a.input_gradient, a.inputs.data(), count, static_cast<std::size_t>(seq_), h,
                                 static_cast<std::size_t>(vocab_start_), v, word_embeddings_->gradient,
-                                position_embeddings_->gradient);
+                                position_embeddings_ ? position_embeddings_->gradient : nullptr);
     gradients_done_from(word_embeddings_);
   }
 }

@@ -1,13 +1,17 @@
-// One virtual pipeline stage of core's GPT (learned absolute positions, LayerNorm, GELU (tanh),
-// tied input and output embeddings) on a Backend: the transformer layers core/pipeline_layout gives
-// the stage, the embeddings on the first stage, and the final norm, output layer and loss on the
-// last. With one stage it is the whole model. fp32 master weights and gradients accumulated over
-// microbatches live in one contiguous buffer each (Megatron DDP's layout, parameter_layout.h);
-// activations and each weight's compute copy are in the backend's compute precision (bf16 on the
-// GPU). Every parameter says how tensor parallelism splits it.
+// One virtual pipeline stage of core's decoder on a Backend: GPT's (learned absolute positions,
+// LayerNorm, GELU (tanh), biases, tied input and output embeddings) or the Llama family's (RMSNorm,
+// SwiGLU, rotary position embeddings, grouped-query attention, untied output layer, no biases, QKV
+// biases for Qwen2, a head dimension of its own), as ModelSpec says: the transformer layers
+// core/pipeline_layout gives the stage, the embeddings on the first stage, and the final norm,
+// output layer and loss on the last. With one stage it is the whole model. fp32 master weights and
+// gradients accumulated over microbatches live in one contiguous buffer each (Megatron DDP's
+// layout, parameter_layout.h); activations and each weight's compute copy are in the backend's
+// compute precision (bf16 on the GPU). Every parameter says how tensor parallelism splits it.
 //
-// Tensor parallelism is Megatron's: QKV and fc1 are column-parallel (each rank holds its heads'
-// q, k and v and its slice of the MLP), the projection and fc2 row-parallel (their partial outputs
+// Tensor parallelism is Megatron's: QKV and fc1 are column-parallel (each rank holds its query
+// groups' queries, keys and values, Megatron's fused layout [groups, group + 2, dim], and its slice
+// of the MLP: with SwiGLU its slices of the gate and of the up projection, [gate_r; up_r]), the
+// projection and fc2 row-parallel (their partial outputs
 // summed over the tensor-parallel group), the word embedding and the output layer vocabulary-
 // parallel (the cross entropy's row statistics gathered, vocabulary_parallel_loss.h). Without
 // sequence parallelism every rank holds the whole residual stream and the sums are all-reduces;
@@ -60,7 +64,8 @@ struct MicrobatchTokens {
 class GptModel {
  public:
   // Throws SpecError naming the flag of the first thing this executor does not support yet
-  // (RMSNorm, RoPE, SwiGLU, GQA, untied embeddings, biases off, context parallelism).
+  // (GELU without biases, LayerNorm with another epsilon than 1e-5, context parallelism, Megatron's
+  // implementations).
   static void refuse_unsupported(const ModelSpec& model, const ParallelPlan& plan);
 
   // Refuses what refuse_unsupported() refuses. Weights: normal(0, 0.02), the projection
@@ -98,7 +103,9 @@ class GptModel {
   bool last_stage() const { return has_output_; }
   std::vector<Parameter>& parameters() { return parameters_; }
   const std::vector<Parameter>& parameters() const { return parameters_; }
-  // The stage's word embedding, or its output layer's own copy of it (null when neither).
+  // Whether the output layer reads the word embedding (GPT's tying) rather than a weight of its own.
+  bool tied_embeddings() const { return !untied_; }
+  // The stage's word embedding, or its output layer's own copy of it when tied (null when neither).
   Parameter* word_embedding() { return word_embeddings_; }
   Parameter* output_weight_copy() { return output_copy_; }
   const ParameterLayout& layout() const { return layout_; }
@@ -134,7 +141,7 @@ class GptModel {
   double evaluate(const MicrobatchTokens* data, ConstActivation input, Activation output);
 
  private:
-  struct Layer {
+  struct Layer {  // null where the model has none (norm biases with RMSNorm, linear biases when off)
     Parameter* ln1_gamma; Parameter* ln1_beta; Parameter* qkv_weight; Parameter* qkv_bias;
     Parameter* proj_weight; Parameter* proj_bias; Parameter* ln2_gamma; Parameter* ln2_beta;
     Parameter* fc1_weight; Parameter* fc1_bias; Parameter* fc2_weight; Parameter* fc2_bias;
@@ -142,9 +149,11 @@ class GptModel {
   // What the backward reads. The residual stream's sums (input, middle, output) are written by the
   // norms that follow them, which fuse the residual adds. The norms' outputs are not kept: the
   // backward recomputes them from the stream (one pass over tokens x hidden, against keeping
-  // two such buffers per layer).
-  struct LayerActivations {  // null where the layer's Keep does not keep it
-    Activation input = nullptr, qkv = nullptr, attention = nullptr, middle = nullptr, fc1 = nullptr, gelu = nullptr;
+  // two such buffers per layer). qkv is kept after the rotary embedding; fc1 is fc1's output (GELU's
+  // pre-activation, or SwiGLU's [gate; up]) and `activated` the activation's output, fc2's input.
+  struct LayerActivations {  // null where the layer's Keep does not keep it (and the means with RMSNorm)
+    Activation input = nullptr, qkv = nullptr, attention = nullptr, middle = nullptr, fc1 = nullptr,
+               activated = nullptr;
     float *ln1_mean = nullptr, *ln1_rstd = nullptr, *attention_saved = nullptr, *ln2_mean = nullptr, *ln2_rstd = nullptr;
   };
   // The output gradient of each GEMM whose weight gradient I deferred to W.
@@ -194,6 +203,14 @@ class GptModel {
   // reduce-scattered into the rank's rows.
   Activation partial_of(Activation destination);
   Request reduce(Activation destination);
+  // The model's norm (LayerNorm or RMSNorm; `beta` and `mean` unused by RMSNorm), as the backend's
+  // layernorm_forward and layernorm_backward.
+  void norm_forward(ConstActivation x, ConstActivation residual, Activation sum_out, const Parameter* gamma,
+                    const Parameter* beta, Activation y, float* mean, float* rstd);
+  void norm_backward(ConstActivation dy, ConstActivation x, const Parameter* gamma, const Parameter* beta,
+                     const float* mean, const float* rstd, ConstActivation residual_grad, Activation dx);
+  // The rotary embedding on a fused qkv (or back, on its gradient); nothing without RoPE.
+  void rotate(Activation qkv, bool inverse);
   // Tokens and labels of a microbatch into `a`, checked against the vocabulary.
   void read_tokens(Activations& a, const MicrobatchTokens& data) const;
   // REQUIRES: a.layers[0].input holds the stage input on a non-first stage.
@@ -203,13 +220,18 @@ class GptModel {
   Activations take(std::map<int64_t, Activations>& from, int64_t microbatch, const char* why);
 
   Backend& backend_;
-  int64_t stage_, hidden_, heads_, layers_total_, first_layer_, ffn_, seq_, vocab_, batch_;
+  int64_t stage_, hidden_, heads_, query_groups_, dim_, layers_total_, first_layer_, ffn_, seq_, vocab_, batch_;
+  // The architecture's choices (ModelSpec).
+  bool rms_norm_, swiglu_, rope_, untied_, linear_bias_, qkv_bias_;
+  int64_t rotary_dim_;
+  float rotary_base_, norm_epsilon_;
   // Tensor parallelism: the group, this rank, whether the stream is split by rows, and the
-  // rank's share: heads, MLP width, vocabulary rows (from vocab_start_), stream rows.
+  // rank's share: heads and query groups, QKV's and fc1's outputs, MLP width, vocabulary rows
+  // (from vocab_start_), stream rows.
   Comm* tensor_parallel_;
   int64_t tp_, tp_rank_;
   bool sequence_parallel_;
-  int64_t heads_local_, ffn_local_, vocab_local_, vocab_start_, rows_;
+  int64_t heads_local_, groups_local_, q_local_, qkv_local_, fc1_local_, ffn_local_, vocab_local_, vocab_start_, rows_;
   DataType activation_type_;
   bool has_embedding_, has_output_;
   std::vector<Parameter> parameters_;
@@ -235,7 +257,9 @@ class GptModel {
   // gradients (d_residual_ ping-pongs between two buffers). Under sequence parallelism: gathered
   // rows (gathered_) and partial sums before their reduce-scatter (partial_); the loss's row
   // statistics (fp32, reduced over the tensor-parallel group in place).
-  Activation norm_out_, branch_out_, d_hidden_, d_residual_[2], d_qkv_, d_ffn_;
+  // d_hidden_ also holds the attention output's gradient (the rank's queries, which may be wider
+  // than the stream with --kv-channels); d_activated_ SwiGLU's output gradient.
+  Activation norm_out_, branch_out_, d_hidden_, d_residual_[2], d_qkv_, d_ffn_, d_activated_ = nullptr;
   // Tells gradient_progress_ that every parameter from `first` on holds this microbatch's gradient.
   void gradients_done_from(const Parameter* first);
   Activation gathered_ = nullptr, partial_ = nullptr;

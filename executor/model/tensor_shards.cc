@@ -12,6 +12,7 @@ namespace {
 struct Around {
   std::size_t outer = 1, extent = 1, inner = 1;
 };
+// A cut of `chunks` blocks is a cut of a tensor whose dimension is [chunks, extent / chunks].
 Around around(const std::vector<int64_t>& shape, const TensorCut& cut) {
   Around result;
   for (std::size_t d = 0; d < shape.size(); ++d) {
@@ -20,6 +21,9 @@ Around around(const std::vector<int64_t>& shape, const TensorCut& cut) {
     else if (static_cast<int64_t>(d) == cut.dim) result.extent = extent;
     else result.inner *= extent;
   }
+  const auto chunks = static_cast<std::size_t>(std::max<int64_t>(cut.chunks, 1));
+  result.outer *= chunks;
+  result.extent /= chunks;
   return result;
 }
 
@@ -43,10 +47,10 @@ std::size_t elements(const std::vector<int64_t>& shape) {
 }
 
 bool cut_fits(const std::vector<int64_t>& global_shape, const TensorCut& cut) {
-  if (cut.count < 1 || cut.index < 0 || cut.index >= cut.count) return false;
+  if (cut.count < 1 || cut.index < 0 || cut.index >= cut.count || cut.chunks < 1) return false;
   if (cut.count == 1) return true;
   return cut.dim >= 0 && cut.dim < static_cast<int64_t>(global_shape.size()) &&
-         global_shape[static_cast<std::size_t>(cut.dim)] % cut.count == 0;
+         global_shape[static_cast<std::size_t>(cut.dim)] % (cut.count * cut.chunks) == 0;
 }
 
 std::vector<int64_t> part_shape(std::vector<int64_t> global_shape, const TensorCut& cut) {

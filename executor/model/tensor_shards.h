@@ -11,10 +11,13 @@
 namespace megaplan::exec {
 
 // Part `index` of `count` equal parts along dimension `dim`; dim -1 or count 1: the whole tensor.
+// With `chunks` > 1 the dimension is that many blocks, each cut alike: the part is the
+// concatenation of every block's part `index` (SwiGLU's fc1 [gate; up]).
 struct TensorCut {
   int64_t dim = -1;
   int64_t index = 0;
   int64_t count = 1;
+  int64_t chunks = 1;
 };
 
 std::string shape_text(const std::vector<int64_t>& shape);  // "[3, 4]"

@@ -120,17 +120,38 @@ class Backend {
   virtual void layernorm_backward(ConstActivation dy, ConstActivation x, ConstActivation gamma, const float* mean,
                                   const float* rstd, std::size_t rows, std::size_t cols, ConstActivation residual_grad,
                                   Activation dx, float* dgamma, float* dbeta) = 0;
-  // Causal attention on packed qkv [batch x seq x heads x 3 x dim] (each head's q, k and v
-  // together: Megatron's grouping, which tensor parallelism cuts by heads) into out [batch x seq x
-  // heads x dim]; `saved` (attention_saved_size floats) holds what the backward needs besides qkv and out.
+  // y = RMSNorm(x') * gamma with x' = x + residual as layernorm_forward fuses it; rstd [rows] for
+  // the backward; eps the model's --norm-epsilon.
+  virtual void rmsnorm_forward(ConstActivation x, ConstActivation residual, Activation sum_out, ConstActivation gamma,
+                               std::size_t rows, std::size_t cols, float eps, Activation y, float* rstd) = 0;
+  // As layernorm_backward, without a bias.
+  virtual void rmsnorm_backward(ConstActivation dy, ConstActivation x, ConstActivation gamma, const float* rstd,
+                                std::size_t rows, std::size_t cols, ConstActivation residual_grad, Activation dx,
+                                float* dgamma) = 0;
+  // SwiGLU on fc1's output x [rows x 2 width] (the gate's columns, then the up projection's, as
+  // Megatron's fused fc1 writes them per tensor-parallel shard): y [rows x width] = silu(gate) * up;
+  // the backward overwrites dx [rows x 2 width].
+  virtual void swiglu_forward(ConstActivation x, std::size_t rows, std::size_t width, Activation y) = 0;
+  virtual void swiglu_backward(ConstActivation dy, ConstActivation x, std::size_t rows, std::size_t width,
+                               Activation dx) = 0;
+  // Rotary position embeddings (Megatron's default "rotate half") in place on the q and k heads of
+  // a fused qkv [batch x seq x groups x (group + 2) x dim] (attention_forward's layout): each
+  // group's `group` query heads and its key head, their first rotary_dim dimensions, by the angle
+  // position x theta^(-2i / rotary_dim); `inverse` rotates back (the backward, on dqkv).
+  virtual void rotary(Activation qkv, std::size_t batch, std::size_t seq, std::size_t groups, std::size_t group,
+                      std::size_t dim, std::size_t rotary_dim, float theta, bool inverse) = 0;
+  // Causal attention on a fused qkv [batch x seq x groups x (heads / groups + 2) x dim]: Megatron's
+  // layout, each query group's query heads, then its key and value (heads == groups: each head's
+  // q, k and v together); tensor parallelism cuts it by groups. Into out [batch x seq x heads x dim];
+  // `saved` (attention_saved_size floats) holds what the backward needs besides qkv and out.
   virtual std::size_t attention_saved_size(std::size_t batch, std::size_t seq, std::size_t heads,
                                            std::size_t dim) const = 0;
   virtual void attention_forward(ConstActivation qkv, std::size_t batch, std::size_t seq, std::size_t heads,
-                                 std::size_t dim, Activation out, float* saved) = 0;
-  // dqkv is overwritten.
+                                 std::size_t groups, std::size_t dim, Activation out, float* saved) = 0;
+  // dqkv is overwritten (a key or value head's gradient summed over its group's queries).
   virtual void attention_backward(ConstActivation dout, ConstActivation qkv, ConstActivation out, const float* saved,
-                                  std::size_t batch, std::size_t seq, std::size_t heads, std::size_t dim,
-                                  Activation dqkv) = 0;
+                                  std::size_t batch, std::size_t seq, std::size_t heads, std::size_t groups,
+                                  std::size_t dim, Activation dqkv) = 0;
   // Softmax cross entropy over a vocabulary that may be split across tensor-parallel ranks
   // (Megatron's vocabulary-parallel cross entropy): `logits` [tokens x vocab] are columns
   // vocab_start .. vocab_start + vocab of the whole (padded) vocabulary. The forward gives each

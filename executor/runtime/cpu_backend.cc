@@ -13,6 +13,9 @@
 #include "executor/kernels/reference/embedding.h"
 #include "executor/kernels/reference/gelu.h"
 #include "executor/kernels/reference/layernorm.h"
+#include "executor/kernels/reference/rmsnorm.h"
+#include "executor/kernels/reference/rope.h"
+#include "executor/kernels/reference/swiglu.h"
 
 namespace megaplan::exec {
 
@@ -162,6 +165,47 @@ void CpuBackend::layernorm_backward(ConstActivation dy, ConstActivation x, Const
   for (std::size_t i = 0; i < rows * cols; ++i) out[i] = through_norm[i] + around[i];
 }
 
+void CpuBackend::rmsnorm_forward(ConstActivation x, ConstActivation residual, Activation sum_out,
+                                 ConstActivation gamma, std::size_t rows, std::size_t cols, float eps, Activation y,
+                                 float* rstd) {
+  const float* input = f(x);
+  if (residual) {
+    add(x, residual, rows * cols, sum_out);
+    input = f(sum_out);
+  }
+  reference::rmsnorm_forward(input, f(gamma), rows, cols, eps, f(y), rstd);
+}
+
+void CpuBackend::rmsnorm_backward(ConstActivation dy, ConstActivation x, ConstActivation gamma, const float* rstd,
+                                  std::size_t rows, std::size_t cols, ConstActivation residual_grad, Activation dx,
+                                  float* dgamma) {
+  // Through a scratch block: residual_grad may be dx itself.
+  std::vector<float> through_norm(rows * cols);
+  reference::rmsnorm_backward(f(dy), f(x), f(gamma), rstd, rows, cols, through_norm.data(), dgamma);
+  const float* around = f(residual_grad);
+  float* out = f(dx);
+  for (std::size_t i = 0; i < rows * cols; ++i) out[i] = through_norm[i] + (around ? around[i] : 0.0f);
+}
+
+void CpuBackend::swiglu_forward(ConstActivation x, std::size_t rows, std::size_t width, Activation y) {
+  reference::swiglu_forward(f(x), rows, width, f(y));
+}
+
+void CpuBackend::swiglu_backward(ConstActivation dy, ConstActivation x, std::size_t rows, std::size_t width,
+                                 Activation dx) {
+  reference::swiglu_backward(f(dy), f(x), rows, width, f(dx));
+}
+
+void CpuBackend::rotary(Activation qkv, std::size_t batch, std::size_t seq, std::size_t groups, std::size_t group,
+                        std::size_t dim, std::size_t rotary_dim, float theta, bool inverse) {
+  // Each group's query heads and key head are adjacent: group + 1 heads from the group's start.
+  const std::size_t group_stride = (group + 2) * dim;
+  for (std::size_t g = 0; g < groups; ++g) {
+    reference::rope_apply(f(qkv) + g * group_stride, batch, seq, group + 1, dim, groups * group_stride, rotary_dim,
+                          theta, inverse);
+  }
+}
+
 std::size_t CpuBackend::attention_saved_size(std::size_t batch, std::size_t seq, std::size_t heads,
                                              std::size_t) const {
   return batch * heads * seq * seq;  // the probabilities
@@ -169,35 +213,48 @@ std::size_t CpuBackend::attention_saved_size(std::size_t batch, std::size_t seq,
 
 namespace {
 
-// Copies head h of batch row b out of packed qkv into contiguous [seq x dim] q, k and v.
-void gather_head(const float* qkv, std::size_t b, std::size_t h, std::size_t seq, std::size_t heads, std::size_t dim,
-                 std::vector<float>& q, std::vector<float>& k, std::vector<float>& v) {
-  for (std::size_t s = 0; s < seq; ++s) {
-    const float* row = qkv + ((b * seq + s) * heads + h) * 3 * dim;
+// Where query head h's q of token (b, s) starts in a fused qkv [batch, seq, groups, group + 2, dim];
+// its group's k and v follow the group's queries.
+struct QkvLayout {
+  std::size_t seq, heads, groups, dim;
+  std::size_t group() const { return heads / groups; }
+  std::size_t token_stride() const { return groups * (group() + 2) * dim; }
+  std::size_t query(std::size_t b, std::size_t s, std::size_t h) const {
+    return (b * seq + s) * token_stride() + (h / group()) * (group() + 2) * dim + (h % group()) * dim;
+  }
+  std::size_t key(std::size_t b, std::size_t s, std::size_t h) const {
+    return (b * seq + s) * token_stride() + (h / group()) * (group() + 2) * dim + group() * dim;
+  }
+  std::size_t value(std::size_t b, std::size_t s, std::size_t h) const { return key(b, s, h) + dim; }
+};
+
+// Copies query head h of batch row b, and its group's key and value, into contiguous [seq x dim] blocks.
+void gather_head(const float* qkv, const QkvLayout& layout, std::size_t b, std::size_t h, std::vector<float>& q,
+                 std::vector<float>& k, std::vector<float>& v) {
+  const std::size_t dim = layout.dim;
+  for (std::size_t s = 0; s < layout.seq; ++s) {
     const auto at = static_cast<std::ptrdiff_t>(s * dim);
-    std::copy(row, row + dim, q.begin() + at);
-    std::copy(row + dim, row + 2 * dim, k.begin() + at);
-    std::copy(row + 2 * dim, row + 3 * dim, v.begin() + at);
+    std::copy_n(qkv + layout.query(b, s, h), dim, q.begin() + at);
+    std::copy_n(qkv + layout.key(b, s, h), dim, k.begin() + at);
+    std::copy_n(qkv + layout.value(b, s, h), dim, v.begin() + at);
   }
 }
 
 }  // namespace
 
-// qkv rows hold, per head, its q, k and v (Megatron's per-head grouping, which tensor parallelism
-// splits by heads): element (b, s, head, part, d) at ((b * seq + s) * heads + head) * 3 * dim + part * dim + d.
 void CpuBackend::attention_forward(ConstActivation qkv_in, std::size_t batch, std::size_t seq, std::size_t heads,
-                                   std::size_t dim, Activation out_, float* saved) {
+                                   std::size_t groups, std::size_t dim, Activation out_, float* saved) {
   const float* qkv = f(qkv_in);
   float* out = f(out_);
+  const QkvLayout layout{seq, heads, groups, dim};
   std::vector<float> q(seq * dim), k(seq * dim), v(seq * dim), o(seq * dim);
   for (std::size_t b = 0; b < batch; ++b) {
     for (std::size_t h = 0; h < heads; ++h) {
-      gather_head(qkv, b, h, seq, heads, dim, q, k, v);
+      gather_head(qkv, layout, b, h, q, k, v);
       reference::attention_forward(q.data(), k.data(), v.data(), 1, seq, dim, o.data(),
                                    saved + (b * heads + h) * seq * seq);
       for (std::size_t s = 0; s < seq; ++s) {
-        std::copy(o.begin() + static_cast<std::ptrdiff_t>(s * dim), o.begin() + static_cast<std::ptrdiff_t>((s + 1) * dim),
-                  out + ((b * seq + s) * heads + h) * dim);
+        std::copy_n(o.begin() + static_cast<std::ptrdiff_t>(s * dim), dim, out + ((b * seq + s) * heads + h) * dim);
       }
     }
   }
@@ -205,26 +262,31 @@ void CpuBackend::attention_forward(ConstActivation qkv_in, std::size_t batch, st
 
 void CpuBackend::attention_backward(ConstActivation dout_in, ConstActivation qkv_in, ConstActivation,
                                     const float* saved, std::size_t batch, std::size_t seq, std::size_t heads,
-                                    std::size_t dim, Activation dqkv_out) {
+                                    std::size_t groups, std::size_t dim, Activation dqkv_out) {
   const float *dout = f(dout_in), *qkv = f(qkv_in);
   float* dqkv = f(dqkv_out);
+  const QkvLayout layout{seq, heads, groups, dim};
+  std::fill_n(dqkv, batch * seq * layout.token_stride(), 0.0f);  // a group's dk and dv sum over its queries
   std::vector<float> q(seq * dim), k(seq * dim), v(seq * dim), g(seq * dim), dq(seq * dim), dk(seq * dim),
       dv(seq * dim);
   for (std::size_t b = 0; b < batch; ++b) {
     for (std::size_t h = 0; h < heads; ++h) {
-      gather_head(qkv, b, h, seq, heads, dim, q, k, v);
+      gather_head(qkv, layout, b, h, q, k, v);
       for (std::size_t s = 0; s < seq; ++s) {
-        const float* grad = dout + ((b * seq + s) * heads + h) * dim;
-        std::copy(grad, grad + dim, g.begin() + static_cast<std::ptrdiff_t>(s * dim));
+        std::copy_n(dout + ((b * seq + s) * heads + h) * dim, dim, g.begin() + static_cast<std::ptrdiff_t>(s * dim));
       }
       reference::attention_backward(g.data(), q.data(), k.data(), v.data(), saved + (b * heads + h) * seq * seq, 1,
                                     seq, dim, dq.data(), dk.data(), dv.data());
       for (std::size_t s = 0; s < seq; ++s) {
-        float* row = dqkv + ((b * seq + s) * heads + h) * 3 * dim;
-        const auto at = static_cast<std::ptrdiff_t>(s * dim);
-        std::copy(dq.begin() + at, dq.begin() + at + static_cast<std::ptrdiff_t>(dim), row);
-        std::copy(dk.begin() + at, dk.begin() + at + static_cast<std::ptrdiff_t>(dim), row + dim);
-        std::copy(dv.begin() + at, dv.begin() + at + static_cast<std::ptrdiff_t>(dim), row + 2 * dim);
+        const std::size_t at = s * dim;
+        float* dq_row = dqkv + layout.query(b, s, h);
+        float* dk_row = dqkv + layout.key(b, s, h);
+        float* dv_row = dqkv + layout.value(b, s, h);
+        for (std::size_t d = 0; d < dim; ++d) {
+          dq_row[d] = dq[at + d];
+          dk_row[d] += dk[at + d];
+          dv_row[d] += dv[at + d];
+        }
       }
     }
   }

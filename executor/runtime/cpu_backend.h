@@ -48,12 +48,22 @@ class CpuBackend final : public Backend {
   void layernorm_backward(ConstActivation dy, ConstActivation x, ConstActivation gamma, const float* mean,
                           const float* rstd, std::size_t rows, std::size_t cols, ConstActivation residual_grad,
                           Activation dx, float* dgamma, float* dbeta) override;
+  void rmsnorm_forward(ConstActivation x, ConstActivation residual, Activation sum_out, ConstActivation gamma,
+                       std::size_t rows, std::size_t cols, float eps, Activation y, float* rstd) override;
+  void rmsnorm_backward(ConstActivation dy, ConstActivation x, ConstActivation gamma, const float* rstd,
+                        std::size_t rows, std::size_t cols, ConstActivation residual_grad, Activation dx,
+                        float* dgamma) override;
+  void swiglu_forward(ConstActivation x, std::size_t rows, std::size_t width, Activation y) override;
+  void swiglu_backward(ConstActivation dy, ConstActivation x, std::size_t rows, std::size_t width,
+                       Activation dx) override;
+  void rotary(Activation qkv, std::size_t batch, std::size_t seq, std::size_t groups, std::size_t group,
+              std::size_t dim, std::size_t rotary_dim, float theta, bool inverse) override;
   std::size_t attention_saved_size(std::size_t batch, std::size_t seq, std::size_t heads,
                                    std::size_t dim) const override;
-  void attention_forward(ConstActivation qkv, std::size_t batch, std::size_t seq, std::size_t heads, std::size_t dim,
-                         Activation out, float* saved) override;
+  void attention_forward(ConstActivation qkv, std::size_t batch, std::size_t seq, std::size_t heads,
+                         std::size_t groups, std::size_t dim, Activation out, float* saved) override;
   void attention_backward(ConstActivation dout, ConstActivation qkv, ConstActivation out, const float* saved,
-                          std::size_t batch, std::size_t seq, std::size_t heads, std::size_t dim,
+                          std::size_t batch, std::size_t seq, std::size_t heads, std::size_t groups, std::size_t dim,
                           Activation dqkv) override;
   void cross_entropy_statistics(ConstActivation logits, const int64_t* targets, std::size_t tokens, std::size_t vocab,
                                 std::size_t vocab_start, float* lse, float* target_logit, float* peak) override;

@@ -238,37 +238,67 @@ class CudaBackend final : public Backend {
                              dgamma, dbeta, workspace, lane_->stream);
   }
 
+  void rmsnorm_forward(ConstActivation x, ConstActivation residual, Activation sum_out, ConstActivation gamma,
+                       std::size_t rows, std::size_t cols, float eps, Activation y, float* rstd) override {
+    cuda::rmsnorm_forward(bf(x), bf(residual), bf(sum_out), bf(gamma), i64(rows), i64(cols), eps, bf(y), rstd,
+                          lane_->stream);
+  }
+  void rmsnorm_backward(ConstActivation dy, ConstActivation x, ConstActivation gamma, const float* rstd,
+                        std::size_t rows, std::size_t cols, ConstActivation residual_grad, Activation dx,
+                        float* dgamma) override {
+    void* workspace = lane_->workspace.get(cuda::norm_backward_workspace_bytes(i64(rows), i64(cols)));
+    cuda::rmsnorm_backward(bf(dy), bf(x), bf(gamma), rstd, i64(rows), i64(cols), bf(residual_grad), bf(dx), dgamma,
+                           workspace, lane_->stream);
+  }
+  void swiglu_forward(ConstActivation x, std::size_t rows, std::size_t width, Activation y) override {
+    cuda::swiglu_forward(bf(x), i64(rows), i64(width), bf(y), lane_->stream);
+  }
+  void swiglu_backward(ConstActivation dy, ConstActivation x, std::size_t rows, std::size_t width,
+                       Activation dx) override {
+    cuda::swiglu_backward(bf(dy), bf(x), i64(rows), i64(width), bf(dx), lane_->stream);
+  }
+  void rotary(Activation qkv, std::size_t batch, std::size_t seq, std::size_t groups, std::size_t group,
+              std::size_t dim, std::size_t rotary_dim, float theta, bool inverse) override {
+    const std::size_t group_stride = (group + 2) * dim;
+    cuda::rope_apply(bf(qkv), i64(batch), i64(seq), i64(groups), i64(group + 1), i64(dim), i64(groups * group_stride),
+                     i64(group_stride), i64(rotary_dim), theta, inverse, lane_->stream);
+  }
+
   std::size_t attention_saved_size(std::size_t batch, std::size_t seq, std::size_t heads, std::size_t) const override {
     return batch * heads * seq;  // the log-sum-exp of each query row
   }
-  // Megatron's per-head grouping of qkv: head h's q, k and v are adjacent ([batch, seq, heads, 3, dim]).
-  static cuda::AttentionShape attention_shape(std::size_t batch, std::size_t seq, std::size_t heads, std::size_t dim) {
+  // Megatron's fused qkv [batch, seq, groups, group + 2, dim]: a group's queries, then its key and value.
+  static cuda::AttentionShape attention_shape(std::size_t batch, std::size_t seq, std::size_t heads, std::size_t groups,
+                                              std::size_t dim) {
     cuda::AttentionShape shape{};
     shape.batch = i64(batch);
     shape.seq = i64(seq);
     shape.heads = i64(heads);
-    shape.kv_heads = i64(heads);
+    shape.kv_heads = i64(groups);
     shape.head_dim = i64(dim);
-    shape.qkv_token_stride = i64(3 * heads * dim);
-    shape.qkv_head_stride = i64(3 * dim);
+    shape.qkv_head_stride = i64((heads / groups + 2) * dim);
+    shape.qkv_token_stride = i64(groups) * shape.qkv_head_stride;
     shape.softmax_scale = 1.0f / std::sqrt(static_cast<float>(dim));
     return shape;
   }
-  void attention_forward(ConstActivation qkv, std::size_t batch, std::size_t seq, std::size_t heads, std::size_t dim,
-                         Activation out, float* saved) override {
-    const cuda::AttentionShape shape = attention_shape(batch, seq, heads, dim);
+  void attention_forward(ConstActivation qkv, std::size_t batch, std::size_t seq, std::size_t heads, std::size_t groups,
+                         std::size_t dim, Activation out, float* saved) override {
+    const cuda::AttentionShape shape = attention_shape(batch, seq, heads, groups, dim);
     const Bf16* q = bf(qkv);
-    cuda::flash_attention_forward(shape, q, q + dim, q + 2 * dim, bf(out), saved, lane_->stream);
+    const std::size_t group = heads / groups;
+    cuda::flash_attention_forward(shape, q, q + group * dim, q + (group + 1) * dim, bf(out), saved, lane_->stream);
   }
   void attention_backward(ConstActivation dout, ConstActivation qkv, ConstActivation out, const float* saved,
-                          std::size_t batch, std::size_t seq, std::size_t heads, std::size_t dim,
+                          std::size_t batch, std::size_t seq, std::size_t heads, std::size_t groups, std::size_t dim,
                           Activation dqkv) override {
-    const cuda::AttentionShape shape = attention_shape(batch, seq, heads, dim);
+    const cuda::AttentionShape shape = attention_shape(batch, seq, heads, groups, dim);
     const Bf16* q = bf(qkv);
     Bf16* dq = bf(dqkv);
+    const std::size_t group = heads / groups;
     void* workspace = lane_->workspace.get(cuda::flash_attention_backward_workspace_bytes(shape));
-    cuda::flash_attention_backward(shape, bf(dout), q, q + dim, q + 2 * dim, bf(out), saved, shape.qkv_token_stride,
-                                   dq, dq + dim, dq + 2 * dim, workspace, lane_->stream);
+    cuda::flash_attention_backward(shape, bf(dout), q, q + group * dim, q + (group + 1) * dim, bf(out), saved,
+                                   shape.qkv_token_stride, dq, dq + group * dim, dq + (group + 1) * dim, workspace,
+                                   lane_->stream);
   }
 
   void cross_entropy_statistics(ConstActivation logits, const int64_t* targets, std::size_t tokens, std::size_t vocab,

@@ -26,6 +26,18 @@ const std::vector<float>& random_tile() {
   return tile;
 }
 
+// A rotary kernel's rotated elements per token as heads of one query group: heads of 128, else 64,
+// else of 2 (every dimension rotated), so that count x dim is the kernel's cols.
+struct RotaryHeads {
+  int64_t count, dim;
+};
+RotaryHeads rotary_heads(const Kernel& kernel) {
+  for (const int64_t dim : {int64_t{128}, int64_t{64}}) {
+    if (kernel.cols % dim == 0) return {kernel.cols / dim, dim};
+  }
+  return {std::max<int64_t>(kernel.cols / 2, 1), 2};
+}
+
 }  // namespace
 
 // Operands hold varied values, not the allocator's zeros: a GEMM multiplying zeros toggles few bits
@@ -108,15 +120,18 @@ KernelLaunch::KernelLaunch(Backend& backend, const Kernel& kernel, EmbeddingTabl
     case KernelKind::kAttentionForward:
     case KernelKind::kAttentionBackward: {
       const int64_t tokens = k.batch * k.seq * k.heads * k.head_dim;
-      activation(3 * tokens);  // qkv
-      activation(tokens);      // out
-      activation(tokens);      // dout
-      activation(3 * tokens);  // dqkv
+      const int64_t fused = k.batch * k.seq * (k.heads + 2 * k.groups) * k.head_dim;
+      activation(fused);   // qkv
+      activation(tokens);  // out
+      activation(tokens);  // dout
+      activation(fused);   // dqkv
       floats(static_cast<int64_t>(backend.attention_saved_size(size(k.batch), size(k.seq), size(k.heads), size(k.head_dim))));
       break;
     }
     case KernelKind::kNormForward:
     case KernelKind::kNormBackward:
+    case KernelKind::kRmsNormForward:
+    case KernelKind::kRmsNormBackward:
       for (int i = 0; i < 4; ++i) activation(k.rows * k.cols);  // x, y (or dy, dx), residual, sum (or its gradient)
       activation(k.cols);                                       // gamma
       activation(k.cols);                                       // beta
@@ -129,6 +144,18 @@ KernelLaunch::KernelLaunch(Backend& backend, const Kernel& kernel, EmbeddingTabl
     case KernelKind::kCopy:
       for (int i = 0; i < 3; ++i) activation(k.rows);
       break;
+    case KernelKind::kSwigluForward:
+    case KernelKind::kSwigluBackward:
+      activation(2 * k.rows * k.cols);  // fc1's output [gate; up] (or their gradient)
+      activation(k.rows * k.cols);      // the product (or its gradient)
+      activation(2 * k.rows * k.cols);  // the gradient of [gate; up]
+      break;
+    case KernelKind::kRotary: {
+      // One query group whose heads of rotary_heads() rotate, its value head after them.
+      const RotaryHeads heads = rotary_heads(k);
+      activation(k.rows * (heads.count + 1) * heads.dim);
+      break;
+    }
     case KernelKind::kFill:
       floats(k.rows);
       break;
@@ -202,11 +229,12 @@ void KernelLaunch::operator()() {
       if (k.precision == Precision::kFp16) backend_.set_gemm_precision(Precision::kBf16);
       break;
     case KernelKind::kAttentionForward:
-      backend_.attention_forward(a[0], size(k.batch), size(k.seq), size(k.heads), size(k.head_dim), a[1], f[0]);
+      backend_.attention_forward(a[0], size(k.batch), size(k.seq), size(k.heads), size(k.groups), size(k.head_dim), a[1],
+                                 f[0]);
       break;
     case KernelKind::kAttentionBackward:
-      backend_.attention_backward(a[2], a[0], a[1], f[0], size(k.batch), size(k.seq), size(k.heads), size(k.head_dim),
-                                  a[3]);
+      backend_.attention_backward(a[2], a[0], a[1], f[0], size(k.batch), size(k.seq), size(k.heads), size(k.groups),
+                                  size(k.head_dim), a[3]);
       break;
     case KernelKind::kNormForward:
       backend_.layernorm_forward(a[0], k.fused_residual ? a[2] : nullptr, k.fused_residual ? a[3] : nullptr, a[4], a[5],
@@ -216,6 +244,25 @@ void KernelLaunch::operator()() {
       backend_.layernorm_backward(a[0], a[2], a[4], f[0], f[1], size(k.rows), size(k.cols),
                                   k.fused_residual ? a[3] : nullptr, a[1], f[2], f[3]);
       break;
+    case KernelKind::kRmsNormForward:
+      backend_.rmsnorm_forward(a[0], k.fused_residual ? a[2] : nullptr, k.fused_residual ? a[3] : nullptr, a[4],
+                               size(k.rows), size(k.cols), 1e-5f, a[1], f[1]);
+      break;
+    case KernelKind::kRmsNormBackward:
+      backend_.rmsnorm_backward(a[0], a[2], a[4], f[1], size(k.rows), size(k.cols), k.fused_residual ? a[3] : nullptr,
+                                a[1], f[2]);
+      break;
+    case KernelKind::kSwigluForward:
+      backend_.swiglu_forward(a[0], size(k.rows), size(k.cols), a[1]);
+      break;
+    case KernelKind::kSwigluBackward:
+      backend_.swiglu_backward(a[1], a[0], size(k.rows), size(k.cols), a[2]);
+      break;
+    case KernelKind::kRotary: {
+      const RotaryHeads heads = rotary_heads(k);
+      backend_.rotary(a[0], 1, size(k.rows), 1, size(heads.count - 1), size(heads.dim), size(heads.dim), 10000.0f, false);
+      break;
+    }
     case KernelKind::kAdd:
       backend_.add(a[0], a[1], size(k.rows), a[2]);
       break;

@@ -105,6 +105,7 @@ void read_manifest(const std::string& rank_path, std::map<std::string, std::vect
       shard.cut.dim = cut.at("dim").is_null() ? -1 : cut.at("dim").get<int64_t>();
       shard.cut.index = cut.at("index").get<int64_t>();
       shard.cut.count = cut.at("count").get<int64_t>();
+      shard.cut.chunks = cut.value("chunks", int64_t{1});  // absent before SwiGLU: one block
       shard.offset = entry.at("offset").get<uint64_t>();
       shard.checksum = std::stoull(entry.at("fnv1a64").get<std::string>(), nullptr, 16);
     } catch (const SpecError&) {
@@ -131,7 +132,7 @@ std::vector<std::vector<float>> read_tensor(const std::string& name, const std::
   const TensorCut saved_cut = shards.front().cut;
   std::vector<const SavedShard*> parts(static_cast<std::size_t>(saved_cut.count), nullptr);
   for (const SavedShard& shard : shards) {
-    if (shard.cut.count == saved_cut.count && shard.cut.dim == saved_cut.dim &&
+    if (shard.cut.count == saved_cut.count && shard.cut.dim == saved_cut.dim && shard.cut.chunks == saved_cut.chunks &&
         !parts[static_cast<std::size_t>(shard.cut.index)]) {
       parts[static_cast<std::size_t>(shard.cut.index)] = &shard;
     }
@@ -200,7 +201,8 @@ void write_rank_directory(const std::string& path, const CheckpointRank& rank, c
                        {"global_shape", parameter.global_shape},
                        {"shard", {{"dim", cut.dim < 0 ? nlohmann::json(nullptr) : nlohmann::json(cut.dim)},
                                   {"index", cut.index},
-                                  {"count", cut.count}}},
+                                  {"count", cut.count},
+                                  {"chunks", cut.chunks}}},
                        {"offset", offset},
                        {"fnv1a64", hex(checksum.value())}});
     offset += kArraysPerTensor * parameter.size * sizeof(float);
@@ -325,15 +327,17 @@ std::optional<TrainingState> load_latest(const std::string& directory, const Che
     if (!name.is_string()) refuse_load(path + "/state.json: \"directories\" holds a non-string");
     read_manifest(path + "/" + name.get<std::string>(), saved);
   }
+  const bool untied = rank.model.untie_embeddings_and_output_weights;
   std::map<std::string, std::vector<int64_t>> expected;  // name -> global shape
   for (int64_t stage = 0; stage < rank.plan.num_virtual_stages(); ++stage) {
     for (const ParameterSpec& spec : describe_parameters(rank.model, rank.plan, stage)) {
-      if (spec.name != kOutputWeight) expected[spec.name] = spec.global_shape;
+      // The tied output layer's copy is the word embedding's: not a tensor of its own.
+      if (spec.name != kOutputWeight || untied) expected[spec.name] = spec.global_shape;
     }
   }
   for (const auto& [name, shards] : saved) {
     // The tied output layer's copy has the word embedding's shape; a layout without one ignores it.
-    const auto found = expected.find(name == kOutputWeight ? kWordEmbeddings : name);
+    const auto found = expected.find(name == kOutputWeight && !untied ? kWordEmbeddings : name);
     if (found == expected.end()) {
       refuse_load(shards.front().manifest + ": the checkpoint holds " + name + ", which " + rank.model.name +
                   " does not have (a checkpoint of another model)");
@@ -361,7 +365,7 @@ std::optional<TrainingState> load_latest(const std::string& directory, const Che
   for (GptModel* chunk : rank.chunks) {
     for (const Parameter& parameter : chunk->parameters()) {
       const std::string source =
-          parameter.name == kOutputWeight && !saved.count(parameter.name) ? kWordEmbeddings : parameter.name;
+          parameter.name == kOutputWeight && !untied && !saved.count(parameter.name) ? kWordEmbeddings : parameter.name;
       std::vector<std::vector<float>> arrays = read_tensor(source, saved.at(source), tensor_cut(parameter), files);
       if (arrays[0].size() != parameter.size) {
         throw std::logic_error("checkpoint: " + parameter.name + "'s part holds " + std::to_string(arrays[0].size()) +

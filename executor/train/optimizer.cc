@@ -25,7 +25,7 @@ int64_t data_parallel_rank(const OptimizerGroups& groups) {
 bool Optimizer::tied(const Parameter& parameter) const {
   for (GptModel* chunk : chunks_) {
     if (chunk->output_weight_copy() == &parameter) return true;
-    if (groups_.embedding && chunk->word_embedding() == &parameter) return true;
+    if (groups_.embedding && chunk->tied_embeddings() && chunk->word_embedding() == &parameter) return true;
   }
   return false;
 }
@@ -176,7 +176,7 @@ std::vector<OptimizerTensor> Optimizer::tensors(bool for_norm) const {
 double Optimizer::gradient_norm() {
   finish_reductions();  // the overlapped ones end here, before anything reads a gradient
   // The tied embedding's two gradients become their sum on both stages first.
-  if (Comm* embedding = groups_.embedding) {
+  if (Comm* embedding = groups_.embedding; embedding && chunks_.front()->tied_embeddings()) {
     for (GptModel* chunk : chunks_) {
       Parameter* weight = chunk->first_stage() ? chunk->word_embedding() : chunk->output_weight_copy();
       if (weight) embedding->all_reduce(weight->gradient, weight->size, DataType::kFloat32, ReduceOp::kSum)->wait();

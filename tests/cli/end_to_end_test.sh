@@ -253,6 +253,14 @@ expect_error 'error: --measured: .*/trace.json lacks [0-9A-Z_]+ on pipeline rank
 printf 'not json' >"$scratch/not-json.txt"
 expect_error 'error: --simulated: .*/not-json.txt is not JSON' compare --simulated "$scratch/not-json.txt" --measured "$scratch/measured.json"
 expect_error 'error: --simulated: .*/missing.json: cannot read file' compare --simulated "$scratch/missing.json" --measured "$scratch/measured.json"
+# The Llama family's flags, as a Megatron launch script spells them, under tp 2.
+expect_ok train --device cpu --model "$examples/models/tiny-gpt.json" --vocab-size 257 --seq-length 16 \
+  --normalization RMSNorm --swiglu --position-embedding-type rope --rotary-base 500000 --group-query-attention \
+  --num-query-groups 2 --untie-embeddings-and-output-weights --disable-bias-linear --norm-epsilon 1e-6 \
+  --world-size 2 --tp 2 --mbs 1 --gbs 2 --data-path "$scratch/corpus" --split 1,0,0 --train-iters 2 --log-interval 1
+[ "$(grep -c '^iteration [12]/2 | loss ' "$scratch/out")" -eq 2 ] || fail "a Llama-style tp 2 run prints one line per iteration: $(cat "$scratch/out")"
+expect_error 'error: --disable-bias-linear: GELU without biases is not in the executor yet' train --device cpu --model "$examples/models/tiny-gpt.json" --disable-bias-linear --data-path "$scratch/corpus" --train-iters 2
+expect_error 'error: --rotary-percent: must be in \(0, 1\], got 2.0' train --device cpu --model "$examples/models/tiny-gpt.json" --position-embedding-type rope --rotary-percent 2 --data-path "$scratch/corpus" --train-iters 2
 expect_ok train --device cpu --model "$examples/models/tiny-gpt.json" --vocab-size 257 --seq-length 16 \
   --world-size 4 --tp 2 --sequence-parallel --pp 2 --num-layers 2 --mbs 1 --gbs 2 \
   --data-path "$scratch/corpus" --split 1,0,0 --train-iters 2 --log-interval 1

@@ -80,6 +80,14 @@ TEST_CASE("every validation rule names its field", "[model_spec]") {
        "--hidden-size: product 4611686018427387904 x 8 overflows 64 bits"},
       {"vocabulary at the 64-bit limit", [](ModelSpec& s) { s.vocab_size = INT64_MAX; }, "--vocab-size: product"},
       {"overflowing vocabulary", [](ModelSpec& s) { s.vocab_size = int64_t{1} << 55; }, "--vocab-size: product"},
+      {"zero epsilon", [](ModelSpec& s) { s.norm_epsilon = 0; }, "--norm-epsilon: must be in (0, 1), got 0.0"},
+      {"rotary base of 1", [](ModelSpec& s) { s.rotary_base = 1; }, "--rotary-base: must be a finite number above 1"},
+      {"rotary percent above 1", [](ModelSpec& s) { s.rotary_percent = 1.5; }, "--rotary-percent: must be in (0, 1]"},
+      {"an odd count of rotated dimensions", [](ModelSpec& s) {
+         s.position_embedding_type = megaplan::PositionEmbedding::kRope;
+         s.rotary_percent = 0.3;  // 32 x 0.3 = 9
+       },
+       "--rotary-percent: must leave an even number of rotated dimensions, at least 2: --kv-channels 32 x 0.3 gives 9"},
   };
   for (const Case& c : cases) {
     INFO(c.name);

@@ -199,7 +199,7 @@ TEST_CASE("a checkpoint of tp 2 x pp 2 resumes bit for bit and loads at one rank
   bool column_part = false;
   for (const nlohmann::json& tensor : manifest.at("tensors")) {
     if (tensor.at("name") != "decoder.layers.0.self_attention.linear_qkv.weight") continue;
-    column_part = tensor.at("shard") == nlohmann::json{{"dim", 0}, {"index", 1}, {"count", 2}} &&
+    column_part = tensor.at("shard") == nlohmann::json{{"dim", 0}, {"index", 1}, {"count", 2}, {"chunks", 1}} &&
                   tensor.at("shape") == nlohmann::json::array({48, 32}) &&
                   tensor.at("global_shape") == nlohmann::json::array({96, 32});
   }

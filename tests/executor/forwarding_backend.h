@@ -82,14 +82,34 @@ class ForwardingBackend : public exec::Backend {
                                    std::size_t dim) const override {
     return inner_->attention_saved_size(batch, seq, heads, dim);
   }
-  void attention_forward(ConstActivation qkv, std::size_t batch, std::size_t seq, std::size_t heads, std::size_t dim,
-                         Activation out, float* saved) override {
-    inner_->attention_forward(qkv, batch, seq, heads, dim, out, saved);
+  void rmsnorm_forward(ConstActivation x, ConstActivation residual, Activation sum_out, ConstActivation gamma,
+                       std::size_t rows, std::size_t cols, float eps, Activation y, float* rstd) override {
+    inner_->rmsnorm_forward(x, residual, sum_out, gamma, rows, cols, eps, y, rstd);
+  }
+  void rmsnorm_backward(ConstActivation dy, ConstActivation x, ConstActivation gamma, const float* rstd,
+                        std::size_t rows, std::size_t cols, ConstActivation residual_grad, Activation dx,
+                        float* dgamma) override {
+    inner_->rmsnorm_backward(dy, x, gamma, rstd, rows, cols, residual_grad, dx, dgamma);
+  }
+  void swiglu_forward(ConstActivation x, std::size_t rows, std::size_t width, Activation y) override {
+    inner_->swiglu_forward(x, rows, width, y);
+  }
+  void swiglu_backward(ConstActivation dy, ConstActivation x, std::size_t rows, std::size_t width,
+                       Activation dx) override {
+    inner_->swiglu_backward(dy, x, rows, width, dx);
+  }
+  void rotary(Activation qkv, std::size_t batch, std::size_t seq, std::size_t groups, std::size_t group,
+              std::size_t dim, std::size_t rotary_dim, float theta, bool inverse) override {
+    inner_->rotary(qkv, batch, seq, groups, group, dim, rotary_dim, theta, inverse);
+  }
+  void attention_forward(ConstActivation qkv, std::size_t batch, std::size_t seq, std::size_t heads, std::size_t groups,
+                         std::size_t dim, Activation out, float* saved) override {
+    inner_->attention_forward(qkv, batch, seq, heads, groups, dim, out, saved);
   }
   void attention_backward(ConstActivation dout, ConstActivation qkv, ConstActivation out, const float* saved,
-                          std::size_t batch, std::size_t seq, std::size_t heads, std::size_t dim,
+                          std::size_t batch, std::size_t seq, std::size_t heads, std::size_t groups, std::size_t dim,
                           Activation dqkv) override {
-    inner_->attention_backward(dout, qkv, out, saved, batch, seq, heads, dim, dqkv);
+    inner_->attention_backward(dout, qkv, out, saved, batch, seq, heads, groups, dim, dqkv);
   }
   void cross_entropy_statistics(ConstActivation logits, const int64_t* targets, std::size_t tokens, std::size_t vocab,
                                 std::size_t vocab_start, float* lse, float* target_logit, float* peak) override {

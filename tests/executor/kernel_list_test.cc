@@ -1,4 +1,4 @@
-// The kernels the executor's GPT launches are core's kernel list (core/kernel_list.h), kernel for
+// The kernels the executor's GPT and Llama launch are core's kernel list (core/kernel_list.h), kernel for
 // kernel and shape for shape, for F, B, I and W on every kind of stage, with each recomputation,
 // on both tensor-parallel ranks with and without sequence parallelism, and for the optimizer step:
 // the list the simulator costs cannot drift from what runs. And what the profiler launches for a
@@ -29,6 +29,8 @@ using megaplan::exec::MicrobatchTokens;
 using megaplan::ScheduleKind;
 using megaplan::test::RecordingBackend;
 using megaplan::test::four_layer_gpt;
+using megaplan::test::four_layer_llama;
+using megaplan::test::four_layer_qwen;
 using megaplan::test::layout;
 
 MicrobatchTokens microbatch(const megaplan::ModelSpec& model, int64_t batch) {
@@ -79,7 +81,7 @@ void check_stage(GptModel& model, RecordingBackend& backend, const PlanKernels& 
 }  // namespace
 
 TEST_CASE("one stage launches its kernel list for F, B, I and W under each recomputation", "[model][kernels]") {
-  const megaplan::ModelSpec model = four_layer_gpt();
+  for (const megaplan::ModelSpec& model : {four_layer_gpt(), four_layer_llama(), four_layer_qwen()})
   for (const auto& [granularity, method, layers] :
        {std::tuple{megaplan::RecomputeGranularity::kNone, megaplan::RecomputeMethod::kUniform, int64_t{1}},
         {megaplan::RecomputeGranularity::kSelective, megaplan::RecomputeMethod::kUniform, 1},
@@ -89,7 +91,7 @@ TEST_CASE("one stage launches its kernel list for F, B, I and W under each recom
     plan.recompute_granularity = granularity;
     plan.recompute_method = method;
     plan.recompute_num_layers = layers;
-    INFO(megaplan::to_string(granularity) << " " << megaplan::to_string(method) << " " << layers);
+    INFO(model.name << ": " << megaplan::to_string(granularity) << " " << megaplan::to_string(method) << " " << layers);
     RecordingBackend backend;
     GptModel gpt(model, plan, 0, backend, 42);
     const MicrobatchTokens data = microbatch(model, 2);
@@ -98,27 +100,28 @@ TEST_CASE("one stage launches its kernel list for F, B, I and W under each recom
 }
 
 TEST_CASE("first, middle and last pipeline stages launch their kernel lists", "[model][kernels]") {
-  const megaplan::ModelSpec model = four_layer_gpt();
-  megaplan::ParallelPlan plan = layout(1, 2, 1, 2, ScheduleKind::kInterleaved, 1, 4);
-  plan.recompute_granularity = megaplan::RecomputeGranularity::kSelective;
-  const PlanKernels list(model, plan);
-  const MicrobatchTokens data = microbatch(model, 1);
-  for (int64_t stage = 0; stage < plan.num_virtual_stages(); ++stage) {
-    INFO("stage " << stage);
-    const bool first = stage == 0, last = stage + 1 == plan.num_virtual_stages();
-    RecordingBackend backend;
-    GptModel gpt(model, plan, stage, backend, 42);
-    check_stage(gpt, backend, list, stage, first || last ? &data : nullptr, first, last);
+  for (const megaplan::ModelSpec& model : {four_layer_gpt(), four_layer_llama()}) {
+    megaplan::ParallelPlan plan = layout(1, 2, 1, 2, ScheduleKind::kInterleaved, 1, 4);
+    plan.recompute_granularity = megaplan::RecomputeGranularity::kSelective;
+    const PlanKernels list(model, plan);
+    const MicrobatchTokens data = microbatch(model, 1);
+    for (int64_t stage = 0; stage < plan.num_virtual_stages(); ++stage) {
+      INFO(model.name << ": stage " << stage);
+      const bool first = stage == 0, last = stage + 1 == plan.num_virtual_stages();
+      RecordingBackend backend;
+      GptModel gpt(model, plan, stage, backend, 42);
+      check_stage(gpt, backend, list, stage, first || last ? &data : nullptr, first, last);
+    }
   }
 }
 
 TEST_CASE("each tensor-parallel rank launches its kernel list, with and without sequence parallelism",
           "[model][kernels]") {
-  const megaplan::ModelSpec model = four_layer_gpt();
+  for (const megaplan::ModelSpec& model : {four_layer_gpt(), four_layer_llama(), four_layer_qwen()})
   for (const bool sequence_parallel : {false, true}) {
     megaplan::ParallelPlan plan = layout(2, 1, 1, 1, ScheduleKind::kOneFOneB, 2, 2);
     plan.sequence_parallel = sequence_parallel;
-    INFO("sequence parallel " << sequence_parallel);
+    INFO(model.name << ": sequence parallel " << sequence_parallel);
     megaplan::exec::InProcessWorld world(2, std::chrono::seconds(60));
     std::vector<std::vector<Kernel>> launched(2), listed(2);
     megaplan::exec::run_rank_threads(world, 2, [&](int64_t rank) {
@@ -139,7 +142,7 @@ TEST_CASE("each tensor-parallel rank launches its kernel list, with and without 
       INFO("tensor-parallel rank " << rank);
       check_same(launched[rank], listed[rank]);
     }
-    CHECK(listed[0] != listed[1]);  // rank 0 alone adds the row-parallel biases
+    if (model.add_bias_linear) CHECK(listed[0] != listed[1]);  // rank 0 alone adds the row-parallel biases
   }
 }
 
@@ -176,10 +179,19 @@ TEST_CASE("the profiler's launch of a listed kernel is that kernel", "[kernels]"
   }
   for (const KernelKind kind : {KernelKind::kAttentionForward, KernelKind::kAttentionBackward}) {
     kernels.push_back(megaplan::attention_kernel(kind, 2, 8, 3, 4));
+    kernels.push_back(megaplan::attention_kernel(kind, 2, 8, 4, 4, 2));  // 4 heads in 2 query groups
   }
   for (const bool fused : {false, true}) {
-    kernels.push_back(megaplan::row_kernel(KernelKind::kNormForward, 6, 8, fused));
-    kernels.push_back(megaplan::row_kernel(KernelKind::kNormBackward, 6, 8, fused));
+    for (const KernelKind kind : {KernelKind::kNormForward, KernelKind::kNormBackward, KernelKind::kRmsNormForward,
+                                  KernelKind::kRmsNormBackward}) {
+      kernels.push_back(megaplan::row_kernel(kind, 6, 8, fused));
+    }
+  }
+  for (const KernelKind kind : {KernelKind::kSwigluForward, KernelKind::kSwigluBackward}) {
+    kernels.push_back(megaplan::row_kernel(kind, 6, 8));
+  }
+  for (const int64_t rotated : {256, 192, 6}) {  // heads of 128, of 64, of 2
+    kernels.push_back(megaplan::row_kernel(KernelKind::kRotary, 5, rotated));
   }
   for (const KernelKind kind : {KernelKind::kEmbeddingForward, KernelKind::kEmbeddingBackward,
                                 KernelKind::kCrossEntropyForward, KernelKind::kCrossEntropyBackward}) {

@@ -112,33 +112,13 @@ struct Layout {
   double gradient_norm_tolerance;
 };
 
-}  // namespace
-
-TEST_CASE("pipeline, data- and tensor-parallel layouts train on one GPU like one rank", "[gpu][train][parallel]") {
-  const megaplan::test::ScratchDirectory scratch;
-  const exec::TrainOptions options = options_for(megaplan::test::sentence_corpus(scratch));
-  const megaplan::ModelSpec model = four_layer_gpt();
-  const Outcome single =
-      train_on_gpu(model, plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false), options, scratch, "single");
-  REQUIRE(single.losses.size() == kIterations);
-  REQUIRE(single.losses.back() < single.losses.front());  // it learns: the comparison means something
-
-  const std::vector<Layout> layouts = {
-      {"pp2 1f1b", plan_of(2, 1, 1, ScheduleKind::kOneFOneB, false), 1e-5, 1e-5, 1e-5},
-      {"pp2 interleaved vpp2", plan_of(2, 1, 2, ScheduleKind::kInterleaved, false), 1e-5, 1e-5, 1e-5},
-      {"pp2 zbv", plan_of(2, 1, 2, ScheduleKind::kZeroBubbleV, false), 1e-5, 1e-5, 1e-5},
-      {"pp2 dualpipev", plan_of(2, 1, 2, ScheduleKind::kDualPipeV, false), 1e-5, 1e-5, 1e-5},
-      {"dp2 distributed optimizer", plan_of(1, 2, 1, ScheduleKind::kOneFOneB, true), 1e-5, 2e-3, 1e-3},
-      {"pp2 x dp2 distributed optimizer", plan_of(2, 2, 1, ScheduleKind::kOneFOneB, true), 1e-5, 2e-3, 1e-3},
-      {"tp2", plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false, 2), 1e-4, 2e-3, 1e-3},
-      {"tp2 sequence parallel", plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false, 2, true), 1e-4, 2e-3, 1e-3},
-      {"tp2 x pp2 x dp2, sequence parallel, distributed optimizer",
-       plan_of(2, 2, 1, ScheduleKind::kOneFOneB, true, 2, true), 1e-4, 2e-3, 1e-3},
-  };
+// Each layout logs `single`'s losses within its tolerances and ends on its gradient norm.
+void check_layouts(const megaplan::ModelSpec& model, const Outcome& single, const std::vector<Layout>& layouts,
+                   const exec::TrainOptions& options, const megaplan::test::ScratchDirectory& scratch) {
   for (std::size_t l = 0; l < layouts.size(); ++l) {
     const Layout& layout = layouts[l];
     INFO(layout.name);
-    const Outcome run = train_on_gpu(model, layout.plan, options, scratch, "layout" + std::to_string(l));
+    const Outcome run = train_on_gpu(model, layout.plan, options, scratch, model.name + "-layout" + std::to_string(l));
     REQUIRE(run.losses.size() == kIterations);
     CHECK(run.losses[0] == Approx(single.losses[0]).epsilon(layout.first_loss_tolerance));  // before any step
     for (std::size_t i = 0; i < kIterations; ++i) {
@@ -162,10 +142,59 @@ TEST_CASE("pipeline, data- and tensor-parallel layouts train on one GPU like one
     // The tied output layer's copy on the last pipeline rank stayed equal to the embedding, bit for
     // bit: both took the same all-reduced gradient and the same step.
     const auto copy = run.summary.final_weights.find("output_layer.weight");
-    if (copy != run.summary.final_weights.end()) {
+    if (!model.untie_embeddings_and_output_weights && copy != run.summary.final_weights.end()) {
       CHECK(copy->second == run.summary.final_weights.at("embedding.word_embeddings.weight"));
     }
   }
+}
+
+}  // namespace
+
+TEST_CASE("pipeline, data- and tensor-parallel layouts train on one GPU like one rank", "[gpu][train][parallel]") {
+  const megaplan::test::ScratchDirectory scratch;
+  const exec::TrainOptions options = options_for(megaplan::test::sentence_corpus(scratch));
+  const megaplan::ModelSpec model = four_layer_gpt();
+  const Outcome single =
+      train_on_gpu(model, plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false), options, scratch, "single");
+  REQUIRE(single.losses.size() == kIterations);
+  REQUIRE(single.losses.back() < single.losses.front());  // it learns: the comparison means something
+
+  const std::vector<Layout> layouts = {
+      {"pp2 1f1b", plan_of(2, 1, 1, ScheduleKind::kOneFOneB, false), 1e-5, 1e-5, 1e-5},
+      {"pp2 interleaved vpp2", plan_of(2, 1, 2, ScheduleKind::kInterleaved, false), 1e-5, 1e-5, 1e-5},
+      {"pp2 zbv", plan_of(2, 1, 2, ScheduleKind::kZeroBubbleV, false), 1e-5, 1e-5, 1e-5},
+      {"pp2 dualpipev", plan_of(2, 1, 2, ScheduleKind::kDualPipeV, false), 1e-5, 1e-5, 1e-5},
+      {"dp2 distributed optimizer", plan_of(1, 2, 1, ScheduleKind::kOneFOneB, true), 1e-5, 2e-3, 1e-3},
+      {"pp2 x dp2 distributed optimizer", plan_of(2, 2, 1, ScheduleKind::kOneFOneB, true), 1e-5, 2e-3, 1e-3},
+      {"tp2", plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false, 2), 1e-4, 2e-3, 1e-3},
+      {"tp2 sequence parallel", plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false, 2, true), 1e-4, 2e-3, 1e-3},
+      {"tp2 x pp2 x dp2, sequence parallel, distributed optimizer",
+       plan_of(2, 2, 1, ScheduleKind::kOneFOneB, true, 2, true), 1e-4, 2e-3, 1e-3},
+  };
+  check_layouts(model, single, layouts, options, scratch);
+}
+
+TEST_CASE("the Llama family's layouts train on one GPU like one rank", "[gpu][train][parallel][llama]") {
+  // RMSNorm, SwiGLU, RoPE, 4 heads of 64 in 2 query groups (one per tp rank), untied, no biases.
+  const megaplan::test::ScratchDirectory scratch;
+  const exec::TrainOptions options = options_for(megaplan::test::sentence_corpus(scratch));
+  megaplan::ModelSpec model = megaplan::test::four_layer_llama();
+  model.hidden_size = 256;
+  model.make_vocab_size_divisible_by = 136;
+  const Outcome single =
+      train_on_gpu(model, plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false), options, scratch, "llama-single");
+  REQUIRE(single.losses.size() == kIterations);
+  REQUIRE(single.losses.back() < single.losses.front());
+  check_layouts(model, single,
+                {{"pp2 interleaved vpp2", plan_of(2, 1, 2, ScheduleKind::kInterleaved, false), 1e-5, 1e-5, 1e-5},
+                 {"pp2 dualpipev", plan_of(2, 1, 2, ScheduleKind::kDualPipeV, false), 1e-5, 1e-5, 1e-5},
+                 // The bf16 partial sums tensor parallelism reduces move the last gradient norm more
+                 // than GPT's (measured on an H100: 2.3e-3 and 1.1e-2 relative; losses within 4.4e-4);
+                 // the CPU's fp32 runs of the same layouts agree within 1e-4 (parallel_training_test).
+                 {"tp2 sequence parallel", plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false, 2, true), 1e-4, 2e-3, 2e-2},
+                 {"tp2 x pp2 x dp2, sequence parallel, distributed optimizer",
+                  plan_of(2, 2, 1, ScheduleKind::kOneFOneB, true, 2, true), 1e-4, 2e-3, 2e-2}},
+                options, scratch);
 }
 
 TEST_CASE("on one GPU, overlapped gradient reduction and parameter gathering give the bits of the unoverlapped run",

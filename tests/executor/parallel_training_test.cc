@@ -105,6 +105,44 @@ double largest_magnitude(const std::vector<float>& values) {
   return largest;
 }
 
+// Each layout logs `single`'s losses, ends on its gradient norm and its weights (tolerances above).
+// `prefix` names the runs' logs in `scratch`.
+void check_trains_like(const Outcome& single, const megaplan::ModelSpec& model, const std::vector<Layout>& layouts,
+                       const exec::TrainOptions& options, const megaplan::test::ScratchDirectory& scratch,
+                       const std::string& prefix = "") {
+  for (std::size_t l = 0; l < layouts.size(); ++l) {
+    const Layout& layout = layouts[l];
+    INFO(layout.name);
+    const Outcome run = train(model, layout.plan, options, scratch, prefix + "layout" + std::to_string(l));
+    REQUIRE(run.losses.size() == single.losses.size());
+    for (std::size_t i = 0; i < single.losses.size(); ++i) {
+      INFO("iteration " << i + 1);
+      CHECK(run.losses[i] == Approx(single.losses[i]).epsilon(1e-4));
+    }
+    CHECK(run.summary.last_gradient_norm == Approx(single.summary.last_gradient_norm).epsilon(1e-4));
+    // Validation ran through the pipeline too, and agrees.
+    CHECK(run.out.find("validation loss at iteration " + std::to_string(single.losses.size())) != std::string::npos);
+    REQUIRE(single.summary.final_weights.size() > 20);
+    for (const auto& [name, expected] : single.summary.final_weights) {
+      INFO(name);
+      const auto found = run.summary.final_weights.find(name);
+      REQUIRE(found != run.summary.final_weights.end());
+      REQUIRE(found->second.size() == expected.size());
+      const double scale = std::max(largest_magnitude(expected), 1e-6);
+      double worst = 0;
+      for (std::size_t i = 0; i < expected.size(); ++i) {
+        worst = std::max(worst, std::abs(static_cast<double>(found->second[i]) - expected[i]) / scale);
+      }
+      CHECK(worst <= 1e-3);
+    }
+    // The tied output layer's copy on the last pipeline rank stayed equal to the embedding.
+    const auto copy = run.summary.final_weights.find("output_layer.weight");
+    if (!model.untie_embeddings_and_output_weights && copy != run.summary.final_weights.end()) {
+      CHECK(copy->second == run.summary.final_weights.at("embedding.word_embeddings.weight"));
+    }
+  }
+}
+
 }  // namespace
 
 TEST_CASE("every pipeline schedule, data-parallel layout and recomputation trains like one rank", "[parallel]") {
@@ -162,36 +200,37 @@ TEST_CASE("every pipeline schedule, data-parallel layout and recomputation train
       {"pp2 zb-h1, selective recomputation", recomputed(plan_of(1, 2, 1, 1, ScheduleKind::kZeroBubbleH1),
                                                        RecomputeGranularity::kSelective, RecomputeMethod::kUniform, 1)},
   };
-  for (std::size_t l = 0; l < layouts.size(); ++l) {
-    const Layout& layout = layouts[l];
-    INFO(layout.name);
-    const Outcome run = train(model, layout.plan, options, scratch, "layout" + std::to_string(l));
-    REQUIRE(run.losses.size() == 12);
-    for (std::size_t i = 0; i < 12; ++i) {
-      INFO("iteration " << i + 1);
-      CHECK(run.losses[i] == Approx(single.losses[i]).epsilon(1e-4));
-    }
-    CHECK(run.summary.last_gradient_norm == Approx(single.summary.last_gradient_norm).epsilon(1e-4));
-    // Validation ran through the pipeline too, and agrees.
-    CHECK(run.out.find("validation loss at iteration 12") != std::string::npos);
-    REQUIRE(single.summary.final_weights.size() > 40);
-    for (const auto& [name, expected] : single.summary.final_weights) {
-      INFO(name);
-      const auto found = run.summary.final_weights.find(name);
-      REQUIRE(found != run.summary.final_weights.end());
-      REQUIRE(found->second.size() == expected.size());
-      const double scale = std::max(largest_magnitude(expected), 1e-6);
-      double worst = 0;
-      for (std::size_t i = 0; i < expected.size(); ++i) {
-        worst = std::max(worst, std::abs(static_cast<double>(found->second[i]) - expected[i]) / scale);
-      }
-      CHECK(worst <= 1e-3);
-    }
-    // The tied output layer's copy on the last pipeline rank stayed equal to the embedding.
-    const auto copy = run.summary.final_weights.find("output_layer.weight");
-    if (copy != run.summary.final_weights.end()) {
-      CHECK(copy->second == run.summary.final_weights.at("embedding.word_embeddings.weight"));
-    }
+  check_trains_like(single, model, layouts, options, scratch);
+}
+
+TEST_CASE("the Llama family's layers train under tensor, pipeline and data parallelism like one rank",
+          "[parallel][llama]") {
+  // RMSNorm, SwiGLU, RoPE, 4 heads in 2 query groups (one group per tp rank), untied, no biases;
+  // and Qwen2's QKV biases with a head dimension of its own (queries wider than the stream), half
+  // of it rotated.
+  const megaplan::test::ScratchDirectory scratch;
+  const exec::TrainOptions options = options_for(megaplan::test::sentence_corpus(scratch));
+  for (const megaplan::ModelSpec& model : {megaplan::test::four_layer_llama(), megaplan::test::four_layer_qwen()}) {
+    INFO(model.name);
+    const Outcome single =
+        train(model, plan_of(1, 1, 1, 1, ScheduleKind::kOneFOneB), options, scratch, model.name + "-single");
+    REQUIRE(single.losses.size() == 12);
+    REQUIRE(single.losses.back() < single.losses.front());
+    ParallelPlan sequence_parallel = plan_of(2, 1, 1, 1, ScheduleKind::kOneFOneB);
+    sequence_parallel.sequence_parallel = true;
+    ParallelPlan everything = plan_of(2, 2, 2, 1, ScheduleKind::kOneFOneB);
+    everything.sequence_parallel = true;
+    everything.use_distributed_optimizer = true;
+    ParallelPlan selective = plan_of(1, 2, 1, 1, ScheduleKind::kZeroBubbleH1);
+    selective.recompute_granularity = megaplan::RecomputeGranularity::kSelective;
+    check_trains_like(single, model,
+                      {{"tp2", plan_of(2, 1, 1, 1, ScheduleKind::kOneFOneB)},
+                       {"tp2 sequence parallel", sequence_parallel},
+                       {"pp2 interleaved vpp2", plan_of(1, 2, 1, 2, ScheduleKind::kInterleaved)},
+                       {"pp2 zb-h1, selective recomputation", selective},
+                       {"pp2 dualpipev", plan_of(1, 2, 1, 2, ScheduleKind::kDualPipeV)},
+                       {"tp2 x pp2 x dp2, sequence parallel, distributed optimizer", everything}},
+                      options, scratch, model.name + "-");
   }
 }
 

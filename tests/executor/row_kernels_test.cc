@@ -380,7 +380,7 @@ TEST_CASE("bf16 rotary embeddings in place, and their inverse", "[gpu][kernels]"
     std::vector<float> want = x;
     ref::rope_apply(want.data(), batch, seq, heads, head_dim, token_stride, rotary_dim, 10000.0, false);
     cu::Bf16* d_x = device.bf16(x);
-    cu::rope_apply(d_x, batch, seq, heads, head_dim, token_stride, rotary_dim, 10000.0f, false, stream);
+    cu::rope_apply(d_x, batch, seq, 1, heads, head_dim, token_stride, heads * head_dim, rotary_dim, 10000.0f, false, stream);
     const std::vector<float> got = cu::download_bf16(d_x, n, stream);
     CHECK(relative_error(got, want) < 1e-2);
     // Values outside the rotated heads and dims are untouched, bit for bit.
@@ -391,7 +391,7 @@ TEST_CASE("bf16 rotary embeddings in place, and their inverse", "[gpu][kernels]"
       if (!rotated && got[i] != x[i]) untouched = false;
     }
     CHECK(untouched);
-    cu::rope_apply(d_x, batch, seq, heads, head_dim, token_stride, rotary_dim, 10000.0f, true, stream);
+    cu::rope_apply(d_x, batch, seq, 1, heads, head_dim, token_stride, heads * head_dim, rotary_dim, 10000.0f, true, stream);
     CHECK(relative_error(cu::download_bf16(d_x, n, stream), x) < 1e-2);
   }
 }

@@ -49,3 +49,20 @@ TEST_CASE("a cut fits where its dimension divides into its parts", "[shards]") {
   CHECK_FALSE(exec::cut_fits(shape, {1, 2, 2}));  // no part 2 of 2
   CHECK(exec::cut_fits(shape, {}));               // the whole tensor
 }
+
+TEST_CASE("a cut of stacked blocks takes each block's part: SwiGLU's [gate; up]", "[shards]") {
+  // fc1 of an MLP 4 wide over 2 inputs, [gate; up] = rows 0-3 gate, 4-7 up, each row holding
+  // 10 * row + column. Rank 1 of 2 holds [gate rows 2-3; up rows 6-7].
+  const std::vector<int64_t> shape = {8, 2};
+  std::vector<float> whole(16);
+  for (std::size_t i = 0; i < whole.size(); ++i) whole[i] = static_cast<float>(10 * (i / 2) + i % 2);
+  const exec::TensorCut rank1{0, 1, 2, 2};
+  const std::vector<float> part = exec::reshard({whole}, exec::TensorCut{}, shape, rank1);
+  CHECK(part == std::vector<float>{20, 21, 30, 31, 60, 61, 70, 71});
+  CHECK(exec::part_shape(shape, rank1) == std::vector<int64_t>{4, 2});
+  // Joined back from both ranks' parts, and resharded to 4 ranks: rank 3's [gate row 3; up row 7].
+  const std::vector<float> part0 = exec::reshard({whole}, exec::TensorCut{}, shape, {0, 0, 2, 2});
+  CHECK(exec::reshard({part0, part}, exec::TensorCut{0, 0, 2, 2}, shape, {}) == whole);
+  CHECK(exec::reshard({part0, part}, exec::TensorCut{0, 0, 2, 2}, shape, {0, 3, 4, 2}) == std::vector<float>{30, 31, 70, 71});
+  CHECK_FALSE(exec::cut_fits(shape, {0, 0, 8, 2}));  // 4 rows per block in 8 parts
+}

@@ -1,5 +1,5 @@
-// The CPU trainer end to end on a generated corpus: a tiny GPT's loss falls by at least 30% in 40
-// iterations, and a run stopped by --exit-interval with --save and resumed with --load logs
+// The CPU trainer end to end on a generated corpus: a tiny GPT's and a tiny Llama's loss falls by
+// at least 30% in 40 iterations, and a run stopped by --exit-interval with --save and resumed with --load logs
 // exactly the losses of an uninterrupted run; a non-finite loss stops it with the checkpoints intact.
 #include <catch2/catch.hpp>
 
@@ -24,8 +24,8 @@ megaplan::ParallelPlan one_rank(int64_t micro_batch_size, int64_t global_batch_s
 }
 
 megaplan::exec::TrainSummary train_on_cpu(const megaplan::ParallelPlan& plan, const megaplan::exec::TrainOptions& options,
-                                          std::ostream& out) {
-  return megaplan::exec::train(megaplan::test::tiny_gpt(), plan, options,
+                                          std::ostream& out, const megaplan::ModelSpec& model = megaplan::test::tiny_gpt()) {
+  return megaplan::exec::train(model, plan, options,
                                [](int64_t) -> std::unique_ptr<megaplan::exec::Backend> {
                                  return std::make_unique<megaplan::exec::CpuBackend>();
                                },
@@ -34,49 +34,51 @@ megaplan::exec::TrainSummary train_on_cpu(const megaplan::ParallelPlan& plan, co
 
 }  // namespace
 
-TEST_CASE("a tiny GPT trains on the CPU backend and resumes exactly", "[train]") {
+TEST_CASE("a tiny GPT and a tiny Llama train on the CPU backend and resume exactly", "[train]") {
   using megaplan::test::logged_losses;
-    const megaplan::test::ScratchDirectory scratch;
+  const megaplan::test::ScratchDirectory scratch;
   const std::string corpus = megaplan::test::sentence_corpus(scratch);
+  for (const megaplan::ModelSpec& model : {megaplan::test::tiny_gpt(), megaplan::test::tiny_llama()}) {
+    INFO(model.name);
+    megaplan::exec::TrainOptions options;
+    options.train_iters = 40;
+    const megaplan::ParallelPlan plan = one_rank(4, 8);
+    options.learning_rate.max_lr = 3e-3;
+    options.learning_rate.min_lr = 3e-4;
+    options.learning_rate.warmup_iterations = 4;
+    options.learning_rate.style = megaplan::exec::DecayStyle::kCosine;
+    options.log_interval = 1;
+    options.eval_interval = 20;
+    options.eval_iters = 1;
+    options.split = "9,1,0";
+    options.data_path = corpus;
+    std::ostringstream out;
 
-  megaplan::exec::TrainOptions options;
-  options.train_iters = 40;
-  const megaplan::ParallelPlan plan = one_rank(4, 8);
-  options.learning_rate.max_lr = 3e-3;
-  options.learning_rate.min_lr = 3e-4;
-  options.learning_rate.warmup_iterations = 4;
-  options.learning_rate.style = megaplan::exec::DecayStyle::kCosine;
-  options.log_interval = 1;
-  options.eval_interval = 20;
-  options.eval_iters = 1;
-  options.split = "9,1,0";
-  options.data_path = corpus;
-  std::ostringstream out;
+    options.log_file = scratch.file(model.name + "-whole.jsonl");
+    train_on_cpu(plan, options, out, model);
+    const std::vector<double> whole = logged_losses(*options.log_file);
+    REQUIRE(whole.size() == 40);
+    double last_five = 0;
+    for (std::size_t i = 35; i < 40; ++i) last_five += whole[i] / 5;
+    INFO("first loss " << whole.front() << ", mean of the last five " << last_five);
+    CHECK(last_five <= 0.7 * whole.front());
 
-  options.log_file = scratch.file("whole.jsonl");
-  train_on_cpu(plan, options, out);
-  const std::vector<double> whole = logged_losses(*options.log_file);
-  REQUIRE(whole.size() == 40);
-  double last_five = 0;
-  for (std::size_t i = 35; i < 40; ++i) last_five += whole[i] / 5;
-  INFO("first loss " << whole.front() << ", mean of the last five " << last_five);
-  CHECK(last_five <= 0.7 * whole.front());
-
-  options.log_file = scratch.file("parts.jsonl");
-  options.save = scratch.file("checkpoints");
-  options.exit_interval = 20;
-  CHECK(train_on_cpu(plan, options, out).last_iteration == 20);
-  CHECK(std::filesystem::exists(scratch.file("checkpoints/iter_0000020/mp_rank_00/model.bin")));
-  options.exit_interval = 0;
-  options.load = options.save;
-  const megaplan::exec::TrainSummary resumed = train_on_cpu(plan, options, out);
-  CHECK(resumed.first_iteration == 21);
-  CHECK(resumed.last_iteration == 40);
-  const std::vector<double> parts = logged_losses(*options.log_file);
-  REQUIRE(parts.size() == 40);
-  for (std::size_t i = 0; i < 40; ++i) {
-    INFO("iteration " << i + 1);
-    CHECK(parts[i] == whole[i]);  // bit for bit
+    options.log_file = scratch.file(model.name + "-parts.jsonl");
+    options.save = scratch.file(model.name + "-checkpoints");
+    options.exit_interval = 20;
+    CHECK(train_on_cpu(plan, options, out, model).last_iteration == 20);
+    CHECK(std::filesystem::exists(*options.save + "/iter_0000020/mp_rank_00/model.bin"));
+    options.exit_interval = 0;
+    options.load = options.save;
+    const megaplan::exec::TrainSummary resumed = train_on_cpu(plan, options, out, model);
+    CHECK(resumed.first_iteration == 21);
+    CHECK(resumed.last_iteration == 40);
+    const std::vector<double> parts = logged_losses(*options.log_file);
+    REQUIRE(parts.size() == 40);
+    for (std::size_t i = 0; i < 40; ++i) {
+      INFO("iteration " << i + 1);
+      CHECK(parts[i] == whole[i]);  // bit for bit
+    }
   }
 }
 

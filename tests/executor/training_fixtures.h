@@ -60,6 +60,43 @@ inline ModelSpec four_layer_gpt() {
   return model;
 }
 
+// The Llama family's tiny model, as the acceptance names it: 2 layers, hidden 64, 4 heads in 2
+// query groups, SwiGLU, RMSNorm, RoPE, untied embeddings, no biases; seq 32, the byte vocabulary.
+inline ModelSpec tiny_llama() {
+  ModelSpec model = tiny_gpt();
+  model.name = "tiny-llama";
+  model.num_query_groups = 2;
+  model.swiglu = true;
+  model.normalization = Normalization::kRMSNorm;
+  model.position_embedding_type = PositionEmbedding::kRope;
+  model.untie_embeddings_and_output_weights = true;
+  model.add_bias_linear = false;
+  return model;
+}
+
+// The multi-rank tests' Llama: four_layer_gpt's shape with 4 heads of 8 in 2 query groups (one
+// per rank at tp 2) and the Llama family's choices.
+inline ModelSpec four_layer_llama() {
+  ModelSpec model = tiny_llama();
+  model.name = "four-layer-llama";
+  model.num_layers = 4;
+  model.hidden_size = 32;
+  model.seq_length = 16;
+  model.make_vocab_size_divisible_by = 129;
+  return model;
+}
+
+// four_layer_llama with Qwen2's QKV biases and a head dimension of its own (16: the queries are
+// wider than the stream), half of it rotated.
+inline ModelSpec four_layer_qwen() {
+  ModelSpec model = four_layer_llama();
+  model.name = "four-layer-qwen";
+  model.add_qkv_bias = true;
+  model.kv_channels = 16;
+  model.rotary_percent = 0.5;
+  return model;
+}
+
 // A layout of tp x pp x dp ranks (vpp model chunks per pipeline rank) training microbatches of
 // `micro_batch` in global batches of `global_batch`; the rest is ParallelPlan's defaults.
 inline ParallelPlan layout(int64_t tp, int64_t pp, int64_t dp, int64_t vpp, ScheduleKind schedule,

@@ -143,9 +143,9 @@ __global__ void swiglu_backward_kernel(const Bf16* dy, const Bf16* x, int64_t ro
 // One thread per token and 8 consecutive rotation pairs: the 8 angles' sines and cosines are
 // computed once and applied to every head of the token.
 template <bool kAligned>
-__global__ void rope_kernel(Bf16* base, int64_t tokens, int64_t seq, int64_t heads, int64_t head_dim,
-                            int64_t token_stride, int64_t half, int64_t vectors_per_token, float log2_theta,
-                            float rotary_dim, bool inverse) {
+__global__ void rope_kernel(Bf16* base, int64_t tokens, int64_t seq, int64_t groups, int64_t heads, int64_t head_dim,
+                            int64_t token_stride, int64_t group_stride, int64_t half, int64_t vectors_per_token,
+                            float log2_theta, float rotary_dim, bool inverse) {
   const int64_t i = vector_index();
   if (i >= tokens * vectors_per_token) return;
   const int64_t token = i / vectors_per_token, start = (i % vectors_per_token) * 8;
@@ -158,18 +158,20 @@ __global__ void rope_kernel(Bf16* base, int64_t tokens, int64_t seq, int64_t hea
     sincosf(position * inv_freq, &sine[e], &cosine[e]);
     if (inverse) sine[e] = -sine[e];
   }
-  Bf16* head = base + token * token_stride;
-  for (int64_t h = 0; h < heads; ++h, head += head_dim) {
-    float x1[8], x2[8], out1[8], out2[8];
-    load8<kAligned>(head, start, half, x1);
-    load8<kAligned>(head + half, start, half, x2);
+  for (int64_t g = 0; g < groups; ++g) {
+    Bf16* head = base + token * token_stride + g * group_stride;
+    for (int64_t h = 0; h < heads; ++h, head += head_dim) {
+      float x1[8], x2[8], out1[8], out2[8];
+      load8<kAligned>(head, start, half, x1);
+      load8<kAligned>(head + half, start, half, x2);
 #pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      out1[e] = x1[e] * cosine[e] - x2[e] * sine[e];
-      out2[e] = x2[e] * cosine[e] + x1[e] * sine[e];
+      for (int e = 0; e < 8; ++e) {
+        out1[e] = x1[e] * cosine[e] - x2[e] * sine[e];
+        out2[e] = x2[e] * cosine[e] + x1[e] * sine[e];
+      }
+      store8<kAligned>(head, start, half, out1);
+      store8<kAligned>(head + half, start, half, out2);
     }
-    store8<kAligned>(head, start, half, out1);
-    store8<kAligned>(head + half, start, half, out2);
   }
 }
 
@@ -257,13 +259,16 @@ void swiglu_backward(const Bf16* dy, const Bf16* x, int64_t rows, int64_t width,
   check_launch("swiglu_backward");
 }
 
-void rope_apply(Bf16* base, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim, int64_t token_stride,
-                int64_t rotary_dim, float theta, bool inverse, cudaStream_t stream) {
+void rope_apply(Bf16* base, int64_t batch, int64_t seq, int64_t groups, int64_t heads, int64_t head_dim,
+                int64_t token_stride, int64_t group_stride, int64_t rotary_dim, float theta, bool inverse,
+                cudaStream_t stream) {
   if (rotary_dim <= 0 || rotary_dim % 2 != 0 || rotary_dim > head_dim || batch < 0 || seq < 0 || heads < 0 ||
-      token_stride < heads * head_dim || !(theta > 1.0f)) {
-    throw SpecError("--device", "rope_apply: needs an even 0 < rotary_dim <= head_dim, token_stride >= heads * "
-                                "head_dim and theta > 1; got rotary_dim " + std::to_string(rotary_dim) +
-                                    ", head_dim " + std::to_string(head_dim) + ", token_stride " +
+      groups < 1 || group_stride < heads * head_dim || token_stride < (groups - 1) * group_stride + heads * head_dim ||
+      !(theta > 1.0f)) {
+    throw SpecError("--device", "rope_apply: needs an even 0 < rotary_dim <= head_dim, group_stride >= heads * "
+                                "head_dim, token_stride past the last group's heads and theta > 1; got rotary_dim " +
+                                    std::to_string(rotary_dim) + ", head_dim " + std::to_string(head_dim) +
+                                    ", group_stride " + std::to_string(group_stride) + ", token_stride " +
                                     std::to_string(token_stride) + ", theta " + std::to_string(theta));
   }
   const int64_t tokens = batch * seq;
@@ -272,14 +277,14 @@ void rope_apply(Bf16* base, int64_t batch, int64_t seq, int64_t heads, int64_t h
   const int64_t vectors_per_token = (half + 7) / 8;
   const unsigned grid = grid_for_vectors(tokens * vectors_per_token);
   const float log2_theta = std::log2(theta);
-  if (half % 8 == 0 && head_dim % 8 == 0 && token_stride % 8 == 0 && aligned16(base)) {
-    rope_kernel<true><<<grid, kThreads, 0, stream>>>(base, tokens, seq, heads, head_dim, token_stride, half,
-                                                     vectors_per_token, log2_theta, static_cast<float>(rotary_dim),
-                                                     inverse);
+  if (half % 8 == 0 && head_dim % 8 == 0 && token_stride % 8 == 0 && group_stride % 8 == 0 && aligned16(base)) {
+    rope_kernel<true><<<grid, kThreads, 0, stream>>>(base, tokens, seq, groups, heads, head_dim, token_stride,
+                                                     group_stride, half, vectors_per_token, log2_theta,
+                                                     static_cast<float>(rotary_dim), inverse);
   } else {
-    rope_kernel<false><<<grid, kThreads, 0, stream>>>(base, tokens, seq, heads, head_dim, token_stride, half,
-                                                      vectors_per_token, log2_theta, static_cast<float>(rotary_dim),
-                                                      inverse);
+    rope_kernel<false><<<grid, kThreads, 0, stream>>>(base, tokens, seq, groups, heads, head_dim, token_stride,
+                                                      group_stride, half, vectors_per_token, log2_theta,
+                                                      static_cast<float>(rotary_dim), inverse);
   }
   check_launch("rope_apply");
 }
