@@ -1,10 +1,13 @@
 """The PyTorch side of bench/train_speed.sh: the same GPT as megaplan's executor trains (learned
 positions, LayerNorm eps 1e-5, tanh GELU, biases, tied embeddings, vocabulary padded to a
-multiple of 128, no dropout), in the plain fast PyTorch way: bf16 autocast, SDPA, fused AdamW,
-torch.compile. Prints one JSON line: tokens/s, model TFLOP/s (the same formula megaplan logs)
-and peak allocated bytes.
+multiple of 128, no dropout), or with --llama the Llama family's (RMSNorm, SwiGLU, rotary
+embeddings, grouped-query attention through SDPA's enable_gqa, untied, no biases), in the plain
+fast PyTorch way: bf16 autocast, SDPA, fused AdamW, torch.compile. Prints one JSON line:
+tokens/s, model TFLOP/s (the same formula megaplan logs, core/formulas.cc) and peak allocated bytes.
 
 Usage: python3 torch_gpt_reference.py --layers 12 --hidden 768 --heads 12 --seq 1024 --mbs 16
+       python3 torch_gpt_reference.py --llama --layers 16 --hidden 2048 --heads 32 --groups 8 --ffn 8192 \
+           --seq 4096 --mbs 4 --vocab 128256
 """
 import argparse
 import json
@@ -58,18 +61,80 @@ class Gpt(nn.Module):
         return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), labels.reshape(-1))
 
 
+def rotate(x, cos, sin):
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+class LlamaBlock(nn.Module):
+    def __init__(self, hidden, heads, groups, ffn):
+        super().__init__()
+        self.heads, self.groups, self.dim = heads, groups, hidden // heads
+        self.ln1 = nn.RMSNorm(hidden, eps=1e-5)
+        self.qkv = nn.Linear(hidden, (heads + 2 * groups) * self.dim, bias=False)
+        self.proj = nn.Linear(heads * self.dim, hidden, bias=False)
+        self.ln2 = nn.RMSNorm(hidden, eps=1e-5)
+        self.fc1 = nn.Linear(hidden, 2 * ffn, bias=False)
+        self.fc2 = nn.Linear(ffn, hidden, bias=False)
+
+    def forward(self, x, cos, sin):
+        b, s, h = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split([self.heads * self.dim, self.groups * self.dim, self.groups * self.dim], dim=2)
+        q = rotate(q.view(b, s, self.heads, self.dim).transpose(1, 2), cos, sin)
+        k = rotate(k.view(b, s, self.groups, self.dim).transpose(1, 2), cos, sin)
+        v = v.view(b, s, self.groups, self.dim).transpose(1, 2)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        x = x + self.proj(y.transpose(1, 2).reshape(b, s, self.heads * self.dim))
+        gate, up = self.fc1(self.ln2(x)).chunk(2, dim=-1)
+        return x + self.fc2(F.silu(gate) * up)
+
+
+class Llama(nn.Module):
+    def __init__(self, layers, hidden, heads, groups, ffn, seq, vocab, theta=500000.0):
+        super().__init__()
+        self.word = nn.Embedding(vocab, hidden)
+        self.blocks = nn.ModuleList(LlamaBlock(hidden, heads, groups, ffn) for _ in range(layers))
+        self.ln_f = nn.RMSNorm(hidden, eps=1e-5)
+        self.output = nn.Linear(hidden, vocab, bias=False)
+        dim = hidden // heads
+        inv_freq = 1.0 / theta ** (torch.arange(0, dim, 2).float() / dim)
+        angles = torch.outer(torch.arange(seq).float(), inv_freq)
+        angles = torch.cat((angles, angles), dim=-1)
+        self.register_buffer("cos", angles.cos(), persistent=False)
+        self.register_buffer("sin", angles.sin(), persistent=False)
+        for name, p in self.named_parameters():
+            if p.dim() == 2:
+                std = 0.02 / math.sqrt(2 * layers) if name.endswith(("proj.weight", "fc2.weight")) else 0.02
+                nn.init.normal_(p, 0.0, std)
+
+    def forward(self, tokens, labels):
+        x = self.word(tokens)
+        for block in self.blocks:
+            x = block(x, self.cos, self.sin)
+        logits = self.output(self.ln_f(x))
+        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), labels.reshape(-1))
+
+
 def main():
     parser = argparse.ArgumentParser()
     for flag in ("layers", "hidden", "heads", "seq", "mbs"):
         parser.add_argument("--" + flag, type=int, required=True)
     parser.add_argument("--vocab", type=int, default=50257)
+    parser.add_argument("--llama", action="store_true")
+    parser.add_argument("--groups", type=int, default=0, help="--llama: query groups (default: one per head)")
+    parser.add_argument("--ffn", type=int, default=0, help="--llama: the MLP's width (SwiGLU's gate and up each)")
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
     args = parser.parse_args()
     padded = (args.vocab + 127) // 128 * 128
     torch.manual_seed(1234)
     torch.backends.cuda.matmul.allow_tf32 = True
-    model = Gpt(args.layers, args.hidden, args.heads, args.seq, padded).cuda()
+    groups = args.groups or args.heads
+    if args.llama:
+        model = Llama(args.layers, args.hidden, args.heads, groups, args.ffn, args.seq, padded).cuda()
+    else:
+        model = Gpt(args.layers, args.hidden, args.heads, args.seq, padded).cuda()
     decay = [p for n, p in model.named_parameters() if p.dim() == 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
@@ -98,10 +163,12 @@ def main():
     torch.cuda.synchronize()
     seconds = (time.perf_counter() - start) / args.iters
     tokens_per_s = args.mbs * args.seq / seconds
-    # Megatron's model FLOPs per token (as megaplan's formulas): 6N-style dense terms, causal-free
-    # attention scores, and the output layer; forward + backward = 3x forward.
+    # Megatron's model FLOPs per token, as megaplan's formulas (core/formulas.cc model_flops):
+    # 12 l h^2 ((1 + groups/heads + s/h) + ffn/h x (1.5 with SwiGLU) + v / (2 l h)).
     h, s, l, v = args.hidden, args.seq, args.layers, padded
-    flops_per_token = 3 * 2 * (l * (12 * h * h + 2 * s * h) + h * v)
+    ffn = args.ffn if args.llama else 4 * h
+    gated = 1.5 if args.llama else 1.0
+    flops_per_token = 12 * l * h * h * ((1 + groups / args.heads + s / h) + ffn / h * gated + v / (2 * l * h))
     print(json.dumps({"framework": "pytorch", "tokens_per_s": tokens_per_s,
                       "model_tflops": tokens_per_s * flops_per_token / 1e12,
                       "peak_memory_bytes": torch.cuda.max_memory_allocated(),

@@ -3,7 +3,9 @@
 # (bench/torch_gpt_reference.py: bf16 autocast, SDPA, fused AdamW, torch.compile), same model,
 # micro-batch and sequence length, one microbatch per iteration. Prints a table last.
 #   bench/train_speed.sh MEGAPLAN_BINARY OUT_DIR [MODEL ...]
-# MODEL is NAME:MBS, default gpt2-124m:16 gpt2-350m:16 gpt-1.3b:8 (sequence lengths from the presets).
+# MODEL is NAME:MBS, default gpt2-124m:16 gpt2-350m:16 gpt-1.3b:8 (sequence lengths from the presets);
+# llama-1b is issue 15's Llama-style ~1B (16 layers, hidden 2048, ffn 8192, 32 heads in 8 query
+# groups, Llama 3's vocabulary untied, seq 4096), e.g. llama-1b:4.
 set -euo pipefail
 megaplan=$1
 out=$2
@@ -19,10 +21,14 @@ corpus="$out/corpus"
 mapfile -t files < <(find /usr/lib/python3* -name '*.py' -size +4k 2>/dev/null | sort | head -1500)
 "$megaplan" data prepare --tokenizer byte --append-eod --output-prefix "$corpus" --input "${files[@]}" > "$out/prepare.log"
 
-declare -A layers=([gpt2-124m]=12 [gpt2-350m]=24 [gpt-1.3b]=24)
-declare -A hidden=([gpt2-124m]=768 [gpt2-350m]=1024 [gpt-1.3b]=2048)
-declare -A heads=([gpt2-124m]=12 [gpt2-350m]=16 [gpt-1.3b]=16)
-declare -A seq=([gpt2-124m]=1024 [gpt2-350m]=1024 [gpt-1.3b]=2048)
+declare -A layers=([gpt2-124m]=12 [gpt2-350m]=24 [gpt-1.3b]=24 [llama-1b]=16)
+declare -A hidden=([gpt2-124m]=768 [gpt2-350m]=1024 [gpt-1.3b]=2048 [llama-1b]=2048)
+declare -A heads=([gpt2-124m]=12 [gpt2-350m]=16 [gpt-1.3b]=16 [llama-1b]=32)
+declare -A seq=([gpt2-124m]=1024 [gpt2-350m]=1024 [gpt-1.3b]=2048 [llama-1b]=4096)
+# Models without a preset: megaplan's flags on a preset, and the PyTorch reference's.
+declare -A megaplan_model=([llama-1b]="--model llama3-8b --num-layers 16 --hidden-size 2048 --ffn-hidden-size 8192 \
+--num-attention-heads 32 --num-query-groups 8 --seq-length 4096 --max-position-embeddings 4096")
+declare -A torch_model=([llama-1b]="--llama --groups 8 --ffn 8192 --vocab 128256")
 iters=${MEGAPLAN_BENCH_ITERS:-30}
 rows=()
 for entry in "${models[@]}"; do
@@ -30,11 +36,12 @@ for entry in "${models[@]}"; do
   mbs=${entry##*:}
   log="$out/$name.megaplan.jsonl"
   rm -f "$log"
-  "$megaplan" train --model "$name" --device cuda --data-path "$corpus" --split 1,0,0 --mbs "$mbs" --gbs "$mbs" \
+  # shellcheck disable=SC2086  # the flags split on purpose
+  "$megaplan" train ${megaplan_model[$name]:---model $name} --device cuda --data-path "$corpus" --split 1,0,0 --mbs "$mbs" --gbs "$mbs" \
     --train-iters "$iters" --log-interval 10 --eval-iters 0 --lr 1e-4 --log-file "$log" > "$out/$name.megaplan.txt" 2>&1 ||
     { echo "megaplan train failed for $name:"; tail -5 "$out/$name.megaplan.txt"; }
   python3 "$here/torch_gpt_reference.py" --layers "${layers[$name]}" --hidden "${hidden[$name]}" \
-    --heads "${heads[$name]}" --seq "${seq[$name]}" --mbs "$mbs" > "$out/$name.torch.json" 2> "$out/$name.torch.err" ||
+    --heads "${heads[$name]}" --seq "${seq[$name]}" --mbs "$mbs" ${torch_model[$name]:-} > "$out/$name.torch.json" 2> "$out/$name.torch.err" ||
     { echo "pytorch failed for $name:"; tail -5 "$out/$name.torch.err"; }
   rows+=("$name $mbs ${seq[$name]}")
 done

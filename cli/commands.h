@@ -18,6 +18,7 @@ struct CommandContext {
 };
 
 void setup_compare_command(CLI::App& app, CommandContext& context);
+void setup_convert_command(CLI::App& app, CommandContext& context);
 void setup_data_command(CLI::App& app, CommandContext& context);
 void setup_describe_command(CLI::App& app, CommandContext& context);
 void setup_devices_command(CLI::App& app, CommandContext& context);

@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
 
   CommandContext context{std::cout};
   megaplan::cli::setup_compare_command(app, context);
+  megaplan::cli::setup_convert_command(app, context);
   megaplan::cli::setup_data_command(app, context);
   megaplan::cli::setup_describe_command(app, context);
   megaplan::cli::setup_devices_command(app, context);

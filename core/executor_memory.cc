@@ -74,21 +74,22 @@ ChunkBytes chunk_bytes(const ModelSpec& model, const ParallelPlan& plan, int64_t
     bytes.moments = 2 * kFloat * buffer;
   }
   // norm_out_, branch_out_, d_residual_ x 2 (rows); d_hidden_ (tokens, the wider of the stream
-  // and the rank's queries); d_qkv_, d_ffn_ (the rank's share) and SwiGLU's d_activated_; under
+  // and the rank's queries); d_qkv_, d_ffn_ (the rank's share) and SwiGLU's swiglu_out_ and d_activated_; under
   // sequence parallelism gathered_ and partial_; the loss's memory (its running sum, a double, and
   // the row statistics lse_s, target logit and peak).
-  bytes.scratch = a * (4 * rows * h + tokens * std::max(h, q) + tokens * (qkv + fc1) + (model.swiglu ? tokens * ffn : 0)) +
+  bytes.scratch = a * (4 * rows * h + tokens * std::max(h, q) + tokens * (qkv + fc1) + (model.swiglu ? 2 * tokens * ffn : 0)) +
                   (plan.sequence_parallel ? 2 * a * tokens * h : 0) +
                   (layers.has_output_layer ? kFloat * (2 + 3 * tokens) : 0);
 
   const int64_t saved_per_row = precision.attention_keeps_probabilities ? model.seq_length : 1;
   const int64_t attention = a * tokens * q + kFloat * plan.micro_batch_size * heads * model.seq_length * saved_per_row;
   const int64_t input = a * rows * h;
-  // input, middle (rows); qkv, fc1's output, the activation's output (tokens, the rank's share);
+  // input, middle (rows); qkv, fc1's output, GELU's output (tokens, the rank's share; SwiGLU's is
+  // computed again in the backward);
   // the two norms' statistics (LayerNorm's mean and rstd, RMSNorm's rstd); the attention core's
   // output and saved statistics.
   const int64_t statistics = model.normalization == Normalization::kRMSNorm ? 1 : 2;
-  bytes.layer = 2 * input + a * tokens * (qkv + fc1 + ffn) + kFloat * 2 * statistics * rows + attention;
+  bytes.layer = 2 * input + a * tokens * (qkv + fc1 + (model.swiglu ? 0 : ffn)) + kFloat * 2 * statistics * rows + attention;
   bytes.microbatch = input;  // the chunk's output
   for (const LayerKeep keep : layer_keeps(plan, recompute_groups(model, plan))) {
     bytes.microbatch += keep == LayerKeep::kAll ? bytes.layer

@@ -231,7 +231,6 @@ LayerDims layer_dims(const ModelSpec& model, const ParallelPlan& plan) {
 
 KernelBlocks executor_kernel_blocks(const ModelSpec& model, const ParallelPlan& plan, int64_t tensor_parallel_rank) {
   KernelBlocks blocks;
-  const int64_t a = 2;  // bf16 bytes per activation, for the streaming passes' byte counts
   const auto [count, rows, h, q, kv, qkv, f, fc1, v, heads, dim] = layer_dims(model, plan);
   const bool bias = model.add_bias_linear;
   const GemmEpilogue qkv_bias = bias || model.add_qkv_bias ? GemmEpilogue::kBias : GemmEpilogue::kNone;
@@ -283,6 +282,7 @@ KernelBlocks executor_kernel_blocks(const ModelSpec& model, const ParallelPlan& 
     std::vector<Kernel> list = {gemm_kernel(GemmLayout::kInputGradient,
                                             fused_gelu ? GemmEpilogue::kGeluGradient : GemmEpilogue::kNone, count, h, f)};
     if (!fused_gelu) list.push_back(activation_backward);
+    if (model.swiglu && !defer) list.push_back(activation);  // fc2's input again, for its weight gradient
     list.push_back(weight(fc2_weight));
     list.push_back(norm);  // recomputed, not kept
     list.push_back(gemm_kernel(GemmLayout::kInputGradient, GemmEpilogue::kNone, count, fc1, h));
@@ -301,8 +301,9 @@ KernelBlocks executor_kernel_blocks(const ModelSpec& model, const ParallelPlan& 
   };
   blocks[static_cast<std::size_t>(KernelBlock::kLayerBackward)] = layer_backward(false);
   blocks[static_cast<std::size_t>(KernelBlock::kLayerBackwardInput)] = layer_backward(true);
-  blocks[static_cast<std::size_t>(KernelBlock::kLayerWeightGradient)] = {fc2_weight, norm, fc1_weight, proj_weight,
-                                                                          norm, qkv_weight};
+  std::vector<Kernel>& weight_gradients = blocks[static_cast<std::size_t>(KernelBlock::kLayerWeightGradient)];
+  if (model.swiglu) weight_gradients.push_back(activation);  // fc2's input again
+  weight_gradients.insert(weight_gradients.end(), {fc2_weight, norm, fc1_weight, proj_weight, norm, qkv_weight});
   blocks[static_cast<std::size_t>(KernelBlock::kAttentionRecompute)] = {attention};
 
   blocks[static_cast<std::size_t>(KernelBlock::kEmbeddingForward)] = {row_kernel(KernelKind::kEmbeddingForward, count, h)};

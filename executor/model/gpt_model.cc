@@ -174,7 +174,10 @@ GptModel::GptModel(const ModelSpec& model, const ParallelPlan& plan, int64_t sta
   d_residual_[1] = backend_.allocate_activation(rows * hs);
   d_qkv_ = backend_.allocate_activation(tokens * static_cast<std::size_t>(qkv_local_));
   d_ffn_ = backend_.allocate_activation(tokens * static_cast<std::size_t>(fc1_local_));
-  if (swiglu_) d_activated_ = backend_.allocate_activation(tokens * static_cast<std::size_t>(ffn_local_));
+  if (swiglu_) {
+    swiglu_out_ = backend_.allocate_activation(tokens * static_cast<std::size_t>(ffn_local_));
+    d_activated_ = backend_.allocate_activation(tokens * static_cast<std::size_t>(ffn_local_));
+  }
   if (sequence_parallel_) {
     gathered_ = backend_.allocate_activation(tokens * hs);
     partial_ = backend_.allocate_activation(tokens * hs);
@@ -225,7 +228,7 @@ GptModel::~GptModel() {
   backend_.release(values_);
   backend_.release(gradients_);
   for (Activation buffer : {norm_out_, branch_out_, d_hidden_, d_residual_[0], d_residual_[1], d_qkv_, d_ffn_,
-                            d_activated_, gathered_, partial_}) {
+                            swiglu_out_, d_activated_, gathered_, partial_}) {
     if (buffer) backend_.release(buffer);
   }
   if (loss_memory_) backend_.release(loss_memory_);
@@ -250,7 +253,7 @@ GptModel::LayerActivations GptModel::allocate_layer(Keep keep) {
   layer.qkv = act(tokens * static_cast<std::size_t>(qkv_local_));
   layer.middle = act(rows * h);
   layer.fc1 = act(tokens * static_cast<std::size_t>(fc1_local_));
-  layer.activated = act(tokens * static_cast<std::size_t>(ffn_local_));
+  if (!swiglu_) layer.activated = act(tokens * static_cast<std::size_t>(ffn_local_));
   if (!rms_norm_) layer.ln1_mean = stats();
   layer.ln1_rstd = stats();
   if (!rms_norm_) layer.ln2_mean = stats();
@@ -574,13 +577,13 @@ void GptModel::layer_forward(std::size_t l, const LayerActivations& act, ConstAc
   if (swiglu_) {
     backend_.linear_forward(ln2, w.fc1_weight->compute, bias(w.fc1_bias), count, h, fc1, epilogue(w.fc1_bias), act.fc1,
                             nullptr);
-    backend_.swiglu_forward(act.fc1, count, f, act.activated);
+    backend_.swiglu_forward(act.fc1, count, f, swiglu_out_);
   } else {
     backend_.linear_forward(ln2, w.fc1_weight->compute, w.fc1_bias->compute, count, h, f, LinearEpilogue::kBiasGelu,
                             act.activated, act.fc1);
   }
-  backend_.linear_forward(act.activated, w.fc2_weight->compute, bias(fc2_bias), count, f, h, epilogue(fc2_bias),
-                          partial_of(branch_out_), nullptr);
+  backend_.linear_forward(swiglu_ ? swiglu_out_ : act.activated, w.fc2_weight->compute, bias(fc2_bias), count, f, h,
+                          epilogue(fc2_bias), partial_of(branch_out_), nullptr);
   if (Request done = reduce(branch_out_)) done->wait();
   stream = act.middle;
   pending = branch_out_;
@@ -611,15 +614,20 @@ void GptModel::layer_backward(std::size_t l, const LayerActivations& act, Activa
   DeferredGradients unused;
   DeferredGradients& kept = deferred ? *deferred : unused;
   // out = middle + fc2(act(fc1(ln2(middle)))); with GELU, fc2's input gradient goes through the
-  // GELU in the same GEMM; SwiGLU's gradient is a pass of its own.
+  // GELU in the same GEMM; SwiGLU's gradient is a pass of its own, and its output (fc2's input) is
+  // not kept but computed again from fc1's for fc2's weight gradient (a pass over tokens x ffn
+  // against a tokens x ffn buffer per layer), into d_activated_, which the backward is then done with.
   ConstActivation d_out_full = gather_rows(d_out, gathered_);
+  ConstActivation fc2_input = act.activated;
   if (swiglu_) {
     backend_.linear_backward(d_out_full, nullptr, w.fc2_weight->compute, count, f, h, d_activated_, nullptr, nullptr);
     backend_.swiglu_backward(d_activated_, act.fc1, count, f, d_ffn_);
+    if (!deferred) backend_.swiglu_forward(act.fc1, count, f, d_activated_);
+    fc2_input = d_activated_;
   } else {
     backend_.linear_backward_through_gelu(d_out_full, w.fc2_weight->compute, count, f, h, act.fc1, d_ffn_);
   }
-  weight_gradient(d_out_full, act.activated, f, h, w.fc2_weight, w.fc2_bias, &kept.fc2);
+  weight_gradient(d_out_full, fc2_input, f, h, w.fc2_weight, w.fc2_bias, &kept.fc2);
   norm_forward(act.middle, nullptr, nullptr, w.ln2_gamma, w.ln2_beta, norm_out_, act.ln2_mean,
                act.ln2_rstd);  // recomputed, not kept
   ConstActivation ln2_full = gather_rows(norm_out_, gathered_);
@@ -773,7 +781,8 @@ void GptModel::weight_gradients(Activations& a) {
     const Layer& w = layers_[l];
     const LayerActivations& act = a.work[l];
     const DeferredGradients& d = a.deferred[l];
-    gradient(d.fc2, act.activated, f, h, w.fc2_weight, w.fc2_bias);
+    if (swiglu_) backend_.swiglu_forward(act.fc1, count, f, d_activated_);  // fc2's input again
+    gradient(d.fc2, swiglu_ ? d_activated_ : act.activated, f, h, w.fc2_weight, w.fc2_bias);
     norm_forward(act.middle, nullptr, nullptr, w.ln2_gamma, w.ln2_beta, norm_out_, act.ln2_mean, act.ln2_rstd);
     gradient(d.fc1, gather_rows(norm_out_, gathered_), h, fc1, w.fc1_weight, w.fc1_bias);
     gradient(d.proj, act.attention, q, h, w.proj_weight, w.proj_bias);

@@ -150,7 +150,8 @@ class GptModel {
   // norms that follow them, which fuse the residual adds. The norms' outputs are not kept: the
   // backward recomputes them from the stream (one pass over tokens x hidden, against keeping
   // two such buffers per layer). qkv is kept after the rotary embedding; fc1 is fc1's output (GELU's
-  // pre-activation, or SwiGLU's [gate; up]) and `activated` the activation's output, fc2's input.
+  // pre-activation, or SwiGLU's [gate; up]) and `activated` GELU's output, fc2's input (SwiGLU's
+  // goes through swiglu_out_ and is computed again in the backward).
   struct LayerActivations {  // null where the layer's Keep does not keep it (and the means with RMSNorm)
     Activation input = nullptr, qkv = nullptr, attention = nullptr, middle = nullptr, fc1 = nullptr,
                activated = nullptr;
@@ -258,8 +259,11 @@ class GptModel {
   // rows (gathered_) and partial sums before their reduce-scatter (partial_); the loss's row
   // statistics (fp32, reduced over the tensor-parallel group in place).
   // d_hidden_ also holds the attention output's gradient (the rank's queries, which may be wider
-  // than the stream with --kv-channels); d_activated_ SwiGLU's output gradient.
-  Activation norm_out_, branch_out_, d_hidden_, d_residual_[2], d_qkv_, d_ffn_, d_activated_ = nullptr;
+  // than the stream with --kv-channels); SwiGLU's output waits in swiglu_out_ for fc2 in the forward,
+  // its gradient in d_activated_ in the backward, which then holds the output again for fc2's
+  // weight gradient.
+  Activation norm_out_, branch_out_, d_hidden_, d_residual_[2], d_qkv_, d_ffn_, swiglu_out_ = nullptr,
+                                                                             d_activated_ = nullptr;
   // Tells gradient_progress_ that every parameter from `first` on holds this microbatch's gradient.
   void gradients_done_from(const Parameter* first);
   Activation gathered_ = nullptr, partial_ = nullptr;

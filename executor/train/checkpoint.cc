@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
@@ -176,7 +177,18 @@ std::vector<std::vector<float>> read_tensor(const std::string& name, const std::
   return result;
 }
 
-void write_rank_directory(const std::string& path, const CheckpointRank& rank, const std::vector<TensorState>& moments) {
+// What a rank directory's manifest says of a tensor besides its bytes.
+struct TensorEntry {
+  std::string name;
+  std::vector<int64_t> shape, global_shape;
+  TensorCut cut;
+};
+
+// Writes a rank directory: for each entry, the three arrays `arrays(i, value, first, second)`
+// fills (each of the shard's elements), one tensor at a time, then the manifest.
+void write_rank_files(const std::string& path, const std::vector<TensorEntry>& entries,
+                      const std::function<void(std::size_t, std::vector<float>&, std::vector<float>&, std::vector<float>&)>& arrays,
+                      int64_t tensor_parallel_rank, int64_t pipeline_rank, const std::vector<int64_t>& stages) {
   std::error_code error;
   if (!std::filesystem::create_directory(path, error)) {
     throw SpecError("--save", path + ": cannot create: " + (error ? error.message() : std::string("exists")));
@@ -184,43 +196,107 @@ void write_rank_directory(const std::string& path, const CheckpointRank& rank, c
   StagedFile data(path + "/model.bin");
   nlohmann::json tensors = nlohmann::json::array();
   uint64_t offset = 0;
-  std::vector<float> value;
-  for (const TensorState& state : moments) {
-    const Parameter& parameter = *state.parameter;
-    value.resize(parameter.size);
-    rank.backend.download(value.data(), parameter.value, parameter.size);
+  std::vector<float> value, first, second;
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    const TensorEntry& entry = entries[i];
+    arrays(i, value, first, second);
     Fnv1a64 checksum;
-    for (const std::vector<float>* array : {&std::as_const(value), &state.first_moment, &state.second_moment}) {
+    for (const std::vector<float>* array : {&value, &first, &second}) {
       data.write(array->data(), array->size() * sizeof(float));
       checksum.add(array->data(), array->size() * sizeof(float));
     }
-    const TensorCut cut = tensor_cut(parameter);
-    tensors.push_back({{"name", parameter.name},
+    const TensorCut& cut = entry.cut;
+    tensors.push_back({{"name", entry.name},
                        {"dtype", "float32"},
-                       {"shape", parameter.shape},
-                       {"global_shape", parameter.global_shape},
+                       {"shape", entry.shape},
+                       {"global_shape", entry.global_shape},
                        {"shard", {{"dim", cut.dim < 0 ? nlohmann::json(nullptr) : nlohmann::json(cut.dim)},
                                   {"index", cut.index},
                                   {"count", cut.count},
                                   {"chunks", cut.chunks}}},
                        {"offset", offset},
                        {"fnv1a64", hex(checksum.value())}});
-    offset += kArraysPerTensor * parameter.size * sizeof(float);
+    offset += kArraysPerTensor * value.size() * sizeof(float);
   }
   data.commit();
-  std::vector<int64_t> stages;
-  for (const GptModel* chunk : rank.chunks) stages.push_back(chunk->stage());
   const nlohmann::json manifest = {
       {"format", kFormat},
       {"data_file", "model.bin"},
       {"layout", "per tensor at its offset: value, exp_avg, exp_avg_sq, each shape's elements of float32 (little endian)"},
       {"checksum", "fnv1a64: FNV-1a 64 over the tensor's three arrays' bytes"},
-      {"tensor_parallel_rank", rank.groups.tensor_parallel_rank},
-      {"pipeline_rank", rank.groups.pipeline_rank},
+      {"tensor_parallel_rank", tensor_parallel_rank},
+      {"pipeline_rank", pipeline_rank},
       {"stages", stages},
       {"tensors", tensors}};
   write_file_atomically(path + "/manifest.json", manifest.dump(1) + "\n");
   sync_directory(path);
+}
+
+TensorEntry entry_of(const ParameterSpec& spec) {
+  const TensorCut cut = tensor_cut(spec);
+  return {spec.name, spec.shape, spec.global_shape, cut};
+}
+
+void write_rank_directory(const std::string& path, const CheckpointRank& rank, const std::vector<TensorState>& moments) {
+  std::vector<TensorEntry> entries;
+  for (const TensorState& state : moments) entries.push_back(entry_of(*state.parameter));
+  std::vector<int64_t> stages;
+  for (const GptModel* chunk : rank.chunks) stages.push_back(chunk->stage());
+  write_rank_files(
+      path, entries,
+      [&](std::size_t i, std::vector<float>& value, std::vector<float>& first, std::vector<float>& second) {
+        const TensorState& state = moments[i];
+        value.resize(state.parameter->size);
+        rank.backend.download(value.data(), state.parameter->value, state.parameter->size);
+        first = state.first_moment;
+        second = state.second_moment;
+      },
+      rank.groups.tensor_parallel_rank, rank.groups.pipeline_rank, stages);
+}
+
+// state.json of a checkpoint: the training state, the model and the saving plan, its rank directories.
+nlohmann::json checkpoint_meta(const TrainingState& state, const ModelSpec& model, const ParallelPlan& plan) {
+  nlohmann::json directories = nlohmann::json::array();
+  for (int64_t p = 0; p < plan.pipeline_parallel_size; ++p) {
+    for (int64_t t = 0; t < plan.tensor_parallel_size; ++t) {
+      directories.push_back(rank_directory(t, p, plan.pipeline_parallel_size));
+    }
+  }
+  return {{"format", kFormat},
+          {"iteration", state.iteration},
+          {"consumed_samples", state.consumed_samples},
+          {"seed", state.seed},
+          {"model", model.name},
+          {"model_spec", model_spec_to_json(model)},
+          {"plan", parallel_plan_to_json(plan)},
+          {"directories", directories}};
+}
+
+// Moves a complete staging directory into place as `iteration` and makes it the newest.
+void publish(const std::string& directory, const std::string& staging, int64_t iteration) {
+  namespace fs = std::filesystem;
+  std::error_code error;
+  const std::string final_path = directory + "/" + iteration_directory(iteration);
+  sync_directory(staging);
+  fs::remove_all(final_path, error);  // a save at an iteration saved before replaces it
+  fs::rename(staging, final_path, error);
+  if (error) throw SpecError("--save", final_path + ": cannot rename into place: " + error.message());
+  sync_directory(directory);
+  write_file_atomically(directory + "/latest_checkpointed_iteration.txt", std::to_string(iteration) + "\n");
+}
+
+// Creates DIR (and parents) and an empty staging directory for `iteration` in it.
+std::string create_staging(const std::string& directory, int64_t iteration) {
+  namespace fs = std::filesystem;
+  std::error_code error;
+  fs::create_directories(directory, error);
+  if (error) throw SpecError("--save", directory + ": cannot create: " + error.message());
+  const std::string staging = directory + "/" + iteration_directory(iteration) + ".tmp";
+  fs::remove_all(staging, error);  // a failed save's leftovers, perhaps of another layout
+  if (!fs::create_directory(staging, error)) {
+    throw SpecError("--save", staging + ": cannot create: " + (error ? error.message() : std::string("exists")));
+  }
+  return staging;
 }
 
 }  // namespace
@@ -230,21 +306,13 @@ void save_checkpoint(const std::string& directory, const TrainingState& state, c
   const ParallelGroups& groups = rank.groups;
   const bool leader = groups.global_rank == 0;       // prepares, renames, writes "latest"
   const bool writer = groups.data_parallel_rank == 0;  // writes its mp_rank directory
-  const std::string final_path = directory + "/" + iteration_directory(state.iteration);
-  const std::string staging = final_path + ".tmp";
+  const std::string staging = directory + "/" + iteration_directory(state.iteration) + ".tmp";
   const auto barrier = [&] {
     if (groups.world) groups.world->barrier();
   };
   std::error_code error;
   try {
-    if (leader) {
-      fs::create_directories(directory, error);
-      if (error) throw SpecError("--save", directory + ": cannot create: " + error.message());
-      fs::remove_all(staging, error);  // a failed save's leftovers, perhaps of another layout
-      if (!fs::create_directory(staging, error)) {
-        throw SpecError("--save", staging + ": cannot create: " + (error ? error.message() : std::string("exists")));
-      }
-    }
+    if (leader) (void)create_staging(directory, state.iteration);
     barrier();  // the staging directory exists
     std::vector<TensorState> moments;
     // With the distributed optimizer every data-parallel rank takes part in gathering the moments.
@@ -255,30 +323,10 @@ void save_checkpoint(const std::string& directory, const TrainingState& state, c
           rank, moments);
     }
     if (leader) {
-      nlohmann::json directories = nlohmann::json::array();
-      for (int64_t p = 0; p < rank.plan.pipeline_parallel_size; ++p) {
-        for (int64_t t = 0; t < rank.plan.tensor_parallel_size; ++t) {
-          directories.push_back(rank_directory(t, p, rank.plan.pipeline_parallel_size));
-        }
-      }
-      const nlohmann::json meta = {{"format", kFormat},
-                                   {"iteration", state.iteration},
-                                   {"consumed_samples", state.consumed_samples},
-                                   {"seed", state.seed},
-                                   {"model", rank.model.name},
-                                   {"plan", parallel_plan_to_json(rank.plan)},
-                                   {"directories", directories}};
-      write_file_atomically(staging + "/state.json", meta.dump(2) + "\n");
+      write_file_atomically(staging + "/state.json", checkpoint_meta(state, rank.model, rank.plan).dump(2) + "\n");
     }
     barrier();  // every writer's files are synced
-    if (leader) {
-      sync_directory(staging);
-      fs::remove_all(final_path, error);  // a save at an iteration saved before replaces it
-      fs::rename(staging, final_path, error);
-      if (error) throw SpecError("--save", final_path + ": cannot rename into place: " + error.message());
-      sync_directory(directory);
-      write_file_atomically(directory + "/latest_checkpointed_iteration.txt", std::to_string(state.iteration) + "\n");
-    }
+    if (leader) publish(directory, staging, state.iteration);
     barrier();  // the checkpoint is in place for every rank
   } catch (const SpecError& failure) {
     if (leader) fs::remove_all(staging, error);
@@ -292,7 +340,15 @@ void save_checkpoint(const std::string& directory, const TrainingState& state, c
 
 namespace {
 
-std::optional<TrainingState> load_latest(const std::string& directory, const CheckpointRank& rank) {
+// The newest checkpoint under a directory: its state.json, training state and every saved shard.
+struct Newest {
+  std::string path;  // DIR/iter_...
+  nlohmann::json meta;
+  TrainingState state;
+  std::map<std::string, std::vector<SavedShard>> saved;  // by tensor name
+};
+
+std::optional<Newest> find_newest(const std::string& directory) {
   const std::string latest = directory + "/latest_checkpointed_iteration.txt";
   if (!std::filesystem::exists(latest)) return std::nullopt;
   int64_t iteration = 0;
@@ -301,18 +357,20 @@ std::optional<TrainingState> load_latest(const std::string& directory, const Che
   } catch (const std::exception&) {
     refuse_load(latest + " holds no iteration number");
   }
-  const std::string path = directory + "/" + iteration_directory(iteration);
+  Newest newest;
+  newest.path = directory + "/" + iteration_directory(iteration);
+  const std::string& path = newest.path;
   if (!std::filesystem::is_directory(path)) {
     refuse_load(latest + " names iteration " + std::to_string(iteration) + " but " + path + " does not exist");
   }
-  const nlohmann::json meta = nlohmann::json::parse(read_text_file(path + "/state.json"), nullptr, false);
+  newest.meta = nlohmann::json::parse(read_text_file(path + "/state.json"), nullptr, false);
+  const nlohmann::json& meta = newest.meta;
   if (meta.is_discarded() || !meta.is_object() || meta.value("format", "") != kFormat || !meta.contains("directories") ||
       !meta["directories"].is_array()) {
     refuse_load(path + "/state.json is not a " + std::string(kFormat) + " checkpoint" +
                 (meta.is_object() && meta.contains("format") ? " (its format is " + meta["format"].dump() + ")" : ""));
   }
-
-  TrainingState state;
+  TrainingState& state = newest.state;
   state.iteration = meta.value("iteration", int64_t{-1});
   state.consumed_samples = meta.value("consumed_samples", int64_t{0});
   state.seed = meta.value("seed", uint64_t{0});
@@ -320,13 +378,20 @@ std::optional<TrainingState> load_latest(const std::string& directory, const Che
     refuse_load(path + "/state.json says iteration " + std::to_string(state.iteration) + " but " + latest + " says " +
                 std::to_string(iteration));
   }
-
-  // Every tensor of every saved rank directory, and the tensors the model has over all its stages.
-  std::map<std::string, std::vector<SavedShard>> saved;
   for (const nlohmann::json& name : meta["directories"]) {
     if (!name.is_string()) refuse_load(path + "/state.json: \"directories\" holds a non-string");
-    read_manifest(path + "/" + name.get<std::string>(), saved);
+    read_manifest(path + "/" + name.get<std::string>(), newest.saved);
   }
+  return newest;
+}
+
+std::optional<TrainingState> load_latest(const std::string& directory, const CheckpointRank& rank) {
+  std::optional<Newest> newest = find_newest(directory);
+  if (!newest) return std::nullopt;
+  const std::string& path = newest->path;
+  const TrainingState state = newest->state;
+  // Every tensor of every saved rank directory, and the tensors the model has over all its stages.
+  const std::map<std::string, std::vector<SavedShard>>& saved = newest->saved;
   const bool untied = rank.model.untie_embeddings_and_output_weights;
   std::map<std::string, std::vector<int64_t>> expected;  // name -> global shape
   for (int64_t stage = 0; stage < rank.plan.num_virtual_stages(); ++stage) {
@@ -389,6 +454,80 @@ std::optional<TrainingState> load_checkpoint(const std::string& directory, const
   } catch (const SpecError& failure) {
     if (failure.field() == "--load") throw;
     throw SpecError("--load", failure.what());  // an unreadable file names itself: keep it, under --load
+  }
+}
+
+CheckpointWeights read_checkpoint_weights(const std::string& directory) {
+  try {
+    std::optional<Newest> newest = find_newest(directory);
+    if (!newest) refuse_load(directory + " holds no checkpoint (no latest_checkpointed_iteration.txt)");
+    CheckpointWeights weights;
+    if (!newest->meta.contains("model_spec")) {
+      refuse_load(newest->path + "/state.json names no model_spec (a checkpoint saved before megaplan recorded it)");
+    }
+    weights.model = model_spec_from_json(newest->meta["model_spec"], newest->path + "/state.json: model_spec");
+    validate_model_spec(weights.model);
+    std::map<std::string, std::ifstream> files;
+    for (const auto& [name, shards] : newest->saved) {
+      // A tied output layer's copy is the word embedding: left out.
+      if (name == kOutputWeight && !weights.model.untie_embeddings_and_output_weights) continue;
+      std::vector<std::vector<float>> arrays = read_tensor(name, shards, TensorCut{}, files);
+      weights.tensors[name] = {shards.front().global_shape, std::move(arrays[0])};
+    }
+    return weights;
+  } catch (const SpecError& failure) {
+    if (failure.field() == "--load") throw;
+    throw SpecError("--load", failure.what());
+  }
+}
+
+void write_checkpoint_weights(const std::string& directory, const ModelSpec& model, const ParallelPlan& plan,
+                              const std::map<std::string, WholeTensor>& tensors, uint64_t seed) {
+  const TrainingState state{0, 0, seed};
+  const std::string staging = create_staging(directory, state.iteration);
+  try {
+    for (int64_t p = 0; p < plan.pipeline_parallel_size; ++p) {
+      for (int64_t t = 0; t < plan.tensor_parallel_size; ++t) {
+        std::vector<ParameterSpec> specs;
+        const std::vector<int64_t> stages = stages_of_pipeline_rank(p, plan);
+        for (const int64_t stage : stages) {
+          for (ParameterSpec& spec : describe_parameters(model, plan, stage, t)) specs.push_back(std::move(spec));
+        }
+        std::vector<TensorEntry> entries;
+        for (const ParameterSpec& spec : specs) entries.push_back(entry_of(spec));
+        write_rank_files(
+            staging + "/" + rank_directory(t, p, plan.pipeline_parallel_size), entries,
+            [&](std::size_t i, std::vector<float>& value, std::vector<float>& first, std::vector<float>& second) {
+              const ParameterSpec& spec = specs[i];
+              // A tied output layer's copy starts as the word embedding, as training makes it.
+              const bool copy = spec.name == kOutputWeight && !model.untie_embeddings_and_output_weights;
+              const auto found = tensors.find(copy ? std::string(kWordEmbeddings) : spec.name);
+              if (found == tensors.end()) throw std::logic_error("write_checkpoint_weights: no tensor " + spec.name);
+              WholeTensor whole = found->second;
+              // The vocabulary's rows padded to the layout's (Megatron's padding), with zeros.
+              const bool vocabulary = copy || spec.name == kWordEmbeddings || spec.name == kOutputWeight;
+              if (vocabulary && whole.shape.size() == 2 && whole.shape[0] < spec.global_shape[0] &&
+                  whole.shape[1] == spec.global_shape[1]) {
+                whole.values.resize(elements(spec.global_shape), 0.0f);
+                whole.shape = spec.global_shape;
+              }
+              if (whole.shape != spec.global_shape) {
+                throw SpecError("--save", spec.name + " has shape " + shape_text(whole.shape) + ", the model " +
+                                              shape_text(spec.global_shape));
+              }
+              value = reshard({whole.values}, TensorCut{}, spec.global_shape, tensor_cut(spec));
+              first.assign(value.size(), 0.0f);  // a fresh optimizer
+              second.assign(value.size(), 0.0f);
+            },
+            t, p, stages);
+      }
+    }
+    write_file_atomically(staging + "/state.json", checkpoint_meta(state, model, plan).dump(2) + "\n");
+    publish(directory, staging, state.iteration);
+  } catch (...) {
+    std::error_code error;
+    std::filesystem::remove_all(staging, error);
+    throw;
   }
 }
 

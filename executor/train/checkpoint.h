@@ -1,8 +1,8 @@
 // Per-rank checkpoints in Megatron's layout, resharded on load:
 //
 //   DIR/latest_checkpointed_iteration.txt            the newest complete save; replaced last
-//   DIR/iter_0000040/state.json                      iteration, consumed samples, seed, the saving plan
-//                                                    (tp, pp, vpp, dp, schedule, distributed optimizer...),
+//   DIR/iter_0000040/state.json                      iteration, consumed samples, seed, the model, the
+//                                                    saving plan (tp, pp, vpp, dp, schedule, distributed optimizer...),
 //                                                    the format and the list of rank directories
 //   DIR/iter_0000040/mp_rank_TT[_PPP]/model.bin      per tensor: fp32 value, first moment, second moment
 //   DIR/iter_0000040/mp_rank_TT[_PPP]/manifest.json  per tensor: name, dtype, shard shape, global shape,
@@ -33,12 +33,14 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "core/model_spec.h"
 #include "core/parallel_plan.h"
+#include "executor/io/safetensors.h"
 #include "executor/model/gpt_model.h"
 #include "executor/runtime/backend.h"
 #include "executor/train/optimizer.h"
@@ -75,5 +77,22 @@ void save_checkpoint(const std::string& directory, const TrainingState& state, c
 // missing, extra, or of another global shape: both shapes named) or a corrupted tensor (its
 // checksum); nothing has been trained or written then.
 std::optional<TrainingState> load_checkpoint(const std::string& directory, const CheckpointRank& rank);
+
+// The newest checkpoint's weights as whole tensors (each joined from its shards; a tied output
+// layer's copy left out) and the model state.json records: what `megaplan convert` reads. Throws
+// SpecError("--load", ...) as load_checkpoint does.
+struct CheckpointWeights {
+  ModelSpec model;
+  std::map<std::string, WholeTensor> tensors;  // by Megatron's name, global shapes
+};
+CheckpointWeights read_checkpoint_weights(const std::string& directory);
+
+// `tensors` (whole, by Megatron's name; the vocabulary's rows, when fewer than `plan` pads the
+// vocabulary to, padded with zero rows) saved as a checkpoint of `model` laid out for `plan`, at
+// iteration 0 with zero Adam moments: training from it (--load) starts a fresh optimizer at
+// iteration 1 (Megatron's --finetune), drawing data with `seed`. Atomic as save_checkpoint; throws
+// SpecError("--save", ...) when it cannot be written.
+void write_checkpoint_weights(const std::string& directory, const ModelSpec& model, const ParallelPlan& plan,
+                              const std::map<std::string, WholeTensor>& tensors, uint64_t seed);
 
 }  // namespace megaplan::exec

@@ -259,6 +259,25 @@ expect_ok train --device cpu --model "$examples/models/tiny-gpt.json" --vocab-si
   --num-query-groups 2 --untie-embeddings-and-output-weights --disable-bias-linear --norm-epsilon 1e-6 \
   --world-size 2 --tp 2 --mbs 1 --gbs 2 --data-path "$scratch/corpus" --split 1,0,0 --train-iters 2 --log-interval 1
 [ "$(grep -c '^iteration [12]/2 | loss ' "$scratch/out")" -eq 2 ] || fail "a Llama-style tp 2 run prints one line per iteration: $(cat "$scratch/out")"
+# Its checkpoint to Hugging Face and back, into tp 2, and training on from there; bad files and
+# destinations in one line each, nothing written.
+expect_ok train --device cpu --model "$examples/models/tiny-gpt.json" --vocab-size 257 --seq-length 16 \
+  --normalization RMSNorm --swiglu --position-embedding-type rope --num-query-groups 2 \
+  --untie-embeddings-and-output-weights --disable-bias-linear --mbs 1 --gbs 2 --data-path "$scratch/corpus" \
+  --split 1,0,0 --train-iters 2 --save "$scratch/llama-ckpt"
+expect_ok convert --to hf --load "$scratch/llama-ckpt" --save "$scratch/llama-hf"
+grep -q '"model_type": "llama"' "$scratch/llama-hf/config.json" || fail "convert --to hf: $(cat "$scratch/llama-hf/config.json")"
+expect_ok convert --to megaplan --load "$scratch/llama-hf" --save "$scratch/llama-tp2" --tp 2
+expect_ok train --device cpu --model "$scratch/llama-hf/config.json" --seq-length 16 --world-size 2 --tp 2 --mbs 1 --gbs 2 \
+  --data-path "$scratch/corpus" --split 1,0,0 --train-iters 1 --load "$scratch/llama-tp2" --log-interval 1
+grep -q '^iteration 1/1 | loss ' "$scratch/out" || fail "train from a converted checkpoint: $(cat "$scratch/out")"
+expect_error "error: --save: $scratch/llama-hf exists and is not empty" convert --to hf --load "$scratch/llama-ckpt" --save "$scratch/llama-hf"
+mkdir -p "$scratch/bad-hf"
+cp "$scratch/llama-hf/config.json" "$scratch/bad-hf/"
+printf '\x35\x00\x00\x00\x00\x00\x00\x00{"a":{"dtype":"I8","shape":[1],"data_offsets":[0,1]}}\x01' >"$scratch/bad-hf/model.safetensors"
+expect_error "error: --load: $scratch/bad-hf/model.safetensors: tensor \"a\" has dtype \"I8\", which megaplan does not read" convert --to megaplan --load "$scratch/bad-hf" --save "$scratch/never-ckpt"
+[ ! -e "$scratch/never-ckpt/iter_0000000" ] || fail "a failed convert left a checkpoint behind"
+expect_error 'error: --to: must be hf or megaplan, got "onnx"' convert --to onnx --load "$scratch/llama-ckpt" --save "$scratch/never"
 expect_error 'error: --disable-bias-linear: GELU without biases is not in the executor yet' train --device cpu --model "$examples/models/tiny-gpt.json" --disable-bias-linear --data-path "$scratch/corpus" --train-iters 2
 expect_error 'error: --rotary-percent: must be in \(0, 1\], got 2.0' train --device cpu --model "$examples/models/tiny-gpt.json" --position-embedding-type rope --rotary-percent 2 --data-path "$scratch/corpus" --train-iters 2
 expect_ok train --device cpu --model "$examples/models/tiny-gpt.json" --vocab-size 257 --seq-length 16 \

@@ -1,0 +1,362 @@
+#include "executor/io/hf_checkpoint.h"
+
+#include <array>
+#include <cstdio>
+#include <optional>
+#include <filesystem>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/hf_config.h"
+#include "core/json_io.h"
+#include "core/parallel_plan.h"
+#include "core/parameter_list.h"
+#include "executor/io/staged_file.h"
+
+namespace megaplan::exec {
+
+namespace {
+
+std::string layer_prefix(int64_t layer) { return "decoder.layers." + std::to_string(layer) + "."; }
+
+int64_t columns_of(const WholeTensor& tensor) { return tensor.shape.size() > 1 ? tensor.shape[1] : 1; }
+
+// The rows `rows` of a row-major tensor, in that order.
+WholeTensor take_rows(const WholeTensor& tensor, const std::vector<int64_t>& rows) {
+  const int64_t columns = columns_of(tensor);
+  WholeTensor part;
+  part.shape = tensor.shape;
+  part.shape[0] = static_cast<int64_t>(rows.size());
+  part.values.reserve(rows.size() * static_cast<std::size_t>(columns));
+  for (const int64_t row : rows) {
+    const auto begin = tensor.values.begin() + static_cast<std::ptrdiff_t>(row * columns);
+    part.values.insert(part.values.end(), begin, begin + columns);
+  }
+  return part;
+}
+
+// take_rows' inverse: `parts` stacked one after another, each stacked row r placed at row rows[r].
+WholeTensor place_rows(const std::vector<const WholeTensor*>& parts, const std::vector<int64_t>& rows) {
+  WholeTensor whole;
+  whole.shape = parts.front()->shape;
+  whole.shape[0] = static_cast<int64_t>(rows.size());
+  const int64_t columns = columns_of(*parts.front());
+  whole.values.resize(rows.size() * static_cast<std::size_t>(columns));
+  int64_t stacked = 0;
+  for (const WholeTensor* part : parts) {
+    for (int64_t r = 0; r < part->shape[0]; ++r, ++stacked) {
+      std::copy_n(part->values.begin() + static_cast<std::ptrdiff_t>(r * columns), columns,
+                  whole.values.begin() + static_cast<std::ptrdiff_t>(rows[static_cast<std::size_t>(stacked)] * columns));
+    }
+  }
+  return whole;
+}
+
+WholeTensor transpose(const WholeTensor& tensor) {
+  const int64_t rows = tensor.shape[0], columns = tensor.shape[1];
+  WholeTensor result{{columns, rows}, std::vector<float>(tensor.values.size())};
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < columns; ++c) {
+      result.values[static_cast<std::size_t>(c * rows + r)] = tensor.values[static_cast<std::size_t>(r * columns + c)];
+    }
+  }
+  return result;
+}
+
+// Megatron's fused QKV rows split by what they are: for each query group, its `group` query heads,
+// its key and its value, `dim` rows each. Returns the Megatron rows of the queries (in Hugging
+// Face's order: head by head), of the keys and of the values.
+std::array<std::vector<int64_t>, 3> qkv_rows(int64_t groups, int64_t group, int64_t dim) {
+  std::array<std::vector<int64_t>, 3> rows;
+  for (int64_t g = 0; g < groups; ++g) {
+    for (int64_t slot = 0; slot < group + 2; ++slot) {
+      std::vector<int64_t>& part = slot < group ? rows[0] : slot == group ? rows[1] : rows[2];
+      for (int64_t e = 0; e < dim; ++e) part.push_back((g * (group + 2) + slot) * dim + e);
+    }
+  }
+  return rows;
+}
+
+// One Megatron tensor and where it lives in the Hugging Face checkpoint: one tensor renamed (and
+// transposed for GPT-2's Conv1D), or rows split over several.
+struct Mapping {
+  std::string megatron;
+  std::vector<std::string> hf;           // one, or the parts in stacking order
+  std::vector<std::vector<int64_t>> rows;  // per part: the Megatron rows it holds (empty: all, one part)
+  bool transposed = false;
+};
+
+std::vector<Mapping> mappings(const ModelSpec& model, const std::string& type) {
+  std::vector<Mapping> list;
+  const bool gpt2 = type == "gpt2";
+  const int64_t heads = model.num_attention_heads, groups = model.effective_num_query_groups();
+  const int64_t dim = model.effective_kv_channels(), ffn = model.effective_ffn_hidden_size();
+  const auto qkv = [&] {
+    const auto split = qkv_rows(groups, heads / groups, dim);
+    return std::vector<std::vector<int64_t>>(split.begin(), split.end());
+  }();
+  std::vector<int64_t> gate(static_cast<std::size_t>(ffn)), up(static_cast<std::size_t>(ffn));
+  for (int64_t i = 0; i < ffn; ++i) {
+    gate[static_cast<std::size_t>(i)] = i;
+    up[static_cast<std::size_t>(i)] = ffn + i;
+  }
+  const auto add = [&](const std::string& megatron, const std::string& hf, bool transposed = false) {
+    list.push_back({megatron, {hf}, {}, transposed});
+  };
+  if (gpt2) {
+    add(kWordEmbeddings, "transformer.wte.weight");
+    add("embedding.position_embeddings.weight", "transformer.wpe.weight");
+  } else {
+    add(kWordEmbeddings, "model.embed_tokens.weight");
+  }
+  for (int64_t l = 0; l < model.num_layers; ++l) {
+    const std::string m = layer_prefix(l);
+    if (gpt2) {
+      const std::string h = "transformer.h." + std::to_string(l) + ".";
+      for (const char* suffix : {"weight", "bias"}) {
+        add(m + "input_layernorm." + suffix, h + "ln_1." + suffix);
+        add(m + "pre_mlp_layernorm." + suffix, h + "ln_2." + suffix);
+      }
+      // c_attn's outputs are [queries | keys | values], each head by head: Megatron's rows in that order.
+      std::vector<int64_t> columns;
+      for (const auto& part : qkv) columns.insert(columns.end(), part.begin(), part.end());
+      list.push_back({m + "self_attention.linear_qkv.weight", {h + "attn.c_attn.weight"}, {columns}, true});
+      list.push_back({m + "self_attention.linear_qkv.bias", {h + "attn.c_attn.bias"}, {columns}, false});
+      add(m + "self_attention.linear_proj.weight", h + "attn.c_proj.weight", true);
+      add(m + "self_attention.linear_proj.bias", h + "attn.c_proj.bias");
+      add(m + "mlp.linear_fc1.weight", h + "mlp.c_fc.weight", true);
+      add(m + "mlp.linear_fc1.bias", h + "mlp.c_fc.bias");
+      add(m + "mlp.linear_fc2.weight", h + "mlp.c_proj.weight", true);
+      add(m + "mlp.linear_fc2.bias", h + "mlp.c_proj.bias");
+      continue;
+    }
+    const std::string h = "model.layers." + std::to_string(l) + ".";
+    add(m + "input_layernorm.weight", h + "input_layernorm.weight");
+    add(m + "pre_mlp_layernorm.weight", h + "post_attention_layernorm.weight");
+    for (const char* suffix : {"weight", "bias"}) {
+      const std::string s = suffix;
+      list.push_back({m + "self_attention.linear_qkv." + s,
+                      {h + "self_attn.q_proj." + s, h + "self_attn.k_proj." + s, h + "self_attn.v_proj." + s},
+                      qkv,
+                      false});
+      add(m + "self_attention.linear_proj." + s, h + "self_attn.o_proj." + s);
+      list.push_back({m + "mlp.linear_fc1." + s, {h + "mlp.gate_proj." + s, h + "mlp.up_proj." + s}, {gate, up}, false});
+      add(m + "mlp.linear_fc2." + s, h + "mlp.down_proj." + s);
+    }
+  }
+  if (gpt2) {
+    add("decoder.final_layernorm.weight", "transformer.ln_f.weight");
+    add("decoder.final_layernorm.bias", "transformer.ln_f.bias");
+  } else {
+    add("decoder.final_layernorm.weight", "model.norm.weight");
+  }
+  add(kOutputWeight, "lm_head.weight");
+  return list;
+}
+
+// Megatron's tensors of the whole model (one rank), with their global shapes.
+std::vector<ParameterSpec> megatron_tensors(const ModelSpec& model) {
+  ParallelPlan plan;
+  plan.micro_batch_size = 1;
+  plan.global_batch_size = 1;
+  std::vector<ParameterSpec> specs = describe_parameters(model, plan, 0);
+  return specs;
+}
+
+nlohmann::json config_of(const ModelSpec& model, const std::string& type, int64_t vocabulary, SafetensorsDtype dtype) {
+  const std::string torch_dtype = dtype == SafetensorsDtype::kBF16 ? "bfloat16" : "float32";
+  const bool tied = !model.untie_embeddings_and_output_weights;
+  if (type == "gpt2") {
+    return {{"architectures", {"GPT2LMHeadModel"}},
+            {"model_type", "gpt2"},
+            {"n_layer", model.num_layers},
+            {"n_embd", model.hidden_size},
+            {"n_head", model.num_attention_heads},
+            {"n_inner", model.effective_ffn_hidden_size()},
+            {"n_positions", model.effective_max_position_embeddings()},
+            {"n_ctx", model.seq_length},
+            {"vocab_size", vocabulary},
+            {"layer_norm_epsilon", model.norm_epsilon},
+            {"activation_function", "gelu_new"},
+            {"tie_word_embeddings", tied},
+            {"torch_dtype", torch_dtype}};
+  }
+  const std::string architecture = type == "qwen2" ? "Qwen2ForCausalLM" : type == "mistral" ? "MistralForCausalLM"
+                                                                                            : "LlamaForCausalLM";
+  nlohmann::json config = {{"architectures", {architecture}},
+                           {"model_type", type},
+                           {"hidden_size", model.hidden_size},
+                           {"intermediate_size", model.effective_ffn_hidden_size()},
+                           {"num_hidden_layers", model.num_layers},
+                           {"num_attention_heads", model.num_attention_heads},
+                           {"num_key_value_heads", model.effective_num_query_groups()},
+                           {"head_dim", model.effective_kv_channels()},
+                           {"max_position_embeddings", model.effective_max_position_embeddings()},
+                           {"vocab_size", vocabulary},
+                           {"rms_norm_eps", model.norm_epsilon},
+                           {"rope_theta", model.rotary_base},
+                           {"hidden_act", "silu"},
+                           {"tie_word_embeddings", tied},
+                           {"torch_dtype", torch_dtype}};
+  if (type == "llama") config["attention_bias"] = false;
+  if (type == "mistral") config["sliding_window"] = nullptr;
+  return config;
+}
+
+}  // namespace
+
+std::string hf_model_type(const ModelSpec& model, const std::string& requested) {
+  const bool llama_like = model.normalization == Normalization::kRMSNorm && model.swiglu &&
+                          model.position_embedding_type == PositionEmbedding::kRope && !model.add_bias_linear;
+  const bool gpt_like = model.normalization == Normalization::kLayerNorm && !model.swiglu &&
+                        model.position_embedding_type == PositionEmbedding::kLearnedAbsolute && model.add_bias_linear &&
+                        model.effective_num_query_groups() == model.num_attention_heads &&
+                        model.effective_kv_channels() * model.num_attention_heads == model.hidden_size;
+  const std::string type = requested.empty() ? (gpt_like ? "gpt2" : model.add_qkv_bias ? "qwen2" : "llama") : requested;
+  const auto refuse = [&](const std::string& why) { throw SpecError("--model-type", type + " " + why); };
+  if (type == "gpt2") {
+    if (!gpt_like) refuse("is GPT-2's architecture: LayerNorm, GELU, learned positions, biases, one group per head");
+  } else if (type == "llama" || type == "mistral" || type == "qwen2") {
+    if (!llama_like) refuse("needs RMSNorm, SwiGLU, RoPE and no linear biases");
+    if ((type == "qwen2") != model.add_qkv_bias) {
+      refuse(type == "qwen2" ? "has QKV biases (--add-qkv-bias)" : "has no QKV biases alone; qwen2 has them");
+    }
+    if (model.rotary_percent != 1.0) refuse("rotates every dimension of a head (--rotary-percent 1)");
+  } else {
+    throw SpecError("--model-type", "must be llama, mistral, qwen2 or gpt2, got \"" + type + "\"");
+  }
+  return type;
+}
+
+void write_hf_checkpoint(const std::string& directory, const ModelSpec& model, const std::string& type,
+                         const std::map<std::string, WholeTensor>& tensors, SafetensorsDtype dtype, uint64_t shard_bytes) {
+  // Hugging Face's tensors, each from its Megatron tensor.
+  std::map<std::string, WholeTensor> hf;
+  for (const Mapping& mapping : mappings(model, type)) {
+    const auto found = tensors.find(mapping.megatron);
+    if (found == tensors.end()) continue;  // a bias the model has not, a tied output layer's copy
+    if (mapping.megatron == kOutputWeight && !model.untie_embeddings_and_output_weights) continue;
+    for (std::size_t p = 0; p < mapping.hf.size(); ++p) {
+      WholeTensor part = mapping.rows.empty() ? found->second : take_rows(found->second, mapping.rows[p]);
+      hf[mapping.hf[p]] = mapping.transposed ? transpose(part) : std::move(part);
+    }
+  }
+  const int64_t vocabulary = tensors.at(kWordEmbeddings).shape[0];
+  // Shards of at most shard_bytes, in name order (a larger tensor is a shard of its own).
+  std::vector<std::map<std::string, WholeTensor>> shards(1);
+  uint64_t bytes = 0, total = 0;
+  for (auto& [name, tensor] : hf) {
+    const uint64_t size = safetensors_bytes(tensor, dtype);
+    if (bytes > 0 && bytes + size > shard_bytes) {
+      shards.emplace_back();
+      bytes = 0;
+    }
+    bytes += size;
+    total += size;
+    shards.back().emplace(name, std::move(tensor));
+  }
+  namespace fs = std::filesystem;
+  std::error_code error;
+  fs::create_directories(directory, error);
+  if (error) throw SpecError("--save", directory + ": cannot create: " + error.message());
+  const std::map<std::string, std::string> metadata = {{"format", "pt"}};
+  nlohmann::json weight_map = nlohmann::json::object();
+  for (std::size_t s = 0; s < shards.size(); ++s) {
+    char name[64];
+    std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", s + 1, shards.size());
+    const std::string file = shards.size() == 1 ? "model.safetensors" : name;
+    write_safetensors(directory + "/" + file, shards[s], dtype, metadata, "--save");
+    for (const auto& [tensor, value] : shards[s]) weight_map[tensor] = file;
+  }
+  if (shards.size() > 1) {
+    const nlohmann::json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+    write_file_atomically(directory + "/model.safetensors.index.json", index.dump(2) + "\n");
+  }
+  write_file_atomically(directory + "/config.json", config_of(model, type, vocabulary, dtype).dump(2) + "\n");
+}
+
+HfCheckpoint read_hf_checkpoint(const std::string& directory) {
+  const std::string config_path = directory + "/config.json";
+  if (!std::filesystem::exists(config_path)) throw SpecError("--load", directory + " holds no config.json");
+  const nlohmann::json config = read_json_file(config_path);
+  HfCheckpoint checkpoint;
+  checkpoint.model = model_spec_from_hf_config(config, config_path);
+  validate_model_spec(checkpoint.model);
+  const std::string type = config.value("model_type", std::string(""));
+  const std::string written_as = hf_model_type(checkpoint.model, type == "gpt2" || type.empty() ? "" : type);
+
+  // Which file holds each tensor: the index's weight map, or the one file.
+  std::map<std::string, std::string> file_of;
+  const std::string index_path = directory + "/model.safetensors.index.json";
+  if (std::filesystem::exists(index_path)) {
+    const nlohmann::json index = read_json_file(index_path);
+    if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object()) {
+      throw SpecError("--load", index_path + ": no \"weight_map\" object");
+    }
+    for (const auto& [name, file] : index["weight_map"].items()) {
+      if (!file.is_string()) throw SpecError("--load", index_path + ": weight_map." + name + " is not a file name");
+      file_of[name] = directory + "/" + file.get<std::string>();
+    }
+  }
+  std::map<std::string, SafetensorsHeader> headers;
+  const auto header_of = [&](const std::string& name) -> const SafetensorsHeader* {
+    const auto mapped = file_of.find(name);
+    const std::string path = mapped != file_of.end() ? mapped->second : directory + "/model.safetensors";
+    auto found = headers.find(path);
+    if (found == headers.end()) found = headers.emplace(path, read_safetensors_header(path, "--load")).first;
+    return found->second.tensors.count(name) ? &found->second : nullptr;
+  };
+  const auto read = [&](const std::string& name) -> std::optional<WholeTensor> {
+    const SafetensorsHeader* header = header_of(name);
+    if (!header) return std::nullopt;
+    return read_safetensors_tensor(*header, name, "--load");
+  };
+
+  std::map<std::string, Mapping> by_megatron;
+  for (Mapping& mapping : mappings(checkpoint.model, written_as)) by_megatron.emplace(mapping.megatron, std::move(mapping));
+  for (const ParameterSpec& spec : megatron_tensors(checkpoint.model)) {
+    const bool tied_copy = spec.name == kOutputWeight && !checkpoint.model.untie_embeddings_and_output_weights;
+    if (tied_copy) continue;
+    const Mapping& mapping = by_megatron.at(spec.name);
+    std::vector<WholeTensor> parts;
+    for (const std::string& name : mapping.hf) {
+      std::optional<WholeTensor> part = read(name);
+      if (!part) throw SpecError("--load", directory + " holds no tensor " + name + ", which " + written_as + " needs");
+      parts.push_back(mapping.transposed && part->shape.size() == 2 ? transpose(*part) : std::move(*part));
+    }
+    WholeTensor whole;
+    if (mapping.rows.empty()) {
+      whole = std::move(parts.front());
+    } else {
+      std::vector<const WholeTensor*> pointers;
+      std::vector<int64_t> rows;
+      for (std::size_t p = 0; p < parts.size(); ++p) {
+        pointers.push_back(&parts[p]);
+        rows.insert(rows.end(), mapping.rows[p].begin(), mapping.rows[p].end());
+      }
+      int64_t stacked = 0;
+      for (const WholeTensor* part : pointers) stacked += part->shape.empty() ? 0 : part->shape[0];
+      if (stacked != static_cast<int64_t>(rows.size())) {
+        throw SpecError("--load", directory + ": " + mapping.hf.front() + " and the tensors it is joined with hold " +
+                                      std::to_string(stacked) + " rows, " + spec.name + " needs " + std::to_string(rows.size()));
+      }
+      whole = place_rows(pointers, rows);
+    }
+    // The vocabulary's tensors hold config.json's vocab_size rows (megaplan pads them for its layout
+    // when it writes a checkpoint).
+    std::vector<int64_t> expected = spec.global_shape;
+    if (spec.name == kWordEmbeddings || spec.name == kOutputWeight) expected[0] = checkpoint.model.vocab_size;
+    if (whole.shape != expected) {
+      throw SpecError("--load", directory + ": " + mapping.hf.front() + " gives " + spec.name + " the shape " +
+                                    nlohmann::json(whole.shape).dump() + ", config.json's is " +
+                                    nlohmann::json(expected).dump());
+    }
+    checkpoint.tensors.emplace(spec.name, std::move(whole));
+  }
+  return checkpoint;
+}
+
+}  // namespace megaplan::exec

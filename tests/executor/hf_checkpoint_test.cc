@@ -1,0 +1,183 @@
+// Checkpoints between megaplan's format and Hugging Face's: a model's tensors written as a megaplan
+// checkpoint of any layout and read back whole, and written as a Hugging Face directory and read
+// back, bit for bit (fp32), for the Llama family, Qwen2 and GPT-2, in one file or in shards; the
+// Hugging Face tensors where transformers expects them; and safetensors files that break the
+// format refused with the file and the rule.
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/parameter_list.h"
+#include "core/text_file.h"
+#include "executor/io/hf_checkpoint.h"
+#include "executor/io/safetensors.h"
+#include "executor/train/checkpoint.h"
+#include "training_fixtures.h"
+
+namespace exec = megaplan::exec;
+
+namespace {
+
+// Every tensor of the whole model, random normal values.
+std::map<std::string, exec::WholeTensor> random_tensors(const megaplan::ModelSpec& model) {
+  megaplan::ParallelPlan plan;
+  std::mt19937 generator(11);
+  std::normal_distribution<float> normal(0.0f, 0.02f);
+  std::map<std::string, exec::WholeTensor> tensors;
+  for (const megaplan::ParameterSpec& spec : megaplan::describe_parameters(model, plan, 0)) {
+    if (spec.name == megaplan::kOutputWeight && !model.untie_embeddings_and_output_weights) continue;
+    exec::WholeTensor tensor{spec.global_shape, std::vector<float>(spec.size)};
+    for (float& value : tensor.values) value = normal(generator);
+    tensors.emplace(spec.name, std::move(tensor));
+  }
+  return tensors;
+}
+
+void check_equal(const std::map<std::string, exec::WholeTensor>& got, const std::map<std::string, exec::WholeTensor>& want) {
+  REQUIRE(got.size() == want.size());
+  for (const auto& [name, tensor] : want) {
+    INFO(name);
+    REQUIRE(got.count(name) == 1);
+    CHECK(got.at(name).shape == tensor.shape);
+    CHECK(std::memcmp(got.at(name).values.data(), tensor.values.data(), tensor.values.size() * sizeof(float)) == 0);
+  }
+}
+
+// A safetensors file of `header` (its length written as given) and `data` bytes.
+void write_raw(const std::string& path, const std::string& header, std::size_t data, uint64_t length) {
+  std::ofstream file(path, std::ios::binary);
+  for (int i = 0; i < 8; ++i) file.put(static_cast<char>(length >> (8 * i)));
+  file << header << std::string(data, '\0');
+}
+
+}  // namespace
+
+TEST_CASE("a model's tensors round-trip through megaplan checkpoints and Hugging Face directories", "[convert]") {
+  megaplan::ModelSpec qwen = megaplan::test::four_layer_llama();
+  qwen.name = "four-layer-qwen2";
+  qwen.add_qkv_bias = true;
+  megaplan::ModelSpec gpt = megaplan::test::four_layer_gpt();
+  gpt.untie_embeddings_and_output_weights = false;
+  for (const auto& [model, type] : {std::pair{megaplan::test::four_layer_llama(), std::string("llama")},
+                                    std::pair{qwen, std::string("qwen2")}, std::pair{gpt, std::string("gpt2")}}) {
+    INFO(model.name);
+    const megaplan::test::ScratchDirectory scratch;
+    const std::map<std::string, exec::WholeTensor> tensors = random_tensors(model);
+    // A megaplan checkpoint of tp 2 x pp 2, read back whole.
+    megaplan::ParallelPlan plan = megaplan::test::layout(2, 2, 1, 1, megaplan::ScheduleKind::kOneFOneB);
+    exec::write_checkpoint_weights(scratch.file("megaplan"), model, plan, tensors, 7);
+    const exec::CheckpointWeights read = exec::read_checkpoint_weights(scratch.file("megaplan"));
+    CHECK(megaplan::model_spec_to_json(read.model) == megaplan::model_spec_to_json(model));
+    check_equal(read.tensors, tensors);
+    // A Hugging Face directory, in one file and in shards of about a quarter of the model.
+    CHECK(exec::hf_model_type(model, "") == type);
+    exec::write_hf_checkpoint(scratch.file("hf"), model, type, tensors, exec::SafetensorsDtype::kF32);
+    CHECK(std::filesystem::exists(scratch.file("hf/model.safetensors")));
+    const nlohmann::json config = nlohmann::json::parse(megaplan::read_text_file(scratch.file("hf/config.json")));
+    CHECK(config.at("model_type") == type);
+    CHECK(config.at("vocab_size") == tensors.at(megaplan::kWordEmbeddings).shape[0]);
+    const exec::HfCheckpoint back = exec::read_hf_checkpoint(scratch.file("hf"));
+    check_equal(back.tensors, tensors);
+    CHECK(back.model.num_layers == model.num_layers);
+    CHECK(back.model.effective_num_query_groups() == model.effective_num_query_groups());
+    exec::write_hf_checkpoint(scratch.file("sharded"), model, type, tensors, exec::SafetensorsDtype::kF32, 40'000);
+    CHECK(std::filesystem::exists(scratch.file("sharded/model.safetensors.index.json")));
+    CHECK_FALSE(std::filesystem::exists(scratch.file("sharded/model.safetensors")));
+    check_equal(exec::read_hf_checkpoint(scratch.file("sharded")).tensors, tensors);
+    // Back into a megaplan checkpoint of another layout, and read whole again.
+    exec::write_checkpoint_weights(scratch.file("again"), back.model, megaplan::test::layout(2, 1, 1, 1, megaplan::ScheduleKind::kOneFOneB),
+                                   back.tensors, 7);
+    const exec::CheckpointWeights again = exec::read_checkpoint_weights(scratch.file("again"));
+    for (const auto& [name, tensor] : tensors) {
+      INFO(name);
+      // The vocabulary is padded again for the layout (zero rows after the saved ones).
+      const exec::WholeTensor& got = again.tensors.at(name);
+      REQUIRE(got.values.size() >= tensor.values.size());
+      CHECK(std::memcmp(got.values.data(), tensor.values.data(), tensor.values.size() * sizeof(float)) == 0);
+    }
+  }
+}
+
+TEST_CASE("Hugging Face's tensors are where transformers reads them", "[convert]") {
+  // 4 heads of 8 in 2 query groups: Megatron's fused rows per group are [q0, q1, k, v] (8 rows each).
+  const megaplan::ModelSpec model = megaplan::test::four_layer_llama();
+  const megaplan::test::ScratchDirectory scratch;
+  const std::map<std::string, exec::WholeTensor> tensors = random_tensors(model);
+  exec::write_hf_checkpoint(scratch.file("hf"), model, "llama", tensors, exec::SafetensorsDtype::kF32);
+  const exec::SafetensorsHeader header = exec::read_safetensors_header(scratch.file("hf/model.safetensors"), "test");
+  const exec::WholeTensor& qkv = tensors.at("decoder.layers.1.self_attention.linear_qkv.weight");
+  const auto row = [&](const exec::WholeTensor& t, int64_t r) {
+    return std::vector<float>(t.values.begin() + r * t.shape[1], t.values.begin() + (r + 1) * t.shape[1]);
+  };
+  const exec::WholeTensor q = exec::read_safetensors_tensor(header, "model.layers.1.self_attn.q_proj.weight", "test");
+  const exec::WholeTensor k = exec::read_safetensors_tensor(header, "model.layers.1.self_attn.k_proj.weight", "test");
+  const exec::WholeTensor v = exec::read_safetensors_tensor(header, "model.layers.1.self_attn.v_proj.weight", "test");
+  CHECK(q.shape == std::vector<int64_t>{32, 32});
+  CHECK(k.shape == std::vector<int64_t>{16, 32});
+  CHECK(row(q, 8 * 2) == row(qkv, 8 * 4));      // head 2 is group 1's first query
+  CHECK(row(k, 8) == row(qkv, 8 * 4 + 8 * 2));  // group 1's key
+  CHECK(row(v, 15) == row(qkv, 8 * 8 - 1));     // group 1's value's last row
+  const exec::WholeTensor& fc1 = tensors.at("decoder.layers.0.mlp.linear_fc1.weight");
+  const exec::WholeTensor up = exec::read_safetensors_tensor(header, "model.layers.0.mlp.up_proj.weight", "test");
+  CHECK(row(up, 0) == row(fc1, fc1.shape[0] / 2));  // fc1 is [gate; up]
+  CHECK(header.tensors.count("lm_head.weight") == 1);  // untied
+  CHECK(header.metadata.at("format") == "pt");
+  // GPT-2's Conv1D holds [in, out] with the fused QKV's outputs [queries | keys | values].
+  megaplan::ModelSpec gpt = megaplan::test::four_layer_gpt();
+  const std::map<std::string, exec::WholeTensor> gpt_tensors = random_tensors(gpt);
+  exec::write_hf_checkpoint(scratch.file("gpt2"), gpt, "gpt2", gpt_tensors, exec::SafetensorsDtype::kBF16);
+  const exec::SafetensorsHeader gpt_header = exec::read_safetensors_header(scratch.file("gpt2/model.safetensors"), "test");
+  CHECK(gpt_header.tensors.at("transformer.h.0.attn.c_attn.weight").dtype == exec::SafetensorsDtype::kBF16);
+  CHECK(gpt_header.tensors.count("lm_head.weight") == 0);  // tied
+  const exec::WholeTensor c_attn = exec::read_safetensors_tensor(gpt_header, "transformer.h.0.attn.c_attn.weight", "test");
+  const exec::WholeTensor& fused = gpt_tensors.at("decoder.layers.0.self_attention.linear_qkv.weight");
+  CHECK(c_attn.shape == std::vector<int64_t>{32, 96});
+  // Output column 32 + 16 (the key of head 1, dim 0) is Megatron's row (1 * 3 + 1) * 16, input 5;
+  // bf16 rounds it to 8 significant bits.
+  CHECK(c_attn.values[5 * 96 + 48] == Approx(fused.values[(4 * 16) * 32 + 5]).epsilon(1e-2));
+}
+
+TEST_CASE("a safetensors file that breaks the format is refused with the file and the rule", "[convert]") {
+  const megaplan::test::ScratchDirectory scratch;
+  const std::string path = scratch.file("bad.safetensors");
+  const auto error_of = [&] {
+    try {
+      (void)exec::read_safetensors_header(path, "--load");
+    } catch (const megaplan::SpecError& error) {
+      CHECK(error.field() == "--load");
+      return error.rule();
+    }
+    return std::string("no error");
+  };
+  const std::string good = R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})";
+  write_raw(path, good, 8, good.size());
+  CHECK(error_of() == "no error");
+  write_raw(path, good, 8, 1000);
+  CHECK(error_of() == path + ": its header length, 1000 bytes, runs past the file's " + std::to_string(8 + good.size() + 8) +
+                          " bytes");
+  write_raw(path, "[1, 2", 8, 5);
+  CHECK(error_of() == path + ": its header is not a JSON object");
+  const std::string past = R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})";
+  write_raw(path, past, 8, past.size());
+  CHECK(error_of() == path + ": tensor \"a\" has data_offsets [0, 16], past the 8 bytes of data");
+  const std::string dtype = R"({"a":{"dtype":"I8","shape":[8],"data_offsets":[0,8]}})";
+  write_raw(path, dtype, 8, dtype.size());
+  CHECK(error_of() == path + ": tensor \"a\" has dtype \"I8\", which megaplan does not read (F32, BF16, F16)");
+  const std::string mismatch = R"({"a":{"dtype":"BF16","shape":[2],"data_offsets":[0,8]}})";
+  write_raw(path, mismatch, 8, mismatch.size());
+  CHECK(error_of() == path + ": tensor \"a\" holds 8 bytes, but its shape of BF16 needs 4");
+  const std::string overlap = R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})";
+  write_raw(path, overlap, 8, overlap.size());
+  CHECK(error_of() == path + ": its tensors overlap at byte 4 of the data");
+  write_raw(path, good, 12, good.size());
+  CHECK(error_of() == path + ": its tensors cover 8 of its 12 bytes of data");
+  std::ofstream(path) << "abc";
+  CHECK(error_of() == path + ": is 3 bytes, shorter than a safetensors header's length");
+}
