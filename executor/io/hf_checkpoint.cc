@@ -181,6 +181,10 @@ nlohmann::json config_of(const ModelSpec& model, const std::string& type, int64_
             {"vocab_size", vocabulary},
             {"layer_norm_epsilon", model.norm_epsilon},
             {"activation_function", "gelu_new"},
+            // megaplan trains without dropout; GPT2Config's defaults are 0.1.
+            {"attn_pdrop", 0.0},
+            {"embd_pdrop", 0.0},
+            {"resid_pdrop", 0.0},
             {"tie_word_embeddings", tied},
             {"torch_dtype", torch_dtype}};
   }
