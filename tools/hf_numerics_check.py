@@ -1,0 +1,134 @@
+#!/usr/bin/env python3
+"""Checks megaplan's arithmetic against transformers', where transformers is installed (the lent
+GPUs): for each of llama, mistral, qwen2 and gpt2, a small randomly initialised model built by
+transformers is imported (`megaplan convert --to megaplan`), and on one sequence of 32 byte tokens
+(a dataset whose every sample is that sequence, so that megaplan's batches are exactly it):
+- the loss megaplan logs before its first step against transformers' on the same tokens (the
+  logits' summary: the mean cross entropy over every position), and the gradient norm it logs
+  against torch autograd's of that loss (every parameter's gradient in one number);
+- megaplan trains two steps and saves; the checkpoint exported (`convert --to hf`) and loaded in
+  transformers gives the loss megaplan logs on a held-out sequence with those weights.
+megaplan runs on the CPU backend (fp32) and, where a GPU is visible, on the CUDA backend (bf16
+compute). Prints a table, exits 1 when a difference exceeds its tolerance.
+
+Usage: tools/hf_numerics_check.py MEGAPLAN_BINARY WORK_DIR
+"""
+import json
+import os
+import random
+import subprocess
+import sys
+
+import torch
+import torch.nn.functional as F
+from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, MistralConfig, Qwen2Config
+
+SEQ = 32
+SHAPE = dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
+             num_key_value_heads=1, max_position_embeddings=SEQ, rms_norm_eps=1e-6, rope_theta=10000.0,
+             tie_word_embeddings=False)
+CONFIGS = {
+    "llama": LlamaConfig(**SHAPE),
+    "mistral": MistralConfig(**SHAPE, sliding_window=None),
+    "qwen2": Qwen2Config(**SHAPE),
+    "gpt2": GPT2Config(vocab_size=512, n_embd=128, n_layer=2, n_head=2, n_positions=SEQ, n_ctx=SEQ,
+                       attn_pdrop=0.0, embd_pdrop=0.0, resid_pdrop=0.0),
+}
+# Relative tolerances: fp32 sums in another order; bf16 compute (the CUDA backend) against fp32.
+TOLERANCE = {"cpu": (1e-5, 1e-4), "cuda": (2e-2, 5e-2)}
+
+
+def run(*command):
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"{' '.join(command[1:3])}: {result.stderr.strip()}")
+    return result.stdout
+
+
+def one_sequence(megaplan, work, name, seed):
+    """A document of SEQ - 1 bytes and its end-of-document token: SEQ tokens, so that the epochs
+    the dataset repeats it in have a period of SEQ and every sample (SEQ + 1 tokens) is the
+    document and its first token again, whichever one the shuffle puts first."""
+    rng = random.Random(seed)
+    text = "".join(rng.choice("abcdefghij klmnop") for _ in range(SEQ - 1))
+    path = os.path.join(work, name + ".txt")
+    with open(path, "w") as f:
+        f.write(text)
+    run(megaplan, "data", "prepare", "--tokenizer", "byte", "--append-eod", "--input", path, "--output-prefix",
+        os.path.join(work, name))
+    document = list(text.encode()) + [256]
+    return torch.tensor([document + document[:1]])
+
+
+def torch_loss(model, tokens, backward=False):
+    model.zero_grad(set_to_none=True)
+    logits = model(tokens[:, :-1]).logits
+    loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
+    if not backward:
+        return loss.item(), None
+    loss.backward()
+    norm = torch.sqrt(sum((p.grad.double() ** 2).sum() for p in model.parameters() if p.grad is not None))
+    return loss.item(), norm.item()
+
+
+def megaplan_log(megaplan, device, config, data, log, *extra):
+    if os.path.exists(log):
+        os.remove(log)
+    run(megaplan, "train", "--device", device, "--model", config, "--seq-length", str(SEQ), "--mbs", "1", "--gbs", "1",
+        "--data-path", data, "--split", "1,0,0", "--eval-iters", "0", "--log-interval", "1", "--clip-grad", "0",
+        "--lr", "1e-3", "--lr-warmup-iters", "0", "--log-file", log, *extra)
+    return [json.loads(line) for line in open(log)]
+
+
+def main():
+    megaplan, work = sys.argv[1], sys.argv[2]
+    os.makedirs(work, exist_ok=True)
+    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    train_tokens = one_sequence(megaplan, work, "train", 1)
+    held_tokens = one_sequence(megaplan, work, "held", 2)
+    failures = 0
+    print(f"{'type':<8}{'device':<6}{'loss rel':>10}{'grad norm rel':>14}{'exported loss rel':>19}")
+    for name, config in CONFIGS.items():
+        torch.manual_seed(0)
+        source, checkpoint = os.path.join(work, name + "-hf"), os.path.join(work, name + "-megaplan")
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        with torch.no_grad():
+            for parameter in model.parameters():
+                if parameter.dim() == 1:
+                    parameter.normal_(1.0, 0.1)
+        model.save_pretrained(source, safe_serialization=True)
+        model.eval()
+        for path in (checkpoint,):
+            subprocess.run(["rm", "-rf", path])
+        run(megaplan, "convert", "--to", "megaplan", "--load", source, "--save", checkpoint)
+        want_loss, want_norm = torch_loss(model, train_tokens, backward=True)
+        config_json = os.path.join(source, "config.json")
+        for device in devices:
+            trained, exported = (os.path.join(work, f"{name}-{device}-{part}") for part in ("trained", "exported"))
+            subprocess.run(["rm", "-rf", trained, exported])
+            # Two steps from the imported weights, saved; the first logged loss and norm are the
+            # imported model's on the training sequence.
+            log = megaplan_log(megaplan, device, config_json, os.path.join(work, "train"),
+                               os.path.join(work, f"{name}-{device}.jsonl"), "--load", checkpoint, "--train-iters", "2",
+                               "--save", trained)
+            loss_error = abs(log[0]["loss"] - want_loss) / want_loss
+            norm_error = abs(log[0]["grad_norm"] - want_norm) / want_norm
+            # The trained weights' loss on the held-out sequence, in megaplan (one more logged
+            # iteration, before its step) and in transformers from the exported directory.
+            held = megaplan_log(megaplan, device, config_json, os.path.join(work, "held"),
+                                os.path.join(work, f"{name}-{device}-held.jsonl"), "--load", trained, "--train-iters", "3")
+            run(megaplan, "convert", "--to", "hf", "--load", trained, "--save", exported)
+            loaded = AutoModelForCausalLM.from_pretrained(exported, dtype=torch.float32).eval()
+            with torch.no_grad():
+                exported_loss, _ = torch_loss(loaded, held_tokens)
+            exported_error = abs(held[-1]["loss"] - exported_loss) / exported_loss
+            loss_tolerance, norm_tolerance = TOLERANCE[device]
+            ok = loss_error <= loss_tolerance and exported_error <= loss_tolerance and norm_error <= norm_tolerance
+            failures += not ok
+            print(f"{name:<8}{device:<6}{loss_error:>10.2e}{norm_error:>14.2e}{exported_error:>19.2e}"
+                  + ("" if ok else "   FAILED"))
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()
