@@ -8,7 +8,7 @@
 //   wave that idles differs with S.
 // - Memory-bound times scale by the ratio of the two HBM bandwidths.
 // - Each time's first `kernel_launch_s` (the measured launch gap) is latency and does not scale.
-// - Collective and p2p tables belong to the measured machine's links: they are dropped, and the
+// - Collective, p2p and overlap tables belong to the measured machine's links: they are dropped, and the
 //   link model (the roofline's link fallback) costs links instead.
 // The result says so: kind "transferred", `transferred_from` naming the measured GPU, its scales,
 // and an uncertainty: the error measured when transferring between the H100 and H200 (one die,
