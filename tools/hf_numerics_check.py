@@ -6,6 +6,9 @@ transformers is imported (`megaplan convert --to megaplan`), and on one sequence
 - the loss megaplan logs before its first step against transformers' on the same tokens (the
   logits' summary: the mean cross entropy over every position), and the gradient norm it logs
   against torch autograd's of that loss (every parameter's gradient in one number);
+- every parameter's gradient, tensor by tensor: megaplan takes one AdamW step with lr 1, eps 1 and
+  no weight decay, whose update is exactly -g / (|g| + 1) (the first step's bias-corrected moments
+  are g and g^2), so the exported weights before and after it give each gradient back;
 - megaplan trains two steps and saves; the checkpoint exported (`convert --to hf`) and loaded in
   transformers gives the loss megaplan logs on a held-out sequence with those weights.
 megaplan runs on the CPU backend (fp32) and, where a GPU is visible, on the CUDA backend (bf16
@@ -21,6 +24,7 @@ import sys
 
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, MistralConfig, Qwen2Config
 
 SEQ = 32
@@ -34,7 +38,8 @@ CONFIGS = {
     "gpt2": GPT2Config(vocab_size=512, n_embd=128, n_layer=2, n_head=2, n_positions=SEQ, n_ctx=SEQ,
                        attn_pdrop=0.0, embd_pdrop=0.0, resid_pdrop=0.0),
 }
-# Relative tolerances: fp32 sums in another order; bf16 compute (the CUDA backend) against fp32.
+# Relative tolerances (loss, gradients): fp32 sums in another order, and a gradient read back
+# through an fp32 weight update; bf16 compute (the CUDA backend) against fp32.
 TOLERANCE = {"cpu": (1e-5, 1e-4), "cuda": (2e-2, 5e-2)}
 
 
@@ -71,12 +76,21 @@ def torch_loss(model, tokens, backward=False):
     return loss.item(), norm.item()
 
 
-def megaplan_log(megaplan, device, config, data, log, *extra):
+def gradients_from_step(before, after):
+    """Each tensor's gradient from one AdamW step of lr 1, eps 1: r = w0 - w1 = g / (|g| + 1)."""
+    gradients = {}
+    for name, w0 in before.items():
+        r = (w0.double() - after[name].double())
+        gradients[name] = r / (1 - r.abs())
+    return gradients
+
+
+def megaplan_log(megaplan, device, config, data, log, *extra, lr="1e-3"):
     if os.path.exists(log):
         os.remove(log)
     run(megaplan, "train", "--device", device, "--model", config, "--seq-length", str(SEQ), "--mbs", "1", "--gbs", "1",
         "--data-path", data, "--split", "1,0,0", "--eval-iters", "0", "--log-interval", "1", "--clip-grad", "0",
-        "--lr", "1e-3", "--lr-warmup-iters", "0", "--log-file", log, *extra)
+        "--lr", lr, "--lr-warmup-iters", "0", "--log-file", log, *extra)
     return [json.loads(line) for line in open(log)]
 
 
@@ -87,7 +101,8 @@ def main():
     train_tokens = one_sequence(megaplan, work, "train", 1)
     held_tokens = one_sequence(megaplan, work, "held", 2)
     failures = 0
-    print(f"{'type':<8}{'device':<6}{'loss rel':>10}{'grad norm rel':>14}{'exported loss rel':>19}")
+    print(f"{'type':<8}{'device':<6}{'loss rel':>10}{'grad norm rel':>14}{'worst tensor rel':>18}"
+          f"{'exported loss rel':>19}")
     for name, config in CONFIGS.items():
         torch.manual_seed(0)
         source, checkpoint = os.path.join(work, name + "-hf"), os.path.join(work, name + "-megaplan")
@@ -102,6 +117,8 @@ def main():
             subprocess.run(["rm", "-rf", path])
         run(megaplan, "convert", "--to", "megaplan", "--load", source, "--save", checkpoint)
         want_loss, want_norm = torch_loss(model, train_tokens, backward=True)
+        want_gradients = {n: p.grad.double() for n, p in model.named_parameters() if p.grad is not None}
+        before = load_file(os.path.join(source, "model.safetensors"))
         config_json = os.path.join(source, "config.json")
         for device in devices:
             trained, exported = (os.path.join(work, f"{name}-{device}-{part}") for part in ("trained", "exported"))
@@ -113,6 +130,23 @@ def main():
                                "--save", trained)
             loss_error = abs(log[0]["loss"] - want_loss) / want_loss
             norm_error = abs(log[0]["grad_norm"] - want_norm) / want_norm
+            # One step that gives the gradients back, exported.
+            stepped, stepped_hf = (os.path.join(work, f"{name}-{device}-{part}") for part in ("stepped", "stepped-hf"))
+            subprocess.run(["rm", "-rf", stepped, stepped_hf])
+            megaplan_log(megaplan, device, config_json, os.path.join(work, "train"),
+                         os.path.join(work, f"{name}-{device}-step.jsonl"), "--load", checkpoint, "--train-iters", "1",
+                         "--save", stepped, "--adam-eps", "1", "--weight-decay", "0", "--lr-decay-style", "constant",
+                         lr="1")
+            run(megaplan, "convert", "--to", "hf", "--load", stepped, "--save", stepped_hf)
+            got_gradients = gradients_from_step(before, load_file(os.path.join(stepped_hf, "model.safetensors")))
+            # Against each tensor's largest gradient, but at least a thousandth of the model's: the
+            # key bias's gradient is zero but for rounding (softmax ignores a shift that every score
+            # of a row shares), and its rounding is no scale.
+            largest = max(want.abs().max().item() for want in want_gradients.values())
+            tensor_error = 0.0
+            for tensor, want in want_gradients.items():
+                scale = max(want.abs().max().item(), 1e-3 * largest)
+                tensor_error = max(tensor_error, (got_gradients[tensor] - want).abs().max().item() / scale)
             # The trained weights' loss on the held-out sequence, in megaplan (one more logged
             # iteration, before its step) and in transformers from the exported directory.
             held = megaplan_log(megaplan, device, config_json, os.path.join(work, "held"),
@@ -123,9 +157,10 @@ def main():
                 exported_loss, _ = torch_loss(loaded, held_tokens)
             exported_error = abs(held[-1]["loss"] - exported_loss) / exported_loss
             loss_tolerance, norm_tolerance = TOLERANCE[device]
-            ok = loss_error <= loss_tolerance and exported_error <= loss_tolerance and norm_error <= norm_tolerance
+            ok = (loss_error <= loss_tolerance and exported_error <= loss_tolerance and norm_error <= norm_tolerance
+                  and tensor_error <= norm_tolerance)
             failures += not ok
-            print(f"{name:<8}{device:<6}{loss_error:>10.2e}{norm_error:>14.2e}{exported_error:>19.2e}"
+            print(f"{name:<8}{device:<6}{loss_error:>10.2e}{norm_error:>14.2e}{tensor_error:>18.2e}{exported_error:>19.2e}"
                   + ("" if ok else "   FAILED"))
     sys.exit(1 if failures else 0)
 
