@@ -16,6 +16,8 @@ import torch
 from safetensors.torch import load_file
 from transformers import (AutoModelForCausalLM, GPT2Config, LlamaConfig, MistralConfig, Qwen2Config)
 
+from hf_reference import saved_random_model
+
 # Vocabulary 512 (a multiple of 128 x tp 2): megaplan pads nothing, so shapes round-trip too.
 SHAPE = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6, rope_theta=10000.0,
@@ -38,16 +40,8 @@ def main():
     failures = 0
     print(f"{'type':<8}{'tensors':>8}{'bitwise':>9}{'loading':>9}{'max |dlogit|':>14}")
     for name, config in CONFIGS.items():
-        torch.manual_seed(0)
         source, checkpoint, back = (os.path.join(work, f"{name}-{part}") for part in ("hf", "megaplan", "back"))
-        model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
-        # Non-trivial norms and biases, so that a misplaced one shows.
-        with torch.no_grad():
-            for parameter in model.parameters():
-                if parameter.dim() == 1:
-                    parameter.normal_(1.0, 0.1)
-        model.save_pretrained(source, safe_serialization=True)
-        model.eval()  # GPT-2's configs default to dropout 0.1; megaplan trains without
+        model = saved_random_model(config, source)
         for command in ([megaplan, "convert", "--to", "megaplan", "--load", source, "--save", checkpoint, "--tp", "2",
                          "--pp", "2"],
                         [megaplan, "convert", "--to", "hf", "--load", checkpoint, "--save", back]):
@@ -60,7 +54,7 @@ def main():
             want, got = tensors(source), tensors(back)
             same_names = set(want) == set(got)
             bitwise = same_names and all(torch.equal(want[k].view(torch.int32), got[k].view(torch.int32)) for k in want)
-            loaded, info = AutoModelForCausalLM.from_pretrained(back, torch_dtype=torch.float32, output_loading_info=True)
+            loaded, info = AutoModelForCausalLM.from_pretrained(back, dtype=torch.float32, output_loading_info=True)
             clean = not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
             tokens = torch.randint(0, 512, (2, 48), generator=torch.Generator().manual_seed(1))
             with torch.no_grad():

@@ -27,6 +27,8 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, MistralConfig, Qwen2Config
 
+from hf_reference import saved_random_model
+
 SEQ = 32
 SHAPE = dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
              num_key_value_heads=1, max_position_embeddings=SEQ, rms_norm_eps=1e-6, rope_theta=10000.0,
@@ -104,17 +106,9 @@ def main():
     print(f"{'type':<8}{'device':<6}{'loss rel':>10}{'grad norm rel':>14}{'worst tensor rel':>18}"
           f"{'exported loss rel':>19}")
     for name, config in CONFIGS.items():
-        torch.manual_seed(0)
         source, checkpoint = os.path.join(work, name + "-hf"), os.path.join(work, name + "-megaplan")
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-        with torch.no_grad():
-            for parameter in model.parameters():
-                if parameter.dim() == 1:
-                    parameter.normal_(1.0, 0.1)
-        model.save_pretrained(source, safe_serialization=True)
-        model.eval()
-        for path in (checkpoint,):
-            subprocess.run(["rm", "-rf", path])
+        model = saved_random_model(config, source)
+        subprocess.run(["rm", "-rf", checkpoint])
         run(megaplan, "convert", "--to", "megaplan", "--load", source, "--save", checkpoint)
         want_loss, want_norm = torch_loss(model, train_tokens, backward=True)
         want_gradients = {n: p.grad.double() for n, p in model.named_parameters() if p.grad is not None}

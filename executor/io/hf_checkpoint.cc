@@ -39,16 +39,17 @@ WholeTensor take_rows(const WholeTensor& tensor, const std::vector<int64_t>& row
 }
 
 // take_rows' inverse: `parts` stacked one after another, each stacked row r placed at row rows[r].
-WholeTensor place_rows(const std::vector<const WholeTensor*>& parts, const std::vector<int64_t>& rows) {
+// REQUIRES: the parts hold rows.size() rows together.
+WholeTensor place_rows(const std::vector<WholeTensor>& parts, const std::vector<int64_t>& rows) {
   WholeTensor whole;
-  whole.shape = parts.front()->shape;
+  whole.shape = parts.front().shape;
   whole.shape[0] = static_cast<int64_t>(rows.size());
-  const int64_t columns = columns_of(*parts.front());
+  const int64_t columns = columns_of(parts.front());
   whole.values.resize(rows.size() * static_cast<std::size_t>(columns));
   int64_t stacked = 0;
-  for (const WholeTensor* part : parts) {
-    for (int64_t r = 0; r < part->shape[0]; ++r, ++stacked) {
-      std::copy_n(part->values.begin() + static_cast<std::ptrdiff_t>(r * columns), columns,
+  for (const WholeTensor& part : parts) {
+    for (int64_t r = 0; r < part.shape[0]; ++r, ++stacked) {
+      std::copy_n(part.values.begin() + static_cast<std::ptrdiff_t>(r * columns), columns,
                   whole.values.begin() + static_cast<std::ptrdiff_t>(rows[static_cast<std::size_t>(stacked)] * columns));
     }
   }
@@ -103,6 +104,9 @@ std::vector<Mapping> mappings(const ModelSpec& model, const std::string& type) {
     gate[static_cast<std::size_t>(i)] = i;
     up[static_cast<std::size_t>(i)] = ffn + i;
   }
+  // GPT-2's c_attn outputs are [queries | keys | values], each head by head: Megatron's rows in that order.
+  std::vector<int64_t> c_attn;
+  for (const auto& part : qkv) c_attn.insert(c_attn.end(), part.begin(), part.end());
   const auto add = [&](const std::string& megatron, const std::string& hf, bool transposed = false) {
     list.push_back({megatron, {hf}, {}, transposed});
   };
@@ -120,11 +124,8 @@ std::vector<Mapping> mappings(const ModelSpec& model, const std::string& type) {
         add(m + "input_layernorm." + suffix, h + "ln_1." + suffix);
         add(m + "pre_mlp_layernorm." + suffix, h + "ln_2." + suffix);
       }
-      // c_attn's outputs are [queries | keys | values], each head by head: Megatron's rows in that order.
-      std::vector<int64_t> columns;
-      for (const auto& part : qkv) columns.insert(columns.end(), part.begin(), part.end());
-      list.push_back({m + "self_attention.linear_qkv.weight", {h + "attn.c_attn.weight"}, {columns}, true});
-      list.push_back({m + "self_attention.linear_qkv.bias", {h + "attn.c_attn.bias"}, {columns}, false});
+      list.push_back({m + "self_attention.linear_qkv.weight", {h + "attn.c_attn.weight"}, {c_attn}, true});
+      list.push_back({m + "self_attention.linear_qkv.bias", {h + "attn.c_attn.bias"}, {c_attn}, false});
       add(m + "self_attention.linear_proj.weight", h + "attn.c_proj.weight", true);
       add(m + "self_attention.linear_proj.bias", h + "attn.c_proj.bias");
       add(m + "mlp.linear_fc1.weight", h + "mlp.c_fc.weight", true);
@@ -155,15 +156,6 @@ std::vector<Mapping> mappings(const ModelSpec& model, const std::string& type) {
   }
   add(kOutputWeight, "lm_head.weight");
   return list;
-}
-
-// Megatron's tensors of the whole model (one rank), with their global shapes.
-std::vector<ParameterSpec> megatron_tensors(const ModelSpec& model) {
-  ParallelPlan plan;
-  plan.micro_batch_size = 1;
-  plan.global_batch_size = 1;
-  std::vector<ParameterSpec> specs = describe_parameters(model, plan, 0);
-  return specs;
 }
 
 nlohmann::json config_of(const ModelSpec& model, const std::string& type, int64_t vocabulary, SafetensorsDtype dtype) {
@@ -289,8 +281,7 @@ HfCheckpoint read_hf_checkpoint(const std::string& directory) {
   HfCheckpoint checkpoint;
   checkpoint.model = model_spec_from_hf_config(config, config_path);
   validate_model_spec(checkpoint.model);
-  const std::string type = config.value("model_type", std::string(""));
-  const std::string written_as = hf_model_type(checkpoint.model, type == "gpt2" || type.empty() ? "" : type);
+  const std::string written_as = hf_model_type(checkpoint.model, config.value("model_type", std::string("")));
 
   // Which file holds each tensor: the index's weight map, or the one file.
   std::map<std::string, std::string> file_of;
@@ -321,7 +312,8 @@ HfCheckpoint read_hf_checkpoint(const std::string& directory) {
 
   std::map<std::string, Mapping> by_megatron;
   for (Mapping& mapping : mappings(checkpoint.model, written_as)) by_megatron.emplace(mapping.megatron, std::move(mapping));
-  for (const ParameterSpec& spec : megatron_tensors(checkpoint.model)) {
+  // Megatron's tensors of the whole model on one rank, with their global shapes.
+  for (const ParameterSpec& spec : describe_parameters(checkpoint.model, ParallelPlan{}, 0)) {
     const bool tied_copy = spec.name == kOutputWeight && !checkpoint.model.untie_embeddings_and_output_weights;
     if (tied_copy) continue;
     const Mapping& mapping = by_megatron.at(spec.name);
@@ -335,19 +327,17 @@ HfCheckpoint read_hf_checkpoint(const std::string& directory) {
     if (mapping.rows.empty()) {
       whole = std::move(parts.front());
     } else {
-      std::vector<const WholeTensor*> pointers;
       std::vector<int64_t> rows;
-      for (std::size_t p = 0; p < parts.size(); ++p) {
-        pointers.push_back(&parts[p]);
-        rows.insert(rows.end(), mapping.rows[p].begin(), mapping.rows[p].end());
-      }
       int64_t stacked = 0;
-      for (const WholeTensor* part : pointers) stacked += part->shape.empty() ? 0 : part->shape[0];
+      for (std::size_t p = 0; p < parts.size(); ++p) {
+        rows.insert(rows.end(), mapping.rows[p].begin(), mapping.rows[p].end());
+        stacked += parts[p].shape.empty() ? 0 : parts[p].shape[0];
+      }
       if (stacked != static_cast<int64_t>(rows.size())) {
         throw SpecError("--load", directory + ": " + mapping.hf.front() + " and the tensors it is joined with hold " +
                                       std::to_string(stacked) + " rows, " + spec.name + " needs " + std::to_string(rows.size()));
       }
-      whole = place_rows(pointers, rows);
+      whole = place_rows(parts, rows);
     }
     // The vocabulary's tensors hold config.json's vocab_size rows (megaplan pads them for its layout
     // when it writes a checkpoint).

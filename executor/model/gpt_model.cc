@@ -96,8 +96,6 @@ GptModel::GptModel(const ModelSpec& model, const ParallelPlan& plan, int64_t sta
       swiglu_(model.swiglu),
       rope_(model.position_embedding_type == PositionEmbedding::kRope),
       untied_(model.untie_embeddings_and_output_weights),
-      linear_bias_(model.add_bias_linear),
-      qkv_bias_(model.add_bias_linear || model.add_qkv_bias),
       rotary_dim_(model.rotary_dim()),
       rotary_base_(static_cast<float>(model.rotary_base)),
       norm_epsilon_(static_cast<float>(model.norm_epsilon)),

@@ -223,7 +223,7 @@ class GptModel {
   Backend& backend_;
   int64_t stage_, hidden_, heads_, query_groups_, dim_, layers_total_, first_layer_, ffn_, seq_, vocab_, batch_;
   // The architecture's choices (ModelSpec).
-  bool rms_norm_, swiglu_, rope_, untied_, linear_bias_, qkv_bias_;
+  bool rms_norm_, swiglu_, rope_, untied_;  // biases: the parameters the model has (Layer's non-null ones)
   int64_t rotary_dim_;
   float rotary_base_, norm_epsilon_;
   // Tensor parallelism: the group, this rank, whether the stream is split by rows, and the

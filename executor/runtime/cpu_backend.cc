@@ -25,6 +25,30 @@ constexpr float kLayerNormEps = 1e-5f;
 // Activations are fp32 here.
 float* f(Activation a) { return reinterpret_cast<float*>(a); }
 const float* f(ConstActivation a) { return reinterpret_cast<const float*>(a); }
+
+void add_floats(const float* a, const float* b, std::size_t n, float* y) {
+  for (std::size_t i = 0; i < n; ++i) y[i] = a[i] + b[i];
+}
+
+// A norm's input: x, or with the residual stream's add fused, x + residual written to sum_out.
+const float* norm_input(ConstActivation x, ConstActivation residual, Activation sum_out, std::size_t n) {
+  if (!residual) return f(x);
+  add_floats(f(x), f(residual), n, f(sum_out));
+  return f(sum_out);
+}
+
+// A norm's backward, `through_norm(out)` writing its dx, into dx plus the residual stream's
+// gradient where there is one (through a scratch block then: residual_grad may be dx itself).
+template <typename Backward>
+void norm_backward_into(Backward through_norm, ConstActivation residual_grad, Activation dx, std::size_t n) {
+  if (!residual_grad) {
+    through_norm(f(dx));
+    return;
+  }
+  std::vector<float> scratch(n);
+  through_norm(scratch.data());
+  for (std::size_t i = 0; i < n; ++i) f(dx)[i] = scratch[i] + f(residual_grad)[i];
+}
 }  // namespace
 
 int64_t CpuBackend::available_bytes() const {
@@ -142,49 +166,29 @@ void CpuBackend::embedding_backward(ConstActivation dy, const int64_t* tokens, s
 void CpuBackend::layernorm_forward(ConstActivation x, ConstActivation residual, Activation sum_out,
                                    ConstActivation gamma, ConstActivation beta, std::size_t rows, std::size_t cols,
                                    Activation y, float* mean, float* rstd) {
-  const float* input = f(x);
-  if (residual) {
-    add(x, residual, rows * cols, sum_out);
-    input = f(sum_out);
-  }
-  reference::layernorm_forward(input, f(gamma), f(beta), rows, cols, kLayerNormEps, f(y), mean, rstd);
+  reference::layernorm_forward(norm_input(x, residual, sum_out, rows * cols), f(gamma), f(beta), rows, cols,
+                               kLayerNormEps, f(y), mean, rstd);
 }
 
 void CpuBackend::layernorm_backward(ConstActivation dy, ConstActivation x, ConstActivation gamma, const float* mean,
                                     const float* rstd, std::size_t rows, std::size_t cols,
                                     ConstActivation residual_grad, Activation dx, float* dgamma, float* dbeta) {
-  if (!residual_grad) {
-    reference::layernorm_backward(f(dy), f(x), f(gamma), mean, rstd, rows, cols, f(dx), dgamma, dbeta);
-    return;
-  }
-  // Through a scratch row block: residual_grad may be dx itself.
-  std::vector<float> through_norm(rows * cols);
-  reference::layernorm_backward(f(dy), f(x), f(gamma), mean, rstd, rows, cols, through_norm.data(), dgamma, dbeta);
-  const float* around = f(residual_grad);
-  float* out = f(dx);
-  for (std::size_t i = 0; i < rows * cols; ++i) out[i] = through_norm[i] + around[i];
+  norm_backward_into(
+      [&](float* out) { reference::layernorm_backward(f(dy), f(x), f(gamma), mean, rstd, rows, cols, out, dgamma, dbeta); },
+      residual_grad, dx, rows * cols);
 }
 
 void CpuBackend::rmsnorm_forward(ConstActivation x, ConstActivation residual, Activation sum_out,
                                  ConstActivation gamma, std::size_t rows, std::size_t cols, float eps, Activation y,
                                  float* rstd) {
-  const float* input = f(x);
-  if (residual) {
-    add(x, residual, rows * cols, sum_out);
-    input = f(sum_out);
-  }
-  reference::rmsnorm_forward(input, f(gamma), rows, cols, eps, f(y), rstd);
+  reference::rmsnorm_forward(norm_input(x, residual, sum_out, rows * cols), f(gamma), rows, cols, eps, f(y), rstd);
 }
 
 void CpuBackend::rmsnorm_backward(ConstActivation dy, ConstActivation x, ConstActivation gamma, const float* rstd,
                                   std::size_t rows, std::size_t cols, ConstActivation residual_grad, Activation dx,
                                   float* dgamma) {
-  // Through a scratch block: residual_grad may be dx itself.
-  std::vector<float> through_norm(rows * cols);
-  reference::rmsnorm_backward(f(dy), f(x), f(gamma), rstd, rows, cols, through_norm.data(), dgamma);
-  const float* around = f(residual_grad);
-  float* out = f(dx);
-  for (std::size_t i = 0; i < rows * cols; ++i) out[i] = through_norm[i] + (around ? around[i] : 0.0f);
+  norm_backward_into([&](float* out) { reference::rmsnorm_backward(f(dy), f(x), f(gamma), rstd, rows, cols, out, dgamma); },
+                     residual_grad, dx, rows * cols);
 }
 
 void CpuBackend::swiglu_forward(ConstActivation x, std::size_t rows, std::size_t width, Activation y) {
@@ -314,11 +318,7 @@ void CpuBackend::cross_entropy_backward(ConstActivation logits, const float* lse
   reference::cross_entropy_backward(f(logits), lse, targets, mask, tokens, vocab, vocab_start, scale, f(dlogits));
 }
 
-void CpuBackend::add(ConstActivation a_in, ConstActivation b_in, std::size_t n, Activation y_out) {
-  const float *a = f(a_in), *b = f(b_in);
-  float* y = f(y_out);
-  for (std::size_t i = 0; i < n; ++i) y[i] = a[i] + b[i];
-}
+void CpuBackend::add(ConstActivation a, ConstActivation b, std::size_t n, Activation y) { add_floats(f(a), f(b), n, f(y)); }
 
 void CpuBackend::copy(ConstActivation from, std::size_t n, Activation to) { std::copy_n(f(from), n, f(to)); }
 

@@ -5,11 +5,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
+#include <span>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <utility>
@@ -184,11 +186,14 @@ struct TensorEntry {
   TensorCut cut;
 };
 
-// Writes a rank directory: for each entry, the three arrays `arrays(i, value, first, second)`
-// fills (each of the shard's elements), one tensor at a time, then the manifest.
+// A tensor's value, first and second moment, each the shard's elements.
+using TensorArrays = std::array<std::span<const float>, kArraysPerTensor>;
+
+// Writes a rank directory: for each entry the three arrays `arrays(i)` gives (valid until the next
+// call), one tensor at a time, then the manifest.
 void write_rank_files(const std::string& path, const std::vector<TensorEntry>& entries,
-                      const std::function<void(std::size_t, std::vector<float>&, std::vector<float>&, std::vector<float>&)>& arrays,
-                      int64_t tensor_parallel_rank, int64_t pipeline_rank, const std::vector<int64_t>& stages) {
+                      const std::function<TensorArrays(std::size_t)>& arrays, int64_t tensor_parallel_rank,
+                      int64_t pipeline_rank, const std::vector<int64_t>& stages) {
   std::error_code error;
   if (!std::filesystem::create_directory(path, error)) {
     throw SpecError("--save", path + ": cannot create: " + (error ? error.message() : std::string("exists")));
@@ -196,14 +201,13 @@ void write_rank_files(const std::string& path, const std::vector<TensorEntry>& e
   StagedFile data(path + "/model.bin");
   nlohmann::json tensors = nlohmann::json::array();
   uint64_t offset = 0;
-  std::vector<float> value, first, second;
   for (std::size_t i = 0; i < entries.size(); ++i) {
     const TensorEntry& entry = entries[i];
-    arrays(i, value, first, second);
+    const TensorArrays tensor = arrays(i);
     Fnv1a64 checksum;
-    for (const std::vector<float>* array : {&value, &first, &second}) {
-      data.write(array->data(), array->size() * sizeof(float));
-      checksum.add(array->data(), array->size() * sizeof(float));
+    for (const std::span<const float> array : tensor) {
+      data.write(array.data(), array.size_bytes());
+      checksum.add(array.data(), array.size_bytes());
     }
     const TensorCut& cut = entry.cut;
     tensors.push_back({{"name", entry.name},
@@ -216,7 +220,7 @@ void write_rank_files(const std::string& path, const std::vector<TensorEntry>& e
                                   {"chunks", cut.chunks}}},
                        {"offset", offset},
                        {"fnv1a64", hex(checksum.value())}});
-    offset += kArraysPerTensor * value.size() * sizeof(float);
+    offset += kArraysPerTensor * tensor[0].size_bytes();
   }
   data.commit();
   const nlohmann::json manifest = {
@@ -242,14 +246,14 @@ void write_rank_directory(const std::string& path, const CheckpointRank& rank, c
   for (const TensorState& state : moments) entries.push_back(entry_of(*state.parameter));
   std::vector<int64_t> stages;
   for (const GptModel* chunk : rank.chunks) stages.push_back(chunk->stage());
+  std::vector<float> value;
   write_rank_files(
       path, entries,
-      [&](std::size_t i, std::vector<float>& value, std::vector<float>& first, std::vector<float>& second) {
+      [&](std::size_t i) -> TensorArrays {
         const TensorState& state = moments[i];
         value.resize(state.parameter->size);
         rank.backend.download(value.data(), state.parameter->value, state.parameter->size);
-        first = state.first_moment;
-        second = state.second_moment;
+        return {value, state.first_moment, state.second_moment};
       },
       rank.groups.tensor_parallel_rank, rank.groups.pipeline_rank, stages);
 }
@@ -495,29 +499,29 @@ void write_checkpoint_weights(const std::string& directory, const ModelSpec& mod
         }
         std::vector<TensorEntry> entries;
         for (const ParameterSpec& spec : specs) entries.push_back(entry_of(spec));
+        std::vector<float> value, zeros;
         write_rank_files(
             staging + "/" + rank_directory(t, p, plan.pipeline_parallel_size), entries,
-            [&](std::size_t i, std::vector<float>& value, std::vector<float>& first, std::vector<float>& second) {
+            [&](std::size_t i) -> TensorArrays {
               const ParameterSpec& spec = specs[i];
               // A tied output layer's copy starts as the word embedding, as training makes it.
               const bool copy = spec.name == kOutputWeight && !model.untie_embeddings_and_output_weights;
               const auto found = tensors.find(copy ? std::string(kWordEmbeddings) : spec.name);
               if (found == tensors.end()) throw std::logic_error("write_checkpoint_weights: no tensor " + spec.name);
-              WholeTensor whole = found->second;
+              const WholeTensor& whole = found->second;
               // The vocabulary's rows padded to the layout's (Megatron's padding), with zeros.
               const bool vocabulary = copy || spec.name == kWordEmbeddings || spec.name == kOutputWeight;
-              if (vocabulary && whole.shape.size() == 2 && whole.shape[0] < spec.global_shape[0] &&
-                  whole.shape[1] == spec.global_shape[1]) {
-                whole.values.resize(elements(spec.global_shape), 0.0f);
-                whole.shape = spec.global_shape;
-              }
-              if (whole.shape != spec.global_shape) {
+              const bool padded = vocabulary && whole.shape.size() == 2 && whole.shape[0] < spec.global_shape[0] &&
+                                  whole.shape[1] == spec.global_shape[1];
+              if (!padded && whole.shape != spec.global_shape) {
                 throw SpecError("--save", spec.name + " has shape " + shape_text(whole.shape) + ", the model " +
                                               shape_text(spec.global_shape));
               }
-              value = reshard({whole.values}, TensorCut{}, spec.global_shape, tensor_cut(spec));
-              first.assign(value.size(), 0.0f);  // a fresh optimizer
-              second.assign(value.size(), 0.0f);
+              std::vector<std::vector<float>> parts(1, whole.values);
+              if (padded) parts[0].resize(elements(spec.global_shape), 0.0f);
+              value = reshard(parts, TensorCut{}, spec.global_shape, tensor_cut(spec));
+              zeros.assign(value.size(), 0.0f);  // a fresh optimizer's moments
+              return {value, zeros, zeros};
             },
             t, p, stages);
       }
