@@ -12,8 +12,9 @@
 # temperature (gpt-1.3b on the H100: 288 ms per iteration at first, 297 ms after 30 s), and a
 # training run is the sustained state. The pp 2 layouts, which only check the order, train 6.
 # With PROFILE the simulator costs kernels from that file (`megaplan profile --out`), else from
-# the GPU's built-in profile.
-#   [SUSTAIN_SECONDS=S] bench/simulated_vs_measured.sh MEGAPLAN_BINARY OUT_DIR [h100|h200] [PROFILE]
+# the GPU's built-in profile. LAYOUTS (indices into the list below, e.g. "0 1 2") runs a part of
+# the list, for device calls too short for all of it.
+#   [SUSTAIN_SECONDS=S] [LAYOUTS="I ..."] bench/simulated_vs_measured.sh MEGAPLAN_BINARY OUT_DIR [h100|h200] [PROFILE]
 set -uo pipefail
 megaplan=$(realpath "$1")
 out=$2
@@ -29,6 +30,10 @@ mapfile -t files < <(find /usr/lib/python3* -name '*.py' -size +4k 2>/dev/null |
 "$megaplan" data prepare --tokenizer byte --append-eod --output-prefix "$corpus" --input "${files[@]}" > "$out/prepare.log" ||
   { echo "data prepare failed"; exit 1; }
 
+# The Llama-style ~1B of bench/train_speed.sh (16 layers, hidden 2048, ffn 8192, 32 heads in 8
+# query groups, Llama 3's vocabulary untied, seq 4096).
+llama_1b="--model llama3-8b --num-layers 16 --hidden-size 2048 --ffn-hidden-size 8192 --num-attention-heads 32 \
+--num-query-groups 8 --seq-length 4096 --max-position-embeddings 4096"
 # name | plan flags | cluster
 layouts=(
   "gpt2-124m mbs 4 gbs 32|--model gpt2-124m --mbs 4 --gbs 32|--cluster ${gpu}-x1"
@@ -40,11 +45,13 @@ layouts=(
   "gpt-1.3b mbs 1 gbs 8|--model gpt-1.3b --mbs 1 --gbs 8|--cluster ${gpu}-x1"
   "gpt-1.3b mbs 2 gbs 8|--model gpt-1.3b --mbs 2 --gbs 8|--cluster ${gpu}-x1"
   "gpt-1.3b mbs 4 selective|--model gpt-1.3b --mbs 4 --gbs 8 --recompute-granularity selective|--cluster ${gpu}-x1"
+  "llama-1b mbs 1 gbs 8|$llama_1b --mbs 1 --gbs 8|--cluster ${gpu}-x1"
+  "llama-1b mbs 2 selective|$llama_1b --mbs 2 --gbs 8 --recompute-granularity selective|--cluster ${gpu}-x1"
   "gpt2-124m pp 2 1f1b, one GPU|--model gpt2-124m --mbs 4 --gbs 32 --pp 2 --world-size 2|--cluster dgx-${gpu} --gpus 2"
   "gpt2-124m pp 2 dualpipev, one GPU|--model gpt2-124m --mbs 4 --gbs 32 --pp 2 --vpp 2 --schedule dualpipev --world-size 2|--cluster dgx-${gpu} --gpus 2"
 )
 rows=()
-for i in "${!layouts[@]}"; do
+for i in ${LAYOUTS:-${!layouts[@]}}; do
   IFS='|' read -r name plan cluster <<< "${layouts[$i]}"
   # shellcheck disable=SC2086
   "$megaplan" simulate ${plan/--world-size 2/} $cluster "${profile[@]}" --trace "$out/simulated-$i.json" > "$out/simulate-$i.txt" 2>&1 ||

@@ -70,6 +70,8 @@ Kernel attention_kernel(KernelKind kind, int64_t batch, int64_t seq, int64_t hea
   return kernel;
 }
 
+int64_t gqa_ratio(const Kernel& attention) { return attention.heads / std::max<int64_t>(attention.groups, 1); }
+
 Kernel row_kernel(KernelKind kind, int64_t rows, int64_t cols, bool fused_residual) {
   Kernel kernel;
   kernel.kind = kind;

@@ -91,6 +91,8 @@ Kernel streaming_kernel(int64_t elements, int64_t bytes_per_element);
 // groups 0: one per head (multi-head attention).
 Kernel attention_kernel(KernelKind kind, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim, int64_t groups = 0);
 Kernel row_kernel(KernelKind kind, int64_t rows, int64_t cols, bool fused_residual = false);
+// An attention kernel's query heads per key-value group: 1 for multi-head attention.
+int64_t gqa_ratio(const Kernel& attention);
 Kernel flat_kernel(KernelKind kind, int64_t elements);
 
 // Bytes a kernel reads and writes once each, with activations of `activation_bytes` (2 for bf16):

@@ -243,24 +243,26 @@ Profile Profile::from_json(const nlohmann::json& json, const std::string& source
   }
 
   const nlohmann::json& attention = array_field(json, "attention", source);
-  std::map<std::tuple<int64_t, int64_t, int64_t, bool>, std::size_t> attention_seen;
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, bool>, std::size_t> attention_seen;
   for (std::size_t i = 0; i < attention.size(); ++i) {
     JsonFieldReader entry(attention[i], entry_source(source, "attention", i));
     const int64_t batch_heads = positive_integer(entry, "batch_heads");
     const int64_t seq = positive_integer(entry, "seq");
     const int64_t head_dim = positive_integer(entry, "head_dim");
+    const int64_t gqa_ratio = entry.has("gqa_ratio") ? positive_integer(entry, "gqa_ratio") : 1;
     bool causal = false;
     entry.require("causal", causal);
     const double forward_s = positive(entry, "forward_s");
     const double backward_s = positive(entry, "backward_s");
     optional_spread(entry);
     entry.reject_unknown_keys();
-    reject_duplicate(attention_seen, std::tuple{batch_heads, seq, head_dim, causal}, source, "attention", i,
-                     "batch_heads, seq, head_dim and causal");
+    reject_duplicate(attention_seen, std::tuple{batch_heads, seq, head_dim, gqa_ratio, causal}, source, "attention", i,
+                     "batch_heads, seq, head_dim, gqa_ratio and causal");
     const double flops = attention_forward_flops(batch_heads, seq, head_dim, causal);
     const std::array<double, 3> shape = {log_of(batch_heads), log_of(seq), log_of(head_dim)};
-    profile.attention_forward_[causal].push_back({shape, std::log(flops / forward_s), forward_s});
-    profile.attention_backward_[causal].push_back({shape, std::log(kAttentionBackwardFactor * flops / backward_s), backward_s});
+    profile.attention_forward_[causal][gqa_ratio].push_back({shape, std::log(flops / forward_s), forward_s});
+    profile.attention_backward_[causal][gqa_ratio].push_back(
+        {shape, std::log(kAttentionBackwardFactor * flops / backward_s), backward_s});
   }
 
   const nlohmann::json& elementwise = array_field(json, "elementwise", source);
@@ -445,11 +447,20 @@ double Profile::gemm_seconds(GemmLayout layout, GemmEpilogue epilogue, int64_t m
   return roofline(flops, peak, curve_.gemm_max_efficiency, curve_.gemm_half_efficiency_flops, bytes);
 }
 
-double Profile::attention_seconds(const std::vector<ShapePoint>& table, double flops, double tensors,
+double Profile::attention_seconds(const AttentionTables& tables, int64_t gqa_ratio, double flops, double tensors,
                                   int64_t batch_heads, int64_t seq, int64_t head_dim, CostSources& sources) const {
-  if (!table.empty()) {
+  if (!tables.empty()) {
     ++sources.table;
-    return shape_lookup(table, {log_of(batch_heads), log_of(seq), log_of(head_dim)}, flops, 0.0);
+    // The ratio nearest in log2; of two as near, the larger (the first at or above the request).
+    const auto above = tables.lower_bound(gqa_ratio);
+    auto nearest = above == tables.end() ? std::prev(above) : above;
+    // r is nearer the ratio below (b) than the one above (a) in log2 when r / b < a / r.
+    if (above != tables.begin() && above != tables.end() &&
+        static_cast<double>(gqa_ratio) * static_cast<double>(gqa_ratio) <
+            static_cast<double>(std::prev(above)->first) * static_cast<double>(above->first)) {
+      nearest = std::prev(above);
+    }
+    return shape_lookup(nearest->second, {log_of(batch_heads), log_of(seq), log_of(head_dim)}, flops, 0.0);
   }
   ++sources.fallback;
   const double bytes =
@@ -459,20 +470,23 @@ double Profile::attention_seconds(const std::vector<ShapePoint>& table, double f
 }
 
 double Profile::attention_forward_seconds(int64_t batch_heads, int64_t seq, int64_t head_dim, bool causal,
-                                          CostSources& sources) const {
+                                          int64_t gqa_ratio, CostSources& sources) const {
   if (batch_heads <= 0 || seq <= 0 || head_dim <= 0) return 0;
-  // Q, K, V in and O out.
-  return attention_seconds(attention_forward_[causal], attention_forward_flops(batch_heads, seq, head_dim, causal), 4,
-                           batch_heads, seq, head_dim, sources);
+  // Q and O, and K and V shared by `gqa_ratio` heads each.
+  const double tensors = 2 + 2.0 / static_cast<double>(std::max<int64_t>(gqa_ratio, 1));
+  return attention_seconds(attention_forward_[causal], gqa_ratio,
+                           attention_forward_flops(batch_heads, seq, head_dim, causal), tensors, batch_heads, seq,
+                           head_dim, sources);
 }
 
 double Profile::attention_backward_seconds(int64_t batch_heads, int64_t seq, int64_t head_dim, bool causal,
-                                           CostSources& sources) const {
+                                           int64_t gqa_ratio, CostSources& sources) const {
   if (batch_heads <= 0 || seq <= 0 || head_dim <= 0) return 0;
-  // Q, K, V, O, dO in; dQ, dK, dV out.
-  return attention_seconds(attention_backward_[causal],
-                           kAttentionBackwardFactor * attention_forward_flops(batch_heads, seq, head_dim, causal), 8,
-                           batch_heads, seq, head_dim, sources);
+  // Q, O, dO in and dQ out; K, V in and dK, dV out shared by `gqa_ratio` heads each.
+  const double tensors = 4 + 4.0 / static_cast<double>(std::max<int64_t>(gqa_ratio, 1));
+  return attention_seconds(attention_backward_[causal], gqa_ratio,
+                           kAttentionBackwardFactor * attention_forward_flops(batch_heads, seq, head_dim, causal),
+                           tensors, batch_heads, seq, head_dim, sources);
 }
 
 double Profile::elementwise_seconds(int64_t bytes, CostSources& sources) const {
@@ -511,9 +525,11 @@ double Profile::kernel_seconds(const Kernel& kernel, CostSources& sources) const
       return gemm_seconds(kernel.layout, kernel.epilogue, rows, kernel.n, kernel.k, dtype, sources);
     }
     case KernelKind::kAttentionForward:
-      return attention_forward_seconds(kernel.batch * kernel.heads, kernel.seq, kernel.head_dim, true, sources);
+      return attention_forward_seconds(kernel.batch * kernel.heads, kernel.seq, kernel.head_dim, true,
+                                       gqa_ratio(kernel), sources);
     case KernelKind::kAttentionBackward:
-      return attention_backward_seconds(kernel.batch * kernel.heads, kernel.seq, kernel.head_dim, true, sources);
+      return attention_backward_seconds(kernel.batch * kernel.heads, kernel.seq, kernel.head_dim, true,
+                                        gqa_ratio(kernel), sources);
     default:
       return memory_kernel_seconds(memory_kernel_class(kernel), kernel_bytes(kernel, 2), sources);
   }

@@ -9,6 +9,8 @@
 #include <string>
 #include <tuple>
 
+#include "core/model_presets.h"
+#include "core/model_spec.h"
 #include "executor/runtime/median.h"
 
 namespace megaplan::exec {
@@ -161,10 +163,10 @@ struct Samples {
 
 using GemmKey = std::tuple<int64_t, int64_t, int64_t, GemmLayout, GemmEpilogue, Precision>;
 using MemoryKey = std::pair<std::string, int64_t>;
-using AttentionKey = std::tuple<int64_t, int64_t, int64_t>;  // batch x heads, seq, head dim
+using AttentionKey = std::tuple<int64_t, int64_t, int64_t, int64_t>;  // batch x heads, seq, head dim, GQA ratio
 
 GemmKey gemm_key(const Kernel& k) { return {k.m, k.n, k.k, k.layout, k.epilogue, k.precision}; }
-AttentionKey attention_key(const Kernel& k) { return {k.batch * k.heads, k.seq, k.head_dim}; }
+AttentionKey attention_key(const Kernel& k) { return {k.batch * k.heads, k.seq, k.head_dim, gqa_ratio(k)}; }
 
 // The same kernels with fp16 GEMMs: Megatron's --fp16 step as far as the executor's kernels go.
 std::vector<Kernel> with_fp16_gemms(std::vector<Kernel> kernels) {
@@ -211,12 +213,49 @@ ModelSpec gpt_of_width(int64_t hidden, int64_t tokens) {
   return model;
 }
 
+// A Llama of width h as Meta's Llama 3 family makes them (RMSNorm, SwiGLU, RoPE, 8 query groups,
+// untied, no biases, Llama 3's vocabulary): heads of 64 at width 2048 (Llama 3.2 1B) and of 128
+// above (Llama 3 8B), their MLP widths, sequences of 4096 tokens, twelve layers as gpt_of_width's.
+ModelSpec llama_of_width(int64_t hidden, int64_t tokens) {
+  ModelSpec model = model_preset("llama3-8b");
+  model.name = "profile";
+  model.num_layers = 12;
+  model.hidden_size = hidden;
+  model.num_attention_heads = hidden / (hidden <= 2048 ? 64 : 128);
+  model.ffn_hidden_size = hidden <= 2048 ? 4 * hidden : 3584 * hidden / 1024;
+  model.seq_length = std::min<int64_t>(tokens, 4096);
+  return model;
+}
+
+// One cell: a microbatch of `tokens` tokens (a whole number of sequences) through `model` at
+// tensor-parallel size `tensor_parallel_size`.
+struct Cell {
+  ModelSpec model;
+  int64_t tokens;
+  int64_t tensor_parallel_size;
+};
+
 }  // namespace
 
 ProfileGrid profile_grid(bool quick) {
   const std::vector<int64_t> tokens = quick ? std::vector<int64_t>{2048, 8192} : std::vector<int64_t>{1024, 2048, 4096, 8192, 16384};
   const std::vector<int64_t> widths = quick ? std::vector<int64_t>{768, 2048, 4096} : std::vector<int64_t>{768, 1024, 2048, 4096, 8192};
   const std::vector<int64_t> shards = quick ? std::vector<int64_t>{1} : std::vector<int64_t>{1, 2, 4, 8};
+  std::vector<Cell> cells;
+  for (const int64_t m : tokens) {
+    for (const int64_t h : widths) {
+      for (const int64_t t : shards) cells.push_back({gpt_of_width(h, m), m, t});
+    }
+  }
+  // The Llama family's kernels (RMSNorm, SwiGLU, rotary embedding, grouped attention, its MLP and
+  // vocabulary's GEMMs), at the shapes of Llama 3.2 1B and Llama 3 8B.
+  for (const int64_t m : quick ? std::vector<int64_t>{4096} : std::vector<int64_t>{4096, 16384}) {
+    for (const int64_t h : quick ? std::vector<int64_t>{2048} : std::vector<int64_t>{2048, 4096}) {
+      for (const int64_t t : quick ? std::vector<int64_t>{1} : std::vector<int64_t>{1, 2}) {
+        cells.push_back({llama_of_width(h, m), m, t});
+      }
+    }
+  }
   ProfileGrid grid;
   // Each cell's forward and backward in training order, then the same with fp16 GEMMs (Megatron's
   // --fp16); what other blocks launch beside them, once per distinct point (GEMMs by shape, layout,
@@ -233,33 +272,28 @@ ProfileGrid profile_grid(bool quick) {
                                             : memory_bound.emplace(memory_kernel_class(kernel), kernel_bytes(kernel, 2)).second;
   };
   std::vector<ProfileSequence> alone;
-  for (const int64_t m : tokens) {
-    for (const int64_t h : widths) {
-      for (const int64_t t : shards) {
-        const ModelSpec model = gpt_of_width(h, m);
-        if (model.num_attention_heads % t != 0) continue;  // no plan shards these heads so
-        ParallelPlan plan;
-        plan.tensor_parallel_size = t;
-        plan.micro_batch_size = m / model.seq_length;
-        const PlanKernels list(model, plan);
-        const EmbeddingTable table{50304 / t, model.seq_length};
-        std::vector<Kernel> microbatch = list.stage_kernels(0, SchedulePart::kForward);
-        const std::vector<Kernel> backward = list.stage_kernels(0, SchedulePart::kBackward);
-        microbatch.insert(microbatch.end(), backward.begin(), backward.end());
-        const bool fits = distinct_kernel_bytes(microbatch, 2) <= kMaxCellBytes;
-        for (const bool fp16 : {false, true}) {
-          const std::vector<Kernel> kernels = fp16 ? with_fp16_gemms(microbatch) : microbatch;
-          if (fits) {
-            for (const Kernel& kernel : kernels) (void)fresh(kernel);
-            grid.sequences.push_back({kernels, table, kCellWarmupSeconds});
-          }
-          for (std::size_t b = 0; b < kNumKernelBlocks; ++b) {
-            std::vector<Kernel> block = list.block(static_cast<KernelBlock>(b));
-            if (fp16) block = with_fp16_gemms(block);
-            for (const Kernel& kernel : block) {
-              if (fresh(kernel)) alone.push_back({{kernel}, table});
-            }
-          }
+  for (const auto& [model, m, t] : cells) {
+    if (model.effective_num_query_groups() % t != 0) continue;  // no plan shards these heads so
+    ParallelPlan plan;
+    plan.tensor_parallel_size = t;
+    plan.micro_batch_size = m / model.seq_length;
+    const PlanKernels list(model, plan);
+    const EmbeddingTable table{padded_vocab_size(model, t) / t, model.seq_length};
+    std::vector<Kernel> microbatch = list.stage_kernels(0, SchedulePart::kForward);
+    const std::vector<Kernel> backward = list.stage_kernels(0, SchedulePart::kBackward);
+    microbatch.insert(microbatch.end(), backward.begin(), backward.end());
+    const bool fits = distinct_kernel_bytes(microbatch, 2) <= kMaxCellBytes;
+    for (const bool fp16 : {false, true}) {
+      const std::vector<Kernel> kernels = fp16 ? with_fp16_gemms(microbatch) : microbatch;
+      if (fits) {
+        for (const Kernel& kernel : kernels) (void)fresh(kernel);
+        grid.sequences.push_back({kernels, table, kCellWarmupSeconds});
+      }
+      for (std::size_t b = 0; b < kNumKernelBlocks; ++b) {
+        std::vector<Kernel> block = list.block(static_cast<KernelBlock>(b));
+        if (fp16) block = with_fp16_gemms(block);
+        for (const Kernel& kernel : block) {
+          if (fresh(kernel)) alone.push_back({{kernel}, table});
         }
       }
     }
@@ -270,9 +304,12 @@ ProfileGrid profile_grid(bool quick) {
   for (const int64_t seq : sequences) {
     for (const int64_t bh : batch_heads) {
       for (const int64_t dim : {int64_t{64}, int64_t{128}}) {
-        grid.sequences.push_back({{attention_kernel(KernelKind::kAttentionForward, 1, seq, bh, dim),
-                                   attention_kernel(KernelKind::kAttentionBackward, 1, seq, bh, dim)},
-                                  {}});
+        // Multi-head, and grouped as Llama 3 (4 query heads per key-value head at 8B, 8 at 70B).
+        for (const int64_t ratio : quick ? std::vector<int64_t>{1, 4} : std::vector<int64_t>{1, 4, 8}) {
+          grid.sequences.push_back({{attention_kernel(KernelKind::kAttentionForward, 1, seq, bh, dim, bh / ratio),
+                                     attention_kernel(KernelKind::kAttentionBackward, 1, seq, bh, dim, bh / ratio)},
+                                    {}});
+        }
       }
     }
   }
@@ -348,10 +385,11 @@ MeasuredTables measure_kernels(Backend& backend, const ProfileGrid& grid,
   for (const auto& [key, forward_samples] : forward.entries()) {
     Samples& backward_samples = backward.at(key);
     if (backward_samples.seconds.empty()) continue;  // the table holds both directions
-    const auto& [batch_heads, seq, head_dim] = key;
+    const auto& [batch_heads, seq, head_dim, ratio] = key;
     tables.attention.push_back({{"batch_heads", batch_heads},
                                 {"seq", seq},
                                 {"head_dim", head_dim},
+                                {"gqa_ratio", ratio},
                                 {"causal", true},
                                 {"forward_s", forward_samples.median()},
                                 {"backward_s", backward_samples.median()},

@@ -1,11 +1,12 @@
 // The executor's kernels timed through the Backend interface, as training launches them, into the
 // measured tables of a megaplan-profile/1 file (profiles/README.md). What is timed comes from
-// core's kernel lists (core/kernel_list.h) for GPT models of the widths, tensor-parallel shards and
-// microbatch sizes plans produce: every GEMM in its training layout with its epilogue, in bf16 and
-// in fp16 (Megatron's --fp16: the same calls with fp16 operands; skipped on a backend without
-// them), causal flash attention forward and backward, and each memory-bound kernel class (norms,
-// residual add, copies, embedding, cross entropy, the optimizer's norm, AdamW, refresh and fill)
-// by size.
+// core's kernel lists (core/kernel_list.h) for GPT and Llama models of the widths, tensor-parallel
+// shards and microbatch sizes plans produce: every GEMM in its training layout with its epilogue,
+// in bf16 and in fp16 (Megatron's --fp16: the same calls with fp16 operands; skipped on a backend
+// without them), causal flash attention forward and backward, multi-head and grouped, and each
+// memory-bound kernel class (LayerNorm and RMSNorm, residual add, copies, embedding, GELU's and
+// SwiGLU's activations, the rotary embedding, cross entropy, the optimizer's norm, AdamW, refresh
+// and fill) by size.
 //
 // Kernels are timed in training's order, not alone: each grid cell is one microbatch's forward and
 // backward of a twelve-layer model (embedding, layers, head, and back), launched back to back as
@@ -54,10 +55,12 @@ struct ProfileGrid {
   int max_repetitions = 20;
 };
 
-// Quick: 2048 and 8192 tokens, widths 768, 2048 and 4096, no tensor-parallel shards, attention at
-// 1024 and 4096 tokens, the optimizer at 4 Mi and 64 Mi parameters; under a minute on an H100.
-// Full: 1024 to 16384 tokens, widths 768 to 8192, tp 1, 2, 4 and 8, attention at 1024 to 8192
-// tokens, the optimizer at 1 Mi to 1 Gi parameters; under five minutes.
+// Quick: GPTs of 2048 and 8192 tokens, widths 768, 2048 and 4096, no tensor-parallel shards; a
+// Llama of width 2048 over 4096 tokens; attention at 1024 and 4096 tokens with 1 and 4 query heads
+// per key-value head; the optimizer at 4 Mi and 64 Mi parameters; under a minute on an H100.
+// Full: GPTs of 1024 to 16384 tokens, widths 768 to 8192, tp 1, 2, 4 and 8; Llamas of widths 2048
+// and 4096 over 4096 and 16384 tokens, tp 1 and 2; attention at 1024 to 8192 tokens with 1, 4 and
+// 8 query heads per key-value head; the optimizer at 1 Mi to 1 Gi parameters; under five minutes.
 ProfileGrid profile_grid(bool quick);
 
 // One transformer layer's forward and backward, in training's order, of the GPT of width `hidden`

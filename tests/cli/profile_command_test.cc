@@ -42,6 +42,10 @@ megaplan::exec::ProfileGrid tiny_grid() {
                                      megaplan::attention_kernel(KernelKind::kAttentionForward, 1, 16, 2, 4),
                                      megaplan::attention_kernel(KernelKind::kAttentionBackward, 1, 16, 2, 4), forward},
                                     {}},
+                    // Grouped: two query heads share one key-value head.
+                    ProfileSequence{{megaplan::attention_kernel(KernelKind::kAttentionForward, 1, 16, 2, 4, 1),
+                                     megaplan::attention_kernel(KernelKind::kAttentionBackward, 1, 16, 2, 4, 1)},
+                                    {}},
                     ProfileSequence{{forward}, {}}, ProfileSequence{{norm}, {}},
                     ProfileSequence{{megaplan::flat_kernel(KernelKind::kAdamw, 4096)}, {}}};
   megaplan::Kernel fp16 = forward;
@@ -64,11 +68,13 @@ TEST_CASE("kernel timings from a backend become a profile the simulator looks up
         last_done = done;
         last_total = total;
       });
-  CHECK(last_done == 5);  // one step per sequence, the skipped one too
-  CHECK(last_total == 5);
+  CHECK(last_done == 6);  // one step per sequence, the skipped one too
+  CHECK(last_total == 6);
   CHECK(tables.mark_seconds >= 0);
-  REQUIRE(tables.attention.size() == 1);
+  REQUIRE(tables.attention.size() == 2);  // by GQA ratio too
   CHECK(tables.attention[0].at("batch_heads") == 2);
+  CHECK(tables.attention[0].at("gqa_ratio") == 1);
+  CHECK(tables.attention[1].at("gqa_ratio") == 2);
   REQUIRE(tables.gemm.size() == 2);  // one entry per kernel, from every sequence it ran in
   CHECK(tables.gemm[0].at("layout") == "forward");
   CHECK(tables.gemm[0].at("dtype") == "fp32");  // the CPU backend computes in fp32
@@ -88,10 +94,10 @@ TEST_CASE("kernel timings from a backend become a profile the simulator looks up
   megaplan::sim::CostSources sources;
   CHECK(profile.gemm_seconds(8, 12, 16, megaplan::sim::DType::kFp32, sources) ==
         tables.gemm[0].at("seconds").get<double>());
-  CHECK(profile.attention_forward_seconds(2, 16, 4, true, sources) ==
+  CHECK(profile.attention_forward_seconds(2, 16, 4, true, 1, sources) ==
         tables.attention[0].at("forward_s").get<double>());
-  CHECK(profile.attention_backward_seconds(2, 16, 4, true, sources) ==
-        tables.attention[0].at("backward_s").get<double>());
+  CHECK(profile.attention_backward_seconds(2, 16, 4, true, 2, sources) ==
+        tables.attention[1].at("backward_s").get<double>());
   CHECK(profile.gemm_seconds(GemmLayout::kWeightGradient, GemmEpilogue::kBiasGradient, 16, 8, 8,
                              megaplan::sim::DType::kFp32, sources) == tables.gemm[1].at("seconds").get<double>());
   CHECK(profile.memory_kernel_seconds("adamw", 4096 * 32, sources) ==
@@ -158,6 +164,30 @@ TEST_CASE("the profile grid times each cell's microbatch in training order and o
     CHECK(in_cells.count(megaplan::describe(sequence.kernels[0])) == 0);
   }
   CHECK(alone > 0);
+  // A Llama cell: RMSNorm, SwiGLU and the rotary embedding in training order, grouped attention.
+  const auto llama = std::find_if(grid.sequences.begin(), grid.sequences.end(), [](const auto& sequence) {
+    return std::any_of(sequence.kernels.begin(), sequence.kernels.end(),
+                       [](const megaplan::Kernel& k) { return k.kind == KernelKind::kSwigluForward; });
+  });
+  REQUIRE(llama != grid.sequences.end());
+  std::set<KernelKind> kinds;
+  for (const megaplan::Kernel& k : llama->kernels) {
+    kinds.insert(k.kind);
+    if (k.kind == KernelKind::kAttentionForward) CHECK(megaplan::gqa_ratio(k) == 4);
+  }
+  for (const KernelKind kind : {KernelKind::kRmsNormForward, KernelKind::kRmsNormBackward, KernelKind::kSwigluBackward,
+                                KernelKind::kRotary, KernelKind::kAttentionBackward}) {
+    CHECK(kinds.count(kind) == 1);
+  }
+  CHECK(llama->table.vocabulary == 128256);
+  // The attention grid, multi-head and grouped.
+  std::set<int64_t> ratios;
+  for (const auto& sequence : grid.sequences) {
+    if (sequence.kernels.size() == 2 && sequence.kernels[0].kind == KernelKind::kAttentionForward) {
+      ratios.insert(megaplan::gqa_ratio(sequence.kernels[0]));
+    }
+  }
+  CHECK(ratios == std::set<int64_t>{1, 4});
 }
 
 namespace {

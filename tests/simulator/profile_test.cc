@@ -52,9 +52,9 @@ TEST_CASE("the roofline fallback follows its formula and is counted", "[simulato
   CHECK(profile.gemm_seconds(8192, 8192, 8192, DType::kFp32, sources) == Approx((f + 1e9) / (0.5e15 * 0.5) + 1e-6));
   // Causal attention: 4 * bh * s^2 * d / 2 FLOPs; the backward 2.5 times that.
   const double attention = 4.0 * 32 * 4096.0 * 4096.0 * 128 / 2;
-  CHECK(profile.attention_forward_seconds(32, 4096, 128, true, sources) ==
+  CHECK(profile.attention_forward_seconds(32, 4096, 128, true, 1, sources) ==
         Approx(attention / (1e15 * 0.25 * attention / (attention + 1e9)) + 1e-6));
-  CHECK(profile.attention_backward_seconds(32, 4096, 128, true, sources) ==
+  CHECK(profile.attention_backward_seconds(32, 4096, 128, true, 1, sources) ==
         Approx(2.5 * attention / (1e15 * 0.25 * 2.5 * attention / (2.5 * attention + 1e9)) + 1e-6));
   CHECK(profile.elementwise_seconds(1'000'000'000, sources) == Approx(1e9 / 1e12 + 1e-6));
   // All-reduce of 1 GB over 8 GPUs on 100 GB/s links, 5 us per step: 1e9 x 2 x 7/8 / (0.5 x 100e9)
@@ -120,6 +120,40 @@ TEST_CASE("GEMM tables: exact hits win, other shapes blend throughput in log spa
   CHECK(sources.fallback == 1);
 }
 
+TEST_CASE("attention tables by GQA ratio: the nearest ratio in log2 answers, the larger on a tie",
+          "[simulator][profile]") {
+  nlohmann::json json = base_profile();
+  const auto entry = [](int64_t ratio, double forward_s) {
+    nlohmann::json e = {{"batch_heads", 32}, {"seq", 2048},         {"head_dim", 128},
+                        {"causal", true},    {"forward_s", forward_s}, {"backward_s", 2.5 * forward_s}};
+    if (ratio > 0) e["gqa_ratio"] = ratio;
+    return e;
+  };
+  json["attention"] = {entry(0, 1e-3), entry(4, 2e-3), entry(8, 3e-3)};  // no key: multi-head
+  const Profile profile = Profile::from_json(json, "p.json");
+  CostSources sources;
+  CHECK(profile.attention_forward_seconds(32, 2048, 128, true, 1, sources) == 1e-3);
+  CHECK(profile.attention_forward_seconds(32, 2048, 128, true, 4, sources) == 2e-3);
+  CHECK(profile.attention_backward_seconds(32, 2048, 128, true, 8, sources) == 7.5e-3);
+  CHECK(profile.attention_forward_seconds(32, 2048, 128, true, 2, sources) == 2e-3);   // 1 and 4 as near: 4
+  CHECK(profile.attention_forward_seconds(32, 2048, 128, true, 5, sources) == 2e-3);   // nearer 4 than 8
+  CHECK(profile.attention_forward_seconds(32, 2048, 128, true, 16, sources) == 3e-3);  // beyond the largest
+  CHECK(sources.table == 6);
+  // The kernel's own groups choose the table.
+  CHECK(profile.kernel_seconds(megaplan::attention_kernel(megaplan::KernelKind::kAttentionForward, 2, 2048, 16, 128, 4),
+                               sources) == 2e-3);
+  CHECK(profile.kernel_seconds(megaplan::attention_kernel(megaplan::KernelKind::kAttentionForward, 2, 2048, 16, 128),
+                               sources) == 1e-3);
+  // The same shape and ratio twice is refused; a ratio must be a positive integer.
+  json["attention"].push_back(entry(4, 5e-3));
+  CHECK_THROWS_WITH(Profile::from_json(json, "p.json"),
+                    Catch::Matchers::Contains("batch_heads, seq, head_dim, gqa_ratio and causal"));
+  json["attention"] = {entry(0, 1e-3)};
+  json["attention"][0]["gqa_ratio"] = 0;
+  CHECK_THROWS_WITH(Profile::from_json(json, "p.json"),
+                    Catch::Matchers::Contains("p.json: attention[0]: gqa_ratio: must be a positive integer"));
+}
+
 TEST_CASE("GEMM layouts and epilogues: their own entries, then the layout's, then the forward product", "[simulator][profile]") {
   using megaplan::GemmEpilogue;
   using megaplan::GemmLayout;
@@ -181,14 +215,14 @@ TEST_CASE("attention tables: per causal flag, scaled by FLOPs", "[simulator][pro
                         {"backward_s", 2.5e-3}}};
   const Profile profile = Profile::from_json(json, "p.json");
   CostSources sources;
-  CHECK(profile.attention_forward_seconds(32, 2048, 128, true, sources) == 1e-3);
-  CHECK(profile.attention_backward_seconds(32, 2048, 128, true, sources) == 2.5e-3);
+  CHECK(profile.attention_forward_seconds(32, 2048, 128, true, 1, sources) == 1e-3);
+  CHECK(profile.attention_backward_seconds(32, 2048, 128, true, 1, sources) == 2.5e-3);
   // The only measurement's throughput, applied to 4x the FLOPs (seq doubled).
-  CHECK(profile.attention_forward_seconds(32, 4096, 128, true, sources) == Approx(4e-3));
-  CHECK(profile.attention_backward_seconds(32, 4096, 128, true, sources) == Approx(1e-2));
+  CHECK(profile.attention_forward_seconds(32, 4096, 128, true, 1, sources) == Approx(4e-3));
+  CHECK(profile.attention_backward_seconds(32, 4096, 128, true, 1, sources) == Approx(1e-2));
   CHECK(sources.table == 4);
   const double full = 4.0 * 32 * 2048.0 * 2048.0 * 128;
-  CHECK(profile.attention_forward_seconds(32, 2048, 128, false, sources) ==
+  CHECK(profile.attention_forward_seconds(32, 2048, 128, false, 1, sources) ==
         Approx(full / (1e15 * 0.25 * full / (full + 1e9)) + 1e-6));
   CHECK(sources.fallback == 1);
 }
@@ -266,8 +300,8 @@ TEST_CASE("no work takes no time and is not counted", "[simulator][profile]") {
   CostSources sources;
   const LinkParams link{1e11, 1e-6};
   CHECK(profile.gemm_seconds(0, 1024, 1024, DType::kBf16, sources) == 0);
-  CHECK(profile.attention_forward_seconds(32, 0, 128, true, sources) == 0);
-  CHECK(profile.attention_backward_seconds(0, 2048, 128, true, sources) == 0);
+  CHECK(profile.attention_forward_seconds(32, 0, 128, true, 1, sources) == 0);
+  CHECK(profile.attention_backward_seconds(0, 2048, 128, true, 1, sources) == 0);
   CHECK(profile.elementwise_seconds(0, sources) == 0);
   CHECK(profile.p2p_seconds(0, LinkKind::kNvlink, link, sources) == 0);
   CHECK(profile.collective_seconds(CollectiveOp::kAllReduce, 1, 1000000, LinkKind::kNvlink, link, sources) == 0);
@@ -304,8 +338,8 @@ TEST_CASE("the shipped datasheet profiles load and match the built-in ones", "[s
     CostSources sources;
     CHECK(shipped.gemm_seconds(4096, 12288, 12288, DType::kBf16, sources) ==
           Approx(built_in.gemm_seconds(4096, 12288, 12288, DType::kBf16, sources)));
-    CHECK(shipped.attention_backward_seconds(96, 2048, 128, true, sources) ==
-          Approx(built_in.attention_backward_seconds(96, 2048, 128, true, sources)));
+    CHECK(shipped.attention_backward_seconds(96, 2048, 128, true, 1, sources) ==
+          Approx(built_in.attention_backward_seconds(96, 2048, 128, true, 1, sources)));
     CHECK(shipped.elementwise_seconds(123456789, sources) == Approx(built_in.elementwise_seconds(123456789, sources)));
     CHECK(sources.table == 0);  // datasheet profiles hold no tables
     CHECK(sources.fallback == 6);
@@ -413,7 +447,7 @@ TEST_CASE("the shipped measured profiles load and cost a layer's kernels from th
     const double tflops = 2.0 * 8192 * 3 * 768 * 768 / gemm / 1e12;
     CHECK(tflops > 100);
     CHECK(tflops < 989.4);
-    (void)shipped.attention_forward_seconds(96, 1024, 64, true, sources);
+    (void)shipped.attention_forward_seconds(96, 1024, 64, true, 1, sources);
     CHECK(sources.table == 2);
     CHECK(sources.fallback == 0);
   }
