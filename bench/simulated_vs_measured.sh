@@ -33,22 +33,23 @@ mapfile -t files < <(find /usr/lib/python3* -name '*.py' -size +4k 2>/dev/null |
 # The Llama-style ~1B of bench/train_speed.sh (16 layers, hidden 2048, ffn 8192, 32 heads in 8
 # query groups, Llama 3's vocabulary untied, seq 4096).
 llama_1b="--model llama3-8b --num-layers 16 --hidden-size 2048 --ffn-hidden-size 8192 --num-attention-heads 32 \
---num-query-groups 8 --seq-length 4096 --max-position-embeddings 4096"
-# name | plan flags | cluster
+--num-query-groups 8 --seq-length 4096 --max-position-embeddings 4096 --vocab-size 128256"
+# name | plan flags | cluster (each with the vocabulary its model was published with: train would
+# otherwise take the byte-level corpus's 257)
 layouts=(
-  "gpt2-124m mbs 4 gbs 32|--model gpt2-124m --mbs 4 --gbs 32|--cluster ${gpu}-x1"
-  "gpt2-124m mbs 8 gbs 32|--model gpt2-124m --mbs 8 --gbs 32|--cluster ${gpu}-x1"
-  "gpt2-124m mbs 16 gbs 32|--model gpt2-124m --mbs 16 --gbs 32|--cluster ${gpu}-x1"
-  "gpt2-124m mbs 8 selective|--model gpt2-124m --mbs 8 --gbs 32 --recompute-granularity selective|--cluster ${gpu}-x1"
-  "gpt2-350m mbs 4 gbs 16|--model gpt2-350m --mbs 4 --gbs 16|--cluster ${gpu}-x1"
-  "gpt2-350m mbs 8 full|--model gpt2-350m --mbs 8 --gbs 16 --recompute-granularity full --recompute-method uniform --recompute-num-layers 1|--cluster ${gpu}-x1"
-  "gpt-1.3b mbs 1 gbs 8|--model gpt-1.3b --mbs 1 --gbs 8|--cluster ${gpu}-x1"
-  "gpt-1.3b mbs 2 gbs 8|--model gpt-1.3b --mbs 2 --gbs 8|--cluster ${gpu}-x1"
-  "gpt-1.3b mbs 4 selective|--model gpt-1.3b --mbs 4 --gbs 8 --recompute-granularity selective|--cluster ${gpu}-x1"
+  "gpt2-124m mbs 4 gbs 32|--model gpt2-124m --vocab-size 50257 --mbs 4 --gbs 32|--cluster ${gpu}-x1"
+  "gpt2-124m mbs 8 gbs 32|--model gpt2-124m --vocab-size 50257 --mbs 8 --gbs 32|--cluster ${gpu}-x1"
+  "gpt2-124m mbs 16 gbs 32|--model gpt2-124m --vocab-size 50257 --mbs 16 --gbs 32|--cluster ${gpu}-x1"
+  "gpt2-124m mbs 8 selective|--model gpt2-124m --vocab-size 50257 --mbs 8 --gbs 32 --recompute-granularity selective|--cluster ${gpu}-x1"
+  "gpt2-350m mbs 4 gbs 16|--model gpt2-350m --vocab-size 50257 --mbs 4 --gbs 16|--cluster ${gpu}-x1"
+  "gpt2-350m mbs 8 full|--model gpt2-350m --vocab-size 50257 --mbs 8 --gbs 16 --recompute-granularity full --recompute-method uniform --recompute-num-layers 1|--cluster ${gpu}-x1"
+  "gpt-1.3b mbs 1 gbs 8|--model gpt-1.3b --vocab-size 50257 --mbs 1 --gbs 8|--cluster ${gpu}-x1"
+  "gpt-1.3b mbs 2 gbs 8|--model gpt-1.3b --vocab-size 50257 --mbs 2 --gbs 8|--cluster ${gpu}-x1"
+  "gpt-1.3b mbs 4 selective|--model gpt-1.3b --vocab-size 50257 --mbs 4 --gbs 8 --recompute-granularity selective|--cluster ${gpu}-x1"
   "llama-1b mbs 1 gbs 8|$llama_1b --mbs 1 --gbs 8|--cluster ${gpu}-x1"
   "llama-1b mbs 2 selective|$llama_1b --mbs 2 --gbs 8 --recompute-granularity selective|--cluster ${gpu}-x1"
-  "gpt2-124m pp 2 1f1b, one GPU|--model gpt2-124m --mbs 4 --gbs 32 --pp 2 --world-size 2|--cluster dgx-${gpu} --gpus 2"
-  "gpt2-124m pp 2 dualpipev, one GPU|--model gpt2-124m --mbs 4 --gbs 32 --pp 2 --vpp 2 --schedule dualpipev --world-size 2|--cluster dgx-${gpu} --gpus 2"
+  "gpt2-124m pp 2 1f1b, one GPU|--model gpt2-124m --vocab-size 50257 --mbs 4 --gbs 32 --pp 2 --world-size 2|--cluster dgx-${gpu} --gpus 2"
+  "gpt2-124m pp 2 dualpipev, one GPU|--model gpt2-124m --vocab-size 50257 --mbs 4 --gbs 32 --pp 2 --vpp 2 --schedule dualpipev --world-size 2|--cluster dgx-${gpu} --gpus 2"
 )
 rows=()
 for i in ${LAYOUTS:-${!layouts[@]}}; do

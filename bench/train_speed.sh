@@ -24,6 +24,8 @@ mapfile -t files < <(find /usr/lib/python3* -name '*.py' -size +4k 2>/dev/null |
 declare -A layers=([gpt2-124m]=12 [gpt2-350m]=24 [gpt-1.3b]=24 [llama-1b]=16)
 declare -A hidden=([gpt2-124m]=768 [gpt2-350m]=1024 [gpt-1.3b]=2048 [llama-1b]=2048)
 declare -A heads=([gpt2-124m]=12 [gpt2-350m]=16 [gpt-1.3b]=16 [llama-1b]=32)
+# The published vocabularies (train would otherwise take the byte-level corpus's 257).
+declare -A vocab=([gpt2-124m]=50257 [gpt2-350m]=50257 [gpt-1.3b]=50257 [llama-1b]=128256)
 declare -A seq=([gpt2-124m]=1024 [gpt2-350m]=1024 [gpt-1.3b]=2048 [llama-1b]=4096)
 # Models without a preset: megaplan's flags on a preset, and the PyTorch reference's.
 declare -A megaplan_model=([llama-1b]="--model llama3-8b --num-layers 16 --hidden-size 2048 --ffn-hidden-size 8192 \
@@ -37,7 +39,7 @@ for entry in "${models[@]}"; do
   log="$out/$name.megaplan.jsonl"
   rm -f "$log"
   # shellcheck disable=SC2086  # the flags split on purpose
-  "$megaplan" train ${megaplan_model[$name]:---model $name} --device cuda --data-path "$corpus" --split 1,0,0 --mbs "$mbs" --gbs "$mbs" \
+  "$megaplan" train ${megaplan_model[$name]:---model $name} --vocab-size "${vocab[$name]}" --device cuda --data-path "$corpus" --split 1,0,0 --mbs "$mbs" --gbs "$mbs" \
     --train-iters "$iters" --log-interval 10 --eval-iters 0 --lr 1e-4 --log-file "$log" > "$out/$name.megaplan.txt" 2>&1 ||
     { echo "megaplan train failed for $name:"; tail -5 "$out/$name.megaplan.txt"; }
   python3 "$here/torch_gpt_reference.py" --layers "${layers[$name]}" --hidden "${hidden[$name]}" \

@@ -18,6 +18,25 @@ int run_data_prepare(const DataPrepareOptions& options, std::ostream& out) {
   return 0;
 }
 
+void add_tokenizer_options(CLI::App& command, exec::TokenizerOptions& options) {
+  const std::string group = "Tokenizer";
+  command
+      .add_option("--tokenizer", options.kind,
+                  "byte, gpt2 (GPT-2's vocab.json + merges.txt), hf (a Hugging Face byte-level BPE tokenizer.json: "
+                  "GPT-2, Llama 3, Qwen2) or sentencepiece (a tokenizer.model: Llama 2, Mistral)")
+      ->group(group);
+  command.add_option("--vocab-file", options.vocab_file, "GPT-2's vocab.json (with --tokenizer gpt2)")->group(group);
+  command.add_option("--merge-file", options.merge_file, "GPT-2's merges.txt (with --tokenizer gpt2)")->group(group);
+  command
+      .add_option("--tokenizer-file", options.tokenizer_file,
+                  "A Hugging Face tokenizer.json (with --tokenizer hf); eos_token from a tokenizer_config.json beside it")
+      ->group(group);
+  command
+      .add_option("--tokenizer-model", options.tokenizer_model,
+                  "A SentencePiece tokenizer.model (with --tokenizer sentencepiece)")
+      ->group(group);
+}
+
 void setup_data_command(CLI::App& app, CommandContext& context) {
   CLI::App* data = app.add_subcommand("data", "Training data: Megatron's indexed datasets");
   data->require_subcommand(1);
@@ -26,14 +45,13 @@ void setup_data_command(CLI::App& app, CommandContext& context) {
       "prepare", "Tokenize text files (.jsonl: one document per line) into PREFIX.bin and PREFIX.idx");
   prepare->add_option("--input", options->prepare.inputs, "Input files")->required();
   prepare->add_option("--output-prefix", options->prepare.output_prefix, "Writes PREFIX.bin and PREFIX.idx")->required();
-  prepare->add_option("--tokenizer", options->tokenizer.kind, "byte or gpt2 (GPT-2's byte-level BPE)")
-      ->capture_default_str();
-  prepare->add_option("--vocab-file", options->tokenizer.vocab_file, "GPT-2's vocab.json (with --tokenizer gpt2)");
-  prepare->add_option("--merge-file", options->tokenizer.merge_file, "GPT-2's merges.txt (with --tokenizer gpt2)");
+  add_tokenizer_options(*prepare, options->tokenizer);
+  prepare->get_option("--tokenizer")->capture_default_str();
   prepare->add_option("--json-keys", options->prepare.json_key, "The field of each .jsonl line to read")
       ->capture_default_str();
   prepare->add_flag("--append-eod", options->prepare.append_end_of_document,
-                    "End every document with the end-of-document token");
+                    "End every document with the tokenizer's end-of-document token (hf: tokenizer_config.json's "
+                    "eos_token, else <|endoftext|>, <|end_of_text|> or </s>; sentencepiece: eos_id)");
   prepare->callback([options, &context] { context.exit_code = run_data_prepare(*options, context.out); });
 }
 

@@ -5,7 +5,15 @@
 
 #include "executor/data/prepare.h"
 
+namespace CLI {
+class App;
+}
+
 namespace megaplan::cli {
+
+// --tokenizer, --vocab-file, --merge-file, --tokenizer-file and --tokenizer-model, as `data
+// prepare` and `train` take them.
+void add_tokenizer_options(CLI::App& command, exec::TokenizerOptions& options);
 
 struct DataPrepareOptions {
   exec::PrepareOptions prepare;

@@ -238,7 +238,7 @@ void reject_flags_beside_job_file(const CLI::App& command) {
   for (const CLI::Option* option : command.get_options()) {
     const std::string& group = option->get_group();
     if (option->count() > 0 && (group.rfind("Model", 0) == 0 || group == "Cluster" || group.rfind("Parallel", 0) == 0 ||
-                                  group.rfind("Implementation", 0) == 0)) {
+                                  group.rfind("Implementation", 0) == 0 || group == "Tokenizer")) {
       throw SpecError("--plan", "cannot be combined with " + option->get_name() + ": the job file holds the whole job");
     }
   }

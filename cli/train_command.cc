@@ -5,11 +5,15 @@
 #include <CLI/CLI.hpp>
 
 #include "cli/commands.h"
+#include "cli/data_command.h"
 #include "core/error.h"
 #include "core/json_io.h"
 #include "reports/chrome_trace.h"
 #include "executor/comm/in_process_gpu_memory.h"
 #include "executor/comm/launch_environment.h"
+#include "executor/data/indexed_dataset.h"
+#include "executor/data/vocabulary.h"
+#include "executor/model/gpt_model.h"
 #include "executor/io/staged_file.h"
 #include "executor/runtime/cpu_backend.h"
 #include "executor/runtime/cuda_backend.h"
@@ -32,6 +36,19 @@ exec::TrainSummary train_in_process(const ModelSpec& model, const ParallelPlan& 
     make_backend = [](int64_t) -> std::unique_ptr<exec::Backend> { return std::make_unique<exec::CpuBackend>(); };
   }
   return exec::train(model, plan, train, make_backend, out, make_memory);
+}
+
+// The vocabulary to train (executor/data/vocabulary.h), and the line that says where it came from.
+exec::Vocabulary chosen_vocabulary(const TrainCommandOptions& options, const ModelSpec& model) {
+  std::optional<exec::Vocabulary> given;
+  if (options.plan_file) given = exec::Vocabulary{model.vocab_size, "the job file " + *options.plan_file};
+  if (options.model.vocab_size) given = exec::Vocabulary{*options.model.vocab_size, "--vocab-size"};
+  const exec::TokenizerOptions& t = options.tokenizer;
+  const bool tokenizer_named = !t.kind.empty() || !t.vocab_file.empty() || !t.merge_file.empty() ||
+                               !t.tokenizer_file.empty() || !t.tokenizer_model.empty();
+  const exec::IndexedDataset data(options.train.data_path);
+  return exec::training_vocabulary(given, tokenizer_named ? std::optional(t) : std::nullopt, data,
+                                   options.train.data_path);
 }
 
 }  // namespace
@@ -75,6 +92,18 @@ int run_train(const TrainCommandOptions& options, std::ostream& out) {
                                       ", or use --device cuda (one process per GPU over NCCL)");
     }
   }
+  // The flags are checked first (the trainer's checks too), with the model's own vocabulary; then
+  // the data is opened for the vocabulary, which the trainer says once its checks pass.
+  (void)exec::checked_train_options(train);
+  exec::GptModel::refuse_unsupported(model, plan);
+  const exec::Vocabulary vocabulary = chosen_vocabulary(options, model);
+  train.vocabulary_note = "vocabulary " + std::to_string(vocabulary.size) + " from " + vocabulary.source;
+  if (vocabulary.size != model.vocab_size) {
+    train.vocabulary_note += " (the model " + model.name + " states " + std::to_string(model.vocab_size) + ")";
+    model.vocab_size = vocabulary.size;
+    validate_model_spec(model);
+    validate_plan(model, plan);
+  }
   // Under a launcher with --device cuda, this process trains its own rank over NCCL (world size 1
   // included, so a launched run always takes the path its larger runs take).
   const bool launched = launch.launcher != "none" && options.device == "cuda";
@@ -114,6 +143,9 @@ void setup_train_command(CLI::App& app, CommandContext& context) {
                       "Parameters per gradient bucket (default: Megatron's, max(40M, 1M x dp))");
   command->add_option("--device", options->device, "cpu or cuda")->capture_default_str();
   command->add_option("--data-path", t.data_path, "PREFIX of PREFIX.bin and PREFIX.idx")->required();
+  // Without --vocab-size, the vocabulary comes from the tokenizer named here, else from the data.
+  options->tokenizer.kind.clear();
+  add_tokenizer_options(*command, options->tokenizer);
   command->add_option("--split", t.split, "Train, validation, test weights over documents")->capture_default_str();
   command->add_option("--train-iters", t.train_iters, "Iterations to train")->required();
   command->add_option("--exit-interval", t.exit_interval, "Stop (after a save) at a multiple of this");

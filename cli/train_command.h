@@ -9,6 +9,7 @@
 #include <string>
 
 #include "cli/shared_options.h"
+#include "executor/data/tokenizer.h"
 #include "executor/train/trainer.h"
 
 namespace megaplan::cli {
@@ -22,6 +23,9 @@ struct TrainCommandOptions {
   std::string device = "cuda";
   std::string lr_decay_style = "linear";
   exec::TrainOptions train;
+  // The tokenizer flags: none named (kind empty, no file) leaves the vocabulary to --vocab-size,
+  // the job file or the data (executor/data/vocabulary.h).
+  exec::TokenizerOptions tokenizer;
 };
 
 int run_train(const TrainCommandOptions& options, std::ostream& out);

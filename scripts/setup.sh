@@ -3,7 +3,8 @@
 # missing. As root it runs apt-get itself; otherwise it prints the one line to run and fails.
 set -euo pipefail
 
-packages=(cmake g++ make libcli11-dev nlohmann-json3-dev libboost-graph-dev catch2 libbenchmark-dev libopenmpi-dev)
+packages=(cmake g++ make libcli11-dev nlohmann-json3-dev libboost-graph-dev catch2 libbenchmark-dev libopenmpi-dev
+  libpcre2-dev libutf8proc-dev libsentencepiece-dev sentencepiece pkg-config)
 
 missing=()
 for package in "${packages[@]}"; do

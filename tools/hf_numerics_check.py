@@ -90,7 +90,10 @@ def gradients_from_step(before, after):
 def megaplan_log(megaplan, device, config, data, log, *extra, lr="1e-3"):
     if os.path.exists(log):
         os.remove(log)
-    run(megaplan, "train", "--device", device, "--model", config, "--seq-length", str(SEQ), "--mbs", "1", "--gbs", "1",
+    # The config's vocabulary, not the data's largest id plus one (train's default without a tokenizer).
+    vocab = str(json.load(open(config))["vocab_size"])
+    run(megaplan, "train", "--device", device, "--model", config, "--vocab-size", vocab, "--seq-length", str(SEQ),
+        "--mbs", "1", "--gbs", "1",
         "--data-path", data, "--split", "1,0,0", "--eval-iters", "0", "--log-interval", "1", "--clip-grad", "0",
         "--lr", lr, "--lr-warmup-iters", "0", "--log-file", log, *extra)
     return [json.loads(line) for line in open(log)]

@@ -3,30 +3,25 @@
 // pre-tokenizer regex, then BPE by merge rank inside each piece.
 #pragma once
 
-#include <array>
 #include <cstdint>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
 
+#include "executor/data/byte_pair_encoding.h"
 #include "executor/data/tokenizer.h"
 
 namespace megaplan::exec {
 
-// GPT-2's reversible byte -> code point map: the printable bytes '!'..'~', U+00A1..U+00AC and
-// U+00AE..U+00FF stand for themselves; the other 68 bytes, in byte order, take U+0100 onwards
-// (so ' ' is U+0120 'Ġ' and '\n' is U+010A 'Ċ'). vocab.json spells every token in these code points.
-const std::array<char32_t, 256>& gpt2_byte_to_unicode();
-
 // GPT-2's pre-tokenizer: splits `text` where the regex
 //   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
-// finds its matches (leftmost alternative first, as Python's `regex` module runs it), with the
-// classes of unicode_classes.h. The pieces are views into `text` and concatenate back to it.
-// Invalid UTF-8 (a stray continuation byte, a truncated, overlong or surrogate sequence, anything
-// above U+10FFFF) is taken one byte at a time, each byte a character that is neither letter,
-// number nor space, so it joins punctuation runs; BPE then sees its byte like any other.
+// finds its matches (leftmost alternative first, as Python's `regex` module runs it), run by
+// RegexPreTokenizer (pretokenizer.h: PCRE2, \s as White_Space). The pieces are views into `text`
+// and concatenate back to it. Invalid UTF-8 (a stray continuation byte, a truncated, overlong or
+// surrogate sequence, anything above U+10FFFF) is taken one byte at a time, each byte a character
+// that is neither letter, number nor space, so it joins punctuation runs; BPE then sees its byte
+// like any other.
 std::vector<std::string_view> gpt2_pretokenize(std::string_view text);
 
 // Contract: encode() is a pure function of the text and the two files (the cache of encoded
@@ -53,32 +48,15 @@ class Gpt2Tokenizer final : public Tokenizer {
   int64_t vocab_size() const override { return static_cast<int64_t>(token_bytes_.size()); }
 
  private:
-  struct Merge {
-    int32_t rank;
-    int32_t merged;
-  };
-  struct PieceHash {
-    using is_transparent = void;
-    std::size_t operator()(std::string_view piece) const { return std::hash<std::string_view>()(piece); }
-  };
-  using PieceCache = std::unordered_map<std::string, std::vector<int32_t>, PieceHash, std::equal_to<>>;
-
   void read_vocabulary(const std::string& vocab_path, std::unordered_map<std::string, int32_t>& ids);
   void read_merges(const std::string& merges_path, const std::unordered_map<std::string, int32_t>& ids);
-  std::vector<int32_t> byte_pair_encode(std::string_view piece) const;
 
   std::string vocab_path_;
   // The bytes each token decodes to; `decodable_[id]` is false where the spelling leaves the map.
   std::vector<std::string> token_bytes_;
   std::vector<bool> decodable_;
-  // The id of each byte's one-character token, -1 where the vocabulary lacks it.
-  std::array<int32_t, 256> byte_token_{};
-  // Keyed by (left id << 32 | right id).
-  std::unordered_map<uint64_t, Merge> merges_;
   int64_t end_of_document_ = -1;
-
-  mutable std::mutex cache_mutex_;
-  mutable PieceCache cache_;
+  BytePairEncoder encoder_;
 };
 
 }  // namespace megaplan::exec

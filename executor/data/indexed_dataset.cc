@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <limits>
@@ -30,6 +31,16 @@ T load(const unsigned char* at) {
 [[noreturn]] void refuse(const std::string& path, const std::string& rule) { throw SpecError(kField, path + ": " + rule); }
 
 bool known(uint8_t code) { return code >= 1 && code <= 8; }
+
+// Folds `count` tokens of type T at `at` into [smallest, largest].
+template <typename T>
+void widen(const unsigned char* at, std::size_t count, int64_t& smallest, int64_t& largest) {
+  for (std::size_t i = 0; i < count; ++i) {
+    const auto token = static_cast<int64_t>(load<T>(at + i * sizeof(T)));
+    smallest = std::min(smallest, token);
+    largest = std::max(largest, token);
+  }
+}
 
 }  // namespace
 
@@ -147,6 +158,27 @@ IndexedDataset::~IndexedDataset() {
 int32_t IndexedDataset::sequence_length(std::size_t sequence) const { return load<int32_t>(lengths_ + 4 * sequence); }
 
 int64_t IndexedDataset::document_start(std::size_t document) const { return load<int64_t>(documents_ + 8 * document); }
+
+std::pair<int64_t, int64_t> IndexedDataset::token_range() const {
+  int64_t smallest = std::numeric_limits<int64_t>::max();
+  int64_t largest = std::numeric_limits<int64_t>::min();
+  for (std::size_t s = 0; s < num_sequences_; ++s) {
+    const unsigned char* at = data_.data + static_cast<std::size_t>(load<int64_t>(pointers_ + 8 * s));
+    const auto count = static_cast<std::size_t>(sequence_length(s));
+    switch (token_type_) {
+      case TokenType::kUint8: widen<uint8_t>(at, count, smallest, largest); break;
+      case TokenType::kInt8: widen<int8_t>(at, count, smallest, largest); break;
+      case TokenType::kInt16: widen<int16_t>(at, count, smallest, largest); break;
+      case TokenType::kUint16: widen<uint16_t>(at, count, smallest, largest); break;
+      case TokenType::kInt32: widen<int32_t>(at, count, smallest, largest); break;
+      case TokenType::kInt64: widen<int64_t>(at, count, smallest, largest); break;
+      case TokenType::kFloat32: widen<float>(at, count, smallest, largest); break;
+      case TokenType::kFloat64: widen<double>(at, count, smallest, largest); break;
+    }
+  }
+  if (smallest > largest) return {0, -1};
+  return {smallest, largest};
+}
 
 void IndexedDataset::read(std::size_t sequence, std::size_t offset, std::size_t count, int64_t* out) const {
   const std::size_t width = token_bytes(token_type_);

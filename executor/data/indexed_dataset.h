@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace megaplan::exec {
@@ -51,6 +52,9 @@ class IndexedDataset {
   // REQUIRES: offset + count <= sequence_length(sequence).
   void read(std::size_t sequence, std::size_t offset, std::size_t count, int64_t* out) const;
   std::vector<int64_t> sequence(std::size_t sequence) const;
+  // The smallest and largest token of every sequence (float dtypes truncated); {0, -1} when the
+  // dataset holds no tokens. One pass over .bin.
+  std::pair<int64_t, int64_t> token_range() const;
 
  private:
   struct Mapping {

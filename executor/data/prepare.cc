@@ -19,11 +19,13 @@ bool ends_with(const std::string& text, const std::string& suffix) {
 PrepareSummary prepare_dataset(const PrepareOptions& options, const Tokenizer& tokenizer) {
   if (options.inputs.empty()) throw SpecError("--input", "at least one input file is needed");
   if (options.output_prefix.empty()) throw SpecError("--output-prefix", "must not be empty");
+  // Asked before anything is written, so a tokenizer without one fails with no output.
+  const int64_t end_of_document = options.append_end_of_document ? tokenizer.end_of_document() : -1;
   IndexedDatasetWriter writer(options.output_prefix, token_type_for_vocabulary(tokenizer.vocab_size()));
   PrepareSummary summary;
   const auto add = [&](std::string_view text) {
     std::vector<int64_t> tokens = tokenizer.encode(text);
-    if (options.append_end_of_document) tokens.push_back(tokenizer.end_of_document());
+    if (options.append_end_of_document) tokens.push_back(end_of_document);
     summary.tokens += static_cast<int64_t>(tokens.size());
     ++summary.documents;
     writer.add_document(tokens);

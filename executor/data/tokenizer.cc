@@ -2,6 +2,8 @@
 
 #include "core/error.h"
 #include "executor/data/gpt2_tokenizer.h"
+#include "executor/data/hf_tokenizer.h"
+#include "executor/data/sentencepiece_tokenizer.h"
 
 namespace megaplan::exec {
 
@@ -12,17 +14,34 @@ std::vector<int64_t> ByteTokenizer::encode(std::string_view text) const {
 }
 
 std::unique_ptr<Tokenizer> make_tokenizer(const TokenizerOptions& options) {
-  if (options.kind == "byte") {
-    if (!options.vocab_file.empty()) throw SpecError("--vocab-file", "--tokenizer byte reads no vocabulary; drop it");
-    if (!options.merge_file.empty()) throw SpecError("--merge-file", "--tokenizer byte reads no merges; drop it");
-    return std::make_unique<ByteTokenizer>();
+  struct FileFlag {
+    const char* flag;
+    const std::string& value;
+    const char* kind;  // the tokenizer that reads it
+    const char* what;
+  };
+  const FileFlag flags[] = {
+      {"--vocab-file", options.vocab_file, "gpt2", "its vocab.json"},
+      {"--merge-file", options.merge_file, "gpt2", "its merges.txt"},
+      {"--tokenizer-file", options.tokenizer_file, "hf", "its tokenizer.json"},
+      {"--tokenizer-model", options.tokenizer_model, "sentencepiece", "its tokenizer.model"},
+  };
+  if (options.kind != "byte" && options.kind != "gpt2" && options.kind != "hf" && options.kind != "sentencepiece") {
+    throw SpecError("--tokenizer", "unknown tokenizer \"" + options.kind + "\" (known: byte, gpt2, hf, sentencepiece)");
   }
-  if (options.kind == "gpt2") {
-    if (options.vocab_file.empty()) throw SpecError("--vocab-file", "--tokenizer gpt2 needs its vocab.json");
-    if (options.merge_file.empty()) throw SpecError("--merge-file", "--tokenizer gpt2 needs its merges.txt");
-    return std::make_unique<Gpt2Tokenizer>(options.vocab_file, options.merge_file);
+  for (const FileFlag& file : flags) {
+    if (file.kind == options.kind && file.value.empty()) {
+      throw SpecError(file.flag, "--tokenizer " + options.kind + " needs " + file.what);
+    }
+    if (file.kind != options.kind && !file.value.empty()) {
+      throw SpecError(file.flag, "--tokenizer " + options.kind + " does not read " + file.what + " (--tokenizer " +
+                                     file.kind + " does); drop it");
+    }
   }
-  throw SpecError("--tokenizer", "unknown tokenizer \"" + options.kind + "\" (known: byte, gpt2)");
+  if (options.kind == "gpt2") return std::make_unique<Gpt2Tokenizer>(options.vocab_file, options.merge_file);
+  if (options.kind == "hf") return std::make_unique<HfTokenizer>(options.tokenizer_file);
+  if (options.kind == "sentencepiece") return std::make_unique<SentencePieceTokenizer>(options.tokenizer_model);
+  return std::make_unique<ByteTokenizer>();
 }
 
 }  // namespace megaplan::exec

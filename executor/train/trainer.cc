@@ -258,6 +258,7 @@ TrainSummary RankTrainer::train() {
   const ParallelPlan& plan = run_.plan;
   TrainingState state;
   state.seed = options.seed;
+  if (out_ && !options.vocabulary_note.empty()) *out_ << options.vocabulary_note << "\n";
   if (options.load) {
     if (const std::optional<TrainingState> loaded = load_checkpoint(*options.load, checkpoint_rank())) {
       if (loaded->seed != options.seed) {

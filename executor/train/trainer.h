@@ -50,6 +50,9 @@ struct TrainOptions {
   int64_t ddp_bucket_size = 0;       // --ddp-bucket-size: parameters per gradient bucket (0: Megatron's default)
   bool keep_final_weights = false;  // fill TrainSummary::final_weights (tests comparing layouts)
   bool record_timeline = false;     // fill TrainSummary::timeline (--trace)
+  // Where the model's vocabulary came from ("vocabulary 50257 from --vocab-size"), said by rank 0
+  // before its first iteration, once every check has passed; empty: not said.
+  std::string vocabulary_note;
   // --pipeline-schedule-csv: a compute-only torch schedule CSV (torchtitan's
   // pipeline_parallel_schedule_csv) to run instead of the plan's generated schedule; it must have
   // the plan's pp, stages, placement and microbatches, and is lowered and validated before any rank starts.

@@ -161,7 +161,7 @@ grep -q '^profile    A100-SXM4-80GB, transferred: profiles/h100-sxm5-80gb.measur
 grep -q 'with wave quantisation for 108 SMs' "$scratch/out" || fail "the A100's transfer does not use its SMs"
 expect_ok search --model gpt2-124m --cluster h100-x1 --gbs 8 --json
 grep -q '"kind": "measured"' "$scratch/out" || fail "search --json does not name its measured profile"
-grep -q '"tie_tolerance": 0.04' "$scratch/out" || fail "search --json does not state the profile's uncertainty"
+grep -q '"tie_tolerance": 0.05' "$scratch/out" || fail "search --json does not state the profile's uncertainty"
 grep -q '"tie_with_best": ' "$scratch/out" || fail "search --json does not mark ties"
 expect_ok describe --model gpt2-124m --cluster h200-x2 --pp 2 --gbs 8 --out "$scratch/small-job.json"
 expect_ok simulate --plan "$scratch/small-job.json"
@@ -175,7 +175,7 @@ grep -q '"kind": "transferred"' "$scratch/out" || fail "a cluster file's GPU get
 expect_ok profile --transfer-to H200-SXM-141GB --profile "$examples/../profiles/h100-sxm5-80gb.measured.json" --out "$scratch/h200-from-h100.json"
 expect_ok simulate --model gpt2-124m --cluster h200-x1 --gbs 8 --profile "$scratch/h200-from-h100.json" --json
 grep -q '"kind": "transferred"' "$scratch/out" || fail "simulate names a transferred profile file's kind"
-grep -q '"uncertainty": 0.04' "$scratch/out" || fail "a same-die transfer states the validated uncertainty"
+grep -q '"uncertainty": 0.05' "$scratch/out" || fail "a same-die transfer states the larger of the source's and the validated transfer uncertainty"
 expect_ok profile --transfer-to A100-SXM4-80GB
 grep -q '"transferred_from"' "$scratch/out" || fail "profile --transfer-to prints the transferred profile"
 expect_error 'error: --transfer-to: "B200" is no preset GPU' profile --transfer-to B200
@@ -215,7 +215,7 @@ head -c 7 "$scratch/corpus.idx" | grep -q MMIDIDX || fail "data prepare's .idx h
 printf '{"text": "fine"}\n{"text": \n' >"$scratch/bad.jsonl"
 expect_error "error: --input: $scratch/bad.jsonl:2: malformed JSON" data prepare --input "$scratch/bad.jsonl" --output-prefix "$scratch/never"
 expect_error "error: --input: $scratch/nothing.txt: cannot read file" data prepare --input "$scratch/nothing.txt" --output-prefix "$scratch/never"
-expect_error 'error: --tokenizer: unknown tokenizer "sentencepiece"' data prepare --input "$scratch/docs.jsonl" --output-prefix "$scratch/never" --tokenizer sentencepiece
+expect_error 'error: --tokenizer: unknown tokenizer "wordpiece"' data prepare --input "$scratch/docs.jsonl" --output-prefix "$scratch/never" --tokenizer wordpiece
 # GPT-2's BPE on the tiny vocabulary of tests/data/gpt2_tiny (its README works out these ids).
 gpt2_tiny="$(dirname "$0")/../data/gpt2_tiny"
 printf '{"text": "hello the world"}\n{"text": "hello!\\n"}\n' >"$scratch/bpe.jsonl"
@@ -225,9 +225,30 @@ grep -q '^wrote .*: 2 documents, 8 tokens (vocabulary 268) ' "$scratch/out" || f
 [ "$(od -An -tu2 -v "$scratch/bpe.bin" | tr -s ' \n' ' ')" = " 259 261 266 267 259 33 10 267 " ] ||
   fail "data prepare gpt2 wrote tokens $(od -An -tu2 -v "$scratch/bpe.bin")"
 expect_error 'error: --merge-file: --tokenizer gpt2 needs its merges.txt' data prepare --input "$scratch/bpe.jsonl" --output-prefix "$scratch/never" --tokenizer gpt2 --vocab-file "$gpt2_tiny/vocab.json"
-expect_error 'error: --vocab-file: --tokenizer byte reads no vocabulary' data prepare --input "$scratch/bpe.jsonl" --output-prefix "$scratch/never" --vocab-file "$gpt2_tiny/vocab.json"
+expect_error 'error: --vocab-file: --tokenizer byte does not read its vocab.json' data prepare --input "$scratch/bpe.jsonl" --output-prefix "$scratch/never" --vocab-file "$gpt2_tiny/vocab.json"
 printf '#version: 0.2\nh e\nll\n' >"$scratch/bad-merges.txt"
 expect_error "error: --merge-file: $scratch/bad-merges.txt:3: want two tokens separated by one space" data prepare --input "$scratch/bpe.jsonl" --output-prefix "$scratch/never" --tokenizer gpt2 --vocab-file "$gpt2_tiny/vocab.json" --merge-file "$scratch/bad-merges.txt"
+# Hugging Face tokenizer.json (tests/data/hf_tiny: hello 259, " world" 262 through ignore_merges,
+# <|begin_of_text|> 263, eos_token <|eot_id|> 265 from its tokenizer_config.json).
+hf_tiny="$(dirname "$0")/../data/hf_tiny"
+printf '{"text": "hello world"}\n{"text": "<|begin_of_text|>hello"}\n' >"$scratch/hf.jsonl"
+expect_ok data prepare --input "$scratch/hf.jsonl" --output-prefix "$scratch/hf" --append-eod --tokenizer hf \
+  --tokenizer-file "$hf_tiny/llama3-style/tokenizer.json"
+grep -q '^wrote .*: 2 documents, 6 tokens (vocabulary 266) ' "$scratch/out" || fail "data prepare hf: $(cat "$scratch/out")"
+[ "$(od -An -tu2 -v "$scratch/hf.bin" | tr -s ' \n' ' ')" = " 259 262 265 263 259 265 " ] ||
+  fail "data prepare hf wrote tokens $(od -An -tu2 -v "$scratch/hf.bin")"
+printf '{"model": {"type": "Unigram"}}' >"$scratch/unigram.json"
+expect_error "error: --tokenizer-file: $scratch/unigram.json: model.type: must be \"BPE\"" data prepare --input "$scratch/hf.jsonl" --output-prefix "$scratch/never" --tokenizer hf --tokenizer-file "$scratch/unigram.json"
+# SentencePiece (tests/data/sentencepiece_tiny; ids from spm_encode, eos_id 2).
+spm_tiny="$(dirname "$0")/../data/sentencepiece_tiny"
+printf '{"text": "hello world"}\n' >"$scratch/spm.jsonl"
+expect_ok data prepare --input "$scratch/spm.jsonl" --output-prefix "$scratch/spm" --append-eod --tokenizer sentencepiece \
+  --tokenizer-model "$spm_tiny/tiny.model"
+grep -q '^wrote .*: 1 documents, 10 tokens (vocabulary 500) ' "$scratch/out" || fail "data prepare sentencepiece: $(cat "$scratch/out")"
+[ "$(od -An -tu2 -v "$scratch/spm.bin" | tr -s ' \n' ' ')" = " 372 261 383 383 378 274 267 383 381 2 " ] ||
+  fail "data prepare sentencepiece wrote tokens $(od -An -tu2 -v "$scratch/spm.bin")"
+expect_error "error: --tokenizer-model: $scratch/spm.jsonl: not a SentencePiece model" data prepare --input "$scratch/spm.jsonl" --output-prefix "$scratch/never" --tokenizer sentencepiece --tokenizer-model "$scratch/spm.jsonl"
+expect_error "error: --tokenizer-file: --tokenizer hf needs its tokenizer.json" data prepare --input "$scratch/spm.jsonl" --output-prefix "$scratch/never" --tokenizer hf
 ls "$scratch" | grep -q '^never' && fail "a failed data prepare left files behind"
 
 # Train on the CPU backend: a few iterations end to end, on one rank and on a pipeline of two ranks
@@ -325,7 +346,22 @@ grep -q '^iteration 2/2 | loss ' "$scratch/out" || fail "train prints no iterati
 [ "$(wc -l <"$scratch/train.jsonl")" -eq 2 ] || fail "train --log-file holds no line per iteration"
 grep -q '"grad_norm"' "$scratch/train.jsonl" || fail "train --log-file lacks grad_norm"
 expect_error 'error: --data-path: .*nowhere.idx: cannot open' train --device cpu --model "$examples/models/tiny-gpt.json" --data-path "$scratch/nowhere" --train-iters 2
-expect_error 'error: --data-path: token 256 is outside the model.s padded vocabulary of 256' train --device cpu --model "$examples/models/tiny-gpt.json" --seq-length 16 --data-path "$scratch/corpus" --split 1,0,0 --train-iters 1
+# The vocabulary: --vocab-size's, else the named tokenizer's, else the data's largest id plus one.
+expect_error 'error: --vocab-size: .*corpus.bin holds the token id 256, outside the vocabulary of 256 from --vocab-size: give a vocabulary of at least 257' train --device cpu --model "$examples/models/tiny-gpt.json" --vocab-size 256 --seq-length 16 --data-path "$scratch/corpus" --split 1,0,0 --train-iters 1
+expect_ok train --device cpu --model "$examples/models/tiny-gpt.json" --seq-length 16 --num-layers 1 \
+  --data-path "$scratch/corpus" --split 1,0,0 --train-iters 1 --mbs 1 --gbs 1
+grep -q '^vocabulary 257 from the data (the largest token id in .*corpus.bin, plus one; .*) (the model .* states 256)$' "$scratch/out" ||
+  fail "train's vocabulary from the data: $(cat "$scratch/out")"
+expect_ok train --device cpu --model "$examples/models/tiny-gpt.json" --seq-length 16 --num-layers 1 \
+  --data-path "$scratch/corpus" --split 1,0,0 --train-iters 1 --mbs 1 --gbs 1 --tokenizer hf \
+  --tokenizer-file "$hf_tiny/llama3-style/tokenizer.json"
+grep -q '^vocabulary 266 from the tokenizer (hf: .*llama3-style/tokenizer.json) (the model .* states 256)$' "$scratch/out" ||
+  fail "train's vocabulary from the tokenizer: $(cat "$scratch/out")"
+expect_ok train --device cpu --model "$examples/models/tiny-gpt.json" --seq-length 16 --num-layers 1 \
+  --data-path "$scratch/corpus" --split 1,0,0 --train-iters 1 --mbs 1 --gbs 1 --tokenizer sentencepiece \
+  --tokenizer-model "$spm_tiny/tiny.model"
+grep -q '^vocabulary 500 from the tokenizer (sentencepiece: .*tiny.model) ' "$scratch/out" ||
+  fail "train's vocabulary from a SentencePiece model: $(cat "$scratch/out")"
 expect_error 'error: --global-batch-size: must be divisible by micro-batch-size\*data-parallel-size = 2\*1 = 2' train --device cpu --model "$examples/models/tiny-gpt.json" --data-path "$scratch/corpus" --train-iters 2 --mbs 2 --gbs 3
 expect_error 'error: --lr-decay-style: unknown style "step"' train --device cpu --model "$examples/models/tiny-gpt.json" --data-path "$scratch/corpus" --train-iters 2 --lr-decay-style step
 expect_error 'error: --device: must be cpu or cuda, got "tpu"' train --device tpu --model "$examples/models/tiny-gpt.json" --data-path "$scratch/corpus" --train-iters 2
@@ -363,6 +399,7 @@ for line in "^NCCL_NVLS_ENABLE=0 torchrun --nnodes 2 --nproc-per-node 8 --node-r
   "srun --nodes 2 --ntasks-per-node 8 --gpus-per-node 8 megaplan train --plan" "^mpirun -np 16 --npernode 8 "; do
   grep -q -- "$line" "$scratch/out" || fail "search --emit launch prints no line matching $line: $(cat "$scratch/out")"
 done
+expect_error 'error: --plan: cannot be combined with --tokenizer' train --plan "$scratch/best16.json" --tokenizer byte --data-path "$scratch/corpus" --train-iters 1
 # train refuses plan flags beside --plan: the overlaps travel in the job file's implementation options.
 ! grep -q -- '--plan .*--overlap-grad-reduce' "$scratch/out" || fail "search --emit launch passes a flag beside --plan"
 grep -q '"overlap_grad_reduce": true' "$scratch/best16.json" || fail "the job file holds the overlap the launch assumes"

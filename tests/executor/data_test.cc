@@ -3,6 +3,7 @@
 // refused with one line naming the file and the rule. Then data prepare, --split and GPT samples.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <cstring>
@@ -15,6 +16,7 @@
 #include "executor/data/gpt_dataset.h"
 #include "executor/data/indexed_dataset.h"
 #include "executor/data/prepare.h"
+#include "executor/data/vocabulary.h"
 #include "training_fixtures.h"
 
 using Catch::Matchers::Contains;
@@ -101,11 +103,43 @@ TEST_CASE("every dtype code reads its tokens", "[data]") {
     CHECK(dataset.sequence(0) == entry.tokens);
     CHECK(dataset.sequence(1) == std::vector<int64_t>{entry.tokens[2]});
     CHECK(dataset.num_documents() == 2);
+    const auto [smallest, largest] = dataset.token_range();
+    CHECK(smallest == *std::min_element(entry.tokens.begin(), entry.tokens.end()));
+    CHECK(largest == *std::max_element(entry.tokens.begin(), entry.tokens.end()));
   }
   IndexedDatasetWriter narrow(scratch.file("narrow"), TokenType::kUint16);
   CHECK_THROWS_WITH(narrow.add_document({70000}), Contains("token 70000 does not fit dtype code 8"));
   CHECK(megaplan::exec::token_type_for_vocabulary(50257) == TokenType::kUint16);
   CHECK(megaplan::exec::token_type_for_vocabulary(128256) == TokenType::kInt32);
+}
+
+TEST_CASE("train's vocabulary: given, else the tokenizer's, else the data's largest id plus one", "[data]") {
+  using megaplan::exec::Vocabulary;
+  const ScratchDirectory scratch;
+  const std::string prefix = scratch.file("corpus");
+  IndexedDatasetWriter writer(prefix, TokenType::kUint16);
+  writer.add_document({5, 300, 7});
+  writer.add_document({299});
+  writer.finish();
+  const IndexedDataset data(prefix);
+  const Vocabulary from_data = megaplan::exec::training_vocabulary(std::nullopt, std::nullopt, data, prefix);
+  CHECK(from_data.size == 301);
+  CHECK_THAT(from_data.source, Contains("the data (the largest token id in " + prefix + ".bin, plus one"));
+  megaplan::exec::TokenizerOptions byte;  // --tokenizer byte: 257 tokens, fewer than the data's ids
+  CHECK_THROWS_WITH(megaplan::exec::training_vocabulary(std::nullopt, byte, data, prefix),
+                    Contains("--vocab-size: " + prefix + ".bin holds the token id 300, outside the vocabulary of 257 "
+                             "from the tokenizer (byte): give a vocabulary of at least 301"));
+  const Vocabulary given = megaplan::exec::training_vocabulary(Vocabulary{50257, "--vocab-size"}, byte, data, prefix);
+  CHECK(given.size == 50257);  // a stated size wins over the tokenizer's
+  CHECK(given.source == "--vocab-size");
+  CHECK_THROWS_WITH(megaplan::exec::training_vocabulary(Vocabulary{300, "--vocab-size"}, std::nullopt, data, prefix),
+                    Contains("outside the vocabulary of 300 from --vocab-size"));
+  IndexedDatasetWriter negative(scratch.file("negative"), TokenType::kInt32);
+  negative.add_document({3, -2});
+  negative.finish();
+  CHECK_THROWS_WITH(megaplan::exec::training_vocabulary(std::nullopt, std::nullopt, IndexedDataset(scratch.file("negative")),
+                                                        "negative"),
+                    Contains("--data-path: negative.bin holds the token id -2: token ids must be >= 0"));
 }
 
 TEST_CASE("broken datasets are refused naming the file and the rule", "[data]") {

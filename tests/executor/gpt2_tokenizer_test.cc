@@ -15,7 +15,6 @@
 
 #include "core/error.h"
 #include "executor/data/gpt2_tokenizer.h"
-#include "executor/data/unicode_classes.h"
 #include "training_fixtures.h"
 
 using Catch::Matchers::Contains;
@@ -136,19 +135,13 @@ TEST_CASE("the byte map is GPT-2's: printable bytes stand for themselves, the re
   CHECK(spell(" the") == "\xC4\xA0the");
 }
 
-TEST_CASE("the Unicode classes are the regex's", "[tokenizer]") {
-  using namespace megaplan::exec::unicode;
-  CHECK(std::string(unicode_version()) == "14.0.0");
-  for (const char32_t letter : {U'a', U'Z', U'é', U'ß', U'λ', U'Ж', U'中', U'テ', U'한', U'ª', U'ʰ'}) CHECK(is_letter(letter));
-  for (const char32_t other : {U'1', U' ', U'_', U'\u0301', U'\U0001F600', U'!', U'€', U'\u00AD'}) CHECK_FALSE(is_letter(other));
-  for (const char32_t number : {U'0', U'9', U'²', U'٣', U'Ⅻ', U'½', U'①'}) CHECK(is_number(number));
-  for (const char32_t other : {U'a', U'+', U'\u3008'}) CHECK_FALSE(is_number(other));
-  for (const char32_t space : {U' ', U'\t', U'\n', U'\v', U'\f', U'\r', U'\u0085', U'\u00A0', U'\u1680', U'\u2000',
-                               U'\u200A', U'\u2028', U'\u2029', U'\u202F', U'\u205F', U'\u3000'}) {
-    CHECK(is_whitespace(space));
-  }
-  // str.isspace() says yes to U+001C..U+001F; the `regex` module's \s (White_Space) says no.
-  for (const char32_t other : {U'\x1C', U'\x1F', U'\u200B', U'\u180E', U'a', U'\0'}) CHECK_FALSE(is_whitespace(other));
+TEST_CASE("\\s is White_Space, as in Python's regex and Oniguruma, not PCRE2's own", "[tokenizer]") {
+  using Pieces = std::vector<std::string>;
+  // U+0085 is White_Space; U+180E (PCRE2's \s takes it), U+200B and U+001C are not.
+  CHECK(split("a\u0085b") == Pieces{"a", "\u0085", "b"});
+  CHECK(split("a\u180E\u180Eb") == Pieces{"a", "\u180E\u180E", "b"});
+  CHECK(split("a\u200B b") == Pieces{"a", "\u200B", " b"});
+  CHECK(split("a\u3000\u3000b") == Pieces{"a", "\u3000", "\u3000", "b"});
 }
 
 TEST_CASE("the pre-tokenizer splits as GPT-2's regex does", "[tokenizer]") {
@@ -321,17 +314,17 @@ TEST_CASE("make_tokenizer wires gpt2 to its two files and refuses them with byte
   using megaplan::exec::TokenizerOptions;
   const ScratchDirectory scratch;
   const Fixture fixture(scratch);
-  const auto gpt2 = make_tokenizer(TokenizerOptions{"gpt2", fixture.vocab_path, fixture.merges_path});
+  const auto gpt2 = make_tokenizer(TokenizerOptions{"gpt2", fixture.vocab_path, fixture.merges_path, "", ""});
   CHECK(gpt2->vocab_size() == 269);
   CHECK(gpt2->encode(" the") == std::vector<int64_t>{fixture.id(" the")});
-  CHECK_THROWS_WITH(make_tokenizer(TokenizerOptions{"gpt2", "", fixture.merges_path}),
+  CHECK_THROWS_WITH(make_tokenizer(TokenizerOptions{"gpt2", "", fixture.merges_path, "", ""}),
                     Contains("--vocab-file: --tokenizer gpt2 needs its vocab.json"));
-  CHECK_THROWS_WITH(make_tokenizer(TokenizerOptions{"gpt2", fixture.vocab_path, ""}),
+  CHECK_THROWS_WITH(make_tokenizer(TokenizerOptions{"gpt2", fixture.vocab_path, "", "", ""}),
                     Contains("--merge-file: --tokenizer gpt2 needs its merges.txt"));
-  CHECK_THROWS_WITH(make_tokenizer(TokenizerOptions{"byte", fixture.vocab_path, ""}),
-                    Contains("--vocab-file: --tokenizer byte reads no vocabulary"));
-  CHECK_THROWS_WITH(make_tokenizer(TokenizerOptions{"byte", "", fixture.merges_path}),
-                    Contains("--merge-file: --tokenizer byte reads no merges"));
-  CHECK_THROWS_WITH(make_tokenizer(TokenizerOptions{"sentencepiece", "", ""}), Contains("(known: byte, gpt2)"));
+  CHECK_THROWS_WITH(make_tokenizer(TokenizerOptions{"byte", fixture.vocab_path, "", "", ""}),
+                    Contains("--vocab-file: --tokenizer byte does not read its vocab.json (--tokenizer gpt2 does); drop it"));
+  CHECK_THROWS_WITH(make_tokenizer(TokenizerOptions{"byte", "", fixture.merges_path, "", ""}),
+                    Contains("--merge-file: --tokenizer byte does not read its merges.txt (--tokenizer gpt2 does); drop it"));
+  CHECK_THROWS_WITH(make_tokenizer(TokenizerOptions{"wordpiece", "", "", "", ""}), Contains("(known: byte, gpt2, hf, sentencepiece)"));
   CHECK(make_tokenizer(TokenizerOptions{})->vocab_size() == 257);
 }

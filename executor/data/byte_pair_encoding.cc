@@ -1,0 +1,139 @@
+#include "executor/data/byte_pair_encoding.h"
+
+#include <utf8proc.h>
+
+#include <algorithm>
+#include <cstdio>
+
+#include "core/error.h"
+
+namespace megaplan::exec {
+
+namespace {
+
+// A piece cache larger than this is emptied rather than grown: distinct pieces in natural text
+// number far fewer, so only adversarial input (random bytes) ever gets here.
+constexpr std::size_t kMaxCachedPieces = std::size_t{1} << 20;
+
+uint64_t pair_key(int32_t left, int32_t right) {
+  return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) | static_cast<uint32_t>(right);
+}
+
+}  // namespace
+
+const std::array<char32_t, 256>& gpt2_byte_to_unicode() {
+  static const std::array<char32_t, 256> map = [] {
+    std::array<char32_t, 256> code_points{};
+    char32_t next_unprintable = 256;
+    for (int byte = 0; byte < 256; ++byte) {
+      const bool printable = (byte >= '!' && byte <= '~') || (byte >= 0xA1 && byte <= 0xAC) || (byte >= 0xAE);
+      code_points[byte] = printable ? static_cast<char32_t>(byte) : next_unprintable++;
+    }
+    return code_points;
+  }();
+  return map;
+}
+
+void append_utf8(std::string& out, char32_t code_point) {
+  utf8proc_uint8_t bytes[4];
+  const utf8proc_ssize_t length = utf8proc_encode_char(static_cast<utf8proc_int32_t>(code_point), bytes);
+  out.append(reinterpret_cast<const char*>(bytes), static_cast<std::size_t>(length));
+}
+
+bool byte_level_token_bytes(std::string_view token, std::string& bytes) {
+  static const std::unordered_map<char32_t, unsigned char> byte_of = [] {
+    std::unordered_map<char32_t, unsigned char> inverse;
+    for (int byte = 0; byte < 256; ++byte) inverse[gpt2_byte_to_unicode()[byte]] = static_cast<unsigned char>(byte);
+    return inverse;
+  }();
+  bytes.clear();
+  for (std::size_t pos = 0; pos < token.size();) {
+    const auto lead = static_cast<unsigned char>(token[pos]);
+    const std::size_t length = lead < 0x80 ? 1 : lead < 0xE0 ? 2 : lead < 0xF0 ? 3 : 4;
+    char32_t code_point = length == 1 ? lead : length == 2 ? lead & 0x1F : length == 3 ? lead & 0x0F : lead & 0x07;
+    for (std::size_t i = 1; i < length && pos + i < token.size(); ++i) {
+      code_point = (code_point << 6) | (static_cast<unsigned char>(token[pos + i]) & 0x3F);
+    }
+    const auto found = byte_of.find(code_point);
+    if (found == byte_of.end()) return false;
+    bytes += static_cast<char>(found->second);
+    pos += length;
+  }
+  return true;
+}
+
+std::string quoted_excerpt(std::string_view text) {
+  std::size_t shown = std::min<std::size_t>(text.size(), 60);
+  while (shown < text.size() && shown > 0 && (static_cast<unsigned char>(text[shown]) & 0xC0) == 0x80) --shown;
+  return "\"" + std::string(text.substr(0, shown)) + (shown < text.size() ? "...\"" : "\"");
+}
+
+BytePairEncoder::BytePairEncoder(std::string field, std::string source)
+    : field_(std::move(field)), source_(std::move(source)) {
+  byte_token_.fill(-1);
+}
+
+bool BytePairEncoder::add_merge(int32_t left, int32_t right, int32_t merged) {
+  const auto rank = static_cast<int32_t>(merges_.size());
+  return merges_.emplace(pair_key(left, right), Merge{rank, merged}).second;
+}
+
+std::vector<int32_t> BytePairEncoder::encode_piece(std::string_view piece) const {
+  if (!whole_piece_tokens_.empty()) {
+    const auto whole = whole_piece_tokens_.find(piece);
+    if (whole != whole_piece_tokens_.end()) return {whole->second};
+  }
+  std::vector<int32_t> symbols;
+  symbols.reserve(piece.size());
+  for (const char raw : piece) {
+    const auto byte = static_cast<unsigned char>(raw);
+    if (byte_token_[byte] < 0) {
+      std::string spelling;
+      append_utf8(spelling, gpt2_byte_to_unicode()[byte]);
+      char hex[8];
+      std::snprintf(hex, sizeof(hex), "0x%02X", byte);
+      throw SpecError(field_, source_ + ": no token \"" + spelling + "\" for byte " + hex + ", which the text holds");
+    }
+    symbols.push_back(byte_token_[byte]);
+  }
+  while (symbols.size() > 1) {
+    const Merge* best = nullptr;
+    int32_t best_left = 0;
+    int32_t best_right = 0;
+    for (std::size_t i = 0; i + 1 < symbols.size(); ++i) {
+      const auto found = merges_.find(pair_key(symbols[i], symbols[i + 1]));
+      if (found != merges_.end() && (best == nullptr || found->second.rank < best->rank)) {
+        best = &found->second;
+        best_left = symbols[i];
+        best_right = symbols[i + 1];
+      }
+    }
+    if (best == nullptr) break;
+    std::size_t kept = 0;
+    for (std::size_t i = 0; i < symbols.size();) {
+      if (i + 1 < symbols.size() && symbols[i] == best_left && symbols[i + 1] == best_right) {
+        symbols[kept++] = best->merged;
+        i += 2;
+      } else {
+        symbols[kept++] = symbols[i++];
+      }
+    }
+    symbols.resize(kept);
+  }
+  return symbols;
+}
+
+void BytePairEncoder::encode(const std::vector<std::string_view>& pieces, std::vector<int64_t>& out) const {
+  const std::lock_guard<std::mutex> lock(cache_mutex_);
+  for (const std::string_view piece : pieces) {
+    auto found = cache_.find(piece);
+    if (found == cache_.end()) {
+      std::vector<int32_t> ids = encode_piece(piece);
+      if (cache_.size() >= kMaxCachedPieces) cache_.clear();
+      found = cache_.emplace(std::string(piece), std::move(ids)).first;
+    }
+    out.insert(out.end(), found->second.begin(), found->second.end());
+  }
+}
+
+}  // namespace megaplan::exec
