@@ -31,6 +31,10 @@ void add_model_options(CLI::App& command, ModelOptions& options) {
   command.add_option("--norm-epsilon", options.norm_epsilon, "The norms' epsilon (default 1e-5)")->group(group);
   command.add_option("--rotary-base", options.rotary_base, "RoPE's theta (default 10000)")->group(group);
   command.add_option("--rotary-percent", options.rotary_percent, "Share of each head's dimensions RoPE rotates (default 1.0)")->group(group);
+  command.add_flag("--use-rope-scaling,--rope-scaling", options.use_rope_scaling,
+                   "Llama 3.1's RoPE scaling (low/high frequency factors 1 and 4 over 8192 positions)")->group(group);
+  command.add_option("--rope-scaling-factor", options.rope_scaling_factor, "With --use-rope-scaling: the factor (default 8)")
+      ->group(group);
   command.add_flag("--untie-embeddings-and-output-weights", options.untie_embeddings_and_output_weights, "Separate output layer weights")->group(group);
   command.add_flag("--disable-bias-linear", options.disable_bias_linear, "No biases in linear layers")->group(group);
   command.add_flag("--add-qkv-bias", options.add_qkv_bias, "QKV bias even with --disable-bias-linear")->group(group);
@@ -150,6 +154,11 @@ ModelSpec resolve_model(const ModelOptions& options) {
   if (options.norm_epsilon) spec.norm_epsilon = *options.norm_epsilon;
   if (options.rotary_base) spec.rotary_base = *options.rotary_base;
   if (options.rotary_percent) spec.rotary_percent = *options.rotary_percent;
+  if (options.rope_scaling_factor && !options.use_rope_scaling && !spec.rope_scaling.enabled()) {
+    throw SpecError("--rope-scaling-factor", "needs --use-rope-scaling");
+  }
+  if (options.use_rope_scaling && !spec.rope_scaling.enabled()) spec.rope_scaling = RopeScaling{.factor = 8};
+  if (options.rope_scaling_factor) spec.rope_scaling.factor = *options.rope_scaling_factor;
   spec.swiglu = spec.swiglu || options.swiglu;
   spec.untie_embeddings_and_output_weights =
       spec.untie_embeddings_and_output_weights || options.untie_embeddings_and_output_weights;

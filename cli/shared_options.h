@@ -20,9 +20,10 @@ struct ModelOptions {
   std::optional<int64_t> num_layers, hidden_size, ffn_hidden_size, num_attention_heads, num_query_groups,
       kv_channels, seq_length, max_position_embeddings, vocab_size, make_vocab_size_divisible_by;
   std::optional<std::string> normalization, position_embedding_type;
-  std::optional<double> norm_epsilon, rotary_base, rotary_percent;
+  std::optional<double> norm_epsilon, rotary_base, rotary_percent, rope_scaling_factor;
   bool swiglu = false;
   bool group_query_attention = false;
+  bool use_rope_scaling = false;
   bool untie_embeddings_and_output_weights = false;
   bool disable_bias_linear = false;
   bool add_qkv_bias = false;

@@ -20,6 +20,27 @@ std::string model_type_of(JsonFieldReader& reader) {
   return "";
 }
 
+// Llama 3.1's scaling from a rope_scaling or rope_parameters object; transformers' other kinds
+// (linear, dynamic, yarn, longrope) change the frequencies otherwise, and training with plain RoPE
+// would silently differ from the model.
+void read_rope_scaling(JsonFieldReader& reader, const std::string& key, ModelSpec& spec) {
+  const nlohmann::json* object = reader.read_object(key);
+  if (object == nullptr) return;
+  JsonFieldReader scaling(*object, reader.field(key));
+  scaling.read("rope_theta", spec.rotary_base);
+  scaling.read("partial_rotary_factor", spec.rotary_percent);
+  std::string kind = "default";
+  if (!scaling.read("rope_type", kind)) scaling.read("type", kind);
+  if (kind == "default") return;
+  if (kind != "llama3") {
+    throw SpecError(scaling.field("rope_type"), "only \"llama3\" (Llama 3.1's scaling) is modelled, got \"" + kind + "\"");
+  }
+  scaling.require("factor", spec.rope_scaling.factor);
+  scaling.require("low_freq_factor", spec.rope_scaling.low_freq_factor);
+  scaling.require("high_freq_factor", spec.rope_scaling.high_freq_factor);
+  scaling.require("original_max_position_embeddings", spec.rope_scaling.original_max_position_embeddings);
+}
+
 ModelSpec from_llama_family(JsonFieldReader& reader, const std::string& type) {
   std::string activation = "silu";
   reader.read("hidden_act", activation);
@@ -53,6 +74,10 @@ ModelSpec from_llama_family(JsonFieldReader& reader, const std::string& type) {
   reader.read("rms_norm_eps", spec.norm_epsilon);
   reader.read("rope_theta", spec.rotary_base);  // default 10000, as Megatron's
   reader.read("partial_rotary_factor", spec.rotary_percent);
+  // The scaling: transformers 4's rope_scaling, or transformers 5's rope_parameters (which also
+  // holds rope_theta; its rope_type "default" is no scaling).
+  read_rope_scaling(reader, "rope_scaling", spec);
+  read_rope_scaling(reader, "rope_parameters", spec);
   return spec;
 }
 

@@ -80,6 +80,24 @@ void validate_model_spec(const ModelSpec& spec) {
   if (!(spec.rotary_percent > 0) || !(spec.rotary_percent <= 1)) {
     throw SpecError("--rotary-percent", "must be in (0, 1], got " + nlohmann::json(spec.rotary_percent).dump());
   }
+  if (const RopeScaling& scaling = spec.rope_scaling; scaling.enabled()) {
+    if (spec.position_embedding_type != PositionEmbedding::kRope) {
+      throw SpecError("--use-rope-scaling", "needs --position-embedding-type rope");
+    }
+    if (!(scaling.factor >= 1) || !std::isfinite(scaling.factor)) {
+      throw SpecError("--rope-scaling-factor", "must be a finite number >= 1, got " + nlohmann::json(scaling.factor).dump());
+    }
+    if (!(scaling.low_freq_factor > 0) || !(scaling.high_freq_factor > scaling.low_freq_factor) ||
+        !std::isfinite(scaling.high_freq_factor)) {
+      throw SpecError("rope_scaling", "needs 0 < low_freq_factor < high_freq_factor, finite; got " +
+                                          nlohmann::json(scaling.low_freq_factor).dump() + " and " +
+                                          nlohmann::json(scaling.high_freq_factor).dump());
+    }
+    if (scaling.original_max_position_embeddings <= 0) {
+      throw SpecError("rope_scaling", "original_max_position_embeddings must be positive, got " +
+                                          std::to_string(scaling.original_max_position_embeddings));
+    }
+  }
   if (spec.position_embedding_type == PositionEmbedding::kRope && (spec.rotary_dim() < 2 || spec.rotary_dim() % 2 != 0)) {
     throw SpecError("--rotary-percent", "must leave an even number of rotated dimensions, at least 2: --kv-channels " +
                                             std::to_string(spec.effective_kv_channels()) + " x " +
@@ -106,7 +124,7 @@ void validate_model_spec(const ModelSpec& spec) {
 }
 
 nlohmann::json model_spec_to_json(const ModelSpec& spec) {
-  return nlohmann::json{
+  nlohmann::json json{
       {"name", spec.name},
       {"num_layers", spec.num_layers},
       {"hidden_size", spec.hidden_size},
@@ -128,6 +146,13 @@ nlohmann::json model_spec_to_json(const ModelSpec& spec) {
       {"rotary_base", spec.rotary_base},
       {"rotary_percent", spec.rotary_percent},
   };
+  if (spec.rope_scaling.enabled()) {
+    json["rope_scaling"] = {{"factor", spec.rope_scaling.factor},
+                            {"low_freq_factor", spec.rope_scaling.low_freq_factor},
+                            {"high_freq_factor", spec.rope_scaling.high_freq_factor},
+                            {"original_max_position_embeddings", spec.rope_scaling.original_max_position_embeddings}};
+  }
+  return json;
 }
 
 ModelSpec model_spec_from_json(const nlohmann::json& json, const std::string& source) {
@@ -157,6 +182,14 @@ ModelSpec model_spec_from_json(const nlohmann::json& json, const std::string& so
   reader.read("norm_epsilon", spec.norm_epsilon);
   reader.read("rotary_base", spec.rotary_base);
   reader.read("rotary_percent", spec.rotary_percent);
+  if (const nlohmann::json* scaling = reader.read_object("rope_scaling")) {
+    JsonFieldReader scaling_reader(*scaling, source + ": rope_scaling");
+    scaling_reader.require("factor", spec.rope_scaling.factor);
+    scaling_reader.read("low_freq_factor", spec.rope_scaling.low_freq_factor);
+    scaling_reader.read("high_freq_factor", spec.rope_scaling.high_freq_factor);
+    scaling_reader.read("original_max_position_embeddings", spec.rope_scaling.original_max_position_embeddings);
+    scaling_reader.reject_unknown_keys();
+  }
   reader.reject_unknown_keys();
   return spec;
 }

@@ -20,6 +20,19 @@ std::string to_string(PositionEmbedding position_embedding);
 Normalization parse_normalization(const std::string& text, const std::string& field);
 PositionEmbedding parse_position_embedding(const std::string& text, const std::string& field);
 
+// Llama 3.1's RoPE scaling (Megatron's --use-rope-scaling and --rope-scaling-factor; a Hugging
+// Face config's rope_scaling of rope_type "llama3"): frequencies of wavelengths above
+// original_max_position_embeddings / low_freq_factor are divided by `factor`, those below
+// original_max_position_embeddings / high_freq_factor kept, those between blended
+// (executor/kernels/rope_frequency.h). factor 0: no scaling. Megatron's and Meta's values.
+struct RopeScaling {
+  double factor = 0;
+  double low_freq_factor = 1;
+  double high_freq_factor = 4;
+  int64_t original_max_position_embeddings = 8192;
+  bool enabled() const { return factor > 0; }
+};
+
 struct ModelSpec {
   std::string name;  // preset name, file name, or "custom"
 
@@ -43,6 +56,7 @@ struct ModelSpec {
   double norm_epsilon = 1e-5;   // --norm-epsilon: the norms' epsilon (Megatron's default)
   double rotary_base = 10000;   // --rotary-base: RoPE's theta (Llama 3: 500000)
   double rotary_percent = 1.0;  // --rotary-percent: the share of each head's dimensions that rotate
+  RopeScaling rope_scaling;     // --use-rope-scaling, --rope-scaling-factor
 
   // Effective values with Megatron's defaults applied.
   // Megatron's default: 4h, or with SwiGLU 2/3 of that rounded down to a multiple of 64 so the

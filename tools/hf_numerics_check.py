@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Checks megaplan's arithmetic against transformers', where transformers is installed (the lent
-GPUs): for each of llama, mistral, qwen2 and gpt2, a small randomly initialised model built by
+GPUs): for each of llama, llama3.1 (RoPE scaling), mistral, qwen2 and gpt2, a small randomly initialised model built by
 transformers is imported (`megaplan convert --to megaplan`), and on one sequence of 32 byte tokens
 (a dataset whose every sample is that sequence, so that megaplan's batches are exactly it):
 - the loss megaplan logs before its first step against transformers' on the same tokens (the
@@ -35,6 +35,11 @@ SHAPE = dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_
              tie_word_embeddings=False)
 CONFIGS = {
     "llama": LlamaConfig(**SHAPE),
+    # Llama 3.1's RoPE scaling over 16 original positions: head dim 64 at theta 500000 puts three
+    # frequencies in the blended band and the rest past it, so 32 positions turn them measurably.
+    "llama3.1": LlamaConfig(**{**SHAPE, "rope_theta": 500000.0},
+                            rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                          "high_freq_factor": 4.0, "original_max_position_embeddings": 16}),
     "mistral": MistralConfig(**SHAPE, sliding_window=None),
     "qwen2": Qwen2Config(**SHAPE),
     "gpt2": GPT2Config(vocab_size=512, n_embd=128, n_layer=2, n_head=2, n_positions=SEQ, n_ctx=SEQ,
@@ -111,6 +116,8 @@ def main():
     for name, config in CONFIGS.items():
         source, checkpoint = os.path.join(work, name + "-hf"), os.path.join(work, name + "-megaplan")
         model = saved_random_model(config, source)
+        if name == "llama3.1" and '"llama3"' not in open(os.path.join(source, "config.json")).read():
+            raise RuntimeError("transformers saved the llama3.1 config without its RoPE scaling")
         subprocess.run(["rm", "-rf", checkpoint])
         run(megaplan, "convert", "--to", "megaplan", "--load", source, "--save", checkpoint)
         want_loss, want_norm = torch_loss(model, train_tokens, backward=True)

@@ -197,6 +197,13 @@ nlohmann::json config_of(const ModelSpec& model, const std::string& type, int64_
                            {"hidden_act", "silu"},
                            {"tie_word_embeddings", tied},
                            {"torch_dtype", torch_dtype}};
+  if (const RopeScaling& scaling = model.rope_scaling; scaling.enabled()) {
+    config["rope_scaling"] = {{"rope_type", "llama3"},
+                              {"factor", scaling.factor},
+                              {"low_freq_factor", scaling.low_freq_factor},
+                              {"high_freq_factor", scaling.high_freq_factor},
+                              {"original_max_position_embeddings", scaling.original_max_position_embeddings}};
+  }
   if (type == "llama") config["attention_bias"] = false;
   if (type == "mistral") config["sliding_window"] = nullptr;
   return config;

@@ -225,7 +225,8 @@ class GptModel {
   // The architecture's choices (ModelSpec).
   bool rms_norm_, swiglu_, rope_, untied_;  // biases: the parameters the model has (Layer's non-null ones)
   int64_t rotary_dim_;
-  float rotary_base_, norm_epsilon_;
+  RotaryFrequencies rotary_;
+  float norm_epsilon_;
   // Tensor parallelism: the group, this rank, whether the stream is split by rows, and the
   // rank's share: heads and query groups, QKV's and fc1's outputs, MLP width, vocabulary rows
   // (from vocab_start_), stream rows.

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/implementation_options.h"
+#include "executor/kernels/rope_frequency.h"
 
 namespace megaplan::exec {
 
@@ -137,9 +138,11 @@ class Backend {
   // Rotary position embeddings (Megatron's default "rotate half") in place on the q and k heads of
   // a fused qkv [batch x seq x groups x (group + 2) x dim] (attention_forward's layout): each
   // group's `group` query heads and its key head, their first rotary_dim dimensions, by the angle
-  // position x theta^(-2i / rotary_dim); `inverse` rotates back (the backward, on dqkv).
+  // position x theta^(-2i / rotary_dim), scaled as `frequencies` asks (Llama 3.1, rope_frequency.h);
+  // `inverse` rotates back (the backward, on dqkv).
   virtual void rotary(Activation qkv, std::size_t batch, std::size_t seq, std::size_t groups, std::size_t group,
-                      std::size_t dim, std::size_t rotary_dim, float theta, bool inverse) = 0;
+                      std::size_t dim, std::size_t rotary_dim, const RotaryFrequencies& frequencies,
+                      bool inverse) = 0;
   // Causal attention on a fused qkv [batch x seq x groups x (heads / groups + 2) x dim]: Megatron's
   // layout, each query group's query heads, then its key and value (heads == groups: each head's
   // q, k and v together); tensor parallelism cuts it by groups. Into out [batch x seq x heads x dim];

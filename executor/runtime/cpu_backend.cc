@@ -201,12 +201,12 @@ void CpuBackend::swiglu_backward(ConstActivation dy, ConstActivation x, std::siz
 }
 
 void CpuBackend::rotary(Activation qkv, std::size_t batch, std::size_t seq, std::size_t groups, std::size_t group,
-                        std::size_t dim, std::size_t rotary_dim, float theta, bool inverse) {
+                        std::size_t dim, std::size_t rotary_dim, const RotaryFrequencies& frequencies, bool inverse) {
   // Each group's query heads and key head are adjacent: group + 1 heads from the group's start.
   const std::size_t group_stride = (group + 2) * dim;
   for (std::size_t g = 0; g < groups; ++g) {
     reference::rope_apply(f(qkv) + g * group_stride, batch, seq, group + 1, dim, groups * group_stride, rotary_dim,
-                          theta, inverse);
+                          frequencies, inverse);
   }
 }
 

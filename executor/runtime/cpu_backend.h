@@ -57,7 +57,7 @@ class CpuBackend final : public Backend {
   void swiglu_backward(ConstActivation dy, ConstActivation x, std::size_t rows, std::size_t width,
                        Activation dx) override;
   void rotary(Activation qkv, std::size_t batch, std::size_t seq, std::size_t groups, std::size_t group,
-              std::size_t dim, std::size_t rotary_dim, float theta, bool inverse) override;
+              std::size_t dim, std::size_t rotary_dim, const RotaryFrequencies& frequencies, bool inverse) override;
   std::size_t attention_saved_size(std::size_t batch, std::size_t seq, std::size_t heads,
                                    std::size_t dim) const override;
   void attention_forward(ConstActivation qkv, std::size_t batch, std::size_t seq, std::size_t heads,

@@ -258,10 +258,10 @@ class CudaBackend final : public Backend {
     cuda::swiglu_backward(bf(dy), bf(x), i64(rows), i64(width), bf(dx), lane_->stream);
   }
   void rotary(Activation qkv, std::size_t batch, std::size_t seq, std::size_t groups, std::size_t group,
-              std::size_t dim, std::size_t rotary_dim, float theta, bool inverse) override {
+              std::size_t dim, std::size_t rotary_dim, const RotaryFrequencies& frequencies, bool inverse) override {
     const std::size_t group_stride = (group + 2) * dim;
     cuda::rope_apply(bf(qkv), i64(batch), i64(seq), i64(groups), i64(group + 1), i64(dim), i64(groups * group_stride),
-                     i64(group_stride), i64(rotary_dim), theta, inverse, lane_->stream);
+                     i64(group_stride), i64(rotary_dim), frequencies, inverse, lane_->stream);
   }
 
   std::size_t attention_saved_size(std::size_t batch, std::size_t seq, std::size_t heads, std::size_t) const override {

@@ -284,10 +284,12 @@ expect_ok train --device cpu --model "$examples/models/tiny-gpt.json" --vocab-si
 # destinations in one line each, nothing written.
 expect_ok train --device cpu --model "$examples/models/tiny-gpt.json" --vocab-size 257 --seq-length 16 \
   --normalization RMSNorm --swiglu --position-embedding-type rope --num-query-groups 2 \
-  --untie-embeddings-and-output-weights --disable-bias-linear --mbs 1 --gbs 2 --data-path "$scratch/corpus" \
-  --split 1,0,0 --train-iters 2 --save "$scratch/llama-ckpt"
+  --untie-embeddings-and-output-weights --disable-bias-linear --use-rope-scaling --rope-scaling-factor 4 \
+  --mbs 1 --gbs 2 --data-path "$scratch/corpus" --split 1,0,0 --train-iters 2 --save "$scratch/llama-ckpt"
 expect_ok convert --to hf --load "$scratch/llama-ckpt" --save "$scratch/llama-hf"
 grep -q '"model_type": "llama"' "$scratch/llama-hf/config.json" || fail "convert --to hf: $(cat "$scratch/llama-hf/config.json")"
+grep -q '"rope_type": "llama3"' "$scratch/llama-hf/config.json" || fail "convert --to hf drops the RoPE scaling: $(cat "$scratch/llama-hf/config.json")"
+expect_error 'error: --rope-scaling-factor: needs --use-rope-scaling' describe --model llama3-8b --rope-scaling-factor 4
 expect_ok convert --to megaplan --load "$scratch/llama-hf" --save "$scratch/llama-tp2" --tp 2
 expect_ok train --device cpu --model "$scratch/llama-hf/config.json" --seq-length 16 --world-size 2 --tp 2 --mbs 1 --gbs 2 \
   --data-path "$scratch/corpus" --split 1,0,0 --train-iters 1 --load "$scratch/llama-tp2" --log-interval 1

@@ -6,6 +6,7 @@
 #include "core/formulas.h"
 #include "core/hf_config.h"
 #include "core/model_presets.h"
+#include "core/model_spec.h"
 
 using Catch::Matchers::Contains;
 
@@ -75,6 +76,43 @@ TEST_CASE("unsupported or broken HF configs name the field", "[hf_config]") {
   CHECK_THROWS_WITH(megaplan::model_spec_from_hf_config(gelu, "c.json"), Contains("c.json: hidden_act: only \"silu\""));
   CHECK(megaplan::is_hf_config(nlohmann::json{{"n_layer", 2}}));
   CHECK_FALSE(megaplan::is_hf_config(nlohmann::json{{"num_layers", 2}}));
+}
+
+TEST_CASE("Llama 3.1's rope_scaling imports; other kinds are refused naming the field", "[hf_config]") {
+  nlohmann::json config = nlohmann::json::parse(R"({"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64,
+    "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256,
+    "vocab_size": 512, "rope_theta": 500000.0, "rope_scaling": {"rope_type": "llama3", "factor": 8.0,
+    "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64}})");
+  megaplan::ModelSpec spec = megaplan::model_spec_from_hf_config(config, "c.json");
+  CHECK(spec.rope_scaling.factor == 8.0);
+  CHECK(spec.rope_scaling.low_freq_factor == 1.0);
+  CHECK(spec.rope_scaling.high_freq_factor == 4.0);
+  CHECK(spec.rope_scaling.original_max_position_embeddings == 64);
+  // A megaplan model file carries it too.
+  const megaplan::ModelSpec again = megaplan::model_spec_from_json(megaplan::model_spec_to_json(spec), "m.json");
+  CHECK(again.rope_scaling.factor == 8.0);
+  CHECK(again.rope_scaling.original_max_position_embeddings == 64);
+  CHECK_FALSE(megaplan::model_spec_to_json(megaplan::model_preset("llama3-8b")).contains("rope_scaling"));
+  config["rope_scaling"] = {{"type", "yarn"}, {"factor", 4.0}};
+  CHECK_THROWS_WITH(megaplan::model_spec_from_hf_config(config, "c.json"),
+                    Contains("c.json: rope_scaling: rope_type: only \"llama3\" (Llama 3.1's scaling) is modelled, got \"yarn\""));
+  config["rope_scaling"] = nullptr;  // null: none
+  CHECK_FALSE(megaplan::model_spec_from_hf_config(config, "c.json").rope_scaling.enabled());
+  // transformers 5 writes rope_parameters, theta inside.
+  config.erase("rope_theta");
+  config["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 250000.0}};
+  const megaplan::ModelSpec plain = megaplan::model_spec_from_hf_config(config, "c.json");
+  CHECK(plain.rotary_base == 250000.0);
+  CHECK_FALSE(plain.rope_scaling.enabled());
+  config["rope_parameters"] = {{"rope_type", "llama3"}, {"rope_theta", 500000.0}, {"factor", 32.0},
+                               {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0},
+                               {"original_max_position_embeddings", 8192}};
+  CHECK(megaplan::model_spec_from_hf_config(config, "c.json").rope_scaling.factor == 32.0);
+  spec.rope_scaling.factor = 0.5;
+  CHECK_THROWS_WITH(megaplan::validate_model_spec(spec), Contains("--rope-scaling-factor: must be a finite number >= 1"));
+  spec.rope_scaling.factor = 8;
+  spec.position_embedding_type = megaplan::PositionEmbedding::kLearnedAbsolute;
+  CHECK_THROWS_WITH(megaplan::validate_model_spec(spec), Contains("--use-rope-scaling: needs --position-embedding-type rope"));
 }
 
 TEST_CASE("a megaplan model file loads by path", "[hf_config]") {

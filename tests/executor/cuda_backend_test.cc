@@ -231,13 +231,18 @@ TEST_CASE("every CUDA operation matches the CPU backend", "[gpu][kernels]") {
   }
   SECTION("attention and the rotary embedding, with and without query groups") {
     // heads == groups: Megatron's per-head [q, k, v]; 4 heads in 2 groups: [q, q, k, v] per group.
+    // The rotary embedding with Llama 3.1's scaling (over 16 original positions, so that seq 33
+    // turns the scaled pairs measurably).
+    megaplan::exec::RotaryFrequencies frequencies(500000.0);
+    frequencies.scaling_factor = 8;
+    frequencies.original_max_positions = 16;
     for (const auto& [heads, groups] : {std::pair<std::size_t, std::size_t>{3, 3}, {4, 2}}) {
       for (const std::size_t dim : {std::size_t{64}, std::size_t{128}}) {
         const std::size_t batch = 2, seq = 33, width = (heads + 2 * groups) * dim;
         INFO("heads " << heads << ", groups " << groups << ", head dim " << dim);
         Acts qkv = both.acts(random_vector(batch * seq * width, generator));
-        both.cpu().rotary(qkv.cpu, batch, seq, groups, heads / groups, dim, dim / 2, 10000.0f, false);
-        both.gpu().rotary(qkv.gpu, batch, seq, groups, heads / groups, dim, dim / 2, 10000.0f, false);
+        both.cpu().rotary(qkv.cpu, batch, seq, groups, heads / groups, dim, dim / 2, frequencies, false);
+        both.gpu().rotary(qkv.gpu, batch, seq, groups, heads / groups, dim, dim / 2, frequencies, false);
         CHECK(both.error(qkv) < kBf16);
         Acts out = both.act_output(batch * seq * heads * dim);
         float* saved_cpu = both.cpu().allocate(both.cpu().attention_saved_size(batch, seq, heads, dim));
@@ -250,8 +255,8 @@ TEST_CASE("every CUDA operation matches the CPU backend", "[gpu][kernels]") {
         both.cpu().attention_backward(dout.cpu, qkv.cpu, out.cpu, saved_cpu, batch, seq, heads, groups, dim, dqkv.cpu);
         both.gpu().attention_backward(dout.gpu, qkv.gpu, out.gpu, saved_gpu, batch, seq, heads, groups, dim, dqkv.gpu);
         CHECK(both.error(dqkv) < kBf16);
-        both.cpu().rotary(dqkv.cpu, batch, seq, groups, heads / groups, dim, dim / 2, 10000.0f, true);
-        both.gpu().rotary(dqkv.gpu, batch, seq, groups, heads / groups, dim, dim / 2, 10000.0f, true);
+        both.cpu().rotary(dqkv.cpu, batch, seq, groups, heads / groups, dim, dim / 2, frequencies, true);
+        both.gpu().rotary(dqkv.gpu, batch, seq, groups, heads / groups, dim, dim / 2, frequencies, true);
         CHECK(both.error(dqkv) < kBf16);
       }
     }

@@ -22,6 +22,7 @@ class ForwardingBackend : public exec::Backend {
   using OptimizerTensor = exec::OptimizerTensor;
   using AdamwSettings = exec::AdamwSettings;
   using TimingMark = exec::TimingMark;
+  using RotaryFrequencies = exec::RotaryFrequencies;
 
   explicit ForwardingBackend(std::unique_ptr<exec::Backend> inner) : inner_(std::move(inner)) {}
 
@@ -99,8 +100,8 @@ class ForwardingBackend : public exec::Backend {
     inner_->swiglu_backward(dy, x, rows, width, dx);
   }
   void rotary(Activation qkv, std::size_t batch, std::size_t seq, std::size_t groups, std::size_t group,
-              std::size_t dim, std::size_t rotary_dim, float theta, bool inverse) override {
-    inner_->rotary(qkv, batch, seq, groups, group, dim, rotary_dim, theta, inverse);
+              std::size_t dim, std::size_t rotary_dim, const RotaryFrequencies& frequencies, bool inverse) override {
+    inner_->rotary(qkv, batch, seq, groups, group, dim, rotary_dim, frequencies, inverse);
   }
   void attention_forward(ConstActivation qkv, std::size_t batch, std::size_t seq, std::size_t heads, std::size_t groups,
                          std::size_t dim, Activation out, float* saved) override {

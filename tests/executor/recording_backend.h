@@ -95,9 +95,9 @@ class RecordingBackend : public ForwardingBackend {
     ForwardingBackend::swiglu_backward(dy, x, rows, width, dx);
   }
   void rotary(Activation qkv, std::size_t batch, std::size_t seq, std::size_t groups, std::size_t group,
-              std::size_t dim, std::size_t rotary_dim, float theta, bool inverse) override {
+              std::size_t dim, std::size_t rotary_dim, const RotaryFrequencies& frequencies, bool inverse) override {
     record(row_kernel(KernelKind::kRotary, size(batch * seq), size(groups * (group + 1) * rotary_dim)));
-    ForwardingBackend::rotary(qkv, batch, seq, groups, group, dim, rotary_dim, theta, inverse);
+    ForwardingBackend::rotary(qkv, batch, seq, groups, group, dim, rotary_dim, frequencies, inverse);
   }
   void attention_forward(ConstActivation qkv, std::size_t batch, std::size_t seq, std::size_t heads, std::size_t groups,
                          std::size_t dim, Activation out, float* saved) override {

@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <numbers>
 #include <functional>
 #include <random>
 #include <vector>
@@ -69,6 +70,32 @@ TEST_CASE("SwiGLU values and gradient", "[kernels]") {
   };
   ref::swiglu_backward(weights.data(), x.data(), rows, width, dx.data());
   check_gradient(x, dx, loss, "dx");
+}
+
+TEST_CASE("Llama 3.1's RoPE scaling: long wavelengths divided by the factor, short ones kept, the middle blended",
+          "[kernels]") {
+  // theta 10000, rotary_dim 8: frequencies 1, 0.1, 0.01, 0.001 (wavelengths 6.3, 62.8, 628, 6283).
+  // Original positions 64, factors 1 and 4: wavelengths below 16 keep theirs, above 64 are divided
+  // by 8, and 62.8 lies between: s = (64 / 62.83 - 1) / 3 weighs the kept frequency.
+  megaplan::exec::RotaryFrequencies frequencies(10000.0);
+  frequencies.scaling_factor = 8;
+  frequencies.low_freq_factor = 1;
+  frequencies.high_freq_factor = 4;
+  frequencies.original_max_positions = 64;
+  const double s = (64 / (2 * std::numbers::pi / 0.1) - 1) / 3;
+  const double want[4] = {1.0, (1 - s) * 0.1 / 8 + s * 0.1, 0.01 / 8, 0.001 / 8};
+  const std::size_t t = 7;  // the position whose angles are read
+  std::vector<float> x((t + 1) * 8, 0.0f);
+  for (std::size_t token = 0; token <= t; ++token) {
+    for (std::size_t i = 0; i < 4; ++i) x[token * 8 + i] = 1.0f;  // x1 = 1, x2 = 0: out = (cos, sin)
+  }
+  ref::rope_apply(x.data(), 1, t + 1, 1, 8, 8, 8, frequencies, false);
+  for (std::size_t i = 0; i < 4; ++i) {
+    INFO("pair " << i);
+    CHECK(std::atan2(x[t * 8 + 4 + i], x[t * 8 + i]) == Approx(std::remainder(static_cast<double>(t) * want[i], 2 * std::numbers::pi)).margin(1e-6));
+  }
+  // Unscaled (factor 0) is plain RoPE.
+  CHECK(megaplan::exec::scaled_inverse_frequency(0.001, megaplan::exec::RotaryFrequencies(10000.0)) == 0.001);
 }
 
 TEST_CASE("RoPE rotates pairs by position-dependent angles, and its inverse is its gradient", "[kernels]") {

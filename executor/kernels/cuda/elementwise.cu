@@ -145,7 +145,7 @@ __global__ void swiglu_backward_kernel(const Bf16* dy, const Bf16* x, int64_t ro
 template <bool kAligned>
 __global__ void rope_kernel(Bf16* base, int64_t tokens, int64_t seq, int64_t groups, int64_t heads, int64_t head_dim,
                             int64_t token_stride, int64_t group_stride, int64_t half, int64_t vectors_per_token,
-                            float log2_theta, float rotary_dim, bool inverse) {
+                            float log2_theta, float rotary_dim, RotaryFrequencies frequencies, bool inverse) {
   const int64_t i = vector_index();
   if (i >= tokens * vectors_per_token) return;
   const int64_t token = i / vectors_per_token, start = (i % vectors_per_token) * 8;
@@ -154,7 +154,9 @@ __global__ void rope_kernel(Bf16* base, int64_t tokens, int64_t seq, int64_t gro
 #pragma unroll
   for (int e = 0; e < 8; ++e) {
     // Megatron's inv_freq = 1 / theta^(2i / rotary_dim) and angle = t * inv_freq, both fp32.
-    const float inv_freq = 1.0f / exp2f(log2_theta * (2.0f * static_cast<float>(start + e) / rotary_dim));
+    // Llama 3.1's scaling on top where asked (rope_frequency.h).
+    const float inv_freq = scaled_inverse_frequency(
+        1.0f / exp2f(log2_theta * (2.0f * static_cast<float>(start + e) / rotary_dim)), frequencies);
     sincosf(position * inv_freq, &sine[e], &cosine[e]);
     if (inverse) sine[e] = -sine[e];
   }
@@ -260,11 +262,12 @@ void swiglu_backward(const Bf16* dy, const Bf16* x, int64_t rows, int64_t width,
 }
 
 void rope_apply(Bf16* base, int64_t batch, int64_t seq, int64_t groups, int64_t heads, int64_t head_dim,
-                int64_t token_stride, int64_t group_stride, int64_t rotary_dim, float theta, bool inverse,
-                cudaStream_t stream) {
+                int64_t token_stride, int64_t group_stride, int64_t rotary_dim, const RotaryFrequencies& frequencies,
+                bool inverse, cudaStream_t stream) {
+  const double theta = frequencies.theta;
   if (rotary_dim <= 0 || rotary_dim % 2 != 0 || rotary_dim > head_dim || batch < 0 || seq < 0 || heads < 0 ||
       groups < 1 || group_stride < heads * head_dim || token_stride < (groups - 1) * group_stride + heads * head_dim ||
-      !(theta > 1.0f)) {
+      !(theta > 1.0)) {
     throw SpecError("--device", "rope_apply: needs an even 0 < rotary_dim <= head_dim, group_stride >= heads * "
                                 "head_dim, token_stride past the last group's heads and theta > 1; got rotary_dim " +
                                     std::to_string(rotary_dim) + ", head_dim " + std::to_string(head_dim) +
@@ -276,15 +279,15 @@ void rope_apply(Bf16* base, int64_t batch, int64_t seq, int64_t groups, int64_t 
   const int64_t half = rotary_dim / 2;
   const int64_t vectors_per_token = (half + 7) / 8;
   const unsigned grid = grid_for_vectors(tokens * vectors_per_token);
-  const float log2_theta = std::log2(theta);
+  const auto log2_theta = static_cast<float>(std::log2(theta));
   if (half % 8 == 0 && head_dim % 8 == 0 && token_stride % 8 == 0 && group_stride % 8 == 0 && aligned16(base)) {
     rope_kernel<true><<<grid, kThreads, 0, stream>>>(base, tokens, seq, groups, heads, head_dim, token_stride,
                                                      group_stride, half, vectors_per_token, log2_theta,
-                                                     static_cast<float>(rotary_dim), inverse);
+                                                     static_cast<float>(rotary_dim), frequencies, inverse);
   } else {
     rope_kernel<false><<<grid, kThreads, 0, stream>>>(base, tokens, seq, groups, heads, head_dim, token_stride,
                                                       group_stride, half, vectors_per_token, log2_theta,
-                                                      static_cast<float>(rotary_dim), inverse);
+                                                      static_cast<float>(rotary_dim), frequencies, inverse);
   }
   check_launch("rope_apply");
 }

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "executor/kernels/cuda/bf16_linear.h"
+#include "executor/kernels/rope_frequency.h"
 
 namespace megaplan::exec::cuda {
 
@@ -28,10 +29,10 @@ void swiglu_backward(const Bf16* dy, const Bf16* x, int64_t rows, int64_t width,
 // heads and key head of each query group: heads = group + 1, group_stride = (group + 2) * head_dim);
 // the first rotary_dim dims rotate, pair i (d = i and i + rotary_dim / 2) by
 // the angle t * inv_freq[i], inv_freq[i] = theta^(-2i / rotary_dim) in fp32 as Megatron computes
-// it; the rest pass through. The backward is the rotation by the negative angle (inverse = true).
+// it, scaled where `frequencies` asks (rope_frequency.h); the rest pass through. The backward is the rotation by the negative angle (inverse = true).
 // REQUIRES: rotary_dim even, 0 < rotary_dim <= head_dim.
 void rope_apply(Bf16* base, int64_t batch, int64_t seq, int64_t groups, int64_t heads, int64_t head_dim,
-                int64_t token_stride, int64_t group_stride, int64_t rotary_dim, float theta, bool inverse,
-                cudaStream_t stream);
+                int64_t token_stride, int64_t group_stride, int64_t rotary_dim, const RotaryFrequencies& frequencies,
+                bool inverse, cudaStream_t stream);
 
 }  // namespace megaplan::exec::cuda
