@@ -26,6 +26,7 @@ void setup_groups_command(CLI::App& app, CommandContext& context);
 void setup_launch_command(CLI::App& app, CommandContext& context);
 void setup_presets_command(CLI::App& app, CommandContext& context);
 void setup_profile_command(CLI::App& app, CommandContext& context);
+void setup_report_command(CLI::App& app, CommandContext& context);
 void setup_schedule_command(CLI::App& app, CommandContext& context);
 void setup_search_command(CLI::App& app, CommandContext& context);
 void setup_simulate_command(CLI::App& app, CommandContext& context);

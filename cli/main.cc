@@ -30,6 +30,7 @@ int main(int argc, char** argv) {
   megaplan::cli::setup_schedule_command(app, context);
   megaplan::cli::setup_search_command(app, context);
   megaplan::cli::setup_simulate_command(app, context);
+  megaplan::cli::setup_report_command(app, context);
   megaplan::cli::setup_train_command(app, context);
 
   try {

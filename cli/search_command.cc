@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <iostream>
 #include <memory>
 #include <sstream>
 #include <thread>
@@ -13,6 +14,7 @@
 #include "executor/io/staged_file.h"
 #include "cli/commands.h"
 #include "cli/profile_choice.h"
+#include "cli/report_command.h"
 #include "cli/progress_bar.h"
 #include "core/error.h"
 #include "planner/launch_commands.h"
@@ -223,21 +225,28 @@ int run_search(const SearchCommandOptions& options, std::ostream& out) {
 
   job.plan = result.plans.front().plan;
   if (options.out) exec::write_file_atomically(*options.out, job_spec_to_json(job).dump(2) + "\n");
+  nlohmann::json plans = nlohmann::json::array();
+  for (const planner::RankedPlan& ranked : result.plans) plans.push_back(plan_json(ranked, result.memory_limit_bytes));
+  nlohmann::json json = {{"plans", std::move(plans)},
+                         {"counts",
+                          {{"enumerated", result.counts.enumerated},
+                           {"pruned_model_state", result.counts.pruned_model_state},
+                           {"pruned_activations", result.counts.pruned_activations},
+                           {"pruned_by_bound", result.counts.pruned_by_bound},
+                           {"simulated", result.counts.simulated}}},
+                         {"memory_limit_bytes", result.memory_limit_bytes},
+                         {"profile", profile_json(profile)},
+                         {"tie_tolerance", profile.uncertainty()},
+                         {"seconds", seconds},
+                         {"threads", threads}};
+  if (options.report) {
+    // The best plan's report with the ranked plans beside it; its line goes to stderr under --json.
+    PlanReport report = plan_report(job, profile, sim::simulate_plan(job, profile, /*record_timeline=*/true));
+    report.search = json;
+    report.search_source = "the search";
+    write_report(report, *options.report, options.json ? std::cerr : out);
+  }
   if (options.json) {
-    nlohmann::json plans = nlohmann::json::array();
-    for (const planner::RankedPlan& ranked : result.plans) plans.push_back(plan_json(ranked, result.memory_limit_bytes));
-    nlohmann::json json = {{"plans", std::move(plans)},
-                           {"counts",
-                            {{"enumerated", result.counts.enumerated},
-                             {"pruned_model_state", result.counts.pruned_model_state},
-                             {"pruned_activations", result.counts.pruned_activations},
-                             {"pruned_by_bound", result.counts.pruned_by_bound},
-                             {"simulated", result.counts.simulated}}},
-                           {"memory_limit_bytes", result.memory_limit_bytes},
-                           {"profile", profile_json(profile)},
-                           {"tie_tolerance", profile.uncertainty()},
-                           {"seconds", seconds},
-                           {"threads", threads}};
     if (options.emit == "megatron") json["megatron_arguments"] = planner::megatron_arguments(job.model, job.plan);
     if (options.emit == "launch") {
       nlohmann::json commands = nlohmann::json::array();
@@ -308,6 +317,7 @@ void setup_search_command(CLI::App& app, CommandContext& context) {
   command->add_option("--threads", options->threads, "Worker threads (0: all cores)")->capture_default_str();
   command->add_option("--profile", options->profile, "Kernel and link timings (profiles/*.json); default: the GPU's built-in measured profile, else its datasheet");
   command->add_option("--out", options->out, "Write the best plan as a job file (for simulate --plan)");
+  command->add_option("--report", options->report, "Write the best plan's HTML report here, the ranked plans beside it");
   command->add_option("--emit", options->emit,
                       "Print the best plan as: megatron (Megatron-LM's arguments), launch (torchrun, srun, mpirun and "
                       "megaplan launch lines)");

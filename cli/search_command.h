@@ -31,6 +31,7 @@ struct SearchCommandOptions {
   int64_t threads = 0;
   std::optional<std::string> profile;
   std::optional<std::string> out;   // the best plan as a job file (atomically)
+  std::optional<std::string> report;  // the best plan's HTML report, the ranked plans beside it
   std::optional<std::string> emit;  // "megatron" or "launch"
   bool explain = false;
   bool json = false;

@@ -2,6 +2,7 @@
 #include "cli/simulate_command.h"
 
 #include <algorithm>
+#include <iostream>
 #include <memory>
 #include <sstream>
 
@@ -11,6 +12,7 @@
 #include "executor/io/staged_file.h"
 #include "cli/commands.h"
 #include "cli/profile_choice.h"
+#include "cli/report_command.h"
 #include "core/error.h"
 #include "core/pipeline_layout.h"
 #include "reports/chrome_trace.h"
@@ -118,7 +120,7 @@ void write_text(const JobSpec& job, const sim::Profile& profile, const sim::Plan
 int run_simulate(const SimulateOptions& options, std::ostream& out) {
   const JobSpec job = load_job(options.model, options.cluster, options.plan, options.plan_file);
   const sim::Profile profile = choose_profile(options.profile, job.cluster.gpu);
-  const sim::PlanSimulation simulation = sim::simulate_plan(job, profile, options.trace.has_value());
+  const sim::PlanSimulation simulation = sim::simulate_plan(job, profile, options.trace || options.report);
   if (options.trace) {
     exec::write_file_atomically(*options.trace, timeline_to_chrome_trace(simulation.result.timeline).dump() + "\n");
   }
@@ -127,6 +129,8 @@ int run_simulate(const SimulateOptions& options, std::ostream& out) {
   } else {
     write_text(job, profile, simulation, out);
   }
+  // After the output: --json's stays one JSON document on stdout, the report's line goes to stderr.
+  if (options.report) write_report(plan_report(job, profile, simulation), *options.report, options.json ? std::cerr : out);
   return 0;
 }
 
@@ -141,6 +145,7 @@ void setup_simulate_command(CLI::App& app, CommandContext& context) {
   command->add_option("--profile", options->profile, "Kernel and link timings (profiles/*.json); default: the GPU's built-in measured profile, else its datasheet");
   command->add_option("--trace", options->trace, "Write the simulated timeline as a Chrome trace (Perfetto) here");
   command->add_flag("--json", options->json, "Print JSON instead of text");
+  command->add_option("--report", options->report, "Write the plan's HTML report here (as `megaplan report`)");
   command->callback([options, command, &context] {
     if (options->plan_file) reject_flags_beside_job_file(*command);
     context.exit_code = run_simulate(*options, context.out);

@@ -165,6 +165,25 @@ grep -q '"tie_tolerance": 0.05' "$scratch/out" || fail "search --json does not s
 grep -q '"tie_with_best": ' "$scratch/out" || fail "search --json does not mark ties"
 expect_ok describe --model gpt2-124m --cluster h200-x2 --pp 2 --gbs 8 --out "$scratch/small-job.json"
 expect_ok simulate --plan "$scratch/small-job.json"
+# The HTML report: written whole, or refused in one line with nothing left behind.
+expect_ok search --model gpt2-124m --cluster h200-x2 --gbs 8 --top 4 --threads 2 --json
+cp "$scratch/out" "$scratch/search.json"
+expect_ok report --plan "$scratch/small-job.json" --search "$scratch/search.json" --out "$scratch/report.html"
+grep -q '^wrote .*report.html (' "$scratch/out" || fail "report says nothing: $(cat "$scratch/out")"
+grep -q 'window.MEGAPLAN = {' "$scratch/report.html" || fail "the report holds no data"
+grep -q 'd3js.org v5.16.0' "$scratch/report.html" || fail "the report does not embed d3"
+if grep -q 'src="http\|href="http' "$scratch/report.html"; then fail "the report fetches something at view time"; fi
+expect_error "error: .*nowhere.json: cannot read file" report --plan "$scratch/nowhere.json" --out "$scratch/never.html"
+printf '{"plans": [{"tensor_parallel_size": 1}]}' >"$scratch/bad-search.json"
+expect_error "error: .*bad-search.json: plans\[0\]: .*required field is missing" report --plan "$scratch/small-job.json" --search "$scratch/bad-search.json" --out "$scratch/never.html"
+printf '{"plans": [' >"$scratch/cut-search.json"
+expect_error "error: .*cut-search.json" report --plan "$scratch/small-job.json" --search "$scratch/cut-search.json" --out "$scratch/never.html"
+[ ! -e "$scratch/never.html" ] || fail "a refused report left a file behind"
+expect_ok simulate --plan "$scratch/small-job.json" --json --report "$scratch/simulate-report.html"
+grep -q '"iteration_time_s"' "$scratch/out" || fail "simulate --json --report prints no JSON"
+grep -q 'window.MEGAPLAN = {' "$scratch/simulate-report.html" || fail "simulate --report wrote no report"
+expect_ok search --model gpt2-124m --cluster h200-x2 --gbs 8 --top 3 --threads 2 --report "$scratch/search-report.html"
+grep -q '"alternatives":{"plans":\[' "$scratch/search-report.html" || fail "search --report has no alternatives"
 expect_ok simulate --model gpt2-124m --cluster "$examples/clusters/a100-40gb-4node.json" --gpus 8 --gbs 8 --profile "$examples/profiles/a100-sxm4-40gb.datasheet.json"
 expect_ok simulate --model gpt3-175b --cluster dgx-h100 --gpus 8 --tp 8 --json
 grep -q '"fits_in_memory": false' "$scratch/out" || fail "gpt3-175b on 8 GPUs should not fit"
@@ -271,6 +290,15 @@ grep -qE '^ +1  W +8 ' "$scratch/out" || fail "compare lists rank 1's eight W: $
 expect_ok compare --simulated "$scratch/simulated.json" --measured "$scratch/measured.json" --json
 grep -q '"iteration_error"' "$scratch/out" || fail "compare --json: $(head -c 300 "$scratch/out")"
 expect_error 'error: --measured: .*/trace.json lacks [0-9A-Z_]+ on pipeline rank [01], which .*/simulated.json holds' compare --simulated "$scratch/simulated.json" --measured "$scratch/trace.json"
+# The report of that plan with the measured timeline beside the simulated one.
+tiny_pp2=(--model "$examples/models/tiny-gpt.json" --vocab-size 257 --seq-length 16 --cluster h200-x2 --pp 2 --schedule zbv
+          --vpp 2 --num-layers 4 --mbs 1 --gbs 4)
+expect_ok report "${tiny_pp2[@]}" --measured "$scratch/measured.json" --simulated "$scratch/simulated.json" \
+  --out "$scratch/measured-report.html"
+grep -q '"measured":{"error":' "$scratch/measured-report.html" || fail "the report holds no measured section"
+expect_error 'error: --measured: .*/trace.json lacks [0-9A-Z_]+ on pipeline rank [01]' report "${tiny_pp2[@]}" --measured "$scratch/trace.json" --out "$scratch/never.html"
+expect_error 'error: --simulated: .*/trace.json is not a trace of this plan: ' report "${tiny_pp2[@]}" --simulated "$scratch/trace.json" --out "$scratch/never.html"
+[ ! -e "$scratch/never.html" ] || fail "a refused report left a file behind"
 printf 'not json' >"$scratch/not-json.txt"
 expect_error 'error: --simulated: .*/not-json.txt is not JSON' compare --simulated "$scratch/not-json.txt" --measured "$scratch/measured.json"
 expect_error 'error: --simulated: .*/missing.json: cannot read file' compare --simulated "$scratch/missing.json" --measured "$scratch/measured.json"

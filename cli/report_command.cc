@@ -1,0 +1,94 @@
+#include "cli/report_command.h"
+
+#include <memory>
+
+#include <CLI/CLI.hpp>
+
+#include "cli/commands.h"
+#include "cli/profile_choice.h"
+#include "core/error.h"
+#include "core/json_io.h"
+#include "executor/io/staged_file.h"
+#include "planner/megatron_arguments.h"
+#include "reports/chrome_trace.h"
+#include "reports/html_report.h"
+#include "reports/timeline_comparison.h"
+#include "reports/text_table.h"
+#include "simulator/simulate_plan.h"
+
+namespace megaplan::cli {
+
+PlanReport plan_report(const JobSpec& job, const sim::Profile& profile, sim::PlanSimulation simulation) {
+  PlanReport report;
+  report.job = job;
+  report.iteration_time_s = simulation.result.iteration_time_s;
+  report.model_tflops_per_gpu = simulation.model_tflops_per_gpu;
+  report.mfu = simulation.mfu;
+  report.bubble_fraction = simulation.result.bubble_fraction;
+  report.peak_memory_bytes = simulation.peak_memory_bytes;
+  report.memory_capacity_bytes = simulation.memory_capacity_bytes;
+  report.fits_in_memory = simulation.fits_in_memory;
+  report.memory = std::move(simulation.memory);
+  report.timeline = std::move(simulation.result.timeline);
+  report.profile_name = profile.gpu_name();
+  report.profile_kind = sim::to_string(profile.kind());
+  report.profile_description = describe_profile(profile);
+  report.profile_uncertainty = profile.uncertainty();
+  report.megatron_arguments = planner::megatron_arguments(job.model, job.plan);
+  return report;
+}
+
+void write_report(const PlanReport& report, const std::string& path, std::ostream& out) {
+  const std::string page = render_html_report(report_data(report));
+  exec::write_file_atomically(path, page);
+  out << "wrote " << path << " (" << format_bytes(static_cast<double>(page.size())) << ", "
+      << report.timeline.slices.size() << " timeline slices)\n";
+}
+
+int run_report(const ReportOptions& options, std::ostream& out) {
+  const JobSpec job = load_job(options.model, options.cluster, options.plan, options.plan_file);
+  const sim::Profile profile = choose_profile(options.profile, job.cluster.gpu);
+  PlanReport report = plan_report(job, profile, sim::simulate_plan(job, profile, /*record_timeline=*/true));
+  if (options.search) {
+    report.search = read_json_file(*options.search);
+    report.search_source = *options.search;
+  }
+  if (options.simulated) {
+    // A simulated trace of this plan holds this simulation's actions; one of another plan does not.
+    Timeline given = timeline_from_chrome_trace(read_json_file(*options.simulated), *options.simulated);
+    try {
+      (void)compare_timelines(report.timeline, given);
+    } catch (const SpecError& error) {
+      throw SpecError("--simulated", *options.simulated + " is not a trace of this plan: " + error.rule());
+    }
+    report.timeline = std::move(given);
+  }
+  if (options.measured) {
+    report.measured = timeline_from_chrome_trace(read_json_file(*options.measured), *options.measured);
+    report.measured_source = *options.measured;
+  }
+  write_report(report, options.out, out);
+  return 0;
+}
+
+void setup_report_command(CLI::App& app, CommandContext& context) {
+  auto options = std::make_shared<ReportOptions>();
+  CLI::App* command = app.add_subcommand(
+      "report", "One self-contained HTML report of a plan: summary, alternatives, memory, timeline");
+  add_model_options(*command, options->model);
+  add_cluster_options(*command, options->cluster);
+  add_plan_options(*command, options->plan);
+  command->add_option("--plan", options->plan_file, "Job JSON (search --out, describe --out) instead of the flags above");
+  command->add_option("--search", options->search, "`search --json` output: its ranked plans as the alternatives");
+  command->add_option("--profile", options->profile, "Kernel and link timings; default: simulate's");
+  command->add_option("--measured", options->measured,
+                      "`train --trace` of the same plan: its timeline against the simulated one, per-action residuals");
+  command->add_option("--simulated", options->simulated, "`simulate --trace` of the plan: the timeline to show");
+  command->add_option("--out", options->out, "The HTML file to write")->required();
+  command->callback([options, command, &context] {
+    if (options->plan_file) reject_flags_beside_job_file(*command);
+    context.exit_code = run_report(*options, context.out);
+  });
+}
+
+}  // namespace megaplan::cli

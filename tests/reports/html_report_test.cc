@@ -1,0 +1,143 @@
+// The HTML report's data: the simulated timeline as rows of compact slices with SEND -> RECV
+// arrows, the layers each virtual stage holds, memory parts per pipeline rank, a search's ranked
+// plans as the alternatives (a malformed search file refused naming the field), and the page with
+// d3 and the data inlined, a "</script>" in the data unable to end its script element.
+#include <catch2/catch.hpp>
+
+#include <set>
+#include <string>
+
+#include "core/cluster_spec.h"
+#include "core/error.h"
+#include "core/model_presets.h"
+#include "reports/html_report.h"
+#include "simulated_pipeline.h"
+
+using Catch::Matchers::Contains;
+
+namespace {
+
+megaplan::PlanReport small_report() {
+  megaplan::PlanReport report;
+  report.job.model = megaplan::model_preset("gpt2-124m");
+  report.job.cluster = megaplan::cluster_preset("dgx-h100");
+  report.job.plan.pipeline_parallel_size = 2;
+  report.job.plan.micro_batch_size = 1;
+  report.job.plan.global_batch_size = 4;
+  report.timeline = megaplan::test::simulated_1f1b(4).result.timeline;
+  report.iteration_time_s = 0.02;
+  for (int64_t rank = 0; rank < 2; ++rank) {
+    megaplan::PipelineRankMemory memory;
+    memory.pipeline_rank = rank;
+    memory.weight_bytes = 100 + rank;
+    memory.activation_bytes = 50;
+    memory.peak_inflight_microbatches = 2 - rank;
+    memory.total_bytes = 150 + rank;
+    report.memory.push_back(memory);
+  }
+  return report;
+}
+
+}  // namespace
+
+TEST_CASE("the report's timeline: rows, sorted compact slices, layers and SEND -> RECV arrows", "[reports]") {
+  const megaplan::PlanReport report = small_report();
+  const nlohmann::json data = megaplan::report_data(report);
+  const nlohmann::json& timeline = data.at("timeline");
+  std::set<std::pair<int, std::string>> streams;
+  for (const megaplan::TimelineSlice& slice : report.timeline.slices) {
+    streams.emplace(slice.pipeline_rank, megaplan::to_string(slice.stream));
+  }
+  REQUIRE(timeline.at("rows").size() == streams.size());
+  CHECK(timeline.at("rows")[0] == nlohmann::json{{"rank", 0}, {"stream", "compute"}});
+  const nlohmann::json& slices = timeline.at("slices");
+  REQUIRE(slices.size() == report.timeline.slices.size());
+  for (std::size_t i = 1; i < slices.size(); ++i) {
+    const bool ordered = slices[i - 1][0] < slices[i][0] ||
+                         (slices[i - 1][0] == slices[i][0] && slices[i - 1][1] <= slices[i][1]);
+    CHECK(ordered);
+  }
+  const nlohmann::json& kinds = timeline.at("kinds");
+  // 1F1B over 2 stages and 4 microbatches: 4 forward sends from stage 0, 4 backward sends from stage 1.
+  const nlohmann::json& arrows = timeline.at("arrows");
+  REQUIRE(arrows.size() == 8);
+  for (const nlohmann::json& arrow : arrows) {
+    const nlohmann::json& send = slices[arrow[0].get<std::size_t>()];
+    const nlohmann::json& receive = slices[arrow[1].get<std::size_t>()];
+    const std::string send_kind = kinds[send[3].get<std::size_t>()], receive_kind = kinds[receive[3].get<std::size_t>()];
+    CHECK(((send_kind == "SEND_F" && receive_kind == "RECV_F") || (send_kind == "SEND_B" && receive_kind == "RECV_B")));
+    CHECK(receive[4] == send[4].get<int>() + (send_kind == "SEND_F" ? 1 : -1));  // the next or previous stage
+    CHECK(receive[5] == send[5]);                                                 // the same microbatch
+    CHECK(receive[1].get<double>() >= send[1].get<double>());
+  }
+  CHECK(timeline.at("layers") == nlohmann::json::parse("[[0, 5], [6, 11]]"));
+  CHECK(timeline.at("span_s").get<double>() >= 0.02);
+  const nlohmann::json& memory = data.at("memory").at("ranks");
+  REQUIRE(memory.size() == 2);
+  CHECK(memory[1].at("parts")[0] == nlohmann::json{{"name", "weights"}, {"bytes", 101}});
+  CHECK(memory[0].at("inflight_microbatches") == 2);
+  CHECK(data.at("alternatives").is_null());
+  CHECK(data.at("summary").at("plan").at("microbatches") == 4);
+}
+
+TEST_CASE("a search's ranked plans become the alternatives; a malformed search is refused naming the field",
+          "[reports]") {
+  megaplan::PlanReport report = small_report();
+  const auto plan = [](int64_t pp, double seconds, bool fits) {
+    return nlohmann::json{{"tensor_parallel_size", 1}, {"pipeline_parallel_size", pp}, {"context_parallel_size", 1},
+                          {"data_parallel_size", 2 / pp}, {"virtual_pipeline_parallel_size", 1},
+                          {"micro_batch_size", 1}, {"schedule", "1f1b"}, {"recompute_granularity", "none"},
+                          {"iteration_time_s", seconds}, {"peak_memory_bytes", 1000}, {"fits_in_memory", fits},
+                          {"tie_with_best", false}, {"compute_s", seconds / 2}, {"tensor_comm_s", 0.0},
+                          {"pipeline_comm_s", 0.001}, {"data_parallel_comm_s", 0.0}, {"idle_s", 0.002}};
+  };
+  report.search = nlohmann::json{{"tie_tolerance", 0.05}, {"plans", {plan(2, 0.02, true), plan(1, 0.03, false)}}};
+  report.search_source = "search.json";
+  const nlohmann::json alternatives = megaplan::report_data(report).at("alternatives");
+  CHECK(alternatives.at("uncertainty") == 0.05);
+  REQUIRE(alternatives.at("plans").size() == 2);
+  CHECK(alternatives.at("plans")[0].at("chosen") == true);  // the report's own plan: pp 2
+  CHECK(alternatives.at("plans")[0].at("label") == "tp 1 pp 2 cp 1 dp 1 mbs 1 1f1b");
+  CHECK(alternatives.at("plans")[1].at("chosen") == false);
+  CHECK(alternatives.at("plans")[1].at("fits") == false);  // shown, marked
+  CHECK(alternatives.at("plans")[1].at("terms").at("idle") == 0.002);
+  report.search->at("plans")[1].erase("idle_s");
+  CHECK_THROWS_WITH(megaplan::report_data(report), Contains("search.json: plans[1]: idle_s: required field is missing"));
+  report.search = nlohmann::json{{"plans", 3}};
+  CHECK_THROWS_WITH(megaplan::report_data(report), Contains("--search: search.json: plans: must be the array"));
+}
+
+TEST_CASE("the page inlines d3 and the data; the data cannot close its script element", "[reports]") {
+  megaplan::PlanReport report = small_report();
+  report.job.model.name = "a</script>b";
+  const std::string page = megaplan::render_html_report(megaplan::report_data(report));
+  CHECK_THAT(page, Contains("d3js.org v5.16.0"));
+  CHECK_THAT(page, Contains("window.MEGAPLAN = {"));
+  CHECK_THAT(page, Contains("a<\\/script>b"));
+  CHECK(page.find("a</script>b") == std::string::npos);
+  CHECK(page.find("/*MEGAPLAN_DATA*/") == std::string::npos);
+  CHECK(page.find("/*MEGAPLAN_D3*/") == std::string::npos);
+}
+
+TEST_CASE("a measured timeline of the plan: residuals per rank and kind, the iteration's error; another plan's "
+          "is refused", "[reports]") {
+  megaplan::PlanReport report = small_report();
+  megaplan::Timeline measured = report.timeline;
+  for (megaplan::TimelineSlice& slice : measured.slices) {  // everything 25% slower
+    slice.start_s *= 1.25;
+    slice.end_s *= 1.25;
+  }
+  report.measured = measured;
+  report.measured_source = "m.json";
+  const nlohmann::json data = megaplan::report_data(report).at("measured");
+  CHECK(data.at("source") == "measured: m.json");
+  CHECK(data.at("error").get<double>() == Approx(1 / 1.25 - 1));
+  CHECK(data.at("same_order") == true);
+  REQUIRE_FALSE(data.at("residuals").empty());
+  for (const nlohmann::json& row : data.at("residuals")) {  // kinds that take time (not REDUCE_GRAD here)
+    if (row.at("measured_s").get<double>() > 0) CHECK(row.at("error").get<double>() == Approx(1 / 1.25 - 1));
+  }
+  CHECK(data.at("timeline").at("slices").size() == measured.slices.size());
+  report.measured = megaplan::test::simulated_1f1b(3).result.timeline;  // 3 microbatches, not 4
+  CHECK_THROWS_WITH(megaplan::report_data(report), Contains("--measured: "));
+}
