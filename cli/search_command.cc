@@ -141,7 +141,7 @@ void write_explanation(const planner::SearchResult& result, std::ostream& out) {
   table.add_row({"iteration", fixed(a.iteration_time_s, 4), fixed(b.iteration_time_s, 4),
                  fixed(b.iteration_time_s - a.iteration_time_s, 4)});
   const auto headroom = [&](const planner::RankedPlan& plan) {
-    return format_bytes(static_cast<double>(result.memory_limit_bytes - plan.peak_memory_bytes));
+    return format_gib(static_cast<double>(result.memory_limit_bytes - plan.peak_memory_bytes));
   };
   table.add_row({"memory headroom", headroom(first), headroom(second), ""});
   out << table.render();
@@ -155,7 +155,7 @@ void write_text(const SearchCommandOptions& options, const JobSpec& job, const p
   const planner::SearchCounts& counts = result.counts;
   out << job.model.name << " on " << job.cluster.total_gpus() << " x " << job.cluster.gpu.name << ", gbs "
       << options.global_batch_size << ", seq " << job.model.seq_length << ", memory limit "
-      << format_bytes(static_cast<double>(result.memory_limit_bytes)) << " per GPU\n";
+      << format_gib(static_cast<double>(result.memory_limit_bytes)) << " per GPU\n";
   out << counts.enumerated << " plans: " << counts.pruned_model_state << " over the limit on model state alone, "
       << counts.pruned_activations << " with activations, " << counts.pruned_by_bound << " cannot beat the "
       << ordinal(options.top) << " best (lower bound); " << counts.simulated
@@ -174,7 +174,7 @@ void write_text(const SearchCommandOptions& options, const JobSpec& job, const p
                    plan.sequence_parallel ? "on" : "off", plan.use_distributed_optimizer ? "on" : "off",
                    to_string(plan.schedule), fixed(ranked.estimate.iteration_time_s, 3),
                    fixed(ranked.estimate.model_tflops_per_gpu, 1), fixed(100 * ranked.estimate.mfu, 1) + "%",
-                   format_bytes(static_cast<double>(ranked.peak_memory_bytes)),
+                   format_gib(static_cast<double>(ranked.peak_memory_bytes)),
                    i == 0 ? "" : format_percent(ranked.estimate.iteration_time_s / best - 1, true) + (ranked.tie ? " tie" : "")});
   }
   out << table.render();

@@ -29,6 +29,8 @@ std::string seconds(double value) {
   return text.str();
 }
 
+std::string gib(int64_t bytes) { return gib_number(static_cast<double>(bytes)); }
+
 // The rank whose memory is fullest, and by how much it overflows (0 when it fits).
 std::pair<int64_t, int64_t> fullest_rank(const sim::PlanSimulation& simulation) {
   int64_t rank = 0;
@@ -94,25 +96,36 @@ void write_text(const JobSpec& job, const sim::Profile& profile, const sim::Plan
   out << "bubble     " << format_percent(result.bubble_fraction) << " of the pipeline's span\n";
   out << "code       " << describe_implementation(plan) << "\n";
   const auto [rank, shortfall] = fullest_rank(simulation);
-  out << "memory     peak " << format_bytes(static_cast<double>(simulation.peak_memory_bytes)) << " (pipeline rank "
-      << rank << ") of " << format_bytes(static_cast<double>(simulation.memory_capacity_bytes)) << ": "
+  out << "memory     peak " << format_gib(static_cast<double>(simulation.peak_memory_bytes)) << " (pipeline rank "
+      << rank << ") of " << format_gib(static_cast<double>(simulation.memory_capacity_bytes)) << ": "
       << (simulation.fits_in_memory ? "fits"
-                                    : "does not fit, short by " + format_bytes(static_cast<double>(shortfall)))
+                                    : "does not fit, short by " + format_gib(static_cast<double>(shortfall)))
       << "\n";
   const int64_t lookups = simulation.sources.table + simulation.sources.fallback;
   out << "profile    " << describe_profile(profile) << "\n           " << simulation.sources.fallback << " of "
       << lookups << " kernel times from the roofline fallback\n\n";
 
-  TextTable table({"rank", "compute s", "tp/cp comm s", "pp comm s", "dp comm s", "idle s", "in-flight", "memory"});
+  TextTable table({"rank", "compute s", "tp/cp comm s", "pp comm s", "dp comm s", "idle s", "in-flight", "memory GiB"});
   for (std::size_t r = 0; r < result.ranks.size(); ++r) {
     const sim::RankSimulation& times = result.ranks[r];
     const PipelineRankMemory& memory = simulation.memory[r];
     table.add_row({std::to_string(r), seconds(times.compute_s), seconds(times.collective_s),
                    seconds(times.pipeline_comm_s), seconds(times.data_parallel_comm_s), seconds(times.idle_s),
                    std::to_string(memory.peak_inflight_microbatches),
-                   format_bytes(static_cast<double>(memory.total_bytes))});
+                   gib(memory.total_bytes)});
   }
   out << table.render();
+  // What each pipeline rank holds at its peak.
+  TextTable parts({"rank", "weights", "gradients", "optimizer", "activations", "transient", "allocator", "reserve",
+                   "total GiB"});
+  for (const PipelineRankMemory& memory : simulation.memory) {
+    parts.add_row({std::to_string(memory.pipeline_rank), gib(memory.weight_bytes), gib(memory.gradient_bytes),
+                   gib(memory.optimizer_bytes), gib(memory.activation_bytes), gib(memory.transient_bytes),
+                   gib(memory.allocator_overhead_bytes), gib(memory.runtime_reserve_bytes), gib(memory.total_bytes)});
+  }
+  out << "\nmemory per pipeline rank at its peak, GiB (activations: the schedule's in-flight microbatches; "
+         "transient: one microbatch's logits or a recomputed layer)\n"
+      << parts.render();
 }
 
 }  // namespace

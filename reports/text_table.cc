@@ -74,6 +74,14 @@ std::string format_bytes(double bytes) {
   return scaled(bytes, 1024.0, {" B", " KiB", " MiB", " GiB", " TiB", " PiB"}, "%.1f%s");
 }
 
+std::string gib_number(double bytes) {
+  char text[64];
+  std::snprintf(text, sizeof(text), "%.2f", bytes / (1024.0 * 1024.0 * 1024.0));
+  return text;
+}
+
+std::string format_gib(double bytes) { return gib_number(bytes) + " GiB"; }
+
 std::string format_percent(double fraction, bool with_sign) {
   char text[64];
   std::snprintf(text, sizeof(text), with_sign ? "%+.1f%%" : "%.1f%%", 100 * fraction);

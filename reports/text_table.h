@@ -24,6 +24,10 @@ class TextTable {
 std::string format_count(double value);
 std::string format_flops(double flops);
 std::string format_bytes(double bytes);
+// Memory, always in GiB with two decimals, so that columns and reports compare: "80.00 GiB";
+// gib_number: the number alone, for a column headed in GiB.
+std::string format_gib(double bytes);
+std::string gib_number(double bytes);
 // A fraction as a percentage with one decimal: 0.1234 -> "12.3%"; `with_sign`: "+12.3%", "-4.0%".
 std::string format_percent(double fraction, bool with_sign = false);
 
