@@ -118,7 +118,7 @@ int run_train(const TrainCommandOptions& options, std::ostream& out) {
     summary = train_in_process(model, plan, train, options.device, out);
   }
   if (writes_trace) {
-    exec::write_file_atomically(*options.trace, timeline_to_chrome_trace(summary.timeline).dump() + "\n");
+    exec::write_file_atomically(*options.trace, timeline_to_chrome_trace(summary.timeline, JobSpec{model, ClusterSpec{}, plan}).dump() + "\n");
     out << "wrote the measured timeline of iteration " << summary.last_iteration << " to " << *options.trace << "\n";
   }
   return 0;

@@ -4,25 +4,59 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <map>
 #include <set>
 #include <string>
+#include <tuple>
 
 #include "core/error.h"
+#include "core/pipeline_layout.h"
+#include "core/schedule/dependencies.h"
+#include "core/version.h"
 
 namespace megaplan {
 
-nlohmann::json timeline_to_chrome_trace(const Timeline& timeline) {
+namespace {
+
+// The trace of `timeline`; `job`, where given, names each slice's layers and the run.
+nlohmann::json chrome_trace(const Timeline& timeline, const JobSpec* job) {
   nlohmann::json events = nlohmann::json::array();
   std::set<std::pair<int32_t, TimelineStream>> tracks;
+  std::map<std::tuple<ActionKind, int32_t, int32_t>, const TimelineSlice*> receives;
   for (const TimelineSlice& slice : timeline.slices) {
     tracks.insert({slice.pipeline_rank, slice.stream});
-    events.push_back({{"name", to_string(slice.action)},
+    const Action& action = slice.action;
+    nlohmann::json args = {{"virtual_stage", action.stage}};
+    if (action.microbatch >= 0) args["microbatch"] = action.microbatch;
+    if (job && action.kind != ActionKind::kOptimizer && action.stage < job->plan.num_virtual_stages()) {
+      const StageLayers layers = stage_layers(action.stage, job->model, job->plan);
+      args["layers"] = std::to_string(layers.first_layer) + "-" + std::to_string(layers.first_layer + layers.num_layers - 1);
+    }
+    events.push_back({{"name", to_string(action)},
                       {"cat", to_string(slice.stream)},
                       {"ph", "X"},
                       {"ts", slice.start_s * 1e6},
                       {"dur", (slice.end_s - slice.start_s) * 1e6},
                       {"pid", slice.pipeline_rank},
-                      {"tid", static_cast<int>(slice.stream)}});
+                      {"tid", static_cast<int>(slice.stream)},
+                      {"args", std::move(args)}});
+    if (action.kind == ActionKind::kRecvForward || action.kind == ActionKind::kRecvBackward) {
+      receives.emplace(std::tuple(action.kind, action.stage, action.microbatch), &slice);
+    }
+  }
+  // Flow arrows: from each send to the receive it pairs with (core's pairing rule).
+  int64_t flow = 0;
+  for (const TimelineSlice& slice : timeline.slices) {
+    if (slice.action.kind != ActionKind::kSendForward && slice.action.kind != ActionKind::kSendBackward) continue;
+    const Action receive = matching_receive(slice.action);
+    const auto found = receives.find(std::tuple(receive.kind, receive.stage, receive.microbatch));
+    if (found == receives.end()) continue;
+    const TimelineSlice& to = *found->second;
+    events.push_back({{"name", "message"}, {"cat", "pipeline"}, {"ph", "s"}, {"id", flow}, {"ts", slice.start_s * 1e6},
+                      {"pid", slice.pipeline_rank}, {"tid", static_cast<int>(slice.stream)}});
+    events.push_back({{"name", "message"}, {"cat", "pipeline"}, {"ph", "f"}, {"bp", "e"}, {"id", flow},
+                      {"ts", to.start_s * 1e6}, {"pid", to.pipeline_rank}, {"tid", static_cast<int>(to.stream)}});
+    ++flow;
   }
   // Names for the tracks: "pipeline rank 3" / "compute".
   std::set<int32_t> ranks;
@@ -34,7 +68,26 @@ nlohmann::json timeline_to_chrome_trace(const Timeline& timeline) {
     events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", rank}, {"tid", static_cast<int>(stream)},
                       {"args", {{"name", to_string(stream)}}}});
   }
-  return {{"traceEvents", std::move(events)}, {"displayTimeUnit", "ms"}, {"otherData", {{"source", timeline.source}}}};
+  nlohmann::json metadata = {{"source", timeline.source}, {"megaplan", kVersion}};
+  if (job) {
+    const ParallelPlan& plan = job->plan;
+    metadata["model"] = job->model.name;
+    metadata["plan"] = "tp " + std::to_string(plan.tensor_parallel_size) + ", pp " +
+                       std::to_string(plan.pipeline_parallel_size) + ", cp " + std::to_string(plan.context_parallel_size) +
+                       ", dp " + std::to_string(plan.data_parallel_size) + ", vpp " +
+                       std::to_string(plan.virtual_pipeline_parallel_size) + ", mbs " +
+                       std::to_string(plan.micro_batch_size) + ", gbs " + std::to_string(plan.global_batch_size) + ", " +
+                       to_string(plan.schedule);
+  }
+  return {{"traceEvents", std::move(events)}, {"displayTimeUnit", "ms"}, {"otherData", std::move(metadata)}};
+}
+
+}  // namespace
+
+nlohmann::json timeline_to_chrome_trace(const Timeline& timeline) { return chrome_trace(timeline, nullptr); }
+
+nlohmann::json timeline_to_chrome_trace(const Timeline& timeline, const JobSpec& job) {
+  return chrome_trace(timeline, &job);
 }
 
 namespace {

@@ -3,6 +3,7 @@
 
 #include <map>
 
+#include "core/model_presets.h"
 #include "reports/chrome_trace.h"
 #include "simulated_pipeline.h"
 
@@ -39,4 +40,33 @@ TEST_CASE("the trace parses and has one slice per action, on named tracks", "[re
       CHECK(event.at("dur").get<double>() == Approx(1000));
     }
   }
+}
+
+TEST_CASE("the trace's slices carry their microbatch, stage and layers; flows join each send to its receive",
+          "[reports][trace]") {
+  const megaplan::test::SimulatedPipeline pipeline = megaplan::test::simulated_1f1b(4);
+  megaplan::JobSpec job;
+  job.model = megaplan::model_preset("gpt2-124m");
+  job.plan.pipeline_parallel_size = 2;
+  job.plan.micro_batch_size = 1;
+  job.plan.global_batch_size = 4;
+  const nlohmann::json trace = megaplan::timeline_to_chrome_trace(pipeline.result.timeline, job);
+  std::map<int64_t, std::pair<nlohmann::json, nlohmann::json>> flows;  // id -> (start, finish)
+  for (const nlohmann::json& event : trace.at("traceEvents")) {
+    const std::string phase = event.at("ph");
+    if (phase == "X" && event.at("name") == "1F2") {
+      CHECK(event.at("args") == nlohmann::json{{"virtual_stage", 1}, {"microbatch", 2}, {"layers", "6-11"}});
+    }
+    if (phase == "s") flows[event.at("id").get<int64_t>()].first = event;
+    if (phase == "f") flows[event.at("id").get<int64_t>()].second = event;
+  }
+  REQUIRE(flows.size() == 8);  // 4 forward sends from stage 0, 4 backward sends from stage 1
+  for (const auto& [id, ends] : flows) {
+    CHECK(ends.first.at("pid") != ends.second.at("pid"));  // between the two pipeline ranks
+    CHECK(ends.second.at("ts").get<double>() >= ends.first.at("ts").get<double>());
+  }
+  CHECK(trace.at("otherData").at("model") == "gpt2-124m");
+  CHECK(trace.at("otherData").at("plan") == "tp 1, pp 2, cp 1, dp 1, vpp 1, mbs 1, gbs 4, 1f1b");
+  // Flows and args change nothing the reader takes back.
+  CHECK(megaplan::timeline_from_chrome_trace(trace, "t.json").slices.size() == pipeline.result.timeline.slices.size());
 }
