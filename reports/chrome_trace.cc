@@ -4,15 +4,14 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
-#include <map>
 #include <set>
 #include <string>
-#include <tuple>
+#include <vector>
 
 #include "core/error.h"
 #include "core/pipeline_layout.h"
-#include "core/schedule/dependencies.h"
 #include "core/version.h"
+#include "reports/timeline_messages.h"
 
 namespace megaplan {
 
@@ -22,8 +21,10 @@ namespace {
 nlohmann::json chrome_trace(const Timeline& timeline, const JobSpec* job) {
   nlohmann::json events = nlohmann::json::array();
   std::set<std::pair<int32_t, TimelineStream>> tracks;
-  std::map<std::tuple<ActionKind, int32_t, int32_t>, const TimelineSlice*> receives;
+  std::vector<const TimelineSlice*> slices;
+  slices.reserve(timeline.slices.size());
   for (const TimelineSlice& slice : timeline.slices) {
+    slices.push_back(&slice);
     tracks.insert({slice.pipeline_rank, slice.stream});
     const Action& action = slice.action;
     nlohmann::json args = {{"virtual_stage", action.stage}};
@@ -40,18 +41,12 @@ nlohmann::json chrome_trace(const Timeline& timeline, const JobSpec* job) {
                       {"pid", slice.pipeline_rank},
                       {"tid", static_cast<int>(slice.stream)},
                       {"args", std::move(args)}});
-    if (action.kind == ActionKind::kRecvForward || action.kind == ActionKind::kRecvBackward) {
-      receives.emplace(std::tuple(action.kind, action.stage, action.microbatch), &slice);
-    }
   }
-  // Flow arrows: from each send to the receive it pairs with (core's pairing rule).
+  // Flow arrows: from each send to the receive it pairs with.
   int64_t flow = 0;
-  for (const TimelineSlice& slice : timeline.slices) {
-    if (slice.action.kind != ActionKind::kSendForward && slice.action.kind != ActionKind::kSendBackward) continue;
-    const Action receive = matching_receive(slice.action);
-    const auto found = receives.find(std::tuple(receive.kind, receive.stage, receive.microbatch));
-    if (found == receives.end()) continue;
-    const TimelineSlice& to = *found->second;
+  for (const auto& [send, receive] : message_pairs(slices)) {
+    const TimelineSlice& slice = *slices[send];
+    const TimelineSlice& to = *slices[receive];
     events.push_back({{"name", "message"}, {"cat", "pipeline"}, {"ph", "s"}, {"id", flow}, {"ts", slice.start_s * 1e6},
                       {"pid", slice.pipeline_rank}, {"tid", static_cast<int>(slice.stream)}});
     events.push_back({{"name", "message"}, {"cat", "pipeline"}, {"ph", "f"}, {"bp", "e"}, {"id", flow},

@@ -2,17 +2,16 @@
 
 #include <algorithm>
 #include <cmath>
-#include <map>
 #include <string_view>
 #include <tuple>
 
 #include "core/error.h"
 #include "core/json_io.h"
 #include "core/pipeline_layout.h"
-#include "core/schedule/dependencies.h"
 #include "core/version.h"
 #include "reports/report_assets.h"
 #include "reports/timeline_comparison.h"
+#include "reports/timeline_messages.h"
 
 namespace megaplan {
 
@@ -108,7 +107,6 @@ nlohmann::json timeline_json(const Timeline& timeline, const JobSpec& job, doubl
   });
   nlohmann::json rows = nlohmann::json::array();
   nlohmann::json compact = nlohmann::json::array();
-  std::map<std::tuple<ActionKind, int32_t, int32_t>, std::size_t> receives;  // (kind, stage, microbatch) -> slice
   std::pair<int32_t, TimelineStream> row_key{-1, TimelineStream::kCompute};
   double span = 0;
   for (std::size_t i = 0; i < slices.size(); ++i) {
@@ -120,19 +118,10 @@ nlohmann::json timeline_json(const Timeline& timeline, const JobSpec& job, doubl
     const Action& action = slice.action;
     compact.push_back({rows.size() - 1, rounded(slice.start_s), rounded(slice.end_s - slice.start_s), kind_index(action.kind),
                        action.stage, action.microbatch});
-    if (action.kind == ActionKind::kRecvForward || action.kind == ActionKind::kRecvBackward) {
-      receives.emplace(std::tuple(action.kind, action.stage, action.microbatch), i);
-    }
     span = std::max(span, slice.end_s);
   }
   nlohmann::json arrows = nlohmann::json::array();
-  for (std::size_t i = 0; i < slices.size(); ++i) {
-    const Action& action = slices[i]->action;
-    if (action.kind != ActionKind::kSendForward && action.kind != ActionKind::kSendBackward) continue;
-    const Action receive = matching_receive(action);
-    const auto found = receives.find(std::tuple(receive.kind, receive.stage, receive.microbatch));
-    if (found != receives.end()) arrows.push_back({i, found->second});
-  }
+  for (const auto& [send, receive] : message_pairs(slices)) arrows.push_back({send, receive});
   nlohmann::json layers = nlohmann::json::array();
   for (int64_t stage = 0; stage < job.plan.num_virtual_stages(); ++stage) {
     const StageLayers held = stage_layers(stage, job.model, job.plan);

@@ -73,9 +73,32 @@ BytePairEncoder::BytePairEncoder(std::string field, std::string source)
   byte_token_.fill(-1);
 }
 
-bool BytePairEncoder::add_merge(int32_t left, int32_t right, int32_t merged) {
+bool split_merge(std::string_view merge, std::string& left, std::string& right) {
+  const std::size_t space = merge.find(' ');
+  if (space == 0 || space == std::string_view::npos || space + 1 == merge.size() ||
+      merge.find(' ', space + 1) != std::string_view::npos) {
+    return false;
+  }
+  left = merge.substr(0, space);
+  right = merge.substr(space + 1);
+  return true;
+}
+
+bool BytePairEncoder::add_merge(const std::string& left, const std::string& right,
+                                const std::unordered_map<std::string, int32_t>& ids, const std::string& field,
+                                const std::string& where, const std::string& vocabulary) {
+  const auto id_of = [&](const std::string& token, const char* what) {
+    const auto found = ids.find(token);
+    if (found == ids.end()) {
+      throw SpecError(field, where + ": " + what + " " + quoted_excerpt(token) + " is not in " + vocabulary);
+    }
+    return found->second;
+  };
+  const int32_t left_id = id_of(left, "the left token");
+  const int32_t right_id = id_of(right, "the right token");
+  const int32_t merged_id = id_of(left + right, "the merged token");
   const auto rank = static_cast<int32_t>(merges_.size());
-  return merges_.emplace(pair_key(left, right), Merge{rank, merged}).second;
+  return merges_.emplace(pair_key(left_id, right_id), Merge{rank, merged_id}).second;
 }
 
 std::vector<int32_t> BytePairEncoder::encode_piece(std::string_view piece) const {

@@ -31,6 +31,10 @@ bool byte_level_token_bytes(std::string_view token, std::string& bytes);
 // A token or line quoted for an error message, cut after about 60 bytes at a UTF-8 boundary.
 std::string quoted_excerpt(std::string_view text);
 
+// A merge as merges.txt and tokenizer.json spell it, "left right": its two tokens, split at its one
+// space. False, setting nothing, when `merge` is not two non-empty tokens separated by one space.
+bool split_merge(std::string_view merge, std::string& left, std::string& right);
+
 // Contract: encode() is a pure function of the pieces and what was set (the cache of encoded
 // pieces only saves time). Safe to share between threads once set up (the cache is locked).
 class BytePairEncoder {
@@ -40,9 +44,12 @@ class BytePairEncoder {
 
   // The id of the one-character token of `byte`; a byte without one is refused by encode().
   void set_byte_token(unsigned char byte, int32_t id) { byte_token_[byte] = id; }
-  // Gives (left, right) the next rank, merging into `merged`. Returns false, changing nothing,
-  // when the pair has a rank already.
-  bool add_merge(int32_t left, int32_t right, int32_t merged);
+  // Gives the pair of the tokens spelled `left` and `right` the next rank, merging into the token
+  // spelled left + right, the three ids looked up in `ids`. Throws SpecError(field, where + ": the
+  // left token \"x\" is not in " + vocabulary) for a token `ids` lacks; returns false, changing
+  // nothing, when the pair has a rank already.
+  bool add_merge(const std::string& left, const std::string& right, const std::unordered_map<std::string, int32_t>& ids,
+                 const std::string& field, const std::string& where, const std::string& vocabulary);
   // HF's ignore_merges: a piece whose bytes are a token is that token, whatever the merges say.
   // Keyed by the token's bytes (not its byte-map spelling).
   void set_whole_piece_tokens(const std::unordered_map<std::string, int32_t>& tokens) {

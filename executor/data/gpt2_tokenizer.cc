@@ -101,25 +101,12 @@ void Gpt2Tokenizer::read_merges(const std::string& merges_path, const std::unord
     if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
     if (line.empty() || (line_number == 1 && line.starts_with("#version"))) continue;
     const std::string where = merges_path + ":" + std::to_string(line_number);
-    const std::size_t space = line.find(' ');
-    if (space == 0 || space == std::string_view::npos || space + 1 == line.size() ||
-        line.find(' ', space + 1) != std::string_view::npos) {
+    std::string left, right;
+    if (!split_merge(line, left, right)) {
       throw SpecError("--merge-file", where + ": want two tokens separated by one space, got " + quoted_excerpt(line));
     }
-    const std::string left(line.substr(0, space));
-    const std::string right(line.substr(space + 1));
-    const auto id_of = [&](const std::string& token, const char* what) {
-      const auto found = ids.find(token);
-      if (found == ids.end()) {
-        throw SpecError("--merge-file", where + ": " + what + " " + quoted_excerpt(token) + " is not in " + vocab_path_);
-      }
-      return found->second;
-    };
-    const int32_t left_id = id_of(left, "the left token");
-    const int32_t right_id = id_of(right, "the right token");
-    const int32_t merged_id = id_of(left + right, "the merged token");
     const auto [previous, inserted] = line_of_merge.emplace(std::string(line), line_number);
-    if (!inserted || !encoder_.add_merge(left_id, right_id, merged_id)) {
+    if (!inserted || !encoder_.add_merge(left, right, ids, "--merge-file", where, vocab_path_)) {
       throw SpecError("--merge-file", where + ": repeats the merge " + quoted_excerpt(line) + " of line " +
                                           std::to_string(previous->second));
     }

@@ -46,19 +46,6 @@ std::string escape_literal(const std::string& literal) {
   return pattern;
 }
 
-// The length of the valid UTF-8 stretch at the start of `text`.
-std::size_t valid_prefix(std::string_view text) {
-  std::size_t pos = 0;
-  while (pos < text.size()) {
-    utf8proc_int32_t code_point = 0;
-    const utf8proc_ssize_t length = utf8proc_iterate(reinterpret_cast<const utf8proc_uint8_t*>(text.data() + pos),
-                                                     static_cast<utf8proc_ssize_t>(text.size() - pos), &code_point);
-    if (length <= 0) break;
-    pos += static_cast<std::size_t>(length);
-  }
-  return pos;
-}
-
 void append_nfc(std::string_view valid, std::string& out) {
   utf8proc_uint8_t* normalized = nullptr;
   const utf8proc_ssize_t length =
@@ -83,7 +70,7 @@ std::string nfc_normalize(std::string_view text) {
   std::string out;
   out.reserve(text.size());
   while (!text.empty()) {
-    const std::size_t valid = valid_prefix(text);
+    const std::size_t valid = valid_utf8_prefix(text);
     if (valid > 0) append_nfc(text.substr(0, valid), out);
     if (valid < text.size()) out += text[valid];  // one invalid byte, kept as it is
     text.remove_prefix(std::min(text.size(), valid + 1));
@@ -178,28 +165,16 @@ void HfTokenizer::read(const std::string& path) {
     std::string right;
     if (merge.is_string()) {
       const std::string line = merge.get<std::string>();
-      const std::size_t space = line.find(' ');
-      if (space == 0 || space == std::string::npos || space + 1 == line.size() ||
-          line.find(' ', space + 1) != std::string::npos) {
+      if (!split_merge(line, left, right)) {
         throw fail(field, "want two tokens separated by one space, got " + quoted_excerpt(line));
       }
-      left = line.substr(0, space);
-      right = line.substr(space + 1);
     } else if (merge.is_array() && merge.size() == 2 && merge[0].is_string() && merge[1].is_string()) {
       left = merge[0].get<std::string>();
       right = merge[1].get<std::string>();
     } else {
       throw fail(field, "want a \"left right\" string or a [\"left\", \"right\"] pair, got " + shown(merge));
     }
-    const auto id_of = [&](const std::string& token, const char* what) {
-      const auto found = ids.find(token);
-      if (found == ids.end()) throw fail(field, std::string(what) + " " + quoted_excerpt(token) + " is not in model.vocab");
-      return found->second;
-    };
-    const int32_t left_id = id_of(left, "the left token");
-    const int32_t right_id = id_of(right, "the right token");
-    const int32_t merged_id = id_of(left + right, "the merged token");
-    if (!encoder_->add_merge(left_id, right_id, merged_id)) {
+    if (!encoder_->add_merge(left, right, ids, kField, path + ": " + field, "model.vocab")) {
       throw fail(field, "repeats the merge " + quoted_excerpt(left + " " + right));
     }
   }

@@ -108,7 +108,7 @@ std::size_t valid_character_length(std::string_view text, std::size_t pos) {
 
 }  // namespace
 
-bool is_valid_utf8(std::string_view text) {
+std::size_t valid_utf8_prefix(std::string_view text) {
   std::size_t pos = 0;
   while (pos < text.size()) {
     // Eight ASCII bytes at a time: most text is mostly ASCII.
@@ -120,10 +120,10 @@ bool is_valid_utf8(std::string_view text) {
     }
     if (pos >= text.size()) break;
     const std::size_t length = valid_character_length(text, pos);
-    if (length == 0) return false;
+    if (length == 0) return pos;
     pos += length;
   }
-  return true;
+  return text.size();
 }
 
 struct RegexPreTokenizer::Compiled {
@@ -210,7 +210,7 @@ std::vector<std::string_view> RegexPreTokenizer::split(std::string_view text) co
   std::string copy;
   std::vector<std::size_t> origin;
   std::string_view subject = text;
-  if (!is_valid_utf8(text)) {
+  if (valid_utf8_prefix(text) < text.size()) {
     copy.reserve(text.size() + 16);
     origin.reserve(text.size() + 16);
     for (std::size_t pos = 0; pos < text.size();) {

@@ -48,8 +48,8 @@ class RegexPreTokenizer {
   std::vector<std::unique_ptr<Compiled>> patterns_;
 };
 
-// True when `text` is valid UTF-8 (RFC 3629: no overlong forms, surrogates or code points above
-// U+10FFFF).
-bool is_valid_utf8(std::string_view text);
+// The length of the longest prefix of `text` that is valid UTF-8 (RFC 3629: no overlong forms,
+// surrogates or code points above U+10FFFF): text.size() when all of it is.
+std::size_t valid_utf8_prefix(std::string_view text);
 
 }  // namespace megaplan::exec
