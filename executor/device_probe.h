@@ -7,11 +7,7 @@
 
 #include <cuda_runtime_api.h>  // cudaError_t, cudaStream_t
 
-#ifdef __CUDACC__
-#define MEGAPLAN_HOST_DEVICE __host__ __device__
-#else
-#define MEGAPLAN_HOST_DEVICE
-#endif
+#include "executor/host_device.h"
 
 namespace megaplan::detail {
 

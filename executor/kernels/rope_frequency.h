@@ -7,31 +7,28 @@
 // the kept frequency and 1 - s on the divided one.
 #pragma once
 
-#ifdef __CUDACC__
-#define MEGAPLAN_HOST_DEVICE __host__ __device__
-#else
-#define MEGAPLAN_HOST_DEVICE
-#endif
+#include "core/model_spec.h"
+#include "executor/host_device.h"
 
 namespace megaplan::exec {
 
+// A model's RoPE: its theta and core's RopeScaling (factor 0: none).
 struct RotaryFrequencies {
   // A theta alone is unscaled RoPE.
-  RotaryFrequencies(double theta_in = 10000) : theta(theta_in) {}  // NOLINT(google-explicit-constructor)
+  RotaryFrequencies(double theta_in = 10000, RopeScaling scaling_in = {})  // NOLINT(google-explicit-constructor)
+      : theta(theta_in), scaling(scaling_in) {}
   double theta;
-  double scaling_factor = 0;  // 0: no scaling
-  double low_freq_factor = 1;
-  double high_freq_factor = 4;
-  double original_max_positions = 8192;
+  RopeScaling scaling;
 };
 
 // `inverse_frequency` (theta^(-2i / rotary_dim)) with the scaling applied.
 template <typename Real>
 MEGAPLAN_HOST_DEVICE inline Real scaled_inverse_frequency(Real inverse_frequency, const RotaryFrequencies& f) {
-  if (!(f.scaling_factor > 0)) return inverse_frequency;
-  const Real factor = static_cast<Real>(f.scaling_factor);
-  const Real original = static_cast<Real>(f.original_max_positions);
-  const Real low = static_cast<Real>(f.low_freq_factor), high = static_cast<Real>(f.high_freq_factor);
+  const RopeScaling& s = f.scaling;
+  if (!(s.factor > 0)) return inverse_frequency;
+  const Real factor = static_cast<Real>(s.factor);
+  const Real original = static_cast<Real>(s.original_max_position_embeddings);
+  const Real low = static_cast<Real>(s.low_freq_factor), high = static_cast<Real>(s.high_freq_factor);
   const Real wavelength = static_cast<Real>(6.283185307179586) / inverse_frequency;
   if (wavelength < original / high) return inverse_frequency;
   if (wavelength > original / low) return inverse_frequency / factor;

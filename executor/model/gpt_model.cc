@@ -16,18 +16,6 @@ namespace megaplan::exec {
 
 namespace {
 
-// The model's RoPE frequencies as the kernels take them.
-RotaryFrequencies rotary_frequencies(const ModelSpec& model) {
-  RotaryFrequencies frequencies(model.rotary_base);
-  if (model.rope_scaling.enabled()) {
-    frequencies.scaling_factor = model.rope_scaling.factor;
-    frequencies.low_freq_factor = model.rope_scaling.low_freq_factor;
-    frequencies.high_freq_factor = model.rope_scaling.high_freq_factor;
-    frequencies.original_max_positions = static_cast<double>(model.rope_scaling.original_max_position_embeddings);
-  }
-  return frequencies;
-}
-
 // The running loss sum's floats in the loss memory: one double.
 constexpr std::size_t kLossSumFloats = sizeof(double) / sizeof(float);
 
@@ -109,7 +97,7 @@ GptModel::GptModel(const ModelSpec& model, const ParallelPlan& plan, int64_t sta
       rope_(model.position_embedding_type == PositionEmbedding::kRope),
       untied_(model.untie_embeddings_and_output_weights),
       rotary_dim_(model.rotary_dim()),
-      rotary_(rotary_frequencies(model)),
+      rotary_(model.rotary_base, model.rope_scaling),
       norm_epsilon_(static_cast<float>(model.norm_epsilon)),
       tensor_parallel_(tensor_parallel),
       tp_(plan.tensor_parallel_size),

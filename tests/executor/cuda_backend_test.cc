@@ -234,8 +234,8 @@ TEST_CASE("every CUDA operation matches the CPU backend", "[gpu][kernels]") {
     // The rotary embedding with Llama 3.1's scaling (over 16 original positions, so that seq 33
     // turns the scaled pairs measurably).
     megaplan::exec::RotaryFrequencies frequencies(500000.0);
-    frequencies.scaling_factor = 8;
-    frequencies.original_max_positions = 16;
+    frequencies.scaling.factor = 8;
+    frequencies.scaling.original_max_position_embeddings = 16;
     for (const auto& [heads, groups] : {std::pair<std::size_t, std::size_t>{3, 3}, {4, 2}}) {
       for (const std::size_t dim : {std::size_t{64}, std::size_t{128}}) {
         const std::size_t batch = 2, seq = 33, width = (heads + 2 * groups) * dim;

@@ -78,10 +78,10 @@ TEST_CASE("Llama 3.1's RoPE scaling: long wavelengths divided by the factor, sho
   // Original positions 64, factors 1 and 4: wavelengths below 16 keep theirs, above 64 are divided
   // by 8, and 62.8 lies between: s = (64 / 62.83 - 1) / 3 weighs the kept frequency.
   megaplan::exec::RotaryFrequencies frequencies(10000.0);
-  frequencies.scaling_factor = 8;
-  frequencies.low_freq_factor = 1;
-  frequencies.high_freq_factor = 4;
-  frequencies.original_max_positions = 64;
+  frequencies.scaling.factor = 8;
+  frequencies.scaling.low_freq_factor = 1;
+  frequencies.scaling.high_freq_factor = 4;
+  frequencies.scaling.original_max_position_embeddings = 64;
   const double s = (64 / (2 * std::numbers::pi / 0.1) - 1) / 3;
   const double want[4] = {1.0, (1 - s) * 0.1 / 8 + s * 0.1, 0.01 / 8, 0.001 / 8};
   const std::size_t t = 7;  // the position whose angles are read
