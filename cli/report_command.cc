@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/json_io.h"
 #include "executor/io/staged_file.h"
+#include "planner/launch_commands.h"
 #include "planner/megatron_arguments.h"
 #include "reports/chrome_trace.h"
 #include "reports/html_report.h"
@@ -34,7 +35,9 @@ PlanReport plan_report(const JobSpec& job, const sim::Profile& profile, sim::Pla
   report.profile_kind = sim::to_string(profile.kind());
   report.profile_description = describe_profile(profile);
   report.profile_uncertainty = profile.uncertainty();
-  report.megatron_arguments = planner::megatron_arguments(job.model, job.plan);
+  report.megatron_arguments = planner::format_megatron_arguments(planner::megatron_arguments(job.model, job.plan));
+  report.launch = planner::format_launch_commands(
+      planner::launch_commands(job.plan, job.cluster, "job.json", "--data-path DATA_PREFIX --train-iters ITERS"));
   return report;
 }
 

@@ -96,19 +96,6 @@ std::string ordinal(int64_t n) {
   return std::to_string(n) + suffix;
 }
 
-std::string joined_arguments(const std::vector<std::string>& arguments) {
-  std::string line;
-  std::string notes;
-  for (const std::string& argument : arguments) {
-    if (argument.rfind("#", 0) == 0) {
-      notes += argument + "\n";
-    } else {
-      line += (line.empty() ? "" : " ") + argument;
-    }
-  }
-  return line + "\n" + notes;
-}
-
 // Winner against runner-up, term by term; the terms are means over pipeline ranks.
 void write_explanation(const planner::SearchResult& result, std::ostream& out) {
   if (result.plans.size() < 2) {
@@ -267,14 +254,12 @@ int run_search(const SearchCommandOptions& options, std::ostream& out) {
               : std::string("ties: the profile states no uncertainty, so no plan is marked as a tie\n"));
   if (options.explain) write_explanation(result, out);
   if (options.emit == "megatron") {
-    out << "\nMegatron-LM arguments for #1:\n" << joined_arguments(planner::megatron_arguments(job.model, job.plan));
+    out << "\nMegatron-LM arguments for #1:\n" << planner::format_megatron_arguments(planner::megatron_arguments(job.model, job.plan));
   }
   if (options.emit == "launch") {
     out << "\nLaunch #1 (" << (options.out ? "the job file --out wrote" : "write the job file with --out job.json")
         << "; DATA_PREFIX and ITERS are yours):\n";
-    for (const planner::LaunchCommand& command : launch_commands_for(options, job)) {
-      out << "# " << command.launcher << ", " << command.note << "\n" << command.command << "\n";
-    }
+    out << planner::format_launch_commands(launch_commands_for(options, job));
   }
   return 0;
 }

@@ -31,4 +31,10 @@ std::vector<LaunchCommand> launch_commands(const ParallelPlan& plan, const Clust
   };
 }
 
+std::string format_launch_commands(const std::vector<LaunchCommand>& commands) {
+  std::string text;
+  for (const LaunchCommand& command : commands) text += "# " + command.launcher + ", " + command.note + "\n" + command.command + "\n";
+  return text;
+}
+
 }  // namespace megaplan::planner

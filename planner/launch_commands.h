@@ -23,4 +23,7 @@ struct LaunchCommand {
 std::vector<LaunchCommand> launch_commands(const ParallelPlan& plan, const ClusterSpec& cluster,
                                            const std::string& job_file, const std::string& train_arguments);
 
+// Each command under a "# launcher, note" line.
+std::string format_launch_commands(const std::vector<LaunchCommand>& commands);
+
 }  // namespace megaplan::planner

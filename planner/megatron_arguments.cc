@@ -1,18 +1,76 @@
 // A plan as Megatron-LM arguments; where Megatron-LM lacks the schedule, torchtitan's name for it.
 #include "planner/megatron_arguments.h"
 
+#include <cmath>
+#include <cstdint>
 #include <sstream>
+#include <string>
 #include <utility>
 
 #include "core/schedule/schedule_traits.h"
 
 namespace megaplan::planner {
 
+namespace {
+
+// Whole numbers as integers ("500000"), others as the shortest decimal that reads back as `x`
+// ("1e-05", "0.1").
+std::string number(double x) {
+  if (x == std::floor(x) && std::abs(x) < 1e15) return std::to_string(static_cast<int64_t>(x));
+  std::ostringstream text;
+  text.precision(17);
+  for (int digits = 1; digits <= 17; ++digits) {
+    std::ostringstream shortest;
+    shortest.precision(digits);
+    shortest << x;
+    if (std::stod(shortest.str()) == x) return shortest.str();
+  }
+  text << x;
+  return text.str();
+}
+
+std::string value(const std::string& flag, int64_t number) { return flag + " " + std::to_string(number); }
+
+}  // namespace
+
+std::vector<std::string> megatron_model_arguments(const ModelSpec& model) {
+  std::vector<std::string> arguments = {value("--num-layers", model.num_layers), value("--hidden-size", model.hidden_size),
+                                        value("--ffn-hidden-size", model.effective_ffn_hidden_size()),
+                                        value("--num-attention-heads", model.num_attention_heads)};
+  if (model.effective_num_query_groups() != model.num_attention_heads) {
+    arguments.push_back("--group-query-attention");
+    arguments.push_back(value("--num-query-groups", model.effective_num_query_groups()));
+  }
+  if (model.effective_kv_channels() * model.num_attention_heads != model.hidden_size) {
+    arguments.push_back(value("--kv-channels", model.effective_kv_channels()));
+  }
+  arguments.push_back(value("--seq-length", model.seq_length));
+  arguments.push_back(value("--max-position-embeddings", model.effective_max_position_embeddings()));
+  arguments.push_back("--position-embedding-type " + to_string(model.position_embedding_type));
+  if (model.position_embedding_type == PositionEmbedding::kRope) {
+    arguments.push_back("--rotary-base " + number(model.rotary_base));
+    if (model.rotary_percent != 1.0) arguments.push_back("--rotary-percent " + number(model.rotary_percent));
+    if (model.rope_scaling.enabled()) {
+      arguments.push_back("--use-rope-scaling");
+      arguments.push_back("--rope-scaling-factor " + number(model.rope_scaling.factor));
+    }
+  }
+  arguments.push_back("--normalization " + to_string(model.normalization));
+  arguments.push_back("--norm-epsilon " + number(model.norm_epsilon));
+  if (model.swiglu) arguments.push_back("--swiglu");
+  if (!model.add_bias_linear) arguments.push_back("--disable-bias-linear");
+  if (model.add_qkv_bias) arguments.push_back("--add-qkv-bias");
+  if (model.untie_embeddings_and_output_weights) arguments.push_back("--untie-embeddings-and-output-weights");
+  if (model.make_vocab_size_divisible_by != 128) {
+    arguments.push_back(value("--make-vocab-size-divisible-by", model.make_vocab_size_divisible_by));
+  }
+  return arguments;
+}
+
 std::vector<std::string> megatron_arguments(const ModelSpec& model, const ParallelPlan& plan) {
-  const auto value = [](const std::string& flag, int64_t number) { return flag + " " + std::to_string(number); };
-  std::vector<std::string> arguments = {
-      value("--tensor-model-parallel-size", plan.tensor_parallel_size),
-      value("--pipeline-model-parallel-size", plan.pipeline_parallel_size)};
+  std::vector<std::string> arguments = megatron_model_arguments(model);
+  arguments.push_back(value("--tensor-model-parallel-size", plan.tensor_parallel_size));
+  arguments.push_back(value("--pipeline-model-parallel-size", plan.pipeline_parallel_size));
   if (plan.virtual_pipeline_parallel_size > 1) {
     arguments.push_back(value("--num-layers-per-virtual-pipeline-stage",
                               model.num_layers / plan.num_virtual_stages()));
@@ -27,11 +85,6 @@ std::vector<std::string> megatron_arguments(const ModelSpec& model, const Parall
   }
   // What the simulation assumed the code does (core/implementation_options.h), where it takes effect.
   const ImplementationOptions& options = plan.options;
-  const auto number = [](double x) {
-    std::ostringstream text;
-    text << x;
-    return text.str();
-  };
   arguments.push_back(options.precision == Precision::kFp16 ? "--fp16" : "--bf16");
   arguments.push_back("--transformer-impl " + to_string(options.transformer_impl));
   if (options.transformer_impl == TransformerImpl::kLocal && options.use_flash_attn) arguments.push_back("--use-flash-attn");
@@ -65,6 +118,11 @@ std::vector<std::string> megatron_arguments(const ModelSpec& model, const Parall
       arguments.push_back("--recompute-num-layers " + std::to_string(plan.recompute_num_layers));
       break;
   }
+  // Megatron-LM takes the vocabulary from the tokenizer; --vocab-size is read with the
+  // NullTokenizer (mock data) only.
+  arguments.push_back("# the vocabulary (" + std::to_string(model.vocab_size) +
+                      " tokens) comes from your --tokenizer-type and its files; with --tokenizer-type NullTokenizer: "
+                      "--vocab-size " + std::to_string(model.vocab_size));
   // Megatron-LM's own schedules are chosen by the pipeline and virtual-pipeline sizes above; for the
   // others, torch.distributed.pipelining's class name, which torchtitan's setting takes.
   const ScheduleTraits& schedule = schedule_traits(plan.schedule);
@@ -73,6 +131,19 @@ std::vector<std::string> megatron_arguments(const ModelSpec& model, const Parall
                         "--parallelism.pipeline_parallel_schedule " + schedule.torch_schedule);
   }
   return arguments;
+}
+
+std::string format_megatron_arguments(const std::vector<std::string>& arguments) {
+  std::string line;
+  std::string notes;
+  for (const std::string& argument : arguments) {
+    if (argument.rfind('#', 0) == 0) {
+      notes += argument + "\n";
+    } else {
+      line += (line.empty() ? "" : " ") + argument;
+    }
+  }
+  return line + "\n" + notes;
 }
 
 }  // namespace megaplan::planner

@@ -31,12 +31,6 @@ int kind_index(ActionKind kind) {
 // slices small.
 double rounded(double seconds) { return std::round(seconds * 1e8) / 1e8; }
 
-std::string joined(const std::vector<std::string>& arguments) {
-  std::string line;
-  for (const std::string& argument : arguments) line += (line.empty() ? "" : " ") + argument;
-  return line;
-}
-
 nlohmann::json summary_json(const PlanReport& report) {
   const JobSpec& job = report.job;
   const ParallelPlan& plan = job.plan;
@@ -72,7 +66,7 @@ nlohmann::json summary_json(const PlanReport& report) {
             {"kind", report.profile_kind},
             {"description", report.profile_description},
             {"uncertainty", report.profile_uncertainty}}},
-          {"megatron_arguments", joined(report.megatron_arguments)},
+          {"megatron_arguments", report.megatron_arguments},
           {"launch", report.launch}};
 }
 

@@ -34,8 +34,10 @@ struct PlanReport {
   // its stated uncertainty.
   std::string profile_name, profile_kind, profile_description;
   double profile_uncertainty = 0;
-  std::vector<std::string> megatron_arguments;
-  std::string launch;  // a launch line, or empty
+  // The plan as Megatron-LM's arguments (the flags on a line, then "# ..." notes) and as launch
+  // lines, as planner/ writes them; either may be empty.
+  std::string megatron_arguments;
+  std::string launch;
   // `search --json` output whose plans the alternatives section ranks; `search_source` names its
   // file in errors.
   std::optional<nlohmann::json> search;

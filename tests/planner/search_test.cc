@@ -234,13 +234,20 @@ TEST_CASE("Megatron-LM arguments for a plan", "[planner]") {
   plan.recompute_granularity = megaplan::RecomputeGranularity::kSelective;
   plan.schedule = megaplan::ScheduleKind::kInterleaved;
   const std::vector<std::string> arguments = megaplan::planner::megatron_arguments(model, plan);
-  CHECK(arguments == std::vector<std::string>{"--tensor-model-parallel-size 8", "--pipeline-model-parallel-size 8",
+  CHECK(arguments == std::vector<std::string>{"--num-layers 96", "--hidden-size 12288", "--ffn-hidden-size 49152",
+                                              "--num-attention-heads 96", "--seq-length 2048",
+                                              "--max-position-embeddings 2048",
+                                              "--position-embedding-type learned_absolute",
+                                              "--normalization LayerNorm", "--norm-epsilon 1e-05",
+                                              "--tensor-model-parallel-size 8", "--pipeline-model-parallel-size 8",
                                               "--num-layers-per-virtual-pipeline-stage 4", "--micro-batch-size 1",
                                               "--global-batch-size 1536", "--sequence-parallel",
                                               "--use-distributed-optimizer", "--overlap-grad-reduce", "--bf16",
                                               "--transformer-impl local", "--use-flash-attn",
                                               "--attention-dropout 0", "--hidden-dropout 0",
-                                              "--recompute-granularity selective"});
+                                              "--recompute-granularity selective",
+                                              "# the vocabulary (50257 tokens) comes from your --tokenizer-type and its "
+                                              "files; with --tokenizer-type NullTokenizer: --vocab-size 50257"});
   // Megatron's own implementations: what the simulation assumed, in Megatron's flags.
   plan.implementation = megaplan::Implementation::kMegatronLocal;
   plan.options = megaplan::default_implementation_options(plan.implementation);
