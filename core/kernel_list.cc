@@ -87,6 +87,30 @@ Kernel streaming_kernel(int64_t elements, int64_t bytes_per_element) {
   return row_kernel(KernelKind::kElementwise, elements, bytes_per_element);
 }
 
+double gemm_flops(int64_t m, int64_t n, int64_t k) {
+  return 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+}
+
+double attention_forward_flops(int64_t batch_heads, int64_t seq, int64_t head_dim, bool causal) {
+  const double flops = 4.0 * static_cast<double>(batch_heads) * static_cast<double>(seq) *
+                       static_cast<double>(seq) * static_cast<double>(head_dim);
+  return causal ? flops / 2 : flops;
+}
+
+double kernel_flops(const Kernel& kernel) {
+  switch (kernel.kind) {
+    case KernelKind::kGemm:
+      return static_cast<double>(std::max<int64_t>(kernel.batch, 1)) * gemm_flops(kernel.m, kernel.n, kernel.k);
+    case KernelKind::kAttentionForward:
+      return attention_forward_flops(kernel.batch * kernel.heads, kernel.seq, kernel.head_dim, /*causal=*/true);
+    case KernelKind::kAttentionBackward:
+      return kAttentionBackwardFactor *
+             attention_forward_flops(kernel.batch * kernel.heads, kernel.seq, kernel.head_dim, /*causal=*/true);
+    default:
+      return 0;
+  }
+}
+
 int64_t kernel_bytes(const Kernel& kernel, int64_t activation_bytes) {
   const int64_t a = activation_bytes;
   const int64_t cells = kernel.rows * kernel.cols;

@@ -95,6 +95,16 @@ Kernel row_kernel(KernelKind kind, int64_t rows, int64_t cols, bool fused_residu
 int64_t gqa_ratio(const Kernel& attention);
 Kernel flat_kernel(KernelKind kind, int64_t elements);
 
+// FLOPs: a GEMM's 2mnk; attention's QK^T and PV, 2 x 2 x s^2 x d per sequence and head, half of
+// that with causal masking; its backward recomputes QK^T and runs four more products, 2.5 x the
+// forward (FlashAttention-2).
+inline constexpr double kAttentionBackwardFactor = 2.5;
+double gemm_flops(int64_t m, int64_t n, int64_t k);
+double attention_forward_flops(int64_t batch_heads, int64_t seq, int64_t head_dim, bool causal);
+// A kernel's FLOPs by the rules above (a batched GEMM's `batch` products; the executor's attention
+// is causal); memory-bound kernels count 0.
+double kernel_flops(const Kernel& kernel);
+
 // Bytes a kernel reads and writes once each, with activations of `activation_bytes` (2 for bf16):
 // the x-axis of a memory-bound kernel's measured curve, and the roofline fallback's memory term.
 int64_t kernel_bytes(const Kernel& kernel, int64_t activation_bytes);

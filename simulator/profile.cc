@@ -17,21 +17,7 @@ constexpr std::size_t kNeighbours = 4;  // table points blended per GEMM/attenti
 // Dense TF32 is half of dense bf16 on the A100 (156/312), H100 SXM and H200 (494.7/989.4)
 // datasheets; core's GpuSpec carries no TF32 rate, and a profile may omit it.
 constexpr double kTf32PerBf16Peak = 0.5;
-// The backward recomputes QK^T and runs four more products: 2.5 x the forward (FlashAttention-2).
-constexpr double kAttentionBackwardFactor = 2.5;
-
 double log_of(int64_t value) { return std::log(static_cast<double>(value)); }
-
-double gemm_flops(int64_t m, int64_t n, int64_t k) {
-  return 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
-}
-
-// QK^T and PV: 2 * 2 * s^2 * d per sequence and head; causal masking skips half.
-double attention_forward_flops(int64_t batch_heads, int64_t seq, int64_t head_dim, bool causal) {
-  const double flops = 4.0 * static_cast<double>(batch_heads) * static_cast<double>(seq) *
-                       static_cast<double>(seq) * static_cast<double>(head_dim);
-  return causal ? flops / 2 : flops;
-}
 
 int64_t ring_steps(CollectiveOp op, int64_t n) { return op == CollectiveOp::kAllReduce ? 2 * (n - 1) : n - 1; }
 

@@ -6,6 +6,7 @@
 #include <optional>
 #include <utility>
 
+#include "core/action_work.h"
 #include "core/formulas.h"
 #include "core/kernel_list.h"
 #include "core/pipeline_layout.h"
@@ -368,7 +369,7 @@ ActionCosts plan_action_costs(const ModelSpec& model, const ParallelPlan& plan, 
   // Pipeline transfers: each tp rank sends its part (the sequence shard with SP, else the whole);
   // Megatron's scatter-gather sends 1/tp of the whole and the receiving tp group all-gathers it.
   const bool scattered = scatters_pipeline_transfers(plan);
-  const int64_t transfer_bytes = activation_bytes / (plan.sequence_parallel || scattered ? t : 1);
+  const int64_t transfer_bytes = pipeline_message_bytes(model, plan);
   const std::vector<int64_t> pipeline = decoder_ranks(plan).get_ranks("pp").front();  // a GPU per pipeline rank
   for (int64_t stage = 0; stage + 1 < num_stages; ++stage) {
     const int64_t from = pipeline_rank_of_stage(stage, pp, placement);
@@ -397,19 +398,10 @@ ActionCosts plan_action_costs(const ModelSpec& model, const ParallelPlan& plan, 
   const int64_t gradient_bytes = main_gradient_bytes(plan.options);
   const int64_t replicas = plan.data_parallel_size * plan.context_parallel_size;
   const CollectiveOp reduction = plan.use_distributed_optimizer ? CollectiveOp::kReduceScatter : CollectiveOp::kAllReduce;
-  const LayerParameters layer_parameters = transformer_layer_parameters(model);
   const std::vector<PipelineRankParameters> rank_parameters = parameters_per_pipeline_rank(model, plan);
   const int64_t bucket = gradient_bucket_parameters(plan);
   for (int64_t stage = 0; stage < num_stages; ++stage) {
-    int64_t parameters = layers * layer_parameters.per_gpu(t);
-    const int64_t rank = pipeline_rank_of_stage(stage, pp, placement);
-    const PipelineRankParameters& holder = rank_parameters[static_cast<std::size_t>(rank)];
-    // The embedding and output layer's parameters: what the rank holds beyond its layers.
-    if (stage == 0 || stage == num_stages - 1) {
-      const int64_t extra = holder.parameters_per_gpu - holder.num_layers * layer_parameters.per_gpu(t);
-      const bool both_ends_here = pipeline_rank_of_stage(0, pp, placement) == pipeline_rank_of_stage(num_stages - 1, pp, placement);
-      parameters += both_ends_here && num_stages > 1 ? extra / 2 : extra;
-    }
+    const int64_t parameters = stage_parameters(model, plan, stage).parameters_per_gpu;
     std::vector<double>& buckets = costs.stages[static_cast<std::size_t>(stage)].gradient_buckets;
     if (replicas <= 1) continue;
     const CollectiveCoster data(profile, routes_of_stage(stage).data, replicas, sources);

@@ -417,7 +417,7 @@ expect_ok search --model gpt2-350m --cluster dgx-a100-80gb --gpus 8 --gbs 16 --p
   --explain --emit megatron --out "$scratch/best.json"
 grep -qE '^ ?1 +[0-9]+ ' "$scratch/out" || fail "search prints no ranked plan: $(cat "$scratch/out")"
 grep -q 'Why #1 beats #2' "$scratch/out" || fail "search --explain says nothing"
-grep -q '^--tensor-model-parallel-size ' "$scratch/out" || fail "search --emit megatron prints no arguments"
+grep -q '^--num-layers 24 .* --tensor-model-parallel-size ' "$scratch/out" || fail "search --emit megatron prints no arguments"
 grep -q ' simulated; ' "$scratch/out" || fail "search prints no counts"
 expect_ok simulate --plan "$scratch/best.json"
 expect_error 'error: --world-size: 4 differs from the 8 GPUs .*best.json lays the model over' train --device cpu --plan "$scratch/best.json" --world-size 4 --data-path "$scratch/corpus" --train-iters 2
