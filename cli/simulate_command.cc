@@ -135,7 +135,7 @@ int run_simulate(const SimulateOptions& options, std::ostream& out) {
   const sim::Profile profile = choose_profile(options.profile, job.cluster.gpu);
   const sim::PlanSimulation simulation = sim::simulate_plan(job, profile, options.trace || options.report);
   if (options.trace) {
-    exec::write_file_atomically(*options.trace, timeline_to_chrome_trace(simulation.result.timeline, job).dump() + "\n");
+    exec::write_file_atomically(*options.trace, timeline_to_chrome_trace(simulation.result.timeline, job, options.trace_detail).dump() + "\n");
   }
   if (options.json) {
     out << to_json(job, profile, simulation).dump(2) << "\n";
@@ -156,7 +156,11 @@ void setup_simulate_command(CLI::App& app, CommandContext& context) {
   add_plan_options(*command, options->plan);
   command->add_option("--plan", options->plan_file, "Job JSON (as describe --out writes it) instead of the flags above");
   command->add_option("--profile", options->profile, "Kernel and link timings (profiles/*.json); default: the GPU's built-in measured profile, else its datasheet");
-  command->add_option("--trace", options->trace, "Write the simulated timeline as a Chrome trace (Perfetto) here");
+  CLI::Option* trace =
+      command->add_option("--trace", options->trace, "Write the simulated timeline as a Chrome trace (Perfetto) here");
+  command->add_flag("--trace-detail", options->trace_detail,
+                    "In the trace, each layer's tensor- and context-parallel collectives as slices of their own")
+      ->needs(trace);
   command->add_flag("--json", options->json, "Print JSON instead of text");
   command->add_option("--report", options->report, "Write the plan's HTML report here (as `megaplan report`)");
   command->callback([options, command, &context] {

@@ -18,6 +18,7 @@ struct SimulateOptions {
   std::optional<std::string> plan_file;  // a job JSON (as describe --out writes it) instead of flags
   std::optional<std::string> profile;    // default: the GPU's datasheet profile
   std::optional<std::string> trace;      // write the Chrome trace here (atomically)
+  bool trace_detail = false;             // with it, the tp/cp collectives as slices of their own
   std::optional<std::string> report;     // write the HTML report here (atomically)
   bool json = false;
 };

@@ -49,6 +49,9 @@ struct TimelineSlice {
   Action action;  // the slice's name is to_string(action)
   double start_s = 0;
   double end_s = 0;
+  // The part of a compute slice spent in tensor- and context-parallel collectives inside its layers,
+  // where the simulator knows it (0 in measured timelines): --trace-detail draws it.
+  double collective_s = 0;
 };
 
 struct Timeline {

@@ -2,7 +2,7 @@
 // load: one process per pipeline rank, one thread per stream, one complete ("X") slice per action
 // named as the action is written ("0F3") with its microbatch and virtual stage as args, a flow
 // arrow ("s" to "f") from each SEND to the RECV it pairs with; and such a trace read back
-// (`megaplan compare`).
+// (`megaplan compare`, `megaplan report`).
 #pragma once
 
 #include <string>
@@ -15,12 +15,20 @@
 namespace megaplan {
 
 nlohmann::json timeline_to_chrome_trace(const Timeline& timeline);
-// The same with the job's words: each slice's transformer layers in its args, and the model, the
-// plan and megaplan's version in the trace's metadata (otherData).
-nlohmann::json timeline_to_chrome_trace(const Timeline& timeline, const JobSpec& job);
+// The same with the job's words: each slice's transformer layers and its work (FLOPs of compute,
+// bytes of a transfer or reduction, core/action_work.h) in its args; a "memory" counter per rank
+// (ph "C"): its model state (weights, gradients, optimizer state, runtime reserve, by the memory
+// model) and the activations its forwards hold until their backwards free them, in GiB; and the
+// model, the plan and megaplan's version in the trace's metadata (otherData).
+// `collective_detail` (--trace-detail): each compute slice's tensor- and context-parallel
+// collectives (TimelineSlice::collective_s) as slices of their own on a "tp/cp collectives" thread:
+// each layer's share as two slices, after its attention and after its MLP block, where Megatron's
+// layer issues them.
+nlohmann::json timeline_to_chrome_trace(const Timeline& timeline, const JobSpec& job, bool collective_detail = false);
 
 // The timeline a trace written by timeline_to_chrome_trace holds (`simulate --trace`, `train
-// --trace`): its "X" events become slices, metadata events are skipped. Throws SpecError naming
+// --trace`): its "X" events become slices; metadata, counters, flows and the collective detail are
+// skipped. Throws SpecError naming
 // `file` and the event ("S.json: traceEvents[12]: name: ...") when an event is not such a slice:
 // a name that is no action, a thread that is not its action's stream, a negative time.
 Timeline timeline_from_chrome_trace(const nlohmann::json& trace, const std::string& file);

@@ -5,6 +5,7 @@
 #include <string_view>
 #include <tuple>
 
+#include "core/action_work.h"
 #include "core/error.h"
 #include "core/json_io.h"
 #include "core/pipeline_layout.h"
@@ -121,6 +122,15 @@ nlohmann::json timeline_json(const Timeline& timeline, const JobSpec& job, doubl
     const StageLayers held = stage_layers(stage, job.model, job.plan);
     layers.push_back({held.first_layer, held.first_layer + held.num_layers - 1});
   }
+  nlohmann::json work = nlohmann::json::array();
+  for (const StageWork& stage : stage_work(job.model, job.plan)) {
+    work.push_back({{"F", stage.forward_flops},
+                    {"B", stage.backward_flops},
+                    {"I", stage.backward_input_flops},
+                    {"W", stage.backward_weight_flops},
+                    {"message_bytes", stage.message_bytes},
+                    {"gradient_bytes", stage.gradient_bytes}});
+  }
   nlohmann::json kinds = nlohmann::json::array();
   for (const ActionKind kind : kKinds) kinds.push_back(action_kind_token(kind));
   return {{"span_s", std::max(span, iteration_s)},
@@ -129,6 +139,7 @@ nlohmann::json timeline_json(const Timeline& timeline, const JobSpec& job, doubl
           {"kinds", std::move(kinds)},
           {"slices", std::move(compact)},
           {"layers", std::move(layers)},
+          {"work", std::move(work)},
           {"arrows", std::move(arrows)}};
 }
 

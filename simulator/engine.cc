@@ -217,7 +217,7 @@ class Engine {
   // The head of `stream` on `rank` runs from start to end. Its completion goes on the heap,
   // except a send's: nothing waits for one (its receive completes with it, and OPTIM reads the
   // send stream's end directly).
-  void complete(std::size_t rank, std::size_t stream, double start, double end) {
+  void complete(std::size_t rank, std::size_t stream, double start, double end, double collectives = 0) {
     RankState& state = ranks_[rank];
     const uint32_t step = state.queue[stream][state.head[stream]];
     if (stream != static_cast<std::size_t>(TimelineStream::kSend)) {
@@ -229,7 +229,8 @@ class Engine {
     state.end = std::max(state.end, end);
     if (record_) {
       result_.timeline.slices.push_back(
-          {static_cast<int32_t>(rank), static_cast<TimelineStream>(stream), schedule_.ranks[rank][step], start, end});
+          {static_cast<int32_t>(rank), static_cast<TimelineStream>(stream), schedule_.ranks[rank][step], start, end,
+           collectives});
     }
   }
 
@@ -266,7 +267,7 @@ class Engine {
     state.compute_busy_in_pipeline += duration;
     for_each_provided_key(action, [&](const DependencyKey& key) { started_[index_(key)] = start; });  // F, I, W
     result_.pipeline_end_s = std::max(result_.pipeline_end_s, start + duration);
-    complete(rank, stream, start, start + duration);
+    complete(rank, stream, start, start + duration, collectives);
     return true;
   }
 

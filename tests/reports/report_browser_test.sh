@@ -96,6 +96,9 @@ if visible <= 0:
 dom.sample = dom.samples.get("hover-sample") or ""
 if not dom.sample.strip():
     fail("#hover-sample is empty")
+# The first visible slice is rank 0's first forward: its hover names its work.
+if "FLOP" not in dom.sample:
+    fail("#hover-sample names no FLOPs: %r" % dom.sample)
 measured_note = ""
 if dom.measured is not None and "hidden" not in dom.measured:
     try:
