@@ -6,6 +6,9 @@
 
 #include "cli/commands.h"
 #include "cli/data_command.h"
+#include "cli/profile_choice.h"
+#include "cli/report_command.h"
+#include "core/device_gpu.h"
 #include "core/error.h"
 #include "core/json_io.h"
 #include "reports/chrome_trace.h"
@@ -13,11 +16,13 @@
 #include "executor/comm/launch_environment.h"
 #include "executor/data/indexed_dataset.h"
 #include "executor/data/vocabulary.h"
+#include "executor/gpu_inventory.h"
 #include "executor/model/gpt_model.h"
 #include "executor/io/staged_file.h"
 #include "executor/runtime/cpu_backend.h"
 #include "executor/runtime/cuda_backend.h"
 #include "executor/train/launched_training.h"
+#include "simulator/simulate_plan.h"
 
 namespace megaplan::cli {
 
@@ -51,6 +56,46 @@ exec::Vocabulary chosen_vocabulary(const TrainCommandOptions& options, const Mod
                                    options.train.data_path);
 }
 
+// The GPUs the report's simulation assumes: --cluster (its first plan.world_size() GPUs), else the
+// job file's cluster, else as many of the GPU this process trains on as the plan has ranks.
+ClusterSpec report_cluster(const TrainCommandOptions& options, const ParallelPlan& plan,
+                           const std::optional<ClusterSpec>& job_cluster) {
+  if (options.cluster) {
+    ClusterOptions given;
+    given.cluster = *options.cluster;
+    given.gpus = plan.world_size();
+    return resolve_cluster(given);
+  }
+  if (job_cluster) return *job_cluster;
+  if (options.device == "cuda") {
+    const GpuInventory inventory = query_gpu_inventory();
+    if (!inventory.devices.empty()) {
+      const std::optional<GpuSpec> gpu = gpu_preset_for_device(inventory.devices.front().name);
+      for (const ClusterSpec& preset : gpu ? cluster_presets() : std::vector<ClusterSpec>{}) {
+        if (preset.gpu.name != gpu->name || preset.total_gpus() < plan.world_size()) continue;
+        ClusterOptions local;
+        local.cluster = preset.name;
+        local.gpus = plan.world_size();
+        return resolve_cluster(local);
+      }
+    }
+  }
+  throw SpecError("--report", "needs the GPUs to simulate the plan on: name them with --cluster (a preset or a cluster "
+                              ".json), or train from a job file (--plan)");
+}
+
+// The plan's report, simulated on `cluster`, with this run's last iteration as the measured timeline.
+void write_training_report(const TrainCommandOptions& options, const ModelSpec& model, const ParallelPlan& plan,
+                           const ClusterSpec& cluster, const exec::TrainSummary& summary, std::ostream& out) {
+  const JobSpec job{model, cluster, plan};
+  validate_job(job);
+  const sim::Profile profile = choose_profile(std::nullopt, cluster.gpu);
+  PlanReport report = plan_report(job, profile, sim::simulate_plan(job, profile, /*record_timeline=*/true));
+  report.measured = summary.timeline;
+  report.measured_source = "iteration " + std::to_string(summary.last_iteration) + " of this run (" + options.device + ")";
+  write_report(report, *options.report, out);
+}
+
 }  // namespace
 
 int run_train(const TrainCommandOptions& options, std::ostream& out) {
@@ -62,11 +107,13 @@ int run_train(const TrainCommandOptions& options, std::ostream& out) {
   const exec::LaunchEnvironment launch = exec::detect_launch_environment();
   ModelSpec model;
   ParallelPlan plan;
+  std::optional<ClusterSpec> job_cluster;
   if (options.plan_file) {
     const JobSpec job = job_spec_from_json(read_json_file(*options.plan_file), *options.plan_file);
     validate_job(job);
     model = job.model;
     plan = job.plan;
+    job_cluster = job.cluster;
     if (options.world_size && *options.world_size != plan.world_size()) {
       throw SpecError("--world-size", std::to_string(*options.world_size) + " differs from the " +
                                           std::to_string(plan.world_size()) + " GPUs " + *options.plan_file +
@@ -104,11 +151,20 @@ int run_train(const TrainCommandOptions& options, std::ostream& out) {
     validate_model_spec(model);
     validate_plan(model, plan);
   }
+  // The report compares the plan's own schedule; its cluster is settled before training starts.
+  std::optional<ClusterSpec> cluster;
+  if (options.report) {
+    if (train.pipeline_schedule_csv) {
+      throw SpecError("--report", "compares a run with the plan's own schedule; it cannot be combined with "
+                                  "--pipeline-schedule-csv (use --trace and `megaplan compare`)");
+    }
+    cluster = report_cluster(options, plan, job_cluster);
+  }
   // Under a launcher with --device cuda, this process trains its own rank over NCCL (world size 1
   // included, so a launched run always takes the path its larger runs take).
   const bool launched = launch.launcher != "none" && options.device == "cuda";
   // Every rank times its actions (a launched pipeline's are gathered); rank 0 writes them.
-  train.record_timeline = options.trace.has_value();
+  train.record_timeline = options.trace || options.report;
   const bool writes_trace = options.trace && launch.rank == 0;
   if (options.device == "cuda") train.peak_flops_per_s = exec::cuda_dense_bf16_peak_flops();
   exec::TrainSummary summary;
@@ -121,6 +177,7 @@ int run_train(const TrainCommandOptions& options, std::ostream& out) {
     exec::write_file_atomically(*options.trace, timeline_to_chrome_trace(summary.timeline, JobSpec{model, ClusterSpec{}, plan}).dump() + "\n");
     out << "wrote the measured timeline of iteration " << summary.last_iteration << " to " << *options.trace << "\n";
   }
+  if (options.report && launch.rank == 0) write_training_report(options, model, plan, *cluster, summary, out);
   return 0;
 }
 
@@ -134,6 +191,10 @@ void setup_train_command(CLI::App& app, CommandContext& context) {
   command->add_option("--trace", options->trace,
                       "Write the last iteration's measured timeline (every pipeline rank; under a launcher, rank 0's) "
                       "as a Chrome trace here");
+  command->add_option("--report", options->report,
+                      "Write the plan's HTML report here, the last iteration's measured timeline against the simulated one");
+  command->add_option("--cluster", options->cluster,
+                      "With --report: the GPUs to simulate on (preset or .json; default: the job file's, else this GPU)");
   command->add_option("--pipeline-schedule-csv", t.pipeline_schedule_csv,
                       "Run this compute-only torch schedule CSV instead of the plan's schedule");
   command->add_option("--world-size", options->world_size, "Ranks (GPUs) of the run (default: the job's, the launcher's, or 1)");

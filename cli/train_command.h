@@ -20,6 +20,10 @@ struct TrainCommandOptions {
   std::optional<int64_t> world_size;     // --world-size (default: the job file's, the launcher's, or 1)
   std::optional<std::string> plan_file;  // a job file (search --out, describe --out): its model and plan
   std::optional<std::string> trace;      // --trace FILE: the last iteration's measured timeline
+  // --report FILE: the plan's HTML report with the last iteration's measured timeline against the
+  // simulated one, simulated on --cluster (else the job file's cluster, else this GPU's).
+  std::optional<std::string> report;
+  std::optional<std::string> cluster;
   std::string device = "cuda";
   std::string lr_decay_style = "linear";
   exec::TrainOptions train;

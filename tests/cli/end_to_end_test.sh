@@ -420,6 +420,13 @@ grep -q 'Why #1 beats #2' "$scratch/out" || fail "search --explain says nothing"
 grep -q '^--num-layers 24 .* --tensor-model-parallel-size ' "$scratch/out" || fail "search --emit megatron prints no arguments"
 grep -q ' simulated; ' "$scratch/out" || fail "search prints no counts"
 expect_ok simulate --plan "$scratch/best.json"
+# train --report needs GPUs to simulate on, and says so before training.
+expect_error 'error: --report: needs the GPUs to simulate the plan on' train --device cpu \
+  --model "$examples/models/tiny-gpt.json" --vocab-size 257 --seq-length 16 --data-path "$scratch/corpus" --train-iters 2 \
+  --report "$scratch/nothing.html"
+expect_error 'error: --cluster: ' train --device cpu --model "$examples/models/tiny-gpt.json" --vocab-size 257 \
+  --seq-length 16 --data-path "$scratch/corpus" --train-iters 2 --report "$scratch/nothing.html" --cluster no-such-cluster
+[ ! -e "$scratch/nothing.html" ] || fail "a refused train --report left a report behind"
 expect_error 'error: --world-size: 4 differs from the 8 GPUs .*best.json lays the model over' train --device cpu --plan "$scratch/best.json" --world-size 4 --data-path "$scratch/corpus" --train-iters 2
 expect_error 'error: --plan: cannot be combined with --pp' train --device cpu --plan "$scratch/best.json" --pp 2 --data-path "$scratch/corpus" --train-iters 2
 expect_ok search --model gpt2-350m --cluster dgx-a100-80gb --gpus 16 --gbs 16 --pp 2 --cp 1 --top 1 --threads 2 \

@@ -3,7 +3,8 @@
 # search's alternatives) and of the gpt-1t / 3072-GPU plan load in headless Chromium with no
 # console errors, timeline marks in the window, hover text in the DOM and a screenshot that is not
 # blank (report_browser_test.sh); the gpt-1t report is at most 25 MB and renders within 10 s; and
-# the same for a report with a measured timeline (a CPU run of two pipeline ranks).
+# the same for a report with a measured timeline (a CPU run of two pipeline ranks, by train --report
+# and by report --measured from its trace).
 # Without Chromium (Debian's `chromium`; scripts/setup.sh installs it) the test is skipped (77).
 #   reports_in_chromium_test.sh MEGAPLAN_BINARY
 set -uo pipefail
@@ -46,9 +47,12 @@ examples="$here/../../examples"
   fail "data prepare"
 plan=(--model "$examples/models/tiny-gpt.json" --vocab-size 257 --seq-length 16 --pp 2 --num-layers 4 --mbs 1 --gbs 4)
 "$megaplan" train "${plan[@]}" --device cpu --world-size 2 --data-path "$scratch/corpus" --split 1,0,0 --train-iters 2 \
-  --eval-iters 0 --trace "$scratch/measured.json" >/dev/null || fail "train --trace"
+  --eval-iters 0 --trace "$scratch/measured.json" --report "$scratch/trained.html" --cluster h200-x2 >/dev/null ||
+  fail "train --trace --report"
+bash "$here/report_browser_test.sh" "$scratch/trained.html" || fail "train --report's page in Chromium"
 "$megaplan" report "${plan[@]}" --cluster h200-x2 --measured "$scratch/measured.json" --out "$scratch/measured.html" ||
   fail "report --measured"
-bash "$here/report_browser_test.sh" "$scratch/measured.html" || fail "the measured report in Chromium"
-grep -q 'id="measured"' "$scratch/measured.html" || fail "the measured report has no measured section"
+for page in trained measured; do
+  grep -q 'id="measured"' "$scratch/$page.html" || fail "the $page report has no measured section"
+done
 echo "PASS"
