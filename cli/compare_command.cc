@@ -2,7 +2,6 @@
 #include "cli/compare_command.h"
 
 #include <memory>
-#include <sstream>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -11,7 +10,7 @@
 #include "core/error.h"
 #include "core/text_file.h"
 #include "reports/chrome_trace.h"
-#include "reports/text_table.h"
+#include "reports/units.h"
 #include "reports/timeline_comparison.h"
 
 namespace megaplan::cli {
@@ -31,14 +30,6 @@ Timeline read_trace(const std::string& path, const std::string& flag) {
     throw SpecError(flag, path + " is not JSON (byte " + std::to_string(error.byte) + ")");
   }
   return timeline_from_chrome_trace(trace, path);
-}
-
-std::string milliseconds(double seconds) {
-  std::ostringstream text;
-  text.setf(std::ios::fixed);
-  text.precision(3);
-  text << seconds * 1e3;
-  return text.str();
 }
 
 nlohmann::json to_json(const CompareOptions& options, const TimelineComparison& comparison) {
@@ -69,29 +60,15 @@ nlohmann::json to_json(const CompareOptions& options, const TimelineComparison& 
 void write_text(const CompareOptions& options, const TimelineComparison& comparison, std::ostream& out) {
   out << "simulated  " << options.simulated << "\n"
       << "measured   " << options.measured << "\n"
-      << "iteration  " << milliseconds(comparison.simulated_iteration_s) << " ms simulated, "
-      << milliseconds(comparison.measured_iteration_s) << " ms measured: "
+      << "iteration  " << milliseconds_number(comparison.simulated_iteration_s) << " ms simulated, "
+      << milliseconds_number(comparison.measured_iteration_s) << " ms measured: "
       << format_percent(relative_error(comparison.simulated_iteration_s, comparison.measured_iteration_s), true) << "\n";
   bool same_order = true;
   for (const RankComparison& rank : comparison.ranks) same_order = same_order && rank.same_compute_order;
   out << "order      " << (same_order ? "every rank computed in the simulated order"
                                       : "some ranks computed in another order than simulated (see the table)")
       << "\n\n";
-  TextTable table({"rank", "action", "count", "simulated ms/action", "measured ms/action", "error", "order"});
-  for (const RankComparison& rank : comparison.ranks) {
-    for (const KindComparison& kind : rank.kinds) {
-      const double count = static_cast<double>(kind.count);
-      table.add_row({std::to_string(rank.pipeline_rank), action_kind_token(kind.kind), std::to_string(kind.count),
-                     milliseconds(kind.simulated_s / count), milliseconds(kind.measured_s / count),
-                     format_percent(relative_error(kind.simulated_s, kind.measured_s), true),
-                     rank.same_compute_order ? "same" : "differs"});
-    }
-    table.add_row({std::to_string(rank.pipeline_rank), "span", "1", milliseconds(rank.simulated_span_s),
-                   milliseconds(rank.measured_span_s),
-                   format_percent(relative_error(rank.simulated_span_s, rank.measured_span_s), true),
-                   rank.same_compute_order ? "same" : "differs"});
-  }
-  out << table.render();
+  out << comparison_table(comparison);
 }
 
 }  // namespace

@@ -4,13 +4,13 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include <sstream>
 
 #include "cli/commands.h"
 #include "core/cluster_spec.h"
 #include "core/formulas.h"
 #include "core/model_presets.h"
 #include "reports/text_table.h"
+#include "reports/units.h"
 
 namespace megaplan::cli {
 
@@ -42,20 +42,13 @@ int run_presets(const PresetsOptions& options, std::ostream& out) {
   TextTable clusters({"cluster", "nodes", "GPUs/node", "GPU", "bf16 TFLOP/s", "HBM GB", "HBM TB/s", "NVLink GB/s/dir",
                       "NICs", "NIC GB/s"});
   for (const ClusterSpec& cluster : cluster_presets()) {
-    const auto fixed = [](double value, int digits) {
-      std::ostringstream text;
-      text.setf(std::ios::fixed);
-      text.precision(digits);
-      text << value;
-      return text.str();
-    };
     clusters.add_row({cluster.name, std::to_string(cluster.num_nodes), std::to_string(cluster.gpus_per_node),
-                      cluster.gpu.name, fixed(cluster.gpu.dense_bf16_flops_per_s / 1e12, 1),
-                      fixed(static_cast<double>(cluster.gpu.hbm_capacity_bytes) / 1e9, 0),
-                      fixed(cluster.gpu.hbm_bandwidth_bytes_per_s / 1e12, 2),
-                      fixed(cluster.intra_node.bandwidth_per_gpu_bytes_per_s / 1e9, 0),
+                      cluster.gpu.name, format_fixed(cluster.gpu.dense_bf16_flops_per_s / 1e12, 1),
+                      format_fixed(static_cast<double>(cluster.gpu.hbm_capacity_bytes) / 1e9, 0),
+                      format_fixed(cluster.gpu.hbm_bandwidth_bytes_per_s / 1e12, 2),
+                      format_fixed(cluster.intra_node.bandwidth_per_gpu_bytes_per_s / 1e9, 0),
                       std::to_string(cluster.inter_node.nics_per_node),
-                      fixed(cluster.inter_node.bandwidth_per_nic_bytes_per_s / 1e9, 0)});
+                      format_fixed(cluster.inter_node.bandwidth_per_nic_bytes_per_s / 1e9, 0)});
   }
   out << models.render() << "\n" << clusters.render() << "\nSources:\n";
   for (const ModelPreset& preset : model_presets()) out << "  " << preset.spec.name << ": " << preset.citation << "\n";

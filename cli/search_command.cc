@@ -5,7 +5,6 @@
 #include <cmath>
 #include <iostream>
 #include <memory>
-#include <sstream>
 #include <thread>
 
 #include <CLI/CLI.hpp>
@@ -21,21 +20,14 @@
 #include "planner/megatron_arguments.h"
 #include "planner/search.h"
 #include "planner/search_space.h"
-#include "reports/text_table.h"
+#include "reports/search_tables.h"
+#include "reports/units.h"
 #include "simulator/plan_estimator.h"
 
 namespace megaplan::cli {
 namespace {
 
 constexpr int64_t kDefaultGpus = 1024;  // the embedded default: gpt3-175b on 1024 A100-80GB
-
-std::string fixed(double value, int digits) {
-  std::ostringstream text;
-  text.setf(std::ios::fixed);
-  text.precision(digits);
-  text << value;
-  return text.str();
-}
 
 planner::SearchSpace search_space(const SearchCommandOptions& options) {
   planner::SearchSpace space;
@@ -69,7 +61,7 @@ planner::SearchSpace search_space(const SearchCommandOptions& options) {
   return space;
 }
 
-nlohmann::json plan_json(const planner::RankedPlan& ranked, int64_t memory_limit) {
+nlohmann::json plan_json(const RankedPlan& ranked, int64_t memory_limit) {
   nlohmann::json json = parallel_plan_to_json(ranked.plan);
   const StepEstimate& estimate = ranked.estimate;
   json["num_microbatches"] = ranked.plan.num_microbatches();
@@ -96,47 +88,6 @@ std::string ordinal(int64_t n) {
   return std::to_string(n) + suffix;
 }
 
-// Winner against runner-up, term by term; the terms are means over pipeline ranks.
-void write_explanation(const planner::SearchResult& result, std::ostream& out) {
-  if (result.plans.size() < 2) {
-    out << "\nOnly one plan fits: nothing to compare it with.\n";
-    return;
-  }
-  const planner::RankedPlan& first = result.plans[0];
-  const planner::RankedPlan& second = result.plans[1];
-  const StepEstimate& a = first.estimate;
-  const StepEstimate& b = second.estimate;
-  out << "\nWhy #1 beats #2 by " << fixed(b.iteration_time_s - a.iteration_time_s, 4)
-      << " s per iteration (mean seconds per pipeline rank):\n";
-  out << "  #1: " << planner::describe_plan(first.plan) << "\n  #2: " << planner::describe_plan(second.plan) << "\n";
-  TextTable table({"term", "#1 s", "#2 s", "#2 - #1"});
-  struct Term {
-    const char* name;
-    double first;
-    double second;
-  };
-  const Term terms[] = {{"compute", a.compute_s, b.compute_s},
-                        {"tp/cp communication", a.tensor_comm_s, b.tensor_comm_s},
-                        {"pp communication", a.pipeline_comm_s, b.pipeline_comm_s},
-                        {"dp communication", a.data_parallel_comm_s, b.data_parallel_comm_s},
-                        {"idle (bubble, tail)", a.idle_s, b.idle_s}};
-  const Term* largest = &terms[0];
-  for (const Term& term : terms) {
-    table.add_row({term.name, fixed(term.first, 4), fixed(term.second, 4), fixed(term.second - term.first, 4)});
-    if (std::abs(term.second - term.first) > std::abs(largest->second - largest->first)) largest = &term;
-  }
-  table.add_row({"iteration", fixed(a.iteration_time_s, 4), fixed(b.iteration_time_s, 4),
-                 fixed(b.iteration_time_s - a.iteration_time_s, 4)});
-  const auto headroom = [&](const planner::RankedPlan& plan) {
-    return format_gib(static_cast<double>(result.memory_limit_bytes - plan.peak_memory_bytes));
-  };
-  table.add_row({"memory headroom", headroom(first), headroom(second), ""});
-  out << table.render();
-  out << "The largest difference is " << largest->name << " (" << fixed(largest->second - largest->first, 4)
-      << " s); bubble " << fixed(100 * a.bubble_fraction, 1) << "% against " << fixed(100 * b.bubble_fraction, 1)
-      << "%.\n";
-}
-
 void write_text(const SearchCommandOptions& options, const JobSpec& job, const planner::SearchResult& result,
                 double seconds, int64_t threads, std::ostream& out) {
   const planner::SearchCounts& counts = result.counts;
@@ -146,25 +97,9 @@ void write_text(const SearchCommandOptions& options, const JobSpec& job, const p
   out << counts.enumerated << " plans: " << counts.pruned_model_state << " over the limit on model state alone, "
       << counts.pruned_activations << " with activations, " << counts.pruned_by_bound << " cannot beat the "
       << ordinal(options.top) << " best (lower bound); " << counts.simulated
-      << " simulated; " << fixed(seconds, 3) << " s on " << threads << " threads ("
+      << " simulated; " << format_fixed(seconds, 3) << " s on " << threads << " threads ("
       << format_count(static_cast<double>(counts.enumerated) / std::max(seconds, 1e-9)) << " plans/s)\n\n";
-  TextTable table({"#", "tp", "pp", "dp", "cp", "vpp", "mbs", "recompute", "sp", "dist-opt", "schedule",
-                   "iteration s", "TFLOP/s/GPU", "MFU", "peak memory", "vs #1"});
-  const double best = result.plans.front().estimate.iteration_time_s;
-  for (std::size_t i = 0; i < result.plans.size(); ++i) {
-    const planner::RankedPlan& ranked = result.plans[i];
-    const ParallelPlan& plan = ranked.plan;
-    table.add_row({std::to_string(i + 1), std::to_string(plan.tensor_parallel_size),
-                   std::to_string(plan.pipeline_parallel_size), std::to_string(plan.data_parallel_size),
-                   std::to_string(plan.context_parallel_size), std::to_string(plan.virtual_pipeline_parallel_size),
-                   std::to_string(plan.micro_batch_size), to_string(plan.recompute_granularity),
-                   plan.sequence_parallel ? "on" : "off", plan.use_distributed_optimizer ? "on" : "off",
-                   to_string(plan.schedule), fixed(ranked.estimate.iteration_time_s, 3),
-                   fixed(ranked.estimate.model_tflops_per_gpu, 1), fixed(100 * ranked.estimate.mfu, 1) + "%",
-                   format_gib(static_cast<double>(ranked.peak_memory_bytes)),
-                   i == 0 ? "" : format_percent(ranked.estimate.iteration_time_s / best - 1, true) + (ranked.tie ? " tie" : "")});
-  }
-  out << table.render();
+  out << ranked_plans_table(result.plans);
 }
 
 // The best plan's launch lines: its job file is --out's (job.json when none), which also carries
@@ -213,7 +148,7 @@ int run_search(const SearchCommandOptions& options, std::ostream& out) {
   job.plan = result.plans.front().plan;
   if (options.out) exec::write_file_atomically(*options.out, job_spec_to_json(job).dump(2) + "\n");
   nlohmann::json plans = nlohmann::json::array();
-  for (const planner::RankedPlan& ranked : result.plans) plans.push_back(plan_json(ranked, result.memory_limit_bytes));
+  for (const RankedPlan& ranked : result.plans) plans.push_back(plan_json(ranked, result.memory_limit_bytes));
   nlohmann::json json = {{"plans", std::move(plans)},
                          {"counts",
                           {{"enumerated", result.counts.enumerated},
@@ -252,7 +187,7 @@ int run_search(const SearchCommandOptions& options, std::ostream& out) {
               ? "ties: plans marked \"tie\" are predicted within the profile's stated uncertainty (" +
                     format_percent(profile.uncertainty()) + ") of #1; the simulator cannot rank them apart\n"
               : std::string("ties: the profile states no uncertainty, so no plan is marked as a tie\n"));
-  if (options.explain) write_explanation(result, out);
+  if (options.explain) out << "\n" << winner_explanation(result.plans, result.memory_limit_bytes);
   if (options.emit == "megatron") {
     out << "\nMegatron-LM arguments for #1:\n" << planner::format_megatron_arguments(planner::megatron_arguments(job.model, job.plan));
   }

@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <iostream>
 #include <memory>
-#include <sstream>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -16,18 +15,15 @@
 #include "core/error.h"
 #include "core/pipeline_layout.h"
 #include "reports/chrome_trace.h"
+#include "reports/memory_table.h"
 #include "reports/text_table.h"
+#include "reports/units.h"
 #include "simulator/simulate_plan.h"
 
 namespace megaplan::cli {
 namespace {
 
-std::string seconds(double value) {
-  std::ostringstream text;
-  text.precision(4);
-  text << value;
-  return text.str();
-}
+std::string seconds(double value) { return format_significant(value, 4); }
 
 std::string gib(int64_t bytes) { return gib_number(static_cast<double>(bytes)); }
 
@@ -82,11 +78,8 @@ void write_text(const JobSpec& job, const sim::Profile& profile, const sim::Plan
                 std::ostream& out) {
   const ParallelPlan& plan = job.plan;
   const sim::SimulationResult& result = simulation.result;
-  out << job.model.name << " on " << plan.world_size() << " x " << job.cluster.gpu.name << ": tp "
-      << plan.tensor_parallel_size << ", pp " << plan.pipeline_parallel_size << ", cp " << plan.context_parallel_size
-      << ", dp " << plan.data_parallel_size << ", vpp " << plan.virtual_pipeline_parallel_size << ", mbs "
-      << plan.micro_batch_size << ", gbs " << plan.global_batch_size << ", " << to_string(plan.schedule) << " ("
-      << plan.num_microbatches() << " microbatches per replica)\n";
+  out << job.model.name << " on " << plan.world_size() << " x " << job.cluster.gpu.name << ": " << describe_plan(plan)
+      << " (" << plan.num_microbatches() << " microbatches per replica)\n";
   const double tokens = static_cast<double>(plan.global_batch_size * job.model.seq_length);
   out << "iteration  " << seconds(result.iteration_time_s) << " s, "
       << format_count(tokens / result.iteration_time_s) << " tokens/s\n";
@@ -115,17 +108,9 @@ void write_text(const JobSpec& job, const sim::Profile& profile, const sim::Plan
                    gib(memory.total_bytes)});
   }
   out << table.render();
-  // What each pipeline rank holds at its peak.
-  TextTable parts({"rank", "weights", "gradients", "optimizer", "activations", "transient", "allocator", "reserve",
-                   "total GiB"});
-  for (const PipelineRankMemory& memory : simulation.memory) {
-    parts.add_row({std::to_string(memory.pipeline_rank), gib(memory.weight_bytes), gib(memory.gradient_bytes),
-                   gib(memory.optimizer_bytes), gib(memory.activation_bytes), gib(memory.transient_bytes),
-                   gib(memory.allocator_overhead_bytes), gib(memory.runtime_reserve_bytes), gib(memory.total_bytes)});
-  }
   out << "\nmemory per pipeline rank at its peak, GiB (activations: the schedule's in-flight microbatches; "
          "transient: one microbatch's logits or a recomputed layer)\n"
-      << parts.render();
+      << memory_table(simulation.memory);
 }
 
 }  // namespace

@@ -158,6 +158,15 @@ void validate_plan(const ModelSpec& model, const ParallelPlan& plan) {
   check_schedule_shape(plan.schedule, pp, vpp, plan.num_microbatches(), pp, ShapeFlags::kPlan);
 }
 
+std::string describe_plan(const ParallelPlan& plan) {
+  return "tp " + std::to_string(plan.tensor_parallel_size) + ", pp " + std::to_string(plan.pipeline_parallel_size) +
+         ", cp " + std::to_string(plan.context_parallel_size) + ", dp " + std::to_string(plan.data_parallel_size) +
+         ", vpp " + std::to_string(plan.virtual_pipeline_parallel_size) + ", mbs " +
+         std::to_string(plan.micro_batch_size) + ", gbs " + std::to_string(plan.global_batch_size) + ", recompute " +
+         to_string(plan.recompute_granularity) + ", sp " + (plan.sequence_parallel ? "on" : "off") +
+         ", distributed optimizer " + (plan.use_distributed_optimizer ? "on" : "off") + ", " + to_string(plan.schedule);
+}
+
 nlohmann::json parallel_plan_to_json(const ParallelPlan& plan) {
   return nlohmann::json{
       {"tensor_parallel_size", plan.tensor_parallel_size},

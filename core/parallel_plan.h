@@ -73,6 +73,10 @@ int64_t derive_data_parallel_size(int64_t world_size, int64_t tensor_parallel_si
 void validate_plan(const ModelSpec& model, const ParallelPlan& plan);
 
 // JSON field names are the struct's member names; schedule and recompute use their spellings.
+// One line: "tp 8, pp 16, cp 1, dp 8, vpp 1, mbs 1, gbs 1536, recompute none, sp on, distributed
+// optimizer off, 1f1b".
+std::string describe_plan(const ParallelPlan& plan);
+
 nlohmann::json parallel_plan_to_json(const ParallelPlan& plan);
 ParallelPlan parallel_plan_from_json(const nlohmann::json& json, const std::string& source);
 

@@ -22,6 +22,15 @@ struct StepEstimate {
   double idle_s = 0;                // waiting on other stages: the bubble and the tail
 };
 
+// A plan and what the estimator (and the memory model) said of it: a row of the planner's ranking.
+struct RankedPlan {
+  ParallelPlan plan;
+  StepEstimate estimate;
+  int64_t peak_memory_bytes = 0;  // the fullest pipeline rank, by core's memory model
+  double lower_bound_s = 0;
+  bool tie = false;  // within tie_tolerance of the best: the estimate cannot tell the two apart
+};
+
 class StepTimeEstimator {
  public:
   virtual ~StepTimeEstimator() = default;

@@ -188,15 +188,6 @@ class Ranking {
 
 }  // namespace
 
-std::string describe_plan(const ParallelPlan& plan) {
-  return "tp " + std::to_string(plan.tensor_parallel_size) + ", pp " + std::to_string(plan.pipeline_parallel_size) +
-         ", cp " + std::to_string(plan.context_parallel_size) + ", dp " + std::to_string(plan.data_parallel_size) +
-         ", vpp " + std::to_string(plan.virtual_pipeline_parallel_size) + ", mbs " +
-         std::to_string(plan.micro_batch_size) + ", recompute " + to_string(plan.recompute_granularity) + ", sp " +
-         (plan.sequence_parallel ? "on" : "off") + ", distributed optimizer " +
-         (plan.use_distributed_optimizer ? "on" : "off") + ", " + to_string(plan.schedule);
-}
-
 SearchResult search_plans(const ModelSpec& model, const GpuSpec& gpu, const std::vector<ParallelPlan>& candidates,
                           const StepTimeEstimator& estimator, const SearchOptions& options) {
   if (options.top < 1) throw SpecError("--top", "must be at least 1, got " + std::to_string(options.top));

@@ -24,13 +24,6 @@ struct SearchOptions {
   std::function<void(int64_t, int64_t)> progress;
 };
 
-struct RankedPlan {
-  ParallelPlan plan;
-  StepEstimate estimate;
-  int64_t peak_memory_bytes = 0;  // the fullest pipeline rank, by core's memory model
-  double lower_bound_s = 0;
-  bool tie = false;  // within tie_tolerance of the best: the estimate cannot tell the two apart
-};
 
 struct SearchCounts {
   int64_t enumerated = 0;
@@ -52,7 +45,5 @@ struct SearchResult {
 SearchResult search_plans(const ModelSpec& model, const GpuSpec& gpu, const std::vector<ParallelPlan>& candidates,
                           const StepTimeEstimator& estimator, const SearchOptions& options);
 
-// "tp 8, pp 16, cp 1, dp 8, vpp 1, mbs 1, recompute none, sp on, distributed optimizer off, 1f1b".
-std::string describe_plan(const ParallelPlan& plan);
 
 }  // namespace megaplan::planner

@@ -177,14 +177,8 @@ nlohmann::json chrome_trace(const Timeline& timeline, const JobSpec* job, bool c
   }
   nlohmann::json metadata = {{"source", timeline.source}, {"megaplan", kVersion}};
   if (job) {
-    const ParallelPlan& plan = job->plan;
     metadata["model"] = job->model.name;
-    metadata["plan"] = "tp " + std::to_string(plan.tensor_parallel_size) + ", pp " +
-                       std::to_string(plan.pipeline_parallel_size) + ", cp " + std::to_string(plan.context_parallel_size) +
-                       ", dp " + std::to_string(plan.data_parallel_size) + ", vpp " +
-                       std::to_string(plan.virtual_pipeline_parallel_size) + ", mbs " +
-                       std::to_string(plan.micro_batch_size) + ", gbs " + std::to_string(plan.global_batch_size) + ", " +
-                       to_string(plan.schedule);
+    metadata["plan"] = describe_plan(job->plan);
   }
   return {{"traceEvents", std::move(events)}, {"displayTimeUnit", "ms"}, {"otherData", std::move(metadata)}};
 }

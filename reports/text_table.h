@@ -1,4 +1,5 @@
-// TextTable: aligned plain-text tables for terminal output (numbers right-aligned, text left).
+// TextTable: aligned plain-text tables for terminal output (numbers right-aligned, text left); the
+// cells' units are reports/units.h's.
 #pragma once
 
 #include <string>
@@ -18,17 +19,5 @@ class TextTable {
  private:
   std::vector<std::vector<std::string>> rows_;  // rows_[0] is the header
 };
-
-// Human-readable quantities: 174.56e9 -> "174.6B"; 2.5e18 FLOPs -> "2.50 EFLOP";
-// 85899345920 bytes -> "80.0 GiB".
-std::string format_count(double value);
-std::string format_flops(double flops);
-std::string format_bytes(double bytes);
-// Memory, always in GiB with two decimals, so that columns and reports compare: "80.00 GiB";
-// gib_number: the number alone, for a column headed in GiB.
-std::string format_gib(double bytes);
-std::string gib_number(double bytes);
-// A fraction as a percentage with one decimal: 0.1234 -> "12.3%"; `with_sign`: "+12.3%", "-4.0%".
-std::string format_percent(double fraction, bool with_sign = false);
 
 }  // namespace megaplan

@@ -6,6 +6,8 @@
 #include <utility>
 
 #include "core/error.h"
+#include "reports/text_table.h"
+#include "reports/units.h"
 
 namespace megaplan {
 
@@ -91,6 +93,24 @@ TimelineComparison compare_timelines(const Timeline& simulated, const Timeline& 
     comparison.ranks.push_back(std::move(result));
   }
   return comparison;
+}
+
+std::string comparison_table(const TimelineComparison& comparison) {
+  TextTable table({"rank", "action", "count", "simulated ms/action", "measured ms/action", "error", "order"});
+  for (const RankComparison& rank : comparison.ranks) {
+    for (const KindComparison& kind : rank.kinds) {
+      const double count = static_cast<double>(kind.count);
+      table.add_row({std::to_string(rank.pipeline_rank), action_kind_token(kind.kind), std::to_string(kind.count),
+                     milliseconds_number(kind.simulated_s / count), milliseconds_number(kind.measured_s / count),
+                     format_percent(relative_error(kind.simulated_s, kind.measured_s), true),
+                     rank.same_compute_order ? "same" : "differs"});
+    }
+    table.add_row({std::to_string(rank.pipeline_rank), "span", "1", milliseconds_number(rank.simulated_span_s),
+                   milliseconds_number(rank.measured_span_s),
+                   format_percent(relative_error(rank.simulated_span_s, rank.measured_span_s), true),
+                   rank.same_compute_order ? "same" : "differs"});
+  }
+  return table.render();
 }
 
 }  // namespace megaplan

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "core/schedule/action.h"
@@ -40,5 +41,9 @@ double relative_error(double simulated, double measured);
 // Throws SpecError("--measured", ...) naming the first difference when the two timelines do not
 // hold the same actions on the same ranks (another plan, or a trace of another iteration shape).
 TimelineComparison compare_timelines(const Timeline& simulated, const Timeline& measured);
+
+// `megaplan compare`'s table: per rank and action kind, milliseconds per action simulated and
+// measured, the error and whether the rank kept the simulated order; then the rank's span.
+std::string comparison_table(const TimelineComparison& comparison);
 
 }  // namespace megaplan

@@ -188,7 +188,7 @@ TEST_CASE("the search ranks exactly as simulating every plan that fits", "[plann
   }
 
   // No tolerance, no ties; with one, exactly the plans predicted within it of the best.
-  for (const megaplan::planner::RankedPlan& ranked : result.plans) CHECK_FALSE(ranked.tie);
+  for (const megaplan::RankedPlan& ranked : result.plans) CHECK_FALSE(ranked.tie);
   const double best = result.plans.front().estimate.iteration_time_s;
   options.tie_tolerance = (result.plans[3].estimate.iteration_time_s / best - 1) * 1.000001;
   const megaplan::planner::SearchResult tied =
@@ -289,7 +289,7 @@ TEST_CASE("the simulator's lower bound never exceeds its estimate", "[planner][s
     if (plan.recompute_granularity != megaplan::RecomputeGranularity::kSelective || plan.use_distributed_optimizer) continue;
     const double bound = estimator.lower_bound_s(plan);
     const double time = estimator.estimate(plan).iteration_time_s;
-    INFO(megaplan::planner::describe_plan(plan) << ": bound " << bound << " s, simulated " << time << " s");
+    INFO(megaplan::describe_plan(plan) << ": bound " << bound << " s, simulated " << time << " s");
     CHECK(bound > 0);
     CHECK(bound <= time);
     if (std::find(kinds_seen.begin(), kinds_seen.end(), plan.schedule) == kinds_seen.end()) kinds_seen.push_back(plan.schedule);

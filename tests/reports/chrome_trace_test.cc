@@ -75,7 +75,7 @@ TEST_CASE("the trace's slices carry their microbatch, stage and layers; flows jo
     CHECK(ends.second.at("ts").get<double>() >= ends.first.at("ts").get<double>());
   }
   CHECK(trace.at("otherData").at("model") == "gpt2-124m");
-  CHECK(trace.at("otherData").at("plan") == "tp 1, pp 2, cp 1, dp 1, vpp 1, mbs 1, gbs 4, 1f1b");
+  CHECK(trace.at("otherData").at("plan") == "tp 1, pp 2, cp 1, dp 1, vpp 1, mbs 1, gbs 4, recompute none, sp off, distributed optimizer off, 1f1b");
   // Flows and args change nothing the reader takes back.
   CHECK(megaplan::timeline_from_chrome_trace(trace, "t.json").slices.size() == pipeline.result.timeline.slices.size());
 }

@@ -1,7 +1,7 @@
-// The unit formatting the commands' tables share.
+// The units every command and report prints with.
 #include <catch2/catch.hpp>
 
-#include "reports/text_table.h"
+#include "reports/units.h"
 
 TEST_CASE("percentages have one decimal, and a sign where asked", "[reports]") {
   CHECK(megaplan::format_percent(0.1234) == "12.3%");
@@ -15,4 +15,15 @@ TEST_CASE("memory is in GiB with two decimals, with or without its unit", "[repo
   CHECK(megaplan::format_gib(85899345920.0) == "80.00 GiB");
   CHECK(megaplan::gib_number(1.5 * 1024 * 1024 * 1024) == "1.50");
   CHECK(megaplan::gib_number(0) == "0.00");
+}
+
+TEST_CASE("fixed, significant and millisecond numbers", "[reports]") {
+  CHECK(megaplan::format_fixed(2.34567, 3) == "2.346");
+  CHECK(megaplan::format_fixed(-0.5, 0) == "-0");
+  CHECK(megaplan::format_significant(0.0123456, 4) == "0.01235");
+  CHECK(megaplan::format_significant(12.0, 4) == "12");
+  CHECK(megaplan::milliseconds_number(0.0123456) == "12.346");
+  CHECK(megaplan::format_bytes(1536) == "1.5 KiB");
+  CHECK(megaplan::format_flops(2.5e18) == "2.50 EFLOP");
+  CHECK(megaplan::format_count(174.56e9) == "174.6B");
 }

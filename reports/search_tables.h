@@ -1,0 +1,22 @@
+// `megaplan search`'s text: the ranked plans as a table, and why the winner beats the runner-up,
+// term by term (--explain).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/step_time_estimator.h"
+
+namespace megaplan {
+
+// One row per plan, best first: its layout, iteration time, TFLOP/s, MFU, peak memory (GiB) and
+// how much slower than #1 it is ("tie" where the profile cannot tell it from #1).
+std::string ranked_plans_table(const std::vector<RankedPlan>& plans);
+
+// #1 against #2: the two layouts, each term's mean seconds per pipeline rank and their
+// difference, the memory each leaves free under `memory_limit_bytes`, and the term that differs
+// most. With fewer than two plans, one line saying there is nothing to compare.
+std::string winner_explanation(const std::vector<RankedPlan>& plans, int64_t memory_limit_bytes);
+
+}  // namespace megaplan

@@ -1,0 +1,74 @@
+#include "reports/units.h"
+
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+#include <vector>
+
+namespace megaplan {
+
+namespace {
+
+std::string printf_string(const char* format, double value, const char* unit) {
+  char buffer[64];
+  std::snprintf(buffer, sizeof buffer, format, value, unit);
+  return buffer;
+}
+
+// Scales `value` by powers of `base` until it is below `base`, then prints it with a suffix.
+std::string scaled(double value, double base, const std::vector<const char*>& suffixes, const char* format) {
+  std::size_t index = 0;
+  while (std::abs(value) >= base && index + 1 < suffixes.size()) {
+    value /= base;
+    ++index;
+  }
+  return printf_string(format, value, suffixes[index]);
+}
+
+}  // namespace
+
+std::string format_count(double value) {
+  return scaled(value, 1000.0, {"", "K", "M", "B", "T", "Q"}, "%.1f%s");
+}
+
+std::string format_flops(double flops) {
+  return scaled(flops, 1000.0, {" FLOP", " KFLOP", " MFLOP", " GFLOP", " TFLOP", " PFLOP", " EFLOP", " ZFLOP"},
+                "%.2f%s");
+}
+
+std::string format_bytes(double bytes) {
+  return scaled(bytes, 1024.0, {" B", " KiB", " MiB", " GiB", " TiB", " PiB"}, "%.1f%s");
+}
+
+std::string gib_number(double bytes) {
+  char text[64];
+  std::snprintf(text, sizeof(text), "%.2f", bytes / (1024.0 * 1024.0 * 1024.0));
+  return text;
+}
+
+std::string format_gib(double bytes) { return gib_number(bytes) + " GiB"; }
+
+std::string format_percent(double fraction, bool with_sign) {
+  char text[64];
+  std::snprintf(text, sizeof(text), with_sign ? "%+.1f%%" : "%.1f%%", 100 * fraction);
+  return text;
+}
+
+std::string format_fixed(double value, int digits) {
+  std::ostringstream text;
+  text.setf(std::ios::fixed);
+  text.precision(digits);
+  text << value;
+  return text.str();
+}
+
+std::string format_significant(double value, int digits) {
+  std::ostringstream text;
+  text.precision(digits);
+  text << value;
+  return text.str();
+}
+
+std::string milliseconds_number(double seconds) { return format_fixed(seconds * 1e3, 3); }
+
+}  // namespace megaplan
