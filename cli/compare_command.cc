@@ -10,7 +10,7 @@
 #include "core/error.h"
 #include "core/text_file.h"
 #include "reports/chrome_trace.h"
-#include "reports/units.h"
+#include "core/units.h"
 #include "reports/timeline_comparison.h"
 
 namespace megaplan::cli {

@@ -10,7 +10,7 @@
 #include "core/json_io.h"
 #include "core/pipeline_layout.h"
 #include "reports/text_table.h"
-#include "reports/units.h"
+#include "core/units.h"
 
 namespace megaplan::cli {
 

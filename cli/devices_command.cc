@@ -13,7 +13,7 @@
 #include "core/error.h"
 #include "executor/gpu_inventory.h"
 #include "reports/text_table.h"
-#include "reports/units.h"
+#include "core/units.h"
 
 namespace megaplan::cli {
 namespace {

@@ -10,7 +10,7 @@
 #include "core/formulas.h"
 #include "core/model_presets.h"
 #include "reports/text_table.h"
-#include "reports/units.h"
+#include "core/units.h"
 
 namespace megaplan::cli {
 
@@ -39,12 +39,12 @@ int run_presets(const PresetsOptions& options, std::ostream& out) {
                     std::to_string(spec.vocab_size), format_count(static_cast<double>(total_parameters(spec))),
                     format_count(preset.published_parameters)});
   }
-  TextTable clusters({"cluster", "nodes", "GPUs/node", "GPU", "bf16 TFLOP/s", "HBM GB", "HBM TB/s", "NVLink GB/s/dir",
+  TextTable clusters({"cluster", "nodes", "GPUs/node", "GPU", "bf16 TFLOP/s", "HBM GiB", "HBM TB/s", "NVLink GB/s/dir",
                       "NICs", "NIC GB/s"});
   for (const ClusterSpec& cluster : cluster_presets()) {
     clusters.add_row({cluster.name, std::to_string(cluster.num_nodes), std::to_string(cluster.gpus_per_node),
                       cluster.gpu.name, format_fixed(cluster.gpu.dense_bf16_flops_per_s / 1e12, 1),
-                      format_fixed(static_cast<double>(cluster.gpu.hbm_capacity_bytes) / 1e9, 0),
+                      gib_number(static_cast<double>(cluster.gpu.hbm_capacity_bytes)),
                       format_fixed(cluster.gpu.hbm_bandwidth_bytes_per_s / 1e12, 2),
                       format_fixed(cluster.intra_node.bandwidth_per_gpu_bytes_per_s / 1e9, 0),
                       std::to_string(cluster.inter_node.nics_per_node),

@@ -14,7 +14,7 @@
 #include "reports/chrome_trace.h"
 #include "reports/html_report.h"
 #include "reports/timeline_comparison.h"
-#include "reports/units.h"
+#include "core/units.h"
 #include "simulator/simulate_plan.h"
 
 namespace megaplan::cli {

@@ -21,7 +21,7 @@
 #include "planner/search.h"
 #include "planner/search_space.h"
 #include "reports/search_tables.h"
-#include "reports/units.h"
+#include "core/units.h"
 #include "simulator/plan_estimator.h"
 
 namespace megaplan::cli {

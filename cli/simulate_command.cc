@@ -17,7 +17,7 @@
 #include "reports/chrome_trace.h"
 #include "reports/memory_table.h"
 #include "reports/text_table.h"
-#include "reports/units.h"
+#include "core/units.h"
 #include "simulator/simulate_plan.h"
 
 namespace megaplan::cli {

@@ -14,6 +14,7 @@
 #include <thread>
 #include <tuple>
 
+#include "core/units.h"
 #include "core/error.h"
 #include "core/formulas.h"
 #include "core/memory_model.h"
@@ -22,12 +23,6 @@
 namespace megaplan::planner {
 
 namespace {
-
-std::string gigabytes(int64_t bytes) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%.1f GB", static_cast<double>(bytes) / 1e9);
-  return text;
-}
 
 struct Candidate {
   std::size_t index;  // into the candidates
@@ -283,11 +278,11 @@ SearchResult search_plans(const ModelSpec& model, const GpuSpec& gpu, const std:
   }
   const ParallelPlan& plan = candidates[closest.index];
   throw SpecError("--memory-fraction",
-                  "no layout fits in " + gigabytes(limit) + " per GPU (" +
+                  "no layout fits in " + format_gib(static_cast<double>(limit)) + " per GPU (" +
                       std::to_string(static_cast<int>(std::lround(100 * options.memory_fraction))) + "% of " +
-                      gigabytes(gpu.hbm_capacity_bytes) + "); the closest, " + describe_plan(plan) + ", needs " +
-                      gigabytes(limit + closest.shortfall) + " on pipeline rank " + std::to_string(closest.pipeline_rank) +
-                      ": " + gigabytes(closest.shortfall) + " more");
+                      format_gib(static_cast<double>(gpu.hbm_capacity_bytes)) + "); the closest, " + describe_plan(plan) + ", needs " +
+                      format_gib(static_cast<double>(limit + closest.shortfall)) + " on pipeline rank " + std::to_string(closest.pipeline_rank) +
+                      ": " + format_gib(static_cast<double>(closest.shortfall)) + " more");
 }
 
 }  // namespace megaplan::planner

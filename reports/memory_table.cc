@@ -1,7 +1,7 @@
 #include "reports/memory_table.h"
 
 #include "reports/text_table.h"
-#include "reports/units.h"
+#include "core/units.h"
 
 namespace megaplan {
 

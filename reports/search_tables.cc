@@ -3,7 +3,7 @@
 #include <cmath>
 
 #include "reports/text_table.h"
-#include "reports/units.h"
+#include "core/units.h"
 
 namespace megaplan {
 

@@ -1,5 +1,5 @@
 // TextTable: aligned plain-text tables for terminal output (numbers right-aligned, text left); the
-// cells' units are reports/units.h's.
+// cells' units are core/units.h's.
 #pragma once
 
 #include <string>

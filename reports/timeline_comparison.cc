@@ -7,7 +7,7 @@
 
 #include "core/error.h"
 #include "reports/text_table.h"
-#include "reports/units.h"
+#include "core/units.h"
 
 namespace megaplan {
 

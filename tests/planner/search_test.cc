@@ -216,8 +216,8 @@ TEST_CASE("a request nothing fits names the closest plan and its shortfall", "[p
   // 175 B parameters at 6 + 12/dp bytes each over 8 GPUs is far beyond 72 GB: the closest plan
   // shards everything (tp x pp = 8, distributed optimizer).
   CHECK_THROWS_WITH(megaplan::planner::search_plans(problem.model, cluster.gpu, candidates, estimator, options),
-                    Contains("--memory-fraction: no layout fits in 72.0 GB per GPU (90% of 80.0 GB); the closest") &&
-                        Contains("GB more"));
+                    Contains("--memory-fraction: no layout fits in 67.06 GiB per GPU (90% of 74.51 GiB); the closest") &&
+                        Contains("GiB more"));
 }
 
 TEST_CASE("Megatron-LM arguments for a plan", "[planner]") {

@@ -1,5 +1,5 @@
-// Units for every number megaplan prints, one set for the commands' text, their tables and the
-// reports: counts, FLOPs, bytes, memory (always GiB), percentages, seconds.
+// Units for every number megaplan prints, one set for the commands' text and errors, their
+// tables and the reports: counts, FLOPs, bytes, memory (always GiB), percentages, seconds.
 #pragma once
 
 #include <string>

@@ -1,4 +1,4 @@
-#include "reports/units.h"
+#include "core/units.h"
 
 #include <cmath>
 #include <cstdio>

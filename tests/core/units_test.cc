@@ -1,7 +1,7 @@
 // The units every command and report prints with.
 #include <catch2/catch.hpp>
 
-#include "reports/units.h"
+#include "core/units.h"
 
 TEST_CASE("percentages have one decimal, and a sign where asked", "[reports]") {
   CHECK(megaplan::format_percent(0.1234) == "12.3%");
