@@ -120,7 +120,9 @@ int run_simulate(const SimulateOptions& options, std::ostream& out) {
   const sim::Profile profile = choose_profile(options.profile, job.cluster.gpu);
   const sim::PlanSimulation simulation = sim::simulate_plan(job, profile, options.trace || options.report);
   if (options.trace) {
-    exec::write_file_atomically(*options.trace, timeline_to_chrome_trace(simulation.result.timeline, job, options.trace_detail).dump() + "\n");
+    nlohmann::json trace = timeline_to_chrome_trace(simulation.result.timeline, job, options.trace_detail);
+    trace["otherData"]["profile"] = describe_profile(profile);  // what costed the slices
+    exec::write_file_atomically(*options.trace, trace.dump() + "\n");
   }
   if (options.json) {
     out << to_json(job, profile, simulation).dump(2) << "\n";

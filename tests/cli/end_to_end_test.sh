@@ -153,6 +153,7 @@ for key in iteration_time_s model_tflops_per_gpu mfu bubble_fraction peak_memory
   grep -q "\"$key\"" "$scratch/out" || fail "simulate --json has no $key"
 done
 grep -q '"traceEvents"' "$scratch/trace.json" || fail "simulate --trace wrote no Chrome trace"
+grep -q '"profile":"H200-SXM-141GB, measured' "$scratch/trace.json" || fail "simulate --trace names no profile in otherData"
 grep -q '"kind": "measured"' "$scratch/out" || fail "simulate on an H200 does not default to its measured profile"
 grep -q '"origin": "profiles/h200-sxm-141gb.measured.json (built in)"' "$scratch/out" || fail "simulate --json does not name the built-in profile"
 expect_ok simulate --model gpt2-124m --cluster dgx-a100-80gb --gpus 8 --gbs 8
