@@ -100,6 +100,11 @@ void write_text(const SearchCommandOptions& options, const JobSpec& job, const p
       << " simulated; " << format_fixed(seconds, 3) << " s on " << threads << " threads ("
       << format_count(static_cast<double>(counts.enumerated) / std::max(seconds, 1e-9)) << " plans/s)\n\n";
   out << ranked_plans_table(result.plans);
+  if (!result.over_memory.empty()) {
+    out << "\nfaster, but over the memory limit (" << format_gib(static_cast<double>(result.memory_limit_bytes))
+        << "):\n"
+        << ranked_plans_table(result.over_memory, result.plans.front().estimate.iteration_time_s);
+  }
 }
 
 // The best plan's launch lines: its job file is --out's (job.json when none), which also carries
@@ -149,7 +154,10 @@ int run_search(const SearchCommandOptions& options, std::ostream& out) {
   if (options.out) exec::write_file_atomically(*options.out, job_spec_to_json(job).dump(2) + "\n");
   nlohmann::json plans = nlohmann::json::array();
   for (const RankedPlan& ranked : result.plans) plans.push_back(plan_json(ranked, result.memory_limit_bytes));
+  nlohmann::json over_memory = nlohmann::json::array();
+  for (const RankedPlan& ranked : result.over_memory) over_memory.push_back(plan_json(ranked, result.memory_limit_bytes));
   nlohmann::json json = {{"plans", std::move(plans)},
+                         {"over_memory", std::move(over_memory)},
                          {"counts",
                           {{"enumerated", result.counts.enumerated},
                            {"pruned_model_state", result.counts.pruned_model_state},

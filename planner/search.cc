@@ -120,6 +120,9 @@ class ModelStatePeaks {
   std::map<std::tuple<int64_t, int64_t, int64_t, StagePlacement>, std::vector<int64_t>> parameters_;
 };
 
+// How many layouts refused on memory the search costs to find those that would beat #1.
+constexpr std::size_t kOverMemoryTries = 64;
+
 // The shared state of one search: the k best so far and the counts, behind one mutex.
 class Ranking {
  public:
@@ -144,9 +147,10 @@ class Ranking {
     if (best_.size() > top_) best_.pop_back();
     decided_locked();
   }
-  void too_big(int64_t shortfall, std::size_t index, int64_t rank) {
+  void too_big(int64_t shortfall, std::size_t index, int64_t rank, double bound, int64_t peak) {
     const std::lock_guard<std::mutex> lock(mutex_);
     ++pruned_activations_;
+    over_memory_.push_back({bound, index, peak});
     closest_.offer(shortfall, index, rank);
     decided_locked();
   }
@@ -159,6 +163,13 @@ class Ranking {
   int64_t simulated() const { return simulated_; }
   int64_t pruned_activations() const { return pruned_activations_; }
   const Closest& closest() const { return closest_; }
+  // Every candidate refused on its activations: its bound, index and peak memory.
+  struct OverMemory {
+    double bound;
+    std::size_t index;
+    int64_t peak;
+  };
+  const std::vector<OverMemory>& over_memory() const { return over_memory_; }
 
  private:
   struct Entry {
@@ -179,6 +190,7 @@ class Ranking {
   int64_t pruned_activations_ = 0;
   int64_t decided_ = 0;
   Closest closest_;
+  std::vector<OverMemory> over_memory_;
 };
 
 }  // namespace
@@ -229,7 +241,7 @@ SearchResult search_plans(const ModelSpec& model, const GpuSpec& gpu, const std:
         const ParallelPlan& plan = candidates[candidate.index];
         const auto [peak, rank] = peak_memory(model, plan, walks);
         if (peak > limit) {
-          ranking.too_big(peak - limit, candidate.index, rank);
+          ranking.too_big(peak - limit, candidate.index, rank, candidate.bound, peak);
           continue;
         }
         ranking.add({plan, estimator.estimate(plan), peak, candidate.bound}, candidate.index);
@@ -254,6 +266,29 @@ SearchResult search_plans(const ModelSpec& model, const GpuSpec& gpu, const std:
     for (std::size_t i = 1; i < result.plans.size(); ++i) {
       result.plans[i].tie = result.plans[i].estimate.iteration_time_s <= best * (1 + options.tie_tolerance);
     }
+  }
+  // Faster layouts refused on memory: every candidate whose bound is below #1's time was decided
+  // (no k-th best can rule it out), so these do not depend on the thread count.
+  if (!result.plans.empty()) {
+    const double best = result.plans.front().estimate.iteration_time_s;
+    std::vector<Ranking::OverMemory> faster;
+    for (const Ranking::OverMemory& entry : ranking.over_memory()) {
+      if (entry.bound < best) faster.push_back(entry);
+    }
+    // Those closest to fitting first (the actionable ones), at most kOverMemoryTries estimates.
+    std::sort(faster.begin(), faster.end(), [](const Ranking::OverMemory& a, const Ranking::OverMemory& b) {
+      return a.peak != b.peak ? a.peak < b.peak : a.index < b.index;
+    });
+    const std::size_t tries = std::min(faster.size(), kOverMemoryTries);
+    for (std::size_t i = 0; i < tries && static_cast<int64_t>(result.over_memory.size()) < options.top; ++i) {
+      const Ranking::OverMemory& entry = faster[i];
+      const ParallelPlan& plan = candidates[entry.index];
+      RankedPlan ranked{plan, estimator.estimate(plan), entry.peak, entry.bound};
+      if (ranked.estimate.iteration_time_s < best) result.over_memory.push_back(std::move(ranked));
+    }
+    std::stable_sort(result.over_memory.begin(), result.over_memory.end(), [](const RankedPlan& a, const RankedPlan& b) {
+      return a.estimate.iteration_time_s < b.estimate.iteration_time_s;
+    });
   }
   result.counts.simulated = ranking.simulated();
   result.counts.pruned_activations = ranking.pruned_activations();

@@ -35,6 +35,11 @@ struct SearchCounts {
 
 struct SearchResult {
   std::vector<RankedPlan> plans;  // best first: by iteration time, ties in enumeration order
+  // Layouts that would beat #1 but whose schedule's activations take them over the memory limit:
+  // of those closest to fitting, at most `top`, fastest first — what a little more memory (less
+  // reserve, a smaller --memory-fraction margin) would buy. Those over the limit on model state
+  // alone are not costed.
+  std::vector<RankedPlan> over_memory;
   SearchCounts counts;
   int64_t memory_limit_bytes = 0;
 };

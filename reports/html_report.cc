@@ -144,9 +144,10 @@ nlohmann::json timeline_json(const Timeline& timeline, const JobSpec& job, doubl
 }
 
 // A plan of `search --json` as the alternatives section lists it.
-nlohmann::json alternative_json(const nlohmann::json& plan, std::size_t index, const std::string& source,
+// `where` names it in errors ("search.json: plans[3]"); `rank` is its place in the ranking.
+nlohmann::json alternative_json(const nlohmann::json& plan, const std::string& where, const nlohmann::json& rank,
                                 const ParallelPlan& chosen) {
-  JsonFieldReader reader(plan, source + ": plans[" + std::to_string(index) + "]");
+  JsonFieldReader reader(plan, where);
   int64_t tp = 0, pp = 0, cp = 0, dp = 0, vpp = 0, mbs = 0, peak = 0;
   double iteration = 0, compute = 0, tensor = 0, pipeline = 0, data_parallel = 0, idle = 0;
   bool fits = true, tie = false;
@@ -175,7 +176,7 @@ nlohmann::json alternative_json(const nlohmann::json& plan, std::size_t index, c
                     cp == chosen.context_parallel_size && dp == chosen.data_parallel_size &&
                     vpp == chosen.virtual_pipeline_parallel_size && mbs == chosen.micro_batch_size &&
                     schedule == to_string(chosen.schedule) && recompute == to_string(chosen.recompute_granularity);
-  return {{"rank", index + 1},
+  return {{"rank", rank},
           {"label", label},
           {"iteration_time_s", iteration},
           {"fits", fits},
@@ -199,7 +200,19 @@ nlohmann::json alternatives_json(const PlanReport& report) {
   }
   nlohmann::json plans = nlohmann::json::array();
   for (std::size_t i = 0; i < search.at("plans").size(); ++i) {
-    plans.push_back(alternative_json(search.at("plans")[i], i, source, report.job.plan));
+    plans.push_back(alternative_json(search.at("plans")[i], source + ": plans[" + std::to_string(i) + "]", i + 1,
+                                     report.job.plan));
+  }
+  // Faster layouts the memory limit refused: shown, marked, after the ranking.
+  if (search.contains("over_memory")) {
+    const nlohmann::json& over = search.at("over_memory");
+    if (!over.is_array()) throw SpecError("--search", source + ": over_memory: must be an array");
+    for (std::size_t i = 0; i < over.size(); ++i) {
+      nlohmann::json plan =
+          alternative_json(over[i], source + ": over_memory[" + std::to_string(i) + "]", "over", report.job.plan);
+      plan["fits"] = false;
+      plans.push_back(std::move(plan));
+    }
   }
   double uncertainty = 0;
   if (search.contains("tie_tolerance") && search.at("tie_tolerance").is_number()) {

@@ -7,11 +7,11 @@
 
 namespace megaplan {
 
-std::string ranked_plans_table(const std::vector<RankedPlan>& plans) {
+std::string ranked_plans_table(const std::vector<RankedPlan>& plans, std::optional<double> best_s) {
   TextTable table({"#", "tp", "pp", "dp", "cp", "vpp", "mbs", "recompute", "sp", "dist-opt", "schedule",
                    "iteration s", "TFLOP/s/GPU", "MFU", "peak memory", "vs #1"});
   if (plans.empty()) return table.render();
-  const double best = plans.front().estimate.iteration_time_s;
+  const double best = best_s.value_or(plans.front().estimate.iteration_time_s);
   for (std::size_t i = 0; i < plans.size(); ++i) {
     const RankedPlan& ranked = plans[i];
     const ParallelPlan& plan = ranked.plan;
@@ -23,7 +23,9 @@ std::string ranked_plans_table(const std::vector<RankedPlan>& plans) {
                    to_string(plan.schedule), format_fixed(ranked.estimate.iteration_time_s, 3),
                    format_fixed(ranked.estimate.model_tflops_per_gpu, 1), format_percent(ranked.estimate.mfu),
                    format_gib(static_cast<double>(ranked.peak_memory_bytes)),
-                   i == 0 ? "" : format_percent(ranked.estimate.iteration_time_s / best - 1, true) + (ranked.tie ? " tie" : "")});
+                   i == 0 && !best_s ? ""
+                                     : format_percent(ranked.estimate.iteration_time_s / best - 1, true) +
+                                           (ranked.tie ? " tie" : "")});
   }
   return table.render();
 }

@@ -201,6 +201,40 @@ TEST_CASE("the search ranks exactly as simulating every plan that fits", "[plann
   CHECK(tied.plans[3].tie);
 }
 
+TEST_CASE("faster layouts refused on memory are costed and listed, whatever the thread count", "[planner]") {
+  const SearchProblem problem = small_problem();
+  const megaplan::ClusterSpec cluster = eight_a100();
+  const megaplan::sim::SimulatorEstimator estimator(problem.model, cluster, megaplan::sim::Profile::datasheet(cluster.gpu));
+  std::vector<ParallelPlan> candidates = megaplan::planner::enumerate_plans(problem);
+  candidates.erase(std::remove_if(candidates.begin(), candidates.end(),
+                                  [](const ParallelPlan& p) { return p.pipeline_parallel_size > 2 || p.context_parallel_size > 1; }),
+                   candidates.end());
+  megaplan::planner::SearchOptions options;
+  options.top = 3;
+  options.memory_fraction = 0.05;  // 4 GB: the fastest layouts no longer fit
+  options.threads = 1;
+  const megaplan::planner::SearchResult result =
+      megaplan::planner::search_plans(problem.model, cluster.gpu, candidates, estimator, options);
+  REQUIRE_FALSE(result.plans.empty());
+  const double best = result.plans.front().estimate.iteration_time_s;
+  REQUIRE_FALSE(result.over_memory.empty());
+  CHECK(result.over_memory.size() <= 3);
+  for (std::size_t i = 0; i < result.over_memory.size(); ++i) {
+    const megaplan::RankedPlan& over = result.over_memory[i];
+    CHECK(over.peak_memory_bytes > result.memory_limit_bytes);
+    CHECK(over.estimate.iteration_time_s < best);
+    CHECK(over.estimate.iteration_time_s == estimator.estimate(over.plan).iteration_time_s);
+    if (i > 0) CHECK(over.estimate.iteration_time_s >= result.over_memory[i - 1].estimate.iteration_time_s);
+  }
+  options.threads = 2;
+  const megaplan::planner::SearchResult threaded =
+      megaplan::planner::search_plans(problem.model, cluster.gpu, candidates, estimator, options);
+  REQUIRE(threaded.over_memory.size() == result.over_memory.size());
+  for (std::size_t i = 0; i < result.over_memory.size(); ++i) {
+    CHECK(key(threaded.over_memory[i].plan) == key(result.over_memory[i].plan));
+  }
+}
+
 TEST_CASE("a request nothing fits names the closest plan and its shortfall", "[planner]") {
   SearchProblem problem;
   problem.model = megaplan::model_preset("gpt3-175b");

@@ -101,6 +101,15 @@ TEST_CASE("a search's ranked plans become the alternatives; a malformed search i
   CHECK(alternatives.at("plans")[1].at("chosen") == false);
   CHECK(alternatives.at("plans")[1].at("fits") == false);  // shown, marked
   CHECK(alternatives.at("plans")[1].at("terms").at("idle") == 0.002);
+  // Faster layouts refused on memory follow the ranking, marked.
+  report.search->emplace("over_memory", nlohmann::json::array({plan(4, 0.015, true)}));
+  const nlohmann::json with_over = megaplan::report_data(report).at("alternatives").at("plans");
+  REQUIRE(with_over.size() == 3);
+  CHECK(with_over[2].at("rank") == "over");
+  CHECK(with_over[2].at("fits") == false);
+  report.search->at("over_memory")[0].erase("compute_s");
+  CHECK_THROWS_WITH(megaplan::report_data(report), Contains("search.json: over_memory[0]: compute_s"));
+  report.search->erase("over_memory");
   report.search->at("plans")[1].erase("idle_s");
   CHECK_THROWS_WITH(megaplan::report_data(report), Contains("search.json: plans[1]: idle_s: required field is missing"));
   report.search = nlohmann::json{{"plans", 3}};
