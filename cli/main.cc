@@ -1,10 +1,12 @@
 // megaplan: the command-line entry point. Wires the subcommands and is the single error
 // boundary: bad input becomes one line on stderr and exit code 2.
+#include <cstdio>
 #include <iostream>
 
 #include <CLI/CLI.hpp>
 
 #include "cli/commands.h"
+#include "cli/notes.h"
 #include "core/error.h"
 #include "core/heap_tuning.h"
 #include "core/schedule/validation.h"
@@ -12,6 +14,8 @@
 
 int main(int argc, char** argv) {
   megaplan::keep_freed_memory_for_reuse();
+  // Each line as it is printed, whatever stdout is (a terminal, a pipe to tee, Slurm's log file).
+  std::setvbuf(stdout, nullptr, _IOLBF, BUFSIZ);
   using megaplan::cli::CommandContext;
   CLI::App app{"megaplan: plan, simulate and run Megatron-style parallel training layouts", "megaplan"};
   app.set_version_flag("--version", std::string("megaplan ") + megaplan::kVersion);
@@ -55,5 +59,6 @@ int main(int argc, char** argv) {
     std::cerr << "megaplan: error: " << error.what() << "\n";
     return 1;
   }
+  if (context.exit_code == 0) megaplan::cli::flush_notes(std::cerr);
   return context.exit_code;
 }

@@ -3,6 +3,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "cli/notes.h"
 #include "core/checked_math.h"
 #include "core/hf_config.h"
 #include "core/json_io.h"
@@ -165,6 +166,13 @@ ModelSpec resolve_model(const ModelOptions& options) {
   spec.add_bias_linear = spec.add_bias_linear && !options.disable_bias_linear;
   spec.add_qkv_bias = spec.add_qkv_bias || options.add_qkv_bias;
   validate_model_spec(spec);
+  // A Hugging Face config states its position table, not a training length: a Llama 3.1 config
+  // would otherwise plan 131072-token sequences without a word.
+  if (options.model.ends_with(".json") && !options.seq_length && spec.seq_length > 8192 &&
+      spec.seq_length == spec.effective_max_position_embeddings()) {
+    note("the sequence length " + std::to_string(spec.seq_length) + " is " + options.model +
+         "'s max_position_embeddings; pass --seq-length to train on shorter sequences");
+  }
   return spec;
 }
 
@@ -224,6 +232,11 @@ ParallelPlan resolve_plan(const ModelSpec& model, int64_t world_size, const Plan
   plan.schedule = options.schedule ? parse_schedule_kind(*options.schedule, "--schedule")
                   : plan.virtual_pipeline_parallel_size > 1 ? ScheduleKind::kInterleaved
                                                             : ScheduleKind::kOneFOneB;
+  // A V schedule (zbv, dualpipev) runs two model chunks per rank: vpp 2 unless told otherwise.
+  if (stage_placement(plan.schedule) == StagePlacement::kV && !options.virtual_pipeline_parallel_size &&
+      !options.layers_per_virtual_stage) {
+    plan.virtual_pipeline_parallel_size = 2;
+  }
   return plan;
 }
 
@@ -232,6 +245,11 @@ JobSpec resolve_job(const ModelOptions& model_options, const ClusterOptions& clu
   JobSpec job{resolve_model(model_options), resolve_cluster(cluster_options), ParallelPlan{}};
   job.plan = resolve_plan(job.model, job.cluster.total_gpus(), options);
   validate_job(job);
+  if (!options.global_batch_size) {
+    note("--gbs not given: the global batch is " + std::to_string(job.plan.global_batch_size) + " (mbs " +
+         std::to_string(job.plan.micro_batch_size) + " x dp " + std::to_string(job.plan.data_parallel_size) +
+         ", one microbatch per replica; `search` assumes 1536)");
+  }
   return job;
 }
 

@@ -71,6 +71,7 @@ void add_plan_options(CLI::App& command, PlanOptions& options);
 void add_implementation_options(CLI::App& command, ImplementationFlags& flags);
 
 // Each throws SpecError naming the flag and the rule.
+// Notes (cli/notes.h) when the sequence length is a Hugging Face config's position table (over 8192).
 ModelSpec resolve_model(const ModelOptions& options);
 ClusterSpec resolve_cluster(const ClusterOptions& options);
 // The implementation's defaults with the flags given applied (validated with the plan).
@@ -79,6 +80,7 @@ ImplementationOptions resolve_implementation_options(const ImplementationFlags& 
 // Not yet validated against the model (validate_plan).
 ParallelPlan resolve_plan(const ModelSpec& model, int64_t world_size, const PlanOptions& options);
 // The whole job: model and GPUs resolved, dp derived, every rule validated.
+// Notes (cli/notes.h) the global batch it chose when --gbs is not given.
 JobSpec resolve_job(const ModelOptions& model, const ClusterOptions& cluster, const PlanOptions& plan);
 
 // The job from the flags, or from a job JSON file (`--plan`, as `describe --out` writes it).

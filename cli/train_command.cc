@@ -1,11 +1,13 @@
 #include "cli/train_command.h"
 
+#include <iostream>
 #include <memory>
 
 #include <CLI/CLI.hpp>
 
 #include "cli/commands.h"
 #include "cli/data_command.h"
+#include "cli/notes.h"
 #include "cli/profile_choice.h"
 #include "cli/report_command.h"
 #include "core/device_gpu.h"
@@ -22,6 +24,7 @@
 #include "executor/runtime/cpu_backend.h"
 #include "executor/runtime/cuda_backend.h"
 #include "executor/train/launched_training.h"
+#include "executor/train/stop_signal.h"
 #include "simulator/simulate_plan.h"
 
 namespace megaplan::cli {
@@ -160,6 +163,8 @@ int run_train(const TrainCommandOptions& options, std::ostream& out) {
     }
     cluster = report_cluster(options, plan, job_cluster);
   }
+  flush_notes(std::cerr);  // what was chosen for the run, before it starts
+  if (train.exit_signal_handler) exec::install_stop_signal_handlers();
   // Under a launcher with --device cuda, this process trains its own rank over NCCL (world size 1
   // included, so a launched run always takes the path its larger runs take).
   const bool launched = launch.launcher != "none" && options.device == "cuda";
@@ -210,6 +215,8 @@ void setup_train_command(CLI::App& app, CommandContext& context) {
   command->add_option("--split", t.split, "Train, validation, test weights over documents")->capture_default_str();
   command->add_option("--train-iters", t.train_iters, "Iterations to train")->required();
   command->add_option("--exit-interval", t.exit_interval, "Stop (after a save) at a multiple of this");
+  command->add_flag("--exit-signal-handler", t.exit_signal_handler,
+                    "On SIGTERM save and exit cleanly at the iteration's end; on SIGINT stop there without saving");
   command->add_option("--lr", t.learning_rate.max_lr, "Peak learning rate")->capture_default_str();
   command->add_option("--min-lr", t.learning_rate.min_lr, "Learning rate after decay")->capture_default_str();
   command->add_option("--lr-warmup-iters", t.learning_rate.warmup_iterations, "Linear warm-up iterations");
@@ -230,6 +237,11 @@ void setup_train_command(CLI::App& app, CommandContext& context) {
   command->add_option("--load", t.load, "Resume from the newest checkpoint here");
   command->callback([options, command, &context] {
     if (options->plan_file) reject_flags_beside_job_file(*command);
+    // Not the other commands' default model: a run trains what it is told to.
+    if (!options->plan_file && command->count("--model") == 0) {
+      throw SpecError("--model", "train needs a model: a preset (megaplan presets), a model .json or a Hugging Face "
+                                 "config.json, or a job file (--plan)");
+    }
     context.exit_code = run_train(*options, context.out);
   });
 }

@@ -1,5 +1,6 @@
 #include "executor/train/trainer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <fstream>
@@ -25,6 +26,7 @@
 #include "executor/runtime/interpreter.h"
 #include "executor/train/checkpoint.h"
 #include "executor/train/host_values.h"
+#include "executor/train/stop_signal.h"
 #include "executor/train/optimizer.h"
 #include "executor/train/parallel_groups.h"
 
@@ -177,6 +179,14 @@ class RankTrainer {
     if (groups_.data_parallel) value = sum_over(*groups_.data_parallel, backend_, value);
     return value;
   }
+  // The strongest stop signal any rank has received: every rank stops after the same iteration.
+  StopSignal agreed_stop_signal() {
+    double strongest = static_cast<double>(received_stop_signal());
+    if (groups_.world) {
+      for (const double part : all_gather_doubles(*groups_.world, backend_, strongest)) strongest = std::max(strongest, part);
+    }
+    return static_cast<StopSignal>(static_cast<int>(strongest));
+  }
   double evaluate(int64_t iteration);
   void log(int64_t iteration, double loss, double lr, double gradient_norm, double seconds);
 
@@ -321,11 +331,19 @@ TrainSummary RankTrainer::train() {
       if (out_) *out_ << "validation loss at iteration " << iteration << ": " << format_double(validation) << "\n";
     }
     const bool exiting = options.exit_interval > 0 && iteration % options.exit_interval == 0;
+    const StopSignal stop = options.exit_signal_handler ? agreed_stop_signal() : StopSignal::kNone;
     if (options.save && ((options.save_interval > 0 && iteration % options.save_interval == 0) || exiting ||
-                         iteration == options.train_iters)) {
+                         stop == StopSignal::kTerminate || iteration == options.train_iters)) {
       optimizer_->finish_parameter_gathers();
       save_checkpoint(*options.save, state, checkpoint_rank());
       if (out_) *out_ << "saved " << *options.save << " at iteration " << iteration << "\n";
+    }
+    if (stop != StopSignal::kNone) {
+      if (out_) {
+        *out_ << "received " << signal_name(stop) << ": stopping at iteration " << iteration
+              << (stop == StopSignal::kTerminate && options.save ? " after the save" : " without saving") << "\n";
+      }
+      break;
     }
     if (exiting) {
       if (out_) *out_ << "exiting at iteration " << iteration << " (--exit-interval " << options.exit_interval << ")\n";

@@ -29,6 +29,9 @@ namespace megaplan::exec {
 struct TrainOptions {
   int64_t train_iters = 0;       // --train-iters
   int64_t exit_interval = 0;     // --exit-interval: stop (after saving) at a multiple of it; 0 never
+  // --exit-signal-handler: at each iteration's end, stop on SIGTERM after a save, on SIGINT without
+  // one (executor/train/stop_signal.h; the caller installs the handlers).
+  bool exit_signal_handler = false;
   LearningRateSchedule learning_rate;
   double weight_decay = 0.01;    // --weight-decay (not on biases and norms)
   double adam_beta1 = 0.9;

@@ -474,6 +474,47 @@ grep -qE '^megaplan: launch: rank [01] \(pid [0-9]+\) exited with status 2' "$sc
   fail "launch does not name the failing rank: $(cat "$scratch/err")"
 [ "$(grep -c '^megaplan: launch:' "$scratch/err")" -eq 1 ] || fail "launch printed more than one line of its own: $(cat "$scratch/err")"
 
+# A Megatron user's habits (issue 17): train names no default model; a V schedule implies vpp 2; a
+# Hugging Face config's long position table and a defaulted global batch are said, not silent.
+expect_error 'error: --model: train needs a model' train --device cpu --data-path "$scratch/corpus" --train-iters 1
+expect_ok simulate --model gpt2-124m --cluster h200-x2 --pp 2 --schedule zbv --gbs 8
+grep -q 'vpp 2, mbs 1, gbs 8, .*zbv' "$scratch/out" || fail "--schedule zbv did not imply vpp 2: $(head -1 "$scratch/out")"
+sed 's/"max_position_embeddings": 8192/"max_position_embeddings": 131072/' "$examples/hf/llama3-8b-config.json" \
+  >"$scratch/llama31-config.json"
+expect_ok describe --model "$scratch/llama31-config.json" --cluster h200-x2 --tp 2
+grep -q "^note: the sequence length 131072 is .*llama31-config.json's max_position_embeddings; pass --seq-length" \
+  "$scratch/err" || fail "a 131072-token position table planned silently: $(cat "$scratch/err")"
+grep -q '^note: --gbs not given: the global batch is 1 (mbs 1 x dp 1' "$scratch/err" ||
+  fail "the defaulted global batch is not said: $(cat "$scratch/err")"
+expect_ok describe --model "$scratch/llama31-config.json" --cluster h200-x2 --tp 2 --seq-length 8192 --gbs 8
+[ ! -s "$scratch/err" ] || fail "notes without cause: $(cat "$scratch/err")"
+
+# --exit-signal-handler: SIGTERM mid-run saves at the iteration's end and exits 0, stdout (a file)
+# already held the log lines, and the checkpoint loads; SIGINT stops without saving.
+signal_run=(train --device cpu --model "$examples/models/tiny-gpt.json" --vocab-size 257 --seq-length 16 --pp 2
+  --num-layers 4 --mbs 1 --gbs 4 --world-size 2 --data-path "$scratch/corpus" --split 1,0,0 --eval-iters 0
+  --log-interval 1 --exit-signal-handler)
+for signal in TERM INT; do
+  rm -rf "$scratch/signal-ckpt"
+  "$megaplan" "${signal_run[@]}" --train-iters 1000000 --save "$scratch/signal-ckpt" >"$scratch/signal.out" 2>&1 &
+  pid=$!
+  for _ in $(seq 300); do grep -q '^iteration ' "$scratch/signal.out" && break; sleep 0.1; done
+  grep -q '^iteration ' "$scratch/signal.out" || fail "SIG$signal: no log line reached the file while the run went on"
+  kill -"$signal" "$pid"
+  wait "$pid"
+  code=$?
+  [ "$code" -eq 0 ] || fail "SIG$signal under --exit-signal-handler: exit code $code, want 0"
+  stopped=$(sed -n 's/^received SIG'"$signal"': stopping at iteration \([0-9]*\).*/\1/p' "$scratch/signal.out")
+  [ -n "$stopped" ] || fail "SIG$signal: the run did not say where it stopped: $(tail -2 "$scratch/signal.out")"
+  if [ "$signal" = TERM ]; then
+    grep -q "^saved .* at iteration $stopped\$" "$scratch/signal.out" || fail "SIGTERM: no save at iteration $stopped"
+    expect_ok "${signal_run[@]}" --train-iters $((stopped + 1)) --load "$scratch/signal-ckpt"
+    grep -q "^loaded .* at iteration $stopped\$" "$scratch/out" || fail "SIGTERM's checkpoint did not load"
+  else
+    [ ! -e "$scratch/signal-ckpt/latest_checkpointed_iteration.txt" ] || fail "SIGINT saved a checkpoint"
+  fi
+done
+
 # Without a usable GPU, `devices` says so in one line; with one, it lists it.
 if "$megaplan" devices >"$scratch/out" 2>"$scratch/err"; then
   [ -s "$scratch/out" ] || fail "devices printed nothing"

@@ -1,0 +1,29 @@
+#include "cli/notes.h"
+
+#include <mutex>
+#include <vector>
+
+namespace megaplan::cli {
+
+namespace {
+
+std::mutex notes_mutex;
+std::vector<std::string>& pending() {
+  static std::vector<std::string> notes;
+  return notes;
+}
+
+}  // namespace
+
+void note(const std::string& text) {
+  const std::lock_guard<std::mutex> lock(notes_mutex);
+  pending().push_back(text);
+}
+
+void flush_notes(std::ostream& out) {
+  const std::lock_guard<std::mutex> lock(notes_mutex);
+  for (const std::string& text : pending()) out << "note: " << text << "\n";
+  pending().clear();
+}
+
+}  // namespace megaplan::cli
