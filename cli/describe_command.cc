@@ -1,6 +1,8 @@
 // `megaplan describe`.
 #include "cli/describe_command.h"
 
+#include <algorithm>
+
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -13,6 +15,21 @@
 #include "core/units.h"
 
 namespace megaplan::cli {
+
+namespace {
+
+// "4 layers per stage", or for uneven stages each stage's: "layers per stage 7, 8, ..., 8, 7".
+std::string layers_per_stage_text(const ModelSpec& model, const ParallelPlan& plan) {
+  const std::vector<int64_t> counts = stage_layer_counts(model, plan);
+  if (std::all_of(counts.begin(), counts.end(), [&](int64_t n) { return n == counts.front(); })) {
+    return std::to_string(counts.front()) + " layers per stage";
+  }
+  std::string text = "layers per stage";
+  for (std::size_t s = 0; s < counts.size(); ++s) text += (s == 0 ? " " : ", ") + std::to_string(counts[s]);
+  return text;
+}
+
+}  // namespace
 
 namespace {
 
@@ -79,8 +96,8 @@ void print_text(const JobSpec& job, const JobFacts& facts, std::ostream& out) {
       << format_count(static_cast<double>(facts.total_parameters)) << " parameters\n";
   out << "plan     tp " << plan.tensor_parallel_size << " x pp " << plan.pipeline_parallel_size << " x cp "
       << plan.context_parallel_size << " x dp " << plan.data_parallel_size << " = " << plan.world_size()
-      << " GPUs; vpp " << plan.virtual_pipeline_parallel_size << " (" << layers_per_virtual_stage(model, plan)
-      << " layers per stage), schedule " << to_string(plan.schedule) << "\n";
+      << " GPUs; vpp " << plan.virtual_pipeline_parallel_size << " (" << layers_per_stage_text(model, plan)
+      << "), schedule " << to_string(plan.schedule) << "\n";
   out << "         mbs " << plan.micro_batch_size << ", gbs " << plan.global_batch_size << ", "
       << plan.num_microbatches() << " microbatches per replica; sequence parallel " << on_off(plan.sequence_parallel)
       << ", distributed optimizer " << on_off(plan.use_distributed_optimizer) << ", recompute "

@@ -54,6 +54,14 @@ void add_plan_options(CLI::App& command, PlanOptions& options) {
   command.add_option("--cp,--context-parallel-size", options.context_parallel_size, "Context parallel size")->capture_default_str()->group(group);
   command.add_option("--vpp,--virtual-pipeline-model-parallel-size", options.virtual_pipeline_parallel_size, "Model chunks per pipeline rank")->group(group);
   command.add_option("--num-layers-per-virtual-pipeline-stage", options.layers_per_virtual_stage, "Layers per model chunk (sets vpp)")->group(group);
+  command.add_option("--decoder-first-pipeline-num-layers", options.pipeline_split.first_stage_layers,
+                     "Layers of the first pipeline rank (uneven stages; the other ranks share the rest)")->group(group);
+  command.add_option("--decoder-last-pipeline-num-layers", options.pipeline_split.last_stage_layers,
+                     "Layers of the last pipeline rank (uneven stages)")->group(group);
+  command.add_flag("--account-for-embedding-in-pipeline-split", options.pipeline_split.account_for_embedding,
+                   "Count the input embedding as a layer: the first stage holds one layer fewer")->group(group);
+  command.add_flag("--account-for-loss-in-pipeline-split", options.pipeline_split.account_for_loss,
+                   "Count the loss as a layer: the last stage holds one layer fewer")->group(group);
   command.add_option("--mbs,--micro-batch-size", options.micro_batch_size, "Micro-batch size")->capture_default_str()->group(group);
   command.add_option("--gbs,--global-batch-size", options.global_batch_size, "Global batch size (default mbs * dp)")->group(group);
   command.add_flag("--sequence-parallel", options.sequence_parallel, "Sequence parallelism (needs tp > 1)")->group(group);
@@ -204,6 +212,11 @@ ParallelPlan resolve_plan(const ModelSpec& model, int64_t world_size, const Plan
     plan.virtual_pipeline_parallel_size = vpp;
   } else {
     plan.virtual_pipeline_parallel_size = options.virtual_pipeline_parallel_size.value_or(1);
+  }
+  plan.pipeline_split = options.pipeline_split;
+  if (!plan.pipeline_split.even() && options.layers_per_virtual_stage) {
+    throw SpecError("--num-layers-per-virtual-pipeline-stage",
+                    "assumes even stages; with an uneven split give --virtual-pipeline-model-parallel-size");
   }
   plan.micro_batch_size = options.micro_batch_size;
   plan.global_batch_size = options.global_batch_size.value_or(

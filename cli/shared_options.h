@@ -53,6 +53,7 @@ struct PlanOptions {
   int64_t context_parallel_size = 1;
   std::optional<int64_t> virtual_pipeline_parallel_size;
   std::optional<int64_t> layers_per_virtual_stage;
+  PipelineSplit pipeline_split;  // --decoder-first/last-pipeline-num-layers, --account-for-*
   int64_t micro_batch_size = 1;
   std::optional<int64_t> global_batch_size;  // default: one microbatch per data-parallel replica
   bool sequence_parallel = false;

@@ -16,20 +16,23 @@ namespace {
 
 constexpr int64_t kFloat = 4;
 
-// What the walk reads of a plan. Every chunk's layers keep and borrow alike (recompute_groups is
-// per virtual stage, the same for each); the first and the last stage differ by their ends.
+// What the walk reads of a plan: each chunk's recomputation groups (chunks of uneven stages
+// differ), and the first and the last stage by their ends.
 struct WalkShape {
-  bool forward_borrows = false;       // a layer keeps less than everything: F runs it on a lent set
-  std::vector<int64_t> group_borrows;  // sets each recomputation group borrows in the backward
+  bool forward_borrows = false;  // a layer keeps less than everything: F runs it on a lent set
+  std::vector<std::vector<int64_t>> group_borrows;  // per stage: sets each group borrows in the backward
   int64_t last_stage = 0;
 };
 
 WalkShape walk_shape(const ModelSpec& model, const ParallelPlan& plan) {
   WalkShape shape;
-  const std::vector<LayerGroup> groups = recompute_groups(model, plan);
-  for (const LayerKeep keep : layer_keeps(plan, groups)) shape.forward_borrows = shape.forward_borrows || keep != LayerKeep::kAll;
   const bool selective = plan.recompute_granularity == RecomputeGranularity::kSelective;
-  for (const LayerGroup& group : groups) shape.group_borrows.push_back(group.recomputed || selective ? group.num_layers : 0);
+  for (const int64_t layers : stage_layer_counts(model, plan)) {
+    const std::vector<LayerGroup> groups = recompute_groups(plan, layers);
+    for (const LayerKeep keep : layer_keeps(plan, groups)) shape.forward_borrows = shape.forward_borrows || keep != LayerKeep::kAll;
+    std::vector<int64_t>& borrows = shape.group_borrows.emplace_back();
+    for (const LayerGroup& group : groups) borrows.push_back(group.recomputed || selective ? group.num_layers : 0);
+  }
   shape.last_stage = plan.num_virtual_stages() - 1;
   return shape;
 }
@@ -91,7 +94,7 @@ ChunkBytes chunk_bytes(const ModelSpec& model, const ParallelPlan& plan, int64_t
   const int64_t statistics = model.normalization == Normalization::kRMSNorm ? 1 : 2;
   bytes.layer = 2 * input + a * tokens * (qkv + fc1 + (model.swiglu ? 0 : ffn)) + kFloat * 2 * statistics * rows + attention;
   bytes.microbatch = input;  // the chunk's output
-  for (const LayerKeep keep : layer_keeps(plan, recompute_groups(model, plan))) {
+  for (const LayerKeep keep : layer_keeps(plan, recompute_groups(plan, layers.num_layers))) {
     bytes.microbatch += keep == LayerKeep::kAll ? bytes.layer
                         : keep == LayerKeep::kAllButAttention ? bytes.layer - attention
                         : keep == LayerKeep::kInput ? input
@@ -260,12 +263,13 @@ class RankWalk {
     if (!last && !message_[output_gradient]) take_message(output_gradient);
     if (!first) take_message(gradient_cell(stage, microbatch));  // the input gradient this backward writes
     int64_t kept = 0;
-    for (auto g = walk_.group_borrows.size(); g-- > 0;) {
-      borrow(stage, walk_.group_borrows[g]);
+    const std::vector<int64_t>& borrows = walk_.group_borrows[static_cast<std::size_t>(stage)];
+    for (auto g = borrows.size(); g-- > 0;) {
+      borrow(stage, borrows[g]);
       if (defer) {
-        kept += walk_.group_borrows[g];
+        kept += borrows[g];
       } else {
-        give_back(stage, walk_.group_borrows[g]);
+        give_back(stage, borrows[g]);
       }
     }
     if (defer) {

@@ -392,7 +392,7 @@ std::vector<CountedBlock> PlanKernels::stage_blocks(int64_t stage, SchedulePart 
   }
   const KernelBlock layer_backward = defer ? KernelBlock::kLayerBackwardInput : KernelBlock::kLayerBackward;
   const bool selective = plan_.recompute_granularity == RecomputeGranularity::kSelective;
-  const std::vector<LayerGroup> groups = recompute_groups(model_, plan_);
+  const std::vector<LayerGroup> groups = recompute_groups(plan_, layers.num_layers);
   for (auto group = groups.rbegin(); group != groups.rend(); ++group) {
     if (group->recomputed) {
       add(KernelBlock::kLayerForwardFirst, 1);

@@ -74,14 +74,17 @@ std::vector<StageActivationBytes> stage_activation_bytes(const ModelSpec& model,
   ParallelPlan no_recompute = plan;
   no_recompute.recompute_granularity = RecomputeGranularity::kNone;
   const StageActivationBytes whole = full ? transformer_layer_activation_bytes(model, no_recompute) : per_layer;
-  StageActivationBytes stage;
-  for (const LayerGroup& group : recompute_groups(model, plan)) {
-    const bool checkpointed = full && group.recomputed;
-    const int64_t count = checkpointed ? 1 : group.num_layers;
-    stage.activation += count * (checkpointed ? per_layer : whole).activation;
-    stage.weight_gradient_input += count * (checkpointed ? per_layer : whole).weight_gradient_input;
+  std::vector<StageActivationBytes> stages;
+  for (const int64_t layers : stage_layer_counts(model, plan)) {
+    StageActivationBytes stage;
+    for (const LayerGroup& group : recompute_groups(plan, layers)) {
+      const bool checkpointed = full && group.recomputed;
+      const int64_t count = checkpointed ? 1 : group.num_layers;
+      stage.activation += count * (checkpointed ? per_layer : whole).activation;
+      stage.weight_gradient_input += count * (checkpointed ? per_layer : whole).weight_gradient_input;
+    }
+    stages.push_back(stage);
   }
-  std::vector<StageActivationBytes> stages(static_cast<std::size_t>(plan.num_virtual_stages()), stage);
   // The last stage: the final norm's input and the cross entropy's fp32 softmax over the
   // vocabulary-parallel logits, kept until the backward.
   const int64_t sb = tokens_per_microbatch(model, plan);
@@ -148,8 +151,10 @@ std::vector<PipelineRankMemory> megatron_memory(const ModelSpec& model, const Pa
     if (plan.recompute_granularity == RecomputeGranularity::kFull) {
       // The largest checkpointed group, run forward again whole in the backward.
       int64_t group_layers = 0;
-      for (const LayerGroup& group : recompute_groups(model, plan)) {
-        if (group.recomputed) group_layers = std::max(group_layers, group.num_layers);
+      for (const int64_t stage : stages_of_pipeline_rank(rank_parameters.pipeline_rank, plan)) {
+        for (const LayerGroup& group : recompute_groups(plan, stage_layers(stage, model, plan).num_layers)) {
+          if (group.recomputed) group_layers = std::max(group_layers, group.num_layers);
+        }
       }
       transient = std::max(transient, group_layers * rematerialised_layer - layer.activation);
     }

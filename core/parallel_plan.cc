@@ -1,10 +1,13 @@
 // ParallelPlan spellings, derivations, validation rules and JSON mapping.
 #include "core/parallel_plan.h"
 
+#include <algorithm>
+
 #include <nlohmann/json.hpp>
 
 #include "core/checked_math.h"
 #include "core/json_io.h"
+#include "core/pipeline_layout.h"
 #include "core/schedule/schedule_traits.h"
 
 namespace megaplan {
@@ -118,13 +121,13 @@ void validate_plan(const ModelSpec& model, const ParallelPlan& plan) {
   require_divides(tp, model.effective_ffn_hidden_size(), "--tensor-model-parallel-size",
                   [&] { return "must divide --ffn-hidden-size " + str(model.effective_ffn_hidden_size()); });
 
-  // Layers split evenly over pipeline ranks, then over each rank's virtual stages.
-  const int64_t stages = checked_multiply(pp, vpp, "--virtual-pipeline-model-parallel-size");
-  require_divides(stages, model.num_layers, "--num-layers",
-                  [&] { return "must be divisible by pp*vpp = " + str(pp) + "*" + str(vpp) + " = " + str(stages); });
+  // Layers split over pipeline ranks (evenly, or as the pipeline split says), then evenly over
+  // each rank's virtual stages.
+  checked_multiply(pp, vpp, "--virtual-pipeline-model-parallel-size");
   if (vpp > 1 && pp == 1) {
     throw SpecError("--virtual-pipeline-model-parallel-size", "needs --pipeline-model-parallel-size > 1");
   }
+  const std::vector<int64_t> layer_counts = stage_layer_counts(model, plan);
 
   const int64_t replica_batch = checked_multiply(plan.micro_batch_size, dp, "--micro-batch-size");
   require_divides(replica_batch, plan.global_batch_size, "--global-batch-size",
@@ -145,7 +148,7 @@ void validate_plan(const ModelSpec& model, const ParallelPlan& plan) {
 
   if (plan.recompute_granularity == RecomputeGranularity::kFull) {
     // Megatron checkpoints groups (uniform) or single layers (block) within each model chunk.
-    const int64_t stage_layers = model.num_layers / plan.num_virtual_stages();
+    const int64_t stage_layers = *std::max_element(layer_counts.begin(), layer_counts.end());
     if (plan.recompute_num_layers < 1 || plan.recompute_num_layers > stage_layers) {
       throw SpecError("--recompute-num-layers", "must be between 1 and the " + str(stage_layers) +
                                                     " layers of a model chunk, got " + str(plan.recompute_num_layers));
@@ -158,10 +161,22 @@ void validate_plan(const ModelSpec& model, const ParallelPlan& plan) {
   check_schedule_shape(plan.schedule, pp, vpp, plan.num_microbatches(), pp, ShapeFlags::kPlan);
 }
 
+std::string describe_pipeline_split(const PipelineSplit& split) {
+  std::string text;
+  if (split.first_stage_layers > 0) text += " first " + std::to_string(split.first_stage_layers);
+  if (split.last_stage_layers > 0) text += " last " + std::to_string(split.last_stage_layers);
+  if (split.account_for_embedding || split.account_for_loss) {
+    const bool both = split.account_for_embedding && split.account_for_loss;
+    text += std::string(" ") + (split.account_for_embedding ? "embedding" : "") + (both ? " and " : "") +
+            (split.account_for_loss ? "loss" : "") + (both ? " as layers" : " as a layer");
+  }
+  return text.empty() ? "" : text.substr(1);
+}
+
 std::string describe_plan(const ParallelPlan& plan) {
   return "tp " + std::to_string(plan.tensor_parallel_size) + ", pp " + std::to_string(plan.pipeline_parallel_size) +
          ", cp " + std::to_string(plan.context_parallel_size) + ", dp " + std::to_string(plan.data_parallel_size) +
-         ", vpp " + std::to_string(plan.virtual_pipeline_parallel_size) + ", mbs " +
+         ", vpp " + std::to_string(plan.virtual_pipeline_parallel_size) + (plan.pipeline_split.even() ? "" : " (" + describe_pipeline_split(plan.pipeline_split) + ")") + ", mbs " +
          std::to_string(plan.micro_batch_size) + ", gbs " + std::to_string(plan.global_batch_size) + ", recompute " +
          to_string(plan.recompute_granularity) + ", sp " + (plan.sequence_parallel ? "on" : "off") +
          ", distributed optimizer " + (plan.use_distributed_optimizer ? "on" : "off") + ", " + to_string(plan.schedule);
@@ -182,6 +197,10 @@ nlohmann::json parallel_plan_to_json(const ParallelPlan& plan) {
       {"recompute_method", to_string(plan.recompute_method)},
       {"recompute_num_layers", plan.recompute_num_layers},
       {"schedule", to_string(plan.schedule)},
+      {"decoder_first_pipeline_num_layers", plan.pipeline_split.first_stage_layers},
+      {"decoder_last_pipeline_num_layers", plan.pipeline_split.last_stage_layers},
+      {"account_for_embedding_in_pipeline_split", plan.pipeline_split.account_for_embedding},
+      {"account_for_loss_in_pipeline_split", plan.pipeline_split.account_for_loss},
       {"implementation", to_string(plan.implementation)},
       {"implementation_options", implementation_options_to_json(plan.options)},
   };
@@ -198,6 +217,10 @@ ParallelPlan parallel_plan_from_json(const nlohmann::json& json, const std::stri
   reader.require("micro_batch_size", plan.micro_batch_size);
   reader.require("global_batch_size", plan.global_batch_size);
   reader.read("sequence_parallel", plan.sequence_parallel);
+  reader.read("decoder_first_pipeline_num_layers", plan.pipeline_split.first_stage_layers);
+  reader.read("decoder_last_pipeline_num_layers", plan.pipeline_split.last_stage_layers);
+  reader.read("account_for_embedding_in_pipeline_split", plan.pipeline_split.account_for_embedding);
+  reader.read("account_for_loss_in_pipeline_split", plan.pipeline_split.account_for_loss);
   reader.read("use_distributed_optimizer", plan.use_distributed_optimizer);
   std::string text;
   if (reader.read("recompute_granularity", text)) {

@@ -32,6 +32,20 @@ ScheduleKind parse_schedule_kind(const std::string& text, const std::string& fie
 enum class StagePlacement { kLoop, kV };
 StagePlacement stage_placement(ScheduleKind kind);
 
+// How the transformer layers split over pipeline ranks when not evenly (Megatron's flags). The
+// first (last) pipeline rank holds `first_stage_layers` (`last_stage_layers`) layers and the other
+// ranks share the rest evenly; or the input embedding (the loss) counts as one layer, so that the
+// first (last) virtual stage holds one layer fewer. Each rank's layers split evenly over its
+// virtual stages. core/pipeline_layout.h computes each stage's layers and checks the rules.
+struct PipelineSplit {
+  int64_t first_stage_layers = 0;      // --decoder-first-pipeline-num-layers; 0: not set
+  int64_t last_stage_layers = 0;       // --decoder-last-pipeline-num-layers; 0: not set
+  bool account_for_embedding = false;  // --account-for-embedding-in-pipeline-split
+  bool account_for_loss = false;       // --account-for-loss-in-pipeline-split
+  bool even() const { return first_stage_layers == 0 && last_stage_layers == 0 && !account_for_embedding && !account_for_loss; }
+  bool operator==(const PipelineSplit&) const = default;
+};
+
 struct ParallelPlan {
   int64_t tensor_parallel_size = 1;
   int64_t pipeline_parallel_size = 1;
@@ -46,6 +60,7 @@ struct ParallelPlan {
   ScheduleKind schedule = ScheduleKind::kOneFOneB;
   RecomputeMethod recompute_method = RecomputeMethod::kUniform;  // full recomputation only
   int64_t recompute_num_layers = 1;                              // full recomputation only
+  PipelineSplit pipeline_split{};                                // uneven stages
   // Whose training code runs the plan (implementation_options.h) and what that code does.
   Implementation implementation = Implementation::kMegaplan;
   ImplementationOptions options = default_implementation_options(Implementation::kMegaplan);
@@ -73,8 +88,11 @@ int64_t derive_data_parallel_size(int64_t world_size, int64_t tensor_parallel_si
 void validate_plan(const ModelSpec& model, const ParallelPlan& plan);
 
 // JSON field names are the struct's member names; schedule and recompute use their spellings.
+// "first 7 last 7", "embedding and loss as layers"; "" for an even split.
+std::string describe_pipeline_split(const PipelineSplit& split);
+
 // One line: "tp 8, pp 16, cp 1, dp 8, vpp 1, mbs 1, gbs 1536, recompute none, sp on, distributed
-// optimizer off, 1f1b".
+// optimizer off, 1f1b"; an uneven split follows vpp in parentheses.
 std::string describe_plan(const ParallelPlan& plan);
 
 nlohmann::json parallel_plan_to_json(const ParallelPlan& plan);

@@ -2,11 +2,84 @@
 #include "core/pipeline_layout.h"
 
 #include <algorithm>
+#include <string>
+
+#include "core/error.h"
 
 namespace megaplan {
 
-int64_t layers_per_virtual_stage(const ModelSpec& model, const ParallelPlan& plan) {
-  return model.num_layers / plan.num_virtual_stages();
+namespace {
+
+std::string str(int64_t value) { return std::to_string(value); }
+
+// Layers per pipeline rank under --decoder-first/last-pipeline-num-layers.
+std::vector<int64_t> first_last_rank_layers(const ModelSpec& model, const ParallelPlan& plan) {
+  const PipelineSplit& split = plan.pipeline_split;
+  const int64_t pp = plan.pipeline_parallel_size;
+  const char* flag = split.first_stage_layers > 0 ? "--decoder-first-pipeline-num-layers"
+                                                  : "--decoder-last-pipeline-num-layers";
+  if (split.account_for_embedding || split.account_for_loss) {
+    throw SpecError(flag, "cannot be combined with --account-for-embedding-in-pipeline-split or "
+                          "--account-for-loss-in-pipeline-split");
+  }
+  if (pp < 2) throw SpecError(flag, "needs --pipeline-model-parallel-size > 1");
+  if (split.first_stage_layers < 0 || split.last_stage_layers < 0) throw SpecError(flag, "must be positive");
+  std::vector<int64_t> ranks(static_cast<std::size_t>(pp), 0);
+  int64_t rest = model.num_layers - split.first_stage_layers - split.last_stage_layers;
+  int64_t sharing = pp - (split.first_stage_layers > 0 ? 1 : 0) - (split.last_stage_layers > 0 ? 1 : 0);
+  if (rest < 0 || (sharing == 0 && rest != 0) || (sharing > 0 && rest % sharing != 0)) {
+    throw SpecError(flag, "leaves " + str(rest) + " of the " + str(model.num_layers) + " layers to the other " +
+                              str(sharing) + " pipeline rank(s), which cannot share them evenly");
+  }
+  for (int64_t rank = 0; rank < pp; ++rank) ranks[static_cast<std::size_t>(rank)] = sharing > 0 ? rest / sharing : 0;
+  if (split.first_stage_layers > 0) ranks.front() = split.first_stage_layers;
+  if (split.last_stage_layers > 0) ranks.back() = split.last_stage_layers;
+  return ranks;
+}
+
+}  // namespace
+
+std::vector<int64_t> stage_layer_counts(const ModelSpec& model, const ParallelPlan& plan) {
+  const PipelineSplit& split = plan.pipeline_split;
+  const int64_t pp = plan.pipeline_parallel_size;
+  const int64_t vpp = plan.virtual_pipeline_parallel_size;
+  const int64_t stages = plan.num_virtual_stages();
+  std::vector<int64_t> counts(static_cast<std::size_t>(stages), 0);
+  if (split.first_stage_layers != 0 || split.last_stage_layers != 0) {
+    const std::vector<int64_t> ranks = first_last_rank_layers(model, plan);
+    const StagePlacement placement = stage_placement(plan.schedule);
+    for (int64_t rank = 0; rank < pp; ++rank) {
+      if (ranks[static_cast<std::size_t>(rank)] % vpp != 0) {
+        throw SpecError("--virtual-pipeline-model-parallel-size",
+                        "must divide the " + str(ranks[static_cast<std::size_t>(rank)]) + " layers of pipeline rank " +
+                            str(rank) + " (layers per rank " + str(ranks.front()) + ", ..., " + str(ranks.back()) + ")");
+      }
+    }
+    for (int64_t stage = 0; stage < stages; ++stage) {
+      counts[static_cast<std::size_t>(stage)] =
+          ranks[static_cast<std::size_t>(pipeline_rank_of_stage(stage, pp, placement))] / vpp;
+    }
+  } else {
+    // The embedding and the loss, where they count, as one layer each.
+    const int64_t units = model.num_layers + (split.account_for_embedding ? 1 : 0) + (split.account_for_loss ? 1 : 0);
+    if (units % stages != 0) {
+      const std::string counted = split.even() ? "" : " (with the embedding or loss counted as layers: " + str(units) + ")";
+      throw SpecError("--num-layers", str(model.num_layers) + counted + " must be divisible by pp*vpp = " + str(pp) +
+                                          "*" + str(vpp) + " = " + str(stages) +
+                                          "; uneven stages: --decoder-first-pipeline-num-layers, "
+                                          "--decoder-last-pipeline-num-layers");
+    }
+    std::fill(counts.begin(), counts.end(), units / stages);
+    if (split.account_for_embedding) --counts.front();
+    if (split.account_for_loss) --counts.back();
+  }
+  for (int64_t stage = 0; stage < stages; ++stage) {
+    if (counts[static_cast<std::size_t>(stage)] < 1) {
+      throw SpecError(split.even() ? "--num-layers" : "--pipeline-model-parallel-size",
+                      "leaves virtual stage " + str(stage) + " without a transformer layer");
+    }
+  }
+  return counts;
 }
 
 std::vector<int64_t> stages_of_pipeline_rank(int64_t pipeline_rank, const ParallelPlan& plan) {
@@ -20,18 +93,20 @@ std::vector<int64_t> stages_of_pipeline_rank(int64_t pipeline_rank, const Parall
   return stages;
 }
 
-int64_t first_layer_of_stage(int64_t stage, const ModelSpec& model, const ParallelPlan& plan) {
-  return stage * layers_per_virtual_stage(model, plan);
-}
-
 }  // namespace megaplan
 
 namespace megaplan {
 
 StageLayers stage_layers(int64_t stage, const ModelSpec& model, const ParallelPlan& plan) {
   StageLayers layers;
-  layers.first_layer = first_layer_of_stage(stage, model, plan);
-  layers.num_layers = layers_per_virtual_stage(model, plan);
+  if (plan.pipeline_split.even()) {  // the common case without a vector: the simulator asks often
+    layers.num_layers = model.num_layers / plan.num_virtual_stages();
+    layers.first_layer = stage * layers.num_layers;
+  } else {
+    const std::vector<int64_t> counts = stage_layer_counts(model, plan);
+    for (int64_t s = 0; s < stage; ++s) layers.first_layer += counts[static_cast<std::size_t>(s)];
+    layers.num_layers = counts[static_cast<std::size_t>(stage)];
+  }
   layers.has_embedding = stage == 0;
   layers.has_output_layer = stage == plan.num_virtual_stages() - 1;
   return layers;
@@ -41,8 +116,8 @@ StageLayers stage_layers(int64_t stage, const ModelSpec& model, const ParallelPl
 
 namespace megaplan {
 
-std::vector<LayerGroup> recompute_groups(const ModelSpec& model, const ParallelPlan& plan) {
-  const int64_t layers = layers_per_virtual_stage(model, plan);
+std::vector<LayerGroup> recompute_groups(const ParallelPlan& plan, int64_t num_layers) {
+  const int64_t layers = num_layers;
   const bool full = plan.recompute_granularity == RecomputeGranularity::kFull;
   const int64_t n = plan.recompute_num_layers;
   std::vector<LayerGroup> groups;

@@ -1,5 +1,6 @@
-// Where layers live in a pipeline: virtual stages of equal layer counts (Megatron's
-// get_transformer_layer_offset) and the map from virtual stage to pipeline rank.
+// Where layers live in a pipeline: each virtual stage's layers (Megatron's
+// get_num_layers_to_build and get_transformer_layer_offset, uneven splits included) and the map
+// from virtual stage to pipeline rank.
 #pragma once
 
 #include <cstdint>
@@ -9,8 +10,14 @@
 
 namespace megaplan {
 
-// REQUIRES: validate_plan(model, plan) passed.
-int64_t layers_per_virtual_stage(const ModelSpec& model, const ParallelPlan& plan);
+// The transformer layers of each virtual stage, in stage order. Evenly split, every stage holds
+// num_layers / (pp x vpp). With plan.pipeline_split, Megatron's rules: the first (last) pipeline
+// rank holds --decoder-first (-last)-pipeline-num-layers and the other ranks share the rest
+// evenly; or the embedding (loss) counts as a layer, so that (num_layers + 1 [+ 1]) splits evenly
+// and the first (last) virtual stage holds one layer fewer; a rank's layers split evenly over its
+// virtual stages. Throws SpecError naming the flag when the layers do not split so, or a stage
+// would hold no layer.
+std::vector<int64_t> stage_layer_counts(const ModelSpec& model, const ParallelPlan& plan);
 
 // Loop: stage s runs on rank s % pp. V: stages 0..pp-1 go down the ranks and pp..2pp-1 come back
 // up, so rank r holds stages r and 2pp-1-r (and the last stage sits on rank 0).
@@ -28,8 +35,6 @@ inline int64_t pipeline_rank_of_stage(int64_t stage, int64_t pipeline_parallel_s
 // The virtual stages a pipeline rank runs, in increasing stage order.
 std::vector<int64_t> stages_of_pipeline_rank(int64_t pipeline_rank, const ParallelPlan& plan);
 
-// Index of the first transformer layer of a virtual stage (stage * layers per stage).
-int64_t first_layer_of_stage(int64_t stage, const ModelSpec& model, const ParallelPlan& plan);
 
 }  // namespace megaplan
 
@@ -61,8 +66,8 @@ struct LayerGroup {
   bool recomputed = false;
 };
 
-// REQUIRES: validate_plan(model, plan) passed.
-std::vector<LayerGroup> recompute_groups(const ModelSpec& model, const ParallelPlan& plan);
+// The groups of a virtual stage of `num_layers` layers.
+std::vector<LayerGroup> recompute_groups(const ParallelPlan& plan, int64_t num_layers);
 
 // What a layer keeps from its forward for its backward (recomputation decides): everything; all
 // but the attention core's output (selective); only its input (the first layer of a group that

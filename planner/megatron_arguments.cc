@@ -71,10 +71,17 @@ std::vector<std::string> megatron_arguments(const ModelSpec& model, const Parall
   std::vector<std::string> arguments = megatron_model_arguments(model);
   arguments.push_back(value("--tensor-model-parallel-size", plan.tensor_parallel_size));
   arguments.push_back(value("--pipeline-model-parallel-size", plan.pipeline_parallel_size));
+  const PipelineSplit& split = plan.pipeline_split;
   if (plan.virtual_pipeline_parallel_size > 1) {
-    arguments.push_back(value("--num-layers-per-virtual-pipeline-stage",
-                              model.num_layers / plan.num_virtual_stages()));
+    // Megatron's layers-per-stage form holds for even stages only; its stage count form for any.
+    arguments.push_back(split.even() ? value("--num-layers-per-virtual-pipeline-stage",
+                                             model.num_layers / plan.num_virtual_stages())
+                                     : value("--num-virtual-stages-per-pipeline-rank", plan.virtual_pipeline_parallel_size));
   }
+  if (split.first_stage_layers > 0) arguments.push_back(value("--decoder-first-pipeline-num-layers", split.first_stage_layers));
+  if (split.last_stage_layers > 0) arguments.push_back(value("--decoder-last-pipeline-num-layers", split.last_stage_layers));
+  if (split.account_for_embedding) arguments.push_back("--account-for-embedding-in-pipeline-split");
+  if (split.account_for_loss) arguments.push_back("--account-for-loss-in-pipeline-split");
   if (plan.context_parallel_size > 1) arguments.push_back(value("--context-parallel-size", plan.context_parallel_size));
   arguments.push_back(value("--micro-batch-size", plan.micro_batch_size));
   arguments.push_back(value("--global-batch-size", plan.global_batch_size));

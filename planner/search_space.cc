@@ -3,6 +3,7 @@
 #include "planner/search_space.h"
 
 #include <algorithm>
+#include <numeric>
 #include <string>
 
 #include "core/checked_math.h"
@@ -58,7 +59,7 @@ std::vector<Grid> model_parallel_grids(const SearchProblem& problem) {
   for (int64_t tp : divisors(problem.gpus)) {
     if (!allowed(space.tensor_parallel, tp) || !tensor_parallel_fits(problem, tp)) continue;
     for (int64_t pp : divisors(problem.gpus / tp)) {
-      if (!allowed(space.pipeline_parallel, pp) || problem.model.num_layers % pp != 0) continue;
+      if (!allowed(space.pipeline_parallel, pp) || pp > problem.model.num_layers) continue;
       for (int64_t cp : divisors(problem.gpus / (tp * pp))) {
         if (!allowed(space.context_parallel, cp) || problem.model.seq_length % (2 * cp) != 0) continue;
         grids.push_back({tp, pp, cp});
@@ -91,7 +92,9 @@ void validate_search_problem(const SearchProblem& problem) {
   for (int64_t pp : space.pipeline_parallel) {
     const std::string flag = "--pipeline-model-parallel-size";
     require_positive(pp, flag);
-    require_divides(pp, model.num_layers, flag, "must divide --num-layers " + std::to_string(model.num_layers));
+    if (pp > model.num_layers) {
+      throw SpecError(flag, std::to_string(pp) + " exceeds the " + std::to_string(model.num_layers) + " layers");
+    }
     require_divides(pp, problem.gpus, flag, "must divide --gpus " + std::to_string(problem.gpus));
   }
   for (int64_t cp : space.context_parallel) {
@@ -108,7 +111,7 @@ void validate_search_problem(const SearchProblem& problem) {
   const std::vector<Grid> grids = model_parallel_grids(problem);
   if (grids.empty()) {
     throw SpecError("--gpus", "no tp x pp x cp among the listed sizes divides " + std::to_string(problem.gpus) +
-                                  " GPUs with tp dividing the heads and pp the layers");
+                                  " GPUs with tp dividing the heads and pp at most the layers");
   }
   std::vector<int64_t> data_parallel_sizes;
   for (const Grid& grid : grids) {
@@ -123,6 +126,44 @@ void validate_search_problem(const SearchProblem& problem) {
                                              " is not divisible by any data-parallel size these layouts give (" +
                                              joined(data_parallel_sizes) + ")");
 }
+
+namespace {
+
+// A way to split the layers over pp ranks and the vpp values it allows.
+struct SplitChoice {
+  PipelineSplit split;
+  std::vector<int64_t> virtual_pipeline;
+};
+
+// Even when pp divides the layers. Otherwise Megatron's two uneven forms: the embedding and the
+// loss counted as layers, where that divides; and the first and last ranks taking what the middle
+// ranks' equal shares (the layers over pp, rounded either way) leave, split between the two.
+std::vector<SplitChoice> pipeline_splits(int64_t layers, int64_t pp) {
+  if (layers % pp == 0) return {{PipelineSplit{}, divisors(layers / pp)}};
+  std::vector<SplitChoice> choices;
+  if ((layers + 2) % pp == 0) {
+    SplitChoice both{PipelineSplit{.account_for_embedding = true, .account_for_loss = true}, {}};
+    for (int64_t vpp : divisors((layers + 2) / pp)) {
+      if ((layers + 2) / (pp * vpp) >= 2) both.virtual_pipeline.push_back(vpp);  // a layer on the end stages
+    }
+    choices.push_back(both);
+  }
+  for (const int64_t middle : {layers / pp, layers / pp + 1}) {
+    const int64_t ends = layers - middle * (pp - 2);
+    if (pp == 2 && middle != layers / pp) continue;  // no middle ranks: one split only
+    const int64_t first = ends / 2, last = ends - first;
+    if (first < 1 || last < 1) continue;
+    // The same stages as counting the embedding and the loss as layers: listed once.
+    if ((layers + 2) % pp == 0 && middle == (layers + 2) / pp && first == middle - 1 && last == middle - 1) continue;
+    SplitChoice edges{PipelineSplit{.first_stage_layers = first, .last_stage_layers = last}, {}};
+    const int64_t common = std::gcd(std::gcd(first, last), pp > 2 ? middle : first);
+    edges.virtual_pipeline = divisors(common);
+    choices.push_back(edges);
+  }
+  return choices;
+}
+
+}  // namespace
 
 std::vector<ParallelPlan> enumerate_plans(const SearchProblem& problem) {
   const SearchSpace& space = problem.space;
@@ -140,11 +181,13 @@ std::vector<ParallelPlan> enumerate_plans(const SearchProblem& problem) {
         grid.tp == 1 ? std::vector<bool>{false} : or_all(space.sequence_parallel, {false, true});
     const std::vector<bool> distributed_optimizer =
         dp * grid.cp == 1 ? std::vector<bool>{false} : or_all(space.distributed_optimizer, {false, true});
-    for (int64_t vpp : divisors(model.num_layers / grid.pp)) {
+    for (const SplitChoice& choice : pipeline_splits(model.num_layers, grid.pp)) {
+    for (int64_t vpp : choice.virtual_pipeline) {
       if (!allowed(space.virtual_pipeline, vpp) || (vpp > 1 && grid.pp == 1)) continue;
-      // Listing layers per virtual stage asks for interleaving with those chunk sizes.
+      // Listing layers per virtual stage asks for interleaving with those (even) chunk sizes.
       if (!space.layers_per_virtual_stage.empty() &&
-          (vpp == 1 || !allowed(space.layers_per_virtual_stage, model.num_layers / (grid.pp * vpp)))) {
+          (vpp == 1 || !choice.split.even() ||
+           !allowed(space.layers_per_virtual_stage, model.num_layers / (grid.pp * vpp)))) {
         continue;
       }
       for (int64_t mbs : divisors(problem.global_batch_size / dp)) {
@@ -166,6 +209,7 @@ std::vector<ParallelPlan> enumerate_plans(const SearchProblem& problem) {
                 plan.context_parallel_size = grid.cp;
                 plan.data_parallel_size = dp;
                 plan.virtual_pipeline_parallel_size = vpp;
+                plan.pipeline_split = choice.split;
                 plan.micro_batch_size = mbs;
                 plan.global_batch_size = problem.global_batch_size;
                 plan.sequence_parallel = sp;
@@ -185,6 +229,7 @@ std::vector<ParallelPlan> enumerate_plans(const SearchProblem& problem) {
           }
         }
       }
+    }
     }
   }
   return plans;

@@ -7,8 +7,22 @@
 
 namespace megaplan {
 
+namespace {
+
+// "even", "emb+loss" (the embedding and the loss counted as layers), "first 7 last 7".
+std::string split_cell(const PipelineSplit& split) {
+  if (split.even()) return "even";
+  if (split.account_for_embedding || split.account_for_loss) {
+    return std::string(split.account_for_embedding ? "emb" : "") + (split.account_for_embedding && split.account_for_loss ? "+" : "") +
+           (split.account_for_loss ? "loss" : "");
+  }
+  return describe_pipeline_split(split);
+}
+
+}  // namespace
+
 std::string ranked_plans_table(const std::vector<RankedPlan>& plans, std::optional<double> best_s) {
-  TextTable table({"#", "tp", "pp", "dp", "cp", "vpp", "mbs", "recompute", "sp", "dist-opt", "schedule",
+  TextTable table({"#", "tp", "pp", "dp", "cp", "vpp", "split", "mbs", "recompute", "sp", "dist-opt", "schedule",
                    "iteration s", "TFLOP/s/GPU", "MFU", "peak memory", "vs #1"});
   if (plans.empty()) return table.render();
   const double best = best_s.value_or(plans.front().estimate.iteration_time_s);
@@ -18,6 +32,7 @@ std::string ranked_plans_table(const std::vector<RankedPlan>& plans, std::option
     table.add_row({std::to_string(i + 1), std::to_string(plan.tensor_parallel_size),
                    std::to_string(plan.pipeline_parallel_size), std::to_string(plan.data_parallel_size),
                    std::to_string(plan.context_parallel_size), std::to_string(plan.virtual_pipeline_parallel_size),
+                   split_cell(plan.pipeline_split),
                    std::to_string(plan.micro_batch_size), to_string(plan.recompute_granularity),
                    plan.sequence_parallel ? "on" : "off", plan.use_distributed_optimizer ? "on" : "off",
                    to_string(plan.schedule), format_fixed(ranked.estimate.iteration_time_s, 3),

@@ -52,10 +52,10 @@ double part_seconds(const PlanKernels& kernels, const BlockSeconds& seconds, int
   return total;
 }
 
-// Layers of a virtual stage that full recomputation runs forward again in the backward.
-int64_t recomputed_layers(const ModelSpec& model, const ParallelPlan& plan) {
+// Layers of a virtual stage of `num_layers` that full recomputation runs forward again in the backward.
+int64_t recomputed_layers(const ParallelPlan& plan, int64_t num_layers) {
   int64_t recomputed = 0;
-  for (const LayerGroup& group : recompute_groups(model, plan)) recomputed += group.recomputed ? group.num_layers : 0;
+  for (const LayerGroup& group : recompute_groups(plan, num_layers)) recomputed += group.recomputed ? group.num_layers : 0;
   return recomputed;
 }
 
@@ -263,8 +263,10 @@ LayerCosts transformer_layer_costs(const ModelSpec& model, const ParallelPlan& p
   if (plan.recompute_granularity == RecomputeGranularity::kSelective) {
     recompute = seconds(KernelBlock::kAttentionRecompute);
   } else if (plan.recompute_granularity == RecomputeGranularity::kFull) {
-    const double fraction = static_cast<double>(recomputed_layers(model, plan)) /
-                            static_cast<double>(layers_per_virtual_stage(model, plan));
+    // Over the whole model: uneven stages recompute different shares.
+    int64_t recomputed = 0;
+    for (const int64_t layers : stage_layer_counts(model, plan)) recomputed += recomputed_layers(plan, layers);
+    const double fraction = static_cast<double>(recomputed) / static_cast<double>(model.num_layers);
     recompute = fraction * layer.forward;
     layer.backward_collectives += fraction * collectives.forward;
   }
@@ -328,8 +330,7 @@ ActionCosts plan_action_costs(const ModelSpec& model, const ParallelPlan& plan, 
   const int64_t pp = plan.pipeline_parallel_size;
   const int64_t tokens = tokens_per_microbatch(model, plan);
   const int64_t h = model.hidden_size;
-  const int64_t layers = layers_per_virtual_stage(model, plan);
-  const int64_t recomputed = recomputed_layers(model, plan);
+  const std::vector<int64_t> stage_layers = stage_layer_counts(model, plan);
   const int64_t num_stages = plan.num_virtual_stages();
   const StagePlacement placement = stage_placement(plan.schedule);
   const auto routes_of_stage = [&](int64_t stage) -> const GroupRoutes& {
@@ -343,6 +344,8 @@ ActionCosts plan_action_costs(const ModelSpec& model, const ParallelPlan& plan, 
     StageCosts& stage = costs.stages[static_cast<std::size_t>(index)];
     const LayerCollectives& layer =
         collectives_of_rank[static_cast<std::size_t>(pipeline_rank_of_stage(index, pp, placement))];
+    const int64_t layers = stage_layers[static_cast<std::size_t>(index)];
+    const int64_t recomputed = recomputed_layers(plan, layers);
     stage.forward_collectives = static_cast<double>(layers) * layer.forward;
     stage.backward_collectives = static_cast<double>(layers) * layer.backward + static_cast<double>(recomputed) * layer.forward;
     stage.forward = part_seconds(kernels, blocks, index, SchedulePart::kForward) + stage.forward_collectives;

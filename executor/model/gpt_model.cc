@@ -122,7 +122,7 @@ GptModel::GptModel(const ModelSpec& model, const ParallelPlan& plan, int64_t sta
   first_layer_ = stage_layout.first_layer;
   has_embedding_ = stage_layout.has_embedding;
   has_output_ = stage_layout.has_output_layer;
-  groups_ = recompute_groups(model, plan);
+  groups_ = recompute_groups(plan, stage_layout.num_layers);
   keep_ = layer_keeps(plan, groups_);
 
   const std::vector<ParameterSpec> specs = describe_parameters(model, plan, stage, tp_rank_);

@@ -489,6 +489,28 @@ grep -q '^note: --gbs not given: the global batch is 1 (mbs 1 x dp 1' "$scratch/
 expect_ok describe --model "$scratch/llama31-config.json" --cluster h200-x2 --tp 2 --seq-length 8192 --gbs 8
 [ ! -s "$scratch/err" ] || fail "notes without cause: $(cat "$scratch/err")"
 
+# Uneven stages: Llama 3.1 405B's 126 layers plan on 1024 H100s with pp >= 8 (issue 17's acceptance),
+# and the emitted Megatron arguments carry the split.
+expect_ok search --model llama3.1-405b --cluster dgx-h100 --gpus 1024 --gbs 2048 --seq-length 8192 --top 3 --threads 2 \
+  --json --emit megatron
+python3 -c '
+import json, sys
+best = json.load(open(sys.argv[1]))["plans"][0]
+assert best["pipeline_parallel_size"] >= 8, best
+assert best["account_for_embedding_in_pipeline_split"] or best["decoder_first_pipeline_num_layers"] > 0, best
+args = " ".join(json.load(open(sys.argv[1]))["megatron_arguments"])
+assert "--num-layers 126" in args and ("--account-for-embedding-in-pipeline-split" in args or "--decoder-first-pipeline-num-layers" in args), args
+' "$scratch/out" || fail "llama3.1-405b on 1024 H100s: no pp >= 8 plan with an uneven split"
+expect_ok simulate --model llama3.1-405b --cluster dgx-h100 --gpus 1024 --gbs 2048 --seq-length 8192 --tp 8 --pp 16 \
+  --cp 2 --sequence-parallel --use-distributed-optimizer --decoder-first-pipeline-num-layers 7 \
+  --decoder-last-pipeline-num-layers 7
+grep -q 'pp 16, cp 2, dp 4, vpp 1 (first 7 last 7)' "$scratch/out" || fail "simulate does not say the uneven split"
+expect_error 'error: --decoder-first-pipeline-num-layers: leaves 114 of the 126 layers to the other 14' simulate \
+  --model llama3.1-405b --cluster dgx-h100 --gpus 1024 --gbs 2048 --tp 8 --pp 16 --decoder-first-pipeline-num-layers 6 \
+  --decoder-last-pipeline-num-layers 6
+expect_error 'error: --num-layers: 126 must be divisible by pp\*vpp = 16\*1 = 16; uneven stages' simulate \
+  --model llama3.1-405b --cluster dgx-h100 --gpus 1024 --gbs 2048 --tp 8 --pp 16
+
 # --exit-signal-handler: SIGTERM mid-run saves at the iteration's end and exits 0, stdout (a file)
 # already held the log lines, and the checkpoint loads; SIGINT stops without saving.
 signal_run=(train --device cpu --model "$examples/models/tiny-gpt.json" --vocab-size 257 --seq-length 16 --pp 2

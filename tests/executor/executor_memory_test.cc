@@ -59,6 +59,10 @@ TEST_CASE("the executor allocates what core's memory prediction says, rank by ra
   const std::string corpus = megaplan::test::sentence_corpus(scratch);
   ParallelPlan sequence_parallel = layout(2, 1, 1, 1, ScheduleKind::kOneFOneB);
   sequence_parallel.sequence_parallel = true;
+  const auto uneven = [](ParallelPlan plan) {  // --decoder-first-pipeline-num-layers 1
+    plan.pipeline_split.first_stage_layers = 1;
+    return plan;
+  };
   ParallelPlan distributed = layout(1, 2, 2, 1, ScheduleKind::kOneFOneB);
   distributed.use_distributed_optimizer = true;
   const std::vector<std::pair<std::string, ParallelPlan>> layouts = {
@@ -77,6 +81,10 @@ TEST_CASE("the executor allocates what core's memory prediction says, rank by ra
       {"pp2 dualpipev", layout(1, 2, 1, 2, ScheduleKind::kDualPipeV)},
       {"pp2 dualpipev, 8 microbatches", layout(1, 2, 1, 2, ScheduleKind::kDualPipeV, 2, 16)},
       {"pp2 1f1b, 8 microbatches", layout(1, 2, 1, 1, ScheduleKind::kOneFOneB, 2, 16)},
+      {"pp2 1f1b, uneven stages 1 + 3", uneven(layout(1, 2, 1, 1, ScheduleKind::kOneFOneB))},
+      {"pp2 zb-h1, uneven stages 1 + 3, full uniform 2",
+       with(uneven(layout(1, 2, 1, 1, ScheduleKind::kZeroBubbleH1)), RecomputeGranularity::kFull,
+            RecomputeMethod::kUniform, 2)},
       {"tp2 sequence parallel", sequence_parallel},
       {"pp2 dp2 distributed optimizer", distributed},
       {"llama: one rank", layout(1, 1, 1, 1, ScheduleKind::kOneFOneB)},

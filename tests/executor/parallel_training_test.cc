@@ -173,7 +173,16 @@ TEST_CASE("every pipeline schedule, data-parallel layout and recomputation train
   };
   ParallelPlan everything = sequence_parallel(plan_of(2, 2, 2, 1, ScheduleKind::kOneFOneB));
   everything.use_distributed_optimizer = true;
+  // Uneven stages (Megatron's --decoder-first-pipeline-num-layers 1): one layer, then three.
+  const auto uneven = [](ParallelPlan plan) {
+    plan.pipeline_split.first_stage_layers = 1;
+    return plan;
+  };
   const std::vector<Layout> layouts = {
+      {"pp2 1f1b, uneven stages 1 + 3", uneven(plan_of(1, 2, 1, 1, ScheduleKind::kOneFOneB))},
+      {"pp2 zb-h1, uneven stages 1 + 3, full recomputation uniform 2",
+       recomputed(uneven(plan_of(1, 2, 1, 1, ScheduleKind::kZeroBubbleH1)), RecomputeGranularity::kFull,
+                  RecomputeMethod::kUniform, 2)},
       {"pp2 gpipe", plan_of(1, 2, 1, 1, ScheduleKind::kGPipe)},
       {"pp2 1f1b", plan_of(1, 2, 1, 1, ScheduleKind::kOneFOneB)},
       {"pp2 interleaved vpp2", plan_of(1, 2, 1, 2, ScheduleKind::kInterleaved)},
