@@ -14,6 +14,9 @@
 #include "cli/report_command.h"
 #include "core/error.h"
 #include "core/pipeline_layout.h"
+#include "core/schedule/lowering.h"
+#include "core/schedule/schedule_csv.h"
+#include "core/schedule/validation.h"
 #include "reports/chrome_trace.h"
 #include "reports/memory_table.h"
 #include "reports/text_table.h"
@@ -118,7 +121,13 @@ void write_text(const JobSpec& job, const sim::Profile& profile, const sim::Plan
 int run_simulate(const SimulateOptions& options, std::ostream& out) {
   const JobSpec job = load_job(options.model, options.cluster, options.plan, options.plan_file);
   const sim::Profile profile = choose_profile(options.profile, job.cluster.gpu);
-  const sim::PlanSimulation simulation = sim::simulate_plan(job, profile, options.trace || options.report);
+  std::optional<PipelineSchedule> imported;
+  if (options.schedule_csv) {
+    imported = read_plan_schedule_csv(*options.schedule_csv, job.plan, "--schedule-csv");
+    validate_schedule(lower_schedule(*imported));  // one that would hang is refused, as train refuses it
+  }
+  const sim::PlanSimulation simulation = sim::simulate_plan(job, profile, sim::Topology(job.cluster),
+                                                            options.trace || options.report, imported ? &*imported : nullptr);
   if (options.trace) {
     nlohmann::json trace = timeline_to_chrome_trace(simulation.result.timeline, job, options.trace_detail);
     trace["otherData"]["profile"] = describe_profile(profile);  // what costed the slices
@@ -148,6 +157,9 @@ void setup_simulate_command(CLI::App& app, CommandContext& context) {
   command->add_flag("--trace-detail", options->trace_detail,
                     "In the trace, each layer's tensor- and context-parallel collectives as slices of their own")
       ->needs(trace);
+  command->add_option("--schedule-csv", options->schedule_csv,
+                      "Cost this compute-only torch schedule CSV (torchtitan's pipeline_parallel_schedule_csv) instead "
+                      "of the plan's generated schedule; it must have the plan's shape");
   command->add_flag("--json", options->json, "Print JSON instead of text");
   command->add_option("--report", options->report, "Write the plan's HTML report here (as `megaplan report`)");
   command->callback([options, command, &context] {

@@ -19,6 +19,7 @@ struct SimulateOptions {
   std::optional<std::string> profile;    // default: the GPU's datasheet profile
   std::optional<std::string> trace;      // write the Chrome trace here (atomically)
   bool trace_detail = false;             // with it, the tp/cp collectives as slices of their own
+  std::optional<std::string> schedule_csv;  // a compute-only torch schedule CSV costed instead of the plan's
   std::optional<std::string> report;     // write the HTML report here (atomically)
   bool json = false;
 };

@@ -14,9 +14,9 @@ PlanSimulation simulate_plan(const JobSpec& job, const Profile& profile, bool re
 }
 
 PlanSimulation simulate_plan(const JobSpec& job, const Profile& profile, const Topology& topology,
-                             bool record_timeline) {
+                             bool record_timeline, const PipelineSchedule* imported) {
   PlanSimulation simulation;
-  const PipelineSchedule compute = generate_plan_schedule(job.plan);
+  const PipelineSchedule compute = imported ? *imported : generate_plan_schedule(job.plan);
   simulation.schedule = lower_schedule(compute);
   const ActionCosts costs = plan_action_costs(job.model, job.plan, profile, topology, simulation.sources);
   simulation.result = simulate_schedule(simulation.schedule, costs, record_timeline);

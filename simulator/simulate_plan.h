@@ -29,8 +29,11 @@ struct PlanSimulation {
 
 // REQUIRES: validate_job(job) passed; profile is for job.cluster.gpu.
 PlanSimulation simulate_plan(const JobSpec& job, const Profile& profile, bool record_timeline);
-// The same on a topology built once for job.cluster (the planner simulates many plans on it).
+// The same on a topology built once for job.cluster (the planner simulates many plans on it), and
+// with `compute` (a compute-only schedule of the plan's shape: an imported CSV,
+// read_plan_schedule_csv) costed in place of the plan's generated one.
+// REQUIRES: `compute`, where given, lowers to a schedule validate_schedule passes.
 PlanSimulation simulate_plan(const JobSpec& job, const Profile& profile, const Topology& topology,
-                             bool record_timeline);
+                             bool record_timeline, const PipelineSchedule* compute = nullptr);
 
 }  // namespace megaplan::sim

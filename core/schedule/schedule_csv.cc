@@ -5,7 +5,9 @@
 #include <optional>
 
 #include "core/error.h"
+#include "core/parallel_plan.h"
 #include "core/pipeline_layout.h"
+#include "core/text_file.h"
 
 namespace megaplan {
 
@@ -130,6 +132,27 @@ PipelineSchedule parse_schedule_csv(const std::string& text, const std::string& 
   schedule.shape.num_stages = num_stages;
   schedule.shape.microbatches = max_microbatch + 1;
   schedule.shape.placement = infer_placement(rank_of_stage, pp, source);
+  return schedule;
+}
+
+PipelineSchedule read_plan_schedule_csv(const std::string& path, const ParallelPlan& plan, const std::string& flag) {
+  PipelineSchedule schedule = parse_schedule_csv(read_text_file(path), path);
+  if (schedule.lowered) {
+    throw SpecError(flag, path + " holds sends and receives; give the compute-only schedule (megaplan places the communication)");
+  }
+  const ScheduleShape& shape = schedule.shape;
+  const auto mismatch = [&](const std::string& what, int64_t file, int64_t wanted) {
+    throw SpecError(flag, path + " has " + std::to_string(file) + " " + what + ", the plan " + std::to_string(wanted));
+  };
+  if (shape.pipeline_parallel_size != plan.pipeline_parallel_size) {
+    mismatch("pipeline ranks", shape.pipeline_parallel_size, plan.pipeline_parallel_size);
+  }
+  if (shape.num_stages != plan.num_virtual_stages()) mismatch("stages", shape.num_stages, plan.num_virtual_stages());
+  if (shape.microbatches != plan.num_microbatches()) mismatch("microbatches", shape.microbatches, plan.num_microbatches());
+  if (shape.placement != stage_placement(plan.schedule)) {
+    throw SpecError(flag, path + " places stages " + (shape.placement == StagePlacement::kV ? "in a V" : "in a loop") +
+                              " but --schedule " + to_string(plan.schedule) + " does not");
+  }
   return schedule;
 }
 

@@ -6,6 +6,7 @@
 
 #include <string>
 
+#include "core/parallel_plan.h"
 #include "core/schedule/schedule.h"
 
 namespace megaplan {
@@ -19,5 +20,11 @@ std::string schedule_to_csv(const PipelineSchedule& schedule);
 // Throws SpecError naming "source:row:column" for an unknown action, and `source` for a file
 // whose stages sit on no consistent placement. The result is not validated (validate_schedule).
 PipelineSchedule parse_schedule_csv(const std::string& text, const std::string& source);
+
+// The compute-only schedule in the CSV at `path`, to run (or cost) in place of `plan`'s generated
+// one (train --pipeline-schedule-csv, simulate --schedule-csv): it must have the plan's pipeline
+// ranks, stages, microbatches and stage placement. Throws SpecError(flag, ...) naming what differs,
+// or a schedule with communication in it (megaplan places that). Not lowered, not validated.
+PipelineSchedule read_plan_schedule_csv(const std::string& path, const ParallelPlan& plan, const std::string& flag);
 
 }  // namespace megaplan

@@ -13,7 +13,6 @@
 #include "core/executor_memory.h"
 #include "core/formulas.h"
 #include "core/pipeline_layout.h"
-#include "core/text_file.h"
 #include "core/schedule/lowering.h"
 #include "core/schedule/schedule_csv.h"
 #include "core/schedule/schedule.h"
@@ -62,29 +61,6 @@ std::string format_double(double value) {
   return text.str();
 }
 
-// A torch schedule CSV for this plan: compute-only (megaplan places the messages, REDUCE_GRAD and
-// OPTIM) and of the plan's shape, since the stage chunks are laid out by the plan.
-PipelineSchedule imported_schedule(const std::string& path, const ParallelPlan& plan) {
-  const char* const flag = "--pipeline-schedule-csv";
-  PipelineSchedule schedule = parse_schedule_csv(read_text_file(path), path);
-  if (schedule.lowered) {
-    throw SpecError(flag, path + " holds sends and receives; give the compute-only schedule (megaplan places the communication)");
-  }
-  const ScheduleShape& shape = schedule.shape;
-  const auto mismatch = [&](const std::string& what, int64_t file, int64_t wanted) {
-    throw SpecError(flag, path + " has " + std::to_string(file) + " " + what + ", the plan " + std::to_string(wanted));
-  };
-  if (shape.pipeline_parallel_size != plan.pipeline_parallel_size) {
-    mismatch("pipeline ranks", shape.pipeline_parallel_size, plan.pipeline_parallel_size);
-  }
-  if (shape.num_stages != plan.num_virtual_stages()) mismatch("stages", shape.num_stages, plan.num_virtual_stages());
-  if (shape.microbatches != plan.num_microbatches()) mismatch("microbatches", shape.microbatches, plan.num_microbatches());
-  if (shape.placement != stage_placement(plan.schedule)) {
-    throw SpecError(flag, path + " places stages " + (shape.placement == StagePlacement::kV ? "in a V" : "in a loop") +
-                              " but --schedule " + to_string(plan.schedule) + " does not");
-  }
-  return schedule;
-}
 
 // What every rank reads and nobody changes: the plan's schedule and the data.
 struct Run {
@@ -375,7 +351,7 @@ TrainSummary train_alone(const Run& run, Backend& backend, ParallelGroups& group
 }
 
 PipelineSchedule checked_schedule(const ParallelPlan& plan, const TrainOptions& options) {
-  PipelineSchedule schedule = lower_schedule(options.pipeline_schedule_csv ? imported_schedule(*options.pipeline_schedule_csv, plan)
+  PipelineSchedule schedule = lower_schedule(options.pipeline_schedule_csv ? read_plan_schedule_csv(*options.pipeline_schedule_csv, plan, "--pipeline-schedule-csv")
                                                                            : generate_plan_schedule(plan));
   validate_schedule(schedule);
   return schedule;

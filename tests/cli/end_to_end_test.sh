@@ -511,6 +511,18 @@ expect_error 'error: --decoder-first-pipeline-num-layers: leaves 114 of the 126 
 expect_error 'error: --num-layers: 126 must be divisible by pp\*vpp = 16\*1 = 16; uneven stages' simulate \
   --model llama3.1-405b --cluster dgx-h100 --gpus 1024 --gbs 2048 --tp 8 --pp 16
 
+# simulate --schedule-csv costs an imported torch schedule exactly as the generated one.
+expect_ok schedule --kind zbv --pp 4 --microbatches 8 --format csv
+cp "$scratch/out" "$scratch/zbv.csv"
+zbv_plan=(--model gpt2-350m --cluster dgx-h100 --gpus 8 --pp 4 --tp 2 --schedule zbv --gbs 8 --json)
+expect_ok simulate "${zbv_plan[@]}"
+generated=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["iteration_time_s"])' "$scratch/out")
+expect_ok simulate "${zbv_plan[@]}" --schedule-csv "$scratch/zbv.csv"
+imported=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["iteration_time_s"])' "$scratch/out")
+[ -n "$generated" ] && [ "$generated" = "$imported" ] || fail "an imported zbv CSV simulates to $imported s, --schedule zbv to $generated s"
+expect_error 'error: --schedule-csv: .*zbv.csv has 4 pipeline ranks, the plan 2' simulate --model gpt2-350m --cluster dgx-h100 \
+  --gpus 8 --pp 2 --tp 2 --schedule zbv --gbs 8 --schedule-csv "$scratch/zbv.csv"
+
 # --exit-signal-handler: SIGTERM mid-run saves at the iteration's end and exits 0, stdout (a file)
 # already held the log lines, and the checkpoint loads; SIGINT stops without saving.
 signal_run=(train --device cpu --model "$examples/models/tiny-gpt.json" --vocab-size 257 --seq-length 16 --pp 2
