@@ -43,7 +43,7 @@ void setup_data_command(CLI::App& app, CommandContext& context) {
   auto options = std::make_shared<DataPrepareOptions>();
   CLI::App* prepare = data->add_subcommand(
       "prepare", "Tokenize text files (.jsonl: one document per line) into PREFIX.bin and PREFIX.idx");
-  prepare->add_option("--input", options->prepare.inputs, "Input files")->required();
+  prepare->add_option("--input", options->prepare.inputs, "Input files, or directories (their files, recursively)")->required();
   prepare->add_option("--output-prefix", options->prepare.output_prefix, "Writes PREFIX.bin and PREFIX.idx")->required();
   add_tokenizer_options(*prepare, options->tokenizer);
   prepare->get_option("--tokenizer")->capture_default_str();

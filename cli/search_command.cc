@@ -150,7 +150,11 @@ int run_search(const SearchCommandOptions& options, std::ostream& out) {
   const int64_t threads =
       options.threads > 0 ? options.threads : std::max<int64_t>(1, std::thread::hardware_concurrency());
 
-  job.plan = result.plans.front().plan;
+  if (options.pick < 1 || options.pick > static_cast<int64_t>(result.plans.size())) {
+    throw SpecError("--pick", "must name one of the " + std::to_string(result.plans.size()) + " ranked plans (1.." +
+                                  std::to_string(result.plans.size()) + "), got " + std::to_string(options.pick));
+  }
+  job.plan = result.plans[static_cast<std::size_t>(options.pick - 1)].plan;
   if (options.out) exec::write_file_atomically(*options.out, job_spec_to_json(job).dump(2) + "\n");
   nlohmann::json plans = nlohmann::json::array();
   for (const RankedPlan& ranked : result.plans) plans.push_back(plan_json(ranked, result.memory_limit_bytes));
@@ -189,7 +193,8 @@ int run_search(const SearchCommandOptions& options, std::ostream& out) {
     return 0;
   }
   write_text(options, job, result, seconds, threads, out);
-  out << "code (#1): " << describe_implementation(job.plan) << "\n";
+  const std::string picked = "#" + std::to_string(options.pick);
+  out << "code (" << picked << "): " << describe_implementation(job.plan) << "\n";
   out << "profile: " << describe_profile(profile) << "\n";
   out << (profile.uncertainty() > 0
               ? "ties: plans marked \"tie\" are predicted within the profile's stated uncertainty (" +
@@ -197,10 +202,10 @@ int run_search(const SearchCommandOptions& options, std::ostream& out) {
               : std::string("ties: the profile states no uncertainty, so no plan is marked as a tie\n"));
   if (options.explain) out << "\n" << winner_explanation(result.plans, result.memory_limit_bytes);
   if (options.emit == "megatron") {
-    out << "\nMegatron-LM arguments for #1:\n" << planner::format_megatron_arguments(planner::megatron_arguments(job.model, job.plan));
+    out << "\nMegatron-LM arguments for " << picked << ":\n" << planner::format_megatron_arguments(planner::megatron_arguments(job.model, job.plan));
   }
   if (options.emit == "launch") {
-    out << "\nLaunch #1 (" << (options.out ? "the job file --out wrote" : "write the job file with --out job.json")
+    out << "\nLaunch " << picked << " (" << (options.out ? "the job file --out wrote" : "write the job file with --out job.json")
         << "; DATA_PREFIX and ITERS are yours):\n";
     out << planner::format_launch_commands(launch_commands_for(options, job));
   }
@@ -245,6 +250,9 @@ void setup_search_command(CLI::App& app, CommandContext& context) {
   command->add_option("--threads", options->threads, "Worker threads (0: all cores)")->capture_default_str();
   command->add_option("--profile", options->profile, "Kernel and link timings (profiles/*.json); default: the GPU's built-in measured profile, else its datasheet");
   command->add_option("--out", options->out, "Write the best plan as a job file (for simulate --plan)");
+  command->add_option("--pick", options->pick,
+                      "The ranked plan --out, --report and --emit take: 1 (the best), 2, ... up to --top")
+      ->capture_default_str();
   command->add_option("--report", options->report, "Write the best plan's HTML report here, the ranked plans beside it");
   command->add_option("--emit", options->emit,
                       "Print the best plan as: megatron (Megatron-LM's arguments), launch (torchrun, srun, mpirun and "

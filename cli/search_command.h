@@ -30,7 +30,8 @@ struct SearchCommandOptions {
   double memory_fraction = 0.9;
   int64_t threads = 0;
   std::optional<std::string> profile;
-  std::optional<std::string> out;   // the best plan as a job file (atomically)
+  std::optional<std::string> out;   // the picked plan (the best by default) as a job file (atomically)
+  int64_t pick = 1;  // --pick K: the ranked plan --out, --report and --emit take (1-based)
   std::optional<std::string> report;  // the best plan's HTML report, the ranked plans beside it
   std::optional<std::string> emit;  // "megatron" or "launch"
   bool explain = false;

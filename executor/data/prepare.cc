@@ -1,5 +1,10 @@
 #include "executor/data/prepare.h"
 
+#include <algorithm>
+#include <filesystem>
+#include <system_error>
+#include <vector>
+
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -14,6 +19,28 @@ bool ends_with(const std::string& text, const std::string& suffix) {
   return text.size() >= suffix.size() && text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
+// The files to read: each input file, and each directory's regular files, recursively, in path
+// order (a fixed order makes the same dataset twice).
+std::vector<std::string> input_files(const std::vector<std::string>& inputs) {
+  std::vector<std::string> files;
+  for (const std::string& input : inputs) {
+    std::error_code error;
+    if (!std::filesystem::is_directory(input, error)) {
+      files.push_back(input);
+      continue;
+    }
+    std::vector<std::string> found;
+    for (std::filesystem::recursive_directory_iterator it(input, error), end; !error && it != end; it.increment(error)) {
+      if (it->is_regular_file(error)) found.push_back(it->path().string());
+    }
+    if (error) throw SpecError("--input", input + ": cannot list the directory: " + error.message());
+    if (found.empty()) throw SpecError("--input", input + " is a directory without files");
+    std::sort(found.begin(), found.end());
+    files.insert(files.end(), found.begin(), found.end());
+  }
+  return files;
+}
+
 }  // namespace
 
 PrepareSummary prepare_dataset(const PrepareOptions& options, const Tokenizer& tokenizer) {
@@ -23,14 +50,18 @@ PrepareSummary prepare_dataset(const PrepareOptions& options, const Tokenizer& t
   const int64_t end_of_document = options.append_end_of_document ? tokenizer.end_of_document() : -1;
   IndexedDatasetWriter writer(options.output_prefix, token_type_for_vocabulary(tokenizer.vocab_size()));
   PrepareSummary summary;
+  // A document without text adds nothing (not even its end-of-document token), as an empty line
+  // would not.
   const auto add = [&](std::string_view text) {
     std::vector<int64_t> tokens = tokenizer.encode(text);
+    if (tokens.empty()) return;
     if (options.append_end_of_document) tokens.push_back(end_of_document);
     summary.tokens += static_cast<int64_t>(tokens.size());
     ++summary.documents;
     writer.add_document(tokens);
   };
-  for (const std::string& path : options.inputs) {
+  const std::vector<std::string> files = input_files(options.inputs);
+  for (const std::string& path : files) {
     std::string contents;
     try {
       contents = read_text_file(path);
@@ -59,6 +90,9 @@ PrepareSummary prepare_dataset(const PrepareOptions& options, const Tokenizer& t
       }
       add(record[options.json_key].get<std::string>());
     }
+  }
+  if (summary.documents == 0) {
+    throw SpecError("--input", "no text in " + std::to_string(files.size()) + " file(s): an empty dataset is not written");
   }
   writer.finish();
   return summary;

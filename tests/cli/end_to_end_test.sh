@@ -511,6 +511,20 @@ expect_error 'error: --decoder-first-pipeline-num-layers: leaves 114 of the 126 
 expect_error 'error: --num-layers: 126 must be divisible by pp\*vpp = 16\*1 = 16; uneven stages' simulate \
   --model llama3.1-405b --cluster dgx-h100 --gpus 1024 --gbs 2048 --tp 8 --pp 16
 
+# search --pick K: the K-th ranked plan to --out; beyond the ranking, one line.
+expect_ok search --model gpt2-350m --cluster dgx-a100-80gb --gpus 8 --gbs 16 --pp 1,2 --cp 1 --top 3 --threads 2 --json \
+  --pick 2 --out "$scratch/second.json"
+python3 -c '
+import json, sys
+second = json.load(open(sys.argv[1]))["plans"][1]
+job = json.load(open(sys.argv[2]))["plan"]
+keys = ["tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "micro_batch_size", "schedule", "recompute_granularity"]
+assert all(second[k] == job[k] for k in keys), (second, job)
+' "$scratch/out" "$scratch/second.json" || fail "search --pick 2 --out did not write the second plan"
+expect_error 'error: --pick: must name one of the 3 ranked plans \(1..3\), got 4' search --model gpt2-350m \
+  --cluster dgx-a100-80gb --gpus 8 --gbs 16 --pp 1,2 --cp 1 --top 3 --threads 2 --pick 4 --out "$scratch/never.json"
+[ ! -e "$scratch/never.json" ] || fail "a refused --pick wrote --out"
+
 # simulate --schedule-csv costs an imported torch schedule exactly as the generated one.
 expect_ok schedule --kind zbv --pp 4 --microbatches 8 --format csv
 cp "$scratch/out" "$scratch/zbv.csv"

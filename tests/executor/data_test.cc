@@ -208,6 +208,34 @@ TEST_CASE("prepare turns .jsonl lines and whole files into documents", "[data]")
   CHECK(!std::filesystem::exists(scratch.file("never.idx")));
 }
 
+TEST_CASE("prepare reads a directory's files in path order and never writes an empty dataset", "[data]") {
+  const ScratchDirectory scratch;
+  std::filesystem::create_directories(scratch.file("corpus/deeper"));
+  write_bytes(scratch.file("corpus/b.txt"), "b");
+  write_bytes(scratch.file("corpus/deeper/a.txt"), "a");
+  write_bytes(scratch.file("corpus/empty.txt"), "");
+  megaplan::exec::PrepareOptions options;
+  options.inputs = {scratch.file("corpus")};
+  options.output_prefix = scratch.file("out");
+  const megaplan::exec::ByteTokenizer bytes;
+  const megaplan::exec::PrepareSummary summary = megaplan::exec::prepare_dataset(options, bytes);
+  CHECK(summary.documents == 2);  // the empty file adds no document
+  const IndexedDataset dataset(options.output_prefix);
+  CHECK(dataset.sequence(0) == std::vector<int64_t>{'b'});  // corpus/b.txt before corpus/deeper/a.txt
+  CHECK(dataset.sequence(1) == std::vector<int64_t>{'a'});
+
+  std::filesystem::create_directories(scratch.file("nothing"));
+  options.inputs = {scratch.file("nothing")};
+  options.output_prefix = scratch.file("never");
+  CHECK_THROWS_WITH(megaplan::exec::prepare_dataset(options, bytes), Contains("is a directory without files"));
+  options.inputs = {scratch.file("corpus/empty.txt")};
+  options.append_end_of_document = true;
+  CHECK_THROWS_WITH(megaplan::exec::prepare_dataset(options, bytes),
+                    Contains("--input: no text in 1 file(s): an empty dataset is not written"));
+  CHECK(!std::filesystem::exists(scratch.file("never.bin")));
+  CHECK(!std::filesystem::exists(scratch.file("never.idx")));
+}
+
 TEST_CASE("--split follows Megatron's rounding", "[data]") {
   using megaplan::exec::split_documents;
   const auto thousand = split_documents("949,50,1", 1000);
