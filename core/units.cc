@@ -71,4 +71,17 @@ std::string format_significant(double value, int digits) {
 
 std::string milliseconds_number(double seconds) { return format_fixed(seconds * 1e3, 3); }
 
+std::string format_duration(double seconds) {
+  if (!(seconds >= 0)) return "unknown";
+  if (seconds < 60) return format_fixed(seconds, 1) + " s";
+  char text[64];
+  const auto whole = static_cast<long long>(std::llround(seconds));
+  if (whole < 3600) {
+    std::snprintf(text, sizeof text, "%lldm%02llds", whole / 60, whole % 60);
+  } else {
+    std::snprintf(text, sizeof text, "%lldh%02lldm", whole / 3600, (whole % 3600) / 60);
+  }
+  return text;
+}
+
 }  // namespace megaplan

@@ -23,5 +23,7 @@ std::string format_fixed(double value, int digits);
 std::string format_significant(double value, int digits);
 // Seconds as milliseconds with three decimals, the number alone: 0.0123456 -> "12.346".
 std::string milliseconds_number(double seconds);
+// A duration for people: "42.0 s", "12m05s", "3h04m" (under a minute, minutes, hours).
+std::string format_duration(double seconds);
 
 }  // namespace megaplan

@@ -17,6 +17,7 @@
 #include "core/schedule/schedule_csv.h"
 #include "core/schedule/schedule.h"
 #include "core/schedule/validation.h"
+#include "core/units.h"
 #include "executor/comm/in_process_comm.h"
 #include "executor/comm/rank_threads.h"
 #include "executor/data/gpt_dataset.h"
@@ -233,9 +234,12 @@ void RankTrainer::log(int64_t iteration, double loss, double lr, double gradient
                            {"tokens_per_s", tokens_per_s}, {"model_tflops_per_gpu", tflops},
                            {"mfu", run_.options.peak_flops_per_s > 0 ? tflops * 1e12 / run_.options.peak_flops_per_s : 0.0},
                            {"peak_memory_bytes", backend_.peak_bytes()}};
+  // At this interval's pace, the iterations still to run.
+  const double eta_s = seconds * static_cast<double>(run_.options.train_iters - iteration);
+  record["eta_s"] = eta_s;
   *out_ << "iteration " << iteration << "/" << run_.options.train_iters << " | loss " << format_double(loss) << " | lr "
         << format_double(lr) << " | grad norm " << format_double(gradient_norm) << " | " << format_double(tokens_per_s)
-        << " tokens/s | " << format_double(tflops) << " model TFLOP/s per GPU\n";
+        << " tokens/s | " << format_double(tflops) << " model TFLOP/s per GPU | ETA " << format_duration(eta_s) << "\n";
   if (log_file_) *log_file_ << record.dump() << "\n" << std::flush;
 }
 
@@ -245,6 +249,15 @@ TrainSummary RankTrainer::train() {
   TrainingState state;
   state.seed = options.seed;
   if (out_ && !options.vocabulary_note.empty()) *out_ << options.vocabulary_note << "\n";
+  if (out_) {
+    // What the run is, once, before it starts (Megatron prints its arguments and sizes).
+    const int64_t tokens = plan.global_batch_size * run_.model.seq_length;
+    *out_ << "training " << run_.model.name << ", " << format_count(static_cast<double>(total_parameters(run_.model, plan.tensor_parallel_size)))
+          << " parameters, on " << plan.world_size() << " rank(s): " << describe_plan(plan) << "; "
+          << format_count(static_cast<double>(tokens)) << " tokens per iteration, " << options.train_iters
+          << " iterations (" << format_count(static_cast<double>(tokens * options.train_iters)) << " tokens, "
+          << run_.train_samples.epochs() << " epoch(s) of the training split)\n";
+  }
   if (options.load) {
     if (const std::optional<TrainingState> loaded = load_checkpoint(*options.load, checkpoint_rank())) {
       if (loaded->seed != options.seed) {
@@ -269,6 +282,7 @@ TrainSummary RankTrainer::train() {
   std::map<int64_t, MicrobatchTokens> data;  // this iteration's microbatches, read when first asked
   auto window_start = std::chrono::steady_clock::now();
   int64_t window_iterations = 0;
+  double window_loss = 0;  // summed over the log interval: Megatron prints the interval's average
   while (state.iteration < options.train_iters) {
     const int64_t iteration = state.iteration + 1;
     const double lr = options.learning_rate.at(iteration);
@@ -290,6 +304,7 @@ TrainSummary RankTrainer::train() {
     state.iteration = iteration;
     state.consumed_samples += plan.global_batch_size;
     ++window_iterations;
+    window_loss += loss;
     summary.last_iteration = iteration;
     summary.last_loss = loss;
     summary.last_gradient_norm = result.gradient_norm;
@@ -297,14 +312,25 @@ TrainSummary RankTrainer::train() {
     if (iteration % options.log_interval == 0 || iteration == options.train_iters) {
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - window_start).count() /
                              static_cast<double>(window_iterations);
-      if (out_) log(iteration, loss, lr, result.gradient_norm, seconds);
+      if (out_) log(iteration, window_loss / static_cast<double>(window_iterations), lr, result.gradient_norm, seconds);
       window_start = std::chrono::steady_clock::now();
       window_iterations = 0;
+      window_loss = 0;
     }
     if (run_.valid_samples && iteration % options.eval_interval == 0) {
       optimizer_->finish_parameter_gathers();
       const double validation = evaluate(iteration);
-      if (out_) *out_ << "validation loss at iteration " << iteration << ": " << format_double(validation) << "\n";
+      if (out_) {
+        // Megatron's perplexity: exp of the loss, capped at exp(20).
+        const double perplexity = std::exp(std::min(validation, 20.0));
+        *out_ << "validation loss at iteration " << iteration << ": " << format_double(validation) << " | perplexity "
+              << format_double(perplexity) << "\n";
+        if (log_file_) {
+          *log_file_ << nlohmann::json{{"iteration", iteration}, {"validation_loss", validation},
+                                       {"validation_perplexity", perplexity}}.dump()
+                     << "\n" << std::flush;
+        }
+      }
     }
     const bool exiting = options.exit_interval > 0 && iteration % options.exit_interval == 0;
     const StopSignal stop = options.exit_signal_handler ? agreed_stop_signal() : StopSignal::kNone;

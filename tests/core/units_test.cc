@@ -27,3 +27,10 @@ TEST_CASE("fixed, significant and millisecond numbers", "[reports]") {
   CHECK(megaplan::format_flops(2.5e18) == "2.50 EFLOP");
   CHECK(megaplan::format_count(174.56e9) == "174.6B");
 }
+
+TEST_CASE("durations for people", "[reports]") {
+  CHECK(megaplan::format_duration(42.04) == "42.0 s");
+  CHECK(megaplan::format_duration(725) == "12m05s");
+  CHECK(megaplan::format_duration(11040) == "3h04m");
+  CHECK(megaplan::format_duration(-1) == "unknown");
+}

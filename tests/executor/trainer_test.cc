@@ -3,10 +3,14 @@
 // exactly the losses of an uninterrupted run; a non-finite loss stops it with the checkpoints intact.
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "core/parallel_plan.h"
@@ -110,4 +114,44 @@ TEST_CASE("a non-finite loss stops training before the optimizer step and keeps 
   // Iteration 1 was saved; iteration 2 never reached the optimizer or the disk.
   CHECK(std::filesystem::exists(scratch.file("checkpoints/iter_0000001")));
   CHECK_FALSE(std::filesystem::exists(scratch.file("checkpoints/iter_0000002")));
+}
+
+TEST_CASE("the log prints the interval's average loss, an ETA, a banner and validation records", "[trainer]") {
+  const megaplan::test::ScratchDirectory scratch;
+  megaplan::exec::TrainOptions options;
+  options.train_iters = 4;
+  options.eval_interval = 4;
+  options.eval_iters = 1;
+  options.split = "9,1,0";
+  options.data_path = megaplan::test::sentence_corpus(scratch);
+  const megaplan::ParallelPlan plan = one_rank(2, 4);
+  std::ostringstream every_out;
+  options.log_interval = 1;
+  options.log_file = scratch.file("every.jsonl");
+  train_on_cpu(plan, options, every_out);
+  const std::vector<double> every = megaplan::test::logged_losses(*options.log_file);
+  REQUIRE(every.size() == 4);
+  std::ostringstream pairs_out;
+  options.log_interval = 2;
+  options.log_file = scratch.file("pairs.jsonl");
+  train_on_cpu(plan, options, pairs_out);
+  const std::vector<double> pairs = megaplan::test::logged_losses(*options.log_file);
+  REQUIRE(pairs.size() == 2);
+  // Megatron's logged loss: the average over the interval's iterations (the same run, bit for bit).
+  CHECK(pairs[0] == Approx((every[0] + every[1]) / 2).epsilon(1e-12));
+  CHECK(pairs[1] == Approx((every[2] + every[3]) / 2).epsilon(1e-12));
+  const std::string text = pairs_out.str();
+  CHECK(text.find("training tiny-gpt, ") != std::string::npos);
+  CHECK(text.find(" tokens per iteration, 4 iterations (") != std::string::npos);
+  CHECK(text.find("| ETA ") != std::string::npos);
+  CHECK(text.find("validation loss at iteration 4: ") != std::string::npos);
+  CHECK(text.find(" | perplexity ") != std::string::npos);
+  // The validation record of the log file.
+  std::ifstream log(*options.log_file);
+  std::string line, last;
+  while (std::getline(log, line)) last = line;
+  const nlohmann::json record = nlohmann::json::parse(last);
+  CHECK(record.at("iteration") == 4);
+  CHECK(record.at("validation_perplexity").get<double>() ==
+        Approx(std::exp(record.at("validation_loss").get<double>())).epsilon(1e-12));
 }

@@ -140,7 +140,10 @@ inline std::vector<double> logged_losses(const std::string& path) {
   std::vector<double> losses;
   std::ifstream log(path);
   std::string line;
-  while (std::getline(log, line)) losses.push_back(nlohmann::json::parse(line).at("loss").get<double>());
+  while (std::getline(log, line)) {
+    const nlohmann::json record = nlohmann::json::parse(line);
+    if (record.contains("loss")) losses.push_back(record.at("loss").get<double>());  // not validation records
+  }
   return losses;
 }
 
