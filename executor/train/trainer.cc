@@ -111,12 +111,15 @@ class RankTrainer {
       : run_(run), backend_(backend), groups_(groups), out_(out) {
     const int64_t needed = predicted_rank_bytes(run, groups.pipeline_rank, backend);
     if (const int64_t available = backend.available_bytes(); needed > available) {
+      // The flags that shrink it: the micro-batch (activations), recomputation, more pipeline stages.
       throw SpecError("--micro-batch-size",
-                      run.model.name + " with micro-batch size " + std::to_string(run.plan.micro_batch_size) +
-                          " needs " + std::to_string(needed) + " bytes on pipeline rank " +
+                      run.model.name + " with micro-batch size " + std::to_string(run.plan.micro_batch_size) + " needs " +
+                          format_gib(static_cast<double>(needed)) + " on pipeline rank " +
                           std::to_string(groups.pipeline_rank) + " (" + backend.name() +
                           ": weights, gradients, optimizer state and the schedule's in-flight activations) but " +
-                          std::to_string(available) + " are available");
+                          format_gib(static_cast<double>(available)) +
+                          " are available; lower it, or add --recompute-granularity, --pipeline-model-parallel-size "
+                          "or --use-distributed-optimizer");
     }
     Parameter* embedding = nullptr;  // stage 0's, when this rank holds it: a V's last stage reads it
     for (const int64_t stage : stages_of_pipeline_rank(groups.pipeline_rank, run.plan)) {

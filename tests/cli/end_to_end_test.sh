@@ -396,7 +396,7 @@ grep -q '^vocabulary 500 from the tokenizer (sentencepiece: .*tiny.model) ' "$sc
 expect_error 'error: --global-batch-size: must be divisible by micro-batch-size\*data-parallel-size = 2\*1 = 2' train --device cpu --model "$examples/models/tiny-gpt.json" --data-path "$scratch/corpus" --train-iters 2 --mbs 2 --gbs 3
 expect_error 'error: --lr-decay-style: unknown style "step"' train --device cpu --model "$examples/models/tiny-gpt.json" --data-path "$scratch/corpus" --train-iters 2 --lr-decay-style step
 expect_error 'error: --device: must be cpu or cuda, got "tpu"' train --device tpu --model "$examples/models/tiny-gpt.json" --data-path "$scratch/corpus" --train-iters 2
-expect_error 'error: --micro-batch-size: .* needs [0-9]+ bytes on pipeline rank 0 \(cpu: .* but [0-9]+ are available' train --device cpu --model "$examples/models/tiny-gpt.json" --hidden-size 65536 --num-attention-heads 64 --num-layers 64 --data-path "$scratch/corpus" --train-iters 2
+expect_error 'error: --micro-batch-size: .* needs [0-9.]+ GiB on pipeline rank 0 \(cpu: .* but [0-9.]+ GiB are available; lower it, or add --recompute-granularity' train --device cpu --model "$examples/models/tiny-gpt.json" --hidden-size 65536 --num-attention-heads 64 --num-layers 64 --data-path "$scratch/corpus" --train-iters 2
 if [ ! -e /dev/nvidia0 ]; then
   expect_error 'error: --device: (no usable CUDA GPU|this megaplan was built without CUDA)' train --device cuda --model "$examples/models/tiny-gpt.json" --data-path "$scratch/corpus" --train-iters 2
   # Launched, the rank refuses the same way (through the NCCL world, before its backend).
