@@ -20,6 +20,7 @@
 #include "planner/megatron_arguments.h"
 #include "planner/search.h"
 #include "planner/search_space.h"
+#include "planner/torchtitan_config.h"
 #include "reports/search_tables.h"
 #include "core/units.h"
 #include "simulator/plan_estimator.h"
@@ -119,8 +120,8 @@ std::vector<planner::LaunchCommand> launch_commands_for(const SearchCommandOptio
 int run_search(const SearchCommandOptions& options, std::ostream& out) {
   ClusterOptions cluster_options = options.cluster;
   if (!options.cluster_given && !cluster_options.gpus) cluster_options.gpus = kDefaultGpus;
-  if (options.emit && *options.emit != "megatron" && *options.emit != "launch") {
-    throw SpecError("--emit", "knows \"megatron\" and \"launch\", got \"" + *options.emit + "\"");
+  if (options.emit && *options.emit != "megatron" && *options.emit != "launch" && *options.emit != "torchtitan") {
+    throw SpecError("--emit", "knows \"megatron\", \"torchtitan\" and \"launch\", got \"" + *options.emit + "\"");
   }
   if (options.threads < 0) throw SpecError("--threads", "must be 0 (all cores) or more, got " + std::to_string(options.threads));
   JobSpec job{resolve_model(options.model), resolve_cluster(cluster_options), ParallelPlan{}};
@@ -182,6 +183,7 @@ int run_search(const SearchCommandOptions& options, std::ostream& out) {
   }
   if (options.json) {
     if (options.emit == "megatron") json["megatron_arguments"] = planner::megatron_arguments(job.model, job.plan);
+    if (options.emit == "torchtitan") json["torchtitan_toml"] = planner::torchtitan_config(job.model, job.plan);
     if (options.emit == "launch") {
       nlohmann::json commands = nlohmann::json::array();
       for (const planner::LaunchCommand& command : launch_commands_for(options, job)) {
@@ -203,6 +205,9 @@ int run_search(const SearchCommandOptions& options, std::ostream& out) {
   if (options.explain) out << "\n" << winner_explanation(result.plans, result.memory_limit_bytes);
   if (options.emit == "megatron") {
     out << "\nMegatron-LM arguments for " << picked << ":\n" << planner::format_megatron_arguments(planner::megatron_arguments(job.model, job.plan));
+  }
+  if (options.emit == "torchtitan") {
+    out << "\ntorchtitan job config for " << picked << ":\n" << planner::torchtitan_config(job.model, job.plan);
   }
   if (options.emit == "launch") {
     out << "\nLaunch " << picked << " (" << (options.out ? "the job file --out wrote" : "write the job file with --out job.json")
@@ -255,8 +260,8 @@ void setup_search_command(CLI::App& app, CommandContext& context) {
       ->capture_default_str();
   command->add_option("--report", options->report, "Write the best plan's HTML report here, the ranked plans beside it");
   command->add_option("--emit", options->emit,
-                      "Print the best plan as: megatron (Megatron-LM's arguments), launch (torchrun, srun, mpirun and "
-                      "megaplan launch lines)");
+                      "Print the best plan as: megatron (Megatron-LM's arguments), torchtitan (its TOML job config), "
+                      "launch (torchrun, srun, mpirun and megaplan launch lines)");
   command->add_flag("--explain", options->explain, "Say why the winner beats the runner-up, term by term");
   command->add_flag("--json", options->json, "Print JSON: {\"plans\": [...], \"counts\": {...}}");
   command->callback([options, command, &context] {

@@ -458,7 +458,7 @@ expect_error 'error: --global-batch-size: 1537 is not divisible by any data-para
 expect_error 'error: --gpus: 65536 GPUs exceed cluster dgx-a100-80gb' search --gpus 65536
 expect_error 'error: --memory-fraction: no layout fits in .* the closest, .* more' search --model gpt3-175b --gpus 8 --gbs 8 --cp 1 --out "$scratch/never-best.json"
 [ ! -e "$scratch/never-best.json" ] || fail "a failed search wrote --out"
-expect_error 'error: --emit: knows "megatron" and "launch"' search --model gpt2-350m --cluster dgx-a100-80gb --gpus 8 --gbs 16 --emit deepspeed
+expect_error 'error: --emit: knows "megatron", "torchtitan" and "launch"' search --model gpt2-350m --cluster dgx-a100-80gb --gpus 8 --gbs 16 --emit deepspeed
 
 # Launch: one node's ranks as torchrun starts them; a failing rank is named and its code returned.
 expect_ok launch --nproc-per-node 2 -- presets
@@ -524,6 +524,23 @@ assert all(second[k] == job[k] for k in keys), (second, job)
 expect_error 'error: --pick: must name one of the 3 ranked plans \(1..3\), got 4' search --model gpt2-350m \
   --cluster dgx-a100-80gb --gpus 8 --gbs 16 --pp 1,2 --cp 1 --top 3 --threads 2 --pick 4 --out "$scratch/never.json"
 [ ! -e "$scratch/never.json" ] || fail "a refused --pick wrote --out"
+
+# --emit torchtitan: a TOML job config Python's tomllib reads, with the plan's degrees and schedule.
+expect_ok search --model llama3-8b --cluster dgx-h100 --gpus 16 --gbs 64 --pp 2 --tp 2 --schedule interleaved --top 1 \
+  --threads 2 --json --emit torchtitan
+python3 -c '
+import json, sys, tomllib
+best = json.load(open(sys.argv[1]))
+plan, config = best["plans"][0], tomllib.loads(best["torchtitan_toml"])
+p = config["parallelism"]
+assert config["model"] == {"name": "llama3", "flavor": "8B"}, config["model"]
+assert p["tensor_parallel_degree"] == 2 and p["pipeline_parallel_degree"] == 2, p
+assert p["pipeline_parallel_schedule"] == "Interleaved1F1B", p
+assert p["data_parallel_replicate_degree"] * p["data_parallel_shard_degree"] == plan["data_parallel_size"], p
+assert p["pipeline_parallel_microbatch_size"] == plan["micro_batch_size"], p
+assert p["pipeline_parallel_layers_per_stage"] * 2 * plan["virtual_pipeline_parallel_size"] == 32, p
+assert config["training"]["global_batch_size"] == 64 and config["training"]["seq_len"] == 8192, config["training"]
+' "$scratch/out" || fail "search --emit torchtitan: the TOML does not carry the plan"
 
 # simulate --schedule-csv costs an imported torch schedule exactly as the generated one.
 expect_ok schedule --kind zbv --pp 4 --microbatches 8 --format csv
