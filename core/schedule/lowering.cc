@@ -1,6 +1,13 @@
 // Send/receive insertion by simulating the ranks' progress in rounds.
 #include "core/schedule/lowering.h"
 
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <queue>
+#include <utility>
+#include <vector>
+
 #include "core/error.h"
 #include "core/schedule/dependencies.h"
 
@@ -20,6 +27,7 @@ class Lowerer {
 
   PipelineSchedule run() {
     if (!run_rounds()) throw stuck();
+    for (std::vector<Action>& actions : out_) order_receives_by_use(actions);
     PipelineSchedule lowered;
     lowered.shape = shape_;
     lowered.lowered = true;
@@ -115,6 +123,74 @@ class Lowerer {
     if (weight_gradient && ++weight_gradients_[static_cast<std::size_t>(s)] == shape_.microbatches) {
       out_[rank].push_back(detail::derived_action(ActionKind::kReduceGrad, s, -1));
     }
+  }
+
+  // The rounds place a rank's receives in the order its peers happened to send, which is not the
+  // order it uses them where two peers feed it (a V's middle ranks in DualPipeV: a forward from
+  // above and a gradient from below). A rank receives in list order, so a message needed later
+  // would hold up one needed now. Receives keep their places in the list but are reassigned to them
+  // earliest deadline first: a receive's deadline is the earliest use among itself and the later
+  // messages of its peer (so each peer's messages keep the order it sends them in), and it may not
+  // move before the rank's last send to that peer ahead of it (which the peer may need before it
+  // sends this message). The original order meets every deadline and release, so this order does
+  // too: every receive stays before its computation. validate_schedule passes on every generated
+  // schedule of the tests' shapes (tests/core/schedule).
+  void order_receives_by_use(std::vector<Action>& actions) const {
+    std::vector<std::size_t> used_at(index_.size(), SIZE_MAX);  // by key: the first computation needing it
+    for (std::size_t position = 0; position < actions.size(); ++position) {
+      if (!is_compute(actions[position].kind)) continue;
+      for_each_dependency(actions[position], shape_, /*lowered=*/true, [&](const Action& needed) {
+        if (needed.kind != ActionKind::kRecvForward && needed.kind != ActionKind::kRecvBackward) return;
+        std::size_t& first = used_at[index_(dependency_key(needed))];
+        first = std::min(first, position);
+      });
+    }
+    const auto peer_of = [&](const Action& message) {
+      return static_cast<std::size_t>(stage_ranks_[static_cast<std::size_t>(message_peer_stage(message))]);
+    };
+    std::vector<std::size_t> slots;  // the receives' places, in list order
+    std::vector<std::size_t> release(actions.size(), 0);  // by place: the earliest place a receive may take
+    std::vector<std::size_t> after_send(static_cast<std::size_t>(shape_.pipeline_parallel_size), 0);
+    std::vector<std::vector<std::size_t>> by_peer(static_cast<std::size_t>(shape_.pipeline_parallel_size));
+    for (std::size_t i = 0; i < actions.size(); ++i) {
+      const ActionKind kind = actions[i].kind;
+      if (kind == ActionKind::kSendForward || kind == ActionKind::kSendBackward) after_send[peer_of(actions[i])] = i + 1;
+      if (kind != ActionKind::kRecvForward && kind != ActionKind::kRecvBackward) continue;
+      slots.push_back(i);
+      release[i] = after_send[peer_of(actions[i])];
+      by_peer[peer_of(actions[i])].push_back(i);
+    }
+    std::vector<std::size_t> deadline(actions.size(), SIZE_MAX);
+    for (const std::vector<std::size_t>& peer : by_peer) {
+      std::size_t bound = SIZE_MAX;
+      for (auto it = peer.rbegin(); it != peer.rend(); ++it) {
+        bound = std::min(bound, used_at[index_(dependency_key(actions[*it]))]);
+        deadline[*it] = bound;
+      }
+    }
+    // At each place, of the receives released by then and not yet placed, the most urgent.
+    std::vector<std::size_t> by_release = slots;
+    std::stable_sort(by_release.begin(), by_release.end(),
+                     [&](std::size_t a, std::size_t b) { return release[a] < release[b]; });
+    using Pending = std::pair<std::size_t, std::size_t>;  // (deadline, original place)
+    std::priority_queue<Pending, std::vector<Pending>, std::greater<>> ready;
+    std::vector<Action> reordered;
+    reordered.reserve(slots.size());
+    std::size_t released = 0;
+    for (const std::size_t slot : slots) {
+      while (released < by_release.size() && release[by_release[released]] <= slot) {
+        ready.emplace(deadline[by_release[released]], by_release[released]);
+        ++released;
+      }
+      reordered.push_back(actions[ready.top().second]);
+      ready.pop();
+    }
+    for (std::size_t k = 0; k < slots.size(); ++k) actions[slots[k]] = reordered[k];
+  }
+
+  static bool is_compute(ActionKind kind) {
+    return kind == ActionKind::kForward || kind == ActionKind::kBackward || kind == ActionKind::kBackwardInput ||
+           kind == ActionKind::kBackwardWeight || kind == ActionKind::kOverlapForwardBackward;
   }
 
   SpecError stuck() const {
