@@ -89,9 +89,31 @@ std::string ordinal(int64_t n) {
   return std::to_string(n) + suffix;
 }
 
+// --compare: every candidate costed, fitting or not, as a SearchResult whose plans are all of them.
+planner::SearchResult compared(const JobSpec& job, const std::vector<ParallelPlan>& candidates,
+                               const StepTimeEstimator& estimator, const planner::SearchOptions& options) {
+  if (!(options.memory_fraction > 0 && options.memory_fraction <= 1)) {
+    throw SpecError("--memory-fraction", "must lie in (0, 1], got " + std::to_string(options.memory_fraction));
+  }
+  planner::SearchResult result;
+  result.plans = planner::compare_plans(job.model, candidates, estimator, options.tie_tolerance);
+  result.memory_limit_bytes = static_cast<int64_t>(
+      std::floor(options.memory_fraction * static_cast<double>(job.cluster.gpu.hbm_capacity_bytes)));
+  result.counts.enumerated = result.counts.simulated = static_cast<int64_t>(candidates.size());
+  return result;
+}
+
 void write_text(const SearchCommandOptions& options, const JobSpec& job, const planner::SearchResult& result,
                 double seconds, int64_t threads, std::ostream& out) {
   const planner::SearchCounts& counts = result.counts;
+  if (options.compare) {
+    out << job.model.name << " on " << job.cluster.total_gpus() << " x " << job.cluster.gpu.name << ", gbs "
+        << options.global_batch_size << ", seq " << job.model.seq_length << ": " << counts.enumerated
+        << " layouts compared, fitting or not (memory limit " << format_gib(static_cast<double>(result.memory_limit_bytes))
+        << " per GPU); " << format_fixed(seconds, 3) << " s\n\n"
+        << ranked_plans_table(result.plans, std::nullopt, result.memory_limit_bytes);
+    return;
+  }
   out << job.model.name << " on " << job.cluster.total_gpus() << " x " << job.cluster.gpu.name << ", gbs "
       << options.global_batch_size << ", seq " << job.model.seq_length << ", memory limit "
       << format_gib(static_cast<double>(result.memory_limit_bytes)) << " per GPU\n";
@@ -145,8 +167,9 @@ int run_search(const SearchCommandOptions& options, std::ostream& out) {
   search_options.threads = options.threads;
   search_options.tie_tolerance = profile.uncertainty();
   search_options.progress = [&bar](int64_t done, int64_t total) { bar.update(done, total); };
-  const planner::SearchResult result = planner::search_plans(job.model, job.cluster.gpu, candidates, estimator,
-                                                             search_options);
+  const planner::SearchResult result =
+      options.compare ? compared(job, candidates, estimator, search_options)
+                      : planner::search_plans(job.model, job.cluster.gpu, candidates, estimator, search_options);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const int64_t threads =
       options.threads > 0 ? options.threads : std::max<int64_t>(1, std::thread::hardware_concurrency());
@@ -263,6 +286,9 @@ void setup_search_command(CLI::App& app, CommandContext& context) {
                       "Print the best plan as: megatron (Megatron-LM's arguments), torchtitan (its TOML job config), "
                       "launch (torchrun, srun, mpirun and megaplan launch lines)");
   command->add_flag("--explain", options->explain, "Say why the winner beats the runner-up, term by term");
+  command->add_flag("--compare", options->compare,
+                    "Cost every layout of the (pinned) space side by side, fitting or not: every schedule and vpp of "
+                    "a pinned tp/pp/cp/mbs (at most 512 layouts)");
   command->add_flag("--json", options->json, "Print JSON: {\"plans\": [...], \"counts\": {...}}");
   command->callback([options, command, &context] {
     options->cluster_given = command->count("--cluster") > 0 || command->count("--gpus") > 0;

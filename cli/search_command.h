@@ -31,6 +31,7 @@ struct SearchCommandOptions {
   int64_t threads = 0;
   std::optional<std::string> profile;
   std::optional<std::string> out;   // the picked plan (the best by default) as a job file (atomically)
+  bool compare = false;  // --compare: every candidate costed, fitting or not, no pruning
   int64_t pick = 1;  // --pick K: the ranked plan --out, --report and --emit take (1-based)
   std::optional<std::string> report;  // the best plan's HTML report, the ranked plans beside it
   std::optional<std::string> emit;  // "megatron" or "launch"

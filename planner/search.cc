@@ -320,4 +320,30 @@ SearchResult search_plans(const ModelSpec& model, const GpuSpec& gpu, const std:
                       ": " + format_gib(static_cast<double>(closest.shortfall)) + " more");
 }
 
+std::vector<RankedPlan> compare_plans(const ModelSpec& model, const std::vector<ParallelPlan>& candidates,
+                                      const StepTimeEstimator& estimator, double tie_tolerance) {
+  if (candidates.empty()) throw SpecError("--compare", "no legal layout matches the listed sizes");
+  if (candidates.size() > kCompareLimit) {
+    throw SpecError("--compare", std::to_string(candidates.size()) + " layouts match; pin the layout (--tp, --pp, --cp, "
+                                 "--mbs, ...) to compare at most " + std::to_string(kCompareLimit));
+  }
+  MemoryWalks walks;
+  std::vector<std::pair<RankedPlan, std::size_t>> costed;
+  for (std::size_t index = 0; index < candidates.size(); ++index) {
+    const ParallelPlan& plan = candidates[index];
+    costed.push_back({{plan, estimator.estimate(plan), peak_memory(model, plan, walks).first, estimator.lower_bound_s(plan)},
+                      index});
+  }
+  std::stable_sort(costed.begin(), costed.end(), [](const auto& a, const auto& b) {
+    return a.first.estimate.iteration_time_s < b.first.estimate.iteration_time_s;
+  });
+  std::vector<RankedPlan> plans;
+  for (auto& [plan, index] : costed) plans.push_back(std::move(plan));
+  const double best = plans.front().estimate.iteration_time_s;
+  for (std::size_t i = 1; i < plans.size(); ++i) {
+    plans[i].tie = tie_tolerance > 0 && plans[i].estimate.iteration_time_s <= best * (1 + tie_tolerance);
+  }
+  return plans;
+}
+
 }  // namespace megaplan::planner

@@ -50,5 +50,15 @@ struct SearchResult {
 SearchResult search_plans(const ModelSpec& model, const GpuSpec& gpu, const std::vector<ParallelPlan>& candidates,
                           const StepTimeEstimator& estimator, const SearchOptions& options);
 
+// The most candidates compare_plans costs: it simulates each, with no pruning.
+inline constexpr std::size_t kCompareLimit = 512;
+
+// `search --compare`: every candidate costed, fitting or not, fastest first (ties in enumeration
+// order), each with its peak memory; `tie_tolerance` as for search_plans. For a pinned layout the
+// candidates are its schedules, vpp values and the other free dimensions. Throws
+// SpecError("--compare", ...) beyond kCompareLimit candidates, naming the count.
+std::vector<RankedPlan> compare_plans(const ModelSpec& model, const std::vector<ParallelPlan>& candidates,
+                                      const StepTimeEstimator& estimator, double tie_tolerance);
+
 
 }  // namespace megaplan::planner

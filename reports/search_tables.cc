@@ -21,15 +21,18 @@ std::string split_cell(const PipelineSplit& split) {
 
 }  // namespace
 
-std::string ranked_plans_table(const std::vector<RankedPlan>& plans, std::optional<double> best_s) {
-  TextTable table({"#", "tp", "pp", "dp", "cp", "vpp", "split", "mbs", "recompute", "sp", "dist-opt", "schedule",
-                   "iteration s", "TFLOP/s/GPU", "MFU", "peak memory", "vs #1"});
+std::string ranked_plans_table(const std::vector<RankedPlan>& plans, std::optional<double> best_s,
+                               std::optional<int64_t> memory_limit_bytes) {
+  std::vector<std::string> header = {"#", "tp", "pp", "dp", "cp", "vpp", "split", "mbs", "recompute", "sp", "dist-opt",
+                                     "schedule", "iteration s", "TFLOP/s/GPU", "MFU", "peak memory", "vs #1"};
+  if (memory_limit_bytes) header.push_back("fits");
+  TextTable table(std::move(header));
   if (plans.empty()) return table.render();
   const double best = best_s.value_or(plans.front().estimate.iteration_time_s);
   for (std::size_t i = 0; i < plans.size(); ++i) {
     const RankedPlan& ranked = plans[i];
     const ParallelPlan& plan = ranked.plan;
-    table.add_row({std::to_string(i + 1), std::to_string(plan.tensor_parallel_size),
+    std::vector<std::string> row = {std::to_string(i + 1), std::to_string(plan.tensor_parallel_size),
                    std::to_string(plan.pipeline_parallel_size), std::to_string(plan.data_parallel_size),
                    std::to_string(plan.context_parallel_size), std::to_string(plan.virtual_pipeline_parallel_size),
                    split_cell(plan.pipeline_split),
@@ -40,7 +43,9 @@ std::string ranked_plans_table(const std::vector<RankedPlan>& plans, std::option
                    format_gib(static_cast<double>(ranked.peak_memory_bytes)),
                    i == 0 && !best_s ? ""
                                      : format_percent(ranked.estimate.iteration_time_s / best - 1, true) +
-                                           (ranked.tie ? " tie" : "")});
+                                           (ranked.tie ? " tie" : "")};
+    if (memory_limit_bytes) row.push_back(ranked.peak_memory_bytes <= *memory_limit_bytes ? "yes" : "no");
+    table.add_row(std::move(row));
   }
   return table.render();
 }

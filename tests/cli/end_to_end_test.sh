@@ -525,6 +525,22 @@ expect_error 'error: --pick: must name one of the 3 ranked plans \(1..3\), got 4
   --cluster dgx-a100-80gb --gpus 8 --gbs 16 --pp 1,2 --cp 1 --top 3 --threads 2 --pick 4 --out "$scratch/never.json"
 [ ! -e "$scratch/never.json" ] || fail "a refused --pick wrote --out"
 
+# search --compare: every schedule and vpp of a pinned layout side by side, those that do not fit too.
+expect_ok search --model gpt3-175b --cluster dgx-h100 --gpus 1024 --gbs 1536 --tp 8 --pp 16 --cp 1 --mbs 1 \
+  --recompute-granularity none --sequence-parallel --use-distributed-optimizer --compare --threads 2 \
+  --memory-fraction 0.4 --json
+python3 -c '
+import json, sys
+plans = json.load(open(sys.argv[1]))["plans"]
+schedules = {p["schedule"] for p in plans}
+assert schedules == {"1f1b", "interleaved", "zb-h1", "zbv", "dualpipev"}, schedules
+assert {p["fits_in_memory"] for p in plans} == {True, False}, plans
+times = [p["iteration_time_s"] for p in plans]
+assert times == sorted(times), times
+' "$scratch/out" || fail "search --compare does not show every schedule, fitting or not"
+expect_error 'error: --compare: [0-9]+ layouts match; pin the layout' search --model gpt3-175b --cluster dgx-h100 \
+  --gpus 1024 --gbs 1536 --compare --threads 2
+
 # --emit torchtitan: a TOML job config Python's tomllib reads, with the plan's degrees and schedule.
 expect_ok search --model llama3-8b --cluster dgx-h100 --gpus 16 --gbs 64 --pp 2 --tp 2 --schedule interleaved --top 1 \
   --threads 2 --json --emit torchtitan
