@@ -8,6 +8,7 @@
 
 #include "executor/io/staged_file.h"
 #include "cli/commands.h"
+#include "cli/pasted_arguments.h"
 #include "core/formulas.h"
 #include "core/json_io.h"
 #include "core/pipeline_layout.h"
@@ -146,8 +147,11 @@ void setup_describe_command(CLI::App& app, CommandContext& context) {
   command->add_option("--plan", options->plan_file, "Job JSON (as written by --out) instead of the flags above");
   command->add_option("--out", options->out, "Write the resolved job JSON to this file (atomically)");
   command->add_flag("--json", options->json, "Print JSON instead of text");
+  accept_megatron_arguments(*command);
   command->callback([options, command, &context] {
     if (options->plan_file) reject_flags_beside_job_file(*command);
+    apply_pasted_vocabulary(read_pasted_arguments(*command), options->model);
+    infer_megatron_implementation(*command, options->plan.implementation);
     context.exit_code = run_describe(*options, context.out);
   });
 }

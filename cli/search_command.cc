@@ -12,6 +12,7 @@
 
 #include "executor/io/staged_file.h"
 #include "cli/commands.h"
+#include "cli/pasted_arguments.h"
 #include "cli/profile_choice.h"
 #include "cli/report_command.h"
 #include "cli/progress_bar.h"
@@ -290,8 +291,11 @@ void setup_search_command(CLI::App& app, CommandContext& context) {
                     "Cost every layout of the (pinned) space side by side, fitting or not: every schedule and vpp of "
                     "a pinned tp/pp/cp/mbs (at most 512 layouts)");
   command->add_flag("--json", options->json, "Print JSON: {\"plans\": [...], \"counts\": {...}}");
+  accept_megatron_arguments(*command);
   command->callback([options, command, &context] {
     options->cluster_given = command->count("--cluster") > 0 || command->count("--gpus") > 0;
+    apply_pasted_vocabulary(read_pasted_arguments(*command), options->model);
+    infer_megatron_implementation(*command, options->implementation);
     context.exit_code = run_search(*options, context.out);
   });
 }

@@ -10,6 +10,7 @@
 
 #include "executor/io/staged_file.h"
 #include "cli/commands.h"
+#include "cli/pasted_arguments.h"
 #include "cli/profile_choice.h"
 #include "cli/report_command.h"
 #include "core/error.h"
@@ -162,8 +163,11 @@ void setup_simulate_command(CLI::App& app, CommandContext& context) {
                       "of the plan's generated schedule; it must have the plan's shape");
   command->add_flag("--json", options->json, "Print JSON instead of text");
   command->add_option("--report", options->report, "Write the plan's HTML report here (as `megaplan report`)");
+  accept_megatron_arguments(*command);
   command->callback([options, command, &context] {
     if (options->plan_file) reject_flags_beside_job_file(*command);
+    apply_pasted_vocabulary(read_pasted_arguments(*command), options->model);
+    infer_megatron_implementation(*command, options->plan.implementation);
     context.exit_code = run_simulate(*options, context.out);
   });
 }

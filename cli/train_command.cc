@@ -8,6 +8,7 @@
 #include "cli/commands.h"
 #include "cli/data_command.h"
 #include "cli/notes.h"
+#include "cli/pasted_arguments.h"
 #include "cli/profile_choice.h"
 #include "cli/report_command.h"
 #include "core/device_gpu.h"
@@ -235,8 +236,10 @@ void setup_train_command(CLI::App& app, CommandContext& context) {
   command->add_option("--save", t.save, "Checkpoint directory");
   command->add_option("--save-interval", t.save_interval, "Iterations between checkpoints");
   command->add_option("--load", t.load, "Resume from the newest checkpoint here");
+  accept_megatron_arguments(*command);
   command->callback([options, command, &context] {
     if (options->plan_file) reject_flags_beside_job_file(*command);
+    (void)read_pasted_arguments(*command);  // train reads its own tokenizer flags for the vocabulary
     // Not the other commands' default model: a run trains what it is told to.
     if (!options->plan_file && command->count("--model") == 0) {
       throw SpecError("--model", "train needs a model: a preset (megaplan presets), a model .json or a Hugging Face "

@@ -65,7 +65,8 @@ expect_ok simulate --model gpt-1.3b --cluster dgx-h100 --gpus 8 --tp 2 --gbs 16 
   --use-flash-attn --attention-dropout 0 --hidden-dropout 0 --overlap-grad-reduce --json
 grep -q '"precision": "bf16"' "$scratch/out" || fail "simulate --json holds the implementation options"
 grep -q '"use_flash_attn": true' "$scratch/out" || fail "simulate --json holds --use-flash-attn"
-expect_error "error: --fp16: megaplan's executor does not run this" simulate --model gpt2-124m --cluster h100-x1 --fp16
+expect_error "error: --fp16: megaplan's executor does not run this" simulate --model gpt2-124m --cluster h100-x1 --fp16 \
+  --implementation megaplan
 expect_error 'error: --fp16 excludes --bf16' simulate --model gpt2-124m --cluster h100-x1 --implementation megatron-local --fp16 --bf16
 expect_error 'error: --hidden-dropout: must be a dropout probability in \[0, 1\), got 1.5' simulate --model gpt2-124m --cluster h100-x1 --implementation megatron-core --hidden-dropout 1.5
 expect_error 'error: --tp-comm-overlap: needs --sequence-parallel' simulate --model gpt-1.3b --cluster dgx-h100 --gpus 8 --tp 2 --gbs 4 --implementation megatron-core --tp-comm-overlap
@@ -90,7 +91,8 @@ expect_error 'error: --gpus: world size 1024 must be divisible by tp\*pp\*cp = 8
 expect_error 'error: --tensor-model-parallel-size: must divide --num-attention-heads 25' describe --model gpt2-1.5b --cluster h200-x2 --tp 2
 expect_error 'error: --gpus: 16 GPUs exceed cluster h200-x2' describe --model gpt2-124m --cluster h200-x2 --gpus 16
 expect_error 'error: --world-size' groups --world-size 16 --tp 3
-expect_error 'error: .*--no-such-flag' describe --no-such-flag
+expect_error 'error: --tensor-model-paralel-size: is not a flag megaplan knows; did you mean --tensor-model-parallel-size\?' \
+  describe --model gpt2-124m --cluster h200-x2 --tensor-model-paralel-size 2
 expect_error 'error: .*' describe --tp notanumber
 expect_error 'error: --cluster: unknown preset "dgx-z"; known presets: dgx-a100-80gb' describe --cluster dgx-z --gpus 8
 expect_error 'error: --plan: cannot be combined with --tp' describe --plan "$scratch/job.json" --tp 2
@@ -524,6 +526,31 @@ assert all(second[k] == job[k] for k in keys), (second, job)
 expect_error 'error: --pick: must name one of the 3 ranked plans \(1..3\), got 4' search --model gpt2-350m \
   --cluster dgx-a100-80gb --gpus 8 --gbs 16 --pp 1,2 --cp 1 --top 3 --threads 2 --pick 4 --out "$scratch/never.json"
 [ ! -e "$scratch/never.json" ] || fail "a refused --pick wrote --out"
+
+# Pasted arguments: Megatron-LM's examples/gpt3/train_gpt3_175b_distributed.sh, paths made up,
+# simulate on 128 A100s as pasted; what megaplan does not model is listed once, paths recorded.
+gpt3_script=(--num-layers 96 --hidden-size 12288 --num-attention-heads 96 --seq-length 2048
+  --max-position-embeddings 2048 --attention-backend auto
+  --micro-batch-size 1 --global-batch-size 1536 --rampup-batch-size 16 16 5859375 --train-iters 500000
+  --weight-decay 0.1 --adam-beta1 0.9 --adam-beta2 0.95 --init-method-std 0.006 --clip-grad 1.0 --fp16
+  --lr 6.0e-5 --lr-decay-style cosine --min-lr 6.0e-6 --lr-warmup-fraction .001 --lr-decay-iters 430000
+  --tensor-model-parallel-size 8 --pipeline-model-parallel-size 16
+  --data-path /made/up/gpt3_text_document --vocab-file /made/up/gpt2-vocab.json --merge-file /made/up/gpt2-merges.txt
+  --split 949,50,1
+  --log-interval 100 --save-interval 10000 --eval-interval 1000 --save /made/up/ckpt --load /made/up/ckpt
+  --eval-iters 10 --tensorboard-dir /made/up/tb)
+expect_ok simulate --cluster dgx-a100-80gb --gpus 128 "${gpt3_script[@]}"
+grep -q '^gpt3-175b on 128 x A100-SXM4-80GB: tp 8, pp 16, cp 1, dp 1, .*gbs 1536' "$scratch/out" ||
+  fail "the GPT-3 175B script's arguments did not simulate as pasted: $(head -1 "$scratch/out")"
+grep -q '^code       megatron-core: fp16' "$scratch/out" || fail "the pasted --fp16 is not modelled"
+[ "$(grep -c '^note: not modelled' "$scratch/err")" -eq 1 ] || fail "the not-modelled flags are not listed once"
+grep -q '^note: not modelled .*--attention-backend, --rampup-batch-size, ' "$scratch/err" || fail "not-modelled list: $(cat "$scratch/err")"
+grep -q '^note: recorded, not opened: --data-path /made/up/gpt3_text_document' "$scratch/err" || fail "the data path is not recorded"
+grep -q "^note: the vocabulary 50257 is GPT2BPETokenizer's" "$scratch/err" || fail "the vocabulary does not come from the tokenizer flags"
+# argparse's rule: a repeated flag takes its last value; a word without a flag is refused.
+expect_ok describe --model gpt2-124m --cluster h200-x2 --tp 2 --tp 1 --gbs 8
+grep -q 'tp 1 x pp 1' "$scratch/out" || fail "a repeated --tp did not take its last value: $(grep '^plan' "$scratch/out")"
+expect_error 'error: stray: is not an argument megaplan knows' simulate --model gpt2-124m --cluster h200-x2 stray
 
 # search --compare: every schedule and vpp of a pinned layout side by side, those that do not fit too.
 expect_ok search --model gpt3-175b --cluster dgx-h100 --gpus 1024 --gbs 1536 --tp 8 --pp 16 --cp 1 --mbs 1 \
