@@ -125,7 +125,7 @@ void print_text(const JobSpec& job, const JobFacts& facts, std::ostream& out) {
 }  // namespace
 
 int run_describe(const DescribeOptions& options, std::ostream& out) {
-  const JobSpec job = load_job(options.model, options.cluster, options.plan, options.plan_file);
+  const JobSpec job = load_job(options.model, options.cluster, options.plan, options.plan_file, options.given);
   const JobFacts facts = derive_facts(job);
   // Write the file before printing, so a failed write leaves no misleading output behind.
   if (options.out) exec::write_file_atomically(*options.out, job_spec_to_json(job).dump(2) + "\n");
@@ -149,7 +149,7 @@ void setup_describe_command(CLI::App& app, CommandContext& context) {
   command->add_flag("--json", options->json, "Print JSON instead of text");
   accept_megatron_arguments(*command);
   command->callback([options, command, &context] {
-    if (options->plan_file) reject_flags_beside_job_file(*command);
+    options->given = given_flags(*command);
     apply_pasted_vocabulary(read_pasted_arguments(*command), options->model);
     infer_megatron_implementation(*command, options->plan.implementation);
     context.exit_code = run_describe(*options, context.out);

@@ -49,7 +49,7 @@ void write_report(const PlanReport& report, const std::string& path, std::ostrea
 }
 
 int run_report(const ReportOptions& options, std::ostream& out) {
-  const JobSpec job = load_job(options.model, options.cluster, options.plan, options.plan_file);
+  const JobSpec job = load_job(options.model, options.cluster, options.plan, options.plan_file, options.given);
   const sim::Profile profile = choose_profile(options.profile, job.cluster.gpu);
   PlanReport report = plan_report(job, profile, sim::simulate_plan(job, profile, /*record_timeline=*/true));
   if (options.search) {
@@ -89,7 +89,7 @@ void setup_report_command(CLI::App& app, CommandContext& context) {
   command->add_option("--simulated", options->simulated, "`simulate --trace` of the plan: the timeline to show");
   command->add_option("--out", options->out, "The HTML file to write")->required();
   command->callback([options, command, &context] {
-    if (options->plan_file) reject_flags_beside_job_file(*command);
+    options->given = given_flags(*command);
     context.exit_code = run_report(*options, context.out);
   });
 }

@@ -1,6 +1,9 @@
 // Shared option groups and their mapping onto core's specs.
 #include "cli/shared_options.h"
 
+#include <algorithm>
+#include <set>
+
 #include <CLI/CLI.hpp>
 
 #include "cli/notes.h"
@@ -139,7 +142,18 @@ ImplementationOptions resolve_implementation_options(const ImplementationFlags& 
 }
 
 ModelSpec resolve_model(const ModelOptions& options) {
-  ModelSpec spec = load_model_spec(options.model);
+  ModelSpec spec = apply_model_flags(load_model_spec(options.model), options);
+  // A Hugging Face config states its position table, not a training length: a Llama 3.1 config
+  // would otherwise plan 131072-token sequences without a word.
+  if (options.model.ends_with(".json") && !options.seq_length && spec.seq_length > 8192 &&
+      spec.seq_length == spec.effective_max_position_embeddings()) {
+    note("the sequence length " + std::to_string(spec.seq_length) + " is " + options.model +
+         "'s max_position_embeddings; pass --seq-length to train on shorter sequences");
+  }
+  return spec;
+}
+
+ModelSpec apply_model_flags(ModelSpec spec, const ModelOptions& options) {
   const std::pair<const std::optional<int64_t>&, int64_t&> overrides[] = {
       {options.num_layers, spec.num_layers},
       {options.hidden_size, spec.hidden_size},
@@ -174,13 +188,6 @@ ModelSpec resolve_model(const ModelOptions& options) {
   spec.add_bias_linear = spec.add_bias_linear && !options.disable_bias_linear;
   spec.add_qkv_bias = spec.add_qkv_bias || options.add_qkv_bias;
   validate_model_spec(spec);
-  // A Hugging Face config states its position table, not a training length: a Llama 3.1 config
-  // would otherwise plan 131072-token sequences without a word.
-  if (options.model.ends_with(".json") && !options.seq_length && spec.seq_length > 8192 &&
-      spec.seq_length == spec.effective_max_position_embeddings()) {
-    note("the sequence length " + std::to_string(spec.seq_length) + " is " + options.model +
-         "'s max_position_embeddings; pass --seq-length to train on shorter sequences");
-  }
   return spec;
 }
 
@@ -266,22 +273,94 @@ JobSpec resolve_job(const ModelOptions& model_options, const ClusterOptions& clu
   return job;
 }
 
+namespace {
+
+// The flags of add_implementation_options (and --implementation itself).
+bool implementation_flag(const std::string& flag) {
+  static const char* const kFlags[] = {"--implementation", "--fp16", "--bf16", "--transformer-impl", "--DDP-impl",
+                                       "--use-flash-attn", "--attention-dropout", "--hidden-dropout",
+                                       "--no-masked-softmax-fusion", "--no-bias-gelu-fusion", "--no-bias-dropout-fusion",
+                                       "--no-gradient-accumulation-fusion", "--accumulate-allreduce-grads-in-fp32",
+                                       "--overlap-grad-reduce", "--overlap-param-gather", "--tp-comm-overlap",
+                                       "--no-scatter-gather-tensors-in-pipeline"};
+  return std::find(std::begin(kFlags), std::end(kFlags), flag) != std::end(kFlags);
+}
+
+}  // namespace
+
 JobSpec load_job(const ModelOptions& model, const ClusterOptions& cluster, const PlanOptions& plan,
-                 const std::optional<std::string>& job_file) {
+                 const std::optional<std::string>& job_file, const std::set<std::string>& given) {
   if (!job_file) return resolve_job(model, cluster, plan);
   JobSpec job = job_spec_from_json(read_json_file(*job_file), *job_file);
+  validate_job(job);
+  if (!given.empty()) job = override_job(std::move(job), given, model, cluster, plan);
+  return job;
+}
+
+JobSpec override_job(JobSpec job, const std::set<std::string>& given, const ModelOptions& model,
+                     const ClusterOptions& cluster, const PlanOptions& options) {
+  const auto has = [&](const char* flag) { return given.count(flag) > 0; };
+  if (has("--model")) {
+    throw SpecError("--model", "cannot be combined with --plan: the job file holds the model (its fields take the "
+                               "model flags)");
+  }
+  job.model = apply_model_flags(job.model, model);
+  if (has("--cluster") || has("--gpus")) {
+    ClusterOptions chosen = cluster;
+    if (!has("--cluster")) chosen.cluster = job.cluster.name;  // --gpus alone: more or fewer of the job's GPUs
+    job.cluster = resolve_cluster(chosen);
+  }
+  ParallelPlan& plan = job.plan;
+  if (has("--tensor-model-parallel-size")) plan.tensor_parallel_size = options.tensor_parallel_size;
+  if (has("--pipeline-model-parallel-size")) plan.pipeline_parallel_size = options.pipeline_parallel_size;
+  if (has("--context-parallel-size")) plan.context_parallel_size = options.context_parallel_size;
+  if (has("--virtual-pipeline-model-parallel-size")) plan.virtual_pipeline_parallel_size = *options.virtual_pipeline_parallel_size;
+  if (has("--num-layers-per-virtual-pipeline-stage")) {
+    plan.virtual_pipeline_parallel_size = virtual_pipeline_size_from_layers_per_stage(
+        job.model.num_layers, plan.pipeline_parallel_size, *options.layers_per_virtual_stage);
+  }
+  if (has("--micro-batch-size")) plan.micro_batch_size = options.micro_batch_size;
+  if (has("--global-batch-size")) plan.global_batch_size = *options.global_batch_size;
+  if (has("--sequence-parallel")) plan.sequence_parallel = true;
+  if (has("--use-distributed-optimizer")) plan.use_distributed_optimizer = true;
+  if (has("--recompute-granularity")) {
+    plan.recompute_granularity = parse_recompute_granularity(options.recompute_granularity, "--recompute-granularity");
+  }
+  if (has("--recompute-method")) plan.recompute_method = parse_recompute_method(*options.recompute_method, "--recompute-method");
+  if (has("--recompute-num-layers")) plan.recompute_num_layers = *options.recompute_num_layers;
+  if (has("--schedule")) plan.schedule = parse_schedule_kind(*options.schedule, "--schedule");
+  if (has("--decoder-first-pipeline-num-layers")) plan.pipeline_split.first_stage_layers = options.pipeline_split.first_stage_layers;
+  if (has("--decoder-last-pipeline-num-layers")) plan.pipeline_split.last_stage_layers = options.pipeline_split.last_stage_layers;
+  if (has("--account-for-embedding-in-pipeline-split")) plan.pipeline_split.account_for_embedding = true;
+  if (has("--account-for-loss-in-pipeline-split")) plan.pipeline_split.account_for_loss = true;
+  // Implementation flags restate the options from the implementation's defaults.
+  bool implementation_given = false;
+  for (const std::string& flag : given) implementation_given = implementation_given || implementation_flag(flag);
+  if (implementation_given) {
+    if (has("--implementation")) plan.implementation = parse_implementation(options.implementation.implementation, "--implementation");
+    plan.options = resolve_implementation_options(options.implementation, plan.implementation);
+  }
+  plan.data_parallel_size = derive_data_parallel_size(job.cluster.total_gpus(), plan.tensor_parallel_size,
+                                                      plan.pipeline_parallel_size, plan.context_parallel_size);
   validate_job(job);
   return job;
 }
 
-void reject_flags_beside_job_file(const CLI::App& command) {
+std::set<std::string> given_flags(const CLI::App& command) {
+  std::set<std::string> given;
   for (const CLI::Option* option : command.get_options()) {
     const std::string& group = option->get_group();
-    if (option->count() > 0 && (group.rfind("Model", 0) == 0 || group == "Cluster" || group.rfind("Parallel", 0) == 0 ||
-                                  group.rfind("Implementation", 0) == 0 || group == "Tokenizer")) {
-      throw SpecError("--plan", "cannot be combined with " + option->get_name() + ": the job file holds the whole job");
+    const bool job_flag = group.rfind("Model", 0) == 0 || group == "Cluster" || group.rfind("Parallel", 0) == 0 ||
+                          group.rfind("Implementation", 0) == 0;
+    if (job_flag && option->count() > 0 && !option->get_lnames().empty()) {
+      // Its Megatron spelling: the longest of its names.
+      const std::vector<std::string>& names = option->get_lnames();
+      given.insert("--" + *std::max_element(names.begin(), names.end(), [](const std::string& a, const std::string& b) {
+        return a.size() < b.size();
+      }));
     }
   }
+  return given;
 }
 
 }  // namespace megaplan::cli

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <set>
 #include <string>
 
 #include "core/job_spec.h"
@@ -84,12 +85,23 @@ ParallelPlan resolve_plan(const ModelSpec& model, int64_t world_size, const Plan
 // Notes (cli/notes.h) the global batch it chose when --gbs is not given.
 JobSpec resolve_job(const ModelOptions& model, const ClusterOptions& cluster, const PlanOptions& plan);
 
-// The job from the flags, or from a job JSON file (`--plan`, as `describe --out` writes it).
-JobSpec load_job(const ModelOptions& model, const ClusterOptions& cluster, const PlanOptions& plan,
-                 const std::optional<std::string>& job_file);
+// The model flags given (ModelOptions' set fields and true flags) over `spec`, validated.
+ModelSpec apply_model_flags(ModelSpec spec, const ModelOptions& options);
 
-// A job file is the whole job: throws SpecError("--plan", ...) naming a model, cluster or plan
-// flag given beside it, which would otherwise be silently ignored. Call from the command's callback.
-void reject_flags_beside_job_file(const CLI::App& command);
+// The job from the flags, or from a job JSON file (`--plan`, as `describe --out` writes it) with
+// the job flags in `given` (given_flags) overriding it: override_job.
+JobSpec load_job(const ModelOptions& model, const ClusterOptions& cluster, const PlanOptions& plan,
+                 const std::optional<std::string>& job_file, const std::set<std::string>& given = {});
+
+// A job file with flags that override it, as Megatron-LM users combine a base script with extra
+// arguments: the model's fields (not --model itself: SpecError), the cluster (--cluster, or --gpus
+// of the job's cluster), each plan field given, dp derived again; implementation flags restate the
+// options from the implementation's defaults. Validated.
+JobSpec override_job(JobSpec job, const std::set<std::string>& given, const ModelOptions& model,
+                     const ClusterOptions& cluster, const PlanOptions& plan);
+
+// The model, cluster, plan and implementation flags given on `command`, each by its longest name
+// ("--tensor-model-parallel-size"). Call from the command's callback.
+std::set<std::string> given_flags(const CLI::App& command);
 
 }  // namespace megaplan::cli

@@ -120,7 +120,7 @@ void write_text(const JobSpec& job, const sim::Profile& profile, const sim::Plan
 }  // namespace
 
 int run_simulate(const SimulateOptions& options, std::ostream& out) {
-  const JobSpec job = load_job(options.model, options.cluster, options.plan, options.plan_file);
+  const JobSpec job = load_job(options.model, options.cluster, options.plan, options.plan_file, options.given);
   const sim::Profile profile = choose_profile(options.profile, job.cluster.gpu);
   std::optional<PipelineSchedule> imported;
   if (options.schedule_csv) {
@@ -165,7 +165,7 @@ void setup_simulate_command(CLI::App& app, CommandContext& context) {
   command->add_option("--report", options->report, "Write the plan's HTML report here (as `megaplan report`)");
   accept_megatron_arguments(*command);
   command->callback([options, command, &context] {
-    if (options->plan_file) reject_flags_beside_job_file(*command);
+    options->given = given_flags(*command);
     apply_pasted_vocabulary(read_pasted_arguments(*command), options->model);
     infer_megatron_implementation(*command, options->plan.implementation);
     context.exit_code = run_simulate(*options, context.out);

@@ -113,8 +113,8 @@ int run_train(const TrainCommandOptions& options, std::ostream& out) {
   ParallelPlan plan;
   std::optional<ClusterSpec> job_cluster;
   if (options.plan_file) {
-    const JobSpec job = job_spec_from_json(read_json_file(*options.plan_file), *options.plan_file);
-    validate_job(job);
+    // The job file, with the model and plan flags given beside it overriding it.
+    const JobSpec job = load_job(options.model, ClusterOptions{}, options.plan, options.plan_file, options.given);
     model = job.model;
     plan = job.plan;
     job_cluster = job.cluster;
@@ -238,7 +238,15 @@ void setup_train_command(CLI::App& app, CommandContext& context) {
   command->add_option("--load", t.load, "Resume from the newest checkpoint here");
   accept_megatron_arguments(*command);
   command->callback([options, command, &context] {
-    if (options->plan_file) reject_flags_beside_job_file(*command);
+    options->given = given_flags(*command);
+    // The job file's model states the vocabulary (--vocab-size overrides it); a tokenizer beside
+    // it would be ignored.
+    for (const CLI::Option* option : command->get_options()) {
+      if (options->plan_file && option->get_group() == "Tokenizer" && option->count() > 0) {
+        throw SpecError("--plan", "cannot be combined with " + option->get_name() +
+                                      ": the job file's model states the vocabulary (--vocab-size overrides it)");
+      }
+    }
     (void)read_pasted_arguments(*command);  // train reads its own tokenizer flags for the vocabulary
     // Not the other commands' default model: a run trains what it is told to.
     if (!options->plan_file && command->count("--model") == 0) {

@@ -80,7 +80,9 @@ expect_ok describe --model gpt-1.3b --cluster dgx-h100 --gpus 8 --tp 2 --gbs 16 
 grep -q '"hidden_dropout": 0' "$scratch/local.json" || fail "describe --out writes the implementation options"
 expect_ok simulate --plan "$scratch/local.json"
 grep -q 'dropout 0.1 attention, 0 hidden' "$scratch/out" || fail "simulate --plan reads the options back: $(cat "$scratch/out")"
-expect_error 'error: --plan: cannot be combined with --fp16' simulate --plan "$scratch/local.json" --fp16
+# Flags beside a job file override it, as extra arguments after a base script do.
+expect_ok simulate --plan "$scratch/local.json" --bf16 --hidden-dropout 0.2
+grep -q 'bf16 .*dropout 0.1 attention, 0.2 hidden' "$scratch/out" || fail "flags beside --plan do not override it: $(grep '^code' "$scratch/out")"
 expect_ok search --model gpt-1.3b --cluster dgx-h100 --gpus 8 --gbs 64 --implementation megatron-local --top 3
 grep -q '^code (#1): megatron-local: fp16' "$scratch/out" || fail "search names the implementation: $(cat "$scratch/out")"
 expect_error 'error: --implementation: must be megaplan to train' train --model gpt2-124m --implementation megatron-core --data-path /nonexistent --train-iters 1
@@ -95,7 +97,7 @@ expect_error 'error: --tensor-model-paralel-size: is not a flag megaplan knows; 
   describe --model gpt2-124m --cluster h200-x2 --tensor-model-paralel-size 2
 expect_error 'error: .*' describe --tp notanumber
 expect_error 'error: --cluster: unknown preset "dgx-z"; known presets: dgx-a100-80gb' describe --cluster dgx-z --gpus 8
-expect_error 'error: --plan: cannot be combined with --tp' describe --plan "$scratch/job.json" --tp 2
+expect_error 'error: --model: cannot be combined with --plan: the job file holds the model' describe --plan "$scratch/job.json" --model gpt2-124m
 
 # A failing describe must not leave a file behind.
 expect_error 'error: --tensor-model-parallel-size' describe --model gpt2-1.5b --cluster h200-x2 --tp 2 --out "$scratch/never.json"
@@ -205,7 +207,8 @@ expect_error 'error: --transfer-to: H100-SXM5-80GB has a measured profile of its
 expect_error 'a100-sxm4-80gb.datasheet.json: holds no measured table to transfer' profile --transfer-to H100-SXM5-80GB --profile "$examples/../profiles/a100-sxm4-80gb.datasheet.json"
 expect_error 'error: --profile: .* profiles A100-SXM4-80GB, but the cluster.s GPU is H200-SXM-141GB' simulate --model gpt2-124m --cluster h200-x2 --profile "$examples/../profiles/a100-sxm4-80gb.datasheet.json"
 expect_error 'error: --gpus: world size 1024 must be divisible by tp\*pp\*cp' simulate --model gpt3-175b --gpus 1024 --tp 8 --pp 3
-expect_error 'error: --plan: cannot be combined with --tp' simulate --plan "$scratch/small-job.json" --tp 2
+expect_error 'error: --sequence-parallel: needs --tensor-model-parallel-size > 1' simulate --plan "$scratch/small-job.json" \
+  --tp 1 --sequence-parallel
 expect_error "error: $scratch/missing-profile.json: cannot read file" simulate --model gpt2-124m --cluster h200-x2 --profile "$scratch/missing-profile.json"
 expect_error 'error: --tensor-model-parallel-size' simulate --model gpt2-1.5b --cluster h200-x2 --tp 2 --trace "$scratch/never-trace.json"
 [ ! -e "$scratch/never-trace.json" ] || fail "a failed simulate wrote --trace"
@@ -431,7 +434,8 @@ expect_error 'error: --cluster: ' train --device cpu --model "$examples/models/t
   --seq-length 16 --data-path "$scratch/corpus" --train-iters 2 --report "$scratch/nothing.html" --cluster no-such-cluster
 [ ! -e "$scratch/nothing.html" ] || fail "a refused train --report left a report behind"
 expect_error 'error: --world-size: 4 differs from the 8 GPUs .*best.json lays the model over' train --device cpu --plan "$scratch/best.json" --world-size 4 --data-path "$scratch/corpus" --train-iters 2
-expect_error 'error: --plan: cannot be combined with --pp' train --device cpu --plan "$scratch/best.json" --pp 2 --data-path "$scratch/corpus" --train-iters 2
+expect_ok simulate --plan "$scratch/best.json" --num-layers 12 --gbs 32
+grep -q 'gbs 32' "$scratch/out" || fail "simulate --plan best.json --gbs 32 did not take the flag: $(head -1 "$scratch/out")"
 expect_ok search --model gpt2-350m --cluster dgx-a100-80gb --gpus 16 --gbs 16 --pp 2 --cp 1 --top 1 --threads 2 \
   --emit launch --out "$scratch/best16.json"
 for line in "^NCCL_NVLS_ENABLE=0 torchrun --nnodes 2 --nproc-per-node 8 --node-rank \\\$NODE_RANK .* --no-python megaplan train --plan $scratch/best16.json --device cuda" \
