@@ -551,6 +551,11 @@ grep -q '^code       megatron-core: fp16' "$scratch/out" || fail "the pasted --f
 grep -q '^note: not modelled .*--attention-backend, --rampup-batch-size, ' "$scratch/err" || fail "not-modelled list: $(cat "$scratch/err")"
 grep -q '^note: recorded, not opened: --data-path /made/up/gpt3_text_document' "$scratch/err" || fail "the data path is not recorded"
 grep -q "^note: the vocabulary 50257 is GPT2BPETokenizer's" "$scratch/err" || fail "the vocabulary does not come from the tokenizer flags"
+# A vocab file that exists gives the vocabulary (its entries).
+printf '{"a": 0, "b": 1, "c": 2, "d": 3}' >"$scratch/vocab.json"
+: >"$scratch/merges.txt"
+expect_ok describe --model gpt2-124m --cluster h200-x2 --gbs 8 --vocab-file "$scratch/vocab.json" --merge-file "$scratch/merges.txt"
+grep -q "^note: the vocabulary 4 is .*vocab.json's" "$scratch/err" || fail "the vocab file's entries are not the vocabulary: $(cat "$scratch/err")"
 # argparse's rule: a repeated flag takes its last value; a word without a flag is refused.
 expect_ok describe --model gpt2-124m --cluster h200-x2 --tp 2 --tp 1 --gbs 8
 grep -q 'tp 1 x pp 1' "$scratch/out" || fail "a repeated --tp did not take its last value: $(grep '^plan' "$scratch/out")"
