@@ -3,7 +3,6 @@
 #pragma once
 
 #include <optional>
-#include <set>
 #include <ostream>
 #include <string>
 
@@ -18,7 +17,7 @@ struct ReportOptions {
   ClusterOptions cluster;
   PlanOptions plan;
   std::optional<std::string> plan_file;  // a job JSON (search --out, describe --out)
-  std::set<std::string> given;  // job flags given beside --plan: they override it (given_flags)
+  GivenFlags given;  // job flags given beside --plan: they override it (given_flags)
   std::optional<std::string> search;     // `search --json` output: the alternatives section
   std::optional<std::string> profile;
   std::optional<std::string> measured;   // `train --trace` of the same plan: measured against simulated

@@ -2,7 +2,6 @@
 #include "cli/search_command.h"
 
 #include <chrono>
-#include <cmath>
 #include <iostream>
 #include <memory>
 #include <thread>
@@ -90,20 +89,6 @@ std::string ordinal(int64_t n) {
   return std::to_string(n) + suffix;
 }
 
-// --compare: every candidate costed, fitting or not, as a SearchResult whose plans are all of them.
-planner::SearchResult compared(const JobSpec& job, const std::vector<ParallelPlan>& candidates,
-                               const StepTimeEstimator& estimator, const planner::SearchOptions& options) {
-  if (!(options.memory_fraction > 0 && options.memory_fraction <= 1)) {
-    throw SpecError("--memory-fraction", "must lie in (0, 1], got " + std::to_string(options.memory_fraction));
-  }
-  planner::SearchResult result;
-  result.plans = planner::compare_plans(job.model, candidates, estimator, options.tie_tolerance);
-  result.memory_limit_bytes = static_cast<int64_t>(
-      std::floor(options.memory_fraction * static_cast<double>(job.cluster.gpu.hbm_capacity_bytes)));
-  result.counts.enumerated = result.counts.simulated = static_cast<int64_t>(candidates.size());
-  return result;
-}
-
 void write_text(const SearchCommandOptions& options, const JobSpec& job, const planner::SearchResult& result,
                 double seconds, int64_t threads, std::ostream& out) {
   const planner::SearchCounts& counts = result.counts;
@@ -169,7 +154,7 @@ int run_search(const SearchCommandOptions& options, std::ostream& out) {
   search_options.tie_tolerance = profile.uncertainty();
   search_options.progress = [&bar](int64_t done, int64_t total) { bar.update(done, total); };
   const planner::SearchResult result =
-      options.compare ? compared(job, candidates, estimator, search_options)
+      options.compare ? planner::compare_plans(job.model, job.cluster.gpu, candidates, estimator, search_options)
                       : planner::search_plans(job.model, job.cluster.gpu, candidates, estimator, search_options);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const int64_t threads =

@@ -2,7 +2,6 @@
 #include "cli/shared_options.h"
 
 #include <algorithm>
-#include <set>
 
 #include <CLI/CLI.hpp>
 
@@ -273,23 +272,8 @@ JobSpec resolve_job(const ModelOptions& model_options, const ClusterOptions& clu
   return job;
 }
 
-namespace {
-
-// The flags of add_implementation_options (and --implementation itself).
-bool implementation_flag(const std::string& flag) {
-  static const char* const kFlags[] = {"--implementation", "--fp16", "--bf16", "--transformer-impl", "--DDP-impl",
-                                       "--use-flash-attn", "--attention-dropout", "--hidden-dropout",
-                                       "--no-masked-softmax-fusion", "--no-bias-gelu-fusion", "--no-bias-dropout-fusion",
-                                       "--no-gradient-accumulation-fusion", "--accumulate-allreduce-grads-in-fp32",
-                                       "--overlap-grad-reduce", "--overlap-param-gather", "--tp-comm-overlap",
-                                       "--no-scatter-gather-tensors-in-pipeline"};
-  return std::find(std::begin(kFlags), std::end(kFlags), flag) != std::end(kFlags);
-}
-
-}  // namespace
-
 JobSpec load_job(const ModelOptions& model, const ClusterOptions& cluster, const PlanOptions& plan,
-                 const std::optional<std::string>& job_file, const std::set<std::string>& given) {
+                 const std::optional<std::string>& job_file, const GivenFlags& given) {
   if (!job_file) return resolve_job(model, cluster, plan);
   JobSpec job = job_spec_from_json(read_json_file(*job_file), *job_file);
   validate_job(job);
@@ -297,7 +281,7 @@ JobSpec load_job(const ModelOptions& model, const ClusterOptions& cluster, const
   return job;
 }
 
-JobSpec override_job(JobSpec job, const std::set<std::string>& given, const ModelOptions& model,
+JobSpec override_job(JobSpec job, const GivenFlags& given, const ModelOptions& model,
                      const ClusterOptions& cluster, const PlanOptions& options) {
   const auto has = [&](const char* flag) { return given.count(flag) > 0; };
   if (has("--model")) {
@@ -334,8 +318,9 @@ JobSpec override_job(JobSpec job, const std::set<std::string>& given, const Mode
   if (has("--account-for-embedding-in-pipeline-split")) plan.pipeline_split.account_for_embedding = true;
   if (has("--account-for-loss-in-pipeline-split")) plan.pipeline_split.account_for_loss = true;
   // Implementation flags restate the options from the implementation's defaults.
-  bool implementation_given = false;
-  for (const std::string& flag : given) implementation_given = implementation_given || implementation_flag(flag);
+  const bool implementation_given = std::any_of(given.begin(), given.end(), [](const auto& flag) {
+    return flag.second.rfind("Implementation", 0) == 0;
+  });
   if (implementation_given) {
     if (has("--implementation")) plan.implementation = parse_implementation(options.implementation.implementation, "--implementation");
     plan.options = resolve_implementation_options(options.implementation, plan.implementation);
@@ -346,8 +331,8 @@ JobSpec override_job(JobSpec job, const std::set<std::string>& given, const Mode
   return job;
 }
 
-std::set<std::string> given_flags(const CLI::App& command) {
-  std::set<std::string> given;
+GivenFlags given_flags(const CLI::App& command) {
+  GivenFlags given;
   for (const CLI::Option* option : command.get_options()) {
     const std::string& group = option->get_group();
     const bool job_flag = group.rfind("Model", 0) == 0 || group == "Cluster" || group.rfind("Parallel", 0) == 0 ||
@@ -355,12 +340,11 @@ std::set<std::string> given_flags(const CLI::App& command) {
     if (job_flag && option->count() > 0 && !option->get_lnames().empty()) {
       // Its Megatron spelling: the longest of its names.
       const std::vector<std::string>& names = option->get_lnames();
-      given.insert("--" + *std::max_element(names.begin(), names.end(), [](const std::string& a, const std::string& b) {
+      given["--" + *std::max_element(names.begin(), names.end(), [](const std::string& a, const std::string& b) {
         return a.size() < b.size();
-      }));
+      })] = group;
     }
   }
   return given;
 }
-
 }  // namespace megaplan::cli

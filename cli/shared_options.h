@@ -3,8 +3,8 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
-#include <set>
 #include <string>
 
 #include "core/job_spec.h"
@@ -88,20 +88,24 @@ JobSpec resolve_job(const ModelOptions& model, const ClusterOptions& cluster, co
 // The model flags given (ModelOptions' set fields and true flags) over `spec`, validated.
 ModelSpec apply_model_flags(ModelSpec spec, const ModelOptions& options);
 
+// Job flags given on a command line, by their longest name ("--tensor-model-parallel-size"), with
+// their option group ("Parallel plan", "Implementation (Megatron-LM flags)", ...).
+using GivenFlags = std::map<std::string, std::string>;
+
 // The job from the flags, or from a job JSON file (`--plan`, as `describe --out` writes it) with
 // the job flags in `given` (given_flags) overriding it: override_job.
 JobSpec load_job(const ModelOptions& model, const ClusterOptions& cluster, const PlanOptions& plan,
-                 const std::optional<std::string>& job_file, const std::set<std::string>& given = {});
+                 const std::optional<std::string>& job_file, const GivenFlags& given = {});
 
 // A job file with flags that override it, as Megatron-LM users combine a base script with extra
 // arguments: the model's fields (not --model itself: SpecError), the cluster (--cluster, or --gpus
 // of the job's cluster), each plan field given, dp derived again; implementation flags restate the
 // options from the implementation's defaults. Validated.
-JobSpec override_job(JobSpec job, const std::set<std::string>& given, const ModelOptions& model,
+JobSpec override_job(JobSpec job, const GivenFlags& given, const ModelOptions& model,
                      const ClusterOptions& cluster, const PlanOptions& plan);
 
-// The model, cluster, plan and implementation flags given on `command`, each by its longest name
-// ("--tensor-model-parallel-size"). Call from the command's callback.
-std::set<std::string> given_flags(const CLI::App& command);
+// The model, cluster, plan and implementation flags given on `command`. Call from the command's
+// callback.
+GivenFlags given_flags(const CLI::App& command);
 
 }  // namespace megaplan::cli

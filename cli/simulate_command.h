@@ -4,7 +4,6 @@
 #pragma once
 
 #include <optional>
-#include <set>
 #include <ostream>
 #include <string>
 
@@ -17,7 +16,7 @@ struct SimulateOptions {
   ClusterOptions cluster;
   PlanOptions plan;
   std::optional<std::string> plan_file;  // a job JSON (as describe --out writes it) instead of flags
-  std::set<std::string> given;  // job flags given beside --plan: they override it (given_flags)
+  GivenFlags given;  // job flags given beside --plan: they override it (given_flags)
   std::optional<std::string> profile;    // default: the GPU's datasheet profile
   std::optional<std::string> trace;      // write the Chrome trace here (atomically)
   bool trace_detail = false;             // with it, the tp/cp collectives as slices of their own

@@ -131,6 +131,7 @@ std::vector<PipelineRankMemory> megatron_memory(const ModelSpec& model, const Pa
     return copy;
   }();
   const int64_t rematerialised_layer = transformer_layer_activation_bytes(model, no_recompute).activation;
+  const std::vector<int64_t> layer_counts = stage_layer_counts(model, plan);
 
   std::vector<PipelineRankMemory> ranks;
   for (const PipelineRankParameters& rank_parameters : parameters) {
@@ -152,7 +153,7 @@ std::vector<PipelineRankMemory> megatron_memory(const ModelSpec& model, const Pa
       // The largest checkpointed group, run forward again whole in the backward.
       int64_t group_layers = 0;
       for (const int64_t stage : stages_of_pipeline_rank(rank_parameters.pipeline_rank, plan)) {
-        for (const LayerGroup& group : recompute_groups(plan, stage_layers(stage, model, plan).num_layers)) {
+        for (const LayerGroup& group : recompute_groups(plan, layer_counts[static_cast<std::size_t>(stage)])) {
           if (group.recomputed) group_layers = std::max(group_layers, group.num_layers);
         }
       }

@@ -117,15 +117,14 @@ StageLayers stage_layers(int64_t stage, const ModelSpec& model, const ParallelPl
 namespace megaplan {
 
 std::vector<LayerGroup> recompute_groups(const ParallelPlan& plan, int64_t num_layers) {
-  const int64_t layers = num_layers;
   const bool full = plan.recompute_granularity == RecomputeGranularity::kFull;
   const int64_t n = plan.recompute_num_layers;
   std::vector<LayerGroup> groups;
-  for (int64_t l = 0; l < layers;) {
+  for (int64_t l = 0; l < num_layers;) {
     LayerGroup group;
     group.first_layer = l;
     if (full && plan.recompute_method == RecomputeMethod::kUniform) {
-      group.num_layers = std::min(n, layers - l);
+      group.num_layers = std::min(n, num_layers - l);
       group.recomputed = true;
     } else {
       group.recomputed = full && l < n;  // block: the first N alone

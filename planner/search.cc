@@ -195,15 +195,18 @@ class Ranking {
 
 }  // namespace
 
+int64_t memory_limit_bytes(const GpuSpec& gpu, double memory_fraction) {
+  if (!(memory_fraction > 0 && memory_fraction <= 1)) {
+    throw SpecError("--memory-fraction", "must lie in (0, 1], got " + std::to_string(memory_fraction));
+  }
+  return static_cast<int64_t>(std::floor(memory_fraction * static_cast<double>(gpu.hbm_capacity_bytes)));
+}
+
 SearchResult search_plans(const ModelSpec& model, const GpuSpec& gpu, const std::vector<ParallelPlan>& candidates,
                           const StepTimeEstimator& estimator, const SearchOptions& options) {
   if (options.top < 1) throw SpecError("--top", "must be at least 1, got " + std::to_string(options.top));
-  if (!(options.memory_fraction > 0 && options.memory_fraction <= 1)) {
-    throw SpecError("--memory-fraction", "must lie in (0, 1], got " + std::to_string(options.memory_fraction));
-  }
   SearchResult result;
-  result.memory_limit_bytes =
-      static_cast<int64_t>(std::floor(options.memory_fraction * static_cast<double>(gpu.hbm_capacity_bytes)));
+  result.memory_limit_bytes = memory_limit_bytes(gpu, options.memory_fraction);
   const int64_t limit = result.memory_limit_bytes;
   result.counts.enumerated = static_cast<int64_t>(candidates.size());
 
@@ -320,30 +323,30 @@ SearchResult search_plans(const ModelSpec& model, const GpuSpec& gpu, const std:
                       ": " + format_gib(static_cast<double>(closest.shortfall)) + " more");
 }
 
-std::vector<RankedPlan> compare_plans(const ModelSpec& model, const std::vector<ParallelPlan>& candidates,
-                                      const StepTimeEstimator& estimator, double tie_tolerance) {
+SearchResult compare_plans(const ModelSpec& model, const GpuSpec& gpu, const std::vector<ParallelPlan>& candidates,
+                           const StepTimeEstimator& estimator, const SearchOptions& options) {
   if (candidates.empty()) throw SpecError("--compare", "no legal layout matches the listed sizes");
   if (candidates.size() > kCompareLimit) {
     throw SpecError("--compare", std::to_string(candidates.size()) + " layouts match; pin the layout (--tp, --pp, --cp, "
                                  "--mbs, ...) to compare at most " + std::to_string(kCompareLimit));
   }
+  SearchResult result;
+  result.memory_limit_bytes = memory_limit_bytes(gpu, options.memory_fraction);
+  result.counts.enumerated = result.counts.simulated = static_cast<int64_t>(candidates.size());
   MemoryWalks walks;
-  std::vector<std::pair<RankedPlan, std::size_t>> costed;
-  for (std::size_t index = 0; index < candidates.size(); ++index) {
-    const ParallelPlan& plan = candidates[index];
-    costed.push_back({{plan, estimator.estimate(plan), peak_memory(model, plan, walks).first, estimator.lower_bound_s(plan)},
-                      index});
+  for (const ParallelPlan& plan : candidates) {
+    result.plans.push_back(
+        {plan, estimator.estimate(plan), peak_memory(model, plan, walks).first, estimator.lower_bound_s(plan)});
   }
-  std::stable_sort(costed.begin(), costed.end(), [](const auto& a, const auto& b) {
-    return a.first.estimate.iteration_time_s < b.first.estimate.iteration_time_s;
+  // Fastest first, ties in enumeration order.
+  std::stable_sort(result.plans.begin(), result.plans.end(), [](const RankedPlan& a, const RankedPlan& b) {
+    return a.estimate.iteration_time_s < b.estimate.iteration_time_s;
   });
-  std::vector<RankedPlan> plans;
-  for (auto& [plan, index] : costed) plans.push_back(std::move(plan));
-  const double best = plans.front().estimate.iteration_time_s;
-  for (std::size_t i = 1; i < plans.size(); ++i) {
-    plans[i].tie = tie_tolerance > 0 && plans[i].estimate.iteration_time_s <= best * (1 + tie_tolerance);
+  const double best = result.plans.front().estimate.iteration_time_s;
+  for (std::size_t i = 1; i < result.plans.size(); ++i) {
+    result.plans[i].tie = options.tie_tolerance > 0 && result.plans[i].estimate.iteration_time_s <= best * (1 + options.tie_tolerance);
   }
-  return plans;
+  return result;
 }
 
 }  // namespace megaplan::planner

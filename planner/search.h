@@ -44,6 +44,9 @@ struct SearchResult {
   int64_t memory_limit_bytes = 0;
 };
 
+// options.memory_fraction of the GPU's memory, in bytes; SpecError("--memory-fraction", ...) outside (0, 1].
+int64_t memory_limit_bytes(const GpuSpec& gpu, double memory_fraction);
+
 // Ranks `candidates` (enumerate_plans' output: each passes validate_plan) for `model` on `gpu`s.
 // Throws SpecError("--memory-fraction", ...) when none fits, naming the plan that comes closest and
 // its shortfall. The same input gives the same plans whatever the thread count.
@@ -54,11 +57,12 @@ SearchResult search_plans(const ModelSpec& model, const GpuSpec& gpu, const std:
 inline constexpr std::size_t kCompareLimit = 512;
 
 // `search --compare`: every candidate costed, fitting or not, fastest first (ties in enumeration
-// order), each with its peak memory; `tie_tolerance` as for search_plans. For a pinned layout the
-// candidates are its schedules, vpp values and the other free dimensions. Throws
-// SpecError("--compare", ...) beyond kCompareLimit candidates, naming the count.
-std::vector<RankedPlan> compare_plans(const ModelSpec& model, const std::vector<ParallelPlan>& candidates,
-                                      const StepTimeEstimator& estimator, double tie_tolerance);
+// order), each with its peak memory; the memory limit, counts and ties as search_plans gives them
+// (over_memory empty: every plan is listed). For a pinned layout the candidates are its schedules,
+// vpp values and the other free dimensions. Throws SpecError("--compare", ...) beyond
+// kCompareLimit candidates, naming the count.
+SearchResult compare_plans(const ModelSpec& model, const GpuSpec& gpu, const std::vector<ParallelPlan>& candidates,
+                           const StepTimeEstimator& estimator, const SearchOptions& options);
 
 
 }  // namespace megaplan::planner

@@ -135,10 +135,12 @@ class Lowerer {
   // sends this message). The original order meets every deadline and release, so this order does
   // too: every receive stays before its computation. validate_schedule passes on every generated
   // schedule of the tests' shapes (tests/core/schedule).
-  void order_receives_by_use(std::vector<Action>& actions) const {
-    std::vector<std::size_t> used_at(index_.size(), SIZE_MAX);  // by key: the first computation needing it
+  void order_receives_by_use(std::vector<Action>& actions) {
+    // By key, the first computation needing it: one table for every rank (a rank's receives are its
+    // own keys), emptied again below; only computations depend on receives.
+    if (used_at_.empty()) used_at_.assign(index_.size(), SIZE_MAX);
+    std::vector<std::size_t>& used_at = used_at_;
     for (std::size_t position = 0; position < actions.size(); ++position) {
-      if (!is_compute(actions[position].kind)) continue;
       for_each_dependency(actions[position], shape_, /*lowered=*/true, [&](const Action& needed) {
         if (needed.kind != ActionKind::kRecvForward && needed.kind != ActionKind::kRecvBackward) return;
         std::size_t& first = used_at[index_(dependency_key(needed))];
@@ -186,11 +188,7 @@ class Lowerer {
       ready.pop();
     }
     for (std::size_t k = 0; k < slots.size(); ++k) actions[slots[k]] = reordered[k];
-  }
-
-  static bool is_compute(ActionKind kind) {
-    return kind == ActionKind::kForward || kind == ActionKind::kBackward || kind == ActionKind::kBackwardInput ||
-           kind == ActionKind::kBackwardWeight || kind == ActionKind::kOverlapForwardBackward;
+    for (const Action& receive : reordered) used_at[index_(dependency_key(receive))] = SIZE_MAX;
   }
 
   SpecError stuck() const {
@@ -214,6 +212,7 @@ class Lowerer {
   static constexpr std::size_t kNotWaiting = SIZE_MAX;
   std::vector<std::size_t> waiting_;  // per rank: a key its next action waits for
   std::vector<int64_t> weight_gradients_;
+  std::vector<std::size_t> used_at_;  // order_receives_by_use's table, allocated once
 };
 
 }  // namespace

@@ -125,17 +125,17 @@ TEST_CASE("the log prints the interval's average loss, an ETA, a banner and vali
   options.split = "9,1,0";
   options.data_path = megaplan::test::sentence_corpus(scratch);
   const megaplan::ParallelPlan plan = one_rank(2, 4);
-  std::ostringstream every_out;
-  options.log_interval = 1;
-  options.log_file = scratch.file("every.jsonl");
-  train_on_cpu(plan, options, every_out);
-  const std::vector<double> every = megaplan::test::logged_losses(*options.log_file);
+  // The same run logged every `interval` iterations into `file`: its logged losses.
+  const auto logged = [&](int64_t interval, const std::string& file, std::ostream& out) {
+    options.log_interval = interval;
+    options.log_file = scratch.file(file);
+    train_on_cpu(plan, options, out);
+    return megaplan::test::logged_losses(*options.log_file);
+  };
+  std::ostringstream every_out, pairs_out;
+  const std::vector<double> every = logged(1, "every.jsonl", every_out);
   REQUIRE(every.size() == 4);
-  std::ostringstream pairs_out;
-  options.log_interval = 2;
-  options.log_file = scratch.file("pairs.jsonl");
-  train_on_cpu(plan, options, pairs_out);
-  const std::vector<double> pairs = megaplan::test::logged_losses(*options.log_file);
+  const std::vector<double> pairs = logged(2, "pairs.jsonl", pairs_out);
   REQUIRE(pairs.size() == 2);
   // Megatron's logged loss: the average over the interval's iterations (the same run, bit for bit).
   CHECK(pairs[0] == Approx((every[0] + every[1]) / 2).epsilon(1e-12));

@@ -34,6 +34,15 @@ megaplan::ClusterSpec eight_a100() {
   return megaplan::select_gpus(megaplan::cluster_preset("dgx-a100-80gb"), 8);
 }
 
+// A slice of the space that keeps brute force quick: pp <= 2, no context parallelism.
+std::vector<ParallelPlan> small_slice(const SearchProblem& problem) {
+  std::vector<ParallelPlan> candidates = megaplan::planner::enumerate_plans(problem);
+  candidates.erase(std::remove_if(candidates.begin(), candidates.end(),
+                                  [](const ParallelPlan& p) { return p.pipeline_parallel_size > 2 || p.context_parallel_size > 1; }),
+                   candidates.end());
+  return candidates;
+}
+
 auto key(const ParallelPlan& p) {
   return std::tuple(p.tensor_parallel_size, p.pipeline_parallel_size, p.context_parallel_size, p.data_parallel_size,
                     p.virtual_pipeline_parallel_size, p.micro_batch_size, p.recompute_granularity, p.sequence_parallel,
@@ -138,11 +147,7 @@ TEST_CASE("the search ranks exactly as simulating every plan that fits", "[plann
   const SearchProblem problem = small_problem();
   const megaplan::ClusterSpec cluster = eight_a100();
   const megaplan::sim::SimulatorEstimator estimator(problem.model, cluster, megaplan::sim::Profile::datasheet(cluster.gpu));
-  std::vector<ParallelPlan> candidates = megaplan::planner::enumerate_plans(problem);
-  // A slice of the space keeps the brute force quick: pp <= 2, no context parallelism.
-  candidates.erase(std::remove_if(candidates.begin(), candidates.end(),
-                                  [](const ParallelPlan& p) { return p.pipeline_parallel_size > 2 || p.context_parallel_size > 1; }),
-                   candidates.end());
+  const std::vector<ParallelPlan> candidates = small_slice(problem);
   REQUIRE(candidates.size() > 50);
   megaplan::planner::SearchOptions options;
   options.top = 7;
@@ -205,10 +210,7 @@ TEST_CASE("faster layouts refused on memory are costed and listed, whatever the 
   const SearchProblem problem = small_problem();
   const megaplan::ClusterSpec cluster = eight_a100();
   const megaplan::sim::SimulatorEstimator estimator(problem.model, cluster, megaplan::sim::Profile::datasheet(cluster.gpu));
-  std::vector<ParallelPlan> candidates = megaplan::planner::enumerate_plans(problem);
-  candidates.erase(std::remove_if(candidates.begin(), candidates.end(),
-                                  [](const ParallelPlan& p) { return p.pipeline_parallel_size > 2 || p.context_parallel_size > 1; }),
-                   candidates.end());
+  const std::vector<ParallelPlan> candidates = small_slice(problem);
   megaplan::planner::SearchOptions options;
   options.top = 3;
   options.memory_fraction = 0.05;  // 4 GB: the fastest layouts no longer fit

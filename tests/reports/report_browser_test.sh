@@ -87,10 +87,13 @@ dom = Dom()
 dom.feed(open(sys.argv[1], encoding="utf-8", errors="replace").read())
 if dom.body.get("data-rendered") != "true":
     fail('body has no data-rendered="true" (the rendering script did not finish)')
-try:
-    visible = int(dom.timeline.get("data-visible-slices", "0"))
-except ValueError:
-    visible = 0
+def visible_slices(element):
+    """The element's data-visible-slices as a number; 0 when missing or not a number."""
+    try:
+        return int(element.get("data-visible-slices", "0"))
+    except ValueError:
+        return 0
+visible = visible_slices(dom.timeline)
 if visible <= 0:
     fail("#timeline data-visible-slices is %r, want > 0" % dom.timeline.get("data-visible-slices"))
 dom.sample = dom.samples.get("hover-sample") or ""
@@ -101,10 +104,7 @@ if "FLOP" not in dom.sample:
     fail("#hover-sample names no FLOPs: %r" % dom.sample)
 measured_note = ""
 if dom.measured is not None and "hidden" not in dom.measured:
-    try:
-        mvisible = int(dom.measured.get("data-visible-slices", "0"))
-    except ValueError:
-        mvisible = 0
+    mvisible = visible_slices(dom.measured)
     if mvisible <= 0:
         fail("#measured data-visible-slices is %r, want > 0" % dom.measured.get("data-visible-slices"))
     if not (dom.samples.get("measured-hover-sample") or "").strip():
