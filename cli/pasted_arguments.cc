@@ -112,6 +112,12 @@ PastedArguments read_pasted_arguments(const CLI::App& command) {
       }
     }
   }
+  // The ramp shortens the first iterations; the iteration these commands cost is the one after it.
+  if (values.count("--rampup-batch-size") > 0) {
+    std::erase(pasted.not_modelled, std::string("--rampup-batch-size"));
+    note("--rampup-batch-size: the iteration costed runs the full global batch, as every iteration after the ramp does "
+         "(train runs the ramp)");
+  }
   if (!pasted.not_modelled.empty()) note("not modelled (accepted as Megatron-LM spells them): " + joined(pasted.not_modelled));
   if (!pasted.paths.empty()) note("recorded, not opened: " + joined(pasted.paths));
   return pasted;

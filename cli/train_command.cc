@@ -105,6 +105,10 @@ void write_training_report(const TrainCommandOptions& options, const ModelSpec& 
 int run_train(const TrainCommandOptions& options, std::ostream& out) {
   exec::TrainOptions train = options.train;
   train.learning_rate.style = exec::parse_decay_style(options.lr_decay_style);
+  if (!options.rampup_batch_size.empty()) {
+    const std::vector<int64_t>& ramp = options.rampup_batch_size;
+    train.rampup = BatchRampup{ramp[0], ramp[1], ramp[2]};
+  }
   if (options.device != "cpu" && options.device != "cuda") {
     throw SpecError("--device", "must be cpu or cuda, got \"" + options.device + "\"");
   }
@@ -215,6 +219,10 @@ void setup_train_command(CLI::App& app, CommandContext& context) {
   add_tokenizer_options(*command, options->tokenizer);
   command->add_option("--split", t.split, "Train, validation, test weights over documents")->capture_default_str();
   command->add_option("--train-iters", t.train_iters, "Iterations to train")->required();
+  command->add_option("--rampup-batch-size", options->rampup_batch_size,
+                      "START INCREMENT SAMPLES: the global batch grows from START by INCREMENT in equal steps over "
+                      "SAMPLES consumed samples (Megatron's ramp; --train-iters counts its iterations)")
+      ->expected(3);
   command->add_option("--exit-interval", t.exit_interval, "Stop (after a save) at a multiple of this");
   command->add_flag("--exit-signal-handler", t.exit_signal_handler,
                     "On SIGTERM save and exit cleanly at the iteration's end; on SIGINT stop there without saving");

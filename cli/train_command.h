@@ -7,6 +7,7 @@
 #include <optional>
 #include <ostream>
 #include <string>
+#include <vector>
 
 #include "cli/shared_options.h"
 #include "executor/data/tokenizer.h"
@@ -27,6 +28,7 @@ struct TrainCommandOptions {
   std::optional<std::string> cluster;
   std::string device = "cuda";
   std::string lr_decay_style = "linear";
+  std::vector<int64_t> rampup_batch_size;  // --rampup-batch-size START INCREMENT SAMPLES
   exec::TrainOptions train;
   // The tokenizer flags: none named (kind empty, no file) leaves the vocabulary to --vocab-size,
   // the job file or the data (executor/data/vocabulary.h).

@@ -30,16 +30,26 @@ class MarksReleased {
 
 Interpreter::Interpreter(const PipelineSchedule& schedule, int64_t pipeline_rank, std::map<int64_t, GptModel*> chunks,
                          Comm* pipeline, int64_t data_parallel_size, Optimizer& optimizer, Backend& backend)
-    : actions_(schedule.ranks.at(static_cast<std::size_t>(pipeline_rank))),
-      shape_(schedule.shape),
+    : shape_(schedule.shape),
       pipeline_rank_(pipeline_rank),
       chunks_(std::move(chunks)),
       pipeline_(pipeline),
-      loss_scale_(1.0f / static_cast<float>(schedule.shape.microbatches * data_parallel_size)),
+      data_parallel_size_(data_parallel_size),
       optimizer_(optimizer),
       backend_(backend) {
-  if (!schedule.lowered) throw std::logic_error("Interpreter: the schedule is not lowered");
   if (shape_.pipeline_parallel_size > 1 && !pipeline_) throw std::logic_error("Interpreter: pp > 1 without a group");
+  use_schedule(schedule);
+}
+
+void Interpreter::use_schedule(const PipelineSchedule& schedule) {
+  if (!schedule.lowered) throw std::logic_error("Interpreter: the schedule is not lowered");
+  if (schedule.shape.pipeline_parallel_size != shape_.pipeline_parallel_size ||
+      schedule.shape.num_stages != shape_.num_stages || schedule.shape.placement != shape_.placement) {
+    throw std::logic_error("Interpreter: a schedule of another pipeline");
+  }
+  actions_ = &schedule.ranks.at(static_cast<std::size_t>(pipeline_rank_));
+  shape_ = schedule.shape;
+  loss_scale_ = 1.0f / static_cast<float>(schedule.shape.microbatches * data_parallel_size_);
 }
 
 Interpreter::~Interpreter() {
@@ -215,16 +225,16 @@ IterationResult Interpreter::run(int64_t iteration, double lr,
                                  const std::function<const MicrobatchTokens&(int64_t)>& data, Timeline* timeline) {
   IterationResult result;
   if (!timeline) {
-    for (const Action& action : actions_) execute(action, iteration, lr, data, result);
+    for (const Action& action : *actions_) execute(action, iteration, lr, data, result);
     return result;
   }
   const MarksReleased released(backend_);
   // marks[i] is taken before action i and marks[i + 1] after it: nothing of this rank's reaches
   // the backend between one action's end and the next one's start.
   std::vector<TimingMark> marks;
-  marks.reserve(actions_.size() + 1);
+  marks.reserve(actions_->size() + 1);
   marks.push_back(backend_.mark());
-  for (const Action& action : actions_) {
+  for (const Action& action : *actions_) {
     execute(action, iteration, lr, data, result);
     marks.push_back(backend_.mark());
   }
@@ -233,11 +243,11 @@ IterationResult Interpreter::run(int64_t iteration, double lr,
 }
 
 void Interpreter::record(const std::vector<TimingMark>& marks, Timeline& timeline) {
-  for (std::size_t i = 0; i < actions_.size(); ++i) {
+  for (std::size_t i = 0; i < actions_->size(); ++i) {
     TimelineSlice slice;
     slice.pipeline_rank = static_cast<int32_t>(pipeline_rank_);
-    slice.stream = stream_of(actions_[i].kind);
-    slice.action = actions_[i];
+    slice.stream = stream_of((*actions_)[i].kind);
+    slice.action = (*actions_)[i];
     slice.start_s = backend_.seconds_between(marks.front(), marks[i]);
     slice.end_s = backend_.seconds_between(marks.front(), marks[i + 1]);
     timeline.slices.push_back(slice);

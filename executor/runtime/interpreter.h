@@ -57,6 +57,11 @@ class Interpreter {
   // Slices are appended to `timeline` when it is not null (see Timing above). Throws SpecError
   // naming the step and the first non-finite gradient when the gradient norm is not finite, before
   // the optimizer touches the weights.
+  // From the next iteration on, walk `schedule` (another microbatch count of the same pipeline: a
+  // --rampup-batch-size step), scaling the loss by its microbatches. Kept by reference.
+  // REQUIRES: lowered, validated, the constructor's pp, stages and placement; between iterations.
+  void use_schedule(const PipelineSchedule& schedule);
+
   IterationResult run(int64_t iteration, double lr, const std::function<const MicrobatchTokens&(int64_t)>& data,
                       Timeline* timeline);
 
@@ -81,12 +86,13 @@ class Interpreter {
   Activation gradient_buffer();
   void release(Activation buffer);
 
-  const std::vector<Action>& actions_;
+  const std::vector<Action>* actions_ = nullptr;  // the schedule's list for this rank
   ScheduleShape shape_;
   int64_t pipeline_rank_;
   std::map<int64_t, GptModel*> chunks_;
   Comm* pipeline_;
-  float loss_scale_;
+  int64_t data_parallel_size_;
+  float loss_scale_ = 1;
   Optimizer& optimizer_;
   Backend& backend_;
   std::map<Key, Request> receives_;      // RECV_F in flight, by the stage it feeds

@@ -64,6 +64,9 @@ class Optimizer {
   Optimizer(const Optimizer&) = delete;
   Optimizer& operator=(const Optimizer&) = delete;
 
+  // The backwards per iteration from the next iteration on (a --rampup-batch-size step).
+  // REQUIRES: between iterations.
+  void set_microbatches(int64_t microbatches) { settings_.microbatches = microbatches; }
   // REDUCE_GRAD for the rank's chunk of `stage`.
   void reduce_gradients(int64_t stage);
   // The global gradient norm before clipping (non-finite when a gradient is).

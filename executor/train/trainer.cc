@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "core/batch_rampup.h"
 #include "core/error.h"
 #include "core/executor_memory.h"
 #include "core/formulas.h"
@@ -63,19 +64,26 @@ std::string format_double(double value) {
 }
 
 
+PipelineSchedule checked_schedule(const ParallelPlan& plan, const TrainOptions& options) {
+  PipelineSchedule schedule = lower_schedule(options.pipeline_schedule_csv ? read_plan_schedule_csv(*options.pipeline_schedule_csv, plan, "--pipeline-schedule-csv")
+                                                                           : generate_plan_schedule(plan));
+  validate_schedule(schedule);
+  return schedule;
+}
+
 // What every rank reads and nobody changes: the plan's schedule and the data.
 struct Run {
   const ModelSpec& model;
   const ParallelPlan& plan;
   const TrainOptions& options;
-  PipelineSchedule schedule;  // lowered and validated
+  const PipelineSchedule& schedule;  // the plan's, lowered and validated
   const IndexedDataset& dataset;
   const GptSamples& train_samples;
   const GptSamples* valid_samples;
 };
 
-// Megatron's sampler: a global batch is gbs consecutive samples; microbatch m of data-parallel
-// rank r takes mbs of them at (m x dp + r) x mbs.
+// Megatron's sampler: a global batch is its size's consecutive samples; microbatch m of
+// data-parallel rank r takes mbs of them at (m x dp + r) x mbs.
 void read_microbatch(const GptSamples& samples, int64_t batch_start, int64_t microbatch, int64_t dp_rank,
                      const ParallelPlan& plan, int64_t seq, MicrobatchTokens& out) {
   const int64_t mbs = plan.micro_batch_size;
@@ -168,7 +176,9 @@ class RankTrainer {
     return static_cast<StopSignal>(static_cast<int>(strongest));
   }
   double evaluate(int64_t iteration);
-  void log(int64_t iteration, double loss, double lr, double gradient_norm, double seconds);
+  // A log line for the interval ending at `iteration`: `samples` trained in `seconds`.
+  void log(int64_t iteration, double loss, double lr, double gradient_norm, int64_t global_batch, int64_t samples,
+           int64_t iterations, double seconds);
 
   const Run& run_;
   Backend& backend_;
@@ -178,6 +188,12 @@ class RankTrainer {
   std::map<int64_t, GptModel*> by_stage_;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<Interpreter> interpreter_;
+  // The schedule of a --rampup-batch-size step below the plan's batch: each rank lowers its own
+  // copy when the ramp reaches it (checked before training: ramp_plan), one step at a time.
+  std::optional<PipelineSchedule> ramp_schedule_;
+  int64_t ramp_batch_ = 0;  // ramp_schedule_'s global batch
+  // The schedule of an iteration of `global_batch` samples, set on the interpreter and optimizer.
+  void use_global_batch(int64_t global_batch);
   // What checkpoints read and write of this rank.
   CheckpointRank checkpoint_rank() {
     std::vector<GptModel*> chunks;
@@ -226,11 +242,25 @@ double RankTrainer::evaluate(int64_t iteration) {
          static_cast<double>(run_.options.eval_iters * microbatches * plan.data_parallel_size);
 }
 
-void RankTrainer::log(int64_t iteration, double loss, double lr, double gradient_norm, double seconds) {
-  const int64_t tokens = run_.plan.global_batch_size * run_.model.seq_length;
-  const double tokens_per_s = static_cast<double>(tokens) / seconds;
-  const double flops = model_flops(run_.model, run_.plan.global_batch_size,
-                                   padded_vocab_size(run_.model, run_.plan.tensor_parallel_size));
+void RankTrainer::use_global_batch(int64_t global_batch) {
+  const PipelineSchedule* schedule = &run_.schedule;
+  if (global_batch != run_.plan.global_batch_size) {
+    if (ramp_batch_ != global_batch) {
+      ParallelPlan step = run_.plan;
+      step.global_batch_size = global_batch;
+      ramp_schedule_ = checked_schedule(step, run_.options);
+      ramp_batch_ = global_batch;
+    }
+    schedule = &*ramp_schedule_;
+  }
+  interpreter_->use_schedule(*schedule);
+  optimizer_->set_microbatches(schedule->shape.microbatches);
+}
+
+void RankTrainer::log(int64_t iteration, double loss, double lr, double gradient_norm, int64_t global_batch,
+                      int64_t samples, int64_t iterations, double seconds) {
+  const double tokens_per_s = static_cast<double>(samples * run_.model.seq_length) / seconds;
+  const double flops = model_flops(run_.model, samples, padded_vocab_size(run_.model, run_.plan.tensor_parallel_size));
   const double tflops = flops / seconds / 1e12 / static_cast<double>(run_.plan.world_size());
   nlohmann::json record = {{"iteration", iteration},       {"loss", loss},
                            {"lr", lr},                     {"grad_norm", gradient_norm},
@@ -238,11 +268,14 @@ void RankTrainer::log(int64_t iteration, double loss, double lr, double gradient
                            {"mfu", run_.options.peak_flops_per_s > 0 ? tflops * 1e12 / run_.options.peak_flops_per_s : 0.0},
                            {"peak_memory_bytes", backend_.peak_bytes()}};
   // At this interval's pace, the iterations still to run.
-  const double eta_s = seconds * static_cast<double>(run_.options.train_iters - iteration);
+  const double eta_s = seconds / static_cast<double>(iterations) * static_cast<double>(run_.options.train_iters - iteration);
   record["eta_s"] = eta_s;
+  record["global_batch_size"] = global_batch;
   *out_ << "iteration " << iteration << "/" << run_.options.train_iters << " | loss " << format_double(loss) << " | lr "
         << format_double(lr) << " | grad norm " << format_double(gradient_norm) << " | " << format_double(tokens_per_s)
-        << " tokens/s | " << format_double(tflops) << " model TFLOP/s per GPU | ETA " << format_duration(eta_s) << "\n";
+        << " tokens/s | " << format_double(tflops) << " model TFLOP/s per GPU | ETA " << format_duration(eta_s);
+  if (run_.options.rampup) *out_ << " | global batch " << global_batch;
+  *out_ << "\n";
   if (log_file_) *log_file_ << record.dump() << "\n" << std::flush;
 }
 
@@ -254,12 +287,17 @@ TrainSummary RankTrainer::train() {
   if (out_ && !options.vocabulary_note.empty()) *out_ << options.vocabulary_note << "\n";
   if (out_) {
     // What the run is, once, before it starts (Megatron prints its arguments and sizes).
-    const int64_t tokens = plan.global_batch_size * run_.model.seq_length;
+    const int64_t seq = run_.model.seq_length;
+    const int64_t samples = samples_of_iterations(options.rampup, plan.global_batch_size, options.train_iters);
     *out_ << "training " << run_.model.name << ", " << format_count(static_cast<double>(total_parameters(run_.model, plan.tensor_parallel_size)))
           << " parameters, on " << plan.world_size() << " rank(s): " << describe_plan(plan) << "; "
-          << format_count(static_cast<double>(tokens)) << " tokens per iteration, " << options.train_iters
-          << " iterations (" << format_count(static_cast<double>(tokens * options.train_iters)) << " tokens, "
-          << run_.train_samples.epochs() << " epoch(s) of the training split)\n";
+          << format_count(static_cast<double>(plan.global_batch_size * seq)) << " tokens per iteration";
+    if (options.rampup) {
+      *out_ << " after a ramp: a global batch of " << options.rampup->start << ", " << options.rampup->increment
+            << " more per step over " << options.rampup->samples << " samples";
+    }
+    *out_ << ", " << options.train_iters << " iterations (" << format_count(static_cast<double>(samples * seq))
+          << " tokens, " << run_.train_samples.epochs() << " epoch(s) of the training split)\n";
   }
   if (options.load) {
     if (const std::optional<TrainingState> loaded = load_checkpoint(*options.load, checkpoint_rank())) {
@@ -278,17 +316,20 @@ TrainSummary RankTrainer::train() {
     if (!*log_file_) throw SpecError("--log-file", *options.log_file + ": cannot open for appending");
   }
 
-  const int64_t microbatches = plan.num_microbatches();
   const int64_t seq = run_.model.seq_length;
   TrainSummary summary;
   summary.first_iteration = state.iteration + 1;
   std::map<int64_t, MicrobatchTokens> data;  // this iteration's microbatches, read when first asked
   auto window_start = std::chrono::steady_clock::now();
   int64_t window_iterations = 0;
+  int64_t window_samples = 0;
   double window_loss = 0;  // summed over the log interval: Megatron prints the interval's average
   while (state.iteration < options.train_iters) {
     const int64_t iteration = state.iteration + 1;
     const double lr = options.learning_rate.at(iteration);
+    const int64_t global_batch = rampup_global_batch(options.rampup, plan.global_batch_size, state.consumed_samples);
+    if (options.rampup) use_global_batch(global_batch);
+    const int64_t microbatches = global_batch / (plan.micro_batch_size * plan.data_parallel_size);
     data.clear();
     const auto microbatch = [&](int64_t m) -> const MicrobatchTokens& {
       auto found = data.find(m);
@@ -305,19 +346,23 @@ TrainSummary RankTrainer::train() {
     const IterationResult result = interpreter_->run(iteration, lr, microbatch, traced ? &summary.timeline : nullptr);
     const double loss = sum_over_model(result.loss_sum) / static_cast<double>(microbatches * plan.data_parallel_size);
     state.iteration = iteration;
-    state.consumed_samples += plan.global_batch_size;
+    state.consumed_samples += global_batch;
     ++window_iterations;
+    window_samples += global_batch;
     window_loss += loss;
     summary.last_iteration = iteration;
     summary.last_loss = loss;
     summary.last_gradient_norm = result.gradient_norm;
 
     if (iteration % options.log_interval == 0 || iteration == options.train_iters) {
-      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - window_start).count() /
-                             static_cast<double>(window_iterations);
-      if (out_) log(iteration, window_loss / static_cast<double>(window_iterations), lr, result.gradient_norm, seconds);
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - window_start).count();
+      if (out_) {
+        log(iteration, window_loss / static_cast<double>(window_iterations), lr, result.gradient_norm, global_batch,
+            window_samples, window_iterations, seconds);
+      }
       window_start = std::chrono::steady_clock::now();
       window_iterations = 0;
+      window_samples = 0;
       window_loss = 0;
     }
     if (run_.valid_samples && iteration % options.eval_interval == 0) {
@@ -379,11 +424,25 @@ TrainSummary train_alone(const Run& run, Backend& backend, ParallelGroups& group
   return summary;
 }
 
-PipelineSchedule checked_schedule(const ParallelPlan& plan, const TrainOptions& options) {
-  PipelineSchedule schedule = lower_schedule(options.pipeline_schedule_csv ? read_plan_schedule_csv(*options.pipeline_schedule_csv, plan, "--pipeline-schedule-csv")
-                                                                           : generate_plan_schedule(plan));
-  validate_schedule(schedule);
-  return schedule;
+// A --rampup-batch-size the plan can run at every step: each batch's microbatches fit its schedule.
+void check_ramp(const ModelSpec& model, const ParallelPlan& plan, const TrainOptions& options) {
+  if (!options.rampup) return;
+  if (options.pipeline_schedule_csv) {
+    throw SpecError("--rampup-batch-size", "cannot be combined with --pipeline-schedule-csv: the CSV fixes every "
+                                           "iteration's microbatches");
+  }
+  validate_batch_rampup(*options.rampup, plan);
+  for (const int64_t batch : rampup_global_batches(options.rampup, plan.global_batch_size)) {
+    ParallelPlan step = plan;
+    step.global_batch_size = batch;
+    try {
+      validate_plan(model, step);
+    } catch (const SpecError& error) {
+      throw SpecError("--rampup-batch-size", "the ramp's global batch " + std::to_string(batch) + " (" +
+                                                 std::to_string(step.num_microbatches()) +
+                                                 " microbatches) cannot run this plan: " + error.what());
+    }
+  }
 }
 
 // What every rank of a run shares, built and checked before any rank starts (a schedule that would
@@ -393,10 +452,12 @@ struct PreparedRun {
       : model(model_in),
         plan(plan_in),
         options(checked_train_options(options_in)),
-        schedule((GptModel::refuse_unsupported(model, plan), checked_schedule(plan, options))),
+        schedule((GptModel::refuse_unsupported(model, plan), check_ramp(model, plan, options),
+                  checked_schedule(plan, options))),
         dataset(options.data_path),
         splits(split_documents(options.split, static_cast<int64_t>(dataset.num_documents()))),
-        train_samples(dataset, splits[0], model.seq_length, options.train_iters * plan.global_batch_size, options.seed) {
+        train_samples(dataset, splits[0], model.seq_length,
+                      samples_of_iterations(options.rampup, plan.global_batch_size, options.train_iters), options.seed) {
     const int64_t evaluations = options.train_iters / options.eval_interval + 1;
     if (splits[1].size() > 0 && options.eval_iters > 0) {
       valid_samples.emplace(dataset, splits[1], model.seq_length,

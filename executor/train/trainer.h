@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "core/batch_rampup.h"
 #include "core/model_spec.h"
 #include "core/parallel_plan.h"
 #include "core/timeline.h"
@@ -60,6 +61,10 @@ struct TrainOptions {
   // pipeline_parallel_schedule_csv) to run instead of the plan's generated schedule; it must have
   // the plan's pp, stages, placement and microbatches, and is lowered and validated before any rank starts.
   std::optional<std::string> pipeline_schedule_csv;
+  // --rampup-batch-size START INCREMENT SAMPLES (core/batch_rampup.h): each iteration runs the
+  // plan's schedule at its step's microbatches; --train-iters counts these iterations (Megatron-LM
+  // asks for --train-samples with a ramp; megaplan trains by iterations only).
+  std::optional<BatchRampup> rampup;
 };
 
 struct TrainSummary {

@@ -345,6 +345,18 @@ expect_ok train --device cpu --model "$examples/models/tiny-gpt.json" --vocab-si
   --world-size 2 --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather --ddp-bucket-size 5000 --mbs 1 --gbs 2 \
   --data-path "$scratch/corpus" --split 1,0,0 --train-iters 2 --log-interval 1
 [ "$(grep -c '^iteration [12]/2 | loss ' "$scratch/out")" -eq 2 ] || fail "dp 2 with overlapped buckets: $(cat "$scratch/out")"
+# Megatron's --rampup-batch-size: the global batch grows 2, 4 over 4 samples, then the plan's 6;
+# the banner says so and each log line names its batch.
+expect_ok train --device cpu --model "$examples/models/tiny-gpt.json" --vocab-size 257 --seq-length 16 \
+  --world-size 2 --mbs 1 --gbs 6 --rampup-batch-size 2 2 4 \
+  --data-path "$scratch/corpus" --split 1,0,0 --train-iters 4 --log-interval 1
+grep -q '96.0 tokens per iteration after a ramp: a global batch of 2, 2 more per step over 4 samples, 4 iterations (288.0 tokens' "$scratch/out" ||
+  fail "the ramp's banner: $(cat "$scratch/out")"
+[ "$(grep -o 'global batch [246]$' "$scratch/out" | tr '\n' ' ')" = "global batch 2 global batch 4 global batch 6 global batch 6 " ] ||
+  fail "the ramp's batches: $(cat "$scratch/out")"
+if grep -q 'not modelled.*rampup' "$scratch/err"; then fail "train lists its ramp as not modelled"; fi
+expect_error 'error: --rampup-batch-size: every batch of the ramp must be a multiple of micro-batch size x data-parallel size 2, and 3 is not \(3 % 2 = 1\)' \
+  train --device cpu --model "$examples/models/tiny-gpt.json" --world-size 2 --mbs 1 --gbs 6 --rampup-batch-size 3 3 2 --data-path "$scratch/corpus" --train-iters 2
 expect_error 'error: --overlap-param-gather: needs --use-distributed-optimizer' train --device cpu --model "$examples/models/tiny-gpt.json" --world-size 2 --overlap-param-gather --data-path "$scratch/corpus" --train-iters 2
 expect_error 'error: --ddp-bucket-size: must be non-negative' train --device cpu --model "$examples/models/tiny-gpt.json" --ddp-bucket-size -1 --data-path "$scratch/corpus" --train-iters 2
 expect_error 'error: --recompute-method: needs --recompute-granularity full' train --device cpu --model "$examples/models/tiny-gpt.json" --recompute-method block --data-path "$scratch/corpus" --train-iters 2
@@ -548,7 +560,8 @@ grep -q '^gpt3-175b on 128 x A100-SXM4-80GB: tp 8, pp 16, cp 1, dp 1, .*gbs 1536
   fail "the GPT-3 175B script's arguments did not simulate as pasted: $(head -1 "$scratch/out")"
 grep -q '^code       megatron-core: fp16' "$scratch/out" || fail "the pasted --fp16 is not modelled"
 [ "$(grep -c '^note: not modelled' "$scratch/err")" -eq 1 ] || fail "the not-modelled flags are not listed once"
-grep -q '^note: not modelled .*--attention-backend, --rampup-batch-size, ' "$scratch/err" || fail "not-modelled list: $(cat "$scratch/err")"
+grep -q '^note: not modelled .*--attention-backend, --train-iters, --weight-decay, ' "$scratch/err" || fail "not-modelled list: $(cat "$scratch/err")"
+grep -q '^note: --rampup-batch-size: the iteration costed runs the full global batch' "$scratch/err" || fail "the ramp's note: $(cat "$scratch/err")"
 grep -q '^note: recorded, not opened: --data-path /made/up/gpt3_text_document' "$scratch/err" || fail "the data path is not recorded"
 grep -q "^note: the vocabulary 50257 is GPT2BPETokenizer's" "$scratch/err" || fail "the vocabulary does not come from the tokenizer flags"
 # A vocab file that exists gives the vocabulary (its entries).

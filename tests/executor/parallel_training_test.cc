@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "core/batch_rampup.h"
 #include "core/error.h"
 #include "core/parallel_plan.h"
 #include "core/schedule/lowering.h"
@@ -283,6 +284,64 @@ TEST_CASE("gradient buckets reduced as the backward fills them give the bits of 
     CHECK(gathered_later.losses == at_reduce_grad.losses);
     CHECK(gathered_later.summary.final_weights == at_reduce_grad.summary.final_weights);
     CHECK(gathered_later.out.find("validation loss at iteration 2") != std::string::npos);
+  }
+}
+
+TEST_CASE("a ramped global batch trains like one rank, steps as Megatron's ramp and resumes exactly", "[parallel]") {
+  // --rampup-batch-size 4 4 12 to 8: one increment after 12 samples, so iterations 1-3 run 4
+  // samples (microbatches: 2, or 1 per replica at dp 2) and the rest 8. Overlapped reduction
+  // starts a bucket's all-reduce after the iteration's last microbatch, so it must follow the ramp.
+  const megaplan::test::ScratchDirectory scratch;
+  exec::TrainOptions options = options_for(megaplan::test::sentence_corpus(scratch));
+  options.rampup = megaplan::BatchRampup{4, 4, 12};
+  const megaplan::ModelSpec model = four_layer_gpt();
+  const Outcome single = train(model, plan_of(1, 1, 1, 1, ScheduleKind::kOneFOneB), options, scratch, "ramp-single");
+  REQUIRE(single.losses.size() == 12);
+  std::vector<int64_t> batches;
+  std::ifstream log(scratch.file("ramp-single.jsonl"));
+  for (std::string line; std::getline(log, line);) {
+    const nlohmann::json record = nlohmann::json::parse(line);
+    if (record.contains("loss")) batches.push_back(record.at("global_batch_size").get<int64_t>());
+  }
+  CHECK(batches == std::vector<int64_t>{4, 4, 4, 8, 8, 8, 8, 8, 8, 8, 8, 8});
+  CHECK(single.out.find("| global batch 4\n") != std::string::npos);
+
+  ParallelPlan overlapped = plan_of(1, 2, 2, 1, ScheduleKind::kOneFOneB);
+  overlapped.use_distributed_optimizer = true;
+  overlapped.options.overlap_grad_reduce = true;
+  check_trains_like(single, model,
+                    {{"pp2 1f1b", plan_of(1, 2, 1, 1, ScheduleKind::kOneFOneB)},
+                     {"pp2 interleaved vpp2", plan_of(1, 2, 1, 2, ScheduleKind::kInterleaved)},
+                     {"pp2 zbv", plan_of(1, 2, 1, 2, ScheduleKind::kZeroBubbleV)},
+                     {"pp2 x dp2, distributed optimizer, overlapped reduction", overlapped}},
+                    options, scratch, "ramp-");
+
+  // Stopped inside the ramp and resumed: the consumed samples carry the ramp on, bit for bit.
+  options.save = scratch.file("ramp-checkpoints");
+  options.exit_interval = 2;
+  train(model, plan_of(1, 2, 1, 1, ScheduleKind::kOneFOneB), options, scratch, "ramp-first");
+  options.exit_interval = 0;
+  options.load = options.save;
+  const Outcome rest = train(model, plan_of(1, 2, 1, 1, ScheduleKind::kOneFOneB), options, scratch, "ramp-rest");
+  const std::vector<double> whole = megaplan::test::logged_losses(scratch.file("ramp-layout0.jsonl"));  // pp2 1f1b's
+  REQUIRE(rest.losses.size() == 10);
+  for (std::size_t i = 0; i < rest.losses.size(); ++i) {
+    INFO("iteration " << i + 3);
+    CHECK(rest.losses[i] == whole[i + 2]);
+  }
+
+  // A ramp step the schedule cannot run is refused before training: interleaving at pp 2 needs
+  // microbatches in multiples of 2, and a ramp from 2 runs 1.
+  options.rampup = megaplan::BatchRampup{2, 2, 12};
+  options.load.reset();
+  options.save.reset();
+  try {
+    train(model, plan_of(1, 2, 1, 2, ScheduleKind::kInterleaved), options, scratch, "ramp-refused");
+    FAIL("a ramp of one microbatch ran an interleaved schedule");
+  } catch (const megaplan::SpecError& error) {
+    const std::string message = error.what();
+    INFO(message);
+    CHECK(message.rfind("--rampup-batch-size: the ramp's global batch 2 (1 microbatches) cannot run this plan: ", 0) == 0);
   }
 }
 
