@@ -46,17 +46,17 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForVersion& version) {
     return app.exit(version);
   } catch (const CLI::ParseError& error) {
-    std::cerr << "megaplan: error: " << error.what() << " (see megaplan --help)\n";
+    std::cerr << "megaplan: error: " << megaplan::printable_line(error.what()) << " (see megaplan --help)\n";
     return 2;
   } catch (const megaplan::ScheduleError& error) {
     // The one error line, then the rank x step grid with the actions at fault marked >>so<<.
-    std::cerr << "megaplan: error: " << error.what() << "\n" << error.grid();
+    std::cerr << "megaplan: error: " << megaplan::printable_line(error.what()) << "\n" << error.grid();
     return 2;
   } catch (const megaplan::SpecError& error) {
-    std::cerr << "megaplan: error: " << error.what() << "\n";
+    std::cerr << "megaplan: error: " << megaplan::printable_line(error.what()) << "\n";
     return 2;
   } catch (const std::exception& error) {
-    std::cerr << "megaplan: error: " << error.what() << "\n";
+    std::cerr << "megaplan: error: " << megaplan::printable_line(error.what()) << "\n";
     return 1;
   }
   if (context.exit_code == 0) megaplan::cli::flush_notes(std::cerr);

@@ -3,6 +3,8 @@
 #include <mutex>
 #include <vector>
 
+#include "core/error.h"
+
 namespace megaplan::cli {
 
 namespace {
@@ -22,7 +24,7 @@ void note(const std::string& text) {
 
 void flush_notes(std::ostream& out) {
   const std::lock_guard<std::mutex> lock(notes_mutex);
-  for (const std::string& text : pending()) out << "note: " << text << "\n";
+  for (const std::string& text : pending()) out << "note: " << printable_line(text) << "\n";
   pending().clear();
 }
 

@@ -4,6 +4,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 namespace megaplan {
 
@@ -21,5 +22,30 @@ class SpecError : public std::runtime_error {
   std::string field_;
   std::string rule_;
 };
+
+// `text` on one line as a terminal shows it: control characters (a newline or an escape sequence
+// inside a file name or a JSON string the message quotes) written as \n, \t, \r or \xNN.
+inline std::string printable_line(std::string_view text) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string line;
+  line.reserve(text.size());
+  for (const char c : text) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (byte >= 0x20 && byte != 0x7f) {
+      line += c;
+    } else if (c == '\n') {
+      line += "\\n";
+    } else if (c == '\t') {
+      line += "\\t";
+    } else if (c == '\r') {
+      line += "\\r";
+    } else {
+      line += "\\x";
+      line += kHex[byte >> 4];
+      line += kHex[byte & 0xf];
+    }
+  }
+  return line;
+}
 
 }  // namespace megaplan

@@ -3,8 +3,11 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <set>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -12,8 +15,18 @@
 
 namespace megaplan {
 
-// Parses `text`; a syntax error becomes SpecError("SOURCE:LINE:COL", "malformed JSON: ...").
-nlohmann::json parse_json_text(const std::string& text, const std::string& source);
+// Arrays and objects nest at most this deep in any JSON megaplan reads (its own files nest 5
+// deep): deeper text is refused before parsing, so no recursion over it can exhaust the stack.
+inline constexpr int kMaxJsonDepth = 64;
+
+// Parses `text`; a syntax error becomes SpecError("SOURCE:LINE:COL", "malformed JSON: ..."), a
+// number beyond a double's range or nesting deeper than kMaxJsonDepth SpecError(SOURCE..., rule).
+// No exception of the JSON library escapes.
+nlohmann::json parse_json_text(std::string_view text, const std::string& source);
+
+// parse_json_text's checks without the message: nullopt for text it would refuse (for readers
+// that say in their own words what the file should have been).
+std::optional<nlohmann::json> try_parse_json(std::string_view text);
 
 // Reads and parses a whole file; an unreadable file is SpecError(path, "cannot read ...").
 nlohmann::json read_json_file(const std::string& path);
@@ -29,6 +42,8 @@ class JsonFieldReader {
   // Each `read` leaves `out` untouched when the key is absent (or null) and returns whether it
   // was present; `require` throws when it is absent.
   bool read(const std::string& key, int64_t& out);
+  bool read(const std::string& key, uint64_t& out);
+  bool read(const std::string& key, std::vector<int64_t>& out);  // an array of integers
   bool read(const std::string& key, double& out);
   bool read(const std::string& key, bool& out);
   bool read(const std::string& key, std::string& out);

@@ -2,11 +2,12 @@
 #include "core/schedule/schedule_csv.h"
 
 #include <algorithm>
-#include <optional>
+#include <map>
 
 #include "core/error.h"
 #include "core/parallel_plan.h"
 #include "core/pipeline_layout.h"
+#include "core/schedule/dependencies.h"
 #include "core/text_file.h"
 
 namespace megaplan {
@@ -44,16 +45,86 @@ std::vector<std::string> split_cells(const std::string& line) {
   }
 }
 
-// The placement every listed stage agrees with, among "loop" and "v".
-StagePlacement infer_placement(const std::vector<std::optional<int64_t>>& rank_of_stage, int64_t pp,
-                               const std::string& source) {
+bool is_message(ActionKind kind) {
+  return kind == ActionKind::kSendForward || kind == ActionKind::kRecvForward || kind == ActionKind::kSendBackward ||
+         kind == ActionKind::kRecvBackward;
+}
+
+// One action list per line. Every line must end in a newline: torch's csv.writer ends each row
+// with "\r\n" and schedule_to_csv with "\n", so a last row without one is a file cut short, whose
+// last action may itself be cut ("0F12" read as "0F1").
+std::vector<std::vector<Action>> parse_rows(const std::string& text, const std::string& source) {
+  std::vector<std::vector<Action>> rows;
+  std::size_t start = 0;
+  while (start < text.size()) {
+    const std::size_t end = text.find('\n', start);
+    const std::string row = std::to_string(rows.size() + 1);
+    if (end == std::string::npos) {
+      throw SpecError(source + ":" + row, "the last row has no line ending: the file is cut short (torch and "
+                                          "megaplan end every row with a newline)");
+    }
+    std::string line = text.substr(start, end - start);
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    start = end + 1;
+    std::vector<Action>& actions = rows.emplace_back();
+    const std::vector<std::string> cells = split_cells(line);
+    for (std::size_t column = 0; column < cells.size(); ++column) {
+      if (cells[column].empty()) continue;  // torch's idle step
+      actions.push_back(parse_action(cells[column], source + ":" + row + ":" + std::to_string(column + 1)));
+    }
+  }
+  return rows;
+}
+
+// The row (pipeline rank) of every stage from 0 to the highest any action names, a message's peer
+// stage included. Throws when two rows run one stage, or when no row runs a stage: every stage
+// runs forwards, so a row is missing — most often the file's last rows, cut off at a row's end
+// (the rows left still name the lost rows' stages: a V's or an interleaved loop's later stages,
+// or a lowered row's sends to the next rank).
+std::vector<int64_t> rows_of_stages(const std::vector<std::vector<Action>>& ranks, const std::string& source) {
+  std::map<int64_t, int64_t> row_of;  // sparse: a stage number may be as large as 10^9
+  int64_t highest = -1;
+  std::string highest_named_by;
+  for (std::size_t rank = 0; rank < ranks.size(); ++rank) {
+    for (const Action& action : ranks[rank]) {
+      if (action.kind == ActionKind::kOptimizer) continue;
+      for (const Action& part : parts_of(action)) {
+        const auto [placed, inserted] = row_of.emplace(part.stage, rank);
+        if (!inserted && placed->second != static_cast<int64_t>(rank)) {
+          throw SpecError(source, "stage " + std::to_string(part.stage) + " appears on rank " +
+                                      std::to_string(placed->second) + " and rank " + std::to_string(rank) + " (" +
+                                      to_string(action) + ")");
+        }
+        const int64_t named =
+            is_message(part.kind) ? std::max<int64_t>(part.stage, message_peer_stage(part)) : part.stage;
+        if (named > highest) {
+          highest = named;
+          highest_named_by = to_string(action) + " (row " + std::to_string(rank + 1) + ")";
+        }
+      }
+    }
+  }
+  std::vector<int64_t> rows;
+  for (const auto& [stage, row] : row_of) {
+    if (stage != static_cast<int64_t>(rows.size())) break;
+    rows.push_back(row);
+  }
+  if (static_cast<int64_t>(rows.size()) <= highest) {
+    throw SpecError(source, "no row runs stage " + std::to_string(rows.size()) + ", though " + highest_named_by +
+                                " names stage " + std::to_string(highest) +
+                                ": a pipeline rank's row is missing, or the file is cut short");
+  }
+  return rows;
+}
+
+// The placement every stage agrees with, among "loop" and "v".
+StagePlacement infer_placement(const std::vector<int64_t>& rank_of_stage, int64_t pp, const std::string& source) {
   const auto num_stages = static_cast<int64_t>(rank_of_stage.size());
   for (StagePlacement placement : {StagePlacement::kLoop, StagePlacement::kV}) {
     if (placement == StagePlacement::kV && num_stages != 2 * pp) continue;
     bool agrees = true;
     for (int64_t stage = 0; stage < num_stages && agrees; ++stage) {
-      const auto& rank = rank_of_stage[static_cast<std::size_t>(stage)];
-      agrees = !rank || *rank == pipeline_rank_of_stage(stage, pp, placement);
+      agrees = rank_of_stage[static_cast<std::size_t>(stage)] == pipeline_rank_of_stage(stage, pp, placement);
     }
     if (agrees) return placement;
   }
@@ -74,58 +145,24 @@ std::string schedule_to_csv(const PipelineSchedule& schedule) {
 
 PipelineSchedule parse_schedule_csv(const std::string& text, const std::string& source) {
   PipelineSchedule schedule;
-  std::size_t start = 0;
-  std::size_t row = 0;
-  while (start < text.size()) {
-    std::size_t end = text.find('\n', start);
-    if (end == std::string::npos) end = text.size();
-    std::string line = text.substr(start, end - start);
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    start = end + 1;
-    ++row;
-    std::vector<Action>& actions = schedule.ranks.emplace_back();
-    const std::vector<std::string> cells = split_cells(line);
-    for (std::size_t column = 0; column < cells.size(); ++column) {
-      if (cells[column].empty()) continue;  // torch's idle step
-      actions.push_back(
-          parse_action(cells[column], source + ":" + std::to_string(row) + ":" + std::to_string(column + 1)));
-    }
-  }
+  schedule.ranks = parse_rows(text, source);
   while (!schedule.ranks.empty() && schedule.ranks.back().empty()) schedule.ranks.pop_back();
   if (schedule.ranks.empty()) throw SpecError(source, "holds no actions; expected one row per pipeline rank");
 
   const auto pp = static_cast<int64_t>(schedule.ranks.size());
-  int64_t max_stage = -1;
   int64_t max_microbatch = -1;
   for (const auto& actions : schedule.ranks) {
     for (const Action& action : actions) {
       schedule.lowered = schedule.lowered || is_communication(action.kind);
       if (action.kind == ActionKind::kOptimizer) continue;
-      for (const Action& part : parts_of(action)) {
-        max_stage = std::max<int64_t>(max_stage, part.stage);
-        max_microbatch = std::max<int64_t>(max_microbatch, part.microbatch);
-      }
+      for (const Action& part : parts_of(action)) max_microbatch = std::max<int64_t>(max_microbatch, part.microbatch);
     }
   }
   if (max_microbatch < 0) throw SpecError(source, "holds no compute actions (F, B, I, W)");
-  // Which rank runs each stage; messages count too: a RECV_F of stage s sits on s's rank.
-  std::vector<std::optional<int64_t>> rank_of_stage(static_cast<std::size_t>(max_stage + 1));
-  for (int64_t rank = 0; rank < pp; ++rank) {
-    for (const Action& action : schedule.ranks[static_cast<std::size_t>(rank)]) {
-      if (action.kind == ActionKind::kOptimizer) continue;
-      for (const Action& part : parts_of(action)) {
-        auto& seen = rank_of_stage[static_cast<std::size_t>(part.stage)];
-        if (seen && *seen != rank) {
-          throw SpecError(source, "stage " + std::to_string(part.stage) + " appears on rank " + std::to_string(*seen) +
-                                      " and rank " + std::to_string(rank) + " (" + to_string(action) + ")");
-        }
-        seen = rank;
-      }
-    }
-  }
-  const int64_t num_stages = max_stage + 1;
+  const std::vector<int64_t> rank_of_stage = rows_of_stages(schedule.ranks, source);
+  const auto num_stages = static_cast<int64_t>(rank_of_stage.size());
   if (num_stages % pp != 0) {
-    throw SpecError(source, "highest stage " + std::to_string(max_stage) + " gives " + std::to_string(num_stages) +
+    throw SpecError(source, "highest stage " + std::to_string(num_stages - 1) + " gives " + std::to_string(num_stages) +
                                 " stages, not a multiple of the " + std::to_string(pp) + " rows (pipeline ranks)");
   }
   schedule.shape.pipeline_parallel_size = pp;

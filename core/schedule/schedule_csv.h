@@ -17,8 +17,9 @@ std::string schedule_to_csv(const PipelineSchedule& schedule);
 // Reads a schedule CSV. Empty cells (torch writes its idle steps that way) are skipped. The shape
 // is inferred: pp = number of rows; stages = highest stage + 1, placed "loop" (stage % pp) or "v"
 // (two stages per rank, zig-zag) as the rows show; microbatches = highest microbatch + 1.
-// Throws SpecError naming "source:row:column" for an unknown action, and `source` for a file
-// whose stages sit on no consistent placement. The result is not validated (validate_schedule).
+// Throws SpecError naming "source:row:column" for an unknown action, "source:row" for a last row
+// without a line ending (a file cut short), and `source` for a stage no row runs (a missing row)
+// or stages on no consistent placement. The result is not validated (validate_schedule).
 PipelineSchedule parse_schedule_csv(const std::string& text, const std::string& source);
 
 // The compute-only schedule in the CSV at `path`, to run (or cost) in place of `plan`'s generated

@@ -132,11 +132,6 @@ void check_placement(const PipelineSchedule& schedule, const std::vector<int32_t
   }
 }
 
-bool is_computation(ActionKind kind) {
-  return kind == ActionKind::kForward || kind == ActionKind::kBackward || kind == ActionKind::kBackwardInput ||
-         kind == ActionKind::kBackwardWeight;
-}
-
 // Every cell whose action provides `key`, in rank-major order (for error messages only).
 std::vector<Cell> providers_of(const PipelineSchedule& schedule, const DependencyKey& key) {
   std::vector<Cell> cells;
@@ -280,19 +275,30 @@ struct CycleFinder : boost::default_dfs_visitor {
   fail(schedule, "deadlock: these actions wait on each other: " + path, cycle);
 }
 
-// Where running the ranks stopped: every action ran, no rank could move, a computation repeated
-// work already done, or a receive was not the message its link owes next.
+// Where running the ranks stopped: every action ran, no rank could move, an action repeated work
+// already done, a receive was not the message its link owes next, or every action ran and a sent
+// message was never received.
 struct RunOutcome {
   enum class Kind { kFinished, kStuck, kDuplicate, kMessageMismatch } kind = Kind::kFinished;
   Cell cell{0, 0};
   DependencyKey key{};  // kDuplicate: the work repeated
 };
 
+// Whether providing `key` a second time repeats work. Every key names one event of the iteration —
+// a computation, a message, a stage's gradient reduction — except OPTIM's, which every rank runs
+// once (check_action_placement keeps it last). Messages count too: a receive waits for its send's
+// key, so with a send or receive repeated, "the key is done" would no longer mean "this link's
+// next message is here", which the message check below relies on (and an executor would pair
+// the repeated message with the wrong partner).
+bool repeats_work(const DependencyKey& key) { return key.kind != ActionKind::kOptimizer; }
+
 // Runs the ranks as far as their dependencies allow: Kahn's algorithm over the happens-before
 // graph, with each rank's program order walked in place rather than stored as edges. On the way it
 // finds repeated work and checks, on every link, that the k-th receive run is the k-th send's
-// partner (ranks run in program order, so run order is program order per link). Each action's
-// placement is checked when first reached, before anything indexes by its stage.
+// partner (ranks run in program order, so run order is program order per link, and with no
+// message repeated a receive runs only once its own send has). So a mismatch found here is one
+// check_message_order finds in program order too. Each action's placement is checked when first
+// reached, before anything indexes by its stage.
 // Flattened: this loop runs once per action of a million-action schedule, and every helper it calls
 // (the dependency rule, the key index, the bit set) must inline into it to keep it a few dozen
 // instructions per action. Reporting is left to the caller, outside the loop.
@@ -342,7 +348,7 @@ constexpr std::size_t kPrefetchActions = 8;
         RunOutcome duplicate;
         for_each_provided_key(action, [&](const DependencyKey& key) {
           const std::size_t slot = index(key);
-          if (done.test(slot) && is_computation(key.kind)) duplicate = {RunOutcome::Kind::kDuplicate, {rank, step}, key};
+          if (done.test(slot) && repeats_work(key)) duplicate = {RunOutcome::Kind::kDuplicate, {rank, step}, key};
           done.set(slot);
         });
         if (duplicate.kind != RunOutcome::Kind::kFinished) return duplicate;
@@ -369,10 +375,13 @@ constexpr std::size_t kPrefetchActions = 8;
       progress = progress || step != start;
     }
   }
+  // Stuck ranks leave messages in flight that their receives, never reached, would have taken:
+  // only a finished run proves a send unmatched.
+  if (remaining > 0) return {RunOutcome::Kind::kStuck, {0, 0}, {}};
   for (std::size_t link = 0; link < owed.size(); ++link) {
     if (owed_head[link] != owed[link].size()) return {RunOutcome::Kind::kMessageMismatch, {0, 0}, {}};
   }
-  return {remaining == 0 ? RunOutcome::Kind::kFinished : RunOutcome::Kind::kStuck, {0, 0}, {}};
+  return {RunOutcome::Kind::kFinished, {0, 0}, {}};
 }
 
 // run_ranks, and when it finds a problem, or no rank can move and some are unfinished, the full
@@ -396,7 +405,9 @@ void check_by_running(const PipelineSchedule& schedule) {
          {outcome.cell, first});
   }
   if (outcome.kind == RunOutcome::Kind::kMessageMismatch) {
-    check_message_order(schedule);  // names the first out-of-order or unmatched message
+    // run_ranks stopped at a receive that is not its link's next message in program order, or
+    // finished with more sends than receives on a link: either way this names one.
+    check_message_order(schedule);
     throw std::logic_error("validate_schedule: a message mismatch the full check did not find");
   }
   if (schedule.lowered) check_message_order(schedule);

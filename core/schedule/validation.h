@@ -1,7 +1,8 @@
 // Schedule validation: every (stage, microbatch) has exactly one forward and one backward (or one
-// I and one W), messages pair up in order on every link, and the happens-before graph of program
-// order, messages and data dependencies (Boost.Graph) has no cycle — a schedule that would hang
-// NCCL is refused before any GPU sees it.
+// I and one W), no action repeats another's work (a message or a REDUCE_GRAD included), messages
+// pair up in order on every link, and the happens-before graph of program order, messages and data
+// dependencies (Boost.Graph) has no cycle — a schedule that would hang NCCL is refused before any
+// GPU sees it.
 #pragma once
 
 #include <string>

@@ -49,8 +49,10 @@ std::size_t elements(const std::vector<int64_t>& shape) {
 bool cut_fits(const std::vector<int64_t>& global_shape, const TensorCut& cut) {
   if (cut.count < 1 || cut.index < 0 || cut.index >= cut.count || cut.chunks < 1) return false;
   if (cut.count == 1) return true;
+  int64_t blocks = 0;
+  if (__builtin_mul_overflow(cut.count, cut.chunks, &blocks)) return false;
   return cut.dim >= 0 && cut.dim < static_cast<int64_t>(global_shape.size()) &&
-         global_shape[static_cast<std::size_t>(cut.dim)] % (cut.count * cut.chunks) == 0;
+         global_shape[static_cast<std::size_t>(cut.dim)] % blocks == 0;
 }
 
 std::vector<int64_t> part_shape(std::vector<int64_t> global_shape, const TensorCut& cut) {

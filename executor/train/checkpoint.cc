@@ -1,12 +1,15 @@
 #include "executor/train/checkpoint.h"
 
 #include <fcntl.h>
+#include <stdio.h>  // renameat2, RENAME_EXCHANGE (glibc 2.28)
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <array>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -17,7 +20,9 @@
 #include <utility>
 
 #include "core/error.h"
+#include "core/json_io.h"
 #include "core/text_file.h"
+#include "core/units.h"
 #include "executor/io/staged_file.h"
 
 namespace megaplan::exec {
@@ -26,6 +31,11 @@ namespace {
 
 constexpr const char* kFormat = "megaplan-checkpoint/2";
 constexpr std::size_t kArraysPerTensor = 3;  // value, first moment, second moment
+// More elements than any shard holds (16 TiB of fp32): a manifest's shape beyond it is damage, and
+// products below it cannot overflow.
+constexpr int64_t kMaxTensorElements = int64_t{1} << 42;
+// latest_checkpointed_iteration.txt's iteration: a trillion iterations is beyond any run.
+constexpr std::size_t kMaxIterationDigits = 12;
 
 std::string iteration_directory(int64_t iteration) {
   char name[32];
@@ -87,35 +97,53 @@ struct SavedShard {
 void read_manifest(const std::string& rank_path, std::map<std::string, std::vector<SavedShard>>& saved) {
   const std::string path = rank_path + "/manifest.json";
   if (!std::filesystem::exists(path)) refuse_load(path + ": missing (the checkpoint is incomplete)");
-  const nlohmann::json manifest = nlohmann::json::parse(read_text_file(path), nullptr, false);
-  if (manifest.is_discarded() || !manifest.is_object() || manifest.value("format", "") != kFormat ||
-      !manifest.contains("tensors") || !manifest["tensors"].is_array()) {
+  const std::optional<nlohmann::json> manifest = try_parse_json(read_text_file(path));
+  if (!manifest || !manifest->is_object() || manifest->value("format", "") != kFormat || !manifest->contains("tensors") ||
+      !(*manifest)["tensors"].is_array()) {
     refuse_load(path + ": not a " + std::string(kFormat) + " manifest");
   }
-  for (const nlohmann::json& entry : manifest["tensors"]) {
+  std::string data_file = "model.bin";
+  if (const auto found = manifest->find("data_file"); found != manifest->end()) {
+    if (!found->is_string() || found->get<std::string>().find('/') != std::string::npos) {
+      refuse_load(path + ": data_file must name a file in its directory");
+    }
+    data_file = found->get<std::string>();
+  }
+  int64_t entry_index = 0;
+  for (const nlohmann::json& entry : (*manifest)["tensors"]) {
     SavedShard shard;
     shard.manifest = path;
-    std::string name;
-    try {
-      name = entry.at("name").get<std::string>();
-      if (entry.at("dtype").get<std::string>() != "float32") {
-        refuse_load(path + ": " + name + " is " + entry.at("dtype").get<std::string>() + ", not float32");
+    shard.data_file = rank_path + "/" + data_file;
+    // Each field checked for its type and range: a damaged manifest is one line naming the field.
+    JsonFieldReader fields(entry, path + ": tensors[" + std::to_string(entry_index++) + "]");
+    std::string name, dtype, checksum;
+    fields.require("name", name);
+    fields.require("dtype", dtype);
+    if (dtype != "float32") refuse_load(path + ": " + name + " is " + dtype + ", not float32");
+    fields.require("shape", shard.shape);
+    fields.require("global_shape", shard.global_shape);
+    for (const std::vector<int64_t>* shape : {&shard.shape, &shard.global_shape}) {
+      int64_t product = 1;
+      for (const int64_t extent : *shape) {
+        if (extent <= 0 || __builtin_mul_overflow(product, extent, &product) || product > kMaxTensorElements) {
+          refuse_load(path + ": " + name + " has the shape " + shape_text(*shape) + ", not a tensor's");
+        }
       }
-      shard.data_file = rank_path + "/" + manifest.value("data_file", std::string("model.bin"));
-      shard.shape = entry.at("shape").get<std::vector<int64_t>>();
-      shard.global_shape = entry.at("global_shape").get<std::vector<int64_t>>();
-      const nlohmann::json& cut = entry.at("shard");
-      shard.cut.dim = cut.at("dim").is_null() ? -1 : cut.at("dim").get<int64_t>();
-      shard.cut.index = cut.at("index").get<int64_t>();
-      shard.cut.count = cut.at("count").get<int64_t>();
-      shard.cut.chunks = cut.value("chunks", int64_t{1});  // absent before SwiGLU: one block
-      shard.offset = entry.at("offset").get<uint64_t>();
-      shard.checksum = std::stoull(entry.at("fnv1a64").get<std::string>(), nullptr, 16);
-    } catch (const SpecError&) {
-      throw;
-    } catch (const std::exception& error) {
-      refuse_load(path + ": a tensor entry " + (name.empty() ? "" : "(" + name + ") ") + "is malformed: " + error.what());
     }
+    const nlohmann::json* shard_object = fields.read_object("shard");
+    if (!shard_object) refuse_load(fields.field("shard") + ": required field is missing");
+    JsonFieldReader cut_fields(*shard_object, fields.field("shard"));
+    shard.cut.dim = -1;  // null: not split
+    cut_fields.read("dim", shard.cut.dim);
+    cut_fields.require("index", shard.cut.index);
+    cut_fields.require("count", shard.cut.count);
+    cut_fields.read("chunks", shard.cut.chunks);  // absent before SwiGLU: one block
+    fields.require("offset", shard.offset);
+    fields.require("fnv1a64", checksum);
+    if (checksum.size() != 16 || checksum.find_first_not_of("0123456789abcdef") != std::string::npos) {
+      refuse_load(fields.field("fnv1a64") + ": must be 16 hexadecimal digits, got \"" + checksum + "\"");
+    }
+    shard.checksum = std::stoull(checksum, nullptr, 16);
     const TensorCut& cut = shard.cut;
     if (!cut_fits(shard.global_shape, cut) || shard.shape != part_shape(shard.global_shape, cut)) {
       refuse_load(path + ": " + name + " has shape " + shape_text(shard.shape) + ", which is not part " +
@@ -258,6 +286,16 @@ void write_rank_directory(const std::string& path, const CheckpointRank& rank, c
       rank.groups.tensor_parallel_rank, rank.groups.pipeline_rank, stages);
 }
 
+// state.json's own checksum: FNV-1a 64 over the compact JSON of its other fields (so a flipped
+// digit of consumed_samples is caught, not trained on). Absent in checkpoints saved before it.
+std::string state_checksum(nlohmann::json meta) {
+  meta.erase("fnv1a64");
+  const std::string text = meta.dump();
+  Fnv1a64 hash;
+  hash.add(text.data(), text.size());
+  return hex(hash.value());
+}
+
 // state.json of a checkpoint: the training state, the model and the saving plan, its rank directories.
 nlohmann::json checkpoint_meta(const TrainingState& state, const ModelSpec& model, const ParallelPlan& plan) {
   nlohmann::json directories = nlohmann::json::array();
@@ -266,14 +304,16 @@ nlohmann::json checkpoint_meta(const TrainingState& state, const ModelSpec& mode
       directories.push_back(rank_directory(t, p, plan.pipeline_parallel_size));
     }
   }
-  return {{"format", kFormat},
-          {"iteration", state.iteration},
-          {"consumed_samples", state.consumed_samples},
-          {"seed", state.seed},
-          {"model", model.name},
-          {"model_spec", model_spec_to_json(model)},
-          {"plan", parallel_plan_to_json(plan)},
-          {"directories", directories}};
+  nlohmann::json meta = {{"format", kFormat},
+                         {"iteration", state.iteration},
+                         {"consumed_samples", state.consumed_samples},
+                         {"seed", state.seed},
+                         {"model", model.name},
+                         {"model_spec", model_spec_to_json(model)},
+                         {"plan", parallel_plan_to_json(plan)},
+                         {"directories", directories}};
+  meta["fnv1a64"] = state_checksum(meta);
+  return meta;
 }
 
 // Moves a complete staging directory into place as `iteration` and makes it the newest.
@@ -282,11 +322,37 @@ void publish(const std::string& directory, const std::string& staging, int64_t i
   std::error_code error;
   const std::string final_path = directory + "/" + iteration_directory(iteration);
   sync_directory(staging);
-  fs::remove_all(final_path, error);  // a save at an iteration saved before replaces it
-  fs::rename(staging, final_path, error);
-  if (error) throw SpecError("--save", final_path + ": cannot rename into place: " + error.message());
-  sync_directory(directory);
+  if (fs::exists(final_path)) {
+    // A save at an iteration saved before (a resumed run, or `latest` itself): the two directories
+    // swap in one step, so the iteration `latest` names is complete at every instant; the old one,
+    // now under the staging name, goes after.
+    if (::renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, final_path.c_str(), RENAME_EXCHANGE) != 0) {
+      throw SpecError("--save", final_path + ": cannot swap the new save into place: " + std::strerror(errno));
+    }
+    sync_directory(directory);
+    fs::remove_all(staging, error);
+  } else {
+    fs::rename(staging, final_path, error);
+    if (error) throw SpecError("--save", final_path + ": cannot rename into place: " + error.message());
+    sync_directory(directory);
+  }
   write_file_atomically(directory + "/latest_checkpointed_iteration.txt", std::to_string(iteration) + "\n");
+}
+
+// What interrupted saves leave in DIR: iter_XXXXXXX.tmp directories and the temporaries of
+// latest_checkpointed_iteration.txt (StagedFile's NAME.tmp.XXXXXX). Only one save writes to a
+// directory at a time, so every one of them is stale when a save starts.
+void remove_stale_temporaries(const std::string& directory) {
+  namespace fs = std::filesystem;
+  std::error_code error;
+  std::vector<fs::path> stale;
+  for (const auto& entry : fs::directory_iterator(directory, error)) {
+    const std::string name = entry.path().filename().string();
+    const bool staging = name.rfind("iter_", 0) == 0 && name.size() > 4 && name.ends_with(".tmp");
+    const bool latest = name.rfind("latest_checkpointed_iteration.txt.tmp.", 0) == 0;
+    if (staging || latest) stale.push_back(entry.path());
+  }
+  for (const fs::path& path : stale) fs::remove_all(path, error);
 }
 
 // Creates DIR (and parents) and an empty staging directory for `iteration` in it.
@@ -295,8 +361,8 @@ std::string create_staging(const std::string& directory, int64_t iteration) {
   std::error_code error;
   fs::create_directories(directory, error);
   if (error) throw SpecError("--save", directory + ": cannot create: " + error.message());
+  remove_stale_temporaries(directory);
   const std::string staging = directory + "/" + iteration_directory(iteration) + ".tmp";
-  fs::remove_all(staging, error);  // a failed save's leftovers, perhaps of another layout
   if (!fs::create_directory(staging, error)) {
     throw SpecError("--save", staging + ": cannot create: " + (error ? error.message() : std::string("exists")));
   }
@@ -352,32 +418,63 @@ struct Newest {
   std::map<std::string, std::vector<SavedShard>> saved;  // by tensor name
 };
 
+// The iteration latest_checkpointed_iteration.txt names: decimal digits and a newline, as saved.
+int64_t read_latest(const std::string& latest) {
+  std::string text = read_text_file(latest);
+  if (!text.empty() && text.back() == '\n') text.pop_back();
+  if (text.empty() || text.size() > kMaxIterationDigits || text.find_first_not_of("0123456789") != std::string::npos) {
+    refuse_load(latest + " must hold an iteration number (up to " + std::to_string(kMaxIterationDigits) +
+                " digits), and holds " + nlohmann::json(text.substr(0, 20)).dump(-1, ' ', true, nlohmann::json::error_handler_t::replace));
+  }
+  return std::stoll(text);
+}
+
+// Whether `directory` holds iteration directories (saved checkpoints, complete or not).
+bool holds_iterations(const std::string& directory) {
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator(directory, error)) {
+    if (entry.path().filename().string().rfind("iter_", 0) == 0) return true;
+  }
+  return false;
+}
+
 std::optional<Newest> find_newest(const std::string& directory) {
   const std::string latest = directory + "/latest_checkpointed_iteration.txt";
-  if (!std::filesystem::exists(latest)) return std::nullopt;
-  int64_t iteration = 0;
-  try {
-    iteration = std::stoll(read_text_file(latest));
-  } catch (const std::exception&) {
-    refuse_load(latest + " holds no iteration number");
+  if (!std::filesystem::exists(latest)) {
+    if (holds_iterations(directory)) {
+      refuse_load(directory + " holds iter_ directories but no latest_checkpointed_iteration.txt (a save that never "
+                              "completed, or the file was removed): restore it to name the iteration to load");
+    }
+    return std::nullopt;
   }
+  const int64_t iteration = read_latest(latest);
   Newest newest;
   newest.path = directory + "/" + iteration_directory(iteration);
   const std::string& path = newest.path;
   if (!std::filesystem::is_directory(path)) {
     refuse_load(latest + " names iteration " + std::to_string(iteration) + " but " + path + " does not exist");
   }
-  newest.meta = nlohmann::json::parse(read_text_file(path + "/state.json"), nullptr, false);
+  const std::string state_path = path + "/state.json";
+  newest.meta = try_parse_json(read_text_file(state_path)).value_or(nlohmann::json());
   const nlohmann::json& meta = newest.meta;
-  if (meta.is_discarded() || !meta.is_object() || meta.value("format", "") != kFormat || !meta.contains("directories") ||
+  if (!meta.is_object() || meta.value("format", "") != kFormat || !meta.contains("directories") ||
       !meta["directories"].is_array()) {
-    refuse_load(path + "/state.json is not a " + std::string(kFormat) + " checkpoint" +
-                (meta.is_object() && meta.contains("format") ? " (its format is " + meta["format"].dump() + ")" : ""));
+    const bool named = meta.is_object() && meta.contains("format");
+    refuse_load(state_path + " is not a " + std::string(kFormat) + " checkpoint" +
+                (named ? " (its format is " + meta["format"].dump(-1, ' ', true, nlohmann::json::error_handler_t::replace).substr(0, 40) + ")" : ""));
+  }
+  if (meta.contains("fnv1a64") && meta["fnv1a64"] != state_checksum(meta)) {
+    refuse_load(state_path + ": its checksum does not match its contents (FNV-1a 64 " + state_checksum(meta) +
+                " computed): the file is corrupted");
   }
   TrainingState& state = newest.state;
-  state.iteration = meta.value("iteration", int64_t{-1});
-  state.consumed_samples = meta.value("consumed_samples", int64_t{0});
-  state.seed = meta.value("seed", uint64_t{0});
+  JsonFieldReader fields(meta, state_path);
+  fields.require("iteration", state.iteration);
+  fields.require("consumed_samples", state.consumed_samples);
+  fields.require("seed", state.seed);
+  if (state.consumed_samples < 0) {
+    refuse_load(fields.field("consumed_samples") + ": must be non-negative, got " + std::to_string(state.consumed_samples));
+  }
   if (state.iteration != iteration) {
     refuse_load(path + "/state.json says iteration " + std::to_string(state.iteration) + " but " + latest + " says " +
                 std::to_string(iteration));
@@ -451,6 +548,49 @@ std::optional<TrainingState> load_latest(const std::string& directory, const Che
 }
 
 }  // namespace
+
+bool same_directory(const std::string& a, const std::string& b) {
+  std::error_code error;
+  const std::filesystem::path first = std::filesystem::weakly_canonical(a, error);
+  if (error) return false;
+  const std::filesystem::path second = std::filesystem::weakly_canonical(b, error);
+  return !error && first == second;
+}
+
+void check_checkpoint_directories(const std::optional<std::string>& load, const std::optional<std::string>& save,
+                                  int64_t checkpoint_bytes) {
+  namespace fs = std::filesystem;
+  std::error_code error;
+  if (load) {
+    const fs::file_status status = fs::status(*load, error);
+    if (fs::exists(status) && !fs::is_directory(status)) {
+      throw SpecError("--load", *load + " is not a directory");
+    }
+    if (!fs::exists(status) && !(save && same_directory(*load, *save))) {
+      throw SpecError("--load", *load + " does not exist; to start from scratch and resume from it later, give the "
+                                        "same directory to --save (Megatron's resume-or-start idiom)");
+    }
+  }
+  if (!save) return;
+  // The directory, or the nearest ancestor a save would create it in.
+  fs::path existing = fs::absolute(*save, error);
+  while (!fs::exists(existing, error) && existing.has_parent_path() && existing != existing.parent_path()) {
+    existing = existing.parent_path();
+  }
+  if (!fs::is_directory(existing, error)) {
+    throw SpecError("--save", existing.string() + (existing == fs::absolute(*save, error) ? "" : ", on the way to " + *save) +
+                                  ", is not a directory");
+  }
+  if (::access(existing.c_str(), W_OK | X_OK) != 0) {
+    throw SpecError("--save", existing.string() + ": cannot write there: " + std::strerror(errno));
+  }
+  const fs::space_info space = fs::space(existing, error);
+  if (!error && space.available < static_cast<std::uintmax_t>(checkpoint_bytes)) {
+    throw SpecError("--save", existing.string() + " has " + format_gib(static_cast<double>(space.available)) +
+                                  " free, but a checkpoint of this model takes " +
+                                  format_gib(static_cast<double>(checkpoint_bytes)));
+  }
+}
 
 std::optional<TrainingState> load_checkpoint(const std::string& directory, const CheckpointRank& rank) {
   try {

@@ -71,8 +71,19 @@ struct CheckpointRank {
 // CommAborted, and DIR's latest_checkpointed_iteration.txt and earlier iterations are unchanged.
 void save_checkpoint(const std::string& directory, const TrainingState& state, const CheckpointRank& rank);
 
+// Before training starts: `load` (--load) must be a directory, or not exist when it is also
+// `save` (Megatron's resume-or-start idiom: the first run starts from scratch, later ones resume);
+// `save` (--save) must be a directory, or creatable, that this process can write, on a filesystem
+// with `checkpoint_bytes` free. Throws SpecError naming the flag and the rule.
+void check_checkpoint_directories(const std::optional<std::string>& load, const std::optional<std::string>& save,
+                                  int64_t checkpoint_bytes);
+
+// Whether two paths name the same directory (spelled differently, or through a link).
+bool same_directory(const std::string& a, const std::string& b);
+
 // The newest checkpoint under `directory` loaded into the rank's chunks and optimizer (compute
-// weights refreshed), or nothing when the directory holds none. Throws SpecError("--load", ...)
+// weights refreshed), or nothing when the directory holds none (no iter_ directory, no
+// latest_checkpointed_iteration.txt). Throws SpecError("--load", ...)
 // naming the file and the rule for an unreadable checkpoint, one of another model (a tensor
 // missing, extra, or of another global shape: both shapes named) or a corrupted tensor (its
 // checksum); nothing has been trained or written then.

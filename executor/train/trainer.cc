@@ -176,6 +176,8 @@ class RankTrainer {
     return static_cast<StopSignal>(static_cast<int>(strongest));
   }
   double evaluate(int64_t iteration);
+  // Throws SpecError("--load" or "--seed") unless this run can go on from a loaded state.
+  void check_resumable(const TrainingState& loaded) const;
   // A log line for the interval ending at `iteration`: `samples` trained in `seconds`.
   void log(int64_t iteration, double loss, double lr, double gradient_norm, int64_t global_batch, int64_t samples,
            int64_t iterations, double seconds);
@@ -242,6 +244,27 @@ double RankTrainer::evaluate(int64_t iteration) {
          static_cast<double>(run_.options.eval_iters * microbatches * plan.data_parallel_size);
 }
 
+void RankTrainer::check_resumable(const TrainingState& loaded) const {
+  const TrainOptions& options = run_.options;
+  if (loaded.seed != options.seed) {
+    throw SpecError("--seed", std::to_string(options.seed) + " differs from the checkpoint's " +
+                                  std::to_string(loaded.seed) + ": the data order would change");
+  }
+  if (loaded.iteration > options.train_iters) {
+    throw SpecError("--load", *options.load + " is at iteration " + std::to_string(loaded.iteration) +
+                                  ", past --train-iters " + std::to_string(options.train_iters) +
+                                  ": nothing to train (raise --train-iters to go on)");
+  }
+  // The samples this run's data index holds (its --train-iters at its batch): a checkpoint past
+  // them would wrap around and train on data it has seen.
+  const int64_t samples = run_.train_samples.size();
+  if (loaded.consumed_samples > samples) {
+    throw SpecError("--load", *options.load + " has consumed " + std::to_string(loaded.consumed_samples) +
+                                  " samples, more than the " + std::to_string(samples) + " that --train-iters " +
+                                  std::to_string(options.train_iters) + " at this batch draw");
+  }
+}
+
 void RankTrainer::use_global_batch(int64_t global_batch) {
   const PipelineSchedule* schedule = &run_.schedule;
   if (global_batch != run_.plan.global_batch_size) {
@@ -301,14 +324,15 @@ TrainSummary RankTrainer::train() {
   }
   if (options.load) {
     if (const std::optional<TrainingState> loaded = load_checkpoint(*options.load, checkpoint_rank())) {
-      if (loaded->seed != options.seed) {
-        throw SpecError("--seed", std::to_string(options.seed) + " differs from the checkpoint's " +
-                                      std::to_string(loaded->seed) + ": the data order would change");
-      }
+      check_resumable(*loaded);
       state = *loaded;
       if (out_) *out_ << "loaded " << *options.load << " at iteration " << state.iteration << "\n";
-    } else if (out_) {
-      *out_ << "no checkpoint in " << *options.load << ": starting from scratch\n";
+    } else if (options.save && same_directory(*options.load, *options.save)) {
+      if (out_) *out_ << "no checkpoint in " << *options.load << " yet: starting from scratch\n";
+    } else {
+      throw SpecError("--load", *options.load + " holds no checkpoint (no latest_checkpointed_iteration.txt); to start "
+                                                "from scratch and resume from it later, give the same directory to "
+                                                "--save (Megatron's resume-or-start idiom)");
     }
   }
   if (out_ && options.log_file) {
@@ -424,6 +448,12 @@ TrainSummary train_alone(const Run& run, Backend& backend, ParallelGroups& group
   return summary;
 }
 
+// What a checkpoint of the model takes on disk: every parameter's fp32 value and two Adam moments.
+int64_t checkpoint_bytes(const ModelSpec& model, const ParallelPlan& plan) {
+  constexpr int64_t kBytesPerParameter = 3 * sizeof(float);
+  return kBytesPerParameter * total_parameters(model, plan.tensor_parallel_size);
+}
+
 // A --rampup-batch-size the plan can run at every step: each batch's microbatches fit its schedule.
 void check_ramp(const ModelSpec& model, const ParallelPlan& plan, const TrainOptions& options) {
   if (!options.rampup) return;
@@ -453,6 +483,7 @@ struct PreparedRun {
         plan(plan_in),
         options(checked_train_options(options_in)),
         schedule((GptModel::refuse_unsupported(model, plan), check_ramp(model, plan, options),
+                  check_checkpoint_directories(options.load, options.save, checkpoint_bytes(model, plan)),
                   checked_schedule(plan, options))),
         dataset(options.data_path),
         splits(split_documents(options.split, static_cast<int64_t>(dataset.num_documents()))),

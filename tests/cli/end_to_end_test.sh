@@ -56,6 +56,15 @@ expect_error 'error: --model: unknown preset "gpt5"; known presets: gpt2-124m' d
 printf '{\n  "num_layers": 2,\n  "hidden_size": 64\n  "x": 1\n}\n' >"$scratch/broken.json"
 expect_error "error: $scratch/broken.json:4:5: malformed JSON" describe --model "$scratch/broken.json" --cluster h100-x1
 expect_error 'error: --num-layers: must be a positive integer, got 0' describe --model gpt2-124m --cluster h100-x1 --num-layers 0
+# Hostile JSON: 100k levels deep, a number beyond a double, in every kind of JSON file megaplan reads.
+python3 -c 'print("[" * 100000 + "]" * 100000)' >"$scratch/deep.json"
+expect_error "error: $scratch/deep.json:1:65: malformed JSON: arrays and objects nest deeper than 64 levels" describe --model "$scratch/deep.json" --cluster h100-x1
+expect_error "error: $scratch/deep.json:1:65: malformed JSON" simulate --model gpt2-124m --cluster "$scratch/deep.json"
+expect_error "error: .*deep.json:1:65: malformed JSON" simulate --plan "$scratch/deep.json"
+printf '{"num_layers": 1e999}\n' >"$scratch/huge.json"
+expect_error "error: $scratch/huge.json: malformed JSON: the number '1e999' is beyond a double's range" describe --model "$scratch/huge.json" --cluster h100-x1
+# A control character in a name is escaped: the error stays one line.
+expect_error 'error: --model: unknown preset "gpt\\nfive"' describe --model "$(printf 'gpt\nfive')" --cluster h100-x1
 expect_error 'error: --implementation: must be one of megaplan, megatron-core, megatron-local; got "nemo"' simulate --model gpt2-124m --cluster h100-x1 --implementation nemo
 # Megatron-LM's implementation flags: defaults by --implementation, overrides, and their rules.
 expect_ok simulate --model gpt-1.3b --cluster dgx-h100 --gpus 8 --tp 2 --pp 2 --gbs 16 --implementation megatron-local

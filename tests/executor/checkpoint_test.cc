@@ -9,6 +9,7 @@
 #include <catch2/catch.hpp>
 
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -368,4 +369,155 @@ TEST_CASE("a save that fails on any rank leaves the last checkpoint as it was", 
   options.train_iters = 5;
   options.save.reset();
   CHECK(train(model, plan, options, scratch, "resumed").summary.first_iteration == 5);
+}
+
+namespace {
+
+// The SpecError a run ends with ("" when none), whatever its flag.
+std::string refusal_of(const std::function<void()>& run) {
+  try {
+    run();
+  } catch (const megaplan::SpecError& error) {
+    return error.what();
+  }
+  return "";
+}
+
+void write_text(const std::string& path, const std::string& text) {
+  std::ofstream file(path, std::ios::binary | std::ios::trunc);
+  file << text;
+}
+
+}  // namespace
+
+TEST_CASE("a damaged training state, a missing latest file and bad --load/--save paths are refused before training",
+          "[checkpoint]") {
+  const megaplan::test::ScratchDirectory scratch;
+  const megaplan::ModelSpec model = four_layer_gpt();
+  const ParallelPlan plan = plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false);
+  exec::TrainOptions options = options_for(megaplan::test::sentence_corpus(scratch));
+  options.train_iters = 2;
+  options.save = scratch.file("saved");
+  options.save_interval = 1;
+  (void)train(model, plan, options, scratch, "saved");
+  const std::string state_file = "/iter_0000002/state.json";
+  const nlohmann::json state = nlohmann::json::parse(megaplan::read_text_file(*options.save + state_file));
+  REQUIRE(state.contains("fnv1a64"));
+
+  // Each damage on a copy of the checkpoint, loaded by a run of 3 iterations.
+  int copies = 0;
+  const auto load_damaged = [&](const std::function<void(const std::string&)>& damage) {
+    const std::string copy = scratch.file("copy" + std::to_string(copies++));
+    fs::copy(*options.save, copy, fs::copy_options::recursive);
+    damage(copy);
+    exec::TrainOptions resumed = options;
+    resumed.train_iters = 3;
+    resumed.save.reset();
+    resumed.save_interval = 0;
+    resumed.load = copy;
+    return refusal_of([&] { (void)train(model, plan, resumed, scratch, "damaged"); });
+  };
+  const auto with_state = [&](const std::function<void(nlohmann::json&)>& edit) {
+    return [&, edit](const std::string& copy) {
+      nlohmann::json edited = state;
+      edit(edited);
+      write_text(copy + state_file, edited.dump(2));
+    };
+  };
+  // One changed digit anywhere in state.json is its checksum's to catch.
+  CHECK(load_damaged(with_state([](nlohmann::json& s) { s["consumed_samples"] = 7; }))
+            .find("/state.json: its checksum does not match its contents") != std::string::npos);
+  // Without the checksum (a checkpoint saved before it), each field is checked for itself.
+  const auto unsummed = [&](const std::function<void(nlohmann::json&)>& edit) {
+    return with_state([edit](nlohmann::json& s) {
+      s.erase("fnv1a64");
+      edit(s);
+    });
+  };
+  CHECK(load_damaged(unsummed([](nlohmann::json& s) { s["consumed_samples"] = -8; }))
+            .find("state.json: consumed_samples: must be non-negative, got -8") != std::string::npos);
+  CHECK(load_damaged(unsummed([](nlohmann::json& s) { s["iteration"] = "2"; }))
+            .find("state.json: iteration: must be an integer, got string \"2\"") != std::string::npos);
+  CHECK(load_damaged(unsummed([](nlohmann::json& s) { s["iteration"] = nlohmann::json::array({2}); }))
+            .find("state.json: iteration: must be an integer, got array") != std::string::npos);
+  CHECK(load_damaged(unsummed([](nlohmann::json& s) { s["iteration"] = 2.5; }))
+            .find("iteration: must be an integer, got number 2.5") != std::string::npos);
+  CHECK(load_damaged(unsummed([](nlohmann::json& s) { s.erase("consumed_samples"); }))
+            .find("state.json: consumed_samples: required field is missing") != std::string::npos);
+  CHECK(load_damaged(unsummed([](nlohmann::json& s) { s["iteration"] = 3; }))
+            .find("state.json says iteration 3 but") != std::string::npos);
+  CHECK(load_damaged(unsummed([](nlohmann::json& s) { s["consumed_samples"] = int64_t{1} << 62; }))
+            .find("has consumed 4611686018427387904 samples, more than the ") != std::string::npos);
+  CHECK(load_damaged([](const std::string& copy) { write_text(copy + "/latest_checkpointed_iteration.txt", "1e15\n"); })
+            .find("latest_checkpointed_iteration.txt must hold an iteration number (up to 12 digits), and holds \"1e15\"") !=
+        std::string::npos);
+  CHECK(load_damaged([](const std::string& copy) { fs::remove(copy + "/latest_checkpointed_iteration.txt"); })
+            .find("holds iter_ directories but no latest_checkpointed_iteration.txt") != std::string::npos);
+  // A checkpoint past the run's last iteration has nothing to train.
+  options.load = options.save;
+  options.save.reset();
+  options.save_interval = 0;
+  options.train_iters = 1;
+  options.learning_rate.warmup_iterations = 0;
+  const std::string past = refusal_of([&] { (void)train(model, plan, options, scratch, "past"); });
+  INFO(past);
+  CHECK(past
+            .find("is at iteration 2, past --train-iters 1: nothing to train") != std::string::npos);
+  options.train_iters = 3;
+  options.learning_rate.warmup_iterations = 2;
+
+  // --load of a directory that does not exist: an error, unless it is also --save.
+  options.load = scratch.file("nowhere");
+  CHECK(refusal_of([&] { (void)train(model, plan, options, scratch, "nowhere"); }) ==
+        "--load: " + *options.load + " does not exist; to start from scratch and resume from it later, give the same "
+                                     "directory to --save (Megatron's resume-or-start idiom)");
+  options.save = options.load;
+  const Outcome started = train(model, plan, options, scratch, "resume-or-start");
+  CHECK(started.out.find("no checkpoint in " + *options.load + " yet: starting from scratch") != std::string::npos);
+  CHECK(started.summary.first_iteration == 1);
+  // An empty directory that is not --save holds nothing to resume.
+  fs::create_directory(scratch.file("empty"));
+  options.load = scratch.file("empty");
+  options.save = scratch.file("elsewhere");
+  CHECK(refusal_of([&] { (void)train(model, plan, options, scratch, "empty"); })
+            .find(" holds no checkpoint (no latest_checkpointed_iteration.txt)") != std::string::npos);
+  // --load naming a file; --save naming a file, or a directory under one: before any iteration.
+  write_text(scratch.file("a-file"), "x");
+  options.load = scratch.file("a-file");
+  CHECK(refusal_of([&] { (void)train(model, plan, options, scratch, "load-file"); }) ==
+        "--load: " + scratch.file("a-file") + " is not a directory");
+  options.load.reset();
+  options.save = scratch.file("a-file/checkpoints");
+  CHECK(refusal_of([&] { (void)train(model, plan, options, scratch, "save-file"); }) ==
+        "--save: " + scratch.file("a-file") + ", on the way to " + *options.save + ", is not a directory");
+  CHECK_FALSE(fs::exists(scratch.file("save-file.jsonl")));  // nothing trained
+}
+
+TEST_CASE("a save over an existing iteration swaps it in whole and removes what interrupted saves left", "[checkpoint]") {
+  const megaplan::test::ScratchDirectory scratch;
+  const megaplan::ModelSpec model = four_layer_gpt();
+  const ParallelPlan plan = plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false);
+  exec::TrainOptions options = options_for(megaplan::test::sentence_corpus(scratch));
+  const std::string directory = scratch.file("checkpoints");
+  options.train_iters = 2;
+  options.save = directory;
+  options.save_interval = 1;
+  (void)train(model, plan, options, scratch, "first");
+  const std::map<std::string, std::string> first = snapshot(directory);
+  // What kills at each step of a save leave behind.
+  fs::create_directory(directory + "/iter_0000009.tmp");
+  write_text(directory + "/iter_0000009.tmp/state.json", "{");
+  write_text(directory + "/latest_checkpointed_iteration.txt.tmp.Ab12Cd", "9");
+  // Back to iteration 1, then train iteration 2 again: its save replaces the saved iteration 2.
+  write_text(directory + "/latest_checkpointed_iteration.txt", "1\n");
+  options.load = directory;
+  (void)train(model, plan, options, scratch, "again");
+  const std::map<std::string, std::string> second = snapshot(directory);
+  std::vector<std::string> names;
+  for (const auto& [name, bytes] : second) names.push_back(name);
+  std::vector<std::string> expected;
+  for (const auto& [name, bytes] : first) expected.push_back(name);
+  CHECK(names == expected);  // no temporaries, no staging directory left
+  // The same run from the same state: the replaced iteration holds the same bytes.
+  CHECK(second == first);
 }

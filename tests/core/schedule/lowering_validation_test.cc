@@ -86,6 +86,34 @@ TEST_CASE("waiting on a message the rank sends later is a deadlock", "[schedule]
                         Contains("0SEND_F0") && Contains("1B0"));
 }
 
+TEST_CASE("a deadlock with a message in flight is a deadlock", "[schedule][validation]") {
+  // 1F1B pp 2, M 1, rank 1's F0 before the RECV_F0 it needs: rank 0 has sent, rank 1 never receives.
+  megaplan::PipelineSchedule schedule =
+      megaplan::lower_schedule(megaplan::generate_schedule(ScheduleKind::kOneFOneB, 2, 1, 1));
+  REQUIRE(rows(schedule)[1] == "1RECV_F0 1F0 1B0 1SEND_B0 1REDUCE_GRAD OPTIM");
+  std::swap(schedule.ranks[1][0], schedule.ranks[1][1]);
+  CHECK_THROWS_WITH(megaplan::validate_schedule(schedule),
+                    "schedule: deadlock: these actions wait on each other: 1RECV_F0 (rank 1, step 1) -> 1F0 (rank 1, "
+                    "step 0) -> 1RECV_F0");
+}
+
+TEST_CASE("a repeated message or gradient reduction is repeated work", "[schedule][validation]") {
+  // Sent twice and received twice, in matching order: a receive must not take the first copy's key
+  // for the second copy's arrival.
+  megaplan::PipelineSchedule messages =
+      megaplan::lower_schedule(megaplan::generate_schedule(ScheduleKind::kOneFOneB, 2, 1, 1));
+  messages.ranks[0].insert(messages.ranks[0].begin() + 3, messages.ranks[0][1]);  // 0SEND_F0 after 0RECV_B0
+  messages.ranks[1].insert(messages.ranks[1].begin() + 1, messages.ranks[1][0]);  // 1RECV_F0 twice
+  CHECK_THROWS_WITH(megaplan::validate_schedule(messages),
+                    "schedule: duplicate: 1RECV_F0 (rank 1, step 1) repeats the work of 1RECV_F0 (rank 1, step 0)");
+
+  megaplan::PipelineSchedule reduction = lowered_1f1b_pp2_m2();
+  reduction.ranks[0].insert(reduction.ranks[0].end() - 1,  // a second 0REDUCE_GRAD before OPTIM
+                            megaplan::make_action(megaplan::ActionKind::kReduceGrad, 0, -1));
+  CHECK_THROWS_WITH(megaplan::validate_schedule(reduction),
+                    StartsWith("schedule: duplicate: 0REDUCE_GRAD (rank 0, step 9)"));
+}
+
 TEST_CASE("missing, duplicate and misplaced work is refused", "[schedule][validation]") {
   megaplan::PipelineSchedule missing = megaplan::generate_schedule(ScheduleKind::kOneFOneB, 2, 1, 2);
   missing.ranks[1].pop_back();  // 1B1

@@ -9,6 +9,7 @@
 #include "core/text_file.h"
 
 using Catch::Matchers::Contains;
+using Catch::Matchers::StartsWith;
 using megaplan::ScheduleKind;
 
 namespace {
@@ -68,6 +69,16 @@ TEST_CASE("broken CSVs are refused with the file, row and column or the rule", "
   CHECK_THROWS_WITH(megaplan::parse_schedule_csv("0F0,1F0,1B0,0B0\n2F0,3F0,3B0,2B0\n", "s.csv"),
                     "s.csv: stages are placed neither \"loop\" (stage s on rank s % 2) nor \"v\" (rank r runs stages r "
                     "and 3 - r)");
+  // Cut short: inside the last row, or after whole rows whose stages the rows left still name.
+  CHECK_THROWS_WITH(megaplan::parse_schedule_csv("0F0,0F1,0B0,0B1\n1F0,1B0,1F1,1B", "s.csv"),
+                    "s.csv:2: the last row has no line ending: the file is cut short (torch and megaplan end every row "
+                    "with a newline)");
+  CHECK_THROWS_WITH(megaplan::parse_schedule_csv("0F0,0SEND_F0,0RECV_B0,0B0\r\n", "s.csv"),
+                    "s.csv: no row runs stage 1, though 0SEND_F0 (row 1) names stage 1: a pipeline rank's row is "
+                    "missing, or the file is cut short");
+  CHECK_THROWS_WITH(megaplan::parse_schedule_csv("0F0,3F0,3B0,0B0\n", "s.csv"),
+                    StartsWith("s.csv: no row runs stage 1, though 3F0 (row 1) names stage 3"));
+  CHECK_THROWS_WITH(megaplan::parse_schedule_csv("999999999F0\n", "s.csv"), StartsWith("s.csv: no row runs stage 0"));
   // A missing backward and a duplicate forward parse, and validation names them.
   const auto missing = megaplan::parse_schedule_csv("0F0,0F1,0B0\n1F0,1B0,1F1,1B1\n", "s.csv");
   CHECK_THROWS_WITH(megaplan::validate_schedule(missing), "schedule: incomplete: no rank runs 0B1 (a B, or an I and a W)");
