@@ -7,6 +7,7 @@
 
 #include "cli/commands.h"
 #include "cli/notes.h"
+#include "cli/strict_numbers.h"
 #include "core/error.h"
 #include "core/heap_tuning.h"
 #include "core/schedule/validation.h"
@@ -36,6 +37,7 @@ int main(int argc, char** argv) {
   megaplan::cli::setup_simulate_command(app, context);
   megaplan::cli::setup_report_command(app, context);
   megaplan::cli::setup_train_command(app, context);
+  megaplan::cli::require_strict_numbers(app);
 
   try {
     app.parse(argc, argv);

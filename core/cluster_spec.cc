@@ -3,19 +3,28 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cmath>
+
 #include "core/checked_math.h"
+#include "core/input_limits.h"
 #include "core/json_io.h"
 
 namespace megaplan {
 
 namespace {
 
+// A rate below one unit per second, or infinite, makes every time it divides meaningless.
 void require_positive_rate(double value, const std::string& field) {
-  if (!(value > 0)) throw SpecError(field, "must be a positive number, got " + std::to_string(value));
+  if (!(value >= 1) || !std::isfinite(value)) {
+    throw SpecError(field, "must be a finite number of at least 1 per second, got " + nlohmann::json(value).dump());
+  }
 }
 
-void require_non_negative(double value, const std::string& field) {
-  if (!(value >= 0)) throw SpecError(field, "must not be negative, got " + std::to_string(value));
+// Link latencies: a second is already a thousand times any network's.
+void require_latency(double value, const std::string& field) {
+  if (!(value >= 0) || !(value <= 1)) {
+    throw SpecError(field, "must be between 0 and 1 second, got " + nlohmann::json(value).dump());
+  }
 }
 
 }  // namespace
@@ -23,7 +32,9 @@ void require_non_negative(double value, const std::string& field) {
 void validate_cluster_spec(const ClusterSpec& cluster) {
   require_positive(cluster.num_nodes, "num_nodes");
   require_positive(cluster.gpus_per_node, "gpus_per_node");
-  checked_multiply(cluster.num_nodes, cluster.gpus_per_node, "num_nodes");
+  require_at_most(cluster.gpus_per_node, kMaxGpusPerNode, "gpus_per_node");
+  require_at_most(checked_multiply(cluster.num_nodes, cluster.gpus_per_node, "num_nodes"), kMaxWorldSize,
+                  "num_nodes x gpus_per_node");
   require_positive_rate(cluster.gpu.dense_bf16_flops_per_s, "gpu.dense_bf16_flops_per_s");
   require_positive_rate(cluster.gpu.dense_fp16_flops_per_s, "gpu.dense_fp16_flops_per_s");
   require_positive(cluster.gpu.hbm_capacity_bytes, "gpu.hbm_capacity_bytes");
@@ -32,12 +43,13 @@ void validate_cluster_spec(const ClusterSpec& cluster) {
     throw SpecError("gpu.streaming_multiprocessors",
                     "must not be negative, got " + std::to_string(cluster.gpu.streaming_multiprocessors));
   }
-  require_non_negative(cluster.intra_node.latency_s, "intra_node.latency_s");
-  require_non_negative(cluster.inter_node.latency_s, "inter_node.latency_s");
+  require_latency(cluster.intra_node.latency_s, "intra_node.latency_s");
+  require_latency(cluster.inter_node.latency_s, "inter_node.latency_s");
   if (cluster.inter_node.nics_per_node < 0) {
     throw SpecError("inter_node.nics_per_node", "must not be negative, got " +
                                                     std::to_string(cluster.inter_node.nics_per_node));
   }
+  require_at_most(cluster.inter_node.nics_per_node, kMaxNicsPerNode, "inter_node.nics_per_node");
   // GPUs that share a node must be able to talk; nodes must be able to talk to each other.
   if (cluster.gpus_per_node > 1) {
     require_positive_rate(cluster.intra_node.bandwidth_per_gpu_bytes_per_s,

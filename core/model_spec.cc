@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/checked_math.h"
+#include "core/input_limits.h"
 #include "core/json_io.h"
 
 namespace megaplan {
@@ -43,6 +44,16 @@ void validate_model_spec(const ModelSpec& spec) {
   require_positive(spec.seq_length, "--seq-length");
   require_positive(spec.vocab_size, "--vocab-size");
   require_positive(spec.make_vocab_size_divisible_by, "--make-vocab-size-divisible-by");
+  require_at_most(spec.num_layers, kMaxLayers, "--num-layers");
+  require_at_most(spec.hidden_size, kMaxHiddenSize, "--hidden-size");
+  require_at_most(spec.num_attention_heads, kMaxHeads, "--num-attention-heads");
+  require_at_most(spec.seq_length, kMaxSequenceLength, "--seq-length");
+  require_at_most(spec.vocab_size, kMaxVocabulary, "--vocab-size");
+  require_at_most(spec.make_vocab_size_divisible_by, kMaxVocabulary, "--make-vocab-size-divisible-by");
+  require_at_most(spec.ffn_hidden_size, kMaxHiddenSize, "--ffn-hidden-size");
+  require_at_most(spec.kv_channels, kMaxHiddenSize, "--kv-channels");
+  require_at_most(spec.num_query_groups, kMaxHeads, "--num-query-groups");
+  require_at_most(spec.max_position_embeddings, kMaxSequenceLength, "--max-position-embeddings");
   // Zero in these means "Megatron's default"; negative is never meaningful.
   const std::pair<int64_t, const char*> defaulted[] = {
       {spec.ffn_hidden_size, "--ffn-hidden-size"},
@@ -52,8 +63,6 @@ void validate_model_spec(const ModelSpec& spec) {
   for (const auto& [value, field] : defaulted) {
     if (value < 0) throw SpecError(field, "must be a positive integer, got " + std::to_string(value));
   }
-  // The defaults multiply hidden_size (SwiGLU's default ffn is 4h * 2 / 3): bound it first.
-  checked_multiply(spec.hidden_size, 8, "--hidden-size");
   if (spec.kv_channels == 0 && spec.hidden_size % spec.num_attention_heads != 0) {
     throw SpecError("--hidden-size", "must be divisible by --num-attention-heads (" +
                                          std::to_string(spec.hidden_size) + " % " +

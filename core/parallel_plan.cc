@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/checked_math.h"
+#include "core/input_limits.h"
 #include "core/json_io.h"
 #include "core/pipeline_layout.h"
 #include "core/schedule/schedule_traits.h"
@@ -109,9 +110,12 @@ void validate_plan(const ModelSpec& model, const ParallelPlan& plan) {
   require_positive(vpp, "--virtual-pipeline-model-parallel-size");
   require_positive(plan.micro_batch_size, "--micro-batch-size");
   require_positive(plan.global_batch_size, "--global-batch-size");
-  checked_multiply(checked_multiply(checked_multiply(tp, pp, "--pipeline-model-parallel-size"), cp,
-                                    "--context-parallel-size"),
-                   dp, "data_parallel_size");
+  const int64_t world = checked_multiply(
+      checked_multiply(checked_multiply(tp, pp, "--pipeline-model-parallel-size"), cp, "--context-parallel-size"), dp,
+      "data_parallel_size");
+  require_at_most(world, kMaxWorldSize, "world size (tp x pp x cp x dp)");
+  require_at_most(pp, kMaxPipelineStages, "--pipeline-model-parallel-size");
+  require_at_most(plan.global_batch_size, kMaxGlobalBatch, "--global-batch-size");
 
   // Tensor parallelism splits heads, query groups and the MLP's hidden dimension evenly.
   require_divides(tp, model.num_attention_heads, "--tensor-model-parallel-size",
@@ -123,7 +127,8 @@ void validate_plan(const ModelSpec& model, const ParallelPlan& plan) {
 
   // Layers split over pipeline ranks (evenly, or as the pipeline split says), then evenly over
   // each rank's virtual stages.
-  checked_multiply(pp, vpp, "--virtual-pipeline-model-parallel-size");
+  const int64_t stages = checked_multiply(pp, vpp, "--virtual-pipeline-model-parallel-size");
+  require_at_most(stages, kMaxPipelineStages, "pipeline stages (pp x vpp)");
   if (vpp > 1 && pp == 1) {
     throw SpecError("--virtual-pipeline-model-parallel-size", "needs --pipeline-model-parallel-size > 1");
   }
@@ -133,6 +138,10 @@ void validate_plan(const ModelSpec& model, const ParallelPlan& plan) {
   require_divides(replica_batch, plan.global_batch_size, "--global-batch-size",
                   [&] { return "must be divisible by micro-batch-size*data-parallel-size = " + str(plan.micro_batch_size) +
                       "*" + str(dp) + " = " + str(replica_batch); });
+  require_at_most(plan.num_microbatches(), kMaxMicrobatches, "microbatches per iteration (--global-batch-size / "
+                                                             "(--micro-batch-size x data-parallel size))");
+  require_at_most(2 * stages * plan.num_microbatches(), kMaxScheduleActions,
+                  "forward and backward actions per iteration (2 x pp x vpp x microbatches)");
 
   if (plan.sequence_parallel) {
     if (tp == 1) throw SpecError("--sequence-parallel", "needs --tensor-model-parallel-size > 1");

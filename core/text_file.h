@@ -6,6 +6,15 @@
 namespace megaplan {
 
 // Throws SpecError(path, "cannot read file: <reason>").
+std::string read_file_contents(const std::string& path);
+
+// read_file_contents, noting the file as an input of this command (below): how the files a user
+// names are read. Files megaplan itself keeps and replaces (a checkpoint's) use read_file_contents.
 std::string read_text_file(const std::string& path);
+
+// The files this process has read as input, by identity (device and inode, so any spelling or
+// link of one names it): an output must never replace one (executor/io/staged_file.h).
+void note_input_file(const std::string& path);
+bool is_input_file(const std::string& path);
 
 }  // namespace megaplan

@@ -11,11 +11,13 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <tuple>
 
 #include "core/units.h"
 #include "core/error.h"
+#include "core/input_limits.h"
 #include "core/formulas.h"
 #include "core/memory_model.h"
 #include "core/schedule/schedule.h"
@@ -255,10 +257,19 @@ SearchResult search_plans(const ModelSpec& model, const GpuSpec& gpu, const std:
       bounded.store(true);
     }
   };
+  require_at_most(options.threads, kMaxThreads, "--threads");
   const int64_t threads = options.threads > 0 ? options.threads
                                               : std::max<int64_t>(1, std::thread::hardware_concurrency());
   std::vector<std::thread> pool;
-  for (int64_t t = 1; t < threads; ++t) pool.emplace_back(work);
+  try {
+    for (int64_t t = 1; t < threads; ++t) pool.emplace_back(work);
+  } catch (const std::system_error& error) {
+    // The system ran out of threads: the started ones stop at their next candidate.
+    bounded.store(true);
+    for (std::thread& thread : pool) thread.join();
+    throw SpecError("--threads", "cannot start " + std::to_string(threads) + " threads (" + error.what() +
+                                     "); ask for fewer");
+  }
   work();
   for (std::thread& thread : pool) thread.join();
   if (failure) std::rethrow_exception(failure);

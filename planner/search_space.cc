@@ -8,6 +8,7 @@
 
 #include "core/checked_math.h"
 #include "core/error.h"
+#include "core/input_limits.h"
 #include "core/schedule/schedule_traits.h"
 
 namespace megaplan::planner {
@@ -75,6 +76,8 @@ void validate_search_problem(const SearchProblem& problem) {
   const SearchSpace& space = problem.space;
   const ModelSpec& model = problem.model;
   require_positive(problem.global_batch_size, "--global-batch-size");
+  require_at_most(problem.global_batch_size, kMaxGlobalBatch, "--global-batch-size");
+  require_at_most(problem.gpus, kMaxWorldSize, "--gpus");
   for (int64_t tp : space.tensor_parallel) {
     const std::string flag = "--tensor-model-parallel-size";
     require_positive(tp, flag);

@@ -11,6 +11,7 @@
 
 #include "core/action_work.h"
 #include "core/error.h"
+#include "core/input_limits.h"
 #include "core/memory_model.h"
 #include "core/pipeline_layout.h"
 #include "core/version.h"
@@ -119,6 +120,8 @@ void add_collective_detail(const TimelineSlice& slice, const JobSpec& job, const
 
 // The trace of `timeline`; `job`, where given, names each slice's layers and work and the run.
 nlohmann::json chrome_trace(const Timeline& timeline, const JobSpec* job, bool collective_detail) {
+  require_at_most(static_cast<int64_t>(timeline.slices.size()), kMaxTraceActions,
+                  "the trace's actions (every pipeline rank's; fewer microbatches or stages make fewer)");
   nlohmann::json events = nlohmann::json::array();
   std::set<std::pair<int32_t, int>> tracks;
   std::vector<const TimelineSlice*> slices;

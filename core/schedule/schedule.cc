@@ -2,6 +2,7 @@
 #include "core/schedule/schedule.h"
 
 #include "core/checked_math.h"
+#include "core/input_limits.h"
 #include "core/pipeline_layout.h"
 #include "core/schedule/generators.h"
 #include "core/schedule/schedule_traits.h"
@@ -21,6 +22,9 @@ PipelineSchedule generate_schedule(ScheduleKind kind, int64_t pipeline_parallel_
   require_positive(pipeline_parallel_size, "--pp");
   require_positive(virtual_pipeline_size, "--vpp");
   require_positive(microbatches, "--microbatches");
+  require_at_most(pipeline_parallel_size, kMaxPipelineStages, "--pp");
+  require_schedule_size(checked_multiply(pipeline_parallel_size, virtual_pipeline_size, "--vpp"), microbatches, "--vpp",
+                        "--microbatches");
   PipelineSchedule schedule;
   schedule.shape.pipeline_parallel_size = pipeline_parallel_size;
   schedule.shape.num_stages = checked_multiply(pipeline_parallel_size, virtual_pipeline_size, "--vpp");
@@ -54,6 +58,15 @@ PipelineSchedule generate_schedule(ScheduleKind kind, int64_t pipeline_parallel_
     }
   }
   return schedule;
+}
+
+void require_schedule_size(int64_t stages, int64_t microbatches, const std::string& stages_field,
+                           const std::string& microbatches_field) {
+  require_at_most(stages, kMaxPipelineStages, stages_field + " (pipeline stages)");
+  require_at_most(microbatches, kMaxMicrobatches, microbatches_field);
+  require_at_most(2 * stages * microbatches, kMaxScheduleActions,
+                  microbatches_field + " (2 x " + std::to_string(stages) + " stages x " + std::to_string(microbatches) +
+                      " microbatches: forward and backward actions)");
 }
 
 PipelineSchedule generate_plan_schedule(const ParallelPlan& plan) {

@@ -34,6 +34,11 @@ struct PipelineSchedule {
   std::vector<std::vector<Action>> ranks;  // ranks[r]: pipeline rank r's actions in order
 };
 
+// Throws SpecError unless a schedule of `stages` stages and `microbatches` microbatches is one
+// megaplan holds (core/input_limits.h), naming `stages_field` or `microbatches_field`.
+void require_schedule_size(int64_t stages, int64_t microbatches, const std::string& stages_field,
+                           const std::string& microbatches_field);
+
 // Generates the compute-only schedule of `kind` for every rank. `group_size` is Megatron's
 // microbatch_group_size_per_vp_stage (interleaved only; 0 means pp).
 // Throws SpecError when the shape is not one the schedule supports.

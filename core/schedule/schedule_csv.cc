@@ -5,6 +5,7 @@
 #include <map>
 
 #include "core/error.h"
+#include "core/input_limits.h"
 #include "core/parallel_plan.h"
 #include "core/pipeline_layout.h"
 #include "core/schedule/dependencies.h"
@@ -159,8 +160,11 @@ PipelineSchedule parse_schedule_csv(const std::string& text, const std::string& 
     }
   }
   if (max_microbatch < 0) throw SpecError(source, "holds no compute actions (F, B, I, W)");
+  require_at_most(static_cast<int64_t>(schedule.ranks.size()), kMaxPipelineStages, source + ": rows (pipeline ranks)");
+  require_at_most(max_microbatch + 1, kMaxMicrobatches, source + ": microbatches (the highest microbatch + 1)");
   const std::vector<int64_t> rank_of_stage = rows_of_stages(schedule.ranks, source);
   const auto num_stages = static_cast<int64_t>(rank_of_stage.size());
+  require_schedule_size(num_stages, max_microbatch + 1, source + ": stages", source + ": microbatches");
   if (num_stages % pp != 0) {
     throw SpecError(source, "highest stage " + std::to_string(num_stages - 1) + " gives " + std::to_string(num_stages) +
                                 " stages, not a multiple of the " + std::to_string(pp) + " rows (pipeline ranks)");

@@ -1,13 +1,19 @@
 #include "executor/data/prepare.h"
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <optional>
 #include <system_error>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/input_limits.h"
+#include "core/json_io.h"
 #include "core/text_file.h"
 #include "executor/data/indexed_dataset.h"
 
@@ -41,6 +47,22 @@ std::vector<std::string> input_files(const std::vector<std::string>& inputs) {
   return files;
 }
 
+// The next line of `file` into `line` (without its newline); false at the end. A line longer than
+// kMaxDocumentBytes is refused as it is read, before it is held whole.
+bool read_bounded_line(std::istream& file, std::string& line, const std::string& path, std::size_t line_number) {
+  line.clear();
+  std::streambuf& buffer = *file.rdbuf();
+  for (int c = buffer.sbumpc(); c != std::char_traits<char>::eof(); c = buffer.sbumpc()) {
+    if (c == '\n') return true;
+    line.push_back(static_cast<char>(c));
+    if (static_cast<int64_t>(line.size()) > kMaxDocumentBytes.most) {
+      require_at_most(static_cast<int64_t>(line.size()), kMaxDocumentBytes,
+                      "--input " + path + ":" + std::to_string(line_number) + " (bytes of one line, one document)");
+    }
+  }
+  return !line.empty();
+}
+
 }  // namespace
 
 PrepareSummary prepare_dataset(const PrepareOptions& options, const Tokenizer& tokenizer) {
@@ -62,34 +84,40 @@ PrepareSummary prepare_dataset(const PrepareOptions& options, const Tokenizer& t
   };
   const std::vector<std::string> files = input_files(options.inputs);
   for (const std::string& path : files) {
-    std::string contents;
-    try {
-      contents = read_text_file(path);
-    } catch (const SpecError& error) {
-      throw SpecError("--input", error.what());
-    }
-    summary.bytes_read += static_cast<int64_t>(contents.size());
     if (!ends_with(path, ".jsonl")) {
+      // A text file is one document, tokenized whole.
+      std::error_code error;
+      const std::uintmax_t size = std::filesystem::file_size(path, error);
+      if (!error) require_at_most(static_cast<int64_t>(size), kMaxDocumentBytes, "--input " + path + " (bytes of one document)");
+      std::string contents;
+      try {
+        contents = read_text_file(path);
+      } catch (const SpecError& failure) {
+        throw SpecError("--input", failure.what());
+      }
+      summary.bytes_read += static_cast<int64_t>(contents.size());
       add(contents);
       continue;
     }
+    // JSON Lines, a document per line, read a line at a time: a file of any size, a line bounded.
+    std::ifstream file(path, std::ios::binary);
+    if (!file) throw SpecError("--input", path + ": cannot read file: " + std::strerror(errno));
+    note_input_file(path);
     std::size_t line_number = 0;
-    std::size_t start = 0;
-    while (start < contents.size()) {
-      std::size_t end = contents.find('\n', start);
-      if (end == std::string::npos) end = contents.size();
+    std::string line;
+    while (read_bounded_line(file, line, path, line_number + 1)) {
       ++line_number;
-      const std::string_view line(contents.data() + start, end - start);
-      start = end + 1;
-      if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
-      const nlohmann::json record = nlohmann::json::parse(line, nullptr, false);
+      summary.bytes_read += static_cast<int64_t>(line.size()) + 1;
+      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
       const std::string where = path + ":" + std::to_string(line_number);
-      if (record.is_discarded()) throw SpecError("--input", where + ": malformed JSON");
-      if (!record.is_object() || !record.contains(options.json_key) || !record[options.json_key].is_string()) {
+      const std::optional<nlohmann::json> record = try_parse_json(line);
+      if (!record) throw SpecError("--input", where + ": malformed JSON");
+      if (!record->is_object() || !record->contains(options.json_key) || !(*record)[options.json_key].is_string()) {
         throw SpecError("--input", where + ": no string field \"" + options.json_key + "\"");
       }
-      add(record[options.json_key].get<std::string>());
+      add((*record)[options.json_key].get<std::string>());
     }
+    if (file.bad()) throw SpecError("--input", path + ": cannot read file: " + std::strerror(errno));
   }
   if (summary.documents == 0) {
     throw SpecError("--input", "no text in " + std::to_string(files.size()) + " file(s): an empty dataset is not written");

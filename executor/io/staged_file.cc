@@ -10,10 +10,21 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/text_file.h"
 
 namespace megaplan::exec {
 
 StagedFile::StagedFile(std::string path) : path_(std::move(path)) {
+  // What a rename would replace: only a regular file that is not one of this command's inputs
+  // (a device such as /dev/null, a directory, a symlink, a pipe, or the plan being read, stay).
+  struct stat status {};
+  if (::lstat(path_.c_str(), &status) == 0) {
+    if (!S_ISREG(status.st_mode)) {
+      throw SpecError(path_, "exists and is not a regular file (a device, directory, link or pipe): megaplan replaces "
+                             "only regular files");
+    }
+    if (is_input_file(path_)) throw SpecError(path_, "is an input of this command: an output must not replace it");
+  }
   std::string pattern = path_ + ".tmp.XXXXXX";
   std::vector<char> name(pattern.begin(), pattern.end());
   name.push_back('\0');

@@ -10,7 +10,8 @@ namespace megaplan::exec {
 
 class StagedFile {
  public:
-  // Throws SpecError(path, ...) when no temporary file can be created beside `path`.
+  // Throws SpecError(path, ...) when `path` exists and is not a regular file, or is a file this
+  // process read as input (core/text_file.h), or when no temporary file can be created beside it.
   explicit StagedFile(std::string path);
   ~StagedFile();  // unlinks the temporary file unless committed
   StagedFile(const StagedFile&) = delete;

@@ -97,7 +97,7 @@ struct SavedShard {
 void read_manifest(const std::string& rank_path, std::map<std::string, std::vector<SavedShard>>& saved) {
   const std::string path = rank_path + "/manifest.json";
   if (!std::filesystem::exists(path)) refuse_load(path + ": missing (the checkpoint is incomplete)");
-  const std::optional<nlohmann::json> manifest = try_parse_json(read_text_file(path));
+  const std::optional<nlohmann::json> manifest = try_parse_json(read_file_contents(path));
   if (!manifest || !manifest->is_object() || manifest->value("format", "") != kFormat || !manifest->contains("tensors") ||
       !(*manifest)["tensors"].is_array()) {
     refuse_load(path + ": not a " + std::string(kFormat) + " manifest");
@@ -420,7 +420,7 @@ struct Newest {
 
 // The iteration latest_checkpointed_iteration.txt names: decimal digits and a newline, as saved.
 int64_t read_latest(const std::string& latest) {
-  std::string text = read_text_file(latest);
+  std::string text = read_file_contents(latest);
   if (!text.empty() && text.back() == '\n') text.pop_back();
   if (text.empty() || text.size() > kMaxIterationDigits || text.find_first_not_of("0123456789") != std::string::npos) {
     refuse_load(latest + " must hold an iteration number (up to " + std::to_string(kMaxIterationDigits) +
@@ -455,7 +455,7 @@ std::optional<Newest> find_newest(const std::string& directory) {
     refuse_load(latest + " names iteration " + std::to_string(iteration) + " but " + path + " does not exist");
   }
   const std::string state_path = path + "/state.json";
-  newest.meta = try_parse_json(read_text_file(state_path)).value_or(nlohmann::json());
+  newest.meta = try_parse_json(read_file_contents(state_path)).value_or(nlohmann::json());
   const nlohmann::json& meta = newest.meta;
   if (!meta.is_object() || meta.value("format", "") != kFormat || !meta.contains("directories") ||
       !meta["directories"].is_array()) {

@@ -15,7 +15,7 @@ DecayStyle parse_decay_style(const std::string& text) {
 }
 
 void LearningRateSchedule::validate() const {
-  if (!(max_lr >= 0)) throw SpecError("--lr", "must be non-negative");
+  if (!(max_lr >= 0) || !std::isfinite(max_lr)) throw SpecError("--lr", "must be a finite non-negative number");
   if (!(min_lr >= 0) || min_lr > max_lr) throw SpecError("--min-lr", "must lie in [0, --lr]");
   if (warmup_iterations < 0) throw SpecError("--lr-warmup-iters", "must be non-negative");
   if (style != DecayStyle::kConstant && decay_iterations < warmup_iterations) {

@@ -10,9 +10,11 @@
 #include <sstream>
 
 #include "core/batch_rampup.h"
+#include "core/checked_math.h"
 #include "core/error.h"
 #include "core/executor_memory.h"
 #include "core/formulas.h"
+#include "core/input_limits.h"
 #include "core/pipeline_layout.h"
 #include "core/schedule/lowering.h"
 #include "core/schedule/schedule_csv.h"
@@ -47,7 +49,18 @@ TrainOptions checked_train_options(const TrainOptions& options_in) {
   if (options.exit_interval < 0) throw SpecError("--exit-interval", "must be non-negative");
   if (options.save_interval < 0) throw SpecError("--save-interval", "must be non-negative");
   if (options.save_interval > 0 && !options.save) throw SpecError("--save-interval", "needs --save DIR");
-  if (!(options.clip_grad >= 0)) throw SpecError("--clip-grad", "must be non-negative");
+  if (!(options.clip_grad >= 0) || !std::isfinite(options.clip_grad)) {
+    throw SpecError("--clip-grad", "must be a finite non-negative number");
+  }
+  if (!(options.weight_decay >= 0) || !std::isfinite(options.weight_decay)) {
+    throw SpecError("--weight-decay", "must be a finite non-negative number");
+  }
+  // Adam's moments decay by beta each step: 1 would never forget, above 1 diverge.
+  if (!(options.adam_beta1 >= 0 && options.adam_beta1 < 1)) throw SpecError("--adam-beta1", "must lie in [0, 1)");
+  if (!(options.adam_beta2 >= 0 && options.adam_beta2 < 1)) throw SpecError("--adam-beta2", "must lie in [0, 1)");
+  if (!(options.adam_eps > 0) || !std::isfinite(options.adam_eps)) {
+    throw SpecError("--adam-eps", "must be a finite positive number");
+  }
   if (options.ddp_bucket_size < 0) throw SpecError("--ddp-bucket-size", "must be non-negative (0: Megatron's default)");
   if (options.data_path.empty()) throw SpecError("--data-path", "is required");
   options.learning_rate.validate();
@@ -448,6 +461,23 @@ TrainSummary train_alone(const Run& run, Backend& backend, ParallelGroups& group
   return summary;
 }
 
+// The samples the run draws for training and for validation: each index holds them all, so each
+// is bounded (core/input_limits.h) before it is built.
+int64_t training_samples(const ParallelPlan& plan, const TrainOptions& options) {
+  const int64_t samples = samples_of_iterations(options.rampup, plan.global_batch_size, options.train_iters);
+  require_at_most(samples, kMaxTrainingSamples, "--train-iters (x --global-batch-size: training samples)");
+  return samples;
+}
+
+int64_t validation_samples(const ParallelPlan& plan, const TrainOptions& options) {
+  const int64_t evaluations = options.train_iters / options.eval_interval + 1;
+  const int64_t samples = checked_multiply(checked_multiply(evaluations, options.eval_iters, "--eval-iters"),
+                                           plan.global_batch_size, "--eval-iters");
+  require_at_most(samples, kMaxTrainingSamples,
+                  "--eval-iters (x --global-batch-size x evaluations: validation samples)");
+  return samples;
+}
+
 // What a checkpoint of the model takes on disk: every parameter's fp32 value and two Adam moments.
 int64_t checkpoint_bytes(const ModelSpec& model, const ParallelPlan& plan) {
   constexpr int64_t kBytesPerParameter = 3 * sizeof(float);
@@ -487,12 +517,9 @@ struct PreparedRun {
                   checked_schedule(plan, options))),
         dataset(options.data_path),
         splits(split_documents(options.split, static_cast<int64_t>(dataset.num_documents()))),
-        train_samples(dataset, splits[0], model.seq_length,
-                      samples_of_iterations(options.rampup, plan.global_batch_size, options.train_iters), options.seed) {
-    const int64_t evaluations = options.train_iters / options.eval_interval + 1;
+        train_samples(dataset, splits[0], model.seq_length, training_samples(plan, options), options.seed) {
     if (splits[1].size() > 0 && options.eval_iters > 0) {
-      valid_samples.emplace(dataset, splits[1], model.seq_length,
-                            evaluations * options.eval_iters * plan.global_batch_size, options.seed + 1);
+      valid_samples.emplace(dataset, splits[1], model.seq_length, validation_samples(plan, options), options.seed + 1);
     }
   }
   PreparedRun(const PreparedRun&) = delete;

@@ -96,8 +96,8 @@ expect_ok search --model gpt-1.3b --cluster dgx-h100 --gpus 8 --gbs 64 --impleme
 grep -q '^code (#1): megatron-local: fp16' "$scratch/out" || fail "search names the implementation: $(cat "$scratch/out")"
 expect_error 'error: --implementation: must be megaplan to train' train --model gpt2-124m --implementation megatron-core --data-path /nonexistent --train-iters 1
 expect_error 'error: --hidden-size: must be a positive integer, got -768' describe --model gpt2-124m --cluster h100-x1 --hidden-size -768
-expect_error 'error: --hidden-size: product .* overflows 64 bits' describe --model gpt2-124m --cluster h100-x1 --hidden-size 4611686018427387904 --num-attention-heads 1
-expect_error 'error: --vocab-size: product .* overflows 64 bits' describe --model gpt2-124m --cluster h100-x1 --vocab-size 9223372036854775807
+expect_error 'error: --hidden-size: must be at most 1048576 \(parameter counts multiply its square\), got 4611686018427387904' describe --model gpt2-124m --cluster h100-x1 --hidden-size 4611686018427387904 --num-attention-heads 1
+expect_error 'error: --vocab-size: must be at most 16777216 \(embedding sizes multiply it\), got 9223372036854775807' describe --model gpt2-124m --cluster h100-x1 --vocab-size 9223372036854775807
 expect_error 'error: --gpus: world size 1024 must be divisible by tp\*pp\*cp = 8\*3\*1 = 24' describe --model gpt3-175b --gpus 1024 --tp 8 --pp 3
 expect_error 'error: --tensor-model-parallel-size: must divide --num-attention-heads 25' describe --model gpt2-1.5b --cluster h200-x2 --tp 2
 expect_error 'error: --gpus: 16 GPUs exceed cluster h200-x2' describe --model gpt2-124m --cluster h200-x2 --gpus 16
@@ -653,6 +653,64 @@ for signal in TERM INT; do
     [ ! -e "$scratch/signal-ckpt/latest_checkpointed_iteration.txt" ] || fail "SIGINT saved a checkpoint"
   fi
 done
+
+# Hostile sizes and numbers (issue 18): each is one line and exit 2, at once, before any work.
+timed_error() {  # like expect_error, and within 10 s
+  local started=$SECONDS
+  expect_error "$@"
+  [ $((SECONDS - started)) -le 10 ] || fail "megaplan ${*:2}: took $((SECONDS - started)) s"
+}
+tiny=(--model "$examples/models/tiny-gpt.json" --vocab-size 257 --seq-length 16 --data-path "$scratch/corpus" --split 1,0,0)
+timed_error 'error: --train-iters: product 4611686018427387904 x 4 overflows 64 bits' train --device cpu "${tiny[@]}" --mbs 2 --gbs 4 --train-iters 4611686018427387904
+timed_error 'error: --train-iters \(x --global-batch-size: training samples\): must be at most 134217728' train --device cpu "${tiny[@]}" --train-iters 1000000000
+timed_error 'error: --train-iters: out of range: 9223372036854775808 does not fit in 64 bits' train --device cpu "${tiny[@]}" --train-iters 9223372036854775808
+timed_error 'error: --eval-iters \(x --global-batch-size x evaluations: validation samples\): must be at most' train --device cpu "${tiny[@]}" --split 1,1,0 --train-iters 2 --eval-iters 1000000000
+for flag in --adam-beta1 --adam-eps --lr --weight-decay; do
+  timed_error "error: $flag: must be a finite number, got nan" train --device cpu "${tiny[@]}" --train-iters 2 "$flag" nan
+done
+timed_error 'error: --adam-beta1: must lie in \[0, 1\)' train --device cpu "${tiny[@]}" --train-iters 2 --adam-beta1 1
+timed_error 'error: --tp: must be a decimal integer, got "0x10"' describe --model gpt2-124m --cluster h100-x1 --tp 0x10
+expect_error 'error: --gpus: world size 8 must be divisible by tp\*pp\*cp = 10\*1\*1 = 10' describe --model gpt2-124m --cluster dgx-h100 --gpus 8 --tp 010
+timed_error 'error: --gpus: world size 8 must be divisible by tp\*pp\*cp = 1\*9223372036854775807\*1' simulate --model gpt2-124m --cluster dgx-h100 --gpus 8 --pp 9223372036854775807
+timed_error 'error: --pipeline-model-parallel-size: must be at most 1024' simulate --model gpt2-124m --cluster dgx-h100 --gpus 2048 --pp 2048 --num-layers 2048
+timed_error 'error: --global-batch-size: must be at most 4194304 \(samples per iteration\), got 1000000000' simulate --model gpt2-124m --cluster dgx-h100 --gpus 8 --gbs 1000000000
+timed_error 'error: microbatches per iteration .*: must be at most 65536 .*, got 125000' simulate --model gpt2-124m --cluster dgx-h100 --gpus 8 --gbs 1000000 --mbs 1 --trace "$scratch/never.json"
+timed_error 'error: --global-batch-size: must be at most 4194304' search --model gpt2-124m --cluster dgx-h100 --gpus 8 --gbs 1000000000
+timed_error 'error: --num-layers: must be at most 4096' search --model gpt2-124m --cluster dgx-h100 --gpus 8 --num-layers 1000000
+timed_error 'error: --threads: must be at most 1024 \(one thread each\), got 40000' search --model gpt2-124m --cluster dgx-h100 --gpus 8 --threads 40000
+timed_error 'error: --microbatches: must be at most 65536' schedule --kind gpipe --pp 2 --microbatches 100000000
+timed_error 'error: --pp: must be at most 1024' schedule --kind 1f1b --pp 10000 --microbatches 10000
+timed_error 'error: --microbatches \(2 x 1024 stages x 65536 microbatches: forward and backward actions\): must be at most 8388608' schedule --kind 1f1b --pp 1024 --microbatches 65536
+printf '999999999F0,\n' >"$scratch/huge.csv"
+timed_error "error: $scratch/huge.csv: no row runs stage 0, though 999999999F0 \\(row 1\\) names stage 999999999" schedule --import "$scratch/huge.csv" --check
+printf '0F99999,\n' >"$scratch/huge.csv"
+timed_error "error: $scratch/huge.csv: microbatches \\(the highest microbatch \\+ 1\\): must be at most 65536" schedule --import "$scratch/huge.csv" --check
+python3 - "$examples/clusters/a100-40gb-4node.json" "$scratch" <<'PY'
+import json, sys
+cluster = json.load(open(sys.argv[1]))
+nics = json.loads(json.dumps(cluster)); nics["inter_node"]["nics_per_node"] = 100000000
+json.dump(nics, open(sys.argv[2] + "/nics.json", "w"))
+slow = json.loads(json.dumps(cluster)); slow["inter_node"]["latency_s"] = 1e308
+json.dump(slow, open(sys.argv[2] + "/slow.json", "w"))
+PY
+timed_error 'error: inter_node.nics_per_node: must be at most 64' simulate --model gpt2-124m --cluster "$scratch/nics.json" --gpus 8
+timed_error 'error: inter_node.latency_s: must be between 0 and 1 second, got 1e\+308' simulate --model gpt2-124m --cluster "$scratch/slow.json" --gpus 8
+python3 -c 'import sys; sys.stdout.write("{\"text\": \"" + "a" * (65 << 20) + "\"}\n")' >"$scratch/long.jsonl"
+timed_error "error: --input $scratch/long.jsonl:1 \\(bytes of one line, one document\\): must be at most 67108864" data prepare --input "$scratch/long.jsonl" --output-prefix "$scratch/never"
+[ ! -e "$scratch/never.bin" ] && [ ! -e "$scratch/never.idx" ] || fail "a refused data prepare wrote its output"
+rm -f "$scratch/long.jsonl"
+
+# Outputs replace only regular files, never an input of the same command.
+expect_ok describe --model gpt2-124m --cluster h200-x2 --gbs 8 --out "$scratch/job.json"
+cp "$scratch/job.json" "$scratch/job-before.json"
+expect_error "error: $scratch/job.json: is an input of this command: an output must not replace it" simulate --plan "$scratch/job.json" --trace "$scratch/job.json"
+cmp -s "$scratch/job.json" "$scratch/job-before.json" || fail "simulate --trace replaced its own --plan"
+ln -s "$scratch/job-before.json" "$scratch/link.json"
+expect_error "error: $scratch/link.json: exists and is not a regular file" describe --model gpt2-124m --cluster h200-x2 --gbs 8 --out "$scratch/link.json"
+[ -L "$scratch/link.json" ] || fail "--out replaced a symlink"
+mkfifo "$scratch/fifo"
+expect_error "error: $scratch/fifo: exists and is not a regular file" simulate --model gpt2-124m --cluster h200-x2 --gbs 8 --trace "$scratch/fifo"
+[ -p "$scratch/fifo" ] || fail "--trace replaced a pipe"
 
 # Without a usable GPU, `devices` says so in one line; with one, it lists it.
 if "$megaplan" devices >"$scratch/out" 2>"$scratch/err"; then

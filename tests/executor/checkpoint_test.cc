@@ -123,19 +123,19 @@ TEST_CASE("a checkpoint of pp 2 x dp 2 resumes bit for bit and loads under other
   options.exit_interval = 4;
   CHECK(train(model, saving, options, scratch, "first-half").summary.last_iteration == 4);
   // Megatron's layout: one directory per pipeline rank (tp rank 00), written by data-parallel rank 0.
-  CHECK(megaplan::read_text_file(directory + "/latest_checkpointed_iteration.txt") == "4\n");
+  CHECK(megaplan::read_file_contents(directory + "/latest_checkpointed_iteration.txt") == "4\n");
   for (const char* file : {"state.json", "mp_rank_00_000/model.bin", "mp_rank_00_000/manifest.json",
                            "mp_rank_00_001/model.bin", "mp_rank_00_001/manifest.json"}) {
     CHECK(fs::exists(directory + "/iter_0000004/" + file));
   }
   CHECK_FALSE(fs::exists(directory + "/iter_0000004.tmp"));
-  const nlohmann::json state = nlohmann::json::parse(megaplan::read_text_file(directory + "/iter_0000004/state.json"));
+  const nlohmann::json state = nlohmann::json::parse(megaplan::read_file_contents(directory + "/iter_0000004/state.json"));
   CHECK(state.at("iteration") == 4);
   CHECK(state.at("consumed_samples") == 32);
   CHECK(state.at("plan").at("pipeline_parallel_size") == 2);
   CHECK(state.at("plan").at("use_distributed_optimizer") == true);
   const nlohmann::json manifest =
-      nlohmann::json::parse(megaplan::read_text_file(directory + "/iter_0000004/mp_rank_00_001/manifest.json"));
+      nlohmann::json::parse(megaplan::read_file_contents(directory + "/iter_0000004/mp_rank_00_001/manifest.json"));
   bool tied_copy = false;
   for (const nlohmann::json& tensor : manifest.at("tensors")) {
     CHECK(tensor.at("dtype") == "float32");
@@ -173,7 +173,7 @@ TEST_CASE("a checkpoint of pp 2 x dp 2 resumes bit for bit and loads under other
     INFO("iteration " << i + 5);
     CHECK(resumed.losses[i] == whole.losses[i + 4]);
   }
-  CHECK(megaplan::read_text_file(directory + "/latest_checkpointed_iteration.txt") == "8\n");
+  CHECK(megaplan::read_file_contents(directory + "/latest_checkpointed_iteration.txt") == "8\n");
 }
 
 TEST_CASE("a checkpoint of tp 2 x pp 2 resumes bit for bit and loads at one rank and at pp 4", "[checkpoint]") {
@@ -196,7 +196,7 @@ TEST_CASE("a checkpoint of tp 2 x pp 2 resumes bit for bit and loads at one rank
     CHECK(fs::exists(directory + "/iter_0000004/" + rank + "/model.bin"));
   }
   const nlohmann::json manifest =
-      nlohmann::json::parse(megaplan::read_text_file(directory + "/iter_0000004/mp_rank_01_000/manifest.json"));
+      nlohmann::json::parse(megaplan::read_file_contents(directory + "/iter_0000004/mp_rank_01_000/manifest.json"));
   bool column_part = false;
   for (const nlohmann::json& tensor : manifest.at("tensors")) {
     if (tensor.at("name") != "decoder.layers.0.self_attention.linear_qkv.weight") continue;
@@ -250,7 +250,7 @@ TEST_CASE("checkpoints hand a run from pp 2 interleaved to dp 2 with the distrib
     if (leg == 0) {
       // Each pipeline rank's directory holds both of its chunks (stages 0 and 2, 1 and 3).
       const nlohmann::json manifest = nlohmann::json::parse(
-          megaplan::read_text_file(*options.save + "/iter_0000002/mp_rank_00_001/manifest.json"));
+          megaplan::read_file_contents(*options.save + "/iter_0000002/mp_rank_00_001/manifest.json"));
       CHECK(manifest.at("stages") == nlohmann::json::array({1, 3}));
     }
   }
@@ -274,7 +274,7 @@ TEST_CASE("a corrupted shard and a checkpoint of another model are refused with 
 
   // One flipped byte inside decoder.layers.1.mlp.linear_fc1.weight (its first moment).
   const std::string rank_directory = directory + "/iter_0000002/mp_rank_00_000";
-  const nlohmann::json manifest = nlohmann::json::parse(megaplan::read_text_file(rank_directory + "/manifest.json"));
+  const nlohmann::json manifest = nlohmann::json::parse(megaplan::read_file_contents(rank_directory + "/manifest.json"));
   const std::string corrupted = "decoder.layers.1.mlp.linear_fc1.weight";
   uint64_t offset = 0, size = 0;
   for (const nlohmann::json& tensor : manifest.at("tensors")) {
@@ -401,7 +401,7 @@ TEST_CASE("a damaged training state, a missing latest file and bad --load/--save
   options.save_interval = 1;
   (void)train(model, plan, options, scratch, "saved");
   const std::string state_file = "/iter_0000002/state.json";
-  const nlohmann::json state = nlohmann::json::parse(megaplan::read_text_file(*options.save + state_file));
+  const nlohmann::json state = nlohmann::json::parse(megaplan::read_file_contents(*options.save + state_file));
   REQUIRE(state.contains("fnv1a64"));
 
   // Each damage on a copy of the checkpoint, loaded by a run of 3 iterations.

@@ -1,0 +1,54 @@
+// The largest sizes megaplan accepts, in one place. Each is far above any real model, cluster or
+// run (the largest in the presets are noted) and small enough that the work and memory it drives —
+// schedules, simulations, traces, data indexes, thread pools — stay within seconds and a few GiB
+// on a laptop, so hostile or mistyped input is refused with one line before anything is
+// allocated, never ground through or overflowed.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "core/error.h"
+
+namespace megaplan {
+
+struct InputLimit {
+  int64_t most;
+  const char* why;  // what the bound protects, for the error line
+};
+
+// Model shape (gpt-1t: 128 layers, hidden 25600; llama3.1-405b: vocabulary 128256, 131072 positions).
+inline constexpr InputLimit kMaxLayers{4096, "more than any model, and stage costs multiply it"};
+inline constexpr InputLimit kMaxHiddenSize{1 << 20, "parameter counts multiply its square"};
+inline constexpr InputLimit kMaxHeads{1 << 14, "attention costs multiply it"};
+inline constexpr InputLimit kMaxSequenceLength{1 << 24, "activation sizes multiply it"};
+inline constexpr InputLimit kMaxVocabulary{1 << 24, "embedding sizes multiply it"};
+// Cluster and layout (the largest training clusters hold ~10^5 GPUs).
+inline constexpr InputLimit kMaxWorldSize{1 << 18, "rank groups and layouts are enumerated over it"};
+inline constexpr InputLimit kMaxGpusPerNode{1024, "more than any node"};
+inline constexpr InputLimit kMaxNicsPerNode{64, "more than any node"};
+// A batch (Megatron runs use up to a few thousand microbatches per iteration).
+inline constexpr InputLimit kMaxGlobalBatch{1 << 22, "samples per iteration"};
+inline constexpr InputLimit kMaxMicrobatches{1 << 16, "a schedule lists every microbatch of every stage"};
+inline constexpr InputLimit kMaxPipelineStages{1024, "a schedule lists every stage"};
+// Forward and backward actions of one pipeline's iteration (stages x microbatches x 2): what a
+// schedule, its lowering, validation and simulation hold at once.
+inline constexpr InputLimit kMaxScheduleActions{1 << 23, "a schedule's actions are held, lowered and simulated at once"};
+// A Chrome trace writes every action of every pipeline rank (~200 bytes each).
+inline constexpr InputLimit kMaxTraceActions{1 << 20, "a trace file writes every action"};
+// Training: the sample index holds every sample a run draws, 24 bytes each, in memory (Megatron
+// builds it whole too, on disk): 2^27 samples is 3 GiB of index, a trillion tokens at seq 8192.
+inline constexpr InputLimit kMaxTrainingSamples{int64_t{1} << 27, "the data index holds 24 bytes per sample in memory"};
+inline constexpr InputLimit kMaxThreads{1024, "one thread each"};
+// data prepare: one document (a JSONL line or a text file) is tokenized in memory (~12 bytes per byte).
+inline constexpr InputLimit kMaxDocumentBytes{int64_t{1} << 26, "a document is tokenized whole in memory"};
+
+// Throws SpecError(field, "must be at most MOST (WHY), got VALUE").
+inline void require_at_most(int64_t value, const InputLimit& limit, std::string_view field) {
+  if (value <= limit.most) return;
+  throw SpecError(std::string(field), "must be at most " + std::to_string(limit.most) + " (" + limit.why + "), got " +
+                                          std::to_string(value));
+}
+
+}  // namespace megaplan
