@@ -429,25 +429,34 @@ int64_t read_latest(const std::string& latest) {
   return std::stoll(text);
 }
 
-// Whether `directory` holds iteration directories (saved checkpoints, complete or not).
-bool holds_iterations(const std::string& directory) {
+// The newest complete iteration directory in `directory` (iter_ and digits; a .tmp staging
+// directory is not one), or nullopt: a save renames its directory into place only once every
+// file in it is synced, so each such directory is whole even when `latest` was never written.
+std::optional<int64_t> newest_iteration_directory(const std::string& directory) {
+  std::optional<int64_t> newest;
   std::error_code error;
   for (const auto& entry : std::filesystem::directory_iterator(directory, error)) {
-    if (entry.path().filename().string().rfind("iter_", 0) == 0) return true;
+    const std::string name = entry.path().filename().string();
+    const std::string digits = name.size() > 5 ? name.substr(5) : "";
+    if (name.rfind("iter_", 0) != 0 || digits.empty() || digits.size() > kMaxIterationDigits ||
+        digits.find_first_not_of("0123456789") != std::string::npos || !entry.is_directory(error)) {
+      continue;
+    }
+    newest = std::max<int64_t>(newest.value_or(0), std::stoll(digits));
   }
-  return false;
+  return newest;
 }
 
 std::optional<Newest> find_newest(const std::string& directory) {
   const std::string latest = directory + "/latest_checkpointed_iteration.txt";
-  if (!std::filesystem::exists(latest)) {
-    if (holds_iterations(directory)) {
-      refuse_load(directory + " holds iter_ directories but no latest_checkpointed_iteration.txt (a save that never "
-                              "completed, or the file was removed): restore it to name the iteration to load");
-    }
+  int64_t iteration = 0;
+  if (std::filesystem::exists(latest)) {
+    iteration = read_latest(latest);
+  } else if (const std::optional<int64_t> found = newest_iteration_directory(directory)) {
+    iteration = *found;  // a save killed between its rename and `latest`
+  } else {
     return std::nullopt;
   }
-  const int64_t iteration = read_latest(latest);
   Newest newest;
   newest.path = directory + "/" + iteration_directory(iteration);
   const std::string& path = newest.path;
