@@ -28,9 +28,10 @@ inline constexpr InputLimit kMaxVocabulary{1 << 24, "embedding sizes multiply it
 inline constexpr InputLimit kMaxWorldSize{1 << 18, "rank groups and layouts are enumerated over it"};
 inline constexpr InputLimit kMaxGpusPerNode{1024, "more than any node"};
 inline constexpr InputLimit kMaxNicsPerNode{64, "more than any node"};
-// A batch (Megatron runs use up to a few thousand microbatches per iteration).
-inline constexpr InputLimit kMaxGlobalBatch{1 << 22, "samples per iteration"};
-inline constexpr InputLimit kMaxMicrobatches{1 << 16, "a schedule lists every microbatch of every stage"};
+// A batch: published runs use up to 15360 samples per iteration (DeepSeek-V3) and a few thousand
+// microbatches; the planner walks every candidate's schedule, so its time grows with both.
+inline constexpr InputLimit kMaxGlobalBatch{1 << 15, "samples per iteration, twice the largest published run's"};
+inline constexpr InputLimit kMaxMicrobatches{1 << 14, "a schedule lists every microbatch of every stage"};
 inline constexpr InputLimit kMaxPipelineStages{1024, "a schedule lists every stage"};
 // Forward and backward actions of one pipeline's iteration (stages x microbatches x 2): what a
 // schedule, its lowering, validation and simulation hold at once.

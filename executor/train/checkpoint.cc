@@ -81,6 +81,25 @@ std::string hex(uint64_t value) {
   return text;
 }
 
+// A checkpoint JSON file's own checksum (state.json's, a manifest's): FNV-1a 64 over the compact
+// JSON of its other fields, so that any changed value or key — a flipped digit of
+// consumed_samples, of a shard's index — is one clear error, not trained on. Absent in files saved
+// before it.
+std::string json_checksum(nlohmann::json object) {
+  object.erase("fnv1a64");
+  const std::string text = object.dump();
+  Fnv1a64 hash;
+  hash.add(text.data(), text.size());
+  return hex(hash.value());
+}
+
+// Throws SpecError("--load") when `object` carries a checksum its contents do not match.
+void verify_json_checksum(const nlohmann::json& object, const std::string& path) {
+  if (!object.contains("fnv1a64") || object["fnv1a64"] == json_checksum(object)) return;
+  throw SpecError("--load", path + ": its checksum does not match its contents (FNV-1a 64 " + json_checksum(object) +
+                                " computed): the file is corrupted");
+}
+
 // One saved shard of a tensor, as its manifest describes it.
 struct SavedShard {
   std::string manifest;   // DIR/iter_.../mp_rank_.../manifest.json
@@ -102,6 +121,7 @@ void read_manifest(const std::string& rank_path, std::map<std::string, std::vect
       !(*manifest)["tensors"].is_array()) {
     refuse_load(path + ": not a " + std::string(kFormat) + " manifest");
   }
+  verify_json_checksum(*manifest, path);
   std::string data_file = "model.bin";
   if (const auto found = manifest->find("data_file"); found != manifest->end()) {
     if (!found->is_string() || found->get<std::string>().find('/') != std::string::npos) {
@@ -251,7 +271,7 @@ void write_rank_files(const std::string& path, const std::vector<TensorEntry>& e
     offset += kArraysPerTensor * tensor[0].size_bytes();
   }
   data.commit();
-  const nlohmann::json manifest = {
+  nlohmann::json manifest = {
       {"format", kFormat},
       {"data_file", "model.bin"},
       {"layout", "per tensor at its offset: value, exp_avg, exp_avg_sq, each shape's elements of float32 (little endian)"},
@@ -260,6 +280,7 @@ void write_rank_files(const std::string& path, const std::vector<TensorEntry>& e
       {"pipeline_rank", pipeline_rank},
       {"stages", stages},
       {"tensors", tensors}};
+  manifest["fnv1a64"] = json_checksum(manifest);
   write_file_atomically(path + "/manifest.json", manifest.dump(1) + "\n");
   sync_directory(path);
 }
@@ -286,16 +307,6 @@ void write_rank_directory(const std::string& path, const CheckpointRank& rank, c
       rank.groups.tensor_parallel_rank, rank.groups.pipeline_rank, stages);
 }
 
-// state.json's own checksum: FNV-1a 64 over the compact JSON of its other fields (so a flipped
-// digit of consumed_samples is caught, not trained on). Absent in checkpoints saved before it.
-std::string state_checksum(nlohmann::json meta) {
-  meta.erase("fnv1a64");
-  const std::string text = meta.dump();
-  Fnv1a64 hash;
-  hash.add(text.data(), text.size());
-  return hex(hash.value());
-}
-
 // state.json of a checkpoint: the training state, the model and the saving plan, its rank directories.
 nlohmann::json checkpoint_meta(const TrainingState& state, const ModelSpec& model, const ParallelPlan& plan) {
   nlohmann::json directories = nlohmann::json::array();
@@ -312,7 +323,7 @@ nlohmann::json checkpoint_meta(const TrainingState& state, const ModelSpec& mode
                          {"model_spec", model_spec_to_json(model)},
                          {"plan", parallel_plan_to_json(plan)},
                          {"directories", directories}};
-  meta["fnv1a64"] = state_checksum(meta);
+  meta["fnv1a64"] = json_checksum(meta);
   return meta;
 }
 
@@ -472,10 +483,7 @@ std::optional<Newest> find_newest(const std::string& directory) {
     refuse_load(state_path + " is not a " + std::string(kFormat) + " checkpoint" +
                 (named ? " (its format is " + meta["format"].dump(-1, ' ', true, nlohmann::json::error_handler_t::replace).substr(0, 40) + ")" : ""));
   }
-  if (meta.contains("fnv1a64") && meta["fnv1a64"] != state_checksum(meta)) {
-    refuse_load(state_path + ": its checksum does not match its contents (FNV-1a 64 " + state_checksum(meta) +
-                " computed): the file is corrupted");
-  }
+  verify_json_checksum(meta, state_path);
   TrainingState& state = newest.state;
   JsonFieldReader fields(meta, state_path);
   fields.require("iteration", state.iteration);

@@ -673,18 +673,18 @@ timed_error 'error: --tp: must be a decimal integer, got "0x10"' describe --mode
 expect_error 'error: --gpus: world size 8 must be divisible by tp\*pp\*cp = 10\*1\*1 = 10' describe --model gpt2-124m --cluster dgx-h100 --gpus 8 --tp 010
 timed_error 'error: --gpus: world size 8 must be divisible by tp\*pp\*cp = 1\*9223372036854775807\*1' simulate --model gpt2-124m --cluster dgx-h100 --gpus 8 --pp 9223372036854775807
 timed_error 'error: --pipeline-model-parallel-size: must be at most 1024' simulate --model gpt2-124m --cluster dgx-h100 --gpus 2048 --pp 2048 --num-layers 2048
-timed_error 'error: --global-batch-size: must be at most 4194304 \(samples per iteration\), got 1000000000' simulate --model gpt2-124m --cluster dgx-h100 --gpus 8 --gbs 1000000000
-timed_error 'error: microbatches per iteration .*: must be at most 65536 .*, got 125000' simulate --model gpt2-124m --cluster dgx-h100 --gpus 8 --gbs 1000000 --mbs 1 --trace "$scratch/never.json"
-timed_error 'error: --global-batch-size: must be at most 4194304' search --model gpt2-124m --cluster dgx-h100 --gpus 8 --gbs 1000000000
+timed_error 'error: --global-batch-size: must be at most 32768 \(samples per iteration, twice the largest published run.s\), got 1000000000' simulate --model gpt2-124m --cluster dgx-h100 --gpus 8 --gbs 1000000000
+timed_error 'error: microbatches per iteration .*: must be at most 16384 .*, got 32768' simulate --model gpt2-124m --cluster h100-x1 --gbs 32768 --mbs 1 --trace "$scratch/never.json"
+timed_error 'error: --global-batch-size: must be at most 32768' search --model gpt2-124m --cluster dgx-h100 --gpus 8 --gbs 1000000000
 timed_error 'error: --num-layers: must be at most 4096' search --model gpt2-124m --cluster dgx-h100 --gpus 8 --num-layers 1000000
 timed_error 'error: --threads: must be at most 1024 \(one thread each\), got 40000' search --model gpt2-124m --cluster dgx-h100 --gpus 8 --threads 40000
-timed_error 'error: --microbatches: must be at most 65536' schedule --kind gpipe --pp 2 --microbatches 100000000
+timed_error 'error: --microbatches: must be at most 16384' schedule --kind gpipe --pp 2 --microbatches 100000000
 timed_error 'error: --pp: must be at most 1024' schedule --kind 1f1b --pp 10000 --microbatches 10000
-timed_error 'error: --microbatches \(2 x 1024 stages x 65536 microbatches: forward and backward actions\): must be at most 8388608' schedule --kind 1f1b --pp 1024 --microbatches 65536
+timed_error 'error: --microbatches \(2 x 1024 stages x 16384 microbatches: forward and backward actions\): must be at most 8388608' schedule --kind 1f1b --pp 1024 --microbatches 16384
 printf '999999999F0,\n' >"$scratch/huge.csv"
 timed_error "error: $scratch/huge.csv: no row runs stage 0, though 999999999F0 \\(row 1\\) names stage 999999999" schedule --import "$scratch/huge.csv" --check
 printf '0F99999,\n' >"$scratch/huge.csv"
-timed_error "error: $scratch/huge.csv: microbatches \\(the highest microbatch \\+ 1\\): must be at most 65536" schedule --import "$scratch/huge.csv" --check
+timed_error "error: $scratch/huge.csv: microbatches \\(the highest microbatch \\+ 1\\): must be at most 16384" schedule --import "$scratch/huge.csv" --check
 python3 - "$examples/clusters/a100-40gb-4node.json" "$scratch" <<'PY'
 import json, sys
 cluster = json.load(open(sys.argv[1]))

@@ -427,6 +427,13 @@ TEST_CASE("a damaged training state, a missing latest file and bad --load/--save
   // One changed digit anywhere in state.json is its checksum's to catch.
   CHECK(load_damaged(with_state([](nlohmann::json& s) { s["consumed_samples"] = 7; }))
             .find("/state.json: its checksum does not match its contents") != std::string::npos);
+  // The manifests carry one too: a changed shard index would otherwise load a permuted tensor.
+  CHECK(load_damaged([](const std::string& copy) {
+          const std::string path = copy + "/iter_0000002/mp_rank_00/manifest.json";
+          nlohmann::json manifest = nlohmann::json::parse(megaplan::read_file_contents(path));
+          manifest["tensors"][0]["offset"] = 4;
+          write_text(path, manifest.dump(1));
+        }).find("/iter_0000002/mp_rank_00/manifest.json: its checksum does not match its contents") != std::string::npos);
   // Without the checksum (a checkpoint saved before it), each field is checked for itself.
   const auto unsummed = [&](const std::function<void(nlohmann::json&)>& edit) {
     return with_state([edit](nlohmann::json& s) {
