@@ -27,6 +27,8 @@ megaplan, examples = sys.argv[1], sys.argv[2]
 scratch = tempfile.mkdtemp(prefix="megaplan-kill-")
 failures = []
 LATEST = "latest_checkpointed_iteration.txt"
+# LeakSanitizer cannot run under ptrace: a sanitizer build's leak check is off for strace's runs.
+TRACED_ENV = dict(os.environ, ASAN_OPTIONS=os.environ.get("ASAN_OPTIONS", "") + ":detect_leaks=0")
 SAVE_SYSCALLS = ["mkdir", "openat", "write", "fchmod", "fsync", "close", "rename", "renameat2", "unlink", "unlinkat"]
 
 
@@ -89,7 +91,7 @@ def main():
     random_kills = 24
 
     # 2. A kill before each system call of a save (when strace can trace here).
-    if subprocess.run(["strace", "-f", "-o", os.devnull, "true"], capture_output=True).returncode != 0:
+    if subprocess.run(["strace", "-f", "-o", os.devnull, "true"], capture_output=True, env=TRACED_ENV).returncode != 0:
         print("kill_during_save: strace cannot trace here; the per-syscall kills were skipped", file=sys.stderr)
         return random_kills, 0
     # The killed run loads iteration 1 from one directory and saves iteration 2 into another whose
@@ -106,7 +108,8 @@ def main():
     # directory's mkdir on.
     shutil.copytree(template, os.path.join(scratch, "traced"))
     traced = subprocess.run(["strace", "-f", "-o", log, "-e", "trace=" + ",".join(SAVE_SYSCALLS), megaplan]
-                            + train_args(os.path.join(scratch, "traced"), 2, load=start), capture_output=True, text=True)
+                            + train_args(os.path.join(scratch, "traced"), 2, load=start), capture_output=True, text=True,
+                            env=TRACED_ENV)
     shutil.rmtree(os.path.join(scratch, "traced"))
     counts, targets, saving = {}, [], False
     for line in open(log):
@@ -124,7 +127,7 @@ def main():
         shutil.copytree(template, directory)
         subprocess.run(["strace", "-f", "-o", os.devnull, "-e", "trace=" + kind, "-e",
                         f"inject={kind}:signal=KILL:when={occurrence}", megaplan] + train_args(directory, 2, load=start),
-                       capture_output=True)
+                       capture_output=True, env=TRACED_ENV)
         check_recovers(directory, f"kill before {kind} #{occurrence}")
         shutil.rmtree(directory)
     return random_kills, len(targets)
