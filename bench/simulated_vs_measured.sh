@@ -4,9 +4,12 @@
 # cluster preset, and the two compared by `megaplan compare`. Single-GPU layouts show the
 # simulator's error per action kind; the pp 2 layouts run both ranks as threads on the one GPU
 # (the in-process communicator), so their times are not a 2-GPU run's, but their order of actions
-# must be the simulated one. Peak memory: the executor's allocator peak (the log's
-# peak_memory_bytes) against the simulated peak less the runtime reserve, which lies outside that
-# allocator. Prints each comparison, then a summary table.
+# must be the simulated one. The multi-GPU layouts (a GPU count in the list's last field) run one
+# process per GPU over NCCL under `megaplan launch` where that many GPUs are visible, and are
+# simulated on the DGX preset cut to that many GPUs; their ranks' timelines are gathered by rank 0.
+# Peak memory: the executor's allocator peak (the log's peak_memory_bytes, rank 0's) against the
+# simulated peak of rank 0's stage less the runtime reserve, which lies outside that allocator.
+# Prints each comparison, then a summary table.
 # Single-GPU layouts train for SUSTAIN_SECONDS (default 30) before the traced iteration: a GPU
 # starting cool runs its first seconds above the clock it sustains once at its power limit and
 # temperature (gpt-1.3b on the H100: 288 ms per iteration at first, 297 ms after 30 s), and a
@@ -34,8 +37,9 @@ mapfile -t files < <(find /usr/lib/python3* -name '*.py' -size +4k 2>/dev/null |
 # query groups, Llama 3's vocabulary untied, seq 4096).
 llama_1b="--model llama3-8b --num-layers 16 --hidden-size 2048 --ffn-hidden-size 8192 --num-attention-heads 32 \
 --num-query-groups 8 --seq-length 4096 --max-position-embeddings 4096 --vocab-size 128256"
-# name | plan flags | cluster (each with the vocabulary its model was published with: train would
-# otherwise take the byte-level corpus's 257)
+gpt13="--model gpt-1.3b --vocab-size 50257"
+# name | plan flags | cluster | GPUs (launched, one process each; absent: one process) — each with the
+# vocabulary its model was published with (train would otherwise take the byte-level corpus's 257)
 layouts=(
   "gpt2-124m mbs 4 gbs 32|--model gpt2-124m --vocab-size 50257 --mbs 4 --gbs 32|--cluster ${gpu}-x1"
   "gpt2-124m mbs 8 gbs 32|--model gpt2-124m --vocab-size 50257 --mbs 8 --gbs 32|--cluster ${gpu}-x1"
@@ -50,10 +54,28 @@ layouts=(
   "llama-1b mbs 2 selective|$llama_1b --mbs 2 --gbs 8 --recompute-granularity selective|--cluster ${gpu}-x1"
   "gpt2-124m pp 2 1f1b, one GPU|--model gpt2-124m --vocab-size 50257 --mbs 4 --gbs 32 --pp 2 --world-size 2|--cluster dgx-${gpu} --gpus 2"
   "gpt2-124m pp 2 dualpipev, one GPU|--model gpt2-124m --vocab-size 50257 --mbs 4 --gbs 32 --pp 2 --vpp 2 --schedule dualpipev --world-size 2|--cluster dgx-${gpu} --gpus 2"
+  # 13 onwards: one process per GPU (issue 19's fidelity set).
+  "gpt-1.3b dp 2|$gpt13 --mbs 4 --gbs 16 --overlap-grad-reduce|--cluster dgx-${gpu} --gpus 2|2"
+  "gpt-1.3b dp 2 distributed optimizer|$gpt13 --mbs 4 --gbs 16 --overlap-grad-reduce --use-distributed-optimizer --overlap-param-gather|--cluster dgx-${gpu} --gpus 2|2"
+  "gpt-1.3b tp 2 sp|$gpt13 --mbs 4 --gbs 8 --tp 2 --sequence-parallel|--cluster dgx-${gpu} --gpus 2|2"
+  "gpt-1.3b pp 2 1f1b|$gpt13 --mbs 4 --gbs 32 --pp 2|--cluster dgx-${gpu} --gpus 2|2"
+  "gpt-1.3b pp 2 interleaved|$gpt13 --mbs 4 --gbs 32 --pp 2 --vpp 2 --schedule interleaved|--cluster dgx-${gpu} --gpus 2|2"
+  "llama-1b dp 2|$llama_1b --mbs 2 --gbs 8 --overlap-grad-reduce|--cluster dgx-${gpu} --gpus 2|2"
+  "gpt-1.3b tp 2 x dp 2 sp|$gpt13 --mbs 4 --gbs 16 --tp 2 --sequence-parallel --overlap-grad-reduce|--cluster dgx-${gpu} --gpus 4|4"
+  "gpt-1.3b pp 2 x dp 2|$gpt13 --mbs 4 --gbs 32 --pp 2 --overlap-grad-reduce|--cluster dgx-${gpu} --gpus 4|4"
+  "gpt-1.3b tp 2 x pp 2|$gpt13 --mbs 4 --gbs 32 --tp 2 --pp 2 --sequence-parallel|--cluster dgx-${gpu} --gpus 4|4"
+  "gpt-1.3b dp 4|$gpt13 --mbs 4 --gbs 32 --overlap-grad-reduce|--cluster dgx-${gpu} --gpus 4|4"
+  "gpt-1.3b tp 4 sp|$gpt13 --mbs 4 --gbs 8 --tp 4 --sequence-parallel|--cluster dgx-${gpu} --gpus 4|4"
 )
+visible=$(nvidia-smi -L 2> /dev/null | grep -c '^GPU ')
 rows=()
 for i in ${LAYOUTS:-${!layouts[@]}}; do
-  IFS='|' read -r name plan cluster <<< "${layouts[$i]}"
+  IFS='|' read -r name plan cluster gpus <<< "${layouts[$i]}"
+  launch=()
+  if [ -n "$gpus" ]; then
+    [ "$gpus" -le "$visible" ] || { echo "skipped $name: $gpus GPUs, $visible visible"; continue; }
+    launch=(launch --nproc-per-node "$gpus" --)
+  fi
   # shellcheck disable=SC2086
   "$megaplan" simulate ${plan/--world-size 2/} $cluster "${profile[@]}" --trace "$out/simulated-$i.json" > "$out/simulate-$i.txt" 2>&1 ||
     { echo "simulate failed for $name:"; tail -3 "$out/simulate-$i.txt"; continue; }
@@ -62,17 +84,20 @@ for i in ${LAYOUTS:-${!layouts[@]}}; do
     { echo "simulate --json failed for $name"; continue; }
   iterations=6
   if [[ $plan != *--world-size* ]]; then
+    # Launched layouts and one-GPU layouts alike train to their sustained clocks.
     iterations=$(python3 -c "import json, math, sys; t = json.load(open(sys.argv[1]))['iteration_time_s']; print(max(6, math.ceil(float(sys.argv[2]) / t)))" \
       "$out/simulate-$i.json" "$sustain")
   fi
   # shellcheck disable=SC2086
-  "$megaplan" train $plan --device cuda --data-path "$corpus" --split 1,0,0 --train-iters "$iterations" \
+  "$megaplan" "${launch[@]}" train $plan --device cuda --data-path "$corpus" --split 1,0,0 --train-iters "$iterations" \
     --log-interval "$iterations" --eval-iters 0 --lr 1e-4 --trace "$out/measured-$i.json" --log-file "$out/log-$i.jsonl" \
     > "$out/train-$i.txt" 2>&1 || { echo "train failed for $name:"; tail -3 "$out/train-$i.txt"; continue; }
-  memory=$(python3 - "$out/log-$i.jsonl" "$out/simulate-$i.json" <<'PY'
+  memory=$(python3 - "$out/log-$i.jsonl" "$out/simulate-$i.json" "${gpus:-0}" <<'PY'
 import json, sys
-measured = max(json.loads(line)["peak_memory_bytes"] for line in open(sys.argv[1]))
+measured = max(json.loads(line)["peak_memory_bytes"] for line in open(sys.argv[1]) if "peak_memory_bytes" in line)
 stages = json.load(open(sys.argv[2]))["stages"]
+# Launched: the log is rank 0's, whose stage is the first; one process holds every stage's ranks.
+stages = stages[:1] if int(sys.argv[3]) > 0 else stages
 predicted = max(s["peak_memory_bytes"] - s["runtime_reserve_bytes"] for s in stages)
 print(f"{predicted / 2**30:.3f} {measured / 2**30:.3f} {100 * (predicted - measured) / measured:+.2f}%")
 PY

@@ -4,14 +4,22 @@ multiple of 128, no dropout), or with --llama the Llama family's (RMSNorm, SwiGL
 embeddings, grouped-query attention through SDPA's enable_gqa, untied, no biases), in the plain
 fast PyTorch way: bf16 autocast, SDPA, fused AdamW, torch.compile. Prints one JSON line:
 tokens/s, model TFLOP/s (the same formula megaplan logs, core/formulas.cc) and peak allocated bytes.
+Under torchrun, --parallel ddp (DistributedDataParallel, its default 25 MiB buckets overlapping the
+backward) or fsdp (FSDP2's fully_shard per block and at the root, bf16 parameters gathered, fp32
+gradient reduction) trains data-parallel over the launched ranks; tokens/s is then the world's and
+TFLOP/s one GPU's. --microbatches N accumulates N micro-batches per step (DDP syncs on the last).
 
 Usage: python3 torch_gpt_reference.py --layers 12 --hidden 768 --heads 12 --seq 1024 --mbs 16
        python3 torch_gpt_reference.py --llama --layers 16 --hidden 2048 --heads 32 --groups 8 --ffn 8192 \
            --seq 4096 --mbs 4 --vocab 128256
+       torchrun --nproc-per-node 2 torch_gpt_reference.py --parallel ddp --layers 24 --hidden 2048 --heads 16 \
+           --seq 2048 --mbs 8
 """
 import argparse
+import contextlib
 import json
 import math
+import os
 import time
 
 import torch
@@ -126,8 +134,15 @@ def main():
     parser.add_argument("--ffn", type=int, default=0, help="--llama: the MLP's width (SwiGLU's gate and up each)")
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--parallel", choices=("none", "ddp", "fsdp"), default="none")
+    parser.add_argument("--microbatches", type=int, default=1)
     args = parser.parse_args()
     padded = (args.vocab + 127) // 128 * 128
+    world, rank = 1, 0
+    if args.parallel != "none":
+        torch.distributed.init_process_group("nccl")
+        world, rank = torch.distributed.get_world_size(), torch.distributed.get_rank()
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     torch.manual_seed(1234)
     torch.backends.cuda.matmul.allow_tf32 = True
     groups = args.groups or args.heads
@@ -137,16 +152,34 @@ def main():
         model = Gpt(args.layers, args.hidden, args.heads, args.seq, padded).cuda()
     decay = [p for n, p in model.named_parameters() if p.dim() == 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    wrapped = model
+    if args.parallel == "ddp":
+        wrapped = torch.nn.parallel.DistributedDataParallel(model, device_ids=[torch.cuda.current_device()])
+    elif args.parallel == "fsdp":
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        for block in model.blocks:
+            fully_shard(block, mp_policy=policy)
+        fully_shard(model, mp_policy=policy)
+        # fully_shard swaps the parameters for sharded ones: the optimizer takes those.
+        decay = [p for n, p in model.named_parameters() if p.dim() == 2]
+        no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-                                  lr=1e-4, betas=(0.9, 0.95), fused=True)
-    step = torch.compile(model)
-    data = torch.randint(0, args.vocab, (args.mbs, args.seq + 1), device="cuda")
-    inputs, labels = data[:, :-1].contiguous(), data[:, 1:].contiguous()
+                                  lr=1e-4, betas=(0.9, 0.95), **({"foreach": True} if args.parallel == "fsdp" else {"fused": True}))
+    step = torch.compile(wrapped)
+    torch.manual_seed(1234 + rank)  # each data-parallel rank its own samples
+    data = torch.randint(0, args.vocab, (args.microbatches, args.mbs, args.seq + 1), device="cuda")
+    inputs, labels = data[:, :, :-1].contiguous(), data[:, :, 1:].contiguous()
 
     def iteration():
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = step(inputs, labels)
-        loss.backward()
+        for m in range(args.microbatches):
+            last = m == args.microbatches - 1
+            sync = wrapped.no_sync() if args.parallel == "ddp" and not last else contextlib.nullcontext()
+            if args.parallel == "fsdp":
+                model.set_requires_gradient_sync(last)
+            with sync, torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = step(inputs[m], labels[m]) / args.microbatches
+            loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -162,17 +195,20 @@ def main():
     loss.item()
     torch.cuda.synchronize()
     seconds = (time.perf_counter() - start) / args.iters
-    tokens_per_s = args.mbs * args.seq / seconds
+    tokens_per_s = world * args.microbatches * args.mbs * args.seq / seconds
     # Megatron's model FLOPs per token, as megaplan's formulas (core/formulas.cc model_flops):
     # 12 l h^2 ((1 + groups/heads + s/h) + ffn/h x (1.5 with SwiGLU) + v / (2 l h)).
     h, s, l, v = args.hidden, args.seq, args.layers, padded
     ffn = args.ffn if args.llama else 4 * h
     gated = 1.5 if args.llama else 1.0
     flops_per_token = 12 * l * h * h * ((1 + groups / args.heads + s / h) + ffn / h * gated + v / (2 * l * h))
-    print(json.dumps({"framework": "pytorch", "tokens_per_s": tokens_per_s,
-                      "model_tflops": tokens_per_s * flops_per_token / 1e12,
-                      "peak_memory_bytes": torch.cuda.max_memory_allocated(),
-                      "loss": loss.item(), "torch": torch.__version__}))
+    if rank == 0:
+        print(json.dumps({"framework": "pytorch", "parallel": args.parallel, "world": world,
+                          "tokens_per_s": tokens_per_s, "model_tflops": tokens_per_s / world * flops_per_token / 1e12,
+                          "peak_memory_bytes": torch.cuda.max_memory_allocated(),
+                          "loss": loss.item(), "torch": torch.__version__}))
+    if args.parallel != "none":
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 // `megaplan profile`: flag mapping, the GPU's identity and the file.
 #include "cli/profile_command.h"
 
+#include <algorithm>
 #include <chrono>
 #include <ctime>
 #include <map>
@@ -110,7 +111,19 @@ nlohmann::json with_measured_links(nlohmann::json profile, const exec::CommTimin
                        {"link", link},
                        {"compute_slowdown", std::max(0.0, timing.compute_beside_s / timing.compute_alone_s - 1)}});
   }
-  if (!overlap.empty()) profile["overlap"] = std::move(overlap);
+  if (!overlap.empty()) {
+    // Entries of other group sizes (a smaller machine's) stay, as the link tables' do.
+    if (profile.contains("overlap") && profile["overlap"].is_array()) {
+      for (const nlohmann::json& kept : profile["overlap"]) {
+        const bool replaced = std::any_of(overlap.begin(), overlap.end(), [&](const nlohmann::json& entry) {
+          return entry["op"] == kept.value("op", "") && entry["group_size"] == kept.value("group_size", int64_t{0}) &&
+                 entry["link"] == kept.value("link", "");
+        });
+        if (!replaced) overlap.push_back(kept);
+      }
+    }
+    profile["overlap"] = std::move(overlap);
+  }
   return profile;
 }
 
@@ -193,16 +206,65 @@ int transfer(const ProfileOptions& options, std::ostream& out) {
   return 0;
 }
 
+// NCCL over every visible GPU (all of one type, one host: NVLink on the SXM boards).
+exec::CommTimings measure_links(const GpuInventory& inventory, bool quick) {
+  const GpuDevice& device = inventory.devices.at(0);
+  for (const GpuDevice& other : inventory.devices) {
+    if (other.name != device.name) {
+      throw SpecError("gpu", "the visible GPUs are of several types (" + device.name + ", " + other.name +
+                                 "); set CUDA_VISIBLE_DEVICES to GPUs of one type");
+    }
+  }
+  const auto gpus = static_cast<int64_t>(inventory.devices.size());
+  ProgressBar bar("collectives over " + std::to_string(gpus) + " GPUs");
+  return exec::measure_collectives_on_gpus(gpus, exec::collective_grid(quick, gpus),
+                                           [&bar](int64_t done, int64_t total) { bar.update(done, total); });
+}
+
+// --links-only: the link tables measured here join a profile of this GPU (--profile FILE, else the
+// built-in measured one), replacing the entries of the group sizes measured; its kernel tables,
+// source and uncertainty stay, and provenance.links says where the new tables come from.
+int links_only(const ProfileOptions& options, const GpuInventory& inventory, const GpuSpec& gpu, std::ostream& out) {
+  nlohmann::json base;
+  std::string origin;
+  if (options.profile) {
+    base = read_json_file(*options.profile);
+    (void)sim::Profile::from_json(base, *options.profile);  // a malformed base is refused as simulate would
+    origin = *options.profile;
+  } else if (const auto builtin = sim::builtin_measured_profile_file(gpu.name)) {
+    base = builtin->json;
+    origin = builtin->origin;
+  } else {
+    throw SpecError("--links-only", gpu.name + " has no built-in measured profile to add links to; pass --profile FILE");
+  }
+  if (base.value("gpu", "") != gpu.name) {
+    throw SpecError("--profile", origin + " describes " + base.value("gpu", std::string("?")) + ", GPU 0 is " + gpu.name);
+  }
+  const exec::CommTimings links = measure_links(inventory, options.quick);
+  nlohmann::json profile = with_measured_links(std::move(base), links, inventory.devices.at(0).name);
+  profile["provenance"]["links"] = std::string("megaplan profile --links-only") + (options.quick ? " --quick" : "") +
+                                   " on " + std::to_string(inventory.devices.size()) + " x " +
+                                   inventory.devices.at(0).name + " (NCCL " + inventory.nccl.text() + "), " +
+                                   utc_date() + ", added to " + origin;
+  check_written(profile, "megaplan profile --links-only made a profile");
+  write_profile(options, profile, out);
+  return 0;
+}
+
 }  // namespace
 
 int run_profile(const ProfileOptions& options, std::ostream& out) {
+  if (options.links_only && (options.transfer_to || !options.nccl_tests.empty())) {
+    throw SpecError("--links-only", "measures links here; it cannot be combined with --transfer-to or --import-nccl-tests");
+  }
   if (options.transfer_to) {
     if (!options.nccl_tests.empty()) throw SpecError("--transfer-to", "cannot be combined with --import-nccl-tests");
     return transfer(options, out);
   }
   if (!options.nccl_tests.empty()) return import_nccl_tests(options, out);
-  if (options.profile) {
-    throw SpecError("--profile", "is the base of --import-nccl-tests or --transfer-to; a measurement here starts from the datasheet");
+  if (options.profile && !options.links_only) {
+    throw SpecError("--profile", "is the base of --links-only, --import-nccl-tests or --transfer-to; a measurement "
+                                 "here starts from the datasheet");
   }
   const GpuInventory inventory = query_gpu_inventory();  // SpecError("gpu", ...) without a usable GPU
   const GpuDevice& device = inventory.devices.at(0);
@@ -211,6 +273,11 @@ int run_profile(const ProfileOptions& options, std::ostream& out) {
     throw SpecError("gpu", "device 0 is " + device.name +
                                ", which no preset GPU describes (H100 SXM5 80GB, H200 SXM, A100 SXM4 80GB): its "
                                "datasheet rates are needed beside the measured tables");
+  }
+  const auto gpus = static_cast<int64_t>(inventory.devices.size());
+  if (options.links_only) {
+    if (gpus < 2) throw SpecError("--links-only", "times NCCL between GPUs: it needs two or more visible, found 1");
+    return links_only(options, inventory, *gpu, out);
   }
   const std::string command = std::string("megaplan profile") + (options.quick ? " --quick" : "");
   const std::string date = utc_date();
@@ -221,20 +288,8 @@ int run_profile(const ProfileOptions& options, std::ostream& out) {
     tables = exec::measure_kernels(*backend, exec::profile_grid(options.quick),
                                    [&bar](int64_t done, int64_t total) { bar.update(done, total); });
   }
-  // Links: NCCL over every visible GPU (all of one type, one host: NVLink on the SXM boards).
-  const auto gpus = static_cast<int64_t>(inventory.devices.size());
   std::optional<exec::CommTimings> links;
-  if (gpus >= 2) {
-    for (const GpuDevice& other : inventory.devices) {
-      if (other.name != device.name) {
-        throw SpecError("gpu", "the visible GPUs are of several types (" + device.name + ", " + other.name +
-                                   "); set CUDA_VISIBLE_DEVICES to GPUs of one type");
-      }
-    }
-    ProgressBar bar("collectives over " + std::to_string(gpus) + " GPUs");
-    links = exec::measure_collectives_on_gpus(gpus, exec::collective_grid(options.quick, gpus),
-                                              [&bar](int64_t done, int64_t total) { bar.update(done, total); });
-  }
+  if (gpus >= 2) links = measure_links(inventory, options.quick);
   const nlohmann::json provenance = {{"device", device.name},
                                      {"compute_capability", device.sm_architecture()},
                                      {"sm_count", device.sm_count},
@@ -267,6 +322,9 @@ void setup_profile_command(CLI::App& app, CommandContext& context) {
       "profile", "Time the executor's GEMMs, attention and memory-bound kernels on GPU 0 (and NCCL's collectives where two GPUs or more are visible) into a measured profile");
   command->add_option("--out", options->out, "Write the profile here (atomically); default: stdout");
   command->add_flag("--quick", options->quick, "A smaller grid: under a minute on an H100 (full: under five)");
+  command->add_flag("--links-only", options->links_only,
+                    "Time only NCCL's collectives, send/receive and compute beside them over the visible GPUs (two or "
+                    "more) and add them to --profile FILE, else the GPU's built-in measured profile");
   command->add_option("--import-nccl-tests", options->nccl_tests,
                       "Time nothing: add these nccl-tests outputs (all_reduce_perf, all_gather_perf, reduce_scatter_perf, "
                       "alltoall_perf, sendrecv_perf) to their GPU's profile as its collectives and p2p tables");
@@ -274,7 +332,7 @@ void setup_profile_command(CLI::App& app, CommandContext& context) {
                       "Time nothing: carry a measured profile's tables over to this preset GPU (A100-SXM4-80GB, ...) by the "
                       "ratio of peaks and bandwidths, with wave quantisation by SM count");
   command->add_option("--profile", options->profile,
-                      "With --import-nccl-tests: the profile to add them to (default: the GPU's built-in measured profile, "
+                      "With --links-only or --import-nccl-tests: the profile to add them to (default: the GPU's built-in measured profile, "
                       "else its datasheet); with --transfer-to: the measured profile to transfer (default: the built-in one "
                       "simulate would)");
   command->callback([options, &context] { context.exit_code = run_profile(*options, context.out); });

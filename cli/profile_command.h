@@ -7,7 +7,8 @@
 // times nothing: the files' collectives and send/receive times join their GPU's profile
 // (simulator/nccl_tests.h), which needs no GPU here. Where two GPUs or more are visible it also
 // times NCCL's collectives and send/receive over them, and compute beside each
-// (executor/runtime/collective_profiler.h). With --transfer-to GPU it times nothing either:
+// (executor/runtime/collective_profiler.h); --links-only times just those and adds them to a
+// profile of the GPU (--profile FILE, else the built-in one). With --transfer-to GPU it times nothing either:
 // a measured profile (--profile FILE, else the built-in one simulate would transfer) becomes a
 // transferred profile of that GPU (simulator/profile_transfer.h).
 #pragma once
@@ -28,6 +29,9 @@ namespace megaplan::cli {
 struct ProfileOptions {
   std::optional<std::string> out;  // default: the JSON on stdout
   bool quick = false;
+  // --links-only: time no kernels, only the links (two GPUs or more), added to --profile or the
+  // GPU's built-in measured profile.
+  bool links_only = false;
   // --import-nccl-tests: nccl-tests outputs measured elsewhere, added to a profile of their GPU
   // (--profile FILE, else its built-in measured profile, else its datasheet) instead of timing here.
   std::vector<std::string> nccl_tests;

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
 #include <mutex>
 #include <set>
 #include <string>
@@ -310,6 +311,43 @@ TEST_CASE("link tables: nccl-tests' bus bandwidth, p2p seconds and the slowdown,
   CHECK(overlap[0].at("compute_slowdown").get<double>() == Approx(0.25));
   CHECK(overlap[1].at("op") == "send_recv");
   CHECK(overlap[1].at("compute_slowdown") == 0.0);  // faster beside is noise, not a speed-up
+}
+
+TEST_CASE("links measured on a larger machine join a profile's smaller groups, replacing the sizes measured",
+          "[cli][profile]") {
+  // What `profile --links-only` does to the built-in profile: the two-GPU tables of an earlier
+  // machine stay beside four-GPU ones; a group size measured again is replaced, not duplicated.
+  using megaplan::exec::CommOp;
+  const megaplan::GpuSpec gpu = megaplan::cluster_preset("dgx-h100").gpu;
+  megaplan::exec::CommTimings two;
+  two.collectives = {{CommOp::kAllReduce, 2, 1 << 20, 1e-4}};
+  two.p2p = {{CommOp::kSendRecv, 2, 1 << 20, 5e-6}};
+  two.overlap = {{CommOp::kAllReduce, 2, 1e-3, 1.2e-3}};
+  const nlohmann::json before = megaplan::cli::with_measured_links(
+      megaplan::cli::measured_profile_json(gpu, {}, "test", nlohmann::json::object()), two, "NVIDIA H100 80GB HBM3");
+  megaplan::exec::CommTimings four;
+  four.collectives = {{CommOp::kAllReduce, 2, 1 << 20, 2e-4}, {CommOp::kAllReduce, 4, 1 << 20, 3e-4}};
+  four.p2p = {{CommOp::kSendRecv, 2, 1 << 20, 6e-6}};
+  four.overlap = {{CommOp::kAllReduce, 4, 1e-3, 1.3e-3}};
+  const nlohmann::json after = megaplan::cli::with_measured_links(before, four, "NVIDIA H100 80GB HBM3");
+  std::map<int64_t, double> bus;
+  for (const nlohmann::json& entry : after.at("collectives")) {
+    CHECK(bus.emplace(entry.at("group_size").get<int64_t>(), entry.at("bus_bandwidth_bytes_per_s").get<double>()).second);
+  }
+  REQUIRE(bus.size() == 2);
+  CHECK(bus.at(2) == Approx((1 << 20) * 2 * 1.0 / 2 / 2e-4));  // the new two-GPU measurement
+  CHECK(bus.at(4) == Approx((1 << 20) * 2 * 3.0 / 4 / 3e-4));
+  REQUIRE(after.at("p2p").size() == 1);
+  CHECK(after.at("p2p")[0].at("seconds") == 6e-6);
+  const nlohmann::json& overlap = after.at("overlap");
+  REQUIRE(overlap.size() == 2);
+  std::map<int64_t, double> slowdown;
+  for (const nlohmann::json& entry : overlap) {
+    slowdown[entry.at("group_size").get<int64_t>()] = entry.at("compute_slowdown").get<double>();
+  }
+  CHECK(slowdown.at(2) == Approx(0.2));
+  CHECK(slowdown.at(4) == Approx(0.3));
+  (void)megaplan::sim::Profile::from_json(after, "merged");  // the simulator loads it
 }
 
 TEST_CASE("a collective grid the world cannot run is refused", "[cli][profile]") {
