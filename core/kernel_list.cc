@@ -257,7 +257,12 @@ LayerDims layer_dims(const ModelSpec& model, const ParallelPlan& plan) {
 
 KernelBlocks executor_kernel_blocks(const ModelSpec& model, const ParallelPlan& plan, int64_t tensor_parallel_rank) {
   KernelBlocks blocks;
-  const auto [count, rows, h, q, kv, qkv, f, fc1, v, heads, dim] = layer_dims(model, plan);
+  // Plain copies, not structured bindings: the lambdas below capture them (Clang before 16 cannot
+  // capture a binding, and the fuzz build uses Debian's Clang 14).
+  const LayerDims dims = layer_dims(model, plan);
+  const int64_t count = dims.tokens, rows = dims.rows, h = dims.hidden, q = dims.query, kv = dims.key_value,
+                qkv = dims.qkv, f = dims.ffn, fc1 = dims.fc1, v = dims.vocabulary, heads = dims.heads,
+                dim = dims.head_dim;
   const bool bias = model.add_bias_linear;
   const GemmEpilogue qkv_bias = bias || model.add_qkv_bias ? GemmEpilogue::kBias : GemmEpilogue::kNone;
   // A row-parallel layer's bias is added once, by tensor-parallel rank 0, before the sum.

@@ -20,7 +20,12 @@ KernelBlocks megatron_kernel_blocks(const ModelSpec& model, const ParallelPlan& 
   const ImplementationOptions& options = plan.options;
   const int64_t a = 2;
   const int64_t t = plan.tensor_parallel_size;
-  const auto [count, rows, h, q, kv, qkv, f, fc1, v, heads, dim] = layer_dims(model, plan);
+  // Plain copies, not structured bindings: the lambdas below capture them (Clang before 16 cannot
+  // capture a binding, and the fuzz build uses Debian's Clang 14).
+  const LayerDims dims = layer_dims(model, plan);
+  const int64_t count = dims.tokens, rows = dims.rows, h = dims.hidden, q = dims.query, kv = dims.key_value,
+                qkv = dims.qkv, f = dims.ffn, fc1 = dims.fc1, v = dims.vocabulary, heads = dims.heads,
+                dim = dims.head_dim;
   // Attention over the whole sequence: the simulator splits its time over cp (unfused attention
   // never meets cp, which Megatron runs in Transformer Engine only).
   const int64_t seq = model.seq_length;

@@ -49,6 +49,11 @@ bool is_input_file(const std::string& path) {
   return inputs().count(*identity) > 0;
 }
 
+void forget_input_files() {
+  const std::lock_guard<std::mutex> lock(inputs_mutex);
+  inputs().clear();
+}
+
 std::string read_text_file(const std::string& path) {
   std::string contents = read_file_contents(path);
   note_input_file(path);

@@ -16,5 +16,8 @@ std::string read_text_file(const std::string& path);
 // link of one names it): an output must never replace one (executor/io/staged_file.h).
 void note_input_file(const std::string& path);
 bool is_input_file(const std::string& path);
+// Forgets them: for a process that runs one input after another (the fuzz targets, which would
+// otherwise keep a record of every file they ever wrote and read).
+void forget_input_files();
 
 }  // namespace megaplan

@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 
 #include "core/error.h"
 #include "executor/io/staged_file.h"
@@ -32,11 +33,23 @@ T load(const unsigned char* at) {
 
 bool known(uint8_t code) { return code >= 1 && code <= 8; }
 
+// A stored value as a token id. A float dataset's NaN, infinity or value outside int64 becomes
+// INT64_MIN, which no vocabulary holds, so the run refuses the file by name (never undefined).
+template <typename T>
+int64_t token_of(T value) {
+  if constexpr (std::is_floating_point_v<T>) {
+    constexpr double kLimit = 9223372036854775808.0;  // 2^63
+    const auto wide = static_cast<double>(value);
+    if (!(wide >= -kLimit && wide < kLimit)) return std::numeric_limits<int64_t>::min();
+  }
+  return static_cast<int64_t>(value);
+}
+
 // Folds `count` tokens of type T at `at` into [smallest, largest].
 template <typename T>
 void widen(const unsigned char* at, std::size_t count, int64_t& smallest, int64_t& largest) {
   for (std::size_t i = 0; i < count; ++i) {
-    const auto token = static_cast<int64_t>(load<T>(at + i * sizeof(T)));
+    const int64_t token = token_of(load<T>(at + i * sizeof(T)));
     smallest = std::min(smallest, token);
     largest = std::max(largest, token);
   }
@@ -192,8 +205,8 @@ void IndexedDataset::read(std::size_t sequence, std::size_t offset, std::size_t 
       case TokenType::kUint16: out[i] = load<uint16_t>(at); break;
       case TokenType::kInt32: out[i] = load<int32_t>(at); break;
       case TokenType::kInt64: out[i] = load<int64_t>(at); break;
-      case TokenType::kFloat32: out[i] = static_cast<int64_t>(load<float>(at)); break;
-      case TokenType::kFloat64: out[i] = static_cast<int64_t>(load<double>(at)); break;
+      case TokenType::kFloat32: out[i] = token_of(load<float>(at)); break;
+      case TokenType::kFloat64: out[i] = token_of(load<double>(at)); break;
     }
   }
 }

@@ -196,12 +196,20 @@ std::vector<std::vector<float>> read_tensor(const std::string& name, const std::
     }
     const SavedShard& shard = *parts[p];
     const std::size_t count = elements(shard.shape);
-    std::vector<float> bytes(kArraysPerTensor * count);
     std::ifstream& file = files[shard.data_file];
     if (!file.is_open()) {
       file.open(shard.data_file, std::ios::binary);
       if (!file) refuse_load(shard.data_file + ": cannot open");
     }
+    // The file holds what the manifest says before that much memory is taken for it.
+    std::error_code size_error;
+    const std::uintmax_t file_size = std::filesystem::file_size(shard.data_file, size_error);
+    const std::uintmax_t shard_bytes = kArraysPerTensor * count * sizeof(float);
+    if (!size_error && (shard.offset > file_size || shard_bytes > file_size - shard.offset)) {
+      refuse_load(shard.data_file + ": ends before " + name + " (" + std::to_string(shard_bytes) + " bytes at offset " +
+                  std::to_string(shard.offset) + " of its " + std::to_string(file_size) + ")");
+    }
+    std::vector<float> bytes(kArraysPerTensor * count);
     file.clear();
     file.seekg(static_cast<std::streamoff>(shard.offset));
     file.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(bytes.size() * sizeof(float)));

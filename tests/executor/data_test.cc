@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <string>
 #include <unistd.h>
 #include <vector>
@@ -107,6 +108,21 @@ TEST_CASE("every dtype code reads its tokens", "[data]") {
     CHECK(smallest == *std::min_element(entry.tokens.begin(), entry.tokens.end()));
     CHECK(largest == *std::max_element(entry.tokens.begin(), entry.tokens.end()));
   }
+  // A float dataset's NaN, infinity or value beyond int64 reads as INT64_MIN (no vocabulary holds
+  // it, so a run refuses the file), never as undefined behaviour.
+  {
+    const std::string prefix = scratch.file("nonfinite");
+    IndexedDatasetWriter writer(prefix, TokenType::kFloat32);
+    writer.add_document({1, 2, 3, 4});
+    writer.finish();
+    const float bad[] = {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::infinity(), 1e30f};
+    std::fstream bin(prefix + ".bin", std::ios::in | std::ios::out | std::ios::binary);
+    bin.write(reinterpret_cast<const char*>(bad), sizeof bad);
+  }
+  const IndexedDataset nonfinite(scratch.file("nonfinite"));
+  const int64_t lowest = std::numeric_limits<int64_t>::min();
+  CHECK(nonfinite.sequence(0) == std::vector<int64_t>{lowest, lowest, lowest, 4});
+  CHECK(nonfinite.token_range() == std::pair<int64_t, int64_t>{lowest, 4});
   IndexedDatasetWriter narrow(scratch.file("narrow"), TokenType::kUint16);
   CHECK_THROWS_WITH(narrow.add_document({70000}), Contains("token 70000 does not fit dtype code 8"));
   CHECK(megaplan::exec::token_type_for_vocabulary(50257) == TokenType::kUint16);

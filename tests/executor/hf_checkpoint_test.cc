@@ -5,6 +5,7 @@
 // format refused with the file and the rule.
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -180,4 +181,29 @@ TEST_CASE("a safetensors file that breaks the format is refused with the file an
   CHECK(error_of() == path + ": its tensors cover 8 of its 12 bytes of data");
   std::ofstream(path) << "abc";
   CHECK(error_of() == path + ": is 3 bytes, shorter than a safetensors header's length");
+}
+
+TEST_CASE("F16 tensors widen exactly: normals, subnormals, signed zeros, infinities", "[convert]") {
+  const megaplan::test::ScratchDirectory scratch;
+  const std::string path = scratch.file("half.safetensors");
+  const std::vector<uint16_t> halves = {0x3c00, 0xc000, 0x7bff, 0x0001, 0x83ff, 0x8000, 0x7c00, 0xfc00, 0x3555};
+  const std::string header = R"({"h":{"dtype":"F16","shape":[9],"data_offsets":[0,18]}})";
+  {
+    std::ofstream file(path, std::ios::binary);
+    for (int i = 0; i < 8; ++i) file.put(static_cast<char>(static_cast<uint64_t>(header.size()) >> (8 * i)));
+    file << header;
+    for (const uint16_t half : halves) file.put(static_cast<char>(half & 0xff)).put(static_cast<char>(half >> 8));
+  }
+  const exec::WholeTensor tensor =
+      exec::read_safetensors_tensor(exec::read_safetensors_header(path, "--load"), "h", "--load");
+  const float subnormal = std::ldexp(1.0f, -24);
+  CHECK(tensor.values[0] == 1.0f);
+  CHECK(tensor.values[1] == -2.0f);
+  CHECK(tensor.values[2] == 65504.0f);  // the largest half
+  CHECK(tensor.values[3] == subnormal);  // the smallest
+  CHECK(tensor.values[4] == -1023 * subnormal);  // the largest subnormal, negative
+  CHECK((tensor.values[5] == 0.0f && std::signbit(tensor.values[5])));
+  CHECK((std::isinf(tensor.values[6]) && tensor.values[6] > 0));
+  CHECK((std::isinf(tensor.values[7]) && tensor.values[7] < 0));
+  CHECK(tensor.values[8] == 0.333251953125f);  // 0x3555, the half nearest 1/3
 }
