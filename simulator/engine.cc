@@ -7,6 +7,7 @@
 #include <queue>
 
 #include "core/error.h"
+#include "core/hot_loop.h"
 #include "core/schedule/dependencies.h"
 
 namespace megaplan::sim {
@@ -103,7 +104,7 @@ class Engine {
 
   // Flattened: the loop runs once per event, and the dependency rule, the key index and the
   // stream logic must inline into it (a third faster than calls at gpt-1t's 130k events).
-  [[gnu::flatten]] SimulationResult run() {
+  MEGAPLAN_HOT_LOOP SimulationResult run() {
     for (std::size_t rank = 0; rank < ranks_.size(); ++rank) wake(rank);
     drain();
     while (!heap_.empty()) {

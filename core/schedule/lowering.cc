@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/hot_loop.h"
 #include "core/schedule/dependencies.h"
 
 namespace megaplan {
@@ -41,7 +42,7 @@ class Lowerer {
   // send is placed in decides where its RECV lands on the receiver. False when no rank can move.
   // Flattened: it runs once per action of a million-action schedule, and the dependency rule, the
   // key index and the appends must inline into it; the error is built outside, by stuck().
-  [[gnu::flatten]] bool run_rounds() {
+  MEGAPLAN_HOT_LOOP bool run_rounds() {
     std::size_t remaining = 0;
     for (const auto& actions : compute_.ranks) remaining += actions.size();
     while (remaining > 0) {

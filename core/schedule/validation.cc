@@ -9,6 +9,7 @@
 #include <optional>
 #include <stdexcept>
 
+#include "core/hot_loop.h"
 #include "core/schedule/dependencies.h"
 
 namespace megaplan {
@@ -304,7 +305,7 @@ bool repeats_work(const DependencyKey& key) { return key.kind != ActionKind::kOp
 // instructions per action. Reporting is left to the caller, outside the loop.
 constexpr std::size_t kPrefetchRanks = 2;
 constexpr std::size_t kPrefetchActions = 8;
-[[gnu::flatten]] RunOutcome run_ranks(const PipelineSchedule& schedule, const std::vector<int32_t>& stage_ranks,
+MEGAPLAN_HOT_LOOP RunOutcome run_ranks(const PipelineSchedule& schedule, const std::vector<int32_t>& stage_ranks,
                                       KeyFlags& done) {
   // Copies, not references: the loop's stores (done bits, counters) could alias the schedule's
   // fields as far as the compiler knows, which would reload them on every action.
