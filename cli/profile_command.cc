@@ -111,19 +111,8 @@ nlohmann::json with_measured_links(nlohmann::json profile, const exec::CommTimin
                        {"link", link},
                        {"compute_slowdown", std::max(0.0, timing.compute_beside_s / timing.compute_alone_s - 1)}});
   }
-  if (!overlap.empty()) {
-    // Entries of other group sizes (a smaller machine's) stay, as the link tables' do.
-    if (profile.contains("overlap") && profile["overlap"].is_array()) {
-      for (const nlohmann::json& kept : profile["overlap"]) {
-        const bool replaced = std::any_of(overlap.begin(), overlap.end(), [&](const nlohmann::json& entry) {
-          return entry["op"] == kept.value("op", "") && entry["group_size"] == kept.value("group_size", int64_t{0}) &&
-                 entry["link"] == kept.value("link", "");
-        });
-        if (!replaced) overlap.push_back(kept);
-      }
-    }
-    profile["overlap"] = std::move(overlap);
-  }
+  // Entries of other group sizes (a smaller machine's) stay, as the link tables' do.
+  if (!overlap.empty()) sim::replace_link_entries(profile, "overlap", overlap);
   return profile;
 }
 

@@ -143,28 +143,39 @@ NcclTestsRun read_nccl_tests(const std::string& text, const std::string& file) {
   return run;
 }
 
-nlohmann::json with_link_tables(nlohmann::json profile, const std::vector<NcclTestsRun>& runs) {
-  for (const char* key : {"collectives", "p2p"}) {
-    if (!profile.contains(key) || !profile[key].is_array()) profile[key] = nlohmann::json::array();
-  }
-  for (const NcclTestsRun& run : runs) {
-    const bool p2p = run.op == "sendrecv";
-    nlohmann::json& table = profile[p2p ? "p2p" : "collectives"];
-    nlohmann::json kept = nlohmann::json::array();
-    for (const nlohmann::json& entry : table) {
-      const bool same = entry.value("link", "") == run.link &&
-                        (p2p || (entry.value("op", "") == run.op && entry.value("group_size", int64_t{0}) == run.group_size));
-      if (!same) kept.push_back(entry);
-    }
-    if (p2p) {
-      for (const auto& [bytes, seconds] : run.seconds) kept.push_back({{"link", run.link}, {"bytes", bytes}, {"seconds", seconds}});
-    } else {
-      for (const auto& [bytes, rate] : run.bus_bandwidth) {
-        kept.push_back({{"op", run.op}, {"group_size", run.group_size}, {"link", run.link}, {"bytes", bytes},
-                        {"bus_bandwidth_bytes_per_s", rate}});
+void replace_link_entries(nlohmann::json& profile, const std::string& table, const nlohmann::json& fresh) {
+  const bool by_link_only = table == "p2p";
+  const auto same = [&](const nlohmann::json& a, const nlohmann::json& b) {
+    return a.value("link", "") == b.value("link", "") &&
+           (by_link_only ||
+            (a.value("op", "") == b.value("op", "") && a.value("group_size", int64_t{0}) == b.value("group_size", int64_t{0})));
+  };
+  nlohmann::json kept = nlohmann::json::array();
+  if (profile.contains(table) && profile[table].is_array()) {
+    for (const nlohmann::json& entry : profile[table]) {
+      if (std::none_of(fresh.begin(), fresh.end(), [&](const nlohmann::json& added) { return same(entry, added); })) {
+        kept.push_back(entry);
       }
     }
-    table = std::move(kept);
+  }
+  for (const nlohmann::json& entry : fresh) kept.push_back(entry);
+  profile[table] = std::move(kept);
+}
+
+nlohmann::json with_link_tables(nlohmann::json profile, const std::vector<NcclTestsRun>& runs) {
+  for (const char* key : {"collectives", "p2p"}) replace_link_entries(profile, key, nlohmann::json::array());
+  for (const NcclTestsRun& run : runs) {
+    nlohmann::json fresh = nlohmann::json::array();
+    if (run.op == "sendrecv") {
+      for (const auto& [bytes, seconds] : run.seconds) fresh.push_back({{"link", run.link}, {"bytes", bytes}, {"seconds", seconds}});
+      replace_link_entries(profile, "p2p", fresh);
+    } else {
+      for (const auto& [bytes, rate] : run.bus_bandwidth) {
+        fresh.push_back({{"op", run.op}, {"group_size", run.group_size}, {"link", run.link}, {"bytes", bytes},
+                         {"bus_bandwidth_bytes_per_s", rate}});
+      }
+      replace_link_entries(profile, "collectives", fresh);
+    }
   }
   return profile;
 }

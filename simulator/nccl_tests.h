@@ -40,7 +40,14 @@ struct NcclTestsRun {
 NcclTestsRun read_nccl_tests(const std::string& text, const std::string& file);
 
 // `profile` with each run's table entries in place of any it held for the same op, group size
-// and link (collectives) or link (p2p).
+// and link (collectives) or link (p2p), by replace_link_entries. `collectives` and `p2p` are
+// arrays afterwards even where no run fills them.
 nlohmann::json with_link_tables(nlohmann::json profile, const std::vector<NcclTestsRun>& runs);
+
+// The one rule for adding measured entries to a profile's link table `table` ("collectives",
+// "overlap" or "p2p"): an entry already there goes when a fresh one is for the same link and,
+// outside "p2p", the same op and group size; the others (another link's, a smaller machine's group
+// sizes) stay, and the fresh entries follow them. A table absent or not an array starts empty.
+void replace_link_entries(nlohmann::json& profile, const std::string& table, const nlohmann::json& fresh);
 
 }  // namespace megaplan::sim

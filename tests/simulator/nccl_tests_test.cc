@@ -82,6 +82,36 @@ TEST_CASE("the rows' shape tells all-gather, reduce-scatter, all-to-all and send
   CHECK(profile["p2p"][0]["link"] == "nvlink");
 }
 
+TEST_CASE("measured link entries replace those of the same link (and op and group size outside p2p)", "[nccl-tests]") {
+  using nlohmann::json;
+  json profile = {{"overlap",
+                   {{{"op", "all_reduce"}, {"group_size", 2}, {"link", "nvlink"}, {"compute_slowdown", 0.3}},
+                    {{"op", "all_reduce"}, {"group_size", 4}, {"link", "nvlink"}, {"compute_slowdown", 0.2}},
+                    {{"op", "all_gather"}, {"group_size", 4}, {"link", "nvlink"}, {"compute_slowdown", 0.25}},
+                    {{"op", "all_reduce"}, {"group_size", 4}, {"link", "network"}, {"compute_slowdown", 0.1}}}},
+                  {"p2p",
+                   {{{"link", "nvlink"}, {"bytes", 1024}, {"seconds", 1e-5}},
+                    {{"link", "nvlink"}, {"bytes", 2048}, {"seconds", 2e-5}},
+                    {{"link", "network"}, {"bytes", 1024}, {"seconds", 5e-5}}}}};
+  megaplan::sim::replace_link_entries(
+      profile, "overlap", json::array({{{"op", "all_reduce"}, {"group_size", 4}, {"link", "nvlink"}, {"compute_slowdown", 0.5}}}));
+  const json& overlap = profile["overlap"];
+  REQUIRE(overlap.size() == 4);  // only the nvlink all-reduce over 4 went; its successor comes last
+  CHECK(overlap[0]["group_size"] == 2);
+  CHECK(overlap[1]["op"] == "all_gather");
+  CHECK(overlap[2]["link"] == "network");
+  CHECK(overlap[3]["compute_slowdown"] == 0.5);
+  // p2p entries carry no op or group size: a fresh nvlink table replaces every nvlink entry.
+  megaplan::sim::replace_link_entries(profile, "p2p", json::array({{{"link", "nvlink"}, {"bytes", 4096}, {"seconds", 3e-5}}}));
+  REQUIRE(profile["p2p"].size() == 2);
+  CHECK(profile["p2p"][0]["link"] == "network");
+  CHECK(profile["p2p"][1]["bytes"] == 4096);
+  // A table that is absent (or not an array) starts empty.
+  profile["collectives"] = "junk";
+  megaplan::sim::replace_link_entries(profile, "collectives", json::array());
+  CHECK(profile["collectives"] == json::array());
+}
+
 TEST_CASE("nccl-tests files it cannot read are refused with the file and the reason", "[nccl-tests]") {
   const auto refused = [](const std::string& text, const std::string& reason) {
     INFO(reason);
