@@ -66,6 +66,8 @@ layouts=(
   "gpt-1.3b tp 2 x pp 2|$gpt13 --mbs 4 --gbs 32 --tp 2 --pp 2 --sequence-parallel|--cluster dgx-${gpu} --gpus 4|4"
   "gpt-1.3b dp 4|$gpt13 --mbs 4 --gbs 32 --overlap-grad-reduce|--cluster dgx-${gpu} --gpus 4|4"
   "gpt-1.3b tp 4 sp|$gpt13 --mbs 4 --gbs 8 --tp 4 --sequence-parallel|--cluster dgx-${gpu} --gpus 4|4"
+  # 24: one GPU's share of the dp layouts above (13, 22), alone.
+  "gpt-1.3b mbs 4 gbs 8|--model gpt-1.3b --vocab-size 50257 --mbs 4 --gbs 8|--cluster ${gpu}-x1"
 )
 visible=$(nvidia-smi -L 2> /dev/null | grep -c '^GPU ')
 rows=()

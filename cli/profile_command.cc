@@ -109,7 +109,8 @@ nlohmann::json with_measured_links(nlohmann::json profile, const exec::CommTimin
     overlap.push_back({{"op", exec::comm_op_name(timing.op)},
                        {"group_size", timing.group_size},
                        {"link", link},
-                       {"compute_slowdown", std::max(0.0, timing.compute_beside_s / timing.compute_alone_s - 1)}});
+                       {"compute_slowdown", std::max(0.0, timing.compute_beside_s / timing.compute_alone_s - 1)},
+                       {"collective_slowdown", std::max(0.0, timing.collective_beside_s / timing.collective_alone_s - 1)}});
   }
   // Entries of other group sizes (a smaller machine's) stay, as the link tables' do.
   if (!overlap.empty()) sim::replace_link_entries(profile, "overlap", overlap);

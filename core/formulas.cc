@@ -67,6 +67,7 @@ StageParameters stage_parameters(const ModelSpec& model, const ParallelPlan& pla
   if (layers.has_embedding) {
     entry.parameters += word_embedding + position_embedding;
     entry.parameters_per_gpu += word_embedding / tp + position_embedding;
+    entry.word_embedding_per_gpu = word_embedding / tp;
   }
   if (layers.has_output_layer) {
     // The output layer is its own weight when untied, and a synchronised copy of the word

@@ -55,6 +55,9 @@ int64_t mlp_input_width(const ModelSpec& model);
 struct StageParameters {
   int64_t parameters = 0;
   int64_t parameters_per_gpu = 0;
+  // The word embedding's share of parameters_per_gpu on the stage that holds it (its gradient is
+  // whole only when the backward has run through the embedding, the stage's last work).
+  int64_t word_embedding_per_gpu = 0;
   bool holds_output_weight = false;
 };
 

@@ -3,6 +3,7 @@
 #include "simulator/engine.h"
 
 #include <algorithm>
+#include <cmath>
 #include <array>
 #include <queue>
 
@@ -369,32 +370,62 @@ class Engine {
     }
     RankState& state = ranks_[rank];
     const std::size_t stream = static_cast<std::size_t>(TimelineStream::kDataParallel);
-    const std::vector<double>& buckets = costs_.stages[static_cast<std::size_t>(action.stage)].gradient_buckets;
-    const double filling = last_end - last_start;
-    double at = state.free[stream];
-    double first_start = kUnknown;
-    // How long buckets run beside the compute stream's work issued so far (until its free time).
+    const StageCosts& stage = costs_.stages[static_cast<std::size_t>(action.stage)];
     const double compute_free = state.free[static_cast<std::size_t>(TimelineStream::kCompute)];
-    double beside = 0;
-    for (std::size_t k = 0; k < buckets.size(); ++k) {
-      const double filled = last_start + filling * static_cast<double>(k + 1) / static_cast<double>(buckets.size());
-      at = std::max(at, filled);
-      if (first_start == kUnknown) first_start = at;
-      beside += std::max(0.0, std::min(at + buckets[k], compute_free) - at);
-      at += buckets[k];
+    // The compute beside the buckets runs longer by `extra`, which moves the backward's end and the
+    // buckets that wait for it, and so what runs beside: rounds settle it to a nanosecond (each
+    // changes the next by at most compute / (1 + compute) of its own change, a quarter at the
+    // slowdowns measured).
+    BucketRun run = run_buckets(state.free[stream], last_start, last_end, compute_free, 0, stage);
+    for (int round = 0; round < 64; ++round) {
+      const BucketRun next = run_buckets(state.free[stream], last_start, last_end, compute_free, run.extra, stage);
+      const bool settled = std::abs(next.extra - run.extra) <= 1e-9;
+      run = next;
+      if (settled) break;
     }
-    if (buckets.empty()) at = first_start = std::max(at, last_end);
-    slow_compute_beside(state, beside, costs_.stages[static_cast<std::size_t>(action.stage)].gradient_reduction_slowdown);
-    complete(rank, stream, first_start, at);
+    slow_compute_beside(state, run.extra);
+    complete(rank, stream, run.start, run.end);
     return true;
   }
 
-  // Communication running `beside` seconds next to the compute stream's work issued so far
-  // lengthens that work by what the overlap costs it (exposed_beside's share).
-  void slow_compute_beside(RankState& state, double beside, double slowdown) {
-    if (slowdown <= 0 || beside <= 0) return;
+  struct BucketRun {
+    double start = 0;  // the first bucket's start
+    double end = 0;    // the last one's end
+    double extra = 0;  // what the compute issued so far lost to them
+  };
+  // The stage's buckets on the data-parallel stream (free from `free`), filling during the last
+  // backward [last_start, last_end], with the compute issued so far (until compute_free) running
+  // `extra` longer than it was costed: each bucket is stretched for the part of it beside that
+  // compute and runs at its own speed after it.
+  static BucketRun run_buckets(double free, double last_start, double last_end, double compute_free, double extra,
+                               const StageCosts& stage) {
+    const std::vector<GradientBucketCost>& buckets = stage.gradient_buckets;
+    const OverlapSlowdown overlap = stage.gradient_reduction_overlap;
+    const double filling = last_end - last_start + (compute_free > last_start ? extra : 0);
+    const double busy_until = compute_free + extra;
+    BucketRun run;
+    double at = free;
+    double beside = 0;
+    for (std::size_t k = 0; k < buckets.size(); ++k) {
+      at = std::max(at, last_start + filling * buckets[k].ready);
+      if (k == 0) run.start = at;
+      const double window = std::max(0.0, busy_until - at);
+      const double alone = buckets[k].seconds;
+      const double stretched = alone * (1 + overlap.collective);
+      const double took = stretched <= window ? stretched : window + alone - window / (1 + overlap.collective);
+      beside += std::min(took, window);
+      at += took;
+    }
+    if (buckets.empty()) at = run.start = std::max(at, last_end);
+    run.end = at;
+    run.extra = overlap.compute > 0 ? beside * overlap.compute / (1 + overlap.compute) : 0;
+    return run;
+  }
+
+  // The compute stream's work issued so far takes `extra` longer (what communication beside it cost).
+  void slow_compute_beside(RankState& state, double extra) {
+    if (extra <= 0) return;
     double& compute_free = state.free[static_cast<std::size_t>(TimelineStream::kCompute)];
-    const double extra = exposed_beside(beside, beside, slowdown);
     compute_free += extra;
     state.result.compute_s += extra;
     state.compute_busy_in_pipeline += extra;
@@ -453,10 +484,6 @@ class Engine {
 };
 
 }  // namespace
-
-double exposed_beside(double collective_seconds, double compute_seconds, double slowdown) {
-  return std::max(collective_seconds - compute_seconds, collective_seconds * slowdown / (1 + slowdown));
-}
 
 SimulationResult simulate_schedule(const PipelineSchedule& schedule, const ActionCosts& costs, bool record_timeline) {
   return Engine(schedule, costs, record_timeline).run();

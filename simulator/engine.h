@@ -7,12 +7,15 @@
 //   that order, an action starting when its stream is free and core's dependencies() are met.
 // - A SEND and its RECV form one transfer: it starts when both streams have reached them (NCCL's
 //   rendezvous) and ends both after the transfer time. A send stream is held until then.
-// - REDUCE_GRAD(s) reduces stage s's gradients bucket by bucket; bucket k of n may start once the
-//   stage's last weight gradient is k+1/n done (Megatron fills buckets during that backward). Without
-//   overlap (Megatron's default, local DDP) every bucket waits for all of its rank's gradients.
-//   While buckets reduce beside the rank's compute, the compute slows by the stage's
-//   gradient_reduction_slowdown: the compute stream frees that much later (the completion of the
-//   action it was running, already on the heap, does not move).
+// - REDUCE_GRAD(s) reduces stage s's gradients bucket by bucket; a bucket may start once the
+//   stage's last weight gradient (the last microbatch's backward) is its `ready` fraction done
+//   (Megatron fills buckets during that backward). Without overlap (Megatron's default, local DDP)
+//   every bucket waits for all of its rank's gradients.
+//   While buckets reduce beside the rank's compute (the work issued to its compute stream so far),
+//   each side slows by the stage's gradient_reduction_overlap: a bucket takes (1 + collective)
+//   times as long for the part of it beside that work, and the compute loses a compute / (1 +
+//   compute) share of the time the buckets ran beside it, so its stream frees that much later (the
+//   completion of the action it was running, already on the heap, does not move).
 // - OPTIM waits for everything before it on its rank (all streams), then steps.
 // The engine keeps no global state: simulations may run concurrently on several threads.
 #pragma once
@@ -22,8 +25,16 @@
 
 #include "core/schedule/schedule.h"
 #include "core/timeline.h"
+#include "simulator/overlap.h"
 
 namespace megaplan::sim {
+
+// One bucket of a stage's gradients: its reduction alone, and how far through the stage's last
+// backward its gradients are all there (0 to 1; the word embedding's, only at the end).
+struct GradientBucketCost {
+  double seconds = 0;
+  double ready = 1;
+};
 
 // Seconds for one microbatch on one virtual stage.
 struct StageCosts {
@@ -35,9 +46,9 @@ struct StageCosts {
   double backward_collectives = 0;  // the part of `backward` and of `backward_input` spent in collectives
   double send_forward = 0;          // transfer of the activation to stage s + 1
   double send_backward = 0;         // transfer of the input gradient to stage s - 1
-  std::vector<double> gradient_buckets;  // REDUCE_GRAD(s): each bucket's reduction, in order
-  // How much longer the rank's compute takes while those buckets reduce beside it (a fraction).
-  double gradient_reduction_slowdown = 0;
+  std::vector<GradientBucketCost> gradient_buckets;  // REDUCE_GRAD(s), in order
+  // What those buckets and the rank's compute cost each other while they run at the same time.
+  OverlapSlowdown gradient_reduction_overlap;
 };
 
 struct ActionCosts {
@@ -65,12 +76,6 @@ struct SimulationResult {
   int64_t events = 0;  // completions taken off the event heap (every action but the sends)
   Timeline timeline;   // filled when asked for
 };
-
-// What a collective of `collective_seconds` running beside compute of `compute_seconds` adds to
-// the compute alone, when the compute runs `slowdown` (a fraction) longer while they overlap:
-// max(collective - compute, collective x slowdown / (1 + slowdown)) — the collective outlasts the
-// slowed compute, or the compute does work at the slower rate for as long as the collective runs.
-double exposed_beside(double collective_seconds, double compute_seconds, double slowdown);
 
 // REQUIRES: schedule.lowered and validate_schedule(schedule) passed; costs.stages has
 // shape.num_stages entries and costs.optimizer one per pipeline rank.

@@ -311,15 +311,23 @@ Profile Profile::from_json(const nlohmann::json& json, const std::string& source
     const int op = static_cast<int>(parse_listed(entry, "op", kOverlapOps));
     const int64_t group_size = positive_integer(entry, "group_size");
     const LinkKind link = parse_name(entry, "link", kLinks);
-    double slowdown = 0;
-    entry.require("compute_slowdown", slowdown);
+    const auto fraction = [&entry](const char* key, double value) {
+      if (!(value >= 0) || !std::isfinite(value)) {
+        throw SpecError(entry.field(key), "must be a number >= 0, got " + nlohmann::json(value).dump());
+      }
+      return value;
+    };
+    double compute = 0;
+    entry.require("compute_slowdown", compute);
+    double collective = 0;
+    const bool collective_measured = entry.read("collective_slowdown", collective);
     entry.reject_unknown_keys();
     if (group_size < 2) throw SpecError(entry.field("group_size"), "must be at least 2, got " + std::to_string(group_size));
-    if (!(slowdown >= 0) || !std::isfinite(slowdown)) {
-      throw SpecError(entry.field("compute_slowdown"), "must be a number >= 0, got " + nlohmann::json(slowdown).dump());
-    }
     reject_duplicate(overlap_seen, std::tuple{op, link, group_size}, source, "overlap", i, "op, group_size and link");
-    profile.compute_slowdown_[{op, link, group_size}] = slowdown;
+    profile.compute_slowdown_[{op, link, group_size}] = fraction("compute_slowdown", compute);
+    if (collective_measured) {
+      profile.collective_slowdown_[{op, link, group_size}] = fraction("collective_slowdown", collective);
+    }
   }
 
   // Curves are searched by bytes; sorted once here so lookups only bisect.
@@ -560,10 +568,10 @@ double Profile::p2p_seconds(int64_t bytes, LinkKind link, const LinkParams& fall
          static_cast<double>(bytes) / (fallback_link.bandwidth_bytes_per_s * curve_.link_efficiency);
 }
 
-double Profile::slowdown_lookup(int op, int64_t group_size, LinkKind link) const {
+double Profile::slowdown_lookup(const SlowdownTable& table, int op, int64_t group_size, LinkKind link) {
   double best = 0;
   double nearest = -1;
-  for (auto it = compute_slowdown_.lower_bound({op, link, 0}); it != compute_slowdown_.end(); ++it) {
+  for (auto it = table.lower_bound({op, link, 0}); it != table.end(); ++it) {
     const auto& [entry_op, entry_link, entry_group] = it->first;
     if (entry_op != op || entry_link != link) break;
     const double distance = std::abs(std::log2(static_cast<double>(entry_group) / static_cast<double>(group_size)));
@@ -575,11 +583,17 @@ double Profile::slowdown_lookup(int op, int64_t group_size, LinkKind link) const
   return best;
 }
 
-double Profile::compute_slowdown(CollectiveOp op, int64_t group_size, LinkKind link) const {
-  return group_size <= 1 ? 0 : slowdown_lookup(static_cast<int>(op), group_size, link);
+OverlapSlowdown Profile::overlap_slowdown(CollectiveOp op, int64_t group_size, LinkKind link) const {
+  if (group_size <= 1) return {};
+  const int slot = static_cast<int>(op);
+  return {slowdown_lookup(compute_slowdown_, slot, group_size, link),
+          slowdown_lookup(collective_slowdown_, slot, group_size, link)};
 }
 
-double Profile::p2p_compute_slowdown(LinkKind link) const { return slowdown_lookup(kSendRecvSlot, 2, link); }
+OverlapSlowdown Profile::p2p_overlap_slowdown(LinkKind link) const {
+  return {slowdown_lookup(compute_slowdown_, kSendRecvSlot, 2, link),
+          slowdown_lookup(collective_slowdown_, kSendRecvSlot, 2, link)};
+}
 
 // A ring all-reduce sends each byte 2(n-1)/n times, all-gather, reduce-scatter and all-to-all (n-1)/n.
 double bus_bandwidth_factor(CollectiveOp op, int64_t n) {

@@ -16,6 +16,7 @@
 
 #include "core/cluster_spec.h"
 #include "core/kernel_list.h"
+#include "simulator/overlap.h"
 
 namespace megaplan::sim {
 
@@ -124,12 +125,12 @@ class Profile {
                             const LinkParams& fallback_link, CostSources& sources) const;
   // One send/receive pair of `bytes`.
   double p2p_seconds(int64_t bytes, LinkKind link, const LinkParams& fallback_link, CostSources& sources) const;
-  // How much longer compute takes while `op` (or, p2p_compute_slowdown, a send/receive pair) runs
-  // beside it on `link`, as a fraction (0.1: 10% longer): the `overlap` table's entry of the same op
-  // and link whose group size is nearest in log2 (the larger of two as near), 0 where none is
-  // measured (the datasheet profiles assume NCCL takes nothing from compute).
-  double compute_slowdown(CollectiveOp op, int64_t group_size, LinkKind link) const;
-  double p2p_compute_slowdown(LinkKind link) const;
+  // What `op` (or, p2p_overlap_slowdown, a send/receive pair) on `link` and compute beside it cost
+  // each other: each side from the `overlap` table's entries of the same op and link that measured
+  // it (collective_slowdown is optional), the one whose group size is nearest in log2 (the larger of
+  // two as near); 0 where none is measured (the datasheet profiles assume they cost each other nothing).
+  OverlapSlowdown overlap_slowdown(CollectiveOp op, int64_t group_size, LinkKind link) const;
+  OverlapSlowdown p2p_overlap_slowdown(LinkKind link) const;
 
  private:
   struct ShapePoint {  // a measured GEMM or attention shape, in log space
@@ -169,10 +170,13 @@ class Profile {
   std::map<std::string, Curve> memory_kernels_;  // log seconds over log bytes, by kernel class
   std::map<std::tuple<CollectiveOp, int64_t, LinkKind>, Curve> collectives_;  // log bus bandwidth
   std::array<Curve, 2> p2p_;  // log seconds, by LinkKind
-  // compute_slowdown by (CollectiveOp's value, or kSendRecvSlot for send/receive), link, group size.
+  // The overlap table's two sides by (CollectiveOp's value, or kSendRecvSlot for send/receive),
+  // link, group size; each holds only the entries that measured it.
   static constexpr int kSendRecvSlot = 4;
-  std::map<std::tuple<int, LinkKind, int64_t>, double> compute_slowdown_;
-  double slowdown_lookup(int op, int64_t group_size, LinkKind link) const;
+  using SlowdownTable = std::map<std::tuple<int, LinkKind, int64_t>, double>;
+  SlowdownTable compute_slowdown_;
+  SlowdownTable collective_slowdown_;
+  static double slowdown_lookup(const SlowdownTable& table, int op, int64_t group_size, LinkKind link);
 };
 
 // NCCL's bus-bandwidth factor (nccl-tests, doc/PERFORMANCE.md): bus bandwidth = bytes x factor /

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <array>
+#include <limits>
 #include <optional>
 #include <utility>
 
@@ -67,9 +68,9 @@ class CollectiveCoster {
     if (group_size_ <= 1) return 0;
     return profile_.collective_seconds(op, group_size_, bytes, kind_of(route_), params_of(route_), sources_);
   }
-  // How much longer compute takes while `op` runs beside it on this group (Profile::compute_slowdown).
-  double slowdown(CollectiveOp op) const {
-    return group_size_ <= 1 ? 0 : profile_.compute_slowdown(op, group_size_, kind_of(route_));
+  // What `op` on this group and compute beside it cost each other (Profile::overlap_slowdown).
+  OverlapSlowdown overlap(CollectiveOp op) const {
+    return group_size_ <= 1 ? OverlapSlowdown{} : profile_.overlap_slowdown(op, group_size_, kind_of(route_));
   }
 
  private:
@@ -187,9 +188,9 @@ LayerCollectives layer_collectives(const ModelSpec& model, const ParallelPlan& p
     const double gather = tensor(CollectiveOp::kAllGather, activation_bytes);
     const double scatter = tensor(CollectiveOp::kReduceScatter, activation_bytes);
     const std::array<double, 4> sequence = {gather, scatter, gather, scatter};
-    const double gather_slowdown = tensor.slowdown(CollectiveOp::kAllGather);
-    const double scatter_slowdown = tensor.slowdown(CollectiveOp::kReduceScatter);
-    const std::array<double, 4> slowdown = {gather_slowdown, scatter_slowdown, gather_slowdown, scatter_slowdown};
+    const OverlapSlowdown gather_overlap = tensor.overlap(CollectiveOp::kAllGather);
+    const OverlapSlowdown scatter_overlap = tensor.overlap(CollectiveOp::kReduceScatter);
+    const std::array<OverlapSlowdown, 4> slowdown = {gather_overlap, scatter_overlap, gather_overlap, scatter_overlap};
     for (std::size_t i = 0; i < sequence.size(); ++i) {
       collectives.forward += overlap ? exposed_beside(sequence[i], overlap->forward[i], slowdown[i]) : sequence[i];
       collectives.backward += overlap ? exposed_beside(sequence[i], overlap->backward[i], slowdown[i]) : sequence[i];
@@ -202,7 +203,7 @@ LayerCollectives layer_collectives(const ModelSpec& model, const ParallelPlan& p
     const CollectiveCoster context(profile, routes.context, cp, sources);
     const int64_t kv_bytes = kBf16 * 2 * tokens * model.kv_projection_size() / t;
     const double ring = context(CollectiveOp::kAllGather, kv_bytes * cp);
-    const double slowdown = context.slowdown(CollectiveOp::kAllGather);
+    const OverlapSlowdown slowdown = context.overlap(CollectiveOp::kAllGather);
     collectives.forward += exposed_beside(ring, attention_forward, slowdown);
     collectives.backward += exposed_beside(2 * ring, attention_backward, slowdown);
   }
@@ -303,13 +304,15 @@ double optimizer_step_seconds(const ParallelPlan& plan, int64_t parameters_per_g
   if (!plan.use_distributed_optimizer || replicas <= 1) return seconds;
   // The updated bf16 parameters gathered over dp x cp; --overlap-param-gather issues the gathers
   // bucket by bucket and waits for each in the next forward, so only the first bucket's is exposed,
-  // and the forward it runs beside loses what the others take from it (exposed_beside, all covered).
+  // and the forward it runs beside loses what the others take from it (exposed_beside, the forward
+  // outlasting them).
   const CollectiveCoster data(profile, data_route, replicas, sources);
   const double all = data(CollectiveOp::kAllGather, kBf16 * parameters_per_gpu);
   if (!overlaps_parameter_gather(plan)) return seconds + all;
   const double first = data(CollectiveOp::kAllGather, kBf16 * std::min(parameters_per_gpu, gradient_bucket_parameters(plan)));
   const double covered = all - first;
-  return seconds + first + exposed_beside(covered, covered, data.slowdown(CollectiveOp::kAllGather));
+  const double forward_outlasts = std::numeric_limits<double>::infinity();
+  return seconds + first + exposed_beside(covered, forward_outlasts, data.overlap(CollectiveOp::kAllGather));
 }
 
 ActionCosts plan_action_costs(const ModelSpec& model, const ParallelPlan& plan, const Profile& profile,
@@ -404,13 +407,20 @@ ActionCosts plan_action_costs(const ModelSpec& model, const ParallelPlan& plan, 
   const std::vector<PipelineRankParameters> rank_parameters = parameters_per_pipeline_rank(model, plan);
   const int64_t bucket = gradient_bucket_parameters(plan);
   for (int64_t stage = 0; stage < num_stages; ++stage) {
-    const int64_t parameters = stage_parameters(model, plan, stage).parameters_per_gpu;
-    std::vector<double>& buckets = costs.stages[static_cast<std::size_t>(stage)].gradient_buckets;
     if (replicas <= 1) continue;
+    const StageParameters held = stage_parameters(model, plan, stage);
+    std::vector<GradientBucketCost>& buckets = costs.stages[static_cast<std::size_t>(stage)].gradient_buckets;
     const CollectiveCoster data(profile, routes_of_stage(stage).data, replicas, sources);
-    costs.stages[static_cast<std::size_t>(stage)].gradient_reduction_slowdown = data.slowdown(reduction);
-    for (int64_t done = 0; done < parameters; done += bucket) {
-      buckets.push_back(data(reduction, gradient_bytes * std::min(bucket, parameters - done)));
+    costs.stages[static_cast<std::size_t>(stage)].gradient_reduction_overlap = data.overlap(reduction);
+    // Buckets of the others fill as the backward goes; the word embedding has a bucket of its own
+    // (core's stage_layout), whole only at the backward's end.
+    const int64_t filling = held.parameters_per_gpu - held.word_embedding_per_gpu;
+    for (int64_t done = 0; done < filling; done += bucket) {
+      const int64_t size = std::min(bucket, filling - done);
+      buckets.push_back({data(reduction, gradient_bytes * size), static_cast<double>(done + size) / static_cast<double>(filling)});
+    }
+    if (held.word_embedding_per_gpu > 0) {
+      buckets.push_back({data(reduction, gradient_bytes * held.word_embedding_per_gpu), 1});
     }
   }
 

@@ -23,6 +23,10 @@ namespace {
 // The collectives beside compute run at least this much longer than the passes would alone, so
 // that compute slowed by up to half still has them beside it the whole time.
 constexpr double kCoverage = 1.5;
+// The other way round, the passes run at least this much longer than the collectives would alone,
+// so that collectives stretched up to that far still have compute beside them the whole time (the
+// median of their calls is still right when only the first half of them have it).
+constexpr double kCollectiveCoverage = 3;
 constexpr std::array<CommOp, 3> kCollectives = {CommOp::kAllReduce, CommOp::kAllGather, CommOp::kReduceScatter};
 
 // Buffers of bf16 elements in the backend's fp32 allocations (two elements to a float).
@@ -126,6 +130,8 @@ class ComputePasses {
   std::vector<std::unique_ptr<KernelLaunch>> launches_;
 };
 
+// Both sides of `op` on `group` beside the grid's compute: the compute's passes beside back-to-back
+// collectives, and the collectives' calls beside back-to-back passes.
 OverlapTiming time_beside(Backend& backend, Comm& group, CommBuffers& buffers, ComputePasses& compute,
                           const CollectiveGrid& grid, CommOp op) {
   compute.pass();  // cuBLASLt picks its algorithms
@@ -142,7 +148,29 @@ OverlapTiming time_beside(Backend& backend, Comm& group, CommBuffers& buffers, C
   const double beside = compute.time(passes);
   for (const Request& request : requests) request->wait();
   backend.synchronize();
-  return {op, group.size(), alone, beside};
+
+  // The collectives' side: calls one after another on the first stream of a pair, a mark after
+  // each, while the passes run on the second from the same start (Backend::run_pair).
+  const int64_t timed_calls = buffers.agreed_max(group, repetitions_for(grid, call));
+  const auto cover = static_cast<int64_t>(std::ceil(kCollectiveCoverage * static_cast<double>(timed_calls) * call / alone)) + 1;
+  const int64_t cover_passes = buffers.agreed_max(group, cover);
+  std::vector<TimingMark> marks;
+  backend.run_pair(
+      [&] {
+        marks.push_back(backend.mark());
+        for (int64_t c = 0; c < timed_calls; ++c) {
+          buffers.call(group, op, grid.overlap_bytes)->wait();
+          marks.push_back(backend.mark());
+        }
+      },
+      [&] {
+        for (int64_t p = 0; p < cover_passes; ++p) compute.pass();
+      });
+  std::vector<double> seconds;
+  for (std::size_t i = 1; i < marks.size(); ++i) seconds.push_back(backend.seconds_between(marks[i - 1], marks[i]));
+  backend.synchronize();
+  backend.release_marks();
+  return {op, group.size(), alone, beside, call, median_of(seconds)};
 }
 
 std::vector<int64_t> first_ranks(int64_t count) {

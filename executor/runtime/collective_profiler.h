@@ -1,8 +1,8 @@
 // The executor's communicators timed as training calls them, for the link tables of a measured
 // profile (profiles/README.md): all-reduce, all-gather and reduce-scatter by bytes and group size,
-// a send/receive pair by bytes, and how much longer compute takes while each of them runs beside it
-// (NCCL's kernels take SMs and memory bandwidth from the GEMMs that Megatron's overlapped
-// gradient reduction, parameter gather and --tp-comm-overlap run them beside).
+// a send/receive pair by bytes, and how much longer compute and each of them take while they run
+// side by side (NCCL's kernels and the GEMMs that Megatron's overlapped gradient reduction,
+// parameter gather and --tp-comm-overlap run them beside share the SMs and the memory bandwidth).
 //
 // Every rank of the world calls measure_collectives with the same grid, in lockstep: the groups
 // are made and used in the same order everywhere (members time, the others skip). Times are taken
@@ -56,8 +56,10 @@ struct CommTiming {
 struct OverlapTiming {
   CommOp op;
   int64_t group_size;
-  double compute_alone_s;   // one pass of the grid's compute, nothing beside it
-  double compute_beside_s;  // the same pass while the collective runs the whole time beside it
+  double compute_alone_s;      // one pass of the grid's compute, nothing beside it
+  double compute_beside_s;     // the same pass while the collective runs the whole time beside it
+  double collective_alone_s;   // one call of the collective (overlap_bytes), nothing beside it
+  double collective_beside_s;  // the same call while the compute runs the whole time beside it
 };
 
 struct CommTimings {

@@ -253,6 +253,8 @@ TEST_CASE("collective timings from ranks as threads become link tables the simul
   for (const auto& beside : measured.overlap) {
     CHECK(beside.compute_alone_s > 0);
     CHECK(beside.compute_beside_s > 0);
+    CHECK(beside.collective_alone_s > 0);
+    CHECK(beside.collective_beside_s > 0);
     CHECK(beside.group_size == (beside.op == CommOp::kSendRecv ? 2 : 4));
   }
   REQUIRE(!progress.empty());
@@ -282,12 +284,12 @@ TEST_CASE("collective timings from ranks as threads become link tables the simul
   CHECK(profile_json.at("overlap").size() == 4);
 }
 
-TEST_CASE("link tables: nccl-tests' bus bandwidth, p2p seconds and the slowdown, at least 0", "[cli][profile]") {
+TEST_CASE("link tables: nccl-tests' bus bandwidth, p2p seconds and both slowdowns, at least 0", "[cli][profile]") {
   using megaplan::exec::CommOp;
   megaplan::exec::CommTimings timings;
   timings.collectives = {{CommOp::kAllReduce, 8, 1 << 20, 1e-4}, {CommOp::kAllGather, 4, 1 << 20, 2e-5}};
   timings.p2p = {{CommOp::kSendRecv, 2, 1 << 20, 5e-6}};
-  timings.overlap = {{CommOp::kAllReduce, 8, 1e-3, 1.25e-3}, {CommOp::kSendRecv, 2, 1e-3, 0.99e-3}};
+  timings.overlap = {{CommOp::kAllReduce, 8, 1e-3, 1.25e-3, 2e-3, 3e-3}, {CommOp::kSendRecv, 2, 1e-3, 0.99e-3, 1e-3, 0.9e-3}};
   const megaplan::GpuSpec gpu = megaplan::cluster_preset("dgx-h100").gpu;
   const nlohmann::json profile = megaplan::cli::with_measured_links(
       megaplan::cli::measured_profile_json(gpu, {}, "test", nlohmann::json::object()), timings, "NVIDIA H100 80GB HBM3");
@@ -309,8 +311,10 @@ TEST_CASE("link tables: nccl-tests' bus bandwidth, p2p seconds and the slowdown,
   REQUIRE(overlap.size() == 2);
   CHECK(overlap[0].at("op") == "all_reduce");
   CHECK(overlap[0].at("compute_slowdown").get<double>() == Approx(0.25));
+  CHECK(overlap[0].at("collective_slowdown").get<double>() == Approx(0.5));
   CHECK(overlap[1].at("op") == "send_recv");
   CHECK(overlap[1].at("compute_slowdown") == 0.0);  // faster beside is noise, not a speed-up
+  CHECK(overlap[1].at("collective_slowdown") == 0.0);
 }
 
 TEST_CASE("links measured on a larger machine join a profile's smaller groups, replacing the sizes measured",
@@ -322,13 +326,13 @@ TEST_CASE("links measured on a larger machine join a profile's smaller groups, r
   megaplan::exec::CommTimings two;
   two.collectives = {{CommOp::kAllReduce, 2, 1 << 20, 1e-4}};
   two.p2p = {{CommOp::kSendRecv, 2, 1 << 20, 5e-6}};
-  two.overlap = {{CommOp::kAllReduce, 2, 1e-3, 1.2e-3}};
+  two.overlap = {{CommOp::kAllReduce, 2, 1e-3, 1.2e-3, 1e-3, 1.5e-3}};
   const nlohmann::json before = megaplan::cli::with_measured_links(
       megaplan::cli::measured_profile_json(gpu, {}, "test", nlohmann::json::object()), two, "NVIDIA H100 80GB HBM3");
   megaplan::exec::CommTimings four;
   four.collectives = {{CommOp::kAllReduce, 2, 1 << 20, 2e-4}, {CommOp::kAllReduce, 4, 1 << 20, 3e-4}};
   four.p2p = {{CommOp::kSendRecv, 2, 1 << 20, 6e-6}};
-  four.overlap = {{CommOp::kAllReduce, 4, 1e-3, 1.3e-3}};
+  four.overlap = {{CommOp::kAllReduce, 4, 1e-3, 1.3e-3, 1e-3, 1.6e-3}};
   const nlohmann::json after = megaplan::cli::with_measured_links(before, four, "NVIDIA H100 80GB HBM3");
   std::map<int64_t, double> bus;
   for (const nlohmann::json& entry : after.at("collectives")) {

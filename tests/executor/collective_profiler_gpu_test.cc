@@ -42,13 +42,17 @@ TEST_CASE("collectives and compute beside them are timed on the GPU's streams", 
   CHECK(timings.p2p[1].seconds > timings.p2p[0].seconds);
   REQUIRE(timings.overlap.size() == 4);
   for (const exec::OverlapTiming& beside : timings.overlap) {
-    INFO(exec::comm_op_name(beside.op) << ": alone " << beside.compute_alone_s << " s, beside "
-                                       << beside.compute_beside_s << " s");
+    INFO(exec::comm_op_name(beside.op) << ": compute alone " << beside.compute_alone_s << " s, beside "
+                                       << beside.compute_beside_s << " s; collective alone "
+                                       << beside.collective_alone_s << " s, beside " << beside.collective_beside_s << " s");
     // A layer of width 1024 over 2048 tokens. Both ranks run their passes on the one GPU, alone
-    // and beside alike, so the two times say nothing of a slowdown here: each only has to be a
-    // pass's time, not an event's or a whole run's.
+    // and beside alike, so the times say nothing of a slowdown here: each only has to be a pass's
+    // or a call's time, not an event's or a whole run's.
     CHECK(beside.compute_alone_s > 1e-5);
     CHECK(beside.compute_beside_s > 0.25 * beside.compute_alone_s);
     CHECK(beside.compute_beside_s < 10 * beside.compute_alone_s);
+    CHECK(beside.collective_alone_s > 1e-6);
+    CHECK(beside.collective_beside_s > 0.25 * beside.collective_alone_s);
+    CHECK(beside.collective_beside_s < 100 * beside.collective_alone_s);
   }
 }

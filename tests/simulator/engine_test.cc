@@ -1,4 +1,6 @@
 // The engine against answers computable by hand: sums, pipeline bubbles, overlapped reductions.
+#include <limits>
+
 #include <catch2/catch.hpp>
 
 #include "core/schedule/lowering.h"
@@ -10,6 +12,15 @@ using megaplan::sim::ActionCosts;
 using megaplan::sim::SimulationResult;
 
 namespace {
+
+// Buckets of these reduction times, the k-th of n whole when the backward is (k + 1) / n done.
+std::vector<megaplan::sim::GradientBucketCost> filling_evenly(const std::vector<double>& seconds) {
+  std::vector<megaplan::sim::GradientBucketCost> buckets;
+  for (std::size_t k = 0; k < seconds.size(); ++k) {
+    buckets.push_back({seconds[k], static_cast<double>(k + 1) / static_cast<double>(seconds.size())});
+  }
+  return buckets;
+}
 
 megaplan::PipelineSchedule lowered(ScheduleKind kind, int64_t pp, int64_t vpp, int64_t microbatches) {
   megaplan::PipelineSchedule schedule =
@@ -98,37 +109,74 @@ TEST_CASE("gradient reduction hides behind a long backward and shows after a sho
   const auto schedule = lowered(ScheduleKind::kOneFOneB, 1, 1, 1);
   ActionCosts costs = uniform_costs(schedule, 1, 0);
   costs.stages[0].backward = 11;  // B runs from 1 to 12; four buckets fill at 3.75, 6.5, 9.25, 12
-  costs.stages[0].gradient_buckets = {1, 1, 1, 1};
+  costs.stages[0].gradient_buckets = filling_evenly({1, 1, 1, 1});
   SimulationResult result = megaplan::sim::simulate_schedule(schedule, costs, false);
   CHECK(result.iteration_time_s == Approx(13));  // only the last bucket is exposed
   CHECK(result.ranks[0].exposed_comm_s() == Approx(1));
-  costs.stages[0].gradient_buckets = {5, 5, 5, 5};  // 3.75-8.75, -13.75, -18.75, -23.75
+  costs.stages[0].gradient_buckets = filling_evenly({5, 5, 5, 5});  // 3.75-8.75, -13.75, -18.75, -23.75
   result = megaplan::sim::simulate_schedule(schedule, costs, false);
   CHECK(result.iteration_time_s == Approx(23.75));
   CHECK(result.ranks[0].exposed_comm_s() == Approx(11.75));
 }
 
 TEST_CASE("compute beside a gradient reduction takes the measured fraction longer", "[simulator][engine]") {
-  // B runs from 1 to 12 beside buckets [3.75, 4.75], [6.5, 7.5], [9.25, 10.25]: 3 s of overlap;
-  // the last, [12, 13], runs after it. Slowed by 100% while they overlap, B does 1.5 s of its work
-  // in those 3 s and ends 1.5 s later, at 13.5, after the last bucket: nothing of the reduction
-  // shows, the compute is 1.5 s longer.
+  // B runs from 1 to 12 beside buckets of 1 s that fill as it goes. Slowed by 100% while they
+  // overlap, it ends 1.5 s later, at 13.5 (three buckets, 3 s, beside it: 1.5 s of its work lost),
+  // and its gradients fill the buckets over that longer time: at 4.125, 7.25, 10.375 and 13.5. The
+  // last waits for the end and runs alone after it, to 14.5.
   const auto schedule = lowered(ScheduleKind::kOneFOneB, 1, 1, 1);
   ActionCosts costs = uniform_costs(schedule, 1, 0);
   costs.stages[0].backward = 11;
-  costs.stages[0].gradient_buckets = {1, 1, 1, 1};
-  costs.stages[0].gradient_reduction_slowdown = 1;
+  costs.stages[0].gradient_buckets = filling_evenly({1, 1, 1, 1});
+  costs.stages[0].gradient_reduction_overlap.compute = 1;
   const SimulationResult result = megaplan::sim::simulate_schedule(schedule, costs, false);
-  CHECK(result.iteration_time_s == Approx(13.5));
+  CHECK(result.iteration_time_s == Approx(14.5));
   CHECK(result.ranks[0].compute_s == Approx(13.5));
-  CHECK(result.ranks[0].exposed_comm_s() == Approx(0).margin(1e-12));
+  CHECK(result.ranks[0].exposed_comm_s() == Approx(1));
   CHECK(result.ranks[0].compute_s + result.ranks[0].idle_s + result.ranks[0].exposed_comm_s() ==
         Approx(result.iteration_time_s));
-  // By the formula: what 3 s of a collective beside longer compute adds, at 100% and at 25%.
-  CHECK(megaplan::sim::exposed_beside(3, 11, 1) == Approx(1.5));
-  CHECK(megaplan::sim::exposed_beside(3, 11, 0.25) == Approx(0.6));
-  CHECK(megaplan::sim::exposed_beside(3, 1, 0.25) == Approx(2));  // the collective outlasts the compute
-  CHECK(megaplan::sim::exposed_beside(3, 1, 0) == Approx(2));
+}
+
+TEST_CASE("a bucket beside compute takes the measured fraction longer, and the compute loses that longer time",
+          "[simulator][engine]") {
+  // As above, with the buckets 50% longer beside the backward: the first three take 1.5 s each,
+  // 4.5 s beside B, which at 100% slower loses 2.25 s and ends at 14.25; the last fills then and
+  // takes 1 s alone, to 15.25.
+  const auto schedule = lowered(ScheduleKind::kOneFOneB, 1, 1, 1);
+  ActionCosts costs = uniform_costs(schedule, 1, 0);
+  costs.stages[0].backward = 11;
+  costs.stages[0].gradient_buckets = filling_evenly({1, 1, 1, 1});
+  costs.stages[0].gradient_reduction_overlap = {1, 0.5};
+  SimulationResult result = megaplan::sim::simulate_schedule(schedule, costs, false);
+  CHECK(result.iteration_time_s == Approx(15.25));
+  CHECK(result.ranks[0].compute_s == Approx(14.25));
+  // A bucket that outlasts the compute runs stretched beside it and alone after it. 10 s buckets:
+  // with B lengthened by x, the first fills at 1 + (11 + x) / 4 and runs beside B until 12 + x,
+  // w = 8.25 + 0.75 x; B loses w / 2, so x = 6.6 and w = 13.2. The first bucket does w / 1.5 = 8.8
+  // of its 10 s of work beside B and the rest alone, ending at 19.8; the others follow (49.8).
+  costs.stages[0].gradient_buckets = filling_evenly({10, 10, 10, 10});
+  result = megaplan::sim::simulate_schedule(schedule, costs, false);
+  CHECK(result.iteration_time_s == Approx(49.8));
+  CHECK(result.ranks[0].compute_s == Approx(12 + 6.6));
+}
+
+TEST_CASE("exposed_beside: the collective ends first, or the compute does and the rest runs alone", "[simulator][engine]") {
+  using megaplan::sim::exposed_beside;
+  // Nothing slows the collective: what 3 s of it beside longer compute adds, at 100% and at 25%.
+  CHECK(exposed_beside(3, 11, {1, 0}) == Approx(1.5));
+  CHECK(exposed_beside(3, 11, {0.25, 0}) == Approx(0.6));
+  CHECK(exposed_beside(3, 1, {0.25, 0}) == Approx(2));  // the collective outlasts the compute
+  CHECK(exposed_beside(3, 1, {0, 0}) == Approx(2));
+  // Stretched 100%, 3 s take 6 beside compute of 11 at 25% slower: the compute loses 6 x 0.2.
+  CHECK(exposed_beside(3, 11, {0.25, 1}) == Approx(1.2));
+  // Compute of 2 s at 25% slower ends at 2.5, when the collective (100% slower) has done 1.25 s of
+  // its 3; the other 1.75 s run alone: 4.25 in all, 2.25 more than the compute alone.
+  CHECK(exposed_beside(3, 2, {0.25, 1}) == Approx(2.25));
+  // Both sides at their boundary agree: collective x 2 = compute x 1.25.
+  CHECK(exposed_beside(2.5, 4, {0.25, 1}) == Approx(1.0));
+  CHECK(exposed_beside(2.5, 4, {0.25, 1}) == Approx(2.5 + 4 * 1.25 * 1 / 2 - 4));
+  // Covered entirely (the parameter gathers beside a forward that outlasts them).
+  CHECK(exposed_beside(3, std::numeric_limits<double>::infinity(), {0.25, 1}) == Approx(1.2));
 }
 
 TEST_CASE("without overlap every bucket waits for the rank's whole backward", "[simulator][engine]") {
@@ -137,7 +185,7 @@ TEST_CASE("without overlap every bucket waits for the rank's whole backward", "[
   // the rank's last backward, and the rank's buckets then run back to back.
   const auto schedule = lowered(ScheduleKind::kInterleaved, 2, 2, 2);
   ActionCosts costs = uniform_costs(schedule, 1, 2);
-  for (auto& stage : costs.stages) stage.gradient_buckets = {1.5};
+  for (auto& stage : costs.stages) stage.gradient_buckets = filling_evenly({1.5});
   const SimulationResult overlapped = megaplan::sim::simulate_schedule(schedule, costs, false);
   costs.overlapped_gradient_reduction = false;
   const SimulationResult serial = megaplan::sim::simulate_schedule(schedule, costs, false);
@@ -159,7 +207,7 @@ TEST_CASE("every generated schedule simulates to completion with one slice per a
         INFO(megaplan::to_string(kind) << " pp " << pp << " M " << microbatches);
         const auto schedule = lowered(kind, pp, vpp, microbatches);
         ActionCosts costs = uniform_costs(schedule, 1, 2, 0.1, 0.5);
-        for (auto& stage : costs.stages) stage.gradient_buckets = {0.2, 0.2};
+        for (auto& stage : costs.stages) stage.gradient_buckets = filling_evenly({0.2, 0.2});
         const SimulationResult result = megaplan::sim::simulate_schedule(schedule, costs, true);
         std::size_t actions = 0;
         std::size_t sends = 0;

@@ -272,27 +272,39 @@ TEST_CASE("byte curves: element-wise, p2p and collective bus bandwidth", "[simul
   CHECK(sources.fallback == 4);
 }
 
-TEST_CASE("compute slowdown beside communication: the nearest measured group of the same op and link", "[simulator][profile]") {
+TEST_CASE("overlap slowdowns: the nearest measured group of the same op and link, each side on its own", "[simulator][profile]") {
   nlohmann::json json = base_profile();
   const Profile datasheet = Profile::from_json(json, "p.json");
-  CHECK(datasheet.compute_slowdown(CollectiveOp::kAllReduce, 8, LinkKind::kNvlink) == 0);  // nothing measured
-  json["overlap"] = {{{"op", "all_reduce"}, {"group_size", 2}, {"link", "nvlink"}, {"compute_slowdown", 0.05}},
-                     {{"op", "all_reduce"}, {"group_size", 8}, {"link", "nvlink"}, {"compute_slowdown", 0.125}},
-                     {{"op", "reduce_scatter"}, {"group_size", 4}, {"link", "nvlink"}, {"compute_slowdown", 0.25}},
-                     {{"op", "send_recv"}, {"group_size", 2}, {"link", "nvlink"}, {"compute_slowdown", 0.01}}};
+  CHECK(datasheet.overlap_slowdown(CollectiveOp::kAllReduce, 8, LinkKind::kNvlink).compute == 0);  // nothing measured
+  CHECK(datasheet.overlap_slowdown(CollectiveOp::kAllReduce, 8, LinkKind::kNvlink).collective == 0);
+  // The collective's side is measured at group 2 only (an older four-GPU entry lacks it).
+  json["overlap"] = {
+      {{"op", "all_reduce"}, {"group_size", 2}, {"link", "nvlink"}, {"compute_slowdown", 0.05}, {"collective_slowdown", 0.5}},
+      {{"op", "all_reduce"}, {"group_size", 8}, {"link", "nvlink"}, {"compute_slowdown", 0.125}},
+      {{"op", "reduce_scatter"}, {"group_size", 4}, {"link", "nvlink"}, {"compute_slowdown", 0.25}},
+      {{"op", "send_recv"}, {"group_size", 2}, {"link", "nvlink"}, {"compute_slowdown", 0.01}, {"collective_slowdown", 0.75}}};
   const Profile profile = Profile::from_json(json, "p.json");
   CHECK(profile.kind() == megaplan::sim::ProfileKind::kMeasured);
-  CHECK(profile.compute_slowdown(CollectiveOp::kAllReduce, 2, LinkKind::kNvlink) == 0.05);
-  CHECK(profile.compute_slowdown(CollectiveOp::kAllReduce, 8, LinkKind::kNvlink) == 0.125);
-  CHECK(profile.compute_slowdown(CollectiveOp::kAllReduce, 3, LinkKind::kNvlink) == 0.05);   // log2: 2 is nearer than 8
-  CHECK(profile.compute_slowdown(CollectiveOp::kAllReduce, 4, LinkKind::kNvlink) == 0.125);  // as near: the larger
-  CHECK(profile.compute_slowdown(CollectiveOp::kAllReduce, 64, LinkKind::kNvlink) == 0.125);
-  CHECK(profile.compute_slowdown(CollectiveOp::kReduceScatter, 16, LinkKind::kNvlink) == 0.25);
-  CHECK(profile.compute_slowdown(CollectiveOp::kAllGather, 4, LinkKind::kNvlink) == 0);      // another op
-  CHECK(profile.compute_slowdown(CollectiveOp::kAllReduce, 8, LinkKind::kNetwork) == 0);     // another link
-  CHECK(profile.compute_slowdown(CollectiveOp::kAllReduce, 1, LinkKind::kNvlink) == 0);      // no group
-  CHECK(profile.p2p_compute_slowdown(LinkKind::kNvlink) == 0.01);
-  CHECK(profile.p2p_compute_slowdown(LinkKind::kNetwork) == 0);
+  const auto compute = [&](CollectiveOp op, int64_t group, LinkKind link) {
+    return profile.overlap_slowdown(op, group, link).compute;
+  };
+  CHECK(compute(CollectiveOp::kAllReduce, 2, LinkKind::kNvlink) == 0.05);
+  CHECK(compute(CollectiveOp::kAllReduce, 8, LinkKind::kNvlink) == 0.125);
+  CHECK(compute(CollectiveOp::kAllReduce, 3, LinkKind::kNvlink) == 0.05);   // log2: 2 is nearer than 8
+  CHECK(compute(CollectiveOp::kAllReduce, 4, LinkKind::kNvlink) == 0.125);  // as near: the larger
+  CHECK(compute(CollectiveOp::kAllReduce, 64, LinkKind::kNvlink) == 0.125);
+  CHECK(compute(CollectiveOp::kReduceScatter, 16, LinkKind::kNvlink) == 0.25);
+  CHECK(compute(CollectiveOp::kAllGather, 4, LinkKind::kNvlink) == 0);      // another op
+  CHECK(compute(CollectiveOp::kAllReduce, 8, LinkKind::kNetwork) == 0);     // another link
+  CHECK(compute(CollectiveOp::kAllReduce, 1, LinkKind::kNvlink) == 0);      // no group
+  // The collective's side: the nearest group that measured it, whatever the compute's entries hold.
+  CHECK(profile.overlap_slowdown(CollectiveOp::kAllReduce, 8, LinkKind::kNvlink).collective == 0.5);
+  CHECK(profile.overlap_slowdown(CollectiveOp::kAllReduce, 2, LinkKind::kNvlink).collective == 0.5);
+  CHECK(profile.overlap_slowdown(CollectiveOp::kReduceScatter, 4, LinkKind::kNvlink).collective == 0);
+  CHECK(profile.overlap_slowdown(CollectiveOp::kAllReduce, 1, LinkKind::kNvlink).collective == 0);
+  CHECK(profile.p2p_overlap_slowdown(LinkKind::kNvlink).compute == 0.01);
+  CHECK(profile.p2p_overlap_slowdown(LinkKind::kNvlink).collective == 0.75);
+  CHECK(profile.p2p_overlap_slowdown(LinkKind::kNetwork).compute == 0);
 }
 
 TEST_CASE("no work takes no time and is not counted", "[simulator][profile]") {
@@ -425,6 +437,9 @@ TEST_CASE("bad profile fields are refused with the field and the rule", "[simula
   CHECK(error_of(json) == "p.json: overlap[1]: same op, group_size and link as overlap[0]");
   json["overlap"] = {{{"op", "all_reduce"}, {"group_size", 2}, {"link", "nvlink"}}};
   CHECK(error_of(json).find("overlap[0]: compute_slowdown") != std::string::npos);
+  json["overlap"] = {
+      {{"op", "all_reduce"}, {"group_size", 2}, {"link", "nvlink"}, {"compute_slowdown", 0.1}, {"collective_slowdown", -1}}};
+  CHECK(error_of(json) == "p.json: overlap[0]: collective_slowdown: must be a number >= 0, got -1.0");
   json = base_profile();
   json["attention"] = {{{"batch_heads", 1}, {"seq", 1}, {"head_dim", 1}, {"forward_s", 1}, {"backward_s", 1}}};
   CHECK(error_of(json) == "p.json: attention[0]: causal: required field is missing");

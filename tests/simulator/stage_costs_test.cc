@@ -5,6 +5,7 @@
 
 #include "core/cluster_spec.h"
 #include "core/formulas.h"
+#include "core/implementation_options.h"
 #include "core/kernel_list.h"
 #include "core/model_presets.h"
 #include "simulator/simulate_plan.h"
@@ -99,7 +100,8 @@ TEST_CASE("tensor parallelism puts collectives in every layer; data parallelism 
   auto costs = megaplan::sim::plan_action_costs(spec.model, spec.plan, profile, topology, sources);
   CHECK(costs.stages[0].forward_collectives > 0);
   CHECK(costs.stages[0].backward_collectives > 0);
-  // dp 2 across the two nodes: about 350M / 8 parameters per GPU in 40M-parameter buckets.
+  // dp 2 across the two nodes: about 350M / 8 parameters per GPU, in one 40M-parameter bucket
+  // and the word embedding's own.
   CHECK(costs.stages[0].gradient_buckets.size() == 2);
   // Sequence parallelism trades each all-reduce for an all-gather and a reduce-scatter: the same
   // bytes on the ring, so the same collective time within latency.
@@ -283,4 +285,31 @@ TEST_CASE("tied embeddings on two pipeline ranks all-reduce their gradient befor
   CHECK(with_tie.optimizer[1] == Approx(kernels_of(tied, 1) + all_reduce));
   const auto without = megaplan::sim::plan_action_costs(untied.model, untied.plan, profile, topology, sources);
   CHECK(without.optimizer[0] == Approx(kernels_of(untied, 0)));
+}
+
+TEST_CASE("gradient buckets fill as the backward goes; the word embedding's, of its own, at its end", "[simulator][costs]") {
+  // gpt-1.3b on two GPUs of one node, dp 2: 40M-parameter buckets of the layers (the first fills
+  // first), then the embedding's (core's stage_layout gives it a bucket of its own).
+  const megaplan::JobSpec spec = job("gpt-1.3b", "dgx-h100", 2, 1, 1, 8);
+  const auto profile = megaplan::sim::Profile::datasheet(spec.cluster.gpu);
+  const megaplan::sim::Topology topology(spec.cluster);
+  CostSources sources;
+  const auto costs = megaplan::sim::plan_action_costs(spec.model, spec.plan, profile, topology, sources);
+  const auto& buckets = costs.stages[0].gradient_buckets;
+  const megaplan::StageParameters held = megaplan::stage_parameters(spec.model, spec.plan, 0);
+  REQUIRE(held.word_embedding_per_gpu == megaplan::padded_vocab_size(spec.model, 1) * spec.model.hidden_size);
+  const int64_t filling = held.parameters_per_gpu - held.word_embedding_per_gpu;
+  const int64_t bucket = megaplan::gradient_bucket_parameters(spec.plan);
+  REQUIRE(buckets.size() == static_cast<std::size_t>((filling + bucket - 1) / bucket + 1));
+  for (std::size_t k = 0; k + 2 < buckets.size(); ++k) {
+    CHECK(buckets[k].ready == Approx(static_cast<double>((k + 1) * bucket) / static_cast<double>(filling)));
+    CHECK(buckets[k].seconds == Approx(buckets[0].seconds));
+  }
+  CHECK(buckets[buckets.size() - 2].ready == 1);  // the last of the layers' (with the position embedding)
+  CHECK(buckets.back().ready == 1);               // the word embedding's
+  const auto route = megaplan::sim::pipeline_group_routes(spec.plan, topology)[0].data;
+  const double embedding = profile.collective_seconds(
+      megaplan::sim::CollectiveOp::kAllReduce, 2, 4 * held.word_embedding_per_gpu, megaplan::sim::LinkKind::kNvlink,
+      {route.bandwidth_bytes_per_s, route.latency_s}, sources);
+  CHECK(buckets.back().seconds == Approx(embedding));
 }
