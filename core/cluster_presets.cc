@@ -46,7 +46,7 @@ InterNodeNetwork infiniband(const std::string& kind, double gigabits_per_s) {
   return {kind, 8, gigabits_per_s * kGiga / 8, kAssumedInfinibandLatencyS};
 }
 
-std::vector<ClusterSpec> build_presets() {
+std::vector<ClusterSpec> build_cluster_presets() {
   const InterNodeNetwork no_network{"none", 0, 0, 0};
   return {
       {"dgx-a100-80gb", kSuperPodNodes, 8, a100_sxm4_80gb(), nvswitch(600 * kGiga),
@@ -74,7 +74,7 @@ std::vector<ClusterSpec> build_presets() {
 }  // namespace
 
 const std::vector<ClusterSpec>& cluster_presets() {
-  static const std::vector<ClusterSpec> presets = build_presets();
+  static const std::vector<ClusterSpec> presets = build_cluster_presets();
   return presets;
 }
 

@@ -12,8 +12,6 @@ namespace megaplan {
 
 namespace {
 
-constexpr int64_t kFp32 = 4;
-
 struct ClassName {
   KernelKind kind;
   bool fused_residual;

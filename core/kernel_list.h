@@ -29,6 +29,9 @@
 
 namespace megaplan {
 
+// Bytes of an fp32 value (statistics, master weights, gradients), as the lists count them.
+inline constexpr int64_t kFp32 = 4;
+
 enum class KernelKind : uint8_t {
   kGemm,
   kAttentionForward,

@@ -11,7 +11,6 @@ namespace megaplan {
 
 namespace {
 
-constexpr int64_t kFp32 = 4;
 constexpr int64_t kMask = 1;  // a dropout mask element (bool)
 
 }  // namespace

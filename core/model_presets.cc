@@ -45,7 +45,7 @@ ModelSpec llama(const std::string& name, int64_t layers, int64_t hidden, int64_t
 
 constexpr int64_t kGpt2Vocab = 50257;
 
-std::vector<ModelPreset> build_presets() {
+std::vector<ModelPreset> build_model_presets() {
   const std::string gpt2_card = "Radford et al. 2019 (GPT-2); size as counted for Hugging Face ";
   return {
       {gpt("gpt2-124m", 12, 768, 12, 1024, kGpt2Vocab), 124e6, gpt2_card + "gpt2"},
@@ -72,7 +72,7 @@ std::vector<ModelPreset> build_presets() {
 }  // namespace
 
 const std::vector<ModelPreset>& model_presets() {
-  static const std::vector<ModelPreset> presets = build_presets();
+  static const std::vector<ModelPreset> presets = build_model_presets();
   return presets;
 }
 

@@ -23,8 +23,6 @@ const std::pair<RecomputeGranularity, const char*> kRecomputeNames[] = {
 const std::pair<RecomputeMethod, const char*> kRecomputeMethodNames[] = {{RecomputeMethod::kUniform, "uniform"},
                                                                         {RecomputeMethod::kBlock, "block"}};
 
-std::string str(int64_t value) { return std::to_string(value); }
-
 }  // namespace
 
 std::string to_string(RecomputeGranularity granularity) {
@@ -73,10 +71,10 @@ int64_t virtual_pipeline_size_from_layers_per_stage(int64_t num_layers, int64_t 
   require_positive(layers_per_virtual_stage, "--num-layers-per-virtual-pipeline-stage");
   require_positive(pipeline_parallel_size, "--pipeline-model-parallel-size");
   require_divides(pipeline_parallel_size, num_layers, "--num-layers",
-                  "must be divisible by --pipeline-model-parallel-size " + str(pipeline_parallel_size));
+                  "must be divisible by --pipeline-model-parallel-size " + std::to_string(pipeline_parallel_size));
   const int64_t layers_per_rank = num_layers / pipeline_parallel_size;
   require_divides(layers_per_virtual_stage, layers_per_rank, "--num-layers-per-virtual-pipeline-stage",
-                  "must divide the " + str(layers_per_rank) + " layers of each pipeline rank");
+                  "must divide the " + std::to_string(layers_per_rank) + " layers of each pipeline rank");
   return layers_per_rank / layers_per_virtual_stage;
 }
 
@@ -90,9 +88,9 @@ int64_t derive_data_parallel_size(int64_t world_size, int64_t tensor_parallel_si
       checked_multiply(tensor_parallel_size, pipeline_parallel_size, "--pipeline-model-parallel-size"),
       context_parallel_size, "--context-parallel-size");
   if (world_size % model_parallel != 0) {
-    throw SpecError("--gpus", "world size " + str(world_size) + " must be divisible by tp*pp*cp = " +
-                                  str(tensor_parallel_size) + "*" + str(pipeline_parallel_size) + "*" +
-                                  str(context_parallel_size) + " = " + str(model_parallel));
+    throw SpecError("--gpus", "world size " + std::to_string(world_size) + " must be divisible by tp*pp*cp = " +
+                                  std::to_string(tensor_parallel_size) + "*" + std::to_string(pipeline_parallel_size) + "*" +
+                                  std::to_string(context_parallel_size) + " = " + std::to_string(model_parallel));
   }
   return world_size / model_parallel;
 }
@@ -119,11 +117,11 @@ void validate_plan(const ModelSpec& model, const ParallelPlan& plan) {
 
   // Tensor parallelism splits heads, query groups and the MLP's hidden dimension evenly.
   require_divides(tp, model.num_attention_heads, "--tensor-model-parallel-size",
-                  [&] { return "must divide --num-attention-heads " + str(model.num_attention_heads); });
+                  [&] { return "must divide --num-attention-heads " + std::to_string(model.num_attention_heads); });
   require_divides(tp, model.effective_num_query_groups(), "--tensor-model-parallel-size",
-                  [&] { return "must divide --num-query-groups " + str(model.effective_num_query_groups()); });
+                  [&] { return "must divide --num-query-groups " + std::to_string(model.effective_num_query_groups()); });
   require_divides(tp, model.effective_ffn_hidden_size(), "--tensor-model-parallel-size",
-                  [&] { return "must divide --ffn-hidden-size " + str(model.effective_ffn_hidden_size()); });
+                  [&] { return "must divide --ffn-hidden-size " + std::to_string(model.effective_ffn_hidden_size()); });
 
   // Layers split over pipeline ranks (evenly, or as the pipeline split says), then evenly over
   // each rank's virtual stages.
@@ -136,8 +134,8 @@ void validate_plan(const ModelSpec& model, const ParallelPlan& plan) {
 
   const int64_t replica_batch = checked_multiply(plan.micro_batch_size, dp, "--micro-batch-size");
   require_divides(replica_batch, plan.global_batch_size, "--global-batch-size",
-                  [&] { return "must be divisible by micro-batch-size*data-parallel-size = " + str(plan.micro_batch_size) +
-                      "*" + str(dp) + " = " + str(replica_batch); });
+                  [&] { return "must be divisible by micro-batch-size*data-parallel-size = " + std::to_string(plan.micro_batch_size) +
+                      "*" + std::to_string(dp) + " = " + std::to_string(replica_batch); });
   require_at_most(plan.num_microbatches(), kMaxMicrobatches, "microbatches per iteration (--global-batch-size / "
                                                              "(--micro-batch-size x data-parallel size))");
   require_at_most(2 * stages * plan.num_microbatches(), kMaxScheduleActions,
@@ -146,21 +144,21 @@ void validate_plan(const ModelSpec& model, const ParallelPlan& plan) {
   if (plan.sequence_parallel) {
     if (tp == 1) throw SpecError("--sequence-parallel", "needs --tensor-model-parallel-size > 1");
     require_divides(tp, model.seq_length / cp, "--sequence-parallel",
-                    [&] { return "needs --seq-length/cp = " + str(model.seq_length / cp) + " divisible by tp " + str(tp); });
+                    [&] { return "needs --seq-length/cp = " + std::to_string(model.seq_length / cp) + " divisible by tp " + std::to_string(tp); });
   }
   if (cp > 1) {
     // Megatron splits the sequence into 2*cp chunks to balance causal attention across ranks.
     const int64_t chunks = checked_multiply(cp, 2, "--context-parallel-size");
     require_divides(chunks, model.seq_length, "--context-parallel-size",
-                    [&] { return "needs --seq-length divisible by 2*cp = " + str(chunks); });
+                    [&] { return "needs --seq-length divisible by 2*cp = " + std::to_string(chunks); });
   }
 
   if (plan.recompute_granularity == RecomputeGranularity::kFull) {
     // Megatron checkpoints groups (uniform) or single layers (block) within each model chunk.
     const int64_t stage_layers = *std::max_element(layer_counts.begin(), layer_counts.end());
     if (plan.recompute_num_layers < 1 || plan.recompute_num_layers > stage_layers) {
-      throw SpecError("--recompute-num-layers", "must be between 1 and the " + str(stage_layers) +
-                                                    " layers of a model chunk, got " + str(plan.recompute_num_layers));
+      throw SpecError("--recompute-num-layers", "must be between 1 and the " + std::to_string(stage_layers) +
+                                                    " layers of a model chunk, got " + std::to_string(plan.recompute_num_layers));
     }
   }
 

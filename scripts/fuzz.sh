@@ -33,7 +33,7 @@ while [ $# -gt 0 ]; do
 done
 
 CC=clang CXX=clang++ cmake -S "$root" -B "$build_dir" -DMEGAPLAN_FUZZ=ON -DMEGAPLAN_BENCHMARKS=OFF \
-  -DCMAKE_BUILD_TYPE=RelWithDebInfo >&2
+  -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_UNITY_BUILD=ON >&2
 fuzz_dir="$build_dir/tests/fuzz"
 mapfile -t known < "$fuzz_dir/targets.txt"
 if [ ${#targets[@]} -eq 0 ]; then

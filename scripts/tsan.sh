@@ -3,15 +3,15 @@
 # training run with sequence parallelism, the distributed optimizer and overlapped gradient
 # reduction and parameter gathering, then a pp 2 zbv run that saves and resumes) and the
 # planner's thread pool (a search on 4 threads). Builds only the `megaplan` binary, without CUDA,
-# at -O1 with line tables (what TSan's reports need), in MEGAPLAN_TSAN_BUILD_DIR (default
-# build-tsan). Any report fails the run.
+# at -O1 with line tables (what TSan's reports need), its libraries as unity builds (as CI's
+# sanitizer build), in MEGAPLAN_TSAN_BUILD_DIR (default build-tsan). Any report fails the run.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build_dir=${MEGAPLAN_TSAN_BUILD_DIR:-$root/build-tsan}
 "$root/scripts/setup.sh"
 if [ ! -f "$build_dir/CMakeCache.txt" ]; then
   cmake -S "$root" -B "$build_dir" -DCMAKE_BUILD_TYPE=None -DCMAKE_CXX_FLAGS="-O1 -g1" -DMEGAPLAN_SANITIZE_THREAD=ON \
-    -DMEGAPLAN_CUDA=OFF -DMEGAPLAN_BENCHMARKS=OFF >&2
+    -DMEGAPLAN_CUDA=OFF -DMEGAPLAN_BENCHMARKS=OFF -DCMAKE_UNITY_BUILD=ON >&2
 fi
 cmake --build "$build_dir" -j "${MEGAPLAN_JOBS:-2}" --target megaplan >&2
 megaplan=$build_dir/cli/megaplan

@@ -28,6 +28,12 @@ enum class ActionKind : uint8_t {
 // The token between stage and microbatch: "F", "SEND_F", "OVERLAP_F_B", ...
 std::string action_kind_token(ActionKind kind);
 
+// A pipeline transfer's half: SEND_F, RECV_F, SEND_B or RECV_B.
+inline bool is_message(ActionKind kind) {
+  return kind == ActionKind::kSendForward || kind == ActionKind::kRecvForward || kind == ActionKind::kSendBackward ||
+         kind == ActionKind::kRecvBackward;
+}
+
 // A trivially copyable 20-byte value: schedules of a million actions are copied and scanned often.
 // Stages and microbatches fit in 32 bits (make_action checks).
 struct Action {

@@ -46,11 +46,6 @@ std::vector<std::string> split_cells(const std::string& line) {
   }
 }
 
-bool is_message(ActionKind kind) {
-  return kind == ActionKind::kSendForward || kind == ActionKind::kRecvForward || kind == ActionKind::kSendBackward ||
-         kind == ActionKind::kRecvBackward;
-}
-
 // One action list per line. Every line must end in a newline: torch's csv.writer ends each row
 // with "\r\n" and schedule_to_csv with "\n", so a last row without one is a file cut short, whose
 // last action may itself be cut ("0F12" read as "0F1").

@@ -67,11 +67,6 @@ std::string where(const PipelineSchedule& schedule, const Cell& cell) {
          std::to_string(cell.step) + ")";
 }
 
-bool is_message(const Action& action) {
-  return action.kind == ActionKind::kSendForward || action.kind == ActionKind::kRecvForward ||
-         action.kind == ActionKind::kSendBackward || action.kind == ActionKind::kRecvBackward;
-}
-
 [[noreturn]] void fail(const PipelineSchedule& schedule, const std::string& rule, const std::vector<Cell>& marked) {
   throw ScheduleError(rule, render_grid(schedule, marked));
 }
@@ -97,7 +92,7 @@ bool is_message(const Action& action) {
     if (shape.rank_of_stage(part.stage) != static_cast<int64_t>(rank)) {
       fail(schedule, where(schedule, cell) + " belongs to rank " + std::to_string(shape.rank_of_stage(part.stage)), {cell});
     }
-    if (is_message(part)) {
+    if (is_message(part.kind)) {
       const int64_t peer = message_peer_stage(part);
       if (peer < 0 || peer >= shape.num_stages) {
         fail(schedule, where(schedule, cell) + " has no neighbouring stage to exchange with", {cell});
@@ -119,7 +114,7 @@ inline bool plainly_placed(const Action& action, const ScheduleShape& shape, con
       action.microbatch >= shape.microbatches || stage_ranks[static_cast<std::size_t>(action.stage)] != static_cast<int32_t>(rank)) {
     return false;
   }
-  if (!is_message(action)) return true;
+  if (!is_message(action.kind)) return true;
   const int64_t peer = message_peer_stage(action);
   return peer >= 0 && peer < shape.num_stages;
 }
@@ -174,7 +169,7 @@ void check_message_order(const PipelineSchedule& schedule) {
   for (std::size_t rank = 0; rank < pp; ++rank) {
     for (std::size_t step = 0; step < schedule.ranks[rank].size(); ++step) {
       const Action& action = schedule.ranks[rank][step];
-      if (!is_message(action)) continue;
+      if (!is_message(action.kind)) continue;
       const auto peer = static_cast<std::size_t>(shape.rank_of_stage(message_peer_stage(action)));
       const bool is_send = action.kind == ActionKind::kSendForward || action.kind == ActionKind::kSendBackward;
       if (is_send) {
@@ -353,7 +348,7 @@ MEGAPLAN_HOT_LOOP RunOutcome run_ranks(const PipelineSchedule& schedule, const s
           done.set(slot);
         });
         if (duplicate.kind != RunOutcome::Kind::kFinished) return duplicate;
-        if (is_message(action)) {
+        if (is_message(action.kind)) {
           const auto peer = static_cast<std::size_t>(stage_ranks[static_cast<std::size_t>(message_peer_stage(action))]);
           if (action.kind == ActionKind::kSendForward || action.kind == ActionKind::kSendBackward) {
             owed[rank * pp + peer].push_back(matching_receive(action));

@@ -19,7 +19,7 @@ namespace megaplan::exec {
 
 namespace {
 
-const char* const kField = "--tokenizer-file";
+const char* const kFileFlag = "--tokenizer-file";
 const char* const kEndOfTextNames[] = {"<|endoftext|>", "<|end_of_text|>", "</s>"};
 
 // "null", "\"Unigram\"", "an object": how a JSON value is named in a refusal.
@@ -87,15 +87,15 @@ HfTokenizer::~HfTokenizer() = default;
 
 void HfTokenizer::read(const std::string& path) {
   const auto fail = [&](const std::string& field, const std::string& rule) {
-    return SpecError(kField, path + ": " + field + ": " + rule);
+    return SpecError(kFileFlag, path + ": " + field + ": " + rule);
   };
   nlohmann::json root;
   try {
     root = parse_json_text(read_text_file(path), path);
   } catch (const SpecError& error) {
-    throw SpecError(kField, error.what());
+    throw SpecError(kFileFlag, error.what());
   }
-  if (!root.is_object()) throw SpecError(kField, path + ": must be a JSON object (a tokenizer.json), got " + shown(root));
+  if (!root.is_object()) throw SpecError(kFileFlag, path + ": must be a JSON object (a tokenizer.json), got " + shown(root));
 
   // The model: byte-level BPE.
   if (!root.contains("model") || !root["model"].is_object()) throw fail("model", "must be an object");
@@ -128,7 +128,7 @@ void HfTokenizer::read(const std::string& path) {
   std::unordered_map<std::string, int32_t> ids;
   std::unordered_map<int64_t, std::string> token_of_id;
   std::unordered_map<std::string, int32_t> whole_tokens;  // by bytes, for ignore_merges
-  encoder_ = std::make_unique<BytePairEncoder>(kField, path);
+  encoder_ = std::make_unique<BytePairEncoder>(kFileFlag, path);
   int64_t largest_id = -1;
   const auto read_id = [&](const nlohmann::json& value, const std::string& field) {
     if (!value.is_number_integer() || value.get<int64_t>() < 0 || value.get<int64_t>() > INT32_MAX) {
@@ -174,7 +174,7 @@ void HfTokenizer::read(const std::string& path) {
     } else {
       throw fail(field, "want a \"left right\" string or a [\"left\", \"right\"] pair, got " + shown(merge));
     }
-    if (!encoder_->add_merge(left, right, ids, kField, path + ": " + field, "model.vocab")) {
+    if (!encoder_->add_merge(left, right, ids, kFileFlag, path + ": " + field, "model.vocab")) {
       throw fail(field, "repeats the merge " + quoted_excerpt(left + " " + right));
     }
   }
@@ -247,7 +247,7 @@ void HfTokenizer::read(const std::string& path) {
     }
   }
   if (steps.empty() || type_of(steps.back()) != "ByteLevel") throw fail("pre_tokenizer", pre_tokenizer_rule);
-  pre_tokenizer_ = std::make_unique<RegexPreTokenizer>(patterns, kField, path + ": pre_tokenizer");
+  pre_tokenizer_ = std::make_unique<RegexPreTokenizer>(patterns, kFileFlag, path + ": pre_tokenizer");
 
   // Added tokens.
   if (root.contains("added_tokens") && !root["added_tokens"].is_null()) {
@@ -292,7 +292,7 @@ void HfTokenizer::read_end_of_document(const std::string& path) {
     try {
       config = parse_json_text(read_text_file(config_path.string()), config_path.string());
     } catch (const SpecError& problem) {
-      throw SpecError(kField, problem.what());
+      throw SpecError(kFileFlag, problem.what());
     }
     nlohmann::json eos = config.is_object() ? config.value("eos_token", nlohmann::json()) : nlohmann::json();
     if (eos.is_object()) eos = eos.value("content", nlohmann::json());  // {"__type": "AddedToken", ...}

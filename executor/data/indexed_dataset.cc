@@ -20,7 +20,7 @@ namespace {
 
 constexpr char kMagic[9] = {'M', 'M', 'I', 'D', 'I', 'D', 'X', '\0', '\0'};
 constexpr std::size_t kHeaderBytes = 9 + 8 + 1 + 8 + 8;
-const std::string kField = "--data-path";
+const std::string kDataPathFlag = "--data-path";
 
 template <typename T>
 T load(const unsigned char* at) {
@@ -29,7 +29,7 @@ T load(const unsigned char* at) {
   return value;
 }
 
-[[noreturn]] void refuse(const std::string& path, const std::string& rule) { throw SpecError(kField, path + ": " + rule); }
+[[noreturn]] void refuse(const std::string& path, const std::string& rule) { throw SpecError(kDataPathFlag, path + ": " + rule); }
 
 bool known(uint8_t code) { return code >= 1 && code <= 8; }
 

@@ -8,7 +8,7 @@
 namespace megaplan::exec {
 
 namespace {
-const char* const kField = "--tokenizer-model";
+const char* const kModelFlag = "--tokenizer-model";
 }  // namespace
 
 SentencePieceTokenizer::SentencePieceTokenizer(const std::string& model_path)
@@ -19,10 +19,10 @@ SentencePieceTokenizer::SentencePieceTokenizer(const std::string& model_path)
   try {
     serialized = read_text_file(model_path);
   } catch (const SpecError& error) {
-    throw SpecError(kField, error.what());
+    throw SpecError(kModelFlag, error.what());
   }
   if (serialized.empty() || !processor_->LoadFromSerializedProto(serialized).ok() || processor_->GetPieceSize() <= 0) {
-    throw SpecError(kField, model_path + ": not a SentencePiece model (a tokenizer.model protobuf, as spm_train writes)");
+    throw SpecError(kModelFlag, model_path + ": not a SentencePiece model (a tokenizer.model protobuf, as spm_train writes)");
   }
   vocab_size_ = processor_->GetPieceSize();
 }
@@ -32,7 +32,7 @@ SentencePieceTokenizer::~SentencePieceTokenizer() = default;
 std::vector<int64_t> SentencePieceTokenizer::encode(std::string_view text) const {
   std::vector<int> ids;
   const auto status = processor_->Encode(text, &ids);
-  if (!status.ok()) throw SpecError(kField, model_path_ + ": libsentencepiece cannot encode a document: " + status.ToString());
+  if (!status.ok()) throw SpecError(kModelFlag, model_path_ + ": libsentencepiece cannot encode a document: " + status.ToString());
   return std::vector<int64_t>(ids.begin(), ids.end());
 }
 
