@@ -30,8 +30,8 @@ void look_up_everything(const megaplan::sim::Profile& profile) {
       (void)profile.collective_seconds(CollectiveOp::kAllReduce, 8, size * 1024, kind, link, sources);
       (void)profile.collective_seconds(CollectiveOp::kAllToAll, 64, size, kind, link, sources);
       (void)profile.p2p_seconds(size * 1024, kind, link, sources);
-      (void)profile.compute_slowdown(CollectiveOp::kReduceScatter, 8, kind);
-      (void)profile.p2p_compute_slowdown(kind);
+      (void)profile.overlap_slowdown(CollectiveOp::kReduceScatter, 8, kind);
+      (void)profile.p2p_overlap_slowdown(kind);
     }
   }
 }
