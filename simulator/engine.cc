@@ -3,8 +3,8 @@
 #include "simulator/engine.h"
 
 #include <algorithm>
-#include <cmath>
 #include <array>
+#include <cmath>
 #include <queue>
 
 #include "core/error.h"
@@ -376,7 +376,7 @@ class Engine {
     // buckets that wait for it, and so what runs beside: rounds settle it to a nanosecond (each
     // changes the next by at most compute / (1 + compute) of its own change, a quarter at the
     // slowdowns measured).
-    BucketRun run = run_buckets(state.free[stream], last_start, last_end, compute_free, 0, stage);
+    BucketRun run;  // first round: nothing lost yet
     for (int round = 0; round < 64; ++round) {
       const BucketRun next = run_buckets(state.free[stream], last_start, last_end, compute_free, run.extra, stage);
       const bool settled = std::abs(next.extra - run.extra) <= 1e-9;
@@ -410,15 +410,13 @@ class Engine {
       at = std::max(at, last_start + filling * buckets[k].ready);
       if (k == 0) run.start = at;
       const double window = std::max(0.0, busy_until - at);
-      const double alone = buckets[k].seconds;
-      const double stretched = alone * (1 + overlap.collective);
-      const double took = stretched <= window ? stretched : window + alone - window / (1 + overlap.collective);
+      const double took = collective_seconds_beside(buckets[k].seconds, window, overlap.collective);
       beside += std::min(took, window);
       at += took;
     }
     if (buckets.empty()) at = run.start = std::max(at, last_end);
     run.end = at;
-    run.extra = overlap.compute > 0 ? beside * overlap.compute / (1 + overlap.compute) : 0;
+    run.extra = compute_lost_beside(beside, overlap.compute);
     return run;
   }
 

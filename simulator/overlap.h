@@ -12,6 +12,15 @@ struct OverlapSlowdown {
   double collective = 0;  // the collective, with compute beside it
 };
 
+// How long a collective that takes `collective_seconds` alone takes when compute runs beside it
+// for its first `compute_window` seconds: (1 + collective_slowdown) times as long while it does,
+// at its own speed after.
+double collective_seconds_beside(double collective_seconds, double compute_window, double collective_slowdown);
+
+// What compute loses over `beside_seconds` with communication running beside it: a
+// compute_slowdown / (1 + compute_slowdown) share of that time.
+double compute_lost_beside(double beside_seconds, double compute_slowdown);
+
 // What a collective that takes `collective_seconds` alone adds to compute of `compute_seconds`
 // when both start together. While both run, the compute goes at 1/(1 + slowdown.compute) of its
 // speed and the collective at 1/(1 + slowdown.collective). Either the collective ends first (after
