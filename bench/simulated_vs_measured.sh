@@ -8,7 +8,7 @@
 # process per GPU over NCCL under `megaplan launch` where that many GPUs are visible, and are
 # simulated on the DGX preset cut to that many GPUs; their ranks' timelines are gathered by rank 0.
 # Peak memory: the executor's allocator peak (the log's peak_memory_bytes, rank 0's) against the
-# simulated peak of rank 0's stage less the runtime reserve, which lies outside that allocator.
+# simulated peak of pipeline rank 0 less the runtime reserve, which lies outside that allocator.
 # Prints each comparison, then a summary table.
 # Single-GPU layouts train for SUSTAIN_SECONDS (default 30) before the traced iteration: a GPU
 # starting cool runs its first seconds above the clock it sustains once at its power limit and
@@ -66,8 +66,14 @@ layouts=(
   "gpt-1.3b tp 2 x pp 2|$gpt13 --mbs 4 --gbs 32 --tp 2 --pp 2 --sequence-parallel|--cluster dgx-${gpu} --gpus 4|4"
   "gpt-1.3b dp 4|$gpt13 --mbs 4 --gbs 32 --overlap-grad-reduce|--cluster dgx-${gpu} --gpus 4|4"
   "gpt-1.3b tp 4 sp|$gpt13 --mbs 4 --gbs 8 --tp 4 --sequence-parallel|--cluster dgx-${gpu} --gpus 4|4"
-  # 24: one GPU's share of the dp layouts above (13, 22), alone.
+  # 24: one GPU's share of the gpt-1.3b dp layouts above (13, 22), alone.
   "gpt-1.3b mbs 4 gbs 8|--model gpt-1.3b --vocab-size 50257 --mbs 4 --gbs 8|--cluster ${gpu}-x1"
+  # 25: one GPU's share of the Llama's dp 2 layout (18), alone.
+  "llama-1b mbs 2 gbs 4|$llama_1b --mbs 2 --gbs 4|--cluster ${gpu}-x1"
+  # 26 onwards: more of the two-GPU set.
+  "gpt-1.3b pp 2 zbv|$gpt13 --mbs 4 --gbs 32 --pp 2 --vpp 2 --schedule zbv|--cluster dgx-${gpu} --gpus 2|2"
+  "gpt-1.3b pp 2 dualpipev|$gpt13 --mbs 4 --gbs 32 --pp 2 --vpp 2 --schedule dualpipev|--cluster dgx-${gpu} --gpus 2|2"
+  "llama-1b tp 2 sp|$llama_1b --mbs 2 --gbs 8 --tp 2 --sequence-parallel|--cluster dgx-${gpu} --gpus 2|2"
 )
 visible=$(nvidia-smi -L 2> /dev/null | grep -c '^GPU ')
 rows=()
@@ -94,13 +100,13 @@ for i in ${LAYOUTS:-${!layouts[@]}}; do
   "$megaplan" "${launch[@]}" train $plan --device cuda --data-path "$corpus" --split 1,0,0 --train-iters "$iterations" \
     --log-interval "$iterations" --eval-iters 0 --lr 1e-4 --trace "$out/measured-$i.json" --log-file "$out/log-$i.jsonl" \
     > "$out/train-$i.txt" 2>&1 || { echo "train failed for $name:"; tail -3 "$out/train-$i.txt"; continue; }
-  memory=$(python3 - "$out/log-$i.jsonl" "$out/simulate-$i.json" "${gpus:-0}" <<'PY'
+  memory=$(python3 - "$out/log-$i.jsonl" "$out/simulate-$i.json" <<'PY'
 import json, sys
 measured = max(json.loads(line)["peak_memory_bytes"] for line in open(sys.argv[1]) if "peak_memory_bytes" in line)
-stages = json.load(open(sys.argv[2]))["stages"]
-# Launched: the log is rank 0's, whose stage is the first; one process holds every stage's ranks.
-stages = stages[:1] if int(sys.argv[3]) > 0 else stages
-predicted = max(s["peak_memory_bytes"] - s["runtime_reserve_bytes"] for s in stages)
+# The log is rank 0's (its backend's allocator, also where one process runs every rank), and
+# simulate lists the pipeline ranks in order.
+rank0 = json.load(open(sys.argv[2]))["stages"][0]
+predicted = rank0["peak_memory_bytes"] - rank0["runtime_reserve_bytes"]
 print(f"{predicted / 2**30:.3f} {measured / 2**30:.3f} {100 * (predicted - measured) / measured:+.2f}%")
 PY
 )

@@ -3,12 +3,14 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <tuple>
 #include <utility>
 
 #include "core/formulas.h"
 #include "core/parameter_list.h"
 #include "core/pipeline_layout.h"
+#include "core/schedule/lowering.h"
 
 namespace megaplan {
 
@@ -337,7 +339,13 @@ std::vector<ChunkBytes> chunks_by_stage(const ModelSpec& model, const ParallelPl
 }  // namespace
 
 ExecutorMemoryWalk walk_executor_memory(const ModelSpec& model, const ParallelPlan& plan,
-                                        const PipelineSchedule& schedule, bool evaluates) {
+                                        const PipelineSchedule& given, bool evaluates) {
+  // The executor runs the lowered list, where a stage's RECV_F is posted ahead of its F and takes
+  // the microbatch's set then: a compute-only list would count one set too few on a rank whose
+  // stage receives (the last stage of 1F1B, the V schedules' rank 0).
+  std::optional<PipelineSchedule> lowered;
+  if (!given.lowered) lowered = lower_schedule(given);
+  const PipelineSchedule& schedule = lowered ? *lowered : given;
   const WalkShape shape = walk_shape(model, plan);
   ExecutorMemoryWalk walk;
   for (int64_t rank = 0; rank < plan.pipeline_parallel_size; ++rank) {

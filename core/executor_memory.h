@@ -80,8 +80,8 @@ std::vector<ExecutorRankMemory> price_executor_memory(const ExecutorMemoryWalk& 
                                                       const ParallelPlan& plan, const ExecutorPrecision& precision,
                                                       int64_t bucket_size = 0);
 
-// One entry per pipeline rank. `schedule` is the plan's lowered schedule (compute-only schedules
-// work too: their inputs then arrive at F and gradients at the backward that needs them).
+// One entry per pipeline rank. `schedule` is the plan's schedule, lowered or not: the walk lowers a
+// compute-only one first, since what the executor holds depends on where its receives are posted.
 // `bucket_size`: --ddp-bucket-size (0: Megatron's default); with `evaluates`, evaluation's two
 // message buffers after the iteration.
 // REQUIRES: validate_plan(model, plan) passed; schedule has the plan's shape.

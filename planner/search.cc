@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <exception>
+#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
@@ -20,6 +21,7 @@
 #include "core/input_limits.h"
 #include "core/formulas.h"
 #include "core/memory_model.h"
+#include "core/schedule/lowering.h"
 #include "core/schedule/schedule.h"
 
 namespace megaplan::planner {
@@ -48,27 +50,47 @@ struct Closest {
 // megaplan's memory walks (core/executor_memory.h), one per schedule shape and recomputation: the
 // plans of a search that share them (tp, sequence parallelism, the distributed optimizer, micro-
 // batch sizes of equal count) are priced from one walk instead of walking their schedules again.
+// The walk runs over the lowered schedule, lowered once per shape for every recomputation while
+// the lowered schedules kept stay under kLoweredActionsKept actions (80 MB): a search of gpt-1t at
+// its largest batches lowers hundreds of shapes of millions of actions each.
+constexpr std::size_t kLoweredActionsKept = std::size_t{1} << 22;
+
 class MemoryWalks {
  public:
   std::shared_ptr<const ExecutorMemoryWalk> get(const ModelSpec& model, const ParallelPlan& plan) {
-    const auto key = std::tuple(plan.schedule, plan.pipeline_parallel_size, plan.virtual_pipeline_parallel_size,
-                                plan.num_microbatches(), plan.recompute_granularity, plan.recompute_method,
-                                plan.recompute_num_layers);
+    const auto shape = std::tuple(plan.schedule, plan.pipeline_parallel_size, plan.virtual_pipeline_parallel_size,
+                                  plan.num_microbatches());
+    const Key key = std::tuple_cat(shape, std::tuple(plan.recompute_granularity, plan.recompute_method,
+                                                     plan.recompute_num_layers));
+    std::shared_ptr<const PipelineSchedule> schedule;
     {
       const std::lock_guard<std::mutex> lock(mutex_);
       if (const auto found = walks_.find(key); found != walks_.end()) return found->second;
+      if (const auto found = schedules_.find(shape); found != schedules_.end()) schedule = found->second;
     }
-    auto walk = std::make_shared<const ExecutorMemoryWalk>(
-        walk_executor_memory(model, plan, generate_plan_schedule(plan)));
+    if (!schedule) {
+      schedule = std::make_shared<const PipelineSchedule>(lower_schedule(generate_plan_schedule(plan)));
+      std::size_t actions = 0;
+      for (const std::vector<Action>& rank : schedule->ranks) actions += rank.size();
+      const std::lock_guard<std::mutex> lock(mutex_);
+      if (kept_actions_ + actions > kLoweredActionsKept) {
+        schedules_.clear();
+        kept_actions_ = 0;
+      }
+      if (actions <= kLoweredActionsKept && schedules_.emplace(shape, schedule).second) kept_actions_ += actions;
+    }
+    auto walk = std::make_shared<const ExecutorMemoryWalk>(walk_executor_memory(model, plan, *schedule));
     const std::lock_guard<std::mutex> lock(mutex_);
     return walks_.emplace(key, std::move(walk)).first->second;
   }
 
  private:
+  using Shape = std::tuple<ScheduleKind, int64_t, int64_t, int64_t>;  // schedule, pp, vpp, microbatches
+  using Key = std::tuple<ScheduleKind, int64_t, int64_t, int64_t, RecomputeGranularity, RecomputeMethod, int64_t>;
   std::mutex mutex_;
-  std::map<std::tuple<ScheduleKind, int64_t, int64_t, int64_t, RecomputeGranularity, RecomputeMethod, int64_t>,
-           std::shared_ptr<const ExecutorMemoryWalk>>
-      walks_;
+  std::map<Shape, std::shared_ptr<const PipelineSchedule>> schedules_;
+  std::size_t kept_actions_ = 0;  // in schedules_
+  std::map<Key, std::shared_ptr<const ExecutorMemoryWalk>> walks_;
 };
 
 // The fullest pipeline rank under core's memory model, with the plan's own schedule.
@@ -195,6 +217,37 @@ class Ranking {
   std::vector<OverMemory> over_memory_;
 };
 
+// Runs `work` on `threads` threads (this one among them) until each returns. `work` takes a stop
+// flag: set when a thread fails or more cannot start, it should return at its next item. The first
+// failure is rethrown here, after every thread has ended.
+void run_workers(int64_t threads, const std::function<void(std::atomic<bool>& stop)>& work) {
+  std::atomic<bool> stop{false};
+  std::mutex failure_mutex;
+  std::exception_ptr failure;
+  const auto guarded = [&] {
+    try {
+      work(stop);
+    } catch (...) {
+      const std::lock_guard<std::mutex> lock(failure_mutex);
+      if (!failure) failure = std::current_exception();
+      stop.store(true);
+    }
+  };
+  std::vector<std::thread> pool;
+  try {
+    for (int64_t t = 1; t < threads; ++t) pool.emplace_back(guarded);
+  } catch (const std::system_error& error) {
+    // The system ran out of threads: the started ones stop at their next item.
+    stop.store(true);
+    for (std::thread& thread : pool) thread.join();
+    throw SpecError("--threads", "cannot start " + std::to_string(threads) + " threads (" + error.what() +
+                                     "); ask for fewer");
+  }
+  guarded();
+  for (std::thread& thread : pool) thread.join();
+  if (failure) std::rethrow_exception(failure);
+}
+
 }  // namespace
 
 int64_t memory_limit_bytes(const GpuSpec& gpu, double memory_fraction) {
@@ -229,50 +282,29 @@ SearchResult search_plans(const ModelSpec& model, const GpuSpec& gpu, const std:
   });
 
   Ranking ranking(static_cast<std::size_t>(options.top), survivors.size(), options);
-  std::atomic<std::size_t> next{0};
-  std::atomic<bool> bounded{false};  // a bound failed: every later candidate's bound fails too
-  std::mutex failure_mutex;
-  std::exception_ptr failure;
-  const auto work = [&] {
-    try {
-      while (!bounded.load()) {
-        const std::size_t at = next.fetch_add(1);
-        if (at >= survivors.size()) return;
-        const Candidate& candidate = survivors[at];
-        if (!ranking.may_beat(candidate.bound)) {
-          bounded.store(true);
-          return;
-        }
-        const ParallelPlan& plan = candidates[candidate.index];
-        const auto [peak, rank] = peak_memory(model, plan, walks);
-        if (peak > limit) {
-          ranking.too_big(peak - limit, candidate.index, rank, candidate.bound, peak);
-          continue;
-        }
-        ranking.add({plan, estimator.estimate(plan), peak, candidate.bound}, candidate.index);
-      }
-    } catch (...) {
-      const std::lock_guard<std::mutex> lock(failure_mutex);
-      if (!failure) failure = std::current_exception();
-      bounded.store(true);
-    }
-  };
   require_at_most(options.threads, kMaxThreads, "--threads");
   const int64_t threads = options.threads > 0 ? options.threads
                                               : std::max<int64_t>(1, std::thread::hardware_concurrency());
-  std::vector<std::thread> pool;
-  try {
-    for (int64_t t = 1; t < threads; ++t) pool.emplace_back(work);
-  } catch (const std::system_error& error) {
-    // The system ran out of threads: the started ones stop at their next candidate.
-    bounded.store(true);
-    for (std::thread& thread : pool) thread.join();
-    throw SpecError("--threads", "cannot start " + std::to_string(threads) + " threads (" + error.what() +
-                                     "); ask for fewer");
-  }
-  work();
-  for (std::thread& thread : pool) thread.join();
-  if (failure) std::rethrow_exception(failure);
+  std::atomic<std::size_t> next{0};
+  // A bound that fails stops every thread: every later candidate's bound fails too.
+  run_workers(threads, [&](std::atomic<bool>& stop) {
+    while (!stop.load()) {
+      const std::size_t at = next.fetch_add(1);
+      if (at >= survivors.size()) return;
+      const Candidate& candidate = survivors[at];
+      if (!ranking.may_beat(candidate.bound)) {
+        stop.store(true);
+        return;
+      }
+      const ParallelPlan& plan = candidates[candidate.index];
+      const auto [peak, rank] = peak_memory(model, plan, walks);
+      if (peak > limit) {
+        ranking.too_big(peak - limit, candidate.index, rank, candidate.bound, peak);
+        continue;
+      }
+      ranking.add({plan, estimator.estimate(plan), peak, candidate.bound}, candidate.index);
+    }
+  });
 
   result.plans = ranking.plans();
   if (options.tie_tolerance > 0 && !result.plans.empty()) {
@@ -293,12 +325,25 @@ SearchResult search_plans(const ModelSpec& model, const GpuSpec& gpu, const std:
     std::sort(faster.begin(), faster.end(), [](const Ranking::OverMemory& a, const Ranking::OverMemory& b) {
       return a.peak != b.peak ? a.peak < b.peak : a.index < b.index;
     });
+    // Costed a thread's worth at a time, kept in that order: the same list whatever the thread count.
     const std::size_t tries = std::min(faster.size(), kOverMemoryTries);
-    for (std::size_t i = 0; i < tries && static_cast<int64_t>(result.over_memory.size()) < options.top; ++i) {
-      const Ranking::OverMemory& entry = faster[i];
-      const ParallelPlan& plan = candidates[entry.index];
-      RankedPlan ranked{plan, estimator.estimate(plan), entry.peak, entry.bound};
-      if (ranked.estimate.iteration_time_s < best) result.over_memory.push_back(std::move(ranked));
+    for (std::size_t first = 0; first < tries && static_cast<int64_t>(result.over_memory.size()) < options.top;) {
+      const std::size_t count = std::min(tries - first, static_cast<std::size_t>(threads));
+      std::vector<RankedPlan> batch(count);
+      std::atomic<std::size_t> taken{0};
+      run_workers(static_cast<int64_t>(count), [&](std::atomic<bool>& stop) {
+        for (std::size_t i = taken.fetch_add(1); i < count && !stop.load(); i = taken.fetch_add(1)) {
+          const Ranking::OverMemory& entry = faster[first + i];
+          const ParallelPlan& plan = candidates[entry.index];
+          batch[i] = {plan, estimator.estimate(plan), entry.peak, entry.bound};
+        }
+      });
+      for (RankedPlan& ranked : batch) {
+        if (ranked.estimate.iteration_time_s < best && static_cast<int64_t>(result.over_memory.size()) < options.top) {
+          result.over_memory.push_back(std::move(ranked));
+        }
+      }
+      first += count;
     }
     std::stable_sort(result.over_memory.begin(), result.over_memory.end(), [](const RankedPlan& a, const RankedPlan& b) {
       return a.estimate.iteration_time_s < b.estimate.iteration_time_s;

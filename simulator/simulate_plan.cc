@@ -21,7 +21,7 @@ PlanSimulation simulate_plan(const JobSpec& job, const Profile& profile, const T
   const ActionCosts costs = plan_action_costs(job.model, job.plan, profile, topology, simulation.sources);
   simulation.result = simulate_schedule(simulation.schedule, costs, record_timeline);
 
-  simulation.memory = memory_per_pipeline_rank(job.model, job.plan, compute);
+  simulation.memory = memory_per_pipeline_rank(job.model, job.plan, simulation.schedule);
   for (const PipelineRankMemory& rank : simulation.memory) {
     simulation.peak_memory_bytes = std::max(simulation.peak_memory_bytes, rank.total_bytes);
   }

@@ -1,0 +1,47 @@
+#!/usr/bin/env python3
+"""Adds to a shipped measured profile the kernel entries a newer `megaplan profile` run timed at
+points the shipped one lacks (a grid grown by new cells), keeping every entry the shipped profile
+already has: those were validated against training (docs/results.md), and a new run's entries at
+the same points differ only by the profile's run-to-run spread. Writes the result over BASE.
+
+  bench/add_new_kernel_entries.py BASE NEW "why the grid grew"
+"""
+import json
+import os
+import sys
+
+KEYS = {
+    "gemm": ("m", "n", "k", "dtype", "layout", "epilogue"),
+    "attention": ("batch_heads", "seq", "head_dim", "gqa_ratio", "causal"),
+    "kernels": ("kernel", "bytes"),
+}
+
+
+def main():
+    if len(sys.argv) != 4:
+        sys.exit("usage: add_new_kernel_entries.py BASE NEW REASON")
+    base_path, new_path, reason = sys.argv[1:]
+    base = json.load(open(base_path))
+    new = json.load(open(new_path))
+    if base.get("gpu") != new.get("gpu"):
+        sys.exit(f"{new_path}: gpu: {new.get('gpu')!r} is not the base profile's {base.get('gpu')!r}")
+    added = {}
+    for table, fields in KEYS.items():
+        have = {tuple(entry.get(f) for f in fields) for entry in base[table]}
+        fresh = [entry for entry in new[table] if tuple(entry.get(f) for f in fields) not in have]
+        base[table].extend(fresh)
+        added[table] = len(fresh)
+    counts = ", ".join(f"{count} {table}" for table, count in added.items())
+    base["provenance"]["added_kernel_entries"] = (
+        f"{counts} entries at points this profile lacked, from {new['provenance'].get('command')} on "
+        f"{new['provenance'].get('device')}, {new['provenance'].get('date')}: {reason}")
+    temporary = base_path + ".tmp"
+    with open(temporary, "w") as out:
+        json.dump(base, out, indent=2, sort_keys=True)
+        out.write("\n")
+    os.replace(temporary, base_path)
+    print(counts)
+
+
+if __name__ == "__main__":
+    main()
