@@ -11,6 +11,7 @@
 #     reasons are in bench/multi_gpu_compare.py), and
 #   - the same layout emulated on one GPU (its ranks as threads sharing GPU 0), whose losses NCCL
 #     repeats bit for bit where its sums see the same order (any two ranks; pipelines always).
+#     A layout of more ranks than visible GPUs runs as that emulation alone, against the single run.
 # Then: the same 4- (or 2-) GPU run under mpirun and torchrun, bit for bit; a run stopped at
 # iteration 10 by --exit-interval and resumed, bit for bit; that checkpoint loaded into other
 # layouts (reshard on load) within the bounds; and kill -9 of one rank mid-iteration under each
@@ -74,8 +75,15 @@ layouts=(
 rows=()
 for entry in "${layouts[@]}"; do
   IFS='|' read -r name world flags kind <<< "$entry"
-  [ "$world" -le "$gpus" ] || continue
   [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" $name "* ]] || continue
+  if [ "$world" -gt "$gpus" ]; then
+    # More ranks than GPUs: the one-GPU emulation alone, held to the single-GPU run as the
+    # launched layouts are (its own row, NAME-threads).
+    # shellcheck disable=SC2086
+    go "$name-threads" "$world" threads -- $flags --save "$scratch/ckpt/$name-threads" --save-interval 20
+    rows+=("$name-threads $world $kind")
+    continue
+  fi
   # shellcheck disable=SC2086
   go "$name" "$world" launch -- $flags --save "$scratch/ckpt/$name" --save-interval 20
   # shellcheck disable=SC2086
@@ -155,5 +163,9 @@ if [ "$gpus" -ge 2 ]; then
 fi
 
 python3 "$here/multi_gpu_compare.py" "$out" "$scratch/hf" "$big" "${rows[@]}"
-[ -f "$out/kills" ] && { echo; echo "kill -9 of rank 1 | launcher | victim | exit status | seconds to end | processes left | last words";
-  cat "$out/kills"; }
+status=$?
+if [ -f "$out/kills" ]; then
+  echo; echo "kill -9 of rank 1 | launcher | victim | exit status | seconds to end | processes left | last words"
+  cat "$out/kills"
+fi
+exit "$status"
