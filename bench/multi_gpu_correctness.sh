@@ -17,8 +17,9 @@
 # layouts (reshard on load) within the bounds; and kill -9 of one rank mid-iteration under each
 # launcher: how long the others took to end, their last words, and whether any process is left.
 # Prints tables last.
-#   [SCRATCH=DIR] [ONLY="LAYOUT ..."] bench/multi_gpu_correctness.sh MEGAPLAN_BINARY OUT_DIR
-# ONLY runs those layouts of the list below (and everything after the list), e.g. ONLY="tp4 dp4".
+#   [SCRATCH=DIR] [ONLY="LAYOUT ..."] [LAYOUTS_ONLY=1] bench/multi_gpu_correctness.sh MEGAPLAN_BINARY OUT_DIR
+# ONLY runs those layouts of the list below (and everything after the list), e.g. ONLY="tp4 dp4";
+# LAYOUTS_ONLY=1 skips what follows the list (launchers, resume, reshard, kills).
 # Checkpoints and their Hugging Face copies (about 1 GB each) go under SCRATCH (default OUT_DIR).
 set -uo pipefail
 megaplan=$(realpath "$1")
@@ -99,7 +100,8 @@ done
 # Launchers, resume and reshard on the largest layout of at most 4 GPUs.
 big=tp2xpp2; big_flags=(--tp 2 --pp 2); big_world=4
 if [ "$gpus" -lt 4 ]; then big=tp2; big_flags=(--tp 2); big_world=2; fi
-if [ "$gpus" -ge 2 ]; then
+tail_checks=$([ "${LAYOUTS_ONLY:-0}" = 1 ] && echo 0 || echo "$gpus")
+if [ "$tail_checks" -ge 2 ]; then
   # The launched run the others are held to (ONLY may have left it out above).
   grep -q "^$big " "$out/codes" || go "$big" "$big_world" launch -- "${big_flags[@]}"
   go "$big-mpirun" "$big_world" mpirun -- "${big_flags[@]}"
@@ -155,7 +157,7 @@ kill_test() {
   pkill -9 -f "train --device cuda" 2> /dev/null || true
 }
 rm -f "$out/kills"
-if [ "$gpus" -ge 2 ]; then
+if [ "$tail_checks" -ge 2 ]; then
   kill_test launch
   kill_test mpirun
   kill_test torchrun

@@ -121,7 +121,7 @@ class RankWalk {
     const auto cells = static_cast<std::size_t>(locals_ * microbatches_);
     held_.assign(cells, 0);
     kept_.assign(cells, 0);
-    message_.assign(2 * cells, 0);
+    message_.assign(3 * cells, 0);  // gradients (gradient_cell), then received inputs (input_cell)
     sent_.assign(2 * cells, 0);
     for (auto* counts : {&live_sets_, &lent_}) counts->assign(static_cast<std::size_t>(locals_), 0);
     counts_.assign(static_cast<std::size_t>(3 * locals_ + 1), 0);
@@ -149,7 +149,7 @@ class RankWalk {
         break;
       }
       case ActionKind::kRecvForward:
-        hold(action.stage, action.microbatch);
+        take_message(input_cell(action.stage, action.microbatch));
         break;
       case ActionKind::kRecvBackward:
         take_message(gradient_cell(action.stage + 1, action.microbatch));  // the gradient of stage s's output
@@ -208,14 +208,17 @@ class RankWalk {
     const bool here = stage < shape_.num_stages && local_[static_cast<std::size_t>(stage)] >= 0;
     return 2 * cell(here ? stage : stage - 1, microbatch) + (here ? 0 : 1);
   }
+  // A received input of stage s, until its F copies it into the microbatch's set.
+  std::size_t input_cell(int64_t stage, int64_t microbatch) const {
+    return static_cast<std::size_t>(2 * locals_ * microbatches_) + cell(stage, microbatch);
+  }
   int64_t& sets(int64_t stage) { return counts_[3 * index(stage)]; }
   int64_t& lent_peak(int64_t stage) { return counts_[3 * index(stage) + 1]; }
   int64_t& deferred(int64_t stage) { return counts_[3 * index(stage) + 2]; }
 
-  // A microbatch's set on `stage`: taken at its RECV_F or F, whichever comes first.
+  // A microbatch's set on `stage`: taken at its F.
   void hold(int64_t stage, int64_t microbatch) {
     char& held = held_[cell(stage, microbatch)];
-    if (held) return;
     held = 1;
     if (++live_sets_[index(stage)] > sets(stage)) {
       sets(stage) = live_sets_[index(stage)];
@@ -251,6 +254,7 @@ class RankWalk {
 
   void forward(int64_t stage, int64_t microbatch) {
     hold(stage, microbatch);
+    give_message(input_cell(stage, microbatch));  // copied in: the set is taken before it goes back
     if (walk_.forward_borrows) {
       borrow(stage, 1);
       give_back(stage, 1);
@@ -340,8 +344,8 @@ std::vector<ChunkBytes> chunks_by_stage(const ModelSpec& model, const ParallelPl
 
 ExecutorMemoryWalk walk_executor_memory(const ModelSpec& model, const ParallelPlan& plan,
                                         const PipelineSchedule& given, bool evaluates) {
-  // The executor runs the lowered list, where a stage's RECV_F is posted ahead of its F and takes
-  // the microbatch's set then: a compute-only list would count one set too few on a rank whose
+  // The executor runs the lowered list, where a stage's RECV_F is posted ahead of its F and holds
+  // a message buffer from then: a compute-only list would count one message too few on a rank whose
   // stage receives (the last stage of 1F1B, the V schedules' rank 0).
   std::optional<PipelineSchedule> lowered;
   if (!given.lowered) lowered = lower_schedule(given);

@@ -10,15 +10,15 @@
 //   (parameter_layout.h), a compute copy of every weight (bf16 on the GPU; the CPU backend computes
 //   on the fp32 masters), AdamW's two fp32 moments (over the buffer, or the rank's shard of each
 //   bucket with the distributed optimizer), and one set of scratch buffers;
-// - per microbatch in flight on a chunk (from its F, or the RECV_F that fills its input, until B or
-//   W): what each layer keeps (recomputation decides), the chunk's output, and on the last stage the
+// - per microbatch in flight on a chunk (from its F until B or W): what each layer keeps (recomputation decides), the chunk's output, and on the last stage the
 //   final norm's input, the logits and the loss's statistics. Released sets are kept for reuse, so a
 //   chunk holds as many as it ever had in flight at once;
 // - a pool of whole-layer sets lent to recomputation (and to the forward of layers that keep less
 //   than everything), as large as the most ever lent at once; under I the lent sets, I's copies of
 //   each GEMM's output gradient and the first stage's embedding gradient stay until W;
-// - gradient messages (pooled the same way): from RECV_B, or from the backward that produces them,
-//   until the backward that consumes them, or until OPTIM for those sent.
+// - messages (pooled the same way, one size): a received input from its RECV_F until its F copies
+//   it into the set; a gradient from RECV_B, or from the backward that produces it, until the
+//   backward that consumes it, or until OPTIM for those sent.
 // Transient host-value staging (a few words per logged value) is not counted.
 //
 // Llama-family layers are counted with their own widths (query groups, SwiGLU's [gate; up]) in the

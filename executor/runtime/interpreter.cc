@@ -53,7 +53,7 @@ void Interpreter::use_schedule(const PipelineSchedule& schedule) {
 }
 
 Interpreter::~Interpreter() {
-  for (Activation buffer : spare_gradients_) backend_.release(buffer);
+  for (Activation buffer : spare_messages_) backend_.release(buffer);
 }
 
 GptModel& Interpreter::chunk(int64_t stage) {
@@ -74,16 +74,16 @@ void Interpreter::wait(std::map<Key, Request>& pending, Key key) {
   pending.erase(found);
 }
 
-Activation Interpreter::gradient_buffer() {
-  if (!spare_gradients_.empty()) {
-    Activation buffer = spare_gradients_.back();
-    spare_gradients_.pop_back();
+Activation Interpreter::message_buffer() {
+  if (!spare_messages_.empty()) {
+    Activation buffer = spare_messages_.back();
+    spare_messages_.pop_back();
     return buffer;
   }
   return backend_.allocate_activation(chunks_.begin()->second->message_size());
 }
 
-void Interpreter::release(Activation buffer) { spare_gradients_.push_back(buffer); }
+void Interpreter::release(Activation buffer) { spare_messages_.push_back(buffer); }
 
 void Interpreter::forward(int64_t stage, int64_t microbatch,
                           const std::function<const MicrobatchTokens&(int64_t)>& data) {
@@ -93,7 +93,14 @@ void Interpreter::forward(int64_t stage, int64_t microbatch,
     if (shape_.next_stage_on_same_rank(stage - 1)) {
       backend_.copy(chunk(stage - 1).output(microbatch), model.message_size(), model.input_buffer(microbatch));
     } else {
-      wait(receives_, {stage, microbatch});
+      // Received into a message buffer, not the microbatch's set: the set is taken only now, so a
+      // RECV_F posted a step ahead (the lowering's order) holds one message, not a set.
+      const auto found = receives_.find({stage, microbatch});
+      if (found == receives_.end()) throw std::logic_error("Interpreter: a forward without its RECV_F");
+      found->second.request->wait();
+      backend_.copy(found->second.buffer, model.message_size(), model.input_buffer(microbatch));
+      release(found->second.buffer);
+      receives_.erase(found);
     }
   }
   const MicrobatchTokens* tokens = model.first_stage() || model.last_stage() ? &data(microbatch) : nullptr;
@@ -114,7 +121,7 @@ void Interpreter::backward(int64_t stage, int64_t microbatch, bool defer) {
     source.erase(found);
   }
   wait(sends_, {stage, microbatch});  // the backward releases the output being sent
-  Activation input_gradient = model.first_stage() ? nullptr : gradient_buffer();
+  Activation input_gradient = model.first_stage() ? nullptr : message_buffer();
   model.backward_input(microbatch, output_gradient, loss_scale_, input_gradient, defer);
   if (output_gradient) release(output_gradient);
   if (input_gradient) input_gradients_[{stage, microbatch}] = Held{input_gradient, nullptr};
@@ -155,8 +162,9 @@ void Interpreter::execute(const Action& action, int64_t iteration, double lr,
       break;
     }
     case ActionKind::kRecvForward: {
-      GptModel& model = chunk(s);
-      receives_[{s, m}] = pipeline_->recv(model.input_buffer(m), model.message_size(), type, peer(s - 1));
+      Activation buffer = message_buffer();
+      Request request = pipeline_->recv(buffer, chunk(s).message_size(), type, peer(s - 1));
+      receives_[{s, m}] = Held{buffer, std::move(request)};
       break;
     }
     case ActionKind::kSendForward: {
@@ -165,7 +173,7 @@ void Interpreter::execute(const Action& action, int64_t iteration, double lr,
       break;
     }
     case ActionKind::kRecvBackward: {
-      Activation buffer = gradient_buffer();
+      Activation buffer = message_buffer();
       Request request = pipeline_->recv(buffer, chunk(s).message_size(), type, peer(s + 1));
       output_gradients_[{s, m}] = Held{buffer, std::move(request)};
       break;

@@ -70,7 +70,7 @@ class Interpreter {
     int64_t stage, microbatch;
     auto operator<=>(const Key&) const = default;
   };
-  struct Held {  // a gradient buffer, and the request still using it
+  struct Held {  // a message buffer, and the request still using it
     Activation buffer = nullptr;
     Request request;
   };
@@ -83,7 +83,8 @@ class Interpreter {
   GptModel& chunk(int64_t stage);
   int64_t peer(int64_t stage) const;  // the pp group rank of a stage
   void wait(std::map<Key, Request>& pending, Key key);
-  Activation gradient_buffer();
+  // Message buffers (received inputs, gradients), pooled: every message of a rank has one size.
+  Activation message_buffer();
   void release(Activation buffer);
 
   const std::vector<Action>* actions_ = nullptr;  // the schedule's list for this rank
@@ -95,12 +96,12 @@ class Interpreter {
   float loss_scale_ = 1;
   Optimizer& optimizer_;
   Backend& backend_;
-  std::map<Key, Request> receives_;      // RECV_F in flight, by the stage it feeds
+  std::map<Key, Held> receives_;         // RECV_F's message until its F copies it in, by the stage it feeds
   std::map<Key, Request> sends_;         // SEND_F in flight: the output stays until it is done
   std::map<Key, Held> output_gradients_;  // received or handed over (RECV_B, a local B), by the stage that reads it
   std::map<Key, Held> input_gradients_;   // written by B/I of a stage, until sent (SEND_B) or handed over
   std::vector<Held> sent_;                // SEND_B buffers until OPTIM
-  std::vector<Activation> spare_gradients_;
+  std::vector<Activation> spare_messages_;
 };
 
 }  // namespace megaplan::exec

@@ -175,7 +175,7 @@ grep -q '^profile    A100-SXM4-80GB, transferred: profiles/h100-sxm5-80gb.measur
 grep -q 'with wave quantisation for 108 SMs' "$scratch/out" || fail "the A100's transfer does not use its SMs"
 expect_ok search --model gpt2-124m --cluster h100-x1 --gbs 8 --json
 grep -q '"kind": "measured"' "$scratch/out" || fail "search --json does not name its measured profile"
-grep -q '"tie_tolerance": 0.05' "$scratch/out" || fail "search --json does not state the profile's uncertainty"
+grep -q '"tie_tolerance": 0.04' "$scratch/out" || fail "search --json does not state the profile's uncertainty"
 grep -q '"tie_with_best": ' "$scratch/out" || fail "search --json does not mark ties"
 expect_ok describe --model gpt2-124m --cluster h200-x2 --pp 2 --gbs 8 --out "$scratch/small-job.json"
 expect_ok simulate --plan "$scratch/small-job.json"
@@ -208,6 +208,10 @@ grep -q '"kind": "transferred"' "$scratch/out" || fail "a cluster file's GPU get
 expect_ok profile --transfer-to H200-SXM-141GB --profile "$examples/../profiles/h100-sxm5-80gb.measured.json" --out "$scratch/h200-from-h100.json"
 expect_ok simulate --model gpt2-124m --cluster h200-x1 --gbs 8 --profile "$scratch/h200-from-h100.json" --json
 grep -q '"kind": "transferred"' "$scratch/out" || fail "simulate names a transferred profile file's kind"
+# The H100's profile states 0.04, as the validated same-die transfer does; the H200's states 0.05.
+grep -q '"uncertainty": 0.04' "$scratch/out" || fail "a same-die transfer states the validated transfer uncertainty"
+expect_ok profile --transfer-to H100-SXM5-80GB --profile "$examples/../profiles/h200-sxm-141gb.measured.json" --out "$scratch/h100-from-h200.json"
+expect_ok simulate --model gpt2-124m --cluster h100-x1 --gbs 8 --profile "$scratch/h100-from-h200.json" --json
 grep -q '"uncertainty": 0.05' "$scratch/out" || fail "a same-die transfer states the larger of the source's and the validated transfer uncertainty"
 expect_ok profile --transfer-to A100-SXM4-80GB
 grep -q '"transferred_from"' "$scratch/out" || fail "profile --transfer-to prints the transferred profile"
