@@ -119,7 +119,6 @@ class RankWalk {
       : walk_(walk), shape_(shape), microbatches_(shape.microbatches), local_(static_cast<std::size_t>(shape.num_stages), -1) {
     for (const int64_t stage : stages) local_[static_cast<std::size_t>(stage)] = locals_++;
     const auto cells = static_cast<std::size_t>(locals_ * microbatches_);
-    held_.assign(cells, 0);
     kept_.assign(cells, 0);
     message_.assign(3 * cells, 0);  // gradients (gradient_cell), then received inputs (input_cell)
     sent_.assign(2 * cells, 0);
@@ -217,18 +216,13 @@ class RankWalk {
   int64_t& deferred(int64_t stage) { return counts_[3 * index(stage) + 2]; }
 
   // A microbatch's set on `stage`: taken at its F.
-  void hold(int64_t stage, int64_t microbatch) {
-    char& held = held_[cell(stage, microbatch)];
-    held = 1;
+  void hold(int64_t stage) {
     if (++live_sets_[index(stage)] > sets(stage)) {
       sets(stage) = live_sets_[index(stage)];
       note();
     }
   }
-  void drop(int64_t stage, int64_t microbatch) {
-    held_[cell(stage, microbatch)] = 0;
-    --live_sets_[index(stage)];
-  }
+  void drop(int64_t stage) { --live_sets_[index(stage)]; }
   void borrow(int64_t stage, int64_t count) {
     int64_t& lent = lent_[index(stage)];
     lent += count;
@@ -253,7 +247,7 @@ class RankWalk {
   }
 
   void forward(int64_t stage, int64_t microbatch) {
-    hold(stage, microbatch);
+    hold(stage);
     give_message(input_cell(stage, microbatch));  // copied in: the set is taken before it goes back
     if (walk_.forward_borrows) {
       borrow(stage, 1);
@@ -289,7 +283,7 @@ class RankWalk {
     if (!first && shape_.rank_of_stage(stage - 1) != shape_.rank_of_stage(stage)) {
       sent_[gradient_cell(stage, microbatch)] = 1;
     }
-    if (!defer) drop(stage, microbatch);
+    if (!defer) drop(stage);
   }
 
   void weight(int64_t stage, int64_t microbatch) {
@@ -297,7 +291,7 @@ class RankWalk {
     int64_t& kept = kept_[cell(stage, microbatch)];
     give_back(stage, kept);
     kept = 0;
-    drop(stage, microbatch);
+    drop(stage);
   }
 
   // A moment the sum may peak: the counts now. Consecutive repeats (a steady state's I) once.
@@ -310,7 +304,6 @@ class RankWalk {
   int64_t microbatches_;
   std::vector<int64_t> local_;  // by stage: its index among this rank's chunks, or -1
   int64_t locals_ = 0;
-  std::vector<char> held_;            // by cell
   std::vector<char> message_, sent_;  // by gradient_cell
   std::vector<int64_t> kept_;         // layers I lent a microbatch until its W
   std::vector<int64_t> live_sets_, lent_;  // by index

@@ -10,9 +10,10 @@
 //   (parameter_layout.h), a compute copy of every weight (bf16 on the GPU; the CPU backend computes
 //   on the fp32 masters), AdamW's two fp32 moments (over the buffer, or the rank's shard of each
 //   bucket with the distributed optimizer), and one set of scratch buffers;
-// - per microbatch in flight on a chunk (from its F until B or W): what each layer keeps (recomputation decides), the chunk's output, and on the last stage the
-//   final norm's input, the logits and the loss's statistics. Released sets are kept for reuse, so a
-//   chunk holds as many as it ever had in flight at once;
+// - per microbatch in flight on a chunk (from its F until B or W): what each layer keeps
+//   (recomputation decides), the chunk's output, and on the last stage the final norm's input, the
+//   logits and the loss's statistics. Released sets are kept for reuse, so a chunk holds as many as
+//   it ever had in flight at once;
 // - a pool of whole-layer sets lent to recomputation (and to the forward of layers that keep less
 //   than everything), as large as the most ever lent at once; under I the lent sets, I's copies of
 //   each GEMM's output gradient and the first stage's embedding gradient stay until W;
