@@ -37,7 +37,7 @@ mapfile -t files < <(find /usr/lib/python3* -name '*.py' -size +4k 2>/dev/null |
 model=(--model llama3-8b --num-layers 8 --hidden-size 512 --ffn-hidden-size 1536 --num-attention-heads 8
        --num-query-groups 4 --seq-length 1024 --max-position-embeddings 1024 --vocab-size 32000
        --make-vocab-size-divisible-by 32)  # 32,000 rows at every tp up to 8: one model in every layout
-common=(train --device cuda "${model[@]}" --mbs 2 --gbs 16 --data-path "$out/corpus" --split 1,0,0
+common=(train --device cuda "${model[@]}" --mbs 2 --gbs 16 --data-path "$out/corpus_text_document" --split 1,0,0
         --train-iters 20 --lr-decay-iters 20 --lr 1e-3 --lr-warmup-iters 2 --eval-iters 0 --log-interval 1
         --distributed-timeout-minutes 1)
 

@@ -42,7 +42,7 @@ ours() {
   rm -f "$out/$name.jsonl"
   # shellcheck disable=SC2086
   timeout 400 "$megaplan" launch --nproc-per-node "$world" -- train ${megaplan_model[$model]} --device cuda \
-    --data-path "$out/corpus" --split 1,0,0 --mbs "$mbs" --gbs "$gbs" --train-iters "$iters" --log-interval 10 \
+    --data-path "$out/corpus_text_document" --split 1,0,0 --mbs "$mbs" --gbs "$gbs" --train-iters "$iters" --log-interval 10 \
     --eval-iters 0 --lr 1e-4 "$@" --log-file "$out/$name.jsonl" > "$out/$name.txt" 2>&1 ||
     echo "megaplan $name failed: $(tail -1 "$out/$name.txt")"
 }

@@ -26,7 +26,7 @@ PY
 "$megaplan" data prepare --input "$out/corpus.jsonl" --output-prefix "$out/corpus" --append-eod > "$out/prepare.log" || {
   echo "data prepare failed:"; cat "$out/prepare.log"; exit 1; }
 common=(train --device cuda --model "$here/../examples/models/tiny-gpt.json" --vocab-size 257 --seq-length 64
-        --num-layers 4 --hidden-size 128 --num-attention-heads 2 --mbs 2 --gbs 8 --data-path "$out/corpus"
+        --num-layers 4 --hidden-size 128 --num-attention-heads 2 --mbs 2 --gbs 8 --data-path "$out/corpus_text_document"
         --split 1,0,0 --train-iters 20 --eval-iters 0 --log-interval 1 --lr 3e-3 --distributed-timeout-minutes 1)
 
 rows=()

@@ -56,8 +56,8 @@ Row time_pair(const std::string& name, int64_t micro_batch, int repetitions) {
   plan.global_batch_size = 8 * micro_batch;
   megaplan::validate_plan(model, plan);
   std::unique_ptr<Backend> backend = megaplan::exec::make_cuda_backend();
-  GptModel first(model, plan, 0, *backend, 1234);
-  GptModel last(model, plan, 3, *backend, 1234, first.word_embedding());
+  GptModel first(model, plan, 0, *backend, {1234});
+  GptModel last(model, plan, 3, *backend, {1234}, first.word_embedding());
   std::mt19937 generator(7);
   const MicrobatchTokens data = random_tokens(model, micro_batch, generator);
   Activation output_gradient = backend->allocate_activation(first.message_size());

@@ -97,7 +97,7 @@ for i in ${LAYOUTS:-${!layouts[@]}}; do
       "$out/simulate-$i.json" "$sustain")
   fi
   # shellcheck disable=SC2086
-  "$megaplan" "${launch[@]}" train $plan --device cuda --data-path "$corpus" --split 1,0,0 --train-iters "$iterations" \
+  "$megaplan" "${launch[@]}" train $plan --device cuda --data-path "${corpus}_text_document" --split 1,0,0 --train-iters "$iterations" \
     --log-interval "$iterations" --eval-iters 0 --lr 1e-4 --trace "$out/measured-$i.json" --log-file "$out/log-$i.jsonl" \
     > "$out/train-$i.txt" 2>&1 || { echo "train failed for $name:"; tail -3 "$out/train-$i.txt"; continue; }
   memory=$(python3 - "$out/log-$i.jsonl" "$out/simulate-$i.json" <<'PY'

@@ -39,7 +39,7 @@ for entry in "${models[@]}"; do
   log="$out/$name.megaplan.jsonl"
   rm -f "$log"
   # shellcheck disable=SC2086  # the flags split on purpose
-  "$megaplan" train ${megaplan_model[$name]:---model $name} --vocab-size "${vocab[$name]}" --device cuda --data-path "$corpus" --split 1,0,0 --mbs "$mbs" --gbs "$mbs" \
+  "$megaplan" train ${megaplan_model[$name]:---model $name} --vocab-size "${vocab[$name]}" --device cuda --data-path "${corpus}_text_document" --split 1,0,0 --mbs "$mbs" --gbs "$mbs" \
     --train-iters "$iters" --log-interval 10 --eval-iters 0 --lr 1e-4 --log-file "$log" > "$out/$name.megaplan.txt" 2>&1 ||
     { echo "megaplan train failed for $name:"; tail -5 "$out/$name.megaplan.txt"; }
   python3 "$here/torch_gpt_reference.py" --layers "${layers[$name]}" --hidden "${hidden[$name]}" \

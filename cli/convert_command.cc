@@ -41,9 +41,11 @@ int run_convert(const ConvertOptions& options, std::ostream& out) {
     const exec::SafetensorsDtype dtype = dtype_of(options.dtype);
     const exec::CheckpointWeights weights = exec::read_checkpoint_weights(options.load);
     const std::string type = exec::hf_model_type(weights.model, options.model_type);
-    exec::write_hf_checkpoint(options.save, weights.model, type, weights.tensors, dtype);
-    out << "wrote " << options.save << ": " << type << ", " << weights.tensors.size() << " tensors of "
-        << weights.model.name << " in " << options.dtype << "\n";
+    const exec::HfTokenizerExport tokenizer = exec::hf_tokenizer_export(weights.tokenizer, weights.model.vocab_size);
+    const int64_t written = exec::write_hf_checkpoint(options.save, weights.model, type, weights.tensors, dtype, tokenizer);
+    out << "wrote " << options.save << ": " << type << ", " << written << " tensors of " << weights.model.name
+        << " (vocabulary " << weights.model.vocab_size << ") in " << options.dtype << "\n"
+        << tokenizer.note << "\n";
     return 0;
   }
   if (!options.model_type.empty()) throw SpecError("--model-type", "names the Hugging Face type --to hf writes");

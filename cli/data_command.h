@@ -1,4 +1,5 @@
-// `megaplan data prepare`: text files to Megatron's indexed dataset (.bin/.idx).
+// `megaplan data prepare`: text files to Megatron's indexed datasets (.bin/.idx), as Megatron-LM's
+// tools/preprocess_data.py makes them.
 #pragma once
 
 #include <ostream>
@@ -11,8 +12,8 @@ class App;
 
 namespace megaplan::cli {
 
-// --tokenizer, --vocab-file, --merge-file, --tokenizer-file and --tokenizer-model, as `data
-// prepare` and `train` take them.
+// --tokenizer, --tokenizer-type, --vocab-file, --merge-file, --tokenizer-file and
+// --tokenizer-model, as `data prepare` and `train` take them.
 void add_tokenizer_options(CLI::App& command, exec::TokenizerOptions& options);
 
 struct DataPrepareOptions {

@@ -150,8 +150,7 @@ void setup_describe_command(CLI::App& app, CommandContext& context) {
   accept_megatron_arguments(*command);
   command->callback([options, command, &context] {
     options->given = given_flags(*command);
-    apply_pasted_vocabulary(read_pasted_arguments(*command), options->model);
-    infer_megatron_implementation(*command, options->plan.implementation);
+    apply_pasted_vocabulary(read_pasted_arguments(*command, Computes::kCost), options->model);
     context.exit_code = run_describe(*options, context.out);
   });
 }

@@ -2,16 +2,29 @@
 // boundary: bad input becomes one line on stderr and exit code 2.
 #include <cstdio>
 #include <iostream>
+#include <string>
 
 #include <CLI/CLI.hpp>
 
 #include "cli/commands.h"
 #include "cli/notes.h"
 #include "cli/strict_numbers.h"
+#include "cli/unexpected_arguments.h"
 #include "core/error.h"
 #include "core/heap_tuning.h"
 #include "core/schedule/validation.h"
 #include "core/version.h"
+
+namespace {
+
+// The error line in one write: ranks under `megaplan launch` failing together must not cut each
+// other's lines (std::cerr writes each << on its own).
+void print_error(const std::string& text, const std::string& after = "\n") {
+  const std::string line = "megaplan: error: " + megaplan::printable_line(text) + after;
+  std::cerr.write(line.data(), static_cast<std::streamsize>(line.size()));
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   megaplan::keep_freed_memory_for_reuse();
@@ -47,18 +60,21 @@ int main(int argc, char** argv) {
     return app.exit(help);
   } catch (const CLI::CallForVersion& version) {
     return app.exit(version);
+  } catch (const CLI::ExtrasError& error) {
+    print_error(megaplan::cli::unexpected_arguments_line(app, error.what()));
+    return 2;
   } catch (const CLI::ParseError& error) {
-    std::cerr << "megaplan: error: " << megaplan::printable_line(error.what()) << " (see megaplan --help)\n";
+    print_error(error.what(), " (see megaplan --help)\n");
     return 2;
   } catch (const megaplan::ScheduleError& error) {
     // The one error line, then the rank x step grid with the actions at fault marked >>so<<.
-    std::cerr << "megaplan: error: " << megaplan::printable_line(error.what()) << "\n" << error.grid();
+    print_error(error.what(), "\n" + error.grid());
     return 2;
   } catch (const megaplan::SpecError& error) {
-    std::cerr << "megaplan: error: " << megaplan::printable_line(error.what()) << "\n";
+    print_error(error.what());
     return 2;
   } catch (const std::exception& error) {
-    std::cerr << "megaplan: error: " << megaplan::printable_line(error.what()) << "\n";
+    print_error(error.what());
     return 1;
   }
   if (context.exit_code == 0) megaplan::cli::flush_notes(std::cerr);

@@ -10,6 +10,7 @@
 #include "cli/notes.h"
 #include "cli/shared_options.h"
 #include "core/error.h"
+#include "core/megatron_arguments.h"
 
 namespace megaplan::cli {
 
@@ -25,40 +26,78 @@ bool names_a_path(const std::string& flag) {
   return std::find(std::begin(kPaths), std::end(kPaths), flag) != std::end(kPaths);
 }
 
-// Levenshtein distance, for telling a typo of a flag megaplan models from a flag it does not.
-std::size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<std::size_t> row(b.size() + 1);
-  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (std::size_t i = 1; i <= a.size(); ++i) {
-    std::size_t diagonal = row[0];
-    row[0] = i;
-    for (std::size_t j = 1; j <= b.size(); ++j) {
-      const std::size_t above = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diagonal = above;
-    }
-  }
-  return row[b.size()];
-}
-
-// The command's flag `flag` is a likely typo of, if any — two edits from a long name, one from a
-// middling one, none for short names (--lr is no typo of --tp): a typo would otherwise be accepted
-// as a flag megaplan does not model, silently changing the plan.
-std::optional<std::string> near_flag(const CLI::App& command, const std::string& flag) {
-  for (const CLI::Option* option : command.get_options()) {
-    for (const std::string& name : option->get_lnames()) {
-      const std::string known = "--" + name;
-      const std::size_t allowed = known.size() >= 14 ? 2 : known.size() >= 9 ? 1 : 0;
-      if (allowed > 0 && edit_distance(flag, known) <= allowed) return known;
-    }
-  }
-  return std::nullopt;
-}
-
 std::string joined(const std::vector<std::string>& words) {
   std::string text;
   for (const std::string& word : words) text += (text.empty() ? "" : ", ") + word;
   return text;
+}
+
+// The command's own long flags, for did-you-mean.
+std::vector<std::string> own_flags(const CLI::App& command) {
+  std::vector<std::string> flags;
+  for (const CLI::Option* option : command.get_options()) {
+    for (const std::string& name : option->get_lnames()) flags.push_back("--" + name);
+  }
+  return flags;
+}
+
+bool matters(ArgumentEffect effect, Computes computes) {
+  if (effect == ArgumentEffect::kRunAndCost) return true;
+  return computes == Computes::kCost ? effect == ArgumentEffect::kCost : effect == ArgumentEffect::kRun;
+}
+
+std::string what_it_changes(ArgumentEffect effect) {
+  switch (effect) {
+    case ArgumentEffect::kRunAndCost: return "changes the model, the layout or its arithmetic";
+    case ArgumentEffect::kRun: return "changes the training run";
+    case ArgumentEffect::kCost: return "changes the iteration's time";
+    case ArgumentEffect::kNothing: break;
+  }
+  return "changes nothing megaplan computes";
+}
+
+void check_arity(const MegatronArgument& argument, const std::string& flag, const std::vector<std::string>& values) {
+  const std::size_t count = values.size();
+  switch (argument.arity) {
+    case ArgumentArity::kSwitch:
+      if (count != 0) throw SpecError(flag, "takes no value (Megatron-LM's switch), got \"" + values.front() + "\"");
+      return;
+    case ArgumentArity::kOne:
+      if (count != 1) throw SpecError(flag, "takes one value, got " + std::to_string(count));
+      return;
+    case ArgumentArity::kThree:
+      if (count != 3) throw SpecError(flag, "takes three values, got " + std::to_string(count));
+      return;
+    case ArgumentArity::kList:
+      if (count == 0) throw SpecError(flag, "takes one value or more, got none");
+      return;
+  }
+}
+
+// Refuses what the row and the command rule out; returns normally for a flag to accept.
+void check_against_table(const std::string& flag, const std::vector<std::string>& values, Computes computes,
+                         const std::vector<std::string>& own) {
+  const MegatronArgument* argument = find_megatron_argument(flag);
+  if (argument == nullptr) {
+    const std::optional<std::string> nearest = nearest_megatron_flag(flag, own);
+    throw SpecError(flag, "is not an argument of this command nor of " + std::string(kMegatronArgumentsVersion) +
+                              (nearest ? "; did you mean " + *nearest + "?" : ""));
+  }
+  check_arity(*argument, flag, values);
+  for (const std::string& value : values) {
+    if (!accepts_value(*argument, value)) {
+      throw SpecError(flag, "megaplan runs only " + std::string(argument->accepted_values) + " (" +
+                                std::string(argument->reason) + "), got \"" + value + "\"");
+    }
+  }
+  if (!matters(argument->effect, computes)) return;
+  if (argument->support == ArgumentSupport::kRefused) {
+    throw SpecError(flag, what_it_changes(argument->effect) + ", and megaplan does not implement it: " +
+                              std::string(argument->reason));
+  }
+  if (argument->support == ArgumentSupport::kHonoured) {
+    throw SpecError(flag, what_it_changes(argument->effect) + ", and this command does not take it");
+  }
 }
 
 }  // namespace
@@ -70,28 +109,36 @@ void accept_megatron_arguments(CLI::App& command) {
   }
 }
 
-PastedArguments read_pasted_arguments(const CLI::App& command) {
+PastedArguments read_pasted_arguments(const CLI::App& command, Computes computes) {
   PastedArguments pasted;
-  std::map<std::string, std::vector<std::string>> values;  // the last occurrence's values, by flag
+  // Each flag's last occurrence's values (argparse's rule), and the flags in the order given.
+  std::map<std::string, std::vector<std::string>> values;
+  std::vector<std::string> order;
   std::string flag;
   for (const std::string& word : command.remaining()) {
     if (word.rfind("--", 0) == 0) {
       flag = word.substr(0, word.find('='));
-      if (const std::optional<std::string> near = near_flag(command, flag)) {
-        throw SpecError(flag, "is not a flag megaplan knows; did you mean " + *near + "?");
-      }
       values[flag].clear();
       if (word.find('=') != std::string::npos) values[flag].push_back(word.substr(word.find('=') + 1));
-      if (std::find(pasted.not_modelled.begin(), pasted.not_modelled.end(), flag) == pasted.not_modelled.end()) {
-        pasted.not_modelled.push_back(flag);
-      }
+      if (std::find(order.begin(), order.end(), flag) == order.end()) order.push_back(flag);
       continue;
     }
     if (flag.empty()) throw SpecError(word, "is not an argument megaplan knows (a flag's value without its flag?)");
     values[flag].push_back(word);
   }
+  const std::vector<std::string> own = own_flags(command);
+  std::vector<std::string> training_only, cosmetic;
+  for (const std::string& given : order) {
+    check_against_table(given, values[given], computes, own);
+    const MegatronArgument& argument = *find_megatron_argument(given);
+    if (given == "--rampup-batch-size") continue;  // its own note, below
+    (argument.effect == ArgumentEffect::kRun ? training_only : cosmetic).push_back(given);
+  }
   for (const auto& [name, given] : values) {
-    if (names_a_path(name) && !given.empty()) pasted.paths.push_back(name + " " + given.back());
+    if (!names_a_path(name) || given.empty()) continue;
+    std::string words = name;  // a blend's weights and prefixes, all of them
+    for (const std::string& word : given) words += " " + word;
+    pasted.paths.push_back(words);
   }
   const auto value_of = [&](const std::string& name) -> std::optional<std::string> {
     const auto found = values.find(name);
@@ -114,21 +161,16 @@ PastedArguments read_pasted_arguments(const CLI::App& command) {
   }
   // The ramp shortens the first iterations; the iteration these commands cost is the one after it.
   if (values.count("--rampup-batch-size") > 0) {
-    std::erase(pasted.not_modelled, std::string("--rampup-batch-size"));
     note("--rampup-batch-size: the iteration costed runs the full global batch, as every iteration after the ramp does "
          "(train runs the ramp)");
   }
-  if (!pasted.not_modelled.empty()) note("not modelled (accepted as Megatron-LM spells them): " + joined(pasted.not_modelled));
+  if (!training_only.empty()) note("training flags, no effect on the iteration's cost: " + joined(training_only));
+  if (!cosmetic.empty()) {
+    note(std::string(computes == Computes::kCost ? "no effect on the iteration's cost" : "no effect on the run") +
+         " (accepted as " + std::string(kMegatronArgumentsVersion) + " spells them): " + joined(cosmetic));
+  }
   if (!pasted.paths.empty()) note("recorded, not opened: " + joined(pasted.paths));
   return pasted;
-}
-
-void infer_megatron_implementation(const CLI::App& command, ImplementationFlags& flags) {
-  if (command.count("--implementation") > 0) return;
-  if (!flags.fp16 && !flags.bf16 && !flags.transformer_impl) return;
-  flags.implementation = flags.transformer_impl == "local" ? "megatron-local" : "megatron-core";
-  note("implementation " + flags.implementation + ": the precision and transformer flags are Megatron-LM's "
-       "(--implementation sets it)");
 }
 
 void apply_pasted_vocabulary(const PastedArguments& pasted, ModelOptions& model) {

@@ -11,6 +11,7 @@
 
 #include "executor/io/staged_file.h"
 #include "cli/commands.h"
+#include "cli/notes.h"
 #include "cli/pasted_arguments.h"
 #include "cli/profile_choice.h"
 #include "cli/report_command.h"
@@ -21,6 +22,7 @@
 #include "planner/search.h"
 #include "planner/search_space.h"
 #include "planner/torchtitan_config.h"
+#include "reports/search_provenance.h"
 #include "reports/search_tables.h"
 #include "core/units.h"
 #include "simulator/plan_estimator.h"
@@ -30,7 +32,7 @@ namespace {
 
 constexpr int64_t kDefaultGpus = 1024;  // the embedded default: gpt3-175b on 1024 A100-80GB
 
-planner::SearchSpace search_space(const SearchCommandOptions& options) {
+planner::SearchSpace search_space(const SearchCommandOptions& options, const ModelSpec& model) {
   planner::SearchSpace space;
   space.tensor_parallel = options.tensor_parallel;
   space.pipeline_parallel = options.pipeline_parallel;
@@ -41,6 +43,8 @@ planner::SearchSpace search_space(const SearchCommandOptions& options) {
   for (const std::string& text : options.recompute) {
     space.recompute.push_back(parse_recompute_granularity(text, "--recompute-granularity"));
   }
+  // Megatron's alias wins over --recompute-granularity, as its argument validation sets it.
+  if (options.recompute_activations) space.recompute = {RecomputeGranularity::kSelective};
   for (const std::string& text : options.schedules) space.schedules.push_back(parse_schedule_kind(text, "--schedule"));
   if (options.sequence_parallel && options.no_sequence_parallel) {
     throw SpecError("--sequence-parallel", "cannot be combined with --no-sequence-parallel");
@@ -54,7 +58,7 @@ planner::SearchSpace search_space(const SearchCommandOptions& options) {
   if (options.no_distributed_optimizer) space.distributed_optimizer = {false};
   space.allow_cross_node_tensor_parallel = options.allow_cross_node_tensor_parallel;
   space.implementation = parse_implementation(options.implementation.implementation, "--implementation");
-  space.options = resolve_implementation_options(options.implementation, space.implementation);
+  space.options = resolve_implementation_options(options.implementation, space.implementation, model);
   ParallelPlan check;  // the options' own rules, once, before any layout is tried
   check.implementation = space.implementation;
   check.options = space.options;
@@ -90,7 +94,7 @@ std::string ordinal(int64_t n) {
 }
 
 void write_text(const SearchCommandOptions& options, const JobSpec& job, const planner::SearchResult& result,
-                double seconds, int64_t threads, std::ostream& out) {
+                double seconds, int64_t threads, double uncertainty, std::ostream& out) {
   const planner::SearchCounts& counts = result.counts;
   if (options.compare) {
     out << job.model.name << " on " << job.cluster.total_gpus() << " x " << job.cluster.gpu.name << ", gbs "
@@ -108,7 +112,8 @@ void write_text(const SearchCommandOptions& options, const JobSpec& job, const p
       << ordinal(options.top) << " best (lower bound); " << counts.simulated
       << " simulated; " << format_fixed(seconds, 3) << " s on " << threads << " threads ("
       << format_count(static_cast<double>(counts.enumerated) / std::max(seconds, 1e-9)) << " plans/s)\n\n";
-  out << ranked_plans_table(result.plans);
+  // Plans that differ only in a switch and that the profile cannot tell apart share a row.
+  out << ranked_plans_table(result.plans, std::nullopt, std::nullopt, uncertainty);
   if (!result.over_memory.empty()) {
     out << "\nfaster, but over the memory limit (" << format_gib(static_cast<double>(result.memory_limit_bytes))
         << "):\n"
@@ -131,6 +136,10 @@ int run_search(const SearchCommandOptions& options, std::ostream& out) {
   if (options.emit && *options.emit != "megatron" && *options.emit != "launch" && *options.emit != "torchtitan") {
     throw SpecError("--emit", "knows \"megatron\", \"torchtitan\" and \"launch\", got \"" + *options.emit + "\"");
   }
+  if (options.emit == "launch" && options.implementation.implementation != "megaplan") {
+    throw SpecError("--emit", "launch prints lines that start megaplan train, which runs megaplan's executor, not " +
+                                  options.implementation.implementation + "'s code; --emit megatron prints Megatron-LM's arguments");
+  }
   if (options.threads < 0) throw SpecError("--threads", "must be 0 (all cores) or more, got " + std::to_string(options.threads));
   JobSpec job{resolve_model(options.model), resolve_cluster(cluster_options), ParallelPlan{}};
 
@@ -139,13 +148,23 @@ int run_search(const SearchCommandOptions& options, std::ostream& out) {
   problem.gpus = job.cluster.total_gpus();
   problem.gpus_per_node = job.cluster.gpus_per_node;
   problem.global_batch_size = options.global_batch_size;
-  problem.space = search_space(options);
+  problem.space = search_space(options, job.model);
   planner::validate_search_problem(problem);
 
   const sim::Profile profile = choose_profile(options.profile, job.cluster.gpu);
   const sim::SimulatorEstimator estimator(job.model, job.cluster, profile);
   const auto start = std::chrono::steady_clock::now();
-  const std::vector<ParallelPlan> candidates = planner::enumerate_plans(problem);
+  std::vector<planner::LeftOut> left_out;
+  const std::vector<ParallelPlan> candidates = planner::enumerate_plans(problem, &left_out);
+  for (const planner::LeftOut& kind : left_out) {
+    const std::string how_many = std::to_string(kind.plans) + " layout" + (kind.plans == 1 ? "" : "s");
+    if (candidates.empty()) {
+      throw SpecError(kind.flag, kind.rule + ": megaplan's executor cannot run any of the " + how_many + " this search " +
+                                     "allows (--implementation megatron-core ranks them as Megatron-LM's runs)");
+    }
+    note("left out " + how_many + " megaplan's executor cannot run yet (" + kind.flag + ": " + kind.rule +
+         "); --implementation megatron-core ranks them as Megatron-LM's runs");
+  }
   ProgressBar bar("searching");
   planner::SearchOptions search_options;
   search_options.top = options.top;
@@ -153,6 +172,7 @@ int run_search(const SearchCommandOptions& options, std::ostream& out) {
   search_options.threads = options.threads;
   search_options.tie_tolerance = profile.uncertainty();
   search_options.progress = [&bar](int64_t done, int64_t total) { bar.update(done, total); };
+  search_options.problem = problem;  // when nothing fits, the error names the GPU count that would
   const planner::SearchResult result =
       options.compare ? planner::compare_plans(job.model, job.cluster.gpu, candidates, estimator, search_options)
                       : planner::search_plans(job.model, job.cluster.gpu, candidates, estimator, search_options);
@@ -183,6 +203,8 @@ int run_search(const SearchCommandOptions& options, std::ostream& out) {
                          {"tie_tolerance", profile.uncertainty()},
                          {"seconds", seconds},
                          {"threads", threads}};
+  // What was searched, so that `report --search` can refuse a search of another model or cluster.
+  json.update(search_provenance(job.model, job.cluster, problem.space.implementation, problem.space.options));
   if (options.report) {
     // The best plan's report with the ranked plans beside it; its line goes to stderr under --json.
     PlanReport report = plan_report(job, profile, sim::simulate_plan(job, profile, /*record_timeline=*/true));
@@ -203,7 +225,7 @@ int run_search(const SearchCommandOptions& options, std::ostream& out) {
     out << json.dump(2) << "\n";
     return 0;
   }
-  write_text(options, job, result, seconds, threads, out);
+  write_text(options, job, result, seconds, threads, profile.uncertainty(), out);
   const std::string picked = "#" + std::to_string(options.pick);
   out << "code (" << picked << "): " << describe_implementation(job.plan) << "\n";
   out << "profile: " << describe_profile(profile) << "\n";
@@ -241,13 +263,16 @@ void setup_search_command(CLI::App& app, CommandContext& context) {
       ->delimiter(',')->group(group);
   command->add_option("--cp,--context-parallel-size", options->context_parallel, "Context parallel sizes")
       ->delimiter(',')->group(group);
-  command->add_option("--vpp,--virtual-pipeline-model-parallel-size", options->virtual_pipeline, "Model chunks per pipeline rank")
+  command->add_option("--vpp,--virtual-pipeline-model-parallel-size,--num-virtual-stages-per-pipeline-rank",
+                      options->virtual_pipeline, "Model chunks per pipeline rank")
       ->delimiter(',')->group(group);
   command->add_option("--num-layers-per-virtual-pipeline-stage", options->layers_per_virtual_stage,
                       "Layers per model chunk (interleaved layouts only)")
       ->delimiter(',')->group(group);
   command->add_option("--mbs,--micro-batch-size", options->micro_batch, "Micro-batch sizes")->delimiter(',')->group(group);
   command->add_option("--recompute-granularity", options->recompute, "none, selective, full")->delimiter(',')->group(group);
+  command->add_flag("--recompute-activations", options->recompute_activations,
+                    "Megatron's alias of --recompute-granularity selective")->group(group);
   command->add_option("--schedule", options->schedules, "1f1b, interleaved, zb-h1, zbv, dualpipev (gpipe if listed)")
       ->delimiter(',')->group(group);
   command->add_flag("--sequence-parallel", options->sequence_parallel, "Only layouts with sequence parallelism")->group(group);
@@ -279,8 +304,7 @@ void setup_search_command(CLI::App& app, CommandContext& context) {
   accept_megatron_arguments(*command);
   command->callback([options, command, &context] {
     options->cluster_given = command->count("--cluster") > 0 || command->count("--gpus") > 0;
-    apply_pasted_vocabulary(read_pasted_arguments(*command), options->model);
-    infer_megatron_implementation(*command, options->implementation);
+    apply_pasted_vocabulary(read_pasted_arguments(*command, Computes::kCost), options->model);
     context.exit_code = run_search(*options, context.out);
   });
 }

@@ -22,6 +22,7 @@ struct SearchCommandOptions {
   std::vector<int64_t> tensor_parallel, pipeline_parallel, context_parallel, virtual_pipeline,
       layers_per_virtual_stage, micro_batch;
   std::vector<std::string> recompute, schedules;
+  bool recompute_activations = false;  // Megatron's alias: selective recomputation pinned
   bool sequence_parallel = false, no_sequence_parallel = false;
   bool distributed_optimizer = false, no_distributed_optimizer = false;
   bool allow_cross_node_tensor_parallel = false;

@@ -14,8 +14,11 @@ namespace megaplan::cli {
 
 void add_model_options(CLI::App& command, ModelOptions& options) {
   const std::string group = "Model (Megatron-LM flags override the preset's fields)";
-  command.add_option("--model", options.model, "Preset name, megaplan model .json, or Hugging Face config.json")
-      ->capture_default_str()->group(group);
+  command.add_option("--model", options.model,
+                     "Preset name, megaplan model .json, or Hugging Face config.json (default: Megatron's model flags "
+                     "define a model named custom; with none given, " + std::string(kDefaultModel) + " where a command "
+                     "has a default)")
+      ->group(group);
   command.add_option("--num-layers", options.num_layers, "Transformer layers")->group(group);
   command.add_option("--hidden-size", options.hidden_size, "Hidden size h")->group(group);
   command.add_option("--ffn-hidden-size", options.ffn_hidden_size, "MLP hidden size (default 4h; 2/3 of it with SwiGLU)")->group(group);
@@ -54,7 +57,8 @@ void add_plan_options(CLI::App& command, PlanOptions& options) {
   command.add_option("--tp,--tensor-model-parallel-size", options.tensor_parallel_size, "Tensor parallel size")->capture_default_str()->group(group);
   command.add_option("--pp,--pipeline-model-parallel-size", options.pipeline_parallel_size, "Pipeline parallel size")->capture_default_str()->group(group);
   command.add_option("--cp,--context-parallel-size", options.context_parallel_size, "Context parallel size")->capture_default_str()->group(group);
-  command.add_option("--vpp,--virtual-pipeline-model-parallel-size", options.virtual_pipeline_parallel_size, "Model chunks per pipeline rank")->group(group);
+  command.add_option("--vpp,--virtual-pipeline-model-parallel-size,--num-virtual-stages-per-pipeline-rank",
+                     options.virtual_pipeline_parallel_size, "Model chunks per pipeline rank")->group(group);
   command.add_option("--num-layers-per-virtual-pipeline-stage", options.layers_per_virtual_stage, "Layers per model chunk (sets vpp)")->group(group);
   command.add_option("--decoder-first-pipeline-num-layers", options.pipeline_split.first_stage_layers,
                      "Layers of the first pipeline rank (uneven stages; the other ranks share the rest)")->group(group);
@@ -69,6 +73,9 @@ void add_plan_options(CLI::App& command, PlanOptions& options) {
   command.add_flag("--sequence-parallel", options.sequence_parallel, "Sequence parallelism (needs tp > 1)")->group(group);
   command.add_flag("--use-distributed-optimizer", options.use_distributed_optimizer, "Shard optimizer state over dp")->group(group);
   command.add_option("--recompute-granularity", options.recompute_granularity, "none, selective or full")->capture_default_str()->group(group);
+  command.add_flag("--recompute-activations", options.recompute_activations,
+                   "Megatron's alias of --recompute-granularity selective (it wins over that flag, as in Megatron)")
+      ->group(group);
   command.add_option("--recompute-method", options.recompute_method, "With full: uniform (groups of N layers) or block (the first N layers of each chunk)")->group(group);
   command.add_option("--recompute-num-layers", options.recompute_num_layers, "With full: N (default 1)")->group(group);
   command.add_option("--schedule", options.schedule, "gpipe, 1f1b, interleaved, zb-h1, zbv, dualpipev (default: interleaved when vpp > 1, else 1f1b)")->group(group);
@@ -111,8 +118,9 @@ void add_implementation_options(CLI::App& command, ImplementationFlags& flags) {
       ->group(group);
 }
 
-ImplementationOptions resolve_implementation_options(const ImplementationFlags& flags, Implementation implementation) {
-  ImplementationOptions options = default_implementation_options(implementation);
+ImplementationOptions resolve_implementation_options(const ImplementationFlags& flags, Implementation implementation,
+                                                     const ModelSpec& model) {
+  ImplementationOptions options = default_implementation_options(implementation, model);
   if (flags.fp16) options.precision = Precision::kFp16;
   if (flags.bf16) options.precision = Precision::kBf16;
   if (flags.transformer_impl) options.transformer_impl = parse_transformer_impl(*flags.transformer_impl, "--transformer-impl");
@@ -140,13 +148,57 @@ ImplementationOptions resolve_implementation_options(const ImplementationFlags& 
   return options;
 }
 
+bool model_flags_given(const ModelOptions& options) {
+  const std::optional<int64_t>* integers[] = {
+      &options.num_layers, &options.hidden_size, &options.ffn_hidden_size, &options.num_attention_heads,
+      &options.num_query_groups, &options.kv_channels, &options.seq_length, &options.max_position_embeddings,
+      &options.vocab_size, &options.make_vocab_size_divisible_by};
+  const std::optional<double>* reals[] = {&options.norm_epsilon, &options.rotary_base, &options.rotary_percent,
+                                          &options.rope_scaling_factor};
+  return std::any_of(std::begin(integers), std::end(integers), [](const auto* flag) { return flag->has_value(); }) ||
+         std::any_of(std::begin(reals), std::end(reals), [](const auto* flag) { return flag->has_value(); }) ||
+         options.normalization || options.position_embedding_type || options.swiglu || options.group_query_attention ||
+         options.use_rope_scaling || options.untie_embeddings_and_output_weights || options.disable_bias_linear ||
+         options.add_qkv_bias;
+}
+
+namespace {
+
+// Megatron-LM's model from its flags alone: ModelSpec's defaults are its argparse defaults, and
+// its required arguments (validate_args) are required here too.
+ModelSpec custom_model(const ModelOptions& options) {
+  const std::pair<const std::optional<int64_t>&, const char*> required[] = {
+      {options.num_layers, "--num-layers"},
+      {options.hidden_size, "--hidden-size"},
+      {options.num_attention_heads, "--num-attention-heads"},
+      {options.max_position_embeddings, "--max-position-embeddings"},
+      {options.seq_length, "--seq-length"}};
+  for (const auto& [value, flag] : required) {
+    if (!value) {
+      throw SpecError(flag, "required for a model defined by Megatron's flags (no --model given), as Megatron-LM "
+                            "requires it");
+    }
+  }
+  if (!options.vocab_size) {
+    throw SpecError("--vocab-size", "a model defined by Megatron's flags needs its vocabulary: --vocab-size, or the "
+                                    "tokenizer flags (--tokenizer-type GPT2BPETokenizer with --vocab-file and --merge-file)");
+  }
+  ModelSpec spec;
+  spec.name = "custom";
+  return spec;
+}
+
+}  // namespace
+
 ModelSpec resolve_model(const ModelOptions& options) {
-  ModelSpec spec = apply_model_flags(load_model_spec(options.model), options);
+  const bool custom = !options.model && model_flags_given(options);
+  ModelSpec spec = apply_model_flags(custom ? custom_model(options) : load_model_spec(options.model.value_or(kDefaultModel)),
+                                     options);
   // A Hugging Face config states its position table, not a training length: a Llama 3.1 config
   // would otherwise plan 131072-token sequences without a word.
-  if (options.model.ends_with(".json") && !options.seq_length && spec.seq_length > 8192 &&
+  if (options.model && options.model->ends_with(".json") && !options.seq_length && spec.seq_length > 8192 &&
       spec.seq_length == spec.effective_max_position_embeddings()) {
-    note("the sequence length " + std::to_string(spec.seq_length) + " is " + options.model +
+    note("the sequence length " + std::to_string(spec.seq_length) + " is " + *options.model +
          "'s max_position_embeddings; pass --seq-length to train on shorter sequences");
   }
   return spec;
@@ -200,13 +252,14 @@ ClusterSpec resolve_cluster(const ClusterOptions& options) {
   return select_gpus(cluster, options.gpus.value_or(cluster.total_gpus()));
 }
 
-ParallelPlan resolve_plan(const ModelSpec& model, int64_t world_size, const PlanOptions& options) {
+ParallelPlan resolve_plan(const ModelSpec& model, int64_t world_size, const PlanOptions& options,
+                          const std::string& world_flag) {
   ParallelPlan plan;
   plan.tensor_parallel_size = options.tensor_parallel_size;
   plan.pipeline_parallel_size = options.pipeline_parallel_size;
   plan.context_parallel_size = options.context_parallel_size;
   plan.data_parallel_size = derive_data_parallel_size(world_size, plan.tensor_parallel_size,
-                                                      plan.pipeline_parallel_size, plan.context_parallel_size);
+                                                      plan.pipeline_parallel_size, plan.context_parallel_size, world_flag);
   if (options.layers_per_virtual_stage) {
     const int64_t vpp = virtual_pipeline_size_from_layers_per_stage(model.num_layers, plan.pipeline_parallel_size,
                                                                     *options.layers_per_virtual_stage);
@@ -229,7 +282,9 @@ ParallelPlan resolve_plan(const ModelSpec& model, int64_t world_size, const Plan
       checked_multiply(options.micro_batch_size, plan.data_parallel_size, "--micro-batch-size"));
   plan.sequence_parallel = options.sequence_parallel;
   plan.use_distributed_optimizer = options.use_distributed_optimizer;
-  plan.recompute_granularity = parse_recompute_granularity(options.recompute_granularity, "--recompute-granularity");
+  plan.recompute_granularity = options.recompute_activations
+                                   ? RecomputeGranularity::kSelective
+                                   : parse_recompute_granularity(options.recompute_granularity, "--recompute-granularity");
   if (plan.recompute_granularity != RecomputeGranularity::kFull) {
     // As Megatron: the method and the layer count describe full recomputation only.
     if (options.recompute_method) throw SpecError("--recompute-method", "needs --recompute-granularity full");
@@ -238,7 +293,7 @@ ParallelPlan resolve_plan(const ModelSpec& model, int64_t world_size, const Plan
   if (options.recompute_method) plan.recompute_method = parse_recompute_method(*options.recompute_method, "--recompute-method");
   plan.recompute_num_layers = options.recompute_num_layers.value_or(1);
   plan.implementation = parse_implementation(options.implementation.implementation, "--implementation");
-  plan.options = resolve_implementation_options(options.implementation, plan.implementation);
+  plan.options = resolve_implementation_options(options.implementation, plan.implementation, model);
   // Megatron's own checks on the two flags when given (an implementation's defaults apply them
   // where they can take effect).
   if (options.implementation.overlap_param_gather && !plan.use_distributed_optimizer) {
@@ -310,6 +365,7 @@ JobSpec override_job(JobSpec job, const GivenFlags& given, const ModelOptions& m
   if (has("--recompute-granularity")) {
     plan.recompute_granularity = parse_recompute_granularity(options.recompute_granularity, "--recompute-granularity");
   }
+  if (has("--recompute-activations")) plan.recompute_granularity = RecomputeGranularity::kSelective;
   if (has("--recompute-method")) plan.recompute_method = parse_recompute_method(*options.recompute_method, "--recompute-method");
   if (has("--recompute-num-layers")) plan.recompute_num_layers = *options.recompute_num_layers;
   if (has("--schedule")) plan.schedule = parse_schedule_kind(*options.schedule, "--schedule");
@@ -323,7 +379,7 @@ JobSpec override_job(JobSpec job, const GivenFlags& given, const ModelOptions& m
   });
   if (implementation_given) {
     if (has("--implementation")) plan.implementation = parse_implementation(options.implementation.implementation, "--implementation");
-    plan.options = resolve_implementation_options(options.implementation, plan.implementation);
+    plan.options = resolve_implementation_options(options.implementation, plan.implementation, job.model);
   }
   plan.data_parallel_size = derive_data_parallel_size(job.cluster.total_gpus(), plan.tensor_parallel_size,
                                                       plan.pipeline_parallel_size, plan.context_parallel_size);

@@ -16,8 +16,10 @@ class App;
 namespace megaplan::cli {
 
 // `--model NAME|FILE` plus Megatron's model flags; an explicit flag overrides the preset's field.
+// Without --model, Megatron's model flags alone define a model named "custom" with Megatron-LM's
+// argparse defaults (as pretrain_gpt.py does); with neither, the command's default model.
 struct ModelOptions {
-  std::string model = "gpt3-175b";
+  std::optional<std::string> model;
   std::optional<int64_t> num_layers, hidden_size, ffn_hidden_size, num_attention_heads, num_query_groups,
       kv_channels, seq_length, max_position_embeddings, vocab_size, make_vocab_size_divisible_by;
   std::optional<std::string> normalization, position_embedding_type;
@@ -60,6 +62,7 @@ struct PlanOptions {
   bool sequence_parallel = false;
   bool use_distributed_optimizer = false;
   std::string recompute_granularity = "none";
+  bool recompute_activations = false;  // Megatron's alias: --recompute-granularity selective
   std::optional<std::string> recompute_method;   // full only: uniform (default) or block
   std::optional<int64_t> recompute_num_layers;   // full only: default 1
   std::optional<std::string> schedule;  // default: interleaved when vpp > 1, else 1f1b
@@ -72,15 +75,28 @@ void add_plan_options(CLI::App& command, PlanOptions& options);
 // The flags under `group` ("Implementation (Megatron-LM flags)"), for plan options and search.
 void add_implementation_options(CLI::App& command, ImplementationFlags& flags);
 
+// The model the planning commands take when given neither --model nor model flags.
+inline constexpr const char* kDefaultModel = "gpt3-175b";
+
+// Whether any of Megatron's model flags is given (they then define the model without --model).
+bool model_flags_given(const ModelOptions& options);
+
 // Each throws SpecError naming the flag and the rule.
+// --model's spec (or the custom model, or kDefaultModel) with the model flags over it. A custom
+// model needs what Megatron-LM requires: --num-layers, --hidden-size, --num-attention-heads,
+// --max-position-embeddings, and here --seq-length and the vocabulary (--vocab-size, or tokenizer
+// flags through apply_pasted_vocabulary).
 // Notes (cli/notes.h) when the sequence length is a Hugging Face config's position table (over 8192).
 ModelSpec resolve_model(const ModelOptions& options);
 ClusterSpec resolve_cluster(const ClusterOptions& options);
-// The implementation's defaults with the flags given applied (validated with the plan).
-ImplementationOptions resolve_implementation_options(const ImplementationFlags& flags, Implementation implementation);
+// The implementation's defaults for `model` with the flags given applied (validated with the plan).
+ImplementationOptions resolve_implementation_options(const ImplementationFlags& flags, Implementation implementation,
+                                                     const ModelSpec& model);
 // The plan flags for `world_size` GPUs: dp derived, vpp from either flag, the default schedule.
 // Not yet validated against the model (validate_plan).
-ParallelPlan resolve_plan(const ModelSpec& model, int64_t world_size, const PlanOptions& options);
+// `world_flag` names the flag that set the world size in errors (train's is --world-size).
+ParallelPlan resolve_plan(const ModelSpec& model, int64_t world_size, const PlanOptions& options,
+                          const std::string& world_flag = "--gpus");
 // The whole job: model and GPUs resolved, dp derived, every rule validated.
 // Notes (cli/notes.h) the global batch it chose when --gbs is not given.
 JobSpec resolve_job(const ModelOptions& model, const ClusterOptions& cluster, const PlanOptions& plan);

@@ -10,10 +10,12 @@
 
 #include "executor/io/staged_file.h"
 #include "cli/commands.h"
+#include "cli/notes.h"
 #include "cli/pasted_arguments.h"
 #include "cli/profile_choice.h"
 #include "cli/report_command.h"
 #include "core/error.h"
+#include "core/executor_support.h"
 #include "core/pipeline_layout.h"
 #include "core/schedule/lowering.h"
 #include "core/schedule/schedule_csv.h"
@@ -121,6 +123,12 @@ void write_text(const JobSpec& job, const sim::Profile& profile, const sim::Plan
 
 int run_simulate(const SimulateOptions& options, std::ostream& out) {
   const JobSpec job = load_job(options.model, options.cluster, options.plan, options.plan_file, options.given);
+  // Costed all the same (the plan is legal), but megaplan's own executor would refuse to train it.
+  if (job.plan.implementation == Implementation::kMegaplan) {
+    for (const std::optional<SpecError>& refusal : {executor_model_refusal(job.model), executor_plan_refusal(job.plan)}) {
+      if (refusal) note("megaplan train cannot run this plan yet: " + std::string(refusal->what()));
+    }
+  }
   const sim::Profile profile = choose_profile(options.profile, job.cluster.gpu);
   std::optional<PipelineSchedule> imported;
   if (options.schedule_csv) {
@@ -166,8 +174,7 @@ void setup_simulate_command(CLI::App& app, CommandContext& context) {
   accept_megatron_arguments(*command);
   command->callback([options, command, &context] {
     options->given = given_flags(*command);
-    apply_pasted_vocabulary(read_pasted_arguments(*command), options->model);
-    infer_megatron_implementation(*command, options->plan.implementation);
+    apply_pasted_vocabulary(read_pasted_arguments(*command, Computes::kCost), options->model);
     context.exit_code = run_simulate(*options, context.out);
   });
 }

@@ -47,16 +47,19 @@ exec::TrainSummary train_in_process(const ModelSpec& model, const ParallelPlan& 
   return exec::train(model, plan, train, make_backend, out, make_memory);
 }
 
+// Whether the tokenizer flags name a tokenizer (else the vocabulary comes from --vocab-size, the
+// job file or the data).
+bool tokenizer_named(const exec::TokenizerOptions& t) {
+  return !t.kind.empty() || !t.megatron_type.empty() || !t.vocab_file.empty() || !t.merge_file.empty() ||
+         !t.tokenizer_file.empty() || !t.tokenizer_model.empty();
+}
+
 // The vocabulary to train (executor/data/vocabulary.h), and the line that says where it came from.
 exec::Vocabulary chosen_vocabulary(const TrainCommandOptions& options, const ModelSpec& model) {
   std::optional<exec::Vocabulary> given;
   if (options.plan_file) given = exec::Vocabulary{model.vocab_size, "the job file " + *options.plan_file};
   if (options.model.vocab_size) given = exec::Vocabulary{*options.model.vocab_size, "--vocab-size"};
-  const exec::TokenizerOptions& t = options.tokenizer;
-  const bool tokenizer_named = !t.kind.empty() || !t.vocab_file.empty() || !t.merge_file.empty() ||
-                               !t.tokenizer_file.empty() || !t.tokenizer_model.empty();
-  const exec::IndexedDataset data(options.train.data_path);
-  return exec::training_vocabulary(given, tokenizer_named ? std::optional(t) : std::nullopt, data,
+  return exec::training_vocabulary(given, tokenizer_named(options.tokenizer) ? std::optional(options.tokenizer) : std::nullopt,
                                    options.train.data_path);
 }
 
@@ -128,11 +131,17 @@ int run_train(const TrainCommandOptions& options, std::ostream& out) {
                                           " lays the model over");
     }
   } else {
-    model = resolve_model(options.model);
+    ModelOptions model_options = options.model;
+    // A model of Megatron's flags alone takes its vocabulary from the tokenizer or the data, as
+    // Megatron takes it from its tokenizer.
+    if (!model_options.model && !model_options.vocab_size && model_flags_given(model_options)) {
+      model_options.vocab_size = chosen_vocabulary(options, ModelSpec{}).size;
+    }
+    model = resolve_model(model_options);
     validate_model_spec(model);
     const int64_t world = options.world_size.value_or(launch.world_size);
     if (world <= 0) throw SpecError("--world-size", "must be a positive integer, got " + std::to_string(world));
-    plan = resolve_plan(model, world, options.plan);
+    plan = resolve_plan(model, world, options.plan, "--world-size");
     validate_plan(model, plan);
   }
   if (launch.launcher != "none") {
@@ -147,11 +156,29 @@ int run_train(const TrainCommandOptions& options, std::ostream& out) {
                                       ", or use --device cuda (one process per GPU over NCCL)");
     }
   }
+  // Megatron's two forms of the run's length: --train-iters, or --train-samples over the plan's
+  // global batch (its update_train_iters).
+  if (train.train_samples < 0) throw SpecError("--train-samples", "must be a positive integer");
+  if (train.train_samples > 0 && train.train_iters != 0) {
+    throw SpecError("--train-samples", "cannot be combined with --train-iters (Megatron's rule: one form or the other)");
+  }
+  if (train.train_samples == 0 && train.train_iters == 0) {
+    throw SpecError("--train-iters", "required (or --train-samples, Megatron's sample-based form)");
+  }
+  if (train.train_samples > 0) {
+    train.train_iters = train.train_samples / plan.global_batch_size;
+    if (train.train_iters == 0) {
+      throw SpecError("--train-samples", std::to_string(train.train_samples) + " is less than one global batch (" +
+                                             std::to_string(plan.global_batch_size) + ")");
+    }
+  }
   // The flags are checked first (the trainer's checks too), with the model's own vocabulary; then
   // the data is opened for the vocabulary, which the trainer says once its checks pass.
   (void)exec::checked_train_options(train);
   exec::GptModel::refuse_unsupported(model, plan);
   const exec::Vocabulary vocabulary = chosen_vocabulary(options, model);
+  // Recorded in the checkpoints, for `megaplan convert --to hf`.
+  if (tokenizer_named(options.tokenizer)) train.tokenizer = exec::resolve_tokenizer(options.tokenizer);
   train.vocabulary_note = "vocabulary " + std::to_string(vocabulary.size) + " from " + vocabulary.source;
   if (vocabulary.size != model.vocab_size) {
     train.vocabulary_note += " (the model " + model.name + " states " + std::to_string(model.vocab_size) + ")";
@@ -213,12 +240,23 @@ void setup_train_command(CLI::App& app, CommandContext& context) {
   command->add_option("--ddp-bucket-size", t.ddp_bucket_size,
                       "Parameters per gradient bucket (default: Megatron's, max(40M, 1M x dp))");
   command->add_option("--device", options->device, "cpu or cuda")->capture_default_str();
-  command->add_option("--data-path", t.data_path, "PREFIX of PREFIX.bin and PREFIX.idx")->required();
+  // Each --data-path replaces the one before, as argparse takes a repeated flag's last value.
+  command
+      ->add_option_function<std::vector<std::string>>(
+          "--data-path",
+          [options](const std::vector<std::string>& words) { options->train.data_path = exec::parse_data_blend(words); },
+          "PREFIX of PREFIX.bin and PREFIX.idx; or Megatron's blends: PREFIX PREFIX ... (in proportion to their "
+          "samples) or WEIGHT PREFIX WEIGHT PREFIX ...")
+      ->trigger_on_parse()
+      ->required();
   // Without --vocab-size, the vocabulary comes from the tokenizer named here, else from the data.
   options->tokenizer.kind.clear();
   add_tokenizer_options(*command, options->tokenizer);
   command->add_option("--split", t.split, "Train, validation, test weights over documents")->capture_default_str();
-  command->add_option("--train-iters", t.train_iters, "Iterations to train")->required();
+  command->add_option("--train-iters", t.train_iters, "Iterations to train (or --train-samples)");
+  command->add_option("--train-samples", t.train_samples,
+                      "Samples to train, Megatron's sample-based form: --train-samples / --global-batch-size iterations, "
+                      "the learning rate's lengths in samples");
   command->add_option("--rampup-batch-size", options->rampup_batch_size,
                       "START INCREMENT SAMPLES: the global batch grows from START by INCREMENT in equal steps over "
                       "SAMPLES consumed samples (Megatron's ramp; --train-iters counts its iterations)")
@@ -230,6 +268,10 @@ void setup_train_command(CLI::App& app, CommandContext& context) {
   command->add_option("--min-lr", t.learning_rate.min_lr, "Learning rate after decay")->capture_default_str();
   command->add_option("--lr-warmup-iters", t.learning_rate.warmup_iterations, "Linear warm-up iterations");
   command->add_option("--lr-decay-iters", t.learning_rate.decay_iterations, "Decay iterations (default --train-iters)");
+  command->add_option("--lr-warmup-samples", t.learning_rate.warmup_samples, "Linear warm-up samples (with --train-samples)");
+  command->add_option("--lr-decay-samples", t.learning_rate.decay_samples,
+                      "Decay samples (with --train-samples; default --train-samples)");
+  command->add_option("--lr-warmup-fraction", t.learning_rate.warmup_fraction, "Warm-up as a share of the decay");
   command->add_option("--lr-decay-style", options->lr_decay_style, "constant, linear or cosine")->capture_default_str();
   command->add_option("--weight-decay", t.weight_decay, "AdamW weight decay (not on biases and norms)")->capture_default_str();
   command->add_option("--adam-beta1", t.adam_beta1, "Adam beta1")->capture_default_str();
@@ -237,12 +279,16 @@ void setup_train_command(CLI::App& app, CommandContext& context) {
   command->add_option("--adam-eps", t.adam_eps, "Adam epsilon")->capture_default_str();
   command->add_option("--clip-grad", t.clip_grad, "Global gradient-norm clip (0: off)")->capture_default_str();
   command->add_option("--seed", t.seed, "Initialisation and data order")->capture_default_str();
+  command->add_option("--init-method-std", t.init_method_std,
+                      "Standard deviation of the weights' normal initialisation (the output projections' divided by "
+                      "sqrt(2 x layers))")
+      ->capture_default_str();
   command->add_option("--eval-interval", t.eval_interval, "Iterations between validations")->capture_default_str();
   command->add_option("--eval-iters", t.eval_iters, "Global batches per validation")->capture_default_str();
   command->add_option("--log-interval", t.log_interval, "Iterations between log lines")->capture_default_str();
   command->add_option("--log-file", t.log_file, "Append one JSON object per logged iteration");
   command->add_option("--save", t.save, "Checkpoint directory");
-  command->add_option("--save-interval", t.save_interval, "Iterations between checkpoints");
+  command->add_option("--save-interval,--persistent-save-interval", t.save_interval, "Iterations between checkpoints");
   command->add_option("--load", t.load, "Resume from the newest checkpoint here");
   accept_megatron_arguments(*command);
   command->callback([options, command, &context] {
@@ -255,11 +301,12 @@ void setup_train_command(CLI::App& app, CommandContext& context) {
                                       ": the job file's model states the vocabulary (--vocab-size overrides it)");
       }
     }
-    (void)read_pasted_arguments(*command);  // train reads its own tokenizer flags for the vocabulary
+    (void)read_pasted_arguments(*command, Computes::kRun);  // train reads its own tokenizer flags for the vocabulary
     // Not the other commands' default model: a run trains what it is told to.
-    if (!options->plan_file && command->count("--model") == 0) {
+    if (!options->plan_file && !options->model.model && !model_flags_given(options->model)) {
       throw SpecError("--model", "train needs a model: a preset (megaplan presets), a model .json or a Hugging Face "
-                                 "config.json, or a job file (--plan)");
+                                 "config.json, Megatron's model flags (--num-layers, --hidden-size, ...), or a job "
+                                 "file (--plan)");
     }
     context.exit_code = run_train(*options, context.out);
   });

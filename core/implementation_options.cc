@@ -9,6 +9,8 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/model_spec.h"
+#include "core/schedule/schedule_traits.h"
 #include "core/json_io.h"
 #include "core/parallel_plan.h"
 #include "core/parameter_layout.h"
@@ -115,6 +117,15 @@ ImplementationOptions default_implementation_options(Implementation implementati
   return options;
 }
 
+ImplementationOptions default_implementation_options(Implementation implementation, const ModelSpec& model) {
+  ImplementationOptions options = default_implementation_options(implementation);
+  if (implementation != Implementation::kMegaplan && model.normalization == Normalization::kRMSNorm) {
+    options.attention_dropout = 0;
+    options.hidden_dropout = 0;
+  }
+  return options;
+}
+
 bool fused_attention(const ImplementationOptions& options) {
   return options.transformer_impl == TransformerImpl::kTransformerEngine || options.use_flash_attn;
 }
@@ -197,6 +208,10 @@ void validate_implementation_options(const ParallelPlan& plan) {
     }
   }
   if (plan.implementation != Implementation::kMegaplan) {
+    if (!schedule_traits(plan.schedule).megatron_native) {
+      throw SpecError("--schedule", to_string(plan.schedule) + " is not a Megatron-LM schedule (it runs 1f1b and "
+                                    "interleaved); --implementation megaplan runs it");
+    }
     if (plan.context_parallel_size > 1 && options.transformer_impl != TransformerImpl::kTransformerEngine) {
       throw SpecError("--context-parallel-size",
                       "needs --transformer-impl transformer_engine: Megatron's context parallelism runs in Transformer "

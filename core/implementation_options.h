@@ -28,6 +28,8 @@
 
 namespace megaplan {
 
+struct ModelSpec;
+
 struct ParallelPlan;
 
 enum class Implementation : uint8_t { kMegaplan, kMegatronCore, kMegatronLocal };
@@ -66,6 +68,10 @@ struct ImplementationOptions {
 };
 
 ImplementationOptions default_implementation_options(Implementation implementation);
+// The defaults for `model`: as above, except that Megatron-LM's implementations train the Llama
+// family (RMSNorm models: Llama, Mistral, Qwen2) without dropout, as Megatron's recipes for them
+// do; its argparse default of 0.1 is GPT's.
+ImplementationOptions default_implementation_options(Implementation implementation, const ModelSpec& model);
 
 // What the options mean for a plan, with Megatron's own conditions applied.
 // Attention runs as one fused (flash) kernel: Transformer Engine's, or the local impl's flash.

@@ -1,6 +1,11 @@
 // The preset table. Architecture numbers come from the papers and model cards cited beside each.
 #include "core/model_presets.h"
 
+#include <algorithm>
+#include <cctype>
+#include <optional>
+
+#include "core/edit_distance.h"
 #include "core/error.h"
 
 namespace megaplan {
@@ -76,14 +81,37 @@ const std::vector<ModelPreset>& model_presets() {
   return presets;
 }
 
+std::optional<std::string> nearest_model_preset(const std::string& name) {
+  // Over lowercase letters: "GPT3-175B" is gpt3-175b.
+  const auto lower = [](std::string text) {
+    for (char& c : text) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    return text;
+  };
+  const std::string typed = lower(name);
+  // A quarter of the name's characters (at least one) may be wrong: "gpt3-17b" is a typo of
+  // gpt3-175b, "gpt5" is no typo of gpt-1t (two edits in four characters).
+  const std::size_t allowed = std::max<std::size_t>(1, typed.size() / 4);
+  std::optional<std::string> nearest;
+  std::size_t best = allowed + 1;
+  for (const ModelPreset& preset : model_presets()) {
+    const std::size_t edits = edit_distance(typed, lower(preset.spec.name));
+    if (edits < best) {
+      best = edits;
+      nearest = preset.spec.name;
+    }
+  }
+  return nearest;
+}
+
 ModelSpec model_preset(const std::string& name) {
   std::string known;
   for (const ModelPreset& preset : model_presets()) {
     if (preset.spec.name == name) return preset.spec;
     known += (known.empty() ? "" : ", ") + preset.spec.name;
   }
-  throw SpecError("--model", "unknown preset \"" + name + "\"; known presets: " + known +
-                                 " (or a .json file)");
+  const std::optional<std::string> nearest = nearest_model_preset(name);
+  throw SpecError("--model", "unknown preset \"" + name + "\"; " + (nearest ? "did you mean " + *nearest + "? " : "") +
+                                 "known presets: " + known + " (or a .json file)");
 }
 
 }  // namespace megaplan

@@ -2,6 +2,7 @@
 // the parameter count its authors published, so tests can check our formulas against it.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,7 +18,12 @@ struct ModelPreset {
 
 const std::vector<ModelPreset>& model_presets();
 
-// Throws SpecError("--model", ...) listing the known names.
+// Throws SpecError("--model", ...) listing the known names, and the nearest one when `name` looks
+// like a typo of it (nearest_model_preset).
 ModelSpec model_preset(const std::string& name);
+
+// The preset `name` is a likely typo of: the one fewest edits away (Levenshtein, ignoring case),
+// when at most a quarter of the name's characters (at least one) differ; nullopt otherwise.
+std::optional<std::string> nearest_model_preset(const std::string& name);
 
 }  // namespace megaplan

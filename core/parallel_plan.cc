@@ -79,8 +79,8 @@ int64_t virtual_pipeline_size_from_layers_per_stage(int64_t num_layers, int64_t 
 }
 
 int64_t derive_data_parallel_size(int64_t world_size, int64_t tensor_parallel_size, int64_t pipeline_parallel_size,
-                                  int64_t context_parallel_size) {
-  require_positive(world_size, "--gpus");
+                                  int64_t context_parallel_size, const std::string& world_flag) {
+  require_positive(world_size, world_flag);
   require_positive(tensor_parallel_size, "--tensor-model-parallel-size");
   require_positive(pipeline_parallel_size, "--pipeline-model-parallel-size");
   require_positive(context_parallel_size, "--context-parallel-size");
@@ -88,7 +88,7 @@ int64_t derive_data_parallel_size(int64_t world_size, int64_t tensor_parallel_si
       checked_multiply(tensor_parallel_size, pipeline_parallel_size, "--pipeline-model-parallel-size"),
       context_parallel_size, "--context-parallel-size");
   if (world_size % model_parallel != 0) {
-    throw SpecError("--gpus", "world size " + std::to_string(world_size) + " must be divisible by tp*pp*cp = " +
+    throw SpecError(world_flag, "world size " + std::to_string(world_size) + " must be divisible by tp*pp*cp = " +
                                   std::to_string(tensor_parallel_size) + "*" + std::to_string(pipeline_parallel_size) + "*" +
                                   std::to_string(context_parallel_size) + " = " + std::to_string(model_parallel));
   }

@@ -78,9 +78,11 @@ struct ParallelPlan {
 int64_t virtual_pipeline_size_from_layers_per_stage(int64_t num_layers, int64_t pipeline_parallel_size,
                                                     int64_t layers_per_virtual_stage);
 
-// dp = world / (tp * pp * cp); throws SpecError("--gpus", ...) when it does not divide.
+// dp = world / (tp * pp * cp); throws SpecError(world_flag, ...) when it does not divide
+// (`world_flag`: the flag that set the world size in the command at hand, --gpus or --world-size).
 int64_t derive_data_parallel_size(int64_t world_size, int64_t tensor_parallel_size,
-                                  int64_t pipeline_parallel_size, int64_t context_parallel_size);
+                                  int64_t pipeline_parallel_size, int64_t context_parallel_size,
+                                  const std::string& world_flag = "--gpus");
 
 // Checks every rule that makes `plan` legal for `model` on plan.world_size() GPUs; the first
 // broken rule is thrown as SpecError naming the Megatron flag and the rule with its values.

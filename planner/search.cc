@@ -250,6 +250,48 @@ void run_workers(int64_t threads, const std::function<void(std::atomic<bool>& st
 
 }  // namespace
 
+std::optional<int64_t> smallest_fitting_gpus(const SearchProblem& problem, const GpuSpec& gpu, double memory_fraction,
+                                             int64_t threads) {
+  const int64_t limit = memory_limit_bytes(gpu, memory_fraction);
+  const int64_t per_node = std::max<int64_t>(1, problem.gpus_per_node);
+  const int64_t workers = threads > 0 ? threads : std::max<int64_t>(1, std::thread::hardware_concurrency());
+  ModelStatePeaks model_state(problem.model);
+  MemoryWalks walks;
+  const auto doubled = [per_node](int64_t gpus) {
+    const int64_t next = 2 * gpus;
+    return next <= per_node ? next : (next + per_node - 1) / per_node * per_node;  // whole nodes past one
+  };
+  for (int64_t gpus = doubled(problem.gpus); gpus <= kMaxWorldSize.most; gpus = doubled(gpus)) {
+    SearchProblem wider = problem;
+    wider.gpus = gpus;
+    std::vector<ParallelPlan> candidates;
+    try {
+      validate_search_problem(wider);
+      candidates = enumerate_plans(wider);
+    } catch (const SpecError&) {
+      continue;  // no layout of the space on this many GPUs (pins, the global batch)
+    }
+    // Those whose model state fits, least first: the likeliest to fit with their activations.
+    std::vector<std::pair<int64_t, std::size_t>> by_state;
+    for (std::size_t index = 0; index < candidates.size(); ++index) {
+      const int64_t state = model_state.peak(candidates[index]).first;
+      if (state <= limit) by_state.emplace_back(state, index);
+    }
+    std::sort(by_state.begin(), by_state.end());
+    std::atomic<bool> fits{false};
+    std::atomic<std::size_t> next{0};
+    run_workers(workers, [&](std::atomic<bool>& stop) {
+      while (!stop.load() && !fits.load()) {
+        const std::size_t at = next.fetch_add(1);
+        if (at >= by_state.size()) return;
+        if (peak_memory(problem.model, candidates[by_state[at].second], walks).first <= limit) fits.store(true);
+      }
+    });
+    if (fits.load()) return gpus;
+  }
+  return std::nullopt;
+}
+
 int64_t memory_limit_bytes(const GpuSpec& gpu, double memory_fraction) {
   if (!(memory_fraction > 0 && memory_fraction <= 1)) {
     throw SpecError("--memory-fraction", "must lie in (0, 1], got " + std::to_string(memory_fraction));
@@ -371,12 +413,20 @@ SearchResult search_plans(const ModelSpec& model, const GpuSpec& gpu, const std:
     closest.offer(peak - limit, index, rank);
   }
   const ParallelPlan& plan = candidates[closest.index];
+  std::string more_gpus;
+  if (options.problem) {
+    const int64_t per_node = options.problem->gpus_per_node;
+    const std::string nodes = "doubling whole nodes of " + std::to_string(per_node) + " GPUs";
+    const std::optional<int64_t> fitting = smallest_fitting_gpus(*options.problem, gpu, options.memory_fraction, threads);
+    more_gpus = fitting ? "; the smallest GPU count where a layout fits is " + std::to_string(*fitting) + " (" + nodes + ")"
+                        : "; nor does any on up to " + std::to_string(kMaxWorldSize.most) + " GPUs (" + nodes + ")";
+  }
   throw SpecError("--memory-fraction",
                   "no layout fits in " + format_gib(static_cast<double>(limit)) + " per GPU (" +
                       std::to_string(static_cast<int>(std::lround(100 * options.memory_fraction))) + "% of " +
                       format_gib(static_cast<double>(gpu.hbm_capacity_bytes)) + "); the closest, " + describe_plan(plan) + ", needs " +
                       format_gib(static_cast<double>(limit + closest.shortfall)) + " on pipeline rank " + std::to_string(closest.pipeline_rank) +
-                      ": " + format_gib(static_cast<double>(closest.shortfall)) + " more");
+                      ": " + format_gib(static_cast<double>(closest.shortfall)) + " more" + more_gpus);
 }
 
 SearchResult compare_plans(const ModelSpec& model, const GpuSpec& gpu, const std::vector<ParallelPlan>& candidates,

@@ -4,12 +4,14 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <vector>
 
 #include "core/cluster_spec.h"
 #include "core/model_spec.h"
 #include "core/parallel_plan.h"
 #include "core/step_time_estimator.h"
+#include "planner/search_space.h"
 
 namespace megaplan::planner {
 
@@ -22,6 +24,9 @@ struct SearchOptions {
   double tie_tolerance = 0;
   // Called from worker threads (never two at once) as plans are decided: (decided, total).
   std::function<void(int64_t, int64_t)> progress;
+  // The problem the candidates were enumerated from: when given, the error for a search where
+  // nothing fits also names the smallest GPU count that would fit (smallest_fitting_gpus).
+  std::optional<SearchProblem> problem;
 };
 
 
@@ -47,9 +52,18 @@ struct SearchResult {
 // options.memory_fraction of the GPU's memory, in bytes; SpecError("--memory-fraction", ...) outside (0, 1].
 int64_t memory_limit_bytes(const GpuSpec& gpu, double memory_fraction);
 
+// What a search where nothing fits should try instead: the smallest GPU count above problem.gpus,
+// doubling it (in whole nodes of problem.gpus_per_node once past one node) up to core's limit on
+// GPUs (kMaxWorldSize), at which some layout of the same space and global batch fits in
+// memory_fraction of `gpu`'s memory (its weights, gradients, optimizer state and its schedule's
+// activations); nullopt when none does up to that limit. Counts no layout of the space divides are
+// skipped. `threads` as SearchOptions::threads.
+std::optional<int64_t> smallest_fitting_gpus(const SearchProblem& problem, const GpuSpec& gpu, double memory_fraction,
+                                             int64_t threads);
+
 // Ranks `candidates` (enumerate_plans' output: each passes validate_plan) for `model` on `gpu`s.
 // Throws SpecError("--memory-fraction", ...) when none fits, naming the plan that comes closest and
-// its shortfall. The same input gives the same plans whatever the thread count.
+// its shortfall (and, given options.problem, the smallest GPU count that fits). The same input gives the same plans whatever the thread count.
 SearchResult search_plans(const ModelSpec& model, const GpuSpec& gpu, const std::vector<ParallelPlan>& candidates,
                           const StepTimeEstimator& estimator, const SearchOptions& options);
 

@@ -9,6 +9,7 @@
 #include "core/checked_math.h"
 #include "core/error.h"
 #include "core/input_limits.h"
+#include "core/executor_support.h"
 #include "core/schedule/schedule_traits.h"
 
 namespace megaplan::planner {
@@ -78,6 +79,19 @@ void validate_search_problem(const SearchProblem& problem) {
   require_positive(problem.global_batch_size, "--global-batch-size");
   require_at_most(problem.global_batch_size, kMaxGlobalBatch, "--global-batch-size");
   require_at_most(problem.gpus, kMaxWorldSize, "--gpus");
+  if (space.implementation == Implementation::kMegaplan) {
+    if (const std::optional<SpecError> refusal = executor_model_refusal(model)) {
+      throw SpecError(refusal->field(), refusal->rule() + ": megaplan's executor cannot train this model, so "
+                                        "--implementation megaplan has no plan for it (megatron-core plans Megatron-LM's run)");
+    }
+  } else {
+    for (ScheduleKind schedule : space.schedules) {
+      if (!schedule_traits(schedule).megatron_native) {
+        throw SpecError("--schedule", to_string(schedule) + " is not a Megatron-LM schedule (it runs 1f1b and "
+                                      "interleaved); --implementation megaplan runs it");
+      }
+    }
+  }
   for (int64_t tp : space.tensor_parallel) {
     const std::string flag = "--tensor-model-parallel-size";
     require_positive(tp, flag);
@@ -166,16 +180,31 @@ std::vector<SplitChoice> pipeline_splits(int64_t layers, int64_t pp) {
   return choices;
 }
 
+void count_left_out(std::vector<LeftOut>& left_out, const SpecError& refusal) {
+  for (LeftOut& kind : left_out) {
+    if (kind.flag == refusal.field() && kind.rule == refusal.rule()) {
+      ++kind.plans;
+      return;
+    }
+  }
+  left_out.push_back({refusal.field(), refusal.rule(), 1});
+}
+
 }  // namespace
 
-std::vector<ParallelPlan> enumerate_plans(const SearchProblem& problem) {
+std::vector<ParallelPlan> enumerate_plans(const SearchProblem& problem, std::vector<LeftOut>* left_out) {
   const SearchSpace& space = problem.space;
   const ModelSpec& model = problem.model;
   const std::vector<RecomputeGranularity> recomputes = or_all(
       space.recompute, {RecomputeGranularity::kNone, RecomputeGranularity::kSelective, RecomputeGranularity::kFull});
-  const std::vector<ScheduleKind> schedules =
-      or_all(space.schedules, {ScheduleKind::kOneFOneB, ScheduleKind::kInterleaved, ScheduleKind::kZeroBubbleH1,
-                               ScheduleKind::kZeroBubbleV, ScheduleKind::kDualPipeV});
+  // Every kind but gpipe (listed only when asked for), of those the implementation runs: Megatron-LM
+  // has its own two.
+  std::vector<ScheduleKind> every_schedule;
+  for (const ScheduleTraits& traits : all_schedule_traits()) {
+    if (traits.kind == ScheduleKind::kGPipe) continue;
+    if (space.implementation == Implementation::kMegaplan || traits.megatron_native) every_schedule.push_back(traits.kind);
+  }
+  const std::vector<ScheduleKind> schedules = or_all(space.schedules, every_schedule);
   std::vector<ParallelPlan> plans;
   for (const Grid& grid : model_parallel_grids(problem)) {
     const int64_t dp = problem.gpus / (grid.tp * grid.pp * grid.cp);
@@ -225,6 +254,12 @@ std::vector<ParallelPlan> enumerate_plans(const SearchProblem& problem) {
                   validate_plan(model, plan);  // the final word
                 } catch (const SpecError&) {
                   continue;
+                }
+                if (space.implementation == Implementation::kMegaplan) {
+                  if (const std::optional<SpecError> refusal = executor_plan_refusal(plan)) {
+                    if (left_out) count_left_out(*left_out, *refusal);
+                    continue;
+                  }
                 }
                 plans.push_back(plan);
               }

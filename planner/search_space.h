@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "core/model_spec.h"
@@ -36,16 +37,28 @@ struct SearchProblem {
   SearchSpace space;
 };
 
-// Throws SpecError naming the flag for a pin no layout can satisfy on its own (tp 3 with 32 heads,
+// Throws SpecError naming the flag for a model megaplan's executor cannot train under
+// --implementation megaplan, for a schedule a Megatron-LM implementation does not have, for a pin
+// no layout can satisfy on its own (tp 3 with 32 heads,
 // pp that does not divide the layers, a GPU count no pinned tp x pp x cp divides, ...) and for a
 // global batch size that no data-parallel size of the remaining layouts divides.
 // REQUIRES: validate_model_spec(problem.model) passed.
 void validate_search_problem(const SearchProblem& problem);
 
-// Every legal plan (validate_plan passes for each), in a fixed order: tp, pp, cp, vpp, mbs,
-// recompute, sequence parallel, distributed optimizer, schedule. With pp = 1 only 1f1b is listed
-// (the other schedules degenerate to it); gpipe only when listed. Sequence parallelism is off
-// where tp = 1, and the distributed optimizer off where dp x cp = 1 (it would shard over nothing).
-std::vector<ParallelPlan> enumerate_plans(const SearchProblem& problem);
+// Legal plans the implementation cannot run, left out of the enumeration: megaplan's executor's
+// refusals (core/executor_support.h), counted by their message.
+struct LeftOut {
+  std::string flag;  // "--context-parallel-size"
+  std::string rule;  // "context parallelism is not in the executor yet"
+  int64_t plans = 0;
+};
+
+// Every legal plan (validate_plan passes for each) that the implementation runs, in a fixed order:
+// tp, pp, cp, vpp, mbs, recompute, sequence parallel, distributed optimizer, schedule. With pp = 1
+// only 1f1b is listed (the other schedules degenerate to it); gpipe only when listed; under a
+// Megatron-LM implementation only its own schedules. Sequence parallelism is off where tp = 1, and
+// the distributed optimizer off where dp x cp = 1 (it would shard over nothing). Those left out as
+// unrunnable are counted into `left_out` when given.
+std::vector<ParallelPlan> enumerate_plans(const SearchProblem& problem, std::vector<LeftOut>* left_out = nullptr);
 
 }  // namespace megaplan::planner

@@ -11,6 +11,7 @@
 #include "core/pipeline_layout.h"
 #include "core/version.h"
 #include "reports/report_assets.h"
+#include "reports/search_provenance.h"
 #include "reports/timeline_comparison.h"
 #include "reports/timeline_messages.h"
 
@@ -150,7 +151,7 @@ nlohmann::json alternative_json(const nlohmann::json& plan, const std::string& w
   JsonFieldReader reader(plan, where);
   int64_t tp = 0, pp = 0, cp = 0, dp = 0, vpp = 0, mbs = 0, peak = 0;
   double iteration = 0, compute = 0, tensor = 0, pipeline = 0, data_parallel = 0, idle = 0;
-  bool fits = true, tie = false;
+  bool fits = true, tie = false, sequence_parallel = false, distributed_optimizer = false;
   std::string schedule, recompute;
   reader.require("tensor_parallel_size", tp);
   reader.require("pipeline_parallel_size", pp);
@@ -169,13 +170,18 @@ nlohmann::json alternative_json(const nlohmann::json& plan, const std::string& w
   reader.require("pipeline_comm_s", pipeline);
   reader.require("data_parallel_comm_s", data_parallel);
   reader.require("idle_s", idle);
+  reader.read("sequence_parallel", sequence_parallel);
+  reader.read("use_distributed_optimizer", distributed_optimizer);
+  // The switches named too: plans that differ only in them would otherwise read alike.
   const std::string label = "tp " + std::to_string(tp) + " pp " + std::to_string(pp) + " cp " + std::to_string(cp) +
                             " dp " + std::to_string(dp) + (vpp > 1 ? " vpp " + std::to_string(vpp) : "") + " mbs " +
-                            std::to_string(mbs) + " " + schedule + (recompute == "none" ? "" : " " + recompute);
+                            std::to_string(mbs) + " " + schedule + (recompute == "none" ? "" : " " + recompute) +
+                            (sequence_parallel ? " sp" : "") + (distributed_optimizer ? " dist-opt" : "");
   const bool same = tp == chosen.tensor_parallel_size && pp == chosen.pipeline_parallel_size &&
                     cp == chosen.context_parallel_size && dp == chosen.data_parallel_size &&
                     vpp == chosen.virtual_pipeline_parallel_size && mbs == chosen.micro_batch_size &&
-                    schedule == to_string(chosen.schedule) && recompute == to_string(chosen.recompute_granularity);
+                    schedule == to_string(chosen.schedule) && recompute == to_string(chosen.recompute_granularity) &&
+                    sequence_parallel == chosen.sequence_parallel && distributed_optimizer == chosen.use_distributed_optimizer;
   return {{"rank", rank},
           {"label", label},
           {"iteration_time_s", iteration},
@@ -214,6 +220,8 @@ nlohmann::json alternatives_json(const PlanReport& report) {
       plans.push_back(std::move(plan));
     }
   }
+  // Once its plans read as a search's: alternatives of this plan's model and cluster, not another's.
+  check_search_provenance(search, source, report.job);
   double uncertainty = 0;
   if (search.contains("tie_tolerance") && search.at("tie_tolerance").is_number()) {
     uncertainty = search.at("tie_tolerance").get<double>();

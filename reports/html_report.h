@@ -49,7 +49,8 @@ struct PlanReport {
 };
 
 // The page's data (window.MEGAPLAN; the schema is the template's). Throws SpecError naming
-// `search_source` and the field when the search JSON is not `search --json`'s, and
+// `search_source` and the field when the search JSON is not `search --json`'s, or is a search of
+// another model or cluster than the job's (check_search_provenance), and
 // SpecError("--measured", ...) naming the first difference when the measured timeline does not
 // hold the simulated one's actions (a trace of another plan).
 nlohmann::json report_data(const PlanReport& report);

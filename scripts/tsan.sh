@@ -35,7 +35,7 @@ for _ in range(40):
     print("{\"text\": \"%s\"}" % " ".join(random.choice(words) for _ in range(60)))' >"$scratch/docs.jsonl"
 run data prepare --input "$scratch/docs.jsonl" --output-prefix "$scratch/corpus" --append-eod
 tiny=(--device cpu --model "$root/examples/models/tiny-gpt.json" --vocab-size 257 --seq-length 16 --num-layers 4
-  --data-path "$scratch/corpus" --split 9,1,0 --log-interval 1 --eval-interval 2 --eval-iters 1)
+  --data-path "$scratch/corpus_text_document" --split 9,1,0 --log-interval 1 --eval-interval 2 --eval-iters 1)
 run train "${tiny[@]}" --world-size 8 --tp 2 --sequence-parallel --pp 2 --mbs 1 --gbs 8 --use-distributed-optimizer \
   --overlap-grad-reduce --overlap-param-gather --ddp-bucket-size 5000 --train-iters 3
 run train "${tiny[@]}" --world-size 2 --pp 2 --vpp 2 --schedule zbv --mbs 1 --gbs 4 --train-iters 2 \

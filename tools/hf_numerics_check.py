@@ -129,7 +129,7 @@ def main():
             subprocess.run(["rm", "-rf", trained, exported])
             # Two steps from the imported weights, saved; the first logged loss and norm are the
             # imported model's on the training sequence.
-            log = megaplan_log(megaplan, device, config_json, os.path.join(work, "train"),
+            log = megaplan_log(megaplan, device, config_json, os.path.join(work, "train_text_document"),
                                os.path.join(work, f"{name}-{device}.jsonl"), "--load", checkpoint, "--train-iters", "2",
                                "--save", trained)
             loss_error = abs(log[0]["loss"] - want_loss) / want_loss
@@ -137,7 +137,7 @@ def main():
             # One step that gives the gradients back, exported.
             stepped, stepped_hf = (os.path.join(work, f"{name}-{device}-{part}") for part in ("stepped", "stepped-hf"))
             subprocess.run(["rm", "-rf", stepped, stepped_hf])
-            megaplan_log(megaplan, device, config_json, os.path.join(work, "train"),
+            megaplan_log(megaplan, device, config_json, os.path.join(work, "train_text_document"),
                          os.path.join(work, f"{name}-{device}-step.jsonl"), "--load", checkpoint, "--train-iters", "1",
                          "--save", stepped, "--adam-eps", "1", "--weight-decay", "0", "--lr-decay-style", "constant",
                          lr="1")
@@ -153,7 +153,7 @@ def main():
                 tensor_error = max(tensor_error, (got_gradients[tensor] - want).abs().max().item() / scale)
             # The trained weights' loss on the held-out sequence, in megaplan (one more logged
             # iteration, before its step) and in transformers from the exported directory.
-            held = megaplan_log(megaplan, device, config_json, os.path.join(work, "held"),
+            held = megaplan_log(megaplan, device, config_json, os.path.join(work, "held_text_document"),
                                 os.path.join(work, f"{name}-{device}-held.jsonl"), "--load", trained, "--train-iters", "3")
             run(megaplan, "convert", "--to", "hf", "--load", trained, "--save", exported)
             loaded = AutoModelForCausalLM.from_pretrained(exported, dtype=torch.float32).eval()

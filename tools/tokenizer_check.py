@@ -123,7 +123,7 @@ def run_prepare(binary, jsonl, prefix, flags):
     seconds = time.perf_counter() - start
     if result.returncode != 0:
         raise RuntimeError("megaplan data prepare failed: " + (result.stderr or result.stdout).strip())
-    return read_indexed_dataset(prefix), seconds
+    return read_indexed_dataset(prefix + "_text_document"), seconds
 
 
 def compare(name, documents, got, expected, seconds, rows):

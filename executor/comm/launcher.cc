@@ -1,21 +1,28 @@
 // Spawns one node's ranks with posix_spawn and supervises them (`megaplan launch`). Signals are
-// taken synchronously (blocked, then sigtimedwait) rather than by handlers, so there is no global
-// flag and a child's exit, a forwarded Ctrl-C and the SIGKILL deadline are handled in one loop.
+// taken synchronously (blocked, then read from a signalfd) rather than by handlers, so there is no
+// global flag, and a child's exit, a forwarded Ctrl-C, the SIGKILL deadline and the ranks' stderr
+// are handled in one poll() loop, on one thread.
 #include "executor/comm/launcher.h"
 
+#include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/signalfd.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <functional>
 #include <iostream>
 #include <limits>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string_view>
+#include <utility>
 
 #include "core/error.h"
 #include "executor/comm/launch_environment.h"
@@ -68,7 +75,7 @@ class SignalScope {
     sigemptyset(&waited_);
     sigaddset(&waited_, SIGCHLD);
     // A launcher started with SIGINT or SIGTERM ignored (a background job of a script) keeps
-    // ignoring them: blocking an ignored signal would queue it for sigtimedwait instead.
+    // ignoring them: blocking an ignored signal would queue it for the signalfd instead.
     for (const int signal_number : {SIGINT, SIGTERM}) {
       struct sigaction current {};
       if (::sigaction(signal_number, nullptr, &current) == 0 && current.sa_handler != SIG_IGN) {
@@ -110,6 +117,189 @@ struct SpawnAttributes {
   SpawnAttributes(const SpawnAttributes&) = delete;
   SpawnAttributes& operator=(const SpawnAttributes&) = delete;
   posix_spawnattr_t value{};
+};
+
+// posix_spawn's file actions (one rank's), destroyed on every way out.
+struct SpawnFileActions {
+  SpawnFileActions() { ::posix_spawn_file_actions_init(&value); }
+  ~SpawnFileActions() { ::posix_spawn_file_actions_destroy(&value); }
+  SpawnFileActions(const SpawnFileActions&) = delete;
+  SpawnFileActions& operator=(const SpawnFileActions&) = delete;
+  posix_spawn_file_actions_t value{};
+};
+
+// A file descriptor, closed on every way out.
+class OwnedFd {
+ public:
+  OwnedFd() = default;
+  explicit OwnedFd(int fd) : fd_(fd) {}
+  ~OwnedFd() { reset(); }
+  OwnedFd(OwnedFd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+  OwnedFd& operator=(OwnedFd&& other) noexcept {
+    if (this != &other) {
+      reset();
+      fd_ = std::exchange(other.fd_, -1);
+    }
+    return *this;
+  }
+  OwnedFd(const OwnedFd&) = delete;
+  OwnedFd& operator=(const OwnedFd&) = delete;
+  int get() const { return fd_; }
+  void reset() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+// Forwards the ranks' stderr to the launcher's a whole line at a time, so that ranks writing at
+// once never cut into each other's lines, and forwards an error line that several ranks print alike
+// (every rank failing the same argument check) once. Reads never block: the supervision loop polls
+// the pipes with its signals, so a rank writing a lot never waits on a launcher that waits on it.
+class StderrForwarder {
+ public:
+  explicit StderrForwarder(std::ostream& err) : err_(err), buffer_(kReadBytes) {}
+  StderrForwarder(const StderrForwarder&) = delete;
+  StderrForwarder& operator=(const StderrForwarder&) = delete;
+
+  // A pipe for `rank`'s stderr. Returns its write end, which the caller puts on the rank's fd 2 and
+  // closes once the rank is spawned; both ends are close-on-exec, so no rank holds another's pipe
+  // (and a rank's pipe ends when the rank and what it started have exited). Empty, with errno
+  // set, when no pipe can be opened.
+  OwnedFd open(int64_t rank) {
+    int ends[2] = {-1, -1};
+    if (::pipe2(ends, O_CLOEXEC) != 0) return OwnedFd();
+    OwnedFd read_end(ends[0]);
+    OwnedFd write_end(ends[1]);
+    // Non-blocking on the read end only (pipe2's O_NONBLOCK would set both): the rank's fd 2 shares
+    // the write end's flags, and a rank writing to a full pipe must wait, not fail.
+    const int flags = ::fcntl(read_end.get(), F_GETFL);
+    if (flags < 0 || ::fcntl(read_end.get(), F_SETFL, flags | O_NONBLOCK) != 0) return OwnedFd();
+    streams_.push_back(Stream{rank, std::move(read_end), {}});
+    return write_end;
+  }
+
+  // The read ends still open, to poll for input.
+  void add_poll_entries(std::vector<pollfd>& entries) const {
+    for (const Stream& stream : streams_) {
+      if (stream.read_end.get() >= 0) entries.push_back(pollfd{stream.read_end.get(), POLLIN, 0});
+    }
+  }
+
+  // Forwards the complete lines the pipes hold, without blocking; a pipe at its end has its last
+  // line forwarded and is closed.
+  void forward_available() {
+    for (Stream& stream : streams_) read_stream(stream);
+    write_out();
+  }
+
+  // After the last rank exited: forwards what is left, a last line without a newline included, and
+  // closes every pipe. What a process a rank left behind writes later is not forwarded.
+  void finish() {
+    for (Stream& stream : streams_) {
+      read_stream(stream);
+      close_stream(stream);
+    }
+    write_out();
+  }
+
+ private:
+  struct Stream {
+    int64_t rank = 0;
+    OwnedFd read_end;
+    std::string pending;  // the start of a line whose newline has not arrived
+  };
+
+  static constexpr size_t kReadBytes = size_t{1} << 16;
+  // Bounds what one call takes from a rank that writes without pause, so the loop still reaps and
+  // forwards signals; more than a pipe holds, so a rank that exited is read to its end in one call.
+  static constexpr size_t kMostBytesPerCall = size_t{4} << 20;
+  // A line without a newline (binary, a progress bar redrawn with carriage returns) would grow
+  // without bound: past this length it is forwarded in pieces.
+  static constexpr size_t kLongestLine = size_t{1} << 20;
+  static constexpr std::string_view kErrorPrefix = "megaplan: error: ";
+
+  void read_stream(Stream& stream) {
+    size_t taken = 0;
+    while (stream.read_end.get() >= 0 && taken < kMostBytesPerCall) {
+      const ssize_t got = ::read(stream.read_end.get(), buffer_.data(), buffer_.size());
+      if (got > 0) {
+        take(stream, std::string_view(buffer_.data(), static_cast<size_t>(got)));
+        taken += static_cast<size_t>(got);
+      } else if (got < 0 && errno == EINTR) {
+        continue;
+      } else if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        break;
+      } else {
+        close_stream(stream);  // the end of the pipe, or an error no later read would get past
+      }
+    }
+  }
+
+  // Appends `data` to the stream's pending line and forwards every line it completes.
+  void take(Stream& stream, std::string_view data) {
+    std::string& pending = stream.pending;
+    size_t search_from = pending.size();
+    pending.append(data);
+    size_t line_start = 0;
+    for (size_t newline = pending.find('\n', search_from); newline != std::string::npos;
+         newline = pending.find('\n', search_from)) {
+      forward_line(stream, std::string_view(pending).substr(line_start, newline - line_start));
+      line_start = search_from = newline + 1;
+    }
+    while (pending.size() - line_start >= kLongestLine) {
+      forward_line(stream, std::string_view(pending).substr(line_start, kLongestLine));
+      line_start += kLongestLine;
+    }
+    pending.erase(0, line_start);
+  }
+
+  // Forwards the unterminated last line, ended with a newline so that the next rank's line starts
+  // on a line of its own, and closes the pipe.
+  void close_stream(Stream& stream) {
+    if (!stream.pending.empty() && !cuts_short_a_forwarded_error(stream)) forward_line(stream, stream.pending);
+    stream.pending.clear();
+    stream.read_end.reset();
+  }
+
+  // Whether the unterminated last line is the start of an error line another rank's stderr
+  // brought: the same error, cut short by the SIGTERM that followed that rank's failure (the CLI
+  // writes an error line in several pieces), so a copy.
+  bool cuts_short_a_forwarded_error(const Stream& stream) const {
+    const std::string& start = stream.pending;
+    for (auto line = error_lines_.lower_bound(start);
+         line != error_lines_.end() && line->first.compare(0, start.size(), start) == 0; ++line) {
+      if (line->second != stream.rank) return true;
+    }
+    return false;
+  }
+
+  // `line` without its newline.
+  void forward_line(const Stream& stream, std::string_view line) {
+    if (line.substr(0, kErrorPrefix.size()) == kErrorPrefix) {
+      const auto [first, inserted] = error_lines_.try_emplace(std::string(line), stream.rank);
+      if (!inserted && first->second != stream.rank) return;
+    }
+    out_.append(line);
+    out_.push_back('\n');
+  }
+
+  // One write for everything one call forwards: an unbuffered stream (std::cerr) would otherwise
+  // write a line and its newline apart.
+  void write_out() {
+    if (out_.empty()) return;
+    err_.write(out_.data(), static_cast<std::streamsize>(out_.size()));
+    err_.flush();
+    out_.clear();
+  }
+
+  std::ostream& err_;
+  std::vector<char> buffer_;
+  std::vector<Stream> streams_;
+  std::map<std::string, int64_t, std::less<>> error_lines_;  // forwarded error line -> its rank
+  std::string out_;
 };
 
 bool is_stripped(std::string_view name) {
@@ -213,6 +403,15 @@ int run_launch(const LaunchOptions& options, const std::string& program, std::os
   ::posix_spawnattr_setsigmask(&attributes.value, &signals.caller_mask());
   ::posix_spawnattr_setflags(&attributes.value, POSIX_SPAWN_SETSIGMASK);
 
+  // Reads SIGCHLD, SIGINT and SIGTERM, which SignalScope keeps blocked, in the poll() loop.
+  const OwnedFd signal_fd(::signalfd(-1, &signals.waited(), SFD_NONBLOCK | SFD_CLOEXEC));
+  if (signal_fd.get() < 0) {
+    throw SpecError(program, std::string("cannot start the ranks: no signalfd: ") + std::strerror(errno));
+  }
+
+  // Declared before the children, so that on an early way out they are killed and reaped before
+  // their pipes close.
+  StderrForwarder forwarder(err);
   ChildGroup group;
   for (int64_t local_rank = 0; local_rank < options.nproc_per_node; ++local_rank) {
     const int64_t rank = options.node_rank * options.nproc_per_node + local_rank;
@@ -224,8 +423,17 @@ int run_launch(const LaunchOptions& options, const std::string& program, std::os
     environment.push_back("MASTER_ADDR=" + master_addr);
     environment.push_back("MASTER_PORT=" + std::to_string(options.master_port));
     std::vector<char*> envp = pointers(environment);
+    OwnedFd stderr_write_end = forwarder.open(rank);
+    if (stderr_write_end.get() < 0) {
+      throw SpecError(program, "cannot start rank " + std::to_string(rank) +
+                                   ": no pipe for its stderr: " + std::strerror(errno));
+    }
+    SpawnFileActions file_actions;
+    ::posix_spawn_file_actions_adddup2(&file_actions.value, stderr_write_end.get(), STDERR_FILENO);
     pid_t pid = -1;
-    const int spawned = ::posix_spawn(&pid, program.c_str(), nullptr, &attributes.value, argv.data(), envp.data());
+    const int spawned =
+        ::posix_spawn(&pid, program.c_str(), &file_actions.value, &attributes.value, argv.data(), envp.data());
+    stderr_write_end.reset();  // the rank holds it now; the pipe ends when the rank's copies close
     if (spawned != 0) {
       // ChildGroup's destructor kills and reaps the ranks already started.
       throw SpecError(program, "cannot start rank " + std::to_string(rank) + ": " + std::strerror(spawned));
@@ -254,6 +462,8 @@ int run_launch(const LaunchOptions& options, const std::string& program, std::os
         failed_status = status;
       }
     }
+    // The lines a rank wrote before it exited go out before the line that says it failed.
+    forwarder.forward_available();
     if (failed_child && !first_failure_code) {
       first_failure_code = exit_code_of(failed_status);
       const int64_t others = group.running_count();
@@ -271,21 +481,27 @@ int run_launch(const LaunchOptions& options, const std::string& program, std::os
       killed = true;
     }
 
-    // Wake on a child's exit or a signal to forward; at most every 200 ms regardless, so a SIGCHLD
-    // taken by another thread only delays the loop.
+    // Wake on a child's exit, a signal to forward or a rank's stderr; at most every 200 ms
+    // regardless, so a SIGCHLD taken by another thread only delays the loop.
     auto wait_for = std::chrono::nanoseconds(std::chrono::milliseconds(200));
     if (!killed && kill_at != Clock::time_point::max()) {
       wait_for = std::clamp<std::chrono::nanoseconds>(kill_at - now, std::chrono::nanoseconds(0), wait_for);
     }
-    timespec timeout{};
-    timeout.tv_sec = static_cast<time_t>(wait_for.count() / 1'000'000'000);
-    timeout.tv_nsec = static_cast<long>(wait_for.count() % 1'000'000'000);
-    const int received = ::sigtimedwait(&signals.waited(), nullptr, &timeout);
-    // Ctrl-C in a terminal reaches the ranks directly too (they share the launcher's process
-    // group); the forwarded copy is what reaches them when only the launcher is signalled, as a
-    // scheduler's kill does.
-    if (received == SIGINT || received == SIGTERM) group.signal_running(received);
+    // Rounded up, so that poll() does not spin through the last fraction of a millisecond.
+    const int timeout_ms = static_cast<int>(std::chrono::ceil<std::chrono::milliseconds>(wait_for).count());
+    std::vector<pollfd> entries = {pollfd{signal_fd.get(), POLLIN, 0}};
+    forwarder.add_poll_entries(entries);
+    ::poll(entries.data(), entries.size(), timeout_ms);  // EINTR or an error: the loop looks again
+    signalfd_siginfo received{};
+    while (::read(signal_fd.get(), &received, sizeof received) == static_cast<ssize_t>(sizeof received)) {
+      // Ctrl-C in a terminal reaches the ranks directly too (they share the launcher's process
+      // group); the forwarded copy is what reaches them when only the launcher is signalled, as a
+      // scheduler's kill does.
+      const int signal_number = static_cast<int>(received.ssi_signo);
+      if (signal_number == SIGINT || signal_number == SIGTERM) group.signal_running(signal_number);
+    }
   }
+  forwarder.finish();
   return first_failure_code.value_or(0);
 }
 

@@ -29,14 +29,22 @@ void validate_launch_options(const LaunchOptions& options);
 
 // Runs `program` with options.command as its arguments, once per local rank, in an environment
 // without any launcher's rank variables (launch_environment_variables()) plus torchrun's for the
-// rank; NCCL_NVLS_ENABLE=0 unless the caller set it. stdin, stdout and stderr are inherited.
-// Waits for every child. When one exits non-zero or by a signal, writes one line naming that rank
-// and its status to `err`, sends SIGTERM to the rest, SIGKILL after options.stop_grace, reaps them
-// all, and returns the failure's exit code (128 + signal for a signal). SIGINT and SIGTERM sent to
-// this process are forwarded to the children. Returns 0 when every rank exits 0. Throws what
-// validate_launch_options throws, and SpecError(program, ...) when a rank cannot be started (the
-// ones already running are killed and reaped first).
-// Signals are taken with sigtimedwait in the calling thread: other threads of the process should
+// rank; NCCL_NVLS_ENABLE=0 unless the caller set it. stdin and stdout are inherited (training logs
+// are rank 0's stdout). Each rank's stderr comes through a pipe and goes to `err` in whole lines,
+// in the order they arrive, so that lines of ranks writing at once never cut into each other: a
+// last line without a newline gets one when the rank's stderr closes, a line longer than 1 MiB goes
+// in 1 MiB pieces, and an error line (`megaplan: error: ...`) identical to one already forwarded
+// from another rank is dropped, so ranks failing the same check show it once, as is a last line
+// without a newline that is the start of one (the same error, its rank stopped halfway through
+// writing it); other lines are all forwarded. What a process a rank left behind writes to it after
+// the last rank exited is not. Waits for every child. When one exits non-zero or by a signal,
+// writes to `err` the lines its stderr held, then one line naming that rank and its status, sends
+// SIGTERM to the rest, SIGKILL after options.stop_grace, reaps them all, and returns the failure's
+// exit code (128 + signal for a signal). SIGINT and SIGTERM sent to this process are forwarded to
+// the children. Returns 0 when every rank exits 0. Throws what validate_launch_options throws, and
+// SpecError(program, ...) when a rank cannot be started (the ones already running are killed and
+// reaped first).
+// Signals are taken through a signalfd in the calling thread: other threads of the process should
 // block SIGINT and SIGTERM, or one may take a signal meant for forwarding.
 int run_launch(const LaunchOptions& options, const std::string& program, std::ostream& err);
 

@@ -147,15 +147,22 @@ std::vector<int32_t> BytePairEncoder::encode_piece(std::string_view piece) const
 }
 
 void BytePairEncoder::encode(const std::vector<std::string_view>& pieces, std::vector<int64_t>& out) const {
-  const std::lock_guard<std::mutex> lock(cache_mutex_);
   for (const std::string_view piece : pieces) {
-    auto found = cache_.find(piece);
-    if (found == cache_.end()) {
-      std::vector<int32_t> ids = encode_piece(piece);
-      if (cache_.size() >= kMaxCachedPieces) cache_.clear();
-      found = cache_.emplace(std::string(piece), std::move(ids)).first;
+    CacheShard& shard = cache_[PieceHash{}(piece) % kCacheShards];
+    {
+      const std::lock_guard<std::mutex> lock(shard.mutex);
+      const auto found = shard.pieces.find(piece);
+      if (found != shard.pieces.end()) {
+        out.insert(out.end(), found->second.begin(), found->second.end());
+        continue;
+      }
     }
-    out.insert(out.end(), found->second.begin(), found->second.end());
+    // Merged outside the lock: another thread may store the same piece meanwhile, with the same ids.
+    std::vector<int32_t> ids = encode_piece(piece);
+    out.insert(out.end(), ids.begin(), ids.end());
+    const std::lock_guard<std::mutex> lock(shard.mutex);
+    if (shard.pieces.size() >= kMaxCachedPieces / kCacheShards) shard.pieces.clear();
+    shard.pieces.emplace(std::string(piece), std::move(ids));
   }
 }
 

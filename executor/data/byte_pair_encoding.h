@@ -36,7 +36,9 @@ std::string quoted_excerpt(std::string_view text);
 bool split_merge(std::string_view merge, std::string& left, std::string& right);
 
 // Contract: encode() is a pure function of the pieces and what was set (the cache of encoded
-// pieces only saves time). Safe to share between threads once set up (the cache is locked).
+// pieces only saves time). Safe to share between threads once set up: the cache is split into
+// shards, each locked only while one piece is looked up or stored, so that threads encoding at
+// once (data prepare --workers) seldom wait on each other.
 class BytePairEncoder {
  public:
   // `field` and `source` name the flag and the file in errors.
@@ -80,8 +82,12 @@ class BytePairEncoder {
   std::unordered_map<uint64_t, Merge> merges_;
   std::unordered_map<std::string, int32_t, PieceHash, std::equal_to<>> whole_piece_tokens_;
 
-  mutable std::mutex cache_mutex_;
-  mutable PieceCache cache_;
+  struct CacheShard {
+    std::mutex mutex;
+    PieceCache pieces;
+  };
+  static constexpr std::size_t kCacheShards = 64;
+  mutable std::array<CacheShard, kCacheShards> cache_;
 };
 
 }  // namespace megaplan::exec

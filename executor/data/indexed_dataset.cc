@@ -217,14 +217,20 @@ std::vector<int64_t> IndexedDataset::sequence(std::size_t sequence) const {
   return tokens;
 }
 
-IndexedDatasetWriter::IndexedDatasetWriter(std::string prefix, TokenType type) : prefix_(std::move(prefix)), type_(type) {}
+IndexedDatasetWriter::IndexedDatasetWriter(std::string prefix, TokenType type)
+    : prefix_(std::move(prefix)),
+      type_(type),
+      data_(std::make_unique<StagedFile>(prefix_ + ".bin")),
+      index_(std::make_unique<StagedFile>(prefix_ + ".idx")) {}
+
+IndexedDatasetWriter::~IndexedDatasetWriter() = default;
 
 void IndexedDatasetWriter::add_document(const std::vector<int64_t>& tokens) {
   const std::size_t width = token_bytes(type_);
   if (tokens.size() > static_cast<std::size_t>(std::numeric_limits<int32_t>::max())) {
     throw SpecError("--input", "a document of " + std::to_string(tokens.size()) + " tokens exceeds int32 lengths");
   }
-  pointers_.push_back(static_cast<int64_t>(data_.size()));
+  pointers_.push_back(data_bytes_);
   lengths_.push_back(static_cast<int32_t>(tokens.size()));
   for (int64_t token : tokens) {
     unsigned char bytes[8];
@@ -243,37 +249,49 @@ void IndexedDatasetWriter::add_document(const std::vector<int64_t>& tokens) {
       throw SpecError("--input", "token " + std::to_string(token) + " does not fit dtype code " +
                                      std::to_string(static_cast<int>(type_)));
     }
-    data_.insert(data_.end(), bytes, bytes + width);
+    pending_.insert(pending_.end(), bytes, bytes + width);
   }
+  data_bytes_ += static_cast<int64_t>(tokens.size() * width);
+  constexpr std::size_t kFlushBytes = std::size_t{1} << 20;  // a write per MiB, not per document
+  if (pending_.size() >= kFlushBytes) flush();
 }
 
-void IndexedDatasetWriter::finish() {
-  // Both files are staged before either is renamed: a failure leaves neither behind.
-  StagedFile data(prefix_ + ".bin");
-  data.write(data_.data(), data_.size());
-  StagedFile index(prefix_ + ".idx");
-  index.write(kMagic, sizeof kMagic);
+void IndexedDatasetWriter::flush() {
+  data_->write(pending_.data(), pending_.size());
+  pending_.clear();
+}
+
+void IndexedDatasetWriter::seal() {
+  flush();
+  index_->write(kMagic, sizeof kMagic);
   const uint64_t version = 1;
   const auto code = static_cast<uint8_t>(type_);
   const uint64_t sequences = lengths_.size();
   const uint64_t document_indices = lengths_.size() + 1;
-  index.write(&version, 8);
-  index.write(&code, 1);
-  index.write(&sequences, 8);
-  index.write(&document_indices, 8);
-  index.write(lengths_.data(), 4 * lengths_.size());
-  index.write(pointers_.data(), 8 * pointers_.size());
-  for (uint64_t d = 0; d < document_indices; ++d) {
-    const auto start = static_cast<int64_t>(d);
-    index.write(&start, 8);
-  }
-  data.commit();
+  index_->write(&version, 8);
+  index_->write(&code, 1);
+  index_->write(&sequences, 8);
+  index_->write(&document_indices, 8);
+  index_->write(lengths_.data(), 4 * lengths_.size());
+  index_->write(pointers_.data(), 8 * pointers_.size());
+  std::vector<int64_t> starts(document_indices);
+  for (uint64_t d = 0; d < document_indices; ++d) starts[d] = static_cast<int64_t>(d);
+  index_->write(starts.data(), 8 * starts.size());
+}
+
+void IndexedDatasetWriter::commit() {
+  data_->commit();
   try {
-    index.commit();
+    index_->commit();
   } catch (...) {
     ::unlink((prefix_ + ".bin").c_str());
     throw;
   }
+}
+
+void IndexedDatasetWriter::finish() {
+  seal();
+  commit();
 }
 
 }  // namespace megaplan::exec

@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -74,20 +75,39 @@ class IndexedDataset {
   const unsigned char* documents_ = nullptr;  // int64 x d
 };
 
-// Collects documents (one sequence each, as Megatron's preprocess_data writes them) and writes
-// PREFIX.bin and PREFIX.idx on finish(). Tokens must fit the token type (checked).
+class StagedFile;
+
+// Writes documents (one sequence each, as Megatron's preprocess_data writes them) to PREFIX.bin as
+// they come, under a temporary name beside it (executor/io/staged_file.h), and PREFIX.idx at the
+// end; both appear under their names only once complete. Tokens must fit the token type (checked).
 class IndexedDatasetWriter {
  public:
+  // Throws StagedFile's SpecError when PREFIX.bin or PREFIX.idx exists and is no regular file, or
+  // is an input of this command.
   IndexedDatasetWriter(std::string prefix, TokenType type);
+  ~IndexedDatasetWriter();  // what was not committed is removed
+  IndexedDatasetWriter(const IndexedDatasetWriter&) = delete;
+  IndexedDatasetWriter& operator=(const IndexedDatasetWriter&) = delete;
+
   void add_document(const std::vector<int64_t>& tokens);
-  // Writes both files under temporary names, syncs them and renames them into place.
-  // Throws SpecError("--output-prefix", ...) when a file cannot be written.
+  // seal() then commit(): both files in place.
   void finish();
+  // Writes PREFIX.idx and syncs both files, still under their temporary names; no document may
+  // follow. For writers that commit together (data prepare's keys): seal all, then commit each.
+  void seal();
+  // Renames PREFIX.bin, then PREFIX.idx, into place; when the second fails the first is removed.
+  // Throws SpecError(path, ...) when a file cannot be written. REQUIRES: sealed.
+  void commit();
 
  private:
+  void flush();
+
   std::string prefix_;
   TokenType type_;
-  std::vector<unsigned char> data_;
+  std::unique_ptr<StagedFile> data_;
+  std::unique_ptr<StagedFile> index_;
+  std::vector<unsigned char> pending_;  // encoded tokens not yet written to .bin
+  int64_t data_bytes_ = 0;
   std::vector<int32_t> lengths_;
   std::vector<int64_t> pointers_;
 };

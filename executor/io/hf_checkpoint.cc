@@ -4,16 +4,19 @@
 #include <cstdio>
 #include <optional>
 #include <filesystem>
+#include <memory>
 #include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
+#include <sentencepiece_processor.h>
 
 #include "core/error.h"
 #include "core/hf_config.h"
 #include "core/json_io.h"
 #include "core/parallel_plan.h"
 #include "core/parameter_list.h"
+#include "core/text_file.h"
 #include "executor/io/staged_file.h"
 
 namespace megaplan::exec {
@@ -158,7 +161,9 @@ std::vector<Mapping> mappings(const ModelSpec& model, const std::string& type) {
   return list;
 }
 
-nlohmann::json config_of(const ModelSpec& model, const std::string& type, int64_t vocabulary, SafetensorsDtype dtype) {
+// config.json of the architecture: the true vocabulary (hf_checkpoint.h says why).
+nlohmann::json config_of_architecture(const ModelSpec& model, const std::string& type, SafetensorsDtype dtype) {
+  const int64_t vocabulary = model.vocab_size;
   const std::string torch_dtype = dtype == SafetensorsDtype::kBF16 ? "bfloat16" : "float32";
   const bool tied = !model.untie_embeddings_and_output_weights;
   if (type == "gpt2") {
@@ -209,6 +214,49 @@ nlohmann::json config_of(const ModelSpec& model, const std::string& type, int64_
   return config;
 }
 
+// config.json: the architecture's, with the tokenizer's special ids where known.
+nlohmann::json config_of(const ModelSpec& model, const std::string& type, SafetensorsDtype dtype,
+                         const HfTokenizerExport& tokenizer) {
+  nlohmann::json config = config_of_architecture(model, type, dtype);
+  if (tokenizer.bos_token_id) config["bos_token_id"] = *tokenizer.bos_token_id;
+  if (tokenizer.eos_token_id) config["eos_token_id"] = *tokenizer.eos_token_id;
+  return config;
+}
+
+// The id of the special token `key` ("bos_token") that the tokenizer_config.json beside a
+// tokenizer.json names (a string, or an object with its "content"), found among tokenizer.json's
+// added tokens and vocabulary; nullopt where there is none or a file cannot be read.
+std::optional<int64_t> hf_config_token_id(const std::string& tokenizer_file, const std::string& key) {
+  const std::filesystem::path config_path = std::filesystem::path(tokenizer_file).parent_path() / "tokenizer_config.json";
+  std::error_code error;
+  if (!std::filesystem::is_regular_file(config_path, error)) return std::nullopt;
+  try {
+    const std::optional<nlohmann::json> config = try_parse_json(read_file_contents(config_path.string()));
+    if (!config || !config->is_object() || !config->contains(key)) return std::nullopt;
+    const nlohmann::json& token = config->at(key);
+    const nlohmann::json* content = token.is_object() && token.contains("content") ? &token.at("content") : &token;
+    if (!content->is_string()) return std::nullopt;
+    const std::optional<nlohmann::json> tokenizer = try_parse_json(read_file_contents(tokenizer_file));
+    if (!tokenizer || !tokenizer->is_object()) return std::nullopt;
+    if (const auto added = tokenizer->find("added_tokens"); added != tokenizer->end() && added->is_array()) {
+      for (const nlohmann::json& entry : *added) {
+        if (entry.is_object() && entry.value("content", nlohmann::json()) == *content && entry.contains("id") &&
+            entry.at("id").is_number_integer()) {
+          return entry.at("id").get<int64_t>();
+        }
+      }
+    }
+    const auto model = tokenizer->find("model");
+    if (model != tokenizer->end() && model->is_object() && model->contains("vocab") && model->at("vocab").is_object()) {
+      const nlohmann::json& vocab = model->at("vocab");
+      const auto found = vocab.find(content->get<std::string>());
+      if (found != vocab.end() && found->is_number_integer()) return found->get<int64_t>();
+    }
+  } catch (const SpecError&) {
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 std::string hf_model_type(const ModelSpec& model, const std::string& requested) {
@@ -234,20 +282,34 @@ std::string hf_model_type(const ModelSpec& model, const std::string& requested) 
   return type;
 }
 
-void write_hf_checkpoint(const std::string& directory, const ModelSpec& model, const std::string& type,
-                         const std::map<std::string, WholeTensor>& tensors, SafetensorsDtype dtype, uint64_t shard_bytes) {
+int64_t write_hf_checkpoint(const std::string& directory, const ModelSpec& model, const std::string& type,
+                            const std::map<std::string, WholeTensor>& tensors, SafetensorsDtype dtype,
+                            const HfTokenizerExport& tokenizer, uint64_t shard_bytes) {
   // Hugging Face's tensors, each from its Megatron tensor.
   std::map<std::string, WholeTensor> hf;
   for (const Mapping& mapping : mappings(model, type)) {
     const auto found = tensors.find(mapping.megatron);
     if (found == tensors.end()) continue;  // a bias the model has not, a tied output layer's copy
     if (mapping.megatron == kOutputWeight && !model.untie_embeddings_and_output_weights) continue;
+    const WholeTensor* megatron = &found->second;
+    WholeTensor unpadded;
+    if (mapping.megatron == kWordEmbeddings || mapping.megatron == kOutputWeight) {
+      // The true vocabulary's rows: the padding is the layout's, not the model's.
+      if (megatron->shape.size() != 2 || megatron->shape[0] < model.vocab_size) {
+        throw SpecError("--save", mapping.megatron + " has shape " + nlohmann::json(megatron->shape).dump() +
+                                      ", fewer rows than the vocabulary of " + std::to_string(model.vocab_size));
+      }
+      unpadded.shape = {model.vocab_size, megatron->shape[1]};
+      unpadded.values.assign(megatron->values.begin(),
+                             megatron->values.begin() + static_cast<std::ptrdiff_t>(model.vocab_size * megatron->shape[1]));
+      megatron = &unpadded;
+    }
     for (std::size_t p = 0; p < mapping.hf.size(); ++p) {
-      WholeTensor part = mapping.rows.empty() ? found->second : take_rows(found->second, mapping.rows[p]);
+      WholeTensor part = mapping.rows.empty() ? *megatron : take_rows(*megatron, mapping.rows[p]);
       hf[mapping.hf[p]] = mapping.transposed ? transpose(part) : std::move(part);
     }
   }
-  const int64_t vocabulary = tensors.at(kWordEmbeddings).shape[0];
+  const auto written = static_cast<int64_t>(hf.size());
   // Shards of at most shard_bytes, in name order (a larger tensor is a shard of its own).
   std::vector<std::map<std::string, WholeTensor>> shards(1);
   uint64_t bytes = 0, total = 0;
@@ -278,7 +340,74 @@ void write_hf_checkpoint(const std::string& directory, const ModelSpec& model, c
     const nlohmann::json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
     write_file_atomically(directory + "/model.safetensors.index.json", index.dump(2) + "\n");
   }
-  write_file_atomically(directory + "/config.json", config_of(model, type, vocabulary, dtype).dump(2) + "\n");
+  for (const auto& [source, name] : tokenizer.files) {
+    write_file_atomically(directory + "/" + name, read_file_contents(source));
+  }
+  write_file_atomically(directory + "/config.json", config_of(model, type, dtype, tokenizer).dump(2) + "\n");
+  return written;
+}
+
+HfTokenizerExport hf_tokenizer_export(const std::optional<TokenizerOptions>& tokenizer, int64_t vocab_size) {
+  HfTokenizerExport result;
+  if (!tokenizer) {
+    result.note = "tokenizer: unknown (the checkpoint records none: its run named no tokenizer, or it was saved before "
+                  "megaplan recorded it): config.json has no bos_token_id or eos_token_id, no tokenizer files copied";
+    return result;
+  }
+  const TokenizerOptions& options = *tokenizer;
+  const std::string main_file = !options.tokenizer_file.empty()    ? options.tokenizer_file
+                                : !options.tokenizer_model.empty() ? options.tokenizer_model
+                                                                   : options.vocab_file;
+  const std::string described = "tokenizer: " + options.kind + (main_file.empty() ? "" : " (" + main_file + ")");
+  std::unique_ptr<Tokenizer> reader;
+  try {
+    reader = make_tokenizer(options);
+  } catch (const SpecError& error) {
+    result.note = described + " cannot be read now (" + printable_line(error.what()) +
+                  "): config.json has no bos_token_id or eos_token_id, no tokenizer files copied";
+    return result;
+  }
+  std::vector<std::string> missing;  // what is left out, for the note
+  try {
+    result.eos_token_id = reader->end_of_document();
+  } catch (const SpecError&) {
+    missing.push_back("it has no end-of-text token");
+  }
+  const auto beside = [&](const std::string& file, const char* name) {
+    const std::string path = (std::filesystem::path(file).parent_path() / name).string();
+    if (std::filesystem::is_regular_file(path)) result.files.emplace_back(path, name);
+  };
+  if (options.kind == "gpt2") {
+    result.bos_token_id = result.eos_token_id;  // GPT-2's <|endoftext|> is both, as transformers' gpt2 says
+    result.files = {{options.vocab_file, "vocab.json"}, {options.merge_file, "merges.txt"}};
+  } else if (options.kind == "hf") {
+    result.bos_token_id = hf_config_token_id(options.tokenizer_file, "bos_token");
+    result.files = {{options.tokenizer_file, "tokenizer.json"}};
+    beside(options.tokenizer_file, "tokenizer_config.json");
+    beside(options.tokenizer_file, "special_tokens_map.json");
+  } else if (options.kind == "sentencepiece") {
+    sentencepiece::SentencePieceProcessor processor;
+    if (processor.Load(options.tokenizer_model).ok() && processor.bos_id() >= 0) result.bos_token_id = processor.bos_id();
+    result.files = {{options.tokenizer_model, "tokenizer.model"}};
+    beside(options.tokenizer_model, "tokenizer_config.json");
+    beside(options.tokenizer_model, "special_tokens_map.json");
+  } else {
+    missing.push_back("transformers has no byte tokenizer to copy");
+  }
+  if (!result.bos_token_id) missing.push_back("it names no beginning-of-text token");
+  for (std::optional<int64_t>* id : {&result.bos_token_id, &result.eos_token_id}) {
+    if (*id && (**id < 0 || **id >= vocab_size)) {
+      missing.push_back("its id " + std::to_string(**id) + " lies outside the vocabulary of " + std::to_string(vocab_size));
+      id->reset();
+    }
+  }
+  std::string copied;
+  for (const auto& [source, name] : result.files) copied += (copied.empty() ? "" : ", ") + name;
+  result.note = described + ": " + (copied.empty() ? "no files copied" : "copied " + copied);
+  if (result.bos_token_id) result.note += "; bos_token_id " + std::to_string(*result.bos_token_id);
+  if (result.eos_token_id) result.note += "; eos_token_id " + std::to_string(*result.eos_token_id);
+  for (const std::string& why : missing) result.note += "; " + why;
+  return result;
 }
 
 HfCheckpoint read_hf_checkpoint(const std::string& directory) {

@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include "core/error.h"
+#include "core/executor_support.h"
 #include "core/formulas.h"
 #include "core/pipeline_layout.h"
 #include "executor/model/vocabulary_parallel_loss.h"
@@ -40,19 +41,8 @@ bool ends_with(const std::string& text, const std::string& suffix) {
 }  // namespace
 
 void GptModel::refuse_unsupported(const ModelSpec& model, const ParallelPlan& plan) {
-  const auto unsupported = [](const std::string& field, const std::string& what) {
-    throw SpecError(field, what + " is not in the executor yet");
-  };
-  // GELU rides on fc1's bias epilogue (core/kernel_list.h lists no GELU of its own).
-  if (!model.swiglu && !model.add_bias_linear) unsupported("--disable-bias-linear", "GELU without biases");
-  if (model.normalization == Normalization::kLayerNorm && model.norm_epsilon != 1e-5) {
-    unsupported("--norm-epsilon", "LayerNorm with an epsilon other than 1e-5");
-  }
-  if (plan.context_parallel_size != 1) unsupported("--context-parallel-size", "context parallelism");
-  if (plan.implementation != Implementation::kMegaplan) {
-    throw SpecError("--implementation", "must be megaplan to train: " + to_string(plan.implementation) +
-                                            " is Megatron-LM's code, for simulate and search");
-  }
+  if (std::optional<SpecError> refusal = executor_model_refusal(model)) throw *refusal;
+  if (std::optional<SpecError> refusal = executor_plan_refusal(plan)) throw *refusal;
 }
 
 
@@ -79,7 +69,7 @@ void GptModel::add_parameter(const ParameterSpec& spec) {
   parameters_.push_back(std::move(parameter));
 }
 
-GptModel::GptModel(const ModelSpec& model, const ParallelPlan& plan, int64_t stage, Backend& backend, uint64_t seed,
+GptModel::GptModel(const ModelSpec& model, const ParallelPlan& plan, int64_t stage, Backend& backend, const Initialisation& init,
                    Parameter* tied_embedding, Comm* tensor_parallel, std::size_t bucket_size)
     : backend_(backend),
       stage_(stage),
@@ -160,7 +150,7 @@ GptModel::GptModel(const ModelSpec& model, const ParallelPlan& plan, int64_t sta
     output_weight_ = own ? own : word_embeddings_ ? word_embeddings_ : tied_embedding;
     if (!output_weight_) throw std::logic_error("GptModel: the last stage needs stage 0's word embedding on its rank");
   }
-  initialise(seed);
+  initialise(init);
 
   const auto tokens = static_cast<std::size_t>(batch_ * seq_);
   const auto rows = static_cast<std::size_t>(rows_);
@@ -187,11 +177,12 @@ GptModel::GptModel(const ModelSpec& model, const ParallelPlan& plan, int64_t sta
   }
 }
 
-void GptModel::initialise(uint64_t seed) {
-  // Megatron's initialisation: normal(0, 0.02), output projections scaled by 1 / sqrt(2 L). The
-  // output layer's copy draws the word embedding's values: the two start equal, as Megatron
-  // makes them by broadcasting the first stage's.
-  const double sigma = 0.02;
+void GptModel::initialise(const Initialisation& init) {
+  // Megatron's initialisation: normal(0, --init-method-std), output projections scaled by
+  // 1 / sqrt(2 L). The output layer's copy draws the word embedding's values: the two start equal,
+  // as Megatron makes them by broadcasting the first stage's.
+  const uint64_t seed = init.seed;
+  const double sigma = init.init_method_std;
   const double output_sigma = sigma / std::sqrt(2.0 * static_cast<double>(layers_total_));
   for (Parameter& parameter : parameters_) {
     std::vector<float> host(product(parameter.global_shape), 0.0f);

@@ -61,6 +61,12 @@ struct MicrobatchTokens {
   std::vector<float> loss_mask;
 };
 
+// How the weights are drawn: Megatron's --seed and --init-method-std.
+struct Initialisation {
+  uint64_t seed = 1234;
+  double init_method_std = 0.02;
+};
+
 class GptModel {
  public:
   // Throws SpecError naming the flag of the first thing this executor does not support yet
@@ -68,16 +74,16 @@ class GptModel {
   // implementations).
   static void refuse_unsupported(const ModelSpec& model, const ParallelPlan& plan);
 
-  // Refuses what refuse_unsupported() refuses. Weights: normal(0, 0.02), the projection
-  // and fc2 scaled by 1/sqrt(2 * layers) as Megatron does; biases 0; norms 1 and 0. Each
-  // parameter is drawn from a generator seeded by `seed` and its name, so a stage holds exactly
+  // Refuses what refuse_unsupported() refuses. Weights: normal(0, init.init_method_std), the
+  // projection and fc2 scaled by 1/sqrt(2 * layers) as Megatron does; biases 0; norms 1 and 0. Each
+  // parameter is drawn from a generator seeded by `init.seed` and its name, so a stage holds exactly
   // the values the whole model would. `tied_embedding` is the word embedding of stage 0 when it
   // lives on this rank and this is another, last stage (the V's turn): the output layer reads it
   // and adds its gradient there. `tensor_parallel` is the rank's tp group (null when tp = 1); the
   // model holds that rank's shard of every split parameter, drawn as the slice of the whole tensor.
   // Gradients are reduced in buckets of `bucket_size` elements (Megatron's --ddp-bucket-size; 0:
   // its default).
-  GptModel(const ModelSpec& model, const ParallelPlan& plan, int64_t stage, Backend& backend, uint64_t seed,
+  GptModel(const ModelSpec& model, const ParallelPlan& plan, int64_t stage, Backend& backend, const Initialisation& init,
            Parameter* tied_embedding = nullptr, Comm* tensor_parallel = nullptr, std::size_t bucket_size = 0);
   ~GptModel();
   GptModel(const GptModel&) = delete;
@@ -178,7 +184,7 @@ class GptModel {
     Activation input_gradient = nullptr;      // first stage under I: the embedding's, for W
   };
   void add_parameter(const ParameterSpec& spec);
-  void initialise(uint64_t seed);
+  void initialise(const Initialisation& init);
   Activations allocate_activations();
   void release_activations(Activations& activations);
   LayerActivations allocate_layer(Keep keep);

@@ -315,6 +315,51 @@ void write_rank_directory(const std::string& path, const CheckpointRank& rank, c
       rank.groups.tensor_parallel_rank, rank.groups.pipeline_rank, stages);
 }
 
+// The tokenizer as state.json holds it: train's flag names with underscores, files as absolute
+// paths (convert runs from anywhere), the flags not given left out.
+nlohmann::json tokenizer_json(const TokenizerOptions& tokenizer) {
+  nlohmann::json json = {{"kind", tokenizer.kind}};
+  const std::pair<const char*, const std::string*> files[] = {{"vocab_file", &tokenizer.vocab_file},
+                                                              {"merge_file", &tokenizer.merge_file},
+                                                              {"tokenizer_file", &tokenizer.tokenizer_file},
+                                                              {"tokenizer_model", &tokenizer.tokenizer_model}};
+  for (const auto& [key, path] : files) {
+    if (path->empty()) continue;
+    std::error_code error;
+    const std::filesystem::path absolute = std::filesystem::absolute(*path, error);
+    json[key] = error ? *path : absolute.lexically_normal().string();
+  }
+  return json;
+}
+
+TokenizerOptions tokenizer_from_json(const nlohmann::json& json, const std::string& source) {
+  JsonFieldReader fields(json, source);
+  TokenizerOptions tokenizer;
+  fields.require("kind", tokenizer.kind);
+  fields.read("vocab_file", tokenizer.vocab_file);
+  fields.read("merge_file", tokenizer.merge_file);
+  fields.read("tokenizer_file", tokenizer.tokenizer_file);
+  fields.read("tokenizer_model", tokenizer.tokenizer_model);
+  fields.reject_unknown_keys();
+  return tokenizer;  // whether its files still read is the reader's concern (convert says so)
+}
+
+// The word embedding and the output layer: their rows are the padded vocabulary, which changes
+// with tp (checkpoint.h says how a load under another padding reads them).
+bool vocabulary_tensor(const std::string& name) { return name == kWordEmbeddings || name == kOutputWeight; }
+
+// Whether a vocabulary tensor saved with `saved` global shape holds the `vocabulary` rows of one of
+// `wanted` shape under another padding: the same columns, and at least the real rows.
+bool other_padding(const std::vector<int64_t>& saved, const std::vector<int64_t>& wanted, int64_t vocabulary) {
+  return saved.size() == 2 && wanted.size() == 2 && saved[1] == wanted[1] && saved[0] >= vocabulary &&
+         wanted[0] >= vocabulary;
+}
+
+// Row-major arrays of `columns` columns given `rows` rows: the first rows kept, zero rows added.
+void set_rows(std::vector<std::vector<float>>& arrays, int64_t rows, int64_t columns) {
+  for (std::vector<float>& array : arrays) array.resize(static_cast<std::size_t>(rows * columns), 0.0f);
+}
+
 // state.json of a checkpoint: the training state, the model and the saving plan, its rank directories.
 nlohmann::json checkpoint_meta(const TrainingState& state, const ModelSpec& model, const ParallelPlan& plan) {
   nlohmann::json directories = nlohmann::json::array();
@@ -331,6 +376,7 @@ nlohmann::json checkpoint_meta(const TrainingState& state, const ModelSpec& mode
                          {"model_spec", model_spec_to_json(model)},
                          {"plan", parallel_plan_to_json(plan)},
                          {"directories", directories}};
+  if (state.tokenizer) meta["tokenizer"] = tokenizer_json(*state.tokenizer);
   meta["fnv1a64"] = json_checksum(meta);
   return meta;
 }
@@ -500,6 +546,9 @@ std::optional<Newest> find_newest(const std::string& directory) {
   if (state.consumed_samples < 0) {
     refuse_load(fields.field("consumed_samples") + ": must be non-negative, got " + std::to_string(state.consumed_samples));
   }
+  if (const nlohmann::json* tokenizer = fields.read_object("tokenizer")) {
+    state.tokenizer = tokenizer_from_json(*tokenizer, fields.field("tokenizer"));
+  }
   if (state.iteration != iteration) {
     refuse_load(path + "/state.json says iteration " + std::to_string(state.iteration) + " but " + latest + " says " +
                 std::to_string(iteration));
@@ -519,6 +568,16 @@ std::optional<TrainingState> load_latest(const std::string& directory, const Che
   // Every tensor of every saved rank directory, and the tensors the model has over all its stages.
   const std::map<std::string, std::vector<SavedShard>>& saved = newest->saved;
   const bool untied = rank.model.untie_embeddings_and_output_weights;
+  const int64_t vocabulary = rank.model.vocab_size;
+  // The real rows must be the model's: another vocabulary's rows are other tokens, or padding.
+  if (const auto spec = newest->meta.find("model_spec"); spec != newest->meta.end() && spec->is_object()) {
+    if (const auto saved_vocabulary = spec->find("vocab_size");
+        saved_vocabulary != spec->end() && saved_vocabulary->is_number_integer() && *saved_vocabulary != vocabulary) {
+      refuse_load(path + "/state.json: the checkpoint's vocabulary is " + saved_vocabulary->dump() + " tokens, the model's " +
+                  std::to_string(vocabulary) + " (a checkpoint of another vocabulary: --vocab-size " +
+                  saved_vocabulary->dump() + " trains on it)");
+    }
+  }
   std::map<std::string, std::vector<int64_t>> expected;  // name -> global shape
   for (int64_t stage = 0; stage < rank.plan.num_virtual_stages(); ++stage) {
     for (const ParameterSpec& spec : describe_parameters(rank.model, rank.plan, stage)) {
@@ -533,8 +592,9 @@ std::optional<TrainingState> load_latest(const std::string& directory, const Che
       refuse_load(shards.front().manifest + ": the checkpoint holds " + name + ", which " + rank.model.name +
                   " does not have (a checkpoint of another model)");
     }
-    if (shards.front().global_shape != found->second) {
-      refuse_load(shards.front().manifest + ": " + name + " has global shape " + shape_text(shards.front().global_shape) +
+    const std::vector<int64_t>& saved_shape = shards.front().global_shape;
+    if (saved_shape != found->second && !(vocabulary_tensor(name) && other_padding(saved_shape, found->second, vocabulary))) {
+      refuse_load(shards.front().manifest + ": " + name + " has global shape " + shape_text(saved_shape) +
                   " in the checkpoint but " + shape_text(found->second) + " in the model");
     }
     for (const SavedShard& shard : shards) {
@@ -557,7 +617,20 @@ std::optional<TrainingState> load_latest(const std::string& directory, const Che
     for (const Parameter& parameter : chunk->parameters()) {
       const std::string source =
           parameter.name == kOutputWeight && !untied && !saved.count(parameter.name) ? kWordEmbeddings : parameter.name;
-      std::vector<std::vector<float>> arrays = read_tensor(source, saved.at(source), tensor_cut(parameter), files);
+      const std::vector<SavedShard>& shards = saved.at(source);
+      const std::vector<int64_t>& saved_shape = shards.front().global_shape;
+      std::vector<std::vector<float>> arrays;
+      if (saved_shape == parameter.global_shape) {
+        arrays = read_tensor(source, shards, tensor_cut(parameter), files);
+      } else {
+        // The vocabulary under another padding: the whole tensor with this layout's rows, then this
+        // rank's part of it.
+        arrays = read_tensor(source, shards, TensorCut{}, files);
+        set_rows(arrays, parameter.global_shape[0], parameter.global_shape[1]);
+        for (std::vector<float>& array : arrays) {
+          array = reshard({array}, TensorCut{}, parameter.global_shape, tensor_cut(parameter));
+        }
+      }
       if (arrays[0].size() != parameter.size) {
         throw std::logic_error("checkpoint: " + parameter.name + "'s part holds " + std::to_string(arrays[0].size()) +
                                " elements, the parameter " + std::to_string(parameter.size));
@@ -636,12 +709,23 @@ CheckpointWeights read_checkpoint_weights(const std::string& directory) {
     }
     weights.model = model_spec_from_json(newest->meta["model_spec"], newest->path + "/state.json: model_spec");
     validate_model_spec(weights.model);
+    weights.tokenizer = newest->state.tokenizer;
     std::map<std::string, std::ifstream> files;
     for (const auto& [name, shards] : newest->saved) {
       // A tied output layer's copy is the word embedding: left out.
       if (name == kOutputWeight && !weights.model.untie_embeddings_and_output_weights) continue;
       std::vector<std::vector<float>> arrays = read_tensor(name, shards, TensorCut{}, files);
-      weights.tensors[name] = {shards.front().global_shape, std::move(arrays[0])};
+      std::vector<int64_t> shape = shards.front().global_shape;
+      if (vocabulary_tensor(name)) {
+        // The true vocabulary's rows; the rest were the saving layout's padding.
+        if (shape.size() != 2 || shape[0] < weights.model.vocab_size) {
+          refuse_load(shards.front().manifest + ": " + name + " has global shape " + shape_text(shape) + ", fewer rows than " +
+                      "the vocabulary of " + std::to_string(weights.model.vocab_size) + " state.json records");
+        }
+        shape[0] = weights.model.vocab_size;
+        set_rows(arrays, shape[0], shape[1]);
+      }
+      weights.tensors[name] = {shape, std::move(arrays[0])};
     }
     return weights;
   } catch (const SpecError& failure) {
@@ -652,7 +736,7 @@ CheckpointWeights read_checkpoint_weights(const std::string& directory) {
 
 void write_checkpoint_weights(const std::string& directory, const ModelSpec& model, const ParallelPlan& plan,
                               const std::map<std::string, WholeTensor>& tensors, uint64_t seed) {
-  const TrainingState state{0, 0, seed};
+  const TrainingState state{0, 0, seed, std::nullopt};  // weights from elsewhere: no tokenizer known
   const std::string staging = create_staging(directory, state.iteration);
   try {
     for (int64_t p = 0; p < plan.pipeline_parallel_size; ++p) {

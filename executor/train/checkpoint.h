@@ -30,6 +30,24 @@
 // and the distributed optimizer takes its shard of the whole moments (data parallelism). A last
 // stage's tied copy of the word embedding is read from the embedding when the saving layout had no
 // copy. Under an unchanged layout the resumed run repeats the uninterrupted one bit for bit.
+//
+// The vocabulary: the word embedding and the output layer hold Megatron's padded vocabulary, rows
+// up to a multiple of make_vocab_size_divisible_by x tp, so their rows change with tp. state.json's
+// model_spec records the true vocabulary (vocab_size); the rows past it are the saving layout's
+// padding. They are saved as trained, not dropped: the padded logits take part in the softmax (as
+// in Megatron), so the padding rows are random at initialisation and trained, and a resume under a
+// layout of the same padding must find them to repeat the run bit for bit. A load under a layout
+// of another padding keeps every real row (with its moments), keeps the padding rows both layouts
+// have, drops the rest or adds zero rows (zero moments), as Megatron's checkpoint converter does;
+// the loss then changes by what the dropped or added padding logits contributed. A checkpoint of
+// another vocabulary (model_spec's vocab_size) is refused. read_checkpoint_weights gives the true
+// vocabulary's rows only.
+//
+// state.json records the tokenizer the run was trained with (train's tokenizer flags, its files as
+// absolute paths), when the run named one, for `megaplan convert --to hf`; a resumed run that names
+// none carries the loaded one on. Checkpoints saved before this field hold no "tokenizer" and are
+// read as they are: their tokenizer is unknown (the format string is unchanged, since every
+// reader of it ignores the field or finds it optional).
 #pragma once
 
 #include <cstdint>
@@ -40,6 +58,7 @@
 
 #include "core/model_spec.h"
 #include "core/parallel_plan.h"
+#include "executor/data/tokenizer.h"
 #include "executor/io/safetensors.h"
 #include "executor/model/gpt_model.h"
 #include "executor/runtime/backend.h"
@@ -52,6 +71,8 @@ struct TrainingState {
   int64_t iteration = 0;         // updates done
   int64_t consumed_samples = 0;  // training samples drawn; the data position
   uint64_t seed = 0;             // the data order and the initialisation (no dropout: no other randomness)
+  // The tokenizer the data was prepared with, when the run named one (nullopt: unknown).
+  std::optional<TokenizerOptions> tokenizer;
 };
 
 // One rank as checkpoints see it: the plan it runs, its place in the world, its stage chunks (in
@@ -85,16 +106,20 @@ bool same_directory(const std::string& a, const std::string& b);
 // weights refreshed), or nothing when the directory holds none (no iter_ directory, no
 // latest_checkpointed_iteration.txt). Throws SpecError("--load", ...)
 // naming the file and the rule for an unreadable checkpoint, one of another model (a tensor
-// missing, extra, or of another global shape: both shapes named) or a corrupted tensor (its
-// checksum); nothing has been trained or written then.
+// missing, extra, or of another global shape: both shapes named; another vocabulary) or a
+// corrupted tensor (its checksum); nothing has been trained or written then. The vocabulary's
+// tensors load under any padding (the header above says how). The state's tokenizer is the
+// checkpoint's (nullopt when it records none).
 std::optional<TrainingState> load_checkpoint(const std::string& directory, const CheckpointRank& rank);
 
 // The newest checkpoint's weights as whole tensors (each joined from its shards; a tied output
-// layer's copy left out) and the model state.json records: what `megaplan convert` reads. Throws
-// SpecError("--load", ...) as load_checkpoint does.
+// layer's copy left out; the vocabulary's tensors cut to the model's vocab_size rows, without the
+// saving layout's padding), the model and the tokenizer state.json records: what `megaplan
+// convert` reads. Throws SpecError("--load", ...) as load_checkpoint does.
 struct CheckpointWeights {
   ModelSpec model;
-  std::map<std::string, WholeTensor> tensors;  // by Megatron's name, global shapes
+  std::map<std::string, WholeTensor> tensors;  // by Megatron's name, global shapes (unpadded)
+  std::optional<TokenizerOptions> tokenizer;   // nullopt: the checkpoint does not say
 };
 CheckpointWeights read_checkpoint_weights(const std::string& directory);
 

@@ -23,7 +23,7 @@
 #include "core/units.h"
 #include "executor/comm/in_process_comm.h"
 #include "executor/comm/rank_threads.h"
-#include "executor/data/gpt_dataset.h"
+#include "executor/data/blended_samples.h"
 #include "executor/data/indexed_dataset.h"
 #include "executor/model/gpt_model.h"
 #include "executor/runtime/interpreter.h"
@@ -37,7 +37,21 @@ namespace megaplan::exec {
 
 TrainOptions checked_train_options(const TrainOptions& options_in) {
   TrainOptions options = options_in;
-  if (options.learning_rate.decay_iterations == 0) options.learning_rate.decay_iterations = options.train_iters;
+  // Megatron's two forms: iteration-based (--train-iters) or sample-based (--train-samples, the
+  // iterations then set by the caller from the plan's global batch); the decay defaults to the run.
+  if (options.train_samples > 0) {
+    if (options.learning_rate.warmup_iterations > 0 || options.learning_rate.decay_iterations > 0) {
+      throw SpecError(options.learning_rate.warmup_iterations > 0 ? "--lr-warmup-iters" : "--lr-decay-iters",
+                      "is iteration-based and cannot be combined with --train-samples (Megatron's rule)");
+    }
+    if (options.learning_rate.decay_samples == 0) options.learning_rate.decay_samples = options.train_samples;
+  } else {
+    if (options.learning_rate.warmup_samples > 0 || options.learning_rate.decay_samples > 0) {
+      throw SpecError(options.learning_rate.warmup_samples > 0 ? "--lr-warmup-samples" : "--lr-decay-samples",
+                      "is sample-based and needs --train-samples instead of --train-iters (Megatron's rule)");
+    }
+    if (options.learning_rate.decay_iterations == 0) options.learning_rate.decay_iterations = options.train_iters;
+  }
   const auto positive = [](int64_t value, const char* flag) {
     if (value <= 0) throw SpecError(flag, "must be a positive integer, got " + std::to_string(value));
   };
@@ -60,6 +74,9 @@ TrainOptions checked_train_options(const TrainOptions& options_in) {
   if (!(options.adam_beta2 >= 0 && options.adam_beta2 < 1)) throw SpecError("--adam-beta2", "must lie in [0, 1)");
   if (!(options.adam_eps > 0) || !std::isfinite(options.adam_eps)) {
     throw SpecError("--adam-eps", "must be a finite positive number");
+  }
+  if (!(options.init_method_std > 0) || !std::isfinite(options.init_method_std)) {
+    throw SpecError("--init-method-std", "must be a finite positive number");
   }
   if (options.ddp_bucket_size < 0) throw SpecError("--ddp-bucket-size", "must be non-negative (0: Megatron's default)");
   if (options.data_path.empty()) throw SpecError("--data-path", "is required");
@@ -90,14 +107,13 @@ struct Run {
   const ParallelPlan& plan;
   const TrainOptions& options;
   const PipelineSchedule& schedule;  // the plan's, lowered and validated
-  const IndexedDataset& dataset;
-  const GptSamples& train_samples;
-  const GptSamples* valid_samples;
+  const BlendedSamples& train_samples;
+  const BlendedSamples* valid_samples;
 };
 
 // Megatron's sampler: a global batch is its size's consecutive samples; microbatch m of
 // data-parallel rank r takes mbs of them at (m x dp + r) x mbs.
-void read_microbatch(const GptSamples& samples, int64_t batch_start, int64_t microbatch, int64_t dp_rank,
+void read_microbatch(const BlendedSamples& samples, int64_t batch_start, int64_t microbatch, int64_t dp_rank,
                      const ParallelPlan& plan, int64_t seq, MicrobatchTokens& out) {
   const int64_t mbs = plan.micro_batch_size;
   const int64_t first = batch_start + (microbatch * plan.data_parallel_size + dp_rank) * mbs;
@@ -144,7 +160,8 @@ class RankTrainer {
     }
     Parameter* embedding = nullptr;  // stage 0's, when this rank holds it: a V's last stage reads it
     for (const int64_t stage : stages_of_pipeline_rank(groups.pipeline_rank, run.plan)) {
-      chunks_.push_back(std::make_unique<GptModel>(run.model, run.plan, stage, backend, run.options.seed, embedding,
+      chunks_.push_back(std::make_unique<GptModel>(run.model, run.plan, stage, backend,
+                                                   Initialisation{run.options.seed, run.options.init_method_std}, embedding,
                                                    groups.tensor_parallel.get(),
                                                    static_cast<std::size_t>(run.options.ddp_bucket_size)));
       if (chunks_.back()->first_stage()) embedding = chunks_.back()->word_embedding();
@@ -320,6 +337,7 @@ TrainSummary RankTrainer::train() {
   const ParallelPlan& plan = run_.plan;
   TrainingState state;
   state.seed = options.seed;
+  state.tokenizer = options.tokenizer;
   if (out_ && !options.vocabulary_note.empty()) *out_ << options.vocabulary_note << "\n";
   if (out_) {
     // What the run is, once, before it starts (Megatron prints its arguments and sizes).
@@ -334,11 +352,24 @@ TrainSummary RankTrainer::train() {
     }
     *out_ << ", " << options.train_iters << " iterations (" << format_count(static_cast<double>(samples * seq))
           << " tokens, " << run_.train_samples.epochs() << " epoch(s) of the training split)\n";
+    // A blend says what it draws from each dataset, as Megatron-LM logs its blend.
+    const std::vector<int64_t> shares = run_.train_samples.samples_per_dataset();
+    if (shares.size() > 1) {
+      const DataBlend& data = options.data_path;
+      *out_ << "training data: " << shares.size() << " datasets blended "
+            << (data.weighted() ? "by weight" : "by the samples each holds (no weights given)") << ":";
+      for (std::size_t d = 0; d < shares.size(); ++d) {
+        *out_ << (d == 0 ? " " : ", ") << data.prefixes[d] << " " << shares[d] << " samples";
+        if (data.weighted()) *out_ << " (weight " << format_double(data.weights[d]) << ")";
+      }
+      *out_ << "\n";
+    }
   }
   if (options.load) {
     if (const std::optional<TrainingState> loaded = load_checkpoint(*options.load, checkpoint_rank())) {
       check_resumable(*loaded);
       state = *loaded;
+      if (options.tokenizer) state.tokenizer = options.tokenizer;  // the run's word over the checkpoint's
       if (out_) *out_ << "loaded " << *options.load << " at iteration " << state.iteration << "\n";
     } else if (options.save && same_directory(*options.load, *options.save)) {
       if (out_) *out_ << "no checkpoint in " << *options.load << " yet: starting from scratch\n";
@@ -363,8 +394,8 @@ TrainSummary RankTrainer::train() {
   double window_loss = 0;  // summed over the log interval: Megatron prints the interval's average
   while (state.iteration < options.train_iters) {
     const int64_t iteration = state.iteration + 1;
-    const double lr = options.learning_rate.at(iteration);
     const int64_t global_batch = rampup_global_batch(options.rampup, plan.global_batch_size, state.consumed_samples);
+    const double lr = options.learning_rate.at(state.consumed_samples + global_batch, plan.global_batch_size);
     if (options.rampup) use_global_batch(global_batch);
     const int64_t microbatches = global_batch / (plan.micro_batch_size * plan.data_parallel_size);
     data.clear();
@@ -506,7 +537,7 @@ void check_ramp(const ModelSpec& model, const ParallelPlan& plan, const TrainOpt
 }
 
 // What every rank of a run shares, built and checked before any rank starts (a schedule that would
-// hang is refused here). Not movable: the samples refer to the dataset.
+// hang is refused here). Not movable: the samples refer to the datasets.
 struct PreparedRun {
   PreparedRun(const ModelSpec& model_in, const ParallelPlan& plan_in, const TrainOptions& options_in)
       : model(model_in),
@@ -515,27 +546,27 @@ struct PreparedRun {
         schedule((GptModel::refuse_unsupported(model, plan), check_ramp(model, plan, options),
                   check_checkpoint_directories(options.load, options.save, checkpoint_bytes(model, plan)),
                   checked_schedule(plan, options))),
-        dataset(options.data_path),
-        splits(split_documents(options.split, static_cast<int64_t>(dataset.num_documents()))),
-        train_samples(dataset, splits[0], model.seq_length, training_samples(plan, options), options.seed) {
-    if (splits[1].size() > 0 && options.eval_iters > 0) {
-      valid_samples.emplace(dataset, splits[1], model.seq_length, validation_samples(plan, options), options.seed + 1);
+        datasets(open_datasets(options.data_path)),
+        train_samples(options.data_path, datasets, options.split, 0, model.seq_length, training_samples(plan, options),
+                      options.seed) {
+    if (any_documents_in_split(datasets, options.split, 1) && options.eval_iters > 0) {
+      valid_samples.emplace(options.data_path, datasets, options.split, 1, model.seq_length,
+                            validation_samples(plan, options), options.seed + 1);
     }
   }
   PreparedRun(const PreparedRun&) = delete;
   PreparedRun& operator=(const PreparedRun&) = delete;
   Run run() const {
-    return Run{model, plan, options, schedule, dataset, train_samples, valid_samples ? &*valid_samples : nullptr};
+    return Run{model, plan, options, schedule, train_samples, valid_samples ? &*valid_samples : nullptr};
   }
 
   const ModelSpec& model;
   const ParallelPlan& plan;
   TrainOptions options;
   PipelineSchedule schedule;
-  IndexedDataset dataset;
-  std::array<DocumentRange, 3> splits;
-  GptSamples train_samples;
-  std::optional<GptSamples> valid_samples;
+  std::vector<std::unique_ptr<IndexedDataset>> datasets;  // one per --data-path prefix
+  BlendedSamples train_samples;
+  std::optional<BlendedSamples> valid_samples;
 };
 
 }  // namespace

@@ -21,6 +21,8 @@
 #include "core/parallel_plan.h"
 #include "core/timeline.h"
 #include "executor/comm/in_process_memory.h"
+#include "executor/data/data_blend.h"
+#include "executor/data/tokenizer.h"
 #include "executor/runtime/backend.h"
 #include "executor/train/parallel_groups.h"
 #include "executor/train/learning_rate.h"
@@ -28,7 +30,8 @@
 namespace megaplan::exec {
 
 struct TrainOptions {
-  int64_t train_iters = 0;       // --train-iters
+  int64_t train_iters = 0;       // --train-iters (with --train-samples: train_samples / the global batch, set by the caller)
+  int64_t train_samples = 0;     // --train-samples: sample-based training, Megatron's other form (0: iteration-based)
   int64_t exit_interval = 0;     // --exit-interval: stop (after saving) at a multiple of it; 0 never
   // --exit-signal-handler: at each iteration's end, stop on SIGTERM after a save, on SIGINT without
   // one (executor/train/stop_signal.h; the caller installs the handlers).
@@ -40,15 +43,20 @@ struct TrainOptions {
   double adam_eps = 1e-8;
   double clip_grad = 1.0;        // --clip-grad (0: no clipping)
   uint64_t seed = 1234;          // --seed
+  double init_method_std = 0.02;  // --init-method-std: the weights' normal deviation
   int64_t eval_interval = 1000;  // --eval-interval
   int64_t eval_iters = 100;      // --eval-iters
   int64_t log_interval = 100;    // --log-interval
-  std::string data_path;         // --data-path PREFIX
+  DataBlend data_path;           // --data-path: PREFIX, or Megatron's blend (executor/data/data_blend.h)
   std::string split = "969,30,1";  // --split (Megatron's default)
   std::optional<std::string> log_file;  // --log-file: one JSON object per logged iteration, appended
   std::optional<std::string> save;      // --save DIR
   int64_t save_interval = 0;            // --save-interval
   std::optional<std::string> load;      // --load DIR
+  // The tokenizer the data was prepared with (train's tokenizer flags), when the run names one:
+  // recorded in its checkpoints for `megaplan convert --to hf`; without it a resumed run keeps the
+  // loaded checkpoint's.
+  std::optional<TokenizerOptions> tokenizer;
   double peak_flops_per_s = 0;          // the device's dense peak, for MFU (0: not reported)
   int64_t distributed_timeout_minutes = 10;  // --distributed-timeout-minutes: a rank that waits longer ends the run
   int64_t ddp_bucket_size = 0;       // --ddp-bucket-size: parameters per gradient bucket (0: Megatron's default)
@@ -63,7 +71,7 @@ struct TrainOptions {
   std::optional<std::string> pipeline_schedule_csv;
   // --rampup-batch-size START INCREMENT SAMPLES (core/batch_rampup.h): each iteration runs the
   // plan's schedule at its step's microbatches; --train-iters counts these iterations (Megatron-LM
-  // asks for --train-samples with a ramp; megaplan trains by iterations only).
+  // asks for --train-samples with a ramp, and counts train_samples / --global-batch-size iterations).
   std::optional<BatchRampup> rampup;
 };
 

@@ -38,7 +38,7 @@ def run(args, **kwargs):
 
 def train_args(directory, iterations, load=None):
     return ["train", "--device", "cpu", "--model", os.path.join(examples, "models/tiny-gpt.json"), "--vocab-size",
-            "257", "--seq-length", "16", "--data-path", os.path.join(scratch, "corpus"), "--split", "1,0,0",
+            "257", "--seq-length", "16", "--data-path", os.path.join(scratch, "corpus_text_document"), "--split", "1,0,0",
             "--mbs", "1", "--gbs", "2", "--log-interval", "1000", "--train-iters", str(iterations),
             "--load", load or directory, "--save", directory, "--save-interval", "1"]
 

@@ -1,6 +1,7 @@
 // Per-rank checkpoints: Megatron's directory layout, a bit-exact resume under the saving layout,
 // loading under other layouts (pipeline, virtual pipeline, data parallelism, the distributed
-// optimizer on or off, tensor and sequence parallelism) on the single-rank trajectory, the tensor-parallel resharding rule, and
+// optimizer on or off, tensor and sequence parallelism) on the single-rank trajectory, the tensor-parallel resharding rule,
+// the vocabulary under another tp's padding, the tokenizer a run names, and
 // refusals (a corrupted shard, a checkpoint of another model) and failed saves that leave the last
 // good checkpoint as it was. A 4-layer GPT on the CPU backend, ranks as threads.
 //
@@ -8,6 +9,7 @@
 // (1e-4 relative on losses): after the load each layout runs its own order of the same sums.
 #include <catch2/catch.hpp>
 
+#include <array>
 #include <filesystem>
 #include <functional>
 #include <fstream>
@@ -21,9 +23,13 @@
 
 #include "core/error.h"
 #include "core/parallel_plan.h"
+#include "core/parameter_list.h"
 #include "core/text_file.h"
+#include "executor/model/gpt_model.h"
+#include "executor/model/tensor_shards.h"
 #include "executor/runtime/cpu_backend.h"
 #include "executor/train/checkpoint.h"
+#include "executor/train/optimizer.h"
 #include "executor/train/trainer.h"
 #include "forwarding_backend.h"
 #include "training_fixtures.h"
@@ -531,4 +537,215 @@ TEST_CASE("a save over an existing iteration swaps it in whole and removes what 
   CHECK(names == expected);  // no temporaries, no staging directory left
   // The same run from the same state: the replaced iteration holds the same bytes.
   CHECK(second == first);
+}
+
+namespace {
+
+// four_layer_gpt with 4 heads (tp 4 splits them) and a vocabulary that pads differently at each tp:
+// make_vocab_size_divisible_by 64 pads the byte tokenizer's 257 to 320 rows at tp 1, 384 at tp 2
+// and 512 at tp 4.
+megaplan::ModelSpec padded_gpt() {
+  megaplan::ModelSpec model = four_layer_gpt();
+  model.name = "four-layer-gpt-4-heads";
+  model.num_attention_heads = 4;
+  model.make_vocab_size_divisible_by = 64;
+  return model;
+}
+
+// A tensor's value, first and second moment, whole.
+struct WholeArrays {
+  std::vector<int64_t> global_shape;
+  std::array<std::vector<float>, 3> arrays;
+};
+
+// `name` as the iteration directory `iteration` saved it, read from the files as checkpoint.h
+// states their layout (each rank directory's manifest; model.bin: value, then the two moments)
+// and its tensor-parallel parts joined.
+WholeArrays saved_tensor(const std::string& iteration, const std::string& name) {
+  std::map<int64_t, std::array<std::vector<float>, 3>> parts;
+  exec::TensorCut cut;
+  WholeArrays whole;
+  for (const fs::directory_entry& entry : fs::directory_iterator(iteration)) {
+    if (!entry.is_directory()) continue;
+    const nlohmann::json manifest =
+        nlohmann::json::parse(megaplan::read_file_contents(entry.path().string() + "/manifest.json"));
+    for (const nlohmann::json& tensor : manifest.at("tensors")) {
+      if (tensor.at("name") != name) continue;
+      const nlohmann::json& shard = tensor.at("shard");
+      cut.dim = shard.at("dim").is_null() ? -1 : shard.at("dim").get<int64_t>();
+      cut.count = shard.at("count").get<int64_t>();
+      cut.chunks = shard.at("chunks").get<int64_t>();
+      whole.global_shape = tensor.at("global_shape").get<std::vector<int64_t>>();
+      const std::size_t count = exec::elements(tensor.at("shape").get<std::vector<int64_t>>());
+      std::ifstream data(entry.path().string() + "/model.bin", std::ios::binary);
+      data.seekg(static_cast<std::streamoff>(tensor.at("offset").get<uint64_t>()));
+      std::array<std::vector<float>, 3>& arrays = parts[shard.at("index").get<int64_t>()];
+      for (std::vector<float>& array : arrays) {
+        array.resize(count);
+        data.read(reinterpret_cast<char*>(array.data()), static_cast<std::streamsize>(count * sizeof(float)));
+      }
+    }
+  }
+  REQUIRE(static_cast<int64_t>(parts.size()) == cut.count);
+  for (std::size_t a = 0; a < 3; ++a) {
+    std::vector<std::vector<float>> joined;
+    for (const auto& [index, arrays] : parts) joined.push_back(arrays[a]);
+    whole.arrays[a] = exec::reshard(joined, cut, whole.global_shape, exec::TensorCut{});
+  }
+  return whole;
+}
+
+// The newest checkpoint in `directory` loaded by the one rank of a tp 1 layout: every parameter's
+// value and moments, by name.
+std::map<std::string, WholeArrays> loaded_at_one_rank(const megaplan::ModelSpec& model, const ParallelPlan& plan,
+                                                      const std::string& directory) {
+  exec::CpuBackend backend;
+  exec::GptModel chunk(model, plan, 0, backend, {1234});
+  const exec::ParallelGroups groups;
+  exec::Optimizer optimizer({&chunk}, exec::OptimizerGroups{}, false, exec::OptimizerSettings{}, backend);
+  REQUIRE(exec::load_checkpoint(directory, {model, plan, groups, {&chunk}, optimizer, backend}));
+  std::map<std::string, WholeArrays> loaded;
+  for (exec::TensorState& state : optimizer.export_state()) {
+    std::vector<float> value(state.parameter->size);
+    backend.download(value.data(), state.parameter->value, value.size());
+    loaded[state.parameter->name] = {state.parameter->global_shape,
+                                     {std::move(value), std::move(state.first_moment), std::move(state.second_moment)}};
+  }
+  return loaded;
+}
+
+// The first `rows` rows of row-major `values` of `columns` columns.
+std::vector<float> first_rows(const std::vector<float>& values, int64_t rows, int64_t columns) {
+  return {values.begin(), values.begin() + rows * columns};
+}
+
+}  // namespace
+
+TEST_CASE("a checkpoint of tp 2 loads at tp 1 and tp 4, whose vocabulary padding differs", "[checkpoint]") {
+  const megaplan::test::ScratchDirectory scratch;
+  const megaplan::ModelSpec model = padded_gpt();
+  const int64_t hidden = model.hidden_size, vocabulary = model.vocab_size;
+  REQUIRE(megaplan::padded_vocab_size(model, 1) == 320);
+  REQUIRE(megaplan::padded_vocab_size(model, 2) == 384);
+  REQUIRE(megaplan::padded_vocab_size(model, 4) == 512);
+  exec::TrainOptions options = options_for(megaplan::test::sentence_corpus(scratch));
+  const auto tp = [](int64_t size) { return megaplan::test::layout(size, 1, 1, 1, ScheduleKind::kOneFOneB); };
+  const Outcome whole = train(model, tp(2), options, scratch, "whole");
+  REQUIRE(whole.losses.size() == 8);
+  const std::string directory = scratch.file("checkpoints");
+  options.save = directory;
+  options.exit_interval = 4;
+  (void)train(model, tp(2), options, scratch, "first-half");
+  const std::string iteration = directory + "/iter_0000004";
+  const WholeArrays embedding = saved_tensor(iteration, megaplan::kWordEmbeddings);
+  REQUIRE(embedding.global_shape == std::vector<int64_t>{384, hidden});  // tp 2's padding, as trained
+
+  // At tp 1 every real row, its moments and every other tensor are the saved ones; of the
+  // padding, the 63 rows tp 1 keeps too.
+  const std::map<std::string, WholeArrays> one = loaded_at_one_rank(model, tp(1), directory);
+  for (const auto& [name, loaded] : one) {
+    INFO(name);
+    const WholeArrays saved = saved_tensor(iteration, name);
+    for (std::size_t a = 0; a < 3; ++a) {
+      INFO("array " << a);
+      if (name != megaplan::kWordEmbeddings) {
+        CHECK(loaded.arrays[a] == saved.arrays[a]);
+        continue;
+      }
+      CHECK(loaded.global_shape == std::vector<int64_t>{320, hidden});
+      CHECK(first_rows(loaded.arrays[a], vocabulary, hidden) == first_rows(saved.arrays[a], vocabulary, hidden));
+      CHECK(loaded.arrays[a] == first_rows(saved.arrays[a], 320, hidden));
+    }
+  }
+
+  // Both layouts train on from iteration 5, and at tp 4 the weights are the saved ones, the 128
+  // padding rows tp 2 did not have zero. Where the padding is the same, the resume is exact.
+  options.exit_interval = 0;
+  options.save.reset();
+  options.load = directory;
+  options.keep_final_weights = true;
+  exec::TrainOptions loaded_only = options;
+  loaded_only.train_iters = 4;  // load, train nothing, keep the weights
+  const Outcome four = train(model, tp(4), loaded_only, scratch, "tp4-loaded");
+  CHECK(four.out.find("loaded " + directory + " at iteration 4") != std::string::npos);
+  for (const auto& [name, value] : four.summary.final_weights) {
+    INFO(name);
+    const WholeArrays saved = saved_tensor(iteration, name);
+    if (name != megaplan::kWordEmbeddings) {
+      CHECK(value == saved.arrays[0]);
+      continue;
+    }
+    REQUIRE(value.size() == static_cast<std::size_t>(512 * hidden));
+    CHECK(first_rows(value, 384, hidden) == saved.arrays[0]);
+    CHECK(std::vector<float>(value.begin() + 384 * hidden, value.end()) == std::vector<float>(128 * hidden, 0.0f));
+  }
+  options.keep_final_weights = false;
+  std::map<int64_t, Outcome> resumed;
+  for (const int64_t size : {1, 2, 4}) {
+    INFO("tp " << size);
+    resumed[size] = train(model, tp(size), options, scratch, "tp" + std::to_string(size));
+    CHECK(resumed[size].summary.first_iteration == 5);
+    REQUIRE(resumed[size].losses.size() == 4);
+  }
+  for (std::size_t i = 0; i < 4; ++i) CHECK(resumed[2].losses[i] == whole.losses[i + 4]);
+  // The padded logits take part in the softmax (checkpoint.h): iteration 5's loss, at the loaded
+  // weights, is lower over tp 1's 63 padding columns than over tp 2's 127, higher with tp 4's 255
+  // (its 128 zero rows add logits of 0).
+  CHECK(resumed[1].losses[0] < whole.losses[4]);
+  CHECK(resumed[4].losses[0] > whole.losses[4]);
+
+  // A model of another vocabulary is another model, whatever its padding.
+  megaplan::ModelSpec other = model;
+  other.vocab_size = 300;
+  const std::string message = error_of([&] { (void)train(other, tp(1), options, scratch, "other-vocabulary"); });
+  CHECK(message == "--load: " + iteration + "/state.json: the checkpoint's vocabulary is 257 tokens, the model's 300 " +
+                       "(a checkpoint of another vocabulary: --vocab-size 257 trains on it)");
+}
+
+TEST_CASE("checkpoints record the tokenizer a run names, carry it over a resume, and read older ones", "[checkpoint]") {
+  const megaplan::test::ScratchDirectory scratch;
+  const megaplan::ModelSpec model = four_layer_gpt();
+  const ParallelPlan plan = plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false);
+  exec::TrainOptions options = options_for(megaplan::test::sentence_corpus(scratch));
+  options.train_iters = 2;
+  options.save = scratch.file("checkpoints");
+  options.tokenizer = exec::TokenizerOptions{};
+  options.tokenizer->kind = "gpt2";
+  options.tokenizer->vocab_file = "relative/vocab.json";  // recorded as given, made absolute
+  options.tokenizer->merge_file = scratch.file("merges.txt");
+  (void)train(model, plan, options, scratch, "named");
+  const auto state_of = [&](const std::string& iteration) {
+    return nlohmann::json::parse(megaplan::read_file_contents(*options.save + "/" + iteration + "/state.json"));
+  };
+  const nlohmann::json expected = {{"kind", "gpt2"},
+                                   {"vocab_file", (fs::current_path() / "relative/vocab.json").string()},
+                                   {"merge_file", scratch.file("merges.txt")}};
+  CHECK(state_of("iter_0000002").at("tokenizer") == expected);
+  // A resumed run that names none keeps it; convert reads it.
+  options.load = options.save;
+  options.tokenizer.reset();
+  options.train_iters = 3;
+  (void)train(model, plan, options, scratch, "resumed");
+  CHECK(state_of("iter_0000003").at("tokenizer") == expected);
+  const exec::CheckpointWeights weights = exec::read_checkpoint_weights(*options.save);
+  REQUIRE(weights.tokenizer);
+  CHECK(weights.tokenizer->kind == "gpt2");
+  CHECK(weights.tokenizer->vocab_file == expected.at("vocab_file"));
+  // A checkpoint saved before the field (no tokenizer, no checksum) loads, its tokenizer unknown.
+  nlohmann::json older = state_of("iter_0000003");
+  older.erase("tokenizer");
+  older.erase("fnv1a64");
+  write_text(*options.save + "/iter_0000003/state.json", older.dump(2));
+  CHECK_FALSE(exec::read_checkpoint_weights(*options.save).tokenizer);
+  options.train_iters = 4;
+  CHECK(train(model, plan, options, scratch, "older").summary.first_iteration == 4);
+  CHECK_FALSE(state_of("iter_0000004").contains("tokenizer"));
+  // A damaged tokenizer field is refused naming it.
+  nlohmann::json damaged = state_of("iter_0000004");
+  damaged.erase("fnv1a64");
+  damaged["tokenizer"] = {{"kind", "gpt2"}, {"vocab_fle", "x"}};
+  write_text(*options.save + "/iter_0000004/state.json", damaged.dump(2));
+  options.train_iters = 5;
+  CHECK(refusal_of([&] { (void)train(model, plan, options, scratch, "damaged"); })
+            .find("state.json: tokenizer: vocab_fle") != std::string::npos);
 }

@@ -1,9 +1,11 @@
 // The data pipeline. Megatron's indexed dataset: .idx files whose bytes are written here by hand,
 // in Megatron's layout, read back exactly; every dtype code; the writer's round trip; broken files
-// refused with one line naming the file and the rule. Then data prepare, --split and GPT samples.
+// refused with one line naming the file and the rule. Then data prepare, --split, GPT samples and
+// Megatron's blends of datasets.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <cstring>
@@ -14,6 +16,8 @@
 #include <vector>
 
 #include "core/error.h"
+#include "executor/data/blended_samples.h"
+#include "executor/data/data_blend.h"
 #include "executor/data/gpt_dataset.h"
 #include "executor/data/indexed_dataset.h"
 #include "executor/data/prepare.h"
@@ -39,6 +43,15 @@ void put(std::string& bytes, T value) {
 
 void write_bytes(const std::string& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+// Whether anything in `folder` has a name starting with `stem`: a dataset, a staged temporary
+// file or a folder a failed run left behind.
+bool anything_named(const std::string& folder, const std::string& stem) {
+  for (const auto& entry : std::filesystem::directory_iterator(folder)) {
+    if (entry.path().filename().string().rfind(stem, 0) == 0) return true;
+  }
+  return false;
 }
 
 // An .idx in Megatron's layout for sequences of the given lengths laid back to back.
@@ -137,25 +150,32 @@ TEST_CASE("train's vocabulary: given, else the tokenizer's, else the data's larg
   writer.add_document({5, 300, 7});
   writer.add_document({299});
   writer.finish();
-  const IndexedDataset data(prefix);
-  const Vocabulary from_data = megaplan::exec::training_vocabulary(std::nullopt, std::nullopt, data, prefix);
+  const Vocabulary from_data = megaplan::exec::training_vocabulary(std::nullopt, std::nullopt, prefix);
   CHECK(from_data.size == 301);
   CHECK_THAT(from_data.source, Contains("the data (the largest token id in " + prefix + ".bin, plus one"));
   megaplan::exec::TokenizerOptions byte;  // --tokenizer byte: 257 tokens, fewer than the data's ids
-  CHECK_THROWS_WITH(megaplan::exec::training_vocabulary(std::nullopt, byte, data, prefix),
+  CHECK_THROWS_WITH(megaplan::exec::training_vocabulary(std::nullopt, byte, prefix),
                     Contains("--vocab-size: " + prefix + ".bin holds the token id 300, outside the vocabulary of 257 "
                              "from the tokenizer (byte): give a vocabulary of at least 301"));
-  const Vocabulary given = megaplan::exec::training_vocabulary(Vocabulary{50257, "--vocab-size"}, byte, data, prefix);
+  const Vocabulary given = megaplan::exec::training_vocabulary(Vocabulary{50257, "--vocab-size"}, byte, prefix);
   CHECK(given.size == 50257);  // a stated size wins over the tokenizer's
   CHECK(given.source == "--vocab-size");
-  CHECK_THROWS_WITH(megaplan::exec::training_vocabulary(Vocabulary{300, "--vocab-size"}, std::nullopt, data, prefix),
+  CHECK_THROWS_WITH(megaplan::exec::training_vocabulary(Vocabulary{300, "--vocab-size"}, std::nullopt, prefix),
                     Contains("outside the vocabulary of 300 from --vocab-size"));
   IndexedDatasetWriter negative(scratch.file("negative"), TokenType::kInt32);
   negative.add_document({3, -2});
   negative.finish();
-  CHECK_THROWS_WITH(megaplan::exec::training_vocabulary(std::nullopt, std::nullopt, IndexedDataset(scratch.file("negative")),
-                                                        "negative"),
-                    Contains("--data-path: negative.bin holds the token id -2: token ids must be >= 0"));
+  CHECK_THROWS_WITH(megaplan::exec::training_vocabulary(std::nullopt, std::nullopt, scratch.file("negative")),
+                    Contains("negative.bin holds the token id -2: token ids must be >= 0"));
+  // A blend's vocabulary covers every dataset, and names the one holding the largest id.
+  IndexedDatasetWriter other(scratch.file("other"), TokenType::kUint16);
+  other.add_document({400});
+  other.finish();
+  megaplan::exec::DataBlend blend;
+  blend.prefixes = {prefix, scratch.file("other")};
+  const Vocabulary blended = megaplan::exec::training_vocabulary(std::nullopt, std::nullopt, blend);
+  CHECK(blended.size == 401);
+  CHECK_THAT(blended.source, Contains("other.bin, plus one"));
 }
 
 TEST_CASE("broken datasets are refused naming the file and the rule", "[data]") {
@@ -198,7 +218,7 @@ TEST_CASE("broken datasets are refused naming the file and the rule", "[data]") 
   CHECK_NOTHROW(IndexedDataset(prefix));
 }
 
-TEST_CASE("prepare turns .jsonl lines and whole files into documents", "[data]") {
+TEST_CASE("prepare turns JSON lines and whole files into documents", "[data]") {
   const ScratchDirectory scratch;
   write_bytes(scratch.file("a.jsonl"), "{\"text\": \"ab\"}\n\n{\"text\": \"c\", \"id\": 3}\n");
   write_bytes(scratch.file("b.txt"), "xyz");
@@ -208,9 +228,12 @@ TEST_CASE("prepare turns .jsonl lines and whole files into documents", "[data]")
   options.append_end_of_document = true;
   const megaplan::exec::ByteTokenizer bytes;
   const megaplan::exec::PrepareSummary summary = megaplan::exec::prepare_dataset(options, bytes);
-  CHECK(summary.documents == 3);
-  CHECK(summary.tokens == 3 + 2 + 4);
-  const IndexedDataset dataset(options.output_prefix);
+  REQUIRE(summary.datasets.size() == 1);
+  CHECK(summary.datasets[0].prefix == scratch.file("out_text_document"));  // Megatron's name
+  CHECK(summary.datasets[0].documents == 3);
+  CHECK(summary.datasets[0].tokens == 3 + 2 + 4);
+  CHECK(!std::filesystem::exists(scratch.file("out.bin")));
+  const IndexedDataset dataset(scratch.file("out_text_document"));
   CHECK(dataset.token_type() == TokenType::kUint16);
   CHECK(dataset.sequence(0) == std::vector<int64_t>{'a', 'b', 256});
   CHECK(dataset.sequence(1) == std::vector<int64_t>{'c', 256});
@@ -220,8 +243,7 @@ TEST_CASE("prepare turns .jsonl lines and whole files into documents", "[data]")
   options.inputs = {scratch.file("c.jsonl")};
   options.output_prefix = scratch.file("never");
   CHECK_THROWS_WITH(megaplan::exec::prepare_dataset(options, bytes), Contains("c.jsonl:1: no string field \"text\""));
-  CHECK(!std::filesystem::exists(scratch.file("never.bin")));
-  CHECK(!std::filesystem::exists(scratch.file("never.idx")));
+  CHECK(!anything_named(scratch.file(""), "never"));
 }
 
 TEST_CASE("prepare reads a directory's files in path order and never writes an empty dataset", "[data]") {
@@ -235,8 +257,8 @@ TEST_CASE("prepare reads a directory's files in path order and never writes an e
   options.output_prefix = scratch.file("out");
   const megaplan::exec::ByteTokenizer bytes;
   const megaplan::exec::PrepareSummary summary = megaplan::exec::prepare_dataset(options, bytes);
-  CHECK(summary.documents == 2);  // the empty file adds no document
-  const IndexedDataset dataset(options.output_prefix);
+  CHECK(summary.datasets.at(0).documents == 2);  // the empty file adds no document
+  const IndexedDataset dataset(summary.datasets.at(0).prefix);
   CHECK(dataset.sequence(0) == std::vector<int64_t>{'b'});  // corpus/b.txt before corpus/deeper/a.txt
   CHECK(dataset.sequence(1) == std::vector<int64_t>{'a'});
 
@@ -248,8 +270,7 @@ TEST_CASE("prepare reads a directory's files in path order and never writes an e
   options.append_end_of_document = true;
   CHECK_THROWS_WITH(megaplan::exec::prepare_dataset(options, bytes),
                     Contains("--input: no text in 1 file(s): an empty dataset is not written"));
-  CHECK(!std::filesystem::exists(scratch.file("never.bin")));
-  CHECK(!std::filesystem::exists(scratch.file("never.idx")));
+  CHECK(!anything_named(scratch.file(""), "never"));
 }
 
 TEST_CASE("--split follows Megatron's rounding", "[data]") {
@@ -314,4 +335,164 @@ TEST_CASE("GPT samples are overlapping windows of the shuffled document stream",
   }
   CHECK(differs);
   CHECK_THROWS_WITH(megaplan::exec::GptSamples(dataset, {1, 2}, seq, 3, 1), Contains("too few for any sample"));
+}
+
+TEST_CASE("prepare recognises JSON lines by content, whatever the file's name", "[data]") {
+  const ScratchDirectory scratch;
+  write_bytes(scratch.file("lines.txt"), "\n{\"text\": \"ab\"}\n{\"text\": \"c\"}\n");  // JSON lines named .txt
+  write_bytes(scratch.file("plain.json.txt"), "{ not JSON\nat all");                     // one document
+  write_bytes(scratch.file("corpus.json"), "{\"text\": \"d\"}\n");                        // Megatron's naming
+  megaplan::exec::PrepareOptions options;
+  options.inputs = {scratch.file("lines.txt"), scratch.file("plain.json.txt"), scratch.file("corpus.json")};
+  options.output_prefix = scratch.file("out");
+  const megaplan::exec::ByteTokenizer bytes;
+  const megaplan::exec::PrepareSummary summary = megaplan::exec::prepare_dataset(options, bytes);
+  CHECK(summary.datasets.at(0).documents == 4);
+  const IndexedDataset dataset(summary.datasets.at(0).prefix);
+  CHECK(dataset.sequence(0) == std::vector<int64_t>{'a', 'b'});
+  CHECK(dataset.sequence(1) == std::vector<int64_t>{'c'});
+  CHECK(dataset.sequence(2).size() == std::string("{ not JSON\nat all").size());
+  CHECK(dataset.sequence(3) == std::vector<int64_t>{'d'});
+
+  // A .json or .jsonl file must be JSON lines: a pretty-printed object, or a list, is refused.
+  options.output_prefix = scratch.file("never");
+  write_bytes(scratch.file("pretty.json"), "\n{\n  \"text\": \"a\"\n}\n");
+  options.inputs = {scratch.file("pretty.json")};
+  CHECK_THROWS_WITH(megaplan::exec::prepare_dataset(options, bytes),
+                    Contains("--input: " + scratch.file("pretty.json") +
+                             ":2: malformed JSON: a .json or .jsonl file must hold one JSON object per line"));
+  write_bytes(scratch.file("list.jsonl"), "[1, 2]\n");
+  options.inputs = {scratch.file("list.jsonl")};
+  CHECK_THROWS_WITH(megaplan::exec::prepare_dataset(options, bytes), Contains("list.jsonl:1: not a JSON object"));
+  CHECK(!anything_named(scratch.file(""), "never"));
+}
+
+TEST_CASE("prepare writes a dataset per --json-keys key, named as Megatron names them", "[data]") {
+  const ScratchDirectory scratch;
+  write_bytes(scratch.file("docs.jsonl"), "{\"title\": \"T\", \"text\": \"body\"}\n{\"title\": \"\", \"text\": \"x\"}\n");
+  megaplan::exec::PrepareOptions options;
+  options.inputs = {scratch.file("docs.jsonl")};
+  options.output_prefix = scratch.file("made/deeper/out");  // its folders are created
+  options.json_keys = {"title", "text"};
+  const megaplan::exec::ByteTokenizer bytes;
+  const megaplan::exec::PrepareSummary summary = megaplan::exec::prepare_dataset(options, bytes);
+  REQUIRE(summary.datasets.size() == 2);
+  CHECK(summary.datasets[0].prefix == scratch.file("made/deeper/out_title_document"));
+  CHECK(summary.datasets[0].documents == 1);  // the empty title adds no document
+  CHECK(summary.datasets[1].prefix == scratch.file("made/deeper/out_text_document"));
+  CHECK(summary.datasets[1].documents == 2);
+  CHECK(IndexedDataset(summary.datasets[0].prefix).sequence(0) == std::vector<int64_t>{'T'});
+  CHECK(IndexedDataset(summary.datasets[1].prefix).sequence(1) == std::vector<int64_t>{'x'});
+
+  // A whole file is key "text"; keys without it cannot take one. Nothing is written, not even the
+  // folders the run made.
+  write_bytes(scratch.file("whole.txt"), "words");
+  options.inputs = {scratch.file("docs.jsonl"), scratch.file("whole.txt")};
+  options.output_prefix = scratch.file("never/out");
+  options.json_keys = {"title"};
+  CHECK_THROWS_WITH(megaplan::exec::prepare_dataset(options, bytes),
+                    Contains("whole.txt: is not JSON lines, so its whole text is key \"text\", which --json-keys does "
+                             "not name"));
+  options.inputs = {scratch.file("docs.jsonl")};
+  options.json_keys = {"title", "summary"};
+  CHECK_THROWS_WITH(megaplan::exec::prepare_dataset(options, bytes), Contains("docs.jsonl:1: no string field \"summary\""));
+  CHECK(!anything_named(scratch.file(""), "never"));
+
+  using megaplan::exec::check_prepare_options;
+  options.json_keys = {"text", "text"};
+  CHECK_THROWS_WITH(check_prepare_options(options), Contains("--json-keys: \"text\" is given twice"));
+  options.json_keys = {"a/b"};
+  CHECK_THROWS_WITH(check_prepare_options(options), Contains("--json-keys: \"a/b\" must not hold a '/'"));
+  options.json_keys = {""};
+  CHECK_THROWS_WITH(check_prepare_options(options), Contains("--json-keys: a key must not be empty"));
+  options.json_keys = {"text"};
+  options.workers = 0;
+  CHECK_THROWS_WITH(check_prepare_options(options), Contains("--workers: must be at least 1, got 0"));
+  options.workers = 5000;
+  CHECK_THROWS_WITH(check_prepare_options(options), Contains("--workers"));
+}
+
+TEST_CASE("--data-path reads Megatron's blends", "[data]") {
+  using megaplan::exec::parse_data_blend;
+  CHECK(parse_data_blend({"A"}).prefixes == std::vector<std::string>{"A"});
+  CHECK(!parse_data_blend({"A"}).weighted());
+  CHECK(parse_data_blend({" A ", "B"}).prefixes == std::vector<std::string>{"A", "B"});  // no numbers: all prefixes
+  CHECK(parse_data_blend({"0.3", "A", "B"}).prefixes.size() == 3);                       // odd: all prefixes
+  const megaplan::exec::DataBlend weighted = parse_data_blend({"3", "A", "7", "B"});
+  CHECK(weighted.prefixes == std::vector<std::string>{"A", "B"});
+  REQUIRE(weighted.weights.size() == 2);
+  CHECK(weighted.weights[0] == Approx(0.3));
+  CHECK(weighted.weights[1] == Approx(0.7));
+  CHECK_THROWS_WITH(parse_data_blend({}), Contains("--data-path: needs a dataset prefix"));
+  CHECK_THROWS_WITH(parse_data_blend({"0.3", "A", "B", "C"}),
+                    Contains("--data-path: \"B\" (word 3) is no weight where other prefixes have one"));
+  for (const char* bad : {"0", "-1", "inf", "nan"}) {
+    CHECK_THROWS_WITH(parse_data_blend({bad, "A"}), Contains("must be a positive finite number"));
+  }
+  CHECK_THROWS_WITH(parse_data_blend({"1", " "}), Contains("a dataset prefix must not be empty"));
+}
+
+TEST_CASE("a blend draws each dataset's share as Megatron's BlendedDataset does", "[data]") {
+  // Megatron's build_blending_indices by hand: each sample from the dataset furthest behind.
+  const megaplan::exec::BlendingIndex index = megaplan::exec::build_blending_index({0.3, 0.7}, 10);
+  CHECK(index.dataset == std::vector<int32_t>{1, 0, 1, 1, 0, 1, 1, 0, 1, 1});
+  CHECK(index.sample == std::vector<int64_t>{0, 0, 1, 2, 1, 3, 4, 2, 5, 6});
+  const megaplan::exec::BlendingIndex three = megaplan::exec::build_blending_index({0.2, 0.5, 0.3}, 1000);
+  for (int32_t d = 0; d < 3; ++d) {
+    const auto count = std::count(three.dataset.begin(), three.dataset.end(), d);
+    CHECK(std::abs(static_cast<double>(count) - 1000 * std::vector<double>{0.2, 0.5, 0.3}[static_cast<std::size_t>(d)]) <= 1);
+  }
+
+  // Two datasets whose tokens say where they come from: 1000 * document + position, plus 100000 in B.
+  const ScratchDirectory scratch;
+  for (const int64_t base : {int64_t{0}, int64_t{100000}}) {
+    IndexedDatasetWriter writer(scratch.file(base == 0 ? "A" : "B"), TokenType::kInt32);
+    for (int64_t d = 0; d < 20; ++d) {
+      std::vector<int64_t> tokens;
+      for (int64_t p = 0; p < 10 + d; ++p) tokens.push_back(base + 1000 * d + p);
+      writer.add_document(tokens);
+    }
+    writer.finish();
+  }
+  megaplan::exec::DataBlend blend = megaplan::exec::parse_data_blend({"0.3", scratch.file("A"), "0.7", scratch.file("B")});
+  const auto datasets = megaplan::exec::open_datasets(blend);
+  const int64_t seq = 8;
+  const megaplan::exec::BlendedSamples samples(blend, datasets, "1", 0, seq, 400, 1234);
+  CHECK(samples.size() == 400);  // ceil(400 x 0.3) + ceil(400 x 0.7)
+  const std::vector<int64_t> shares = samples.samples_per_dataset();
+  CHECK(shares[0] + shares[1] == 400);
+  CHECK(std::abs(shares[0] - 120) <= 1);  // each share within one sample of its weight's
+  const megaplan::exec::BlendedSamples again(blend, datasets, "1", 0, seq, 400, 1234);
+  std::vector<int64_t> from(2, 0);
+  for (int64_t i = 0; i < samples.size(); ++i) {
+    std::vector<int64_t> tokens(seq + 1), repeated(seq + 1);
+    samples.sample(i, tokens.data());
+    again.sample(i, repeated.data());
+    CHECK(tokens == repeated);  // deterministic
+    ++from[tokens[0] >= 100000 ? 1 : 0];
+    CHECK(std::all_of(tokens.begin(), tokens.end(), [&](int64_t t) { return (t >= 100000) == (tokens[0] >= 100000); }));
+  }
+  CHECK(from == shares);  // each sample read from the dataset its index names
+
+  // Without weights, each dataset's share is the samples an epoch of it holds, and no more.
+  blend = megaplan::exec::parse_data_blend({scratch.file("A"), scratch.file("B")});
+  const megaplan::exec::BlendedSamples sized(blend, datasets, "1", 0, seq, 50, 7);
+  const std::vector<int64_t> drawn = sized.samples_per_dataset();
+  CHECK(drawn[0] + drawn[1] == 50);
+  CHECK(drawn[0] == 25);  // A and B hold the same tokens per epoch: (390 - 1) / 8 = 48 samples each
+  CHECK_THROWS_WITH(megaplan::exec::BlendedSamples(blend, datasets, "1", 0, seq, 97, 7),
+                    Contains("--data-path: the 2 datasets given without weights hold 96 training samples of 9 tokens"));
+
+  // One prefix without a weight is that dataset's samples, exactly.
+  blend = megaplan::exec::DataBlend(scratch.file("A"));
+  const std::vector<std::unique_ptr<IndexedDataset>> one = megaplan::exec::open_datasets(blend);
+  const megaplan::exec::BlendedSamples single(blend, one, "1", 0, seq, 30, 1234);
+  const megaplan::exec::GptSamples direct(*one[0], {0, 20}, seq, 30, 1234);
+  REQUIRE(single.size() == 30);
+  for (int64_t i = 0; i < 30; ++i) {
+    std::vector<int64_t> a(seq + 1), b(seq + 1);
+    single.sample(i, a.data());
+    direct.sample(i, b.data());
+    CHECK(a == b);
+  }
 }

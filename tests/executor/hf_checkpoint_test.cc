@@ -1,14 +1,17 @@
 // Checkpoints between megaplan's format and Hugging Face's: a model's tensors written as a megaplan
 // checkpoint of any layout and read back whole, and written as a Hugging Face directory and read
 // back, bit for bit (fp32), for the Llama family, Qwen2 and GPT-2, in one file or in shards; the
-// Hugging Face tensors where transformers expects them; and safetensors files that break the
-// format refused with the file and the rule.
+// Hugging Face tensors where transformers expects them; an export's true vocabulary, its tokenizer
+// files and special ids; and safetensors files that break the format refused with the file and
+// the rule.
 #include <catch2/catch.hpp>
 
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
+#include <optional>
 #include <random>
 #include <string>
 
@@ -19,21 +22,28 @@
 #include "core/text_file.h"
 #include "executor/io/hf_checkpoint.h"
 #include "executor/io/safetensors.h"
+#include "executor/runtime/cpu_backend.h"
 #include "executor/train/checkpoint.h"
+#include "executor/train/trainer.h"
 #include "training_fixtures.h"
+#include "training_run.h"
 
 namespace exec = megaplan::exec;
 
 namespace {
 
-// Every tensor of the whole model, random normal values.
+// Every tensor of the whole model, random normal values; the vocabulary's unpadded.
 std::map<std::string, exec::WholeTensor> random_tensors(const megaplan::ModelSpec& model) {
   megaplan::ParallelPlan plan;
   std::mt19937 generator(11);
   std::normal_distribution<float> normal(0.0f, 0.02f);
   std::map<std::string, exec::WholeTensor> tensors;
-  for (const megaplan::ParameterSpec& spec : megaplan::describe_parameters(model, plan, 0)) {
+  for (megaplan::ParameterSpec& spec : megaplan::describe_parameters(model, plan, 0)) {
     if (spec.name == megaplan::kOutputWeight && !model.untie_embeddings_and_output_weights) continue;
+    if (spec.name == megaplan::kWordEmbeddings || spec.name == megaplan::kOutputWeight) {
+      spec.global_shape[0] = model.vocab_size;
+      spec.size = static_cast<std::size_t>(model.vocab_size * spec.global_shape[1]);
+    }
     exec::WholeTensor tensor{spec.global_shape, std::vector<float>(spec.size)};
     for (float& value : tensor.values) value = normal(generator);
     tensors.emplace(spec.name, std::move(tensor));
@@ -88,21 +98,15 @@ TEST_CASE("a model's tensors round-trip through megaplan checkpoints and Hugging
     check_equal(back.tensors, tensors);
     CHECK(back.model.num_layers == model.num_layers);
     CHECK(back.model.effective_num_query_groups() == model.effective_num_query_groups());
-    exec::write_hf_checkpoint(scratch.file("sharded"), model, type, tensors, exec::SafetensorsDtype::kF32, 40'000);
+    exec::write_hf_checkpoint(scratch.file("sharded"), model, type, tensors, exec::SafetensorsDtype::kF32, {}, 40'000);
     CHECK(std::filesystem::exists(scratch.file("sharded/model.safetensors.index.json")));
     CHECK_FALSE(std::filesystem::exists(scratch.file("sharded/model.safetensors")));
     check_equal(exec::read_hf_checkpoint(scratch.file("sharded")).tensors, tensors);
     // Back into a megaplan checkpoint of another layout, and read whole again.
     exec::write_checkpoint_weights(scratch.file("again"), back.model, megaplan::test::layout(2, 1, 1, 1, megaplan::ScheduleKind::kOneFOneB),
                                    back.tensors, 7);
-    const exec::CheckpointWeights again = exec::read_checkpoint_weights(scratch.file("again"));
-    for (const auto& [name, tensor] : tensors) {
-      INFO(name);
-      // The vocabulary is padded again for the layout (zero rows after the saved ones).
-      const exec::WholeTensor& got = again.tensors.at(name);
-      REQUIRE(got.values.size() >= tensor.values.size());
-      CHECK(std::memcmp(got.values.data(), tensor.values.data(), tensor.values.size() * sizeof(float)) == 0);
-    }
+    // The vocabulary is padded again for the layout, and read back at its true rows.
+    check_equal(exec::read_checkpoint_weights(scratch.file("again")).tensors, tensors);
   }
 }
 
@@ -206,4 +210,119 @@ TEST_CASE("F16 tensors widen exactly: normals, subnormals, signed zeros, infinit
   CHECK((std::isinf(tensor.values[6]) && tensor.values[6] > 0));
   CHECK((std::isinf(tensor.values[7]) && tensor.values[7] < 0));
   CHECK(tensor.values[8] == 0.333251953125f);  // 0x3555, the half nearest 1/3
+}
+
+namespace {
+
+const std::string kData = std::string(MEGAPLAN_TEST_DATA_DIR) + "/";
+
+exec::TokenizerOptions tokenizer_named(const std::string& kind) {
+  exec::TokenizerOptions tokenizer;
+  tokenizer.kind = kind;
+  if (kind == "hf") tokenizer.tokenizer_file = kData + "hf_tiny/llama3-style/tokenizer.json";
+  if (kind == "sentencepiece") tokenizer.tokenizer_model = kData + "sentencepiece_tiny/tiny.model";
+  if (kind == "gpt2") {
+    tokenizer.vocab_file = kData + "gpt2_tiny/vocab.json";
+    tokenizer.merge_file = kData + "gpt2_tiny/merges.txt";
+  }
+  return tokenizer;
+}
+
+}  // namespace
+
+TEST_CASE("an export holds the true vocabulary, the tokenizer the run trained with and its special ids", "[convert]") {
+  const megaplan::test::ScratchDirectory scratch;
+  // The llama3-style fixture's 266 ids (263 in its vocabulary, 3 added tokens); trained at tp 2,
+  // whose padding (to a multiple of 256) gives the vocabulary's tensors 512 rows.
+  megaplan::ModelSpec model = megaplan::test::four_layer_llama();
+  model.vocab_size = 266;
+  model.make_vocab_size_divisible_by = 128;
+  exec::TrainOptions options;
+  options.train_iters = 2;
+  options.log_interval = 1;
+  options.eval_iters = 0;
+  options.split = "1,0,0";
+  options.data_path = megaplan::test::sentence_corpus(scratch);
+  options.save = scratch.file("checkpoints");
+  options.tokenizer = tokenizer_named("hf");
+  const auto cpu = [](int64_t) -> std::unique_ptr<exec::Backend> { return std::make_unique<exec::CpuBackend>(); };
+  (void)megaplan::test::train_logged(model, megaplan::test::layout(2, 1, 1, 1, megaplan::ScheduleKind::kOneFOneB),
+                                     options, scratch, "trained", cpu);
+  const exec::CheckpointWeights weights = exec::read_checkpoint_weights(*options.save);
+  CHECK(weights.tensors.at(megaplan::kWordEmbeddings).shape == std::vector<int64_t>{266, 32});
+  CHECK(weights.tensors.at(megaplan::kOutputWeight).shape == std::vector<int64_t>{266, 32});
+  REQUIRE(weights.tokenizer);
+  CHECK(weights.tokenizer->tokenizer_file == options.tokenizer->tokenizer_file);
+
+  // Its tokenizer_config.json names <|begin_of_text|> (263) and <|eot_id|> (265).
+  const exec::HfTokenizerExport tokenizer = exec::hf_tokenizer_export(weights.tokenizer, model.vocab_size);
+  CHECK(tokenizer.bos_token_id == 263);
+  CHECK(tokenizer.eos_token_id == 265);
+  INFO(tokenizer.note);
+  CHECK(tokenizer.note.find("tokenizer: hf (" + options.tokenizer->tokenizer_file +
+                            "): copied tokenizer.json, tokenizer_config.json; bos_token_id 263; eos_token_id 265") == 0);
+  const int64_t written =
+      exec::write_hf_checkpoint(scratch.file("hf"), weights.model, "llama", weights.tensors, exec::SafetensorsDtype::kF32,
+                                tokenizer);
+  const exec::SafetensorsHeader header = exec::read_safetensors_header(scratch.file("hf/model.safetensors"), "test");
+  CHECK(written == static_cast<int64_t>(header.tensors.size()));
+  CHECK(written == 4 * 9 + 3);  // per layer 2 norms, q, k, v, o, gate, up, down; embedding, final norm, lm_head
+  CHECK(header.tensors.at("model.embed_tokens.weight").shape == std::vector<int64_t>{266, 32});
+  CHECK(header.tensors.at("lm_head.weight").shape == std::vector<int64_t>{266, 32});
+  const nlohmann::json config = nlohmann::json::parse(megaplan::read_text_file(scratch.file("hf/config.json")));
+  CHECK(config.at("vocab_size") == 266);
+  CHECK(config.at("bos_token_id") == 263);
+  CHECK(config.at("eos_token_id") == 265);
+  CHECK(megaplan::read_file_contents(scratch.file("hf/tokenizer.json")) ==
+        megaplan::read_file_contents(options.tokenizer->tokenizer_file));
+  CHECK(std::filesystem::exists(scratch.file("hf/tokenizer_config.json")));
+  check_equal(exec::read_hf_checkpoint(scratch.file("hf")).tensors, weights.tensors);
+
+  // Without a recorded tokenizer: no special ids, no files, and the note says why.
+  const exec::HfTokenizerExport unknown = exec::hf_tokenizer_export(std::nullopt, model.vocab_size);
+  CHECK_FALSE(unknown.bos_token_id);
+  CHECK_FALSE(unknown.eos_token_id);
+  CHECK(unknown.files.empty());
+  CHECK(unknown.note.find("tokenizer: unknown (the checkpoint records none") == 0);
+  (void)exec::write_hf_checkpoint(scratch.file("plain"), weights.model, "llama", weights.tensors,
+                                  exec::SafetensorsDtype::kF32, unknown);
+  const nlohmann::json plain = nlohmann::json::parse(megaplan::read_text_file(scratch.file("plain/config.json")));
+  CHECK_FALSE(plain.contains("bos_token_id"));
+  CHECK_FALSE(plain.contains("eos_token_id"));
+  CHECK_FALSE(std::filesystem::exists(scratch.file("plain/tokenizer.json")));
+}
+
+TEST_CASE("each tokenizer kind exports its files and the special ids it defines", "[convert]") {
+  // GPT-2's <|endoftext|> (267 in the fixture) begins and ends text, as transformers' gpt2 says.
+  const exec::HfTokenizerExport gpt2 = exec::hf_tokenizer_export(tokenizer_named("gpt2"), 268);
+  CHECK(gpt2.bos_token_id == 267);
+  CHECK(gpt2.eos_token_id == 267);
+  REQUIRE(gpt2.files.size() == 2);
+  CHECK(gpt2.files[0].second == "vocab.json");
+  CHECK(gpt2.files[1].second == "merges.txt");
+  // SentencePiece's model defines both (spm_train's defaults: <s> 1, </s> 2).
+  const exec::HfTokenizerExport sentencepiece = exec::hf_tokenizer_export(tokenizer_named("sentencepiece"), 500);
+  CHECK(sentencepiece.bos_token_id == 1);
+  CHECK(sentencepiece.eos_token_id == 2);
+  REQUIRE(sentencepiece.files.size() == 1);
+  CHECK(sentencepiece.files[0].second == "tokenizer.model");
+  // The byte tokenizer ends documents with 256 and has nothing transformers reads.
+  const exec::HfTokenizerExport bytes = exec::hf_tokenizer_export(tokenizer_named("byte"), 257);
+  CHECK_FALSE(bytes.bos_token_id);
+  CHECK(bytes.eos_token_id == 256);
+  CHECK(bytes.files.empty());
+  CHECK(bytes.note == "tokenizer: byte: no files copied; eos_token_id 256; transformers has no byte tokenizer to copy; "
+                      "it names no beginning-of-text token");
+  // An id past the model's vocabulary is left out, and said.
+  const exec::HfTokenizerExport small = exec::hf_tokenizer_export(tokenizer_named("hf"), 264);
+  CHECK(small.bos_token_id == 263);
+  CHECK_FALSE(small.eos_token_id);
+  CHECK(small.note.find("its id 265 lies outside the vocabulary of 264") != std::string::npos);
+  // A file gone since training: nothing exported from it, and the note names it.
+  exec::TokenizerOptions gone = tokenizer_named("hf");
+  gone.tokenizer_file = "/nonexistent/tokenizer.json";
+  const exec::HfTokenizerExport missing = exec::hf_tokenizer_export(gone, 266);
+  CHECK_FALSE(missing.eos_token_id);
+  CHECK(missing.files.empty());
+  CHECK(missing.note.find("tokenizer: hf (/nonexistent/tokenizer.json) cannot be read now (") == 0);
 }

@@ -93,7 +93,7 @@ TEST_CASE("one stage launches its kernel list for F, B, I and W under each recom
     plan.recompute_num_layers = layers;
     INFO(model.name << ": " << megaplan::to_string(granularity) << " " << megaplan::to_string(method) << " " << layers);
     RecordingBackend backend;
-    GptModel gpt(model, plan, 0, backend, 42);
+    GptModel gpt(model, plan, 0, backend, {42});
     const MicrobatchTokens data = microbatch(model, 2);
     check_stage(gpt, backend, PlanKernels(model, plan), 0, &data, true, true);
   }
@@ -109,7 +109,7 @@ TEST_CASE("first, middle and last pipeline stages launch their kernel lists", "[
       INFO(model.name << ": stage " << stage);
       const bool first = stage == 0, last = stage + 1 == plan.num_virtual_stages();
       RecordingBackend backend;
-      GptModel gpt(model, plan, stage, backend, 42);
+      GptModel gpt(model, plan, stage, backend, {42});
       check_stage(gpt, backend, list, stage, first || last ? &data : nullptr, first, last);
     }
   }
@@ -127,7 +127,7 @@ TEST_CASE("each tensor-parallel rank launches its kernel list, with and without 
     megaplan::exec::run_rank_threads(world, 2, [&](int64_t rank) {
       std::unique_ptr<megaplan::exec::Comm> tp = world.group(rank, {0, 1}, "tp");
       RecordingBackend backend;
-      GptModel gpt(model, plan, 0, backend, 42, nullptr, tp.get());
+      GptModel gpt(model, plan, 0, backend, {42}, nullptr, tp.get());
       const MicrobatchTokens data = microbatch(model, 2);
       backend.take();
       gpt.forward(0, &data);
@@ -150,7 +150,7 @@ TEST_CASE("the optimizer step launches the optimizer's kernel list", "[model][ke
   const megaplan::ModelSpec model = four_layer_gpt();
   const megaplan::ParallelPlan plan = layout(1, 1, 1, 1, ScheduleKind::kOneFOneB, 2, 2);
   RecordingBackend backend;
-  GptModel gpt(model, plan, 0, backend, 42);
+  GptModel gpt(model, plan, 0, backend, {42});
   megaplan::exec::Optimizer optimizer({&gpt}, {}, false, {}, backend);
   const MicrobatchTokens data = microbatch(model, 2);
   gpt.forward(0, &data);

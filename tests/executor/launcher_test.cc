@@ -1,6 +1,6 @@
 // Tests for run_launch (executor/comm/launcher.h, what `megaplan launch` runs) with /bin/sh ranks:
-// their environment, the stop of every rank when one fails, the exit code, and the validation of
-// its options.
+// their environment, their stderr forwarded in whole lines, the stop of every rank when one fails,
+// the exit code, and the validation of its options.
 #include "executor/comm/launcher.h"
 
 #include <signal.h>
@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -82,6 +83,25 @@ std::map<std::string, std::string> read_environment(const fs::path& file) {
     if (equals != std::string::npos) variables[line.substr(0, equals)] = line.substr(equals + 1);
   }
   return variables;
+}
+
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) lines.push_back(line);
+  return lines;
+}
+
+// What every file descriptor of this process points to ("pipe:[1234]", "/dev/null", ...).
+std::set<std::string> descriptor_targets_of_this_process() {
+  std::set<std::string> targets;
+  for (const auto& entry : fs::directory_iterator("/proc/self/fd")) {
+    std::error_code error;
+    const fs::path target = fs::read_symlink(entry.path(), error);
+    if (!error) targets.insert(target.string());
+  }
+  return targets;
 }
 
 std::string error_of(const LaunchOptions& options) {
@@ -187,6 +207,146 @@ TEST_CASE("launch: SIGTERM to the launcher reaches the ranks", "[launch_command]
   CHECK(run_launch(options, "/bin/sh", err) == 128 + SIGTERM);
   CHECK(std::chrono::steady_clock::now() - start < 4s);
   CHECK_THAT(err.str(), Catch::Matchers::Contains("was killed by signal 15"));
+}
+
+TEST_CASE("launch: an error line every rank prints is shown once, whole", "[launch_command]") {
+  // Every rank fails the same argument check, as `launch -- train` with a bad flag does. So that
+  // each writes its lines whatever the timing, the ranks ignore the launcher's SIGTERM and none
+  // writes before all of them do.
+  TemporaryFolder folder;
+  const std::string error = "megaplan: error: --context-length: must be at least 1, got 0";
+  LaunchOptions options = shell_ranks(4,
+                                      "trap '' TERM; touch \"$0/ready-$RANK\"; "
+                                      "while [ \"$(ls \"$0\" | wc -l)\" -lt 4 ]; do sleep 0.01; done; "
+                                      "echo 'note: the same on every rank' >&2; echo '" +
+                                          error + "' >&2; exit 2");
+  options.command.push_back(folder.path().string());
+  std::ostringstream err;
+  CHECK(run_launch(options, "/bin/sh", err) == 2);
+  std::multiset<std::string> lines;
+  std::string launcher_line;
+  for (const std::string& line : lines_of(err.str())) {
+    if (line.rfind("megaplan: launch: ", 0) == 0) {
+      CHECK(launcher_line.empty());
+      launcher_line = line;
+    } else {
+      lines.insert(line);
+    }
+  }
+  CHECK(lines == std::multiset<std::string>{error, "note: the same on every rank", "note: the same on every rank",
+                                            "note: the same on every rank", "note: the same on every rank"});
+  CHECK_THAT(launcher_line, Catch::Matchers::Matches("megaplan: launch: rank [0-3] \\(pid [0-9]+\\) exited with "
+                                                     "status 2(; stopping the other [1-3] rank\\(s\\))?"));
+  // The failing rank's error comes before the launcher's line about it.
+  CHECK(err.str().find(error) < err.str().find("megaplan: launch: "));
+}
+
+TEST_CASE("launch: ranks stopped halfway through the same error line add nothing", "[launch_command]") {
+  // The CLI writes an error line in pieces; the SIGTERM that follows the first failure can stop the
+  // other ranks between two of them. Here ranks 1 to 3 have written the start of the line before
+  // rank 0 writes all of it and fails.
+  TemporaryFolder folder;
+  LaunchOptions options = shell_ranks(4,
+                                      "if [ \"$RANK\" != 0 ]; then printf 'megaplan: error: ' >&2; "
+                                      "[ \"$RANK\" = 1 ] || printf %s '--context-length: must' >&2; "
+                                      "touch \"$0/started-$RANK\"; exec sleep 30; fi; "
+                                      "while [ \"$(ls \"$0\" | wc -l)\" -lt 3 ]; do sleep 0.01; done; "
+                                      "echo 'megaplan: error: --context-length: must be at least 1, got 0' >&2; "
+                                      "exit 2");
+  options.command.push_back(folder.path().string());
+  std::ostringstream err;
+  CHECK(run_launch(options, "/bin/sh", err) == 2);
+  CHECK_THAT(err.str(), Catch::Matchers::Matches("megaplan: error: --context-length: must be at least 1, got 0\n"
+                                                 "megaplan: launch: rank 0 \\(pid [0-9]+\\) exited with status 2; "
+                                                 "stopping the other 3 rank\\(s\\)\n"));
+}
+
+TEST_CASE("launch: long lines of ranks writing at once arrive whole, none lost", "[launch_command]") {
+  // Eight lines of 64 KiB a rank: the shell writes each in several pieces, and a rank's lines are
+  // more than a pipe holds, so a launcher that read only after the ranks exited would never return.
+  constexpr int kRanks = 4;
+  constexpr int kLines = 8;
+  constexpr size_t kLineBytes = size_t{1} << 16;
+  LaunchOptions options = shell_ranks(kRanks,
+                                      "fill=$(head -c 65536 /dev/zero | tr '\\0' \"$RANK\"); "
+                                      "for line in 1 2 3 4 5 6 7 8; do echo \"rank $RANK line $line $fill\" >&2; done");
+  std::ostringstream err;
+  REQUIRE(run_launch(options, "/bin/sh", err) == 0);
+
+  // Each line by name where it is whole, so that a failure prints names rather than 64 KiB lines.
+  std::vector<std::string> names;
+  std::map<std::string, int> last_line_of_rank;
+  for (const std::string& line : lines_of(err.str())) {
+    std::string word;
+    std::string rank = "?";
+    int number = 0;
+    std::istringstream(line.substr(0, 40)) >> word >> rank >> word >> number;  // "rank R line N ..."
+    const std::string whole =
+        "rank " + rank + " line " + std::to_string(number) + " " + std::string(kLineBytes, rank[0]);
+    if (line == whole) {
+      names.push_back("rank " + rank + " line " + std::to_string(number));
+      CHECK(number == last_line_of_rank[rank] + 1);  // a rank's lines in the order it wrote them
+      last_line_of_rank[rank] = number;
+    } else {
+      names.push_back("cut: " + line.substr(0, 40) + "... (" + std::to_string(line.size()) + " bytes)");
+    }
+  }
+  std::vector<std::string> expected;
+  for (int rank = 0; rank < kRanks; ++rank) {
+    for (int line = 1; line <= kLines; ++line) {
+      expected.push_back("rank " + std::to_string(rank) + " line " + std::to_string(line));
+    }
+  }
+  std::sort(names.begin(), names.end());
+  CHECK(names == expected);
+}
+
+TEST_CASE("launch: a last line without a newline still arrives, as a line", "[launch_command]") {
+  LaunchOptions options = shell_ranks(3,
+                                      "printf 'rank %s: whole\\n' \"$RANK\" >&2; "
+                                      "if [ \"$RANK\" = 0 ]; then printf 'rank 0: no newline' >&2; "
+                                      "else printf 'megaplan: error: the same, without a newline' >&2; fi");
+  std::ostringstream err;
+  CHECK(run_launch(options, "/bin/sh", err) == 0);
+  std::vector<std::string> lines = lines_of(err.str());
+  std::sort(lines.begin(), lines.end());
+  CHECK(lines == std::vector<std::string>{"megaplan: error: the same, without a newline", "rank 0: no newline",
+                                          "rank 0: whole", "rank 1: whole", "rank 2: whole"});
+  CHECK_THAT(err.str(), Catch::Matchers::EndsWith("\n"));
+  CHECK(err.str().find("rank 0: whole") < err.str().find("rank 0: no newline"));
+}
+
+TEST_CASE("launch: a rank holds its own stderr pipe and no other", "[launch_command]") {
+  // Pipes this process had before the launch may reach the ranks; the launcher's own (the ranks'
+  // pipes, its signalfd) must not, or a rank's stderr would not end with the rank.
+  TemporaryFolder folder;
+  const std::set<std::string> allowed = descriptor_targets_of_this_process();
+  LaunchOptions options = shell_ranks(3,
+                                      "exec > \"$0/rank-$RANK.fds\"; for fd in /proc/$$/fd/*; do "
+                                      "printf '%s ' \"${fd##*/}\"; readlink \"$fd\" || echo closed; done");
+  options.command.push_back(folder.path().string());
+  std::ostringstream err;
+  REQUIRE(run_launch(options, "/bin/sh", err) == 0);
+  CHECK(err.str().empty());
+  std::set<std::string> stderr_pipes;
+  for (int rank = 0; rank < 3; ++rank) {
+    INFO("rank " << rank);
+    std::ifstream in(folder.path() / ("rank-" + std::to_string(rank) + ".fds"));
+    int listed = 0;
+    for (std::string line; std::getline(in, line); ++listed) {
+      const int fd = std::stoi(line.substr(0, line.find(' ')));
+      const std::string target = line.substr(line.find(' ') + 1);
+      INFO("fd " << fd << " -> " << target);
+      if (fd == 2) {
+        CHECK(target.rfind("pipe:", 0) == 0);
+        stderr_pipes.insert(target);
+      } else if (fd > 2 && (target.rfind("pipe:", 0) == 0 || target.rfind("anon_inode:", 0) == 0)) {
+        CHECK(allowed.count(target) == 1);
+      }
+    }
+    CHECK(listed >= 3);
+  }
+  CHECK(stderr_pipes.size() == 3);  // a pipe of its own for each rank
 }
 
 TEST_CASE("launch: bad options name the flag", "[launch_command]") {

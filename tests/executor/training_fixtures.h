@@ -113,7 +113,8 @@ inline ParallelPlan layout(int64_t tp, int64_t pp, int64_t dp, int64_t vpp, Sche
 }
 
 // 40 documents of 20 sentences from a small grammar, prepared with the byte tokenizer (and
-// end-of-document tokens) as PREFIX.bin/.idx in `scratch`; returns the prefix.
+// end-of-document tokens) as Megatron names it, corpus_text_document.bin/.idx in `scratch`; returns
+// that dataset's prefix (what --data-path takes).
 inline std::string sentence_corpus(const ScratchDirectory& scratch) {
   const std::vector<std::string> subjects = {"the cat", "a dog", "my friend", "the old man", "a small bird"};
   const std::vector<std::string> verbs = {"sat on", "ran to", "looked at", "jumped over", "walked past"};
@@ -132,8 +133,7 @@ inline std::string sentence_corpus(const ScratchDirectory& scratch) {
   }
   prepare.output_prefix = scratch.file("corpus");
   prepare.append_end_of_document = true;
-  exec::prepare_dataset(prepare, exec::ByteTokenizer());
-  return prepare.output_prefix;
+  return exec::prepare_dataset(prepare, exec::ByteTokenizer()).datasets.front().prefix;
 }
 
 inline std::vector<double> logged_losses(const std::string& path) {

@@ -7,6 +7,7 @@
 
 #include "core/cluster_spec.h"
 #include "core/error.h"
+#include "core/executor_support.h"
 #include "core/memory_model.h"
 #include "core/model_presets.h"
 #include "core/schedule/schedule.h"
@@ -53,8 +54,10 @@ auto key(const ParallelPlan& p) {
 
 TEST_CASE("enumeration lists exactly the legal plans, less the documented duplicates", "[planner]") {
   const SearchProblem problem = small_problem();
-  const std::vector<ParallelPlan> plans = megaplan::planner::enumerate_plans(problem);
+  std::vector<megaplan::planner::LeftOut> left_out;
+  const std::vector<ParallelPlan> plans = megaplan::planner::enumerate_plans(problem, &left_out);
   REQUIRE(!plans.empty());
+  int64_t unrunnable = 0;
   // Brute force over a box that holds every dimension's legal values.
   std::vector<ParallelPlan> expected;
   using megaplan::RecomputeGranularity;
@@ -78,6 +81,10 @@ TEST_CASE("enumeration lists exactly the legal plans, less the documented duplic
                     }
                     if (pp == 1 && schedule != ScheduleKind::kOneFOneB) continue;  // degenerate to 1f1b
                     if (distributed && plan.data_parallel_size * cp == 1) continue;  // shards over nothing
+                    if (megaplan::executor_plan_refusal(plan)) {  // megaplan's executor cannot run it yet
+                      ++unrunnable;
+                      continue;
+                    }
                     expected.push_back(plan);
                   }
                 }
@@ -98,6 +105,10 @@ TEST_CASE("enumeration lists exactly the legal plans, less the documented duplic
   CHECK(got.size() == plans.size());
   CHECK(std::adjacent_find(got.begin(), got.end()) == got.end());
   CHECK(got == want);
+  // The context-parallel plans, counted under their one reason.
+  REQUIRE(left_out.size() == 1);
+  CHECK(left_out[0].flag == "--context-parallel-size");
+  CHECK(left_out[0].plans == unrunnable);
 }
 
 TEST_CASE("pins and lists narrow the enumeration", "[planner]") {

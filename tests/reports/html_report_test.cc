@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "core/model_presets.h"
 #include "reports/html_report.h"
+#include "reports/search_provenance.h"
 #include "simulated_pipeline.h"
 
 using Catch::Matchers::Contains;
@@ -80,6 +81,15 @@ TEST_CASE("the report's timeline: rows, sorted compact slices, layers and SEND -
   CHECK(data.at("summary").at("plan").at("microbatches") == 4);
 }
 
+namespace {
+
+// What `search --json` records of a search of `job`'s model and cluster.
+nlohmann::json provenance_of(const megaplan::JobSpec& job) {
+  return megaplan::search_provenance(job.model, job.cluster, job.plan.implementation, job.plan.options);
+}
+
+}  // namespace
+
 TEST_CASE("a search's ranked plans become the alternatives; a malformed search is refused naming the field",
           "[reports]") {
   megaplan::PlanReport report = small_report();
@@ -92,6 +102,7 @@ TEST_CASE("a search's ranked plans become the alternatives; a malformed search i
                           {"pipeline_comm_s", 0.001}, {"data_parallel_comm_s", 0.0}, {"idle_s", 0.002}};
   };
   report.search = nlohmann::json{{"tie_tolerance", 0.05}, {"plans", {plan(2, 0.02, true), plan(1, 0.03, false)}}};
+  report.search->update(provenance_of(report.job));
   report.search_source = "search.json";
   const nlohmann::json alternatives = megaplan::report_data(report).at("alternatives");
   CHECK(alternatives.at("uncertainty") == 0.05);
@@ -114,6 +125,57 @@ TEST_CASE("a search's ranked plans become the alternatives; a malformed search i
   CHECK_THROWS_WITH(megaplan::report_data(report), Contains("search.json: plans[1]: idle_s: required field is missing"));
   report.search = nlohmann::json{{"plans", 3}};
   CHECK_THROWS_WITH(megaplan::report_data(report), Contains("--search: search.json: plans: must be the array"));
+}
+
+TEST_CASE("a search of another model or cluster, or one without them recorded, is refused in one line", "[reports]") {
+  megaplan::PlanReport report = small_report();
+  report.search_source = "search.json";
+  const auto refusal = [&](const nlohmann::json& provenance) {
+    report.search = nlohmann::json{{"plans", nlohmann::json::array()}};
+    report.search->update(provenance);
+    try {
+      (void)megaplan::report_data(report);
+    } catch (const megaplan::SpecError& error) {
+      CHECK(error.field() == "--search");
+      return error.rule();
+    }
+    return std::string("accepted");
+  };
+  const nlohmann::json same = provenance_of(report.job);
+  CHECK(refusal(same) == "accepted");
+  CHECK(same.at("model").at("spec").at("num_layers") == report.job.model.num_layers);
+  CHECK(same.at("cluster").at("gpus") == report.job.cluster.total_gpus());
+  CHECK(same.at("implementation").at("name") == "megaplan");
+  // The model's name is not its identity: a renamed copy is the same model ...
+  megaplan::JobSpec searched = report.job;
+  searched.model.name = "renamed";
+  CHECK(refusal(provenance_of(searched)) == "accepted");
+  // ... and one of the same name with other layers is another.
+  searched = report.job;
+  searched.model.num_layers += 2;
+  const std::string layers = std::to_string(report.job.model.num_layers);
+  CHECK(refusal(provenance_of(searched)) == "search.json is a search of another model than this plan's " +
+                                                 report.job.model.name + ": num_layers is " +
+                                                 std::to_string(searched.model.num_layers) + " there, " + layers + " here");
+  // Another GPU count, another GPU.
+  searched = report.job;
+  searched.cluster.num_nodes *= 2;
+  CHECK(refusal(provenance_of(searched)).find("search.json is a search of " +
+                                              std::to_string(2 * report.job.cluster.total_gpus()) + " GPUs of ") == 0);
+  searched = report.job;
+  searched.cluster.name = "other";
+  searched.cluster.gpu.hbm_capacity_bytes /= 2;
+  CHECK(refusal(provenance_of(searched)) ==
+        "search.json is a search of another cluster (other) than this plan's " + report.job.cluster.name +
+            ": gpu.hbm_capacity_bytes is " + std::to_string(searched.cluster.gpu.hbm_capacity_bytes) + " there, " +
+            std::to_string(report.job.cluster.gpu.hbm_capacity_bytes) + " here");
+  // A search written before megaplan recorded them: re-run it.
+  CHECK(refusal(nlohmann::json::object()) ==
+        "search.json records no model and cluster (a search written before megaplan recorded them), so it cannot be "
+        "matched to this plan: re-run `megaplan search --json`");
+  nlohmann::json damaged = same;
+  damaged["model"]["spec"] = 3;
+  CHECK(refusal(damaged) == "search.json: model.spec: must be an object, as `megaplan search --json` writes it");
 }
 
 TEST_CASE("the page inlines d3 and the data; the data cannot close its script element", "[reports]") {

@@ -46,7 +46,7 @@ examples="$here/../../examples"
 "$megaplan" data prepare --input "$here/../../README.md" --output-prefix "$scratch/corpus" --append-eod >/dev/null ||
   fail "data prepare"
 plan=(--model "$examples/models/tiny-gpt.json" --vocab-size 257 --seq-length 16 --pp 2 --num-layers 4 --mbs 1 --gbs 4)
-"$megaplan" train "${plan[@]}" --device cpu --world-size 2 --data-path "$scratch/corpus" --split 1,0,0 --train-iters 2 \
+"$megaplan" train "${plan[@]}" --device cpu --world-size 2 --data-path "$scratch/corpus_text_document" --split 1,0,0 --train-iters 2 \
   --eval-iters 0 --trace "$scratch/measured.json" --report "$scratch/trained.html" --cluster h200-x2 >/dev/null ||
   fail "train --trace --report"
 bash "$here/report_browser_test.sh" "$scratch/trained.html" || fail "train --report's page in Chromium"

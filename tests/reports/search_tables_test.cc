@@ -2,6 +2,8 @@
 // the term that differs most.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+
 #include "reports/memory_table.h"
 #include "reports/search_tables.h"
 
@@ -48,4 +50,25 @@ TEST_CASE("the memory table is in GiB with a total per rank", "[reports]") {
   CHECK_THAT(table, Contains("total GiB"));
   CHECK_THAT(table, Contains("3     1.50"));
   CHECK_THAT(table, Contains("5.00"));
+}
+
+TEST_CASE("plans that differ only in a switch within the uncertainty share a row", "[reports]") {
+  megaplan::RankedPlan sp_off = ranked(2, 1.0, 0.0, false);
+  megaplan::RankedPlan sp_on = ranked(2, 1.01, 0.0, true);
+  sp_on.plan.sequence_parallel = true;
+  megaplan::RankedPlan other = ranked(4, 1.02, 0.02, true);
+  megaplan::RankedPlan far = ranked(2, 1.2, 0.0, false);
+  far.plan.use_distributed_optimizer = true;
+  const std::vector<megaplan::RankedPlan> plans = {sp_off, sp_on, other, far};
+  const std::string collapsed = megaplan::ranked_plans_table(plans, std::nullopt, std::nullopt, 0.05);
+  CHECK_THAT(collapsed, Contains("1,2 "));
+  CHECK_THAT(collapsed, Contains("off/on"));
+  // A header and three rows: #2 joins #1; #4, 20% slower, is outside the uncertainty.
+  CHECK(std::count(collapsed.begin(), collapsed.end(), '\n') == 4);
+  const std::string whole = megaplan::ranked_plans_table(plans);
+  CHECK(std::count(whole.begin(), whole.end(), '\n') == 5);
+  CHECK_THAT(whole, !Contains("off/on"));
+  // --explain sets #1 against the best other layout, not against its own variant.
+  const std::string text = megaplan::winner_explanation(plans, int64_t{16} << 30);
+  CHECK_THAT(text, Contains("Why #1 beats #3 (the best other layout) by 0.0200 s"));
 }

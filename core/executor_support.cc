@@ -1,0 +1,31 @@
+#include "core/executor_support.h"
+
+#include <string>
+
+namespace megaplan {
+
+namespace {
+
+SpecError missing(const std::string& flag, const std::string& what) { return {flag, what + " is not in the executor yet"}; }
+
+}  // namespace
+
+std::optional<SpecError> executor_model_refusal(const ModelSpec& model) {
+  // GELU rides on fc1's bias epilogue (core/kernel_list.h lists no GELU of its own).
+  if (!model.swiglu && !model.add_bias_linear) return missing("--disable-bias-linear", "GELU without biases");
+  if (model.normalization == Normalization::kLayerNorm && model.norm_epsilon != 1e-5) {
+    return missing("--norm-epsilon", "LayerNorm with an epsilon other than 1e-5");
+  }
+  return std::nullopt;
+}
+
+std::optional<SpecError> executor_plan_refusal(const ParallelPlan& plan) {
+  if (plan.context_parallel_size != 1) return missing("--context-parallel-size", "context parallelism");
+  if (plan.implementation != Implementation::kMegaplan) {
+    return SpecError("--implementation", "must be megaplan to train: " + to_string(plan.implementation) +
+                                             " is Megatron-LM's code, for simulate and search");
+  }
+  return std::nullopt;
+}
+
+}  // namespace megaplan

@@ -1,0 +1,20 @@
+// What megaplan's executor cannot run yet, in one home: `train` refuses it before starting, the
+// planner leaves such plans out under --implementation megaplan (saying how many and why), and
+// `simulate` notes it. Each is the SpecError the trainer throws: the flag and what is missing.
+#pragma once
+
+#include <optional>
+
+#include "core/error.h"
+#include "core/model_spec.h"
+#include "core/parallel_plan.h"
+
+namespace megaplan {
+
+// A model the executor cannot build, whatever the layout (GELU without biases, ...).
+std::optional<SpecError> executor_model_refusal(const ModelSpec& model);
+
+// A layout the executor cannot run, whatever the model (context parallelism, Megatron-LM's code).
+std::optional<SpecError> executor_plan_refusal(const ParallelPlan& plan);
+
+}  // namespace megaplan
