@@ -9,6 +9,7 @@
 
 #include "cli/notes.h"
 #include "cli/shared_options.h"
+#include "cli/unexpected_arguments.h"
 #include "core/error.h"
 #include "core/megatron_arguments.h"
 
@@ -30,15 +31,6 @@ std::string joined(const std::vector<std::string>& words) {
   std::string text;
   for (const std::string& word : words) text += (text.empty() ? "" : ", ") + word;
   return text;
-}
-
-// The command's own long flags, for did-you-mean.
-std::vector<std::string> own_flags(const CLI::App& command) {
-  std::vector<std::string> flags;
-  for (const CLI::Option* option : command.get_options()) {
-    for (const std::string& name : option->get_lnames()) flags.push_back("--" + name);
-  }
-  return flags;
 }
 
 bool matters(ArgumentEffect effect, Computes computes) {
@@ -74,9 +66,9 @@ void check_arity(const MegatronArgument& argument, const std::string& flag, cons
   }
 }
 
-// Refuses what the row and the command rule out; returns normally for a flag to accept.
-void check_against_table(const std::string& flag, const std::vector<std::string>& values, Computes computes,
-                         const std::vector<std::string>& own) {
+// Refuses what the row and the command rule out; returns the row of a flag to accept.
+const MegatronArgument& check_against_table(const std::string& flag, const std::vector<std::string>& values,
+                                            Computes computes, const std::vector<std::string>& own) {
   const MegatronArgument* argument = find_megatron_argument(flag);
   if (argument == nullptr) {
     const std::optional<std::string> nearest = nearest_megatron_flag(flag, own);
@@ -90,7 +82,7 @@ void check_against_table(const std::string& flag, const std::vector<std::string>
                                 std::string(argument->reason) + "), got \"" + value + "\"");
     }
   }
-  if (!matters(argument->effect, computes)) return;
+  if (!matters(argument->effect, computes)) return *argument;
   if (argument->support == ArgumentSupport::kRefused) {
     throw SpecError(flag, what_it_changes(argument->effect) + ", and megaplan does not implement it: " +
                               std::string(argument->reason));
@@ -98,6 +90,7 @@ void check_against_table(const std::string& flag, const std::vector<std::string>
   if (argument->support == ArgumentSupport::kHonoured) {
     throw SpecError(flag, what_it_changes(argument->effect) + ", and this command does not take it");
   }
+  return *argument;
 }
 
 }  // namespace
@@ -126,11 +119,10 @@ PastedArguments read_pasted_arguments(const CLI::App& command, Computes computes
     if (flag.empty()) throw SpecError(word, "is not an argument megaplan knows (a flag's value without its flag?)");
     values[flag].push_back(word);
   }
-  const std::vector<std::string> own = own_flags(command);
+  const std::vector<std::string> own = long_flags(command);
   std::vector<std::string> training_only, cosmetic;
   for (const std::string& given : order) {
-    check_against_table(given, values[given], computes, own);
-    const MegatronArgument& argument = *find_megatron_argument(given);
+    const MegatronArgument& argument = check_against_table(given, values[given], computes, own);
     if (given == "--rampup-batch-size") continue;  // its own note, below
     (argument.effect == ArgumentEffect::kRun ? training_only : cosmetic).push_back(given);
   }

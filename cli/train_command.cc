@@ -119,6 +119,7 @@ int run_train(const TrainCommandOptions& options, std::ostream& out) {
   ModelSpec model;
   ParallelPlan plan;
   std::optional<ClusterSpec> job_cluster;
+  std::optional<exec::Vocabulary> custom_vocabulary;  // a model of Megatron's flags alone: chosen before the model
   if (options.plan_file) {
     // The job file, with the model and plan flags given beside it overriding it.
     const JobSpec job = load_job(options.model, ClusterOptions{}, options.plan, options.plan_file, options.given);
@@ -135,7 +136,8 @@ int run_train(const TrainCommandOptions& options, std::ostream& out) {
     // A model of Megatron's flags alone takes its vocabulary from the tokenizer or the data, as
     // Megatron takes it from its tokenizer.
     if (!model_options.model && !model_options.vocab_size && model_flags_given(model_options)) {
-      model_options.vocab_size = chosen_vocabulary(options, ModelSpec{}).size;
+      custom_vocabulary = chosen_vocabulary(options, ModelSpec{});
+      model_options.vocab_size = custom_vocabulary->size;
     }
     model = resolve_model(model_options);
     validate_model_spec(model);
@@ -176,7 +178,8 @@ int run_train(const TrainCommandOptions& options, std::ostream& out) {
   // the data is opened for the vocabulary, which the trainer says once its checks pass.
   (void)exec::checked_train_options(train);
   exec::GptModel::refuse_unsupported(model, plan);
-  const exec::Vocabulary vocabulary = chosen_vocabulary(options, model);
+  // Read once: the data's scan or the tokenizer's files (a custom model's was read above).
+  const exec::Vocabulary vocabulary = custom_vocabulary ? *custom_vocabulary : chosen_vocabulary(options, model);
   // Recorded in the checkpoints, for `megaplan convert --to hf`.
   if (tokenizer_named(options.tokenizer)) train.tokenizer = exec::resolve_tokenizer(options.tokenizer);
   train.vocabulary_note = "vocabulary " + std::to_string(vocabulary.size) + " from " + vocabulary.source;

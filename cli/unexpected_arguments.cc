@@ -10,6 +10,14 @@
 
 namespace megaplan::cli {
 
+std::vector<std::string> long_flags(const CLI::App& command) {
+  std::vector<std::string> flags;
+  for (const CLI::Option* option : command.get_options()) {
+    for (const std::string& name : option->get_lnames()) flags.push_back("--" + name);
+  }
+  return flags;
+}
+
 std::string unexpected_arguments_line(const CLI::App& app, const std::string& what) {
   // CLI11 keeps no list on the error: its message ends with the arguments, last given first.
   const std::size_t colon = what.find(": ");
@@ -26,10 +34,7 @@ std::string unexpected_arguments_line(const CLI::App& app, const std::string& wh
     command = selected;
     name += " " + selected->get_name();
   }
-  std::vector<std::string> flags;
-  for (const CLI::Option* option : command->get_options()) {
-    for (const std::string& long_name : option->get_lnames()) flags.push_back("--" + long_name);
-  }
+  const std::vector<std::string> flags = long_flags(*command);
   const std::vector<std::string_view> candidates(flags.begin(), flags.end());
   const std::string flag = word.substr(0, word.find('='));
   const std::optional<std::string> nearest = word.rfind("--", 0) == 0 ? nearest_name(flag, candidates) : std::nullopt;

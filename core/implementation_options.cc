@@ -208,10 +208,7 @@ void validate_implementation_options(const ParallelPlan& plan) {
     }
   }
   if (plan.implementation != Implementation::kMegaplan) {
-    if (!schedule_traits(plan.schedule).megatron_native) {
-      throw SpecError("--schedule", to_string(plan.schedule) + " is not a Megatron-LM schedule (it runs 1f1b and "
-                                    "interleaved); --implementation megaplan runs it");
-    }
+    check_schedule_runs(plan.implementation, plan.schedule);
     if (plan.context_parallel_size > 1 && options.transformer_impl != TransformerImpl::kTransformerEngine) {
       throw SpecError("--context-parallel-size",
                       "needs --transformer-impl transformer_engine: Megatron's context parallelism runs in Transformer "
@@ -231,6 +228,16 @@ void validate_implementation_options(const ParallelPlan& plan) {
   for (const SwitchField& field : kSwitches) {
     if (!field.executor_runs_both && options.*field.member != executor.*field.member) throw SpecError(field.flag, rule);
   }
+}
+
+bool runs_schedule(Implementation implementation, ScheduleKind schedule) {
+  return implementation == Implementation::kMegaplan || schedule_traits(schedule).megatron_native;
+}
+
+void check_schedule_runs(Implementation implementation, ScheduleKind schedule) {
+  if (runs_schedule(implementation, schedule)) return;
+  throw SpecError("--schedule", to_string(schedule) + " is not a Megatron-LM schedule (it runs 1f1b and interleaved); "
+                                "--implementation megaplan runs it");
 }
 
 nlohmann::json implementation_options_to_json(const ImplementationOptions& options) {

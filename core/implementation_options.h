@@ -31,6 +31,7 @@ namespace megaplan {
 struct ModelSpec;
 
 struct ParallelPlan;
+enum class ScheduleKind;  // core/parallel_plan.h
 
 enum class Implementation : uint8_t { kMegaplan, kMegatronCore, kMegatronLocal };
 std::string to_string(Implementation implementation);  // "megaplan", "megatron-core", "megatron-local"
@@ -99,6 +100,12 @@ std::string describe_implementation(const ParallelPlan& plan);
 // Throws SpecError naming the flag and the rule: a dropout outside [0, 1), or (for megaplan) an
 // option megaplan's executor does not run.
 void validate_implementation_options(const ParallelPlan& plan);
+
+// Whether `implementation` has `schedule`: megaplan's executor runs every kind, Megatron-LM's code
+// only its own (schedule_traits' megatron_native: 1f1b and interleaved).
+bool runs_schedule(Implementation implementation, ScheduleKind schedule);
+// Throws SpecError("--schedule", ...) unless runs_schedule.
+void check_schedule_runs(Implementation implementation, ScheduleKind schedule);
 
 // Every option under its Megatron flag's name without dashes ("attention_dropout", ...). Absent
 // keys keep the implementation's defaults.

@@ -84,14 +84,8 @@ void validate_search_problem(const SearchProblem& problem) {
       throw SpecError(refusal->field(), refusal->rule() + ": megaplan's executor cannot train this model, so "
                                         "--implementation megaplan has no plan for it (megatron-core plans Megatron-LM's run)");
     }
-  } else {
-    for (ScheduleKind schedule : space.schedules) {
-      if (!schedule_traits(schedule).megatron_native) {
-        throw SpecError("--schedule", to_string(schedule) + " is not a Megatron-LM schedule (it runs 1f1b and "
-                                      "interleaved); --implementation megaplan runs it");
-      }
-    }
   }
+  for (ScheduleKind schedule : space.schedules) check_schedule_runs(space.implementation, schedule);
   for (int64_t tp : space.tensor_parallel) {
     const std::string flag = "--tensor-model-parallel-size";
     require_positive(tp, flag);
@@ -202,7 +196,7 @@ std::vector<ParallelPlan> enumerate_plans(const SearchProblem& problem, std::vec
   std::vector<ScheduleKind> every_schedule;
   for (const ScheduleTraits& traits : all_schedule_traits()) {
     if (traits.kind == ScheduleKind::kGPipe) continue;
-    if (space.implementation == Implementation::kMegaplan || traits.megatron_native) every_schedule.push_back(traits.kind);
+    if (runs_schedule(space.implementation, traits.kind)) every_schedule.push_back(traits.kind);
   }
   const std::vector<ScheduleKind> schedules = or_all(space.schedules, every_schedule);
   std::vector<ParallelPlan> plans;

@@ -68,6 +68,12 @@ std::vector<int64_t> ByteTokenizer::encode(std::string_view text) const {
   return tokens;
 }
 
+std::string tokenizer_main_file(const TokenizerOptions& resolved) {
+  return !resolved.tokenizer_file.empty()    ? resolved.tokenizer_file
+         : !resolved.tokenizer_model.empty() ? resolved.tokenizer_model
+                                             : resolved.vocab_file;
+}
+
 void check_megatron_tokenizer_type(const std::string& megatron_type) { (void)megatron_tokenizer_type(megatron_type); }
 
 TokenizerOptions resolve_tokenizer(const TokenizerOptions& options) {

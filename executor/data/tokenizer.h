@@ -51,6 +51,10 @@ struct TokenizerOptions {
 // HuggingFaceTokenizer gets its tokenizer.json from both --tokenizer-model and --tokenizer-file.
 TokenizerOptions resolve_tokenizer(const TokenizerOptions& options);
 
+// The file that holds a resolved tokenizer, for messages: its tokenizer.json, tokenizer.model or
+// vocab.json; empty for the byte tokenizer.
+std::string tokenizer_main_file(const TokenizerOptions& resolved);
+
 // resolve_tokenizer's rule on the name alone: throws SpecError("--tokenizer-type", ...) unless
 // `megatron_type` is a Megatron-LM tokenizer type megaplan builds.
 void check_megatron_tokenizer_type(const std::string& megatron_type);

@@ -29,9 +29,7 @@ Vocabulary training_vocabulary(const std::optional<Vocabulary>& given, const std
     vocabulary = *given;
   } else if (tokenizer) {
     const TokenizerOptions resolved = resolve_tokenizer(*tokenizer);
-    const std::string file = !resolved.tokenizer_file.empty()    ? resolved.tokenizer_file
-                             : !resolved.tokenizer_model.empty() ? resolved.tokenizer_model
-                                                                 : resolved.vocab_file;
+    const std::string file = tokenizer_main_file(resolved);
     vocabulary = {make_tokenizer(*tokenizer)->vocab_size(),
                   "the tokenizer (" + resolved.kind + (file.empty() ? "" : ": " + file) + ")"};
   } else {

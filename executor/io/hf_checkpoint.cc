@@ -355,9 +355,7 @@ HfTokenizerExport hf_tokenizer_export(const std::optional<TokenizerOptions>& tok
     return result;
   }
   const TokenizerOptions& options = *tokenizer;
-  const std::string main_file = !options.tokenizer_file.empty()    ? options.tokenizer_file
-                                : !options.tokenizer_model.empty() ? options.tokenizer_model
-                                                                   : options.vocab_file;
+  const std::string main_file = tokenizer_main_file(options);
   const std::string described = "tokenizer: " + options.kind + (main_file.empty() ? "" : " (" + main_file + ")");
   std::unique_ptr<Tokenizer> reader;
   try {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/unexpected_arguments.h"
 #include "core/megatron_arguments.h"
 
 namespace {
@@ -43,11 +44,8 @@ std::set<std::string> flags_of(const std::string& name) {
     return true;
   }();
   (void)wired;
-  std::set<std::string> flags;
-  for (const CLI::Option* option : app.get_subcommand(name)->get_options()) {
-    for (const std::string& long_name : option->get_lnames()) flags.insert("--" + long_name);
-  }
-  return flags;
+  const std::vector<std::string> flags = megaplan::cli::long_flags(*app.get_subcommand(name));
+  return {flags.begin(), flags.end()};
 }
 
 }  // namespace
