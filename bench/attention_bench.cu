@@ -3,7 +3,7 @@
 // half of 4 * b * h * s^2 * d, the backward 2.5 times that. Median of 30 timed runs after warm-up,
 // all on one non-blocking stream, as the backend issues them.
 // Standalone: nvcc ... bench/attention_bench.cu executor/kernels/cuda/flash_attention.cu
-//             executor/kernels/cuda/bf16_linear.cu -lcublasLt -lcublas
+//             executor/kernels/cuda/bf16_linear.cu executor/comm/comm.cc -lcublasLt -lcublas
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -26,7 +26,7 @@ void check(cudaError_t status, const char* what) {
 }
 
 // Roughly normal values from a counter hash (sum of four uniforms), so large inputs need no host copy.
-__global__ void fill_random(cu::Bf16* data, int64_t n, uint32_t seed) {
+__global__ void fill_random(cu::Half* data, int64_t n, uint32_t seed) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= n) return;
   float sum = 0;
@@ -42,10 +42,10 @@ __global__ void fill_random(cu::Bf16* data, int64_t n, uint32_t seed) {
   reinterpret_cast<__nv_bfloat16*>(data)[i] = __float2bfloat16((sum - 2.0f) * 1.7320508f);
 }
 
-cu::Bf16* random_buffer(int64_t n, uint32_t seed, cudaStream_t stream) {
+cu::Half* random_buffer(int64_t n, uint32_t seed, cudaStream_t stream) {
   void* p = nullptr;
   check(cudaMalloc(&p, static_cast<size_t>(n) * 2), "cudaMalloc");
-  auto* data = static_cast<cu::Bf16*>(p);
+  auto* data = static_cast<cu::Half*>(p);
   fill_random<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(data, n, seed);
   check(cudaGetLastError(), "fill_random");
   return data;
@@ -88,19 +88,21 @@ int main() {
     const int64_t d = c.dim, token_stride = c.heads * 3 * d, tokens = c.batch * c.seq;
     const cu::AttentionShape shape{c.batch, c.seq, c.heads, c.heads, d, token_stride, 3 * d,
                                    1.0f / std::sqrt(static_cast<float>(d))};
-    cu::Bf16* qkv = random_buffer(tokens * token_stride, 1, stream);
-    cu::Bf16* dout = random_buffer(tokens * c.heads * d, 2, stream);
-    cu::Bf16* out = random_buffer(tokens * c.heads * d, 3, stream);
-    cu::Bf16* dqkv = random_buffer(tokens * token_stride, 4, stream);
+    cu::Half* qkv = random_buffer(tokens * token_stride, 1, stream);
+    cu::Half* dout = random_buffer(tokens * c.heads * d, 2, stream);
+    cu::Half* out = random_buffer(tokens * c.heads * d, 3, stream);
+    cu::Half* dqkv = random_buffer(tokens * token_stride, 4, stream);
     void *lse = nullptr, *workspace = nullptr;
     check(cudaMalloc(&lse, static_cast<size_t>(c.batch * c.heads * c.seq) * 4), "cudaMalloc");
     check(cudaMalloc(&workspace, cu::flash_attention_backward_workspace_bytes(shape)), "cudaMalloc");
-    const cu::Bf16 *q = qkv, *k = qkv + d, *v = qkv + 2 * d;
+    const cu::Half *q = qkv, *k = qkv + d, *v = qkv + 2 * d;
     auto* lse_f = static_cast<float*>(lse);
-    const float fwd = median_ms(stream, [&] { cu::flash_attention_forward(shape, q, k, v, out, lse_f, stream); });
+    const float fwd = median_ms(stream, [&] {
+      cu::flash_attention_forward(shape, q, k, v, out, lse_f, megaplan::Precision::kBf16, stream);
+    });
     const float bwd = median_ms(stream, [&] {
       cu::flash_attention_backward(shape, dout, q, k, v, out, lse_f, token_stride, dqkv, dqkv + d, dqkv + 2 * d,
-                                   workspace, stream);
+                                   workspace, megaplan::Precision::kBf16, stream);
     });
     const double flops = static_cast<double>(4 * c.batch * c.heads * c.seq * c.seq * d / 2);
     char label[64];

@@ -18,6 +18,7 @@
 #include "executor/kernels/cuda/stream.h"
 
 namespace cu = megaplan::exec::cuda;
+constexpr megaplan::Precision kBf16 = megaplan::Precision::kBf16;
 
 namespace {
 
@@ -127,21 +128,24 @@ int main() {
       const double read_bytes = static_cast<double>(tokens) * ((vocab + 7) / 8 * 8) * 2;  // to the 16-byte group
       const double row_bytes = static_cast<double>(tokens) * stride * 2;
       const double statistics_ms = median_ms(stream, [&] {
-        cu::cross_entropy_statistics(logits, tokens, vocab, stride, targets, lse, target_logit, nullptr, stream);
+        cu::cross_entropy_statistics(logits, tokens, vocab, stride, targets, lse, target_logit, nullptr, kBf16, stream);
       });
       rows.push_back({"cross entropy statistics 16384 x 50257/50304", read_bytes, statistics_ms});
       const double backward_ms = median_ms(stream, [&] {
-        cu::cross_entropy_backward(logits, tokens, vocab, stride, targets, mask, lse, 1.0f / tokens, dlogits, stream);
+        cu::cross_entropy_backward(logits, tokens, vocab, stride, targets, mask, lse, 1.0f / tokens, dlogits, kBf16,
+                                   stream);
       });
       rows.push_back({"cross entropy backward (separate output)", read_bytes + row_bytes, backward_ms});
       const double both_ms = median_ms(stream, [&] {
-        cu::cross_entropy_statistics(logits, tokens, vocab, stride, targets, lse, target_logit, nullptr, stream);
-        cu::cross_entropy_backward(logits, tokens, vocab, stride, targets, mask, lse, 1.0f / tokens, dlogits, stream);
+        cu::cross_entropy_statistics(logits, tokens, vocab, stride, targets, lse, target_logit, nullptr, kBf16, stream);
+        cu::cross_entropy_backward(logits, tokens, vocab, stride, targets, mask, lse, 1.0f / tokens, dlogits, kBf16,
+                                   stream);
       });
       rows.push_back({"cross entropy statistics + backward", 2 * read_bytes + row_bytes, both_ms});
       // In place the values change each run; timing still reads and writes every row the same way.
       const double in_place_ms = median_ms(stream, [&] {
-        cu::cross_entropy_backward(dlogits, tokens, vocab, stride, targets, mask, lse, 1.0f / tokens, dlogits, stream);
+        cu::cross_entropy_backward(dlogits, tokens, vocab, stride, targets, mask, lse, 1.0f / tokens, dlogits, kBf16,
+                                   stream);
       });
       rows.push_back({"cross entropy backward in place", read_bytes + row_bytes, in_place_ms});
       for (void* p : {static_cast<void*>(logits), static_cast<void*>(dlogits), static_cast<void*>(targets),
@@ -182,7 +186,7 @@ int main() {
         gradients.push_back({gradient + offset, n});
         offset += n;
       }
-      cu::MultiTensorAdamw optimizer(tensors, stream);
+      cu::MultiTensorAdamw optimizer(tensors, kBf16, stream);
       int64_t step = 0;
       const double adamw_ms =
           median_ms(stream, [&] { optimizer.step(++step, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.5f, stream); });

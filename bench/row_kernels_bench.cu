@@ -5,7 +5,8 @@
 // as the backend issues them.
 // Build (from the repository root), one line:
 //   nvcc -std=c++20 -O3 -gencode=arch=compute_90,code=sm_90 -I. bench/row_kernels_bench.cu
-//     executor/kernels/cuda/{norms,elementwise,bf16_linear}.cu -lcublasLt -lcublas -o row_kernels_bench
+//     executor/kernels/cuda/{norms,elementwise,bf16_linear}.cu executor/comm/comm.cc -lcublasLt -lcublas
+//     -o row_kernels_bench
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -20,6 +21,7 @@
 #include "executor/kernels/cuda/stream.h"
 
 namespace cu = megaplan::exec::cuda;
+constexpr megaplan::Precision kBf16 = megaplan::Precision::kBf16;
 
 namespace {
 
@@ -74,14 +76,14 @@ int main() {
   for (int64_t cols : {int64_t{1024}, int64_t{2048}, int64_t{4096}}) {
     const int64_t rows = 16384;
     const auto n = static_cast<std::size_t>(rows * cols), c = static_cast<std::size_t>(cols);
-    cu::Bf16* x = cu::upload_bf16(random_values(n, generator), stream);
-    cu::Bf16* r = cu::upload_bf16(random_values(n, generator), stream);
-    cu::Bf16* sum = cu::upload_bf16(random_values(n, generator), stream);
-    cu::Bf16* y = cu::upload_bf16(random_values(n, generator), stream);
-    cu::Bf16* dy = cu::upload_bf16(random_values(n, generator), stream);
-    cu::Bf16* dx = cu::upload_bf16(random_values(n, generator), stream);
-    cu::Bf16* gamma = cu::upload_bf16(random_values(c, generator), stream);
-    cu::Bf16* beta = cu::upload_bf16(random_values(c, generator), stream);
+    cu::Half* x = cu::upload_half(random_values(n, generator), kBf16, stream);
+    cu::Half* r = cu::upload_half(random_values(n, generator), kBf16, stream);
+    cu::Half* sum = cu::upload_half(random_values(n, generator), kBf16, stream);
+    cu::Half* y = cu::upload_half(random_values(n, generator), kBf16, stream);
+    cu::Half* dy = cu::upload_half(random_values(n, generator), kBf16, stream);
+    cu::Half* dx = cu::upload_half(random_values(n, generator), kBf16, stream);
+    cu::Half* gamma = cu::upload_half(random_values(c, generator), kBf16, stream);
+    cu::Half* beta = cu::upload_half(random_values(c, generator), kBf16, stream);
     float* mean = cu::upload_floats(std::vector<float>(static_cast<std::size_t>(rows)), stream);
     float* rstd = cu::upload_floats(std::vector<float>(static_cast<std::size_t>(rows)), stream);
     float* dgamma = cu::upload_floats(std::vector<float>(c), stream);
@@ -93,27 +95,28 @@ int main() {
     row("copy (ceiling)", rows, cols, 4, median_ms(stream, [&] {
           check(cudaMemcpyAsync(y, x, n * 2, cudaMemcpyDeviceToDevice, stream), "copy");
         }));
-    row("add", rows, cols, 6, median_ms(stream, [&] { cu::add(x, r, rows * cols, y, stream); }));
+    row("add", rows, cols, 6, median_ms(stream, [&] { cu::add(x, r, rows * cols, y, kBf16, stream); }));
     row("layernorm_forward", rows, cols, 4, median_ms(stream, [&] {
-          cu::layernorm_forward(x, nullptr, nullptr, gamma, beta, rows, cols, eps, y, mean, rstd, stream);
+          cu::layernorm_forward(x, nullptr, nullptr, gamma, beta, rows, cols, eps, y, mean, rstd, kBf16, stream);
         }));
     row("layernorm_forward+residual", rows, cols, 8, median_ms(stream, [&] {
-          cu::layernorm_forward(x, r, sum, gamma, beta, rows, cols, eps, y, mean, rstd, stream);
+          cu::layernorm_forward(x, r, sum, gamma, beta, rows, cols, eps, y, mean, rstd, kBf16, stream);
         }));
     row("layernorm_backward", rows, cols, 6, median_ms(stream, [&] {
-          cu::layernorm_backward(dy, x, gamma, mean, rstd, rows, cols, nullptr, dx, dgamma, dbeta, workspace, stream);
+          cu::layernorm_backward(dy, x, gamma, mean, rstd, rows, cols, nullptr, dx, dgamma, dbeta, workspace, kBf16,
+                                 stream);
         }));
     row("layernorm_backward+residual", rows, cols, 8, median_ms(stream, [&] {
-          cu::layernorm_backward(dy, x, gamma, mean, rstd, rows, cols, r, dx, dgamma, dbeta, workspace, stream);
+          cu::layernorm_backward(dy, x, gamma, mean, rstd, rows, cols, r, dx, dgamma, dbeta, workspace, kBf16, stream);
         }));
     row("rmsnorm_forward", rows, cols, 4, median_ms(stream, [&] {
-          cu::rmsnorm_forward(x, nullptr, nullptr, gamma, rows, cols, eps, y, rstd, stream);
+          cu::rmsnorm_forward(x, nullptr, nullptr, gamma, rows, cols, eps, y, rstd, kBf16, stream);
         }));
     row("rmsnorm_backward", rows, cols, 6, median_ms(stream, [&] {
-          cu::rmsnorm_backward(dy, x, gamma, rstd, rows, cols, nullptr, dx, dgamma, workspace, stream);
+          cu::rmsnorm_backward(dy, x, gamma, rstd, rows, cols, nullptr, dx, dgamma, workspace, kBf16, stream);
         }));
     row("swiglu_forward (2 width=cols)", rows, cols, 3,
-        median_ms(stream, [&] { cu::swiglu_forward(dy, rows, cols / 2, y, stream); }));
+        median_ms(stream, [&] { cu::swiglu_forward(dy, rows, cols / 2, y, kBf16, stream); }));
     check(cudaStreamSynchronize(stream), "bench");
     for (void* p : {static_cast<void*>(x), static_cast<void*>(r), static_cast<void*>(sum), static_cast<void*>(y),
                     static_cast<void*>(dy), static_cast<void*>(dx), static_cast<void*>(gamma), static_cast<void*>(beta),

@@ -39,7 +39,8 @@ exec::TrainSummary train_in_process(const ModelSpec& model, const ParallelPlan& 
   exec::BackendFactory make_backend;
   exec::InProcessMemoryFactory make_memory = exec::make_in_process_cpu_memory;
   if (device == "cuda") {
-    make_backend = [](int64_t) { return exec::make_cuda_backend(); };
+    const Precision precision = plan.options.precision;
+    make_backend = [precision](int64_t) { return exec::make_cuda_backend(precision); };
     make_memory = exec::make_in_process_gpu_memory;
   } else {
     make_backend = [](int64_t) -> std::unique_ptr<exec::Backend> { return std::make_unique<exec::CpuBackend>(); };
@@ -281,6 +282,18 @@ void setup_train_command(CLI::App& app, CommandContext& context) {
   command->add_option("--adam-beta2", t.adam_beta2, "Adam beta2")->capture_default_str();
   command->add_option("--adam-eps", t.adam_eps, "Adam epsilon")->capture_default_str();
   command->add_option("--clip-grad", t.clip_grad, "Global gradient-norm clip (0: off)")->capture_default_str();
+  // Megatron's loss scaler (executor/train/loss_scaler.h): dynamic under --fp16, fixed with --loss-scale.
+  command->add_option("--loss-scale", t.loss_scaling.constant,
+                      "A fixed loss scale (any precision); without it --fp16 scales dynamically");
+  command->add_option("--initial-loss-scale", t.loss_scaling.initial, "The dynamic loss scale's start")
+      ->capture_default_str();
+  command->add_option("--min-loss-scale", t.loss_scaling.minimum, "The dynamic loss scale's floor")->capture_default_str();
+  command->add_option("--loss-scale-window", t.loss_scaling.window,
+                      "Iterations without overflow before the dynamic loss scale doubles")
+      ->capture_default_str();
+  command->add_option("--hysteresis", t.loss_scaling.hysteresis,
+                      "Overflows allowed before the dynamic loss scale halves")
+      ->capture_default_str();
   command->add_option("--seed", t.seed, "Initialisation and data order")->capture_default_str();
   command->add_option("--init-method-std", t.init_method_std,
                       "Standard deviation of the weights' normal initialisation (the output projections' divided by "

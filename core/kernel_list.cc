@@ -358,6 +358,13 @@ KernelBlocks executor_kernel_blocks(const ModelSpec& model, const ParallelPlan& 
                                                                    final_norm_backward};
   blocks[static_cast<std::size_t>(KernelBlock::kHeadBackwardInput)] = {loss_backward, output_input, final_norm_backward};
   blocks[static_cast<std::size_t>(KernelBlock::kHeadWeightGradient)] = {output_weight};
+  // Under --fp16 the GEMMs take fp16 operands (the profile times them so); attention and the
+  // memory-bound kernels run at the same rate in either 16-bit type, so their rows serve both.
+  for (std::vector<Kernel>& block : blocks) {
+    for (Kernel& kernel : block) {
+      if (kernel.kind == KernelKind::kGemm) kernel.precision = plan.options.precision;
+    }
+  }
   return blocks;
 }
 

@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
 """Writes executor/kernels/cuda/wgmma_instructions.inc: Hopper's warpgroup MMA
-(wgmma.mma_async m64nNk16, bf16 in, fp32 accumulators) wrapped per N, the accumulator
-registers spelled out because inline PTX needs one operand per register.
+(wgmma.mma_async m64nNk16, bf16 or fp16 in as the Precision argument says, fp32 accumulators)
+wrapped per N, the accumulator registers spelled out because inline PTX needs one operand per
+register.
 
   tools/generate_wgmma.py > executor/kernels/cuda/wgmma_instructions.inc
 """
 
 WIDTHS = (32, 64, 128)
+# The PTX input type of each Precision; both take the same operands and register layouts.
+TYPES = (("Precision::kFp16", "f16"), ("Precision::kBf16", "bf16"))
 
 
 def accumulators(n):
@@ -16,17 +19,31 @@ def accumulators(n):
     return count, names, operands
 
 
+def by_precision(statement):
+    """The asm statement for each input type, chosen at compile time by P."""
+    (fp16, fp16_type), (_, bf16_type) = TYPES
+    return f"""  if constexpr (P == {fp16}) {{
+{statement(fp16_type)}
+  }} else {{
+{statement(bf16_type)}
+  }}"""
+
+
 def shared_shared(n):
     count, names, operands = accumulators(n)
     a, b, acc, trans = count, count + 1, count + 2, count + 3
+
+    def statement(input_type):
+        return f"""    asm volatile(
+        "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{acc}, 0;\\n"
+        "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{input_type}.{input_type} {{{names}}}, %{a}, %{b}, p, 1, 1, 0, %{trans};\\n}}\\n"
+        : {operands}
+        : "l"(a), "l"(b), "r"(static_cast<int>(accumulate)), "n"(TransB));"""
+
     return f"""// D[64 x {n}] (+)= A[64 x 16] B[16 x {n}], A and B in shared memory behind descriptors.
-template <int TransB>
+template <Precision P, int TransB>
 __device__ __forceinline__ void wgmma(float (&d)[{count}], uint64_t a, uint64_t b, bool accumulate) {{
-  asm volatile(
-      "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{acc}, 0;\\n"
-      "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16 {{{names}}}, %{a}, %{b}, p, 1, 1, 0, %{trans};\\n}}\\n"
-      : {operands}
-      : "l"(a), "l"(b), "r"(static_cast<int>(accumulate)), "n"(TransB));
+{by_precision(statement)}
 }}
 """
 
@@ -35,15 +52,19 @@ def registers_shared(n):
     count, names, operands = accumulators(n)
     a0, b, acc, trans = count, count + 4, count + 5, count + 6
     a_names = ", ".join(f"%{a0 + i}" for i in range(4))
+
+    def statement(input_type):
+        return f"""    asm volatile(
+        "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{acc}, 0;\\n"
+        "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{input_type}.{input_type} {{{names}}}, {{{a_names}}}, %{b}, p, 1, 1, %{trans};\\n}}\\n"
+        : {operands}
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(static_cast<int>(accumulate)), "n"(TransB));"""
+
     return f"""// D[64 x {n}] (+)= A[64 x 16] B[16 x {n}], A in registers (each warp its 16 rows, laid out as
 // mma.sync's m16n8k16 A fragment), B in shared memory behind a descriptor.
-template <int TransB>
+template <Precision P, int TransB>
 __device__ __forceinline__ void wgmma(float (&d)[{count}], const uint32_t (&a)[4], uint64_t b, bool accumulate) {{
-  asm volatile(
-      "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{acc}, 0;\\n"
-      "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16 {{{names}}}, {{{a_names}}}, %{b}, p, 1, 1, %{trans};\\n}}\\n"
-      : {operands}
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(static_cast<int>(accumulate)), "n"(TransB));
+{by_precision(statement)}
 }}
 """
 

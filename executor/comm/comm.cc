@@ -1,4 +1,4 @@
-// The Comm interface's element types: their sizes, names, and the host bf16 conversions that the
+// The Comm interface's element types: their sizes, names, and the host bf16 and fp16 conversions that the
 // CPU implementations reduce with and the tests compute expected values with; the words every
 // implementation's error messages share.
 #include "executor/comm/comm.h"
@@ -10,7 +10,8 @@ namespace megaplan::exec {
 std::size_t element_bytes(DataType type) {
   switch (type) {
     case DataType::kFloat32: return 4;
-    case DataType::kBFloat16: return 2;
+    case DataType::kBFloat16:
+    case DataType::kFloat16: return 2;
   }
   throw std::invalid_argument("element_bytes: unknown DataType " + std::to_string(static_cast<int>(type)));
 }
@@ -19,6 +20,7 @@ const char* data_type_name(DataType type) {
   switch (type) {
     case DataType::kFloat32: return "fp32";
     case DataType::kBFloat16: return "bf16";
+    case DataType::kFloat16: return "fp16";
   }
   return "unknown DataType";
 }
@@ -40,6 +42,28 @@ uint16_t float_to_bf16(float value) {
   }
   bits += 0x7fffu + ((bits >> 16) & 1u);  // round to nearest, ties to even
   return static_cast<uint16_t>(bits >> 16);
+}
+
+// GCC's _Float16 converts in software (libgcc) with IEEE rounding: nothing to write by hand.
+float fp16_to_float(uint16_t bits) {
+  _Float16 half;
+  std::memcpy(&half, &bits, sizeof half);
+  return static_cast<float>(half);
+}
+
+uint16_t float_to_fp16(float value) {
+  const _Float16 half = static_cast<_Float16>(value);
+  uint16_t bits;
+  std::memcpy(&bits, &half, sizeof bits);
+  return bits;
+}
+
+float half_to_float(uint16_t bits, DataType type) {
+  return type == DataType::kFloat16 ? fp16_to_float(bits) : bf16_to_float(bits);
+}
+
+uint16_t float_to_half(float value, DataType type) {
+  return type == DataType::kFloat16 ? float_to_fp16(value) : float_to_bf16(value);
 }
 
 std::string rank_list(const std::vector<int64_t>& ranks) {

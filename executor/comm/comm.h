@@ -37,15 +37,21 @@
 
 namespace megaplan::exec {
 
-enum class DataType : uint8_t { kFloat32, kBFloat16 };
+enum class DataType : uint8_t { kFloat32, kBFloat16, kFloat16 };
 std::size_t element_bytes(DataType type);  // 4 or 2
-const char* data_type_name(DataType type);  // "fp32" or "bf16", for error messages
+const char* data_type_name(DataType type);  // "fp32", "bf16" or "fp16", for error messages
 
-// kBFloat16 elements are stored as uint16_t bits (the upper half of an fp32). Host conversions for
-// implementations that reduce on the CPU, and for tests: widening is exact; narrowing rounds to
-// nearest even and keeps a NaN a quiet NaN (as the CUDA kernels' to_bf16 does).
+// kBFloat16 elements are stored as uint16_t bits (the upper half of an fp32), kFloat16 as IEEE
+// half-precision bits. Host conversions for implementations that reduce on the CPU, and for tests:
+// widening is exact; narrowing rounds to nearest even and keeps a NaN a quiet NaN (as the CUDA
+// kernels' conversions do); fp16 overflows to infinity past 65504, as the device's does.
 float bf16_to_float(uint16_t bits);
 uint16_t float_to_bf16(float value);
+float fp16_to_float(uint16_t bits);
+uint16_t float_to_fp16(float value);
+// A 16-bit element of `type` (kBFloat16 or kFloat16) to and from fp32, by the two pairs above.
+float half_to_float(uint16_t bits, DataType type);
+uint16_t float_to_half(float value, DataType type);
 
 enum class ReduceOp : uint8_t { kSum, kMax };
 

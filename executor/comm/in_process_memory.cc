@@ -11,24 +11,24 @@ namespace megaplan::exec {
 
 namespace {
 
-// Elements [offset, offset + count) of a buffer of `type`, as floats (bf16 widens exactly).
+// Elements [offset, offset + count) of a buffer of `type`, as floats (bf16 and fp16 widen exactly).
 void load(const void* base, DataType type, std::size_t offset, std::size_t count, float* out) {
   if (type == DataType::kFloat32) {
     std::memcpy(out, static_cast<const float*>(base) + offset, count * sizeof(float));
     return;
   }
   const uint16_t* bits = static_cast<const uint16_t*>(base) + offset;
-  for (std::size_t i = 0; i < count; ++i) out[i] = bf16_to_float(bits[i]);
+  for (std::size_t i = 0; i < count; ++i) out[i] = half_to_float(bits[i], type);
 }
 
-// The one rounding of a bf16 reduction happens here.
+// The one rounding of a 16-bit reduction happens here.
 void store(const float* values, DataType type, std::size_t offset, std::size_t count, void* base) {
   if (type == DataType::kFloat32) {
     std::memcpy(static_cast<float*>(base) + offset, values, count * sizeof(float));
     return;
   }
   uint16_t* bits = static_cast<uint16_t*>(base) + offset;
-  for (std::size_t i = 0; i < count; ++i) bits[i] = float_to_bf16(values[i]);
+  for (std::size_t i = 0; i < count; ++i) bits[i] = float_to_half(values[i], type);
 }
 
 // Work is done when the call returns, so there is nothing to order: points are null.

@@ -50,6 +50,7 @@ ncclDataType_t nccl_type(DataType type) {
   switch (type) {
     case DataType::kFloat32: return ncclFloat32;
     case DataType::kBFloat16: return ncclBfloat16;
+    case DataType::kFloat16: return ncclFloat16;
   }
   throw std::invalid_argument("nccl: unknown DataType " + std::to_string(static_cast<int>(type)));
 }

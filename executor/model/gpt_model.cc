@@ -102,7 +102,7 @@ GptModel::GptModel(const ModelSpec& model, const ParallelPlan& plan, int64_t sta
       vocab_local_(vocab_ / tp_),
       vocab_start_(tp_rank_ * vocab_local_),
       rows_(plan.sequence_parallel ? batch_ * seq_ / tp_ : batch_ * seq_),
-      activation_type_(backend.activation_bytes() == sizeof(float) ? DataType::kFloat32 : DataType::kBFloat16) {
+      activation_type_(backend.activation_type()) {
   refuse_unsupported(model, plan);
   if ((tp_ > 1) != (tensor_parallel != nullptr) || (tensor_parallel && tensor_parallel->size() != tp_)) {
     throw std::logic_error("GptModel: the tensor-parallel group does not match the plan's tp");

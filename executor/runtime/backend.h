@@ -1,10 +1,11 @@
 // The operations a GPT needs, behind one interface so that the same model and runtime code runs on
-// plain C++ fp32 (CpuBackend, for tests and tiny models) and on a GPU in bf16 (the CUDA backend).
+// plain C++ fp32 (CpuBackend, for tests and tiny models) and on a GPU in bf16 or fp16 (the CUDA
+// backend).
 //
 // Two kinds of buffer. fp32 buffers (float*) hold master weights, their gradients, optimizer
 // state and per-row statistics. Activations (Activation) hold activations, their gradients and the
-// compute copy of every weight in the backend's compute precision: fp32 on the CPU, bf16 on the
-// GPU. The model passes activations between operations and never reads their elements.
+// compute copy of every weight in the backend's compute precision: fp32 on the CPU, bf16 or fp16
+// on the GPU. The model passes activations between operations and never reads their elements.
 // Token ids and loss masks are host arrays the backend reads.
 #pragma once
 
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "core/implementation_options.h"
+#include "executor/comm/comm.h"
 #include "executor/kernels/rope_frequency.h"
 
 namespace megaplan::exec {
@@ -52,9 +54,12 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string name() const = 0;
-  // Bytes of one activation element (4 for fp32, 2 for bf16), for memory estimates. A backend
-  // whose activations are fp32 makes each weight's compute copy the master weight itself.
-  virtual std::size_t activation_bytes() const = 0;
+  // The element type of activations and compute weights: fp32 on the CPU; bf16, or fp16 under
+  // --fp16, on the GPU. A backend whose activations are fp32 makes each weight's compute copy the
+  // master weight itself. Communicators move activations as this type.
+  virtual DataType activation_type() const = 0;
+  // Bytes of one activation element (4 or 2), for memory estimates.
+  std::size_t activation_bytes() const { return element_bytes(activation_type()); }
   // Bytes the backend could still allocate (the GPU's free memory; the host's available memory).
   virtual int64_t available_bytes() const = 0;
 

@@ -1,4 +1,5 @@
-// The CUDA backend: bf16 activations and compute weights, fp32 master weights, gradients and
+// The CUDA backend: bf16 or fp16 activations and compute weights (the precision it is made with,
+// passed to every kernel and set on every lane's GEMMs), fp32 master weights, gradients and
 // optimizer state. Linear layers run on cuBLASLt with fused epilogues, attention on the flash
 // kernels, the rest on the kernels of executor/kernels/cuda. Every reduction runs in a fixed order
 // (no atomics), so a resumed run repeats an uninterrupted one bit for bit on the same GPU.
@@ -40,12 +41,13 @@ namespace megaplan::exec {
 
 namespace {
 
-using cuda::Bf16;
+using cuda::Half;
 
 constexpr float kLayerNormEps = 1e-5f;
 
-Bf16* bf(Activation a) { return reinterpret_cast<Bf16*>(a); }
-const Bf16* bf(ConstActivation a) { return reinterpret_cast<const Bf16*>(a); }
+// An activation's 16-bit elements, bf16 or fp16 as precision_ says.
+Half* h16(Activation a) { return reinterpret_cast<Half*>(a); }
+const Half* h16(ConstActivation a) { return reinterpret_cast<const Half*>(a); }
 int64_t i64(std::size_t n) { return static_cast<int64_t>(n); }
 
 // db += partial, both fp32 (bias gradients accumulate over microbatches; cuBLASLt's bias-gradient
@@ -107,7 +109,13 @@ struct Lane {
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend() : lanes_{std::make_unique<Lane>(), nullptr}, lane_(lanes_[0].get()) {}
+  explicit CudaBackend(Precision precision)
+      : lanes_{std::make_unique<Lane>(), nullptr},
+        lane_(lanes_[0].get()),
+        precision_(precision),
+        gemm_fp16_(precision == Precision::kFp16) {
+    lanes_[0]->linear.set_fp16(gemm_fp16_);
+  }
   // After this body the members go in reverse order: the kernels' objects with cudaFree, then the
   // lanes, declared first.
   ~CudaBackend() override {
@@ -124,7 +132,7 @@ class CudaBackend final : public Backend {
   }
 
   std::string name() const override { return "cuda"; }
-  std::size_t activation_bytes() const override { return sizeof(Bf16); }
+  DataType activation_type() const override { return cuda::half_data_type(precision_); }
   int64_t available_bytes() const override {
     std::size_t free = 0, total = 0;
     check(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
@@ -134,13 +142,13 @@ class CudaBackend final : public Backend {
   float* allocate(std::size_t n) override { return static_cast<float*>(allocate_bytes(n * sizeof(float))); }
   void release(float* buffer) override { release_bytes(buffer); }
   Activation allocate_activation(std::size_t n) override {
-    return static_cast<Activation>(allocate_bytes(n * sizeof(Bf16)));
+    return static_cast<Activation>(allocate_bytes(n * sizeof(Half)));
   }
   void release(Activation buffer) override { release_bytes(buffer); }
   Activation compute_copy(float*, std::size_t n) override { return allocate_activation(n); }
   void release_compute_copy(Activation copy, float*) override { release(copy); }
   void refresh_compute_copy(const float* value, std::size_t n, Activation copy) override {
-    cuda::cast_to_bf16(value, i64(n), bf(copy), lane_->stream);
+    cuda::cast_to_half(value, i64(n), h16(copy), precision_, lane_->stream);
   }
   int64_t peak_bytes() const override { return peak_; }
   // Uploads are queued on the current lane. Their sources are pageable host memory, which cudaMemcpyAsync
@@ -155,17 +163,17 @@ class CudaBackend final : public Backend {
     synchronize();
   }
   void upload(Activation device, const float* host, std::size_t n) override {
-    std::vector<Bf16> rounded(n);
-    for (std::size_t i = 0; i < n; ++i) rounded[i] = cuda::to_bf16(host[i]);
-    check(cudaMemcpyAsync(device, rounded.data(), n * sizeof(Bf16), cudaMemcpyHostToDevice, lane_->stream),
+    std::vector<Half> rounded(n);
+    for (std::size_t i = 0; i < n; ++i) rounded[i] = cuda::to_half(host[i], precision_);
+    check(cudaMemcpyAsync(device, rounded.data(), n * sizeof(Half), cudaMemcpyHostToDevice, lane_->stream),
           "cudaMemcpyAsync to device");
   }
   void download(float* host, ConstActivation device, std::size_t n) override {
-    std::vector<Bf16> values(n);
-    check(cudaMemcpyAsync(values.data(), device, n * sizeof(Bf16), cudaMemcpyDeviceToHost, lane_->stream),
+    std::vector<Half> values(n);
+    check(cudaMemcpyAsync(values.data(), device, n * sizeof(Half), cudaMemcpyDeviceToHost, lane_->stream),
           "cudaMemcpyAsync to host");
     synchronize();
-    for (std::size_t i = 0; i < n; ++i) host[i] = cuda::from_bf16(values[i]);
+    for (std::size_t i = 0; i < n; ++i) host[i] = cuda::from_half(values[i], precision_);
   }
   void fill(float* x, std::size_t n, float value) override {
     if (n == 0) return;
@@ -178,6 +186,8 @@ class CudaBackend final : public Backend {
   }
 
   bool runs_fp16_gemms() const override { return true; }
+  // The GEMMs alone: the profiler times fp16 GEMMs on a bf16 backend. The other kernels keep
+  // precision_.
   void set_gemm_precision(Precision precision) override {
     gemm_fp16_ = precision == Precision::kFp16;
     for (const auto& lane : lanes_) {
@@ -190,27 +200,28 @@ class CudaBackend final : public Backend {
     const auto lt_epilogue = epilogue == LinearEpilogue::kNone   ? cuda::LinearEpilogue::kNone
                              : epilogue == LinearEpilogue::kBias ? cuda::LinearEpilogue::kBias
                                                                  : cuda::LinearEpilogue::kBiasGelu;
-    lane_->linear.forward(bf(x), bf(w), epilogue == LinearEpilogue::kNone ? nullptr : bf(b), i64(m), i64(k), i64(n),
-                    lt_epilogue, bf(y), bf(pre_activation), lane_->stream);
+    lane_->linear.forward(h16(x), h16(w), epilogue == LinearEpilogue::kNone ? nullptr : h16(b), i64(m), i64(k), i64(n),
+                          lt_epilogue, h16(y), h16(pre_activation), lane_->stream);
   }
   void linear_backward(ConstActivation dy, ConstActivation x, ConstActivation w, std::size_t m, std::size_t k,
                        std::size_t n, Activation dx, float* dw, float* db) override {
     float* bias_partial = db ? lane_->bias.get(n) : nullptr;
-    lane_->linear.backward(bf(dy), bf(x), bf(w), i64(m), i64(k), i64(n), bf(dx), dw, bias_partial, lane_->stream);
+    lane_->linear.backward(h16(dy), h16(x), h16(w), i64(m), i64(k), i64(n), h16(dx), dw, bias_partial, lane_->stream);
     if (db) accumulate(bias_partial, n, db);
   }
 
   void linear_backward_through_gelu(ConstActivation dy, ConstActivation w, std::size_t m, std::size_t k,
                                     std::size_t n, ConstActivation pre_activation, Activation d_pre) override {
-    lane_->linear.backward_data_through_gelu(bf(dy), bf(w), i64(m), i64(k), i64(n), bf(pre_activation), bf(d_pre),
-                                       lane_->stream);
+    lane_->linear.backward_data_through_gelu(h16(dy), h16(w), i64(m), i64(k), i64(n), h16(pre_activation), h16(d_pre),
+                                             lane_->stream);
   }
 
   void embedding_forward(const int64_t* tokens, std::size_t count, std::size_t seq, ConstActivation word,
                          std::size_t vocab_start, std::size_t vocab_rows, ConstActivation position, std::size_t hidden,
                          Activation y) override {
     const int32_t* rows = upload_ints(shard_indices(tokens, count, vocab_start, vocab_rows), lane_->tokens);
-    cuda::embedding_forward(rows, i64(count), i64(seq), bf(word), bf(position), i64(hidden), bf(y), lane_->stream);
+    cuda::embedding_forward(rows, i64(count), i64(seq), h16(word), h16(position), i64(hidden), h16(y), precision_,
+                            lane_->stream);
   }
   void embedding_backward(ConstActivation dy, const int64_t* tokens, std::size_t count, std::size_t seq,
                           std::size_t hidden, std::size_t vocab_start, std::size_t vocab_rows, float* dword,
@@ -220,48 +231,48 @@ class CudaBackend final : public Backend {
     int32_t* row_ids = upload_ints(rows.row_ids, lane_->row_ids);
     int32_t* row_starts = upload_ints(rows.row_starts, lane_->row_starts);
     int32_t* positions = upload_ints(rows.positions, lane_->positions);
-    cuda::embedding_backward(bf(dy), row_ids, row_starts, positions, i64(rows.row_ids.size()), i64(count), i64(seq),
-                             i64(hidden), dword, dposition, lane_->stream);
+    cuda::embedding_backward(h16(dy), row_ids, row_starts, positions, i64(rows.row_ids.size()), i64(count), i64(seq),
+                             i64(hidden), dword, dposition, precision_, lane_->stream);
   }
 
   void layernorm_forward(ConstActivation x, ConstActivation residual, Activation sum_out, ConstActivation gamma,
                          ConstActivation beta, std::size_t rows, std::size_t cols, Activation y, float* mean,
                          float* rstd) override {
-    cuda::layernorm_forward(bf(x), bf(residual), bf(sum_out), bf(gamma), bf(beta), i64(rows), i64(cols), kLayerNormEps,
-                            bf(y), mean, rstd, lane_->stream);
+    cuda::layernorm_forward(h16(x), h16(residual), h16(sum_out), h16(gamma), h16(beta), i64(rows), i64(cols),
+                            kLayerNormEps, h16(y), mean, rstd, precision_, lane_->stream);
   }
   void layernorm_backward(ConstActivation dy, ConstActivation x, ConstActivation gamma, const float* mean,
                           const float* rstd, std::size_t rows, std::size_t cols, ConstActivation residual_grad,
                           Activation dx, float* dgamma, float* dbeta) override {
     void* workspace = lane_->workspace.get(cuda::norm_backward_workspace_bytes(i64(rows), i64(cols)));
-    cuda::layernorm_backward(bf(dy), bf(x), bf(gamma), mean, rstd, i64(rows), i64(cols), bf(residual_grad), bf(dx),
-                             dgamma, dbeta, workspace, lane_->stream);
+    cuda::layernorm_backward(h16(dy), h16(x), h16(gamma), mean, rstd, i64(rows), i64(cols), h16(residual_grad), h16(dx),
+                             dgamma, dbeta, workspace, precision_, lane_->stream);
   }
 
   void rmsnorm_forward(ConstActivation x, ConstActivation residual, Activation sum_out, ConstActivation gamma,
                        std::size_t rows, std::size_t cols, float eps, Activation y, float* rstd) override {
-    cuda::rmsnorm_forward(bf(x), bf(residual), bf(sum_out), bf(gamma), i64(rows), i64(cols), eps, bf(y), rstd,
-                          lane_->stream);
+    cuda::rmsnorm_forward(h16(x), h16(residual), h16(sum_out), h16(gamma), i64(rows), i64(cols), eps, h16(y), rstd,
+                          precision_, lane_->stream);
   }
   void rmsnorm_backward(ConstActivation dy, ConstActivation x, ConstActivation gamma, const float* rstd,
                         std::size_t rows, std::size_t cols, ConstActivation residual_grad, Activation dx,
                         float* dgamma) override {
     void* workspace = lane_->workspace.get(cuda::norm_backward_workspace_bytes(i64(rows), i64(cols)));
-    cuda::rmsnorm_backward(bf(dy), bf(x), bf(gamma), rstd, i64(rows), i64(cols), bf(residual_grad), bf(dx), dgamma,
-                           workspace, lane_->stream);
+    cuda::rmsnorm_backward(h16(dy), h16(x), h16(gamma), rstd, i64(rows), i64(cols), h16(residual_grad), h16(dx), dgamma,
+                           workspace, precision_, lane_->stream);
   }
   void swiglu_forward(ConstActivation x, std::size_t rows, std::size_t width, Activation y) override {
-    cuda::swiglu_forward(bf(x), i64(rows), i64(width), bf(y), lane_->stream);
+    cuda::swiglu_forward(h16(x), i64(rows), i64(width), h16(y), precision_, lane_->stream);
   }
   void swiglu_backward(ConstActivation dy, ConstActivation x, std::size_t rows, std::size_t width,
                        Activation dx) override {
-    cuda::swiglu_backward(bf(dy), bf(x), i64(rows), i64(width), bf(dx), lane_->stream);
+    cuda::swiglu_backward(h16(dy), h16(x), i64(rows), i64(width), h16(dx), precision_, lane_->stream);
   }
   void rotary(Activation qkv, std::size_t batch, std::size_t seq, std::size_t groups, std::size_t group,
               std::size_t dim, std::size_t rotary_dim, const RotaryFrequencies& frequencies, bool inverse) override {
     const std::size_t group_stride = (group + 2) * dim;
-    cuda::rope_apply(bf(qkv), i64(batch), i64(seq), i64(groups), i64(group + 1), i64(dim), i64(groups * group_stride),
-                     i64(group_stride), i64(rotary_dim), frequencies, inverse, lane_->stream);
+    cuda::rope_apply(h16(qkv), i64(batch), i64(seq), i64(groups), i64(group + 1), i64(dim), i64(groups * group_stride),
+                     i64(group_stride), i64(rotary_dim), frequencies, inverse, precision_, lane_->stream);
   }
 
   std::size_t attention_saved_size(std::size_t batch, std::size_t seq, std::size_t heads, std::size_t) const override {
@@ -284,28 +295,29 @@ class CudaBackend final : public Backend {
   void attention_forward(ConstActivation qkv, std::size_t batch, std::size_t seq, std::size_t heads, std::size_t groups,
                          std::size_t dim, Activation out, float* saved) override {
     const cuda::AttentionShape shape = attention_shape(batch, seq, heads, groups, dim);
-    const Bf16* q = bf(qkv);
+    const Half* q = h16(qkv);
     const std::size_t group = heads / groups;
-    cuda::flash_attention_forward(shape, q, q + group * dim, q + (group + 1) * dim, bf(out), saved, lane_->stream);
+    cuda::flash_attention_forward(shape, q, q + group * dim, q + (group + 1) * dim, h16(out), saved, precision_,
+                                  lane_->stream);
   }
   void attention_backward(ConstActivation dout, ConstActivation qkv, ConstActivation out, const float* saved,
                           std::size_t batch, std::size_t seq, std::size_t heads, std::size_t groups, std::size_t dim,
                           Activation dqkv) override {
     const cuda::AttentionShape shape = attention_shape(batch, seq, heads, groups, dim);
-    const Bf16* q = bf(qkv);
-    Bf16* dq = bf(dqkv);
+    const Half* q = h16(qkv);
+    Half* dq = h16(dqkv);
     const std::size_t group = heads / groups;
     void* workspace = lane_->workspace.get(cuda::flash_attention_backward_workspace_bytes(shape));
-    cuda::flash_attention_backward(shape, bf(dout), q, q + group * dim, q + (group + 1) * dim, bf(out), saved,
+    cuda::flash_attention_backward(shape, h16(dout), q, q + group * dim, q + (group + 1) * dim, h16(out), saved,
                                    shape.qkv_token_stride, dq, dq + group * dim, dq + (group + 1) * dim, workspace,
-                                   lane_->stream);
+                                   precision_, lane_->stream);
   }
 
   void cross_entropy_statistics(ConstActivation logits, const int64_t* targets, std::size_t tokens, std::size_t vocab,
                                 std::size_t vocab_start, float* lse, float* target_logit, float* peak) override {
     const int32_t* columns = upload_ints(shard_indices(targets, tokens, vocab_start, vocab), lane_->targets);
-    cuda::cross_entropy_statistics(bf(logits), i64(tokens), i64(vocab), i64(vocab), columns, lse, target_logit, peak,
-                                   lane_->stream);
+    cuda::cross_entropy_statistics(h16(logits), i64(tokens), i64(vocab), i64(vocab), columns, lse, target_logit, peak,
+                                   precision_, lane_->stream);
   }
   void cross_entropy_shift(const float* peak, std::size_t tokens, float* shard_lse) override {
     cuda::cross_entropy_shift(peak, i64(tokens), shard_lse, lane_->stream);
@@ -321,14 +333,14 @@ class CudaBackend final : public Backend {
     const double count = mask_sum(mask, tokens);
     const auto per_token = static_cast<float>(count > 0 ? scale / count : 0.0);
     const int32_t* columns = upload_ints(shard_indices(targets, tokens, vocab_start, vocab), lane_->targets);
-    cuda::cross_entropy_backward(bf(logits), i64(tokens), i64(vocab), i64(vocab), columns, upload_mask(mask, tokens),
-                                 lse, per_token, bf(dlogits), lane_->stream);
+    cuda::cross_entropy_backward(h16(logits), i64(tokens), i64(vocab), i64(vocab), columns, upload_mask(mask, tokens),
+                                 lse, per_token, h16(dlogits), precision_, lane_->stream);
   }
   void add(ConstActivation a, ConstActivation b, std::size_t n, Activation y) override {
-    cuda::add(bf(a), bf(b), i64(n), bf(y), lane_->stream);
+    cuda::add(h16(a), h16(b), i64(n), h16(y), precision_, lane_->stream);
   }
   void copy(ConstActivation from, std::size_t n, Activation to) override {
-    check(cudaMemcpyAsync(bf(to), bf(from), n * sizeof(cuda::Bf16), cudaMemcpyDeviceToDevice, lane_->stream),
+    check(cudaMemcpyAsync(h16(to), h16(from), n * sizeof(Half), cudaMemcpyDeviceToDevice, lane_->stream),
           "cudaMemcpyAsync (copy)");
   }
 
@@ -501,10 +513,10 @@ class CudaBackend final : public Backend {
       std::vector<cuda::AdamwTensor> list;
       list.reserve(tensors.size());
       for (const OptimizerTensor& t : tensors) {
-        list.push_back({t.value, t.gradient, t.first_moment, t.second_moment, bf(t.compute), i64(t.size),
+        list.push_back({t.value, t.gradient, t.first_moment, t.second_moment, h16(t.compute), i64(t.size),
                         static_cast<float>(t.weight_decay)});
       }
-      adamw_ = std::make_unique<cuda::MultiTensorAdamw>(list, lane_->stream);
+      adamw_ = std::make_unique<cuda::MultiTensorAdamw>(list, precision_, lane_->stream);
       adamw_key_ = std::move(key);
     }
     return *adamw_;
@@ -512,8 +524,9 @@ class CudaBackend final : public Backend {
 
   std::unique_ptr<Lane> lanes_[2];  // first: created before the members that use them, destroyed after
   Lane* lane_;                      // where work goes now: lanes_[0], or lanes_[1] in run_pair's second part
+  const Precision precision_;  // of activations and compute weights: every kernel's 16-bit values
   cudaEvent_t fork_ = nullptr, join_ = nullptr;  // made with lanes_[1]
-  bool gemm_fp16_ = false;                        // set_gemm_precision
+  bool gemm_fp16_;  // the GEMMs' 16-bit type: precision_'s unless set_gemm_precision changed it
   bool paired_ = false;
   std::vector<std::pair<std::size_t, void*>> released_in_pair_;  // by size, reusable after the pair's join
   cuda::DeviceReducer reducer_;
@@ -530,7 +543,7 @@ class CudaBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cuda_backend() {
+std::unique_ptr<Backend> make_cuda_backend(Precision precision) {
   int count = 0;
   const cudaError_t status = cudaGetDeviceCount(&count);
   if (status != cudaSuccess || count == 0) {
@@ -547,7 +560,7 @@ std::unique_ptr<Backend> make_cuda_backend() {
                                     std::to_string(device) + " is " + std::string(properties.name) + " (" +
                                     std::to_string(properties.major) + "." + std::to_string(properties.minor) + ")");
   }
-  return std::make_unique<CudaBackend>();
+  return std::make_unique<CudaBackend>(precision);
 }
 
 double cuda_dense_bf16_peak_flops() {

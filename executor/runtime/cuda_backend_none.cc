@@ -3,7 +3,7 @@
 
 namespace megaplan::exec {
 
-std::unique_ptr<Backend> make_cuda_backend() {
+std::unique_ptr<Backend> make_cuda_backend(Precision) {
   throw SpecError("--device", "this megaplan was built without CUDA; use --device cpu");
 }
 

@@ -10,10 +10,6 @@ namespace megaplan::exec {
 
 namespace {
 
-DataType activation_type(const Backend& backend) {
-  return backend.activation_bytes() == sizeof(float) ? DataType::kFloat32 : DataType::kBFloat16;
-}
-
 // Releases the backend's timing marks however the iteration ends (a non-finite loss throws).
 class MarksReleased {
  public:
@@ -49,7 +45,7 @@ void Interpreter::use_schedule(const PipelineSchedule& schedule) {
   }
   actions_ = &schedule.ranks.at(static_cast<std::size_t>(pipeline_rank_));
   shape_ = schedule.shape;
-  loss_scale_ = 1.0f / static_cast<float>(schedule.shape.microbatches * data_parallel_size_);
+  microbatch_loss_scale_ = 1.0f / static_cast<float>(schedule.shape.microbatches * data_parallel_size_);
 }
 
 Interpreter::~Interpreter() {
@@ -127,10 +123,10 @@ void Interpreter::backward(int64_t stage, int64_t microbatch, bool defer) {
   if (input_gradient) input_gradients_[{stage, microbatch}] = Held{input_gradient, nullptr};
 }
 
-void Interpreter::execute(const Action& action, int64_t iteration, double lr,
+void Interpreter::execute(const Action& action, const IterationStep& step,
                           const std::function<const MicrobatchTokens&(int64_t)>& data, IterationResult& result) {
   const int64_t s = action.stage, m = action.microbatch;
-  const DataType type = activation_type(backend_);
+  const DataType type = backend_.activation_type();
   switch (action.kind) {
     case ActionKind::kForward:
       forward(s, m, data);
@@ -148,7 +144,7 @@ void Interpreter::execute(const Action& action, int64_t iteration, double lr,
       const ActionParts parts = parts_of(action);
       const Action& forward_part = parts.parts[0];
       const Action& backward_part = parts.parts[1];
-      const auto run = [&](const Action& part) { execute(part, iteration, lr, data, result); };
+      const auto run = [&](const Action& part) { execute(part, step, data, result); };
       if (forward_part.stage == backward_part.stage) {
         // One chunk's scratch serves its F and B alike (GptModel): one after the other.
         run(forward_part);
@@ -190,50 +186,61 @@ void Interpreter::execute(const Action& action, int64_t iteration, double lr,
     case ActionKind::kReduceGrad:
       optimizer_.reduce_gradients(s);
       break;
-    case ActionKind::kOptimizer: {
-      for (auto& [key, request] : sends_) request->wait();
-      sends_.clear();
-      for (Held& held : sent_) {
-        held.request->wait();
-        release(held.buffer);
-      }
-      sent_.clear();
-      if (!receives_.empty() || !output_gradients_.empty() || !input_gradients_.empty()) {
-        throw std::logic_error("Interpreter: messages left over at OPTIM");
-      }
-      // The losses stayed on the backend; the one wait for them is here, with the norm's.
-      for (const auto& [stage, model] : chunks_) {
-        if (model->last_stage()) result.loss_sum += model->take_loss_sum();
-      }
-      result.gradient_norm = optimizer_.gradient_norm();
-      if (!std::isfinite(result.gradient_norm)) {
-        const std::string culprit = optimizer_.first_non_finite_gradient();
-        std::ostringstream norm;
-        norm << result.gradient_norm;
-        throw SpecError("loss", "iteration " + std::to_string(iteration) + ": the gradient norm is " + norm.str() +
-                                    (culprit.empty() ? std::string(" (every gradient on pipeline rank ") +
-                                                           std::to_string(pipeline_rank_) + " is finite)"
-                                                     : " and the first non-finite gradient on pipeline rank " +
-                                                           std::to_string(pipeline_rank_) + " is " + culprit) +
-                                    "; stopped before the optimizer step, the last checkpoint is untouched");
-      }
-      if (!std::isfinite(result.loss_sum)) {
-        std::ostringstream loss;
-        loss << result.loss_sum;
-        throw SpecError("loss", "iteration " + std::to_string(iteration) + ": the loss is " + loss.str() +
-                                    "; stopped before the optimizer step, the last checkpoint is untouched");
-      }
-      optimizer_.step(iteration, lr, result.gradient_norm);
+    case ActionKind::kOptimizer:
+      optimize(step, result);
       break;
-    }
   }
 }
 
-IterationResult Interpreter::run(int64_t iteration, double lr,
-                                 const std::function<const MicrobatchTokens&(int64_t)>& data, Timeline* timeline) {
+void Interpreter::optimize(const IterationStep& step, IterationResult& result) {
+  for (auto& [key, request] : sends_) request->wait();
+  sends_.clear();
+  for (Held& held : sent_) {
+    held.request->wait();
+    release(held.buffer);
+  }
+  sent_.clear();
+  if (!receives_.empty() || !output_gradients_.empty() || !input_gradients_.empty()) {
+    throw std::logic_error("Interpreter: messages left over at OPTIM");
+  }
+  // The losses stayed on the backend; the one wait for them is here, with the norm's.
+  for (const auto& [stage, model] : chunks_) {
+    if (model->last_stage()) result.loss_sum += model->take_loss_sum();
+  }
+  // Every rank of the model sees the same norm (its reduction spans them), so all skip together.
+  result.gradient_norm = optimizer_.gradient_norm() / step.loss_scale;
+  const std::string at = "iteration " + std::to_string(step.iteration);
+  if (!std::isfinite(result.gradient_norm)) {
+    if (step.skip_overflow && std::isfinite(result.loss_sum)) {
+      optimizer_.skip();
+      result.skipped = true;
+      return;
+    }
+    const std::string culprit = optimizer_.first_non_finite_gradient();
+    std::ostringstream norm;
+    norm << result.gradient_norm;
+    throw SpecError("loss", at + ": the gradient norm is " + norm.str() +
+                                (culprit.empty() ? std::string(" (every gradient on pipeline rank ") +
+                                                       std::to_string(pipeline_rank_) + " is finite)"
+                                                 : " and the first non-finite gradient on pipeline rank " +
+                                                       std::to_string(pipeline_rank_) + " is " + culprit) +
+                                "; stopped before the optimizer step, the last checkpoint is untouched");
+  }
+  if (!std::isfinite(result.loss_sum)) {
+    std::ostringstream loss;
+    loss << result.loss_sum;
+    throw SpecError("loss", at + ": the loss is " + loss.str() +
+                                "; stopped before the optimizer step, the last checkpoint is untouched");
+  }
+  optimizer_.step(step.update, step.lr, result.gradient_norm, 1.0 / step.loss_scale);
+}
+
+IterationResult Interpreter::run(const IterationStep& step, const std::function<const MicrobatchTokens&(int64_t)>& data,
+                                 Timeline* timeline) {
   IterationResult result;
+  loss_scale_ = static_cast<float>(step.loss_scale) * microbatch_loss_scale_;
   if (!timeline) {
-    for (const Action& action : *actions_) execute(action, iteration, lr, data, result);
+    for (const Action& action : *actions_) execute(action, step, data, result);
     return result;
   }
   const MarksReleased released(backend_);
@@ -243,7 +250,7 @@ IterationResult Interpreter::run(int64_t iteration, double lr,
   marks.reserve(actions_->size() + 1);
   marks.push_back(backend_.mark());
   for (const Action& action : *actions_) {
-    execute(action, iteration, lr, data, result);
+    execute(action, step, data, result);
     marks.push_back(backend_.mark());
   }
   record(marks, *timeline);  // after the last action, so that reading the marks delays none of them

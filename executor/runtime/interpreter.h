@@ -13,7 +13,8 @@
 // - REDUCE_GRAD(s) reduces stage s's gradient buckets over the data-parallel group; OPTIM waits
 //   for every send, checks the gradient norm, clips and steps (optimizer.h).
 // - The loss scale of every backward is 1 / (microbatches x data-parallel size): summed over the
-//   microbatches and the replicas, the gradients are those of the global batch's mean loss.
+//   microbatches and the replicas, the gradients are those of the global batch's mean loss; times
+//   the loss scaler's scale under fp16 (IterationStep), divided out again at OPTIM.
 // - Timing: each action's slice runs from a backend timing mark taken before it to one taken after
 //   it (Backend::mark), in seconds from the iteration's first mark: the host's steady clock on the
 //   CPU, where work is done when issued; CUDA events on the GPU's stream, so a slice is when the
@@ -38,9 +39,23 @@
 
 namespace megaplan::exec {
 
+// What one iteration does beside its data.
+struct IterationStep {
+  int64_t iteration = 1;  // for messages
+  int64_t update = 1;     // Adam's step: the updates done before this one, plus one
+  double lr = 0;
+  // A loss scaler's scale (executor/train/loss_scaler.h): every backward's loss is multiplied by
+  // it, and the gradients divided by it again before the norm, the clipping and the step.
+  double loss_scale = 1;
+  // Under loss scaling, gradients that overflow skip the update (IterationResult::skipped) instead
+  // of stopping the run.
+  bool skip_overflow = false;
+};
+
 struct IterationResult {
   double loss_sum = 0;       // the last stage's microbatch losses, summed (0 on other ranks)
-  double gradient_norm = 0;  // before clipping
+  double gradient_norm = 0;  // of the unscaled gradients, before clipping
+  bool skipped = false;      // the gradients overflowed under loss scaling: no update was made
 };
 
 class Interpreter {
@@ -53,16 +68,17 @@ class Interpreter {
   Interpreter(const Interpreter&) = delete;
   Interpreter& operator=(const Interpreter&) = delete;
 
-  // One iteration. `data(m)` is microbatch m's tokens (asked on the first and last stage only).
-  // Slices are appended to `timeline` when it is not null (see Timing above). Throws SpecError
-  // naming the step and the first non-finite gradient when the gradient norm is not finite, before
-  // the optimizer touches the weights.
   // From the next iteration on, walk `schedule` (another microbatch count of the same pipeline: a
   // --rampup-batch-size step), scaling the loss by its microbatches. Kept by reference.
   // REQUIRES: lowered, validated, the constructor's pp, stages and placement; between iterations.
   void use_schedule(const PipelineSchedule& schedule);
 
-  IterationResult run(int64_t iteration, double lr, const std::function<const MicrobatchTokens&(int64_t)>& data,
+  // One iteration. `data(m)` is microbatch m's tokens (asked on the first and last stage only).
+  // Slices are appended to `timeline` when it is not null (see Timing above). Throws SpecError
+  // naming the step and the first non-finite gradient when the gradient norm is not finite (and
+  // the step does not skip overflows, or the loss itself is not finite), before the optimizer
+  // touches the weights.
+  IterationResult run(const IterationStep& step, const std::function<const MicrobatchTokens&(int64_t)>& data,
                       Timeline* timeline);
 
  private:
@@ -74,8 +90,10 @@ class Interpreter {
     Activation buffer = nullptr;
     Request request;
   };
-  void execute(const Action& action, int64_t iteration, double lr,
+  void execute(const Action& action, const IterationStep& step,
                const std::function<const MicrobatchTokens&(int64_t)>& data, IterationResult& result);
+  // OPTIM's checks and the step (or its skip).
+  void optimize(const IterationStep& step, IterationResult& result);
   void forward(int64_t stage, int64_t microbatch, const std::function<const MicrobatchTokens&(int64_t)>& data);
   void backward(int64_t stage, int64_t microbatch, bool defer);
   // One slice per action; marks[i] was taken before actions_[i] and marks[i + 1] after it.
@@ -93,7 +111,8 @@ class Interpreter {
   std::map<int64_t, GptModel*> chunks_;
   Comm* pipeline_;
   int64_t data_parallel_size_;
-  float loss_scale_ = 1;
+  float microbatch_loss_scale_ = 1;  // 1 / (microbatches x data-parallel size)
+  float loss_scale_ = 1;             // this iteration's: that times IterationStep::loss_scale
   Optimizer& optimizer_;
   Backend& backend_;
   std::map<Key, Held> receives_;         // RECV_F's message until its F copies it in, by the stage it feeds

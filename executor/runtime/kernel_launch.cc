@@ -209,6 +209,8 @@ void KernelLaunch::operator()() {
   const std::vector<float*>& f = floats_;
   switch (k.kind) {
     case KernelKind::kGemm:
+      // The GEMM in the kernel's precision, then back to the backend's own (Megatron's fp16 GEMMs
+      // are timed on a bf16 backend).
       if (k.precision == Precision::kFp16) backend_.set_gemm_precision(Precision::kFp16);
       if (k.layout == GemmLayout::kForward) {
         const LinearEpilogue epilogue = k.epilogue == GemmEpilogue::kBiasGelu ? LinearEpilogue::kBiasGelu
@@ -226,7 +228,9 @@ void KernelLaunch::operator()() {
         backend_.linear_backward(a[0], a[1], a[2], size(k.m), size(k.k), size(k.n), nullptr, f[0],
                                  k.epilogue == GemmEpilogue::kBiasGradient ? f[1] : nullptr);
       }
-      if (k.precision == Precision::kFp16) backend_.set_gemm_precision(Precision::kBf16);
+      if (k.precision == Precision::kFp16 && backend_.activation_type() != DataType::kFloat16) {
+        backend_.set_gemm_precision(Precision::kBf16);
+      }
       break;
     case KernelKind::kAttentionForward:
       backend_.attention_forward(a[0], size(k.batch), size(k.seq), size(k.heads), size(k.groups), size(k.head_dim), a[1],

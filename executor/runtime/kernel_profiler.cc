@@ -372,7 +372,7 @@ MeasuredTables measure_kernels(Backend& backend, const ProfileGrid& grid,
   }
   MeasuredTables tables;
   tables.mark_seconds = median_of(mark_costs);
-  const std::string activation_dtype = activation_bytes == sizeof(float) ? "fp32" : "bf16";
+  const std::string activation_dtype = data_type_name(backend.activation_type());
   for (const auto& [key, samples] : gemms.entries()) {
     const auto& [m, n, k, layout, epilogue, precision] = key;
     tables.gemm.push_back({{"m", m},

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -377,6 +378,15 @@ nlohmann::json checkpoint_meta(const TrainingState& state, const ModelSpec& mode
                          {"plan", parallel_plan_to_json(plan)},
                          {"directories", directories}};
   if (state.tokenizer) meta["tokenizer"] = tokenizer_json(*state.tokenizer);
+  if (state.skipped_iterations > 0) {
+    meta["skipped_iterations"] = state.skipped_iterations;
+    meta["skipped_samples"] = state.skipped_samples;
+  }
+  if (state.loss_scaler) {
+    meta["loss_scaler"] = {{"scale", state.loss_scaler->scale},
+                           {"growth_tracker", state.loss_scaler->growth_tracker},
+                           {"hysteresis_tracker", state.loss_scaler->hysteresis_tracker}};
+  }
   meta["fnv1a64"] = json_checksum(meta);
   return meta;
 }
@@ -548,6 +558,23 @@ std::optional<Newest> find_newest(const std::string& directory) {
   }
   if (const nlohmann::json* tokenizer = fields.read_object("tokenizer")) {
     state.tokenizer = tokenizer_from_json(*tokenizer, fields.field("tokenizer"));
+  }
+  fields.read("skipped_iterations", state.skipped_iterations);
+  fields.read("skipped_samples", state.skipped_samples);
+  if (state.skipped_iterations < 0 || state.skipped_iterations > state.iteration || state.skipped_samples < 0 ||
+      state.skipped_samples > state.consumed_samples) {
+    refuse_load(fields.field("skipped_iterations") + ": must lie between 0 and the iterations (and samples) done");
+  }
+  if (const nlohmann::json* scaler = fields.read_object("loss_scaler")) {
+    JsonFieldReader scaler_fields(*scaler, fields.field("loss_scaler"));
+    LossScalerState loaded;
+    scaler_fields.require("scale", loaded.scale);
+    scaler_fields.require("growth_tracker", loaded.growth_tracker);
+    scaler_fields.require("hysteresis_tracker", loaded.hysteresis_tracker);
+    if (!(loaded.scale > 0) || !std::isfinite(loaded.scale) || loaded.growth_tracker < 0) {
+      refuse_load(scaler_fields.field("scale") + ": must be a finite positive scale with a non-negative tracker");
+    }
+    state.loss_scaler = loaded;
   }
   if (state.iteration != iteration) {
     refuse_load(path + "/state.json says iteration " + std::to_string(state.iteration) + " but " + latest + " says " +
@@ -736,7 +763,8 @@ CheckpointWeights read_checkpoint_weights(const std::string& directory) {
 
 void write_checkpoint_weights(const std::string& directory, const ModelSpec& model, const ParallelPlan& plan,
                               const std::map<std::string, WholeTensor>& tensors, uint64_t seed) {
-  const TrainingState state{0, 0, seed, std::nullopt};  // weights from elsewhere: no tokenizer known
+  TrainingState state;  // weights from elsewhere: iteration 0, no tokenizer known
+  state.seed = seed;
   const std::string staging = create_staging(directory, state.iteration);
   try {
     for (int64_t p = 0; p < plan.pipeline_parallel_size; ++p) {

@@ -62,6 +62,7 @@
 #include "executor/io/safetensors.h"
 #include "executor/model/gpt_model.h"
 #include "executor/runtime/backend.h"
+#include "executor/train/loss_scaler.h"
 #include "executor/train/optimizer.h"
 #include "executor/train/parallel_groups.h"
 
@@ -73,6 +74,11 @@ struct TrainingState {
   uint64_t seed = 0;             // the data order and the initialisation (no dropout: no other randomness)
   // The tokenizer the data was prepared with, when the run named one (nullopt: unknown).
   std::optional<TokenizerOptions> tokenizer;
+  // Iterations skipped for overflowing gradients under loss scaling, and their samples: Adam's
+  // step counts only the updates done, and the learning rate's schedule only their samples.
+  int64_t skipped_iterations = 0;
+  int64_t skipped_samples = 0;
+  std::optional<LossScalerState> loss_scaler;  // the scaler's, when the run scales its loss
 };
 
 // One rank as checkpoints see it: the plan it runs, its place in the world, its stage chunks (in

@@ -81,7 +81,7 @@ TrainSummary train_launched(const ModelSpec& model, const ParallelPlan& plan, co
     out << "NCCL world of " << launch.world_size << " rank(s) from " << launch.launcher << ", bootstrapped over "
         << bootstrap << "\n";
   }
-  backend = make_cuda_backend();  // on the GPU the world selected for this thread
+  backend = make_cuda_backend(plan.options.precision);  // on the GPU the world selected for this thread
   const ComputeStream stream = [compute = backend.get()] { return compute->compute_stream(); };
   const CommFactory make_comm = split_comm_factory(
       launch.rank, [&world, &stream](int64_t color, int64_t key, const std::vector<int64_t>& ranks,

@@ -189,11 +189,11 @@ double Optimizer::gradient_norm() {
   return std::sqrt(sum_of_squares);
 }
 
-void Optimizer::step(int64_t iteration, double lr, double gradient_norm) {
+void Optimizer::step(int64_t update, double lr, double gradient_norm, double unscale) {
   const double clip = settings_.clip_grad > 0 && gradient_norm > settings_.clip_grad
                           ? settings_.clip_grad / (gradient_norm + 1e-6)
                           : 1.0;
-  backend_.adamw_step(tensors(false), {iteration, lr, settings_.beta1, settings_.beta2, settings_.eps, clip});
+  backend_.adamw_step(tensors(false), {update, lr, settings_.beta1, settings_.beta2, settings_.eps, clip * unscale});
   if (distributed_ && data_parallel_size(groups_) > 1) {
     Comm& dp = *groups_.data_parallel;
     for (std::size_t c = 0; c < chunks_.size(); ++c) {
@@ -207,6 +207,10 @@ void Optimizer::step(int64_t iteration, double lr, double gradient_norm) {
       if (!settings_.overlap_param_gather) finish_gather(c);
     }
   }
+  for (GptModel* chunk : chunks_) chunk->zero_gradients();
+}
+
+void Optimizer::skip() {
   for (GptModel* chunk : chunks_) chunk->zero_gradients();
 }
 

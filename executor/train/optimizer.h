@@ -71,8 +71,12 @@ class Optimizer {
   void reduce_gradients(int64_t stage);
   // The global gradient norm before clipping (non-finite when a gradient is).
   double gradient_norm();
-  // OPTIM after gradient_norm(): clip with it, step, gather (or start gathering), zero the gradients.
-  void step(int64_t iteration, double lr, double gradient_norm);
+  // OPTIM after gradient_norm(): multiply the gradients by `unscale` (a loss scaler's 1 / scale;
+  // `gradient_norm` is of the unscaled ones), clip with the norm, step Adam (`update`: its step,
+  // from 1, for the bias corrections), gather (or start gathering), zero the gradients.
+  void step(int64_t update, double lr, double gradient_norm, double unscale = 1);
+  // OPTIM of an iteration whose gradients overflowed: the gradients zeroed, nothing else changed.
+  void skip();
   // Before F of `stage`: its chunk's parameters are gathered and its compute weights refreshed.
   void parameters_ready(int64_t stage);
   // Every chunk's, before the weights are read otherwise.

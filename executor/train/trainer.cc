@@ -81,6 +81,7 @@ TrainOptions checked_train_options(const TrainOptions& options_in) {
   if (options.ddp_bucket_size < 0) throw SpecError("--ddp-bucket-size", "must be non-negative (0: Megatron's default)");
   if (options.data_path.empty()) throw SpecError("--data-path", "is required");
   options.learning_rate.validate();
+  options.loss_scaling.validate();
   return options;
 }
 
@@ -183,6 +184,15 @@ class RankTrainer {
         run.plan.use_distributed_optimizer, settings, backend);
     interpreter_ = std::make_unique<Interpreter>(run.schedule, groups.pipeline_rank, by_stage_, groups.pipeline.get(),
                                                  run.plan.data_parallel_size, *optimizer_, backend);
+    // The backend computes in the plan's precision (the CPU backend in fp32 under either).
+    const DataType type = backend.activation_type();
+    if (type != DataType::kFloat32 && (type == DataType::kFloat16) != (run.plan.options.precision == Precision::kFp16)) {
+      throw std::logic_error("train: a " + std::string(data_type_name(type)) + " backend for a " +
+                             to_string(run.plan.options.precision) + " plan");
+    }
+    if (run.plan.options.precision == Precision::kFp16 || run.options.loss_scaling.constant) {
+      loss_scaler_.emplace(run.options.loss_scaling);
+    }
   }
 
   TrainSummary train();
@@ -208,9 +218,15 @@ class RankTrainer {
   double evaluate(int64_t iteration);
   // Throws SpecError("--load" or "--seed") unless this run can go on from a loaded state.
   void check_resumable(const TrainingState& loaded) const;
-  // A log line for the interval ending at `iteration`: `samples` trained in `seconds`.
-  void log(int64_t iteration, double loss, double lr, double gradient_norm, int64_t global_batch, int64_t samples,
-           int64_t iterations, double seconds);
+  // The interval's iterations and the updates among them: under loss scaling Megatron averages
+  // the loss over the updates only and counts the skipped iterations.
+  struct Interval {
+    int64_t iterations = 0, updates = 0, samples = 0;
+    double loss_all = 0, loss_updated = 0;  // summed over all its iterations, over its updates
+  };
+  // A log line for the interval ending at `iteration`, trained in `seconds`.
+  void log(int64_t iteration, const Interval& interval, double lr, double gradient_norm, int64_t global_batch,
+           double seconds);
 
   const Run& run_;
   Backend& backend_;
@@ -220,6 +236,7 @@ class RankTrainer {
   std::map<int64_t, GptModel*> by_stage_;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<Interpreter> interpreter_;
+  std::optional<LossScaler> loss_scaler_;  // under --fp16 or --loss-scale
   // The schedule of a --rampup-batch-size step below the plan's batch: each rank lowers its own
   // copy when the ramp reaches it (checked before training: ramp_plan), one step at a time.
   std::optional<PipelineSchedule> ramp_schedule_;
@@ -244,7 +261,7 @@ double RankTrainer::evaluate(int64_t iteration) {
   const int64_t first = (iteration / run_.options.eval_interval - 1) * run_.options.eval_iters * plan.global_batch_size;
   const ScheduleShape& shape = run_.schedule.shape;
   const std::size_t message = chunks_.front()->message_size();
-  const DataType type = backend_.activation_bytes() == sizeof(float) ? DataType::kFloat32 : DataType::kBFloat16;
+  const DataType type = backend_.activation_type();
   Activation buffers[2] = {backend_.allocate_activation(message), backend_.allocate_activation(message)};
   double total = 0;
   MicrobatchTokens data;
@@ -310,8 +327,12 @@ void RankTrainer::use_global_batch(int64_t global_batch) {
   optimizer_->set_microbatches(schedule->shape.microbatches);
 }
 
-void RankTrainer::log(int64_t iteration, double loss, double lr, double gradient_norm, int64_t global_batch,
-                      int64_t samples, int64_t iterations, double seconds) {
+void RankTrainer::log(int64_t iteration, const Interval& interval, double lr, double gradient_norm,
+                      int64_t global_batch, double seconds) {
+  const int64_t samples = interval.samples, iterations = interval.iterations;
+  // An interval of skipped iterations only still says its losses (Megatron would print 0).
+  const double loss = interval.updates > 0 ? interval.loss_updated / static_cast<double>(interval.updates)
+                                           : interval.loss_all / static_cast<double>(interval.iterations);
   const double tokens_per_s = static_cast<double>(samples * run_.model.seq_length) / seconds;
   const double flops = model_flops(run_.model, samples, padded_vocab_size(run_.model, run_.plan.tensor_parallel_size));
   const double tflops = flops / seconds / 1e12 / static_cast<double>(run_.plan.world_size());
@@ -328,6 +349,12 @@ void RankTrainer::log(int64_t iteration, double loss, double lr, double gradient
         << format_double(lr) << " | grad norm " << format_double(gradient_norm) << " | " << format_double(tokens_per_s)
         << " tokens/s | " << format_double(tflops) << " model TFLOP/s per GPU | ETA " << format_duration(eta_s);
   if (run_.options.rampup) *out_ << " | global batch " << global_batch;
+  if (loss_scaler_) {
+    const int64_t skipped = interval.iterations - interval.updates;
+    *out_ << " | loss scale " << format_double(loss_scaler_->scale()) << " | number of skipped iterations " << skipped;
+    record["loss_scale"] = loss_scaler_->scale();
+    record["skipped_iterations"] = skipped;
+  }
   *out_ << "\n";
   if (log_file_) *log_file_ << record.dump() << "\n" << std::flush;
 }
@@ -388,14 +415,15 @@ TrainSummary RankTrainer::train() {
   TrainSummary summary;
   summary.first_iteration = state.iteration + 1;
   std::map<int64_t, MicrobatchTokens> data;  // this iteration's microbatches, read when first asked
+  if (loss_scaler_ && state.loss_scaler) loss_scaler_->restore(*state.loss_scaler);
   auto window_start = std::chrono::steady_clock::now();
-  int64_t window_iterations = 0;
-  int64_t window_samples = 0;
-  double window_loss = 0;  // summed over the log interval: Megatron prints the interval's average
+  Interval window;  // Megatron prints the interval's average loss
   while (state.iteration < options.train_iters) {
     const int64_t iteration = state.iteration + 1;
     const int64_t global_batch = rampup_global_batch(options.rampup, plan.global_batch_size, state.consumed_samples);
-    const double lr = options.learning_rate.at(state.consumed_samples + global_batch, plan.global_batch_size);
+    // Megatron's scheduler advances only on updates: the skipped iterations' samples do not count.
+    const double lr =
+        options.learning_rate.at(state.consumed_samples - state.skipped_samples + global_batch, plan.global_batch_size);
     if (options.rampup) use_global_batch(global_batch);
     const int64_t microbatches = global_batch / (plan.micro_batch_size * plan.data_parallel_size);
     data.clear();
@@ -411,27 +439,43 @@ TrainSummary RankTrainer::train() {
     // Each iteration replaces the last one's timeline: the run's last iteration is the one kept.
     const bool traced = options.record_timeline && groups_.data_parallel_rank == 0 && groups_.tensor_parallel_rank == 0;
     if (traced) summary.timeline = Timeline{"measured (" + backend_.name() + ")", {}};
-    const IterationResult result = interpreter_->run(iteration, lr, microbatch, traced ? &summary.timeline : nullptr);
+    IterationStep step;
+    step.iteration = iteration;
+    step.update = iteration - state.skipped_iterations;
+    step.lr = lr;
+    if (loss_scaler_) {
+      step.loss_scale = loss_scaler_->scale();
+      step.skip_overflow = true;
+    }
+    const IterationResult result = interpreter_->run(step, microbatch, traced ? &summary.timeline : nullptr);
     const double loss = sum_over_model(result.loss_sum) / static_cast<double>(microbatches * plan.data_parallel_size);
     state.iteration = iteration;
     state.consumed_samples += global_batch;
-    ++window_iterations;
-    window_samples += global_batch;
-    window_loss += loss;
+    if (result.skipped) {
+      ++state.skipped_iterations;
+      state.skipped_samples += global_batch;
+      ++summary.skipped_iterations;
+    }
+    if (loss_scaler_) {
+      loss_scaler_->update(result.skipped);
+      state.loss_scaler = loss_scaler_->state();
+    }
+    ++window.iterations;
+    window.samples += global_batch;
+    window.loss_all += loss;
+    if (!result.skipped) {
+      ++window.updates;
+      window.loss_updated += loss;
+    }
     summary.last_iteration = iteration;
     summary.last_loss = loss;
     summary.last_gradient_norm = result.gradient_norm;
 
     if (iteration % options.log_interval == 0 || iteration == options.train_iters) {
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - window_start).count();
-      if (out_) {
-        log(iteration, window_loss / static_cast<double>(window_iterations), lr, result.gradient_norm, global_batch,
-            window_samples, window_iterations, seconds);
-      }
+      if (out_) log(iteration, window, lr, result.gradient_norm, global_batch, seconds);
       window_start = std::chrono::steady_clock::now();
-      window_iterations = 0;
-      window_samples = 0;
-      window_loss = 0;
+      window = Interval{};
     }
     if (run_.valid_samples && iteration % options.eval_interval == 0) {
       optimizer_->finish_parameter_gathers();

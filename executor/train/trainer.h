@@ -26,6 +26,7 @@
 #include "executor/runtime/backend.h"
 #include "executor/train/parallel_groups.h"
 #include "executor/train/learning_rate.h"
+#include "executor/train/loss_scaler.h"
 
 namespace megaplan::exec {
 
@@ -42,6 +43,9 @@ struct TrainOptions {
   double adam_beta2 = 0.999;
   double adam_eps = 1e-8;
   double clip_grad = 1.0;        // --clip-grad (0: no clipping)
+  // --loss-scale, --initial-loss-scale, --min-loss-scale, --loss-scale-window, --hysteresis: a
+  // scaler runs under the plan's --fp16 (dynamic unless --loss-scale) or wherever --loss-scale is given.
+  LossScalerSettings loss_scaling;
   uint64_t seed = 1234;          // --seed
   double init_method_std = 0.02;  // --init-method-std: the weights' normal deviation
   int64_t eval_interval = 1000;  // --eval-interval
@@ -80,6 +84,7 @@ struct TrainSummary {
   int64_t last_iteration = 0;
   double last_loss = 0;
   double last_gradient_norm = 0;
+  int64_t skipped_iterations = 0;  // by this run, for overflowing gradients under loss scaling
   // With keep_final_weights: every parameter's fp32 master value at the end, by Megatron name, as
   // the first data-parallel replica holds it (a stage's tied output copy under "output_layer.weight").
   std::map<std::string, std::vector<float>> final_weights;

@@ -74,8 +74,8 @@ expect_ok simulate --model gpt-1.3b --cluster dgx-h100 --gpus 8 --tp 2 --gbs 16 
   --use-flash-attn --attention-dropout 0 --hidden-dropout 0 --overlap-grad-reduce --json
 grep -q '"precision": "bf16"' "$scratch/out" || fail "simulate --json holds the implementation options"
 grep -q '"use_flash_attn": true' "$scratch/out" || fail "simulate --json holds --use-flash-attn"
-expect_error "error: --fp16: megaplan's executor does not run this" simulate --model gpt2-124m --cluster h100-x1 --fp16 \
-  --implementation megaplan
+expect_ok simulate --model gpt2-124m --cluster h100-x1 --fp16 --implementation megaplan
+grep -q '^code       megaplan: fp16' "$scratch/out" || fail "megaplan's executor does not cost --fp16: $(cat "$scratch/out")"
 expect_error 'error: --fp16 excludes --bf16' simulate --model gpt2-124m --cluster h100-x1 --implementation megatron-local --fp16 --bf16
 expect_error 'error: --hidden-dropout: must be a dropout probability in \[0, 1\), got 1.5' simulate --model gpt2-124m --cluster h100-x1 --implementation megatron-core --hidden-dropout 1.5
 expect_error 'error: --tp-comm-overlap: needs --sequence-parallel' simulate --model gpt-1.3b --cluster dgx-h100 --gpus 8 --tp 2 --gbs 4 --implementation megatron-core --tp-comm-overlap
@@ -350,8 +350,8 @@ expect_error "error: --load: $scratch/bad-hf/model.safetensors: tensor \"a\" has
 [ ! -e "$scratch/never-ckpt/iter_0000000" ] || fail "a failed convert left a checkpoint behind"
 expect_error 'error: --to: must be hf or megaplan, got "onnx"' convert --to onnx --load "$scratch/llama-ckpt" --save "$scratch/never"
 # The GPT-3 175B script's training flags with its model flags scaled down and no --model (a model
-# named custom, its vocabulary the data's): every training flag honoured; --fp16 is refused with
-# its reason until fp16 training lands.
+# named custom, its vocabulary the data's): every training flag honoured, --fp16 with Megatron's
+# dynamic loss scaler (the CPU backend computes in fp32 but runs the scaler).
 gpt3_training=(--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 16 --max-position-embeddings 16
   --micro-batch-size 1 --global-batch-size 2 --weight-decay 0.1 --adam-beta1 0.9 --adam-beta2 0.95
   --init-method-std 0.006 --clip-grad 1.0 --lr 6.0e-5 --lr-decay-style cosine --min-lr 6.0e-6 --lr-warmup-fraction .001
@@ -364,7 +364,15 @@ grep -q '^note: no effect on the run .*--tensorboard-dir' "$scratch/err" || fail
 [ ! -e "$scratch/tb" ] || fail "train created --tensorboard-dir"
 expect_ok train --device cpu "${gpt3_training[@]/--lr-decay-iters/--lr-decay-samples}" --train-samples 4
 grep -q '^iteration 2/2 | loss ' "$scratch/out" || fail "--train-samples 4 at gbs 2 is not two iterations: $(cat "$scratch/out")"
-expect_error "error: --fp16: megaplan's executor does not run this" train --device cpu "${gpt3_training[@]}" --train-iters 2 --fp16
+expect_ok train --device cpu "${gpt3_training[@]}" --train-iters 2 --fp16 --log-file "$scratch/fp16.jsonl"
+grep -q '^iteration 2/2 | loss .* | loss scale 4.29497e+09 | number of skipped iterations 0$' "$scratch/out" ||
+  fail "--fp16 does not run the loss scaler: $(cat "$scratch/out")"
+grep -q '"loss_scale":4294967296' "$scratch/fp16.jsonl" || fail "--log-file lacks the loss scale: $(cat "$scratch/fp16.jsonl")"
+expect_ok train --device cpu "${gpt3_training[@]}" --train-iters 1 --loss-scale 4096 --initial-loss-scale 65536 \
+  --min-loss-scale 2 --loss-scale-window 100 --hysteresis 1
+grep -q '| loss scale 4096 | number of skipped iterations 0$' "$scratch/out" || fail "--loss-scale is not the scale: $(cat "$scratch/out")"
+expect_error 'error: --min-loss-scale: must not exceed --initial-loss-scale' train --device cpu "${gpt3_training[@]}" \
+  --train-iters 1 --fp16 --initial-loss-scale 1024 --min-loss-scale 4096
 expect_error 'error: --train-samples: cannot be combined with --train-iters' train --device cpu "${gpt3_training[@]}" --train-iters 2 --train-samples 4
 expect_error 'error: --num-layers: required for a model defined by Megatron' train --device cpu --hidden-size 64 --num-attention-heads 4 \
   --seq-length 16 --max-position-embeddings 16 --data-path "$scratch/corpus_text_document" --train-iters 1
@@ -589,8 +597,9 @@ gpt3_script=(--num-layers 96 --hidden-size 12288 --num-attention-heads 96 --seq-
   --split 949,50,1
   --log-interval 100 --save-interval 10000 --eval-interval 1000 --save /made/up/ckpt --load /made/up/ckpt
   --eval-iters 10 --tensorboard-dir /made/up/tb)
-# The precision flag does not choose the implementation: megaplan's executor refuses --fp16 with its reason.
-expect_error "error: --fp16: megaplan's executor does not run this" simulate --cluster dgx-a100-80gb --gpus 128 "${gpt3_script[@]}"
+# The precision flag does not choose the implementation: megaplan's executor runs --fp16 too.
+expect_ok simulate --cluster dgx-a100-80gb --gpus 128 "${gpt3_script[@]}"
+grep -q '^code       megaplan: fp16' "$scratch/out" || fail "the pasted --fp16 switched the implementation: $(cat "$scratch/out")"
 expect_ok simulate --cluster dgx-a100-80gb --gpus 128 --implementation megatron-core "${gpt3_script[@]}"
 grep -q '^custom on 128 x A100-SXM4-80GB: tp 8, pp 16, cp 1, dp 1, .*gbs 1536' "$scratch/out" ||
   fail "the GPT-3 175B script's arguments did not simulate as pasted: $(head -1 "$scratch/out")"
@@ -622,8 +631,8 @@ expect_error 'error: --distributed-backend: megaplan runs only nccl' simulate --
 expect_error 'error: --log-params-norm: takes no value' simulate --model gpt2-124m --cluster h200-x2 --log-params-norm 1
 expect_error "error: --weight-decay-incr-style: megaplan runs only constant" \
   simulate --model gpt2-124m --cluster h200-x2 --weight-decay-incr-style linear
-expect_error 'error: --loss-scale: changes the training run, and megaplan does not implement it' train --device cpu \
-  --model "$examples/models/tiny-gpt.json" --loss-scale 1024 --data-path /nonexistent --train-iters 1
+expect_error 'error: --loss-scale: must be a finite positive number' train --device cpu \
+  --model "$examples/models/tiny-gpt.json" --loss-scale 0 --data-path /nonexistent --train-iters 1
 expect_error 'error: --foo-bar: is not an argument' train --device cpu --model "$examples/models/tiny-gpt.json" --foo-bar 1 --data-path /nonexistent --train-iters 1
 expect_error 'error: --world-size: world size 2 must be divisible by tp\*pp\*cp' train --device cpu --model "$examples/models/tiny-gpt.json" \
   --world-size 2 --tp 4 --data-path /nonexistent --train-iters 1

@@ -1,6 +1,6 @@
 // The in-process one-GPU communicator against the CPU one. First its reduction kernel
 // (executor/kernels/cuda/comm_reduce.h) against a CPU InProcessMemory lane's reduce on random data:
-// the same bits for fp32 and bf16, sum and max, 1 to 5 inputs, odd sizes, in place, with NaNs,
+// the same bits for fp32, bf16 and fp16, sum and max, 1 to 5 inputs, odd sizes, in place, with NaNs,
 // infinities and signed zeros (a NaN may differ only in its payload). Then one program of every
 // collective and of sends and receives, run by ranks as threads on a world of each memory (device
 // buffers, and a compute stream of each rank's own, for the GPU one), each step reading the last
@@ -35,14 +35,14 @@ using exec::DataType;
 using exec::ReduceOp;
 using Bytes = std::vector<std::byte>;
 
-// Values as a buffer of `type` (bf16 rounds to nearest even) and back.
+// Values as a buffer of `type` (bf16 and fp16 round to nearest even) and back.
 Bytes encode(const std::vector<float>& values, DataType type) {
   Bytes bytes(values.size() * exec::element_bytes(type));
   for (std::size_t i = 0; i < values.size(); ++i) {
     if (type == DataType::kFloat32) {
       std::memcpy(bytes.data() + 4 * i, &values[i], 4);
     } else {
-      const uint16_t bits = exec::float_to_bf16(values[i]);
+      const uint16_t bits = exec::float_to_half(values[i], type);
       std::memcpy(bytes.data() + 2 * i, &bits, 2);
     }
   }
@@ -58,7 +58,7 @@ std::vector<float> decode(const Bytes& bytes, DataType type) {
     } else {
       uint16_t bits;
       std::memcpy(&bits, bytes.data() + 2 * i, 2);
-      values[i] = exec::bf16_to_float(bits);
+      values[i] = exec::half_to_float(bits, type);
     }
   }
   return values;
@@ -114,7 +114,8 @@ TEST_CASE("comm_reduce gives the CPU memory's reduction, bit for bit", "[gpu][co
   const std::unique_ptr<exec::Lane> cpu = cpu_memory->make_lane();
   std::mt19937 generator(11);
   const cu::Stream stream;
-  for (const DataType type : {DataType::kFloat32, DataType::kBFloat16}) {
+  // fp16's range ends at 65504: its inputs hold infinities and zeros where the others do not.
+  for (const DataType type : {DataType::kFloat32, DataType::kBFloat16, DataType::kFloat16}) {
     for (const ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax}) {
       for (const std::size_t ranks : {1, 2, 3, 5}) {
         for (const std::size_t count : {1, 37, 1000, 4099}) {
@@ -213,13 +214,16 @@ void program(exec::InProcessWorld& world, int64_t rank, int64_t ranks, RankSpace
   const auto me = static_cast<std::size_t>(rank);
   constexpr std::size_t kCount = 1000;
 
-  // all_reduce in place (fp32 sum), then bf16 max.
+  // all_reduce in place (fp32 sum), then bf16 max, then fp16 sum.
   void* reduced = space.put(values_of(rank, 1, kCount, DataType::kFloat32));
   comm->all_reduce(reduced, kCount, DataType::kFloat32, ReduceOp::kSum)->wait();
   space.seen.push_back(space.get(reduced, kCount * 4));
   void* maximum = space.put(values_of(rank, 2, 37, DataType::kBFloat16));
   comm->all_reduce(maximum, 37, DataType::kBFloat16, ReduceOp::kMax)->wait();
   space.seen.push_back(space.get(maximum, 37 * 2));
+  void* half_sum = space.put(values_of(rank, 4, 37, DataType::kFloat16));
+  comm->all_reduce(half_sum, 37, DataType::kFloat16, ReduceOp::kSum)->wait();
+  space.seen.push_back(space.get(half_sum, 37 * 2));
 
   // reduce_scatter of the all_reduce's result plus this rank's values, out of place (fp32 sum):
   // the input is `reduced` itself, so it must already hold the all_reduce's sum.

@@ -1,7 +1,7 @@
 // The bf16 CUDA backend against the fp32 CPU backend, operation by operation, on fresh random
-// bf16-representable inputs (outputs poisoned first, so an unwritten element fails); its timing
-// marks time the GPU's work; then a tiny GPT trained on the GPU: its loss falls as on the CPU, and
-// a resumed run repeats the uninterrupted one bit for bit.
+// bf16-representable inputs (outputs poisoned first, so an unwritten element fails), and an fp16
+// one on a few of them; its timing marks time the GPU's work; then a tiny GPT trained on the GPU:
+// its loss falls as on the CPU, and a resumed run repeats the uninterrupted one bit for bit.
 #include <catch2/catch.hpp>
 
 #include <chrono>
@@ -27,6 +27,7 @@ namespace {
 
 using megaplan::exec::Activation;
 using megaplan::exec::Backend;
+using megaplan::Precision;
 using megaplan::exec::LinearEpilogue;
 using megaplan::test::shard_cross_entropy;
 
@@ -60,7 +61,7 @@ using Acts = Pair<Activation>;
 
 class Both {
  public:
-  Both() : gpu_(megaplan::exec::make_cuda_backend()) {}
+  explicit Both(Precision precision = Precision::kBf16) : gpu_(megaplan::exec::make_cuda_backend(precision)) {}
   Floats floats(const std::vector<float>& host) {
     Floats pair{cpu_.allocate(host.size()), gpu_->allocate(host.size()), host.size()};
     cpu_.upload(pair.cpu, host.data(), host.size());
@@ -114,6 +115,8 @@ class Both {
 constexpr double kBf16 = 1e-2;
 // fp32 results of fp32 arithmetic on bf16 inputs (gradients, statistics, the optimizer).
 constexpr double kFp32 = 1e-3;
+// fp16 keeps 3 more bits than bf16 (its rounding is up to 2^-11 relative).
+constexpr double kFp16 = 2e-3;
 
 }  // namespace
 
@@ -358,6 +361,51 @@ TEST_CASE("every CUDA operation matches the CPU backend", "[gpu][kernels]") {
     CHECK(both.error(w2) < 1e-5);
     CHECK(both.error(second) < 1e-5);
     CHECK(both.error(copy) < 4e-3);  // the bf16 copy of the updated weights
+  }
+}
+
+// bf16-representable inputs (random_vector) are fp16-representable too, but for the rare ones below
+// fp16's subnormal resolution, which move nothing measurably.
+TEST_CASE("a CUDA backend made for fp16 runs its activations and kernels in fp16", "[gpu][kernels]") {
+  std::mt19937 generator(19);
+  Both both(Precision::kFp16);
+  CHECK(both.gpu().activation_type() == megaplan::exec::DataType::kFloat16);
+  CHECK(both.gpu().activation_bytes() == 2);
+  // 1 + 2^-10 is an fp16 value and no bf16 one: it survives the round trip only in fp16.
+  {
+    const float value = 1.0f + 1.0f / 1024.0f;
+    Activation buffer = both.gpu().allocate_activation(1);
+    both.gpu().upload(buffer, &value, 1);
+    float back = 0;
+    both.gpu().download(&back, buffer, 1);
+    CHECK(back == value);
+    both.gpu().release(buffer);
+  }
+  SECTION("a linear layer with a bias, on the first lane and on run_pair's second") {
+    const std::size_t m = 37, k = 24, n = 40;
+    Acts x = both.acts(random_vector(m * k, generator)), w = both.acts(random_vector(n * k, generator)),
+         b = both.acts(random_vector(n, generator)), y = both.act_output(m * n), paired = both.act_output(m * n);
+    both.cpu().linear_forward(x.cpu, w.cpu, b.cpu, m, k, n, LinearEpilogue::kBias, y.cpu, nullptr);
+    both.gpu().linear_forward(x.gpu, w.gpu, b.gpu, m, k, n, LinearEpilogue::kBias, y.gpu, nullptr);
+    CHECK(both.error(y) < kFp16);
+    both.cpu().linear_forward(x.cpu, w.cpu, b.cpu, m, k, n, LinearEpilogue::kBias, paired.cpu, nullptr);
+    both.gpu().run_pair([] {}, [&] {
+      both.gpu().linear_forward(x.gpu, w.gpu, b.gpu, m, k, n, LinearEpilogue::kBias, paired.gpu, nullptr);
+    });
+    CHECK(both.error(paired) < kFp16);
+  }
+  SECTION("attention, with query groups") {
+    for (const std::size_t dim : {std::size_t{64}, std::size_t{128}}) {
+      const std::size_t batch = 2, seq = 33, heads = 4, groups = 2, width = (heads + 2 * groups) * dim;
+      INFO("head dim " << dim);
+      Acts qkv = both.acts(random_vector(batch * seq * width, generator));
+      Acts out = both.act_output(batch * seq * heads * dim);
+      float* saved_cpu = both.cpu().allocate(both.cpu().attention_saved_size(batch, seq, heads, dim));
+      float* saved_gpu = both.gpu().allocate(both.gpu().attention_saved_size(batch, seq, heads, dim));
+      both.cpu().attention_forward(qkv.cpu, batch, seq, heads, groups, dim, out.cpu, saved_cpu);
+      both.gpu().attention_forward(qkv.gpu, batch, seq, heads, groups, dim, out.gpu, saved_gpu);
+      CHECK(both.error(out) < kFp16);
+    }
   }
 }
 

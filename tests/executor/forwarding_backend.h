@@ -27,7 +27,7 @@ class ForwardingBackend : public exec::Backend {
   explicit ForwardingBackend(std::unique_ptr<exec::Backend> inner) : inner_(std::move(inner)) {}
 
   std::string name() const override { return inner_->name(); }
-  std::size_t activation_bytes() const override { return inner_->activation_bytes(); }
+  exec::DataType activation_type() const override { return inner_->activation_type(); }
   int64_t available_bytes() const override { return inner_->available_bytes(); }
   float* allocate(std::size_t n) override { return inner_->allocate(n); }
   void release(float* buffer) override { inner_->release(buffer); }

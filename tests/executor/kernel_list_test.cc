@@ -212,3 +212,26 @@ TEST_CASE("the profiler's launch of a listed kernel is that kernel", "[kernels]"
   CHECK_THROWS_AS(megaplan::exec::KernelLaunch(backend, megaplan::row_kernel(KernelKind::kElementwise, 4, 6)),
                   std::invalid_argument);
 }
+
+TEST_CASE("under --fp16 the executor's GEMMs are listed with fp16 operands and nothing else changes", "[kernels]") {
+  const megaplan::ModelSpec model = four_layer_gpt();
+  megaplan::ParallelPlan plan = layout(2, 2, 1, 1, ScheduleKind::kOneFOneB);
+  const PlanKernels bf16(model, plan);
+  plan.options.precision = megaplan::Precision::kFp16;
+  const PlanKernels fp16(model, plan);
+  int64_t gemms = 0;
+  for (std::size_t b = 0; b < megaplan::kNumKernelBlocks; ++b) {
+    const auto block = static_cast<megaplan::KernelBlock>(b);
+    REQUIRE(fp16.block(block).size() == bf16.block(block).size());
+    for (std::size_t i = 0; i < bf16.block(block).size(); ++i) {
+      Kernel expected = bf16.block(block)[i];
+      CHECK(expected.precision == megaplan::Precision::kBf16);
+      if (expected.kind == megaplan::KernelKind::kGemm) {
+        expected.precision = megaplan::Precision::kFp16;
+        ++gemms;
+      }
+      CHECK(fp16.block(block)[i] == expected);
+    }
+  }
+  CHECK(gemms > 0);
+}

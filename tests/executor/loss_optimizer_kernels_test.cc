@@ -1,7 +1,7 @@
 // The loss and optimizer kernels against the CPU references and double-precision math on fresh
-// random inputs: the fused softmax cross entropy (padded vocabularies, masks, a vocabulary shard
-// with targets outside it, in place), the multi-tensor AdamW with its bf16 weight copy, and the
-// deterministic device sums.
+// random inputs, in bf16 and in fp16: the fused softmax cross entropy (padded vocabularies, masks, a
+// vocabulary shard with targets outside it, in place), the multi-tensor AdamW with its 16-bit
+// weight copy, and the deterministic device sums.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -12,6 +12,7 @@
 #include <tuple>
 #include <vector>
 
+#include "core/implementation_options.h"
 #include "executor/kernels/cuda/adamw.h"
 #include "executor/kernels/cuda/bf16_linear.h"
 #include "executor/kernels/cuda/cross_entropy.h"
@@ -26,6 +27,7 @@ namespace ref = megaplan::exec::reference;
 
 namespace {
 
+using megaplan::Precision;
 using megaplan::test::relative_error;
 
 constexpr float kNan = std::numeric_limits<float>::quiet_NaN();
@@ -54,6 +56,14 @@ bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
 
 TEST_CASE("cross entropy statistics and backward match the CPU reference on padded vocabularies with masks",
           "[gpu][kernels]") {
+  const Precision precision = GENERATE(Precision::kBf16, Precision::kFp16);
+  INFO(megaplan::to_string(precision));
+  // The gradients' rounding: up to 2^-8 relative in bf16, 2^-11 in fp16.
+  const double tolerance = precision == Precision::kFp16 ? 2e-3 : 1e-2;
+  // fp16 training scales the loss (Megatron's loss scaler) so that small gradients stay clear of
+  // fp16's subnormals: unscaled, a 50k vocabulary's gradients of ~1e-8 would round to multiples
+  // of 2^-24.
+  const float loss_scale = precision == Precision::kFp16 ? 1024.0f : 1.0f;
   std::mt19937 generator(41);
   const cu::Stream stream;
   // (vocab, row_stride): GPT-2's vocabulary padded as Megatron pads it; a small one padded; an
@@ -68,10 +78,11 @@ TEST_CASE("cross entropy statistics and backward match the CPU reference on padd
                       << vocab_start);
         const auto t_count = static_cast<std::size_t>(tokens), v_count = static_cast<std::size_t>(vocab),
                    s_count = static_cast<std::size_t>(stride);
-        // Logits rounded to bf16 first, so the references see exactly what the device reads;
-        // padded columns hold huge values that would swamp the log-sum-exp if they were read.
+        // Logits rounded to 16 bits first, so the references see exactly what the device reads;
+        // padded columns hold huge values (infinity in fp16) that would swamp the log-sum-exp if
+        // they were read.
         std::vector<float> dense = normal_values(t_count * v_count, 0.0f, 3.0f, generator);
-        for (float& value : dense) value = cu::from_bf16(cu::to_bf16(value));
+        for (float& value : dense) value = cu::from_half(cu::to_half(value, precision), precision);
         std::vector<float> padded(t_count * s_count, 1e30f);
         for (std::size_t t = 0; t < t_count; ++t) std::copy_n(&dense[t * v_count], v_count, &padded[t * s_count]);
         std::uniform_int_distribution<int64_t> pick(0, vocab_start + vocab - 1);
@@ -88,19 +99,21 @@ TEST_CASE("cross entropy statistics and backward match the CPU reference on padd
         ref::cross_entropy_statistics(dense.data(), targets64.data(), t_count, v_count,
                                       static_cast<std::size_t>(vocab_start), want_lse.data(), want_target.data());
 
-        cu::Bf16* logits = cu::upload_bf16(padded, stream);
+        cu::Half* logits = cu::upload_half(padded, precision, stream);
         int32_t* device_targets = upload_targets(columns, stream);
         float* device_mask = cu::upload_floats(mask, stream);
-        float* lse = cu::upload_floats(std::vector<float>(t_count, kNan), stream);                   // poisoned
-        float* target_logit = cu::upload_floats(std::vector<float>(t_count, kNan), stream);          // poisoned
-        cu::Bf16* dlogits = cu::upload_bf16(std::vector<float>(t_count * s_count, 1e30f), stream);  // poisoned
+        // The outputs, poisoned.
+        float* lse = cu::upload_floats(std::vector<float>(t_count, kNan), stream);
+        float* target_logit = cu::upload_floats(std::vector<float>(t_count, kNan), stream);
+        cu::Half* dlogits = cu::upload_half(std::vector<float>(t_count * s_count, 1e30f), precision, stream);
 
-        cu::cross_entropy_statistics(logits, tokens, vocab, stride, device_targets, lse, target_logit, nullptr, stream);
+        cu::cross_entropy_statistics(logits, tokens, vocab, stride, device_targets, lse, target_logit, nullptr,
+                                     precision, stream);
         const std::vector<float> got_lse = cu::download_floats(lse, t_count, stream);
         const double lse_error = relative_error(got_lse, widen(want_lse));
         CAPTURE(lse_error);
         CHECK(lse_error < 1e-6);
-        CHECK(bitwise_equal(cu::download_floats(target_logit, t_count, stream), want_target));  // a bf16 logit, or 0
+        CHECK(bitwise_equal(cu::download_floats(target_logit, t_count, stream), want_target));  // a logit, or 0
 
         // The backward takes the whole vocabulary's lse: for the shard, as if the other shard's
         // logits summed to as much as this one's.
@@ -111,14 +124,14 @@ TEST_CASE("cross entropy statistics and backward match the CPU reference on padd
         float* device_whole_lse = cu::upload_floats(whole_lse, stream);
         std::vector<float> want_dlogits(t_count * v_count);
         ref::cross_entropy_backward(dense.data(), whole_lse.data(), targets64.data(), mask.data(), t_count, v_count,
-                                    static_cast<std::size_t>(vocab_start), 1.0f, want_dlogits.data());
+                                    static_cast<std::size_t>(vocab_start), loss_scale, want_dlogits.data());
         double mask_total = 0;
         for (float m : mask) mask_total += m;
-        const float scale = static_cast<float>(1.0 / mask_total);
+        const float scale = static_cast<float>(loss_scale / mask_total);
 
         cu::cross_entropy_backward(logits, tokens, vocab, stride, device_targets, device_mask, device_whole_lse,
-                                   scale, dlogits, stream);
-        const std::vector<float> got_padded = cu::download_bf16(dlogits, t_count * s_count, stream);
+                                   scale, dlogits, precision, stream);
+        const std::vector<float> got_padded = cu::download_half(dlogits, t_count * s_count, precision, stream);
         std::vector<float> got_dense(t_count * v_count);
         bool padding_zero = true;
         for (std::size_t t = 0; t < t_count; ++t) {
@@ -129,14 +142,14 @@ TEST_CASE("cross entropy statistics and backward match the CPU reference on padd
         }
         const double gradient_error = relative_error(got_dense, widen(want_dlogits));
         CAPTURE(gradient_error);
-        CHECK(gradient_error < 1e-2);
+        CHECK(gradient_error < tolerance);
         CHECK(padding_zero);
 
         // In place over a second copy of the logits: the same bits as the separate output.
-        cu::Bf16* in_place = cu::upload_bf16(padded, stream);
+        cu::Half* in_place = cu::upload_half(padded, precision, stream);
         cu::cross_entropy_backward(in_place, tokens, vocab, stride, device_targets, device_mask, device_whole_lse,
-                                   scale, in_place, stream);
-        CHECK(bitwise_equal(cu::download_bf16(in_place, t_count * s_count, stream), got_padded));
+                                   scale, in_place, precision, stream);
+        CHECK(bitwise_equal(cu::download_half(in_place, t_count * s_count, precision, stream), got_padded));
 
         for (void* buffer : {static_cast<void*>(logits), static_cast<void*>(device_targets),
                              static_cast<void*>(device_mask), static_cast<void*>(lse), static_cast<void*>(target_logit),
@@ -149,8 +162,11 @@ TEST_CASE("cross entropy statistics and backward match the CPU reference on padd
   }
 }
 
-TEST_CASE("multi-tensor AdamW matches the reference over three steps and refreshes the bf16 weights",
+TEST_CASE("multi-tensor AdamW matches the reference over three steps and refreshes the 16-bit weights",
           "[gpu][kernels]") {
+  const Precision precision = GENERATE(Precision::kBf16, Precision::kFp16);
+  INFO(megaplan::to_string(precision));
+  const auto round = [precision](float value) { return cu::from_half(cu::to_half(value, precision), precision); };
   std::mt19937 generator(43);
   const cu::Stream stream;
   // Odd sizes packed back to back in one buffer: the 7-value tensor starts misaligned (scalar
@@ -173,7 +189,7 @@ TEST_CASE("multi-tensor AdamW matches the reference over three steps and refresh
     float* master = cu::upload_floats(start, stream);
     float* exp_avg = cu::upload_floats(first, stream);
     float* exp_avg_sq = cu::upload_floats(second, stream);
-    cu::Bf16* compute = cu::upload_bf16(std::vector<float>(total, 1e30f), stream);  // poisoned
+    cu::Half* compute = cu::upload_half(std::vector<float>(total, 1e30f), precision, stream);  // poisoned
     std::vector<float*> device_gradients;
     for (const auto& g : gradients) device_gradients.push_back(cu::upload_floats(g, stream));
 
@@ -191,7 +207,7 @@ TEST_CASE("multi-tensor AdamW matches the reference over three steps and refresh
         tensors.push_back({master + o, device_gradients[s] + o, exp_avg + o, exp_avg_sq + o,
                            k == 1 ? nullptr : compute + o, static_cast<int64_t>(sizes[k]), weight_decays[k]});
       }
-      cu::MultiTensorAdamw optimizer(tensors, stream);
+      cu::MultiTensorAdamw optimizer(tensors, precision, stream);
       optimizer.step(s + 1, lr, beta1, beta2, eps, grad_scale, stream);
       for (std::size_t k = 0; k < sizes.size(); ++k) {
         std::vector<float> scaled(sizes[k]);
@@ -209,7 +225,7 @@ TEST_CASE("multi-tensor AdamW matches the reference over three steps and refresh
     const std::vector<float> got_master = cu::download_floats(master, total, stream);
     const std::vector<float> got_first = cu::download_floats(exp_avg, total, stream);
     const std::vector<float> got_second = cu::download_floats(exp_avg_sq, total, stream);
-    const std::vector<float> got_compute = cu::download_bf16(compute, total, stream);
+    const std::vector<float> got_compute = cu::download_half(compute, total, precision, stream);
     for (std::size_t k = 0; k < sizes.size(); ++k) {
       INFO("tensor of " << sizes[k] << " values");
       const std::size_t o = offsets[k];
@@ -231,7 +247,7 @@ TEST_CASE("multi-tensor AdamW matches the reference over three steps and refresh
       CHECK(second_error < 1e-5);
       bool compute_as_expected = true;
       for (std::size_t i = 0; i < sizes[k]; ++i) {
-        const float want = k == 1 ? cu::from_bf16(cu::to_bf16(1e30f)) : cu::from_bf16(cu::to_bf16(got_master[o + i]));
+        const float want = k == 1 ? round(1e30f) : round(got_master[o + i]);
         compute_as_expected = compute_as_expected && got_compute[o + i] == want;
       }
       CHECK(compute_as_expected);  // round to nearest even of master; untouched where compute is null

@@ -299,3 +299,51 @@ TEST_CASE("a measured pp 2 timeline on the GPU has one slice per action of the l
     CHECK(fraction <= 1);
   }
 }
+
+// --fp16 on the GPU: fp16 activations and compute weights, Megatron's dynamic loss scaler. The
+// scale starts at 2^16 here (Megatron's 2^32 would skip the first ten iterations of this short
+// run: its output gradient, scale / 256 (4 microbatches of 64 tokens), overflows fp16 until the
+// scale is at most 2^23).
+// fp16 keeps 3 more mantissa bits than bf16, so its losses track the bf16 run's closely (measured:
+// see the printed figures); a layout tracks the fp16 single rank within bf16's layout bounds.
+TEST_CASE("fp16 with the dynamic loss scaler trains on one GPU as bf16 does, in a layout like one rank",
+          "[gpu][train][parallel][fp16]") {
+  const megaplan::test::ScratchDirectory scratch;
+  exec::TrainOptions options = options_for(megaplan::test::sentence_corpus(scratch));
+  const exec::BackendFactory fp16_backends = [](int64_t) { return exec::make_cuda_backend(megaplan::Precision::kFp16); };
+  const megaplan::ModelSpec model = four_layer_gpt();
+  ParallelPlan single_plan = plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false);
+  const Outcome bf16 = train_on_gpu(model, single_plan, options, scratch, "bf16");
+  single_plan.options.precision = megaplan::Precision::kFp16;
+  options.loss_scaling.initial = 65536;
+  const Outcome fp16 = train_on_gpu(model, single_plan, options, scratch, "fp16", fp16_backends);
+  REQUIRE(fp16.losses.size() == kIterations);
+  CHECK(fp16.summary.skipped_iterations == 0);
+  double worst = 0;
+  for (std::size_t i = 0; i < kIterations; ++i) {
+    INFO("iteration " << i + 1 << ": fp16 " << fp16.losses[i] << " against bf16 " << bf16.losses[i]);
+    CHECK(fp16.losses[i] == Approx(bf16.losses[i]).epsilon(1e-2));
+    worst = std::max(worst, std::abs(fp16.losses[i] - bf16.losses[i]) / bf16.losses[i]);
+  }
+  std::cout << "fp16 against bf16: worst loss " << worst << " relative\n";
+  CHECK(fp16.out.find("| loss scale 65536 | number of skipped iterations 0") != std::string::npos);
+
+  ParallelPlan layout = plan_of(2, 2, 1, ScheduleKind::kOneFOneB, true, 2, true);
+  layout.options.precision = megaplan::Precision::kFp16;
+  const Outcome parallel = train_on_gpu(model, layout, options, scratch, "fp16-layout", fp16_backends);
+  REQUIRE(parallel.losses.size() == kIterations);
+  CHECK(parallel.losses[0] == Approx(fp16.losses[0]).epsilon(1e-4));
+  for (std::size_t i = 0; i < kIterations; ++i) CHECK(parallel.losses[i] == Approx(fp16.losses[i]).epsilon(2e-3));
+
+  // From 2^24 the output gradient overflows (2^24 / 256 > 65504): the first iteration spends the
+  // hysteresis, the second halves the scale to 2^23, where the output gradient fits and the layers'
+  // gradients, larger, may still overflow (an H200 skipped 4: down to 2^21); then the run goes on.
+  options.loss_scaling.initial = 16777216;
+  const Outcome from_default = train_on_gpu(model, single_plan, options, scratch, "fp16-default", fp16_backends);
+  REQUIRE(from_default.losses.size() == kIterations);
+  CHECK(from_default.summary.skipped_iterations >= 2);
+  CHECK(from_default.summary.skipped_iterations <= static_cast<int64_t>(kIterations) - 2);
+  CHECK(from_default.out.find("| loss scale 1.67772e+07 | number of skipped iterations 1") != std::string::npos);
+  CHECK(from_default.out.find("| loss scale 8.38861e+06 | number of skipped iterations 1") != std::string::npos);
+  CHECK(std::isfinite(from_default.summary.last_loss));
+}

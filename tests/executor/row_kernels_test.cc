@@ -1,6 +1,6 @@
-// The bf16 row and element-wise CUDA kernels (norms, embedding, GELU/SwiGLU/RoPE, residual adds,
-// casts) against the CPU references run on the same bf16-rounded inputs: fresh random inputs,
-// poisoned outputs, odd shapes (rows 1 and 37, columns not a multiple of 8), fp32 weight
+// The row and element-wise CUDA kernels (norms, embedding, GELU/SwiGLU/RoPE, residual adds, casts),
+// in bf16 and in fp16, against the CPU references run on the same rounded inputs: fresh random
+// inputs, poisoned outputs, odd shapes (rows 1 and 37, columns not a multiple of 8), fp32 weight
 // gradients accumulated onto non-zero starting values, and backward passes run twice to check
 // that they give the same bits.
 #include <catch2/catch.hpp>
@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/implementation_options.h"
 #include "executor/kernels/cuda/bf16_linear.h"
 #include "executor/kernels/cuda/elementwise.h"
 #include "executor/kernels/cuda/embedding.h"
@@ -31,13 +32,22 @@ namespace ref = megaplan::exec::reference;
 
 namespace {
 
-constexpr float kPoison = 1e30f;
+using megaplan::Precision;
+
+constexpr float kPoison = 1e30f;  // beyond fp16's range: uploads as infinity there
 constexpr float kEps = 1e-5f;
 
-std::vector<float> bf16_values(std::size_t n, std::mt19937& generator, float mean = 0.0f, float scale = 1.0f) {
+// The 16-bit results against fp32 references on the same inputs: their rounding (up to 2^-8
+// relative in bf16, 2^-11 in fp16) dominates.
+double tolerance(Precision precision) { return precision == Precision::kFp16 ? 2e-3 : 1e-2; }
+
+float round_to(Precision precision, float value) { return cu::from_half(cu::to_half(value, precision), precision); }
+
+std::vector<float> half_values(std::size_t n, Precision precision, std::mt19937& generator, float mean = 0.0f,
+                               float scale = 1.0f) {
   std::normal_distribution<float> normal(mean, scale);
   std::vector<float> values(n);
-  for (float& value : values) value = cu::from_bf16(cu::to_bf16(normal(generator)));
+  for (float& value : values) value = round_to(precision, normal(generator));
   return values;
 }
 
@@ -48,16 +58,16 @@ std::vector<float> float_values(std::size_t n, std::mt19937& generator) {
   return values;
 }
 
-std::vector<float> rounded(std::vector<float> values) {
-  for (float& value : values) value = cu::from_bf16(cu::to_bf16(value));
+std::vector<float> rounded(std::vector<float> values, Precision precision) {
+  for (float& value : values) value = round_to(precision, value);
   return values;
 }
 
-// The shared relative error, infinite also where poison was left unwritten.
+// The shared relative error, infinite also where poison was left unwritten (as infinity in fp16).
 double relative_error(const std::vector<float>& got, const std::vector<float>& want) {
   REQUIRE(got.size() == want.size());
   for (const float value : got) {
-    if (std::abs(value) >= kPoison / 2) return INFINITY;
+    if (!(std::abs(value) < kPoison / 2)) return INFINITY;
   }
   return megaplan::test::relative_error(got, want);
 }
@@ -66,17 +76,20 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
-// Device buffers filled on `stream`, freed at scope exit.
+// Device buffers filled on `stream`, freed at scope exit; 16-bit ones of `precision`.
 class Buffers {
  public:
-  explicit Buffers(cudaStream_t stream) : stream_(stream) {}
+  Buffers(cudaStream_t stream, Precision precision) : stream_(stream), precision_(precision) {}
   ~Buffers() {
     for (void* p : owned_) cu::free_device(p);
   }
   Buffers(const Buffers&) = delete;
   Buffers& operator=(const Buffers&) = delete;
-  cu::Bf16* bf16(const std::vector<float>& host) { return keep(cu::upload_bf16(host, stream_)); }
-  cu::Bf16* bf16_poisoned(std::size_t n) { return bf16(std::vector<float>(n, kPoison)); }
+  cu::Half* half(const std::vector<float>& host) { return keep(cu::upload_half(host, precision_, stream_)); }
+  cu::Half* half_poisoned(std::size_t n) { return half(std::vector<float>(n, kPoison)); }
+  std::vector<float> download(const cu::Half* device, std::size_t n) {
+    return cu::download_half(device, n, precision_, stream_);
+  }
   float* floats(const std::vector<float>& host) { return keep(cu::upload_floats(host, stream_)); }
   float* floats_poisoned(std::size_t n) { return floats(std::vector<float>(n, kPoison)); }
   int32_t* ints(const std::vector<int32_t>& host) {
@@ -93,12 +106,13 @@ class Buffers {
     return p;
   }
   cudaStream_t stream_;
+  Precision precision_;
   std::vector<void*> owned_;
 };
 
-std::vector<float> add_rounded(const std::vector<float>& a, const std::vector<float>& b) {
+std::vector<float> add_rounded(const std::vector<float>& a, const std::vector<float>& b, Precision precision) {
   std::vector<float> sum(a.size());
-  for (std::size_t i = 0; i < a.size(); ++i) sum[i] = cu::from_bf16(cu::to_bf16(a[i] + b[i]));
+  for (std::size_t i = 0; i < a.size(); ++i) sum[i] = round_to(precision, a[i] + b[i]);
   return sum;
 }
 
@@ -107,34 +121,39 @@ const std::vector<std::pair<int64_t, int64_t>> kNormShapes = {{37, 200}, {1, 100
 
 }  // namespace
 
-TEST_CASE("bf16 layernorm forward and backward, with and without the fused residual", "[gpu][kernels]") {
+TEST_CASE("LayerNorm forward and backward, with and without the fused residual", "[gpu][kernels]") {
+  const Precision precision = GENERATE(Precision::kBf16, Precision::kFp16);
+  INFO(megaplan::to_string(precision));
   std::mt19937 generator(101);
   const cu::Stream stream;
   for (auto [rows, cols] : kNormShapes) {
     for (bool fused : {false, true}) {
       INFO("rows " << rows << ", cols " << cols << (fused ? ", residual fused" : ""));
       const auto r = static_cast<std::size_t>(rows), c = static_cast<std::size_t>(cols), n = r * c;
-      Buffers device(stream);
-      const std::vector<float> x = bf16_values(n, generator, 0.5f, 2.0f), residual = bf16_values(n, generator);
-      const std::vector<float> gamma = bf16_values(c, generator, 1.0f, 0.5f), beta = bf16_values(c, generator);
-      const std::vector<float> input = fused ? add_rounded(x, residual) : x;
+      Buffers device(stream, precision);
+      const std::vector<float> x = half_values(n, precision, generator, 0.5f, 2.0f),
+                               residual = half_values(n, precision, generator);
+      const std::vector<float> gamma = half_values(c, precision, generator, 1.0f, 0.5f),
+                               beta = half_values(c, precision, generator);
+      const std::vector<float> input = fused ? add_rounded(x, residual, precision) : x;
       std::vector<float> want_y(n), want_mean(r), want_rstd(r);
       ref::layernorm_forward(input.data(), gamma.data(), beta.data(), r, c, kEps, want_y.data(), want_mean.data(),
                              want_rstd.data());
-      cu::Bf16* d_x = device.bf16(x);
-      cu::Bf16* d_sum = fused ? device.bf16_poisoned(n) : nullptr;
-      cu::Bf16* d_y = device.bf16_poisoned(n);
+      cu::Half* d_x = device.half(x);
+      cu::Half* d_sum = fused ? device.half_poisoned(n) : nullptr;
+      cu::Half* d_y = device.half_poisoned(n);
       float* d_mean = device.floats_poisoned(r);
       float* d_rstd = device.floats_poisoned(r);
-      cu::layernorm_forward(d_x, fused ? device.bf16(residual) : nullptr, d_sum, device.bf16(gamma),
-                            device.bf16(beta), rows, cols, kEps, d_y, d_mean, d_rstd, stream);
-      if (fused) CHECK(same_bits(cu::download_bf16(d_sum, n, stream), input));
-      CHECK(relative_error(cu::download_bf16(d_y, n, stream), want_y) < 1e-2);
-      // fp32 statistics of the same (rounded) values: far tighter than the bf16 outputs.
+      cu::layernorm_forward(d_x, fused ? device.half(residual) : nullptr, d_sum, device.half(gamma),
+                            device.half(beta), rows, cols, kEps, d_y, d_mean, d_rstd, precision, stream);
+      if (fused) CHECK(same_bits(device.download(d_sum, n), input));
+      CHECK(relative_error(device.download(d_y, n), want_y) < tolerance(precision));
+      // fp32 statistics of the same (rounded) values: far tighter than the 16-bit outputs.
       CHECK(relative_error(cu::download_floats(d_mean, r, stream), want_mean) < 1e-5);
       CHECK(relative_error(cu::download_floats(d_rstd, r, stream), want_rstd) < 1e-5);
 
-      const std::vector<float> dy = bf16_values(n, generator), around = bf16_values(n, generator);
+      const std::vector<float> dy = half_values(n, precision, generator),
+                               around = half_values(n, precision, generator);
       const std::vector<float> dgamma_start = float_values(c, generator), dbeta_start = float_values(c, generator);
       std::vector<float> want_dx(n), want_dgamma = dgamma_start, want_dbeta = dbeta_start;
       ref::layernorm_backward(dy.data(), input.data(), gamma.data(), want_mean.data(), want_rstd.data(), r, c,
@@ -142,22 +161,22 @@ TEST_CASE("bf16 layernorm forward and backward, with and without the fused resid
       if (fused) {
         for (std::size_t i = 0; i < n; ++i) want_dx[i] += around[i];
       }
-      cu::Bf16* d_input = fused ? d_sum : d_x;
-      cu::Bf16* d_dy = device.bf16(dy);
-      cu::Bf16* d_around = fused ? device.bf16(around) : nullptr;
+      cu::Half* d_input = fused ? d_sum : d_x;
+      cu::Half* d_dy = device.half(dy);
+      cu::Half* d_around = fused ? device.half(around) : nullptr;
       void* workspace = device.bytes(cu::norm_backward_workspace_bytes(rows, cols));
       std::vector<float> first_dx, first_dgamma, first_dbeta;
       for (int run = 0; run < 2; ++run) {
-        cu::Bf16* d_dx = device.bf16_poisoned(n);
+        cu::Half* d_dx = device.half_poisoned(n);
         float* d_dgamma = device.floats(dgamma_start);
         float* d_dbeta = device.floats(dbeta_start);
-        cu::layernorm_backward(d_dy, d_input, device.bf16(gamma), d_mean, d_rstd, rows, cols, d_around, d_dx,
-                               d_dgamma, d_dbeta, workspace, stream);
-        const std::vector<float> dx = cu::download_bf16(d_dx, n, stream),
+        cu::layernorm_backward(d_dy, d_input, device.half(gamma), d_mean, d_rstd, rows, cols, d_around, d_dx,
+                               d_dgamma, d_dbeta, workspace, precision, stream);
+        const std::vector<float> dx = device.download(d_dx, n),
                                  dgamma = cu::download_floats(d_dgamma, c, stream),
                                  dbeta = cu::download_floats(d_dbeta, c, stream);
         if (run == 0) {
-          CHECK(relative_error(dx, want_dx) < 1e-2);
+          CHECK(relative_error(dx, want_dx) < tolerance(precision));
           CHECK(relative_error(dgamma, want_dgamma) < 1e-3);
           CHECK(relative_error(dbeta, want_dbeta) < 1e-3);
           first_dx = dx, first_dgamma = dgamma, first_dbeta = dbeta;
@@ -171,30 +190,34 @@ TEST_CASE("bf16 layernorm forward and backward, with and without the fused resid
   }
 }
 
-TEST_CASE("bf16 RMSNorm forward and backward, with and without the fused residual", "[gpu][kernels]") {
+TEST_CASE("RMSNorm forward and backward, with and without the fused residual", "[gpu][kernels]") {
+  const Precision precision = GENERATE(Precision::kBf16, Precision::kFp16);
+  INFO(megaplan::to_string(precision));
   std::mt19937 generator(103);
   const cu::Stream stream;
   for (auto [rows, cols] : kNormShapes) {
     for (bool fused : {false, true}) {
       INFO("rows " << rows << ", cols " << cols << (fused ? ", residual fused" : ""));
       const auto r = static_cast<std::size_t>(rows), c = static_cast<std::size_t>(cols), n = r * c;
-      Buffers device(stream);
-      const std::vector<float> x = bf16_values(n, generator, 0.5f, 2.0f), residual = bf16_values(n, generator);
-      const std::vector<float> gamma = bf16_values(c, generator, 1.0f, 0.5f);
-      const std::vector<float> input = fused ? add_rounded(x, residual) : x;
+      Buffers device(stream, precision);
+      const std::vector<float> x = half_values(n, precision, generator, 0.5f, 2.0f),
+                               residual = half_values(n, precision, generator);
+      const std::vector<float> gamma = half_values(c, precision, generator, 1.0f, 0.5f);
+      const std::vector<float> input = fused ? add_rounded(x, residual, precision) : x;
       std::vector<float> want_y(n), want_rstd(r);
       ref::rmsnorm_forward(input.data(), gamma.data(), r, c, kEps, want_y.data(), want_rstd.data());
-      cu::Bf16* d_x = device.bf16(x);
-      cu::Bf16* d_sum = fused ? device.bf16_poisoned(n) : nullptr;
-      cu::Bf16* d_y = device.bf16_poisoned(n);
+      cu::Half* d_x = device.half(x);
+      cu::Half* d_sum = fused ? device.half_poisoned(n) : nullptr;
+      cu::Half* d_y = device.half_poisoned(n);
       float* d_rstd = device.floats_poisoned(r);
-      cu::rmsnorm_forward(d_x, fused ? device.bf16(residual) : nullptr, d_sum, device.bf16(gamma), rows, cols, kEps,
-                          d_y, d_rstd, stream);
-      if (fused) CHECK(same_bits(cu::download_bf16(d_sum, n, stream), input));
-      CHECK(relative_error(cu::download_bf16(d_y, n, stream), want_y) < 1e-2);
+      cu::rmsnorm_forward(d_x, fused ? device.half(residual) : nullptr, d_sum, device.half(gamma), rows, cols, kEps,
+                          d_y, d_rstd, precision, stream);
+      if (fused) CHECK(same_bits(device.download(d_sum, n), input));
+      CHECK(relative_error(device.download(d_y, n), want_y) < tolerance(precision));
       CHECK(relative_error(cu::download_floats(d_rstd, r, stream), want_rstd) < 1e-5);
 
-      const std::vector<float> dy = bf16_values(n, generator), around = bf16_values(n, generator);
+      const std::vector<float> dy = half_values(n, precision, generator),
+                               around = half_values(n, precision, generator);
       const std::vector<float> dgamma_start = float_values(c, generator);
       std::vector<float> want_dx(n), want_dgamma = dgamma_start;
       ref::rmsnorm_backward(dy.data(), input.data(), gamma.data(), want_rstd.data(), r, c, want_dx.data(),
@@ -202,21 +225,21 @@ TEST_CASE("bf16 RMSNorm forward and backward, with and without the fused residua
       if (fused) {
         for (std::size_t i = 0; i < n; ++i) want_dx[i] += around[i];
       }
-      cu::Bf16* d_input = fused ? d_sum : d_x;
-      cu::Bf16* d_dy = device.bf16(dy);
-      cu::Bf16* d_around = fused ? device.bf16(around) : nullptr;
+      cu::Half* d_input = fused ? d_sum : d_x;
+      cu::Half* d_dy = device.half(dy);
+      cu::Half* d_around = fused ? device.half(around) : nullptr;
       void* workspace = device.bytes(cu::norm_backward_workspace_bytes(rows, cols));
       std::vector<float> first_dx, first_dgamma;
       for (int run = 0; run < 2; ++run) {
         // The second run writes dx over the residual gradient it adds (in place, as the trainer may).
-        cu::Bf16* d_dx = run == 1 && fused ? device.bf16(around) : device.bf16_poisoned(n);
+        cu::Half* d_dx = run == 1 && fused ? device.half(around) : device.half_poisoned(n);
         float* d_dgamma = device.floats(dgamma_start);
-        cu::rmsnorm_backward(d_dy, d_input, device.bf16(gamma), d_rstd, rows, cols, run == 1 && fused ? d_dx : d_around,
-                             d_dx, d_dgamma, workspace, stream);
-        const std::vector<float> dx = cu::download_bf16(d_dx, n, stream),
+        cu::rmsnorm_backward(d_dy, d_input, device.half(gamma), d_rstd, rows, cols,
+                             run == 1 && fused ? d_dx : d_around, d_dx, d_dgamma, workspace, precision, stream);
+        const std::vector<float> dx = device.download(d_dx, n),
                                  dgamma = cu::download_floats(d_dgamma, c, stream);
         if (run == 0) {
-          CHECK(relative_error(dx, want_dx) < 1e-2);
+          CHECK(relative_error(dx, want_dx) < tolerance(precision));
           CHECK(relative_error(dgamma, want_dgamma) < 1e-3);
           first_dx = dx, first_dgamma = dgamma;
         } else {
@@ -231,11 +254,13 @@ TEST_CASE("bf16 RMSNorm forward and backward, with and without the fused residua
 TEST_CASE("norms reject rows wider than they hold in registers", "[gpu][kernels]") {
   const cu::Stream stream;
   CHECK_THROWS_AS(cu::layernorm_forward(nullptr, nullptr, nullptr, nullptr, nullptr, 4, 40000, kEps, nullptr,
-                                        nullptr, nullptr, stream),
+                                        nullptr, nullptr, Precision::kBf16, stream),
                   megaplan::SpecError);
 }
 
-TEST_CASE("bf16 embeddings: forward, and the deterministic backward into fp32 tables", "[gpu][kernels]") {
+TEST_CASE("embeddings: forward, and the deterministic backward into fp32 tables", "[gpu][kernels]") {
+  const Precision precision = GENERATE(Precision::kBf16, Precision::kFp16);
+  INFO(megaplan::to_string(precision));
   std::mt19937 generator(107);
   const cu::Stream stream;
   for (auto [batch, seq, hidden, vocab] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{4, 37, 200, 50},
@@ -252,7 +277,7 @@ TEST_CASE("bf16 embeddings: forward, and the deterministic backward into fp32 ta
         const auto n = static_cast<std::size_t>(count), h = static_cast<std::size_t>(hidden),
                    s = static_cast<std::size_t>(seq), v = static_cast<std::size_t>(vocab_rows),
                    start = static_cast<std::size_t>(vocab_start);
-        Buffers device(stream);
+        Buffers device(stream, precision);
         std::uniform_int_distribution<int64_t> pick(0, vocab - 1);
         std::vector<int64_t> tokens64(n);
         for (int64_t& token : tokens64) token = pick(generator);
@@ -264,16 +289,17 @@ TEST_CASE("bf16 embeddings: forward, and the deterministic backward into fp32 ta
           rows_of_tokens[t] = row >= 0 && row < vocab_rows ? static_cast<int32_t>(row) : -1;
           in_shard += rows_of_tokens[t] >= 0 ? 1 : 0;
         }
-        const std::vector<float> word = bf16_values(v * h, generator), position = bf16_values(s * h, generator);
+        const std::vector<float> word = half_values(v * h, precision, generator),
+                                 position = half_values(s * h, precision, generator);
         std::vector<float> want_y(n * h);
         ref::embedding_forward(tokens64.data(), n, s, word.data(), start, v, with_position ? position.data() : nullptr,
                                h, want_y.data());
-        cu::Bf16* d_y = device.bf16_poisoned(n * h);
-        cu::embedding_forward(device.ints(rows_of_tokens), count, seq, device.bf16(word),
-                              with_position ? device.bf16(position) : nullptr, hidden, d_y, stream);
-        CHECK(relative_error(cu::download_bf16(d_y, n * h, stream), want_y) < 1e-2);
+        cu::Half* d_y = device.half_poisoned(n * h);
+        cu::embedding_forward(device.ints(rows_of_tokens), count, seq, device.half(word),
+                              with_position ? device.half(position) : nullptr, hidden, d_y, precision, stream);
+        CHECK(relative_error(device.download(d_y, n * h), want_y) < tolerance(precision));
 
-        const std::vector<float> dy = bf16_values(n * h, generator);
+        const std::vector<float> dy = half_values(n * h, precision, generator);
         const std::vector<float> dword_start = float_values(v * h, generator),
                                  dposition_start = float_values(s * h, generator);
         std::vector<float> want_dword = dword_start, want_dposition = dposition_start;
@@ -282,7 +308,7 @@ TEST_CASE("bf16 embeddings: forward, and the deterministic backward into fp32 ta
         const cu::TokenRows rows = cu::build_token_rows(rows_of_tokens.data(), count);
         REQUIRE(rows.row_starts.size() == rows.row_ids.size() + 1);
         CHECK(rows.positions.size() == in_shard);  // -1 tokens are left out
-        cu::Bf16* d_dy = device.bf16(dy);
+        cu::Half* d_dy = device.half(dy);
         int32_t* row_ids = device.ints(rows.row_ids);
         int32_t* row_starts = device.ints(rows.row_starts);
         int32_t* positions = device.ints(rows.positions);
@@ -291,7 +317,7 @@ TEST_CASE("bf16 embeddings: forward, and the deterministic backward into fp32 ta
           float* d_dword = device.floats(dword_start);
           float* d_dposition = with_position ? device.floats(dposition_start) : nullptr;
           cu::embedding_backward(d_dy, row_ids, row_starts, positions, static_cast<int64_t>(rows.row_ids.size()),
-                                 count, seq, hidden, d_dword, d_dposition, stream);
+                                 count, seq, hidden, d_dword, d_dposition, precision, stream);
           const std::vector<float> dword = cu::download_floats(d_dword, v * h, stream);
           const std::vector<float> dposition =
               with_position ? cu::download_floats(d_dposition, s * h, stream) : std::vector<float>();
@@ -309,60 +335,70 @@ TEST_CASE("bf16 embeddings: forward, and the deterministic backward into fp32 ta
   }
 }
 
-TEST_CASE("bf16 element-wise kernels: add, GELU's gradient, casts", "[gpu][kernels]") {
+TEST_CASE("element-wise kernels: add, GELU's gradient, casts", "[gpu][kernels]") {
+  const Precision precision = GENERATE(Precision::kBf16, Precision::kFp16);
+  INFO(megaplan::to_string(precision));
   std::mt19937 generator(109);
   const cu::Stream stream;
   for (int64_t count : {int64_t{1}, int64_t{1001}, int64_t{65536}, int64_t{100003}}) {
     INFO("n " << count);
     const auto n = static_cast<std::size_t>(count);
-    Buffers device(stream);
-    const std::vector<float> a = bf16_values(n, generator), b = bf16_values(n, generator);
-    cu::Bf16* d_a = device.bf16(a);
-    cu::Bf16* d_y = device.bf16_poisoned(n);
-    cu::add(d_a, device.bf16(b), count, d_y, stream);
-    CHECK(same_bits(cu::download_bf16(d_y, n, stream), add_rounded(a, b)));
-    cu::add(d_a, d_a, count, d_a, stream);  // in place
-    CHECK(same_bits(cu::download_bf16(d_a, n, stream), add_rounded(a, a)));
+    Buffers device(stream, precision);
+    const std::vector<float> a = half_values(n, precision, generator), b = half_values(n, precision, generator);
+    cu::Half* d_a = device.half(a);
+    cu::Half* d_y = device.half_poisoned(n);
+    cu::add(d_a, device.half(b), count, d_y, precision, stream);
+    CHECK(same_bits(device.download(d_y, n), add_rounded(a, b, precision)));
+    cu::add(d_a, d_a, count, d_a, precision, stream);  // in place
+    CHECK(same_bits(device.download(d_a, n), add_rounded(a, a, precision)));
 
-    const std::vector<float> dy = bf16_values(n, generator), pre = bf16_values(n, generator, 0.0f, 2.0f);
+    const std::vector<float> dy = half_values(n, precision, generator),
+                             pre = half_values(n, precision, generator, 0.0f, 2.0f);
     std::vector<float> want_dx(n);
     ref::gelu_backward(dy.data(), pre.data(), n, want_dx.data());
-    cu::Bf16* d_dx = device.bf16_poisoned(n);
-    cu::gelu_backward(device.bf16(dy), device.bf16(pre), count, d_dx, stream);
-    CHECK(relative_error(cu::download_bf16(d_dx, n, stream), want_dx) < 1e-2);
+    cu::Half* d_dx = device.half_poisoned(n);
+    cu::gelu_backward(device.half(dy), device.half(pre), count, d_dx, precision, stream);
+    CHECK(relative_error(device.download(d_dx, n), want_dx) < tolerance(precision));
 
-    const std::vector<float> values = float_values(n, generator);
-    cu::Bf16* d_rounded = device.bf16_poisoned(n);
-    cu::cast_to_bf16(device.floats(values), count, d_rounded, stream);
-    CHECK(same_bits(cu::download_bf16(d_rounded, n, stream), rounded(values)));  // the host's round-to-nearest-even
+    std::vector<float> values = float_values(n, generator);
+    values[0] = 1e6f;  // past fp16's largest value: infinity there, on the device as on the host
+    cu::Half* d_rounded = device.half_poisoned(n);
+    cu::cast_to_half(device.floats(values), count, d_rounded, precision, stream);
+    // The host's round-to-nearest-even.
+    CHECK(same_bits(device.download(d_rounded, n), rounded(values, precision)));
     float* d_widened = device.floats_poisoned(n);
-    cu::cast_to_float(d_rounded, count, d_widened, stream);
-    CHECK(same_bits(cu::download_floats(d_widened, n, stream), rounded(values)));
+    cu::cast_to_float(d_rounded, count, d_widened, precision, stream);
+    CHECK(same_bits(cu::download_floats(d_widened, n, stream), rounded(values, precision)));
   }
 }
 
-TEST_CASE("bf16 SwiGLU forward and backward", "[gpu][kernels]") {
+TEST_CASE("SwiGLU forward and backward", "[gpu][kernels]") {
+  const Precision precision = GENERATE(Precision::kBf16, Precision::kFp16);
+  INFO(megaplan::to_string(precision));
   std::mt19937 generator(113);
   const cu::Stream stream;
   for (auto [rows, width] : {std::pair<int64_t, int64_t>{37, 200}, {1, 1000}, {64, 1024}, {5, 77}}) {
     INFO("rows " << rows << ", width " << width);
     const auto r = static_cast<std::size_t>(rows), w = static_cast<std::size_t>(width);
-    Buffers device(stream);
-    const std::vector<float> x = bf16_values(r * 2 * w, generator, 0.0f, 2.0f), dy = bf16_values(r * w, generator);
+    Buffers device(stream, precision);
+    const std::vector<float> x = half_values(r * 2 * w, precision, generator, 0.0f, 2.0f),
+                             dy = half_values(r * w, precision, generator);
     std::vector<float> want_y(r * w), want_dx(r * 2 * w);
     ref::swiglu_forward(x.data(), r, w, want_y.data());
     ref::swiglu_backward(dy.data(), x.data(), r, w, want_dx.data());
-    cu::Bf16* d_x = device.bf16(x);
-    cu::Bf16* d_y = device.bf16_poisoned(r * w);
-    cu::Bf16* d_dx = device.bf16_poisoned(r * 2 * w);
-    cu::swiglu_forward(d_x, rows, width, d_y, stream);
-    cu::swiglu_backward(device.bf16(dy), d_x, rows, width, d_dx, stream);
-    CHECK(relative_error(cu::download_bf16(d_y, r * w, stream), want_y) < 1e-2);
-    CHECK(relative_error(cu::download_bf16(d_dx, r * 2 * w, stream), want_dx) < 1e-2);
+    cu::Half* d_x = device.half(x);
+    cu::Half* d_y = device.half_poisoned(r * w);
+    cu::Half* d_dx = device.half_poisoned(r * 2 * w);
+    cu::swiglu_forward(d_x, rows, width, d_y, precision, stream);
+    cu::swiglu_backward(device.half(dy), d_x, rows, width, d_dx, precision, stream);
+    CHECK(relative_error(device.download(d_y, r * w), want_y) < tolerance(precision));
+    CHECK(relative_error(device.download(d_dx, r * 2 * w), want_dx) < tolerance(precision));
   }
 }
 
-TEST_CASE("bf16 rotary embeddings in place, and their inverse", "[gpu][kernels]") {
+TEST_CASE("rotary embeddings in place, and their inverse", "[gpu][kernels]") {
+  const Precision precision = GENERATE(Precision::kBf16, Precision::kFp16);
+  INFO(megaplan::to_string(precision));
   std::mt19937 generator(127);
   const cu::Stream stream;
   // batch, seq, heads, head_dim, token_stride, rotary_dim: the last is a fused QKV row whose first
@@ -375,14 +411,15 @@ TEST_CASE("bf16 rotary embeddings in place, and their inverse", "[gpu][kernels]"
     INFO("batch " << batch << ", seq " << seq << ", heads " << heads << ", head_dim " << head_dim << ", stride "
                   << token_stride << ", rotary_dim " << rotary_dim);
     const auto n = static_cast<std::size_t>(batch * seq * token_stride);
-    Buffers device(stream);
-    const std::vector<float> x = bf16_values(n, generator);
+    Buffers device(stream, precision);
+    const std::vector<float> x = half_values(n, precision, generator);
     std::vector<float> want = x;
     ref::rope_apply(want.data(), batch, seq, heads, head_dim, token_stride, rotary_dim, 10000.0, false);
-    cu::Bf16* d_x = device.bf16(x);
-    cu::rope_apply(d_x, batch, seq, 1, heads, head_dim, token_stride, heads * head_dim, rotary_dim, 10000.0f, false, stream);
-    const std::vector<float> got = cu::download_bf16(d_x, n, stream);
-    CHECK(relative_error(got, want) < 1e-2);
+    cu::Half* d_x = device.half(x);
+    cu::rope_apply(d_x, batch, seq, 1, heads, head_dim, token_stride, heads * head_dim, rotary_dim, 10000.0f, false,
+                   precision, stream);
+    const std::vector<float> got = device.download(d_x, n);
+    CHECK(relative_error(got, want) < tolerance(precision));
     // Values outside the rotated heads and dims are untouched, bit for bit.
     bool untouched = true;
     for (std::size_t i = 0; i < n; ++i) {
@@ -391,7 +428,8 @@ TEST_CASE("bf16 rotary embeddings in place, and their inverse", "[gpu][kernels]"
       if (!rotated && got[i] != x[i]) untouched = false;
     }
     CHECK(untouched);
-    cu::rope_apply(d_x, batch, seq, 1, heads, head_dim, token_stride, heads * head_dim, rotary_dim, 10000.0f, true, stream);
-    CHECK(relative_error(cu::download_bf16(d_x, n, stream), x) < 1e-2);
+    cu::rope_apply(d_x, batch, seq, 1, heads, head_dim, token_stride, heads * head_dim, rotary_dim, 10000.0f, true,
+                   precision, stream);
+    CHECK(relative_error(device.download(d_x, n), x) < tolerance(precision));
   }
 }

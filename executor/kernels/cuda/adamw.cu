@@ -20,7 +20,7 @@ struct Descriptor {
   const float* gradient;
   float* exp_avg;
   float* exp_avg_sq;
-  __nv_bfloat16* compute;
+  uint16_t* compute;
   int64_t n;
   int64_t first_chunk;  // the block index of this tensor's first chunk
   float weight_decay;
@@ -41,23 +41,25 @@ __device__ __forceinline__ void update(float& w, float g, float& m, float& v, fl
   w = w - k.lr * step;
 }
 
+template <Precision P>
 __device__ __forceinline__ void update_one(const Descriptor& d, int64_t i, const StepConstants& k) {
   float w = d.master[i], m = d.exp_avg[i], v = d.exp_avg_sq[i];
   update(w, d.gradient[i], m, v, d.weight_decay, k);
   d.master[i] = w;
   d.exp_avg[i] = m;
   d.exp_avg_sq[i] = v;
-  if (d.compute) d.compute[i] = __float2bfloat16_rn(w);
+  if (d.compute) store<P>(d.compute, i, w);
 }
 
 // One block per chunk, its tensor found by owner_of_chunk.
+template <Precision P>
 __global__ void __launch_bounds__(kThreads) adamw_kernel(const Descriptor* tensors, int count, StepConstants k) {
   const int64_t chunk = blockIdx.x;
   const Descriptor d = tensors[owner_of_chunk(tensors, count, chunk)];
   const int64_t start = (chunk - d.first_chunk) * kChunk;
   const int64_t end = min(start + kChunk, d.n);
   if (!d.vectorized) {
-    for (int64_t i = start + threadIdx.x; i < end; i += kThreads) update_one(d, i, k);
+    for (int64_t i = start + threadIdx.x; i < end; i += kThreads) update_one<P>(d, i, k);
     return;
   }
   // All loads first, then the arithmetic and stores: the stores could alias the later loads as
@@ -85,13 +87,10 @@ __global__ void __launch_bounds__(kThreads) adamw_kernel(const Descriptor* tenso
       *reinterpret_cast<float4*>(d.exp_avg + i) = m[u];
       *reinterpret_cast<float4*>(d.exp_avg_sq + i) = v[u];
       if (d.compute) {
-        const __nv_bfloat162 low_pair = __floats2bfloat162_rn(w[u].x, w[u].y);
-        const __nv_bfloat162 high_pair = __floats2bfloat162_rn(w[u].z, w[u].w);
-        *reinterpret_cast<uint2*>(d.compute + i) = make_uint2(*reinterpret_cast<const uint32_t*>(&low_pair),
-                                                              *reinterpret_cast<const uint32_t*>(&high_pair));
+        *reinterpret_cast<uint2*>(d.compute + i) = make_uint2(pack2<P>(w[u].x, w[u].y), pack2<P>(w[u].z, w[u].w));
       }
     } else {
-      for (int64_t j = i; j < end; ++j) update_one(d, j, k);  // the tensor's last n % 4 values
+      for (int64_t j = i; j < end; ++j) update_one<P>(d, j, k);  // the tensor's last n % 4 values
     }
   }
 }
@@ -100,7 +99,8 @@ bool aligned(const void* pointer, uintptr_t bytes) { return reinterpret_cast<uin
 
 }  // namespace
 
-MultiTensorAdamw::MultiTensorAdamw(const std::vector<AdamwTensor>& tensors, cudaStream_t stream) {
+MultiTensorAdamw::MultiTensorAdamw(const std::vector<AdamwTensor>& tensors, Precision precision, cudaStream_t stream)
+    : precision_(precision) {
   std::vector<Descriptor> descriptors;
   for (const AdamwTensor& t : tensors) {
     if (t.n < 0) throw SpecError("--device", "MultiTensorAdamw: a tensor has n = " + std::to_string(t.n));
@@ -113,7 +113,7 @@ MultiTensorAdamw::MultiTensorAdamw(const std::vector<AdamwTensor>& tensors, cuda
     d.gradient = t.gradient;
     d.exp_avg = t.exp_avg;
     d.exp_avg_sq = t.exp_avg_sq;
-    d.compute = reinterpret_cast<__nv_bfloat16*>(t.compute);
+    d.compute = t.compute;
     d.n = t.n;
     d.first_chunk = chunk_count_;
     d.weight_decay = t.weight_decay;
@@ -150,8 +150,10 @@ void MultiTensorAdamw::step(int64_t step, float lr, float beta1, float beta2, fl
   k.grad_scale = grad_scale;
   k.correction1 = static_cast<float>(1.0 - std::pow(static_cast<double>(beta1), static_cast<double>(step)));
   k.correction2 = static_cast<float>(1.0 - std::pow(static_cast<double>(beta2), static_cast<double>(step)));
-  adamw_kernel<<<static_cast<unsigned>(chunk_count_), kThreads, 0, stream>>>(
-      static_cast<const Descriptor*>(descriptors_), tensor_count_, k);
+  with_precision(precision_, [&](auto p) {
+    adamw_kernel<decltype(p)::value><<<static_cast<unsigned>(chunk_count_), kThreads, 0, stream>>>(
+        static_cast<const Descriptor*>(descriptors_), tensor_count_, k);
+  });
   check_launch("adamw_kernel");
 }
 

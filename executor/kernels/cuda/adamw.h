@@ -1,6 +1,7 @@
 // AdamW over every parameter tensor in one launch (multi-tensor): fp32 master weights and
-// moments, the gradient clipped by a scale first, and the model's bf16 weights refreshed in the
-// same pass. Same formulas and order of operations as executor/kernels/reference/adamw.h, in fp32.
+// moments, the gradient clipped by a scale first, and the model's 16-bit compute weights (bf16 or
+// fp16) refreshed in the same pass. Same formulas and order of operations as
+// executor/kernels/reference/adamw.h, in fp32.
 #pragma once
 
 #include <cuda_runtime_api.h>  // cudaStream_t
@@ -8,6 +9,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/implementation_options.h"
 #include "executor/kernels/cuda/bf16_linear.h"
 
 namespace megaplan::exec::cuda {
@@ -19,7 +21,7 @@ struct AdamwTensor {
   const float* gradient;
   float* exp_avg;
   float* exp_avg_sq;
-  Bf16* compute;
+  Half* compute;  // in the optimizer's precision
   int64_t n;
   float weight_decay;
 };
@@ -27,18 +29,21 @@ struct AdamwTensor {
 class MultiTensorAdamw {
  public:
   // Uploads the tensor descriptors once, on `stream` (a step on another stream must be ordered
-  // after it); the buffers must outlive this object.
-  MultiTensorAdamw(const std::vector<AdamwTensor>& tensors, cudaStream_t stream);
+  // after it); the buffers must outlive this object. Every compute copy is of `precision`, fixed
+  // with the buffers it describes.
+  MultiTensorAdamw(const std::vector<AdamwTensor>& tensors, Precision precision, cudaStream_t stream);
   ~MultiTensorAdamw();
   MultiTensorAdamw(const MultiTensorAdamw&) = delete;
   MultiTensorAdamw& operator=(const MultiTensorAdamw&) = delete;
 
   // g = gradient * grad_scale (gradient clipping: min(1, clip / norm)); then AdamW as the
   // reference (bias corrections for `step`, counted from 1; decoupled weight decay); then
-  // compute = bf16(master), rounded to nearest even. Asynchronous on `stream`.
+  // compute = master in the constructor's precision, rounded to nearest even. Asynchronous on
+  // `stream`.
   void step(int64_t step, float lr, float beta1, float beta2, float eps, float grad_scale, cudaStream_t stream);
 
  private:
+  Precision precision_;
   void* descriptors_ = nullptr;  // device array of per-tensor descriptors
   int tensor_count_ = 0;
   int64_t chunk_count_ = 0;  // blocks per step: each block updates one chunk of one tensor

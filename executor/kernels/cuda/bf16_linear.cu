@@ -3,7 +3,7 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
-#include <cstring>
+#include <algorithm>
 #include <string>
 #include <unordered_map>
 
@@ -24,7 +24,7 @@ void check(cublasStatus_t status, const char* what) {
   }
 }
 
-cudaDataType_t half_type(bool fp16) { return fp16 ? CUDA_R_16F : CUDA_R_16BF; }
+cudaDataType_t cuda_half_type(bool fp16) { return fp16 ? CUDA_R_16F : CUDA_R_16BF; }
 
 // One column-major GEMM D = op(A) op(B) (+ C = D when accumulating) with an epilogue.
 struct Gemm {
@@ -37,7 +37,7 @@ struct Gemm {
   cublasLtEpilogue_t epilogue;
   const void* bias; cudaDataType_t bias_type;
   void* aux; int64_t aux_ld;
-  cudaDataType_t half_type;  // the 16-bit operands' type: bf16, or fp16 for the profiler
+  cudaDataType_t half_type;  // the 16-bit operands' type: bf16 or fp16
 };
 
 // The heuristic's choice for each GEMM shape and epilogue: asking cuBLASLt costs tens of
@@ -107,7 +107,7 @@ void run(cublasLtHandle_t handle, void* workspace, AlgorithmCache& cache, Gemm g
           "layout B");
     check(cublasLtMatrixLayoutCreate(&d, g.d_type, g.rows, g.cols, g.ldd), "layout D");
     const GemmKey key{g.transa, g.transb, g.rows, g.cols, g.inner, g.lda, g.ldb, g.ldd, g.aux_ld, g.d_type,
-                      g.epilogue, g.bias_type, g.accumulate, g.bias != nullptr, g.aux != nullptr};
+                      g.epilogue, g.bias_type, g.half_type, g.accumulate, g.bias != nullptr, g.aux != nullptr};
     auto found_algorithm = cache.find(key);
     if (found_algorithm == cache.end()) {
       check(cublasLtMatmulPreferenceCreate(&preference), "preference");
@@ -135,7 +135,7 @@ void run(cublasLtHandle_t handle, void* workspace, AlgorithmCache& cache, Gemm g
 }
 
 // dX[m x k] = dY W: column-major dX^T (k x m) = W^T (the buffer as is) dY^T (the buffer as is).
-Gemm input_gradient(const Bf16* dy, const Bf16* w, int64_t m, int64_t k, int64_t n, Bf16* dx) {
+Gemm input_gradient(const Half* dy, const Half* w, int64_t m, int64_t k, int64_t n, Half* dx) {
   Gemm g{};
   g.transa = CUBLAS_OP_N;
   g.transb = CUBLAS_OP_N;
@@ -172,8 +172,8 @@ Bf16Linear::~Bf16Linear() {
   if (handle_) cublasLtDestroy(static_cast<cublasLtHandle_t>(handle_));
 }
 
-void Bf16Linear::forward(const Bf16* x, const Bf16* w, const Bf16* bias, int64_t m, int64_t k, int64_t n,
-                         LinearEpilogue epilogue, Bf16* y, Bf16* pre_activation, cudaStream_t stream) {
+void Bf16Linear::forward(const Half* x, const Half* w, const Half* bias, int64_t m, int64_t k, int64_t n,
+                         LinearEpilogue epilogue, Half* y, Half* pre_activation, cudaStream_t stream) {
   // Row-major Y = X W^T is column-major Y^T (n x m) = W (n x k, the buffer read transposed) X^T.
   Gemm g{};
   g.transa = CUBLAS_OP_T;
@@ -199,15 +199,15 @@ void Bf16Linear::forward(const Bf16* x, const Bf16* w, const Bf16* bias, int64_t
     g.aux = pre_activation;
     g.aux_ld = n;
   }
-  g.half_type = half_type(fp16_);
+  g.half_type = cuda_half_type(fp16_);
   run(static_cast<cublasLtHandle_t>(handle_), workspace_, algorithms_->cache, g, stream);
 }
 
-void Bf16Linear::backward(const Bf16* dy, const Bf16* x, const Bf16* w, int64_t m, int64_t k, int64_t n, Bf16* dx,
+void Bf16Linear::backward(const Half* dy, const Half* x, const Half* w, int64_t m, int64_t k, int64_t n, Half* dx,
                           float* dw, float* bias_gradient, cudaStream_t stream) {
   if (dx) {
     Gemm g = input_gradient(dy, w, m, k, n, dx);
-    g.half_type = half_type(fp16_);
+    g.half_type = cuda_half_type(fp16_);
     run(static_cast<cublasLtHandle_t>(handle_), workspace_, algorithms_->cache, g, stream);
   }
   if (!dw) return;
@@ -233,47 +233,40 @@ void Bf16Linear::backward(const Bf16* dy, const Bf16* x, const Bf16* w, int64_t 
     g.bias = bias_gradient;
     g.bias_type = CUDA_R_32F;
   }
-  g.half_type = half_type(fp16_);
+  g.half_type = cuda_half_type(fp16_);
   run(static_cast<cublasLtHandle_t>(handle_), workspace_, algorithms_->cache, g, stream);
 }
 
-void Bf16Linear::backward_data_through_gelu(const Bf16* dy, const Bf16* w, int64_t m, int64_t k, int64_t n,
-                                            const Bf16* pre_activation, Bf16* d_pre, cudaStream_t stream) {
+void Bf16Linear::backward_data_through_gelu(const Half* dy, const Half* w, int64_t m, int64_t k, int64_t n,
+                                            const Half* pre_activation, Half* d_pre, cudaStream_t stream) {
   // backward's dX GEMM with the DGELU epilogue, which multiplies by GELU' of the auxiliary
   // pre-activation: k x m column-major, the row-major [m x k] buffer.
   Gemm g = input_gradient(dy, w, m, k, n, d_pre);
   g.epilogue = CUBLASLT_EPILOGUE_DGELU;
-  g.aux = const_cast<Bf16*>(pre_activation);  // read only: DGELU reads the auxiliary buffer
+  g.aux = const_cast<Half*>(pre_activation);  // read only: DGELU reads the auxiliary buffer
   g.aux_ld = k;
-  g.half_type = half_type(fp16_);
+  g.half_type = cuda_half_type(fp16_);
   run(static_cast<cublasLtHandle_t>(handle_), workspace_, algorithms_->cache, g, stream);
 }
 
-Bf16 to_bf16(float value) {
-  uint32_t bits;
-  std::memcpy(&bits, &value, sizeof bits);
-  if ((bits & 0x7f800000u) == 0x7f800000u && (bits & 0x007fffffu) != 0) return static_cast<Bf16>((bits >> 16) | 0x40);
-  bits += 0x7fffu + ((bits >> 16) & 1u);  // round to nearest even
-  return static_cast<Bf16>(bits >> 16);
+DataType half_data_type(Precision precision) {
+  return precision == Precision::kFp16 ? DataType::kFloat16 : DataType::kBFloat16;
 }
 
-float from_bf16(Bf16 value) {
-  const uint32_t bits = static_cast<uint32_t>(value) << 16;
-  float result;
-  std::memcpy(&result, &bits, sizeof result);
-  return result;
-}
+Half to_half(float value, Precision precision) { return float_to_half(value, half_data_type(precision)); }
+
+float from_half(Half value, Precision precision) { return half_to_float(value, half_data_type(precision)); }
 
 // The uploads copy from pageable memory, which cudaMemcpyAsync stages before it returns: the host
 // vectors (`converted` a temporary) may go at once.
-Bf16* upload_bf16(const std::vector<float>& host, cudaStream_t stream) {
-  std::vector<Bf16> converted(host.size());
-  for (std::size_t i = 0; i < host.size(); ++i) converted[i] = to_bf16(host[i]);
+Half* upload_half(const std::vector<float>& host, Precision precision, cudaStream_t stream) {
+  std::vector<Half> converted(host.size());
+  for (std::size_t i = 0; i < host.size(); ++i) converted[i] = to_half(host[i], precision);
   void* device = nullptr;
-  check(cudaMalloc(&device, std::max<std::size_t>(1, converted.size()) * sizeof(Bf16)), "cudaMalloc");
-  check(cudaMemcpyAsync(device, converted.data(), converted.size() * sizeof(Bf16), cudaMemcpyHostToDevice, stream),
+  check(cudaMalloc(&device, std::max<std::size_t>(1, converted.size()) * sizeof(Half)), "cudaMalloc");
+  check(cudaMemcpyAsync(device, converted.data(), converted.size() * sizeof(Half), cudaMemcpyHostToDevice, stream),
         "cudaMemcpyAsync");
-  return static_cast<Bf16*>(device);
+  return static_cast<Half*>(device);
 }
 
 float* upload_floats(const std::vector<float>& host, cudaStream_t stream) {
@@ -284,12 +277,12 @@ float* upload_floats(const std::vector<float>& host, cudaStream_t stream) {
   return static_cast<float*>(device);
 }
 
-std::vector<float> download_bf16(const Bf16* device, std::size_t n, cudaStream_t stream) {
-  std::vector<Bf16> raw(n);
-  check(cudaMemcpyAsync(raw.data(), device, n * sizeof(Bf16), cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
+std::vector<float> download_half(const Half* device, std::size_t n, Precision precision, cudaStream_t stream) {
+  std::vector<Half> raw(n);
+  check(cudaMemcpyAsync(raw.data(), device, n * sizeof(Half), cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
   check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
   std::vector<float> values(n);
-  for (std::size_t i = 0; i < n; ++i) values[i] = from_bf16(raw[i]);
+  for (std::size_t i = 0; i < n; ++i) values[i] = from_half(raw[i], precision);
   return values;
 }
 

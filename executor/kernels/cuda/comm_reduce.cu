@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "executor/kernels/cuda/device_common.cuh"
 
@@ -24,34 +25,48 @@ struct Inputs {
   int count;
 };
 
-__device__ __forceinline__ float load_element(const float* p, int64_t i) { return p[i]; }
-__device__ __forceinline__ float load_element(const uint16_t* p, int64_t i) { return detail::load(p, i); }
-__device__ __forceinline__ void store_element(float* p, int64_t i, float v) { p[i] = v; }
-__device__ __forceinline__ void store_element(uint16_t* p, int64_t i, float v) { detail::store(p, i, v); }
+// The element type of `kType` in memory, and its reads and writes as fp32.
+template <DataType kType>
+using Element = std::conditional_t<kType == DataType::kFloat32, float, uint16_t>;
+template <DataType kType>
+constexpr Precision kHalfPrecision = kType == DataType::kFloat16 ? Precision::kFp16 : Precision::kBf16;
 
-template <typename T, bool kMax>
-__global__ void comm_reduce_kernel(const __grid_constant__ Inputs inputs, int64_t n, T* dst) {
+template <DataType kType>
+__device__ __forceinline__ float load_element(const Element<kType>* p, int64_t i) {
+  if constexpr (kType == DataType::kFloat32) return p[i];
+  else return detail::load<kHalfPrecision<kType>>(p, i);
+}
+template <DataType kType>
+__device__ __forceinline__ void store_element(Element<kType>* p, int64_t i, float v) {
+  if constexpr (kType == DataType::kFloat32) p[i] = v;
+  else detail::store<kHalfPrecision<kType>>(p, i, v);
+}
+
+template <DataType kType, bool kMax>
+__global__ void comm_reduce_kernel(const __grid_constant__ Inputs inputs, int64_t n, Element<kType>* dst) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
-  float accumulator = load_element(static_cast<const T*>(inputs.data[0]), i);
+  using T = Element<kType>;
+  float accumulator = load_element<kType>(static_cast<const T*>(inputs.data[0]), i);
   for (int r = 1; r < inputs.count; ++r) {
-    const float incoming = load_element(static_cast<const T*>(inputs.data[r]), i);
+    const float incoming = load_element<kType>(static_cast<const T*>(inputs.data[r]), i);
     if constexpr (kMax) {
       if (isnan(incoming) || incoming > accumulator) accumulator = incoming;
     } else {
       accumulator = __fadd_rn(accumulator, incoming);  // IEEE round to nearest, as the host's +
     }
   }
-  store_element(dst, i, accumulator);
+  store_element<kType>(dst, i, accumulator);
 }
 
-template <typename T>
+template <DataType kType>
 void launch(void* dst, const Inputs& inputs, int64_t n, ReduceOp op, cudaStream_t stream) {
   const unsigned blocks = blocks_for(n, kThreads);
+  auto* out = static_cast<Element<kType>*>(dst);
   if (op == ReduceOp::kSum) {
-    comm_reduce_kernel<T, false><<<blocks, kThreads, 0, stream>>>(inputs, n, static_cast<T*>(dst));
+    comm_reduce_kernel<kType, false><<<blocks, kThreads, 0, stream>>>(inputs, n, out);
   } else {
-    comm_reduce_kernel<T, true><<<blocks, kThreads, 0, stream>>>(inputs, n, static_cast<T*>(dst));
+    comm_reduce_kernel<kType, true><<<blocks, kThreads, 0, stream>>>(inputs, n, out);
   }
   check_launch("comm_reduce");
 }
@@ -69,11 +84,12 @@ void comm_reduce(void* dst, const std::vector<const void*>& inputs, std::size_t 
   for (std::size_t r = 0; r < inputs.size(); ++r) packed.data[r] = inputs[r];
   packed.count = static_cast<int>(inputs.size());
   const auto n = static_cast<int64_t>(count);
-  if (type == DataType::kFloat32) {
-    launch<float>(dst, packed, n, op, stream);
-  } else {
-    launch<uint16_t>(dst, packed, n, op, stream);
+  switch (type) {
+    case DataType::kFloat32: return launch<DataType::kFloat32>(dst, packed, n, op, stream);
+    case DataType::kBFloat16: return launch<DataType::kBFloat16>(dst, packed, n, op, stream);
+    case DataType::kFloat16: return launch<DataType::kFloat16>(dst, packed, n, op, stream);
   }
+  throw std::invalid_argument("comm_reduce: unknown DataType " + std::to_string(static_cast<int>(type)));
 }
 
 }  // namespace megaplan::exec::cuda

@@ -17,7 +17,8 @@ namespace megaplan::exec::cuda {
 constexpr std::size_t kMaxCommReduceInputs = 128;
 
 // dst[i] = ((inputs[0][i] op inputs[1][i]) op inputs[2][i]) ... for i < count, elements of `type`
-// (fp32, or bf16 as its 16 bits: widened exactly, accumulated in fp32, rounded to nearest even once).
+// (fp32, or bf16 or fp16 as its 16 bits: widened exactly, accumulated in fp32, rounded to nearest
+// even once).
 // kMax keeps a NaN once met and, of equal values, the earlier input's. Device pointers; dst may be
 // one of the inputs exactly (in place), no other overlap. Asynchronous on `stream`: the caller
 // orders it after the members' writes of the inputs and their later work after it.

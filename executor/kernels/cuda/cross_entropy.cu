@@ -27,47 +27,35 @@ __device__ __forceinline__ Partial combine(Partial a, Partial b) {
   return {top, a.sum * exp2f(a.max - top) + b.sum * exp2f(b.max - top)};
 }
 
-// kWidth bf16 values of one row from column `first`: one 16-byte load when kWidth is 8.
-template <int kWidth>
-__device__ __forceinline__ void load_values(const Bf16* row, int64_t first, float (&out)[kWidth]) {
+// kWidth 16-bit values of one row from column `first`: one 16-byte access when kWidth is 8.
+template <Precision P, int kWidth>
+__device__ __forceinline__ void load_values(const Half* row, int64_t first, float (&out)[kWidth]) {
   if constexpr (kWidth == 8) {
-    const uint4 bits = *reinterpret_cast<const uint4*>(row + first);
-    const uint32_t words[4] = {bits.x, bits.y, bits.z, bits.w};
-#pragma unroll
-    for (int w = 0; w < 4; ++w) {
-      out[2 * w] = __uint_as_float(words[w] << 16);
-      out[2 * w + 1] = __uint_as_float(words[w] & 0xffff0000u);
-    }
+    unpack8<P>(*reinterpret_cast<const uint4*>(row + first), out);
   } else {
-    out[0] = load(row, first);
+    out[0] = load<P>(row, first);
   }
 }
 
-template <int kWidth>
-__device__ __forceinline__ void store_values(Bf16* row, int64_t first, const float (&values)[kWidth]) {
+template <Precision P, int kWidth>
+__device__ __forceinline__ void store_values(Half* row, int64_t first, const float (&values)[kWidth]) {
   if constexpr (kWidth == 8) {
-    uint32_t words[4];
-#pragma unroll
-    for (int w = 0; w < 4; ++w) {
-      const __nv_bfloat162 pair = __floats2bfloat162_rn(values[2 * w], values[2 * w + 1]);
-      words[w] = *reinterpret_cast<const uint32_t*>(&pair);
-    }
-    *reinterpret_cast<uint4*>(row + first) = make_uint4(words[0], words[1], words[2], words[3]);
+    *reinterpret_cast<uint4*>(row + first) = pack8<P>(values);
   } else {
-    store(row, first, values[0]);
+    store<P>(row, first, values[0]);
   }
 }
 
 // One pass over the row: each thread keeps an online (max, sum) over its columns in base 2, one
 // rescale per kUnroll * kWidth values; the block combines the partials in a fixed order.
-template <int kWidth>
-__global__ void __launch_bounds__(kThreads) cross_entropy_statistics_kernel(const Bf16* logits, int64_t vocab,
+template <Precision P, int kWidth>
+__global__ void __launch_bounds__(kThreads) cross_entropy_statistics_kernel(const Half* logits, int64_t vocab,
                                                                             int64_t row_stride,
                                                                             const int32_t* targets, float* lse,
                                                                             float* target_logit, float* peak) {
   __shared__ Partial warp_partials[kThreads / 32];
   const int64_t row = blockIdx.x;
-  const Bf16* in = logits + row * row_stride;
+  const Half* in = logits + row * row_stride;
   const int64_t groups = (vocab + kWidth - 1) / kWidth;  // the last may hold padded columns
   Partial mine{-INFINITY, 0.0f};
   for (int64_t base = threadIdx.x; base < groups; base += kThreads * kUnroll) {
@@ -76,7 +64,7 @@ __global__ void __launch_bounds__(kThreads) cross_entropy_statistics_kernel(cons
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t group = base + u * kThreads;
       if (group < groups) {
-        load_values<kWidth>(in, group * kWidth, y[u]);
+        load_values<P, kWidth>(in, group * kWidth, y[u]);
       } else {
 #pragma unroll
         for (int i = 0; i < kWidth; ++i) y[u][i] = -INFINITY;
@@ -114,7 +102,7 @@ __global__ void __launch_bounds__(kThreads) cross_entropy_statistics_kernel(cons
     lse[row] = (total.max + log2f(total.sum)) * kLn2;
     if (peak) peak[row] = lse[row];
     const int32_t target = targets[row];
-    target_logit[row] = target >= 0 ? load(in, target) : 0.0f;  // -1: another shard's column
+    target_logit[row] = target >= 0 ? load<P>(in, target) : 0.0f;  // -1: another shard's column
   }
 }
 
@@ -156,20 +144,20 @@ __global__ void __launch_bounds__(kFinishThreads) cross_entropy_finish_kernel(co
 
 // Element-wise given the row's lse: in place is safe, each value is read by the thread that then
 // overwrites it (so no __restrict__ on logits and dlogits).
-template <int kWidth>
-__global__ void __launch_bounds__(kThreads) cross_entropy_backward_kernel(const Bf16* logits, int64_t vocab,
+template <Precision P, int kWidth>
+__global__ void __launch_bounds__(kThreads) cross_entropy_backward_kernel(const Half* logits, int64_t vocab,
                                                                           int64_t row_stride, const int32_t* targets,
                                                                           const float* mask, const float* lse,
-                                                                          float scale, Bf16* dlogits) {
+                                                                          float scale, Half* dlogits) {
   const int64_t row = blockIdx.x;
-  const Bf16* in = logits + row * row_stride;
-  Bf16* out = dlogits + row * row_stride;
+  const Half* in = logits + row * row_stride;
+  Half* out = dlogits + row * row_stride;
   const int64_t groups = row_stride / kWidth;  // row_stride % kWidth == 0: padded columns too
   const float weight = scale * mask[row];
   if (weight == 0.0f) {
     const float zeros[kWidth] = {};
     for (int64_t group = threadIdx.x; group < groups; group += kThreads) {
-      store_values<kWidth>(out, group * kWidth, zeros);
+      store_values<P, kWidth>(out, group * kWidth, zeros);
     }
     return;
   }
@@ -181,7 +169,7 @@ __global__ void __launch_bounds__(kThreads) cross_entropy_backward_kernel(const 
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t group = base + u * kThreads;
       if (group < groups && group * kWidth < vocab) {
-        load_values<kWidth>(in, group * kWidth, x[u]);
+        load_values<P, kWidth>(in, group * kWidth, x[u]);
       } else {  // only padded columns (or past the row): never read, written as 0 below
 #pragma unroll
         for (int i = 0; i < kWidth; ++i) x[u][i] = 0.0f;
@@ -199,7 +187,7 @@ __global__ void __launch_bounds__(kThreads) cross_entropy_backward_kernel(const 
         const float probability = exp2f(fmaf(x[u][i], kLog2e, -offset));
         gradient[i] = column < vocab ? weight * (probability - (column == target ? 1.0f : 0.0f)) : 0.0f;
       }
-      store_values<kWidth>(out, first, gradient);
+      store_values<P, kWidth>(out, first, gradient);
     }
   }
 }
@@ -220,35 +208,33 @@ bool rows_aligned(const void* pointer, int64_t row_stride) {
 
 }  // namespace
 
-void cross_entropy_statistics(const Bf16* logits, int64_t tokens, int64_t vocab, int64_t row_stride,
+void cross_entropy_statistics(const Half* logits, int64_t tokens, int64_t vocab, int64_t row_stride,
                               const int32_t* targets, float* lse, float* target_logit, float* peak,
-                              cudaStream_t stream) {
+                              Precision precision, cudaStream_t stream) {
   check_shape("cross_entropy_statistics", tokens, vocab, row_stride);
   if (tokens == 0) return;
   const unsigned blocks = static_cast<unsigned>(tokens);
-  if (rows_aligned(logits, row_stride)) {
-    cross_entropy_statistics_kernel<8>
-        <<<blocks, kThreads, 0, stream>>>(logits, vocab, row_stride, targets, lse, target_logit, peak);
-  } else {
-    cross_entropy_statistics_kernel<1>
-        <<<blocks, kThreads, 0, stream>>>(logits, vocab, row_stride, targets, lse, target_logit, peak);
-  }
+  const bool aligned = rows_aligned(logits, row_stride);
+  with_precision(precision, [&](auto p) {
+    constexpr Precision P = decltype(p)::value;
+    const auto kernel = aligned ? cross_entropy_statistics_kernel<P, 8> : cross_entropy_statistics_kernel<P, 1>;
+    kernel<<<blocks, kThreads, 0, stream>>>(logits, vocab, row_stride, targets, lse, target_logit, peak);
+  });
   check_launch("cross_entropy_statistics_kernel");
 }
 
-void cross_entropy_backward(const Bf16* logits, int64_t tokens, int64_t vocab, int64_t row_stride,
+void cross_entropy_backward(const Half* logits, int64_t tokens, int64_t vocab, int64_t row_stride,
                             const int32_t* targets, const float* mask, const float* lse, float scale,
-                            Bf16* dlogits, cudaStream_t stream) {
+                            Half* dlogits, Precision precision, cudaStream_t stream) {
   check_shape("cross_entropy_backward", tokens, vocab, row_stride);
   if (tokens == 0) return;
   const unsigned blocks = static_cast<unsigned>(tokens);
-  if (rows_aligned(logits, row_stride) && rows_aligned(dlogits, row_stride)) {
-    cross_entropy_backward_kernel<8>
-        <<<blocks, kThreads, 0, stream>>>(logits, vocab, row_stride, targets, mask, lse, scale, dlogits);
-  } else {
-    cross_entropy_backward_kernel<1>
-        <<<blocks, kThreads, 0, stream>>>(logits, vocab, row_stride, targets, mask, lse, scale, dlogits);
-  }
+  const bool aligned = rows_aligned(logits, row_stride) && rows_aligned(dlogits, row_stride);
+  with_precision(precision, [&](auto p) {
+    constexpr Precision P = decltype(p)::value;
+    const auto kernel = aligned ? cross_entropy_backward_kernel<P, 8> : cross_entropy_backward_kernel<P, 1>;
+    kernel<<<blocks, kThreads, 0, stream>>>(logits, vocab, row_stride, targets, mask, lse, scale, dlogits);
+  });
   check_launch("cross_entropy_backward_kernel");
 }
 

@@ -1,5 +1,6 @@
-// Embedding kernels: one thread per token (or table row) and 8 consecutive columns, one 16-byte
-// access per 8 bf16 when the rows are 16-byte aligned, scalar accesses otherwise.
+// Embedding kernels, each instantiated for bf16 and fp16 (P): one thread per token (or table row)
+// and 8 consecutive columns, one 16-byte access per 8 16-bit values when the rows are 16-byte
+// aligned, scalar accesses otherwise.
 #include "executor/kernels/cuda/embedding.h"
 
 #include <algorithm>
@@ -19,7 +20,7 @@ constexpr int kThreads = 256;
 // slices are added in order. Frequent tokens (a space, a newline) are split 8 ways that way.
 constexpr int kColumnVectors = 32, kPositionSlices = 8;
 
-// --- 8-value vectors: fp32 overloads here, the bf16 ones in device_common.cuh.
+// --- 8-value vectors: the fp32 accumulation here, the 16-bit loads and stores in device_common.cuh.
 using detail::load8;
 using detail::store8;
 
@@ -43,27 +44,27 @@ __device__ __forceinline__ void accumulate8(float* p, int64_t start, int64_t end
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-template <bool kAligned>
-__global__ void embedding_forward_kernel(const int32_t* tokens, int64_t count, int64_t seq, const Bf16* word,
-                                         const Bf16* position, int64_t hidden, int64_t vectors_per_row, Bf16* y) {
+template <Precision P, bool kAligned>
+__global__ void embedding_forward_kernel(const int32_t* tokens, int64_t count, int64_t seq, const Half* word,
+                                         const Half* position, int64_t hidden, int64_t vectors_per_row, Half* y) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= count * vectors_per_row) return;
   const int64_t t = i / vectors_per_row, start = (i % vectors_per_row) * 8;
   const int32_t token = tokens[t];
   float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};  // -1: another shard's token, no word row
-  if (token >= 0) load8<kAligned>(word + static_cast<int64_t>(token) * hidden, start, hidden, v);
+  if (token >= 0) load8<P, kAligned>(word + static_cast<int64_t>(token) * hidden, start, hidden, v);
   if (position) {
     float p[8];
-    load8<kAligned>(position + (t % seq) * hidden, start, hidden, p);
+    load8<P, kAligned>(position + (t % seq) * hidden, start, hidden, p);
 #pragma unroll
     for (int e = 0; e < 8; ++e) v[e] += p[e];
   }
-  store8<kAligned>(y + t * hidden, start, hidden, v);
+  store8<P, kAligned>(y + t * hidden, start, hidden, v);
 }
 
 // Grid (used rows, column blocks); block (kColumnVectors, kPositionSlices).
-template <bool kAligned>
-__global__ void word_gradient_kernel(const Bf16* dy, const int32_t* row_ids, const int32_t* row_starts,
+template <Precision P, bool kAligned>
+__global__ void word_gradient_kernel(const Half* dy, const int32_t* row_ids, const int32_t* row_starts,
                                      const int32_t* positions, int64_t hidden, float* dword) {
   __shared__ float slices[kPositionSlices][kColumnVectors * 8 + 1];
   const int64_t r = blockIdx.x;
@@ -72,7 +73,7 @@ __global__ void word_gradient_kernel(const Bf16* dy, const int32_t* row_ids, con
   if (start < hidden) {
     for (int32_t p = row_starts[r] + static_cast<int32_t>(threadIdx.y); p < row_starts[r + 1]; p += kPositionSlices) {
       float v[8];
-      load8<kAligned>(dy + static_cast<int64_t>(positions[p]) * hidden, start, hidden, v);
+      load8<P, kAligned>(dy + static_cast<int64_t>(positions[p]) * hidden, start, hidden, v);
 #pragma unroll
       for (int e = 0; e < 8; ++e) sum[e] += v[e];
     }
@@ -90,8 +91,8 @@ __global__ void word_gradient_kernel(const Bf16* dy, const int32_t* row_ids, con
   accumulate8<kAligned>(dword + static_cast<int64_t>(row_ids[r]) * hidden, start, hidden, sum);
 }
 
-template <bool kAligned>
-__global__ void position_gradient_kernel(const Bf16* dy, int64_t batch, int64_t seq, int64_t hidden,
+template <Precision P, bool kAligned>
+__global__ void position_gradient_kernel(const Half* dy, int64_t batch, int64_t seq, int64_t hidden,
                                          int64_t vectors_per_row, float* dposition) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= seq * vectors_per_row) return;
@@ -99,7 +100,7 @@ __global__ void position_gradient_kernel(const Bf16* dy, int64_t batch, int64_t 
   float sum[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   for (int64_t b = 0; b < batch; ++b) {
     float v[8];
-    load8<kAligned>(dy + (b * seq + t) * hidden, start, hidden, v);
+    load8<P, kAligned>(dy + (b * seq + t) * hidden, start, hidden, v);
 #pragma unroll
     for (int e = 0; e < 8; ++e) sum[e] += v[e];
   }
@@ -116,19 +117,18 @@ void check_shape(int64_t count, int64_t seq, int64_t hidden, const char* what) {
 
 }  // namespace
 
-void embedding_forward(const int32_t* tokens, int64_t count, int64_t seq, const Bf16* word, const Bf16* position,
-                       int64_t hidden, Bf16* y, cudaStream_t stream) {
+void embedding_forward(const int32_t* tokens, int64_t count, int64_t seq, const Half* word, const Half* position,
+                       int64_t hidden, Half* y, Precision precision, cudaStream_t stream) {
   if (count == 0) return;
   if (seq <= 0 || hidden <= 0) check_shape(count, seq, hidden, "embedding_forward");
   const int64_t vectors_per_row = (hidden + 7) / 8;
   const unsigned grid = blocks_for(count * vectors_per_row, kThreads);
-  if (hidden % 8 == 0 && aligned16(word) && aligned16(position) && aligned16(y)) {
-    embedding_forward_kernel<true><<<grid, kThreads, 0, stream>>>(tokens, count, seq, word, position, hidden,
-                                                                  vectors_per_row, y);
-  } else {
-    embedding_forward_kernel<false><<<grid, kThreads, 0, stream>>>(tokens, count, seq, word, position, hidden,
-                                                                   vectors_per_row, y);
-  }
+  const bool aligned = hidden % 8 == 0 && aligned16(word) && aligned16(position) && aligned16(y);
+  with_precision(precision, [&](auto p) {
+    constexpr Precision P = decltype(p)::value;
+    const auto kernel = aligned ? embedding_forward_kernel<P, true> : embedding_forward_kernel<P, false>;
+    kernel<<<grid, kThreads, 0, stream>>>(tokens, count, seq, word, position, hidden, vectors_per_row, y);
+  });
   check_launch("embedding_forward");
 }
 
@@ -153,35 +153,30 @@ TokenRows build_token_rows(const int32_t* host_tokens, int64_t count) {
   return rows;
 }
 
-void embedding_backward(const Bf16* dy, const int32_t* row_ids, const int32_t* row_starts, const int32_t* positions,
+void embedding_backward(const Half* dy, const int32_t* row_ids, const int32_t* row_starts, const int32_t* positions,
                         int64_t used_rows, int64_t count, int64_t seq, int64_t hidden, float* dword,
-                        float* dposition, cudaStream_t stream) {
+                        float* dposition, Precision precision, cudaStream_t stream) {
   check_shape(count, seq, hidden, "embedding_backward");
   if (count == 0) return;
   const bool aligned = hidden % 8 == 0 && aligned16(dy) && aligned16(dword) && aligned16(dposition);
-  if (used_rows > 0) {
-    const dim3 grid(static_cast<unsigned>(used_rows),
-                    static_cast<unsigned>((hidden + kColumnVectors * 8 - 1) / (kColumnVectors * 8)));
-    const dim3 block(kColumnVectors, kPositionSlices);
-    if (aligned) {
-      word_gradient_kernel<true><<<grid, block, 0, stream>>>(dy, row_ids, row_starts, positions, hidden, dword);
-    } else {
-      word_gradient_kernel<false><<<grid, block, 0, stream>>>(dy, row_ids, row_starts, positions, hidden, dword);
+  with_precision(precision, [&](auto p) {
+    constexpr Precision P = decltype(p)::value;
+    if (used_rows > 0) {
+      const dim3 grid(static_cast<unsigned>(used_rows),
+                      static_cast<unsigned>((hidden + kColumnVectors * 8 - 1) / (kColumnVectors * 8)));
+      const dim3 block(kColumnVectors, kPositionSlices);
+      const auto kernel = aligned ? word_gradient_kernel<P, true> : word_gradient_kernel<P, false>;
+      kernel<<<grid, block, 0, stream>>>(dy, row_ids, row_starts, positions, hidden, dword);
+      check_launch("embedding word gradient");
     }
-    check_launch("embedding word gradient");
-  }
-  if (dposition) {
-    const int64_t vectors_per_row = (hidden + 7) / 8;
-    const unsigned grid = blocks_for(seq * vectors_per_row, kThreads);
-    if (aligned) {
-      position_gradient_kernel<true><<<grid, kThreads, 0, stream>>>(dy, count / seq, seq, hidden, vectors_per_row,
-                                                                    dposition);
-    } else {
-      position_gradient_kernel<false><<<grid, kThreads, 0, stream>>>(dy, count / seq, seq, hidden, vectors_per_row,
-                                                                     dposition);
+    if (dposition) {
+      const int64_t vectors_per_row = (hidden + 7) / 8;
+      const unsigned grid = blocks_for(seq * vectors_per_row, kThreads);
+      const auto kernel = aligned ? position_gradient_kernel<P, true> : position_gradient_kernel<P, false>;
+      kernel<<<grid, kThreads, 0, stream>>>(dy, count / seq, seq, hidden, vectors_per_row, dposition);
+      check_launch("embedding position gradient");
     }
-    check_launch("embedding position gradient");
-  }
+  });
 }
 
 }  // namespace megaplan::exec::cuda

@@ -1,3 +1,6 @@
+// Each kernel is instantiated for head dimensions 64 and 128 and for bf16 and fp16 inputs (P):
+// fp16 runs the .f16 wgmma instructions where bf16 runs the .bf16 ones, and rounds P and dS to
+// fp16 in registers; the math around them is the same fp32.
 #include "executor/kernels/cuda/flash_attention.h"
 
 #include "executor/kernels/cuda/device_common.cuh"
@@ -35,11 +38,6 @@ struct Layout {
   __device__ int64_t kv_head(int64_t g) const { return g * head_stride; }
 };
 
-__device__ __forceinline__ uint32_t pack(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
-}
-
 __device__ __forceinline__ uint32_t shared_address(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
@@ -63,19 +61,21 @@ __device__ __forceinline__ void copies_landed() {
 }
 
 // 2^x flushing subnormal results to zero: one MUFU.EX2, where exp2f adds a range check and two
-// fix-ups for results below 2^-126 that are zero in bf16 anyway.
+// fix-ups for results below 2^-126, which are nothing beside a softmax row's sum (at least 1).
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
 }
 
-// Accumulator tiles 2c and 2c + 1 (16 rows x 16 columns) as an A fragment with k = those columns.
+// Accumulator tiles 2c and 2c + 1 (16 rows x 16 columns) as an A fragment with k = those columns,
+// rounded to P.
+template <Precision P>
 __device__ __forceinline__ void to_a(uint32_t (&a)[4], const float (&lo)[4], const float (&hi)[4]) {
-  a[0] = pack(lo[0], lo[1]);
-  a[1] = pack(lo[2], lo[3]);
-  a[2] = pack(hi[0], hi[1]);
-  a[3] = pack(hi[2], hi[3]);
+  a[0] = pack2<P>(lo[0], lo[1]);
+  a[1] = pack2<P>(lo[2], lo[3]);
+  a[2] = pack2<P>(hi[0], hi[1]);
+  a[3] = pack2<P>(hi[2], hi[3]);
 }
 
 // A wgmma accumulator of 64 x N viewed as this thread's N / 8 mma.sync-shaped tiles: tile i holds
@@ -90,13 +90,13 @@ __device__ __forceinline__ float (&flat(float (&tiles)[Tiles][4]))[Tiles * 4] {
 // steps down the rows by a multiple of 8, so its swizzle, and all but one add per copy, is
 // worked out once: the address arithmetic otherwise outweighs the softmax.
 template <int D>
-__device__ __forceinline__ void load_tile(unsigned char* tile, const Bf16* base, int64_t token_stride, int row0,
+__device__ __forceinline__ void load_tile(unsigned char* tile, const Half* base, int64_t token_stride, int row0,
                                           int seq) {
   constexpr int kPieces = D / 8, kRowStep = kThreads / kPieces;
   static_assert(kRowStep % 8 == 0 && kBlock % kRowStep == 0, "rows must keep their swizzle phase");
   const int piece = threadIdx.x % kPieces, r0 = threadIdx.x / kPieces;
   unsigned char* dst = tile + swizzled_offset<kBlock>(r0, piece);
-  const Bf16* src = base + (row0 + r0) * token_stride + piece * 8;
+  const Half* src = base + (row0 + r0) * token_stride + piece * 8;
   const int64_t src_step = kRowStep * token_stride;
 #pragma unroll
   for (int pass = 0; pass < kBlock / kRowStep; ++pass) {
@@ -167,9 +167,9 @@ struct OnlineSoftmax {
 // tensor cores run O += P V for block kb, the warps already compute the softmax of block kb + 1,
 // whose S = Q K^T they issued first. K and V have two stages each; block kb's barrier frees K of
 // kb (its S is done) and V of kb - 1 (its PV is done), which take K of kb + 2 and V of kb + 1.
-template <int D>
-__global__ void __launch_bounds__(kThreads, 2) forward_kernel(Layout layout, const Bf16* q, const Bf16* k, const Bf16* v,
-                                                              Bf16* out, float* lse, float scale_log2) {
+template <Precision P, int D>
+__global__ void __launch_bounds__(kThreads, 2) forward_kernel(Layout layout, const Half* q, const Half* k, const Half* v,
+                                                              Half* out, float* lse, float scale_log2) {
   extern __shared__ unsigned char shared_raw[];
   constexpr int kTile = kTileBytes<D>;
   unsigned char* qs = aligned_shared(shared_raw);
@@ -180,9 +180,9 @@ __global__ void __launch_bounds__(kThreads, 2) forward_kernel(Layout layout, con
   const int qb = query_blocks - 1 - blockIdx.x;  // longest rows first
   const int64_t bh = blockIdx.y, b = bh / layout.heads, h = bh % layout.heads;
   const int seq = static_cast<int>(layout.seq);
-  const Bf16* q_base = q + b * seq * layout.token_stride + layout.query_head(h, D);
-  const Bf16* k_base = k + b * seq * layout.token_stride + layout.kv_head(h / layout.group);
-  const Bf16* v_base = v + b * seq * layout.token_stride + layout.kv_head(h / layout.group);
+  const Half* q_base = q + b * seq * layout.token_stride + layout.query_head(h, D);
+  const Half* k_base = k + b * seq * layout.token_stride + layout.kv_head(h / layout.group);
+  const Half* v_base = v + b * seq * layout.token_stride + layout.kv_head(h / layout.group);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int query0 = qb * kBlock + warp * 16 + g;  // this thread's rows: query0, query0 + 8
   const int key_blocks = qb + 1;
@@ -193,7 +193,7 @@ __global__ void __launch_bounds__(kThreads, 2) forward_kernel(Layout layout, con
   const auto issue_s = [&](float (&s)[kBlock / 8][4], int kb) {
     const uint32_t k_tile = k_tiles + (kb % 2) * kTile;
     for (int step = 0; step < D / 16; ++step) {
-      wgmma<0>(flat(s), k_major<kBlock>(q_tile, 0, step), k_major<kBlock>(k_tile, 0, step), step > 0);  // S = Q K^T
+      wgmma<P, 0>(flat(s), k_major<kBlock>(q_tile, 0, step), k_major<kBlock>(k_tile, 0, step), step > 0);  // S = Q K^T
     }
     wgmma_commit();
   };
@@ -217,7 +217,7 @@ __global__ void __launch_bounds__(kThreads, 2) forward_kernel(Layout layout, con
   wgmma_wait<0>();
   wgmma_pin(flat(s));
   softmax.step(s, p, alpha, scale_log2, 0, query0, seq, edge(0));
-  for (int kc = 0; kc < kBlock / 16; ++kc) to_a(pa[kc], p[2 * kc], p[2 * kc + 1]);
+  for (int kc = 0; kc < kBlock / 16; ++kc) to_a<P>(pa[kc], p[2 * kc], p[2 * kc + 1]);
 
   for (int kb = 0; kb < key_blocks; ++kb) {
     copies_landed();
@@ -231,7 +231,7 @@ __global__ void __launch_bounds__(kThreads, 2) forward_kernel(Layout layout, con
     // added warpgroup synchronisation around it.
     issue_s(s, kb + 1);
     for (int kc = 0; kc < kBlock / 16; ++kc) {
-      wgmma<1>(flat(o), pa[kc], mn_major<kBlock>(v_tiles + (kb % 2) * kTile, kc * 16), true);  // O += P V
+      wgmma<P, 1>(flat(o), pa[kc], mn_major<kBlock>(v_tiles + (kb % 2) * kTile, kc * 16), true);  // O += P V
     }
     wgmma_commit();
     if (more) {
@@ -240,7 +240,7 @@ __global__ void __launch_bounds__(kThreads, 2) forward_kernel(Layout layout, con
       softmax.step(s, p, alpha, scale_log2, (kb + 1) * kBlock, query0, seq, edge(kb + 1));
       wgmma_wait<0>();  // PV of kb has read pa and written o
       wgmma_pin(flat(o));
-      for (int kc = 0; kc < kBlock / 16; ++kc) to_a(pa[kc], p[2 * kc], p[2 * kc + 1]);
+      for (int kc = 0; kc < kBlock / 16; ++kc) to_a<P>(pa[kc], p[2 * kc], p[2 * kc + 1]);
       // Most blocks leave every row's maximum where it was: skip the 64 multiplies then.
       if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
         for (int dt = 0; dt < D / 8; ++dt) {
@@ -265,23 +265,23 @@ __global__ void __launch_bounds__(kThreads, 2) forward_kernel(Layout layout, con
     const int query = query0 + 8 * r;
     if (query >= seq) continue;
     const float inverse = 1.0f / row_sum[r];
-    Bf16* row = out + ((b * seq + query) * layout.heads + h) * D;
+    Half* row = out + ((b * seq + query) * layout.heads + h) * D;
     for (int dt = 0; dt < D / 8; ++dt) {
-      *reinterpret_cast<uint32_t*>(row + dt * 8 + 2 * t) = pack(o[dt][2 * r] * inverse, o[dt][2 * r + 1] * inverse);
+      *reinterpret_cast<uint32_t*>(row + dt * 8 + 2 * t) = pack2<P>(o[dt][2 * r] * inverse, o[dt][2 * r + 1] * inverse);
     }
     if (t == 0) lse[(b * layout.heads + h) * seq + query] = (softmax.row_max[r] + log2f(row_sum[r])) / kLog2e;
   }
 }
 
 // delta[b, h, i] = sum_d dout * out over row i: the softmax backward's row term.
-template <int D>
-__global__ void delta_kernel(const Bf16* dout, const Bf16* out, int64_t rows, int64_t heads, int64_t seq,
+template <Precision P, int D>
+__global__ void delta_kernel(const Half* dout, const Half* out, int64_t rows, int64_t heads, int64_t seq,
                              float* delta) {
   const int64_t row = blockIdx.x * static_cast<int64_t>(kWarps) + threadIdx.x / 32;  // (b * seq + i) * heads + h
   if (row >= rows) return;
   const int lane = threadIdx.x % 32;
   float sum = 0;
-  for (int d = lane; d < D; d += 32) sum += load(dout, row * D + d) * load(out, row * D + d);
+  for (int d = lane; d < D; d += 32) sum += load<P>(dout, row * D + d) * load<P>(out, row * D + d);
   sum = warp_sum(sum);
   if (lane == 0) {
     const int64_t h = row % heads, token = row / heads, b = token / seq, i = token % seq;
@@ -292,10 +292,10 @@ __global__ void delta_kernel(const Bf16* dout, const Bf16* out, int64_t rows, in
 // dK and dV of one key block of one key-value head: over every query head of its group and every
 // query block at or after it (causal), kQueryChunk queries at a time; the next query block's Q, dO,
 // lse and delta are copied in while the current one is used.
-template <int D>
-__global__ void __launch_bounds__(kThreads) dkdv_kernel(Layout layout, const Bf16* dout, const Bf16* q, const Bf16* k,
-                                                        const Bf16* v, const float* lse, const float* delta,
-                                                        int64_t d_token_stride, Bf16* dk, Bf16* dv, float scale,
+template <Precision P, int D>
+__global__ void __launch_bounds__(kThreads) dkdv_kernel(Layout layout, const Half* dout, const Half* q, const Half* k,
+                                                        const Half* v, const float* lse, const float* delta,
+                                                        int64_t d_token_stride, Half* dk, Half* dv, float scale,
                                                         float scale_log2) {
   extern __shared__ unsigned char shared_raw[];
   constexpr int kTile = kTileBytes<D>;
@@ -347,8 +347,8 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(Layout layout, const Bf1
       float p[kTiles][4], dp[kTiles][4];
       wgmma_fence();
       for (int s = 0; s < D / 16; ++s) {
-        wgmma<0>(flat(p), k_major<kBlock>(k_tile, 0, s), k_major<kBlock>(q_tile, n0, s), s > 0);  // S^T = K Q^T
-        wgmma<0>(flat(dp), k_major<kBlock>(v_tile, 0, s), k_major<kBlock>(do_tile, n0, s), s > 0);  // dP^T = V dO^T
+        wgmma<P, 0>(flat(p), k_major<kBlock>(k_tile, 0, s), k_major<kBlock>(q_tile, n0, s), s > 0);  // S^T = K Q^T
+        wgmma<P, 0>(flat(dp), k_major<kBlock>(v_tile, 0, s), k_major<kBlock>(do_tile, n0, s), s > 0);  // dP^T = V dO^T
       }
       wgmma_commit();
       // This thread's columns' lse (in log2 units) and delta, read while the products run.
@@ -378,13 +378,13 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(Layout layout, const Bf1
       }
       uint32_t pa[kTiles / 2][4], dsa[kTiles / 2][4];
       for (int kc = 0; kc < kTiles / 2; ++kc) {
-        to_a(pa[kc], p[2 * kc], p[2 * kc + 1]);
-        to_a(dsa[kc], dp[2 * kc], dp[2 * kc + 1]);
+        to_a<P>(pa[kc], p[2 * kc], p[2 * kc + 1]);
+        to_a<P>(dsa[kc], dp[2 * kc], dp[2 * kc + 1]);
       }
       wgmma_fence();
       for (int kc = 0; kc < kTiles / 2; ++kc) {
-        wgmma<1>(flat(dv_acc), pa[kc], mn_major<kBlock>(do_tile, n0 + kc * 16), true);  // dV += P^T dO
-        wgmma<1>(flat(dk_acc), dsa[kc], mn_major<kBlock>(q_tile, n0 + kc * 16), true);  // dK += dS^T Q
+        wgmma<P, 1>(flat(dv_acc), pa[kc], mn_major<kBlock>(do_tile, n0 + kc * 16), true);  // dV += P^T dO
+        wgmma<P, 1>(flat(dk_acc), dsa[kc], mn_major<kBlock>(q_tile, n0 + kc * 16), true);  // dK += dS^T Q
       }
       wgmma_commit();
       wgmma_wait<0>();  // the products read pa and dsa from registers
@@ -395,22 +395,22 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(Layout layout, const Bf1
   for (int r = 0; r < 2; ++r) {
     const int key = key0 + 8 * r;
     if (key >= seq) continue;
-    Bf16* dk_row = dk + (token0 + key) * d_token_stride + layout.kv_head(kvh);
-    Bf16* dv_row = dv + (token0 + key) * d_token_stride + layout.kv_head(kvh);
+    Half* dk_row = dk + (token0 + key) * d_token_stride + layout.kv_head(kvh);
+    Half* dv_row = dv + (token0 + key) * d_token_stride + layout.kv_head(kvh);
     for (int dt = 0; dt < D / 8; ++dt) {
       *reinterpret_cast<uint32_t*>(dk_row + dt * 8 + 2 * t) =
-          pack(dk_acc[dt][2 * r] * scale, dk_acc[dt][2 * r + 1] * scale);
-      *reinterpret_cast<uint32_t*>(dv_row + dt * 8 + 2 * t) = pack(dv_acc[dt][2 * r], dv_acc[dt][2 * r + 1]);
+          pack2<P>(dk_acc[dt][2 * r] * scale, dk_acc[dt][2 * r + 1] * scale);
+      *reinterpret_cast<uint32_t*>(dv_row + dt * 8 + 2 * t) = pack2<P>(dv_acc[dt][2 * r], dv_acc[dt][2 * r + 1]);
     }
   }
 }
 
 // dQ of one query block of one query head, over the key blocks up to it; the next key block's K
 // and V are copied in while the current one is used.
-template <int D>
-__global__ void __launch_bounds__(kThreads) dq_kernel(Layout layout, const Bf16* dout, const Bf16* q, const Bf16* k,
-                                                      const Bf16* v, const float* lse, const float* delta,
-                                                      int64_t d_token_stride, Bf16* dq, float scale,
+template <Precision P, int D>
+__global__ void __launch_bounds__(kThreads) dq_kernel(Layout layout, const Half* dout, const Half* q, const Half* k,
+                                                      const Half* v, const float* lse, const float* delta,
+                                                      int64_t d_token_stride, Half* dq, float scale,
                                                       float scale_log2) {
   extern __shared__ unsigned char shared_raw[];
   constexpr int kTile = kTileBytes<D>;
@@ -424,8 +424,8 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(Layout layout, const Bf16*
   const int seq = static_cast<int>(layout.seq);
   const int64_t token0 = b * seq;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const Bf16* k_base = k + token0 * layout.token_stride + layout.kv_head(h / layout.group);
-  const Bf16* v_base = v + token0 * layout.token_stride + layout.kv_head(h / layout.group);
+  const Half* k_base = k + token0 * layout.token_stride + layout.kv_head(h / layout.group);
+  const Half* v_base = v + token0 * layout.token_stride + layout.kv_head(h / layout.group);
   const int row0 = qb * kBlock;
 
   load_tile<D>(qs, q + token0 * layout.token_stride + layout.query_head(h, D), layout.token_stride, row0, seq);
@@ -461,8 +461,8 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(Layout layout, const Bf16*
     float p[kBlock / 8][4], dp[kBlock / 8][4];
     wgmma_fence();
     for (int s = 0; s < D / 16; ++s) {
-      wgmma<0>(flat(p), k_major<kBlock>(q_tile, 0, s), k_major<kBlock>(k_tile, 0, s), s > 0);    // S = Q K^T
-      wgmma<0>(flat(dp), k_major<kBlock>(do_tile, 0, s), k_major<kBlock>(v_tile, 0, s), s > 0);  // dP = dO V^T
+      wgmma<P, 0>(flat(p), k_major<kBlock>(q_tile, 0, s), k_major<kBlock>(k_tile, 0, s), s > 0);    // S = Q K^T
+      wgmma<P, 0>(flat(dp), k_major<kBlock>(do_tile, 0, s), k_major<kBlock>(v_tile, 0, s), s > 0);  // dP = dO V^T
     }
     wgmma_commit();
     wgmma_wait<0>();
@@ -483,11 +483,11 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(Layout layout, const Bf16*
           ds[half][e] = prob * (dp[nt][e] - row_delta[e >> 1]);
         }
       }
-      to_a(dsa[kc], ds[0], ds[1]);
+      to_a<P>(dsa[kc], ds[0], ds[1]);
     }
     wgmma_fence();
     for (int kc = 0; kc < kBlock / 16; ++kc) {
-      wgmma<1>(flat(dq_acc), dsa[kc], mn_major<kBlock>(k_tile, kc * 16), true);  // dQ += dS K
+      wgmma<P, 1>(flat(dq_acc), dsa[kc], mn_major<kBlock>(k_tile, kc * 16), true);  // dQ += dS K
     }
     wgmma_commit();
     wgmma_wait<0>();  // before the next block's copies overwrite this K and dsa is rewritten
@@ -496,9 +496,10 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(Layout layout, const Bf16*
   for (int r = 0; r < 2; ++r) {
     const int query = query0 + 8 * r;
     if (query >= seq) continue;
-    Bf16* row = dq + (token0 + query) * d_token_stride + layout.query_head(h, D);
+    Half* row = dq + (token0 + query) * d_token_stride + layout.query_head(h, D);
     for (int dt = 0; dt < D / 8; ++dt) {
-      *reinterpret_cast<uint32_t*>(row + dt * 8 + 2 * t) = pack(dq_acc[dt][2 * r] * scale, dq_acc[dt][2 * r + 1] * scale);
+      *reinterpret_cast<uint32_t*>(row + dt * 8 + 2 * t) =
+          pack2<P>(dq_acc[dt][2 * r] * scale, dq_acc[dt][2 * r + 1] * scale);
     }
   }
 }
@@ -531,68 +532,74 @@ constexpr int dq_shared_bytes() {
   return 6 * kTileBytes<D> + kAlignSlack;
 }
 
-template <int D>
-void forward(const AttentionShape& shape, const Bf16* q, const Bf16* k, const Bf16* v, Bf16* out, float* lse,
+template <Precision P, int D>
+void forward(const AttentionShape& shape, const Half* q, const Half* k, const Half* v, Half* out, float* lse,
              cudaStream_t stream) {
   const Layout layout = layout_of(shape);
   constexpr int bytes = forward_shared_bytes<D>();
-  check(cudaFuncSetAttribute(forward_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
+  check(cudaFuncSetAttribute(forward_kernel<P, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
         "flash attention forward shared memory");
   const dim3 grid(static_cast<unsigned>((shape.seq + kBlock - 1) / kBlock), static_cast<unsigned>(shape.batch * shape.heads));
-  forward_kernel<D><<<grid, kThreads, bytes, stream>>>(layout, q, k, v, out, lse, shape.softmax_scale * kLog2e);
+  forward_kernel<P, D><<<grid, kThreads, bytes, stream>>>(layout, q, k, v, out, lse, shape.softmax_scale * kLog2e);
   check_launch("flash attention forward");
 }
 
-template <int D>
-void backward(const AttentionShape& shape, const Bf16* dout, const Bf16* q, const Bf16* k, const Bf16* v,
-              const Bf16* out, const float* lse, int64_t d_stride, Bf16* dq, Bf16* dk, Bf16* dv, void* workspace,
+template <Precision P, int D>
+void backward(const AttentionShape& shape, const Half* dout, const Half* q, const Half* k, const Half* v,
+              const Half* out, const float* lse, int64_t d_stride, Half* dq, Half* dk, Half* dv, void* workspace,
               cudaStream_t stream) {
   const Layout layout = layout_of(shape);
   float* delta = static_cast<float*>(workspace);
   const int64_t rows = shape.batch * shape.seq * shape.heads;
-  delta_kernel<D><<<blocks_for(rows, kWarps), kThreads, 0, stream>>>(dout, out, rows, shape.heads, shape.seq, delta);
+  delta_kernel<P, D><<<blocks_for(rows, kWarps), kThreads, 0, stream>>>(dout, out, rows, shape.heads, shape.seq, delta);
   check_launch("flash attention delta");
   const unsigned blocks = static_cast<unsigned>((shape.seq + kBlock - 1) / kBlock);
   const float scale = shape.softmax_scale, scale_log2 = shape.softmax_scale * kLog2e;
   constexpr int dkdv_bytes = dkdv_shared_bytes<D>();
-  check(cudaFuncSetAttribute(dkdv_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, dkdv_bytes),
+  check(cudaFuncSetAttribute(dkdv_kernel<P, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, dkdv_bytes),
         "flash attention dK/dV shared memory");
-  dkdv_kernel<D><<<dim3(blocks, static_cast<unsigned>(shape.batch * shape.kv_heads)), kThreads, dkdv_bytes, stream>>>(
-      layout, dout, q, k, v, lse, delta, d_stride, dk, dv, scale, scale_log2);
+  dkdv_kernel<P, D><<<dim3(blocks, static_cast<unsigned>(shape.batch * shape.kv_heads)), kThreads, dkdv_bytes,
+                      stream>>>(layout, dout, q, k, v, lse, delta, d_stride, dk, dv, scale, scale_log2);
   check_launch("flash attention dK/dV");
   constexpr int dq_bytes = dq_shared_bytes<D>();
-  check(cudaFuncSetAttribute(dq_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, dq_bytes),
+  check(cudaFuncSetAttribute(dq_kernel<P, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, dq_bytes),
         "flash attention dQ shared memory");
-  dq_kernel<D><<<dim3(blocks, static_cast<unsigned>(shape.batch * shape.heads)), kThreads, dq_bytes, stream>>>(
+  dq_kernel<P, D><<<dim3(blocks, static_cast<unsigned>(shape.batch * shape.heads)), kThreads, dq_bytes, stream>>>(
       layout, dout, q, k, v, lse, delta, d_stride, dq, scale, scale_log2);
   check_launch("flash attention dQ");
 }
 
 }  // namespace
 
-void flash_attention_forward(const AttentionShape& shape, const Bf16* q, const Bf16* k, const Bf16* v, Bf16* out,
-                             float* lse, cudaStream_t stream) {
+void flash_attention_forward(const AttentionShape& shape, const Half* q, const Half* k, const Half* v, Half* out,
+                             float* lse, Precision precision, cudaStream_t stream) {
   if (shape.batch * shape.seq * shape.heads == 0) return;
-  if (shape.head_dim == 128) return forward<128>(shape, q, k, v, out, lse, stream);
-  if (shape.head_dim == 64) return forward<64>(shape, q, k, v, out, lse, stream);
-  (void)layout_of(shape);  // throws the head-dimension error
+  with_precision(precision, [&](auto p) {
+    constexpr Precision P = decltype(p)::value;
+    if (shape.head_dim == 128) return forward<P, 128>(shape, q, k, v, out, lse, stream);
+    if (shape.head_dim == 64) return forward<P, 64>(shape, q, k, v, out, lse, stream);
+    (void)layout_of(shape);  // throws the head-dimension error
+  });
 }
 
 std::size_t flash_attention_backward_workspace_bytes(const AttentionShape& shape) {
   return static_cast<std::size_t>(shape.batch * shape.heads * shape.seq) * sizeof(float);
 }
 
-void flash_attention_backward(const AttentionShape& shape, const Bf16* dout, const Bf16* q, const Bf16* k,
-                              const Bf16* v, const Bf16* out, const float* lse, int64_t dqkv_token_stride, Bf16* dq,
-                              Bf16* dk, Bf16* dv, void* workspace, cudaStream_t stream) {
+void flash_attention_backward(const AttentionShape& shape, const Half* dout, const Half* q, const Half* k,
+                              const Half* v, const Half* out, const float* lse, int64_t dqkv_token_stride, Half* dq,
+                              Half* dk, Half* dv, void* workspace, Precision precision, cudaStream_t stream) {
   if (shape.batch * shape.seq * shape.heads == 0) return;
-  if (shape.head_dim == 128) {
-    return backward<128>(shape, dout, q, k, v, out, lse, dqkv_token_stride, dq, dk, dv, workspace, stream);
-  }
-  if (shape.head_dim == 64) {
-    return backward<64>(shape, dout, q, k, v, out, lse, dqkv_token_stride, dq, dk, dv, workspace, stream);
-  }
-  (void)layout_of(shape);
+  with_precision(precision, [&](auto p) {
+    constexpr Precision P = decltype(p)::value;
+    if (shape.head_dim == 128) {
+      return backward<P, 128>(shape, dout, q, k, v, out, lse, dqkv_token_stride, dq, dk, dv, workspace, stream);
+    }
+    if (shape.head_dim == 64) {
+      return backward<P, 64>(shape, dout, q, k, v, out, lse, dqkv_token_stride, dq, dk, dv, workspace, stream);
+    }
+    (void)layout_of(shape);
+  });
 }
 
 }  // namespace megaplan::exec::cuda

@@ -1,8 +1,8 @@
-// Causal flash attention (FlashAttention-2's scheme) on Hopper's bf16 warpgroup MMA (sm_90a):
-// the forward streams key blocks through an online softmax and keeps only each row's
-// log-sum-exp; the backward recomputes the probabilities. Deterministic: dK and dV are computed
-// per key block and dQ per query block by two kernels, each output written by one thread block,
-// no atomics.
+// Causal flash attention (FlashAttention-2's scheme) on Hopper's warpgroup MMA (sm_90a), its 16-bit
+// inputs and outputs bf16 or fp16 as `precision` says: the forward streams key blocks through an
+// online softmax and keeps only each row's log-sum-exp; the backward recomputes the probabilities.
+// Deterministic: dK and dV are computed per key block and dQ per query block by two kernels, each
+// output written by one thread block, no atomics.
 #pragma once
 
 #include <cuda_runtime_api.h>  // cudaStream_t
@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "core/implementation_options.h"
 #include "executor/kernels/cuda/bf16_linear.h"
 
 namespace megaplan::exec::cuda {
@@ -29,14 +30,14 @@ struct AttentionShape {
 // o = softmax(q k^T * softmax_scale, causal) v into out [batch, seq, heads, head_dim] and the
 // natural log-sum-exp of each row's scaled scores into lse [batch, heads, seq].
 // head_dim must be 64 or 128 (SpecError otherwise). Both passes are asynchronous on `stream`.
-void flash_attention_forward(const AttentionShape& shape, const Bf16* q, const Bf16* k, const Bf16* v, Bf16* out,
-                             float* lse, cudaStream_t stream);
+void flash_attention_forward(const AttentionShape& shape, const Half* q, const Half* k, const Half* v, Half* out,
+                             float* lse, Precision precision, cudaStream_t stream);
 
 std::size_t flash_attention_backward_workspace_bytes(const AttentionShape& shape);
 
 // dq, dk, dv (overwritten) are laid out as q, k, v but with dqkv_token_stride per token.
-void flash_attention_backward(const AttentionShape& shape, const Bf16* dout, const Bf16* q, const Bf16* k,
-                              const Bf16* v, const Bf16* out, const float* lse, int64_t dqkv_token_stride, Bf16* dq,
-                              Bf16* dk, Bf16* dv, void* workspace, cudaStream_t stream);
+void flash_attention_backward(const AttentionShape& shape, const Half* dout, const Half* q, const Half* k,
+                              const Half* v, const Half* out, const float* lse, int64_t dqkv_token_stride, Half* dq,
+                              Half* dk, Half* dv, void* workspace, Precision precision, cudaStream_t stream);
 
 }  // namespace megaplan::exec::cuda

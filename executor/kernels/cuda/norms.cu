@@ -1,7 +1,7 @@
-// LayerNorm and RMSNorm kernels. One group of threads per row, the row held in registers (8 bf16
-// per 16-byte load), so the input is read once; the weight gradients accumulate per thread over
-// the rows a block visits (each thread always owns the same columns) and are summed in a fixed
-// order afterwards.
+// LayerNorm and RMSNorm kernels, each instantiated for bf16 and fp16 (P). One group of threads per
+// row, the row held in registers (8 16-bit values per 16-byte load), so the input is read once;
+// the weight gradients accumulate per thread over the rows a block visits (each thread always owns
+// the same columns) and are summed in a fixed order afterwards.
 #include "executor/kernels/cuda/norms.h"
 
 #include <string>
@@ -22,10 +22,12 @@ constexpr int64_t kMaxCols = 32768;
 constexpr int64_t kBackwardBlocks = 256;  // fixed, so the partial sums depend on the shape alone (~2 per H100 SM)
 constexpr int kReduceColumns = 32, kReduceSlices = 8;
 
-// --- 8-value bf16 vectors: one 16-byte access when aligned, else scalar loads with zeros past `end`.
+// --- 8-value vectors of 16-bit values: held raw (half the registers of floats) and unpacked by
+// device_common.cuh's unpack8 when used; one 16-byte access when aligned, else scalar accesses
+// with zeros past `end`.
 
 template <bool kAligned>
-__device__ __forceinline__ uint4 load_raw8(const Bf16* p, int64_t start, int64_t end) {
+__device__ __forceinline__ uint4 load_raw8(const Half* p, int64_t start, int64_t end) {
   if (kAligned && start + 8 <= end) return *reinterpret_cast<const uint4*>(p + start);
   uint16_t bits[8];
 #pragma unroll
@@ -38,38 +40,18 @@ __device__ __forceinline__ uint4 load_raw8(const Bf16* p, int64_t start, int64_t
   return raw;
 }
 
-__device__ __forceinline__ void unpack8(uint4 raw, float (&v)[8]) {
-  const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {  // bf16 is the top half of an fp32
-    v[2 * k] = __uint_as_float(words[k] << 16);
-    v[2 * k + 1] = __uint_as_float(words[k] & 0xffff0000u);
-  }
-}
-
-template <bool kAligned>
-__device__ __forceinline__ void load8(const Bf16* p, int64_t start, int64_t end, float (&v)[8]) {
-  unpack8(load_raw8<kAligned>(p, start, end), v);
-}
-
-// Rounds v to bf16 and stores the values before `end`; returns the rounded bits (zeros past `end`
-// stay as computed, which callers never read).
-template <bool kAligned>
-__device__ __forceinline__ uint4 store8(Bf16* p, int64_t start, int64_t end, const float (&v)[8]) {
-  uint16_t bits[8];
-#pragma unroll
-  for (int e = 0; e < 8; ++e) bits[e] = __bfloat16_as_ushort(__float2bfloat16_rn(v[e]));
-  uint4 raw;
-  raw.x = bits[0] | (uint32_t{bits[1]} << 16);
-  raw.y = bits[2] | (uint32_t{bits[3]} << 16);
-  raw.z = bits[4] | (uint32_t{bits[5]} << 16);
-  raw.w = bits[6] | (uint32_t{bits[7]} << 16);
+// Rounds v to 16 bits and stores the values before `end`; returns the rounded bits (values past
+// `end` stay as computed, which callers never read).
+template <Precision P, bool kAligned>
+__device__ __forceinline__ uint4 store_rounded8(Half* p, int64_t start, int64_t end, const float (&v)[8]) {
+  const uint4 raw = pack8<P>(v);
   if (kAligned && start + 8 <= end) {
     *reinterpret_cast<uint4*>(p + start) = raw;
   } else {
+    const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
-      if (start + e < end) p[start + e] = bits[e];
+      if (start + e < end) p[start + e] = static_cast<uint16_t>(words[e / 2] >> (16 * (e % 2)));
     }
   }
   return raw;
@@ -136,13 +118,13 @@ void check_cols(int64_t rows, int64_t cols, const char* what) {
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-// One row group per row. The row is held as raw bf16 (the fused sum is rounded to bf16 anyway, so
-// the registers hold exactly the values the statistics are taken of).
-template <bool kRms, bool kAligned, int kVecs>
-__global__ void __launch_bounds__(kBlockThreads) norm_forward_kernel(const Bf16* x, const Bf16* residual,
-                                                                     Bf16* sum_out, const Bf16* gamma,
-                                                                     const Bf16* beta, int64_t rows, int cols,
-                                                                     float eps, Bf16* y, float* mean, float* rstd,
+// One row group per row. The row is held raw (the fused sum is rounded to 16 bits anyway, so the
+// registers hold exactly the values the statistics are taken of).
+template <Precision P, bool kRms, bool kAligned, int kVecs>
+__global__ void __launch_bounds__(kBlockThreads) norm_forward_kernel(const Half* x, const Half* residual,
+                                                                     Half* sum_out, const Half* gamma,
+                                                                     const Half* beta, int64_t rows, int cols,
+                                                                     float eps, Half* y, float* mean, float* rstd,
                                                                      int threads_per_row) {
   __shared__ float shared[32];
   const int group = threadIdx.x / threads_per_row, lane = threadIdx.x % threads_per_row;
@@ -157,14 +139,14 @@ __global__ void __launch_bounds__(kBlockThreads) norm_forward_kernel(const Bf16*
     const int col = (lane + k * threads_per_row) * 8;
     raw[k] = load_raw8<kAligned>(x + offset, col, end);
     float v[8];
-    unpack8(raw[k], v);
+    unpack8<P>(raw[k], v);
     if (residual) {
       float r[8];
-      load8<kAligned>(residual + offset, col, end, r);
+      load8<P, kAligned>(residual + offset, col, end, r);
 #pragma unroll
       for (int e = 0; e < 8; ++e) v[e] += r[e];
-      raw[k] = store8<kAligned>(sum_out + offset, col, end, v);
-      unpack8(raw[k], v);  // the statistics are those of the rounded sum, as the backward sees it
+      raw[k] = store_rounded8<P, kAligned>(sum_out + offset, col, end, v);
+      unpack8<P>(raw[k], v);  // the statistics are those of the rounded sum, as the backward sees it
     }
 #pragma unroll
     for (int e = 0; e < 8; ++e) sum += v[e];
@@ -178,7 +160,7 @@ __global__ void __launch_bounds__(kBlockThreads) norm_forward_kernel(const Bf16*
   for (int k = 0; k < kVecs; ++k) {
     const int col = (lane + k * threads_per_row) * 8;
     float v[8];
-    unpack8(raw[k], v);
+    unpack8<P>(raw[k], v);
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
       const float d = v[e] - mu;
@@ -191,12 +173,12 @@ __global__ void __launch_bounds__(kBlockThreads) norm_forward_kernel(const Bf16*
     const int col = (lane + k * threads_per_row) * 8;
     if (!active || col >= cols) continue;
     float v[8], scale[8], shift[8];
-    unpack8(raw[k], v);
-    load8<kAligned>(gamma, col, cols, scale);
-    if (!kRms) load8<kAligned>(beta, col, cols, shift);
+    unpack8<P>(raw[k], v);
+    load8<P, kAligned>(gamma, col, cols, scale);
+    if (!kRms) load8<P, kAligned>(beta, col, cols, shift);
 #pragma unroll
     for (int e = 0; e < 8; ++e) v[e] = (v[e] - mu) * inverse * scale[e] + (kRms ? 0.0f : shift[e]);
-    store8<kAligned>(y + offset, col, cols, v);
+    store8<P, kAligned>(y + offset, col, cols, v);
   }
   if (active && lane == 0) {
     if (!kRms) mean[row] = mu;
@@ -209,10 +191,10 @@ __global__ void __launch_bounds__(kBlockThreads) norm_forward_kernel(const Bf16*
 // gridDim.x * rows_per_block further on, so a thread's columns never change and it accumulates
 // dy * x_hat and dy for them in registers, row after row; the block's row groups are then added
 // in group order and written as the block's partial column sums [blocks][cols] (gamma, then beta).
-template <bool kRms, bool kAligned, int kVecs>
+template <Precision P, bool kRms, bool kAligned, int kVecs>
 __global__ void __launch_bounds__(kBlockThreads, kVecs <= 2 ? 2 : 1)
-    norm_backward_kernel(const Bf16* dy, const Bf16* x, const Bf16* gamma, const float* mean, const float* rstd,
-                         int64_t rows, int cols, const Bf16* residual_grad, Bf16* dx, float* partial_gamma,
+    norm_backward_kernel(const Half* dy, const Half* x, const Half* gamma, const float* mean, const float* rstd,
+                         int64_t rows, int cols, const Half* residual_grad, Half* dx, float* partial_gamma,
                          float* partial_beta, int threads_per_row) {
   __shared__ float2 pair_shared[32];
   extern __shared__ float column_buffer[];  // 2 * threads_per_row * kVecs * 8 floats when rows_per_block > 1
@@ -230,7 +212,7 @@ __global__ void __launch_bounds__(kBlockThreads, kVecs <= 2 ? 2 : 1)
   uint4 gamma_raw[kVecs];
 #pragma unroll
   for (int k = 0; k < kVecs; ++k) gamma_raw[k] = load_raw8<kAligned>(gamma, (lane + k * threads_per_row) * 8, cols);
-  // Raw bf16 in registers (half the registers of floats), the next row's fetched before the
+  // Raw 16-bit values in registers (half the registers of floats), the next row's fetched before the
   // current one is worked on; a row past the end loads nothing and holds zeros.
   const auto fetch = [&](int64_t row, uint4 (&dy_raw)[kVecs], uint4 (&x_raw)[kVecs], uint4 (&around_raw)[kVecs],
                          float& mu, float& inverse) {
@@ -262,9 +244,9 @@ __global__ void __launch_bounds__(kBlockThreads, kVecs <= 2 ? 2 : 1)
 #pragma unroll
     for (int k = 0; k < kVecs; ++k) {
       float d[8], xv[8], scale[8];
-      unpack8(dy_raw[k], d);
-      unpack8(x_raw[k], xv);
-      unpack8(gamma_raw[k], scale);
+      unpack8<P>(dy_raw[k], d);
+      unpack8<P>(x_raw[k], xv);
+      unpack8<P>(gamma_raw[k], scale);
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
         const float x_hat = (xv[e] - mu) * inverse;
@@ -282,16 +264,16 @@ __global__ void __launch_bounds__(kBlockThreads, kVecs <= 2 ? 2 : 1)
       const int col = (lane + k * threads_per_row) * 8;
       if (!active || col >= cols) continue;
       float d[8], xv[8], scale[8], around[8];
-      unpack8(dy_raw[k], d);
-      unpack8(x_raw[k], xv);
-      unpack8(gamma_raw[k], scale);
-      unpack8(around_raw[k], around);
+      unpack8<P>(dy_raw[k], d);
+      unpack8<P>(x_raw[k], xv);
+      unpack8<P>(gamma_raw[k], scale);
+      unpack8<P>(around_raw[k], around);
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
         const float x_hat = (xv[e] - mu) * inverse;
         d[e] = inverse * (d[e] * scale[e] - g_mean - x_hat * gx_mean) + (residual_grad ? around[e] : 0.0f);
       }
-      store8<kAligned>(dx + offset, col, cols, d);
+      store8<P, kAligned>(dx + offset, col, cols, d);
     }
 #pragma unroll
     for (int k = 0; k < kVecs; ++k) {
@@ -381,9 +363,9 @@ void with_vecs(int vecs, Body&& body) {
 }
 
 template <bool kRms>
-void norm_forward(const Bf16* x, const Bf16* residual, Bf16* sum_out, const Bf16* gamma, const Bf16* beta,
-                  int64_t rows, int64_t cols, float eps, Bf16* y, float* mean, float* rstd, const char* what,
-                  cudaStream_t stream) {
+void norm_forward(const Half* x, const Half* residual, Half* sum_out, const Half* gamma, const Half* beta,
+                  int64_t rows, int64_t cols, float eps, Half* y, float* mean, float* rstd, const char* what,
+                  Precision precision, cudaStream_t stream) {
   check_cols(rows, cols, what);
   if (residual && !sum_out) throw SpecError("--device", std::string(what) + ": a residual needs sum_out");
   if (rows == 0) return;
@@ -391,19 +373,23 @@ void norm_forward(const Bf16* x, const Bf16* residual, Bf16* sum_out, const Bf16
   const bool aligned = cols % 8 == 0 && aligned16(x) && aligned16(residual) && aligned16(sum_out) &&
                        aligned16(gamma) && aligned16(beta) && aligned16(y);
   const unsigned grid = static_cast<unsigned>((rows + layout.rows_per_block - 1) / layout.rows_per_block);
-  with_vecs(layout.vecs, [&](auto vecs) {
-    constexpr int kVecs = decltype(vecs)::value;
-    auto kernel = aligned ? norm_forward_kernel<kRms, true, kVecs> : norm_forward_kernel<kRms, false, kVecs>;
-    kernel<<<grid, kBlockThreads, 0, stream>>>(x, residual, sum_out, gamma, beta, rows, static_cast<int>(cols), eps,
-                                               y, mean, rstd, layout.threads_per_row);
+  with_precision(precision, [&](auto p) {
+    constexpr Precision P = decltype(p)::value;
+    with_vecs(layout.vecs, [&](auto vecs) {
+      constexpr int kVecs = decltype(vecs)::value;
+      auto kernel =
+          aligned ? norm_forward_kernel<P, kRms, true, kVecs> : norm_forward_kernel<P, kRms, false, kVecs>;
+      kernel<<<grid, kBlockThreads, 0, stream>>>(x, residual, sum_out, gamma, beta, rows, static_cast<int>(cols), eps,
+                                                 y, mean, rstd, layout.threads_per_row);
+    });
   });
   check_launch(what);
 }
 
 template <bool kRms>
-void norm_backward(const Bf16* dy, const Bf16* x, const Bf16* gamma, const float* mean, const float* rstd,
-                   int64_t rows, int64_t cols, const Bf16* residual_grad, Bf16* dx, float* dgamma, float* dbeta,
-                   void* workspace, const char* what, cudaStream_t stream) {
+void norm_backward(const Half* dy, const Half* x, const Half* gamma, const float* mean, const float* rstd,
+                   int64_t rows, int64_t cols, const Half* residual_grad, Half* dx, float* dgamma, float* dbeta,
+                   void* workspace, const char* what, Precision precision, cudaStream_t stream) {
   check_cols(rows, cols, what);
   if (rows == 0) return;
   const RowLayout layout = layout_for(cols, kBackwardVecs);
@@ -412,15 +398,18 @@ void norm_backward(const Bf16* dy, const Bf16* x, const Bf16* gamma, const float
   float* partial_beta = partial_gamma + blocks * cols;
   const bool aligned = cols % 8 == 0 && aligned16(dy) && aligned16(x) && aligned16(gamma) &&
                        aligned16(residual_grad) && aligned16(dx);
-  with_vecs(layout.vecs, [&](auto vecs) {
-    constexpr int kVecs = decltype(vecs)::value;
-    const std::size_t buffer =
-        layout.rows_per_block > 1 ? 2 * sizeof(float) * layout.threads_per_row * kVecs * 8 : 0;
-    auto kernel = aligned ? norm_backward_kernel<kRms, true, kVecs> : norm_backward_kernel<kRms, false, kVecs>;
-    kernel<<<static_cast<unsigned>(blocks), kBlockThreads, buffer, stream>>>(dy, x, gamma, mean, rstd, rows,
-                                                                             static_cast<int>(cols), residual_grad,
-                                                                             dx, partial_gamma, partial_beta,
-                                                                             layout.threads_per_row);
+  with_precision(precision, [&](auto p) {
+    constexpr Precision P = decltype(p)::value;
+    with_vecs(layout.vecs, [&](auto vecs) {
+      constexpr int kVecs = decltype(vecs)::value;
+      const std::size_t buffer =
+          layout.rows_per_block > 1 ? 2 * sizeof(float) * layout.threads_per_row * kVecs * 8 : 0;
+      auto kernel =
+          aligned ? norm_backward_kernel<P, kRms, true, kVecs> : norm_backward_kernel<P, kRms, false, kVecs>;
+      kernel<<<static_cast<unsigned>(blocks), kBlockThreads, buffer, stream>>>(
+          dy, x, gamma, mean, rstd, rows, static_cast<int>(cols), residual_grad, dx, partial_gamma, partial_beta,
+          layout.threads_per_row);
+    });
   });
   check_launch(what);
   const dim3 reduce_grid(static_cast<unsigned>((cols + kReduceColumns - 1) / kReduceColumns));
@@ -435,9 +424,11 @@ void norm_backward(const Bf16* dy, const Bf16* x, const Bf16* gamma, const float
 
 }  // namespace
 
-void layernorm_forward(const Bf16* x, const Bf16* residual, Bf16* sum_out, const Bf16* gamma, const Bf16* beta,
-                       int64_t rows, int64_t cols, float eps, Bf16* y, float* mean, float* rstd, cudaStream_t stream) {
-  norm_forward<false>(x, residual, sum_out, gamma, beta, rows, cols, eps, y, mean, rstd, "layernorm_forward", stream);
+void layernorm_forward(const Half* x, const Half* residual, Half* sum_out, const Half* gamma, const Half* beta,
+                       int64_t rows, int64_t cols, float eps, Half* y, float* mean, float* rstd, Precision precision,
+                       cudaStream_t stream) {
+  norm_forward<false>(x, residual, sum_out, gamma, beta, rows, cols, eps, y, mean, rstd, "layernorm_forward", precision,
+                      stream);
 }
 
 std::size_t norm_backward_workspace_bytes(int64_t rows, int64_t cols) {
@@ -445,23 +436,24 @@ std::size_t norm_backward_workspace_bytes(int64_t rows, int64_t cols) {
   return static_cast<std::size_t>(2 * backward_blocks(rows, cols) * cols) * sizeof(float);
 }
 
-void layernorm_backward(const Bf16* dy, const Bf16* x, const Bf16* gamma, const float* mean, const float* rstd,
-                        int64_t rows, int64_t cols, const Bf16* residual_grad, Bf16* dx, float* dgamma, float* dbeta,
-                        void* workspace, cudaStream_t stream) {
+void layernorm_backward(const Half* dy, const Half* x, const Half* gamma, const float* mean, const float* rstd,
+                        int64_t rows, int64_t cols, const Half* residual_grad, Half* dx, float* dgamma, float* dbeta,
+                        void* workspace, Precision precision, cudaStream_t stream) {
   norm_backward<false>(dy, x, gamma, mean, rstd, rows, cols, residual_grad, dx, dgamma, dbeta, workspace,
-                       "layernorm_backward", stream);
+                       "layernorm_backward", precision, stream);
 }
 
-void rmsnorm_forward(const Bf16* x, const Bf16* residual, Bf16* sum_out, const Bf16* gamma, int64_t rows, int64_t cols,
-                     float eps, Bf16* y, float* rstd, cudaStream_t stream) {
+void rmsnorm_forward(const Half* x, const Half* residual, Half* sum_out, const Half* gamma, int64_t rows, int64_t cols,
+                     float eps, Half* y, float* rstd, Precision precision, cudaStream_t stream) {
   norm_forward<true>(x, residual, sum_out, gamma, nullptr, rows, cols, eps, y, nullptr, rstd, "rmsnorm_forward",
-                     stream);
+                     precision, stream);
 }
 
-void rmsnorm_backward(const Bf16* dy, const Bf16* x, const Bf16* gamma, const float* rstd, int64_t rows, int64_t cols,
-                      const Bf16* residual_grad, Bf16* dx, float* dgamma, void* workspace, cudaStream_t stream) {
+void rmsnorm_backward(const Half* dy, const Half* x, const Half* gamma, const float* rstd, int64_t rows, int64_t cols,
+                      const Half* residual_grad, Half* dx, float* dgamma, void* workspace, Precision precision,
+                      cudaStream_t stream) {
   norm_backward<true>(dy, x, gamma, nullptr, rstd, rows, cols, residual_grad, dx, dgamma, nullptr, workspace,
-                      "rmsnorm_backward", stream);
+                      "rmsnorm_backward", precision, stream);
 }
 
 }  // namespace megaplan::exec::cuda

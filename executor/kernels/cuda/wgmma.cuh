@@ -2,13 +2,16 @@
 // B operand (and optionally A) the tensor cores read straight from shared memory, once per
 // warpgroup instead of once per warp as mma.sync's ldmatrix fragments are.
 //
-// Every shared tile here is [rows][cols] bf16 stored as cols / 64 column chunks of
+// The inputs are bf16 or fp16, as the Precision argument says: the same operands and layouts.
+// Every shared tile here is [rows][cols] 16-bit values stored as cols / 64 column chunks of
 // [rows][64] with the 128-byte swizzle: 16-byte piece w of row r sits at piece w ^ (r % 8).
 // The same tile serves as a K-major operand (k along the columns, as Q, K and V feed QK^T) and
 // as an MN-major one (k along the rows, as V feeds PV), so nothing is ever stored transposed.
 #pragma once
 
 #include <cstdint>
+
+#include "core/implementation_options.h"
 
 namespace megaplan::exec::cuda::detail {
 
