@@ -219,12 +219,9 @@ void validate_implementation_options(const ParallelPlan& plan) {
   const ImplementationOptions executor = default_implementation_options(Implementation::kMegaplan);
   const std::string rule =
       "megaplan's executor does not run this (bf16 or fp16 with fp32 gradients, its own layers with flash attention, "
-      "no dropout, fused GELU and weight-gradient accumulation); --implementation megatron-core or megatron-local "
-      "models it";
+      "fused GELU and weight-gradient accumulation); --implementation megatron-core or megatron-local models it";
   if (options.transformer_impl != executor.transformer_impl) throw SpecError("--transformer-impl", rule);
   if (options.ddp_impl != executor.ddp_impl) throw SpecError("--DDP-impl", rule);
-  if (options.attention_dropout != executor.attention_dropout) throw SpecError("--attention-dropout", rule);
-  if (options.hidden_dropout != executor.hidden_dropout) throw SpecError("--hidden-dropout", rule);
   for (const SwitchField& field : kSwitches) {
     if (!field.executor_runs_both && options.*field.member != executor.*field.member) throw SpecError(field.flag, rule);
   }

@@ -17,7 +17,7 @@ struct ClassName {
   bool fused_residual;
   const char* name;
 };
-constexpr std::array<ClassName, 24> kClassNames = {{
+constexpr std::array<ClassName, 25> kClassNames = {{
     {KernelKind::kNormForward, false, "norm_forward"},
     {KernelKind::kNormForward, true, "add_norm_forward"},
     {KernelKind::kNormBackward, false, "norm_backward"},
@@ -31,6 +31,7 @@ constexpr std::array<ClassName, 24> kClassNames = {{
     {KernelKind::kRotary, false, "rotary"},
     {KernelKind::kAdd, false, "add"},
     {KernelKind::kCopy, false, "copy"},
+    {KernelKind::kDropout, false, "dropout"},
     {KernelKind::kFill, false, "fill"},
     {KernelKind::kEmbeddingForward, false, "embedding_forward"},
     {KernelKind::kEmbeddingBackward, false, "embedding_backward"},
@@ -148,6 +149,7 @@ int64_t kernel_bytes(const Kernel& kernel, int64_t activation_bytes) {
     case KernelKind::kAdd:
       return 3 * a * cells;
     case KernelKind::kCopy:
+    case KernelKind::kDropout:  // read, then written masked (the mask is drawn, not read)
       return 2 * a * cells;
     case KernelKind::kFill:
     case KernelKind::kGradientNorm:
@@ -285,16 +287,22 @@ KernelBlocks executor_kernel_blocks(const ModelSpec& model, const ParallelPlan& 
   const Kernel activation = row_kernel(KernelKind::kSwigluForward, count, f);
   const Kernel activation_backward = row_kernel(KernelKind::kSwigluBackward, count, f);
 
+  // --hidden-dropout: each branch's summed output, the embedding's, and their gradients pass
+  // through a mask of their own (attention's is drawn inside the attention kernels).
+  const bool hidden_dropout = plan.options.hidden_dropout > 0;
+  const Kernel dropout = row_kernel(KernelKind::kDropout, rows, h);
   const auto layer_forward = [&](bool fused_input_norm) {
     std::vector<Kernel> list = {fused_input_norm ? add_norm : norm,
                                 gemm_kernel(GemmLayout::kForward, qkv_bias, count, qkv, h)};
     if (rope) list.push_back(rotary);
     list.push_back(attention);
     list.push_back(gemm_kernel(GemmLayout::kForward, row_bias, count, h, q));
+    if (hidden_dropout) list.push_back(dropout);
     list.push_back(add_norm);
     list.push_back(gemm_kernel(GemmLayout::kForward, fc1_epilogue, count, fc1, h));
     if (!fused_gelu) list.push_back(activation);
     list.push_back(gemm_kernel(GemmLayout::kForward, row_bias, count, h, f));
+    if (hidden_dropout) list.push_back(dropout);
     return list;
   };
   blocks[static_cast<std::size_t>(KernelBlock::kLayerForwardFirst)] = layer_forward(false);
@@ -308,8 +316,10 @@ KernelBlocks executor_kernel_blocks(const ModelSpec& model, const ParallelPlan& 
       gemm_kernel(GemmLayout::kWeightGradient, gradient_epilogue(qkv_bias != GemmEpilogue::kNone), count, qkv, h);
   const auto layer_backward = [&](bool defer) {
     const auto weight = [&](const Kernel& gemm) { return defer ? flat_kernel(KernelKind::kCopy, count * gemm.n) : gemm; };
-    std::vector<Kernel> list = {gemm_kernel(GemmLayout::kInputGradient,
-                                            fused_gelu ? GemmEpilogue::kGeluGradient : GemmEpilogue::kNone, count, h, f)};
+    std::vector<Kernel> list;
+    if (hidden_dropout) list.push_back(dropout);  // the MLP branch's gradient
+    list.push_back(gemm_kernel(GemmLayout::kInputGradient,
+                               fused_gelu ? GemmEpilogue::kGeluGradient : GemmEpilogue::kNone, count, h, f));
     if (!fused_gelu) list.push_back(activation_backward);
     if (model.swiglu && !defer) list.push_back(activation);  // fc2's input again, for its weight gradient
     list.push_back(weight(fc2_weight));
@@ -317,6 +327,7 @@ KernelBlocks executor_kernel_blocks(const ModelSpec& model, const ParallelPlan& 
     list.push_back(gemm_kernel(GemmLayout::kInputGradient, GemmEpilogue::kNone, count, fc1, h));
     list.push_back(weight(fc1_weight));
     list.push_back(row_kernel(norm_backward, rows, h, true));
+    if (hidden_dropout) list.push_back(dropout);  // the attention branch's gradient
     list.push_back(gemm_kernel(GemmLayout::kInputGradient, GemmEpilogue::kNone, count, h, q));
     list.push_back(weight(proj_weight));
     list.push_back(
@@ -336,6 +347,10 @@ KernelBlocks executor_kernel_blocks(const ModelSpec& model, const ParallelPlan& 
   blocks[static_cast<std::size_t>(KernelBlock::kAttentionRecompute)] = {attention};
 
   blocks[static_cast<std::size_t>(KernelBlock::kEmbeddingForward)] = {row_kernel(KernelKind::kEmbeddingForward, count, h)};
+  if (hidden_dropout) {
+    blocks[static_cast<std::size_t>(KernelBlock::kEmbeddingForward)].push_back(dropout);
+    blocks[static_cast<std::size_t>(KernelBlock::kEmbeddingGradientDropout)] = {dropout};
+  }
   blocks[static_cast<std::size_t>(KernelBlock::kEmbeddingBackward)] = {row_kernel(KernelKind::kEmbeddingBackward, count, h)};
   blocks[static_cast<std::size_t>(KernelBlock::kEmbeddingGradientCopy)] = {flat_kernel(KernelKind::kCopy, count * h)};
   blocks[static_cast<std::size_t>(KernelBlock::kStageOutput)] = {flat_kernel(KernelKind::kAdd, rows * h)};
@@ -420,6 +435,7 @@ std::vector<CountedBlock> PlanKernels::stage_blocks(int64_t stage, SchedulePart 
   if (!layers.has_embedding) {
     add(KernelBlock::kInputGradientCopy, 1);
   } else {
+    add(KernelBlock::kEmbeddingGradientDropout, 1);
     add(defer ? KernelBlock::kEmbeddingGradientCopy : KernelBlock::kEmbeddingBackward, 1);
   }
   return blocks;

@@ -45,6 +45,7 @@ enum class KernelKind : uint8_t {
   kRotary,          // RoPE in place on q and k: `rows` tokens, `cols` rotated elements per token
   kAdd,
   kCopy,
+  kDropout,  // a dropout mask applied to `rows` tokens of `cols` (a branch's output, or its gradient)
   kFill,  // fp32 (the gradient buffer's zeroing)
   kEmbeddingForward,
   kEmbeddingBackward,
@@ -138,6 +139,7 @@ enum class KernelBlock : uint8_t {
   kLayerBackwardInput, // I: each weight GEMM's output gradient is copied and kept for W
   kLayerWeightGradient,// W: the weight GEMMs, with the norms they read recomputed
   kInputGradientCopy,  // a non-first stage hands its input's gradient on
+  kEmbeddingGradientDropout,  // B and I on the first stage: the embedding output's gradient through its dropout
   kEmbeddingGradientCopy,  // I on the first stage: the embedding's gradient waits for W
   kEmbeddingBackward,
 };

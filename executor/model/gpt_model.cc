@@ -89,6 +89,9 @@ GptModel::GptModel(const ModelSpec& model, const ParallelPlan& plan, int64_t sta
       rotary_dim_(model.rotary_dim()),
       rotary_(model.rotary_base, model.rope_scaling),
       norm_epsilon_(static_cast<float>(model.norm_epsilon)),
+      hidden_dropout_(plan.options.hidden_dropout),
+      attention_dropout_(plan.options.attention_dropout),
+      seed_(init.seed),
       tensor_parallel_(tensor_parallel),
       tp_(plan.tensor_parallel_size),
       tp_rank_(tensor_parallel ? tensor_parallel->rank() : 0),
@@ -344,9 +347,10 @@ void GptModel::read_tokens(Activations& a, const MicrobatchTokens& data) const {
   a.mask = data.loss_mask;
 }
 
-void GptModel::run_forward(Activations& a, const MicrobatchTokens* data) {
+void GptModel::run_forward(Activations& a, const MicrobatchTokens* data, std::optional<int64_t> first_sample) {
   if ((has_embedding_ || has_output_) && !data) throw std::logic_error("GptModel: the first and last stages read data");
   if (data) read_tokens(a, *data);
+  a.first_sample = first_sample;
   const auto batch = static_cast<std::size_t>(batch_);
   const auto seq = static_cast<std::size_t>(seq_);
   const std::size_t count = batch * seq;
@@ -364,6 +368,8 @@ void GptModel::run_forward(Activations& a, const MicrobatchTokens* data) {
                                tp_rank_ == 0 && position_embeddings_ ? position_embeddings_->compute : nullptr, h,
                                partial_of(first_input));
     if (Request done = reduce(first_input)) done->wait();
+    const DropoutMask mask = dropout_mask(DropoutKind::kEmbedding, 0, first_sample);
+    if (mask.active()) backend_.dropout(first_input, rows, h, mask, first_input);
   }
   ConstActivation stream = first_input;
   ConstActivation pending = nullptr;  // the branch output not yet added to `stream`
@@ -376,7 +382,7 @@ void GptModel::run_forward(Activations& a, const MicrobatchTokens* data) {
       if (!scratch.qkv) scratch = borrow();
       fill_missing(act, scratch);
     }
-    layer_forward(l, act, stream, pending);
+    layer_forward(l, act, first_sample, stream, pending);
   }
   if (!has_output_) {
     // The message to the next stage is the residual sum itself.
@@ -456,13 +462,13 @@ Activation GptModel::input_buffer(int64_t microbatch) {
   return a.layers.empty() ? a.output : a.layers[0].input;
 }
 
-void GptModel::forward(int64_t microbatch, const MicrobatchTokens* data) {
+void GptModel::forward(int64_t microbatch, const MicrobatchTokens* data, int64_t first_sample) {
   auto found = in_flight_.find(microbatch);
   if (found == in_flight_.end()) {
     if (!has_embedding_) throw std::logic_error("GptModel: F of a non-first stage before its input arrived");
     found = in_flight_.emplace(microbatch, allocate_activations()).first;
   }
-  run_forward(found->second, data);
+  run_forward(found->second, data, first_sample);
 }
 
 ConstActivation GptModel::output(int64_t microbatch) const {
@@ -475,7 +481,7 @@ double GptModel::evaluate(const MicrobatchTokens* data, ConstActivation input, A
   Activations a = allocate_activations();
   const std::size_t n = message_size();
   if (!has_embedding_) backend_.copy(input, n, a.layers.empty() ? a.output : a.layers[0].input);
-  run_forward(a, data);
+  run_forward(a, data, std::nullopt);
   if (!has_output_) backend_.copy(a.output, n, output);
   spare_.push_back(std::move(a));
   return has_output_ ? take_loss_sum() : 0.0;
@@ -531,8 +537,28 @@ void GptModel::rotate(Activation qkv, bool inverse) {
                   static_cast<std::size_t>(dim_), static_cast<std::size_t>(rotary_dim_), rotary_, inverse);
 }
 
-void GptModel::layer_forward(std::size_t l, const LayerActivations& act, ConstActivation& stream,
-                             ConstActivation& pending) {
+DropoutMask GptModel::dropout_mask(DropoutKind kind, std::size_t l, const std::optional<int64_t>& first_sample) const {
+  DropoutMask mask;
+  if (!first_sample) return mask;
+  mask.probability =
+      static_cast<float>(kind == DropoutKind::kAttentionProbabilities ? attention_dropout_ : hidden_dropout_);
+  mask.seed = seed_;
+  mask.site = dropout_site(first_layer_ + static_cast<int64_t>(l), kind);
+  mask.first_sample = *first_sample;
+  mask.seq = seq_;
+  mask.first_row = sequence_parallel_ ? tp_rank_ * rows_ : 0;
+  mask.first_head = tp_rank_ * heads_local_;
+  return mask;
+}
+
+ConstActivation GptModel::masked_gradient(ConstActivation gradient, const DropoutMask& mask) {
+  if (!mask.active()) return gather_rows(gradient, gathered_);
+  backend_.dropout(gradient, static_cast<std::size_t>(rows_), static_cast<std::size_t>(hidden_), mask, branch_out_);
+  return gather_rows(branch_out_, gathered_);
+}
+
+void GptModel::layer_forward(std::size_t l, const LayerActivations& act, const std::optional<int64_t>& first_sample,
+                             ConstActivation& stream, ConstActivation& pending) {
   const auto batch = static_cast<std::size_t>(batch_);
   const auto seq = static_cast<std::size_t>(seq_);
   const std::size_t count = batch * seq;
@@ -556,11 +582,19 @@ void GptModel::layer_forward(std::size_t l, const LayerActivations& act, ConstAc
                           epilogue(w.qkv_bias), act.qkv, nullptr);
   rotate(act.qkv, false);
   backend_.attention_forward(act.qkv, batch, seq, static_cast<std::size_t>(heads_local_),
-                             static_cast<std::size_t>(groups_local_), static_cast<std::size_t>(dim_), act.attention,
+                             static_cast<std::size_t>(groups_local_), static_cast<std::size_t>(dim_),
+                             dropout_mask(DropoutKind::kAttentionProbabilities, l, first_sample), act.attention,
                              act.attention_saved);
   backend_.linear_forward(act.attention, w.proj_weight->compute, bias(proj_bias), count, q, h, epilogue(proj_bias),
                           partial_of(branch_out_), nullptr);
   if (Request done = reduce(branch_out_)) done->wait();
+  // Each branch's whole output (after the tensor-parallel sum) through its dropout, in place, before
+  // the next norm adds it to the stream.
+  const auto branch_dropout = [&](DropoutKind kind) {
+    const DropoutMask mask = dropout_mask(kind, l, first_sample);
+    if (mask.active()) backend_.dropout(branch_out_, static_cast<std::size_t>(rows_), h, mask, branch_out_);
+  };
+  branch_dropout(DropoutKind::kAttentionBranch);
   norm_forward(act.input, branch_out_, act.middle, w.ln2_gamma, w.ln2_beta, norm_out_, act.ln2_mean, act.ln2_rstd);
   ConstActivation ln2 = gather_rows(norm_out_, gathered_);
   if (swiglu_) {
@@ -574,12 +608,13 @@ void GptModel::layer_forward(std::size_t l, const LayerActivations& act, ConstAc
   backend_.linear_forward(swiglu_ ? swiglu_out_ : act.activated, w.fc2_weight->compute, bias(fc2_bias), count, f, h,
                           epilogue(fc2_bias), partial_of(branch_out_), nullptr);
   if (Request done = reduce(branch_out_)) done->wait();
+  branch_dropout(DropoutKind::kMlpBranch);
   stream = act.middle;
   pending = branch_out_;
 }
 
-void GptModel::layer_backward(std::size_t l, const LayerActivations& act, Activation d_out, Activation d_middle,
-                              DeferredGradients* deferred) {
+void GptModel::layer_backward(std::size_t l, const LayerActivations& act, const std::optional<int64_t>& first_sample,
+                              Activation d_out, Activation d_middle, DeferredGradients* deferred) {
   const std::size_t count = static_cast<std::size_t>(batch_ * seq_);
   const auto h = static_cast<std::size_t>(hidden_);
   const auto q = static_cast<std::size_t>(q_local_);
@@ -606,7 +641,8 @@ void GptModel::layer_backward(std::size_t l, const LayerActivations& act, Activa
   // GELU in the same GEMM; SwiGLU's gradient is a pass of its own, and its output (fc2's input) is
   // not kept but computed again from fc1's for fc2's weight gradient (a pass over tokens x ffn
   // against a tokens x ffn buffer per layer), into d_activated_, which the backward is then done with.
-  ConstActivation d_out_full = gather_rows(d_out, gathered_);
+  // The branch's gradient is the output's through the branch's dropout (the residual path's is not).
+  ConstActivation d_out_full = masked_gradient(d_out, dropout_mask(DropoutKind::kMlpBranch, l, first_sample));
   ConstActivation fc2_input = act.activated;
   if (swiglu_) {
     backend_.linear_backward(d_out_full, nullptr, w.fc2_weight->compute, count, f, h, d_activated_, nullptr, nullptr);
@@ -628,13 +664,15 @@ void GptModel::layer_backward(std::size_t l, const LayerActivations& act, Activa
   if (summed) summed->wait();
   norm_backward(d_hidden_, act.middle, w.ln2_gamma, w.ln2_beta, act.ln2_mean, act.ln2_rstd, d_out, d_middle);
   // middle = input + proj(attention(rope(qkv(ln1(input))))).
-  ConstActivation d_middle_full = gather_rows(d_middle, gathered_);
+  ConstActivation d_middle_full =
+      masked_gradient(d_middle, dropout_mask(DropoutKind::kAttentionBranch, l, first_sample));
   backend_.linear_backward(d_middle_full, act.attention, w.proj_weight->compute, count, q, h, d_hidden_, nullptr,
                            nullptr);
   weight_gradient(d_middle_full, act.attention, q, h, w.proj_weight, w.proj_bias, &kept.proj);
   backend_.attention_backward(d_hidden_, act.qkv, act.attention, act.attention_saved, static_cast<std::size_t>(batch_),
                               static_cast<std::size_t>(seq_), static_cast<std::size_t>(heads_local_),
-                              static_cast<std::size_t>(groups_local_), static_cast<std::size_t>(dim_), d_qkv_);
+                              static_cast<std::size_t>(groups_local_), static_cast<std::size_t>(dim_),
+                              dropout_mask(DropoutKind::kAttentionProbabilities, l, first_sample), d_qkv_);
   rotate(d_qkv_, true);  // the gradient of the projection's output, before the rotation
   norm_forward(act.input, nullptr, nullptr, w.ln1_gamma, w.ln1_beta, norm_out_, act.ln1_mean,
                act.ln1_rstd);  // recomputed, not kept
@@ -693,7 +731,7 @@ void GptModel::backward_input(int64_t microbatch, ConstActivation output_gradien
       for (std::size_t l = first; l < end; ++l) {
         borrowed.push_back(borrow());
         fill_missing(a.work[l], borrowed.back());
-        layer_forward(l, a.work[l], stream, pending);
+        layer_forward(l, a.work[l], a.first_sample, stream, pending);
       }
     }
     for (std::size_t l = end; l-- > first;) {
@@ -702,9 +740,10 @@ void GptModel::backward_input(int64_t microbatch, ConstActivation output_gradien
         borrowed.push_back(borrow());
         fill_missing(a.work[l], borrowed.back());
         backend_.attention_forward(a.work[l].qkv, batch, seq, heads, static_cast<std::size_t>(groups_local_), dim,
+                                   dropout_mask(DropoutKind::kAttentionProbabilities, l, a.first_sample),
                                    a.work[l].attention, a.work[l].attention_saved);
       }
-      layer_backward(l, a.work[l], d_out, d_middle, defer ? &a.deferred[l] : nullptr);
+      layer_backward(l, a.work[l], a.first_sample, d_out, d_middle, defer ? &a.deferred[l] : nullptr);
       if (!defer) gradients_done_from(layers_[l].ln1_gamma);
     }
     // W still reads what was recomputed; B is done with it.
@@ -720,9 +759,11 @@ void GptModel::backward_input(int64_t microbatch, ConstActivation output_gradien
     backend_.copy(d_out, rows * h, input_gradient);
   } else if (defer) {
     a.input_gradient = backend_.allocate_activation(count * h);  // the embedding's gradient is a weight gradient
-    backend_.copy(gather_rows(d_out, gathered_), count * h, a.input_gradient);
+    backend_.copy(masked_gradient(d_out, dropout_mask(DropoutKind::kEmbedding, 0, a.first_sample)), count * h,
+                  a.input_gradient);
   } else {
-    backend_.embedding_backward(gather_rows(d_out, gathered_), a.inputs.data(), count, seq, h, vocab_start, v,
+    backend_.embedding_backward(masked_gradient(d_out, dropout_mask(DropoutKind::kEmbedding, 0, a.first_sample)),
+                                a.inputs.data(), count, seq, h, vocab_start, v,
                                 word_embeddings_->gradient,
                                 position_embeddings_ ? position_embeddings_->gradient : nullptr);
     gradients_done_from(word_embeddings_);

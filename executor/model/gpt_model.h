@@ -32,6 +32,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -41,6 +42,7 @@
 #include "core/pipeline_layout.h"
 #include "executor/comm/comm.h"
 #include "executor/model/tensor_shards.h"
+#include "executor/kernels/dropout_mask.h"
 #include "executor/runtime/backend.h"
 
 namespace megaplan::exec {
@@ -128,7 +130,10 @@ class GptModel {
   Activation input_buffer(int64_t microbatch);
   // F. `data` is read on the first stage (inputs) and the last (labels, mask). The last stage adds
   // the microbatch's masked mean loss to a sum kept on the backend: nothing waits for it.
-  void forward(int64_t microbatch, const MicrobatchTokens* data);
+  // `first_sample` is the global sample of the microbatch's first sequence (its place in the run's
+  // sample order): where dropout's masks are drawn (executor/kernels/dropout_mask.h), for this
+  // forward and the microbatch's backward alike.
+  void forward(int64_t microbatch, const MicrobatchTokens* data, int64_t first_sample = 0);
   // REQUIRES: last_stage(). The sum of the microbatch losses since the last call (waits for them),
   // then 0 again.
   double take_loss_sum();
@@ -182,6 +187,8 @@ class GptModel {
     std::vector<LayerActivations> work;
     std::vector<LayerActivations> borrowed;
     Activation input_gradient = nullptr;      // first stage under I: the embedding's, for W
+    // forward()'s: where dropout's masks are drawn; none in evaluation, which drops nothing.
+    std::optional<int64_t> first_sample;
   };
   void add_parameter(const ParameterSpec& spec);
   void initialise(const Initialisation& init);
@@ -196,11 +203,19 @@ class GptModel {
   static void fill_missing(LayerActivations& act, const LayerActivations& from);
   // One layer's forward: `stream` + `pending` (null: `stream` alone) is its input, written to
   // act.input; on return `stream` is its middle and `pending` its MLP output (branch_out_).
-  void layer_forward(std::size_t l, const LayerActivations& act, ConstActivation& stream, ConstActivation& pending);
+  void layer_forward(std::size_t l, const LayerActivations& act, const std::optional<int64_t>& first_sample,
+                     ConstActivation& stream, ConstActivation& pending);
+  // The mask of a dropout of layer `l` of the stage (the embedding's: any l) in the microbatch from
+  // `first_sample`: this rank's rows (sequence parallelism) and heads (tensor parallelism) of the
+  // whole model's tensor. Inactive where its rate is 0, and without a sample (evaluation).
+  DropoutMask dropout_mask(DropoutKind kind, std::size_t l, const std::optional<int64_t>& first_sample) const;
+  // Under --hidden-dropout, `gradient` (this rank's rows) through `mask` into branch_out_, gathered
+  // over the tensor-parallel group under sequence parallelism; else `gradient` gathered.
+  ConstActivation masked_gradient(ConstActivation gradient, const DropoutMask& mask);
   // One layer's backward from d_out (the gradient at its output) into d_out (at its input), via
   // d_middle; `deferred` non-null under I.
-  void layer_backward(std::size_t l, const LayerActivations& act, Activation d_out, Activation d_middle,
-                      DeferredGradients* deferred);
+  void layer_backward(std::size_t l, const LayerActivations& act, const std::optional<int64_t>& first_sample,
+                      Activation d_out, Activation d_middle, DeferredGradients* deferred);
   // Tensor parallelism's collectives on activations (no-ops when tp = 1). The full [tokens x
   // hidden] input of a column-parallel layer: `rows` itself, or under sequence parallelism all
   // ranks' rows gathered into `full`.
@@ -221,7 +236,7 @@ class GptModel {
   // Tokens and labels of a microbatch into `a`, checked against the vocabulary.
   void read_tokens(Activations& a, const MicrobatchTokens& data) const;
   // REQUIRES: a.layers[0].input holds the stage input on a non-first stage.
-  void run_forward(Activations& activations, const MicrobatchTokens* data);
+  void run_forward(Activations& activations, const MicrobatchTokens* data, std::optional<int64_t> first_sample);
   // The deferred weight gradients of one microbatch.
   void weight_gradients(Activations& a);
   Activations take(std::map<int64_t, Activations>& from, int64_t microbatch, const char* why);
@@ -233,6 +248,9 @@ class GptModel {
   int64_t rotary_dim_;
   RotaryFrequencies rotary_;
   float norm_epsilon_;
+  // Dropout: --hidden-dropout, --attention-dropout, and --seed, which draws their masks.
+  double hidden_dropout_, attention_dropout_;
+  uint64_t seed_;
   // Tensor parallelism: the group, this rank, whether the stream is split by rows, and the
   // rank's share: heads and query groups, QKV's and fc1's outputs, MLP width, vocabulary rows
   // (from vocab_start_), stream rows.

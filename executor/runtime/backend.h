@@ -18,6 +18,7 @@
 
 #include "core/implementation_options.h"
 #include "executor/comm/comm.h"
+#include "executor/kernels/dropout_mask.h"
 #include "executor/kernels/rope_frequency.h"
 
 namespace megaplan::exec {
@@ -154,12 +155,21 @@ class Backend {
   // `saved` (attention_saved_size floats) holds what the backward needs besides qkv and out.
   virtual std::size_t attention_saved_size(std::size_t batch, std::size_t seq, std::size_t heads,
                                            std::size_t dim) const = 0;
+  // `dropout` (attention dropout; inactive: none) drops probabilities after the softmax, with
+  // heads numbered as this call's (the mask's first_head places them in the model's).
   virtual void attention_forward(ConstActivation qkv, std::size_t batch, std::size_t seq, std::size_t heads,
-                                 std::size_t groups, std::size_t dim, Activation out, float* saved) = 0;
-  // dqkv is overwritten (a key or value head's gradient summed over its group's queries).
+                                 std::size_t groups, std::size_t dim, const DropoutMask& dropout, Activation out,
+                                 float* saved) = 0;
+  // dqkv is overwritten (a key or value head's gradient summed over its group's queries); `dropout`
+  // is the forward's.
   virtual void attention_backward(ConstActivation dout, ConstActivation qkv, ConstActivation out, const float* saved,
                                   std::size_t batch, std::size_t seq, std::size_t heads, std::size_t groups,
-                                  std::size_t dim, Activation dqkv) = 0;
+                                  std::size_t dim, const DropoutMask& dropout, Activation dqkv) = 0;
+  // y [rows x cols] = x with dropout's mask applied (kept elements scaled by 1 / (1 - p), the rest
+  // 0); rows are this rank's token rows, as the mask places them. y may be x. The forward's dropout
+  // and its gradient alike (the same mask drawn again).
+  virtual void dropout(ConstActivation x, std::size_t rows, std::size_t cols, const DropoutMask& mask,
+                       Activation y) = 0;
   // Softmax cross entropy over a vocabulary that may be split across tensor-parallel ranks
   // (Megatron's vocabulary-parallel cross entropy): `logits` [tokens x vocab] are columns
   // vocab_start .. vocab_start + vocab of the whole (padded) vocabulary. The forward gives each

@@ -9,6 +9,7 @@
 
 #include "executor/kernels/reference/adamw.h"
 #include "executor/kernels/reference/attention.h"
+#include "executor/kernels/reference/dropout.h"
 #include "executor/kernels/reference/cross_entropy.h"
 #include "executor/kernels/reference/embedding.h"
 #include "executor/kernels/reference/gelu.h"
@@ -247,7 +248,8 @@ void gather_head(const float* qkv, const QkvLayout& layout, std::size_t b, std::
 }  // namespace
 
 void CpuBackend::attention_forward(ConstActivation qkv_in, std::size_t batch, std::size_t seq, std::size_t heads,
-                                   std::size_t groups, std::size_t dim, Activation out_, float* saved) {
+                                   std::size_t groups, std::size_t dim, const DropoutMask& dropout, Activation out_,
+                                   float* saved) {
   const float* qkv = f(qkv_in);
   float* out = f(out_);
   const QkvLayout layout{seq, heads, groups, dim};
@@ -255,7 +257,7 @@ void CpuBackend::attention_forward(ConstActivation qkv_in, std::size_t batch, st
   for (std::size_t b = 0; b < batch; ++b) {
     for (std::size_t h = 0; h < heads; ++h) {
       gather_head(qkv, layout, b, h, q, k, v);
-      reference::attention_forward(q.data(), k.data(), v.data(), 1, seq, dim, o.data(),
+      reference::attention_forward(q.data(), k.data(), v.data(), 1, seq, dim, dropout, b, h, o.data(),
                                    saved + (b * heads + h) * seq * seq);
       for (std::size_t s = 0; s < seq; ++s) {
         std::copy_n(o.begin() + static_cast<std::ptrdiff_t>(s * dim), dim, out + ((b * seq + s) * heads + h) * dim);
@@ -266,7 +268,8 @@ void CpuBackend::attention_forward(ConstActivation qkv_in, std::size_t batch, st
 
 void CpuBackend::attention_backward(ConstActivation dout_in, ConstActivation qkv_in, ConstActivation,
                                     const float* saved, std::size_t batch, std::size_t seq, std::size_t heads,
-                                    std::size_t groups, std::size_t dim, Activation dqkv_out) {
+                                    std::size_t groups, std::size_t dim, const DropoutMask& dropout,
+                                    Activation dqkv_out) {
   const float *dout = f(dout_in), *qkv = f(qkv_in);
   float* dqkv = f(dqkv_out);
   const QkvLayout layout{seq, heads, groups, dim};
@@ -280,7 +283,7 @@ void CpuBackend::attention_backward(ConstActivation dout_in, ConstActivation qkv
         std::copy_n(dout + ((b * seq + s) * heads + h) * dim, dim, g.begin() + static_cast<std::ptrdiff_t>(s * dim));
       }
       reference::attention_backward(g.data(), q.data(), k.data(), v.data(), saved + (b * heads + h) * seq * seq, 1,
-                                    seq, dim, dq.data(), dk.data(), dv.data());
+                                    seq, dim, dropout, b, h, dq.data(), dk.data(), dv.data());
       for (std::size_t s = 0; s < seq; ++s) {
         const std::size_t at = s * dim;
         float* dq_row = dqkv + layout.query(b, s, h);
@@ -294,6 +297,10 @@ void CpuBackend::attention_backward(ConstActivation dout_in, ConstActivation qkv
       }
     }
   }
+}
+
+void CpuBackend::dropout(ConstActivation x, std::size_t rows, std::size_t cols, const DropoutMask& mask, Activation y) {
+  reference::dropout(f(x), rows, cols, mask, f(y));
 }
 
 void CpuBackend::cross_entropy_statistics(ConstActivation logits, const int64_t* targets, std::size_t tokens,

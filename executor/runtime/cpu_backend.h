@@ -61,10 +61,12 @@ class CpuBackend final : public Backend {
   std::size_t attention_saved_size(std::size_t batch, std::size_t seq, std::size_t heads,
                                    std::size_t dim) const override;
   void attention_forward(ConstActivation qkv, std::size_t batch, std::size_t seq, std::size_t heads,
-                         std::size_t groups, std::size_t dim, Activation out, float* saved) override;
+                         std::size_t groups, std::size_t dim, const DropoutMask& dropout, Activation out,
+                         float* saved) override;
   void attention_backward(ConstActivation dout, ConstActivation qkv, ConstActivation out, const float* saved,
                           std::size_t batch, std::size_t seq, std::size_t heads, std::size_t groups, std::size_t dim,
-                          Activation dqkv) override;
+                          const DropoutMask& dropout, Activation dqkv) override;
+  void dropout(ConstActivation x, std::size_t rows, std::size_t cols, const DropoutMask& mask, Activation y) override;
   void cross_entropy_statistics(ConstActivation logits, const int64_t* targets, std::size_t tokens, std::size_t vocab,
                                 std::size_t vocab_start, float* lse, float* target_logit, float* peak) override;
   void cross_entropy_shift(const float* peak, std::size_t tokens, float* shard_lse) override;

@@ -30,6 +30,7 @@
 #include "executor/kernels/cuda/bf16_linear.h"
 #include "executor/kernels/cuda/cross_entropy.h"
 #include "executor/kernels/cuda/device_common.cuh"
+#include "executor/kernels/cuda/dropout.h"
 #include "executor/kernels/cuda/elementwise.h"
 #include "executor/kernels/cuda/embedding.h"
 #include "executor/kernels/cuda/flash_attention.h"
@@ -280,8 +281,9 @@ class CudaBackend final : public Backend {
   }
   // Megatron's fused qkv [batch, seq, groups, group + 2, dim]: a group's queries, then its key and value.
   static cuda::AttentionShape attention_shape(std::size_t batch, std::size_t seq, std::size_t heads, std::size_t groups,
-                                              std::size_t dim) {
+                                              std::size_t dim, const DropoutMask& dropout) {
     cuda::AttentionShape shape{};
+    shape.dropout = dropout;
     shape.batch = i64(batch);
     shape.seq = i64(seq);
     shape.heads = i64(heads);
@@ -293,8 +295,8 @@ class CudaBackend final : public Backend {
     return shape;
   }
   void attention_forward(ConstActivation qkv, std::size_t batch, std::size_t seq, std::size_t heads, std::size_t groups,
-                         std::size_t dim, Activation out, float* saved) override {
-    const cuda::AttentionShape shape = attention_shape(batch, seq, heads, groups, dim);
+                         std::size_t dim, const DropoutMask& dropout, Activation out, float* saved) override {
+    const cuda::AttentionShape shape = attention_shape(batch, seq, heads, groups, dim, dropout);
     const Half* q = h16(qkv);
     const std::size_t group = heads / groups;
     cuda::flash_attention_forward(shape, q, q + group * dim, q + (group + 1) * dim, h16(out), saved, precision_,
@@ -302,8 +304,8 @@ class CudaBackend final : public Backend {
   }
   void attention_backward(ConstActivation dout, ConstActivation qkv, ConstActivation out, const float* saved,
                           std::size_t batch, std::size_t seq, std::size_t heads, std::size_t groups, std::size_t dim,
-                          Activation dqkv) override {
-    const cuda::AttentionShape shape = attention_shape(batch, seq, heads, groups, dim);
+                          const DropoutMask& dropout, Activation dqkv) override {
+    const cuda::AttentionShape shape = attention_shape(batch, seq, heads, groups, dim, dropout);
     const Half* q = h16(qkv);
     Half* dq = h16(dqkv);
     const std::size_t group = heads / groups;
@@ -311,6 +313,10 @@ class CudaBackend final : public Backend {
     cuda::flash_attention_backward(shape, h16(dout), q, q + group * dim, q + (group + 1) * dim, h16(out), saved,
                                    shape.qkv_token_stride, dq, dq + group * dim, dq + (group + 1) * dim, workspace,
                                    precision_, lane_->stream);
+  }
+
+  void dropout(ConstActivation x, std::size_t rows, std::size_t cols, const DropoutMask& mask, Activation y) override {
+    cuda::dropout(h16(x), i64(rows), i64(cols), mask, h16(y), precision_, lane_->stream);
   }
 
   void cross_entropy_statistics(ConstActivation logits, const int64_t* targets, std::size_t tokens, std::size_t vocab,

@@ -81,7 +81,7 @@ Activation Interpreter::message_buffer() {
 
 void Interpreter::release(Activation buffer) { spare_messages_.push_back(buffer); }
 
-void Interpreter::forward(int64_t stage, int64_t microbatch,
+void Interpreter::forward(int64_t stage, int64_t microbatch, const IterationStep& step,
                           const std::function<const MicrobatchTokens&(int64_t)>& data) {
   GptModel& model = chunk(stage);
   optimizer_.parameters_ready(stage);  // the last step's parameter all-gather, if it still runs
@@ -100,7 +100,7 @@ void Interpreter::forward(int64_t stage, int64_t microbatch,
     }
   }
   const MicrobatchTokens* tokens = model.first_stage() || model.last_stage() ? &data(microbatch) : nullptr;
-  model.forward(microbatch, tokens);
+  model.forward(microbatch, tokens, step.first_sample ? step.first_sample(microbatch) : 0);
 }
 
 void Interpreter::backward(int64_t stage, int64_t microbatch, bool defer) {
@@ -129,7 +129,7 @@ void Interpreter::execute(const Action& action, const IterationStep& step,
   const DataType type = backend_.activation_type();
   switch (action.kind) {
     case ActionKind::kForward:
-      forward(s, m, data);
+      forward(s, m, step, data);
       break;
     case ActionKind::kBackward:
       backward(s, m, false);

@@ -50,6 +50,9 @@ struct IterationStep {
   // Under loss scaling, gradients that overflow skip the update (IterationResult::skipped) instead
   // of stopping the run.
   bool skip_overflow = false;
+  // The global sample of microbatch m's first sequence (its place in the run's sample order), where
+  // dropout's masks are drawn (GptModel::forward); empty: sample 0.
+  std::function<int64_t(int64_t microbatch)> first_sample;
 };
 
 struct IterationResult {
@@ -94,7 +97,8 @@ class Interpreter {
                const std::function<const MicrobatchTokens&(int64_t)>& data, IterationResult& result);
   // OPTIM's checks and the step (or its skip).
   void optimize(const IterationStep& step, IterationResult& result);
-  void forward(int64_t stage, int64_t microbatch, const std::function<const MicrobatchTokens&(int64_t)>& data);
+  void forward(int64_t stage, int64_t microbatch, const IterationStep& step,
+               const std::function<const MicrobatchTokens&(int64_t)>& data);
   void backward(int64_t stage, int64_t microbatch, bool defer);
   // One slice per action; marks[i] was taken before actions_[i] and marks[i + 1] after it.
   void record(const std::vector<TimingMark>& marks, Timeline& timeline);

@@ -144,6 +144,9 @@ KernelLaunch::KernelLaunch(Backend& backend, const Kernel& kernel, EmbeddingTabl
     case KernelKind::kCopy:
       for (int i = 0; i < 3; ++i) activation(k.rows);
       break;
+    case KernelKind::kDropout:
+      for (int i = 0; i < 2; ++i) activation(k.rows * k.cols);
+      break;
     case KernelKind::kSwigluForward:
     case KernelKind::kSwigluBackward:
       activation(2 * k.rows * k.cols);  // fc1's output [gate; up] (or their gradient)
@@ -233,12 +236,12 @@ void KernelLaunch::operator()() {
       }
       break;
     case KernelKind::kAttentionForward:
-      backend_.attention_forward(a[0], size(k.batch), size(k.seq), size(k.heads), size(k.groups), size(k.head_dim), a[1],
-                                 f[0]);
+      backend_.attention_forward(a[0], size(k.batch), size(k.seq), size(k.heads), size(k.groups), size(k.head_dim),
+                                 DropoutMask{}, a[1], f[0]);
       break;
     case KernelKind::kAttentionBackward:
       backend_.attention_backward(a[2], a[0], a[1], f[0], size(k.batch), size(k.seq), size(k.heads), size(k.groups),
-                                  size(k.head_dim), a[3]);
+                                  size(k.head_dim), DropoutMask{}, a[3]);
       break;
     case KernelKind::kNormForward:
       backend_.layernorm_forward(a[0], k.fused_residual ? a[2] : nullptr, k.fused_residual ? a[3] : nullptr, a[4], a[5],
@@ -273,6 +276,14 @@ void KernelLaunch::operator()() {
     case KernelKind::kCopy:
       backend_.copy(a[0], size(k.rows), a[2]);
       break;
+    case KernelKind::kDropout: {
+      // Megatron's default rate; the draw's cost does not depend on which elements it keeps.
+      DropoutMask mask;
+      mask.probability = 0.1f;
+      mask.seq = std::max<int64_t>(k.rows, 1);
+      backend_.dropout(a[0], size(k.rows), size(k.cols), mask, a[1]);
+      break;
+    }
     case KernelKind::kFill:
       backend_.fill(f[0], size(k.rows), 0.0f);
       break;

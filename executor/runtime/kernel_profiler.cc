@@ -299,6 +299,15 @@ ProfileGrid profile_grid(bool quick) {
         }
       }
     }
+    // With --hidden-dropout the blocks gain dropout passes (kernel_list.h): timed alone too.
+    ParallelPlan dropped = plan;
+    dropped.options.hidden_dropout = 0.1;
+    const PlanKernels with_dropout(model, dropped);
+    for (std::size_t b = 0; b < kNumKernelBlocks; ++b) {
+      for (const Kernel& kernel : with_dropout.block(static_cast<KernelBlock>(b))) {
+        if (fresh(kernel)) alone.push_back({{kernel}, table});
+      }
+    }
   }
   grid.sequences.insert(grid.sequences.end(), alone.begin(), alone.end());
   const std::vector<int64_t> sequences = quick ? std::vector<int64_t>{1024, 4096} : std::vector<int64_t>{1024, 2048, 4096, 8192};

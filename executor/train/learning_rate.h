@@ -29,8 +29,9 @@ struct LearningRateSchedule {
   // Throws SpecError naming the flag: negative rates, min above max, a fraction outside [0, 1],
   // a fraction beside a warm-up length, both forms given, warm-up longer than decay.
   void validate() const;
-  // The rate for the update after which `consumed_samples` samples are consumed; the iteration-
-  // based flags count `global_batch_size` samples an iteration, as Megatron's scheduler does.
+  // The rate at `consumed_samples` samples into the schedule: the update that follows them runs at
+  // it (Megatron's scheduler steps after each update); the iteration-based flags count
+  // `global_batch_size` samples an iteration, as Megatron's scheduler does.
   double at(int64_t consumed_samples, int64_t global_batch_size) const;
 };
 

@@ -113,11 +113,15 @@ struct Run {
 };
 
 // Megatron's sampler: a global batch is its size's consecutive samples; microbatch m of
-// data-parallel rank r takes mbs of them at (m x dp + r) x mbs.
+// data-parallel rank r takes mbs of them from (m x dp + r) x mbs on.
+int64_t microbatch_first_sample(int64_t batch_start, int64_t microbatch, int64_t dp_rank, const ParallelPlan& plan) {
+  return batch_start + (microbatch * plan.data_parallel_size + dp_rank) * plan.micro_batch_size;
+}
+
 void read_microbatch(const BlendedSamples& samples, int64_t batch_start, int64_t microbatch, int64_t dp_rank,
                      const ParallelPlan& plan, int64_t seq, MicrobatchTokens& out) {
   const int64_t mbs = plan.micro_batch_size;
-  const int64_t first = batch_start + (microbatch * plan.data_parallel_size + dp_rank) * mbs;
+  const int64_t first = microbatch_first_sample(batch_start, microbatch, dp_rank, plan);
   out.tokens.resize(static_cast<std::size_t>(mbs * (seq + 1)));
   out.loss_mask.assign(static_cast<std::size_t>(mbs * seq), 1.0f);
   for (int64_t i = 0; i < mbs; ++i) {
@@ -421,9 +425,10 @@ TrainSummary RankTrainer::train() {
   while (state.iteration < options.train_iters) {
     const int64_t iteration = state.iteration + 1;
     const int64_t global_batch = rampup_global_batch(options.rampup, plan.global_batch_size, state.consumed_samples);
-    // Megatron's scheduler advances only on updates: the skipped iterations' samples do not count.
-    const double lr =
-        options.learning_rate.at(state.consumed_samples - state.skipped_samples + global_batch, plan.global_batch_size);
+    // Megatron's scheduler: an update runs at the rate of the samples consumed by the updates before
+    // it (the first at the schedule's start: 0 under a warm-up), and it advances only on updates,
+    // so the skipped iterations' samples do not count.
+    const double lr = options.learning_rate.at(state.consumed_samples - state.skipped_samples, plan.global_batch_size);
     if (options.rampup) use_global_batch(global_batch);
     const int64_t microbatches = global_batch / (plan.micro_batch_size * plan.data_parallel_size);
     data.clear();
@@ -443,6 +448,9 @@ TrainSummary RankTrainer::train() {
     step.iteration = iteration;
     step.update = iteration - state.skipped_iterations;
     step.lr = lr;
+    step.first_sample = [&](int64_t m) {
+      return microbatch_first_sample(state.consumed_samples, m, groups_.data_parallel_rank, plan);
+    };
     if (loss_scaler_) {
       step.loss_scale = loss_scaler_->scale();
       step.skip_overflow = true;

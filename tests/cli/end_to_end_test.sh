@@ -371,6 +371,13 @@ grep -q '"loss_scale":4294967296' "$scratch/fp16.jsonl" || fail "--log-file lack
 expect_ok train --device cpu "${gpt3_training[@]}" --train-iters 1 --loss-scale 4096 --initial-loss-scale 65536 \
   --min-loss-scale 2 --loss-scale-window 100 --hysteresis 1
 grep -q '| loss scale 4096 | number of skipped iterations 0$' "$scratch/out" || fail "--loss-scale is not the scale: $(cat "$scratch/out")"
+# Dropout with Megatron's flags: the run drops (masks from the seed and the element's place), and
+# simulate costs the dropout passes under megaplan's implementation.
+expect_ok train --device cpu "${gpt3_training[@]}" --train-iters 2 --hidden-dropout 0.1 --attention-dropout 0.1
+grep -q '^iteration 2/2 | loss ' "$scratch/out" || fail "dropout did not train: $(cat "$scratch/out")"
+expect_ok simulate --model gpt2-124m --cluster h100-x1 --hidden-dropout 0.1 --attention-dropout 0.1
+grep -q '^code       megaplan: .*dropout 0.1 attention, 0.1 hidden' "$scratch/out" ||
+  fail "simulate does not name megaplan's dropout: $(cat "$scratch/out")"
 expect_error 'error: --min-loss-scale: must not exceed --initial-loss-scale' train --device cpu "${gpt3_training[@]}" \
   --train-iters 1 --fp16 --initial-loss-scale 1024 --min-loss-scale 4096
 expect_error 'error: --train-samples: cannot be combined with --train-iters' train --device cpu "${gpt3_training[@]}" --train-iters 2 --train-samples 4

@@ -25,6 +25,8 @@
 
 namespace {
 
+const megaplan::exec::DropoutMask kNoDropout;  // inactive: attention without dropout
+
 using megaplan::exec::Activation;
 using megaplan::exec::Backend;
 using megaplan::Precision;
@@ -250,13 +252,15 @@ TEST_CASE("every CUDA operation matches the CPU backend", "[gpu][kernels]") {
         Acts out = both.act_output(batch * seq * heads * dim);
         float* saved_cpu = both.cpu().allocate(both.cpu().attention_saved_size(batch, seq, heads, dim));
         float* saved_gpu = both.gpu().allocate(both.gpu().attention_saved_size(batch, seq, heads, dim));
-        both.cpu().attention_forward(qkv.cpu, batch, seq, heads, groups, dim, out.cpu, saved_cpu);
-        both.gpu().attention_forward(qkv.gpu, batch, seq, heads, groups, dim, out.gpu, saved_gpu);
+        both.cpu().attention_forward(qkv.cpu, batch, seq, heads, groups, dim, kNoDropout, out.cpu, saved_cpu);
+        both.gpu().attention_forward(qkv.gpu, batch, seq, heads, groups, dim, kNoDropout, out.gpu, saved_gpu);
         CHECK(both.error(out) < kBf16);
         Acts dout = both.acts(random_vector(batch * seq * heads * dim, generator));
         Acts dqkv = both.act_output(batch * seq * width);
-        both.cpu().attention_backward(dout.cpu, qkv.cpu, out.cpu, saved_cpu, batch, seq, heads, groups, dim, dqkv.cpu);
-        both.gpu().attention_backward(dout.gpu, qkv.gpu, out.gpu, saved_gpu, batch, seq, heads, groups, dim, dqkv.gpu);
+        both.cpu().attention_backward(dout.cpu, qkv.cpu, out.cpu, saved_cpu, batch, seq, heads, groups, dim,
+                                      kNoDropout, dqkv.cpu);
+        both.gpu().attention_backward(dout.gpu, qkv.gpu, out.gpu, saved_gpu, batch, seq, heads, groups, dim,
+                                      kNoDropout, dqkv.gpu);
         CHECK(both.error(dqkv) < kBf16);
         both.cpu().rotary(dqkv.cpu, batch, seq, groups, heads / groups, dim, dim / 2, frequencies, true);
         both.gpu().rotary(dqkv.gpu, batch, seq, groups, heads / groups, dim, dim / 2, frequencies, true);
@@ -402,8 +406,8 @@ TEST_CASE("a CUDA backend made for fp16 runs its activations and kernels in fp16
       Acts out = both.act_output(batch * seq * heads * dim);
       float* saved_cpu = both.cpu().allocate(both.cpu().attention_saved_size(batch, seq, heads, dim));
       float* saved_gpu = both.gpu().allocate(both.gpu().attention_saved_size(batch, seq, heads, dim));
-      both.cpu().attention_forward(qkv.cpu, batch, seq, heads, groups, dim, out.cpu, saved_cpu);
-      both.gpu().attention_forward(qkv.gpu, batch, seq, heads, groups, dim, out.gpu, saved_gpu);
+      both.cpu().attention_forward(qkv.cpu, batch, seq, heads, groups, dim, kNoDropout, out.cpu, saved_cpu);
+      both.gpu().attention_forward(qkv.gpu, batch, seq, heads, groups, dim, kNoDropout, out.gpu, saved_gpu);
       CHECK(both.error(out) < kFp16);
     }
   }

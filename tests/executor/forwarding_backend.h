@@ -23,6 +23,7 @@ class ForwardingBackend : public exec::Backend {
   using AdamwSettings = exec::AdamwSettings;
   using TimingMark = exec::TimingMark;
   using RotaryFrequencies = exec::RotaryFrequencies;
+  using DropoutMask = exec::DropoutMask;
 
   explicit ForwardingBackend(std::unique_ptr<exec::Backend> inner) : inner_(std::move(inner)) {}
 
@@ -104,13 +105,16 @@ class ForwardingBackend : public exec::Backend {
     inner_->rotary(qkv, batch, seq, groups, group, dim, rotary_dim, frequencies, inverse);
   }
   void attention_forward(ConstActivation qkv, std::size_t batch, std::size_t seq, std::size_t heads, std::size_t groups,
-                         std::size_t dim, Activation out, float* saved) override {
-    inner_->attention_forward(qkv, batch, seq, heads, groups, dim, out, saved);
+                         std::size_t dim, const DropoutMask& dropout, Activation out, float* saved) override {
+    inner_->attention_forward(qkv, batch, seq, heads, groups, dim, dropout, out, saved);
   }
   void attention_backward(ConstActivation dout, ConstActivation qkv, ConstActivation out, const float* saved,
                           std::size_t batch, std::size_t seq, std::size_t heads, std::size_t groups, std::size_t dim,
-                          Activation dqkv) override {
-    inner_->attention_backward(dout, qkv, out, saved, batch, seq, heads, groups, dim, dqkv);
+                          const DropoutMask& dropout, Activation dqkv) override {
+    inner_->attention_backward(dout, qkv, out, saved, batch, seq, heads, groups, dim, dropout, dqkv);
+  }
+  void dropout(ConstActivation x, std::size_t rows, std::size_t cols, const DropoutMask& mask, Activation y) override {
+    inner_->dropout(x, rows, cols, mask, y);
   }
   void cross_entropy_statistics(ConstActivation logits, const int64_t* targets, std::size_t tokens, std::size_t vocab,
                                 std::size_t vocab_start, float* lse, float* target_logit, float* peak) override {

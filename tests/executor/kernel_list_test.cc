@@ -80,8 +80,10 @@ void check_stage(GptModel& model, RecordingBackend& backend, const PlanKernels& 
 
 }  // namespace
 
-TEST_CASE("one stage launches its kernel list for F, B, I and W under each recomputation", "[model][kernels]") {
+TEST_CASE("one stage launches its kernel list for F, B, I and W under each recomputation, with and without dropout",
+          "[model][kernels]") {
   for (const megaplan::ModelSpec& model : {four_layer_gpt(), four_layer_llama(), four_layer_qwen()})
+  for (const double dropout : {0.0, 0.1})
   for (const auto& [granularity, method, layers] :
        {std::tuple{megaplan::RecomputeGranularity::kNone, megaplan::RecomputeMethod::kUniform, int64_t{1}},
         {megaplan::RecomputeGranularity::kSelective, megaplan::RecomputeMethod::kUniform, 1},
@@ -91,7 +93,9 @@ TEST_CASE("one stage launches its kernel list for F, B, I and W under each recom
     plan.recompute_granularity = granularity;
     plan.recompute_method = method;
     plan.recompute_num_layers = layers;
-    INFO(model.name << ": " << megaplan::to_string(granularity) << " " << megaplan::to_string(method) << " " << layers);
+    plan.options.hidden_dropout = plan.options.attention_dropout = dropout;
+    INFO(model.name << ": " << megaplan::to_string(granularity) << " " << megaplan::to_string(method) << " " << layers
+                    << ", dropout " << dropout);
     RecordingBackend backend;
     GptModel gpt(model, plan, 0, backend, {42});
     const MicrobatchTokens data = microbatch(model, 2);
@@ -121,7 +125,8 @@ TEST_CASE("each tensor-parallel rank launches its kernel list, with and without 
   for (const bool sequence_parallel : {false, true}) {
     megaplan::ParallelPlan plan = layout(2, 1, 1, 1, ScheduleKind::kOneFOneB, 2, 2);
     plan.sequence_parallel = sequence_parallel;
-    INFO(model.name << ": sequence parallel " << sequence_parallel);
+    plan.options.hidden_dropout = sequence_parallel ? 0.1 : 0.0;
+    INFO(model.name << ": sequence parallel " << sequence_parallel << ", hidden dropout " << plan.options.hidden_dropout);
     megaplan::exec::InProcessWorld world(2, std::chrono::seconds(60));
     std::vector<std::vector<Kernel>> launched(2), listed(2);
     megaplan::exec::run_rank_threads(world, 2, [&](int64_t rank) {

@@ -100,15 +100,19 @@ class RecordingBackend : public ForwardingBackend {
     ForwardingBackend::rotary(qkv, batch, seq, groups, group, dim, rotary_dim, frequencies, inverse);
   }
   void attention_forward(ConstActivation qkv, std::size_t batch, std::size_t seq, std::size_t heads, std::size_t groups,
-                         std::size_t dim, Activation out, float* saved) override {
+                         std::size_t dim, const DropoutMask& dropout, Activation out, float* saved) override {
     record(attention_kernel(KernelKind::kAttentionForward, size(batch), size(seq), size(heads), size(dim), size(groups)));
-    ForwardingBackend::attention_forward(qkv, batch, seq, heads, groups, dim, out, saved);
+    ForwardingBackend::attention_forward(qkv, batch, seq, heads, groups, dim, dropout, out, saved);
   }
   void attention_backward(ConstActivation dout, ConstActivation qkv, ConstActivation out, const float* saved,
                           std::size_t batch, std::size_t seq, std::size_t heads, std::size_t groups, std::size_t dim,
-                          Activation dqkv) override {
+                          const DropoutMask& dropout, Activation dqkv) override {
     record(attention_kernel(KernelKind::kAttentionBackward, size(batch), size(seq), size(heads), size(dim), size(groups)));
-    ForwardingBackend::attention_backward(dout, qkv, out, saved, batch, seq, heads, groups, dim, dqkv);
+    ForwardingBackend::attention_backward(dout, qkv, out, saved, batch, seq, heads, groups, dim, dropout, dqkv);
+  }
+  void dropout(ConstActivation x, std::size_t rows, std::size_t cols, const DropoutMask& mask, Activation y) override {
+    record(row_kernel(KernelKind::kDropout, size(rows), size(cols)));
+    ForwardingBackend::dropout(x, rows, cols, mask, y);
   }
   void cross_entropy_statistics(ConstActivation logits, const int64_t* targets, std::size_t tokens, std::size_t vocab,
                                 std::size_t vocab_start, float* lse, float* target_logit, float* peak) override {

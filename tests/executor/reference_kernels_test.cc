@@ -10,6 +10,7 @@
 
 #include "executor/kernels/reference/adamw.h"
 #include "executor/kernels/reference/attention.h"
+#include "executor/kernels/reference/dropout.h"
 #include "executor/kernels/reference/cross_entropy.h"
 #include "executor/kernels/reference/gelu.h"
 #include "executor/kernels/reference/layernorm.h"
@@ -143,27 +144,78 @@ TEST_CASE("vocabulary-parallel cross entropy: two shards merge into the whole vo
   }
 }
 
-TEST_CASE("causal attention's backward is its forward's gradient", "[kernels]") {
+TEST_CASE("causal attention's backward is its forward's gradient, with and without dropout", "[kernels]") {
   std::mt19937 generator(5);
   const std::size_t heads = 2, seq = 5, dim = 4;
   const std::size_t n = heads * seq * dim;
   std::vector<float> q = random_vector(n, generator), k = random_vector(n, generator), v = random_vector(n, generator);
   const std::vector<float> weights = random_vector(n, generator);
-  std::vector<float> o(n), probs(heads * seq * seq);
-  const auto loss = [&] {
-    ref::attention_forward(q.data(), k.data(), v.data(), heads, seq, dim, o.data(), probs.data());
-    return weighted_sum(o, weights);
-  };
-  loss();
-  // Causal: the first query sees only the first key, so its output is the first value.
-  for (std::size_t d = 0; d < dim; ++d) CHECK(o[d] == Approx(v[d]));
-  CHECK(probs[1] == 0.0f);
-  std::vector<float> dq(n), dk(n), dv(n);
-  ref::attention_backward(weights.data(), q.data(), k.data(), v.data(), probs.data(), heads, seq, dim, dq.data(),
-                          dk.data(), dv.data());
-  check_gradient(q, dq, loss, "dq");
-  check_gradient(k, dk, loss, "dk");
-  check_gradient(v, dv, loss, "dv");
+  megaplan::exec::DropoutMask dropout;
+  dropout.seed = 7;
+  dropout.seq = static_cast<int64_t>(seq);
+  for (const float p : {0.0f, 0.3f}) {
+    INFO("attention dropout " << p);
+    dropout.probability = p;
+    std::vector<float> o(n), probs(heads * seq * seq);
+    // Heads 1 and 2 of sequence 3: the mask places the blocks in the model.
+    const auto loss = [&] {
+      ref::attention_forward(q.data(), k.data(), v.data(), heads, seq, dim, dropout, 3, 1, o.data(), probs.data());
+      return weighted_sum(o, weights);
+    };
+    loss();
+    // Causal: the first query sees only the first key, so its output is the first value (or 0, dropped).
+    const bool first_kept = !dropout.active() || dropout.keeps_probability(3, 1, 0, 0);
+    for (std::size_t d = 0; d < dim; ++d) CHECK(o[d] == Approx(first_kept ? v[d] * dropout.scale() : 0.0f));
+    CHECK(probs[1] == 0.0f);
+    std::vector<float> dq(n), dk(n), dv(n);
+    ref::attention_backward(weights.data(), q.data(), k.data(), v.data(), probs.data(), heads, seq, dim, dropout, 3, 1,
+                            dq.data(), dk.data(), dv.data());
+    check_gradient(q, dq, loss, "dq");
+    check_gradient(k, dk, loss, "dk");
+    check_gradient(v, dv, loss, "dv");
+  }
+}
+
+TEST_CASE("dropout masks depend on the element's place in the model alone", "[kernels][dropout]") {
+  // One tensor of 2 sequences x 8 tokens x 16 columns: the whole, and its two halves of rows as two
+  // sequence-parallel ranks hold them, draw the same mask; about p of the elements are dropped.
+  megaplan::exec::DropoutMask mask;
+  mask.probability = 0.25f;
+  mask.seed = 1234;
+  mask.site = megaplan::exec::dropout_site(5, megaplan::exec::DropoutKind::kMlpBranch);
+  mask.first_sample = 40;
+  mask.seq = 8;
+  const std::size_t rows = 16, cols = 16;
+  std::vector<float> x(rows * cols, 1.0f), whole(rows * cols), halves(rows * cols);
+  ref::dropout(x.data(), rows, cols, mask, whole.data());
+  for (int64_t rank = 0; rank < 2; ++rank) {
+    megaplan::exec::DropoutMask part = mask;
+    part.first_row = rank * 8;
+    const auto at = static_cast<std::size_t>(rank) * 8 * cols;
+    ref::dropout(x.data() + at, 8, cols, part, halves.data() + at);
+  }
+  CHECK(halves == whole);
+  std::size_t dropped = 0;
+  for (const float value : whole) {
+    CHECK((value == 0.0f || value == Approx(1.0f / 0.75f)));
+    dropped += value == 0.0f ? 1 : 0;
+  }
+  CHECK(dropped > rows * cols / 8);      // p = 1/4 of 256: 64 expected
+  CHECK(dropped < rows * cols * 3 / 8);
+  // Another sample, site or seed draws another mask.
+  for (const auto change : {+[](megaplan::exec::DropoutMask& m) { ++m.first_sample; },
+                            +[](megaplan::exec::DropoutMask& m) { ++m.site; },
+                            +[](megaplan::exec::DropoutMask& m) { ++m.seed; }}) {
+    megaplan::exec::DropoutMask other = mask;
+    change(other);
+    std::vector<float> redrawn(rows * cols);
+    ref::dropout(x.data(), rows, cols, other, redrawn.data());
+    CHECK(redrawn != whole);
+  }
+  // Inactive: the identity.
+  mask.probability = 0;
+  ref::dropout(x.data(), rows, cols, mask, whole.data());
+  CHECK(whole == x);
 }
 
 TEST_CASE("AdamW steps as torch.optim.AdamW", "[kernels]") {

@@ -155,3 +155,43 @@ TEST_CASE("the log prints the interval's average loss, an ETA, a banner and vali
   CHECK(record.at("validation_perplexity").get<double>() ==
         Approx(std::exp(record.at("validation_loss").get<double>())).epsilon(1e-12));
 }
+
+TEST_CASE("each update runs at the rate Megatron's scheduler holds after the updates before it", "[trainer]") {
+  // Megatron's scheduler starts at 0 samples and steps after each update: under a warm-up of 4
+  // iterations the first update runs at 0 (it moves Adam's moments, not the weights), the second
+  // at a quarter of --lr, the fifth at --lr.
+  const megaplan::test::ScratchDirectory scratch;
+  megaplan::exec::TrainOptions options;
+  options.train_iters = 6;
+  options.learning_rate.max_lr = 1e-3;
+  options.learning_rate.warmup_iterations = 4;
+  options.learning_rate.style = megaplan::exec::DecayStyle::kConstant;
+  options.log_interval = 1;
+  options.eval_iters = 0;
+  options.split = "1,0,0";
+  options.data_path = megaplan::test::sentence_corpus(scratch);
+  options.log_file = scratch.file("rates.jsonl");
+  options.keep_final_weights = true;
+  std::ostringstream out;
+  train_on_cpu(one_rank(2, 4), options, out);
+  std::vector<double> rates;
+  std::ifstream log(*options.log_file);
+  for (std::string line; std::getline(log, line);) rates.push_back(nlohmann::json::parse(line).at("lr").get<double>());
+  REQUIRE(rates.size() == 6);
+  CHECK(rates[0] == 0);
+  CHECK(rates[1] == Approx(2.5e-4));
+  CHECK(rates[2] == Approx(5e-4));
+  CHECK(rates[4] == Approx(1e-3));
+  CHECK(rates[5] == Approx(1e-3));
+  // The first update at rate 0 leaves the weights where they started: one iteration ends on the
+  // initialisation (Megatron's first step with a warm-up does the same).
+  options.train_iters = 1;
+  options.log_file = scratch.file("one.jsonl");
+  const megaplan::exec::TrainSummary one = train_on_cpu(one_rank(2, 4), options, out);
+  options.train_iters = 1;
+  options.learning_rate.max_lr = 0;  // no update at all
+  options.learning_rate.warmup_iterations = 0;
+  options.log_file = scratch.file("none.jsonl");
+  const megaplan::exec::TrainSummary none = train_on_cpu(one_rank(2, 4), options, out);
+  CHECK(one.final_weights == none.final_weights);
+}

@@ -1,9 +1,11 @@
 // Each kernel is instantiated for head dimensions 64 and 128 and for bf16 and fp16 inputs (P):
 // fp16 runs the .f16 wgmma instructions where bf16 runs the .bf16 ones, and rounds P and dS to
-// fp16 in registers; the math around them is the same fp32.
+// fp16 in registers; the math around them is the same fp32. And with and without dropout
+// (kDropout), so that attention without it runs no mask code at all.
 #include "executor/kernels/cuda/flash_attention.h"
 
 #include "executor/kernels/cuda/device_common.cuh"
+#include "executor/kernels/cuda/dropout.h"
 #include "executor/kernels/cuda/wgmma.cuh"
 
 namespace megaplan::exec::cuda {
@@ -120,6 +122,67 @@ __device__ __forceinline__ unsigned char* aligned_shared(unsigned char* raw) {
 }
 constexpr int kAlignSlack = 1024;
 
+// Dropout's mask Z on the probabilities. A thread's accumulator elements are scattered over the
+// tile, but the mask's elements are consecutive along a query's keys, four to a Philox draw: the
+// lanes that hold the same queries split the draws of their keys between them
+// (dropout_keep_bits) and pass the bits around by shuffles, so that each draw is made once per
+// run of keys (a draw that straddles two runs, where runs do not start draws, by both).
+
+// keeps_probability's element for query head h (of this call), query `query` and key `key`.
+__device__ __forceinline__ uint64_t probability_element(const DropoutMask& mask, int64_t h, int64_t query,
+                                                        int64_t key) {
+  return static_cast<uint64_t>(((mask.first_head + h) * mask.seq + query) * mask.seq + key);
+}
+
+// Z for this thread's two rows (queries query0 and query0 + 8) of one 64-key block, with S or dP's
+// rows as queries and columns as keys (the forward and dQ). The quad's four lanes hold the same
+// two rows: lanes t and t ^ 2 draw alternate blocks of row t % 2 and the shuffles hand both rows
+// to all four.
+struct RowKeeps {
+  uint64_t rows[2];  // bit 8 nt + (e & 1) of rows[e >> 1]: element [nt][e]
+
+  RowKeeps() = default;
+  __device__ __forceinline__ RowKeeps(const DropoutMask& mask, int64_t b, int64_t h, int query0, int key_first) {
+    const int t = threadIdx.x % 4;
+    const uint64_t first = probability_element(mask, h, query0 + 8 * (t & 1), key_first);
+    uint64_t own = dropout_keep_bits(mask, mask.first_sample + b, first, kBlock, t >> 1, 2);
+    own |= __shfl_xor_sync(0xffffffffu, own, 2);
+    const uint64_t other = __shfl_xor_sync(0xffffffffu, own, 1);
+    rows[0] = (t & 1 ? other : own) >> (2 * t);
+    rows[1] = (t & 1 ? own : other) >> (2 * t);
+  }
+  __device__ __forceinline__ bool kept(int nt, int e) const { return (rows[e >> 1] >> (nt * 8 + (e & 1))) & 1; }
+};
+
+// Z for this thread's elements of a dK/dV chunk of kTiles * 8 queries from query_first, whose
+// rows are keys (key_first + g and + 8 of the warp's 16) and columns queries: a query's run of 16
+// keys lies down the warp's rows. The eight lanes with the same t hold the same 2 * kTiles
+// queries (column c of them: tile c / 2, e & 1 = c % 2); lane g draws columns g + 8 i, and eight
+// shuffles give every lane all of them. Bit 4 nt + e: element [nt][e].
+template <int kTiles>
+__device__ __forceinline__ uint32_t column_keeps(const DropoutMask& mask, int64_t b, int64_t h, int query_first,
+                                                 int key_first) {
+  static_assert(kTiles == 4 || kTiles == 8, "a lane draws one or two whole columns");
+  constexpr int kPerLane = 2 * kTiles / 8;
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  uint32_t drawn = 0;  // 16 keys of column g + 8 i at bit 16 i
+  for (int i = 0; i < kPerLane; ++i) {
+    const int c = g + 8 * i;
+    const uint64_t first = probability_element(mask, h, query_first + (c / 2) * 8 + 2 * t + c % 2, key_first);
+    drawn |= static_cast<uint32_t>(dropout_keep_bits(mask, mask.first_sample + b, first, 16, 0, 1)) << (16 * i);
+  }
+  uint32_t bits = 0;
+  for (int source = 0; source < 8; ++source) {
+    const uint32_t columns = __shfl_sync(0xffffffffu, drawn, source * 4 + t) >> g;
+    for (int i = 0; i < kPerLane; ++i) {
+      const int c = source + 8 * i, nt = c / 2;
+      bits |= ((columns >> (16 * i)) & 1u) << (4 * nt + c % 2);          // key g
+      bits |= ((columns >> (16 * i + 8)) & 1u) << (4 * nt + 2 + c % 2);  // key g + 8
+    }
+  }
+  return bits;
+}
+
 // The online softmax of one 64-key block of S (this thread's two rows): scales into log2 units,
 // masks the future and keys past seq, moves the running maximum and sum, and leaves P = exp(S -
 // max) in p. Returns each row's rescaling of the old sum in alpha.
@@ -167,9 +230,13 @@ struct OnlineSoftmax {
 // tensor cores run O += P V for block kb, the warps already compute the softmax of block kb + 1,
 // whose S = Q K^T they issued first. K and V have two stages each; block kb's barrier frees K of
 // kb (its S is done) and V of kb - 1 (its PV is done), which take K of kb + 2 and V of kb + 1.
-template <Precision P, int D>
+//
+// Dropout zeroes P after the softmax has summed it (the sum, and the lse, are the undropped ones);
+// its 1 / (1 - p) joins the final division by the sum.
+template <Precision P, int D, bool kDropout>
 __global__ void __launch_bounds__(kThreads, 2) forward_kernel(Layout layout, const Half* q, const Half* k, const Half* v,
-                                                              Half* out, float* lse, float scale_log2) {
+                                                              Half* out, float* lse, float scale_log2,
+                                                              DropoutMask dropout) {
   extern __shared__ unsigned char shared_raw[];
   constexpr int kTile = kTileBytes<D>;
   unsigned char* qs = aligned_shared(shared_raw);
@@ -189,6 +256,12 @@ __global__ void __launch_bounds__(kThreads, 2) forward_kernel(Layout layout, con
   const auto edge = [&](int kb) { return kb == qb || (kb + 1) * kBlock > seq; };
   const auto k_stage = [&](int kb) { return k_stages + (kb % 2) * kTile; };
   const auto v_stage = [&](int kb) { return v_stages + (kb % 2) * kTile; };
+  const auto drop = [&](float (&p)[kBlock / 8][4], int kb) {
+    const RowKeeps keeps(dropout, b, h, query0, kb * kBlock);
+    for (int nt = 0; nt < kBlock / 8; ++nt) {
+      for (int e = 0; e < 4; ++e) p[nt][e] = keeps.kept(nt, e) ? p[nt][e] : 0.0f;
+    }
+  };
   const uint32_t q_tile = shared_address(qs), k_tiles = shared_address(k_stages), v_tiles = shared_address(v_stages);
   const auto issue_s = [&](float (&s)[kBlock / 8][4], int kb) {
     const uint32_t k_tile = k_tiles + (kb % 2) * kTile;
@@ -217,6 +290,7 @@ __global__ void __launch_bounds__(kThreads, 2) forward_kernel(Layout layout, con
   wgmma_wait<0>();
   wgmma_pin(flat(s));
   softmax.step(s, p, alpha, scale_log2, 0, query0, seq, edge(0));
+  if constexpr (kDropout) drop(p, 0);
   for (int kc = 0; kc < kBlock / 16; ++kc) to_a<P>(pa[kc], p[2 * kc], p[2 * kc + 1]);
 
   for (int kb = 0; kb < key_blocks; ++kb) {
@@ -238,6 +312,7 @@ __global__ void __launch_bounds__(kThreads, 2) forward_kernel(Layout layout, con
       wgmma_wait<1>();  // S of kb + 1 is done, PV of kb may still run
       wgmma_pin(flat(s));
       softmax.step(s, p, alpha, scale_log2, (kb + 1) * kBlock, query0, seq, edge(kb + 1));
+      if constexpr (kDropout) drop(p, kb + 1);
       wgmma_wait<0>();  // PV of kb has read pa and written o
       wgmma_pin(flat(o));
       for (int kc = 0; kc < kBlock / 16; ++kc) to_a<P>(pa[kc], p[2 * kc], p[2 * kc + 1]);
@@ -264,7 +339,7 @@ __global__ void __launch_bounds__(kThreads, 2) forward_kernel(Layout layout, con
   for (int r = 0; r < 2; ++r) {
     const int query = query0 + 8 * r;
     if (query >= seq) continue;
-    const float inverse = 1.0f / row_sum[r];
+    const float inverse = (kDropout ? dropout.scale() : 1.0f) / row_sum[r];
     Half* row = out + ((b * seq + query) * layout.heads + h) * D;
     for (int dt = 0; dt < D / 8; ++dt) {
       *reinterpret_cast<uint32_t*>(row + dt * 8 + 2 * t) = pack2<P>(o[dt][2 * r] * inverse, o[dt][2 * r + 1] * inverse);
@@ -291,12 +366,13 @@ __global__ void delta_kernel(const Half* dout, const Half* out, int64_t rows, in
 
 // dK and dV of one key block of one key-value head: over every query head of its group and every
 // query block at or after it (causal), kQueryChunk queries at a time; the next query block's Q, dO,
-// lse and delta are copied in while the current one is used.
-template <Precision P, int D>
+// lse and delta are copied in while the current one is used. Dropout's 1 / (1 - p) on dV's P is
+// applied once, to the sum.
+template <Precision P, int D, bool kDropout>
 __global__ void __launch_bounds__(kThreads) dkdv_kernel(Layout layout, const Half* dout, const Half* q, const Half* k,
                                                         const Half* v, const float* lse, const float* delta,
                                                         int64_t d_token_stride, Half* dk, Half* dv, float scale,
-                                                        float scale_log2) {
+                                                        float scale_log2, DropoutMask dropout) {
   extern __shared__ unsigned char shared_raw[];
   constexpr int kTile = kTileBytes<D>;
   unsigned char* ks = aligned_shared(shared_raw);
@@ -344,6 +420,13 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(Layout layout, const Hal
     const bool edge = row0 == kb * kBlock || row0 + kBlock > seq || (kb + 1) * kBlock > seq;
     for (int n0 = 0; n0 < kBlock; n0 += kQueryChunk<D>) {  // queries n0 .. n0 + chunk - 1 of the block
       constexpr int kTiles = kQueryChunk<D> / 8;
+      // Z before the products rather than while they run: S^T and dP^T's registers would spill the draws.
+      uint32_t keeps = 0;
+      if constexpr (kDropout) {
+        keeps = column_keeps<kTiles>(dropout, b, kvh * layout.group + step / blocks_per_head, row0 + n0,
+                                     kb * kBlock + warp * 16);
+        asm volatile("" : "+r"(keeps));  // ordered before the fence: no draw sinks past it
+      }
       float p[kTiles][4], dp[kTiles][4];
       wgmma_fence();
       for (int s = 0; s < D / 16; ++s) {
@@ -373,7 +456,13 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(Layout layout, const Hal
             live = query >= key && query < seq && key < seq;
           }
           p[nt][e] = live ? fast_exp2(fmaf(p[nt][e], scale_log2, -lse_log2)) : 0.0f;
-          dp[nt][e] = p[nt][e] * (dp[nt][e] - delta_value);
+          if constexpr (kDropout) {
+            const bool kept = (keeps >> (4 * nt + e)) & 1;
+            dp[nt][e] = p[nt][e] * ((kept ? dp[nt][e] * dropout.scale() : 0.0f) - delta_value);
+            if (!kept) p[nt][e] = 0.0f;
+          } else {
+            dp[nt][e] = p[nt][e] * (dp[nt][e] - delta_value);
+          }
         }
       }
       uint32_t pa[kTiles / 2][4], dsa[kTiles / 2][4];
@@ -392,6 +481,7 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(Layout layout, const Hal
       wgmma_pin(flat(dk_acc));
     }
   }
+  const float dv_scale = kDropout ? dropout.scale() : 1.0f;
   for (int r = 0; r < 2; ++r) {
     const int key = key0 + 8 * r;
     if (key >= seq) continue;
@@ -400,18 +490,19 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(Layout layout, const Hal
     for (int dt = 0; dt < D / 8; ++dt) {
       *reinterpret_cast<uint32_t*>(dk_row + dt * 8 + 2 * t) =
           pack2<P>(dk_acc[dt][2 * r] * scale, dk_acc[dt][2 * r + 1] * scale);
-      *reinterpret_cast<uint32_t*>(dv_row + dt * 8 + 2 * t) = pack2<P>(dv_acc[dt][2 * r], dv_acc[dt][2 * r + 1]);
+      *reinterpret_cast<uint32_t*>(dv_row + dt * 8 + 2 * t) =
+          pack2<P>(dv_acc[dt][2 * r] * dv_scale, dv_acc[dt][2 * r + 1] * dv_scale);
     }
   }
 }
 
 // dQ of one query block of one query head, over the key blocks up to it; the next key block's K
 // and V are copied in while the current one is used.
-template <Precision P, int D>
+template <Precision P, int D, bool kDropout>
 __global__ void __launch_bounds__(kThreads) dq_kernel(Layout layout, const Half* dout, const Half* q, const Half* k,
                                                       const Half* v, const float* lse, const float* delta,
-                                                      int64_t d_token_stride, Half* dq, float scale,
-                                                      float scale_log2) {
+                                                      int64_t d_token_stride, Half* dq, float scale, float scale_log2,
+                                                      DropoutMask dropout) {
   extern __shared__ unsigned char shared_raw[];
   constexpr int kTile = kTileBytes<D>;
   unsigned char* qs = aligned_shared(shared_raw);
@@ -465,6 +556,8 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(Layout layout, const Half*
       wgmma<P, 0>(flat(dp), k_major<kBlock>(do_tile, 0, s), k_major<kBlock>(v_tile, 0, s), s > 0);  // dP = dO V^T
     }
     wgmma_commit();
+    RowKeeps keeps{};
+    if constexpr (kDropout) keeps = RowKeeps(dropout, b, h, query0, kb * kBlock);
     wgmma_wait<0>();
     wgmma_pin(flat(p));
     wgmma_pin(flat(dp));
@@ -480,7 +573,9 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(Layout layout, const Half*
             live = key <= query && key < seq && query < seq;
           }
           const float prob = live ? fast_exp2(fmaf(p[nt][e], scale_log2, -row_lse[e >> 1])) : 0.0f;
-          ds[half][e] = prob * (dp[nt][e] - row_delta[e >> 1]);
+          float dp_value = dp[nt][e];
+          if constexpr (kDropout) dp_value = keeps.kept(nt, e) ? dp_value * dropout.scale() : 0.0f;
+          ds[half][e] = prob * (dp_value - row_delta[e >> 1]);
         }
       }
       to_a<P>(dsa[kc], ds[0], ds[1]);
@@ -513,6 +608,12 @@ Layout layout_of(const AttentionShape& s) {
     throw SpecError("--num-query-groups", std::to_string(s.kv_heads) + " must divide the " + std::to_string(s.heads) +
                                               " attention heads");
   }
+  const DropoutMask& dropout = s.dropout;
+  if (dropout.active() && (!(dropout.probability < 1.0f) || dropout.seq != s.seq)) {
+    throw SpecError("--attention-dropout", "flash attention's dropout needs p < 1 and the mask's seq " +
+                                               std::to_string(dropout.seq) + " to be the sequence's " +
+                                               std::to_string(s.seq));
+  }
   return Layout{s.seq, s.heads, s.heads / s.kv_heads, s.qkv_token_stride, s.qkv_head_stride};
 }
 
@@ -537,10 +638,11 @@ void forward(const AttentionShape& shape, const Half* q, const Half* k, const Ha
              cudaStream_t stream) {
   const Layout layout = layout_of(shape);
   constexpr int bytes = forward_shared_bytes<D>();
-  check(cudaFuncSetAttribute(forward_kernel<P, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
+  const auto kernel = shape.dropout.active() ? forward_kernel<P, D, true> : forward_kernel<P, D, false>;
+  check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
         "flash attention forward shared memory");
   const dim3 grid(static_cast<unsigned>((shape.seq + kBlock - 1) / kBlock), static_cast<unsigned>(shape.batch * shape.heads));
-  forward_kernel<P, D><<<grid, kThreads, bytes, stream>>>(layout, q, k, v, out, lse, shape.softmax_scale * kLog2e);
+  kernel<<<grid, kThreads, bytes, stream>>>(layout, q, k, v, out, lse, shape.softmax_scale * kLog2e, shape.dropout);
   check_launch("flash attention forward");
 }
 
@@ -555,17 +657,20 @@ void backward(const AttentionShape& shape, const Half* dout, const Half* q, cons
   check_launch("flash attention delta");
   const unsigned blocks = static_cast<unsigned>((shape.seq + kBlock - 1) / kBlock);
   const float scale = shape.softmax_scale, scale_log2 = shape.softmax_scale * kLog2e;
+  const bool dropout = shape.dropout.active();
   constexpr int dkdv_bytes = dkdv_shared_bytes<D>();
-  check(cudaFuncSetAttribute(dkdv_kernel<P, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, dkdv_bytes),
+  const auto dkdv = dropout ? dkdv_kernel<P, D, true> : dkdv_kernel<P, D, false>;
+  check(cudaFuncSetAttribute(dkdv, cudaFuncAttributeMaxDynamicSharedMemorySize, dkdv_bytes),
         "flash attention dK/dV shared memory");
-  dkdv_kernel<P, D><<<dim3(blocks, static_cast<unsigned>(shape.batch * shape.kv_heads)), kThreads, dkdv_bytes,
-                      stream>>>(layout, dout, q, k, v, lse, delta, d_stride, dk, dv, scale, scale_log2);
+  dkdv<<<dim3(blocks, static_cast<unsigned>(shape.batch * shape.kv_heads)), kThreads, dkdv_bytes, stream>>>(
+      layout, dout, q, k, v, lse, delta, d_stride, dk, dv, scale, scale_log2, shape.dropout);
   check_launch("flash attention dK/dV");
   constexpr int dq_bytes = dq_shared_bytes<D>();
-  check(cudaFuncSetAttribute(dq_kernel<P, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, dq_bytes),
+  const auto dq_pass = dropout ? dq_kernel<P, D, true> : dq_kernel<P, D, false>;
+  check(cudaFuncSetAttribute(dq_pass, cudaFuncAttributeMaxDynamicSharedMemorySize, dq_bytes),
         "flash attention dQ shared memory");
-  dq_kernel<P, D><<<dim3(blocks, static_cast<unsigned>(shape.batch * shape.heads)), kThreads, dq_bytes, stream>>>(
-      layout, dout, q, k, v, lse, delta, d_stride, dq, scale, scale_log2);
+  dq_pass<<<dim3(blocks, static_cast<unsigned>(shape.batch * shape.heads)), kThreads, dq_bytes, stream>>>(
+      layout, dout, q, k, v, lse, delta, d_stride, dq, scale, scale_log2, shape.dropout);
   check_launch("flash attention dQ");
 }
 

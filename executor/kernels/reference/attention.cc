@@ -6,8 +6,20 @@
 
 namespace megaplan::exec::reference {
 
+namespace {
+
+// Dropout's factor of probability (i, j) of block h: 0, 1 / (1 - p), or 1 without dropout.
+double kept(const DropoutMask& dropout, std::size_t batch, std::size_t head, std::size_t i, std::size_t j) {
+  if (!dropout.active()) return 1;
+  const auto at = [](std::size_t n) { return static_cast<int64_t>(n); };
+  return dropout.keeps_probability(at(batch), at(head), at(i), at(j)) ? static_cast<double>(dropout.scale()) : 0;
+}
+
+}  // namespace
+
 void attention_forward(const float* q, const float* k, const float* v, std::size_t heads, std::size_t seq,
-                       std::size_t dim, float* o, float* probs) {
+                       std::size_t dim, const DropoutMask& dropout, std::size_t batch, std::size_t head, float* o,
+                       float* probs) {
   const double scale = 1.0 / std::sqrt(static_cast<double>(dim));
   std::vector<double> scores(seq);
   for (std::size_t h = 0; h < heads; ++h) {
@@ -29,7 +41,9 @@ void attention_forward(const float* q, const float* k, const float* v, std::size
       for (std::size_t j = 0; j <= i; ++j) p[j] = static_cast<float>(std::exp(scores[j] - peak) / sum);
       for (std::size_t d = 0; d < dim; ++d) {
         double out = 0;
-        for (std::size_t j = 0; j <= i; ++j) out += static_cast<double>(p[j]) * vh[j * dim + d];
+        for (std::size_t j = 0; j <= i; ++j) {
+          out += static_cast<double>(p[j]) * kept(dropout, batch, head + h, i, j) * vh[j * dim + d];
+        }
         o[(h * seq + i) * dim + d] = static_cast<float>(out);
       }
     }
@@ -37,7 +51,8 @@ void attention_forward(const float* q, const float* k, const float* v, std::size
 }
 
 void attention_backward(const float* d_o, const float* q, const float* k, const float* v, const float* probs,
-                        std::size_t heads, std::size_t seq, std::size_t dim, float* dq, float* dk, float* dv) {
+                        std::size_t heads, std::size_t seq, std::size_t dim, const DropoutMask& dropout,
+                        std::size_t batch, std::size_t head, float* dq, float* dk, float* dv) {
   const double scale = 1.0 / std::sqrt(static_cast<double>(dim));
   std::vector<double> dp(seq);
   std::vector<double> dk_acc(seq * dim), dv_acc(seq * dim);
@@ -48,16 +63,18 @@ void attention_backward(const float* d_o, const float* q, const float* k, const 
     for (std::size_t i = 0; i < seq; ++i) {
       const float* p = probs + (h * seq + i) * seq;
       const float* g = d_o + base + i * dim;
-      // dV += p^T dO; dP = dO V^T; dS = p * (dP - sum(p * dP)); dQ = dS K scale; dK += dS^T Q scale.
+      // With z the mask's factor: dV += (p z)^T dO; dP = (dO V^T) z; dS = p * (dP - sum(p * dP));
+      // dQ = dS K scale; dK += dS^T Q scale.
       double row_dot = 0;
       for (std::size_t j = 0; j <= i; ++j) {
+        const double z = kept(dropout, batch, head + h, i, j);
         double value = 0;
         for (std::size_t d = 0; d < dim; ++d) {
           value += static_cast<double>(g[d]) * v[base + j * dim + d];
-          dv_acc[j * dim + d] += static_cast<double>(p[j]) * g[d];
+          dv_acc[j * dim + d] += static_cast<double>(p[j]) * z * g[d];
         }
-        dp[j] = value;
-        row_dot += p[j] * value;
+        dp[j] = value * z;
+        row_dot += p[j] * dp[j];
       }
       for (std::size_t d = 0; d < dim; ++d) {
         double grad_q = 0;

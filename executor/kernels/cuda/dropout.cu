@@ -1,0 +1,67 @@
+// Dropout of a token-major tensor: each thread takes 8 consecutive values of one row, as one
+// 16-byte access when the rows and pointers allow it, and draws their keep bits from the two (or,
+// where a row's elements do not start a Philox block, three) draws that cover them.
+#include "executor/kernels/cuda/dropout.h"
+
+#include <string>
+
+#include "executor/kernels/cuda/device_common.cuh"
+
+namespace megaplan::exec::cuda {
+
+namespace {
+
+using namespace detail;
+
+constexpr int kThreads = 256;
+
+template <Precision P, bool kAligned>
+__global__ void dropout_kernel(const Half* x, int64_t rows, int64_t cols, int64_t vectors_per_row, DropoutMask mask,
+                               Half* y) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= rows * vectors_per_row) return;
+  const int64_t row = i / vectors_per_row, start = (i % vectors_per_row) * 8;
+  const int64_t global_row = mask.first_row + row;  // keeps_token's arithmetic, once for the 8
+  const uint64_t first = static_cast<uint64_t>((global_row % mask.seq) * cols + start);
+  const int count = static_cast<int>(cols - start < 8 ? cols - start : 8);
+  const uint64_t kept = dropout_keep_bits(mask, mask.first_sample + global_row / mask.seq, first, count, 0, 1);
+  const float scale = mask.scale();
+  float v[8];
+  load8<P, kAligned>(x + row * cols, start, cols, v);
+#pragma unroll
+  for (int e = 0; e < 8; ++e) v[e] = (kept >> e) & 1 ? v[e] * scale : 0.0f;
+  store8<P, kAligned>(y + row * cols, start, cols, v);
+}
+
+}  // namespace
+
+void dropout(const Half* x, int64_t rows, int64_t cols, const DropoutMask& mask, Half* y, Precision precision,
+             cudaStream_t stream) {
+  if (rows < 0 || cols < 0) {
+    throw SpecError("--device", "dropout: a negative size, " + std::to_string(rows) + " x " + std::to_string(cols));
+  }
+  if (rows == 0 || cols == 0) return;
+  if (!mask.active()) {
+    if (x != y) {
+      check(cudaMemcpyAsync(y, x, static_cast<size_t>(rows * cols) * sizeof(Half), cudaMemcpyDeviceToDevice, stream),
+            "dropout copy");
+    }
+    return;
+  }
+  if (!(mask.probability < 1.0f) || mask.seq <= 0) {
+    throw SpecError("--device", "dropout: needs 0 <= p < 1 and a positive seq, got p " +
+                                    std::to_string(mask.probability) + ", seq " + std::to_string(mask.seq));
+  }
+  const int64_t vectors_per_row = (cols + 7) / 8;
+  const unsigned grid = blocks_for(rows * vectors_per_row, kThreads);
+  const bool aligned =
+      cols % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(y) % 16 == 0;
+  with_precision(precision, [&](auto p) {
+    constexpr Precision P = decltype(p)::value;
+    const auto kernel = aligned ? dropout_kernel<P, true> : dropout_kernel<P, false>;
+    kernel<<<grid, kThreads, 0, stream>>>(x, rows, cols, vectors_per_row, mask, y);
+  });
+  check_launch("dropout");
+}
+
+}  // namespace megaplan::exec::cuda

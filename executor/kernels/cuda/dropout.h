@@ -1,0 +1,45 @@
+// Megatron's dropout on the GPU with the counter-based masks of dropout_mask.h, so that every
+// element is kept or dropped exactly as the CPU reference decides; and the keep bits of a run of
+// consecutive mask elements, which the flash attention kernels draw for their probabilities.
+#pragma once
+
+#include <cuda_runtime_api.h>  // cudaStream_t
+
+#include <cstdint>
+
+#include "core/implementation_options.h"
+#include "executor/host_device.h"
+#include "executor/kernels/cuda/bf16_linear.h"
+#include "executor/kernels/dropout_mask.h"
+
+namespace megaplan::exec::cuda {
+
+// y[r][c] = x[r][c] * mask.scale() (fp32, rounded once to the 16-bit type) where
+// mask.keeps_token(r, c, cols), else 0, over this rank's token-major rows x cols; an inactive mask
+// copies. Asynchronous on `stream`.
+// REQUIRES: y == x (in place) or the two do not overlap.
+void dropout(const Half* x, int64_t rows, int64_t cols, const DropoutMask& mask, Half* y, Precision precision,
+             cudaStream_t stream);
+
+// Whether elements first, first + 1, ..., first + count - 1 (count <= 64) of global sample
+// `sample`'s tensor are kept: bit i for element first + i. The run touches the Philox blocks
+// (first / 4) + j, j < blocks; this draws only j = first_block, first_block + block_step, ... and
+// leaves the other blocks' bits 0, so threads that share a run split its blocks and OR their
+// results, every draw serving four elements.
+MEGAPLAN_HOST_DEVICE inline uint64_t dropout_keep_bits(const DropoutMask& mask, int64_t sample, uint64_t first,
+                                                       int count, int first_block, int block_step) {
+  const int offset = static_cast<int>(first & 3);
+  const int blocks = (offset + count + 3) / 4;
+  uint64_t bits = 0;
+  for (int j = first_block; j < blocks; j += block_step) {
+    // The four keeps share one counter, so the compiler draws once for them.
+    const uint64_t block = (first >> 2) + static_cast<uint64_t>(j);
+    uint64_t word = 0;
+    for (uint64_t w = 0; w < 4; ++w) word |= static_cast<uint64_t>(mask.keeps(sample, block << 2 | w)) << w;
+    const int shift = 4 * j - offset;  // at most count - 1
+    bits |= shift >= 0 ? word << shift : word >> -shift;
+  }
+  return count < 64 ? bits & ((uint64_t{1} << count) - 1) : bits;
+}
+
+}  // namespace megaplan::exec::cuda

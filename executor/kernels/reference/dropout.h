@@ -1,0 +1,13 @@
+// Dropout of a token-major tensor, the CPU reference: y[r][c] = x[r][c] / (1 - p) where the mask
+// keeps element (r, c) of this rank's rows (dropout_mask.h), else 0. y may be x (in place).
+#pragma once
+
+#include <cstddef>
+
+#include "executor/kernels/dropout_mask.h"
+
+namespace megaplan::exec::reference {
+
+void dropout(const float* x, std::size_t rows, std::size_t cols, const DropoutMask& mask, float* y);
+
+}  // namespace megaplan::exec::reference
