@@ -44,15 +44,23 @@ uint16_t float_to_bf16(float value) {
   return static_cast<uint16_t>(bits >> 16);
 }
 
-// GCC's _Float16 converts in software (libgcc) with IEEE rounding: nothing to write by hand.
+// The compiler's half type converts with IEEE rounding (in software where the CPU lacks it):
+// _Float16 in GCC and Clang from 15; Clang 14 (the fuzz build's) has only the storage type __fp16,
+// whose conversions come from compiler-rt's builtins (the fuzz build links them).
+#if defined(__clang__) && __clang_major__ < 15
+using HostHalf = __fp16;
+#else
+using HostHalf = _Float16;
+#endif
+
 float fp16_to_float(uint16_t bits) {
-  _Float16 half;
+  HostHalf half;
   std::memcpy(&half, &bits, sizeof half);
   return static_cast<float>(half);
 }
 
 uint16_t float_to_fp16(float value) {
-  const _Float16 half = static_cast<_Float16>(value);
+  const HostHalf half = static_cast<HostHalf>(value);
   uint16_t bits;
   std::memcpy(&bits, &half, sizeof bits);
   return bits;
