@@ -9,10 +9,9 @@ data=$2
 out=$3
 iterations=${4:-300}
 mkdir -p "$out"
-common=(--model gpt2-124m --vocab-size 50257 --device cuda --data-path "$data" --split 949,50,1 --mbs 16 --gbs 32 --lr 6e-4
-        --min-lr 6e-5 --lr-warmup-iters 30 --lr-decay-style cosine --weight-decay 0.1 --adam-beta2 0.95
-        --clip-grad 1.0 --seed 1234 --train-iters "$iterations" --eval-interval "$iterations" --eval-iters 4
-        --log-interval 1)
+# shellcheck source=bench/real_text_run.sh
+source "$(dirname "$0")/real_text_run.sh"
+common=("${real_text_run[@]}" --train-iters "$iterations" --eval-interval "$iterations" --eval-iters 4 --log-interval 1)
 for precision in bf16 fp16; do
   "$megaplan" train "${common[@]}" "--$precision" --log-file "$out/$precision.jsonl" > "$out/$precision.txt" 2>&1
 done

@@ -571,6 +571,7 @@ std::optional<Newest> find_newest(const std::string& directory) {
     scaler_fields.require("scale", loaded.scale);
     scaler_fields.require("growth_tracker", loaded.growth_tracker);
     scaler_fields.require("hysteresis_tracker", loaded.hysteresis_tracker);
+    scaler_fields.reject_unknown_keys();  // as the tokenizer's object beside it
     if (!(loaded.scale > 0) || !std::isfinite(loaded.scale) || loaded.growth_tracker < 0) {
       refuse_load(scaler_fields.field("scale") + ": must be a finite positive scale with a non-negative tracker");
     }
