@@ -12,9 +12,11 @@ import sys
 
 KEYS = {
     "gemm": ("m", "n", "k", "dtype", "layout", "epilogue"),
-    "attention": ("batch_heads", "seq", "head_dim", "gqa_ratio", "causal"),
+    "attention": ("batch_heads", "seq", "head_dim", "gqa_ratio", "causal", "dropout"),
     "kernels": ("kernel", "bytes"),
 }
+# Optional fields as the loader reads them when absent (profiles/README.md).
+DEFAULTS = {"gqa_ratio": 1, "dropout": False, "layout": "forward", "epilogue": "none"}
 
 
 def main():
@@ -27,14 +29,15 @@ def main():
         sys.exit(f"{new_path}: gpu: {new.get('gpu')!r} is not the base profile's {base.get('gpu')!r}")
     added = {}
     for table, fields in KEYS.items():
-        have = {tuple(entry.get(f) for f in fields) for entry in base[table]}
-        fresh = [entry for entry in new[table] if tuple(entry.get(f) for f in fields) not in have]
+        have = {tuple(entry.get(f, DEFAULTS.get(f)) for f in fields) for entry in base[table]}
+        fresh = [entry for entry in new[table] if tuple(entry.get(f, DEFAULTS.get(f)) for f in fields) not in have]
         base[table].extend(fresh)
         added[table] = len(fresh)
     counts = ", ".join(f"{count} {table}" for table, count in added.items())
-    base["provenance"]["added_kernel_entries"] = (
-        f"{counts} entries at points this profile lacked, from {new['provenance'].get('command')} on "
-        f"{new['provenance'].get('device')}, {new['provenance'].get('date')}: {reason}")
+    note = (f"{counts} entries at points this profile lacked, from {new['provenance'].get('command')} on "
+            f"{new['provenance'].get('device')}, {new['provenance'].get('date')}: {reason}")
+    earlier = base["provenance"].get("added_kernel_entries")
+    base["provenance"]["added_kernel_entries"] = f"{earlier}; then {note}" if earlier else note
     temporary = base_path + ".tmp"
     with open(temporary, "w") as out:
         json.dump(base, out, indent=2, sort_keys=True)

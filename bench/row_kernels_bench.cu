@@ -22,6 +22,7 @@
 
 namespace cu = megaplan::exec::cuda;
 constexpr megaplan::Precision kBf16 = megaplan::Precision::kBf16;
+const megaplan::exec::DropoutMask kNoDropout;  // the norm's residual added as it is
 
 namespace {
 
@@ -97,10 +98,10 @@ int main() {
         }));
     row("add", rows, cols, 6, median_ms(stream, [&] { cu::add(x, r, rows * cols, y, kBf16, stream); }));
     row("layernorm_forward", rows, cols, 4, median_ms(stream, [&] {
-          cu::layernorm_forward(x, nullptr, nullptr, gamma, beta, rows, cols, eps, y, mean, rstd, kBf16, stream);
+          cu::layernorm_forward(x, nullptr, kNoDropout, nullptr, gamma, beta, rows, cols, eps, y, mean, rstd, kBf16, stream);
         }));
     row("layernorm_forward+residual", rows, cols, 8, median_ms(stream, [&] {
-          cu::layernorm_forward(x, r, sum, gamma, beta, rows, cols, eps, y, mean, rstd, kBf16, stream);
+          cu::layernorm_forward(x, r, kNoDropout, sum, gamma, beta, rows, cols, eps, y, mean, rstd, kBf16, stream);
         }));
     row("layernorm_backward", rows, cols, 6, median_ms(stream, [&] {
           cu::layernorm_backward(dy, x, gamma, mean, rstd, rows, cols, nullptr, dx, dgamma, dbeta, workspace, kBf16,
@@ -110,7 +111,7 @@ int main() {
           cu::layernorm_backward(dy, x, gamma, mean, rstd, rows, cols, r, dx, dgamma, dbeta, workspace, kBf16, stream);
         }));
     row("rmsnorm_forward", rows, cols, 4, median_ms(stream, [&] {
-          cu::rmsnorm_forward(x, nullptr, nullptr, gamma, rows, cols, eps, y, rstd, kBf16, stream);
+          cu::rmsnorm_forward(x, nullptr, kNoDropout, nullptr, gamma, rows, cols, eps, y, rstd, kBf16, stream);
         }));
     row("rmsnorm_backward", rows, cols, 6, median_ms(stream, [&] {
           cu::rmsnorm_backward(dy, x, gamma, rstd, rows, cols, nullptr, dx, dgamma, workspace, kBf16, stream);

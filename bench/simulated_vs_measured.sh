@@ -74,6 +74,10 @@ layouts=(
   "gpt-1.3b pp 2 zbv|$gpt13 --mbs 4 --gbs 32 --pp 2 --vpp 2 --schedule zbv|--cluster dgx-${gpu} --gpus 2|2"
   "gpt-1.3b pp 2 dualpipev|$gpt13 --mbs 4 --gbs 32 --pp 2 --vpp 2 --schedule dualpipev|--cluster dgx-${gpu} --gpus 2|2"
   "llama-1b tp 2 sp|$llama_1b --mbs 2 --gbs 8 --tp 2 --sequence-parallel|--cluster dgx-${gpu} --gpus 2|2"
+  # 29 onwards: Megatron's dropout (0.1 hidden and attention) on 2, 7 and 9's layouts.
+  "gpt2-124m mbs 16 dropout|--model gpt2-124m --vocab-size 50257 --mbs 16 --gbs 32 --hidden-dropout 0.1 --attention-dropout 0.1|--cluster ${gpu}-x1"
+  "gpt-1.3b mbs 2 dropout|--model gpt-1.3b --vocab-size 50257 --mbs 2 --gbs 8 --hidden-dropout 0.1 --attention-dropout 0.1|--cluster ${gpu}-x1"
+  "llama-1b mbs 1 dropout|$llama_1b --mbs 1 --gbs 8 --hidden-dropout 0.1 --attention-dropout 0.1|--cluster ${gpu}-x1"
 )
 visible=$(nvidia-smi -L 2> /dev/null | grep -c '^GPU ')
 rows=()

@@ -121,6 +121,9 @@ void add_implementation_options(CLI::App& command, ImplementationFlags& flags) {
 ImplementationOptions resolve_implementation_options(const ImplementationFlags& flags, Implementation implementation,
                                                      const ModelSpec& model) {
   ImplementationOptions options = default_implementation_options(implementation, model);
+  // A model defined by Megatron's flags alone takes Megatron-LM's argparse defaults, its dropout
+  // (0.1 hidden and attention) included, whichever implementation runs it.
+  if (model.name == kCustomModel) options.attention_dropout = options.hidden_dropout = 0.1;
   if (flags.fp16) options.precision = Precision::kFp16;
   if (flags.bf16) options.precision = Precision::kBf16;
   if (flags.transformer_impl) options.transformer_impl = parse_transformer_impl(*flags.transformer_impl, "--transformer-impl");
@@ -148,14 +151,30 @@ ImplementationOptions resolve_implementation_options(const ImplementationFlags& 
   return options;
 }
 
+namespace {
+
+// Megatron's integer model flags and the ModelSpec field each sets: one list for "was any given"
+// and for applying them.
+using IntegerFlag = std::pair<std::optional<int64_t> ModelOptions::*, int64_t ModelSpec::*>;
+constexpr IntegerFlag kIntegerModelFlags[] = {
+    {&ModelOptions::num_layers, &ModelSpec::num_layers},
+    {&ModelOptions::hidden_size, &ModelSpec::hidden_size},
+    {&ModelOptions::ffn_hidden_size, &ModelSpec::ffn_hidden_size},
+    {&ModelOptions::num_attention_heads, &ModelSpec::num_attention_heads},
+    {&ModelOptions::num_query_groups, &ModelSpec::num_query_groups},
+    {&ModelOptions::kv_channels, &ModelSpec::kv_channels},
+    {&ModelOptions::seq_length, &ModelSpec::seq_length},
+    {&ModelOptions::max_position_embeddings, &ModelSpec::max_position_embeddings},
+    {&ModelOptions::vocab_size, &ModelSpec::vocab_size},
+    {&ModelOptions::make_vocab_size_divisible_by, &ModelSpec::make_vocab_size_divisible_by}};
+
+}  // namespace
+
 bool model_flags_given(const ModelOptions& options) {
-  const std::optional<int64_t>* integers[] = {
-      &options.num_layers, &options.hidden_size, &options.ffn_hidden_size, &options.num_attention_heads,
-      &options.num_query_groups, &options.kv_channels, &options.seq_length, &options.max_position_embeddings,
-      &options.vocab_size, &options.make_vocab_size_divisible_by};
   const std::optional<double>* reals[] = {&options.norm_epsilon, &options.rotary_base, &options.rotary_percent,
                                           &options.rope_scaling_factor};
-  return std::any_of(std::begin(integers), std::end(integers), [](const auto* flag) { return flag->has_value(); }) ||
+  return std::any_of(std::begin(kIntegerModelFlags), std::end(kIntegerModelFlags),
+                     [&](const IntegerFlag& flag) { return (options.*flag.first).has_value(); }) ||
          std::any_of(std::begin(reals), std::end(reals), [](const auto* flag) { return flag->has_value(); }) ||
          options.normalization || options.position_embedding_type || options.swiglu || options.group_query_attention ||
          options.use_rope_scaling || options.untie_embeddings_and_output_weights || options.disable_bias_linear ||
@@ -184,7 +203,7 @@ ModelSpec custom_model(const ModelOptions& options) {
                                     "tokenizer flags (--tokenizer-type GPT2BPETokenizer with --vocab-file and --merge-file)");
   }
   ModelSpec spec;
-  spec.name = "custom";
+  spec.name = kCustomModel;
   return spec;
 }
 
@@ -205,19 +224,8 @@ ModelSpec resolve_model(const ModelOptions& options) {
 }
 
 ModelSpec apply_model_flags(ModelSpec spec, const ModelOptions& options) {
-  const std::pair<const std::optional<int64_t>&, int64_t&> overrides[] = {
-      {options.num_layers, spec.num_layers},
-      {options.hidden_size, spec.hidden_size},
-      {options.ffn_hidden_size, spec.ffn_hidden_size},
-      {options.num_attention_heads, spec.num_attention_heads},
-      {options.num_query_groups, spec.num_query_groups},
-      {options.kv_channels, spec.kv_channels},
-      {options.seq_length, spec.seq_length},
-      {options.max_position_embeddings, spec.max_position_embeddings},
-      {options.vocab_size, spec.vocab_size},
-      {options.make_vocab_size_divisible_by, spec.make_vocab_size_divisible_by}};
-  for (const auto& [flag, field] : overrides) {
-    if (flag) field = *flag;
+  for (const auto& [flag, field] : kIntegerModelFlags) {
+    if (options.*flag) spec.*field = *(options.*flag);
   }
   // Megatron's --num-query-groups defaults to 1 under --group-query-attention.
   if (options.group_query_attention && !options.num_query_groups) spec.num_query_groups = 1;

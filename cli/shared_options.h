@@ -77,6 +77,8 @@ void add_implementation_options(CLI::App& command, ImplementationFlags& flags);
 
 // The model the planning commands take when given neither --model nor model flags.
 inline constexpr const char* kDefaultModel = "gpt3-175b";
+// The name of a model defined by Megatron's model flags alone (no --model).
+inline constexpr const char* kCustomModel = "custom";
 
 // Whether any of Megatron's model flags is given (they then define the model without --model).
 bool model_flags_given(const ModelOptions& options);

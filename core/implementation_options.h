@@ -7,7 +7,7 @@
 // - megaplan: this project's executor. bf16 (or fp16 with a loss scaler under --fp16; gradients
 //   and their reduction fp32 either way), its own layers with flash attention, no dropout unless
 //   --hidden-dropout / --attention-dropout ask (masks from a counter-based generator: the same
-//   under every layout; the branch dropout a pass of its own before the norm's fused add),
+//   under every layout; each branch's dropout fused into the norm's add, as bias-dropout-add),
 //   GELU in fc1's GEMM epilogue, weight gradients accumulated in fp32 by the GEMM, gradient
 //   reduction overlapped with the backward (its train command's --overlap-grad-reduce and
 //   --overlap-param-gather are the two options it runs either way). A flag that contradicts the

@@ -15,34 +15,38 @@ namespace {
 struct ClassName {
   KernelKind kind;
   bool fused_residual;
+  bool dropout;
   const char* name;
 };
-constexpr std::array<ClassName, 25> kClassNames = {{
-    {KernelKind::kNormForward, false, "norm_forward"},
-    {KernelKind::kNormForward, true, "add_norm_forward"},
-    {KernelKind::kNormBackward, false, "norm_backward"},
-    {KernelKind::kNormBackward, true, "norm_backward_add"},
-    {KernelKind::kRmsNormForward, false, "rmsnorm_forward"},
-    {KernelKind::kRmsNormForward, true, "add_rmsnorm_forward"},
-    {KernelKind::kRmsNormBackward, false, "rmsnorm_backward"},
-    {KernelKind::kRmsNormBackward, true, "rmsnorm_backward_add"},
-    {KernelKind::kSwigluForward, false, "swiglu_forward"},
-    {KernelKind::kSwigluBackward, false, "swiglu_backward"},
-    {KernelKind::kRotary, false, "rotary"},
-    {KernelKind::kAdd, false, "add"},
-    {KernelKind::kCopy, false, "copy"},
-    {KernelKind::kDropout, false, "dropout"},
-    {KernelKind::kFill, false, "fill"},
-    {KernelKind::kEmbeddingForward, false, "embedding_forward"},
-    {KernelKind::kEmbeddingBackward, false, "embedding_backward"},
-    {KernelKind::kCrossEntropyForward, false, "cross_entropy_forward"},
-    {KernelKind::kCrossEntropyBackward, false, "cross_entropy_backward"},
-    {KernelKind::kCrossEntropyShift, false, "cross_entropy_shift"},
-    {KernelKind::kCrossEntropyFinish, false, "cross_entropy_finish"},
-    {KernelKind::kGradientNorm, false, "gradient_norm"},
-    {KernelKind::kAdamw, false, "adamw"},
-    {KernelKind::kRefreshCompute, false, "refresh_compute"},
-    {KernelKind::kElementwise, false, "elementwise"},
+constexpr std::array<ClassName, 28> kClassNames = {{
+    {KernelKind::kNormForward, false, false, "norm_forward"},
+    {KernelKind::kNormForward, true, false, "add_norm_forward"},
+    {KernelKind::kNormForward, true, true, "dropout_add_norm_forward"},
+    {KernelKind::kNormBackward, false, false, "norm_backward"},
+    {KernelKind::kNormBackward, true, false, "norm_backward_add"},
+    {KernelKind::kRmsNormForward, false, false, "rmsnorm_forward"},
+    {KernelKind::kRmsNormForward, true, false, "add_rmsnorm_forward"},
+    {KernelKind::kRmsNormForward, true, true, "dropout_add_rmsnorm_forward"},
+    {KernelKind::kRmsNormBackward, false, false, "rmsnorm_backward"},
+    {KernelKind::kRmsNormBackward, true, false, "rmsnorm_backward_add"},
+    {KernelKind::kSwigluForward, false, false, "swiglu_forward"},
+    {KernelKind::kSwigluBackward, false, false, "swiglu_backward"},
+    {KernelKind::kRotary, false, false, "rotary"},
+    {KernelKind::kAdd, false, false, "add"},
+    {KernelKind::kCopy, false, false, "copy"},
+    {KernelKind::kDropout, false, false, "dropout"},
+    {KernelKind::kDropout, true, false, "dropout_add"},
+    {KernelKind::kFill, false, false, "fill"},
+    {KernelKind::kEmbeddingForward, false, false, "embedding_forward"},
+    {KernelKind::kEmbeddingBackward, false, false, "embedding_backward"},
+    {KernelKind::kCrossEntropyForward, false, false, "cross_entropy_forward"},
+    {KernelKind::kCrossEntropyBackward, false, false, "cross_entropy_backward"},
+    {KernelKind::kCrossEntropyShift, false, false, "cross_entropy_shift"},
+    {KernelKind::kCrossEntropyFinish, false, false, "cross_entropy_finish"},
+    {KernelKind::kGradientNorm, false, false, "gradient_norm"},
+    {KernelKind::kAdamw, false, false, "adamw"},
+    {KernelKind::kRefreshCompute, false, false, "refresh_compute"},
+    {KernelKind::kElementwise, false, false, "elementwise"},
 }};
 
 }  // namespace
@@ -58,8 +62,10 @@ Kernel gemm_kernel(GemmLayout layout, GemmEpilogue epilogue, int64_t m, int64_t 
   return kernel;
 }
 
-Kernel attention_kernel(KernelKind kind, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim, int64_t groups) {
+Kernel attention_kernel(KernelKind kind, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim, int64_t groups,
+                        bool dropout) {
   Kernel kernel;
+  kernel.dropout = dropout;
   kernel.kind = kind;
   kernel.batch = batch;
   kernel.seq = seq;
@@ -71,8 +77,9 @@ Kernel attention_kernel(KernelKind kind, int64_t batch, int64_t seq, int64_t hea
 
 int64_t gqa_ratio(const Kernel& attention) { return attention.heads / std::max<int64_t>(attention.groups, 1); }
 
-Kernel row_kernel(KernelKind kind, int64_t rows, int64_t cols, bool fused_residual) {
+Kernel row_kernel(KernelKind kind, int64_t rows, int64_t cols, bool fused_residual, bool dropout) {
   Kernel kernel;
+  kernel.dropout = dropout;
   kernel.kind = kind;
   kernel.rows = rows;
   kernel.cols = cols;
@@ -149,8 +156,9 @@ int64_t kernel_bytes(const Kernel& kernel, int64_t activation_bytes) {
     case KernelKind::kAdd:
       return 3 * a * cells;
     case KernelKind::kCopy:
-    case KernelKind::kDropout:  // read, then written masked (the mask is drawn, not read)
       return 2 * a * cells;
+    case KernelKind::kDropout:  // read (+ the residual), then written masked (the mask is drawn, not read)
+      return a * cells * (kernel.fused_residual ? 3 : 2);
     case KernelKind::kFill:
     case KernelKind::kGradientNorm:
       return kFp32 * cells;
@@ -178,7 +186,9 @@ int64_t kernel_bytes(const Kernel& kernel, int64_t activation_bytes) {
 
 std::string memory_kernel_class(const Kernel& kernel) {
   for (const ClassName& entry : kClassNames) {
-    if (entry.kind == kernel.kind && entry.fused_residual == kernel.fused_residual) return entry.name;
+    if (entry.kind == kernel.kind && entry.fused_residual == kernel.fused_residual && entry.dropout == kernel.dropout) {
+      return entry.name;
+    }
   }
   return "";
 }
@@ -228,6 +238,7 @@ std::string describe(const Kernel& kernel) {
           << " batch=" << kernel.batch << " seq=" << kernel.seq << " heads=" << kernel.heads
           << " head_dim=" << kernel.head_dim;
       if (kernel.groups != kernel.heads) out << " groups=" << kernel.groups;
+      if (kernel.dropout) out << " dropout";
       break;
     default:
       out << memory_kernel_class(kernel) << " rows=" << kernel.rows << " cols=" << kernel.cols;
@@ -277,32 +288,33 @@ KernelBlocks executor_kernel_blocks(const ModelSpec& model, const ParallelPlan& 
   const KernelKind norm_forward = rms ? KernelKind::kRmsNormForward : KernelKind::kNormForward;
   const KernelKind norm_backward = rms ? KernelKind::kRmsNormBackward : KernelKind::kNormBackward;
   const Kernel norm = row_kernel(norm_forward, rows, h);
-  const Kernel add_norm = row_kernel(norm_forward, rows, h, true);
   const int64_t groups = kv / dim;  // this rank's query groups
-  const Kernel attention =
-      attention_kernel(KernelKind::kAttentionForward, plan.micro_batch_size, model.seq_length, heads, dim, groups);
+  // --attention-dropout: the mask is drawn inside the attention kernels.
+  const bool attention_dropout = plan.options.attention_dropout > 0;
+  const Kernel attention = attention_kernel(KernelKind::kAttentionForward, plan.micro_batch_size, model.seq_length,
+                                            heads, dim, groups, attention_dropout);
   // Rotary embeddings in place on the rotated dimensions of each q and k head.
   const Kernel rotary = row_kernel(KernelKind::kRotary, count, (q + kv) / dim * model.rotary_dim());
   // SwiGLU apart from fc1 (GELU without biases is not in the executor: refused before training).
   const Kernel activation = row_kernel(KernelKind::kSwigluForward, count, f);
   const Kernel activation_backward = row_kernel(KernelKind::kSwigluBackward, count, f);
 
-  // --hidden-dropout: each branch's summed output, the embedding's, and their gradients pass
-  // through a mask of their own (attention's is drawn inside the attention kernels).
+  // --hidden-dropout: each branch's summed output is dropped inside the norm that adds it to the
+  // stream (or the stage output's add); the embedding's output and the branches' gradients pass
+  // through a mask of their own.
   const bool hidden_dropout = plan.options.hidden_dropout > 0;
   const Kernel dropout = row_kernel(KernelKind::kDropout, rows, h);
+  const Kernel branch_norm = row_kernel(norm_forward, rows, h, true, hidden_dropout);
   const auto layer_forward = [&](bool fused_input_norm) {
-    std::vector<Kernel> list = {fused_input_norm ? add_norm : norm,
+    std::vector<Kernel> list = {fused_input_norm ? branch_norm : norm,
                                 gemm_kernel(GemmLayout::kForward, qkv_bias, count, qkv, h)};
     if (rope) list.push_back(rotary);
     list.push_back(attention);
     list.push_back(gemm_kernel(GemmLayout::kForward, row_bias, count, h, q));
-    if (hidden_dropout) list.push_back(dropout);
-    list.push_back(add_norm);
+    list.push_back(branch_norm);
     list.push_back(gemm_kernel(GemmLayout::kForward, fc1_epilogue, count, fc1, h));
     if (!fused_gelu) list.push_back(activation);
     list.push_back(gemm_kernel(GemmLayout::kForward, row_bias, count, h, f));
-    if (hidden_dropout) list.push_back(dropout);
     return list;
   };
   blocks[static_cast<std::size_t>(KernelBlock::kLayerForwardFirst)] = layer_forward(false);
@@ -330,8 +342,8 @@ KernelBlocks executor_kernel_blocks(const ModelSpec& model, const ParallelPlan& 
     if (hidden_dropout) list.push_back(dropout);  // the attention branch's gradient
     list.push_back(gemm_kernel(GemmLayout::kInputGradient, GemmEpilogue::kNone, count, h, q));
     list.push_back(weight(proj_weight));
-    list.push_back(
-        attention_kernel(KernelKind::kAttentionBackward, plan.micro_batch_size, model.seq_length, heads, dim, groups));
+    list.push_back(attention_kernel(KernelKind::kAttentionBackward, plan.micro_batch_size, model.seq_length, heads, dim,
+                                    groups, attention_dropout));
     if (rope) list.push_back(rotary);
     list.push_back(norm);  // recomputed, not kept
     list.push_back(gemm_kernel(GemmLayout::kInputGradient, GemmEpilogue::kNone, count, qkv, h));
@@ -353,14 +365,15 @@ KernelBlocks executor_kernel_blocks(const ModelSpec& model, const ParallelPlan& 
   }
   blocks[static_cast<std::size_t>(KernelBlock::kEmbeddingBackward)] = {row_kernel(KernelKind::kEmbeddingBackward, count, h)};
   blocks[static_cast<std::size_t>(KernelBlock::kEmbeddingGradientCopy)] = {flat_kernel(KernelKind::kCopy, count * h)};
-  blocks[static_cast<std::size_t>(KernelBlock::kStageOutput)] = {flat_kernel(KernelKind::kAdd, rows * h)};
+  blocks[static_cast<std::size_t>(KernelBlock::kStageOutput)] = {
+      hidden_dropout ? row_kernel(KernelKind::kDropout, rows, h, true) : flat_kernel(KernelKind::kAdd, rows * h)};
   blocks[static_cast<std::size_t>(KernelBlock::kOutputGradientCopy)] = {flat_kernel(KernelKind::kCopy, rows * h)};
   blocks[static_cast<std::size_t>(KernelBlock::kInputGradientCopy)] = {flat_kernel(KernelKind::kCopy, rows * h)};
 
   const Kernel output_weight = gemm_kernel(GemmLayout::kWeightGradient, GemmEpilogue::kNone, count, v, h);
   // The loss merges the shards' statistics on the device (vocabulary_parallel_loss.h).
   blocks[static_cast<std::size_t>(KernelBlock::kHeadForward)] = {
-      add_norm, gemm_kernel(GemmLayout::kForward, GemmEpilogue::kNone, count, v, h),
+      branch_norm, gemm_kernel(GemmLayout::kForward, GemmEpilogue::kNone, count, v, h),
       row_kernel(KernelKind::kCrossEntropyForward, count, v)};
   if (plan.tensor_parallel_size > 1) {
     blocks[static_cast<std::size_t>(KernelBlock::kHeadForward)].push_back(flat_kernel(KernelKind::kCrossEntropyShift, count));

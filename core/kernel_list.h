@@ -85,7 +85,11 @@ struct Kernel {
   // the vocabulary shard). Flat kernels (add, copy, fill, optimizer): `rows` elements, cols 1.
   // kElementwise: `rows` elements moving `cols` bytes each.
   int64_t rows = 0, cols = 0;
+  // A norm's or kDropout's residual add fused in (kDropout: y = residual + dropout(x)).
   bool fused_residual = false;
+  // A dropout mask drawn inside the kernel: an add-norm's branch is dropped before the add
+  // (Megatron's bias-dropout-add fused into the norm), attention's probabilities are dropped.
+  bool dropout = false;
   bool operator==(const Kernel&) const = default;
 };
 
@@ -93,8 +97,9 @@ Kernel gemm_kernel(GemmLayout layout, GemmEpilogue epilogue, int64_t m, int64_t 
 // A streaming pass over `elements` moving `bytes_per_element` bytes each (kElementwise).
 Kernel streaming_kernel(int64_t elements, int64_t bytes_per_element);
 // groups 0: one per head (multi-head attention).
-Kernel attention_kernel(KernelKind kind, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim, int64_t groups = 0);
-Kernel row_kernel(KernelKind kind, int64_t rows, int64_t cols, bool fused_residual = false);
+Kernel attention_kernel(KernelKind kind, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim, int64_t groups = 0,
+                        bool dropout = false);
+Kernel row_kernel(KernelKind kind, int64_t rows, int64_t cols, bool fused_residual = false, bool dropout = false);
 // An attention kernel's query heads per key-value group: 1 for multi-head attention.
 int64_t gqa_ratio(const Kernel& attention);
 Kernel flat_kernel(KernelKind kind, int64_t elements);

@@ -229,7 +229,7 @@ Profile Profile::from_json(const nlohmann::json& json, const std::string& source
   }
 
   const nlohmann::json& attention = array_field(json, "attention", source);
-  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, bool>, std::size_t> attention_seen;
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, bool, bool>, std::size_t> attention_seen;
   for (std::size_t i = 0; i < attention.size(); ++i) {
     JsonFieldReader entry(attention[i], entry_source(source, "attention", i));
     const int64_t batch_heads = positive_integer(entry, "batch_heads");
@@ -238,16 +238,18 @@ Profile Profile::from_json(const nlohmann::json& json, const std::string& source
     const int64_t gqa_ratio = entry.has("gqa_ratio") ? positive_integer(entry, "gqa_ratio") : 1;
     bool causal = false;
     entry.require("causal", causal);
+    bool dropout = false;
+    if (entry.has("dropout")) entry.require("dropout", dropout);
     const double forward_s = positive(entry, "forward_s");
     const double backward_s = positive(entry, "backward_s");
     optional_spread(entry);
     entry.reject_unknown_keys();
-    reject_duplicate(attention_seen, std::tuple{batch_heads, seq, head_dim, gqa_ratio, causal}, source, "attention", i,
-                     "batch_heads, seq, head_dim, gqa_ratio and causal");
+    reject_duplicate(attention_seen, std::tuple{batch_heads, seq, head_dim, gqa_ratio, causal, dropout}, source,
+                     "attention", i, "batch_heads, seq, head_dim, gqa_ratio, causal and dropout");
     const double flops = attention_forward_flops(batch_heads, seq, head_dim, causal);
     const std::array<double, 3> shape = {log_of(batch_heads), log_of(seq), log_of(head_dim)};
-    profile.attention_forward_[causal][gqa_ratio].push_back({shape, std::log(flops / forward_s), forward_s});
-    profile.attention_backward_[causal][gqa_ratio].push_back(
+    profile.attention_forward_[causal][dropout][gqa_ratio].push_back({shape, std::log(flops / forward_s), forward_s});
+    profile.attention_backward_[causal][dropout][gqa_ratio].push_back(
         {shape, std::log(kAttentionBackwardFactor * flops / backward_s), backward_s});
   }
 
@@ -441,10 +443,13 @@ double Profile::gemm_seconds(GemmLayout layout, GemmEpilogue epilogue, int64_t m
   return roofline(flops, peak, curve_.gemm_max_efficiency, curve_.gemm_half_efficiency_flops, bytes);
 }
 
-double Profile::attention_seconds(const AttentionTables& tables, int64_t gqa_ratio, double flops, double tensors,
-                                  int64_t batch_heads, int64_t seq, int64_t head_dim, CostSources& sources) const {
+double Profile::attention_seconds(const AttentionTablesByDropout& by_dropout, bool dropout, int64_t gqa_ratio,
+                                  double flops, double tensors, int64_t batch_heads, int64_t seq, int64_t head_dim,
+                                  CostSources& sources) const {
+  const bool measured_so = !by_dropout[dropout].empty();
+  const AttentionTables& tables = by_dropout[measured_so ? dropout : false];
   if (!tables.empty()) {
-    ++sources.table;
+    ++(measured_so ? sources.table : sources.fallback);
     // The ratio nearest in log2; of two as near, the larger (the first at or above the request).
     const auto above = tables.lower_bound(gqa_ratio);
     auto nearest = above == tables.end() ? std::prev(above) : above;
@@ -464,21 +469,21 @@ double Profile::attention_seconds(const AttentionTables& tables, int64_t gqa_rat
 }
 
 double Profile::attention_forward_seconds(int64_t batch_heads, int64_t seq, int64_t head_dim, bool causal,
-                                          int64_t gqa_ratio, CostSources& sources) const {
+                                          int64_t gqa_ratio, bool dropout, CostSources& sources) const {
   if (batch_heads <= 0 || seq <= 0 || head_dim <= 0) return 0;
   // Q and O, and K and V shared by `gqa_ratio` heads each.
   const double tensors = 2 + 2.0 / static_cast<double>(std::max<int64_t>(gqa_ratio, 1));
-  return attention_seconds(attention_forward_[causal], gqa_ratio,
+  return attention_seconds(attention_forward_[causal], dropout, gqa_ratio,
                            attention_forward_flops(batch_heads, seq, head_dim, causal), tensors, batch_heads, seq,
                            head_dim, sources);
 }
 
 double Profile::attention_backward_seconds(int64_t batch_heads, int64_t seq, int64_t head_dim, bool causal,
-                                           int64_t gqa_ratio, CostSources& sources) const {
+                                           int64_t gqa_ratio, bool dropout, CostSources& sources) const {
   if (batch_heads <= 0 || seq <= 0 || head_dim <= 0) return 0;
   // Q, O, dO in and dQ out; K, V in and dK, dV out shared by `gqa_ratio` heads each.
   const double tensors = 4 + 4.0 / static_cast<double>(std::max<int64_t>(gqa_ratio, 1));
-  return attention_seconds(attention_backward_[causal], gqa_ratio,
+  return attention_seconds(attention_backward_[causal], dropout, gqa_ratio,
                            kAttentionBackwardFactor * attention_forward_flops(batch_heads, seq, head_dim, causal),
                            tensors, batch_heads, seq, head_dim, sources);
 }
@@ -520,10 +525,10 @@ double Profile::kernel_seconds(const Kernel& kernel, CostSources& sources) const
     }
     case KernelKind::kAttentionForward:
       return attention_forward_seconds(kernel.batch * kernel.heads, kernel.seq, kernel.head_dim, true,
-                                       gqa_ratio(kernel), sources);
+                                       gqa_ratio(kernel), kernel.dropout, sources);
     case KernelKind::kAttentionBackward:
       return attention_backward_seconds(kernel.batch * kernel.heads, kernel.seq, kernel.head_dim, true,
-                                        gqa_ratio(kernel), sources);
+                                        gqa_ratio(kernel), kernel.dropout, sources);
     default:
       return memory_kernel_seconds(memory_kernel_class(kernel), kernel_bytes(kernel, 2), sources);
   }
@@ -605,7 +610,8 @@ ProfileKind Profile::kind() const {
   const bool measured = !gemm_.empty() || !memory_kernels_.empty() || !elementwise_.points.empty() ||
                         !collectives_.empty() || !p2p_[0].points.empty() || !p2p_[1].points.empty() ||
                         !compute_slowdown_.empty() ||
-                        !attention_forward_[0].empty() || !attention_forward_[1].empty();
+                        !attention_forward_[0][0].empty() || !attention_forward_[1][0].empty() ||
+                        !attention_forward_[0][1].empty() || !attention_forward_[1][1].empty();
   if (!measured) return ProfileKind::kDatasheet;
   return transferred_from_.empty() ? ProfileKind::kMeasured : ProfileKind::kTransferred;
 }

@@ -104,10 +104,13 @@ class Profile {
   // 4 * batch_heads * seq^2 * head_dim FLOPs forward (half when causal), 2.5x that backward. The
   // measured entries of the nearest ratio in log2 (the larger of two as near) answer: grouping
   // changes the bytes a kernel moves and how its backward sums dK and dV, not its FLOPs.
+  // `dropout`: the probabilities dropped inside the kernels (--attention-dropout), answered by the
+  // entries measured so; a profile without any answers from those without, counted as a fallback
+  // (the draws' cost unmeasured).
   double attention_forward_seconds(int64_t batch_heads, int64_t seq, int64_t head_dim, bool causal,
-                                   int64_t gqa_ratio, CostSources& sources) const;
+                                   int64_t gqa_ratio, bool dropout, CostSources& sources) const;
   double attention_backward_seconds(int64_t batch_heads, int64_t seq, int64_t head_dim, bool causal,
-                                    int64_t gqa_ratio, CostSources& sources) const;
+                                    int64_t gqa_ratio, bool dropout, CostSources& sources) const;
   // A memory-bound pass moving `bytes` (reads plus writes).
   double elementwise_seconds(int64_t bytes, CostSources& sources) const;
   // A memory-bound kernel of a class of core's kernel lists (memory_kernel_class) moving `bytes`
@@ -149,9 +152,11 @@ class Profile {
   double roofline(double flops, double peak, double max_efficiency, double half_flops, double bytes) const;
   // Measured attention entries by GQA ratio (query heads per key-value head).
   using AttentionTables = std::map<int64_t, std::vector<ShapePoint>>;
+  using AttentionTablesByDropout = std::array<AttentionTables, 2>;  // without, with dropout
   // Either attention pass: `flops` of work, `tensors` bf16 tensors of batch_heads x seq x head_dim moved.
-  double attention_seconds(const AttentionTables& tables, int64_t gqa_ratio, double flops, double tensors,
-                           int64_t batch_heads, int64_t seq, int64_t head_dim, CostSources& sources) const;
+  double attention_seconds(const AttentionTablesByDropout& tables, bool dropout, int64_t gqa_ratio, double flops,
+                           double tensors, int64_t batch_heads, int64_t seq, int64_t head_dim,
+                           CostSources& sources) const;
   static double seconds_from_curve(const Curve& curve, double log_bytes);
 
   std::string gpu_;
@@ -164,8 +169,8 @@ class Profile {
   // By dtype, layout and epilogue; and by dtype and layout, every epilogue's entries together.
   std::map<std::tuple<DType, GemmLayout, GemmEpilogue>, std::vector<ShapePoint>> gemm_;
   std::map<std::pair<DType, GemmLayout>, std::vector<ShapePoint>> gemm_by_layout_;
-  std::array<AttentionTables, 2> attention_forward_;   // by causal
-  std::array<AttentionTables, 2> attention_backward_;  // by causal
+  std::array<AttentionTablesByDropout, 2> attention_forward_;   // by causal, then dropout
+  std::array<AttentionTablesByDropout, 2> attention_backward_;  // by causal, then dropout
   Curve elementwise_;  // log seconds
   std::map<std::string, Curve> memory_kernels_;  // log seconds over log bytes, by kernel class
   std::map<std::tuple<CollectiveOp, int64_t, LinkKind>, Curve> collectives_;  // log bus bandwidth

@@ -369,10 +369,10 @@ void GptModel::run_forward(Activations& a, const MicrobatchTokens* data, std::op
                                partial_of(first_input));
     if (Request done = reduce(first_input)) done->wait();
     const DropoutMask mask = dropout_mask(DropoutKind::kEmbedding, 0, first_sample);
-    if (mask.active()) backend_.dropout(first_input, rows, h, mask, first_input);
+    if (mask.active()) backend_.dropout(first_input, nullptr, rows, h, mask, first_input);
   }
   ConstActivation stream = first_input;
-  ConstActivation pending = nullptr;  // the branch output not yet added to `stream`
+  PendingBranch pending;  // the branch output not yet added to `stream`
   // Layers that keep less than everything run on one borrowed set, which each layer's first norm
   // has read before the next layer writes it.
   LayerActivations scratch;
@@ -386,12 +386,16 @@ void GptModel::run_forward(Activations& a, const MicrobatchTokens* data, std::op
   }
   if (!has_output_) {
     // The message to the next stage is the residual sum itself.
-    if (pending) backend_.add(stream, pending, rows * h, a.output);
+    if (pending.dropout.active()) {
+      backend_.dropout(pending.output, stream, rows, h, pending.dropout, a.output);
+    } else if (pending.output) {
+      backend_.add(stream, pending.output, rows * h, a.output);
+    }
     if (scratch.qkv) give_back(scratch);
     return;
   }
   Activation normed = sequence_parallel_ ? norm_out_ : a.final_norm;
-  norm_forward(stream, pending, pending ? a.output : nullptr, final_gamma_, final_beta_, normed, a.final_mean,
+  norm_forward(stream, pending, pending.output ? a.output : nullptr, final_gamma_, final_beta_, normed, a.final_mean,
                a.final_rstd);
   gather_rows(normed, a.final_norm);
   if (scratch.qkv) give_back(scratch);
@@ -507,14 +511,15 @@ void GptModel::fill_missing(LayerActivations& act, const LayerActivations& from)
   }
 }
 
-void GptModel::norm_forward(ConstActivation x, ConstActivation residual, Activation sum_out, const Parameter* gamma,
+void GptModel::norm_forward(ConstActivation x, const PendingBranch& branch, Activation sum_out, const Parameter* gamma,
                             const Parameter* beta, Activation y, float* mean, float* rstd) {
   const auto rows = static_cast<std::size_t>(rows_);
   const auto h = static_cast<std::size_t>(hidden_);
   if (rms_norm_) {
-    backend_.rmsnorm_forward(x, residual, sum_out, gamma->compute, rows, h, norm_epsilon_, y, rstd);
+    backend_.rmsnorm_forward(x, branch.output, branch.dropout, sum_out, gamma->compute, rows, h, norm_epsilon_, y, rstd);
   } else {
-    backend_.layernorm_forward(x, residual, sum_out, gamma->compute, beta->compute, rows, h, y, mean, rstd);
+    backend_.layernorm_forward(x, branch.output, branch.dropout, sum_out, gamma->compute, beta->compute, rows, h, y,
+                               mean, rstd);
   }
 }
 
@@ -553,12 +558,13 @@ DropoutMask GptModel::dropout_mask(DropoutKind kind, std::size_t l, const std::o
 
 ConstActivation GptModel::masked_gradient(ConstActivation gradient, const DropoutMask& mask) {
   if (!mask.active()) return gather_rows(gradient, gathered_);
-  backend_.dropout(gradient, static_cast<std::size_t>(rows_), static_cast<std::size_t>(hidden_), mask, branch_out_);
+  backend_.dropout(gradient, nullptr, static_cast<std::size_t>(rows_), static_cast<std::size_t>(hidden_), mask,
+                   branch_out_);
   return gather_rows(branch_out_, gathered_);
 }
 
 void GptModel::layer_forward(std::size_t l, const LayerActivations& act, const std::optional<int64_t>& first_sample,
-                             ConstActivation& stream, ConstActivation& pending) {
+                             ConstActivation& stream, PendingBranch& pending) {
   const auto batch = static_cast<std::size_t>(batch_);
   const auto seq = static_cast<std::size_t>(seq_);
   const std::size_t count = batch * seq;
@@ -573,10 +579,10 @@ void GptModel::layer_forward(std::size_t l, const LayerActivations& act, const s
   // A row-parallel layer's bias is added once to the sum: by tensor-parallel rank 0, before it.
   const Parameter* proj_bias = tp_rank_ == 0 ? w.proj_bias : nullptr;
   const Parameter* fc2_bias = tp_rank_ == 0 ? w.fc2_bias : nullptr;
-  if (pending) {
+  if (pending.output) {
     norm_forward(stream, pending, act.input, w.ln1_gamma, w.ln1_beta, norm_out_, act.ln1_mean, act.ln1_rstd);
   } else {
-    norm_forward(act.input, nullptr, nullptr, w.ln1_gamma, w.ln1_beta, norm_out_, act.ln1_mean, act.ln1_rstd);
+    norm_forward(act.input, {}, nullptr, w.ln1_gamma, w.ln1_beta, norm_out_, act.ln1_mean, act.ln1_rstd);
   }
   backend_.linear_forward(gather_rows(norm_out_, gathered_), w.qkv_weight->compute, bias(w.qkv_bias), count, h, qkv,
                           epilogue(w.qkv_bias), act.qkv, nullptr);
@@ -588,14 +594,10 @@ void GptModel::layer_forward(std::size_t l, const LayerActivations& act, const s
   backend_.linear_forward(act.attention, w.proj_weight->compute, bias(proj_bias), count, q, h, epilogue(proj_bias),
                           partial_of(branch_out_), nullptr);
   if (Request done = reduce(branch_out_)) done->wait();
-  // Each branch's whole output (after the tensor-parallel sum) through its dropout, in place, before
-  // the next norm adds it to the stream.
-  const auto branch_dropout = [&](DropoutKind kind) {
-    const DropoutMask mask = dropout_mask(kind, l, first_sample);
-    if (mask.active()) backend_.dropout(branch_out_, static_cast<std::size_t>(rows_), h, mask, branch_out_);
-  };
-  branch_dropout(DropoutKind::kAttentionBranch);
-  norm_forward(act.input, branch_out_, act.middle, w.ln2_gamma, w.ln2_beta, norm_out_, act.ln2_mean, act.ln2_rstd);
+  // Each branch's whole output (after the tensor-parallel sum) goes through its dropout inside the
+  // norm (or the stage output's add) that adds it to the stream: Megatron's bias-dropout-add, fused.
+  norm_forward(act.input, {branch_out_, dropout_mask(DropoutKind::kAttentionBranch, l, first_sample)}, act.middle,
+               w.ln2_gamma, w.ln2_beta, norm_out_, act.ln2_mean, act.ln2_rstd);
   ConstActivation ln2 = gather_rows(norm_out_, gathered_);
   if (swiglu_) {
     backend_.linear_forward(ln2, w.fc1_weight->compute, bias(w.fc1_bias), count, h, fc1, epilogue(w.fc1_bias), act.fc1,
@@ -608,9 +610,8 @@ void GptModel::layer_forward(std::size_t l, const LayerActivations& act, const s
   backend_.linear_forward(swiglu_ ? swiglu_out_ : act.activated, w.fc2_weight->compute, bias(fc2_bias), count, f, h,
                           epilogue(fc2_bias), partial_of(branch_out_), nullptr);
   if (Request done = reduce(branch_out_)) done->wait();
-  branch_dropout(DropoutKind::kMlpBranch);
   stream = act.middle;
-  pending = branch_out_;
+  pending = {branch_out_, dropout_mask(DropoutKind::kMlpBranch, l, first_sample)};
 }
 
 void GptModel::layer_backward(std::size_t l, const LayerActivations& act, const std::optional<int64_t>& first_sample,
@@ -653,7 +654,7 @@ void GptModel::layer_backward(std::size_t l, const LayerActivations& act, const 
     backend_.linear_backward_through_gelu(d_out_full, w.fc2_weight->compute, count, f, h, act.fc1, d_ffn_);
   }
   weight_gradient(d_out_full, fc2_input, f, h, w.fc2_weight, w.fc2_bias, &kept.fc2);
-  norm_forward(act.middle, nullptr, nullptr, w.ln2_gamma, w.ln2_beta, norm_out_, act.ln2_mean,
+  norm_forward(act.middle, {}, nullptr, w.ln2_gamma, w.ln2_beta, norm_out_, act.ln2_mean,
                act.ln2_rstd);  // recomputed, not kept
   ConstActivation ln2_full = gather_rows(norm_out_, gathered_);
   // A column-parallel layer's input gradient is a partial sum: its reduction overlaps the weight gradient.
@@ -674,7 +675,7 @@ void GptModel::layer_backward(std::size_t l, const LayerActivations& act, const 
                               static_cast<std::size_t>(groups_local_), static_cast<std::size_t>(dim_),
                               dropout_mask(DropoutKind::kAttentionProbabilities, l, first_sample), d_qkv_);
   rotate(d_qkv_, true);  // the gradient of the projection's output, before the rotation
-  norm_forward(act.input, nullptr, nullptr, w.ln1_gamma, w.ln1_beta, norm_out_, act.ln1_mean,
+  norm_forward(act.input, {}, nullptr, w.ln1_gamma, w.ln1_beta, norm_out_, act.ln1_mean,
                act.ln1_rstd);  // recomputed, not kept
   ConstActivation ln1_full = gather_rows(norm_out_, gathered_);
   backend_.linear_backward(d_qkv_, ln1_full, w.qkv_weight->compute, count, h, qkv, partial_of(d_hidden_), nullptr,
@@ -727,7 +728,8 @@ void GptModel::backward_input(int64_t microbatch, ConstActivation output_gradien
     std::vector<LayerActivations> borrowed;
     if (group.recomputed) {
       // Full recomputation: the group's forward again, from its kept input, on borrowed buffers.
-      ConstActivation stream = a.work[first].input, pending = nullptr;
+      ConstActivation stream = a.work[first].input;
+      PendingBranch pending;
       for (std::size_t l = first; l < end; ++l) {
         borrowed.push_back(borrow());
         fill_missing(a.work[l], borrowed.back());
@@ -813,10 +815,10 @@ void GptModel::weight_gradients(Activations& a) {
     const DeferredGradients& d = a.deferred[l];
     if (swiglu_) backend_.swiglu_forward(act.fc1, count, f, d_activated_);  // fc2's input again
     gradient(d.fc2, swiglu_ ? d_activated_ : act.activated, f, h, w.fc2_weight, w.fc2_bias);
-    norm_forward(act.middle, nullptr, nullptr, w.ln2_gamma, w.ln2_beta, norm_out_, act.ln2_mean, act.ln2_rstd);
+    norm_forward(act.middle, {}, nullptr, w.ln2_gamma, w.ln2_beta, norm_out_, act.ln2_mean, act.ln2_rstd);
     gradient(d.fc1, gather_rows(norm_out_, gathered_), h, fc1, w.fc1_weight, w.fc1_bias);
     gradient(d.proj, act.attention, q, h, w.proj_weight, w.proj_bias);
-    norm_forward(act.input, nullptr, nullptr, w.ln1_gamma, w.ln1_beta, norm_out_, act.ln1_mean, act.ln1_rstd);
+    norm_forward(act.input, {}, nullptr, w.ln1_gamma, w.ln1_beta, norm_out_, act.ln1_mean, act.ln1_rstd);
     gradient(d.qkv, gather_rows(norm_out_, gathered_), h, qkv, w.qkv_weight, w.qkv_bias);
     gradients_done_from(w.ln1_gamma);
   }

@@ -201,10 +201,16 @@ class GptModel {
   void give_back(LayerActivations& layer);
   // Fills the buffers `act` does not keep with `from`'s.
   static void fill_missing(LayerActivations& act, const LayerActivations& from);
-  // One layer's forward: `stream` + `pending` (null: `stream` alone) is its input, written to
-  // act.input; on return `stream` is its middle and `pending` its MLP output (branch_out_).
+  // A branch's output not yet added to the residual stream, and the dropout it passes through
+  // there (fused into the add: the next norm's, or the stage output's).
+  struct PendingBranch {
+    ConstActivation output = nullptr;
+    DropoutMask dropout;
+  };
+  // One layer's forward: `stream` + dropout(`pending`) (none: `stream` alone) is its input,
+  // written to act.input; on return `stream` is its middle and `pending` its MLP output (branch_out_).
   void layer_forward(std::size_t l, const LayerActivations& act, const std::optional<int64_t>& first_sample,
-                     ConstActivation& stream, ConstActivation& pending);
+                     ConstActivation& stream, PendingBranch& pending);
   // The mask of a dropout of layer `l` of the stage (the embedding's: any l) in the microbatch from
   // `first_sample`: this rank's rows (sequence parallelism) and heads (tensor parallelism) of the
   // whole model's tensor. Inactive where its rate is 0, and without a sample (evaluation).
@@ -226,8 +232,8 @@ class GptModel {
   Activation partial_of(Activation destination);
   Request reduce(Activation destination);
   // The model's norm (LayerNorm or RMSNorm; `beta` and `mean` unused by RMSNorm), as the backend's
-  // layernorm_forward and layernorm_backward.
-  void norm_forward(ConstActivation x, ConstActivation residual, Activation sum_out, const Parameter* gamma,
+  // layernorm_forward and layernorm_backward: of x alone, or of x + dropout(branch) written to sum_out.
+  void norm_forward(ConstActivation x, const PendingBranch& branch, Activation sum_out, const Parameter* gamma,
                     const Parameter* beta, Activation y, float* mean, float* rstd);
   void norm_backward(ConstActivation dy, ConstActivation x, const Parameter* gamma, const Parameter* beta,
                      const float* mean, const float* rstd, ConstActivation residual_grad, Activation dx);

@@ -117,20 +117,23 @@ class Backend {
   virtual void embedding_backward(ConstActivation dy, const int64_t* tokens, std::size_t count, std::size_t seq,
                                   std::size_t hidden, std::size_t vocab_start, std::size_t vocab_rows, float* dword,
                                   float* dposition) = 0;
-  // y = LayerNorm(x') with x' = x + residual where residual is non-null (x' is then written to
-  // sum_out: the residual stream's add, fused); mean and rstd [rows] for the backward.
-  virtual void layernorm_forward(ConstActivation x, ConstActivation residual, Activation sum_out,
-                                 ConstActivation gamma, ConstActivation beta, std::size_t rows, std::size_t cols,
-                                 Activation y, float* mean, float* rstd) = 0;
+  // y = LayerNorm(x') with x' = x + dropout(residual) where residual is non-null (x' is then
+  // written to sum_out: the residual stream's add with the branch's dropout, fused, as Megatron's
+  // bias-dropout-add; an inactive residual_dropout adds the branch as it is); mean and rstd [rows]
+  // for the backward.
+  virtual void layernorm_forward(ConstActivation x, ConstActivation residual, const DropoutMask& residual_dropout,
+                                 Activation sum_out, ConstActivation gamma, ConstActivation beta, std::size_t rows,
+                                 std::size_t cols, Activation y, float* mean, float* rstd) = 0;
   // dx = d LayerNorm / dx' + residual_grad (when non-null: the residual stream's gradient flows
   // around the norm); dgamma, dbeta +=.
   virtual void layernorm_backward(ConstActivation dy, ConstActivation x, ConstActivation gamma, const float* mean,
                                   const float* rstd, std::size_t rows, std::size_t cols, ConstActivation residual_grad,
                                   Activation dx, float* dgamma, float* dbeta) = 0;
-  // y = RMSNorm(x') * gamma with x' = x + residual as layernorm_forward fuses it; rstd [rows] for
-  // the backward; eps the model's --norm-epsilon.
-  virtual void rmsnorm_forward(ConstActivation x, ConstActivation residual, Activation sum_out, ConstActivation gamma,
-                               std::size_t rows, std::size_t cols, float eps, Activation y, float* rstd) = 0;
+  // y = RMSNorm(x') * gamma with x' = x + dropout(residual) as layernorm_forward fuses it; rstd
+  // [rows] for the backward; eps the model's --norm-epsilon.
+  virtual void rmsnorm_forward(ConstActivation x, ConstActivation residual, const DropoutMask& residual_dropout,
+                               Activation sum_out, ConstActivation gamma, std::size_t rows, std::size_t cols, float eps,
+                               Activation y, float* rstd) = 0;
   // As layernorm_backward, without a bias.
   virtual void rmsnorm_backward(ConstActivation dy, ConstActivation x, ConstActivation gamma, const float* rstd,
                                 std::size_t rows, std::size_t cols, ConstActivation residual_grad, Activation dx,
@@ -166,10 +169,11 @@ class Backend {
                                   std::size_t batch, std::size_t seq, std::size_t heads, std::size_t groups,
                                   std::size_t dim, const DropoutMask& dropout, Activation dqkv) = 0;
   // y [rows x cols] = x with dropout's mask applied (kept elements scaled by 1 / (1 - p), the rest
-  // 0); rows are this rank's token rows, as the mask places them. y may be x. The forward's dropout
-  // and its gradient alike (the same mask drawn again).
-  virtual void dropout(ConstActivation x, std::size_t rows, std::size_t cols, const DropoutMask& mask,
-                       Activation y) = 0;
+  // 0), plus residual where non-null (the dropout-add, fused); rows are this rank's token rows, as
+  // the mask places them. y may be x. The forward's dropout and its gradient alike (the same mask
+  // drawn again).
+  virtual void dropout(ConstActivation x, ConstActivation residual, std::size_t rows, std::size_t cols,
+                       const DropoutMask& mask, Activation y) = 0;
   // Softmax cross entropy over a vocabulary that may be split across tensor-parallel ranks
   // (Megatron's vocabulary-parallel cross entropy): `logits` [tokens x vocab] are columns
   // vocab_start .. vocab_start + vocab of the whole (padded) vocabulary. The forward gives each

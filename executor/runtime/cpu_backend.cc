@@ -31,10 +31,11 @@ void add_floats(const float* a, const float* b, std::size_t n, float* y) {
   for (std::size_t i = 0; i < n; ++i) y[i] = a[i] + b[i];
 }
 
-// A norm's input: x, or with the residual stream's add fused, x + residual written to sum_out.
-const float* norm_input(ConstActivation x, ConstActivation residual, Activation sum_out, std::size_t n) {
+// A norm's input: x, or with the residual stream's add fused, x + dropout(residual) written to sum_out.
+const float* norm_input(ConstActivation x, ConstActivation residual, const DropoutMask& residual_dropout,
+                        Activation sum_out, std::size_t rows, std::size_t cols) {
   if (!residual) return f(x);
-  add_floats(f(x), f(residual), n, f(sum_out));
+  reference::dropout(f(residual), f(x), rows, cols, residual_dropout, f(sum_out));
   return f(sum_out);
 }
 
@@ -164,11 +165,11 @@ void CpuBackend::embedding_backward(ConstActivation dy, const int64_t* tokens, s
   reference::embedding_backward(f(dy), tokens, count, seq, hidden, vocab_start, vocab_rows, dword, dposition);
 }
 
-void CpuBackend::layernorm_forward(ConstActivation x, ConstActivation residual, Activation sum_out,
-                                   ConstActivation gamma, ConstActivation beta, std::size_t rows, std::size_t cols,
-                                   Activation y, float* mean, float* rstd) {
-  reference::layernorm_forward(norm_input(x, residual, sum_out, rows * cols), f(gamma), f(beta), rows, cols,
-                               kLayerNormEps, f(y), mean, rstd);
+void CpuBackend::layernorm_forward(ConstActivation x, ConstActivation residual, const DropoutMask& residual_dropout,
+                                   Activation sum_out, ConstActivation gamma, ConstActivation beta, std::size_t rows,
+                                   std::size_t cols, Activation y, float* mean, float* rstd) {
+  reference::layernorm_forward(norm_input(x, residual, residual_dropout, sum_out, rows, cols), f(gamma), f(beta), rows,
+                               cols, kLayerNormEps, f(y), mean, rstd);
 }
 
 void CpuBackend::layernorm_backward(ConstActivation dy, ConstActivation x, ConstActivation gamma, const float* mean,
@@ -179,10 +180,11 @@ void CpuBackend::layernorm_backward(ConstActivation dy, ConstActivation x, Const
       residual_grad, dx, rows * cols);
 }
 
-void CpuBackend::rmsnorm_forward(ConstActivation x, ConstActivation residual, Activation sum_out,
-                                 ConstActivation gamma, std::size_t rows, std::size_t cols, float eps, Activation y,
-                                 float* rstd) {
-  reference::rmsnorm_forward(norm_input(x, residual, sum_out, rows * cols), f(gamma), rows, cols, eps, f(y), rstd);
+void CpuBackend::rmsnorm_forward(ConstActivation x, ConstActivation residual, const DropoutMask& residual_dropout,
+                                 Activation sum_out, ConstActivation gamma, std::size_t rows, std::size_t cols,
+                                 float eps, Activation y, float* rstd) {
+  reference::rmsnorm_forward(norm_input(x, residual, residual_dropout, sum_out, rows, cols), f(gamma), rows, cols, eps,
+                             f(y), rstd);
 }
 
 void CpuBackend::rmsnorm_backward(ConstActivation dy, ConstActivation x, ConstActivation gamma, const float* rstd,
@@ -299,8 +301,9 @@ void CpuBackend::attention_backward(ConstActivation dout_in, ConstActivation qkv
   }
 }
 
-void CpuBackend::dropout(ConstActivation x, std::size_t rows, std::size_t cols, const DropoutMask& mask, Activation y) {
-  reference::dropout(f(x), rows, cols, mask, f(y));
+void CpuBackend::dropout(ConstActivation x, ConstActivation residual, std::size_t rows, std::size_t cols,
+                         const DropoutMask& mask, Activation y) {
+  reference::dropout(f(x), residual ? f(residual) : nullptr, rows, cols, mask, f(y));
 }
 
 void CpuBackend::cross_entropy_statistics(ConstActivation logits, const int64_t* targets, std::size_t tokens,

@@ -42,14 +42,15 @@ class CpuBackend final : public Backend {
   void embedding_backward(ConstActivation dy, const int64_t* tokens, std::size_t count, std::size_t seq,
                           std::size_t hidden, std::size_t vocab_start, std::size_t vocab_rows, float* dword,
                           float* dposition) override;
-  void layernorm_forward(ConstActivation x, ConstActivation residual, Activation sum_out, ConstActivation gamma,
-                         ConstActivation beta, std::size_t rows, std::size_t cols, Activation y, float* mean,
-                         float* rstd) override;
+  void layernorm_forward(ConstActivation x, ConstActivation residual, const DropoutMask& residual_dropout,
+                         Activation sum_out, ConstActivation gamma, ConstActivation beta, std::size_t rows,
+                         std::size_t cols, Activation y, float* mean, float* rstd) override;
   void layernorm_backward(ConstActivation dy, ConstActivation x, ConstActivation gamma, const float* mean,
                           const float* rstd, std::size_t rows, std::size_t cols, ConstActivation residual_grad,
                           Activation dx, float* dgamma, float* dbeta) override;
-  void rmsnorm_forward(ConstActivation x, ConstActivation residual, Activation sum_out, ConstActivation gamma,
-                       std::size_t rows, std::size_t cols, float eps, Activation y, float* rstd) override;
+  void rmsnorm_forward(ConstActivation x, ConstActivation residual, const DropoutMask& residual_dropout,
+                       Activation sum_out, ConstActivation gamma, std::size_t rows, std::size_t cols, float eps,
+                       Activation y, float* rstd) override;
   void rmsnorm_backward(ConstActivation dy, ConstActivation x, ConstActivation gamma, const float* rstd,
                         std::size_t rows, std::size_t cols, ConstActivation residual_grad, Activation dx,
                         float* dgamma) override;
@@ -66,7 +67,8 @@ class CpuBackend final : public Backend {
   void attention_backward(ConstActivation dout, ConstActivation qkv, ConstActivation out, const float* saved,
                           std::size_t batch, std::size_t seq, std::size_t heads, std::size_t groups, std::size_t dim,
                           const DropoutMask& dropout, Activation dqkv) override;
-  void dropout(ConstActivation x, std::size_t rows, std::size_t cols, const DropoutMask& mask, Activation y) override;
+  void dropout(ConstActivation x, ConstActivation residual, std::size_t rows, std::size_t cols, const DropoutMask& mask,
+               Activation y) override;
   void cross_entropy_statistics(ConstActivation logits, const int64_t* targets, std::size_t tokens, std::size_t vocab,
                                 std::size_t vocab_start, float* lse, float* target_logit, float* peak) override;
   void cross_entropy_shift(const float* peak, std::size_t tokens, float* shard_lse) override;

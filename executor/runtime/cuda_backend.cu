@@ -236,11 +236,11 @@ class CudaBackend final : public Backend {
                              i64(hidden), dword, dposition, precision_, lane_->stream);
   }
 
-  void layernorm_forward(ConstActivation x, ConstActivation residual, Activation sum_out, ConstActivation gamma,
-                         ConstActivation beta, std::size_t rows, std::size_t cols, Activation y, float* mean,
-                         float* rstd) override {
-    cuda::layernorm_forward(h16(x), h16(residual), h16(sum_out), h16(gamma), h16(beta), i64(rows), i64(cols),
-                            kLayerNormEps, h16(y), mean, rstd, precision_, lane_->stream);
+  void layernorm_forward(ConstActivation x, ConstActivation residual, const DropoutMask& residual_dropout,
+                         Activation sum_out, ConstActivation gamma, ConstActivation beta, std::size_t rows,
+                         std::size_t cols, Activation y, float* mean, float* rstd) override {
+    cuda::layernorm_forward(h16(x), h16(residual), residual_dropout, h16(sum_out), h16(gamma), h16(beta), i64(rows),
+                            i64(cols), kLayerNormEps, h16(y), mean, rstd, precision_, lane_->stream);
   }
   void layernorm_backward(ConstActivation dy, ConstActivation x, ConstActivation gamma, const float* mean,
                           const float* rstd, std::size_t rows, std::size_t cols, ConstActivation residual_grad,
@@ -250,10 +250,11 @@ class CudaBackend final : public Backend {
                              dgamma, dbeta, workspace, precision_, lane_->stream);
   }
 
-  void rmsnorm_forward(ConstActivation x, ConstActivation residual, Activation sum_out, ConstActivation gamma,
-                       std::size_t rows, std::size_t cols, float eps, Activation y, float* rstd) override {
-    cuda::rmsnorm_forward(h16(x), h16(residual), h16(sum_out), h16(gamma), i64(rows), i64(cols), eps, h16(y), rstd,
-                          precision_, lane_->stream);
+  void rmsnorm_forward(ConstActivation x, ConstActivation residual, const DropoutMask& residual_dropout,
+                       Activation sum_out, ConstActivation gamma, std::size_t rows, std::size_t cols, float eps,
+                       Activation y, float* rstd) override {
+    cuda::rmsnorm_forward(h16(x), h16(residual), residual_dropout, h16(sum_out), h16(gamma), i64(rows), i64(cols), eps,
+                          h16(y), rstd, precision_, lane_->stream);
   }
   void rmsnorm_backward(ConstActivation dy, ConstActivation x, ConstActivation gamma, const float* rstd,
                         std::size_t rows, std::size_t cols, ConstActivation residual_grad, Activation dx,
@@ -315,8 +316,9 @@ class CudaBackend final : public Backend {
                                    precision_, lane_->stream);
   }
 
-  void dropout(ConstActivation x, std::size_t rows, std::size_t cols, const DropoutMask& mask, Activation y) override {
-    cuda::dropout(h16(x), i64(rows), i64(cols), mask, h16(y), precision_, lane_->stream);
+  void dropout(ConstActivation x, ConstActivation residual, std::size_t rows, std::size_t cols, const DropoutMask& mask,
+               Activation y) override {
+    cuda::dropout(h16(x), h16(residual), i64(rows), i64(cols), mask, h16(y), precision_, lane_->stream);
   }
 
   void cross_entropy_statistics(ConstActivation logits, const int64_t* targets, std::size_t tokens, std::size_t vocab,

@@ -14,6 +14,16 @@ constexpr int64_t kOptimizerTensors = 64;
 
 std::size_t size(int64_t n) { return static_cast<std::size_t>(n); }
 
+// A kernel's dropout as training draws it (inactive where the kernel has none), over sequences of
+// `seq` tokens, at Megatron's default rate: a draw costs the same whichever elements it keeps.
+DropoutMask timed_dropout(bool dropout, int64_t seq) {
+  DropoutMask mask;
+  if (!dropout) return mask;
+  mask.probability = 0.1f;
+  mask.seq = std::max<int64_t>(seq, 1);
+  return mask;
+}
+
 // Values uniform in [-1, 1): what every activation buffer starts with (tiled).
 const std::vector<float>& random_tile() {
   static const std::vector<float> tile = [] {
@@ -145,7 +155,7 @@ KernelLaunch::KernelLaunch(Backend& backend, const Kernel& kernel, EmbeddingTabl
       for (int i = 0; i < 3; ++i) activation(k.rows);
       break;
     case KernelKind::kDropout:
-      for (int i = 0; i < 2; ++i) activation(k.rows * k.cols);
+      for (int i = 0; i < 3; ++i) activation(k.rows * k.cols);  // x, y, residual
       break;
     case KernelKind::kSwigluForward:
     case KernelKind::kSwigluBackward:
@@ -237,23 +247,24 @@ void KernelLaunch::operator()() {
       break;
     case KernelKind::kAttentionForward:
       backend_.attention_forward(a[0], size(k.batch), size(k.seq), size(k.heads), size(k.groups), size(k.head_dim),
-                                 DropoutMask{}, a[1], f[0]);
+                                 timed_dropout(k.dropout, k.seq), a[1], f[0]);
       break;
     case KernelKind::kAttentionBackward:
       backend_.attention_backward(a[2], a[0], a[1], f[0], size(k.batch), size(k.seq), size(k.heads), size(k.groups),
-                                  size(k.head_dim), DropoutMask{}, a[3]);
+                                  size(k.head_dim), timed_dropout(k.dropout, k.seq), a[3]);
       break;
     case KernelKind::kNormForward:
-      backend_.layernorm_forward(a[0], k.fused_residual ? a[2] : nullptr, k.fused_residual ? a[3] : nullptr, a[4], a[5],
-                                 size(k.rows), size(k.cols), a[1], f[0], f[1]);
+      backend_.layernorm_forward(a[0], k.fused_residual ? a[2] : nullptr, timed_dropout(k.dropout, k.rows),
+                                 k.fused_residual ? a[3] : nullptr, a[4], a[5], size(k.rows), size(k.cols), a[1], f[0],
+                                 f[1]);
       break;
     case KernelKind::kNormBackward:
       backend_.layernorm_backward(a[0], a[2], a[4], f[0], f[1], size(k.rows), size(k.cols),
                                   k.fused_residual ? a[3] : nullptr, a[1], f[2], f[3]);
       break;
     case KernelKind::kRmsNormForward:
-      backend_.rmsnorm_forward(a[0], k.fused_residual ? a[2] : nullptr, k.fused_residual ? a[3] : nullptr, a[4],
-                               size(k.rows), size(k.cols), 1e-5f, a[1], f[1]);
+      backend_.rmsnorm_forward(a[0], k.fused_residual ? a[2] : nullptr, timed_dropout(k.dropout, k.rows),
+                               k.fused_residual ? a[3] : nullptr, a[4], size(k.rows), size(k.cols), 1e-5f, a[1], f[1]);
       break;
     case KernelKind::kRmsNormBackward:
       backend_.rmsnorm_backward(a[0], a[2], a[4], f[1], size(k.rows), size(k.cols), k.fused_residual ? a[3] : nullptr,
@@ -276,14 +287,10 @@ void KernelLaunch::operator()() {
     case KernelKind::kCopy:
       backend_.copy(a[0], size(k.rows), a[2]);
       break;
-    case KernelKind::kDropout: {
-      // Megatron's default rate; the draw's cost does not depend on which elements it keeps.
-      DropoutMask mask;
-      mask.probability = 0.1f;
-      mask.seq = std::max<int64_t>(k.rows, 1);
-      backend_.dropout(a[0], size(k.rows), size(k.cols), mask, a[1]);
+    case KernelKind::kDropout:
+      backend_.dropout(a[0], k.fused_residual ? a[2] : nullptr, size(k.rows), size(k.cols), timed_dropout(true, k.rows),
+                       a[1]);
       break;
-    }
     case KernelKind::kFill:
       backend_.fill(f[0], size(k.rows), 0.0f);
       break;

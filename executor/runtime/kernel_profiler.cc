@@ -163,10 +163,13 @@ struct Samples {
 
 using GemmKey = std::tuple<int64_t, int64_t, int64_t, GemmLayout, GemmEpilogue, Precision>;
 using MemoryKey = std::pair<std::string, int64_t>;
-using AttentionKey = std::tuple<int64_t, int64_t, int64_t, int64_t>;  // batch x heads, seq, head dim, GQA ratio
+// batch x heads, seq, head dim, GQA ratio, dropout
+using AttentionKey = std::tuple<int64_t, int64_t, int64_t, int64_t, bool>;
 
 GemmKey gemm_key(const Kernel& k) { return {k.m, k.n, k.k, k.layout, k.epilogue, k.precision}; }
-AttentionKey attention_key(const Kernel& k) { return {k.batch * k.heads, k.seq, k.head_dim, gqa_ratio(k)}; }
+AttentionKey attention_key(const Kernel& k) {
+  return {k.batch * k.heads, k.seq, k.head_dim, gqa_ratio(k), k.dropout};
+}
 
 // The same kernels with fp16 GEMMs: Megatron's --fp16 step as far as the executor's kernels go.
 std::vector<Kernel> with_fp16_gemms(std::vector<Kernel> kernels) {
@@ -299,7 +302,7 @@ ProfileGrid profile_grid(bool quick) {
         }
       }
     }
-    // With --hidden-dropout the blocks gain dropout passes (kernel_list.h): timed alone too.
+    // With --hidden-dropout the blocks gain dropout kernels (kernel_list.h): timed alone too.
     ParallelPlan dropped = plan;
     dropped.options.hidden_dropout = 0.1;
     const PlanKernels with_dropout(model, dropped);
@@ -317,9 +320,13 @@ ProfileGrid profile_grid(bool quick) {
       for (const int64_t dim : {int64_t{64}, int64_t{128}}) {
         // Multi-head, and grouped as Llama 3 (4 query heads per key-value head at 8B, 8 at 70B).
         for (const int64_t ratio : quick ? std::vector<int64_t>{1, 4} : std::vector<int64_t>{1, 4, 8}) {
-          grid.sequences.push_back({{attention_kernel(KernelKind::kAttentionForward, 1, seq, bh, dim, bh / ratio),
-                                     attention_kernel(KernelKind::kAttentionBackward, 1, seq, bh, dim, bh / ratio)},
-                                    {}});
+          // With --attention-dropout the kernels draw each probability's keep bit: timed so too.
+          for (const bool dropout : {false, true}) {
+            grid.sequences.push_back(
+                {{attention_kernel(KernelKind::kAttentionForward, 1, seq, bh, dim, bh / ratio, dropout),
+                  attention_kernel(KernelKind::kAttentionBackward, 1, seq, bh, dim, bh / ratio, dropout)},
+                 {}});
+          }
         }
       }
     }
@@ -396,15 +403,17 @@ MeasuredTables measure_kernels(Backend& backend, const ProfileGrid& grid,
   for (const auto& [key, forward_samples] : forward.entries()) {
     Samples& backward_samples = backward.at(key);
     if (backward_samples.seconds.empty()) continue;  // the table holds both directions
-    const auto& [batch_heads, seq, head_dim, ratio] = key;
-    tables.attention.push_back({{"batch_heads", batch_heads},
-                                {"seq", seq},
-                                {"head_dim", head_dim},
-                                {"gqa_ratio", ratio},
-                                {"causal", true},
-                                {"forward_s", forward_samples.median()},
-                                {"backward_s", backward_samples.median()},
-                                {"spread", std::max(forward_samples.spread(), backward_samples.spread())}});
+    const auto& [batch_heads, seq, head_dim, ratio, dropout] = key;
+    nlohmann::json entry = {{"batch_heads", batch_heads},
+                            {"seq", seq},
+                            {"head_dim", head_dim},
+                            {"gqa_ratio", ratio},
+                            {"causal", true},
+                            {"forward_s", forward_samples.median()},
+                            {"backward_s", backward_samples.median()},
+                            {"spread", std::max(forward_samples.spread(), backward_samples.spread())}};
+    if (dropout) entry["dropout"] = true;
+    tables.attention.push_back(std::move(entry));
   }
   for (const auto& [key, samples] : memory_bound.entries()) {
     tables.kernels.push_back(

@@ -607,6 +607,12 @@ gpt3_script=(--num-layers 96 --hidden-size 12288 --num-attention-heads 96 --seq-
 # The precision flag does not choose the implementation: megaplan's executor runs --fp16 too.
 expect_ok simulate --cluster dgx-a100-80gb --gpus 128 "${gpt3_script[@]}"
 grep -q '^code       megaplan: fp16' "$scratch/out" || fail "the pasted --fp16 switched the implementation: $(cat "$scratch/out")"
+# A model of Megatron's flags alone takes Megatron's argparse dropout, 0.1, unless the flags say otherwise.
+grep -q '^code       megaplan: .*; dropout 0.1 attention, 0.1 hidden;' "$scratch/out" ||
+  fail "the custom model does not take Megatron's dropout: $(grep '^code' "$scratch/out")"
+expect_ok simulate --cluster dgx-a100-80gb --gpus 128 "${gpt3_script[@]}" --hidden-dropout 0 --attention-dropout 0
+grep -q '^code       megaplan: .*; dropout 0 attention, 0 hidden;' "$scratch/out" ||
+  fail "--hidden-dropout 0 does not override the custom model's default: $(grep '^code' "$scratch/out")"
 expect_ok simulate --cluster dgx-a100-80gb --gpus 128 --implementation megatron-core "${gpt3_script[@]}"
 grep -q '^custom on 128 x A100-SXM4-80GB: tp 8, pp 16, cp 1, dp 1, .*gbs 1536' "$scratch/out" ||
   fail "the GPT-3 175B script's arguments did not simulate as pasted: $(head -1 "$scratch/out")"

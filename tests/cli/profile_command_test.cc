@@ -95,9 +95,9 @@ TEST_CASE("kernel timings from a backend become a profile the simulator looks up
   megaplan::sim::CostSources sources;
   CHECK(profile.gemm_seconds(8, 12, 16, megaplan::sim::DType::kFp32, sources) ==
         tables.gemm[0].at("seconds").get<double>());
-  CHECK(profile.attention_forward_seconds(2, 16, 4, true, 1, sources) ==
+  CHECK(profile.attention_forward_seconds(2, 16, 4, true, 1, false, sources) ==
         tables.attention[0].at("forward_s").get<double>());
-  CHECK(profile.attention_backward_seconds(2, 16, 4, true, 2, sources) ==
+  CHECK(profile.attention_backward_seconds(2, 16, 4, true, 2, false, sources) ==
         tables.attention[1].at("backward_s").get<double>());
   CHECK(profile.gemm_seconds(GemmLayout::kWeightGradient, GemmEpilogue::kBiasGradient, 16, 8, 8,
                              megaplan::sim::DType::kFp32, sources) == tables.gemm[1].at("seconds").get<double>());

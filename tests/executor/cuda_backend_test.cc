@@ -184,13 +184,22 @@ TEST_CASE("every CUDA operation matches the CPU backend", "[gpu][kernels]") {
       CHECK(both.error(dposition) < kFp32);
     }
   }
-  SECTION("layernorm with the residual add") {
+  // The branch's dropout fused into the norm's add, its rows a sequence-parallel rank's.
+  megaplan::exec::DropoutMask branch;
+  branch.probability = 0.3f;
+  branch.seed = 5;
+  branch.first_sample = 2;
+  branch.seq = 8;
+  branch.first_row = 4;
+  SECTION("layernorm with the residual add and its dropout") {
     Acts x = both.acts(random_vector(m * k, generator, 3.0f)), residual = both.acts(random_vector(m * k, generator)),
          gamma = both.acts(random_vector(k, generator)), beta = both.acts(random_vector(k, generator)),
          sum = both.act_output(m * k), y = both.act_output(m * k);
     Floats mean = both.float_output(m), rstd = both.float_output(m);
-    both.cpu().layernorm_forward(x.cpu, residual.cpu, sum.cpu, gamma.cpu, beta.cpu, m, k, y.cpu, mean.cpu, rstd.cpu);
-    both.gpu().layernorm_forward(x.gpu, residual.gpu, sum.gpu, gamma.gpu, beta.gpu, m, k, y.gpu, mean.gpu, rstd.gpu);
+    both.cpu().layernorm_forward(x.cpu, residual.cpu, branch, sum.cpu, gamma.cpu, beta.cpu, m, k, y.cpu, mean.cpu,
+                                 rstd.cpu);
+    both.gpu().layernorm_forward(x.gpu, residual.gpu, branch, sum.gpu, gamma.gpu, beta.gpu, m, k, y.gpu, mean.gpu,
+                                 rstd.gpu);
     CHECK(both.error(sum) < kBf16);
     CHECK(both.error(y) < kBf16);
     CHECK(both.error(rstd) < kFp32);
@@ -207,12 +216,12 @@ TEST_CASE("every CUDA operation matches the CPU backend", "[gpu][kernels]") {
     CHECK(both.error(dgamma) < kBf16);
     CHECK(both.error(dbeta) < kFp32);
   }
-  SECTION("rmsnorm with the residual add") {
+  SECTION("rmsnorm with the residual add and its dropout") {
     Acts x = both.acts(random_vector(m * k, generator, 3.0f)), residual = both.acts(random_vector(m * k, generator)),
          gamma = both.acts(random_vector(k, generator)), sum = both.act_output(m * k), y = both.act_output(m * k);
     Floats rstd = both.float_output(m);
-    both.cpu().rmsnorm_forward(x.cpu, residual.cpu, sum.cpu, gamma.cpu, m, k, 1e-6f, y.cpu, rstd.cpu);
-    both.gpu().rmsnorm_forward(x.gpu, residual.gpu, sum.gpu, gamma.gpu, m, k, 1e-6f, y.gpu, rstd.gpu);
+    both.cpu().rmsnorm_forward(x.cpu, residual.cpu, branch, sum.cpu, gamma.cpu, m, k, 1e-6f, y.cpu, rstd.cpu);
+    both.gpu().rmsnorm_forward(x.gpu, residual.gpu, branch, sum.gpu, gamma.gpu, m, k, 1e-6f, y.gpu, rstd.gpu);
     CHECK(both.error(sum) < kBf16);
     CHECK(both.error(y) < kBf16);
     CHECK(both.error(rstd) < kFp32);

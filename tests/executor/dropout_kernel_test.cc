@@ -1,6 +1,6 @@
 // The CUDA dropout against the mask's own definition, element by element and bit for bit (kept
-// values x * scale rounded once, dropped ones exactly 0), in bf16 and fp16, in place and out of
-// place, aligned and unaligned rows, a rank's rows that start mid-sequence; the kept fraction of a
+// values x * scale rounded once, dropped ones exactly 0; with the residual add fused, the sum
+// rounded once), in bf16 and fp16, in place and out of place, aligned and unaligned rows, a rank's rows that start mid-sequence; the kept fraction of a
 // large tensor; and the keep bits that flash attention's lanes draw between them.
 #include <catch2/catch.hpp>
 
@@ -73,19 +73,39 @@ TEST_CASE("dropout keeps exactly the mask's elements, scaled once", "[gpu][kerne
 
     cu::Half* d_x = cu::upload_half(x, precision, stream);
     cu::Half* d_y = cu::upload_half(std::vector<float>(n, 1e30f), precision, stream);  // poisoned
-    cu::dropout(d_x, s.rows, s.cols, mask, d_y, precision, stream);
+    cu::dropout(d_x, nullptr, s.rows, s.cols, mask, d_y, precision, stream);
     CHECK(same_bits(cu::download_half(d_y, n, precision, stream), want));
     CHECK(same_bits(cu::download_half(d_x, n, precision, stream), x));  // the input untouched
-    cu::dropout(d_x, s.rows, s.cols, mask, d_x, precision, stream);  // in place
+
+    // The dropout-add: residual + the kept values scaled, in fp32, rounded once; in place on the residual.
+    std::vector<float> residual(n), want_sum(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      residual[i] = round_to(precision, normal(generator));
+      const bool keep = mask.keeps_token(static_cast<int64_t>(i) / s.cols, static_cast<int64_t>(i) % s.cols, s.cols);
+      want_sum[i] = round_to(precision, residual[i] + (keep ? x[i] * mask.scale() : 0.0f));
+    }
+    cu::Half* d_residual = cu::upload_half(residual, precision, stream);
+    cu::dropout(d_x, d_residual, s.rows, s.cols, mask, d_y, precision, stream);
+    CHECK(same_bits(cu::download_half(d_y, n, precision, stream), want_sum));
+    cu::dropout(d_x, d_residual, s.rows, s.cols, mask, d_residual, precision, stream);
+    CHECK(same_bits(cu::download_half(d_residual, n, precision, stream), want_sum));
+
+    cu::dropout(d_x, nullptr, s.rows, s.cols, mask, d_x, precision, stream);  // in place
     CHECK(same_bits(cu::download_half(d_x, n, precision, stream), want));
 
-    // An inactive mask copies (and in place leaves x as it is).
+    // An inactive mask copies (and in place leaves x as it is), or adds.
     cu::Half* d_fresh = cu::upload_half(x, precision, stream);
-    cu::dropout(d_fresh, s.rows, s.cols, DropoutMask{}, d_y, precision, stream);
+    cu::dropout(d_fresh, nullptr, s.rows, s.cols, DropoutMask{}, d_y, precision, stream);
     CHECK(same_bits(cu::download_half(d_y, n, precision, stream), x));
-    cu::dropout(d_fresh, s.rows, s.cols, DropoutMask{}, d_fresh, precision, stream);
+    cu::dropout(d_fresh, nullptr, s.rows, s.cols, DropoutMask{}, d_fresh, precision, stream);
     CHECK(same_bits(cu::download_half(d_fresh, n, precision, stream), x));
-    for (void* buffer : {static_cast<void*>(d_x), static_cast<void*>(d_y), static_cast<void*>(d_fresh)}) {
+    std::vector<float> want_plain(n);
+    for (std::size_t i = 0; i < n; ++i) want_plain[i] = round_to(precision, x[i] + residual[i]);
+    cu::Half* d_plain = cu::upload_half(residual, precision, stream);
+    cu::dropout(d_fresh, d_plain, s.rows, s.cols, DropoutMask{}, d_y, precision, stream);
+    CHECK(same_bits(cu::download_half(d_y, n, precision, stream), want_plain));
+    for (void* buffer : {static_cast<void*>(d_x), static_cast<void*>(d_y), static_cast<void*>(d_fresh),
+                         static_cast<void*>(d_residual), static_cast<void*>(d_plain)}) {
       cu::free_device(buffer);
     }
   }
@@ -100,7 +120,7 @@ TEST_CASE("dropout keeps 1 - p of a large tensor", "[gpu][kernels]") {
     INFO("p " << probability);
     const DropoutMask mask = test_mask(probability, 1024, 0);
     cu::Half* d_x = cu::upload_half(std::vector<float>(n, 1.0f), precision, stream);
-    cu::dropout(d_x, rows, cols, mask, d_x, precision, stream);
+    cu::dropout(d_x, nullptr, rows, cols, mask, d_x, precision, stream);
     const std::vector<float> y = cu::download_half(d_x, n, precision, stream);
     cu::free_device(d_x);
     std::size_t kept = 0;

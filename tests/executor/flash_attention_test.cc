@@ -204,33 +204,16 @@ DropoutMask attention_mask(const Case& c, float probability, int64_t first_head)
 
 }  // namespace
 
-TEST_CASE("flash attention matches a double-precision reference, forward and backward", "[gpu][kernels]") {
+TEST_CASE("flash attention matches a double-precision reference drawing the same mask, with and without dropout",
+          "[gpu][kernels]") {
   const Precision precision = GENERATE(Precision::kBf16, Precision::kFp16);
   INFO(megaplan::to_string(precision));
   std::mt19937 generator(7);
   const cu::Stream stream;
-  for (const Case c : {Case{2, 37, 3, 3, 64}, Case{1, 200, 4, 2, 128}, Case{2, 1, 2, 2, 64}, Case{1, 130, 2, 2, 128},
-                       Case{1, 64, 4, 1, 64}}) {
-    INFO("batch " << c.batch << ", seq " << c.seq << ", heads " << c.heads << ", kv heads " << c.kv_heads << ", dim "
-                  << c.dim);
-    const Packed packed(c);
-    const std::vector<float> qkv =
-        rounded_normal(static_cast<std::size_t>(c.batch * c.seq * packed.token_stride), precision, generator);
-    const std::vector<float> dout =
-        rounded_normal(static_cast<std::size_t>(c.batch * c.seq * c.heads * c.dim), precision, generator);
-    check_against_reference(c, run_kernels(c, qkv, dout, DropoutMask{}, precision, stream),
-                            reference(c, qkv, dout, DropoutMask{}), precision);
-  }
-}
-
-TEST_CASE("flash attention with dropout matches the reference drawing the same mask", "[gpu][kernels]") {
-  const Precision precision = GENERATE(Precision::kBf16, Precision::kFp16);
-  INFO(megaplan::to_string(precision));
-  std::mt19937 generator(11);
-  const cu::Stream stream;
   // Sequences that are and are not multiples of 4 (runs of keys that start a Philox draw and runs
   // that start mid-draw), grouped queries, a rank whose heads start past the model's first.
-  for (const Case c : {Case{2, 37, 3, 3, 64}, Case{1, 200, 4, 2, 128}, Case{1, 130, 2, 2, 128}, Case{2, 64, 4, 1, 64}}) {
+  for (const Case c : {Case{2, 37, 3, 3, 64}, Case{1, 200, 4, 2, 128}, Case{2, 1, 2, 2, 64}, Case{1, 130, 2, 2, 128},
+                       Case{1, 64, 4, 1, 64}, Case{2, 64, 4, 1, 64}}) {
     INFO("batch " << c.batch << ", seq " << c.seq << ", heads " << c.heads << ", kv heads " << c.kv_heads << ", dim "
                   << c.dim);
     const Packed packed(c);
@@ -238,16 +221,19 @@ TEST_CASE("flash attention with dropout matches the reference drawing the same m
         rounded_normal(static_cast<std::size_t>(c.batch * c.seq * packed.token_stride), precision, generator);
     const std::vector<float> dout =
         rounded_normal(static_cast<std::size_t>(c.batch * c.seq * c.heads * c.dim), precision, generator);
-    const DropoutMask mask = attention_mask(c, 0.1f, c.heads);
-    check_against_reference(c, run_kernels(c, qkv, dout, mask, precision, stream), reference(c, qkv, dout, mask),
-                            precision);
-
-    // p = 0 draws nothing: the kernels without dropout, bit for bit.
     const Results plain = run_kernels(c, qkv, dout, DropoutMask{}, precision, stream);
+    check_against_reference(c, plain, reference(c, qkv, dout, DropoutMask{}), precision);
+    // p = 0 draws nothing: the kernels without dropout, bit for bit.
     const Results zero = run_kernels(c, qkv, dout, attention_mask(c, 0.0f, c.heads), precision, stream);
     CHECK(std::memcmp(plain.out.data(), zero.out.data(), plain.out.size() * sizeof(float)) == 0);
     CHECK(std::memcmp(plain.lse.data(), zero.lse.data(), plain.lse.size() * sizeof(float)) == 0);
     CHECK(std::memcmp(plain.dqkv.data(), zero.dqkv.data(), plain.dqkv.size() * sizeof(float)) == 0);
+    // One token: dQ and dK are 0 in exact arithmetic (the softmax of one score), and with a kept
+    // probability scaled by 1 / (1 - p) what remains is rounding, which no relative error measures.
+    if (c.seq == 1) continue;
+    const DropoutMask mask = attention_mask(c, 0.1f, c.heads);
+    check_against_reference(c, run_kernels(c, qkv, dout, mask, precision, stream), reference(c, qkv, dout, mask),
+                            precision);
   }
 }
 

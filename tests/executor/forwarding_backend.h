@@ -70,10 +70,10 @@ class ForwardingBackend : public exec::Backend {
                           float* dposition) override {
     inner_->embedding_backward(dy, tokens, count, seq, hidden, vocab_start, vocab_rows, dword, dposition);
   }
-  void layernorm_forward(ConstActivation x, ConstActivation residual, Activation sum_out, ConstActivation gamma,
-                         ConstActivation beta, std::size_t rows, std::size_t cols, Activation y, float* mean,
-                         float* rstd) override {
-    inner_->layernorm_forward(x, residual, sum_out, gamma, beta, rows, cols, y, mean, rstd);
+  void layernorm_forward(ConstActivation x, ConstActivation residual, const DropoutMask& residual_dropout,
+                         Activation sum_out, ConstActivation gamma, ConstActivation beta, std::size_t rows,
+                         std::size_t cols, Activation y, float* mean, float* rstd) override {
+    inner_->layernorm_forward(x, residual, residual_dropout, sum_out, gamma, beta, rows, cols, y, mean, rstd);
   }
   void layernorm_backward(ConstActivation dy, ConstActivation x, ConstActivation gamma, const float* mean,
                           const float* rstd, std::size_t rows, std::size_t cols, ConstActivation residual_grad,
@@ -84,9 +84,10 @@ class ForwardingBackend : public exec::Backend {
                                    std::size_t dim) const override {
     return inner_->attention_saved_size(batch, seq, heads, dim);
   }
-  void rmsnorm_forward(ConstActivation x, ConstActivation residual, Activation sum_out, ConstActivation gamma,
-                       std::size_t rows, std::size_t cols, float eps, Activation y, float* rstd) override {
-    inner_->rmsnorm_forward(x, residual, sum_out, gamma, rows, cols, eps, y, rstd);
+  void rmsnorm_forward(ConstActivation x, ConstActivation residual, const DropoutMask& residual_dropout,
+                       Activation sum_out, ConstActivation gamma, std::size_t rows, std::size_t cols, float eps,
+                       Activation y, float* rstd) override {
+    inner_->rmsnorm_forward(x, residual, residual_dropout, sum_out, gamma, rows, cols, eps, y, rstd);
   }
   void rmsnorm_backward(ConstActivation dy, ConstActivation x, ConstActivation gamma, const float* rstd,
                         std::size_t rows, std::size_t cols, ConstActivation residual_grad, Activation dx,
@@ -113,8 +114,9 @@ class ForwardingBackend : public exec::Backend {
                           const DropoutMask& dropout, Activation dqkv) override {
     inner_->attention_backward(dout, qkv, out, saved, batch, seq, heads, groups, dim, dropout, dqkv);
   }
-  void dropout(ConstActivation x, std::size_t rows, std::size_t cols, const DropoutMask& mask, Activation y) override {
-    inner_->dropout(x, rows, cols, mask, y);
+  void dropout(ConstActivation x, ConstActivation residual, std::size_t rows, std::size_t cols, const DropoutMask& mask,
+               Activation y) override {
+    inner_->dropout(x, residual, rows, cols, mask, y);
   }
   void cross_entropy_statistics(ConstActivation logits, const int64_t* targets, std::size_t tokens, std::size_t vocab,
                                 std::size_t vocab_start, float* lse, float* target_logit, float* peak) override {

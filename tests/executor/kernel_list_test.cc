@@ -103,14 +103,17 @@ TEST_CASE("one stage launches its kernel list for F, B, I and W under each recom
   }
 }
 
-TEST_CASE("first, middle and last pipeline stages launch their kernel lists", "[model][kernels]") {
-  for (const megaplan::ModelSpec& model : {four_layer_gpt(), four_layer_llama()}) {
+TEST_CASE("first, middle and last pipeline stages launch their kernel lists, with and without dropout",
+          "[model][kernels]") {
+  for (const megaplan::ModelSpec& model : {four_layer_gpt(), four_layer_llama()})
+  for (const double dropout : {0.0, 0.1}) {
     megaplan::ParallelPlan plan = layout(1, 2, 1, 2, ScheduleKind::kInterleaved, 1, 4);
     plan.recompute_granularity = megaplan::RecomputeGranularity::kSelective;
+    plan.options.hidden_dropout = plan.options.attention_dropout = dropout;
     const PlanKernels list(model, plan);
     const MicrobatchTokens data = microbatch(model, 1);
     for (int64_t stage = 0; stage < plan.num_virtual_stages(); ++stage) {
-      INFO(model.name << ": stage " << stage);
+      INFO(model.name << ": stage " << stage << ", dropout " << dropout);
       const bool first = stage == 0, last = stage + 1 == plan.num_virtual_stages();
       RecordingBackend backend;
       GptModel gpt(model, plan, stage, backend, {42});

@@ -62,11 +62,12 @@ class RecordingBackend : public ForwardingBackend {
     record(row_kernel(KernelKind::kEmbeddingBackward, size(count), size(hidden)));
     ForwardingBackend::embedding_backward(dy, tokens, count, seq, hidden, vocab_start, vocab_rows, dword, dposition);
   }
-  void layernorm_forward(ConstActivation x, ConstActivation residual, Activation sum_out, ConstActivation gamma,
-                         ConstActivation beta, std::size_t rows, std::size_t cols, Activation y, float* mean,
-                         float* rstd) override {
-    record(row_kernel(KernelKind::kNormForward, size(rows), size(cols), residual != nullptr));
-    ForwardingBackend::layernorm_forward(x, residual, sum_out, gamma, beta, rows, cols, y, mean, rstd);
+  void layernorm_forward(ConstActivation x, ConstActivation residual, const DropoutMask& residual_dropout,
+                         Activation sum_out, ConstActivation gamma, ConstActivation beta, std::size_t rows,
+                         std::size_t cols, Activation y, float* mean, float* rstd) override {
+    record(row_kernel(KernelKind::kNormForward, size(rows), size(cols), residual != nullptr,
+                      residual != nullptr && residual_dropout.active()));
+    ForwardingBackend::layernorm_forward(x, residual, residual_dropout, sum_out, gamma, beta, rows, cols, y, mean, rstd);
   }
   void layernorm_backward(ConstActivation dy, ConstActivation x, ConstActivation gamma, const float* mean,
                           const float* rstd, std::size_t rows, std::size_t cols, ConstActivation residual_grad,
@@ -74,10 +75,12 @@ class RecordingBackend : public ForwardingBackend {
     record(row_kernel(KernelKind::kNormBackward, size(rows), size(cols), residual_grad != nullptr));
     ForwardingBackend::layernorm_backward(dy, x, gamma, mean, rstd, rows, cols, residual_grad, dx, dgamma, dbeta);
   }
-  void rmsnorm_forward(ConstActivation x, ConstActivation residual, Activation sum_out, ConstActivation gamma,
-                       std::size_t rows, std::size_t cols, float eps, Activation y, float* rstd) override {
-    record(row_kernel(KernelKind::kRmsNormForward, size(rows), size(cols), residual != nullptr));
-    ForwardingBackend::rmsnorm_forward(x, residual, sum_out, gamma, rows, cols, eps, y, rstd);
+  void rmsnorm_forward(ConstActivation x, ConstActivation residual, const DropoutMask& residual_dropout,
+                       Activation sum_out, ConstActivation gamma, std::size_t rows, std::size_t cols, float eps,
+                       Activation y, float* rstd) override {
+    record(row_kernel(KernelKind::kRmsNormForward, size(rows), size(cols), residual != nullptr,
+                      residual != nullptr && residual_dropout.active()));
+    ForwardingBackend::rmsnorm_forward(x, residual, residual_dropout, sum_out, gamma, rows, cols, eps, y, rstd);
   }
   void rmsnorm_backward(ConstActivation dy, ConstActivation x, ConstActivation gamma, const float* rstd,
                         std::size_t rows, std::size_t cols, ConstActivation residual_grad, Activation dx,
@@ -101,18 +104,21 @@ class RecordingBackend : public ForwardingBackend {
   }
   void attention_forward(ConstActivation qkv, std::size_t batch, std::size_t seq, std::size_t heads, std::size_t groups,
                          std::size_t dim, const DropoutMask& dropout, Activation out, float* saved) override {
-    record(attention_kernel(KernelKind::kAttentionForward, size(batch), size(seq), size(heads), size(dim), size(groups)));
+    record(attention_kernel(KernelKind::kAttentionForward, size(batch), size(seq), size(heads), size(dim), size(groups),
+                            dropout.active()));
     ForwardingBackend::attention_forward(qkv, batch, seq, heads, groups, dim, dropout, out, saved);
   }
   void attention_backward(ConstActivation dout, ConstActivation qkv, ConstActivation out, const float* saved,
                           std::size_t batch, std::size_t seq, std::size_t heads, std::size_t groups, std::size_t dim,
                           const DropoutMask& dropout, Activation dqkv) override {
-    record(attention_kernel(KernelKind::kAttentionBackward, size(batch), size(seq), size(heads), size(dim), size(groups)));
+    record(attention_kernel(KernelKind::kAttentionBackward, size(batch), size(seq), size(heads), size(dim), size(groups),
+                            dropout.active()));
     ForwardingBackend::attention_backward(dout, qkv, out, saved, batch, seq, heads, groups, dim, dropout, dqkv);
   }
-  void dropout(ConstActivation x, std::size_t rows, std::size_t cols, const DropoutMask& mask, Activation y) override {
-    record(row_kernel(KernelKind::kDropout, size(rows), size(cols)));
-    ForwardingBackend::dropout(x, rows, cols, mask, y);
+  void dropout(ConstActivation x, ConstActivation residual, std::size_t rows, std::size_t cols, const DropoutMask& mask,
+               Activation y) override {
+    record(row_kernel(KernelKind::kDropout, size(rows), size(cols), residual != nullptr));
+    ForwardingBackend::dropout(x, residual, rows, cols, mask, y);
   }
   void cross_entropy_statistics(ConstActivation logits, const int64_t* targets, std::size_t tokens, std::size_t vocab,
                                 std::size_t vocab_start, float* lse, float* target_logit, float* peak) override {

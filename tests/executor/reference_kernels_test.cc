@@ -187,12 +187,12 @@ TEST_CASE("dropout masks depend on the element's place in the model alone", "[ke
   mask.seq = 8;
   const std::size_t rows = 16, cols = 16;
   std::vector<float> x(rows * cols, 1.0f), whole(rows * cols), halves(rows * cols);
-  ref::dropout(x.data(), rows, cols, mask, whole.data());
+  ref::dropout(x.data(), nullptr, rows, cols, mask, whole.data());
   for (int64_t rank = 0; rank < 2; ++rank) {
     megaplan::exec::DropoutMask part = mask;
     part.first_row = rank * 8;
     const auto at = static_cast<std::size_t>(rank) * 8 * cols;
-    ref::dropout(x.data() + at, 8, cols, part, halves.data() + at);
+    ref::dropout(x.data() + at, nullptr, 8, cols, part, halves.data() + at);
   }
   CHECK(halves == whole);
   std::size_t dropped = 0;
@@ -209,13 +209,22 @@ TEST_CASE("dropout masks depend on the element's place in the model alone", "[ke
     megaplan::exec::DropoutMask other = mask;
     change(other);
     std::vector<float> redrawn(rows * cols);
-    ref::dropout(x.data(), rows, cols, other, redrawn.data());
+    ref::dropout(x.data(), nullptr, rows, cols, other, redrawn.data());
     CHECK(redrawn != whole);
   }
-  // Inactive: the identity.
+  // The dropout-add: the residual plus the same masked values, in place on the residual too.
+  std::vector<float> residual(rows * cols), added(rows * cols);
+  for (std::size_t i = 0; i < residual.size(); ++i) residual[i] = 0.5f * static_cast<float>(i % 7);
+  ref::dropout(x.data(), residual.data(), rows, cols, mask, added.data());
+  for (std::size_t i = 0; i < added.size(); ++i) CHECK(added[i] == residual[i] + whole[i]);
+  ref::dropout(x.data(), residual.data(), rows, cols, mask, residual.data());
+  CHECK(residual == added);
+  // Inactive: the identity, or the plain add.
   mask.probability = 0;
-  ref::dropout(x.data(), rows, cols, mask, whole.data());
+  ref::dropout(x.data(), nullptr, rows, cols, mask, whole.data());
   CHECK(whole == x);
+  ref::dropout(x.data(), x.data(), rows, cols, mask, whole.data());
+  CHECK(whole == std::vector<float>(rows * cols, 2.0f));
 }
 
 TEST_CASE("AdamW steps as torch.optim.AdamW", "[kernels]") {

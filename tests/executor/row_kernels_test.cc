@@ -19,6 +19,8 @@
 #include "executor/kernels/cuda/embedding.h"
 #include "executor/kernels/cuda/norms.h"
 #include "executor/kernels/cuda/stream.h"
+#include "executor/kernels/dropout_mask.h"
+#include "executor/kernels/reference/dropout.h"
 #include "executor/kernels/reference/embedding.h"
 #include "executor/kernels/reference/gelu.h"
 #include "executor/kernels/reference/layernorm.h"
@@ -33,6 +35,7 @@ namespace ref = megaplan::exec::reference;
 namespace {
 
 using megaplan::Precision;
+using megaplan::exec::DropoutMask;
 
 constexpr float kPoison = 1e30f;  // beyond fp16's range: uploads as infinity there
 constexpr float kEps = 1e-5f;
@@ -116,26 +119,52 @@ std::vector<float> add_rounded(const std::vector<float>& a, const std::vector<fl
   return sum;
 }
 
+// The norm's fused residual: as it is, or (Megatron's bias-dropout-add fused into the norm) through
+// a mask whose rows start mid-sequence, as a sequence-parallel rank's do.
+enum class Residual { kNone, kAdded, kDropped };
+DropoutMask branch_mask(Residual residual) {
+  DropoutMask mask;
+  if (residual != Residual::kDropped) return mask;
+  mask.probability = 0.25f;
+  mask.seed = 77;
+  mask.site = megaplan::exec::dropout_site(3, megaplan::exec::DropoutKind::kAttentionBranch);
+  mask.first_sample = 12;
+  mask.seq = 16;
+  mask.first_row = 5;
+  return mask;
+}
+// The rounded sum the norm reads: x + dropout(residual) in fp32, rounded once.
+std::vector<float> norm_input(const std::vector<float>& x, const std::vector<float>& residual, Residual kind,
+                              int64_t rows, int64_t cols, Precision precision) {
+  if (kind == Residual::kNone) return x;
+  std::vector<float> dropped(residual.size());
+  ref::dropout(residual.data(), nullptr, static_cast<std::size_t>(rows), static_cast<std::size_t>(cols),
+               branch_mask(kind), dropped.data());
+  return add_rounded(x, dropped, precision);
+}
+
 const std::vector<std::pair<int64_t, int64_t>> kNormShapes = {{37, 200}, {1, 1000}, {64, 1024}, {37, 999},
                                                               {300, 2048}, {5, 12288}, {2, 32768}};
 
 }  // namespace
 
-TEST_CASE("LayerNorm forward and backward, with and without the fused residual", "[gpu][kernels]") {
+TEST_CASE("LayerNorm forward and backward, with and without the fused residual and its dropout", "[gpu][kernels]") {
   const Precision precision = GENERATE(Precision::kBf16, Precision::kFp16);
   INFO(megaplan::to_string(precision));
   std::mt19937 generator(101);
   const cu::Stream stream;
   for (auto [rows, cols] : kNormShapes) {
-    for (bool fused : {false, true}) {
-      INFO("rows " << rows << ", cols " << cols << (fused ? ", residual fused" : ""));
+    for (const Residual kind : {Residual::kNone, Residual::kAdded, Residual::kDropped}) {
+      const bool fused = kind != Residual::kNone;
+      INFO("rows " << rows << ", cols " << cols << (fused ? ", residual fused" : "")
+                   << (kind == Residual::kDropped ? " through dropout" : ""));
       const auto r = static_cast<std::size_t>(rows), c = static_cast<std::size_t>(cols), n = r * c;
       Buffers device(stream, precision);
       const std::vector<float> x = half_values(n, precision, generator, 0.5f, 2.0f),
                                residual = half_values(n, precision, generator);
       const std::vector<float> gamma = half_values(c, precision, generator, 1.0f, 0.5f),
                                beta = half_values(c, precision, generator);
-      const std::vector<float> input = fused ? add_rounded(x, residual, precision) : x;
+      const std::vector<float> input = norm_input(x, residual, kind, rows, cols, precision);
       std::vector<float> want_y(n), want_mean(r), want_rstd(r);
       ref::layernorm_forward(input.data(), gamma.data(), beta.data(), r, c, kEps, want_y.data(), want_mean.data(),
                              want_rstd.data());
@@ -144,7 +173,7 @@ TEST_CASE("LayerNorm forward and backward, with and without the fused residual",
       cu::Half* d_y = device.half_poisoned(n);
       float* d_mean = device.floats_poisoned(r);
       float* d_rstd = device.floats_poisoned(r);
-      cu::layernorm_forward(d_x, fused ? device.half(residual) : nullptr, d_sum, device.half(gamma),
+      cu::layernorm_forward(d_x, fused ? device.half(residual) : nullptr, branch_mask(kind), d_sum, device.half(gamma),
                             device.half(beta), rows, cols, kEps, d_y, d_mean, d_rstd, precision, stream);
       if (fused) CHECK(same_bits(device.download(d_sum, n), input));
       CHECK(relative_error(device.download(d_y, n), want_y) < tolerance(precision));
@@ -190,28 +219,30 @@ TEST_CASE("LayerNorm forward and backward, with and without the fused residual",
   }
 }
 
-TEST_CASE("RMSNorm forward and backward, with and without the fused residual", "[gpu][kernels]") {
+TEST_CASE("RMSNorm forward and backward, with and without the fused residual and its dropout", "[gpu][kernels]") {
   const Precision precision = GENERATE(Precision::kBf16, Precision::kFp16);
   INFO(megaplan::to_string(precision));
   std::mt19937 generator(103);
   const cu::Stream stream;
   for (auto [rows, cols] : kNormShapes) {
-    for (bool fused : {false, true}) {
-      INFO("rows " << rows << ", cols " << cols << (fused ? ", residual fused" : ""));
+    for (const Residual kind : {Residual::kNone, Residual::kAdded, Residual::kDropped}) {
+      const bool fused = kind != Residual::kNone;
+      INFO("rows " << rows << ", cols " << cols << (fused ? ", residual fused" : "")
+                   << (kind == Residual::kDropped ? " through dropout" : ""));
       const auto r = static_cast<std::size_t>(rows), c = static_cast<std::size_t>(cols), n = r * c;
       Buffers device(stream, precision);
       const std::vector<float> x = half_values(n, precision, generator, 0.5f, 2.0f),
                                residual = half_values(n, precision, generator);
       const std::vector<float> gamma = half_values(c, precision, generator, 1.0f, 0.5f);
-      const std::vector<float> input = fused ? add_rounded(x, residual, precision) : x;
+      const std::vector<float> input = norm_input(x, residual, kind, rows, cols, precision);
       std::vector<float> want_y(n), want_rstd(r);
       ref::rmsnorm_forward(input.data(), gamma.data(), r, c, kEps, want_y.data(), want_rstd.data());
       cu::Half* d_x = device.half(x);
       cu::Half* d_sum = fused ? device.half_poisoned(n) : nullptr;
       cu::Half* d_y = device.half_poisoned(n);
       float* d_rstd = device.floats_poisoned(r);
-      cu::rmsnorm_forward(d_x, fused ? device.half(residual) : nullptr, d_sum, device.half(gamma), rows, cols, kEps,
-                          d_y, d_rstd, precision, stream);
+      cu::rmsnorm_forward(d_x, fused ? device.half(residual) : nullptr, branch_mask(kind), d_sum, device.half(gamma),
+                          rows, cols, kEps, d_y, d_rstd, precision, stream);
       if (fused) CHECK(same_bits(device.download(d_sum, n), input));
       CHECK(relative_error(device.download(d_y, n), want_y) < tolerance(precision));
       CHECK(relative_error(cu::download_floats(d_rstd, r, stream), want_rstd) < 1e-5);
@@ -253,8 +284,8 @@ TEST_CASE("RMSNorm forward and backward, with and without the fused residual", "
 
 TEST_CASE("norms reject rows wider than they hold in registers", "[gpu][kernels]") {
   const cu::Stream stream;
-  CHECK_THROWS_AS(cu::layernorm_forward(nullptr, nullptr, nullptr, nullptr, nullptr, 4, 40000, kEps, nullptr,
-                                        nullptr, nullptr, Precision::kBf16, stream),
+  CHECK_THROWS_AS(cu::layernorm_forward(nullptr, nullptr, DropoutMask{}, nullptr, nullptr, nullptr, 4, 40000, kEps,
+                                        nullptr, nullptr, nullptr, Precision::kBf16, stream),
                   megaplan::SpecError);
 }
 

@@ -20,8 +20,8 @@ void look_up_everything(const megaplan::sim::Profile& profile) {
     (void)profile.gemm_seconds(size, size, 1024, megaplan::sim::DType::kBf16, sources);
     (void)profile.gemm_seconds(megaplan::GemmLayout::kWeightGradient, megaplan::GemmEpilogue::kBias, size, 4096, 1024,
                                megaplan::sim::DType::kBf16, sources);
-    (void)profile.attention_forward_seconds(size, 2048, 128, true, 4, sources);
-    (void)profile.attention_backward_seconds(size, 2048, 128, true, 1, sources);
+    (void)profile.attention_forward_seconds(size, 2048, 128, true, 4, false, sources);
+    (void)profile.attention_backward_seconds(size, 2048, 128, true, 1, false, sources);
     (void)profile.elementwise_seconds(size * 1024, sources);
     for (const std::string& kernel_class : megaplan::memory_kernel_classes()) {
       (void)profile.memory_kernel_seconds(kernel_class, size * 1024, sources);

@@ -52,9 +52,9 @@ TEST_CASE("the roofline fallback follows its formula and is counted", "[simulato
   CHECK(profile.gemm_seconds(8192, 8192, 8192, DType::kFp32, sources) == Approx((f + 1e9) / (0.5e15 * 0.5) + 1e-6));
   // Causal attention: 4 * bh * s^2 * d / 2 FLOPs; the backward 2.5 times that.
   const double attention = 4.0 * 32 * 4096.0 * 4096.0 * 128 / 2;
-  CHECK(profile.attention_forward_seconds(32, 4096, 128, true, 1, sources) ==
+  CHECK(profile.attention_forward_seconds(32, 4096, 128, true, 1, false, sources) ==
         Approx(attention / (1e15 * 0.25 * attention / (attention + 1e9)) + 1e-6));
-  CHECK(profile.attention_backward_seconds(32, 4096, 128, true, 1, sources) ==
+  CHECK(profile.attention_backward_seconds(32, 4096, 128, true, 1, false, sources) ==
         Approx(2.5 * attention / (1e15 * 0.25 * 2.5 * attention / (2.5 * attention + 1e9)) + 1e-6));
   CHECK(profile.elementwise_seconds(1'000'000'000, sources) == Approx(1e9 / 1e12 + 1e-6));
   // All-reduce of 1 GB over 8 GPUs on 100 GB/s links, 5 us per step: 1e9 x 2 x 7/8 / (0.5 x 100e9)
@@ -132,12 +132,12 @@ TEST_CASE("attention tables by GQA ratio: the nearest ratio in log2 answers, the
   json["attention"] = {entry(0, 1e-3), entry(4, 2e-3), entry(8, 3e-3)};  // no key: multi-head
   const Profile profile = Profile::from_json(json, "p.json");
   CostSources sources;
-  CHECK(profile.attention_forward_seconds(32, 2048, 128, true, 1, sources) == 1e-3);
-  CHECK(profile.attention_forward_seconds(32, 2048, 128, true, 4, sources) == 2e-3);
-  CHECK(profile.attention_backward_seconds(32, 2048, 128, true, 8, sources) == 7.5e-3);
-  CHECK(profile.attention_forward_seconds(32, 2048, 128, true, 2, sources) == 2e-3);   // 1 and 4 as near: 4
-  CHECK(profile.attention_forward_seconds(32, 2048, 128, true, 5, sources) == 2e-3);   // nearer 4 than 8
-  CHECK(profile.attention_forward_seconds(32, 2048, 128, true, 16, sources) == 3e-3);  // beyond the largest
+  CHECK(profile.attention_forward_seconds(32, 2048, 128, true, 1, false, sources) == 1e-3);
+  CHECK(profile.attention_forward_seconds(32, 2048, 128, true, 4, false, sources) == 2e-3);
+  CHECK(profile.attention_backward_seconds(32, 2048, 128, true, 8, false, sources) == 7.5e-3);
+  CHECK(profile.attention_forward_seconds(32, 2048, 128, true, 2, false, sources) == 2e-3);   // 1 and 4 as near: 4
+  CHECK(profile.attention_forward_seconds(32, 2048, 128, true, 5, false, sources) == 2e-3);   // nearer 4 than 8
+  CHECK(profile.attention_forward_seconds(32, 2048, 128, true, 16, false, sources) == 3e-3);  // beyond the largest
   CHECK(sources.table == 6);
   // The kernel's own groups choose the table.
   CHECK(profile.kernel_seconds(megaplan::attention_kernel(megaplan::KernelKind::kAttentionForward, 2, 2048, 16, 128, 4),
@@ -147,11 +147,40 @@ TEST_CASE("attention tables by GQA ratio: the nearest ratio in log2 answers, the
   // The same shape and ratio twice is refused; a ratio must be a positive integer.
   json["attention"].push_back(entry(4, 5e-3));
   CHECK_THROWS_WITH(Profile::from_json(json, "p.json"),
-                    Catch::Matchers::Contains("batch_heads, seq, head_dim, gqa_ratio and causal"));
+                    Catch::Matchers::Contains("batch_heads, seq, head_dim, gqa_ratio, causal and dropout"));
   json["attention"] = {entry(0, 1e-3)};
   json["attention"][0]["gqa_ratio"] = 0;
   CHECK_THROWS_WITH(Profile::from_json(json, "p.json"),
                     Catch::Matchers::Contains("p.json: attention[0]: gqa_ratio: must be a positive integer"));
+}
+
+TEST_CASE("attention with dropout: its own entries, else those without it, counted as a fallback",
+          "[simulator][profile]") {
+  nlohmann::json json = base_profile();
+  const auto entry = [](bool dropout, double forward_s) {
+    return nlohmann::json{{"batch_heads", 32},   {"seq", 2048},          {"head_dim", 128},
+                          {"causal", true},      {"dropout", dropout},   {"forward_s", forward_s},
+                          {"backward_s", 2 * forward_s}};
+  };
+  json["attention"] = {entry(false, 1e-3)};
+  const Profile without = Profile::from_json(json, "p.json");
+  CostSources sources;
+  CHECK(without.attention_forward_seconds(32, 2048, 128, true, 1, true, sources) == 1e-3);
+  CHECK(sources.fallback == 1);
+  CHECK(sources.table == 0);
+  json["attention"].push_back(entry(true, 1.5e-3));
+  const Profile with = Profile::from_json(json, "p.json");
+  sources = {};
+  CHECK(with.attention_forward_seconds(32, 2048, 128, true, 1, true, sources) == 1.5e-3);
+  CHECK(with.attention_backward_seconds(32, 2048, 128, true, 1, true, sources) == 3e-3);
+  CHECK(with.attention_forward_seconds(32, 2048, 128, true, 1, false, sources) == 1e-3);
+  CHECK(sources.table == 3);
+  CHECK(sources.fallback == 0);
+  // A kernel list's attention with dropout asks for those entries.
+  CHECK(with.kernel_seconds(megaplan::attention_kernel(megaplan::KernelKind::kAttentionForward, 2, 2048, 16, 128, 16, true),
+                            sources) == 1.5e-3);
+  json["attention"][1]["dropout"] = "yes";
+  CHECK_THROWS_WITH(Profile::from_json(json, "p.json"), Catch::Matchers::Contains("attention[1]: dropout"));
 }
 
 TEST_CASE("GEMM layouts and epilogues: their own entries, then the layout's, then the forward product", "[simulator][profile]") {
@@ -215,14 +244,14 @@ TEST_CASE("attention tables: per causal flag, scaled by FLOPs", "[simulator][pro
                         {"backward_s", 2.5e-3}}};
   const Profile profile = Profile::from_json(json, "p.json");
   CostSources sources;
-  CHECK(profile.attention_forward_seconds(32, 2048, 128, true, 1, sources) == 1e-3);
-  CHECK(profile.attention_backward_seconds(32, 2048, 128, true, 1, sources) == 2.5e-3);
+  CHECK(profile.attention_forward_seconds(32, 2048, 128, true, 1, false, sources) == 1e-3);
+  CHECK(profile.attention_backward_seconds(32, 2048, 128, true, 1, false, sources) == 2.5e-3);
   // The only measurement's throughput, applied to 4x the FLOPs (seq doubled).
-  CHECK(profile.attention_forward_seconds(32, 4096, 128, true, 1, sources) == Approx(4e-3));
-  CHECK(profile.attention_backward_seconds(32, 4096, 128, true, 1, sources) == Approx(1e-2));
+  CHECK(profile.attention_forward_seconds(32, 4096, 128, true, 1, false, sources) == Approx(4e-3));
+  CHECK(profile.attention_backward_seconds(32, 4096, 128, true, 1, false, sources) == Approx(1e-2));
   CHECK(sources.table == 4);
   const double full = 4.0 * 32 * 2048.0 * 2048.0 * 128;
-  CHECK(profile.attention_forward_seconds(32, 2048, 128, false, 1, sources) ==
+  CHECK(profile.attention_forward_seconds(32, 2048, 128, false, 1, false, sources) ==
         Approx(full / (1e15 * 0.25 * full / (full + 1e9)) + 1e-6));
   CHECK(sources.fallback == 1);
 }
@@ -312,8 +341,8 @@ TEST_CASE("no work takes no time and is not counted", "[simulator][profile]") {
   CostSources sources;
   const LinkParams link{1e11, 1e-6};
   CHECK(profile.gemm_seconds(0, 1024, 1024, DType::kBf16, sources) == 0);
-  CHECK(profile.attention_forward_seconds(32, 0, 128, true, 1, sources) == 0);
-  CHECK(profile.attention_backward_seconds(0, 2048, 128, true, 1, sources) == 0);
+  CHECK(profile.attention_forward_seconds(32, 0, 128, true, 1, false, sources) == 0);
+  CHECK(profile.attention_backward_seconds(0, 2048, 128, true, 1, false, sources) == 0);
   CHECK(profile.elementwise_seconds(0, sources) == 0);
   CHECK(profile.p2p_seconds(0, LinkKind::kNvlink, link, sources) == 0);
   CHECK(profile.collective_seconds(CollectiveOp::kAllReduce, 1, 1000000, LinkKind::kNvlink, link, sources) == 0);
@@ -350,8 +379,8 @@ TEST_CASE("the shipped datasheet profiles load and match the built-in ones", "[s
     CostSources sources;
     CHECK(shipped.gemm_seconds(4096, 12288, 12288, DType::kBf16, sources) ==
           Approx(built_in.gemm_seconds(4096, 12288, 12288, DType::kBf16, sources)));
-    CHECK(shipped.attention_backward_seconds(96, 2048, 128, true, 1, sources) ==
-          Approx(built_in.attention_backward_seconds(96, 2048, 128, true, 1, sources)));
+    CHECK(shipped.attention_backward_seconds(96, 2048, 128, true, 1, false, sources) ==
+          Approx(built_in.attention_backward_seconds(96, 2048, 128, true, 1, false, sources)));
     CHECK(shipped.elementwise_seconds(123456789, sources) == Approx(built_in.elementwise_seconds(123456789, sources)));
     CHECK(sources.table == 0);  // datasheet profiles hold no tables
     CHECK(sources.fallback == 6);
@@ -462,7 +491,7 @@ TEST_CASE("the shipped measured profiles load and cost a layer's kernels from th
     const double tflops = 2.0 * 8192 * 3 * 768 * 768 / gemm / 1e12;
     CHECK(tflops > 100);
     CHECK(tflops < 989.4);
-    (void)shipped.attention_forward_seconds(96, 1024, 64, true, 1, sources);
+    (void)shipped.attention_forward_seconds(96, 1024, 64, true, 1, false, sources);
     CHECK(sources.table == 2);
     CHECK(sources.fallback == 0);
   }

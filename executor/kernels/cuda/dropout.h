@@ -14,12 +14,13 @@
 
 namespace megaplan::exec::cuda {
 
-// y[r][c] = x[r][c] * mask.scale() (fp32, rounded once to the 16-bit type) where
-// mask.keeps_token(r, c, cols), else 0, over this rank's token-major rows x cols; an inactive mask
-// copies. Asynchronous on `stream`.
-// REQUIRES: y == x (in place) or the two do not overlap.
-void dropout(const Half* x, int64_t rows, int64_t cols, const DropoutMask& mask, Half* y, Precision precision,
-             cudaStream_t stream);
+// y[r][c] = x[r][c] * mask.scale() where mask.keeps_token(r, c, cols), else 0, plus
+// residual[r][c] where residual is non-null (Megatron's dropout-add, fused), in fp32 and rounded
+// once to the 16-bit type, over this rank's token-major rows x cols; an inactive mask copies (or
+// adds). Asynchronous on `stream`.
+// REQUIRES: y is x or residual (in place), or overlaps neither.
+void dropout(const Half* x, const Half* residual, int64_t rows, int64_t cols, const DropoutMask& mask, Half* y,
+             Precision precision, cudaStream_t stream);
 
 // Whether elements first, first + 1, ..., first + count - 1 (count <= 64) of global sample
 // `sample`'s tensor are kept: bit i for element first + i. The run touches the Philox blocks

@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "executor/kernels/cuda/device_common.cuh"
+#include "executor/kernels/cuda/dropout.h"
 
 namespace megaplan::exec::cuda {
 
@@ -119,13 +120,14 @@ void check_cols(int64_t rows, int64_t cols, const char* what) {
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // One row group per row. The row is held raw (the fused sum is rounded to 16 bits anyway, so the
-// registers hold exactly the values the statistics are taken of).
-template <Precision P, bool kRms, bool kAligned, int kVecs>
+// registers hold exactly the values the statistics are taken of). kDropout: the residual's values
+// pass through residual_dropout's mask (drawn here, 8 keep bits per vector) before the add.
+template <Precision P, bool kRms, bool kAligned, int kVecs, bool kDropout>
 __global__ void __launch_bounds__(kBlockThreads) norm_forward_kernel(const Half* x, const Half* residual,
-                                                                     Half* sum_out, const Half* gamma,
-                                                                     const Half* beta, int64_t rows, int cols,
-                                                                     float eps, Half* y, float* mean, float* rstd,
-                                                                     int threads_per_row) {
+                                                                     DropoutMask residual_dropout, Half* sum_out,
+                                                                     const Half* gamma, const Half* beta,
+                                                                     int64_t rows, int cols, float eps, Half* y,
+                                                                     float* mean, float* rstd, int threads_per_row) {
   __shared__ float shared[32];
   const int group = threadIdx.x / threads_per_row, lane = threadIdx.x % threads_per_row;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / threads_per_row) + group;
@@ -143,6 +145,16 @@ __global__ void __launch_bounds__(kBlockThreads) norm_forward_kernel(const Half*
     if (residual) {
       float r[8];
       load8<P, kAligned>(residual + offset, col, end, r);
+      if (kDropout && col < end) {
+        const int64_t global_row = residual_dropout.first_row + row;  // keeps_token's arithmetic, once for the 8
+        const uint64_t kept = dropout_keep_bits(
+            residual_dropout, residual_dropout.first_sample + global_row / residual_dropout.seq,
+            static_cast<uint64_t>((global_row % residual_dropout.seq) * cols + col), end - col < 8 ? end - col : 8, 0,
+            1);
+        const float scale = residual_dropout.scale();
+#pragma unroll
+        for (int e = 0; e < 8; ++e) r[e] = (kept >> e) & 1 ? __fmul_rn(r[e], scale) : 0.0f;  // never an FMA with the add
+      }
 #pragma unroll
       for (int e = 0; e < 8; ++e) v[e] += r[e];
       raw[k] = store_rounded8<P, kAligned>(sum_out + offset, col, end, v);
@@ -363,11 +375,15 @@ void with_vecs(int vecs, Body&& body) {
 }
 
 template <bool kRms>
-void norm_forward(const Half* x, const Half* residual, Half* sum_out, const Half* gamma, const Half* beta,
-                  int64_t rows, int64_t cols, float eps, Half* y, float* mean, float* rstd, const char* what,
-                  Precision precision, cudaStream_t stream) {
+void norm_forward(const Half* x, const Half* residual, const DropoutMask& residual_dropout, Half* sum_out,
+                  const Half* gamma, const Half* beta, int64_t rows, int64_t cols, float eps, Half* y, float* mean,
+                  float* rstd, const char* what, Precision precision, cudaStream_t stream) {
   check_cols(rows, cols, what);
   if (residual && !sum_out) throw SpecError("--device", std::string(what) + ": a residual needs sum_out");
+  const bool dropout = residual && residual_dropout.active();
+  if (dropout && (!(residual_dropout.probability < 1.0f) || residual_dropout.seq <= 0)) {
+    throw SpecError("--device", std::string(what) + ": the residual's dropout needs 0 <= p < 1 and a positive seq");
+  }
   if (rows == 0) return;
   const RowLayout layout = layout_for(cols, kForwardVecs);
   const bool aligned = cols % 8 == 0 && aligned16(x) && aligned16(residual) && aligned16(sum_out) &&
@@ -377,10 +393,12 @@ void norm_forward(const Half* x, const Half* residual, Half* sum_out, const Half
     constexpr Precision P = decltype(p)::value;
     with_vecs(layout.vecs, [&](auto vecs) {
       constexpr int kVecs = decltype(vecs)::value;
-      auto kernel =
-          aligned ? norm_forward_kernel<P, kRms, true, kVecs> : norm_forward_kernel<P, kRms, false, kVecs>;
-      kernel<<<grid, kBlockThreads, 0, stream>>>(x, residual, sum_out, gamma, beta, rows, static_cast<int>(cols), eps,
-                                                 y, mean, rstd, layout.threads_per_row);
+      auto kernel = aligned ? (dropout ? norm_forward_kernel<P, kRms, true, kVecs, true>
+                                       : norm_forward_kernel<P, kRms, true, kVecs, false>)
+                            : (dropout ? norm_forward_kernel<P, kRms, false, kVecs, true>
+                                       : norm_forward_kernel<P, kRms, false, kVecs, false>);
+      kernel<<<grid, kBlockThreads, 0, stream>>>(x, residual, residual_dropout, sum_out, gamma, beta, rows,
+                                                 static_cast<int>(cols), eps, y, mean, rstd, layout.threads_per_row);
     });
   });
   check_launch(what);
@@ -424,11 +442,11 @@ void norm_backward(const Half* dy, const Half* x, const Half* gamma, const float
 
 }  // namespace
 
-void layernorm_forward(const Half* x, const Half* residual, Half* sum_out, const Half* gamma, const Half* beta,
-                       int64_t rows, int64_t cols, float eps, Half* y, float* mean, float* rstd, Precision precision,
-                       cudaStream_t stream) {
-  norm_forward<false>(x, residual, sum_out, gamma, beta, rows, cols, eps, y, mean, rstd, "layernorm_forward", precision,
-                      stream);
+void layernorm_forward(const Half* x, const Half* residual, const DropoutMask& residual_dropout, Half* sum_out,
+                       const Half* gamma, const Half* beta, int64_t rows, int64_t cols, float eps, Half* y, float* mean,
+                       float* rstd, Precision precision, cudaStream_t stream) {
+  norm_forward<false>(x, residual, residual_dropout, sum_out, gamma, beta, rows, cols, eps, y, mean, rstd,
+                      "layernorm_forward", precision, stream);
 }
 
 std::size_t norm_backward_workspace_bytes(int64_t rows, int64_t cols) {
@@ -443,10 +461,11 @@ void layernorm_backward(const Half* dy, const Half* x, const Half* gamma, const 
                        "layernorm_backward", precision, stream);
 }
 
-void rmsnorm_forward(const Half* x, const Half* residual, Half* sum_out, const Half* gamma, int64_t rows, int64_t cols,
-                     float eps, Half* y, float* rstd, Precision precision, cudaStream_t stream) {
-  norm_forward<true>(x, residual, sum_out, gamma, nullptr, rows, cols, eps, y, nullptr, rstd, "rmsnorm_forward",
-                     precision, stream);
+void rmsnorm_forward(const Half* x, const Half* residual, const DropoutMask& residual_dropout, Half* sum_out,
+                     const Half* gamma, int64_t rows, int64_t cols, float eps, Half* y, float* rstd,
+                     Precision precision, cudaStream_t stream) {
+  norm_forward<true>(x, residual, residual_dropout, sum_out, gamma, nullptr, rows, cols, eps, y, nullptr, rstd,
+                     "rmsnorm_forward", precision, stream);
 }
 
 void rmsnorm_backward(const Half* dy, const Half* x, const Half* gamma, const float* rstd, int64_t rows, int64_t cols,

@@ -1,6 +1,6 @@
 // LayerNorm and RMSNorm over 16-bit rows (bf16 or fp16, as `precision` says) with fp32 statistics
-// and fp32 math, the residual stream's add fused into the forward and its gradient into the
-// backward. Weight gradients are fp32 and accumulate (+=), reduced in a fixed order (per-block
+// and fp32 math, the residual stream's add (with the branch's dropout) fused into the forward and
+// its gradient into the backward. Weight gradients are fp32 and accumulate (+=), reduced in a fixed order (per-block
 // partial column sums in a workspace, then one fixed-order pass over the blocks): no atomics, the
 // same bits every run.
 #pragma once
@@ -12,6 +12,7 @@
 
 #include "core/implementation_options.h"
 #include "executor/kernels/cuda/bf16_linear.h"
+#include "executor/kernels/dropout_mask.h"
 
 namespace megaplan::exec::cuda {
 
@@ -19,13 +20,15 @@ namespace megaplan::exec::cuda {
 // backward's workspace stays in use until that stream has run it).
 // REQUIRES: 1 <= cols <= 32768 (a row lives in registers); throws SpecError("--device", ...).
 
-// y = LN(x') * gamma + beta with x' = x + residual when residual is non-null: x' is then written
-// to sum_out (the transformer's residual stream; fusing the add into the norm saves a pass),
-// rounded to 16 bits, and the statistics are those of the rounded sum, the tensor the backward sees.
-// mean and rstd [rows] fp32 are kept for the backward. sum_out and y may alias x.
-void layernorm_forward(const Half* x, const Half* residual, Half* sum_out, const Half* gamma, const Half* beta,
-                       int64_t rows, int64_t cols, float eps, Half* y, float* mean, float* rstd, Precision precision,
-                       cudaStream_t stream);
+// y = LN(x') * gamma + beta with x' = x + dropout(residual) when residual is non-null: x' is then
+// written to sum_out (the transformer's residual stream; fusing the branch's dropout and the add
+// into the norm saves two passes), rounded to 16 bits once, and the statistics are those of the
+// rounded sum, the tensor the backward sees. residual_dropout (dropout_mask.h; inactive: the
+// branch as it is) places the rows as cuda::dropout does. mean and rstd [rows] fp32 are kept for
+// the backward. sum_out and y may alias x.
+void layernorm_forward(const Half* x, const Half* residual, const DropoutMask& residual_dropout, Half* sum_out,
+                       const Half* gamma, const Half* beta, int64_t rows, int64_t cols, float eps, Half* y, float* mean,
+                       float* rstd, Precision precision, cudaStream_t stream);
 
 // Scratch bytes layernorm_backward and rmsnorm_backward need for their partial column sums.
 std::size_t norm_backward_workspace_bytes(int64_t rows, int64_t cols);
@@ -38,8 +41,9 @@ void layernorm_backward(const Half* dy, const Half* x, const Half* gamma, const 
                         void* workspace, Precision precision, cudaStream_t stream);
 
 // RMSNorm (Llama): y = x' * rsqrt(mean(x'^2) + eps) * gamma; the same conventions as LayerNorm.
-void rmsnorm_forward(const Half* x, const Half* residual, Half* sum_out, const Half* gamma, int64_t rows, int64_t cols,
-                     float eps, Half* y, float* rstd, Precision precision, cudaStream_t stream);
+void rmsnorm_forward(const Half* x, const Half* residual, const DropoutMask& residual_dropout, Half* sum_out,
+                     const Half* gamma, int64_t rows, int64_t cols, float eps, Half* y, float* rstd,
+                     Precision precision, cudaStream_t stream);
 void rmsnorm_backward(const Half* dy, const Half* x, const Half* gamma, const float* rstd, int64_t rows, int64_t cols,
                       const Half* residual_grad, Half* dx, float* dgamma, void* workspace, Precision precision,
                       cudaStream_t stream);

@@ -2,13 +2,16 @@
 
 namespace megaplan::exec::reference {
 
-void dropout(const float* x, std::size_t rows, std::size_t cols, const DropoutMask& mask, float* y) {
+void dropout(const float* x, const float* residual, std::size_t rows, std::size_t cols, const DropoutMask& mask,
+             float* y) {
   const float scale = mask.scale();
   for (std::size_t r = 0; r < rows; ++r) {
     for (std::size_t c = 0; c < cols; ++c) {
       const std::size_t i = r * cols + c;
-      const bool kept = mask.keeps_token(static_cast<int64_t>(r), static_cast<int64_t>(c), static_cast<int64_t>(cols));
-      y[i] = kept ? x[i] * scale : 0.0f;
+      const bool kept = !mask.active() ||
+                        mask.keeps_token(static_cast<int64_t>(r), static_cast<int64_t>(c), static_cast<int64_t>(cols));
+      const float dropped = kept ? x[i] * scale : 0.0f;
+      y[i] = residual ? residual[i] + dropped : dropped;
     }
   }
 }

@@ -1,5 +1,6 @@
 // Dropout of a token-major tensor, the CPU reference: y[r][c] = x[r][c] / (1 - p) where the mask
-// keeps element (r, c) of this rank's rows (dropout_mask.h), else 0. y may be x (in place).
+// keeps element (r, c) of this rank's rows (dropout_mask.h), else 0; plus residual[r][c] where
+// residual is non-null (Megatron's dropout-add). y may be x or residual (in place).
 #pragma once
 
 #include <cstddef>
@@ -8,6 +9,7 @@
 
 namespace megaplan::exec::reference {
 
-void dropout(const float* x, std::size_t rows, std::size_t cols, const DropoutMask& mask, float* y);
+void dropout(const float* x, const float* residual, std::size_t rows, std::size_t cols, const DropoutMask& mask,
+             float* y);
 
 }  // namespace megaplan::exec::reference
