@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "core/gemm.h"
 #include "core/model_spec.h"
 #include "core/parallel_plan.h"
 
@@ -58,17 +59,6 @@ enum class KernelKind : uint8_t {
   kRefreshCompute,        // compute copy from fp32 master weights
   kElementwise,           // a streaming pass of Megatron's the executor does not launch (its own bytes)
 };
-
-// Which product of a linear layer y[m x n] = x[m x k] W^T (W stored [n x k]) runs: the forward,
-// the input gradient dx[m x k] = dy W, or the weight gradient dW[n x k] = dy^T x. 2mnk FLOPs each.
-enum class GemmLayout : uint8_t { kForward, kInputGradient, kWeightGradient };
-inline constexpr std::array<GemmLayout, 3> kGemmLayouts = {GemmLayout::kForward, GemmLayout::kInputGradient,
-                                                           GemmLayout::kWeightGradient};
-
-// What the GEMM does besides the product (cuBLASLt epilogues): add a bias; add it and apply GELU
-// (keeping the pre-activation); multiply the input gradient by GELU' of the kept pre-activation;
-// sum the output gradient's columns into the bias gradient.
-enum class GemmEpilogue : uint8_t { kNone, kBias, kBiasGelu, kGeluGradient, kBiasGradient };
 
 struct Kernel {
   KernelKind kind = KernelKind::kGemm;
@@ -123,8 +113,6 @@ int64_t kernel_bytes(const Kernel& kernel, int64_t activation_bytes);
 std::string memory_kernel_class(const Kernel& kernel);
 // Every class name, for reading profiles.
 const std::vector<std::string>& memory_kernel_classes();
-std::string to_string(GemmLayout layout);      // "forward", "input_gradient", "weight_gradient"
-std::string to_string(GemmEpilogue epilogue);  // "none", "bias", "bias_gelu", "gelu_gradient", "bias_gradient"
 std::string describe(const Kernel& kernel);    // one line, for test failures and traces
 
 // The blocks a stage's part of a schedule is built from. Within one plan a block's kernels do not
@@ -175,10 +163,9 @@ struct LayerDims {
 };
 LayerDims layer_dims(const ModelSpec& model, const ParallelPlan& plan);
 
-// megaplan's executor (executor/model/gpt_model.cc). Models the executor cannot run yet (SwiGLU,
-// RMSNorm, rotary, grouped queries, no biases) get the kernels the executor will launch for them:
-// the same GEMMs and norms, unfused activations and rotary embeddings as kElementwise passes.
-// Row-parallel biases are added by tensor-parallel rank 0 only.
+// megaplan's executor (executor/model/gpt_model.cc), call for call: GPT and the Llama family
+// (LayerNorm or RMSNorm, GELU in fc1's epilogue or SwiGLU apart, learned positions or RoPE,
+// grouped queries, biases or none). Row-parallel biases are added by tensor-parallel rank 0 only.
 KernelBlocks executor_kernel_blocks(const ModelSpec& model, const ParallelPlan& plan, int64_t tensor_parallel_rank);
 // Megatron-LM's, by plan.options (megatron_kernel_list.cc).
 KernelBlocks megatron_kernel_blocks(const ModelSpec& model, const ParallelPlan& plan);

@@ -400,7 +400,7 @@ void GptModel::run_forward(Activations& a, const MicrobatchTokens* data, std::op
   gather_rows(normed, a.final_norm);
   if (scratch.qkv) give_back(scratch);
   // The output layer (tied: the word embedding E): logits = final_norm E^T over the rank's vocabulary rows.
-  backend_.linear_forward(a.final_norm, output_weight_->compute, nullptr, count, h, v, LinearEpilogue::kNone, a.logits,
+  backend_.linear_forward(a.final_norm, output_weight_->compute, nullptr, count, h, v, GemmEpilogue::kNone, a.logits,
                           nullptr);
   backend_.cross_entropy_statistics(a.logits, a.labels.data(), count, v, static_cast<std::size_t>(vocab_start_),
                                     statistics_, statistics_ + count, tensor_parallel_ ? statistics_ + 2 * count : nullptr);
@@ -575,7 +575,7 @@ void GptModel::layer_forward(std::size_t l, const LayerActivations& act, const s
   const auto f = static_cast<std::size_t>(ffn_local_);
   const Layer& w = layers_[l];
   const auto bias = [](const Parameter* p) { return p ? p->compute : nullptr; };
-  const auto epilogue = [](const Parameter* p) { return p ? LinearEpilogue::kBias : LinearEpilogue::kNone; };
+  const auto epilogue = [](const Parameter* p) { return p ? GemmEpilogue::kBias : GemmEpilogue::kNone; };
   // A row-parallel layer's bias is added once to the sum: by tensor-parallel rank 0, before it.
   const Parameter* proj_bias = tp_rank_ == 0 ? w.proj_bias : nullptr;
   const Parameter* fc2_bias = tp_rank_ == 0 ? w.fc2_bias : nullptr;
@@ -604,7 +604,7 @@ void GptModel::layer_forward(std::size_t l, const LayerActivations& act, const s
                             nullptr);
     backend_.swiglu_forward(act.fc1, count, f, swiglu_out_);
   } else {
-    backend_.linear_forward(ln2, w.fc1_weight->compute, w.fc1_bias->compute, count, h, f, LinearEpilogue::kBiasGelu,
+    backend_.linear_forward(ln2, w.fc1_weight->compute, w.fc1_bias->compute, count, h, f, GemmEpilogue::kBiasGelu,
                             act.activated, act.fc1);
   }
   backend_.linear_forward(swiglu_ ? swiglu_out_ : act.activated, w.fc2_weight->compute, bias(fc2_bias), count, f, h,

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/implementation_options.h"
+#include "core/gemm.h"
 #include "executor/comm/comm.h"
 #include "executor/kernels/dropout_mask.h"
 #include "executor/kernels/rope_frequency.h"
@@ -26,8 +27,6 @@ namespace megaplan::exec {
 struct ActivationStorage;  // never defined: each backend reinterprets it as its compute type
 using Activation = ActivationStorage*;
 using ConstActivation = const ActivationStorage*;
-
-enum class LinearEpilogue { kNone, kBias, kBiasGelu };
 
 // One parameter's buffers as the optimizer sees them.
 struct OptimizerTensor {
@@ -84,9 +83,10 @@ class Backend {
   virtual void fill(float* x, std::size_t n, float value) = 0;
 
   // y[m x n] = epilogue(x[m x k] W^T + b), W stored [n x k] as Megatron stores a linear layer's
-  // weight. kBiasGelu (tanh GELU) also writes the pre-activation x W^T + b to `pre_activation`.
+  // weight; a forward epilogue (is_forward_epilogue, else std::logic_error). kBiasGelu (tanh GELU)
+  // also writes the pre-activation x W^T + b to `pre_activation`.
   virtual void linear_forward(ConstActivation x, ConstActivation w, ConstActivation b, std::size_t m, std::size_t k,
-                              std::size_t n, LinearEpilogue epilogue, Activation y, Activation pre_activation) = 0;
+                              std::size_t n, GemmEpilogue epilogue, Activation y, Activation pre_activation) = 0;
   // dx[m x k] = dy W (dx may be null); dW += dy^T x and db += column sums of dy (dw may be null:
   // no weight gradient, and then db is null too; db may be null alone). Zero-bubble schedules take
   // the two halves at different times (I and W).

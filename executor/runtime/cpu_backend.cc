@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <fstream>
+#include <stdexcept>
 #include <string>
 #include <unistd.h>
 #include <vector>
@@ -104,10 +105,13 @@ void CpuBackend::download(float* host, ConstActivation device, std::size_t n) { 
 void CpuBackend::fill(float* x, std::size_t n, float value) { std::fill(x, x + n, value); }
 
 void CpuBackend::linear_forward(ConstActivation x_in, ConstActivation w_in, ConstActivation b_in, std::size_t m,
-                                std::size_t k, std::size_t n, LinearEpilogue epilogue, Activation y_out,
+                                std::size_t k, std::size_t n, GemmEpilogue epilogue, Activation y_out,
                                 Activation pre_activation) {
-  const float *x = f(x_in), *w = f(w_in), *b = epilogue == LinearEpilogue::kNone ? nullptr : f(b_in);
-  float* y = epilogue == LinearEpilogue::kBiasGelu ? f(pre_activation) : f(y_out);
+  if (!is_forward_epilogue(epilogue)) {
+    throw std::logic_error("linear_forward: " + to_string(epilogue) + " is not a forward epilogue");
+  }
+  const float *x = f(x_in), *w = f(w_in), *b = epilogue == GemmEpilogue::kNone ? nullptr : f(b_in);
+  float* y = epilogue == GemmEpilogue::kBiasGelu ? f(pre_activation) : f(y_out);
   for (std::size_t i = 0; i < m; ++i) {
     const float* row = x + i * k;
     for (std::size_t j = 0; j < n; ++j) {
@@ -117,7 +121,7 @@ void CpuBackend::linear_forward(ConstActivation x_in, ConstActivation w_in, Cons
       y[i * n + j] = sum + (b ? b[j] : 0.0f);
     }
   }
-  if (epilogue == LinearEpilogue::kBiasGelu) reference::gelu_forward(y, m * n, f(y_out));
+  if (epilogue == GemmEpilogue::kBiasGelu) reference::gelu_forward(y, m * n, f(y_out));
 }
 
 void CpuBackend::linear_backward(ConstActivation dy_in, ConstActivation x_in, ConstActivation w_in, std::size_t m,

@@ -31,7 +31,7 @@ class CpuBackend final : public Backend {
   void download(float* host, ConstActivation device, std::size_t n) override;
   void fill(float* x, std::size_t n, float value) override;
   void linear_forward(ConstActivation x, ConstActivation w, ConstActivation b, std::size_t m, std::size_t k,
-                      std::size_t n, LinearEpilogue epilogue, Activation y, Activation pre_activation) override;
+                      std::size_t n, GemmEpilogue epilogue, Activation y, Activation pre_activation) override;
   void linear_backward(ConstActivation dy, ConstActivation x, ConstActivation w, std::size_t m, std::size_t k,
                        std::size_t n, Activation dx, float* dw, float* db) override;
   void linear_backward_through_gelu(ConstActivation dy, ConstActivation w, std::size_t m, std::size_t k,

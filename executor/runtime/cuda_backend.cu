@@ -197,12 +197,9 @@ class CudaBackend final : public Backend {
   }
 
   void linear_forward(ConstActivation x, ConstActivation w, ConstActivation b, std::size_t m, std::size_t k,
-                      std::size_t n, LinearEpilogue epilogue, Activation y, Activation pre_activation) override {
-    const auto lt_epilogue = epilogue == LinearEpilogue::kNone   ? cuda::LinearEpilogue::kNone
-                             : epilogue == LinearEpilogue::kBias ? cuda::LinearEpilogue::kBias
-                                                                 : cuda::LinearEpilogue::kBiasGelu;
-    lane_->linear.forward(h16(x), h16(w), epilogue == LinearEpilogue::kNone ? nullptr : h16(b), i64(m), i64(k), i64(n),
-                          lt_epilogue, h16(y), h16(pre_activation), lane_->stream);
+                      std::size_t n, GemmEpilogue epilogue, Activation y, Activation pre_activation) override {
+    lane_->linear.forward(h16(x), h16(w), epilogue == GemmEpilogue::kNone ? nullptr : h16(b), i64(m), i64(k), i64(n),
+                          epilogue, h16(y), h16(pre_activation), lane_->stream);
   }
   void linear_backward(ConstActivation dy, ConstActivation x, ConstActivation w, std::size_t m, std::size_t k,
                        std::size_t n, Activation dx, float* dw, float* db) override {

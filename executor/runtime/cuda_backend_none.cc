@@ -4,7 +4,8 @@
 namespace megaplan::exec {
 
 std::unique_ptr<Backend> make_cuda_backend(Precision) {
-  throw SpecError("--device", "this megaplan was built without CUDA; use --device cpu");
+  throw SpecError("--device",
+                  "this megaplan was built without CUDA (scripts/build.sh builds one with it); use --device cpu");
 }
 
 double cuda_dense_bf16_peak_flops() { return 0; }

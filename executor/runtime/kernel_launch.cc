@@ -226,11 +226,8 @@ void KernelLaunch::operator()() {
       // are timed on a bf16 backend).
       if (k.precision == Precision::kFp16) backend_.set_gemm_precision(Precision::kFp16);
       if (k.layout == GemmLayout::kForward) {
-        const LinearEpilogue epilogue = k.epilogue == GemmEpilogue::kBiasGelu ? LinearEpilogue::kBiasGelu
-                                        : k.epilogue == GemmEpilogue::kBias   ? LinearEpilogue::kBias
-                                                                              : LinearEpilogue::kNone;
-        backend_.linear_forward(a[0], a[1], epilogue == LinearEpilogue::kNone ? nullptr : a[2], size(k.m), size(k.k),
-                                size(k.n), epilogue, a[3], epilogue == LinearEpilogue::kBiasGelu ? a[4] : nullptr);
+        backend_.linear_forward(a[0], a[1], k.epilogue == GemmEpilogue::kNone ? nullptr : a[2], size(k.m), size(k.k),
+                                size(k.n), k.epilogue, a[3], k.epilogue == GemmEpilogue::kBiasGelu ? a[4] : nullptr);
       } else if (k.layout == GemmLayout::kInputGradient) {
         if (k.epilogue == GemmEpilogue::kGeluGradient) {
           backend_.linear_backward_through_gelu(a[0], a[1], size(k.m), size(k.k), size(k.n), a[3], a[2]);

@@ -66,9 +66,9 @@ TEST_CASE("linear layers with fused bias, GELU, GELU-gradient and bias-gradient 
     cu::Half* aux = upload(std::vector<float>(mz * nz, 1e30f));  // poisoned
     INFO("m " << m << ", k " << k << ", n " << n);
 
-    linear.forward(dx_, dw_, db_, m, k, n, cu::LinearEpilogue::kBias, y, nullptr, stream);
+    linear.forward(dx_, dw_, db_, m, k, n, megaplan::GemmEpilogue::kBias, y, nullptr, stream);
     CHECK(relative_error(download(y, mz * nz), pre) < tolerance);
-    linear.forward(dx_, dw_, db_, m, k, n, cu::LinearEpilogue::kBiasGelu, y, aux, stream);
+    linear.forward(dx_, dw_, db_, m, k, n, megaplan::GemmEpilogue::kBiasGelu, y, aux, stream);
     CHECK(relative_error(download(y, mz * nz), activated) < tolerance);
     CHECK(relative_error(download(aux, mz * nz), pre) < tolerance);
 

@@ -30,7 +30,7 @@ const megaplan::exec::DropoutMask kNoDropout;  // inactive: attention without dr
 using megaplan::exec::Activation;
 using megaplan::exec::Backend;
 using megaplan::Precision;
-using megaplan::exec::LinearEpilogue;
+using megaplan::GemmEpilogue;
 using megaplan::test::shard_cross_entropy;
 
 // Round to bf16 (nearest even) and back, so both backends start from the same values.
@@ -129,12 +129,12 @@ TEST_CASE("every CUDA operation matches the CPU backend", "[gpu][kernels]") {
   SECTION("linear layers with each epilogue") {
     Acts x = both.acts(random_vector(m * k, generator)), w = both.acts(random_vector(n * k, generator)),
          b = both.acts(random_vector(n, generator)), y = both.act_output(m * n), pre = both.act_output(m * n);
-    for (LinearEpilogue epilogue : {LinearEpilogue::kNone, LinearEpilogue::kBias, LinearEpilogue::kBiasGelu}) {
+    for (GemmEpilogue epilogue : {GemmEpilogue::kNone, GemmEpilogue::kBias, GemmEpilogue::kBiasGelu}) {
       INFO("epilogue " << static_cast<int>(epilogue));
       both.cpu().linear_forward(x.cpu, w.cpu, b.cpu, m, k, n, epilogue, y.cpu, pre.cpu);
       both.gpu().linear_forward(x.gpu, w.gpu, b.gpu, m, k, n, epilogue, y.gpu, pre.gpu);
       CHECK(both.error(y) < kBf16);
-      if (epilogue == LinearEpilogue::kBiasGelu) CHECK(both.error(pre) < kBf16);
+      if (epilogue == GemmEpilogue::kBiasGelu) CHECK(both.error(pre) < kBf16);
     }
     Acts dy = both.acts(random_vector(m * n, generator)), dx = both.act_output(m * k);
     Floats dw = both.floats(random_vector(n * k, generator)), db = both.floats(random_vector(n, generator));
@@ -398,12 +398,12 @@ TEST_CASE("a CUDA backend made for fp16 runs its activations and kernels in fp16
     const std::size_t m = 37, k = 24, n = 40;
     Acts x = both.acts(random_vector(m * k, generator)), w = both.acts(random_vector(n * k, generator)),
          b = both.acts(random_vector(n, generator)), y = both.act_output(m * n), paired = both.act_output(m * n);
-    both.cpu().linear_forward(x.cpu, w.cpu, b.cpu, m, k, n, LinearEpilogue::kBias, y.cpu, nullptr);
-    both.gpu().linear_forward(x.gpu, w.gpu, b.gpu, m, k, n, LinearEpilogue::kBias, y.gpu, nullptr);
+    both.cpu().linear_forward(x.cpu, w.cpu, b.cpu, m, k, n, GemmEpilogue::kBias, y.cpu, nullptr);
+    both.gpu().linear_forward(x.gpu, w.gpu, b.gpu, m, k, n, GemmEpilogue::kBias, y.gpu, nullptr);
     CHECK(both.error(y) < kFp16);
-    both.cpu().linear_forward(x.cpu, w.cpu, b.cpu, m, k, n, LinearEpilogue::kBias, paired.cpu, nullptr);
+    both.cpu().linear_forward(x.cpu, w.cpu, b.cpu, m, k, n, GemmEpilogue::kBias, paired.cpu, nullptr);
     both.gpu().run_pair([] {}, [&] {
-      both.gpu().linear_forward(x.gpu, w.gpu, b.gpu, m, k, n, LinearEpilogue::kBias, paired.gpu, nullptr);
+      both.gpu().linear_forward(x.gpu, w.gpu, b.gpu, m, k, n, GemmEpilogue::kBias, paired.gpu, nullptr);
     });
     CHECK(both.error(paired) < kFp16);
   }
@@ -460,7 +460,7 @@ TEST_CASE("the CUDA backend's GEMMs read and write fp16 when asked, for the prof
   };
   Activation dx = upload(x), dw = upload(w), db = upload(bias), y = gpu->allocate_activation(m * n);
   gpu->set_gemm_precision(megaplan::Precision::kFp16);
-  gpu->linear_forward(dx, dw, db, m, k, n, LinearEpilogue::kBias, y, nullptr);
+  gpu->linear_forward(dx, dw, db, m, k, n, GemmEpilogue::kBias, y, nullptr);
   gpu->set_gemm_precision(megaplan::Precision::kBf16);
   std::vector<float> out(m * n);
   gpu->download(out.data(), y, out.size());

@@ -18,7 +18,6 @@ class ForwardingBackend : public exec::Backend {
  public:
   using Activation = exec::Activation;
   using ConstActivation = exec::ConstActivation;
-  using LinearEpilogue = exec::LinearEpilogue;
   using OptimizerTensor = exec::OptimizerTensor;
   using AdamwSettings = exec::AdamwSettings;
   using TimingMark = exec::TimingMark;
@@ -46,7 +45,7 @@ class ForwardingBackend : public exec::Backend {
   void download(float* host, ConstActivation device, std::size_t n) override { inner_->download(host, device, n); }
   void fill(float* x, std::size_t n, float value) override { inner_->fill(x, n, value); }
   void linear_forward(ConstActivation x, ConstActivation w, ConstActivation b, std::size_t m, std::size_t k,
-                      std::size_t n, LinearEpilogue epilogue, Activation y, Activation pre) override {
+                      std::size_t n, GemmEpilogue epilogue, Activation y, Activation pre) override {
     inner_->linear_forward(x, w, b, m, k, n, epilogue, y, pre);
   }
   void linear_backward(ConstActivation dy, ConstActivation x, ConstActivation w, std::size_t m, std::size_t k,

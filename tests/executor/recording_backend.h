@@ -29,11 +29,8 @@ class RecordingBackend : public ForwardingBackend {
     ForwardingBackend::fill(x, n, value);
   }
   void linear_forward(ConstActivation x, ConstActivation w, ConstActivation b, std::size_t m, std::size_t k,
-                      std::size_t n, LinearEpilogue epilogue, Activation y, Activation pre) override {
-    const GemmEpilogue recorded = epilogue == LinearEpilogue::kBiasGelu ? GemmEpilogue::kBiasGelu
-                                  : epilogue == LinearEpilogue::kBias   ? GemmEpilogue::kBias
-                                                                        : GemmEpilogue::kNone;
-    record(gemm_kernel(GemmLayout::kForward, recorded, size(m), size(n), size(k)));
+                      std::size_t n, GemmEpilogue epilogue, Activation y, Activation pre) override {
+    record(gemm_kernel(GemmLayout::kForward, epilogue, size(m), size(n), size(k)));
     ForwardingBackend::linear_forward(x, w, b, m, k, n, epilogue, y, pre);
   }
   void linear_backward(ConstActivation dy, ConstActivation x, ConstActivation w, std::size_t m, std::size_t k,

@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <stdexcept>
 #include <string>
 #include <unordered_map>
 
@@ -173,7 +174,10 @@ Bf16Linear::~Bf16Linear() {
 }
 
 void Bf16Linear::forward(const Half* x, const Half* w, const Half* bias, int64_t m, int64_t k, int64_t n,
-                         LinearEpilogue epilogue, Half* y, Half* pre_activation, cudaStream_t stream) {
+                         GemmEpilogue epilogue, Half* y, Half* pre_activation, cudaStream_t stream) {
+  if (!is_forward_epilogue(epilogue)) {
+    throw std::logic_error("Bf16Linear::forward: " + to_string(epilogue) + " is not a forward epilogue");
+  }
   // Row-major Y = X W^T is column-major Y^T (n x m) = W (n x k, the buffer read transposed) X^T.
   Gemm g{};
   g.transa = CUBLAS_OP_T;
@@ -189,12 +193,12 @@ void Bf16Linear::forward(const Half* x, const Half* w, const Half* bias, int64_t
   g.ldd = n;
   g.d_type = CUDA_R_16BF;
   g.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
-  if (epilogue != LinearEpilogue::kNone) {
+  if (epilogue != GemmEpilogue::kNone) {
     g.bias = bias;
     g.bias_type = CUDA_R_16BF;
     g.epilogue = CUBLASLT_EPILOGUE_BIAS;
   }
-  if (epilogue == LinearEpilogue::kBiasGelu) {
+  if (epilogue == GemmEpilogue::kBiasGelu) {
     g.epilogue = CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
     g.aux = pre_activation;
     g.aux_ld = n;
