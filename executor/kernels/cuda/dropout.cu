@@ -23,15 +23,9 @@ __global__ void dropout_kernel(const Half* x, const Half* residual, int64_t rows
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= rows * vectors_per_row) return;
   const int64_t row = i / vectors_per_row, start = (i % vectors_per_row) * 8;
-  const int64_t global_row = mask.first_row + row;  // keeps_token's arithmetic, once for the 8
-  const uint64_t first = static_cast<uint64_t>((global_row % mask.seq) * cols + start);
-  const int count = static_cast<int>(cols - start < 8 ? cols - start : 8);
-  const uint64_t kept = dropout_keep_bits(mask, mask.first_sample + global_row / mask.seq, first, count, 0, 1);
-  const float scale = mask.scale();
   float v[8];
   load8<P, kAligned>(x + row * cols, start, cols, v);
-#pragma unroll
-  for (int e = 0; e < 8; ++e) v[e] = (kept >> e) & 1 ? __fmul_rn(v[e], scale) : 0.0f;  // never an FMA with the add
+  drop_token_values(mask, row, cols, start, static_cast<int>(cols - start < 8 ? cols - start : 8), v);
   if (residual) {
     float r[8];
     load8<P, kAligned>(residual + row * cols, start, cols, r);
@@ -42,6 +36,13 @@ __global__ void dropout_kernel(const Half* x, const Half* residual, int64_t rows
 }
 
 }  // namespace
+
+void require_drawable(const DropoutMask& mask, const std::string& what) {
+  if (mask.active() && (!(mask.probability < 1.0f) || mask.seq <= 0)) {
+    throw SpecError("--device", what + ": needs 0 <= p < 1 and a positive seq, got p " +
+                                    std::to_string(mask.probability) + ", seq " + std::to_string(mask.seq));
+  }
+}
 
 void dropout(const Half* x, const Half* residual, int64_t rows, int64_t cols, const DropoutMask& mask, Half* y,
              Precision precision, cudaStream_t stream) {
@@ -58,10 +59,7 @@ void dropout(const Half* x, const Half* residual, int64_t rows, int64_t cols, co
     }
     return;
   }
-  if (!(mask.probability < 1.0f) || mask.seq <= 0) {
-    throw SpecError("--device", "dropout: needs 0 <= p < 1 and a positive seq, got p " +
-                                    std::to_string(mask.probability) + ", seq " + std::to_string(mask.seq));
-  }
+  require_drawable(mask, "dropout");
   const int64_t vectors_per_row = (cols + 7) / 8;
   const unsigned grid = blocks_for(rows * vectors_per_row, kThreads);
   const bool aligned = cols % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&

@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>  // cudaStream_t
 
 #include <cstdint>
+#include <string>
 
 #include "core/implementation_options.h"
 #include "executor/host_device.h"
@@ -42,5 +43,25 @@ MEGAPLAN_HOST_DEVICE inline uint64_t dropout_keep_bits(const DropoutMask& mask, 
   }
   return count < 64 ? bits & ((uint64_t{1} << count) - 1) : bits;
 }
+
+// Throws SpecError("--device", ...) naming `what` unless an active mask is one the kernels can
+// draw: p < 1 and a positive seq.
+void require_drawable(const DropoutMask& mask, const std::string& what);
+
+#ifdef __CUDACC__
+// The mask on v, `count` (<= 8) consecutive values of this rank's token-major row `row` from
+// column `start` of `cols` (keeps_token's arithmetic once for them): kept values scaled by
+// __fmul_rn, never contracted into an FMA with an add that follows (a fused dropout-add rounds
+// as residual + round(v * scale), as the CPU reference does), the rest 0.
+__device__ __forceinline__ void drop_token_values(const DropoutMask& mask, int64_t row, int64_t cols, int64_t start,
+                                                  int count, float (&v)[8]) {
+  const int64_t global_row = mask.first_row + row;
+  const uint64_t kept = dropout_keep_bits(mask, mask.first_sample + global_row / mask.seq,
+                                          static_cast<uint64_t>((global_row % mask.seq) * cols + start), count, 0, 1);
+  const float scale = mask.scale();
+#pragma unroll
+  for (int e = 0; e < 8; ++e) v[e] = (kept >> e) & 1 ? __fmul_rn(v[e], scale) : 0.0f;
+}
+#endif
 
 }  // namespace megaplan::exec::cuda

@@ -146,14 +146,7 @@ __global__ void __launch_bounds__(kBlockThreads) norm_forward_kernel(const Half*
       float r[8];
       load8<P, kAligned>(residual + offset, col, end, r);
       if (kDropout && col < end) {
-        const int64_t global_row = residual_dropout.first_row + row;  // keeps_token's arithmetic, once for the 8
-        const uint64_t kept = dropout_keep_bits(
-            residual_dropout, residual_dropout.first_sample + global_row / residual_dropout.seq,
-            static_cast<uint64_t>((global_row % residual_dropout.seq) * cols + col), end - col < 8 ? end - col : 8, 0,
-            1);
-        const float scale = residual_dropout.scale();
-#pragma unroll
-        for (int e = 0; e < 8; ++e) r[e] = (kept >> e) & 1 ? __fmul_rn(r[e], scale) : 0.0f;  // never an FMA with the add
+        drop_token_values(residual_dropout, row, cols, col, end - col < 8 ? end - col : 8, r);
       }
 #pragma unroll
       for (int e = 0; e < 8; ++e) v[e] += r[e];
@@ -381,9 +374,7 @@ void norm_forward(const Half* x, const Half* residual, const DropoutMask& residu
   check_cols(rows, cols, what);
   if (residual && !sum_out) throw SpecError("--device", std::string(what) + ": a residual needs sum_out");
   const bool dropout = residual && residual_dropout.active();
-  if (dropout && (!(residual_dropout.probability < 1.0f) || residual_dropout.seq <= 0)) {
-    throw SpecError("--device", std::string(what) + ": the residual's dropout needs 0 <= p < 1 and a positive seq");
-  }
+  if (dropout) require_drawable(residual_dropout, what);
   if (rows == 0) return;
   const RowLayout layout = layout_for(cols, kForwardVecs);
   const bool aligned = cols % 8 == 0 && aligned16(x) && aligned16(residual) && aligned16(sum_out) &&
