@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The planner's and simulator's answers, byte for byte, on a recorded set of plans: a reshape must
+# not move a number. When a change is meant to move them, rerun with --update and say why in the
+# commit. search's "seconds" (its own wall time) is the one field left out of the comparison.
+#   usage: golden_outputs_test.sh MEGAPLAN_BINARY GOLDEN_DIR [--update]
+set -uo pipefail
+megaplan=$1
+golden=$2
+update=${3:-}
+scratch=$(mktemp -d)
+trap 'rm -rf "$scratch"' EXIT
+failures=0
+
+# check NAME ARGS...: run megaplan ARGS, compare stdout with GOLDEN_DIR/NAME.json.
+check() {
+  local name=$1
+  shift
+  if ! "$megaplan" "$@" --json 2>"$scratch/err" | grep -v '^  "seconds": ' >"$scratch/$name.json"; then
+    echo "FAIL: megaplan $* exited non-zero: $(cat "$scratch/err")" >&2
+    failures=$((failures + 1))
+    return
+  fi
+  if [ "$update" = --update ]; then
+    cp "$scratch/$name.json" "$golden/$name.json"
+  elif ! diff -u "$golden/$name.json" "$scratch/$name.json" >"$scratch/$name.diff"; then
+    echo "FAIL: megaplan $* differs from $name.json:" >&2
+    head -40 "$scratch/$name.diff" >&2
+    failures=$((failures + 1))
+  fi
+}
+
+dropout=(--hidden-dropout 0.1 --attention-dropout 0.1)
+check simulate_gpt3_175b simulate --model gpt3-175b --cluster dgx-a100-80gb --gpus 1024 --tp 8 --pp 16 \
+  --global-batch-size 1536
+check simulate_llama3_8b simulate --model llama3-8b --cluster dgx-h100 --gpus 8 --tp 2 --pp 2 \
+  --global-batch-size 64 "${dropout[@]}"
+check simulate_gpt2_124m simulate --model gpt2-124m --cluster h200-x1 --micro-batch-size 16 \
+  --global-batch-size 32 "${dropout[@]}"
+check simulate_llama3_70b_interleaved simulate --model llama3-70b --cluster dgx-h100 --gpus 64 --tp 4 --pp 4 \
+  --vpp 5 --sequence-parallel --use-distributed-optimizer --recompute-activations --global-batch-size 128
+check simulate_gpt_1t_megatron simulate --model gpt-1t --cluster dgx-a100-80gb --gpus 3072 --tp 8 --pp 64 \
+  --global-batch-size 3072 --implementation megatron-core --context-parallel-size 1
+check search_llama3_8b search --model llama3-8b --cluster dgx-h100 --gpus 8
+check search_llama3_70b_megatron search --model llama3-70b --cluster dgx-h100 --gpus 64 --global-batch-size 128 \
+  --implementation megatron-core
+
+if [ "$failures" -ne 0 ]; then
+  echo "$failures golden outputs differ" >&2
+  exit 1
+fi
+echo "golden outputs: all equal"
