@@ -98,11 +98,11 @@ int main() {
     const cu::Half *q = qkv, *k = qkv + d, *v = qkv + 2 * d;
     auto* lse_f = static_cast<float*>(lse);
     const float fwd = median_ms(stream, [&] {
-      cu::flash_attention_forward(shape, q, k, v, out, lse_f, megaplan::Precision::kBf16, stream);
+      cu::flash_attention_forward(shape, q, k, v, out, lse_f, megaplan::DType::kBFloat16, stream);
     });
     const float bwd = median_ms(stream, [&] {
       cu::flash_attention_backward(shape, dout, q, k, v, out, lse_f, token_stride, dqkv, dqkv + d, dqkv + 2 * d,
-                                   workspace, megaplan::Precision::kBf16, stream);
+                                   workspace, megaplan::DType::kBFloat16, stream);
     });
     const double flops = static_cast<double>(4 * c.batch * c.heads * c.seq * c.seq * d / 2);
     char label[64];

@@ -21,7 +21,7 @@
 #include "executor/kernels/cuda/stream.h"
 
 namespace cu = megaplan::exec::cuda;
-constexpr megaplan::Precision kBf16 = megaplan::Precision::kBf16;
+constexpr megaplan::DType kBf16 = megaplan::DType::kBFloat16;
 const megaplan::exec::DropoutMask kNoDropout;  // the norm's residual added as it is
 
 namespace {

@@ -15,6 +15,11 @@
 
 namespace megaplan::cli {
 
+// --profile's help, the same wherever a command costs with choose_profile.
+inline constexpr const char* kProfileFlagHelp =
+    "Kernel and link timings (profiles/*.json); default: the GPU's built-in measured profile, else another GPU's "
+    "transferred to it, else its datasheet";
+
 // Throws SpecError("--profile", ...) for a file of another GPU, or a GPU with no built-in profile.
 sim::Profile choose_profile(const std::optional<std::string>& profile_file, const GpuSpec& gpu);
 

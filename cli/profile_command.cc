@@ -80,22 +80,19 @@ nlohmann::json measured_profile_json(const GpuSpec& gpu, const exec::MeasuredTab
 
 nlohmann::json with_measured_links(nlohmann::json profile, const exec::CommTimings& timings, const std::string& device) {
   const std::string link = sim::to_string(sim::LinkKind::kNvlink);
-  std::map<std::pair<exec::CommOp, int64_t>, sim::NcclTestsRun> runs;
-  const auto run_of = [&](exec::CommOp op, int64_t group_size) -> sim::NcclTestsRun& {
+  std::map<std::pair<CollectiveOp, int64_t>, sim::NcclTestsRun> runs;
+  const auto run_of = [&](CollectiveOp op, int64_t group_size) -> sim::NcclTestsRun& {
     sim::NcclTestsRun& run = runs[{op, group_size}];
     run.file = "megaplan profile";
     run.device = device;
-    run.op = op == exec::CommOp::kSendRecv ? "sendrecv" : exec::comm_op_name(op);
+    run.op = op;
     run.group_size = group_size;
     run.link = link;
     return run;
   };
   for (const exec::CommTiming& timing : timings.collectives) {
-    const sim::CollectiveOp op = timing.op == exec::CommOp::kAllReduce   ? sim::CollectiveOp::kAllReduce
-                                 : timing.op == exec::CommOp::kAllGather ? sim::CollectiveOp::kAllGather
-                                                                         : sim::CollectiveOp::kReduceScatter;
     const double bus_bandwidth =
-        static_cast<double>(timing.bytes) * sim::bus_bandwidth_factor(op, timing.group_size) / timing.seconds;
+        static_cast<double>(timing.bytes) * sim::bus_bandwidth_factor(timing.op, timing.group_size) / timing.seconds;
     run_of(timing.op, timing.group_size).bus_bandwidth.emplace_back(timing.bytes, bus_bandwidth);
   }
   for (const exec::CommTiming& timing : timings.p2p) {
@@ -106,7 +103,7 @@ nlohmann::json with_measured_links(nlohmann::json profile, const exec::CommTimin
   profile = sim::with_link_tables(std::move(profile), tables);
   nlohmann::json overlap = nlohmann::json::array();
   for (const exec::OverlapTiming& timing : timings.overlap) {
-    overlap.push_back({{"op", exec::comm_op_name(timing.op)},
+    overlap.push_back({{"op", to_string(timing.op)},
                        {"group_size", timing.group_size},
                        {"link", link},
                        {"compute_slowdown", std::max(0.0, timing.compute_beside_s / timing.compute_alone_s - 1)},

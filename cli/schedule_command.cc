@@ -13,6 +13,7 @@
 #include "core/schedule/lowering.h"
 #include "core/schedule/schedule_csv.h"
 #include "core/schedule/schedule_facts.h"
+#include "core/schedule/schedule_traits.h"
 #include "core/schedule/validation.h"
 #include "core/text_file.h"
 #include "reports/text_table.h"
@@ -34,7 +35,7 @@ PipelineSchedule generated(const ScheduleOptions& options) {
   if (options.pp == 0) throw SpecError("--pp", "required unless --import is given");
   if (options.microbatches == 0) throw SpecError("--microbatches", "required unless --import is given");
   const ScheduleKind kind = parse_schedule_kind(options.kind, "--kind");
-  const int64_t vpp = options.vpp.value_or(stage_placement(kind) == StagePlacement::kV ? 2 : 1);
+  const int64_t vpp = options.vpp.value_or(default_virtual_pipeline_size(kind));
   if (options.group_size != 0 && kind != ScheduleKind::kInterleaved) {
     throw SpecError("--microbatch-group-size", "applies to the interleaved schedule only, not " + options.kind);
   }

@@ -287,7 +287,7 @@ void setup_search_command(CLI::App& app, CommandContext& context) {
       ->capture_default_str();
   command->add_option("--top", options->top, "Plans to rank")->capture_default_str();
   command->add_option("--threads", options->threads, "Worker threads (0: all cores)")->capture_default_str();
-  command->add_option("--profile", options->profile, "Kernel and link timings (profiles/*.json); default: the GPU's built-in measured profile, else its datasheet");
+  command->add_option("--profile", options->profile, kProfileFlagHelp);
   command->add_option("--out", options->out, "Write the best plan as a job file (for simulate --plan)");
   command->add_option("--pick", options->pick,
                       "The ranked plan --out, --report and --emit take: 1 (the best), 2, ... up to --top")

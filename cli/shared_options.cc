@@ -2,6 +2,7 @@
 #include "cli/shared_options.h"
 
 #include <algorithm>
+#include <functional>
 
 #include <CLI/CLI.hpp>
 
@@ -9,6 +10,7 @@
 #include "core/checked_math.h"
 #include "core/hf_config.h"
 #include "core/json_io.h"
+#include "core/schedule/schedule_traits.h"
 
 namespace megaplan::cli {
 
@@ -124,8 +126,8 @@ ImplementationOptions resolve_implementation_options(const ImplementationFlags& 
   // A model defined by Megatron's flags alone takes Megatron-LM's argparse defaults, its dropout
   // (0.1 hidden and attention) included, whichever implementation runs it.
   if (model.name == kCustomModel) options.attention_dropout = options.hidden_dropout = 0.1;
-  if (flags.fp16) options.precision = Precision::kFp16;
-  if (flags.bf16) options.precision = Precision::kBf16;
+  if (flags.fp16) options.precision = DType::kFloat16;
+  if (flags.bf16) options.precision = DType::kBFloat16;
   if (flags.transformer_impl) options.transformer_impl = parse_transformer_impl(*flags.transformer_impl, "--transformer-impl");
   if (flags.ddp_impl) options.ddp_impl = parse_ddp_impl(*flags.ddp_impl, "--DDP-impl");
   if (flags.use_flash_attn) options.use_flash_attn = true;
@@ -260,14 +262,22 @@ ClusterSpec resolve_cluster(const ClusterOptions& options) {
   return select_gpus(cluster, options.gpus.value_or(cluster.total_gpus()));
 }
 
-ParallelPlan resolve_plan(const ModelSpec& model, int64_t world_size, const PlanOptions& options,
-                          const std::string& world_flag) {
-  ParallelPlan plan;
-  plan.tensor_parallel_size = options.tensor_parallel_size;
-  plan.pipeline_parallel_size = options.pipeline_parallel_size;
-  plan.context_parallel_size = options.context_parallel_size;
+namespace {
+
+// The plan flags over `plan`: each field whose flag `take` names (by its longest spelling) takes
+// the flag's value, then the rules that tie flags together, the same for a plan from flags alone
+// (`take` every field, defaults included) and for flags over a job file (`take` those given).
+ParallelPlan apply_plan_flags(ParallelPlan plan, const ModelSpec& model, int64_t world_size, const PlanOptions& options,
+                              const std::function<bool(const char*)>& take, bool implementation_given,
+                              const std::string& world_flag) {
+  if (take("--tensor-model-parallel-size")) plan.tensor_parallel_size = options.tensor_parallel_size;
+  if (take("--pipeline-model-parallel-size")) plan.pipeline_parallel_size = options.pipeline_parallel_size;
+  if (take("--context-parallel-size")) plan.context_parallel_size = options.context_parallel_size;
   plan.data_parallel_size = derive_data_parallel_size(world_size, plan.tensor_parallel_size,
                                                       plan.pipeline_parallel_size, plan.context_parallel_size, world_flag);
+  if (take("--virtual-pipeline-model-parallel-size")) {
+    plan.virtual_pipeline_parallel_size = options.virtual_pipeline_parallel_size.value_or(1);
+  }
   if (options.layers_per_virtual_stage) {
     const int64_t vpp = virtual_pipeline_size_from_layers_per_stage(model.num_layers, plan.pipeline_parallel_size,
                                                                     *options.layers_per_virtual_stage);
@@ -277,31 +287,46 @@ ParallelPlan resolve_plan(const ModelSpec& model, int64_t world_size, const Plan
                           std::to_string(*options.virtual_pipeline_parallel_size));
     }
     plan.virtual_pipeline_parallel_size = vpp;
-  } else {
-    plan.virtual_pipeline_parallel_size = options.virtual_pipeline_parallel_size.value_or(1);
   }
-  plan.pipeline_split = options.pipeline_split;
+  if (take("--decoder-first-pipeline-num-layers")) {
+    plan.pipeline_split.first_stage_layers = options.pipeline_split.first_stage_layers;
+  }
+  if (take("--decoder-last-pipeline-num-layers")) {
+    plan.pipeline_split.last_stage_layers = options.pipeline_split.last_stage_layers;
+  }
+  if (take("--account-for-embedding-in-pipeline-split")) {
+    plan.pipeline_split.account_for_embedding = options.pipeline_split.account_for_embedding;
+  }
+  if (take("--account-for-loss-in-pipeline-split")) plan.pipeline_split.account_for_loss = options.pipeline_split.account_for_loss;
   if (!plan.pipeline_split.even() && options.layers_per_virtual_stage) {
     throw SpecError("--num-layers-per-virtual-pipeline-stage",
                     "assumes even stages; with an uneven split give --virtual-pipeline-model-parallel-size");
   }
-  plan.micro_batch_size = options.micro_batch_size;
-  plan.global_batch_size = options.global_batch_size.value_or(
-      checked_multiply(options.micro_batch_size, plan.data_parallel_size, "--micro-batch-size"));
-  plan.sequence_parallel = options.sequence_parallel;
-  plan.use_distributed_optimizer = options.use_distributed_optimizer;
-  plan.recompute_granularity = options.recompute_activations
-                                   ? RecomputeGranularity::kSelective
-                                   : parse_recompute_granularity(options.recompute_granularity, "--recompute-granularity");
+  if (take("--micro-batch-size")) plan.micro_batch_size = options.micro_batch_size;
+  if (take("--global-batch-size")) {
+    plan.global_batch_size = options.global_batch_size.value_or(
+        checked_multiply(options.micro_batch_size, plan.data_parallel_size, "--micro-batch-size"));
+  }
+  if (take("--sequence-parallel")) plan.sequence_parallel = options.sequence_parallel;
+  if (take("--use-distributed-optimizer")) plan.use_distributed_optimizer = options.use_distributed_optimizer;
+  if (take("--recompute-granularity")) {
+    plan.recompute_granularity = parse_recompute_granularity(options.recompute_granularity, "--recompute-granularity");
+  }
+  if (options.recompute_activations) plan.recompute_granularity = RecomputeGranularity::kSelective;  // Megatron's alias
   if (plan.recompute_granularity != RecomputeGranularity::kFull) {
     // As Megatron: the method and the layer count describe full recomputation only.
     if (options.recompute_method) throw SpecError("--recompute-method", "needs --recompute-granularity full");
     if (options.recompute_num_layers) throw SpecError("--recompute-num-layers", "needs --recompute-granularity full");
   }
   if (options.recompute_method) plan.recompute_method = parse_recompute_method(*options.recompute_method, "--recompute-method");
-  plan.recompute_num_layers = options.recompute_num_layers.value_or(1);
-  plan.implementation = parse_implementation(options.implementation.implementation, "--implementation");
-  plan.options = resolve_implementation_options(options.implementation, plan.implementation, model);
+  if (take("--recompute-num-layers")) plan.recompute_num_layers = options.recompute_num_layers.value_or(1);
+  if (implementation_given) {
+    // Implementation flags restate the options from the implementation's defaults.
+    if (take("--implementation")) {
+      plan.implementation = parse_implementation(options.implementation.implementation, "--implementation");
+    }
+    plan.options = resolve_implementation_options(options.implementation, plan.implementation, model);
+  }
   // Megatron's own checks on the two flags when given (an implementation's defaults apply them
   // where they can take effect).
   if (options.implementation.overlap_param_gather && !plan.use_distributed_optimizer) {
@@ -311,15 +336,23 @@ ParallelPlan resolve_plan(const ModelSpec& model, int64_t world_size, const Plan
   if (options.implementation.tp_comm_overlap && !plan.sequence_parallel) {
     throw SpecError("--tp-comm-overlap", "needs --sequence-parallel (it overlaps its all-gathers and reduce-scatters)");
   }
-  plan.schedule = options.schedule ? parse_schedule_kind(*options.schedule, "--schedule")
-                  : plan.virtual_pipeline_parallel_size > 1 ? ScheduleKind::kInterleaved
-                                                            : ScheduleKind::kOneFOneB;
-  // A V schedule (zbv, dualpipev) runs two model chunks per rank: vpp 2 unless told otherwise.
-  if (stage_placement(plan.schedule) == StagePlacement::kV && !options.virtual_pipeline_parallel_size &&
-      !options.layers_per_virtual_stage) {
-    plan.virtual_pipeline_parallel_size = 2;
+  if (take("--schedule")) {
+    plan.schedule = options.schedule ? parse_schedule_kind(*options.schedule, "--schedule")
+                    : plan.virtual_pipeline_parallel_size > 1 ? ScheduleKind::kInterleaved
+                                                              : ScheduleKind::kOneFOneB;
+    if (!options.virtual_pipeline_parallel_size && !options.layers_per_virtual_stage) {
+      plan.virtual_pipeline_parallel_size = default_virtual_pipeline_size(plan.schedule);
+    }
   }
   return plan;
+}
+
+}  // namespace
+
+ParallelPlan resolve_plan(const ModelSpec& model, int64_t world_size, const PlanOptions& options,
+                          const std::string& world_flag) {
+  return apply_plan_flags(ParallelPlan{}, model, world_size, options, [](const char*) { return true; }, true,
+                          world_flag);
 }
 
 JobSpec resolve_job(const ModelOptions& model_options, const ClusterOptions& cluster_options,
@@ -357,40 +390,12 @@ JobSpec override_job(JobSpec job, const GivenFlags& given, const ModelOptions& m
     if (!has("--cluster")) chosen.cluster = job.cluster.name;  // --gpus alone: more or fewer of the job's GPUs
     job.cluster = resolve_cluster(chosen);
   }
-  ParallelPlan& plan = job.plan;
-  if (has("--tensor-model-parallel-size")) plan.tensor_parallel_size = options.tensor_parallel_size;
-  if (has("--pipeline-model-parallel-size")) plan.pipeline_parallel_size = options.pipeline_parallel_size;
-  if (has("--context-parallel-size")) plan.context_parallel_size = options.context_parallel_size;
-  if (has("--virtual-pipeline-model-parallel-size")) plan.virtual_pipeline_parallel_size = *options.virtual_pipeline_parallel_size;
-  if (has("--num-layers-per-virtual-pipeline-stage")) {
-    plan.virtual_pipeline_parallel_size = virtual_pipeline_size_from_layers_per_stage(
-        job.model.num_layers, plan.pipeline_parallel_size, *options.layers_per_virtual_stage);
-  }
-  if (has("--micro-batch-size")) plan.micro_batch_size = options.micro_batch_size;
-  if (has("--global-batch-size")) plan.global_batch_size = *options.global_batch_size;
-  if (has("--sequence-parallel")) plan.sequence_parallel = true;
-  if (has("--use-distributed-optimizer")) plan.use_distributed_optimizer = true;
-  if (has("--recompute-granularity")) {
-    plan.recompute_granularity = parse_recompute_granularity(options.recompute_granularity, "--recompute-granularity");
-  }
-  if (has("--recompute-activations")) plan.recompute_granularity = RecomputeGranularity::kSelective;
-  if (has("--recompute-method")) plan.recompute_method = parse_recompute_method(*options.recompute_method, "--recompute-method");
-  if (has("--recompute-num-layers")) plan.recompute_num_layers = *options.recompute_num_layers;
-  if (has("--schedule")) plan.schedule = parse_schedule_kind(*options.schedule, "--schedule");
-  if (has("--decoder-first-pipeline-num-layers")) plan.pipeline_split.first_stage_layers = options.pipeline_split.first_stage_layers;
-  if (has("--decoder-last-pipeline-num-layers")) plan.pipeline_split.last_stage_layers = options.pipeline_split.last_stage_layers;
-  if (has("--account-for-embedding-in-pipeline-split")) plan.pipeline_split.account_for_embedding = true;
-  if (has("--account-for-loss-in-pipeline-split")) plan.pipeline_split.account_for_loss = true;
   // Implementation flags restate the options from the implementation's defaults.
   const bool implementation_given = std::any_of(given.begin(), given.end(), [](const auto& flag) {
     return flag.second.rfind("Implementation", 0) == 0;
   });
-  if (implementation_given) {
-    if (has("--implementation")) plan.implementation = parse_implementation(options.implementation.implementation, "--implementation");
-    plan.options = resolve_implementation_options(options.implementation, plan.implementation, job.model);
-  }
-  plan.data_parallel_size = derive_data_parallel_size(job.cluster.total_gpus(), plan.tensor_parallel_size,
-                                                      plan.pipeline_parallel_size, plan.context_parallel_size);
+  job.plan = apply_plan_flags(std::move(job.plan), job.model, job.cluster.total_gpus(), options, has,
+                              implementation_given, "--gpus");
   validate_job(job);
   return job;
 }

@@ -160,7 +160,7 @@ void setup_simulate_command(CLI::App& app, CommandContext& context) {
   add_cluster_options(*command, options->cluster);
   add_plan_options(*command, options->plan);
   command->add_option("--plan", options->plan_file, "Job JSON (as describe --out writes it) instead of the flags above");
-  command->add_option("--profile", options->profile, "Kernel and link timings (profiles/*.json); default: the GPU's built-in measured profile, else its datasheet");
+  command->add_option("--profile", options->profile, kProfileFlagHelp);
   CLI::Option* trace =
       command->add_option("--trace", options->trace, "Write the simulated timeline as a Chrome trace (Perfetto) here");
   command->add_flag("--trace-detail", options->trace_detail,

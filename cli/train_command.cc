@@ -39,7 +39,7 @@ exec::TrainSummary train_in_process(const ModelSpec& model, const ParallelPlan& 
   exec::BackendFactory make_backend;
   exec::InProcessMemoryFactory make_memory = exec::make_in_process_cpu_memory;
   if (device == "cuda") {
-    const Precision precision = plan.options.precision;
+    const DType precision = plan.options.precision;
     make_backend = [precision](int64_t) { return exec::make_cuda_backend(precision); };
     make_memory = exec::make_in_process_gpu_memory;
   } else {

@@ -102,6 +102,23 @@ std::vector<PipelineRankParameters> parameters_per_pipeline_rank(const ModelSpec
   return ranks;
 }
 
+const std::vector<int64_t>& ParametersPerGpuCache::per_pipeline_rank(const ParallelPlan& plan) const {
+  const PipelineSplit& split = plan.pipeline_split;
+  const Key key{plan.tensor_parallel_size,   plan.pipeline_parallel_size,  plan.virtual_pipeline_parallel_size,
+                stage_placement(plan.schedule), split.first_stage_layers, split.last_stage_layers,
+                split.account_for_embedding, split.account_for_loss};
+  const std::lock_guard<std::mutex> lock(mutex_);
+  auto found = by_layout_.find(key);
+  if (found == by_layout_.end()) {
+    std::vector<int64_t> per_rank;
+    for (const PipelineRankParameters& rank : parameters_per_pipeline_rank(model_, plan)) {
+      per_rank.push_back(rank.parameters_per_gpu);
+    }
+    found = by_layout_.emplace(key, std::move(per_rank)).first;
+  }
+  return found->second;  // std::map's nodes stay where they are as others are added
+}
+
 double model_flops(const ModelSpec& model, int64_t batch_size, int64_t padded_vocab_size) {
   const double h = static_cast<double>(model.hidden_size);
   const double s = static_cast<double>(model.seq_length);

@@ -3,6 +3,9 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <mutex>
+#include <tuple>
 #include <vector>
 
 #include "core/model_spec.h"
@@ -45,6 +48,22 @@ struct PipelineRankParameters {
 
 // REQUIRES: validate_plan(model, plan) passed.
 std::vector<PipelineRankParameters> parameters_per_pipeline_rank(const ModelSpec& model, const ParallelPlan& plan);
+
+// parameters_per_pipeline_rank's parameters_per_gpu for one model, computed once per layout that
+// decides them (tp, pp, vpp, the stage placement and the pipeline split), not once per plan: a
+// search asks ~10^5 plans. Safe to share between threads.
+class ParametersPerGpuCache {
+ public:
+  explicit ParametersPerGpuCache(const ModelSpec& model) : model_(model) {}
+  // By pipeline rank. The reference stays valid as long as the cache.
+  const std::vector<int64_t>& per_pipeline_rank(const ParallelPlan& plan) const;
+
+ private:
+  using Key = std::tuple<int64_t, int64_t, int64_t, StagePlacement, int64_t, int64_t, bool, bool>;
+  const ModelSpec& model_;
+  mutable std::mutex mutex_;
+  mutable std::map<Key, std::vector<int64_t>> by_layout_;
+};
 
 // The width of fc1's output: the MLP width, twice it with SwiGLU (the gate and the up projection).
 int64_t mlp_input_width(const ModelSpec& model);

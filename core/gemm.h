@@ -19,6 +19,9 @@ inline constexpr std::array<GemmLayout, 3> kGemmLayouts = {GemmLayout::kForward,
 // (keeping the pre-activation); multiply the input gradient by GELU' of the kept pre-activation;
 // sum the output gradient's columns into the bias gradient.
 enum class GemmEpilogue : uint8_t { kNone, kBias, kBiasGelu, kGeluGradient, kBiasGradient };
+inline constexpr std::array<GemmEpilogue, 5> kGemmEpilogues = {GemmEpilogue::kNone, GemmEpilogue::kBias,
+                                                               GemmEpilogue::kBiasGelu, GemmEpilogue::kGeluGradient,
+                                                               GemmEpilogue::kBiasGradient};
 // The epilogues of a forward product (none, bias, bias-GELU); the other two belong to the backward.
 constexpr bool is_forward_epilogue(GemmEpilogue epilogue) {
   return epilogue == GemmEpilogue::kNone || epilogue == GemmEpilogue::kBias || epilogue == GemmEpilogue::kBiasGelu;

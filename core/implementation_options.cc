@@ -24,8 +24,6 @@ const std::pair<Implementation, const char*> kImplementationNames[] = {
     {Implementation::kMegatronCore, "megatron-core"},
     {Implementation::kMegatronLocal, "megatron-local"}};
 
-const std::pair<Precision, const char*> kPrecisionNames[] = {{Precision::kBf16, "bf16"}, {Precision::kFp16, "fp16"}};
-
 const std::pair<TransformerImpl, const char*> kTransformerImplNames[] = {
     {TransformerImpl::kLocal, "local"}, {TransformerImpl::kTransformerEngine, "transformer_engine"}};
 
@@ -73,6 +71,17 @@ Enum parse_name(const std::string& text, const std::string& field, const std::pa
   throw SpecError(field, "must be one of " + spellings + "; got \"" + text + "\"");
 }
 
+// The same over values that name themselves (to_string).
+template <typename Enum, std::size_t N>
+Enum parse_name(const std::string& text, const std::string& field, const std::array<Enum, N>& values) {
+  std::string spellings;
+  for (const Enum value : values) {
+    if (text == to_string(value)) return value;
+    spellings += (spellings.empty() ? "" : ", ") + to_string(value);
+  }
+  throw SpecError(field, "must be one of " + spellings + "; got \"" + text + "\"");
+}
+
 void require_probability(double value, const std::string& field) {
   if (!(value >= 0 && value < 1)) {
     throw SpecError(field, "must be a dropout probability in [0, 1), got " + std::to_string(value));
@@ -85,7 +94,6 @@ std::string to_string(Implementation implementation) { return name_of(implementa
 Implementation parse_implementation(const std::string& text, const std::string& field) {
   return parse_name(text, field, kImplementationNames);
 }
-std::string to_string(Precision precision) { return name_of(precision, kPrecisionNames); }
 std::string to_string(TransformerImpl transformer_impl) { return name_of(transformer_impl, kTransformerImplNames); }
 TransformerImpl parse_transformer_impl(const std::string& text, const std::string& field) {
   return parse_name(text, field, kTransformerImplNames);
@@ -109,7 +117,7 @@ ImplementationOptions default_implementation_options(Implementation implementati
     options.tp_comm_overlap = true;
     return options;
   }
-  options.precision = Precision::kFp16;
+  options.precision = DType::kFloat16;
   options.masked_softmax_fusion = false;
   options.gradient_accumulation_fusion = false;
   options.overlap_grad_reduce = false;
@@ -131,7 +139,7 @@ bool fused_attention(const ImplementationOptions& options) {
 }
 
 int64_t main_gradient_bytes(const ImplementationOptions& options) {
-  return options.precision == Precision::kBf16 || options.accumulate_allreduce_grads_in_fp32 ? 4 : 2;
+  return options.precision == DType::kBFloat16 || options.accumulate_allreduce_grads_in_fp32 ? 4 : 2;
 }
 
 bool overlaps_gradient_reduction(const ParallelPlan& plan) {
@@ -252,7 +260,7 @@ ImplementationOptions implementation_options_from_json(const nlohmann::json& jso
   JsonFieldReader reader(json, source);
   ImplementationOptions options = default_implementation_options(implementation);
   std::string text;
-  if (reader.read("precision", text)) options.precision = parse_name(text, reader.field("precision"), kPrecisionNames);
+  if (reader.read("precision", text)) options.precision = parse_name(text, reader.field("precision"), kTrainingPrecisions);
   if (reader.read("transformer_impl", text)) {
     options.transformer_impl = parse_transformer_impl(text, reader.field("transformer_impl"));
   }

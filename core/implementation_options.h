@@ -29,6 +29,8 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "core/dtype.h"
+
 namespace megaplan {
 
 struct ModelSpec;
@@ -40,20 +42,18 @@ enum class Implementation : uint8_t { kMegaplan, kMegatronCore, kMegatronLocal }
 std::string to_string(Implementation implementation);  // "megaplan", "megatron-core", "megatron-local"
 Implementation parse_implementation(const std::string& text, const std::string& field);
 
-enum class Precision : uint8_t { kBf16, kFp16 };
 enum class TransformerImpl : uint8_t { kLocal, kTransformerEngine };
 // Legacy Megatron's --DDP-impl: its own (local: contiguous main-gradient buffers) or PyTorch's
 // DistributedDataParallel (gradients in the parameters' dtype, reduced in 25 MB buckets as the
 // backward produces them).
 enum class DdpImpl : uint8_t { kLocal, kTorch };
-std::string to_string(Precision precision);              // "bf16", "fp16"
 std::string to_string(TransformerImpl transformer_impl);  // "local", "transformer_engine"
 std::string to_string(DdpImpl ddp_impl);                  // "local", "torch"
 TransformerImpl parse_transformer_impl(const std::string& text, const std::string& field);
 DdpImpl parse_ddp_impl(const std::string& text, const std::string& field);
 
 struct ImplementationOptions {
-  Precision precision = Precision::kBf16;                                  // --bf16 / --fp16
+  DType precision = DType::kBFloat16;                                  // --bf16 / --fp16
   TransformerImpl transformer_impl = TransformerImpl::kLocal;              // --transformer-impl
   bool use_flash_attn = true;                                              // --use-flash-attn (local impl)
   double attention_dropout = 0;                                            // --attention-dropout

@@ -223,7 +223,7 @@ std::string describe(const Kernel& kernel) {
     default:
       out << memory_kernel_class(kernel) << " rows=" << kernel.rows << " cols=" << kernel.cols;
   }
-  if (kernel.precision != Precision::kBf16) out << " " << to_string(kernel.precision);
+  if (kernel.precision != DType::kBFloat16) out << " " << to_string(kernel.precision);
   return out.str();
 }
 
@@ -468,7 +468,7 @@ std::vector<Kernel> optimizer_step_kernels(const ParallelPlan& plan, int64_t par
   // fp16 main gradients become the fp32 master weights' gradients by a copy; fp32 ones are views.
   if (gradient_bytes == 2) kernels.push_back(streaming_kernel(shard, 2 + kFp32));
   // Loss scaling: the gradients unscaled and checked for inf/NaN in one pass.
-  if (options.precision == Precision::kFp16) kernels.push_back(streaming_kernel(shard, 2 * kFp32));
+  if (options.precision == DType::kFloat16) kernels.push_back(streaming_kernel(shard, 2 * kFp32));
   kernels.push_back(flat_kernel(KernelKind::kGradientNorm, shard));
   kernels.push_back(flat_kernel(KernelKind::kAdamw, shard));
   // The fp32 master weights copied into the bf16/fp16 model weights (Megatron's Adam writes no copy).

@@ -62,7 +62,7 @@ enum class KernelKind : uint8_t {
 
 struct Kernel {
   KernelKind kind = KernelKind::kGemm;
-  Precision precision = Precision::kBf16;  // of a GEMM's or attention's operands
+  DType precision = DType::kBFloat16;  // of a GEMM's or attention's operands
   // GEMM: the layer's forward shape (m tokens, n outputs, k inputs) whatever the layout.
   GemmLayout layout = GemmLayout::kForward;
   GemmEpilogue epilogue = GemmEpilogue::kNone;

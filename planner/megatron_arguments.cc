@@ -92,7 +92,7 @@ std::vector<std::string> megatron_arguments(const ModelSpec& model, const Parall
   }
   // What the simulation assumed the code does (core/implementation_options.h), where it takes effect.
   const ImplementationOptions& options = plan.options;
-  arguments.push_back(options.precision == Precision::kFp16 ? "--fp16" : "--bf16");
+  arguments.push_back(options.precision == DType::kFloat16 ? "--fp16" : "--bf16");
   arguments.push_back("--transformer-impl " + to_string(options.transformer_impl));
   if (options.transformer_impl == TransformerImpl::kLocal && options.use_flash_attn) arguments.push_back("--use-flash-attn");
   arguments.push_back("--attention-dropout " + number(options.attention_dropout));
@@ -102,7 +102,7 @@ std::vector<std::string> megatron_arguments(const ModelSpec& model, const Parall
       {!options.bias_gelu_fusion, "--no-bias-gelu-fusion"},
       {!options.bias_dropout_fusion, "--no-bias-dropout-fusion"},
       {!options.gradient_accumulation_fusion, "--no-gradient-accumulation-fusion"},
-      {options.precision == Precision::kFp16 && options.accumulate_allreduce_grads_in_fp32,
+      {options.precision == DType::kFloat16 && options.accumulate_allreduce_grads_in_fp32,
        "--accumulate-allreduce-grads-in-fp32"},
       {overlaps_parameter_gather(plan), "--overlap-param-gather"},
       {overlaps_tensor_parallel_communication(plan), "--tp-comm-overlap"},

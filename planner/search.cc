@@ -110,39 +110,20 @@ std::pair<int64_t, int64_t> peak_memory(const ModelSpec& model, const ParallelPl
   return {peak, rank};
 }
 
-// Parameters per GPU on each pipeline rank depend on tp, pp, vpp and the stage placement only:
-// computed once per such layout, not once per plan (a search asks for ~10^5 plans).
-class ModelStatePeaks {
- public:
-  explicit ModelStatePeaks(const ModelSpec& model) : model_(model) {}
-  // The fullest pipeline rank's weights, gradients, optimizer state and reserve, and its index.
-  std::pair<int64_t, int64_t> peak(const ParallelPlan& plan) {
-    const auto key = std::tuple(plan.tensor_parallel_size, plan.pipeline_parallel_size,
-                                plan.virtual_pipeline_parallel_size, stage_placement(plan.schedule));
-    auto found = parameters_.find(key);
-    if (found == parameters_.end()) {
-      std::vector<int64_t> per_rank;
-      for (const PipelineRankParameters& rank : parameters_per_pipeline_rank(model_, plan)) {
-        per_rank.push_back(rank.parameters_per_gpu);
-      }
-      found = parameters_.emplace(key, std::move(per_rank)).first;
+// The fullest pipeline rank's weights, gradients, optimizer state and reserve, and its index.
+std::pair<int64_t, int64_t> model_state_peak(const ParallelPlan& plan, const ParametersPerGpuCache& parameters) {
+  const std::vector<int64_t>& per_rank = parameters.per_pipeline_rank(plan);
+  int64_t peak = 0;
+  int64_t rank = 0;
+  for (std::size_t r = 0; r < per_rank.size(); ++r) {
+    const int64_t bytes = model_state_bytes(plan, per_rank[r]).total();
+    if (bytes > peak) {
+      peak = bytes;
+      rank = static_cast<int64_t>(r);
     }
-    int64_t peak = 0;
-    int64_t rank = 0;
-    for (std::size_t r = 0; r < found->second.size(); ++r) {
-      const int64_t bytes = model_state_bytes(plan, found->second[r]).total();
-      if (bytes > peak) {
-        peak = bytes;
-        rank = static_cast<int64_t>(r);
-      }
-    }
-    return {peak, rank};
   }
-
- private:
-  const ModelSpec& model_;
-  std::map<std::tuple<int64_t, int64_t, int64_t, StagePlacement>, std::vector<int64_t>> parameters_;
-};
+  return {peak, rank};
+}
 
 // How many layouts refused on memory the search costs to find those that would beat #1.
 constexpr std::size_t kOverMemoryTries = 64;
@@ -255,7 +236,7 @@ std::optional<int64_t> smallest_fitting_gpus(const SearchProblem& problem, const
   const int64_t limit = memory_limit_bytes(gpu, memory_fraction);
   const int64_t per_node = std::max<int64_t>(1, problem.gpus_per_node);
   const int64_t workers = threads > 0 ? threads : std::max<int64_t>(1, std::thread::hardware_concurrency());
-  ModelStatePeaks model_state(problem.model);
+  const ParametersPerGpuCache parameters(problem.model);
   MemoryWalks walks;
   const auto doubled = [per_node](int64_t gpus) {
     const int64_t next = 2 * gpus;
@@ -274,7 +255,7 @@ std::optional<int64_t> smallest_fitting_gpus(const SearchProblem& problem, const
     // Those whose model state fits, least first: the likeliest to fit with their activations.
     std::vector<std::pair<int64_t, std::size_t>> by_state;
     for (std::size_t index = 0; index < candidates.size(); ++index) {
-      const int64_t state = model_state.peak(candidates[index]).first;
+      const int64_t state = model_state_peak(candidates[index], parameters).first;
       if (state <= limit) by_state.emplace_back(state, index);
     }
     std::sort(by_state.begin(), by_state.end());
@@ -309,11 +290,11 @@ SearchResult search_plans(const ModelSpec& model, const GpuSpec& gpu, const std:
 
   // Model state first: no schedule needed. Then order what is left by its lower bound, so that the
   // likely winners are simulated first and the k-th best soon rules out the rest.
-  ModelStatePeaks model_state(model);
+  const ParametersPerGpuCache parameters(model);
   MemoryWalks walks;
   std::vector<Candidate> survivors;
   for (std::size_t index = 0; index < candidates.size(); ++index) {
-    if (model_state.peak(candidates[index]).first > limit) {
+    if (model_state_peak(candidates[index], parameters).first > limit) {
       ++result.counts.pruned_model_state;
       continue;
     }
@@ -403,7 +384,7 @@ SearchResult search_plans(const ModelSpec& model, const GpuSpec& gpu, const std:
   Closest closest = ranking.closest();
   std::vector<std::pair<int64_t, std::size_t>> by_state;
   for (std::size_t index = 0; index < candidates.size(); ++index) {
-    const int64_t state = model_state.peak(candidates[index]).first;
+    const int64_t state = model_state_peak(candidates[index], parameters).first;
     if (state > limit) by_state.emplace_back(state - limit, index);
   }
   std::sort(by_state.begin(), by_state.end());

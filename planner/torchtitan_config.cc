@@ -45,7 +45,7 @@ std::string torchtitan_config(const ModelSpec& model, const ParallelPlan& plan) 
   // A pipeline splits each data-parallel rank's batch into microbatches; without one, torchtitan
   // accumulates gradients over local batches of one microbatch.
   text += number("local_batch_size", plan.pipeline_parallel_size > 1 ? plan.global_batch_size / dp : plan.micro_batch_size);
-  text += line("mixed_precision_param", quoted(plan.options.precision == Precision::kFp16 ? "float16" : "bfloat16"));
+  text += line("mixed_precision_param", quoted(plan.options.precision == DType::kFloat16 ? "float16" : "bfloat16"));
 
   text += "\n[parallelism]\n";
   // The distributed optimizer shards optimizer state over dp; torchtitan's nearest is FSDP.

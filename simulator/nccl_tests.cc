@@ -29,7 +29,7 @@ bool parse_number(const std::string& text, Number& value) {
   return error == std::errc() && stop == end;
 }
 
-int64_t element_bytes(const std::string& type) {
+int64_t dtype_bytes(const std::string& type) {
   static const std::map<std::string, int64_t> kBytes = {
       {"int8", 1},  {"uint8", 1},  {"int32", 4},    {"uint32", 4},   {"int64", 8}, {"uint64", 8},
       {"half", 2},  {"float", 4},  {"double", 8},   {"bfloat16", 2}, {"fp8_e4m3", 1}, {"fp8_e5m2", 1}};
@@ -112,31 +112,33 @@ NcclTestsRun read_nccl_tests(const std::string& text, const std::string& file) {
     int64_t root = -1;
     if (columns.has_root && !parse_number(w[columns.root], root)) throw fail(where + "root must be an integer");
     if (root >= 0) throw fail("a rooted test (reduce, broadcast): megaplan models none");
-    const int64_t bytes = element_bytes(w[2]);
+    const int64_t bytes = dtype_bytes(w[2]);
     if (bytes == 0) throw fail(where + "unknown data type \"" + w[2] + "\"");
     if (size == 0 || count == 0) continue;
     if (run.group_size < 2) throw fail("no \"# Rank\" lines for at least 2 ranks before the table");
     const bool reduces = w[columns.redop] != "none";
-    std::string op;
+    CollectiveOp op;
     if (size == count * bytes) {
-      op = reduces ? "all_reduce" : "sendrecv";
+      op = reduces ? CollectiveOp::kAllReduce : CollectiveOp::kSendRecv;
     } else if (size == count * bytes * run.group_size) {
       const bool all_to_all = file.find("alltoall") != std::string::npos || file.find("all_to_all") != std::string::npos;
-      op = reduces ? "reduce_scatter" : all_to_all ? "all_to_all" : "all_gather";
+      op = reduces ? CollectiveOp::kReduceScatter : all_to_all ? CollectiveOp::kAllToAll : CollectiveOp::kAllGather;
     } else {
       throw fail(where + "size " + std::to_string(size) + " is neither count x type nor count x type x " +
                  std::to_string(run.group_size) + " ranks");
     }
-    if (!run.op.empty() && op != run.op) throw fail(where + "a " + op + " row in a " + run.op + " table");
+    if (run.op && op != *run.op) {
+      throw fail(where + "a " + to_string(op) + " row in a " + to_string(*run.op) + " table");
+    }
     run.op = op;
-    if (op == "sendrecv") {
+    if (op == CollectiveOp::kSendRecv) {
       if (microseconds > 0) run.seconds.emplace_back(size, microseconds * 1e-6);
     } else if (busbw > 0) {
       run.bus_bandwidth.emplace_back(size, busbw * 1e9);
     }
   }
   if (!header) throw fail("no nccl-tests table (a \"#  size  count  type  redop ...\" header)");
-  if (run.op.empty() || (run.bus_bandwidth.empty() && run.seconds.empty())) throw fail("no rows with bytes and a time");
+  if (!run.op || (run.bus_bandwidth.empty() && run.seconds.empty())) throw fail("no rows with bytes and a time");
   if (devices.size() != 1) throw fail("ranks on " + std::to_string(devices.size()) + " GPU types; one type per file");
   run.device = *devices.begin();
   run.link = hosts.size() == 1 ? "nvlink" : "network";
@@ -166,12 +168,12 @@ nlohmann::json with_link_tables(nlohmann::json profile, const std::vector<NcclTe
   for (const char* key : {"collectives", "p2p"}) replace_link_entries(profile, key, nlohmann::json::array());
   for (const NcclTestsRun& run : runs) {
     nlohmann::json fresh = nlohmann::json::array();
-    if (run.op == "sendrecv") {
+    if (run.op == CollectiveOp::kSendRecv) {
       for (const auto& [bytes, seconds] : run.seconds) fresh.push_back({{"link", run.link}, {"bytes", bytes}, {"seconds", seconds}});
       replace_link_entries(profile, "p2p", fresh);
     } else {
       for (const auto& [bytes, rate] : run.bus_bandwidth) {
-        fresh.push_back({{"op", run.op}, {"group_size", run.group_size}, {"link", run.link}, {"bytes", bytes},
+        fresh.push_back({{"op", to_string(*run.op)}, {"group_size", run.group_size}, {"link", run.link}, {"bytes", bytes},
                          {"bus_bandwidth_bytes_per_s", rate}});
       }
       replace_link_entries(profile, "collectives", fresh);

@@ -18,22 +18,25 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "core/collective.h"
+
 namespace megaplan::sim {
 
 struct NcclTestsRun {
   std::string file;
   std::string device;  // the GPU's name as CUDA reports it
-  std::string op;      // "all_reduce", "all_gather", "reduce_scatter", "all_to_all" or "sendrecv"
+  std::optional<CollectiveOp> op;  // send/receive: nccl-tests' sendrecv_perf
   int64_t group_size = 0;
   std::string link;    // "nvlink" (one host) or "network"
   std::vector<std::pair<int64_t, double>> bus_bandwidth;  // (bytes, bytes/s), collectives
-  std::vector<std::pair<int64_t, double>> seconds;        // (bytes, s), sendrecv
+  std::vector<std::pair<int64_t, double>> seconds;        // (bytes, s), send/receive
 };
 
 // Throws SpecError("--import-nccl-tests", "FILE: ...") naming the first thing it cannot read.

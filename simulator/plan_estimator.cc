@@ -41,26 +41,16 @@ SimulatorEstimator::Costs SimulatorEstimator::layer_costs(const ParallelPlan& pl
 }
 
 double SimulatorEstimator::optimizer_seconds(const ParallelPlan& plan, int64_t rank) const {
-  const auto parameter_key = std::tuple(plan.tensor_parallel_size, plan.pipeline_parallel_size,
-                                        plan.virtual_pipeline_parallel_size, stage_placement(plan.schedule));
+  const int64_t parameters_per_gpu = parameters_.per_pipeline_rank(plan)[static_cast<std::size_t>(rank)];
   const int64_t replicas = plan.data_parallel_size * plan.context_parallel_size;
   const auto route_key = std::pair(plan.tensor_parallel_size, replicas);
   std::unique_lock<std::mutex> lock(cache_mutex_);
-  auto parameters = parameter_cache_.find(parameter_key);
-  if (parameters == parameter_cache_.end()) {
-    std::vector<int64_t> per_rank;
-    for (const PipelineRankParameters& holder : parameters_per_pipeline_rank(model_, plan)) {
-      per_rank.push_back(holder.parameters_per_gpu);
-    }
-    parameters = parameter_cache_.emplace(parameter_key, std::move(per_rank)).first;
-  }
   auto route = data_route_cache_.find(route_key);
   if (route == data_route_cache_.end()) {
     std::vector<int64_t> group;  // Megatron's order tp-cp-ep-dp-pp: rank 0's dp x cp group strides by tp
     for (int64_t member = 0; member < replicas; ++member) group.push_back(member * plan.tensor_parallel_size);
     route = data_route_cache_.emplace(route_key, topology_.ring_route(group)).first;
   }
-  const int64_t parameters_per_gpu = parameters->second[static_cast<std::size_t>(rank)];
   const Route data_route = route->second;
   lock.unlock();
   CostSources sources;

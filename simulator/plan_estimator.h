@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/cluster_spec.h"
+#include "core/formulas.h"
 #include "core/model_spec.h"
 #include "core/step_time_estimator.h"
 #include "simulator/profile.h"
@@ -51,8 +52,7 @@ class SimulatorEstimator final : public StepTimeEstimator {
   Topology topology_;
   mutable std::mutex cache_mutex_;
   mutable std::map<LayerKey, Costs> layer_cache_;
-  // Parameters per GPU on each pipeline rank, by tp, pp, vpp and stage placement.
-  mutable std::map<std::tuple<int64_t, int64_t, int64_t, StagePlacement>, std::vector<int64_t>> parameter_cache_;
+  ParametersPerGpuCache parameters_{model_};
   // Global rank 0's data-parallel (dp x cp) ring route, by tp and dp x cp.
   mutable std::map<std::pair<int64_t, int64_t>, Route> data_route_cache_;
 };

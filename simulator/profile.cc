@@ -82,22 +82,14 @@ Enum parse_name(JsonFieldReader& reader, const std::string& key, const std::arra
   return names[parse_listed(reader, key, texts)].second;
 }
 
-constexpr std::array<std::pair<const char*, DType>, 3> kDTypes = {
-    {{"bf16", DType::kBf16}, {"fp16", DType::kFp16}, {"fp32", DType::kFp32}}};
-constexpr std::array<std::pair<const char*, CollectiveOp>, 4> kOps = {{{"all_reduce", CollectiveOp::kAllReduce},
-                                                                       {"all_gather", CollectiveOp::kAllGather},
-                                                                       {"reduce_scatter", CollectiveOp::kReduceScatter},
-                                                                       {"all_to_all", CollectiveOp::kAllToAll}}};
-// The overlap table's ops: the collectives in CollectiveOp's order, then a send/receive pair.
-constexpr std::array<const char*, 5> kOverlapOps = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"};
-constexpr std::array<std::pair<const char*, GemmLayout>, 3> kLayouts = {{{"forward", GemmLayout::kForward},
-                                                                         {"input_gradient", GemmLayout::kInputGradient},
-                                                                         {"weight_gradient", GemmLayout::kWeightGradient}}};
-constexpr std::array<std::pair<const char*, GemmEpilogue>, 5> kEpilogues = {{{"none", GemmEpilogue::kNone},
-                                                                             {"bias", GemmEpilogue::kBias},
-                                                                             {"bias_gelu", GemmEpilogue::kBiasGelu},
-                                                                             {"gelu_gradient", GemmEpilogue::kGeluGradient},
-                                                                             {"bias_gradient", GemmEpilogue::kBiasGradient}}};
+// The same over values that name themselves (core's to_string: one spelling per concept).
+template <typename Enum, std::size_t N>
+Enum parse_name(JsonFieldReader& reader, const std::string& key, const std::array<Enum, N>& values) {
+  std::array<std::string, N> texts;
+  for (std::size_t i = 0; i < N; ++i) texts[i] = to_string(values[i]);
+  return values[parse_listed(reader, key, texts)];
+}
+
 constexpr std::array<std::pair<const char*, LinkKind>, 2> kLinks = {{{"nvlink", LinkKind::kNvlink},
                                                                      {"network", LinkKind::kNetwork}}};
 
@@ -216,8 +208,8 @@ Profile Profile::from_json(const nlohmann::json& json, const std::string& source
     const int64_t n = positive_integer(entry, "n");
     const int64_t k = positive_integer(entry, "k");
     const DType dtype = parse_name(entry, "dtype", kDTypes);
-    const GemmLayout layout = entry.has("layout") ? parse_name(entry, "layout", kLayouts) : GemmLayout::kForward;
-    const GemmEpilogue epilogue = entry.has("epilogue") ? parse_name(entry, "epilogue", kEpilogues) : GemmEpilogue::kNone;
+    const GemmLayout layout = entry.has("layout") ? parse_name(entry, "layout", kGemmLayouts) : GemmLayout::kForward;
+    const GemmEpilogue epilogue = entry.has("epilogue") ? parse_name(entry, "epilogue", kGemmEpilogues) : GemmEpilogue::kNone;
     const double seconds = positive(entry, "seconds");
     optional_spread(entry);
     entry.reject_unknown_keys();
@@ -282,7 +274,7 @@ Profile Profile::from_json(const nlohmann::json& json, const std::string& source
   std::map<std::tuple<CollectiveOp, int64_t, LinkKind, int64_t>, std::size_t> collectives_seen;
   for (std::size_t i = 0; i < collectives.size(); ++i) {
     JsonFieldReader entry(collectives[i], entry_source(source, "collectives", i));
-    const CollectiveOp op = parse_name(entry, "op", kOps);
+    const CollectiveOp op = parse_name(entry, "op", kGroupCollectives);
     const int64_t group_size = positive_integer(entry, "group_size");
     const LinkKind link = parse_name(entry, "link", kLinks);
     const int64_t bytes = positive_integer(entry, "bytes");
@@ -307,10 +299,10 @@ Profile Profile::from_json(const nlohmann::json& json, const std::string& source
   }
 
   const nlohmann::json& overlap = array_field(json, "overlap", source);
-  std::map<std::tuple<int, LinkKind, int64_t>, std::size_t> overlap_seen;
+  std::map<std::tuple<CollectiveOp, LinkKind, int64_t>, std::size_t> overlap_seen;
   for (std::size_t i = 0; i < overlap.size(); ++i) {
     JsonFieldReader entry(overlap[i], entry_source(source, "overlap", i));
-    const int op = static_cast<int>(parse_listed(entry, "op", kOverlapOps));
+    const CollectiveOp op = parse_name(entry, "op", kCollectiveOps);
     const int64_t group_size = positive_integer(entry, "group_size");
     const LinkKind link = parse_name(entry, "link", kLinks);
     const auto fraction = [&entry](const char* key, double value) {
@@ -407,14 +399,14 @@ double Profile::gemm_seconds(int64_t m, int64_t n, int64_t k, DType dtype, CostS
 double Profile::gemm_seconds(GemmLayout layout, GemmEpilogue epilogue, int64_t m, int64_t n, int64_t k, DType dtype,
                              CostSources& sources) const {
   if (m <= 0 || n <= 0 || k <= 0) return 0;
-  if (dtype == DType::kFp16 && !gemm_by_layout_.contains({DType::kFp16, GemmLayout::kForward})) {
+  if (dtype == DType::kFloat16 && !gemm_by_layout_.contains({DType::kFloat16, GemmLayout::kForward})) {
     // Without an fp16 table, the bf16 one: the tensor cores' fp16 and bf16 rates are equal on
     // every GPU megaplan knows (A100, H100, H200 datasheets).
-    dtype = DType::kBf16;
+    dtype = DType::kBFloat16;
   }
   const double flops = gemm_flops(m, n, k);
   const std::array<double, 3> log_shape = {log_of(m), log_of(n), log_of(k)};
-  const double element_bytes = dtype == DType::kFp32 ? 4 : 2;
+  const double element_bytes = dtype == DType::kFloat32 ? 4 : 2;
   // Each operand read once and the output written once: the floor for a tiled GEMM. An
   // interpolated shape far from the measured ones (unfused attention's k = head dim products) is
   // never faster than that: log-space neighbours of a compute-bound table know nothing of it.
@@ -439,7 +431,7 @@ double Profile::gemm_seconds(GemmLayout layout, GemmEpilogue epilogue, int64_t m
     return shape_lookup(found->second, product, flops, memory_floor);
   }
   ++sources.fallback;
-  const double peak = dtype == DType::kFp32 ? device_.peak_fp32_flops_per_s : device_.peak_bf16_flops_per_s;
+  const double peak = dtype == DType::kFloat32 ? device_.peak_fp32_flops_per_s : device_.peak_bf16_flops_per_s;
   return roofline(flops, peak, curve_.gemm_max_efficiency, curve_.gemm_half_efficiency_flops, bytes);
 }
 
@@ -520,8 +512,7 @@ double Profile::kernel_seconds(const Kernel& kernel, CostSources& sources) const
     case KernelKind::kGemm: {
       // A strided-batched GEMM as one GEMM of all its rows: the same FLOPs and operand tiles.
       const int64_t rows = kernel.m * std::max<int64_t>(1, kernel.batch);
-      const DType dtype = kernel.precision == Precision::kFp16 ? DType::kFp16 : DType::kBf16;
-      return gemm_seconds(kernel.layout, kernel.epilogue, rows, kernel.n, kernel.k, dtype, sources);
+      return gemm_seconds(kernel.layout, kernel.epilogue, rows, kernel.n, kernel.k, kernel.precision, sources);
     }
     case KernelKind::kAttentionForward:
       return attention_forward_seconds(kernel.batch * kernel.heads, kernel.seq, kernel.head_dim, true,
@@ -573,7 +564,7 @@ double Profile::p2p_seconds(int64_t bytes, LinkKind link, const LinkParams& fall
          static_cast<double>(bytes) / (fallback_link.bandwidth_bytes_per_s * curve_.link_efficiency);
 }
 
-double Profile::slowdown_lookup(const SlowdownTable& table, int op, int64_t group_size, LinkKind link) {
+double Profile::slowdown_lookup(const SlowdownTable& table, CollectiveOp op, int64_t group_size, LinkKind link) {
   double best = 0;
   double nearest = -1;
   for (auto it = table.lower_bound({op, link, 0}); it != table.end(); ++it) {
@@ -590,14 +581,13 @@ double Profile::slowdown_lookup(const SlowdownTable& table, int op, int64_t grou
 
 OverlapSlowdown Profile::overlap_slowdown(CollectiveOp op, int64_t group_size, LinkKind link) const {
   if (group_size <= 1) return {};
-  const int slot = static_cast<int>(op);
-  return {slowdown_lookup(compute_slowdown_, slot, group_size, link),
-          slowdown_lookup(collective_slowdown_, slot, group_size, link)};
+  return {slowdown_lookup(compute_slowdown_, op, group_size, link),
+          slowdown_lookup(collective_slowdown_, op, group_size, link)};
 }
 
 OverlapSlowdown Profile::p2p_overlap_slowdown(LinkKind link) const {
-  return {slowdown_lookup(compute_slowdown_, kSendRecvSlot, 2, link),
-          slowdown_lookup(collective_slowdown_, kSendRecvSlot, 2, link)};
+  return {slowdown_lookup(compute_slowdown_, CollectiveOp::kSendRecv, 2, link),
+          slowdown_lookup(collective_slowdown_, CollectiveOp::kSendRecv, 2, link)};
 }
 
 // A ring all-reduce sends each byte 2(n-1)/n times, all-gather, reduce-scatter and all-to-all (n-1)/n.
@@ -616,7 +606,6 @@ ProfileKind Profile::kind() const {
   return transferred_from_.empty() ? ProfileKind::kMeasured : ProfileKind::kTransferred;
 }
 
-std::string to_string(DType dtype) { return name_of(dtype, kDTypes); }
 std::string to_string(ProfileKind kind) {
   switch (kind) {
     case ProfileKind::kMeasured: return "measured";
@@ -625,7 +614,6 @@ std::string to_string(ProfileKind kind) {
   }
   return "?";
 }
-std::string to_string(CollectiveOp op) { return name_of(op, kOps); }
 std::string to_string(LinkKind link) { return name_of(link, kLinks); }
 
 }  // namespace megaplan::sim

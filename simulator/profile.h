@@ -15,13 +15,14 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "core/cluster_spec.h"
+#include "core/collective.h"
+#include "core/dtype.h"
+#include "core/gemm.h"
 #include "core/kernel_list.h"
 #include "simulator/overlap.h"
 
 namespace megaplan::sim {
 
-enum class DType : uint8_t { kBf16, kFp16, kFp32 };
-enum class CollectiveOp : uint8_t { kAllReduce, kAllGather, kReduceScatter, kAllToAll };
 enum class LinkKind : uint8_t { kNvlink, kNetwork };
 // Whether a profile holds measured tables (`megaplan profile`), another GPU's measured tables
 // carried over to this one (profile_transfer.h), or only datasheet rates.
@@ -175,13 +176,12 @@ class Profile {
   std::map<std::string, Curve> memory_kernels_;  // log seconds over log bytes, by kernel class
   std::map<std::tuple<CollectiveOp, int64_t, LinkKind>, Curve> collectives_;  // log bus bandwidth
   std::array<Curve, 2> p2p_;  // log seconds, by LinkKind
-  // The overlap table's two sides by (CollectiveOp's value, or kSendRecvSlot for send/receive),
-  // link, group size; each holds only the entries that measured it.
-  static constexpr int kSendRecvSlot = 4;
-  using SlowdownTable = std::map<std::tuple<int, LinkKind, int64_t>, double>;
+  // The overlap table's two sides by op (send/receive included), link, group size; each holds
+  // only the entries that measured it.
+  using SlowdownTable = std::map<std::tuple<CollectiveOp, LinkKind, int64_t>, double>;
   SlowdownTable compute_slowdown_;
   SlowdownTable collective_slowdown_;
-  static double slowdown_lookup(const SlowdownTable& table, int op, int64_t group_size, LinkKind link);
+  static double slowdown_lookup(const SlowdownTable& table, CollectiveOp op, int64_t group_size, LinkKind link);
 };
 
 // NCCL's bus-bandwidth factor (nccl-tests, doc/PERFORMANCE.md): bus bandwidth = bytes x factor /
@@ -189,8 +189,6 @@ class Profile {
 double bus_bandwidth_factor(CollectiveOp op, int64_t n);
 
 
-std::string to_string(DType dtype);      // "bf16", "fp16", "fp32"
-std::string to_string(CollectiveOp op);  // "all_reduce", "all_gather", "reduce_scatter", "all_to_all"
 std::string to_string(LinkKind link);    // "nvlink", "network"
 std::string to_string(ProfileKind kind);  // "measured", "transferred", "datasheet"
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Writes executor/kernels/cuda/wgmma_instructions.inc: Hopper's warpgroup MMA
-(wgmma.mma_async m64nNk16, bf16 or fp16 in as the Precision argument says, fp32 accumulators)
+(wgmma.mma_async m64nNk16, bf16 or fp16 in as the DType argument says, fp32 accumulators)
 wrapped per N, the accumulator registers spelled out because inline PTX needs one operand per
 register.
 
@@ -8,8 +8,8 @@ register.
 """
 
 WIDTHS = (32, 64, 128)
-# The PTX input type of each Precision; both take the same operands and register layouts.
-TYPES = (("Precision::kFp16", "f16"), ("Precision::kBf16", "bf16"))
+# The PTX input type of each 16-bit DType; both take the same operands and register layouts.
+TYPES = (("DType::kFloat16", "f16"), ("DType::kBFloat16", "bf16"))
 
 
 def accumulators(n):
@@ -41,7 +41,7 @@ def shared_shared(n):
         : "l"(a), "l"(b), "r"(static_cast<int>(accumulate)), "n"(TransB));"""
 
     return f"""// D[64 x {n}] (+)= A[64 x 16] B[16 x {n}], A and B in shared memory behind descriptors.
-template <Precision P, int TransB>
+template <DType P, int TransB>
 __device__ __forceinline__ void wgmma(float (&d)[{count}], uint64_t a, uint64_t b, bool accumulate) {{
 {by_precision(statement)}
 }}
@@ -62,7 +62,7 @@ def registers_shared(n):
 
     return f"""// D[64 x {n}] (+)= A[64 x 16] B[16 x {n}], A in registers (each warp its 16 rows, laid out as
 // mma.sync's m16n8k16 A fragment), B in shared memory behind a descriptor.
-template <Precision P, int TransB>
+template <DType P, int TransB>
 __device__ __forceinline__ void wgmma(float (&d)[{count}], const uint32_t (&a)[4], uint64_t b, bool accumulate) {{
 {by_precision(statement)}
 }}

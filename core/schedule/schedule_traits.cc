@@ -71,6 +71,10 @@ std::span<const ScheduleTraits> all_schedule_traits() { return kTraits; }
 
 const ScheduleTraits& schedule_traits(ScheduleKind kind) { return kTraits[static_cast<std::size_t>(kind)]; }
 
+int64_t default_virtual_pipeline_size(ScheduleKind kind) {
+  return schedule_traits(kind).stages_per_rank == StagesPerRank::kTwo ? 2 : 1;
+}
+
 bool schedule_shape_ok(ScheduleKind kind, int64_t pipeline_parallel_size, int64_t virtual_pipeline_size,
                        int64_t microbatches, int64_t group_size) {
   return first_broken_rule(schedule_traits(kind), pipeline_parallel_size, virtual_pipeline_size, microbatches,

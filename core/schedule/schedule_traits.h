@@ -49,6 +49,10 @@ struct ScheduleTraits {
 std::span<const ScheduleTraits> all_schedule_traits();
 const ScheduleTraits& schedule_traits(ScheduleKind kind);
 
+// The vpp a plan of `kind` takes when none is given: 2 for the V's (two chunks per rank, one down
+// and one back up), else 1 (interleaving needs its vpp stated, as Megatron's flags state it).
+int64_t default_virtual_pipeline_size(ScheduleKind kind);
+
 // Whose flags a shape error names: a plan's (--schedule, --global-batch-size) or a bare
 // generator's (--vpp, --microbatches: `megaplan schedule`).
 enum class ShapeFlags : uint8_t { kPlan, kGenerator };

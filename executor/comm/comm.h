@@ -35,23 +35,9 @@
 #include <string>
 #include <vector>
 
+#include "core/dtype.h"
+
 namespace megaplan::exec {
-
-enum class DataType : uint8_t { kFloat32, kBFloat16, kFloat16 };
-std::size_t element_bytes(DataType type);  // 4 or 2
-const char* data_type_name(DataType type);  // "fp32", "bf16" or "fp16", for error messages
-
-// kBFloat16 elements are stored as uint16_t bits (the upper half of an fp32), kFloat16 as IEEE
-// half-precision bits. Host conversions for implementations that reduce on the CPU, and for tests:
-// widening is exact; narrowing rounds to nearest even and keeps a NaN a quiet NaN (as the CUDA
-// kernels' conversions do); fp16 overflows to infinity past 65504, as the device's does.
-float bf16_to_float(uint16_t bits);
-uint16_t float_to_bf16(float value);
-float fp16_to_float(uint16_t bits);
-uint16_t float_to_fp16(float value);
-// A 16-bit element of `type` (kBFloat16 or kFloat16) to and from fp32, by the two pairs above.
-float half_to_float(uint16_t bits, DataType type);
-uint16_t float_to_half(float value, DataType type);
 
 enum class ReduceOp : uint8_t { kSum, kMax };
 
@@ -96,17 +82,17 @@ class Comm {
   virtual const std::vector<int64_t>& global_ranks() const = 0;
 
   // To and from group rank `peer` (!= rank()).
-  virtual Request send(const void* data, std::size_t count, DataType type, int64_t peer) = 0;
-  virtual Request recv(void* data, std::size_t count, DataType type, int64_t peer) = 0;
+  virtual Request send(const void* data, std::size_t count, DType type, int64_t peer) = 0;
+  virtual Request recv(void* data, std::size_t count, DType type, int64_t peer) = 0;
   // In place: data = op over the members' data.
-  virtual Request all_reduce(void* data, std::size_t count, DataType type, ReduceOp op) = 0;
+  virtual Request all_reduce(void* data, std::size_t count, DType type, ReduceOp op) = 0;
   // output[count] = op over the members' input[rank() * count .. (rank() + 1) * count).
-  virtual Request reduce_scatter(const void* input, void* output, std::size_t count, DataType type,
+  virtual Request reduce_scatter(const void* input, void* output, std::size_t count, DType type,
                                  ReduceOp op) = 0;
   // output[r * count ..] = member r's input[count], for every r.
-  virtual Request all_gather(const void* input, void* output, std::size_t count, DataType type) = 0;
+  virtual Request all_gather(const void* input, void* output, std::size_t count, DType type) = 0;
   // data = the root member's data.
-  virtual Request broadcast(void* data, std::size_t count, DataType type, int64_t root) = 0;
+  virtual Request broadcast(void* data, std::size_t count, DType type, int64_t root) = 0;
   // Returns once every member has called it.
   virtual void barrier() = 0;
 };

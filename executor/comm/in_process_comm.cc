@@ -34,7 +34,7 @@ struct Contribution {
   const void* input = nullptr;
   void* output = nullptr;
   std::size_t count = 0;
-  DataType type = DataType::kFloat32;
+  DType type = DType::kFloat32;
   ReduceOp op = ReduceOp::kSum;
   int64_t root = 0;
   StreamPoint ready;  // the member's compute stream at its call: its input is produced, its output free
@@ -50,7 +50,7 @@ struct StagingRelease {
 struct Message {
   std::unique_ptr<void, StagingRelease> staging;  // the sent bytes; null when there are none
   std::size_t count = 0;
-  DataType type = DataType::kFloat32;
+  DType type = DType::kFloat32;
   StreamPoint sent;  // the lane after the copy into staging
 };
 
@@ -126,7 +126,7 @@ void wait_for(InProcessWorld& world, GroupState& state, std::unique_lock<std::mu
 
 std::string call_text(const Contribution& call) {
   std::string text = std::string(kind_name(call.kind)) + "(" + std::to_string(call.count) + " " +
-                     data_type_name(call.type);
+                     to_string(call.type);
   if (call.kind == CollectiveKind::kAllReduce || call.kind == CollectiveKind::kReduceScatter) {
     text += call.op == ReduceOp::kSum ? ", sum" : ", max";
   }
@@ -150,7 +150,7 @@ void compute_collective(GroupState& state) {
   Lane& lane = *state.lane;
   const Contribution& first = state.contributions[0];
   const std::size_t count = first.count;
-  const std::size_t bytes = count * element_bytes(first.type);
+  const std::size_t bytes = count * dtype_bytes(first.type);
   if (bytes == 0) return;  // a barrier, or an empty buffer
   // Byte `offset` of a member's input, for the reductions.
   const auto inputs_at = [&](std::size_t offset) {
@@ -217,7 +217,7 @@ class IssuedRequest final : public CommRequest {
 class RecvRequest final : public CommRequest {
  public:
   RecvRequest(InProcessWorld& world, GroupState& state, int64_t rank, int64_t peer, uint64_t sequence,
-              void* data, std::size_t count, DataType type, ComputeStream stream)
+              void* data, std::size_t count, DType type, ComputeStream stream)
       : world_(world), state_(state), rank_(rank), peer_(peer), sequence_(sequence), data_(data),
         count_(count), type_(type), stream_(std::move(stream)) {}
 
@@ -243,9 +243,9 @@ class RecvRequest final : public CommRequest {
     if (message.count != count_ || message.type != type_) {
       throw std::logic_error(
           "rank " + std::to_string(state_.ranks[static_cast<std::size_t>(rank_)]) + ": recv of " +
-          std::to_string(count_) + " " + data_type_name(type_) + " from rank " +
+          std::to_string(count_) + " " + to_string(type_) + " from rank " +
           std::to_string(state_.ranks[static_cast<std::size_t>(peer_)]) + " on " + group_name(state_) +
-          " matched a send of " + std::to_string(message.count) + " " + data_type_name(message.type));
+          " matched a send of " + std::to_string(message.count) + " " + to_string(message.type));
     }
     if (!message.staging) return;
     // After the send's copy in, and after what this member has given its stream so far (which may
@@ -254,7 +254,7 @@ class RecvRequest final : public CommRequest {
     lane.wait(message.sent);
     void* const stream = current_stream(stream_);
     lane.wait(world_.memory().record(stream));
-    lane.copy(data_, message.staging.get(), count_ * element_bytes(type_));
+    lane.copy(data_, message.staging.get(), count_ * dtype_bytes(type_));
     world_.memory().wait(stream, lane.record());
   }  // the staging goes back to the lane here, after the copy out
 
@@ -265,7 +265,7 @@ class RecvRequest final : public CommRequest {
   uint64_t sequence_;
   void* data_;
   std::size_t count_;
-  DataType type_;
+  DType type_;
   ComputeStream stream_;
   bool done_ = false;
 };
@@ -284,14 +284,14 @@ class InProcessComm final : public Comm {
   int64_t size() const override { return state_.size(); }
   const std::vector<int64_t>& global_ranks() const override { return state_.ranks; }
 
-  Request send(const void* data, std::size_t count, DataType type, int64_t peer) override {
+  Request send(const void* data, std::size_t count, DType type, int64_t peer) override {
     check_peer(peer, "send");
     check_buffer(data, count, "send");
     Lane& lane = *state_.lane;
     Message message;
     message.count = count;
     message.type = type;
-    if (const std::size_t bytes = count * element_bytes(type); bytes > 0) {
+    if (const std::size_t bytes = count * dtype_bytes(type); bytes > 0) {
       message.staging = std::unique_ptr<void, StagingRelease>(lane.allocate_staging(bytes), StagingRelease{&lane});
       lane.wait(world_.memory().record(current_stream(stream_)));  // the data is produced
       lane.copy(message.staging.get(), data, bytes);
@@ -309,7 +309,7 @@ class InProcessComm final : public Comm {
     return std::make_unique<IssuedRequest>(world_, stream_, std::move(sent));
   }
 
-  Request recv(void* data, std::size_t count, DataType type, int64_t peer) override {
+  Request recv(void* data, std::size_t count, DType type, int64_t peer) override {
     check_peer(peer, "recv");
     check_buffer(data, count, "recv");
     const std::lock_guard<std::mutex> lock(state_.mutex);
@@ -318,25 +318,25 @@ class InProcessComm final : public Comm {
     return std::make_unique<RecvRequest>(world_, state_, rank_, peer, sequence, data, count, type, stream_);
   }
 
-  Request all_reduce(void* data, std::size_t count, DataType type, ReduceOp op) override {
+  Request all_reduce(void* data, std::size_t count, DType type, ReduceOp op) override {
     check_buffer(data, count, "all_reduce");
     return collective({true, CollectiveKind::kAllReduce, data, data, count, type, op, 0, nullptr});
   }
 
-  Request reduce_scatter(const void* input, void* output, std::size_t count, DataType type,
+  Request reduce_scatter(const void* input, void* output, std::size_t count, DType type,
                          ReduceOp op) override {
     check_buffer(input, count, "reduce_scatter");
     check_buffer(output, count, "reduce_scatter");
     return collective({true, CollectiveKind::kReduceScatter, input, output, count, type, op, 0, nullptr});
   }
 
-  Request all_gather(const void* input, void* output, std::size_t count, DataType type) override {
+  Request all_gather(const void* input, void* output, std::size_t count, DType type) override {
     check_buffer(input, count, "all_gather");
     check_buffer(output, count, "all_gather");
     return collective({true, CollectiveKind::kAllGather, input, output, count, type, ReduceOp::kSum, 0, nullptr});
   }
 
-  Request broadcast(void* data, std::size_t count, DataType type, int64_t root) override {
+  Request broadcast(void* data, std::size_t count, DType type, int64_t root) override {
     if (root < 0 || root >= size()) {
       throw std::invalid_argument("broadcast on " + group_name(state_) + ": root " + std::to_string(root) +
                                   " is not a group rank (0.." + std::to_string(size() - 1) + ")");
@@ -346,7 +346,7 @@ class InProcessComm final : public Comm {
   }
 
   void barrier() override {
-    collective({true, CollectiveKind::kBarrier, nullptr, nullptr, 0, DataType::kFloat32, ReduceOp::kSum, 0, nullptr});
+    collective({true, CollectiveKind::kBarrier, nullptr, nullptr, 0, DType::kFloat32, ReduceOp::kSum, 0, nullptr});
   }
 
  private:

@@ -73,7 +73,7 @@ class GpuLane final : public Lane {
     check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_), "cudaMemcpyAsync (in-process-gpu copy)");
   }
 
-  void reduce(void* dst, const std::vector<const void*>& inputs, std::size_t count, DataType type,
+  void reduce(void* dst, const std::vector<const void*>& inputs, std::size_t count, DType type,
               ReduceOp op) override {
     use_device_zero();
     cuda::comm_reduce(dst, inputs, count, type, op, stream_);

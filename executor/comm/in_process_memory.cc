@@ -12,8 +12,8 @@ namespace megaplan::exec {
 namespace {
 
 // Elements [offset, offset + count) of a buffer of `type`, as floats (bf16 and fp16 widen exactly).
-void load(const void* base, DataType type, std::size_t offset, std::size_t count, float* out) {
-  if (type == DataType::kFloat32) {
+void load(const void* base, DType type, std::size_t offset, std::size_t count, float* out) {
+  if (type == DType::kFloat32) {
     std::memcpy(out, static_cast<const float*>(base) + offset, count * sizeof(float));
     return;
   }
@@ -22,8 +22,8 @@ void load(const void* base, DataType type, std::size_t offset, std::size_t count
 }
 
 // The one rounding of a 16-bit reduction happens here.
-void store(const float* values, DataType type, std::size_t offset, std::size_t count, void* base) {
-  if (type == DataType::kFloat32) {
+void store(const float* values, DType type, std::size_t offset, std::size_t count, void* base) {
+  if (type == DType::kFloat32) {
     std::memcpy(static_cast<float*>(base) + offset, values, count * sizeof(float));
     return;
   }
@@ -42,7 +42,7 @@ class CpuLane final : public Lane {
     if (bytes > 0) std::memmove(dst, src, bytes);
   }
 
-  void reduce(void* dst, const std::vector<const void*>& inputs, std::size_t count, DataType type,
+  void reduce(void* dst, const std::vector<const void*>& inputs, std::size_t count, DType type,
               ReduceOp op) override {
     if (inputs.empty()) throw std::invalid_argument("Lane::reduce: no inputs");
     // Block by block, on the stack: every element sees the same sequence of float operations as

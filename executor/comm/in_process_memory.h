@@ -59,7 +59,7 @@ class Lane {
   // once, at the end. kMax keeps a NaN once one is met and, of equal values (+0 and -0), the earlier
   // input's. dst may be one of the inputs exactly (an in-place reduction); no other overlap.
   // REQUIRES: !inputs.empty().
-  virtual void reduce(void* dst, const std::vector<const void*>& inputs, std::size_t count, DataType type,
+  virtual void reduce(void* dst, const std::vector<const void*>& inputs, std::size_t count, DType type,
                       ReduceOp op) = 0;
 
   // Room for one buffered send's bytes between its send and its receive: allocated by the sender,

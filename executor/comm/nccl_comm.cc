@@ -46,13 +46,13 @@ using Clock = std::chrono::steady_clock;
 constexpr std::chrono::milliseconds kPollInterval{100};
 constexpr std::chrono::seconds kExitGrace{10};
 
-ncclDataType_t nccl_type(DataType type) {
+ncclDataType_t nccl_type(DType type) {
   switch (type) {
-    case DataType::kFloat32: return ncclFloat32;
-    case DataType::kBFloat16: return ncclBfloat16;
-    case DataType::kFloat16: return ncclFloat16;
+    case DType::kFloat32: return ncclFloat32;
+    case DType::kBFloat16: return ncclBfloat16;
+    case DType::kFloat16: return ncclFloat16;
   }
-  throw std::invalid_argument("nccl: unknown DataType " + std::to_string(static_cast<int>(type)));
+  throw std::invalid_argument("nccl: unknown DType " + std::to_string(static_cast<int>(type)));
 }
 
 ncclRedOp_t nccl_op(ReduceOp op) {
@@ -224,7 +224,7 @@ class NcclComm final : public Comm {
   int64_t size() const override { return static_cast<int64_t>(group_.ranks.size()); }
   const std::vector<int64_t>& global_ranks() const override { return group_.ranks; }
 
-  Request send(const void* data, std::size_t count, DataType type, int64_t peer) override {
+  Request send(const void* data, std::size_t count, DType type, int64_t peer) override {
     check_peer(peer, "send");
     check_buffer(data, count, "send");
     const std::string what = "send(" + counted(count, type) + ") to rank " + global(peer) + on();
@@ -232,7 +232,7 @@ class NcclComm final : public Comm {
       return ncclSend(data, count, nccl_type(type), static_cast<int>(peer), comm, stream);
     });
   }
-  Request recv(void* data, std::size_t count, DataType type, int64_t peer) override {
+  Request recv(void* data, std::size_t count, DType type, int64_t peer) override {
     check_peer(peer, "recv");
     check_buffer(data, count, "recv");
     const std::string what = "recv(" + counted(count, type) + ") from rank " + global(peer) + on();
@@ -241,14 +241,14 @@ class NcclComm final : public Comm {
       return ncclRecv(data, count, nccl_type(type), static_cast<int>(peer), comm, stream);
     });
   }
-  Request all_reduce(void* data, std::size_t count, DataType type, ReduceOp op) override {
+  Request all_reduce(void* data, std::size_t count, DType type, ReduceOp op) override {
     check_buffer(data, count, "all_reduce");
     const std::string what = "all_reduce(" + counted(count, type) + ", " + op_name(op) + ")" + on();
     return issue(false, what, [=](ncclComm_t comm, cudaStream_t stream) {
       return ncclAllReduce(data, data, count, nccl_type(type), nccl_op(op), comm, stream);
     });
   }
-  Request reduce_scatter(const void* input, void* output, std::size_t count, DataType type, ReduceOp op) override {
+  Request reduce_scatter(const void* input, void* output, std::size_t count, DType type, ReduceOp op) override {
     check_buffer(input, count, "reduce_scatter");
     check_buffer(output, count, "reduce_scatter");
     const std::string what = "reduce_scatter(" + counted(count, type) + ", " + op_name(op) + ")" + on();
@@ -256,7 +256,7 @@ class NcclComm final : public Comm {
       return ncclReduceScatter(input, output, count, nccl_type(type), nccl_op(op), comm, stream);
     });
   }
-  Request all_gather(const void* input, void* output, std::size_t count, DataType type) override {
+  Request all_gather(const void* input, void* output, std::size_t count, DType type) override {
     check_buffer(input, count, "all_gather");
     check_buffer(output, count, "all_gather");
     const std::string what = "all_gather(" + counted(count, type) + ")" + on();
@@ -264,7 +264,7 @@ class NcclComm final : public Comm {
       return ncclAllGather(input, output, count, nccl_type(type), comm, stream);
     });
   }
-  Request broadcast(void* data, std::size_t count, DataType type, int64_t root) override {
+  Request broadcast(void* data, std::size_t count, DType type, int64_t root) override {
     if (root < 0 || root >= size()) {
       throw std::invalid_argument("broadcast on " + group_.name() + ": root " + std::to_string(root) +
                                   " is not a group rank");
@@ -293,8 +293,8 @@ class NcclComm final : public Comm {
   std::string global(int64_t group_rank) const {
     return std::to_string(group_.ranks[static_cast<std::size_t>(group_rank)]);
   }
-  static std::string counted(std::size_t count, DataType type) {
-    return std::to_string(count) + " " + data_type_name(type);
+  static std::string counted(std::size_t count, DType type) {
+    return std::to_string(count) + " " + to_string(type);
   }
   static const char* op_name(ReduceOp op) { return op == ReduceOp::kSum ? "sum" : "max"; }
   void check_peer(int64_t peer, const char* operation) const {

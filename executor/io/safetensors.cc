@@ -10,25 +10,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/dtype.h"
 #include "core/error.h"
-#include "executor/comm/comm.h"
 #include "executor/io/staged_file.h"
 
 namespace megaplan::exec {
 
 namespace {
-
-// IEEE binary16 to float, by hand: _Float16 is not a type every compiler here has (Clang 14).
-float half_to_float(uint16_t bits) {
-  const uint32_t sign = static_cast<uint32_t>(bits & 0x8000u) << 16;
-  const uint32_t exponent = (bits >> 10) & 0x1fu;
-  const uint32_t mantissa = bits & 0x3ffu;
-  if (exponent == 0x1f) return std::bit_cast<float>(sign | 0x7f800000u | (mantissa << 13));  // inf, NaN
-  if (exponent != 0) return std::bit_cast<float>(sign | ((exponent + 112) << 23) | (mantissa << 13));
-  // Zero or subnormal: mantissa x 2^-24, exact in a float.
-  const float magnitude = static_cast<float>(mantissa) * 0x1p-24f;
-  return sign ? -magnitude : magnitude;
-}
 
 // The format's bound on the header (safetensors refuses larger ones too).
 constexpr uint64_t kMaxHeaderBytes = uint64_t{100} << 20;
@@ -165,7 +153,7 @@ WholeTensor read_safetensors_tensor(const SafetensorsHeader& header, const std::
       tensor.values[i] = std::bit_cast<float>(bits);
     } else {
       const auto bits = static_cast<uint16_t>(bytes[2 * i] | (bytes[2 * i + 1] << 8));
-      tensor.values[i] = entry.dtype == SafetensorsDtype::kBF16 ? bf16_to_float(bits) : half_to_float(bits);
+      tensor.values[i] = entry.dtype == SafetensorsDtype::kBF16 ? bf16_to_float(bits) : fp16_to_float(bits);
     }
   }
   return tensor;

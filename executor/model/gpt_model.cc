@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "core/executor_support.h"
+#include "core/fnv1a.h"
 #include "core/formulas.h"
 #include "core/pipeline_layout.h"
 #include "executor/model/vocabulary_parallel_loss.h"
@@ -26,12 +27,10 @@ std::size_t product(const std::vector<int64_t>& shape) {
   return size;
 }
 
-// FNV-1a: a parameter's seed must not depend on the standard library's std::hash.
-uint64_t name_hash(const std::string& name) {
-  uint64_t hash = 1469598103934665603ull;
-  for (const char c : name) hash = (hash ^ static_cast<unsigned char>(c)) * 1099511628211ull;
-  return hash;
-}
+// A parameter's seed: FNV-1a of its name (not std::hash, which differs between standard
+// libraries), from a tenth of FNV's offset basis. The basis is a slip kept on purpose: every run's
+// initial weights, and so every recorded loss, derive from it.
+uint64_t name_hash(const std::string& name) { return Fnv1a64(1469598103934665603ull).add(name).value(); }
 
 bool ends_with(const std::string& text, const std::string& suffix) {
   return text.size() >= suffix.size() && text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
@@ -449,7 +448,7 @@ void GptModel::reduce_sequence_parallel_gradients(std::size_t first, std::size_t
     if (!norm) continue;  // RMSNorm has no bias
     const auto index = static_cast<std::size_t>(norm - parameters_.data());
     if (index < first || index > last) continue;
-    pending.push_back(tensor_parallel_->all_reduce(norm->gradient, norm->size, DataType::kFloat32, ReduceOp::kSum));
+    pending.push_back(tensor_parallel_->all_reduce(norm->gradient, norm->size, DType::kFloat32, ReduceOp::kSum));
   }
   for (Request& request : pending) request->wait();
 }

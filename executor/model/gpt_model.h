@@ -264,7 +264,7 @@ class GptModel {
   int64_t tp_, tp_rank_;
   bool sequence_parallel_;
   int64_t heads_local_, groups_local_, q_local_, qkv_local_, fc1_local_, ffn_local_, vocab_local_, vocab_start_, rows_;
-  DataType activation_type_;
+  DType activation_type_;
   bool has_embedding_, has_output_;
   std::vector<Parameter> parameters_;
   ParameterLayout layout_;

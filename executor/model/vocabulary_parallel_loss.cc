@@ -11,9 +11,9 @@ void vocabulary_parallel_cross_entropy(Backend& backend, Comm* tensor_parallel, 
     backend.cross_entropy_finish(shard_lse, nullptr, target, mask, tokens, lse, loss_sum);
     return;
   }
-  tensor_parallel->all_reduce(peak, tokens, DataType::kFloat32, ReduceOp::kMax)->wait();
+  tensor_parallel->all_reduce(peak, tokens, DType::kFloat32, ReduceOp::kMax)->wait();
   backend.cross_entropy_shift(peak, tokens, shard_lse);
-  tensor_parallel->all_reduce(statistics, 2 * tokens, DataType::kFloat32, ReduceOp::kSum)->wait();
+  tensor_parallel->all_reduce(statistics, 2 * tokens, DType::kFloat32, ReduceOp::kSum)->wait();
   backend.cross_entropy_finish(peak, statistics, target, mask, tokens, lse, loss_sum);
 }
 

@@ -57,9 +57,9 @@ class Backend {
   // The element type of activations and compute weights: fp32 on the CPU; bf16, or fp16 under
   // --fp16, on the GPU. A backend whose activations are fp32 makes each weight's compute copy the
   // master weight itself. Communicators move activations as this type.
-  virtual DataType activation_type() const = 0;
+  virtual DType activation_type() const = 0;
   // Bytes of one activation element (4 or 2), for memory estimates.
-  std::size_t activation_bytes() const { return element_bytes(activation_type()); }
+  std::size_t activation_bytes() const { return dtype_bytes(activation_type()); }
   // Bytes the backend could still allocate (the GPU's free memory; the host's available memory).
   virtual int64_t available_bytes() const = 0;
 
@@ -101,8 +101,8 @@ class Backend {
   virtual bool runs_fp16_gemms() const { return false; }
   // The linear calls' 16-bit operands, outputs and biases from now on: the activations' type
   // (kBf16), or fp16, the same buffers' bits read as fp16. REQUIRES: runs_fp16_gemms() for kFp16.
-  virtual void set_gemm_precision(Precision precision) {
-    if (precision != Precision::kBf16) throw std::logic_error(name() + " backend: no fp16 GEMMs");
+  virtual void set_gemm_precision(DType precision) {
+    if (precision != DType::kBFloat16) throw std::logic_error(name() + " backend: no fp16 GEMMs");
   }
   // Token and learned position embeddings over `count` tokens (batch-major, `seq` per sequence).
   // `word` holds rows vocab_start .. vocab_start + vocab_rows of the (padded) vocabulary: all of it,

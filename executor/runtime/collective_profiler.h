@@ -17,15 +17,12 @@
 #include <string>
 #include <vector>
 
+#include "core/collective.h"
 #include "core/kernel_list.h"
 #include "executor/comm/comm.h"
 #include "executor/runtime/backend.h"
 
 namespace megaplan::exec {
-
-enum class CommOp : uint8_t { kAllReduce, kAllGather, kReduceScatter, kSendRecv };
-// "all_reduce", "all_gather", "reduce_scatter", "send_recv" (the profile's names).
-const char* comm_op_name(CommOp op);
 
 struct CollectiveGrid {
   std::vector<int64_t> group_sizes;  // groups of the first g ranks of the world, each 2 <= g <= world
@@ -47,14 +44,14 @@ struct CollectiveGrid {
 CollectiveGrid collective_grid(bool quick, int64_t world_size);
 
 struct CommTiming {
-  CommOp op;
+  CollectiveOp op;
   int64_t group_size;
   int64_t bytes;
   double seconds;  // median of the repetitions (send/receive: one message)
 };
 
 struct OverlapTiming {
-  CommOp op;
+  CollectiveOp op;
   int64_t group_size;
   double compute_alone_s;      // one pass of the grid's compute, nothing beside it
   double compute_beside_s;     // the same pass while the collective runs the whole time beside it

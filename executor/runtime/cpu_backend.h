@@ -15,7 +15,7 @@ namespace megaplan::exec {
 class CpuBackend final : public Backend {
  public:
   std::string name() const override { return "cpu"; }
-  DataType activation_type() const override { return DataType::kFloat32; }
+  DType activation_type() const override { return DType::kFloat32; }
   int64_t available_bytes() const override;
   float* allocate(std::size_t n) override;
   void release(float* buffer) override;

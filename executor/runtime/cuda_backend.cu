@@ -110,11 +110,11 @@ struct Lane {
 
 class CudaBackend final : public Backend {
  public:
-  explicit CudaBackend(Precision precision)
+  explicit CudaBackend(DType precision)
       : lanes_{std::make_unique<Lane>(), nullptr},
         lane_(lanes_[0].get()),
         precision_(precision),
-        gemm_fp16_(precision == Precision::kFp16) {
+        gemm_fp16_(precision == DType::kFloat16) {
     lanes_[0]->linear.set_fp16(gemm_fp16_);
   }
   // After this body the members go in reverse order: the kernels' objects with cudaFree, then the
@@ -133,7 +133,7 @@ class CudaBackend final : public Backend {
   }
 
   std::string name() const override { return "cuda"; }
-  DataType activation_type() const override { return cuda::half_data_type(precision_); }
+  DType activation_type() const override { return precision_; }
   int64_t available_bytes() const override {
     std::size_t free = 0, total = 0;
     check(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
@@ -189,8 +189,8 @@ class CudaBackend final : public Backend {
   bool runs_fp16_gemms() const override { return true; }
   // The GEMMs alone: the profiler times fp16 GEMMs on a bf16 backend. The other kernels keep
   // precision_.
-  void set_gemm_precision(Precision precision) override {
-    gemm_fp16_ = precision == Precision::kFp16;
+  void set_gemm_precision(DType precision) override {
+    gemm_fp16_ = precision == DType::kFloat16;
     for (const auto& lane : lanes_) {
       if (lane) lane->linear.set_fp16(gemm_fp16_);
     }
@@ -529,7 +529,7 @@ class CudaBackend final : public Backend {
 
   std::unique_ptr<Lane> lanes_[2];  // first: created before the members that use them, destroyed after
   Lane* lane_;                      // where work goes now: lanes_[0], or lanes_[1] in run_pair's second part
-  const Precision precision_;  // of activations and compute weights: every kernel's 16-bit values
+  const DType precision_;  // of activations and compute weights: every kernel's 16-bit values
   cudaEvent_t fork_ = nullptr, join_ = nullptr;  // made with lanes_[1]
   bool gemm_fp16_;  // the GEMMs' 16-bit type: precision_'s unless set_gemm_precision changed it
   bool paired_ = false;
@@ -548,7 +548,7 @@ class CudaBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cuda_backend(Precision precision) {
+std::unique_ptr<Backend> make_cuda_backend(DType precision) {
   int count = 0;
   const cudaError_t status = cudaGetDeviceCount(&count);
   if (status != cudaSuccess || count == 0) {

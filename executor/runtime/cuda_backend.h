@@ -16,7 +16,7 @@ namespace megaplan::exec {
 // megaplan was built without CUDA, no GPU is usable, or the GPU is not a Hopper (compute capability
 // 9.0), the one architecture the kernels are built for. Activations and compute weights are
 // `precision`'s 16-bit type (fp16 under --fp16).
-std::unique_ptr<Backend> make_cuda_backend(Precision precision = Precision::kBf16);
+std::unique_ptr<Backend> make_cuda_backend(DType precision = DType::kBFloat16);
 
 // The dense bf16 tensor-core peak of the calling thread's current GPU, the datasheet's of the preset
 // GPU it is (core/device_gpu.h), for MFU; 0 when the GPU is not one megaplan knows.

@@ -3,7 +3,7 @@
 
 namespace megaplan::exec {
 
-std::unique_ptr<Backend> make_cuda_backend(Precision) {
+std::unique_ptr<Backend> make_cuda_backend(DType) {
   throw SpecError("--device",
                   "this megaplan was built without CUDA (scripts/build.sh builds one with it); use --device cpu");
 }

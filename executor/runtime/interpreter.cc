@@ -126,7 +126,7 @@ void Interpreter::backward(int64_t stage, int64_t microbatch, bool defer) {
 void Interpreter::execute(const Action& action, const IterationStep& step,
                           const std::function<const MicrobatchTokens&(int64_t)>& data, IterationResult& result) {
   const int64_t s = action.stage, m = action.microbatch;
-  const DataType type = backend_.activation_type();
+  const DType type = backend_.activation_type();
   switch (action.kind) {
     case ActionKind::kForward:
       forward(s, m, step, data);

@@ -105,7 +105,7 @@ KernelLaunch::KernelLaunch(Backend& backend, const Kernel& kernel, EmbeddingTabl
   switch (k.kind) {
     case KernelKind::kGemm:
       if (k.batch > 1) throw std::invalid_argument("KernelLaunch: the executor launches no batched GEMM");
-      if (k.precision == Precision::kFp16 && !backend.runs_fp16_gemms()) {
+      if (k.precision == DType::kFloat16 && !backend.runs_fp16_gemms()) {
         throw std::invalid_argument("KernelLaunch: the " + backend.name() + " backend runs no fp16 GEMM");
       }
       if (k.layout == GemmLayout::kForward) {
@@ -224,7 +224,7 @@ void KernelLaunch::operator()() {
     case KernelKind::kGemm:
       // The GEMM in the kernel's precision, then back to the backend's own (Megatron's fp16 GEMMs
       // are timed on a bf16 backend).
-      if (k.precision == Precision::kFp16) backend_.set_gemm_precision(Precision::kFp16);
+      if (k.precision == DType::kFloat16) backend_.set_gemm_precision(DType::kFloat16);
       if (k.layout == GemmLayout::kForward) {
         backend_.linear_forward(a[0], a[1], k.epilogue == GemmEpilogue::kNone ? nullptr : a[2], size(k.m), size(k.k),
                                 size(k.n), k.epilogue, a[3], k.epilogue == GemmEpilogue::kBiasGelu ? a[4] : nullptr);
@@ -238,8 +238,8 @@ void KernelLaunch::operator()() {
         backend_.linear_backward(a[0], a[1], a[2], size(k.m), size(k.k), size(k.n), nullptr, f[0],
                                  k.epilogue == GemmEpilogue::kBiasGradient ? f[1] : nullptr);
       }
-      if (k.precision == Precision::kFp16 && backend_.activation_type() != DataType::kFloat16) {
-        backend_.set_gemm_precision(Precision::kBf16);
+      if (k.precision == DType::kFloat16 && backend_.activation_type() != DType::kFloat16) {
+        backend_.set_gemm_precision(DType::kBFloat16);
       }
       break;
     case KernelKind::kAttentionForward:

@@ -161,7 +161,7 @@ struct Samples {
   }
 };
 
-using GemmKey = std::tuple<int64_t, int64_t, int64_t, GemmLayout, GemmEpilogue, Precision>;
+using GemmKey = std::tuple<int64_t, int64_t, int64_t, GemmLayout, GemmEpilogue, DType>;
 using MemoryKey = std::pair<std::string, int64_t>;
 // batch x heads, seq, head dim, GQA ratio, dropout
 using AttentionKey = std::tuple<int64_t, int64_t, int64_t, int64_t, bool>;
@@ -174,14 +174,14 @@ AttentionKey attention_key(const Kernel& k) {
 // The same kernels with fp16 GEMMs: Megatron's --fp16 step as far as the executor's kernels go.
 std::vector<Kernel> with_fp16_gemms(std::vector<Kernel> kernels) {
   for (Kernel& kernel : kernels) {
-    if (kernel.kind == KernelKind::kGemm) kernel.precision = Precision::kFp16;
+    if (kernel.kind == KernelKind::kGemm) kernel.precision = DType::kFloat16;
   }
   return kernels;
 }
 
 bool has_fp16_gemm(const ProfileSequence& sequence) {
   return std::any_of(sequence.kernels.begin(), sequence.kernels.end(), [](const Kernel& kernel) {
-    return kernel.kind == KernelKind::kGemm && kernel.precision == Precision::kFp16;
+    return kernel.kind == KernelKind::kGemm && kernel.precision == DType::kFloat16;
   });
 }
 
@@ -388,13 +388,13 @@ MeasuredTables measure_kernels(Backend& backend, const ProfileGrid& grid,
   }
   MeasuredTables tables;
   tables.mark_seconds = median_of(mark_costs);
-  const std::string activation_dtype = data_type_name(backend.activation_type());
+  const std::string activation_dtype = to_string(backend.activation_type());
   for (const auto& [key, samples] : gemms.entries()) {
     const auto& [m, n, k, layout, epilogue, precision] = key;
     tables.gemm.push_back({{"m", m},
                            {"n", n},
                            {"k", k},
-                           {"dtype", precision == Precision::kFp16 ? "fp16" : activation_dtype},
+                           {"dtype", precision == DType::kFloat16 ? "fp16" : activation_dtype},
                            {"layout", to_string(layout)},
                            {"epilogue", to_string(epilogue)},
                            {"seconds", samples.median()},

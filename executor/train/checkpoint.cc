@@ -21,6 +21,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "core/fnv1a.h"
 #include "core/json_io.h"
 #include "core/text_file.h"
 #include "core/units.h"
@@ -62,19 +63,6 @@ void sync_directory(const std::string& path) {
   ::fsync(fd);
   ::close(fd);
 }
-
-// FNV-1a, 64 bits, over bytes (checkpoint.h says why this hash).
-class Fnv1a64 {
- public:
-  void add(const void* data, std::size_t size) {
-    const auto* bytes = static_cast<const unsigned char*>(data);
-    for (std::size_t i = 0; i < size; ++i) hash_ = (hash_ ^ bytes[i]) * 1099511628211ull;
-  }
-  uint64_t value() const { return hash_; }
-
- private:
-  uint64_t hash_ = 14695981039346656037ull;
-};
 
 std::string hex(uint64_t value) {
   char text[24];

@@ -18,7 +18,7 @@ std::vector<double> gather_words(Comm& group, Backend& backend, const std::vecto
   std::memcpy(mine.data(), values.data(), words * sizeof(float));
   backend.upload(staging + words * members, mine.data(), words);
   try {
-    group.all_gather(staging + words * members, staging, words, DataType::kFloat32)->wait();
+    group.all_gather(staging + words * members, staging, words, DType::kFloat32)->wait();
   } catch (...) {
     backend.release(staging);
     throw;

@@ -123,9 +123,9 @@ void Optimizer::start_reduction(std::size_t c, std::size_t b) {
   if (distributed_ && !holds_tied) {
     const std::size_t shard = bucket.shard_size(dp.size());
     reducing_.push_back(dp.reduce_scatter(data, data + static_cast<std::size_t>(dp.rank()) * shard, shard,
-                                          DataType::kFloat32, ReduceOp::kSum));
+                                          DType::kFloat32, ReduceOp::kSum));
   } else {
-    reducing_.push_back(dp.all_reduce(data, bucket.size, DataType::kFloat32, ReduceOp::kSum));
+    reducing_.push_back(dp.all_reduce(data, bucket.size, DType::kFloat32, ReduceOp::kSum));
   }
 }
 
@@ -179,7 +179,7 @@ double Optimizer::gradient_norm() {
   if (Comm* embedding = groups_.embedding; embedding && chunks_.front()->tied_embeddings()) {
     for (GptModel* chunk : chunks_) {
       Parameter* weight = chunk->first_stage() ? chunk->word_embedding() : chunk->output_weight_copy();
-      if (weight) embedding->all_reduce(weight->gradient, weight->size, DataType::kFloat32, ReduceOp::kSum)->wait();
+      if (weight) embedding->all_reduce(weight->gradient, weight->size, DType::kFloat32, ReduceOp::kSum)->wait();
     }
   }
   double sum_of_squares = backend_.gradient_sum_of_squares(tensors(true));
@@ -202,7 +202,7 @@ void Optimizer::step(int64_t update, double lr, double gradient_norm, double uns
         const std::size_t shard = bucket.shard_size(dp.size());
         float* data = chunk.parameter_buffer() + bucket.offset;
         gathering_[c].push_back(dp.all_gather(data + static_cast<std::size_t>(dp.rank()) * shard, data, shard,
-                                              DataType::kFloat32));
+                                              DType::kFloat32));
       }
       if (!settings_.overlap_param_gather) finish_gather(c);
     }
@@ -242,8 +242,8 @@ std::vector<TensorState> Optimizer::export_state() {
     for (std::size_t b = 0; b < layout.buckets.size(); ++b) {
       const GradientBucket& bucket = layout.buckets[b];
       const std::size_t shard = bucket.shard_size(dp->size());
-      pending.push_back(dp->all_gather(shard_moments_[c][b].first, first + bucket.offset, shard, DataType::kFloat32));
-      pending.push_back(dp->all_gather(shard_moments_[c][b].second, second + bucket.offset, shard, DataType::kFloat32));
+      pending.push_back(dp->all_gather(shard_moments_[c][b].first, first + bucket.offset, shard, DType::kFloat32));
+      pending.push_back(dp->all_gather(shard_moments_[c][b].second, second + bucket.offset, shard, DType::kFloat32));
     }
     for (Request& request : pending) request->wait();
     const std::vector<Parameter>& parameters = chunks_[c]->parameters();

@@ -189,12 +189,12 @@ class RankTrainer {
     interpreter_ = std::make_unique<Interpreter>(run.schedule, groups.pipeline_rank, by_stage_, groups.pipeline.get(),
                                                  run.plan.data_parallel_size, *optimizer_, backend);
     // The backend computes in the plan's precision (the CPU backend in fp32 under either).
-    const DataType type = backend.activation_type();
-    if (type != DataType::kFloat32 && (type == DataType::kFloat16) != (run.plan.options.precision == Precision::kFp16)) {
-      throw std::logic_error("train: a " + std::string(data_type_name(type)) + " backend for a " +
+    const DType type = backend.activation_type();
+    if (type != DType::kFloat32 && (type == DType::kFloat16) != (run.plan.options.precision == DType::kFloat16)) {
+      throw std::logic_error("train: a " + std::string(to_string(type)) + " backend for a " +
                              to_string(run.plan.options.precision) + " plan");
     }
-    if (run.plan.options.precision == Precision::kFp16 || run.options.loss_scaling.constant) {
+    if (run.plan.options.precision == DType::kFloat16 || run.options.loss_scaling.constant) {
       loss_scaler_.emplace(run.options.loss_scaling);
     }
   }
@@ -265,7 +265,7 @@ double RankTrainer::evaluate(int64_t iteration) {
   const int64_t first = (iteration / run_.options.eval_interval - 1) * run_.options.eval_iters * plan.global_batch_size;
   const ScheduleShape& shape = run_.schedule.shape;
   const std::size_t message = chunks_.front()->message_size();
-  const DataType type = backend_.activation_type();
+  const DType type = backend_.activation_type();
   Activation buffers[2] = {backend_.allocate_activation(message), backend_.allocate_activation(message)};
   double total = 0;
   MicrobatchTokens data;

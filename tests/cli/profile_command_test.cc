@@ -27,6 +27,7 @@
 
 namespace {
 
+using megaplan::DType;
 using megaplan::GemmEpilogue;
 using megaplan::GemmLayout;
 using megaplan::KernelKind;
@@ -50,7 +51,7 @@ megaplan::exec::ProfileGrid tiny_grid() {
                     ProfileSequence{{forward}, {}}, ProfileSequence{{norm}, {}},
                     ProfileSequence{{megaplan::flat_kernel(KernelKind::kAdamw, 4096)}, {}}};
   megaplan::Kernel fp16 = forward;
-  fp16.precision = megaplan::Precision::kFp16;
+  fp16.precision = DType::kFloat16;
   grid.sequences.push_back({{fp16}, {}});  // the CPU backend has no fp16 GEMMs: skipped
   for (auto& sequence : grid.sequences) sequence.warmup_seconds = 0;  // one pass
   grid.min_repetitions = 3;
@@ -93,20 +94,20 @@ TEST_CASE("kernel timings from a backend become a profile the simulator looks up
   const megaplan::sim::Profile profile = megaplan::sim::Profile::from_json(json, "test.json");
   CHECK(profile.gpu_name() == gpu.name);
   megaplan::sim::CostSources sources;
-  CHECK(profile.gemm_seconds(8, 12, 16, megaplan::sim::DType::kFp32, sources) ==
+  CHECK(profile.gemm_seconds(8, 12, 16, DType::kFloat32, sources) ==
         tables.gemm[0].at("seconds").get<double>());
   CHECK(profile.attention_forward_seconds(2, 16, 4, true, 1, false, sources) ==
         tables.attention[0].at("forward_s").get<double>());
   CHECK(profile.attention_backward_seconds(2, 16, 4, true, 2, false, sources) ==
         tables.attention[1].at("backward_s").get<double>());
   CHECK(profile.gemm_seconds(GemmLayout::kWeightGradient, GemmEpilogue::kBiasGradient, 16, 8, 8,
-                             megaplan::sim::DType::kFp32, sources) == tables.gemm[1].at("seconds").get<double>());
+                             DType::kFloat32, sources) == tables.gemm[1].at("seconds").get<double>());
   CHECK(profile.memory_kernel_seconds("adamw", 4096 * 32, sources) ==
         Approx(tables.kernels[1].at("seconds").get<double>()));
   CHECK(sources.table == 5);
   CHECK(sources.fallback == 0);
   // No bf16 entries: bf16 GEMMs take the datasheet roofline.
-  (void)profile.gemm_seconds(8, 12, 16, megaplan::sim::DType::kBf16, sources);
+  (void)profile.gemm_seconds(8, 12, 16, DType::kBFloat16, sources);
   CHECK(sources.fallback == 1);
 
   nlohmann::json bad = json;
@@ -141,7 +142,7 @@ TEST_CASE("the profile grid times each cell's microbatch in training order and o
   std::vector<megaplan::Kernel> fp16 = grid.sequences[1].kernels;
   REQUIRE(fp16.size() == cell.size());
   for (std::size_t i = 0; i < fp16.size(); ++i) {
-    CHECK(fp16[i].precision == (cell[i].kind == KernelKind::kGemm ? megaplan::Precision::kFp16 : megaplan::Precision::kBf16));
+    CHECK(fp16[i].precision == (cell[i].kind == KernelKind::kGemm ? DType::kFloat16 : DType::kBFloat16));
     fp16[i].precision = cell[i].precision;
   }
   CHECK(fp16 == cell);
@@ -231,7 +232,7 @@ std::vector<megaplan::exec::CommTimings> measure_on_threads(const megaplan::exec
 }  // namespace
 
 TEST_CASE("collective timings from ranks as threads become link tables the simulator looks up", "[cli][profile]") {
-  using megaplan::exec::CommOp;
+  using megaplan::CollectiveOp;
   std::vector<std::pair<int64_t, int64_t>> progress;
   const std::vector<megaplan::exec::CommTimings> timings = measure_on_threads(tiny_collective_grid(), progress);
   const megaplan::exec::CommTimings& measured = timings[0];
@@ -244,7 +245,7 @@ TEST_CASE("collective timings from ranks as threads become link tables the simul
     CHECK(timings[rank].collectives.empty());
     CHECK(timings[rank].overlap.empty());
   }
-  std::set<std::tuple<CommOp, int64_t, int64_t>> points;
+  std::set<std::tuple<CollectiveOp, int64_t, int64_t>> points;
   for (const auto& timing : measured.collectives) {
     CHECK(timing.seconds > 0);
     points.emplace(timing.op, timing.group_size, timing.bytes);
@@ -255,7 +256,7 @@ TEST_CASE("collective timings from ranks as threads become link tables the simul
     CHECK(beside.compute_beside_s > 0);
     CHECK(beside.collective_alone_s > 0);
     CHECK(beside.collective_beside_s > 0);
-    CHECK(beside.group_size == (beside.op == CommOp::kSendRecv ? 2 : 4));
+    CHECK(beside.group_size == (beside.op == CollectiveOp::kSendRecv ? 2 : 4));
   }
   REQUIRE(!progress.empty());
   CHECK(progress.back().first == progress.back().second);
@@ -271,10 +272,7 @@ TEST_CASE("collective timings from ranks as threads become link tables the simul
   megaplan::sim::CostSources sources;
   const megaplan::sim::LinkParams unused{1, 1};
   for (const auto& timing : measured.collectives) {
-    const auto op = timing.op == CommOp::kAllReduce   ? megaplan::sim::CollectiveOp::kAllReduce
-                    : timing.op == CommOp::kAllGather ? megaplan::sim::CollectiveOp::kAllGather
-                                                      : megaplan::sim::CollectiveOp::kReduceScatter;
-    CHECK(profile.collective_seconds(op, timing.group_size, timing.bytes, megaplan::sim::LinkKind::kNvlink, unused,
+    CHECK(profile.collective_seconds(timing.op, timing.group_size, timing.bytes, megaplan::sim::LinkKind::kNvlink, unused,
                                      sources) == Approx(timing.seconds));
   }
   for (const auto& timing : measured.p2p) {
@@ -285,11 +283,11 @@ TEST_CASE("collective timings from ranks as threads become link tables the simul
 }
 
 TEST_CASE("link tables: nccl-tests' bus bandwidth, p2p seconds and both slowdowns, at least 0", "[cli][profile]") {
-  using megaplan::exec::CommOp;
+  using megaplan::CollectiveOp;
   megaplan::exec::CommTimings timings;
-  timings.collectives = {{CommOp::kAllReduce, 8, 1 << 20, 1e-4}, {CommOp::kAllGather, 4, 1 << 20, 2e-5}};
-  timings.p2p = {{CommOp::kSendRecv, 2, 1 << 20, 5e-6}};
-  timings.overlap = {{CommOp::kAllReduce, 8, 1e-3, 1.25e-3, 2e-3, 3e-3}, {CommOp::kSendRecv, 2, 1e-3, 0.99e-3, 1e-3, 0.9e-3}};
+  timings.collectives = {{CollectiveOp::kAllReduce, 8, 1 << 20, 1e-4}, {CollectiveOp::kAllGather, 4, 1 << 20, 2e-5}};
+  timings.p2p = {{CollectiveOp::kSendRecv, 2, 1 << 20, 5e-6}};
+  timings.overlap = {{CollectiveOp::kAllReduce, 8, 1e-3, 1.25e-3, 2e-3, 3e-3}, {CollectiveOp::kSendRecv, 2, 1e-3, 0.99e-3, 1e-3, 0.9e-3}};
   const megaplan::GpuSpec gpu = megaplan::cluster_preset("dgx-h100").gpu;
   const nlohmann::json profile = megaplan::cli::with_measured_links(
       megaplan::cli::measured_profile_json(gpu, {}, "test", nlohmann::json::object()), timings, "NVIDIA H100 80GB HBM3");
@@ -321,18 +319,18 @@ TEST_CASE("links measured on a larger machine join a profile's smaller groups, r
           "[cli][profile]") {
   // What `profile --links-only` does to the built-in profile: the two-GPU tables of an earlier
   // machine stay beside four-GPU ones; a group size measured again is replaced, not duplicated.
-  using megaplan::exec::CommOp;
+  using megaplan::CollectiveOp;
   const megaplan::GpuSpec gpu = megaplan::cluster_preset("dgx-h100").gpu;
   megaplan::exec::CommTimings two;
-  two.collectives = {{CommOp::kAllReduce, 2, 1 << 20, 1e-4}};
-  two.p2p = {{CommOp::kSendRecv, 2, 1 << 20, 5e-6}};
-  two.overlap = {{CommOp::kAllReduce, 2, 1e-3, 1.2e-3, 1e-3, 1.5e-3}};
+  two.collectives = {{CollectiveOp::kAllReduce, 2, 1 << 20, 1e-4}};
+  two.p2p = {{CollectiveOp::kSendRecv, 2, 1 << 20, 5e-6}};
+  two.overlap = {{CollectiveOp::kAllReduce, 2, 1e-3, 1.2e-3, 1e-3, 1.5e-3}};
   const nlohmann::json before = megaplan::cli::with_measured_links(
       megaplan::cli::measured_profile_json(gpu, {}, "test", nlohmann::json::object()), two, "NVIDIA H100 80GB HBM3");
   megaplan::exec::CommTimings four;
-  four.collectives = {{CommOp::kAllReduce, 2, 1 << 20, 2e-4}, {CommOp::kAllReduce, 4, 1 << 20, 3e-4}};
-  four.p2p = {{CommOp::kSendRecv, 2, 1 << 20, 6e-6}};
-  four.overlap = {{CommOp::kAllReduce, 4, 1e-3, 1.3e-3, 1e-3, 1.6e-3}};
+  four.collectives = {{CollectiveOp::kAllReduce, 2, 1 << 20, 2e-4}, {CollectiveOp::kAllReduce, 4, 1 << 20, 3e-4}};
+  four.p2p = {{CollectiveOp::kSendRecv, 2, 1 << 20, 6e-6}};
+  four.overlap = {{CollectiveOp::kAllReduce, 4, 1e-3, 1.3e-3, 1e-3, 1.6e-3}};
   const nlohmann::json after = megaplan::cli::with_measured_links(before, four, "NVIDIA H100 80GB HBM3");
   std::map<int64_t, double> bus;
   for (const nlohmann::json& entry : after.at("collectives")) {

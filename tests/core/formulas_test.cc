@@ -71,6 +71,25 @@ TEST_CASE("one rank holds the whole model; the V puts both ends on rank 0", "[fo
   CHECK(ranks[0].parameters + ranks[1].parameters == megaplan::total_parameters(gpt2));
 }
 
+TEST_CASE("the per-GPU parameter cache tells uneven pipeline splits apart", "[formulas]") {
+  // llama3.1-405b's 126 layers over pp 8: the split decides how many layers the end ranks hold.
+  const megaplan::ModelSpec llama = megaplan::model_preset("llama3.1-405b");
+  const megaplan::ParametersPerGpuCache cache(llama);
+  megaplan::ParallelPlan plan;
+  plan.tensor_parallel_size = 8;
+  plan.pipeline_parallel_size = 8;
+  plan.pipeline_split.first_stage_layers = 18;  // the middle ranks 15 each
+  plan.pipeline_split.last_stage_layers = 18;
+  megaplan::ParallelPlan other = plan;
+  other.pipeline_split = {.account_for_embedding = true, .account_for_loss = true};
+  for (const megaplan::ParallelPlan& layout : {plan, other, plan}) {
+    std::vector<int64_t> expected;
+    for (const auto& rank : megaplan::parameters_per_pipeline_rank(llama, layout)) expected.push_back(rank.parameters_per_gpu);
+    CHECK(cache.per_pipeline_rank(layout) == expected);
+  }
+  CHECK(cache.per_pipeline_rank(plan) != cache.per_pipeline_rank(other));
+}
+
 TEST_CASE("model FLOPs follow Megatron's formula", "[formulas]") {
   const megaplan::ModelSpec gpt3 = megaplan::model_preset("gpt3-175b");
   // 72 B s l h^2 (1 + s/6h + V/12lh) with B 1536, s 2048, l 96, h 12288, V 51200.

@@ -8,6 +8,7 @@
 #include "core/model_presets.h"
 #include "core/parallel_plan.h"
 
+using megaplan::DType;
 using megaplan::Implementation;
 using megaplan::ImplementationOptions;
 using megaplan::ParallelPlan;
@@ -38,7 +39,7 @@ std::string error_of(const ParallelPlan& plan) {
 
 TEST_CASE("each implementation's defaults are Megatron-LM's for that code", "[implementation]") {
   const ImplementationOptions megaplan = megaplan::default_implementation_options(Implementation::kMegaplan);
-  CHECK(megaplan.precision == megaplan::Precision::kBf16);
+  CHECK(megaplan.precision == DType::kBFloat16);
   CHECK(megaplan::fused_attention(megaplan));
   CHECK(megaplan.attention_dropout == 0);
   CHECK(megaplan.overlap_grad_reduce);
@@ -51,7 +52,7 @@ TEST_CASE("each implementation's defaults are Megatron-LM's for that code", "[im
   CHECK(megaplan::main_gradient_bytes(core) == 4);
 
   const ImplementationOptions local = megaplan::default_implementation_options(Implementation::kMegatronLocal);
-  CHECK(local.precision == megaplan::Precision::kFp16);
+  CHECK(local.precision == DType::kFloat16);
   CHECK_FALSE(megaplan::fused_attention(local));
   CHECK_FALSE(local.masked_softmax_fusion);
   CHECK((local.bias_gelu_fusion && local.bias_dropout_fusion));
@@ -59,7 +60,7 @@ TEST_CASE("each implementation's defaults are Megatron-LM's for that code", "[im
   CHECK_FALSE(local.overlap_grad_reduce);
   CHECK(megaplan::main_gradient_bytes(local) == 2);
   ImplementationOptions bf16 = local;
-  bf16.precision = megaplan::Precision::kBf16;  // Megatron accumulates bf16 training's gradients in fp32
+  bf16.precision = DType::kBFloat16;  // Megatron accumulates bf16 training's gradients in fp32
   CHECK(megaplan::main_gradient_bytes(bf16) == 4);
 }
 
@@ -87,7 +88,7 @@ TEST_CASE("options megaplan's executor does not run are refused, naming the flag
   plan.options.overlap_grad_reduce = false;  // the executor runs either
   plan.options.overlap_param_gather = true;
   CHECK(error_of(plan).empty());
-  plan.options.precision = megaplan::Precision::kFp16;  // with its loss scaler
+  plan.options.precision = DType::kFloat16;  // with its loss scaler
   CHECK(error_of(plan).empty());
   plan = plan_of(Implementation::kMegaplan);
   plan.options.hidden_dropout = 0.1;  // with its counter-based masks
@@ -120,7 +121,7 @@ TEST_CASE("implementation options round-trip through the plan's JSON; absent key
   json["implementation_options"] = {{"precision", "bf16"}};
   const ParallelPlan partial = megaplan::parallel_plan_from_json(json, "p.json");
   ImplementationOptions expected = megaplan::default_implementation_options(Implementation::kMegatronLocal);
-  expected.precision = megaplan::Precision::kBf16;
+  expected.precision = DType::kBFloat16;
   CHECK(partial.options == expected);
   json.erase("implementation_options");
   CHECK(megaplan::parallel_plan_from_json(json, "p.json").options ==
@@ -157,7 +158,7 @@ TEST_CASE("legacy Megatron's --DDP-impl torch: overlapped in 25 MB buckets, fp16
   plan.data_parallel_size = 2;
 
   ParallelPlan bf16 = plan;
-  bf16.options.precision = megaplan::Precision::kBf16;
+  bf16.options.precision = DType::kBFloat16;
   CHECK_THAT(error_of(bf16), Catch::Matchers::StartsWith("--DDP-impl: torch cannot accumulate gradients in fp32"));
   ParallelPlan fused = plan;
   fused.options.gradient_accumulation_fusion = true;

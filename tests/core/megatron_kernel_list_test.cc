@@ -12,6 +12,7 @@
 
 namespace {
 
+using megaplan::DType;
 using megaplan::Kernel;
 using megaplan::KernelBlock;
 using megaplan::KernelKind;
@@ -64,7 +65,7 @@ TEST_CASE("megatron-local's layer: 24bsh^2 + 4bs^2h forward FLOPs per tp rank, t
     for (const Kernel& kernel : layer) {
       if (batched(kernel)) CHECK(kernel.batch == 2 * 16 / tp);
       CHECK(kernel.kind != KernelKind::kAttentionForward);
-      if (kernel.kind == KernelKind::kGemm) CHECK(kernel.precision == megaplan::Precision::kFp16);
+      if (kernel.kind == KernelKind::kGemm) CHECK(kernel.precision == DType::kFloat16);
     }
     CHECK(count_if(kernels.block(KernelBlock::kLayerBackward), batched) == 4);
     // --no-masked-softmax-fusion: the masked fill and the softmax apart, then the dropout, each a
@@ -151,7 +152,7 @@ TEST_CASE("Megatron's optimizer step by precision and sharding", "[kernels]") {
   CHECK(kernels[4].kind == KernelKind::kRefreshCompute);
   CHECK(kernels[5].rows * kernels[5].cols == 2 * parameters);
   // bf16: fp32 main gradients are the master weights' gradients as they are; no loss scale.
-  plan.options.precision = megaplan::Precision::kBf16;
+  plan.options.precision = DType::kBFloat16;
   kernels = megaplan::optimizer_step_kernels(plan, parameters);
   REQUIRE(kernels.size() == 4);
   CHECK(kernels.back().rows * kernels.back().cols == 4 * parameters);

@@ -17,9 +17,9 @@ namespace {
 
 using megaplan::test::relative_error;
 
-using megaplan::Precision;
+using megaplan::DType;
 
-std::vector<float> half_values(std::size_t n, Precision precision, std::mt19937& generator) {
+std::vector<float> half_values(std::size_t n, DType precision, std::mt19937& generator) {
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<float> values(n);
   for (float& value : values) value = cu::from_half(cu::to_half(normal(generator), precision), precision);
@@ -31,14 +31,14 @@ double gelu(double v) { return 0.5 * v * (1.0 + std::tanh(0.7978845608028654 * (
 }  // namespace
 
 TEST_CASE("linear layers with fused bias, GELU, GELU-gradient and bias-gradient epilogues", "[gpu][kernels]") {
-  const Precision precision = GENERATE(Precision::kBf16, Precision::kFp16);
+  const DType precision = GENERATE(DType::kBFloat16, DType::kFloat16);
   INFO(megaplan::to_string(precision));
   // The 16-bit outputs' rounding dominates (fp32 accumulation): up to 2^-8 relative in bf16, 2^-11 in fp16.
-  const double tolerance = precision == Precision::kFp16 ? 2e-3 : 1e-2;
+  const double tolerance = precision == DType::kFloat16 ? 2e-3 : 1e-2;
   std::mt19937 generator(29);
   const cu::Stream stream;
   cu::Bf16Linear linear;
-  linear.set_fp16(precision == Precision::kFp16);
+  linear.set_fp16(precision == DType::kFloat16);
   const auto upload = [&](const std::vector<float>& host) { return cu::upload_half(host, precision, stream); };
   const auto download = [&](const cu::Half* device, std::size_t n) {
     return cu::download_half(device, n, precision, stream);

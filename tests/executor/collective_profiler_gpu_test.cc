@@ -34,7 +34,7 @@ TEST_CASE("collectives and compute beside them are timed on the GPU's streams", 
   });
   REQUIRE(timings.collectives.size() == 6);
   for (std::size_t i = 0; i < timings.collectives.size(); i += 2) {
-    INFO(exec::comm_op_name(timings.collectives[i].op));
+    INFO(megaplan::to_string(timings.collectives[i].op));
     CHECK(timings.collectives[i].seconds > 0);
     CHECK(timings.collectives[i + 1].seconds > timings.collectives[i].seconds);  // 1024x the bytes
   }
@@ -42,7 +42,7 @@ TEST_CASE("collectives and compute beside them are timed on the GPU's streams", 
   CHECK(timings.p2p[1].seconds > timings.p2p[0].seconds);
   REQUIRE(timings.overlap.size() == 4);
   for (const exec::OverlapTiming& beside : timings.overlap) {
-    INFO(exec::comm_op_name(beside.op) << ": compute alone " << beside.compute_alone_s << " s, beside "
+    INFO(megaplan::to_string(beside.op) << ": compute alone " << beside.compute_alone_s << " s, beside "
                                        << beside.compute_beside_s << " s; collective alone "
                                        << beside.collective_alone_s << " s, beside " << beside.collective_beside_s << " s");
     // A layer of width 1024 over 2048 tokens. Both ranks run their passes on the one GPU, alone

@@ -31,34 +31,34 @@ namespace {
 
 namespace exec = megaplan::exec;
 namespace cu = megaplan::exec::cuda;
-using exec::DataType;
+using megaplan::DType;
 using exec::ReduceOp;
 using Bytes = std::vector<std::byte>;
 
 // Values as a buffer of `type` (bf16 and fp16 round to nearest even) and back.
-Bytes encode(const std::vector<float>& values, DataType type) {
-  Bytes bytes(values.size() * exec::element_bytes(type));
+Bytes encode(const std::vector<float>& values, DType type) {
+  Bytes bytes(values.size() * dtype_bytes(type));
   for (std::size_t i = 0; i < values.size(); ++i) {
-    if (type == DataType::kFloat32) {
+    if (type == DType::kFloat32) {
       std::memcpy(bytes.data() + 4 * i, &values[i], 4);
     } else {
-      const uint16_t bits = exec::float_to_half(values[i], type);
+      const uint16_t bits = megaplan::float_to_half(values[i], type);
       std::memcpy(bytes.data() + 2 * i, &bits, 2);
     }
   }
   return bytes;
 }
 
-std::vector<float> decode(const Bytes& bytes, DataType type) {
-  const std::size_t count = bytes.size() / exec::element_bytes(type);
+std::vector<float> decode(const Bytes& bytes, DType type) {
+  const std::size_t count = bytes.size() / dtype_bytes(type);
   std::vector<float> values(count);
   for (std::size_t i = 0; i < count; ++i) {
-    if (type == DataType::kFloat32) {
+    if (type == DType::kFloat32) {
       std::memcpy(&values[i], bytes.data() + 4 * i, 4);
     } else {
       uint16_t bits;
       std::memcpy(&bits, bytes.data() + 2 * i, 2);
-      values[i] = exec::half_to_float(bits, type);
+      values[i] = megaplan::half_to_float(bits, type);
     }
   }
   return values;
@@ -79,7 +79,7 @@ Bytes download(const void* device, std::size_t bytes, cudaStream_t stream) {
 }
 
 // How many elements differ: bits differ, unless both are NaN.
-std::size_t mismatches(const Bytes& got, const Bytes& want, DataType type) {
+std::size_t mismatches(const Bytes& got, const Bytes& want, DType type) {
   REQUIRE(got.size() == want.size());
   const std::vector<float> a = decode(got, type), b = decode(want, type);
   std::size_t bad = 0;
@@ -115,11 +115,11 @@ TEST_CASE("comm_reduce gives the CPU memory's reduction, bit for bit", "[gpu][co
   std::mt19937 generator(11);
   const cu::Stream stream;
   // fp16's range ends at 65504: its inputs hold infinities and zeros where the others do not.
-  for (const DataType type : {DataType::kFloat32, DataType::kBFloat16, DataType::kFloat16}) {
+  for (const DType type : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
     for (const ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax}) {
       for (const std::size_t ranks : {1, 2, 3, 5}) {
         for (const std::size_t count : {1, 37, 1000, 4099}) {
-          INFO(exec::data_type_name(type) << (op == ReduceOp::kSum ? " sum" : " max") << ", " << ranks << " inputs, "
+          INFO(to_string(type) << (op == ReduceOp::kSum ? " sum" : " max") << ", " << ranks << " inputs, "
                                           << count << " elements");
           std::vector<Bytes> inputs;
           std::vector<const void*> host_inputs, device_inputs;
@@ -146,7 +146,7 @@ TEST_CASE("comm_reduce gives the CPU memory's reduction, bit for bit", "[gpu][co
       }
     }
   }
-  CHECK_THROWS_AS(cu::comm_reduce(nullptr, {}, 1, DataType::kFloat32, ReduceOp::kSum, stream), std::invalid_argument);
+  CHECK_THROWS_AS(cu::comm_reduce(nullptr, {}, 1, DType::kFloat32, ReduceOp::kSum, stream), std::invalid_argument);
 }
 
 namespace {
@@ -192,7 +192,7 @@ class RankSpace {
   std::vector<void*> device_;
 };
 
-Bytes values_of(int64_t rank, std::size_t salt, std::size_t count, DataType type) {
+Bytes values_of(int64_t rank, std::size_t salt, std::size_t count, DType type) {
   std::mt19937 generator(static_cast<unsigned>(1000 * rank + salt));
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::uniform_int_distribution<int> exponent(-12, 12);
@@ -209,43 +209,43 @@ void program(exec::InProcessWorld& world, int64_t rank, int64_t ranks, RankSpace
   const std::unique_ptr<exec::Comm> comm =
       world.group(rank, members, "test", [&space] { return space.compute_stream(); });
   space.seen.push_back(encode({static_cast<float>(comm->name() == "in-process-" + world.memory().name())},
-                              DataType::kFloat32));
+                              DType::kFloat32));
   const auto n = static_cast<std::size_t>(ranks);
   const auto me = static_cast<std::size_t>(rank);
   constexpr std::size_t kCount = 1000;
 
   // all_reduce in place (fp32 sum), then bf16 max, then fp16 sum.
-  void* reduced = space.put(values_of(rank, 1, kCount, DataType::kFloat32));
-  comm->all_reduce(reduced, kCount, DataType::kFloat32, ReduceOp::kSum)->wait();
+  void* reduced = space.put(values_of(rank, 1, kCount, DType::kFloat32));
+  comm->all_reduce(reduced, kCount, DType::kFloat32, ReduceOp::kSum)->wait();
   space.seen.push_back(space.get(reduced, kCount * 4));
-  void* maximum = space.put(values_of(rank, 2, 37, DataType::kBFloat16));
-  comm->all_reduce(maximum, 37, DataType::kBFloat16, ReduceOp::kMax)->wait();
+  void* maximum = space.put(values_of(rank, 2, 37, DType::kBFloat16));
+  comm->all_reduce(maximum, 37, DType::kBFloat16, ReduceOp::kMax)->wait();
   space.seen.push_back(space.get(maximum, 37 * 2));
-  void* half_sum = space.put(values_of(rank, 4, 37, DataType::kFloat16));
-  comm->all_reduce(half_sum, 37, DataType::kFloat16, ReduceOp::kSum)->wait();
+  void* half_sum = space.put(values_of(rank, 4, 37, DType::kFloat16));
+  comm->all_reduce(half_sum, 37, DType::kFloat16, ReduceOp::kSum)->wait();
   space.seen.push_back(space.get(half_sum, 37 * 2));
 
   // reduce_scatter of the all_reduce's result plus this rank's values, out of place (fp32 sum):
   // the input is `reduced` itself, so it must already hold the all_reduce's sum.
   const std::size_t shard = kCount / n;
   void* scattered = space.put(Bytes(shard * 4));
-  comm->reduce_scatter(reduced, scattered, shard, DataType::kFloat32, ReduceOp::kSum)->wait();
+  comm->reduce_scatter(reduced, scattered, shard, DType::kFloat32, ReduceOp::kSum)->wait();
   space.seen.push_back(space.get(scattered, shard * 4));
   // In place, bf16 sum: the output is this rank's own chunk of the input.
-  void* in_place = space.put(values_of(rank, 3, n * 64, DataType::kBFloat16));
+  void* in_place = space.put(values_of(rank, 3, n * 64, DType::kBFloat16));
   void* own_chunk = static_cast<std::byte*>(in_place) + me * 64 * 2;
-  comm->reduce_scatter(in_place, own_chunk, 64, DataType::kBFloat16, ReduceOp::kSum)->wait();
+  comm->reduce_scatter(in_place, own_chunk, 64, DType::kBFloat16, ReduceOp::kSum)->wait();
   space.seen.push_back(space.get(own_chunk, 64 * 2));
 
   // all_gather of the scattered shards (out of place), then in place in bf16.
   void* gathered = space.put(Bytes(n * shard * 4));
-  comm->all_gather(scattered, gathered, shard, DataType::kFloat32)->wait();
+  comm->all_gather(scattered, gathered, shard, DType::kFloat32)->wait();
   space.seen.push_back(space.get(gathered, n * shard * 4));
-  comm->all_gather(own_chunk, in_place, 64, DataType::kBFloat16)->wait();
+  comm->all_gather(own_chunk, in_place, 64, DType::kBFloat16)->wait();
   space.seen.push_back(space.get(in_place, n * 64 * 2));
 
   // broadcast from the last rank, of its gathered buffer.
-  comm->broadcast(gathered, n * shard, DataType::kFloat32, ranks - 1)->wait();
+  comm->broadcast(gathered, n * shard, DType::kFloat32, ranks - 1)->wait();
   space.seen.push_back(space.get(gathered, n * shard * 4));
 
   // A ring: recvs posted first, sends of the broadcast result and of the bf16 buffer, then waits
@@ -254,13 +254,13 @@ void program(exec::InProcessWorld& world, int64_t rank, int64_t ranks, RankSpace
   const int64_t next = (rank + 1) % ranks, previous = (rank + ranks - 1) % ranks;
   void* from_previous = space.put(Bytes(n * shard * 4));
   void* bf16_from_previous = space.put(Bytes(n * 64 * 2));
-  exec::Request first = comm->recv(from_previous, n * shard, DataType::kFloat32, previous);
-  exec::Request second = comm->recv(bf16_from_previous, n * 64, DataType::kBFloat16, previous);
-  comm->send(gathered, n * shard, DataType::kFloat32, next)->wait();
-  comm->send(in_place, n * 64, DataType::kBFloat16, next)->wait();
-  comm->send(reduced, kCount, DataType::kFloat32, next)->wait();
+  exec::Request first = comm->recv(from_previous, n * shard, DType::kFloat32, previous);
+  exec::Request second = comm->recv(bf16_from_previous, n * 64, DType::kBFloat16, previous);
+  comm->send(gathered, n * shard, DType::kFloat32, next)->wait();
+  comm->send(in_place, n * 64, DType::kBFloat16, next)->wait();
+  comm->send(reduced, kCount, DType::kFloat32, next)->wait();
   // Overwrite the sent buffer right away: the message holds the bytes of the send's time.
-  comm->all_reduce(gathered, n * shard, DataType::kFloat32, ReduceOp::kSum)->wait();
+  comm->all_reduce(gathered, n * shard, DType::kFloat32, ReduceOp::kSum)->wait();
   second->wait();
   first->wait();
   space.seen.push_back(space.get(from_previous, n * shard * 4));
@@ -291,7 +291,7 @@ TEST_CASE("a world on the GPU memory gives the CPU world's bytes, collective by 
     REQUIRE(gpu.size() == cpu.size());
     for (std::size_t r = 0; r < cpu.size(); ++r) {
       REQUIRE(gpu[r].size() == cpu[r].size());
-      CHECK(decode(gpu[r][0], DataType::kFloat32)[0] == 1.0f);  // named "in-process-gpu"
+      CHECK(decode(gpu[r][0], DType::kFloat32)[0] == 1.0f);  // named "in-process-gpu"
       for (std::size_t step = 0; step < cpu[r].size(); ++step) {
         INFO("rank " << r << ", result " << step);
         CHECK(gpu[r][step] == cpu[r][step]);

@@ -29,7 +29,7 @@ const megaplan::exec::DropoutMask kNoDropout;  // inactive: attention without dr
 
 using megaplan::exec::Activation;
 using megaplan::exec::Backend;
-using megaplan::Precision;
+using megaplan::DType;
 using megaplan::GemmEpilogue;
 using megaplan::test::shard_cross_entropy;
 
@@ -63,7 +63,7 @@ using Acts = Pair<Activation>;
 
 class Both {
  public:
-  explicit Both(Precision precision = Precision::kBf16) : gpu_(megaplan::exec::make_cuda_backend(precision)) {}
+  explicit Both(DType precision = DType::kBFloat16) : gpu_(megaplan::exec::make_cuda_backend(precision)) {}
   Floats floats(const std::vector<float>& host) {
     Floats pair{cpu_.allocate(host.size()), gpu_->allocate(host.size()), host.size()};
     cpu_.upload(pair.cpu, host.data(), host.size());
@@ -381,8 +381,8 @@ TEST_CASE("every CUDA operation matches the CPU backend", "[gpu][kernels]") {
 // fp16's subnormal resolution, which move nothing measurably.
 TEST_CASE("a CUDA backend made for fp16 runs its activations and kernels in fp16", "[gpu][kernels]") {
   std::mt19937 generator(19);
-  Both both(Precision::kFp16);
-  CHECK(both.gpu().activation_type() == megaplan::exec::DataType::kFloat16);
+  Both both(DType::kFloat16);
+  CHECK(both.gpu().activation_type() == DType::kFloat16);
   CHECK(both.gpu().activation_bytes() == 2);
   // 1 + 2^-10 is an fp16 value and no bf16 one: it survives the round trip only in fp16.
   {
@@ -459,9 +459,9 @@ TEST_CASE("the CUDA backend's GEMMs read and write fp16 when asked, for the prof
     return buffer;
   };
   Activation dx = upload(x), dw = upload(w), db = upload(bias), y = gpu->allocate_activation(m * n);
-  gpu->set_gemm_precision(megaplan::Precision::kFp16);
+  gpu->set_gemm_precision(DType::kFloat16);
   gpu->linear_forward(dx, dw, db, m, k, n, GemmEpilogue::kBias, y, nullptr);
-  gpu->set_gemm_precision(megaplan::Precision::kBf16);
+  gpu->set_gemm_precision(DType::kBFloat16);
   std::vector<float> out(m * n);
   gpu->download(out.data(), y, out.size());
   for (std::size_t row = 0; row < m; ++row) {
@@ -475,7 +475,7 @@ TEST_CASE("the CUDA backend's GEMMs read and write fp16 when asked, for the prof
   for (Activation buffer : {dx, dw, db, y}) gpu->release(buffer);
   megaplan::exec::CpuBackend cpu;
   CHECK_FALSE(cpu.runs_fp16_gemms());
-  CHECK_THROWS_AS(cpu.set_gemm_precision(megaplan::Precision::kFp16), std::logic_error);
+  CHECK_THROWS_AS(cpu.set_gemm_precision(DType::kFloat16), std::logic_error);
 }
 
 TEST_CASE("GPU timing marks time the work between them, not its issue", "[gpu][timing]") {

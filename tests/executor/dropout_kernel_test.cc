@@ -16,7 +16,7 @@
 #include "executor/kernels/dropout_mask.h"
 
 namespace cu = megaplan::exec::cuda;
-using megaplan::Precision;
+using megaplan::DType;
 using megaplan::exec::DropoutKind;
 using megaplan::exec::DropoutMask;
 using megaplan::exec::dropout_site;
@@ -34,7 +34,7 @@ DropoutMask test_mask(float probability, int64_t seq, int64_t first_row) {
   return mask;
 }
 
-float round_to(Precision precision, float value) { return cu::from_half(cu::to_half(value, precision), precision); }
+float round_to(DType precision, float value) { return cu::from_half(cu::to_half(value, precision), precision); }
 
 // The values as bits: +0 and -0 differ, and so do a kept value and its unscaled self.
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
@@ -44,7 +44,7 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 }  // namespace
 
 TEST_CASE("dropout keeps exactly the mask's elements, scaled once", "[gpu][kernels]") {
-  const Precision precision = GENERATE(Precision::kBf16, Precision::kFp16);
+  const DType precision = GENERATE(DType::kBFloat16, DType::kFloat16);
   INFO(megaplan::to_string(precision));
   std::mt19937 generator(31);
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -112,7 +112,7 @@ TEST_CASE("dropout keeps exactly the mask's elements, scaled once", "[gpu][kerne
 }
 
 TEST_CASE("dropout keeps 1 - p of a large tensor", "[gpu][kernels]") {
-  const Precision precision = Precision::kBf16;
+  const DType precision = DType::kBFloat16;
   const cu::Stream stream;
   const int64_t rows = 2048, cols = 2048;
   const auto n = static_cast<std::size_t>(rows * cols);

@@ -22,7 +22,7 @@ namespace cu = megaplan::exec::cuda;
 
 namespace {
 
-using megaplan::Precision;
+using megaplan::DType;
 using megaplan::exec::DropoutKind;
 using megaplan::exec::DropoutMask;
 using megaplan::exec::dropout_site;
@@ -126,7 +126,7 @@ struct Results {
 
 // The forward and the backward on the device, every output poisoned first.
 Results run_kernels(const Case& c, const std::vector<float>& qkv, const std::vector<float>& dout,
-                    const DropoutMask& mask, Precision precision, cudaStream_t stream) {
+                    const DropoutMask& mask, DType precision, cudaStream_t stream) {
   const Packed packed(c);
   const int64_t d = c.dim, group = packed.group;
   const auto lse_size = static_cast<std::size_t>(c.batch * c.heads * c.seq);
@@ -161,9 +161,9 @@ Results run_kernels(const Case& c, const std::vector<float>& qkv, const std::vec
 
 // P and dS are rounded to the inputs' type before their products, and the outputs once: fp16
 // keeps 3 more bits than bf16 (measured on an H200: at most 3.4e-4 in fp16, 2.7e-3 in bf16).
-double tolerance(Precision precision) { return precision == Precision::kFp16 ? 2e-3 : 1e-2; }
+double tolerance(DType precision) { return precision == DType::kFloat16 ? 2e-3 : 1e-2; }
 
-void check_against_reference(const Case& c, const Results& got, const Outputs& want, Precision precision) {
+void check_against_reference(const Case& c, const Results& got, const Outputs& want, DType precision) {
   CHECK(relative_error(got.out, want.out) < tolerance(precision));
   CHECK(relative_error(got.lse, want.lse) < 1e-3);
   // dq, dk and dv separately.
@@ -184,7 +184,7 @@ void check_against_reference(const Case& c, const Results& got, const Outputs& w
   CHECK(got.backward_repeats);  // deterministic
 }
 
-std::vector<float> rounded_normal(std::size_t n, Precision precision, std::mt19937& generator, float sigma = 1.0f) {
+std::vector<float> rounded_normal(std::size_t n, DType precision, std::mt19937& generator, float sigma = 1.0f) {
   std::normal_distribution<float> normal(0.0f, sigma);
   std::vector<float> values(n);
   for (float& value : values) value = cu::from_half(cu::to_half(normal(generator), precision), precision);
@@ -206,7 +206,7 @@ DropoutMask attention_mask(const Case& c, float probability, int64_t first_head)
 
 TEST_CASE("flash attention matches a double-precision reference drawing the same mask, with and without dropout",
           "[gpu][kernels]") {
-  const Precision precision = GENERATE(Precision::kBf16, Precision::kFp16);
+  const DType precision = GENERATE(DType::kBFloat16, DType::kFloat16);
   INFO(megaplan::to_string(precision));
   std::mt19937 generator(7);
   const cu::Stream stream;
@@ -238,7 +238,7 @@ TEST_CASE("flash attention matches a double-precision reference drawing the same
 }
 
 TEST_CASE("flash attention drops exactly the mask's probabilities, forward and dV", "[gpu][kernels]") {
-  const Precision precision = GENERATE(Precision::kBf16, Precision::kFp16);
+  const DType precision = GENERATE(DType::kBFloat16, DType::kFloat16);
   INFO(megaplan::to_string(precision));
   std::mt19937 generator(13);
   const cu::Stream stream;
@@ -294,7 +294,7 @@ TEST_CASE("flash attention drops exactly the mask's probabilities, forward and d
 TEST_CASE("flash attention refuses head dimensions it has no kernel for", "[gpu][kernels]") {
   const cu::AttentionShape shape{1, 8, 2, 2, 80, 480, 240, 0.1f};
   const cu::Stream stream;
-  for (const Precision precision : {Precision::kBf16, Precision::kFp16}) {
+  for (const DType precision : {DType::kBFloat16, DType::kFloat16}) {
     CHECK_THROWS_WITH(
         cu::flash_attention_forward(shape, nullptr, nullptr, nullptr, nullptr, nullptr, precision, stream),
         Catch::Contains("head dimensions 64 and 128, got 80"));

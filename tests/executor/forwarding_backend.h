@@ -27,7 +27,7 @@ class ForwardingBackend : public exec::Backend {
   explicit ForwardingBackend(std::unique_ptr<exec::Backend> inner) : inner_(std::move(inner)) {}
 
   std::string name() const override { return inner_->name(); }
-  exec::DataType activation_type() const override { return inner_->activation_type(); }
+  DType activation_type() const override { return inner_->activation_type(); }
   int64_t available_bytes() const override { return inner_->available_bytes(); }
   float* allocate(std::size_t n) override { return inner_->allocate(n); }
   void release(float* buffer) override { inner_->release(buffer); }
@@ -57,7 +57,7 @@ class ForwardingBackend : public exec::Backend {
     inner_->linear_backward_through_gelu(dy, w, m, k, n, pre, d_pre);
   }
   bool runs_fp16_gemms() const override { return inner_->runs_fp16_gemms(); }
-  void set_gemm_precision(megaplan::Precision precision) override { inner_->set_gemm_precision(precision); }
+  void set_gemm_precision(megaplan::DType precision) override { inner_->set_gemm_precision(precision); }
 
   void embedding_forward(const int64_t* tokens, std::size_t count, std::size_t seq, ConstActivation word,
                          std::size_t vocab_start, std::size_t vocab_rows, ConstActivation position, std::size_t hidden,

@@ -24,10 +24,10 @@
 #include "executor/comm/rank_threads.h"
 
 using Catch::Matchers::Contains;
-using megaplan::exec::bf16_to_float;
+using megaplan::bf16_to_float;
 using megaplan::exec::CommAborted;
-using megaplan::exec::DataType;
-using megaplan::exec::float_to_bf16;
+using megaplan::DType;
+using megaplan::float_to_bf16;
 using megaplan::exec::InProcessWorld;
 using megaplan::exec::ReduceOp;
 using megaplan::exec::run_rank_threads;
@@ -46,9 +46,9 @@ std::vector<int64_t> iota_ranks(int64_t n) {
 }
 
 // Values as a buffer of `type` (bf16 rounds to nearest even).
-Bytes encode(const std::vector<float>& values, DataType type) {
-  Bytes bytes(values.size() * megaplan::exec::element_bytes(type));
-  if (type == DataType::kFloat32) {
+Bytes encode(const std::vector<float>& values, DType type) {
+  Bytes bytes(values.size() * dtype_bytes(type));
+  if (type == DType::kFloat32) {
     std::memcpy(bytes.data(), values.data(), bytes.size());
   } else {
     for (std::size_t i = 0; i < values.size(); ++i) {
@@ -59,10 +59,10 @@ Bytes encode(const std::vector<float>& values, DataType type) {
   return bytes;
 }
 
-std::vector<float> decode(const Bytes& bytes, DataType type) {
-  const std::size_t count = bytes.size() / megaplan::exec::element_bytes(type);
+std::vector<float> decode(const Bytes& bytes, DType type) {
+  const std::size_t count = bytes.size() / dtype_bytes(type);
   std::vector<float> values(count);
-  if (type == DataType::kFloat32) {
+  if (type == DType::kFloat32) {
     std::memcpy(values.data(), bytes.data(), bytes.size());
   } else {
     for (std::size_t i = 0; i < count; ++i) {
@@ -95,7 +95,7 @@ float fold(const std::vector<float>& terms, ReduceOp op) {
 }
 
 // Element-wise fold over ranks (in rank order) of inputs[r][offset + i], rounded to `type` once.
-Bytes expected_reduction(const std::vector<Bytes>& inputs, DataType type, ReduceOp op, std::size_t offset,
+Bytes expected_reduction(const std::vector<Bytes>& inputs, DType type, ReduceOp op, std::size_t offset,
                          std::size_t count) {
   std::vector<std::vector<float>> widened;
   for (const Bytes& input : inputs) widened.push_back(decode(input, type));
@@ -108,7 +108,7 @@ Bytes expected_reduction(const std::vector<Bytes>& inputs, DataType type, Reduce
   return encode(result, type);
 }
 
-const char* type_name(DataType type) { return type == DataType::kFloat32 ? "fp32" : "bf16"; }
+const char* type_name(DType type) { return type == DType::kFloat32 ? "fp32" : "bf16"; }
 
 // The exception run_rank_threads rethrew, with its dynamic type checked by the caller.
 template <typename Body>
@@ -125,7 +125,7 @@ std::exception_ptr failure_of(InProcessWorld& world, int64_t world_size, const B
 
 TEST_CASE("every collective equals a sequential rank-order fold, bit for bit on every rank", "[comm]") {
   constexpr std::size_t kCount = 7;
-  for (DataType type : {DataType::kFloat32, DataType::kBFloat16}) {
+  for (DType type : {DType::kFloat32, DType::kBFloat16}) {
     for (int64_t n = 1; n <= 4; ++n) {
       INFO(type_name(type) << ", " << n << " ranks");
       std::vector<Bytes> inputs, scatter_inputs;
@@ -201,13 +201,13 @@ TEST_CASE("hand-computed sums: float rank order, bf16 rounded once at the end; m
     auto comm = world.group(rank, {0, 1, 2}, "tp");
     const auto r = static_cast<std::size_t>(rank);
     float value = fp32_terms[r];
-    comm->all_reduce(&value, 1, DataType::kFloat32, ReduceOp::kSum)->wait();
+    comm->all_reduce(&value, 1, DType::kFloat32, ReduceOp::kSum)->wait();
     fp32_sum[r] = value;
     uint16_t bits = float_to_bf16(bf16_terms[r]);
-    comm->all_reduce(&bits, 1, DataType::kBFloat16, ReduceOp::kSum)->wait();
+    comm->all_reduce(&bits, 1, DType::kBFloat16, ReduceOp::kSum)->wait();
     bf16_sum[r] = bf16_to_float(bits);
     float maybe_nan = rank == 1 ? std::numeric_limits<float>::quiet_NaN() : 5.0f;
-    comm->all_reduce(&maybe_nan, 1, DataType::kFloat32, ReduceOp::kMax)->wait();
+    comm->all_reduce(&maybe_nan, 1, DType::kFloat32, ReduceOp::kMax)->wait();
     max_with_nan[r] = maybe_nan;
   });
   for (std::size_t r = 0; r < 3; ++r) {
@@ -244,21 +244,21 @@ TEST_CASE("Megatron's tp, dp and pp groups work at once, interleaved on each ran
         switch ((iteration + step) % 3) {
           case 0: {
             float x = value(rank, iteration);
-            tp->all_reduce(&x, 1, DataType::kFloat32, ReduceOp::kSum)->wait();
+            tp->all_reduce(&x, 1, DType::kFloat32, ReduceOp::kSum)->wait();
             mine.tp_sum.push_back(x);
             break;
           }
           case 1: {
             uint16_t x = float_to_bf16(value(rank, iteration));
-            dp->all_reduce(&x, 1, DataType::kBFloat16, ReduceOp::kSum)->wait();
+            dp->all_reduce(&x, 1, DType::kBFloat16, ReduceOp::kSum)->wait();
             mine.dp_sum.push_back(bf16_to_float(x));
             break;
           }
           case 2: {
             const float x = value(rank, iteration);
             float received = 0;
-            auto sent = pp->send(&x, 1, DataType::kFloat32, 1 - pp->rank());
-            pp->recv(&received, 1, DataType::kFloat32, 1 - pp->rank())->wait();
+            auto sent = pp->send(&x, 1, DType::kFloat32, 1 - pp->rank());
+            pp->recv(&received, 1, DType::kFloat32, 1 - pp->rank())->wait();
             sent->wait();
             mine.pp_received.push_back(received);
             break;
@@ -297,12 +297,12 @@ TEST_CASE("recvs match sends per pair in call order, whatever the order of the w
     if (rank == 4) {
       for (float first : {10.0f, 20.0f, 30.0f}) {
         const float message[2] = {first, first + 1};
-        comm->send(message, 2, DataType::kFloat32, 1)->wait();  // buffered: the copy is taken here
+        comm->send(message, 2, DType::kFloat32, 1)->wait();  // buffered: the copy is taken here
       }
       return;
     }
     std::vector<megaplan::exec::Request> requests;
-    for (auto& buffer : received) requests.push_back(comm->recv(buffer.data(), 2, DataType::kFloat32, 0));
+    for (auto& buffer : received) requests.push_back(comm->recv(buffer.data(), 2, DType::kFloat32, 0));
     for (std::size_t k : {2, 0, 1}) requests[k]->wait();
   });
   CHECK(received[0] == std::vector<float>{10, 11});
@@ -318,14 +318,14 @@ TEST_CASE("both ranks may send (or post a recv) before receiving", "[comm]") {
     const int64_t peer = 1 - rank;
     const float mine = static_cast<float>(rank) + 0.25f;
     auto& first = after_send_first[static_cast<std::size_t>(rank)];
-    auto sent = comm->send(&mine, 1, DataType::kFloat32, peer);
-    comm->recv(&first, 1, DataType::kFloat32, peer)->wait();
+    auto sent = comm->send(&mine, 1, DType::kFloat32, peer);
+    comm->recv(&first, 1, DType::kFloat32, peer)->wait();
     sent->wait();
     // Posted recv, then send, then wait: as a GPU rank may issue them.
     auto& second = after_recv_first[static_cast<std::size_t>(rank)];
-    auto receiving = comm->recv(&second, 1, DataType::kFloat32, peer);
+    auto receiving = comm->recv(&second, 1, DType::kFloat32, peer);
     const float doubled = mine * 2;
-    comm->send(&doubled, 1, DataType::kFloat32, peer)->wait();
+    comm->send(&doubled, 1, DType::kFloat32, peer)->wait();
     receiving->wait();
   });
   CHECK(after_send_first == std::vector<float>{1.25f, 0.25f});
@@ -339,7 +339,7 @@ TEST_CASE("a recv waiting before its send arrives gets it", "[comm]") {
   run_rank_threads(world, 2, [&](int64_t rank) {
     auto comm = world.group(rank, {0, 1}, "pp");
     if (rank == 1) {
-      auto request = comm->recv(received.data(), 3, DataType::kBFloat16, 0);
+      auto request = comm->recv(received.data(), 3, DType::kBFloat16, 0);
       recv_waiting = true;
       request->wait();
       return;
@@ -347,28 +347,28 @@ TEST_CASE("a recv waiting before its send arrives gets it", "[comm]") {
     while (!recv_waiting) std::this_thread::yield();
     std::this_thread::sleep_for(milliseconds(5));  // let rank 1 block in wait()
     const uint16_t message[3] = {float_to_bf16(1.5f), float_to_bf16(-2.0f), float_to_bf16(1e30f)};
-    comm->send(message, 3, DataType::kBFloat16, 1)->wait();
+    comm->send(message, 3, DType::kBFloat16, 1)->wait();
   });
   CHECK(received == std::vector<uint16_t>{float_to_bf16(1.5f), float_to_bf16(-2.0f), float_to_bf16(1e30f)});
 }
 
 TEST_CASE("a recv whose count or type differs from its send throws, naming both", "[comm]") {
-  auto mismatch = [](std::size_t recv_count, DataType recv_type) {
+  auto mismatch = [](std::size_t recv_count, DType recv_type) {
     InProcessWorld world(2, kGenerousTimeout);
     return failure_of(world, 2, [&](int64_t rank) {
       auto comm = world.group(rank, {0, 1}, "pp");
       float buffer[3] = {1, 2, 3};
       if (rank == 0) {
-        comm->send(buffer, 2, DataType::kFloat32, 1)->wait();
+        comm->send(buffer, 2, DType::kFloat32, 1)->wait();
       } else {
         comm->recv(buffer, recv_count, recv_type, 0)->wait();
       }
     });
   };
-  REQUIRE_THROWS_MATCHES(std::rethrow_exception(mismatch(3, DataType::kFloat32)), std::logic_error,
+  REQUIRE_THROWS_MATCHES(std::rethrow_exception(mismatch(3, DType::kFloat32)), std::logic_error,
                          Catch::Message("rank 1: recv of 3 fp32 from rank 0 on group pp [0, 1] matched a send "
                                         "of 2 fp32"));
-  REQUIRE_THROWS_MATCHES(std::rethrow_exception(mismatch(2, DataType::kBFloat16)), std::logic_error,
+  REQUIRE_THROWS_MATCHES(std::rethrow_exception(mismatch(2, DType::kBFloat16)), std::logic_error,
                          Catch::Message("rank 1: recv of 2 bf16 from rank 0 on group pp [0, 1] matched a send "
                                         "of 2 fp32"));
 }
@@ -378,7 +378,7 @@ TEST_CASE("members calling different collectives fail with both calls named", "[
   const std::exception_ptr error = failure_of(world, 2, [&](int64_t rank) {
     auto comm = world.group(rank, {0, 1}, "tp");
     float data[4] = {};
-    comm->all_reduce(data, rank == 0 ? 4 : 3, DataType::kFloat32, ReduceOp::kSum)->wait();
+    comm->all_reduce(data, rank == 0 ? 4 : 3, DType::kFloat32, ReduceOp::kSum)->wait();
   });
   // Whichever member arrived last throws logic_error; the other's CommAborted does not mask it.
   REQUIRE_THROWS_AS(std::rethrow_exception(error), std::logic_error);
@@ -401,10 +401,10 @@ TEST_CASE("a rank that throws ends the ranks blocked in recv and all_reduce; its
     try {
       if (rank == 0) {
         float x = 0;
-        pp->recv(&x, 1, DataType::kFloat32, 1)->wait();
+        pp->recv(&x, 1, DType::kFloat32, 1)->wait();
       } else {
         float x = 1;
-        tp->all_reduce(&x, 1, DataType::kFloat32, ReduceOp::kSum)->wait();
+        tp->all_reduce(&x, 1, DType::kFloat32, ReduceOp::kSum)->wait();
       }
     } catch (const CommAborted& aborted) {
       others_saw[static_cast<std::size_t>(rank)] = aborted.what();
@@ -448,7 +448,7 @@ TEST_CASE("after an abort every call and every wait throws the first reason", "[
   auto first = world.group(0, {0, 1}, "tp");
   auto second = world.group(1, {0, 1}, "tp");
   float x = 1;
-  auto sent = first->send(&x, 1, DataType::kFloat32, 1);
+  auto sent = first->send(&x, 1, DType::kFloat32, 1);
   CHECK_FALSE(world.aborted());
   CHECK(world.abort_reason().empty());
   world.abort("rank 0: first reason");
@@ -456,13 +456,13 @@ TEST_CASE("after an abort every call and every wait throws the first reason", "[
   CHECK(world.aborted());
   CHECK(world.abort_reason() == "rank 0: first reason");
   CHECK_THROWS_AS(sent->wait(), CommAborted);
-  CHECK_THROWS_WITH(second->recv(&x, 1, DataType::kFloat32, 0), "rank 0: first reason");
-  CHECK_THROWS_WITH(first->send(&x, 1, DataType::kFloat32, 1), "rank 0: first reason");
-  CHECK_THROWS_WITH(first->all_reduce(&x, 1, DataType::kFloat32, ReduceOp::kSum), "rank 0: first reason");
+  CHECK_THROWS_WITH(second->recv(&x, 1, DType::kFloat32, 0), "rank 0: first reason");
+  CHECK_THROWS_WITH(first->send(&x, 1, DType::kFloat32, 1), "rank 0: first reason");
+  CHECK_THROWS_WITH(first->all_reduce(&x, 1, DType::kFloat32, ReduceOp::kSum), "rank 0: first reason");
   CHECK_THROWS_WITH(second->barrier(), "rank 0: first reason");
   // A group built after the abort is aborted too.
   auto late = world.group(0, {0}, "embedding");
-  CHECK_THROWS_AS(late->broadcast(&x, 1, DataType::kFloat32, 0), CommAborted);
+  CHECK_THROWS_AS(late->broadcast(&x, 1, DType::kFloat32, 0), CommAborted);
 }
 
 TEST_CASE("group() checks its members; one communicator per member and group", "[comm]") {
@@ -483,8 +483,8 @@ TEST_CASE("group() checks its members; one communicator per member and group", "
   CHECK(world.group(3, {3, 1}, "dp")->rank() == 0);
   float x = 0;
   auto other = world.group(1, {3, 1}, "tp");
-  CHECK_THROWS_AS(other->send(&x, 1, DataType::kFloat32, 1), std::invalid_argument);  // itself
-  CHECK_THROWS_AS(other->broadcast(&x, 1, DataType::kFloat32, 2), std::invalid_argument);
+  CHECK_THROWS_AS(other->send(&x, 1, DType::kFloat32, 1), std::invalid_argument);  // itself
+  CHECK_THROWS_AS(other->broadcast(&x, 1, DType::kFloat32, 2), std::invalid_argument);
   CHECK_FALSE(world.aborted());
 }
 
@@ -495,7 +495,7 @@ TEST_CASE("a member that waits longer than the timeout aborts the world, naming 
       if (rank == 1) return;  // never joins
       auto comm = world.group(rank, {0, 1}, "tp");
       float x = 1;
-      comm->all_reduce(&x, 1, DataType::kFloat32, ReduceOp::kSum)->wait();
+      comm->all_reduce(&x, 1, DType::kFloat32, ReduceOp::kSum)->wait();
     });
     REQUIRE_THROWS_MATCHES(std::rethrow_exception(error), CommAborted,
                            Catch::Message("rank 0: timed out after 50 ms in all_reduce on group tp [0, 1]; "
@@ -509,7 +509,7 @@ TEST_CASE("a member that waits longer than the timeout aborts the world, naming 
       if (rank != 2) return;
       auto comm = world.group(rank, {0, 2}, "pp");
       float x = 1;
-      comm->recv(&x, 1, DataType::kFloat32, 0)->wait();
+      comm->recv(&x, 1, DType::kFloat32, 0)->wait();
     });
     REQUIRE_THROWS_MATCHES(std::rethrow_exception(error), CommAborted,
                            Catch::Message("rank 2: timed out after 50 ms in recv from rank 0 on group pp [0, 2]"));

@@ -21,6 +21,7 @@
 
 namespace {
 
+using megaplan::DType;
 using megaplan::PlanKernels;
 using megaplan::Kernel;
 using megaplan::SchedulePart;
@@ -225,7 +226,7 @@ TEST_CASE("under --fp16 the executor's GEMMs are listed with fp16 operands and n
   const megaplan::ModelSpec model = four_layer_gpt();
   megaplan::ParallelPlan plan = layout(2, 2, 1, 1, ScheduleKind::kOneFOneB);
   const PlanKernels bf16(model, plan);
-  plan.options.precision = megaplan::Precision::kFp16;
+  plan.options.precision = DType::kFloat16;
   const PlanKernels fp16(model, plan);
   int64_t gemms = 0;
   for (std::size_t b = 0; b < megaplan::kNumKernelBlocks; ++b) {
@@ -233,9 +234,9 @@ TEST_CASE("under --fp16 the executor's GEMMs are listed with fp16 operands and n
     REQUIRE(fp16.block(block).size() == bf16.block(block).size());
     for (std::size_t i = 0; i < bf16.block(block).size(); ++i) {
       Kernel expected = bf16.block(block)[i];
-      CHECK(expected.precision == megaplan::Precision::kBf16);
+      CHECK(expected.precision == DType::kBFloat16);
       if (expected.kind == megaplan::KernelKind::kGemm) {
-        expected.precision = megaplan::Precision::kFp16;
+        expected.precision = DType::kFloat16;
         ++gemms;
       }
       CHECK(fp16.block(block)[i] == expected);

@@ -27,7 +27,7 @@ namespace ref = megaplan::exec::reference;
 
 namespace {
 
-using megaplan::Precision;
+using megaplan::DType;
 using megaplan::test::relative_error;
 
 constexpr float kNan = std::numeric_limits<float>::quiet_NaN();
@@ -56,14 +56,14 @@ bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
 
 TEST_CASE("cross entropy statistics and backward match the CPU reference on padded vocabularies with masks",
           "[gpu][kernels]") {
-  const Precision precision = GENERATE(Precision::kBf16, Precision::kFp16);
+  const DType precision = GENERATE(DType::kBFloat16, DType::kFloat16);
   INFO(megaplan::to_string(precision));
   // The gradients' rounding: up to 2^-8 relative in bf16, 2^-11 in fp16.
-  const double tolerance = precision == Precision::kFp16 ? 2e-3 : 1e-2;
+  const double tolerance = precision == DType::kFloat16 ? 2e-3 : 1e-2;
   // fp16 training scales the loss (Megatron's loss scaler) so that small gradients stay clear of
   // fp16's subnormals: unscaled, a 50k vocabulary's gradients of ~1e-8 would round to multiples
   // of 2^-24.
-  const float loss_scale = precision == Precision::kFp16 ? 1024.0f : 1.0f;
+  const float loss_scale = precision == DType::kFloat16 ? 1024.0f : 1.0f;
   std::mt19937 generator(41);
   const cu::Stream stream;
   // (vocab, row_stride): GPT-2's vocabulary padded as Megatron pads it; a small one padded; an
@@ -164,7 +164,7 @@ TEST_CASE("cross entropy statistics and backward match the CPU reference on padd
 
 TEST_CASE("multi-tensor AdamW matches the reference over three steps and refreshes the 16-bit weights",
           "[gpu][kernels]") {
-  const Precision precision = GENERATE(Precision::kBf16, Precision::kFp16);
+  const DType precision = GENERATE(DType::kBFloat16, DType::kFloat16);
   INFO(megaplan::to_string(precision));
   const auto round = [precision](float value) { return cu::from_half(cu::to_half(value, precision), precision); };
   std::mt19937 generator(43);

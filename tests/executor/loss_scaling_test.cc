@@ -29,7 +29,7 @@ namespace {
 
 namespace exec = megaplan::exec;
 using megaplan::ParallelPlan;
-using megaplan::Precision;
+using megaplan::DType;
 
 constexpr double kTwo32 = 4294967296.0;
 
@@ -64,7 +64,7 @@ exec::BackendFactory overflowing(std::set<int64_t> iterations) {
   };
 }
 
-ParallelPlan plan_of(int64_t tp, int64_t pp, int64_t dp, bool distributed, Precision precision) {
+ParallelPlan plan_of(int64_t tp, int64_t pp, int64_t dp, bool distributed, DType precision) {
   ParallelPlan plan;
   plan.tensor_parallel_size = tp;
   plan.pipeline_parallel_size = pp;
@@ -179,10 +179,10 @@ TEST_CASE("fp16's loss scaling on the CPU backend logs the unscaled run's losses
     INFO(name);
     const exec::TrainOptions options = options_for(corpus, 6);
     const auto unscaled = megaplan::test::train_logged(
-        model, plan_of(layout.tp, layout.pp, layout.dp, layout.distributed, Precision::kBf16), options, scratch,
+        model, plan_of(layout.tp, layout.pp, layout.dp, layout.distributed, DType::kBFloat16), options, scratch,
         name + "-bf16", cpu_backends());
     const auto scaled = megaplan::test::train_logged(
-        model, plan_of(layout.tp, layout.pp, layout.dp, layout.distributed, Precision::kFp16), options, scratch,
+        model, plan_of(layout.tp, layout.pp, layout.dp, layout.distributed, DType::kFloat16), options, scratch,
         name + "-fp16", cpu_backends());
     REQUIRE(scaled.losses.size() == 6);
     CHECK(scaled.losses == unscaled.losses);
@@ -195,7 +195,7 @@ TEST_CASE("fp16's loss scaling on the CPU backend logs the unscaled run's losses
     exec::TrainOptions constant = options;
     constant.loss_scaling.constant = 1024;  // --loss-scale: under bf16 too, as Megatron
     const auto fixed = megaplan::test::train_logged(
-        model, plan_of(layout.tp, layout.pp, layout.dp, layout.distributed, Precision::kBf16), constant, scratch,
+        model, plan_of(layout.tp, layout.pp, layout.dp, layout.distributed, DType::kBFloat16), constant, scratch,
         name + "-constant", cpu_backends());
     CHECK(fixed.losses == unscaled.losses);
     CHECK(logged(scratch.file(name + "-constant.jsonl"), "loss_scale") == std::vector<double>(6, 1024));
@@ -207,7 +207,7 @@ TEST_CASE("an overflowing iteration is skipped, counted and logged, the scale ba
   const megaplan::test::ScratchDirectory scratch;
   const std::string corpus = megaplan::test::sentence_corpus(scratch);
   const megaplan::ModelSpec model = megaplan::test::four_layer_gpt();
-  const ParallelPlan fp16 = plan_of(1, 1, 1, false, Precision::kFp16);
+  const ParallelPlan fp16 = plan_of(1, 1, 1, false, DType::kFloat16);
 
   // Iterations 3 and 4 overflow: the first spends the hysteresis, the second halves the scale.
   exec::TrainOptions options = options_for(corpus, 10);
@@ -248,7 +248,7 @@ TEST_CASE("an overflowing iteration is skipped, counted and logged, the scale ba
 
   // Without a scaler (bf16) the same overflow stops the run, as any non-finite gradient does.
   options.train_iters = 4;
-  CHECK_THROWS_WITH(megaplan::test::train_logged(model, plan_of(1, 1, 1, false, Precision::kBf16), options, scratch,
+  CHECK_THROWS_WITH(megaplan::test::train_logged(model, plan_of(1, 1, 1, false, DType::kBFloat16), options, scratch,
                                                  "bf16", overflowing({3})),
                     Catch::Matchers::Contains("iteration 3: the gradient norm is inf"));
 }
@@ -258,7 +258,7 @@ TEST_CASE("a run resumed after skipped iterations scales, schedules and steps as
   const megaplan::test::ScratchDirectory scratch;
   const std::string corpus = megaplan::test::sentence_corpus(scratch);
   const megaplan::ModelSpec model = megaplan::test::four_layer_gpt();
-  const ParallelPlan fp16 = plan_of(1, 1, 1, false, Precision::kFp16);
+  const ParallelPlan fp16 = plan_of(1, 1, 1, false, DType::kFloat16);
   exec::TrainOptions options = options_for(corpus, 8);
   options.loss_scaling.hysteresis = 1;  // every overflow halves the scale
   const auto whole = megaplan::test::train_logged(model, fp16, options, scratch, "whole", overflowing({2, 3}));

@@ -33,7 +33,7 @@
 namespace {
 
 namespace exec = megaplan::exec;
-using exec::DataType;
+using megaplan::DType;
 using exec::ReduceOp;
 using namespace std::chrono_literals;
 
@@ -81,8 +81,8 @@ class DeviceBuffer {
 };
 
 // `count` elements of `type` with distinct bit patterns (any bits are fine: one member copies).
-std::vector<uint8_t> pattern(std::size_t count, DataType type, uint8_t seed) {
-  std::vector<uint8_t> bytes(count * exec::element_bytes(type));
+std::vector<uint8_t> pattern(std::size_t count, DType type, uint8_t seed) {
+  std::vector<uint8_t> bytes(count * dtype_bytes(type));
   for (std::size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<uint8_t>(seed + 7 * i + (i >> 8));
   return bytes;
 }
@@ -109,17 +109,17 @@ TEST_CASE("NCCL: a world of one splits a group and names it", "[gpu][nccl]") {
   CHECK(comm->global_ranks() == std::vector<int64_t>{0});
   CHECK_THROWS_AS(world->split(0, 1, {0}, "tp", kLegacyStream), std::invalid_argument);
   DeviceBuffer buffer(filled(4, 0));
-  CHECK_THROWS_AS(comm->send(buffer.get(), 1, DataType::kFloat32, 0), std::invalid_argument);
-  CHECK_THROWS_AS(comm->broadcast(buffer.get(), 1, DataType::kFloat32, 1), std::invalid_argument);
+  CHECK_THROWS_AS(comm->send(buffer.get(), 1, DType::kFloat32, 0), std::invalid_argument);
+  CHECK_THROWS_AS(comm->broadcast(buffer.get(), 1, DType::kFloat32, 1), std::invalid_argument);
 }
 
 TEST_CASE("NCCL: every collective moves exactly its elements, fp32 and bf16", "[gpu][nccl]") {
   const auto world = world_of_one();
   const std::unique_ptr<exec::Comm> comm = world->split(0, 0, {0}, "dp", kLegacyStream);
   constexpr std::size_t kCount = 1000;  // not a multiple of anything NCCL likes
-  for (const DataType type : {DataType::kFloat32, DataType::kBFloat16}) {
-    INFO(exec::data_type_name(type));
-    const std::size_t bytes = kCount * exec::element_bytes(type);
+  for (const DType type : {DType::kFloat32, DType::kBFloat16}) {
+    INFO(to_string(type));
+    const std::size_t bytes = kCount * dtype_bytes(type);
     const std::vector<uint8_t> input = pattern(kCount, type, 3);
     const std::vector<uint8_t> sentinel = filled(64, 0xAB);
 
@@ -171,7 +171,7 @@ TEST_CASE("NCCL: a call runs after its compute stream's earlier work, and wait()
   }
   REQUIRE(cudaMemsetAsync(source.get(), 0x3C, bytes, streams[0]) == cudaSuccess);
   const exec::Request scattered =
-      comm->reduce_scatter(source.get(), output.get(), kCount, DataType::kFloat32, ReduceOp::kSum);
+      comm->reduce_scatter(source.get(), output.get(), kCount, DType::kFloat32, ReduceOp::kSum);
   current = streams[1];
   scattered->wait();
   // A copy on the second stream after wait(): it sees the reduce_scatter's result.
@@ -188,15 +188,15 @@ TEST_CASE("NCCL: after abort every call and wait throws CommAborted with the fir
   const auto world = world_of_one();
   const std::unique_ptr<exec::Comm> comm = world->split(0, 0, {0}, "dp", kLegacyStream);
   DeviceBuffer data(filled(64, 0));
-  const exec::Request issued = comm->all_reduce(data.get(), 16, DataType::kFloat32, ReduceOp::kSum);
+  const exec::Request issued = comm->all_reduce(data.get(), 16, DType::kFloat32, ReduceOp::kSum);
   world->abort("rank 0: test: the data path failed");
   world->abort("a second reason changes nothing");
   CHECK(world->aborted());
   const auto aborted = Catch::Message("rank 0: test: the data path failed");
   CHECK_THROWS_MATCHES(issued->wait(), exec::CommAborted, aborted);
-  CHECK_THROWS_MATCHES(comm->all_reduce(data.get(), 16, DataType::kFloat32, ReduceOp::kSum), exec::CommAborted,
+  CHECK_THROWS_MATCHES(comm->all_reduce(data.get(), 16, DType::kFloat32, ReduceOp::kSum), exec::CommAborted,
                        aborted);
-  CHECK_THROWS_MATCHES(comm->all_gather(data.get(), data.get(), 16, DataType::kFloat32), exec::CommAborted, aborted);
+  CHECK_THROWS_MATCHES(comm->all_gather(data.get(), data.get(), 16, DType::kFloat32), exec::CommAborted, aborted);
   CHECK_THROWS_MATCHES(comm->barrier(), exec::CommAborted, aborted);
   CHECK_THROWS_MATCHES(world->split(0, 0, {0}, "tp", kLegacyStream), exec::CommAborted, aborted);
 }
@@ -209,7 +209,7 @@ TEST_CASE("NCCL: an operation unfinished after the timeout fails the world, nami
     // The compute stream is held for 3 s by a host function; the all_reduce, ordered after it,
     // cannot finish within the world's 1 s.
     REQUIRE(cudaLaunchHostFunc(nullptr, [](void*) { std::this_thread::sleep_for(3s); }, nullptr) == cudaSuccess);
-    comm->all_reduce(data.get(), 4, DataType::kFloat32, ReduceOp::kSum)->wait();
+    comm->all_reduce(data.get(), 4, DType::kFloat32, ReduceOp::kSum)->wait();
     const auto deadline = std::chrono::steady_clock::now() + 5s;
     while (!world->aborted() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(10ms);
     REQUIRE(world->aborted());
@@ -231,7 +231,7 @@ TEST_CASE("NCCL: (child process) blocked on the GPU behind a hung operation", "[
   const std::unique_ptr<exec::Comm> comm = world->split(0, 0, {0}, "dp", kLegacyStream);
   DeviceBuffer data(filled(16, 0));
   REQUIRE(cudaLaunchHostFunc(nullptr, [](void*) { std::this_thread::sleep_for(60s); }, nullptr) == cudaSuccess);
-  comm->all_reduce(data.get(), 4, DataType::kFloat32, ReduceOp::kSum)->wait();
+  comm->all_reduce(data.get(), 4, DType::kFloat32, ReduceOp::kSum)->wait();
   (void)cudaDeviceSynchronize();  // no exception reaches this thread for a minute
   FAIL("the watchdog did not end the process");
 }

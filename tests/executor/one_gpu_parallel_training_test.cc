@@ -310,11 +310,11 @@ TEST_CASE("fp16 with the dynamic loss scaler trains on one GPU as bf16 does, in 
           "[gpu][train][parallel][fp16]") {
   const megaplan::test::ScratchDirectory scratch;
   exec::TrainOptions options = options_for(megaplan::test::sentence_corpus(scratch));
-  const exec::BackendFactory fp16_backends = [](int64_t) { return exec::make_cuda_backend(megaplan::Precision::kFp16); };
+  const exec::BackendFactory fp16_backends = [](int64_t) { return exec::make_cuda_backend(megaplan::DType::kFloat16); };
   const megaplan::ModelSpec model = four_layer_gpt();
   ParallelPlan single_plan = plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false);
   const Outcome bf16 = train_on_gpu(model, single_plan, options, scratch, "bf16");
-  single_plan.options.precision = megaplan::Precision::kFp16;
+  single_plan.options.precision = megaplan::DType::kFloat16;
   options.loss_scaling.initial = 65536;
   const Outcome fp16 = train_on_gpu(model, single_plan, options, scratch, "fp16", fp16_backends);
   REQUIRE(fp16.losses.size() == kIterations);
@@ -329,7 +329,7 @@ TEST_CASE("fp16 with the dynamic loss scaler trains on one GPU as bf16 does, in 
   CHECK(fp16.out.find("| loss scale 65536 | number of skipped iterations 0") != std::string::npos);
 
   ParallelPlan layout = plan_of(2, 2, 1, ScheduleKind::kOneFOneB, true, 2, true);
-  layout.options.precision = megaplan::Precision::kFp16;
+  layout.options.precision = megaplan::DType::kFloat16;
   const Outcome parallel = train_on_gpu(model, layout, options, scratch, "fp16-layout", fp16_backends);
   REQUIRE(parallel.losses.size() == kIterations);
   CHECK(parallel.losses[0] == Approx(fp16.losses[0]).epsilon(1e-4));

@@ -34,7 +34,7 @@ namespace ref = megaplan::exec::reference;
 
 namespace {
 
-using megaplan::Precision;
+using megaplan::DType;
 using megaplan::exec::DropoutMask;
 
 constexpr float kPoison = 1e30f;  // beyond fp16's range: uploads as infinity there
@@ -42,11 +42,11 @@ constexpr float kEps = 1e-5f;
 
 // The 16-bit results against fp32 references on the same inputs: their rounding (up to 2^-8
 // relative in bf16, 2^-11 in fp16) dominates.
-double tolerance(Precision precision) { return precision == Precision::kFp16 ? 2e-3 : 1e-2; }
+double tolerance(DType precision) { return precision == DType::kFloat16 ? 2e-3 : 1e-2; }
 
-float round_to(Precision precision, float value) { return cu::from_half(cu::to_half(value, precision), precision); }
+float round_to(DType precision, float value) { return cu::from_half(cu::to_half(value, precision), precision); }
 
-std::vector<float> half_values(std::size_t n, Precision precision, std::mt19937& generator, float mean = 0.0f,
+std::vector<float> half_values(std::size_t n, DType precision, std::mt19937& generator, float mean = 0.0f,
                                float scale = 1.0f) {
   std::normal_distribution<float> normal(mean, scale);
   std::vector<float> values(n);
@@ -61,7 +61,7 @@ std::vector<float> float_values(std::size_t n, std::mt19937& generator) {
   return values;
 }
 
-std::vector<float> rounded(std::vector<float> values, Precision precision) {
+std::vector<float> rounded(std::vector<float> values, DType precision) {
   for (float& value : values) value = round_to(precision, value);
   return values;
 }
@@ -82,7 +82,7 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 // Device buffers filled on `stream`, freed at scope exit; 16-bit ones of `precision`.
 class Buffers {
  public:
-  Buffers(cudaStream_t stream, Precision precision) : stream_(stream), precision_(precision) {}
+  Buffers(cudaStream_t stream, DType precision) : stream_(stream), precision_(precision) {}
   ~Buffers() {
     for (void* p : owned_) cu::free_device(p);
   }
@@ -109,11 +109,11 @@ class Buffers {
     return p;
   }
   cudaStream_t stream_;
-  Precision precision_;
+  DType precision_;
   std::vector<void*> owned_;
 };
 
-std::vector<float> add_rounded(const std::vector<float>& a, const std::vector<float>& b, Precision precision) {
+std::vector<float> add_rounded(const std::vector<float>& a, const std::vector<float>& b, DType precision) {
   std::vector<float> sum(a.size());
   for (std::size_t i = 0; i < a.size(); ++i) sum[i] = round_to(precision, a[i] + b[i]);
   return sum;
@@ -135,7 +135,7 @@ DropoutMask branch_mask(Residual residual) {
 }
 // The rounded sum the norm reads: x + dropout(residual) in fp32, rounded once.
 std::vector<float> norm_input(const std::vector<float>& x, const std::vector<float>& residual, Residual kind,
-                              int64_t rows, int64_t cols, Precision precision) {
+                              int64_t rows, int64_t cols, DType precision) {
   if (kind == Residual::kNone) return x;
   std::vector<float> dropped(residual.size());
   ref::dropout(residual.data(), nullptr, static_cast<std::size_t>(rows), static_cast<std::size_t>(cols),
@@ -149,7 +149,7 @@ const std::vector<std::pair<int64_t, int64_t>> kNormShapes = {{37, 200}, {1, 100
 }  // namespace
 
 TEST_CASE("LayerNorm forward and backward, with and without the fused residual and its dropout", "[gpu][kernels]") {
-  const Precision precision = GENERATE(Precision::kBf16, Precision::kFp16);
+  const DType precision = GENERATE(DType::kBFloat16, DType::kFloat16);
   INFO(megaplan::to_string(precision));
   std::mt19937 generator(101);
   const cu::Stream stream;
@@ -220,7 +220,7 @@ TEST_CASE("LayerNorm forward and backward, with and without the fused residual a
 }
 
 TEST_CASE("RMSNorm forward and backward, with and without the fused residual and its dropout", "[gpu][kernels]") {
-  const Precision precision = GENERATE(Precision::kBf16, Precision::kFp16);
+  const DType precision = GENERATE(DType::kBFloat16, DType::kFloat16);
   INFO(megaplan::to_string(precision));
   std::mt19937 generator(103);
   const cu::Stream stream;
@@ -285,12 +285,12 @@ TEST_CASE("RMSNorm forward and backward, with and without the fused residual and
 TEST_CASE("norms reject rows wider than they hold in registers", "[gpu][kernels]") {
   const cu::Stream stream;
   CHECK_THROWS_AS(cu::layernorm_forward(nullptr, nullptr, DropoutMask{}, nullptr, nullptr, nullptr, 4, 40000, kEps,
-                                        nullptr, nullptr, nullptr, Precision::kBf16, stream),
+                                        nullptr, nullptr, nullptr, DType::kBFloat16, stream),
                   megaplan::SpecError);
 }
 
 TEST_CASE("embeddings: forward, and the deterministic backward into fp32 tables", "[gpu][kernels]") {
-  const Precision precision = GENERATE(Precision::kBf16, Precision::kFp16);
+  const DType precision = GENERATE(DType::kBFloat16, DType::kFloat16);
   INFO(megaplan::to_string(precision));
   std::mt19937 generator(107);
   const cu::Stream stream;
@@ -367,7 +367,7 @@ TEST_CASE("embeddings: forward, and the deterministic backward into fp32 tables"
 }
 
 TEST_CASE("element-wise kernels: add, GELU's gradient, casts", "[gpu][kernels]") {
-  const Precision precision = GENERATE(Precision::kBf16, Precision::kFp16);
+  const DType precision = GENERATE(DType::kBFloat16, DType::kFloat16);
   INFO(megaplan::to_string(precision));
   std::mt19937 generator(109);
   const cu::Stream stream;
@@ -404,7 +404,7 @@ TEST_CASE("element-wise kernels: add, GELU's gradient, casts", "[gpu][kernels]")
 }
 
 TEST_CASE("SwiGLU forward and backward", "[gpu][kernels]") {
-  const Precision precision = GENERATE(Precision::kBf16, Precision::kFp16);
+  const DType precision = GENERATE(DType::kBFloat16, DType::kFloat16);
   INFO(megaplan::to_string(precision));
   std::mt19937 generator(113);
   const cu::Stream stream;
@@ -428,7 +428,7 @@ TEST_CASE("SwiGLU forward and backward", "[gpu][kernels]") {
 }
 
 TEST_CASE("rotary embeddings in place, and their inverse", "[gpu][kernels]") {
-  const Precision precision = GENERATE(Precision::kBf16, Precision::kFp16);
+  const DType precision = GENERATE(DType::kBFloat16, DType::kFloat16);
   INFO(megaplan::to_string(precision));
   std::mt19937 generator(127);
   const cu::Stream stream;

@@ -10,16 +10,17 @@
 
 namespace {
 
-using megaplan::sim::CollectiveOp;
+using megaplan::CollectiveOp;
+using megaplan::DType;
 using megaplan::sim::LinkKind;
 
 void look_up_everything(const megaplan::sim::Profile& profile) {
   megaplan::sim::CostSources sources;
   const megaplan::sim::LinkParams link{1e11, 5e-6};
   for (const int64_t size : {int64_t{1}, int64_t{4096}, int64_t{1} << 20}) {
-    (void)profile.gemm_seconds(size, size, 1024, megaplan::sim::DType::kBf16, sources);
+    (void)profile.gemm_seconds(size, size, 1024, DType::kBFloat16, sources);
     (void)profile.gemm_seconds(megaplan::GemmLayout::kWeightGradient, megaplan::GemmEpilogue::kBias, size, 4096, 1024,
-                               megaplan::sim::DType::kBf16, sources);
+                               DType::kBFloat16, sources);
     (void)profile.attention_forward_seconds(size, 2048, 128, true, 4, false, sources);
     (void)profile.attention_backward_seconds(size, 2048, 128, true, 1, false, sources);
     (void)profile.elementwise_seconds(size * 1024, sources);

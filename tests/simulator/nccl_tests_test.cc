@@ -37,7 +37,7 @@ TEST_CASE("an all-reduce on one host is an NVLink table of bus bandwidths", "[nc
       "     1048576        262144     float     sum      -1    25.00   41.94   73.40      0    24.80   42.28   73.99      0\n"
       "  1073741824     268435456     float     sum      -1   4600.0  233.42  408.49      0   4590.0  233.93  409.38      0\n";
   const auto run = read_nccl_tests(output(1, 8, rows), "all_reduce.txt");
-  CHECK(run.op == "all_reduce");
+  CHECK(run.op == megaplan::CollectiveOp::kAllReduce);
   CHECK(run.group_size == 8);
   CHECK(run.link == "nvlink");
   CHECK(run.device == "NVIDIA H100 80GB HBM3");
@@ -64,17 +64,17 @@ TEST_CASE("the rows' shape tells all-gather, reduce-scatter, all-to-all and send
   const std::string gathered =
       "     1048576         16384     float    none      -1    90.00   11.65   10.92      0    89.00   11.78   11.04      0\n";
   const auto all_gather = read_nccl_tests(output(2, 8, gathered), "all_gather_16.txt");
-  CHECK(all_gather.op == "all_gather");
+  CHECK(all_gather.op == megaplan::CollectiveOp::kAllGather);
   CHECK(all_gather.group_size == 16);
   CHECK(all_gather.link == "network");
-  CHECK(read_nccl_tests(output(2, 8, gathered), "alltoall_perf.log").op == "all_to_all");
+  CHECK(read_nccl_tests(output(2, 8, gathered), "alltoall_perf.log").op == megaplan::CollectiveOp::kAllToAll);
   const std::string scattered =
       "     1048576         16384     float     sum      -1    95.00   11.04   10.35      0    94.00   11.16   10.46      0\n";
-  CHECK(read_nccl_tests(output(2, 8, scattered), "rs.txt").op == "reduce_scatter");
+  CHECK(read_nccl_tests(output(2, 8, scattered), "rs.txt").op == megaplan::CollectiveOp::kReduceScatter);
   const std::string pairs =
       "     1048576        262144     float    none      -1    12.50   83.89   83.89      0    12.40   84.56   84.56      0\n";
   const auto sendrecv = read_nccl_tests(output(1, 8, pairs), "sendrecv.txt");
-  CHECK(sendrecv.op == "sendrecv");
+  CHECK(sendrecv.op == megaplan::CollectiveOp::kSendRecv);
   REQUIRE(sendrecv.seconds.size() == 1);
   CHECK(sendrecv.seconds[0].second == Approx(12.5e-6));
   const nlohmann::json profile = megaplan::sim::with_link_tables(nlohmann::json::object(), {sendrecv});

@@ -16,9 +16,9 @@
 #include "tests/simulator/round_profile.h"
 
 using Catch::Matchers::Contains;
-using megaplan::sim::CollectiveOp;
+using megaplan::CollectiveOp;
 using megaplan::sim::CostSources;
-using megaplan::sim::DType;
+using megaplan::DType;
 using megaplan::sim::LinkKind;
 using megaplan::sim::LinkParams;
 using megaplan::sim::Profile;
@@ -44,12 +44,12 @@ TEST_CASE("the roofline fallback follows its formula and is counted", "[simulato
   CostSources sources;
   // 8192^3: f = 1.1e12 FLOPs at 0.5 * f / (f + 1e9) of peak; compute-bound.
   const double f = 2.0 * 8192.0 * 8192.0 * 8192.0;
-  CHECK(profile.gemm_seconds(8192, 8192, 8192, DType::kBf16, sources) == Approx(f / (1e15 * 0.5 * f / (f + 1e9)) + 1e-6));
+  CHECK(profile.gemm_seconds(8192, 8192, 8192, DType::kBFloat16, sources) == Approx(f / (1e15 * 0.5 * f / (f + 1e9)) + 1e-6));
   // 1 x 8192 x 8192 is memory-bound: 2 bytes x (8192 + 8192^2 + 8192) over 0.5 x 2 TB/s.
   const double bytes = 2.0 * (8192.0 + 8192.0 * 8192.0 + 8192.0);
-  CHECK(profile.gemm_seconds(1, 8192, 8192, DType::kBf16, sources) == Approx(bytes / 1e12 + 1e-6));
+  CHECK(profile.gemm_seconds(1, 8192, 8192, DType::kBFloat16, sources) == Approx(bytes / 1e12 + 1e-6));
   // fp32 without a stated peak: half the bf16 peak (TF32).
-  CHECK(profile.gemm_seconds(8192, 8192, 8192, DType::kFp32, sources) == Approx((f + 1e9) / (0.5e15 * 0.5) + 1e-6));
+  CHECK(profile.gemm_seconds(8192, 8192, 8192, DType::kFloat32, sources) == Approx((f + 1e9) / (0.5e15 * 0.5) + 1e-6));
   // Causal attention: 4 * bh * s^2 * d / 2 FLOPs; the backward 2.5 times that.
   const double attention = 4.0 * 32 * 4096.0 * 4096.0 * 128 / 2;
   CHECK(profile.attention_forward_seconds(32, 4096, 128, true, 1, false, sources) ==
@@ -84,11 +84,11 @@ TEST_CASE("a small GEMM runs at the curve's fraction of peak", "[simulator][prof
   const Profile profile = Profile::from_json(json, "p.json");
   CostSources sources;
   // 500 x 1000 x 1000 is exactly gemm_half_efficiency_flops = 1e9: half of 0.5, so 1e9 / 2.5e14.
-  CHECK(profile.gemm_seconds(500, 1000, 1000, DType::kBf16, sources) == Approx(4e-6 + 1e-6));
+  CHECK(profile.gemm_seconds(500, 1000, 1000, DType::kBFloat16, sources) == Approx(4e-6 + 1e-6));
   // 1024^3 = 2^31 FLOPs: (f + 1e9) / (1e15 x 0.5).
-  CHECK(profile.gemm_seconds(1024, 1024, 1024, DType::kBf16, sources) == Approx(3.147483648e9 / 5e14 + 1e-6));
+  CHECK(profile.gemm_seconds(1024, 1024, 1024, DType::kBFloat16, sources) == Approx(3.147483648e9 / 5e14 + 1e-6));
   // A stated fp32 peak is used as is.
-  CHECK(profile.gemm_seconds(500, 1000, 1000, DType::kFp32, sources) == Approx(1e9 / (1e14 * 0.25) + 1e-6));
+  CHECK(profile.gemm_seconds(500, 1000, 1000, DType::kFloat32, sources) == Approx(1e9 / (1e14 * 0.25) + 1e-6));
   CHECK(sources.fallback == 3);
 }
 
@@ -98,25 +98,25 @@ TEST_CASE("GEMM tables: exact hits win, other shapes blend throughput in log spa
                   {{"m", 1024}, {"n", 1024}, {"k", 1024}, {"dtype", "bf16"}, {"seconds", 1e-5}}};
   const Profile profile = Profile::from_json(json, "p.json");
   CostSources sources;
-  CHECK(profile.gemm_seconds(1024, 1024, 1024, DType::kBf16, sources) == 1e-5);
-  CHECK(profile.gemm_seconds(4096, 1024, 1024, DType::kBf16, sources) == 2e-5);
+  CHECK(profile.gemm_seconds(1024, 1024, 1024, DType::kBFloat16, sources) == 1e-5);
+  CHECK(profile.gemm_seconds(4096, 1024, 1024, DType::kBFloat16, sources) == 2e-5);
   const double low = 2.0 * 1024 * 1024 * 1024 / 1e-5;   // 2.1e14 FLOP/s
   const double high = 2.0 * 4096 * 1024 * 1024 / 2e-5;  // 4.3e14 FLOP/s
   // Halfway in log m, equal weights: the geometric mean throughput, applied to 2048x1024x1024.
-  CHECK(profile.gemm_seconds(2048, 1024, 1024, DType::kBf16, sources) ==
+  CHECK(profile.gemm_seconds(2048, 1024, 1024, DType::kBFloat16, sources) ==
         Approx(2.0 * 2048 * 1024 * 1024 / std::sqrt(low * high)));
   // Anywhere between, the throughput lies between the two measured ones.
   const double flops_3000 = 2.0 * 3000 * 1024 * 1024;
-  const double seconds_3000 = profile.gemm_seconds(3000, 1024, 1024, DType::kBf16, sources);
+  const double seconds_3000 = profile.gemm_seconds(3000, 1024, 1024, DType::kBFloat16, sources);
   CHECK(seconds_3000 > flops_3000 / high);
   CHECK(seconds_3000 < flops_3000 / low);
   // Beyond the table, m = 8192 is (ln 2)^2 from 4096 and (3 ln 2)^2 from 1024: weights 9 : 1.
-  CHECK(profile.gemm_seconds(8192, 1024, 1024, DType::kBf16, sources) ==
+  CHECK(profile.gemm_seconds(8192, 1024, 1024, DType::kBFloat16, sources) ==
         Approx(2.0 * 8192 * 1024 * 1024 / (std::pow(high, 0.9) * std::pow(low, 0.1))));
   CHECK(sources.table == 5);
   CHECK(sources.fallback == 0);
   // No fp32 entry: the roofline, counted as such.
-  CHECK(profile.gemm_seconds(1024, 1024, 1024, DType::kFp32, sources) > 0);
+  CHECK(profile.gemm_seconds(1024, 1024, 1024, DType::kFloat32, sources) > 0);
   CHECK(sources.fallback == 1);
 }
 
@@ -194,19 +194,19 @@ TEST_CASE("GEMM layouts and epilogues: their own entries, then the layout's, the
   const Profile profile = Profile::from_json(json, "p.json");
   CostSources sources;
   // The absent "layout" and "epilogue" are the forward product without one.
-  CHECK(profile.gemm_seconds(GemmLayout::kForward, GemmEpilogue::kNone, 1024, 1024, 1024, DType::kBf16, sources) == 1e-5);
-  CHECK(profile.gemm_seconds(GemmLayout::kForward, GemmEpilogue::kBiasGelu, 1024, 1024, 1024, DType::kBf16, sources) == 3e-5);
+  CHECK(profile.gemm_seconds(GemmLayout::kForward, GemmEpilogue::kNone, 1024, 1024, 1024, DType::kBFloat16, sources) == 1e-5);
+  CHECK(profile.gemm_seconds(GemmLayout::kForward, GemmEpilogue::kBiasGelu, 1024, 1024, 1024, DType::kBFloat16, sources) == 3e-5);
   // No bias entry of the forward layout: the layout's entries, both epilogues blended (equal weights).
-  CHECK(profile.gemm_seconds(GemmLayout::kForward, GemmEpilogue::kBias, 2048, 1024, 1024, DType::kBf16, sources) ==
+  CHECK(profile.gemm_seconds(GemmLayout::kForward, GemmEpilogue::kBias, 2048, 1024, 1024, DType::kBFloat16, sources) ==
         Approx(2.0 * 2048 * 1024 * 1024 / std::sqrt((2.0 * 1024 * 1024 * 1024 / 1e-5) * (2.0 * 1024 * 1024 * 1024 / 3e-5))));
   // A weight gradient without its epilogue's entry takes the layout's.
-  CHECK(profile.gemm_seconds(GemmLayout::kWeightGradient, GemmEpilogue::kNone, 1024, 4096, 1024, DType::kBf16, sources) ==
+  CHECK(profile.gemm_seconds(GemmLayout::kWeightGradient, GemmEpilogue::kNone, 1024, 4096, 1024, DType::kBFloat16, sources) ==
         8e-5);
   // No input-gradient entry at all: the forward table at the product's own shape. dx = dy W for
   // the layer (m, n, k) = (1024, 4096, 1024) is a forward (1024, 1024, 4096): 4 x the FLOPs of
   // its nearest entries, at their (blended) throughput.
   const double seconds = profile.gemm_seconds(GemmLayout::kInputGradient, GemmEpilogue::kNone, 1024, 4096, 1024,
-                                              DType::kBf16, sources);
+                                              DType::kBFloat16, sources);
   CHECK(seconds > 4 * 1e-5);
   CHECK(seconds < 4 * 3e-5);
   CHECK(sources.table == 5);
@@ -340,7 +340,7 @@ TEST_CASE("no work takes no time and is not counted", "[simulator][profile]") {
   const Profile profile = Profile::from_json(base_profile(), "p.json");
   CostSources sources;
   const LinkParams link{1e11, 1e-6};
-  CHECK(profile.gemm_seconds(0, 1024, 1024, DType::kBf16, sources) == 0);
+  CHECK(profile.gemm_seconds(0, 1024, 1024, DType::kBFloat16, sources) == 0);
   CHECK(profile.attention_forward_seconds(32, 0, 128, true, 1, false, sources) == 0);
   CHECK(profile.attention_backward_seconds(0, 2048, 128, true, 1, false, sources) == 0);
   CHECK(profile.elementwise_seconds(0, sources) == 0);
@@ -377,8 +377,8 @@ TEST_CASE("the shipped datasheet profiles load and match the built-in ones", "[s
     CHECK(a.memory_efficiency == b.memory_efficiency);
     CHECK(a.link_efficiency == b.link_efficiency);
     CostSources sources;
-    CHECK(shipped.gemm_seconds(4096, 12288, 12288, DType::kBf16, sources) ==
-          Approx(built_in.gemm_seconds(4096, 12288, 12288, DType::kBf16, sources)));
+    CHECK(shipped.gemm_seconds(4096, 12288, 12288, DType::kBFloat16, sources) ==
+          Approx(built_in.gemm_seconds(4096, 12288, 12288, DType::kBFloat16, sources)));
     CHECK(shipped.attention_backward_seconds(96, 2048, 128, true, 1, false, sources) ==
           Approx(built_in.attention_backward_seconds(96, 2048, 128, true, 1, false, sources)));
     CHECK(shipped.elementwise_seconds(123456789, sources) == Approx(built_in.elementwise_seconds(123456789, sources)));
@@ -487,7 +487,7 @@ TEST_CASE("the shipped measured profiles load and cost a layer's kernels from th
     // gpt2-124m's qkv GEMM over 8192 tokens and its attention: measured, and a plausible fraction
     // of the 989 TFLOP/s dense peak (a unit or table mix-up would be off by orders of magnitude).
     CostSources sources;
-    const double gemm = shipped.gemm_seconds(8192, 3 * 768, 768, megaplan::sim::DType::kBf16, sources);
+    const double gemm = shipped.gemm_seconds(8192, 3 * 768, 768, DType::kBFloat16, sources);
     const double tflops = 2.0 * 8192 * 3 * 768 * 768 / gemm / 1e12;
     CHECK(tflops > 100);
     CHECK(tflops < 989.4);
@@ -504,12 +504,12 @@ TEST_CASE("an interpolated GEMM is never faster than its bytes over the bandwidt
   json["gemm"] = {{{"m", 8192}, {"n", 8192}, {"k", 8192}, {"dtype", "bf16"}, {"seconds", big / 8e14}}};
   const Profile profile = Profile::from_json(json, "p.json");
   CostSources sources;
-  CHECK(profile.gemm_seconds(8192, 8192, 8192, DType::kBf16, sources) == Approx(big / 8e14));
+  CHECK(profile.gemm_seconds(8192, 8192, 8192, DType::kBFloat16, sources) == Approx(big / 8e14));
   // 65536 x 2048 x 128 (unfused attention's scores): at the neighbour's throughput 43 us, but its
   // 2 x (65536*128 + 128*2048 + 65536*2048) bytes take 286 us at 1 TB/s.
   const double bytes = 2.0 * (65536.0 * 128 + 128.0 * 2048 + 65536.0 * 2048);
-  CHECK(profile.gemm_seconds(65536, 2048, 128, DType::kBf16, sources) == Approx(bytes / 1e12));
+  CHECK(profile.gemm_seconds(65536, 2048, 128, DType::kBFloat16, sources) == Approx(bytes / 1e12));
   // A compute-bound interpolation keeps the throughput.
   const double half = 2.0 * 4096.0 * 8192.0 * 8192.0;
-  CHECK(profile.gemm_seconds(4096, 8192, 8192, DType::kBf16, sources) == Approx(half / 8e14));
+  CHECK(profile.gemm_seconds(4096, 8192, 8192, DType::kBFloat16, sources) == Approx(half / 8e14));
 }

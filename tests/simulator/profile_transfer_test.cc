@@ -10,6 +10,7 @@
 #include "simulator/profile_transfer.h"
 #include "tests/simulator/round_profile.h"
 
+using megaplan::DType;
 using megaplan::sim::CostSources;
 using megaplan::sim::Profile;
 
@@ -63,10 +64,10 @@ TEST_CASE("a transfer scales compute by the peaks with wave quantisation, memory
   CHECK(profile.transferred_from() == "from");
   CHECK(profile.uncertainty() == megaplan::sim::kDatasheetUncertainty);  // another die: not validated
   CostSources sources;
-  CHECK(profile.gemm_seconds(1024, 1024, 4096, megaplan::sim::DType::kBf16, sources) == Approx(gemm));
+  CHECK(profile.gemm_seconds(1024, 1024, 4096, DType::kBFloat16, sources) == Approx(gemm));
   // Links come from the link model now.
   CostSources links;
-  (void)profile.collective_seconds(megaplan::sim::CollectiveOp::kAllReduce, 2, 1 << 20,
+  (void)profile.collective_seconds(megaplan::CollectiveOp::kAllReduce, 2, 1 << 20,
                                    megaplan::sim::LinkKind::kNvlink, {1e11, 1e-6}, links);
   CHECK(links.fallback == 1);
 }
@@ -77,7 +78,7 @@ TEST_CASE("a transfer between GPUs of one die states the validated uncertainty",
   const Profile profile = Profile::from_json(megaplan::sim::transfer_profile(measured(), "m.json", from, to), "t.json");
   CHECK(profile.uncertainty() == megaplan::sim::kSameDieTransferUncertainty);
   CostSources sources;
-  CHECK(profile.gemm_seconds(1024, 1024, 4096, megaplan::sim::DType::kBf16, sources) == Approx(21e-6));
+  CHECK(profile.gemm_seconds(1024, 1024, 4096, DType::kBFloat16, sources) == Approx(21e-6));
 }
 
 TEST_CASE("a transfer refuses what is no measured profile of its GPU", "[simulator][profile]") {

@@ -172,10 +172,10 @@ TEST_CASE("--tp-comm-overlap exposes only what each collective's GEMM does not c
   // the QKV, projection, fc1 and fc2 forward GEMMs.
   const int64_t tokens = 2048, h = 2048, t = 8;
   const int64_t bytes = 2 * tokens * h;
-  const double gather = profile.collective_seconds(megaplan::sim::CollectiveOp::kAllGather, t, bytes,
+  const double gather = profile.collective_seconds(megaplan::CollectiveOp::kAllGather, t, bytes,
                                                    megaplan::sim::LinkKind::kNvlink,
                                                    {route.tensor.bandwidth_bytes_per_s, route.tensor.latency_s}, sources);
-  const double scatter = profile.collective_seconds(megaplan::sim::CollectiveOp::kReduceScatter, t, bytes,
+  const double scatter = profile.collective_seconds(megaplan::CollectiveOp::kReduceScatter, t, bytes,
                                                     megaplan::sim::LinkKind::kNvlink,
                                                     {route.tensor.bandwidth_bytes_per_s, route.tensor.latency_s}, sources);
   CHECK(exposed.forward_collectives == Approx(2 * (gather + scatter)));
@@ -212,11 +212,11 @@ TEST_CASE("--tp-comm-overlap also costs the GEMMs what the profile measured comp
   const int64_t tokens = 2048, h = 2048, t = 8;
   const int64_t bytes = 2 * tokens * h;
   const megaplan::sim::LinkParams link{route.tensor.bandwidth_bytes_per_s, route.tensor.latency_s};
-  const auto collective = [&](megaplan::sim::CollectiveOp op) {
+  const auto collective = [&](megaplan::CollectiveOp op) {
     return profile.collective_seconds(op, t, bytes, megaplan::sim::LinkKind::kNvlink, link, sources);
   };
-  const double gather = collective(megaplan::sim::CollectiveOp::kAllGather);
-  const double scatter = collective(megaplan::sim::CollectiveOp::kReduceScatter);
+  const double gather = collective(megaplan::CollectiveOp::kAllGather);
+  const double scatter = collective(megaplan::CollectiveOp::kReduceScatter);
   using megaplan::GemmEpilogue;
   using megaplan::GemmLayout;
   const auto gemm = [&](GemmEpilogue epilogue, int64_t n, int64_t k) {
@@ -251,7 +251,7 @@ TEST_CASE("Megatron's scatter-gather sends 1/tp between stages and gathers it on
   CHECK(sent_whole.stages[0].send_forward == Approx(p2p(bytes)));
   CHECK(scattered.stages[0].send_forward == Approx(p2p(bytes / 4)));
   const auto tp_route = megaplan::sim::pipeline_group_routes(local.plan, topology)[1].tensor;
-  const double gather = profile.collective_seconds(megaplan::sim::CollectiveOp::kAllGather, 4, bytes,
+  const double gather = profile.collective_seconds(megaplan::CollectiveOp::kAllGather, 4, bytes,
                                                    megaplan::sim::LinkKind::kNvlink,
                                                    {tp_route.bandwidth_bytes_per_s, tp_route.latency_s}, sources);
   CHECK(scattered.stages[1].forward == Approx(sent_whole.stages[1].forward + gather));
@@ -278,7 +278,7 @@ TEST_CASE("tied embeddings on two pipeline ranks all-reduce their gradient befor
   };
   const megaplan::sim::Route route = topology.route(0, 1);
   const int64_t bytes = 4 * megaplan::padded_vocab_size(tied.model, 1) * 2048;
-  const double all_reduce = profile.collective_seconds(megaplan::sim::CollectiveOp::kAllReduce, 2, bytes,
+  const double all_reduce = profile.collective_seconds(megaplan::CollectiveOp::kAllReduce, 2, bytes,
                                                        megaplan::sim::LinkKind::kNvlink,
                                                        {route.bandwidth_bytes_per_s, route.latency_s}, sources);
   CHECK(with_tie.optimizer[0] == Approx(kernels_of(tied, 0) + all_reduce));
@@ -309,7 +309,7 @@ TEST_CASE("gradient buckets fill as the backward goes; the word embedding's, of 
   CHECK(buckets.back().ready == 1);               // the word embedding's
   const auto route = megaplan::sim::pipeline_group_routes(spec.plan, topology)[0].data;
   const double embedding = profile.collective_seconds(
-      megaplan::sim::CollectiveOp::kAllReduce, 2, 4 * held.word_embedding_per_gpu, megaplan::sim::LinkKind::kNvlink,
+      megaplan::CollectiveOp::kAllReduce, 2, 4 * held.word_embedding_per_gpu, megaplan::sim::LinkKind::kNvlink,
       {route.bandwidth_bytes_per_s, route.latency_s}, sources);
   CHECK(buckets.back().seconds == Approx(embedding));
 }

@@ -41,7 +41,7 @@ __device__ __forceinline__ void update(float& w, float g, float& m, float& v, fl
   w = w - k.lr * step;
 }
 
-template <Precision P>
+template <DType P>
 __device__ __forceinline__ void update_one(const Descriptor& d, int64_t i, const StepConstants& k) {
   float w = d.master[i], m = d.exp_avg[i], v = d.exp_avg_sq[i];
   update(w, d.gradient[i], m, v, d.weight_decay, k);
@@ -52,7 +52,7 @@ __device__ __forceinline__ void update_one(const Descriptor& d, int64_t i, const
 }
 
 // One block per chunk, its tensor found by owner_of_chunk.
-template <Precision P>
+template <DType P>
 __global__ void __launch_bounds__(kThreads) adamw_kernel(const Descriptor* tensors, int count, StepConstants k) {
   const int64_t chunk = blockIdx.x;
   const Descriptor d = tensors[owner_of_chunk(tensors, count, chunk)];
@@ -99,7 +99,7 @@ bool aligned(const void* pointer, uintptr_t bytes) { return reinterpret_cast<uin
 
 }  // namespace
 
-MultiTensorAdamw::MultiTensorAdamw(const std::vector<AdamwTensor>& tensors, Precision precision, cudaStream_t stream)
+MultiTensorAdamw::MultiTensorAdamw(const std::vector<AdamwTensor>& tensors, DType precision, cudaStream_t stream)
     : precision_(precision) {
   std::vector<Descriptor> descriptors;
   for (const AdamwTensor& t : tensors) {

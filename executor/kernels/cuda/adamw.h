@@ -31,7 +31,7 @@ class MultiTensorAdamw {
   // Uploads the tensor descriptors once, on `stream` (a step on another stream must be ordered
   // after it); the buffers must outlive this object. Every compute copy is of `precision`, fixed
   // with the buffers it describes.
-  MultiTensorAdamw(const std::vector<AdamwTensor>& tensors, Precision precision, cudaStream_t stream);
+  MultiTensorAdamw(const std::vector<AdamwTensor>& tensors, DType precision, cudaStream_t stream);
   ~MultiTensorAdamw();
   MultiTensorAdamw(const MultiTensorAdamw&) = delete;
   MultiTensorAdamw& operator=(const MultiTensorAdamw&) = delete;
@@ -43,7 +43,7 @@ class MultiTensorAdamw {
   void step(int64_t step, float lr, float beta1, float beta2, float eps, float grad_scale, cudaStream_t stream);
 
  private:
-  Precision precision_;
+  DType precision_;
   void* descriptors_ = nullptr;  // device array of per-tensor descriptors
   int tensor_count_ = 0;
   int64_t chunk_count_ = 0;  // blocks per step: each block updates one chunk of one tensor

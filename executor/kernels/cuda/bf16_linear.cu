@@ -9,6 +9,7 @@
 #include <unordered_map>
 
 #include "core/error.h"
+#include "core/fnv1a.h"
 
 namespace megaplan::exec::cuda {
 
@@ -54,13 +55,13 @@ struct GemmKey {
 };
 struct GemmKeyHash {
   std::size_t operator()(const GemmKey& k) const {
-    std::size_t h = 1469598103934665603ull;
+    Fnv1a64 hash;
     for (uint64_t v : {uint64_t(k.transa), uint64_t(k.transb), k.rows, k.cols, k.inner, uint64_t(k.lda),
                        uint64_t(k.ldb), uint64_t(k.ldd), uint64_t(k.aux_ld), uint64_t(k.d_type), uint64_t(k.epilogue),
                        uint64_t(k.bias_type), uint64_t(k.half_type), uint64_t(k.accumulate), uint64_t(k.bias), uint64_t(k.aux)}) {
-      h = (h ^ v) * 1099511628211ull;
+      hash.add_word(v);
     }
-    return h;
+    return hash.value();
   }
 };
 using AlgorithmCache = std::unordered_map<GemmKey, cublasLtMatmulAlgo_t, GemmKeyHash>;
@@ -253,17 +254,13 @@ void Bf16Linear::backward_data_through_gelu(const Half* dy, const Half* w, int64
   run(static_cast<cublasLtHandle_t>(handle_), workspace_, algorithms_->cache, g, stream);
 }
 
-DataType half_data_type(Precision precision) {
-  return precision == Precision::kFp16 ? DataType::kFloat16 : DataType::kBFloat16;
-}
+Half to_half(float value, DType precision) { return float_to_half(value, precision); }
 
-Half to_half(float value, Precision precision) { return float_to_half(value, half_data_type(precision)); }
-
-float from_half(Half value, Precision precision) { return half_to_float(value, half_data_type(precision)); }
+float from_half(Half value, DType precision) { return half_to_float(value, precision); }
 
 // The uploads copy from pageable memory, which cudaMemcpyAsync stages before it returns: the host
 // vectors (`converted` a temporary) may go at once.
-Half* upload_half(const std::vector<float>& host, Precision precision, cudaStream_t stream) {
+Half* upload_half(const std::vector<float>& host, DType precision, cudaStream_t stream) {
   std::vector<Half> converted(host.size());
   for (std::size_t i = 0; i < host.size(); ++i) converted[i] = to_half(host[i], precision);
   void* device = nullptr;
@@ -281,7 +278,7 @@ float* upload_floats(const std::vector<float>& host, cudaStream_t stream) {
   return static_cast<float*>(device);
 }
 
-std::vector<float> download_half(const Half* device, std::size_t n, Precision precision, cudaStream_t stream) {
+std::vector<float> download_half(const Half* device, std::size_t n, DType precision, cudaStream_t stream) {
   std::vector<Half> raw(n);
   check(cudaMemcpyAsync(raw.data(), device, n * sizeof(Half), cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
   check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");

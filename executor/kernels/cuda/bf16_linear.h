@@ -17,7 +17,7 @@
 
 namespace megaplan::exec::cuda {
 
-using Half = uint16_t;  // the bits of a bf16 or an fp16 value, as the call's Precision says
+using Half = uint16_t;  // the bits of a bf16 or an fp16 value, as the call's DType says
 
 class Bf16Linear {
  public:
@@ -55,18 +55,16 @@ class Bf16Linear {
   std::unique_ptr<struct GemmAlgorithms> algorithms_;  // the chosen algorithm per GEMM shape
 };
 
-// The communicators' element type of `precision`'s 16-bit values: kBFloat16 or kFloat16.
-DataType half_data_type(Precision precision);
 // Round to nearest even, as the device converts (fp16 overflows to infinity); widening is exact.
-Half to_half(float value, Precision precision);
-float from_half(Half value, Precision precision);
+Half to_half(float value, DType precision);
+float from_half(Half value, DType precision);
 
 // Device memory for tests and benchmarks: uploads (rounding floats to `precision`) queued on
 // `stream`; downloads that come after the stream's earlier work (they wait for the stream); frees
 // (cudaFree: a wait for the whole device).
-Half* upload_half(const std::vector<float>& host, Precision precision, cudaStream_t stream);
+Half* upload_half(const std::vector<float>& host, DType precision, cudaStream_t stream);
 float* upload_floats(const std::vector<float>& host, cudaStream_t stream);
-std::vector<float> download_half(const Half* device, std::size_t n, Precision precision, cudaStream_t stream);
+std::vector<float> download_half(const Half* device, std::size_t n, DType precision, cudaStream_t stream);
 std::vector<float> download_floats(const float* device, std::size_t n, cudaStream_t stream);
 void free_device(void* device);
 

@@ -26,23 +26,21 @@ struct Inputs {
 };
 
 // The element type of `kType` in memory, and its reads and writes as fp32.
-template <DataType kType>
-using Element = std::conditional_t<kType == DataType::kFloat32, float, uint16_t>;
-template <DataType kType>
-constexpr Precision kHalfPrecision = kType == DataType::kFloat16 ? Precision::kFp16 : Precision::kBf16;
+template <DType kType>
+using Element = std::conditional_t<kType == DType::kFloat32, float, uint16_t>;
 
-template <DataType kType>
+template <DType kType>
 __device__ __forceinline__ float load_element(const Element<kType>* p, int64_t i) {
-  if constexpr (kType == DataType::kFloat32) return p[i];
-  else return detail::load<kHalfPrecision<kType>>(p, i);
+  if constexpr (kType == DType::kFloat32) return p[i];
+  else return detail::load<kType>(p, i);
 }
-template <DataType kType>
+template <DType kType>
 __device__ __forceinline__ void store_element(Element<kType>* p, int64_t i, float v) {
-  if constexpr (kType == DataType::kFloat32) p[i] = v;
-  else detail::store<kHalfPrecision<kType>>(p, i, v);
+  if constexpr (kType == DType::kFloat32) p[i] = v;
+  else detail::store<kType>(p, i, v);
 }
 
-template <DataType kType, bool kMax>
+template <DType kType, bool kMax>
 __global__ void comm_reduce_kernel(const __grid_constant__ Inputs inputs, int64_t n, Element<kType>* dst) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
@@ -59,7 +57,7 @@ __global__ void comm_reduce_kernel(const __grid_constant__ Inputs inputs, int64_
   store_element<kType>(dst, i, accumulator);
 }
 
-template <DataType kType>
+template <DType kType>
 void launch(void* dst, const Inputs& inputs, int64_t n, ReduceOp op, cudaStream_t stream) {
   const unsigned blocks = blocks_for(n, kThreads);
   auto* out = static_cast<Element<kType>*>(dst);
@@ -73,7 +71,7 @@ void launch(void* dst, const Inputs& inputs, int64_t n, ReduceOp op, cudaStream_
 
 }  // namespace
 
-void comm_reduce(void* dst, const std::vector<const void*>& inputs, std::size_t count, DataType type, ReduceOp op,
+void comm_reduce(void* dst, const std::vector<const void*>& inputs, std::size_t count, DType type, ReduceOp op,
                  cudaStream_t stream) {
   if (inputs.empty() || inputs.size() > kMaxCommReduceInputs) {
     throw std::invalid_argument("comm_reduce: " + std::to_string(inputs.size()) + " inputs (1.." +
@@ -85,11 +83,11 @@ void comm_reduce(void* dst, const std::vector<const void*>& inputs, std::size_t 
   packed.count = static_cast<int>(inputs.size());
   const auto n = static_cast<int64_t>(count);
   switch (type) {
-    case DataType::kFloat32: return launch<DataType::kFloat32>(dst, packed, n, op, stream);
-    case DataType::kBFloat16: return launch<DataType::kBFloat16>(dst, packed, n, op, stream);
-    case DataType::kFloat16: return launch<DataType::kFloat16>(dst, packed, n, op, stream);
+    case DType::kFloat32: return launch<DType::kFloat32>(dst, packed, n, op, stream);
+    case DType::kBFloat16: return launch<DType::kBFloat16>(dst, packed, n, op, stream);
+    case DType::kFloat16: return launch<DType::kFloat16>(dst, packed, n, op, stream);
   }
-  throw std::invalid_argument("comm_reduce: unknown DataType " + std::to_string(static_cast<int>(type)));
+  throw std::invalid_argument("comm_reduce: unknown DType " + std::to_string(static_cast<int>(type)));
 }
 
 }  // namespace megaplan::exec::cuda

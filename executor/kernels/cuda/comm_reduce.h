@@ -24,7 +24,7 @@ constexpr std::size_t kMaxCommReduceInputs = 128;
 // orders it after the members' writes of the inputs and their later work after it.
 // REQUIRES: 1 <= inputs.size() <= kMaxCommReduceInputs (std::invalid_argument otherwise).
 // Throws SpecError("--device", ...) when the launch fails.
-void comm_reduce(void* dst, const std::vector<const void*>& inputs, std::size_t count, DataType type, ReduceOp op,
+void comm_reduce(void* dst, const std::vector<const void*>& inputs, std::size_t count, DType type, ReduceOp op,
                  cudaStream_t stream);
 
 }  // namespace megaplan::exec::cuda

@@ -28,7 +28,7 @@ __device__ __forceinline__ Partial combine(Partial a, Partial b) {
 }
 
 // kWidth 16-bit values of one row from column `first`: one 16-byte access when kWidth is 8.
-template <Precision P, int kWidth>
+template <DType P, int kWidth>
 __device__ __forceinline__ void load_values(const Half* row, int64_t first, float (&out)[kWidth]) {
   if constexpr (kWidth == 8) {
     unpack8<P>(*reinterpret_cast<const uint4*>(row + first), out);
@@ -37,7 +37,7 @@ __device__ __forceinline__ void load_values(const Half* row, int64_t first, floa
   }
 }
 
-template <Precision P, int kWidth>
+template <DType P, int kWidth>
 __device__ __forceinline__ void store_values(Half* row, int64_t first, const float (&values)[kWidth]) {
   if constexpr (kWidth == 8) {
     *reinterpret_cast<uint4*>(row + first) = pack8<P>(values);
@@ -48,7 +48,7 @@ __device__ __forceinline__ void store_values(Half* row, int64_t first, const flo
 
 // One pass over the row: each thread keeps an online (max, sum) over its columns in base 2, one
 // rescale per kUnroll * kWidth values; the block combines the partials in a fixed order.
-template <Precision P, int kWidth>
+template <DType P, int kWidth>
 __global__ void __launch_bounds__(kThreads) cross_entropy_statistics_kernel(const Half* logits, int64_t vocab,
                                                                             int64_t row_stride,
                                                                             const int32_t* targets, float* lse,
@@ -144,7 +144,7 @@ __global__ void __launch_bounds__(kFinishThreads) cross_entropy_finish_kernel(co
 
 // Element-wise given the row's lse: in place is safe, each value is read by the thread that then
 // overwrites it (so no __restrict__ on logits and dlogits).
-template <Precision P, int kWidth>
+template <DType P, int kWidth>
 __global__ void __launch_bounds__(kThreads) cross_entropy_backward_kernel(const Half* logits, int64_t vocab,
                                                                           int64_t row_stride, const int32_t* targets,
                                                                           const float* mask, const float* lse,
@@ -210,13 +210,13 @@ bool rows_aligned(const void* pointer, int64_t row_stride) {
 
 void cross_entropy_statistics(const Half* logits, int64_t tokens, int64_t vocab, int64_t row_stride,
                               const int32_t* targets, float* lse, float* target_logit, float* peak,
-                              Precision precision, cudaStream_t stream) {
+                              DType precision, cudaStream_t stream) {
   check_shape("cross_entropy_statistics", tokens, vocab, row_stride);
   if (tokens == 0) return;
   const unsigned blocks = static_cast<unsigned>(tokens);
   const bool aligned = rows_aligned(logits, row_stride);
   with_precision(precision, [&](auto p) {
-    constexpr Precision P = decltype(p)::value;
+    constexpr DType P = decltype(p)::value;
     const auto kernel = aligned ? cross_entropy_statistics_kernel<P, 8> : cross_entropy_statistics_kernel<P, 1>;
     kernel<<<blocks, kThreads, 0, stream>>>(logits, vocab, row_stride, targets, lse, target_logit, peak);
   });
@@ -225,13 +225,13 @@ void cross_entropy_statistics(const Half* logits, int64_t tokens, int64_t vocab,
 
 void cross_entropy_backward(const Half* logits, int64_t tokens, int64_t vocab, int64_t row_stride,
                             const int32_t* targets, const float* mask, const float* lse, float scale,
-                            Half* dlogits, Precision precision, cudaStream_t stream) {
+                            Half* dlogits, DType precision, cudaStream_t stream) {
   check_shape("cross_entropy_backward", tokens, vocab, row_stride);
   if (tokens == 0) return;
   const unsigned blocks = static_cast<unsigned>(tokens);
   const bool aligned = rows_aligned(logits, row_stride) && rows_aligned(dlogits, row_stride);
   with_precision(precision, [&](auto p) {
-    constexpr Precision P = decltype(p)::value;
+    constexpr DType P = decltype(p)::value;
     const auto kernel = aligned ? cross_entropy_backward_kernel<P, 8> : cross_entropy_backward_kernel<P, 1>;
     kernel<<<blocks, kThreads, 0, stream>>>(logits, vocab, row_stride, targets, mask, lse, scale, dlogits);
   });

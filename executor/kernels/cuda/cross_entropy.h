@@ -21,7 +21,7 @@ namespace megaplan::exec::cuda {
 // REQUIRES: 0 < vocab <= row_stride; all pointers on the device.
 void cross_entropy_statistics(const Half* logits, int64_t tokens, int64_t vocab, int64_t row_stride,
                               const int32_t* targets, float* lse, float* target_logit, float* peak,
-                              Precision precision, cudaStream_t stream);
+                              DType precision, cudaStream_t stream);
 
 // The shards merged (executor/model/vocabulary_parallel_loss.h), as the CPU reference computes
 // them: shard_lse[t] = exp(shard_lse[t] - peak[t]) in double.
@@ -39,6 +39,6 @@ void cross_entropy_finish(const float* peak, const float* term_sum, const float*
 // writes that same element. Rows whose scale * mask is 0 are written as zeros unread.
 void cross_entropy_backward(const Half* logits, int64_t tokens, int64_t vocab, int64_t row_stride,
                             const int32_t* targets, const float* mask, const float* lse, float scale, Half* dlogits,
-                            Precision precision, cudaStream_t stream);
+                            DType precision, cudaStream_t stream);
 
 }  // namespace megaplan::exec::cuda

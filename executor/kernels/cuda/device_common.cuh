@@ -1,5 +1,5 @@
 // What the CUDA kernels share: error checks that throw SpecError("--device", ...), 16-bit elements
-// (bf16 or fp16, as a kernel's Precision template argument says) <-> fp32 on the device, and
+// (bf16 or fp16, as a kernel's DType template argument says) <-> fp32 on the device, and
 // fixed-order block reductions (no atomics: every run sums in the same order).
 #pragma once
 
@@ -23,41 +23,41 @@ inline void check_launch(const char* kernel) { check(cudaGetLastError(), kernel)
 
 inline unsigned blocks_for(int64_t n, int threads) { return static_cast<unsigned>((n + threads - 1) / threads); }
 
-// Runs body(std::integral_constant<Precision, P>{}) with the call's precision as a constant: a
+// Runs body(std::integral_constant<DType, P>{}) with the call's precision as a constant: a
 // launcher picks its kernel's bf16 or fp16 instantiation once, on the host.
 template <typename Body>
-void with_precision(Precision precision, Body&& body) {
-  if (precision == Precision::kFp16) return body(std::integral_constant<Precision, Precision::kFp16>{});
-  return body(std::integral_constant<Precision, Precision::kBf16>{});
+void with_precision(DType precision, Body&& body) {
+  if (precision == DType::kFloat16) return body(std::integral_constant<DType, DType::kFloat16>{});
+  return body(std::integral_constant<DType, DType::kBFloat16>{});
 }
 
 // A 16-bit element's bits from fp32, rounded to nearest even (fp16 overflows to infinity), and
 // back (exact). bf16 widens by a shift: it is the top half of an fp32.
-template <Precision P>
+template <DType P>
 __device__ __forceinline__ uint16_t to_bits(float v) {
-  if constexpr (P == Precision::kFp16) return __half_as_ushort(__float2half_rn(v));
+  if constexpr (P == DType::kFloat16) return __half_as_ushort(__float2half_rn(v));
   else return __bfloat16_as_ushort(__float2bfloat16_rn(v));
 }
-template <Precision P>
+template <DType P>
 __device__ __forceinline__ float from_bits(uint16_t bits) {
-  if constexpr (P == Precision::kFp16) return __half2float(__ushort_as_half(bits));
+  if constexpr (P == DType::kFloat16) return __half2float(__ushort_as_half(bits));
   else return __uint_as_float(static_cast<uint32_t>(bits) << 16);
 }
 
-template <Precision P>
+template <DType P>
 __device__ __forceinline__ float load(const uint16_t* p, int64_t i) {
   return from_bits<P>(p[i]);
 }
-template <Precision P>
+template <DType P>
 __device__ __forceinline__ void store(uint16_t* p, int64_t i, float v) {
   p[i] = to_bits<P>(v);
 }
 
 // Two consecutive elements as one 32-bit word, the first in the low half, rounded as to_bits (one
 // paired conversion instruction).
-template <Precision P>
+template <DType P>
 __device__ __forceinline__ uint32_t pack2(float first, float second) {
-  if constexpr (P == Precision::kFp16) {
+  if constexpr (P == DType::kFloat16) {
     const __half2 pair = __floats2half2_rn(first, second);
     return *reinterpret_cast<const uint32_t*>(&pair);
   } else {
@@ -67,7 +67,7 @@ __device__ __forceinline__ uint32_t pack2(float first, float second) {
 }
 
 // Eight consecutive elements held as one 16-byte word, to and from floats.
-template <Precision P>
+template <DType P>
 __device__ __forceinline__ void unpack8(uint4 raw, float (&v)[8]) {
   const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
@@ -76,7 +76,7 @@ __device__ __forceinline__ void unpack8(uint4 raw, float (&v)[8]) {
     v[2 * k + 1] = from_bits<P>(static_cast<uint16_t>(words[k] >> 16));
   }
 }
-template <Precision P>
+template <DType P>
 __device__ __forceinline__ uint4 pack8(const float (&v)[8]) {
   return make_uint4(pack2<P>(v[0], v[1]), pack2<P>(v[2], v[3]), pack2<P>(v[4], v[5]), pack2<P>(v[6], v[7]));
 }
@@ -119,7 +119,7 @@ __device__ __forceinline__ float block_max(float v, float* shared) {
 // 8 16-bit values from p[start..] as floats, one 16-byte load when kAligned (p + start 16-byte
 // aligned) and all 8 are in range; values at or past `end` read as 0. store8 writes 8 values
 // back, rounded to nearest even, skipping those at or past `end`.
-template <Precision P, bool kAligned>
+template <DType P, bool kAligned>
 __device__ __forceinline__ void load8(const uint16_t* p, int64_t start, int64_t end, float (&v)[8]) {
   if (kAligned && start + 8 <= end) {
     unpack8<P>(*reinterpret_cast<const uint4*>(p + start), v);
@@ -129,7 +129,7 @@ __device__ __forceinline__ void load8(const uint16_t* p, int64_t start, int64_t 
   for (int e = 0; e < 8; ++e) v[e] = start + e < end ? load<P>(p, start + e) : 0.0f;
 }
 
-template <Precision P, bool kAligned>
+template <DType P, bool kAligned>
 __device__ __forceinline__ void store8(uint16_t* p, int64_t start, int64_t end, const float (&v)[8]) {
   if (kAligned && start + 8 <= end) {
     *reinterpret_cast<uint4*>(p + start) = pack8<P>(v);

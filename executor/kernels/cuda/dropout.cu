@@ -17,7 +17,7 @@ using namespace detail;
 
 constexpr int kThreads = 256;
 
-template <Precision P, bool kAligned>
+template <DType P, bool kAligned>
 __global__ void dropout_kernel(const Half* x, const Half* residual, int64_t rows, int64_t cols, int64_t vectors_per_row,
                                DropoutMask mask, Half* y) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -45,7 +45,7 @@ void require_drawable(const DropoutMask& mask, const std::string& what) {
 }
 
 void dropout(const Half* x, const Half* residual, int64_t rows, int64_t cols, const DropoutMask& mask, Half* y,
-             Precision precision, cudaStream_t stream) {
+             DType precision, cudaStream_t stream) {
   if (rows < 0 || cols < 0) {
     throw SpecError("--device", "dropout: a negative size, " + std::to_string(rows) + " x " + std::to_string(cols));
   }
@@ -65,7 +65,7 @@ void dropout(const Half* x, const Half* residual, int64_t rows, int64_t cols, co
   const bool aligned = cols % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
                        reinterpret_cast<uintptr_t>(residual) % 16 == 0 && reinterpret_cast<uintptr_t>(y) % 16 == 0;
   with_precision(precision, [&](auto p) {
-    constexpr Precision P = decltype(p)::value;
+    constexpr DType P = decltype(p)::value;
     const auto kernel = aligned ? dropout_kernel<P, true> : dropout_kernel<P, false>;
     kernel<<<grid, kThreads, 0, stream>>>(x, residual, rows, cols, vectors_per_row, mask, y);
   });

@@ -21,7 +21,7 @@ namespace megaplan::exec::cuda {
 // adds). Asynchronous on `stream`.
 // REQUIRES: y is x or residual (in place), or overlaps neither.
 void dropout(const Half* x, const Half* residual, int64_t rows, int64_t cols, const DropoutMask& mask, Half* y,
-             Precision precision, cudaStream_t stream);
+             DType precision, cudaStream_t stream);
 
 // Whether elements first, first + 1, ..., first + count - 1 (count <= 64) of global sample
 // `sample`'s tensor are kept: bit i for element first + i. The run touches the Philox blocks

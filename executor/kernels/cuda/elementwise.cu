@@ -52,7 +52,7 @@ __device__ __forceinline__ int64_t vector_index() {
   return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
 }
 
-template <Precision P, bool kAligned>
+template <DType P, bool kAligned>
 __global__ void add_kernel(const Half* a, const Half* b, int64_t n, Half* y) {
   const int64_t start = vector_index() * 8;
   if (start >= n) return;
@@ -64,7 +64,7 @@ __global__ void add_kernel(const Half* a, const Half* b, int64_t n, Half* y) {
   store8<P, kAligned>(y, start, n, va);
 }
 
-template <Precision P, bool kAligned>
+template <DType P, bool kAligned>
 __global__ void gelu_backward_kernel(const Half* dy, const Half* pre, int64_t n, Half* dx) {
   const int64_t start = vector_index() * 8;
   if (start >= n) return;
@@ -83,7 +83,7 @@ __global__ void gelu_backward_kernel(const Half* dy, const Half* pre, int64_t n,
   store8<P, kAligned>(dx, start, n, g);
 }
 
-template <Precision P, bool kAligned>
+template <DType P, bool kAligned>
 __global__ void cast_to_half_kernel(const float* x, int64_t n, Half* y) {
   const int64_t start = vector_index() * 8;
   if (start >= n) return;
@@ -92,7 +92,7 @@ __global__ void cast_to_half_kernel(const float* x, int64_t n, Half* y) {
   store8<P, kAligned>(y, start, n, v);
 }
 
-template <Precision P, bool kAligned>
+template <DType P, bool kAligned>
 __global__ void cast_to_float_kernel(const Half* x, int64_t n, float* y) {
   const int64_t start = vector_index() * 8;
   if (start >= n) return;
@@ -104,7 +104,7 @@ __global__ void cast_to_float_kernel(const Half* x, int64_t n, float* y) {
 __device__ __forceinline__ float sigmoid(float v) { return 1.0f / (1.0f + __expf(-v)); }
 
 // One thread per 8 columns of one row; vectors_per_row = ceil(width / 8).
-template <Precision P, bool kAligned>
+template <DType P, bool kAligned>
 __global__ void swiglu_forward_kernel(const Half* x, int64_t rows, int64_t width, int64_t vectors_per_row, Half* y) {
   const int64_t i = vector_index();
   if (i >= rows * vectors_per_row) return;
@@ -118,7 +118,7 @@ __global__ void swiglu_forward_kernel(const Half* x, int64_t rows, int64_t width
   store8<P, kAligned>(y + row * width, start, width, gate);
 }
 
-template <Precision P, bool kAligned>
+template <DType P, bool kAligned>
 __global__ void swiglu_backward_kernel(const Half* dy, const Half* x, int64_t rows, int64_t width,
                                        int64_t vectors_per_row, Half* dx) {
   const int64_t i = vector_index();
@@ -143,7 +143,7 @@ __global__ void swiglu_backward_kernel(const Half* dy, const Half* x, int64_t ro
 
 // One thread per token and 8 consecutive rotation pairs: the 8 angles' sines and cosines are
 // computed once and applied to every head of the token.
-template <Precision P, bool kAligned>
+template <DType P, bool kAligned>
 __global__ void rope_kernel(Half* base, int64_t tokens, int64_t seq, int64_t groups, int64_t heads, int64_t head_dim,
                             int64_t token_stride, int64_t group_stride, int64_t half, int64_t vectors_per_token,
                             float log2_theta, float rotary_dim, RotaryFrequencies frequencies, bool inverse) {
@@ -186,60 +186,60 @@ void check_count(int64_t n, const char* what) {
 
 }  // namespace
 
-void add(const Half* a, const Half* b, int64_t n, Half* y, Precision precision, cudaStream_t stream) {
+void add(const Half* a, const Half* b, int64_t n, Half* y, DType precision, cudaStream_t stream) {
   check_count(n, "add");
   if (n == 0) return;
   const unsigned grid = grid_for_vectors((n + 7) / 8);
   const bool aligned = aligned16(a) && aligned16(b) && aligned16(y);
   with_precision(precision, [&](auto p) {
-    constexpr Precision P = decltype(p)::value;
+    constexpr DType P = decltype(p)::value;
     const auto kernel = aligned ? add_kernel<P, true> : add_kernel<P, false>;
     kernel<<<grid, kThreads, 0, stream>>>(a, b, n, y);
   });
   check_launch("add");
 }
 
-void gelu_backward(const Half* dy, const Half* pre_activation, int64_t n, Half* dx, Precision precision,
+void gelu_backward(const Half* dy, const Half* pre_activation, int64_t n, Half* dx, DType precision,
                    cudaStream_t stream) {
   check_count(n, "gelu_backward");
   if (n == 0) return;
   const unsigned grid = grid_for_vectors((n + 7) / 8);
   const bool aligned = aligned16(dy) && aligned16(pre_activation) && aligned16(dx);
   with_precision(precision, [&](auto p) {
-    constexpr Precision P = decltype(p)::value;
+    constexpr DType P = decltype(p)::value;
     const auto kernel = aligned ? gelu_backward_kernel<P, true> : gelu_backward_kernel<P, false>;
     kernel<<<grid, kThreads, 0, stream>>>(dy, pre_activation, n, dx);
   });
   check_launch("gelu_backward");
 }
 
-void cast_to_half(const float* x, int64_t n, Half* y, Precision precision, cudaStream_t stream) {
+void cast_to_half(const float* x, int64_t n, Half* y, DType precision, cudaStream_t stream) {
   check_count(n, "cast_to_half");
   if (n == 0) return;
   const unsigned grid = grid_for_vectors((n + 7) / 8);
   const bool aligned = aligned16(x) && aligned16(y);
   with_precision(precision, [&](auto p) {
-    constexpr Precision P = decltype(p)::value;
+    constexpr DType P = decltype(p)::value;
     const auto kernel = aligned ? cast_to_half_kernel<P, true> : cast_to_half_kernel<P, false>;
     kernel<<<grid, kThreads, 0, stream>>>(x, n, y);
   });
   check_launch("cast_to_half");
 }
 
-void cast_to_float(const Half* x, int64_t n, float* y, Precision precision, cudaStream_t stream) {
+void cast_to_float(const Half* x, int64_t n, float* y, DType precision, cudaStream_t stream) {
   check_count(n, "cast_to_float");
   if (n == 0) return;
   const unsigned grid = grid_for_vectors((n + 7) / 8);
   const bool aligned = aligned16(x) && aligned16(y);
   with_precision(precision, [&](auto p) {
-    constexpr Precision P = decltype(p)::value;
+    constexpr DType P = decltype(p)::value;
     const auto kernel = aligned ? cast_to_float_kernel<P, true> : cast_to_float_kernel<P, false>;
     kernel<<<grid, kThreads, 0, stream>>>(x, n, y);
   });
   check_launch("cast_to_float");
 }
 
-void swiglu_forward(const Half* x, int64_t rows, int64_t width, Half* y, Precision precision, cudaStream_t stream) {
+void swiglu_forward(const Half* x, int64_t rows, int64_t width, Half* y, DType precision, cudaStream_t stream) {
   check_count(rows, "swiglu_forward");
   check_count(width, "swiglu_forward");
   if (rows == 0 || width == 0) return;
@@ -247,14 +247,14 @@ void swiglu_forward(const Half* x, int64_t rows, int64_t width, Half* y, Precisi
   const unsigned grid = grid_for_vectors(rows * vectors_per_row);
   const bool aligned = width % 8 == 0 && aligned16(x) && aligned16(y);
   with_precision(precision, [&](auto p) {
-    constexpr Precision P = decltype(p)::value;
+    constexpr DType P = decltype(p)::value;
     const auto kernel = aligned ? swiglu_forward_kernel<P, true> : swiglu_forward_kernel<P, false>;
     kernel<<<grid, kThreads, 0, stream>>>(x, rows, width, vectors_per_row, y);
   });
   check_launch("swiglu_forward");
 }
 
-void swiglu_backward(const Half* dy, const Half* x, int64_t rows, int64_t width, Half* dx, Precision precision,
+void swiglu_backward(const Half* dy, const Half* x, int64_t rows, int64_t width, Half* dx, DType precision,
                      cudaStream_t stream) {
   check_count(rows, "swiglu_backward");
   check_count(width, "swiglu_backward");
@@ -263,7 +263,7 @@ void swiglu_backward(const Half* dy, const Half* x, int64_t rows, int64_t width,
   const unsigned grid = grid_for_vectors(rows * vectors_per_row);
   const bool aligned = width % 8 == 0 && aligned16(dy) && aligned16(x) && aligned16(dx);
   with_precision(precision, [&](auto p) {
-    constexpr Precision P = decltype(p)::value;
+    constexpr DType P = decltype(p)::value;
     const auto kernel = aligned ? swiglu_backward_kernel<P, true> : swiglu_backward_kernel<P, false>;
     kernel<<<grid, kThreads, 0, stream>>>(dy, x, rows, width, vectors_per_row, dx);
   });
@@ -272,7 +272,7 @@ void swiglu_backward(const Half* dy, const Half* x, int64_t rows, int64_t width,
 
 void rope_apply(Half* base, int64_t batch, int64_t seq, int64_t groups, int64_t heads, int64_t head_dim,
                 int64_t token_stride, int64_t group_stride, int64_t rotary_dim, const RotaryFrequencies& frequencies,
-                bool inverse, Precision precision, cudaStream_t stream) {
+                bool inverse, DType precision, cudaStream_t stream) {
   const double theta = frequencies.theta;
   if (rotary_dim <= 0 || rotary_dim % 2 != 0 || rotary_dim > head_dim || batch < 0 || seq < 0 || heads < 0 ||
       groups < 1 || group_stride < heads * head_dim || token_stride < (groups - 1) * group_stride + heads * head_dim ||
@@ -292,7 +292,7 @@ void rope_apply(Half* base, int64_t batch, int64_t seq, int64_t groups, int64_t 
   const bool aligned =
       half % 8 == 0 && head_dim % 8 == 0 && token_stride % 8 == 0 && group_stride % 8 == 0 && aligned16(base);
   with_precision(precision, [&](auto p) {
-    constexpr Precision P = decltype(p)::value;
+    constexpr DType P = decltype(p)::value;
     const auto kernel = aligned ? rope_kernel<P, true> : rope_kernel<P, false>;
     kernel<<<grid, kThreads, 0, stream>>>(
         base, tokens, seq, groups, heads, head_dim, token_stride, group_stride, half, vectors_per_token, log2_theta,

@@ -15,18 +15,18 @@
 namespace megaplan::exec::cuda {
 
 // y = a + b (y may alias a or b).
-void add(const Half* a, const Half* b, int64_t n, Half* y, Precision precision, cudaStream_t stream);
+void add(const Half* a, const Half* b, int64_t n, Half* y, DType precision, cudaStream_t stream);
 // The tanh GELU's, as reference/gelu.
-void gelu_backward(const Half* dy, const Half* pre_activation, int64_t n, Half* dx, Precision precision,
+void gelu_backward(const Half* dy, const Half* pre_activation, int64_t n, Half* dx, DType precision,
                    cudaStream_t stream);
 // Round to nearest even (fp16 overflows to infinity); widening is exact.
-void cast_to_half(const float* x, int64_t n, Half* y, Precision precision, cudaStream_t stream);
-void cast_to_float(const Half* x, int64_t n, float* y, Precision precision, cudaStream_t stream);
+void cast_to_half(const float* x, int64_t n, Half* y, DType precision, cudaStream_t stream);
+void cast_to_float(const Half* x, int64_t n, float* y, DType precision, cudaStream_t stream);
 
 // SwiGLU on x [rows x 2*width] (the gate's columns first, then the up projection's, as Megatron's
 // fused fc1 output): y [rows x width] = silu(gate) * up. The backward writes dx [rows x 2*width].
-void swiglu_forward(const Half* x, int64_t rows, int64_t width, Half* y, Precision precision, cudaStream_t stream);
-void swiglu_backward(const Half* dy, const Half* x, int64_t rows, int64_t width, Half* dx, Precision precision,
+void swiglu_forward(const Half* x, int64_t rows, int64_t width, Half* y, DType precision, cudaStream_t stream);
+void swiglu_backward(const Half* dy, const Half* x, int64_t rows, int64_t width, Half* dx, DType precision,
                      cudaStream_t stream);
 
 // Rotary embeddings (Megatron's default, non-interleaved "rotate half") applied IN PLACE to
@@ -39,6 +39,6 @@ void swiglu_backward(const Half* dy, const Half* x, int64_t rows, int64_t width,
 // REQUIRES: rotary_dim even, 0 < rotary_dim <= head_dim.
 void rope_apply(Half* base, int64_t batch, int64_t seq, int64_t groups, int64_t heads, int64_t head_dim,
                 int64_t token_stride, int64_t group_stride, int64_t rotary_dim, const RotaryFrequencies& frequencies,
-                bool inverse, Precision precision, cudaStream_t stream);
+                bool inverse, DType precision, cudaStream_t stream);
 
 }  // namespace megaplan::exec::cuda

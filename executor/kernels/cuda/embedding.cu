@@ -44,7 +44,7 @@ __device__ __forceinline__ void accumulate8(float* p, int64_t start, int64_t end
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-template <Precision P, bool kAligned>
+template <DType P, bool kAligned>
 __global__ void embedding_forward_kernel(const int32_t* tokens, int64_t count, int64_t seq, const Half* word,
                                          const Half* position, int64_t hidden, int64_t vectors_per_row, Half* y) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -63,7 +63,7 @@ __global__ void embedding_forward_kernel(const int32_t* tokens, int64_t count, i
 }
 
 // Grid (used rows, column blocks); block (kColumnVectors, kPositionSlices).
-template <Precision P, bool kAligned>
+template <DType P, bool kAligned>
 __global__ void word_gradient_kernel(const Half* dy, const int32_t* row_ids, const int32_t* row_starts,
                                      const int32_t* positions, int64_t hidden, float* dword) {
   __shared__ float slices[kPositionSlices][kColumnVectors * 8 + 1];
@@ -91,7 +91,7 @@ __global__ void word_gradient_kernel(const Half* dy, const int32_t* row_ids, con
   accumulate8<kAligned>(dword + static_cast<int64_t>(row_ids[r]) * hidden, start, hidden, sum);
 }
 
-template <Precision P, bool kAligned>
+template <DType P, bool kAligned>
 __global__ void position_gradient_kernel(const Half* dy, int64_t batch, int64_t seq, int64_t hidden,
                                          int64_t vectors_per_row, float* dposition) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -118,14 +118,14 @@ void check_shape(int64_t count, int64_t seq, int64_t hidden, const char* what) {
 }  // namespace
 
 void embedding_forward(const int32_t* tokens, int64_t count, int64_t seq, const Half* word, const Half* position,
-                       int64_t hidden, Half* y, Precision precision, cudaStream_t stream) {
+                       int64_t hidden, Half* y, DType precision, cudaStream_t stream) {
   if (count == 0) return;
   if (seq <= 0 || hidden <= 0) check_shape(count, seq, hidden, "embedding_forward");
   const int64_t vectors_per_row = (hidden + 7) / 8;
   const unsigned grid = blocks_for(count * vectors_per_row, kThreads);
   const bool aligned = hidden % 8 == 0 && aligned16(word) && aligned16(position) && aligned16(y);
   with_precision(precision, [&](auto p) {
-    constexpr Precision P = decltype(p)::value;
+    constexpr DType P = decltype(p)::value;
     const auto kernel = aligned ? embedding_forward_kernel<P, true> : embedding_forward_kernel<P, false>;
     kernel<<<grid, kThreads, 0, stream>>>(tokens, count, seq, word, position, hidden, vectors_per_row, y);
   });
@@ -155,12 +155,12 @@ TokenRows build_token_rows(const int32_t* host_tokens, int64_t count) {
 
 void embedding_backward(const Half* dy, const int32_t* row_ids, const int32_t* row_starts, const int32_t* positions,
                         int64_t used_rows, int64_t count, int64_t seq, int64_t hidden, float* dword,
-                        float* dposition, Precision precision, cudaStream_t stream) {
+                        float* dposition, DType precision, cudaStream_t stream) {
   check_shape(count, seq, hidden, "embedding_backward");
   if (count == 0) return;
   const bool aligned = hidden % 8 == 0 && aligned16(dy) && aligned16(dword) && aligned16(dposition);
   with_precision(precision, [&](auto p) {
-    constexpr Precision P = decltype(p)::value;
+    constexpr DType P = decltype(p)::value;
     if (used_rows > 0) {
       const dim3 grid(static_cast<unsigned>(used_rows),
                       static_cast<unsigned>((hidden + kColumnVectors * 8 - 1) / (kColumnVectors * 8)));

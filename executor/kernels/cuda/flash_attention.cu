@@ -72,7 +72,7 @@ __device__ __forceinline__ float fast_exp2(float x) {
 
 // Accumulator tiles 2c and 2c + 1 (16 rows x 16 columns) as an A fragment with k = those columns,
 // rounded to P.
-template <Precision P>
+template <DType P>
 __device__ __forceinline__ void to_a(uint32_t (&a)[4], const float (&lo)[4], const float (&hi)[4]) {
   a[0] = pack2<P>(lo[0], lo[1]);
   a[1] = pack2<P>(lo[2], lo[3]);
@@ -233,7 +233,7 @@ struct OnlineSoftmax {
 //
 // Dropout zeroes P after the softmax has summed it (the sum, and the lse, are the undropped ones);
 // its 1 / (1 - p) joins the final division by the sum.
-template <Precision P, int D, bool kDropout>
+template <DType P, int D, bool kDropout>
 __global__ void __launch_bounds__(kThreads, 2) forward_kernel(Layout layout, const Half* q, const Half* k, const Half* v,
                                                               Half* out, float* lse, float scale_log2,
                                                               DropoutMask dropout) {
@@ -349,7 +349,7 @@ __global__ void __launch_bounds__(kThreads, 2) forward_kernel(Layout layout, con
 }
 
 // delta[b, h, i] = sum_d dout * out over row i: the softmax backward's row term.
-template <Precision P, int D>
+template <DType P, int D>
 __global__ void delta_kernel(const Half* dout, const Half* out, int64_t rows, int64_t heads, int64_t seq,
                              float* delta) {
   const int64_t row = blockIdx.x * static_cast<int64_t>(kWarps) + threadIdx.x / 32;  // (b * seq + i) * heads + h
@@ -368,7 +368,7 @@ __global__ void delta_kernel(const Half* dout, const Half* out, int64_t rows, in
 // query block at or after it (causal), kQueryChunk queries at a time; the next query block's Q, dO,
 // lse and delta are copied in while the current one is used. Dropout's 1 / (1 - p) on dV's P is
 // applied once, to the sum.
-template <Precision P, int D, bool kDropout>
+template <DType P, int D, bool kDropout>
 __global__ void __launch_bounds__(kThreads) dkdv_kernel(Layout layout, const Half* dout, const Half* q, const Half* k,
                                                         const Half* v, const float* lse, const float* delta,
                                                         int64_t d_token_stride, Half* dk, Half* dv, float scale,
@@ -498,7 +498,7 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(Layout layout, const Hal
 
 // dQ of one query block of one query head, over the key blocks up to it; the next key block's K
 // and V are copied in while the current one is used.
-template <Precision P, int D, bool kDropout>
+template <DType P, int D, bool kDropout>
 __global__ void __launch_bounds__(kThreads) dq_kernel(Layout layout, const Half* dout, const Half* q, const Half* k,
                                                       const Half* v, const float* lse, const float* delta,
                                                       int64_t d_token_stride, Half* dq, float scale, float scale_log2,
@@ -633,7 +633,7 @@ constexpr int dq_shared_bytes() {
   return 6 * kTileBytes<D> + kAlignSlack;
 }
 
-template <Precision P, int D>
+template <DType P, int D>
 void forward(const AttentionShape& shape, const Half* q, const Half* k, const Half* v, Half* out, float* lse,
              cudaStream_t stream) {
   const Layout layout = layout_of(shape);
@@ -646,7 +646,7 @@ void forward(const AttentionShape& shape, const Half* q, const Half* k, const Ha
   check_launch("flash attention forward");
 }
 
-template <Precision P, int D>
+template <DType P, int D>
 void backward(const AttentionShape& shape, const Half* dout, const Half* q, const Half* k, const Half* v,
               const Half* out, const float* lse, int64_t d_stride, Half* dq, Half* dk, Half* dv, void* workspace,
               cudaStream_t stream) {
@@ -677,10 +677,10 @@ void backward(const AttentionShape& shape, const Half* dout, const Half* q, cons
 }  // namespace
 
 void flash_attention_forward(const AttentionShape& shape, const Half* q, const Half* k, const Half* v, Half* out,
-                             float* lse, Precision precision, cudaStream_t stream) {
+                             float* lse, DType precision, cudaStream_t stream) {
   if (shape.batch * shape.seq * shape.heads == 0) return;
   with_precision(precision, [&](auto p) {
-    constexpr Precision P = decltype(p)::value;
+    constexpr DType P = decltype(p)::value;
     if (shape.head_dim == 128) return forward<P, 128>(shape, q, k, v, out, lse, stream);
     if (shape.head_dim == 64) return forward<P, 64>(shape, q, k, v, out, lse, stream);
     (void)layout_of(shape);  // throws the head-dimension error
@@ -693,10 +693,10 @@ std::size_t flash_attention_backward_workspace_bytes(const AttentionShape& shape
 
 void flash_attention_backward(const AttentionShape& shape, const Half* dout, const Half* q, const Half* k,
                               const Half* v, const Half* out, const float* lse, int64_t dqkv_token_stride, Half* dq,
-                              Half* dk, Half* dv, void* workspace, Precision precision, cudaStream_t stream) {
+                              Half* dk, Half* dv, void* workspace, DType precision, cudaStream_t stream) {
   if (shape.batch * shape.seq * shape.heads == 0) return;
   with_precision(precision, [&](auto p) {
-    constexpr Precision P = decltype(p)::value;
+    constexpr DType P = decltype(p)::value;
     if (shape.head_dim == 128) {
       return backward<P, 128>(shape, dout, q, k, v, out, lse, dqkv_token_stride, dq, dk, dv, workspace, stream);
     }

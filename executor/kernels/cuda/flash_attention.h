@@ -40,13 +40,13 @@ struct AttentionShape {
 // dO, dS = P ∘ (dO V^T ∘ Z / (1 - p) - rowsum(dO ∘ O)).
 // head_dim must be 64 or 128 (SpecError otherwise). Both passes are asynchronous on `stream`.
 void flash_attention_forward(const AttentionShape& shape, const Half* q, const Half* k, const Half* v, Half* out,
-                             float* lse, Precision precision, cudaStream_t stream);
+                             float* lse, DType precision, cudaStream_t stream);
 
 std::size_t flash_attention_backward_workspace_bytes(const AttentionShape& shape);
 
 // dq, dk, dv (overwritten) are laid out as q, k, v but with dqkv_token_stride per token.
 void flash_attention_backward(const AttentionShape& shape, const Half* dout, const Half* q, const Half* k,
                               const Half* v, const Half* out, const float* lse, int64_t dqkv_token_stride, Half* dq,
-                              Half* dk, Half* dv, void* workspace, Precision precision, cudaStream_t stream);
+                              Half* dk, Half* dv, void* workspace, DType precision, cudaStream_t stream);
 
 }  // namespace megaplan::exec::cuda

@@ -43,7 +43,7 @@ __device__ __forceinline__ uint4 load_raw8(const Half* p, int64_t start, int64_t
 
 // Rounds v to 16 bits and stores the values before `end`; returns the rounded bits (values past
 // `end` stay as computed, which callers never read).
-template <Precision P, bool kAligned>
+template <DType P, bool kAligned>
 __device__ __forceinline__ uint4 store_rounded8(Half* p, int64_t start, int64_t end, const float (&v)[8]) {
   const uint4 raw = pack8<P>(v);
   if (kAligned && start + 8 <= end) {
@@ -122,7 +122,7 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 // One row group per row. The row is held raw (the fused sum is rounded to 16 bits anyway, so the
 // registers hold exactly the values the statistics are taken of). kDropout: the residual's values
 // pass through residual_dropout's mask (drawn here, 8 keep bits per vector) before the add.
-template <Precision P, bool kRms, bool kAligned, int kVecs, bool kDropout>
+template <DType P, bool kRms, bool kAligned, int kVecs, bool kDropout>
 __global__ void __launch_bounds__(kBlockThreads) norm_forward_kernel(const Half* x, const Half* residual,
                                                                      DropoutMask residual_dropout, Half* sum_out,
                                                                      const Half* gamma, const Half* beta,
@@ -196,7 +196,7 @@ __global__ void __launch_bounds__(kBlockThreads) norm_forward_kernel(const Half*
 // gridDim.x * rows_per_block further on, so a thread's columns never change and it accumulates
 // dy * x_hat and dy for them in registers, row after row; the block's row groups are then added
 // in group order and written as the block's partial column sums [blocks][cols] (gamma, then beta).
-template <Precision P, bool kRms, bool kAligned, int kVecs>
+template <DType P, bool kRms, bool kAligned, int kVecs>
 __global__ void __launch_bounds__(kBlockThreads, kVecs <= 2 ? 2 : 1)
     norm_backward_kernel(const Half* dy, const Half* x, const Half* gamma, const float* mean, const float* rstd,
                          int64_t rows, int cols, const Half* residual_grad, Half* dx, float* partial_gamma,
@@ -370,7 +370,7 @@ void with_vecs(int vecs, Body&& body) {
 template <bool kRms>
 void norm_forward(const Half* x, const Half* residual, const DropoutMask& residual_dropout, Half* sum_out,
                   const Half* gamma, const Half* beta, int64_t rows, int64_t cols, float eps, Half* y, float* mean,
-                  float* rstd, const char* what, Precision precision, cudaStream_t stream) {
+                  float* rstd, const char* what, DType precision, cudaStream_t stream) {
   check_cols(rows, cols, what);
   if (residual && !sum_out) throw SpecError("--device", std::string(what) + ": a residual needs sum_out");
   const bool dropout = residual && residual_dropout.active();
@@ -381,7 +381,7 @@ void norm_forward(const Half* x, const Half* residual, const DropoutMask& residu
                        aligned16(gamma) && aligned16(beta) && aligned16(y);
   const unsigned grid = static_cast<unsigned>((rows + layout.rows_per_block - 1) / layout.rows_per_block);
   with_precision(precision, [&](auto p) {
-    constexpr Precision P = decltype(p)::value;
+    constexpr DType P = decltype(p)::value;
     with_vecs(layout.vecs, [&](auto vecs) {
       constexpr int kVecs = decltype(vecs)::value;
       auto kernel = aligned ? (dropout ? norm_forward_kernel<P, kRms, true, kVecs, true>
@@ -398,7 +398,7 @@ void norm_forward(const Half* x, const Half* residual, const DropoutMask& residu
 template <bool kRms>
 void norm_backward(const Half* dy, const Half* x, const Half* gamma, const float* mean, const float* rstd,
                    int64_t rows, int64_t cols, const Half* residual_grad, Half* dx, float* dgamma, float* dbeta,
-                   void* workspace, const char* what, Precision precision, cudaStream_t stream) {
+                   void* workspace, const char* what, DType precision, cudaStream_t stream) {
   check_cols(rows, cols, what);
   if (rows == 0) return;
   const RowLayout layout = layout_for(cols, kBackwardVecs);
@@ -408,7 +408,7 @@ void norm_backward(const Half* dy, const Half* x, const Half* gamma, const float
   const bool aligned = cols % 8 == 0 && aligned16(dy) && aligned16(x) && aligned16(gamma) &&
                        aligned16(residual_grad) && aligned16(dx);
   with_precision(precision, [&](auto p) {
-    constexpr Precision P = decltype(p)::value;
+    constexpr DType P = decltype(p)::value;
     with_vecs(layout.vecs, [&](auto vecs) {
       constexpr int kVecs = decltype(vecs)::value;
       const std::size_t buffer =
@@ -435,7 +435,7 @@ void norm_backward(const Half* dy, const Half* x, const Half* gamma, const float
 
 void layernorm_forward(const Half* x, const Half* residual, const DropoutMask& residual_dropout, Half* sum_out,
                        const Half* gamma, const Half* beta, int64_t rows, int64_t cols, float eps, Half* y, float* mean,
-                       float* rstd, Precision precision, cudaStream_t stream) {
+                       float* rstd, DType precision, cudaStream_t stream) {
   norm_forward<false>(x, residual, residual_dropout, sum_out, gamma, beta, rows, cols, eps, y, mean, rstd,
                       "layernorm_forward", precision, stream);
 }
@@ -447,20 +447,20 @@ std::size_t norm_backward_workspace_bytes(int64_t rows, int64_t cols) {
 
 void layernorm_backward(const Half* dy, const Half* x, const Half* gamma, const float* mean, const float* rstd,
                         int64_t rows, int64_t cols, const Half* residual_grad, Half* dx, float* dgamma, float* dbeta,
-                        void* workspace, Precision precision, cudaStream_t stream) {
+                        void* workspace, DType precision, cudaStream_t stream) {
   norm_backward<false>(dy, x, gamma, mean, rstd, rows, cols, residual_grad, dx, dgamma, dbeta, workspace,
                        "layernorm_backward", precision, stream);
 }
 
 void rmsnorm_forward(const Half* x, const Half* residual, const DropoutMask& residual_dropout, Half* sum_out,
                      const Half* gamma, int64_t rows, int64_t cols, float eps, Half* y, float* rstd,
-                     Precision precision, cudaStream_t stream) {
+                     DType precision, cudaStream_t stream) {
   norm_forward<true>(x, residual, residual_dropout, sum_out, gamma, nullptr, rows, cols, eps, y, nullptr, rstd,
                      "rmsnorm_forward", precision, stream);
 }
 
 void rmsnorm_backward(const Half* dy, const Half* x, const Half* gamma, const float* rstd, int64_t rows, int64_t cols,
-                      const Half* residual_grad, Half* dx, float* dgamma, void* workspace, Precision precision,
+                      const Half* residual_grad, Half* dx, float* dgamma, void* workspace, DType precision,
                       cudaStream_t stream) {
   norm_backward<true>(dy, x, gamma, nullptr, rstd, rows, cols, residual_grad, dx, dgamma, nullptr, workspace,
                       "rmsnorm_backward", precision, stream);

@@ -28,7 +28,7 @@ namespace megaplan::exec::cuda {
 // the backward. sum_out and y may alias x.
 void layernorm_forward(const Half* x, const Half* residual, const DropoutMask& residual_dropout, Half* sum_out,
                        const Half* gamma, const Half* beta, int64_t rows, int64_t cols, float eps, Half* y, float* mean,
-                       float* rstd, Precision precision, cudaStream_t stream);
+                       float* rstd, DType precision, cudaStream_t stream);
 
 // Scratch bytes layernorm_backward and rmsnorm_backward need for their partial column sums.
 std::size_t norm_backward_workspace_bytes(int64_t rows, int64_t cols);
@@ -38,14 +38,14 @@ std::size_t norm_backward_workspace_bytes(int64_t rows, int64_t cols);
 // residual_grad. dgamma, dbeta [cols] += their sums over the rows.
 void layernorm_backward(const Half* dy, const Half* x, const Half* gamma, const float* mean, const float* rstd,
                         int64_t rows, int64_t cols, const Half* residual_grad, Half* dx, float* dgamma, float* dbeta,
-                        void* workspace, Precision precision, cudaStream_t stream);
+                        void* workspace, DType precision, cudaStream_t stream);
 
 // RMSNorm (Llama): y = x' * rsqrt(mean(x'^2) + eps) * gamma; the same conventions as LayerNorm.
 void rmsnorm_forward(const Half* x, const Half* residual, const DropoutMask& residual_dropout, Half* sum_out,
                      const Half* gamma, int64_t rows, int64_t cols, float eps, Half* y, float* rstd,
-                     Precision precision, cudaStream_t stream);
+                     DType precision, cudaStream_t stream);
 void rmsnorm_backward(const Half* dy, const Half* x, const Half* gamma, const float* rstd, int64_t rows, int64_t cols,
-                      const Half* residual_grad, Half* dx, float* dgamma, void* workspace, Precision precision,
+                      const Half* residual_grad, Half* dx, float* dgamma, void* workspace, DType precision,
                       cudaStream_t stream);
 
 }  // namespace megaplan::exec::cuda

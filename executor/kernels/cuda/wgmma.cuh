@@ -2,7 +2,7 @@
 // B operand (and optionally A) the tensor cores read straight from shared memory, once per
 // warpgroup instead of once per warp as mma.sync's ldmatrix fragments are.
 //
-// The inputs are bf16 or fp16, as the Precision argument says: the same operands and layouts.
+// The inputs are bf16 or fp16, as the DType argument says: the same operands and layouts.
 // Every shared tile here is [rows][cols] 16-bit values stored as cols / 64 column chunks of
 // [rows][64] with the 128-byte swizzle: 16-byte piece w of row r sits at piece w ^ (r % 8).
 // The same tile serves as a K-major operand (k along the columns, as Q, K and V feed QK^T) and
