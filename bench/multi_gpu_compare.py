@@ -4,7 +4,7 @@ single-GPU run and against its one-GPU emulation; launchers, resume and reshard.
    multi_gpu_compare.py OUT_DIR HF_DIR BIG_LAYOUT "NAME WORLD KIND"...
 (HF_DIR/NAME holds each run's final weights as Hugging Face safetensors.)
 KIND is pp (a pipeline: the same arithmetic as one GPU), dp or tp (tensor parallelism's bf16
-partial sums: the looser first-loss bound). Bounds: tests/executor/one_gpu_parallel_training_test.cc.
+partial sums: the looser first-loss bound). Bounds: tests/executor/train/one_gpu_parallel_training_test.cc.
 """
 import glob
 import json

@@ -5,7 +5,7 @@
 # launch`, against
 #   - the single-GPU run (world 1): every loss and every final weight (the checkpoints converted to
 #     Hugging Face tensors by `megaplan convert`) within the one-GPU emulation tests' bf16 bounds
-#     (tests/executor/one_gpu_parallel_training_test.cc: first loss 1e-5, 1e-4 under tensor
+#     (tests/executor/train/one_gpu_parallel_training_test.cc: first loss 1e-5, 1e-4 under tensor
 #     parallelism; every loss 2e-3; pipelines 1e-5 throughout; the final weights, the largest
 #     relative L2 difference of any tensor, 1e-5 for pipelines, 1e-2 for dp, 2e-2 for tp: the
 #     reasons are in bench/multi_gpu_compare.py), and

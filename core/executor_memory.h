@@ -2,7 +2,7 @@
 // executor/model/gpt_model.cc, executor/runtime/interpreter.cc and executor/train/optimizer.cc
 // allocate them, walked through the rank's lowered schedule: one home for the executor's refusal of
 // a plan that does not fit and for the simulator's memory of megaplan's own implementation
-// (memory_model.h is Megatron-LM's accounting). tests/executor/executor_memory_test.cc holds it
+// (memory_model.h is Megatron-LM's accounting). tests/executor/model/executor_memory_test.cc holds it
 // equal to what the CPU backend's ranks allocate, schedule by schedule.
 //
 // What the executor holds:

@@ -6,7 +6,7 @@
 // users: the simulator costs these lists from a profile (simulator/stage_costs), `megaplan profile`
 // times each kernel class over the shapes plans produce (executor/runtime/kernel_profiler), and a
 // test runs the CPU backend's model through a recording backend and checks it launches exactly
-// these lists (tests/executor/kernel_list_test.cc).
+// these lists (tests/executor/model/kernel_list_test.cc).
 //
 // Megatron-LM (megatron_kernel_list.cc): the kernels its code launches with the plan's
 // ImplementationOptions, read from Megatron-LM's source: Transformer Engine's or the local

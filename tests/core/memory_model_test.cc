@@ -1,5 +1,5 @@
 // Memory per pipeline rank against hand calculations: Megatron-LM's accounting, and the dispatch
-// to megaplan's executor (whose buffers tests/executor/executor_memory_test.cc checks).
+// to megaplan's executor (whose buffers tests/executor/model/executor_memory_test.cc checks).
 #include <catch2/catch.hpp>
 
 #include "core/executor_memory.h"

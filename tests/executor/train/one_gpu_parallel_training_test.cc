@@ -48,9 +48,9 @@
 #include "executor/comm/in_process_gpu_memory.h"
 #include "executor/runtime/cuda_backend.h"
 #include "executor/train/trainer.h"
-#include "forwarding_backend.h"
-#include "training_fixtures.h"
-#include "training_run.h"
+#include "tests/executor/runtime/forwarding_backend.h"
+#include "tests/executor/train/training_fixtures.h"
+#include "tests/executor/train/training_run.h"
 
 namespace {
 

@@ -15,9 +15,9 @@
 #include "core/schedule/schedule.h"
 #include "executor/runtime/cpu_backend.h"
 #include "executor/train/trainer.h"
-#include "forwarding_backend.h"
-#include "training_fixtures.h"
-#include "training_run.h"
+#include "tests/executor/runtime/forwarding_backend.h"
+#include "tests/executor/train/training_fixtures.h"
+#include "tests/executor/train/training_run.h"
 
 namespace {
 

@@ -22,7 +22,7 @@
 #include "executor/data/indexed_dataset.h"
 #include "executor/data/prepare.h"
 #include "executor/data/vocabulary.h"
-#include "training_fixtures.h"
+#include "tests/executor/train/training_fixtures.h"
 
 using Catch::Matchers::Contains;
 using megaplan::exec::IndexedDataset;

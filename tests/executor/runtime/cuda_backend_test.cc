@@ -20,8 +20,8 @@
 #include "executor/runtime/cpu_backend.h"
 #include "executor/runtime/cuda_backend.h"
 #include "executor/train/trainer.h"
-#include "shard_cross_entropy.h"
-#include "training_fixtures.h"
+#include "tests/executor/kernels/shard_cross_entropy.h"
+#include "tests/executor/train/training_fixtures.h"
 
 namespace {
 

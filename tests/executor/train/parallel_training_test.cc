@@ -36,8 +36,8 @@
 #include "executor/train/parallel_groups.h"
 #include "executor/runtime/cpu_backend.h"
 #include "executor/train/trainer.h"
-#include "training_fixtures.h"
-#include "training_run.h"
+#include "tests/executor/train/training_fixtures.h"
+#include "tests/executor/train/training_run.h"
 
 namespace {
 

@@ -9,7 +9,7 @@
 #include "core/model_spec.h"
 #include "core/parallel_plan.h"
 #include "executor/train/trainer.h"
-#include "training_fixtures.h"
+#include "tests/executor/train/training_fixtures.h"
 
 namespace megaplan::test {
 

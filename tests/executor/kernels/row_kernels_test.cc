@@ -27,7 +27,7 @@
 #include "executor/kernels/reference/rmsnorm.h"
 #include "executor/kernels/reference/rope.h"
 #include "executor/kernels/reference/swiglu.h"
-#include "relative_error.h"
+#include "tests/executor/kernels/relative_error.h"
 
 namespace cu = megaplan::exec::cuda;
 namespace ref = megaplan::exec::reference;

@@ -14,8 +14,8 @@
 #include "executor/kernels/reference/cross_entropy.h"
 #include "executor/kernels/reference/gelu.h"
 #include "executor/kernels/reference/layernorm.h"
-#include "shard_cross_entropy.h"
-#include "gradient_check.h"
+#include "tests/executor/kernels/shard_cross_entropy.h"
+#include "tests/executor/kernels/gradient_check.h"
 
 namespace ref = megaplan::exec::reference;
 

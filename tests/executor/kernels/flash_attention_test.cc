@@ -16,7 +16,7 @@
 #include "executor/kernels/cuda/flash_attention.h"
 #include "executor/kernels/cuda/stream.h"
 #include "executor/kernels/dropout_mask.h"
-#include "relative_error.h"
+#include "tests/executor/kernels/relative_error.h"
 
 namespace cu = megaplan::exec::cuda;
 

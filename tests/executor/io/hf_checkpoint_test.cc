@@ -25,8 +25,8 @@
 #include "executor/runtime/cpu_backend.h"
 #include "executor/train/checkpoint.h"
 #include "executor/train/trainer.h"
-#include "training_fixtures.h"
-#include "training_run.h"
+#include "tests/executor/train/training_fixtures.h"
+#include "tests/executor/train/training_run.h"
 
 namespace exec = megaplan::exec;
 

@@ -9,7 +9,7 @@
 #include "core/implementation_options.h"
 #include "executor/kernels/cuda/bf16_linear.h"
 #include "executor/kernels/cuda/stream.h"
-#include "relative_error.h"
+#include "tests/executor/kernels/relative_error.h"
 
 namespace cu = megaplan::exec::cuda;
 

@@ -9,7 +9,7 @@
 
 #include "core/kernel_list.h"
 #include "executor/runtime/cpu_backend.h"
-#include "tests/executor/forwarding_backend.h"
+#include "tests/executor/runtime/forwarding_backend.h"
 
 namespace megaplan::test {
 

@@ -19,7 +19,7 @@
 #include "executor/gpu_inventory.h"
 #include "executor/train/launched_training.h"
 #include "executor/train/parallel_groups.h"
-#include "training_fixtures.h"
+#include "tests/executor/train/training_fixtures.h"
 
 namespace {
 

@@ -9,7 +9,7 @@
 
 #include "core/error.h"
 #include "executor/data/sentencepiece_tokenizer.h"
-#include "training_fixtures.h"
+#include "tests/executor/train/training_fixtures.h"
 
 using Catch::Matchers::Contains;
 using megaplan::exec::SentencePieceTokenizer;

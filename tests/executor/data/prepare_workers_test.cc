@@ -15,7 +15,7 @@
 #include "core/error.h"
 #include "executor/data/prepare.h"
 #include "executor/data/tokenizer.h"
-#include "training_fixtures.h"
+#include "tests/executor/train/training_fixtures.h"
 
 using Catch::Matchers::Contains;
 using megaplan::test::ScratchDirectory;

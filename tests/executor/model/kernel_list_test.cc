@@ -16,8 +16,8 @@
 #include "executor/model/gpt_model.h"
 #include "executor/runtime/kernel_launch.h"
 #include "executor/train/optimizer.h"
-#include "tests/executor/recording_backend.h"
-#include "tests/executor/training_fixtures.h"
+#include "tests/executor/runtime/recording_backend.h"
+#include "tests/executor/train/training_fixtures.h"
 
 namespace {
 

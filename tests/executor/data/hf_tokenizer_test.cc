@@ -16,7 +16,7 @@
 #include "executor/data/byte_pair_encoding.h"
 #include "executor/data/hf_tokenizer.h"
 #include "executor/data/tokenizer.h"
-#include "training_fixtures.h"
+#include "tests/executor/train/training_fixtures.h"
 
 using Catch::Matchers::Contains;
 using megaplan::exec::HfTokenizer;

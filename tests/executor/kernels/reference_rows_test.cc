@@ -13,7 +13,7 @@
 #include "executor/kernels/reference/rmsnorm.h"
 #include "executor/kernels/reference/rope.h"
 #include "executor/kernels/reference/swiglu.h"
-#include "gradient_check.h"
+#include "tests/executor/kernels/gradient_check.h"
 
 namespace ref = megaplan::exec::reference;
 

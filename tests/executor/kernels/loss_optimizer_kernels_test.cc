@@ -20,7 +20,7 @@
 #include "executor/kernels/cuda/stream.h"
 #include "executor/kernels/reference/adamw.h"
 #include "executor/kernels/reference/cross_entropy.h"
-#include "relative_error.h"
+#include "tests/executor/kernels/relative_error.h"
 
 namespace cu = megaplan::exec::cuda;
 namespace ref = megaplan::exec::reference;

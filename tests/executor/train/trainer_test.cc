@@ -16,7 +16,7 @@
 #include "core/parallel_plan.h"
 #include "executor/runtime/cpu_backend.h"
 #include "executor/train/trainer.h"
-#include "training_fixtures.h"
+#include "tests/executor/train/training_fixtures.h"
 
 namespace {
 

@@ -15,7 +15,7 @@
 
 #include "core/error.h"
 #include "executor/data/gpt2_tokenizer.h"
-#include "training_fixtures.h"
+#include "tests/executor/train/training_fixtures.h"
 
 using Catch::Matchers::Contains;
 using megaplan::exec::Gpt2Tokenizer;
