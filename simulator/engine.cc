@@ -1,15 +1,17 @@
-// The event loop: completions come off a heap in (time, sequence) order; each wakes its rank's
+// The event loop: completions come off the event queue in (time, issue) order; each wakes its rank's
 // streams, which start every action whose stream is free and whose dependencies are done.
 #include "simulator/engine.h"
 
 #include <algorithm>
 #include <array>
-#include <cmath>
-#include <queue>
+#include <optional>
 
 #include "core/error.h"
 #include "core/hot_loop.h"
 #include "core/schedule/dependencies.h"
+#include "simulator/dependency_slots.h"
+#include "simulator/event_queue.h"
+#include "simulator/transfer_rendezvous.h"
 
 namespace megaplan::sim {
 
@@ -21,66 +23,11 @@ constexpr std::size_t kStreams = kTimelineStreamCount;
 // Core's stream_of as the index of the engine's per-stream arrays.
 constexpr std::size_t stream_index(ActionKind kind) { return static_cast<std::size_t>(stream_of(kind)); }
 
-// The engine's own dense numbering of the keys it tracks: forwards, input and weight gradients
-// and receives (sends complete with their receive). Smaller than core's index over every kind,
-// which keeps the per-key arrays in cache.
-class EngineKeys {
- public:
-  explicit EngineKeys(const ScheduleShape& shape)
-      : stages_(static_cast<std::size_t>(shape.num_stages)), microbatches_(static_cast<std::size_t>(shape.microbatches)) {}
-  static constexpr std::size_t kNone = SIZE_MAX;
-  std::size_t size() const { return kSlots * stages_ * microbatches_; }
-  // Receives alone (RECV_F, RECV_B), for the arrays only transfers use.
-  std::size_t message_size() const { return 2 * stages_ * microbatches_; }
-  std::size_t message(const DependencyKey& key) const {
-    return (static_cast<std::size_t>(key.microbatch) * stages_ + static_cast<std::size_t>(key.stage)) * 2 +
-           (key.kind == ActionKind::kRecvForward ? 0 : 1);
-  }
-  std::size_t operator()(const DependencyKey& key) const {
-    const std::size_t slot = slot_of(key.kind);
-    if (slot == kNone) return kNone;
-    // Microbatch-major: the keys in flight at one time (a window of microbatches) sit together.
-    return (static_cast<std::size_t>(key.microbatch) * stages_ + static_cast<std::size_t>(key.stage)) * kSlots + slot;
-  }
-
- private:
-  static constexpr std::size_t kSlots = 5;
-  static std::size_t slot_of(ActionKind kind) {
-    switch (kind) {
-      case ActionKind::kForward:
-        return 0;
-      case ActionKind::kBackwardInput:
-        return 1;
-      case ActionKind::kBackwardWeight:
-        return 2;
-      case ActionKind::kRecvForward:
-        return 3;
-      case ActionKind::kRecvBackward:
-        return 4;
-      default:
-        return kNone;
-    }
-  }
-  std::size_t stages_;
-  std::size_t microbatches_;
-};
-
-// Small, since the heap moves it around: the action is found by rank and step.
-struct Completion {
-  double time;
-  int64_t sequence;
-  uint32_t rank;
-  uint32_t step;
-  bool operator>(const Completion& other) const {
-    return time != other.time ? time > other.time : sequence > other.sequence;
-  }
-};
-
 struct RankState {
   std::array<std::vector<uint32_t>, kStreams> queue;  // action indices per stream, in order
   std::array<std::size_t, kStreams> head{};
   std::array<double, kStreams> free{};
-  std::array<std::size_t, kStreams> waiting_on{EngineKeys::kNone, EngineKeys::kNone, EngineKeys::kNone, EngineKeys::kNone};
+  std::array<std::size_t, kStreams> waiting_on{DependencySlots::kNone, DependencySlots::kNone, DependencySlots::kNone, DependencySlots::kNone};
   int64_t pending = 0;  // completions pushed but not yet taken off the heap
   double compute_busy_in_pipeline = 0;
   double end = 0;
@@ -91,8 +38,8 @@ class Engine {
  public:
   Engine(const PipelineSchedule& schedule, const ActionCosts& costs, bool record)
       : schedule_(schedule), shape_(schedule.shape), costs_(costs), record_(record), index_(shape_), stage_ranks_(rank_of_each_stage(shape_)),
-        done_(index_.size(), kUnknown), started_(index_.size(), kUnknown), send_ready_(index_.message_size(), kUnknown),
-        receive_ready_(index_.message_size(), kUnknown), weight_gradients_(static_cast<std::size_t>(shape_.num_stages)),
+        done_(index_.size(), kUnknown), started_(index_.size(), kUnknown), transfers_(index_.message_size()),
+        weight_gradients_(static_cast<std::size_t>(shape_.num_stages)),
         ranks_(schedule.ranks.size()) {
     for (std::size_t rank = 0; rank < ranks_.size(); ++rank) {
       const auto& actions = schedule.ranks[rank];
@@ -108,14 +55,12 @@ class Engine {
   MEGAPLAN_HOT_LOOP SimulationResult run() {
     for (std::size_t rank = 0; rank < ranks_.size(); ++rank) wake(rank);
     drain();
-    while (!heap_.empty()) {
-      const Completion completion = heap_.top();
-      heap_.pop();
-      ++result_.events;
+    while (!queue_.finished()) {
+      const Completion completion = queue_.next();
       const Action& action = schedule_.ranks[completion.rank][completion.step];
       for_each_provided_key(action, [&](const DependencyKey& key) {
         const std::size_t slot = index_(key);
-        if (slot != EngineKeys::kNone) done_[slot] = completion.time;
+        if (slot != DependencySlots::kNone) done_[slot] = completion.time;
         if (key.kind == ActionKind::kBackwardWeight) note_weight_gradient(key, completion.time);
       });
       --ranks_[completion.rank].pending;
@@ -175,7 +120,7 @@ class Engine {
   // completions cost one look-up.
   double dependencies_done(const Action& action, std::size_t rank, std::size_t stream) {
     double ready = 0;
-    std::size_t missing = EngineKeys::kNone;
+    std::size_t missing = DependencySlots::kNone;
     receives_waited_on_ = 0;
     for_each_dependency(action, shape_, /*lowered=*/true, [&](const Action& needed) {
       const std::size_t key = index_(dependency_key(needed));
@@ -185,7 +130,7 @@ class Engine {
       const bool receive = needed.kind == ActionKind::kRecvForward || needed.kind == ActionKind::kRecvBackward;
       if (receive && receives_waited_on_ < receive_keys_.size()) receive_keys_[receives_waited_on_++] = key;
     });
-    if (missing == EngineKeys::kNone) return ready;
+    if (missing == DependencySlots::kNone) return ready;
     ranks_[rank].waiting_on[stream] = missing;
     return kUnknown;
   }
@@ -193,9 +138,9 @@ class Engine {
   void advance(std::size_t rank, std::size_t stream) {
     RankState& state = ranks_[rank];
     std::size_t& waiting_on = state.waiting_on[stream];
-    if (waiting_on != EngineKeys::kNone) {
+    if (waiting_on != DependencySlots::kNone) {
       if (done_[waiting_on] == kUnknown) return;
-      waiting_on = EngineKeys::kNone;
+      waiting_on = DependencySlots::kNone;
     }
     while (state.head[stream] < state.queue[stream].size()) {
       const Action& action = head_action(rank, stream);
@@ -223,7 +168,7 @@ class Engine {
     RankState& state = ranks_[rank];
     const uint32_t step = state.queue[stream][state.head[stream]];
     if (stream != static_cast<std::size_t>(TimelineStream::kSend)) {
-      heap_.push({end, sequence_++, static_cast<uint32_t>(rank), step});
+      queue_.schedule(end, static_cast<uint32_t>(rank), step);
       ++state.pending;
     }
     state.free[stream] = end;
@@ -316,19 +261,19 @@ class Engine {
     const Action receive = is_send ? matching_receive(action) : action;
     const DependencyKey receive_key = dependency_key(receive);
     const std::size_t message = index_.message(receive_key);
+    std::optional<double> begins;
     if (is_send) {
       const double ready = dependencies_done(action, rank, stream);
       if (ready == kUnknown) return false;
-      send_ready_[message] = std::max(state.free[stream], ready);
-      if (receive_ready_[message] == kUnknown) return false;
+      begins = transfers_.reach_send(message, std::max(state.free[stream], ready));
     } else {
-      receive_ready_[message] = state.free[stream];
-      if (send_ready_[message] == kUnknown) return false;
+      begins = transfers_.reach_receive(message, state.free[stream]);
     }
+    if (!begins) return false;
     const Action send = is_send ? action : matching_send(action);
     const StageCosts& sender_stage = costs_.stages[static_cast<std::size_t>(send.stage)];
     const double transfer = send.kind == ActionKind::kSendForward ? sender_stage.send_forward : sender_stage.send_backward;
-    const double start = std::max(send_ready_[message], receive_ready_[message]);
+    const double start = *begins;
     started_[index_(receive_key)] = start;
     const auto sender = static_cast<std::size_t>(stage_ranks_[static_cast<std::size_t>(send.stage)]);
     const auto receiver = static_cast<std::size_t>(stage_ranks_[static_cast<std::size_t>(receive.stage)]);
@@ -371,53 +316,12 @@ class Engine {
     RankState& state = ranks_[rank];
     const std::size_t stream = static_cast<std::size_t>(TimelineStream::kDataParallel);
     const StageCosts& stage = costs_.stages[static_cast<std::size_t>(action.stage)];
-    const double compute_free = state.free[static_cast<std::size_t>(TimelineStream::kCompute)];
-    // The compute beside the buckets runs longer by `extra`, which moves the backward's end and the
-    // buckets that wait for it, and so what runs beside: rounds settle it to a nanosecond (each
-    // changes the next by at most compute / (1 + compute) of its own change, a quarter at the
-    // slowdowns measured).
-    BucketRun run;  // first round: nothing lost yet
-    for (int round = 0; round < 64; ++round) {
-      const BucketRun next = run_buckets(state.free[stream], last_start, last_end, compute_free, run.extra, stage);
-      const bool settled = std::abs(next.extra - run.extra) <= 1e-9;
-      run = next;
-      if (settled) break;
-    }
+    const BucketWindow window{state.free[stream], last_start, last_end,
+                              state.free[static_cast<std::size_t>(TimelineStream::kCompute)]};
+    const BucketRun run = run_gradient_buckets(window, stage.gradient_buckets, stage.gradient_reduction_overlap);
     slow_compute_beside(state, run.extra);
     complete(rank, stream, run.start, run.end);
     return true;
-  }
-
-  struct BucketRun {
-    double start = 0;  // the first bucket's start
-    double end = 0;    // the last one's end
-    double extra = 0;  // what the compute issued so far lost to them
-  };
-  // The stage's buckets on the data-parallel stream (free from `free`), filling during the last
-  // backward [last_start, last_end], with the compute issued so far (until compute_free) running
-  // `extra` longer than it was costed: each bucket is stretched for the part of it beside that
-  // compute and runs at its own speed after it.
-  static BucketRun run_buckets(double free, double last_start, double last_end, double compute_free, double extra,
-                               const StageCosts& stage) {
-    const std::vector<GradientBucketCost>& buckets = stage.gradient_buckets;
-    const OverlapSlowdown overlap = stage.gradient_reduction_overlap;
-    const double filling = last_end - last_start + (compute_free > last_start ? extra : 0);
-    const double busy_until = compute_free + extra;
-    BucketRun run;
-    double at = free;
-    double beside = 0;
-    for (std::size_t k = 0; k < buckets.size(); ++k) {
-      at = std::max(at, last_start + filling * buckets[k].ready);
-      if (k == 0) run.start = at;
-      const double window = std::max(0.0, busy_until - at);
-      const double took = collective_seconds_beside(buckets[k].seconds, window, overlap.collective);
-      beside += std::min(took, window);
-      at += took;
-    }
-    if (buckets.empty()) at = run.start = std::max(at, last_end);
-    run.end = at;
-    run.extra = compute_lost_beside(beside, overlap.compute);
-    return run;
   }
 
   // The compute stream's work issued so far takes `extra` longer (what communication beside it cost).
@@ -444,6 +348,7 @@ class Engine {
       iteration = std::max(iteration, state.end);
     }
     result_.iteration_time_s = iteration;
+    result_.events = queue_.taken();
     double idle_in_pipeline = 0;
     for (RankState& state : ranks_) {
       state.result.idle_s += iteration - state.end;
@@ -459,12 +364,11 @@ class Engine {
   const ScheduleShape& shape_;
   const ActionCosts& costs_;
   const bool record_;
-  const EngineKeys index_;
+  const DependencySlots index_;
   const std::vector<int32_t> stage_ranks_;  // rank_of_each_stage(shape_)
   std::vector<double> done_;     // by key: when the providing action completed
   std::vector<double> started_;  // by key: when it started (transfers: when the transfer began)
-  std::vector<double> send_ready_;     // by EngineKeys::message: when the send side was reached
-  std::vector<double> receive_ready_;  // by EngineKeys::message: when the receive side was reached
+  TransferRendezvous transfers_;  // by DependencySlots::message
   // The receives the last dependencies_done call met (an OVERLAP_F_B waits on two at most).
   std::array<std::size_t, 2> receive_keys_{};
   std::size_t receives_waited_on_ = 0;
@@ -475,8 +379,7 @@ class Engine {
   };
   std::vector<WeightGradients> weight_gradients_;  // by stage
   std::vector<RankState> ranks_;
-  std::priority_queue<Completion, std::vector<Completion>, std::greater<>> heap_;
-  int64_t sequence_ = 0;
+  EventQueue queue_;
   std::vector<std::pair<std::size_t, std::size_t>> work_;  // (rank, stream) to advance
   SimulationResult result_;
 };

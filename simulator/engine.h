@@ -17,7 +17,10 @@
 //   compute) share of the time the buckets ran beside it, so its stream frees that much later (the
 //   completion of the action it was running, already on the heap, does not move).
 // - OPTIM waits for everything before it on its rank (all streams), then steps.
-// The engine keeps no global state: simulations may run concurrently on several threads.
+// The engine keeps no global state: simulations may run concurrently on several threads. Its parts,
+// each with one job: the event queue (event_queue.h), the send/receive rendezvous
+// (transfer_rendezvous.h), the gradient buckets (gradient_buckets.h) and the numbering of what it
+// tracks (dependency_slots.h); engine.cc holds the streams and the accounting.
 #pragma once
 
 #include <cstdint>
@@ -25,16 +28,10 @@
 
 #include "core/schedule/schedule.h"
 #include "core/timeline.h"
+#include "simulator/gradient_buckets.h"
 #include "simulator/overlap.h"
 
 namespace megaplan::sim {
-
-// One bucket of a stage's gradients: its reduction alone, and how far through the stage's last
-// backward its gradients are all there (0 to 1; the word embedding's, only at the end).
-struct GradientBucketCost {
-  double seconds = 0;
-  double ready = 1;
-};
 
 // Seconds for one microbatch on one virtual stage.
 struct StageCosts {
