@@ -5,12 +5,10 @@
 #include <CLI/CLI.hpp>
 
 #include "cli/commands.h"
-#include "cli/profile_choice.h"
+#include "simulator/profile_choice.h"
 #include "core/error.h"
 #include "core/json_io.h"
 #include "executor/io/staged_file.h"
-#include "planner/launch_commands.h"
-#include "planner/megatron_arguments.h"
 #include "reports/chrome_trace.h"
 #include "reports/html_report.h"
 #include "reports/timeline_comparison.h"
@@ -18,28 +16,6 @@
 #include "simulator/simulate_plan.h"
 
 namespace megaplan::cli {
-
-PlanReport plan_report(const JobSpec& job, const sim::Profile& profile, sim::PlanSimulation simulation) {
-  PlanReport report;
-  report.job = job;
-  report.iteration_time_s = simulation.result.iteration_time_s;
-  report.model_tflops_per_gpu = simulation.model_tflops_per_gpu;
-  report.mfu = simulation.mfu;
-  report.bubble_fraction = simulation.result.bubble_fraction;
-  report.peak_memory_bytes = simulation.peak_memory_bytes;
-  report.memory_capacity_bytes = simulation.memory_capacity_bytes;
-  report.fits_in_memory = simulation.fits_in_memory;
-  report.memory = std::move(simulation.memory);
-  report.timeline = std::move(simulation.result.timeline);
-  report.profile_name = profile.gpu_name();
-  report.profile_kind = sim::to_string(profile.kind());
-  report.profile_description = describe_profile(profile);
-  report.profile_uncertainty = profile.uncertainty();
-  report.megatron_arguments = planner::format_megatron_arguments(planner::megatron_arguments(job.model, job.plan));
-  report.launch = planner::format_launch_commands(
-      planner::launch_commands(job.plan, job.cluster, "job.json", "--data-path DATA_PREFIX --train-iters ITERS"));
-  return report;
-}
 
 void write_report(const PlanReport& report, const std::string& path, std::ostream& out) {
   const std::string page = render_html_report(report_data(report));
@@ -50,7 +26,7 @@ void write_report(const PlanReport& report, const std::string& path, std::ostrea
 
 int run_report(const ReportOptions& options, std::ostream& out) {
   const JobSpec job = load_job(options.model, options.cluster, options.plan, options.plan_file, options.given);
-  const sim::Profile profile = choose_profile(options.profile, job.cluster.gpu);
+  const sim::Profile profile = sim::choose_profile(options.profile, job.cluster.gpu);
   PlanReport report = plan_report(job, profile, sim::simulate_plan(job, profile, /*record_timeline=*/true));
   if (options.search) {
     report.search = read_json_file(*options.search);

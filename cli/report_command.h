@@ -27,10 +27,6 @@ struct ReportOptions {
 
 int run_report(const ReportOptions& options, std::ostream& out);
 
-// The report of `job` simulated with `profile` (`simulation` recorded its timeline); `report`,
-// `simulate --report` and `search --report` fill the rest.
-PlanReport plan_report(const JobSpec& job, const sim::Profile& profile, sim::PlanSimulation simulation);
-
 // Renders `report` and writes it to `path` atomically (nothing is written when rendering fails);
 // says so in one line.
 void write_report(const PlanReport& report, const std::string& path, std::ostream& out);

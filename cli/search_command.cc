@@ -1,4 +1,4 @@
-// `megaplan search`: flag mapping, the estimator wiring and the reports.
+// `megaplan search`: flag mapping and the estimator wiring; the outputs are reports/search_report.h's.
 #include "cli/search_command.h"
 
 #include <chrono>
@@ -13,7 +13,7 @@
 #include "cli/commands.h"
 #include "cli/notes.h"
 #include "cli/pasted_arguments.h"
-#include "cli/profile_choice.h"
+#include "simulator/profile_choice.h"
 #include "cli/report_command.h"
 #include "cli/progress_bar.h"
 #include "core/error.h"
@@ -22,9 +22,7 @@
 #include "planner/search.h"
 #include "planner/search_space.h"
 #include "planner/torchtitan_config.h"
-#include "reports/search_provenance.h"
-#include "reports/search_tables.h"
-#include "core/units.h"
+#include "reports/search_report.h"
 #include "simulator/plan_estimator.h"
 
 namespace megaplan::cli {
@@ -66,61 +64,6 @@ planner::SearchSpace search_space(const SearchCommandOptions& options, const Mod
   return space;
 }
 
-nlohmann::json plan_json(const RankedPlan& ranked, int64_t memory_limit) {
-  nlohmann::json json = parallel_plan_to_json(ranked.plan);
-  const StepEstimate& estimate = ranked.estimate;
-  json["num_microbatches"] = ranked.plan.num_microbatches();
-  json["iteration_time_s"] = estimate.iteration_time_s;
-  json["model_tflops_per_gpu"] = estimate.model_tflops_per_gpu;
-  json["mfu"] = estimate.mfu;
-  json["bubble_fraction"] = estimate.bubble_fraction;
-  json["peak_memory_bytes"] = ranked.peak_memory_bytes;
-  json["fits_in_memory"] = ranked.peak_memory_bytes <= memory_limit;
-  json["lower_bound_s"] = ranked.lower_bound_s;
-  json["tie_with_best"] = ranked.tie;
-  json["compute_s"] = estimate.compute_s;
-  json["tensor_comm_s"] = estimate.tensor_comm_s;
-  json["pipeline_comm_s"] = estimate.pipeline_comm_s;
-  json["data_parallel_comm_s"] = estimate.data_parallel_comm_s;
-  json["idle_s"] = estimate.idle_s;
-  return json;
-}
-
-// 1st, 2nd, 3rd, 4th, ..., 11th, 12th, 13th, ..., 21st.
-std::string ordinal(int64_t n) {
-  const int64_t tens = n % 100;
-  const char* suffix = (tens >= 11 && tens <= 13) ? "th" : n % 10 == 1 ? "st" : n % 10 == 2 ? "nd" : n % 10 == 3 ? "rd" : "th";
-  return std::to_string(n) + suffix;
-}
-
-void write_text(const SearchCommandOptions& options, const JobSpec& job, const planner::SearchResult& result,
-                double seconds, int64_t threads, double uncertainty, std::ostream& out) {
-  const planner::SearchCounts& counts = result.counts;
-  if (options.compare) {
-    out << job.model.name << " on " << job.cluster.total_gpus() << " x " << job.cluster.gpu.name << ", gbs "
-        << options.global_batch_size << ", seq " << job.model.seq_length << ": " << counts.enumerated
-        << " layouts compared, fitting or not (memory limit " << format_gib(static_cast<double>(result.memory_limit_bytes))
-        << " per GPU); " << format_fixed(seconds, 3) << " s\n\n"
-        << ranked_plans_table(result.plans, std::nullopt, result.memory_limit_bytes);
-    return;
-  }
-  out << job.model.name << " on " << job.cluster.total_gpus() << " x " << job.cluster.gpu.name << ", gbs "
-      << options.global_batch_size << ", seq " << job.model.seq_length << ", memory limit "
-      << format_gib(static_cast<double>(result.memory_limit_bytes)) << " per GPU\n";
-  out << counts.enumerated << " plans: " << counts.pruned_model_state << " over the limit on model state alone, "
-      << counts.pruned_activations << " with activations, " << counts.pruned_by_bound << " cannot beat the "
-      << ordinal(options.top) << " best (lower bound); " << counts.simulated
-      << " simulated; " << format_fixed(seconds, 3) << " s on " << threads << " threads ("
-      << format_count(static_cast<double>(counts.enumerated) / std::max(seconds, 1e-9)) << " plans/s)\n\n";
-  // Plans that differ only in a switch and that the profile cannot tell apart share a row.
-  out << ranked_plans_table(result.plans, std::nullopt, std::nullopt, uncertainty);
-  if (!result.over_memory.empty()) {
-    out << "\nfaster, but over the memory limit (" << format_gib(static_cast<double>(result.memory_limit_bytes))
-        << "):\n"
-        << ranked_plans_table(result.over_memory, result.plans.front().estimate.iteration_time_s);
-  }
-}
-
 // The best plan's launch lines: its job file is --out's (job.json when none), which also carries
 // the overlaps the simulation assumed (its implementation options).
 std::vector<planner::LaunchCommand> launch_commands_for(const SearchCommandOptions& options, const JobSpec& job) {
@@ -151,7 +94,7 @@ int run_search(const SearchCommandOptions& options, std::ostream& out) {
   problem.space = search_space(options, job.model);
   planner::validate_search_problem(problem);
 
-  const sim::Profile profile = choose_profile(options.profile, job.cluster.gpu);
+  const sim::Profile profile = sim::choose_profile(options.profile, job.cluster.gpu);
   const sim::SimulatorEstimator estimator(job.model, job.cluster, profile);
   const auto start = std::chrono::steady_clock::now();
   std::vector<planner::LeftOut> left_out;
@@ -186,25 +129,8 @@ int run_search(const SearchCommandOptions& options, std::ostream& out) {
   }
   job.plan = result.plans[static_cast<std::size_t>(options.pick - 1)].plan;
   if (options.out) exec::write_file_atomically(*options.out, job_spec_to_json(job).dump(2) + "\n");
-  nlohmann::json plans = nlohmann::json::array();
-  for (const RankedPlan& ranked : result.plans) plans.push_back(plan_json(ranked, result.memory_limit_bytes));
-  nlohmann::json over_memory = nlohmann::json::array();
-  for (const RankedPlan& ranked : result.over_memory) over_memory.push_back(plan_json(ranked, result.memory_limit_bytes));
-  nlohmann::json json = {{"plans", std::move(plans)},
-                         {"over_memory", std::move(over_memory)},
-                         {"counts",
-                          {{"enumerated", result.counts.enumerated},
-                           {"pruned_model_state", result.counts.pruned_model_state},
-                           {"pruned_activations", result.counts.pruned_activations},
-                           {"pruned_by_bound", result.counts.pruned_by_bound},
-                           {"simulated", result.counts.simulated}}},
-                         {"memory_limit_bytes", result.memory_limit_bytes},
-                         {"profile", profile_json(profile)},
-                         {"tie_tolerance", profile.uncertainty()},
-                         {"seconds", seconds},
-                         {"threads", threads}};
-  // What was searched, so that `report --search` can refuse a search of another model or cluster.
-  json.update(search_provenance(job.model, job.cluster, problem.space.implementation, problem.space.options));
+  const SearchRun run{job, options.global_batch_size, options.top, seconds, threads, profile};
+  nlohmann::json json = search_json(run, result, problem.space);
   if (options.report) {
     // The best plan's report with the ranked plans beside it; its line goes to stderr under --json.
     PlanReport report = plan_report(job, profile, sim::simulate_plan(job, profile, /*record_timeline=*/true));
@@ -225,15 +151,8 @@ int run_search(const SearchCommandOptions& options, std::ostream& out) {
     out << json.dump(2) << "\n";
     return 0;
   }
-  write_text(options, job, result, seconds, threads, profile.uncertainty(), out);
   const std::string picked = "#" + std::to_string(options.pick);
-  out << "code (" << picked << "): " << describe_implementation(job.plan) << "\n";
-  out << "profile: " << describe_profile(profile) << "\n";
-  out << (profile.uncertainty() > 0
-              ? "ties: plans marked \"tie\" are predicted within the profile's stated uncertainty (" +
-                    format_percent(profile.uncertainty()) + ") of #1; the simulator cannot rank them apart\n"
-              : std::string("ties: the profile states no uncertainty, so no plan is marked as a tie\n"));
-  if (options.explain) out << "\n" << winner_explanation(result.plans, result.memory_limit_bytes);
+  write_search_text(run, result, {.compare = options.compare, .explain = options.explain, .picked = picked}, out);
   if (options.emit == "megatron") {
     out << "\nMegatron-LM arguments for " << picked << ":\n" << planner::format_megatron_arguments(planner::megatron_arguments(job.model, job.plan));
   }
@@ -287,7 +206,7 @@ void setup_search_command(CLI::App& app, CommandContext& context) {
       ->capture_default_str();
   command->add_option("--top", options->top, "Plans to rank")->capture_default_str();
   command->add_option("--threads", options->threads, "Worker threads (0: all cores)")->capture_default_str();
-  command->add_option("--profile", options->profile, kProfileFlagHelp);
+  command->add_option("--profile", options->profile, sim::kProfileFlagHelp);
   command->add_option("--out", options->out, "Write the best plan as a job file (for simulate --plan)");
   command->add_option("--pick", options->pick,
                       "The ranked plan --out, --report and --emit take: 1 (the best), 2, ... up to --top")

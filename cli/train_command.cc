@@ -9,7 +9,7 @@
 #include "cli/data_command.h"
 #include "cli/notes.h"
 #include "cli/pasted_arguments.h"
-#include "cli/profile_choice.h"
+#include "simulator/profile_choice.h"
 #include "cli/report_command.h"
 #include "core/device_gpu.h"
 #include "core/error.h"
@@ -97,7 +97,7 @@ void write_training_report(const TrainCommandOptions& options, const ModelSpec& 
                            const ClusterSpec& cluster, const exec::TrainSummary& summary, std::ostream& out) {
   const JobSpec job{model, cluster, plan};
   validate_job(job);
-  const sim::Profile profile = choose_profile(std::nullopt, cluster.gpu);
+  const sim::Profile profile = sim::choose_profile(std::nullopt, cluster.gpu);
   PlanReport report = plan_report(job, profile, sim::simulate_plan(job, profile, /*record_timeline=*/true));
   report.measured = summary.timeline;
   report.measured_source = "iteration " + std::to_string(summary.last_iteration) + " of this run (" + options.device + ")";

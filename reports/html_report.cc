@@ -10,10 +10,13 @@
 #include "core/json_io.h"
 #include "core/pipeline_layout.h"
 #include "core/version.h"
+#include "planner/launch_commands.h"
+#include "planner/megatron_arguments.h"
 #include "reports/report_assets.h"
 #include "reports/search_provenance.h"
 #include "reports/timeline_comparison.h"
 #include "reports/timeline_messages.h"
+#include "simulator/profile_choice.h"
 
 namespace megaplan {
 
@@ -290,6 +293,28 @@ std::string render_html_report(const nlohmann::json& data) {
   replace_placeholder(page, "/*MEGAPLAN_D3*/", std::string(d3_min_js()));
   replace_placeholder(page, "/*MEGAPLAN_DATA*/", "window.MEGAPLAN = " + json + ";");
   return page;
+}
+
+PlanReport plan_report(const JobSpec& job, const sim::Profile& profile, sim::PlanSimulation simulation) {
+  PlanReport report;
+  report.job = job;
+  report.iteration_time_s = simulation.result.iteration_time_s;
+  report.model_tflops_per_gpu = simulation.model_tflops_per_gpu;
+  report.mfu = simulation.mfu;
+  report.bubble_fraction = simulation.result.bubble_fraction;
+  report.peak_memory_bytes = simulation.peak_memory_bytes;
+  report.memory_capacity_bytes = simulation.memory_capacity_bytes;
+  report.fits_in_memory = simulation.fits_in_memory;
+  report.memory = std::move(simulation.memory);
+  report.timeline = std::move(simulation.result.timeline);
+  report.profile_name = profile.gpu_name();
+  report.profile_kind = sim::to_string(profile.kind());
+  report.profile_description = sim::describe_profile(profile);
+  report.profile_uncertainty = profile.uncertainty();
+  report.megatron_arguments = planner::format_megatron_arguments(planner::megatron_arguments(job.model, job.plan));
+  report.launch = planner::format_launch_commands(
+      planner::launch_commands(job.plan, job.cluster, "job.json", "--data-path DATA_PREFIX --train-iters ITERS"));
+  return report;
 }
 
 }  // namespace megaplan

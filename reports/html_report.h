@@ -15,6 +15,8 @@
 #include "core/job_spec.h"
 #include "core/memory_model.h"
 #include "core/timeline.h"
+#include "simulator/profile.h"
+#include "simulator/simulate_plan.h"
 
 namespace megaplan {
 
@@ -47,6 +49,11 @@ struct PlanReport {
   std::optional<Timeline> measured;
   std::string measured_source;
 };
+
+// The report of `job` simulated with `profile` (`simulation` recorded its timeline), with
+// Megatron-LM's arguments and the launch lines for it; `report`, `simulate --report` and
+// `search --report` fill the rest.
+PlanReport plan_report(const JobSpec& job, const sim::Profile& profile, sim::PlanSimulation simulation);
 
 // The page's data (window.MEGAPLAN; the schema is the template's). Throws SpecError naming
 // `search_source` and the field when the search JSON is not `search --json`'s, or is a search of

@@ -13,7 +13,7 @@
 #include "core/cluster_spec.h"
 #include "simulator/profile.h"
 
-namespace megaplan::cli {
+namespace megaplan::sim {
 
 // --profile's help, the same wherever a command costs with choose_profile.
 inline constexpr const char* kProfileFlagHelp =
@@ -21,11 +21,11 @@ inline constexpr const char* kProfileFlagHelp =
     "transferred to it, else its datasheet";
 
 // Throws SpecError("--profile", ...) for a file of another GPU, or a GPU with no built-in profile.
-sim::Profile choose_profile(const std::optional<std::string>& profile_file, const GpuSpec& gpu);
+Profile choose_profile(const std::optional<std::string>& profile_file, const GpuSpec& gpu);
 
 // "H100-SXM5-80GB, measured: profiles/h100-sxm5-80gb.measured.json (built in); <its source>".
-std::string describe_profile(const sim::Profile& profile);
+std::string describe_profile(const Profile& profile);
 // {gpu, kind, origin, source} for JSON outputs.
-nlohmann::json profile_json(const sim::Profile& profile);
+nlohmann::json profile_json(const Profile& profile);
 
-}  // namespace megaplan::cli
+}  // namespace megaplan::sim

@@ -1,4 +1,4 @@
-#include "cli/profile_choice.h"
+#include "simulator/profile_choice.h"
 
 #include <utility>
 
@@ -7,17 +7,17 @@
 #include "simulator/builtin_profiles.h"
 #include "simulator/profile_transfer.h"
 
-namespace megaplan::cli {
+namespace megaplan::sim {
 namespace {
 
 // A shipped measured profile, else one transferred from another GPU's, else the datasheet numbers
 // of a GPU type of megaplan's cluster presets.
-sim::Profile default_profile(const GpuSpec& gpu) {
-  if (std::optional<sim::Profile> measured = sim::builtin_measured_profile(gpu.name)) return std::move(*measured);
-  if (std::optional<sim::Profile> transferred = sim::builtin_transferred_profile(gpu)) return std::move(*transferred);
+Profile default_profile(const GpuSpec& gpu) {
+  if (std::optional<Profile> measured = builtin_measured_profile(gpu.name)) return std::move(*measured);
+  if (std::optional<Profile> transferred = builtin_transferred_profile(gpu)) return std::move(*transferred);
   std::string known;
   for (const ClusterSpec& preset : cluster_presets()) {
-    if (preset.gpu.name == gpu.name) return sim::Profile::datasheet(preset.gpu);
+    if (preset.gpu.name == gpu.name) return Profile::datasheet(preset.gpu);
     if (known.find(preset.gpu.name) == std::string::npos) known += (known.empty() ? "" : ", ") + preset.gpu.name;
   }
   throw SpecError("--profile", "no built-in profile for GPU type \"" + gpu.name + "\" (known: " + known +
@@ -26,9 +26,9 @@ sim::Profile default_profile(const GpuSpec& gpu) {
 
 }  // namespace
 
-sim::Profile choose_profile(const std::optional<std::string>& profile_file, const GpuSpec& gpu) {
+Profile choose_profile(const std::optional<std::string>& profile_file, const GpuSpec& gpu) {
   if (!profile_file) return default_profile(gpu);
-  sim::Profile profile = sim::Profile::load(*profile_file);
+  Profile profile = Profile::load(*profile_file);
   if (profile.gpu_name() != gpu.name) {
     throw SpecError("--profile", *profile_file + " profiles " + profile.gpu_name() + ", but the cluster's GPU is " +
                                      gpu.name);
@@ -36,13 +36,13 @@ sim::Profile choose_profile(const std::optional<std::string>& profile_file, cons
   return profile;
 }
 
-std::string describe_profile(const sim::Profile& profile) {
+std::string describe_profile(const Profile& profile) {
   const std::string kind = to_string(profile.kind());
   if (profile.origin() == "datasheet") return profile.gpu_name() + ", " + kind + " (no measured tables)";
   return profile.gpu_name() + ", " + kind + ": " + profile.origin() + "; " + profile.source();
 }
 
-nlohmann::json profile_json(const sim::Profile& profile) {
+nlohmann::json profile_json(const Profile& profile) {
   return {{"gpu", profile.gpu_name()},
           {"kind", to_string(profile.kind())},
           {"uncertainty", profile.uncertainty()},
@@ -50,4 +50,4 @@ nlohmann::json profile_json(const sim::Profile& profile) {
           {"source", profile.source()}};
 }
 
-}  // namespace megaplan::cli
+}  // namespace megaplan::sim
