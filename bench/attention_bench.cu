@@ -22,7 +22,8 @@ namespace cu = megaplan::exec::cuda;
 namespace {
 
 void check(cudaError_t status, const char* what) {
-  if (status != cudaSuccess) throw megaplan::SpecError("--device", std::string(what) + ": " + cudaGetErrorString(status));
+  if (status != cudaSuccess)
+    throw megaplan::SpecError("--device", std::string(what) + ": " + cudaGetErrorString(status));
 }
 
 // Roughly normal values from a counter hash (sum of four uniforms), so large inputs need no host copy.
@@ -83,11 +84,11 @@ struct Case {
 int main() {
   const cu::Stream stream;
   std::printf("%-10s %-22s %9s %10s %9s %10s\n", "model", "shape", "fwd_ms", "fwd_TF/s", "bwd_ms", "bwd_TF/s");
-  for (const Case c : {Case{"gpt-1.3b", 8, 2048, 16, 128}, Case{"gpt2-350m", 16, 1024, 16, 64},
-                       Case{"gpt2-124m", 16, 1024, 12, 64}}) {
+  for (const Case c :
+       {Case{"gpt-1.3b", 8, 2048, 16, 128}, Case{"gpt2-350m", 16, 1024, 16, 64}, Case{"gpt2-124m", 16, 1024, 12, 64}}) {
     const int64_t d = c.dim, token_stride = c.heads * 3 * d, tokens = c.batch * c.seq;
-    const cu::AttentionShape shape{c.batch, c.seq, c.heads, c.heads, d, token_stride, 3 * d,
-                                   1.0f / std::sqrt(static_cast<float>(d))};
+    const cu::AttentionShape shape{c.batch, c.seq,        c.heads, c.heads,
+                                   d,       token_stride, 3 * d,   1.0f / std::sqrt(static_cast<float>(d))};
     cu::Half* qkv = random_buffer(tokens * token_stride, 1, stream);
     cu::Half* dout = random_buffer(tokens * c.heads * d, 2, stream);
     cu::Half* out = random_buffer(tokens * c.heads * d, 3, stream);
@@ -97,9 +98,8 @@ int main() {
     check(cudaMalloc(&workspace, cu::flash_attention_backward_workspace_bytes(shape)), "cudaMalloc");
     const cu::Half *q = qkv, *k = qkv + d, *v = qkv + 2 * d;
     auto* lse_f = static_cast<float*>(lse);
-    const float fwd = median_ms(stream, [&] {
-      cu::flash_attention_forward(shape, q, k, v, out, lse_f, megaplan::DType::kBFloat16, stream);
-    });
+    const float fwd = median_ms(
+        stream, [&] { cu::flash_attention_forward(shape, q, k, v, out, lse_f, megaplan::DType::kBFloat16, stream); });
     const float bwd = median_ms(stream, [&] {
       cu::flash_attention_backward(shape, dout, q, k, v, out, lse_f, token_stride, dqkv, dqkv + d, dqkv + 2 * d,
                                    workspace, megaplan::DType::kBFloat16, stream);

@@ -52,4 +52,3 @@ void BM_GenerateLowerValidate(benchmark::State& state) {
 BENCHMARK(BM_GenerateLowerValidate)->Args({8, 2, 64})->Args({64, 4, 1024})->Unit(benchmark::kMillisecond);
 
 }  // namespace
-

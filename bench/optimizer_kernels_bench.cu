@@ -157,10 +157,18 @@ int main() {
       const int64_t hidden = 1024, layers = 24, vocab = 50304, positions = 1024;
       std::vector<std::pair<int64_t, float>> shapes = {{vocab * hidden, 0.1f}, {positions * hidden, 0.1f}};
       for (int64_t l = 0; l < layers; ++l) {
-        for (auto shape : std::vector<std::pair<int64_t, float>>{
-                 {hidden, 0}, {hidden, 0}, {3 * hidden * hidden, 0.1f}, {3 * hidden, 0}, {hidden * hidden, 0.1f},
-                 {hidden, 0}, {hidden, 0}, {hidden, 0}, {4 * hidden * hidden, 0.1f}, {4 * hidden, 0},
-                 {4 * hidden * hidden, 0.1f}, {hidden, 0}}) {
+        for (auto shape : std::vector<std::pair<int64_t, float>>{{hidden, 0},
+                                                                 {hidden, 0},
+                                                                 {3 * hidden * hidden, 0.1f},
+                                                                 {3 * hidden, 0},
+                                                                 {hidden * hidden, 0.1f},
+                                                                 {hidden, 0},
+                                                                 {hidden, 0},
+                                                                 {hidden, 0},
+                                                                 {4 * hidden * hidden, 0.1f},
+                                                                 {4 * hidden, 0},
+                                                                 {4 * hidden * hidden, 0.1f},
+                                                                 {hidden, 0}}) {
           shapes.push_back(shape);
         }
       }
@@ -181,8 +189,8 @@ int main() {
       std::vector<cu::TensorSpan> gradients;
       int64_t offset = 0;
       for (auto [n, decay] : shapes) {
-        tensors.push_back({master + offset, gradient + offset, exp_avg + offset, exp_avg_sq + offset, compute + offset,
-                           n, decay});
+        tensors.push_back(
+            {master + offset, gradient + offset, exp_avg + offset, exp_avg_sq + offset, compute + offset, n, decay});
         gradients.push_back({gradient + offset, n});
         offset += n;
       }
@@ -190,9 +198,9 @@ int main() {
       int64_t step = 0;
       const double adamw_ms =
           median_ms(stream, [&] { optimizer.step(++step, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.5f, stream); });
-      rows.push_back({"AdamW " + std::to_string(total / 1000000) + "M params, " + std::to_string(shapes.size()) +
-                          " tensors",
-                      static_cast<double>(total) * (16 + 12 + 2), adamw_ms});
+      rows.push_back(
+          {"AdamW " + std::to_string(total / 1000000) + "M params, " + std::to_string(shapes.size()) + " tensors",
+           static_cast<double>(total) * (16 + 12 + 2), adamw_ms});
       cu::DeviceReducer reducer;
       const double norm_ms = median_ms(stream, [&] { (void)reducer.sum_of_squares(gradients, stream); });
       rows.push_back({"gradient norm^2 (sum of squares, to host)", static_cast<double>(total) * 4, norm_ms});

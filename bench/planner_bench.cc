@@ -31,8 +31,7 @@ void run(benchmark::State& state, const std::string& model, int64_t gpus, int64_
     benchmark::DoNotOptimize(result.plans.front().estimate.iteration_time_s);
   }
   state.counters["plans_per_s"] = benchmark::Counter(static_cast<double>(plans), benchmark::Counter::kIsRate);
-  state.counters["simulated"] =
-      benchmark::Counter(static_cast<double>(simulated), benchmark::Counter::kAvgIterations);
+  state.counters["simulated"] = benchmark::Counter(static_cast<double>(simulated), benchmark::Counter::kAvgIterations);
 }
 
 void BM_SearchGpt1TOn3072(benchmark::State& state) { run(state, "gpt-1t", 3072, 3072); }

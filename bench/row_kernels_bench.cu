@@ -93,12 +93,12 @@ int main() {
     check(cudaMalloc(&workspace, cu::norm_backward_workspace_bytes(rows, cols)), "cudaMalloc");
     const float eps = 1e-5f;
 
-    row("copy (ceiling)", rows, cols, 4, median_ms(stream, [&] {
-          check(cudaMemcpyAsync(y, x, n * 2, cudaMemcpyDeviceToDevice, stream), "copy");
-        }));
+    row("copy (ceiling)", rows, cols, 4,
+        median_ms(stream, [&] { check(cudaMemcpyAsync(y, x, n * 2, cudaMemcpyDeviceToDevice, stream), "copy"); }));
     row("add", rows, cols, 6, median_ms(stream, [&] { cu::add(x, r, rows * cols, y, kBf16, stream); }));
     row("layernorm_forward", rows, cols, 4, median_ms(stream, [&] {
-          cu::layernorm_forward(x, nullptr, kNoDropout, nullptr, gamma, beta, rows, cols, eps, y, mean, rstd, kBf16, stream);
+          cu::layernorm_forward(x, nullptr, kNoDropout, nullptr, gamma, beta, rows, cols, eps, y, mean, rstd, kBf16,
+                                stream);
         }));
     row("layernorm_forward+residual", rows, cols, 8, median_ms(stream, [&] {
           cu::layernorm_forward(x, r, kNoDropout, sum, gamma, beta, rows, cols, eps, y, mean, rstd, kBf16, stream);

@@ -43,4 +43,3 @@ void BM_SimulateGpt3On8192(benchmark::State& state) { run(state, job("gpt3-175b"
 BENCHMARK(BM_SimulateGpt3On8192)->Unit(benchmark::kMillisecond);
 
 }  // namespace
-

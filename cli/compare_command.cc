@@ -9,8 +9,8 @@
 #include "cli/commands.h"
 #include "core/error.h"
 #include "core/text_file.h"
-#include "reports/chrome_trace.h"
 #include "core/units.h"
+#include "reports/chrome_trace.h"
 #include "reports/timeline_comparison.h"
 
 namespace megaplan::cli {
@@ -62,11 +62,13 @@ void write_text(const CompareOptions& options, const TimelineComparison& compari
       << "measured   " << options.measured << "\n"
       << "iteration  " << milliseconds_number(comparison.simulated_iteration_s) << " ms simulated, "
       << milliseconds_number(comparison.measured_iteration_s) << " ms measured: "
-      << format_percent(relative_error(comparison.simulated_iteration_s, comparison.measured_iteration_s), true) << "\n";
+      << format_percent(relative_error(comparison.simulated_iteration_s, comparison.measured_iteration_s), true)
+      << "\n";
   bool same_order = true;
   for (const RankComparison& rank : comparison.ranks) same_order = same_order && rank.same_compute_order;
-  out << "order      " << (same_order ? "every rank computed in the simulated order"
-                                      : "some ranks computed in another order than simulated (see the table)")
+  out << "order      "
+      << (same_order ? "every rank computed in the simulated order"
+                     : "some ranks computed in another order than simulated (see the table)")
       << "\n\n";
   out << comparison_table(comparison);
 }

@@ -42,7 +42,8 @@ int run_convert(const ConvertOptions& options, std::ostream& out) {
     const exec::CheckpointWeights weights = exec::read_checkpoint_weights(options.load);
     const std::string type = exec::hf_model_type(weights.model, options.model_type);
     const exec::HfTokenizerExport tokenizer = exec::hf_tokenizer_export(weights.tokenizer, weights.model.vocab_size);
-    const int64_t written = exec::write_hf_checkpoint(options.save, weights.model, type, weights.tensors, dtype, tokenizer);
+    const int64_t written =
+        exec::write_hf_checkpoint(options.save, weights.model, type, weights.tensors, dtype, tokenizer);
     out << "wrote " << options.save << ": " << type << ", " << written << " tensors of " << weights.model.name
         << " (vocabulary " << weights.model.vocab_size << ") in " << options.dtype << "\n"
         << tokenizer.note << "\n";
@@ -55,7 +56,8 @@ int run_convert(const ConvertOptions& options, std::ostream& out) {
   validate_plan(checkpoint.model, plan);
   exec::write_checkpoint_weights(options.save, checkpoint.model, plan, checkpoint.tensors, options.seed);
   out << "wrote " << options.save << ": " << checkpoint.tensors.size() << " tensors of " << checkpoint.model.name
-      << " for tp " << plan.tensor_parallel_size << ", pp " << plan.pipeline_parallel_size << " (iteration 0, a fresh optimizer)\n";
+      << " for tp " << plan.tensor_parallel_size << ", pp " << plan.pipeline_parallel_size
+      << " (iteration 0, a fresh optimizer)\n";
   return 0;
 }
 
@@ -64,12 +66,14 @@ void setup_convert_command(CLI::App& app, CommandContext& context) {
   CLI::App* command = app.add_subcommand(
       "convert", "Convert a megaplan checkpoint to a Hugging Face directory (config.json, safetensors), or back");
   command->add_option("--to", options->to, "hf or megaplan")->required();
-  command->add_option("--load", options->load, "The checkpoint directory (--to hf) or Hugging Face directory")->required();
+  command->add_option("--load", options->load, "The checkpoint directory (--to hf) or Hugging Face directory")
+      ->required();
   command->add_option("--save", options->save, "Where to write; must not exist or be empty")->required();
   command->add_option("--dtype", options->dtype, "--to hf: fp32 (every bit kept) or bf16")->capture_default_str();
   command->add_option("--model-type", options->model_type,
                       "--to hf: llama, mistral, qwen2 or gpt2 (default: from the architecture)");
-  command->add_option("--seed", options->seed, "--to megaplan: the data order training from it draws")->capture_default_str();
+  command->add_option("--seed", options->seed, "--to megaplan: the data order training from it draws")
+      ->capture_default_str();
   add_plan_options(*command, options->plan);
   command->callback([options, &context] { context.exit_code = run_convert(*options, context.out); });
 }

@@ -60,8 +60,9 @@ void add_tokenizer_options(CLI::App& command, exec::TokenizerOptions& options) {
   command.add_option("--vocab-file", options.vocab_file, "GPT-2's vocab.json (with --tokenizer gpt2)")->group(group);
   command.add_option("--merge-file", options.merge_file, "GPT-2's merges.txt (with --tokenizer gpt2)")->group(group);
   command
-      .add_option("--tokenizer-file", options.tokenizer_file,
-                  "A Hugging Face tokenizer.json (with --tokenizer hf); eos_token from a tokenizer_config.json beside it")
+      .add_option(
+          "--tokenizer-file", options.tokenizer_file,
+          "A Hugging Face tokenizer.json (with --tokenizer hf); eos_token from a tokenizer_config.json beside it")
       ->group(group);
   command
       .add_option("--tokenizer-model", options.tokenizer_model,
@@ -74,9 +75,10 @@ void setup_data_command(CLI::App& app, CommandContext& context) {
   CLI::App* data = app.add_subcommand("data", "Training data: Megatron's indexed datasets");
   data->require_subcommand(1);
   auto options = std::make_shared<DataPrepareOptions>();
-  CLI::App* prepare = data->add_subcommand(
-      "prepare", "Tokenize text into Megatron's indexed datasets, as Megatron-LM's tools/preprocess_data.py: "
-                 "PREFIX_<key>_document.bin and .idx per --json-keys key");
+  CLI::App* prepare =
+      data->add_subcommand("prepare",
+                           "Tokenize text into Megatron's indexed datasets, as Megatron-LM's tools/preprocess_data.py: "
+                           "PREFIX_<key>_document.bin and .idx per --json-keys key");
   prepare
       ->add_option("--input", options->prepare.inputs,
                    "Input files (JSON lines, whatever the name: a document per line; any other file: one document), "
@@ -88,8 +90,9 @@ void setup_data_command(CLI::App& app, CommandContext& context) {
       ->required();
   options->tokenizer.kind.clear();  // none given: --tokenizer-type's, else byte
   add_tokenizer_options(*prepare, options->tokenizer);
-  prepare->get_option("--tokenizer")->description(prepare->get_option("--tokenizer")->get_description() +
-                                                   " (default: --tokenizer-type's, else byte)");
+  prepare->get_option("--tokenizer")
+      ->description(prepare->get_option("--tokenizer")->get_description() +
+                    " (default: --tokenizer-type's, else byte)");
   // Each --json-keys replaces the one before, as argparse takes a repeated flag's last value.
   prepare
       ->add_option_function<std::vector<std::string>>(

@@ -6,14 +6,14 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include "executor/io/staged_file.h"
 #include "cli/commands.h"
 #include "cli/pasted_arguments.h"
 #include "core/formulas.h"
 #include "core/json_io.h"
 #include "core/pipeline_layout.h"
-#include "reports/text_table.h"
 #include "core/units.h"
+#include "executor/io/staged_file.h"
+#include "reports/text_table.h"
 
 namespace megaplan::cli {
 
@@ -48,8 +48,8 @@ JobFacts derive_facts(const JobSpec& job) {
   facts.padded_vocab_size = padded_vocab_size(job.model, job.plan.tensor_parallel_size);
   facts.total_parameters = total_parameters(job.model, job.plan.tensor_parallel_size);
   facts.model_flops_per_iteration = model_flops(job.model, job.plan.global_batch_size, facts.padded_vocab_size);
-  facts.hardware_flops_per_iteration = hardware_flops(job.model, job.plan.global_batch_size, facts.padded_vocab_size,
-                                                      job.plan.recompute_granularity);
+  facts.hardware_flops_per_iteration =
+      hardware_flops(job.model, job.plan.global_batch_size, facts.padded_vocab_size, job.plan.recompute_granularity);
   facts.min_iteration_time_s = facts.hardware_flops_per_iteration /
                                (static_cast<double>(job.cluster.total_gpus()) * job.cluster.gpu.dense_bf16_flops_per_s);
   facts.pipeline_ranks = parameters_per_pipeline_rank(job.model, job.plan);

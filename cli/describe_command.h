@@ -15,7 +15,7 @@ struct DescribeOptions {
   ClusterOptions cluster;
   PlanOptions plan;
   std::optional<std::string> plan_file;  // a job JSON (as --out writes it) instead of flags
-  GivenFlags given;  // job flags given beside --plan: they override it (given_flags)
+  GivenFlags given;                      // job flags given beside --plan: they override it (given_flags)
   std::optional<std::string> out;        // write the resolved job JSON here
   bool json = false;
 };

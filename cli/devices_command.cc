@@ -11,9 +11,9 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/units.h"
 #include "executor/gpu_inventory.h"
 #include "reports/text_table.h"
-#include "core/units.h"
 
 namespace megaplan::cli {
 namespace {
@@ -45,7 +45,7 @@ void write_text(const GpuInventory& inventory, const std::vector<ProbeOutcome>& 
       << "; cuBLAS " << inventory.cublas.text() << "; cuBLASLt " << inventory.cublaslt.text() << "; NCCL "
       << inventory.nccl.text() << "; device code " << built_cuda_architectures() << "\n";
 
-  std::vector<std::string> header{"gpu", "name", "arch", "SMs", "memory free", "memory total", "memory bandwidth",
+  std::vector<std::string> header{"gpu",       "name", "arch", "SMs", "memory free", "memory total", "memory bandwidth",
                                   "PCI bus id"};
   const bool probed = !probes.empty();
   if (probed) header.push_back("probe");
@@ -76,8 +76,8 @@ nlohmann::json to_json(const GpuInventory& inventory, const std::vector<ProbeOut
     nlohmann::json entry = {
         {"index", device.index},
         {"name", device.name},
-        {"compute_capability", std::to_string(device.compute_capability_major) + "." +
-                                   std::to_string(device.compute_capability_minor)},
+        {"compute_capability",
+         std::to_string(device.compute_capability_major) + "." + std::to_string(device.compute_capability_minor)},
         {"sm_count", device.sm_count},
         {"total_memory_bytes", device.total_memory_bytes},
         {"free_memory_bytes", device.free_memory_bytes},

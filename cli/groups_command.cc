@@ -23,11 +23,10 @@ void write_group(const std::vector<int64_t>& group, std::ostream& out) {
 }
 
 void write_text(const RankGroups& groups, std::ostream& out) {
-  out << "Megatron rank groups for world " << groups.world_size << ": tp "
-      << groups.tensor_parallel_size << ", pp " << groups.pipeline_parallel_size << ", cp "
-      << groups.context_parallel_size << ", ep " << groups.expert_parallel_size << ", dp "
-      << groups.data_parallel_size << ", expert dp " << groups.expert_data_parallel_size
-      << "; order";
+  out << "Megatron rank groups for world " << groups.world_size << ": tp " << groups.tensor_parallel_size << ", pp "
+      << groups.pipeline_parallel_size << ", cp " << groups.context_parallel_size << ", ep "
+      << groups.expert_parallel_size << ", dp " << groups.data_parallel_size << ", expert dp "
+      << groups.expert_data_parallel_size << "; order";
   for (size_t i = 0; i < groups.order.size(); ++i) out << (i == 0 ? " " : "-") << groups.order[i];
   out << '\n';
 
@@ -46,8 +45,8 @@ void write_text(const RankGroups& groups, std::ostream& out) {
 }  // namespace
 
 int run_groups(const GroupsOptions& options, std::ostream& out) {
-  const RankGroups groups = megatron_rank_groups(options.world_size, options.tp, options.pp,
-                                                 options.cp, options.ep, options.order);
+  const RankGroups groups =
+      megatron_rank_groups(options.world_size, options.tp, options.pp, options.cp, options.ep, options.order);
   if (options.json) {
     out << rank_groups_to_json(groups).dump(2) << '\n';
   } else {
@@ -58,18 +57,14 @@ int run_groups(const GroupsOptions& options, std::ostream& out) {
 
 void setup_groups_command(CLI::App& app, CommandContext& context) {
   auto options = std::make_shared<GroupsOptions>();
-  CLI::App* command = app.add_subcommand(
-      "groups", "Print the rank groups Megatron-LM builds for a world size and parallel layout.");
+  CLI::App* command =
+      app.add_subcommand("groups", "Print the rank groups Megatron-LM builds for a world size and parallel layout.");
   command->add_option("--world-size", options->world_size, "Number of ranks (GPUs)")->required();
-  command->add_option("--tp,--tensor-model-parallel-size", options->tp, "Tensor-parallel size")
-      ->capture_default_str();
+  command->add_option("--tp,--tensor-model-parallel-size", options->tp, "Tensor-parallel size")->capture_default_str();
   command->add_option("--pp,--pipeline-model-parallel-size", options->pp, "Pipeline-parallel size")
       ->capture_default_str();
-  command->add_option("--cp,--context-parallel-size", options->cp, "Context-parallel size")
-      ->capture_default_str();
-  command
-      ->add_option("--ep,--expert-model-parallel-size", options->ep,
-                   "Expert-parallel size (MoE layers)")
+  command->add_option("--cp,--context-parallel-size", options->cp, "Context-parallel size")->capture_default_str();
+  command->add_option("--ep,--expert-model-parallel-size", options->ep, "Expert-parallel size (MoE layers)")
       ->capture_default_str();
   command
       ->add_option("--order", options->order,

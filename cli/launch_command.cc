@@ -12,10 +12,10 @@ namespace megaplan::cli {
 void setup_launch_command(CLI::App& app, CommandContext& context) {
   auto options = std::make_shared<exec::LaunchOptions>();
   auto master_addr = std::make_shared<std::string>();
-  CLI::App* command = app.add_subcommand(
-      "launch",
-      "Start this node's ranks as torchrun does: megaplan launch --nproc-per-node N -- train ...; "
-      "each rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT");
+  CLI::App* command =
+      app.add_subcommand("launch",
+                         "Start this node's ranks as torchrun does: megaplan launch --nproc-per-node N -- train ...; "
+                         "each rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT");
   command->add_option("--nproc-per-node,--nproc_per_node", options->nproc_per_node, "Ranks on this node")
       ->capture_default_str();
   command->add_option("--nnodes", options->nnodes, "Nodes in the job")->capture_default_str();
@@ -23,8 +23,7 @@ void setup_launch_command(CLI::App& app, CommandContext& context) {
       ->capture_default_str();
   command->add_option("--master-addr,--master_addr", *master_addr,
                       "Rank 0's host (default 127.0.0.1; required with --nnodes > 1)");
-  command->add_option("--master-port,--master_port", options->master_port, "Rank 0's TCP port")
-      ->capture_default_str();
+  command->add_option("--master-port,--master_port", options->master_port, "Rank 0's TCP port")->capture_default_str();
   command->add_option("command", options->command,
                       "After --: the megaplan command every rank runs, with its arguments");
   command->callback([options, master_addr, command, &context] {

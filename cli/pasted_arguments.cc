@@ -21,9 +21,9 @@ constexpr int64_t kGpt2Vocabulary = 50257;  // GPT2BPETokenizer's vocab.json
 
 // Megatron's flags that name files or directories: recorded, not opened.
 bool names_a_path(const std::string& flag) {
-  static const char* const kPaths[] = {"--data-path", "--train-data-path", "--valid-data-path", "--test-data-path",
-                                       "--vocab-file", "--merge-file", "--tokenizer-model", "--save", "--load",
-                                       "--tensorboard-dir", "--data-cache-path", "--wandb-save-dir"};
+  static const char* const kPaths[] = {"--data-path",  "--train-data-path", "--valid-data-path", "--test-data-path",
+                                       "--vocab-file", "--merge-file",      "--tokenizer-model", "--save",
+                                       "--load",       "--tensorboard-dir", "--data-cache-path", "--wandb-save-dir"};
   return std::find(std::begin(kPaths), std::end(kPaths), flag) != std::end(kPaths);
 }
 
@@ -84,8 +84,8 @@ const MegatronArgument& check_against_table(const std::string& flag, const std::
   }
   if (!matters(argument->effect, computes)) return *argument;
   if (argument->support == ArgumentSupport::kRefused) {
-    throw SpecError(flag, what_it_changes(argument->effect) + ", and megaplan does not implement it: " +
-                              std::string(argument->reason));
+    throw SpecError(flag, what_it_changes(argument->effect) +
+                              ", and megaplan does not implement it: " + std::string(argument->reason));
   }
   if (argument->support == ArgumentSupport::kHonoured) {
     throw SpecError(flag, what_it_changes(argument->effect) + ", and this command does not take it");
@@ -153,8 +153,9 @@ PastedArguments read_pasted_arguments(const CLI::App& command, Computes computes
   }
   // The ramp shortens the first iterations; the iteration these commands cost is the one after it.
   if (values.count("--rampup-batch-size") > 0) {
-    note("--rampup-batch-size: the iteration costed runs the full global batch, as every iteration after the ramp does "
-         "(train runs the ramp)");
+    note(
+        "--rampup-batch-size: the iteration costed runs the full global batch, as every iteration after the ramp does "
+        "(train runs the ramp)");
   }
   if (!training_only.empty()) note("training flags, no effect on the iteration's cost: " + joined(training_only));
   if (!cosmetic.empty()) {

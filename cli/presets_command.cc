@@ -4,13 +4,12 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-
 #include "cli/commands.h"
 #include "core/cluster_spec.h"
 #include "core/formulas.h"
 #include "core/model_presets.h"
-#include "reports/text_table.h"
 #include "core/units.h"
+#include "reports/text_table.h"
 
 namespace megaplan::cli {
 

@@ -54,31 +54,31 @@ nlohmann::json measured_profile_json(const GpuSpec& gpu, const exec::MeasuredTab
   const sim::Profile datasheet = sim::Profile::datasheet(gpu);
   const sim::DeviceRates& rates = datasheet.device();
   const sim::RooflineCurve& curve = datasheet.roofline_curve();
-  nlohmann::json profile = {
-      {"schema", "megaplan-profile/1"},
-      {"gpu", gpu.name},
-      {"source", source},
-      {"provenance", provenance},
-      {"device",
-       {{"peak_bf16_flops_per_s", rates.peak_bf16_flops_per_s},
-        {"peak_fp32_flops_per_s", rates.peak_fp32_flops_per_s},
-        {"memory_bandwidth_bytes_per_s", rates.memory_bandwidth_bytes_per_s},
-        {"kernel_launch_s", rates.kernel_launch_s}}},
-      {"roofline",
-       {{"gemm_max_efficiency", curve.gemm_max_efficiency},
-        {"gemm_half_efficiency_flops", curve.gemm_half_efficiency_flops},
-        {"attention_max_efficiency", curve.attention_max_efficiency},
-        {"attention_half_efficiency_flops", curve.attention_half_efficiency_flops},
-        {"memory_efficiency", curve.memory_efficiency},
-        {"link_efficiency", curve.link_efficiency}}},
-      {"gemm", tables.gemm},
-      {"attention", tables.attention},
-      {"kernels", tables.kernels}};
+  nlohmann::json profile = {{"schema", "megaplan-profile/1"},
+                            {"gpu", gpu.name},
+                            {"source", source},
+                            {"provenance", provenance},
+                            {"device",
+                             {{"peak_bf16_flops_per_s", rates.peak_bf16_flops_per_s},
+                              {"peak_fp32_flops_per_s", rates.peak_fp32_flops_per_s},
+                              {"memory_bandwidth_bytes_per_s", rates.memory_bandwidth_bytes_per_s},
+                              {"kernel_launch_s", rates.kernel_launch_s}}},
+                            {"roofline",
+                             {{"gemm_max_efficiency", curve.gemm_max_efficiency},
+                              {"gemm_half_efficiency_flops", curve.gemm_half_efficiency_flops},
+                              {"attention_max_efficiency", curve.attention_max_efficiency},
+                              {"attention_half_efficiency_flops", curve.attention_half_efficiency_flops},
+                              {"memory_efficiency", curve.memory_efficiency},
+                              {"link_efficiency", curve.link_efficiency}}},
+                            {"gemm", tables.gemm},
+                            {"attention", tables.attention},
+                            {"kernels", tables.kernels}};
   check_written(profile, "megaplan profile wrote a profile");
   return profile;
 }
 
-nlohmann::json with_measured_links(nlohmann::json profile, const exec::CommTimings& timings, const std::string& device) {
+nlohmann::json with_measured_links(nlohmann::json profile, const exec::CommTimings& timings,
+                                   const std::string& device) {
   const std::string link = sim::to_string(sim::LinkKind::kNvlink);
   std::map<std::pair<CollectiveOp, int64_t>, sim::NcclTestsRun> runs;
   const auto run_of = [&](CollectiveOp op, int64_t group_size) -> sim::NcclTestsRun& {
@@ -103,11 +103,12 @@ nlohmann::json with_measured_links(nlohmann::json profile, const exec::CommTimin
   profile = sim::with_link_tables(std::move(profile), tables);
   nlohmann::json overlap = nlohmann::json::array();
   for (const exec::OverlapTiming& timing : timings.overlap) {
-    overlap.push_back({{"op", to_string(timing.op)},
-                       {"group_size", timing.group_size},
-                       {"link", link},
-                       {"compute_slowdown", std::max(0.0, timing.compute_beside_s / timing.compute_alone_s - 1)},
-                       {"collective_slowdown", std::max(0.0, timing.collective_beside_s / timing.collective_alone_s - 1)}});
+    overlap.push_back(
+        {{"op", to_string(timing.op)},
+         {"group_size", timing.group_size},
+         {"link", link},
+         {"compute_slowdown", std::max(0.0, timing.compute_beside_s / timing.compute_alone_s - 1)},
+         {"collective_slowdown", std::max(0.0, timing.collective_beside_s / timing.collective_alone_s - 1)}});
   }
   // Entries of other group sizes (a smaller machine's) stay, as the link tables' do.
   if (!overlap.empty()) sim::replace_link_entries(profile, "overlap", overlap);
@@ -130,14 +131,15 @@ int import_nccl_tests(const ProfileOptions& options, std::ostream& out) {
   for (const std::string& file : options.nccl_tests) runs.push_back(sim::read_nccl_tests(read_text_file(file), file));
   const std::optional<GpuSpec> gpu = gpu_preset_for_device(runs.front().device);
   if (!gpu) {
-    throw SpecError("--import-nccl-tests", runs.front().file + ": its GPU, " + runs.front().device +
-                                               ", is none of the preset GPUs (H100 SXM5 80GB, H200 SXM, A100 SXM4 80GB)");
+    throw SpecError("--import-nccl-tests",
+                    runs.front().file + ": its GPU, " + runs.front().device +
+                        ", is none of the preset GPUs (H100 SXM5 80GB, H200 SXM, A100 SXM4 80GB)");
   }
   for (const sim::NcclTestsRun& run : runs) {
     const std::optional<GpuSpec> other = gpu_preset_for_device(run.device);
     if (!other || other->name != gpu->name) {
-      throw SpecError("--import-nccl-tests", run.file + ": measured on " + run.device + ", not on " + gpu->name +
-                                                 " as " + runs.front().file);
+      throw SpecError("--import-nccl-tests",
+                      run.file + ": measured on " + run.device + ", not on " + gpu->name + " as " + runs.front().file);
     }
   }
   nlohmann::json base;
@@ -181,7 +183,8 @@ int transfer(const ProfileOptions& options, std::ostream& out) {
     profile = sim::transfer_profile(measured, *options.profile, from, to);
   } else {
     if (sim::builtin_measured_profile_file(to.name)) {
-      throw SpecError("--transfer-to", to.name + " has a measured profile of its own; pass --profile FILE to transfer another");
+      throw SpecError("--transfer-to",
+                      to.name + " has a measured profile of its own; pass --profile FILE to transfer another");
     }
     const std::optional<sim::Profile> builtin = sim::builtin_transferred_profile(to);
     if (!builtin) throw SpecError("--transfer-to", "no built-in measured profile to transfer; pass --profile FILE");
@@ -222,10 +225,12 @@ int links_only(const ProfileOptions& options, const GpuInventory& inventory, con
     base = builtin->json;
     origin = builtin->origin;
   } else {
-    throw SpecError("--links-only", gpu.name + " has no built-in measured profile to add links to; pass --profile FILE");
+    throw SpecError("--links-only",
+                    gpu.name + " has no built-in measured profile to add links to; pass --profile FILE");
   }
   if (base.value("gpu", "") != gpu.name) {
-    throw SpecError("--profile", origin + " describes " + base.value("gpu", std::string("?")) + ", GPU 0 is " + gpu.name);
+    throw SpecError("--profile",
+                    origin + " describes " + base.value("gpu", std::string("?")) + ", GPU 0 is " + gpu.name);
   }
   const exec::CommTimings links = measure_links(inventory, options.quick);
   nlohmann::json profile = with_measured_links(std::move(base), links, inventory.devices.at(0).name);
@@ -242,7 +247,8 @@ int links_only(const ProfileOptions& options, const GpuInventory& inventory, con
 
 int run_profile(const ProfileOptions& options, std::ostream& out) {
   if (options.links_only && (options.transfer_to || !options.nccl_tests.empty())) {
-    throw SpecError("--links-only", "measures links here; it cannot be combined with --transfer-to or --import-nccl-tests");
+    throw SpecError("--links-only",
+                    "measures links here; it cannot be combined with --transfer-to or --import-nccl-tests");
   }
   if (options.transfer_to) {
     if (!options.nccl_tests.empty()) throw SpecError("--transfer-to", "cannot be combined with --import-nccl-tests");
@@ -250,8 +256,9 @@ int run_profile(const ProfileOptions& options, std::ostream& out) {
   }
   if (!options.nccl_tests.empty()) return import_nccl_tests(options, out);
   if (options.profile && !options.links_only) {
-    throw SpecError("--profile", "is the base of --links-only, --import-nccl-tests or --transfer-to; a measurement "
-                                 "here starts from the datasheet");
+    throw SpecError("--profile",
+                    "is the base of --links-only, --import-nccl-tests or --transfer-to; a measurement "
+                    "here starts from the datasheet");
   }
   const GpuInventory inventory = query_gpu_inventory();  // SpecError("gpu", ...) without a usable GPU
   const GpuDevice& device = inventory.devices.at(0);
@@ -305,23 +312,29 @@ int run_profile(const ProfileOptions& options, std::ostream& out) {
 
 void setup_profile_command(CLI::App& app, CommandContext& context) {
   auto options = std::make_shared<ProfileOptions>();
-  CLI::App* command = app.add_subcommand(
-      "profile", "Time the executor's GEMMs, attention and memory-bound kernels on GPU 0 (and NCCL's collectives where two GPUs or more are visible) into a measured profile");
+  CLI::App* command =
+      app.add_subcommand("profile",
+                         "Time the executor's GEMMs, attention and memory-bound kernels on GPU 0 (and NCCL's "
+                         "collectives where two GPUs or more are visible) into a measured profile");
   command->add_option("--out", options->out, "Write the profile here (atomically); default: stdout");
   command->add_flag("--quick", options->quick, "A smaller grid: under a minute on an H100 (full: under five)");
   command->add_flag("--links-only", options->links_only,
                     "Time only NCCL's collectives, send/receive and compute beside them over the visible GPUs (two or "
                     "more) and add them to --profile FILE, else the GPU's built-in measured profile");
-  command->add_option("--import-nccl-tests", options->nccl_tests,
-                      "Time nothing: add these nccl-tests outputs (all_reduce_perf, all_gather_perf, reduce_scatter_perf, "
-                      "alltoall_perf, sendrecv_perf) to their GPU's profile as its collectives and p2p tables");
-  command->add_option("--transfer-to", options->transfer_to,
-                      "Time nothing: carry a measured profile's tables over to this preset GPU (A100-SXM4-80GB, ...) by the "
-                      "ratio of peaks and bandwidths, with wave quantisation by SM count");
-  command->add_option("--profile", options->profile,
-                      "With --links-only or --import-nccl-tests: the profile to add them to (default: the GPU's built-in measured profile, "
-                      "else its datasheet); with --transfer-to: the measured profile to transfer (default: the built-in one "
-                      "simulate would)");
+  command->add_option(
+      "--import-nccl-tests", options->nccl_tests,
+      "Time nothing: add these nccl-tests outputs (all_reduce_perf, all_gather_perf, reduce_scatter_perf, "
+      "alltoall_perf, sendrecv_perf) to their GPU's profile as its collectives and p2p tables");
+  command->add_option(
+      "--transfer-to", options->transfer_to,
+      "Time nothing: carry a measured profile's tables over to this preset GPU (A100-SXM4-80GB, ...) by the "
+      "ratio of peaks and bandwidths, with wave quantisation by SM count");
+  command->add_option(
+      "--profile", options->profile,
+      "With --links-only or --import-nccl-tests: the profile to add them to (default: the GPU's built-in measured "
+      "profile, "
+      "else its datasheet); with --transfer-to: the measured profile to transfer (default: the built-in one "
+      "simulate would)");
   command->callback([options, &context] { context.exit_code = run_profile(*options, context.out); });
 }
 

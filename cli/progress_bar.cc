@@ -1,7 +1,7 @@
 #include "cli/progress_bar.h"
 
-#include <cstdio>
 #include <unistd.h>
+#include <cstdio>
 
 namespace megaplan::cli {
 

@@ -5,14 +5,14 @@
 #include <CLI/CLI.hpp>
 
 #include "cli/commands.h"
-#include "simulator/profile_choice.h"
 #include "core/error.h"
 #include "core/json_io.h"
+#include "core/units.h"
 #include "executor/io/staged_file.h"
 #include "reports/chrome_trace.h"
 #include "reports/html_report.h"
 #include "reports/timeline_comparison.h"
-#include "core/units.h"
+#include "simulator/profile_choice.h"
 #include "simulator/simulate_plan.h"
 
 namespace megaplan::cli {
@@ -52,12 +52,13 @@ int run_report(const ReportOptions& options, std::ostream& out) {
 
 void setup_report_command(CLI::App& app, CommandContext& context) {
   auto options = std::make_shared<ReportOptions>();
-  CLI::App* command = app.add_subcommand(
-      "report", "One self-contained HTML report of a plan: summary, alternatives, memory, timeline");
+  CLI::App* command =
+      app.add_subcommand("report", "One self-contained HTML report of a plan: summary, alternatives, memory, timeline");
   add_model_options(*command, options->model);
   add_cluster_options(*command, options->cluster);
   add_plan_options(*command, options->plan);
-  command->add_option("--plan", options->plan_file, "Job JSON (search --out, describe --out) instead of the flags above");
+  command->add_option("--plan", options->plan_file,
+                      "Job JSON (search --out, describe --out) instead of the flags above");
   command->add_option("--search", options->search, "`search --json` output: its ranked plans as the alternatives");
   command->add_option("--profile", options->profile, "Kernel and link timings; default: simulate's");
   command->add_option("--measured", options->measured,

@@ -17,7 +17,7 @@ struct ReportOptions {
   ClusterOptions cluster;
   PlanOptions plan;
   std::optional<std::string> plan_file;  // a job JSON (search --out, describe --out)
-  GivenFlags given;  // job flags given beside --plan: they override it (given_flags)
+  GivenFlags given;                      // job flags given beside --plan: they override it (given_flags)
   std::optional<std::string> search;     // `search --json` output: the alternatives section
   std::optional<std::string> profile;
   std::optional<std::string> measured;   // `train --trace` of the same plan: measured against simulated

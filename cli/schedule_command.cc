@@ -7,7 +7,6 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include "executor/io/staged_file.h"
 #include "cli/commands.h"
 #include "core/error.h"
 #include "core/schedule/lowering.h"
@@ -16,6 +15,7 @@
 #include "core/schedule/schedule_traits.h"
 #include "core/schedule/validation.h"
 #include "core/text_file.h"
+#include "executor/io/staged_file.h"
 #include "reports/text_table.h"
 
 namespace megaplan::cli {
@@ -25,9 +25,9 @@ std::string placement_name(StagePlacement placement) { return placement == Stage
 
 std::string describe_shape(const PipelineSchedule& schedule) {
   const ScheduleShape& shape = schedule.shape;
-  return "pp " + std::to_string(shape.pipeline_parallel_size) + ", " + std::to_string(shape.num_stages) +
-         " stages (" + placement_name(shape.placement) + "), " + std::to_string(shape.microbatches) +
-         " microbatches, " + (schedule.lowered ? "lowered" : "compute only");
+  return "pp " + std::to_string(shape.pipeline_parallel_size) + ", " + std::to_string(shape.num_stages) + " stages (" +
+         placement_name(shape.placement) + "), " + std::to_string(shape.microbatches) + " microbatches, " +
+         (schedule.lowered ? "lowered" : "compute only");
 }
 
 PipelineSchedule generated(const ScheduleOptions& options) {
@@ -89,8 +89,8 @@ int run_schedule(const ScheduleOptions& options, std::ostream& out) {
   }
   if (options.check && options.import_path.empty()) throw SpecError("--check", "needs --import FILE");
   const bool imported = !options.import_path.empty();
-  PipelineSchedule schedule = imported ? parse_schedule_csv(read_text_file(options.import_path), options.import_path)
-                                       : generated(options);
+  PipelineSchedule schedule =
+      imported ? parse_schedule_csv(read_text_file(options.import_path), options.import_path) : generated(options);
   const std::string title = imported ? options.import_path : options.kind;
   validate_schedule(schedule);
   if (options.lowered && !schedule.lowered) {
@@ -125,7 +125,8 @@ void setup_schedule_command(CLI::App& app, CommandContext& context) {
       "schedule", "Generate, lower, check or convert a pipeline schedule (torch.distributed.pipelining's CSV)");
   CLI::Option* kind = command->add_option("--kind", options->kind, "gpipe, 1f1b, interleaved, zb-h1, zbv or dualpipev");
   CLI::Option* pp = command->add_option("--pp,--pipeline-model-parallel-size", options->pp, "Pipeline ranks");
-  CLI::Option* microbatches = command->add_option("--microbatches", options->microbatches, "Microbatches per iteration");
+  CLI::Option* microbatches =
+      command->add_option("--microbatches", options->microbatches, "Microbatches per iteration");
   CLI::Option* vpp = command->add_option("--vpp,--virtual-pipeline-model-parallel-size", options->vpp,
                                          "Stages per rank (default: 2 for zbv and dualpipev, else 1)");
   CLI::Option* group = command->add_option("--microbatch-group-size", options->group_size,

@@ -13,15 +13,15 @@
 namespace megaplan::cli {
 
 struct ScheduleOptions {
-  std::string kind;               // required unless import_path is set
-  int64_t pp = 0;                 // required unless import_path is set
-  int64_t microbatches = 0;       // required unless import_path is set
-  std::optional<int64_t> vpp;     // default: 2 for zbv and dualpipev, else 1
-  int64_t group_size = 0;         // interleaved only; 0 means pp
+  std::string kind;            // required unless import_path is set
+  int64_t pp = 0;              // required unless import_path is set
+  int64_t microbatches = 0;    // required unless import_path is set
+  std::optional<int64_t> vpp;  // default: 2 for zbv and dualpipev, else 1
+  int64_t group_size = 0;      // interleaved only; 0 means pp
   bool lowered = false;
-  std::string format = "text";    // text, csv or json
+  std::string format = "text";  // text, csv or json
   std::string import_path;
-  bool check = false;             // with import_path: print a verdict, not the schedule
+  bool check = false;              // with import_path: print a verdict, not the schedule
   std::optional<std::string> out;  // write the output here (atomically) instead of `out`
 };
 

@@ -9,14 +9,13 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include "executor/io/staged_file.h"
 #include "cli/commands.h"
 #include "cli/notes.h"
 #include "cli/pasted_arguments.h"
-#include "simulator/profile_choice.h"
-#include "cli/report_command.h"
 #include "cli/progress_bar.h"
+#include "cli/report_command.h"
 #include "core/error.h"
+#include "executor/io/staged_file.h"
 #include "planner/launch_commands.h"
 #include "planner/megatron_arguments.h"
 #include "planner/search.h"
@@ -24,6 +23,7 @@
 #include "planner/torchtitan_config.h"
 #include "reports/search_report.h"
 #include "simulator/plan_estimator.h"
+#include "simulator/profile_choice.h"
 
 namespace megaplan::cli {
 namespace {
@@ -81,9 +81,11 @@ int run_search(const SearchCommandOptions& options, std::ostream& out) {
   }
   if (options.emit == "launch" && options.implementation.implementation != "megaplan") {
     throw SpecError("--emit", "launch prints lines that start megaplan train, which runs megaplan's executor, not " +
-                                  options.implementation.implementation + "'s code; --emit megatron prints Megatron-LM's arguments");
+                                  options.implementation.implementation +
+                                  "'s code; --emit megatron prints Megatron-LM's arguments");
   }
-  if (options.threads < 0) throw SpecError("--threads", "must be 0 (all cores) or more, got " + std::to_string(options.threads));
+  if (options.threads < 0)
+    throw SpecError("--threads", "must be 0 (all cores) or more, got " + std::to_string(options.threads));
   JobSpec job{resolve_model(options.model), resolve_cluster(cluster_options), ParallelPlan{}};
 
   planner::SearchProblem problem;
@@ -102,7 +104,8 @@ int run_search(const SearchCommandOptions& options, std::ostream& out) {
   for (const planner::LeftOut& kind : left_out) {
     const std::string how_many = std::to_string(kind.plans) + " layout" + (kind.plans == 1 ? "" : "s");
     if (candidates.empty()) {
-      throw SpecError(kind.flag, kind.rule + ": megaplan's executor cannot run any of the " + how_many + " this search " +
+      throw SpecError(kind.flag, kind.rule + ": megaplan's executor cannot run any of the " + how_many +
+                                     " this search " +
                                      "allows (--implementation megatron-core ranks them as Megatron-LM's runs)");
     }
     note("left out " + how_many + " megaplan's executor cannot run yet (" + kind.flag + ": " + kind.rule +
@@ -154,13 +157,15 @@ int run_search(const SearchCommandOptions& options, std::ostream& out) {
   const std::string picked = "#" + std::to_string(options.pick);
   write_search_text(run, result, {.compare = options.compare, .explain = options.explain, .picked = picked}, out);
   if (options.emit == "megatron") {
-    out << "\nMegatron-LM arguments for " << picked << ":\n" << planner::format_megatron_arguments(planner::megatron_arguments(job.model, job.plan));
+    out << "\nMegatron-LM arguments for " << picked << ":\n"
+        << planner::format_megatron_arguments(planner::megatron_arguments(job.model, job.plan));
   }
   if (options.emit == "torchtitan") {
     out << "\ntorchtitan job config for " << picked << ":\n" << planner::torchtitan_config(job.model, job.plan);
   }
   if (options.emit == "launch") {
-    out << "\nLaunch " << picked << " (" << (options.out ? "the job file --out wrote" : "write the job file with --out job.json")
+    out << "\nLaunch " << picked << " ("
+        << (options.out ? "the job file --out wrote" : "write the job file with --out job.json")
         << "; DATA_PREFIX and ITERS are yours):\n";
     out << planner::format_launch_commands(launch_commands_for(options, job));
   }
@@ -175,31 +180,52 @@ void setup_search_command(CLI::App& app, CommandContext& context) {
   add_cluster_options(*command, options->cluster);
   const std::string group = "Search space (a value pins a dimension, a comma-separated list restricts it)";
   command->add_option("--gbs,--global-batch-size", options->global_batch_size, "Global batch size")
-      ->capture_default_str()->group(group);
-  command->add_option("--tp,--tensor-model-parallel-size", options->tensor_parallel, "Tensor parallel sizes")
-      ->delimiter(',')->group(group);
-  command->add_option("--pp,--pipeline-model-parallel-size", options->pipeline_parallel, "Pipeline parallel sizes")
-      ->delimiter(',')->group(group);
-  command->add_option("--cp,--context-parallel-size", options->context_parallel, "Context parallel sizes")
-      ->delimiter(',')->group(group);
-  command->add_option("--vpp,--virtual-pipeline-model-parallel-size,--num-virtual-stages-per-pipeline-rank",
-                      options->virtual_pipeline, "Model chunks per pipeline rank")
-      ->delimiter(',')->group(group);
-  command->add_option("--num-layers-per-virtual-pipeline-stage", options->layers_per_virtual_stage,
-                      "Layers per model chunk (interleaved layouts only)")
-      ->delimiter(',')->group(group);
-  command->add_option("--mbs,--micro-batch-size", options->micro_batch, "Micro-batch sizes")->delimiter(',')->group(group);
-  command->add_option("--recompute-granularity", options->recompute, "none, selective, full")->delimiter(',')->group(group);
-  command->add_flag("--recompute-activations", options->recompute_activations,
-                    "Megatron's alias of --recompute-granularity selective")->group(group);
-  command->add_option("--schedule", options->schedules, "1f1b, interleaved, zb-h1, zbv, dualpipev (gpipe if listed)")
-      ->delimiter(',')->group(group);
-  command->add_flag("--sequence-parallel", options->sequence_parallel, "Only layouts with sequence parallelism")->group(group);
-  command->add_flag("--no-sequence-parallel", options->no_sequence_parallel, "Only layouts without it")->group(group);
-  command->add_flag("--use-distributed-optimizer", options->distributed_optimizer, "Only layouts with the distributed optimizer")
+      ->capture_default_str()
       ->group(group);
-  command->add_flag("--no-distributed-optimizer", options->no_distributed_optimizer, "Only layouts without it")->group(group);
-  command->add_flag("--allow-cross-node-tp", options->allow_cross_node_tensor_parallel, "Let tensor parallelism span nodes")
+  command->add_option("--tp,--tensor-model-parallel-size", options->tensor_parallel, "Tensor parallel sizes")
+      ->delimiter(',')
+      ->group(group);
+  command->add_option("--pp,--pipeline-model-parallel-size", options->pipeline_parallel, "Pipeline parallel sizes")
+      ->delimiter(',')
+      ->group(group);
+  command->add_option("--cp,--context-parallel-size", options->context_parallel, "Context parallel sizes")
+      ->delimiter(',')
+      ->group(group);
+  command
+      ->add_option("--vpp,--virtual-pipeline-model-parallel-size,--num-virtual-stages-per-pipeline-rank",
+                   options->virtual_pipeline, "Model chunks per pipeline rank")
+      ->delimiter(',')
+      ->group(group);
+  command
+      ->add_option("--num-layers-per-virtual-pipeline-stage", options->layers_per_virtual_stage,
+                   "Layers per model chunk (interleaved layouts only)")
+      ->delimiter(',')
+      ->group(group);
+  command->add_option("--mbs,--micro-batch-size", options->micro_batch, "Micro-batch sizes")
+      ->delimiter(',')
+      ->group(group);
+  command->add_option("--recompute-granularity", options->recompute, "none, selective, full")
+      ->delimiter(',')
+      ->group(group);
+  command
+      ->add_flag("--recompute-activations", options->recompute_activations,
+                 "Megatron's alias of --recompute-granularity selective")
+      ->group(group);
+  command->add_option("--schedule", options->schedules, "1f1b, interleaved, zb-h1, zbv, dualpipev (gpipe if listed)")
+      ->delimiter(',')
+      ->group(group);
+  command->add_flag("--sequence-parallel", options->sequence_parallel, "Only layouts with sequence parallelism")
+      ->group(group);
+  command->add_flag("--no-sequence-parallel", options->no_sequence_parallel, "Only layouts without it")->group(group);
+  command
+      ->add_flag("--use-distributed-optimizer", options->distributed_optimizer,
+                 "Only layouts with the distributed optimizer")
+      ->group(group);
+  command->add_flag("--no-distributed-optimizer", options->no_distributed_optimizer, "Only layouts without it")
+      ->group(group);
+  command
+      ->add_flag("--allow-cross-node-tp", options->allow_cross_node_tensor_parallel,
+                 "Let tensor parallelism span nodes")
       ->group(group);
   add_implementation_options(*command, options->implementation);
   command->add_option("--memory-fraction", options->memory_fraction, "Fraction of HBM a plan may fill")
@@ -208,10 +234,12 @@ void setup_search_command(CLI::App& app, CommandContext& context) {
   command->add_option("--threads", options->threads, "Worker threads (0: all cores)")->capture_default_str();
   command->add_option("--profile", options->profile, sim::kProfileFlagHelp);
   command->add_option("--out", options->out, "Write the best plan as a job file (for simulate --plan)");
-  command->add_option("--pick", options->pick,
-                      "The ranked plan --out, --report and --emit take: 1 (the best), 2, ... up to --top")
+  command
+      ->add_option("--pick", options->pick,
+                   "The ranked plan --out, --report and --emit take: 1 (the best), 2, ... up to --top")
       ->capture_default_str();
-  command->add_option("--report", options->report, "Write the best plan's HTML report here, the ranked plans beside it");
+  command->add_option("--report", options->report,
+                      "Write the best plan's HTML report here, the ranked plans beside it");
   command->add_option("--emit", options->emit,
                       "Print the best plan as: megatron (Megatron-LM's arguments), torchtitan (its TOML job config), "
                       "launch (torchrun, srun, mpirun and megaplan launch lines)");

@@ -19,8 +19,8 @@ struct SearchCommandOptions {
   bool cluster_given = false;  // without --cluster and --gpus: the embedded default, 1024 A100-80GB
   int64_t global_batch_size = 1536;
   // Lists (a pin is a list of one); empty leaves the dimension free.
-  std::vector<int64_t> tensor_parallel, pipeline_parallel, context_parallel, virtual_pipeline,
-      layers_per_virtual_stage, micro_batch;
+  std::vector<int64_t> tensor_parallel, pipeline_parallel, context_parallel, virtual_pipeline, layers_per_virtual_stage,
+      micro_batch;
   std::vector<std::string> recompute, schedules;
   bool recompute_activations = false;  // Megatron's alias: selective recomputation pinned
   bool sequence_parallel = false, no_sequence_parallel = false;
@@ -31,11 +31,11 @@ struct SearchCommandOptions {
   double memory_fraction = 0.9;
   int64_t threads = 0;
   std::optional<std::string> profile;
-  std::optional<std::string> out;   // the picked plan (the best by default) as a job file (atomically)
-  bool compare = false;  // --compare: every candidate costed, fitting or not, no pruning
-  int64_t pick = 1;  // --pick K: the ranked plan --out, --report and --emit take (1-based)
+  std::optional<std::string> out;     // the picked plan (the best by default) as a job file (atomically)
+  bool compare = false;               // --compare: every candidate costed, fitting or not, no pruning
+  int64_t pick = 1;                   // --pick K: the ranked plan --out, --report and --emit take (1-based)
   std::optional<std::string> report;  // the best plan's HTML report, the ranked plans beside it
-  std::optional<std::string> emit;  // "megatron" or "launch"
+  std::optional<std::string> emit;    // "megatron" or "launch"
   bool explain = false;
   bool json = false;
 };

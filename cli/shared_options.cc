@@ -16,34 +16,57 @@ namespace megaplan::cli {
 
 void add_model_options(CLI::App& command, ModelOptions& options) {
   const std::string group = "Model (Megatron-LM flags override the preset's fields)";
-  command.add_option("--model", options.model,
-                     "Preset name, megaplan model .json, or Hugging Face config.json (default: Megatron's model flags "
-                     "define a model named custom; with none given, " + std::string(kDefaultModel) + " where a command "
-                     "has a default)")
+  command
+      .add_option("--model", options.model,
+                  "Preset name, megaplan model .json, or Hugging Face config.json (default: Megatron's model flags "
+                  "define a model named custom; with none given, " +
+                      std::string(kDefaultModel) +
+                      " where a command "
+                      "has a default)")
       ->group(group);
   command.add_option("--num-layers", options.num_layers, "Transformer layers")->group(group);
   command.add_option("--hidden-size", options.hidden_size, "Hidden size h")->group(group);
-  command.add_option("--ffn-hidden-size", options.ffn_hidden_size, "MLP hidden size (default 4h; 2/3 of it with SwiGLU)")->group(group);
+  command
+      .add_option("--ffn-hidden-size", options.ffn_hidden_size, "MLP hidden size (default 4h; 2/3 of it with SwiGLU)")
+      ->group(group);
   command.add_option("--num-attention-heads", options.num_attention_heads, "Attention heads")->group(group);
-  command.add_option("--num-query-groups", options.num_query_groups, "Key/value groups (GQA); default one per head")->group(group);
-  command.add_flag("--group-query-attention", options.group_query_attention,
-                   "Grouped-query attention (Megatron's flag): --num-query-groups groups, 1 when not given")->group(group);
+  command.add_option("--num-query-groups", options.num_query_groups, "Key/value groups (GQA); default one per head")
+      ->group(group);
+  command
+      .add_flag("--group-query-attention", options.group_query_attention,
+                "Grouped-query attention (Megatron's flag): --num-query-groups groups, 1 when not given")
+      ->group(group);
   command.add_option("--kv-channels", options.kv_channels, "Head dimension (default h / heads)")->group(group);
   command.add_option("--seq-length", options.seq_length, "Training sequence length")->group(group);
   command.add_option("--max-position-embeddings", options.max_position_embeddings, "Position table size")->group(group);
-  command.add_option("--vocab-size", options.vocab_size, "Tokenizer vocabulary (padded as Megatron pads it)")->group(group);
-  command.add_option("--make-vocab-size-divisible-by", options.make_vocab_size_divisible_by, "Vocabulary padding multiple (times tp); default 128")->group(group);
+  command.add_option("--vocab-size", options.vocab_size, "Tokenizer vocabulary (padded as Megatron pads it)")
+      ->group(group);
+  command
+      .add_option("--make-vocab-size-divisible-by", options.make_vocab_size_divisible_by,
+                  "Vocabulary padding multiple (times tp); default 128")
+      ->group(group);
   command.add_flag("--swiglu", options.swiglu, "SwiGLU MLP")->group(group);
   command.add_option("--normalization", options.normalization, "LayerNorm or RMSNorm")->group(group);
-  command.add_option("--position-embedding-type", options.position_embedding_type, "learned_absolute or rope")->group(group);
+  command.add_option("--position-embedding-type", options.position_embedding_type, "learned_absolute or rope")
+      ->group(group);
   command.add_option("--norm-epsilon", options.norm_epsilon, "The norms' epsilon (default 1e-5)")->group(group);
   command.add_option("--rotary-base", options.rotary_base, "RoPE's theta (default 10000)")->group(group);
-  command.add_option("--rotary-percent", options.rotary_percent, "Share of each head's dimensions RoPE rotates (default 1.0)")->group(group);
-  command.add_flag("--use-rope-scaling,--rope-scaling", options.use_rope_scaling,
-                   "Llama 3.1's RoPE scaling (low/high frequency factors 1 and 4 over 8192 positions)")->group(group);
-  command.add_option("--rope-scaling-factor", options.rope_scaling_factor, "With --use-rope-scaling: the factor (default 8)")
+  command
+      .add_option("--rotary-percent", options.rotary_percent,
+                  "Share of each head's dimensions RoPE rotates (default 1.0)")
       ->group(group);
-  command.add_flag("--untie-embeddings-and-output-weights", options.untie_embeddings_and_output_weights, "Separate output layer weights")->group(group);
+  command
+      .add_flag("--use-rope-scaling,--rope-scaling", options.use_rope_scaling,
+                "Llama 3.1's RoPE scaling (low/high frequency factors 1 and 4 over 8192 positions)")
+      ->group(group);
+  command
+      .add_option("--rope-scaling-factor", options.rope_scaling_factor,
+                  "With --use-rope-scaling: the factor (default 8)")
+      ->group(group);
+  command
+      .add_flag("--untie-embeddings-and-output-weights", options.untie_embeddings_and_output_weights,
+                "Separate output layer weights")
+      ->group(group);
   command.add_flag("--disable-bias-linear", options.disable_bias_linear, "No biases in linear layers")->group(group);
   command.add_flag("--add-qkv-bias", options.add_qkv_bias, "QKV bias even with --disable-bias-linear")->group(group);
 }
@@ -51,72 +74,118 @@ void add_model_options(CLI::App& command, ModelOptions& options) {
 void add_cluster_options(CLI::App& command, ClusterOptions& options) {
   const std::string group = "Cluster";
   command.add_option("--cluster", options.cluster, "Preset name or cluster .json")->capture_default_str()->group(group);
-  command.add_option("--gpus", options.gpus, "GPUs to use: whole nodes, or part of one node (default: a one-node cluster's GPUs)")->group(group);
+  command
+      .add_option("--gpus", options.gpus,
+                  "GPUs to use: whole nodes, or part of one node (default: a one-node cluster's GPUs)")
+      ->group(group);
 }
 
 void add_plan_options(CLI::App& command, PlanOptions& options) {
   const std::string group = "Parallel plan (Megatron-LM flags)";
-  command.add_option("--tp,--tensor-model-parallel-size", options.tensor_parallel_size, "Tensor parallel size")->capture_default_str()->group(group);
-  command.add_option("--pp,--pipeline-model-parallel-size", options.pipeline_parallel_size, "Pipeline parallel size")->capture_default_str()->group(group);
-  command.add_option("--cp,--context-parallel-size", options.context_parallel_size, "Context parallel size")->capture_default_str()->group(group);
-  command.add_option("--vpp,--virtual-pipeline-model-parallel-size,--num-virtual-stages-per-pipeline-rank",
-                     options.virtual_pipeline_parallel_size, "Model chunks per pipeline rank")->group(group);
-  command.add_option("--num-layers-per-virtual-pipeline-stage", options.layers_per_virtual_stage, "Layers per model chunk (sets vpp)")->group(group);
-  command.add_option("--decoder-first-pipeline-num-layers", options.pipeline_split.first_stage_layers,
-                     "Layers of the first pipeline rank (uneven stages; the other ranks share the rest)")->group(group);
-  command.add_option("--decoder-last-pipeline-num-layers", options.pipeline_split.last_stage_layers,
-                     "Layers of the last pipeline rank (uneven stages)")->group(group);
-  command.add_flag("--account-for-embedding-in-pipeline-split", options.pipeline_split.account_for_embedding,
-                   "Count the input embedding as a layer: the first stage holds one layer fewer")->group(group);
-  command.add_flag("--account-for-loss-in-pipeline-split", options.pipeline_split.account_for_loss,
-                   "Count the loss as a layer: the last stage holds one layer fewer")->group(group);
-  command.add_option("--mbs,--micro-batch-size", options.micro_batch_size, "Micro-batch size")->capture_default_str()->group(group);
-  command.add_option("--gbs,--global-batch-size", options.global_batch_size, "Global batch size (default mbs * dp)")->group(group);
-  command.add_flag("--sequence-parallel", options.sequence_parallel, "Sequence parallelism (needs tp > 1)")->group(group);
-  command.add_flag("--use-distributed-optimizer", options.use_distributed_optimizer, "Shard optimizer state over dp")->group(group);
-  command.add_option("--recompute-granularity", options.recompute_granularity, "none, selective or full")->capture_default_str()->group(group);
-  command.add_flag("--recompute-activations", options.recompute_activations,
-                   "Megatron's alias of --recompute-granularity selective (it wins over that flag, as in Megatron)")
+  command.add_option("--tp,--tensor-model-parallel-size", options.tensor_parallel_size, "Tensor parallel size")
+      ->capture_default_str()
       ->group(group);
-  command.add_option("--recompute-method", options.recompute_method, "With full: uniform (groups of N layers) or block (the first N layers of each chunk)")->group(group);
+  command.add_option("--pp,--pipeline-model-parallel-size", options.pipeline_parallel_size, "Pipeline parallel size")
+      ->capture_default_str()
+      ->group(group);
+  command.add_option("--cp,--context-parallel-size", options.context_parallel_size, "Context parallel size")
+      ->capture_default_str()
+      ->group(group);
+  command
+      .add_option("--vpp,--virtual-pipeline-model-parallel-size,--num-virtual-stages-per-pipeline-rank",
+                  options.virtual_pipeline_parallel_size, "Model chunks per pipeline rank")
+      ->group(group);
+  command
+      .add_option("--num-layers-per-virtual-pipeline-stage", options.layers_per_virtual_stage,
+                  "Layers per model chunk (sets vpp)")
+      ->group(group);
+  command
+      .add_option("--decoder-first-pipeline-num-layers", options.pipeline_split.first_stage_layers,
+                  "Layers of the first pipeline rank (uneven stages; the other ranks share the rest)")
+      ->group(group);
+  command
+      .add_option("--decoder-last-pipeline-num-layers", options.pipeline_split.last_stage_layers,
+                  "Layers of the last pipeline rank (uneven stages)")
+      ->group(group);
+  command
+      .add_flag("--account-for-embedding-in-pipeline-split", options.pipeline_split.account_for_embedding,
+                "Count the input embedding as a layer: the first stage holds one layer fewer")
+      ->group(group);
+  command
+      .add_flag("--account-for-loss-in-pipeline-split", options.pipeline_split.account_for_loss,
+                "Count the loss as a layer: the last stage holds one layer fewer")
+      ->group(group);
+  command.add_option("--mbs,--micro-batch-size", options.micro_batch_size, "Micro-batch size")
+      ->capture_default_str()
+      ->group(group);
+  command.add_option("--gbs,--global-batch-size", options.global_batch_size, "Global batch size (default mbs * dp)")
+      ->group(group);
+  command.add_flag("--sequence-parallel", options.sequence_parallel, "Sequence parallelism (needs tp > 1)")
+      ->group(group);
+  command.add_flag("--use-distributed-optimizer", options.use_distributed_optimizer, "Shard optimizer state over dp")
+      ->group(group);
+  command.add_option("--recompute-granularity", options.recompute_granularity, "none, selective or full")
+      ->capture_default_str()
+      ->group(group);
+  command
+      .add_flag("--recompute-activations", options.recompute_activations,
+                "Megatron's alias of --recompute-granularity selective (it wins over that flag, as in Megatron)")
+      ->group(group);
+  command
+      .add_option("--recompute-method", options.recompute_method,
+                  "With full: uniform (groups of N layers) or block (the first N layers of each chunk)")
+      ->group(group);
   command.add_option("--recompute-num-layers", options.recompute_num_layers, "With full: N (default 1)")->group(group);
-  command.add_option("--schedule", options.schedule, "gpipe, 1f1b, interleaved, zb-h1, zbv, dualpipev (default: interleaved when vpp > 1, else 1f1b)")->group(group);
+  command
+      .add_option("--schedule", options.schedule,
+                  "gpipe, 1f1b, interleaved, zb-h1, zbv, dualpipev (default: interleaved when vpp > 1, else 1f1b)")
+      ->group(group);
   add_implementation_options(command, options.implementation);
 }
 
 void add_implementation_options(CLI::App& command, ImplementationFlags& flags) {
   const std::string group = "Implementation (Megatron-LM flags; defaults by --implementation)";
-  command.add_option("--implementation", flags.implementation,
-                     "Whose training code runs the plan: megaplan (its executor), megatron-core (Transformer Engine, "
-                     "bf16, every overlap) or megatron-local (legacy: fp16, unfused attention, local DDP)")
-      ->capture_default_str()->group(group);
+  command
+      .add_option("--implementation", flags.implementation,
+                  "Whose training code runs the plan: megaplan (its executor), megatron-core (Transformer Engine, "
+                  "bf16, every overlap) or megatron-local (legacy: fp16, unfused attention, local DDP)")
+      ->capture_default_str()
+      ->group(group);
   CLI::Option* fp16 = command.add_flag("--fp16", flags.fp16, "fp16 with loss scaling")->group(group);
   command.add_flag("--bf16", flags.bf16, "bf16")->excludes(fp16)->group(group);
   command.add_option("--transformer-impl", flags.transformer_impl, "local or transformer_engine")->group(group);
   command.add_option("--DDP-impl", flags.ddp_impl, "megatron-local's data parallelism: local (default) or torch")
       ->group(group);
   command.add_flag("--use-flash-attn", flags.use_flash_attn, "Flash attention in the local transformer")->group(group);
-  command.add_option("--attention-dropout", flags.attention_dropout, "Dropout on attention probabilities")->group(group);
+  command.add_option("--attention-dropout", flags.attention_dropout, "Dropout on attention probabilities")
+      ->group(group);
   command.add_option("--hidden-dropout", flags.hidden_dropout, "Dropout on the residual branches")->group(group);
-  command.add_flag("--no-masked-softmax-fusion", flags.no_masked_softmax_fusion, "Unfused mask and softmax")->group(group);
+  command.add_flag("--no-masked-softmax-fusion", flags.no_masked_softmax_fusion, "Unfused mask and softmax")
+      ->group(group);
   command.add_flag("--no-bias-gelu-fusion", flags.no_bias_gelu_fusion, "Bias add and GELU apart")->group(group);
   command.add_flag("--no-bias-dropout-fusion", flags.no_bias_dropout_fusion, "Bias, dropout and residual add apart")
       ->group(group);
-  command.add_flag("--no-gradient-accumulation-fusion", flags.no_gradient_accumulation_fusion,
-                   "Weight gradients added into the main gradients by a kernel of their own")
+  command
+      .add_flag("--no-gradient-accumulation-fusion", flags.no_gradient_accumulation_fusion,
+                "Weight gradients added into the main gradients by a kernel of their own")
       ->group(group);
-  command.add_flag("--accumulate-allreduce-grads-in-fp32", flags.accumulate_allreduce_grads_in_fp32,
-                   "fp32 main gradients with --fp16")
+  command
+      .add_flag("--accumulate-allreduce-grads-in-fp32", flags.accumulate_allreduce_grads_in_fp32,
+                "fp32 main gradients with --fp16")
       ->group(group);
   command.add_flag("--overlap-grad-reduce", flags.overlap_grad_reduce, "Reduce gradient buckets during the backward")
       ->group(group);
-  command.add_flag("--overlap-param-gather", flags.overlap_param_gather,
-                   "Gather the distributed optimizer's parameters during the next forward")
+  command
+      .add_flag("--overlap-param-gather", flags.overlap_param_gather,
+                "Gather the distributed optimizer's parameters during the next forward")
       ->group(group);
-  command.add_flag("--tp-comm-overlap", flags.tp_comm_overlap, "Overlap tp collectives with GEMMs (with --sequence-parallel)")
+  command
+      .add_flag("--tp-comm-overlap", flags.tp_comm_overlap,
+                "Overlap tp collectives with GEMMs (with --sequence-parallel)")
       ->group(group);
-  command.add_flag("--no-scatter-gather-tensors-in-pipeline", flags.no_scatter_gather_tensors_in_pipeline,
-                   "Send whole activations between stages")
+  command
+      .add_flag("--no-scatter-gather-tensors-in-pipeline", flags.no_scatter_gather_tensors_in_pipeline,
+                "Send whole activations between stages")
       ->group(group);
 }
 
@@ -128,7 +197,8 @@ ImplementationOptions resolve_implementation_options(const ImplementationFlags& 
   if (model.name == kCustomModel) options.attention_dropout = options.hidden_dropout = 0.1;
   if (flags.fp16) options.precision = DType::kFloat16;
   if (flags.bf16) options.precision = DType::kBFloat16;
-  if (flags.transformer_impl) options.transformer_impl = parse_transformer_impl(*flags.transformer_impl, "--transformer-impl");
+  if (flags.transformer_impl)
+    options.transformer_impl = parse_transformer_impl(*flags.transformer_impl, "--transformer-impl");
   if (flags.ddp_impl) options.ddp_impl = parse_ddp_impl(*flags.ddp_impl, "--DDP-impl");
   if (flags.use_flash_attn) options.use_flash_attn = true;
   if (flags.attention_dropout) options.attention_dropout = *flags.attention_dropout;
@@ -196,13 +266,15 @@ ModelSpec custom_model(const ModelOptions& options) {
       {options.seq_length, "--seq-length"}};
   for (const auto& [value, flag] : required) {
     if (!value) {
-      throw SpecError(flag, "required for a model defined by Megatron's flags (no --model given), as Megatron-LM "
-                            "requires it");
+      throw SpecError(flag,
+                      "required for a model defined by Megatron's flags (no --model given), as Megatron-LM "
+                      "requires it");
     }
   }
   if (!options.vocab_size) {
-    throw SpecError("--vocab-size", "a model defined by Megatron's flags needs its vocabulary: --vocab-size, or the "
-                                    "tokenizer flags (--tokenizer-type GPT2BPETokenizer with --vocab-file and --merge-file)");
+    throw SpecError("--vocab-size",
+                    "a model defined by Megatron's flags needs its vocabulary: --vocab-size, or the "
+                    "tokenizer flags (--tokenizer-type GPT2BPETokenizer with --vocab-file and --merge-file)");
   }
   ModelSpec spec;
   spec.name = kCustomModel;
@@ -213,8 +285,8 @@ ModelSpec custom_model(const ModelOptions& options) {
 
 ModelSpec resolve_model(const ModelOptions& options) {
   const bool custom = !options.model && model_flags_given(options);
-  ModelSpec spec = apply_model_flags(custom ? custom_model(options) : load_model_spec(options.model.value_or(kDefaultModel)),
-                                     options);
+  ModelSpec spec = apply_model_flags(
+      custom ? custom_model(options) : load_model_spec(options.model.value_or(kDefaultModel)), options);
   // A Hugging Face config states its position table, not a training length: a Llama 3.1 config
   // would otherwise plan 131072-token sequences without a word.
   if (options.model && options.model->ends_with(".json") && !options.seq_length && spec.seq_length > 8192 &&
@@ -233,7 +305,8 @@ ModelSpec apply_model_flags(ModelSpec spec, const ModelOptions& options) {
   if (options.group_query_attention && !options.num_query_groups) spec.num_query_groups = 1;
   if (options.normalization) spec.normalization = parse_normalization(*options.normalization, "--normalization");
   if (options.position_embedding_type) {
-    spec.position_embedding_type = parse_position_embedding(*options.position_embedding_type, "--position-embedding-type");
+    spec.position_embedding_type =
+        parse_position_embedding(*options.position_embedding_type, "--position-embedding-type");
   }
   if (options.norm_epsilon) spec.norm_epsilon = *options.norm_epsilon;
   if (options.rotary_base) spec.rotary_base = *options.rotary_base;
@@ -273,8 +346,8 @@ ParallelPlan apply_plan_flags(ParallelPlan plan, const ModelSpec& model, int64_t
   if (take("--tensor-model-parallel-size")) plan.tensor_parallel_size = options.tensor_parallel_size;
   if (take("--pipeline-model-parallel-size")) plan.pipeline_parallel_size = options.pipeline_parallel_size;
   if (take("--context-parallel-size")) plan.context_parallel_size = options.context_parallel_size;
-  plan.data_parallel_size = derive_data_parallel_size(world_size, plan.tensor_parallel_size,
-                                                      plan.pipeline_parallel_size, plan.context_parallel_size, world_flag);
+  plan.data_parallel_size = derive_data_parallel_size(
+      world_size, plan.tensor_parallel_size, plan.pipeline_parallel_size, plan.context_parallel_size, world_flag);
   if (take("--virtual-pipeline-model-parallel-size")) {
     plan.virtual_pipeline_parallel_size = options.virtual_pipeline_parallel_size.value_or(1);
   }
@@ -283,7 +356,8 @@ ParallelPlan apply_plan_flags(ParallelPlan plan, const ModelSpec& model, int64_t
                                                                     *options.layers_per_virtual_stage);
     if (options.virtual_pipeline_parallel_size && *options.virtual_pipeline_parallel_size != vpp) {
       throw SpecError("--num-layers-per-virtual-pipeline-stage",
-                      "gives vpp " + std::to_string(vpp) + ", which contradicts --virtual-pipeline-model-parallel-size " +
+                      "gives vpp " + std::to_string(vpp) +
+                          ", which contradicts --virtual-pipeline-model-parallel-size " +
                           std::to_string(*options.virtual_pipeline_parallel_size));
     }
     plan.virtual_pipeline_parallel_size = vpp;
@@ -297,7 +371,8 @@ ParallelPlan apply_plan_flags(ParallelPlan plan, const ModelSpec& model, int64_t
   if (take("--account-for-embedding-in-pipeline-split")) {
     plan.pipeline_split.account_for_embedding = options.pipeline_split.account_for_embedding;
   }
-  if (take("--account-for-loss-in-pipeline-split")) plan.pipeline_split.account_for_loss = options.pipeline_split.account_for_loss;
+  if (take("--account-for-loss-in-pipeline-split"))
+    plan.pipeline_split.account_for_loss = options.pipeline_split.account_for_loss;
   if (!plan.pipeline_split.even() && options.layers_per_virtual_stage) {
     throw SpecError("--num-layers-per-virtual-pipeline-stage",
                     "assumes even stages; with an uneven split give --virtual-pipeline-model-parallel-size");
@@ -318,7 +393,8 @@ ParallelPlan apply_plan_flags(ParallelPlan plan, const ModelSpec& model, int64_t
     if (options.recompute_method) throw SpecError("--recompute-method", "needs --recompute-granularity full");
     if (options.recompute_num_layers) throw SpecError("--recompute-num-layers", "needs --recompute-granularity full");
   }
-  if (options.recompute_method) plan.recompute_method = parse_recompute_method(*options.recompute_method, "--recompute-method");
+  if (options.recompute_method)
+    plan.recompute_method = parse_recompute_method(*options.recompute_method, "--recompute-method");
   if (take("--recompute-num-layers")) plan.recompute_num_layers = options.recompute_num_layers.value_or(1);
   if (implementation_given) {
     // Implementation flags restate the options from the implementation's defaults.
@@ -330,14 +406,15 @@ ParallelPlan apply_plan_flags(ParallelPlan plan, const ModelSpec& model, int64_t
   // Megatron's own checks on the two flags when given (an implementation's defaults apply them
   // where they can take effect).
   if (options.implementation.overlap_param_gather && !plan.use_distributed_optimizer) {
-    throw SpecError("--overlap-param-gather", "needs --use-distributed-optimizer (it overlaps the all-gather of "
-                                              "the updated parameter shards)");
+    throw SpecError("--overlap-param-gather",
+                    "needs --use-distributed-optimizer (it overlaps the all-gather of "
+                    "the updated parameter shards)");
   }
   if (options.implementation.tp_comm_overlap && !plan.sequence_parallel) {
     throw SpecError("--tp-comm-overlap", "needs --sequence-parallel (it overlaps its all-gathers and reduce-scatters)");
   }
   if (take("--schedule")) {
-    plan.schedule = options.schedule ? parse_schedule_kind(*options.schedule, "--schedule")
+    plan.schedule = options.schedule                          ? parse_schedule_kind(*options.schedule, "--schedule")
                     : plan.virtual_pipeline_parallel_size > 1 ? ScheduleKind::kInterleaved
                                                               : ScheduleKind::kOneFOneB;
     if (!options.virtual_pipeline_parallel_size && !options.layers_per_virtual_stage) {
@@ -351,8 +428,8 @@ ParallelPlan apply_plan_flags(ParallelPlan plan, const ModelSpec& model, int64_t
 
 ParallelPlan resolve_plan(const ModelSpec& model, int64_t world_size, const PlanOptions& options,
                           const std::string& world_flag) {
-  return apply_plan_flags(ParallelPlan{}, model, world_size, options, [](const char*) { return true; }, true,
-                          world_flag);
+  return apply_plan_flags(
+      ParallelPlan{}, model, world_size, options, [](const char*) { return true; }, true, world_flag);
 }
 
 JobSpec resolve_job(const ModelOptions& model_options, const ClusterOptions& cluster_options,
@@ -377,12 +454,13 @@ JobSpec load_job(const ModelOptions& model, const ClusterOptions& cluster, const
   return job;
 }
 
-JobSpec override_job(JobSpec job, const GivenFlags& given, const ModelOptions& model,
-                     const ClusterOptions& cluster, const PlanOptions& options) {
+JobSpec override_job(JobSpec job, const GivenFlags& given, const ModelOptions& model, const ClusterOptions& cluster,
+                     const PlanOptions& options) {
   const auto has = [&](const char* flag) { return given.count(flag) > 0; };
   if (has("--model")) {
-    throw SpecError("--model", "cannot be combined with --plan: the job file holds the model (its fields take the "
-                               "model flags)");
+    throw SpecError("--model",
+                    "cannot be combined with --plan: the job file holds the model (its fields take the "
+                    "model flags)");
   }
   job.model = apply_model_flags(job.model, model);
   if (has("--cluster") || has("--gpus")) {
@@ -391,9 +469,8 @@ JobSpec override_job(JobSpec job, const GivenFlags& given, const ModelOptions& m
     job.cluster = resolve_cluster(chosen);
   }
   // Implementation flags restate the options from the implementation's defaults.
-  const bool implementation_given = std::any_of(given.begin(), given.end(), [](const auto& flag) {
-    return flag.second.rfind("Implementation", 0) == 0;
-  });
+  const bool implementation_given = std::any_of(
+      given.begin(), given.end(), [](const auto& flag) { return flag.second.rfind("Implementation", 0) == 0; });
   job.plan = apply_plan_flags(std::move(job.plan), job.model, job.cluster.total_gpus(), options, has,
                               implementation_given, "--gpus");
   validate_job(job);
@@ -410,8 +487,8 @@ GivenFlags given_flags(const CLI::App& command) {
       // Its Megatron spelling: the longest of its names.
       const std::vector<std::string>& names = option->get_lnames();
       given["--" + *std::max_element(names.begin(), names.end(), [](const std::string& a, const std::string& b) {
-        return a.size() < b.size();
-      })] = group;
+              return a.size() < b.size();
+            })] = group;
     }
   }
   return given;

@@ -20,8 +20,8 @@ namespace megaplan::cli {
 // argparse defaults (as pretrain_gpt.py does); with neither, the command's default model.
 struct ModelOptions {
   std::optional<std::string> model;
-  std::optional<int64_t> num_layers, hidden_size, ffn_hidden_size, num_attention_heads, num_query_groups,
-      kv_channels, seq_length, max_position_embeddings, vocab_size, make_vocab_size_divisible_by;
+  std::optional<int64_t> num_layers, hidden_size, ffn_hidden_size, num_attention_heads, num_query_groups, kv_channels,
+      seq_length, max_position_embeddings, vocab_size, make_vocab_size_divisible_by;
   std::optional<std::string> normalization, position_embedding_type;
   std::optional<double> norm_epsilon, rotary_base, rotary_percent, rope_scaling_factor;
   bool swiglu = false;
@@ -45,9 +45,8 @@ struct ImplementationFlags {
   bool use_flash_attn = false;
   std::optional<double> attention_dropout, hidden_dropout;
   bool no_masked_softmax_fusion = false, no_bias_gelu_fusion = false, no_bias_dropout_fusion = false,
-       no_gradient_accumulation_fusion = false, accumulate_allreduce_grads_in_fp32 = false,
-       overlap_grad_reduce = false, overlap_param_gather = false, tp_comm_overlap = false,
-       no_scatter_gather_tensors_in_pipeline = false;
+       no_gradient_accumulation_fusion = false, accumulate_allreduce_grads_in_fp32 = false, overlap_grad_reduce = false,
+       overlap_param_gather = false, tp_comm_overlap = false, no_scatter_gather_tensors_in_pipeline = false;
 };
 
 struct PlanOptions {
@@ -62,10 +61,10 @@ struct PlanOptions {
   bool sequence_parallel = false;
   bool use_distributed_optimizer = false;
   std::string recompute_granularity = "none";
-  bool recompute_activations = false;  // Megatron's alias: --recompute-granularity selective
-  std::optional<std::string> recompute_method;   // full only: uniform (default) or block
-  std::optional<int64_t> recompute_num_layers;   // full only: default 1
-  std::optional<std::string> schedule;  // default: interleaved when vpp > 1, else 1f1b
+  bool recompute_activations = false;           // Megatron's alias: --recompute-granularity selective
+  std::optional<std::string> recompute_method;  // full only: uniform (default) or block
+  std::optional<int64_t> recompute_num_layers;  // full only: default 1
+  std::optional<std::string> schedule;          // default: interleaved when vpp > 1, else 1f1b
   ImplementationFlags implementation;
 };
 
@@ -119,8 +118,8 @@ JobSpec load_job(const ModelOptions& model, const ClusterOptions& cluster, const
 // arguments: the model's fields (not --model itself: SpecError), the cluster (--cluster, or --gpus
 // of the job's cluster), each plan field given, dp derived again; implementation flags restate the
 // options from the implementation's defaults. Validated.
-JobSpec override_job(JobSpec job, const GivenFlags& given, const ModelOptions& model,
-                     const ClusterOptions& cluster, const PlanOptions& plan);
+JobSpec override_job(JobSpec job, const GivenFlags& given, const ModelOptions& model, const ClusterOptions& cluster,
+                     const PlanOptions& plan);
 
 // The model, cluster, plan and implementation flags given on `command`. Call from the command's
 // callback.

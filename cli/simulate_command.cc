@@ -8,11 +8,9 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include "executor/io/staged_file.h"
 #include "cli/commands.h"
 #include "cli/notes.h"
 #include "cli/pasted_arguments.h"
-#include "simulator/profile_choice.h"
 #include "cli/report_command.h"
 #include "core/error.h"
 #include "core/executor_support.h"
@@ -20,8 +18,10 @@
 #include "core/schedule/lowering.h"
 #include "core/schedule/schedule_csv.h"
 #include "core/schedule/validation.h"
+#include "executor/io/staged_file.h"
 #include "reports/chrome_trace.h"
 #include "reports/simulation_report.h"
+#include "simulator/profile_choice.h"
 #include "simulator/simulate_plan.h"
 
 namespace megaplan::cli {
@@ -30,7 +30,8 @@ int run_simulate(const SimulateOptions& options, std::ostream& out) {
   const JobSpec job = load_job(options.model, options.cluster, options.plan, options.plan_file, options.given);
   // Costed all the same (the plan is legal), but megaplan's own executor would refuse to train it.
   if (job.plan.implementation == Implementation::kMegaplan) {
-    for (const std::optional<SpecError>& refusal : {executor_model_refusal(job.model), executor_plan_refusal(job.plan)}) {
+    for (const std::optional<SpecError>& refusal :
+         {executor_model_refusal(job.model), executor_plan_refusal(job.plan)}) {
       if (refusal) note("megaplan train cannot run this plan yet: " + std::string(refusal->what()));
     }
   }
@@ -40,8 +41,8 @@ int run_simulate(const SimulateOptions& options, std::ostream& out) {
     imported = read_plan_schedule_csv(*options.schedule_csv, job.plan, "--schedule-csv");
     validate_schedule(lower_schedule(*imported));  // one that would hang is refused, as train refuses it
   }
-  const sim::PlanSimulation simulation = sim::simulate_plan(job, profile, sim::Topology(job.cluster),
-                                                            options.trace || options.report, imported ? &*imported : nullptr);
+  const sim::PlanSimulation simulation = sim::simulate_plan(
+      job, profile, sim::Topology(job.cluster), options.trace || options.report, imported ? &*imported : nullptr);
   if (options.trace) {
     nlohmann::json trace = timeline_to_chrome_trace(simulation.result.timeline, job, options.trace_detail);
     trace["otherData"]["profile"] = sim::describe_profile(profile);  // what costed the slices
@@ -53,7 +54,8 @@ int run_simulate(const SimulateOptions& options, std::ostream& out) {
     write_simulation_text(job, profile, simulation, out);
   }
   // After the output: --json's stays one JSON document on stdout, the report's line goes to stderr.
-  if (options.report) write_report(plan_report(job, profile, simulation), *options.report, options.json ? std::cerr : out);
+  if (options.report)
+    write_report(plan_report(job, profile, simulation), *options.report, options.json ? std::cerr : out);
   return 0;
 }
 
@@ -64,12 +66,14 @@ void setup_simulate_command(CLI::App& app, CommandContext& context) {
   add_model_options(*command, options->model);
   add_cluster_options(*command, options->cluster);
   add_plan_options(*command, options->plan);
-  command->add_option("--plan", options->plan_file, "Job JSON (as describe --out writes it) instead of the flags above");
+  command->add_option("--plan", options->plan_file,
+                      "Job JSON (as describe --out writes it) instead of the flags above");
   command->add_option("--profile", options->profile, sim::kProfileFlagHelp);
   CLI::Option* trace =
       command->add_option("--trace", options->trace, "Write the simulated timeline as a Chrome trace (Perfetto) here");
-  command->add_flag("--trace-detail", options->trace_detail,
-                    "In the trace, each layer's tensor- and context-parallel collectives as slices of their own")
+  command
+      ->add_flag("--trace-detail", options->trace_detail,
+                 "In the trace, each layer's tensor- and context-parallel collectives as slices of their own")
       ->needs(trace);
   command->add_option("--schedule-csv", options->schedule_csv,
                       "Cost this compute-only torch schedule CSV (torchtitan's pipeline_parallel_schedule_csv) instead "

@@ -9,23 +9,23 @@
 #include "cli/data_command.h"
 #include "cli/notes.h"
 #include "cli/pasted_arguments.h"
-#include "simulator/profile_choice.h"
 #include "cli/report_command.h"
 #include "core/device_gpu.h"
 #include "core/error.h"
 #include "core/json_io.h"
-#include "reports/chrome_trace.h"
 #include "executor/comm/in_process_gpu_memory.h"
 #include "executor/comm/launch_environment.h"
 #include "executor/data/indexed_dataset.h"
 #include "executor/data/vocabulary.h"
 #include "executor/gpu_inventory.h"
-#include "executor/model/gpt_model.h"
 #include "executor/io/staged_file.h"
+#include "executor/model/gpt_model.h"
 #include "executor/runtime/cpu_backend.h"
 #include "executor/runtime/cuda_backend.h"
 #include "executor/train/launched_training.h"
 #include "executor/train/stop_signal.h"
+#include "reports/chrome_trace.h"
+#include "simulator/profile_choice.h"
 #include "simulator/simulate_plan.h"
 
 namespace megaplan::cli {
@@ -60,7 +60,8 @@ exec::Vocabulary chosen_vocabulary(const TrainCommandOptions& options, const Mod
   std::optional<exec::Vocabulary> given;
   if (options.plan_file) given = exec::Vocabulary{model.vocab_size, "the job file " + *options.plan_file};
   if (options.model.vocab_size) given = exec::Vocabulary{*options.model.vocab_size, "--vocab-size"};
-  return exec::training_vocabulary(given, tokenizer_named(options.tokenizer) ? std::optional(options.tokenizer) : std::nullopt,
+  return exec::training_vocabulary(given,
+                                   tokenizer_named(options.tokenizer) ? std::optional(options.tokenizer) : std::nullopt,
                                    options.train.data_path);
 }
 
@@ -88,8 +89,9 @@ ClusterSpec report_cluster(const TrainCommandOptions& options, const ParallelPla
       }
     }
   }
-  throw SpecError("--report", "needs the GPUs to simulate the plan on: name them with --cluster (a preset or a cluster "
-                              ".json), or train from a job file (--plan)");
+  throw SpecError("--report",
+                  "needs the GPUs to simulate the plan on: name them with --cluster (a preset or a cluster "
+                  ".json), or train from a job file (--plan)");
 }
 
 // The plan's report, simulated on `cluster`, with this run's last iteration as the measured timeline.
@@ -100,7 +102,8 @@ void write_training_report(const TrainCommandOptions& options, const ModelSpec& 
   const sim::Profile profile = sim::choose_profile(std::nullopt, cluster.gpu);
   PlanReport report = plan_report(job, profile, sim::simulate_plan(job, profile, /*record_timeline=*/true));
   report.measured = summary.timeline;
-  report.measured_source = "iteration " + std::to_string(summary.last_iteration) + " of this run (" + options.device + ")";
+  report.measured_source =
+      "iteration " + std::to_string(summary.last_iteration) + " of this run (" + options.device + ")";
   write_report(report, *options.report, out);
 }
 
@@ -155,7 +158,8 @@ int run_train(const TrainCommandOptions& options, std::ostream& out) {
     if (launch.world_size > 1 && options.device == "cpu") {
       throw SpecError("--device", launch.launcher + " started " + std::to_string(launch.world_size) +
                                       " processes, but the CPU backend runs every rank as a thread of one process: "
-                                      "start one process with --world-size " + std::to_string(launch.world_size) +
+                                      "start one process with --world-size " +
+                                      std::to_string(launch.world_size) +
                                       ", or use --device cuda (one process per GPU over NCCL)");
     }
   }
@@ -163,7 +167,8 @@ int run_train(const TrainCommandOptions& options, std::ostream& out) {
   // global batch (its update_train_iters).
   if (train.train_samples < 0) throw SpecError("--train-samples", "must be a positive integer");
   if (train.train_samples > 0 && train.train_iters != 0) {
-    throw SpecError("--train-samples", "cannot be combined with --train-iters (Megatron's rule: one form or the other)");
+    throw SpecError("--train-samples",
+                    "cannot be combined with --train-iters (Megatron's rule: one form or the other)");
   }
   if (train.train_samples == 0 && train.train_iters == 0) {
     throw SpecError("--train-iters", "required (or --train-samples, Megatron's sample-based form)");
@@ -194,8 +199,9 @@ int run_train(const TrainCommandOptions& options, std::ostream& out) {
   std::optional<ClusterSpec> cluster;
   if (options.report) {
     if (train.pipeline_schedule_csv) {
-      throw SpecError("--report", "compares a run with the plan's own schedule; it cannot be combined with "
-                                  "--pipeline-schedule-csv (use --trace and `megaplan compare`)");
+      throw SpecError("--report",
+                      "compares a run with the plan's own schedule; it cannot be combined with "
+                      "--pipeline-schedule-csv (use --trace and `megaplan compare`)");
     }
     cluster = report_cluster(options, plan, job_cluster);
   }
@@ -215,7 +221,8 @@ int run_train(const TrainCommandOptions& options, std::ostream& out) {
     summary = train_in_process(model, plan, train, options.device, out);
   }
   if (writes_trace) {
-    exec::write_file_atomically(*options.trace, timeline_to_chrome_trace(summary.timeline, JobSpec{model, ClusterSpec{}, plan}).dump() + "\n");
+    exec::write_file_atomically(
+        *options.trace, timeline_to_chrome_trace(summary.timeline, JobSpec{model, ClusterSpec{}, plan}).dump() + "\n");
     out << "wrote the measured timeline of iteration " << summary.last_iteration << " to " << *options.trace << "\n";
   }
   if (options.report && launch.rank == 0) write_training_report(options, model, plan, *cluster, summary, out);
@@ -232,15 +239,20 @@ void setup_train_command(CLI::App& app, CommandContext& context) {
   command->add_option("--trace", options->trace,
                       "Write the last iteration's measured timeline (every pipeline rank; under a launcher, rank 0's) "
                       "as a Chrome trace here");
-  command->add_option("--report", options->report,
-                      "Write the plan's HTML report here, the last iteration's measured timeline against the simulated one");
-  command->add_option("--cluster", options->cluster,
-                      "With --report: the GPUs to simulate on (preset or .json; default: the job file's, else this GPU)");
+  command->add_option(
+      "--report", options->report,
+      "Write the plan's HTML report here, the last iteration's measured timeline against the simulated one");
+  command->add_option(
+      "--cluster", options->cluster,
+      "With --report: the GPUs to simulate on (preset or .json; default: the job file's, else this GPU)");
   command->add_option("--pipeline-schedule-csv", t.pipeline_schedule_csv,
                       "Run this compute-only torch schedule CSV instead of the plan's schedule");
-  command->add_option("--world-size", options->world_size, "Ranks (GPUs) of the run (default: the job's, the launcher's, or 1)");
-  command->add_option("--distributed-timeout-minutes", t.distributed_timeout_minutes,
-                      "A rank that waits longer than this on another ends the run")->capture_default_str();
+  command->add_option("--world-size", options->world_size,
+                      "Ranks (GPUs) of the run (default: the job's, the launcher's, or 1)");
+  command
+      ->add_option("--distributed-timeout-minutes", t.distributed_timeout_minutes,
+                   "A rank that waits longer than this on another ends the run")
+      ->capture_default_str();
   command->add_option("--ddp-bucket-size", t.ddp_bucket_size,
                       "Parameters per gradient bucket (default: Megatron's, max(40M, 1M x dp))");
   command->add_option("--device", options->device, "cpu or cuda")->capture_default_str();
@@ -248,7 +260,9 @@ void setup_train_command(CLI::App& app, CommandContext& context) {
   command
       ->add_option_function<std::vector<std::string>>(
           "--data-path",
-          [options](const std::vector<std::string>& words) { options->train.data_path = exec::parse_data_blend(words); },
+          [options](const std::vector<std::string>& words) {
+            options->train.data_path = exec::parse_data_blend(words);
+          },
           "PREFIX of PREFIX.bin and PREFIX.idx; or Megatron's blends: PREFIX PREFIX ... (in proportion to their "
           "samples) or WEIGHT PREFIX WEIGHT PREFIX ...")
       ->trigger_on_parse()
@@ -258,12 +272,14 @@ void setup_train_command(CLI::App& app, CommandContext& context) {
   add_tokenizer_options(*command, options->tokenizer);
   command->add_option("--split", t.split, "Train, validation, test weights over documents")->capture_default_str();
   command->add_option("--train-iters", t.train_iters, "Iterations to train (or --train-samples)");
-  command->add_option("--train-samples", t.train_samples,
-                      "Samples to train, Megatron's sample-based form: --train-samples / --global-batch-size iterations, "
-                      "the learning rate's lengths in samples");
-  command->add_option("--rampup-batch-size", options->rampup_batch_size,
-                      "START INCREMENT SAMPLES: the global batch grows from START by INCREMENT in equal steps over "
-                      "SAMPLES consumed samples (Megatron's ramp; --train-iters counts its iterations)")
+  command->add_option(
+      "--train-samples", t.train_samples,
+      "Samples to train, Megatron's sample-based form: --train-samples / --global-batch-size iterations, "
+      "the learning rate's lengths in samples");
+  command
+      ->add_option("--rampup-batch-size", options->rampup_batch_size,
+                   "START INCREMENT SAMPLES: the global batch grows from START by INCREMENT in equal steps over "
+                   "SAMPLES consumed samples (Megatron's ramp; --train-iters counts its iterations)")
       ->expected(3);
   command->add_option("--exit-interval", t.exit_interval, "Stop (after a save) at a multiple of this");
   command->add_flag("--exit-signal-handler", t.exit_signal_handler,
@@ -272,12 +288,14 @@ void setup_train_command(CLI::App& app, CommandContext& context) {
   command->add_option("--min-lr", t.learning_rate.min_lr, "Learning rate after decay")->capture_default_str();
   command->add_option("--lr-warmup-iters", t.learning_rate.warmup_iterations, "Linear warm-up iterations");
   command->add_option("--lr-decay-iters", t.learning_rate.decay_iterations, "Decay iterations (default --train-iters)");
-  command->add_option("--lr-warmup-samples", t.learning_rate.warmup_samples, "Linear warm-up samples (with --train-samples)");
+  command->add_option("--lr-warmup-samples", t.learning_rate.warmup_samples,
+                      "Linear warm-up samples (with --train-samples)");
   command->add_option("--lr-decay-samples", t.learning_rate.decay_samples,
                       "Decay samples (with --train-samples; default --train-samples)");
   command->add_option("--lr-warmup-fraction", t.learning_rate.warmup_fraction, "Warm-up as a share of the decay");
   command->add_option("--lr-decay-style", options->lr_decay_style, "constant, linear or cosine")->capture_default_str();
-  command->add_option("--weight-decay", t.weight_decay, "AdamW weight decay (not on biases and norms)")->capture_default_str();
+  command->add_option("--weight-decay", t.weight_decay, "AdamW weight decay (not on biases and norms)")
+      ->capture_default_str();
   command->add_option("--adam-beta1", t.adam_beta1, "Adam beta1")->capture_default_str();
   command->add_option("--adam-beta2", t.adam_beta2, "Adam beta2")->capture_default_str();
   command->add_option("--adam-eps", t.adam_eps, "Adam epsilon")->capture_default_str();
@@ -287,17 +305,20 @@ void setup_train_command(CLI::App& app, CommandContext& context) {
                       "A fixed loss scale (any precision); without it --fp16 scales dynamically");
   command->add_option("--initial-loss-scale", t.loss_scaling.initial, "The dynamic loss scale's start")
       ->capture_default_str();
-  command->add_option("--min-loss-scale", t.loss_scaling.minimum, "The dynamic loss scale's floor")->capture_default_str();
-  command->add_option("--loss-scale-window", t.loss_scaling.window,
-                      "Iterations without overflow before the dynamic loss scale doubles")
+  command->add_option("--min-loss-scale", t.loss_scaling.minimum, "The dynamic loss scale's floor")
       ->capture_default_str();
-  command->add_option("--hysteresis", t.loss_scaling.hysteresis,
-                      "Overflows allowed before the dynamic loss scale halves")
+  command
+      ->add_option("--loss-scale-window", t.loss_scaling.window,
+                   "Iterations without overflow before the dynamic loss scale doubles")
+      ->capture_default_str();
+  command
+      ->add_option("--hysteresis", t.loss_scaling.hysteresis, "Overflows allowed before the dynamic loss scale halves")
       ->capture_default_str();
   command->add_option("--seed", t.seed, "Initialisation and data order")->capture_default_str();
-  command->add_option("--init-method-std", t.init_method_std,
-                      "Standard deviation of the weights' normal initialisation (the output projections' divided by "
-                      "sqrt(2 x layers))")
+  command
+      ->add_option("--init-method-std", t.init_method_std,
+                   "Standard deviation of the weights' normal initialisation (the output projections' divided by "
+                   "sqrt(2 x layers))")
       ->capture_default_str();
   command->add_option("--eval-interval", t.eval_interval, "Iterations between validations")->capture_default_str();
   command->add_option("--eval-iters", t.eval_iters, "Global batches per validation")->capture_default_str();
@@ -320,9 +341,10 @@ void setup_train_command(CLI::App& app, CommandContext& context) {
     (void)read_pasted_arguments(*command, Computes::kRun);  // train reads its own tokenizer flags for the vocabulary
     // Not the other commands' default model: a run trains what it is told to.
     if (!options->plan_file && !options->model.model && !model_flags_given(options->model)) {
-      throw SpecError("--model", "train needs a model: a preset (megaplan presets), a model .json or a Hugging Face "
-                                 "config.json, Megatron's model flags (--num-layers, --hidden-size, ...), or a job "
-                                 "file (--plan)");
+      throw SpecError("--model",
+                      "train needs a model: a preset (megaplan presets), a model .json or a Hugging Face "
+                      "config.json, Megatron's model flags (--num-layers, --hidden-size, ...), or a job "
+                      "file (--plan)");
     }
     context.exit_code = run_train(*options, context.out);
   });

@@ -20,7 +20,7 @@ struct TrainCommandOptions {
   PlanOptions plan;
   std::optional<int64_t> world_size;     // --world-size (default: the job file's, the launcher's, or 1)
   std::optional<std::string> plan_file;  // a job file (search --out, describe --out): its model and plan
-  GivenFlags given;          // model and plan flags given beside --plan: they override it
+  GivenFlags given;                      // model and plan flags given beside --plan: they override it
   std::optional<std::string> trace;      // --trace FILE: the last iteration's measured timeline
   // --report FILE: the plan's HTML report with the last iteration's measured timeline against the
   // simulated one, simulated on --cluster (else the job file's cluster, else this GPU's).

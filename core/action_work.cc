@@ -10,7 +10,8 @@ namespace {
 
 constexpr int64_t kBf16 = 2;
 
-double part_flops(const PlanKernels& kernels, const std::vector<double>& block_flops, int64_t stage, SchedulePart part) {
+double part_flops(const PlanKernels& kernels, const std::vector<double>& block_flops, int64_t stage,
+                  SchedulePart part) {
   double flops = 0;
   for (const CountedBlock& counted : kernels.stage_blocks(stage, part)) {
     flops += static_cast<double>(counted.count) * block_flops[static_cast<std::size_t>(counted.block)];
@@ -31,7 +32,8 @@ std::vector<StageWork> stage_work(const ModelSpec& model, const ParallelPlan& pl
   std::vector<double> block_flops(kNumKernelBlocks, 0);
   for (std::size_t b = 0; b < kNumKernelBlocks; ++b) {
     for (const Kernel& kernel : kernels.block(static_cast<KernelBlock>(b))) {
-      const bool attention = kernel.kind == KernelKind::kAttentionForward || kernel.kind == KernelKind::kAttentionBackward;
+      const bool attention =
+          kernel.kind == KernelKind::kAttentionForward || kernel.kind == KernelKind::kAttentionBackward;
       block_flops[b] += kernel_flops(kernel) / static_cast<double>(attention ? plan.context_parallel_size : 1);
     }
   }
@@ -56,29 +58,22 @@ ActionWork action_work(const std::vector<StageWork>& stages, const Action& actio
   if (action.kind == ActionKind::kOptimizer) return {};
   const StageWork& stage = stages.at(static_cast<std::size_t>(action.stage));
   switch (action.kind) {
-    case ActionKind::kForward:
-      return {stage.forward_flops, 0};
-    case ActionKind::kBackward:
-      return {stage.backward_flops, 0};
-    case ActionKind::kBackwardInput:
-      return {stage.backward_input_flops, 0};
-    case ActionKind::kBackwardWeight:
-      return {stage.backward_weight_flops, 0};
+    case ActionKind::kForward: return {stage.forward_flops, 0};
+    case ActionKind::kBackward: return {stage.backward_flops, 0};
+    case ActionKind::kBackwardInput: return {stage.backward_input_flops, 0};
+    case ActionKind::kBackwardWeight: return {stage.backward_weight_flops, 0};
     case ActionKind::kOverlapForwardBackward: {
       const StageWork& backward = stages.at(static_cast<std::size_t>(action.backward_stage));
-      const double flops = action.backward_kind == ActionKind::kBackwardInput ? backward.backward_input_flops
-                                                                              : backward.backward_flops;
+      const double flops =
+          action.backward_kind == ActionKind::kBackwardInput ? backward.backward_input_flops : backward.backward_flops;
       return {stage.forward_flops + flops, 0};
     }
     case ActionKind::kSendForward:
     case ActionKind::kRecvForward:
     case ActionKind::kSendBackward:
-    case ActionKind::kRecvBackward:
-      return {0, stage.message_bytes};
-    case ActionKind::kReduceGrad:
-      return {0, stage.gradient_bytes};
-    case ActionKind::kOptimizer:
-      break;
+    case ActionKind::kRecvBackward: return {0, stage.message_bytes};
+    case ActionKind::kReduceGrad: return {0, stage.gradient_bytes};
+    case ActionKind::kOptimizer: break;
   }
   return {};
 }

@@ -24,7 +24,8 @@ void validate_batch_rampup(const BatchRampup& rampup, const ParallelPlan& plan) 
   if (rampup.increment <= 0) {
     throw SpecError(kFlag, "the increment must be positive, got " + std::to_string(rampup.increment));
   }
-  if (rampup.samples < 0) throw SpecError(kFlag, "the ramp's samples must be non-negative, got " + std::to_string(rampup.samples));
+  if (rampup.samples < 0)
+    throw SpecError(kFlag, "the ramp's samples must be non-negative, got " + std::to_string(rampup.samples));
   require_divides(rampup.increment, gbs - rampup.start, kFlag, [&] {
     return "the increment " + std::to_string(rampup.increment) + " must divide --global-batch-size minus the start, " +
            std::to_string(gbs - rampup.start);
@@ -49,15 +50,15 @@ int64_t rampup_global_batch(const std::optional<BatchRampup>& rampup, int64_t gl
   return std::min(batch, global_batch_size);
 }
 
-int64_t samples_of_iterations(const std::optional<BatchRampup>& rampup, int64_t global_batch_size,
-                              int64_t iterations) {
+int64_t samples_of_iterations(const std::optional<BatchRampup>& rampup, int64_t global_batch_size, int64_t iterations) {
   int64_t consumed = 0;
   int64_t done = 0;
   // The ramp, one iteration at a time (at most samples / start of them), then the constant batch.
   for (; done < iterations && rampup && consumed <= rampup->samples; ++done) {
     consumed += rampup_global_batch(rampup, global_batch_size, consumed);
   }
-  return checked_add(consumed, checked_multiply(iterations - done, global_batch_size, "--train-iters"), "--train-iters");
+  return checked_add(consumed, checked_multiply(iterations - done, global_batch_size, "--train-iters"),
+                     "--train-iters");
 }
 
 std::vector<int64_t> rampup_global_batches(const std::optional<BatchRampup>& rampup, int64_t global_batch_size) {

@@ -31,8 +31,7 @@ int64_t rampup_global_batch(const std::optional<BatchRampup>& rampup, int64_t gl
 
 // The samples `iterations` iterations consume from the start, ramp included (checked arithmetic:
 // SpecError naming --train-iters on overflow).
-int64_t samples_of_iterations(const std::optional<BatchRampup>& rampup, int64_t global_batch_size,
-                              int64_t iterations);
+int64_t samples_of_iterations(const std::optional<BatchRampup>& rampup, int64_t global_batch_size, int64_t iterations);
 
 // Every distinct global batch the ramp runs, increasing; {global batch} without a ramp.
 std::vector<int64_t> rampup_global_batches(const std::optional<BatchRampup>& rampup, int64_t global_batch_size);

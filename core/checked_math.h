@@ -15,8 +15,8 @@ namespace megaplan {
 inline int64_t checked_multiply(int64_t a, int64_t b, std::string_view field) {
   int64_t product = 0;
   if (__builtin_mul_overflow(a, b, &product)) {
-    throw SpecError(std::string(field), "product " + std::to_string(a) + " x " + std::to_string(b) +
-                               " overflows 64 bits");
+    throw SpecError(std::string(field),
+                    "product " + std::to_string(a) + " x " + std::to_string(b) + " overflows 64 bits");
   }
   return product;
 }
@@ -24,8 +24,7 @@ inline int64_t checked_multiply(int64_t a, int64_t b, std::string_view field) {
 inline int64_t checked_add(int64_t a, int64_t b, std::string_view field) {
   int64_t sum = 0;
   if (__builtin_add_overflow(a, b, &sum)) {
-    throw SpecError(std::string(field), "sum " + std::to_string(a) + " + " + std::to_string(b) +
-                               " overflows 64 bits");
+    throw SpecError(std::string(field), "sum " + std::to_string(a) + " + " + std::to_string(b) + " overflows 64 bits");
   }
   return sum;
 }
@@ -53,8 +52,8 @@ void require_divides(int64_t divisor, int64_t value, std::string_view field, Wha
   } else {
     message = std::string(what);
   }
-  throw SpecError(std::string(field), message + " (" + std::to_string(value) + " % " + std::to_string(divisor) +
-                                          " = " + std::to_string(value % divisor) + ")");
+  throw SpecError(std::string(field), message + " (" + std::to_string(value) + " % " + std::to_string(divisor) + " = " +
+                                          std::to_string(value % divisor) + ")");
 }
 
 }  // namespace megaplan

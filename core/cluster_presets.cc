@@ -49,25 +49,22 @@ InterNodeNetwork infiniband(const std::string& kind, double gigabits_per_s) {
 std::vector<ClusterSpec> build_cluster_presets() {
   const InterNodeNetwork no_network{"none", 0, 0, 0};
   return {
-      {"dgx-a100-80gb", kSuperPodNodes, 8, a100_sxm4_80gb(), nvswitch(600 * kGiga),
-       infiniband("InfiniBand HDR", 200),
+      {"dgx-a100-80gb", kSuperPodNodes, 8, a100_sxm4_80gb(), nvswitch(600 * kGiga), infiniband("InfiniBand HDR", 200),
        "NVIDIA DGX A100 datasheet: 8x A100-SXM4-80GB, NVSwitch 600 GB/s bidirectional per GPU, "
-       "8x ConnectX-6 HDR 200 Gb/s for compute; A100 datasheet." + kLatencyNote},
-      {"dgx-h100", kSuperPodNodes, 8, h100_sxm5_80gb(), nvswitch(900 * kGiga),
-       infiniband("InfiniBand NDR", 400),
-       "NVIDIA DGX H100 datasheet: 8x H100-SXM5-80GB, NVLink 900 GB/s bidirectional per GPU, "
-       "8x ConnectX-7 NDR 400 Gb/s for compute; H100 datasheet." + kLatencyNote},
-      {"dgx-h200", kSuperPodNodes, 8, h200_sxm_141gb(), nvswitch(900 * kGiga),
-       infiniband("InfiniBand NDR", 400),
-       "NVIDIA DGX H200 datasheet: 8x H200-SXM-141GB, NVLink 900 GB/s bidirectional per GPU, "
-       "8x ConnectX-7 NDR 400 Gb/s for compute; H200 datasheet." + kLatencyNote},
-      {"h100-x1", 1, 1, h100_sxm5_80gb(), {"none", 0, 0}, no_network,
-       "One H100-SXM5-80GB (H100 datasheet)."},
-      {"h200-x1", 1, 1, h200_sxm_141gb(), {"none", 0, 0}, no_network,
-       "One H200-SXM-141GB (H200 datasheet)."},
-      {"h200-x2", 1, 2, h200_sxm_141gb(), nvswitch(900 * kGiga), no_network,
-       "Two H200-SXM-141GB on one HGX board, NVLink 900 GB/s bidirectional per GPU (H200 datasheet)." +
+       "8x ConnectX-6 HDR 200 Gb/s for compute; A100 datasheet." +
            kLatencyNote},
+      {"dgx-h100", kSuperPodNodes, 8, h100_sxm5_80gb(), nvswitch(900 * kGiga), infiniband("InfiniBand NDR", 400),
+       "NVIDIA DGX H100 datasheet: 8x H100-SXM5-80GB, NVLink 900 GB/s bidirectional per GPU, "
+       "8x ConnectX-7 NDR 400 Gb/s for compute; H100 datasheet." +
+           kLatencyNote},
+      {"dgx-h200", kSuperPodNodes, 8, h200_sxm_141gb(), nvswitch(900 * kGiga), infiniband("InfiniBand NDR", 400),
+       "NVIDIA DGX H200 datasheet: 8x H200-SXM-141GB, NVLink 900 GB/s bidirectional per GPU, "
+       "8x ConnectX-7 NDR 400 Gb/s for compute; H200 datasheet." +
+           kLatencyNote},
+      {"h100-x1", 1, 1, h100_sxm5_80gb(), {"none", 0, 0}, no_network, "One H100-SXM5-80GB (H100 datasheet)."},
+      {"h200-x1", 1, 1, h200_sxm_141gb(), {"none", 0, 0}, no_network, "One H200-SXM-141GB (H200 datasheet)."},
+      {"h200-x2", 1, 2, h200_sxm_141gb(), nvswitch(900 * kGiga), no_network,
+       "Two H200-SXM-141GB on one HGX board, NVLink 900 GB/s bidirectional per GPU (H200 datasheet)." + kLatencyNote},
   };
 }
 

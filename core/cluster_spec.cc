@@ -46,8 +46,8 @@ void validate_cluster_spec(const ClusterSpec& cluster) {
   require_latency(cluster.intra_node.latency_s, "intra_node.latency_s");
   require_latency(cluster.inter_node.latency_s, "inter_node.latency_s");
   if (cluster.inter_node.nics_per_node < 0) {
-    throw SpecError("inter_node.nics_per_node", "must not be negative, got " +
-                                                    std::to_string(cluster.inter_node.nics_per_node));
+    throw SpecError("inter_node.nics_per_node",
+                    "must not be negative, got " + std::to_string(cluster.inter_node.nics_per_node));
   }
   require_at_most(cluster.inter_node.nics_per_node, kMaxNicsPerNode, "inter_node.nics_per_node");
   // GPUs that share a node must be able to talk; nodes must be able to talk to each other.
@@ -69,8 +69,8 @@ ClusterSpec select_gpus(const ClusterSpec& cluster, int64_t gpus) {
   if (gpus > cluster.total_gpus()) {
     throw SpecError("--gpus", std::to_string(gpus) + " GPUs exceed cluster " + cluster.name + " (" +
                                   std::to_string(cluster.num_nodes) + " nodes x " +
-                                  std::to_string(cluster.gpus_per_node) + " = " +
-                                  std::to_string(cluster.total_gpus()) + " GPUs)");
+                                  std::to_string(cluster.gpus_per_node) + " = " + std::to_string(cluster.total_gpus()) +
+                                  " GPUs)");
   }
   ClusterSpec selected = cluster;
   if (gpus >= cluster.gpus_per_node) {

@@ -12,10 +12,10 @@
 namespace megaplan {
 
 struct GpuSpec {
-  std::string name;                     // "H100-SXM5-80GB"
-  double dense_bf16_flops_per_s = 0;    // tensor-core peak without sparsity
+  std::string name;                   // "H100-SXM5-80GB"
+  double dense_bf16_flops_per_s = 0;  // tensor-core peak without sparsity
   double dense_fp16_flops_per_s = 0;
-  int64_t hbm_capacity_bytes = 0;       // datasheet capacity, decimal GB
+  int64_t hbm_capacity_bytes = 0;  // datasheet capacity, decimal GB
   double hbm_bandwidth_bytes_per_s = 0;
   int64_t streaming_multiprocessors = 0;  // SMs; 0 where unknown (wave quantisation then unmodelled)
 };
@@ -23,15 +23,15 @@ struct GpuSpec {
 // Intra-node fabric. Bandwidths are per GPU and per direction; datasheets quote the
 // bidirectional sum (A100: "600 GB/s"), which is twice this number.
 struct IntraNodeFabric {
-  std::string kind;                     // "NVSwitch", "NVLink", "PCIe"
+  std::string kind;  // "NVSwitch", "NVLink", "PCIe"
   double bandwidth_per_gpu_bytes_per_s = 0;
   double latency_s = 0;
 };
 
 // Inter-node network: NICs per node, each with its own per-direction line rate.
 struct InterNodeNetwork {
-  std::string kind;                     // "InfiniBand NDR"
-  int64_t nics_per_node = 0;            // 0 for single-node machines
+  std::string kind;           // "InfiniBand NDR"
+  int64_t nics_per_node = 0;  // 0 for single-node machines
   double bandwidth_per_nic_bytes_per_s = 0;
   double latency_s = 0;
 };

@@ -12,8 +12,8 @@ namespace megaplan {
 enum class CollectiveOp : uint8_t { kAllReduce, kAllGather, kReduceScatter, kAllToAll, kSendRecv };
 // The group collectives (a profile's `collectives` table), and those with send/receive (its
 // `overlap` table).
-inline constexpr std::array<CollectiveOp, 4> kGroupCollectives = {CollectiveOp::kAllReduce, CollectiveOp::kAllGather,
-                                                                  CollectiveOp::kReduceScatter, CollectiveOp::kAllToAll};
+inline constexpr std::array<CollectiveOp, 4> kGroupCollectives = {
+    CollectiveOp::kAllReduce, CollectiveOp::kAllGather, CollectiveOp::kReduceScatter, CollectiveOp::kAllToAll};
 inline constexpr std::array<CollectiveOp, 5> kCollectiveOps = {CollectiveOp::kAllReduce, CollectiveOp::kAllGather,
                                                                CollectiveOp::kReduceScatter, CollectiveOp::kAllToAll,
                                                                CollectiveOp::kSendRecv};

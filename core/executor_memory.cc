@@ -21,7 +21,7 @@ constexpr int64_t kFloat = 4;
 // What the walk reads of a plan: each chunk's recomputation groups (chunks of uneven stages
 // differ), and the first and the last stage by their ends.
 struct WalkShape {
-  bool forward_borrows = false;  // a layer keeps less than everything: F runs it on a lent set
+  bool forward_borrows = false;                     // a layer keeps less than everything: F runs it on a lent set
   std::vector<std::vector<int64_t>> group_borrows;  // per stage: sets each group borrows in the backward
   int64_t last_stage = 0;
 };
@@ -31,7 +31,8 @@ WalkShape walk_shape(const ModelSpec& model, const ParallelPlan& plan) {
   const bool selective = plan.recompute_granularity == RecomputeGranularity::kSelective;
   for (const int64_t layers : stage_layer_counts(model, plan)) {
     const std::vector<LayerGroup> groups = recompute_groups(plan, layers);
-    for (const LayerKeep keep : layer_keeps(plan, groups)) shape.forward_borrows = shape.forward_borrows || keep != LayerKeep::kAll;
+    for (const LayerKeep keep : layer_keeps(plan, groups))
+      shape.forward_borrows = shape.forward_borrows || keep != LayerKeep::kAll;
     std::vector<int64_t>& borrows = shape.group_borrows.emplace_back();
     for (const LayerGroup& group : groups) borrows.push_back(group.recomputed || selective ? group.num_layers : 0);
   }
@@ -84,9 +85,9 @@ ChunkBytes chunk_bytes(const ModelSpec& model, const ParallelPlan& plan, int64_t
   // and the rank's queries); d_qkv_, d_ffn_ (the rank's share) and SwiGLU's swiglu_out_ and d_activated_; under
   // sequence parallelism gathered_ and partial_; the loss's memory (its running sum, a double, and
   // the row statistics lse_s, target logit and peak).
-  bytes.scratch = a * (4 * rows * h + tokens * std::max(h, q) + tokens * (qkv + fc1) + (model.swiglu ? 2 * tokens * ffn : 0)) +
-                  (plan.sequence_parallel ? 2 * a * tokens * h : 0) +
-                  (layers.has_output_layer ? kFloat * (2 + 3 * tokens) : 0);
+  bytes.scratch =
+      a * (4 * rows * h + tokens * std::max(h, q) + tokens * (qkv + fc1) + (model.swiglu ? 2 * tokens * ffn : 0)) +
+      (plan.sequence_parallel ? 2 * a * tokens * h : 0) + (layers.has_output_layer ? kFloat * (2 + 3 * tokens) : 0);
 
   const int64_t saved_per_row = precision.attention_keeps_probabilities ? model.seq_length : 1;
   const int64_t attention = a * tokens * q + kFloat * plan.micro_batch_size * heads * model.seq_length * saved_per_row;
@@ -96,15 +97,17 @@ ChunkBytes chunk_bytes(const ModelSpec& model, const ParallelPlan& plan, int64_t
   // the two norms' statistics (LayerNorm's mean and rstd, RMSNorm's rstd); the attention core's
   // output and saved statistics.
   const int64_t statistics = model.normalization == Normalization::kRMSNorm ? 1 : 2;
-  bytes.layer = 2 * input + a * tokens * (qkv + fc1 + (model.swiglu ? 0 : ffn)) + kFloat * 2 * statistics * rows + attention;
+  bytes.layer =
+      2 * input + a * tokens * (qkv + fc1 + (model.swiglu ? 0 : ffn)) + kFloat * 2 * statistics * rows + attention;
   bytes.microbatch = input;  // the chunk's output
   for (const LayerKeep keep : layer_keeps(plan, recompute_groups(plan, layers.num_layers))) {
-    bytes.microbatch += keep == LayerKeep::kAll ? bytes.layer
+    bytes.microbatch += keep == LayerKeep::kAll               ? bytes.layer
                         : keep == LayerKeep::kAllButAttention ? bytes.layer - attention
-                        : keep == LayerKeep::kInput ? input
-                                               : 0;
+                        : keep == LayerKeep::kInput           ? input
+                                                              : 0;
   }
-  if (layers.has_output_layer) bytes.microbatch += a * tokens * (h + vocabulary) + kFloat * (statistics * rows + tokens);
+  if (layers.has_output_layer)
+    bytes.microbatch += a * tokens * (h + vocabulary) + kFloat * (statistics * rows + tokens);
   // Per layer, I keeps the output gradients of fc2 and the projection (hidden wide), fc1 and QKV.
   bytes.deferred = layers.num_layers * a * tokens * (2 * h + fc1 + qkv) + (layers.has_embedding ? a * tokens * h : 0);
   return bytes;
@@ -118,7 +121,10 @@ class RankWalk {
  public:
   // `stages`: this rank's, in increasing order.
   RankWalk(const WalkShape& walk, const ScheduleShape& shape, const std::vector<int64_t>& stages)
-      : walk_(walk), shape_(shape), microbatches_(shape.microbatches), local_(static_cast<std::size_t>(shape.num_stages), -1) {
+      : walk_(walk),
+        shape_(shape),
+        microbatches_(shape.microbatches),
+        local_(static_cast<std::size_t>(shape.num_stages), -1) {
     for (const int64_t stage : stages) local_[static_cast<std::size_t>(stage)] = locals_++;
     const auto cells = static_cast<std::size_t>(locals_ * microbatches_);
     kept_.assign(cells, 0);
@@ -131,16 +137,12 @@ class RankWalk {
 
   void run(const Action& action) {
     switch (action.kind) {
-      case ActionKind::kForward:
-        forward(action.stage, action.microbatch);
-        break;
+      case ActionKind::kForward: forward(action.stage, action.microbatch); break;
       case ActionKind::kBackward:
       case ActionKind::kBackwardInput:
         backward(action.stage, action.microbatch, action.kind == ActionKind::kBackwardInput);
         break;
-      case ActionKind::kBackwardWeight:
-        weight(action.stage, action.microbatch);
-        break;
+      case ActionKind::kBackwardWeight: weight(action.stage, action.microbatch); break;
       case ActionKind::kOverlapForwardBackward: {
         const ActionParts parts = parts_of(action);
         // The interpreter issues a pair of two chunks backward first (Backend::run_pair's order).
@@ -149,15 +151,11 @@ class RankWalk {
         run(parts.parts[one_chunk ? 1 : 0]);
         break;
       }
-      case ActionKind::kRecvForward:
-        take_message(input_cell(action.stage, action.microbatch));
-        break;
+      case ActionKind::kRecvForward: take_message(input_cell(action.stage, action.microbatch)); break;
       case ActionKind::kRecvBackward:
         take_message(gradient_cell(action.stage + 1, action.microbatch));  // the gradient of stage s's output
         break;
-      case ActionKind::kSendBackward:
-        sent_[gradient_cell(action.stage, action.microbatch)] = 1;
-        break;
+      case ActionKind::kSendBackward: sent_[gradient_cell(action.stage, action.microbatch)] = 1; break;
       case ActionKind::kOptimizer:
         for (std::size_t c = 0; c < sent_.size(); ++c) {
           if (sent_[c]) give_message(c);
@@ -165,8 +163,7 @@ class RankWalk {
         }
         break;
       case ActionKind::kSendForward:
-      case ActionKind::kReduceGrad:
-        break;
+      case ActionKind::kReduceGrad: break;
     }
   }
 
@@ -185,13 +182,14 @@ class RankWalk {
     // High-water counts only grow, so a moment is dominated by any later one whose deferred counts
     // are no smaller: pricing needs only the rest (without I/W, the last moment alone).
     for (auto moment = moments_.rbegin(); moment != moments_.rend(); ++moment) {
-      const bool dominated = std::any_of(rank.moments.begin(), rank.moments.end(), [&](const std::vector<int64_t>& later) {
-        for (int64_t i = 0; i < locals_; ++i) {
-          const auto at = static_cast<std::size_t>(3 * i + 2);
-          if (later[at] < (*moment)[at]) return false;
-        }
-        return true;
-      });
+      const bool dominated =
+          std::any_of(rank.moments.begin(), rank.moments.end(), [&](const std::vector<int64_t>& later) {
+            for (int64_t i = 0; i < locals_; ++i) {
+              const auto at = static_cast<std::size_t>(3 * i + 2);
+              if (later[at] < (*moment)[at]) return false;
+            }
+            return true;
+          });
       if (!dominated) rank.moments.push_back(std::move(*moment));
     }
     for (int64_t i = 0; i < locals_; ++i) rank.most_inflight += counts_[static_cast<std::size_t>(3 * i)];
@@ -306,8 +304,8 @@ class RankWalk {
   int64_t microbatches_;
   std::vector<int64_t> local_;  // by stage: its index among this rank's chunks, or -1
   int64_t locals_ = 0;
-  std::vector<char> message_, sent_;  // by gradient_cell
-  std::vector<int64_t> kept_;         // layers I lent a microbatch until its W
+  std::vector<char> message_, sent_;       // by gradient_cell
+  std::vector<int64_t> kept_;              // layers I lent a microbatch until its W
   std::vector<int64_t> live_sets_, lent_;  // by index
   int64_t messages_live_ = 0;
   // By index i: 3i sets ever held, 3i + 1 layer sets ever lent at once, 3i + 2 microbatches
@@ -337,8 +335,8 @@ std::vector<ChunkBytes> chunks_by_stage(const ModelSpec& model, const ParallelPl
 
 }  // namespace
 
-ExecutorMemoryWalk walk_executor_memory(const ModelSpec& model, const ParallelPlan& plan,
-                                        const PipelineSchedule& given, bool evaluates) {
+ExecutorMemoryWalk walk_executor_memory(const ModelSpec& model, const ParallelPlan& plan, const PipelineSchedule& given,
+                                        bool evaluates) {
   // The executor runs the lowered list, where a stage's RECV_F is posted ahead of its F and holds
   // a message buffer from then: a compute-only list would count one message too few on a rank whose
   // stage receives (the last stage of 1F1B, the V schedules' rank 0).
@@ -392,9 +390,9 @@ std::vector<ExecutorRankMemory> price_executor_memory(const ExecutorMemoryWalk& 
 }
 
 std::vector<ExecutorRankMemory> executor_memory_per_pipeline_rank(const ModelSpec& model, const ParallelPlan& plan,
-                                                                 const PipelineSchedule& schedule,
-                                                                 const ExecutorPrecision& precision,
-                                                                 int64_t bucket_size, bool evaluates) {
+                                                                  const PipelineSchedule& schedule,
+                                                                  const ExecutorPrecision& precision,
+                                                                  int64_t bucket_size, bool evaluates) {
   return price_executor_memory(walk_executor_memory(model, plan, schedule, evaluates), model, plan, precision,
                                bucket_size);
 }

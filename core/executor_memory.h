@@ -45,11 +45,11 @@ struct ExecutorPrecision {
 
 struct ExecutorRankMemory {
   int64_t pipeline_rank = 0;
-  int64_t master_weight_bytes = 0;  // fp32, the DDP buffer's padding included
-  int64_t gradient_bytes = 0;       // fp32, the same layout
+  int64_t master_weight_bytes = 0;   // fp32, the DDP buffer's padding included
+  int64_t gradient_bytes = 0;        // fp32, the same layout
   int64_t compute_weight_bytes = 0;  // the weights the layers read (0 when compute is fp32)
-  int64_t optimizer_bytes = 0;      // AdamW's moments
-  int64_t scratch_bytes = 0;        // one set per chunk
+  int64_t optimizer_bytes = 0;       // AdamW's moments
+  int64_t scratch_bytes = 0;         // one set per chunk
   // At the rank's peak: microbatch sets, the recomputation pool, I's deferred gradients and the
   // gradient messages; with the most microbatches a chunk had in flight at once, summed over chunks.
   int64_t activation_bytes = 0;
@@ -87,8 +87,8 @@ std::vector<ExecutorRankMemory> price_executor_memory(const ExecutorMemoryWalk& 
 // message buffers after the iteration.
 // REQUIRES: validate_plan(model, plan) passed; schedule has the plan's shape.
 std::vector<ExecutorRankMemory> executor_memory_per_pipeline_rank(const ModelSpec& model, const ParallelPlan& plan,
-                                                                 const PipelineSchedule& schedule,
-                                                                 const ExecutorPrecision& precision,
-                                                                 int64_t bucket_size = 0, bool evaluates = false);
+                                                                  const PipelineSchedule& schedule,
+                                                                  const ExecutorPrecision& precision,
+                                                                  int64_t bucket_size = 0, bool evaluates = false);
 
 }  // namespace megaplan

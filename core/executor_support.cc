@@ -6,7 +6,9 @@ namespace megaplan {
 
 namespace {
 
-SpecError missing(const std::string& flag, const std::string& what) { return {flag, what + " is not in the executor yet"}; }
+SpecError missing(const std::string& flag, const std::string& what) {
+  return {flag, what + " is not in the executor yet"};
+}
 
 }  // namespace
 

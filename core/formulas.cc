@@ -104,9 +104,9 @@ std::vector<PipelineRankParameters> parameters_per_pipeline_rank(const ModelSpec
 
 const std::vector<int64_t>& ParametersPerGpuCache::per_pipeline_rank(const ParallelPlan& plan) const {
   const PipelineSplit& split = plan.pipeline_split;
-  const Key key{plan.tensor_parallel_size,   plan.pipeline_parallel_size,  plan.virtual_pipeline_parallel_size,
-                stage_placement(plan.schedule), split.first_stage_layers, split.last_stage_layers,
-                split.account_for_embedding, split.account_for_loss};
+  const Key key{plan.tensor_parallel_size,      plan.pipeline_parallel_size, plan.virtual_pipeline_parallel_size,
+                stage_placement(plan.schedule), split.first_stage_layers,    split.last_stage_layers,
+                split.account_for_embedding,    split.account_for_loss};
   const std::lock_guard<std::mutex> lock(mutex_);
   auto found = by_layout_.find(key);
   if (found == by_layout_.end()) {
@@ -143,8 +143,7 @@ double hardware_flops(const ModelSpec& model, int64_t batch_size, int64_t padded
   const double s = static_cast<double>(model.seq_length);
   const double l = static_cast<double>(model.num_layers);
   switch (recompute) {
-    case RecomputeGranularity::kNone:
-      return total;
+    case RecomputeGranularity::kNone: return total;
     case RecomputeGranularity::kSelective:
       // Forward QK^T and AV: 2 GEMMs of 2 * b * s^2 * (query projection) FLOPs per layer.
       return total + 4.0 * batch * s * s * l * static_cast<double>(model.query_projection_size());

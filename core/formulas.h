@@ -17,9 +17,9 @@ namespace megaplan {
 // divided over the tp ranks (QKV, projection, MLP weights; column-parallel biases), `replicated`
 // sits whole on every tp rank (norms, row-parallel biases).
 struct LayerParameters {
-  int64_t attention = 0;   // QKV and output projection, weights and biases
-  int64_t mlp = 0;         // fc1 (two halves with SwiGLU) and fc2, weights and biases
-  int64_t norms = 0;       // the two pre-norms
+  int64_t attention = 0;  // QKV and output projection, weights and biases
+  int64_t mlp = 0;        // fc1 (two halves with SwiGLU) and fc2, weights and biases
+  int64_t norms = 0;      // the two pre-norms
   int64_t sharded = 0;
   int64_t replicated = 0;
   int64_t total() const { return attention + mlp + norms; }
@@ -40,10 +40,10 @@ int64_t total_parameters(const ModelSpec& model, int64_t tensor_parallel_size = 
 struct PipelineRankParameters {
   int64_t pipeline_rank = 0;
   int64_t num_layers = 0;
-  bool has_embedding = false;     // word (and learned position) embeddings
-  bool has_output_layer = false;  // final norm and output projection (or the tied copy)
-  int64_t parameters = 0;         // whole, before tensor parallelism
-  int64_t parameters_per_gpu = 0; // on each of the rank's tp GPUs
+  bool has_embedding = false;      // word (and learned position) embeddings
+  bool has_output_layer = false;   // final norm and output projection (or the tied copy)
+  int64_t parameters = 0;          // whole, before tensor parallelism
+  int64_t parameters_per_gpu = 0;  // on each of the rank's tp GPUs
 };
 
 // REQUIRES: validate_plan(model, plan) passed.

@@ -33,7 +33,8 @@ void read_rope_scaling(JsonFieldReader& reader, const std::string& key, ModelSpe
   if (!scaling.read("rope_type", kind)) scaling.read("type", kind);
   if (kind == "default") return;
   if (kind != "llama3") {
-    throw SpecError(scaling.field("rope_type"), "only \"llama3\" (Llama 3.1's scaling) is modelled, got \"" + kind + "\"");
+    throw SpecError(scaling.field("rope_type"),
+                    "only \"llama3\" (Llama 3.1's scaling) is modelled, got \"" + kind + "\"");
   }
   scaling.require("factor", spec.rope_scaling.factor);
   scaling.require("low_freq_factor", spec.rope_scaling.low_freq_factor);
@@ -45,8 +46,8 @@ ModelSpec from_llama_family(JsonFieldReader& reader, const std::string& type) {
   std::string activation = "silu";
   reader.read("hidden_act", activation);
   if (activation != "silu") {
-    throw SpecError(reader.field("hidden_act"), "only \"silu\" (SwiGLU) is supported for " + type + ", got \"" +
-                                                    activation + "\"");
+    throw SpecError(reader.field("hidden_act"),
+                    "only \"silu\" (SwiGLU) is supported for " + type + ", got \"" + activation + "\"");
   }
   ModelSpec spec;
   reader.require("num_hidden_layers", spec.num_layers);
@@ -128,8 +129,7 @@ ModelSpec model_spec_from_hf_config(const nlohmann::json& json, const std::strin
 ModelSpec load_model_spec(const std::string& name_or_path) {
   if (!name_or_path.ends_with(".json")) return model_preset(name_or_path);
   const nlohmann::json json = read_json_file(name_or_path);
-  return is_hf_config(json) ? model_spec_from_hf_config(json, name_or_path)
-                            : model_spec_from_json(json, name_or_path);
+  return is_hf_config(json) ? model_spec_from_hf_config(json, name_or_path) : model_spec_from_json(json, name_or_path);
 }
 
 }  // namespace megaplan

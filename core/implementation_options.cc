@@ -9,11 +9,11 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "core/model_spec.h"
-#include "core/schedule/schedule_traits.h"
 #include "core/json_io.h"
+#include "core/model_spec.h"
 #include "core/parallel_plan.h"
 #include "core/parameter_layout.h"
+#include "core/schedule/schedule_traits.h"
 
 namespace megaplan {
 
@@ -178,8 +178,9 @@ std::string describe_implementation(const ParallelPlan& plan) {
   std::ostringstream out;
   out << to_string(plan.implementation) << ": " << to_string(options.precision) << " with "
       << (main_gradient_bytes(options) == 4 ? "fp32" : "fp16") << " main gradients; "
-      << (executor ? "its own layers"
-                   : options.transformer_impl == TransformerImpl::kTransformerEngine ? "Transformer Engine" : "local layers")
+      << (executor                                                          ? "its own layers"
+          : options.transformer_impl == TransformerImpl::kTransformerEngine ? "Transformer Engine"
+                                                                            : "local layers")
       << ", " << (fused_attention(options) ? "fused" : "unfused") << " attention; dropout " << options.attention_dropout
       << " attention, " << options.hidden_dropout << " hidden; fused: "
       << list({{!fused_attention(options) && options.masked_softmax_fusion, "masked softmax"},
@@ -190,7 +191,8 @@ std::string describe_implementation(const ParallelPlan& plan) {
       << list({{overlaps_gradient_reduction(plan), "gradient reduction"},
                {overlaps_parameter_gather(plan), "parameter gather"},
                {overlaps_tensor_parallel_communication(plan), "tp communication"}});
-  if (scatters_pipeline_transfers(plan) && plan.pipeline_parallel_size > 1) out << "; scatter-gather pipeline transfers";
+  if (scatters_pipeline_transfers(plan) && plan.pipeline_parallel_size > 1)
+    out << "; scatter-gather pipeline transfers";
   if (options.ddp_impl == DdpImpl::kTorch) out << "; PyTorch DDP";
   return out.str();
 }
@@ -209,7 +211,8 @@ void validate_implementation_options(const ParallelPlan& plan) {
       throw SpecError("--DDP-impl", "torch cannot accumulate gradients in fp32 (bf16 always does): " + needs);
     }
     if (options.gradient_accumulation_fusion) {
-      throw SpecError("--DDP-impl", "torch cannot fuse gradient accumulation (--no-gradient-accumulation-fusion): " + needs);
+      throw SpecError("--DDP-impl",
+                      "torch cannot fuse gradient accumulation (--no-gradient-accumulation-fusion): " + needs);
     }
     if (plan.use_distributed_optimizer) {
       throw SpecError("--DDP-impl", "torch cannot run --use-distributed-optimizer: " + needs);
@@ -241,8 +244,9 @@ bool runs_schedule(Implementation implementation, ScheduleKind schedule) {
 
 void check_schedule_runs(Implementation implementation, ScheduleKind schedule) {
   if (runs_schedule(implementation, schedule)) return;
-  throw SpecError("--schedule", to_string(schedule) + " is not a Megatron-LM schedule (it runs 1f1b and interleaved); "
-                                "--implementation megaplan runs it");
+  throw SpecError("--schedule", to_string(schedule) +
+                                    " is not a Megatron-LM schedule (it runs 1f1b and interleaved); "
+                                    "--implementation megaplan runs it");
 }
 
 nlohmann::json implementation_options_to_json(const ImplementationOptions& options) {
@@ -260,7 +264,8 @@ ImplementationOptions implementation_options_from_json(const nlohmann::json& jso
   JsonFieldReader reader(json, source);
   ImplementationOptions options = default_implementation_options(implementation);
   std::string text;
-  if (reader.read("precision", text)) options.precision = parse_name(text, reader.field("precision"), kTrainingPrecisions);
+  if (reader.read("precision", text))
+    options.precision = parse_name(text, reader.field("precision"), kTrainingPrecisions);
   if (reader.read("transformer_impl", text)) {
     options.transformer_impl = parse_transformer_impl(text, reader.field("transformer_impl"));
   }

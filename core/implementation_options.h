@@ -53,21 +53,21 @@ TransformerImpl parse_transformer_impl(const std::string& text, const std::strin
 DdpImpl parse_ddp_impl(const std::string& text, const std::string& field);
 
 struct ImplementationOptions {
-  DType precision = DType::kBFloat16;                                  // --bf16 / --fp16
-  TransformerImpl transformer_impl = TransformerImpl::kLocal;              // --transformer-impl
-  bool use_flash_attn = true;                                              // --use-flash-attn (local impl)
-  double attention_dropout = 0;                                            // --attention-dropout
-  double hidden_dropout = 0;                                               // --hidden-dropout
-  bool masked_softmax_fusion = true;                                       // --no-masked-softmax-fusion
-  bool bias_gelu_fusion = true;                                            // --no-bias-gelu-fusion
-  bool bias_dropout_fusion = true;                                         // --no-bias-dropout-fusion
-  bool gradient_accumulation_fusion = true;                                // --no-gradient-accumulation-fusion
-  bool accumulate_allreduce_grads_in_fp32 = true;                          // --accumulate-allreduce-grads-in-fp32
-  bool overlap_grad_reduce = true;                                         // --overlap-grad-reduce
-  bool overlap_param_gather = false;                                       // --overlap-param-gather
-  bool tp_comm_overlap = false;                                            // --tp-comm-overlap
-  bool scatter_gather_tensors_in_pipeline = false;  // --no-scatter-gather-tensors-in-pipeline
-  DdpImpl ddp_impl = DdpImpl::kLocal;               // --DDP-impl (megatron-local only)
+  DType precision = DType::kBFloat16;                          // --bf16 / --fp16
+  TransformerImpl transformer_impl = TransformerImpl::kLocal;  // --transformer-impl
+  bool use_flash_attn = true;                                  // --use-flash-attn (local impl)
+  double attention_dropout = 0;                                // --attention-dropout
+  double hidden_dropout = 0;                                   // --hidden-dropout
+  bool masked_softmax_fusion = true;                           // --no-masked-softmax-fusion
+  bool bias_gelu_fusion = true;                                // --no-bias-gelu-fusion
+  bool bias_dropout_fusion = true;                             // --no-bias-dropout-fusion
+  bool gradient_accumulation_fusion = true;                    // --no-gradient-accumulation-fusion
+  bool accumulate_allreduce_grads_in_fp32 = true;              // --accumulate-allreduce-grads-in-fp32
+  bool overlap_grad_reduce = true;                             // --overlap-grad-reduce
+  bool overlap_param_gather = false;                           // --overlap-param-gather
+  bool tp_comm_overlap = false;                                // --tp-comm-overlap
+  bool scatter_gather_tensors_in_pipeline = false;             // --no-scatter-gather-tensors-in-pipeline
+  DdpImpl ddp_impl = DdpImpl::kLocal;                          // --DDP-impl (megatron-local only)
   bool operator==(const ImplementationOptions&) const = default;
 };
 

@@ -35,7 +35,8 @@ inline constexpr InputLimit kMaxMicrobatches{1 << 14, "a schedule lists every mi
 inline constexpr InputLimit kMaxPipelineStages{1024, "a schedule lists every stage"};
 // Forward and backward actions of one pipeline's iteration (stages x microbatches x 2): what a
 // schedule, its lowering, validation and simulation hold at once.
-inline constexpr InputLimit kMaxScheduleActions{1 << 23, "a schedule's actions are held, lowered and simulated at once"};
+inline constexpr InputLimit kMaxScheduleActions{1 << 23,
+                                                "a schedule's actions are held, lowered and simulated at once"};
 // A Chrome trace writes every action of every pipeline rank (~200 bytes each).
 inline constexpr InputLimit kMaxTraceActions{1 << 20, "a trace file writes every action"};
 // Training: the sample index holds every sample a run draws, 24 bytes each, in memory (Megatron

@@ -142,8 +142,8 @@ bool JsonFieldReader::read(const std::string& key, std::vector<int64_t>& out) {
     const bool fits = element.is_number_integer() &&
                       !(element.is_number_unsigned() && element.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX));
     if (!fits) {
-      throw SpecError(field(key), "must be an array of 64-bit integers, and holds " + type_name(element) + " " +
-                                      shown(element));
+      throw SpecError(field(key),
+                      "must be an array of 64-bit integers, and holds " + type_name(element) + " " + shown(element));
     }
     values.push_back(element.get<int64_t>());
   }

@@ -98,8 +98,8 @@ double gemm_flops(int64_t m, int64_t n, int64_t k) {
 }
 
 double attention_forward_flops(int64_t batch_heads, int64_t seq, int64_t head_dim, bool causal) {
-  const double flops = 4.0 * static_cast<double>(batch_heads) * static_cast<double>(seq) *
-                       static_cast<double>(seq) * static_cast<double>(head_dim);
+  const double flops = 4.0 * static_cast<double>(batch_heads) * static_cast<double>(seq) * static_cast<double>(seq) *
+                       static_cast<double>(head_dim);
   return causal ? flops / 2 : flops;
 }
 
@@ -112,8 +112,7 @@ double kernel_flops(const Kernel& kernel) {
     case KernelKind::kAttentionBackward:
       return kAttentionBackwardFactor *
              attention_forward_flops(kernel.batch * kernel.heads, kernel.seq, kernel.head_dim, /*causal=*/true);
-    default:
-      return 0;
+    default: return 0;
   }
 }
 
@@ -126,12 +125,12 @@ int64_t kernel_bytes(const Kernel& kernel, int64_t activation_bytes) {
       // Operands and result once each (a weight gradient accumulates into fp32); the GELU
       // epilogues also write or read the pre-activation.
       const bool weight = kernel.layout == GemmLayout::kWeightGradient;
-      const int64_t gelu = kernel.epilogue == GemmEpilogue::kBiasGelu   ? kernel.m * kernel.n
+      const int64_t gelu = kernel.epilogue == GemmEpilogue::kBiasGelu       ? kernel.m * kernel.n
                            : kernel.epilogue == GemmEpilogue::kGeluGradient ? kernel.m * kernel.k
                                                                             : 0;
       const int64_t products = std::max<int64_t>(1, kernel.batch);
-      return products * (a * (kernel.m * kernel.n + kernel.m * kernel.k + gelu) +
-                         (weight ? 2 * kFp32 : a) * kernel.n * kernel.k);
+      return products *
+             (a * (kernel.m * kernel.n + kernel.m * kernel.k + gelu) + (weight ? 2 * kFp32 : a) * kernel.n * kernel.k);
     }
     case KernelKind::kAttentionForward:  // q, k, v in, o out, the log-sum-exp rows; k and v per group
       return 2 * a * kernel.batch * kernel.seq * (kernel.heads + kernel.groups) * kernel.head_dim +
@@ -145,29 +144,24 @@ int64_t kernel_bytes(const Kernel& kernel, int64_t activation_bytes) {
       return a * cells * (kernel.fused_residual ? 4 : 3) + statistics;
     case KernelKind::kRmsNormForward:  // as LayerNorm's, with one statistic (rstd) per row
       return a * cells * (kernel.fused_residual ? 4 : 2) + kFp32 * kernel.rows;
-    case KernelKind::kRmsNormBackward:
-      return a * cells * (kernel.fused_residual ? 4 : 3) + kFp32 * kernel.rows;
+    case KernelKind::kRmsNormBackward: return a * cells * (kernel.fused_residual ? 4 : 3) + kFp32 * kernel.rows;
     case KernelKind::kSwigluForward:  // gate and up in, the product out
       return 3 * a * cells;
     case KernelKind::kSwigluBackward:  // dy, gate and up in, their two gradients out
       return 5 * a * cells;
     case KernelKind::kRotary:  // read and written in place
       return 2 * a * cells;
-    case KernelKind::kAdd:
-      return 3 * a * cells;
-    case KernelKind::kCopy:
-      return 2 * a * cells;
+    case KernelKind::kAdd: return 3 * a * cells;
+    case KernelKind::kCopy: return 2 * a * cells;
     case KernelKind::kDropout:  // read (+ the residual), then written masked (the mask is drawn, not read)
       return a * cells * (kernel.fused_residual ? 3 : 2);
     case KernelKind::kFill:
-    case KernelKind::kGradientNorm:
-      return kFp32 * cells;
+    case KernelKind::kGradientNorm: return kFp32 * cells;
     case KernelKind::kEmbeddingForward:  // a word row and a position row read, the sum written
       return 3 * a * cells;
     case KernelKind::kEmbeddingBackward:  // dy read; the word and position gradients (fp32) read and written
       return a * cells + 4 * kFp32 * cells;
-    case KernelKind::kCrossEntropyForward:
-      return a * cells + statistics;
+    case KernelKind::kCrossEntropyForward: return a * cells + statistics;
     case KernelKind::kCrossEntropyBackward:  // logits in, their gradient out (in place), the rows' lse
       return 2 * a * cells + kFp32 * kernel.rows;
     case KernelKind::kCrossEntropyShift:  // lse_s and peak in, the term out
@@ -176,10 +170,8 @@ int64_t kernel_bytes(const Kernel& kernel, int64_t activation_bytes) {
       return 5 * kFp32 * kernel.rows;
     case KernelKind::kAdamw:  // master weight, both moments read and written, gradient read, compute copy written
       return (7 * kFp32 + a) * cells;
-    case KernelKind::kRefreshCompute:
-      return (kFp32 + a) * cells;
-    case KernelKind::kElementwise:
-      return cells;
+    case KernelKind::kRefreshCompute: return (kFp32 + a) * cells;
+    case KernelKind::kElementwise: return cells;
   }
   return 0;
 }
@@ -220,8 +212,7 @@ std::string describe(const Kernel& kernel) {
       if (kernel.groups != kernel.heads) out << " groups=" << kernel.groups;
       if (kernel.dropout) out << " dropout";
       break;
-    default:
-      out << memory_kernel_class(kernel) << " rows=" << kernel.rows << " cols=" << kernel.cols;
+    default: out << memory_kernel_class(kernel) << " rows=" << kernel.rows << " cols=" << kernel.cols;
   }
   if (kernel.precision != DType::kBFloat16) out << " " << to_string(kernel.precision);
   return out.str();
@@ -260,8 +251,12 @@ KernelBlocks executor_kernel_blocks(const ModelSpec& model, const ParallelPlan& 
   const GemmEpilogue row_bias = bias && tensor_parallel_rank == 0 ? GemmEpilogue::kBias : GemmEpilogue::kNone;
   // GPT's GELU rides on fc1's bias epilogue and its derivative on fc2's input gradient.
   const bool fused_gelu = !model.swiglu && bias;
-  const GemmEpilogue fc1_epilogue = fused_gelu ? GemmEpilogue::kBiasGelu : bias ? GemmEpilogue::kBias : GemmEpilogue::kNone;
-  const auto gradient_epilogue = [](bool has_bias) { return has_bias ? GemmEpilogue::kBiasGradient : GemmEpilogue::kNone; };
+  const GemmEpilogue fc1_epilogue = fused_gelu ? GemmEpilogue::kBiasGelu
+                                    : bias     ? GemmEpilogue::kBias
+                                               : GemmEpilogue::kNone;
+  const auto gradient_epilogue = [](bool has_bias) {
+    return has_bias ? GemmEpilogue::kBiasGradient : GemmEpilogue::kNone;
+  };
   const bool rope = model.position_embedding_type == PositionEmbedding::kRope;
 
   const bool rms = model.normalization == Normalization::kRMSNorm;
@@ -307,7 +302,9 @@ KernelBlocks executor_kernel_blocks(const ModelSpec& model, const ParallelPlan& 
   const Kernel qkv_weight =
       gemm_kernel(GemmLayout::kWeightGradient, gradient_epilogue(qkv_bias != GemmEpilogue::kNone), count, qkv, h);
   const auto layer_backward = [&](bool defer) {
-    const auto weight = [&](const Kernel& gemm) { return defer ? flat_kernel(KernelKind::kCopy, count * gemm.n) : gemm; };
+    const auto weight = [&](const Kernel& gemm) {
+      return defer ? flat_kernel(KernelKind::kCopy, count * gemm.n) : gemm;
+    };
     std::vector<Kernel> list;
     if (hidden_dropout) list.push_back(dropout);  // the MLP branch's gradient
     list.push_back(gemm_kernel(GemmLayout::kInputGradient,
@@ -338,12 +335,14 @@ KernelBlocks executor_kernel_blocks(const ModelSpec& model, const ParallelPlan& 
   weight_gradients.insert(weight_gradients.end(), {fc2_weight, norm, fc1_weight, proj_weight, norm, qkv_weight});
   blocks[static_cast<std::size_t>(KernelBlock::kAttentionRecompute)] = {attention};
 
-  blocks[static_cast<std::size_t>(KernelBlock::kEmbeddingForward)] = {row_kernel(KernelKind::kEmbeddingForward, count, h)};
+  blocks[static_cast<std::size_t>(KernelBlock::kEmbeddingForward)] = {
+      row_kernel(KernelKind::kEmbeddingForward, count, h)};
   if (hidden_dropout) {
     blocks[static_cast<std::size_t>(KernelBlock::kEmbeddingForward)].push_back(dropout);
     blocks[static_cast<std::size_t>(KernelBlock::kEmbeddingGradientDropout)] = {dropout};
   }
-  blocks[static_cast<std::size_t>(KernelBlock::kEmbeddingBackward)] = {row_kernel(KernelKind::kEmbeddingBackward, count, h)};
+  blocks[static_cast<std::size_t>(KernelBlock::kEmbeddingBackward)] = {
+      row_kernel(KernelKind::kEmbeddingBackward, count, h)};
   blocks[static_cast<std::size_t>(KernelBlock::kEmbeddingGradientCopy)] = {flat_kernel(KernelKind::kCopy, count * h)};
   blocks[static_cast<std::size_t>(KernelBlock::kStageOutput)] = {
       hidden_dropout ? row_kernel(KernelKind::kDropout, rows, h, true) : flat_kernel(KernelKind::kAdd, rows * h)};
@@ -356,15 +355,18 @@ KernelBlocks executor_kernel_blocks(const ModelSpec& model, const ParallelPlan& 
       branch_norm, gemm_kernel(GemmLayout::kForward, GemmEpilogue::kNone, count, v, h),
       row_kernel(KernelKind::kCrossEntropyForward, count, v)};
   if (plan.tensor_parallel_size > 1) {
-    blocks[static_cast<std::size_t>(KernelBlock::kHeadForward)].push_back(flat_kernel(KernelKind::kCrossEntropyShift, count));
+    blocks[static_cast<std::size_t>(KernelBlock::kHeadForward)].push_back(
+        flat_kernel(KernelKind::kCrossEntropyShift, count));
   }
-  blocks[static_cast<std::size_t>(KernelBlock::kHeadForward)].push_back(flat_kernel(KernelKind::kCrossEntropyFinish, count));
+  blocks[static_cast<std::size_t>(KernelBlock::kHeadForward)].push_back(
+      flat_kernel(KernelKind::kCrossEntropyFinish, count));
   const Kernel loss_backward = row_kernel(KernelKind::kCrossEntropyBackward, count, v);
   const Kernel output_input = gemm_kernel(GemmLayout::kInputGradient, GemmEpilogue::kNone, count, v, h);
   const Kernel final_norm_backward = row_kernel(norm_backward, rows, h);
   blocks[static_cast<std::size_t>(KernelBlock::kHeadBackward)] = {loss_backward, output_input, output_weight,
-                                                                   final_norm_backward};
-  blocks[static_cast<std::size_t>(KernelBlock::kHeadBackwardInput)] = {loss_backward, output_input, final_norm_backward};
+                                                                  final_norm_backward};
+  blocks[static_cast<std::size_t>(KernelBlock::kHeadBackwardInput)] = {loss_backward, output_input,
+                                                                       final_norm_backward};
   blocks[static_cast<std::size_t>(KernelBlock::kHeadWeightGradient)] = {output_weight};
   // Under --fp16 the GEMMs take fp16 operands (the profile times them so); attention and the
   // memory-bound kernels run at the same rate in either 16-bit type, so their rows serve both.
@@ -379,8 +381,9 @@ KernelBlocks executor_kernel_blocks(const ModelSpec& model, const ParallelPlan& 
 PlanKernels::PlanKernels(const ModelSpec& model, const ParallelPlan& plan, int64_t tensor_parallel_rank)
     : model_(model),
       plan_(plan),
-      blocks_(plan.implementation == Implementation::kMegaplan ? executor_kernel_blocks(model, plan, tensor_parallel_rank)
-                                                               : megatron_kernel_blocks(model, plan)) {}
+      blocks_(plan.implementation == Implementation::kMegaplan
+                  ? executor_kernel_blocks(model, plan, tensor_parallel_rank)
+                  : megatron_kernel_blocks(model, plan)) {}
 
 std::vector<CountedBlock> PlanKernels::stage_blocks(int64_t stage, SchedulePart part) const {
   const StageLayers layers = stage_layers(stage, model_, plan_);
@@ -453,7 +456,6 @@ std::vector<Kernel> optimizer_kernels(int64_t norm_elements, int64_t stepped_ele
   for (const int64_t elements : gradient_buffer_elements) kernels.push_back(flat_kernel(KernelKind::kFill, elements));
   return kernels;
 }
-
 
 std::vector<Kernel> optimizer_step_kernels(const ParallelPlan& plan, int64_t parameters_per_gpu) {
   const int64_t replicas = plan.data_parallel_size * plan.context_parallel_size;

@@ -37,9 +37,9 @@ enum class KernelKind : uint8_t {
   kGemm,
   kAttentionForward,
   kAttentionBackward,
-  kNormForward,   // LayerNorm; fused_residual: adds the residual branch first and writes the sum
-  kNormBackward,  // fused_residual: adds the residual stream's gradient to dx
-  kRmsNormForward,   // RMSNorm, as the two above
+  kNormForward,     // LayerNorm; fused_residual: adds the residual branch first and writes the sum
+  kNormBackward,    // fused_residual: adds the residual stream's gradient to dx
+  kRmsNormForward,  // RMSNorm, as the two above
   kRmsNormBackward,
   kSwigluForward,   // silu(gate) * up: `rows` tokens, `cols` the MLP's (sharded) width
   kSwigluBackward,  // the gate's and the up projection's gradients
@@ -47,7 +47,7 @@ enum class KernelKind : uint8_t {
   kAdd,
   kCopy,
   kDropout,  // a dropout mask applied to `rows` tokens of `cols` (a branch's output, or its gradient)
-  kFill,  // fp32 (the gradient buffer's zeroing)
+  kFill,     // fp32 (the gradient buffer's zeroing)
   kEmbeddingForward,
   kEmbeddingBackward,
   kCrossEntropyForward,   // the rows' log-sum-exp and target logit over the vocabulary shard
@@ -87,8 +87,8 @@ Kernel gemm_kernel(GemmLayout layout, GemmEpilogue epilogue, int64_t m, int64_t 
 // A streaming pass over `elements` moving `bytes_per_element` bytes each (kElementwise).
 Kernel streaming_kernel(int64_t elements, int64_t bytes_per_element);
 // groups 0: one per head (multi-head attention).
-Kernel attention_kernel(KernelKind kind, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim, int64_t groups = 0,
-                        bool dropout = false);
+Kernel attention_kernel(KernelKind kind, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
+                        int64_t groups = 0, bool dropout = false);
 Kernel row_kernel(KernelKind kind, int64_t rows, int64_t cols, bool fused_residual = false, bool dropout = false);
 // An attention kernel's query heads per key-value group: 1 for multi-head attention.
 int64_t gqa_ratio(const Kernel& attention);
@@ -113,27 +113,27 @@ int64_t kernel_bytes(const Kernel& kernel, int64_t activation_bytes);
 std::string memory_kernel_class(const Kernel& kernel);
 // Every class name, for reading profiles.
 const std::vector<std::string>& memory_kernel_classes();
-std::string describe(const Kernel& kernel);    // one line, for test failures and traces
+std::string describe(const Kernel& kernel);  // one line, for test failures and traces
 
 // The blocks a stage's part of a schedule is built from. Within one plan a block's kernels do not
 // depend on the stage, so the simulator costs each block once and multiplies.
 enum class KernelBlock : uint8_t {
   kEmbeddingForward,
-  kLayerForwardFirst,  // a stage's or recomputed group's first layer: its input norm adds nothing
-  kLayerForward,       // later layers: the input norm adds the previous layer's MLP branch
-  kStageOutput,        // a non-last stage adds the last branch into the message it sends
-  kHeadForward,        // final norm (adding the last branch), output layer, cross entropy
-  kHeadBackward,       // B
-  kHeadBackwardInput,  // I: the output layer's weight gradient waits for W
-  kHeadWeightGradient, // W
-  kOutputGradientCopy, // a non-last stage copies the received gradient into its scratch
-  kAttentionRecompute, // selective recomputation, before each layer's backward
-  kLayerBackward,      // B
-  kLayerBackwardInput, // I: each weight GEMM's output gradient is copied and kept for W
-  kLayerWeightGradient,// W: the weight GEMMs, with the norms they read recomputed
-  kInputGradientCopy,  // a non-first stage hands its input's gradient on
+  kLayerForwardFirst,         // a stage's or recomputed group's first layer: its input norm adds nothing
+  kLayerForward,              // later layers: the input norm adds the previous layer's MLP branch
+  kStageOutput,               // a non-last stage adds the last branch into the message it sends
+  kHeadForward,               // final norm (adding the last branch), output layer, cross entropy
+  kHeadBackward,              // B
+  kHeadBackwardInput,         // I: the output layer's weight gradient waits for W
+  kHeadWeightGradient,        // W
+  kOutputGradientCopy,        // a non-last stage copies the received gradient into its scratch
+  kAttentionRecompute,        // selective recomputation, before each layer's backward
+  kLayerBackward,             // B
+  kLayerBackwardInput,        // I: each weight GEMM's output gradient is copied and kept for W
+  kLayerWeightGradient,       // W: the weight GEMMs, with the norms they read recomputed
+  kInputGradientCopy,         // a non-first stage hands its input's gradient on
   kEmbeddingGradientDropout,  // B and I on the first stage: the embedding output's gradient through its dropout
-  kEmbeddingGradientCopy,  // I on the first stage: the embedding's gradient waits for W
+  kEmbeddingGradientCopy,     // I on the first stage: the embedding's gradient waits for W
   kEmbeddingBackward,
 };
 inline constexpr std::size_t kNumKernelBlocks = static_cast<std::size_t>(KernelBlock::kEmbeddingBackward) + 1;

@@ -19,6 +19,8 @@ using S = ArgumentSupport;
 // Rows in arguments.py's order, under its argument groups. Reasons are clauses: the command
 // prints "--flag: <what it changes>; <reason>". A row is honoured only where the commands define the
 // flag (the table test checks every honoured row against them).
+// One row per argument, as Megatron's parser lists them: a table, read across.
+// clang-format off
 constexpr MegatronArgument kArguments[] = {
     // transformer configuration
     {"--tensor-model-parallel-size", A::kOne, E::kRunAndCost, S::kHonoured, ""},
@@ -933,6 +935,7 @@ constexpr MegatronArgument kArguments[] = {
     {"--fault-injector-offset-seconds", A::kOne, E::kRunAndCost, S::kRefused, "injects faults into the run"},
     {"--fault-injector-seed", A::kOne, E::kRunAndCost, S::kRefused, "injects faults into the run"},
 };
+// clang-format on
 
 // Other tools' spellings of a flag Megatron-LM (or megaplan) spells otherwise; the first of the
 // candidates the command knows is suggested.

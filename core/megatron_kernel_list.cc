@@ -86,7 +86,7 @@ KernelBlocks megatron_kernel_blocks(const ModelSpec& model, const ParallelPlan& 
       core_forward.push_back(streaming_kernel(scores, 2 * a));  // softmax
     }
     if (attention_dropout) core_forward.push_back(streaming_kernel(scores, 2 * a + kMask));
-    core_forward.push_back(batched(seq, dim, seq));                 // probabilities x V
+    core_forward.push_back(batched(seq, dim, seq));                     // probabilities x V
     core_forward.push_back(flat_kernel(KernelKind::kCopy, count * q));  // context to [s, b, h]
 
     core_backward.push_back(flat_kernel(KernelKind::kCopy, count * q));
@@ -95,7 +95,7 @@ KernelBlocks megatron_kernel_blocks(const ModelSpec& model, const ParallelPlan& 
     if (attention_dropout) core_backward.push_back(streaming_kernel(scores, 2 * a + kMask));
     core_backward.push_back(streaming_kernel(scores, 3 * a));  // softmax backward: y, dy in, dx out
     if (!options.masked_softmax_fusion) core_backward.push_back(streaming_kernel(scores, 2 * a));  // masked fill
-    core_backward.push_back(batched(seq, dim, seq));  // dQ = d scores x K
+    core_backward.push_back(batched(seq, dim, seq));                                               // dQ = d scores x K
     core_backward.push_back(batched(seq, dim, seq));  // dK = d scores^T x Q
     if (kv < q) {
       core_backward.push_back(streaming_kernel(count * q, 2 * a));
@@ -129,8 +129,8 @@ KernelBlocks megatron_kernel_blocks(const ModelSpec& model, const ParallelPlan& 
   const Kernel norm_backward = row_kernel(KernelKind::kNormBackward, rows, h);
   const Kernel residual_gradient = flat_kernel(KernelKind::kAdd, rows * h);  // the norm's dx into the stream's
 
-  std::vector<Kernel> forward = {norm, gemm(GemmLayout::kForward, qkv_bias ? GemmEpilogue::kBias : GemmEpilogue::kNone,
-                                            count, qkv, h)};
+  std::vector<Kernel> forward = {
+      norm, gemm(GemmLayout::kForward, qkv_bias ? GemmEpilogue::kBias : GemmEpilogue::kNone, count, qkv, h)};
   if (rope) forward.push_back(rotary);
   append(forward, core_forward);
   forward.push_back(gemm(GemmLayout::kForward, GemmEpilogue::kNone, count, h, q));
@@ -172,7 +172,9 @@ KernelBlocks megatron_kernel_blocks(const ModelSpec& model, const ParallelPlan& 
   append(layer_weights, qkv_weight);
 
   KernelBlocks blocks;
-  const auto set = [&](KernelBlock block, std::vector<Kernel> list) { blocks[static_cast<std::size_t>(block)] = std::move(list); };
+  const auto set = [&](KernelBlock block, std::vector<Kernel> list) {
+    blocks[static_cast<std::size_t>(block)] = std::move(list);
+  };
   set(KernelBlock::kLayerForwardFirst, forward);  // Megatron's norms never add the previous branch
   set(KernelBlock::kLayerForward, forward);
   set(KernelBlock::kLayerBackward, layer_backward(true));
@@ -212,8 +214,8 @@ KernelBlocks megatron_kernel_blocks(const ModelSpec& model, const ParallelPlan& 
   // shard; the backward scales the softmax and casts it back for the GEMMs.
   const int64_t logits = count * v;
   const std::vector<Kernel> loss = {flat_kernel(KernelKind::kCopy, logits), streaming_kernel(logits, a + kFp32),
-                                    streaming_kernel(logits, kFp32),         streaming_kernel(logits, 2 * kFp32),
-                                    streaming_kernel(logits, 2 * kFp32),     streaming_kernel(logits, kFp32),
+                                    streaming_kernel(logits, kFp32),        streaming_kernel(logits, 2 * kFp32),
+                                    streaming_kernel(logits, 2 * kFp32),    streaming_kernel(logits, kFp32),
                                     streaming_kernel(logits, 2 * kFp32)};
   const std::vector<Kernel> loss_backward = {streaming_kernel(logits, 2 * kFp32), streaming_kernel(logits, kFp32 + a),
                                              flat_kernel(KernelKind::kCopy, logits)};

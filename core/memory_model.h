@@ -52,7 +52,7 @@ struct PipelineRankMemory {
   int64_t optimizer_bytes = 0;
   int64_t peak_inflight_microbatches = 0;  // from the schedule
   int64_t activation_bytes = 0;            // peak held by the schedule
-  int64_t transient_bytes = 0;  // logits of one microbatch, or one re-materialised layer
+  int64_t transient_bytes = 0;             // logits of one microbatch, or one re-materialised layer
   int64_t allocator_overhead_bytes = 0;
   int64_t runtime_reserve_bytes = 0;
   int64_t total_bytes = 0;

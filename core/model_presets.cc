@@ -12,8 +12,7 @@ namespace megaplan {
 
 namespace {
 
-ModelSpec gpt(const std::string& name, int64_t layers, int64_t hidden, int64_t heads, int64_t seq,
-              int64_t vocab) {
+ModelSpec gpt(const std::string& name, int64_t layers, int64_t hidden, int64_t heads, int64_t seq, int64_t vocab) {
   ModelSpec spec;
   spec.name = name;
   spec.num_layers = layers;

@@ -11,8 +11,8 @@
 namespace megaplan {
 
 struct ModelPreset {
-  ModelSpec spec;                // spec.name is the preset's name
-  double published_parameters;   // as the citation states it
+  ModelSpec spec;               // spec.name is the preset's name
+  double published_parameters;  // as the citation states it
   std::string citation;
 };
 

@@ -55,18 +55,16 @@ void validate_model_spec(const ModelSpec& spec) {
   require_at_most(spec.num_query_groups, kMaxHeads, "--num-query-groups");
   require_at_most(spec.max_position_embeddings, kMaxSequenceLength, "--max-position-embeddings");
   // Zero in these means "Megatron's default"; negative is never meaningful.
-  const std::pair<int64_t, const char*> defaulted[] = {
-      {spec.ffn_hidden_size, "--ffn-hidden-size"},
-      {spec.num_query_groups, "--num-query-groups"},
-      {spec.kv_channels, "--kv-channels"},
-      {spec.max_position_embeddings, "--max-position-embeddings"}};
+  const std::pair<int64_t, const char*> defaulted[] = {{spec.ffn_hidden_size, "--ffn-hidden-size"},
+                                                       {spec.num_query_groups, "--num-query-groups"},
+                                                       {spec.kv_channels, "--kv-channels"},
+                                                       {spec.max_position_embeddings, "--max-position-embeddings"}};
   for (const auto& [value, field] : defaulted) {
     if (value < 0) throw SpecError(field, "must be a positive integer, got " + std::to_string(value));
   }
   if (spec.kv_channels == 0 && spec.hidden_size % spec.num_attention_heads != 0) {
-    throw SpecError("--hidden-size", "must be divisible by --num-attention-heads (" +
-                                         std::to_string(spec.hidden_size) + " % " +
-                                         std::to_string(spec.num_attention_heads) +
+    throw SpecError("--hidden-size", "must be divisible by --num-attention-heads (" + std::to_string(spec.hidden_size) +
+                                         " % " + std::to_string(spec.num_attention_heads) +
                                          " != 0) unless --kv-channels is given");
   }
   const int64_t groups = spec.effective_num_query_groups();
@@ -76,9 +74,8 @@ void validate_model_spec(const ModelSpec& spec) {
                                               std::to_string(groups) + " groups)");
   }
   if (spec.effective_max_position_embeddings() < spec.seq_length) {
-    throw SpecError("--seq-length", "must not exceed --max-position-embeddings (" +
-                                        std::to_string(spec.seq_length) + " > " +
-                                        std::to_string(spec.effective_max_position_embeddings()) + ")");
+    throw SpecError("--seq-length", "must not exceed --max-position-embeddings (" + std::to_string(spec.seq_length) +
+                                        " > " + std::to_string(spec.effective_max_position_embeddings()) + ")");
   }
   if (!(spec.norm_epsilon > 0) || !(spec.norm_epsilon < 1)) {
     throw SpecError("--norm-epsilon", "must be in (0, 1), got " + nlohmann::json(spec.norm_epsilon).dump());
@@ -94,7 +91,8 @@ void validate_model_spec(const ModelSpec& spec) {
       throw SpecError("--use-rope-scaling", "needs --position-embedding-type rope");
     }
     if (!(scaling.factor >= 1) || !std::isfinite(scaling.factor)) {
-      throw SpecError("--rope-scaling-factor", "must be a finite number >= 1, got " + nlohmann::json(scaling.factor).dump());
+      throw SpecError("--rope-scaling-factor",
+                      "must be a finite number >= 1, got " + nlohmann::json(scaling.factor).dump());
     }
     if (!(scaling.low_freq_factor > 0) || !(scaling.high_freq_factor > scaling.low_freq_factor) ||
         !std::isfinite(scaling.high_freq_factor)) {
@@ -107,25 +105,28 @@ void validate_model_spec(const ModelSpec& spec) {
                                           std::to_string(scaling.original_max_position_embeddings));
     }
   }
-  if (spec.position_embedding_type == PositionEmbedding::kRope && (spec.rotary_dim() < 2 || spec.rotary_dim() % 2 != 0)) {
+  if (spec.position_embedding_type == PositionEmbedding::kRope &&
+      (spec.rotary_dim() < 2 || spec.rotary_dim() % 2 != 0)) {
     throw SpecError("--rotary-percent", "must leave an even number of rotated dimensions, at least 2: --kv-channels " +
                                             std::to_string(spec.effective_kv_channels()) + " x " +
                                             nlohmann::json(spec.rotary_percent).dump() + " gives " +
                                             std::to_string(spec.rotary_dim()));
   }
   if (spec.effective_ffn_hidden_size() <= 0) {
-    throw SpecError("--ffn-hidden-size", "the SwiGLU default (2/3 of 4h rounded down to 64) is 0 for "
-                                         "--hidden-size " + std::to_string(spec.hidden_size) +
-                                         "; give --ffn-hidden-size");
+    throw SpecError("--ffn-hidden-size",
+                    "the SwiGLU default (2/3 of 4h rounded down to 64) is 0 for "
+                    "--hidden-size " +
+                        std::to_string(spec.hidden_size) + "; give --ffn-hidden-size");
   }
   // Every count derived later (per-layer weights, embeddings, totals) must fit in 64 bits.
-  const int64_t query_width =
-      checked_multiply(spec.effective_kv_channels(), spec.num_attention_heads, "--kv-channels");
-  const int64_t kv_width = checked_multiply(spec.effective_kv_channels(), checked_multiply(groups, 2, "--num-query-groups"), "--kv-channels");
-  const int64_t widest = std::max({spec.hidden_size, checked_multiply(spec.effective_ffn_hidden_size(), 2, "--ffn-hidden-size"),
-                                   checked_add(query_width, kv_width, "--kv-channels")});
-  const int64_t layer_weights = checked_multiply(checked_multiply(spec.hidden_size, widest, "--hidden-size"), 4,
-                                                 "--hidden-size");
+  const int64_t query_width = checked_multiply(spec.effective_kv_channels(), spec.num_attention_heads, "--kv-channels");
+  const int64_t kv_width = checked_multiply(spec.effective_kv_channels(),
+                                            checked_multiply(groups, 2, "--num-query-groups"), "--kv-channels");
+  const int64_t widest =
+      std::max({spec.hidden_size, checked_multiply(spec.effective_ffn_hidden_size(), 2, "--ffn-hidden-size"),
+                checked_add(query_width, kv_width, "--kv-channels")});
+  const int64_t layer_weights =
+      checked_multiply(checked_multiply(spec.hidden_size, widest, "--hidden-size"), 4, "--hidden-size");
   checked_multiply(layer_weights, spec.num_layers, "--num-layers");
   const int64_t vocab = round_up_to_multiple(spec.vocab_size, spec.make_vocab_size_divisible_by, "--vocab-size");
   checked_multiply(checked_multiply(vocab, spec.hidden_size, "--vocab-size"), 2, "--vocab-size");

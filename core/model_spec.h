@@ -38,13 +38,13 @@ struct ModelSpec {
 
   int64_t num_layers = 0;
   int64_t hidden_size = 0;
-  int64_t ffn_hidden_size = 0;        // 0 means Megatron's default (see effective_ffn_hidden_size)
+  int64_t ffn_hidden_size = 0;  // 0 means Megatron's default (see effective_ffn_hidden_size)
   int64_t num_attention_heads = 0;
-  int64_t num_query_groups = 0;       // 0 means multi-head attention: one group per head
-  int64_t kv_channels = 0;            // head dimension; 0 means hidden_size / num_attention_heads
+  int64_t num_query_groups = 0;  // 0 means multi-head attention: one group per head
+  int64_t kv_channels = 0;       // head dimension; 0 means hidden_size / num_attention_heads
   int64_t seq_length = 0;
   int64_t max_position_embeddings = 0;  // 0 means seq_length
-  int64_t vocab_size = 0;             // unpadded tokenizer vocabulary
+  int64_t vocab_size = 0;               // unpadded tokenizer vocabulary
   int64_t make_vocab_size_divisible_by = 128;
 
   bool swiglu = false;
@@ -67,7 +67,9 @@ struct ModelSpec {
   }
   int64_t effective_num_query_groups() const { return num_query_groups > 0 ? num_query_groups : num_attention_heads; }
   int64_t effective_kv_channels() const { return kv_channels > 0 ? kv_channels : hidden_size / num_attention_heads; }
-  int64_t effective_max_position_embeddings() const { return max_position_embeddings > 0 ? max_position_embeddings : seq_length; }
+  int64_t effective_max_position_embeddings() const {
+    return max_position_embeddings > 0 ? max_position_embeddings : seq_length;
+  }
   int64_t query_projection_size() const { return effective_kv_channels() * num_attention_heads; }
   int64_t kv_projection_size() const { return effective_kv_channels() * effective_num_query_groups(); }
   // Megatron's rotary_dim: int(kv_channels * rotary_percent), the rotated dimensions of a head.

@@ -15,13 +15,12 @@ namespace megaplan {
 
 namespace {
 
-const std::pair<RecomputeGranularity, const char*> kRecomputeNames[] = {
-    {RecomputeGranularity::kNone, "none"},
-    {RecomputeGranularity::kSelective, "selective"},
-    {RecomputeGranularity::kFull, "full"}};
+const std::pair<RecomputeGranularity, const char*> kRecomputeNames[] = {{RecomputeGranularity::kNone, "none"},
+                                                                        {RecomputeGranularity::kSelective, "selective"},
+                                                                        {RecomputeGranularity::kFull, "full"}};
 
 const std::pair<RecomputeMethod, const char*> kRecomputeMethodNames[] = {{RecomputeMethod::kUniform, "uniform"},
-                                                                        {RecomputeMethod::kBlock, "block"}};
+                                                                         {RecomputeMethod::kBlock, "block"}};
 
 }  // namespace
 
@@ -84,13 +83,14 @@ int64_t derive_data_parallel_size(int64_t world_size, int64_t tensor_parallel_si
   require_positive(tensor_parallel_size, "--tensor-model-parallel-size");
   require_positive(pipeline_parallel_size, "--pipeline-model-parallel-size");
   require_positive(context_parallel_size, "--context-parallel-size");
-  const int64_t model_parallel = checked_multiply(
-      checked_multiply(tensor_parallel_size, pipeline_parallel_size, "--pipeline-model-parallel-size"),
-      context_parallel_size, "--context-parallel-size");
+  const int64_t model_parallel =
+      checked_multiply(checked_multiply(tensor_parallel_size, pipeline_parallel_size, "--pipeline-model-parallel-size"),
+                       context_parallel_size, "--context-parallel-size");
   if (world_size % model_parallel != 0) {
-    throw SpecError(world_flag, "world size " + std::to_string(world_size) + " must be divisible by tp*pp*cp = " +
-                                  std::to_string(tensor_parallel_size) + "*" + std::to_string(pipeline_parallel_size) + "*" +
-                                  std::to_string(context_parallel_size) + " = " + std::to_string(model_parallel));
+    throw SpecError(world_flag, "world size " + std::to_string(world_size) +
+                                    " must be divisible by tp*pp*cp = " + std::to_string(tensor_parallel_size) + "*" +
+                                    std::to_string(pipeline_parallel_size) + "*" +
+                                    std::to_string(context_parallel_size) + " = " + std::to_string(model_parallel));
   }
   return world_size / model_parallel;
 }
@@ -118,8 +118,9 @@ void validate_plan(const ModelSpec& model, const ParallelPlan& plan) {
   // Tensor parallelism splits heads, query groups and the MLP's hidden dimension evenly.
   require_divides(tp, model.num_attention_heads, "--tensor-model-parallel-size",
                   [&] { return "must divide --num-attention-heads " + std::to_string(model.num_attention_heads); });
-  require_divides(tp, model.effective_num_query_groups(), "--tensor-model-parallel-size",
-                  [&] { return "must divide --num-query-groups " + std::to_string(model.effective_num_query_groups()); });
+  require_divides(tp, model.effective_num_query_groups(), "--tensor-model-parallel-size", [&] {
+    return "must divide --num-query-groups " + std::to_string(model.effective_num_query_groups());
+  });
   require_divides(tp, model.effective_ffn_hidden_size(), "--tensor-model-parallel-size",
                   [&] { return "must divide --ffn-hidden-size " + std::to_string(model.effective_ffn_hidden_size()); });
 
@@ -133,18 +134,22 @@ void validate_plan(const ModelSpec& model, const ParallelPlan& plan) {
   const std::vector<int64_t> layer_counts = stage_layer_counts(model, plan);
 
   const int64_t replica_batch = checked_multiply(plan.micro_batch_size, dp, "--micro-batch-size");
-  require_divides(replica_batch, plan.global_batch_size, "--global-batch-size",
-                  [&] { return "must be divisible by micro-batch-size*data-parallel-size = " + std::to_string(plan.micro_batch_size) +
-                      "*" + std::to_string(dp) + " = " + std::to_string(replica_batch); });
-  require_at_most(plan.num_microbatches(), kMaxMicrobatches, "microbatches per iteration (--global-batch-size / "
-                                                             "(--micro-batch-size x data-parallel size))");
+  require_divides(replica_batch, plan.global_batch_size, "--global-batch-size", [&] {
+    return "must be divisible by micro-batch-size*data-parallel-size = " + std::to_string(plan.micro_batch_size) + "*" +
+           std::to_string(dp) + " = " + std::to_string(replica_batch);
+  });
+  require_at_most(plan.num_microbatches(), kMaxMicrobatches,
+                  "microbatches per iteration (--global-batch-size / "
+                  "(--micro-batch-size x data-parallel size))");
   require_at_most(2 * stages * plan.num_microbatches(), kMaxScheduleActions,
                   "forward and backward actions per iteration (2 x pp x vpp x microbatches)");
 
   if (plan.sequence_parallel) {
     if (tp == 1) throw SpecError("--sequence-parallel", "needs --tensor-model-parallel-size > 1");
-    require_divides(tp, model.seq_length / cp, "--sequence-parallel",
-                    [&] { return "needs --seq-length/cp = " + std::to_string(model.seq_length / cp) + " divisible by tp " + std::to_string(tp); });
+    require_divides(tp, model.seq_length / cp, "--sequence-parallel", [&] {
+      return "needs --seq-length/cp = " + std::to_string(model.seq_length / cp) + " divisible by tp " +
+             std::to_string(tp);
+    });
   }
   if (cp > 1) {
     // Megatron splits the sequence into 2*cp chunks to balance causal attention across ranks.
@@ -158,7 +163,8 @@ void validate_plan(const ModelSpec& model, const ParallelPlan& plan) {
     const int64_t stage_layers = *std::max_element(layer_counts.begin(), layer_counts.end());
     if (plan.recompute_num_layers < 1 || plan.recompute_num_layers > stage_layers) {
       throw SpecError("--recompute-num-layers", "must be between 1 and the " + std::to_string(stage_layers) +
-                                                    " layers of a model chunk, got " + std::to_string(plan.recompute_num_layers));
+                                                    " layers of a model chunk, got " +
+                                                    std::to_string(plan.recompute_num_layers));
     }
   }
 
@@ -183,7 +189,8 @@ std::string describe_pipeline_split(const PipelineSplit& split) {
 std::string describe_plan(const ParallelPlan& plan) {
   return "tp " + std::to_string(plan.tensor_parallel_size) + ", pp " + std::to_string(plan.pipeline_parallel_size) +
          ", cp " + std::to_string(plan.context_parallel_size) + ", dp " + std::to_string(plan.data_parallel_size) +
-         ", vpp " + std::to_string(plan.virtual_pipeline_parallel_size) + (plan.pipeline_split.even() ? "" : " (" + describe_pipeline_split(plan.pipeline_split) + ")") + ", mbs " +
+         ", vpp " + std::to_string(plan.virtual_pipeline_parallel_size) +
+         (plan.pipeline_split.even() ? "" : " (" + describe_pipeline_split(plan.pipeline_split) + ")") + ", mbs " +
          std::to_string(plan.micro_batch_size) + ", gbs " + std::to_string(plan.global_batch_size) + ", recompute " +
          to_string(plan.recompute_granularity) + ", sp " + (plan.sequence_parallel ? "on" : "off") +
          ", distributed optimizer " + (plan.use_distributed_optimizer ? "on" : "off") + ", " + to_string(plan.schedule);
@@ -243,7 +250,8 @@ ParallelPlan parallel_plan_from_json(const nlohmann::json& json, const std::stri
   }
   plan.options = default_implementation_options(plan.implementation);
   if (const nlohmann::json* options = reader.read_object("implementation_options")) {
-    plan.options = implementation_options_from_json(*options, reader.field("implementation_options"), plan.implementation);
+    plan.options =
+        implementation_options_from_json(*options, reader.field("implementation_options"), plan.implementation);
   }
   reader.reject_unknown_keys();
   return plan;

@@ -42,7 +42,9 @@ struct PipelineSplit {
   int64_t last_stage_layers = 0;       // --decoder-last-pipeline-num-layers; 0: not set
   bool account_for_embedding = false;  // --account-for-embedding-in-pipeline-split
   bool account_for_loss = false;       // --account-for-loss-in-pipeline-split
-  bool even() const { return first_stage_layers == 0 && last_stage_layers == 0 && !account_for_embedding && !account_for_loss; }
+  bool even() const {
+    return first_stage_layers == 0 && last_stage_layers == 0 && !account_for_embedding && !account_for_loss;
+  }
   bool operator==(const PipelineSplit&) const = default;
 };
 
@@ -50,7 +52,7 @@ struct ParallelPlan {
   int64_t tensor_parallel_size = 1;
   int64_t pipeline_parallel_size = 1;
   int64_t context_parallel_size = 1;
-  int64_t data_parallel_size = 1;           // derived: world / (tp * pp * cp)
+  int64_t data_parallel_size = 1;              // derived: world / (tp * pp * cp)
   int64_t virtual_pipeline_parallel_size = 1;  // model chunks per pipeline rank
   int64_t micro_batch_size = 1;
   int64_t global_batch_size = 1;
@@ -80,9 +82,8 @@ int64_t virtual_pipeline_size_from_layers_per_stage(int64_t num_layers, int64_t 
 
 // dp = world / (tp * pp * cp); throws SpecError(world_flag, ...) when it does not divide
 // (`world_flag`: the flag that set the world size in the command at hand, --gpus or --world-size).
-int64_t derive_data_parallel_size(int64_t world_size, int64_t tensor_parallel_size,
-                                  int64_t pipeline_parallel_size, int64_t context_parallel_size,
-                                  const std::string& world_flag = "--gpus");
+int64_t derive_data_parallel_size(int64_t world_size, int64_t tensor_parallel_size, int64_t pipeline_parallel_size,
+                                  int64_t context_parallel_size, const std::string& world_flag = "--gpus");
 
 // Checks every rule that makes `plan` legal for `model` on plan.world_size() GPUs; the first
 // broken rule is thrown as SpecError naming the Megatron flag and the rule with its values.

@@ -18,12 +18,14 @@ namespace megaplan {
 inline constexpr std::size_t kParameterAlignment = 64;
 
 struct GradientBucket {
-  std::size_t offset = 0;  // elements from the buffer's start
-  std::size_t size = 0;    // elements, padding included (a multiple of the data-parallel size)
+  std::size_t offset = 0;           // elements from the buffer's start
+  std::size_t size = 0;             // elements, padding included (a multiple of the data-parallel size)
   std::size_t first_parameter = 0;  // registration indices [first, last] of the parameters it holds
   std::size_t last_parameter = 0;
   // The distributed optimizer's shard of data-parallel rank r: [offset + r * shard, + shard).
-  std::size_t shard_size(int64_t data_parallel_size) const { return size / static_cast<std::size_t>(data_parallel_size); }
+  std::size_t shard_size(int64_t data_parallel_size) const {
+    return size / static_cast<std::size_t>(data_parallel_size);
+  }
 };
 
 struct ParameterLayout {

@@ -44,7 +44,8 @@ void for_each_parameter(const ModelSpec& model, const ParallelPlan& plan, int64_
   if (layers.has_embedding) {
     visit(Entry{-1, kWordEmbeddings, v, h, TensorSplit::kVocabulary, true});
     if (model.position_embedding_type == PositionEmbedding::kLearnedAbsolute) {
-      visit(Entry{-1, "embedding.position_embeddings.weight", model.effective_max_position_embeddings(), h, kWhole, true});
+      visit(Entry{-1, "embedding.position_embeddings.weight", model.effective_max_position_embeddings(), h, kWhole,
+                  true});
     }
   }
   for (int64_t l = layers.first_layer; l < layers.first_layer + layers.num_layers; ++l) {
@@ -52,7 +53,8 @@ void for_each_parameter(const ModelSpec& model, const ParallelPlan& plan, int64_
     // Rows grouped by query group, each group's queries, key and value together (Megatron's
     // layout): a column cut holds whole groups.
     visit(Entry{l, "self_attention.linear_qkv.weight", qkv, h, TensorSplit::kColumn, true});
-    if (bias || model.add_qkv_bias) visit(Entry{l, "self_attention.linear_qkv.bias", qkv, 0, TensorSplit::kColumn, false});
+    if (bias || model.add_qkv_bias)
+      visit(Entry{l, "self_attention.linear_qkv.bias", qkv, 0, TensorSplit::kColumn, false});
     visit(Entry{l, "self_attention.linear_proj.weight", h, q, TensorSplit::kRow, true});
     if (bias) visit(Entry{l, "self_attention.linear_proj.bias", h, 0, kWhole, false});
     norm(l, "pre_mlp_layernorm.weight", "pre_mlp_layernorm.bias");
@@ -76,7 +78,8 @@ void for_each_parameter(const ModelSpec& model, const ParallelPlan& plan, int64_
 // along rows, row-parallel ones along columns.
 std::pair<int64_t, int64_t> shard_extents(const Entry& entry, int64_t tp) {
   const bool rows_cut = entry.split == TensorSplit::kColumn || entry.split == TensorSplit::kVocabulary;
-  return {rows_cut ? entry.rows / tp : entry.rows, entry.split == TensorSplit::kRow ? entry.columns / tp : entry.columns};
+  return {rows_cut ? entry.rows / tp : entry.rows,
+          entry.split == TensorSplit::kRow ? entry.columns / tp : entry.columns};
 }
 
 std::vector<int64_t> shape_of(int64_t rows, int64_t columns) {

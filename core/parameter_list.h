@@ -21,7 +21,7 @@ enum class TensorSplit { kReplicated, kColumn, kRow, kVocabulary };
 
 // What a parameter is, before any memory exists.
 struct ParameterSpec {
-  std::string name;  // Megatron's, e.g. "decoder.layers.0.self_attention.linear_qkv.weight"
+  std::string name;                   // Megatron's, e.g. "decoder.layers.0.self_attention.linear_qkv.weight"
   std::vector<int64_t> shape;         // this rank's shard
   std::vector<int64_t> global_shape;  // the whole tensor, as the single-rank model holds it
   // Tensor parallelism cuts a column-parallel or vocabulary-parallel tensor along dimension 0 and a

@@ -14,11 +14,12 @@ namespace {
 std::vector<int64_t> first_last_rank_layers(const ModelSpec& model, const ParallelPlan& plan) {
   const PipelineSplit& split = plan.pipeline_split;
   const int64_t pp = plan.pipeline_parallel_size;
-  const char* flag = split.first_stage_layers > 0 ? "--decoder-first-pipeline-num-layers"
-                                                  : "--decoder-last-pipeline-num-layers";
+  const char* flag =
+      split.first_stage_layers > 0 ? "--decoder-first-pipeline-num-layers" : "--decoder-last-pipeline-num-layers";
   if (split.account_for_embedding || split.account_for_loss) {
-    throw SpecError(flag, "cannot be combined with --account-for-embedding-in-pipeline-split or "
-                          "--account-for-loss-in-pipeline-split");
+    throw SpecError(flag,
+                    "cannot be combined with --account-for-embedding-in-pipeline-split or "
+                    "--account-for-loss-in-pipeline-split");
   }
   if (pp < 2) throw SpecError(flag, "needs --pipeline-model-parallel-size > 1");
   if (split.first_stage_layers < 0 || split.last_stage_layers < 0) throw SpecError(flag, "must be positive");
@@ -26,8 +27,9 @@ std::vector<int64_t> first_last_rank_layers(const ModelSpec& model, const Parall
   int64_t rest = model.num_layers - split.first_stage_layers - split.last_stage_layers;
   int64_t sharing = pp - (split.first_stage_layers > 0 ? 1 : 0) - (split.last_stage_layers > 0 ? 1 : 0);
   if (rest < 0 || (sharing == 0 && rest != 0) || (sharing > 0 && rest % sharing != 0)) {
-    throw SpecError(flag, "leaves " + std::to_string(rest) + " of the " + std::to_string(model.num_layers) + " layers to the other " +
-                              std::to_string(sharing) + " pipeline rank(s), which cannot share them evenly");
+    throw SpecError(flag, "leaves " + std::to_string(rest) + " of the " + std::to_string(model.num_layers) +
+                              " layers to the other " + std::to_string(sharing) +
+                              " pipeline rank(s), which cannot share them evenly");
   }
   for (int64_t rank = 0; rank < pp; ++rank) ranks[static_cast<std::size_t>(rank)] = sharing > 0 ? rest / sharing : 0;
   if (split.first_stage_layers > 0) ranks.front() = split.first_stage_layers;
@@ -49,8 +51,9 @@ std::vector<int64_t> stage_layer_counts(const ModelSpec& model, const ParallelPl
     for (int64_t rank = 0; rank < pp; ++rank) {
       if (ranks[static_cast<std::size_t>(rank)] % vpp != 0) {
         throw SpecError("--virtual-pipeline-model-parallel-size",
-                        "must divide the " + std::to_string(ranks[static_cast<std::size_t>(rank)]) + " layers of pipeline rank " +
-                            std::to_string(rank) + " (layers per rank " + std::to_string(ranks.front()) + ", ..., " + std::to_string(ranks.back()) + ")");
+                        "must divide the " + std::to_string(ranks[static_cast<std::size_t>(rank)]) +
+                            " layers of pipeline rank " + std::to_string(rank) + " (layers per rank " +
+                            std::to_string(ranks.front()) + ", ..., " + std::to_string(ranks.back()) + ")");
       }
     }
     for (int64_t stage = 0; stage < stages; ++stage) {
@@ -61,9 +64,11 @@ std::vector<int64_t> stage_layer_counts(const ModelSpec& model, const ParallelPl
     // The embedding and the loss, where they count, as one layer each.
     const int64_t units = model.num_layers + (split.account_for_embedding ? 1 : 0) + (split.account_for_loss ? 1 : 0);
     if (units % stages != 0) {
-      const std::string counted = split.even() ? "" : " (with the embedding or loss counted as layers: " + std::to_string(units) + ")";
-      throw SpecError("--num-layers", std::to_string(model.num_layers) + counted + " must be divisible by pp*vpp = " + std::to_string(pp) +
-                                          "*" + std::to_string(vpp) + " = " + std::to_string(stages) +
+      const std::string counted =
+          split.even() ? "" : " (with the embedding or loss counted as layers: " + std::to_string(units) + ")";
+      throw SpecError("--num-layers", std::to_string(model.num_layers) + counted +
+                                          " must be divisible by pp*vpp = " + std::to_string(pp) + "*" +
+                                          std::to_string(vpp) + " = " + std::to_string(stages) +
                                           "; uneven stages: --decoder-first-pipeline-num-layers, "
                                           "--decoder-last-pipeline-num-layers");
     }

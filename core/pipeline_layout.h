@@ -35,7 +35,6 @@ inline int64_t pipeline_rank_of_stage(int64_t stage, int64_t pipeline_parallel_s
 // The virtual stages a pipeline rank runs, in increasing stage order.
 std::vector<int64_t> stages_of_pipeline_rank(int64_t pipeline_rank, const ParallelPlan& plan);
 
-
 }  // namespace megaplan
 
 namespace megaplan {

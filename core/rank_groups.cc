@@ -37,8 +37,7 @@ std::string list_of_dimensions() {
 }
 
 bool is_dimension(std::string_view name) {
-  return std::find(kParallelDimensions.begin(), kParallelDimensions.end(), name) !=
-         kParallelDimensions.end();
+  return std::find(kParallelDimensions.begin(), kParallelDimensions.end(), name) != kParallelDimensions.end();
 }
 
 std::vector<std::string> split_on_dash(std::string_view text) {
@@ -46,8 +45,7 @@ std::vector<std::string> split_on_dash(std::string_view text) {
   size_t start = 0;
   while (true) {
     const size_t dash = text.find('-', start);
-    parts.emplace_back(
-        text.substr(start, dash == std::string_view::npos ? std::string_view::npos : dash - start));
+    parts.emplace_back(text.substr(start, dash == std::string_view::npos ? std::string_view::npos : dash - start));
     if (dash == std::string_view::npos) break;
     start = dash + 1;
   }
@@ -85,15 +83,14 @@ std::vector<std::string> parse_parallel_order(const std::string& order) {
   std::vector<std::string> names = split_on_dash(lowered);
   for (size_t i = 0; i < names.size(); ++i) {
     if (!is_dimension(names[i])) {
-      throw SpecError(kOrderField, "unknown name " + in_quotes(names[i]) + " in " +
-                                       in_quotes(order) + "; an order joins names from " +
-                                       list_of_dimensions() + " with '-', e.g. " +
+      throw SpecError(kOrderField, "unknown name " + in_quotes(names[i]) + " in " + in_quotes(order) +
+                                       "; an order joins names from " + list_of_dimensions() + " with '-', e.g. " +
                                        in_quotes(kDefaultParallelOrder));
     }
     if (std::find(names.begin(), names.begin() + static_cast<std::ptrdiff_t>(i), names[i]) !=
         names.begin() + static_cast<std::ptrdiff_t>(i)) {
-      throw SpecError(kOrderField, in_quotes(names[i]) + " appears more than once in " +
-                                       in_quotes(order) + "; each name may appear at most once");
+      throw SpecError(kOrderField, in_quotes(names[i]) + " appears more than once in " + in_quotes(order) +
+                                       "; each name may appear at most once");
     }
   }
   return names;
@@ -118,15 +115,13 @@ RankGroupList masked_orthogonal_rank_groups(int64_t world_size, const std::vecto
     }
   }
   if (stride != world_size) {
-    throw std::invalid_argument("masked_orthogonal_rank_groups: the sizes multiply to " +
-                                std::to_string(stride) + ", not the world size " +
-                                std::to_string(world_size));
+    throw std::invalid_argument("masked_orthogonal_rank_groups: the sizes multiply to " + std::to_string(stride) +
+                                ", not the world size " + std::to_string(world_size));
   }
 
   // Mixed-radix decomposition of `index` over `shape`, dotted with `strides`: maps a position
   // among the groups (or within a group) to its rank offset.
-  const auto offset_of = [](int64_t index, const std::vector<int64_t>& shape,
-                            const std::vector<int64_t>& strides) {
+  const auto offset_of = [](int64_t index, const std::vector<int64_t>& shape, const std::vector<int64_t>& strides) {
     int64_t offset = 0;
     for (size_t i = 0; i < shape.size(); ++i) {
       offset += (index % shape[i]) * strides[i];
@@ -155,15 +150,15 @@ RankGroupList masked_orthogonal_rank_groups(int64_t world_size, const std::vecto
   return groups;
 }
 
-RankGenerator::RankGenerator(std::string name, int64_t tp, int64_t ep, int64_t dp, int64_t pp,
-                             int64_t cp, const std::string& order)
+RankGenerator::RankGenerator(std::string name, int64_t tp, int64_t ep, int64_t dp, int64_t pp, int64_t cp,
+                             const std::string& order)
     : name_(std::move(name)) {
   const std::array<std::pair<std::string_view, int64_t>, 5> sizes = {
       {{"tp", tp}, {"cp", cp}, {"ep", ep}, {"dp", dp}, {"pp", pp}}};
   for (const auto& [dimension, size] : sizes) {
     if (size <= 0) {
-      throw std::invalid_argument("RankGenerator: " + std::string(dimension) +
-                                  " must be positive, got " + std::to_string(size));
+      throw std::invalid_argument("RankGenerator: " + std::string(dimension) + " must be positive, got " +
+                                  std::to_string(size));
     }
     if (__builtin_mul_overflow(world_size_, size, &world_size_)) {
       throw std::invalid_argument("RankGenerator: the sizes overflow 64 bits");
@@ -180,9 +175,8 @@ RankGenerator::RankGenerator(std::string name, int64_t tp, int64_t ep, int64_t d
     const auto& [dimension, size] = sizes[index];
     if (std::find(order_.begin(), order_.end(), dimension) != order_.end()) continue;
     if (size != 1) {
-      throw SpecError(kOrderField, in_quotes(order) + " leaves out " + std::string(dimension) +
-                                       ", whose size in the " + name_ + " rank generator is " +
-                                       std::to_string(size) +
+      throw SpecError(kOrderField, in_quotes(order) + " leaves out " + std::string(dimension) + ", whose size in the " +
+                                       name_ + " rank generator is " + std::to_string(size) +
                                        "; a name left out of the order must have size 1");
     }
     order_.emplace_back(dimension);
@@ -207,8 +201,8 @@ RankGroupList RankGenerator::get_ranks(std::string_view token) const {
   for (const std::string& dimension : split_on_dash(token)) {
     const auto position = std::find(order_.begin(), order_.end(), dimension);
     if (position == order_.end()) {
-      throw std::invalid_argument("RankGenerator::get_ranks: " + in_quotes(dimension) +
-                                  " is not in the order " + in_quotes(join(order_, "-")));
+      throw std::invalid_argument("RankGenerator::get_ranks: " + in_quotes(dimension) + " is not in the order " +
+                                  in_quotes(join(order_, "-")));
     }
     mask[static_cast<size_t>(position - order_.begin())] = true;
   }
@@ -216,8 +210,7 @@ RankGroupList RankGenerator::get_ranks(std::string_view token) const {
 }
 
 bool RankGroups::contains(std::string_view kind) const {
-  return std::any_of(kinds.begin(), kinds.end(),
-                     [&](const auto& entry) { return entry.first == kind; });
+  return std::any_of(kinds.begin(), kinds.end(), [&](const auto& entry) { return entry.first == kind; });
 }
 
 const RankGroupList& RankGroups::at(std::string_view kind) const {
@@ -227,9 +220,8 @@ const RankGroupList& RankGroups::at(std::string_view kind) const {
   throw std::out_of_range("RankGroups: no group kind " + in_quotes(kind));
 }
 
-RankGroups megatron_rank_groups(int64_t world_size, int64_t tensor_parallel_size,
-                                int64_t pipeline_parallel_size, int64_t context_parallel_size,
-                                int64_t expert_parallel_size, const std::string& order) {
+RankGroups megatron_rank_groups(int64_t world_size, int64_t tensor_parallel_size, int64_t pipeline_parallel_size,
+                                int64_t context_parallel_size, int64_t expert_parallel_size, const std::string& order) {
   require_positive(world_size, "--world-size");
   require_positive(tensor_parallel_size, "--tp");
   require_positive(pipeline_parallel_size, "--pp");
@@ -237,24 +229,21 @@ RankGroups megatron_rank_groups(int64_t world_size, int64_t tensor_parallel_size
   require_positive(expert_parallel_size, "--ep");
   if (world_size > kMaxRankGroupWorldSize) {
     throw SpecError("--world-size", "must be at most " + std::to_string(kMaxRankGroupWorldSize) +
-                                        " to list every rank group, got " +
-                                        std::to_string(world_size));
+                                        " to list every rank group, got " + std::to_string(world_size));
   }
 
   const int64_t tp_pp = checked_multiply(tensor_parallel_size, pipeline_parallel_size, "--pp");
   const int64_t model_size = checked_multiply(tp_pp, context_parallel_size, "--cp");
   if (world_size % model_size != 0) {
-    throw SpecError("--world-size",
-                    "must be divisible by tp*pp*cp = " + std::to_string(model_size) + ", got " +
-                        std::to_string(world_size));
+    throw SpecError("--world-size", "must be divisible by tp*pp*cp = " + std::to_string(model_size) + ", got " +
+                                        std::to_string(world_size));
   }
   // The expert layers' tensor-parallel size is Megatron's default, tp.
   const int64_t expert_model_size = checked_multiply(tp_pp, expert_parallel_size, "--ep");
   if (world_size % expert_model_size != 0) {
-    throw SpecError("--ep",
-                    "the world size " + std::to_string(world_size) +
-                        " must be divisible by tp*ep*pp = " + std::to_string(expert_model_size) +
-                        " for the expert layers, got ep = " + std::to_string(expert_parallel_size));
+    throw SpecError("--ep", "the world size " + std::to_string(world_size) +
+                                " must be divisible by tp*ep*pp = " + std::to_string(expert_model_size) +
+                                " for the expert layers, got ep = " + std::to_string(expert_parallel_size));
   }
 
   RankGroups result;
@@ -267,23 +256,22 @@ RankGroups megatron_rank_groups(int64_t world_size, int64_t tensor_parallel_size
   result.expert_data_parallel_size = world_size / expert_model_size;
 
   const std::vector<std::string> given_order = parse_parallel_order(order);
-  const RankGenerator decoder("decoder", tensor_parallel_size, 1, result.data_parallel_size,
-                              pipeline_parallel_size, context_parallel_size, order);
-  const RankGenerator expert("expert", tensor_parallel_size, expert_parallel_size,
-                             result.expert_data_parallel_size, pipeline_parallel_size, 1, order);
+  const RankGenerator decoder("decoder", tensor_parallel_size, 1, result.data_parallel_size, pipeline_parallel_size,
+                              context_parallel_size, order);
+  const RankGenerator expert("expert", tensor_parallel_size, expert_parallel_size, result.expert_data_parallel_size,
+                             pipeline_parallel_size, 1, order);
   result.order = decoder.order();
 
   // Megatron's checks that dense and expert layers agree on the pipeline: with pp not last, the
   // pipeline stride depends on dp, so both data-parallel sizes must match...
   if (given_order.back() != "pp" && pipeline_parallel_size > 1 &&
       result.expert_data_parallel_size != result.data_parallel_size) {
-    throw SpecError(kOrderField, in_quotes(order) + " does not end in pp and pp = " +
-                                     std::to_string(pipeline_parallel_size) +
+    throw SpecError(kOrderField, in_quotes(order) +
+                                     " does not end in pp and pp = " + std::to_string(pipeline_parallel_size) +
                                      " > 1, so the expert data-parallel size world/(tp*ep*pp) = " +
                                      std::to_string(result.expert_data_parallel_size) +
                                      " must equal the data-parallel size world/(tp*pp*cp) = " +
-                                     std::to_string(result.data_parallel_size) +
-                                     "; put pp last or make ep equal cp");
+                                     std::to_string(result.data_parallel_size) + "; put pp last or make ep equal cp");
   }
   // ...and, whatever the order, the pipeline groups themselves must be the same.
   const RankGroupList pipeline_groups = decoder.get_ranks("pp");
@@ -291,8 +279,7 @@ RankGroups megatron_rank_groups(int64_t world_size, int64_t tensor_parallel_size
   if (pipeline_groups != expert_pipeline_groups) {
     throw SpecError(kOrderField, in_quotes(order) + " gives the dense layers pipeline groups " +
                                      format_head(pipeline_groups) + " but the expert layers " +
-                                     format_head(expert_pipeline_groups) +
-                                     "; both must have the same pipeline groups");
+                                     format_head(expert_pipeline_groups) + "; both must have the same pipeline groups");
   }
 
   RankGroupList embedding, position_embedding;

@@ -21,14 +21,23 @@ using RankGroupList = std::vector<std::vector<int64_t>>;
 inline constexpr std::string_view kDefaultParallelOrder = "tp-cp-ep-dp-pp";
 
 // The dimension names an order string may use.
-inline constexpr std::array<std::string_view, 5> kParallelDimensions = {
-    "tp", "cp", "ep", "dp", "pp"};
+inline constexpr std::array<std::string_view, 5> kParallelDimensions = {"tp", "cp", "ep", "dp", "pp"};
 
 // The group kinds megatron_rank_groups() lists, in this order (also the JSON key order).
 // "tp-pp" is Megatron's model-parallel group.
-inline constexpr std::array<std::string_view, 13> kRankGroupKinds = {
-    "tp", "pp", "dp", "cp", "dp-cp", "tp-pp", "tp-dp", "tp-dp-cp", "tp-cp", "ep", "tp-ep",
-    "embedding", "position-embedding"};
+inline constexpr std::array<std::string_view, 13> kRankGroupKinds = {"tp",
+                                                                     "pp",
+                                                                     "dp",
+                                                                     "cp",
+                                                                     "dp-cp",
+                                                                     "tp-pp",
+                                                                     "tp-dp",
+                                                                     "tp-dp-cp",
+                                                                     "tp-cp",
+                                                                     "ep",
+                                                                     "tp-ep",
+                                                                     "embedding",
+                                                                     "position-embedding"};
 
 // Largest world megatron_rank_groups() lists: every rank appears in every kind, so a typo such as
 // --world-size 10000000000 would otherwise allocate without bound.
@@ -60,8 +69,7 @@ class RankGenerator {
   // is not 1.
   // REQUIRES: every size > 0, their product fits in 64 bits, and ep == 1 or cp == 1
   // (std::invalid_argument otherwise).
-  RankGenerator(std::string name, int64_t tp, int64_t ep, int64_t dp, int64_t pp, int64_t cp,
-                const std::string& order);
+  RankGenerator(std::string name, int64_t tp, int64_t ep, int64_t dp, int64_t pp, int64_t cp, const std::string& order);
 
   const std::string& name() const { return name_; }
   // The full order, with the names left out of the given order appended.
@@ -119,9 +127,8 @@ struct RankGroups {
 // Unlike Megatron-Core before its expert generator was split off, ep and dp need not be adjacent in
 // the order: current Megatron no longer checks it, and its own --use-tp-pp-dp-mapping order
 // "tp-cp-ep-pp-dp" separates them.
-RankGroups megatron_rank_groups(int64_t world_size, int64_t tensor_parallel_size,
-                                int64_t pipeline_parallel_size, int64_t context_parallel_size = 1,
-                                int64_t expert_parallel_size = 1,
+RankGroups megatron_rank_groups(int64_t world_size, int64_t tensor_parallel_size, int64_t pipeline_parallel_size,
+                                int64_t context_parallel_size = 1, int64_t expert_parallel_size = 1,
                                 const std::string& order = std::string(kDefaultParallelOrder));
 
 // One object keyed by kind (kRankGroupKinds order), each a list of rank lists.

@@ -4,14 +4,10 @@ namespace megaplan {
 
 std::string to_string(TimelineStream stream) {
   switch (stream) {
-    case TimelineStream::kCompute:
-      return "compute";
-    case TimelineStream::kSend:
-      return "send";
-    case TimelineStream::kReceive:
-      return "receive";
-    case TimelineStream::kDataParallel:
-      return "data-parallel";
+    case TimelineStream::kCompute: return "compute";
+    case TimelineStream::kSend: return "send";
+    case TimelineStream::kReceive: return "receive";
+    case TimelineStream::kDataParallel: return "data-parallel";
   }
   return "?";
 }

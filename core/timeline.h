@@ -25,20 +25,16 @@ std::string to_string(TimelineStream stream);  // "compute", "send", "receive", 
 constexpr TimelineStream stream_of(ActionKind kind) {
   switch (kind) {
     case ActionKind::kSendForward:
-    case ActionKind::kSendBackward:
-      return TimelineStream::kSend;
+    case ActionKind::kSendBackward: return TimelineStream::kSend;
     case ActionKind::kRecvForward:
-    case ActionKind::kRecvBackward:
-      return TimelineStream::kReceive;
-    case ActionKind::kReduceGrad:
-      return TimelineStream::kDataParallel;
+    case ActionKind::kRecvBackward: return TimelineStream::kReceive;
+    case ActionKind::kReduceGrad: return TimelineStream::kDataParallel;
     case ActionKind::kForward:
     case ActionKind::kBackward:
     case ActionKind::kBackwardInput:
     case ActionKind::kBackwardWeight:
     case ActionKind::kOptimizer:
-    case ActionKind::kOverlapForwardBackward:
-      return TimelineStream::kCompute;
+    case ActionKind::kOverlapForwardBackward: return TimelineStream::kCompute;
   }
   return TimelineStream::kCompute;  // not reached: every kind is listed, and -Wswitch says when one is not
 }

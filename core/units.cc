@@ -27,9 +27,7 @@ std::string scaled(double value, double base, const std::vector<const char*>& su
 
 }  // namespace
 
-std::string format_count(double value) {
-  return scaled(value, 1000.0, {"", "K", "M", "B", "T", "Q"}, "%.1f%s");
-}
+std::string format_count(double value) { return scaled(value, 1000.0, {"", "K", "M", "B", "T", "Q"}, "%.1f%s"); }
 
 std::string format_flops(double flops) {
   return scaled(flops, 1000.0, {" FLOP", " KFLOP", " MFLOP", " GFLOP", " TFLOP", " PFLOP", " EFLOP", " ZFLOP"},

@@ -22,17 +22,17 @@ struct LibraryVersion {
 
 // One CUDA device as the runtime reports it.
 struct GpuDevice {
-  int index = 0;                          // CUDA device ordinal (after CUDA_VISIBLE_DEVICES)
-  std::string name;                       // "NVIDIA H100 80GB HBM3"
-  int compute_capability_major = 0;       // 9 for sm_90
+  int index = 0;                     // CUDA device ordinal (after CUDA_VISIBLE_DEVICES)
+  std::string name;                  // "NVIDIA H100 80GB HBM3"
+  int compute_capability_major = 0;  // 9 for sm_90
   int compute_capability_minor = 0;
-  int sm_count = 0;                       // streaming multiprocessors
+  int sm_count = 0;  // streaming multiprocessors
   int64_t total_memory_bytes = 0;
-  int64_t free_memory_bytes = 0;          // at query time, in this process's context
-  int64_t sm_clock_khz = 0;               // peak (boost) SM clock; 0 where the runtime does not say
-  int64_t memory_clock_khz = 0;           // peak memory clock; 0 where the runtime does not say
-  int memory_bus_width_bits = 0;          // 0 where the runtime does not say
-  std::string pci_bus_id;                 // "0000:1B:00.0"
+  int64_t free_memory_bytes = 0;  // at query time, in this process's context
+  int64_t sm_clock_khz = 0;       // peak (boost) SM clock; 0 where the runtime does not say
+  int64_t memory_clock_khz = 0;   // peak memory clock; 0 where the runtime does not say
+  int memory_bus_width_bits = 0;  // 0 where the runtime does not say
+  std::string pci_bus_id;         // "0000:1B:00.0"
 
   // "sm_90"
   std::string sm_architecture() const;
@@ -41,8 +41,8 @@ struct GpuDevice {
 };
 
 struct GpuInventory {
-  LibraryVersion cuda_runtime;   // the libcudart this process loaded
-  LibraryVersion cuda_driver;    // the newest CUDA version the installed driver supports
+  LibraryVersion cuda_runtime;  // the libcudart this process loaded
+  LibraryVersion cuda_driver;   // the newest CUDA version the installed driver supports
   LibraryVersion cublas;
   LibraryVersion cublaslt;
   LibraryVersion nccl;

@@ -24,9 +24,7 @@ namespace {
 [[noreturn]] void fail(const std::string& rule) { throw SpecError("gpu", rule); }
 
 // "13000" (1000 x major + 10 x minor) as the CUDA runtime and driver report versions.
-LibraryVersion cuda_version(int encoded) {
-  return LibraryVersion{encoded / 1000, (encoded % 1000) / 10, 0};
-}
+LibraryVersion cuda_version(int encoded) { return LibraryVersion{encoded / 1000, (encoded % 1000) / 10, 0}; }
 
 std::string visible_devices_note() {
   const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
@@ -45,8 +43,7 @@ std::string hint_for(cudaError_t status) {
              "driver or build with an older toolkit)";
     case cudaErrorInsufficientDriver:
       return " (the installed driver is older than the CUDA runtime this binary loaded)";
-    default:
-      return "";
+    default: return "";
   }
 }
 

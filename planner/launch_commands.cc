@@ -10,10 +10,11 @@ std::vector<LaunchCommand> launch_commands(const ParallelPlan& plan, const Clust
   const int64_t per_node = std::min(world, cluster.gpus_per_node);
   const int64_t nodes = (world + per_node - 1) / per_node;
   const std::string n = std::to_string(nodes), g = std::to_string(per_node), w = std::to_string(world);
-  const std::string train = "megaplan train --plan " + job_file + " --device cuda" +
-                            (train_arguments.empty() ? "" : " " + train_arguments);
-  const std::string where = nodes == 1 ? "on the node" : "on each of the " + n + " nodes, NODE_RANK 0.." +
-                                                             std::to_string(nodes - 1) + ", MASTER_ADDR the first";
+  const std::string train =
+      "megaplan train --plan " + job_file + " --device cuda" + (train_arguments.empty() ? "" : " " + train_arguments);
+  const std::string where = nodes == 1 ? "on the node"
+                                       : "on each of the " + n + " nodes, NODE_RANK 0.." + std::to_string(nodes - 1) +
+                                             ", MASTER_ADDR the first";
   const std::string rendezvous = nodes == 1 ? "" : " --node-rank $NODE_RANK --master-addr $MASTER_ADDR";
   return {
       {"torchrun", where,
@@ -24,16 +25,20 @@ std::vector<LaunchCommand> launch_commands(const ParallelPlan& plan, const Clust
            train.substr(std::string("megaplan ").size())},
       {"srun", "once, inside an allocation of " + n + " node(s) with " + g + " GPUs each",
        "MASTER_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1) MASTER_PORT=29500 "
-       "NCCL_NVLS_ENABLE=0 srun --nodes " + n + " --ntasks-per-node " + g + " --gpus-per-node " + g + " " + train},
+       "NCCL_NVLS_ENABLE=0 srun --nodes " +
+           n + " --ntasks-per-node " + g + " --gpus-per-node " + g + " " + train},
       {"mpirun", "once, with a host file of " + n + " node(s) of " + g + " slots (MASTER_ADDR the first)",
-       "mpirun -np " + w + " --npernode " + g + " -x NCCL_NVLS_ENABLE=0 -x MASTER_ADDR=${MASTER_ADDR:-127.0.0.1} "
-       "-x MASTER_PORT=29500 " + train},
+       "mpirun -np " + w + " --npernode " + g +
+           " -x NCCL_NVLS_ENABLE=0 -x MASTER_ADDR=${MASTER_ADDR:-127.0.0.1} "
+           "-x MASTER_PORT=29500 " +
+           train},
   };
 }
 
 std::string format_launch_commands(const std::vector<LaunchCommand>& commands) {
   std::string text;
-  for (const LaunchCommand& command : commands) text += "# " + command.launcher + ", " + command.note + "\n" + command.command + "\n";
+  for (const LaunchCommand& command : commands)
+    text += "# " + command.launcher + ", " + command.note + "\n" + command.command + "\n";
   return text;
 }
 

@@ -34,7 +34,8 @@ std::string value(const std::string& flag, int64_t number) { return flag + " " +
 }  // namespace
 
 std::vector<std::string> megatron_model_arguments(const ModelSpec& model) {
-  std::vector<std::string> arguments = {value("--num-layers", model.num_layers), value("--hidden-size", model.hidden_size),
+  std::vector<std::string> arguments = {value("--num-layers", model.num_layers),
+                                        value("--hidden-size", model.hidden_size),
                                         value("--ffn-hidden-size", model.effective_ffn_hidden_size()),
                                         value("--num-attention-heads", model.num_attention_heads)};
   if (model.effective_num_query_groups() != model.num_attention_heads) {
@@ -74,12 +75,14 @@ std::vector<std::string> megatron_arguments(const ModelSpec& model, const Parall
   const PipelineSplit& split = plan.pipeline_split;
   if (plan.virtual_pipeline_parallel_size > 1) {
     // Megatron's layers-per-stage form holds for even stages only; its stage count form for any.
-    arguments.push_back(split.even() ? value("--num-layers-per-virtual-pipeline-stage",
-                                             model.num_layers / plan.num_virtual_stages())
-                                     : value("--num-virtual-stages-per-pipeline-rank", plan.virtual_pipeline_parallel_size));
+    arguments.push_back(
+        split.even() ? value("--num-layers-per-virtual-pipeline-stage", model.num_layers / plan.num_virtual_stages())
+                     : value("--num-virtual-stages-per-pipeline-rank", plan.virtual_pipeline_parallel_size));
   }
-  if (split.first_stage_layers > 0) arguments.push_back(value("--decoder-first-pipeline-num-layers", split.first_stage_layers));
-  if (split.last_stage_layers > 0) arguments.push_back(value("--decoder-last-pipeline-num-layers", split.last_stage_layers));
+  if (split.first_stage_layers > 0)
+    arguments.push_back(value("--decoder-first-pipeline-num-layers", split.first_stage_layers));
+  if (split.last_stage_layers > 0)
+    arguments.push_back(value("--decoder-last-pipeline-num-layers", split.last_stage_layers));
   if (split.account_for_embedding) arguments.push_back("--account-for-embedding-in-pipeline-split");
   if (split.account_for_loss) arguments.push_back("--account-for-loss-in-pipeline-split");
   if (plan.context_parallel_size > 1) arguments.push_back(value("--context-parallel-size", plan.context_parallel_size));
@@ -94,7 +97,8 @@ std::vector<std::string> megatron_arguments(const ModelSpec& model, const Parall
   const ImplementationOptions& options = plan.options;
   arguments.push_back(options.precision == DType::kFloat16 ? "--fp16" : "--bf16");
   arguments.push_back("--transformer-impl " + to_string(options.transformer_impl));
-  if (options.transformer_impl == TransformerImpl::kLocal && options.use_flash_attn) arguments.push_back("--use-flash-attn");
+  if (options.transformer_impl == TransformerImpl::kLocal && options.use_flash_attn)
+    arguments.push_back("--use-flash-attn");
   arguments.push_back("--attention-dropout " + number(options.attention_dropout));
   arguments.push_back("--hidden-dropout " + number(options.hidden_dropout));
   const std::pair<bool, const char*> off[] = {
@@ -114,11 +118,8 @@ std::vector<std::string> megatron_arguments(const ModelSpec& model, const Parall
     if (given) arguments.push_back(flag);
   }
   switch (plan.recompute_granularity) {
-    case RecomputeGranularity::kNone:
-      break;
-    case RecomputeGranularity::kSelective:
-      arguments.push_back("--recompute-granularity selective");
-      break;
+    case RecomputeGranularity::kNone: break;
+    case RecomputeGranularity::kSelective: arguments.push_back("--recompute-granularity selective"); break;
     case RecomputeGranularity::kFull:
       arguments.push_back("--recompute-granularity full");
       arguments.push_back("--recompute-method " + to_string(plan.recompute_method));
@@ -129,7 +130,8 @@ std::vector<std::string> megatron_arguments(const ModelSpec& model, const Parall
   // NullTokenizer (mock data) only.
   arguments.push_back("# the vocabulary (" + std::to_string(model.vocab_size) +
                       " tokens) comes from your --tokenizer-type and its files; with --tokenizer-type NullTokenizer: "
-                      "--vocab-size " + std::to_string(model.vocab_size));
+                      "--vocab-size " +
+                      std::to_string(model.vocab_size));
   // Megatron-LM's own schedules are chosen by the pipeline and virtual-pipeline sizes above; for the
   // others, torch.distributed.pipelining's class name, which torchtitan's setting takes.
   const ScheduleTraits& schedule = schedule_traits(plan.schedule);

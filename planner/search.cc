@@ -16,13 +16,13 @@
 #include <thread>
 #include <tuple>
 
-#include "core/units.h"
 #include "core/error.h"
-#include "core/input_limits.h"
 #include "core/formulas.h"
+#include "core/input_limits.h"
 #include "core/memory_model.h"
 #include "core/schedule/lowering.h"
 #include "core/schedule/schedule.h"
+#include "core/units.h"
 
 namespace megaplan::planner {
 
@@ -60,8 +60,8 @@ class MemoryWalks {
   std::shared_ptr<const ExecutorMemoryWalk> get(const ModelSpec& model, const ParallelPlan& plan) {
     const auto shape = std::tuple(plan.schedule, plan.pipeline_parallel_size, plan.virtual_pipeline_parallel_size,
                                   plan.num_microbatches());
-    const Key key = std::tuple_cat(shape, std::tuple(plan.recompute_granularity, plan.recompute_method,
-                                                     plan.recompute_num_layers));
+    const Key key =
+        std::tuple_cat(shape, std::tuple(plan.recompute_granularity, plan.recompute_method, plan.recompute_num_layers));
     std::shared_ptr<const PipelineSchedule> schedule;
     {
       const std::lock_guard<std::mutex> lock(mutex_);
@@ -221,8 +221,8 @@ void run_workers(int64_t threads, const std::function<void(std::atomic<bool>& st
     // The system ran out of threads: the started ones stop at their next item.
     stop.store(true);
     for (std::thread& thread : pool) thread.join();
-    throw SpecError("--threads", "cannot start " + std::to_string(threads) + " threads (" + error.what() +
-                                     "); ask for fewer");
+    throw SpecError("--threads",
+                    "cannot start " + std::to_string(threads) + " threads (" + error.what() + "); ask for fewer");
   }
   guarded();
   for (std::thread& thread : pool) thread.join();
@@ -306,8 +306,8 @@ SearchResult search_plans(const ModelSpec& model, const GpuSpec& gpu, const std:
 
   Ranking ranking(static_cast<std::size_t>(options.top), survivors.size(), options);
   require_at_most(options.threads, kMaxThreads, "--threads");
-  const int64_t threads = options.threads > 0 ? options.threads
-                                              : std::max<int64_t>(1, std::thread::hardware_concurrency());
+  const int64_t threads =
+      options.threads > 0 ? options.threads : std::max<int64_t>(1, std::thread::hardware_concurrency());
   std::atomic<std::size_t> next{0};
   // A bound that fails stops every thread: every later candidate's bound fails too.
   run_workers(threads, [&](std::atomic<bool>& stop) {
@@ -368,14 +368,15 @@ SearchResult search_plans(const ModelSpec& model, const GpuSpec& gpu, const std:
       }
       first += count;
     }
-    std::stable_sort(result.over_memory.begin(), result.over_memory.end(), [](const RankedPlan& a, const RankedPlan& b) {
-      return a.estimate.iteration_time_s < b.estimate.iteration_time_s;
-    });
+    std::stable_sort(result.over_memory.begin(), result.over_memory.end(),
+                     [](const RankedPlan& a, const RankedPlan& b) {
+                       return a.estimate.iteration_time_s < b.estimate.iteration_time_s;
+                     });
   }
   result.counts.simulated = ranking.simulated();
   result.counts.pruned_activations = ranking.pruned_activations();
-  result.counts.pruned_by_bound = static_cast<int64_t>(survivors.size()) - result.counts.simulated -
-                                  result.counts.pruned_activations;
+  result.counts.pruned_by_bound =
+      static_cast<int64_t>(survivors.size()) - result.counts.simulated - result.counts.pruned_activations;
   if (!result.plans.empty()) return result;
   if (candidates.empty()) throw SpecError("search", "no legal layout matches the listed sizes");
 
@@ -398,24 +399,29 @@ SearchResult search_plans(const ModelSpec& model, const GpuSpec& gpu, const std:
   if (options.problem) {
     const int64_t per_node = options.problem->gpus_per_node;
     const std::string nodes = "doubling whole nodes of " + std::to_string(per_node) + " GPUs";
-    const std::optional<int64_t> fitting = smallest_fitting_gpus(*options.problem, gpu, options.memory_fraction, threads);
-    more_gpus = fitting ? "; the smallest GPU count where a layout fits is " + std::to_string(*fitting) + " (" + nodes + ")"
-                        : "; nor does any on up to " + std::to_string(kMaxWorldSize.most) + " GPUs (" + nodes + ")";
+    const std::optional<int64_t> fitting =
+        smallest_fitting_gpus(*options.problem, gpu, options.memory_fraction, threads);
+    more_gpus = fitting
+                    ? "; the smallest GPU count where a layout fits is " + std::to_string(*fitting) + " (" + nodes + ")"
+                    : "; nor does any on up to " + std::to_string(kMaxWorldSize.most) + " GPUs (" + nodes + ")";
   }
   throw SpecError("--memory-fraction",
                   "no layout fits in " + format_gib(static_cast<double>(limit)) + " per GPU (" +
                       std::to_string(static_cast<int>(std::lround(100 * options.memory_fraction))) + "% of " +
-                      format_gib(static_cast<double>(gpu.hbm_capacity_bytes)) + "); the closest, " + describe_plan(plan) + ", needs " +
-                      format_gib(static_cast<double>(limit + closest.shortfall)) + " on pipeline rank " + std::to_string(closest.pipeline_rank) +
-                      ": " + format_gib(static_cast<double>(closest.shortfall)) + " more" + more_gpus);
+                      format_gib(static_cast<double>(gpu.hbm_capacity_bytes)) + "); the closest, " +
+                      describe_plan(plan) + ", needs " + format_gib(static_cast<double>(limit + closest.shortfall)) +
+                      " on pipeline rank " + std::to_string(closest.pipeline_rank) + ": " +
+                      format_gib(static_cast<double>(closest.shortfall)) + " more" + more_gpus);
 }
 
 SearchResult compare_plans(const ModelSpec& model, const GpuSpec& gpu, const std::vector<ParallelPlan>& candidates,
                            const StepTimeEstimator& estimator, const SearchOptions& options) {
   if (candidates.empty()) throw SpecError("--compare", "no legal layout matches the listed sizes");
   if (candidates.size() > kCompareLimit) {
-    throw SpecError("--compare", std::to_string(candidates.size()) + " layouts match; pin the layout (--tp, --pp, --cp, "
-                                 "--mbs, ...) to compare at most " + std::to_string(kCompareLimit));
+    throw SpecError("--compare", std::to_string(candidates.size()) +
+                                     " layouts match; pin the layout (--tp, --pp, --cp, "
+                                     "--mbs, ...) to compare at most " +
+                                     std::to_string(kCompareLimit));
   }
   SearchResult result;
   result.memory_limit_bytes = memory_limit_bytes(gpu, options.memory_fraction);
@@ -431,7 +437,8 @@ SearchResult compare_plans(const ModelSpec& model, const GpuSpec& gpu, const std
   });
   const double best = result.plans.front().estimate.iteration_time_s;
   for (std::size_t i = 1; i < result.plans.size(); ++i) {
-    result.plans[i].tie = options.tie_tolerance > 0 && result.plans[i].estimate.iteration_time_s <= best * (1 + options.tie_tolerance);
+    result.plans[i].tie =
+        options.tie_tolerance > 0 && result.plans[i].estimate.iteration_time_s <= best * (1 + options.tie_tolerance);
   }
   return result;
 }

@@ -29,7 +29,6 @@ struct SearchOptions {
   std::optional<SearchProblem> problem;
 };
 
-
 struct SearchCounts {
   int64_t enumerated = 0;
   int64_t pruned_model_state = 0;  // weights, gradients and optimizer state alone exceed the limit
@@ -63,7 +62,8 @@ std::optional<int64_t> smallest_fitting_gpus(const SearchProblem& problem, const
 
 // Ranks `candidates` (enumerate_plans' output: each passes validate_plan) for `model` on `gpu`s.
 // Throws SpecError("--memory-fraction", ...) when none fits, naming the plan that comes closest and
-// its shortfall (and, given options.problem, the smallest GPU count that fits). The same input gives the same plans whatever the thread count.
+// its shortfall (and, given options.problem, the smallest GPU count that fits). The same input gives the same plans
+// whatever the thread count.
 SearchResult search_plans(const ModelSpec& model, const GpuSpec& gpu, const std::vector<ParallelPlan>& candidates,
                           const StepTimeEstimator& estimator, const SearchOptions& options);
 
@@ -77,6 +77,5 @@ inline constexpr std::size_t kCompareLimit = 512;
 // kCompareLimit candidates, naming the count.
 SearchResult compare_plans(const ModelSpec& model, const GpuSpec& gpu, const std::vector<ParallelPlan>& candidates,
                            const StepTimeEstimator& estimator, const SearchOptions& options);
-
 
 }  // namespace megaplan::planner

@@ -8,8 +8,8 @@
 
 #include "core/checked_math.h"
 #include "core/error.h"
-#include "core/input_limits.h"
 #include "core/executor_support.h"
+#include "core/input_limits.h"
 #include "core/schedule/schedule_traits.h"
 
 namespace megaplan::planner {
@@ -81,15 +81,18 @@ void validate_search_problem(const SearchProblem& problem) {
   require_at_most(problem.gpus, kMaxWorldSize, "--gpus");
   if (space.implementation == Implementation::kMegaplan) {
     if (const std::optional<SpecError> refusal = executor_model_refusal(model)) {
-      throw SpecError(refusal->field(), refusal->rule() + ": megaplan's executor cannot train this model, so "
-                                        "--implementation megaplan has no plan for it (megatron-core plans Megatron-LM's run)");
+      throw SpecError(refusal->field(),
+                      refusal->rule() +
+                          ": megaplan's executor cannot train this model, so "
+                          "--implementation megaplan has no plan for it (megatron-core plans Megatron-LM's run)");
     }
   }
   for (ScheduleKind schedule : space.schedules) check_schedule_runs(space.implementation, schedule);
   for (int64_t tp : space.tensor_parallel) {
     const std::string flag = "--tensor-model-parallel-size";
     require_positive(tp, flag);
-    require_divides(tp, model.num_attention_heads, flag, "must divide --num-attention-heads " + std::to_string(model.num_attention_heads));
+    require_divides(tp, model.num_attention_heads, flag,
+                    "must divide --num-attention-heads " + std::to_string(model.num_attention_heads));
     require_divides(tp, model.effective_num_query_groups(), flag,
                     "must divide --num-query-groups " + std::to_string(model.effective_num_query_groups()));
     require_divides(tp, model.effective_ffn_hidden_size(), flag,
@@ -110,8 +113,9 @@ void validate_search_problem(const SearchProblem& problem) {
   }
   for (int64_t cp : space.context_parallel) {
     require_positive(cp, "--context-parallel-size");
-    require_divides(2 * cp, model.seq_length, "--context-parallel-size",
-                    "needs --seq-length " + std::to_string(model.seq_length) + " divisible by 2*cp = " + std::to_string(2 * cp));
+    require_divides(
+        2 * cp, model.seq_length, "--context-parallel-size",
+        "needs --seq-length " + std::to_string(model.seq_length) + " divisible by 2*cp = " + std::to_string(2 * cp));
   }
   for (int64_t vpp : space.virtual_pipeline) require_positive(vpp, "--virtual-pipeline-model-parallel-size");
   for (int64_t layers : space.layers_per_virtual_stage) {
@@ -208,60 +212,60 @@ std::vector<ParallelPlan> enumerate_plans(const SearchProblem& problem, std::vec
     const std::vector<bool> distributed_optimizer =
         dp * grid.cp == 1 ? std::vector<bool>{false} : or_all(space.distributed_optimizer, {false, true});
     for (const SplitChoice& choice : pipeline_splits(model.num_layers, grid.pp)) {
-    for (int64_t vpp : choice.virtual_pipeline) {
-      if (!allowed(space.virtual_pipeline, vpp) || (vpp > 1 && grid.pp == 1)) continue;
-      // Listing layers per virtual stage asks for interleaving with those (even) chunk sizes.
-      if (!space.layers_per_virtual_stage.empty() &&
-          (vpp == 1 || !choice.split.even() ||
-           !allowed(space.layers_per_virtual_stage, model.num_layers / (grid.pp * vpp)))) {
-        continue;
-      }
-      for (int64_t mbs : divisors(problem.global_batch_size / dp)) {
-        if (!allowed(space.micro_batch, mbs)) continue;
-        for (RecomputeGranularity recompute : recomputes) {
-          for (bool sp : sequence_parallel) {
-            if (sp && (model.seq_length / grid.cp) % grid.tp != 0) continue;
-            for (bool distributed : distributed_optimizer) {
-              for (ScheduleKind schedule : schedules) {
-                if (grid.pp == 1 && schedule_traits(schedule).pipeline_only) continue;
-                // The schedule's rules on vpp and the microbatch count (interleaving with Megatron's
-                // default group, pp), asked here too because a refusal from validate_plan costs an
-                // exception.
-                const int64_t microbatches = problem.global_batch_size / (dp * mbs);
-                if (!schedule_shape_ok(schedule, grid.pp, vpp, microbatches, grid.pp)) continue;
-                ParallelPlan plan;
-                plan.tensor_parallel_size = grid.tp;
-                plan.pipeline_parallel_size = grid.pp;
-                plan.context_parallel_size = grid.cp;
-                plan.data_parallel_size = dp;
-                plan.virtual_pipeline_parallel_size = vpp;
-                plan.pipeline_split = choice.split;
-                plan.micro_batch_size = mbs;
-                plan.global_batch_size = problem.global_batch_size;
-                plan.sequence_parallel = sp;
-                plan.use_distributed_optimizer = distributed;
-                plan.recompute_granularity = recompute;
-                plan.schedule = schedule;
-                plan.implementation = space.implementation;
-                plan.options = space.options;
-                try {
-                  validate_plan(model, plan);  // the final word
-                } catch (const SpecError&) {
-                  continue;
-                }
-                if (space.implementation == Implementation::kMegaplan) {
-                  if (const std::optional<SpecError> refusal = executor_plan_refusal(plan)) {
-                    if (left_out) count_left_out(*left_out, *refusal);
+      for (int64_t vpp : choice.virtual_pipeline) {
+        if (!allowed(space.virtual_pipeline, vpp) || (vpp > 1 && grid.pp == 1)) continue;
+        // Listing layers per virtual stage asks for interleaving with those (even) chunk sizes.
+        if (!space.layers_per_virtual_stage.empty() &&
+            (vpp == 1 || !choice.split.even() ||
+             !allowed(space.layers_per_virtual_stage, model.num_layers / (grid.pp * vpp)))) {
+          continue;
+        }
+        for (int64_t mbs : divisors(problem.global_batch_size / dp)) {
+          if (!allowed(space.micro_batch, mbs)) continue;
+          for (RecomputeGranularity recompute : recomputes) {
+            for (bool sp : sequence_parallel) {
+              if (sp && (model.seq_length / grid.cp) % grid.tp != 0) continue;
+              for (bool distributed : distributed_optimizer) {
+                for (ScheduleKind schedule : schedules) {
+                  if (grid.pp == 1 && schedule_traits(schedule).pipeline_only) continue;
+                  // The schedule's rules on vpp and the microbatch count (interleaving with Megatron's
+                  // default group, pp), asked here too because a refusal from validate_plan costs an
+                  // exception.
+                  const int64_t microbatches = problem.global_batch_size / (dp * mbs);
+                  if (!schedule_shape_ok(schedule, grid.pp, vpp, microbatches, grid.pp)) continue;
+                  ParallelPlan plan;
+                  plan.tensor_parallel_size = grid.tp;
+                  plan.pipeline_parallel_size = grid.pp;
+                  plan.context_parallel_size = grid.cp;
+                  plan.data_parallel_size = dp;
+                  plan.virtual_pipeline_parallel_size = vpp;
+                  plan.pipeline_split = choice.split;
+                  plan.micro_batch_size = mbs;
+                  plan.global_batch_size = problem.global_batch_size;
+                  plan.sequence_parallel = sp;
+                  plan.use_distributed_optimizer = distributed;
+                  plan.recompute_granularity = recompute;
+                  plan.schedule = schedule;
+                  plan.implementation = space.implementation;
+                  plan.options = space.options;
+                  try {
+                    validate_plan(model, plan);  // the final word
+                  } catch (const SpecError&) {
                     continue;
                   }
+                  if (space.implementation == Implementation::kMegaplan) {
+                    if (const std::optional<SpecError> refusal = executor_plan_refusal(plan)) {
+                      if (left_out) count_left_out(*left_out, *refusal);
+                      continue;
+                    }
+                  }
+                  plans.push_back(plan);
                 }
-                plans.push_back(plan);
               }
             }
           }
         }
       }
-    }
     }
   }
   return plans;

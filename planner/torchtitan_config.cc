@@ -33,9 +33,10 @@ std::string torchtitan_config(const ModelSpec& model, const ParallelPlan& plan) 
   } else {
     text += "# torchtitan has no flavour of " + model.name + ": add one to the llama3 model's flavours with dim " +
             std::to_string(model.hidden_size) + ", n_layers " + std::to_string(model.num_layers) + ", n_heads " +
-            std::to_string(model.num_attention_heads) + ", n_kv_heads " + std::to_string(model.effective_num_query_groups()) +
-            ", vocab_size " + std::to_string(model.vocab_size) + (model.swiglu ? "" : " (torchtitan's llama3 is SwiGLU and RMSNorm)") +
-            "\n" + line("flavor", quoted(model.name));
+            std::to_string(model.num_attention_heads) + ", n_kv_heads " +
+            std::to_string(model.effective_num_query_groups()) + ", vocab_size " + std::to_string(model.vocab_size) +
+            (model.swiglu ? "" : " (torchtitan's llama3 is SwiGLU and RMSNorm)") + "\n" +
+            line("flavor", quoted(model.name));
   }
 
   const int64_t dp = plan.data_parallel_size;
@@ -44,7 +45,8 @@ std::string torchtitan_config(const ModelSpec& model, const ParallelPlan& plan) 
   text += number("global_batch_size", plan.global_batch_size);
   // A pipeline splits each data-parallel rank's batch into microbatches; without one, torchtitan
   // accumulates gradients over local batches of one microbatch.
-  text += number("local_batch_size", plan.pipeline_parallel_size > 1 ? plan.global_batch_size / dp : plan.micro_batch_size);
+  text +=
+      number("local_batch_size", plan.pipeline_parallel_size > 1 ? plan.global_batch_size / dp : plan.micro_batch_size);
   text += line("mixed_precision_param", quoted(plan.options.precision == DType::kFloat16 ? "float16" : "bfloat16"));
 
   text += "\n[parallelism]\n";
@@ -60,15 +62,17 @@ std::string torchtitan_config(const ModelSpec& model, const ParallelPlan& plan) 
     // Stages of equal layers, the first and last fewer where the plan's are.
     const std::vector<int64_t> counts = stage_layer_counts(model, plan);
     const int64_t full = *std::max_element(counts.begin(), counts.end());
-    const bool middle_equal = counts.size() < 3 || std::all_of(counts.begin() + 1, counts.end() - 1,
-                                                               [&](int64_t n) { return n == full; });
+    const bool middle_equal =
+        counts.size() < 3 || std::all_of(counts.begin() + 1, counts.end() - 1, [&](int64_t n) { return n == full; });
     text += number("pipeline_parallel_layers_per_stage", full);
     text += number("pipeline_parallel_first_stage_less_layers", full - counts.front());
     text += number("pipeline_parallel_last_stage_less_layers", full - counts.back());
-    if (!middle_equal) text += "# torchtitan has no knob for this split's middle stages; its stages differ from megaplan's\n";
+    if (!middle_equal)
+      text += "# torchtitan has no knob for this split's middle stages; its stages differ from megaplan's\n";
     text += "# megaplan's exact order: megaplan schedule --kind " + to_string(plan.schedule) + " --pp " +
-            std::to_string(plan.pipeline_parallel_size) + " --vpp " + std::to_string(plan.virtual_pipeline_parallel_size) +
-            " --microbatches " + std::to_string(plan.num_microbatches()) +
+            std::to_string(plan.pipeline_parallel_size) + " --vpp " +
+            std::to_string(plan.virtual_pipeline_parallel_size) + " --microbatches " +
+            std::to_string(plan.num_microbatches()) +
             " --format csv > schedule.csv, then pipeline_parallel_schedule_csv = \"schedule.csv\"\n";
   }
 

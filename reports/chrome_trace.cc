@@ -51,20 +51,13 @@ void add_memory_counters(const Timeline& timeline, const JobSpec& job, nlohmann:
   };
   const auto add_part = [&](std::vector<Change>& rank, const Action& part, double start, double end) {
     switch (part.kind) {
-      case ActionKind::kForward:
-        rank.push_back({start, stage_bytes(part.stage).activation});
-        break;
-      case ActionKind::kBackward:
-        rank.push_back({end, -stage_bytes(part.stage).activation});
-        break;
+      case ActionKind::kForward: rank.push_back({start, stage_bytes(part.stage).activation}); break;
+      case ActionKind::kBackward: rank.push_back({end, -stage_bytes(part.stage).activation}); break;
       case ActionKind::kBackwardInput:
         rank.push_back({end, -(stage_bytes(part.stage).activation - stage_bytes(part.stage).weight_gradient_input)});
         break;
-      case ActionKind::kBackwardWeight:
-        rank.push_back({end, -stage_bytes(part.stage).weight_gradient_input});
-        break;
-      default:
-        break;
+      case ActionKind::kBackwardWeight: rank.push_back({end, -stage_bytes(part.stage).weight_gradient_input}); break;
+      default: break;
     }
   };
   for (const TimelineSlice& slice : timeline.slices) {
@@ -82,8 +75,12 @@ void add_memory_counters(const Timeline& timeline, const JobSpec& job, nlohmann:
     std::vector<Change>& list = changes[rank];
     std::stable_sort(list.begin(), list.end(), [](const Change& a, const Change& b) { return a.time < b.time; });
     const auto counter = [&](double time, int64_t activations) {
-      events.push_back({{"name", "memory"}, {"ph", "C"}, {"ts", time * 1e6}, {"pid", rank},
-                        {"args", {{"model state GiB", gib(state)}, {"activations GiB", gib(static_cast<double>(activations))}}}});
+      events.push_back(
+          {{"name", "memory"},
+           {"ph", "C"},
+           {"ts", time * 1e6},
+           {"pid", rank},
+           {"args", {{"model state GiB", gib(state)}, {"activations GiB", gib(static_cast<double>(activations))}}}});
     };
     int64_t activations = 0;
     counter(0, 0);
@@ -137,7 +134,8 @@ nlohmann::json chrome_trace(const Timeline& timeline, const JobSpec* job, bool c
     if (action.microbatch >= 0) args["microbatch"] = action.microbatch;
     if (job && action.kind != ActionKind::kOptimizer && action.stage < job->plan.num_virtual_stages()) {
       const StageLayers layers = stage_layers(action.stage, job->model, job->plan);
-      args["layers"] = std::to_string(layers.first_layer) + "-" + std::to_string(layers.first_layer + layers.num_layers - 1);
+      args["layers"] =
+          std::to_string(layers.first_layer) + "-" + std::to_string(layers.first_layer + layers.num_layers - 1);
       const ActionWork done = action_work(work, action);
       if (done.flops > 0) args["flops"] = done.flops;
       if (done.bytes > 0) args["bytes"] = done.bytes;
@@ -160,10 +158,21 @@ nlohmann::json chrome_trace(const Timeline& timeline, const JobSpec* job, bool c
   for (const auto& [send, receive] : message_pairs(slices)) {
     const TimelineSlice& slice = *slices[send];
     const TimelineSlice& to = *slices[receive];
-    events.push_back({{"name", "message"}, {"cat", "pipeline"}, {"ph", "s"}, {"id", flow}, {"ts", slice.start_s * 1e6},
-                      {"pid", slice.pipeline_rank}, {"tid", static_cast<int>(slice.stream)}});
-    events.push_back({{"name", "message"}, {"cat", "pipeline"}, {"ph", "f"}, {"bp", "e"}, {"id", flow},
-                      {"ts", to.start_s * 1e6}, {"pid", to.pipeline_rank}, {"tid", static_cast<int>(to.stream)}});
+    events.push_back({{"name", "message"},
+                      {"cat", "pipeline"},
+                      {"ph", "s"},
+                      {"id", flow},
+                      {"ts", slice.start_s * 1e6},
+                      {"pid", slice.pipeline_rank},
+                      {"tid", static_cast<int>(slice.stream)}});
+    events.push_back({{"name", "message"},
+                      {"cat", "pipeline"},
+                      {"ph", "f"},
+                      {"bp", "e"},
+                      {"id", flow},
+                      {"ts", to.start_s * 1e6},
+                      {"pid", to.pipeline_rank},
+                      {"tid", static_cast<int>(to.stream)}});
     ++flow;
   }
   if (job) add_memory_counters(timeline, *job, events);
@@ -171,12 +180,15 @@ nlohmann::json chrome_trace(const Timeline& timeline, const JobSpec* job, bool c
   std::set<int32_t> ranks;
   for (const auto& [rank, thread] : tracks) {
     if (ranks.insert(rank).second) {
-      events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", rank},
+      events.push_back({{"name", "process_name"},
+                        {"ph", "M"},
+                        {"pid", rank},
                         {"args", {{"name", "pipeline rank " + std::to_string(rank)}}}});
     }
     const std::string name =
         thread == kCollectiveThread ? kCollectiveCategory : to_string(static_cast<TimelineStream>(thread));
-    events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", rank}, {"tid", thread}, {"args", {{"name", name}}}});
+    events.push_back(
+        {{"name", "thread_name"}, {"ph", "M"}, {"pid", rank}, {"tid", thread}, {"args", {{"name", name}}}});
   }
   nlohmann::json metadata = {{"source", timeline.source}, {"megaplan", kVersion}};
   if (job) {
@@ -235,7 +247,8 @@ Timeline timeline_from_chrome_trace(const nlohmann::json& trace, const std::stri
     TimelineSlice slice;
     slice.action = parse_action(field_of<std::string>(event, "name", where), where + ": name");
     const int64_t rank = field_of<int64_t>(event, "pid", where);
-    if (rank < 0 || rank > std::numeric_limits<int32_t>::max()) throw SpecError(where + ": pid", "must be a pipeline rank >= 0");
+    if (rank < 0 || rank > std::numeric_limits<int32_t>::max())
+      throw SpecError(where + ": pid", "must be a pipeline rank >= 0");
     slice.pipeline_rank = static_cast<int32_t>(rank);
     slice.stream = stream_of(slice.action.kind);
     const int64_t thread = field_of<int64_t>(event, "tid", where);

@@ -23,10 +23,10 @@ namespace megaplan {
 namespace {
 
 // The order of timeline.kinds in the page: an action kind's index.
-constexpr ActionKind kKinds[] = {ActionKind::kForward,      ActionKind::kBackward,     ActionKind::kBackwardInput,
-                                 ActionKind::kBackwardWeight, ActionKind::kSendForward,  ActionKind::kRecvForward,
-                                 ActionKind::kSendBackward,  ActionKind::kRecvBackward, ActionKind::kReduceGrad,
-                                 ActionKind::kOptimizer,     ActionKind::kOverlapForwardBackward};
+constexpr ActionKind kKinds[] = {
+    ActionKind::kForward,     ActionKind::kBackward,    ActionKind::kBackwardInput,         ActionKind::kBackwardWeight,
+    ActionKind::kSendForward, ActionKind::kRecvForward, ActionKind::kSendBackward,          ActionKind::kRecvBackward,
+    ActionKind::kReduceGrad,  ActionKind::kOptimizer,   ActionKind::kOverlapForwardBackward};
 
 int kind_index(ActionKind kind) {
   return static_cast<int>(std::find(std::begin(kKinds), std::end(kKinds), kind) - std::begin(kKinds));
@@ -79,12 +79,12 @@ nlohmann::json memory_json(const PlanReport& report) {
   nlohmann::json ranks = nlohmann::json::array();
   for (const PipelineRankMemory& rank : report.memory) {
     const std::pair<const char*, int64_t> parts[] = {{"weights", rank.weight_bytes},
-                                                      {"gradients", rank.gradient_bytes},
-                                                      {"optimizer state", rank.optimizer_bytes},
-                                                      {"activations", rank.activation_bytes},
-                                                      {"logits and transient", rank.transient_bytes},
-                                                      {"allocator overhead", rank.allocator_overhead_bytes},
-                                                      {"runtime reserve", rank.runtime_reserve_bytes}};
+                                                     {"gradients", rank.gradient_bytes},
+                                                     {"optimizer state", rank.optimizer_bytes},
+                                                     {"activations", rank.activation_bytes},
+                                                     {"logits and transient", rank.transient_bytes},
+                                                     {"allocator overhead", rank.allocator_overhead_bytes},
+                                                     {"runtime reserve", rank.runtime_reserve_bytes}};
     nlohmann::json list = nlohmann::json::array();
     for (const auto& [name, bytes] : parts) list.push_back({{"name", name}, {"bytes", bytes}});
     ranks.push_back({{"rank", rank.pipeline_rank},
@@ -115,8 +115,8 @@ nlohmann::json timeline_json(const Timeline& timeline, const JobSpec& job, doubl
       rows.push_back({{"rank", slice.pipeline_rank}, {"stream", to_string(slice.stream)}});
     }
     const Action& action = slice.action;
-    compact.push_back({rows.size() - 1, rounded(slice.start_s), rounded(slice.end_s - slice.start_s), kind_index(action.kind),
-                       action.stage, action.microbatch});
+    compact.push_back({rows.size() - 1, rounded(slice.start_s), rounded(slice.end_s - slice.start_s),
+                       kind_index(action.kind), action.stage, action.microbatch});
     span = std::max(span, slice.end_s);
   }
   nlohmann::json arrows = nlohmann::json::array();
@@ -184,7 +184,8 @@ nlohmann::json alternative_json(const nlohmann::json& plan, const std::string& w
                     cp == chosen.context_parallel_size && dp == chosen.data_parallel_size &&
                     vpp == chosen.virtual_pipeline_parallel_size && mbs == chosen.micro_batch_size &&
                     schedule == to_string(chosen.schedule) && recompute == to_string(chosen.recompute_granularity) &&
-                    sequence_parallel == chosen.sequence_parallel && distributed_optimizer == chosen.use_distributed_optimizer;
+                    sequence_parallel == chosen.sequence_parallel &&
+                    distributed_optimizer == chosen.use_distributed_optimizer;
   return {{"rank", rank},
           {"label", label},
           {"iteration_time_s", iteration},
@@ -209,8 +210,8 @@ nlohmann::json alternatives_json(const PlanReport& report) {
   }
   nlohmann::json plans = nlohmann::json::array();
   for (std::size_t i = 0; i < search.at("plans").size(); ++i) {
-    plans.push_back(alternative_json(search.at("plans")[i], source + ": plans[" + std::to_string(i) + "]", i + 1,
-                                     report.job.plan));
+    plans.push_back(
+        alternative_json(search.at("plans")[i], source + ": plans[" + std::to_string(i) + "]", i + 1, report.job.plan));
   }
   // Faster layouts the memory limit refused: shown, marked, after the ranking.
   if (search.contains("over_memory")) {
@@ -289,7 +290,8 @@ std::string render_html_report(const nlohmann::json& data) {
   std::string page(report_template_html());
   // "</" inside a script element would end it early: JSON strings carry it as "<\/".
   std::string json = data.dump();
-  for (std::size_t at = json.find("</"); at != std::string::npos; at = json.find("</", at + 3)) json.insert(at + 1, "\\");
+  for (std::size_t at = json.find("</"); at != std::string::npos; at = json.find("</", at + 3))
+    json.insert(at + 1, "\\");
   replace_placeholder(page, "/*MEGAPLAN_D3*/", std::string(d3_min_js()));
   replace_placeholder(page, "/*MEGAPLAN_DATA*/", "window.MEGAPLAN = " + json + ";");
   return page;

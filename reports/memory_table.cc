@@ -1,14 +1,14 @@
 #include "reports/memory_table.h"
 
-#include "reports/text_table.h"
 #include "core/units.h"
+#include "reports/text_table.h"
 
 namespace megaplan {
 
 std::string memory_table(const std::vector<PipelineRankMemory>& memory) {
   const auto gib = [](int64_t bytes) { return gib_number(static_cast<double>(bytes)); };
-  TextTable table({"rank", "weights", "gradients", "optimizer", "activations", "transient", "allocator", "reserve",
-                   "total GiB"});
+  TextTable table(
+      {"rank", "weights", "gradients", "optimizer", "activations", "transient", "allocator", "reserve", "total GiB"});
   for (const PipelineRankMemory& rank : memory) {
     table.add_row({std::to_string(rank.pipeline_rank), gib(rank.weight_bytes), gib(rank.gradient_bytes),
                    gib(rank.optimizer_bytes), gib(rank.activation_bytes), gib(rank.transient_bytes),

@@ -41,7 +41,7 @@ nlohmann::json without_keys(nlohmann::json object, std::initializer_list<const c
 
 // `search`'s `section` object's `key`, which must be an object (spec) or an integer (gpus).
 const nlohmann::json& recorded_field(const nlohmann::json& search, const std::string& source, const char* section,
-                               const char* key, bool integer) {
+                                     const char* key, bool integer) {
   const nlohmann::json& value = search.at(section);
   if (!value.is_object() || !value.contains(key) ||
       (integer ? !value.at(key).is_number_integer() : !value.at(key).is_object())) {
@@ -55,15 +55,17 @@ const nlohmann::json& recorded_field(const nlohmann::json& search, const std::st
 
 nlohmann::json search_provenance(const ModelSpec& model, const ClusterSpec& cluster, Implementation implementation,
                                  const ImplementationOptions& options) {
-  return {{"model", {{"name", model.name}, {"spec", model_spec_to_json(model)}}},
-          {"cluster", {{"name", cluster.name}, {"gpus", cluster.total_gpus()}, {"spec", cluster_spec_to_json(cluster)}}},
-          {"implementation", {{"name", to_string(implementation)}, {"options", implementation_options_to_json(options)}}}};
+  return {
+      {"model", {{"name", model.name}, {"spec", model_spec_to_json(model)}}},
+      {"cluster", {{"name", cluster.name}, {"gpus", cluster.total_gpus()}, {"spec", cluster_spec_to_json(cluster)}}},
+      {"implementation", {{"name", to_string(implementation)}, {"options", implementation_options_to_json(options)}}}};
 }
 
 void check_search_provenance(const nlohmann::json& search, const std::string& source, const JobSpec& job) {
   if (!search.is_object() || !search.contains("model") || !search.contains("cluster")) {
-    throw SpecError("--search", source + " records no model and cluster (a search written before megaplan recorded "
-                                         "them), so it cannot be matched to this plan: re-run `megaplan search --json`");
+    throw SpecError("--search", source +
+                                    " records no model and cluster (a search written before megaplan recorded "
+                                    "them), so it cannot be matched to this plan: re-run `megaplan search --json`");
   }
   const nlohmann::json& model = recorded_field(search, source, "model", "spec", false);
   const std::string searched_model = search.at("model").value("name", std::string("?"));
@@ -79,10 +81,12 @@ void check_search_provenance(const nlohmann::json& search, const std::string& so
   if (gpus != job.cluster.total_gpus()) {
     const auto count = [](int64_t n) { return std::to_string(n) + (n == 1 ? " GPU" : " GPUs"); };
     throw SpecError("--search", source + " is a search of " + count(gpus) + " of " + searched_cluster +
-                                    "; this plan runs on " + count(job.cluster.total_gpus()) + " of " + job.cluster.name);
+                                    "; this plan runs on " + count(job.cluster.total_gpus()) + " of " +
+                                    job.cluster.name);
   }
-  if (const std::optional<std::string> difference = first_difference(
-          without_keys(cluster, {"name", "source"}), without_keys(cluster_spec_to_json(job.cluster), {"name", "source"}), "")) {
+  if (const std::optional<std::string> difference =
+          first_difference(without_keys(cluster, {"name", "source"}),
+                           without_keys(cluster_spec_to_json(job.cluster), {"name", "source"}), "")) {
     throw SpecError("--search", source + " is a search of another cluster" +
                                     (searched_cluster == job.cluster.name ? "" : " (" + searched_cluster + ")") +
                                     " than this plan's " + job.cluster.name + ": " + *difference);

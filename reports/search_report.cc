@@ -36,7 +36,11 @@ nlohmann::json plan_json(const RankedPlan& ranked, int64_t memory_limit) {
 // 1st, 2nd, 3rd, 4th, ..., 11th, 12th, 13th, ..., 21st.
 std::string ordinal(int64_t n) {
   const int64_t tens = n % 100;
-  const char* suffix = (tens >= 11 && tens <= 13) ? "th" : n % 10 == 1 ? "st" : n % 10 == 2 ? "nd" : n % 10 == 3 ? "rd" : "th";
+  const char* suffix = (tens >= 11 && tens <= 13) ? "th"
+                       : n % 10 == 1              ? "st"
+                       : n % 10 == 2              ? "nd"
+                       : n % 10 == 3              ? "rd"
+                                                  : "th";
   return std::to_string(n) + suffix;
 }
 
@@ -47,8 +51,9 @@ void write_ranking(const SearchRun& run, const planner::SearchResult& result, bo
   if (compare) {
     out << job.model.name << " on " << job.cluster.total_gpus() << " x " << job.cluster.gpu.name << ", gbs "
         << run.global_batch_size << ", seq " << job.model.seq_length << ": " << counts.enumerated
-        << " layouts compared, fitting or not (memory limit " << format_gib(static_cast<double>(result.memory_limit_bytes))
-        << " per GPU); " << format_fixed(run.seconds, 3) << " s\n\n"
+        << " layouts compared, fitting or not (memory limit "
+        << format_gib(static_cast<double>(result.memory_limit_bytes)) << " per GPU); " << format_fixed(run.seconds, 3)
+        << " s\n\n"
         << ranked_plans_table(result.plans, std::nullopt, result.memory_limit_bytes);
     return;
   }
@@ -57,8 +62,8 @@ void write_ranking(const SearchRun& run, const planner::SearchResult& result, bo
       << format_gib(static_cast<double>(result.memory_limit_bytes)) << " per GPU\n";
   out << counts.enumerated << " plans: " << counts.pruned_model_state << " over the limit on model state alone, "
       << counts.pruned_activations << " with activations, " << counts.pruned_by_bound << " cannot beat the "
-      << ordinal(run.top) << " best (lower bound); " << counts.simulated
-      << " simulated; " << format_fixed(run.seconds, 3) << " s on " << run.threads << " threads ("
+      << ordinal(run.top) << " best (lower bound); " << counts.simulated << " simulated; "
+      << format_fixed(run.seconds, 3) << " s on " << run.threads << " threads ("
       << format_count(static_cast<double>(counts.enumerated) / std::max(run.seconds, 1e-9)) << " plans/s)\n\n";
   // Plans that differ only in a switch and that the profile cannot tell apart share a row.
   out << ranked_plans_table(result.plans, std::nullopt, std::nullopt, run.profile.uncertainty());
@@ -71,11 +76,13 @@ void write_ranking(const SearchRun& run, const planner::SearchResult& result, bo
 
 }  // namespace
 
-nlohmann::json search_json(const SearchRun& run, const planner::SearchResult& result, const planner::SearchSpace& space) {
+nlohmann::json search_json(const SearchRun& run, const planner::SearchResult& result,
+                           const planner::SearchSpace& space) {
   nlohmann::json plans = nlohmann::json::array();
   for (const RankedPlan& ranked : result.plans) plans.push_back(plan_json(ranked, result.memory_limit_bytes));
   nlohmann::json over_memory = nlohmann::json::array();
-  for (const RankedPlan& ranked : result.over_memory) over_memory.push_back(plan_json(ranked, result.memory_limit_bytes));
+  for (const RankedPlan& ranked : result.over_memory)
+    over_memory.push_back(plan_json(ranked, result.memory_limit_bytes));
   nlohmann::json json = {{"plans", std::move(plans)},
                          {"over_memory", std::move(over_memory)},
                          {"counts",
@@ -100,10 +107,9 @@ void write_search_text(const SearchRun& run, const planner::SearchResult& result
   const double uncertainty = run.profile.uncertainty();
   out << "code (" << options.picked << "): " << describe_implementation(run.job.plan) << "\n";
   out << "profile: " << sim::describe_profile(run.profile) << "\n";
-  out << (uncertainty > 0
-              ? "ties: plans marked \"tie\" are predicted within the profile's stated uncertainty (" +
-                    format_percent(uncertainty) + ") of #1; the simulator cannot rank them apart\n"
-              : std::string("ties: the profile states no uncertainty, so no plan is marked as a tie\n"));
+  out << (uncertainty > 0 ? "ties: plans marked \"tie\" are predicted within the profile's stated uncertainty (" +
+                                format_percent(uncertainty) + ") of #1; the simulator cannot rank them apart\n"
+                          : std::string("ties: the profile states no uncertainty, so no plan is marked as a tie\n"));
   if (options.explain) out << "\n" << winner_explanation(result.plans, result.memory_limit_bytes);
 }
 

@@ -26,7 +26,8 @@ struct SearchRun {
   const sim::Profile& profile;
 };
 
-nlohmann::json search_json(const SearchRun& run, const planner::SearchResult& result, const planner::SearchSpace& space);
+nlohmann::json search_json(const SearchRun& run, const planner::SearchResult& result,
+                           const planner::SearchSpace& space);
 
 struct SearchTextOptions {
   bool compare = false;  // every candidate costed: the table alone

@@ -3,8 +3,8 @@
 #include <cmath>
 #include <tuple>
 
-#include "reports/text_table.h"
 #include "core/units.h"
+#include "reports/text_table.h"
 
 namespace megaplan {
 
@@ -14,8 +14,8 @@ namespace {
 std::string split_cell(const PipelineSplit& split) {
   if (split.even()) return "even";
   if (split.account_for_embedding || split.account_for_loss) {
-    return std::string(split.account_for_embedding ? "emb" : "") + (split.account_for_embedding && split.account_for_loss ? "+" : "") +
-           (split.account_for_loss ? "loss" : "");
+    return std::string(split.account_for_embedding ? "emb" : "") +
+           (split.account_for_embedding && split.account_for_loss ? "+" : "") + (split.account_for_loss ? "loss" : "");
   }
   return describe_pipeline_split(split);
 }
@@ -59,21 +59,21 @@ bool structurally_different(const ParallelPlan& a, const ParallelPlan& b) {
   switched.sequence_parallel = a.sequence_parallel;
   switched.use_distributed_optimizer = a.use_distributed_optimizer;
   const auto key = [](const ParallelPlan& plan) {
-    return std::tuple(plan.tensor_parallel_size, plan.pipeline_parallel_size, plan.context_parallel_size,
-                      plan.data_parallel_size, plan.virtual_pipeline_parallel_size, plan.micro_batch_size,
-                      plan.global_batch_size, plan.sequence_parallel, plan.use_distributed_optimizer,
-                      plan.recompute_granularity, plan.schedule, plan.recompute_method, plan.recompute_num_layers,
-                      plan.pipeline_split.first_stage_layers, plan.pipeline_split.last_stage_layers,
-                      plan.pipeline_split.account_for_embedding, plan.pipeline_split.account_for_loss,
-                      plan.implementation);
+    return std::tuple(
+        plan.tensor_parallel_size, plan.pipeline_parallel_size, plan.context_parallel_size, plan.data_parallel_size,
+        plan.virtual_pipeline_parallel_size, plan.micro_batch_size, plan.global_batch_size, plan.sequence_parallel,
+        plan.use_distributed_optimizer, plan.recompute_granularity, plan.schedule, plan.recompute_method,
+        plan.recompute_num_layers, plan.pipeline_split.first_stage_layers, plan.pipeline_split.last_stage_layers,
+        plan.pipeline_split.account_for_embedding, plan.pipeline_split.account_for_loss, plan.implementation);
   };
   return key(a) != key(switched) || !(a.options == switched.options);
 }
 
 std::string ranked_plans_table(const std::vector<RankedPlan>& plans, std::optional<double> best_s,
                                std::optional<int64_t> memory_limit_bytes, std::optional<double> collapse_within) {
-  std::vector<std::string> header = {"#", "tp", "pp", "dp", "cp", "vpp", "split", "mbs", "recompute", "sp", "dist-opt",
-                                     "schedule", "iteration s", "TFLOP/s/GPU", "MFU", "peak memory", "vs #1"};
+  std::vector<std::string> header = {"#",           "tp",          "pp",        "dp",          "cp",       "vpp",
+                                     "split",       "mbs",         "recompute", "sp",          "dist-opt", "schedule",
+                                     "iteration s", "TFLOP/s/GPU", "MFU",       "peak memory", "vs #1"};
   if (memory_limit_bytes) header.push_back("fits");
   TextTable table(std::move(header));
   if (plans.empty()) return table.render();
@@ -88,19 +88,26 @@ std::string ranked_plans_table(const std::vector<RankedPlan>& plans, std::option
       ranks += (ranks.empty() ? "" : ",") + std::to_string(member + 1);
       variants.push_back(&plans[member].plan);
     }
-    std::vector<std::string> row = {ranks, std::to_string(plan.tensor_parallel_size),
-                   std::to_string(plan.pipeline_parallel_size), std::to_string(plan.data_parallel_size),
-                   std::to_string(plan.context_parallel_size), std::to_string(plan.virtual_pipeline_parallel_size),
-                   split_cell(plan.pipeline_split),
-                   std::to_string(plan.micro_batch_size), to_string(plan.recompute_granularity),
-                   switch_cell(variants, &ParallelPlan::sequence_parallel),
-                   switch_cell(variants, &ParallelPlan::use_distributed_optimizer),
-                   to_string(plan.schedule), format_fixed(ranked.estimate.iteration_time_s, 3),
-                   format_fixed(ranked.estimate.model_tflops_per_gpu, 1), format_percent(ranked.estimate.mfu),
-                   format_gib(static_cast<double>(ranked.peak_memory_bytes)),
-                   i == 0 && !best_s ? ""
-                                     : format_percent(ranked.estimate.iteration_time_s / best - 1, true) +
-                                           (ranked.tie ? " tie" : "")};
+    std::vector<std::string> row = {
+        ranks,
+        std::to_string(plan.tensor_parallel_size),
+        std::to_string(plan.pipeline_parallel_size),
+        std::to_string(plan.data_parallel_size),
+        std::to_string(plan.context_parallel_size),
+        std::to_string(plan.virtual_pipeline_parallel_size),
+        split_cell(plan.pipeline_split),
+        std::to_string(plan.micro_batch_size),
+        to_string(plan.recompute_granularity),
+        switch_cell(variants, &ParallelPlan::sequence_parallel),
+        switch_cell(variants, &ParallelPlan::use_distributed_optimizer),
+        to_string(plan.schedule),
+        format_fixed(ranked.estimate.iteration_time_s, 3),
+        format_fixed(ranked.estimate.model_tflops_per_gpu, 1),
+        format_percent(ranked.estimate.mfu),
+        format_gib(static_cast<double>(ranked.peak_memory_bytes)),
+        i == 0 && !best_s
+            ? ""
+            : format_percent(ranked.estimate.iteration_time_s / best - 1, true) + (ranked.tie ? " tie" : "")};
     if (memory_limit_bytes) row.push_back(ranked.peak_memory_bytes <= *memory_limit_bytes ? "yes" : "no");
     table.add_row(std::move(row));
   }

@@ -74,8 +74,8 @@ void write_simulation_text(const JobSpec& job, const sim::Profile& profile, cons
   out << job.model.name << " on " << plan.world_size() << " x " << job.cluster.gpu.name << ": " << describe_plan(plan)
       << " (" << plan.num_microbatches() << " microbatches per replica)\n";
   const double tokens = static_cast<double>(plan.global_batch_size * job.model.seq_length);
-  out << "iteration  " << seconds(result.iteration_time_s) << " s, "
-      << format_count(tokens / result.iteration_time_s) << " tokens/s\n";
+  out << "iteration  " << seconds(result.iteration_time_s) << " s, " << format_count(tokens / result.iteration_time_s)
+      << " tokens/s\n";
   out << "compute    " << seconds(simulation.model_tflops_per_gpu) << " model TFLOP/s per GPU ("
       << seconds(simulation.hardware_tflops_per_gpu) << " with recomputation), MFU " << format_percent(simulation.mfu)
       << " of " << format_flops(job.cluster.gpu.dense_bf16_flops_per_s) << "/s dense bf16\n";
@@ -84,8 +84,7 @@ void write_simulation_text(const JobSpec& job, const sim::Profile& profile, cons
   const auto [rank, shortfall] = fullest_rank(simulation);
   out << "memory     peak " << format_gib(static_cast<double>(simulation.peak_memory_bytes)) << " (pipeline rank "
       << rank << ") of " << format_gib(static_cast<double>(simulation.memory_capacity_bytes)) << ": "
-      << (simulation.fits_in_memory ? "fits"
-                                    : "does not fit, short by " + format_gib(static_cast<double>(shortfall)))
+      << (simulation.fits_in_memory ? "fits" : "does not fit, short by " + format_gib(static_cast<double>(shortfall)))
       << "\n";
   const int64_t lookups = simulation.sources.table + simulation.sources.fallback;
   out << "profile    " << sim::describe_profile(profile) << "\n           " << simulation.sources.fallback << " of "
@@ -97,8 +96,7 @@ void write_simulation_text(const JobSpec& job, const sim::Profile& profile, cons
     const PipelineRankMemory& memory = simulation.memory[r];
     table.add_row({std::to_string(r), seconds(times.compute_s), seconds(times.collective_s),
                    seconds(times.pipeline_comm_s), seconds(times.data_parallel_comm_s), seconds(times.idle_s),
-                   std::to_string(memory.peak_inflight_microbatches),
-                   gib(memory.total_bytes)});
+                   std::to_string(memory.peak_inflight_microbatches), gib(memory.total_bytes)});
   }
   out << table.render();
   out << "\nmemory per pipeline rank at its peak, GiB (activations: the schedule's in-flight microbatches; "

@@ -27,7 +27,8 @@ void TextTable::add_row(std::vector<std::string> row) {
 std::string TextTable::render() const {
   std::vector<std::size_t> widths(rows_.front().size(), 0);
   for (const auto& row : rows_) {
-    for (std::size_t column = 0; column < row.size(); ++column) widths[column] = std::max(widths[column], row[column].size());
+    for (std::size_t column = 0; column < row.size(); ++column)
+      widths[column] = std::max(widths[column], row[column].size());
   }
   std::string out;
   for (const auto& row : rows_) {

@@ -15,8 +15,8 @@ namespace megaplan {
 
 struct KindComparison {
   ActionKind kind = ActionKind::kForward;
-  int64_t count = 0;         // actions of this kind on the rank
-  double simulated_s = 0;    // their durations, summed
+  int64_t count = 0;       // actions of this kind on the rank
+  double simulated_s = 0;  // their durations, summed
   double measured_s = 0;
 };
 

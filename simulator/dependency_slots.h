@@ -13,7 +13,8 @@ namespace megaplan::sim {
 class DependencySlots {
  public:
   explicit DependencySlots(const ScheduleShape& shape)
-      : stages_(static_cast<std::size_t>(shape.num_stages)), microbatches_(static_cast<std::size_t>(shape.microbatches)) {}
+      : stages_(static_cast<std::size_t>(shape.num_stages)),
+        microbatches_(static_cast<std::size_t>(shape.microbatches)) {}
   static constexpr std::size_t kNone = SIZE_MAX;
   std::size_t size() const { return kSlots * stages_ * microbatches_; }
   // Receives alone (RECV_F, RECV_B), for the arrays only transfers use.
@@ -34,18 +35,12 @@ class DependencySlots {
   static constexpr std::size_t kSlots = 5;
   static std::size_t slot_of(ActionKind kind) {
     switch (kind) {
-      case ActionKind::kForward:
-        return 0;
-      case ActionKind::kBackwardInput:
-        return 1;
-      case ActionKind::kBackwardWeight:
-        return 2;
-      case ActionKind::kRecvForward:
-        return 3;
-      case ActionKind::kRecvBackward:
-        return 4;
-      default:
-        return kNone;
+      case ActionKind::kForward: return 0;
+      case ActionKind::kBackwardInput: return 1;
+      case ActionKind::kBackwardWeight: return 2;
+      case ActionKind::kRecvForward: return 3;
+      case ActionKind::kRecvBackward: return 4;
+      default: return kNone;
     }
   }
   std::size_t stages_;

@@ -27,7 +27,8 @@ struct RankState {
   std::array<std::vector<uint32_t>, kStreams> queue;  // action indices per stream, in order
   std::array<std::size_t, kStreams> head{};
   std::array<double, kStreams> free{};
-  std::array<std::size_t, kStreams> waiting_on{DependencySlots::kNone, DependencySlots::kNone, DependencySlots::kNone, DependencySlots::kNone};
+  std::array<std::size_t, kStreams> waiting_on{DependencySlots::kNone, DependencySlots::kNone, DependencySlots::kNone,
+                                               DependencySlots::kNone};
   int64_t pending = 0;  // completions pushed but not yet taken off the heap
   double compute_busy_in_pipeline = 0;
   double end = 0;
@@ -37,8 +38,15 @@ struct RankState {
 class Engine {
  public:
   Engine(const PipelineSchedule& schedule, const ActionCosts& costs, bool record)
-      : schedule_(schedule), shape_(schedule.shape), costs_(costs), record_(record), index_(shape_), stage_ranks_(rank_of_each_stage(shape_)),
-        done_(index_.size(), kUnknown), started_(index_.size(), kUnknown), transfers_(index_.message_size()),
+      : schedule_(schedule),
+        shape_(schedule.shape),
+        costs_(costs),
+        record_(record),
+        index_(shape_),
+        stage_ranks_(rank_of_each_stage(shape_)),
+        done_(index_.size(), kUnknown),
+        started_(index_.size(), kUnknown),
+        transfers_(index_.message_size()),
         weight_gradients_(static_cast<std::size_t>(shape_.num_stages)),
         ranks_(schedule.ranks.size()) {
     for (std::size_t rank = 0; rank < ranks_.size(); ++rank) {
@@ -89,12 +97,11 @@ class Engine {
         advance_stream(TimelineStream::kCompute);
         advance_stream(TimelineStream::kSend);
         const ActionKind kind = schedule_.ranks[rank][completion.step].kind;
-        if (kind != ActionKind::kForward && kind != ActionKind::kBackwardInput) advance_stream(TimelineStream::kDataParallel);
+        if (kind != ActionKind::kForward && kind != ActionKind::kBackwardInput)
+          advance_stream(TimelineStream::kDataParallel);
         return;
       }
-      case TimelineStream::kReceive:
-        advance_stream(TimelineStream::kCompute);
-        return;
+      case TimelineStream::kReceive: advance_stream(TimelineStream::kCompute); return;
       case TimelineStream::kSend:
       case TimelineStream::kDataParallel:
         if (ranks_[rank].pending == 0) advance_stream(TimelineStream::kCompute);
@@ -150,12 +157,8 @@ class Engine {
           started = action.kind == ActionKind::kOptimizer ? start_optimizer(rank) : start_compute(rank, action);
           break;
         case TimelineStream::kSend:
-        case TimelineStream::kReceive:
-          started = reach_message(rank, stream, action);
-          break;
-        case TimelineStream::kDataParallel:
-          started = start_reduction(rank, action);
-          break;
+        case TimelineStream::kReceive: started = reach_message(rank, stream, action); break;
+        case TimelineStream::kDataParallel: started = start_reduction(rank, action); break;
       }
       if (!started) return;
     }
@@ -175,24 +178,17 @@ class Engine {
     ++state.head[stream];
     state.end = std::max(state.end, end);
     if (record_) {
-      result_.timeline.slices.push_back(
-          {static_cast<int32_t>(rank), static_cast<TimelineStream>(stream), schedule_.ranks[rank][step], start, end,
-           collectives});
+      result_.timeline.slices.push_back({static_cast<int32_t>(rank), static_cast<TimelineStream>(stream),
+                                         schedule_.ranks[rank][step], start, end, collectives});
     }
   }
 
   double compute_seconds(const Action& part, double& collectives) const {
     const StageCosts& stage = costs_.stages[static_cast<std::size_t>(part.stage)];
     switch (part.kind) {
-      case ActionKind::kForward:
-        collectives += stage.forward_collectives;
-        return stage.forward;
-      case ActionKind::kBackward:
-        collectives += stage.backward_collectives;
-        return stage.backward;
-      case ActionKind::kBackwardInput:
-        collectives += stage.backward_collectives;
-        return stage.backward_input;
+      case ActionKind::kForward: collectives += stage.forward_collectives; return stage.forward;
+      case ActionKind::kBackward: collectives += stage.backward_collectives; return stage.backward;
+      case ActionKind::kBackwardInput: collectives += stage.backward_collectives; return stage.backward_input;
       default:  // kBackwardWeight
         return stage.backward_weight;
     }
@@ -272,7 +268,8 @@ class Engine {
     if (!begins) return false;
     const Action send = is_send ? action : matching_send(action);
     const StageCosts& sender_stage = costs_.stages[static_cast<std::size_t>(send.stage)];
-    const double transfer = send.kind == ActionKind::kSendForward ? sender_stage.send_forward : sender_stage.send_backward;
+    const double transfer =
+        send.kind == ActionKind::kSendForward ? sender_stage.send_forward : sender_stage.send_backward;
     const double start = *begins;
     started_[index_(receive_key)] = start;
     const auto sender = static_cast<std::size_t>(stage_ranks_[static_cast<std::size_t>(send.stage)]);
@@ -366,9 +363,9 @@ class Engine {
   const bool record_;
   const DependencySlots index_;
   const std::vector<int32_t> stage_ranks_;  // rank_of_each_stage(shape_)
-  std::vector<double> done_;     // by key: when the providing action completed
-  std::vector<double> started_;  // by key: when it started (transfers: when the transfer began)
-  TransferRendezvous transfers_;  // by DependencySlots::message
+  std::vector<double> done_;                // by key: when the providing action completed
+  std::vector<double> started_;             // by key: when it started (transfers: when the transfer began)
+  TransferRendezvous transfers_;            // by DependencySlots::message
   // The receives the last dependencies_done call met (an OVERLAP_F_B waits on two at most).
   std::array<std::size_t, 2> receive_keys_{};
   std::size_t receives_waited_on_ = 0;

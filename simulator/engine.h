@@ -49,8 +49,8 @@ struct StageCosts {
 };
 
 struct ActionCosts {
-  std::vector<StageCosts> stages;  // one per virtual stage
-  std::vector<double> optimizer;   // OPTIM per pipeline rank (with the distributed optimizer's gather)
+  std::vector<StageCosts> stages;             // one per virtual stage
+  std::vector<double> optimizer;              // OPTIM per pipeline rank (with the distributed optimizer's gather)
   bool overlapped_gradient_reduction = true;  // --overlap-grad-reduce
 };
 

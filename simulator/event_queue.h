@@ -33,8 +33,8 @@ class EventQueue {
     ++taken_;
     return completion;
   }
-  double now() const { return now_; }        // the last completion taken
-  int64_t taken() const { return taken_; }   // completions taken so far
+  double now() const { return now_; }       // the last completion taken
+  int64_t taken() const { return taken_; }  // completions taken so far
 
  private:
   std::priority_queue<Completion, std::vector<Completion>, std::greater<>> heap_;

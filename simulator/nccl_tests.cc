@@ -31,8 +31,8 @@ bool parse_number(const std::string& text, Number& value) {
 
 int64_t dtype_bytes(const std::string& type) {
   static const std::map<std::string, int64_t> kBytes = {
-      {"int8", 1},  {"uint8", 1},  {"int32", 4},    {"uint32", 4},   {"int64", 8}, {"uint64", 8},
-      {"half", 2},  {"float", 4},  {"double", 8},   {"bfloat16", 2}, {"fp8_e4m3", 1}, {"fp8_e5m2", 1}};
+      {"int8", 1}, {"uint8", 1}, {"int32", 4},  {"uint32", 4},   {"int64", 8},    {"uint64", 8},
+      {"half", 2}, {"float", 4}, {"double", 8}, {"bfloat16", 2}, {"fp8_e4m3", 1}, {"fp8_e5m2", 1}};
   const auto found = kBytes.find(type);
   return found == kBytes.end() ? 0 : found->second;
 }
@@ -121,7 +121,8 @@ NcclTestsRun read_nccl_tests(const std::string& text, const std::string& file) {
     if (size == count * bytes) {
       op = reduces ? CollectiveOp::kAllReduce : CollectiveOp::kSendRecv;
     } else if (size == count * bytes * run.group_size) {
-      const bool all_to_all = file.find("alltoall") != std::string::npos || file.find("all_to_all") != std::string::npos;
+      const bool all_to_all =
+          file.find("alltoall") != std::string::npos || file.find("all_to_all") != std::string::npos;
       op = reduces ? CollectiveOp::kReduceScatter : all_to_all ? CollectiveOp::kAllToAll : CollectiveOp::kAllGather;
     } else {
       throw fail(where + "size " + std::to_string(size) + " is neither count x type nor count x type x " +
@@ -149,8 +150,8 @@ void replace_link_entries(nlohmann::json& profile, const std::string& table, con
   const bool by_link_only = table == "p2p";
   const auto same = [&](const nlohmann::json& a, const nlohmann::json& b) {
     return a.value("link", "") == b.value("link", "") &&
-           (by_link_only ||
-            (a.value("op", "") == b.value("op", "") && a.value("group_size", int64_t{0}) == b.value("group_size", int64_t{0})));
+           (by_link_only || (a.value("op", "") == b.value("op", "") &&
+                             a.value("group_size", int64_t{0}) == b.value("group_size", int64_t{0})));
   };
   nlohmann::json kept = nlohmann::json::array();
   if (profile.contains(table) && profile[table].is_array()) {
@@ -169,11 +170,15 @@ nlohmann::json with_link_tables(nlohmann::json profile, const std::vector<NcclTe
   for (const NcclTestsRun& run : runs) {
     nlohmann::json fresh = nlohmann::json::array();
     if (run.op == CollectiveOp::kSendRecv) {
-      for (const auto& [bytes, seconds] : run.seconds) fresh.push_back({{"link", run.link}, {"bytes", bytes}, {"seconds", seconds}});
+      for (const auto& [bytes, seconds] : run.seconds)
+        fresh.push_back({{"link", run.link}, {"bytes", bytes}, {"seconds", seconds}});
       replace_link_entries(profile, "p2p", fresh);
     } else {
       for (const auto& [bytes, rate] : run.bus_bandwidth) {
-        fresh.push_back({{"op", to_string(*run.op)}, {"group_size", run.group_size}, {"link", run.link}, {"bytes", bytes},
+        fresh.push_back({{"op", to_string(*run.op)},
+                         {"group_size", run.group_size},
+                         {"link", run.link},
+                         {"bytes", bytes},
                          {"bus_bandwidth_bytes_per_s", rate}});
       }
       replace_link_entries(profile, "collectives", fresh);

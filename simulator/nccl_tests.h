@@ -31,10 +31,10 @@ namespace megaplan::sim {
 
 struct NcclTestsRun {
   std::string file;
-  std::string device;  // the GPU's name as CUDA reports it
+  std::string device;              // the GPU's name as CUDA reports it
   std::optional<CollectiveOp> op;  // send/receive: nccl-tests' sendrecv_perf
   int64_t group_size = 0;
-  std::string link;    // "nvlink" (one host) or "network"
+  std::string link;                                       // "nvlink" (one host) or "network"
   std::vector<std::pair<int64_t, double>> bus_bandwidth;  // (bytes, bytes/s), collectives
   std::vector<std::pair<int64_t, double>> seconds;        // (bytes, s), send/receive
 };

@@ -66,7 +66,8 @@ double SimulatorEstimator::lower_bound_s(const ParallelPlan& plan) const {
   const double forward = layers_per_stage * layer.forward;
   const double backward = layers_per_stage * layer.backward;  // B: never more than I + W
   const auto microbatches = static_cast<double>(plan.num_microbatches());
-  const double rank_work = microbatches * static_cast<double>(plan.virtual_pipeline_parallel_size) * (forward + backward);
+  const double rank_work =
+      microbatches * static_cast<double>(plan.virtual_pipeline_parallel_size) * (forward + backward);
   const double head_work = microbatches * (head.forward + head.backward);
   const double below = static_cast<double>(plan.pipeline_parallel_size - 1);
   const bool v_placement = stage_placement(plan.schedule) == StagePlacement::kV;

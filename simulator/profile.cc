@@ -76,7 +76,8 @@ std::size_t parse_listed(JsonFieldReader& reader, const std::string& key, const 
 }
 
 template <typename Enum, std::size_t N>
-Enum parse_name(JsonFieldReader& reader, const std::string& key, const std::array<std::pair<const char*, Enum>, N>& names) {
+Enum parse_name(JsonFieldReader& reader, const std::string& key,
+                const std::array<std::pair<const char*, Enum>, N>& names) {
   std::array<const char*, N> texts;
   for (std::size_t i = 0; i < N; ++i) texts[i] = names[i].first;
   return names[parse_listed(reader, key, texts)].second;
@@ -90,8 +91,8 @@ Enum parse_name(JsonFieldReader& reader, const std::string& key, const std::arra
   return values[parse_listed(reader, key, texts)];
 }
 
-constexpr std::array<std::pair<const char*, LinkKind>, 2> kLinks = {{{"nvlink", LinkKind::kNvlink},
-                                                                     {"network", LinkKind::kNetwork}}};
+constexpr std::array<std::pair<const char*, LinkKind>, 2> kLinks = {
+    {{"nvlink", LinkKind::kNvlink}, {"network", LinkKind::kNetwork}}};
 
 template <typename Enum, std::size_t N>
 std::string name_of(Enum value, const std::array<std::pair<const char*, Enum>, N>& names) {
@@ -120,12 +121,12 @@ void reject_duplicate(std::map<Key, std::size_t>& seen, const Key& key, const st
 
 RooflineCurve default_roofline_curve() {
   RooflineCurve curve;
-  curve.gemm_max_efficiency = 0.80;            // large bf16 cuBLAS GEMMs
-  curve.gemm_half_efficiency_flops = 1e9;      // a 1 GFLOP GEMM reaches half of that
-  curve.attention_max_efficiency = 0.50;       // FlashAttention-2-class kernels
+  curve.gemm_max_efficiency = 0.80;        // large bf16 cuBLAS GEMMs
+  curve.gemm_half_efficiency_flops = 1e9;  // a 1 GFLOP GEMM reaches half of that
+  curve.attention_max_efficiency = 0.50;   // FlashAttention-2-class kernels
   curve.attention_half_efficiency_flops = 1e9;
-  curve.memory_efficiency = 0.85;              // streaming kernels against HBM peak
-  curve.link_efficiency = 0.80;                // NCCL bus bandwidth against link rate
+  curve.memory_efficiency = 0.85;  // streaming kernels against HBM peak
+  curve.link_efficiency = 0.80;    // NCCL bus bandwidth against link rate
   return curve;
 }
 
@@ -195,7 +196,8 @@ Profile Profile::from_json(const nlohmann::json& json, const std::string& source
       throw SpecError(transferred_reader.field("gpu"), "must name the measured GPU, got \"\"");
     }
   }
-  for (const char* key : {"gemm", "attention", "elementwise", "kernels", "collectives", "p2p", "overlap", "provenance"}) {
+  for (const char* key :
+       {"gemm", "attention", "elementwise", "kernels", "collectives", "p2p", "overlap", "provenance"}) {
     reader.ignore(key);
   }
   reader.reject_unknown_keys();
@@ -209,7 +211,8 @@ Profile Profile::from_json(const nlohmann::json& json, const std::string& source
     const int64_t k = positive_integer(entry, "k");
     const DType dtype = parse_name(entry, "dtype", kDTypes);
     const GemmLayout layout = entry.has("layout") ? parse_name(entry, "layout", kGemmLayouts) : GemmLayout::kForward;
-    const GemmEpilogue epilogue = entry.has("epilogue") ? parse_name(entry, "epilogue", kGemmEpilogues) : GemmEpilogue::kNone;
+    const GemmEpilogue epilogue =
+        entry.has("epilogue") ? parse_name(entry, "epilogue", kGemmEpilogues) : GemmEpilogue::kNone;
     const double seconds = positive(entry, "seconds");
     optional_spread(entry);
     entry.reject_unknown_keys();
@@ -280,7 +283,8 @@ Profile Profile::from_json(const nlohmann::json& json, const std::string& source
     const int64_t bytes = positive_integer(entry, "bytes");
     const double bus_bandwidth = positive(entry, "bus_bandwidth_bytes_per_s");
     entry.reject_unknown_keys();
-    if (group_size < 2) throw SpecError(entry.field("group_size"), "must be at least 2, got " + std::to_string(group_size));
+    if (group_size < 2)
+      throw SpecError(entry.field("group_size"), "must be at least 2, got " + std::to_string(group_size));
     reject_duplicate(collectives_seen, std::tuple{op, group_size, link, bytes}, source, "collectives", i,
                      "op, group_size, link and bytes");
     profile.collectives_[{op, group_size, link}].points.emplace_back(log_of(bytes), std::log(bus_bandwidth));
@@ -316,7 +320,8 @@ Profile Profile::from_json(const nlohmann::json& json, const std::string& source
     double collective = 0;
     const bool collective_measured = entry.read("collective_slowdown", collective);
     entry.reject_unknown_keys();
-    if (group_size < 2) throw SpecError(entry.field("group_size"), "must be at least 2, got " + std::to_string(group_size));
+    if (group_size < 2)
+      throw SpecError(entry.field("group_size"), "must be at least 2, got " + std::to_string(group_size));
     reject_duplicate(overlap_seen, std::tuple{op, link, group_size}, source, "overlap", i, "op, group_size and link");
     profile.compute_slowdown_[{op, link, group_size}] = fraction("compute_slowdown", compute);
     if (collective_measured) {
@@ -326,7 +331,8 @@ Profile Profile::from_json(const nlohmann::json& json, const std::string& source
 
   // Curves are searched by bytes; sorted once here so lookups only bisect.
   std::sort(profile.elementwise_.points.begin(), profile.elementwise_.points.end());
-  for (auto& [name, kernel_curve] : profile.memory_kernels_) std::sort(kernel_curve.points.begin(), kernel_curve.points.end());
+  for (auto& [name, kernel_curve] : profile.memory_kernels_)
+    std::sort(kernel_curve.points.begin(), kernel_curve.points.end());
   for (auto& [key, bus_curve] : profile.collectives_) std::sort(bus_curve.points.begin(), bus_curve.points.end());
   for (Curve& p2p_curve : profile.p2p_) std::sort(p2p_curve.points.begin(), p2p_curve.points.end());
   return profile;
@@ -425,9 +431,10 @@ double Profile::gemm_seconds(GemmLayout layout, GemmEpilogue epilogue, int64_t m
   if (const auto found = gemm_by_layout_.find({dtype, GemmLayout::kForward}); found != gemm_by_layout_.end()) {
     // The product as a forward GEMM of its own shape: dx[m x k] = dy[m x n] W[n x k]; dW[n x k] = dy^T[n x m] x[m x k].
     ++sources.table;
-    const std::array<double, 3> product = layout == GemmLayout::kInputGradient  ? std::array{log_shape[0], log_shape[2], log_shape[1]}
-                                          : layout == GemmLayout::kWeightGradient ? std::array{log_shape[1], log_shape[2], log_shape[0]}
-                                                                                   : log_shape;
+    const std::array<double, 3> product =
+        layout == GemmLayout::kInputGradient    ? std::array{log_shape[0], log_shape[2], log_shape[1]}
+        : layout == GemmLayout::kWeightGradient ? std::array{log_shape[1], log_shape[2], log_shape[0]}
+                                                : log_shape;
     return shape_lookup(found->second, product, flops, memory_floor);
   }
   ++sources.fallback;
@@ -520,8 +527,7 @@ double Profile::kernel_seconds(const Kernel& kernel, CostSources& sources) const
     case KernelKind::kAttentionBackward:
       return attention_backward_seconds(kernel.batch * kernel.heads, kernel.seq, kernel.head_dim, true,
                                         gqa_ratio(kernel), kernel.dropout, sources);
-    default:
-      return memory_kernel_seconds(memory_kernel_class(kernel), kernel_bytes(kernel, 2), sources);
+    default: return memory_kernel_seconds(memory_kernel_class(kernel), kernel_bytes(kernel, 2), sources);
   }
 }
 
@@ -542,7 +548,8 @@ double Profile::collective_seconds(CollectiveOp op, int64_t group_size, int64_t 
     return static_cast<double>(bytes) * factor / std::exp(bus_bandwidth.at(log_bytes));
   }
   ++sources.fallback;
-  const double transfer = static_cast<double>(bytes) * factor / (fallback_link.bandwidth_bytes_per_s * curve_.link_efficiency);
+  const double transfer =
+      static_cast<double>(bytes) * factor / (fallback_link.bandwidth_bytes_per_s * curve_.link_efficiency);
   const double ring = static_cast<double>(ring_steps(op, group_size)) * fallback_link.latency_s + transfer;
   if (op != CollectiveOp::kAllReduce || link != LinkKind::kNetwork) return ring;
   // Across nodes NCCL also runs all-reduce on a (double binary) tree of the nodes: the same bytes
@@ -599,9 +606,9 @@ double bus_bandwidth_factor(CollectiveOp op, int64_t n) {
 ProfileKind Profile::kind() const {
   const bool measured = !gemm_.empty() || !memory_kernels_.empty() || !elementwise_.points.empty() ||
                         !collectives_.empty() || !p2p_[0].points.empty() || !p2p_[1].points.empty() ||
-                        !compute_slowdown_.empty() ||
-                        !attention_forward_[0][0].empty() || !attention_forward_[1][0].empty() ||
-                        !attention_forward_[0][1].empty() || !attention_forward_[1][1].empty();
+                        !compute_slowdown_.empty() || !attention_forward_[0][0].empty() ||
+                        !attention_forward_[1][0].empty() || !attention_forward_[0][1].empty() ||
+                        !attention_forward_[1][1].empty();
   if (!measured) return ProfileKind::kDatasheet;
   return transferred_from_.empty() ? ProfileKind::kMeasured : ProfileKind::kTransferred;
 }

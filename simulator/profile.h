@@ -108,10 +108,10 @@ class Profile {
   // `dropout`: the probabilities dropped inside the kernels (--attention-dropout), answered by the
   // entries measured so; a profile without any answers from those without, counted as a fallback
   // (the draws' cost unmeasured).
-  double attention_forward_seconds(int64_t batch_heads, int64_t seq, int64_t head_dim, bool causal,
-                                   int64_t gqa_ratio, bool dropout, CostSources& sources) const;
-  double attention_backward_seconds(int64_t batch_heads, int64_t seq, int64_t head_dim, bool causal,
-                                    int64_t gqa_ratio, bool dropout, CostSources& sources) const;
+  double attention_forward_seconds(int64_t batch_heads, int64_t seq, int64_t head_dim, bool causal, int64_t gqa_ratio,
+                                   bool dropout, CostSources& sources) const;
+  double attention_backward_seconds(int64_t batch_heads, int64_t seq, int64_t head_dim, bool causal, int64_t gqa_ratio,
+                                    bool dropout, CostSources& sources) const;
   // A memory-bound pass moving `bytes` (reads plus writes).
   double elementwise_seconds(int64_t bytes, CostSources& sources) const;
   // A memory-bound kernel of a class of core's kernel lists (memory_kernel_class) moving `bytes`
@@ -148,8 +148,8 @@ class Profile {
     double at(double log_bytes) const;
   };
 
-  double shape_lookup(const std::vector<ShapePoint>& points, const std::array<double, 3>& log_shape,
-                      double flops, double floor_s) const;
+  double shape_lookup(const std::vector<ShapePoint>& points, const std::array<double, 3>& log_shape, double flops,
+                      double floor_s) const;
   double roofline(double flops, double peak, double max_efficiency, double half_flops, double bytes) const;
   // Measured attention entries by GQA ratio (query heads per key-value head).
   using AttentionTables = std::map<int64_t, std::vector<ShapePoint>>;
@@ -172,10 +172,10 @@ class Profile {
   std::map<std::pair<DType, GemmLayout>, std::vector<ShapePoint>> gemm_by_layout_;
   std::array<AttentionTablesByDropout, 2> attention_forward_;   // by causal, then dropout
   std::array<AttentionTablesByDropout, 2> attention_backward_;  // by causal, then dropout
-  Curve elementwise_;  // log seconds
-  std::map<std::string, Curve> memory_kernels_;  // log seconds over log bytes, by kernel class
+  Curve elementwise_;                                           // log seconds
+  std::map<std::string, Curve> memory_kernels_;                 // log seconds over log bytes, by kernel class
   std::map<std::tuple<CollectiveOp, int64_t, LinkKind>, Curve> collectives_;  // log bus bandwidth
-  std::array<Curve, 2> p2p_;  // log seconds, by LinkKind
+  std::array<Curve, 2> p2p_;                                                  // log seconds, by LinkKind
   // The overlap table's two sides by op (send/receive included), link, group size; each holds
   // only the entries that measured it.
   using SlowdownTable = std::map<std::tuple<CollectiveOp, LinkKind, int64_t>, double>;
@@ -188,8 +188,7 @@ class Profile {
 // time for a group of n.
 double bus_bandwidth_factor(CollectiveOp op, int64_t n);
 
-
-std::string to_string(LinkKind link);    // "nvlink", "network"
+std::string to_string(LinkKind link);     // "nvlink", "network"
 std::string to_string(ProfileKind kind);  // "measured", "transferred", "datasheet"
 
 }  // namespace megaplan::sim

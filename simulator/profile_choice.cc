@@ -30,8 +30,8 @@ Profile choose_profile(const std::optional<std::string>& profile_file, const Gpu
   if (!profile_file) return default_profile(gpu);
   Profile profile = Profile::load(*profile_file);
   if (profile.gpu_name() != gpu.name) {
-    throw SpecError("--profile", *profile_file + " profiles " + profile.gpu_name() + ", but the cluster's GPU is " +
-                                     gpu.name);
+    throw SpecError("--profile",
+                    *profile_file + " profiles " + profile.gpu_name() + ", but the cluster's GPU is " + gpu.name);
   }
   return profile;
 }

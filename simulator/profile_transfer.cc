@@ -81,7 +81,8 @@ nlohmann::json transfer_profile(const nlohmann::json& measured, const std::strin
   profile["device"]["peak_fp32_flops_per_s"] =
       source.device().peak_fp32_flops_per_s * to.dense_bf16_flops_per_s / from.dense_bf16_flops_per_s;
   profile["device"]["memory_bandwidth_bytes_per_s"] = to.hbm_bandwidth_bytes_per_s;
-  profile["uncertainty"] = std::max(source.uncertainty(), same_die ? kSameDieTransferUncertainty : kDatasheetUncertainty);
+  profile["uncertainty"] =
+      std::max(source.uncertainty(), same_die ? kSameDieTransferUncertainty : kDatasheetUncertainty);
   for (nlohmann::json& entry : profile["gemm"]) {
     entry["seconds"] = scaling.compute_time(entry.at("seconds").get<double>(), gemm_tiles(entry));
     entry.erase("spread");
@@ -89,7 +90,8 @@ nlohmann::json transfer_profile(const nlohmann::json& measured, const std::strin
   if (profile.contains("attention") && profile["attention"].is_array()) {
     for (nlohmann::json& entry : profile["attention"]) {
       const int64_t blocks = entry.at("batch_heads").get<int64_t>() * ceil_div(entry.at("seq").get<int64_t>(), kTile);
-      for (const char* key : {"forward_s", "backward_s"}) entry[key] = scaling.compute_time(entry.at(key).get<double>(), blocks);
+      for (const char* key : {"forward_s", "backward_s"})
+        entry[key] = scaling.compute_time(entry.at(key).get<double>(), blocks);
       entry.erase("spread");
     }
   }
@@ -103,15 +105,17 @@ nlohmann::json transfer_profile(const nlohmann::json& measured, const std::strin
   profile.erase("collectives");
   profile.erase("p2p");
   profile.erase("overlap");
-  profile["transferred_from"] = {{"gpu", from.name},
-                                 {"origin", origin},
-                                 {"compute_scale", scaling.compute},
-                                 {"memory_scale", scaling.memory},
-                                 {"streaming_multiprocessors", {from.streaming_multiprocessors, to.streaming_multiprocessors}}};
+  profile["transferred_from"] = {
+      {"gpu", from.name},
+      {"origin", origin},
+      {"compute_scale", scaling.compute},
+      {"memory_scale", scaling.memory},
+      {"streaming_multiprocessors", {from.streaming_multiprocessors, to.streaming_multiprocessors}}};
   profile["source"] = "transferred from " + from.name + " (" + origin + "): GEMM and attention x " +
                       number(scaling.compute) + " with wave quantisation for " +
                       std::to_string(to.streaming_multiprocessors) + " SMs, memory-bound x " + number(scaling.memory) +
-                      ", links from the link model; " + (same_die ? "validated between H100 and H200" : "not validated across architectures");
+                      ", links from the link model; " +
+                      (same_die ? "validated between H100 and H200" : "not validated across architectures");
   return profile;
 }
 

@@ -13,8 +13,8 @@ PlanSimulation simulate_plan(const JobSpec& job, const Profile& profile, bool re
   return simulate_plan(job, profile, Topology(job.cluster), record_timeline);
 }
 
-PlanSimulation simulate_plan(const JobSpec& job, const Profile& profile, const Topology& topology,
-                             bool record_timeline, const PipelineSchedule* imported) {
+PlanSimulation simulate_plan(const JobSpec& job, const Profile& profile, const Topology& topology, bool record_timeline,
+                             const PipelineSchedule* imported) {
   PlanSimulation simulation;
   const PipelineSchedule compute = imported ? *imported : generate_plan_schedule(job.plan);
   simulation.schedule = lower_schedule(compute);
@@ -29,15 +29,15 @@ PlanSimulation simulate_plan(const JobSpec& job, const Profile& profile, const T
   simulation.fits_in_memory = simulation.peak_memory_bytes <= simulation.memory_capacity_bytes;
 
   const double gpus = static_cast<double>(job.plan.world_size());
-  simulation.model_flops_per_iteration = model_flops(job.model, job.plan.global_batch_size,
-                                                     padded_vocab_size(job.model, job.plan.tensor_parallel_size));
+  simulation.model_flops_per_iteration =
+      model_flops(job.model, job.plan.global_batch_size, padded_vocab_size(job.model, job.plan.tensor_parallel_size));
   const double seconds = simulation.result.iteration_time_s;
   if (seconds > 0) {
     const double per_gpu = simulation.model_flops_per_iteration / (seconds * gpus);
     simulation.model_tflops_per_gpu = per_gpu / 1e12;
-    const double hardware = hardware_flops(job.model, job.plan.global_batch_size,
-                                           padded_vocab_size(job.model, job.plan.tensor_parallel_size),
-                                           job.plan.recompute_granularity);
+    const double hardware =
+        hardware_flops(job.model, job.plan.global_batch_size,
+                       padded_vocab_size(job.model, job.plan.tensor_parallel_size), job.plan.recompute_granularity);
     simulation.hardware_tflops_per_gpu = hardware / (seconds * gpus) / 1e12;
     simulation.mfu = per_gpu / job.cluster.gpu.dense_bf16_flops_per_s;
   }

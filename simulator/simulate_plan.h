@@ -19,10 +19,10 @@ struct PlanSimulation {
   std::vector<PipelineRankMemory> memory;
   CostSources sources;
   double model_flops_per_iteration = 0;
-  double model_tflops_per_gpu = 0;  // model FLOPs / (iteration time x GPUs) / 1e12
+  double model_tflops_per_gpu = 0;     // model FLOPs / (iteration time x GPUs) / 1e12
   double hardware_tflops_per_gpu = 0;  // the same with recomputation's FLOPs counted
-  double mfu = 0;                   // against the GPU's dense bf16 peak
-  int64_t peak_memory_bytes = 0;    // the fullest pipeline rank
+  double mfu = 0;                      // against the GPU's dense bf16 peak
+  int64_t peak_memory_bytes = 0;       // the fullest pipeline rank
   int64_t memory_capacity_bytes = 0;
   bool fits_in_memory = false;
 };
@@ -33,7 +33,7 @@ PlanSimulation simulate_plan(const JobSpec& job, const Profile& profile, bool re
 // with `compute` (a compute-only schedule of the plan's shape: an imported CSV,
 // read_plan_schedule_csv) costed in place of the plan's generated one.
 // REQUIRES: `compute`, where given, lowers to a schedule validate_schedule passes.
-PlanSimulation simulate_plan(const JobSpec& job, const Profile& profile, const Topology& topology,
-                             bool record_timeline, const PipelineSchedule* compute = nullptr);
+PlanSimulation simulate_plan(const JobSpec& job, const Profile& profile, const Topology& topology, bool record_timeline,
+                             const PipelineSchedule* compute = nullptr);
 
 }  // namespace megaplan::sim

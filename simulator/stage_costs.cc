@@ -30,7 +30,8 @@ double kernels_seconds(const std::vector<Kernel>& kernels, const Profile& profil
                        CostSources& sources) {
   double seconds = 0;
   for (const Kernel& kernel : kernels) {
-    const bool attention = kernel.kind == KernelKind::kAttentionForward || kernel.kind == KernelKind::kAttentionBackward;
+    const bool attention =
+        kernel.kind == KernelKind::kAttentionForward || kernel.kind == KernelKind::kAttentionBackward;
     seconds += profile.kernel_seconds(kernel, sources) / static_cast<double>(attention ? context_parallel_size : 1);
   }
   return seconds;
@@ -56,7 +57,8 @@ double part_seconds(const PlanKernels& kernels, const BlockSeconds& seconds, int
 // Layers of a virtual stage of `num_layers` that full recomputation runs forward again in the backward.
 int64_t recomputed_layers(const ParallelPlan& plan, int64_t num_layers) {
   int64_t recomputed = 0;
-  for (const LayerGroup& group : recompute_groups(plan, num_layers)) recomputed += group.recomputed ? group.num_layers : 0;
+  for (const LayerGroup& group : recompute_groups(plan, num_layers))
+    recomputed += group.recomputed ? group.num_layers : 0;
   return recomputed;
 }
 
@@ -81,7 +83,8 @@ class CollectiveCoster {
 };
 
 Route slower(const Route& a, const Route& b) {
-  if (a.bandwidth_bytes_per_s != b.bandwidth_bytes_per_s) return a.bandwidth_bytes_per_s < b.bandwidth_bytes_per_s ? a : b;
+  if (a.bandwidth_bytes_per_s != b.bandwidth_bytes_per_s)
+    return a.bandwidth_bytes_per_s < b.bandwidth_bytes_per_s ? a : b;
   return a.latency_s >= b.latency_s ? a : b;
 }
 
@@ -99,7 +102,6 @@ RankGenerator decoder_ranks(const ParallelPlan& plan) {
 }
 
 }  // namespace
-
 
 std::vector<GroupRoutes> pipeline_group_routes(const ParallelPlan& plan, const Topology& topology) {
   const RankGenerator ranks = decoder_ranks(plan);
@@ -140,8 +142,8 @@ struct OverlapGemms {
   std::array<double, 4> backward{};
 };
 
-double gemm_seconds_in(const std::vector<Kernel>& block, GemmLayout layout, int64_t n, int64_t k, const Profile& profile,
-                       CostSources& sources) {
+double gemm_seconds_in(const std::vector<Kernel>& block, GemmLayout layout, int64_t n, int64_t k,
+                       const Profile& profile, CostSources& sources) {
   for (const Kernel& kernel : block) {
     if (kernel.kind == KernelKind::kGemm && kernel.batch <= 1 && kernel.layout == layout && kernel.n == n &&
         kernel.k == k) {
@@ -163,10 +165,9 @@ OverlapGemms overlap_gemms(const ModelSpec& model, const ParallelPlan& plan, con
   OverlapGemms gemms;
   gemms.forward = {seconds(forward, GemmLayout::kForward, qkv, h), seconds(forward, GemmLayout::kForward, h, q),
                    seconds(forward, GemmLayout::kForward, fc1, h), seconds(forward, GemmLayout::kForward, h, f)};
-  gemms.backward = {seconds(backward, GemmLayout::kInputGradient, h, f),
-                    seconds(backward, GemmLayout::kWeightGradient, fc1, h),
-                    seconds(backward, GemmLayout::kInputGradient, h, q),
-                    seconds(backward, GemmLayout::kWeightGradient, qkv, h)};
+  gemms.backward = {
+      seconds(backward, GemmLayout::kInputGradient, h, f), seconds(backward, GemmLayout::kWeightGradient, fc1, h),
+      seconds(backward, GemmLayout::kInputGradient, h, q), seconds(backward, GemmLayout::kWeightGradient, qkv, h)};
   return gemms;
 }
 
@@ -256,7 +257,8 @@ LayerCosts transformer_layer_costs(const ModelSpec& model, const ParallelPlan& p
   LayerCosts layer;
   layer.forward_collectives = collectives.forward;
   layer.backward_collectives = collectives.backward;
-  layer.forward = std::min(seconds(KernelBlock::kLayerForwardFirst), seconds(KernelBlock::kLayerForward)) + collectives.forward;
+  layer.forward =
+      std::min(seconds(KernelBlock::kLayerForwardFirst), seconds(KernelBlock::kLayerForward)) + collectives.forward;
   // Recomputation repeats forward work inside the backward: the attention core (selective) or,
   // per average layer of a stage, the fraction of layers --recompute-method runs forward again
   // with their collectives (full).
@@ -309,7 +311,8 @@ double optimizer_step_seconds(const ParallelPlan& plan, int64_t parameters_per_g
   const CollectiveCoster data(profile, data_route, replicas, sources);
   const double all = data(CollectiveOp::kAllGather, kBf16 * parameters_per_gpu);
   if (!overlaps_parameter_gather(plan)) return seconds + all;
-  const double first = data(CollectiveOp::kAllGather, kBf16 * std::min(parameters_per_gpu, gradient_bucket_parameters(plan)));
+  const double first =
+      data(CollectiveOp::kAllGather, kBf16 * std::min(parameters_per_gpu, gradient_bucket_parameters(plan)));
   const double covered = all - first;
   const double forward_outlasts = std::numeric_limits<double>::infinity();
   return seconds + first + exposed_beside(covered, forward_outlasts, data.overlap(CollectiveOp::kAllGather));
@@ -325,9 +328,9 @@ ActionCosts plan_action_costs(const ModelSpec& model, const ParallelPlan& plan, 
   for (std::size_t rank = 0; rank < routes.size(); ++rank) {
     std::size_t alike = 0;
     while (alike < rank && !same_routes(routes[alike], routes[rank])) ++alike;
-    collectives_of_rank.push_back(alike < rank ? collectives_of_rank[alike]
-                                               : plan_layer_collectives(model, plan, profile, kernels, blocks, routes[rank],
-                                                                        sources));
+    collectives_of_rank.push_back(
+        alike < rank ? collectives_of_rank[alike]
+                     : plan_layer_collectives(model, plan, profile, kernels, blocks, routes[rank], sources));
   }
   const int64_t t = plan.tensor_parallel_size;
   const int64_t pp = plan.pipeline_parallel_size;
@@ -350,10 +353,12 @@ ActionCosts plan_action_costs(const ModelSpec& model, const ParallelPlan& plan, 
     const int64_t layers = stage_layers[static_cast<std::size_t>(index)];
     const int64_t recomputed = recomputed_layers(plan, layers);
     stage.forward_collectives = static_cast<double>(layers) * layer.forward;
-    stage.backward_collectives = static_cast<double>(layers) * layer.backward + static_cast<double>(recomputed) * layer.forward;
+    stage.backward_collectives =
+        static_cast<double>(layers) * layer.backward + static_cast<double>(recomputed) * layer.forward;
     stage.forward = part_seconds(kernels, blocks, index, SchedulePart::kForward) + stage.forward_collectives;
     stage.backward = part_seconds(kernels, blocks, index, SchedulePart::kBackward) + stage.backward_collectives;
-    stage.backward_input = part_seconds(kernels, blocks, index, SchedulePart::kBackwardInput) + stage.backward_collectives;
+    stage.backward_input =
+        part_seconds(kernels, blocks, index, SchedulePart::kBackwardInput) + stage.backward_collectives;
     stage.backward_weight = part_seconds(kernels, blocks, index, SchedulePart::kBackwardWeight);
   }
 
@@ -381,20 +386,22 @@ ActionCosts plan_action_costs(const ModelSpec& model, const ParallelPlan& plan, 
     const int64_t from = pipeline_rank_of_stage(stage, pp, placement);
     const int64_t to = pipeline_rank_of_stage(stage + 1, pp, placement);
     if (from == to) continue;
-    const Route route = topology.route(pipeline[static_cast<std::size_t>(from)], pipeline[static_cast<std::size_t>(to)]);
+    const Route route =
+        topology.route(pipeline[static_cast<std::size_t>(from)], pipeline[static_cast<std::size_t>(to)]);
     const double seconds = profile.p2p_seconds(transfer_bytes, kind_of(route), params_of(route), sources);
     costs.stages[static_cast<std::size_t>(stage)].send_forward = seconds;
     costs.stages[static_cast<std::size_t>(stage) + 1].send_backward = seconds;
     if (!scattered) continue;
     StageCosts& receiver = costs.stages[static_cast<std::size_t>(stage) + 1];
-    const double forward_gather =
-        CollectiveCoster(profile, routes_of_stage(stage + 1).tensor, t, sources)(CollectiveOp::kAllGather, activation_bytes);
+    const double forward_gather = CollectiveCoster(profile, routes_of_stage(stage + 1).tensor, t, sources)(
+        CollectiveOp::kAllGather, activation_bytes);
     receiver.forward += forward_gather;
     receiver.forward_collectives += forward_gather;
     StageCosts& sender = costs.stages[static_cast<std::size_t>(stage)];
-    const double backward_gather =
-        CollectiveCoster(profile, routes_of_stage(stage).tensor, t, sources)(CollectiveOp::kAllGather, activation_bytes);
-    for (double* part : {&sender.backward, &sender.backward_input, &sender.backward_collectives}) *part += backward_gather;
+    const double backward_gather = CollectiveCoster(profile, routes_of_stage(stage).tensor, t, sources)(
+        CollectiveOp::kAllGather, activation_bytes);
+    for (double* part : {&sender.backward, &sender.backward_input, &sender.backward_collectives})
+      *part += backward_gather;
   }
 
   // Gradients (fp32, or fp16 where the implementation keeps them so) reduce over dp x cp in
@@ -403,7 +410,8 @@ ActionCosts plan_action_costs(const ModelSpec& model, const ParallelPlan& plan, 
   costs.overlapped_gradient_reduction = overlaps_gradient_reduction(plan);
   const int64_t gradient_bytes = main_gradient_bytes(plan.options);
   const int64_t replicas = plan.data_parallel_size * plan.context_parallel_size;
-  const CollectiveOp reduction = plan.use_distributed_optimizer ? CollectiveOp::kReduceScatter : CollectiveOp::kAllReduce;
+  const CollectiveOp reduction =
+      plan.use_distributed_optimizer ? CollectiveOp::kReduceScatter : CollectiveOp::kAllReduce;
   const std::vector<PipelineRankParameters> rank_parameters = parameters_per_pipeline_rank(model, plan);
   const int64_t bucket = gradient_bucket_parameters(plan);
   for (int64_t stage = 0; stage < num_stages; ++stage) {
@@ -417,7 +425,8 @@ ActionCosts plan_action_costs(const ModelSpec& model, const ParallelPlan& plan, 
     const int64_t filling = held.parameters_per_gpu - held.word_embedding_per_gpu;
     for (int64_t done = 0; done < filling; done += bucket) {
       const int64_t size = std::min(bucket, filling - done);
-      buckets.push_back({data(reduction, gradient_bytes * size), static_cast<double>(done + size) / static_cast<double>(filling)});
+      buckets.push_back(
+          {data(reduction, gradient_bytes * size), static_cast<double>(done + size) / static_cast<double>(filling)});
     }
     if (held.word_embedding_per_gpu > 0) {
       buckets.push_back({data(reduction, gradient_bytes * held.word_embedding_per_gpu), 1});
@@ -436,11 +445,11 @@ ActionCosts plan_action_costs(const ModelSpec& model, const ParallelPlan& plan, 
   const int64_t first_rank = pipeline_rank_of_stage(0, pp, placement);
   const int64_t last_rank = pipeline_rank_of_stage(num_stages - 1, pp, placement);
   if (!model.untie_embeddings_and_output_weights && first_rank != last_rank) {
-    const Route route = topology.route(pipeline[static_cast<std::size_t>(first_rank)],
-                                       pipeline[static_cast<std::size_t>(last_rank)]);
+    const Route route =
+        topology.route(pipeline[static_cast<std::size_t>(first_rank)], pipeline[static_cast<std::size_t>(last_rank)]);
     const int64_t bytes = gradient_bytes * (padded_vocab_size(model, t) / t) * h;
-    const double seconds = profile.collective_seconds(CollectiveOp::kAllReduce, 2, bytes, kind_of(route), params_of(route),
-                                                      sources);
+    const double seconds =
+        profile.collective_seconds(CollectiveOp::kAllReduce, 2, bytes, kind_of(route), params_of(route), sources);
     costs.optimizer[static_cast<std::size_t>(first_rank)] += seconds;
     costs.optimizer[static_cast<std::size_t>(last_rank)] += seconds;
   }

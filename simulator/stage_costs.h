@@ -18,7 +18,6 @@
 
 namespace megaplan::sim {
 
-
 // What a layer costs, split as the simulator needs it (seconds, one microbatch, one GPU).
 struct LayerCosts {
   double forward = 0;

@@ -40,7 +40,8 @@ ClusterGraph build_graph(const ClusterSpec& cluster) {
     const Vertex node_switch = gpus + static_cast<Vertex>(node);
     for (int64_t local = 0; local < per_node; ++local) {
       const auto gpu = static_cast<Vertex>(node * per_node + local);
-      boost::add_edge(gpu, node_switch, Link{cluster.intra_node.bandwidth_per_gpu_bytes_per_s, hop_latency}, result.graph);
+      boost::add_edge(gpu, node_switch, Link{cluster.intra_node.bandwidth_per_gpu_bytes_per_s, hop_latency},
+                      result.graph);
       if (nics > 0) {
         const int64_t rail = local * nics / per_node;
         const auto nic = gpus + switches + static_cast<Vertex>(node * nics + rail);

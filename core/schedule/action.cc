@@ -18,10 +18,14 @@ struct KindToken {
 
 // Matched as prefixes of what follows the stage number, so the one-letter "F" comes after "SEND_F".
 constexpr KindToken kTokens[] = {
-    {ActionKind::kReduceGrad, "REDUCE_GRAD", false}, {ActionKind::kSendForward, "SEND_F", true},
-    {ActionKind::kRecvForward, "RECV_F", true},      {ActionKind::kSendBackward, "SEND_B", true},
-    {ActionKind::kRecvBackward, "RECV_B", true},     {ActionKind::kForward, "F", true},
-    {ActionKind::kBackward, "B", true},              {ActionKind::kBackwardInput, "I", true},
+    {ActionKind::kReduceGrad, "REDUCE_GRAD", false},
+    {ActionKind::kSendForward, "SEND_F", true},
+    {ActionKind::kRecvForward, "RECV_F", true},
+    {ActionKind::kSendBackward, "SEND_B", true},
+    {ActionKind::kRecvBackward, "RECV_B", true},
+    {ActionKind::kForward, "F", true},
+    {ActionKind::kBackward, "B", true},
+    {ActionKind::kBackwardInput, "I", true},
     {ActionKind::kBackwardWeight, "W", true},
 };
 
@@ -68,16 +72,13 @@ std::string action_kind_token(ActionKind kind) {
 
 std::string to_string(const Action& action) {
   switch (action.kind) {
-    case ActionKind::kOptimizer:
-      return kOptimToken;
+    case ActionKind::kOptimizer: return kOptimToken;
     case ActionKind::kOverlapForwardBackward: {
       const ActionParts parts = parts_of(action);
       return "(" + to_string(parts.parts[0]) + ";" + to_string(parts.parts[1]) + ")" + kOverlapToken;
     }
-    case ActionKind::kReduceGrad:
-      return std::to_string(action.stage) + action_kind_token(action.kind);
-    default:
-      return std::to_string(action.stage) + action_kind_token(action.kind) + std::to_string(action.microbatch);
+    case ActionKind::kReduceGrad: return std::to_string(action.stage) + action_kind_token(action.kind);
+    default: return std::to_string(action.stage) + action_kind_token(action.kind) + std::to_string(action.microbatch);
   }
 }
 

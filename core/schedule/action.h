@@ -39,10 +39,10 @@ inline bool is_message(ActionKind kind) {
 struct Action {
   ActionKind kind = ActionKind::kForward;
   ActionKind backward_kind = ActionKind::kBackward;  // OVERLAP_F_B only: B or I
-  int32_t stage = 0;                 // virtual stage; for OVERLAP_F_B its forward's; 0 for OPTIM
-  int32_t microbatch = -1;           // -1 where the kind has none (REDUCE_GRAD, OPTIM)
-  int32_t backward_stage = 0;        // OVERLAP_F_B only: the overlapped backward's stage
-  int32_t backward_microbatch = -1;  // and microbatch
+  int32_t stage = 0;                                 // virtual stage; for OVERLAP_F_B its forward's; 0 for OPTIM
+  int32_t microbatch = -1;                           // -1 where the kind has none (REDUCE_GRAD, OPTIM)
+  int32_t backward_stage = 0;                        // OVERLAP_F_B only: the overlapped backward's stage
+  int32_t backward_microbatch = -1;                  // and microbatch
 
   bool operator==(const Action&) const = default;
 };
@@ -54,15 +54,20 @@ struct Action {
 // Inline: the dependency rule builds actions in every hot loop of the IR.
 inline Action make_action(ActionKind kind, int64_t stage, int64_t microbatch) {
   constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
-  if (stage < -1 || stage > kMax || microbatch < -1 || microbatch > kMax) throw_action_index_overflow(stage, microbatch);
+  if (stage < -1 || stage > kMax || microbatch < -1 || microbatch > kMax)
+    throw_action_index_overflow(stage, microbatch);
   Action action;
   action.kind = kind;
   action.stage = static_cast<int32_t>(stage);
   action.microbatch = static_cast<int32_t>(microbatch);
   return action;
 }
-inline Action forward(int64_t stage, int64_t microbatch) { return make_action(ActionKind::kForward, stage, microbatch); }
-inline Action backward(int64_t stage, int64_t microbatch) { return make_action(ActionKind::kBackward, stage, microbatch); }
+inline Action forward(int64_t stage, int64_t microbatch) {
+  return make_action(ActionKind::kForward, stage, microbatch);
+}
+inline Action backward(int64_t stage, int64_t microbatch) {
+  return make_action(ActionKind::kBackward, stage, microbatch);
+}
 inline Action backward_input(int64_t stage, int64_t microbatch) {
   return make_action(ActionKind::kBackwardInput, stage, microbatch);
 }
@@ -81,7 +86,6 @@ struct ActionParts {
   const Action* begin() const { return parts.data(); }
   const Action* end() const { return parts.data() + count; }
 };
-
 
 inline ActionParts parts_of(const Action& action) {
   if (action.kind != ActionKind::kOverlapForwardBackward) return {{action, action}, 1};

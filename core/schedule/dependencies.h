@@ -60,7 +60,8 @@ inline Action matching_receive(const Action& send) {
 // RECV_B(s,m) -> SEND_B(s+1,m).
 // REQUIRES: action is a RECV_* whose peer stage lies within the shape (it is not range-checked).
 inline Action matching_send(const Action& receive) {
-  const ActionKind kind = receive.kind == ActionKind::kRecvForward ? ActionKind::kSendForward : ActionKind::kSendBackward;
+  const ActionKind kind =
+      receive.kind == ActionKind::kRecvForward ? ActionKind::kSendForward : ActionKind::kSendBackward;
   return detail::derived_action(kind, message_peer_stage(receive), receive.microbatch);
 }
 
@@ -82,7 +83,8 @@ inline DependencyKey dependency_key(const Action& needed) {
 class DependencyKeyIndex {
  public:
   explicit DependencyKeyIndex(const ScheduleShape& shape)
-      : stages_(static_cast<std::size_t>(shape.num_stages)), microbatch_slots_(static_cast<std::size_t>(shape.microbatches) + 1) {}
+      : stages_(static_cast<std::size_t>(shape.num_stages)),
+        microbatch_slots_(static_cast<std::size_t>(shape.microbatches) + 1) {}
   std::size_t size() const { return kKinds * stages_ * microbatch_slots_; }
   // REQUIRES: the key's stage and microbatch (or -1) lie within the shape.
   std::size_t operator()(const DependencyKey& key) const {
@@ -115,7 +117,6 @@ template <typename Visit>
 void for_each_provided_key(const Action& done, Visit&& visit);
 
 // --- implementation of the templates above ---------------------------------------------------
-
 
 namespace detail {
 
@@ -153,33 +154,23 @@ void visit_dependencies(const Action& action, const ScheduleShape& shape, bool l
   const int64_t s = action.stage;
   const int64_t m = action.microbatch;
   switch (action.kind) {
-    case ActionKind::kForward:
-      visit_forward_input(action, shape, lowered, visit);
-      break;
+    case ActionKind::kForward: visit_forward_input(action, shape, lowered, visit); break;
     case ActionKind::kBackward:
     case ActionKind::kBackwardInput:
       visit(derived_action(ActionKind::kForward, s, m));
       visit_output_gradient(action, shape, lowered, visit);
       break;
-    case ActionKind::kBackwardWeight:
-      visit(derived_action(ActionKind::kBackwardInput, s, m));
-      break;
-    case ActionKind::kSendForward:
-      visit(derived_action(ActionKind::kForward, s, m));
-      break;
-    case ActionKind::kSendBackward:
-      visit(derived_action(ActionKind::kBackward, s, m));
-      break;
+    case ActionKind::kBackwardWeight: visit(derived_action(ActionKind::kBackwardInput, s, m)); break;
+    case ActionKind::kSendForward: visit(derived_action(ActionKind::kForward, s, m)); break;
+    case ActionKind::kSendBackward: visit(derived_action(ActionKind::kBackward, s, m)); break;
     case ActionKind::kRecvForward:
-    case ActionKind::kRecvBackward:
-      visit(matching_send(action));
-      break;
+    case ActionKind::kRecvBackward: visit(matching_send(action)); break;
     case ActionKind::kReduceGrad:
-      for (int64_t microbatch = 0; microbatch < shape.microbatches; ++microbatch) visit(derived_action(ActionKind::kBackwardWeight, s, microbatch));
+      for (int64_t microbatch = 0; microbatch < shape.microbatches; ++microbatch)
+        visit(derived_action(ActionKind::kBackwardWeight, s, microbatch));
       break;
     case ActionKind::kOptimizer:
-    case ActionKind::kOverlapForwardBackward:
-      break;
+    case ActionKind::kOverlapForwardBackward: break;
   }
 }
 

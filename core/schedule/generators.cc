@@ -74,8 +74,7 @@ void validate_interleaved_shape(int64_t pipeline_parallel_size, int64_t virtual_
                                 int64_t group_size, const std::string& microbatches_field) {
   const std::string& field = microbatches_field;
   switch (broken_interleaved_rule(pipeline_parallel_size, virtual_pipeline_size, microbatches, group_size)) {
-    case InterleavedRule::kNone:
-      return;
+    case InterleavedRule::kNone: return;
     case InterleavedRule::kVirtualStages:
       throw SpecError("--virtual-pipeline-model-parallel-size",
                       "the interleaved schedule needs vpp >= 2, got " + std::to_string(virtual_pipeline_size));
@@ -121,6 +120,5 @@ std::vector<Action> interleaved_schedule(int64_t pipeline_parallel_size, int64_t
   for (int64_t k = total - warmup; k < total; ++k) *next++ = backward_of(k);
   return actions;
 }
-
 
 }  // namespace megaplan

@@ -19,9 +19,15 @@ namespace {
 class Lowerer {
  public:
   explicit Lowerer(const PipelineSchedule& compute)
-      : compute_(compute), shape_(compute.shape), index_(shape_), stage_ranks_(rank_of_each_stage(shape_)),
-        out_(compute.ranks.size()), done_(index_.size()),
-        next_(compute.ranks.size(), 0), waiting_(compute.ranks.size(), kNotWaiting), weight_gradients_(static_cast<std::size_t>(shape_.num_stages), 0) {
+      : compute_(compute),
+        shape_(compute.shape),
+        index_(shape_),
+        stage_ranks_(rank_of_each_stage(shape_)),
+        out_(compute.ranks.size()),
+        done_(index_.size()),
+        next_(compute.ranks.size(), 0),
+        waiting_(compute.ranks.size(), kNotWaiting),
+        weight_gradients_(static_cast<std::size_t>(shape_.num_stages), 0) {
     // A rank's lowered list holds its compute, its sends, its receives and a few more.
     for (std::size_t rank = 0; rank < out_.size(); ++rank) out_[rank].reserve(3 * compute.ranks[rank].size() + 8);
   }
@@ -151,13 +157,14 @@ class Lowerer {
     const auto peer_of = [&](const Action& message) {
       return static_cast<std::size_t>(stage_ranks_[static_cast<std::size_t>(message_peer_stage(message))]);
     };
-    std::vector<std::size_t> slots;  // the receives' places, in list order
+    std::vector<std::size_t> slots;                       // the receives' places, in list order
     std::vector<std::size_t> release(actions.size(), 0);  // by place: the earliest place a receive may take
     std::vector<std::size_t> after_send(static_cast<std::size_t>(shape_.pipeline_parallel_size), 0);
     std::vector<std::vector<std::size_t>> by_peer(static_cast<std::size_t>(shape_.pipeline_parallel_size));
     for (std::size_t i = 0; i < actions.size(); ++i) {
       const ActionKind kind = actions[i].kind;
-      if (kind == ActionKind::kSendForward || kind == ActionKind::kSendBackward) after_send[peer_of(actions[i])] = i + 1;
+      if (kind == ActionKind::kSendForward || kind == ActionKind::kSendBackward)
+        after_send[peer_of(actions[i])] = i + 1;
       if (kind != ActionKind::kRecvForward && kind != ActionKind::kRecvBackward) continue;
       slots.push_back(i);
       release[i] = after_send[peer_of(actions[i])];

@@ -9,8 +9,8 @@
 
 namespace megaplan {
 
-// REQUIRES: !compute.lowered, and every action lies within the shape on its own rank. Throws SpecError("schedule", ...) when no rank can make progress
-// (the compute order itself waits on something no rank will produce first).
+// REQUIRES: !compute.lowered, and every action lies within the shape on its own rank. Throws SpecError("schedule", ...)
+// when no rank can make progress (the compute order itself waits on something no rank will produce first).
 PipelineSchedule lower_schedule(const PipelineSchedule& compute);
 
 }  // namespace megaplan

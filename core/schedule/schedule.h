@@ -17,7 +17,9 @@ struct ScheduleShape {
   int64_t microbatches = 1;
   StagePlacement placement = StagePlacement::kLoop;
 
-  int64_t rank_of_stage(int64_t stage) const { return pipeline_rank_of_stage(stage, pipeline_parallel_size, placement); }
+  int64_t rank_of_stage(int64_t stage) const {
+    return pipeline_rank_of_stage(stage, pipeline_parallel_size, placement);
+  }
   // rank_of_stage(stage + 1) == rank_of_stage(stage), in closed form for the dependency rule's hot
   // path: consecutive stages share a rank only with one rank, or at the turn of a V (pp-1 and pp).
   bool next_stage_on_same_rank(int64_t stage) const {
@@ -30,7 +32,7 @@ std::vector<int32_t> rank_of_each_stage(const ScheduleShape& shape);
 
 struct PipelineSchedule {
   ScheduleShape shape;
-  bool lowered = false;                   // sends, receives, REDUCE_GRAD and OPTIM inserted
+  bool lowered = false;                    // sends, receives, REDUCE_GRAD and OPTIM inserted
   std::vector<std::vector<Action>> ranks;  // ranks[r]: pipeline rank r's actions in order
 };
 

@@ -22,10 +22,8 @@ bool is_communication(ActionKind kind) {
     case ActionKind::kSendBackward:
     case ActionKind::kRecvBackward:
     case ActionKind::kReduceGrad:
-    case ActionKind::kOptimizer:
-      return true;
-    default:
-      return false;
+    case ActionKind::kOptimizer: return true;
+    default: return false;
   }
 }
 
@@ -56,8 +54,9 @@ std::vector<std::vector<Action>> parse_rows(const std::string& text, const std::
     const std::size_t end = text.find('\n', start);
     const std::string row = std::to_string(rows.size() + 1);
     if (end == std::string::npos) {
-      throw SpecError(source + ":" + row, "the last row has no line ending: the file is cut short (torch and "
-                                          "megaplan end every row with a newline)");
+      throw SpecError(source + ":" + row,
+                      "the last row has no line ending: the file is cut short (torch and "
+                      "megaplan end every row with a newline)");
     }
     std::string line = text.substr(start, end - start);
     if (!line.empty() && line.back() == '\r') line.pop_back();
@@ -174,7 +173,8 @@ PipelineSchedule parse_schedule_csv(const std::string& text, const std::string& 
 PipelineSchedule read_plan_schedule_csv(const std::string& path, const ParallelPlan& plan, const std::string& flag) {
   PipelineSchedule schedule = parse_schedule_csv(read_text_file(path), path);
   if (schedule.lowered) {
-    throw SpecError(flag, path + " holds sends and receives; give the compute-only schedule (megaplan places the communication)");
+    throw SpecError(
+        flag, path + " holds sends and receives; give the compute-only schedule (megaplan places the communication)");
   }
   const ScheduleShape& shape = schedule.shape;
   const auto mismatch = [&](const std::string& what, int64_t file, int64_t wanted) {
@@ -184,7 +184,8 @@ PipelineSchedule read_plan_schedule_csv(const std::string& path, const ParallelP
     mismatch("pipeline ranks", shape.pipeline_parallel_size, plan.pipeline_parallel_size);
   }
   if (shape.num_stages != plan.num_virtual_stages()) mismatch("stages", shape.num_stages, plan.num_virtual_stages());
-  if (shape.microbatches != plan.num_microbatches()) mismatch("microbatches", shape.microbatches, plan.num_microbatches());
+  if (shape.microbatches != plan.num_microbatches())
+    mismatch("microbatches", shape.microbatches, plan.num_microbatches());
   if (shape.placement != stage_placement(plan.schedule)) {
     throw SpecError(flag, path + " places stages " + (shape.placement == StagePlacement::kV ? "in a V" : "in a loop") +
                               " but --schedule " + to_string(plan.schedule) + " does not");

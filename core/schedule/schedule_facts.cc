@@ -50,15 +50,10 @@ std::vector<RankScheduleFacts> schedule_facts(const PipelineSchedule& schedule,
             held -= bytes_of(part.stage).weight_gradient_input;
             break;
           case ActionKind::kSendForward:
-          case ActionKind::kSendBackward:
-            ++rank_facts.sends;
-            break;
+          case ActionKind::kSendBackward: ++rank_facts.sends; break;
           case ActionKind::kRecvForward:
-          case ActionKind::kRecvBackward:
-            ++rank_facts.receives;
-            break;
-          default:
-            break;
+          case ActionKind::kRecvBackward: ++rank_facts.receives; break;
+          default: break;
         }
         rank_facts.peak_held_bytes = std::max(rank_facts.peak_held_bytes, held);
       }

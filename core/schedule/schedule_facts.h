@@ -22,12 +22,12 @@ struct StageActivationBytes {
 int64_t peak_inflight_microbatches(const std::vector<Action>& actions);
 
 struct RankScheduleFacts {
-  int64_t compute_actions = 0;          // F, B, I, W (an OVERLAP_F_B counts its two parts)
+  int64_t compute_actions = 0;             // F, B, I, W (an OVERLAP_F_B counts its two parts)
   int64_t peak_inflight_microbatches = 0;  // forwards whose B or I has not run yet, at most
-  int64_t peak_held_bytes = 0;          // activation bytes held at most, by StageActivationBytes
-  int64_t sends = 0;                    // SEND_F and SEND_B
-  int64_t receives = 0;                 // RECV_F and RECV_B
-  int64_t sent_bytes = 0;               // sends * message_bytes
+  int64_t peak_held_bytes = 0;             // activation bytes held at most, by StageActivationBytes
+  int64_t sends = 0;                       // SEND_F and SEND_B
+  int64_t receives = 0;                    // RECV_F and RECV_B
+  int64_t sent_bytes = 0;                  // sends * message_bytes
 };
 
 // `stage_bytes[s]` for every stage s (or empty: bytes come out 0); `message_bytes` is one

@@ -17,13 +17,14 @@ using enum MicrobatchRule;
 // Checked against the generators' output in tests/core/schedule/schedule_traits_test.cc.
 constexpr ScheduleTraits kTraits[] = {
     // kind                      spelling       placement stages   split  pp-only microbatches        megatron torch
-    {ScheduleKind::kGPipe,        "gpipe",       kLoop,    kOne,     false, true,   kAny,               false, "GPipe"},
-    {ScheduleKind::kOneFOneB,     "1f1b",        kLoop,    kOne,     false, false,  kAny,               true,  "1F1B"},
-    {ScheduleKind::kInterleaved,  "interleaved", kLoop,    kVirtual, false, true,   kInterleavedGroups, true,  "Interleaved1F1B"},
+    {ScheduleKind::kGPipe, "gpipe", kLoop, kOne, false, true, kAny, false, "GPipe"},
+    {ScheduleKind::kOneFOneB, "1f1b", kLoop, kOne, false, false, kAny, true, "1F1B"},
+    {ScheduleKind::kInterleaved, "interleaved", kLoop, kVirtual, false, true, kInterleavedGroups, true,
+     "Interleaved1F1B"},
     // With one stage per rank, torch's InterleavedZeroBubble is the paper's ZB-H1.
-    {ScheduleKind::kZeroBubbleH1, "zb-h1",       kLoop,    kOne,     true,  true,   kAny,               false, "InterleavedZeroBubble"},
-    {ScheduleKind::kZeroBubbleV,  "zbv",         kV,       kTwo,     true,  true,   kAny,               false, "ZBVZeroBubble"},
-    {ScheduleKind::kDualPipeV,    "dualpipev",   kV,       kTwo,     true,  true,   kTwicePipeline,     false, "DualPipeV"},
+    {ScheduleKind::kZeroBubbleH1, "zb-h1", kLoop, kOne, true, true, kAny, false, "InterleavedZeroBubble"},
+    {ScheduleKind::kZeroBubbleV, "zbv", kV, kTwo, true, true, kAny, false, "ZBVZeroBubble"},
+    {ScheduleKind::kDualPipeV, "dualpipev", kV, kTwo, true, true, kTwicePipeline, false, "DualPipeV"},
 };
 
 // Table rows are looked up by index: keep them in the enum's order.
@@ -44,15 +45,13 @@ BrokenRule first_broken_rule(const ScheduleTraits& traits, int64_t pipeline_para
     case kOne:
       if (virtual_pipeline_size != 1) return BrokenRule::kStagesPerRank;
       break;
-    case kVirtual:
-      break;  // interleaving's vpp >= 2 is checked with its microbatch groups, in Megatron's order
+    case kVirtual: break;  // interleaving's vpp >= 2 is checked with its microbatch groups, in Megatron's order
     case kTwo:
       if (virtual_pipeline_size != 2) return BrokenRule::kStagesPerRank;
       break;
   }
   switch (traits.microbatch_rule) {
-    case kAny:
-      break;
+    case kAny: break;
     case kInterleavedGroups:
       if (!interleaved_shape_ok(pipeline_parallel_size, virtual_pipeline_size, microbatches, group_size)) {
         return BrokenRule::kMicrobatches;

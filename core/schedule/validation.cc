@@ -86,11 +86,14 @@ std::string where(const PipelineSchedule& schedule, const Cell& cell) {
     const bool has_microbatch = part.kind != ActionKind::kReduceGrad;
     if (part.stage < 0 || part.stage >= shape.num_stages ||
         (has_microbatch && (part.microbatch < 0 || part.microbatch >= shape.microbatches))) {
-      fail(schedule, where(schedule, cell) + " is outside " + std::to_string(shape.num_stages) + " stages x " +
-                         std::to_string(shape.microbatches) + " microbatches", {cell});
+      fail(schedule,
+           where(schedule, cell) + " is outside " + std::to_string(shape.num_stages) + " stages x " +
+               std::to_string(shape.microbatches) + " microbatches",
+           {cell});
     }
     if (shape.rank_of_stage(part.stage) != static_cast<int64_t>(rank)) {
-      fail(schedule, where(schedule, cell) + " belongs to rank " + std::to_string(shape.rank_of_stage(part.stage)), {cell});
+      fail(schedule, where(schedule, cell) + " belongs to rank " + std::to_string(shape.rank_of_stage(part.stage)),
+           {cell});
     }
     if (is_message(part.kind)) {
       const int64_t peer = message_peer_stage(part);
@@ -111,7 +114,8 @@ inline bool plainly_placed(const Action& action, const ScheduleShape& shape, con
     return false;
   }
   if (action.stage < 0 || action.stage >= shape.num_stages || action.microbatch < 0 ||
-      action.microbatch >= shape.microbatches || stage_ranks[static_cast<std::size_t>(action.stage)] != static_cast<int32_t>(rank)) {
+      action.microbatch >= shape.microbatches ||
+      stage_ranks[static_cast<std::size_t>(action.stage)] != static_cast<int32_t>(rank)) {
     return false;
   }
   if (!is_message(action.kind)) return true;
@@ -123,7 +127,8 @@ void check_placement(const PipelineSchedule& schedule, const std::vector<int32_t
   for (std::size_t rank = 0; rank < schedule.ranks.size(); ++rank) {
     const std::vector<Action>& actions = schedule.ranks[rank];
     for (std::size_t step = 0; step < actions.size(); ++step) {
-      if (!plainly_placed(actions[step], schedule.shape, stage_ranks, rank)) check_action_placement(schedule, rank, step);
+      if (!plainly_placed(actions[step], schedule.shape, stage_ranks, rank))
+        check_action_placement(schedule, rank, step);
     }
   }
 }
@@ -150,10 +155,12 @@ void check_completeness(const PipelineSchedule& schedule, const KeyFlags& done) 
     for (int64_t microbatch = 0; microbatch < shape.microbatches; ++microbatch) {
       for (ActionKind kind : {ActionKind::kForward, ActionKind::kBackwardInput, ActionKind::kBackwardWeight}) {
         if (!done.test(index({kind, stage, microbatch}))) {
-          const Action missing = make_action(kind == ActionKind::kBackwardInput ? ActionKind::kBackward : kind,
-                                             stage, microbatch);
-          fail(schedule, "incomplete: no rank runs " + to_string(missing) +
-                             (kind == ActionKind::kForward ? "" : " (a B, or an I and a W)"), {});
+          const Action missing =
+              make_action(kind == ActionKind::kBackwardInput ? ActionKind::kBackward : kind, stage, microbatch);
+          fail(schedule,
+               "incomplete: no rank runs " + to_string(missing) +
+                   (kind == ActionKind::kForward ? "" : " (a B, or an I and a W)"),
+               {});
         }
       }
     }
@@ -189,16 +196,19 @@ void check_message_order(const PipelineSchedule& schedule) {
       const Cell send{from, link_sends[i]};
       const Cell receive{to, link_receives[i]};
       if (!(matching_receive(schedule.ranks[from][send.step]) == schedule.ranks[to][receive.step])) {
-        fail(schedule, "out-of-order messages from rank " + std::to_string(from) + " to rank " + std::to_string(to) +
-                           ": message " + std::to_string(i) + " is sent as " + where(schedule, send) +
-                           " but received as " + where(schedule, receive),
+        fail(schedule,
+             "out-of-order messages from rank " + std::to_string(from) + " to rank " + std::to_string(to) +
+                 ": message " + std::to_string(i) + " is sent as " + where(schedule, send) + " but received as " +
+                 where(schedule, receive),
              {send, receive});
       }
     }
     if (link_sends.size() != link_receives.size()) {
       const Cell extra = link_sends.size() > common ? Cell{from, link_sends[common]} : Cell{to, link_receives[common]};
-      fail(schedule, "unmatched message from rank " + std::to_string(from) + " to rank " + std::to_string(to) + ": " +
-                         where(schedule, extra) + " has no partner", {extra});
+      fail(schedule,
+           "unmatched message from rank " + std::to_string(from) + " to rank " + std::to_string(to) + ": " +
+               where(schedule, extra) + " has no partner",
+           {extra});
     }
   }
 }
@@ -301,7 +311,7 @@ bool repeats_work(const DependencyKey& key) { return key.kind != ActionKind::kOp
 constexpr std::size_t kPrefetchRanks = 2;
 constexpr std::size_t kPrefetchActions = 8;
 MEGAPLAN_HOT_LOOP RunOutcome run_ranks(const PipelineSchedule& schedule, const std::vector<int32_t>& stage_ranks,
-                                      KeyFlags& done) {
+                                       KeyFlags& done) {
   // Copies, not references: the loop's stores (done bits, counters) could alias the schedule's
   // fields as far as the compiler knows, which would reload them on every action.
   const ScheduleShape shape = schedule.shape;

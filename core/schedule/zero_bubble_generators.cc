@@ -34,7 +34,7 @@ std::vector<Action> zero_bubble_v_schedule(int64_t pipeline_parallel_size, int64
   // The phases are laid out for at least 2pp - 1 microbatches; work on the ones beyond M is
   // dropped afterwards, as torch does.
   const int64_t planned = std::max(2 * pp - 1, microbatches);
-  const int64_t chunk0 = rank;            // the V's way down
+  const int64_t chunk0 = rank;               // the V's way down
   const int64_t chunk1 = 2 * pp - 1 - rank;  // and back up
   int64_t f0 = 0, f1 = 0, b0 = 0, b1 = 0;
   std::vector<Action> actions;

@@ -87,8 +87,7 @@ class Comm {
   // In place: data = op over the members' data.
   virtual Request all_reduce(void* data, std::size_t count, DType type, ReduceOp op) = 0;
   // output[count] = op over the members' input[rank() * count .. (rank() + 1) * count).
-  virtual Request reduce_scatter(const void* input, void* output, std::size_t count, DType type,
-                                 ReduceOp op) = 0;
+  virtual Request reduce_scatter(const void* input, void* output, std::size_t count, DType type, ReduceOp op) = 0;
   // output[r * count ..] = member r's input[count], for every r.
   virtual Request all_gather(const void* input, void* output, std::size_t count, DType type) = 0;
   // data = the root member's data.

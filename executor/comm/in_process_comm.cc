@@ -75,9 +75,9 @@ struct GroupState {
   // The group's byte movement; declared before the mailboxes, whose unread staging goes back to it.
   const std::unique_ptr<Lane> lane;
 
-  std::mutex mutex;                  // guards everything below
-  std::condition_variable changed;   // a collective completed, a message arrived, the world aborted
-  std::vector<bool> member_live;     // by group rank: a communicator exists
+  std::mutex mutex;                 // guards everything below
+  std::condition_variable changed;  // a collective completed, a message arrived, the world aborted
+  std::vector<bool> member_live;    // by group rank: a communicator exists
 
   // The collective in progress: contributions by group rank, how many are present, and how many
   // collectives have completed (a blocked member waits for it to move past the value it saw).
@@ -107,8 +107,8 @@ void throw_if_aborted(const InProcessWorld& world) {
 // or the world's timeout passes first (then this member aborts the world, naming what it waited for:
 // describe() is called under the lock). `lock` holds state.mutex; it is released when this throws.
 template <typename Done, typename Describe>
-void wait_for(InProcessWorld& world, GroupState& state, std::unique_lock<std::mutex>& lock,
-              int64_t global_rank, const Done& done, const Describe& describe) {
+void wait_for(InProcessWorld& world, GroupState& state, std::unique_lock<std::mutex>& lock, int64_t global_rank,
+              const Done& done, const Describe& describe) {
   const auto deadline = Clock::now() + world.timeout();
   while (!done()) {
     throw_if_aborted(world);
@@ -125,8 +125,7 @@ void wait_for(InProcessWorld& world, GroupState& state, std::unique_lock<std::mu
 }
 
 std::string call_text(const Contribution& call) {
-  std::string text = std::string(kind_name(call.kind)) + "(" + std::to_string(call.count) + " " +
-                     to_string(call.type);
+  std::string text = std::string(kind_name(call.kind)) + "(" + std::to_string(call.count) + " " + to_string(call.type);
   if (call.kind == CollectiveKind::kAllReduce || call.kind == CollectiveKind::kReduceScatter) {
     text += call.op == ReduceOp::kSum ? ", sum" : ", max";
   }
@@ -192,8 +191,7 @@ void compute_collective(GroupState& state) {
       }
       break;
     }
-    case CollectiveKind::kBarrier:
-      break;
+    case CollectiveKind::kBarrier: break;
   }
 }
 
@@ -216,10 +214,17 @@ class IssuedRequest final : public CommRequest {
 
 class RecvRequest final : public CommRequest {
  public:
-  RecvRequest(InProcessWorld& world, GroupState& state, int64_t rank, int64_t peer, uint64_t sequence,
-              void* data, std::size_t count, DType type, ComputeStream stream)
-      : world_(world), state_(state), rank_(rank), peer_(peer), sequence_(sequence), data_(data),
-        count_(count), type_(type), stream_(std::move(stream)) {}
+  RecvRequest(InProcessWorld& world, GroupState& state, int64_t rank, int64_t peer, uint64_t sequence, void* data,
+              std::size_t count, DType type, ComputeStream stream)
+      : world_(world),
+        state_(state),
+        rank_(rank),
+        peer_(peer),
+        sequence_(sequence),
+        data_(data),
+        count_(count),
+        type_(type),
+        stream_(std::move(stream)) {}
 
   void wait() override {
     throw_if_aborted(world_);
@@ -229,23 +234,23 @@ class RecvRequest final : public CommRequest {
       std::unique_lock<std::mutex> lock(state_.mutex);
       auto& mailbox = state_.mailboxes[state_.pair_index(peer_, rank_)];
       const int64_t global_rank = state_.ranks[static_cast<std::size_t>(rank_)];
-      wait_for(world_, state_, lock, global_rank,
-               [&] { return mailbox.count(sequence_) != 0; },
-               [&] {
-                 return "recv from rank " + std::to_string(state_.ranks[static_cast<std::size_t>(peer_)]) +
-                        " on " + group_name(state_);
-               });
+      wait_for(
+          world_, state_, lock, global_rank, [&] { return mailbox.count(sequence_) != 0; },
+          [&] {
+            return "recv from rank " + std::to_string(state_.ranks[static_cast<std::size_t>(peer_)]) + " on " +
+                   group_name(state_);
+          });
       auto found = mailbox.find(sequence_);
       message = std::move(found->second);
       mailbox.erase(found);
     }
     done_ = true;
     if (message.count != count_ || message.type != type_) {
-      throw std::logic_error(
-          "rank " + std::to_string(state_.ranks[static_cast<std::size_t>(rank_)]) + ": recv of " +
-          std::to_string(count_) + " " + to_string(type_) + " from rank " +
-          std::to_string(state_.ranks[static_cast<std::size_t>(peer_)]) + " on " + group_name(state_) +
-          " matched a send of " + std::to_string(message.count) + " " + to_string(message.type));
+      throw std::logic_error("rank " + std::to_string(state_.ranks[static_cast<std::size_t>(rank_)]) + ": recv of " +
+                             std::to_string(count_) + " " + to_string(type_) + " from rank " +
+                             std::to_string(state_.ranks[static_cast<std::size_t>(peer_)]) + " on " +
+                             group_name(state_) + " matched a send of " + std::to_string(message.count) + " " +
+                             to_string(message.type));
     }
     if (!message.staging) return;
     // After the send's copy in, and after what this member has given its stream so far (which may
@@ -323,8 +328,7 @@ class InProcessComm final : public Comm {
     return collective({true, CollectiveKind::kAllReduce, data, data, count, type, op, 0, nullptr});
   }
 
-  Request reduce_scatter(const void* input, void* output, std::size_t count, DType type,
-                         ReduceOp op) override {
+  Request reduce_scatter(const void* input, void* output, std::size_t count, DType type, ReduceOp op) override {
     check_buffer(input, count, "reduce_scatter");
     check_buffer(output, count, "reduce_scatter");
     return collective({true, CollectiveKind::kReduceScatter, input, output, count, type, op, 0, nullptr});
@@ -375,9 +379,9 @@ class InProcessComm final : public Comm {
     state_.contributions[static_cast<std::size_t>(rank_)] = call;
     if (++state_.arrived < size()) {
       const uint64_t generation = state_.generation;
-      wait_for(world_, state_, lock, global_rank(),
-               [&] { return state_.generation != generation; },
-               [&] { return std::string(kind_name(call.kind)) + " on " + group_name(state_) + missing_members(); });
+      wait_for(
+          world_, state_, lock, global_rank(), [&] { return state_.generation != generation; },
+          [&] { return std::string(kind_name(call.kind)) + " on " + group_name(state_) + missing_members(); });
       return std::make_unique<IssuedRequest>(world_, stream_, state_.completed);
     }
     // Every member is blocked here with its buffers alive: one that left early did so because the
@@ -385,8 +389,8 @@ class InProcessComm final : public Comm {
     const Contribution& first = state_.contributions[0];
     for (const Contribution& other : state_.contributions) {
       if (same_call(first, other)) continue;
-      std::string message = "rank " + std::to_string(global_rank()) + ": collective mismatch on " +
-                            group_name(state_) + ":";
+      std::string message =
+          "rank " + std::to_string(global_rank()) + ": collective mismatch on " + group_name(state_) + ":";
       for (std::size_t member = 0; member < state_.contributions.size(); ++member) {
         message += (member ? ", " : " ") + std::string("group rank ") + std::to_string(member) + " called " +
                    call_text(state_.contributions[member]);
@@ -434,33 +438,33 @@ class InProcessComm final : public Comm {
 InProcessWorld::InProcessWorld(int64_t world_size, std::chrono::milliseconds timeout,
                                std::unique_ptr<InProcessMemory> memory)
     : world_size_(world_size), timeout_(timeout), memory_(std::move(memory)) {
-  if (world_size <= 0) throw std::invalid_argument("InProcessWorld: world size " + std::to_string(world_size) + " <= 0");
+  if (world_size <= 0)
+    throw std::invalid_argument("InProcessWorld: world size " + std::to_string(world_size) + " <= 0");
   if (timeout.count() <= 0) throw std::invalid_argument("InProcessWorld: timeout must be positive");
   if (!memory_) throw std::invalid_argument("InProcessWorld: no memory");
 }
 
 InProcessWorld::~InProcessWorld() = default;
 
-std::unique_ptr<Comm> InProcessWorld::group(int64_t global_rank, const std::vector<int64_t>& ranks,
-                                            std::string label, ComputeStream compute_stream) {
+std::unique_ptr<Comm> InProcessWorld::group(int64_t global_rank, const std::vector<int64_t>& ranks, std::string label,
+                                            ComputeStream compute_stream) {
   const std::string described = "group " + label + " " + rank_list(ranks);
   if (ranks.empty()) throw std::invalid_argument("InProcessWorld::group: " + described + " has no ranks");
   for (std::size_t i = 0; i < ranks.size(); ++i) {
     if (ranks[i] < 0 || ranks[i] >= world_size_) {
-      throw std::invalid_argument("InProcessWorld::group: " + described + " names rank " +
-                                  std::to_string(ranks[i]) + " outside the world of " +
-                                  std::to_string(world_size_));
+      throw std::invalid_argument("InProcessWorld::group: " + described + " names rank " + std::to_string(ranks[i]) +
+                                  " outside the world of " + std::to_string(world_size_));
     }
     if (std::find(ranks.begin(), ranks.begin() + static_cast<std::ptrdiff_t>(i), ranks[i]) !=
         ranks.begin() + static_cast<std::ptrdiff_t>(i)) {
-      throw std::invalid_argument("InProcessWorld::group: " + described + " names rank " +
-                                  std::to_string(ranks[i]) + " twice");
+      throw std::invalid_argument("InProcessWorld::group: " + described + " names rank " + std::to_string(ranks[i]) +
+                                  " twice");
     }
   }
   const auto position = std::find(ranks.begin(), ranks.end(), global_rank);
   if (position == ranks.end()) {
-    throw std::invalid_argument("InProcessWorld::group: rank " + std::to_string(global_rank) +
-                                " is not a member of " + described);
+    throw std::invalid_argument("InProcessWorld::group: rank " + std::to_string(global_rank) + " is not a member of " +
+                                described);
   }
   const int64_t group_rank = position - ranks.begin();
 

@@ -102,7 +102,7 @@ class InProcessWorld {
   int64_t world_size_;
   std::chrono::milliseconds timeout_;
   std::unique_ptr<InProcessMemory> memory_;  // before groups_: their unread messages give staging back to it
-  mutable std::mutex mutex_;  // guards groups_ and abort_reason_'s single write
+  mutable std::mutex mutex_;                 // guards groups_ and abort_reason_'s single write
   std::map<GroupKey, std::unique_ptr<in_process::GroupState>> groups_;
   std::string abort_reason_;  // written once, before aborted_ is set; read-only afterwards
   std::atomic<bool> aborted_{false};

@@ -73,8 +73,7 @@ class GpuLane final : public Lane {
     check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_), "cudaMemcpyAsync (in-process-gpu copy)");
   }
 
-  void reduce(void* dst, const std::vector<const void*>& inputs, std::size_t count, DType type,
-              ReduceOp op) override {
+  void reduce(void* dst, const std::vector<const void*>& inputs, std::size_t count, DType type, ReduceOp op) override {
     use_device_zero();
     cuda::comm_reduce(dst, inputs, count, type, op, stream_);
   }
@@ -117,8 +116,9 @@ std::unique_ptr<InProcessMemory> make_in_process_gpu_memory() {
   int pools = 0;
   check(cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, 0), "cudaDeviceGetAttribute");
   if (pools == 0) {
-    throw SpecError("--device", "GPU 0 has no stream-ordered allocator, which the in-process one-GPU "
-                                "communicator stages its messages with");
+    throw SpecError("--device",
+                    "GPU 0 has no stream-ordered allocator, which the in-process one-GPU "
+                    "communicator stages its messages with");
   }
   return std::make_unique<GpuMemory>();
 }

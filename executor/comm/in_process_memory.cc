@@ -42,8 +42,7 @@ class CpuLane final : public Lane {
     if (bytes > 0) std::memmove(dst, src, bytes);
   }
 
-  void reduce(void* dst, const std::vector<const void*>& inputs, std::size_t count, DType type,
-              ReduceOp op) override {
+  void reduce(void* dst, const std::vector<const void*>& inputs, std::size_t count, DType type, ReduceOp op) override {
     if (inputs.empty()) throw std::invalid_argument("Lane::reduce: no inputs");
     // Block by block, on the stack: every element sees the same sequence of float operations as
     // an element-at-a-time loop, the inputs stream through the cache, and since a block is

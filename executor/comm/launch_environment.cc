@@ -21,8 +21,8 @@ struct VariableSet {
   const char* local_size;
 };
 
-constexpr VariableSet kOpenMpi{"mpirun", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
-                               "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"};
+constexpr VariableSet kOpenMpi{"mpirun", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+                               "OMPI_COMM_WORLD_LOCAL_SIZE"};
 constexpr VariableSet kSlurm{"srun", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", ""};
 constexpr VariableSet kTorchrun{"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"};
 
@@ -42,22 +42,17 @@ int64_t parse_decimal(const std::string& variable, const std::string& text) {
   bool digits_only = !text.empty();
   for (const char c : text) digits_only = digits_only && c >= '0' && c <= '9';
   if (!digits_only || (text.size() > 1 && text[0] == '0')) {
-    throw SpecError(variable,
-                    "must be a decimal integer (digits only, no sign or leading zero), got \"" +
-                        text + "\"");
+    throw SpecError(variable, "must be a decimal integer (digits only, no sign or leading zero), got \"" + text + "\"");
   }
   int64_t value = 0;
-  const std::from_chars_result result =
-      std::from_chars(text.data(), text.data() + text.size(), value);
+  const std::from_chars_result result = std::from_chars(text.data(), text.data() + text.size(), value);
   if (result.ec == std::errc::result_out_of_range) {
     throw SpecError(variable, "\"" + text + "\" overflows 64 bits");
   }
   return value;
 }
 
-std::string value_of(const EnvironmentLookup& getenv, const char* name) {
-  return getenv(name).value_or("");
-}
+std::string value_of(const EnvironmentLookup& getenv, const char* name) { return getenv(name).value_or(""); }
 
 // The number of tasks on node `node` in Slurm's compressed layout, e.g. "4(x2),3": nodes 0 and 1
 // run 4 tasks, node 2 runs 3.
@@ -99,9 +94,8 @@ std::optional<int64_t> tasks_on_node(const std::string& variable, const std::str
     if (*node - first_node < repeat) return tasks;
     first_node += repeat;
   }
-  throw SpecError("SLURM_NODEID", std::to_string(*node) + " is beyond the " +
-                                      std::to_string(first_node) + " node(s) of " + variable +
-                                      "=" + layout);
+  throw SpecError("SLURM_NODEID", std::to_string(*node) + " is beyond the " + std::to_string(first_node) +
+                                      " node(s) of " + variable + "=" + layout);
 }
 
 int64_t slurm_local_size(const EnvironmentLookup& getenv, std::string& source) {
@@ -111,8 +105,8 @@ int64_t slurm_local_size(const EnvironmentLookup& getenv, std::string& source) {
     source = "SLURM_TASKS_PER_NODE";
     if (const auto tasks = tasks_on_node(source, *layout, node)) return *tasks;
     if (!getenv("SLURM_NTASKS_PER_NODE")) {
-      throw SpecError("SLURM_NODEID", "needed to pick this node's entry of SLURM_TASKS_PER_NODE=" +
-                                          *layout + ", but not set");
+      throw SpecError("SLURM_NODEID",
+                      "needed to pick this node's entry of SLURM_TASKS_PER_NODE=" + *layout + ", but not set");
     }
   }
   if (const auto per_node = getenv("SLURM_NTASKS_PER_NODE")) {
@@ -141,8 +135,8 @@ std::optional<Found> read_set(const EnvironmentLookup& getenv, const VariableSet
   if (missing) {
     std::string set;
     for (const char* name : all) set += std::string(set.empty() ? "" : ", ") + name;
-    throw SpecError(missing, std::string(names.launcher) + " sets " + set + " together; " +
-                                 present + " is set but " + missing + " is not");
+    throw SpecError(missing, std::string(names.launcher) + " sets " + set + " together; " + present + " is set but " +
+                                 missing + " is not");
   }
 
   Found found;
@@ -162,17 +156,15 @@ std::optional<Found> read_set(const EnvironmentLookup& getenv, const VariableSet
     throw SpecError(names.size, "must be at least 1, got " + std::to_string(found.world_size));
   }
   if (found.rank >= found.world_size) {
-    throw SpecError(names.rank, "must be below " + text(names.size, found.world_size) + ", got " +
-                                    std::to_string(found.rank));
+    throw SpecError(names.rank,
+                    "must be below " + text(names.size, found.world_size) + ", got " + std::to_string(found.rank));
   }
   if (found.local_world_size < 1 || found.local_world_size > found.world_size) {
-    throw SpecError(found.local_size_name,
-                    "must be between 1 and " + text(names.size, found.world_size) + ", got " +
-                        std::to_string(found.local_world_size));
+    throw SpecError(found.local_size_name, "must be between 1 and " + text(names.size, found.world_size) + ", got " +
+                                               std::to_string(found.local_world_size));
   }
   if (found.local_rank >= found.local_world_size) {
-    throw SpecError(names.local_rank, "must be below " +
-                                          text(found.local_size_name, found.local_world_size) +
+    throw SpecError(names.local_rank, "must be below " + text(found.local_size_name, found.local_world_size) +
                                           ", got " + std::to_string(found.local_rank));
   }
   return found;
@@ -196,9 +188,9 @@ LaunchEnvironment detect_launch_environment(const EnvironmentLookup& getenv) {
         const char* inner_name = rank_differs ? inner.names.rank : inner.names.size;
         const int64_t outer_value = rank_differs ? outer.rank : outer.world_size;
         const int64_t inner_value = rank_differs ? inner.rank : inner.world_size;
-        throw SpecError(outer_name, "started by two launchers at once: " + std::string(outer_name) +
-                                        "=" + std::to_string(outer_value) + " but " + inner_name +
-                                        "=" + std::to_string(inner_value) + "; unset one set");
+        throw SpecError(outer_name, "started by two launchers at once: " + std::string(outer_name) + "=" +
+                                        std::to_string(outer_value) + " but " + inner_name + "=" +
+                                        std::to_string(inner_value) + "; unset one set");
       }
     }
   }
@@ -245,8 +237,8 @@ const std::vector<std::string>& launch_environment_variables() {
         if (*name != '\0') names.emplace_back(name);
       }
     }
-    for (const char* name : {"SLURM_NODEID", "SLURM_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE",
-                             "MASTER_ADDR", "MASTER_PORT"}) {
+    for (const char* name :
+         {"SLURM_NODEID", "SLURM_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE", "MASTER_ADDR", "MASTER_PORT"}) {
       names.emplace_back(name);
     }
     return names;

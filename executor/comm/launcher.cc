@@ -337,8 +337,7 @@ std::string describe_status(int status) {
   if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
   if (WIFSIGNALED(status)) {
     const int signal_number = WTERMSIG(status);
-    return "was killed by signal " + std::to_string(signal_number) + " (" +
-           ::strsignal(signal_number) + ")";
+    return "was killed by signal " + std::to_string(signal_number) + " (" + ::strsignal(signal_number) + ")";
   }
   return "stopped with wait status " + std::to_string(status);
 }
@@ -359,14 +358,12 @@ void validate_launch_options(const LaunchOptions& options) {
     throw SpecError("--nnodes", "must be at least 1, got " + std::to_string(options.nnodes));
   }
   if (options.nproc_per_node > std::numeric_limits<int64_t>::max() / options.nnodes) {
-    throw SpecError("--nnodes", "--nproc-per-node " + std::to_string(options.nproc_per_node) +
-                                    " times --nnodes " + std::to_string(options.nnodes) +
-                                    " overflows 64 bits");
+    throw SpecError("--nnodes", "--nproc-per-node " + std::to_string(options.nproc_per_node) + " times --nnodes " +
+                                    std::to_string(options.nnodes) + " overflows 64 bits");
   }
   if (options.node_rank < 0 || options.node_rank >= options.nnodes) {
-    throw SpecError("--node-rank", "must be in 0.." + std::to_string(options.nnodes - 1) +
-                                       " for --nnodes " + std::to_string(options.nnodes) + ", got " +
-                                       std::to_string(options.node_rank));
+    throw SpecError("--node-rank", "must be in 0.." + std::to_string(options.nnodes - 1) + " for --nnodes " +
+                                       std::to_string(options.nnodes) + ", got " + std::to_string(options.node_rank));
   }
   if (options.master_port < 1 || options.master_port > 65535) {
     throw SpecError("--master-port", "must be a TCP port in 1..65535, got " + std::to_string(options.master_port));
@@ -379,8 +376,9 @@ void validate_launch_options(const LaunchOptions& options) {
                                          " needs rank 0's host name or address, the same on every node");
   }
   if (options.command.empty()) {
-    throw SpecError("command", "nothing after `--`; name the megaplan command every rank runs, "
-                               "e.g. megaplan launch --nproc-per-node 2 -- train ...");
+    throw SpecError("command",
+                    "nothing after `--`; name the megaplan command every rank runs, "
+                    "e.g. megaplan launch --nproc-per-node 2 -- train ...");
   }
   if (options.command.front() == "launch") {
     throw SpecError("command", "`launch` would start launchers; name the command every rank runs");
@@ -425,8 +423,8 @@ int run_launch(const LaunchOptions& options, const std::string& program, std::os
     std::vector<char*> envp = pointers(environment);
     OwnedFd stderr_write_end = forwarder.open(rank);
     if (stderr_write_end.get() < 0) {
-      throw SpecError(program, "cannot start rank " + std::to_string(rank) +
-                                   ": no pipe for its stderr: " + std::strerror(errno));
+      throw SpecError(
+          program, "cannot start rank " + std::to_string(rank) + ": no pipe for its stderr: " + std::strerror(errno));
     }
     SpawnFileActions file_actions;
     ::posix_spawn_file_actions_adddup2(&file_actions.value, stderr_write_end.get(), STDERR_FILENO);

@@ -17,6 +17,7 @@ bool mpi_bootstrap_available();
 // `world_size`. Throws SpecError("--device", ...) when built without MPI, std::runtime_error
 // naming the MPI call and its error otherwise.
 // REQUIRES: 0 <= rank < world_size.
-std::vector<uint8_t> mpi_broadcast_from_rank0(int64_t rank, int64_t world_size, const std::vector<uint8_t>& blob_on_rank0);
+std::vector<uint8_t> mpi_broadcast_from_rank0(int64_t rank, int64_t world_size,
+                                              const std::vector<uint8_t>& blob_on_rank0);
 
 }  // namespace megaplan::exec

@@ -7,8 +7,9 @@ namespace megaplan::exec {
 bool mpi_bootstrap_available() { return false; }
 
 std::vector<uint8_t> mpi_broadcast_from_rank0(int64_t, int64_t, const std::vector<uint8_t>&) {
-  throw SpecError("--device", "this megaplan was built without MPI (Debian's libopenmpi-dev): worlds bootstrap over "
-                              "the TCP rendezvous at MASTER_ADDR:MASTER_PORT");
+  throw SpecError("--device",
+                  "this megaplan was built without MPI (Debian's libopenmpi-dev): worlds bootstrap over "
+                  "the TCP rendezvous at MASTER_ADDR:MASTER_PORT");
 }
 
 }  // namespace megaplan::exec

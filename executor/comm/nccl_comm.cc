@@ -90,14 +90,14 @@ struct Lane {
 
 struct Group {
   std::string label;
-  std::vector<int64_t> ranks;  // global ranks in group-rank order
-  int64_t rank = 0;            // this process's group rank
-  Lane up;                     // collectives, and messages from lower to higher group ranks
-  Lane down;                   // messages from higher to lower group ranks
+  std::vector<int64_t> ranks;   // global ranks in group-rank order
+  int64_t rank = 0;             // this process's group rank
+  Lane up;                      // collectives, and messages from lower to higher group ranks
+  Lane down;                    // messages from higher to lower group ranks
   ComputeStream compute;        // the stream this process's work on the group's buffers runs on now
   cudaEvent_t ready = nullptr;  // the compute stream at the latest call
   cudaStream_t compute_now() const { return static_cast<cudaStream_t>(current_stream(compute)); }
-  float* scratch = nullptr;     // barrier's one element, on up.stream
+  float* scratch = nullptr;  // barrier's one element, on up.stream
   std::string name() const { return "group " + label + " " + rank_list(ranks); }
 };
 
@@ -143,16 +143,15 @@ class ExitTimer {
 
 class World final : public NcclWorld {
  public:
-  World(int64_t rank, int64_t world_size, int device, const IdBroadcast& broadcast,
-        std::chrono::milliseconds timeout);
+  World(int64_t rank, int64_t world_size, int device, const IdBroadcast& broadcast, std::chrono::milliseconds timeout);
   ~World() override;
   World(const World&) = delete;
   World& operator=(const World&) = delete;
 
   int64_t rank() const override { return rank_; }
   int64_t world_size() const override { return world_size_; }
-  std::unique_ptr<Comm> split(int64_t color, int64_t key, const std::vector<int64_t>& ranks,
-                              const std::string& label, ComputeStream compute_stream) override;
+  std::unique_ptr<Comm> split(int64_t color, int64_t key, const std::vector<int64_t>& ranks, const std::string& label,
+                              ComputeStream compute_stream) override;
   void abort(const std::string& reason) override;
   bool aborted() const override { return aborted_.load(std::memory_order_acquire); }
   void select_device() const;  // the world's GPU for the calling thread
@@ -160,7 +159,7 @@ class World final : public NcclWorld {
   // For the communicators and their requests. `what` names the operation and its group in errors.
   std::shared_ptr<Event> issue(Group& group, bool down, const std::string& what, const NcclCall& call);
   void order_compute_after(const Group& group, const Event& done, const std::string& what);  // Request::wait
-  void wait_on_host(const Event& done, const std::string& what);           // barrier
+  void wait_on_host(const Event& done, const std::string& what);                             // barrier
   [[noreturn]] void throw_aborted() const { throw CommAborted(abort_reason()); }
 
  private:
@@ -189,7 +188,7 @@ class World final : public NcclWorld {
 
   std::timed_mutex nccl_mutex_;
   mutable std::mutex state_mutex_;
-  std::condition_variable wake_;  // the watchdog: a failure, or stop
+  std::condition_variable wake_;               // the watchdog: a failure, or stop
   std::deque<std::unique_ptr<Group>> groups_;  // stable addresses; added under both mutexes
   std::deque<InFlight> in_flight_;
   std::vector<std::shared_ptr<Event>> finished_;  // seen complete; destroyed by the caller's thread
@@ -293,9 +292,7 @@ class NcclComm final : public Comm {
   std::string global(int64_t group_rank) const {
     return std::to_string(group_.ranks[static_cast<std::size_t>(group_rank)]);
   }
-  static std::string counted(std::size_t count, DType type) {
-    return std::to_string(count) + " " + to_string(type);
-  }
+  static std::string counted(std::size_t count, DType type) { return std::to_string(count) + " " + to_string(type); }
   static const char* op_name(ReduceOp op) { return op == ReduceOp::kSum ? "sum" : "max"; }
   void check_peer(int64_t peer, const char* operation) const {
     if (peer < 0 || peer >= size() || peer == group_.rank) {
@@ -353,9 +350,8 @@ World::World(int64_t rank, int64_t world_size, int device, const IdBroadcast& br
     std::memcpy(&id, blob.data(), sizeof id);
     const std::lock_guard<std::timed_mutex> nccl(nccl_mutex_);
     const std::string what = "ncclCommInitRank for a world of " + std::to_string(world_size);
-    const ncclResult_t made = host_call(what, [&] {
-      return ncclCommInitRank(&world_comm_, static_cast<int>(world_size), id, static_cast<int>(rank));
-    });
+    const ncclResult_t made = host_call(
+        what, [&] { return ncclCommInitRank(&world_comm_, static_cast<int>(world_size), id, static_cast<int>(rank)); });
     if (made != ncclSuccess) {
       world_comm_ = nullptr;
       throw std::runtime_error("rank " + std::to_string(rank) + ": " + what + ": " + nccl_error_text(made, nullptr));
@@ -404,8 +400,8 @@ std::unique_ptr<Comm> World::split(int64_t color, int64_t key, const std::vector
   if (color > INT_MAX) {
     throw std::invalid_argument("split of " + name + ": color " + std::to_string(color) + " > INT_MAX");
   }
-  if (color >= 0 && (key < 0 || key >= static_cast<int64_t>(ranks.size()) ||
-                     ranks[static_cast<std::size_t>(key)] != rank_)) {
+  if (color >= 0 &&
+      (key < 0 || key >= static_cast<int64_t>(ranks.size()) || ranks[static_cast<std::size_t>(key)] != rank_)) {
     throw std::invalid_argument("split of " + name + ": rank " + std::to_string(rank_) + " is not at position " +
                                 std::to_string(key));
   }
@@ -418,9 +414,8 @@ std::unique_ptr<Comm> World::split(int64_t color, int64_t key, const std::vector
   group->ranks = ranks;
   group->rank = key;
   for (ncclComm_t* comm : {&group->up.comm, &group->down.comm}) {
-    const ncclResult_t made = host_call("ncclCommSplit for " + name, [&] {
-      return ncclCommSplit(world_comm_, nccl_color, nccl_key, comm, nullptr);
-    });
+    const ncclResult_t made = host_call(
+        "ncclCommSplit for " + name, [&] { return ncclCommSplit(world_comm_, nccl_color, nccl_key, comm, nullptr); });
     if (made != ncclSuccess) {
       *comm = nullptr;
       if (group->up.comm) (void)ncclCommAbort(group->up.comm);

@@ -56,8 +56,8 @@ class Failures {
 
 void run_rank_threads(InProcessWorld& world, int64_t world_size, const std::function<void(int64_t rank)>& body) {
   if (world_size <= 0 || world_size > world.world_size()) {
-    throw std::invalid_argument("run_rank_threads: " + std::to_string(world_size) +
-                                " ranks for a world of " + std::to_string(world.world_size()));
+    throw std::invalid_argument("run_rank_threads: " + std::to_string(world_size) + " ranks for a world of " +
+                                std::to_string(world.world_size()));
   }
   Failures failures;
   auto run_rank = [&](int64_t rank) {

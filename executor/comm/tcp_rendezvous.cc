@@ -178,16 +178,15 @@ std::vector<uint8_t> reply_message(uint8_t status, const uint8_t* payload, size_
 // Tells a peer why it is refused. Best effort: the message is small enough for any socket buffer,
 // and a peer that is already gone needs no answer.
 void send_refusal(const Socket& socket, const std::string& reason) {
-  const auto message = reply_message(
-      kStatusRefused, reinterpret_cast<const uint8_t*>(reason.data()), reason.size());
+  const auto message = reply_message(kStatusRefused, reinterpret_cast<const uint8_t*>(reason.data()), reason.size());
   (void)send_all(socket.fd(), message.data(), message.size(), Clock::now() + std::chrono::milliseconds(100));
 }
 
 std::string peer_text(const sockaddr_storage& address, socklen_t size) {
   char host[NI_MAXHOST];
   char port[NI_MAXSERV];
-  if (::getnameinfo(reinterpret_cast<const sockaddr*>(&address), size, host, sizeof(host),
-                    port, sizeof(port), NI_NUMERICHOST | NI_NUMERICSERV) != 0) {
+  if (::getnameinfo(reinterpret_cast<const sockaddr*>(&address), size, host, sizeof(host), port, sizeof(port),
+                    NI_NUMERICHOST | NI_NUMERICSERV) != 0) {
     return "an unknown address";
   }
   return endpoint_text(host, std::stoi(port));
@@ -227,9 +226,9 @@ Socket listen_on(int port) {
     // A port in use is in use for IPv4 too; only a missing IPv6 stack is worth the second try.
     if (last_error == EADDRINUSE || last_error == EACCES) break;
   }
-  std::string rule = "rank 0 cannot listen on port " + std::to_string(port) + ": " +
-                     std::strerror(last_error);
-  if (last_error == EADDRINUSE) rule += " (another job, or a previous run's rank 0, holds it; pick another MASTER_PORT)";
+  std::string rule = "rank 0 cannot listen on port " + std::to_string(port) + ": " + std::strerror(last_error);
+  if (last_error == EADDRINUSE)
+    rule += " (another job, or a previous run's rank 0, holds it; pick another MASTER_PORT)";
   throw SpecError("MASTER_PORT", rule);
 }
 
@@ -290,8 +289,8 @@ std::vector<uint8_t> serve_as_rank0(int64_t world_size, int port, const std::vec
         still_pending.push_back(std::move(peer));
         continue;
       }
-      const ssize_t result = ::recv(peer.socket.fd(), peer.header.data() + peer.received,
-                                    kHeaderBytes - peer.received, 0);
+      const ssize_t result =
+          ::recv(peer.socket.fd(), peer.header.data() + peer.received, kHeaderBytes - peer.received, 0);
       if (result < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
         still_pending.push_back(std::move(peer));
         continue;
@@ -299,7 +298,8 @@ std::vector<uint8_t> serve_as_rank0(int64_t world_size, int port, const std::vec
       if (result <= 0) continue;  // closed before a full header: drop it
       peer.received += static_cast<size_t>(result);
       if (peer.received < kHeaderBytes) {
-        if (!std::equal(peer.header.begin(), peer.header.begin() + std::min(peer.received, kMagic.size()), kMagic.begin())) {
+        if (!std::equal(peer.header.begin(), peer.header.begin() + std::min(peer.received, kMagic.size()),
+                        kMagic.begin())) {
           refusals.push_back("a connection from " + peer.from + " that is no megaplan rendezvous");
           continue;
         }
@@ -315,17 +315,16 @@ std::vector<uint8_t> serve_as_rank0(int64_t world_size, int port, const std::vec
       std::string reason;
       if (peer_world != world_size) {
         reason = "rank " + std::to_string(rank) + " from " + peer.from + " announced world size " +
-                 std::to_string(peer_world) + ", but rank 0 runs a world of " +
-                 std::to_string(world_size) + " (another job on the same MASTER_PORT?)";
+                 std::to_string(peer_world) + ", but rank 0 runs a world of " + std::to_string(world_size) +
+                 " (another job on the same MASTER_PORT?)";
       } else if (rank < 1 || rank >= world_size) {
-        reason = "a peer from " + peer.from + " announced rank " + std::to_string(rank) +
-                 ", outside 1.." + std::to_string(world_size - 1);
-      } else if (const auto found = connected.find(rank);
-                 found != connected.end() && peer_gone(found->second.socket)) {
+        reason = "a peer from " + peer.from + " announced rank " + std::to_string(rank) + ", outside 1.." +
+                 std::to_string(world_size - 1);
+      } else if (const auto found = connected.find(rank); found != connected.end() && peer_gone(found->second.socket)) {
         connected.erase(found);  // the first connection died: this is the rank coming back
       } else if (found != connected.end()) {
-        reason = "rank " + std::to_string(rank) + " connected twice, from " + found->second.from +
-                 " and from " + peer.from + " (two processes with one RANK?)";
+        reason = "rank " + std::to_string(rank) + " connected twice, from " + found->second.from + " and from " +
+                 peer.from + " (two processes with one RANK?)";
       }
       if (!reason.empty()) {
         send_refusal(peer.socket, "rank 0 refused this process: " + reason);
@@ -340,8 +339,8 @@ std::vector<uint8_t> serve_as_rank0(int64_t world_size, int port, const std::vec
       while (true) {
         sockaddr_storage from{};
         socklen_t from_size = sizeof(from);
-        const int fd = ::accept4(listener.fd(), reinterpret_cast<sockaddr*>(&from), &from_size,
-                                 SOCK_NONBLOCK | SOCK_CLOEXEC);
+        const int fd =
+            ::accept4(listener.fd(), reinterpret_cast<sockaddr*>(&from), &from_size, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) break;  // EAGAIN: accepted everything queued; other errors: the peer gave up
         PendingPeer peer;
         peer.socket = Socket(fd);
@@ -356,10 +355,9 @@ std::vector<uint8_t> serve_as_rank0(int64_t world_size, int port, const std::vec
     for (int64_t rank = 1; rank < world_size; ++rank) {
       if (!connected.count(rank)) missing.push_back(rank);
     }
-    std::string rule = "rank(s) " + rank_list(missing) + " did not connect to rank 0 on port " +
-                       std::to_string(port) + " within " + duration_text(timeout) + " (" +
-                       std::to_string(connected.size()) + " of " + std::to_string(world_size - 1) +
-                       " did)";
+    std::string rule = "rank(s) " + rank_list(missing) + " did not connect to rank 0 on port " + std::to_string(port) +
+                       " within " + duration_text(timeout) + " (" + std::to_string(connected.size()) + " of " +
+                       std::to_string(world_size - 1) + " did)";
     for (const auto& reason : refusals) rule += "; refused " + reason;
     rule += "; every rank needs the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE";
     // The connected ranks fail with the same words instead of waiting out their own timeouts.
@@ -375,8 +373,8 @@ std::vector<uint8_t> serve_as_rank0(int64_t world_size, int port, const std::vec
     }
   }
   if (!unreached.empty()) {
-    throw SpecError("MASTER_ADDR", "rank(s) " + rank_list(unreached) +
-                                       " disconnected before rank 0 could send them the id");
+    throw SpecError("MASTER_ADDR",
+                    "rank(s) " + rank_list(unreached) + " disconnected before rank 0 could send them the id");
   }
   return blob;
 }
@@ -384,8 +382,7 @@ std::vector<uint8_t> serve_as_rank0(int64_t world_size, int port, const std::vec
 // One non-blocking connect to `address`, waiting at most until `deadline`. Invalid socket on
 // failure, with errno set.
 Socket connect_once(const addrinfo& address, Clock::time_point deadline) {
-  Socket socket(::socket(address.ai_family, address.ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
-                         address.ai_protocol));
+  Socket socket(::socket(address.ai_family, address.ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, address.ai_protocol));
   if (!socket.valid()) return socket;
   if (::connect(socket.fd(), address.ai_addr, address.ai_addrlen) == 0) return socket;
   if (errno != EINPROGRESS) return Socket();
@@ -432,16 +429,16 @@ Socket connect_to_rank0(const std::string& address, int port, Clock::time_point 
     }
     const auto now = Clock::now();
     if (now >= deadline) {
-      throw SpecError("MASTER_ADDR", "could not reach rank 0 at " + endpoint + " within " +
-                                         duration_text(timeout) + ": " + last_error);
+      throw SpecError("MASTER_ADDR", "could not reach rank 0 at " + endpoint + " within " + duration_text(timeout) +
+                                         ": " + last_error);
     }
     std::this_thread::sleep_for(std::min<Clock::duration>(pause, deadline - now));
     pause = std::min(pause * 2, std::chrono::milliseconds(500));
   }
 }
 
-std::vector<uint8_t> receive_from_rank0(int64_t rank, int64_t world_size, const std::string& address,
-                                        int port, std::chrono::milliseconds timeout) {
+std::vector<uint8_t> receive_from_rank0(int64_t rank, int64_t world_size, const std::string& address, int port,
+                                        std::chrono::milliseconds timeout) {
   const Clock::time_point deadline = Clock::now() + timeout;
   const std::string endpoint = endpoint_text(address, port);
   Socket socket = connect_to_rank0(address, port, deadline, timeout);
@@ -453,17 +450,17 @@ std::vector<uint8_t> receive_from_rank0(int64_t rank, int64_t world_size, const 
   auto fail = [&](Io result, const std::string& step) -> SpecError {
     const int error = errno;
     if (result == Io::kTimeout) {
-      return SpecError("MASTER_ADDR", "rank " + std::to_string(rank) + " connected to rank 0 at " +
-                                          endpoint + " but got no reply within " +
-                                          duration_text(timeout) + " (rank 0 replies once all " +
-                                          std::to_string(world_size) + " ranks have connected)");
+      return SpecError("MASTER_ADDR", "rank " + std::to_string(rank) + " connected to rank 0 at " + endpoint +
+                                          " but got no reply within " + duration_text(timeout) +
+                                          " (rank 0 replies once all " + std::to_string(world_size) +
+                                          " ranks have connected)");
     }
     if (result == Io::kClosed) {
       return SpecError("MASTER_ADDR", "rank 0 at " + endpoint + " closed the connection " + step +
                                           " (is it a megaplan rank 0 of this job?)");
     }
-    return SpecError("MASTER_ADDR", "talking to rank 0 at " + endpoint + " failed " + step + ": " +
-                                        std::strerror(error));
+    return SpecError("MASTER_ADDR",
+                     "talking to rank 0 at " + endpoint + " failed " + step + ": " + std::strerror(error));
   };
   if (const Io sent = send_all(socket.fd(), header.data(), header.size(), deadline); sent != Io::kDone) {
     throw fail(sent, "while this rank sent its header");
@@ -476,10 +473,10 @@ std::vector<uint8_t> receive_from_rank0(int64_t rank, int64_t world_size, const 
   size_t size = 0;
   for (size_t i = 9; i < kReplyHeadBytes; ++i) size = (size << 8) | head[i];
   const uint8_t status = head[8];
-  if (!std::equal(kMagic.begin(), kMagic.end(), head.begin()) ||
-      (status != kStatusBlob && status != kStatusRefused) || size > kMaxPayloadBytes) {
-    throw SpecError("MASTER_ADDR", "the process at " + endpoint +
-                                       " answered, but not as a megaplan rank 0 (wrong MASTER_PORT?)");
+  if (!std::equal(kMagic.begin(), kMagic.end(), head.begin()) || (status != kStatusBlob && status != kStatusRefused) ||
+      size > kMaxPayloadBytes) {
+    throw SpecError("MASTER_ADDR",
+                    "the process at " + endpoint + " answered, but not as a megaplan rank 0 (wrong MASTER_PORT?)");
   }
   std::vector<uint8_t> payload(size);
   if (const Io got = recv_all(socket.fd(), payload.data(), payload.size(), deadline); got != Io::kDone) {
@@ -491,13 +488,12 @@ std::vector<uint8_t> receive_from_rank0(int64_t rank, int64_t world_size, const 
 
 }  // namespace
 
-std::vector<uint8_t> tcp_broadcast_from_rank0(int64_t rank, int64_t world_size,
-                                              const std::string& address, int port,
+std::vector<uint8_t> tcp_broadcast_from_rank0(int64_t rank, int64_t world_size, const std::string& address, int port,
                                               const std::vector<uint8_t>& blob_on_rank0,
                                               std::chrono::milliseconds timeout) {
   if (world_size < 1 || rank < 0 || rank >= world_size) {
-    throw std::invalid_argument("tcp_broadcast_from_rank0: rank " + std::to_string(rank) +
-                                " of world " + std::to_string(world_size));
+    throw std::invalid_argument("tcp_broadcast_from_rank0: rank " + std::to_string(rank) + " of world " +
+                                std::to_string(world_size));
   }
   if (port < 1 || port > 65535) {
     throw SpecError("MASTER_PORT", "must be a TCP port in 1..65535, got " + std::to_string(port));

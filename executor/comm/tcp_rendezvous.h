@@ -29,8 +29,7 @@ namespace megaplan::exec {
 // Throws SpecError("MASTER_ADDR" or "MASTER_PORT", ...) on refusal, unreachable rank 0, a bad
 // reply or the timeout.
 // REQUIRES: 0 <= rank < world_size; 1 <= port <= 65535.
-std::vector<uint8_t> tcp_broadcast_from_rank0(int64_t rank, int64_t world_size,
-                                              const std::string& address, int port,
+std::vector<uint8_t> tcp_broadcast_from_rank0(int64_t rank, int64_t world_size, const std::string& address, int port,
                                               const std::vector<uint8_t>& blob_on_rank0,
                                               std::chrono::milliseconds timeout);
 

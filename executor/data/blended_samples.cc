@@ -83,8 +83,10 @@ BlendedSamples::BlendedSamples(const DataBlend& blend, const std::vector<std::un
     if (total < num_samples) {
       throw SpecError("--data-path", "the " + std::to_string(count) + " datasets given without weights hold " +
                                          std::to_string(total) + " " + split_name + " samples of " +
-                                         std::to_string(seq_length + 1) + " tokens (an epoch of each, as Megatron-LM "
-                                         "blends them), fewer than the " + std::to_string(num_samples) +
+                                         std::to_string(seq_length + 1) +
+                                         " tokens (an epoch of each, as Megatron-LM "
+                                         "blends them), fewer than the " +
+                                         std::to_string(num_samples) +
                                          " this run draws: give weights (0.5 A 0.5 B) to repeat them, or more data");
     }
     for (std::size_t d = 0; d < count; ++d) weights[d] = static_cast<double>(built[d]) / static_cast<double>(total);

@@ -63,8 +63,8 @@ void Gpt2Tokenizer::read_vocabulary(const std::string& vocab_path, std::unordere
                                           std::to_string(size) + "), got " + value.dump());
     }
     if (token_of[id] != nullptr) {
-      throw SpecError("--vocab-file", vocab_path + ": " + quoted_excerpt(*token_of[id]) + " and " + quoted_excerpt(token) +
-                                          " share id " + std::to_string(id));
+      throw SpecError("--vocab-file", vocab_path + ": " + quoted_excerpt(*token_of[id]) + " and " +
+                                          quoted_excerpt(token) + " share id " + std::to_string(id));
     }
     token_of[id] = &token;
     ids.emplace(token, static_cast<int32_t>(id));

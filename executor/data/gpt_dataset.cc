@@ -48,19 +48,22 @@ std::array<DocumentRange, 3> split_documents(const std::string& split, int64_t d
   double total = 0;
   for (double weight : weights) total += weight;
   if (weights.empty() || weights.size() > 3 || !(total > 0)) {
-    throw SpecError("--split", "\"" + split + "\": needs one to three weights (train, validation, test) with a positive sum");
+    throw SpecError("--split",
+                    "\"" + split + "\": needs one to three weights (train, validation, test) with a positive sum");
   }
   weights.resize(3, 0.0);
   std::array<int64_t, 4> bounds{0, 0, 0, 0};
   const int saved_rounding = std::fegetround();
   std::fesetround(FE_TONEAREST);  // nearbyint then rounds half to even, as Python's round
   for (std::size_t i = 0; i < 3; ++i) {
-    bounds[i + 1] = bounds[i] + static_cast<int64_t>(std::nearbyint(weights[i] / total * static_cast<double>(documents)));
+    bounds[i + 1] =
+        bounds[i] + static_cast<int64_t>(std::nearbyint(weights[i] / total * static_cast<double>(documents)));
   }
   std::fesetround(saved_rounding);
   const int64_t excess = bounds[3] - documents;
   for (std::size_t i = 1; i < 4; ++i) bounds[i] -= excess;
-  return {DocumentRange{bounds[0], bounds[1]}, DocumentRange{bounds[1], bounds[2]}, DocumentRange{bounds[2], bounds[3]}};
+  return {DocumentRange{bounds[0], bounds[1]}, DocumentRange{bounds[1], bounds[2]},
+          DocumentRange{bounds[2], bounds[3]}};
 }
 
 GptSamples::GptSamples(const IndexedDataset& dataset, DocumentRange documents, int64_t seq_length, int64_t num_samples,

@@ -95,14 +95,17 @@ void HfTokenizer::read(const std::string& path) {
   } catch (const SpecError& error) {
     throw SpecError(kFileFlag, error.what());
   }
-  if (!root.is_object()) throw SpecError(kFileFlag, path + ": must be a JSON object (a tokenizer.json), got " + shown(root));
+  if (!root.is_object())
+    throw SpecError(kFileFlag, path + ": must be a JSON object (a tokenizer.json), got " + shown(root));
 
   // The model: byte-level BPE.
   if (!root.contains("model") || !root["model"].is_object()) throw fail("model", "must be an object");
   const nlohmann::json& model = root["model"];
   if (type_of(model) != "BPE") {
-    throw fail("model.type", "must be \"BPE\" (byte-level BPE; use --tokenizer sentencepiece for SentencePiece "
-                             "models), got " + shown(model.value("type", nlohmann::json())));
+    throw fail("model.type",
+               "must be \"BPE\" (byte-level BPE; use --tokenizer sentencepiece for SentencePiece "
+               "models), got " +
+                   shown(model.value("type", nlohmann::json())));
   }
   // A true/false field, false when absent or null.
   const auto flag = [&](const nlohmann::json& object, const char* key, const std::string& field) {
@@ -188,7 +191,8 @@ void HfTokenizer::read(const std::string& path) {
       nfc_ = true;
     } else if (type == "Sequence" && normalizer.contains("normalizers") && normalizer["normalizers"].is_array()) {
       for (const nlohmann::json& step : normalizer["normalizers"]) {
-        if (type_of(step) != "NFC") throw fail("normalizer", "\"" + type_of(step) + "\" in a Sequence " + normalizer_rule);
+        if (type_of(step) != "NFC")
+          throw fail("normalizer", "\"" + type_of(step) + "\" in a Sequence " + normalizer_rule);
         nfc_ = true;
       }
     } else {
@@ -197,8 +201,7 @@ void HfTokenizer::read(const std::string& path) {
   }
 
   // The pre-tokenizer: Splits then ByteLevel, or ByteLevel alone.
-  const auto pre_tokenizer_rule =
-      "must be ByteLevel, or a Sequence of Split (behavior Isolated) ending in ByteLevel";
+  const auto pre_tokenizer_rule = "must be ByteLevel, or a Sequence of Split (behavior Isolated) ending in ByteLevel";
   if (!root.contains("pre_tokenizer") || root["pre_tokenizer"].is_null()) {
     throw fail("pre_tokenizer", std::string(pre_tokenizer_rule) + ", got null");
   }
@@ -310,8 +313,9 @@ void HfTokenizer::read_end_of_document(const std::string& path) {
     end_of_document_ = id_of(name);
     if (end_of_document_ >= 0) return;
   }
-  end_of_document_problem_ = path + ": no end-of-text token: no tokenizer_config.json with an eos_token beside it, "
-                                    "and no added token named \"<|endoftext|>\", \"<|end_of_text|>\" or \"</s>\"";
+  end_of_document_problem_ = path +
+                             ": no end-of-text token: no tokenizer_config.json with an eos_token beside it, "
+                             "and no added token named \"<|endoftext|>\", \"<|end_of_text|>\" or \"</s>\"";
 }
 
 int64_t HfTokenizer::end_of_document() const {

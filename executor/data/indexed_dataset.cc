@@ -29,7 +29,9 @@ T load(const unsigned char* at) {
   return value;
 }
 
-[[noreturn]] void refuse(const std::string& path, const std::string& rule) { throw SpecError(kDataPathFlag, path + ": " + rule); }
+[[noreturn]] void refuse(const std::string& path, const std::string& rule) {
+  throw SpecError(kDataPathFlag, path + ": " + rule);
+}
 
 bool known(uint8_t code) { return code >= 1 && code <= 8; }
 
@@ -60,17 +62,13 @@ void widen(const unsigned char* at, std::size_t count, int64_t& smallest, int64_
 std::size_t token_bytes(TokenType type) {
   switch (type) {
     case TokenType::kUint8:
-    case TokenType::kInt8:
-      return 1;
+    case TokenType::kInt8: return 1;
     case TokenType::kInt16:
-    case TokenType::kUint16:
-      return 2;
+    case TokenType::kUint16: return 2;
     case TokenType::kInt32:
-    case TokenType::kFloat32:
-      return 4;
+    case TokenType::kFloat32: return 4;
     case TokenType::kInt64:
-    case TokenType::kFloat64:
-      return 8;
+    case TokenType::kFloat64: return 8;
   }
   return 0;
 }
@@ -113,7 +111,8 @@ IndexedDataset::IndexedDataset(const std::string& prefix) : prefix_(prefix) {
       refuse(index_path, "truncated: " + std::to_string(index_.size) + " bytes, shorter than the " +
                              std::to_string(kHeaderBytes) + "-byte header");
     }
-    if (std::memcmp(index_.data, kMagic, sizeof kMagic) != 0) refuse(index_path, "not a Megatron index (no MMIDIDX magic)");
+    if (std::memcmp(index_.data, kMagic, sizeof kMagic) != 0)
+      refuse(index_path, "not a Megatron index (no MMIDIDX magic)");
     const auto version = load<uint64_t>(index_.data + 9);
     if (version != 1) refuse(index_path, "index version " + std::to_string(version) + " (only version 1 is known)");
     const uint8_t code = index_.data[17];
@@ -236,14 +235,49 @@ void IndexedDatasetWriter::add_document(const std::vector<int64_t>& tokens) {
     unsigned char bytes[8];
     bool fits = true;
     switch (type_) {
-      case TokenType::kUint8: { const auto v = static_cast<uint8_t>(token); fits = v == token; std::memcpy(bytes, &v, 1); break; }
-      case TokenType::kInt8: { const auto v = static_cast<int8_t>(token); fits = v == token; std::memcpy(bytes, &v, 1); break; }
-      case TokenType::kInt16: { const auto v = static_cast<int16_t>(token); fits = v == token; std::memcpy(bytes, &v, 2); break; }
-      case TokenType::kUint16: { const auto v = static_cast<uint16_t>(token); fits = v == token; std::memcpy(bytes, &v, 2); break; }
-      case TokenType::kInt32: { const auto v = static_cast<int32_t>(token); fits = v == token; std::memcpy(bytes, &v, 4); break; }
+      case TokenType::kUint8: {
+        const auto v = static_cast<uint8_t>(token);
+        fits = v == token;
+        std::memcpy(bytes, &v, 1);
+        break;
+      }
+      case TokenType::kInt8: {
+        const auto v = static_cast<int8_t>(token);
+        fits = v == token;
+        std::memcpy(bytes, &v, 1);
+        break;
+      }
+      case TokenType::kInt16: {
+        const auto v = static_cast<int16_t>(token);
+        fits = v == token;
+        std::memcpy(bytes, &v, 2);
+        break;
+      }
+      case TokenType::kUint16: {
+        const auto v = static_cast<uint16_t>(token);
+        fits = v == token;
+        std::memcpy(bytes, &v, 2);
+        break;
+      }
+      case TokenType::kInt32: {
+        const auto v = static_cast<int32_t>(token);
+        fits = v == token;
+        std::memcpy(bytes, &v, 4);
+        break;
+      }
       case TokenType::kInt64: std::memcpy(bytes, &token, 8); break;
-      case TokenType::kFloat32: { const auto v = static_cast<float>(token); fits = static_cast<int64_t>(v) == token; std::memcpy(bytes, &v, 4); break; }
-      case TokenType::kFloat64: { const auto v = static_cast<double>(token); fits = static_cast<int64_t>(v) == token; std::memcpy(bytes, &v, 8); break; }
+      case TokenType::kFloat32: {
+        const auto v = static_cast<float>(token);
+        fits = static_cast<int64_t>(v) == token;
+        std::memcpy(bytes, &v, 4);
+        break;
+      }
+      case TokenType::kFloat64: {
+        const auto v = static_cast<double>(token);
+        fits = static_cast<int64_t>(v) == token;
+        std::memcpy(bytes, &v, 8);
+        break;
+      }
     }
     if (!fits) {
       throw SpecError("--input", "token " + std::to_string(token) + " does not fit dtype code " +

@@ -35,7 +35,8 @@ InputReader::InputReader(const std::vector<std::string>& inputs) {
       continue;
     }
     std::vector<std::string> found;
-    for (std::filesystem::recursive_directory_iterator it(input, error), end; !error && it != end; it.increment(error)) {
+    for (std::filesystem::recursive_directory_iterator it(input, error), end; !error && it != end;
+         it.increment(error)) {
       if (it->is_regular_file(error)) found.push_back(it->path().string());
     }
     if (error) throw SpecError("--input", input + ": cannot list the directory: " + error.message());
@@ -101,7 +102,8 @@ bool InputReader::open_next_file(InputRecord& first) {
     bytes_read_ = bytes_before;
     std::error_code error;
     const std::uintmax_t size = std::filesystem::file_size(path_, error);
-    if (!error) require_at_most(static_cast<int64_t>(size), kMaxDocumentBytes, "--input " + path_ + " (bytes of one document)");
+    if (!error)
+      require_at_most(static_cast<int64_t>(size), kMaxDocumentBytes, "--input " + path_ + " (bytes of one document)");
     std::string contents;
     try {
       contents = read_text_file(path_);

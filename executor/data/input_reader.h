@@ -15,8 +15,8 @@
 namespace megaplan::exec {
 
 struct InputRecord {
-  std::string text;      // the JSON line, or the file's contents
-  bool json = false;     // a line of a JSON-lines file
+  std::string text;   // the JSON line, or the file's contents
+  bool json = false;  // a line of a JSON-lines file
   std::string path;
   std::size_t line = 0;  // JSON lines: the line's number, from 1
   // "FILE" or "FILE:LINE", for messages.

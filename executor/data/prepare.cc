@@ -1,5 +1,6 @@
 #include "executor/data/prepare.h"
 
+#include <unistd.h>
 #include <algorithm>
 #include <atomic>
 #include <exception>
@@ -9,7 +10,6 @@
 #include <optional>
 #include <system_error>
 #include <thread>
-#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -79,8 +79,9 @@ void encode_record(const InputRecord& record, const std::vector<std::string>& ke
   if (!record.json) {
     const auto text_key = std::find(keys.begin(), keys.end(), "text");
     if (text_key == keys.end()) {
-      throw SpecError("--input", record.where() + ": is not JSON lines, so its whole text is key \"text\", which "
-                                                   "--json-keys does not name");
+      throw SpecError("--input", record.where() +
+                                     ": is not JSON lines, so its whole text is key \"text\", which "
+                                     "--json-keys does not name");
     }
     add(static_cast<std::size_t>(text_key - keys.begin()), record.text);
     return;

@@ -22,7 +22,8 @@ SentencePieceTokenizer::SentencePieceTokenizer(const std::string& model_path)
     throw SpecError(kModelFlag, error.what());
   }
   if (serialized.empty() || !processor_->LoadFromSerializedProto(serialized).ok() || processor_->GetPieceSize() <= 0) {
-    throw SpecError(kModelFlag, model_path + ": not a SentencePiece model (a tokenizer.model protobuf, as spm_train writes)");
+    throw SpecError(kModelFlag,
+                    model_path + ": not a SentencePiece model (a tokenizer.model protobuf, as spm_train writes)");
   }
   vocab_size_ = processor_->GetPieceSize();
 }
@@ -32,13 +33,15 @@ SentencePieceTokenizer::~SentencePieceTokenizer() = default;
 std::vector<int64_t> SentencePieceTokenizer::encode(std::string_view text) const {
   std::vector<int> ids;
   const auto status = processor_->Encode(text, &ids);
-  if (!status.ok()) throw SpecError(kModelFlag, model_path_ + ": libsentencepiece cannot encode a document: " + status.ToString());
+  if (!status.ok())
+    throw SpecError(kModelFlag, model_path_ + ": libsentencepiece cannot encode a document: " + status.ToString());
   return std::vector<int64_t>(ids.begin(), ids.end());
 }
 
 int64_t SentencePieceTokenizer::end_of_document() const {
   const int eos = processor_->eos_id();
-  if (eos < 0) throw SpecError("--append-eod", model_path_ + ": the SentencePiece model has no end-of-sentence piece (eos_id -1)");
+  if (eos < 0)
+    throw SpecError("--append-eod", model_path_ + ": the SentencePiece model has no end-of-sentence piece (eos_id -1)");
   return eos;
 }
 

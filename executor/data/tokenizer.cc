@@ -85,13 +85,15 @@ TokenizerOptions resolve_tokenizer(const TokenizerOptions& options) {
   const MegatronTokenizerType& type = megatron_tokenizer_type(options.megatron_type);
   if (!options.kind.empty() && options.kind != type.kind) {
     throw SpecError("--tokenizer-type", options.megatron_type + " is megaplan's --tokenizer " + type.kind +
-                                            ", not --tokenizer " + options.kind + ": give one of them, or both agreeing");
+                                            ", not --tokenizer " + options.kind +
+                                            ": give one of them, or both agreeing");
   }
   resolved.kind = type.kind;
   if (resolved.kind == "hf" && !options.tokenizer_model.empty()) {
     // Megatron hands HuggingFaceTokenizer its tokenizer as --tokenizer-model: a file or a folder.
     if (!options.tokenizer_file.empty()) {
-      throw SpecError("--tokenizer-model", "and --tokenizer-file both name HuggingFaceTokenizer's tokenizer.json: give one");
+      throw SpecError("--tokenizer-model",
+                      "and --tokenizer-file both name HuggingFaceTokenizer's tokenizer.json: give one");
     }
     std::error_code error;
     const bool folder = std::filesystem::is_directory(options.tokenizer_model, error);
@@ -129,8 +131,8 @@ std::unique_ptr<Tokenizer> make_tokenizer(const TokenizerOptions& given) {
       throw SpecError(flag, named(options) + " needs " + file.what);
     }
     if (file.kind != options.kind && !file.value.empty()) {
-      throw SpecError(file.flag, named(options) + " does not read " + file.what + " (--tokenizer " + file.kind +
-                                     " does); drop it");
+      throw SpecError(
+          file.flag, named(options) + " does not read " + file.what + " (--tokenizer " + file.kind + " does); drop it");
     }
   }
   if (options.kind == "gpt2") return std::make_unique<Gpt2Tokenizer>(options.vocab_file, options.merge_file);

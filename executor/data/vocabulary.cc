@@ -33,8 +33,9 @@ Vocabulary training_vocabulary(const std::optional<Vocabulary>& given, const std
     vocabulary = {make_tokenizer(*tokenizer)->vocab_size(),
                   "the tokenizer (" + resolved.kind + (file.empty() ? "" : ": " + file) + ")"};
   } else {
-    vocabulary = {largest_token + 1, "the data (the largest token id in " + largest_file +
-                                         ", plus one; name the tokenizer or give --vocab-size for the tokenizer's own)"};
+    vocabulary = {largest_token + 1,
+                  "the data (the largest token id in " + largest_file +
+                      ", plus one; name the tokenizer or give --vocab-size for the tokenizer's own)"};
   }
   if (smallest && smallest->token < 0) {
     throw SpecError("--data-path", smallest->prefix + ".bin holds the token id " + std::to_string(smallest->token) +

@@ -2,14 +2,14 @@
 
 #include <array>
 #include <cstdio>
-#include <optional>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <utility>
 #include <vector>
 
-#include <nlohmann/json.hpp>
 #include <sentencepiece_processor.h>
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "core/hf_config.h"
@@ -52,8 +52,9 @@ WholeTensor place_rows(const std::vector<WholeTensor>& parts, const std::vector<
   int64_t stacked = 0;
   for (const WholeTensor& part : parts) {
     for (int64_t r = 0; r < part.shape[0]; ++r, ++stacked) {
-      std::copy_n(part.values.begin() + static_cast<std::ptrdiff_t>(r * columns), columns,
-                  whole.values.begin() + static_cast<std::ptrdiff_t>(rows[static_cast<std::size_t>(stacked)] * columns));
+      std::copy_n(
+          part.values.begin() + static_cast<std::ptrdiff_t>(r * columns), columns,
+          whole.values.begin() + static_cast<std::ptrdiff_t>(rows[static_cast<std::size_t>(stacked)] * columns));
     }
   }
   return whole;
@@ -88,7 +89,7 @@ std::array<std::vector<int64_t>, 3> qkv_rows(int64_t groups, int64_t group, int6
 // transposed for GPT-2's Conv1D), or rows split over several.
 struct Mapping {
   std::string megatron;
-  std::vector<std::string> hf;           // one, or the parts in stacking order
+  std::vector<std::string> hf;             // one, or the parts in stacking order
   std::vector<std::vector<int64_t>> rows;  // per part: the Megatron rows it holds (empty: all, one part)
   bool transposed = false;
 };
@@ -147,7 +148,8 @@ std::vector<Mapping> mappings(const ModelSpec& model, const std::string& type) {
                       qkv,
                       false});
       add(m + "self_attention.linear_proj." + s, h + "self_attn.o_proj." + s);
-      list.push_back({m + "mlp.linear_fc1." + s, {h + "mlp.gate_proj." + s, h + "mlp.up_proj." + s}, {gate, up}, false});
+      list.push_back(
+          {m + "mlp.linear_fc1." + s, {h + "mlp.gate_proj." + s, h + "mlp.up_proj." + s}, {gate, up}, false});
       add(m + "mlp.linear_fc2." + s, h + "mlp.down_proj." + s);
     }
   }
@@ -185,8 +187,9 @@ nlohmann::json config_of_architecture(const ModelSpec& model, const std::string&
             {"tie_word_embeddings", tied},
             {"torch_dtype", torch_dtype}};
   }
-  const std::string architecture = type == "qwen2" ? "Qwen2ForCausalLM" : type == "mistral" ? "MistralForCausalLM"
-                                                                                            : "LlamaForCausalLM";
+  const std::string architecture = type == "qwen2"     ? "Qwen2ForCausalLM"
+                                   : type == "mistral" ? "MistralForCausalLM"
+                                                       : "LlamaForCausalLM";
   nlohmann::json config = {{"architectures", {architecture}},
                            {"model_type", type},
                            {"hidden_size", model.hidden_size},
@@ -227,7 +230,8 @@ nlohmann::json config_of(const ModelSpec& model, const std::string& type, Safete
 // tokenizer.json names (a string, or an object with its "content"), found among tokenizer.json's
 // added tokens and vocabulary; nullopt where there is none or a file cannot be read.
 std::optional<int64_t> hf_config_token_id(const std::string& tokenizer_file, const std::string& key) {
-  const std::filesystem::path config_path = std::filesystem::path(tokenizer_file).parent_path() / "tokenizer_config.json";
+  const std::filesystem::path config_path =
+      std::filesystem::path(tokenizer_file).parent_path() / "tokenizer_config.json";
   std::error_code error;
   if (!std::filesystem::is_regular_file(config_path, error)) return std::nullopt;
   try {
@@ -300,8 +304,9 @@ int64_t write_hf_checkpoint(const std::string& directory, const ModelSpec& model
                                       ", fewer rows than the vocabulary of " + std::to_string(model.vocab_size));
       }
       unpadded.shape = {model.vocab_size, megatron->shape[1]};
-      unpadded.values.assign(megatron->values.begin(),
-                             megatron->values.begin() + static_cast<std::ptrdiff_t>(model.vocab_size * megatron->shape[1]));
+      unpadded.values.assign(
+          megatron->values.begin(),
+          megatron->values.begin() + static_cast<std::ptrdiff_t>(model.vocab_size * megatron->shape[1]));
       megatron = &unpadded;
     }
     for (std::size_t p = 0; p < mapping.hf.size(); ++p) {
@@ -350,8 +355,9 @@ int64_t write_hf_checkpoint(const std::string& directory, const ModelSpec& model
 HfTokenizerExport hf_tokenizer_export(const std::optional<TokenizerOptions>& tokenizer, int64_t vocab_size) {
   HfTokenizerExport result;
   if (!tokenizer) {
-    result.note = "tokenizer: unknown (the checkpoint records none: its run named no tokenizer, or it was saved before "
-                  "megaplan recorded it): config.json has no bos_token_id or eos_token_id, no tokenizer files copied";
+    result.note =
+        "tokenizer: unknown (the checkpoint records none: its run named no tokenizer, or it was saved before "
+        "megaplan recorded it): config.json has no bos_token_id or eos_token_id, no tokenizer files copied";
     return result;
   }
   const TokenizerOptions& options = *tokenizer;
@@ -385,7 +391,8 @@ HfTokenizerExport hf_tokenizer_export(const std::optional<TokenizerOptions>& tok
     beside(options.tokenizer_file, "special_tokens_map.json");
   } else if (options.kind == "sentencepiece") {
     sentencepiece::SentencePieceProcessor processor;
-    if (processor.Load(options.tokenizer_model).ok() && processor.bos_id() >= 0) result.bos_token_id = processor.bos_id();
+    if (processor.Load(options.tokenizer_model).ok() && processor.bos_id() >= 0)
+      result.bos_token_id = processor.bos_id();
     result.files = {{options.tokenizer_model, "tokenizer.model"}};
     beside(options.tokenizer_model, "tokenizer_config.json");
     beside(options.tokenizer_model, "special_tokens_map.json");
@@ -395,7 +402,8 @@ HfTokenizerExport hf_tokenizer_export(const std::optional<TokenizerOptions>& tok
   if (!result.bos_token_id) missing.push_back("it names no beginning-of-text token");
   for (std::optional<int64_t>* id : {&result.bos_token_id, &result.eos_token_id}) {
     if (*id && (**id < 0 || **id >= vocab_size)) {
-      missing.push_back("its id " + std::to_string(**id) + " lies outside the vocabulary of " + std::to_string(vocab_size));
+      missing.push_back("its id " + std::to_string(**id) + " lies outside the vocabulary of " +
+                        std::to_string(vocab_size));
       id->reset();
     }
   }
@@ -445,7 +453,8 @@ HfCheckpoint read_hf_checkpoint(const std::string& directory) {
   };
 
   std::map<std::string, Mapping> by_megatron;
-  for (Mapping& mapping : mappings(checkpoint.model, written_as)) by_megatron.emplace(mapping.megatron, std::move(mapping));
+  for (Mapping& mapping : mappings(checkpoint.model, written_as))
+    by_megatron.emplace(mapping.megatron, std::move(mapping));
   // Megatron's tensors of the whole model on one rank, with their global shapes.
   for (const ParameterSpec& spec : describe_parameters(checkpoint.model, ParallelPlan{}, 0)) {
     const bool tied_copy = spec.name == kOutputWeight && !checkpoint.model.untie_embeddings_and_output_weights;
@@ -469,7 +478,8 @@ HfCheckpoint read_hf_checkpoint(const std::string& directory) {
       }
       if (stacked != static_cast<int64_t>(rows.size())) {
         throw SpecError("--load", directory + ": " + mapping.hf.front() + " and the tensors it is joined with hold " +
-                                      std::to_string(stacked) + " rows, " + spec.name + " needs " + std::to_string(rows.size()));
+                                      std::to_string(stacked) + " rows, " + spec.name + " needs " +
+                                      std::to_string(rows.size()));
       }
       whole = place_rows(parts, rows);
     }

@@ -33,12 +33,9 @@ std::string quoted(const nlohmann::json& value) {
 
 const char* safetensors_dtype_name(SafetensorsDtype dtype) {
   switch (dtype) {
-    case SafetensorsDtype::kF32:
-      return "F32";
-    case SafetensorsDtype::kBF16:
-      return "BF16";
-    case SafetensorsDtype::kF16:
-      return "F16";
+    case SafetensorsDtype::kF32: return "F32";
+    case SafetensorsDtype::kBF16: return "BF16";
+    case SafetensorsDtype::kF16: return "F16";
   }
   return "?";
 }
@@ -96,16 +93,19 @@ SafetensorsHeader read_safetensors_header(const std::string& path, const std::st
     const nlohmann::json& shape = entry["shape"];
     if (!shape.is_array()) fail(where + " has shape " + quoted(shape) + ", not a list of sizes");
     for (const nlohmann::json& extent : shape) {
-      if (!extent.is_number_unsigned() || extent.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+      if (!extent.is_number_unsigned() ||
+          extent.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
         fail(where + " has shape " + quoted(shape) + ", not a list of sizes");
       }
       const uint64_t value = extent.get<uint64_t>();
-      if (value != 0 && count > std::numeric_limits<uint64_t>::max() / 8 / value) fail(where + "'s shape overflows 64 bits");
+      if (value != 0 && count > std::numeric_limits<uint64_t>::max() / 8 / value)
+        fail(where + "'s shape overflows 64 bits");
       count *= value;
       tensor.shape.push_back(static_cast<int64_t>(value));
     }
     const nlohmann::json& offsets = entry["data_offsets"];
-    if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() || !offsets[1].is_number_unsigned()) {
+    if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
+        !offsets[1].is_number_unsigned()) {
       fail(where + " has data_offsets " + quoted(offsets) + ", not [begin, end]");
     }
     tensor.begin = offsets[0].get<uint64_t>();
@@ -125,8 +125,9 @@ SafetensorsHeader read_safetensors_header(const std::string& path, const std::st
   std::sort(ranges.begin(), ranges.end());
   uint64_t covered = 0;
   for (const auto& [begin, end] : ranges) {
-    if (begin != covered) fail("its tensors " + std::string(begin < covered ? "overlap" : "leave a gap") + " at byte " +
-                               std::to_string(std::min(begin, covered)) + " of the data");
+    if (begin != covered)
+      fail("its tensors " + std::string(begin < covered ? "overlap" : "leave a gap") + " at byte " +
+           std::to_string(std::min(begin, covered)) + " of the data");
     covered = end;
   }
   if (covered != data_bytes) {
@@ -135,7 +136,8 @@ SafetensorsHeader read_safetensors_header(const std::string& path, const std::st
   return header;
 }
 
-WholeTensor read_safetensors_tensor(const SafetensorsHeader& header, const std::string& name, const std::string& field) {
+WholeTensor read_safetensors_tensor(const SafetensorsHeader& header, const std::string& name,
+                                    const std::string& field) {
   const auto found = header.tensors.find(name);
   if (found == header.tensors.end()) throw SpecError(field, header.path + ": holds no tensor \"" + name + "\"");
   const SafetensorsEntry& entry = found->second;
@@ -163,15 +165,17 @@ uint64_t safetensors_bytes(const WholeTensor& tensor, SafetensorsDtype dtype) {
   return tensor.values.size() * dtype_bytes(dtype);
 }
 
-void write_safetensors(const std::string& path, const std::map<std::string, WholeTensor>& tensors, SafetensorsDtype dtype,
-                       const std::map<std::string, std::string>& metadata, const std::string& field) {
+void write_safetensors(const std::string& path, const std::map<std::string, WholeTensor>& tensors,
+                       SafetensorsDtype dtype, const std::map<std::string, std::string>& metadata,
+                       const std::string& field) {
   if (dtype == SafetensorsDtype::kF16) throw std::logic_error("write_safetensors: F32 or BF16 only");
   nlohmann::json header = nlohmann::json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   uint64_t offset = 0;
   for (const auto& [name, tensor] : tensors) {
     const uint64_t bytes = safetensors_bytes(tensor, dtype);
-    header[name] = {{"dtype", safetensors_dtype_name(dtype)}, {"shape", tensor.shape}, {"data_offsets", {offset, offset + bytes}}};
+    header[name] = {
+        {"dtype", safetensors_dtype_name(dtype)}, {"shape", tensor.shape}, {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
   std::string text = header.dump();
@@ -188,7 +192,8 @@ void write_safetensors(const std::string& path, const std::map<std::string, Whol
       for (std::size_t i = 0; i < tensor.values.size(); ++i) {
         if (dtype == SafetensorsDtype::kF32) {
           const auto bits = std::bit_cast<uint32_t>(tensor.values[i]);
-          for (int b = 0; b < 4; ++b) bytes[4 * i + static_cast<std::size_t>(b)] = static_cast<unsigned char>(bits >> (8 * b));
+          for (int b = 0; b < 4; ++b)
+            bytes[4 * i + static_cast<std::size_t>(b)] = static_cast<unsigned char>(bits >> (8 * b));
         } else {
           const uint16_t bits = float_to_bf16(tensor.values[i]);
           bytes[2 * i] = static_cast<unsigned char>(bits);

@@ -33,7 +33,7 @@ struct SafetensorsEntry {
 
 struct SafetensorsHeader {
   std::string path;
-  uint64_t data_start = 0;                         // 8 + the header's length
+  uint64_t data_start = 0;                          // 8 + the header's length
   std::map<std::string, SafetensorsEntry> tensors;  // by name
   std::map<std::string, std::string> metadata;
 };
@@ -46,8 +46,9 @@ WholeTensor read_safetensors_tensor(const SafetensorsHeader& header, const std::
 // Writes `tensors` (in name order) in `dtype` (kF32 or kBF16, rounded to nearest even) with
 // `metadata`, atomically (executor/io/staged_file.h). Throws SpecError(field, ...) when the file
 // cannot be written.
-void write_safetensors(const std::string& path, const std::map<std::string, WholeTensor>& tensors, SafetensorsDtype dtype,
-                       const std::map<std::string, std::string>& metadata, const std::string& field);
+void write_safetensors(const std::string& path, const std::map<std::string, WholeTensor>& tensors,
+                       SafetensorsDtype dtype, const std::map<std::string, std::string>& metadata,
+                       const std::string& field);
 
 // The bytes write_safetensors gives a tensor's data in `dtype`.
 uint64_t safetensors_bytes(const WholeTensor& tensor, SafetensorsDtype dtype);

@@ -20,8 +20,9 @@ StagedFile::StagedFile(std::string path) : path_(std::move(path)) {
   struct stat status {};
   if (::lstat(path_.c_str(), &status) == 0) {
     if (!S_ISREG(status.st_mode)) {
-      throw SpecError(path_, "exists and is not a regular file (a device, directory, link or pipe): megaplan replaces "
-                             "only regular files");
+      throw SpecError(path_,
+                      "exists and is not a regular file (a device, directory, link or pipe): megaplan replaces "
+                      "only regular files");
     }
     if (is_input_file(path_)) throw SpecError(path_, "is an input of this command: an output must not replace it");
   }

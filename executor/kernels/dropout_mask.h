@@ -30,11 +30,12 @@ MEGAPLAN_HOST_DEVICE inline uint32_t dropout_site(int64_t layer, DropoutKind kin
 
 // One tensor's mask in one microbatch, and where this rank's part of it lies in the whole.
 struct DropoutMask {
-  float probability = 0;     // p in [0, 1)
-  uint64_t seed = 0;         // --seed
-  uint32_t site = 0;         // dropout_site(...)
-  int64_t first_sample = 0;  // the global sample (position in the run's sample order) of the microbatch's first sequence
-  int64_t seq = 0;           // tokens per sequence
+  float probability = 0;  // p in [0, 1)
+  uint64_t seed = 0;      // --seed
+  uint32_t site = 0;      // dropout_site(...)
+  int64_t first_sample =
+      0;            // the global sample (position in the run's sample order) of the microbatch's first sequence
+  int64_t seq = 0;  // tokens per sequence
   // A token-major tensor [rows x cols] of the microbatch's batch x seq tokens: this rank's first row
   // among them (sequence parallelism holds a slice of the rows).
   int64_t first_row = 0;
@@ -55,7 +56,8 @@ struct DropoutMask {
     const uint64_t block = element >> 2;
     const auto s = static_cast<uint64_t>(sample);
     const r123::Philox4x32::ctr_type counter = {{static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32),
-                                                  static_cast<uint32_t>(s), site | static_cast<uint32_t>(s >> 32) << 16}};
+                                                 static_cast<uint32_t>(s),
+                                                 site | static_cast<uint32_t>(s >> 32) << 16}};
     const r123::Philox4x32::key_type key = {{static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)}};
     const r123::Philox4x32::ctr_type draw = r123::Philox4x32()(counter, key);
     return draw.v[element & 3] >= threshold();
@@ -63,8 +65,7 @@ struct DropoutMask {
   // Row `row` of this rank's token-major rows, column `col` of `cols`.
   MEGAPLAN_HOST_DEVICE bool keeps_token(int64_t row, int64_t col, int64_t cols) const {
     const int64_t global = first_row + row;
-    return keeps(first_sample + global / seq,
-                 static_cast<uint64_t>((global % seq) * cols + col));
+    return keeps(first_sample + global / seq, static_cast<uint64_t>((global % seq) * cols + col));
   }
   // Sequence `batch`, this rank's head `head`, query `query`, key `key`.
   MEGAPLAN_HOST_DEVICE bool keeps_probability(int64_t batch, int64_t head, int64_t query, int64_t key_token) const {

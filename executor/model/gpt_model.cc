@@ -2,8 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <map>
 #include <cstring>
+#include <map>
 #include <random>
 #include <stdexcept>
 
@@ -36,7 +36,6 @@ bool ends_with(const std::string& text, const std::string& suffix) {
   return text.size() >= suffix.size() && text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-
 }  // namespace
 
 void GptModel::refuse_unsupported(const ModelSpec& model, const ParallelPlan& plan) {
@@ -44,16 +43,12 @@ void GptModel::refuse_unsupported(const ModelSpec& model, const ParallelPlan& pl
   if (std::optional<SpecError> refusal = executor_plan_refusal(plan)) throw *refusal;
 }
 
-
 TensorCut tensor_cut(const ParameterSpec& spec) {
   switch (spec.split) {
     case TensorSplit::kColumn:
-    case TensorSplit::kVocabulary:
-      return {0, spec.shard_index, spec.shard_count, spec.chunks};
-    case TensorSplit::kRow:
-      return {1, spec.shard_index, spec.shard_count};
-    case TensorSplit::kReplicated:
-      break;
+    case TensorSplit::kVocabulary: return {0, spec.shard_index, spec.shard_count, spec.chunks};
+    case TensorSplit::kRow: return {1, spec.shard_index, spec.shard_count};
+    case TensorSplit::kReplicated: break;
   }
   return {};
 }
@@ -68,8 +63,9 @@ void GptModel::add_parameter(const ParameterSpec& spec) {
   parameters_.push_back(std::move(parameter));
 }
 
-GptModel::GptModel(const ModelSpec& model, const ParallelPlan& plan, int64_t stage, Backend& backend, const Initialisation& init,
-                   Parameter* tied_embedding, Comm* tensor_parallel, std::size_t bucket_size)
+GptModel::GptModel(const ModelSpec& model, const ParallelPlan& plan, int64_t stage, Backend& backend,
+                   const Initialisation& init, Parameter* tied_embedding, Comm* tensor_parallel,
+                   std::size_t bucket_size)
     : backend_(backend),
       stage_(stage),
       hidden_(model.hidden_size),
@@ -137,12 +133,13 @@ GptModel::GptModel(const ModelSpec& model, const ParallelPlan& plan, int64_t sta
   }
   for (int64_t l = 0; l < stage_layout.num_layers; ++l) {
     const std::string prefix = "decoder.layers." + std::to_string(first_layer_ + l) + ".";
-    layers_.push_back({find(prefix + "input_layernorm.weight"), find(prefix + "input_layernorm.bias"),
-                       find(prefix + "self_attention.linear_qkv.weight"), find(prefix + "self_attention.linear_qkv.bias"),
-                       find(prefix + "self_attention.linear_proj.weight"), find(prefix + "self_attention.linear_proj.bias"),
-                       find(prefix + "pre_mlp_layernorm.weight"), find(prefix + "pre_mlp_layernorm.bias"),
-                       find(prefix + "mlp.linear_fc1.weight"), find(prefix + "mlp.linear_fc1.bias"),
-                       find(prefix + "mlp.linear_fc2.weight"), find(prefix + "mlp.linear_fc2.bias")});
+    layers_.push_back(
+        {find(prefix + "input_layernorm.weight"), find(prefix + "input_layernorm.bias"),
+         find(prefix + "self_attention.linear_qkv.weight"), find(prefix + "self_attention.linear_qkv.bias"),
+         find(prefix + "self_attention.linear_proj.weight"), find(prefix + "self_attention.linear_proj.bias"),
+         find(prefix + "pre_mlp_layernorm.weight"), find(prefix + "pre_mlp_layernorm.bias"),
+         find(prefix + "mlp.linear_fc1.weight"), find(prefix + "mlp.linear_fc1.bias"),
+         find(prefix + "mlp.linear_fc2.weight"), find(prefix + "mlp.linear_fc2.bias")});
   }
   if (has_output_) {
     final_gamma_ = find("decoder.final_layernorm.weight");
@@ -193,7 +190,8 @@ void GptModel::initialise(const Initialisation& init) {
     if (ends_with(parameter.name, "layernorm.weight")) {
       std::fill(host.begin(), host.end(), 1.0f);
     } else if (!ends_with(parameter.name, "bias")) {
-      const bool output = ends_with(parameter.name, "linear_proj.weight") || ends_with(parameter.name, "linear_fc2.weight");
+      const bool output =
+          ends_with(parameter.name, "linear_proj.weight") || ends_with(parameter.name, "linear_fc2.weight");
       const uint64_t hash = name_hash(source);
       std::seed_seq sequence{static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32),
                              static_cast<uint32_t>(hash), static_cast<uint32_t>(hash >> 32)};
@@ -251,9 +249,9 @@ GptModel::LayerActivations GptModel::allocate_layer(Keep keep) {
   layer.ln2_rstd = stats();
   if (keep == Keep::kAll) {
     layer.attention = act(tokens * static_cast<std::size_t>(q_local_));
-    layer.attention_saved = backend_.allocate(backend_.attention_saved_size(
-        static_cast<std::size_t>(batch_), static_cast<std::size_t>(seq_), static_cast<std::size_t>(heads_local_),
-        static_cast<std::size_t>(dim_)));
+    layer.attention_saved = backend_.allocate(
+        backend_.attention_saved_size(static_cast<std::size_t>(batch_), static_cast<std::size_t>(seq_),
+                                      static_cast<std::size_t>(heads_local_), static_cast<std::size_t>(dim_)));
   }
   return layer;
 }
@@ -326,8 +324,8 @@ void GptModel::read_tokens(Activations& a, const MicrobatchTokens& data) const {
   const auto seq = static_cast<std::size_t>(seq_);
   const std::size_t count = batch * seq;
   if (data.tokens.size() != batch * (seq + 1) || data.loss_mask.size() != count) {
-    throw SpecError("--micro-batch-size", "a microbatch needs " + std::to_string(batch * (seq + 1)) +
-                                              " tokens, got " + std::to_string(data.tokens.size()));
+    throw SpecError("--micro-batch-size", "a microbatch needs " + std::to_string(batch * (seq + 1)) + " tokens, got " +
+                                              std::to_string(data.tokens.size()));
   }
   a.inputs.resize(count);
   a.labels.resize(count);
@@ -362,10 +360,9 @@ void GptModel::run_forward(Activations& a, const MicrobatchTokens* data, std::op
   Activation first_input = a.layers.empty() ? a.output : a.layers[0].input;
   if (has_embedding_) {
     // Vocabulary-parallel: each rank looks up its rows' tokens; the sum over the group is the embedding.
-    backend_.embedding_forward(a.inputs.data(), count, seq, word_embeddings_->compute,
-                               static_cast<std::size_t>(vocab_start_), v,
-                               tp_rank_ == 0 && position_embeddings_ ? position_embeddings_->compute : nullptr, h,
-                               partial_of(first_input));
+    backend_.embedding_forward(
+        a.inputs.data(), count, seq, word_embeddings_->compute, static_cast<std::size_t>(vocab_start_), v,
+        tp_rank_ == 0 && position_embeddings_ ? position_embeddings_->compute : nullptr, h, partial_of(first_input));
     if (Request done = reduce(first_input)) done->wait();
     const DropoutMask mask = dropout_mask(DropoutKind::kEmbedding, 0, first_sample);
     if (mask.active()) backend_.dropout(first_input, nullptr, rows, h, mask, first_input);
@@ -402,7 +399,8 @@ void GptModel::run_forward(Activations& a, const MicrobatchTokens* data, std::op
   backend_.linear_forward(a.final_norm, output_weight_->compute, nullptr, count, h, v, GemmEpilogue::kNone, a.logits,
                           nullptr);
   backend_.cross_entropy_statistics(a.logits, a.labels.data(), count, v, static_cast<std::size_t>(vocab_start_),
-                                    statistics_, statistics_ + count, tensor_parallel_ ? statistics_ + 2 * count : nullptr);
+                                    statistics_, statistics_ + count,
+                                    tensor_parallel_ ? statistics_ + 2 * count : nullptr);
   vocabulary_parallel_cross_entropy(backend_, tensor_parallel_, statistics_, a.mask.data(), count, a.loss_saved,
                                     loss_sum_);
 }
@@ -499,12 +497,18 @@ GptModel::Activations GptModel::take(std::map<int64_t, Activations>& from, int64
 }
 
 void GptModel::fill_missing(LayerActivations& act, const LayerActivations& from) {
-  for (auto [field, source] : {std::pair{&act.input, from.input}, {&act.qkv, from.qkv}, {&act.attention, from.attention},
-                               {&act.middle, from.middle}, {&act.fc1, from.fc1}, {&act.activated, from.activated}}) {
+  for (auto [field, source] : {std::pair{&act.input, from.input},
+                               {&act.qkv, from.qkv},
+                               {&act.attention, from.attention},
+                               {&act.middle, from.middle},
+                               {&act.fc1, from.fc1},
+                               {&act.activated, from.activated}}) {
     if (!*field) *field = source;
   }
-  for (auto [field, source] : {std::pair{&act.ln1_mean, from.ln1_mean}, {&act.ln1_rstd, from.ln1_rstd},
-                               {&act.attention_saved, from.attention_saved}, {&act.ln2_mean, from.ln2_mean},
+  for (auto [field, source] : {std::pair{&act.ln1_mean, from.ln1_mean},
+                               {&act.ln1_rstd, from.ln1_rstd},
+                               {&act.attention_saved, from.attention_saved},
+                               {&act.ln2_mean, from.ln2_mean},
                                {&act.ln2_rstd, from.ln2_rstd}}) {
     if (!*field) *field = source;
   }
@@ -515,7 +519,8 @@ void GptModel::norm_forward(ConstActivation x, const PendingBranch& branch, Acti
   const auto rows = static_cast<std::size_t>(rows_);
   const auto h = static_cast<std::size_t>(hidden_);
   if (rms_norm_) {
-    backend_.rmsnorm_forward(x, branch.output, branch.dropout, sum_out, gamma->compute, rows, h, norm_epsilon_, y, rstd);
+    backend_.rmsnorm_forward(x, branch.output, branch.dropout, sum_out, gamma->compute, rows, h, norm_epsilon_, y,
+                             rstd);
   } else {
     backend_.layernorm_forward(x, branch.output, branch.dropout, sum_out, gamma->compute, beta->compute, rows, h, y,
                                mean, rstd);
@@ -764,8 +769,7 @@ void GptModel::backward_input(int64_t microbatch, ConstActivation output_gradien
                   a.input_gradient);
   } else {
     backend_.embedding_backward(masked_gradient(d_out, dropout_mask(DropoutKind::kEmbedding, 0, a.first_sample)),
-                                a.inputs.data(), count, seq, h, vocab_start, v,
-                                word_embeddings_->gradient,
+                                a.inputs.data(), count, seq, h, vocab_start, v, word_embeddings_->gradient,
                                 position_embeddings_ ? position_embeddings_->gradient : nullptr);
     gradients_done_from(word_embeddings_);
   }

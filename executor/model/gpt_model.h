@@ -41,8 +41,8 @@
 #include "core/parameter_list.h"
 #include "core/pipeline_layout.h"
 #include "executor/comm/comm.h"
-#include "executor/model/tensor_shards.h"
 #include "executor/kernels/dropout_mask.h"
+#include "executor/model/tensor_shards.h"
 #include "executor/runtime/backend.h"
 
 namespace megaplan::exec {
@@ -51,8 +51,8 @@ namespace megaplan::exec {
 TensorCut tensor_cut(const ParameterSpec& spec);
 
 struct Parameter : ParameterSpec {
-  float* value = nullptr;     // fp32 master weight: a view into the stage's parameter buffer
-  float* gradient = nullptr;  // fp32, accumulated over microbatches: a view into the gradient buffer
+  float* value = nullptr;        // fp32 master weight: a view into the stage's parameter buffer
+  float* gradient = nullptr;     // fp32, accumulated over microbatches: a view into the gradient buffer
   Activation compute = nullptr;  // the weight in compute precision, as the layers read it
 };
 
@@ -85,8 +85,9 @@ class GptModel {
   // model holds that rank's shard of every split parameter, drawn as the slice of the whole tensor.
   // Gradients are reduced in buckets of `bucket_size` elements (Megatron's --ddp-bucket-size; 0:
   // its default).
-  GptModel(const ModelSpec& model, const ParallelPlan& plan, int64_t stage, Backend& backend, const Initialisation& init,
-           Parameter* tied_embedding = nullptr, Comm* tensor_parallel = nullptr, std::size_t bucket_size = 0);
+  GptModel(const ModelSpec& model, const ParallelPlan& plan, int64_t stage, Backend& backend,
+           const Initialisation& init, Parameter* tied_embedding = nullptr, Comm* tensor_parallel = nullptr,
+           std::size_t bucket_size = 0);
   ~GptModel();
   GptModel(const GptModel&) = delete;
   GptModel& operator=(const GptModel&) = delete;
@@ -153,9 +154,18 @@ class GptModel {
 
  private:
   struct Layer {  // null where the model has none (norm biases with RMSNorm, linear biases when off)
-    Parameter* ln1_gamma; Parameter* ln1_beta; Parameter* qkv_weight; Parameter* qkv_bias;
-    Parameter* proj_weight; Parameter* proj_bias; Parameter* ln2_gamma; Parameter* ln2_beta;
-    Parameter* fc1_weight; Parameter* fc1_bias; Parameter* fc2_weight; Parameter* fc2_bias;
+    Parameter* ln1_gamma;
+    Parameter* ln1_beta;
+    Parameter* qkv_weight;
+    Parameter* qkv_bias;
+    Parameter* proj_weight;
+    Parameter* proj_bias;
+    Parameter* ln2_gamma;
+    Parameter* ln2_beta;
+    Parameter* fc1_weight;
+    Parameter* fc1_bias;
+    Parameter* fc2_weight;
+    Parameter* fc2_bias;
   };
   // What the backward reads. The residual stream's sums (input, middle, output) are written by the
   // norms that follow them, which fuse the residual adds. The norms' outputs are not kept: the
@@ -166,7 +176,8 @@ class GptModel {
   struct LayerActivations {  // null where the layer's Keep does not keep it (and the means with RMSNorm)
     Activation input = nullptr, qkv = nullptr, attention = nullptr, middle = nullptr, fc1 = nullptr,
                activated = nullptr;
-    float *ln1_mean = nullptr, *ln1_rstd = nullptr, *attention_saved = nullptr, *ln2_mean = nullptr, *ln2_rstd = nullptr;
+    float *ln1_mean = nullptr, *ln1_rstd = nullptr, *attention_saved = nullptr, *ln2_mean = nullptr,
+          *ln2_rstd = nullptr;
   };
   // The output gradient of each GEMM whose weight gradient I deferred to W.
   struct DeferredGradients {
@@ -186,7 +197,7 @@ class GptModel {
     // (kept with the microbatch from I until W, else returned after each group).
     std::vector<LayerActivations> work;
     std::vector<LayerActivations> borrowed;
-    Activation input_gradient = nullptr;      // first stage under I: the embedding's, for W
+    Activation input_gradient = nullptr;  // first stage under I: the embedding's, for W
     // forward()'s: where dropout's masks are drawn; none in evaluation, which drops nothing.
     std::optional<int64_t> first_sample;
   };
@@ -272,12 +283,12 @@ class GptModel {
   float* gradients_ = nullptr;
   Parameter* word_embeddings_ = nullptr;
   Parameter* position_embeddings_ = nullptr;
-  Parameter* output_copy_ = nullptr;  // the tied output weight's own copy on a later rank
+  Parameter* output_copy_ = nullptr;    // the tied output weight's own copy on a later rank
   Parameter* output_weight_ = nullptr;  // what the output layer reads: one of the above or tied_embedding
   Parameter* final_gamma_ = nullptr;
   Parameter* final_beta_ = nullptr;
   std::vector<Layer> layers_;
-  GradientProgress gradient_progress_;  // null: nobody listens
+  GradientProgress gradient_progress_;              // null: nobody listens
   std::map<int64_t, Activations> in_flight_;        // by microbatch, from F (or input_buffer) until B or I
   std::map<int64_t, Activations> awaiting_weight_;  // from I until W
   std::vector<Activations> spare_;                  // released activations, reused
@@ -294,7 +305,7 @@ class GptModel {
   // its gradient in d_activated_ in the backward, which then holds the output again for fc2's
   // weight gradient.
   Activation norm_out_, branch_out_, d_hidden_, d_residual_[2], d_qkv_, d_ffn_, swiglu_out_ = nullptr,
-                                                                             d_activated_ = nullptr;
+                                                                                d_activated_ = nullptr;
   // Tells gradient_progress_ that every parameter from `first` on holds this microbatch's gradient.
   void gradients_done_from(const Parameter* first);
   Activation gathered_ = nullptr, partial_ = nullptr;

@@ -17,9 +17,12 @@ Around around(const std::vector<int64_t>& shape, const TensorCut& cut) {
   Around result;
   for (std::size_t d = 0; d < shape.size(); ++d) {
     const auto extent = static_cast<std::size_t>(shape[d]);
-    if (static_cast<int64_t>(d) < cut.dim) result.outer *= extent;
-    else if (static_cast<int64_t>(d) == cut.dim) result.extent = extent;
-    else result.inner *= extent;
+    if (static_cast<int64_t>(d) < cut.dim)
+      result.outer *= extent;
+    else if (static_cast<int64_t>(d) == cut.dim)
+      result.extent = extent;
+    else
+      result.inner *= extent;
   }
   const auto chunks = static_cast<std::size_t>(std::max<int64_t>(cut.chunks, 1));
   result.outer *= chunks;

@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "core/implementation_options.h"
 #include "core/gemm.h"
+#include "core/implementation_options.h"
 #include "executor/comm/comm.h"
 #include "executor/kernels/dropout_mask.h"
 #include "executor/kernels/rope_frequency.h"
@@ -30,11 +30,11 @@ using ConstActivation = const ActivationStorage*;
 
 // One parameter's buffers as the optimizer sees them.
 struct OptimizerTensor {
-  float* value;          // fp32 master weight
-  const float* gradient; // fp32
+  float* value;           // fp32 master weight
+  const float* gradient;  // fp32
   float* first_moment;
   float* second_moment;
-  Activation compute;    // refreshed from value after the step (may alias value)
+  Activation compute;  // refreshed from value after the step (may alias value)
   std::size_t size;
   double weight_decay;
 };
@@ -150,8 +150,7 @@ class Backend {
   // position x theta^(-2i / rotary_dim), scaled as `frequencies` asks (Llama 3.1, rope_frequency.h);
   // `inverse` rotates back (the backward, on dqkv).
   virtual void rotary(Activation qkv, std::size_t batch, std::size_t seq, std::size_t groups, std::size_t group,
-                      std::size_t dim, std::size_t rotary_dim, const RotaryFrequencies& frequencies,
-                      bool inverse) = 0;
+                      std::size_t dim, std::size_t rotary_dim, const RotaryFrequencies& frequencies, bool inverse) = 0;
   // Causal attention on a fused qkv [batch x seq x groups x (heads / groups + 2) x dim]: Megatron's
   // layout, each query group's query heads, then its key and value (heads == groups: each head's
   // q, k and v together); tensor parallelism cuts it by groups. Into out [batch x seq x heads x dim];
@@ -195,8 +194,8 @@ class Backend {
   // With the whole vocabulary's lse [tokens]: dlogits = scale * mask[t] / sum(mask) *
   // (exp(logits - lse) - onehot(targets[t] - vocab_start)); dlogits may be logits itself.
   virtual void cross_entropy_backward(ConstActivation logits, const float* lse, const int64_t* targets,
-                                      const float* mask, std::size_t tokens, std::size_t vocab,
-                                      std::size_t vocab_start, float scale, Activation dlogits) = 0;
+                                      const float* mask, std::size_t tokens, std::size_t vocab, std::size_t vocab_start,
+                                      float scale, Activation dlogits) = 0;
   virtual void add(ConstActivation a, ConstActivation b, std::size_t n, Activation y) = 0;  // y = a + b
   virtual void copy(ConstActivation from, std::size_t n, Activation to) = 0;
 

@@ -3,10 +3,10 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
-#include <stdexcept>
 #include <exception>
 #include <future>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <thread>
 
@@ -27,7 +27,8 @@ constexpr double kCoverage = 1.5;
 // so that collectives stretched up to that far still have compute beside them the whole time (the
 // median of their calls is still right when only the first half of them have it).
 constexpr double kCollectiveCoverage = 3;
-constexpr std::array<CollectiveOp, 3> kCollectives = {CollectiveOp::kAllReduce, CollectiveOp::kAllGather, CollectiveOp::kReduceScatter};
+constexpr std::array<CollectiveOp, 3> kCollectives = {CollectiveOp::kAllReduce, CollectiveOp::kAllGather,
+                                                      CollectiveOp::kReduceScatter};
 
 // Buffers of bf16 elements in the backend's fp32 allocations (two elements to a float).
 class CommBuffers {
@@ -51,17 +52,14 @@ class CommBuffers {
     const auto elements = static_cast<std::size_t>(bytes / 2);
     const auto share = elements / static_cast<std::size_t>(group.size());
     switch (op) {
-      case CollectiveOp::kAllReduce:
-        return group.all_reduce(input_, elements, DType::kBFloat16, ReduceOp::kSum);
-      case CollectiveOp::kAllGather:
-        return group.all_gather(input_, output_, share, DType::kBFloat16);
+      case CollectiveOp::kAllReduce: return group.all_reduce(input_, elements, DType::kBFloat16, ReduceOp::kSum);
+      case CollectiveOp::kAllGather: return group.all_gather(input_, output_, share, DType::kBFloat16);
       case CollectiveOp::kReduceScatter:
         return group.reduce_scatter(input_, output_, share, DType::kBFloat16, ReduceOp::kSum);
       case CollectiveOp::kSendRecv:
         return group.rank() == 0 ? group.send(input_, elements, DType::kBFloat16, 1)
                                  : group.recv(output_, elements, DType::kBFloat16, 0);
-      case CollectiveOp::kAllToAll:
-        break;  // Comm has none yet (the mixture-of-experts issue brings it)
+      case CollectiveOp::kAllToAll: break;  // Comm has none yet (the mixture-of-experts issue brings it)
     }
     throw std::logic_error("CommBuffers::call: " + to_string(op) + " is not timed");
   }
@@ -154,7 +152,8 @@ OverlapTiming time_beside(Backend& backend, Comm& group, CommBuffers& buffers, C
   // The collectives' side: calls one after another on the first stream of a pair, a mark after
   // each, while the passes run on the second from the same start (Backend::run_pair).
   const int64_t timed_calls = buffers.agreed_max(group, repetitions_for(grid, call));
-  const auto cover = static_cast<int64_t>(std::ceil(kCollectiveCoverage * static_cast<double>(timed_calls) * call / alone)) + 1;
+  const auto cover =
+      static_cast<int64_t>(std::ceil(kCollectiveCoverage * static_cast<double>(timed_calls) * call / alone)) + 1;
   const int64_t cover_passes = buffers.agreed_max(group, cover);
   std::vector<TimingMark> marks;
   backend.run_pair(
@@ -183,7 +182,8 @@ std::vector<int64_t> first_ranks(int64_t count) {
 
 void check_grid(const CollectiveGrid& grid, int64_t world_size) {
   const auto fail = [](const std::string& why) { throw std::invalid_argument("measure_collectives: " + why); };
-  if (grid.min_repetitions < 1 || grid.max_repetitions < grid.min_repetitions) fail("repetitions must satisfy 1 <= min <= max");
+  if (grid.min_repetitions < 1 || grid.max_repetitions < grid.min_repetitions)
+    fail("repetitions must satisfy 1 <= min <= max");
   if (grid.group_sizes.empty() || grid.bytes.empty() || grid.compute.empty()) fail("the grid is empty");
   const int64_t largest = *std::max_element(grid.group_sizes.begin(), grid.group_sizes.end());
   if (*std::min_element(grid.group_sizes.begin(), grid.group_sizes.end()) < 2 || largest > world_size) {
@@ -224,7 +224,8 @@ CommTimings measure_collectives(Backend& backend, int64_t rank, int64_t world_si
   const int64_t largest_bytes = std::max(*std::max_element(grid.bytes.begin(), grid.bytes.end()), grid.overlap_bytes);
   const int64_t largest_group = *std::max_element(grid.group_sizes.begin(), grid.group_sizes.end());
   CommTimings timings;
-  const auto keep = [&](std::vector<CommTiming>& table, CollectiveOp op, int64_t group_size, int64_t bytes, double seconds) {
+  const auto keep = [&](std::vector<CommTiming>& table, CollectiveOp op, int64_t group_size, int64_t bytes,
+                        double seconds) {
     if (rank == 0) table.push_back({op, group_size, bytes, seconds});
   };
   for (const int64_t group_size : grid.group_sizes) {
@@ -254,7 +255,8 @@ CommTimings measure_collectives(Backend& backend, int64_t rank, int64_t world_si
   if (pair) {
     CommBuffers buffers(backend, largest_bytes);
     for (const int64_t bytes : grid.bytes) {
-      keep(timings.p2p, CollectiveOp::kSendRecv, 2, bytes, time_calls(backend, *pair, buffers, grid, CollectiveOp::kSendRecv, bytes));
+      keep(timings.p2p, CollectiveOp::kSendRecv, 2, bytes,
+           time_calls(backend, *pair, buffers, grid, CollectiveOp::kSendRecv, bytes));
       step();
     }
     ComputePasses compute(backend, grid.compute);

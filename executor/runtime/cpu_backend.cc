@@ -1,17 +1,17 @@
 #include "executor/runtime/cpu_backend.h"
 
+#include <unistd.h>
 #include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <stdexcept>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
 #include "executor/kernels/reference/adamw.h"
 #include "executor/kernels/reference/attention.h"
-#include "executor/kernels/reference/dropout.h"
 #include "executor/kernels/reference/cross_entropy.h"
+#include "executor/kernels/reference/dropout.h"
 #include "executor/kernels/reference/embedding.h"
 #include "executor/kernels/reference/gelu.h"
 #include "executor/kernels/reference/layernorm.h"
@@ -92,7 +92,9 @@ void CpuBackend::release_compute_copy(Activation, float*) {}  // the master weig
 
 void CpuBackend::refresh_compute_copy(const float*, std::size_t, Activation) {}
 
-void CpuBackend::upload(float* device, const float* host, std::size_t n) { std::memcpy(device, host, n * sizeof(float)); }
+void CpuBackend::upload(float* device, const float* host, std::size_t n) {
+  std::memcpy(device, host, n * sizeof(float));
+}
 
 void CpuBackend::download(float* host, const float* device, std::size_t n) {
   std::memcpy(host, device, n * sizeof(float));
@@ -180,7 +182,9 @@ void CpuBackend::layernorm_backward(ConstActivation dy, ConstActivation x, Const
                                     const float* rstd, std::size_t rows, std::size_t cols,
                                     ConstActivation residual_grad, Activation dx, float* dgamma, float* dbeta) {
   norm_backward_into(
-      [&](float* out) { reference::layernorm_backward(f(dy), f(x), f(gamma), mean, rstd, rows, cols, out, dgamma, dbeta); },
+      [&](float* out) {
+        reference::layernorm_backward(f(dy), f(x), f(gamma), mean, rstd, rows, cols, out, dgamma, dbeta);
+      },
       residual_grad, dx, rows * cols);
 }
 
@@ -194,8 +198,9 @@ void CpuBackend::rmsnorm_forward(ConstActivation x, ConstActivation residual, co
 void CpuBackend::rmsnorm_backward(ConstActivation dy, ConstActivation x, ConstActivation gamma, const float* rstd,
                                   std::size_t rows, std::size_t cols, ConstActivation residual_grad, Activation dx,
                                   float* dgamma) {
-  norm_backward_into([&](float* out) { reference::rmsnorm_backward(f(dy), f(x), f(gamma), rstd, rows, cols, out, dgamma); },
-                     residual_grad, dx, rows * cols);
+  norm_backward_into(
+      [&](float* out) { reference::rmsnorm_backward(f(dy), f(x), f(gamma), rstd, rows, cols, out, dgamma); },
+      residual_grad, dx, rows * cols);
 }
 
 void CpuBackend::swiglu_forward(ConstActivation x, std::size_t rows, std::size_t width, Activation y) {
@@ -217,8 +222,7 @@ void CpuBackend::rotary(Activation qkv, std::size_t batch, std::size_t seq, std:
   }
 }
 
-std::size_t CpuBackend::attention_saved_size(std::size_t batch, std::size_t seq, std::size_t heads,
-                                             std::size_t) const {
+std::size_t CpuBackend::attention_saved_size(std::size_t batch, std::size_t seq, std::size_t heads, std::size_t) const {
   return batch * heads * seq * seq;  // the probabilities
 }
 
@@ -288,8 +292,8 @@ void CpuBackend::attention_backward(ConstActivation dout_in, ConstActivation qkv
       for (std::size_t s = 0; s < seq; ++s) {
         std::copy_n(dout + ((b * seq + s) * heads + h) * dim, dim, g.begin() + static_cast<std::ptrdiff_t>(s * dim));
       }
-      reference::attention_backward(g.data(), q.data(), k.data(), v.data(), saved + (b * heads + h) * seq * seq, 1,
-                                    seq, dim, dropout, b, h, dq.data(), dk.data(), dv.data());
+      reference::attention_backward(g.data(), q.data(), k.data(), v.data(), saved + (b * heads + h) * seq * seq, 1, seq,
+                                    dim, dropout, b, h, dq.data(), dk.data(), dv.data());
       for (std::size_t s = 0; s < seq; ++s) {
         const std::size_t at = s * dim;
         float* dq_row = dqkv + layout.query(b, s, h);
@@ -332,7 +336,9 @@ void CpuBackend::cross_entropy_backward(ConstActivation logits, const float* lse
   reference::cross_entropy_backward(f(logits), lse, targets, mask, tokens, vocab, vocab_start, scale, f(dlogits));
 }
 
-void CpuBackend::add(ConstActivation a, ConstActivation b, std::size_t n, Activation y) { add_floats(f(a), f(b), n, f(y)); }
+void CpuBackend::add(ConstActivation a, ConstActivation b, std::size_t n, Activation y) {
+  add_floats(f(a), f(b), n, f(y));
+}
 
 void CpuBackend::copy(ConstActivation from, std::size_t n, Activation to) { std::copy_n(f(from), n, f(to)); }
 

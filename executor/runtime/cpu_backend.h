@@ -34,8 +34,8 @@ class CpuBackend final : public Backend {
                       std::size_t n, GemmEpilogue epilogue, Activation y, Activation pre_activation) override;
   void linear_backward(ConstActivation dy, ConstActivation x, ConstActivation w, std::size_t m, std::size_t k,
                        std::size_t n, Activation dx, float* dw, float* db) override;
-  void linear_backward_through_gelu(ConstActivation dy, ConstActivation w, std::size_t m, std::size_t k,
-                                    std::size_t n, ConstActivation pre_activation, Activation d_pre) override;
+  void linear_backward_through_gelu(ConstActivation dy, ConstActivation w, std::size_t m, std::size_t k, std::size_t n,
+                                    ConstActivation pre_activation, Activation d_pre) override;
   void embedding_forward(const int64_t* tokens, std::size_t count, std::size_t seq, ConstActivation word,
                          std::size_t vocab_start, std::size_t vocab_rows, ConstActivation position, std::size_t hidden,
                          Activation y) override;
@@ -61,9 +61,8 @@ class CpuBackend final : public Backend {
               std::size_t dim, std::size_t rotary_dim, const RotaryFrequencies& frequencies, bool inverse) override;
   std::size_t attention_saved_size(std::size_t batch, std::size_t seq, std::size_t heads,
                                    std::size_t dim) const override;
-  void attention_forward(ConstActivation qkv, std::size_t batch, std::size_t seq, std::size_t heads,
-                         std::size_t groups, std::size_t dim, const DropoutMask& dropout, Activation out,
-                         float* saved) override;
+  void attention_forward(ConstActivation qkv, std::size_t batch, std::size_t seq, std::size_t heads, std::size_t groups,
+                         std::size_t dim, const DropoutMask& dropout, Activation out, float* saved) override;
   void attention_backward(ConstActivation dout, ConstActivation qkv, ConstActivation out, const float* saved,
                           std::size_t batch, std::size_t seq, std::size_t heads, std::size_t groups, std::size_t dim,
                           const DropoutMask& dropout, Activation dqkv) override;

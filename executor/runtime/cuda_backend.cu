@@ -160,7 +160,8 @@ class CudaBackend final : public Backend {
           "cudaMemcpyAsync to device");
   }
   void download(float* host, const float* device, std::size_t n) override {
-    check(cudaMemcpyAsync(host, device, n * sizeof(float), cudaMemcpyDeviceToHost, lane_->stream), "cudaMemcpyAsync to host");
+    check(cudaMemcpyAsync(host, device, n * sizeof(float), cudaMemcpyDeviceToHost, lane_->stream),
+          "cudaMemcpyAsync to host");
     synchronize();
   }
   void upload(Activation device, const float* host, std::size_t n) override {
@@ -208,8 +209,8 @@ class CudaBackend final : public Backend {
     if (db) accumulate(bias_partial, n, db);
   }
 
-  void linear_backward_through_gelu(ConstActivation dy, ConstActivation w, std::size_t m, std::size_t k,
-                                    std::size_t n, ConstActivation pre_activation, Activation d_pre) override {
+  void linear_backward_through_gelu(ConstActivation dy, ConstActivation w, std::size_t m, std::size_t k, std::size_t n,
+                                    ConstActivation pre_activation, Activation d_pre) override {
     lane_->linear.backward_data_through_gelu(h16(dy), h16(w), i64(m), i64(k), i64(n), h16(pre_activation), h16(d_pre),
                                              lane_->stream);
   }
@@ -463,8 +464,8 @@ class CudaBackend final : public Backend {
       std::size_t free = 0, total = 0;
       cudaMemGetInfo(&free, &total);
       throw SpecError("--micro-batch-size", "the GPU is out of memory: " + std::to_string(bytes) +
-                                                " more bytes requested with " + std::to_string(bytes_) +
-                                                " held and " + std::to_string(free) + " free");
+                                                " more bytes requested with " + std::to_string(bytes_) + " held and " +
+                                                std::to_string(free) + " free");
     }
     return pointer;
   }
@@ -501,7 +502,8 @@ class CudaBackend final : public Backend {
   }
   const float* upload_mask(const float* mask, std::size_t count) {
     float* pointer = lane_->mask.get(count);
-    check(cudaMemcpyAsync(pointer, mask, count * sizeof(float), cudaMemcpyHostToDevice, lane_->stream), "cudaMemcpyAsync");
+    check(cudaMemcpyAsync(pointer, mask, count * sizeof(float), cudaMemcpyHostToDevice, lane_->stream),
+          "cudaMemcpyAsync");
     return pointer;
   }
   static double mask_sum(const float* mask, std::size_t count) {
@@ -529,7 +531,7 @@ class CudaBackend final : public Backend {
 
   std::unique_ptr<Lane> lanes_[2];  // first: created before the members that use them, destroyed after
   Lane* lane_;                      // where work goes now: lanes_[0], or lanes_[1] in run_pair's second part
-  const DType precision_;  // of activations and compute weights: every kernel's 16-bit values
+  const DType precision_;           // of activations and compute weights: every kernel's 16-bit values
   cudaEvent_t fork_ = nullptr, join_ = nullptr;  // made with lanes_[1]
   bool gemm_fp16_;  // the GEMMs' 16-bit type: precision_'s unless set_gemm_precision changed it
   bool paired_ = false;
@@ -537,7 +539,7 @@ class CudaBackend final : public Backend {
   cuda::DeviceReducer reducer_;
   std::unique_ptr<cuda::MultiTensorAdamw> adamw_;
   std::vector<const void*> adamw_key_;
-  std::unordered_map<void*, std::size_t> sizes_;  // live buffers
+  std::unordered_map<void*, std::size_t> sizes_;          // live buffers
   std::unordered_multimap<std::size_t, void*> released_;  // by size, for reuse
   int64_t bytes_ = 0;
   int64_t peak_ = 0;

@@ -128,18 +128,10 @@ void Interpreter::execute(const Action& action, const IterationStep& step,
   const int64_t s = action.stage, m = action.microbatch;
   const DType type = backend_.activation_type();
   switch (action.kind) {
-    case ActionKind::kForward:
-      forward(s, m, step, data);
-      break;
-    case ActionKind::kBackward:
-      backward(s, m, false);
-      break;
-    case ActionKind::kBackwardInput:
-      backward(s, m, true);
-      break;
-    case ActionKind::kBackwardWeight:
-      chunk(s).backward_weight(m);
-      break;
+    case ActionKind::kForward: forward(s, m, step, data); break;
+    case ActionKind::kBackward: backward(s, m, false); break;
+    case ActionKind::kBackwardInput: backward(s, m, true); break;
+    case ActionKind::kBackwardWeight: chunk(s).backward_weight(m); break;
     case ActionKind::kOverlapForwardBackward: {
       const ActionParts parts = parts_of(action);
       const Action& forward_part = parts.parts[0];
@@ -183,12 +175,8 @@ void Interpreter::execute(const Action& action, const IterationStep& step,
       sent_.push_back(std::move(held));
       break;
     }
-    case ActionKind::kReduceGrad:
-      optimizer_.reduce_gradients(s);
-      break;
-    case ActionKind::kOptimizer:
-      optimize(step, result);
-      break;
+    case ActionKind::kReduceGrad: optimizer_.reduce_gradients(s); break;
+    case ActionKind::kOptimizer: optimize(step, result); break;
   }
 }
 

@@ -119,8 +119,8 @@ class Interpreter {
   float loss_scale_ = 1;             // this iteration's: that times IterationStep::loss_scale
   Optimizer& optimizer_;
   Backend& backend_;
-  std::map<Key, Held> receives_;         // RECV_F's message until its F copies it in, by the stage it feeds
-  std::map<Key, Request> sends_;         // SEND_F in flight: the output stays until it is done
+  std::map<Key, Held> receives_;          // RECV_F's message until its F copies it in, by the stage it feeds
+  std::map<Key, Request> sends_;          // SEND_F in flight: the output stays until it is done
   std::map<Key, Held> output_gradients_;  // received or handed over (RECV_B, a local B), by the stage that reads it
   std::map<Key, Held> input_gradients_;   // written by B/I of a stage, until sent (SEND_B) or handed over
   std::vector<Held> sent_;                // SEND_B buffers until OPTIM

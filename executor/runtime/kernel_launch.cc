@@ -109,15 +109,15 @@ KernelLaunch::KernelLaunch(Backend& backend, const Kernel& kernel, EmbeddingTabl
         throw std::invalid_argument("KernelLaunch: the " + backend.name() + " backend runs no fp16 GEMM");
       }
       if (k.layout == GemmLayout::kForward) {
-        activation(k.m * k.k);  // x
-        activation(k.n * k.k);  // W
-        activation(k.n);        // bias
-        activation(k.m * k.n);  // y
+        activation(k.m * k.k);                                              // x
+        activation(k.n * k.k);                                              // W
+        activation(k.n);                                                    // bias
+        activation(k.m * k.n);                                              // y
         activation(k.epilogue == GemmEpilogue::kBiasGelu ? k.m * k.n : 1);  // the pre-activation
       } else if (k.layout == GemmLayout::kInputGradient) {
-        activation(k.m * k.n);  // dy
-        activation(k.n * k.k);  // W
-        activation(k.m * k.k);  // dx
+        activation(k.m * k.n);                                                  // dy
+        activation(k.n * k.k);                                                  // W
+        activation(k.m * k.k);                                                  // dx
         activation(k.epilogue == GemmEpilogue::kGeluGradient ? k.m * k.k : 1);  // the pre-activation
       } else {
         activation(k.m * k.n);  // dy
@@ -135,7 +135,8 @@ KernelLaunch::KernelLaunch(Backend& backend, const Kernel& kernel, EmbeddingTabl
       activation(tokens);  // out
       activation(tokens);  // dout
       activation(fused);   // dqkv
-      floats(static_cast<int64_t>(backend.attention_saved_size(size(k.batch), size(k.seq), size(k.heads), size(k.head_dim))));
+      floats(static_cast<int64_t>(
+          backend.attention_saved_size(size(k.batch), size(k.seq), size(k.heads), size(k.head_dim))));
       break;
     }
     case KernelKind::kNormForward:
@@ -169,9 +170,7 @@ KernelLaunch::KernelLaunch(Backend& backend, const Kernel& kernel, EmbeddingTabl
       activation(k.rows * (heads.count + 1) * heads.dim);
       break;
     }
-    case KernelKind::kFill:
-      floats(k.rows);
-      break;
+    case KernelKind::kFill: floats(k.rows); break;
     case KernelKind::kEmbeddingForward:
     case KernelKind::kEmbeddingBackward:
       activation(table.vocabulary * k.cols);  // word
@@ -180,7 +179,8 @@ KernelLaunch::KernelLaunch(Backend& backend, const Kernel& kernel, EmbeddingTabl
       floats(table.vocabulary * k.cols);      // dword
       floats(table.seq * k.cols);             // dposition
       tokens_.resize(size(k.rows));
-      for (std::size_t t = 0; t < tokens_.size(); ++t) tokens_[t] = static_cast<int64_t>((t * 7919) % size(table.vocabulary));
+      for (std::size_t t = 0; t < tokens_.size(); ++t)
+        tokens_[t] = static_cast<int64_t>((t * 7919) % size(table.vocabulary));
       break;
     case KernelKind::kCrossEntropyForward:
     case KernelKind::kCrossEntropyBackward:
@@ -198,9 +198,7 @@ KernelLaunch::KernelLaunch(Backend& backend, const Kernel& kernel, EmbeddingTabl
       mask_.assign(size(k.rows), 1.0f);
       break;
     case KernelKind::kGradientNorm:
-    case KernelKind::kAdamw:
-      tensors_ = optimizer_tensors(k.rows);
-      break;
+    case KernelKind::kAdamw: tensors_ = optimizer_tensors(k.rows); break;
     case KernelKind::kRefreshCompute:
       floats(k.rows);
       activation(k.rows);
@@ -267,30 +265,21 @@ void KernelLaunch::operator()() {
       backend_.rmsnorm_backward(a[0], a[2], a[4], f[1], size(k.rows), size(k.cols), k.fused_residual ? a[3] : nullptr,
                                 a[1], f[2]);
       break;
-    case KernelKind::kSwigluForward:
-      backend_.swiglu_forward(a[0], size(k.rows), size(k.cols), a[1]);
-      break;
-    case KernelKind::kSwigluBackward:
-      backend_.swiglu_backward(a[1], a[0], size(k.rows), size(k.cols), a[2]);
-      break;
+    case KernelKind::kSwigluForward: backend_.swiglu_forward(a[0], size(k.rows), size(k.cols), a[1]); break;
+    case KernelKind::kSwigluBackward: backend_.swiglu_backward(a[1], a[0], size(k.rows), size(k.cols), a[2]); break;
     case KernelKind::kRotary: {
       const RotaryHeads heads = rotary_heads(k);
-      backend_.rotary(a[0], 1, size(k.rows), 1, size(heads.count - 1), size(heads.dim), size(heads.dim), 10000.0f, false);
+      backend_.rotary(a[0], 1, size(k.rows), 1, size(heads.count - 1), size(heads.dim), size(heads.dim), 10000.0f,
+                      false);
       break;
     }
-    case KernelKind::kAdd:
-      backend_.add(a[0], a[1], size(k.rows), a[2]);
-      break;
-    case KernelKind::kCopy:
-      backend_.copy(a[0], size(k.rows), a[2]);
-      break;
+    case KernelKind::kAdd: backend_.add(a[0], a[1], size(k.rows), a[2]); break;
+    case KernelKind::kCopy: backend_.copy(a[0], size(k.rows), a[2]); break;
     case KernelKind::kDropout:
       backend_.dropout(a[0], k.fused_residual ? a[2] : nullptr, size(k.rows), size(k.cols), timed_dropout(true, k.rows),
                        a[1]);
       break;
-    case KernelKind::kFill:
-      backend_.fill(f[0], size(k.rows), 0.0f);
-      break;
+    case KernelKind::kFill: backend_.fill(f[0], size(k.rows), 0.0f); break;
     case KernelKind::kEmbeddingForward:
       backend_.embedding_forward(tokens_.data(), size(k.rows), size(table_.seq), a[0], 0, size(table_.vocabulary), a[1],
                                  size(k.cols), a[2]);
@@ -306,23 +295,15 @@ void KernelLaunch::operator()() {
       backend_.cross_entropy_backward(a[0], f[0], tokens_.data(), mask_.data(), size(k.rows), size(k.cols), 0, 1.0f,
                                       a[0]);
       break;
-    case KernelKind::kCrossEntropyShift:
-      backend_.cross_entropy_shift(f[1], size(k.rows), f[0]);
-      break;
+    case KernelKind::kCrossEntropyShift: backend_.cross_entropy_shift(f[1], size(k.rows), f[0]); break;
     case KernelKind::kCrossEntropyFinish:
-      backend_.cross_entropy_finish(f[1], f[0], f[2], mask_.data(), size(k.rows), f[3], reinterpret_cast<double*>(f[4]));
+      backend_.cross_entropy_finish(f[1], f[0], f[2], mask_.data(), size(k.rows), f[3],
+                                    reinterpret_cast<double*>(f[4]));
       break;
-    case KernelKind::kGradientNorm:
-      (void)backend_.gradient_sum_of_squares(tensors_);
-      break;
-    case KernelKind::kAdamw:
-      backend_.adamw_step(tensors_, {1, 1e-4, 0.9, 0.95, 1e-8, 1.0});
-      break;
-    case KernelKind::kRefreshCompute:
-      backend_.refresh_compute_copy(f[0], size(k.rows), a[0]);
-      break;
-    case KernelKind::kElementwise:
-      break;
+    case KernelKind::kGradientNorm: (void)backend_.gradient_sum_of_squares(tensors_); break;
+    case KernelKind::kAdamw: backend_.adamw_step(tensors_, {1, 1e-4, 0.9, 0.95, 1e-8, 1.0}); break;
+    case KernelKind::kRefreshCompute: backend_.refresh_compute_copy(f[0], size(k.rows), a[0]); break;
+    case KernelKind::kElementwise: break;
   }
 }
 

@@ -114,8 +114,8 @@ SequenceTiming time_sequence(Backend& backend, const ProfileGrid& grid, const Pr
   backend.release_marks();
   const auto warmup = std::max<int64_t>(1, static_cast<int64_t>(sequence.warmup_seconds / first));
   for (int64_t i = 0; i < warmup; ++i) launches.pass();
-  const int repetitions = std::clamp(static_cast<int>(std::ceil(grid.target_seconds / first)), grid.min_repetitions,
-                                     grid.max_repetitions);
+  const int repetitions =
+      std::clamp(static_cast<int>(std::ceil(grid.target_seconds / first)), grid.min_repetitions, grid.max_repetitions);
   // Everything is queued before anything is read, so the device never waits for the host.
   std::vector<TimingMark> marks;
   marks.reserve(static_cast<std::size_t>(repetitions) * (count + 2));
@@ -167,9 +167,7 @@ using MemoryKey = std::pair<std::string, int64_t>;
 using AttentionKey = std::tuple<int64_t, int64_t, int64_t, int64_t, bool>;
 
 GemmKey gemm_key(const Kernel& k) { return {k.m, k.n, k.k, k.layout, k.epilogue, k.precision}; }
-AttentionKey attention_key(const Kernel& k) {
-  return {k.batch * k.heads, k.seq, k.head_dim, gqa_ratio(k), k.dropout};
-}
+AttentionKey attention_key(const Kernel& k) { return {k.batch * k.heads, k.seq, k.head_dim, gqa_ratio(k), k.dropout}; }
 
 // The same kernels with fp16 GEMMs: Megatron's --fp16 step as far as the executor's kernels go.
 std::vector<Kernel> with_fp16_gemms(std::vector<Kernel> kernels) {
@@ -241,8 +239,10 @@ struct Cell {
 }  // namespace
 
 ProfileGrid profile_grid(bool quick) {
-  const std::vector<int64_t> tokens = quick ? std::vector<int64_t>{2048, 8192} : std::vector<int64_t>{1024, 2048, 4096, 8192, 16384};
-  const std::vector<int64_t> widths = quick ? std::vector<int64_t>{768, 2048, 4096} : std::vector<int64_t>{768, 1024, 2048, 4096, 8192};
+  const std::vector<int64_t> tokens =
+      quick ? std::vector<int64_t>{2048, 8192} : std::vector<int64_t>{1024, 2048, 4096, 8192, 16384};
+  const std::vector<int64_t> widths =
+      quick ? std::vector<int64_t>{768, 2048, 4096} : std::vector<int64_t>{768, 1024, 2048, 4096, 8192};
   const std::vector<int64_t> shards = quick ? std::vector<int64_t>{1} : std::vector<int64_t>{1, 2, 4, 8};
   std::vector<Cell> cells;
   for (const int64_t m : tokens) {
@@ -273,8 +273,9 @@ ProfileGrid profile_grid(bool quick) {
         kernel.kind == KernelKind::kElementwise) {
       return false;  // attention has its own grid; the executor launches no kElementwise
     }
-    return kernel.kind == KernelKind::kGemm ? gemms.insert(gemm_key(kernel)).second
-                                            : memory_bound.emplace(memory_kernel_class(kernel), kernel_bytes(kernel, 2)).second;
+    return kernel.kind == KernelKind::kGemm
+               ? gemms.insert(gemm_key(kernel)).second
+               : memory_bound.emplace(memory_kernel_class(kernel), kernel_bytes(kernel, 2)).second;
   };
   std::vector<ProfileSequence> alone;
   for (const auto& [model, m, t] : cells) {
@@ -313,8 +314,10 @@ ProfileGrid profile_grid(bool quick) {
     }
   }
   grid.sequences.insert(grid.sequences.end(), alone.begin(), alone.end());
-  const std::vector<int64_t> sequences = quick ? std::vector<int64_t>{1024, 4096} : std::vector<int64_t>{1024, 2048, 4096, 8192};
-  const std::vector<int64_t> batch_heads = quick ? std::vector<int64_t>{16, 64} : std::vector<int64_t>{8, 16, 32, 64, 128};
+  const std::vector<int64_t> sequences =
+      quick ? std::vector<int64_t>{1024, 4096} : std::vector<int64_t>{1024, 2048, 4096, 8192};
+  const std::vector<int64_t> batch_heads =
+      quick ? std::vector<int64_t>{16, 64} : std::vector<int64_t>{8, 16, 32, 64, 128};
   for (const int64_t seq : sequences) {
     for (const int64_t bh : batch_heads) {
       for (const int64_t dim : {int64_t{64}, int64_t{128}}) {
@@ -334,7 +337,8 @@ ProfileGrid profile_grid(bool quick) {
   // The optimizer's kernels over 1 Mi to 1 Gi parameters (quick: 4 Mi and 64 Mi).
   const int64_t smallest = int64_t{1} << (quick ? 22 : 20), largest = int64_t{1} << (quick ? 26 : 30);
   for (int64_t n = smallest; n <= largest; n *= quick ? 16 : 4) {
-    for (const KernelKind kind : {KernelKind::kGradientNorm, KernelKind::kAdamw, KernelKind::kRefreshCompute, KernelKind::kFill}) {
+    for (const KernelKind kind :
+         {KernelKind::kGradientNorm, KernelKind::kAdamw, KernelKind::kRefreshCompute, KernelKind::kFill}) {
       const Kernel kernel = flat_kernel(kind, n);
       if (fresh(kernel)) grid.sequences.push_back({{kernel}, {}});
     }

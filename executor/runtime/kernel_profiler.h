@@ -3,10 +3,9 @@
 // core's kernel lists (core/kernel_list.h) for GPT and Llama models of the widths, tensor-parallel
 // shards and microbatch sizes plans produce: every GEMM in its training layout with its epilogue,
 // in bf16 and in fp16 (Megatron's --fp16: the same calls with fp16 operands; skipped on a backend
-// without them), causal flash attention forward and backward, multi-head and grouped, with and without dropout, and each
-// memory-bound kernel class (LayerNorm and RMSNorm, residual add, copies, embedding, GELU's and
-// SwiGLU's activations, the rotary embedding, cross entropy, the optimizer's norm, AdamW, refresh
-// and fill) by size.
+// without them), causal flash attention forward and backward, multi-head and grouped, with and without dropout, and
+// each memory-bound kernel class (LayerNorm and RMSNorm, residual add, copies, embedding, GELU's and SwiGLU's
+// activations, the rotary embedding, cross entropy, the optimizer's norm, AdamW, refresh and fill) by size.
 //
 // Kernels are timed in training's order, not alone: each grid cell is one microbatch's forward and
 // backward of a twelve-layer model (embedding, layers, head, and back), launched back to back as

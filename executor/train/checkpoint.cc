@@ -15,8 +15,8 @@
 #include <fstream>
 #include <functional>
 #include <map>
-#include <span>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <stdexcept>
 #include <utility>
 
@@ -106,8 +106,8 @@ void read_manifest(const std::string& rank_path, std::map<std::string, std::vect
   const std::string path = rank_path + "/manifest.json";
   if (!std::filesystem::exists(path)) refuse_load(path + ": missing (the checkpoint is incomplete)");
   const std::optional<nlohmann::json> manifest = try_parse_json(read_file_contents(path));
-  if (!manifest || !manifest->is_object() || manifest->value("format", "") != kFormat || !manifest->contains("tensors") ||
-      !(*manifest)["tensors"].is_array()) {
+  if (!manifest || !manifest->is_object() || manifest->value("format", "") != kFormat ||
+      !manifest->contains("tensors") || !(*manifest)["tensors"].is_array()) {
     refuse_load(path + ": not a " + std::string(kFormat) + " manifest");
   }
   verify_json_checksum(*manifest, path);
@@ -259,10 +259,11 @@ void write_rank_files(const std::string& path, const std::vector<TensorEntry>& e
                        {"dtype", "float32"},
                        {"shape", entry.shape},
                        {"global_shape", entry.global_shape},
-                       {"shard", {{"dim", cut.dim < 0 ? nlohmann::json(nullptr) : nlohmann::json(cut.dim)},
-                                  {"index", cut.index},
-                                  {"count", cut.count},
-                                  {"chunks", cut.chunks}}},
+                       {"shard",
+                        {{"dim", cut.dim < 0 ? nlohmann::json(nullptr) : nlohmann::json(cut.dim)},
+                         {"index", cut.index},
+                         {"count", cut.count},
+                         {"chunks", cut.chunks}}},
                        {"offset", offset},
                        {"fnv1a64", hex(checksum.value())}});
     offset += kArraysPerTensor * tensor[0].size_bytes();
@@ -271,7 +272,8 @@ void write_rank_files(const std::string& path, const std::vector<TensorEntry>& e
   nlohmann::json manifest = {
       {"format", kFormat},
       {"data_file", "model.bin"},
-      {"layout", "per tensor at its offset: value, exp_avg, exp_avg_sq, each shape's elements of float32 (little endian)"},
+      {"layout",
+       "per tensor at its offset: value, exp_avg, exp_avg_sq, each shape's elements of float32 (little endian)"},
       {"checksum", "fnv1a64: FNV-1a 64 over the tensor's three arrays' bytes"},
       {"tensor_parallel_rank", tensor_parallel_rank},
       {"pipeline_rank", pipeline_rank},
@@ -287,7 +289,8 @@ TensorEntry entry_of(const ParameterSpec& spec) {
   return {spec.name, spec.shape, spec.global_shape, cut};
 }
 
-void write_rank_directory(const std::string& path, const CheckpointRank& rank, const std::vector<TensorState>& moments) {
+void write_rank_directory(const std::string& path, const CheckpointRank& rank,
+                          const std::vector<TensorState>& moments) {
   std::vector<TensorEntry> entries;
   for (const TensorState& state : moments) entries.push_back(entry_of(*state.parameter));
   std::vector<int64_t> stages;
@@ -437,7 +440,7 @@ std::string create_staging(const std::string& directory, int64_t iteration) {
 void save_checkpoint(const std::string& directory, const TrainingState& state, const CheckpointRank& rank) {
   namespace fs = std::filesystem;
   const ParallelGroups& groups = rank.groups;
-  const bool leader = groups.global_rank == 0;       // prepares, renames, writes "latest"
+  const bool leader = groups.global_rank == 0;         // prepares, renames, writes "latest"
   const bool writer = groups.data_parallel_rank == 0;  // writes its mp_rank directory
   const std::string staging = directory + "/" + iteration_directory(state.iteration) + ".tmp";
   const auto barrier = [&] {
@@ -452,7 +455,8 @@ void save_checkpoint(const std::string& directory, const TrainingState& state, c
     if (writer || rank.plan.use_distributed_optimizer) moments = rank.optimizer.export_state();
     if (writer) {
       write_rank_directory(
-          staging + "/" + rank_directory(groups.tensor_parallel_rank, groups.pipeline_rank, rank.plan.pipeline_parallel_size),
+          staging + "/" +
+              rank_directory(groups.tensor_parallel_rank, groups.pipeline_rank, rank.plan.pipeline_parallel_size),
           rank, moments);
     }
     if (leader) {
@@ -487,7 +491,8 @@ int64_t read_latest(const std::string& latest) {
   if (!text.empty() && text.back() == '\n') text.pop_back();
   if (text.empty() || text.size() > kMaxIterationDigits || text.find_first_not_of("0123456789") != std::string::npos) {
     refuse_load(latest + " must hold an iteration number (up to " + std::to_string(kMaxIterationDigits) +
-                " digits), and holds " + nlohmann::json(text.substr(0, 20)).dump(-1, ' ', true, nlohmann::json::error_handler_t::replace));
+                " digits), and holds " +
+                nlohmann::json(text.substr(0, 20)).dump(-1, ' ', true, nlohmann::json::error_handler_t::replace));
   }
   return std::stoll(text);
 }
@@ -532,8 +537,11 @@ std::optional<Newest> find_newest(const std::string& directory) {
   if (!meta.is_object() || meta.value("format", "") != kFormat || !meta.contains("directories") ||
       !meta["directories"].is_array()) {
     const bool named = meta.is_object() && meta.contains("format");
-    refuse_load(state_path + " is not a " + std::string(kFormat) + " checkpoint" +
-                (named ? " (its format is " + meta["format"].dump(-1, ' ', true, nlohmann::json::error_handler_t::replace).substr(0, 40) + ")" : ""));
+    refuse_load(
+        state_path + " is not a " + std::string(kFormat) + " checkpoint" +
+        (named ? " (its format is " +
+                     meta["format"].dump(-1, ' ', true, nlohmann::json::error_handler_t::replace).substr(0, 40) + ")"
+               : ""));
   }
   verify_json_checksum(meta, state_path);
   TrainingState& state = newest.state;
@@ -542,7 +550,8 @@ std::optional<Newest> find_newest(const std::string& directory) {
   fields.require("consumed_samples", state.consumed_samples);
   fields.require("seed", state.seed);
   if (state.consumed_samples < 0) {
-    refuse_load(fields.field("consumed_samples") + ": must be non-negative, got " + std::to_string(state.consumed_samples));
+    refuse_load(fields.field("consumed_samples") + ": must be non-negative, got " +
+                std::to_string(state.consumed_samples));
   }
   if (const nlohmann::json* tokenizer = fields.read_object("tokenizer")) {
     state.tokenizer = tokenizer_from_json(*tokenizer, fields.field("tokenizer"));
@@ -589,9 +598,9 @@ std::optional<TrainingState> load_latest(const std::string& directory, const Che
   if (const auto spec = newest->meta.find("model_spec"); spec != newest->meta.end() && spec->is_object()) {
     if (const auto saved_vocabulary = spec->find("vocab_size");
         saved_vocabulary != spec->end() && saved_vocabulary->is_number_integer() && *saved_vocabulary != vocabulary) {
-      refuse_load(path + "/state.json: the checkpoint's vocabulary is " + saved_vocabulary->dump() + " tokens, the model's " +
-                  std::to_string(vocabulary) + " (a checkpoint of another vocabulary: --vocab-size " +
-                  saved_vocabulary->dump() + " trains on it)");
+      refuse_load(path + "/state.json: the checkpoint's vocabulary is " + saved_vocabulary->dump() +
+                  " tokens, the model's " + std::to_string(vocabulary) +
+                  " (a checkpoint of another vocabulary: --vocab-size " + saved_vocabulary->dump() + " trains on it)");
     }
   }
   std::map<std::string, std::vector<int64_t>> expected;  // name -> global shape
@@ -609,14 +618,15 @@ std::optional<TrainingState> load_latest(const std::string& directory, const Che
                   " does not have (a checkpoint of another model)");
     }
     const std::vector<int64_t>& saved_shape = shards.front().global_shape;
-    if (saved_shape != found->second && !(vocabulary_tensor(name) && other_padding(saved_shape, found->second, vocabulary))) {
+    if (saved_shape != found->second &&
+        !(vocabulary_tensor(name) && other_padding(saved_shape, found->second, vocabulary))) {
       refuse_load(shards.front().manifest + ": " + name + " has global shape " + shape_text(saved_shape) +
                   " in the checkpoint but " + shape_text(found->second) + " in the model");
     }
     for (const SavedShard& shard : shards) {
       if (shard.global_shape != shards.front().global_shape) {
-        refuse_load(shard.manifest + ": " + name + " has global shape " + shape_text(shard.global_shape) + " here but " +
-                    shape_text(shards.front().global_shape) + " in " + shards.front().manifest);
+        refuse_load(shard.manifest + ": " + name + " has global shape " + shape_text(shard.global_shape) +
+                    " here but " + shape_text(shards.front().global_shape) + " in " + shards.front().manifest);
       }
     }
   }
@@ -681,8 +691,9 @@ void check_checkpoint_directories(const std::optional<std::string>& load, const 
       throw SpecError("--load", *load + " is not a directory");
     }
     if (!fs::exists(status) && !(save && same_directory(*load, *save))) {
-      throw SpecError("--load", *load + " does not exist; to start from scratch and resume from it later, give the "
-                                        "same directory to --save (Megatron's resume-or-start idiom)");
+      throw SpecError("--load", *load +
+                                    " does not exist; to start from scratch and resume from it later, give the "
+                                    "same directory to --save (Megatron's resume-or-start idiom)");
     }
   }
   if (!save) return;
@@ -692,7 +703,8 @@ void check_checkpoint_directories(const std::optional<std::string>& load, const 
     existing = existing.parent_path();
   }
   if (!fs::is_directory(existing, error)) {
-    throw SpecError("--save", existing.string() + (existing == fs::absolute(*save, error) ? "" : ", on the way to " + *save) +
+    throw SpecError("--save", existing.string() +
+                                  (existing == fs::absolute(*save, error) ? "" : ", on the way to " + *save) +
                                   ", is not a directory");
   }
   if (::access(existing.c_str(), W_OK | X_OK) != 0) {
@@ -735,8 +747,9 @@ CheckpointWeights read_checkpoint_weights(const std::string& directory) {
       if (vocabulary_tensor(name)) {
         // The true vocabulary's rows; the rest were the saving layout's padding.
         if (shape.size() != 2 || shape[0] < weights.model.vocab_size) {
-          refuse_load(shards.front().manifest + ": " + name + " has global shape " + shape_text(shape) + ", fewer rows than " +
-                      "the vocabulary of " + std::to_string(weights.model.vocab_size) + " state.json records");
+          refuse_load(shards.front().manifest + ": " + name + " has global shape " + shape_text(shape) +
+                      ", fewer rows than " + "the vocabulary of " + std::to_string(weights.model.vocab_size) +
+                      " state.json records");
         }
         shape[0] = weights.model.vocab_size;
         set_rows(arrays, shape[0], shape[1]);

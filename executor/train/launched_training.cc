@@ -23,14 +23,15 @@ RendezvousAddress rendezvous_address(const LaunchEnvironment& launch, const Envi
   if (!launch.master_addr && launch.world_size > 1) {
     throw SpecError("MASTER_ADDR", launch.launcher + " started " + std::to_string(launch.world_size) +
                                        " processes but MASTER_ADDR is not set: rank 0's host must be named, with "
-                                       "MASTER_PORT (default " + std::to_string(kDefaultMasterPort) +
-                                       "), in every rank's environment");
+                                       "MASTER_PORT (default " +
+                                       std::to_string(kDefaultMasterPort) + "), in every rank's environment");
   }
   RendezvousAddress address{launch.master_addr.value_or("127.0.0.1"), launch.master_port.value_or(kDefaultMasterPort)};
   if (getenv("TORCHELASTIC_USE_AGENT_STORE") == "True") {
     if (address.port == 65535) {
-      throw SpecError("MASTER_PORT", "torchrun's agent holds port 65535 and the rendezvous needs the next one: "
-                                     "pass torchrun a lower --master-port");
+      throw SpecError("MASTER_PORT",
+                      "torchrun's agent holds port 65535 and the rendezvous needs the next one: "
+                      "pass torchrun a lower --master-port");
     }
     ++address.port;
   }
@@ -84,8 +85,10 @@ TrainSummary train_launched(const ModelSpec& model, const ParallelPlan& plan, co
   backend = make_cuda_backend(plan.options.precision);  // on the GPU the world selected for this thread
   const ComputeStream stream = [compute = backend.get()] { return compute->compute_stream(); };
   const CommFactory make_comm = split_comm_factory(
-      launch.rank, [&world, &stream](int64_t color, int64_t key, const std::vector<int64_t>& ranks,
-                                     const std::string& label) { return world->split(color, key, ranks, label, stream); });
+      launch.rank,
+      [&world, &stream](int64_t color, int64_t key, const std::vector<int64_t>& ranks, const std::string& label) {
+        return world->split(color, key, ranks, label, stream);
+      });
   return train_rank(model, plan, options, launch.rank, *backend, make_comm, out);
 }
 

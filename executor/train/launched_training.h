@@ -22,10 +22,10 @@ namespace megaplan::exec {
 // Where rank 0's TCP rendezvous listens: the launcher's MASTER_ADDR, and MASTER_PORT or 29500
 // (torch's and `megaplan launch`'s default). A world of one opens no socket, so it needs neither.
 // (Under mpirun, when megaplan was built with MPI, NCCL's id travels over MPI instead and no
-// address is needed: executor/comm/mpi_bootstrap.h.) torchrun's agent serves its own store on MASTER_PORT, and says so to
-// its ranks with TORCHELASTIC_USE_AGENT_STORE=True (read through `getenv`): the rendezvous then
-// takes the next port. Throws SpecError("MASTER_ADDR", ...) when a world of several has no
-// MASTER_ADDR, SpecError("MASTER_PORT", ...) when there is no next port.
+// address is needed: executor/comm/mpi_bootstrap.h.) torchrun's agent serves its own store on MASTER_PORT, and says so
+// to its ranks with TORCHELASTIC_USE_AGENT_STORE=True (read through `getenv`): the rendezvous then takes the next port.
+// Throws SpecError("MASTER_ADDR", ...) when a world of several has no MASTER_ADDR, SpecError("MASTER_PORT", ...) when
+// there is no next port.
 struct RendezvousAddress {
   std::string host;
   int port = 0;
@@ -34,8 +34,8 @@ RendezvousAddress rendezvous_address(const LaunchEnvironment& launch, const Envi
 
 // Makes a group like ncclCommSplit: a collective over the world; the ranks passing one color >= 0
 // form a group, ordered by key; color < 0 gets null (see NcclWorld::split).
-using SplitFunction = std::function<std::unique_ptr<Comm>(int64_t color, int64_t key,
-                                                          const std::vector<int64_t>& ranks, const std::string& label)>;
+using SplitFunction = std::function<std::unique_ptr<Comm>(int64_t color, int64_t key, const std::vector<int64_t>& ranks,
+                                                          const std::string& label)>;
 
 // The CommFactory of global rank `rank` over a split. A kind of group where some group has two or
 // more members is split by every rank (color: the index of its group, or none where this rank

@@ -23,13 +23,16 @@ void LearningRateSchedule::validate() const {
   if (decay_iterations < 0) throw SpecError("--lr-decay-iters", "must be non-negative");
   if (decay_samples < 0) throw SpecError("--lr-decay-samples", "must be non-negative");
   if ((warmup_samples > 0 || decay_samples > 0) && (warmup_iterations > 0 || decay_iterations > 0)) {
-    throw SpecError(warmup_samples > 0 ? "--lr-warmup-samples" : "--lr-decay-samples",
-                    "is sample-based and cannot be combined with --lr-warmup-iters or --lr-decay-iters (Megatron's rule)");
+    throw SpecError(
+        warmup_samples > 0 ? "--lr-warmup-samples" : "--lr-decay-samples",
+        "is sample-based and cannot be combined with --lr-warmup-iters or --lr-decay-iters (Megatron's rule)");
   }
   if (warmup_fraction) {
-    if (!(*warmup_fraction >= 0 && *warmup_fraction <= 1)) throw SpecError("--lr-warmup-fraction", "must lie in [0, 1]");
+    if (!(*warmup_fraction >= 0 && *warmup_fraction <= 1))
+      throw SpecError("--lr-warmup-fraction", "must lie in [0, 1]");
     if (warmup_iterations > 0 || warmup_samples > 0) {
-      throw SpecError("--lr-warmup-fraction", "cannot be combined with --lr-warmup-iters or --lr-warmup-samples (Megatron's rule)");
+      throw SpecError("--lr-warmup-fraction",
+                      "cannot be combined with --lr-warmup-iters or --lr-warmup-samples (Megatron's rule)");
     }
   }
   if (style != DecayStyle::kConstant && !warmup_fraction) {
@@ -46,8 +49,9 @@ void LearningRateSchedule::validate() const {
 
 double LearningRateSchedule::at(int64_t consumed_samples, int64_t global_batch_size) const {
   const double batch = static_cast<double>(global_batch_size);
-  const double decay = decay_samples > 0 ? static_cast<double>(decay_samples) : static_cast<double>(decay_iterations) * batch;
-  const double warmup = warmup_fraction ? *warmup_fraction * decay
+  const double decay =
+      decay_samples > 0 ? static_cast<double>(decay_samples) : static_cast<double>(decay_iterations) * batch;
+  const double warmup = warmup_fraction      ? *warmup_fraction * decay
                         : warmup_samples > 0 ? static_cast<double>(warmup_samples)
                                              : static_cast<double>(warmup_iterations) * batch;
   const double step = static_cast<double>(consumed_samples);

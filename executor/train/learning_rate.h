@@ -17,12 +17,12 @@ enum class DecayStyle { kConstant, kLinear, kCosine };
 DecayStyle parse_decay_style(const std::string& text);
 
 struct LearningRateSchedule {
-  double max_lr = 1e-4;            // --lr
-  double min_lr = 0;               // --min-lr
-  int64_t warmup_iterations = 0;   // --lr-warmup-iters
-  int64_t decay_iterations = 0;    // --lr-decay-iters (0: --train-iters, set by the caller)
-  int64_t warmup_samples = 0;      // --lr-warmup-samples
-  int64_t decay_samples = 0;       // --lr-decay-samples (0: --train-samples, set by the caller)
+  double max_lr = 1e-4;                   // --lr
+  double min_lr = 0;                      // --min-lr
+  int64_t warmup_iterations = 0;          // --lr-warmup-iters
+  int64_t decay_iterations = 0;           // --lr-decay-iters (0: --train-iters, set by the caller)
+  int64_t warmup_samples = 0;             // --lr-warmup-samples
+  int64_t decay_samples = 0;              // --lr-decay-samples (0: --train-samples, set by the caller)
   std::optional<double> warmup_fraction;  // --lr-warmup-fraction: of the decay; excludes the two above
   DecayStyle style = DecayStyle::kLinear;
 

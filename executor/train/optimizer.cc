@@ -51,7 +51,8 @@ Optimizer::Optimizer(std::vector<GptModel*> chunks, const OptimizerGroups& group
       float* second = backend_.allocate(layout.total);
       moment_buffers_.insert(moment_buffers_.end(), {first, second});
       for (std::size_t i = 0; i < parameters.size(); ++i) {
-        pieces_.push_back({&parameters[i], 0, parameters[i].size, first + layout.offsets[i], second + layout.offsets[i]});
+        pieces_.push_back(
+            {&parameters[i], 0, parameters[i].size, first + layout.offsets[i], second + layout.offsets[i]});
       }
       continue;
     }
@@ -68,7 +69,8 @@ Optimizer::Optimizer(std::vector<GptModel*> chunks, const OptimizerGroups& group
         const std::size_t lo = std::max(begin, layout.offsets[i]);
         const std::size_t hi = std::min(end, layout.offsets[i] + parameters[i].size);
         if (lo >= hi) continue;
-        pieces_.push_back({&parameters[i], lo - layout.offsets[i], hi - lo, first + (lo - begin), second + (lo - begin)});
+        pieces_.push_back(
+            {&parameters[i], lo - layout.offsets[i], hi - lo, first + (lo - begin), second + (lo - begin)});
       }
     }
   }
@@ -201,8 +203,8 @@ void Optimizer::step(int64_t update, double lr, double gradient_norm, double uns
       for (const GradientBucket& bucket : chunk.layout().buckets) {
         const std::size_t shard = bucket.shard_size(dp.size());
         float* data = chunk.parameter_buffer() + bucket.offset;
-        gathering_[c].push_back(dp.all_gather(data + static_cast<std::size_t>(dp.rank()) * shard, data, shard,
-                                              DType::kFloat32));
+        gathering_[c].push_back(
+            dp.all_gather(data + static_cast<std::size_t>(dp.rank()) * shard, data, shard, DType::kFloat32));
       }
       if (!settings_.overlap_param_gather) finish_gather(c);
     }

@@ -55,7 +55,8 @@ ParallelGroups make_parallel_groups(const ParallelPlan& plan, int64_t global_ran
   if (first != last) {
     for (const std::vector<int64_t>& line : pipeline.groups) {
       const std::vector<int64_t> ends = {line[static_cast<std::size_t>(first)], line[static_cast<std::size_t>(last)]};
-      if (ends[0] == global_rank || ends[1] == global_rank) embedding.mine = static_cast<int64_t>(embedding.groups.size());
+      if (ends[0] == global_rank || ends[1] == global_rank)
+        embedding.mine = static_cast<int64_t>(embedding.groups.size());
       embedding.groups.push_back(ends);
     }
   }

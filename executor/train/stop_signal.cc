@@ -28,12 +28,9 @@ StopSignal received_stop_signal() { return static_cast<StopSignal>(static_cast<i
 
 const char* signal_name(StopSignal signal) {
   switch (signal) {
-    case StopSignal::kTerminate:
-      return "SIGTERM";
-    case StopSignal::kInterrupt:
-      return "SIGINT";
-    case StopSignal::kNone:
-      break;
+    case StopSignal::kTerminate: return "SIGTERM";
+    case StopSignal::kInterrupt: return "SIGINT";
+    case StopSignal::kNone: break;
   }
   return "none";
 }

@@ -17,8 +17,8 @@
 #include "core/input_limits.h"
 #include "core/pipeline_layout.h"
 #include "core/schedule/lowering.h"
-#include "core/schedule/schedule_csv.h"
 #include "core/schedule/schedule.h"
+#include "core/schedule/schedule_csv.h"
 #include "core/schedule/validation.h"
 #include "core/units.h"
 #include "executor/comm/in_process_comm.h"
@@ -29,9 +29,9 @@
 #include "executor/runtime/interpreter.h"
 #include "executor/train/checkpoint.h"
 #include "executor/train/host_values.h"
-#include "executor/train/stop_signal.h"
 #include "executor/train/optimizer.h"
 #include "executor/train/parallel_groups.h"
+#include "executor/train/stop_signal.h"
 
 namespace megaplan::exec {
 
@@ -94,10 +94,11 @@ std::string format_double(double value) {
   return text.str();
 }
 
-
 PipelineSchedule checked_schedule(const ParallelPlan& plan, const TrainOptions& options) {
-  PipelineSchedule schedule = lower_schedule(options.pipeline_schedule_csv ? read_plan_schedule_csv(*options.pipeline_schedule_csv, plan, "--pipeline-schedule-csv")
-                                                                           : generate_plan_schedule(plan));
+  PipelineSchedule schedule =
+      lower_schedule(options.pipeline_schedule_csv
+                         ? read_plan_schedule_csv(*options.pipeline_schedule_csv, plan, "--pipeline-schedule-csv")
+                         : generate_plan_schedule(plan));
   validate_schedule(schedule);
   return schedule;
 }
@@ -155,8 +156,8 @@ class RankTrainer {
     if (const int64_t available = backend.available_bytes(); needed > available) {
       // The flags that shrink it: the micro-batch (activations), recomputation, more pipeline stages.
       throw SpecError("--micro-batch-size",
-                      run.model.name + " with micro-batch size " + std::to_string(run.plan.micro_batch_size) + " needs " +
-                          format_gib(static_cast<double>(needed)) + " on pipeline rank " +
+                      run.model.name + " with micro-batch size " + std::to_string(run.plan.micro_batch_size) +
+                          " needs " + format_gib(static_cast<double>(needed)) + " on pipeline rank " +
                           std::to_string(groups.pipeline_rank) + " (" + backend.name() +
                           ": weights, gradients, optimizer state and the schedule's in-flight activations) but " +
                           format_gib(static_cast<double>(available)) +
@@ -165,10 +166,9 @@ class RankTrainer {
     }
     Parameter* embedding = nullptr;  // stage 0's, when this rank holds it: a V's last stage reads it
     for (const int64_t stage : stages_of_pipeline_rank(groups.pipeline_rank, run.plan)) {
-      chunks_.push_back(std::make_unique<GptModel>(run.model, run.plan, stage, backend,
-                                                   Initialisation{run.options.seed, run.options.init_method_std}, embedding,
-                                                   groups.tensor_parallel.get(),
-                                                   static_cast<std::size_t>(run.options.ddp_bucket_size)));
+      chunks_.push_back(std::make_unique<GptModel>(
+          run.model, run.plan, stage, backend, Initialisation{run.options.seed, run.options.init_method_std}, embedding,
+          groups.tensor_parallel.get(), static_cast<std::size_t>(run.options.ddp_bucket_size)));
       if (chunks_.back()->first_stage()) embedding = chunks_.back()->word_embedding();
       by_stage_[stage] = chunks_.back().get();
     }
@@ -215,7 +215,8 @@ class RankTrainer {
   StopSignal agreed_stop_signal() {
     double strongest = static_cast<double>(received_stop_signal());
     if (groups_.world) {
-      for (const double part : all_gather_doubles(*groups_.world, backend_, strongest)) strongest = std::max(strongest, part);
+      for (const double part : all_gather_doubles(*groups_.world, backend_, strongest))
+        strongest = std::max(strongest, part);
     }
     return static_cast<StopSignal>(static_cast<int>(strongest));
   }
@@ -291,8 +292,7 @@ double RankTrainer::evaluate(int64_t iteration) {
     }
   }
   for (Activation buffer : buffers) backend_.release(buffer);
-  return sum_over_model(total) /
-         static_cast<double>(run_.options.eval_iters * microbatches * plan.data_parallel_size);
+  return sum_over_model(total) / static_cast<double>(run_.options.eval_iters * microbatches * plan.data_parallel_size);
 }
 
 void RankTrainer::check_resumable(const TrainingState& loaded) const {
@@ -340,13 +340,18 @@ void RankTrainer::log(int64_t iteration, const Interval& interval, double lr, do
   const double tokens_per_s = static_cast<double>(samples * run_.model.seq_length) / seconds;
   const double flops = model_flops(run_.model, samples, padded_vocab_size(run_.model, run_.plan.tensor_parallel_size));
   const double tflops = flops / seconds / 1e12 / static_cast<double>(run_.plan.world_size());
-  nlohmann::json record = {{"iteration", iteration},       {"loss", loss},
-                           {"lr", lr},                     {"grad_norm", gradient_norm},
-                           {"tokens_per_s", tokens_per_s}, {"model_tflops_per_gpu", tflops},
-                           {"mfu", run_.options.peak_flops_per_s > 0 ? tflops * 1e12 / run_.options.peak_flops_per_s : 0.0},
-                           {"peak_memory_bytes", backend_.peak_bytes()}};
+  nlohmann::json record = {
+      {"iteration", iteration},
+      {"loss", loss},
+      {"lr", lr},
+      {"grad_norm", gradient_norm},
+      {"tokens_per_s", tokens_per_s},
+      {"model_tflops_per_gpu", tflops},
+      {"mfu", run_.options.peak_flops_per_s > 0 ? tflops * 1e12 / run_.options.peak_flops_per_s : 0.0},
+      {"peak_memory_bytes", backend_.peak_bytes()}};
   // At this interval's pace, the iterations still to run.
-  const double eta_s = seconds / static_cast<double>(iterations) * static_cast<double>(run_.options.train_iters - iteration);
+  const double eta_s =
+      seconds / static_cast<double>(iterations) * static_cast<double>(run_.options.train_iters - iteration);
   record["eta_s"] = eta_s;
   record["global_batch_size"] = global_batch;
   *out_ << "iteration " << iteration << "/" << run_.options.train_iters << " | loss " << format_double(loss) << " | lr "
@@ -374,7 +379,8 @@ TrainSummary RankTrainer::train() {
     // What the run is, once, before it starts (Megatron prints its arguments and sizes).
     const int64_t seq = run_.model.seq_length;
     const int64_t samples = samples_of_iterations(options.rampup, plan.global_batch_size, options.train_iters);
-    *out_ << "training " << run_.model.name << ", " << format_count(static_cast<double>(total_parameters(run_.model, plan.tensor_parallel_size)))
+    *out_ << "training " << run_.model.name << ", "
+          << format_count(static_cast<double>(total_parameters(run_.model, plan.tensor_parallel_size)))
           << " parameters, on " << plan.world_size() << " rank(s): " << describe_plan(plan) << "; "
           << format_count(static_cast<double>(plan.global_batch_size * seq)) << " tokens per iteration";
     if (options.rampup) {
@@ -405,9 +411,10 @@ TrainSummary RankTrainer::train() {
     } else if (options.save && same_directory(*options.load, *options.save)) {
       if (out_) *out_ << "no checkpoint in " << *options.load << " yet: starting from scratch\n";
     } else {
-      throw SpecError("--load", *options.load + " holds no checkpoint (no latest_checkpointed_iteration.txt); to start "
-                                                "from scratch and resume from it later, give the same directory to "
-                                                "--save (Megatron's resume-or-start idiom)");
+      throw SpecError("--load", *options.load +
+                                    " holds no checkpoint (no latest_checkpointed_iteration.txt); to start "
+                                    "from scratch and resume from it later, give the same directory to "
+                                    "--save (Megatron's resume-or-start idiom)");
     }
   }
   if (out_ && options.log_file) {
@@ -494,9 +501,12 @@ TrainSummary RankTrainer::train() {
         *out_ << "validation loss at iteration " << iteration << ": " << format_double(validation) << " | perplexity "
               << format_double(perplexity) << "\n";
         if (log_file_) {
-          *log_file_ << nlohmann::json{{"iteration", iteration}, {"validation_loss", validation},
-                                       {"validation_perplexity", perplexity}}.dump()
-                     << "\n" << std::flush;
+          *log_file_ << nlohmann::json{{"iteration", iteration},
+                                       {"validation_loss", validation},
+                                       {"validation_perplexity", perplexity}}
+                            .dump()
+                     << "\n"
+                     << std::flush;
         }
       }
     }
@@ -571,8 +581,9 @@ int64_t checkpoint_bytes(const ModelSpec& model, const ParallelPlan& plan) {
 void check_ramp(const ModelSpec& model, const ParallelPlan& plan, const TrainOptions& options) {
   if (!options.rampup) return;
   if (options.pipeline_schedule_csv) {
-    throw SpecError("--rampup-batch-size", "cannot be combined with --pipeline-schedule-csv: the CSV fixes every "
-                                           "iteration's microbatches");
+    throw SpecError("--rampup-batch-size",
+                    "cannot be combined with --pipeline-schedule-csv: the CSV fixes every "
+                    "iteration's microbatches");
   }
   validate_batch_rampup(*options.rampup, plan);
   for (const int64_t batch : rampup_global_batches(options.rampup, plan.global_batch_size)) {
@@ -650,7 +661,8 @@ TrainSummary train(const ModelSpec& model, const ParallelPlan& plan, const Train
     TrainSummary mine = trainer.train();
     const std::lock_guard<std::mutex> lock(summary_mutex);
     for (auto& [name, shard] : trainer.final_shards()) shards[name].emplace(shard.cut.index, std::move(shard));
-    summary.timeline.slices.insert(summary.timeline.slices.end(), mine.timeline.slices.begin(), mine.timeline.slices.end());
+    summary.timeline.slices.insert(summary.timeline.slices.end(), mine.timeline.slices.begin(),
+                                   mine.timeline.slices.end());
     if (rank == 0) {
       mine.timeline.slices = std::move(summary.timeline.slices);
       summary = std::move(mine);
@@ -673,11 +685,11 @@ constexpr std::size_t kSliceFields = 10;
 
 void append_slice(const TimelineSlice& slice, std::vector<double>& out) {
   const Action& a = slice.action;
-  out.insert(out.end(), {static_cast<double>(slice.pipeline_rank), static_cast<double>(slice.stream),
-                         static_cast<double>(a.kind), static_cast<double>(a.backward_kind),
-                         static_cast<double>(a.stage), static_cast<double>(a.microbatch),
-                         static_cast<double>(a.backward_stage), static_cast<double>(a.backward_microbatch),
-                         slice.start_s, slice.end_s});
+  out.insert(
+      out.end(),
+      {static_cast<double>(slice.pipeline_rank), static_cast<double>(slice.stream), static_cast<double>(a.kind),
+       static_cast<double>(a.backward_kind), static_cast<double>(a.stage), static_cast<double>(a.microbatch),
+       static_cast<double>(a.backward_stage), static_cast<double>(a.backward_microbatch), slice.start_s, slice.end_s});
 }
 
 TimelineSlice slice_at(const double* field) {

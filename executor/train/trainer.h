@@ -24,35 +24,35 @@
 #include "executor/data/data_blend.h"
 #include "executor/data/tokenizer.h"
 #include "executor/runtime/backend.h"
-#include "executor/train/parallel_groups.h"
 #include "executor/train/learning_rate.h"
 #include "executor/train/loss_scaler.h"
+#include "executor/train/parallel_groups.h"
 
 namespace megaplan::exec {
 
 struct TrainOptions {
-  int64_t train_iters = 0;       // --train-iters (with --train-samples: train_samples / the global batch, set by the caller)
-  int64_t train_samples = 0;     // --train-samples: sample-based training, Megatron's other form (0: iteration-based)
-  int64_t exit_interval = 0;     // --exit-interval: stop (after saving) at a multiple of it; 0 never
+  int64_t train_iters = 0;  // --train-iters (with --train-samples: train_samples / the global batch, set by the caller)
+  int64_t train_samples = 0;  // --train-samples: sample-based training, Megatron's other form (0: iteration-based)
+  int64_t exit_interval = 0;  // --exit-interval: stop (after saving) at a multiple of it; 0 never
   // --exit-signal-handler: at each iteration's end, stop on SIGTERM after a save, on SIGINT without
   // one (executor/train/stop_signal.h; the caller installs the handlers).
   bool exit_signal_handler = false;
   LearningRateSchedule learning_rate;
-  double weight_decay = 0.01;    // --weight-decay (not on biases and norms)
+  double weight_decay = 0.01;  // --weight-decay (not on biases and norms)
   double adam_beta1 = 0.9;
   double adam_beta2 = 0.999;
   double adam_eps = 1e-8;
-  double clip_grad = 1.0;        // --clip-grad (0: no clipping)
+  double clip_grad = 1.0;  // --clip-grad (0: no clipping)
   // --loss-scale, --initial-loss-scale, --min-loss-scale, --loss-scale-window, --hysteresis: a
   // scaler runs under the plan's --fp16 (dynamic unless --loss-scale) or wherever --loss-scale is given.
   LossScalerSettings loss_scaling;
-  uint64_t seed = 1234;          // --seed
-  double init_method_std = 0.02;  // --init-method-std: the weights' normal deviation
-  int64_t eval_interval = 1000;  // --eval-interval
-  int64_t eval_iters = 100;      // --eval-iters
-  int64_t log_interval = 100;    // --log-interval
-  DataBlend data_path;           // --data-path: PREFIX, or Megatron's blend (executor/data/data_blend.h)
-  std::string split = "969,30,1";  // --split (Megatron's default)
+  uint64_t seed = 1234;                 // --seed
+  double init_method_std = 0.02;        // --init-method-std: the weights' normal deviation
+  int64_t eval_interval = 1000;         // --eval-interval
+  int64_t eval_iters = 100;             // --eval-iters
+  int64_t log_interval = 100;           // --log-interval
+  DataBlend data_path;                  // --data-path: PREFIX, or Megatron's blend (executor/data/data_blend.h)
+  std::string split = "969,30,1";       // --split (Megatron's default)
   std::optional<std::string> log_file;  // --log-file: one JSON object per logged iteration, appended
   std::optional<std::string> save;      // --save DIR
   int64_t save_interval = 0;            // --save-interval
@@ -61,9 +61,9 @@ struct TrainOptions {
   // recorded in its checkpoints for `megaplan convert --to hf`; without it a resumed run keeps the
   // loaded checkpoint's.
   std::optional<TokenizerOptions> tokenizer;
-  double peak_flops_per_s = 0;          // the device's dense peak, for MFU (0: not reported)
+  double peak_flops_per_s = 0;               // the device's dense peak, for MFU (0: not reported)
   int64_t distributed_timeout_minutes = 10;  // --distributed-timeout-minutes: a rank that waits longer ends the run
-  int64_t ddp_bucket_size = 0;       // --ddp-bucket-size: parameters per gradient bucket (0: Megatron's default)
+  int64_t ddp_bucket_size = 0;      // --ddp-bucket-size: parameters per gradient bucket (0: Megatron's default)
   bool keep_final_weights = false;  // fill TrainSummary::final_weights (tests comparing layouts)
   bool record_timeline = false;     // fill TrainSummary::timeline (--trace)
   // Where the model's vocabulary came from ("vocabulary 50257 from --vocab-size"), said by rank 0

@@ -32,9 +32,19 @@ const char* const kExpectedJson = R"({
   "position-embedding": [[0], [1], [2], [3], [4], [5], [6], [7]]
 })";
 
-const std::vector<std::string> kKinds = {
-    "tp", "pp", "dp", "cp", "dp-cp", "tp-pp", "tp-dp", "tp-dp-cp", "tp-cp", "ep", "tp-ep",
-    "embedding", "position-embedding"};
+const std::vector<std::string> kKinds = {"tp",
+                                         "pp",
+                                         "dp",
+                                         "cp",
+                                         "dp-cp",
+                                         "tp-pp",
+                                         "tp-dp",
+                                         "tp-dp-cp",
+                                         "tp-cp",
+                                         "ep",
+                                         "tp-ep",
+                                         "embedding",
+                                         "position-embedding"};
 
 GroupsOptions world16_tp4_pp2() {
   GroupsOptions options;
@@ -108,15 +118,12 @@ TEST_CASE("groups: flags map onto the options", "[groups_command]") {
     CHECK(nlohmann::ordered_json::parse(out.str()) == nlohmann::ordered_json::parse(kExpectedJson));
   }
   SECTION("short spellings, cp, ep and order") {
-    app.parse("groups --world-size 8 --tp 1 --pp 2 --cp 2 --ep 2 --order tp-cp-ep-pp-dp --json",
-              false);
+    app.parse("groups --world-size 8 --tp 1 --pp 2 --cp 2 --ep 2 --order tp-cp-ep-pp-dp --json", false);
     const nlohmann::ordered_json parsed = nlohmann::ordered_json::parse(out.str());
     CHECK(parsed["ep"] == nlohmann::ordered_json::parse("[[0, 1], [2, 3], [4, 5], [6, 7]]"));
     CHECK(parsed["pp"] == nlohmann::ordered_json::parse("[[0, 2], [1, 3], [4, 6], [5, 7]]"));
   }
-  SECTION("--world-size is required") {
-    CHECK_THROWS_AS(app.parse("groups --tp 2", false), CLI::RequiredError);
-  }
+  SECTION("--world-size is required") { CHECK_THROWS_AS(app.parse("groups --tp 2", false), CLI::RequiredError); }
 }
 
 }  // namespace

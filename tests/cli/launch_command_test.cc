@@ -26,7 +26,8 @@ TEST_CASE("launch flags: torchrun's names and everything after --", "[launch_com
     CHECK_THROWS_WITH(app.parse("launch --nnodes 2 --node-rank 1 -- presets", false),
                       "--master-addr: --nnodes 2 needs rank 0's host name or address, the same on every node");
     // As argv holds it (CLI11 parses a vector from the back); a quoted "" in one string is lost.
-    std::vector<std::string> arguments = {"launch", "--nnodes", "2", "--node_rank", "1", "--master_addr", "", "--", "presets"};
+    std::vector<std::string> arguments = {"launch",        "--nnodes", "2",  "--node_rank", "1",
+                                          "--master_addr", "",         "--", "presets"};
     std::reverse(arguments.begin(), arguments.end());
     CHECK_THROWS_WITH(app.parse(arguments), "--master-addr: must name rank 0's host, got an empty string");
   }

@@ -2,8 +2,8 @@
 // megatron_arguments.tsv, recorded by tools/megatron_arguments.py) and against the commands: every
 // argument has one row of the right arity, and every honoured row is a flag of each command it
 // matters to, so the table cannot claim what the commands do not do.
-#include <catch2/catch.hpp>
 #include <CLI/CLI.hpp>
+#include <catch2/catch.hpp>
 
 #include <fstream>
 #include <iostream>
@@ -71,10 +71,12 @@ TEST_CASE("the table holds every argument of Megatron-LM's parser, with its arit
 TEST_CASE("every honoured row is a flag of each command it matters to", "[cli][megatron]") {
   const std::set<std::string> train = flags_of("train");
   // search chooses the uneven split and the recomputation's method itself.
-  const std::set<std::string> search_chooses = {
-      "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
-      "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split", "--recompute-method",
-      "--recompute-num-layers"};
+  const std::set<std::string> search_chooses = {"--decoder-first-pipeline-num-layers",
+                                                "--decoder-last-pipeline-num-layers",
+                                                "--account-for-embedding-in-pipeline-split",
+                                                "--account-for-loss-in-pipeline-split",
+                                                "--recompute-method",
+                                                "--recompute-num-layers"};
   for (const megaplan::MegatronArgument& row : megaplan::megatron_arguments()) {
     const std::string flag(row.flag);
     INFO(flag);

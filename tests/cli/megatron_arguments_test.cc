@@ -1,7 +1,7 @@
 // planner::megatron_arguments read back by megaplan's own Megatron-style flags: the emitted model
 // flags describe the model completely (nothing left to a default), whatever model they start from.
-#include <catch2/catch.hpp>
 #include <CLI/CLI.hpp>
+#include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -65,10 +65,10 @@ TEST_CASE("the full argument list carries the model, bf16 and the vocabulary not
   plan.global_batch_size = 8;
   const std::vector<std::string> arguments =
       megaplan::planner::megatron_arguments(megaplan::model_preset("llama3-8b"), plan);
-  for (const char* flag : {"--num-layers 32", "--hidden-size 4096", "--ffn-hidden-size 14336", "--swiglu",
-                           "--normalization RMSNorm", "--group-query-attention", "--num-query-groups 8",
-                           "--position-embedding-type rope", "--rotary-base 500000", "--disable-bias-linear",
-                           "--untie-embeddings-and-output-weights", "--bf16", "--tensor-model-parallel-size 2"}) {
+  for (const char* flag :
+       {"--num-layers 32", "--hidden-size 4096", "--ffn-hidden-size 14336", "--swiglu", "--normalization RMSNorm",
+        "--group-query-attention", "--num-query-groups 8", "--position-embedding-type rope", "--rotary-base 500000",
+        "--disable-bias-linear", "--untie-embeddings-and-output-weights", "--bf16", "--tensor-model-parallel-size 2"}) {
     INFO(flag);
     CHECK(std::find(arguments.begin(), arguments.end(), flag) != arguments.end());
   }

@@ -13,8 +13,10 @@ using Catch::Matchers::Contains;
 TEST_CASE("presets lists every preset in text and JSON", "[presets_command]") {
   std::ostringstream text;
   megaplan::cli::run_presets({}, text);
-  for (const megaplan::ModelPreset& preset : megaplan::model_presets()) CHECK_THAT(text.str(), Contains(preset.spec.name));
-  for (const megaplan::ClusterSpec& cluster : megaplan::cluster_presets()) CHECK_THAT(text.str(), Contains(cluster.name));
+  for (const megaplan::ModelPreset& preset : megaplan::model_presets())
+    CHECK_THAT(text.str(), Contains(preset.spec.name));
+  for (const megaplan::ClusterSpec& cluster : megaplan::cluster_presets())
+    CHECK_THAT(text.str(), Contains(cluster.name));
   CHECK_THAT(text.str(), Contains("NVIDIA DGX A100 datasheet"));
 
   std::ostringstream json_text;

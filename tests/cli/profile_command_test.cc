@@ -39,20 +39,21 @@ megaplan::exec::ProfileGrid tiny_grid() {
   megaplan::exec::ProfileGrid grid;
   // A training-order sequence (the forward GEMM listed twice, as the next layer's is), then kernels
   // alone; the forward GEMM and the norm appear in two sequences.
-  grid.sequences = {ProfileSequence{{norm, forward,
-                                     megaplan::gemm_kernel(GemmLayout::kWeightGradient, GemmEpilogue::kBiasGradient, 16, 8, 8),
-                                     megaplan::attention_kernel(KernelKind::kAttentionForward, 1, 16, 2, 4),
-                                     megaplan::attention_kernel(KernelKind::kAttentionBackward, 1, 16, 2, 4), forward},
-                                    {}},
-                    // Grouped: two query heads share one key-value head.
-                    ProfileSequence{{megaplan::attention_kernel(KernelKind::kAttentionForward, 1, 16, 2, 4, 1),
-                                     megaplan::attention_kernel(KernelKind::kAttentionBackward, 1, 16, 2, 4, 1)},
-                                    {}},
-                    ProfileSequence{{forward}, {}}, ProfileSequence{{norm}, {}},
-                    ProfileSequence{{megaplan::flat_kernel(KernelKind::kAdamw, 4096)}, {}}};
+  grid.sequences = {
+      ProfileSequence{
+          {norm, forward, megaplan::gemm_kernel(GemmLayout::kWeightGradient, GemmEpilogue::kBiasGradient, 16, 8, 8),
+           megaplan::attention_kernel(KernelKind::kAttentionForward, 1, 16, 2, 4),
+           megaplan::attention_kernel(KernelKind::kAttentionBackward, 1, 16, 2, 4), forward},
+          {}},
+      // Grouped: two query heads share one key-value head.
+      ProfileSequence{{megaplan::attention_kernel(KernelKind::kAttentionForward, 1, 16, 2, 4, 1),
+                       megaplan::attention_kernel(KernelKind::kAttentionBackward, 1, 16, 2, 4, 1)},
+                      {}},
+      ProfileSequence{{forward}, {}}, ProfileSequence{{norm}, {}},
+      ProfileSequence{{megaplan::flat_kernel(KernelKind::kAdamw, 4096)}, {}}};
   megaplan::Kernel fp16 = forward;
   fp16.precision = DType::kFloat16;
-  grid.sequences.push_back({{fp16}, {}});  // the CPU backend has no fp16 GEMMs: skipped
+  grid.sequences.push_back({{fp16}, {}});                             // the CPU backend has no fp16 GEMMs: skipped
   for (auto& sequence : grid.sequences) sequence.warmup_seconds = 0;  // one pass
   grid.min_repetitions = 3;
   grid.max_repetitions = 3;
@@ -94,14 +95,13 @@ TEST_CASE("kernel timings from a backend become a profile the simulator looks up
   const megaplan::sim::Profile profile = megaplan::sim::Profile::from_json(json, "test.json");
   CHECK(profile.gpu_name() == gpu.name);
   megaplan::sim::CostSources sources;
-  CHECK(profile.gemm_seconds(8, 12, 16, DType::kFloat32, sources) ==
-        tables.gemm[0].at("seconds").get<double>());
+  CHECK(profile.gemm_seconds(8, 12, 16, DType::kFloat32, sources) == tables.gemm[0].at("seconds").get<double>());
   CHECK(profile.attention_forward_seconds(2, 16, 4, true, 1, false, sources) ==
         tables.attention[0].at("forward_s").get<double>());
   CHECK(profile.attention_backward_seconds(2, 16, 4, true, 2, false, sources) ==
         tables.attention[1].at("backward_s").get<double>());
-  CHECK(profile.gemm_seconds(GemmLayout::kWeightGradient, GemmEpilogue::kBiasGradient, 16, 8, 8,
-                             DType::kFloat32, sources) == tables.gemm[1].at("seconds").get<double>());
+  CHECK(profile.gemm_seconds(GemmLayout::kWeightGradient, GemmEpilogue::kBiasGradient, 16, 8, 8, DType::kFloat32,
+                             sources) == tables.gemm[1].at("seconds").get<double>());
   CHECK(profile.memory_kernel_seconds("adamw", 4096 * 32, sources) ==
         Approx(tables.kernels[1].at("seconds").get<double>()));
   CHECK(sources.table == 5);
@@ -131,7 +131,8 @@ TEST_CASE("the profile grid times each cell's microbatch in training order and o
   CHECK(grid.sequences[0].table.seq == 1024);
   CHECK(grid.sequences[0].warmup_seconds > grid.sequences.back().warmup_seconds);  // cells settle longer
   const auto position = [&](KernelKind kind) {
-    return std::find_if(cell.begin(), cell.end(), [&](const megaplan::Kernel& k) { return k.kind == kind; }) - cell.begin();
+    return std::find_if(cell.begin(), cell.end(), [&](const megaplan::Kernel& k) { return k.kind == kind; }) -
+           cell.begin();
   };
   CHECK(position(KernelKind::kAttentionForward) < position(KernelKind::kCrossEntropyForward));
   CHECK(std::count_if(cell.begin(), cell.end(), [](const megaplan::Kernel& k) {
@@ -148,8 +149,8 @@ TEST_CASE("the profile grid times each cell's microbatch in training order and o
   CHECK(fp16 == cell);
   // Width 2048 has heads of 128 over 2048-token sequences.
   const std::vector<megaplan::Kernel>& wide = grid.sequences[2].kernels;
-  const auto attention = std::find_if(wide.begin(), wide.end(),
-                                      [](const megaplan::Kernel& k) { return k.kind == KernelKind::kAttentionForward; });
+  const auto attention = std::find_if(
+      wide.begin(), wide.end(), [](const megaplan::Kernel& k) { return k.kind == KernelKind::kAttentionForward; });
   REQUIRE(attention != wide.end());
   CHECK(attention->head_dim == 128);
   CHECK(attention->seq == 2048);
@@ -264,19 +265,20 @@ TEST_CASE("collective timings from ranks as threads become link tables the simul
 
   // In the profile: the simulator's lookup at a measured point gives the measured time back.
   const megaplan::GpuSpec gpu = megaplan::cluster_preset("dgx-h100").gpu;
-  const nlohmann::json profile_json =
-      megaplan::cli::with_measured_links(megaplan::cli::measured_profile_json(gpu, {}, "test", nlohmann::json::object()),
-                                         measured, "NVIDIA H100 80GB HBM3");
+  const nlohmann::json profile_json = megaplan::cli::with_measured_links(
+      megaplan::cli::measured_profile_json(gpu, {}, "test", nlohmann::json::object()), measured,
+      "NVIDIA H100 80GB HBM3");
   const auto profile = megaplan::sim::Profile::from_json(profile_json, "measured");
   CHECK(profile.kind() == megaplan::sim::ProfileKind::kMeasured);
   megaplan::sim::CostSources sources;
   const megaplan::sim::LinkParams unused{1, 1};
   for (const auto& timing : measured.collectives) {
-    CHECK(profile.collective_seconds(timing.op, timing.group_size, timing.bytes, megaplan::sim::LinkKind::kNvlink, unused,
-                                     sources) == Approx(timing.seconds));
+    CHECK(profile.collective_seconds(timing.op, timing.group_size, timing.bytes, megaplan::sim::LinkKind::kNvlink,
+                                     unused, sources) == Approx(timing.seconds));
   }
   for (const auto& timing : measured.p2p) {
-    CHECK(profile.p2p_seconds(timing.bytes, megaplan::sim::LinkKind::kNvlink, unused, sources) == Approx(timing.seconds));
+    CHECK(profile.p2p_seconds(timing.bytes, megaplan::sim::LinkKind::kNvlink, unused, sources) ==
+          Approx(timing.seconds));
   }
   CHECK(sources.fallback == 0);
   CHECK(profile_json.at("overlap").size() == 4);
@@ -287,10 +289,12 @@ TEST_CASE("link tables: nccl-tests' bus bandwidth, p2p seconds and both slowdown
   megaplan::exec::CommTimings timings;
   timings.collectives = {{CollectiveOp::kAllReduce, 8, 1 << 20, 1e-4}, {CollectiveOp::kAllGather, 4, 1 << 20, 2e-5}};
   timings.p2p = {{CollectiveOp::kSendRecv, 2, 1 << 20, 5e-6}};
-  timings.overlap = {{CollectiveOp::kAllReduce, 8, 1e-3, 1.25e-3, 2e-3, 3e-3}, {CollectiveOp::kSendRecv, 2, 1e-3, 0.99e-3, 1e-3, 0.9e-3}};
+  timings.overlap = {{CollectiveOp::kAllReduce, 8, 1e-3, 1.25e-3, 2e-3, 3e-3},
+                     {CollectiveOp::kSendRecv, 2, 1e-3, 0.99e-3, 1e-3, 0.9e-3}};
   const megaplan::GpuSpec gpu = megaplan::cluster_preset("dgx-h100").gpu;
   const nlohmann::json profile = megaplan::cli::with_measured_links(
-      megaplan::cli::measured_profile_json(gpu, {}, "test", nlohmann::json::object()), timings, "NVIDIA H100 80GB HBM3");
+      megaplan::cli::measured_profile_json(gpu, {}, "test", nlohmann::json::object()), timings,
+      "NVIDIA H100 80GB HBM3");
   const nlohmann::json& collectives = profile.at("collectives");
   REQUIRE(collectives.size() == 2);
   for (const nlohmann::json& entry : collectives) {
@@ -334,7 +338,8 @@ TEST_CASE("links measured on a larger machine join a profile's smaller groups, r
   const nlohmann::json after = megaplan::cli::with_measured_links(before, four, "NVIDIA H100 80GB HBM3");
   std::map<int64_t, double> bus;
   for (const nlohmann::json& entry : after.at("collectives")) {
-    CHECK(bus.emplace(entry.at("group_size").get<int64_t>(), entry.at("bus_bandwidth_bytes_per_s").get<double>()).second);
+    CHECK(
+        bus.emplace(entry.at("group_size").get<int64_t>(), entry.at("bus_bandwidth_bytes_per_s").get<double>()).second);
   }
   REQUIRE(bus.size() == 2);
   CHECK(bus.at(2) == Approx((1 << 20) * 2 * 1.0 / 2 / 2e-4));  // the new two-GPU measurement

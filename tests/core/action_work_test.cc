@@ -53,7 +53,8 @@ TEST_CASE("message and gradient bytes of a pipelined, replicated plan", "[core][
   REQUIRE(work.size() == 2);
   // bf16 hidden states of 2 x 1024 tokens, each tp rank sending its sequence shard.
   CHECK(megaplan::action_work(work, megaplan::make_action(ActionKind::kSendForward, 0, 1)).bytes == 2 * 2048 * 768 / 2);
-  CHECK(megaplan::action_work(work, megaplan::make_action(ActionKind::kRecvBackward, 0, 1)).bytes == 2 * 2048 * 768 / 2);
+  CHECK(megaplan::action_work(work, megaplan::make_action(ActionKind::kRecvBackward, 0, 1)).bytes ==
+        2 * 2048 * 768 / 2);
   // fp32 main gradients of the stage's parameters on one GPU.
   for (int64_t stage = 0; stage < 2; ++stage) {
     CHECK(megaplan::action_work(work, megaplan::make_action(ActionKind::kReduceGrad, stage, -1)).bytes ==

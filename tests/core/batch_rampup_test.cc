@@ -30,7 +30,7 @@ std::string refusal(const megaplan::BatchRampup& rampup, const megaplan::Paralle
 TEST_CASE("the ramp's global batch steps as Megatron's calculator does", "[rampup]") {
   const std::optional<megaplan::BatchRampup> gpt3 = megaplan::BatchRampup{16, 16, 5859375};
   CHECK(megaplan::rampup_global_batch(gpt3, 1536, 0) == 16);
-  CHECK(megaplan::rampup_global_batch(gpt3, 1536, 61677) == 16);   // below one increment's 61677.63
+  CHECK(megaplan::rampup_global_batch(gpt3, 1536, 61677) == 16);  // below one increment's 61677.63
   CHECK(megaplan::rampup_global_batch(gpt3, 1536, 61678) == 32);
   CHECK(megaplan::rampup_global_batch(gpt3, 1536, 5859374) == 1520);
   CHECK(megaplan::rampup_global_batch(gpt3, 1536, 5859375) == 1536);  // 95 increments exactly

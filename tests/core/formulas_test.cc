@@ -84,7 +84,8 @@ TEST_CASE("the per-GPU parameter cache tells uneven pipeline splits apart", "[fo
   other.pipeline_split = {.account_for_embedding = true, .account_for_loss = true};
   for (const megaplan::ParallelPlan& layout : {plan, other, plan}) {
     std::vector<int64_t> expected;
-    for (const auto& rank : megaplan::parameters_per_pipeline_rank(llama, layout)) expected.push_back(rank.parameters_per_gpu);
+    for (const auto& rank : megaplan::parameters_per_pipeline_rank(llama, layout))
+      expected.push_back(rank.parameters_per_gpu);
     CHECK(cache.per_pipeline_rank(layout) == expected);
   }
   CHECK(cache.per_pipeline_rank(plan) != cache.per_pipeline_rank(other));
@@ -93,8 +94,8 @@ TEST_CASE("the per-GPU parameter cache tells uneven pipeline splits apart", "[fo
 TEST_CASE("model FLOPs follow Megatron's formula", "[formulas]") {
   const megaplan::ModelSpec gpt3 = megaplan::model_preset("gpt3-175b");
   // 72 B s l h^2 (1 + s/6h + V/12lh) with B 1536, s 2048, l 96, h 12288, V 51200.
-  const double expected = 72.0 * 1536 * 2048 * 96 * 12288.0 * 12288 *
-                          (1 + 2048.0 / (6 * 12288) + 51200.0 / (12 * 96 * 12288.0));
+  const double expected =
+      72.0 * 1536 * 2048 * 96 * 12288.0 * 12288 * (1 + 2048.0 / (6 * 12288) + 51200.0 / (12 * 96 * 12288.0));
   CHECK(megaplan::model_flops(gpt3, 1536, 51200) == Approx(expected).epsilon(1e-12));
   CHECK(expected == Approx(3.3861967463873244e18));
   // Llama 3 8B, one sequence of 8192: 12 B s l h^2 ((1 + 8/32 + s/h) + 3.5 * 1.5 + V/2lh).
@@ -110,7 +111,7 @@ TEST_CASE("hardware FLOPs add what recomputation repeats", "[formulas]") {
   CHECK(megaplan::hardware_flops(gpt3, 1536, 51200, RecomputeGranularity::kSelective) ==
         Approx(model + 4.0 * 1536 * 2048.0 * 2048 * 96 * 12288).epsilon(1e-12));
   // Full: the PTD-P paper's 96 B s l h^2 (1 + s/6h + V/16lh).
-  const double ptdp = 96.0 * 1536 * 2048 * 96 * 12288.0 * 12288 *
-                      (1 + 2048.0 / (6 * 12288) + 51200.0 / (16 * 96 * 12288.0));
+  const double ptdp =
+      96.0 * 1536 * 2048 * 96 * 12288.0 * 12288 * (1 + 2048.0 / (6 * 12288) + 51200.0 / (16 * 96 * 12288.0));
   CHECK(megaplan::hardware_flops(gpt3, 1536, 51200, RecomputeGranularity::kFull) == Approx(ptdp).epsilon(1e-12));
 }

@@ -46,11 +46,16 @@ TEST_CASE("a GPT-2 config.json imports with GPT-2's defaults", "[hf_config]") {
 }
 
 TEST_CASE("Qwen2 and Mistral use the Llama field names; Qwen2 has QKV biases", "[hf_config]") {
-  nlohmann::json qwen = {{"model_type", "qwen2"},          {"num_hidden_layers", 24},
-                         {"hidden_size", 896},             {"intermediate_size", 4864},
-                         {"num_attention_heads", 14},      {"num_key_value_heads", 2},
-                         {"max_position_embeddings", 32768}, {"vocab_size", 151936},
-                         {"tie_word_embeddings", true},    {"hidden_act", "silu"}};
+  nlohmann::json qwen = {{"model_type", "qwen2"},
+                         {"num_hidden_layers", 24},
+                         {"hidden_size", 896},
+                         {"intermediate_size", 4864},
+                         {"num_attention_heads", 14},
+                         {"num_key_value_heads", 2},
+                         {"max_position_embeddings", 32768},
+                         {"vocab_size", 151936},
+                         {"tie_word_embeddings", true},
+                         {"hidden_act", "silu"}};
   const megaplan::ModelSpec spec = megaplan::model_spec_from_hf_config(qwen, "qwen.json");
   CHECK(spec.add_qkv_bias);
   CHECK_FALSE(spec.untie_embeddings_and_output_weights);
@@ -71,7 +76,8 @@ TEST_CASE("unsupported or broken HF configs name the field", "[hf_config]") {
   CHECK_THROWS_WITH(megaplan::model_spec_from_hf_config(bert, "c.json"),
                     "c.json: model_type: unsupported \"bert\"; supported: llama, mistral, qwen2, gpt2");
   const nlohmann::json missing = {{"model_type", "llama"}, {"num_hidden_layers", 12}};
-  CHECK_THROWS_WITH(megaplan::model_spec_from_hf_config(missing, "c.json"), "c.json: hidden_size: required field is missing");
+  CHECK_THROWS_WITH(megaplan::model_spec_from_hf_config(missing, "c.json"),
+                    "c.json: hidden_size: required field is missing");
   nlohmann::json gelu = {{"model_type", "llama"}, {"hidden_act", "gelu"}};
   CHECK_THROWS_WITH(megaplan::model_spec_from_hf_config(gelu, "c.json"), Contains("c.json: hidden_act: only \"silu\""));
   CHECK(megaplan::is_hf_config(nlohmann::json{{"n_layer", 2}}));
@@ -94,8 +100,9 @@ TEST_CASE("Llama 3.1's rope_scaling imports; other kinds are refused naming the 
   CHECK(again.rope_scaling.original_max_position_embeddings == 64);
   CHECK_FALSE(megaplan::model_spec_to_json(megaplan::model_preset("llama3-8b")).contains("rope_scaling"));
   config["rope_scaling"] = {{"type", "yarn"}, {"factor", 4.0}};
-  CHECK_THROWS_WITH(megaplan::model_spec_from_hf_config(config, "c.json"),
-                    Contains("c.json: rope_scaling: rope_type: only \"llama3\" (Llama 3.1's scaling) is modelled, got \"yarn\""));
+  CHECK_THROWS_WITH(
+      megaplan::model_spec_from_hf_config(config, "c.json"),
+      Contains("c.json: rope_scaling: rope_type: only \"llama3\" (Llama 3.1's scaling) is modelled, got \"yarn\""));
   config["rope_scaling"] = nullptr;  // null: none
   CHECK_FALSE(megaplan::model_spec_from_hf_config(config, "c.json").rope_scaling.enabled());
   // transformers 5 writes rope_parameters, theta inside.
@@ -104,15 +111,17 @@ TEST_CASE("Llama 3.1's rope_scaling imports; other kinds are refused naming the 
   const megaplan::ModelSpec plain = megaplan::model_spec_from_hf_config(config, "c.json");
   CHECK(plain.rotary_base == 250000.0);
   CHECK_FALSE(plain.rope_scaling.enabled());
-  config["rope_parameters"] = {{"rope_type", "llama3"}, {"rope_theta", 500000.0}, {"factor", 32.0},
-                               {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0},
-                               {"original_max_position_embeddings", 8192}};
+  config["rope_parameters"] = {{"rope_type", "llama3"},   {"rope_theta", 500000.0},
+                               {"factor", 32.0},          {"low_freq_factor", 1.0},
+                               {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8192}};
   CHECK(megaplan::model_spec_from_hf_config(config, "c.json").rope_scaling.factor == 32.0);
   spec.rope_scaling.factor = 0.5;
-  CHECK_THROWS_WITH(megaplan::validate_model_spec(spec), Contains("--rope-scaling-factor: must be a finite number >= 1"));
+  CHECK_THROWS_WITH(megaplan::validate_model_spec(spec),
+                    Contains("--rope-scaling-factor: must be a finite number >= 1"));
   spec.rope_scaling.factor = 8;
   spec.position_embedding_type = megaplan::PositionEmbedding::kLearnedAbsolute;
-  CHECK_THROWS_WITH(megaplan::validate_model_spec(spec), Contains("--use-rope-scaling: needs --position-embedding-type rope"));
+  CHECK_THROWS_WITH(megaplan::validate_model_spec(spec),
+                    Contains("--use-rope-scaling: needs --position-embedding-type rope"));
 }
 
 TEST_CASE("a megaplan model file loads by path", "[hf_config]") {

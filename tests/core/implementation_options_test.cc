@@ -105,7 +105,7 @@ TEST_CASE("options megaplan's executor does not run are refused, naming the flag
   plan.tensor_parallel_size = 1;
   plan.context_parallel_size = 2;
   CHECK_THAT(error_of(plan), Catch::Matchers::StartsWith("--context-parallel-size: needs --transformer-impl "
-                                                          "transformer_engine"));
+                                                         "transformer_engine"));
 }
 
 TEST_CASE("implementation options round-trip through the plan's JSON; absent keys keep the defaults",
@@ -165,7 +165,8 @@ TEST_CASE("legacy Megatron's --DDP-impl torch: overlapped in 25 MB buckets, fp16
   CHECK_THAT(error_of(fused), Catch::Matchers::StartsWith("--DDP-impl: torch cannot fuse gradient accumulation"));
   ParallelPlan sharded = plan;
   sharded.use_distributed_optimizer = true;
-  CHECK_THAT(error_of(sharded), Catch::Matchers::StartsWith("--DDP-impl: torch cannot run --use-distributed-optimizer"));
+  CHECK_THAT(error_of(sharded),
+             Catch::Matchers::StartsWith("--DDP-impl: torch cannot run --use-distributed-optimizer"));
   ParallelPlan core = plan_of(Implementation::kMegatronCore);
   core.options.ddp_impl = megaplan::DdpImpl::kTorch;
   CHECK(error_of(core) == "--DDP-impl: torch is legacy Megatron's (--implementation megatron-local)");

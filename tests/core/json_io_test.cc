@@ -58,12 +58,14 @@ TEST_CASE("deep nesting and numbers beyond a double are refused with one line, n
 }
 
 TEST_CASE("the field reader shows a wrong value short, its control characters escaped", "[json_io]") {
-  const nlohmann::json object = {{"name", 7}, {"shape", {1, "x"}}, {"seed", -3}, {"count", std::string(100, 'x') + "\n"}};
+  const nlohmann::json object = {
+      {"name", 7}, {"shape", {1, "x"}}, {"seed", -3}, {"count", std::string(100, 'x') + "\n"}};
   megaplan::JsonFieldReader fields(object, "f.json");
   std::string name;
   CHECK_THROWS_WITH(fields.read("name", name), "f.json: name: must be a string, got number 7");
   std::vector<int64_t> shape;
-  CHECK_THROWS_WITH(fields.read("shape", shape), "f.json: shape: must be an array of 64-bit integers, and holds string \"x\"");
+  CHECK_THROWS_WITH(fields.read("shape", shape),
+                    "f.json: shape: must be an array of 64-bit integers, and holds string \"x\"");
   uint64_t seed = 0;
   CHECK_THROWS_WITH(fields.read("seed", seed), "f.json: seed: must be a non-negative integer, got number -3");
   int64_t count = 0;

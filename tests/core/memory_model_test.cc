@@ -5,8 +5,8 @@
 #include "core/executor_memory.h"
 #include "core/formulas.h"
 #include "core/memory_model.h"
-#include "core/schedule/lowering.h"
 #include "core/model_presets.h"
+#include "core/schedule/lowering.h"
 
 namespace {
 
@@ -84,7 +84,8 @@ TEST_CASE("megaplan's implementation counts the executor's buffers and the runti
   plan.implementation = megaplan::Implementation::kMegaplan;
   const megaplan::PipelineSchedule schedule = megaplan::generate_plan_schedule(plan);
   const auto memory = megaplan::memory_per_pipeline_rank(model, plan, schedule);
-  const auto executor = megaplan::executor_memory_per_pipeline_rank(model, plan, schedule, megaplan::ExecutorPrecision{});
+  const auto executor =
+      megaplan::executor_memory_per_pipeline_rank(model, plan, schedule, megaplan::ExecutorPrecision{});
   REQUIRE(memory.size() == 2);
   for (std::size_t rank = 0; rank < 2; ++rank) {
     CHECK(memory[rank].total_bytes == executor[rank].total_bytes + megaplan::kRuntimeReserveBytes);
@@ -99,8 +100,8 @@ TEST_CASE("megaplan's implementation counts the executor's buffers and the runti
   CHECK(executor[0].peak_inflight_microbatches == 2);
   CHECK(executor[1].peak_inflight_microbatches == 1);
   // The walk lowers a compute-only schedule itself: the same as walking the lowered one.
-  const auto lowered =
-      megaplan::executor_memory_per_pipeline_rank(model, plan, megaplan::lower_schedule(schedule), megaplan::ExecutorPrecision{});
+  const auto lowered = megaplan::executor_memory_per_pipeline_rank(model, plan, megaplan::lower_schedule(schedule),
+                                                                   megaplan::ExecutorPrecision{});
   for (std::size_t rank = 0; rank < 2; ++rank) CHECK(lowered[rank].total_bytes == executor[rank].total_bytes);
   plan.implementation = megaplan::Implementation::kMegatronCore;
   CHECK(megaplan::memory_per_pipeline_rank(model, plan, schedule)[0].total_bytes != memory[0].total_bytes);

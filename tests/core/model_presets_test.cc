@@ -11,8 +11,8 @@
 using Catch::Matchers::Contains;
 
 TEST_CASE("every preset validates and matches its published size within 2%", "[model_presets]") {
-  const std::set<std::string> required = {"gpt2-124m", "gpt2-350m",  "gpt2-774m",  "gpt2-1.5b",
-                                          "gpt-1.3b",  "gpt3-175b",  "gpt-1t",     "llama2-7b",
+  const std::set<std::string> required = {"gpt2-124m", "gpt2-350m",  "gpt2-774m",    "gpt2-1.5b",
+                                          "gpt-1.3b",  "gpt3-175b",  "gpt-1t",       "llama2-7b",
                                           "llama3-8b", "llama3-70b", "llama3.1-405b"};
   std::set<std::string> seen;
   for (const megaplan::ModelPreset& preset : megaplan::model_presets()) {
@@ -38,7 +38,7 @@ TEST_CASE("exact counts for models whose sizes are published to the parameter", 
 }
 
 TEST_CASE("an unknown preset lists the known ones", "[model_presets]") {
-  CHECK_THROWS_WITH(megaplan::model_preset("gpt5"),
-                    Contains("--model: unknown preset \"gpt5\"; known presets: gpt2-124m, gpt2-350m") &&
-                        Contains("llama3.1-405b"));
+  CHECK_THROWS_WITH(
+      megaplan::model_preset("gpt5"),
+      Contains("--model: unknown preset \"gpt5\"; known presets: gpt2-124m, gpt2-350m") && Contains("llama3.1-405b"));
 }

@@ -6,9 +6,9 @@
 #include "core/model_presets.h"
 #include "core/model_spec.h"
 
+using Catch::Matchers::Contains;
 using megaplan::ModelSpec;
 using megaplan::SpecError;
-using Catch::Matchers::Contains;
 
 namespace {
 
@@ -56,15 +56,19 @@ TEST_CASE("every validation rule names its field", "[model_spec]") {
   };
   const Case cases[] = {
       {"zero layers", [](ModelSpec& s) { s.num_layers = 0; }, "--num-layers: must be a positive integer, got 0"},
-      {"negative hidden", [](ModelSpec& s) { s.hidden_size = -8; }, "--hidden-size: must be a positive integer, got -8"},
+      {"negative hidden", [](ModelSpec& s) { s.hidden_size = -8; },
+       "--hidden-size: must be a positive integer, got -8"},
       {"zero heads", [](ModelSpec& s) { s.num_attention_heads = 0; }, "--num-attention-heads: must be a positive"},
       {"zero seq", [](ModelSpec& s) { s.seq_length = 0; }, "--seq-length: must be a positive"},
       {"zero vocab", [](ModelSpec& s) { s.vocab_size = 0; }, "--vocab-size: must be a positive"},
-      {"zero padding", [](ModelSpec& s) { s.make_vocab_size_divisible_by = 0; }, "--make-vocab-size-divisible-by: must be a positive"},
-      {"negative ffn", [](ModelSpec& s) { s.ffn_hidden_size = -1; }, "--ffn-hidden-size: must be a positive integer, got -1"},
+      {"zero padding", [](ModelSpec& s) { s.make_vocab_size_divisible_by = 0; },
+       "--make-vocab-size-divisible-by: must be a positive"},
+      {"negative ffn", [](ModelSpec& s) { s.ffn_hidden_size = -1; },
+       "--ffn-hidden-size: must be a positive integer, got -1"},
       {"negative groups", [](ModelSpec& s) { s.num_query_groups = -2; }, "--num-query-groups: must be a positive"},
       {"negative kv channels", [](ModelSpec& s) { s.kv_channels = -2; }, "--kv-channels: must be a positive"},
-      {"negative positions", [](ModelSpec& s) { s.max_position_embeddings = -2; }, "--max-position-embeddings: must be a positive"},
+      {"negative positions", [](ModelSpec& s) { s.max_position_embeddings = -2; },
+       "--max-position-embeddings: must be a positive"},
       {"hidden not divisible by heads", [](ModelSpec& s) { s.num_attention_heads = 12; },
        "--hidden-size: must be divisible by --num-attention-heads (256 % 12 != 0)"},
       {"groups do not divide heads", [](ModelSpec& s) { s.num_query_groups = 3; },
@@ -72,20 +76,36 @@ TEST_CASE("every validation rule names its field", "[model_spec]") {
       {"more groups than heads", [](ModelSpec& s) { s.num_query_groups = 16; }, "--num-query-groups: must divide"},
       {"sequence beyond positions", [](ModelSpec& s) { s.max_position_embeddings = 256; },
        "--seq-length: must not exceed --max-position-embeddings (512 > 256)"},
-      {"swiglu default rounds to zero", [](ModelSpec& s) { s.hidden_size = 16; s.num_attention_heads = 1; s.swiglu = true; },
+      {"swiglu default rounds to zero",
+       [](ModelSpec& s) {
+         s.hidden_size = 16;
+         s.num_attention_heads = 1;
+         s.swiglu = true;
+       },
        "--ffn-hidden-size: the SwiGLU default"},
       // Sizes past core/input_limits.h's bounds are refused before anything multiplies them.
-      {"hidden size past its bound", [](ModelSpec& s) { s.hidden_size = int64_t{1} << 40; s.num_attention_heads = 1; },
+      {"hidden size past its bound",
+       [](ModelSpec& s) {
+         s.hidden_size = int64_t{1} << 40;
+         s.num_attention_heads = 1;
+       },
        "--hidden-size: must be at most 1048576 (parameter counts multiply its square), got 1099511627776"},
-      {"hidden size overflowing its defaults", [](ModelSpec& s) { s.hidden_size = int64_t{1} << 62; s.num_attention_heads = 1; },
+      {"hidden size overflowing its defaults",
+       [](ModelSpec& s) {
+         s.hidden_size = int64_t{1} << 62;
+         s.num_attention_heads = 1;
+       },
        "--hidden-size: must be at most 1048576"},
-      {"vocabulary at the 64-bit limit", [](ModelSpec& s) { s.vocab_size = INT64_MAX; }, "--vocab-size: must be at most 16777216"},
+      {"vocabulary at the 64-bit limit", [](ModelSpec& s) { s.vocab_size = INT64_MAX; },
+       "--vocab-size: must be at most 16777216"},
       {"2^31 layers", [](ModelSpec& s) { s.num_layers = int64_t{1} << 31; }, "--num-layers: must be at most 4096"},
-      {"a sequence of 2^40", [](ModelSpec& s) { s.seq_length = int64_t{1} << 40; }, "--seq-length: must be at most 16777216"},
+      {"a sequence of 2^40", [](ModelSpec& s) { s.seq_length = int64_t{1} << 40; },
+       "--seq-length: must be at most 16777216"},
       {"zero epsilon", [](ModelSpec& s) { s.norm_epsilon = 0; }, "--norm-epsilon: must be in (0, 1), got 0.0"},
       {"rotary base of 1", [](ModelSpec& s) { s.rotary_base = 1; }, "--rotary-base: must be a finite number above 1"},
       {"rotary percent above 1", [](ModelSpec& s) { s.rotary_percent = 1.5; }, "--rotary-percent: must be in (0, 1]"},
-      {"an odd count of rotated dimensions", [](ModelSpec& s) {
+      {"an odd count of rotated dimensions",
+       [](ModelSpec& s) {
          s.position_embedding_type = megaplan::PositionEmbedding::kRope;
          s.rotary_percent = 0.3;  // 32 x 0.3 = 9
        },

@@ -52,8 +52,9 @@ TEST_CASE("dp is derived from the world size", "[parallel_plan]") {
 TEST_CASE("vpp follows from layers per virtual stage", "[parallel_plan]") {
   CHECK(megaplan::virtual_pipeline_size_from_layers_per_stage(96, 16, 2) == 3);
   CHECK(megaplan::virtual_pipeline_size_from_layers_per_stage(24, 4, 1) == 6);
-  CHECK_THROWS_WITH(megaplan::virtual_pipeline_size_from_layers_per_stage(96, 16, 4),
-                    "--num-layers-per-virtual-pipeline-stage: must divide the 6 layers of each pipeline rank (6 % 4 = 2)");
+  CHECK_THROWS_WITH(
+      megaplan::virtual_pipeline_size_from_layers_per_stage(96, 16, 4),
+      "--num-layers-per-virtual-pipeline-stage: must divide the 6 layers of each pipeline rank (6 % 4 = 2)");
   CHECK_THROWS_WITH(megaplan::virtual_pipeline_size_from_layers_per_stage(30, 4, 1),
                     "--num-layers: must be divisible by --pipeline-model-parallel-size 4 (30 % 4 = 2)");
 }
@@ -67,11 +68,14 @@ TEST_CASE("every plan rule has a failing case that names it", "[parallel_plan]")
     const char* message;
   };
   const Case cases[] = {
-      {"zero tp", [](ParallelPlan& p) { p.tensor_parallel_size = 0; }, "--tensor-model-parallel-size: must be a positive integer, got 0"},
-      {"negative pp", [](ParallelPlan& p) { p.pipeline_parallel_size = -1; }, "--pipeline-model-parallel-size: must be a positive integer"},
+      {"zero tp", [](ParallelPlan& p) { p.tensor_parallel_size = 0; },
+       "--tensor-model-parallel-size: must be a positive integer, got 0"},
+      {"negative pp", [](ParallelPlan& p) { p.pipeline_parallel_size = -1; },
+       "--pipeline-model-parallel-size: must be a positive integer"},
       {"zero cp", [](ParallelPlan& p) { p.context_parallel_size = 0; }, "--context-parallel-size: must be a positive"},
       {"zero dp", [](ParallelPlan& p) { p.data_parallel_size = 0; }, "data_parallel_size: must be a positive"},
-      {"zero vpp", [](ParallelPlan& p) { p.virtual_pipeline_parallel_size = 0; }, "--virtual-pipeline-model-parallel-size: must be a positive"},
+      {"zero vpp", [](ParallelPlan& p) { p.virtual_pipeline_parallel_size = 0; },
+       "--virtual-pipeline-model-parallel-size: must be a positive"},
       {"zero mbs", [](ParallelPlan& p) { p.micro_batch_size = 0; }, "--micro-batch-size: must be a positive"},
       {"zero gbs", [](ParallelPlan& p) { p.global_batch_size = 0; }, "--global-batch-size: must be a positive"},
       {"world overflows", [](ParallelPlan& p) { p.data_parallel_size = int64_t{1} << 62; }, "overflows 64 bits"},
@@ -81,15 +85,32 @@ TEST_CASE("every plan rule has a failing case that names it", "[parallel_plan]")
        "--tensor-model-parallel-size: must divide --num-query-groups 8 (8 % 16 = 8)"},
       {"layers % (pp*vpp)", [](ParallelPlan& p) { p.pipeline_parallel_size = 5; },
        "--num-layers: 24 must be divisible by pp*vpp = 5*1 = 5; uneven stages"},
-      {"layers % (pp*vpp) with vpp", [](ParallelPlan& p) { p.virtual_pipeline_parallel_size = 5; p.schedule = ScheduleKind::kInterleaved; },
+      {"layers % (pp*vpp) with vpp",
+       [](ParallelPlan& p) {
+         p.virtual_pipeline_parallel_size = 5;
+         p.schedule = ScheduleKind::kInterleaved;
+       },
        "--num-layers: 24 must be divisible by pp*vpp = 2*5 = 10; uneven stages"},
-      {"vpp without pp", [](ParallelPlan& p) { p.pipeline_parallel_size = 1; p.virtual_pipeline_parallel_size = 2; },
+      {"vpp without pp",
+       [](ParallelPlan& p) {
+         p.pipeline_parallel_size = 1;
+         p.virtual_pipeline_parallel_size = 2;
+       },
        "--virtual-pipeline-model-parallel-size: needs --pipeline-model-parallel-size > 1"},
       {"gbs % (mbs*dp)", [](ParallelPlan& p) { p.global_batch_size = 18; },
        "--global-batch-size: must be divisible by micro-batch-size*data-parallel-size = 2*2 = 4 (18 % 4 = 2)"},
-      {"sp needs tp > 1", [](ParallelPlan& p) { p.tensor_parallel_size = 1; p.sequence_parallel = true; },
+      {"sp needs tp > 1",
+       [](ParallelPlan& p) {
+         p.tensor_parallel_size = 1;
+         p.sequence_parallel = true;
+       },
        "--sequence-parallel: needs --tensor-model-parallel-size > 1"},
-      {"sp needs seq/cp % tp", [](ParallelPlan& p) { p.tensor_parallel_size = 8; p.context_parallel_size = 512; p.sequence_parallel = true; },
+      {"sp needs seq/cp % tp",
+       [](ParallelPlan& p) {
+         p.tensor_parallel_size = 8;
+         p.context_parallel_size = 512;
+         p.sequence_parallel = true;
+       },
        "--sequence-parallel: needs --seq-length/cp = 4 divisible by tp 8 (4 % 8 = 4)"},
       {"cp needs seq % 2cp", [](ParallelPlan& p) { p.context_parallel_size = 3; },
        "--context-parallel-size: needs --seq-length divisible by 2*cp = 6 (2048 % 6 = 2)"},
@@ -97,8 +118,16 @@ TEST_CASE("every plan rule has a failing case that names it", "[parallel_plan]")
        "--schedule: 1f1b runs one stage per rank; needs vpp = 1, got 2"},
       {"interleaved needs vpp >= 2", [](ParallelPlan& p) { p.schedule = ScheduleKind::kInterleaved; },
        "--virtual-pipeline-model-parallel-size: the interleaved schedule needs vpp >= 2, got 1"},
-      {"interleaved needs M >= pp", [](ParallelPlan& p) { p.schedule = ScheduleKind::kInterleaved; p.virtual_pipeline_parallel_size = 2; p.pipeline_parallel_size = 4; p.data_parallel_size = 1; p.global_batch_size = 6; },
-       "--global-batch-size: the interleaved schedule needs pp <= microbatch group size <= microbatches; got pp 4, group 4, 3 microbatches"},
+      {"interleaved needs M >= pp",
+       [](ParallelPlan& p) {
+         p.schedule = ScheduleKind::kInterleaved;
+         p.virtual_pipeline_parallel_size = 2;
+         p.pipeline_parallel_size = 4;
+         p.data_parallel_size = 1;
+         p.global_batch_size = 6;
+       },
+       "--global-batch-size: the interleaved schedule needs pp <= microbatch group size <= microbatches; got pp 4, "
+       "group 4, 3 microbatches"},
       {"V schedules need vpp 2", [](ParallelPlan& p) { p.schedule = ScheduleKind::kZeroBubbleV; },
        "--schedule: zbv places two stages per rank in a V; needs vpp = 2, got 1"},
   };
@@ -140,7 +169,8 @@ TEST_CASE("plan and job JSON round-trip; the job's world must equal its GPUs", "
   CHECK(megaplan::job_spec_to_json(megaplan::job_spec_from_json(job_json, "j.json")) == job_json);
 
   job.cluster = megaplan::select_gpus(megaplan::cluster_preset("dgx-h100"), 16);
-  CHECK_THROWS_WITH(megaplan::validate_job(job), "--gpus: world size tp*pp*cp*dp = 8 must equal the job's GPU count 16");
+  CHECK_THROWS_WITH(megaplan::validate_job(job),
+                    "--gpus: world size tp*pp*cp*dp = 8 must equal the job's GPU count 16");
   nlohmann::json no_plan = job_json;
   no_plan.erase("plan");
   CHECK_THROWS_WITH(megaplan::job_spec_from_json(no_plan, "j.json"), "j.json: plan: required field is missing");

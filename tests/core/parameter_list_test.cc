@@ -58,13 +58,15 @@ TEST_CASE("each pipeline stage's parameters add up to core's count, GPT and Llam
         plan.tensor_parallel_size = tp;
         for (int64_t stage = 0; stage < plan.num_virtual_stages(); ++stage) {
           for (int64_t rank = 0; rank < tp; ++rank) {
-            INFO(model.name << " " << megaplan::to_string(kind) << " stage " << stage << " tp rank " << rank << " of " << tp);
+            INFO(model.name << " " << megaplan::to_string(kind) << " stage " << stage << " tp rank " << rank << " of "
+                            << tp);
             std::size_t parameters = 0;
             for (const auto& spec : megaplan::describe_parameters(model, plan, stage, rank)) {
               parameters += spec.size;
               CHECK(spec.shard_index == (spec.shard_count > 1 ? rank : 0));
             }
-            CHECK(static_cast<int64_t>(parameters) == megaplan::stage_parameters(model, plan, stage).parameters_per_gpu);
+            CHECK(static_cast<int64_t>(parameters) ==
+                  megaplan::stage_parameters(model, plan, stage).parameters_per_gpu);
           }
         }
       }
@@ -90,9 +92,10 @@ TEST_CASE("the output layer is the tied embedding's copy, or its own weight when
   const auto whole = megaplan::describe_parameters(llama, one, 0);
   CHECK(whole.back().name == "output_layer.weight");
   CHECK(has(whole, "embedding.word_embeddings.weight"));
-  CHECK_FALSE(has(whole, "embedding.position_embeddings.weight"));  // RoPE
+  CHECK_FALSE(has(whole, "embedding.position_embeddings.weight"));   // RoPE
   CHECK_FALSE(has(whole, "decoder.layers.0.input_layernorm.bias"));  // RMSNorm
   CHECK_FALSE(has(whole, "decoder.layers.0.self_attention.linear_qkv.bias"));
-  CHECK(has(megaplan::describe_parameters(small_llama(true), one, 0), "decoder.layers.0.self_attention.linear_qkv.bias"));
+  CHECK(
+      has(megaplan::describe_parameters(small_llama(true), one, 0), "decoder.layers.0.self_attention.linear_qkv.bias"));
   CHECK_FALSE(has(megaplan::describe_parameters(small_llama(true), one, 0), "decoder.layers.0.mlp.linear_fc1.bias"));
 }

@@ -90,5 +90,6 @@ TEST_CASE("impossible uneven splits are refused naming the flag", "[pipeline_lay
   plan = megaplan::ParallelPlan{};
   plan.pipeline_parallel_size = 4;
   plan.pipeline_split.account_for_embedding = true;
-  CHECK_THROWS_WITH(megaplan::stage_layer_counts(model, plan), Contains("leaves virtual stage 0 without a transformer layer"));
+  CHECK_THROWS_WITH(megaplan::stage_layer_counts(model, plan),
+                    Contains("leaves virtual stage 0 without a transformer layer"));
 }

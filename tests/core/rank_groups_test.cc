@@ -72,20 +72,19 @@ TEST_CASE("rank groups: context parallel, world 16, tp 2, cp 2, pp 2", "[rank_gr
   CHECK(groups.expert_data_parallel_size == 4);
   const RankGroupList tp = {{0, 1}, {2, 3}, {4, 5}, {6, 7}, {8, 9}, {10, 11}, {12, 13}, {14, 15}};
   const RankGroupList pp = {{0, 8}, {1, 9}, {2, 10}, {3, 11}, {4, 12}, {5, 13}, {6, 14}, {7, 15}};
-  check_all_kinds(groups,
-                  {{"tp", tp},
-                   {"pp", pp},
-                   {"dp", {{0, 4}, {1, 5}, {2, 6}, {3, 7}, {8, 12}, {9, 13}, {10, 14}, {11, 15}}},
-                   {"cp", {{0, 2}, {1, 3}, {4, 6}, {5, 7}, {8, 10}, {9, 11}, {12, 14}, {13, 15}}},
-                   {"dp-cp", {{0, 2, 4, 6}, {1, 3, 5, 7}, {8, 10, 12, 14}, {9, 11, 13, 15}}},
-                   {"tp-pp", {{0, 1, 8, 9}, {2, 3, 10, 11}, {4, 5, 12, 13}, {6, 7, 14, 15}}},
-                   {"tp-dp", {{0, 1, 4, 5}, {2, 3, 6, 7}, {8, 9, 12, 13}, {10, 11, 14, 15}}},
-                   {"tp-dp-cp", {{0, 1, 2, 3, 4, 5, 6, 7}, {8, 9, 10, 11, 12, 13, 14, 15}}},
-                   {"tp-cp", {{0, 1, 2, 3}, {4, 5, 6, 7}, {8, 9, 10, 11}, {12, 13, 14, 15}}},
-                   {"ep", singletons(16)},
-                   {"tp-ep", tp},
-                   {"embedding", pp},
-                   {"position-embedding", {{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}}}});
+  check_all_kinds(groups, {{"tp", tp},
+                           {"pp", pp},
+                           {"dp", {{0, 4}, {1, 5}, {2, 6}, {3, 7}, {8, 12}, {9, 13}, {10, 14}, {11, 15}}},
+                           {"cp", {{0, 2}, {1, 3}, {4, 6}, {5, 7}, {8, 10}, {9, 11}, {12, 14}, {13, 15}}},
+                           {"dp-cp", {{0, 2, 4, 6}, {1, 3, 5, 7}, {8, 10, 12, 14}, {9, 11, 13, 15}}},
+                           {"tp-pp", {{0, 1, 8, 9}, {2, 3, 10, 11}, {4, 5, 12, 13}, {6, 7, 14, 15}}},
+                           {"tp-dp", {{0, 1, 4, 5}, {2, 3, 6, 7}, {8, 9, 12, 13}, {10, 11, 14, 15}}},
+                           {"tp-dp-cp", {{0, 1, 2, 3, 4, 5, 6, 7}, {8, 9, 10, 11, 12, 13, 14, 15}}},
+                           {"tp-cp", {{0, 1, 2, 3}, {4, 5, 6, 7}, {8, 9, 10, 11}, {12, 13, 14, 15}}},
+                           {"ep", singletons(16)},
+                           {"tp-ep", tp},
+                           {"embedding", pp},
+                           {"position-embedding", {{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}}}});
 }
 
 TEST_CASE("rank groups: expert parallel, world 16, tp 2, ep 2, pp 2", "[rank_groups]") {
@@ -98,20 +97,19 @@ TEST_CASE("rank groups: expert parallel, world 16, tp 2, ep 2, pp 2", "[rank_gro
   const RankGroupList pp = {{0, 8}, {1, 9}, {2, 10}, {3, 11}, {4, 12}, {5, 13}, {6, 14}, {7, 15}};
   const RankGroupList dp = {{0, 2, 4, 6}, {1, 3, 5, 7}, {8, 10, 12, 14}, {9, 11, 13, 15}};
   const RankGroupList tp_dp = {{0, 1, 2, 3, 4, 5, 6, 7}, {8, 9, 10, 11, 12, 13, 14, 15}};
-  check_all_kinds(groups,
-                  {{"tp", tp},
-                   {"pp", pp},
-                   {"dp", dp},
-                   {"cp", singletons(16)},
-                   {"dp-cp", dp},
-                   {"tp-pp", {{0, 1, 8, 9}, {2, 3, 10, 11}, {4, 5, 12, 13}, {6, 7, 14, 15}}},
-                   {"tp-dp", tp_dp},
-                   {"tp-dp-cp", tp_dp},
-                   {"tp-cp", tp},
-                   {"ep", {{0, 2}, {1, 3}, {4, 6}, {5, 7}, {8, 10}, {9, 11}, {12, 14}, {13, 15}}},
-                   {"tp-ep", {{0, 1, 2, 3}, {4, 5, 6, 7}, {8, 9, 10, 11}, {12, 13, 14, 15}}},
-                   {"embedding", pp},
-                   {"position-embedding", {{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}}}});
+  check_all_kinds(groups, {{"tp", tp},
+                           {"pp", pp},
+                           {"dp", dp},
+                           {"cp", singletons(16)},
+                           {"dp-cp", dp},
+                           {"tp-pp", {{0, 1, 8, 9}, {2, 3, 10, 11}, {4, 5, 12, 13}, {6, 7, 14, 15}}},
+                           {"tp-dp", tp_dp},
+                           {"tp-dp-cp", tp_dp},
+                           {"tp-cp", tp},
+                           {"ep", {{0, 2}, {1, 3}, {4, 6}, {5, 7}, {8, 10}, {9, 11}, {12, 14}, {13, 15}}},
+                           {"tp-ep", {{0, 1, 2, 3}, {4, 5, 6, 7}, {8, 9, 10, 11}, {12, 13, 14, 15}}},
+                           {"embedding", pp},
+                           {"position-embedding", {{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}}}});
 }
 
 TEST_CASE("rank groups: order tp-cp-ep-pp-dp, world 16, tp 2, pp 4", "[rank_groups]") {
@@ -189,8 +187,7 @@ TEST_CASE("rank groups: a single rank", "[rank_groups]") {
   }
 }
 
-TEST_CASE("rank groups: the order is case-insensitive and names left out are appended",
-          "[rank_groups]") {
+TEST_CASE("rank groups: the order is case-insensitive and names left out are appended", "[rank_groups]") {
   const RankGroups reference = megatron_rank_groups(16, 2, 2, 2, 2);
   CHECK(megatron_rank_groups(16, 2, 2, 2, 2, "TP-CP-EP-DP-PP").kinds == reference.kinds);
 
@@ -222,20 +219,11 @@ TEST_CASE("rank groups: JSON is keyed by kind in kind order", "[rank_groups]") {
 TEST_CASE("masked_orthogonal_rank_groups: Megatron's docstring example", "[rank_groups]") {
   // sizes [tp, dp, pp] = [2, 3, 4], mask picks dp: strides 1, 2, 6.
   CHECK(masked_orthogonal_rank_groups(24, {2, 3, 4}, {false, true, false}) ==
-        RankGroupList{{0, 2, 4},
-                      {1, 3, 5},
-                      {6, 8, 10},
-                      {7, 9, 11},
-                      {12, 14, 16},
-                      {13, 15, 17},
-                      {18, 20, 22},
-                      {19, 21, 23}});
+        RankGroupList{
+            {0, 2, 4}, {1, 3, 5}, {6, 8, 10}, {7, 9, 11}, {12, 14, 16}, {13, 15, 17}, {18, 20, 22}, {19, 21, 23}});
   CHECK(masked_orthogonal_rank_groups(24, {2, 3, 4}, {true, false, true}) ==
-        RankGroupList{{0, 1, 6, 7, 12, 13, 18, 19},
-                      {2, 3, 8, 9, 14, 15, 20, 21},
-                      {4, 5, 10, 11, 16, 17, 22, 23}});
-  CHECK_THROWS_AS(masked_orthogonal_rank_groups(23, {2, 3, 4}, {true, false, false}),
-                  std::invalid_argument);
+        RankGroupList{{0, 1, 6, 7, 12, 13, 18, 19}, {2, 3, 8, 9, 14, 15, 20, 21}, {4, 5, 10, 11, 16, 17, 22, 23}});
+  CHECK_THROWS_AS(masked_orthogonal_rank_groups(23, {2, 3, 4}, {true, false, false}), std::invalid_argument);
   CHECK_THROWS_AS(masked_orthogonal_rank_groups(6, {2, 3}, {true}), std::invalid_argument);
 }
 
@@ -313,8 +301,7 @@ void check_properties(const RankGroups& groups) {
   REQUIRE(position.size() == stages.size());
   for (size_t i = 0; i < stages.size(); ++i) {
     const std::vector<int64_t> ends =
-        pp == 1 ? std::vector<int64_t>{stages[i].front()}
-                : std::vector<int64_t>{stages[i].front(), stages[i].back()};
+        pp == 1 ? std::vector<int64_t>{stages[i].front()} : std::vector<int64_t>{stages[i].front(), stages[i].back()};
     CHECK(embedding[i] == ends);
     CHECK(position[i] == std::vector<int64_t>{stages[i].front()});
   }
@@ -341,16 +328,15 @@ TEST_CASE("rank groups: properties over many layouts and every order", "[rank_gr
           for (const int64_t ep : divisors) {
             if (world % (tp * pp * cp) != 0 || world % (tp * pp * ep) != 0) continue;
             for (const std::string& order : orders) {
-              INFO("world " << world << " tp " << tp << " pp " << pp << " cp " << cp << " ep " << ep
-                            << " order " << order);
+              INFO("world " << world << " tp " << tp << " pp " << pp << " cp " << cp << " ep " << ep << " order "
+                            << order);
               try {
                 check_properties(megatron_rank_groups(world, tp, pp, cp, ep, order));
                 ++checked;
               } catch (const SpecError& error) {
                 // Only Megatron's two pipeline checks may refuse a divisible layout.
                 CHECK(error.field() == "--order");
-                CHECK_THAT(error.rule(), Catch::Contains("pipeline groups") ||
-                                             Catch::Contains("does not end in pp"));
+                CHECK_THAT(error.rule(), Catch::Contains("pipeline groups") || Catch::Contains("does not end in pp"));
                 ++refused;
               }
             }
@@ -381,37 +367,28 @@ TEST_CASE("rank groups: default order accepts every divisible layout", "[rank_gr
 }
 
 TEST_CASE("rank groups: sizes must be positive", "[rank_groups]") {
-  CHECK_THROWS_WITH(megatron_rank_groups(0, 1, 1),
-                    Catch::Contains("--world-size: must be a positive integer, got 0"));
+  CHECK_THROWS_WITH(megatron_rank_groups(0, 1, 1), Catch::Contains("--world-size: must be a positive integer, got 0"));
   CHECK_THROWS_WITH(megatron_rank_groups(-8, 1, 1),
                     Catch::Contains("--world-size: must be a positive integer, got -8"));
-  CHECK_THROWS_WITH(megatron_rank_groups(8, 0, 1),
-                    Catch::Contains("--tp: must be a positive integer, got 0"));
-  CHECK_THROWS_WITH(megatron_rank_groups(8, 1, -2),
-                    Catch::Contains("--pp: must be a positive integer, got -2"));
-  CHECK_THROWS_WITH(megatron_rank_groups(8, 1, 1, 0),
-                    Catch::Contains("--cp: must be a positive integer, got 0"));
-  CHECK_THROWS_WITH(megatron_rank_groups(8, 1, 1, 1, -1),
-                    Catch::Contains("--ep: must be a positive integer, got -1"));
+  CHECK_THROWS_WITH(megatron_rank_groups(8, 0, 1), Catch::Contains("--tp: must be a positive integer, got 0"));
+  CHECK_THROWS_WITH(megatron_rank_groups(8, 1, -2), Catch::Contains("--pp: must be a positive integer, got -2"));
+  CHECK_THROWS_WITH(megatron_rank_groups(8, 1, 1, 0), Catch::Contains("--cp: must be a positive integer, got 0"));
+  CHECK_THROWS_WITH(megatron_rank_groups(8, 1, 1, 1, -1), Catch::Contains("--ep: must be a positive integer, got -1"));
 }
 
 TEST_CASE("rank groups: world size is bounded", "[rank_groups]") {
-  CHECK_THROWS_WITH(
-      megatron_rank_groups(int64_t{1} << 21, 1, 1),
-      Catch::Contains(
-          "--world-size: must be at most 1048576 to list every rank group, got 2097152"));
+  CHECK_THROWS_WITH(megatron_rank_groups(int64_t{1} << 21, 1, 1),
+                    Catch::Contains("--world-size: must be at most 1048576 to list every rank group, got 2097152"));
   CHECK_NOTHROW(megatron_rank_groups(int64_t{1} << 20, 32, 32, 32, 32));
 }
 
 TEST_CASE("rank groups: products that overflow 64 bits", "[rank_groups]") {
   const int64_t big = int64_t{1} << 40;
-  CHECK_THROWS_WITH(
-      megatron_rank_groups(16, big, big),
-      Catch::Contains("--pp: product 1099511627776 x 1099511627776 overflows 64 bits"));
+  CHECK_THROWS_WITH(megatron_rank_groups(16, big, big),
+                    Catch::Contains("--pp: product 1099511627776 x 1099511627776 overflows 64 bits"));
   const int64_t half = int64_t{1} << 31;
-  CHECK_THROWS_WITH(
-      megatron_rank_groups(16, half, half, half),
-      Catch::Contains("--cp: product 4611686018427387904 x 2147483648 overflows 64 bits"));
+  CHECK_THROWS_WITH(megatron_rank_groups(16, half, half, half),
+                    Catch::Contains("--cp: product 4611686018427387904 x 2147483648 overflows 64 bits"));
   CHECK_THROWS_WITH(megatron_rank_groups(16, 4, 2, 1, int64_t{1} << 61),
                     Catch::Contains("--ep: product 8 x 2305843009213693952 overflows 64 bits"));
 }
@@ -432,14 +409,12 @@ TEST_CASE("rank groups: order names must be known and unique", "[rank_groups]") 
   CHECK_THROWS_WITH(megatron_rank_groups(16, 4, 2, 1, 1, "tp-xp-dp-pp"),
                     Catch::Contains("--order: unknown name \"xp\" in \"tp-xp-dp-pp\"; an order "
                                     "joins names from tp, cp, ep, dp, pp with '-'"));
-  CHECK_THROWS_WITH(megatron_rank_groups(16, 4, 2, 1, 1, ""),
-                    Catch::Contains("--order: unknown name \"\" in \"\""));
+  CHECK_THROWS_WITH(megatron_rank_groups(16, 4, 2, 1, 1, ""), Catch::Contains("--order: unknown name \"\" in \"\""));
   CHECK_THROWS_WITH(megatron_rank_groups(16, 4, 2, 1, 1, "tp--pp"),
                     Catch::Contains("--order: unknown name \"\" in \"tp--pp\""));
   CHECK_THROWS_WITH(megatron_rank_groups(16, 4, 2, 1, 1, "tp-dp-tp-pp"),
                     Catch::Contains("--order: \"tp\" appears more than once in \"tp-dp-tp-pp\""));
-  CHECK_THROWS_WITH(parse_parallel_order("tp,dp,pp"),
-                    Catch::Contains("--order: unknown name \"tp,dp,pp\""));
+  CHECK_THROWS_WITH(parse_parallel_order("tp,dp,pp"), Catch::Contains("--order: unknown name \"tp,dp,pp\""));
   CHECK(parse_parallel_order("Tp-Dp") == std::vector<std::string>{"tp", "dp"});
 }
 
@@ -459,20 +434,17 @@ TEST_CASE("rank groups: names left out of the order must have size 1", "[rank_gr
                                     "decoder rank generator is 2"));
 }
 
-TEST_CASE("rank groups: Megatron's pipeline checks between dense and expert layers",
-          "[rank_groups]") {
+TEST_CASE("rank groups: Megatron's pipeline checks between dense and expert layers", "[rank_groups]") {
   // pp not last and pp > 1: dp = 16/(2*2*1) = 4 but expert dp = 16/(2*2*2) = 2.
-  CHECK_THROWS_WITH(
-      megatron_rank_groups(16, 2, 2, 1, 2, "tp-cp-ep-pp-dp"),
-      Catch::Contains("--order: \"tp-cp-ep-pp-dp\" does not end in pp and pp = 2 > 1, so the "
-                      "expert data-parallel size world/(tp*ep*pp) = 2 must equal the "
-                      "data-parallel size world/(tp*pp*cp) = 4"));
+  CHECK_THROWS_WITH(megatron_rank_groups(16, 2, 2, 1, 2, "tp-cp-ep-pp-dp"),
+                    Catch::Contains("--order: \"tp-cp-ep-pp-dp\" does not end in pp and pp = 2 > 1, so the "
+                                    "expert data-parallel size world/(tp*ep*pp) = 2 must equal the "
+                                    "data-parallel size world/(tp*pp*cp) = 4"));
   // dp = expert dp = 2, but pp's stride is cp = 2 in the dense grid and 1 in the expert grid.
-  CHECK_THROWS_WITH(
-      megatron_rank_groups(8, 1, 2, 2, 2, "cp-pp-tp-ep-dp"),
-      Catch::Contains("--order: \"cp-pp-tp-ep-dp\" gives the dense layers pipeline groups "
-                      "[0, 2] [1, 3] [4, 6] ... but the expert layers [0, 1] [2, 3] [4, 5] ...; "
-                      "both must have the same pipeline groups"));
+  CHECK_THROWS_WITH(megatron_rank_groups(8, 1, 2, 2, 2, "cp-pp-tp-ep-dp"),
+                    Catch::Contains("--order: \"cp-pp-tp-ep-dp\" gives the dense layers pipeline groups "
+                                    "[0, 2] [1, 3] [4, 6] ... but the expert layers [0, 1] [2, 3] [4, 5] ...; "
+                                    "both must have the same pipeline groups"));
 }
 
 }  // namespace

@@ -17,8 +17,8 @@ int main(int argc, char* argv[]) {
   Catch::Session session;
   if (const int status = session.applyCommandLine(argc, argv); status != 0) return status;
   const Catch::ConfigData& config = session.configData();
-  const bool only_listing = config.showHelp || config.listTests || config.listTestNamesOnly || config.listTags ||
-                            config.listReporters;
+  const bool only_listing =
+      config.showHelp || config.listTests || config.listTestNamesOnly || config.listTags || config.listReporters;
   if (!only_listing) {
     try {
       (void)megaplan::query_gpu_inventory();

@@ -13,7 +13,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     megaplan::validate_cluster_spec(cluster);
     (void)megaplan::select_gpus(cluster, cluster.total_gpus());
     const nlohmann::json written = megaplan::cluster_spec_to_json(cluster);
-    megaplan::fuzz::require(megaplan::cluster_spec_to_json(megaplan::cluster_spec_from_json(written, "written")) == written,
-                            "a validated cluster spec changed on a write and a read");
+    megaplan::fuzz::require(
+        megaplan::cluster_spec_to_json(megaplan::cluster_spec_from_json(written, "written")) == written,
+        "a validated cluster spec changed on a write and a read");
   });
 }

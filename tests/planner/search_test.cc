@@ -31,16 +31,15 @@ SearchProblem small_problem() {
   return problem;
 }
 
-megaplan::ClusterSpec eight_a100() {
-  return megaplan::select_gpus(megaplan::cluster_preset("dgx-a100-80gb"), 8);
-}
+megaplan::ClusterSpec eight_a100() { return megaplan::select_gpus(megaplan::cluster_preset("dgx-a100-80gb"), 8); }
 
 // A slice of the space that keeps brute force quick: pp <= 2, no context parallelism.
 std::vector<ParallelPlan> small_slice(const SearchProblem& problem) {
   std::vector<ParallelPlan> candidates = megaplan::planner::enumerate_plans(problem);
-  candidates.erase(std::remove_if(candidates.begin(), candidates.end(),
-                                  [](const ParallelPlan& p) { return p.pipeline_parallel_size > 2 || p.context_parallel_size > 1; }),
-                   candidates.end());
+  candidates.erase(
+      std::remove_if(candidates.begin(), candidates.end(),
+                     [](const ParallelPlan& p) { return p.pipeline_parallel_size > 2 || p.context_parallel_size > 1; }),
+      candidates.end());
   return candidates;
 }
 
@@ -68,18 +67,21 @@ TEST_CASE("enumeration lists exactly the legal plans, less the documented duplic
         if (8 % (tp * pp * cp) != 0) continue;
         for (int64_t vpp = 1; vpp <= 24; ++vpp) {
           for (int64_t mbs = 1; mbs <= 16; ++mbs) {
-            for (auto recompute : {RecomputeGranularity::kNone, RecomputeGranularity::kSelective, RecomputeGranularity::kFull}) {
+            for (auto recompute :
+                 {RecomputeGranularity::kNone, RecomputeGranularity::kSelective, RecomputeGranularity::kFull}) {
               for (bool sp : {false, true}) {
                 for (bool distributed : {false, true}) {
-                  for (auto schedule : {ScheduleKind::kOneFOneB, ScheduleKind::kInterleaved, ScheduleKind::kZeroBubbleH1,
-                                        ScheduleKind::kZeroBubbleV, ScheduleKind::kDualPipeV}) {
-                    ParallelPlan plan{tp, pp, cp, 8 / (tp * pp * cp), vpp, mbs, 16, sp, distributed, recompute, schedule};
+                  for (auto schedule :
+                       {ScheduleKind::kOneFOneB, ScheduleKind::kInterleaved, ScheduleKind::kZeroBubbleH1,
+                        ScheduleKind::kZeroBubbleV, ScheduleKind::kDualPipeV}) {
+                    ParallelPlan plan{tp, pp, cp,          8 / (tp * pp * cp), vpp,     mbs,
+                                      16, sp, distributed, recompute,          schedule};
                     try {
                       megaplan::validate_plan(problem.model, plan);
                     } catch (const megaplan::SpecError&) {
                       continue;
                     }
-                    if (pp == 1 && schedule != ScheduleKind::kOneFOneB) continue;  // degenerate to 1f1b
+                    if (pp == 1 && schedule != ScheduleKind::kOneFOneB) continue;    // degenerate to 1f1b
                     if (distributed && plan.data_parallel_size * cp == 1) continue;  // shards over nothing
                     if (megaplan::executor_plan_refusal(plan)) {  // megaplan's executor cannot run it yet
                       ++unrunnable;
@@ -95,8 +97,8 @@ TEST_CASE("enumeration lists exactly the legal plans, less the documented duplic
       }
     }
   }
-  std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, megaplan::RecomputeGranularity, bool, bool,
-                         megaplan::ScheduleKind>>
+  std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, megaplan::RecomputeGranularity, bool,
+                         bool, megaplan::ScheduleKind>>
       got, want;
   for (const ParallelPlan& plan : plans) got.push_back(key(plan));
   for (const ParallelPlan& plan : expected) want.push_back(key(plan));
@@ -157,7 +159,8 @@ TEST_CASE("contradictory pins and impossible batches are refused naming the flag
 TEST_CASE("the search ranks exactly as simulating every plan that fits", "[planner]") {
   const SearchProblem problem = small_problem();
   const megaplan::ClusterSpec cluster = eight_a100();
-  const megaplan::sim::SimulatorEstimator estimator(problem.model, cluster, megaplan::sim::Profile::datasheet(cluster.gpu));
+  const megaplan::sim::SimulatorEstimator estimator(problem.model, cluster,
+                                                    megaplan::sim::Profile::datasheet(cluster.gpu));
   const std::vector<ParallelPlan> candidates = small_slice(problem);
   REQUIRE(candidates.size() > 50);
   megaplan::planner::SearchOptions options;
@@ -181,9 +184,8 @@ TEST_CASE("the search ranks exactly as simulating every plan that fits", "[plann
     if (peak > result.memory_limit_bytes) continue;
     all.push_back({estimator.estimate(candidates[i]).iteration_time_s, i});
   }
-  std::sort(all.begin(), all.end(), [](const Timed& a, const Timed& b) {
-    return a.time != b.time ? a.time < b.time : a.index < b.index;
-  });
+  std::sort(all.begin(), all.end(),
+            [](const Timed& a, const Timed& b) { return a.time != b.time ? a.time < b.time : a.index < b.index; });
   REQUIRE(result.plans.size() == 7);
   for (std::size_t rank = 0; rank < 7; ++rank) {
     CHECK(key(result.plans[rank].plan) == key(candidates[all[rank].index]));
@@ -212,7 +214,8 @@ TEST_CASE("the search ranks exactly as simulating every plan that fits", "[plann
   CHECK_FALSE(tied.plans[0].tie);  // the best is not a tie with itself
   for (std::size_t rank = 1; rank < tied.plans.size(); ++rank) {
     INFO("#" << rank + 1);
-    CHECK(tied.plans[rank].tie == (tied.plans[rank].estimate.iteration_time_s <= tied.plans[3].estimate.iteration_time_s));
+    CHECK(tied.plans[rank].tie ==
+          (tied.plans[rank].estimate.iteration_time_s <= tied.plans[3].estimate.iteration_time_s));
   }
   CHECK(tied.plans[3].tie);
 }
@@ -220,7 +223,8 @@ TEST_CASE("the search ranks exactly as simulating every plan that fits", "[plann
 TEST_CASE("faster layouts refused on memory are costed and listed, whatever the thread count", "[planner]") {
   const SearchProblem problem = small_problem();
   const megaplan::ClusterSpec cluster = eight_a100();
-  const megaplan::sim::SimulatorEstimator estimator(problem.model, cluster, megaplan::sim::Profile::datasheet(cluster.gpu));
+  const megaplan::sim::SimulatorEstimator estimator(problem.model, cluster,
+                                                    megaplan::sim::Profile::datasheet(cluster.gpu));
   const std::vector<ParallelPlan> candidates = small_slice(problem);
   megaplan::planner::SearchOptions options;
   options.top = 3;
@@ -256,15 +260,17 @@ TEST_CASE("a request nothing fits names the closest plan and its shortfall", "[p
   problem.global_batch_size = 8;
   problem.space.context_parallel = {1};
   const megaplan::ClusterSpec cluster = eight_a100();
-  const megaplan::sim::SimulatorEstimator estimator(problem.model, cluster, megaplan::sim::Profile::datasheet(cluster.gpu));
+  const megaplan::sim::SimulatorEstimator estimator(problem.model, cluster,
+                                                    megaplan::sim::Profile::datasheet(cluster.gpu));
   const std::vector<ParallelPlan> candidates = megaplan::planner::enumerate_plans(problem);
   megaplan::planner::SearchOptions options;
   options.threads = 1;
   // 175 B parameters at 6 + 12/dp bytes each over 8 GPUs is far beyond 72 GB: the closest plan
   // shards everything (tp x pp = 8, distributed optimizer).
-  CHECK_THROWS_WITH(megaplan::planner::search_plans(problem.model, cluster.gpu, candidates, estimator, options),
-                    Contains("--memory-fraction: no layout fits in 67.06 GiB per GPU (90% of 74.51 GiB); the closest") &&
-                        Contains("GiB more"));
+  CHECK_THROWS_WITH(
+      megaplan::planner::search_plans(problem.model, cluster.gpu, candidates, estimator, options),
+      Contains("--memory-fraction: no layout fits in 67.06 GiB per GPU (90% of 74.51 GiB); the closest") &&
+          Contains("GiB more"));
 }
 
 TEST_CASE("Megatron-LM arguments for a plan", "[planner]") {
@@ -281,20 +287,32 @@ TEST_CASE("Megatron-LM arguments for a plan", "[planner]") {
   plan.recompute_granularity = megaplan::RecomputeGranularity::kSelective;
   plan.schedule = megaplan::ScheduleKind::kInterleaved;
   const std::vector<std::string> arguments = megaplan::planner::megatron_arguments(model, plan);
-  CHECK(arguments == std::vector<std::string>{"--num-layers 96", "--hidden-size 12288", "--ffn-hidden-size 49152",
-                                              "--num-attention-heads 96", "--seq-length 2048",
-                                              "--max-position-embeddings 2048",
-                                              "--position-embedding-type learned_absolute",
-                                              "--normalization LayerNorm", "--norm-epsilon 1e-05",
-                                              "--tensor-model-parallel-size 8", "--pipeline-model-parallel-size 8",
-                                              "--num-layers-per-virtual-pipeline-stage 4", "--micro-batch-size 1",
-                                              "--global-batch-size 1536", "--sequence-parallel",
-                                              "--use-distributed-optimizer", "--overlap-grad-reduce", "--bf16",
-                                              "--transformer-impl local", "--use-flash-attn",
-                                              "--attention-dropout 0", "--hidden-dropout 0",
-                                              "--recompute-granularity selective",
-                                              "# the vocabulary (50257 tokens) comes from your --tokenizer-type and its "
-                                              "files; with --tokenizer-type NullTokenizer: --vocab-size 50257"});
+  CHECK(arguments ==
+        std::vector<std::string>{"--num-layers 96",
+                                 "--hidden-size 12288",
+                                 "--ffn-hidden-size 49152",
+                                 "--num-attention-heads 96",
+                                 "--seq-length 2048",
+                                 "--max-position-embeddings 2048",
+                                 "--position-embedding-type learned_absolute",
+                                 "--normalization LayerNorm",
+                                 "--norm-epsilon 1e-05",
+                                 "--tensor-model-parallel-size 8",
+                                 "--pipeline-model-parallel-size 8",
+                                 "--num-layers-per-virtual-pipeline-stage 4",
+                                 "--micro-batch-size 1",
+                                 "--global-batch-size 1536",
+                                 "--sequence-parallel",
+                                 "--use-distributed-optimizer",
+                                 "--overlap-grad-reduce",
+                                 "--bf16",
+                                 "--transformer-impl local",
+                                 "--use-flash-attn",
+                                 "--attention-dropout 0",
+                                 "--hidden-dropout 0",
+                                 "--recompute-granularity selective",
+                                 "# the vocabulary (50257 tokens) comes from your --tokenizer-type and its "
+                                 "files; with --tokenizer-type NullTokenizer: --vocab-size 50257"});
   // Megatron's own implementations: what the simulation assumed, in Megatron's flags.
   plan.implementation = megaplan::Implementation::kMegatronLocal;
   plan.options = megaplan::default_implementation_options(plan.implementation);
@@ -307,8 +325,8 @@ TEST_CASE("Megatron-LM arguments for a plan", "[planner]") {
   plan.implementation = megaplan::Implementation::kMegatronCore;
   plan.options = megaplan::default_implementation_options(plan.implementation);
   const std::vector<std::string> core = megaplan::planner::megatron_arguments(model, plan);
-  for (const char* flag : {"--bf16", "--transformer-impl transformer_engine", "--overlap-param-gather",
-                           "--tp-comm-overlap"}) {
+  for (const char* flag :
+       {"--bf16", "--transformer-impl transformer_engine", "--overlap-param-gather", "--tp-comm-overlap"}) {
     CHECK(std::find(core.begin(), core.end(), flag) != core.end());
   }
   plan.implementation = megaplan::Implementation::kMegaplan;
@@ -325,21 +343,24 @@ TEST_CASE("the simulator's lower bound never exceeds its estimate", "[planner][s
   SearchProblem problem = small_problem();
   problem.global_batch_size = 32;
   using megaplan::ScheduleKind;
-  problem.space.schedules = {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB, ScheduleKind::kInterleaved,
+  problem.space.schedules = {ScheduleKind::kGPipe,        ScheduleKind::kOneFOneB,    ScheduleKind::kInterleaved,
                              ScheduleKind::kZeroBubbleH1, ScheduleKind::kZeroBubbleV, ScheduleKind::kDualPipeV};
   const megaplan::ClusterSpec cluster = eight_a100();
-  const megaplan::sim::SimulatorEstimator estimator(problem.model, cluster, megaplan::sim::Profile::datasheet(cluster.gpu));
+  const megaplan::sim::SimulatorEstimator estimator(problem.model, cluster,
+                                                    megaplan::sim::Profile::datasheet(cluster.gpu));
   int64_t checked = 0;
   std::vector<megaplan::ScheduleKind> kinds_seen;
   for (const ParallelPlan& plan : megaplan::planner::enumerate_plans(problem)) {
     // Every schedule kind and shape, on one recompute and optimizer setting to keep it quick.
-    if (plan.recompute_granularity != megaplan::RecomputeGranularity::kSelective || plan.use_distributed_optimizer) continue;
+    if (plan.recompute_granularity != megaplan::RecomputeGranularity::kSelective || plan.use_distributed_optimizer)
+      continue;
     const double bound = estimator.lower_bound_s(plan);
     const double time = estimator.estimate(plan).iteration_time_s;
     INFO(megaplan::describe_plan(plan) << ": bound " << bound << " s, simulated " << time << " s");
     CHECK(bound > 0);
     CHECK(bound <= time);
-    if (std::find(kinds_seen.begin(), kinds_seen.end(), plan.schedule) == kinds_seen.end()) kinds_seen.push_back(plan.schedule);
+    if (std::find(kinds_seen.begin(), kinds_seen.end(), plan.schedule) == kinds_seen.end())
+      kinds_seen.push_back(plan.schedule);
     ++checked;
   }
   CHECK(checked > 100);

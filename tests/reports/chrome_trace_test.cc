@@ -75,7 +75,8 @@ TEST_CASE("the trace's slices carry their microbatch, stage and layers; flows jo
     CHECK(ends.second.at("ts").get<double>() >= ends.first.at("ts").get<double>());
   }
   CHECK(trace.at("otherData").at("model") == "gpt2-124m");
-  CHECK(trace.at("otherData").at("plan") == "tp 1, pp 2, cp 1, dp 1, vpp 1, mbs 1, gbs 4, recompute none, sp off, distributed optimizer off, 1f1b");
+  CHECK(trace.at("otherData").at("plan") ==
+        "tp 1, pp 2, cp 1, dp 1, vpp 1, mbs 1, gbs 4, recompute none, sp off, distributed optimizer off, 1f1b");
   // Flows and args change nothing the reader takes back.
   CHECK(megaplan::timeline_from_chrome_trace(trace, "t.json").slices.size() == pipeline.result.timeline.slices.size());
 }
@@ -121,13 +122,16 @@ TEST_CASE("the memory counter of each rank peaks at the memory model's activatio
     const megaplan::PipelineRankMemory& held = simulation.memory.at(static_cast<std::size_t>(rank));
     CHECK(event.at("args").at("model state GiB").get<double>() ==
           Approx(static_cast<double>(held.weight_bytes + held.gradient_bytes + held.optimizer_bytes +
-                                     held.runtime_reserve_bytes) / (1 << 30)).margin(1e-4));
+                                     held.runtime_reserve_bytes) /
+                 (1 << 30))
+              .margin(1e-4));
   }
   REQUIRE(peak.size() == 2);
   for (const auto& [rank, gib] : peak) {
     INFO("pipeline rank " << rank);
-    CHECK(gib == Approx(static_cast<double>(simulation.memory[static_cast<std::size_t>(rank)].activation_bytes) /
-                        (1 << 30)).margin(1e-4));
+    CHECK(gib ==
+          Approx(static_cast<double>(simulation.memory[static_cast<std::size_t>(rank)].activation_bytes) / (1 << 30))
+              .margin(1e-4));
     CHECK(last[rank] == 0);  // every backward freed what its forward held
   }
 }

@@ -54,8 +54,8 @@ TEST_CASE("the report's timeline: rows, sorted compact slices, layers and SEND -
   const nlohmann::json& slices = timeline.at("slices");
   REQUIRE(slices.size() == report.timeline.slices.size());
   for (std::size_t i = 1; i < slices.size(); ++i) {
-    const bool ordered = slices[i - 1][0] < slices[i][0] ||
-                         (slices[i - 1][0] == slices[i][0] && slices[i - 1][1] <= slices[i][1]);
+    const bool ordered =
+        slices[i - 1][0] < slices[i][0] || (slices[i - 1][0] == slices[i][0] && slices[i - 1][1] <= slices[i][1]);
     CHECK(ordered);
   }
   const nlohmann::json& kinds = timeline.at("kinds");
@@ -65,10 +65,11 @@ TEST_CASE("the report's timeline: rows, sorted compact slices, layers and SEND -
   for (const nlohmann::json& arrow : arrows) {
     const nlohmann::json& send = slices[arrow[0].get<std::size_t>()];
     const nlohmann::json& receive = slices[arrow[1].get<std::size_t>()];
-    const std::string send_kind = kinds[send[3].get<std::size_t>()], receive_kind = kinds[receive[3].get<std::size_t>()];
+    const std::string send_kind = kinds[send[3].get<std::size_t>()],
+                      receive_kind = kinds[receive[3].get<std::size_t>()];
     CHECK(((send_kind == "SEND_F" && receive_kind == "RECV_F") || (send_kind == "SEND_B" && receive_kind == "RECV_B")));
     CHECK(receive[4] == send[4].get<int>() + (send_kind == "SEND_F" ? 1 : -1));  // the next or previous stage
-    CHECK(receive[5] == send[5]);                                                 // the same microbatch
+    CHECK(receive[5] == send[5]);                                                // the same microbatch
     CHECK(receive[1].get<double>() >= send[1].get<double>());
   }
   CHECK(timeline.at("layers") == nlohmann::json::parse("[[0, 5], [6, 11]]"));
@@ -94,12 +95,23 @@ TEST_CASE("a search's ranked plans become the alternatives; a malformed search i
           "[reports]") {
   megaplan::PlanReport report = small_report();
   const auto plan = [](int64_t pp, double seconds, bool fits) {
-    return nlohmann::json{{"tensor_parallel_size", 1}, {"pipeline_parallel_size", pp}, {"context_parallel_size", 1},
-                          {"data_parallel_size", 2 / pp}, {"virtual_pipeline_parallel_size", 1},
-                          {"micro_batch_size", 1}, {"schedule", "1f1b"}, {"recompute_granularity", "none"},
-                          {"iteration_time_s", seconds}, {"peak_memory_bytes", 1000}, {"fits_in_memory", fits},
-                          {"tie_with_best", false}, {"compute_s", seconds / 2}, {"tensor_comm_s", 0.0},
-                          {"pipeline_comm_s", 0.001}, {"data_parallel_comm_s", 0.0}, {"idle_s", 0.002}};
+    return nlohmann::json{{"tensor_parallel_size", 1},
+                          {"pipeline_parallel_size", pp},
+                          {"context_parallel_size", 1},
+                          {"data_parallel_size", 2 / pp},
+                          {"virtual_pipeline_parallel_size", 1},
+                          {"micro_batch_size", 1},
+                          {"schedule", "1f1b"},
+                          {"recompute_granularity", "none"},
+                          {"iteration_time_s", seconds},
+                          {"peak_memory_bytes", 1000},
+                          {"fits_in_memory", fits},
+                          {"tie_with_best", false},
+                          {"compute_s", seconds / 2},
+                          {"tensor_comm_s", 0.0},
+                          {"pipeline_comm_s", 0.001},
+                          {"data_parallel_comm_s", 0.0},
+                          {"idle_s", 0.002}};
   };
   report.search = nlohmann::json{{"tie_tolerance", 0.05}, {"plans", {plan(2, 0.02, true), plan(1, 0.03, false)}}};
   report.search->update(provenance_of(report.job));
@@ -122,7 +134,8 @@ TEST_CASE("a search's ranked plans become the alternatives; a malformed search i
   CHECK_THROWS_WITH(megaplan::report_data(report), Contains("search.json: over_memory[0]: compute_s"));
   report.search->erase("over_memory");
   report.search->at("plans")[1].erase("idle_s");
-  CHECK_THROWS_WITH(megaplan::report_data(report), Contains("search.json: plans[1]: idle_s: required field is missing"));
+  CHECK_THROWS_WITH(megaplan::report_data(report),
+                    Contains("search.json: plans[1]: idle_s: required field is missing"));
   report.search = nlohmann::json{{"plans", 3}};
   CHECK_THROWS_WITH(megaplan::report_data(report), Contains("--search: search.json: plans: must be the array"));
 }
@@ -154,21 +167,22 @@ TEST_CASE("a search of another model or cluster, or one without them recorded, i
   searched = report.job;
   searched.model.num_layers += 2;
   const std::string layers = std::to_string(report.job.model.num_layers);
-  CHECK(refusal(provenance_of(searched)) == "search.json is a search of another model than this plan's " +
-                                                 report.job.model.name + ": num_layers is " +
-                                                 std::to_string(searched.model.num_layers) + " there, " + layers + " here");
+  CHECK(refusal(provenance_of(searched)) ==
+        "search.json is a search of another model than this plan's " + report.job.model.name + ": num_layers is " +
+            std::to_string(searched.model.num_layers) + " there, " + layers + " here");
   // Another GPU count, another GPU.
   searched = report.job;
   searched.cluster.num_nodes *= 2;
-  CHECK(refusal(provenance_of(searched)).find("search.json is a search of " +
-                                              std::to_string(2 * report.job.cluster.total_gpus()) + " GPUs of ") == 0);
+  CHECK(refusal(provenance_of(searched))
+            .find("search.json is a search of " + std::to_string(2 * report.job.cluster.total_gpus()) + " GPUs of ") ==
+        0);
   searched = report.job;
   searched.cluster.name = "other";
   searched.cluster.gpu.hbm_capacity_bytes /= 2;
-  CHECK(refusal(provenance_of(searched)) ==
-        "search.json is a search of another cluster (other) than this plan's " + report.job.cluster.name +
-            ": gpu.hbm_capacity_bytes is " + std::to_string(searched.cluster.gpu.hbm_capacity_bytes) + " there, " +
-            std::to_string(report.job.cluster.gpu.hbm_capacity_bytes) + " here");
+  CHECK(refusal(provenance_of(searched)) == "search.json is a search of another cluster (other) than this plan's " +
+                                                report.job.cluster.name + ": gpu.hbm_capacity_bytes is " +
+                                                std::to_string(searched.cluster.gpu.hbm_capacity_bytes) + " there, " +
+                                                std::to_string(report.job.cluster.gpu.hbm_capacity_bytes) + " here");
   // A search written before megaplan recorded them: re-run it.
   CHECK(refusal(nlohmann::json::object()) ==
         "search.json records no model and cluster (a search written before megaplan recorded them), so it cannot be "
@@ -190,8 +204,10 @@ TEST_CASE("the page inlines d3 and the data; the data cannot close its script el
   CHECK(page.find("/*MEGAPLAN_D3*/") == std::string::npos);
 }
 
-TEST_CASE("a measured timeline of the plan: residuals per rank and kind, the iteration's error; another plan's "
-          "is refused", "[reports]") {
+TEST_CASE(
+    "a measured timeline of the plan: residuals per rank and kind, the iteration's error; another plan's "
+    "is refused",
+    "[reports]") {
   megaplan::PlanReport report = small_report();
   megaplan::Timeline measured = report.timeline;
   for (megaplan::TimelineSlice& slice : measured.slices) {  // everything 25% slower

@@ -67,8 +67,7 @@ TEST_CASE("comparing timelines: per kind, per rank, the iteration and the comput
   }
   megaplan::TimelineComparison comparison = megaplan::compare_timelines(simulated, measured);
   REQUIRE(comparison.ranks.size() == 2);
-  CHECK(megaplan::relative_error(comparison.simulated_iteration_s, comparison.measured_iteration_s) ==
-        Approx(-0.5));
+  CHECK(megaplan::relative_error(comparison.simulated_iteration_s, comparison.measured_iteration_s) == Approx(-0.5));
   for (const megaplan::RankComparison& rank : comparison.ranks) {
     INFO("rank " << rank.pipeline_rank);
     CHECK(rank.same_compute_order);

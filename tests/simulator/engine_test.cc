@@ -49,7 +49,8 @@ ActionCosts uniform_costs(const megaplan::PipelineSchedule& schedule, double f, 
 
 TEST_CASE("one stage and one microbatch takes F + B + OPTIM", "[simulator][engine]") {
   const auto schedule = lowered(ScheduleKind::kOneFOneB, 1, 1, 1);
-  const SimulationResult result = megaplan::sim::simulate_schedule(schedule, uniform_costs(schedule, 1.5, 3, 0, 0.25), true);
+  const SimulationResult result =
+      megaplan::sim::simulate_schedule(schedule, uniform_costs(schedule, 1.5, 3, 0, 0.25), true);
   CHECK(result.iteration_time_s == Approx(4.75));
   CHECK(result.pipeline_end_s == Approx(4.5));
   CHECK(result.bubble_fraction == Approx(0));
@@ -64,7 +65,8 @@ TEST_CASE("1F1B and GPipe with equal stages have the bubble (p - 1) / (m + p - 1
       for (int64_t microbatches : {pp, 2 * pp, 4 * pp, int64_t{3}}) {
         INFO(megaplan::to_string(kind) << " pp " << pp << " M " << microbatches);
         const auto schedule = lowered(kind, pp, 1, microbatches);
-        const SimulationResult result = megaplan::sim::simulate_schedule(schedule, uniform_costs(schedule, 1, 2), false);
+        const SimulationResult result =
+            megaplan::sim::simulate_schedule(schedule, uniform_costs(schedule, 1, 2), false);
         const double m = static_cast<double>(microbatches);
         const double p = static_cast<double>(pp);
         CHECK(result.pipeline_end_s == Approx((m + p - 1) * 3));
@@ -100,9 +102,9 @@ TEST_CASE("messages delay the next stage by the transfer time, and count as expo
   const SimulationResult result = megaplan::sim::simulate_schedule(schedule, uniform_costs(schedule, 1, 2, 0.5), true);
   CHECK(result.pipeline_end_s == Approx(7));
   CHECK(result.ranks[1].exposed_comm_s() == Approx(0.5 + 0.5));  // the activation's transfer, then its send
-  CHECK(result.ranks[1].idle_s == Approx(1 + 2));              // F0 upstream, then after OPTIM until 7
-  CHECK(result.ranks[0].exposed_comm_s() == Approx(0.5));         // the gradient's transfer
-  CHECK(result.ranks[0].idle_s == Approx(0.5 + 1 + 2));         // the activation's transfer, F1, B1
+  CHECK(result.ranks[1].idle_s == Approx(1 + 2));                // F0 upstream, then after OPTIM until 7
+  CHECK(result.ranks[0].exposed_comm_s() == Approx(0.5));        // the gradient's transfer
+  CHECK(result.ranks[0].idle_s == Approx(0.5 + 1 + 2));          // the activation's transfer, F1, B1
 }
 
 TEST_CASE("gradient reduction hides behind a long backward and shows after a short one", "[simulator][engine]") {
@@ -160,7 +162,8 @@ TEST_CASE("a bucket beside compute takes the measured fraction longer, and the c
   CHECK(result.ranks[0].compute_s == Approx(12 + 6.6));
 }
 
-TEST_CASE("exposed_beside: the collective ends first, or the compute does and the rest runs alone", "[simulator][engine]") {
+TEST_CASE("exposed_beside: the collective ends first, or the compute does and the rest runs alone",
+          "[simulator][engine]") {
   using megaplan::sim::exposed_beside;
   // Nothing slows the collective: what 3 s of it beside longer compute adds, at 100% and at 25%.
   CHECK(exposed_beside(3, 11, {1, 0}) == Approx(1.5));
@@ -199,9 +202,10 @@ TEST_CASE("without overlap every bucket waits for the rank's whole backward", "[
 TEST_CASE("every generated schedule simulates to completion with one slice per action", "[simulator][engine]") {
   for (int64_t pp = 1; pp <= 4; ++pp) {
     for (int64_t microbatches = 1; microbatches <= 12; ++microbatches) {
-      for (const auto& [kind, vpp] : {std::pair{ScheduleKind::kGPipe, 1}, std::pair{ScheduleKind::kOneFOneB, 1},
-                                      std::pair{ScheduleKind::kInterleaved, 2}, std::pair{ScheduleKind::kZeroBubbleH1, 1},
-                                      std::pair{ScheduleKind::kZeroBubbleV, 2}, std::pair{ScheduleKind::kDualPipeV, 2}}) {
+      for (const auto& [kind, vpp] :
+           {std::pair{ScheduleKind::kGPipe, 1}, std::pair{ScheduleKind::kOneFOneB, 1},
+            std::pair{ScheduleKind::kInterleaved, 2}, std::pair{ScheduleKind::kZeroBubbleH1, 1},
+            std::pair{ScheduleKind::kZeroBubbleV, 2}, std::pair{ScheduleKind::kDualPipeV, 2}}) {
         if (kind == ScheduleKind::kInterleaved && (pp < 2 || microbatches < pp || microbatches % pp != 0)) continue;
         if (kind == ScheduleKind::kDualPipeV && microbatches < 2 * pp) continue;
         INFO(megaplan::to_string(kind) << " pp " << pp << " M " << microbatches);
@@ -214,7 +218,8 @@ TEST_CASE("every generated schedule simulates to completion with one slice per a
         for (const auto& rank : schedule.ranks) {
           actions += rank.size();
           for (const auto& action : rank) {
-            sends += action.kind == megaplan::ActionKind::kSendForward || action.kind == megaplan::ActionKind::kSendBackward;
+            sends +=
+                action.kind == megaplan::ActionKind::kSendForward || action.kind == megaplan::ActionKind::kSendBackward;
           }
         }
         CHECK(result.timeline.slices.size() == actions);

@@ -17,8 +17,8 @@
 
 using Catch::Matchers::Contains;
 using megaplan::CollectiveOp;
-using megaplan::sim::CostSources;
 using megaplan::DType;
+using megaplan::sim::CostSources;
 using megaplan::sim::LinkKind;
 using megaplan::sim::LinkParams;
 using megaplan::sim::Profile;
@@ -44,7 +44,8 @@ TEST_CASE("the roofline fallback follows its formula and is counted", "[simulato
   CostSources sources;
   // 8192^3: f = 1.1e12 FLOPs at 0.5 * f / (f + 1e9) of peak; compute-bound.
   const double f = 2.0 * 8192.0 * 8192.0 * 8192.0;
-  CHECK(profile.gemm_seconds(8192, 8192, 8192, DType::kBFloat16, sources) == Approx(f / (1e15 * 0.5 * f / (f + 1e9)) + 1e-6));
+  CHECK(profile.gemm_seconds(8192, 8192, 8192, DType::kBFloat16, sources) ==
+        Approx(f / (1e15 * 0.5 * f / (f + 1e9)) + 1e-6));
   // 1 x 8192 x 8192 is memory-bound: 2 bytes x (8192 + 8192^2 + 8192) over 0.5 x 2 TB/s.
   const double bytes = 2.0 * (8192.0 + 8192.0 * 8192.0 + 8192.0);
   CHECK(profile.gemm_seconds(1, 8192, 8192, DType::kBFloat16, sources) == Approx(bytes / 1e12 + 1e-6));
@@ -124,8 +125,9 @@ TEST_CASE("attention tables by GQA ratio: the nearest ratio in log2 answers, the
           "[simulator][profile]") {
   nlohmann::json json = base_profile();
   const auto entry = [](int64_t ratio, double forward_s) {
-    nlohmann::json e = {{"batch_heads", 32}, {"seq", 2048},         {"head_dim", 128},
-                        {"causal", true},    {"forward_s", forward_s}, {"backward_s", 2.5 * forward_s}};
+    nlohmann::json e = {{"batch_heads", 32},      {"seq", 2048},
+                        {"head_dim", 128},        {"causal", true},
+                        {"forward_s", forward_s}, {"backward_s", 2.5 * forward_s}};
     if (ratio > 0) e["gqa_ratio"] = ratio;
     return e;
   };
@@ -158,8 +160,12 @@ TEST_CASE("attention with dropout: its own entries, else those without it, count
           "[simulator][profile]") {
   nlohmann::json json = base_profile();
   const auto entry = [](bool dropout, double forward_s) {
-    return nlohmann::json{{"batch_heads", 32},   {"seq", 2048},          {"head_dim", 128},
-                          {"causal", true},      {"dropout", dropout},   {"forward_s", forward_s},
+    return nlohmann::json{{"batch_heads", 32},
+                          {"seq", 2048},
+                          {"head_dim", 128},
+                          {"causal", true},
+                          {"dropout", dropout},
+                          {"forward_s", forward_s},
                           {"backward_s", 2 * forward_s}};
   };
   json["attention"] = {entry(false, 1e-3)};
@@ -177,31 +183,42 @@ TEST_CASE("attention with dropout: its own entries, else those without it, count
   CHECK(sources.table == 3);
   CHECK(sources.fallback == 0);
   // A kernel list's attention with dropout asks for those entries.
-  CHECK(with.kernel_seconds(megaplan::attention_kernel(megaplan::KernelKind::kAttentionForward, 2, 2048, 16, 128, 16, true),
-                            sources) == 1.5e-3);
+  CHECK(with.kernel_seconds(
+            megaplan::attention_kernel(megaplan::KernelKind::kAttentionForward, 2, 2048, 16, 128, 16, true), sources) ==
+        1.5e-3);
   json["attention"][1]["dropout"] = "yes";
   CHECK_THROWS_WITH(Profile::from_json(json, "p.json"), Catch::Matchers::Contains("attention[1]: dropout"));
 }
 
-TEST_CASE("GEMM layouts and epilogues: their own entries, then the layout's, then the forward product", "[simulator][profile]") {
+TEST_CASE("GEMM layouts and epilogues: their own entries, then the layout's, then the forward product",
+          "[simulator][profile]") {
   using megaplan::GemmEpilogue;
   using megaplan::GemmLayout;
   nlohmann::json json = base_profile();
-  json["gemm"] = {{{"m", 1024}, {"n", 1024}, {"k", 1024}, {"dtype", "bf16"}, {"seconds", 1e-5}},
-                  {{"m", 1024}, {"n", 1024}, {"k", 1024}, {"dtype", "bf16"}, {"epilogue", "bias_gelu"}, {"seconds", 3e-5}},
-                  {{"m", 1024}, {"n", 4096}, {"k", 1024}, {"dtype", "bf16"}, {"layout", "weight_gradient"},
-                   {"epilogue", "bias_gradient"}, {"seconds", 8e-5}}};
+  json["gemm"] = {
+      {{"m", 1024}, {"n", 1024}, {"k", 1024}, {"dtype", "bf16"}, {"seconds", 1e-5}},
+      {{"m", 1024}, {"n", 1024}, {"k", 1024}, {"dtype", "bf16"}, {"epilogue", "bias_gelu"}, {"seconds", 3e-5}},
+      {{"m", 1024},
+       {"n", 4096},
+       {"k", 1024},
+       {"dtype", "bf16"},
+       {"layout", "weight_gradient"},
+       {"epilogue", "bias_gradient"},
+       {"seconds", 8e-5}}};
   const Profile profile = Profile::from_json(json, "p.json");
   CostSources sources;
   // The absent "layout" and "epilogue" are the forward product without one.
-  CHECK(profile.gemm_seconds(GemmLayout::kForward, GemmEpilogue::kNone, 1024, 1024, 1024, DType::kBFloat16, sources) == 1e-5);
-  CHECK(profile.gemm_seconds(GemmLayout::kForward, GemmEpilogue::kBiasGelu, 1024, 1024, 1024, DType::kBFloat16, sources) == 3e-5);
+  CHECK(profile.gemm_seconds(GemmLayout::kForward, GemmEpilogue::kNone, 1024, 1024, 1024, DType::kBFloat16, sources) ==
+        1e-5);
+  CHECK(profile.gemm_seconds(GemmLayout::kForward, GemmEpilogue::kBiasGelu, 1024, 1024, 1024, DType::kBFloat16,
+                             sources) == 3e-5);
   // No bias entry of the forward layout: the layout's entries, both epilogues blended (equal weights).
   CHECK(profile.gemm_seconds(GemmLayout::kForward, GemmEpilogue::kBias, 2048, 1024, 1024, DType::kBFloat16, sources) ==
-        Approx(2.0 * 2048 * 1024 * 1024 / std::sqrt((2.0 * 1024 * 1024 * 1024 / 1e-5) * (2.0 * 1024 * 1024 * 1024 / 3e-5))));
+        Approx(2.0 * 2048 * 1024 * 1024 /
+               std::sqrt((2.0 * 1024 * 1024 * 1024 / 1e-5) * (2.0 * 1024 * 1024 * 1024 / 3e-5))));
   // A weight gradient without its epilogue's entry takes the layout's.
-  CHECK(profile.gemm_seconds(GemmLayout::kWeightGradient, GemmEpilogue::kNone, 1024, 4096, 1024, DType::kBFloat16, sources) ==
-        8e-5);
+  CHECK(profile.gemm_seconds(GemmLayout::kWeightGradient, GemmEpilogue::kNone, 1024, 4096, 1024, DType::kBFloat16,
+                             sources) == 8e-5);
   // No input-gradient entry at all: the forward table at the product's own shape. dx = dy W for
   // the layer (m, n, k) = (1024, 4096, 1024) is a forward (1024, 1024, 4096): 4 x the FLOPs of
   // its nearest entries, at their (blended) throughput.
@@ -213,7 +230,8 @@ TEST_CASE("GEMM layouts and epilogues: their own entries, then the layout's, the
   CHECK(sources.fallback == 0);
 }
 
-TEST_CASE("memory-bound kernels: their class's curve, then the residual add's, then the roofline", "[simulator][profile]") {
+TEST_CASE("memory-bound kernels: their class's curve, then the residual add's, then the roofline",
+          "[simulator][profile]") {
   nlohmann::json json = base_profile();
   json["kernels"] = {{{"kernel", "adamw"}, {"bytes", 1000000}, {"seconds", 1e-5}},
                      {{"kernel", "adamw"}, {"bytes", 100000000}, {"seconds", 1e-4}},
@@ -221,12 +239,14 @@ TEST_CASE("memory-bound kernels: their class's curve, then the residual add's, t
   const Profile profile = Profile::from_json(json, "p.json");
   CostSources sources;
   CHECK(profile.memory_kernel_seconds("adamw", 1000000, sources) == Approx(1e-5));
-  CHECK(profile.memory_kernel_seconds("adamw", 10000000, sources) == Approx(std::sqrt(1e-5 * 1e-4)));  // log-log halfway
+  CHECK(profile.memory_kernel_seconds("adamw", 10000000, sources) ==
+        Approx(std::sqrt(1e-5 * 1e-4)));                                                   // log-log halfway
   CHECK(profile.memory_kernel_seconds("norm_forward", 1000000, sources) == Approx(4e-6));  // the add's curve
   CHECK(sources.table == 3);
   // A kernel of core's list is costed by its class and bytes: 7 fp32 words and a bf16 copy per parameter.
   const megaplan::Kernel adamw = megaplan::flat_kernel(megaplan::KernelKind::kAdamw, 1000000 / 30);
-  CHECK(profile.kernel_seconds(adamw, sources) == Approx(profile.memory_kernel_seconds("adamw", 30 * (1000000 / 30), sources)));
+  CHECK(profile.kernel_seconds(adamw, sources) ==
+        Approx(profile.memory_kernel_seconds("adamw", 30 * (1000000 / 30), sources)));
   // Without any curve, the roofline: bytes over half of 2 TB/s, plus the launch.
   const Profile bare = Profile::from_json(base_profile(), "p.json");
   CostSources fallback;
@@ -261,9 +281,16 @@ TEST_CASE("byte curves: element-wise, p2p and collective bus bandwidth", "[simul
   json["elementwise"] = {{{"bytes", 4096}, {"seconds", 4e-6}}, {{"bytes", 1024}, {"seconds", 1e-6}}};
   json["p2p"] = {{{"link", "nvlink"}, {"bytes", 1000000}, {"seconds", 1e-5}},
                  {{"link", "nvlink"}, {"bytes", 100000000}, {"seconds", 4e-4}}};
-  json["collectives"] = {
-      {{"op", "all_reduce"}, {"group_size", 8}, {"link", "nvlink"}, {"bytes", 1000000}, {"bus_bandwidth_bytes_per_s", 1e10}},
-      {{"op", "all_reduce"}, {"group_size", 8}, {"link", "nvlink"}, {"bytes", 100000000}, {"bus_bandwidth_bytes_per_s", 1e11}}};
+  json["collectives"] = {{{"op", "all_reduce"},
+                          {"group_size", 8},
+                          {"link", "nvlink"},
+                          {"bytes", 1000000},
+                          {"bus_bandwidth_bytes_per_s", 1e10}},
+                         {{"op", "all_reduce"},
+                          {"group_size", 8},
+                          {"link", "nvlink"},
+                          {"bytes", 100000000},
+                          {"bus_bandwidth_bytes_per_s", 1e11}}};
   const Profile profile = Profile::from_json(json, "p.json");
   CostSources sources;
   const LinkParams unused{1, 1};
@@ -301,17 +328,25 @@ TEST_CASE("byte curves: element-wise, p2p and collective bus bandwidth", "[simul
   CHECK(sources.fallback == 4);
 }
 
-TEST_CASE("overlap slowdowns: the nearest measured group of the same op and link, each side on its own", "[simulator][profile]") {
+TEST_CASE("overlap slowdowns: the nearest measured group of the same op and link, each side on its own",
+          "[simulator][profile]") {
   nlohmann::json json = base_profile();
   const Profile datasheet = Profile::from_json(json, "p.json");
   CHECK(datasheet.overlap_slowdown(CollectiveOp::kAllReduce, 8, LinkKind::kNvlink).compute == 0);  // nothing measured
   CHECK(datasheet.overlap_slowdown(CollectiveOp::kAllReduce, 8, LinkKind::kNvlink).collective == 0);
   // The collective's side is measured at group 2 only (an older four-GPU entry lacks it).
-  json["overlap"] = {
-      {{"op", "all_reduce"}, {"group_size", 2}, {"link", "nvlink"}, {"compute_slowdown", 0.05}, {"collective_slowdown", 0.5}},
-      {{"op", "all_reduce"}, {"group_size", 8}, {"link", "nvlink"}, {"compute_slowdown", 0.125}},
-      {{"op", "reduce_scatter"}, {"group_size", 4}, {"link", "nvlink"}, {"compute_slowdown", 0.25}},
-      {{"op", "send_recv"}, {"group_size", 2}, {"link", "nvlink"}, {"compute_slowdown", 0.01}, {"collective_slowdown", 0.75}}};
+  json["overlap"] = {{{"op", "all_reduce"},
+                      {"group_size", 2},
+                      {"link", "nvlink"},
+                      {"compute_slowdown", 0.05},
+                      {"collective_slowdown", 0.5}},
+                     {{"op", "all_reduce"}, {"group_size", 8}, {"link", "nvlink"}, {"compute_slowdown", 0.125}},
+                     {{"op", "reduce_scatter"}, {"group_size", 4}, {"link", "nvlink"}, {"compute_slowdown", 0.25}},
+                     {{"op", "send_recv"},
+                      {"group_size", 2},
+                      {"link", "nvlink"},
+                      {"compute_slowdown", 0.01},
+                      {"collective_slowdown", 0.75}}};
   const Profile profile = Profile::from_json(json, "p.json");
   CHECK(profile.kind() == megaplan::sim::ProfileKind::kMeasured);
   const auto compute = [&](CollectiveOp op, int64_t group, LinkKind link) {
@@ -323,9 +358,9 @@ TEST_CASE("overlap slowdowns: the nearest measured group of the same op and link
   CHECK(compute(CollectiveOp::kAllReduce, 4, LinkKind::kNvlink) == 0.125);  // as near: the larger
   CHECK(compute(CollectiveOp::kAllReduce, 64, LinkKind::kNvlink) == 0.125);
   CHECK(compute(CollectiveOp::kReduceScatter, 16, LinkKind::kNvlink) == 0.25);
-  CHECK(compute(CollectiveOp::kAllGather, 4, LinkKind::kNvlink) == 0);      // another op
-  CHECK(compute(CollectiveOp::kAllReduce, 8, LinkKind::kNetwork) == 0);     // another link
-  CHECK(compute(CollectiveOp::kAllReduce, 1, LinkKind::kNvlink) == 0);      // no group
+  CHECK(compute(CollectiveOp::kAllGather, 4, LinkKind::kNvlink) == 0);   // another op
+  CHECK(compute(CollectiveOp::kAllReduce, 8, LinkKind::kNetwork) == 0);  // another link
+  CHECK(compute(CollectiveOp::kAllReduce, 1, LinkKind::kNvlink) == 0);   // no group
   // The collective's side: the nearest group that measured it, whatever the compute's entries hold.
   CHECK(profile.overlap_slowdown(CollectiveOp::kAllReduce, 8, LinkKind::kNvlink).collective == 0.5);
   CHECK(profile.overlap_slowdown(CollectiveOp::kAllReduce, 2, LinkKind::kNvlink).collective == 0.5);
@@ -352,8 +387,9 @@ TEST_CASE("no work takes no time and is not counted", "[simulator][profile]") {
 }
 
 TEST_CASE("the shipped datasheet profiles load and match the built-in ones", "[simulator][profile]") {
-  for (const auto& [file, cluster] : {std::pair{"a100-sxm4-80gb", "dgx-a100-80gb"}, std::pair{"h100-sxm5-80gb", "dgx-h100"},
-                                      std::pair{"h200-sxm-141gb", "dgx-h200"}}) {
+  for (const auto& [file, cluster] :
+       {std::pair{"a100-sxm4-80gb", "dgx-a100-80gb"}, std::pair{"h100-sxm5-80gb", "dgx-h100"},
+        std::pair{"h200-sxm-141gb", "dgx-h200"}}) {
     INFO(file);
     const Profile shipped = Profile::load(std::string(MEGAPLAN_PROFILES_DIR) + "/" + file + ".datasheet.json");
     const megaplan::GpuSpec gpu = megaplan::cluster_preset(cluster).gpu;
@@ -437,26 +473,32 @@ TEST_CASE("bad profile fields are refused with the field and the rule", "[simula
   json = base_profile();
   json["kernels"] = {{{"kernel", "softmax"}, {"bytes", 1}, {"seconds", 1}}};
   CHECK_THAT(error_of(json), Contains("p.json: kernels[0]: kernel: must be one of norm_forward, add_norm_forward"));
-  json["kernels"] = {{{"kernel", "adamw"}, {"bytes", 1}, {"seconds", 1}}, {{"kernel", "adamw"}, {"bytes", 1}, {"seconds", 2}}};
+  json["kernels"] = {{{"kernel", "adamw"}, {"bytes", 1}, {"seconds", 1}},
+                     {{"kernel", "adamw"}, {"bytes", 1}, {"seconds", 2}}};
   CHECK(error_of(json) == "p.json: kernels[1]: same kernel and bytes as kernels[0]");
   json["kernels"] = {{{"kernel", "adamw"}, {"bytes", 1}}};
   CHECK(error_of(json) == "p.json: kernels[0]: seconds: required field is missing");
 
   json = base_profile();
-  json["collectives"] = {{{"op", "broadcast"}, {"group_size", 8}, {"link", "nvlink"}, {"bytes", 1}, {"bus_bandwidth_bytes_per_s", 1}}};
+  json["collectives"] = {
+      {{"op", "broadcast"}, {"group_size", 8}, {"link", "nvlink"}, {"bytes", 1}, {"bus_bandwidth_bytes_per_s", 1}}};
   CHECK(error_of(json) ==
-        "p.json: collectives[0]: op: must be one of all_reduce, all_gather, reduce_scatter, all_to_all; got \"broadcast\"");
-  json["collectives"] = {{{"op", "all_gather"}, {"group_size", 1}, {"link", "nvlink"}, {"bytes", 1}, {"bus_bandwidth_bytes_per_s", 1}}};
+        "p.json: collectives[0]: op: must be one of all_reduce, all_gather, reduce_scatter, all_to_all; got "
+        "\"broadcast\"");
+  json["collectives"] = {
+      {{"op", "all_gather"}, {"group_size", 1}, {"link", "nvlink"}, {"bytes", 1}, {"bus_bandwidth_bytes_per_s", 1}}};
   CHECK(error_of(json) == "p.json: collectives[0]: group_size: must be at least 2, got 1");
   json = base_profile();
   json["p2p"] = {{{"link", "pcie"}, {"bytes", 1}, {"seconds", 1}}};
   CHECK(error_of(json) == "p.json: p2p[0]: link: must be one of nvlink, network; got \"pcie\"");
-  json["p2p"] = {{{"link", "nvlink"}, {"bytes", 1}, {"seconds", 1}}, {{"link", "nvlink"}, {"bytes", 1}, {"seconds", 2}}};
+  json["p2p"] = {{{"link", "nvlink"}, {"bytes", 1}, {"seconds", 1}},
+                 {{"link", "nvlink"}, {"bytes", 1}, {"seconds", 2}}};
   CHECK(error_of(json) == "p.json: p2p[1]: same link and bytes as p2p[0]");
   json.erase("p2p");
   json["overlap"] = {{{"op", "broadcast"}, {"group_size", 2}, {"link", "nvlink"}, {"compute_slowdown", 0.1}}};
   CHECK(error_of(json) ==
-        "p.json: overlap[0]: op: must be one of all_reduce, all_gather, reduce_scatter, all_to_all, send_recv; got \"broadcast\"");
+        "p.json: overlap[0]: op: must be one of all_reduce, all_gather, reduce_scatter, all_to_all, send_recv; got "
+        "\"broadcast\"");
   json["overlap"] = {{{"op", "all_reduce"}, {"group_size", 2}, {"link", "nvlink"}, {"compute_slowdown", -0.1}}};
   CHECK(error_of(json) == "p.json: overlap[0]: compute_slowdown: must be a number >= 0, got -0.1");
   json["overlap"] = {{{"op", "all_reduce"}, {"group_size", 1}, {"link", "nvlink"}, {"compute_slowdown", 0.1}}};
@@ -466,8 +508,11 @@ TEST_CASE("bad profile fields are refused with the field and the rule", "[simula
   CHECK(error_of(json) == "p.json: overlap[1]: same op, group_size and link as overlap[0]");
   json["overlap"] = {{{"op", "all_reduce"}, {"group_size", 2}, {"link", "nvlink"}}};
   CHECK(error_of(json).find("overlap[0]: compute_slowdown") != std::string::npos);
-  json["overlap"] = {
-      {{"op", "all_reduce"}, {"group_size", 2}, {"link", "nvlink"}, {"compute_slowdown", 0.1}, {"collective_slowdown", -1}}};
+  json["overlap"] = {{{"op", "all_reduce"},
+                      {"group_size", 2},
+                      {"link", "nvlink"},
+                      {"compute_slowdown", 0.1},
+                      {"collective_slowdown", -1}}};
   CHECK(error_of(json) == "p.json: overlap[0]: collective_slowdown: must be a number >= 0, got -1.0");
   json = base_profile();
   json["attention"] = {{{"batch_heads", 1}, {"seq", 1}, {"head_dim", 1}, {"forward_s", 1}, {"backward_s", 1}}};
@@ -477,7 +522,8 @@ TEST_CASE("bad profile fields are refused with the field and the rule", "[simula
 }
 
 TEST_CASE("the shipped measured profiles load and cost a layer's kernels from their tables", "[simulator][profile]") {
-  for (const auto& [file, cluster] : {std::pair{"h100-sxm5-80gb", "dgx-h100"}, std::pair{"h200-sxm-141gb", "dgx-h200"}}) {
+  for (const auto& [file, cluster] :
+       {std::pair{"h100-sxm5-80gb", "dgx-h100"}, std::pair{"h200-sxm-141gb", "dgx-h200"}}) {
     INFO(file);
     const Profile shipped = Profile::load(std::string(MEGAPLAN_PROFILES_DIR) + "/" + file + ".measured.json");
     CHECK(shipped.gpu_name() == megaplan::cluster_preset(cluster).gpu.name);

@@ -25,12 +25,20 @@ megaplan::GpuSpec gpu(const std::string& name, double peak, double bandwidth, in
 nlohmann::json measured() {
   nlohmann::json json = megaplan::test::round_profile("from", 4e12);
   json["uncertainty"] = 0.03;
-  json["gemm"] = {{{"m", 1024}, {"n", 1024}, {"k", 4096}, {"dtype", "bf16"}, {"seconds", 21e-6}},
-                  {{"m", 1024}, {"n", 1024}, {"k", 4096}, {"dtype", "bf16"}, {"layout", "weight_gradient"}, {"seconds", 0.5e-6}}};
-  json["attention"] = {{{"batch_heads", 16}, {"seq", 1024}, {"head_dim", 128}, {"causal", true}, {"forward_s", 11e-6},
+  json["gemm"] = {
+      {{"m", 1024}, {"n", 1024}, {"k", 4096}, {"dtype", "bf16"}, {"seconds", 21e-6}},
+      {{"m", 1024}, {"n", 1024}, {"k", 4096}, {"dtype", "bf16"}, {"layout", "weight_gradient"}, {"seconds", 0.5e-6}}};
+  json["attention"] = {{{"batch_heads", 16},
+                        {"seq", 1024},
+                        {"head_dim", 128},
+                        {"causal", true},
+                        {"forward_s", 11e-6},
                         {"backward_s", 31e-6}}};
   json["kernels"] = {{{"kernel", "add"}, {"bytes", 1 << 20}, {"seconds", 5e-6}}};
-  json["collectives"] = {{{"op", "all_reduce"}, {"group_size", 2}, {"link", "nvlink"}, {"bytes", 1 << 20},
+  json["collectives"] = {{{"op", "all_reduce"},
+                          {"group_size", 2},
+                          {"link", "nvlink"},
+                          {"bytes", 1 << 20},
                           {"bus_bandwidth_bytes_per_s", 1e11}}};
   return json;
 }
@@ -67,8 +75,8 @@ TEST_CASE("a transfer scales compute by the peaks with wave quantisation, memory
   CHECK(profile.gemm_seconds(1024, 1024, 4096, DType::kBFloat16, sources) == Approx(gemm));
   // Links come from the link model now.
   CostSources links;
-  (void)profile.collective_seconds(megaplan::CollectiveOp::kAllReduce, 2, 1 << 20,
-                                   megaplan::sim::LinkKind::kNvlink, {1e11, 1e-6}, links);
+  (void)profile.collective_seconds(megaplan::CollectiveOp::kAllReduce, 2, 1 << 20, megaplan::sim::LinkKind::kNvlink,
+                                   {1e11, 1e-6}, links);
   CHECK(links.fallback == 1);
 }
 

@@ -86,13 +86,13 @@ TEST_CASE("one stage and one microbatch takes the stage's F + B + OPTIM", "[simu
   const auto& stage = costs.stages[0];
   CHECK(stage.gradient_buckets.empty());  // no data parallelism
   const auto simulation = megaplan::sim::simulate_plan(spec, profile, false);
-  CHECK(simulation.result.iteration_time_s ==
-        Approx(stage.forward + stage.backward + costs.optimizer[0]));
+  CHECK(simulation.result.iteration_time_s == Approx(stage.forward + stage.backward + costs.optimizer[0]));
   CHECK(simulation.result.bubble_fraction == Approx(0).margin(1e-12));
   CHECK(simulation.fits_in_memory);
 }
 
-TEST_CASE("tensor parallelism puts collectives in every layer; data parallelism reduces in buckets", "[simulator][costs]") {
+TEST_CASE("tensor parallelism puts collectives in every layer; data parallelism reduces in buckets",
+          "[simulator][costs]") {
   megaplan::JobSpec spec = job("gpt2-350m", "dgx-h100", 16, 8, 1, 64);
   const auto profile = megaplan::sim::Profile::datasheet(spec.cluster.gpu);
   const megaplan::sim::Topology topology(spec.cluster);
@@ -113,15 +113,18 @@ TEST_CASE("tensor parallelism puts collectives in every layer; data parallelism 
 TEST_CASE("a gradient reduction across nodes shows when the backward is short", "[simulator][costs]") {
   // gpt2-124m on 16 H100 with dp 16: the reduction crosses the network and outlasts the tiny
   // last backward; with gpt-1.3b at dp 2 inside a node it hides behind a long one.
-  const auto small = megaplan::sim::simulate_plan(
-      job("gpt2-124m", "dgx-h100", 16, 1, 1, 16), megaplan::sim::Profile::datasheet(megaplan::cluster_preset("dgx-h100").gpu), false);
+  const auto small =
+      megaplan::sim::simulate_plan(job("gpt2-124m", "dgx-h100", 16, 1, 1, 16),
+                                   megaplan::sim::Profile::datasheet(megaplan::cluster_preset("dgx-h100").gpu), false);
   CHECK(small.result.ranks[0].data_parallel_comm_s > 0.2 * small.result.iteration_time_s);
-  const auto large = megaplan::sim::simulate_plan(
-      job("gpt-1.3b", "dgx-h100", 8, 4, 1, 64), megaplan::sim::Profile::datasheet(megaplan::cluster_preset("dgx-h100").gpu), false);
+  const auto large =
+      megaplan::sim::simulate_plan(job("gpt-1.3b", "dgx-h100", 8, 4, 1, 64),
+                                   megaplan::sim::Profile::datasheet(megaplan::cluster_preset("dgx-h100").gpu), false);
   CHECK(large.result.ranks[0].data_parallel_comm_s < 0.05 * large.result.iteration_time_s);
 }
 
-TEST_CASE("a placement that splits some tensor-parallel groups across nodes slows those stages only", "[simulator][costs]") {
+TEST_CASE("a placement that splits some tensor-parallel groups across nodes slows those stages only",
+          "[simulator][costs]") {
   // 12 GPUs in nodes of 4, tp 3, pp 4: pipeline ranks 1 and 2 have their tp group across nodes
   // (GPUs 3-5 and 6-8), ranks 0 and 3 inside one (0-2, 9-11).
   megaplan::JobSpec spec;
@@ -159,7 +162,8 @@ megaplan::JobSpec with_implementation(megaplan::JobSpec spec, megaplan::Implemen
 }  // namespace
 
 TEST_CASE("--tp-comm-overlap exposes only what each collective's GEMM does not cover", "[simulator][costs]") {
-  megaplan::JobSpec spec = with_implementation(job("gpt-1.3b", "dgx-h100", 8, 8, 1, 8), megaplan::Implementation::kMegatronCore);
+  megaplan::JobSpec spec =
+      with_implementation(job("gpt-1.3b", "dgx-h100", 8, 8, 1, 8), megaplan::Implementation::kMegatronCore);
   spec.plan.sequence_parallel = true;
   const auto profile = megaplan::sim::Profile::datasheet(spec.cluster.gpu);
   const megaplan::sim::Topology topology(spec.cluster);
@@ -172,12 +176,12 @@ TEST_CASE("--tp-comm-overlap exposes only what each collective's GEMM does not c
   // the QKV, projection, fc1 and fc2 forward GEMMs.
   const int64_t tokens = 2048, h = 2048, t = 8;
   const int64_t bytes = 2 * tokens * h;
-  const double gather = profile.collective_seconds(megaplan::CollectiveOp::kAllGather, t, bytes,
-                                                   megaplan::sim::LinkKind::kNvlink,
-                                                   {route.tensor.bandwidth_bytes_per_s, route.tensor.latency_s}, sources);
-  const double scatter = profile.collective_seconds(megaplan::CollectiveOp::kReduceScatter, t, bytes,
-                                                    megaplan::sim::LinkKind::kNvlink,
-                                                    {route.tensor.bandwidth_bytes_per_s, route.tensor.latency_s}, sources);
+  const double gather =
+      profile.collective_seconds(megaplan::CollectiveOp::kAllGather, t, bytes, megaplan::sim::LinkKind::kNvlink,
+                                 {route.tensor.bandwidth_bytes_per_s, route.tensor.latency_s}, sources);
+  const double scatter =
+      profile.collective_seconds(megaplan::CollectiveOp::kReduceScatter, t, bytes, megaplan::sim::LinkKind::kNvlink,
+                                 {route.tensor.bandwidth_bytes_per_s, route.tensor.latency_s}, sources);
   CHECK(exposed.forward_collectives == Approx(2 * (gather + scatter)));
   using megaplan::GemmEpilogue;
   using megaplan::GemmLayout;
@@ -195,7 +199,8 @@ TEST_CASE("--tp-comm-overlap exposes only what each collective's GEMM does not c
 
 TEST_CASE("--tp-comm-overlap also costs the GEMMs what the profile measured compute loses beside a collective",
           "[simulator][costs]") {
-  megaplan::JobSpec spec = with_implementation(job("gpt-1.3b", "dgx-h100", 8, 8, 1, 8), megaplan::Implementation::kMegatronCore);
+  megaplan::JobSpec spec =
+      with_implementation(job("gpt-1.3b", "dgx-h100", 8, 8, 1, 8), megaplan::Implementation::kMegatronCore);
   spec.plan.sequence_parallel = true;
   const megaplan::sim::Topology topology(spec.cluster);
   const auto route = megaplan::sim::pipeline_group_routes(spec.plan, topology)[0];
@@ -233,8 +238,8 @@ TEST_CASE("--tp-comm-overlap also costs the GEMMs what the profile measured comp
 }
 
 TEST_CASE("Megatron's scatter-gather sends 1/tp between stages and gathers it on arrival", "[simulator][costs]") {
-  const megaplan::JobSpec local = with_implementation(job("gpt-1.3b", "dgx-h100", 8, 4, 2, 8),
-                                                      megaplan::Implementation::kMegatronLocal);
+  const megaplan::JobSpec local =
+      with_implementation(job("gpt-1.3b", "dgx-h100", 8, 4, 2, 8), megaplan::Implementation::kMegatronLocal);
   megaplan::JobSpec whole = local;
   whole.plan.options.scatter_gather_tensors_in_pipeline = false;
   const auto profile = megaplan::sim::Profile::datasheet(local.cluster.gpu);
@@ -251,9 +256,9 @@ TEST_CASE("Megatron's scatter-gather sends 1/tp between stages and gathers it on
   CHECK(sent_whole.stages[0].send_forward == Approx(p2p(bytes)));
   CHECK(scattered.stages[0].send_forward == Approx(p2p(bytes / 4)));
   const auto tp_route = megaplan::sim::pipeline_group_routes(local.plan, topology)[1].tensor;
-  const double gather = profile.collective_seconds(megaplan::CollectiveOp::kAllGather, 4, bytes,
-                                                   megaplan::sim::LinkKind::kNvlink,
-                                                   {tp_route.bandwidth_bytes_per_s, tp_route.latency_s}, sources);
+  const double gather =
+      profile.collective_seconds(megaplan::CollectiveOp::kAllGather, 4, bytes, megaplan::sim::LinkKind::kNvlink,
+                                 {tp_route.bandwidth_bytes_per_s, tp_route.latency_s}, sources);
   CHECK(scattered.stages[1].forward == Approx(sent_whole.stages[1].forward + gather));
   CHECK(scattered.stages[0].backward > sent_whole.stages[0].backward);
 }
@@ -278,16 +283,17 @@ TEST_CASE("tied embeddings on two pipeline ranks all-reduce their gradient befor
   };
   const megaplan::sim::Route route = topology.route(0, 1);
   const int64_t bytes = 4 * megaplan::padded_vocab_size(tied.model, 1) * 2048;
-  const double all_reduce = profile.collective_seconds(megaplan::CollectiveOp::kAllReduce, 2, bytes,
-                                                       megaplan::sim::LinkKind::kNvlink,
-                                                       {route.bandwidth_bytes_per_s, route.latency_s}, sources);
+  const double all_reduce =
+      profile.collective_seconds(megaplan::CollectiveOp::kAllReduce, 2, bytes, megaplan::sim::LinkKind::kNvlink,
+                                 {route.bandwidth_bytes_per_s, route.latency_s}, sources);
   CHECK(with_tie.optimizer[0] == Approx(kernels_of(tied, 0) + all_reduce));
   CHECK(with_tie.optimizer[1] == Approx(kernels_of(tied, 1) + all_reduce));
   const auto without = megaplan::sim::plan_action_costs(untied.model, untied.plan, profile, topology, sources);
   CHECK(without.optimizer[0] == Approx(kernels_of(untied, 0)));
 }
 
-TEST_CASE("gradient buckets fill as the backward goes; the word embedding's, of its own, at its end", "[simulator][costs]") {
+TEST_CASE("gradient buckets fill as the backward goes; the word embedding's, of its own, at its end",
+          "[simulator][costs]") {
   // gpt-1.3b on two GPUs of one node, dp 2: 40M-parameter buckets of the layers (the first fills
   // first), then the embedding's (core's stage_layout gives it a bucket of its own).
   const megaplan::JobSpec spec = job("gpt-1.3b", "dgx-h100", 2, 1, 1, 8);
@@ -308,8 +314,8 @@ TEST_CASE("gradient buckets fill as the backward goes; the word embedding's, of 
   CHECK(buckets[buckets.size() - 2].ready == 1);  // the last of the layers' (with the position embedding)
   CHECK(buckets.back().ready == 1);               // the word embedding's
   const auto route = megaplan::sim::pipeline_group_routes(spec.plan, topology)[0].data;
-  const double embedding = profile.collective_seconds(
-      megaplan::CollectiveOp::kAllReduce, 2, 4 * held.word_embedding_per_gpu, megaplan::sim::LinkKind::kNvlink,
-      {route.bandwidth_bytes_per_s, route.latency_s}, sources);
+  const double embedding = profile.collective_seconds(megaplan::CollectiveOp::kAllReduce, 2,
+                                                      4 * held.word_embedding_per_gpu, megaplan::sim::LinkKind::kNvlink,
+                                                      {route.bandwidth_bytes_per_s, route.latency_s}, sources);
   CHECK(buckets.back().seconds == Approx(embedding));
 }

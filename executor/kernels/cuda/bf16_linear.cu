@@ -32,13 +32,19 @@ cudaDataType_t cuda_half_type(bool fp16) { return fp16 ? CUDA_R_16F : CUDA_R_16B
 struct Gemm {
   cublasOperation_t transa, transb;
   uint64_t rows, cols, inner;  // D is rows x cols, the product's inner dimension `inner`
-  const void* a; int64_t lda;
-  const void* b; int64_t ldb;
-  void* d; int64_t ldd; cudaDataType_t d_type;
+  const void* a;
+  int64_t lda;
+  const void* b;
+  int64_t ldb;
+  void* d;
+  int64_t ldd;
+  cudaDataType_t d_type;
   bool accumulate;
   cublasLtEpilogue_t epilogue;
-  const void* bias; cudaDataType_t bias_type;
-  void* aux; int64_t aux_ld;
+  const void* bias;
+  cudaDataType_t bias_type;
+  void* aux;
+  int64_t aux_ld;
   cudaDataType_t half_type;  // the 16-bit operands' type: bf16 or fp16
 };
 
@@ -56,9 +62,10 @@ struct GemmKey {
 struct GemmKeyHash {
   std::size_t operator()(const GemmKey& k) const {
     Fnv1a64 hash;
-    for (uint64_t v : {uint64_t(k.transa), uint64_t(k.transb), k.rows, k.cols, k.inner, uint64_t(k.lda),
-                       uint64_t(k.ldb), uint64_t(k.ldd), uint64_t(k.aux_ld), uint64_t(k.d_type), uint64_t(k.epilogue),
-                       uint64_t(k.bias_type), uint64_t(k.half_type), uint64_t(k.accumulate), uint64_t(k.bias), uint64_t(k.aux)}) {
+    for (uint64_t v :
+         {uint64_t(k.transa), uint64_t(k.transb), k.rows, k.cols, k.inner, uint64_t(k.lda), uint64_t(k.ldb),
+          uint64_t(k.ldd), uint64_t(k.aux_ld), uint64_t(k.d_type), uint64_t(k.epilogue), uint64_t(k.bias_type),
+          uint64_t(k.half_type), uint64_t(k.accumulate), uint64_t(k.bias), uint64_t(k.aux)}) {
       hash.add_word(v);
     }
     return hash.value();
@@ -108,14 +115,16 @@ void run(cublasLtHandle_t handle, void* workspace, AlgorithmCache& cache, Gemm g
                                      g.ldb),
           "layout B");
     check(cublasLtMatrixLayoutCreate(&d, g.d_type, g.rows, g.cols, g.ldd), "layout D");
-    const GemmKey key{g.transa, g.transb, g.rows, g.cols, g.inner, g.lda, g.ldb, g.ldd, g.aux_ld, g.d_type,
-                      g.epilogue, g.bias_type, g.half_type, g.accumulate, g.bias != nullptr, g.aux != nullptr};
+    const GemmKey key{g.transa,        g.transb,    g.rows,      g.cols,       g.inner,
+                      g.lda,           g.ldb,       g.ldd,       g.aux_ld,     g.d_type,
+                      g.epilogue,      g.bias_type, g.half_type, g.accumulate, g.bias != nullptr,
+                      g.aux != nullptr};
     auto found_algorithm = cache.find(key);
     if (found_algorithm == cache.end()) {
       check(cublasLtMatmulPreferenceCreate(&preference), "preference");
       const std::size_t workspace_bytes = kWorkspaceBytes;
-      check(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                 &workspace_bytes, sizeof workspace_bytes),
+      check(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
+                                                 sizeof workspace_bytes),
             "workspace preference");
       cublasLtMatmulHeuristicResult_t heuristic{};
       int found = 0;

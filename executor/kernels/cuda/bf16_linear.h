@@ -11,8 +11,8 @@
 #include <memory>
 #include <vector>
 
-#include "core/implementation_options.h"
 #include "core/gemm.h"
+#include "core/implementation_options.h"
 #include "executor/comm/comm.h"
 
 namespace megaplan::exec::cuda {
@@ -31,8 +31,8 @@ class Bf16Linear {
 
   // y[m x n] = epilogue(x[m x k] W^T + bias) with W stored [n x k]; fp32 accumulation. kBiasGelu
   // (the tanh GELU) also writes the pre-activation x W^T + bias to `pre_activation` [m x n].
-  void forward(const Half* x, const Half* w, const Half* bias, int64_t m, int64_t k, int64_t n,
-               GemmEpilogue epilogue, Half* y, Half* pre_activation, cudaStream_t stream);
+  void forward(const Half* x, const Half* w, const Half* bias, int64_t m, int64_t k, int64_t n, GemmEpilogue epilogue,
+               Half* y, Half* pre_activation, cudaStream_t stream);
   // dx[m x k] = dy W (16-bit; null: skipped); dw[n x k] += dy^T x in fp32 (null: skipped, with the
   // bias gradient); bias_gradient[n] = the column sums of dy in fp32, fused into the
   // weight-gradient GEMM (overwritten; null: none).

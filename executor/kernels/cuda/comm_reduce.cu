@@ -31,13 +31,17 @@ using Element = std::conditional_t<kType == DType::kFloat32, float, uint16_t>;
 
 template <DType kType>
 __device__ __forceinline__ float load_element(const Element<kType>* p, int64_t i) {
-  if constexpr (kType == DType::kFloat32) return p[i];
-  else return detail::load<kType>(p, i);
+  if constexpr (kType == DType::kFloat32)
+    return p[i];
+  else
+    return detail::load<kType>(p, i);
 }
 template <DType kType>
 __device__ __forceinline__ void store_element(Element<kType>* p, int64_t i, float v) {
-  if constexpr (kType == DType::kFloat32) p[i] = v;
-  else detail::store<kType>(p, i, v);
+  if constexpr (kType == DType::kFloat32)
+    p[i] = v;
+  else
+    detail::store<kType>(p, i, v);
 }
 
 template <DType kType, bool kMax>

@@ -49,10 +49,9 @@ __device__ __forceinline__ void store_values(Half* row, int64_t first, const flo
 // One pass over the row: each thread keeps an online (max, sum) over its columns in base 2, one
 // rescale per kUnroll * kWidth values; the block combines the partials in a fixed order.
 template <DType P, int kWidth>
-__global__ void __launch_bounds__(kThreads) cross_entropy_statistics_kernel(const Half* logits, int64_t vocab,
-                                                                            int64_t row_stride,
-                                                                            const int32_t* targets, float* lse,
-                                                                            float* target_logit, float* peak) {
+__global__ void __launch_bounds__(kThreads)
+    cross_entropy_statistics_kernel(const Half* logits, int64_t vocab, int64_t row_stride, const int32_t* targets,
+                                    float* lse, float* target_logit, float* peak) {
   __shared__ Partial warp_partials[kThreads / 32];
   const int64_t row = blockIdx.x;
   const Half* in = logits + row * row_stride;
@@ -90,8 +89,7 @@ __global__ void __launch_bounds__(kThreads) cross_entropy_statistics_kernel(cons
     mine = {top, sum};
   }
   for (int offset = 16; offset > 0; offset /= 2) {
-    const Partial other{__shfl_xor_sync(0xffffffffu, mine.max, offset),
-                        __shfl_xor_sync(0xffffffffu, mine.sum, offset)};
+    const Partial other{__shfl_xor_sync(0xffffffffu, mine.max, offset), __shfl_xor_sync(0xffffffffu, mine.sum, offset)};
     mine = combine(mine, other);
   }
   if (threadIdx.x % 32 == 0) warp_partials[threadIdx.x / 32] = mine;
@@ -109,17 +107,17 @@ __global__ void __launch_bounds__(kThreads) cross_entropy_statistics_kernel(cons
 // exp in double, as the CPU reference: the shards' terms are summed across ranks.
 __global__ void cross_entropy_shift_kernel(const float* peak, int64_t tokens, float* shard_lse) {
   const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (t < tokens) shard_lse[t] = static_cast<float>(exp(static_cast<double>(shard_lse[t]) - static_cast<double>(peak[t])));
+  if (t < tokens)
+    shard_lse[t] = static_cast<float>(exp(static_cast<double>(shard_lse[t]) - static_cast<double>(peak[t])));
 }
 
 constexpr int kFinishThreads = 256;
 
 // One block: each thread's rows in double, then a fixed-order tree, so the sum is the same bits
 // every run; one thread adds the microbatch's mean to the running sum (stream order, no atomics).
-__global__ void __launch_bounds__(kFinishThreads) cross_entropy_finish_kernel(const float* peak, const float* term_sum,
-                                                                              const float* target, const float* mask,
-                                                                              int64_t tokens, float* lse,
-                                                                              double* loss_sum) {
+__global__ void __launch_bounds__(kFinishThreads)
+    cross_entropy_finish_kernel(const float* peak, const float* term_sum, const float* target, const float* mask,
+                                int64_t tokens, float* lse, double* loss_sum) {
   __shared__ double losses[kFinishThreads];
   __shared__ double counts[kFinishThreads];
   double loss = 0, count = 0;
@@ -145,10 +143,9 @@ __global__ void __launch_bounds__(kFinishThreads) cross_entropy_finish_kernel(co
 // Element-wise given the row's lse: in place is safe, each value is read by the thread that then
 // overwrites it (so no __restrict__ on logits and dlogits).
 template <DType P, int kWidth>
-__global__ void __launch_bounds__(kThreads) cross_entropy_backward_kernel(const Half* logits, int64_t vocab,
-                                                                          int64_t row_stride, const int32_t* targets,
-                                                                          const float* mask, const float* lse,
-                                                                          float scale, Half* dlogits) {
+__global__ void __launch_bounds__(kThreads)
+    cross_entropy_backward_kernel(const Half* logits, int64_t vocab, int64_t row_stride, const int32_t* targets,
+                                  const float* mask, const float* lse, float scale, Half* dlogits) {
   const int64_t row = blockIdx.x;
   const Half* in = logits + row * row_stride;
   Half* out = dlogits + row * row_stride;
@@ -209,8 +206,8 @@ bool rows_aligned(const void* pointer, int64_t row_stride) {
 }  // namespace
 
 void cross_entropy_statistics(const Half* logits, int64_t tokens, int64_t vocab, int64_t row_stride,
-                              const int32_t* targets, float* lse, float* target_logit, float* peak,
-                              DType precision, cudaStream_t stream) {
+                              const int32_t* targets, float* lse, float* target_logit, float* peak, DType precision,
+                              cudaStream_t stream) {
   check_shape("cross_entropy_statistics", tokens, vocab, row_stride);
   if (tokens == 0) return;
   const unsigned blocks = static_cast<unsigned>(tokens);
@@ -224,8 +221,8 @@ void cross_entropy_statistics(const Half* logits, int64_t tokens, int64_t vocab,
 }
 
 void cross_entropy_backward(const Half* logits, int64_t tokens, int64_t vocab, int64_t row_stride,
-                            const int32_t* targets, const float* mask, const float* lse, float scale,
-                            Half* dlogits, DType precision, cudaStream_t stream) {
+                            const int32_t* targets, const float* mask, const float* lse, float scale, Half* dlogits,
+                            DType precision, cudaStream_t stream) {
   check_shape("cross_entropy_backward", tokens, vocab, row_stride);
   if (tokens == 0) return;
   const unsigned blocks = static_cast<unsigned>(tokens);

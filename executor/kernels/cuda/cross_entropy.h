@@ -20,8 +20,8 @@ namespace megaplan::exec::cuda {
 // it is null. Asynchronous on `stream`, as the backward.
 // REQUIRES: 0 < vocab <= row_stride; all pointers on the device.
 void cross_entropy_statistics(const Half* logits, int64_t tokens, int64_t vocab, int64_t row_stride,
-                              const int32_t* targets, float* lse, float* target_logit, float* peak,
-                              DType precision, cudaStream_t stream);
+                              const int32_t* targets, float* lse, float* target_logit, float* peak, DType precision,
+                              cudaStream_t stream);
 
 // The shards merged (executor/model/vocabulary_parallel_loss.h), as the CPU reference computes
 // them: shard_lse[t] = exp(shard_lse[t] - peak[t]) in double.

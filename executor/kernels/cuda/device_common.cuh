@@ -35,13 +35,17 @@ void with_precision(DType precision, Body&& body) {
 // back (exact). bf16 widens by a shift: it is the top half of an fp32.
 template <DType P>
 __device__ __forceinline__ uint16_t to_bits(float v) {
-  if constexpr (P == DType::kFloat16) return __half_as_ushort(__float2half_rn(v));
-  else return __bfloat16_as_ushort(__float2bfloat16_rn(v));
+  if constexpr (P == DType::kFloat16)
+    return __half_as_ushort(__float2half_rn(v));
+  else
+    return __bfloat16_as_ushort(__float2bfloat16_rn(v));
 }
 template <DType P>
 __device__ __forceinline__ float from_bits(uint16_t bits) {
-  if constexpr (P == DType::kFloat16) return __half2float(__ushort_as_half(bits));
-  else return __uint_as_float(static_cast<uint32_t>(bits) << 16);
+  if constexpr (P == DType::kFloat16)
+    return __half2float(__ushort_as_half(bits));
+  else
+    return __uint_as_float(static_cast<uint32_t>(bits) << 16);
 }
 
 template <DType P>
@@ -149,7 +153,10 @@ __device__ __forceinline__ int owner_of_chunk(const Descriptor* tensors, int cou
   int low = 0, high = count - 1;
   while (low < high) {
     const int middle = (low + high + 1) / 2;
-    if (tensors[middle].first_chunk <= chunk) low = middle; else high = middle - 1;
+    if (tensors[middle].first_chunk <= chunk)
+      low = middle;
+    else
+      high = middle - 1;
   }
   return low;
 }

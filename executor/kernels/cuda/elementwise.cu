@@ -277,11 +277,12 @@ void rope_apply(Half* base, int64_t batch, int64_t seq, int64_t groups, int64_t 
   if (rotary_dim <= 0 || rotary_dim % 2 != 0 || rotary_dim > head_dim || batch < 0 || seq < 0 || heads < 0 ||
       groups < 1 || group_stride < heads * head_dim || token_stride < (groups - 1) * group_stride + heads * head_dim ||
       !(theta > 1.0)) {
-    throw SpecError("--device", "rope_apply: needs an even 0 < rotary_dim <= head_dim, group_stride >= heads * "
-                                "head_dim, token_stride past the last group's heads and theta > 1; got rotary_dim " +
-                                    std::to_string(rotary_dim) + ", head_dim " + std::to_string(head_dim) +
-                                    ", group_stride " + std::to_string(group_stride) + ", token_stride " +
-                                    std::to_string(token_stride) + ", theta " + std::to_string(theta));
+    throw SpecError("--device",
+                    "rope_apply: needs an even 0 < rotary_dim <= head_dim, group_stride >= heads * "
+                    "head_dim, token_stride past the last group's heads and theta > 1; got rotary_dim " +
+                        std::to_string(rotary_dim) + ", head_dim " + std::to_string(head_dim) + ", group_stride " +
+                        std::to_string(group_stride) + ", token_stride " + std::to_string(token_stride) + ", theta " +
+                        std::to_string(theta));
   }
   const int64_t tokens = batch * seq;
   if (tokens == 0 || heads == 0) return;
@@ -294,9 +295,9 @@ void rope_apply(Half* base, int64_t batch, int64_t seq, int64_t groups, int64_t 
   with_precision(precision, [&](auto p) {
     constexpr DType P = decltype(p)::value;
     const auto kernel = aligned ? rope_kernel<P, true> : rope_kernel<P, false>;
-    kernel<<<grid, kThreads, 0, stream>>>(
-        base, tokens, seq, groups, heads, head_dim, token_stride, group_stride, half, vectors_per_token, log2_theta,
-        static_cast<float>(rotary_dim), frequencies, inverse);
+    kernel<<<grid, kThreads, 0, stream>>>(base, tokens, seq, groups, heads, head_dim, token_stride, group_stride, half,
+                                          vectors_per_token, log2_theta, static_cast<float>(rotary_dim), frequencies,
+                                          inverse);
   });
   check_launch("rope_apply");
 }

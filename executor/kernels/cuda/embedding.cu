@@ -109,9 +109,9 @@ __global__ void position_gradient_kernel(const Half* dy, int64_t batch, int64_t 
 
 void check_shape(int64_t count, int64_t seq, int64_t hidden, const char* what) {
   if (count < 0 || seq <= 0 || hidden <= 0 || count % seq != 0) {
-    throw SpecError("--device", std::string(what) + ": needs seq > 0, hidden > 0 and count a multiple of seq; got count " +
-                                    std::to_string(count) + ", seq " + std::to_string(seq) + ", hidden " +
-                                    std::to_string(hidden));
+    throw SpecError("--device",
+                    std::string(what) + ": needs seq > 0, hidden > 0 and count a multiple of seq; got count " +
+                        std::to_string(count) + ", seq " + std::to_string(seq) + ", hidden " + std::to_string(hidden));
   }
 }
 
@@ -154,8 +154,8 @@ TokenRows build_token_rows(const int32_t* host_tokens, int64_t count) {
 }
 
 void embedding_backward(const Half* dy, const int32_t* row_ids, const int32_t* row_starts, const int32_t* positions,
-                        int64_t used_rows, int64_t count, int64_t seq, int64_t hidden, float* dword,
-                        float* dposition, DType precision, cudaStream_t stream) {
+                        int64_t used_rows, int64_t count, int64_t seq, int64_t hidden, float* dword, float* dposition,
+                        DType precision, cudaStream_t stream) {
   check_shape(count, seq, hidden, "embedding_backward");
   if (count == 0) return;
   const bool aligned = hidden % 8 == 0 && aligned16(dy) && aligned16(dword) && aligned16(dposition);

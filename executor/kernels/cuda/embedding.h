@@ -34,7 +34,7 @@ TokenRows build_token_rows(const int32_t* host_tokens, int64_t count);
 // accumulate over microbatches. Device pointers (build_token_rows' lists uploaded).
 // REQUIRES: count a multiple of seq.
 void embedding_backward(const Half* dy, const int32_t* row_ids, const int32_t* row_starts, const int32_t* positions,
-                        int64_t used_rows, int64_t count, int64_t seq, int64_t hidden, float* dword,
-                        float* dposition, DType precision, cudaStream_t stream);
+                        int64_t used_rows, int64_t count, int64_t seq, int64_t hidden, float* dword, float* dposition,
+                        DType precision, cudaStream_t stream);
 
 }  // namespace megaplan::exec::cuda

@@ -31,7 +31,7 @@ constexpr float kLog2e = 1.4426950408889634f;
 template <int D>
 constexpr int kQueryChunk = D == 128 ? 64 : 32;
 template <int D>
-constexpr int kTileBytes = kBlock * D * 2;  // one 64-row tile
+constexpr int kTileBytes = kBlock* D * 2;  // one 64-row tile
 
 struct Layout {
   int64_t seq, heads, group, token_stride, head_stride;
@@ -51,8 +51,7 @@ __device__ __forceinline__ void copy_async(void* s, const void* g, bool valid) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address(s)), "l"(g),
                  "r"(valid ? 16 : 0));
   } else {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(shared_address(s)), "l"(g),
-                 "r"(valid ? 4 : 0));
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(shared_address(s)), "l"(g), "r"(valid ? 4 : 0));
   }
 }
 __device__ __forceinline__ void copies_issued() { asm volatile("cp.async.commit_group;\n" ::); }
@@ -234,9 +233,9 @@ struct OnlineSoftmax {
 // Dropout zeroes P after the softmax has summed it (the sum, and the lse, are the undropped ones);
 // its 1 / (1 - p) joins the final division by the sum.
 template <DType P, int D, bool kDropout>
-__global__ void __launch_bounds__(kThreads, 2) forward_kernel(Layout layout, const Half* q, const Half* k, const Half* v,
-                                                              Half* out, float* lse, float scale_log2,
-                                                              DropoutMask dropout) {
+__global__ void __launch_bounds__(kThreads, 2)
+    forward_kernel(Layout layout, const Half* q, const Half* k, const Half* v, Half* out, float* lse, float scale_log2,
+                   DropoutMask dropout) {
   extern __shared__ unsigned char shared_raw[];
   constexpr int kTile = kTileBytes<D>;
   unsigned char* qs = aligned_shared(shared_raw);
@@ -256,14 +255,14 @@ __global__ void __launch_bounds__(kThreads, 2) forward_kernel(Layout layout, con
   const auto edge = [&](int kb) { return kb == qb || (kb + 1) * kBlock > seq; };
   const auto k_stage = [&](int kb) { return k_stages + (kb % 2) * kTile; };
   const auto v_stage = [&](int kb) { return v_stages + (kb % 2) * kTile; };
-  const auto drop = [&](float (&p)[kBlock / 8][4], int kb) {
+  const auto drop = [&](float(&p)[kBlock / 8][4], int kb) {
     const RowKeeps keeps(dropout, b, h, query0, kb * kBlock);
     for (int nt = 0; nt < kBlock / 8; ++nt) {
       for (int e = 0; e < 4; ++e) p[nt][e] = keeps.kept(nt, e) ? p[nt][e] : 0.0f;
     }
   };
   const uint32_t q_tile = shared_address(qs), k_tiles = shared_address(k_stages), v_tiles = shared_address(v_stages);
-  const auto issue_s = [&](float (&s)[kBlock / 8][4], int kb) {
+  const auto issue_s = [&](float(&s)[kBlock / 8][4], int kb) {
     const uint32_t k_tile = k_tiles + (kb % 2) * kTile;
     for (int step = 0; step < D / 16; ++step) {
       wgmma<P, 0>(flat(s), k_major<kBlock>(q_tile, 0, step), k_major<kBlock>(k_tile, 0, step), step > 0);  // S = Q K^T
@@ -369,10 +368,10 @@ __global__ void delta_kernel(const Half* dout, const Half* out, int64_t rows, in
 // lse and delta are copied in while the current one is used. Dropout's 1 / (1 - p) on dV's P is
 // applied once, to the sum.
 template <DType P, int D, bool kDropout>
-__global__ void __launch_bounds__(kThreads) dkdv_kernel(Layout layout, const Half* dout, const Half* q, const Half* k,
-                                                        const Half* v, const float* lse, const float* delta,
-                                                        int64_t d_token_stride, Half* dk, Half* dv, float scale,
-                                                        float scale_log2, DropoutMask dropout) {
+__global__ void __launch_bounds__(kThreads)
+    dkdv_kernel(Layout layout, const Half* dout, const Half* q, const Half* k, const Half* v, const float* lse,
+                const float* delta, int64_t d_token_stride, Half* dk, Half* dv, float scale, float scale_log2,
+                DropoutMask dropout) {
   extern __shared__ unsigned char shared_raw[];
   constexpr int kTile = kTileBytes<D>;
   unsigned char* ks = aligned_shared(shared_raw);
@@ -430,7 +429,7 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(Layout layout, const Hal
       float p[kTiles][4], dp[kTiles][4];
       wgmma_fence();
       for (int s = 0; s < D / 16; ++s) {
-        wgmma<P, 0>(flat(p), k_major<kBlock>(k_tile, 0, s), k_major<kBlock>(q_tile, n0, s), s > 0);  // S^T = K Q^T
+        wgmma<P, 0>(flat(p), k_major<kBlock>(k_tile, 0, s), k_major<kBlock>(q_tile, n0, s), s > 0);    // S^T = K Q^T
         wgmma<P, 0>(flat(dp), k_major<kBlock>(v_tile, 0, s), k_major<kBlock>(do_tile, n0, s), s > 0);  // dP^T = V dO^T
       }
       wgmma_commit();
@@ -499,10 +498,10 @@ __global__ void __launch_bounds__(kThreads) dkdv_kernel(Layout layout, const Hal
 // dQ of one query block of one query head, over the key blocks up to it; the next key block's K
 // and V are copied in while the current one is used.
 template <DType P, int D, bool kDropout>
-__global__ void __launch_bounds__(kThreads) dq_kernel(Layout layout, const Half* dout, const Half* q, const Half* k,
-                                                      const Half* v, const float* lse, const float* delta,
-                                                      int64_t d_token_stride, Half* dq, float scale, float scale_log2,
-                                                      DropoutMask dropout) {
+__global__ void __launch_bounds__(kThreads)
+    dq_kernel(Layout layout, const Half* dout, const Half* q, const Half* k, const Half* v, const float* lse,
+              const float* delta, int64_t d_token_stride, Half* dq, float scale, float scale_log2,
+              DropoutMask dropout) {
   extern __shared__ unsigned char shared_raw[];
   constexpr int kTile = kTileBytes<D>;
   unsigned char* qs = aligned_shared(shared_raw);
@@ -601,12 +600,12 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(Layout layout, const Half*
 
 Layout layout_of(const AttentionShape& s) {
   if (s.head_dim != 64 && s.head_dim != 128) {
-    throw SpecError("--kv-channels", "flash attention takes head dimensions 64 and 128, got " +
-                                         std::to_string(s.head_dim));
+    throw SpecError("--kv-channels",
+                    "flash attention takes head dimensions 64 and 128, got " + std::to_string(s.head_dim));
   }
   if (s.kv_heads <= 0 || s.heads % s.kv_heads != 0) {
-    throw SpecError("--num-query-groups", std::to_string(s.kv_heads) + " must divide the " + std::to_string(s.heads) +
-                                              " attention heads");
+    throw SpecError("--num-query-groups",
+                    std::to_string(s.kv_heads) + " must divide the " + std::to_string(s.heads) + " attention heads");
   }
   const DropoutMask& dropout = s.dropout;
   if (dropout.active() && (!(dropout.probability < 1.0f) || dropout.seq != s.seq)) {
@@ -641,7 +640,8 @@ void forward(const AttentionShape& shape, const Half* q, const Half* k, const Ha
   const auto kernel = shape.dropout.active() ? forward_kernel<P, D, true> : forward_kernel<P, D, false>;
   check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
         "flash attention forward shared memory");
-  const dim3 grid(static_cast<unsigned>((shape.seq + kBlock - 1) / kBlock), static_cast<unsigned>(shape.batch * shape.heads));
+  const dim3 grid(static_cast<unsigned>((shape.seq + kBlock - 1) / kBlock),
+                  static_cast<unsigned>(shape.batch * shape.heads));
   kernel<<<grid, kThreads, bytes, stream>>>(layout, q, k, v, out, lse, shape.softmax_scale * kLog2e, shape.dropout);
   check_launch("flash attention forward");
 }

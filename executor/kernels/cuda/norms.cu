@@ -123,11 +123,10 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 // registers hold exactly the values the statistics are taken of). kDropout: the residual's values
 // pass through residual_dropout's mask (drawn here, 8 keep bits per vector) before the add.
 template <DType P, bool kRms, bool kAligned, int kVecs, bool kDropout>
-__global__ void __launch_bounds__(kBlockThreads) norm_forward_kernel(const Half* x, const Half* residual,
-                                                                     DropoutMask residual_dropout, Half* sum_out,
-                                                                     const Half* gamma, const Half* beta,
-                                                                     int64_t rows, int cols, float eps, Half* y,
-                                                                     float* mean, float* rstd, int threads_per_row) {
+__global__ void __launch_bounds__(kBlockThreads)
+    norm_forward_kernel(const Half* x, const Half* residual, DropoutMask residual_dropout, Half* sum_out,
+                        const Half* gamma, const Half* beta, int64_t rows, int cols, float eps, Half* y, float* mean,
+                        float* rstd, int threads_per_row) {
   __shared__ float shared[32];
   const int group = threadIdx.x / threads_per_row, lane = threadIdx.x % threads_per_row;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / threads_per_row) + group;
@@ -219,8 +218,8 @@ __global__ void __launch_bounds__(kBlockThreads, kVecs <= 2 ? 2 : 1)
   for (int k = 0; k < kVecs; ++k) gamma_raw[k] = load_raw8<kAligned>(gamma, (lane + k * threads_per_row) * 8, cols);
   // Raw 16-bit values in registers (half the registers of floats), the next row's fetched before the
   // current one is worked on; a row past the end loads nothing and holds zeros.
-  const auto fetch = [&](int64_t row, uint4 (&dy_raw)[kVecs], uint4 (&x_raw)[kVecs], uint4 (&around_raw)[kVecs],
-                         float& mu, float& inverse) {
+  const auto fetch = [&](int64_t row, uint4(&dy_raw)[kVecs], uint4(&x_raw)[kVecs], uint4(&around_raw)[kVecs], float& mu,
+                         float& inverse) {
     const int64_t offset = row < rows ? row * cols : 0;
     const int end = row < rows ? cols : 0;
     mu = row < rows && !kRms ? mean[row] : 0.0f;
@@ -377,8 +376,8 @@ void norm_forward(const Half* x, const Half* residual, const DropoutMask& residu
   if (dropout) require_drawable(residual_dropout, what);
   if (rows == 0) return;
   const RowLayout layout = layout_for(cols, kForwardVecs);
-  const bool aligned = cols % 8 == 0 && aligned16(x) && aligned16(residual) && aligned16(sum_out) &&
-                       aligned16(gamma) && aligned16(beta) && aligned16(y);
+  const bool aligned = cols % 8 == 0 && aligned16(x) && aligned16(residual) && aligned16(sum_out) && aligned16(gamma) &&
+                       aligned16(beta) && aligned16(y);
   const unsigned grid = static_cast<unsigned>((rows + layout.rows_per_block - 1) / layout.rows_per_block);
   with_precision(precision, [&](auto p) {
     constexpr DType P = decltype(p)::value;
@@ -396,25 +395,23 @@ void norm_forward(const Half* x, const Half* residual, const DropoutMask& residu
 }
 
 template <bool kRms>
-void norm_backward(const Half* dy, const Half* x, const Half* gamma, const float* mean, const float* rstd,
-                   int64_t rows, int64_t cols, const Half* residual_grad, Half* dx, float* dgamma, float* dbeta,
-                   void* workspace, const char* what, DType precision, cudaStream_t stream) {
+void norm_backward(const Half* dy, const Half* x, const Half* gamma, const float* mean, const float* rstd, int64_t rows,
+                   int64_t cols, const Half* residual_grad, Half* dx, float* dgamma, float* dbeta, void* workspace,
+                   const char* what, DType precision, cudaStream_t stream) {
   check_cols(rows, cols, what);
   if (rows == 0) return;
   const RowLayout layout = layout_for(cols, kBackwardVecs);
   const int64_t blocks = backward_blocks(rows, cols);
   float* partial_gamma = static_cast<float*>(workspace);
   float* partial_beta = partial_gamma + blocks * cols;
-  const bool aligned = cols % 8 == 0 && aligned16(dy) && aligned16(x) && aligned16(gamma) &&
-                       aligned16(residual_grad) && aligned16(dx);
+  const bool aligned =
+      cols % 8 == 0 && aligned16(dy) && aligned16(x) && aligned16(gamma) && aligned16(residual_grad) && aligned16(dx);
   with_precision(precision, [&](auto p) {
     constexpr DType P = decltype(p)::value;
     with_vecs(layout.vecs, [&](auto vecs) {
       constexpr int kVecs = decltype(vecs)::value;
-      const std::size_t buffer =
-          layout.rows_per_block > 1 ? 2 * sizeof(float) * layout.threads_per_row * kVecs * 8 : 0;
-      auto kernel =
-          aligned ? norm_backward_kernel<P, kRms, true, kVecs> : norm_backward_kernel<P, kRms, false, kVecs>;
+      const std::size_t buffer = layout.rows_per_block > 1 ? 2 * sizeof(float) * layout.threads_per_row * kVecs * 8 : 0;
+      auto kernel = aligned ? norm_backward_kernel<P, kRms, true, kVecs> : norm_backward_kernel<P, kRms, false, kVecs>;
       kernel<<<static_cast<unsigned>(blocks), kBlockThreads, buffer, stream>>>(
           dy, x, gamma, mean, rstd, rows, static_cast<int>(cols), residual_grad, dx, partial_gamma, partial_beta,
           layout.threads_per_row);
@@ -453,8 +450,8 @@ void layernorm_backward(const Half* dy, const Half* x, const Half* gamma, const 
 }
 
 void rmsnorm_forward(const Half* x, const Half* residual, const DropoutMask& residual_dropout, Half* sum_out,
-                     const Half* gamma, int64_t rows, int64_t cols, float eps, Half* y, float* rstd,
-                     DType precision, cudaStream_t stream) {
+                     const Half* gamma, int64_t rows, int64_t cols, float eps, Half* y, float* rstd, DType precision,
+                     cudaStream_t stream) {
   norm_forward<true>(x, residual, residual_dropout, sum_out, gamma, nullptr, rows, cols, eps, y, nullptr, rstd,
                      "rmsnorm_forward", precision, stream);
 }

@@ -42,8 +42,8 @@ void layernorm_backward(const Half* dy, const Half* x, const Half* gamma, const 
 
 // RMSNorm (Llama): y = x' * rsqrt(mean(x'^2) + eps) * gamma; the same conventions as LayerNorm.
 void rmsnorm_forward(const Half* x, const Half* residual, const DropoutMask& residual_dropout, Half* sum_out,
-                     const Half* gamma, int64_t rows, int64_t cols, float eps, Half* y, float* rstd,
-                     DType precision, cudaStream_t stream);
+                     const Half* gamma, int64_t rows, int64_t cols, float eps, Half* y, float* rstd, DType precision,
+                     cudaStream_t stream);
 void rmsnorm_backward(const Half* dy, const Half* x, const Half* gamma, const float* rstd, int64_t rows, int64_t cols,
                       const Half* residual_grad, Half* dx, float* dgamma, void* workspace, DType precision,
                       cudaStream_t stream);

@@ -50,8 +50,8 @@ __device__ __forceinline__ double term(float x) {
 // Block b sums chunks b, b + gridDim.x, ...; within a chunk each thread takes the same 16 values
 // in the same order whether or not the tensor allows float4 loads, so alignment never changes bits.
 template <bool kSquare>
-__global__ void __launch_bounds__(kThreads) partial_sums_kernel(const Descriptor* tensors, int count, int64_t chunks,
-                                                                double* partials) {
+__global__ void __launch_bounds__(kThreads)
+    partial_sums_kernel(const Descriptor* tensors, int count, int64_t chunks, double* partials) {
   double sum = 0;
   for (int64_t chunk = blockIdx.x; chunk < chunks; chunk += gridDim.x) {
     const Descriptor d = tensors[owner_of_chunk(tensors, count, chunk)];

@@ -8,8 +8,8 @@ using Catch::Matchers::Contains;
 using megaplan::ActionKind;
 
 TEST_CASE("actions print as torch writes them and parse back", "[schedule][action]") {
-  for (const char* text : {"2F0", "1B3", "0I12", "3W7", "0SEND_F1", "1RECV_F1", "2SEND_B0", "2RECV_B10",
-                           "1REDUCE_GRAD", "OPTIM", "(0F3;3B1)OVERLAP_F_B", "(1F0;2I4)OVERLAP_F_B"}) {
+  for (const char* text : {"2F0", "1B3", "0I12", "3W7", "0SEND_F1", "1RECV_F1", "2SEND_B0", "2RECV_B10", "1REDUCE_GRAD",
+                           "OPTIM", "(0F3;3B1)OVERLAP_F_B", "(1F0;2I4)OVERLAP_F_B"}) {
     INFO(text);
     CHECK(megaplan::to_string(megaplan::parse_action(text, "t.csv")) == text);
   }
@@ -33,7 +33,8 @@ TEST_CASE("actions print as torch writes them and parse back", "[schedule][actio
 
 TEST_CASE("unknown or malformed actions are refused with the text", "[schedule][action]") {
   CHECK_THROWS_WITH(megaplan::parse_action("0X1", "t.csv"), "t.csv: unknown action \"0X1\"");
-  CHECK_THROWS_WITH(megaplan::parse_action("F1", "t.csv"), "t.csv: unknown action \"F1\": expected a stage number first");
+  CHECK_THROWS_WITH(megaplan::parse_action("F1", "t.csv"),
+                    "t.csv: unknown action \"F1\": expected a stage number first");
   CHECK_THROWS_WITH(megaplan::parse_action("0F", "t.csv"), "t.csv: unknown action \"0F\": F needs a microbatch number");
   CHECK_THROWS_WITH(megaplan::parse_action("0REDUCE_GRAD3", "t.csv"), Contains("REDUCE_GRAD takes no microbatch"));
   CHECK_THROWS_WITH(megaplan::parse_action("(0F3)OVERLAP_F_B", "t.csv"), Contains("OVERLAP_F_B needs two actions"));

@@ -39,7 +39,8 @@ TEST_CASE("1F1B holds min(pp - rank, M) microbatches and runs each F and B once"
           CHECK(action.stage == rank);
           auto& seen = action.kind == megaplan::ActionKind::kForward ? forwards : backwards;
           // A backward never precedes its own forward.
-          if (action.kind == megaplan::ActionKind::kBackward) CHECK(forwards[static_cast<std::size_t>(action.microbatch)] == 1);
+          if (action.kind == megaplan::ActionKind::kBackward)
+            CHECK(forwards[static_cast<std::size_t>(action.microbatch)] == 1);
           ++seen[static_cast<std::size_t>(action.microbatch)];
         }
         CHECK(std::all_of(forwards.begin(), forwards.end(), [](int n) { return n == 1; }));
@@ -77,7 +78,8 @@ TEST_CASE("interleaving refuses the shapes Megatron refuses", "[schedule][genera
   CHECK_THROWS_WITH(megaplan::validate_interleaved_shape(4, 2, 3, 4, "--global-batch-size"),
                     "--global-batch-size: the interleaved schedule needs pp <= microbatch group size <= "
                     "microbatches; got pp 4, group 4, 3 microbatches");
-  CHECK_THROWS_WITH(megaplan::validate_interleaved_shape(4, 2, 8, 2, "--global-batch-size"), Contains("got pp 4, group 2"));
+  CHECK_THROWS_WITH(megaplan::validate_interleaved_shape(4, 2, 8, 2, "--global-batch-size"),
+                    Contains("got pp 4, group 2"));
   CHECK_THROWS_WITH(megaplan::validate_interleaved_shape(4, 1, 8, 4, "--global-batch-size"),
                     "--virtual-pipeline-model-parallel-size: the interleaved schedule needs vpp >= 2, got 1");
   CHECK_THROWS_WITH(megaplan::validate_interleaved_shape(1, 2, 8, 4, "--global-batch-size"),
@@ -103,7 +105,8 @@ TEST_CASE("interleaved runs every (stage, microbatch) F and B once, F first", "[
           for (const megaplan::Action& action : actions) {
             REQUIRE(action.stage % pp == rank);
             const auto cell = static_cast<std::size_t>(action.stage * microbatches + action.microbatch);
-            if (action.kind == megaplan::ActionKind::kForward) ++forwards[cell];
+            if (action.kind == megaplan::ActionKind::kForward)
+              ++forwards[cell];
             else {
               REQUIRE(forwards[cell] == 1);
               ++backwards[cell];
@@ -129,7 +132,8 @@ TEST_CASE("next_stage_on_same_rank and rank_of_each_stage agree with rank_of_sta
         for (int64_t stage = 0; stage < shape.num_stages; ++stage) {
           CHECK(table[static_cast<std::size_t>(stage)] == shape.rank_of_stage(stage));
           if (stage + 1 < shape.num_stages) {
-            CHECK(shape.next_stage_on_same_rank(stage) == (shape.rank_of_stage(stage + 1) == shape.rank_of_stage(stage)));
+            CHECK(shape.next_stage_on_same_rank(stage) ==
+                  (shape.rank_of_stage(stage + 1) == shape.rank_of_stage(stage)));
           }
         }
       }

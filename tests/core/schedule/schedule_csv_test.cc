@@ -81,7 +81,8 @@ TEST_CASE("broken CSVs are refused with the file, row and column or the rule", "
   CHECK_THROWS_WITH(megaplan::parse_schedule_csv("999999999F0\n", "s.csv"), StartsWith("s.csv: no row runs stage 0"));
   // A missing backward and a duplicate forward parse, and validation names them.
   const auto missing = megaplan::parse_schedule_csv("0F0,0F1,0B0\n1F0,1B0,1F1,1B1\n", "s.csv");
-  CHECK_THROWS_WITH(megaplan::validate_schedule(missing), "schedule: incomplete: no rank runs 0B1 (a B, or an I and a W)");
+  CHECK_THROWS_WITH(megaplan::validate_schedule(missing),
+                    "schedule: incomplete: no rank runs 0B1 (a B, or an I and a W)");
   const auto duplicate = megaplan::parse_schedule_csv("0F0,0F0,0B0\n1F0,1B0\n", "s.csv");
   CHECK_THROWS_WITH(megaplan::validate_schedule(duplicate), Contains("duplicate: 0F0 (rank 0, step 1)"));
 }

@@ -17,9 +17,7 @@ using megaplan::StagesPerRank;
 namespace {
 
 // A vpp the kind accepts.
-int64_t legal_vpp(const ScheduleTraits& traits) {
-  return traits.stages_per_rank == StagesPerRank::kOne ? 1 : 2;
-}
+int64_t legal_vpp(const ScheduleTraits& traits) { return traits.stages_per_rank == StagesPerRank::kOne ? 1 : 2; }
 
 bool emits_split_backward(const megaplan::PipelineSchedule& schedule) {
   for (const auto& actions : schedule.ranks) {

@@ -7,9 +7,9 @@
 
 #include "core/parallel_plan.h"
 #include "core/schedule/generators.h"
-#include "core/schedule/schedule_facts.h"
 #include "core/schedule/lowering.h"
 #include "core/schedule/schedule.h"
+#include "core/schedule/schedule_facts.h"
 #include "core/schedule/validation.h"
 
 namespace {
@@ -49,8 +49,9 @@ TEST_CASE("zero-bubble and V schedules validate before and after lowering", "[sc
   using megaplan::ScheduleKind;
   for (int64_t pp = 1; pp <= 8; ++pp) {
     for (int64_t microbatches = 1; microbatches <= 32; ++microbatches) {
-      for (const auto& [kind, vpp] : {std::pair{ScheduleKind::kZeroBubbleH1, 1}, std::pair{ScheduleKind::kZeroBubbleV, 2},
-                                      std::pair{ScheduleKind::kDualPipeV, 2}}) {
+      for (const auto& [kind, vpp] :
+           {std::pair{ScheduleKind::kZeroBubbleH1, 1}, std::pair{ScheduleKind::kZeroBubbleV, 2},
+            std::pair{ScheduleKind::kDualPipeV, 2}}) {
         if (kind == ScheduleKind::kDualPipeV && microbatches < 2 * pp) continue;
         INFO(megaplan::to_string(kind) << " pp " << pp << " M " << microbatches);
         const megaplan::PipelineSchedule compute = megaplan::generate_schedule(kind, pp, vpp, microbatches);

@@ -32,7 +32,14 @@ namespace {
 
 // What running an action leaves behind, by (what, stage, microbatch): the run's own bookkeeping.
 enum class Made {
-  kForward, kInputGradient, kWeightGradient, kSendForward, kSendBackward, kRecvForward, kRecvBackward, kReduceGrad
+  kForward,
+  kInputGradient,
+  kWeightGradient,
+  kSendForward,
+  kSendBackward,
+  kRecvForward,
+  kRecvBackward,
+  kReduceGrad
 };
 using Fact = std::tuple<Made, int64_t, int64_t>;
 
@@ -359,9 +366,9 @@ PipelineSchedule mutated(std::mt19937& rng, const PipelineSchedule& schedule) {
 
 // ---- torch's CSV files -----------------------------------------------------------------------
 
-const std::vector<std::string> kTorchCsvs = {"zb-h1-pp4-m8.csv",        "zb-h1-pp4-m8-comms.csv",
-                                             "zbv-pp4-m8.csv",          "zbv-pp4-m8-comms.csv",
-                                             "dualpipev-pp4-m10.csv",   "dualpipev-pp4-m10-comms.csv"};
+const std::vector<std::string> kTorchCsvs = {"zb-h1-pp4-m8.csv",      "zb-h1-pp4-m8-comms.csv",
+                                             "zbv-pp4-m8.csv",        "zbv-pp4-m8-comms.csv",
+                                             "dualpipev-pp4-m10.csv", "dualpipev-pp4-m10-comms.csv"};
 
 std::string torch_csv(const std::string& name) {
   return megaplan::read_text_file(std::string(MEGAPLAN_TEST_DATA_DIR) + "/torch_schedules/" + name);

@@ -25,9 +25,9 @@
 
 using Catch::Matchers::Contains;
 using megaplan::bf16_to_float;
-using megaplan::exec::CommAborted;
 using megaplan::DType;
 using megaplan::float_to_bf16;
+using megaplan::exec::CommAborted;
 using megaplan::exec::InProcessWorld;
 using megaplan::exec::ReduceOp;
 using megaplan::exec::run_rank_threads;
@@ -500,8 +500,9 @@ TEST_CASE("a member that waits longer than the timeout aborts the world, naming 
     REQUIRE_THROWS_MATCHES(std::rethrow_exception(error), CommAborted,
                            Catch::Message("rank 0: timed out after 50 ms in all_reduce on group tp [0, 1]; "
                                           "waiting for ranks [1]"));
-    CHECK(world.abort_reason() == "rank 0: timed out after 50 ms in all_reduce on group tp [0, 1]; "
-                                  "waiting for ranks [1]");
+    CHECK(world.abort_reason() ==
+          "rank 0: timed out after 50 ms in all_reduce on group tp [0, 1]; "
+          "waiting for ranks [1]");
   }
   {
     InProcessWorld world(3, milliseconds(50));

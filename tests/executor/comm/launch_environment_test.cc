@@ -37,10 +37,15 @@ std::string error_of(const Variables& variables) {
 }
 
 const Variables kTorchrun = {{"RANK", "3"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "2"}};
-const Variables kOpenMpi = {{"OMPI_COMM_WORLD_RANK", "3"}, {"OMPI_COMM_WORLD_SIZE", "8"},
-                            {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}};
-const Variables kSlurm = {{"SLURM_PROCID", "3"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "1"},
-                          {"SLURM_NODEID", "1"}, {"SLURM_TASKS_PER_NODE", "2(x4)"}};
+const Variables kOpenMpi = {{"OMPI_COMM_WORLD_RANK", "3"},
+                            {"OMPI_COMM_WORLD_SIZE", "8"},
+                            {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                            {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}};
+const Variables kSlurm = {{"SLURM_PROCID", "3"},
+                          {"SLURM_NTASKS", "8"},
+                          {"SLURM_LOCALID", "1"},
+                          {"SLURM_NODEID", "1"},
+                          {"SLURM_TASKS_PER_NODE", "2(x4)"}};
 
 Variables merged(Variables base, const Variables& more) {
   for (const auto& [name, value] : more) base[name] = value;
@@ -78,8 +83,11 @@ TEST_CASE("each launcher's set", "[launch]") {
 
 TEST_CASE("Slurm's local size from its tasks-per-node layout", "[launch]") {
   // Nodes 0 and 1 run 4 tasks, node 2 runs 3: rank 9 is node 2's second task.
-  Variables slurm = {{"SLURM_PROCID", "9"}, {"SLURM_NTASKS", "11"}, {"SLURM_LOCALID", "1"},
-                     {"SLURM_NODEID", "2"}, {"SLURM_TASKS_PER_NODE", "4(x2),3"}};
+  Variables slurm = {{"SLURM_PROCID", "9"},
+                     {"SLURM_NTASKS", "11"},
+                     {"SLURM_LOCALID", "1"},
+                     {"SLURM_NODEID", "2"},
+                     {"SLURM_TASKS_PER_NODE", "4(x2),3"}};
   CHECK(detect(slurm).local_world_size == 3);
   slurm["SLURM_NODEID"] = "1";
   CHECK(detect(slurm).local_world_size == 4);
@@ -104,24 +112,20 @@ TEST_CASE("integers are decimal, in range, and do not overflow", "[launch]") {
   for (const char* bad : {"", "-1", "+1", " 1", "1 ", "07", "0x3", "3.0", "1e2", "three"}) {
     INFO(bad);
     CHECK(error_of(merged(kTorchrun, {{"RANK", bad}})) ==
-          std::string("RANK: must be a decimal integer (digits only, no sign or leading zero), got \"") +
-              bad + "\"");
+          std::string("RANK: must be a decimal integer (digits only, no sign or leading zero), got \"") + bad + "\"");
   }
   CHECK(error_of(merged(kTorchrun, {{"WORLD_SIZE", "9223372036854775808"}})) ==
         "WORLD_SIZE: \"9223372036854775808\" overflows 64 bits");
   CHECK(error_of(merged(kTorchrun, {{"RANK", "8"}})) == "RANK: must be below WORLD_SIZE=8, got 8");
-  CHECK(error_of(merged(kTorchrun, {{"WORLD_SIZE", "0"}, {"RANK", "0"}})) ==
-        "WORLD_SIZE: must be at least 1, got 0");
-  CHECK(error_of(merged(kTorchrun, {{"LOCAL_RANK", "2"}})) ==
-        "LOCAL_RANK: must be below LOCAL_WORLD_SIZE=2, got 2");
+  CHECK(error_of(merged(kTorchrun, {{"WORLD_SIZE", "0"}, {"RANK", "0"}})) == "WORLD_SIZE: must be at least 1, got 0");
+  CHECK(error_of(merged(kTorchrun, {{"LOCAL_RANK", "2"}})) == "LOCAL_RANK: must be below LOCAL_WORLD_SIZE=2, got 2");
   CHECK(error_of(merged(kTorchrun, {{"LOCAL_WORLD_SIZE", "16"}})) ==
         "LOCAL_WORLD_SIZE: must be between 1 and WORLD_SIZE=8, got 16");
   CHECK(error_of(merged(kOpenMpi, {{"OMPI_COMM_WORLD_LOCAL_RANK", "-0"}})) ==
         "OMPI_COMM_WORLD_LOCAL_RANK: must be a decimal integer (digits only, no sign or leading zero), "
         "got \"-0\"");
   // The largest value is fine where the ranges allow it.
-  CHECK(detect(merged(kTorchrun, {{"WORLD_SIZE", "9223372036854775807"}})).world_size ==
-        9223372036854775807);
+  CHECK(detect(merged(kTorchrun, {{"WORLD_SIZE", "9223372036854775807"}})).world_size == 9223372036854775807);
 }
 
 TEST_CASE("a launcher's set must be complete", "[launch]") {
@@ -142,15 +146,18 @@ TEST_CASE("a launcher's set must be complete", "[launch]") {
 
 TEST_CASE("two launchers: agreeing, torchrun's wins; disagreeing, refused", "[launch]") {
   // mpirun starting torchrun-style variables for the same rank: torchrun's local layout is kept.
-  const LaunchEnvironment both = detect(merged(kOpenMpi, merged(kTorchrun, {{"LOCAL_RANK", "0"}, {"LOCAL_WORLD_SIZE", "1"}})));
+  const LaunchEnvironment both =
+      detect(merged(kOpenMpi, merged(kTorchrun, {{"LOCAL_RANK", "0"}, {"LOCAL_WORLD_SIZE", "1"}})));
   CHECK(both.launcher == "torchrun");
   CHECK(both.rank == 3);
   CHECK(both.local_rank == 0);
   CHECK(both.local_world_size == 1);
   CHECK(detect(merged(kSlurm, kOpenMpi)).launcher == "mpirun");
 
-  CHECK(error_of(merged(kTorchrun, {{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "8"},
-                                    {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
+  CHECK(error_of(merged(kTorchrun, {{"OMPI_COMM_WORLD_RANK", "1"},
+                                    {"OMPI_COMM_WORLD_SIZE", "8"},
+                                    {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                                    {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
                                     {"RANK", "0"}})) ==
         "OMPI_COMM_WORLD_RANK: started by two launchers at once: OMPI_COMM_WORLD_RANK=1 but RANK=0; "
         "unset one set");
@@ -169,9 +176,9 @@ TEST_CASE("MASTER_ADDR and MASTER_PORT", "[launch]") {
 
 TEST_CASE("the variables a launcher strips cover every set", "[launch]") {
   const auto& names = megaplan::exec::launch_environment_variables();
-  for (const char* name : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_RANK",
-                           "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
-                           "SLURM_TASKS_PER_NODE", "MASTER_ADDR", "MASTER_PORT"}) {
+  for (const char* name :
+       {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
+        "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_TASKS_PER_NODE", "MASTER_ADDR", "MASTER_PORT"}) {
     INFO(name);
     CHECK(std::find(names.begin(), names.end(), name) != names.end());
   }

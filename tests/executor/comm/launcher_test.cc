@@ -179,8 +179,7 @@ TEST_CASE("launch: one failing rank stops a sleeping sibling at once", "[launch_
 }
 
 TEST_CASE("launch: a rank that ignores SIGTERM is killed after the grace period", "[launch_command]") {
-  LaunchOptions options =
-      shell_ranks(2, "if [ \"$RANK\" = 0 ]; then kill -9 $$; fi; trap '' TERM; exec sleep 30");
+  LaunchOptions options = shell_ranks(2, "if [ \"$RANK\" = 0 ]; then kill -9 $$; fi; trap '' TERM; exec sleep 30");
   options.stop_grace = 300ms;
   std::ostringstream err;
   const auto start = std::chrono::steady_clock::now();
@@ -364,8 +363,7 @@ TEST_CASE("launch: bad options name the flag", "[launch_command]") {
   CHECK(error_of(options) == "--master-port: must be a TCP port in 1..65535, got 65536");
   options.master_port = 29500;
   options.master_addr.reset();
-  CHECK(error_of(options) ==
-        "--master-addr: --nnodes 2 needs rank 0's host name or address, the same on every node");
+  CHECK(error_of(options) == "--master-addr: --nnodes 2 needs rank 0's host name or address, the same on every node");
   options = shell_ranks(1, "");
   options.command.clear();
   CHECK_THAT(error_of(options), Catch::Matchers::StartsWith("command: nothing after `--`"));

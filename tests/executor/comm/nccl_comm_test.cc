@@ -33,8 +33,8 @@
 namespace {
 
 namespace exec = megaplan::exec;
-using megaplan::DType;
 using exec::ReduceOp;
+using megaplan::DType;
 using namespace std::chrono_literals;
 
 // A world of one has no peer to reach, so the rendezvous opens no socket and the port is unused.
@@ -194,8 +194,7 @@ TEST_CASE("NCCL: after abort every call and wait throws CommAborted with the fir
   CHECK(world->aborted());
   const auto aborted = Catch::Message("rank 0: test: the data path failed");
   CHECK_THROWS_MATCHES(issued->wait(), exec::CommAborted, aborted);
-  CHECK_THROWS_MATCHES(comm->all_reduce(data.get(), 16, DType::kFloat32, ReduceOp::kSum), exec::CommAborted,
-                       aborted);
+  CHECK_THROWS_MATCHES(comm->all_reduce(data.get(), 16, DType::kFloat32, ReduceOp::kSum), exec::CommAborted, aborted);
   CHECK_THROWS_MATCHES(comm->all_gather(data.get(), data.get(), 16, DType::kFloat32), exec::CommAborted, aborted);
   CHECK_THROWS_MATCHES(comm->barrier(), exec::CommAborted, aborted);
   CHECK_THROWS_MATCHES(world->split(0, 0, {0}, "tp", kLegacyStream), exec::CommAborted, aborted);
@@ -208,7 +207,8 @@ TEST_CASE("NCCL: an operation unfinished after the timeout fails the world, nami
     DeviceBuffer data(filled(16, 0));
     // The compute stream is held for 3 s by a host function; the all_reduce, ordered after it,
     // cannot finish within the world's 1 s.
-    REQUIRE(cudaLaunchHostFunc(nullptr, [](void*) { std::this_thread::sleep_for(3s); }, nullptr) == cudaSuccess);
+    REQUIRE(cudaLaunchHostFunc(
+                nullptr, [](void*) { std::this_thread::sleep_for(3s); }, nullptr) == cudaSuccess);
     comm->all_reduce(data.get(), 4, DType::kFloat32, ReduceOp::kSum)->wait();
     const auto deadline = std::chrono::steady_clock::now() + 5s;
     while (!world->aborted() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(10ms);
@@ -230,7 +230,8 @@ TEST_CASE("NCCL: (child process) blocked on the GPU behind a hung operation", "[
   const auto world = world_timing_out_after_1s();
   const std::unique_ptr<exec::Comm> comm = world->split(0, 0, {0}, "dp", kLegacyStream);
   DeviceBuffer data(filled(16, 0));
-  REQUIRE(cudaLaunchHostFunc(nullptr, [](void*) { std::this_thread::sleep_for(60s); }, nullptr) == cudaSuccess);
+  REQUIRE(cudaLaunchHostFunc(
+              nullptr, [](void*) { std::this_thread::sleep_for(60s); }, nullptr) == cudaSuccess);
   comm->all_reduce(data.get(), 4, DType::kFloat32, ReduceOp::kSum)->wait();
   (void)cudaDeviceSynchronize();  // no exception reaches this thread for a minute
   FAIL("the watchdog did not end the process");

@@ -47,8 +47,7 @@ std::vector<uint8_t> unique_id() {
 }
 
 std::future<std::vector<uint8_t>> start_rank(int64_t rank, int64_t world_size, int port,
-                                             std::chrono::milliseconds timeout,
-                                             std::chrono::milliseconds delay = 0ms) {
+                                             std::chrono::milliseconds timeout, std::chrono::milliseconds delay = 0ms) {
   return std::async(std::launch::async, [=] {
     std::this_thread::sleep_for(delay);
     const std::vector<uint8_t> blob = rank == 0 ? unique_id() : std::vector<uint8_t>{};
@@ -101,8 +100,7 @@ TEST_CASE("a missing rank ends every rank within the timeout, naming it", "[laun
   auto rank0 = start_rank(0, 4, port, 600ms);
   auto rank1 = start_rank(1, 4, port, 5s);
   auto rank3 = start_rank(3, 4, port, 5s);
-  const std::string expected = "MASTER_ADDR: rank(s) 2 did not connect to rank 0 on port " +
-                               std::to_string(port) +
+  const std::string expected = "MASTER_ADDR: rank(s) 2 did not connect to rank 0 on port " + std::to_string(port) +
                                " within 600 ms (2 of 3 did); every rank needs the same MASTER_ADDR, "
                                "MASTER_PORT and WORLD_SIZE";
   CHECK(error_of(rank0) == expected);
@@ -115,9 +113,8 @@ TEST_CASE("a missing rank ends every rank within the timeout, naming it", "[laun
 TEST_CASE("rank 0 never started: the others give up at their timeout", "[launch]") {
   const int port = free_port();
   auto rank1 = start_rank(1, 2, port, 300ms);
-  CHECK_THAT(error_of(rank1),
-             Catch::Matchers::StartsWith("MASTER_ADDR: could not reach rank 0 at 127.0.0.1:" +
-                                         std::to_string(port) + " within 300 ms: "));
+  CHECK_THAT(error_of(rank1), Catch::Matchers::StartsWith("MASTER_ADDR: could not reach rank 0 at 127.0.0.1:" +
+                                                          std::to_string(port) + " within 300 ms: "));
 }
 
 TEST_CASE("a peer of another world size is refused; the real rank still gets in", "[launch]") {

@@ -4,15 +4,15 @@
 // Megatron's blends of datasets.
 #include <catch2/catch.hpp>
 
+#include <unistd.h>
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
 #include "core/error.h"
@@ -102,10 +102,14 @@ TEST_CASE("every dtype code reads its tokens", "[data]") {
     TokenType type;
     std::vector<int64_t> tokens;
   };
-  const std::vector<Case> cases = {{TokenType::kUint8, {0, 255, 3}},        {TokenType::kInt8, {-128, 127, 0}},
-                                   {TokenType::kInt16, {-32768, 32767, 5}}, {TokenType::kInt32, {-7, 2147483647, 0}},
-                                   {TokenType::kInt64, {-1, int64_t{1} << 40, 9}}, {TokenType::kFloat64, {3, 1 << 30, 0}},
-                                   {TokenType::kFloat32, {3, 1 << 20, 0}},  {TokenType::kUint16, {65535, 0, 1}}};
+  const std::vector<Case> cases = {{TokenType::kUint8, {0, 255, 3}},
+                                   {TokenType::kInt8, {-128, 127, 0}},
+                                   {TokenType::kInt16, {-32768, 32767, 5}},
+                                   {TokenType::kInt32, {-7, 2147483647, 0}},
+                                   {TokenType::kInt64, {-1, int64_t{1} << 40, 9}},
+                                   {TokenType::kFloat64, {3, 1 << 30, 0}},
+                                   {TokenType::kFloat32, {3, 1 << 20, 0}},
+                                   {TokenType::kUint16, {65535, 0, 1}}};
   for (const Case& entry : cases) {
     const std::string prefix = scratch.file("dtype" + std::to_string(static_cast<int>(entry.type)));
     IndexedDatasetWriter writer(prefix, entry.type);
@@ -155,7 +159,8 @@ TEST_CASE("train's vocabulary: given, else the tokenizer's, else the data's larg
   CHECK_THAT(from_data.source, Contains("the data (the largest token id in " + prefix + ".bin, plus one"));
   megaplan::exec::TokenizerOptions byte;  // --tokenizer byte: 257 tokens, fewer than the data's ids
   CHECK_THROWS_WITH(megaplan::exec::training_vocabulary(std::nullopt, byte, prefix),
-                    Contains("--vocab-size: " + prefix + ".bin holds the token id 300, outside the vocabulary of 257 "
+                    Contains("--vocab-size: " + prefix +
+                             ".bin holds the token id 300, outside the vocabulary of 257 "
                              "from the tokenizer (byte): give a vocabulary of at least 301"));
   const Vocabulary given = megaplan::exec::training_vocabulary(Vocabulary{50257, "--vocab-size"}, byte, prefix);
   CHECK(given.size == 50257);  // a stated size wins over the tokenizer's
@@ -340,8 +345,8 @@ TEST_CASE("GPT samples are overlapping windows of the shuffled document stream",
 TEST_CASE("prepare recognises JSON lines by content, whatever the file's name", "[data]") {
   const ScratchDirectory scratch;
   write_bytes(scratch.file("lines.txt"), "\n{\"text\": \"ab\"}\n{\"text\": \"c\"}\n");  // JSON lines named .txt
-  write_bytes(scratch.file("plain.json.txt"), "{ not JSON\nat all");                     // one document
-  write_bytes(scratch.file("corpus.json"), "{\"text\": \"d\"}\n");                        // Megatron's naming
+  write_bytes(scratch.file("plain.json.txt"), "{ not JSON\nat all");                    // one document
+  write_bytes(scratch.file("corpus.json"), "{\"text\": \"d\"}\n");                      // Megatron's naming
   megaplan::exec::PrepareOptions options;
   options.inputs = {scratch.file("lines.txt"), scratch.file("plain.json.txt"), scratch.file("corpus.json")};
   options.output_prefix = scratch.file("out");
@@ -369,7 +374,8 @@ TEST_CASE("prepare recognises JSON lines by content, whatever the file's name", 
 
 TEST_CASE("prepare writes a dataset per --json-keys key, named as Megatron names them", "[data]") {
   const ScratchDirectory scratch;
-  write_bytes(scratch.file("docs.jsonl"), "{\"title\": \"T\", \"text\": \"body\"}\n{\"title\": \"\", \"text\": \"x\"}\n");
+  write_bytes(scratch.file("docs.jsonl"),
+              "{\"title\": \"T\", \"text\": \"body\"}\n{\"title\": \"\", \"text\": \"x\"}\n");
   megaplan::exec::PrepareOptions options;
   options.inputs = {scratch.file("docs.jsonl")};
   options.output_prefix = scratch.file("made/deeper/out");  // its folders are created
@@ -395,7 +401,8 @@ TEST_CASE("prepare writes a dataset per --json-keys key, named as Megatron names
                              "not name"));
   options.inputs = {scratch.file("docs.jsonl")};
   options.json_keys = {"title", "summary"};
-  CHECK_THROWS_WITH(megaplan::exec::prepare_dataset(options, bytes), Contains("docs.jsonl:1: no string field \"summary\""));
+  CHECK_THROWS_WITH(megaplan::exec::prepare_dataset(options, bytes),
+                    Contains("docs.jsonl:1: no string field \"summary\""));
   CHECK(!anything_named(scratch.file(""), "never"));
 
   using megaplan::exec::check_prepare_options;
@@ -440,7 +447,8 @@ TEST_CASE("a blend draws each dataset's share as Megatron's BlendedDataset does"
   const megaplan::exec::BlendingIndex three = megaplan::exec::build_blending_index({0.2, 0.5, 0.3}, 1000);
   for (int32_t d = 0; d < 3; ++d) {
     const auto count = std::count(three.dataset.begin(), three.dataset.end(), d);
-    CHECK(std::abs(static_cast<double>(count) - 1000 * std::vector<double>{0.2, 0.5, 0.3}[static_cast<std::size_t>(d)]) <= 1);
+    CHECK(std::abs(static_cast<double>(count) -
+                   1000 * std::vector<double>{0.2, 0.5, 0.3}[static_cast<std::size_t>(d)]) <= 1);
   }
 
   // Two datasets whose tokens say where they come from: 1000 * document + position, plus 100000 in B.
@@ -454,7 +462,8 @@ TEST_CASE("a blend draws each dataset's share as Megatron's BlendedDataset does"
     }
     writer.finish();
   }
-  megaplan::exec::DataBlend blend = megaplan::exec::parse_data_blend({"0.3", scratch.file("A"), "0.7", scratch.file("B")});
+  megaplan::exec::DataBlend blend =
+      megaplan::exec::parse_data_blend({"0.3", scratch.file("A"), "0.7", scratch.file("B")});
   const auto datasets = megaplan::exec::open_datasets(blend);
   const int64_t seq = 8;
   const megaplan::exec::BlendedSamples samples(blend, datasets, "1", 0, seq, 400, 1234);

@@ -18,8 +18,8 @@
 #include "tests/executor/train/training_fixtures.h"
 
 using Catch::Matchers::Contains;
-using megaplan::exec::Gpt2Tokenizer;
 using megaplan::exec::gpt2_byte_to_unicode;
+using megaplan::exec::Gpt2Tokenizer;
 using megaplan::test::ScratchDirectory;
 
 namespace {
@@ -61,8 +61,8 @@ void write_file(const std::string& path, const std::string& text) {
 
 // The merges of the fixture, best first, in raw bytes.
 const std::vector<std::pair<std::string, std::string>> kMerges = {
-    {" ", "t"},  {"h", "e"},  {" t", "he"}, {"l", "l"},  {"e", "ll"}, {"y", "ell"},
-    {"he", "ll"}, {"hell", "o"}, {"a", "a"}, {" ", " "},  {"1", "2"},  {"t", "e"},
+    {" ", "t"},   {"h", "e"},    {" t", "he"}, {"l", "l"}, {"e", "ll"}, {"y", "ell"},
+    {"he", "ll"}, {"hell", "o"}, {"a", "a"},   {" ", " "}, {"1", "2"},  {"t", "e"},
 };
 
 // Byte b is id b (bytes in `missing` left out), merge r is id 256 + r, then "<|endoftext|>".
@@ -100,7 +100,7 @@ struct Fixture {
 // Random valid UTF-8: ASCII, Latin, Greek, CJK, emoji, combining marks, odd spaces.
 std::string random_utf8(std::mt19937& generator, int characters) {
   const std::vector<std::pair<char32_t, char32_t>> ranges = {
-      {0x20, 0x7E}, {0x09, 0x0D}, {0xA0, 0x17F}, {0x300, 0x36F}, {0x391, 0x3C9}, {0x4E00, 0x4FFF},
+      {0x20, 0x7E},     {0x09, 0x0D},     {0xA0, 0x17F},      {0x300, 0x36F},     {0x391, 0x3C9},  {0x4E00, 0x4FFF},
       {0x3000, 0x3000}, {0x2000, 0x200D}, {0x1F600, 0x1F64F}, {0x10000, 0x1000F}, {0xE000, 0xE00F}};
   std::string text;
   for (int i = 0; i < characters; ++i) {
@@ -172,11 +172,13 @@ TEST_CASE("the pre-tokenizer splits as GPT-2's regex does", "[tokenizer]") {
   CHECK(split("hi 😀😀!") == Pieces{"hi", " 😀😀!"});
   CHECK(split("cafe\u0301 ok") == Pieces{"cafe", "\u0301", " ok"});
   CHECK(split("²³ Ⅻ") == Pieces{"²³", " Ⅻ"});
-  CHECK(split("a\x1C\x1C" "b") == Pieces{"a", "\x1C\x1C", "b"});
+  CHECK(split("a\x1C\x1C"
+              "b") == Pieces{"a", "\x1C\x1C", "b"});
   // Invalid UTF-8: each bad byte is a character of the punctuation class.
   CHECK(split("ab\xFF\xFE!cd") == Pieces{"ab", "\xFF\xFE!", "cd"});
-  CHECK(split("x\xE4\xB8") == Pieces{"x", "\xE4\xB8"});            // truncated U+4E2D
-  CHECK(split("\xC0\xAF" "a") == Pieces{"\xC0\xAF", "a"});        // overlong '/'
+  CHECK(split("x\xE4\xB8") == Pieces{"x", "\xE4\xB8"});  // truncated U+4E2D
+  CHECK(split("\xC0\xAF"
+              "a") == Pieces{"\xC0\xAF", "a"});                    // overlong '/'
   CHECK(split("\xED\xA0\x80 z") == Pieces{"\xED\xA0\x80", " z"});  // a surrogate
   CHECK(split(" \x80x") == Pieces{" \x80", "x"});
   CHECK(split("").empty());
@@ -224,8 +226,7 @@ TEST_CASE("BPE merges the lowest-ranked pair first, every occurrence left to rig
   // Pieces never merge across the pre-tokenizer's splits: "  " and " the", "12" "3".
   CHECK(tokenizer.encode("   the") == Ids{id("  "), id(" the")});
   CHECK(tokenizer.encode("x12345") == Ids{id("x"), id("12"), id("3"), id("4"), id("5")});
-  CHECK(tokenizer.encode("hello the  yell") ==
-        Ids{id("hello"), id(" the"), id(" "), id(" "), id("yell")});
+  CHECK(tokenizer.encode("hello the  yell") == Ids{id("hello"), id(" the"), id(" "), id(" "), id("yell")});
   // Non-ASCII goes byte by byte: é is C3 A9.
   CHECK(tokenizer.encode("é") == Ids{0xC3, 0xA9});
   // "<|endoftext|>" in the text is text, as in encoder.py.
@@ -273,7 +274,8 @@ TEST_CASE("broken vocab.json and merges.txt are refused naming the file and the 
   const auto refuse = [&](const std::string& vocab_path, const std::string& merges_path, const std::string& message) {
     CHECK_THROWS_WITH(Gpt2Tokenizer(vocab_path, merges_path), Contains(message));
   };
-  refuse(scratch.file("none.json"), fixture.merges_path, "--vocab-file: " + scratch.file("none.json") + ": cannot read");
+  refuse(scratch.file("none.json"), fixture.merges_path,
+         "--vocab-file: " + scratch.file("none.json") + ": cannot read");
   refuse(fixture.vocab_path, scratch.file("none.txt"), "--merge-file: " + scratch.file("none.txt") + ": cannot read");
 
   write_file(vocab, "{\n  \"a\": 0,\n  \"b\" 1\n}\n");
@@ -292,7 +294,8 @@ TEST_CASE("broken vocab.json and merges.txt are refused naming the file and the 
   refuse(vocab, fixture.merges_path, vocab + ": no \"<|endoftext|>\" token");
 
   write_file(merges, "#version: 0.2\nh e\nl l l\n");
-  refuse(fixture.vocab_path, merges, "--merge-file: " + merges + ":3: want two tokens separated by one space, got \"l l l\"");
+  refuse(fixture.vocab_path, merges,
+         "--merge-file: " + merges + ":3: want two tokens separated by one space, got \"l l l\"");
   write_file(merges, "h e\nhe\n");
   refuse(fixture.vocab_path, merges, merges + ":2: want two tokens separated by one space, got \"he\"");
   write_file(merges, "h e\n l\n");
@@ -321,10 +324,13 @@ TEST_CASE("make_tokenizer wires gpt2 to its two files and refuses them with byte
                     Contains("--vocab-file: --tokenizer gpt2 needs its vocab.json"));
   CHECK_THROWS_WITH(make_tokenizer(TokenizerOptions{"gpt2", fixture.vocab_path, "", "", ""}),
                     Contains("--merge-file: --tokenizer gpt2 needs its merges.txt"));
-  CHECK_THROWS_WITH(make_tokenizer(TokenizerOptions{"byte", fixture.vocab_path, "", "", ""}),
-                    Contains("--vocab-file: --tokenizer byte does not read its vocab.json (--tokenizer gpt2 does); drop it"));
-  CHECK_THROWS_WITH(make_tokenizer(TokenizerOptions{"byte", "", fixture.merges_path, "", ""}),
-                    Contains("--merge-file: --tokenizer byte does not read its merges.txt (--tokenizer gpt2 does); drop it"));
-  CHECK_THROWS_WITH(make_tokenizer(TokenizerOptions{"wordpiece", "", "", "", ""}), Contains("(known: byte, gpt2, hf, sentencepiece)"));
+  CHECK_THROWS_WITH(
+      make_tokenizer(TokenizerOptions{"byte", fixture.vocab_path, "", "", ""}),
+      Contains("--vocab-file: --tokenizer byte does not read its vocab.json (--tokenizer gpt2 does); drop it"));
+  CHECK_THROWS_WITH(
+      make_tokenizer(TokenizerOptions{"byte", "", fixture.merges_path, "", ""}),
+      Contains("--merge-file: --tokenizer byte does not read its merges.txt (--tokenizer gpt2 does); drop it"));
+  CHECK_THROWS_WITH(make_tokenizer(TokenizerOptions{"wordpiece", "", "", "", ""}),
+                    Contains("(known: byte, gpt2, hf, sentencepiece)"));
   CHECK(make_tokenizer(TokenizerOptions{})->vocab_size() == 257);
 }

@@ -38,7 +38,9 @@ void write_file(const std::string& path, const std::string& text) {
   std::ofstream(path, std::ios::binary).write(text.data(), static_cast<std::streamsize>(text.size()));
 }
 
-nlohmann::json fixture(const std::string& name) { return nlohmann::json::parse(read_file(kData + name + "/tokenizer.json")); }
+nlohmann::json fixture(const std::string& name) {
+  return nlohmann::json::parse(read_file(kData + name + "/tokenizer.json"));
+}
 
 // The bytes of each id of a fixture (vocabulary through the byte map, added tokens as written).
 std::string decode(const nlohmann::json& tokenizer, const Ids& ids) {
@@ -84,9 +86,9 @@ TEST_CASE("a Llama 3 tokenizer.json: Split regex, merges as pairs, ignore_merges
   CHECK(tokenizer.end_of_document() == 265);  // tokenizer_config.json's eos_token <|eot_id|>
   // " world" is a vocabulary token, which no merge reaches: ignore_merges takes it whole.
   CHECK(tokenizer.encode("hello world") == Ids{259, 262});
-  CHECK(tokenizer.encode("!hello") == Ids{'!', 259});  // [^\r\n\p{L}\p{N}]?\p{L}+ takes the '!'
+  CHECK(tokenizer.encode("!hello") == Ids{'!', 259});           // [^\r\n\p{L}\p{N}]?\p{L}+ takes the '!'
   CHECK(tokenizer.encode("12345") == Ids{261, '3', '4', '5'});  // \p{N}{1,3}: "123" "45"
-  CHECK(tokenizer.encode("I'M") == Ids{'I', '\'', 'M'});  // (?i:'m)
+  CHECK(tokenizer.encode("I'M") == Ids{'I', '\'', 'M'});        // (?i:'m)
   CHECK(tokenizer.encode("a   b") == Ids{'a', 260, ' ', 'b'});  // "a" "  " " b"
   CHECK(tokenizer.encode("a\n\n b") == Ids{'a', '\n', '\n', ' ', 'b'});
   CHECK(tokenizer.encode("<|begin_of_text|>hello<|eot_id|>") == Ids{263, 259, 265});
@@ -123,7 +125,8 @@ TEST_CASE("NFC keeps ASCII and invalid bytes, composes the rest", "[tokenizer]")
   CHECK(nfc_normalize("\u212B") == "\u00C5");  // ANGSTROM SIGN -> Å
   CHECK(nfc_normalize("\uAC00") == "\uAC00");
   CHECK(nfc_normalize("\u1100\u1161") == "\uAC00");  // Hangul jamo compose
-  CHECK(nfc_normalize("a\xFF" "e\u0301\x80") == "a\xFF\u00E9\x80");
+  CHECK(nfc_normalize("a\xFF"
+                      "e\u0301\x80") == "a\xFF\u00E9\x80");
   CHECK(nfc_normalize("") == "");
 }
 
@@ -134,7 +137,8 @@ TEST_CASE("hf ids decode back to any bytes, invalid UTF-8 included", "[tokenizer
     const nlohmann::json json = fixture(name);
     for (int round = 0; round < 200; ++round) {
       std::string bytes(generator() % 60, '\0');
-      for (char& byte : bytes) byte = static_cast<char>(generator() % 3 == 0 ? generator() : "hel o\n12<|"[generator() % 10]);
+      for (char& byte : bytes)
+        byte = static_cast<char>(generator() % 3 == 0 ? generator() : "hel o\n12<|"[generator() % 10]);
       CHECK(decode(json, tokenizer.encode(bytes)) == bytes);
     }
     const std::string mixed = "Съешь 中文 😀👍🏽 \t\t  x\n\n\xC0\xAF\xED\xA0\x80<|endoftext|>";
@@ -149,7 +153,8 @@ TEST_CASE("malformed tokenizer.json files are refused naming the field", "[token
     write_file(path, json.dump());
     CHECK_THROWS_WITH(HfTokenizer(path), Contains("--tokenizer-file: " + path + ": " + message));
   };
-  CHECK_THROWS_WITH(HfTokenizer(scratch.file("none.json")), Contains("--tokenizer-file: " + scratch.file("none.json") + ": cannot read file"));
+  CHECK_THROWS_WITH(HfTokenizer(scratch.file("none.json")),
+                    Contains("--tokenizer-file: " + scratch.file("none.json") + ": cannot read file"));
   write_file(path, "{\"model\": ");
   CHECK_THROWS_WITH(HfTokenizer(path), Contains("--tokenizer-file: " + path + ":1:") && Contains("malformed JSON"));
   refuse(nlohmann::json::array(), "must be a JSON object (a tokenizer.json), got a JSON array");
@@ -160,7 +165,9 @@ TEST_CASE("malformed tokenizer.json files are refused naming the field", "[token
   refuse(bad, "model.type: must be \"BPE\"");
   bad = good;
   bad["model"]["type"] = "WordPiece";
-  refuse(bad, "model.type: must be \"BPE\" (byte-level BPE; use --tokenizer sentencepiece for SentencePiece models), got \"WordPiece\"");
+  refuse(bad,
+         "model.type: must be \"BPE\" (byte-level BPE; use --tokenizer sentencepiece for SentencePiece models), got "
+         "\"WordPiece\"");
   bad = good;
   bad["normalizer"] = {{"type", "Lowercase"}};
   refuse(bad, "normalizer: \"Lowercase\" is not supported (supported: null, NFC, or a Sequence of NFC)");
@@ -170,7 +177,8 @@ TEST_CASE("malformed tokenizer.json files are refused naming the field", "[token
   bad["pre_tokenizer"] = {{"type", "Whitespace"}};
   refuse(bad, "pre_tokenizer: \"Whitespace\" is not supported: must be ByteLevel, or a Sequence of Split");
   bad["pre_tokenizer"] = nullptr;
-  refuse(bad, "pre_tokenizer: must be ByteLevel, or a Sequence of Split (behavior Isolated) ending in ByteLevel, got null");
+  refuse(bad,
+         "pre_tokenizer: must be ByteLevel, or a Sequence of Split (behavior Isolated) ending in ByteLevel, got null");
   bad["pre_tokenizer"] = {{"type", "ByteLevel"}, {"add_prefix_space", true}};
   refuse(bad, "pre_tokenizer.add_prefix_space: true is not supported");
   nlohmann::json split = fixture("llama3-style");
@@ -217,16 +225,21 @@ TEST_CASE("--append-eod needs an end-of-text token the tokenizer has", "[tokeniz
   write_file(scratch.file("tokenizer.json"), json.dump());
   const HfTokenizer without(scratch.file("tokenizer.json"));
   CHECK(without.encode("hello") == Ids{259});
-  CHECK_THROWS_WITH(without.end_of_document(), Contains("--append-eod: " + scratch.file("tokenizer.json") + ": no end-of-text token"));
+  CHECK_THROWS_WITH(without.end_of_document(),
+                    Contains("--append-eod: " + scratch.file("tokenizer.json") + ": no end-of-text token"));
 
   write_file(scratch.file("tokenizer.json"), fixture("gpt2-style").dump());
-  write_file(scratch.file("tokenizer_config.json"), R"({"eos_token": {"__type": "AddedToken", "content": "<|im_end|>"}})");
+  write_file(scratch.file("tokenizer_config.json"),
+             R"({"eos_token": {"__type": "AddedToken", "content": "<|im_end|>"}})");
   CHECK_THROWS_WITH(HfTokenizer(scratch.file("tokenizer.json")).end_of_document(),
-                    Contains("--append-eod: " + scratch.file("tokenizer_config.json") + ": eos_token \"<|im_end|>\" is not among the added tokens"));
-  write_file(scratch.file("tokenizer_config.json"), R"({"eos_token": {"__type": "AddedToken", "content": "<|endoftext|>"}})");
+                    Contains("--append-eod: " + scratch.file("tokenizer_config.json") +
+                             ": eos_token \"<|im_end|>\" is not among the added tokens"));
+  write_file(scratch.file("tokenizer_config.json"),
+             R"({"eos_token": {"__type": "AddedToken", "content": "<|endoftext|>"}})");
   CHECK(HfTokenizer(scratch.file("tokenizer.json")).end_of_document() == 266);
   write_file(scratch.file("tokenizer_config.json"), "{oops");
-  CHECK_THROWS_WITH(HfTokenizer(scratch.file("tokenizer.json")), Contains("--tokenizer-file: " + scratch.file("tokenizer_config.json") + ":1:"));
+  CHECK_THROWS_WITH(HfTokenizer(scratch.file("tokenizer.json")),
+                    Contains("--tokenizer-file: " + scratch.file("tokenizer_config.json") + ":1:"));
 }
 
 TEST_CASE("make_tokenizer wires hf and sentencepiece to their files", "[tokenizer]") {
@@ -238,11 +251,14 @@ TEST_CASE("make_tokenizer wires hf and sentencepiece to their files", "[tokenize
   hf.tokenizer_file = kData + "gpt2-style/tokenizer.json";
   CHECK(make_tokenizer(hf)->encode("hello world") == Ids{259, 264});
   hf.tokenizer_model = "tokenizer.model";
-  CHECK_THROWS_WITH(make_tokenizer(hf), Contains("--tokenizer-model: --tokenizer hf does not read its tokenizer.model (--tokenizer sentencepiece does); drop it"));
+  CHECK_THROWS_WITH(make_tokenizer(hf), Contains("--tokenizer-model: --tokenizer hf does not read its tokenizer.model "
+                                                 "(--tokenizer sentencepiece does); drop it"));
   TokenizerOptions spm;
   spm.kind = "sentencepiece";
-  CHECK_THROWS_WITH(make_tokenizer(spm), Contains("--tokenizer-model: --tokenizer sentencepiece needs its tokenizer.model"));
+  CHECK_THROWS_WITH(make_tokenizer(spm),
+                    Contains("--tokenizer-model: --tokenizer sentencepiece needs its tokenizer.model"));
   spm.vocab_file = "vocab.json";
   spm.tokenizer_model = "x.model";
-  CHECK_THROWS_WITH(make_tokenizer(spm), Contains("--vocab-file: --tokenizer sentencepiece does not read its vocab.json"));
+  CHECK_THROWS_WITH(make_tokenizer(spm),
+                    Contains("--vocab-file: --tokenizer sentencepiece does not read its vocab.json"));
 }

@@ -37,7 +37,8 @@ TEST_CASE("a missing or corrupt SentencePiece model is one line naming the file"
   const ScratchDirectory scratch;
   CHECK_THROWS_WITH(SentencePieceTokenizer(scratch.file("none.model")),
                     Contains("--tokenizer-model: " + scratch.file("none.model") + ": cannot read file"));
-  for (const std::string& contents : {std::string("not a model at all\n"), std::string(), std::string("\x0a\x05\x0a\x01")}) {
+  for (const std::string& contents :
+       {std::string("not a model at all\n"), std::string(), std::string("\x0a\x05\x0a\x01")}) {
     std::ofstream(scratch.file("bad.model"), std::ios::binary) << contents;
     CHECK_THROWS_WITH(SentencePieceTokenizer(scratch.file("bad.model")),
                       Contains("--tokenizer-model: " + scratch.file("bad.model") + ": not a SentencePiece model"));

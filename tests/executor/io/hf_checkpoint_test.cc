@@ -51,7 +51,8 @@ std::map<std::string, exec::WholeTensor> random_tensors(const megaplan::ModelSpe
   return tensors;
 }
 
-void check_equal(const std::map<std::string, exec::WholeTensor>& got, const std::map<std::string, exec::WholeTensor>& want) {
+void check_equal(const std::map<std::string, exec::WholeTensor>& got,
+                 const std::map<std::string, exec::WholeTensor>& want) {
   REQUIRE(got.size() == want.size());
   for (const auto& [name, tensor] : want) {
     INFO(name);
@@ -103,8 +104,9 @@ TEST_CASE("a model's tensors round-trip through megaplan checkpoints and Hugging
     CHECK_FALSE(std::filesystem::exists(scratch.file("sharded/model.safetensors")));
     check_equal(exec::read_hf_checkpoint(scratch.file("sharded")).tensors, tensors);
     // Back into a megaplan checkpoint of another layout, and read whole again.
-    exec::write_checkpoint_weights(scratch.file("again"), back.model, megaplan::test::layout(2, 1, 1, 1, megaplan::ScheduleKind::kOneFOneB),
-                                   back.tensors, 7);
+    exec::write_checkpoint_weights(scratch.file("again"), back.model,
+                                   megaplan::test::layout(2, 1, 1, 1, megaplan::ScheduleKind::kOneFOneB), back.tensors,
+                                   7);
     // The vocabulary is padded again for the layout, and read back at its true rows.
     check_equal(exec::read_checkpoint_weights(scratch.file("again")).tensors, tensors);
   }
@@ -131,17 +133,19 @@ TEST_CASE("Hugging Face's tensors are where transformers reads them", "[convert]
   CHECK(row(v, 15) == row(qkv, 8 * 8 - 1));     // group 1's value's last row
   const exec::WholeTensor& fc1 = tensors.at("decoder.layers.0.mlp.linear_fc1.weight");
   const exec::WholeTensor up = exec::read_safetensors_tensor(header, "model.layers.0.mlp.up_proj.weight", "test");
-  CHECK(row(up, 0) == row(fc1, fc1.shape[0] / 2));  // fc1 is [gate; up]
+  CHECK(row(up, 0) == row(fc1, fc1.shape[0] / 2));     // fc1 is [gate; up]
   CHECK(header.tensors.count("lm_head.weight") == 1);  // untied
   CHECK(header.metadata.at("format") == "pt");
   // GPT-2's Conv1D holds [in, out] with the fused QKV's outputs [queries | keys | values].
   megaplan::ModelSpec gpt = megaplan::test::four_layer_gpt();
   const std::map<std::string, exec::WholeTensor> gpt_tensors = random_tensors(gpt);
   exec::write_hf_checkpoint(scratch.file("gpt2"), gpt, "gpt2", gpt_tensors, exec::SafetensorsDtype::kBF16);
-  const exec::SafetensorsHeader gpt_header = exec::read_safetensors_header(scratch.file("gpt2/model.safetensors"), "test");
+  const exec::SafetensorsHeader gpt_header =
+      exec::read_safetensors_header(scratch.file("gpt2/model.safetensors"), "test");
   CHECK(gpt_header.tensors.at("transformer.h.0.attn.c_attn.weight").dtype == exec::SafetensorsDtype::kBF16);
   CHECK(gpt_header.tensors.count("lm_head.weight") == 0);  // tied
-  const exec::WholeTensor c_attn = exec::read_safetensors_tensor(gpt_header, "transformer.h.0.attn.c_attn.weight", "test");
+  const exec::WholeTensor c_attn =
+      exec::read_safetensors_tensor(gpt_header, "transformer.h.0.attn.c_attn.weight", "test");
   const exec::WholeTensor& fused = gpt_tensors.at("decoder.layers.0.self_attention.linear_qkv.weight");
   CHECK(c_attn.shape == std::vector<int64_t>{32, 96});
   // Output column 32 + 16 (the key of head 1, dim 0) is Megatron's row (1 * 3 + 1) * 16, input 5;
@@ -165,8 +169,8 @@ TEST_CASE("a safetensors file that breaks the format is refused with the file an
   write_raw(path, good, 8, good.size());
   CHECK(error_of() == "no error");
   write_raw(path, good, 8, 1000);
-  CHECK(error_of() == path + ": its header length, 1000 bytes, runs past the file's " + std::to_string(8 + good.size() + 8) +
-                          " bytes");
+  CHECK(error_of() == path + ": its header length, 1000 bytes, runs past the file's " +
+                          std::to_string(8 + good.size() + 8) + " bytes");
   write_raw(path, "[1, 2", 8, 5);
   CHECK(error_of() == path + ": its header is not a JSON object");
   const std::string past = R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})";
@@ -178,7 +182,8 @@ TEST_CASE("a safetensors file that breaks the format is refused with the file an
   const std::string mismatch = R"({"a":{"dtype":"BF16","shape":[2],"data_offsets":[0,8]}})";
   write_raw(path, mismatch, 8, mismatch.size());
   CHECK(error_of() == path + ": tensor \"a\" holds 8 bytes, but its shape of BF16 needs 4");
-  const std::string overlap = R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})";
+  const std::string overlap =
+      R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})";
   write_raw(path, overlap, 8, overlap.size());
   CHECK(error_of() == path + ": its tensors overlap at byte 4 of the data");
   write_raw(path, good, 12, good.size());
@@ -203,8 +208,8 @@ TEST_CASE("F16 tensors widen exactly: normals, subnormals, signed zeros, infinit
   const float subnormal = std::ldexp(1.0f, -24);
   CHECK(tensor.values[0] == 1.0f);
   CHECK(tensor.values[1] == -2.0f);
-  CHECK(tensor.values[2] == 65504.0f);  // the largest half
-  CHECK(tensor.values[3] == subnormal);  // the smallest
+  CHECK(tensor.values[2] == 65504.0f);           // the largest half
+  CHECK(tensor.values[3] == subnormal);          // the smallest
   CHECK(tensor.values[4] == -1023 * subnormal);  // the largest subnormal, negative
   CHECK((tensor.values[5] == 0.0f && std::signbit(tensor.values[5])));
   CHECK((std::isinf(tensor.values[6]) && tensor.values[6] > 0));
@@ -260,10 +265,10 @@ TEST_CASE("an export holds the true vocabulary, the tokenizer the run trained wi
   CHECK(tokenizer.eos_token_id == 265);
   INFO(tokenizer.note);
   CHECK(tokenizer.note.find("tokenizer: hf (" + options.tokenizer->tokenizer_file +
-                            "): copied tokenizer.json, tokenizer_config.json; bos_token_id 263; eos_token_id 265") == 0);
-  const int64_t written =
-      exec::write_hf_checkpoint(scratch.file("hf"), weights.model, "llama", weights.tensors, exec::SafetensorsDtype::kF32,
-                                tokenizer);
+                            "): copied tokenizer.json, tokenizer_config.json; bos_token_id 263; eos_token_id 265") ==
+        0);
+  const int64_t written = exec::write_hf_checkpoint(scratch.file("hf"), weights.model, "llama", weights.tensors,
+                                                    exec::SafetensorsDtype::kF32, tokenizer);
   const exec::SafetensorsHeader header = exec::read_safetensors_header(scratch.file("hf/model.safetensors"), "test");
   CHECK(written == static_cast<int64_t>(header.tensors.size()));
   CHECK(written == 4 * 9 + 3);  // per layer 2 norms, q, k, v, o, gate, up, down; embedding, final norm, lm_head
@@ -311,8 +316,9 @@ TEST_CASE("each tokenizer kind exports its files and the special ids it defines"
   CHECK_FALSE(bytes.bos_token_id);
   CHECK(bytes.eos_token_id == 256);
   CHECK(bytes.files.empty());
-  CHECK(bytes.note == "tokenizer: byte: no files copied; eos_token_id 256; transformers has no byte tokenizer to copy; "
-                      "it names no beginning-of-text token");
+  CHECK(bytes.note ==
+        "tokenizer: byte: no files copied; eos_token_id 256; transformers has no byte tokenizer to copy; "
+        "it names no beginning-of-text token");
   // An id past the model's vocabulary is left out, and said.
   const exec::HfTokenizerExport small = exec::hf_tokenizer_export(tokenizer_named("hf"), 264);
   CHECK(small.bos_token_id == 263);

@@ -107,8 +107,8 @@ TEST_CASE("linear layers with fused bias, GELU, GELU-gradient and bias-gradient 
     cu::free_device(pre_device);
     cu::free_device(d_pre);
     for (void* buffer : {static_cast<void*>(dx_), static_cast<void*>(dw_), static_cast<void*>(db_),
-                         static_cast<void*>(ddy), static_cast<void*>(y), static_cast<void*>(aux), static_cast<void*>(dx),
-                         static_cast<void*>(dw), static_cast<void*>(dbias)}) {
+                         static_cast<void*>(ddy), static_cast<void*>(y), static_cast<void*>(aux),
+                         static_cast<void*>(dx), static_cast<void*>(dw), static_cast<void*>(dbias)}) {
       cu::free_device(buffer);
     }
   }

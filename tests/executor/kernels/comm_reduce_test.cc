@@ -31,8 +31,8 @@ namespace {
 
 namespace exec = megaplan::exec;
 namespace cu = megaplan::exec::cuda;
-using megaplan::DType;
 using exec::ReduceOp;
+using megaplan::DType;
 using Bytes = std::vector<std::byte>;
 
 // Values as a buffer of `type` (bf16 and fp16 round to nearest even) and back.
@@ -119,8 +119,8 @@ TEST_CASE("comm_reduce gives the CPU memory's reduction, bit for bit", "[gpu][co
     for (const ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax}) {
       for (const std::size_t ranks : {1, 2, 3, 5}) {
         for (const std::size_t count : {1, 37, 1000, 4099}) {
-          INFO(to_string(type) << (op == ReduceOp::kSum ? " sum" : " max") << ", " << ranks << " inputs, "
-                                          << count << " elements");
+          INFO(to_string(type) << (op == ReduceOp::kSum ? " sum" : " max") << ", " << ranks << " inputs, " << count
+                               << " elements");
           std::vector<Bytes> inputs;
           std::vector<const void*> host_inputs, device_inputs;
           for (std::size_t r = 0; r < ranks; ++r) inputs.push_back(encode(random_input(count, r, generator), type));
@@ -208,8 +208,8 @@ void program(exec::InProcessWorld& world, int64_t rank, int64_t ranks, RankSpace
   for (int64_t r = 0; r < ranks; ++r) members.push_back(r);
   const std::unique_ptr<exec::Comm> comm =
       world.group(rank, members, "test", [&space] { return space.compute_stream(); });
-  space.seen.push_back(encode({static_cast<float>(comm->name() == "in-process-" + world.memory().name())},
-                              DType::kFloat32));
+  space.seen.push_back(
+      encode({static_cast<float>(comm->name() == "in-process-" + world.memory().name())}, DType::kFloat32));
   const auto n = static_cast<std::size_t>(ranks);
   const auto me = static_cast<std::size_t>(rank);
   constexpr std::size_t kCount = 1000;
@@ -273,9 +273,8 @@ std::vector<std::vector<Bytes>> run_program(int64_t ranks, std::unique_ptr<exec:
   exec::InProcessWorld world(ranks, std::chrono::seconds(60), std::move(memory));
   std::vector<std::unique_ptr<RankSpace>> spaces;
   for (int64_t r = 0; r < ranks; ++r) spaces.push_back(std::make_unique<RankSpace>(on_gpu));
-  exec::run_rank_threads(world, ranks, [&](int64_t rank) {
-    program(world, rank, ranks, *spaces[static_cast<std::size_t>(rank)]);
-  });
+  exec::run_rank_threads(world, ranks,
+                         [&](int64_t rank) { program(world, rank, ranks, *spaces[static_cast<std::size_t>(rank)]); });
   std::vector<std::vector<Bytes>> seen;
   for (const auto& space : spaces) seen.push_back(space->seen);
   return seen;

@@ -1,7 +1,7 @@
 // The CUDA dropout against the mask's own definition, element by element and bit for bit (kept
 // values x * scale rounded once, dropped ones exactly 0; with the residual add fused, the sum
-// rounded once), in bf16 and fp16, in place and out of place, aligned and unaligned rows, a rank's rows that start mid-sequence; the kept fraction of a
-// large tensor; and the keep bits that flash attention's lanes draw between them.
+// rounded once), in bf16 and fp16, in place and out of place, aligned and unaligned rows, a rank's rows that start
+// mid-sequence; the kept fraction of a large tensor; and the keep bits that flash attention's lanes draw between them.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -17,9 +17,9 @@
 
 namespace cu = megaplan::exec::cuda;
 using megaplan::DType;
+using megaplan::exec::dropout_site;
 using megaplan::exec::DropoutKind;
 using megaplan::exec::DropoutMask;
-using megaplan::exec::dropout_site;
 
 namespace {
 
@@ -136,7 +136,8 @@ TEST_CASE("dropout_keep_bits: a run's keep bits, its draws split between threads
     for (const int count : {1, 3, 8, 16, 61, 64}) {
       INFO("first " << first << ", count " << count);
       uint64_t want = 0;
-      for (int i = 0; i < count; ++i) want |= static_cast<uint64_t>(mask.keeps(7, first + static_cast<uint64_t>(i))) << i;
+      for (int i = 0; i < count; ++i)
+        want |= static_cast<uint64_t>(mask.keeps(7, first + static_cast<uint64_t>(i))) << i;
       CHECK(cu::dropout_keep_bits(mask, 7, first, count, 0, 1) == want);
       CHECK((cu::dropout_keep_bits(mask, 7, first, count, 0, 2) | cu::dropout_keep_bits(mask, 7, first, count, 1, 2)) ==
             want);

@@ -23,9 +23,9 @@ namespace cu = megaplan::exec::cuda;
 namespace {
 
 using megaplan::DType;
+using megaplan::exec::dropout_site;
 using megaplan::exec::DropoutKind;
 using megaplan::exec::DropoutMask;
-using megaplan::exec::dropout_site;
 using megaplan::test::relative_error;
 
 struct Case {
@@ -66,7 +66,8 @@ Outputs reference(const Case& c, const std::vector<float>& qkv, const std::vecto
   const int64_t d = c.dim;
   const double scale = softmax_scale(c), keep_scale = mask.active() ? mask.scale() : 1.0;
   const auto at = [&](int64_t index) { return static_cast<double>(qkv[static_cast<std::size_t>(index)]); };
-  Outputs want{std::vector<double>(dout.size()), std::vector<double>(static_cast<std::size_t>(c.batch * c.heads * c.seq)),
+  Outputs want{std::vector<double>(dout.size()),
+               std::vector<double>(static_cast<std::size_t>(c.batch * c.heads * c.seq)),
                std::vector<double>(qkv.size(), 0.0)};
   for (int64_t b = 0; b < c.batch; ++b) {
     for (int64_t h = 0; h < c.heads; ++h) {
@@ -99,7 +100,8 @@ Outputs reference(const Case& c, const std::vector<float>& qkv, const std::vecto
         double row_dot = 0;  // rowsum(dO ∘ O)
         for (int64_t j = 0; j <= i; ++j) {
           double value = 0;
-          for (int64_t e = 0; e < d; ++e) value += dout[o_row + static_cast<std::size_t>(e)] * at(packed.value(c, b, j, g) + e);
+          for (int64_t e = 0; e < d; ++e)
+            value += dout[o_row + static_cast<std::size_t>(e)] * at(packed.value(c, b, j, g) + e);
           dp[static_cast<std::size_t>(j)] = value;
           row_dot += dropped[static_cast<std::size_t>(j)] * value;
         }
@@ -135,7 +137,13 @@ Results run_kernels(const Case& c, const std::vector<float>& qkv, const std::vec
   cu::Half* out = cu::upload_half(std::vector<float>(dout.size(), 1e30f), precision, stream);
   float* lse = cu::upload_floats(std::vector<float>(lse_size, NAN), stream);
   cu::Half* dqkv = cu::upload_half(std::vector<float>(qkv.size(), 1e30f), precision, stream);
-  cu::AttentionShape shape{c.batch, c.seq, c.heads, c.kv_heads, d, packed.token_stride, packed.head_stride,
+  cu::AttentionShape shape{c.batch,
+                           c.seq,
+                           c.heads,
+                           c.kv_heads,
+                           d,
+                           packed.token_stride,
+                           packed.head_stride,
                            static_cast<float>(softmax_scale(c))};
   shape.dropout = mask;
   const cu::Half *q = qkv_device, *k = qkv_device + group * d, *v = qkv_device + (group + 1) * d;
@@ -147,8 +155,11 @@ Results run_kernels(const Case& c, const std::vector<float>& qkv, const std::vec
     cu::flash_attention_backward(shape, dout_device, q, k, v, out, lse, packed.token_stride, dqkv, dqkv + group * d,
                                  dqkv + (group + 1) * d, workspace, precision, stream);
     std::vector<float> gradients = cu::download_half(dqkv, qkv.size(), precision, stream);
-    if (run == 0) results.dqkv = std::move(gradients);
-    else results.backward_repeats = std::memcmp(results.dqkv.data(), gradients.data(), gradients.size() * sizeof(float)) == 0;
+    if (run == 0)
+      results.dqkv = std::move(gradients);
+    else
+      results.backward_repeats =
+          std::memcmp(results.dqkv.data(), gradients.data(), gradients.size() * sizeof(float)) == 0;
   }
   results.out = cu::download_half(out, dout.size(), precision, stream);
   results.lse = cu::download_floats(lse, lse_size, stream);
@@ -257,7 +268,8 @@ TEST_CASE("flash attention drops exactly the mask's probabilities, forward and d
     for (int64_t b = 0; b < c.batch; ++b) {
       for (int64_t t = 0; t < c.seq; ++t) {
         for (int64_t g = 0; g < c.kv_heads; ++g) {
-          for (int64_t e = 0; e < d; ++e) qkv[static_cast<std::size_t>(packed.value(c, b, t, g) + e)] = e == t ? 1.0f : 0.0f;
+          for (int64_t e = 0; e < d; ++e)
+            qkv[static_cast<std::size_t>(packed.value(c, b, t, g) + e)] = e == t ? 1.0f : 0.0f;
         }
         dout[static_cast<std::size_t>(((b * c.seq + t) * c.heads + h_sel) * d + t)] = 1.0f;
       }

@@ -129,8 +129,8 @@ TEST_CASE("cross entropy statistics and backward match the CPU reference on padd
         for (float m : mask) mask_total += m;
         const float scale = static_cast<float>(loss_scale / mask_total);
 
-        cu::cross_entropy_backward(logits, tokens, vocab, stride, device_targets, device_mask, device_whole_lse,
-                                   scale, dlogits, precision, stream);
+        cu::cross_entropy_backward(logits, tokens, vocab, stride, device_targets, device_mask, device_whole_lse, scale,
+                                   dlogits, precision, stream);
         const std::vector<float> got_padded = cu::download_half(dlogits, t_count * s_count, precision, stream);
         std::vector<float> got_dense(t_count * v_count);
         bool padding_zero = true;
@@ -151,10 +151,10 @@ TEST_CASE("cross entropy statistics and backward match the CPU reference on padd
                                    scale, in_place, precision, stream);
         CHECK(bitwise_equal(cu::download_half(in_place, t_count * s_count, precision, stream), got_padded));
 
-        for (void* buffer : {static_cast<void*>(logits), static_cast<void*>(device_targets),
-                             static_cast<void*>(device_mask), static_cast<void*>(lse), static_cast<void*>(target_logit),
-                             static_cast<void*>(device_whole_lse), static_cast<void*>(dlogits),
-                             static_cast<void*>(in_place)}) {
+        for (void* buffer :
+             {static_cast<void*>(logits), static_cast<void*>(device_targets), static_cast<void*>(device_mask),
+              static_cast<void*>(lse), static_cast<void*>(target_logit), static_cast<void*>(device_whole_lse),
+              static_cast<void*>(dlogits), static_cast<void*>(in_place)}) {
           cu::free_device(buffer);
         }
       }
@@ -239,8 +239,8 @@ TEST_CASE("multi-tensor AdamW matches the reference over three steps and refresh
       const double move_error = relative_error(got_move, want_move);
       const double first_error =
           relative_error(std::vector<float>(&got_first[o], &got_first[o] + sizes[k]), widen(want_first[k]));
-      const double second_error = relative_error(std::vector<float>(&got_second[o], &got_second[o] + sizes[k]),
-                                                 widen(want_second[k]));
+      const double second_error =
+          relative_error(std::vector<float>(&got_second[o], &got_second[o] + sizes[k]), widen(want_second[k]));
       CAPTURE(move_error, first_error, second_error);
       CHECK(move_error < 1e-3);
       CHECK(first_error < 1e-5);

@@ -10,18 +10,18 @@
 
 #include "executor/kernels/reference/adamw.h"
 #include "executor/kernels/reference/attention.h"
-#include "executor/kernels/reference/dropout.h"
 #include "executor/kernels/reference/cross_entropy.h"
+#include "executor/kernels/reference/dropout.h"
 #include "executor/kernels/reference/gelu.h"
 #include "executor/kernels/reference/layernorm.h"
-#include "tests/executor/kernels/shard_cross_entropy.h"
 #include "tests/executor/kernels/gradient_check.h"
+#include "tests/executor/kernels/shard_cross_entropy.h"
 
 namespace ref = megaplan::exec::reference;
 
-using megaplan::test::shard_cross_entropy;
 using megaplan::test::check_gradient;
 using megaplan::test::random_vector;
+using megaplan::test::shard_cross_entropy;
 using megaplan::test::weighted_sum;
 
 TEST_CASE("layernorm's backward is its forward's gradient", "[kernels]") {
@@ -119,11 +119,11 @@ TEST_CASE("vocabulary-parallel cross entropy: two shards merge into the whole vo
       shard_logits[s].insert(shard_logits[s].end(), row, row + sizes[s]);
     }
     float* shard_statistics = &statistics[s * 2 * tokens];
-    ref::cross_entropy_statistics(shard_logits[s].data(), targets.data(), tokens, sizes[s], starts[s],
-                                  shard_statistics, shard_statistics + tokens);
+    ref::cross_entropy_statistics(shard_logits[s].data(), targets.data(), tokens, sizes[s], starts[s], shard_statistics,
+                                  shard_statistics + tokens);
     for (std::size_t t = 0; t < tokens; ++t) {
-      const bool held = targets[t] >= static_cast<int64_t>(starts[s]) &&
-                        targets[t] < static_cast<int64_t>(starts[s] + sizes[s]);
+      const bool held =
+          targets[t] >= static_cast<int64_t>(starts[s]) && targets[t] < static_cast<int64_t>(starts[s] + sizes[s]);
       INFO("shard " << s << ", token " << t);
       CHECK(shard_statistics[tokens + t] == (held ? whole_statistics[tokens + t] : 0.0f));
     }
@@ -200,12 +200,12 @@ TEST_CASE("dropout masks depend on the element's place in the model alone", "[ke
     CHECK((value == 0.0f || value == Approx(1.0f / 0.75f)));
     dropped += value == 0.0f ? 1 : 0;
   }
-  CHECK(dropped > rows * cols / 8);      // p = 1/4 of 256: 64 expected
+  CHECK(dropped > rows * cols / 8);  // p = 1/4 of 256: 64 expected
   CHECK(dropped < rows * cols * 3 / 8);
   // Another sample, site or seed draws another mask.
-  for (const auto change : {+[](megaplan::exec::DropoutMask& m) { ++m.first_sample; },
-                            +[](megaplan::exec::DropoutMask& m) { ++m.site; },
-                            +[](megaplan::exec::DropoutMask& m) { ++m.seed; }}) {
+  for (const auto change :
+       {+[](megaplan::exec::DropoutMask& m) { ++m.first_sample; }, +[](megaplan::exec::DropoutMask& m) { ++m.site; },
+        +[](megaplan::exec::DropoutMask& m) { ++m.seed; }}) {
     megaplan::exec::DropoutMask other = mask;
     change(other);
     std::vector<float> redrawn(rows * cols);

@@ -4,8 +4,8 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
-#include <numbers>
 #include <functional>
+#include <numbers>
 #include <random>
 #include <vector>
 
@@ -92,7 +92,8 @@ TEST_CASE("Llama 3.1's RoPE scaling: long wavelengths divided by the factor, sho
   ref::rope_apply(x.data(), 1, t + 1, 1, 8, 8, 8, frequencies, false);
   for (std::size_t i = 0; i < 4; ++i) {
     INFO("pair " << i);
-    CHECK(std::atan2(x[t * 8 + 4 + i], x[t * 8 + i]) == Approx(std::remainder(static_cast<double>(t) * want[i], 2 * std::numbers::pi)).margin(1e-6));
+    CHECK(std::atan2(x[t * 8 + 4 + i], x[t * 8 + i]) ==
+          Approx(std::remainder(static_cast<double>(t) * want[i], 2 * std::numbers::pi)).margin(1e-6));
   }
   // Unscaled (factor 0) is plain RoPE.
   CHECK(megaplan::exec::scaled_inverse_frequency(0.001, megaplan::exec::RotaryFrequencies(10000.0)) == 0.001);
@@ -172,7 +173,7 @@ TEST_CASE("vocabulary-parallel embedding: shards add up to the whole table's", "
   std::vector<float> dword = {100, 100, 100, 100}, dposition = {1, 1, 1, 1};
   ref::embedding_backward(dy.data(), tokens.data(), 4, 2, 2, 1, 2, dword.data(), dposition.data());
   CHECK(dword == std::vector<float>{100, 100, 113, 116});  // token 1 unused, token 0 another shard's
-  CHECK(dposition == std::vector<float>{7, 9, 11, 13});     // every token's, its shard or not
+  CHECK(dposition == std::vector<float>{7, 9, 11, 13});    // every token's, its shard or not
   std::vector<float> dword_first = {100, 100};
   ref::embedding_backward(dy.data(), tokens.data(), 4, 2, 2, 0, 1, dword_first.data(), nullptr);
   CHECK(dword_first == std::vector<float>{103, 104});

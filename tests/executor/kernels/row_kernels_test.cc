@@ -143,7 +143,7 @@ std::vector<float> norm_input(const std::vector<float>& x, const std::vector<flo
   return add_rounded(x, dropped, precision);
 }
 
-const std::vector<std::pair<int64_t, int64_t>> kNormShapes = {{37, 200}, {1, 1000}, {64, 1024}, {37, 999},
+const std::vector<std::pair<int64_t, int64_t>> kNormShapes = {{37, 200},   {1, 1000},  {64, 1024}, {37, 999},
                                                               {300, 2048}, {5, 12288}, {2, 32768}};
 
 }  // namespace
@@ -181,8 +181,7 @@ TEST_CASE("LayerNorm forward and backward, with and without the fused residual a
       CHECK(relative_error(cu::download_floats(d_mean, r, stream), want_mean) < 1e-5);
       CHECK(relative_error(cu::download_floats(d_rstd, r, stream), want_rstd) < 1e-5);
 
-      const std::vector<float> dy = half_values(n, precision, generator),
-                               around = half_values(n, precision, generator);
+      const std::vector<float> dy = half_values(n, precision, generator), around = half_values(n, precision, generator);
       const std::vector<float> dgamma_start = float_values(c, generator), dbeta_start = float_values(c, generator);
       std::vector<float> want_dx(n), want_dgamma = dgamma_start, want_dbeta = dbeta_start;
       ref::layernorm_backward(dy.data(), input.data(), gamma.data(), want_mean.data(), want_rstd.data(), r, c,
@@ -199,10 +198,9 @@ TEST_CASE("LayerNorm forward and backward, with and without the fused residual a
         cu::Half* d_dx = device.half_poisoned(n);
         float* d_dgamma = device.floats(dgamma_start);
         float* d_dbeta = device.floats(dbeta_start);
-        cu::layernorm_backward(d_dy, d_input, device.half(gamma), d_mean, d_rstd, rows, cols, d_around, d_dx,
-                               d_dgamma, d_dbeta, workspace, precision, stream);
-        const std::vector<float> dx = device.download(d_dx, n),
-                                 dgamma = cu::download_floats(d_dgamma, c, stream),
+        cu::layernorm_backward(d_dy, d_input, device.half(gamma), d_mean, d_rstd, rows, cols, d_around, d_dx, d_dgamma,
+                               d_dbeta, workspace, precision, stream);
+        const std::vector<float> dx = device.download(d_dx, n), dgamma = cu::download_floats(d_dgamma, c, stream),
                                  dbeta = cu::download_floats(d_dbeta, c, stream);
         if (run == 0) {
           CHECK(relative_error(dx, want_dx) < tolerance(precision));
@@ -247,8 +245,7 @@ TEST_CASE("RMSNorm forward and backward, with and without the fused residual and
       CHECK(relative_error(device.download(d_y, n), want_y) < tolerance(precision));
       CHECK(relative_error(cu::download_floats(d_rstd, r, stream), want_rstd) < 1e-5);
 
-      const std::vector<float> dy = half_values(n, precision, generator),
-                               around = half_values(n, precision, generator);
+      const std::vector<float> dy = half_values(n, precision, generator), around = half_values(n, precision, generator);
       const std::vector<float> dgamma_start = float_values(c, generator);
       std::vector<float> want_dx(n), want_dgamma = dgamma_start;
       ref::rmsnorm_backward(dy.data(), input.data(), gamma.data(), want_rstd.data(), r, c, want_dx.data(),
@@ -265,10 +262,9 @@ TEST_CASE("RMSNorm forward and backward, with and without the fused residual and
         // The second run writes dx over the residual gradient it adds (in place, as the trainer may).
         cu::Half* d_dx = run == 1 && fused ? device.half(around) : device.half_poisoned(n);
         float* d_dgamma = device.floats(dgamma_start);
-        cu::rmsnorm_backward(d_dy, d_input, device.half(gamma), d_rstd, rows, cols,
-                             run == 1 && fused ? d_dx : d_around, d_dx, d_dgamma, workspace, precision, stream);
-        const std::vector<float> dx = device.download(d_dx, n),
-                                 dgamma = cu::download_floats(d_dgamma, c, stream);
+        cu::rmsnorm_backward(d_dy, d_input, device.half(gamma), d_rstd, rows, cols, run == 1 && fused ? d_dx : d_around,
+                             d_dx, d_dgamma, workspace, precision, stream);
+        const std::vector<float> dx = device.download(d_dx, n), dgamma = cu::download_floats(d_dgamma, c, stream);
         if (run == 0) {
           CHECK(relative_error(dx, want_dx) < tolerance(precision));
           CHECK(relative_error(dgamma, want_dgamma) < 1e-3);
@@ -295,7 +291,9 @@ TEST_CASE("embeddings: forward, and the deterministic backward into fp32 tables"
   std::mt19937 generator(107);
   const cu::Stream stream;
   for (auto [batch, seq, hidden, vocab] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{4, 37, 200, 50},
-                                          {2, 64, 1024, 300}, {3, 5, 77, 7}, {1, 1, 8, 3}}) {
+                                           {2, 64, 1024, 300},
+                                           {3, 5, 77, 7},
+                                           {1, 1, 8, 3}}) {
     // The whole table, and a vocabulary-parallel shard of its rows [vocab / 3, vocab / 3 + rows):
     // the tokens outside reach the kernels as -1.
     for (bool sharded : {false, true}) {
@@ -312,7 +310,7 @@ TEST_CASE("embeddings: forward, and the deterministic backward into fp32 tables"
         std::uniform_int_distribution<int64_t> pick(0, vocab - 1);
         std::vector<int64_t> tokens64(n);
         for (int64_t& token : tokens64) token = pick(generator);
-        tokens64[0] = tokens64[n - 1];  // at least one repeat
+        tokens64[0] = tokens64[n - 1];           // at least one repeat
         std::vector<int32_t> rows_of_tokens(n);  // what the backend uploads: the shard's row or -1
         std::size_t in_shard = 0;
         for (std::size_t t = 0; t < n; ++t) {
@@ -347,8 +345,8 @@ TEST_CASE("embeddings: forward, and the deterministic backward into fp32 tables"
         for (int run = 0; run < 2; ++run) {
           float* d_dword = device.floats(dword_start);
           float* d_dposition = with_position ? device.floats(dposition_start) : nullptr;
-          cu::embedding_backward(d_dy, row_ids, row_starts, positions, static_cast<int64_t>(rows.row_ids.size()),
-                                 count, seq, hidden, d_dword, d_dposition, precision, stream);
+          cu::embedding_backward(d_dy, row_ids, row_starts, positions, static_cast<int64_t>(rows.row_ids.size()), count,
+                                 seq, hidden, d_dword, d_dposition, precision, stream);
           const std::vector<float> dword = cu::download_floats(d_dword, v * h, stream);
           const std::vector<float> dposition =
               with_position ? cu::download_floats(d_dposition, s * h, stream) : std::vector<float>();

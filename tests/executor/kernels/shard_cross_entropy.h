@@ -29,7 +29,8 @@ inline double shard_cross_entropy(const std::vector<float>& statistics, std::siz
     }
   }
   lse.resize(tokens);
-  return exec::reference::cross_entropy_finish(peak.data(), sums.data(), sums.data() + tokens, mask, tokens, lse.data());
+  return exec::reference::cross_entropy_finish(peak.data(), sums.data(), sums.data() + tokens, mask, tokens,
+                                               lse.data());
 }
 
 }  // namespace megaplan::test

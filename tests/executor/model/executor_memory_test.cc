@@ -43,8 +43,8 @@ class PeakReportingBackend : public megaplan::test::ForwardingBackend {
   int64_t rank_;
 };
 
-ParallelPlan with(ParallelPlan plan, RecomputeGranularity granularity, RecomputeMethod method = RecomputeMethod::kUniform,
-                  int64_t layers = 1) {
+ParallelPlan with(ParallelPlan plan, RecomputeGranularity granularity,
+                  RecomputeMethod method = RecomputeMethod::kUniform, int64_t layers = 1) {
   plan.recompute_granularity = granularity;
   plan.recompute_method = method;
   plan.recompute_num_layers = layers;
@@ -68,10 +68,10 @@ TEST_CASE("the executor allocates what core's memory prediction says, rank by ra
   const std::vector<std::pair<std::string, ParallelPlan>> layouts = {
       {"one rank", layout(1, 1, 1, 1, ScheduleKind::kOneFOneB)},
       {"selective", with(layout(1, 1, 1, 1, ScheduleKind::kOneFOneB), RecomputeGranularity::kSelective)},
-      {"full uniform 3", with(layout(1, 1, 1, 1, ScheduleKind::kOneFOneB), RecomputeGranularity::kFull,
-                              RecomputeMethod::kUniform, 3)},
-      {"full block 2", with(layout(1, 1, 1, 1, ScheduleKind::kOneFOneB), RecomputeGranularity::kFull,
-                            RecomputeMethod::kBlock, 2)},
+      {"full uniform 3",
+       with(layout(1, 1, 1, 1, ScheduleKind::kOneFOneB), RecomputeGranularity::kFull, RecomputeMethod::kUniform, 3)},
+      {"full block 2",
+       with(layout(1, 1, 1, 1, ScheduleKind::kOneFOneB), RecomputeGranularity::kFull, RecomputeMethod::kBlock, 2)},
       {"pp2 gpipe", layout(1, 2, 1, 1, ScheduleKind::kGPipe)},
       {"pp2 1f1b", layout(1, 2, 1, 1, ScheduleKind::kOneFOneB)},
       {"pp2 interleaved", layout(1, 2, 1, 2, ScheduleKind::kInterleaved)},
@@ -107,7 +107,7 @@ TEST_CASE("the executor allocates what core's memory prediction says, rank by ra
     const int64_t world = plan.tensor_parallel_size * plan.pipeline_parallel_size * plan.data_parallel_size;
     std::vector<int64_t> peaks(static_cast<std::size_t>(world), 0);
     std::mutex mutex;
-    const megaplan::ModelSpec model = name.starts_with("llama") ? megaplan::test::four_layer_llama()
+    const megaplan::ModelSpec model = name.starts_with("llama")  ? megaplan::test::four_layer_llama()
                                       : name.starts_with("qwen") ? megaplan::test::four_layer_qwen()
                                                                  : megaplan::test::four_layer_gpt();
     megaplan::test::train_logged(model, plan, options, scratch, "run",
@@ -118,8 +118,7 @@ TEST_CASE("the executor allocates what core's memory prediction says, rank by ra
     cpu.activation_bytes = 4;
     cpu.attention_keeps_probabilities = true;
     const auto predicted = megaplan::executor_memory_per_pipeline_rank(
-        model, plan,
-        megaplan::lower_schedule(megaplan::generate_plan_schedule(plan)), cpu, 0, true);
+        model, plan, megaplan::lower_schedule(megaplan::generate_plan_schedule(plan)), cpu, 0, true);
     for (int64_t rank = 0; rank < world; ++rank) {
       // Megatron's rank order (tp fastest, then dp, then pp).
       const int64_t pipeline_rank = rank / (plan.tensor_parallel_size * plan.data_parallel_size);

@@ -59,7 +59,7 @@ TEST_CASE("the GPT's backward is the gradient of its loss", "[model]") {
   model.forward(0, &data);
   const double loss = model.take_loss_sum();
   CHECK(loss == Approx(std::log(16.0)).epsilon(0.1));  // small initial weights: near uniform
-  CHECK(model.take_loss_sum() == 0);                    // taken: the sum starts again
+  CHECK(model.take_loss_sum() == 0);                   // taken: the sum starts again
   model.backward_input(0, nullptr, 1.0f, nullptr, false);
   int64_t checked = 0;
   for (megaplan::exec::Parameter& parameter : model.parameters()) {

@@ -22,17 +22,17 @@
 namespace {
 
 using megaplan::DType;
-using megaplan::PlanKernels;
 using megaplan::Kernel;
+using megaplan::PlanKernels;
+using megaplan::ScheduleKind;
 using megaplan::SchedulePart;
 using megaplan::exec::GptModel;
 using megaplan::exec::MicrobatchTokens;
-using megaplan::ScheduleKind;
-using megaplan::test::RecordingBackend;
 using megaplan::test::four_layer_gpt;
 using megaplan::test::four_layer_llama;
 using megaplan::test::four_layer_qwen;
 using megaplan::test::layout;
+using megaplan::test::RecordingBackend;
 
 MicrobatchTokens microbatch(const megaplan::ModelSpec& model, int64_t batch) {
   std::mt19937 generator(5);
@@ -68,7 +68,8 @@ void check_stage(GptModel& model, RecordingBackend& backend, const PlanKernels& 
     model.forward(microbatch, data);
     check_same(backend.take(), list.stage_kernels(stage, SchedulePart::kForward));
     model.backward_input(microbatch, output_gradient, 1.0f, input_gradient, defer);
-    check_same(backend.take(), list.stage_kernels(stage, defer ? SchedulePart::kBackwardInput : SchedulePart::kBackward));
+    check_same(backend.take(),
+               list.stage_kernels(stage, defer ? SchedulePart::kBackwardInput : SchedulePart::kBackward));
     if (defer) {
       model.backward_weight(microbatch);
       check_same(backend.take(), list.stage_kernels(stage, SchedulePart::kBackwardWeight));
@@ -84,75 +85,76 @@ void check_stage(GptModel& model, RecordingBackend& backend, const PlanKernels& 
 TEST_CASE("one stage launches its kernel list for F, B, I and W under each recomputation, with and without dropout",
           "[model][kernels]") {
   for (const megaplan::ModelSpec& model : {four_layer_gpt(), four_layer_llama(), four_layer_qwen()})
-  for (const double dropout : {0.0, 0.1})
-  for (const auto& [granularity, method, layers] :
-       {std::tuple{megaplan::RecomputeGranularity::kNone, megaplan::RecomputeMethod::kUniform, int64_t{1}},
-        {megaplan::RecomputeGranularity::kSelective, megaplan::RecomputeMethod::kUniform, 1},
-        {megaplan::RecomputeGranularity::kFull, megaplan::RecomputeMethod::kUniform, 3},
-        {megaplan::RecomputeGranularity::kFull, megaplan::RecomputeMethod::kBlock, 2}}) {
-    megaplan::ParallelPlan plan = layout(1, 1, 1, 1, ScheduleKind::kOneFOneB, 2, 2);
-    plan.recompute_granularity = granularity;
-    plan.recompute_method = method;
-    plan.recompute_num_layers = layers;
-    plan.options.hidden_dropout = plan.options.attention_dropout = dropout;
-    INFO(model.name << ": " << megaplan::to_string(granularity) << " " << megaplan::to_string(method) << " " << layers
-                    << ", dropout " << dropout);
-    RecordingBackend backend;
-    GptModel gpt(model, plan, 0, backend, {42});
-    const MicrobatchTokens data = microbatch(model, 2);
-    check_stage(gpt, backend, PlanKernels(model, plan), 0, &data, true, true);
-  }
+    for (const double dropout : {0.0, 0.1})
+      for (const auto& [granularity, method, layers] :
+           {std::tuple{megaplan::RecomputeGranularity::kNone, megaplan::RecomputeMethod::kUniform, int64_t{1}},
+            {megaplan::RecomputeGranularity::kSelective, megaplan::RecomputeMethod::kUniform, 1},
+            {megaplan::RecomputeGranularity::kFull, megaplan::RecomputeMethod::kUniform, 3},
+            {megaplan::RecomputeGranularity::kFull, megaplan::RecomputeMethod::kBlock, 2}}) {
+        megaplan::ParallelPlan plan = layout(1, 1, 1, 1, ScheduleKind::kOneFOneB, 2, 2);
+        plan.recompute_granularity = granularity;
+        plan.recompute_method = method;
+        plan.recompute_num_layers = layers;
+        plan.options.hidden_dropout = plan.options.attention_dropout = dropout;
+        INFO(model.name << ": " << megaplan::to_string(granularity) << " " << megaplan::to_string(method) << " "
+                        << layers << ", dropout " << dropout);
+        RecordingBackend backend;
+        GptModel gpt(model, plan, 0, backend, {42});
+        const MicrobatchTokens data = microbatch(model, 2);
+        check_stage(gpt, backend, PlanKernels(model, plan), 0, &data, true, true);
+      }
 }
 
 TEST_CASE("first, middle and last pipeline stages launch their kernel lists, with and without dropout",
           "[model][kernels]") {
   for (const megaplan::ModelSpec& model : {four_layer_gpt(), four_layer_llama()})
-  for (const double dropout : {0.0, 0.1}) {
-    megaplan::ParallelPlan plan = layout(1, 2, 1, 2, ScheduleKind::kInterleaved, 1, 4);
-    plan.recompute_granularity = megaplan::RecomputeGranularity::kSelective;
-    plan.options.hidden_dropout = plan.options.attention_dropout = dropout;
-    const PlanKernels list(model, plan);
-    const MicrobatchTokens data = microbatch(model, 1);
-    for (int64_t stage = 0; stage < plan.num_virtual_stages(); ++stage) {
-      INFO(model.name << ": stage " << stage << ", dropout " << dropout);
-      const bool first = stage == 0, last = stage + 1 == plan.num_virtual_stages();
-      RecordingBackend backend;
-      GptModel gpt(model, plan, stage, backend, {42});
-      check_stage(gpt, backend, list, stage, first || last ? &data : nullptr, first, last);
+    for (const double dropout : {0.0, 0.1}) {
+      megaplan::ParallelPlan plan = layout(1, 2, 1, 2, ScheduleKind::kInterleaved, 1, 4);
+      plan.recompute_granularity = megaplan::RecomputeGranularity::kSelective;
+      plan.options.hidden_dropout = plan.options.attention_dropout = dropout;
+      const PlanKernels list(model, plan);
+      const MicrobatchTokens data = microbatch(model, 1);
+      for (int64_t stage = 0; stage < plan.num_virtual_stages(); ++stage) {
+        INFO(model.name << ": stage " << stage << ", dropout " << dropout);
+        const bool first = stage == 0, last = stage + 1 == plan.num_virtual_stages();
+        RecordingBackend backend;
+        GptModel gpt(model, plan, stage, backend, {42});
+        check_stage(gpt, backend, list, stage, first || last ? &data : nullptr, first, last);
+      }
     }
-  }
 }
 
 TEST_CASE("each tensor-parallel rank launches its kernel list, with and without sequence parallelism",
           "[model][kernels]") {
   for (const megaplan::ModelSpec& model : {four_layer_gpt(), four_layer_llama(), four_layer_qwen()})
-  for (const bool sequence_parallel : {false, true}) {
-    megaplan::ParallelPlan plan = layout(2, 1, 1, 1, ScheduleKind::kOneFOneB, 2, 2);
-    plan.sequence_parallel = sequence_parallel;
-    plan.options.hidden_dropout = sequence_parallel ? 0.1 : 0.0;
-    INFO(model.name << ": sequence parallel " << sequence_parallel << ", hidden dropout " << plan.options.hidden_dropout);
-    megaplan::exec::InProcessWorld world(2, std::chrono::seconds(60));
-    std::vector<std::vector<Kernel>> launched(2), listed(2);
-    megaplan::exec::run_rank_threads(world, 2, [&](int64_t rank) {
-      std::unique_ptr<megaplan::exec::Comm> tp = world.group(rank, {0, 1}, "tp");
-      RecordingBackend backend;
-      GptModel gpt(model, plan, 0, backend, {42}, nullptr, tp.get());
-      const MicrobatchTokens data = microbatch(model, 2);
-      backend.take();
-      gpt.forward(0, &data);
-      gpt.backward_input(0, nullptr, 1.0f, nullptr, false);
-      const PlanKernels list(model, plan, rank);
-      const auto index = static_cast<std::size_t>(rank);
-      launched[index] = backend.take();
-      listed[index] = list.stage_kernels(0, SchedulePart::kForward);
-      for (const Kernel& kernel : list.stage_kernels(0, SchedulePart::kBackward)) listed[index].push_back(kernel);
-    });
-    for (std::size_t rank = 0; rank < 2; ++rank) {
-      INFO("tensor-parallel rank " << rank);
-      check_same(launched[rank], listed[rank]);
+    for (const bool sequence_parallel : {false, true}) {
+      megaplan::ParallelPlan plan = layout(2, 1, 1, 1, ScheduleKind::kOneFOneB, 2, 2);
+      plan.sequence_parallel = sequence_parallel;
+      plan.options.hidden_dropout = sequence_parallel ? 0.1 : 0.0;
+      INFO(model.name << ": sequence parallel " << sequence_parallel << ", hidden dropout "
+                      << plan.options.hidden_dropout);
+      megaplan::exec::InProcessWorld world(2, std::chrono::seconds(60));
+      std::vector<std::vector<Kernel>> launched(2), listed(2);
+      megaplan::exec::run_rank_threads(world, 2, [&](int64_t rank) {
+        std::unique_ptr<megaplan::exec::Comm> tp = world.group(rank, {0, 1}, "tp");
+        RecordingBackend backend;
+        GptModel gpt(model, plan, 0, backend, {42}, nullptr, tp.get());
+        const MicrobatchTokens data = microbatch(model, 2);
+        backend.take();
+        gpt.forward(0, &data);
+        gpt.backward_input(0, nullptr, 1.0f, nullptr, false);
+        const PlanKernels list(model, plan, rank);
+        const auto index = static_cast<std::size_t>(rank);
+        launched[index] = backend.take();
+        listed[index] = list.stage_kernels(0, SchedulePart::kForward);
+        for (const Kernel& kernel : list.stage_kernels(0, SchedulePart::kBackward)) listed[index].push_back(kernel);
+      });
+      for (std::size_t rank = 0; rank < 2; ++rank) {
+        INFO("tensor-parallel rank " << rank);
+        check_same(launched[rank], listed[rank]);
+      }
+      if (model.add_bias_linear) CHECK(listed[0] != listed[1]);  // rank 0 alone adds the row-parallel biases
     }
-    if (model.add_bias_linear) CHECK(listed[0] != listed[1]);  // rank 0 alone adds the row-parallel biases
-  }
 }
 
 TEST_CASE("the optimizer step launches the optimizer's kernel list", "[model][kernels]") {
@@ -168,8 +170,8 @@ TEST_CASE("the optimizer step launches the optimizer's kernel list", "[model][ke
   optimizer.step(1, 1e-3, optimizer.gradient_norm());
   // Core's parameter count is what the norm reads and AdamW steps; the fill zeroes the whole buffer.
   const int64_t parameters = megaplan::stage_parameters(model, plan, 0).parameters_per_gpu;
-  check_same(backend.take(), megaplan::optimizer_kernels(parameters, parameters, 0,
-                                                         {static_cast<int64_t>(gpt.layout().total)}));
+  check_same(backend.take(),
+             megaplan::optimizer_kernels(parameters, parameters, 0, {static_cast<int64_t>(gpt.layout().total)}));
 }
 
 TEST_CASE("the profiler's launch of a listed kernel is that kernel", "[kernels]") {
@@ -181,7 +183,7 @@ TEST_CASE("the profiler's launch of a listed kernel is that kernel", "[kernels]"
   std::vector<Kernel> kernels;
   for (const GemmLayout layout : megaplan::kGemmLayouts) {
     const std::vector<GemmEpilogue> epilogues =
-        layout == GemmLayout::kForward         ? std::vector{GemmEpilogue::kNone, GemmEpilogue::kBias, GemmEpilogue::kBiasGelu}
+        layout == GemmLayout::kForward ? std::vector{GemmEpilogue::kNone, GemmEpilogue::kBias, GemmEpilogue::kBiasGelu}
         : layout == GemmLayout::kInputGradient ? std::vector{GemmEpilogue::kNone, GemmEpilogue::kGeluGradient}
                                                : std::vector{GemmEpilogue::kNone, GemmEpilogue::kBiasGradient};
     for (const GemmEpilogue epilogue : epilogues) kernels.push_back(megaplan::gemm_kernel(layout, epilogue, 6, 10, 4));

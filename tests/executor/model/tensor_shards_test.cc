@@ -14,7 +14,9 @@ TEST_CASE("resharding concatenates saved parts along their dimension and cuts th
   const std::vector<int64_t> shape = {4, 6, 2};
   std::vector<float> whole(48);
   for (std::size_t i = 0; i < whole.size(); ++i) whole[i] = static_cast<float>(i);
-  const auto element = [](std::size_t a, std::size_t b, std::size_t c) { return static_cast<float>((a * 6 + b) * 2 + c); };
+  const auto element = [](std::size_t a, std::size_t b, std::size_t c) {
+    return static_cast<float>((a * 6 + b) * 2 + c);
+  };
   std::vector<std::vector<float>> halves(2);
   for (std::size_t a = 0; a < 4; ++a) {
     for (std::size_t b = 0; b < 6; ++b) {
@@ -32,12 +34,14 @@ TEST_CASE("resharding concatenates saved parts along their dimension and cuts th
   }
   CHECK(exec::reshard(halves, exec::TensorCut{1}, shape, {1, 1, 3}) == third);
   // Part 3 of 4 along dimension 0 (column-parallel style): the last row block.
-  CHECK(exec::reshard(halves, exec::TensorCut{1}, shape, {0, 3, 4}) == std::vector<float>(whole.begin() + 36, whole.end()));
+  CHECK(exec::reshard(halves, exec::TensorCut{1}, shape, {0, 3, 4}) ==
+        std::vector<float>(whole.begin() + 36, whole.end()));
   // Part 1 of 2 along the last dimension.
   std::vector<float> odd;
   for (std::size_t i = 1; i < 48; i += 2) odd.push_back(whole[i]);
   CHECK(exec::reshard({whole}, exec::TensorCut{}, shape, {2, 1, 2}) == odd);
-  CHECK_THROWS_AS(exec::reshard(halves, exec::TensorCut{1}, shape, {1, 0, 4}), std::invalid_argument);  // 6 columns in 4 parts
+  CHECK_THROWS_AS(exec::reshard(halves, exec::TensorCut{1}, shape, {1, 0, 4}),
+                  std::invalid_argument);  // 6 columns in 4 parts
 }
 
 TEST_CASE("a cut fits where its dimension divides into its parts", "[shards]") {
@@ -63,6 +67,7 @@ TEST_CASE("a cut of stacked blocks takes each block's part: SwiGLU's [gate; up]"
   // Joined back from both ranks' parts, and resharded to 4 ranks: rank 3's [gate row 3; up row 7].
   const std::vector<float> part0 = exec::reshard({whole}, exec::TensorCut{}, shape, {0, 0, 2, 2});
   CHECK(exec::reshard({part0, part}, exec::TensorCut{0, 0, 2, 2}, shape, {}) == whole);
-  CHECK(exec::reshard({part0, part}, exec::TensorCut{0, 0, 2, 2}, shape, {0, 3, 4, 2}) == std::vector<float>{30, 31, 70, 71});
+  CHECK(exec::reshard({part0, part}, exec::TensorCut{0, 0, 2, 2}, shape, {0, 3, 4, 2}) ==
+        std::vector<float>{30, 31, 70, 71});
   CHECK_FALSE(exec::cut_fits(shape, {0, 0, 8, 2}));  // 4 rows per block in 8 parts
 }

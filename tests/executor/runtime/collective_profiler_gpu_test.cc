@@ -43,8 +43,9 @@ TEST_CASE("collectives and compute beside them are timed on the GPU's streams", 
   REQUIRE(timings.overlap.size() == 4);
   for (const exec::OverlapTiming& beside : timings.overlap) {
     INFO(megaplan::to_string(beside.op) << ": compute alone " << beside.compute_alone_s << " s, beside "
-                                       << beside.compute_beside_s << " s; collective alone "
-                                       << beside.collective_alone_s << " s, beside " << beside.collective_beside_s << " s");
+                                        << beside.compute_beside_s << " s; collective alone "
+                                        << beside.collective_alone_s << " s, beside " << beside.collective_beside_s
+                                        << " s");
     // A layer of width 1024 over 2048 tokens. Both ranks run their passes on the one GPU, alone
     // and beside alike, so the times say nothing of a slowdown here: each only has to be a pass's
     // or a call's time, not an event's or a whole run's.

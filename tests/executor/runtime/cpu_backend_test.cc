@@ -16,6 +16,6 @@ TEST_CASE("CPU timing marks measure the host's time between them and are reused 
   CHECK(backend.seconds_between(start, end) < 5);  // a slow machine, not a wrong clock or unit
 
   backend.release_marks();
-  CHECK(backend.mark().index == 0);  // the marks start over: nothing accumulates across iterations
+  CHECK(backend.mark().index == 0);                   // the marks start over: nothing accumulates across iterations
   CHECK_THROWS(backend.seconds_between(start, end));  // end is gone
 }

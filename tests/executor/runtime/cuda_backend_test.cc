@@ -4,6 +4,7 @@
 // its loss falls as on the CPU, and a resumed run repeats the uninterrupted one bit for bit.
 #include <catch2/catch.hpp>
 
+#include <unistd.h>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -13,7 +14,6 @@
 #include <random>
 #include <sstream>
 #include <stdexcept>
-#include <unistd.h>
 #include <vector>
 
 #include "executor/data/prepare.h"
@@ -27,10 +27,10 @@ namespace {
 
 const megaplan::exec::DropoutMask kNoDropout;  // inactive: attention without dropout
 
-using megaplan::exec::Activation;
-using megaplan::exec::Backend;
 using megaplan::DType;
 using megaplan::GemmEpilogue;
+using megaplan::exec::Activation;
+using megaplan::exec::Backend;
 using megaplan::test::shard_cross_entropy;
 
 // Round to bf16 (nearest even) and back, so both backends start from the same values.
@@ -266,10 +266,10 @@ TEST_CASE("every CUDA operation matches the CPU backend", "[gpu][kernels]") {
         CHECK(both.error(out) < kBf16);
         Acts dout = both.acts(random_vector(batch * seq * heads * dim, generator));
         Acts dqkv = both.act_output(batch * seq * width);
-        both.cpu().attention_backward(dout.cpu, qkv.cpu, out.cpu, saved_cpu, batch, seq, heads, groups, dim,
-                                      kNoDropout, dqkv.cpu);
-        both.gpu().attention_backward(dout.gpu, qkv.gpu, out.gpu, saved_gpu, batch, seq, heads, groups, dim,
-                                      kNoDropout, dqkv.gpu);
+        both.cpu().attention_backward(dout.cpu, qkv.cpu, out.cpu, saved_cpu, batch, seq, heads, groups, dim, kNoDropout,
+                                      dqkv.cpu);
+        both.gpu().attention_backward(dout.gpu, qkv.gpu, out.gpu, saved_gpu, batch, seq, heads, groups, dim, kNoDropout,
+                                      dqkv.gpu);
         CHECK(both.error(dqkv) < kBf16);
         both.cpu().rotary(dqkv.cpu, batch, seq, groups, heads / groups, dim, dim / 2, frequencies, true);
         both.gpu().rotary(dqkv.gpu, batch, seq, groups, heads / groups, dim, dim / 2, frequencies, true);
@@ -313,7 +313,8 @@ TEST_CASE("every CUDA operation matches the CPU backend", "[gpu][kernels]") {
           for (std::size_t s = 1; s < shards; ++s) peak[t] = std::max(peak[t], host[s * 2 * tokens + t]);
         }
         Floats peaks = both.floats(peak);
-        Floats terms = both.floats(std::vector<float>(host.begin(), host.begin() + static_cast<std::ptrdiff_t>(tokens)));
+        Floats terms =
+            both.floats(std::vector<float>(host.begin(), host.begin() + static_cast<std::ptrdiff_t>(tokens)));
         both.cpu().cross_entropy_shift(peaks.cpu, tokens, terms.cpu);
         both.gpu().cross_entropy_shift(peaks.gpu, tokens, terms.gpu);
         CHECK(both.error(terms) < kFp32);
@@ -346,10 +347,10 @@ TEST_CASE("every CUDA operation matches the CPU backend", "[gpu][kernels]") {
       both.gpu().upload(lse.gpu, gpu_lse.data(), tokens);
       for (std::size_t s = 0; s < shards; ++s) {
         INFO("shard " << s);
-        both.cpu().cross_entropy_backward(logits[s].cpu, lse.cpu, targets.data(), mask.data(), tokens, vocab,
-                                          s * vocab, 0.5f, logits[s].cpu);
-        both.gpu().cross_entropy_backward(logits[s].gpu, lse.gpu, targets.data(), mask.data(), tokens, vocab,
-                                          s * vocab, 0.5f, logits[s].gpu);
+        both.cpu().cross_entropy_backward(logits[s].cpu, lse.cpu, targets.data(), mask.data(), tokens, vocab, s * vocab,
+                                          0.5f, logits[s].cpu);
+        both.gpu().cross_entropy_backward(logits[s].gpu, lse.gpu, targets.data(), mask.data(), tokens, vocab, s * vocab,
+                                          0.5f, logits[s].gpu);
         CHECK(both.error(logits[s]) < kBf16);
       }
     }
@@ -365,7 +366,8 @@ TEST_CASE("every CUDA operation matches the CPU backend", "[gpu][kernels]") {
                                                  {w2.cpu, g2.cpu, first2.cpu, second2.cpu, copy2.cpu, 7, 0.0}};
     const std::vector<OptimizerTensor> on_gpu = {{w.gpu, g.gpu, first.gpu, second.gpu, copy.gpu, 500, 0.1},
                                                  {w2.gpu, g2.gpu, first2.gpu, second2.gpu, copy2.gpu, 7, 0.0}};
-    CHECK(both.gpu().gradient_sum_of_squares(on_gpu) == Approx(both.cpu().gradient_sum_of_squares(on_cpu)).epsilon(1e-6));
+    CHECK(both.gpu().gradient_sum_of_squares(on_gpu) ==
+          Approx(both.cpu().gradient_sum_of_squares(on_cpu)).epsilon(1e-6));
     for (int64_t step = 1; step <= 3; ++step) {
       both.cpu().adamw_step(on_cpu, {step, 1e-2, 0.9, 0.95, 1e-8, 0.5});
       both.gpu().adamw_step(on_gpu, {step, 1e-2, 0.9, 0.95, 1e-8, 0.5});
@@ -402,9 +404,9 @@ TEST_CASE("a CUDA backend made for fp16 runs its activations and kernels in fp16
     both.gpu().linear_forward(x.gpu, w.gpu, b.gpu, m, k, n, GemmEpilogue::kBias, y.gpu, nullptr);
     CHECK(both.error(y) < kFp16);
     both.cpu().linear_forward(x.cpu, w.cpu, b.cpu, m, k, n, GemmEpilogue::kBias, paired.cpu, nullptr);
-    both.gpu().run_pair([] {}, [&] {
-      both.gpu().linear_forward(x.gpu, w.gpu, b.gpu, m, k, n, GemmEpilogue::kBias, paired.gpu, nullptr);
-    });
+    both.gpu().run_pair(
+        [] {},
+        [&] { both.gpu().linear_forward(x.gpu, w.gpu, b.gpu, m, k, n, GemmEpilogue::kBias, paired.gpu, nullptr); });
     CHECK(both.error(paired) < kFp16);
   }
   SECTION("attention, with query groups") {
@@ -467,7 +469,8 @@ TEST_CASE("the CUDA backend's GEMMs read and write fp16 when asked, for the prof
   for (std::size_t row = 0; row < m; ++row) {
     for (std::size_t col = 0; col < n; ++col) {
       float expected = static_cast<float>(bias[col]);
-      for (std::size_t i = 0; i < k; ++i) expected += static_cast<float>(x[row * k + i]) * static_cast<float>(w[col * k + i]);
+      for (std::size_t i = 0; i < k; ++i)
+        expected += static_cast<float>(x[row * k + i]) * static_cast<float>(w[col * k + i]);
       INFO("row " << row << " col " << col);
       REQUIRE(static_cast<float>(carried(out[row * n + col])) == expected);
     }
@@ -526,7 +529,7 @@ TEST_CASE("run_pair: the second part runs on a stream of its own, after the earl
                 [&] {
                   streams[1] = gpu->compute_stream();
                   gpu->refresh_compute_copy(before, kRead, read);  // must see the last fill
-                  busy_fills(inside, 50.0f);  // must be done before anything issued after the pair
+                  busy_fills(inside, 50.0f);                       // must be done before anything issued after the pair
                 });
   CHECK(streams[0] == first_stream);
   CHECK(streams[1] != first_stream);
@@ -581,11 +584,12 @@ TEST_CASE("a tiny GPT and a tiny Llama train on the GPU, as on the CPU, and resu
     options.log_file = prefix + "-whole.jsonl";
     megaplan::exec::train(model, plan, options, gpu, out);
     options.log_file = prefix + "-cpu.jsonl";
-    megaplan::exec::train(model, plan, options,
-                          [](int64_t) -> std::unique_ptr<megaplan::exec::Backend> {
-                            return std::make_unique<megaplan::exec::CpuBackend>();
-                          },
-                          out);
+    megaplan::exec::train(
+        model, plan, options,
+        [](int64_t) -> std::unique_ptr<megaplan::exec::Backend> {
+          return std::make_unique<megaplan::exec::CpuBackend>();
+        },
+        out);
     options.log_file = prefix + "-parts.jsonl";
     options.save = prefix + "-checkpoints";
     options.exit_interval = 20;
@@ -593,7 +597,8 @@ TEST_CASE("a tiny GPT and a tiny Llama train on the GPU, as on the CPU, and resu
     options.exit_interval = 0;
     options.load = options.save;
     megaplan::exec::train(model, plan, options, gpu, out);
-    const std::vector<double> whole = logged_losses(prefix + "-whole.jsonl"), parts = logged_losses(prefix + "-parts.jsonl"),
+    const std::vector<double> whole = logged_losses(prefix + "-whole.jsonl"),
+                              parts = logged_losses(prefix + "-parts.jsonl"),
                               cpu = logged_losses(prefix + "-cpu.jsonl");
     REQUIRE(whole.size() == 40);
     REQUIRE(parts.size() == 40);

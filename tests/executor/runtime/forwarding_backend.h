@@ -147,9 +147,7 @@ class ForwardingBackend : public exec::Backend {
     inner_->run_pair(first, second);
   }
   TimingMark mark() override { return inner_->mark(); }
-  double seconds_between(TimingMark from, TimingMark to) override {
-    return inner_->seconds_between(from, to);
-  }
+  double seconds_between(TimingMark from, TimingMark to) override { return inner_->seconds_between(from, to); }
   void release_marks() override { inner_->release_marks(); }
 
  protected:

@@ -64,7 +64,8 @@ class RecordingBackend : public ForwardingBackend {
                          std::size_t cols, Activation y, float* mean, float* rstd) override {
     record(row_kernel(KernelKind::kNormForward, size(rows), size(cols), residual != nullptr,
                       residual != nullptr && residual_dropout.active()));
-    ForwardingBackend::layernorm_forward(x, residual, residual_dropout, sum_out, gamma, beta, rows, cols, y, mean, rstd);
+    ForwardingBackend::layernorm_forward(x, residual, residual_dropout, sum_out, gamma, beta, rows, cols, y, mean,
+                                         rstd);
   }
   void layernorm_backward(ConstActivation dy, ConstActivation x, ConstActivation gamma, const float* mean,
                           const float* rstd, std::size_t rows, std::size_t cols, ConstActivation residual_grad,
@@ -108,8 +109,8 @@ class RecordingBackend : public ForwardingBackend {
   void attention_backward(ConstActivation dout, ConstActivation qkv, ConstActivation out, const float* saved,
                           std::size_t batch, std::size_t seq, std::size_t heads, std::size_t groups, std::size_t dim,
                           const DropoutMask& dropout, Activation dqkv) override {
-    record(attention_kernel(KernelKind::kAttentionBackward, size(batch), size(seq), size(heads), size(dim), size(groups),
-                            dropout.active()));
+    record(attention_kernel(KernelKind::kAttentionBackward, size(batch), size(seq), size(heads), size(dim),
+                            size(groups), dropout.active()));
     ForwardingBackend::attention_backward(dout, qkv, out, saved, batch, seq, heads, groups, dim, dropout, dqkv);
   }
   void dropout(ConstActivation x, ConstActivation residual, std::size_t rows, std::size_t cols, const DropoutMask& mask,

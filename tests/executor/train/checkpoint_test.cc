@@ -1,9 +1,9 @@
 // Per-rank checkpoints: Megatron's directory layout, a bit-exact resume under the saving layout,
 // loading under other layouts (pipeline, virtual pipeline, data parallelism, the distributed
-// optimizer on or off, tensor and sequence parallelism) on the single-rank trajectory, the tensor-parallel resharding rule,
-// the vocabulary under another tp's padding, the tokenizer a run names, and
-// refusals (a corrupted shard, a checkpoint of another model) and failed saves that leave the last
-// good checkpoint as it was. A 4-layer GPT on the CPU backend, ranks as threads.
+// optimizer on or off, tensor and sequence parallelism) on the single-rank trajectory, the tensor-parallel resharding
+// rule, the vocabulary under another tp's padding, the tokenizer a run names, and refusals (a corrupted shard, a
+// checkpoint of another model) and failed saves that leave the last good checkpoint as it was. A 4-layer GPT on the CPU
+// backend, ranks as threads.
 //
 // Tolerance of a resharded load: the tolerance parallel_training_test.cc states and explains
 // (1e-4 relative on losses): after the load each layout runs its own order of the same sums.
@@ -11,8 +11,8 @@
 
 #include <array>
 #include <filesystem>
-#include <functional>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -135,7 +135,8 @@ TEST_CASE("a checkpoint of pp 2 x dp 2 resumes bit for bit and loads under other
     CHECK(fs::exists(directory + "/iter_0000004/" + file));
   }
   CHECK_FALSE(fs::exists(directory + "/iter_0000004.tmp"));
-  const nlohmann::json state = nlohmann::json::parse(megaplan::read_file_contents(directory + "/iter_0000004/state.json"));
+  const nlohmann::json state =
+      nlohmann::json::parse(megaplan::read_file_contents(directory + "/iter_0000004/state.json"));
   CHECK(state.at("iteration") == 4);
   CHECK(state.at("consumed_samples") == 32);
   CHECK(state.at("plan").at("pipeline_parallel_size") == 2);
@@ -157,7 +158,8 @@ TEST_CASE("a checkpoint of pp 2 x dp 2 resumes bit for bit and loads under other
       {"one rank", plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false)},
       {"pp 4", plan_of(4, 1, 1, ScheduleKind::kOneFOneB, false)},
       {"dp 2 without the distributed optimizer", plan_of(1, 2, 1, ScheduleKind::kOneFOneB, false)},
-      {"pp 2 dualpipev (a V: the last stage reads the embedding, no copy)", plan_of(2, 1, 2, ScheduleKind::kDualPipeV, false)},
+      {"pp 2 dualpipev (a V: the last stage reads the embedding, no copy)",
+       plan_of(2, 1, 2, ScheduleKind::kDualPipeV, false)},
   };
   for (std::size_t l = 0; l < layouts.size(); ++l) {
     INFO(layouts[l].first);
@@ -215,9 +217,9 @@ TEST_CASE("a checkpoint of tp 2 x pp 2 resumes bit for bit and loads at one rank
   options.exit_interval = 0;
   options.save.reset();
   options.load = directory;
-  for (const auto& [name, plan] : std::vector<std::pair<std::string, ParallelPlan>>{
-           {"one rank", plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false)},
-           {"pp 4", plan_of(4, 1, 1, ScheduleKind::kOneFOneB, false)}}) {
+  for (const auto& [name, plan] :
+       std::vector<std::pair<std::string, ParallelPlan>>{{"one rank", plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false)},
+                                                         {"pp 4", plan_of(4, 1, 1, ScheduleKind::kOneFOneB, false)}}) {
     INFO(name);
     const Outcome resumed = train(model, plan, options, scratch, name);
     REQUIRE(resumed.losses.size() == 4);
@@ -238,7 +240,8 @@ TEST_CASE("checkpoints hand a run from pp 2 interleaved to dp 2 with the distrib
   exec::TrainOptions options = options_for(megaplan::test::sentence_corpus(scratch));
   const Outcome single = train(model, plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false), options, scratch, "single");
   REQUIRE(single.losses.size() == 8);
-  const std::vector<std::pair<ParallelPlan, int64_t>> legs = {  // a layout and the iteration it stops at
+  const std::vector<std::pair<ParallelPlan, int64_t>> legs = {
+      // a layout and the iteration it stops at
       {plan_of(2, 1, 2, ScheduleKind::kInterleaved, false), 2},
       {plan_of(1, 2, 1, ScheduleKind::kOneFOneB, true), 4},
       // dp 2 saved no tied copy of the embedding: pp 2's last stage reads its copy from the embedding.
@@ -280,7 +283,8 @@ TEST_CASE("a corrupted shard and a checkpoint of another model are refused with 
 
   // One flipped byte inside decoder.layers.1.mlp.linear_fc1.weight (its first moment).
   const std::string rank_directory = directory + "/iter_0000002/mp_rank_00_000";
-  const nlohmann::json manifest = nlohmann::json::parse(megaplan::read_file_contents(rank_directory + "/manifest.json"));
+  const nlohmann::json manifest =
+      nlohmann::json::parse(megaplan::read_file_contents(rank_directory + "/manifest.json"));
   const std::string corrupted = "decoder.layers.1.mlp.linear_fc1.weight";
   uint64_t offset = 0, size = 0;
   for (const nlohmann::json& tensor : manifest.at("tensors")) {
@@ -431,15 +435,17 @@ TEST_CASE("a damaged training state, a missing latest file and bad --load/--save
     };
   };
   // One changed digit anywhere in state.json is its checksum's to catch.
-  CHECK(load_damaged(with_state([](nlohmann::json& s) { s["consumed_samples"] = 7; }))
-            .find("/state.json: its checksum does not match its contents") != std::string::npos);
+  CHECK(load_damaged(with_state([](nlohmann::json& s) {
+          s["consumed_samples"] = 7;
+        })).find("/state.json: its checksum does not match its contents") != std::string::npos);
   // The manifests carry one too: a changed shard index would otherwise load a permuted tensor.
   CHECK(load_damaged([](const std::string& copy) {
           const std::string path = copy + "/iter_0000002/mp_rank_00/manifest.json";
           nlohmann::json manifest = nlohmann::json::parse(megaplan::read_file_contents(path));
           manifest["tensors"][0]["offset"] = 4;
           write_text(path, manifest.dump(1));
-        }).find("/iter_0000002/mp_rank_00/manifest.json: its checksum does not match its contents") != std::string::npos);
+        }).find("/iter_0000002/mp_rank_00/manifest.json: its checksum does not match its contents") !=
+        std::string::npos);
   // Without the checksum (a checkpoint saved before it), each field is checked for itself.
   const auto unsummed = [&](const std::function<void(nlohmann::json&)>& edit) {
     return with_state([edit](nlohmann::json& s) {
@@ -447,23 +453,29 @@ TEST_CASE("a damaged training state, a missing latest file and bad --load/--save
       edit(s);
     });
   };
-  CHECK(load_damaged(unsummed([](nlohmann::json& s) { s["consumed_samples"] = -8; }))
-            .find("state.json: consumed_samples: must be non-negative, got -8") != std::string::npos);
-  CHECK(load_damaged(unsummed([](nlohmann::json& s) { s["iteration"] = "2"; }))
-            .find("state.json: iteration: must be an integer, got string \"2\"") != std::string::npos);
-  CHECK(load_damaged(unsummed([](nlohmann::json& s) { s["iteration"] = nlohmann::json::array({2}); }))
-            .find("state.json: iteration: must be an integer, got array") != std::string::npos);
-  CHECK(load_damaged(unsummed([](nlohmann::json& s) { s["iteration"] = 2.5; }))
-            .find("iteration: must be an integer, got number 2.5") != std::string::npos);
-  CHECK(load_damaged(unsummed([](nlohmann::json& s) { s.erase("consumed_samples"); }))
-            .find("state.json: consumed_samples: required field is missing") != std::string::npos);
-  CHECK(load_damaged(unsummed([](nlohmann::json& s) { s["iteration"] = 3; }))
-            .find("state.json says iteration 3 but") != std::string::npos);
-  CHECK(load_damaged(unsummed([](nlohmann::json& s) { s["consumed_samples"] = int64_t{1} << 62; }))
-            .find("has consumed 4611686018427387904 samples, more than the ") != std::string::npos);
-  CHECK(load_damaged([](const std::string& copy) { write_text(copy + "/latest_checkpointed_iteration.txt", "1e15\n"); })
-            .find("latest_checkpointed_iteration.txt must hold an iteration number (up to 12 digits), and holds \"1e15\"") !=
+  CHECK(load_damaged(unsummed([](nlohmann::json& s) {
+          s["consumed_samples"] = -8;
+        })).find("state.json: consumed_samples: must be non-negative, got -8") != std::string::npos);
+  CHECK(load_damaged(unsummed([](nlohmann::json& s) {
+          s["iteration"] = "2";
+        })).find("state.json: iteration: must be an integer, got string \"2\"") != std::string::npos);
+  CHECK(load_damaged(unsummed([](nlohmann::json& s) {
+          s["iteration"] = nlohmann::json::array({2});
+        })).find("state.json: iteration: must be an integer, got array") != std::string::npos);
+  CHECK(load_damaged(unsummed([](nlohmann::json& s) {
+          s["iteration"] = 2.5;
+        })).find("iteration: must be an integer, got number 2.5") != std::string::npos);
+  CHECK(load_damaged(unsummed([](nlohmann::json& s) {
+          s.erase("consumed_samples");
+        })).find("state.json: consumed_samples: required field is missing") != std::string::npos);
+  CHECK(load_damaged(unsummed([](nlohmann::json& s) { s["iteration"] = 3; })).find("state.json says iteration 3 but") !=
         std::string::npos);
+  CHECK(load_damaged(unsummed([](nlohmann::json& s) {
+          s["consumed_samples"] = int64_t{1} << 62;
+        })).find("has consumed 4611686018427387904 samples, more than the ") != std::string::npos);
+  CHECK(load_damaged([](const std::string& copy) { write_text(copy + "/latest_checkpointed_iteration.txt", "1e15\n"); })
+            .find("latest_checkpointed_iteration.txt must hold an iteration number (up to 12 digits), and holds "
+                  "\"1e15\"") != std::string::npos);
   // Without `latest` (a save killed between its rename and writing it), the newest complete
   // iteration directory loads; a staging directory beside it is not one.
   CHECK(load_damaged([](const std::string& copy) {
@@ -478,16 +490,16 @@ TEST_CASE("a damaged training state, a missing latest file and bad --load/--save
   options.learning_rate.warmup_iterations = 0;
   const std::string past = refusal_of([&] { (void)train(model, plan, options, scratch, "past"); });
   INFO(past);
-  CHECK(past
-            .find("is at iteration 2, past --train-iters 1: nothing to train") != std::string::npos);
+  CHECK(past.find("is at iteration 2, past --train-iters 1: nothing to train") != std::string::npos);
   options.train_iters = 3;
   options.learning_rate.warmup_iterations = 2;
 
   // --load of a directory that does not exist: an error, unless it is also --save.
   options.load = scratch.file("nowhere");
   CHECK(refusal_of([&] { (void)train(model, plan, options, scratch, "nowhere"); }) ==
-        "--load: " + *options.load + " does not exist; to start from scratch and resume from it later, give the same "
-                                     "directory to --save (Megatron's resume-or-start idiom)");
+        "--load: " + *options.load +
+            " does not exist; to start from scratch and resume from it later, give the same "
+            "directory to --save (Megatron's resume-or-start idiom)");
   options.save = options.load;
   const Outcome started = train(model, plan, options, scratch, "resume-or-start");
   CHECK(started.out.find("no checkpoint in " + *options.load + " yet: starting from scratch") != std::string::npos);
@@ -496,8 +508,9 @@ TEST_CASE("a damaged training state, a missing latest file and bad --load/--save
   fs::create_directory(scratch.file("empty"));
   options.load = scratch.file("empty");
   options.save = scratch.file("elsewhere");
-  CHECK(refusal_of([&] { (void)train(model, plan, options, scratch, "empty"); })
-            .find(" holds no checkpoint (no latest_checkpointed_iteration.txt)") != std::string::npos);
+  CHECK(refusal_of([&] {
+          (void)train(model, plan, options, scratch, "empty");
+        }).find(" holds no checkpoint (no latest_checkpointed_iteration.txt)") != std::string::npos);
   // --load naming a file; --save naming a file, or a directory under one: before any iteration.
   write_text(scratch.file("a-file"), "x");
   options.load = scratch.file("a-file");
@@ -510,7 +523,8 @@ TEST_CASE("a damaged training state, a missing latest file and bad --load/--save
   CHECK_FALSE(fs::exists(scratch.file("save-file.jsonl")));  // nothing trained
 }
 
-TEST_CASE("a save over an existing iteration swaps it in whole and removes what interrupted saves left", "[checkpoint]") {
+TEST_CASE("a save over an existing iteration swaps it in whole and removes what interrupted saves left",
+          "[checkpoint]") {
   const megaplan::test::ScratchDirectory scratch;
   const megaplan::ModelSpec model = four_layer_gpt();
   const ParallelPlan plan = plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false);
@@ -746,6 +760,7 @@ TEST_CASE("checkpoints record the tokenizer a run names, carry it over a resume,
   damaged["tokenizer"] = {{"kind", "gpt2"}, {"vocab_fle", "x"}};
   write_text(*options.save + "/iter_0000004/state.json", damaged.dump(2));
   options.train_iters = 5;
-  CHECK(refusal_of([&] { (void)train(model, plan, options, scratch, "damaged"); })
-            .find("state.json: tokenizer: vocab_fle") != std::string::npos);
+  CHECK(refusal_of([&] {
+          (void)train(model, plan, options, scratch, "damaged");
+        }).find("state.json: tokenizer: vocab_fle") != std::string::npos);
 }

@@ -54,12 +54,13 @@ std::vector<std::vector<SplitCall>> splits_of(const ParallelPlan& plan) {
   std::vector<std::vector<SplitCall>> calls(static_cast<std::size_t>(plan.world_size()));
   for (int64_t rank = 0; rank < plan.world_size(); ++rank) {
     auto& mine = calls[static_cast<std::size_t>(rank)];
-    exec::make_parallel_groups(plan, rank, exec::split_comm_factory(rank, [&mine](int64_t color, int64_t key,
-                                                                                  const std::vector<int64_t>& ranks,
-                                                                                  const std::string& label) {
-                                 mine.push_back(SplitCall{color, key, ranks, label});
-                                 return std::unique_ptr<exec::Comm>();
-                               }));
+    exec::make_parallel_groups(
+        plan, rank,
+        exec::split_comm_factory(
+            rank, [&mine](int64_t color, int64_t key, const std::vector<int64_t>& ranks, const std::string& label) {
+              mine.push_back(SplitCall{color, key, ranks, label});
+              return std::unique_ptr<exec::Comm>();
+            }));
   }
   return calls;
 }
@@ -114,7 +115,8 @@ TEST_CASE("every rank joins the same splits, with one group per color and keys i
       {"pp2 x dp2", plan_of(1, 2, 2, 1, ScheduleKind::kOneFOneB), {"world", "pp", "dp", "tp-pp", "embedding"}},
       // A V's first and last stage are both on pipeline rank 0: no embedding group.
       {"pp2 zbv", plan_of(1, 2, 1, 2, ScheduleKind::kZeroBubbleV), {"world", "pp", "tp-pp"}},
-      {"tp2 x pp2 x dp2", plan_of(2, 2, 2, 1, ScheduleKind::kOneFOneB),
+      {"tp2 x pp2 x dp2",
+       plan_of(2, 2, 2, 1, ScheduleKind::kOneFOneB),
        {"world", "tp", "pp", "dp", "tp-pp", "embedding"}},
   };
   for (const Case& c : cases) {

@@ -15,9 +15,9 @@ TEST_CASE("warm-up, then linear or cosine decay to min-lr, as Megatron", "[train
   schedule.decay_iterations = 110;
   schedule.style = DecayStyle::kCosine;
   schedule.validate();
-  CHECK(schedule.at(1, 1) == Approx(6e-5));    // 6e-4 * 1 / 10
-  CHECK(schedule.at(10, 1) == Approx(6e-4));   // end of warm-up
-  CHECK(schedule.at(60, 1) == Approx(3.3e-4)); // halfway: min + (max - min) / 2
+  CHECK(schedule.at(1, 1) == Approx(6e-5));     // 6e-4 * 1 / 10
+  CHECK(schedule.at(10, 1) == Approx(6e-4));    // end of warm-up
+  CHECK(schedule.at(60, 1) == Approx(3.3e-4));  // halfway: min + (max - min) / 2
   CHECK(schedule.at(110, 1) == Approx(6e-5));
   CHECK(schedule.at(500, 1) == Approx(6e-5));
   schedule.style = DecayStyle::kLinear;

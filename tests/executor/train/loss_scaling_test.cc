@@ -28,8 +28,8 @@
 namespace {
 
 namespace exec = megaplan::exec;
-using megaplan::ParallelPlan;
 using megaplan::DType;
+using megaplan::ParallelPlan;
 
 constexpr double kTwo32 = 4294967296.0;
 
@@ -114,18 +114,18 @@ TEST_CASE("the dynamic loss scaler backs off after --hysteresis overflows and gr
   exec::LossScaler scaler(settings);
   CHECK(scaler.dynamic());
   CHECK(scaler.scale() == 1024);
-  scaler.update(true);   // one unit of hysteresis spent
+  scaler.update(true);  // one unit of hysteresis spent
   CHECK(scaler.scale() == 1024);
-  scaler.update(true);   // used up: halve
+  scaler.update(true);  // used up: halve
   CHECK(scaler.scale() == 512);
-  scaler.update(true);   // still used up (only growth restores it): halve again
+  scaler.update(true);  // still used up (only growth restores it): halve again
   CHECK(scaler.scale() == 256);
-  scaler.update(true);   // not below the minimum
+  scaler.update(true);  // not below the minimum
   CHECK(scaler.scale() == 256);
   scaler.update(false);
   scaler.update(false);
   CHECK(scaler.scale() == 256);
-  scaler.update(true);   // an overflow restarts the window
+  scaler.update(true);  // an overflow restarts the window
   scaler.update(false);
   scaler.update(false);
   CHECK(scaler.scale() == 256);
@@ -215,9 +215,8 @@ TEST_CASE("an overflowing iteration is skipped, counted and logged, the scale ba
   CHECK(run.summary.skipped_iterations == 2);
   const std::string log = scratch.file("overflow.jsonl");
   CHECK(logged(log, "skipped_iterations") == std::vector<double>{0, 0, 1, 1, 0, 0, 0, 0, 0, 0});
-  CHECK(logged(log, "loss_scale") ==
-        std::vector<double>{kTwo32, kTwo32, kTwo32, kTwo32 / 2, kTwo32 / 2, kTwo32 / 2, kTwo32 / 2, kTwo32 / 2,
-                            kTwo32 / 2, kTwo32 / 2});
+  CHECK(logged(log, "loss_scale") == std::vector<double>{kTwo32, kTwo32, kTwo32, kTwo32 / 2, kTwo32 / 2, kTwo32 / 2,
+                                                         kTwo32 / 2, kTwo32 / 2, kTwo32 / 2, kTwo32 / 2});
   CHECK(run.out.find("iteration 4/10 | ") != std::string::npos);
   CHECK(run.out.find("| loss scale 2.14748e+09 | number of skipped iterations 1") != std::string::npos);
   REQUIRE(run.losses.size() == 10);

@@ -97,11 +97,11 @@ using megaplan::test::Outcome;
 
 // The ranks as threads sharing GPU 0 (the in-process one-GPU communicator), each with a CUDA
 // backend unless `backends` says otherwise.
-Outcome train_on_gpu(const megaplan::ModelSpec& model, const ParallelPlan& plan, const exec::TrainOptions& options,
-                     const megaplan::test::ScratchDirectory& scratch, const std::string& name,
-                     const exec::BackendFactory& backends = [](int64_t) { return exec::make_cuda_backend(); }) {
-  return megaplan::test::train_logged(model, plan, options, scratch, name, backends,
-                                      exec::make_in_process_gpu_memory);
+Outcome train_on_gpu(
+    const megaplan::ModelSpec& model, const ParallelPlan& plan, const exec::TrainOptions& options,
+    const megaplan::test::ScratchDirectory& scratch, const std::string& name,
+    const exec::BackendFactory& backends = [](int64_t) { return exec::make_cuda_backend(); }) {
+  return megaplan::test::train_logged(model, plan, options, scratch, name, backends, exec::make_in_process_gpu_memory);
 }
 
 struct Layout {
@@ -366,16 +366,17 @@ TEST_CASE("with dropout, tp 2, pp 2 and dp 2 train on one GPU like one rank", "[
       train_on_gpu(model, with_dropout(plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false)), options, scratch, "dropout");
   REQUIRE(single.losses.size() == kIterations);
   REQUIRE(single.losses.back() < single.losses.front());
-  const Outcome plain = train_on_gpu(model, plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false), options, scratch, "plain");
+  const Outcome plain =
+      train_on_gpu(model, plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false), options, scratch, "plain");
   const double moved = std::abs(plain.losses[0] - single.losses[0]) / plain.losses[0];
   std::cout << "dropout 0.3 moved the first loss by " << moved << " relative\n";
   CHECK(moved > 2e-4);
-  check_layouts(model, single,
-                {{"pp2 1f1b", with_dropout(plan_of(2, 1, 1, ScheduleKind::kOneFOneB, false)), 1e-5, 1e-5, 1e-5},
-                 {"dp2 distributed optimizer", with_dropout(plan_of(1, 2, 1, ScheduleKind::kOneFOneB, true)), 1e-5, 2e-3,
-                  1e-3},
-                 {"tp2", with_dropout(plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false, 2)), 1e-4, 2e-3, 1e-3},
-                 {"tp2 x pp2 x dp2, sequence parallel, distributed optimizer",
-                  with_dropout(plan_of(2, 2, 1, ScheduleKind::kOneFOneB, true, 2, true)), 1e-4, 2e-3, 1e-3}},
-                options, scratch);
+  check_layouts(
+      model, single,
+      {{"pp2 1f1b", with_dropout(plan_of(2, 1, 1, ScheduleKind::kOneFOneB, false)), 1e-5, 1e-5, 1e-5},
+       {"dp2 distributed optimizer", with_dropout(plan_of(1, 2, 1, ScheduleKind::kOneFOneB, true)), 1e-5, 2e-3, 1e-3},
+       {"tp2", with_dropout(plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false, 2)), 1e-4, 2e-3, 1e-3},
+       {"tp2 x pp2 x dp2, sequence parallel, distributed optimizer",
+        with_dropout(plan_of(2, 2, 1, ScheduleKind::kOneFOneB, true, 2, true)), 1e-4, 2e-3, 1e-3}},
+      options, scratch);
 }

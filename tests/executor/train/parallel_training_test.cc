@@ -33,8 +33,8 @@
 #include "core/timeline.h"
 #include "executor/comm/in_process_comm.h"
 #include "executor/comm/rank_threads.h"
-#include "executor/train/parallel_groups.h"
 #include "executor/runtime/cpu_backend.h"
+#include "executor/train/parallel_groups.h"
 #include "executor/train/trainer.h"
 #include "tests/executor/train/training_fixtures.h"
 #include "tests/executor/train/training_run.h"
@@ -197,18 +197,20 @@ TEST_CASE("every pipeline schedule, data-parallel layout and recomputation train
       {"tp2 sequence parallel", sequence_parallel(plan_of(2, 1, 1, 1, ScheduleKind::kOneFOneB))},
       {"tp2 x pp2 x dp2, sequence parallel, distributed optimizer", everything},
       {"tp2 sequence parallel x pp2 zb-h1", sequence_parallel(plan_of(2, 2, 1, 1, ScheduleKind::kZeroBubbleH1))},
-      {"tp2 sequence parallel, full recomputation", recomputed(sequence_parallel(plan_of(2, 1, 1, 1, ScheduleKind::kOneFOneB)),
-                                                               RecomputeGranularity::kFull, RecomputeMethod::kUniform, 2)},
+      {"tp2 sequence parallel, full recomputation",
+       recomputed(sequence_parallel(plan_of(2, 1, 1, 1, ScheduleKind::kOneFOneB)), RecomputeGranularity::kFull,
+                  RecomputeMethod::kUniform, 2)},
       {"selective recomputation", recomputed(plan_of(1, 1, 1, 1, ScheduleKind::kOneFOneB),
                                              RecomputeGranularity::kSelective, RecomputeMethod::kUniform, 1)},
       {"full recomputation, uniform 3", recomputed(plan_of(1, 1, 1, 1, ScheduleKind::kOneFOneB),
-                                                  RecomputeGranularity::kFull, RecomputeMethod::kUniform, 3)},
+                                                   RecomputeGranularity::kFull, RecomputeMethod::kUniform, 3)},
       {"pp2 1f1b, full recomputation, block 1", recomputed(plan_of(1, 2, 1, 1, ScheduleKind::kOneFOneB),
-                                                          RecomputeGranularity::kFull, RecomputeMethod::kBlock, 1)},
+                                                           RecomputeGranularity::kFull, RecomputeMethod::kBlock, 1)},
       {"pp2 zbv, full recomputation, uniform 1", recomputed(plan_of(1, 2, 1, 2, ScheduleKind::kZeroBubbleV),
-                                                           RecomputeGranularity::kFull, RecomputeMethod::kUniform, 1)},
-      {"pp2 zb-h1, selective recomputation", recomputed(plan_of(1, 2, 1, 1, ScheduleKind::kZeroBubbleH1),
-                                                       RecomputeGranularity::kSelective, RecomputeMethod::kUniform, 1)},
+                                                            RecomputeGranularity::kFull, RecomputeMethod::kUniform, 1)},
+      {"pp2 zb-h1, selective recomputation",
+       recomputed(plan_of(1, 2, 1, 1, ScheduleKind::kZeroBubbleH1), RecomputeGranularity::kSelective,
+                  RecomputeMethod::kUniform, 1)},
   };
   check_trains_like(single, model, layouts, options, scratch);
 }
@@ -264,8 +266,8 @@ TEST_CASE("with dropout every layout draws the single rank's masks and trains li
     REQUIRE(single.losses.back() < single.losses.front());
     // Dropout changes the run by far more than the layouts' 1e-4 (measured: up to 1.9e-3 relative
     // for the GPT, 6.5e-3 for the Llama), so a layout drawing other masks would fail.
-    const Outcome plain = train(model, plan_of(1, 1, 1, 1, ScheduleKind::kOneFOneB), options, scratch,
-                                model.name + "-no-dropout");
+    const Outcome plain =
+        train(model, plan_of(1, 1, 1, 1, ScheduleKind::kOneFOneB), options, scratch, model.name + "-no-dropout");
     double moved = 0;
     for (std::size_t i = 0; i < single.losses.size(); ++i) {
       moved = std::max(moved, std::abs(plain.losses[i] - single.losses[i]) / plain.losses[i]);
@@ -309,10 +311,10 @@ TEST_CASE("gradient buckets reduced as the backward fills them give the bits of 
   ParallelPlan everything = plan_of(2, 2, 2, 2, ScheduleKind::kInterleaved);
   everything.sequence_parallel = true;
   everything.use_distributed_optimizer = true;
-  const std::vector<Layout> layouts = {{"dp2", plan_of(1, 1, 2, 1, ScheduleKind::kOneFOneB)},
-                                       {"pp2 x dp2 zb-h1, distributed optimizer", zero_bubble},
-                                       {"tp2 sequence parallel x pp2 interleaved vpp2 x dp2, distributed optimizer",
-                                        everything}};
+  const std::vector<Layout> layouts = {
+      {"dp2", plan_of(1, 1, 2, 1, ScheduleKind::kOneFOneB)},
+      {"pp2 x dp2 zb-h1, distributed optimizer", zero_bubble},
+      {"tp2 sequence parallel x pp2 interleaved vpp2 x dp2, distributed optimizer", everything}};
   for (std::size_t l = 0; l < layouts.size(); ++l) {
     INFO(layouts[l].name);
     ParallelPlan variant = layouts[l].plan;
@@ -389,7 +391,8 @@ TEST_CASE("a ramped global batch trains like one rank, steps as Megatron's ramp 
   } catch (const megaplan::SpecError& error) {
     const std::string message = error.what();
     INFO(message);
-    CHECK(message.rfind("--rampup-batch-size: the ramp's global batch 2 (1 microbatches) cannot run this plan: ", 0) == 0);
+    CHECK(message.rfind("--rampup-batch-size: the ramp's global batch 2 (1 microbatches) cannot run this plan: ", 0) ==
+          0);
   }
 }
 

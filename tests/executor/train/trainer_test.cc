@@ -27,13 +27,15 @@ megaplan::ParallelPlan one_rank(int64_t micro_batch_size, int64_t global_batch_s
   return plan;
 }
 
-megaplan::exec::TrainSummary train_on_cpu(const megaplan::ParallelPlan& plan, const megaplan::exec::TrainOptions& options,
-                                          std::ostream& out, const megaplan::ModelSpec& model = megaplan::test::tiny_gpt()) {
-  return megaplan::exec::train(model, plan, options,
-                               [](int64_t) -> std::unique_ptr<megaplan::exec::Backend> {
-                                 return std::make_unique<megaplan::exec::CpuBackend>();
-                               },
-                               out);
+megaplan::exec::TrainSummary train_on_cpu(const megaplan::ParallelPlan& plan,
+                                          const megaplan::exec::TrainOptions& options, std::ostream& out,
+                                          const megaplan::ModelSpec& model = megaplan::test::tiny_gpt()) {
+  return megaplan::exec::train(
+      model, plan, options,
+      [](int64_t) -> std::unique_ptr<megaplan::exec::Backend> {
+        return std::make_unique<megaplan::exec::CpuBackend>();
+      },
+      out);
 }
 
 }  // namespace
@@ -86,8 +88,7 @@ TEST_CASE("a tiny GPT and a tiny Llama train on the CPU backend and resume exact
   }
 }
 
-TEST_CASE("a non-finite loss stops training before the optimizer step and keeps the last checkpoint",
-          "[train]") {
+TEST_CASE("a non-finite loss stops training before the optimizer step and keeps the last checkpoint", "[train]") {
   const megaplan::test::ScratchDirectory scratch;
   megaplan::exec::TrainOptions options;
   options.train_iters = 6;
