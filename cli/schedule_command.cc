@@ -11,24 +11,14 @@
 #include "core/error.h"
 #include "core/schedule/lowering.h"
 #include "core/schedule/schedule_csv.h"
-#include "core/schedule/schedule_facts.h"
 #include "core/schedule/schedule_traits.h"
 #include "core/schedule/validation.h"
 #include "core/text_file.h"
 #include "executor/io/staged_file.h"
-#include "reports/text_table.h"
+#include "reports/schedule_report.h"
 
 namespace megaplan::cli {
 namespace {
-
-std::string placement_name(StagePlacement placement) { return placement == StagePlacement::kV ? "v" : "loop"; }
-
-std::string describe_shape(const PipelineSchedule& schedule) {
-  const ScheduleShape& shape = schedule.shape;
-  return "pp " + std::to_string(shape.pipeline_parallel_size) + ", " + std::to_string(shape.num_stages) + " stages (" +
-         placement_name(shape.placement) + "), " + std::to_string(shape.microbatches) + " microbatches, " +
-         (schedule.lowered ? "lowered" : "compute only");
-}
 
 PipelineSchedule generated(const ScheduleOptions& options) {
   if (options.kind.empty()) throw SpecError("--kind", "required unless --import is given");
@@ -40,45 +30,6 @@ PipelineSchedule generated(const ScheduleOptions& options) {
     throw SpecError("--microbatch-group-size", "applies to the interleaved schedule only, not " + options.kind);
   }
   return generate_schedule(kind, options.pp, vpp, options.microbatches, options.group_size);
-}
-
-void write_text(const std::string& title, const PipelineSchedule& schedule, std::ostream& out) {
-  out << title << ": " << describe_shape(schedule) << "\n";
-  for (std::size_t rank = 0; rank < schedule.ranks.size(); ++rank) {
-    out << "rank " << rank << ": " << to_string(schedule.ranks[rank]) << "\n";
-  }
-  TextTable table({"rank", "actions", "compute", "peak in-flight", "sends", "receives"});
-  const std::vector<RankScheduleFacts> facts = schedule_facts(schedule);
-  for (std::size_t rank = 0; rank < facts.size(); ++rank) {
-    table.add_row({std::to_string(rank), std::to_string(schedule.ranks[rank].size()),
-                   std::to_string(facts[rank].compute_actions), std::to_string(facts[rank].peak_inflight_microbatches),
-                   std::to_string(facts[rank].sends), std::to_string(facts[rank].receives)});
-  }
-  out << "\n" << table.render();
-}
-
-nlohmann::json to_json(const std::string& title, const PipelineSchedule& schedule) {
-  nlohmann::json ranks = nlohmann::json::array();
-  for (const std::vector<Action>& actions : schedule.ranks) {
-    nlohmann::json row = nlohmann::json::array();
-    for (const Action& action : actions) row.push_back(to_string(action));
-    ranks.push_back(std::move(row));
-  }
-  nlohmann::json facts = nlohmann::json::array();
-  for (const RankScheduleFacts& rank : schedule_facts(schedule)) {
-    facts.push_back({{"compute_actions", rank.compute_actions},
-                     {"peak_inflight_microbatches", rank.peak_inflight_microbatches},
-                     {"sends", rank.sends},
-                     {"receives", rank.receives}});
-  }
-  return {{"schedule", title},
-          {"pipeline_parallel_size", schedule.shape.pipeline_parallel_size},
-          {"num_stages", schedule.shape.num_stages},
-          {"placement", placement_name(schedule.shape.placement)},
-          {"microbatches", schedule.shape.microbatches},
-          {"lowered", schedule.lowered},
-          {"ranks", std::move(ranks)},
-          {"facts", std::move(facts)}};
 }
 
 }  // namespace
@@ -102,14 +53,14 @@ int run_schedule(const ScheduleOptions& options, std::ostream& out) {
   if (options.check) {
     std::size_t actions = 0;
     for (const auto& rank : schedule.ranks) actions += rank.size();
-    text << "ok: " << title << ": " << describe_shape(schedule) << "; " << actions
+    text << "ok: " << title << ": " << describe_schedule_shape(schedule) << "; " << actions
          << " actions run without deadlock, messages match in order, every F and backward once\n";
   } else if (options.format == "csv") {
     text << schedule_to_csv(schedule);
   } else if (options.format == "json") {
-    text << to_json(title, schedule).dump(2) << "\n";
+    text << schedule_json(title, schedule).dump(2) << "\n";
   } else {
-    write_text(title, schedule, text);
+    write_schedule_text(title, schedule, text);
   }
   if (options.out) {
     exec::write_file_atomically(*options.out, text.str());
