@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "core/error.h"
+#include "core/schedule/dependencies.h"
 
 namespace megaplan::exec {
 
@@ -81,40 +82,48 @@ Activation Interpreter::message_buffer() {
 
 void Interpreter::release(Activation buffer) { spare_messages_.push_back(buffer); }
 
-void Interpreter::forward(int64_t stage, int64_t microbatch, const IterationStep& step,
+void Interpreter::forward(const Action& action, const IterationStep& step,
                           const std::function<const MicrobatchTokens&(int64_t)>& data) {
+  const int64_t stage = action.stage, microbatch = action.microbatch;
   GptModel& model = chunk(stage);
   optimizer_.parameters_ready(stage);  // the last step's parameter all-gather, if it still runs
-  if (stage > 0) {
-    if (shape_.next_stage_on_same_rank(stage - 1)) {
-      backend_.copy(chunk(stage - 1).output(microbatch), model.message_size(), model.input_buffer(microbatch));
-    } else {
-      // Received into a message buffer, not the microbatch's set: the set is taken only now, so a
-      // RECV_F posted a step ahead (the lowering's order) holds one message, not a set.
-      const auto found = receives_.find({stage, microbatch});
-      if (found == receives_.end()) throw std::logic_error("Interpreter: a forward without its RECV_F");
-      found->second.request->wait();
-      backend_.copy(found->second.buffer, model.message_size(), model.input_buffer(microbatch));
-      release(found->second.buffer);
-      receives_.erase(found);
+  // The input, as core's dependency rule names it: the previous stage's output on this rank, or
+  // RECV_F's message.
+  for_each_dependency(action, shape_, /*lowered=*/true, [&](const Action& needed) {
+    if (needed.kind == ActionKind::kForward) {
+      backend_.copy(chunk(needed.stage).output(microbatch), model.message_size(), model.input_buffer(microbatch));
+      return;
     }
-  }
+    // Received into a message buffer, not the microbatch's set: the set is taken only now, so a
+    // RECV_F posted a step ahead (the lowering's order) holds one message, not a set.
+    const auto found = receives_.find({needed.stage, needed.microbatch});
+    if (found == receives_.end()) throw std::logic_error("Interpreter: a forward without its RECV_F");
+    found->second.request->wait();
+    backend_.copy(found->second.buffer, model.message_size(), model.input_buffer(microbatch));
+    release(found->second.buffer);
+    receives_.erase(found);
+  });
   const MicrobatchTokens* tokens = model.first_stage() || model.last_stage() ? &data(microbatch) : nullptr;
   model.forward(microbatch, tokens, step.first_sample ? step.first_sample(microbatch) : 0);
 }
 
-void Interpreter::backward(int64_t stage, int64_t microbatch, bool defer) {
+void Interpreter::backward(const Action& action, bool defer) {
+  const int64_t stage = action.stage, microbatch = action.microbatch;
   GptModel& model = chunk(stage);
   Activation output_gradient = nullptr;
-  if (!model.last_stage()) {
-    // The next stage's input gradient: handed over on this rank, or received.
-    auto& source = shape_.next_stage_on_same_rank(stage) ? input_gradients_ : output_gradients_;
-    const Key key = shape_.next_stage_on_same_rank(stage) ? Key{stage + 1, microbatch} : Key{stage, microbatch};
-    const auto found = source.find(key);
+  // The output gradient, as core's dependency rule names it: the next stage's input gradient
+  // handed over on this rank (its B or I), or RECV_B's message. The forward ran before, here.
+  for_each_dependency(action, shape_, /*lowered=*/true, [&](const Action& needed) {
+    if (needed.kind == ActionKind::kForward) return;
+    auto& source = needed.kind == ActionKind::kRecvBackward ? output_gradients_ : input_gradients_;
+    const auto found = source.find({needed.stage, needed.microbatch});
     if (found == source.end()) throw std::logic_error("Interpreter: a backward without its output gradient");
     if (found->second.request) found->second.request->wait();
     output_gradient = found->second.buffer;
     source.erase(found);
+  });
+  if (!model.last_stage() && output_gradient == nullptr) {
+    throw std::logic_error("Interpreter: a backward without its output gradient");
   }
   wait(sends_, {stage, microbatch});  // the backward releases the output being sent
   Activation input_gradient = model.first_stage() ? nullptr : message_buffer();
@@ -128,9 +137,9 @@ void Interpreter::execute(const Action& action, const IterationStep& step,
   const int64_t s = action.stage, m = action.microbatch;
   const DType type = backend_.activation_type();
   switch (action.kind) {
-    case ActionKind::kForward: forward(s, m, step, data); break;
-    case ActionKind::kBackward: backward(s, m, false); break;
-    case ActionKind::kBackwardInput: backward(s, m, true); break;
+    case ActionKind::kForward: forward(action, step, data); break;
+    case ActionKind::kBackward: backward(action, false); break;
+    case ActionKind::kBackwardInput: backward(action, true); break;
     case ActionKind::kBackwardWeight: chunk(s).backward_weight(m); break;
     case ActionKind::kOverlapForwardBackward: {
       const ActionParts parts = parts_of(action);

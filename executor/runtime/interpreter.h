@@ -97,9 +97,11 @@ class Interpreter {
                const std::function<const MicrobatchTokens&(int64_t)>& data, IterationResult& result);
   // OPTIM's checks and the step (or its skip).
   void optimize(const IterationStep& step, IterationResult& result);
-  void forward(int64_t stage, int64_t microbatch, const IterationStep& step,
+  // F, and B or I (`defer`: the weight gradient waits for W), their inputs found by core's
+  // dependencies().
+  void forward(const Action& action, const IterationStep& step,
                const std::function<const MicrobatchTokens&(int64_t)>& data);
-  void backward(int64_t stage, int64_t microbatch, bool defer);
+  void backward(const Action& action, bool defer);
   // One slice per action; marks[i] was taken before actions_[i] and marks[i + 1] after it.
   void record(const std::vector<TimingMark>& marks, Timeline& timeline);
   GptModel& chunk(int64_t stage);

@@ -16,6 +16,7 @@
 #include "core/formulas.h"
 #include "core/input_limits.h"
 #include "core/pipeline_layout.h"
+#include "core/schedule/dependencies.h"
 #include "core/schedule/lowering.h"
 #include "core/schedule/schedule.h"
 #include "core/schedule/schedule_csv.h"
@@ -257,6 +258,16 @@ class RankTrainer {
   std::optional<std::ofstream> log_file_;
 };
 
+// The RECV_F a forward of `stage` waits for by core's dependency rule, or nothing where its input
+// is the previous stage's output on the same rank (or the tokens).
+std::optional<Action> forward_receive(const ScheduleShape& shape, int64_t stage, int64_t microbatch) {
+  std::optional<Action> receive;
+  for_each_dependency(forward(stage, microbatch), shape, /*lowered=*/true, [&](const Action& needed) {
+    if (needed.kind == ActionKind::kRecvForward) receive = needed;
+  });
+  return receive;
+}
+
 double RankTrainer::evaluate(int64_t iteration) {
   // Forward only, microbatch by microbatch through the stages in order: each rank runs the stages
   // it holds and passes activations on (buffered sends: no rank waits on a later one).
@@ -277,15 +288,16 @@ double RankTrainer::evaluate(int64_t iteration) {
       int current = 0;  // buffers[current] holds the input of the next stage run here
       for (int64_t stage = 0; stage < shape.num_stages; ++stage) {
         if (shape.rank_of_stage(stage) != groups_.pipeline_rank) continue;
-        if (stage > 0 && !shape.next_stage_on_same_rank(stage - 1)) {
-          groups_.pipeline->recv(buffers[current], message, type, shape.rank_of_stage(stage - 1))->wait();
+        if (const std::optional<Action> receive = forward_receive(shape, stage, m)) {
+          groups_.pipeline->recv(buffers[current], message, type, shape.rank_of_stage(message_peer_stage(*receive)))
+              ->wait();
         }
         GptModel& chunk = *by_stage_.at(stage);
         const double loss = chunk.evaluate(&data, buffers[current], buffers[1 - current]);
         current = 1 - current;
         if (chunk.last_stage()) {
           total += loss;
-        } else if (!shape.next_stage_on_same_rank(stage)) {
+        } else if (forward_receive(shape, stage + 1, m)) {
           groups_.pipeline->send(buffers[current], message, type, shape.rank_of_stage(stage + 1))->wait();
         }
       }
