@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "core/formulas.h"
+#include "core/kernel_list.h"
 #include "core/parameter_list.h"
 #include "core/pipeline_layout.h"
 #include "core/schedule/lowering.h"
@@ -52,16 +53,10 @@ struct ChunkBytes {
 ChunkBytes chunk_bytes(const ModelSpec& model, const ParallelPlan& plan, int64_t stage,
                        const ExecutorPrecision& precision, int64_t bucket_size) {
   const int64_t a = precision.activation_bytes;
-  const int64_t tp = plan.tensor_parallel_size;
-  const int64_t h = model.hidden_size;
-  const int64_t tokens = tokens_per_microbatch(model, plan);
-  const int64_t rows = plan.sequence_parallel ? tokens / tp : tokens;  // of the residual stream
-  const int64_t q = model.query_projection_size() / tp;
-  const int64_t qkv = (model.query_projection_size() + 2 * model.kv_projection_size()) / tp;
-  const int64_t fc1 = mlp_input_width(model) / tp;
-  const int64_t ffn = model.effective_ffn_hidden_size() / tp;
-  const int64_t vocabulary = padded_vocab_size(model, tp) / tp;
-  const int64_t heads = model.num_attention_heads / tp;
+  // The rank's widths, as the kernel lists take them (core/kernel_list.h).
+  const LayerDims dims = layer_dims(model, plan);
+  const int64_t h = dims.hidden, tokens = dims.tokens, rows = dims.rows, q = dims.query, qkv = dims.qkv, fc1 = dims.fc1,
+                ffn = dims.ffn, vocabulary = dims.vocabulary, heads = dims.heads;
   const StageLayers layers = stage_layers(stage, model, plan);
 
   ChunkBytes bytes;
