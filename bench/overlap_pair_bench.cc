@@ -15,7 +15,7 @@
 
 #include "core/model_presets.h"
 #include "core/parallel_plan.h"
-#include "executor/model/gpt_model.h"
+#include "executor/model/stage_chunk.h"
 #include "executor/runtime/cuda_backend.h"
 
 namespace {
@@ -24,7 +24,7 @@ using megaplan::ModelSpec;
 using megaplan::ParallelPlan;
 using megaplan::exec::Activation;
 using megaplan::exec::Backend;
-using megaplan::exec::GptModel;
+using megaplan::exec::StageChunk;
 using megaplan::exec::MicrobatchTokens;
 
 MicrobatchTokens random_tokens(const ModelSpec& model, int64_t micro_batch, std::mt19937& generator) {
@@ -56,8 +56,8 @@ Row time_pair(const std::string& name, int64_t micro_batch, int repetitions) {
   plan.global_batch_size = 8 * micro_batch;
   megaplan::validate_plan(model, plan);
   std::unique_ptr<Backend> backend = megaplan::exec::make_cuda_backend();
-  GptModel first(model, plan, 0, *backend, {1234});
-  GptModel last(model, plan, 3, *backend, {1234}, first.word_embedding());
+  StageChunk first(model, plan, 0, *backend, {1234});
+  StageChunk last(model, plan, 3, *backend, {1234}, first.word_embedding());
   std::mt19937 generator(7);
   const MicrobatchTokens data = random_tokens(model, micro_batch, generator);
   Activation output_gradient = backend->allocate_activation(first.message_size());

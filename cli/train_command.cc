@@ -19,7 +19,7 @@
 #include "executor/data/vocabulary.h"
 #include "executor/gpu_inventory.h"
 #include "executor/io/staged_file.h"
-#include "executor/model/gpt_model.h"
+#include "executor/model/stage_chunk.h"
 #include "executor/runtime/cpu_backend.h"
 #include "executor/runtime/cuda_backend.h"
 #include "executor/train/launched_training.h"
@@ -183,7 +183,7 @@ int run_train(const TrainCommandOptions& options, std::ostream& out) {
   // The flags are checked first (the trainer's checks too), with the model's own vocabulary; then
   // the data is opened for the vocabulary, which the trainer says once its checks pass.
   (void)exec::checked_train_options(train);
-  exec::GptModel::refuse_unsupported(model, plan);
+  exec::StageChunk::refuse_unsupported(model, plan);
   // Read once: the data's scan or the tokenizer's files (a custom model's was read above).
   const exec::Vocabulary vocabulary = custom_vocabulary ? *custom_vocabulary : chosen_vocabulary(options, model);
   // Recorded in the checkpoints, for `megaplan convert --to hf`.

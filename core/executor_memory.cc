@@ -53,14 +53,12 @@ struct ChunkBytes {
 ChunkBytes chunk_bytes(const ModelSpec& model, const ParallelPlan& plan, int64_t stage,
                        const ExecutorPrecision& precision, int64_t bucket_size) {
   const int64_t a = precision.activation_bytes;
-  // The rank's widths, as the kernel lists take them (core/kernel_list.h).
-  const LayerDims dims = layer_dims(model, plan);
-  const int64_t h = dims.hidden, tokens = dims.tokens, rows = dims.rows, q = dims.query, qkv = dims.qkv, fc1 = dims.fc1,
-                ffn = dims.ffn, vocabulary = dims.vocabulary, heads = dims.heads;
+  const LayerRecipe recipe(model, plan, precision);
+  const LayerDims& dims = recipe.dims;
   const StageLayers layers = stage_layers(stage, model, plan);
 
   ChunkBytes bytes;
-  bytes.message = a * rows * h;
+  bytes.message = a * dims.rows * dims.hidden;
   const int64_t parameters = stage_parameters(model, plan, stage).parameters_per_gpu;
   const ParameterLayout layout = stage_layout(model, plan, stage, static_cast<std::size_t>(bucket_size));
   const auto buffer = static_cast<int64_t>(layout.total);
@@ -76,35 +74,14 @@ ChunkBytes chunk_bytes(const ModelSpec& model, const ParallelPlan& plan, int64_t
   } else {
     bytes.moments = 2 * kFloat * buffer;
   }
-  // norm_out_, branch_out_, d_residual_ x 2 (rows); d_hidden_ (tokens, the wider of the stream
-  // and the rank's queries); d_qkv_, d_ffn_ (the rank's share) and SwiGLU's swiglu_out_ and d_activated_; under
-  // sequence parallelism gathered_ and partial_; the loss's memory (its running sum, a double, and
-  // the row statistics lse_s, target logit and peak).
-  bytes.scratch =
-      a * (4 * rows * h + tokens * std::max(h, q) + tokens * (qkv + fc1) + (model.swiglu ? 2 * tokens * ffn : 0)) +
-      (plan.sequence_parallel ? 2 * a * tokens * h : 0) + (layers.has_output_layer ? kFloat * (2 + 3 * tokens) : 0);
-
-  const int64_t saved_per_row = precision.attention_keeps_probabilities ? model.seq_length : 1;
-  const int64_t attention = a * tokens * q + kFloat * plan.micro_batch_size * heads * model.seq_length * saved_per_row;
-  const int64_t input = a * rows * h;
-  // input, middle (rows); qkv, fc1's output, GELU's output (tokens, the rank's share; SwiGLU's is
-  // computed again in the backward);
-  // the two norms' statistics (LayerNorm's mean and rstd, RMSNorm's rstd); the attention core's
-  // output and saved statistics.
-  const int64_t statistics = model.normalization == Normalization::kRMSNorm ? 1 : 2;
-  bytes.layer =
-      2 * input + a * tokens * (qkv + fc1 + (model.swiglu ? 0 : ffn)) + kFloat * 2 * statistics * rows + attention;
-  bytes.microbatch = input;  // the chunk's output
+  bytes.scratch = buffer_bytes(recipe.scratch(layers.has_output_layer), a);
+  bytes.layer = buffer_bytes(recipe.kept(LayerKeep::kAll), a);
+  bytes.microbatch = buffer_bytes(recipe.microbatch(layers.has_output_layer), a);
   for (const LayerKeep keep : layer_keeps(plan, recompute_groups(plan, layers.num_layers))) {
-    bytes.microbatch += keep == LayerKeep::kAll               ? bytes.layer
-                        : keep == LayerKeep::kAllButAttention ? bytes.layer - attention
-                        : keep == LayerKeep::kInput           ? input
-                                                              : 0;
+    bytes.microbatch += buffer_bytes(recipe.kept(keep), a);
   }
-  if (layers.has_output_layer)
-    bytes.microbatch += a * tokens * (h + vocabulary) + kFloat * (statistics * rows + tokens);
-  // Per layer, I keeps the output gradients of fc2 and the projection (hidden wide), fc1 and QKV.
-  bytes.deferred = layers.num_layers * a * tokens * (2 * h + fc1 + qkv) + (layers.has_embedding ? a * tokens * h : 0);
+  bytes.deferred = layers.num_layers * buffer_bytes(recipe.deferred(), a) +
+                   (layers.has_embedding ? a * recipe.deferred_embedding_gradient().count : 0);
   return bytes;
 }
 

@@ -1,5 +1,5 @@
 // The bytes megaplan's executor allocates on each pipeline rank, buffer by buffer as
-// executor/model/gpt_model.cc, executor/runtime/interpreter.cc and executor/train/optimizer.cc
+// executor/model/stage_chunk.cc, executor/runtime/interpreter.cc and executor/train/optimizer.cc
 // allocate them, walked through the rank's lowered schedule: one home for the executor's refusal of
 // a plan that does not fit and for the simulator's memory of megaplan's own implementation
 // (memory_model.h is Megatron-LM's accounting). tests/executor/model/executor_memory_test.cc holds it
@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/layer_recipe.h"
 #include "core/model_spec.h"
 #include "core/parallel_plan.h"
 #include "core/schedule/schedule.h"
@@ -36,13 +37,6 @@
 namespace megaplan {
 
 // What a backend stores per element.
-struct ExecutorPrecision {
-  int64_t activation_bytes = 2;  // bf16 (the CUDA backend); 4 on the CPU backend, whose weights need no copy
-  // fp32 values attention keeps per query row and head for its backward: false, flash attention's
-  // log-sum-exp (one); true, the CPU reference's probabilities (one per key).
-  bool attention_keeps_probabilities = false;
-};
-
 struct ExecutorRankMemory {
   int64_t pipeline_rank = 0;
   int64_t master_weight_bytes = 0;   // fp32, the DDP buffer's padding included

@@ -1,4 +1,4 @@
-// The executor's kernel lists; the launch order follows executor/model/gpt_model.cc call for call.
+// The executor's kernel lists; the launch order follows executor/model/stage_chunk.cc call for call.
 #include "core/kernel_list.h"
 
 #include <algorithm>
@@ -218,58 +218,39 @@ std::string describe(const Kernel& kernel) {
   return out.str();
 }
 
-LayerDims layer_dims(const ModelSpec& model, const ParallelPlan& plan) {
-  const int64_t t = plan.tensor_parallel_size;
-  const int64_t tokens = tokens_per_microbatch(model, plan);
-  const int64_t query = model.query_projection_size() / t;
-  const int64_t key_value = model.kv_projection_size() / t;
-  const int64_t ffn = model.effective_ffn_hidden_size() / t;
-  return {tokens,
-          plan.sequence_parallel ? tokens / t : tokens,
-          model.hidden_size,
-          query,
-          key_value,
-          query + 2 * key_value,
-          ffn,
-          model.swiglu ? 2 * ffn : ffn,
-          padded_vocab_size(model, t) / t,
-          model.num_attention_heads / t,
-          model.effective_kv_channels()};
-}
-
 KernelBlocks executor_kernel_blocks(const ModelSpec& model, const ParallelPlan& plan, int64_t tensor_parallel_rank) {
   KernelBlocks blocks;
+  const LayerRecipe recipe(model, plan);
   // Plain copies, not structured bindings: the lambdas below capture them (Clang before 16 cannot
   // capture a binding, and the fuzz build uses Debian's Clang 14).
-  const LayerDims dims = layer_dims(model, plan);
+  const LayerDims& dims = recipe.dims;
   const int64_t count = dims.tokens, rows = dims.rows, h = dims.hidden, q = dims.query, kv = dims.key_value,
                 qkv = dims.qkv, f = dims.ffn, fc1 = dims.fc1, v = dims.vocabulary, heads = dims.heads,
                 dim = dims.head_dim;
-  const bool bias = model.add_bias_linear;
-  const GemmEpilogue qkv_bias = bias || model.add_qkv_bias ? GemmEpilogue::kBias : GemmEpilogue::kNone;
+  const bool bias = recipe.linear_bias;
+  const GemmEpilogue qkv_bias = recipe.qkv_bias ? GemmEpilogue::kBias : GemmEpilogue::kNone;
   // A row-parallel layer's bias is added once, by tensor-parallel rank 0, before the sum.
   const GemmEpilogue row_bias = bias && tensor_parallel_rank == 0 ? GemmEpilogue::kBias : GemmEpilogue::kNone;
-  // GPT's GELU rides on fc1's bias epilogue and its derivative on fc2's input gradient.
-  const bool fused_gelu = !model.swiglu && bias;
+  const bool fused_gelu = recipe.fused_gelu;
   const GemmEpilogue fc1_epilogue = fused_gelu ? GemmEpilogue::kBiasGelu
                                     : bias     ? GemmEpilogue::kBias
                                                : GemmEpilogue::kNone;
   const auto gradient_epilogue = [](bool has_bias) {
     return has_bias ? GemmEpilogue::kBiasGradient : GemmEpilogue::kNone;
   };
-  const bool rope = model.position_embedding_type == PositionEmbedding::kRope;
+  const bool rope = recipe.rope;
 
-  const bool rms = model.normalization == Normalization::kRMSNorm;
+  const bool rms = recipe.rms_norm;
   const KernelKind norm_forward = rms ? KernelKind::kRmsNormForward : KernelKind::kNormForward;
   const KernelKind norm_backward = rms ? KernelKind::kRmsNormBackward : KernelKind::kNormBackward;
   const Kernel norm = row_kernel(norm_forward, rows, h);
   const int64_t groups = kv / dim;  // this rank's query groups
   // --attention-dropout: the mask is drawn inside the attention kernels.
-  const bool attention_dropout = plan.options.attention_dropout > 0;
-  const Kernel attention = attention_kernel(KernelKind::kAttentionForward, plan.micro_batch_size, model.seq_length,
+  const bool attention_dropout = recipe.attention_dropout;
+  const Kernel attention = attention_kernel(KernelKind::kAttentionForward, recipe.micro_batch_size, recipe.seq_length,
                                             heads, dim, groups, attention_dropout);
   // Rotary embeddings in place on the rotated dimensions of each q and k head.
-  const Kernel rotary = row_kernel(KernelKind::kRotary, count, (q + kv) / dim * model.rotary_dim());
+  const Kernel rotary = row_kernel(KernelKind::kRotary, count, (q + kv) / dim * recipe.rotary_dim);
   // SwiGLU apart from fc1 (GELU without biases is not in the executor: refused before training).
   const Kernel activation = row_kernel(KernelKind::kSwigluForward, count, f);
   const Kernel activation_backward = row_kernel(KernelKind::kSwigluBackward, count, f);
@@ -277,7 +258,7 @@ KernelBlocks executor_kernel_blocks(const ModelSpec& model, const ParallelPlan& 
   // --hidden-dropout: each branch's summed output is dropped inside the norm that adds it to the
   // stream (or the stage output's add); the embedding's output and the branches' gradients pass
   // through a mask of their own.
-  const bool hidden_dropout = plan.options.hidden_dropout > 0;
+  const bool hidden_dropout = recipe.hidden_dropout;
   const Kernel dropout = row_kernel(KernelKind::kDropout, rows, h);
   const Kernel branch_norm = row_kernel(norm_forward, rows, h, true, hidden_dropout);
   const auto layer_forward = [&](bool fused_input_norm) {
@@ -310,7 +291,7 @@ KernelBlocks executor_kernel_blocks(const ModelSpec& model, const ParallelPlan& 
     list.push_back(gemm_kernel(GemmLayout::kInputGradient,
                                fused_gelu ? GemmEpilogue::kGeluGradient : GemmEpilogue::kNone, count, h, f));
     if (!fused_gelu) list.push_back(activation_backward);
-    if (model.swiglu && !defer) list.push_back(activation);  // fc2's input again, for its weight gradient
+    if (recipe.swiglu && !defer) list.push_back(activation);  // fc2's input again, for its weight gradient
     list.push_back(weight(fc2_weight));
     list.push_back(norm);  // recomputed, not kept
     list.push_back(gemm_kernel(GemmLayout::kInputGradient, GemmEpilogue::kNone, count, fc1, h));
@@ -319,8 +300,8 @@ KernelBlocks executor_kernel_blocks(const ModelSpec& model, const ParallelPlan& 
     if (hidden_dropout) list.push_back(dropout);  // the attention branch's gradient
     list.push_back(gemm_kernel(GemmLayout::kInputGradient, GemmEpilogue::kNone, count, h, q));
     list.push_back(weight(proj_weight));
-    list.push_back(attention_kernel(KernelKind::kAttentionBackward, plan.micro_batch_size, model.seq_length, heads, dim,
-                                    groups, attention_dropout));
+    list.push_back(attention_kernel(KernelKind::kAttentionBackward, recipe.micro_batch_size, recipe.seq_length, heads,
+                                    dim, groups, attention_dropout));
     if (rope) list.push_back(rotary);
     list.push_back(norm);  // recomputed, not kept
     list.push_back(gemm_kernel(GemmLayout::kInputGradient, GemmEpilogue::kNone, count, qkv, h));
@@ -331,7 +312,7 @@ KernelBlocks executor_kernel_blocks(const ModelSpec& model, const ParallelPlan& 
   blocks[static_cast<std::size_t>(KernelBlock::kLayerBackward)] = layer_backward(false);
   blocks[static_cast<std::size_t>(KernelBlock::kLayerBackwardInput)] = layer_backward(true);
   std::vector<Kernel>& weight_gradients = blocks[static_cast<std::size_t>(KernelBlock::kLayerWeightGradient)];
-  if (model.swiglu) weight_gradients.push_back(activation);  // fc2's input again
+  if (recipe.swiglu) weight_gradients.push_back(activation);  // fc2's input again
   weight_gradients.insert(weight_gradients.end(), {fc2_weight, norm, fc1_weight, proj_weight, norm, qkv_weight});
   blocks[static_cast<std::size_t>(KernelBlock::kAttentionRecompute)] = {attention};
 

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "core/gemm.h"
+#include "core/layer_recipe.h"
 #include "core/model_spec.h"
 #include "core/parallel_plan.h"
 
@@ -147,23 +148,7 @@ enum class SchedulePart : uint8_t { kForward, kBackward, kBackwardInput, kBackwa
 
 using KernelBlocks = std::array<std::vector<Kernel>, kNumKernelBlocks>;
 
-// A transformer layer's dimensions on one tensor-parallel rank, as every kernel list uses them.
-struct LayerDims {
-  int64_t tokens;      // the GEMMs' rows: mbs * seq / cp
-  int64_t rows;        // the residual stream's rows (norms, adds): tokens / tp with sequence parallelism
-  int64_t hidden;      // h
-  int64_t query;       // the query projection's width / tp
-  int64_t key_value;   // K's (and V's) width / tp
-  int64_t qkv;         // query + 2 key_value
-  int64_t ffn;         // the MLP's hidden width / tp
-  int64_t fc1;         // fc1's output width: ffn, twice that with SwiGLU
-  int64_t vocabulary;  // the padded vocabulary / tp
-  int64_t heads;       // attention heads / tp
-  int64_t head_dim;
-};
-LayerDims layer_dims(const ModelSpec& model, const ParallelPlan& plan);
-
-// megaplan's executor (executor/model/gpt_model.cc), call for call: GPT and the Llama family
+// megaplan's executor (executor/model/stage_chunk.cc), call for call: GPT and the Llama family
 // (LayerNorm or RMSNorm, GELU in fc1's epilogue or SwiGLU apart, learned positions or RoPE,
 // grouped queries, biases or none). Row-parallel biases are added by tensor-parallel rank 0 only.
 KernelBlocks executor_kernel_blocks(const ModelSpec& model, const ParallelPlan& plan, int64_t tensor_parallel_rank);

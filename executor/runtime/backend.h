@@ -18,6 +18,7 @@
 
 #include "core/gemm.h"
 #include "core/implementation_options.h"
+#include "core/layer_recipe.h"
 #include "executor/comm/comm.h"
 #include "executor/kernels/dropout_mask.h"
 #include "executor/kernels/rope_frequency.h"
@@ -226,5 +227,12 @@ class Backend {
   // Ends every mark taken so far; the backend reuses what held them (no per-mark cost once warm).
   virtual void release_marks() = 0;
 };
+
+// What core's layer recipe and memory walk need of a backend's storage (core/layer_recipe.h): its
+// activations' bytes, and whether attention keeps more than one value per query row (the CPU
+// reference keeps the probabilities).
+inline ExecutorPrecision executor_precision(const Backend& backend) {
+  return {static_cast<int64_t>(backend.activation_bytes()), backend.attention_saved_size(1, 2, 1, 1) > 2};
+}
 
 }  // namespace megaplan::exec

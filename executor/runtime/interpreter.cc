@@ -25,7 +25,7 @@ class MarksReleased {
 
 }  // namespace
 
-Interpreter::Interpreter(const PipelineSchedule& schedule, int64_t pipeline_rank, std::map<int64_t, GptModel*> chunks,
+Interpreter::Interpreter(const PipelineSchedule& schedule, int64_t pipeline_rank, std::map<int64_t, StageChunk*> chunks,
                          Comm* pipeline, int64_t data_parallel_size, Optimizer& optimizer, Backend& backend)
     : shape_(schedule.shape),
       pipeline_rank_(pipeline_rank),
@@ -53,7 +53,7 @@ Interpreter::~Interpreter() {
   for (Activation buffer : spare_messages_) backend_.release(buffer);
 }
 
-GptModel& Interpreter::chunk(int64_t stage) {
+StageChunk& Interpreter::chunk(int64_t stage) {
   const auto found = chunks_.find(stage);
   if (found == chunks_.end()) {
     throw std::logic_error("Interpreter: stage " + std::to_string(stage) + " is not on pipeline rank " +
@@ -85,7 +85,7 @@ void Interpreter::release(Activation buffer) { spare_messages_.push_back(buffer)
 void Interpreter::forward(const Action& action, const IterationStep& step,
                           const std::function<const MicrobatchTokens&(int64_t)>& data) {
   const int64_t stage = action.stage, microbatch = action.microbatch;
-  GptModel& model = chunk(stage);
+  StageChunk& model = chunk(stage);
   optimizer_.parameters_ready(stage);  // the last step's parameter all-gather, if it still runs
   // The input, as core's dependency rule names it: the previous stage's output on this rank, or
   // RECV_F's message.
@@ -109,7 +109,7 @@ void Interpreter::forward(const Action& action, const IterationStep& step,
 
 void Interpreter::backward(const Action& action, bool defer) {
   const int64_t stage = action.stage, microbatch = action.microbatch;
-  GptModel& model = chunk(stage);
+  StageChunk& model = chunk(stage);
   Activation output_gradient = nullptr;
   // The output gradient, as core's dependency rule names it: the next stage's input gradient
   // handed over on this rank (its B or I), or RECV_B's message. The forward ran before, here.
@@ -147,7 +147,7 @@ void Interpreter::execute(const Action& action, const IterationStep& step,
       const Action& backward_part = parts.parts[1];
       const auto run = [&](const Action& part) { execute(part, step, data, result); };
       if (forward_part.stage == backward_part.stage) {
-        // One chunk's scratch serves its F and B alike (GptModel): one after the other.
+        // One chunk's scratch serves its F and B alike (StageChunk): one after the other.
         run(forward_part);
         run(backward_part);
       } else {
@@ -165,7 +165,7 @@ void Interpreter::execute(const Action& action, const IterationStep& step,
       break;
     }
     case ActionKind::kSendForward: {
-      GptModel& model = chunk(s);
+      StageChunk& model = chunk(s);
       sends_[{s, m}] = pipeline_->send(model.output(m), model.message_size(), type, peer(s + 1));
       break;
     }

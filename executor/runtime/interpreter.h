@@ -33,7 +33,7 @@
 #include "core/schedule/schedule.h"
 #include "core/timeline.h"
 #include "executor/comm/comm.h"
-#include "executor/model/gpt_model.h"
+#include "executor/model/stage_chunk.h"
 #include "executor/runtime/backend.h"
 #include "executor/train/optimizer.h"
 
@@ -51,7 +51,7 @@ struct IterationStep {
   // of stopping the run.
   bool skip_overflow = false;
   // The global sample of microbatch m's first sequence (its place in the run's sample order), where
-  // dropout's masks are drawn (GptModel::forward); empty: sample 0.
+  // dropout's masks are drawn (StageChunk::forward); empty: sample 0.
   std::function<int64_t(int64_t microbatch)> first_sample;
 };
 
@@ -65,7 +65,7 @@ class Interpreter {
  public:
   // `chunks` by virtual stage: every stage core places on `pipeline_rank`. `pipeline` is the
   // rank's pp group (null when pp = 1). REQUIRES: schedule.lowered, validate_schedule passed.
-  Interpreter(const PipelineSchedule& schedule, int64_t pipeline_rank, std::map<int64_t, GptModel*> chunks,
+  Interpreter(const PipelineSchedule& schedule, int64_t pipeline_rank, std::map<int64_t, StageChunk*> chunks,
               Comm* pipeline, int64_t data_parallel_size, Optimizer& optimizer, Backend& backend);
   ~Interpreter();
   Interpreter(const Interpreter&) = delete;
@@ -104,7 +104,7 @@ class Interpreter {
   void backward(const Action& action, bool defer);
   // One slice per action; marks[i] was taken before actions_[i] and marks[i + 1] after it.
   void record(const std::vector<TimingMark>& marks, Timeline& timeline);
-  GptModel& chunk(int64_t stage);
+  StageChunk& chunk(int64_t stage);
   int64_t peer(int64_t stage) const;  // the pp group rank of a stage
   void wait(std::map<Key, Request>& pending, Key key);
   // Message buffers (received inputs, gradients), pooled: every message of a rank has one size.
@@ -114,7 +114,7 @@ class Interpreter {
   const std::vector<Action>* actions_ = nullptr;  // the schedule's list for this rank
   ScheduleShape shape_;
   int64_t pipeline_rank_;
-  std::map<int64_t, GptModel*> chunks_;
+  std::map<int64_t, StageChunk*> chunks_;
   Comm* pipeline_;
   int64_t data_parallel_size_;
   float microbatch_loss_scale_ = 1;  // 1 / (microbatches x data-parallel size)

@@ -1,4 +1,4 @@
-// Each kernel kind's Backend call, with the arguments executor/model/gpt_model.cc passes.
+// Each kernel kind's Backend call, with the arguments executor/model/stage_chunk.cc passes.
 #include "executor/runtime/kernel_launch.h"
 
 #include <algorithm>

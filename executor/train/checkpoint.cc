@@ -294,7 +294,7 @@ void write_rank_directory(const std::string& path, const CheckpointRank& rank,
   std::vector<TensorEntry> entries;
   for (const TensorState& state : moments) entries.push_back(entry_of(*state.parameter));
   std::vector<int64_t> stages;
-  for (const GptModel* chunk : rank.chunks) stages.push_back(chunk->stage());
+  for (const StageChunk* chunk : rank.chunks) stages.push_back(chunk->stage());
   std::vector<float> value;
   write_rank_files(
       path, entries,
@@ -639,7 +639,7 @@ std::optional<TrainingState> load_latest(const std::string& directory, const Che
   // This rank's tensors: values straight into the chunks, moments through the optimizer.
   std::map<std::string, std::ifstream> files;
   std::vector<TensorState> moments;
-  for (GptModel* chunk : rank.chunks) {
+  for (StageChunk* chunk : rank.chunks) {
     for (const Parameter& parameter : chunk->parameters()) {
       const std::string source =
           parameter.name == kOutputWeight && !untied && !saved.count(parameter.name) ? kWordEmbeddings : parameter.name;
@@ -666,7 +666,7 @@ std::optional<TrainingState> load_latest(const std::string& directory, const Che
     }
   }
   rank.optimizer.import_state(moments);
-  for (GptModel* chunk : rank.chunks) chunk->refresh_compute_weights();
+  for (StageChunk* chunk : rank.chunks) chunk->refresh_compute_weights();
 
   return state;
 }

@@ -60,7 +60,7 @@
 #include "core/parallel_plan.h"
 #include "executor/data/tokenizer.h"
 #include "executor/io/safetensors.h"
-#include "executor/model/gpt_model.h"
+#include "executor/model/stage_chunk.h"
 #include "executor/runtime/backend.h"
 #include "executor/train/loss_scaler.h"
 #include "executor/train/optimizer.h"
@@ -87,7 +87,7 @@ struct CheckpointRank {
   const ModelSpec& model;
   const ParallelPlan& plan;
   const ParallelGroups& groups;
-  std::vector<GptModel*> chunks;
+  std::vector<StageChunk*> chunks;
   Optimizer& optimizer;
   Backend& backend;
 };

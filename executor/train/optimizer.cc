@@ -23,14 +23,14 @@ int64_t data_parallel_rank(const OptimizerGroups& groups) {
 }  // namespace
 
 bool Optimizer::tied(const Parameter& parameter) const {
-  for (GptModel* chunk : chunks_) {
+  for (StageChunk* chunk : chunks_) {
     if (chunk->output_weight_copy() == &parameter) return true;
     if (groups_.embedding && chunk->tied_embeddings() && chunk->word_embedding() == &parameter) return true;
   }
   return false;
 }
 
-Optimizer::Optimizer(std::vector<GptModel*> chunks, const OptimizerGroups& groups, bool distributed,
+Optimizer::Optimizer(std::vector<StageChunk*> chunks, const OptimizerGroups& groups, bool distributed,
                      const OptimizerSettings& settings, Backend& backend)
     : chunks_(std::move(chunks)), groups_(groups), distributed_(distributed), settings_(settings), backend_(backend) {
   const int64_t dp = data_parallel_size(groups_);
@@ -42,7 +42,7 @@ Optimizer::Optimizer(std::vector<GptModel*> chunks, const OptimizerGroups& group
       chunks_[c]->on_gradient_progress([this, c](std::size_t first) { gradients_done(c, first); });
     }
   }
-  for (GptModel* chunk : chunks_) {
+  for (StageChunk* chunk : chunks_) {
     const ParameterLayout& layout = chunk->layout();
     std::vector<Parameter>& parameters = chunk->parameters();
     if (!distributed_) {
@@ -77,7 +77,7 @@ Optimizer::Optimizer(std::vector<GptModel*> chunks, const OptimizerGroups& group
 }
 
 Optimizer::~Optimizer() {
-  for (GptModel* chunk : chunks_) chunk->on_gradient_progress(nullptr);
+  for (StageChunk* chunk : chunks_) chunk->on_gradient_progress(nullptr);
   for (float* buffer : moment_buffers_) backend_.release(buffer);
 }
 
@@ -110,7 +110,7 @@ void Optimizer::gradients_done(std::size_t chunk, std::size_t first) {
 }
 
 void Optimizer::start_reduction(std::size_t c, std::size_t b) {
-  GptModel& chunk = *chunks_[c];
+  StageChunk& chunk = *chunks_[c];
   const GradientBucket& bucket = chunk.layout().buckets[b];
   progress_[c].started[b] = true;
   // The tensor-parallel sum of sequence-parallel norm gradients comes first: the data-parallel
@@ -162,7 +162,7 @@ std::vector<OptimizerTensor> Optimizer::tensors(bool for_norm) const {
     // repeats on every tensor-parallel rank: each counted once (Megatron counts tp rank 0's).
     if (for_norm) {
       bool copy = false;
-      for (GptModel* chunk : chunks_) {
+      for (StageChunk* chunk : chunks_) {
         copy = copy || chunk->output_weight_copy() == &p ||
                (p.split == TensorSplit::kReplicated && chunk->tensor_parallel_rank() != 0);
       }
@@ -179,7 +179,7 @@ double Optimizer::gradient_norm() {
   finish_reductions();  // the overlapped ones end here, before anything reads a gradient
   // The tied embedding's two gradients become their sum on both stages first.
   if (Comm* embedding = groups_.embedding; embedding && chunks_.front()->tied_embeddings()) {
-    for (GptModel* chunk : chunks_) {
+    for (StageChunk* chunk : chunks_) {
       Parameter* weight = chunk->first_stage() ? chunk->word_embedding() : chunk->output_weight_copy();
       if (weight) embedding->all_reduce(weight->gradient, weight->size, DType::kFloat32, ReduceOp::kSum)->wait();
     }
@@ -199,7 +199,7 @@ void Optimizer::step(int64_t update, double lr, double gradient_norm, double uns
   if (distributed_ && data_parallel_size(groups_) > 1) {
     Comm& dp = *groups_.data_parallel;
     for (std::size_t c = 0; c < chunks_.size(); ++c) {
-      GptModel& chunk = *chunks_[c];
+      StageChunk& chunk = *chunks_[c];
       for (const GradientBucket& bucket : chunk.layout().buckets) {
         const std::size_t shard = bucket.shard_size(dp.size());
         float* data = chunk.parameter_buffer() + bucket.offset;
@@ -209,17 +209,17 @@ void Optimizer::step(int64_t update, double lr, double gradient_norm, double uns
       if (!settings_.overlap_param_gather) finish_gather(c);
     }
   }
-  for (GptModel* chunk : chunks_) chunk->zero_gradients();
+  for (StageChunk* chunk : chunks_) chunk->zero_gradients();
 }
 
 void Optimizer::skip() {
-  for (GptModel* chunk : chunks_) chunk->zero_gradients();
+  for (StageChunk* chunk : chunks_) chunk->zero_gradients();
 }
 
 std::vector<TensorState> Optimizer::export_state() {
   std::vector<TensorState> states;
   std::map<const Parameter*, std::size_t> index;
-  for (GptModel* chunk : chunks_) {
+  for (StageChunk* chunk : chunks_) {
     for (const Parameter& p : chunk->parameters()) {
       index[&p] = states.size();
       states.push_back({&p, std::vector<float>(p.size), std::vector<float>(p.size)});
@@ -275,7 +275,7 @@ void Optimizer::import_state(const std::vector<TensorState>& states) {
 }
 
 std::string Optimizer::first_non_finite_gradient() {
-  for (GptModel* chunk : chunks_) {
+  for (StageChunk* chunk : chunks_) {
     for (const Parameter& p : chunk->parameters()) {
       const OptimizerTensor one{p.value, p.gradient, nullptr, nullptr, nullptr, p.size, 0.0};
       if (!std::isfinite(backend_.gradient_sum_of_squares({one}))) return p.name;

@@ -28,7 +28,7 @@
 #include <vector>
 
 #include "executor/comm/comm.h"
-#include "executor/model/gpt_model.h"
+#include "executor/model/stage_chunk.h"
 #include "executor/runtime/backend.h"
 
 namespace megaplan::exec {
@@ -58,7 +58,7 @@ struct TensorState {
 class Optimizer {
  public:
   // `chunks` are the rank's stages in increasing stage order.
-  Optimizer(std::vector<GptModel*> chunks, const OptimizerGroups& groups, bool distributed,
+  Optimizer(std::vector<StageChunk*> chunks, const OptimizerGroups& groups, bool distributed,
             const OptimizerSettings& settings, Backend& backend);
   ~Optimizer();
   Optimizer(const Optimizer&) = delete;
@@ -103,7 +103,7 @@ class Optimizer {
   std::vector<OptimizerTensor> tensors(bool for_norm) const;
   bool tied(const Parameter& parameter) const;
 
-  std::vector<GptModel*> chunks_;
+  std::vector<StageChunk*> chunks_;
   OptimizerGroups groups_;
   bool distributed_;
   OptimizerSettings settings_;

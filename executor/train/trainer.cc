@@ -26,7 +26,7 @@
 #include "executor/comm/rank_threads.h"
 #include "executor/data/blended_samples.h"
 #include "executor/data/indexed_dataset.h"
-#include "executor/model/gpt_model.h"
+#include "executor/model/stage_chunk.h"
 #include "executor/runtime/interpreter.h"
 #include "executor/train/checkpoint.h"
 #include "executor/train/host_values.h"
@@ -133,11 +133,8 @@ void read_microbatch(const BlendedSamples& samples, int64_t batch_start, int64_t
 
 // The bytes a rank allocates at most (core/executor_memory.h), for what this backend stores.
 int64_t predicted_rank_bytes(const Run& run, int64_t pipeline_rank, const Backend& backend) {
-  ExecutorPrecision precision;
-  precision.activation_bytes = static_cast<int64_t>(backend.activation_bytes());
-  // The CPU reference keeps attention's probabilities, more than one value per query row.
-  precision.attention_keeps_probabilities = backend.attention_saved_size(1, 2, 1, 1) > 2;
-  return executor_memory_per_pipeline_rank(run.model, run.plan, run.schedule, precision, run.options.ddp_bucket_size,
+  return executor_memory_per_pipeline_rank(run.model, run.plan, run.schedule, executor_precision(backend),
+                                           run.options.ddp_bucket_size,
                                            run.options.eval_iters > 0)[static_cast<std::size_t>(pipeline_rank)]
       .total_bytes;
 }
@@ -167,13 +164,13 @@ class RankTrainer {
     }
     Parameter* embedding = nullptr;  // stage 0's, when this rank holds it: a V's last stage reads it
     for (const int64_t stage : stages_of_pipeline_rank(groups.pipeline_rank, run.plan)) {
-      chunks_.push_back(std::make_unique<GptModel>(
+      chunks_.push_back(std::make_unique<StageChunk>(
           run.model, run.plan, stage, backend, Initialisation{run.options.seed, run.options.init_method_std}, embedding,
           groups.tensor_parallel.get(), static_cast<std::size_t>(run.options.ddp_bucket_size)));
       if (chunks_.back()->first_stage()) embedding = chunks_.back()->word_embedding();
       by_stage_[stage] = chunks_.back().get();
     }
-    std::vector<GptModel*> ordered;
+    std::vector<StageChunk*> ordered;
     for (auto& chunk : chunks_) ordered.push_back(chunk.get());
     OptimizerSettings settings;
     settings.weight_decay = run.options.weight_decay;
@@ -238,8 +235,8 @@ class RankTrainer {
   Backend& backend_;
   ParallelGroups& groups_;
   std::ostream* out_;  // rank 0's; null on the others
-  std::vector<std::unique_ptr<GptModel>> chunks_;
-  std::map<int64_t, GptModel*> by_stage_;
+  std::vector<std::unique_ptr<StageChunk>> chunks_;
+  std::map<int64_t, StageChunk*> by_stage_;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<Interpreter> interpreter_;
   std::optional<LossScaler> loss_scaler_;  // under --fp16 or --loss-scale
@@ -251,7 +248,7 @@ class RankTrainer {
   void use_global_batch(int64_t global_batch);
   // What checkpoints read and write of this rank.
   CheckpointRank checkpoint_rank() {
-    std::vector<GptModel*> chunks;
+    std::vector<StageChunk*> chunks;
     for (auto& chunk : chunks_) chunks.push_back(chunk.get());
     return {run_.model, run_.plan, groups_, std::move(chunks), *optimizer_, backend_};
   }
@@ -292,7 +289,7 @@ double RankTrainer::evaluate(int64_t iteration) {
           groups_.pipeline->recv(buffers[current], message, type, shape.rank_of_stage(message_peer_stage(*receive)))
               ->wait();
         }
-        GptModel& chunk = *by_stage_.at(stage);
+        StageChunk& chunk = *by_stage_.at(stage);
         const double loss = chunk.evaluate(&data, buffers[current], buffers[1 - current]);
         current = 1 - current;
         if (chunk.last_stage()) {
@@ -618,7 +615,7 @@ struct PreparedRun {
       : model(model_in),
         plan(plan_in),
         options(checked_train_options(options_in)),
-        schedule((GptModel::refuse_unsupported(model, plan), check_ramp(model, plan, options),
+        schedule((StageChunk::refuse_unsupported(model, plan), check_ramp(model, plan, options),
                   check_checkpoint_directories(options.load, options.save, checkpoint_bytes(model, plan)),
                   checked_schedule(plan, options))),
         datasets(open_datasets(options.data_path)),

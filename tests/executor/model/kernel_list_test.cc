@@ -1,19 +1,23 @@
 // The kernels the executor's GPT and Llama launch are core's kernel list (core/kernel_list.h), kernel for
 // kernel and shape for shape, for F, B, I and W on every kind of stage, with each recomputation,
 // on both tensor-parallel ranks with and without sequence parallelism, and for the optimizer step:
-// the list the simulator costs cannot drift from what runs. And what the profiler launches for a
-// listed kernel is that kernel.
+// the list the simulator costs cannot drift from what runs. What a stage chunk allocates is what
+// core's layer recipe lists (core/layer_recipe.h), buffer for buffer. And what the profiler
+// launches for a listed kernel is that kernel.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <random>
 #include <stdexcept>
 #include <tuple>
 
 #include "core/formulas.h"
 #include "core/kernel_list.h"
+#include "core/layer_recipe.h"
+#include "core/pipeline_layout.h"
 #include "executor/comm/in_process_comm.h"
 #include "executor/comm/rank_threads.h"
-#include "executor/model/gpt_model.h"
+#include "executor/model/stage_chunk.h"
 #include "executor/runtime/kernel_launch.h"
 #include "executor/train/optimizer.h"
 #include "tests/executor/runtime/recording_backend.h"
@@ -26,8 +30,8 @@ using megaplan::Kernel;
 using megaplan::PlanKernels;
 using megaplan::ScheduleKind;
 using megaplan::SchedulePart;
-using megaplan::exec::GptModel;
 using megaplan::exec::MicrobatchTokens;
+using megaplan::exec::StageChunk;
 using megaplan::test::four_layer_gpt;
 using megaplan::test::four_layer_llama;
 using megaplan::test::four_layer_qwen;
@@ -55,24 +59,86 @@ void check_same(const std::vector<Kernel>& launched, const std::vector<Kernel>& 
   CHECK(launched == listed);
 }
 
-// One stage's F then B on microbatch 0, and F, I and W on microbatch 1, each checked against the list.
-void check_stage(GptModel& model, RecordingBackend& backend, const PlanKernels& list, int64_t stage,
-                 const MicrobatchTokens* data, bool first, bool last) {
-  const std::size_t n = model.message_size();
+using Allocation = RecordingBackend::Allocation;
+
+// The buffers a size struct of core's recipe lists.
+template <typename Sizes>
+std::vector<Allocation> recipe_buffers(const Sizes& sizes) {
+  std::vector<Allocation> buffers;
+  megaplan::for_each_buffer(sizes, [&](const auto& size) {
+    using Size = std::decay_t<decltype(size)>;
+    if (size.count > 0) buffers.push_back({std::is_same_v<Size, megaplan::ActivationElements>, size.count});
+  });
+  return buffers;
+}
+
+std::vector<Allocation> operator+(std::vector<Allocation> a, const std::vector<Allocation>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+std::string lines(std::vector<Allocation> buffers) {
+  std::sort(buffers.begin(), buffers.end());
+  std::string text;
+  for (const Allocation& buffer : buffers) {
+    text += std::string("  ") + (buffer.activation ? "activation " : "fp32 ") + std::to_string(buffer.elements) + "\n";
+  }
+  return text;
+}
+
+// `made` must be `exact` and any number of whole `sets` besides (recomputation borrows whole layer
+// sets from a pool, which may already hold some): nothing the recipe does not list.
+void check_allocations(std::vector<Allocation> made, std::vector<Allocation> exact,
+                       const std::vector<Allocation>& set = {}) {
+  INFO("allocated:\n" << lines(made) << "listed:\n" << lines(exact) << "and any number of sets of:\n" << lines(set));
+  if (made.size() > exact.size() && !set.empty()) {
+    for (std::size_t extra = made.size() - exact.size(); extra >= set.size(); extra -= set.size()) exact = exact + set;
+  }
+  std::sort(made.begin(), made.end());
+  std::sort(exact.begin(), exact.end());
+  CHECK(made == exact);
+}
+
+// One stage's F then B on microbatch 0, and F, I and W on microbatch 1, each checked against the
+// kernel list, and its allocations (its construction's included) against the layer recipe.
+void check_stage(StageChunk& chunk, RecordingBackend& backend, const megaplan::ModelSpec& model,
+                 const megaplan::ParallelPlan& plan, int64_t stage, const MicrobatchTokens* data, bool first,
+                 bool last) {
+  const PlanKernels list(model, plan, chunk.tensor_parallel_rank());
+  const megaplan::LayerRecipe recipe(model, plan, megaplan::exec::executor_precision(backend));
+  const auto fp32 = [](std::size_t n) { return Allocation{false, static_cast<int64_t>(n)}; };
+  check_allocations(backend.take_allocations(), std::vector{fp32(chunk.layout().total), fp32(chunk.layout().total)} +
+                                                    recipe_buffers(recipe.scratch(last)));
+  const int64_t layers = megaplan::stage_layers(stage, model, plan).num_layers;
+  std::vector<Allocation> microbatch_set = recipe_buffers(recipe.microbatch(last));
+  for (const megaplan::LayerKeep keep : megaplan::layer_keeps(plan, megaplan::recompute_groups(plan, layers))) {
+    microbatch_set = microbatch_set + recipe_buffers(recipe.kept(keep));
+  }
+  const std::vector<Allocation> pool_set = recipe_buffers(recipe.kept(megaplan::LayerKeep::kAll));
+  std::vector<Allocation> deferred;
+  for (int64_t l = 0; l < layers; ++l) deferred = deferred + recipe_buffers(recipe.deferred());
+  if (first) deferred.push_back({true, recipe.deferred_embedding_gradient().count});
+
+  const std::size_t n = chunk.message_size();
   megaplan::exec::Activation output_gradient = last ? nullptr : backend.allocate_activation(n);
   megaplan::exec::Activation input_gradient = first ? nullptr : backend.allocate_activation(n);
   for (const bool defer : {false, true}) {
     const int64_t microbatch = defer ? 1 : 0;
-    if (!first) (void)model.input_buffer(microbatch);
+    backend.take_allocations();
+    if (!first) (void)chunk.input_buffer(microbatch);
     backend.take();
-    model.forward(microbatch, data);
+    chunk.forward(microbatch, data);
     check_same(backend.take(), list.stage_kernels(stage, SchedulePart::kForward));
-    model.backward_input(microbatch, output_gradient, 1.0f, input_gradient, defer);
+    // The first microbatch's set is allocated; the second reuses it.
+    check_allocations(backend.take_allocations(), defer ? std::vector<Allocation>{} : microbatch_set, pool_set);
+    chunk.backward_input(microbatch, output_gradient, 1.0f, input_gradient, defer);
     check_same(backend.take(),
                list.stage_kernels(stage, defer ? SchedulePart::kBackwardInput : SchedulePart::kBackward));
+    check_allocations(backend.take_allocations(), defer ? deferred : std::vector<Allocation>{}, pool_set);
     if (defer) {
-      model.backward_weight(microbatch);
+      chunk.backward_weight(microbatch);
       check_same(backend.take(), list.stage_kernels(stage, SchedulePart::kBackwardWeight));
+      check_allocations(backend.take_allocations(), {});
     }
   }
   for (megaplan::exec::Activation buffer : {output_gradient, input_gradient}) {
@@ -99,9 +165,9 @@ TEST_CASE("one stage launches its kernel list for F, B, I and W under each recom
         INFO(model.name << ": " << megaplan::to_string(granularity) << " " << megaplan::to_string(method) << " "
                         << layers << ", dropout " << dropout);
         RecordingBackend backend;
-        GptModel gpt(model, plan, 0, backend, {42});
+        StageChunk gpt(model, plan, 0, backend, {42});
         const MicrobatchTokens data = microbatch(model, 2);
-        check_stage(gpt, backend, PlanKernels(model, plan), 0, &data, true, true);
+        check_stage(gpt, backend, model, plan, 0, &data, true, true);
       }
 }
 
@@ -112,14 +178,13 @@ TEST_CASE("first, middle and last pipeline stages launch their kernel lists, wit
       megaplan::ParallelPlan plan = layout(1, 2, 1, 2, ScheduleKind::kInterleaved, 1, 4);
       plan.recompute_granularity = megaplan::RecomputeGranularity::kSelective;
       plan.options.hidden_dropout = plan.options.attention_dropout = dropout;
-      const PlanKernels list(model, plan);
       const MicrobatchTokens data = microbatch(model, 1);
       for (int64_t stage = 0; stage < plan.num_virtual_stages(); ++stage) {
         INFO(model.name << ": stage " << stage << ", dropout " << dropout);
         const bool first = stage == 0, last = stage + 1 == plan.num_virtual_stages();
         RecordingBackend backend;
-        GptModel gpt(model, plan, stage, backend, {42});
-        check_stage(gpt, backend, list, stage, first || last ? &data : nullptr, first, last);
+        StageChunk gpt(model, plan, stage, backend, {42});
+        check_stage(gpt, backend, model, plan, stage, first || last ? &data : nullptr, first, last);
       }
     }
 }
@@ -135,10 +200,12 @@ TEST_CASE("each tensor-parallel rank launches its kernel list, with and without 
                       << plan.options.hidden_dropout);
       megaplan::exec::InProcessWorld world(2, std::chrono::seconds(60));
       std::vector<std::vector<Kernel>> launched(2), listed(2);
+      std::vector<std::vector<Allocation>> allocated(2);
+      std::size_t parameter_buffer = 0;
       megaplan::exec::run_rank_threads(world, 2, [&](int64_t rank) {
         std::unique_ptr<megaplan::exec::Comm> tp = world.group(rank, {0, 1}, "tp");
         RecordingBackend backend;
-        GptModel gpt(model, plan, 0, backend, {42}, nullptr, tp.get());
+        StageChunk gpt(model, plan, 0, backend, {42}, nullptr, tp.get());
         const MicrobatchTokens data = microbatch(model, 2);
         backend.take();
         gpt.forward(0, &data);
@@ -146,12 +213,23 @@ TEST_CASE("each tensor-parallel rank launches its kernel list, with and without 
         const PlanKernels list(model, plan, rank);
         const auto index = static_cast<std::size_t>(rank);
         launched[index] = backend.take();
+        allocated[index] = backend.take_allocations();
+        if (rank == 0) parameter_buffer = gpt.layout().total;
         listed[index] = list.stage_kernels(0, SchedulePart::kForward);
         for (const Kernel& kernel : list.stage_kernels(0, SchedulePart::kBackward)) listed[index].push_back(kernel);
       });
+      // Without recomputation one F and B allocate the parameter buffers, the scratch and one
+      // microbatch's set of every layer (sequence parallelism's gathered and partial rows included).
+      const megaplan::LayerRecipe recipe(model, plan, megaplan::exec::executor_precision(megaplan::exec::CpuBackend()));
+      std::vector<Allocation> expected = std::vector{Allocation{false, static_cast<int64_t>(parameter_buffer)},
+                                                     Allocation{false, static_cast<int64_t>(parameter_buffer)}} +
+                                         recipe_buffers(recipe.scratch(true)) + recipe_buffers(recipe.microbatch(true));
+      for (int64_t l = 0; l < model.num_layers; ++l)
+        expected = expected + recipe_buffers(recipe.kept(megaplan::LayerKeep::kAll));
       for (std::size_t rank = 0; rank < 2; ++rank) {
         INFO("tensor-parallel rank " << rank);
         check_same(launched[rank], listed[rank]);
+        check_allocations(allocated[rank], expected);
       }
       if (model.add_bias_linear) CHECK(listed[0] != listed[1]);  // rank 0 alone adds the row-parallel biases
     }
@@ -161,7 +239,7 @@ TEST_CASE("the optimizer step launches the optimizer's kernel list", "[model][ke
   const megaplan::ModelSpec model = four_layer_gpt();
   const megaplan::ParallelPlan plan = layout(1, 1, 1, 1, ScheduleKind::kOneFOneB, 2, 2);
   RecordingBackend backend;
-  GptModel gpt(model, plan, 0, backend, {42});
+  StageChunk gpt(model, plan, 0, backend, {42});
   megaplan::exec::Optimizer optimizer({&gpt}, {}, false, {}, backend);
   const MicrobatchTokens data = microbatch(model, 2);
   gpt.forward(0, &data);

@@ -1,6 +1,7 @@
 // A CPU backend that also writes down every kernel it runs, as core's kernel list describes one
-// (core/kernel_list.h): the model's launches can then be compared with the list the simulator
-// costs, and the profiler's launches with the kernels it says it timed.
+// (core/kernel_list.h), and every buffer it hands out: the model's launches can then be compared
+// with the list the simulator costs, its allocations with core's layer recipe
+// (core/layer_recipe.h), and the profiler's launches with the kernels it says it timed.
 #pragma once
 
 #include <memory>
@@ -19,6 +20,24 @@ class RecordingBackend : public ForwardingBackend {
 
   // What ran since the last take().
   std::vector<Kernel> take() { return std::exchange(kernels_, {}); }
+
+  // A buffer handed out: its elements, in the compute type (activation) or in fp32.
+  struct Allocation {
+    bool activation;
+    int64_t elements;
+    auto operator<=>(const Allocation&) const = default;
+  };
+  // What was allocated since the last take_allocations(), in order.
+  std::vector<Allocation> take_allocations() { return std::exchange(allocations_, {}); }
+
+  float* allocate(std::size_t n) override {
+    allocations_.push_back({false, size(n)});
+    return ForwardingBackend::allocate(n);
+  }
+  Activation allocate_activation(std::size_t n) override {
+    allocations_.push_back({true, size(n)});
+    return ForwardingBackend::allocate_activation(n);
+  }
 
   void refresh_compute_copy(const float* value, std::size_t n, Activation copy) override {
     record(flat_kernel(KernelKind::kRefreshCompute, size(n)));
@@ -165,6 +184,7 @@ class RecordingBackend : public ForwardingBackend {
   void record(const Kernel& kernel) { kernels_.push_back(kernel); }
 
   std::vector<Kernel> kernels_;
+  std::vector<Allocation> allocations_;
 };
 
 }  // namespace megaplan::test

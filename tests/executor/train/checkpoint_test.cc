@@ -25,7 +25,7 @@
 #include "core/parallel_plan.h"
 #include "core/parameter_list.h"
 #include "core/text_file.h"
-#include "executor/model/gpt_model.h"
+#include "executor/model/stage_chunk.h"
 #include "executor/model/tensor_shards.h"
 #include "executor/runtime/cpu_backend.h"
 #include "executor/train/checkpoint.h"
@@ -614,7 +614,7 @@ WholeArrays saved_tensor(const std::string& iteration, const std::string& name) 
 std::map<std::string, WholeArrays> loaded_at_one_rank(const megaplan::ModelSpec& model, const ParallelPlan& plan,
                                                       const std::string& directory) {
   exec::CpuBackend backend;
-  exec::GptModel chunk(model, plan, 0, backend, {1234});
+  exec::StageChunk chunk(model, plan, 0, backend, {1234});
   const exec::ParallelGroups groups;
   exec::Optimizer optimizer({&chunk}, exec::OptimizerGroups{}, false, exec::OptimizerSettings{}, backend);
   REQUIRE(exec::load_checkpoint(directory, {model, plan, groups, {&chunk}, optimizer, backend}));

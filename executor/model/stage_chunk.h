@@ -7,12 +7,14 @@
 // gradients accumulated over microbatches live in one contiguous buffer each (Megatron DDP's
 // layout, parameter_layout.h); activations and each weight's compute copy are in the backend's
 // compute precision (bf16 on the GPU). Every parameter says how tensor parallelism splits it.
+// Its widths, its architecture's choices and every buffer it allocates are core's layer recipe
+// (core/layer_recipe.h), which the simulator's kernel lists and memory walk read too.
 //
 // Tensor parallelism is Megatron's: QKV and fc1 are column-parallel (each rank holds its query
 // groups' queries, keys and values, Megatron's fused layout [groups, group + 2, dim], and its slice
 // of the MLP: with SwiGLU its slices of the gate and of the up projection, [gate_r; up_r]), the
-// projection and fc2 row-parallel (their partial outputs
-// summed over the tensor-parallel group), the word embedding and the output layer vocabulary-
+// projection and fc2 row-parallel (their partial outputs summed over the tensor-parallel group),
+// the word embedding and the output layer vocabulary-
 // parallel (the cross entropy's row statistics gathered, vocabulary_parallel_loss.h). Without
 // sequence parallelism every rank holds the whole residual stream and the sums are all-reduces;
 // with it (--sequence-parallel) each rank holds 1/tp of the stream's rows, norms and residual adds
@@ -36,6 +38,7 @@
 #include <string>
 #include <vector>
 
+#include "core/layer_recipe.h"
 #include "core/model_spec.h"
 #include "core/parallel_plan.h"
 #include "core/parameter_list.h"
@@ -69,7 +72,7 @@ struct Initialisation {
   double init_method_std = 0.02;
 };
 
-class GptModel {
+class StageChunk {
  public:
   // Throws SpecError naming the flag of the first thing this executor does not support yet
   // (GELU without biases, LayerNorm with another epsilon than 1e-5, context parallelism, Megatron's
@@ -85,12 +88,12 @@ class GptModel {
   // model holds that rank's shard of every split parameter, drawn as the slice of the whole tensor.
   // Gradients are reduced in buckets of `bucket_size` elements (Megatron's --ddp-bucket-size; 0:
   // its default).
-  GptModel(const ModelSpec& model, const ParallelPlan& plan, int64_t stage, Backend& backend,
-           const Initialisation& init, Parameter* tied_embedding = nullptr, Comm* tensor_parallel = nullptr,
-           std::size_t bucket_size = 0);
-  ~GptModel();
-  GptModel(const GptModel&) = delete;
-  GptModel& operator=(const GptModel&) = delete;
+  StageChunk(const ModelSpec& model, const ParallelPlan& plan, int64_t stage, Backend& backend,
+             const Initialisation& init, Parameter* tied_embedding = nullptr, Comm* tensor_parallel = nullptr,
+             std::size_t bucket_size = 0);
+  ~StageChunk();
+  StageChunk(const StageChunk&) = delete;
+  StageChunk& operator=(const StageChunk&) = delete;
 
   int64_t tensor_parallel_rank() const { return tp_rank_; }
   // Under sequence parallelism each rank's norm gradients cover its rows only: summed over the
@@ -125,7 +128,7 @@ class GptModel {
   void zero_gradients();
   // Elements of one activation or gradient message between stages: the rank's rows of the residual
   // stream (micro batch x seq, over tp under sequence parallelism) x hidden.
-  std::size_t message_size() const { return static_cast<std::size_t>(rows_ * hidden_); }
+  std::size_t message_size() const { return width_.rows * width_.hidden; }
 
   // REQUIRES: !first_stage(). Where F(microbatch) reads its input; valid until its backward.
   Activation input_buffer(int64_t microbatch);
@@ -167,31 +170,19 @@ class GptModel {
     Parameter* fc2_weight;
     Parameter* fc2_bias;
   };
-  // What the backward reads. The residual stream's sums (input, middle, output) are written by the
-  // norms that follow them, which fuse the residual adds. The norms' outputs are not kept: the
-  // backward recomputes them from the stream (one pass over tokens x hidden, against keeping
-  // two such buffers per layer). qkv is kept after the rotary embedding; fc1 is fc1's output (GELU's
-  // pre-activation, or SwiGLU's [gate; up]) and `activated` GELU's output, fc2's input (SwiGLU's
-  // goes through swiglu_out_ and is computed again in the backward).
-  struct LayerActivations {  // null where the layer's Keep does not keep it (and the means with RMSNorm)
-    Activation input = nullptr, qkv = nullptr, attention = nullptr, middle = nullptr, fc1 = nullptr,
-               activated = nullptr;
-    float *ln1_mean = nullptr, *ln1_rstd = nullptr, *attention_saved = nullptr, *ln2_mean = nullptr,
-          *ln2_rstd = nullptr;
-  };
-  // The output gradient of each GEMM whose weight gradient I deferred to W.
-  struct DeferredGradients {
-    Activation qkv, proj, fc1, fc2;
-  };
+  // Core's buffer structs (core/layer_recipe.h) holding this backend's buffers: what a layer keeps
+  // for its backward (null where its Keep does not keep it, and the means with RMSNorm), a
+  // microbatch's buffers outside its layers, I's deferred output gradients, the chunk's scratch.
+  using LayerActivations = LayerBuffers<Activation, float*>;
+  using MicrobatchActivations = MicrobatchBuffers<Activation, float*>;
+  using DeferredGradients = megaplan::DeferredGradients<Activation>;
+  using Scratch = ChunkScratch<Activation, float*>;
   using Keep = LayerKeep;  // core/pipeline_layout.h
   struct Activations {
     std::vector<int64_t> inputs, labels;
     std::vector<float> mask;
     std::vector<LayerActivations> layers;
-    // output: the stage's last residual sum (the final norm's input on the last stage, the
-    // message to the next stage elsewhere). logits: the loss's gradient overwrites them.
-    Activation output = nullptr, final_norm = nullptr, logits = nullptr;
-    float *final_mean = nullptr, *final_rstd = nullptr, *loss_saved = nullptr;
+    MicrobatchActivations head;
     std::vector<DeferredGradients> deferred;  // filled by I
     // The backward's view of every layer: kept buffers, and recomputed ones from `borrowed`
     // (kept with the microbatch from I until W, else returned after each group).
@@ -201,12 +192,16 @@ class GptModel {
     // forward()'s: where dropout's masks are drawn; none in evaluation, which drops nothing.
     std::optional<int64_t> first_sample;
   };
+  // The buffers `sizes` lists (core's recipe), into `buffers`; and back.
+  template <typename Sizes, typename Buffers>
+  void allocate(const Sizes& sizes, Buffers& buffers);
+  template <typename Buffers>
+  void release(Buffers& buffers);
   void add_parameter(const ParameterSpec& spec);
   void initialise(const Initialisation& init);
   Activations allocate_activations();
   void release_activations(Activations& activations);
   LayerActivations allocate_layer(Keep keep);
-  void release_layer(LayerActivations& layer);
   // A full set of one layer's buffers from the recomputation pool, and back.
   LayerActivations borrow();
   void give_back(LayerActivations& layer);
@@ -259,22 +254,29 @@ class GptModel {
   Activations take(std::map<int64_t, Activations>& from, int64_t microbatch, const char* why);
 
   Backend& backend_;
-  int64_t stage_, hidden_, heads_, query_groups_, dim_, layers_total_, first_layer_, ffn_, seq_, vocab_, batch_;
-  // The architecture's choices (ModelSpec).
-  bool rms_norm_, swiglu_, rope_, untied_;  // biases: the parameters the model has (Layer's non-null ones)
-  int64_t rotary_dim_;
+  // The decoder layer on this rank (core/layer_recipe.h): widths, choices, buffers.
+  const LayerRecipe recipe_;
+  // The recipe's widths, in the unsigned type the Backend takes: a microbatch's sequences and
+  // their length, the GEMMs' rows (tokens) and the stream's (rows: split over tp under sequence
+  // parallelism); this rank's query heads and key-value groups (and query heads per group), QKV's
+  // and fc1's outputs, the MLP's width and the vocabulary rows from vocabulary_start; the padded
+  // vocabulary whole.
+  struct Widths {
+    std::size_t batch, seq, tokens, rows, hidden, query, qkv, ffn, fc1, heads, groups, group_heads, head_dim,
+        rotary_dim, vocabulary, vocabulary_start, padded_vocabulary;
+  };
+  const Widths width_;
+  static Widths widths(const LayerRecipe& recipe, int64_t tp, int64_t tp_rank);
+  int64_t stage_, layers_total_, first_layer_;
+  bool untied_;  // biases: the parameters the model has (Layer's non-null ones)
   RotaryFrequencies rotary_;
   float norm_epsilon_;
   // Dropout: --hidden-dropout, --attention-dropout, and --seed, which draws their masks.
   double hidden_dropout_, attention_dropout_;
   uint64_t seed_;
-  // Tensor parallelism: the group, this rank, whether the stream is split by rows, and the
-  // rank's share: heads and query groups, QKV's and fc1's outputs, MLP width, vocabulary rows
-  // (from vocab_start_), stream rows.
+  // Tensor parallelism: the group (null when tp = 1) and this rank.
   Comm* tensor_parallel_;
-  int64_t tp_, tp_rank_;
-  bool sequence_parallel_;
-  int64_t heads_local_, groups_local_, q_local_, qkv_local_, fc1_local_, ffn_local_, vocab_local_, vocab_start_, rows_;
+  int64_t tp_rank_;
   DType activation_type_;
   bool has_embedding_, has_output_;
   std::vector<Parameter> parameters_;
@@ -295,23 +297,11 @@ class GptModel {
   std::vector<Keep> keep_;                          // by layer of the stage
   std::vector<LayerGroup> groups_;                  // core's recomputation groups of the stage
   std::vector<LayerActivations> pool_;              // full layer sets for recomputation, reused
-  // Scratch, one set, as F and B each run whole: a norm's output until the linear layer after it
-  // reads it; a branch's output until the next norm adds it to the residual stream; the backward's
-  // gradients (d_residual_ ping-pongs between two buffers). Under sequence parallelism: gathered
-  // rows (gathered_) and partial sums before their reduce-scatter (partial_); the loss's row
-  // statistics (fp32, reduced over the tensor-parallel group in place).
-  // d_hidden_ also holds the attention output's gradient (the rank's queries, which may be wider
-  // than the stream with --kv-channels); SwiGLU's output waits in swiglu_out_ for fc2 in the forward,
-  // its gradient in d_activated_ in the backward, which then holds the output again for fc2's
-  // weight gradient.
-  Activation norm_out_, branch_out_, d_hidden_, d_residual_[2], d_qkv_, d_ffn_, swiglu_out_ = nullptr,
-                                                                                d_activated_ = nullptr;
+  Scratch scratch_;                                 // the recipe's scratch: see core/layer_recipe.h
   // Tells gradient_progress_ that every parameter from `first` on holds this microbatch's gradient.
   void gradients_done_from(const Parameter* first);
-  Activation gathered_ = nullptr, partial_ = nullptr;
-  // The loss's backend memory: the running loss sum (a double, first for its alignment), then the
-  // row statistics [lse_s | target logit | peak] of vocabulary_parallel_loss.h.
-  float* loss_memory_ = nullptr;
+  // The loss's memory (scratch_.loss_memory): the running loss sum (a double, first for its
+  // alignment), then the row statistics [lse_s | target logit | peak] of vocabulary_parallel_loss.h.
   double* loss_sum_ = nullptr;
   float* statistics_ = nullptr;
 };

@@ -12,12 +12,12 @@
 #include "core/formulas.h"
 #include "executor/comm/in_process_comm.h"
 #include "executor/comm/rank_threads.h"
-#include "executor/model/gpt_model.h"
+#include "executor/model/stage_chunk.h"
 #include "executor/runtime/cpu_backend.h"
 
 namespace {
 
-using megaplan::exec::GptModel;
+using megaplan::exec::StageChunk;
 using megaplan::exec::MicrobatchTokens;
 
 megaplan::ModelSpec tiny_model() {
@@ -53,7 +53,7 @@ MicrobatchTokens random_microbatch(std::size_t batch, std::size_t seq, int64_t v
 
 TEST_CASE("the GPT's backward is the gradient of its loss", "[model]") {
   megaplan::exec::CpuBackend backend;
-  GptModel model(tiny_model(), one_rank(2), 0, backend, {42});
+  StageChunk model(tiny_model(), one_rank(2), 0, backend, {42});
   MicrobatchTokens data = random_microbatch(2, 4, 16, 1);
   data.loss_mask = {1, 1, 1, 0, 1, 1, 1, 1};
   model.forward(0, &data);
@@ -82,8 +82,8 @@ TEST_CASE("the GPT's backward is the gradient of its loss", "[model]") {
 
 TEST_CASE("a backward split into I and W gives B's gradients", "[model]") {
   megaplan::exec::CpuBackend backend;
-  GptModel fused(tiny_model(), one_rank(2), 0, backend, {42});
-  GptModel split(tiny_model(), one_rank(2), 0, backend, {42});
+  StageChunk fused(tiny_model(), one_rank(2), 0, backend, {42});
+  StageChunk split(tiny_model(), one_rank(2), 0, backend, {42});
   for (int64_t m = 0; m < 2; ++m) {
     const MicrobatchTokens data = random_microbatch(2, 4, 16, static_cast<unsigned>(m + 5));
     fused.forward(m, &data);

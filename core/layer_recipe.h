@@ -1,0 +1,184 @@
+// The decoder layer of megaplan's executor, described once: its widths on one tensor-parallel rank,
+// the architecture's choices as its kernels take them, and every buffer a stage chunk allocates —
+// what a layer keeps from its forward for its backward under each recomputation mode, the chunk's
+// scratch, a microbatch's buffers outside its layers, and the output gradients I keeps for W.
+//
+// Its readers: the executor's stage chunk (executor/model/stage_chunk.h) allocates exactly these
+// buffers and reads these choices; the executor's kernel list (kernel_list.h) launches its kernels
+// on these widths; the memory walk (executor_memory.h) prices these buffers; the profiler times the
+// kernel list's kernels. tests/executor/model/kernel_list_test.cc records what the stage chunk
+// launches and allocates and compares both with this description.
+//
+// The buffer structs are templates over what a buffer is: its size here (ActivationElements,
+// FloatElements), a pointer in the executor. for_each_buffer() walks them field by field, so that
+// allocation, release and pricing all follow the one field list.
+#pragma once
+
+#include <cstdint>
+#include <tuple>
+#include <utility>
+
+#include "core/model_spec.h"
+#include "core/parallel_plan.h"
+#include "core/pipeline_layout.h"
+
+namespace megaplan {
+
+// A transformer layer's dimensions on one tensor-parallel rank, as every kernel list uses them.
+struct LayerDims {
+  int64_t tokens;      // the GEMMs' rows: mbs * seq / cp
+  int64_t rows;        // the residual stream's rows (norms, adds): tokens / tp with sequence parallelism
+  int64_t hidden;      // h
+  int64_t query;       // the query projection's width / tp
+  int64_t key_value;   // K's (and V's) width / tp
+  int64_t qkv;         // query + 2 key_value
+  int64_t ffn;         // the MLP's hidden width / tp
+  int64_t fc1;         // fc1's output width: ffn, twice that with SwiGLU
+  int64_t vocabulary;  // the padded vocabulary / tp
+  int64_t heads;       // attention heads / tp
+  int64_t head_dim;
+};
+LayerDims layer_dims(const ModelSpec& model, const ParallelPlan& plan);
+
+// What the executor's backend stores, where it decides a buffer's size.
+struct ExecutorPrecision {
+  int64_t activation_bytes = 2;  // bf16 (the CUDA backend); 4 on the CPU backend, whose weights need no copy
+  // fp32 values attention keeps per query row and head for its backward: false, flash attention's
+  // log-sum-exp (one); true, the CPU reference's probabilities (one per key).
+  bool attention_keeps_probabilities = false;
+};
+
+// A buffer's size: elements in the compute type (activations) or in fp32 (statistics, the loss).
+// 0: not allocated.
+struct ActivationElements {
+  int64_t count = 0;
+};
+struct FloatElements {
+  int64_t count = 0;
+};
+
+// What one layer keeps for its backward. The residual stream's sums (input, middle) are written by
+// the norms that follow them, which fuse the residual adds; the norms' outputs are not kept (the
+// backward recomputes them from the stream: one pass over rows x hidden against two such buffers
+// per layer). qkv is kept after the rotary embedding; fc1 is fc1's output (GELU's pre-activation,
+// or SwiGLU's [gate; up]) and `activated` GELU's output, fc2's input (SwiGLU's is computed again in
+// the backward). `attention_saved` is what attention's backward reads besides qkv and its output.
+template <typename A, typename F>
+struct LayerBuffers {
+  A input{}, qkv{}, attention{}, middle{}, fc1{}, activated{};
+  F ln1_mean{}, ln1_rstd{}, ln2_mean{}, ln2_rstd{}, attention_saved{};
+  auto fields() {
+    return std::tie(input, qkv, attention, middle, fc1, activated, ln1_mean, ln1_rstd, ln2_mean, ln2_rstd,
+                    attention_saved);
+  }
+  auto fields() const {
+    return std::tie(input, qkv, attention, middle, fc1, activated, ln1_mean, ln1_rstd, ln2_mean, ln2_rstd,
+                    attention_saved);
+  }
+};
+
+// A microbatch's buffers outside its layers. output: the chunk's last residual sum (the final
+// norm's input on the last stage, the message to the next stage elsewhere). On the last stage the
+// head's: the final norm's output gathered (the output layer's input), the logits (the loss's
+// gradient overwrites them), the final norm's statistics and each row's log-sum-exp.
+template <typename A, typename F>
+struct MicrobatchBuffers {
+  A output{}, final_norm{}, logits{};
+  F final_mean{}, final_rstd{}, loss_saved{};
+  auto fields() { return std::tie(output, final_norm, logits, final_mean, final_rstd, loss_saved); }
+  auto fields() const { return std::tie(output, final_norm, logits, final_mean, final_rstd, loss_saved); }
+};
+
+// The output gradient of each GEMM whose weight gradient I deferred to W, per layer.
+template <typename A>
+struct DeferredGradients {
+  A qkv{}, proj{}, fc1{}, fc2{};
+  auto fields() { return std::tie(qkv, proj, fc1, fc2); }
+  auto fields() const { return std::tie(qkv, proj, fc1, fc2); }
+};
+
+// The chunk's scratch, one set, as F and B each run whole: a norm's output until the linear layer
+// after it reads it; a branch's output until the next norm adds it to the stream; the backward's
+// gradients at a layer's output and middle; the attention output's gradient (d_hidden: the wider of
+// the stream and the rank's queries); the gradients of qkv and of fc1's output; SwiGLU's output
+// (fc2's input in the forward, its gradient and then the output again in the backward). Under
+// sequence parallelism the gathered rows and the partial sums before their reduce-scatter. On the
+// last stage the loss's memory: the running loss sum (a double, two floats) and the row statistics
+// [lse_s | target logit | peak] (vocabulary_parallel_loss.h).
+template <typename A, typename F>
+struct ChunkScratch {
+  A norm_out{}, branch_out{}, d_hidden{}, d_out{}, d_middle{}, d_qkv{}, d_ffn{}, swiglu_out{}, d_activated{},
+      gathered{}, partial{};
+  F loss_memory{};
+  auto fields() {
+    return std::tie(norm_out, branch_out, d_hidden, d_out, d_middle, d_qkv, d_ffn, swiglu_out, d_activated, gathered,
+                    partial, loss_memory);
+  }
+  auto fields() const {
+    return std::tie(norm_out, branch_out, d_hidden, d_out, d_middle, d_qkv, d_ffn, swiglu_out, d_activated, gathered,
+                    partial, loss_memory);
+  }
+};
+
+using LayerBufferSizes = LayerBuffers<ActivationElements, FloatElements>;
+using MicrobatchBufferSizes = MicrobatchBuffers<ActivationElements, FloatElements>;
+using DeferredGradientSizes = DeferredGradients<ActivationElements>;
+using ChunkScratchSizes = ChunkScratch<ActivationElements, FloatElements>;
+
+// Calls fn(field) for each buffer of `buffers`, or fn(x_field, y_field) for each pair of the same
+// field of two structs of one kind (a size and the buffer it describes, or two sets).
+template <typename Buffers, typename Fn>
+void for_each_buffer(Buffers&& buffers, Fn&& fn) {
+  std::apply([&](auto&... field) { (fn(field), ...); }, buffers.fields());
+}
+template <typename X, typename Y, typename Fn>
+void for_each_buffer(X&& x, Y&& y, Fn&& fn) {
+  auto xs = x.fields();
+  auto ys = y.fields();
+  static_assert(std::tuple_size_v<decltype(xs)> == std::tuple_size_v<decltype(ys)>);
+  [&]<std::size_t... I>(std::index_sequence<I...>) { (fn(std::get<I>(xs), std::get<I>(ys)), ...); }
+  (std::make_index_sequence<std::tuple_size_v<decltype(xs)>>{});
+}
+
+// The bytes of every buffer a size struct lists.
+template <typename Sizes>
+int64_t buffer_bytes(const Sizes& sizes, int64_t activation_bytes) {
+  int64_t bytes = 0;
+  for_each_buffer(sizes, [&](const auto& size) {
+    using Size = std::decay_t<decltype(size)>;
+    bytes += size.count * (std::is_same_v<Size, ActivationElements> ? activation_bytes : int64_t{4});
+  });
+  return bytes;
+}
+
+// megaplan's decoder layer on one tensor-parallel rank of a plan.
+struct LayerRecipe {
+  LayerRecipe(const ModelSpec& model, const ParallelPlan& plan, const ExecutorPrecision& storage = {});
+
+  LayerDims dims;
+  int64_t micro_batch_size, seq_length;
+  // The architecture's choices: RMSNorm or LayerNorm; SwiGLU (a kernel apart from fc1) or GELU,
+  // which rides on fc1's bias epilogue and its derivative on fc2's input gradient (GELU without
+  // biases is refused before training: executor_support.h); rotary embeddings on q and k.
+  bool rms_norm, swiglu, fused_gelu, rope;
+  int64_t rotary_dim;  // of each q and k head, the dimensions RoPE rotates
+  // Biases on the linear layers (--add-bias-linear), and on QKV alone (--add-qkv-bias, Qwen2).
+  bool linear_bias, qkv_bias;
+  // --hidden-dropout (each branch's output, and the embedding's) and --attention-dropout.
+  bool hidden_dropout, attention_dropout;
+  // --sequence-parallel: the stream's rows split over tp, gathered before each column-parallel GEMM.
+  bool sequence_parallel;
+  ExecutorPrecision precision;
+
+  // What a layer keeps under `keep` (pipeline_layout.h): nothing; its input (full recomputation's
+  // first layer of a group); everything but attention's output and saved statistics (selective
+  // recomputation); everything. A set of the recomputation pool is kept(kAll).
+  LayerBufferSizes kept(LayerKeep keep) const;
+  MicrobatchBufferSizes microbatch(bool last_stage) const;
+  DeferredGradientSizes deferred() const;
+  // The first stage's embedding gradient, kept from I until W.
+  ActivationElements deferred_embedding_gradient() const { return {dims.tokens * dims.hidden}; }
+  ChunkScratchSizes scratch(bool last_stage) const;
+};
+
+}  // namespace megaplan

@@ -1,0 +1,781 @@
+#include "executor/model/stage_chunk.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <random>
+#include <stdexcept>
+
+#include "core/error.h"
+#include "core/executor_support.h"
+#include "core/fnv1a.h"
+#include "core/formulas.h"
+#include "core/pipeline_layout.h"
+#include "executor/model/vocabulary_parallel_loss.h"
+#include "executor/runtime/backend.h"
+
+namespace megaplan::exec {
+
+namespace {
+
+// The running loss sum's floats in the loss memory: one double.
+constexpr std::size_t kLossSumFloats = sizeof(double) / sizeof(float);
+
+std::size_t product(const std::vector<int64_t>& shape) {
+  std::size_t size = 1;
+  for (int64_t extent : shape) size *= static_cast<std::size_t>(extent);
+  return size;
+}
+
+// A parameter's seed: FNV-1a of its name (not std::hash, which differs between standard
+// libraries), from a tenth of FNV's offset basis. The basis is a slip kept on purpose: every run's
+// initial weights, and so every recorded loss, derive from it.
+uint64_t name_hash(const std::string& name) { return Fnv1a64(1469598103934665603ull).add(name).value(); }
+
+bool ends_with(const std::string& text, const std::string& suffix) {
+  return text.size() >= suffix.size() && text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+}  // namespace
+
+void StageChunk::refuse_unsupported(const ModelSpec& model, const ParallelPlan& plan) {
+  if (std::optional<SpecError> refusal = executor_model_refusal(model)) throw *refusal;
+  if (std::optional<SpecError> refusal = executor_plan_refusal(plan)) throw *refusal;
+}
+
+TensorCut tensor_cut(const ParameterSpec& spec) {
+  switch (spec.split) {
+    case TensorSplit::kColumn:
+    case TensorSplit::kVocabulary: return {0, spec.shard_index, spec.shard_count, spec.chunks};
+    case TensorSplit::kRow: return {1, spec.shard_index, spec.shard_count};
+    case TensorSplit::kReplicated: break;
+  }
+  return {};
+}
+
+StageChunk::Widths StageChunk::widths(const LayerRecipe& recipe, int64_t tp, int64_t tp_rank) {
+  const LayerDims& d = recipe.dims;
+  const auto size = [](int64_t n) { return static_cast<std::size_t>(n); };
+  const int64_t groups = std::max<int64_t>(d.key_value / d.head_dim, 1);
+  return {size(recipe.micro_batch_size),
+          size(recipe.seq_length),
+          size(d.tokens),
+          size(d.rows),
+          size(d.hidden),
+          size(d.query),
+          size(d.qkv),
+          size(d.ffn),
+          size(d.fc1),
+          size(d.heads),
+          size(groups),
+          size(d.heads / groups),
+          size(d.head_dim),
+          size(recipe.rotary_dim),
+          size(d.vocabulary),
+          size(tp_rank * d.vocabulary),
+          size(tp * d.vocabulary)};
+}
+
+template <typename Sizes, typename Buffers>
+void StageChunk::allocate(const Sizes& sizes, Buffers& buffers) {
+  for_each_buffer(sizes, buffers, [&](const auto& size, auto& buffer) {
+    if (size.count == 0) return;
+    const auto n = static_cast<std::size_t>(size.count);
+    if constexpr (std::is_same_v<std::decay_t<decltype(size)>, ActivationElements>) {
+      buffer = backend_.allocate_activation(n);
+    } else {
+      buffer = backend_.allocate(n);
+    }
+  });
+}
+
+template <typename Buffers>
+void StageChunk::release(Buffers& buffers) {
+  for_each_buffer(buffers, [&](auto& buffer) {
+    if (buffer) backend_.release(buffer);
+    buffer = nullptr;
+  });
+}
+
+void StageChunk::add_parameter(const ParameterSpec& spec) {
+  Parameter parameter;
+  static_cast<ParameterSpec&>(parameter) = spec;
+  const std::size_t index = parameters_.size();
+  parameter.value = values_ + layout_.offsets[index];
+  parameter.gradient = gradients_ + layout_.offsets[index];
+  parameter.compute = backend_.compute_copy(parameter.value, parameter.size);
+  parameters_.push_back(std::move(parameter));
+}
+
+StageChunk::StageChunk(const ModelSpec& model, const ParallelPlan& plan, int64_t stage, Backend& backend,
+                       const Initialisation& init, Parameter* tied_embedding, Comm* tensor_parallel,
+                       std::size_t bucket_size)
+    : backend_(backend),
+      recipe_(model, plan, executor_precision(backend)),
+      width_(widths(recipe_, plan.tensor_parallel_size, tensor_parallel ? tensor_parallel->rank() : 0)),
+      stage_(stage),
+      layers_total_(model.num_layers),
+      untied_(model.untie_embeddings_and_output_weights),
+      rotary_(model.rotary_base, model.rope_scaling),
+      norm_epsilon_(static_cast<float>(model.norm_epsilon)),
+      hidden_dropout_(plan.options.hidden_dropout),
+      attention_dropout_(plan.options.attention_dropout),
+      seed_(init.seed),
+      tensor_parallel_(tensor_parallel),
+      tp_rank_(tensor_parallel ? tensor_parallel->rank() : 0),
+      activation_type_(backend.activation_type()) {
+  refuse_unsupported(model, plan);
+  const int64_t tp = plan.tensor_parallel_size;
+  if ((tp > 1) != (tensor_parallel != nullptr) || (tensor_parallel && tensor_parallel->size() != tp)) {
+    throw std::logic_error("StageChunk: the tensor-parallel group does not match the plan's tp");
+  }
+  if (plan.micro_batch_size <= 0) throw SpecError("--micro-batch-size", "must be a positive integer");
+  const StageLayers stage_layout = stage_layers(stage, model, plan);
+  first_layer_ = stage_layout.first_layer;
+  has_embedding_ = stage_layout.has_embedding;
+  has_output_ = stage_layout.has_output_layer;
+  groups_ = recompute_groups(plan, stage_layout.num_layers);
+  keep_ = layer_keeps(plan, groups_);
+
+  const std::vector<ParameterSpec> specs = describe_parameters(model, plan, stage, tp_rank_);
+  layout_ = megaplan::stage_layout(model, plan, stage, bucket_size);
+  values_ = backend_.allocate(layout_.total);
+  gradients_ = backend_.allocate(layout_.total);
+  parameters_.reserve(specs.size());  // pointers into it stay valid
+  for (const ParameterSpec& spec : specs) add_parameter(spec);
+
+  // By Megatron's names (core's parameter list holds only what the architecture has).
+  std::map<std::string, Parameter*> by_name;
+  for (Parameter& parameter : parameters_) by_name[parameter.name] = &parameter;
+  const auto find = [&](const std::string& name) -> Parameter* {
+    const auto found = by_name.find(name);
+    return found == by_name.end() ? nullptr : found->second;
+  };
+  if (has_embedding_) {
+    word_embeddings_ = find(kWordEmbeddings);
+    position_embeddings_ = find("embedding.position_embeddings.weight");
+  }
+  for (int64_t l = 0; l < stage_layout.num_layers; ++l) {
+    const std::string prefix = "decoder.layers." + std::to_string(first_layer_ + l) + ".";
+    layers_.push_back(
+        {find(prefix + "input_layernorm.weight"), find(prefix + "input_layernorm.bias"),
+         find(prefix + "self_attention.linear_qkv.weight"), find(prefix + "self_attention.linear_qkv.bias"),
+         find(prefix + "self_attention.linear_proj.weight"), find(prefix + "self_attention.linear_proj.bias"),
+         find(prefix + "pre_mlp_layernorm.weight"), find(prefix + "pre_mlp_layernorm.bias"),
+         find(prefix + "mlp.linear_fc1.weight"), find(prefix + "mlp.linear_fc1.bias"),
+         find(prefix + "mlp.linear_fc2.weight"), find(prefix + "mlp.linear_fc2.bias")});
+  }
+  if (has_output_) {
+    final_gamma_ = find("decoder.final_layernorm.weight");
+    final_beta_ = find("decoder.final_layernorm.bias");
+    Parameter* own = find(kOutputWeight);
+    if (!untied_) output_copy_ = own;
+    output_weight_ = own ? own : word_embeddings_ ? word_embeddings_ : tied_embedding;
+    if (!output_weight_)
+      throw std::logic_error("StageChunk: the last stage needs stage 0's word embedding on its rank");
+  }
+  initialise(init);
+
+  allocate(recipe_.scratch(has_output_), scratch_);
+  if (has_output_) {
+    loss_sum_ = reinterpret_cast<double*>(scratch_.loss_memory);  // allocations are at least 16-byte aligned
+    statistics_ = scratch_.loss_memory + kLossSumFloats;
+  }
+}
+
+void StageChunk::initialise(const Initialisation& init) {
+  // Megatron's initialisation: normal(0, --init-method-std), output projections scaled by
+  // 1 / sqrt(2 L). The output layer's copy draws the word embedding's values: the two start equal,
+  // as Megatron makes them by broadcasting the first stage's.
+  const uint64_t seed = init.seed;
+  const double sigma = init.init_method_std;
+  const double output_sigma = sigma / std::sqrt(2.0 * static_cast<double>(layers_total_));
+  for (Parameter& parameter : parameters_) {
+    std::vector<float> host(product(parameter.global_shape), 0.0f);
+    // The tied copy draws the word embedding's values; an untied output layer its own.
+    const std::string& source = &parameter == output_copy_ ? std::string(kWordEmbeddings) : parameter.name;
+    if (ends_with(parameter.name, "layernorm.weight")) {
+      std::fill(host.begin(), host.end(), 1.0f);
+    } else if (!ends_with(parameter.name, "bias")) {
+      const bool output =
+          ends_with(parameter.name, "linear_proj.weight") || ends_with(parameter.name, "linear_fc2.weight");
+      const uint64_t hash = name_hash(source);
+      std::seed_seq sequence{static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32),
+                             static_cast<uint32_t>(hash), static_cast<uint32_t>(hash >> 32)};
+      std::mt19937_64 generator(sequence);
+      std::normal_distribution<double> normal(0.0, output ? output_sigma : sigma);
+      for (float& value : host) value = static_cast<float>(normal(generator));
+    }
+    // The rank's part of the whole tensor the single-rank run draws.
+    if (parameter.shard_count > 1) host = reshard({host}, TensorCut{}, parameter.global_shape, tensor_cut(parameter));
+    backend_.upload(parameter.value, host.data(), parameter.size);
+  }
+  refresh_compute_weights();
+  zero_gradients();
+}
+
+StageChunk::~StageChunk() {
+  for (auto* held : {&in_flight_, &awaiting_weight_}) {
+    for (auto& [microbatch, activations] : *held) release_activations(activations);
+  }
+  for (Activations& activations : spare_) release_activations(activations);
+  for (LayerActivations& layer : pool_) release(layer);
+  for (Parameter& parameter : parameters_) backend_.release_compute_copy(parameter.compute, parameter.value);
+  backend_.release(values_);
+  backend_.release(gradients_);
+  release(scratch_);
+}
+
+void StageChunk::refresh_compute_weights() {
+  for (Parameter& p : parameters_) backend_.refresh_compute_copy(p.value, p.size, p.compute);
+}
+
+void StageChunk::zero_gradients() { backend_.fill(gradients_, layout_.total, 0.0f); }
+
+StageChunk::LayerActivations StageChunk::allocate_layer(Keep keep) {
+  LayerActivations layer;
+  allocate(recipe_.kept(keep), layer);
+  return layer;
+}
+
+StageChunk::LayerActivations StageChunk::borrow() {
+  if (pool_.empty()) return allocate_layer(Keep::kAll);
+  LayerActivations layer = pool_.back();
+  pool_.pop_back();
+  return layer;
+}
+
+void StageChunk::give_back(LayerActivations& layer) {
+  pool_.push_back(layer);
+  layer = LayerActivations{};
+}
+
+StageChunk::Activations StageChunk::allocate_activations() {
+  if (!spare_.empty()) {
+    Activations reused = std::move(spare_.back());
+    spare_.pop_back();
+    return reused;
+  }
+  Activations a;
+  for (const Keep keep : keep_) a.layers.push_back(allocate_layer(keep));
+  allocate(recipe_.microbatch(has_output_), a.head);
+  return a;
+}
+
+void StageChunk::release_activations(Activations& a) {
+  for (LayerActivations& l : a.layers) release(l);
+  for (LayerActivations& l : a.borrowed) release(l);
+  for (DeferredGradients& d : a.deferred) release(d);
+  release(a.head);
+  if (a.input_gradient) backend_.release(a.input_gradient);
+  a.input_gradient = nullptr;
+  a.layers.clear();
+  a.borrowed.clear();
+  a.deferred.clear();
+}
+
+void StageChunk::read_tokens(Activations& a, const MicrobatchTokens& data) const {
+  const std::size_t batch = width_.batch, seq = width_.seq, count = width_.tokens;
+  if (data.tokens.size() != batch * (seq + 1) || data.loss_mask.size() != count) {
+    throw SpecError("--micro-batch-size", "a microbatch needs " + std::to_string(batch * (seq + 1)) + " tokens, got " +
+                                              std::to_string(data.tokens.size()));
+  }
+  a.inputs.resize(count);
+  a.labels.resize(count);
+  for (std::size_t b = 0; b < batch; ++b) {
+    for (std::size_t s = 0; s < seq; ++s) {
+      const int64_t input = data.tokens[b * (seq + 1) + s];
+      const int64_t label = data.tokens[b * (seq + 1) + s + 1];
+      const auto vocabulary = static_cast<int64_t>(width_.padded_vocabulary);
+      if (input < 0 || input >= vocabulary || label < 0 || label >= vocabulary) {
+        throw SpecError("--data-path", "token " + std::to_string(std::max(input, label)) +
+                                           " is outside the model's padded vocabulary of " +
+                                           std::to_string(vocabulary));
+      }
+      a.inputs[b * seq + s] = input;
+      a.labels[b * seq + s] = label;
+    }
+  }
+  a.mask = data.loss_mask;
+}
+
+void StageChunk::run_forward(Activations& a, const MicrobatchTokens* data, std::optional<int64_t> first_sample) {
+  if ((has_embedding_ || has_output_) && !data)
+    throw std::logic_error("StageChunk: the first and last stages read data");
+  if (data) read_tokens(a, *data);
+  a.first_sample = first_sample;
+  const auto seq = width_.seq;
+  const std::size_t count = width_.tokens;
+  const auto rows = width_.rows;
+  const auto h = width_.hidden;
+  const auto v = width_.vocabulary;
+  // The residual stream: x_{l+1} = middle_l + mlp(ln2(middle_l)), middle_l = x_l + attention(ln1(x_l)).
+  // Each branch's output waits in scratch_.branch_out until the next norm adds it to the stream. A
+  // non-first stage's input is already in the first layer's input (or, without layers, the output).
+  Activation first_input = a.layers.empty() ? a.head.output : a.layers[0].input;
+  if (has_embedding_) {
+    // Vocabulary-parallel: each rank looks up its rows' tokens; the sum over the group is the embedding.
+    backend_.embedding_forward(a.inputs.data(), count, seq, word_embeddings_->compute, width_.vocabulary_start, v,
+                               tp_rank_ == 0 && position_embeddings_ ? position_embeddings_->compute : nullptr, h,
+                               partial_of(first_input));
+    if (Request done = reduce(first_input)) done->wait();
+    const DropoutMask mask = dropout_mask(DropoutKind::kEmbedding, 0, first_sample);
+    if (mask.active()) backend_.dropout(first_input, nullptr, rows, h, mask, first_input);
+  }
+  ConstActivation stream = first_input;
+  PendingBranch pending;  // the branch output not yet added to `stream`
+  // Layers that keep less than everything run on one borrowed set, which each layer's first norm
+  // has read before the next layer writes it.
+  LayerActivations scratch;
+  for (std::size_t l = 0; l < layers_.size(); ++l) {
+    LayerActivations act = a.layers[l];
+    if (keep_[l] != Keep::kAll) {
+      if (!scratch.qkv) scratch = borrow();
+      fill_missing(act, scratch);
+    }
+    layer_forward(l, act, first_sample, stream, pending);
+  }
+  if (!has_output_) {
+    // The message to the next stage is the residual sum itself.
+    if (pending.dropout.active()) {
+      backend_.dropout(pending.output, stream, rows, h, pending.dropout, a.head.output);
+    } else if (pending.output) {
+      backend_.add(stream, pending.output, rows * h, a.head.output);
+    }
+    if (scratch.qkv) give_back(scratch);
+    return;
+  }
+  Activation normed = recipe_.sequence_parallel ? scratch_.norm_out : a.head.final_norm;
+  norm_forward(stream, pending, pending.output ? a.head.output : nullptr, final_gamma_, final_beta_, normed,
+               a.head.final_mean, a.head.final_rstd);
+  gather_rows(normed, a.head.final_norm);
+  if (scratch.qkv) give_back(scratch);
+  // The output layer (tied: the word embedding E): logits = final_norm E^T over the rank's vocabulary rows.
+  backend_.linear_forward(a.head.final_norm, output_weight_->compute, nullptr, count, h, v, GemmEpilogue::kNone,
+                          a.head.logits, nullptr);
+  backend_.cross_entropy_statistics(a.head.logits, a.labels.data(), count, v, width_.vocabulary_start, statistics_,
+                                    statistics_ + count, tensor_parallel_ ? statistics_ + 2 * count : nullptr);
+  vocabulary_parallel_cross_entropy(backend_, tensor_parallel_, statistics_, a.mask.data(), count, a.head.loss_saved,
+                                    loss_sum_);
+}
+
+double StageChunk::take_loss_sum() {
+  if (!has_output_) throw std::logic_error("StageChunk: take_loss_sum on a stage without the loss");
+  float words[kLossSumFloats];
+  backend_.download(words, scratch_.loss_memory, kLossSumFloats);
+  double sum = 0;
+  std::memcpy(&sum, words, sizeof sum);
+  const float zero[kLossSumFloats] = {};
+  backend_.upload(scratch_.loss_memory, zero, kLossSumFloats);
+  return sum;
+}
+
+ConstActivation StageChunk::gather_rows(ConstActivation rows, Activation full) {
+  if (!recipe_.sequence_parallel) return rows;
+  tensor_parallel_->all_gather(rows, full, width_.rows * width_.hidden, activation_type_)->wait();
+  return full;
+}
+
+Activation StageChunk::partial_of(Activation destination) {
+  return recipe_.sequence_parallel ? scratch_.partial : destination;
+}
+
+Request StageChunk::reduce(Activation destination) {
+  if (!tensor_parallel_) return nullptr;
+  if (recipe_.sequence_parallel) {
+    return tensor_parallel_->reduce_scatter(scratch_.partial, destination, width_.rows * width_.hidden,
+                                            activation_type_, ReduceOp::kSum);
+  }
+  return tensor_parallel_->all_reduce(destination, width_.rows * width_.hidden, activation_type_, ReduceOp::kSum);
+}
+
+void StageChunk::reduce_sequence_parallel_gradients(std::size_t first, std::size_t last) {
+  if (!recipe_.sequence_parallel) return;
+  std::vector<Parameter*> norms;
+  for (const Layer& layer : layers_) {
+    norms.insert(norms.end(), {layer.ln1_gamma, layer.ln1_beta, layer.ln2_gamma, layer.ln2_beta});
+  }
+  if (has_output_) norms.insert(norms.end(), {final_gamma_, final_beta_});
+  std::vector<Request> pending;
+  for (Parameter* norm : norms) {
+    if (!norm) continue;  // RMSNorm has no bias
+    const auto index = static_cast<std::size_t>(norm - parameters_.data());
+    if (index < first || index > last) continue;
+    pending.push_back(tensor_parallel_->all_reduce(norm->gradient, norm->size, DType::kFloat32, ReduceOp::kSum));
+  }
+  for (Request& request : pending) request->wait();
+}
+
+void StageChunk::gradients_done_from(const Parameter* first) {
+  if (gradient_progress_) gradient_progress_(static_cast<std::size_t>(first - parameters_.data()));
+}
+
+Activation StageChunk::input_buffer(int64_t microbatch) {
+  if (has_embedding_) throw std::logic_error("StageChunk: the first stage reads tokens, not an input buffer");
+  auto found = in_flight_.find(microbatch);
+  if (found == in_flight_.end()) found = in_flight_.emplace(microbatch, allocate_activations()).first;
+  Activations& a = found->second;
+  return a.layers.empty() ? a.head.output : a.layers[0].input;
+}
+
+void StageChunk::forward(int64_t microbatch, const MicrobatchTokens* data, int64_t first_sample) {
+  auto found = in_flight_.find(microbatch);
+  if (found == in_flight_.end()) {
+    if (!has_embedding_) throw std::logic_error("StageChunk: F of a non-first stage before its input arrived");
+    found = in_flight_.emplace(microbatch, allocate_activations()).first;
+  }
+  run_forward(found->second, data, first_sample);
+}
+
+ConstActivation StageChunk::output(int64_t microbatch) const {
+  const auto found = in_flight_.find(microbatch);
+  if (found == in_flight_.end() || has_output_) throw std::logic_error("StageChunk::output without its forward");
+  return found->second.head.output;
+}
+
+double StageChunk::evaluate(const MicrobatchTokens* data, ConstActivation input, Activation output) {
+  Activations a = allocate_activations();
+  const std::size_t n = message_size();
+  if (!has_embedding_) backend_.copy(input, n, a.layers.empty() ? a.head.output : a.layers[0].input);
+  run_forward(a, data, std::nullopt);
+  if (!has_output_) backend_.copy(a.head.output, n, output);
+  spare_.push_back(std::move(a));
+  return has_output_ ? take_loss_sum() : 0.0;
+}
+
+StageChunk::Activations StageChunk::take(std::map<int64_t, Activations>& from, int64_t microbatch, const char* why) {
+  const auto found = from.find(microbatch);
+  if (found == from.end()) throw std::logic_error(std::string("StageChunk: ") + why);
+  Activations a = std::move(found->second);
+  from.erase(found);
+  return a;
+}
+
+void StageChunk::fill_missing(LayerActivations& act, const LayerActivations& from) {
+  for_each_buffer(act, from, [](auto& field, auto source) {
+    if (!field) field = source;
+  });
+}
+
+void StageChunk::norm_forward(ConstActivation x, const PendingBranch& branch, Activation sum_out,
+                              const Parameter* gamma, const Parameter* beta, Activation y, float* mean, float* rstd) {
+  const auto rows = width_.rows;
+  const auto h = width_.hidden;
+  if (recipe_.rms_norm) {
+    backend_.rmsnorm_forward(x, branch.output, branch.dropout, sum_out, gamma->compute, rows, h, norm_epsilon_, y,
+                             rstd);
+  } else {
+    backend_.layernorm_forward(x, branch.output, branch.dropout, sum_out, gamma->compute, beta->compute, rows, h, y,
+                               mean, rstd);
+  }
+}
+
+void StageChunk::norm_backward(ConstActivation dy, ConstActivation x, const Parameter* gamma, const Parameter* beta,
+                               const float* mean, const float* rstd, ConstActivation residual_grad, Activation dx) {
+  const auto rows = width_.rows;
+  const auto h = width_.hidden;
+  if (recipe_.rms_norm) {
+    backend_.rmsnorm_backward(dy, x, gamma->compute, rstd, rows, h, residual_grad, dx, gamma->gradient);
+  } else {
+    backend_.layernorm_backward(dy, x, gamma->compute, mean, rstd, rows, h, residual_grad, dx, gamma->gradient,
+                                beta->gradient);
+  }
+}
+
+void StageChunk::rotate(Activation qkv, bool inverse) {
+  if (!recipe_.rope) return;
+  backend_.rotary(qkv, width_.batch, width_.seq, width_.groups, width_.group_heads, width_.head_dim, width_.rotary_dim,
+                  rotary_, inverse);
+}
+
+DropoutMask StageChunk::dropout_mask(DropoutKind kind, std::size_t l,
+                                     const std::optional<int64_t>& first_sample) const {
+  DropoutMask mask;
+  if (!first_sample) return mask;
+  mask.probability =
+      static_cast<float>(kind == DropoutKind::kAttentionProbabilities ? attention_dropout_ : hidden_dropout_);
+  mask.seed = seed_;
+  mask.site = dropout_site(first_layer_ + static_cast<int64_t>(l), kind);
+  mask.first_sample = *first_sample;
+  mask.seq = recipe_.seq_length;
+  mask.first_row = recipe_.sequence_parallel ? tp_rank_ * recipe_.dims.rows : 0;
+  mask.first_head = tp_rank_ * recipe_.dims.heads;
+  return mask;
+}
+
+ConstActivation StageChunk::masked_gradient(ConstActivation gradient, const DropoutMask& mask) {
+  if (!mask.active()) return gather_rows(gradient, scratch_.gathered);
+  backend_.dropout(gradient, nullptr, width_.rows, width_.hidden, mask, scratch_.branch_out);
+  return gather_rows(scratch_.branch_out, scratch_.gathered);
+}
+
+void StageChunk::layer_forward(std::size_t l, const LayerActivations& act, const std::optional<int64_t>& first_sample,
+                               ConstActivation& stream, PendingBranch& pending) {
+  const auto batch = width_.batch;
+  const auto seq = width_.seq;
+  const std::size_t count = width_.tokens;
+  const auto h = width_.hidden;
+  const auto q = width_.query;
+  const auto qkv = width_.qkv;
+  const auto fc1 = width_.fc1;
+  const auto f = width_.ffn;
+  const Layer& w = layers_[l];
+  const auto bias = [](const Parameter* p) { return p ? p->compute : nullptr; };
+  const auto epilogue = [](const Parameter* p) { return p ? GemmEpilogue::kBias : GemmEpilogue::kNone; };
+  // A row-parallel layer's bias is added once to the sum: by tensor-parallel rank 0, before it.
+  const Parameter* proj_bias = tp_rank_ == 0 ? w.proj_bias : nullptr;
+  const Parameter* fc2_bias = tp_rank_ == 0 ? w.fc2_bias : nullptr;
+  if (pending.output) {
+    norm_forward(stream, pending, act.input, w.ln1_gamma, w.ln1_beta, scratch_.norm_out, act.ln1_mean, act.ln1_rstd);
+  } else {
+    norm_forward(act.input, {}, nullptr, w.ln1_gamma, w.ln1_beta, scratch_.norm_out, act.ln1_mean, act.ln1_rstd);
+  }
+  backend_.linear_forward(gather_rows(scratch_.norm_out, scratch_.gathered), w.qkv_weight->compute, bias(w.qkv_bias),
+                          count, h, qkv, epilogue(w.qkv_bias), act.qkv, nullptr);
+  rotate(act.qkv, false);
+  backend_.attention_forward(act.qkv, batch, seq, width_.heads, width_.groups, width_.head_dim,
+                             dropout_mask(DropoutKind::kAttentionProbabilities, l, first_sample), act.attention,
+                             act.attention_saved);
+  backend_.linear_forward(act.attention, w.proj_weight->compute, bias(proj_bias), count, q, h, epilogue(proj_bias),
+                          partial_of(scratch_.branch_out), nullptr);
+  if (Request done = reduce(scratch_.branch_out)) done->wait();
+  // Each branch's whole output (after the tensor-parallel sum) goes through its dropout inside the
+  // norm (or the stage output's add) that adds it to the stream: Megatron's bias-dropout-add, fused.
+  norm_forward(act.input, {scratch_.branch_out, dropout_mask(DropoutKind::kAttentionBranch, l, first_sample)},
+               act.middle, w.ln2_gamma, w.ln2_beta, scratch_.norm_out, act.ln2_mean, act.ln2_rstd);
+  ConstActivation ln2 = gather_rows(scratch_.norm_out, scratch_.gathered);
+  if (recipe_.swiglu) {
+    backend_.linear_forward(ln2, w.fc1_weight->compute, bias(w.fc1_bias), count, h, fc1, epilogue(w.fc1_bias), act.fc1,
+                            nullptr);
+    backend_.swiglu_forward(act.fc1, count, f, scratch_.swiglu_out);
+  } else {
+    backend_.linear_forward(ln2, w.fc1_weight->compute, w.fc1_bias->compute, count, h, f, GemmEpilogue::kBiasGelu,
+                            act.activated, act.fc1);
+  }
+  backend_.linear_forward(recipe_.swiglu ? scratch_.swiglu_out : act.activated, w.fc2_weight->compute, bias(fc2_bias),
+                          count, f, h, epilogue(fc2_bias), partial_of(scratch_.branch_out), nullptr);
+  if (Request done = reduce(scratch_.branch_out)) done->wait();
+  stream = act.middle;
+  pending = {scratch_.branch_out, dropout_mask(DropoutKind::kMlpBranch, l, first_sample)};
+}
+
+void StageChunk::layer_backward(std::size_t l, const LayerActivations& act, const std::optional<int64_t>& first_sample,
+                                Activation d_out, Activation d_middle, DeferredGradients* deferred) {
+  const std::size_t count = width_.tokens;
+  const auto h = width_.hidden;
+  const auto q = width_.query;
+  const auto qkv = width_.qkv;
+  const auto fc1 = width_.fc1;
+  const auto f = width_.ffn;
+  const Layer& w = layers_[l];
+  // Under I each GEMM's output gradient is copied out of the scratch buffers the loop reuses and
+  // kept for W; under B its weight gradient is taken now. A row-parallel bias's gradient comes from
+  // the whole output gradient, so every rank holds the same one.
+  const auto weight_gradient = [&](ConstActivation dy, ConstActivation x, std::size_t k, std::size_t n,
+                                   Parameter* weight, Parameter* bias, Activation* keep) {
+    if (deferred) {
+      backend_.copy(dy, count * n, *keep);
+    } else {
+      backend_.linear_backward(dy, x, weight->compute, count, k, n, nullptr, weight->gradient,
+                               bias ? bias->gradient : nullptr);
+    }
+  };
+  DeferredGradients unused;
+  DeferredGradients& kept = deferred ? *deferred : unused;
+  // out = middle + fc2(act(fc1(ln2(middle)))); with GELU, fc2's input gradient goes through the
+  // GELU in the same GEMM; SwiGLU's gradient is a pass of its own, and its output (fc2's input) is
+  // not kept but computed again from fc1's for fc2's weight gradient (a pass over tokens x ffn
+  // against a tokens x ffn buffer per layer), into scratch_.d_activated, which the backward is then done with.
+  // The branch's gradient is the output's through the branch's dropout (the residual path's is not).
+  ConstActivation d_out_full = masked_gradient(d_out, dropout_mask(DropoutKind::kMlpBranch, l, first_sample));
+  ConstActivation fc2_input = act.activated;
+  if (recipe_.swiglu) {
+    backend_.linear_backward(d_out_full, nullptr, w.fc2_weight->compute, count, f, h, scratch_.d_activated, nullptr,
+                             nullptr);
+    backend_.swiglu_backward(scratch_.d_activated, act.fc1, count, f, scratch_.d_ffn);
+    if (!deferred) backend_.swiglu_forward(act.fc1, count, f, scratch_.d_activated);
+    fc2_input = scratch_.d_activated;
+  } else {
+    backend_.linear_backward_through_gelu(d_out_full, w.fc2_weight->compute, count, f, h, act.fc1, scratch_.d_ffn);
+  }
+  weight_gradient(d_out_full, fc2_input, f, h, w.fc2_weight, w.fc2_bias, &kept.fc2);
+  norm_forward(act.middle, {}, nullptr, w.ln2_gamma, w.ln2_beta, scratch_.norm_out, act.ln2_mean,
+               act.ln2_rstd);  // recomputed, not kept
+  ConstActivation ln2_full = gather_rows(scratch_.norm_out, scratch_.gathered);
+  // A column-parallel layer's input gradient is a partial sum: its reduction overlaps the weight gradient.
+  backend_.linear_backward(scratch_.d_ffn, ln2_full, w.fc1_weight->compute, count, h, fc1,
+                           partial_of(scratch_.d_hidden), nullptr, nullptr);
+  Request summed = reduce(scratch_.d_hidden);
+  weight_gradient(scratch_.d_ffn, ln2_full, h, fc1, w.fc1_weight, w.fc1_bias, &kept.fc1);
+  if (summed) summed->wait();
+  norm_backward(scratch_.d_hidden, act.middle, w.ln2_gamma, w.ln2_beta, act.ln2_mean, act.ln2_rstd, d_out, d_middle);
+  // middle = input + proj(attention(rope(qkv(ln1(input))))).
+  ConstActivation d_middle_full =
+      masked_gradient(d_middle, dropout_mask(DropoutKind::kAttentionBranch, l, first_sample));
+  backend_.linear_backward(d_middle_full, act.attention, w.proj_weight->compute, count, q, h, scratch_.d_hidden,
+                           nullptr, nullptr);
+  weight_gradient(d_middle_full, act.attention, q, h, w.proj_weight, w.proj_bias, &kept.proj);
+  backend_.attention_backward(scratch_.d_hidden, act.qkv, act.attention, act.attention_saved, width_.batch, width_.seq,
+                              width_.heads, width_.groups, width_.head_dim,
+                              dropout_mask(DropoutKind::kAttentionProbabilities, l, first_sample), scratch_.d_qkv);
+  rotate(scratch_.d_qkv, true);  // the gradient of the projection's output, before the rotation
+  norm_forward(act.input, {}, nullptr, w.ln1_gamma, w.ln1_beta, scratch_.norm_out, act.ln1_mean,
+               act.ln1_rstd);  // recomputed, not kept
+  ConstActivation ln1_full = gather_rows(scratch_.norm_out, scratch_.gathered);
+  backend_.linear_backward(scratch_.d_qkv, ln1_full, w.qkv_weight->compute, count, h, qkv,
+                           partial_of(scratch_.d_hidden), nullptr, nullptr);
+  summed = reduce(scratch_.d_hidden);
+  weight_gradient(scratch_.d_qkv, ln1_full, h, qkv, w.qkv_weight, w.qkv_bias, &kept.qkv);
+  if (summed) summed->wait();
+  // The input's gradient goes to d_out's buffer: it is the previous layer's output gradient.
+  norm_backward(scratch_.d_hidden, act.input, w.ln1_gamma, w.ln1_beta, act.ln1_mean, act.ln1_rstd, d_middle, d_out);
+}
+
+void StageChunk::backward_input(int64_t microbatch, ConstActivation output_gradient, float loss_scale,
+                                Activation input_gradient, bool defer) {
+  Activations a = take(in_flight_, microbatch, "a backward without its forward");
+  const auto batch = width_.batch;
+  const auto seq = width_.seq;
+  const std::size_t count = width_.tokens;
+  const auto rows = width_.rows;
+  const auto h = width_.hidden;
+  const auto v = width_.vocabulary;
+  const auto vocab_start = width_.vocabulary_start;
+  const auto heads = width_.heads;
+  const auto dim = width_.head_dim;
+
+  // scratch_.d_out holds the stream's gradient at a layer's output, [1] at its middle.
+  Activation d_out = scratch_.d_out, d_middle = scratch_.d_middle;
+  if (has_output_) {
+    // The loss's gradient overwrites the logits (and waits there for W under I).
+    backend_.cross_entropy_backward(a.head.logits, a.head.loss_saved, a.labels.data(), a.mask.data(), count, v,
+                                    vocab_start, loss_scale, a.head.logits);
+    backend_.linear_backward(a.head.logits, a.head.final_norm, output_weight_->compute, count, h, v,
+                             partial_of(scratch_.d_hidden), nullptr, nullptr);
+    Request summed = reduce(scratch_.d_hidden);
+    if (!defer) {
+      backend_.linear_backward(a.head.logits, a.head.final_norm, output_weight_->compute, count, h, v, nullptr,
+                               output_weight_->gradient, nullptr);
+    }
+    if (summed) summed->wait();
+    norm_backward(scratch_.d_hidden, a.head.output, final_gamma_, final_beta_, a.head.final_mean, a.head.final_rstd,
+                  nullptr, d_out);
+    if (!defer) gradients_done_from(final_gamma_);
+  } else {
+    backend_.copy(output_gradient, rows * h, d_out);
+  }
+  if (defer) {
+    a.deferred.resize(layers_.size());
+    for (DeferredGradients& kept : a.deferred) allocate(recipe_.deferred(), kept);
+  }
+  a.work = a.layers;
+  for (std::size_t g = groups_.size(); g-- > 0;) {
+    const LayerGroup& group = groups_[g];
+    const auto first = static_cast<std::size_t>(group.first_layer);
+    const auto end = first + static_cast<std::size_t>(group.num_layers);
+    std::vector<LayerActivations> borrowed;
+    if (group.recomputed) {
+      // Full recomputation: the group's forward again, from its kept input, on borrowed buffers.
+      ConstActivation stream = a.work[first].input;
+      PendingBranch pending;
+      for (std::size_t l = first; l < end; ++l) {
+        borrowed.push_back(borrow());
+        fill_missing(a.work[l], borrowed.back());
+        layer_forward(l, a.work[l], a.first_sample, stream, pending);
+      }
+    }
+    for (std::size_t l = end; l-- > first;) {
+      if (keep_[l] == Keep::kAllButAttention) {
+        // Selective recomputation: the attention core again, from the kept qkv.
+        borrowed.push_back(borrow());
+        fill_missing(a.work[l], borrowed.back());
+        backend_.attention_forward(a.work[l].qkv, batch, seq, heads, width_.groups, dim,
+                                   dropout_mask(DropoutKind::kAttentionProbabilities, l, a.first_sample),
+                                   a.work[l].attention, a.work[l].attention_saved);
+      }
+      layer_backward(l, a.work[l], a.first_sample, d_out, d_middle, defer ? &a.deferred[l] : nullptr);
+      if (!defer) gradients_done_from(layers_[l].ln1_gamma);
+    }
+    // W still reads what was recomputed; B is done with it.
+    for (LayerActivations& layer : borrowed) {
+      if (defer) {
+        a.borrowed.push_back(layer);
+      } else {
+        give_back(layer);
+      }
+    }
+  }
+  if (!has_embedding_) {
+    backend_.copy(d_out, rows * h, input_gradient);
+  } else if (defer) {
+    // The embedding's gradient is a weight gradient.
+    a.input_gradient =
+        backend_.allocate_activation(static_cast<std::size_t>(recipe_.deferred_embedding_gradient().count));
+    backend_.copy(masked_gradient(d_out, dropout_mask(DropoutKind::kEmbedding, 0, a.first_sample)), count * h,
+                  a.input_gradient);
+  } else {
+    backend_.embedding_backward(masked_gradient(d_out, dropout_mask(DropoutKind::kEmbedding, 0, a.first_sample)),
+                                a.inputs.data(), count, seq, h, vocab_start, v, word_embeddings_->gradient,
+                                position_embeddings_ ? position_embeddings_->gradient : nullptr);
+    gradients_done_from(word_embeddings_);
+  }
+  if (defer) {
+    awaiting_weight_.emplace(microbatch, std::move(a));
+  } else {
+    spare_.push_back(std::move(a));
+  }
+}
+
+void StageChunk::backward_weight(int64_t microbatch) {
+  Activations a = take(awaiting_weight_, microbatch, "W without its I");
+  weight_gradients(a);
+  for (DeferredGradients& kept : a.deferred) release(kept);
+  a.deferred.clear();
+  for (LayerActivations& layer : a.borrowed) give_back(layer);
+  a.borrowed.clear();
+  if (a.input_gradient) backend_.release(a.input_gradient);
+  a.input_gradient = nullptr;
+  spare_.push_back(std::move(a));
+}
+
+void StageChunk::weight_gradients(Activations& a) {
+  const std::size_t count = width_.tokens;
+  const auto h = width_.hidden;
+  const auto q = width_.query;
+  const auto qkv = width_.qkv;
+  const auto fc1 = width_.fc1;
+  const auto f = width_.ffn;
+  const auto v = width_.vocabulary;
+  const auto gradient = [&](ConstActivation dy, ConstActivation x, std::size_t k, std::size_t n, Parameter* weight,
+                            Parameter* bias) {
+    backend_.linear_backward(dy, x, weight->compute, count, k, n, nullptr, weight->gradient,
+                             bias ? bias->gradient : nullptr);
+  };
+  // I took the norms' gradients: each part is done with its linear layers'.
+  if (has_output_) {
+    gradient(a.head.logits, a.head.final_norm, h, v, output_weight_, nullptr);
+    gradients_done_from(final_gamma_);
+  }
+  for (std::size_t l = layers_.size(); l-- > 0;) {
+    const Layer& w = layers_[l];
+    const LayerActivations& act = a.work[l];
+    const DeferredGradients& d = a.deferred[l];
+    if (recipe_.swiglu) backend_.swiglu_forward(act.fc1, count, f, scratch_.d_activated);  // fc2's input again
+    gradient(d.fc2, recipe_.swiglu ? scratch_.d_activated : act.activated, f, h, w.fc2_weight, w.fc2_bias);
+    norm_forward(act.middle, {}, nullptr, w.ln2_gamma, w.ln2_beta, scratch_.norm_out, act.ln2_mean, act.ln2_rstd);
+    gradient(d.fc1, gather_rows(scratch_.norm_out, scratch_.gathered), h, fc1, w.fc1_weight, w.fc1_bias);
+    gradient(d.proj, act.attention, q, h, w.proj_weight, w.proj_bias);
+    norm_forward(act.input, {}, nullptr, w.ln1_gamma, w.ln1_beta, scratch_.norm_out, act.ln1_mean, act.ln1_rstd);
+    gradient(d.qkv, gather_rows(scratch_.norm_out, scratch_.gathered), h, qkv, w.qkv_weight, w.qkv_bias);
+    gradients_done_from(w.ln1_gamma);
+  }
+  if (has_embedding_) {
+    backend_.embedding_backward(a.input_gradient, a.inputs.data(), count, width_.seq, h, width_.vocabulary_start, v,
+                                word_embeddings_->gradient,
+                                position_embeddings_ ? position_embeddings_->gradient : nullptr);
+    gradients_done_from(word_embeddings_);
+  }
+}
+
+}  // namespace megaplan::exec
