@@ -102,6 +102,7 @@ std::vector<OptimizerTensor> KernelLaunch::optimizer_tensors(int64_t elements) {
 KernelLaunch::KernelLaunch(Backend& backend, const Kernel& kernel, EmbeddingTable table)
     : backend_(backend), kernel_(kernel), table_(table) {
   const Kernel& k = kernel;
+  Buffers& b = buffers_;
   switch (k.kind) {
     case KernelKind::kGemm:
       if (k.batch > 1) throw std::invalid_argument("KernelLaunch: the executor launches no batched GEMM");
@@ -109,99 +110,113 @@ KernelLaunch::KernelLaunch(Backend& backend, const Kernel& kernel, EmbeddingTabl
         throw std::invalid_argument("KernelLaunch: the " + backend.name() + " backend runs no fp16 GEMM");
       }
       if (k.layout == GemmLayout::kForward) {
-        activation(k.m * k.k);                                              // x
-        activation(k.n * k.k);                                              // W
-        activation(k.n);                                                    // bias
-        activation(k.m * k.n);                                              // y
-        activation(k.epilogue == GemmEpilogue::kBiasGelu ? k.m * k.n : 1);  // the pre-activation
+        b.x = activation(k.m * k.k);
+        b.weight = activation(k.n * k.k);
+        b.bias = activation(k.n);
+        b.y = activation(k.m * k.n);
+        b.pre_activation = activation(k.epilogue == GemmEpilogue::kBiasGelu ? k.m * k.n : 1);
       } else if (k.layout == GemmLayout::kInputGradient) {
-        activation(k.m * k.n);                                                  // dy
-        activation(k.n * k.k);                                                  // W
-        activation(k.m * k.k);                                                  // dx
-        activation(k.epilogue == GemmEpilogue::kGeluGradient ? k.m * k.k : 1);  // the pre-activation
+        b.dy = activation(k.m * k.n);
+        b.weight = activation(k.n * k.k);
+        b.dx = activation(k.m * k.k);
+        b.pre_activation = activation(k.epilogue == GemmEpilogue::kGeluGradient ? k.m * k.k : 1);
       } else {
-        activation(k.m * k.n);  // dy
-        activation(k.m * k.k);  // x
-        activation(k.n * k.k);  // W
-        floats(k.n * k.k);      // dW
-        floats(k.n);            // db
+        b.dy = activation(k.m * k.n);
+        b.x = activation(k.m * k.k);
+        b.weight = activation(k.n * k.k);
+        b.weight_gradient = floats(k.n * k.k);
+        b.bias_gradient = floats(k.n);
       }
       break;
     case KernelKind::kAttentionForward:
     case KernelKind::kAttentionBackward: {
       const int64_t tokens = k.batch * k.seq * k.heads * k.head_dim;
       const int64_t fused = k.batch * k.seq * (k.heads + 2 * k.groups) * k.head_dim;
-      activation(fused);   // qkv
-      activation(tokens);  // out
-      activation(tokens);  // dout
-      activation(fused);   // dqkv
-      floats(static_cast<int64_t>(
+      b.qkv = activation(fused);
+      b.y = activation(tokens);
+      b.dy = activation(tokens);
+      b.dx = activation(fused);
+      b.saved = floats(static_cast<int64_t>(
           backend.attention_saved_size(size(k.batch), size(k.seq), size(k.heads), size(k.head_dim))));
       break;
     }
     case KernelKind::kNormForward:
     case KernelKind::kNormBackward:
     case KernelKind::kRmsNormForward:
-    case KernelKind::kRmsNormBackward:
-      for (int i = 0; i < 4; ++i) activation(k.rows * k.cols);  // x, y (or dy, dx), residual, sum (or its gradient)
-      activation(k.cols);                                       // gamma
-      activation(k.cols);                                       // beta
-      floats(k.rows);                                           // mean
-      floats(k.rows);                                           // rstd
-      floats(k.cols);                                           // dgamma
-      floats(k.cols);                                           // dbeta
+    case KernelKind::kRmsNormBackward: {
+      // Forward: x, y, the branch added first and the sum written. Backward: dy, dx, x and the
+      // residual stream's gradient.
+      const bool forward = k.kind == KernelKind::kNormForward || k.kind == KernelKind::kRmsNormForward;
+      (forward ? b.x : b.dy) = activation(k.rows * k.cols);
+      (forward ? b.y : b.dx) = activation(k.rows * k.cols);
+      (forward ? b.branch : b.x) = activation(k.rows * k.cols);
+      (forward ? b.sum : b.residual_gradient) = activation(k.rows * k.cols);
+      b.gamma = activation(k.cols);
+      b.beta = activation(k.cols);
+      b.mean = floats(k.rows);
+      b.rstd = floats(k.rows);
+      b.weight_gradient = floats(k.cols);  // dgamma
+      b.bias_gradient = floats(k.cols);    // dbeta
       break;
+    }
     case KernelKind::kAdd:
     case KernelKind::kCopy:
-      for (int i = 0; i < 3; ++i) activation(k.rows);
+      b.x = activation(k.rows);
+      b.branch = activation(k.rows);
+      b.y = activation(k.rows);
       break;
     case KernelKind::kDropout:
-      for (int i = 0; i < 3; ++i) activation(k.rows * k.cols);  // x, y, residual
+      b.x = activation(k.rows * k.cols);
+      b.y = activation(k.rows * k.cols);
+      b.branch = activation(k.rows * k.cols);  // the residual a fused dropout adds
       break;
     case KernelKind::kSwigluForward:
     case KernelKind::kSwigluBackward:
-      activation(2 * k.rows * k.cols);  // fc1's output [gate; up] (or their gradient)
-      activation(k.rows * k.cols);      // the product (or its gradient)
-      activation(2 * k.rows * k.cols);  // the gradient of [gate; up]
+      b.x = activation(2 * k.rows * k.cols);   // fc1's output [gate; up]
+      b.y = activation(k.rows * k.cols);       // the product (or its gradient)
+      b.dx = activation(2 * k.rows * k.cols);  // the gradient of [gate; up]
       break;
     case KernelKind::kRotary: {
       // One query group whose heads of rotary_heads() rotate, its value head after them.
       const RotaryHeads heads = rotary_heads(k);
-      activation(k.rows * (heads.count + 1) * heads.dim);
+      b.qkv = activation(k.rows * (heads.count + 1) * heads.dim);
       break;
     }
-    case KernelKind::kFill: floats(k.rows); break;
+    case KernelKind::kFill: b.master = floats(k.rows); break;
     case KernelKind::kEmbeddingForward:
     case KernelKind::kEmbeddingBackward:
-      activation(table.vocabulary * k.cols);  // word
-      activation(table.seq * k.cols);         // position
-      activation(k.rows * k.cols);            // y or dy
-      floats(table.vocabulary * k.cols);      // dword
-      floats(table.seq * k.cols);             // dposition
+      b.weight = activation(table.vocabulary * k.cols);  // the word embedding
+      b.position = activation(table.seq * k.cols);
+      b.y = activation(k.rows * k.cols);  // y, or dy
+      b.weight_gradient = floats(table.vocabulary * k.cols);
+      b.position_gradient = floats(table.seq * k.cols);
       tokens_.resize(size(k.rows));
       for (std::size_t t = 0; t < tokens_.size(); ++t)
         tokens_[t] = static_cast<int64_t>((t * 7919) % size(table.vocabulary));
       break;
     case KernelKind::kCrossEntropyForward:
     case KernelKind::kCrossEntropyBackward:
-      activation(k.rows * k.cols);  // logits (and their gradient, in place)
-      floats(k.rows);               // lse
-      floats(k.rows);               // target logit
+      b.y = activation(k.rows * k.cols);  // the logits (and their gradient, in place)
+      b.lse = floats(k.rows);
+      b.target = floats(k.rows);
       tokens_.resize(size(k.rows));
       for (std::size_t t = 0; t < tokens_.size(); ++t) tokens_[t] = static_cast<int64_t>((t * 7919) % size(k.cols));
       mask_.assign(size(k.rows), 1.0f);
       break;
     case KernelKind::kCrossEntropyShift:
     case KernelKind::kCrossEntropyFinish:
-      for (int i = 0; i < 4; ++i) floats(k.rows);  // lse_s (the terms), peak, target logit, the lse written
-      floats(2);                                   // the loss sum, a double
+      b.terms = floats(k.rows);  // each row's lse_s, the shard's term
+      b.peak = floats(k.rows);
+      b.target = floats(k.rows);
+      b.lse = floats(k.rows);
+      b.loss_sum = floats(2);  // a double
       mask_.assign(size(k.rows), 1.0f);
       break;
     case KernelKind::kGradientNorm:
     case KernelKind::kAdamw: tensors_ = optimizer_tensors(k.rows); break;
     case KernelKind::kRefreshCompute:
-      floats(k.rows);
-      activation(k.rows);
+      b.master = floats(k.rows);
+      b.y = activation(k.rows);
       break;
     case KernelKind::kElementwise:
       throw std::invalid_argument("KernelLaunch: the executor launches no kElementwise kernel");
@@ -216,93 +231,96 @@ KernelLaunch::~KernelLaunch() {
 
 void KernelLaunch::operator()() {
   const Kernel& k = kernel_;
-  const std::vector<Activation>& a = activations_;
-  const std::vector<float*>& f = floats_;
+  const Buffers& b = buffers_;
   switch (k.kind) {
     case KernelKind::kGemm:
       // The GEMM in the kernel's precision, then back to the backend's own (Megatron's fp16 GEMMs
       // are timed on a bf16 backend).
       if (k.precision == DType::kFloat16) backend_.set_gemm_precision(DType::kFloat16);
       if (k.layout == GemmLayout::kForward) {
-        backend_.linear_forward(a[0], a[1], k.epilogue == GemmEpilogue::kNone ? nullptr : a[2], size(k.m), size(k.k),
-                                size(k.n), k.epilogue, a[3], k.epilogue == GemmEpilogue::kBiasGelu ? a[4] : nullptr);
+        backend_.linear_forward(b.x, b.weight, k.epilogue == GemmEpilogue::kNone ? nullptr : b.bias, size(k.m),
+                                size(k.k), size(k.n), k.epilogue, b.y,
+                                k.epilogue == GemmEpilogue::kBiasGelu ? b.pre_activation : nullptr);
       } else if (k.layout == GemmLayout::kInputGradient) {
         if (k.epilogue == GemmEpilogue::kGeluGradient) {
-          backend_.linear_backward_through_gelu(a[0], a[1], size(k.m), size(k.k), size(k.n), a[3], a[2]);
+          backend_.linear_backward_through_gelu(b.dy, b.weight, size(k.m), size(k.k), size(k.n), b.pre_activation,
+                                                b.dx);
         } else {
-          backend_.linear_backward(a[0], nullptr, a[1], size(k.m), size(k.k), size(k.n), a[2], nullptr, nullptr);
+          backend_.linear_backward(b.dy, nullptr, b.weight, size(k.m), size(k.k), size(k.n), b.dx, nullptr, nullptr);
         }
       } else {
-        backend_.linear_backward(a[0], a[1], a[2], size(k.m), size(k.k), size(k.n), nullptr, f[0],
-                                 k.epilogue == GemmEpilogue::kBiasGradient ? f[1] : nullptr);
+        backend_.linear_backward(b.dy, b.x, b.weight, size(k.m), size(k.k), size(k.n), nullptr, b.weight_gradient,
+                                 k.epilogue == GemmEpilogue::kBiasGradient ? b.bias_gradient : nullptr);
       }
       if (k.precision == DType::kFloat16 && backend_.activation_type() != DType::kFloat16) {
         backend_.set_gemm_precision(DType::kBFloat16);
       }
       break;
     case KernelKind::kAttentionForward:
-      backend_.attention_forward(a[0], size(k.batch), size(k.seq), size(k.heads), size(k.groups), size(k.head_dim),
-                                 timed_dropout(k.dropout, k.seq), a[1], f[0]);
+      backend_.attention_forward(b.qkv, size(k.batch), size(k.seq), size(k.heads), size(k.groups), size(k.head_dim),
+                                 timed_dropout(k.dropout, k.seq), b.y, b.saved);
       break;
     case KernelKind::kAttentionBackward:
-      backend_.attention_backward(a[2], a[0], a[1], f[0], size(k.batch), size(k.seq), size(k.heads), size(k.groups),
-                                  size(k.head_dim), timed_dropout(k.dropout, k.seq), a[3]);
+      backend_.attention_backward(b.dy, b.qkv, b.y, b.saved, size(k.batch), size(k.seq), size(k.heads), size(k.groups),
+                                  size(k.head_dim), timed_dropout(k.dropout, k.seq), b.dx);
       break;
     case KernelKind::kNormForward:
-      backend_.layernorm_forward(a[0], k.fused_residual ? a[2] : nullptr, timed_dropout(k.dropout, k.rows),
-                                 k.fused_residual ? a[3] : nullptr, a[4], a[5], size(k.rows), size(k.cols), a[1], f[0],
-                                 f[1]);
+      backend_.layernorm_forward(b.x, k.fused_residual ? b.branch : nullptr, timed_dropout(k.dropout, k.rows),
+                                 k.fused_residual ? b.sum : nullptr, b.gamma, b.beta, size(k.rows), size(k.cols), b.y,
+                                 b.mean, b.rstd);
       break;
     case KernelKind::kNormBackward:
-      backend_.layernorm_backward(a[0], a[2], a[4], f[0], f[1], size(k.rows), size(k.cols),
-                                  k.fused_residual ? a[3] : nullptr, a[1], f[2], f[3]);
+      backend_.layernorm_backward(b.dy, b.x, b.gamma, b.mean, b.rstd, size(k.rows), size(k.cols),
+                                  k.fused_residual ? b.residual_gradient : nullptr, b.dx, b.weight_gradient,
+                                  b.bias_gradient);
       break;
     case KernelKind::kRmsNormForward:
-      backend_.rmsnorm_forward(a[0], k.fused_residual ? a[2] : nullptr, timed_dropout(k.dropout, k.rows),
-                               k.fused_residual ? a[3] : nullptr, a[4], size(k.rows), size(k.cols), 1e-5f, a[1], f[1]);
+      backend_.rmsnorm_forward(b.x, k.fused_residual ? b.branch : nullptr, timed_dropout(k.dropout, k.rows),
+                               k.fused_residual ? b.sum : nullptr, b.gamma, size(k.rows), size(k.cols), 1e-5f, b.y,
+                               b.rstd);
       break;
     case KernelKind::kRmsNormBackward:
-      backend_.rmsnorm_backward(a[0], a[2], a[4], f[1], size(k.rows), size(k.cols), k.fused_residual ? a[3] : nullptr,
-                                a[1], f[2]);
+      backend_.rmsnorm_backward(b.dy, b.x, b.gamma, b.rstd, size(k.rows), size(k.cols),
+                                k.fused_residual ? b.residual_gradient : nullptr, b.dx, b.weight_gradient);
       break;
-    case KernelKind::kSwigluForward: backend_.swiglu_forward(a[0], size(k.rows), size(k.cols), a[1]); break;
-    case KernelKind::kSwigluBackward: backend_.swiglu_backward(a[1], a[0], size(k.rows), size(k.cols), a[2]); break;
+    case KernelKind::kSwigluForward: backend_.swiglu_forward(b.x, size(k.rows), size(k.cols), b.y); break;
+    case KernelKind::kSwigluBackward: backend_.swiglu_backward(b.y, b.x, size(k.rows), size(k.cols), b.dx); break;
     case KernelKind::kRotary: {
       const RotaryHeads heads = rotary_heads(k);
-      backend_.rotary(a[0], 1, size(k.rows), 1, size(heads.count - 1), size(heads.dim), size(heads.dim), 10000.0f,
+      backend_.rotary(b.qkv, 1, size(k.rows), 1, size(heads.count - 1), size(heads.dim), size(heads.dim), 10000.0f,
                       false);
       break;
     }
-    case KernelKind::kAdd: backend_.add(a[0], a[1], size(k.rows), a[2]); break;
-    case KernelKind::kCopy: backend_.copy(a[0], size(k.rows), a[2]); break;
+    case KernelKind::kAdd: backend_.add(b.x, b.branch, size(k.rows), b.y); break;
+    case KernelKind::kCopy: backend_.copy(b.x, size(k.rows), b.y); break;
     case KernelKind::kDropout:
-      backend_.dropout(a[0], k.fused_residual ? a[2] : nullptr, size(k.rows), size(k.cols), timed_dropout(true, k.rows),
-                       a[1]);
+      backend_.dropout(b.x, k.fused_residual ? b.branch : nullptr, size(k.rows), size(k.cols),
+                       timed_dropout(true, k.rows), b.y);
       break;
-    case KernelKind::kFill: backend_.fill(f[0], size(k.rows), 0.0f); break;
+    case KernelKind::kFill: backend_.fill(b.master, size(k.rows), 0.0f); break;
     case KernelKind::kEmbeddingForward:
-      backend_.embedding_forward(tokens_.data(), size(k.rows), size(table_.seq), a[0], 0, size(table_.vocabulary), a[1],
-                                 size(k.cols), a[2]);
+      backend_.embedding_forward(tokens_.data(), size(k.rows), size(table_.seq), b.weight, 0, size(table_.vocabulary),
+                                 b.position, size(k.cols), b.y);
       break;
     case KernelKind::kEmbeddingBackward:
-      backend_.embedding_backward(a[2], tokens_.data(), size(k.rows), size(table_.seq), size(k.cols), 0,
-                                  size(table_.vocabulary), f[0], f[1]);
+      backend_.embedding_backward(b.y, tokens_.data(), size(k.rows), size(table_.seq), size(k.cols), 0,
+                                  size(table_.vocabulary), b.weight_gradient, b.position_gradient);
       break;
     case KernelKind::kCrossEntropyForward:
-      backend_.cross_entropy_statistics(a[0], tokens_.data(), size(k.rows), size(k.cols), 0, f[0], f[1], nullptr);
+      backend_.cross_entropy_statistics(b.y, tokens_.data(), size(k.rows), size(k.cols), 0, b.lse, b.target, nullptr);
       break;
     case KernelKind::kCrossEntropyBackward:
-      backend_.cross_entropy_backward(a[0], f[0], tokens_.data(), mask_.data(), size(k.rows), size(k.cols), 0, 1.0f,
-                                      a[0]);
+      backend_.cross_entropy_backward(b.y, b.lse, tokens_.data(), mask_.data(), size(k.rows), size(k.cols), 0, 1.0f,
+                                      b.y);
       break;
-    case KernelKind::kCrossEntropyShift: backend_.cross_entropy_shift(f[1], size(k.rows), f[0]); break;
+    case KernelKind::kCrossEntropyShift: backend_.cross_entropy_shift(b.peak, size(k.rows), b.terms); break;
     case KernelKind::kCrossEntropyFinish:
-      backend_.cross_entropy_finish(f[1], f[0], f[2], mask_.data(), size(k.rows), f[3],
-                                    reinterpret_cast<double*>(f[4]));
+      backend_.cross_entropy_finish(b.peak, b.terms, b.target, mask_.data(), size(k.rows), b.lse,
+                                    reinterpret_cast<double*>(b.loss_sum));
       break;
     case KernelKind::kGradientNorm: (void)backend_.gradient_sum_of_squares(tensors_); break;
     case KernelKind::kAdamw: backend_.adamw_step(tensors_, {1, 1e-4, 0.9, 0.95, 1e-8, 1.0}); break;
-    case KernelKind::kRefreshCompute: backend_.refresh_compute_copy(f[0], size(k.rows), a[0]); break;
+    case KernelKind::kRefreshCompute: backend_.refresh_compute_copy(b.master, size(k.rows), b.y); break;
     case KernelKind::kElementwise: break;
   }
 }

@@ -37,10 +37,24 @@ class KernelLaunch {
   float* floats(int64_t elements);
   std::vector<OptimizerTensor> optimizer_tensors(int64_t elements);
 
+  // The launch's buffers by their role in its Backend call; null where the kernel has none. x and
+  // y: a kernel's input and output (a GEMM's, a norm's, [gate; up] and SwiGLU's product, the
+  // logits, the embedding's output); dy and dx their gradients; branch: what a fused norm, add or
+  // dropout adds (sum: the sum it writes); weight: a GEMM's or the word embedding's.
+  struct Buffers {
+    Activation x = nullptr, y = nullptr, dy = nullptr, dx = nullptr, weight = nullptr, bias = nullptr,
+               pre_activation = nullptr, branch = nullptr, sum = nullptr, residual_gradient = nullptr, gamma = nullptr,
+               beta = nullptr, qkv = nullptr, position = nullptr;
+    float *weight_gradient = nullptr, *bias_gradient = nullptr, *position_gradient = nullptr, *mean = nullptr,
+          *rstd = nullptr, *saved = nullptr, *lse = nullptr, *target = nullptr, *peak = nullptr, *terms = nullptr,
+          *loss_sum = nullptr, *master = nullptr;
+  };
+
   Backend& backend_;
   Kernel kernel_;
   EmbeddingTable table_;
-  std::vector<Activation> activations_;  // in the order the launch reads them
+  Buffers buffers_;
+  std::vector<Activation> activations_;  // every buffer, to release
   std::vector<float*> floats_;
   std::vector<int64_t> tokens_;
   std::vector<float> mask_;
