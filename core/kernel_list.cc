@@ -1,4 +1,4 @@
-// The executor's kernel lists; the launch order follows executor/model/stage_chunk.cc call for call.
+// Kernels: their FLOPs, bytes and classes; a plan's lists by block and stage; the optimizer's.
 #include "core/kernel_list.h"
 
 #include <algorithm>
@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "core/formulas.h"
+#include "core/layer_recipe.h"
 #include "core/pipeline_layout.h"
 
 namespace megaplan {
@@ -218,152 +219,11 @@ std::string describe(const Kernel& kernel) {
   return out.str();
 }
 
-KernelBlocks executor_kernel_blocks(const ModelSpec& model, const ParallelPlan& plan, int64_t tensor_parallel_rank) {
-  KernelBlocks blocks;
-  const LayerRecipe recipe(model, plan);
-  // Plain copies, not structured bindings: the lambdas below capture them (Clang before 16 cannot
-  // capture a binding, and the fuzz build uses Debian's Clang 14).
-  const LayerDims& dims = recipe.dims;
-  const int64_t count = dims.tokens, rows = dims.rows, h = dims.hidden, q = dims.query, kv = dims.key_value,
-                qkv = dims.qkv, f = dims.ffn, fc1 = dims.fc1, v = dims.vocabulary, heads = dims.heads,
-                dim = dims.head_dim;
-  const bool bias = recipe.linear_bias;
-  const GemmEpilogue qkv_bias = recipe.qkv_bias ? GemmEpilogue::kBias : GemmEpilogue::kNone;
-  // A row-parallel layer's bias is added once, by tensor-parallel rank 0, before the sum.
-  const GemmEpilogue row_bias = bias && tensor_parallel_rank == 0 ? GemmEpilogue::kBias : GemmEpilogue::kNone;
-  const bool fused_gelu = recipe.fused_gelu;
-  const GemmEpilogue fc1_epilogue = fused_gelu ? GemmEpilogue::kBiasGelu
-                                    : bias     ? GemmEpilogue::kBias
-                                               : GemmEpilogue::kNone;
-  const auto gradient_epilogue = [](bool has_bias) {
-    return has_bias ? GemmEpilogue::kBiasGradient : GemmEpilogue::kNone;
-  };
-  const bool rope = recipe.rope;
-
-  const bool rms = recipe.rms_norm;
-  const KernelKind norm_forward = rms ? KernelKind::kRmsNormForward : KernelKind::kNormForward;
-  const KernelKind norm_backward = rms ? KernelKind::kRmsNormBackward : KernelKind::kNormBackward;
-  const Kernel norm = row_kernel(norm_forward, rows, h);
-  const int64_t groups = kv / dim;  // this rank's query groups
-  // --attention-dropout: the mask is drawn inside the attention kernels.
-  const bool attention_dropout = recipe.attention_dropout;
-  const Kernel attention = attention_kernel(KernelKind::kAttentionForward, recipe.micro_batch_size, recipe.seq_length,
-                                            heads, dim, groups, attention_dropout);
-  // Rotary embeddings in place on the rotated dimensions of each q and k head.
-  const Kernel rotary = row_kernel(KernelKind::kRotary, count, (q + kv) / dim * recipe.rotary_dim);
-  // SwiGLU apart from fc1 (GELU without biases is not in the executor: refused before training).
-  const Kernel activation = row_kernel(KernelKind::kSwigluForward, count, f);
-  const Kernel activation_backward = row_kernel(KernelKind::kSwigluBackward, count, f);
-
-  // --hidden-dropout: each branch's summed output is dropped inside the norm that adds it to the
-  // stream (or the stage output's add); the embedding's output and the branches' gradients pass
-  // through a mask of their own.
-  const bool hidden_dropout = recipe.hidden_dropout;
-  const Kernel dropout = row_kernel(KernelKind::kDropout, rows, h);
-  const Kernel branch_norm = row_kernel(norm_forward, rows, h, true, hidden_dropout);
-  const auto layer_forward = [&](bool fused_input_norm) {
-    std::vector<Kernel> list = {fused_input_norm ? branch_norm : norm,
-                                gemm_kernel(GemmLayout::kForward, qkv_bias, count, qkv, h)};
-    if (rope) list.push_back(rotary);
-    list.push_back(attention);
-    list.push_back(gemm_kernel(GemmLayout::kForward, row_bias, count, h, q));
-    list.push_back(branch_norm);
-    list.push_back(gemm_kernel(GemmLayout::kForward, fc1_epilogue, count, fc1, h));
-    if (!fused_gelu) list.push_back(activation);
-    list.push_back(gemm_kernel(GemmLayout::kForward, row_bias, count, h, f));
-    return list;
-  };
-  blocks[static_cast<std::size_t>(KernelBlock::kLayerForwardFirst)] = layer_forward(false);
-  blocks[static_cast<std::size_t>(KernelBlock::kLayerForward)] = layer_forward(true);
-
-  // The weight gradient of each GEMM, or under I the copy of its output gradient kept for W.
-  const Kernel fc2_weight = gemm_kernel(GemmLayout::kWeightGradient, gradient_epilogue(bias), count, h, f);
-  const Kernel fc1_weight = gemm_kernel(GemmLayout::kWeightGradient, gradient_epilogue(bias), count, fc1, h);
-  const Kernel proj_weight = gemm_kernel(GemmLayout::kWeightGradient, gradient_epilogue(bias), count, h, q);
-  const Kernel qkv_weight =
-      gemm_kernel(GemmLayout::kWeightGradient, gradient_epilogue(qkv_bias != GemmEpilogue::kNone), count, qkv, h);
-  const auto layer_backward = [&](bool defer) {
-    const auto weight = [&](const Kernel& gemm) {
-      return defer ? flat_kernel(KernelKind::kCopy, count * gemm.n) : gemm;
-    };
-    std::vector<Kernel> list;
-    if (hidden_dropout) list.push_back(dropout);  // the MLP branch's gradient
-    list.push_back(gemm_kernel(GemmLayout::kInputGradient,
-                               fused_gelu ? GemmEpilogue::kGeluGradient : GemmEpilogue::kNone, count, h, f));
-    if (!fused_gelu) list.push_back(activation_backward);
-    if (recipe.swiglu && !defer) list.push_back(activation);  // fc2's input again, for its weight gradient
-    list.push_back(weight(fc2_weight));
-    list.push_back(norm);  // recomputed, not kept
-    list.push_back(gemm_kernel(GemmLayout::kInputGradient, GemmEpilogue::kNone, count, fc1, h));
-    list.push_back(weight(fc1_weight));
-    list.push_back(row_kernel(norm_backward, rows, h, true));
-    if (hidden_dropout) list.push_back(dropout);  // the attention branch's gradient
-    list.push_back(gemm_kernel(GemmLayout::kInputGradient, GemmEpilogue::kNone, count, h, q));
-    list.push_back(weight(proj_weight));
-    list.push_back(attention_kernel(KernelKind::kAttentionBackward, recipe.micro_batch_size, recipe.seq_length, heads,
-                                    dim, groups, attention_dropout));
-    if (rope) list.push_back(rotary);
-    list.push_back(norm);  // recomputed, not kept
-    list.push_back(gemm_kernel(GemmLayout::kInputGradient, GemmEpilogue::kNone, count, qkv, h));
-    list.push_back(weight(qkv_weight));
-    list.push_back(row_kernel(norm_backward, rows, h, true));
-    return list;
-  };
-  blocks[static_cast<std::size_t>(KernelBlock::kLayerBackward)] = layer_backward(false);
-  blocks[static_cast<std::size_t>(KernelBlock::kLayerBackwardInput)] = layer_backward(true);
-  std::vector<Kernel>& weight_gradients = blocks[static_cast<std::size_t>(KernelBlock::kLayerWeightGradient)];
-  if (recipe.swiglu) weight_gradients.push_back(activation);  // fc2's input again
-  weight_gradients.insert(weight_gradients.end(), {fc2_weight, norm, fc1_weight, proj_weight, norm, qkv_weight});
-  blocks[static_cast<std::size_t>(KernelBlock::kAttentionRecompute)] = {attention};
-
-  blocks[static_cast<std::size_t>(KernelBlock::kEmbeddingForward)] = {
-      row_kernel(KernelKind::kEmbeddingForward, count, h)};
-  if (hidden_dropout) {
-    blocks[static_cast<std::size_t>(KernelBlock::kEmbeddingForward)].push_back(dropout);
-    blocks[static_cast<std::size_t>(KernelBlock::kEmbeddingGradientDropout)] = {dropout};
-  }
-  blocks[static_cast<std::size_t>(KernelBlock::kEmbeddingBackward)] = {
-      row_kernel(KernelKind::kEmbeddingBackward, count, h)};
-  blocks[static_cast<std::size_t>(KernelBlock::kEmbeddingGradientCopy)] = {flat_kernel(KernelKind::kCopy, count * h)};
-  blocks[static_cast<std::size_t>(KernelBlock::kStageOutput)] = {
-      hidden_dropout ? row_kernel(KernelKind::kDropout, rows, h, true) : flat_kernel(KernelKind::kAdd, rows * h)};
-  blocks[static_cast<std::size_t>(KernelBlock::kOutputGradientCopy)] = {flat_kernel(KernelKind::kCopy, rows * h)};
-  blocks[static_cast<std::size_t>(KernelBlock::kInputGradientCopy)] = {flat_kernel(KernelKind::kCopy, rows * h)};
-
-  const Kernel output_weight = gemm_kernel(GemmLayout::kWeightGradient, GemmEpilogue::kNone, count, v, h);
-  // The loss merges the shards' statistics on the device (vocabulary_parallel_loss.h).
-  blocks[static_cast<std::size_t>(KernelBlock::kHeadForward)] = {
-      branch_norm, gemm_kernel(GemmLayout::kForward, GemmEpilogue::kNone, count, v, h),
-      row_kernel(KernelKind::kCrossEntropyForward, count, v)};
-  if (plan.tensor_parallel_size > 1) {
-    blocks[static_cast<std::size_t>(KernelBlock::kHeadForward)].push_back(
-        flat_kernel(KernelKind::kCrossEntropyShift, count));
-  }
-  blocks[static_cast<std::size_t>(KernelBlock::kHeadForward)].push_back(
-      flat_kernel(KernelKind::kCrossEntropyFinish, count));
-  const Kernel loss_backward = row_kernel(KernelKind::kCrossEntropyBackward, count, v);
-  const Kernel output_input = gemm_kernel(GemmLayout::kInputGradient, GemmEpilogue::kNone, count, v, h);
-  const Kernel final_norm_backward = row_kernel(norm_backward, rows, h);
-  blocks[static_cast<std::size_t>(KernelBlock::kHeadBackward)] = {loss_backward, output_input, output_weight,
-                                                                  final_norm_backward};
-  blocks[static_cast<std::size_t>(KernelBlock::kHeadBackwardInput)] = {loss_backward, output_input,
-                                                                       final_norm_backward};
-  blocks[static_cast<std::size_t>(KernelBlock::kHeadWeightGradient)] = {output_weight};
-  // Under --fp16 the GEMMs take fp16 operands (the profile times them so); attention and the
-  // memory-bound kernels run at the same rate in either 16-bit type, so their rows serve both.
-  for (std::vector<Kernel>& block : blocks) {
-    for (Kernel& kernel : block) {
-      if (kernel.kind == KernelKind::kGemm) kernel.precision = plan.options.precision;
-    }
-  }
-  return blocks;
-}
-
 PlanKernels::PlanKernels(const ModelSpec& model, const ParallelPlan& plan, int64_t tensor_parallel_rank)
     : model_(model),
       plan_(plan),
       blocks_(plan.implementation == Implementation::kMegaplan
-                  ? executor_kernel_blocks(model, plan, tensor_parallel_rank)
+                  ? LayerRecipe(model, plan).kernel_blocks(tensor_parallel_rank)
                   : megatron_kernel_blocks(model, plan)) {}
 
 std::vector<CountedBlock> PlanKernels::stage_blocks(int64_t stage, SchedulePart part) const {

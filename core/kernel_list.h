@@ -2,11 +2,11 @@
 // what a transformer layer, the embedding, the output layer and the stage boundaries run in each
 // part of a schedule (F, B, I, W), and what the optimizer step runs.
 //
-// megaplan's executor: exactly the kernels and shapes its Backend sees. One description, three
-// users: the simulator costs these lists from a profile (simulator/stage_costs), `megaplan profile`
-// times each kernel class over the shapes plans produce (executor/runtime/kernel_profiler), and a
-// test runs the CPU backend's model through a recording backend and checks it launches exactly
-// these lists (tests/executor/model/kernel_list_test.cc).
+// megaplan's executor: exactly the kernels and shapes its Backend sees, as its layer recipe lists
+// them (core/layer_recipe.h). One description, three users: the simulator costs these lists from a profile
+// (simulator/stage_costs), `megaplan profile` times each kernel class over the shapes plans produce
+// (executor/runtime/kernel_profiler), and a test runs the CPU backend's model through a recording backend and checks it
+// launches exactly these lists (tests/executor/model/kernel_list_test.cc).
 //
 // Megatron-LM (megatron_kernel_list.cc): the kernels its code launches with the plan's
 // ImplementationOptions, read from Megatron-LM's source: Transformer Engine's or the local
@@ -25,7 +25,6 @@
 #include <vector>
 
 #include "core/gemm.h"
-#include "core/layer_recipe.h"
 #include "core/model_spec.h"
 #include "core/parallel_plan.h"
 
@@ -148,10 +147,7 @@ enum class SchedulePart : uint8_t { kForward, kBackward, kBackwardInput, kBackwa
 
 using KernelBlocks = std::array<std::vector<Kernel>, kNumKernelBlocks>;
 
-// megaplan's executor (executor/model/stage_chunk.cc), call for call: GPT and the Llama family
-// (LayerNorm or RMSNorm, GELU in fc1's epilogue or SwiGLU apart, learned positions or RoPE,
-// grouped queries, biases or none). Row-parallel biases are added by tensor-parallel rank 0 only.
-KernelBlocks executor_kernel_blocks(const ModelSpec& model, const ParallelPlan& plan, int64_t tensor_parallel_rank);
+// megaplan's executor: core/layer_recipe.h's LayerRecipe::kernel_blocks.
 // Megatron-LM's, by plan.options (megatron_kernel_list.cc).
 KernelBlocks megatron_kernel_blocks(const ModelSpec& model, const ParallelPlan& plan);
 

@@ -3,10 +3,12 @@
 // what a layer keeps from its forward for its backward under each recomputation mode, the chunk's
 // scratch, a microbatch's buffers outside its layers, and the output gradients I keeps for W.
 //
-// Its readers: the executor's stage chunk (executor/model/stage_chunk.h) allocates exactly these
-// buffers and reads these choices; the executor's kernel list (kernel_list.h) launches its kernels
-// on these widths; the memory walk (executor_memory.h) prices these buffers; the profiler times the
-// kernel list's kernels. tests/executor/model/kernel_list_test.cc records what the stage chunk
+// And its kernels, call for call: the kernel list the simulator costs (kernel_list.h's PlanKernels
+// for megaplan's implementation) and the profiler times. The stage chunk
+// (executor/model/stage_chunk.h) allocates exactly these buffers, reads these choices and launches
+// these kernels; the memory walk (executor_memory.h) prices these buffers. Adding a kind of layer
+// part (an attention variant, an MoE FFN) is a choice here, its buffers, its kernels, and the
+// stage chunk's calls. tests/executor/model/kernel_list_test.cc records what the stage chunk
 // launches and allocates and compares both with this description.
 //
 // The buffer structs are templates over what a buffer is: its size here (ActivationElements,
@@ -18,6 +20,7 @@
 #include <tuple>
 #include <utility>
 
+#include "core/kernel_list.h"
 #include "core/model_spec.h"
 #include "core/parallel_plan.h"
 #include "core/pipeline_layout.h"
@@ -166,8 +169,10 @@ struct LayerRecipe {
   bool linear_bias, qkv_bias;
   // --hidden-dropout (each branch's output, and the embedding's) and --attention-dropout.
   bool hidden_dropout, attention_dropout;
-  // --sequence-parallel: the stream's rows split over tp, gathered before each column-parallel GEMM.
-  bool sequence_parallel;
+  // Tensor parallelism (tp > 1: the loss merges the shards' statistics), and --sequence-parallel:
+  // the stream's rows split over tp, gathered before each column-parallel GEMM.
+  bool tensor_parallel, sequence_parallel;
+  DType gemm_precision;  // the GEMMs' operands: bf16, or fp16 under --fp16
   ExecutorPrecision precision;
 
   // What a layer keeps under `keep` (pipeline_layout.h): nothing; its input (full recomputation's
@@ -179,6 +184,14 @@ struct LayerRecipe {
   // The first stage's embedding gradient, kept from I until W.
   ActivationElements deferred_embedding_gradient() const { return {dims.tokens * dims.hidden}; }
   ChunkScratchSizes scratch(bool last_stage) const;
+
+  // The kernels, call for call as the stage chunk launches them, for GPT and the Llama family
+  // (LayerNorm or RMSNorm, GELU in fc1's epilogue or SwiGLU apart, learned positions or RoPE,
+  // grouped queries, biases or none): the layer's F (the first of a
+  // stage or group, whose input norm adds nothing, and the others), B, I and W, selective
+  // recomputation's attention, and the stage's embedding, head and boundary blocks. Row-parallel
+  // biases are added by tensor-parallel rank 0 only.
+  KernelBlocks kernel_blocks(int64_t tensor_parallel_rank) const;
 };
 
 }  // namespace megaplan

@@ -6,6 +6,7 @@
 // and where the fp32 cross entropy casts. Byte counts per element: a = 2 (bf16 or fp16), masks 1.
 #include "core/formulas.h"
 #include "core/kernel_list.h"
+#include "core/layer_recipe.h"
 
 namespace megaplan {
 

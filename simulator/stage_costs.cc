@@ -10,6 +10,7 @@
 #include "core/action_work.h"
 #include "core/formulas.h"
 #include "core/kernel_list.h"
+#include "core/layer_recipe.h"
 #include "core/pipeline_layout.h"
 #include "core/rank_groups.h"
 
