@@ -520,41 +520,43 @@ void StageChunk::layer_forward(std::size_t l, const LayerActivations& act, const
   const auto qkv = width_.qkv;
   const auto fc1 = width_.fc1;
   const auto f = width_.ffn;
-  const Layer& w = layers_[l];
+  const Layer& weights = layers_[l];
   const auto bias = [](const Parameter* p) { return p ? p->compute : nullptr; };
   const auto epilogue = [](const Parameter* p) { return p ? GemmEpilogue::kBias : GemmEpilogue::kNone; };
   // A row-parallel layer's bias is added once to the sum: by tensor-parallel rank 0, before it.
-  const Parameter* proj_bias = tp_rank_ == 0 ? w.proj_bias : nullptr;
-  const Parameter* fc2_bias = tp_rank_ == 0 ? w.fc2_bias : nullptr;
+  const Parameter* proj_bias = tp_rank_ == 0 ? weights.proj_bias : nullptr;
+  const Parameter* fc2_bias = tp_rank_ == 0 ? weights.fc2_bias : nullptr;
   if (pending.output) {
-    norm_forward(stream, pending, act.input, w.ln1_gamma, w.ln1_beta, scratch_.norm_out, act.ln1_mean, act.ln1_rstd);
+    norm_forward(stream, pending, act.input, weights.ln1_gamma, weights.ln1_beta, scratch_.norm_out, act.ln1_mean,
+                 act.ln1_rstd);
   } else {
-    norm_forward(act.input, {}, nullptr, w.ln1_gamma, w.ln1_beta, scratch_.norm_out, act.ln1_mean, act.ln1_rstd);
+    norm_forward(act.input, {}, nullptr, weights.ln1_gamma, weights.ln1_beta, scratch_.norm_out, act.ln1_mean,
+                 act.ln1_rstd);
   }
-  backend_.linear_forward(gather_rows(scratch_.norm_out, scratch_.gathered), w.qkv_weight->compute, bias(w.qkv_bias),
-                          count, h, qkv, epilogue(w.qkv_bias), act.qkv, nullptr);
+  backend_.linear_forward(gather_rows(scratch_.norm_out, scratch_.gathered), weights.qkv_weight->compute,
+                          bias(weights.qkv_bias), count, h, qkv, epilogue(weights.qkv_bias), act.qkv, nullptr);
   rotate(act.qkv, false);
   backend_.attention_forward(act.qkv, batch, seq, width_.heads, width_.groups, width_.head_dim,
                              dropout_mask(DropoutKind::kAttentionProbabilities, l, first_sample), act.attention,
                              act.attention_saved);
-  backend_.linear_forward(act.attention, w.proj_weight->compute, bias(proj_bias), count, q, h, epilogue(proj_bias),
-                          partial_of(scratch_.branch_out), nullptr);
+  backend_.linear_forward(act.attention, weights.proj_weight->compute, bias(proj_bias), count, q, h,
+                          epilogue(proj_bias), partial_of(scratch_.branch_out), nullptr);
   if (Request done = reduce(scratch_.branch_out)) done->wait();
   // Each branch's whole output (after the tensor-parallel sum) goes through its dropout inside the
   // norm (or the stage output's add) that adds it to the stream: Megatron's bias-dropout-add, fused.
   norm_forward(act.input, {scratch_.branch_out, dropout_mask(DropoutKind::kAttentionBranch, l, first_sample)},
-               act.middle, w.ln2_gamma, w.ln2_beta, scratch_.norm_out, act.ln2_mean, act.ln2_rstd);
+               act.middle, weights.ln2_gamma, weights.ln2_beta, scratch_.norm_out, act.ln2_mean, act.ln2_rstd);
   ConstActivation ln2 = gather_rows(scratch_.norm_out, scratch_.gathered);
   if (recipe_.swiglu) {
-    backend_.linear_forward(ln2, w.fc1_weight->compute, bias(w.fc1_bias), count, h, fc1, epilogue(w.fc1_bias), act.fc1,
-                            nullptr);
+    backend_.linear_forward(ln2, weights.fc1_weight->compute, bias(weights.fc1_bias), count, h, fc1,
+                            epilogue(weights.fc1_bias), act.fc1, nullptr);
     backend_.swiglu_forward(act.fc1, count, f, scratch_.swiglu_out);
   } else {
-    backend_.linear_forward(ln2, w.fc1_weight->compute, w.fc1_bias->compute, count, h, f, GemmEpilogue::kBiasGelu,
-                            act.activated, act.fc1);
+    backend_.linear_forward(ln2, weights.fc1_weight->compute, weights.fc1_bias->compute, count, h, f,
+                            GemmEpilogue::kBiasGelu, act.activated, act.fc1);
   }
-  backend_.linear_forward(recipe_.swiglu ? scratch_.swiglu_out : act.activated, w.fc2_weight->compute, bias(fc2_bias),
-                          count, f, h, epilogue(fc2_bias), partial_of(scratch_.branch_out), nullptr);
+  backend_.linear_forward(recipe_.swiglu ? scratch_.swiglu_out : act.activated, weights.fc2_weight->compute,
+                          bias(fc2_bias), count, f, h, epilogue(fc2_bias), partial_of(scratch_.branch_out), nullptr);
   if (Request done = reduce(scratch_.branch_out)) done->wait();
   stream = act.middle;
   pending = {scratch_.branch_out, dropout_mask(DropoutKind::kMlpBranch, l, first_sample)};
@@ -568,7 +570,7 @@ void StageChunk::layer_backward(std::size_t l, const LayerActivations& act, cons
   const auto qkv = width_.qkv;
   const auto fc1 = width_.fc1;
   const auto f = width_.ffn;
-  const Layer& w = layers_[l];
+  const Layer& weights = layers_[l];
   // Under I each GEMM's output gradient is copied out of the scratch buffers the loop reuses and
   // kept for W; under B its weight gradient is taken now. A row-parallel bias's gradient comes from
   // the whole output gradient, so every rank holds the same one.
@@ -577,8 +579,7 @@ void StageChunk::layer_backward(std::size_t l, const LayerActivations& act, cons
     if (deferred) {
       backend_.copy(dy, count * n, *keep);
     } else {
-      backend_.linear_backward(dy, x, weight->compute, count, k, n, nullptr, weight->gradient,
-                               bias ? bias->gradient : nullptr);
+      accumulate_weight_gradient(dy, x, k, n, weight, bias);
     }
   };
   DeferredGradients unused;
@@ -591,45 +592,48 @@ void StageChunk::layer_backward(std::size_t l, const LayerActivations& act, cons
   ConstActivation d_out_full = masked_gradient(d_out, dropout_mask(DropoutKind::kMlpBranch, l, first_sample));
   ConstActivation fc2_input = act.activated;
   if (recipe_.swiglu) {
-    backend_.linear_backward(d_out_full, nullptr, w.fc2_weight->compute, count, f, h, scratch_.d_activated, nullptr,
-                             nullptr);
+    backend_.linear_backward(d_out_full, nullptr, weights.fc2_weight->compute, count, f, h, scratch_.d_activated,
+                             nullptr, nullptr);
     backend_.swiglu_backward(scratch_.d_activated, act.fc1, count, f, scratch_.d_ffn);
     if (!deferred) backend_.swiglu_forward(act.fc1, count, f, scratch_.d_activated);
     fc2_input = scratch_.d_activated;
   } else {
-    backend_.linear_backward_through_gelu(d_out_full, w.fc2_weight->compute, count, f, h, act.fc1, scratch_.d_ffn);
+    backend_.linear_backward_through_gelu(d_out_full, weights.fc2_weight->compute, count, f, h, act.fc1,
+                                          scratch_.d_ffn);
   }
-  weight_gradient(d_out_full, fc2_input, f, h, w.fc2_weight, w.fc2_bias, &kept.fc2);
-  norm_forward(act.middle, {}, nullptr, w.ln2_gamma, w.ln2_beta, scratch_.norm_out, act.ln2_mean,
+  weight_gradient(d_out_full, fc2_input, f, h, weights.fc2_weight, weights.fc2_bias, &kept.fc2);
+  norm_forward(act.middle, {}, nullptr, weights.ln2_gamma, weights.ln2_beta, scratch_.norm_out, act.ln2_mean,
                act.ln2_rstd);  // recomputed, not kept
   ConstActivation ln2_full = gather_rows(scratch_.norm_out, scratch_.gathered);
   // A column-parallel layer's input gradient is a partial sum: its reduction overlaps the weight gradient.
-  backend_.linear_backward(scratch_.d_ffn, ln2_full, w.fc1_weight->compute, count, h, fc1,
+  backend_.linear_backward(scratch_.d_ffn, ln2_full, weights.fc1_weight->compute, count, h, fc1,
                            partial_of(scratch_.d_hidden), nullptr, nullptr);
   Request summed = reduce(scratch_.d_hidden);
-  weight_gradient(scratch_.d_ffn, ln2_full, h, fc1, w.fc1_weight, w.fc1_bias, &kept.fc1);
+  weight_gradient(scratch_.d_ffn, ln2_full, h, fc1, weights.fc1_weight, weights.fc1_bias, &kept.fc1);
   if (summed) summed->wait();
-  norm_backward(scratch_.d_hidden, act.middle, w.ln2_gamma, w.ln2_beta, act.ln2_mean, act.ln2_rstd, d_out, d_middle);
+  norm_backward(scratch_.d_hidden, act.middle, weights.ln2_gamma, weights.ln2_beta, act.ln2_mean, act.ln2_rstd, d_out,
+                d_middle);
   // middle = input + proj(attention(rope(qkv(ln1(input))))).
   ConstActivation d_middle_full =
       masked_gradient(d_middle, dropout_mask(DropoutKind::kAttentionBranch, l, first_sample));
-  backend_.linear_backward(d_middle_full, act.attention, w.proj_weight->compute, count, q, h, scratch_.d_hidden,
+  backend_.linear_backward(d_middle_full, act.attention, weights.proj_weight->compute, count, q, h, scratch_.d_hidden,
                            nullptr, nullptr);
-  weight_gradient(d_middle_full, act.attention, q, h, w.proj_weight, w.proj_bias, &kept.proj);
+  weight_gradient(d_middle_full, act.attention, q, h, weights.proj_weight, weights.proj_bias, &kept.proj);
   backend_.attention_backward(scratch_.d_hidden, act.qkv, act.attention, act.attention_saved, width_.batch, width_.seq,
                               width_.heads, width_.groups, width_.head_dim,
                               dropout_mask(DropoutKind::kAttentionProbabilities, l, first_sample), scratch_.d_qkv);
   rotate(scratch_.d_qkv, true);  // the gradient of the projection's output, before the rotation
-  norm_forward(act.input, {}, nullptr, w.ln1_gamma, w.ln1_beta, scratch_.norm_out, act.ln1_mean,
+  norm_forward(act.input, {}, nullptr, weights.ln1_gamma, weights.ln1_beta, scratch_.norm_out, act.ln1_mean,
                act.ln1_rstd);  // recomputed, not kept
   ConstActivation ln1_full = gather_rows(scratch_.norm_out, scratch_.gathered);
-  backend_.linear_backward(scratch_.d_qkv, ln1_full, w.qkv_weight->compute, count, h, qkv,
+  backend_.linear_backward(scratch_.d_qkv, ln1_full, weights.qkv_weight->compute, count, h, qkv,
                            partial_of(scratch_.d_hidden), nullptr, nullptr);
   summed = reduce(scratch_.d_hidden);
-  weight_gradient(scratch_.d_qkv, ln1_full, h, qkv, w.qkv_weight, w.qkv_bias, &kept.qkv);
+  weight_gradient(scratch_.d_qkv, ln1_full, h, qkv, weights.qkv_weight, weights.qkv_bias, &kept.qkv);
   if (summed) summed->wait();
   // The input's gradient goes to d_out's buffer: it is the previous layer's output gradient.
-  norm_backward(scratch_.d_hidden, act.input, w.ln1_gamma, w.ln1_beta, act.ln1_mean, act.ln1_rstd, d_middle, d_out);
+  norm_backward(scratch_.d_hidden, act.input, weights.ln1_gamma, weights.ln1_beta, act.ln1_mean, act.ln1_rstd, d_middle,
+                d_out);
 }
 
 void StageChunk::backward_input(int64_t microbatch, ConstActivation output_gradient, float loss_scale,
@@ -739,40 +743,44 @@ void StageChunk::backward_weight(int64_t microbatch) {
   spare_.push_back(std::move(a));
 }
 
+void StageChunk::accumulate_weight_gradient(ConstActivation dy, ConstActivation x, std::size_t k, std::size_t n,
+                                            Parameter* weight, Parameter* bias) {
+  backend_.linear_backward(dy, x, weight->compute, width_.tokens, k, n, nullptr, weight->gradient,
+                           bias ? bias->gradient : nullptr);
+}
+
+void StageChunk::layer_weight_gradients(std::size_t l, const LayerActivations& act, const DeferredGradients& kept) {
+  const std::size_t count = width_.tokens, h = width_.hidden, q = width_.query, qkv = width_.qkv, fc1 = width_.fc1,
+                    f = width_.ffn;
+  const Layer& weights = layers_[l];
+  if (recipe_.swiglu) backend_.swiglu_forward(act.fc1, count, f, scratch_.d_activated);  // fc2's input again
+  accumulate_weight_gradient(kept.fc2, recipe_.swiglu ? scratch_.d_activated : act.activated, f, h, weights.fc2_weight,
+                             weights.fc2_bias);
+  norm_forward(act.middle, {}, nullptr, weights.ln2_gamma, weights.ln2_beta, scratch_.norm_out, act.ln2_mean,
+               act.ln2_rstd);
+  accumulate_weight_gradient(kept.fc1, gather_rows(scratch_.norm_out, scratch_.gathered), h, fc1, weights.fc1_weight,
+                             weights.fc1_bias);
+  accumulate_weight_gradient(kept.proj, act.attention, q, h, weights.proj_weight, weights.proj_bias);
+  norm_forward(act.input, {}, nullptr, weights.ln1_gamma, weights.ln1_beta, scratch_.norm_out, act.ln1_mean,
+               act.ln1_rstd);
+  accumulate_weight_gradient(kept.qkv, gather_rows(scratch_.norm_out, scratch_.gathered), h, qkv, weights.qkv_weight,
+                             weights.qkv_bias);
+}
+
 void StageChunk::weight_gradients(Activations& a) {
-  const std::size_t count = width_.tokens;
-  const auto h = width_.hidden;
-  const auto q = width_.query;
-  const auto qkv = width_.qkv;
-  const auto fc1 = width_.fc1;
-  const auto f = width_.ffn;
-  const auto v = width_.vocabulary;
-  const auto gradient = [&](ConstActivation dy, ConstActivation x, std::size_t k, std::size_t n, Parameter* weight,
-                            Parameter* bias) {
-    backend_.linear_backward(dy, x, weight->compute, count, k, n, nullptr, weight->gradient,
-                             bias ? bias->gradient : nullptr);
-  };
   // I took the norms' gradients: each part is done with its linear layers'.
   if (has_output_) {
-    gradient(a.head.logits, a.head.final_norm, h, v, output_weight_, nullptr);
+    accumulate_weight_gradient(a.head.logits, a.head.final_norm, width_.hidden, width_.vocabulary, output_weight_,
+                               nullptr);
     gradients_done_from(final_gamma_);
   }
   for (std::size_t l = layers_.size(); l-- > 0;) {
-    const Layer& w = layers_[l];
-    const LayerActivations& act = a.work[l];
-    const DeferredGradients& d = a.deferred[l];
-    if (recipe_.swiglu) backend_.swiglu_forward(act.fc1, count, f, scratch_.d_activated);  // fc2's input again
-    gradient(d.fc2, recipe_.swiglu ? scratch_.d_activated : act.activated, f, h, w.fc2_weight, w.fc2_bias);
-    norm_forward(act.middle, {}, nullptr, w.ln2_gamma, w.ln2_beta, scratch_.norm_out, act.ln2_mean, act.ln2_rstd);
-    gradient(d.fc1, gather_rows(scratch_.norm_out, scratch_.gathered), h, fc1, w.fc1_weight, w.fc1_bias);
-    gradient(d.proj, act.attention, q, h, w.proj_weight, w.proj_bias);
-    norm_forward(act.input, {}, nullptr, w.ln1_gamma, w.ln1_beta, scratch_.norm_out, act.ln1_mean, act.ln1_rstd);
-    gradient(d.qkv, gather_rows(scratch_.norm_out, scratch_.gathered), h, qkv, w.qkv_weight, w.qkv_bias);
-    gradients_done_from(w.ln1_gamma);
+    layer_weight_gradients(l, a.work[l], a.deferred[l]);
+    gradients_done_from(layers_[l].ln1_gamma);
   }
   if (has_embedding_) {
-    backend_.embedding_backward(a.input_gradient, a.inputs.data(), count, width_.seq, h, width_.vocabulary_start, v,
-                                word_embeddings_->gradient,
+    backend_.embedding_backward(a.input_gradient, a.inputs.data(), width_.tokens, width_.seq, width_.hidden,
+                                width_.vocabulary_start, width_.vocabulary, word_embeddings_->gradient,
                                 position_embeddings_ ? position_embeddings_->gradient : nullptr);
     gradients_done_from(word_embeddings_);
   }

@@ -249,8 +249,14 @@ class StageChunk {
   void read_tokens(Activations& a, const MicrobatchTokens& data) const;
   // REQUIRES: a.layers[0].input holds the stage input on a non-first stage.
   void run_forward(Activations& activations, const MicrobatchTokens* data, std::optional<int64_t> first_sample);
-  // The deferred weight gradients of one microbatch.
+  // The deferred weight gradients of one microbatch: the output layer's, each layer's from the
+  // last (layer_weight_gradients: from the output gradients I kept, the norms recomputed), the
+  // embedding's.
   void weight_gradients(Activations& a);
+  void layer_weight_gradients(std::size_t l, const LayerActivations& act, const DeferredGradients& kept);
+  // A linear layer's weight (and bias) gradient from its output gradient and input, accumulated.
+  void accumulate_weight_gradient(ConstActivation dy, ConstActivation x, std::size_t k, std::size_t n,
+                                  Parameter* weight, Parameter* bias);
   Activations take(std::map<int64_t, Activations>& from, int64_t microbatch, const char* why);
 
   Backend& backend_;
