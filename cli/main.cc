@@ -7,11 +7,11 @@
 #include <CLI/CLI.hpp>
 
 #include "cli/commands.h"
-#include "cli/notes.h"
 #include "cli/strict_numbers.h"
 #include "cli/unexpected_arguments.h"
 #include "core/error.h"
 #include "core/heap_tuning.h"
+#include "core/notes.h"
 #include "core/schedule/validation.h"
 #include "core/version.h"
 
@@ -77,6 +77,6 @@ int main(int argc, char** argv) {
     print_error(error.what());
     return 1;
   }
-  if (context.exit_code == 0) megaplan::cli::flush_notes(std::cerr);
+  if (context.exit_code == 0) megaplan::flush_notes(std::cerr);
   return context.exit_code;
 }

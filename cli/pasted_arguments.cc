@@ -7,11 +7,11 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include "cli/notes.h"
 #include "cli/shared_options.h"
 #include "cli/unexpected_arguments.h"
 #include "core/error.h"
 #include "core/megatron_arguments.h"
+#include "core/notes.h"
 
 namespace megaplan::cli {
 

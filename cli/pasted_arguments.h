@@ -15,6 +15,10 @@ namespace CLI {
 class App;
 }
 
+namespace megaplan {
+struct ModelOptions;
+}
+
 namespace megaplan::cli {
 
 // Call after the command's options are added.
@@ -35,12 +39,11 @@ struct PastedArguments {
 };
 
 // In the command's callback: what was given beyond the command's options, checked against
-// Megatron-LM's table and noted (cli/notes.h). Throws SpecError for a word that follows no flag, a
+// Megatron-LM's table and noted (core/notes.h). Throws SpecError for a word that follows no flag, a
 // flag Megatron-LM does not have (with a did-you-mean), a flag given the wrong number of values, a
 // value megaplan does not run, and a flag that changes what the command computes and is refused.
 PastedArguments read_pasted_arguments(const CLI::App& command, Computes computes);
 
-struct ModelOptions;
 // Without --vocab-size, the vocabulary the pasted tokenizer flags imply (noted).
 void apply_pasted_vocabulary(const PastedArguments& pasted, ModelOptions& model);
 

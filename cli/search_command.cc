@@ -10,11 +10,11 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
-#include "cli/notes.h"
 #include "cli/pasted_arguments.h"
 #include "cli/progress_bar.h"
 #include "cli/report_command.h"
 #include "core/error.h"
+#include "core/notes.h"
 #include "executor/io/staged_file.h"
 #include "planner/launch_commands.h"
 #include "planner/megatron_arguments.h"

@@ -9,11 +9,11 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
-#include "cli/notes.h"
 #include "cli/pasted_arguments.h"
 #include "cli/report_command.h"
 #include "core/error.h"
 #include "core/executor_support.h"
+#include "core/notes.h"
 #include "core/pipeline_layout.h"
 #include "core/schedule/lowering.h"
 #include "core/schedule/schedule_csv.h"

@@ -7,12 +7,12 @@
 
 #include "cli/commands.h"
 #include "cli/data_command.h"
-#include "cli/notes.h"
 #include "cli/pasted_arguments.h"
 #include "cli/report_command.h"
 #include "core/device_gpu.h"
 #include "core/error.h"
 #include "core/json_io.h"
+#include "core/notes.h"
 #include "executor/comm/in_process_gpu_memory.h"
 #include "executor/comm/launch_environment.h"
 #include "executor/data/indexed_dataset.h"

@@ -18,7 +18,7 @@ namespace {
 // The model `arguments` (notes skipped) describe, parsed over `base`'s preset.
 megaplan::ModelSpec parsed(const std::vector<std::string>& arguments, const std::string& base) {
   CLI::App app;
-  megaplan::cli::ModelOptions options;
+  megaplan::ModelOptions options;
   megaplan::cli::add_model_options(app, options);
   std::vector<std::string> words;
   for (const std::string& argument : arguments) {
@@ -29,7 +29,7 @@ megaplan::ModelSpec parsed(const std::vector<std::string>& arguments, const std:
   std::vector<std::string> reversed(words.rbegin(), words.rend());  // CLI11 parses a reversed vector
   app.parse(reversed);
   options.model = base;
-  return megaplan::cli::resolve_model(options);
+  return megaplan::resolve_model(options);
 }
 
 }  // namespace

@@ -1,11 +1,11 @@
-#include "cli/notes.h"
+#include "core/notes.h"
 
 #include <mutex>
 #include <vector>
 
 #include "core/error.h"
 
-namespace megaplan::cli {
+namespace megaplan {
 
 namespace {
 
@@ -28,4 +28,4 @@ void flush_notes(std::ostream& out) {
   pending().clear();
 }
 
-}  // namespace megaplan::cli
+}  // namespace megaplan
