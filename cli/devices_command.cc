@@ -11,9 +11,9 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/text_table.h"
 #include "core/units.h"
 #include "executor/gpu_inventory.h"
-#include "reports/text_table.h"
 
 namespace megaplan::cli {
 namespace {

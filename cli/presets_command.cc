@@ -8,8 +8,8 @@
 #include "core/cluster_spec.h"
 #include "core/formulas.h"
 #include "core/model_presets.h"
+#include "core/text_table.h"
 #include "core/units.h"
-#include "reports/text_table.h"
 
 namespace megaplan::cli {
 

@@ -7,8 +7,8 @@
 #include "core/formulas.h"
 #include "core/json_io.h"
 #include "core/pipeline_layout.h"
+#include "core/text_table.h"
 #include "core/units.h"
-#include "reports/text_table.h"
 
 namespace megaplan {
 

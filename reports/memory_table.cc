@@ -1,7 +1,7 @@
 #include "reports/memory_table.h"
 
+#include "core/text_table.h"
 #include "core/units.h"
-#include "reports/text_table.h"
 
 namespace megaplan {
 

@@ -4,7 +4,7 @@
 #include <vector>
 
 #include "core/schedule/schedule_facts.h"
-#include "reports/text_table.h"
+#include "core/text_table.h"
 
 namespace megaplan {
 

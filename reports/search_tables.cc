@@ -3,8 +3,8 @@
 #include <cmath>
 #include <tuple>
 
+#include "core/text_table.h"
 #include "core/units.h"
-#include "reports/text_table.h"
 
 namespace megaplan {
 

@@ -6,9 +6,9 @@
 
 #include "core/implementation_options.h"
 #include "core/pipeline_layout.h"
+#include "core/text_table.h"
 #include "core/units.h"
 #include "reports/memory_table.h"
-#include "reports/text_table.h"
 #include "simulator/profile_choice.h"
 
 namespace megaplan {

@@ -6,8 +6,8 @@
 #include <utility>
 
 #include "core/error.h"
+#include "core/text_table.h"
 #include "core/units.h"
-#include "reports/text_table.h"
 
 namespace megaplan {
 

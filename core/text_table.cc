@@ -1,5 +1,5 @@
 // Plain-text tables.
-#include "reports/text_table.h"
+#include "core/text_table.h"
 
 #include <algorithm>
 #include <cctype>
