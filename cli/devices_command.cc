@@ -1,127 +1,40 @@
-// `megaplan devices`: maps the flags onto query_gpu_inventory() and probe_device() and prints.
-#include "cli/devices_command.h"
-
-#include <cstdio>
+// `megaplan devices`: lists the GPUs and the CUDA, cuBLAS, cuBLASLt and NCCL versions this process
+// can use, and with --probe proves that this build runs a kernel and cuBLASLt on each GPU.
+// Flag mapping; the outputs are executor/gpu_inventory_report.h's.
 #include <memory>
-#include <string>
 #include <vector>
 
 #include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
-#include "core/error.h"
-#include "core/text_table.h"
-#include "core/units.h"
-#include "executor/gpu_inventory.h"
+#include "executor/gpu_inventory_report.h"
 
 namespace megaplan::cli {
 namespace {
 
-// The outcome of probing one device: no error text means it passed.
-struct ProbeOutcome {
-  std::string error;
+struct DevicesOptions {
+  bool json = false;   // one JSON object instead of the text table
+  bool probe = false;  // run probe_device on every GPU and report the outcome per GPU
 };
 
-ProbeOutcome probe(int device_index) {
-  ProbeOutcome outcome;
-  try {
-    probe_device(device_index);
-  } catch (const SpecError& error) {
-    outcome.error = error.what();
-  }
-  return outcome;
-}
-
-std::string format_bandwidth(double bytes_per_s) {
-  if (bytes_per_s <= 0) return "-";
-  char buffer[32];
-  std::snprintf(buffer, sizeof buffer, "%.2f TB/s", bytes_per_s / 1e12);
-  return buffer;
-}
-
-void write_text(const GpuInventory& inventory, const std::vector<ProbeOutcome>& probes, std::ostream& out) {
-  out << "CUDA runtime " << inventory.cuda_runtime.text(false) << ", driver " << inventory.cuda_driver.text(false)
-      << "; cuBLAS " << inventory.cublas.text() << "; cuBLASLt " << inventory.cublaslt.text() << "; NCCL "
-      << inventory.nccl.text() << "; device code " << built_cuda_architectures() << "\n";
-
-  std::vector<std::string> header{"gpu",       "name", "arch", "SMs", "memory free", "memory total", "memory bandwidth",
-                                  "PCI bus id"};
-  const bool probed = !probes.empty();
-  if (probed) header.push_back("probe");
-  TextTable table(header);
-  for (size_t i = 0; i < inventory.devices.size(); ++i) {
-    const GpuDevice& device = inventory.devices[i];
-    std::vector<std::string> row{std::to_string(device.index),
-                                 device.name,
-                                 device.sm_architecture(),
-                                 std::to_string(device.sm_count),
-                                 format_bytes(static_cast<double>(device.free_memory_bytes)),
-                                 format_bytes(static_cast<double>(device.total_memory_bytes)),
-                                 format_bandwidth(device.peak_memory_bandwidth_bytes_per_s()),
-                                 device.pci_bus_id};
-    if (probed) row.push_back(probes[i].error.empty() ? "ok" : "FAILED");
-    table.add_row(std::move(row));
-  }
-  out << table.render();
-  for (const ProbeOutcome& outcome : probes) {
-    if (!outcome.error.empty()) out << "probe failed: " << outcome.error << "\n";
-  }
-}
-
-nlohmann::json to_json(const GpuInventory& inventory, const std::vector<ProbeOutcome>& probes) {
-  nlohmann::json devices = nlohmann::json::array();
-  for (size_t i = 0; i < inventory.devices.size(); ++i) {
-    const GpuDevice& device = inventory.devices[i];
-    nlohmann::json entry = {
-        {"index", device.index},
-        {"name", device.name},
-        {"compute_capability",
-         std::to_string(device.compute_capability_major) + "." + std::to_string(device.compute_capability_minor)},
-        {"sm_count", device.sm_count},
-        {"total_memory_bytes", device.total_memory_bytes},
-        {"free_memory_bytes", device.free_memory_bytes},
-        {"sm_clock_khz", device.sm_clock_khz},
-        {"memory_clock_khz", device.memory_clock_khz},
-        {"memory_bus_width_bits", device.memory_bus_width_bits},
-        {"peak_memory_bandwidth_bytes_per_s", device.peak_memory_bandwidth_bytes_per_s()},
-        {"pci_bus_id", device.pci_bus_id},
-    };
-    if (!probes.empty()) {
-      entry["probe"] = probes[i].error.empty() ? nlohmann::json{{"ok", true}}
-                                               : nlohmann::json{{"ok", false}, {"error", probes[i].error}};
-    }
-    devices.push_back(std::move(entry));
-  }
-  return {
-      {"cuda_runtime", inventory.cuda_runtime.text(false)},
-      {"cuda_driver", inventory.cuda_driver.text(false)},
-      {"cublas", inventory.cublas.text()},
-      {"cublaslt", inventory.cublaslt.text()},
-      {"nccl", inventory.nccl.text()},
-      {"device_code", built_cuda_architectures()},
-      {"devices", std::move(devices)},
-  };
-}
-
-}  // namespace
-
+// Writes the inventory to `out`. Returns the exit code: 0, or 1 when --probe found a GPU that
+// failed (the table says which and why). Throws SpecError (field "gpu") when no GPU is usable or
+// the build has no CUDA: that is one line for the error boundary, not a table.
 int run_devices(const DevicesOptions& options, std::ostream& out) {
   const GpuInventory inventory = query_gpu_inventory();
-  std::vector<ProbeOutcome> probes;
-  if (options.probe) {
-    for (const GpuDevice& device : inventory.devices) probes.push_back(probe(device.index));
-  }
+  const std::vector<ProbeOutcome> probes = options.probe ? probe_devices(inventory) : std::vector<ProbeOutcome>{};
   if (options.json) {
-    out << to_json(inventory, probes).dump(2) << '\n';
+    out << gpu_inventory_json(inventory, probes).dump(2) << '\n';
   } else {
-    write_text(inventory, probes, out);
+    write_gpu_inventory_text(inventory, probes, out);
   }
   for (const ProbeOutcome& outcome : probes) {
     if (!outcome.error.empty()) return 1;
   }
   return 0;
 }
+
+}  // namespace
 
 void setup_devices_command(CLI::App& app, CommandContext& context) {
   auto options = std::make_shared<DevicesOptions>();
