@@ -19,6 +19,7 @@
 
 #include "core/collective.h"
 #include "core/kernel_list.h"
+#include "core/measured_costs.h"
 #include "executor/comm/comm.h"
 #include "executor/runtime/backend.h"
 
@@ -42,28 +43,6 @@ struct CollectiveGrid {
 // powers of two up to `world_size`; beside: a layer of width 4096 over 4096 tokens and 256 MiB.
 // REQUIRES: world_size >= 2.
 CollectiveGrid collective_grid(bool quick, int64_t world_size);
-
-struct CommTiming {
-  CollectiveOp op;
-  int64_t group_size;
-  int64_t bytes;
-  double seconds;  // median of the repetitions (send/receive: one message)
-};
-
-struct OverlapTiming {
-  CollectiveOp op;
-  int64_t group_size;
-  double compute_alone_s;      // one pass of the grid's compute, nothing beside it
-  double compute_beside_s;     // the same pass while the collective runs the whole time beside it
-  double collective_alone_s;   // one call of the collective (overlap_bytes), nothing beside it
-  double collective_beside_s;  // the same call while the compute runs the whole time beside it
-};
-
-struct CommTimings {
-  std::vector<CommTiming> collectives;  // all-reduce, all-gather, reduce-scatter
-  std::vector<CommTiming> p2p;          // send/receive, ranks 0 and 1
-  std::vector<OverlapTiming> overlap;   // one per op, on the largest group
-};
 
 // This rank's communicator of the group `ranks` (global ranks, group rank = position), or null
 // when `rank` is not in it. Called by every rank of the world for each group, in the same order.

@@ -9,6 +9,8 @@
 #include <string>
 #include <tuple>
 
+#include <nlohmann/json.hpp>
+
 #include "core/model_presets.h"
 #include "core/model_spec.h"
 #include "executor/runtime/median.h"

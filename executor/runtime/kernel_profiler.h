@@ -27,9 +27,8 @@
 #include <functional>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "core/kernel_list.h"
+#include "core/measured_costs.h"
 #include "executor/runtime/backend.h"
 #include "executor/runtime/kernel_launch.h"
 
@@ -66,14 +65,6 @@ ProfileGrid profile_grid(bool quick);
 // the grid profiles over `tokens` tokens (a whole number of its sequences): the compute the
 // collective profiler runs beside a collective.
 std::vector<Kernel> layer_kernels(int64_t hidden, int64_t tokens);
-
-struct MeasuredTables {
-  nlohmann::json gemm = nlohmann::json::array();
-  nlohmann::json attention = nlohmann::json::array();
-  nlohmann::json kernels = nlohmann::json::array();
-  // The marks' own cost per mark (seconds), median over the sequences: what was subtracted.
-  double mark_seconds = 0;
-};
 
 // `progress(done, total)` after each sequence. Allocates each sequence's buffers and releases them.
 MeasuredTables measure_kernels(Backend& backend, const ProfileGrid& grid,

@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-#include "cli/profile_command.h"
+#include "simulator/profile_writer.h"
 #include "core/cluster_spec.h"
 #include "core/error.h"
 #include "core/kernel_list.h"
@@ -65,7 +65,7 @@ megaplan::exec::ProfileGrid tiny_grid() {
 TEST_CASE("kernel timings from a backend become a profile the simulator looks up", "[cli][profile]") {
   megaplan::exec::CpuBackend backend;
   int64_t last_done = 0, last_total = 0;
-  const megaplan::exec::MeasuredTables tables =
+  const megaplan::MeasuredTables tables =
       megaplan::exec::measure_kernels(backend, tiny_grid(), [&](int64_t done, int64_t total) {
         CHECK(done == last_done + 1);
         last_done = done;
@@ -91,7 +91,7 @@ TEST_CASE("kernel timings from a backend become a profile the simulator looks up
 
   const megaplan::GpuSpec gpu = megaplan::cluster_preset("h100-x1").gpu;
   const nlohmann::json json =
-      megaplan::cli::measured_profile_json(gpu, tables, "measured: test", {{"device", "the CPU backend"}});
+      megaplan::sim::measured_profile_json(gpu, tables, "measured: test", {{"device", "the CPU backend"}});
   const megaplan::sim::Profile profile = megaplan::sim::Profile::from_json(json, "test.json");
   CHECK(profile.gpu_name() == gpu.name);
   megaplan::sim::CostSources sources;
@@ -208,11 +208,11 @@ megaplan::exec::CollectiveGrid tiny_collective_grid() {
   return grid;
 }
 
-std::vector<megaplan::exec::CommTimings> measure_on_threads(const megaplan::exec::CollectiveGrid& grid,
+std::vector<megaplan::CommTimings> measure_on_threads(const megaplan::exec::CollectiveGrid& grid,
                                                             std::vector<std::pair<int64_t, int64_t>>& progress) {
   constexpr int64_t kRanks = 4;
   megaplan::exec::InProcessWorld world(kRanks, std::chrono::seconds(60));
-  std::vector<megaplan::exec::CommTimings> timings(kRanks);
+  std::vector<megaplan::CommTimings> timings(kRanks);
   std::mutex progress_mutex;
   megaplan::exec::run_rank_threads(world, kRanks, [&](int64_t rank) {
     megaplan::exec::CpuBackend backend;
@@ -235,8 +235,8 @@ std::vector<megaplan::exec::CommTimings> measure_on_threads(const megaplan::exec
 TEST_CASE("collective timings from ranks as threads become link tables the simulator looks up", "[cli][profile]") {
   using megaplan::CollectiveOp;
   std::vector<std::pair<int64_t, int64_t>> progress;
-  const std::vector<megaplan::exec::CommTimings> timings = measure_on_threads(tiny_collective_grid(), progress);
-  const megaplan::exec::CommTimings& measured = timings[0];
+  const std::vector<megaplan::CommTimings> timings = measure_on_threads(tiny_collective_grid(), progress);
+  const megaplan::CommTimings& measured = timings[0];
   // Rank 0 reports: three collectives x two groups x two sizes; send/receive at two sizes; compute
   // beside each of the four.
   REQUIRE(measured.collectives.size() == 12);
@@ -265,8 +265,8 @@ TEST_CASE("collective timings from ranks as threads become link tables the simul
 
   // In the profile: the simulator's lookup at a measured point gives the measured time back.
   const megaplan::GpuSpec gpu = megaplan::cluster_preset("dgx-h100").gpu;
-  const nlohmann::json profile_json = megaplan::cli::with_measured_links(
-      megaplan::cli::measured_profile_json(gpu, {}, "test", nlohmann::json::object()), measured,
+  const nlohmann::json profile_json = megaplan::sim::with_measured_links(
+      megaplan::sim::measured_profile_json(gpu, {}, "test", nlohmann::json::object()), measured,
       "NVIDIA H100 80GB HBM3");
   const auto profile = megaplan::sim::Profile::from_json(profile_json, "measured");
   CHECK(profile.kind() == megaplan::sim::ProfileKind::kMeasured);
@@ -286,14 +286,14 @@ TEST_CASE("collective timings from ranks as threads become link tables the simul
 
 TEST_CASE("link tables: nccl-tests' bus bandwidth, p2p seconds and both slowdowns, at least 0", "[cli][profile]") {
   using megaplan::CollectiveOp;
-  megaplan::exec::CommTimings timings;
+  megaplan::CommTimings timings;
   timings.collectives = {{CollectiveOp::kAllReduce, 8, 1 << 20, 1e-4}, {CollectiveOp::kAllGather, 4, 1 << 20, 2e-5}};
   timings.p2p = {{CollectiveOp::kSendRecv, 2, 1 << 20, 5e-6}};
   timings.overlap = {{CollectiveOp::kAllReduce, 8, 1e-3, 1.25e-3, 2e-3, 3e-3},
                      {CollectiveOp::kSendRecv, 2, 1e-3, 0.99e-3, 1e-3, 0.9e-3}};
   const megaplan::GpuSpec gpu = megaplan::cluster_preset("dgx-h100").gpu;
-  const nlohmann::json profile = megaplan::cli::with_measured_links(
-      megaplan::cli::measured_profile_json(gpu, {}, "test", nlohmann::json::object()), timings,
+  const nlohmann::json profile = megaplan::sim::with_measured_links(
+      megaplan::sim::measured_profile_json(gpu, {}, "test", nlohmann::json::object()), timings,
       "NVIDIA H100 80GB HBM3");
   const nlohmann::json& collectives = profile.at("collectives");
   REQUIRE(collectives.size() == 2);
@@ -325,17 +325,17 @@ TEST_CASE("links measured on a larger machine join a profile's smaller groups, r
   // machine stay beside four-GPU ones; a group size measured again is replaced, not duplicated.
   using megaplan::CollectiveOp;
   const megaplan::GpuSpec gpu = megaplan::cluster_preset("dgx-h100").gpu;
-  megaplan::exec::CommTimings two;
+  megaplan::CommTimings two;
   two.collectives = {{CollectiveOp::kAllReduce, 2, 1 << 20, 1e-4}};
   two.p2p = {{CollectiveOp::kSendRecv, 2, 1 << 20, 5e-6}};
   two.overlap = {{CollectiveOp::kAllReduce, 2, 1e-3, 1.2e-3, 1e-3, 1.5e-3}};
-  const nlohmann::json before = megaplan::cli::with_measured_links(
-      megaplan::cli::measured_profile_json(gpu, {}, "test", nlohmann::json::object()), two, "NVIDIA H100 80GB HBM3");
-  megaplan::exec::CommTimings four;
+  const nlohmann::json before = megaplan::sim::with_measured_links(
+      megaplan::sim::measured_profile_json(gpu, {}, "test", nlohmann::json::object()), two, "NVIDIA H100 80GB HBM3");
+  megaplan::CommTimings four;
   four.collectives = {{CollectiveOp::kAllReduce, 2, 1 << 20, 2e-4}, {CollectiveOp::kAllReduce, 4, 1 << 20, 3e-4}};
   four.p2p = {{CollectiveOp::kSendRecv, 2, 1 << 20, 6e-6}};
   four.overlap = {{CollectiveOp::kAllReduce, 4, 1e-3, 1.3e-3, 1e-3, 1.6e-3}};
-  const nlohmann::json after = megaplan::cli::with_measured_links(before, four, "NVIDIA H100 80GB HBM3");
+  const nlohmann::json after = megaplan::sim::with_measured_links(before, four, "NVIDIA H100 80GB HBM3");
   std::map<int64_t, double> bus;
   for (const nlohmann::json& entry : after.at("collectives")) {
     CHECK(

@@ -23,13 +23,13 @@ TEST_CASE("collectives and compute beside them are timed on the GPU's streams", 
   grid.compute = exec::layer_kernels(1024, 2048);
   grid.overlap_bytes = int64_t{1} << 24;
   exec::InProcessWorld world(2, std::chrono::minutes(2), exec::make_in_process_gpu_memory());
-  exec::CommTimings timings;
+  megaplan::CommTimings timings;
   exec::run_rank_threads(world, 2, [&](int64_t rank) {
     const std::unique_ptr<exec::Backend> backend = exec::make_cuda_backend();
     const exec::GroupMaker make_group = [&](const std::vector<int64_t>& ranks, const std::string& label) {
       return world.group(rank, ranks, label, [&backend] { return backend->compute_stream(); });
     };
-    exec::CommTimings mine = exec::measure_collectives(*backend, rank, 2, make_group, grid, {});
+    megaplan::CommTimings mine = exec::measure_collectives(*backend, rank, 2, make_group, grid, {});
     if (rank == 0) timings = std::move(mine);
   });
   REQUIRE(timings.collectives.size() == 6);
@@ -41,7 +41,7 @@ TEST_CASE("collectives and compute beside them are timed on the GPU's streams", 
   REQUIRE(timings.p2p.size() == 2);
   CHECK(timings.p2p[1].seconds > timings.p2p[0].seconds);
   REQUIRE(timings.overlap.size() == 4);
-  for (const exec::OverlapTiming& beside : timings.overlap) {
+  for (const megaplan::OverlapTiming& beside : timings.overlap) {
     INFO(megaplan::to_string(beside.op) << ": compute alone " << beside.compute_alone_s << " s, beside "
                                         << beside.compute_beside_s << " s; collective alone "
                                         << beside.collective_alone_s << " s, beside " << beside.collective_beside_s
