@@ -1,5 +1,5 @@
-#include "cli/train_command.h"
-
+// `megaplan train`: flag mapping, the trace and the report; the run is
+// executor/train/training_run.h's.
 #include <iostream>
 #include <memory>
 
@@ -9,21 +9,12 @@
 #include "cli/data_command.h"
 #include "cli/pasted_arguments.h"
 #include "cli/report_command.h"
-#include "core/device_gpu.h"
+#include "cli/shared_options.h"
 #include "core/error.h"
-#include "core/json_io.h"
 #include "core/notes.h"
-#include "executor/comm/in_process_gpu_memory.h"
-#include "executor/comm/launch_environment.h"
-#include "executor/data/indexed_dataset.h"
-#include "executor/data/vocabulary.h"
-#include "executor/gpu_inventory.h"
+#include "executor/data/data_blend.h"
 #include "executor/io/staged_file.h"
-#include "executor/model/stage_chunk.h"
-#include "executor/runtime/cpu_backend.h"
-#include "executor/runtime/cuda_backend.h"
-#include "executor/train/launched_training.h"
-#include "executor/train/stop_signal.h"
+#include "executor/train/training_run.h"
 #include "reports/chrome_trace.h"
 #include "simulator/profile_choice.h"
 #include "simulator/simulate_plan.h"
@@ -32,74 +23,13 @@ namespace megaplan::cli {
 
 namespace {
 
-// Every rank of the plan in this process: on the CPU, or as threads sharing GPU 0 (exact, and
-// slow, since their work runs on one stream).
-exec::TrainSummary train_in_process(const ModelSpec& model, const ParallelPlan& plan, const exec::TrainOptions& train,
-                                    const std::string& device, std::ostream& out) {
-  exec::BackendFactory make_backend;
-  exec::InProcessMemoryFactory make_memory = exec::make_in_process_cpu_memory;
-  if (device == "cuda") {
-    const DType precision = plan.options.precision;
-    make_backend = [precision](int64_t) { return exec::make_cuda_backend(precision); };
-    make_memory = exec::make_in_process_gpu_memory;
-  } else {
-    make_backend = [](int64_t) -> std::unique_ptr<exec::Backend> { return std::make_unique<exec::CpuBackend>(); };
-  }
-  return exec::train(model, plan, train, make_backend, out, make_memory);
-}
-
-// Whether the tokenizer flags name a tokenizer (else the vocabulary comes from --vocab-size, the
-// job file or the data).
-bool tokenizer_named(const exec::TokenizerOptions& t) {
-  return !t.kind.empty() || !t.megatron_type.empty() || !t.vocab_file.empty() || !t.merge_file.empty() ||
-         !t.tokenizer_file.empty() || !t.tokenizer_model.empty();
-}
-
-// The vocabulary to train (executor/data/vocabulary.h), and the line that says where it came from.
-exec::Vocabulary chosen_vocabulary(const TrainCommandOptions& options, const ModelSpec& model) {
-  std::optional<exec::Vocabulary> given;
-  if (options.plan_file) given = exec::Vocabulary{model.vocab_size, "the job file " + *options.plan_file};
-  if (options.model.vocab_size) given = exec::Vocabulary{*options.model.vocab_size, "--vocab-size"};
-  return exec::training_vocabulary(given,
-                                   tokenizer_named(options.tokenizer) ? std::optional(options.tokenizer) : std::nullopt,
-                                   options.train.data_path);
-}
-
-// The GPUs the report's simulation assumes: --cluster (its first plan.world_size() GPUs), else the
-// job file's cluster, else as many of the GPU this process trains on as the plan has ranks.
-ClusterSpec report_cluster(const TrainCommandOptions& options, const ParallelPlan& plan,
-                           const std::optional<ClusterSpec>& job_cluster) {
-  if (options.cluster) {
-    ClusterOptions given;
-    given.cluster = *options.cluster;
-    given.gpus = plan.world_size();
-    return resolve_cluster(given);
-  }
-  if (job_cluster) return *job_cluster;
-  if (options.device == "cuda") {
-    const GpuInventory inventory = query_gpu_inventory();
-    if (!inventory.devices.empty()) {
-      const std::optional<GpuSpec> gpu = gpu_preset_for_device(inventory.devices.front().name);
-      for (const ClusterSpec& preset : gpu ? cluster_presets() : std::vector<ClusterSpec>{}) {
-        if (preset.gpu.name != gpu->name || preset.total_gpus() < plan.world_size()) continue;
-        ClusterOptions local;
-        local.cluster = preset.name;
-        local.gpus = plan.world_size();
-        return resolve_cluster(local);
-      }
-    }
-  }
-  throw SpecError("--report",
-                  "needs the GPUs to simulate the plan on: name them with --cluster (a preset or a cluster "
-                  ".json), or train from a job file (--plan)");
-}
-
-// The plan's report, simulated on `cluster`, with this run's last iteration as the measured timeline.
-void write_training_report(const TrainCommandOptions& options, const ModelSpec& model, const ParallelPlan& plan,
-                           const ClusterSpec& cluster, const exec::TrainSummary& summary, std::ostream& out) {
-  const JobSpec job{model, cluster, plan};
+// The plan's report, simulated on the report's cluster, with this run's last iteration as the
+// measured timeline.
+void write_training_report(const exec::TrainRequest& options, const exec::PreparedTraining& run,
+                           const exec::TrainSummary& summary, std::ostream& out) {
+  const JobSpec job{run.model, *run.report_cluster, run.plan};
   validate_job(job);
-  const sim::Profile profile = sim::choose_profile(std::nullopt, cluster.gpu);
+  const sim::Profile profile = sim::choose_profile(std::nullopt, job.cluster.gpu);
   PlanReport report = plan_report(job, profile, sim::simulate_plan(job, profile, /*record_timeline=*/true));
   report.measured = summary.timeline;
   report.measured_source =
@@ -107,130 +37,25 @@ void write_training_report(const TrainCommandOptions& options, const ModelSpec& 
   write_report(report, *options.report, out);
 }
 
-}  // namespace
-
-int run_train(const TrainCommandOptions& options, std::ostream& out) {
-  exec::TrainOptions train = options.train;
-  train.learning_rate.style = exec::parse_decay_style(options.lr_decay_style);
-  if (!options.rampup_batch_size.empty()) {
-    const std::vector<int64_t>& ramp = options.rampup_batch_size;
-    train.rampup = BatchRampup{ramp[0], ramp[1], ramp[2]};
-  }
-  if (options.device != "cpu" && options.device != "cuda") {
-    throw SpecError("--device", "must be cpu or cuda, got \"" + options.device + "\"");
-  }
-  const exec::LaunchEnvironment launch = exec::detect_launch_environment();
-  ModelSpec model;
-  ParallelPlan plan;
-  std::optional<ClusterSpec> job_cluster;
-  std::optional<exec::Vocabulary> custom_vocabulary;  // a model of Megatron's flags alone: chosen before the model
-  if (options.plan_file) {
-    // The job file, with the model and plan flags given beside it overriding it.
-    const JobSpec job = load_job(options.model, ClusterOptions{}, options.plan, options.plan_file, options.given);
-    model = job.model;
-    plan = job.plan;
-    job_cluster = job.cluster;
-    if (options.world_size && *options.world_size != plan.world_size()) {
-      throw SpecError("--world-size", std::to_string(*options.world_size) + " differs from the " +
-                                          std::to_string(plan.world_size()) + " GPUs " + *options.plan_file +
-                                          " lays the model over");
-    }
-  } else {
-    ModelOptions model_options = options.model;
-    // A model of Megatron's flags alone takes its vocabulary from the tokenizer or the data, as
-    // Megatron takes it from its tokenizer.
-    if (!model_options.model && !model_options.vocab_size && model_flags_given(model_options)) {
-      custom_vocabulary = chosen_vocabulary(options, ModelSpec{});
-      model_options.vocab_size = custom_vocabulary->size;
-    }
-    model = resolve_model(model_options);
-    validate_model_spec(model);
-    const int64_t world = options.world_size.value_or(launch.world_size);
-    if (world <= 0) throw SpecError("--world-size", "must be a positive integer, got " + std::to_string(world));
-    plan = resolve_plan(model, world, options.plan, "--world-size");
-    validate_plan(model, plan);
-  }
-  if (launch.launcher != "none") {
-    if (launch.world_size != plan.world_size()) {
-      throw SpecError("--world-size", "the plan has " + std::to_string(plan.world_size()) + " ranks but " +
-                                          launch.launcher + " started " + std::to_string(launch.world_size));
-    }
-    if (launch.world_size > 1 && options.device == "cpu") {
-      throw SpecError("--device", launch.launcher + " started " + std::to_string(launch.world_size) +
-                                      " processes, but the CPU backend runs every rank as a thread of one process: "
-                                      "start one process with --world-size " +
-                                      std::to_string(launch.world_size) +
-                                      ", or use --device cuda (one process per GPU over NCCL)");
-    }
-  }
-  // Megatron's two forms of the run's length: --train-iters, or --train-samples over the plan's
-  // global batch (its update_train_iters).
-  if (train.train_samples < 0) throw SpecError("--train-samples", "must be a positive integer");
-  if (train.train_samples > 0 && train.train_iters != 0) {
-    throw SpecError("--train-samples",
-                    "cannot be combined with --train-iters (Megatron's rule: one form or the other)");
-  }
-  if (train.train_samples == 0 && train.train_iters == 0) {
-    throw SpecError("--train-iters", "required (or --train-samples, Megatron's sample-based form)");
-  }
-  if (train.train_samples > 0) {
-    train.train_iters = train.train_samples / plan.global_batch_size;
-    if (train.train_iters == 0) {
-      throw SpecError("--train-samples", std::to_string(train.train_samples) + " is less than one global batch (" +
-                                             std::to_string(plan.global_batch_size) + ")");
-    }
-  }
-  // The flags are checked first (the trainer's checks too), with the model's own vocabulary; then
-  // the data is opened for the vocabulary, which the trainer says once its checks pass.
-  (void)exec::checked_train_options(train);
-  exec::StageChunk::refuse_unsupported(model, plan);
-  // Read once: the data's scan or the tokenizer's files (a custom model's was read above).
-  const exec::Vocabulary vocabulary = custom_vocabulary ? *custom_vocabulary : chosen_vocabulary(options, model);
-  // Recorded in the checkpoints, for `megaplan convert --to hf`.
-  if (tokenizer_named(options.tokenizer)) train.tokenizer = exec::resolve_tokenizer(options.tokenizer);
-  train.vocabulary_note = "vocabulary " + std::to_string(vocabulary.size) + " from " + vocabulary.source;
-  if (vocabulary.size != model.vocab_size) {
-    train.vocabulary_note += " (the model " + model.name + " states " + std::to_string(model.vocab_size) + ")";
-    model.vocab_size = vocabulary.size;
-    validate_model_spec(model);
-    validate_plan(model, plan);
-  }
-  // The report compares the plan's own schedule; its cluster is settled before training starts.
-  std::optional<ClusterSpec> cluster;
-  if (options.report) {
-    if (train.pipeline_schedule_csv) {
-      throw SpecError("--report",
-                      "compares a run with the plan's own schedule; it cannot be combined with "
-                      "--pipeline-schedule-csv (use --trace and `megaplan compare`)");
-    }
-    cluster = report_cluster(options, plan, job_cluster);
-  }
+int run_train(const exec::TrainRequest& options, std::ostream& out) {
+  const exec::PreparedTraining run = exec::prepare_training(options);
   flush_notes(std::cerr);  // what was chosen for the run, before it starts
-  if (train.exit_signal_handler) exec::install_stop_signal_handlers();
-  // Under a launcher with --device cuda, this process trains its own rank over NCCL (world size 1
-  // included, so a launched run always takes the path its larger runs take).
-  const bool launched = launch.launcher != "none" && options.device == "cuda";
-  // Every rank times its actions (a launched pipeline's are gathered); rank 0 writes them.
-  train.record_timeline = options.trace || options.report;
-  const bool writes_trace = options.trace && launch.rank == 0;
-  if (options.device == "cuda") train.peak_flops_per_s = exec::cuda_dense_bf16_peak_flops();
-  exec::TrainSummary summary;
-  if (launched) {
-    summary = exec::train_launched(model, plan, train, launch, out);
-  } else {
-    summary = train_in_process(model, plan, train, options.device, out);
-  }
-  if (writes_trace) {
+  const exec::TrainSummary summary = exec::run_training(run, out);
+  // Every rank timed its actions (a launched pipeline's are gathered); rank 0 writes them.
+  if (options.trace && run.launch.rank == 0) {
     exec::write_file_atomically(
-        *options.trace, timeline_to_chrome_trace(summary.timeline, JobSpec{model, ClusterSpec{}, plan}).dump() + "\n");
+        *options.trace,
+        timeline_to_chrome_trace(summary.timeline, JobSpec{run.model, ClusterSpec{}, run.plan}).dump() + "\n");
     out << "wrote the measured timeline of iteration " << summary.last_iteration << " to " << *options.trace << "\n";
   }
-  if (options.report && launch.rank == 0) write_training_report(options, model, plan, *cluster, summary, out);
+  if (options.report && run.launch.rank == 0) write_training_report(options, run, summary, out);
   return 0;
 }
 
+}  // namespace
+
 void setup_train_command(CLI::App& app, CommandContext& context) {
-  auto options = std::make_shared<TrainCommandOptions>();
+  auto options = std::make_shared<exec::TrainRequest>();
   CLI::App* command = app.add_subcommand("train", "Train a GPT (Megatron-LM's flags) on Megatron's indexed data");
   add_model_options(*command, options->model);
   add_plan_options(*command, options->plan);
@@ -339,13 +164,6 @@ void setup_train_command(CLI::App& app, CommandContext& context) {
       }
     }
     (void)read_pasted_arguments(*command, Computes::kRun);  // train reads its own tokenizer flags for the vocabulary
-    // Not the other commands' default model: a run trains what it is told to.
-    if (!options->plan_file && !options->model.model && !model_flags_given(options->model)) {
-      throw SpecError("--model",
-                      "train needs a model: a preset (megaplan presets), a model .json or a Hugging Face "
-                      "config.json, Megatron's model flags (--num-layers, --hidden-size, ...), or a job "
-                      "file (--plan)");
-    }
     context.exit_code = run_train(*options, context.out);
   });
 }
