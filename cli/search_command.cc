@@ -1,10 +1,16 @@
-// `megaplan search`: flag mapping and the estimator wiring; the outputs are reports/search_report.h's.
-#include "cli/search_command.h"
+// `megaplan search`: every legal layout of a model on a cluster at a global batch size, pruned by
+// the memory model and ranked by simulated iteration time; a table, JSON, the best plan as a job
+// file, Megatron-LM's arguments for it, and why it beats the runner-up.
+// Flag mapping and the estimator wiring; the outputs are reports/search_report.h's.
 
 #include <chrono>
+#include <cstdint>
 #include <iostream>
 #include <memory>
+#include <optional>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -13,14 +19,13 @@
 #include "cli/pasted_arguments.h"
 #include "cli/progress_bar.h"
 #include "cli/report_command.h"
+#include "cli/shared_options.h"
 #include "core/error.h"
-#include "core/notes.h"
 #include "executor/io/staged_file.h"
-#include "planner/launch_commands.h"
-#include "planner/megatron_arguments.h"
 #include "planner/search.h"
+#include "planner/search_flags.h"
 #include "planner/search_space.h"
-#include "planner/torchtitan_config.h"
+#include "reports/search_emit.h"
 #include "reports/search_report.h"
 #include "simulator/plan_estimator.h"
 #include "simulator/profile_choice.h"
@@ -28,62 +33,31 @@
 namespace megaplan::cli {
 namespace {
 
+struct SearchCommandOptions {
+  ModelOptions model;
+  ClusterOptions cluster;
+  bool cluster_given = false;  // without --cluster and --gpus: the embedded default, 1024 A100-80GB
+  int64_t global_batch_size = 1536;
+  planner::SearchSpaceFlags space;
+  int64_t top = 10;
+  double memory_fraction = 0.9;
+  int64_t threads = 0;
+  std::optional<std::string> profile;
+  std::optional<std::string> out;     // the picked plan (the best by default) as a job file (atomically)
+  bool compare = false;               // --compare: every candidate costed, fitting or not, no pruning
+  int64_t pick = 1;                   // --pick K: the ranked plan --out, --report and --emit take (1-based)
+  std::optional<std::string> report;  // the best plan's HTML report, the ranked plans beside it
+  std::optional<std::string> emit;    // "megatron" or "launch"
+  bool explain = false;
+  bool json = false;
+};
+
 constexpr int64_t kDefaultGpus = 1024;  // the embedded default: gpt3-175b on 1024 A100-80GB
-
-planner::SearchSpace search_space(const SearchCommandOptions& options, const ModelSpec& model) {
-  planner::SearchSpace space;
-  space.tensor_parallel = options.tensor_parallel;
-  space.pipeline_parallel = options.pipeline_parallel;
-  space.context_parallel = options.context_parallel;
-  space.virtual_pipeline = options.virtual_pipeline;
-  space.layers_per_virtual_stage = options.layers_per_virtual_stage;
-  space.micro_batch = options.micro_batch;
-  for (const std::string& text : options.recompute) {
-    space.recompute.push_back(parse_recompute_granularity(text, "--recompute-granularity"));
-  }
-  // Megatron's alias wins over --recompute-granularity, as its argument validation sets it.
-  if (options.recompute_activations) space.recompute = {RecomputeGranularity::kSelective};
-  for (const std::string& text : options.schedules) space.schedules.push_back(parse_schedule_kind(text, "--schedule"));
-  if (options.sequence_parallel && options.no_sequence_parallel) {
-    throw SpecError("--sequence-parallel", "cannot be combined with --no-sequence-parallel");
-  }
-  if (options.sequence_parallel) space.sequence_parallel = {true};
-  if (options.no_sequence_parallel) space.sequence_parallel = {false};
-  if (options.distributed_optimizer && options.no_distributed_optimizer) {
-    throw SpecError("--use-distributed-optimizer", "cannot be combined with --no-distributed-optimizer");
-  }
-  if (options.distributed_optimizer) space.distributed_optimizer = {true};
-  if (options.no_distributed_optimizer) space.distributed_optimizer = {false};
-  space.allow_cross_node_tensor_parallel = options.allow_cross_node_tensor_parallel;
-  space.implementation = parse_implementation(options.implementation.implementation, "--implementation");
-  space.options = resolve_implementation_options(options.implementation, space.implementation, model);
-  ParallelPlan check;  // the options' own rules, once, before any layout is tried
-  check.implementation = space.implementation;
-  check.options = space.options;
-  validate_implementation_options(check);
-  return space;
-}
-
-// The best plan's launch lines: its job file is --out's (job.json when none), which also carries
-// the overlaps the simulation assumed (its implementation options).
-std::vector<planner::LaunchCommand> launch_commands_for(const SearchCommandOptions& options, const JobSpec& job) {
-  return planner::launch_commands(job.plan, job.cluster, options.out.value_or("job.json"),
-                                  "--data-path DATA_PREFIX --train-iters ITERS");
-}
-
-}  // namespace
 
 int run_search(const SearchCommandOptions& options, std::ostream& out) {
   ClusterOptions cluster_options = options.cluster;
   if (!options.cluster_given && !cluster_options.gpus) cluster_options.gpus = kDefaultGpus;
-  if (options.emit && *options.emit != "megatron" && *options.emit != "launch" && *options.emit != "torchtitan") {
-    throw SpecError("--emit", "knows \"megatron\", \"torchtitan\" and \"launch\", got \"" + *options.emit + "\"");
-  }
-  if (options.emit == "launch" && options.implementation.implementation != "megaplan") {
-    throw SpecError("--emit", "launch prints lines that start megaplan train, which runs megaplan's executor, not " +
-                                  options.implementation.implementation +
-                                  "'s code; --emit megatron prints Megatron-LM's arguments");
-  }
+  if (options.emit) check_emit(*options.emit, options.space.implementation.implementation);
   if (options.threads < 0)
     throw SpecError("--threads", "must be 0 (all cores) or more, got " + std::to_string(options.threads));
   JobSpec job{resolve_model(options.model), resolve_cluster(cluster_options), ParallelPlan{}};
@@ -93,24 +67,13 @@ int run_search(const SearchCommandOptions& options, std::ostream& out) {
   problem.gpus = job.cluster.total_gpus();
   problem.gpus_per_node = job.cluster.gpus_per_node;
   problem.global_batch_size = options.global_batch_size;
-  problem.space = search_space(options, job.model);
+  problem.space = planner::search_space_from_flags(options.space, job.model);
   planner::validate_search_problem(problem);
 
   const sim::Profile profile = sim::choose_profile(options.profile, job.cluster.gpu);
   const sim::SimulatorEstimator estimator(job.model, job.cluster, profile);
   const auto start = std::chrono::steady_clock::now();
-  std::vector<planner::LeftOut> left_out;
-  const std::vector<ParallelPlan> candidates = planner::enumerate_plans(problem, &left_out);
-  for (const planner::LeftOut& kind : left_out) {
-    const std::string how_many = std::to_string(kind.plans) + " layout" + (kind.plans == 1 ? "" : "s");
-    if (candidates.empty()) {
-      throw SpecError(kind.flag, kind.rule + ": megaplan's executor cannot run any of the " + how_many +
-                                     " this search " +
-                                     "allows (--implementation megatron-core ranks them as Megatron-LM's runs)");
-    }
-    note("left out " + how_many + " megaplan's executor cannot run yet (" + kind.flag + ": " + kind.rule +
-         "); --implementation megatron-core ranks them as Megatron-LM's runs");
-  }
+  const std::vector<ParallelPlan> candidates = planner::runnable_plans(problem);
   ProgressBar bar("searching");
   planner::SearchOptions search_options;
   search_options.top = options.top;
@@ -142,35 +105,17 @@ int run_search(const SearchCommandOptions& options, std::ostream& out) {
     write_report(report, *options.report, options.json ? std::cerr : out);
   }
   if (options.json) {
-    if (options.emit == "megatron") json["megatron_arguments"] = planner::megatron_arguments(job.model, job.plan);
-    if (options.emit == "torchtitan") json["torchtitan_toml"] = planner::torchtitan_config(job.model, job.plan);
-    if (options.emit == "launch") {
-      nlohmann::json commands = nlohmann::json::array();
-      for (const planner::LaunchCommand& command : launch_commands_for(options, job)) {
-        commands.push_back({{"launcher", command.launcher}, {"note", command.note}, {"command", command.command}});
-      }
-      json["launch_commands"] = std::move(commands);
-    }
+    if (options.emit) add_emitted_json(json, *options.emit, job, options.out);
     out << json.dump(2) << "\n";
     return 0;
   }
   const std::string picked = "#" + std::to_string(options.pick);
   write_search_text(run, result, {.compare = options.compare, .explain = options.explain, .picked = picked}, out);
-  if (options.emit == "megatron") {
-    out << "\nMegatron-LM arguments for " << picked << ":\n"
-        << planner::format_megatron_arguments(planner::megatron_arguments(job.model, job.plan));
-  }
-  if (options.emit == "torchtitan") {
-    out << "\ntorchtitan job config for " << picked << ":\n" << planner::torchtitan_config(job.model, job.plan);
-  }
-  if (options.emit == "launch") {
-    out << "\nLaunch " << picked << " ("
-        << (options.out ? "the job file --out wrote" : "write the job file with --out job.json")
-        << "; DATA_PREFIX and ITERS are yours):\n";
-    out << planner::format_launch_commands(launch_commands_for(options, job));
-  }
+  if (options.emit) write_emitted_text(*options.emit, job, picked, options.out, out);
   return 0;
 }
+
+}  // namespace
 
 void setup_search_command(CLI::App& app, CommandContext& context) {
   auto options = std::make_shared<SearchCommandOptions>();
@@ -182,52 +127,55 @@ void setup_search_command(CLI::App& app, CommandContext& context) {
   command->add_option("--gbs,--global-batch-size", options->global_batch_size, "Global batch size")
       ->capture_default_str()
       ->group(group);
-  command->add_option("--tp,--tensor-model-parallel-size", options->tensor_parallel, "Tensor parallel sizes")
+  command->add_option("--tp,--tensor-model-parallel-size", options->space.tensor_parallel, "Tensor parallel sizes")
       ->delimiter(',')
       ->group(group);
-  command->add_option("--pp,--pipeline-model-parallel-size", options->pipeline_parallel, "Pipeline parallel sizes")
+  command
+      ->add_option("--pp,--pipeline-model-parallel-size", options->space.pipeline_parallel, "Pipeline parallel sizes")
       ->delimiter(',')
       ->group(group);
-  command->add_option("--cp,--context-parallel-size", options->context_parallel, "Context parallel sizes")
+  command->add_option("--cp,--context-parallel-size", options->space.context_parallel, "Context parallel sizes")
       ->delimiter(',')
       ->group(group);
   command
       ->add_option("--vpp,--virtual-pipeline-model-parallel-size,--num-virtual-stages-per-pipeline-rank",
-                   options->virtual_pipeline, "Model chunks per pipeline rank")
+                   options->space.virtual_pipeline, "Model chunks per pipeline rank")
       ->delimiter(',')
       ->group(group);
   command
-      ->add_option("--num-layers-per-virtual-pipeline-stage", options->layers_per_virtual_stage,
+      ->add_option("--num-layers-per-virtual-pipeline-stage", options->space.layers_per_virtual_stage,
                    "Layers per model chunk (interleaved layouts only)")
       ->delimiter(',')
       ->group(group);
-  command->add_option("--mbs,--micro-batch-size", options->micro_batch, "Micro-batch sizes")
+  command->add_option("--mbs,--micro-batch-size", options->space.micro_batch, "Micro-batch sizes")
       ->delimiter(',')
       ->group(group);
-  command->add_option("--recompute-granularity", options->recompute, "none, selective, full")
+  command->add_option("--recompute-granularity", options->space.recompute, "none, selective, full")
       ->delimiter(',')
       ->group(group);
   command
-      ->add_flag("--recompute-activations", options->recompute_activations,
+      ->add_flag("--recompute-activations", options->space.recompute_activations,
                  "Megatron's alias of --recompute-granularity selective")
       ->group(group);
-  command->add_option("--schedule", options->schedules, "1f1b, interleaved, zb-h1, zbv, dualpipev (gpipe if listed)")
+  command
+      ->add_option("--schedule", options->space.schedules, "1f1b, interleaved, zb-h1, zbv, dualpipev (gpipe if listed)")
       ->delimiter(',')
       ->group(group);
-  command->add_flag("--sequence-parallel", options->sequence_parallel, "Only layouts with sequence parallelism")
+  command->add_flag("--sequence-parallel", options->space.sequence_parallel, "Only layouts with sequence parallelism")
       ->group(group);
-  command->add_flag("--no-sequence-parallel", options->no_sequence_parallel, "Only layouts without it")->group(group);
+  command->add_flag("--no-sequence-parallel", options->space.no_sequence_parallel, "Only layouts without it")
+      ->group(group);
   command
-      ->add_flag("--use-distributed-optimizer", options->distributed_optimizer,
+      ->add_flag("--use-distributed-optimizer", options->space.distributed_optimizer,
                  "Only layouts with the distributed optimizer")
       ->group(group);
-  command->add_flag("--no-distributed-optimizer", options->no_distributed_optimizer, "Only layouts without it")
+  command->add_flag("--no-distributed-optimizer", options->space.no_distributed_optimizer, "Only layouts without it")
       ->group(group);
   command
-      ->add_flag("--allow-cross-node-tp", options->allow_cross_node_tensor_parallel,
+      ->add_flag("--allow-cross-node-tp", options->space.allow_cross_node_tensor_parallel,
                  "Let tensor parallelism span nodes")
       ->group(group);
-  add_implementation_options(*command, options->implementation);
+  add_implementation_options(*command, options->space.implementation);
   command->add_option("--memory-fraction", options->memory_fraction, "Fraction of HBM a plan may fill")
       ->capture_default_str();
   command->add_option("--top", options->top, "Plans to rank")->capture_default_str();

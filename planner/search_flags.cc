@@ -1,0 +1,59 @@
+#include "planner/search_flags.h"
+
+#include "core/error.h"
+#include "core/notes.h"
+#include "core/schedule/schedule_traits.h"
+
+namespace megaplan::planner {
+
+SearchSpace search_space_from_flags(const SearchSpaceFlags& options, const ModelSpec& model) {
+  SearchSpace space;
+  space.tensor_parallel = options.tensor_parallel;
+  space.pipeline_parallel = options.pipeline_parallel;
+  space.context_parallel = options.context_parallel;
+  space.virtual_pipeline = options.virtual_pipeline;
+  space.layers_per_virtual_stage = options.layers_per_virtual_stage;
+  space.micro_batch = options.micro_batch;
+  for (const std::string& text : options.recompute) {
+    space.recompute.push_back(parse_recompute_granularity(text, "--recompute-granularity"));
+  }
+  // Megatron's alias wins over --recompute-granularity, as its argument validation sets it.
+  if (options.recompute_activations) space.recompute = {RecomputeGranularity::kSelective};
+  for (const std::string& text : options.schedules) space.schedules.push_back(parse_schedule_kind(text, "--schedule"));
+  if (options.sequence_parallel && options.no_sequence_parallel) {
+    throw SpecError("--sequence-parallel", "cannot be combined with --no-sequence-parallel");
+  }
+  if (options.sequence_parallel) space.sequence_parallel = {true};
+  if (options.no_sequence_parallel) space.sequence_parallel = {false};
+  if (options.distributed_optimizer && options.no_distributed_optimizer) {
+    throw SpecError("--use-distributed-optimizer", "cannot be combined with --no-distributed-optimizer");
+  }
+  if (options.distributed_optimizer) space.distributed_optimizer = {true};
+  if (options.no_distributed_optimizer) space.distributed_optimizer = {false};
+  space.allow_cross_node_tensor_parallel = options.allow_cross_node_tensor_parallel;
+  space.implementation = parse_implementation(options.implementation.implementation, "--implementation");
+  space.options = resolve_implementation_options(options.implementation, space.implementation, model);
+  ParallelPlan check;  // the options' own rules, once, before any layout is tried
+  check.implementation = space.implementation;
+  check.options = space.options;
+  validate_implementation_options(check);
+  return space;
+}
+
+std::vector<ParallelPlan> runnable_plans(const SearchProblem& problem) {
+  std::vector<LeftOut> left_out;
+  const std::vector<ParallelPlan> candidates = enumerate_plans(problem, &left_out);
+  for (const LeftOut& kind : left_out) {
+    const std::string how_many = std::to_string(kind.plans) + " layout" + (kind.plans == 1 ? "" : "s");
+    if (candidates.empty()) {
+      throw SpecError(kind.flag, kind.rule + ": megaplan's executor cannot run any of the " + how_many +
+                                     " this search " +
+                                     "allows (--implementation megatron-core ranks them as Megatron-LM's runs)");
+    }
+    note("left out " + how_many + " megaplan's executor cannot run yet (" + kind.flag + ": " + kind.rule +
+         "); --implementation megatron-core ranks them as Megatron-LM's runs");
+  }
+  return candidates;
+}
+
+}  // namespace megaplan::planner
