@@ -1,8 +1,15 @@
-// `megaplan schedule`: flag mapping, and the three output formats.
-#include "cli/schedule_command.h"
-
+// `megaplan schedule`: generates a pipeline schedule (gpipe, 1f1b, interleaved, zb-h1, zbv,
+// dualpipev), optionally lowered with sends, receives, REDUCE_GRAD and OPTIM, and prints it as a
+// rank-by-rank listing with per-rank facts, as torch's CSV, or as JSON. With --import it reads a
+// torch CSV instead; --check then only reports whether the schedule would run (no deadlock,
+// matched messages, every F and backward once).
+// Flag mapping, and the three output formats.
+#include <cstdint>
 #include <memory>
+#include <optional>
+#include <ostream>
 #include <sstream>
+#include <string>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -20,6 +27,19 @@
 namespace megaplan::cli {
 namespace {
 
+struct ScheduleOptions {
+  std::string kind;            // required unless import_path is set
+  int64_t pp = 0;              // required unless import_path is set
+  int64_t microbatches = 0;    // required unless import_path is set
+  std::optional<int64_t> vpp;  // default: 2 for zbv and dualpipev, else 1
+  int64_t group_size = 0;      // interleaved only; 0 means pp
+  bool lowered = false;
+  std::string format = "text";  // text, csv or json
+  std::string import_path;
+  bool check = false;              // with import_path: print a verdict, not the schedule
+  std::optional<std::string> out;  // write the output here (atomically) instead of `out`
+};
+
 PipelineSchedule generated(const ScheduleOptions& options) {
   if (options.kind.empty()) throw SpecError("--kind", "required unless --import is given");
   if (options.pp == 0) throw SpecError("--pp", "required unless --import is given");
@@ -32,8 +52,8 @@ PipelineSchedule generated(const ScheduleOptions& options) {
   return generate_schedule(kind, options.pp, vpp, options.microbatches, options.group_size);
 }
 
-}  // namespace
-
+// Throws SpecError for bad flags or a bad file, ScheduleError (with the marked grid) for a
+// schedule that would hang or is incomplete. Returns the exit code (0).
 int run_schedule(const ScheduleOptions& options, std::ostream& out) {
   if (options.format != "text" && options.format != "csv" && options.format != "json") {
     throw SpecError("--format", "must be one of text, csv, json; got \"" + options.format + "\"");
@@ -51,10 +71,7 @@ int run_schedule(const ScheduleOptions& options, std::ostream& out) {
 
   std::ostringstream text;
   if (options.check) {
-    std::size_t actions = 0;
-    for (const auto& rank : schedule.ranks) actions += rank.size();
-    text << "ok: " << title << ": " << describe_schedule_shape(schedule) << "; " << actions
-         << " actions run without deadlock, messages match in order, every F and backward once\n";
+    write_schedule_verdict(title, schedule, text);
   } else if (options.format == "csv") {
     text << schedule_to_csv(schedule);
   } else if (options.format == "json") {
@@ -69,6 +86,8 @@ int run_schedule(const ScheduleOptions& options, std::ostream& out) {
   }
   return 0;
 }
+
+}  // namespace
 
 void setup_schedule_command(CLI::App& app, CommandContext& context) {
   auto options = std::make_shared<ScheduleOptions>();

@@ -60,4 +60,11 @@ nlohmann::json schedule_json(const std::string& title, const PipelineSchedule& s
           {"facts", std::move(facts)}};
 }
 
+void write_schedule_verdict(const std::string& title, const PipelineSchedule& schedule, std::ostream& out) {
+  std::size_t actions = 0;
+  for (const auto& rank : schedule.ranks) actions += rank.size();
+  out << "ok: " << title << ": " << describe_schedule_shape(schedule) << "; " << actions
+      << " actions run without deadlock, messages match in order, every F and backward once\n";
+}
+
 }  // namespace megaplan

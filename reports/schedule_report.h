@@ -18,4 +18,7 @@ std::string describe_schedule_shape(const PipelineSchedule& schedule);
 void write_schedule_text(const std::string& title, const PipelineSchedule& schedule, std::ostream& out);
 nlohmann::json schedule_json(const std::string& title, const PipelineSchedule& schedule);
 
+// --check's verdict on a schedule that passed validate_schedule: one line.
+void write_schedule_verdict(const std::string& title, const PipelineSchedule& schedule, std::ostream& out);
+
 }  // namespace megaplan
