@@ -12,11 +12,11 @@
 #include <ostream>
 #include <string>
 
-#include "cli/shared_options.h"
+#include "core/job_options.h"
 
-namespace megaplan::cli {
+namespace megaplan::exec {
 
-struct ConvertOptions {
+struct ConversionRequest {
   std::string to;  // "hf" or "megaplan"
   std::string load, save;
   std::string dtype = "fp32";
@@ -25,6 +25,7 @@ struct ConvertOptions {
   uint64_t seed = 1234;    // --to megaplan: the data order a run from the checkpoint draws
 };
 
-int run_convert(const ConvertOptions& options, std::ostream& out);
+// Throws SpecError naming the flag; says what it wrote on `out`.
+void convert_checkpoint(const ConversionRequest& request, std::ostream& out);
 
-}  // namespace megaplan::cli
+}  // namespace megaplan::exec
