@@ -1,3 +1,5 @@
+// `megaplan data prepare`: text files to Megatron's indexed datasets (.bin/.idx), as Megatron-LM's
+// tools/preprocess_data.py makes them.
 #include "cli/data_command.h"
 
 #include <charconv>
@@ -9,9 +11,16 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "executor/data/prepare.h"
 #include "executor/data/tokenizer.h"
 
 namespace megaplan::cli {
+namespace {
+
+struct DataPrepareOptions {
+  exec::PrepareOptions prepare;
+  exec::TokenizerOptions tokenizer;
+};
 
 int run_data_prepare(const DataPrepareOptions& options, std::ostream& out) {
   // The flags first, then the tokenizer's files, then the inputs.
@@ -24,8 +33,6 @@ int run_data_prepare(const DataPrepareOptions& options, std::ostream& out) {
   }
   return 0;
 }
-
-namespace {
 
 // A CLI11 check from a rule that throws SpecError: its rule is the message, after the flag's name.
 CLI::Validator rule_of(std::function<void(const std::string&)> rule) {

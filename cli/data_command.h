@@ -1,10 +1,7 @@
-// `megaplan data prepare`: text files to Megatron's indexed datasets (.bin/.idx), as Megatron-LM's
-// tools/preprocess_data.py makes them.
+// The tokenizer flags, as `megaplan data prepare` and `megaplan train` take them.
 #pragma once
 
-#include <ostream>
-
-#include "executor/data/prepare.h"
+#include "executor/data/tokenizer.h"
 
 namespace CLI {
 class App;
@@ -15,12 +12,5 @@ namespace megaplan::cli {
 // --tokenizer, --tokenizer-type, --vocab-file, --merge-file, --tokenizer-file and
 // --tokenizer-model, as `data prepare` and `train` take them.
 void add_tokenizer_options(CLI::App& command, exec::TokenizerOptions& options);
-
-struct DataPrepareOptions {
-  exec::PrepareOptions prepare;
-  exec::TokenizerOptions tokenizer;
-};
-
-int run_data_prepare(const DataPrepareOptions& options, std::ostream& out);
 
 }  // namespace megaplan::cli

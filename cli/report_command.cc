@@ -1,10 +1,15 @@
+// `megaplan report`: the HTML report of one plan (reports/html_report.h): simulated with the
+// profile simulate would use, with a search's ranked plans beside it (--search).
 #include "cli/report_command.h"
 
 #include <memory>
+#include <optional>
+#include <string>
 
 #include <CLI/CLI.hpp>
 
 #include "cli/commands.h"
+#include "cli/shared_options.h"
 #include "core/error.h"
 #include "core/json_io.h"
 #include "core/units.h"
@@ -23,6 +28,21 @@ void write_report(const PlanReport& report, const std::string& path, std::ostrea
   out << "wrote " << path << " (" << format_bytes(static_cast<double>(page.size())) << ", "
       << report.timeline.slices.size() << " timeline slices)\n";
 }
+
+namespace {
+
+struct ReportOptions {
+  ModelOptions model;
+  ClusterOptions cluster;
+  PlanOptions plan;
+  std::optional<std::string> plan_file;  // a job JSON (search --out, describe --out)
+  GivenFlags given;                      // job flags given beside --plan: they override it (given_flags)
+  std::optional<std::string> search;     // `search --json` output: the alternatives section
+  std::optional<std::string> profile;
+  std::optional<std::string> measured;   // `train --trace` of the same plan: measured against simulated
+  std::optional<std::string> simulated;  // `simulate --trace` of the plan: the timeline shown instead of a new one
+  std::string out;                       // the HTML file, written atomically
+};
 
 int run_report(const ReportOptions& options, std::ostream& out) {
   const JobSpec job = load_job(options.model, options.cluster, options.plan, options.plan_file, options.given);
@@ -49,6 +69,8 @@ int run_report(const ReportOptions& options, std::ostream& out) {
   write_report(report, options.out, out);
   return 0;
 }
+
+}  // namespace
 
 void setup_report_command(CLI::App& app, CommandContext& context) {
   auto options = std::make_shared<ReportOptions>();

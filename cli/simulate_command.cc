@@ -1,9 +1,13 @@
-// `megaplan simulate`: flag mapping; the outputs are reports/simulation_report.h's.
-#include "cli/simulate_command.h"
-
+// `megaplan simulate`: one plan through the discrete-event simulator: iteration time, model
+// TFLOP/s per GPU, MFU, bubble, exposed communication by kind, memory per pipeline rank and
+// whether it fits; `--trace` writes the timeline as a Chrome trace.
+// Flag mapping; the outputs are reports/simulation_report.h's.
 #include <algorithm>
 #include <iostream>
 #include <memory>
+#include <optional>
+#include <ostream>
+#include <string>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -11,9 +15,9 @@
 #include "cli/commands.h"
 #include "cli/pasted_arguments.h"
 #include "cli/report_command.h"
+#include "cli/shared_options.h"
 #include "core/error.h"
 #include "core/executor_support.h"
-#include "core/notes.h"
 #include "core/pipeline_layout.h"
 #include "core/schedule/lowering.h"
 #include "core/schedule/schedule_csv.h"
@@ -25,16 +29,26 @@
 #include "simulator/simulate_plan.h"
 
 namespace megaplan::cli {
+namespace {
+
+struct SimulateOptions {
+  ModelOptions model;
+  ClusterOptions cluster;
+  PlanOptions plan;
+  std::optional<std::string> plan_file;     // a job JSON (as describe --out writes it) instead of flags
+  GivenFlags given;                         // job flags given beside --plan: they override it (given_flags)
+  std::optional<std::string> profile;       // default: the GPU's datasheet profile
+  std::optional<std::string> trace;         // write the Chrome trace here (atomically)
+  bool trace_detail = false;                // with it, the tp/cp collectives as slices of their own
+  std::optional<std::string> schedule_csv;  // a compute-only torch schedule CSV costed instead of the plan's
+  std::optional<std::string> report;        // write the HTML report here (atomically)
+  bool json = false;
+};
 
 int run_simulate(const SimulateOptions& options, std::ostream& out) {
   const JobSpec job = load_job(options.model, options.cluster, options.plan, options.plan_file, options.given);
   // Costed all the same (the plan is legal), but megaplan's own executor would refuse to train it.
-  if (job.plan.implementation == Implementation::kMegaplan) {
-    for (const std::optional<SpecError>& refusal :
-         {executor_model_refusal(job.model), executor_plan_refusal(job.plan)}) {
-      if (refusal) note("megaplan train cannot run this plan yet: " + std::string(refusal->what()));
-    }
-  }
+  note_executor_refusals(job.model, job.plan);
   const sim::Profile profile = sim::choose_profile(options.profile, job.cluster.gpu);
   std::optional<PipelineSchedule> imported;
   if (options.schedule_csv) {
@@ -58,6 +72,8 @@ int run_simulate(const SimulateOptions& options, std::ostream& out) {
     write_report(plan_report(job, profile, simulation), *options.report, options.json ? std::cerr : out);
   return 0;
 }
+
+}  // namespace
 
 void setup_simulate_command(CLI::App& app, CommandContext& context) {
   auto options = std::make_shared<SimulateOptions>();

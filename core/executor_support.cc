@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include "core/notes.h"
+
 namespace megaplan {
 
 namespace {
@@ -28,6 +30,13 @@ std::optional<SpecError> executor_plan_refusal(const ParallelPlan& plan) {
                                              " is Megatron-LM's code, for simulate and search");
   }
   return std::nullopt;
+}
+
+void note_executor_refusals(const ModelSpec& model, const ParallelPlan& plan) {
+  if (plan.implementation != Implementation::kMegaplan) return;
+  for (const std::optional<SpecError>& refusal : {executor_model_refusal(model), executor_plan_refusal(plan)}) {
+    if (refusal) note("megaplan train cannot run this plan yet: " + std::string(refusal->what()));
+  }
 }
 
 }  // namespace megaplan

@@ -17,4 +17,8 @@ std::optional<SpecError> executor_model_refusal(const ModelSpec& model);
 // A layout the executor cannot run, whatever the model (context parallelism, Megatron-LM's code).
 std::optional<SpecError> executor_plan_refusal(const ParallelPlan& plan);
 
+// Under --implementation megaplan, notes (core/notes.h) each refusal of `model` and `plan`: a plan
+// `simulate` costs all the same (it is legal), but megaplan's own executor would refuse to train.
+void note_executor_refusals(const ModelSpec& model, const ParallelPlan& plan);
+
 }  // namespace megaplan
