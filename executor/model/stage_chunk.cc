@@ -305,11 +305,8 @@ void StageChunk::run_forward(Activations& a, const MicrobatchTokens* data, std::
     throw std::logic_error("StageChunk: the first and last stages read data");
   if (data) read_tokens(a, *data);
   a.first_sample = first_sample;
-  const auto seq = width_.seq;
-  const std::size_t count = width_.tokens;
-  const auto rows = width_.rows;
-  const auto h = width_.hidden;
-  const auto v = width_.vocabulary;
+  const std::size_t seq = width_.seq, count = width_.tokens, rows = width_.rows, h = width_.hidden,
+                    v = width_.vocabulary;
   // The residual stream: x_{l+1} = middle_l + mlp(ln2(middle_l)), middle_l = x_l + attention(ln1(x_l)).
   // Each branch's output waits in scratch_.branch_out until the next norm adds it to the stream. A
   // non-first stage's input is already in the first layer's input (or, without layers, the output).
@@ -460,8 +457,7 @@ void StageChunk::fill_missing(LayerActivations& act, const LayerActivations& fro
 
 void StageChunk::norm_forward(ConstActivation x, const PendingBranch& branch, Activation sum_out,
                               const Parameter* gamma, const Parameter* beta, Activation y, float* mean, float* rstd) {
-  const auto rows = width_.rows;
-  const auto h = width_.hidden;
+  const std::size_t rows = width_.rows, h = width_.hidden;
   if (recipe_.rms_norm) {
     backend_.rmsnorm_forward(x, branch.output, branch.dropout, sum_out, gamma->compute, rows, h, norm_epsilon_, y,
                              rstd);
@@ -473,8 +469,7 @@ void StageChunk::norm_forward(ConstActivation x, const PendingBranch& branch, Ac
 
 void StageChunk::norm_backward(ConstActivation dy, ConstActivation x, const Parameter* gamma, const Parameter* beta,
                                const float* mean, const float* rstd, ConstActivation residual_grad, Activation dx) {
-  const auto rows = width_.rows;
-  const auto h = width_.hidden;
+  const std::size_t rows = width_.rows, h = width_.hidden;
   if (recipe_.rms_norm) {
     backend_.rmsnorm_backward(dy, x, gamma->compute, rstd, rows, h, residual_grad, dx, gamma->gradient);
   } else {
@@ -512,14 +507,8 @@ ConstActivation StageChunk::masked_gradient(ConstActivation gradient, const Drop
 
 void StageChunk::layer_forward(std::size_t l, const LayerActivations& act, const std::optional<int64_t>& first_sample,
                                ConstActivation& stream, PendingBranch& pending) {
-  const auto batch = width_.batch;
-  const auto seq = width_.seq;
-  const std::size_t count = width_.tokens;
-  const auto h = width_.hidden;
-  const auto q = width_.query;
-  const auto qkv = width_.qkv;
-  const auto fc1 = width_.fc1;
-  const auto f = width_.ffn;
+  const std::size_t batch = width_.batch, seq = width_.seq, count = width_.tokens, h = width_.hidden, q = width_.query,
+                    qkv = width_.qkv, fc1 = width_.fc1, f = width_.ffn;
   const Layer& weights = layers_[l];
   const auto bias = [](const Parameter* p) { return p ? p->compute : nullptr; };
   const auto epilogue = [](const Parameter* p) { return p ? GemmEpilogue::kBias : GemmEpilogue::kNone; };
@@ -564,12 +553,8 @@ void StageChunk::layer_forward(std::size_t l, const LayerActivations& act, const
 
 void StageChunk::layer_backward(std::size_t l, const LayerActivations& act, const std::optional<int64_t>& first_sample,
                                 Activation d_out, Activation d_middle, DeferredGradients* deferred) {
-  const std::size_t count = width_.tokens;
-  const auto h = width_.hidden;
-  const auto q = width_.query;
-  const auto qkv = width_.qkv;
-  const auto fc1 = width_.fc1;
-  const auto f = width_.ffn;
+  const std::size_t count = width_.tokens, h = width_.hidden, q = width_.query, qkv = width_.qkv, fc1 = width_.fc1,
+                    f = width_.ffn;
   const Layer& weights = layers_[l];
   // Under I each GEMM's output gradient is copied out of the scratch buffers the loop reuses and
   // kept for W; under B its weight gradient is taken now. A row-parallel bias's gradient comes from
@@ -639,17 +624,11 @@ void StageChunk::layer_backward(std::size_t l, const LayerActivations& act, cons
 void StageChunk::backward_input(int64_t microbatch, ConstActivation output_gradient, float loss_scale,
                                 Activation input_gradient, bool defer) {
   Activations a = take(in_flight_, microbatch, "a backward without its forward");
-  const auto batch = width_.batch;
-  const auto seq = width_.seq;
-  const std::size_t count = width_.tokens;
-  const auto rows = width_.rows;
-  const auto h = width_.hidden;
-  const auto v = width_.vocabulary;
-  const auto vocab_start = width_.vocabulary_start;
-  const auto heads = width_.heads;
-  const auto dim = width_.head_dim;
+  const std::size_t batch = width_.batch, seq = width_.seq, count = width_.tokens, rows = width_.rows,
+                    h = width_.hidden, v = width_.vocabulary, vocab_start = width_.vocabulary_start,
+                    heads = width_.heads, dim = width_.head_dim;
 
-  // scratch_.d_out holds the stream's gradient at a layer's output, [1] at its middle.
+  // scratch_.d_out holds the stream's gradient at a layer's output, scratch_.d_middle at its middle.
   Activation d_out = scratch_.d_out, d_middle = scratch_.d_middle;
   if (has_output_) {
     // The loss's gradient overwrites the logits (and waits there for W under I).

@@ -214,14 +214,14 @@ class StageChunk {
     DropoutMask dropout;
   };
   // One layer's forward: `stream` + dropout(`pending`) (none: `stream` alone) is its input,
-  // written to act.input; on return `stream` is its middle and `pending` its MLP output (branch_out_).
+  // written to act.input; on return `stream` is its middle and `pending` its MLP output (scratch_.branch_out).
   void layer_forward(std::size_t l, const LayerActivations& act, const std::optional<int64_t>& first_sample,
                      ConstActivation& stream, PendingBranch& pending);
   // The mask of a dropout of layer `l` of the stage (the embedding's: any l) in the microbatch from
   // `first_sample`: this rank's rows (sequence parallelism) and heads (tensor parallelism) of the
   // whole model's tensor. Inactive where its rate is 0, and without a sample (evaluation).
   DropoutMask dropout_mask(DropoutKind kind, std::size_t l, const std::optional<int64_t>& first_sample) const;
-  // Under --hidden-dropout, `gradient` (this rank's rows) through `mask` into branch_out_, gathered
+  // Under --hidden-dropout, `gradient` (this rank's rows) through `mask` into scratch_.branch_out, gathered
   // over the tensor-parallel group under sequence parallelism; else `gradient` gathered.
   ConstActivation masked_gradient(ConstActivation gradient, const DropoutMask& mask);
   // One layer's backward from d_out (the gradient at its output) into d_out (at its input), via
@@ -233,7 +233,7 @@ class StageChunk {
   // ranks' rows gathered into `full`.
   ConstActivation gather_rows(ConstActivation rows, Activation full);
   // Where a row-parallel GEMM (or a column-parallel input gradient) writes its partial sum whose
-  // reduce(destination) leaves the sum in `destination`: in place (all-reduce), or partial_
+  // reduce(destination) leaves the sum in `destination`: in place (all-reduce), or scratch_.partial
   // reduce-scattered into the rank's rows.
   Activation partial_of(Activation destination);
   Request reduce(Activation destination);
