@@ -23,6 +23,7 @@ LayerDims layer_dims(const ModelSpec& model, const ParallelPlan& plan) {
           model.swiglu ? 2 * ffn : ffn,
           padded_vocab_size(model, t) / t,
           model.num_attention_heads / t,
+          model.effective_num_query_groups() / t,
           model.effective_kv_channels()};
 }
 
@@ -92,8 +93,8 @@ ChunkScratchSizes LayerRecipe::scratch(bool last_stage) const {
   scratch.d_ffn = {d.tokens * d.fc1};
   if (swiglu) scratch.swiglu_out = scratch.d_activated = {d.tokens * d.ffn};
   if (sequence_parallel) scratch.gathered = scratch.partial = {d.tokens * d.hidden};
-  // The running loss sum (a double: two floats), then three statistics per row.
-  if (last_stage) scratch.loss_memory = {2 + 3 * d.tokens};
+  // The running loss sum, then three statistics per row.
+  if (last_stage) scratch.loss_memory = {kLossSumFloats + 3 * d.tokens};
   return scratch;
 }
 
@@ -118,7 +119,7 @@ KernelBlocks LayerRecipe::kernel_blocks(int64_t tensor_parallel_rank) const {
   const KernelKind norm_forward = rms_norm ? KernelKind::kRmsNormForward : KernelKind::kNormForward;
   const KernelKind norm_backward = rms_norm ? KernelKind::kRmsNormBackward : KernelKind::kNormBackward;
   const Kernel norm = row_kernel(norm_forward, rows, h);
-  const int64_t groups = kv / dim;  // this rank's query groups
+  const int64_t groups = dims.groups;
   // --attention-dropout: the mask is drawn inside the attention kernels.
   const Kernel attention = attention_kernel(KernelKind::kAttentionForward, micro_batch_size, seq_length, heads, dim,
                                             groups, attention_dropout);

@@ -39,6 +39,7 @@ struct LayerDims {
   int64_t fc1;         // fc1's output width: ffn, twice that with SwiGLU
   int64_t vocabulary;  // the padded vocabulary / tp
   int64_t heads;       // attention heads / tp
+  int64_t groups;      // key-value (query) groups / tp
   int64_t head_dim;
 };
 LayerDims layer_dims(const ModelSpec& model, const ParallelPlan& plan);
@@ -59,6 +60,9 @@ struct ActivationElements {
 struct FloatElements {
   int64_t count = 0;
 };
+
+// The running loss sum at the head of the loss's memory: one double, in fp32 elements.
+inline constexpr int64_t kLossSumFloats = sizeof(double) / sizeof(float);
 
 // What one layer keeps for its backward. The residual stream's sums (input, middle) are written by
 // the norms that follow them, which fuse the residual adds; the norms' outputs are not kept (the

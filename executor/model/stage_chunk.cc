@@ -19,8 +19,8 @@ namespace megaplan::exec {
 
 namespace {
 
-// The running loss sum's floats in the loss memory: one double.
-constexpr std::size_t kLossSumFloats = sizeof(double) / sizeof(float);
+// The running loss sum's floats at the head of the loss memory (core/layer_recipe.h).
+constexpr auto kLossSum = static_cast<std::size_t>(kLossSumFloats);
 
 std::size_t product(const std::vector<int64_t>& shape) {
   std::size_t size = 1;
@@ -57,7 +57,6 @@ TensorCut tensor_cut(const ParameterSpec& spec) {
 StageChunk::Widths StageChunk::widths(const LayerRecipe& recipe, int64_t tp, int64_t tp_rank) {
   const LayerDims& d = recipe.dims;
   const auto size = [](int64_t n) { return static_cast<std::size_t>(n); };
-  const int64_t groups = std::max<int64_t>(d.key_value / d.head_dim, 1);
   return {size(recipe.micro_batch_size),
           size(recipe.seq_length),
           size(d.tokens),
@@ -68,8 +67,8 @@ StageChunk::Widths StageChunk::widths(const LayerRecipe& recipe, int64_t tp, int
           size(d.ffn),
           size(d.fc1),
           size(d.heads),
-          size(groups),
-          size(d.heads / groups),
+          size(d.groups),
+          size(d.heads / d.groups),
           size(d.head_dim),
           size(recipe.rotary_dim),
           size(d.vocabulary),
@@ -180,7 +179,7 @@ StageChunk::StageChunk(const ModelSpec& model, const ParallelPlan& plan, int64_t
   allocate(recipe_.scratch(has_output_), scratch_);
   if (has_output_) {
     loss_sum_ = reinterpret_cast<double*>(scratch_.loss_memory);  // allocations are at least 16-byte aligned
-    statistics_ = scratch_.loss_memory + kLossSumFloats;
+    statistics_ = scratch_.loss_memory + kLossSum;
   }
 }
 
@@ -359,12 +358,12 @@ void StageChunk::run_forward(Activations& a, const MicrobatchTokens* data, std::
 
 double StageChunk::take_loss_sum() {
   if (!has_output_) throw std::logic_error("StageChunk: take_loss_sum on a stage without the loss");
-  float words[kLossSumFloats];
-  backend_.download(words, scratch_.loss_memory, kLossSumFloats);
+  float words[kLossSum];
+  backend_.download(words, scratch_.loss_memory, kLossSum);
   double sum = 0;
   std::memcpy(&sum, words, sizeof sum);
-  const float zero[kLossSumFloats] = {};
-  backend_.upload(scratch_.loss_memory, zero, kLossSumFloats);
+  const float zero[kLossSum] = {};
+  backend_.upload(scratch_.loss_memory, zero, kLossSum);
   return sum;
 }
 
