@@ -146,23 +146,24 @@ class RankWalk {
     counts_.back() -= 2;
   }
 
-  ExecutorMemoryWalk::Rank result() {
+  ExecutorMemoryWalk::Rank result() const {
     ExecutorMemoryWalk::Rank rank;
     for (std::size_t stage = 0; stage < local_.size(); ++stage) {
       if (local_[stage] >= 0) rank.stages.push_back(static_cast<int64_t>(stage));
     }
     // High-water counts only grow, so a moment is dominated by any later one whose deferred counts
     // are no smaller: pricing needs only the rest (without I/W, the last moment alone).
-    for (auto moment = moments_.rbegin(); moment != moments_.rend(); ++moment) {
+    const std::size_t width = counts_.size();
+    for (std::size_t end = moments_.size(); end > 0; end -= width) {
+      const auto moment = moments_.begin() + static_cast<std::ptrdiff_t>(end - width);
       const bool dominated =
           std::any_of(rank.moments.begin(), rank.moments.end(), [&](const std::vector<int64_t>& later) {
-            for (int64_t i = 0; i < locals_; ++i) {
-              const auto at = static_cast<std::size_t>(3 * i + 2);
-              if (later[at] < (*moment)[at]) return false;
+            for (std::size_t at = 2; at + 1 < width; at += 3) {
+              if (later[at] < moment[static_cast<std::ptrdiff_t>(at)]) return false;
             }
             return true;
           });
-      if (!dominated) rank.moments.push_back(std::move(*moment));
+      if (!dominated) rank.moments.emplace_back(moment, moment + static_cast<std::ptrdiff_t>(width));
     }
     for (int64_t i = 0; i < locals_; ++i) rank.most_inflight += counts_[static_cast<std::size_t>(3 * i)];
     return rank;
@@ -268,7 +269,11 @@ class RankWalk {
 
   // A moment the sum may peak: the counts now. Consecutive repeats (a steady state's I) once.
   void note() {
-    if (moments_.empty() || moments_.back() != counts_) moments_.push_back(counts_);
+    const std::size_t width = counts_.size();
+    if (moments_.size() >= width &&
+        std::equal(counts_.begin(), counts_.end(), moments_.end() - static_cast<std::ptrdiff_t>(width)))
+      return;
+    moments_.insert(moments_.end(), counts_.begin(), counts_.end());
   }
 
   const WalkShape& walk_;
@@ -283,7 +288,7 @@ class RankWalk {
   // By index i: 3i sets ever held, 3i + 1 layer sets ever lent at once, 3i + 2 microbatches
   // awaiting W; last, messages ever held at once.
   std::vector<int64_t> counts_;
-  std::vector<std::vector<int64_t>> moments_;
+  std::vector<int64_t> moments_;  // each noted moment's counts_, one after another
 };
 
 // Each stage's chunk; chunks of equal layer count and role (first, last, neither) are equal and

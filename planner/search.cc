@@ -47,60 +47,89 @@ struct Closest {
   }
 };
 
-// megaplan's memory walks (core/executor_memory.h), one per schedule shape and recomputation: the
-// plans of a search that share them (tp, sequence parallelism, the distributed optimizer, micro-
-// batch sizes of equal count) are priced from one walk instead of walking their schedules again.
-// The walk runs over the lowered schedule, lowered once per shape for every recomputation while
-// the lowered schedules kept stay under kLoweredActionsKept actions (80 MB): a search of gpt-1t at
-// its largest batches lowers hundreds of shapes of millions of actions each.
-constexpr std::size_t kLoweredActionsKept = std::size_t{1} << 22;
+// Each schedule shape lowered once: the memory walks and the estimator of every plan of that shape
+// (tp, sequence parallelism, the distributed optimizer, recomputation, micro-batch sizes of equal
+// count) read the same lowered schedule. Kept while the lowered schedules stay under
+// kLoweredActionsKept actions (160 MB): a search of gpt-1t at its largest batches lowers hundreds of
+// shapes of millions of actions each.
+constexpr std::size_t kLoweredActionsKept = std::size_t{1} << 23;
 
+class LoweredSchedules {
+ public:
+  std::shared_ptr<const PipelineSchedule> get(const ParallelPlan& plan) {
+    const Shape shape{plan.schedule, plan.pipeline_parallel_size, plan.virtual_pipeline_parallel_size,
+                      plan.num_microbatches()};
+    {
+      const std::lock_guard<std::mutex> lock(mutex_);
+      if (const auto found = schedules_.find(shape); found != schedules_.end()) return found->second;
+    }
+    auto schedule = std::make_shared<const PipelineSchedule>(lower_schedule(generate_plan_schedule(plan)));
+    std::size_t actions = 0;
+    for (const std::vector<Action>& rank : schedule->ranks) actions += rank.size();
+    const std::lock_guard<std::mutex> lock(mutex_);
+    if (kept_actions_ + actions > kLoweredActionsKept) {
+      schedules_.clear();
+      kept_actions_ = 0;
+    }
+    if (actions <= kLoweredActionsKept && schedules_.emplace(shape, schedule).second) kept_actions_ += actions;
+    return schedule;
+  }
+
+ private:
+  using Shape = std::tuple<ScheduleKind, int64_t, int64_t, int64_t>;  // schedule, pp, vpp, microbatches
+  std::mutex mutex_;
+  std::map<Shape, std::shared_ptr<const PipelineSchedule>> schedules_;
+  std::size_t kept_actions_ = 0;  // in schedules_
+};
+
+// megaplan's memory walks (core/executor_memory.h), one per schedule shape, recomputation and
+// pipeline split: the plans of a search that share them are priced from one walk instead of walking
+// their schedules again.
 class MemoryWalks {
  public:
-  std::shared_ptr<const ExecutorMemoryWalk> get(const ModelSpec& model, const ParallelPlan& plan) {
-    const auto shape = std::tuple(plan.schedule, plan.pipeline_parallel_size, plan.virtual_pipeline_parallel_size,
-                                  plan.num_microbatches());
-    const Key key =
-        std::tuple_cat(shape, std::tuple(plan.recompute_granularity, plan.recompute_method, plan.recompute_num_layers));
-    std::shared_ptr<const PipelineSchedule> schedule;
+  std::shared_ptr<const ExecutorMemoryWalk> get(const ModelSpec& model, const ParallelPlan& plan,
+                                                LoweredSchedules& schedules) {
+    const PipelineSplit& split = plan.pipeline_split;
+    const Key key{plan.schedule,
+                  plan.pipeline_parallel_size,
+                  plan.virtual_pipeline_parallel_size,
+                  plan.num_microbatches(),
+                  plan.recompute_granularity,
+                  plan.recompute_method,
+                  plan.recompute_num_layers,
+                  std::tuple(split.first_stage_layers, split.last_stage_layers, split.account_for_embedding,
+                             split.account_for_loss)};
     {
       const std::lock_guard<std::mutex> lock(mutex_);
       if (const auto found = walks_.find(key); found != walks_.end()) return found->second;
-      if (const auto found = schedules_.find(shape); found != schedules_.end()) schedule = found->second;
     }
-    if (!schedule) {
-      schedule = std::make_shared<const PipelineSchedule>(lower_schedule(generate_plan_schedule(plan)));
-      std::size_t actions = 0;
-      for (const std::vector<Action>& rank : schedule->ranks) actions += rank.size();
-      const std::lock_guard<std::mutex> lock(mutex_);
-      if (kept_actions_ + actions > kLoweredActionsKept) {
-        schedules_.clear();
-        kept_actions_ = 0;
-      }
-      if (actions <= kLoweredActionsKept && schedules_.emplace(shape, schedule).second) kept_actions_ += actions;
-    }
-    auto walk = std::make_shared<const ExecutorMemoryWalk>(walk_executor_memory(model, plan, *schedule));
+    auto walk = std::make_shared<const ExecutorMemoryWalk>(walk_executor_memory(model, plan, *schedules.get(plan)));
     const std::lock_guard<std::mutex> lock(mutex_);
     return walks_.emplace(key, std::move(walk)).first->second;
   }
 
  private:
-  using Shape = std::tuple<ScheduleKind, int64_t, int64_t, int64_t>;  // schedule, pp, vpp, microbatches
-  using Key = std::tuple<ScheduleKind, int64_t, int64_t, int64_t, RecomputeGranularity, RecomputeMethod, int64_t>;
+  // The schedule's shape, the recomputation and the layers per stage (the walk's WalkShape).
+  using Key = std::tuple<ScheduleKind, int64_t, int64_t, int64_t, RecomputeGranularity, RecomputeMethod, int64_t,
+                         std::tuple<int64_t, int64_t, bool, bool>>;
   std::mutex mutex_;
-  std::map<Shape, std::shared_ptr<const PipelineSchedule>> schedules_;
-  std::size_t kept_actions_ = 0;  // in schedules_
   std::map<Key, std::shared_ptr<const ExecutorMemoryWalk>> walks_;
 };
 
+// What a search shares among its plans.
+struct SearchCaches {
+  LoweredSchedules schedules;
+  MemoryWalks walks;
+};
+
 // The fullest pipeline rank under core's memory model, with the plan's own schedule.
-std::pair<int64_t, int64_t> peak_memory(const ModelSpec& model, const ParallelPlan& plan, MemoryWalks& walks) {
+std::pair<int64_t, int64_t> peak_memory(const ModelSpec& model, const ParallelPlan& plan, SearchCaches& caches) {
   int64_t peak = 0;
   int64_t rank = 0;
   const std::vector<PipelineRankMemory> ranks =
       plan.implementation == Implementation::kMegaplan
-          ? executor_pipeline_memory(model, plan, *walks.get(model, plan))
-          : memory_per_pipeline_rank(model, plan, generate_plan_schedule(plan));
+          ? executor_pipeline_memory(model, plan, *caches.walks.get(model, plan, caches.schedules))
+          : memory_per_pipeline_rank(model, plan, *caches.schedules.get(plan));
   for (const PipelineRankMemory& memory : ranks) {
     if (memory.total_bytes > peak) {
       peak = memory.total_bytes;
@@ -237,7 +266,7 @@ std::optional<int64_t> smallest_fitting_gpus(const SearchProblem& problem, const
   const int64_t per_node = std::max<int64_t>(1, problem.gpus_per_node);
   const int64_t workers = threads > 0 ? threads : std::max<int64_t>(1, std::thread::hardware_concurrency());
   const ParametersPerGpuCache parameters(problem.model);
-  MemoryWalks walks;
+  SearchCaches caches;
   const auto doubled = [per_node](int64_t gpus) {
     const int64_t next = 2 * gpus;
     return next <= per_node ? next : (next + per_node - 1) / per_node * per_node;  // whole nodes past one
@@ -265,7 +294,7 @@ std::optional<int64_t> smallest_fitting_gpus(const SearchProblem& problem, const
       while (!stop.load() && !fits.load()) {
         const std::size_t at = next.fetch_add(1);
         if (at >= by_state.size()) return;
-        if (peak_memory(problem.model, candidates[by_state[at].second], walks).first <= limit) fits.store(true);
+        if (peak_memory(problem.model, candidates[by_state[at].second], caches).first <= limit) fits.store(true);
       }
     });
     if (fits.load()) return gpus;
@@ -291,7 +320,7 @@ SearchResult search_plans(const ModelSpec& model, const GpuSpec& gpu, const std:
   // Model state first: no schedule needed. Then order what is left by its lower bound, so that the
   // likely winners are simulated first and the k-th best soon rules out the rest.
   const ParametersPerGpuCache parameters(model);
-  MemoryWalks walks;
+  SearchCaches caches;
   std::vector<Candidate> survivors;
   for (std::size_t index = 0; index < candidates.size(); ++index) {
     if (model_state_peak(candidates[index], parameters).first > limit) {
@@ -320,12 +349,13 @@ SearchResult search_plans(const ModelSpec& model, const GpuSpec& gpu, const std:
         return;
       }
       const ParallelPlan& plan = candidates[candidate.index];
-      const auto [peak, rank] = peak_memory(model, plan, walks);
+      const auto [peak, rank] = peak_memory(model, plan, caches);
       if (peak > limit) {
         ranking.too_big(peak - limit, candidate.index, rank, candidate.bound, peak);
         continue;
       }
-      ranking.add({plan, estimator.estimate(plan), peak, candidate.bound}, candidate.index);
+      ranking.add({plan, estimator.estimate(plan, *caches.schedules.get(plan)), peak, candidate.bound},
+                  candidate.index);
     }
   });
 
@@ -358,7 +388,7 @@ SearchResult search_plans(const ModelSpec& model, const GpuSpec& gpu, const std:
         for (std::size_t i = taken.fetch_add(1); i < count && !stop.load(); i = taken.fetch_add(1)) {
           const Ranking::OverMemory& entry = faster[first + i];
           const ParallelPlan& plan = candidates[entry.index];
-          batch[i] = {plan, estimator.estimate(plan), entry.peak, entry.bound};
+          batch[i] = {plan, estimator.estimate(plan, *caches.schedules.get(plan)), entry.peak, entry.bound};
         }
       });
       for (RankedPlan& ranked : batch) {
@@ -391,7 +421,7 @@ SearchResult search_plans(const ModelSpec& model, const GpuSpec& gpu, const std:
   std::sort(by_state.begin(), by_state.end());
   for (const auto& [state_shortfall, index] : by_state) {
     if (state_shortfall > closest.shortfall) break;
-    const auto [peak, rank] = peak_memory(model, candidates[index], walks);
+    const auto [peak, rank] = peak_memory(model, candidates[index], caches);
     closest.offer(peak - limit, index, rank);
   }
   const ParallelPlan& plan = candidates[closest.index];
@@ -426,10 +456,10 @@ SearchResult compare_plans(const ModelSpec& model, const GpuSpec& gpu, const std
   SearchResult result;
   result.memory_limit_bytes = memory_limit_bytes(gpu, options.memory_fraction);
   result.counts.enumerated = result.counts.simulated = static_cast<int64_t>(candidates.size());
-  MemoryWalks walks;
+  SearchCaches caches;
   for (const ParallelPlan& plan : candidates) {
-    result.plans.push_back(
-        {plan, estimator.estimate(plan), peak_memory(model, plan, walks).first, estimator.lower_bound_s(plan)});
+    result.plans.push_back({plan, estimator.estimate(plan, *caches.schedules.get(plan)),
+                            peak_memory(model, plan, caches).first, estimator.lower_bound_s(plan)});
   }
   // Fastest first, ties in enumeration order.
   std::stable_sort(result.plans.begin(), result.plans.end(), [](const RankedPlan& a, const RankedPlan& b) {

@@ -301,8 +301,8 @@ PlanReport plan_report(const JobSpec& job, const sim::Profile& profile, sim::Pla
   PlanReport report;
   report.job = job;
   report.iteration_time_s = simulation.result.iteration_time_s;
-  report.model_tflops_per_gpu = simulation.model_tflops_per_gpu;
-  report.mfu = simulation.mfu;
+  report.model_tflops_per_gpu = simulation.rates.model_tflops_per_gpu;
+  report.mfu = simulation.rates.mfu;
   report.bubble_fraction = simulation.result.bubble_fraction;
   report.peak_memory_bytes = simulation.peak_memory_bytes;
   report.memory_capacity_bytes = simulation.memory_capacity_bytes;

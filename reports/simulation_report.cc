@@ -52,9 +52,9 @@ nlohmann::json simulation_json(const JobSpec& job, const sim::Profile& profile, 
           {"implementation", to_string(job.plan.implementation)},
           {"implementation_options", implementation_options_to_json(job.plan.options)},
           {"iteration_time_s", simulation.result.iteration_time_s},
-          {"model_tflops_per_gpu", simulation.model_tflops_per_gpu},
-          {"hardware_tflops_per_gpu", simulation.hardware_tflops_per_gpu},
-          {"mfu", simulation.mfu},
+          {"model_tflops_per_gpu", simulation.rates.model_tflops_per_gpu},
+          {"hardware_tflops_per_gpu", simulation.rates.hardware_tflops_per_gpu},
+          {"mfu", simulation.rates.mfu},
           {"bubble_fraction", simulation.result.bubble_fraction},
           {"peak_memory_bytes", simulation.peak_memory_bytes},
           {"memory_capacity_bytes", simulation.memory_capacity_bytes},
@@ -76,9 +76,10 @@ void write_simulation_text(const JobSpec& job, const sim::Profile& profile, cons
   const double tokens = static_cast<double>(plan.global_batch_size * job.model.seq_length);
   out << "iteration  " << seconds(result.iteration_time_s) << " s, " << format_count(tokens / result.iteration_time_s)
       << " tokens/s\n";
-  out << "compute    " << seconds(simulation.model_tflops_per_gpu) << " model TFLOP/s per GPU ("
-      << seconds(simulation.hardware_tflops_per_gpu) << " with recomputation), MFU " << format_percent(simulation.mfu)
-      << " of " << format_flops(job.cluster.gpu.dense_bf16_flops_per_s) << "/s dense bf16\n";
+  out << "compute    " << seconds(simulation.rates.model_tflops_per_gpu) << " model TFLOP/s per GPU ("
+      << seconds(simulation.rates.hardware_tflops_per_gpu) << " with recomputation), MFU "
+      << format_percent(simulation.rates.mfu) << " of " << format_flops(job.cluster.gpu.dense_bf16_flops_per_s)
+      << "/s dense bf16\n";
   out << "bubble     " << format_percent(result.bubble_fraction) << " of the pipeline's span\n";
   out << "code       " << describe_implementation(plan) << "\n";
   const auto [rank, shortfall] = fullest_rank(simulation);

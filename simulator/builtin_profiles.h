@@ -11,6 +11,9 @@
 
 namespace megaplan::sim {
 
+// Whether a measured profile of `gpu_name` is shipped (parses nothing).
+bool has_builtin_measured_profile(const std::string& gpu_name);
+
 // The shipped measured profile of `gpu_name` (core's cluster spec name), if one was measured.
 // Its origin reads "profiles/<file> (built in)".
 std::optional<Profile> builtin_measured_profile(const std::string& gpu_name);

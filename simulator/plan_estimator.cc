@@ -78,16 +78,18 @@ double SimulatorEstimator::lower_bound_s(const ParallelPlan& plan) const {
   return std::max(last_rank, first_rank);
 }
 
-StepEstimate SimulatorEstimator::estimate(const ParallelPlan& plan) const {
+StepEstimate SimulatorEstimator::estimate(const ParallelPlan& plan, const PipelineSchedule& lowered) const {
   const JobSpec job{model_, cluster_, plan};
-  const PlanSimulation simulation = simulate_plan(job, profile_, topology_, false);
+  CostSources sources;
+  const SimulationResult result = simulate_lowered(job, profile_, topology_, lowered, false, sources);
+  const ThroughputRates rates = throughput_rates(job, result.iteration_time_s);
   StepEstimate estimate;
-  estimate.iteration_time_s = simulation.result.iteration_time_s;
-  estimate.model_tflops_per_gpu = simulation.model_tflops_per_gpu;
-  estimate.mfu = simulation.mfu;
-  estimate.bubble_fraction = simulation.result.bubble_fraction;
-  const double ranks = static_cast<double>(simulation.result.ranks.size());
-  for (const RankSimulation& rank : simulation.result.ranks) {
+  estimate.iteration_time_s = result.iteration_time_s;
+  estimate.model_tflops_per_gpu = rates.model_tflops_per_gpu;
+  estimate.mfu = rates.mfu;
+  estimate.bubble_fraction = result.bubble_fraction;
+  const double ranks = static_cast<double>(result.ranks.size());
+  for (const RankSimulation& rank : result.ranks) {
     estimate.compute_s += rank.compute_s / ranks;
     estimate.tensor_comm_s += rank.collective_s / ranks;
     estimate.pipeline_comm_s += rank.pipeline_comm_s / ranks;

@@ -1,5 +1,6 @@
-// The simulator behind core's StepTimeEstimator: estimate() runs the whole simulate_plan; the lower
-// bound costs one transformer layer (cached) and reasons about the pipeline without a schedule.
+// The simulator behind core's StepTimeEstimator: estimate() runs the engine on the plan's lowered
+// schedule; the lower bound costs one transformer layer (cached) and reasons about the pipeline
+// without a schedule.
 #pragma once
 
 #include <map>
@@ -33,7 +34,9 @@ class SimulatorEstimator final : public StepTimeEstimator {
   // the rank's work: + its step.
   // The embedding, transfers and the gradient reduction only add to the simulated time.
   double lower_bound_s(const ParallelPlan& plan) const override;
-  StepEstimate estimate(const ParallelPlan& plan) const override;
+  using StepTimeEstimator::estimate;
+  // The engine's run (simulate_lowered); memory is the planner's own.
+  StepEstimate estimate(const ParallelPlan& plan, const PipelineSchedule& lowered) const override;
 
  private:
   // What one layer's cost depends on: tp, cp, mbs, sequence parallelism and recomputation.

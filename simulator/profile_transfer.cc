@@ -120,19 +120,16 @@ nlohmann::json transfer_profile(const nlohmann::json& measured, const std::strin
 }
 
 std::optional<Profile> builtin_transferred_profile(const GpuSpec& to) {
-  if (builtin_measured_profile_file(to.name)) return std::nullopt;
+  if (has_builtin_measured_profile(to.name)) return std::nullopt;
   std::optional<GpuSpec> best;
   const auto distance = [&](const GpuSpec& gpu) {
     const bool same_die = gpu.streaming_multiprocessors == to.streaming_multiprocessors &&
                           gpu.dense_bf16_flops_per_s == to.dense_bf16_flops_per_s;
     return (same_die ? 0.0 : 1.0) + std::abs(std::log(gpu.dense_bf16_flops_per_s / to.dense_bf16_flops_per_s));
   };
-  std::vector<std::string> looked_at;  // each preset GPU once: a lookup parses its file
   for (const ClusterSpec& preset : cluster_presets()) {
     const GpuSpec& gpu = preset.gpu;
-    if (std::find(looked_at.begin(), looked_at.end(), gpu.name) != looked_at.end()) continue;
-    looked_at.push_back(gpu.name);
-    if (!builtin_measured_profile_file(gpu.name)) continue;
+    if (!has_builtin_measured_profile(gpu.name)) continue;
     if (!best || distance(gpu) < distance(*best)) best = gpu;
   }
   if (!best) return std::nullopt;

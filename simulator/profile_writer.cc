@@ -161,7 +161,7 @@ nlohmann::json transferred_profile(const std::string& gpu, const std::optional<s
     if (from.name == to.name) throw SpecError("--transfer-to", *measured_file + " already profiles " + to.name);
     profile = transfer_profile(measured, *measured_file, from, to);
   } else {
-    if (builtin_measured_profile_file(to.name)) {
+    if (has_builtin_measured_profile(to.name)) {
       throw SpecError("--transfer-to",
                       to.name + " has a measured profile of its own; pass --profile FILE to transfer another");
     }

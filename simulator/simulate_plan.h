@@ -13,16 +13,22 @@
 
 namespace megaplan::sim {
 
+// An iteration's time as rates: Megatron's model FLOPs and what the GPUs reached.
+struct ThroughputRates {
+  double model_flops_per_iteration = 0;
+  double model_tflops_per_gpu = 0;     // model FLOPs / (iteration time x GPUs) / 1e12
+  double hardware_tflops_per_gpu = 0;  // the same with recomputation's FLOPs counted
+  double mfu = 0;                      // against the GPU's dense bf16 peak
+};
+ThroughputRates throughput_rates(const JobSpec& job, double iteration_s);
+
 struct PlanSimulation {
   PipelineSchedule schedule;  // lowered
   SimulationResult result;
   std::vector<PipelineRankMemory> memory;
   CostSources sources;
-  double model_flops_per_iteration = 0;
-  double model_tflops_per_gpu = 0;     // model FLOPs / (iteration time x GPUs) / 1e12
-  double hardware_tflops_per_gpu = 0;  // the same with recomputation's FLOPs counted
-  double mfu = 0;                      // against the GPU's dense bf16 peak
-  int64_t peak_memory_bytes = 0;       // the fullest pipeline rank
+  ThroughputRates rates;
+  int64_t peak_memory_bytes = 0;  // the fullest pipeline rank
   int64_t memory_capacity_bytes = 0;
   bool fits_in_memory = false;
 };
@@ -35,5 +41,11 @@ PlanSimulation simulate_plan(const JobSpec& job, const Profile& profile, bool re
 // REQUIRES: `compute`, where given, lowers to a schedule validate_schedule passes.
 PlanSimulation simulate_plan(const JobSpec& job, const Profile& profile, const Topology& topology, bool record_timeline,
                              const PipelineSchedule* compute = nullptr);
+
+// The engine's run alone, on `lowered`, the plan's schedule already lowered: what the planner asks
+// of each plan it ranks, sharing one lowering among the plans of a schedule shape.
+// REQUIRES: as simulate_plan; `lowered` is lower_schedule of the plan's generated schedule.
+SimulationResult simulate_lowered(const JobSpec& job, const Profile& profile, const Topology& topology,
+                                  const PipelineSchedule& lowered, bool record_timeline, CostSources& sources);
 
 }  // namespace megaplan::sim
