@@ -1,6 +1,8 @@
 // JSON reading with errors a user can act on.
 #include "core/json_io.h"
 
+#include <algorithm>
+
 #include "core/text_file.h"
 
 namespace megaplan {
@@ -103,11 +105,15 @@ JsonFieldReader::JsonFieldReader(const nlohmann::json& object, std::string sourc
   }
 }
 
+void JsonFieldReader::ignore(const std::string& key) {
+  if (const auto found = object_.find(key); found != object_.end()) used_.push_back(&*found);
+}
+
 const nlohmann::json* JsonFieldReader::lookup(const std::string& key) {
-  used_.insert(key);
   const auto found = object_.find(key);
-  if (found == object_.end() || found->is_null()) return nullptr;
-  return &*found;
+  if (found == object_.end()) return nullptr;
+  used_.push_back(&*found);
+  return found->is_null() ? nullptr : &*found;
 }
 
 bool JsonFieldReader::read(const std::string& key, int64_t& out) {
@@ -190,9 +196,9 @@ const nlohmann::json* JsonFieldReader::read_object(const std::string& key) {
 }
 
 void JsonFieldReader::reject_unknown_keys() const {
-  for (const auto& [key, value] : object_.items()) {
-    if (used_.count(key) == 0) {
-      throw SpecError(field(key), "unknown field");
+  for (auto member = object_.begin(); member != object_.end(); ++member) {
+    if (std::find(used_.begin(), used_.end(), &member.value()) == used_.end()) {
+      throw SpecError(field(member.key()), "unknown field");
     }
   }
 }

@@ -4,7 +4,6 @@
 
 #include <cstdint>
 #include <optional>
-#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -54,7 +53,7 @@ class JsonFieldReader {
     if (!read(key, out)) throw SpecError(field(key), "required field is missing");
   }
   // Marks keys as known without reading them (fields that are documented but ignored).
-  void ignore(const std::string& key) { used_.insert(key); }
+  void ignore(const std::string& key);
   // Throws SpecError naming the first key that no read/require/ignore touched.
   void reject_unknown_keys() const;
 
@@ -64,7 +63,9 @@ class JsonFieldReader {
   const nlohmann::json* lookup(const std::string& key);
   const nlohmann::json& object_;
   std::string source_;
-  std::set<std::string> used_;
+  // The members read or ignored: a reader is made for every entry of a profile's thousands, and a
+  // handful of pointers costs less than a set of key strings.
+  std::vector<const nlohmann::json*> used_;
 };
 
 }  // namespace megaplan
