@@ -10,9 +10,11 @@
 // (executor/runtime/collective_profiler.h); --links-only times just those and adds them to a
 // profile of the GPU (--profile FILE, else the built-in one). With --transfer-to GPU it times nothing either:
 // a measured profile (--profile FILE, else the built-in one simulate would transfer) becomes a
-// transferred profile of that GPU (simulator/profile_transfer.h).
+// transferred profile of that GPU (simulator/profile_transfer.h). With --leave-one-out it times
+// nothing: it prints how well --profile's GEMM and attention tables interpolate between their points.
 // Flag mapping, the GPU's identity and the measurements; the file format is
 // simulator/profile_writer.h's.
+#include <algorithm>
 #include <memory>
 #include <optional>
 #include <ostream>
@@ -26,12 +28,15 @@
 #include "cli/progress_bar.h"
 #include "core/device_gpu.h"
 #include "core/error.h"
+#include "core/text_table.h"
+#include "core/units.h"
 #include "executor/gpu_inventory.h"
 #include "executor/gpu_inventory_report.h"
 #include "executor/io/staged_file.h"
 #include "executor/runtime/collective_profiler.h"
 #include "executor/runtime/cuda_backend.h"
 #include "executor/runtime/kernel_profiler.h"
+#include "simulator/profile.h"
 #include "simulator/profile_writer.h"
 
 namespace megaplan::cli {
@@ -48,7 +53,32 @@ struct ProfileOptions {
   std::vector<std::string> nccl_tests;
   std::optional<std::string> profile;
   std::optional<std::string> transfer_to;  // a preset GPU's name (A100-SXM4-80GB, ...)
+  bool leave_one_out = false;              // check --profile's interpolation instead of measuring
 };
+
+// --leave-one-out: each measured GEMM and attention point of --profile predicted from the others of
+// its table; the errors per table, worst tables last.
+int leave_one_out(const ProfileOptions& options, std::ostream& out) {
+  if (!options.profile) throw SpecError("--leave-one-out", "checks a profile: pass --profile FILE");
+  if (options.links_only || options.transfer_to || !options.nccl_tests.empty() || options.out) {
+    throw SpecError("--leave-one-out",
+                    "times and writes nothing; it cannot be combined with --links-only, "
+                    "--transfer-to, --import-nccl-tests or --out");
+  }
+  std::vector<sim::InterpolationCheck> checks = sim::Profile::load(*options.profile).leave_one_out();
+  std::stable_sort(
+      checks.begin(), checks.end(),
+      [](const sim::InterpolationCheck& a, const sim::InterpolationCheck& b) { return a.p95_error < b.p95_error; });
+  TextTable table({"table", "points", "median", "p95", "max", "worst point"});
+  for (const sim::InterpolationCheck& check : checks) {
+    table.add_row({check.table, std::to_string(check.points), format_percent(check.median_error),
+                   format_percent(check.p95_error), format_percent(check.max_error), check.worst});
+  }
+  out << "leave-one-out interpolation error of " << *options.profile
+      << " (each point predicted from the rest of its table)\n"
+      << table.render();
+  return 0;
+}
 
 void write_profile(const ProfileOptions& options, const nlohmann::json& profile, std::ostream& out) {
   const std::string text = profile.dump(1) + "\n";
@@ -91,6 +121,7 @@ int links_only(const ProfileOptions& options, const GpuInventory& inventory, con
 }
 
 int run_profile(const ProfileOptions& options, std::ostream& out) {
+  if (options.leave_one_out) return leave_one_out(options, out);
   if (options.links_only && (options.transfer_to || !options.nccl_tests.empty())) {
     throw SpecError("--links-only",
                     "measures links here; it cannot be combined with --transfer-to or --import-nccl-tests");
@@ -171,6 +202,9 @@ void setup_profile_command(CLI::App& app, CommandContext& context) {
       "profile, "
       "else its datasheet); with --transfer-to: the measured profile to transfer (default: the built-in one "
       "simulate would)");
+  command->add_flag("--leave-one-out", options->leave_one_out,
+                    "Time nothing: predict each measured GEMM and attention point of --profile FILE from the rest of "
+                    "its table and print the errors per table (where the grid is too sparse to interpolate)");
   command->callback([options, &context] { context.exit_code = run_profile(*options, context.out); });
 }
 

@@ -67,6 +67,17 @@ constexpr double kDatasheetKernelLaunchS = 3e-6;
 // single-GPU iterations 15-20% fast (docs/results.md).
 constexpr double kDatasheetUncertainty = 0.20;
 
+// How well a measured table's interpolation holds between its points: each point predicted from
+// the others of its table (leave one out), as the relative error |predicted - measured| / measured.
+struct InterpolationCheck {
+  std::string table;  // "gemm bf16 forward none", "attention forward causal gqa 1", ...
+  int64_t points = 0;
+  double median_error = 0;
+  double p95_error = 0;  // the 95th percentile (nearest rank)
+  double max_error = 0;
+  std::string worst;  // the worst point's shape, "m 4096 n 1280 k 5120" or "batch_heads 16 seq 2048 head_dim 64"
+};
+
 // Lookups are const and allocate nothing, so one Profile serves many simulations on many threads.
 // A kernel or transfer with no work (a size <= 0) takes 0 s and is not counted.
 class Profile {
@@ -135,6 +146,10 @@ class Profile {
   // two as near); 0 where none is measured (the datasheet profiles assume they cost each other nothing).
   OverlapSlowdown overlap_slowdown(CollectiveOp op, int64_t group_size, LinkKind link) const;
   OverlapSlowdown p2p_overlap_slowdown(LinkKind link) const;
+
+  // The leave-one-out check of every GEMM and attention table of two points or more, in table
+  // order (simulator/profile_leave_one_out.cc).
+  std::vector<InterpolationCheck> leave_one_out() const;
 
  private:
   struct ShapePoint {  // a measured GEMM or attention shape, in log space

@@ -216,6 +216,9 @@ grep -q '"uncertainty": 0.05' "$scratch/out" || fail "a same-die transfer states
 expect_ok profile --transfer-to A100-SXM4-80GB
 grep -q '"transferred_from"' "$scratch/out" || fail "profile --transfer-to prints the transferred profile"
 expect_error 'error: --transfer-to: "B200" is no preset GPU' profile --transfer-to B200
+expect_ok profile --leave-one-out --profile "$examples/../profiles/h200-sxm-141gb.measured.json"
+grep -q '^gemm bf16 forward none ' "$scratch/out" || fail "profile --leave-one-out prints a row per table"
+expect_error 'error: --leave-one-out: checks a profile: pass --profile FILE' profile --leave-one-out
 expect_error 'error: --transfer-to: H100-SXM5-80GB has a measured profile of its own' profile --transfer-to H100-SXM5-80GB
 expect_error 'a100-sxm4-80gb.datasheet.json: holds no measured table to transfer' profile --transfer-to H100-SXM5-80GB --profile "$examples/../profiles/a100-sxm4-80gb.datasheet.json"
 expect_error 'error: --profile: .* profiles A100-SXM4-80GB, but the cluster.s GPU is H200-SXM-141GB' simulate --model gpt2-124m --cluster h200-x2 --profile "$examples/../profiles/a100-sxm4-80gb.datasheet.json"

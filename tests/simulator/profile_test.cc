@@ -559,3 +559,40 @@ TEST_CASE("an interpolated GEMM is never faster than its bytes over the bandwidt
   const double half = 2.0 * 4096.0 * 8192.0 * 8192.0;
   CHECK(profile.gemm_seconds(4096, 8192, 8192, DType::kBFloat16, sources) == Approx(half / 8e14));
 }
+
+TEST_CASE("leave one out: each point predicted from the rest of its table", "[simulator][profile]") {
+  nlohmann::json json = base_profile();
+  // Three GEMMs at one throughput: any blend of the others predicts each exactly.
+  const double rate = 4e14;
+  const auto gemm = [rate](int64_t m, double slower) {
+    return nlohmann::json{{"m", m},       {"n", 1024},
+                          {"k", 1024},    {"dtype", "bf16"},
+                          {"seconds", slower * 2.0 * static_cast<double>(m) * 1024 * 1024 / rate}};
+  };
+  json["gemm"] = {gemm(1024, 1), gemm(2048, 1), gemm(4096, 1)};
+  // Attention: one point alone in its table is not checked.
+  json["attention"] = {{{"batch_heads", 8}, {"seq", 1024}, {"head_dim", 64}, {"causal", true},
+                        {"forward_s", 1e-5}, {"backward_s", 3e-5}}};
+  std::vector<megaplan::sim::InterpolationCheck> checks = Profile::from_json(json, "p.json").leave_one_out();
+  REQUIRE(checks.size() == 1);
+  CHECK(checks[0].table == "gemm bf16 forward none");
+  CHECK(checks[0].points == 3);
+  CHECK(checks[0].max_error == Approx(0).margin(1e-12));
+
+  // The middle one twice as slow as its neighbours: predicted from the ends (equal weights), half
+  // its time: 50% off. Each end, from the slow middle (weight 1) and the far end (weight 1/4):
+  // throughput 2^-0.8 of its own, time 2^0.8 of its own. The first end found is the worst.
+  json["gemm"] = {gemm(1024, 1), gemm(2048, 2), gemm(4096, 1)};
+  checks = Profile::from_json(json, "p.json").leave_one_out();
+  REQUIRE(checks.size() == 1);
+  const double end = std::pow(2.0, 0.8) - 1;
+  CHECK(checks[0].max_error == Approx(end));
+  CHECK(checks[0].worst == "m 1024 n 1024 k 1024");
+  CHECK(checks[0].median_error == Approx(end));  // of 0.5, end, end
+  CHECK(checks[0].p95_error == Approx(end));
+  json["gemm"] = {gemm(1024, 1), gemm(2048, 1), gemm(4096, 1), gemm(8192, 1), gemm(16384, 3)};
+  checks = Profile::from_json(json, "p.json").leave_one_out();
+  REQUIRE(checks.size() == 1);
+  CHECK(checks[0].worst == "m 16384 n 1024 k 1024");
+  CHECK(checks[0].median_error < checks[0].p95_error);  // the far slow point alone is badly off
+}
