@@ -178,19 +178,24 @@ class Lowerer {
         deadline[*it] = bound;
       }
     }
-    // At each place, of the receives released by then and not yet placed, the most urgent.
-    std::vector<std::size_t> by_release = slots;
-    std::stable_sort(by_release.begin(), by_release.end(),
-                     [&](std::size_t a, std::size_t b) { return release[a] < release[b]; });
-    using Pending = std::pair<std::size_t, std::size_t>;  // (deadline, original place)
+    // At each place, of the receives released by then and not yet placed, the most urgent. A peer's
+    // receives are released in list order (its last send ahead only moves on), so a cursor per peer
+    // releases them without sorting; the order they enter the queue does not matter, its key being
+    // unique.
+    std::vector<std::size_t> feeding;  // the peers this rank receives from
+    for (std::size_t peer = 0; peer < by_peer.size(); ++peer) {
+      if (!by_peer[peer].empty()) feeding.push_back(peer);
+    }
+    std::vector<std::size_t> released(by_peer.size(), 0);  // per peer: how many of its receives
+    using Pending = std::pair<std::size_t, std::size_t>;   // (deadline, original place)
     std::priority_queue<Pending, std::vector<Pending>, std::greater<>> ready;
     std::vector<Action> reordered;
     reordered.reserve(slots.size());
-    std::size_t released = 0;
     for (const std::size_t slot : slots) {
-      while (released < by_release.size() && release[by_release[released]] <= slot) {
-        ready.emplace(deadline[by_release[released]], by_release[released]);
-        ++released;
+      for (const std::size_t peer : feeding) {
+        const std::vector<std::size_t>& receives = by_peer[peer];
+        for (std::size_t& next = released[peer]; next < receives.size() && release[receives[next]] <= slot; ++next)
+          ready.emplace(deadline[receives[next]], receives[next]);
       }
       reordered.push_back(actions[ready.top().second]);
       ready.pop();
