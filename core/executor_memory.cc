@@ -267,13 +267,28 @@ class RankWalk {
     drop(stage);
   }
 
-  // A moment the sum may peak: the counts now. Consecutive repeats (a steady state's I) once.
+  // A moment the sum may peak: the counts now. The moment noted last is dropped where this one
+  // dominates it (as result() judges: no deferred count smaller), since result() would drop it too:
+  // this one, or a later moment dominating this one, dominates it. Messages growing one by one
+  // (GPipe's warm-up) and a steady state's I then note millions of moments in a search and keep
+  // few. Written out: for the few counts of a moment, std::equal and vector::insert's memcmp and
+  // memmove calls cost more than the copy.
   void note() {
     const std::size_t width = counts_.size();
-    if (moments_.size() >= width &&
-        std::equal(counts_.begin(), counts_.end(), moments_.end() - static_cast<std::ptrdiff_t>(width)))
-      return;
-    moments_.insert(moments_.end(), counts_.begin(), counts_.end());
+    std::size_t at = moments_.size();
+    if (at >= width && dominates_last()) {
+      at -= width;
+    } else {
+      moments_.resize(at + width);
+    }
+    for (std::size_t i = 0; i < width; ++i) moments_[at + i] = counts_[i];
+  }
+  bool dominates_last() const {
+    const std::size_t last = moments_.size() - counts_.size();
+    for (std::size_t at = 2; at + 1 < counts_.size(); at += 3) {
+      if (counts_[at] < moments_[last + at]) return false;
+    }
+    return true;
   }
 
   const WalkShape& walk_;
