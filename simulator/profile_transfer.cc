@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cmath>
 #include <sstream>
-#include <vector>
 
 #include "core/error.h"
 #include "simulator/builtin_profiles.h"
