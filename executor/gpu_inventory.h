@@ -1,6 +1,8 @@
 // The GPUs and GPU libraries this process can use, and a probe that proves the build runs on a
 // device. Everything CUDA stays behind this header: it includes no CUDA header, so the CLI and
-// the tests build the same way whether or not the toolkit was found at configure time.
+// the tests build the same way whether or not the toolkit was found at configure time. In a CUDA
+// build the functions below load the CUDA module on first use (cuda_module.h), built_with_cuda()
+// excepted.
 #pragma once
 
 #include <cstdint>
@@ -58,9 +60,9 @@ std::string built_cuda_architectures();
 
 // Lists every device the runtime sees with the library versions. Creates a CUDA context on each
 // device (to read its free memory) and leaves the current device as it found it.
-// Throws SpecError with field "gpu" when built without CUDA, when no device is usable (none
-// present, driver missing or too old), or when a CUDA/cuBLAS/NCCL query fails; the message
-// names the call and the reason.
+// Throws SpecError with field "gpu" when built without CUDA, when the CUDA module or a library it
+// needs cannot be loaded, when no device is usable (none present, driver missing or too old), or
+// when a CUDA/cuBLAS/NCCL query fails; the message names the call and the reason.
 GpuInventory query_gpu_inventory();
 
 // Proves that this build runs on device `device_index`: launches a kernel compiled into this

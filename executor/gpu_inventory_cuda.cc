@@ -1,5 +1,6 @@
-// The GPU inventory and device probe of a CUDA build: asks the CUDA runtime, cuBLAS, cuBLASLt
-// and NCCL what this process can use, and runs a kernel plus a cuBLASLt GEMM on a device.
+// The GPU inventory and device probe of a CUDA build (in the CUDA module, cuda_module.h): asks the
+// CUDA runtime, cuBLAS, cuBLASLt and NCCL what this process can use, and runs a kernel plus a
+// cuBLASLt GEMM on a device.
 //
 // Every failure here is the environment (no driver, a device this binary has no kernel image
 // for, a broken library install) rather than a bug, and the person who hits it must act on one
@@ -15,6 +16,7 @@
 #include <nccl.h>
 
 #include "core/error.h"
+#include "executor/cuda_module.h"
 #include "executor/device_probe.h"
 #include "executor/gpu_inventory.h"
 
@@ -36,7 +38,7 @@ std::string visible_devices_note() {
 std::string hint_for(cudaError_t status) {
   switch (status) {
     case cudaErrorNoKernelImageForDevice:
-      return " (this binary holds device code for " + built_cuda_architectures() +
+      return " (this binary holds device code for " + cuda_module::built_cuda_architectures() +
              " only: rebuild with CMAKE_CUDA_ARCHITECTURES set to this device's architecture)";
     case cudaErrorUnsupportedPtxVersion:
       return " (the driver is older than the CUDA toolkit that compiled this binary: update the "
@@ -324,7 +326,7 @@ void probe_libraries(cudaStream_t stream, const std::string& where) {
 
 }  // namespace
 
-bool built_with_cuda() { return true; }
+namespace cuda_module {
 
 std::string built_cuda_architectures() {
   // __CUDA_ARCH_LIST__ spells "900,1000"; people read "sm_90,sm_100".
@@ -377,4 +379,5 @@ void probe_device(int device_index) {
   check_cuda(stream.destroy(), "cudaStreamDestroy", where);
 }
 
+}  // namespace cuda_module
 }  // namespace megaplan

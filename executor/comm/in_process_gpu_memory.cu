@@ -8,6 +8,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "executor/cuda_module.h"
 #include "executor/kernels/cuda/comm_reduce.h"
 #include "executor/kernels/cuda/device_common.cuh"
 
@@ -105,8 +106,11 @@ class GpuMemory final : public InProcessMemory {
 };
 
 }  // namespace
+}  // namespace megaplan::exec
 
-std::unique_ptr<InProcessMemory> make_in_process_gpu_memory() {
+namespace megaplan::cuda_module {
+
+std::unique_ptr<exec::InProcessMemory> make_in_process_gpu_memory() {
   int count = 0;
   const cudaError_t status = cudaGetDeviceCount(&count);
   if (status != cudaSuccess || count == 0) {
@@ -114,13 +118,13 @@ std::unique_ptr<InProcessMemory> make_in_process_gpu_memory() {
                                     (status != cudaSuccess ? cudaGetErrorString(status) : "none present"));
   }
   int pools = 0;
-  check(cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, 0), "cudaDeviceGetAttribute");
+  exec::check(cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, 0), "cudaDeviceGetAttribute");
   if (pools == 0) {
     throw SpecError("--device",
                     "GPU 0 has no stream-ordered allocator, which the in-process one-GPU "
                     "communicator stages its messages with");
   }
-  return std::make_unique<GpuMemory>();
+  return std::make_unique<exec::GpuMemory>();
 }
 
-}  // namespace megaplan::exec
+}  // namespace megaplan::cuda_module

@@ -26,7 +26,8 @@
 
 namespace megaplan::exec {
 
-// Throws SpecError("--device", ...) when megaplan was built without CUDA or no GPU is usable.
+// Throws SpecError("--device", ...) when megaplan was built without CUDA, its CUDA module cannot be
+// loaded, or no GPU is usable.
 std::unique_ptr<InProcessMemory> make_in_process_gpu_memory();
 
 }  // namespace megaplan::exec

@@ -1,5 +1,6 @@
 // The MPI bootstrap: MPI_Init_thread on first use, errors returned rather than fatal, one
-// MPI_Bcast of the blob's size and one of its bytes.
+// MPI_Bcast of the blob's size and one of its bytes. Part of the CUDA module (cuda_module.h): it
+// bootstraps NCCL's worlds alone, so MPI is loaded with NCCL.
 #include "executor/comm/mpi_bootstrap.h"
 
 // MPI's C API only: without these mpi.h also declares the deprecated C++ bindings, whose library
@@ -12,7 +13,9 @@
 #include <stdexcept>
 #include <string>
 
-namespace megaplan::exec {
+#include "executor/cuda_module.h"
+
+namespace megaplan::cuda_module {
 
 namespace {
 
@@ -48,8 +51,6 @@ void initialise(int64_t rank) {
 
 }  // namespace
 
-bool mpi_bootstrap_available() { return true; }
-
 std::vector<uint8_t> mpi_broadcast_from_rank0(int64_t rank, int64_t world_size,
                                               const std::vector<uint8_t>& blob_on_rank0) {
   initialise(rank);
@@ -72,4 +73,4 @@ std::vector<uint8_t> mpi_broadcast_from_rank0(int64_t rank, int64_t world_size,
   return blob;
 }
 
-}  // namespace megaplan::exec
+}  // namespace megaplan::cuda_module

@@ -35,6 +35,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "executor/cuda_module.h"
 
 namespace megaplan::exec {
 namespace {
@@ -651,10 +652,14 @@ void World::release(bool finalized) {
 }
 
 }  // namespace
+}  // namespace megaplan::exec
 
-std::unique_ptr<NcclWorld> make_nccl_world(int64_t rank, int64_t world_size, int device, const IdBroadcast& broadcast,
-                                           std::chrono::milliseconds timeout) {
-  return std::make_unique<World>(rank, world_size, device, broadcast, timeout);
+namespace megaplan::cuda_module {
+
+std::unique_ptr<exec::NcclWorld> make_nccl_world(int64_t rank, int64_t world_size, int device,
+                                                 const exec::IdBroadcast& broadcast,
+                                                 std::chrono::milliseconds timeout) {
+  return std::make_unique<exec::World>(rank, world_size, device, broadcast, timeout);
 }
 
-}  // namespace megaplan::exec
+}  // namespace megaplan::cuda_module

@@ -79,9 +79,9 @@ using IdBroadcast = std::function<std::vector<uint8_t>(const std::vector<uint8_t
 // Bootstraps the world: selects GPU `device` for the calling thread, rank 0 makes NCCL's unique id,
 // `broadcast` hands it to every rank, and ncclCommInitRank builds the world's communicator.
 // `timeout` bounds, from then on, every operation (see the watchdog above).
-// Throws SpecError("--device", ...) when megaplan was built without CUDA or no GPU is usable,
-// SpecError("LOCAL_RANK", ...) when there is no GPU `device`, what `broadcast` throws, and
-// std::runtime_error naming the NCCL call and its error when NCCL fails.
+// Throws SpecError("--device", ...) when megaplan was built without CUDA, its CUDA module cannot be
+// loaded or no GPU is usable, SpecError("LOCAL_RANK", ...) when there is no GPU `device`, what
+// `broadcast` throws, and std::runtime_error naming the NCCL call and its error when NCCL fails.
 // REQUIRES: 0 <= rank < world_size; every rank passes the same world_size and a broadcast over
 // the same world.
 std::unique_ptr<NcclWorld> make_nccl_world(int64_t rank, int64_t world_size, int device, const IdBroadcast& broadcast,

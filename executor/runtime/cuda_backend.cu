@@ -26,6 +26,7 @@
 
 #include "core/device_gpu.h"
 #include "core/error.h"
+#include "executor/cuda_module.h"
 #include "executor/kernels/cuda/adamw.h"
 #include "executor/kernels/cuda/bf16_linear.h"
 #include "executor/kernels/cuda/cross_entropy.h"
@@ -549,8 +550,11 @@ class CudaBackend final : public Backend {
 };
 
 }  // namespace
+}  // namespace megaplan::exec
 
-std::unique_ptr<Backend> make_cuda_backend(DType precision) {
+namespace megaplan::cuda_module {
+
+std::unique_ptr<exec::Backend> make_cuda_backend(DType precision) {
   int count = 0;
   const cudaError_t status = cudaGetDeviceCount(&count);
   if (status != cudaSuccess || count == 0) {
@@ -560,14 +564,14 @@ std::unique_ptr<Backend> make_cuda_backend(DType precision) {
   // The kernels are built for sm_90a (flash attention uses Hopper's wgmma), which runs on compute
   // capability 9.0 alone: refuse anything else here rather than fail at the first launch.
   int device = 0;
-  check(cudaGetDevice(&device), "cudaGetDevice");
+  exec::check(cudaGetDevice(&device), "cudaGetDevice");
   cudaDeviceProp properties{};
   if (cudaGetDeviceProperties(&properties, device) != cudaSuccess || properties.major != 9 || properties.minor != 0) {
     throw SpecError("--device", "the CUDA backend needs a Hopper GPU (compute capability 9.0, H100 or H200); GPU " +
                                     std::to_string(device) + " is " + std::string(properties.name) + " (" +
                                     std::to_string(properties.major) + "." + std::to_string(properties.minor) + ")");
   }
-  return std::make_unique<CudaBackend>(precision);
+  return std::make_unique<exec::CudaBackend>(precision);
 }
 
 double cuda_dense_bf16_peak_flops() {
@@ -578,4 +582,4 @@ double cuda_dense_bf16_peak_flops() {
   return gpu ? gpu->dense_bf16_flops_per_s : 0;
 }
 
-}  // namespace megaplan::exec
+}  // namespace megaplan::cuda_module

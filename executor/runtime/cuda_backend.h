@@ -13,9 +13,9 @@ namespace megaplan::exec {
 
 // A backend on the calling thread's current GPU (cudaSetDevice; GPU 0 unless selected), which it
 // keeps for its life: the caller calls it on that thread. Throws SpecError("--device", ...) when
-// megaplan was built without CUDA, no GPU is usable, or the GPU is not a Hopper (compute capability
-// 9.0), the one architecture the kernels are built for. Activations and compute weights are
-// `precision`'s 16-bit type (fp16 under --fp16).
+// megaplan was built without CUDA, its CUDA module cannot be loaded, no GPU is usable, or the GPU
+// is not a Hopper (compute capability 9.0), the one architecture the kernels are built for.
+// Activations and compute weights are `precision`'s 16-bit type (fp16 under --fp16).
 std::unique_ptr<Backend> make_cuda_backend(DType precision = DType::kBFloat16);
 
 // The dense bf16 tensor-core peak of the calling thread's current GPU, the datasheet's of the preset
