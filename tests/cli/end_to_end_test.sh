@@ -746,7 +746,9 @@ signal_run=(train --device cpu --model "$examples/models/tiny-gpt.json" --vocab-
   --num-layers 4 --mbs 1 --gbs 4 --world-size 2 --data-path "$scratch/corpus_text_document" --split 1,0,0 --eval-iters 0
   --log-interval 1 --exit-signal-handler)
 for signal in TERM INT; do
-  rm -rf "$scratch/signal-ckpt"
+  # The last run's log goes first: read before this run truncates it, its lines would send the
+  # signal before the handler is installed (a background job's SIGINT is ignored until then).
+  rm -rf "$scratch/signal-ckpt" "$scratch/signal.out"
   "$megaplan" "${signal_run[@]}" --train-iters 1000000 --save "$scratch/signal-ckpt" >"$scratch/signal.out" 2>&1 &
   pid=$!
   for _ in $(seq 300); do grep -q '^iteration ' "$scratch/signal.out" && break; sleep 0.1; done
