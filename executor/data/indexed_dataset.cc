@@ -1,17 +1,14 @@
 #include "executor/data/indexed_dataset.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cstring>
 #include <limits>
 #include <type_traits>
 
 #include "core/error.h"
+#include "executor/io/mapped_file.h"
 #include "executor/io/staged_file.h"
 
 namespace megaplan::exec {
@@ -77,94 +74,59 @@ TokenType token_type_for_vocabulary(int64_t vocab_size) {
   return vocab_size < 65500 ? TokenType::kUint16 : TokenType::kInt32;
 }
 
-IndexedDataset::Mapping IndexedDataset::map_file(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) refuse(path, std::string("cannot open: ") + std::strerror(errno));
-  struct stat status {};
-  if (::fstat(fd, &status) != 0) {
-    const int saved = errno;
-    ::close(fd);
-    refuse(path, std::string("cannot stat: ") + std::strerror(saved));
-  }
-  Mapping mapping;
-  mapping.size = static_cast<std::size_t>(status.st_size);
-  if (mapping.size > 0) {
-    void* address = ::mmap(nullptr, mapping.size, PROT_READ, MAP_SHARED, fd, 0);
-    if (address == MAP_FAILED) {
-      const int saved = errno;
-      ::close(fd);
-      refuse(path, std::string("cannot map: ") + std::strerror(saved));
-    }
-    mapping.data = static_cast<const unsigned char*>(address);
-  }
-  ::close(fd);  // the mapping stays valid
-  return mapping;
-}
-
 IndexedDataset::IndexedDataset(const std::string& prefix) : prefix_(prefix) {
   const std::string index_path = prefix + ".idx";
   const std::string data_path = prefix + ".bin";
-  index_ = map_file(index_path);
-  try {
-    data_ = map_file(data_path);
-    if (index_.size < kHeaderBytes) {
-      refuse(index_path, "truncated: " + std::to_string(index_.size) + " bytes, shorter than the " +
-                             std::to_string(kHeaderBytes) + "-byte header");
-    }
-    if (std::memcmp(index_.data, kMagic, sizeof kMagic) != 0)
-      refuse(index_path, "not a Megatron index (no MMIDIDX magic)");
-    const auto version = load<uint64_t>(index_.data + 9);
-    if (version != 1) refuse(index_path, "index version " + std::to_string(version) + " (only version 1 is known)");
-    const uint8_t code = index_.data[17];
-    if (!known(code)) refuse(index_path, "unknown dtype code " + std::to_string(code) + " (Megatron's are 1-8)");
-    token_type_ = static_cast<TokenType>(code);
-    const auto sequences = load<uint64_t>(index_.data + 18);
-    const auto documents = load<uint64_t>(index_.data + 26);
-    // Sizes from the header, checked before they are trusted as offsets.
-    constexpr uint64_t kLimit = std::numeric_limits<uint64_t>::max() / 32;
-    if (sequences > kLimit || documents > kLimit) refuse(index_path, "implausible counts in the header");
-    const uint64_t expected = kHeaderBytes + sequences * (4 + 8) + documents * 8;
-    if (index_.size != expected) {
-      refuse(index_path, std::string(index_.size < expected ? "truncated" : "too long") + ": " +
-                             std::to_string(index_.size) + " bytes, but its header promises " +
-                             std::to_string(sequences) + " sequences and " + std::to_string(documents) +
-                             " document indices, " + std::to_string(expected) + " bytes");
-    }
-    num_sequences_ = static_cast<std::size_t>(sequences);
-    num_document_indices_ = static_cast<std::size_t>(documents);
-    lengths_ = index_.data + kHeaderBytes;
-    pointers_ = lengths_ + 4 * num_sequences_;
-    documents_ = pointers_ + 8 * num_sequences_;
-    if (num_document_indices_ == 0 || load<int64_t>(documents_) != 0 ||
-        load<int64_t>(documents_ + 8 * (num_document_indices_ - 1)) != static_cast<int64_t>(num_sequences_)) {
-      refuse(index_path, "document indices must run from 0 to the sequence count " + std::to_string(num_sequences_));
-    }
-    for (std::size_t d = 1; d < num_document_indices_; ++d) {
-      if (load<int64_t>(documents_ + 8 * d) < load<int64_t>(documents_ + 8 * (d - 1))) {
-        refuse(index_path, "document indices decrease at document " + std::to_string(d));
-      }
-    }
-    const std::size_t width = token_bytes(token_type_);
-    for (std::size_t s = 0; s < num_sequences_; ++s) {
-      const int32_t length = sequence_length(s);
-      const auto pointer = load<int64_t>(pointers_ + 8 * s);
-      if (length < 0 || pointer < 0 ||
-          static_cast<uint64_t>(pointer) + static_cast<uint64_t>(length) * width > data_.size) {
-        refuse(data_path, "truncated: sequence " + std::to_string(s) + " (" + std::to_string(length) +
-                              " tokens at byte " + std::to_string(pointer) + ") reaches past its " +
-                              std::to_string(data_.size) + " bytes");
-      }
-    }
-  } catch (...) {
-    if (index_.data) ::munmap(const_cast<unsigned char*>(index_.data), index_.size);
-    if (data_.data) ::munmap(const_cast<unsigned char*>(data_.data), data_.size);
-    throw;
+  index_ = MappedFile(index_path, kDataPathFlag);
+  data_ = MappedFile(data_path, kDataPathFlag);
+  if (index_.size() < kHeaderBytes) {
+    refuse(index_path, "truncated: " + std::to_string(index_.size()) + " bytes, shorter than the " +
+                           std::to_string(kHeaderBytes) + "-byte header");
   }
-}
-
-IndexedDataset::~IndexedDataset() {
-  if (index_.data) ::munmap(const_cast<unsigned char*>(index_.data), index_.size);
-  if (data_.data) ::munmap(const_cast<unsigned char*>(data_.data), data_.size);
+  if (std::memcmp(index_.data(), kMagic, sizeof kMagic) != 0)
+    refuse(index_path, "not a Megatron index (no MMIDIDX magic)");
+  const auto version = load<uint64_t>(index_.data() + 9);
+  if (version != 1) refuse(index_path, "index version " + std::to_string(version) + " (only version 1 is known)");
+  const uint8_t code = index_.data()[17];
+  if (!known(code)) refuse(index_path, "unknown dtype code " + std::to_string(code) + " (Megatron's are 1-8)");
+  token_type_ = static_cast<TokenType>(code);
+  const auto sequences = load<uint64_t>(index_.data() + 18);
+  const auto documents = load<uint64_t>(index_.data() + 26);
+  // Sizes from the header, checked before they are trusted as offsets.
+  constexpr uint64_t kLimit = std::numeric_limits<uint64_t>::max() / 32;
+  if (sequences > kLimit || documents > kLimit) refuse(index_path, "implausible counts in the header");
+  const uint64_t expected = kHeaderBytes + sequences * (4 + 8) + documents * 8;
+  if (index_.size() != expected) {
+    refuse(index_path, std::string(index_.size() < expected ? "truncated" : "too long") + ": " +
+                           std::to_string(index_.size()) + " bytes, but its header promises " +
+                           std::to_string(sequences) + " sequences and " + std::to_string(documents) +
+                           " document indices, " + std::to_string(expected) + " bytes");
+  }
+  num_sequences_ = static_cast<std::size_t>(sequences);
+  num_document_indices_ = static_cast<std::size_t>(documents);
+  lengths_ = index_.data() + kHeaderBytes;
+  pointers_ = lengths_ + 4 * num_sequences_;
+  documents_ = pointers_ + 8 * num_sequences_;
+  if (num_document_indices_ == 0 || load<int64_t>(documents_) != 0 ||
+      load<int64_t>(documents_ + 8 * (num_document_indices_ - 1)) != static_cast<int64_t>(num_sequences_)) {
+    refuse(index_path, "document indices must run from 0 to the sequence count " + std::to_string(num_sequences_));
+  }
+  for (std::size_t d = 1; d < num_document_indices_; ++d) {
+    if (load<int64_t>(documents_ + 8 * d) < load<int64_t>(documents_ + 8 * (d - 1))) {
+      refuse(index_path, "document indices decrease at document " + std::to_string(d));
+    }
+  }
+  const std::size_t width = token_bytes(token_type_);
+  for (std::size_t s = 0; s < num_sequences_; ++s) {
+    const int32_t length = sequence_length(s);
+    const auto pointer = load<int64_t>(pointers_ + 8 * s);
+    if (length < 0 || pointer < 0 ||
+        static_cast<uint64_t>(pointer) + static_cast<uint64_t>(length) * width > data_.size()) {
+      refuse(data_path, "truncated: sequence " + std::to_string(s) + " (" + std::to_string(length) +
+                            " tokens at byte " + std::to_string(pointer) + ") reaches past its " +
+                            std::to_string(data_.size()) + " bytes");
+    }
+  }
 }
 
 int32_t IndexedDataset::sequence_length(std::size_t sequence) const { return load<int32_t>(lengths_ + 4 * sequence); }
@@ -175,7 +137,7 @@ std::pair<int64_t, int64_t> IndexedDataset::token_range() const {
   int64_t smallest = std::numeric_limits<int64_t>::max();
   int64_t largest = std::numeric_limits<int64_t>::min();
   for (std::size_t s = 0; s < num_sequences_; ++s) {
-    const unsigned char* at = data_.data + static_cast<std::size_t>(load<int64_t>(pointers_ + 8 * s));
+    const unsigned char* at = data_.data() + static_cast<std::size_t>(load<int64_t>(pointers_ + 8 * s));
     const auto count = static_cast<std::size_t>(sequence_length(s));
     switch (token_type_) {
       case TokenType::kUint8: widen<uint8_t>(at, count, smallest, largest); break;
@@ -195,7 +157,7 @@ std::pair<int64_t, int64_t> IndexedDataset::token_range() const {
 void IndexedDataset::read(std::size_t sequence, std::size_t offset, std::size_t count, int64_t* out) const {
   const std::size_t width = token_bytes(token_type_);
   const unsigned char* at =
-      data_.data + static_cast<std::size_t>(load<int64_t>(pointers_ + 8 * sequence)) + offset * width;
+      data_.data() + static_cast<std::size_t>(load<int64_t>(pointers_ + 8 * sequence)) + offset * width;
   for (std::size_t i = 0; i < count; ++i, at += width) {
     switch (token_type_) {
       case TokenType::kUint8: out[i] = load<uint8_t>(at); break;

@@ -16,6 +16,8 @@
 #include <utility>
 #include <vector>
 
+#include "executor/io/mapped_file.h"
+
 namespace megaplan::exec {
 
 // Megatron's dtype codes.
@@ -39,7 +41,6 @@ class IndexedDataset {
   // Throws SpecError("--data-path", ...) naming the file and the rule for a missing or truncated
   // file, a wrong magic or version, an unknown dtype code, or a sequence reaching past .bin's end.
   explicit IndexedDataset(const std::string& prefix);
-  ~IndexedDataset();
   IndexedDataset(const IndexedDataset&) = delete;
   IndexedDataset& operator=(const IndexedDataset&) = delete;
 
@@ -53,20 +54,15 @@ class IndexedDataset {
   // REQUIRES: offset + count <= sequence_length(sequence).
   void read(std::size_t sequence, std::size_t offset, std::size_t count, int64_t* out) const;
   std::vector<int64_t> sequence(std::size_t sequence) const;
+  const std::string& prefix() const { return prefix_; }
   // The smallest and largest token of every sequence (float dtypes truncated); {0, -1} when the
   // dataset holds no tokens. One pass over .bin.
   std::pair<int64_t, int64_t> token_range() const;
 
  private:
-  struct Mapping {
-    const unsigned char* data = nullptr;
-    std::size_t size = 0;
-  };
-  static Mapping map_file(const std::string& path);
-
   std::string prefix_;
-  Mapping index_;
-  Mapping data_;
+  MappedFile index_;
+  MappedFile data_;
   TokenType token_type_ = TokenType::kUint16;
   std::size_t num_sequences_ = 0;
   std::size_t num_document_indices_ = 0;

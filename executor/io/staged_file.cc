@@ -61,6 +61,20 @@ void StagedFile::write(const void* data, std::size_t size) {
   }
 }
 
+void StagedFile::write_at(uint64_t offset, const void* data, std::size_t size) {
+  const auto* bytes = static_cast<const char*>(data);
+  std::size_t written = 0;
+  while (written < size) {
+    const ssize_t result = ::pwrite(fd_, bytes + written, size - written, static_cast<off_t>(offset + written));
+    if (result < 0) {
+      if (errno == EINTR) continue;
+      // Not fail(): other threads may be writing to fd_; the destructor removes the file.
+      throw SpecError(path_, std::string("write failed: ") + std::strerror(errno));
+    }
+    written += static_cast<std::size_t>(result);
+  }
+}
+
 void StagedFile::commit() {
   if (::fchmod(fd_, 0644) != 0) fail("chmod");
   if (::fsync(fd_) != 0) fail("fsync");

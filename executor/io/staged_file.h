@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 namespace megaplan::exec {
@@ -18,6 +19,9 @@ class StagedFile {
   StagedFile& operator=(const StagedFile&) = delete;
 
   void write(const void* data, std::size_t size);
+  // `size` bytes at byte `offset` of the file (extending it as needed), without moving write()'s
+  // position: several threads may write disjoint ranges at once (large files built in parallel).
+  void write_at(uint64_t offset, const void* data, std::size_t size);
   // fsync, close, and rename over the destination. Throws SpecError(path, ...) on failure.
   void commit();
 
