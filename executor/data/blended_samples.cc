@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 
 #include "core/error.h"
 
@@ -12,8 +13,15 @@ namespace {
 constexpr double kMidLevelSurplus = 0.005;  // Megatron's mid_level_dataset_surplus default
 // Building the index visits every dataset for every sample (as Megatron's helper does): bounded so
 // that a huge blend is refused rather than left running for hours.
-constexpr double kMaxBlendSteps = 17179869184.0;  // 2^34
-const char* const kSplitNames[] = {"training", "validation", "test"};
+constexpr double kMaxBlendSteps = 17179869184.0;                        // 2^34
+const char* const kSplitNames[] = {"train", "valid", "test"};           // Megatron's, in file names
+const char* const kSplitTitles[] = {"training", "validation", "test"};  // in messages
+// The blend's index, as Megatron's BlendedDataset names its arrays.
+constexpr const char* kDatasetIndex = "dataset_index";
+constexpr const char* kDatasetSampleIndex = "dataset_sample_index";
+constexpr const char* kSamplesPerDataset = "samples_per_dataset";
+enum BlendSection : std::size_t { kDatasets, kDatasetSamples, kCounts };  // in the file, in this order
+constexpr std::size_t kEntriesPerWrite = std::size_t{1} << 20;
 
 DocumentRange split_range(const IndexedDataset& dataset, const std::string& split, int split_index) {
   return split_documents(split, static_cast<int64_t>(dataset.num_documents()))[static_cast<std::size_t>(split_index)];
@@ -28,40 +36,54 @@ int64_t tokens_in(const IndexedDataset& dataset, DocumentRange documents) {
   return tokens;
 }
 
-}  // namespace
-
-BlendingIndex build_blending_index(const std::vector<double>& weights, int64_t size) {
-  BlendingIndex index;
-  index.dataset.resize(static_cast<std::size_t>(size));
-  index.sample.resize(static_cast<std::size_t>(size));
-  std::vector<int64_t> drawn(weights.size(), 0);
-  for (int64_t k = 0; k < size; ++k) {
-    const double position = std::max(static_cast<double>(k), 1.0);
-    std::size_t behind = 0;
-    double most_behind = weights[0] * position - static_cast<double>(drawn[0]);
-    for (std::size_t d = 1; d < weights.size(); ++d) {
-      const double error = weights[d] * position - static_cast<double>(drawn[d]);
-      if (error > most_behind) {
-        most_behind = error;
-        behind = d;
-      }
-    }
-    index.dataset[static_cast<std::size_t>(k)] = static_cast<int32_t>(behind);
-    index.sample[static_cast<std::size_t>(k)] = drawn[behind]++;
-  }
-  return index;
+// Writes blend_samples()'s choices to `path`, and how many each dataset gives.
+void build_blend_index(const std::vector<double>& weights, int64_t size, const std::string& path,
+                       nlohmann::json header) {
+  const auto samples = static_cast<uint64_t>(size);
+  header["facts"] = nlohmann::json::object();
+  IndexFileWriter writer(path, std::move(header),
+                         {{kDatasetIndex, index_width(weights.size() - 1), samples},
+                          {kDatasetSampleIndex, index_width(samples - 1), samples},
+                          {kSamplesPerDataset, index_width(samples), weights.size()}});
+  std::vector<uint16_t> datasets;  // at most 32767 datasets (data_blend.h)
+  std::vector<uint64_t> indices;
+  uint64_t written = 0;
+  const auto flush = [&] {
+    writer.write(kDatasets, written, datasets.data(), datasets.size());
+    writer.write(kDatasetSamples, written, indices.data(), indices.size());
+    written += datasets.size();
+    datasets.clear();
+    indices.clear();
+  };
+  std::vector<uint64_t> drawn(weights.size(), 0);
+  blend_samples(weights, size, [&](std::size_t dataset, int64_t index) {
+    datasets.push_back(static_cast<uint16_t>(dataset));
+    indices.push_back(static_cast<uint64_t>(index));
+    ++drawn[dataset];
+    if (datasets.size() == kEntriesPerWrite) flush();
+  });
+  flush();
+  writer.write(kCounts, 0, drawn.data(), drawn.size());
+  writer.commit();
 }
+
+}  // namespace
 
 BlendedSamples::BlendedSamples(const DataBlend& blend, const std::vector<std::unique_ptr<IndexedDataset>>& datasets,
                                const std::string& split, int split_index, int64_t seq_length, int64_t num_samples,
-                               uint64_t seed) {
+                               uint64_t seed, const IndexCache& cache) {
   if (num_samples <= 0) return;
+  const auto part_spec = [&](std::size_t d, int64_t samples) {
+    return GptSampleSpec{split_range(*datasets[d], split, split_index), kSplitNames[split_index], seq_length, samples,
+                         seed};
+  };
   if (blend.prefixes.size() == 1 && !blend.weighted()) {
-    parts_.emplace_back(*datasets[0], split_range(*datasets[0], split, split_index), seq_length, num_samples, seed);
+    parts_.emplace_back(*datasets[0], part_spec(0, num_samples), cache);
+    drawn_ = {num_samples};
     return;
   }
   const std::size_t count = datasets.size();
-  const std::string split_name = kSplitNames[split_index];
+  const std::string split_name = kSplitTitles[split_index];
   std::vector<double> weights(count);
   std::vector<int64_t> built(count);  // the samples each dataset builds
   int64_t size = 0;
@@ -100,16 +122,32 @@ BlendedSamples::BlendedSamples(const DataBlend& blend, const std::vector<std::un
   parts_.reserve(count);
   for (std::size_t d = 0; d < count; ++d) {
     try {
-      parts_.emplace_back(*datasets[d], split_range(*datasets[d], split, split_index), seq_length, built[d], seed);
+      parts_.emplace_back(*datasets[d], part_spec(d, built[d]), cache);
     } catch (const SpecError& error) {
       throw SpecError(error.field(), blend.prefixes[d] + ": " + error.rule());
     }
   }
-  index_ = build_blending_index(weights, size);
-  const std::vector<int64_t> drawn = samples_per_dataset();
+
+  IndexRequest request;
+  std::tie(request.folder, request.field) = cache_folder(cache, datasets[0]->prefix(), "BlendedDataset");
+  request.name = std::string("BlendedDataset-") + kSplitNames[split_index];
+  // The index depends on the weights and the size alone, whatever the datasets hold.
+  request.description = {{"class", "BlendedDataset"}, {"weights", weights}, {"size", size}};
+  request.what = "the " + split_name + " blend of " + std::to_string(count) + " datasets";
+  file_.emplace(open_or_build_index(request, cache, [&](const std::string& path, nlohmann::json header) {
+    build_blend_index(weights, size, path, std::move(header));
+  }));
+  dataset_index_ = file_->section(kDatasetIndex);
+  dataset_sample_index_ = file_->section(kDatasetSampleIndex);
+  const PackedArray drawn = file_->section(kSamplesPerDataset);
+  for (uint64_t d = 0; d < drawn.size(); ++d) drawn_.push_back(static_cast<int64_t>(drawn[d]));
+  if (dataset_index_.size() != static_cast<uint64_t>(size) ||
+      dataset_sample_index_.size() != static_cast<uint64_t>(size) || drawn_.size() != count) {
+    file_->damaged("its sections do not hold the " + std::to_string(size) + " samples its description asks for");
+  }
   for (std::size_t d = 0; d < count; ++d) {
-    if (drawn[d] > built[d]) {  // Megatron raises here too; its margin makes it rare
-      throw SpecError("--data-path", "the " + split_name + " blend draws " + std::to_string(drawn[d]) +
+    if (drawn_[d] > built[d]) {  // Megatron raises here too; its margin makes it rare
+      throw SpecError("--data-path", "the " + split_name + " blend draws " + std::to_string(drawn_[d]) +
                                          " samples from " + blend.prefixes[d] + ", more than the " +
                                          std::to_string(built[d]) + " it built");
     }
@@ -118,8 +156,8 @@ BlendedSamples::BlendedSamples(const DataBlend& blend, const std::vector<std::un
 
 int64_t BlendedSamples::size() const {
   if (parts_.empty()) return 0;
-  if (index_.dataset.empty()) return parts_.front().size();
-  return static_cast<int64_t>(index_.dataset.size());
+  if (!file_) return parts_.front().size();
+  return static_cast<int64_t>(dataset_index_.size());
 }
 
 int64_t BlendedSamples::epochs() const {
@@ -129,19 +167,18 @@ int64_t BlendedSamples::epochs() const {
 }
 
 void BlendedSamples::sample(int64_t index, int64_t* out) const {
-  if (index_.dataset.empty()) {
+  if (!file_) {
     parts_.front().sample(index, out);
     return;
   }
-  const auto at = static_cast<std::size_t>(index);
-  parts_[static_cast<std::size_t>(index_.dataset[at])].sample(index_.sample[at], out);
-}
-
-std::vector<int64_t> BlendedSamples::samples_per_dataset() const {
-  if (index_.dataset.empty()) return {size()};
-  std::vector<int64_t> drawn(parts_.size(), 0);
-  for (const int32_t dataset : index_.dataset) ++drawn[static_cast<std::size_t>(dataset)];
-  return drawn;
+  const auto at = static_cast<uint64_t>(index);
+  const uint64_t dataset = dataset_index_[at];
+  const uint64_t sample = dataset_sample_index_[at];
+  if (dataset >= parts_.size() || sample >= static_cast<uint64_t>(parts_[dataset].size())) {
+    file_->damaged("entry " + std::to_string(index) + " names sample " + std::to_string(sample) + " of dataset " +
+                   std::to_string(dataset) + ", which does not hold it");
+  }
+  parts_[dataset].sample(static_cast<int64_t>(sample), out);
 }
 
 std::vector<std::unique_ptr<IndexedDataset>> open_datasets(const DataBlend& blend) {

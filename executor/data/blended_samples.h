@@ -11,34 +11,54 @@
 // count stays within one of its weight's share at every k, in a fixed order.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "executor/data/data_blend.h"
 #include "executor/data/gpt_dataset.h"
+#include "executor/data/index_cache.h"
+#include "executor/data/index_file.h"
 #include "executor/data/indexed_dataset.h"
 
 namespace megaplan::exec {
 
-// Megatron's build_blending_indices: for each of `size` samples, the dataset it comes from and
-// its index within that dataset's samples. REQUIRES: weights non-negative, summing to 1.
-struct BlendingIndex {
-  std::vector<int32_t> dataset;
-  std::vector<int64_t> sample;
-};
-BlendingIndex build_blending_index(const std::vector<double>& weights, int64_t size);
+// Megatron's build_blending_indices: for each of `size` samples in turn, visit(dataset, index)
+// with the dataset it comes from and its index within that dataset's samples.
+// REQUIRES: weights non-negative, summing to 1.
+template <typename Visit>
+void blend_samples(const std::vector<double>& weights, int64_t size, Visit&& visit) {
+  std::vector<int64_t> drawn(weights.size(), 0);
+  for (int64_t k = 0; k < size; ++k) {
+    const double position = std::max(static_cast<double>(k), 1.0);
+    std::size_t behind = 0;
+    double most_behind = weights[0] * position - static_cast<double>(drawn[0]);
+    for (std::size_t d = 1; d < weights.size(); ++d) {
+      const double error = weights[d] * position - static_cast<double>(drawn[d]);
+      if (error > most_behind) {
+        most_behind = error;
+        behind = d;
+      }
+    }
+    visit(behind, drawn[behind]++);
+  }
+}
 
 class BlendedSamples {
  public:
   // `datasets`: the blend's datasets, opened, one per prefix. `split_index`: 0 train, 1 validation,
   // 2 test, of each dataset's documents split by `split`. Every dataset's samples are seeded with
-  // `seed`. Throws SpecError("--split", "PREFIX: ...") where a dataset the blend draws from has no
-  // sample in the split, and SpecError("--data-path", ...) where datasets without weights hold
-  // fewer than `num_samples` samples. REQUIRES: datasets.size() == blend.prefixes.size().
+  // `seed`; its indexes, and the blend's (dataset index and dataset sample index, as Megatron's
+  // BlendedDataset names them), are cached (executor/data/index_cache.h). Throws
+  // SpecError("--split", "PREFIX: ...") where a dataset the blend draws from has no sample in the
+  // split, and SpecError("--data-path", ...) where datasets without weights hold fewer than
+  // `num_samples` samples; the cache's errors. REQUIRES: datasets.size() == blend.prefixes.size().
   BlendedSamples(const DataBlend& blend, const std::vector<std::unique_ptr<IndexedDataset>>& datasets,
-                 const std::string& split, int split_index, int64_t seq_length, int64_t num_samples, uint64_t seed);
+                 const std::string& split, int split_index, int64_t seq_length, int64_t num_samples, uint64_t seed,
+                 const IndexCache& cache);
 
   int64_t size() const;
   // The most epochs any dataset's samples span.
@@ -46,11 +66,14 @@ class BlendedSamples {
   // The index-th sample: seq_length + 1 tokens into `out`.
   void sample(int64_t index, int64_t* out) const;
   // How many of the blend's samples come from each dataset, in prefix order.
-  std::vector<int64_t> samples_per_dataset() const;
+  const std::vector<int64_t>& samples_per_dataset() const { return drawn_; }
 
  private:
-  std::vector<GptSamples> parts_;  // one per dataset (those of no sample in the split: empty)
-  BlendingIndex index_;            // empty: one dataset, read directly
+  std::vector<GptSamples> parts_;        // one per dataset (those of no sample in the split: empty)
+  std::optional<MappedIndexFile> file_;  // the blend's index; none: one dataset, read directly
+  PackedArray dataset_index_;
+  PackedArray dataset_sample_index_;
+  std::vector<int64_t> drawn_;
 };
 
 // The datasets of a --data-path, opened (memory-mapped) in prefix order; IndexedDataset's errors.

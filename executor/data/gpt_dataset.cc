@@ -1,32 +1,15 @@
 #include "executor/data/gpt_dataset.h"
 
+#include <algorithm>
 #include <cfenv>
 #include <cmath>
-#include <random>
+#include <filesystem>
 #include <sstream>
+#include <tuple>
 
 #include "core/error.h"
 
 namespace megaplan::exec {
-
-namespace {
-
-// A uniform integer in [0, bound) by rejection: the same on every standard library.
-uint64_t uniform_below(std::mt19937_64& generator, uint64_t bound) {
-  const uint64_t limit = UINT64_MAX - UINT64_MAX % bound;
-  uint64_t draw = generator();
-  while (draw >= limit) draw = generator();
-  return draw % bound;
-}
-
-template <typename T>
-void shuffle(std::vector<T>& values, std::mt19937_64& generator) {
-  for (std::size_t i = values.size(); i > 1; --i) {
-    std::swap(values[i - 1], values[static_cast<std::size_t>(uniform_below(generator, i))]);
-  }
-}
-
-}  // namespace
 
 std::array<DocumentRange, 3> split_documents(const std::string& split, int64_t documents) {
   std::vector<double> weights;
@@ -66,62 +49,87 @@ std::array<DocumentRange, 3> split_documents(const std::string& split, int64_t d
           DocumentRange{bounds[2], bounds[3]}};
 }
 
-GptSamples::GptSamples(const IndexedDataset& dataset, DocumentRange documents, int64_t seq_length, int64_t num_samples,
-                       uint64_t seed)
-    : dataset_(dataset), seq_length_(seq_length) {
-  if (num_samples <= 0) return;
-  const int64_t first = dataset.document_start(static_cast<std::size_t>(documents.begin));
-  const int64_t last = dataset.document_start(static_cast<std::size_t>(documents.end));
-  int64_t tokens_per_epoch = 0;
-  for (int64_t s = first; s < last; ++s) tokens_per_epoch += dataset.sequence_length(static_cast<std::size_t>(s));
-  if (tokens_per_epoch <= 1) {
-    throw SpecError("--split", "the split's documents [" + std::to_string(documents.begin) + ", " +
-                                   std::to_string(documents.end) + ") hold " + std::to_string(tokens_per_epoch) +
-                                   " tokens, too few for any sample");
+GptSamples::GptSamples(const IndexedDataset& dataset, const GptSampleSpec& spec, const IndexCache& cache)
+    : dataset_(dataset) {
+  layout_.seq_length = spec.seq_length;
+  if (spec.num_samples <= 0) return;
+  layout_ = epoch_layout(dataset, spec.documents, spec.seq_length, spec.num_samples);
+  const std::string prefix = std::filesystem::absolute(dataset.prefix()).lexically_normal().string();
+  IndexRequest request;
+  std::tie(request.folder, request.field) = cache_folder(cache, dataset.prefix(), "GPTDataset");
+  request.name = "GPTDataset-" + spec.split_name;
+  request.description = {{"class", "GPTDataset"},
+                         {"dataset_path", prefix},
+                         {"index_split", spec.split_name},
+                         {"documents", {spec.documents.begin, spec.documents.end}},
+                         {"sequence_length", spec.seq_length},
+                         {"num_samples", spec.num_samples},
+                         {"random_seed", spec.seed}};
+  request.inputs = {prefix + ".bin", prefix + ".idx"};
+  request.what = "the " + spec.split_name + " samples of " + dataset.prefix();
+  file_.emplace(open_or_build_index(request, cache, [&](const std::string& path, nlohmann::json header) {
+    build_gpt_sample_index(dataset, layout_, spec.seed, cache.threads, path, std::move(header));
+  }));
+  documents_ = file_->section(kDocumentIndex);
+  starts_ = file_->section(kSampleIndex);
+  shuffle_ = file_->section(kShuffleIndex);
+  const nlohmann::json& facts = file_->facts();
+  if (documents_.size() != static_cast<uint64_t>(document_index_size()) ||
+      starts_.size() != 2 * static_cast<uint64_t>(layout_.samples) ||
+      shuffle_.size() != static_cast<uint64_t>(layout_.samples) ||
+      facts.value("epochs", int64_t{-1}) != layout_.epochs ||
+      facts.value("first_sequence", int64_t{-1}) != layout_.first_sequence ||
+      facts.value("sequences", int64_t{-1}) != layout_.sequences) {
+    file_->damaged("its sections do not hold the " + std::to_string(layout_.samples) + " samples of " +
+                   std::to_string(layout_.epochs) + " epochs its description asks for");
   }
-  // Enough epochs that the token stream holds num_samples samples of seq_length + 1 overlapping tokens.
-  epochs_ = 1;
-  while ((epochs_ * tokens_per_epoch - 1) / seq_length < num_samples) ++epochs_;
-  std::mt19937_64 generator(seed);
-  for (int64_t epoch = 0; epoch < epochs_; ++epoch) {
-    std::vector<int32_t> order;
-    for (int64_t s = first; s < last; ++s) order.push_back(static_cast<int32_t>(s));
-    shuffle(order, generator);
-    document_index_.insert(document_index_.end(), order.begin(), order.end());
+}
+
+GptSamples::Start GptSamples::start(int64_t sample) const {
+  const auto at = 2 * static_cast<uint64_t>(sample);
+  const uint64_t slot = starts_[at];
+  if (slot > static_cast<uint64_t>(layout_.sequences)) {
+    file_->damaged("sample " + std::to_string(sample) + " starts at slot " + std::to_string(slot) + " of an epoch of " +
+                   std::to_string(layout_.sequences) + " sequences");
   }
-  // Walk the stream: a sample starts where the previous one's last token sits.
-  std::size_t position = 0;
-  int64_t offset = 0;
-  for (int64_t sample = 0; sample < num_samples; ++sample) {
-    starts_.push_back({static_cast<int64_t>(position), offset});
-    int64_t remaining = seq_length;  // tokens to advance: the next sample starts seq_length tokens on
-    while (remaining > 0) {
-      const int64_t length = dataset.sequence_length(static_cast<std::size_t>(document_index_[position]));
-      if (offset + remaining < length) {
-        offset += remaining;
-        remaining = 0;
-      } else {
-        remaining -= length - offset;
-        offset = 0;
-        ++position;
-      }
-    }
-    // The stream holds the next start, and seq_length + 1 tokens from each start (checked by
-    // the epoch count above).
+  return {layout_.epoch_of(sample) * layout_.sequences + static_cast<int64_t>(slot),
+          static_cast<int64_t>(starts_[at + 1])};
+}
+
+int64_t GptSamples::shuffled(int64_t index) const {
+  const uint64_t sample = shuffle_[static_cast<uint64_t>(index)];
+  if (sample >= static_cast<uint64_t>(layout_.samples)) {
+    file_->damaged("shuffle entry " + std::to_string(index) + " is " + std::to_string(sample) + ", not one of the " +
+                   std::to_string(layout_.samples) + " samples");
   }
-  shuffle_.resize(starts_.size());
-  for (std::size_t i = 0; i < shuffle_.size(); ++i) shuffle_[i] = static_cast<int64_t>(i);
-  shuffle(shuffle_, generator);
+  return static_cast<int64_t>(sample);
+}
+
+int64_t GptSamples::document(int64_t position) const {
+  if (position >= document_index_size()) {
+    file_->damaged("a sample runs past the document index's " + std::to_string(document_index_size()) + " entries");
+  }
+  const uint64_t slot = documents_[static_cast<uint64_t>(position)];
+  if (slot >= static_cast<uint64_t>(layout_.sequences)) {
+    file_->damaged("document entry " + std::to_string(position) + " is " + std::to_string(slot) + ", not one of the " +
+                   std::to_string(layout_.sequences) + " sequences");
+  }
+  return layout_.first_sequence + static_cast<int64_t>(slot);
 }
 
 void GptSamples::sample(int64_t index, int64_t* out) const {
-  const std::array<int64_t, 2>& start = starts_[static_cast<std::size_t>(shuffle_[static_cast<std::size_t>(index)])];
-  auto position = static_cast<std::size_t>(start[0]);
-  int64_t offset = start[1];
-  int64_t needed = seq_length_ + 1;
+  const Start begin = start(shuffled(index));
+  int64_t position = begin.position;
+  int64_t offset = begin.offset;
+  int64_t needed = layout_.seq_length + 1;
   while (needed > 0) {
-    const auto sequence = static_cast<std::size_t>(document_index_[position]);
-    const int64_t take = std::min<int64_t>(needed, dataset_.sequence_length(sequence) - offset);
+    const auto sequence = static_cast<std::size_t>(document(position));
+    const int64_t length = dataset_.sequence_length(sequence);
+    if (offset > length) {
+      file_->damaged("a sample starts at token " + std::to_string(offset) + " of a sequence of " +
+                     std::to_string(length));
+    }
+    const int64_t take = std::min(needed, length - offset);
     dataset_.read(sequence, static_cast<std::size_t>(offset), static_cast<std::size_t>(take), out);
     out += take;
     needed -= take;

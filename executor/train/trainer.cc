@@ -8,6 +8,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <thread>
 
 #include "core/batch_rampup.h"
 #include "core/checked_math.h"
@@ -81,6 +82,13 @@ TrainOptions checked_train_options(const TrainOptions& options_in) {
   }
   if (options.ddp_bucket_size < 0) throw SpecError("--ddp-bucket-size", "must be non-negative (0: Megatron's default)");
   if (options.data_path.empty()) throw SpecError("--data-path", "is required");
+  if (options.dataset_builder_threads) {
+    if (*options.dataset_builder_threads < 1) {
+      throw SpecError("--num-dataset-builder-threads",
+                      "must be at least 1, got " + std::to_string(*options.dataset_builder_threads));
+    }
+    require_at_most(*options.dataset_builder_threads, kMaxThreads, "--num-dataset-builder-threads");
+  }
   options.learning_rate.validate();
   options.loss_scaling.validate();
   return options;
@@ -112,6 +120,7 @@ struct Run {
   const PipelineSchedule& schedule;  // the plan's, lowered and validated
   const BlendedSamples& train_samples;
   const BlendedSamples* valid_samples;
+  std::string data_log;  // how the sample indexes were found or built, for rank 0's log
 };
 
 // Megatron's sampler: a global batch is its size's consecutive samples; microbatch m of
@@ -384,6 +393,7 @@ TrainSummary RankTrainer::train() {
   state.seed = options.seed;
   state.tokenizer = options.tokenizer;
   if (out_ && !options.vocabulary_note.empty()) *out_ << options.vocabulary_note << "\n";
+  if (out_) *out_ << run_.data_log;
   if (out_) {
     // What the run is, once, before it starts (Megatron prints its arguments and sizes).
     const int64_t seq = run_.model.seq_length;
@@ -608,8 +618,16 @@ void check_ramp(const ModelSpec& model, const ParallelPlan& plan, const TrainOpt
   }
 }
 
+// Where the run's sample indexes are cached, who builds them, and where that is said.
+IndexCache index_cache(const TrainOptions& options, std::ostream& log) {
+  const int64_t threads = options.dataset_builder_threads.value_or(
+      std::max<int64_t>(1, static_cast<int64_t>(std::thread::hardware_concurrency())));
+  return IndexCache{options.data_cache_path, threads, &log};
+}
+
 // What every rank of a run shares, built and checked before any rank starts (a schedule that would
-// hang is refused here). Not movable: the samples refer to the datasets.
+// hang is refused here). Not movable: the samples refer to the datasets. Both sample counts are
+// bounded before either index is built.
 struct PreparedRun {
   PreparedRun(const ModelSpec& model_in, const ParallelPlan& plan_in, const TrainOptions& options_in)
       : model(model_in),
@@ -619,17 +637,22 @@ struct PreparedRun {
                   check_checkpoint_directories(options.load, options.save, checkpoint_bytes(model, plan)),
                   checked_schedule(plan, options))),
         datasets(open_datasets(options.data_path)),
-        train_samples(options.data_path, datasets, options.split, 0, model.seq_length, training_samples(plan, options),
-                      options.seed) {
-    if (any_documents_in_split(datasets, options.split, 1) && options.eval_iters > 0) {
-      valid_samples.emplace(options.data_path, datasets, options.split, 1, model.seq_length,
-                            validation_samples(plan, options), options.seed + 1);
+        train_count(training_samples(plan, options)),
+        valid_count(options.eval_iters > 0 && any_documents_in_split(datasets, options.split, 1)
+                        ? validation_samples(plan, options)
+                        : 0),
+        train_samples(options.data_path, datasets, options.split, 0, model.seq_length, train_count, options.seed,
+                      index_cache(options, data_log)) {
+    if (valid_count > 0) {
+      valid_samples.emplace(options.data_path, datasets, options.split, 1, model.seq_length, valid_count,
+                            options.seed + 1, index_cache(options, data_log));
     }
   }
   PreparedRun(const PreparedRun&) = delete;
   PreparedRun& operator=(const PreparedRun&) = delete;
   Run run() const {
-    return Run{model, plan, options, schedule, train_samples, valid_samples ? &*valid_samples : nullptr};
+    return Run{model,         plan, options, schedule, train_samples, valid_samples ? &*valid_samples : nullptr,
+               data_log.str()};
   }
 
   const ModelSpec& model;
@@ -637,6 +660,9 @@ struct PreparedRun {
   TrainOptions options;
   PipelineSchedule schedule;
   std::vector<std::unique_ptr<IndexedDataset>> datasets;  // one per --data-path prefix
+  int64_t train_count;
+  int64_t valid_count;          // 0: no validation
+  std::ostringstream data_log;  // said by rank 0 when it starts, after every refusal has had its turn
   BlendedSamples train_samples;
   std::optional<BlendedSamples> valid_samples;
 };

@@ -57,6 +57,11 @@ struct TrainOptions {
   std::optional<std::string> save;      // --save DIR
   int64_t save_interval = 0;            // --save-interval
   std::optional<std::string> load;      // --load DIR
+  // --data-cache-path: where the sample indexes are cached (none: beside each dataset, as Megatron
+  // caches them; executor/data/index_cache.h).
+  std::optional<std::string> data_cache_path;
+  // --num-dataset-builder-threads: threads building a sample index (none: every core).
+  std::optional<int64_t> dataset_builder_threads;
   // The tokenizer the data was prepared with (train's tokenizer flags), when the run names one:
   // recorded in its checkpoints for `megaplan convert --to hf`; without it a resumed run keeps the
   // loaded checkpoint's.

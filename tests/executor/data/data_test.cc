@@ -25,6 +25,7 @@
 #include "tests/executor/train/training_fixtures.h"
 
 using Catch::Matchers::Contains;
+using megaplan::exec::DocumentRange;
 using megaplan::exec::IndexedDataset;
 using megaplan::exec::IndexedDatasetWriter;
 using megaplan::exec::TokenType;
@@ -312,7 +313,11 @@ TEST_CASE("GPT samples are overlapping windows of the shuffled document stream",
   writer.finish();
   const IndexedDataset dataset(prefix);
   const int64_t seq = 4;
-  const megaplan::exec::GptSamples samples(dataset, {0, 5}, seq, 30, 1234);
+  const megaplan::exec::IndexCache cache{scratch.file("cache"), 1, nullptr};
+  const auto spec = [&](DocumentRange documents, int64_t samples, uint64_t seed) {
+    return megaplan::exec::GptSampleSpec{documents, "train", seq, samples, seed};
+  };
+  const megaplan::exec::GptSamples samples(dataset, spec({0, 5}, 30, 1234), cache);
   REQUIRE(samples.size() == 30);
   CHECK(samples.epochs() == 5);  // 25 tokens per epoch: (5 * 25 - 1) / 4 = 31 >= 30 samples
   std::vector<std::vector<int64_t>> seen;
@@ -328,8 +333,8 @@ TEST_CASE("GPT samples are overlapping windows of the shuffled document stream",
     seen.push_back(tokens);
   }
   // Same seed, same samples; another seed, another order.
-  const megaplan::exec::GptSamples again(dataset, {0, 5}, seq, 30, 1234);
-  const megaplan::exec::GptSamples other(dataset, {0, 5}, seq, 30, 99);
+  const megaplan::exec::GptSamples again(dataset, spec({0, 5}, 30, 1234), cache);
+  const megaplan::exec::GptSamples other(dataset, spec({0, 5}, 30, 99), cache);
   bool differs = false;
   for (int64_t i = 0; i < 30; ++i) {
     std::vector<int64_t> a(static_cast<std::size_t>(seq + 1)), b(static_cast<std::size_t>(seq + 1));
@@ -339,7 +344,7 @@ TEST_CASE("GPT samples are overlapping windows of the shuffled document stream",
     differs = differs || b != seen[static_cast<std::size_t>(i)];
   }
   CHECK(differs);
-  CHECK_THROWS_WITH(megaplan::exec::GptSamples(dataset, {1, 2}, seq, 3, 1), Contains("too few for any sample"));
+  CHECK_THROWS_WITH(megaplan::exec::GptSamples(dataset, spec({1, 2}, 3, 1), cache), Contains("too few for any sample"));
 }
 
 TEST_CASE("prepare recognises JSON lines by content, whatever the file's name", "[data]") {
@@ -441,14 +446,21 @@ TEST_CASE("--data-path reads Megatron's blends", "[data]") {
 
 TEST_CASE("a blend draws each dataset's share as Megatron's BlendedDataset does", "[data]") {
   // Megatron's build_blending_indices by hand: each sample from the dataset furthest behind.
-  const megaplan::exec::BlendingIndex index = megaplan::exec::build_blending_index({0.3, 0.7}, 10);
-  CHECK(index.dataset == std::vector<int32_t>{1, 0, 1, 1, 0, 1, 1, 0, 1, 1});
-  CHECK(index.sample == std::vector<int64_t>{0, 0, 1, 2, 1, 3, 4, 2, 5, 6});
-  const megaplan::exec::BlendingIndex three = megaplan::exec::build_blending_index({0.2, 0.5, 0.3}, 1000);
-  for (int32_t d = 0; d < 3; ++d) {
-    const auto count = std::count(three.dataset.begin(), three.dataset.end(), d);
-    CHECK(std::abs(static_cast<double>(count) -
-                   1000 * std::vector<double>{0.2, 0.5, 0.3}[static_cast<std::size_t>(d)]) <= 1);
+  const auto blended = [](const std::vector<double>& weights, int64_t size) {
+    std::pair<std::vector<std::size_t>, std::vector<int64_t>> index;
+    megaplan::exec::blend_samples(weights, size, [&](std::size_t dataset, int64_t sample) {
+      index.first.push_back(dataset);
+      index.second.push_back(sample);
+    });
+    return index;
+  };
+  const auto index = blended({0.3, 0.7}, 10);
+  CHECK(index.first == std::vector<std::size_t>{1, 0, 1, 1, 0, 1, 1, 0, 1, 1});
+  CHECK(index.second == std::vector<int64_t>{0, 0, 1, 2, 1, 3, 4, 2, 5, 6});
+  const auto three = blended({0.2, 0.5, 0.3}, 1000);
+  for (std::size_t d = 0; d < 3; ++d) {
+    const auto count = std::count(three.first.begin(), three.first.end(), d);
+    CHECK(std::abs(static_cast<double>(count) - 1000 * std::vector<double>{0.2, 0.5, 0.3}[d]) <= 1);
   }
 
   // Two datasets whose tokens say where they come from: 1000 * document + position, plus 100000 in B.
@@ -466,12 +478,13 @@ TEST_CASE("a blend draws each dataset's share as Megatron's BlendedDataset does"
       megaplan::exec::parse_data_blend({"0.3", scratch.file("A"), "0.7", scratch.file("B")});
   const auto datasets = megaplan::exec::open_datasets(blend);
   const int64_t seq = 8;
-  const megaplan::exec::BlendedSamples samples(blend, datasets, "1", 0, seq, 400, 1234);
+  const megaplan::exec::IndexCache cache{scratch.file("cache"), 1, nullptr};
+  const megaplan::exec::BlendedSamples samples(blend, datasets, "1", 0, seq, 400, 1234, cache);
   CHECK(samples.size() == 400);  // ceil(400 x 0.3) + ceil(400 x 0.7)
   const std::vector<int64_t> shares = samples.samples_per_dataset();
   CHECK(shares[0] + shares[1] == 400);
   CHECK(std::abs(shares[0] - 120) <= 1);  // each share within one sample of its weight's
-  const megaplan::exec::BlendedSamples again(blend, datasets, "1", 0, seq, 400, 1234);
+  const megaplan::exec::BlendedSamples again(blend, datasets, "1", 0, seq, 400, 1234, cache);
   std::vector<int64_t> from(2, 0);
   for (int64_t i = 0; i < samples.size(); ++i) {
     std::vector<int64_t> tokens(seq + 1), repeated(seq + 1);
@@ -485,18 +498,18 @@ TEST_CASE("a blend draws each dataset's share as Megatron's BlendedDataset does"
 
   // Without weights, each dataset's share is the samples an epoch of it holds, and no more.
   blend = megaplan::exec::parse_data_blend({scratch.file("A"), scratch.file("B")});
-  const megaplan::exec::BlendedSamples sized(blend, datasets, "1", 0, seq, 50, 7);
+  const megaplan::exec::BlendedSamples sized(blend, datasets, "1", 0, seq, 50, 7, cache);
   const std::vector<int64_t> drawn = sized.samples_per_dataset();
   CHECK(drawn[0] + drawn[1] == 50);
   CHECK(drawn[0] == 25);  // A and B hold the same tokens per epoch: (390 - 1) / 8 = 48 samples each
-  CHECK_THROWS_WITH(megaplan::exec::BlendedSamples(blend, datasets, "1", 0, seq, 97, 7),
+  CHECK_THROWS_WITH(megaplan::exec::BlendedSamples(blend, datasets, "1", 0, seq, 97, 7, cache),
                     Contains("--data-path: the 2 datasets given without weights hold 96 training samples of 9 tokens"));
 
   // One prefix without a weight is that dataset's samples, exactly.
   blend = megaplan::exec::DataBlend(scratch.file("A"));
   const std::vector<std::unique_ptr<IndexedDataset>> one = megaplan::exec::open_datasets(blend);
-  const megaplan::exec::BlendedSamples single(blend, one, "1", 0, seq, 30, 1234);
-  const megaplan::exec::GptSamples direct(*one[0], {0, 20}, seq, 30, 1234);
+  const megaplan::exec::BlendedSamples single(blend, one, "1", 0, seq, 30, 1234, cache);
+  const megaplan::exec::GptSamples direct(*one[0], {{0, 20}, "train", seq, 30, 1234}, cache);
   REQUIRE(single.size() == 30);
   for (int64_t i = 0; i < 30; ++i) {
     std::vector<int64_t> a(seq + 1), b(seq + 1);
