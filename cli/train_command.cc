@@ -96,6 +96,11 @@ void setup_train_command(CLI::App& app, CommandContext& context) {
   options->tokenizer.kind.clear();
   add_tokenizer_options(*command, options->tokenizer);
   command->add_option("--split", t.split, "Train, validation, test weights over documents")->capture_default_str();
+  command->add_option("--data-cache-path", t.data_cache_path,
+                      "Folder of the sample indexes, built once and reused by later runs and every rank (default: "
+                      "beside each dataset, PREFIX/cache/GPTDataset_indices, as Megatron-LM)");
+  command->add_option("--num-dataset-builder-threads", t.dataset_builder_threads,
+                      "Threads building a sample index (default: every core)");
   command->add_option("--train-iters", t.train_iters, "Iterations to train (or --train-samples)");
   command->add_option(
       "--train-samples", t.train_samples,

@@ -39,9 +39,11 @@ inline constexpr InputLimit kMaxScheduleActions{1 << 23,
                                                 "a schedule's actions are held, lowered and simulated at once"};
 // A Chrome trace writes every action of every pipeline rank (~200 bytes each).
 inline constexpr InputLimit kMaxTraceActions{1 << 20, "a trace file writes every action"};
-// Training: the sample index holds every sample a run draws, 24 bytes each, in memory (Megatron
-// builds it whole too, on disk): 2^27 samples is 3 GiB of index, a trillion tokens at seq 8192.
-inline constexpr InputLimit kMaxTrainingSamples{int64_t{1} << 27, "the data index holds 24 bytes per sample in memory"};
+// Training: a split's sample indexes are cached on disk and mapped, but the shuffle of its samples
+// is built in memory (Megatron's too), 4 bytes per sample up to 2^32 samples and 8 beyond: 2^34
+// samples (128 GiB to shuffle) are 35 trillion tokens at seq 2048, twice Llama 3's 15 trillion.
+inline constexpr InputLimit kMaxTrainingSamples{int64_t{1} << 34,
+                                                "the samples' shuffle is built in memory, 8 bytes per sample"};
 inline constexpr InputLimit kMaxThreads{1024, "one thread each"};
 // data prepare: one document (a JSONL line or a text file) is tokenized in memory (~12 bytes per byte).
 inline constexpr InputLimit kMaxDocumentBytes{int64_t{1} << 26, "a document is tokenized whole in memory"};

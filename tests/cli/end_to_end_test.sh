@@ -446,6 +446,46 @@ grep -q '^iteration 2/2 | loss ' "$scratch/out" || fail "train prints no iterati
 [ "$(wc -l <"$scratch/train.jsonl")" -eq 2 ] || fail "train --log-file holds no line per iteration"
 grep -q '"grad_norm"' "$scratch/train.jsonl" || fail "train --log-file lacks grad_norm"
 expect_error 'error: --data-path: .*nowhere.idx: cannot open' train --device cpu --model "$examples/models/tiny-gpt.json" --data-path "$scratch/nowhere" --train-iters 2
+# The sample indexes: beside the data by default, else in --data-cache-path; built once and reused,
+# rebuilt when the data is prepared again; a folder that cannot be written and a damaged index are
+# refused in one line.
+ls "$scratch/corpus_text_document/cache/GPTDataset_indices/"*-GPTDataset-train-indices.bin >/dev/null ||
+  fail "train cached no sample index beside the data"
+cached=(--device cpu --model "$examples/models/tiny-gpt.json" --vocab-size 257 --seq-length 16 --num-layers 1 --mbs 1
+  --gbs 2 --split 1,0,0 --train-iters 1 --data-path "$scratch/cached_text_document")
+expect_ok data prepare --input "$scratch/docs.jsonl" --output-prefix "$scratch/cached" --append-eod
+expect_ok train "${cached[@]}" --data-cache-path "$scratch/indexes"
+grep -q "^built the index of the train samples of $scratch/cached_text_document in [0-9.]* s: $scratch/indexes/[0-9a-f]*-GPTDataset-train-indices.bin$" "$scratch/out" ||
+  fail "train says where it built the sample index: $(cat "$scratch/out")"
+expect_ok train "${cached[@]}" --data-cache-path "$scratch/indexes" --num-dataset-builder-threads 1
+grep -q "^loaded the index of the train samples of $scratch/cached_text_document: $scratch/indexes/" "$scratch/out" ||
+  fail "a second run reuses the sample index: $(cat "$scratch/out")"
+printf '{"text": "other"}\n{"text": "words"}\n' >"$scratch/other.jsonl"  # as many documents, other tokens
+expect_ok data prepare --input "$scratch/other.jsonl" --output-prefix "$scratch/cached" --append-eod
+expect_ok train "${cached[@]}" --data-cache-path "$scratch/indexes"
+grep -q "^rebuilt the index of the train samples of .* (stale: .*cached_text_document.bin's size or modification time changed since it was built) in " "$scratch/out" ||
+  fail "a stale sample index is rebuilt: $(cat "$scratch/out")"
+index=$(ls "$scratch/indexes/"*-GPTDataset-train-indices.bin)
+truncate -s -1 "$index"
+expect_error "error: --data-cache-path: $index: truncated: .*: the cached index is damaged; delete it to build it again" train "${cached[@]}" --data-cache-path "$scratch/indexes"
+rm "$index"
+expect_error "error: --data-cache-path: $scratch/docs.jsonl/indexes: cannot create the cache folder \(Not a directory\): give --data-cache-path a writable folder" train "${cached[@]}" --data-cache-path "$scratch/docs.jsonl/indexes"
+[ ! -e "$scratch/indexes/$(basename "$index")" ] || fail "a refused run wrote a sample index"
+expect_error 'error: --num-dataset-builder-threads: must be at least 1, got 0' train "${cached[@]}" --num-dataset-builder-threads 0
+# A folder without write permission: as root, the run drops the power to override it.
+mkdir "$scratch/readonly"
+chmod 555 "$scratch/readonly"
+privileged=$megaplan
+if [ "$(id -u)" -eq 0 ] && command -v setpriv >/dev/null; then
+  printf '#!/bin/sh\nexec setpriv --bounding-set=-dac_override,-dac_read_search --inh-caps=-dac_override,-dac_read_search "%s" "$@"\n' \
+    "$megaplan" >"$scratch/unprivileged"
+  chmod +x "$scratch/unprivileged"
+  megaplan=$scratch/unprivileged
+fi
+if [ "$(id -u)" -ne 0 ] || [ "$megaplan" != "$privileged" ]; then
+  expect_error "error: --data-cache-path: $scratch/readonly is not writable \(Permission denied\) and the index of the train samples of $scratch/cached_text_document must be built; give --data-cache-path a writable folder" train "${cached[@]}" --data-cache-path "$scratch/readonly"
+fi
+megaplan=$privileged
 # The vocabulary: --vocab-size's, else the named tokenizer's, else the data's largest id plus one.
 expect_error 'error: --vocab-size: .*corpus_text_document.bin holds the token id 256, outside the vocabulary of 256 from --vocab-size: give a vocabulary of at least 257' train --device cpu --model "$examples/models/tiny-gpt.json" --vocab-size 256 --seq-length 16 --data-path "$scratch/corpus_text_document" --split 1,0,0 --train-iters 1
 expect_ok train --device cpu --model "$examples/models/tiny-gpt.json" --seq-length 16 --num-layers 1 \
@@ -776,9 +816,9 @@ timed_error() {  # like expect_error, and within 10 s
 }
 tiny=(--model "$examples/models/tiny-gpt.json" --vocab-size 257 --seq-length 16 --data-path "$scratch/corpus_text_document" --split 1,0,0)
 timed_error 'error: --train-iters: product 4611686018427387904 x 4 overflows 64 bits' train --device cpu "${tiny[@]}" --mbs 2 --gbs 4 --train-iters 4611686018427387904
-timed_error 'error: --train-iters \(x --global-batch-size: training samples\): must be at most 134217728' train --device cpu "${tiny[@]}" --train-iters 1000000000
+timed_error 'error: --train-iters \(x --global-batch-size: training samples\): must be at most 17179869184' train --device cpu "${tiny[@]}" --train-iters 100000000000
 timed_error 'error: --train-iters: out of range: 9223372036854775808 does not fit in 64 bits' train --device cpu "${tiny[@]}" --train-iters 9223372036854775808
-timed_error 'error: --eval-iters \(x --global-batch-size x evaluations: validation samples\): must be at most' train --device cpu "${tiny[@]}" --split 1,1,0 --train-iters 2 --eval-iters 1000000000
+timed_error 'error: --eval-iters \(x --global-batch-size x evaluations: validation samples\): must be at most' train --device cpu "${tiny[@]}" --split 1,1,0 --train-iters 2 --eval-iters 100000000000
 for flag in --adam-beta1 --adam-eps --lr --weight-decay; do
   timed_error "error: $flag: must be a finite number, got nan" train --device cpu "${tiny[@]}" --train-iters 2 "$flag" nan
 done
