@@ -25,6 +25,7 @@
 #include "executor/data/data_blend.h"
 #include "executor/data/gpt_dataset.h"
 #include "executor/data/index_cache.h"
+#include "executor/data/index_file.h"
 #include "executor/data/indexed_dataset.h"
 #include "tests/executor/train/training_fixtures.h"
 
@@ -397,4 +398,47 @@ TEST_CASE("the blend's cached index draws as Megatron's helper does", "[data][in
     equal = equal && tokens == expected;
   }
   CHECK(equal);
+}
+
+TEST_CASE("beyond 2^32 samples the indexes widen to 64 bits", "[data][index]") {
+  using megaplan::exec::index_width;
+  CHECK(index_width(65535) == 2);
+  CHECK(index_width(65536) == 4);
+  CHECK(index_width(UINT32_MAX) == 4);
+  CHECK(index_width(uint64_t{1} << 32) == 8);
+
+  // A section of 8-byte entries, written from narrower and wider values, read back whole.
+  const ScratchDirectory scratch;
+  const std::string path = scratch.file("wide.bin");
+  megaplan::exec::IndexFileWriter writer(path,
+                                         {{"description", {}}, {"inputs", nlohmann::json::array()}, {"facts", {}}},
+                                         {{"narrow", 2, 3}, {"wide", index_width(uint64_t{5} << 32), 3}});
+  const std::vector<uint32_t> narrow = {1, 65535, 7};
+  const std::vector<uint64_t> wide = {uint64_t{5} << 32, 3, (uint64_t{5} << 32) + 1};
+  writer.write(0, 0, narrow.data(), narrow.size());
+  writer.write(1, 0, wide.data(), wide.size());
+  writer.commit();
+  const megaplan::exec::MappedIndexFile file(path, "--data-cache-path");
+  const megaplan::exec::PackedArray read_narrow = file.section("narrow");
+  const megaplan::exec::PackedArray read_wide = file.section("wide");
+  REQUIRE(read_wide.width() == 8);
+  for (std::size_t i = 0; i < 3; ++i) {
+    CHECK(read_narrow[i] == narrow[i]);
+    CHECK(read_wide[i] == wide[i]);
+  }
+
+  // 2^34 samples of 8192 tokens over a million-token split: each sample's epoch holds its start.
+  megaplan::exec::EpochLayout layout;
+  layout.sequences = 1000;
+  layout.tokens_per_epoch = 1000003;
+  layout.seq_length = 8192;
+  layout.samples = int64_t{1} << 34;
+  layout.epochs = (layout.samples * layout.seq_length + layout.tokens_per_epoch) / layout.tokens_per_epoch;
+  for (const int64_t k : {int64_t{0}, int64_t{1}, int64_t{1} << 32, (int64_t{1} << 32) + 1, layout.samples - 1}) {
+    const int64_t epoch = layout.epoch_of(k);
+    INFO("sample " << k << ", epoch " << epoch);
+    CHECK(layout.first_sample(epoch) <= k);
+    CHECK(k < layout.first_sample(epoch + 1));
+    CHECK(epoch < layout.epochs);
+  }
 }
