@@ -91,8 +91,10 @@ MappedIndexFile::MappedIndexFile(const std::string& path, const std::string& fie
   const uint64_t header_bytes = load_word(data + 8);
   const uint64_t checksum = load_word(data + 16);
   const uint64_t text_bytes = load_word(data + 24);
-  if (header_bytes > size || header_bytes > kMaxHeaderBytes || text_bytes > header_bytes - kFramingBytes) {
-    damaged("truncated: " + std::to_string(size) + " bytes, shorter than its header");
+  if (header_bytes < kFramingBytes || header_bytes > size || header_bytes > kMaxHeaderBytes ||
+      text_bytes > header_bytes - kFramingBytes) {
+    damaged("its header's sizes (" + std::to_string(header_bytes) + " bytes, " + std::to_string(text_bytes) +
+            " of text) do not fit the file's " + std::to_string(size) + " bytes");
   }
   const std::string_view text(reinterpret_cast<const char*>(data + kFramingBytes), text_bytes);
   if (Fnv1a64().add(text).value() != checksum) damaged("its header fails its checksum");

@@ -289,6 +289,12 @@ TEST_CASE("a stale sample index is rebuilt, a damaged one refused", "[data][inde
   GptSamples(dataset, spec({0, 5}, 4, 30, 99), cache);  // another request is not stopped by it
   std::filesystem::remove(file);
   { const GptSamples rebuilt(dataset, spec({0, 5}, 4, 30, 1234), cache); }
+  // A header's size below its own framing.
+  damage(8, std::string(8, '\0'));
+  CHECK_THROWS_WITH(GptSamples(dataset, spec({0, 5}, 4, 30, 1234), cache),
+                    Contains(damaged + "its header's sizes (0 bytes, "));
+  std::filesystem::remove(file);
+  { const GptSamples rebuilt(dataset, spec({0, 5}, 4, 30, 1234), cache); }
   // Cut short.
   std::filesystem::resize_file(file, std::filesystem::file_size(file) - 1);
   CHECK_THROWS_WITH(GptSamples(dataset, spec({0, 5}, 4, 30, 1234), cache), Contains(damaged + "truncated: "));
