@@ -16,6 +16,7 @@
 #include "core/job_spec.h"
 #include "core/model_presets.h"
 #include "core/text_file.h"
+#include "executor/data/gpt_dataset.h"
 #include "executor/data/indexed_dataset.h"
 #include "executor/io/safetensors.h"
 #include "simulator/builtin_profiles.h"
@@ -152,6 +153,19 @@ void datasets() {
   }
 }
 
+// A training split's sample index, as a run caches it, built from the first seed dataset.
+void sample_index() {
+  const std::string prefix =
+      scratch_directory() + "/dataset-" + std::to_string(static_cast<int>(exec::TokenType::kUint16));
+  const exec::IndexedDataset dataset(prefix);
+  const std::string folder = scratch_directory() + "/indexes";
+  const exec::GptSamples samples(dataset, exec::GptSampleSpec{{0, 3}, "train", 2, 20, 1234},
+                                 exec::IndexCache{folder, 1, nullptr});
+  for (const auto& entry : std::filesystem::directory_iterator(folder)) {
+    seed("sample_index", "train", megaplan::read_text_file(entry.path().string()));
+  }
+}
+
 void safetensors() {
   const std::map<std::string, exec::WholeTensor> tensors = {
       {"embedding.weight", {{4, 3}, {0, 1, -2, 3.5f, 1e-3f, 65504, -0.0f, 7, 8, 9, 10, 11}}},
@@ -188,6 +202,7 @@ int main(int argc, char** argv) {
   jobs();
   profiles();
   datasets();
+  sample_index();
   safetensors();
   checkpoint();
   return 0;
