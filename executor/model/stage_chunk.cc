@@ -4,7 +4,6 @@
 #include <cmath>
 #include <cstring>
 #include <map>
-#include <random>
 #include <stdexcept>
 
 #include "core/error.h"
@@ -22,15 +21,9 @@ namespace {
 // The running loss sum's floats at the head of the loss memory (core/layer_recipe.h).
 constexpr auto kLossSum = static_cast<std::size_t>(kLossSumFloats);
 
-std::size_t product(const std::vector<int64_t>& shape) {
-  std::size_t size = 1;
-  for (int64_t extent : shape) size *= static_cast<std::size_t>(extent);
-  return size;
-}
-
-// A parameter's seed: FNV-1a of its name (not std::hash, which differs between standard
-// libraries), from a tenth of FNV's offset basis. The basis is a slip kept on purpose: every run's
-// initial weights, and so every recorded loss, derive from it.
+// A parameter's key for its draws (kernels/normal_draws.h): FNV-1a of its name (not std::hash,
+// which differs between standard libraries), from a tenth of FNV's offset basis. The basis is a
+// slip kept on purpose: every run's initial weights, and so every recorded loss, derive from it.
 uint64_t name_hash(const std::string& name) { return Fnv1a64(1469598103934665603ull).add(name).value(); }
 
 bool ends_with(const std::string& text, const std::string& suffix) {
@@ -186,29 +179,22 @@ StageChunk::StageChunk(const ModelSpec& model, const ParallelPlan& plan, int64_t
 void StageChunk::initialise(const Initialisation& init) {
   // Megatron's initialisation: normal(0, --init-method-std), output projections scaled by
   // 1 / sqrt(2 L). The output layer's copy draws the word embedding's values: the two start equal,
-  // as Megatron makes them by broadcasting the first stage's.
-  const uint64_t seed = init.seed;
+  // as Megatron makes them by broadcasting the first stage's. Each rank draws its part only, on the
+  // backend: the elements of the whole tensor the single-rank run draws (kernels/normal_draws.h).
   const double sigma = init.init_method_std;
   const double output_sigma = sigma / std::sqrt(2.0 * static_cast<double>(layers_total_));
   for (Parameter& parameter : parameters_) {
-    std::vector<float> host(product(parameter.global_shape), 0.0f);
-    // The tied copy draws the word embedding's values; an untied output layer its own.
-    const std::string& source = &parameter == output_copy_ ? std::string(kWordEmbeddings) : parameter.name;
     if (ends_with(parameter.name, "layernorm.weight")) {
-      std::fill(host.begin(), host.end(), 1.0f);
-    } else if (!ends_with(parameter.name, "bias")) {
+      backend_.fill(parameter.value, parameter.size, 1.0f);
+    } else if (!ends_with(parameter.name, "bias")) {  // biases keep allocate()'s zeros
       const bool output =
           ends_with(parameter.name, "linear_proj.weight") || ends_with(parameter.name, "linear_fc2.weight");
-      const uint64_t hash = name_hash(source);
-      std::seed_seq sequence{static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32),
-                             static_cast<uint32_t>(hash), static_cast<uint32_t>(hash >> 32)};
-      std::mt19937_64 generator(sequence);
-      std::normal_distribution<double> normal(0.0, output ? output_sigma : sigma);
-      for (float& value : host) value = static_cast<float>(normal(generator));
+      // The tied copy draws the word embedding's values; an untied output layer its own.
+      const std::string& source = &parameter == output_copy_ ? std::string(kWordEmbeddings) : parameter.name;
+      const NormalDraws draws{init.seed, name_hash(source), output ? output_sigma : sigma,
+                              part_placement(parameter.global_shape, tensor_cut(parameter))};
+      backend_.draw_normal(parameter.value, parameter.size, draws);
     }
-    // The rank's part of the whole tensor the single-rank run draws.
-    if (parameter.shard_count > 1) host = reshard({host}, TensorCut{}, parameter.global_shape, tensor_cut(parameter));
-    backend_.upload(parameter.value, host.data(), parameter.size);
   }
   refresh_compute_weights();
   zero_gradients();

@@ -81,11 +81,12 @@ class StageChunk {
 
   // Refuses what refuse_unsupported() refuses. Weights: normal(0, init.init_method_std), the
   // projection and fc2 scaled by 1/sqrt(2 * layers) as Megatron does; biases 0; norms 1 and 0. Each
-  // parameter is drawn from a generator seeded by `init.seed` and its name, so a stage holds exactly
-  // the values the whole model would. `tied_embedding` is the word embedding of stage 0 when it
-  // lives on this rank and this is another, last stage (the V's turn): the output layer reads it
-  // and adds its gradient there. `tensor_parallel` is the rank's tp group (null when tp = 1); the
-  // model holds that rank's shard of every split parameter, drawn as the slice of the whole tensor.
+  // element is drawn on the backend from `init.seed`, its parameter's name and its index in the
+  // whole tensor (kernels/normal_draws.h), so a stage holds exactly the values the whole model
+  // would. `tied_embedding` is the word embedding of stage 0 when it lives on this rank and this is
+  // another, last stage (the V's turn): the output layer reads it and adds its gradient there.
+  // `tensor_parallel` is the rank's tp group (null when tp = 1); the model holds that rank's shard
+  // of every split parameter, and draws only it: the whole tensor's elements at the shard's places.
   // Gradients are reduced in buckets of `bucket_size` elements (Megatron's --ddp-bucket-size; 0:
   // its default).
   StageChunk(const ModelSpec& model, const ParallelPlan& plan, int64_t stage, Backend& backend,

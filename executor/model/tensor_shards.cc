@@ -8,25 +8,20 @@ namespace megaplan::exec {
 namespace {
 
 // A row-major tensor seen as [outer, extent, inner] around the cut's dimension: a part is a
-// contiguous extent / count slice of every outer row.
+// contiguous extent / count slice of every outer row (its runs). A cut of `chunks` blocks is a cut
+// of a tensor whose dimension is [chunks, extent / chunks].
 struct Around {
-  std::size_t outer = 1, extent = 1, inner = 1;
+  std::size_t extent = 1, inner = 1;
 };
-// A cut of `chunks` blocks is a cut of a tensor whose dimension is [chunks, extent / chunks].
 Around around(const std::vector<int64_t>& shape, const TensorCut& cut) {
   Around result;
   for (std::size_t d = 0; d < shape.size(); ++d) {
     const auto extent = static_cast<std::size_t>(shape[d]);
-    if (static_cast<int64_t>(d) < cut.dim)
-      result.outer *= extent;
-    else if (static_cast<int64_t>(d) == cut.dim)
-      result.extent = extent;
-    else
+    if (static_cast<int64_t>(d) == cut.dim)
+      result.extent = extent / static_cast<std::size_t>(std::max<int64_t>(cut.chunks, 1));
+    else if (static_cast<int64_t>(d) > cut.dim)
       result.inner *= extent;
   }
-  const auto chunks = static_cast<std::size_t>(std::max<int64_t>(cut.chunks, 1));
-  result.outer *= chunks;
-  result.extent /= chunks;
   return result;
 }
 
@@ -63,6 +58,19 @@ std::vector<int64_t> part_shape(std::vector<int64_t> global_shape, const TensorC
   return global_shape;
 }
 
+PartPlacement part_placement(const std::vector<int64_t>& global_shape, const TensorCut& cut) {
+  if (!cut_fits(global_shape, cut)) {
+    throw std::invalid_argument("no " + cut_text(cut) + " of " + shape_text(global_shape));
+  }
+  if (cut.count == 1) {
+    const uint64_t whole = std::max<uint64_t>(elements(global_shape), 1);
+    return {whole, whole, 0};
+  }
+  const Around shape = around(global_shape, cut);
+  const uint64_t run = shape.extent / static_cast<std::size_t>(cut.count) * shape.inner;
+  return {run, shape.extent * shape.inner, static_cast<uint64_t>(cut.index) * run};
+}
+
 std::vector<float> reshard(const std::vector<std::vector<float>>& parts, const TensorCut& parts_cut,
                            const std::vector<int64_t>& global_shape, const TensorCut& wanted) {
   const std::size_t total = elements(global_shape);
@@ -78,12 +86,12 @@ std::vector<float> reshard(const std::vector<std::vector<float>>& parts, const T
     whole = parts.front();
   } else {
     whole.resize(total);
-    const Around shape = around(global_shape, joined);
-    const std::size_t piece = shape.extent / parts.size() * shape.inner;  // one part's elements per outer row
     for (std::size_t k = 0; k < parts.size(); ++k) {
       if (parts[k].size() != total / parts.size()) throw std::invalid_argument("reshard: parts of unequal sizes");
-      for (std::size_t o = 0; o < shape.outer; ++o) {
-        std::copy_n(parts[k].data() + o * piece, piece, whole.data() + o * shape.extent * shape.inner + k * piece);
+      joined.index = static_cast<int64_t>(k);
+      const PartPlacement place = part_placement(global_shape, joined);
+      for (std::size_t start = 0; start < parts[k].size(); start += place.run) {
+        std::copy_n(parts[k].data() + start, place.run, whole.data() + place.whole_index(start));
       }
     }
   }
@@ -92,15 +100,10 @@ std::vector<float> reshard(const std::vector<std::vector<float>>& parts, const T
                                 shape_text(global_shape) + " needs " + std::to_string(total));
   }
   if (wanted.count == 1) return whole;
-  if (!cut_fits(global_shape, wanted)) {
-    throw std::invalid_argument("reshard: " + cut_text(wanted) + " of " + shape_text(global_shape));
-  }
-  const Around shape = around(global_shape, wanted);
-  const std::size_t piece = shape.extent / static_cast<std::size_t>(wanted.count) * shape.inner;
+  const PartPlacement place = part_placement(global_shape, wanted);
   std::vector<float> part(total / static_cast<std::size_t>(wanted.count));
-  for (std::size_t o = 0; o < shape.outer; ++o) {
-    std::copy_n(whole.data() + o * shape.extent * shape.inner + static_cast<std::size_t>(wanted.index) * piece, piece,
-                part.data() + o * piece);
+  for (std::size_t start = 0; start < part.size(); start += place.run) {
+    std::copy_n(whole.data() + place.whole_index(start), place.run, part.data() + start);
   }
   return part;
 }

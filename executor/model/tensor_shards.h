@@ -1,12 +1,14 @@
 // How tensor parallelism cuts a tensor, and moving between cuts: the one rule that initialisation
-// (every rank draws the whole tensor and keeps its part, so layouts start from the single-rank
-// run's values) and checkpoints (saved under one layout, loaded under another) share.
+// (every rank draws its part's elements as the whole tensor's, so layouts start from the
+// single-rank run's values) and checkpoints (saved under one layout, loaded under another) share.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include "executor/host_device.h"
 
 namespace megaplan::exec {
 
@@ -28,6 +30,23 @@ std::size_t elements(const std::vector<int64_t>& shape);
 bool cut_fits(const std::vector<int64_t>& global_shape, const TensorCut& cut);
 // The shape of part `cut` of a tensor of `global_shape`. REQUIRES: cut_fits.
 std::vector<int64_t> part_shape(std::vector<int64_t> global_shape, const TensorCut& cut);
+
+// Where a part lies in the whole row-major tensor: runs of `run` consecutive elements, the part's
+// run k (its elements k * run ...) at k * stride + offset in the whole. The whole tensor is one
+// run. The cut's one mapping from a part's elements to the whole's, on the host and in CUDA
+// kernels alike: reshard moves runs by it, and initialisation (kernels/normal_draws.h) gives each
+// element of a part the value of its element in the whole.
+struct PartPlacement {
+  uint64_t run = 1;
+  uint64_t stride = 1;
+  uint64_t offset = 0;
+
+  MEGAPLAN_HOST_DEVICE uint64_t whole_index(uint64_t part_index) const {
+    return part_index / run * stride + offset + part_index % run;
+  }
+};
+// Throws std::invalid_argument unless cut_fits(global_shape, cut).
+PartPlacement part_placement(const std::vector<int64_t>& global_shape, const TensorCut& cut);
 
 // Resharding, on row-major fp32 tensors: joins `parts` (parts[i] is part i of parts.size() under
 // `parts_cut`, whose index is ignored; one part: the whole tensor) into the tensor of

@@ -21,6 +21,7 @@
 #include "core/layer_recipe.h"
 #include "executor/comm/comm.h"
 #include "executor/kernels/dropout_mask.h"
+#include "executor/kernels/normal_draws.h"
 #include "executor/kernels/rope_frequency.h"
 
 namespace megaplan::exec {
@@ -82,6 +83,11 @@ class Backend {
   virtual void upload(Activation device, const float* host, std::size_t n) = 0;
   virtual void download(float* host, ConstActivation device, std::size_t n) = 0;
   virtual void fill(float* x, std::size_t n, float value) = 0;
+  // x[i] = element i of this rank's part of the normal tensor `draws` describes: its element
+  // draws.part.whole_index(i) of the whole, as kernels/normal_draws.h defines it, bit for bit on
+  // every backend (initialisation: each rank draws only its part, every layout the single rank's
+  // values).
+  virtual void draw_normal(float* x, std::size_t n, const NormalDraws& draws) = 0;
 
   // y[m x n] = epilogue(x[m x k] W^T + b), W stored [n x k] as Megatron stores a linear layer's
   // weight; a forward epilogue (is_forward_epilogue, else std::logic_error). kBiasGelu (tanh GELU)

@@ -106,6 +106,10 @@ void CpuBackend::download(float* host, ConstActivation device, std::size_t n) { 
 
 void CpuBackend::fill(float* x, std::size_t n, float value) { std::fill(x, x + n, value); }
 
+void CpuBackend::draw_normal(float* x, std::size_t n, const NormalDraws& draws) {
+  for (std::size_t i = 0; 2 * i < n; ++i) draws.draw_two(i, n, x);
+}
+
 void CpuBackend::linear_forward(ConstActivation x_in, ConstActivation w_in, ConstActivation b_in, std::size_t m,
                                 std::size_t k, std::size_t n, GemmEpilogue epilogue, Activation y_out,
                                 Activation pre_activation) {

@@ -30,6 +30,7 @@ class CpuBackend final : public Backend {
   void upload(Activation device, const float* host, std::size_t n) override;
   void download(float* host, ConstActivation device, std::size_t n) override;
   void fill(float* x, std::size_t n, float value) override;
+  void draw_normal(float* x, std::size_t n, const NormalDraws& draws) override;
   void linear_forward(ConstActivation x, ConstActivation w, ConstActivation b, std::size_t m, std::size_t k,
                       std::size_t n, GemmEpilogue epilogue, Activation y, Activation pre_activation) override;
   void linear_backward(ConstActivation dy, ConstActivation x, ConstActivation w, std::size_t m, std::size_t k,

@@ -35,6 +35,7 @@
 #include "executor/kernels/cuda/elementwise.h"
 #include "executor/kernels/cuda/embedding.h"
 #include "executor/kernels/cuda/flash_attention.h"
+#include "executor/kernels/cuda/normal_draws.h"
 #include "executor/kernels/cuda/norms.h"
 #include "executor/kernels/cuda/reductions.h"
 #include "executor/kernels/cuda/stream.h"
@@ -186,6 +187,9 @@ class CudaBackend final : public Backend {
     }
     fill_kernel<<<blocks_for(i64(n), 256), 256, 0, lane_->stream>>>(x, i64(n), value);
     check_launch("fill");
+  }
+  void draw_normal(float* x, std::size_t n, const NormalDraws& draws) override {
+    cuda::draw_normal(x, i64(n), draws, lane_->stream);
   }
 
   bool runs_fp16_gemms() const override { return true; }

@@ -1,12 +1,17 @@
 // A GPT stage on the CPU backend: its backward is the gradient of its forward (finite differences on
 // a tiny model, every kind of parameter); the split backward (I then W) equals the fused one (B);
 // its parameters are core's count for every stage of a pipeline and tensor-parallel rank; its memory
-// prediction is what it allocates, with and without tensor and sequence parallelism.
+// prediction is what it allocates, with and without tensor and sequence parallelism; every tensor-
+// and pipeline-parallel rank's chunk starts from the single rank's weights, bit for bit.
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstring>
+#include <map>
 #include <random>
+#include <string>
 #include <tuple>
+#include <vector>
 
 #include "core/error.h"
 #include "core/formulas.h"
@@ -14,11 +19,12 @@
 #include "executor/comm/rank_threads.h"
 #include "executor/model/stage_chunk.h"
 #include "executor/runtime/cpu_backend.h"
+#include "tests/executor/train/training_fixtures.h"
 
 namespace {
 
-using megaplan::exec::StageChunk;
 using megaplan::exec::MicrobatchTokens;
+using megaplan::exec::StageChunk;
 
 megaplan::ModelSpec tiny_model() {
   megaplan::ModelSpec model;
@@ -47,6 +53,30 @@ MicrobatchTokens random_microbatch(std::size_t batch, std::size_t seq, int64_t v
   for (int64_t& t : data.tokens) t = token(generator);
   data.loss_mask.assign(batch * seq, 1.0f);
   return data;
+}
+
+// A chunk's parameters as drawn: name, the part's cut of the whole tensor and its values.
+struct DrawnPart {
+  std::string name;
+  megaplan::exec::TensorCut cut;
+  std::vector<int64_t> global_shape;
+  std::vector<float> values;
+  bool output_copy;  // the tied output layer's copy of the word embedding
+};
+
+std::vector<DrawnPart> drawn_parts(StageChunk& chunk, megaplan::exec::Backend& backend) {
+  std::vector<DrawnPart> parts;
+  for (const megaplan::exec::Parameter& p : chunk.parameters()) {
+    DrawnPart part{p.name, megaplan::exec::tensor_cut(p), p.global_shape, std::vector<float>(p.size),
+                   &p == chunk.output_weight_copy()};
+    backend.download(part.values.data(), p.value, p.size);
+    parts.push_back(std::move(part));
+  }
+  return parts;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
 }  // namespace
@@ -101,5 +131,57 @@ TEST_CASE("a backward split into I and W gives B's gradients", "[model]") {
     const auto& b = split.parameters()[p];
     INFO(a.name);
     for (std::size_t i = 0; i < a.size; ++i) CHECK(b.gradient[i] == Approx(a.gradient[i]).margin(1e-7));
+  }
+}
+
+TEST_CASE("every tensor- and pipeline-parallel chunk starts from the single rank's weights bit for bit", "[model]") {
+  // Each rank draws only its part, each element as the whole tensor's at its place (tensor_shards.h's
+  // PartPlacement): column-parallel QKV (Qwen's QKV bias too) and fc1 (SwiGLU's [gate; up] cut
+  // block by block), row-parallel projection and fc2, the vocabulary-parallel embedding and output
+  // layer, the replicated norms; on each pipeline stage its own layers, and the GPT's last stage
+  // the tied output copy of the word embedding. Data-parallel replicas build the same chunks (a
+  // chunk has no data-parallel rank; the trainer's test checks replicas end to end).
+  using megaplan::ScheduleKind;
+  for (const megaplan::ModelSpec& model :
+       {megaplan::test::four_layer_gpt(), megaplan::test::four_layer_llama(), megaplan::test::four_layer_qwen()}) {
+    std::map<std::string, std::vector<float>> whole;
+    {
+      megaplan::exec::CpuBackend backend;
+      StageChunk single(model, megaplan::test::layout(1, 1, 1, 1, ScheduleKind::kOneFOneB), 0, backend, {1234});
+      for (DrawnPart& part : drawn_parts(single, backend)) whole[part.name] = std::move(part.values);
+    }
+    for (const auto& [tp, pp] : {std::pair<int64_t, int64_t>{2, 1}, {1, 2}, {2, 2}}) {
+      const megaplan::ParallelPlan plan = megaplan::test::layout(tp, pp, 1, 1, ScheduleKind::kOneFOneB);
+      std::vector<DrawnPart> parts;  // of every stage and tensor-parallel rank
+      for (int64_t stage = 0; stage < pp; ++stage) {
+        megaplan::exec::InProcessWorld world(tp, std::chrono::seconds(60));
+        std::vector<std::vector<DrawnPart>> ranks(static_cast<std::size_t>(tp));
+        megaplan::exec::run_rank_threads(world, tp, [&](int64_t rank) {
+          std::vector<int64_t> members(static_cast<std::size_t>(tp));
+          for (int64_t r = 0; r < tp; ++r) members[static_cast<std::size_t>(r)] = r;
+          const std::unique_ptr<megaplan::exec::Comm> group = tp > 1 ? world.group(rank, members, "tp") : nullptr;
+          megaplan::exec::CpuBackend backend;
+          StageChunk chunk(model, plan, stage, backend, {1234}, nullptr, group.get());
+          ranks[static_cast<std::size_t>(rank)] = drawn_parts(chunk, backend);
+        });
+        for (auto& rank : ranks) parts.insert(parts.end(), rank.begin(), rank.end());
+      }
+      std::map<std::string, int64_t> parts_seen;
+      for (const DrawnPart& part : parts) {
+        INFO(model.name << ", tp " << tp << " pp " << pp << ": " << part.name << ", part " << part.cut.index << " of "
+                        << part.cut.count);
+        const std::string& source = part.output_copy ? std::string(megaplan::kWordEmbeddings) : part.name;
+        REQUIRE(whole.count(source) == 1);
+        CHECK(same_bits(part.values, megaplan::exec::reshard({whole.at(source)}, {}, part.global_shape, part.cut)));
+        parts_seen[part.name] += 1;
+      }
+      // Every tensor of the single rank, in tp parts where split (the GPT's tied copy besides).
+      INFO(model.name << ", tp " << tp << " pp " << pp);
+      for (const auto& [name, values] : whole) CHECK(parts_seen.count(name) == 1);
+      CHECK(parts_seen.at("decoder.layers.3.mlp.linear_fc1.weight") == tp);
+      CHECK(parts_seen.at("decoder.layers.0.self_attention.linear_proj.weight") == tp);
+      const bool output_layer = pp > 1 || model.untie_embeddings_and_output_weights;
+      CHECK(parts_seen.count(megaplan::kOutputWeight) == (output_layer ? 1u : 0u));
+    }
   }
 }

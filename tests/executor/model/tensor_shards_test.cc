@@ -1,7 +1,8 @@
-// Tensor cuts and resharding (executor/model/tensor_shards.h): what initialisation slices and
-// checkpoints join and cut again.
+// Tensor cuts, placements and resharding (executor/model/tensor_shards.h): where initialisation
+// draws a part's elements from, and what checkpoints join and cut again.
 #include <catch2/catch.hpp>
 
+#include <numeric>
 #include <stdexcept>
 #include <vector>
 
@@ -70,4 +71,21 @@ TEST_CASE("a cut of stacked blocks takes each block's part: SwiGLU's [gate; up]"
   CHECK(exec::reshard({part0, part}, exec::TensorCut{0, 0, 2, 2}, shape, {0, 3, 4, 2}) ==
         std::vector<float>{30, 31, 70, 71});
   CHECK_FALSE(exec::cut_fits(shape, {0, 0, 8, 2}));  // 4 rows per block in 8 parts
+}
+
+TEST_CASE("a part's placement says where each of its elements lies in the whole tensor", "[shards]") {
+  const auto places = [](const exec::PartPlacement& placement, uint64_t count) {
+    std::vector<uint64_t> whole;
+    for (uint64_t i = 0; i < count; ++i) whole.push_back(placement.whole_index(i));
+    return whole;
+  };
+  // fc1 [8, 2] as [gate; up], rank 1 of 2: gate rows 2-3 (elements 4-7), up rows 6-7 (12-15).
+  CHECK(places(exec::part_placement({8, 2}, {0, 1, 2, 2}), 8) == std::vector<uint64_t>{4, 5, 6, 7, 12, 13, 14, 15});
+  // Row-parallel [3, 4], part 1 of 2: columns 2-3 of every row.
+  CHECK(places(exec::part_placement({3, 4}, {1, 1, 2}), 6) == std::vector<uint64_t>{2, 3, 6, 7, 10, 11});
+  // The whole tensor is one run.
+  std::vector<uint64_t> identity(12);
+  std::iota(identity.begin(), identity.end(), uint64_t{0});
+  CHECK(places(exec::part_placement({3, 4}, {}), 12) == identity);
+  CHECK_THROWS_AS(exec::part_placement({6, 2}, {0, 0, 4}), std::invalid_argument);  // 6 rows in 4 parts
 }

@@ -44,6 +44,9 @@ class ForwardingBackend : public exec::Backend {
   void upload(Activation device, const float* host, std::size_t n) override { inner_->upload(device, host, n); }
   void download(float* host, ConstActivation device, std::size_t n) override { inner_->download(host, device, n); }
   void fill(float* x, std::size_t n, float value) override { inner_->fill(x, n, value); }
+  void draw_normal(float* x, std::size_t n, const exec::NormalDraws& draws) override {
+    inner_->draw_normal(x, n, draws);
+  }
   void linear_forward(ConstActivation x, ConstActivation w, ConstActivation b, std::size_t m, std::size_t k,
                       std::size_t n, GemmEpilogue epilogue, Activation y, Activation pre) override {
     inner_->linear_forward(x, w, b, m, k, n, epilogue, y, pre);

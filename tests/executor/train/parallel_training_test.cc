@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -243,6 +244,39 @@ TEST_CASE("the Llama family's layers train under tensor, pipeline and data paral
                        {"pp2 dualpipev", plan_of(1, 2, 1, 2, ScheduleKind::kDualPipeV)},
                        {"tp2 x pp2 x dp2, sequence parallel, distributed optimizer", everything}},
                       options, scratch, model.name + "-");
+  }
+}
+
+TEST_CASE("every layout starts from the single rank's weights bit for bit", "[parallel]") {
+  // Each rank draws only its part of each tensor, as the whole tensor's elements at their places.
+  // At --lr 0 an iteration leaves every weight as drawn (AdamW subtracts 0 x its update), so the
+  // final weights are the first: gathered from the tensor-parallel parts of every pipeline stage
+  // and, under the distributed optimizer, from each data-parallel replica's shard, they must equal
+  // the single rank's bit for bit. The V schedule's last stage reads stage 0's embedding on its rank.
+  const megaplan::test::ScratchDirectory scratch;
+  exec::TrainOptions options = options_for(megaplan::test::sentence_corpus(scratch));
+  options.train_iters = 1;
+  options.learning_rate.max_lr = 0;
+  options.learning_rate.warmup_iterations = 0;
+  ParallelPlan everything = plan_of(2, 2, 2, 1, ScheduleKind::kOneFOneB);
+  everything.use_distributed_optimizer = true;
+  for (const megaplan::ModelSpec& model : {four_layer_gpt(), megaplan::test::four_layer_llama()}) {
+    const Outcome single =
+        train(model, plan_of(1, 1, 1, 1, ScheduleKind::kOneFOneB), options, scratch, model.name + "-first-single");
+    REQUIRE(single.summary.final_weights.size() > 20);
+    const std::vector<Layout> layouts = {{"tp2 x pp2 x dp2, distributed optimizer", everything},
+                                         {"pp2 dualpipev", plan_of(1, 2, 1, 2, ScheduleKind::kDualPipeV)}};
+    for (std::size_t l = 0; l < layouts.size(); ++l) {
+      INFO(model.name << ", " << layouts[l].name);
+      const Outcome run = train(model, layouts[l].plan, options, scratch, model.name + "-first-" + std::to_string(l));
+      for (const auto& [name, expected] : single.summary.final_weights) {
+        INFO(name);
+        const auto found = run.summary.final_weights.find(name);
+        REQUIRE(found != run.summary.final_weights.end());
+        REQUIRE(found->second.size() == expected.size());
+        CHECK(std::memcmp(found->second.data(), expected.data(), expected.size() * sizeof(float)) == 0);
+      }
+    }
   }
 }
 
