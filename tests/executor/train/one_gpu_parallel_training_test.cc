@@ -28,6 +28,9 @@
 //   rounds once. Measured: the first loss 1.1e-5 relative, the worst 2.6e-4, the last gradient norm
 //   8e-5. We allow 1e-4 on the first loss and the data-parallel bounds after it; a wrong head, shard
 //   or missing sum moves the first loss by 1e-2 or more.
+// - The first gradient norm (before any step, so no trajectory has amplified anything yet): within
+//   5e-10 relative under pipelines and data parallelism on an H200 (2026-11-29), 1e-5 allowed;
+//   2.2e-4 to 4.8e-4 under tensor parallelism's bf16 partial sums, 2e-3 allowed.
 // At 3e-3 the learning rate spiked every run's loss at iteration 6, which magnified these
 // differences tenfold; 1e-3 trains smoothly.
 #include <catch2/catch.hpp>
@@ -108,6 +111,7 @@ struct Layout {
   std::string name;
   ParallelPlan plan;
   double first_loss_tolerance;
+  double first_gradient_norm_tolerance;
   double loss_tolerance;
   double gradient_norm_tolerance;
 };
@@ -120,7 +124,10 @@ void check_layouts(const megaplan::ModelSpec& model, const Outcome& single, cons
     INFO(layout.name);
     const Outcome run = train_on_gpu(model, layout.plan, options, scratch, model.name + "-layout" + std::to_string(l));
     REQUIRE(run.losses.size() == kIterations);
-    CHECK(run.losses[0] == Approx(single.losses[0]).epsilon(layout.first_loss_tolerance));  // before any step
+    // Before any step: one forward and backward's arithmetic, which no trajectory has amplified yet.
+    CHECK(run.losses[0] == Approx(single.losses[0]).epsilon(layout.first_loss_tolerance));
+    CHECK(run.gradient_norms.at(0) ==
+          Approx(single.gradient_norms.at(0)).epsilon(layout.first_gradient_norm_tolerance));
     for (std::size_t i = 0; i < kIterations; ++i) {
       INFO("iteration " << i + 1 << ": " << run.losses[i] << " against " << single.losses[i]);
       CHECK(run.losses[i] == Approx(single.losses[i]).epsilon(layout.loss_tolerance));
@@ -133,6 +140,8 @@ void check_layouts(const megaplan::ModelSpec& model, const Outcome& single, cons
       worst = std::max(worst, std::abs(run.losses[i] - single.losses[i]) / std::abs(single.losses[i]));
     }
     std::cout << layout.name << ": first loss " << std::abs(run.losses[0] - single.losses[0]) / single.losses[0]
+              << ", first gradient norm "
+              << std::abs(run.gradient_norms.at(0) - single.gradient_norms.at(0)) / single.gradient_norms.at(0)
               << ", worst loss " << worst << ", last gradient norm "
               << std::abs(run.summary.last_gradient_norm - single.summary.last_gradient_norm) /
                      single.summary.last_gradient_norm
@@ -160,16 +169,16 @@ TEST_CASE("pipeline, data- and tensor-parallel layouts train on one GPU like one
   REQUIRE(single.losses.back() < single.losses.front());  // it learns: the comparison means something
 
   const std::vector<Layout> layouts = {
-      {"pp2 1f1b", plan_of(2, 1, 1, ScheduleKind::kOneFOneB, false), 1e-5, 1e-5, 1e-5},
-      {"pp2 interleaved vpp2", plan_of(2, 1, 2, ScheduleKind::kInterleaved, false), 1e-5, 1e-5, 1e-5},
-      {"pp2 zbv", plan_of(2, 1, 2, ScheduleKind::kZeroBubbleV, false), 1e-5, 1e-5, 1e-5},
-      {"pp2 dualpipev", plan_of(2, 1, 2, ScheduleKind::kDualPipeV, false), 1e-5, 1e-5, 1e-5},
-      {"dp2 distributed optimizer", plan_of(1, 2, 1, ScheduleKind::kOneFOneB, true), 1e-5, 2e-3, 1e-3},
-      {"pp2 x dp2 distributed optimizer", plan_of(2, 2, 1, ScheduleKind::kOneFOneB, true), 1e-5, 2e-3, 1e-3},
-      {"tp2", plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false, 2), 1e-4, 2e-3, 1e-3},
-      {"tp2 sequence parallel", plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false, 2, true), 1e-4, 2e-3, 1e-3},
+      {"pp2 1f1b", plan_of(2, 1, 1, ScheduleKind::kOneFOneB, false), 1e-5, 1e-5, 1e-5, 1e-5},
+      {"pp2 interleaved vpp2", plan_of(2, 1, 2, ScheduleKind::kInterleaved, false), 1e-5, 1e-5, 1e-5, 1e-5},
+      {"pp2 zbv", plan_of(2, 1, 2, ScheduleKind::kZeroBubbleV, false), 1e-5, 1e-5, 1e-5, 1e-5},
+      {"pp2 dualpipev", plan_of(2, 1, 2, ScheduleKind::kDualPipeV, false), 1e-5, 1e-5, 1e-5, 1e-5},
+      {"dp2 distributed optimizer", plan_of(1, 2, 1, ScheduleKind::kOneFOneB, true), 1e-5, 1e-5, 2e-3, 1e-3},
+      {"pp2 x dp2 distributed optimizer", plan_of(2, 2, 1, ScheduleKind::kOneFOneB, true), 1e-5, 1e-5, 2e-3, 1e-3},
+      {"tp2", plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false, 2), 1e-4, 2e-3, 2e-3, 1e-3},
+      {"tp2 sequence parallel", plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false, 2, true), 1e-4, 2e-3, 2e-3, 1e-3},
       {"tp2 x pp2 x dp2, sequence parallel, distributed optimizer",
-       plan_of(2, 2, 1, ScheduleKind::kOneFOneB, true, 2, true), 1e-4, 2e-3, 1e-3},
+       plan_of(2, 2, 1, ScheduleKind::kOneFOneB, true, 2, true), 1e-4, 2e-3, 2e-3, 1e-3},
   };
   check_layouts(model, single, layouts, options, scratch);
 }
@@ -185,16 +194,21 @@ TEST_CASE("the Llama family's layouts train on one GPU like one rank", "[gpu][tr
       train_on_gpu(model, plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false), options, scratch, "llama-single");
   REQUIRE(single.losses.size() == kIterations);
   REQUIRE(single.losses.back() < single.losses.front());
-  check_layouts(model, single,
-                {{"pp2 interleaved vpp2", plan_of(2, 1, 2, ScheduleKind::kInterleaved, false), 1e-5, 1e-5, 1e-5},
-                 {"pp2 dualpipev", plan_of(2, 1, 2, ScheduleKind::kDualPipeV, false), 1e-5, 1e-5, 1e-5},
-                 // The bf16 partial sums tensor parallelism reduces move the last gradient norm more
-                 // than GPT's (measured on an H100: 2.3e-3 and 1.1e-2 relative; losses within 4.4e-4);
-                 // the CPU's fp32 runs of the same layouts agree within 1e-4 (parallel_training_test).
-                 {"tp2 sequence parallel", plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false, 2, true), 1e-4, 2e-3, 2e-2},
-                 {"tp2 x pp2 x dp2, sequence parallel, distributed optimizer",
-                  plan_of(2, 2, 1, ScheduleKind::kOneFOneB, true, 2, true), 1e-4, 2e-3, 2e-2}},
-                options, scratch);
+  check_layouts(
+      model, single,
+      {{"pp2 interleaved vpp2", plan_of(2, 1, 2, ScheduleKind::kInterleaved, false), 1e-5, 1e-5, 1e-5, 1e-5},
+       {"pp2 dualpipev", plan_of(2, 1, 2, ScheduleKind::kDualPipeV, false), 1e-5, 1e-5, 1e-5, 1e-5},
+       // The bf16 partial sums tensor parallelism reduces move the last gradient norm more
+       // than GPT's, and by how much depends on the initial draws: measured 2.3e-3 and
+       // 1.1e-2 relative on an H100 with the first generator (mt19937), 2.3e-2 and 2.1e-2
+       // on an H200 with Philox's draws, where the first gradient norm agreed within
+       // 4.8e-4 and the losses within 4.1e-4. The first loss and gradient norm catch a
+       // wrong shard or sum; the last norm's bound only a norm off by a factor. The CPU's
+       // fp32 runs of the same layouts agree within 1e-4 (parallel_training_test).
+       {"tp2 sequence parallel", plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false, 2, true), 1e-4, 2e-3, 2e-3, 5e-2},
+       {"tp2 x pp2 x dp2, sequence parallel, distributed optimizer",
+        plan_of(2, 2, 1, ScheduleKind::kOneFOneB, true, 2, true), 1e-4, 2e-3, 2e-3, 5e-2}},
+      options, scratch);
 }
 
 TEST_CASE("on one GPU, overlapped gradient reduction and parameter gathering give the bits of the unoverlapped run",
@@ -371,12 +385,12 @@ TEST_CASE("with dropout, tp 2, pp 2 and dp 2 train on one GPU like one rank", "[
   const double moved = std::abs(plain.losses[0] - single.losses[0]) / plain.losses[0];
   std::cout << "dropout 0.3 moved the first loss by " << moved << " relative\n";
   CHECK(moved > 2e-4);
-  check_layouts(
-      model, single,
-      {{"pp2 1f1b", with_dropout(plan_of(2, 1, 1, ScheduleKind::kOneFOneB, false)), 1e-5, 1e-5, 1e-5},
-       {"dp2 distributed optimizer", with_dropout(plan_of(1, 2, 1, ScheduleKind::kOneFOneB, true)), 1e-5, 2e-3, 1e-3},
-       {"tp2", with_dropout(plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false, 2)), 1e-4, 2e-3, 1e-3},
-       {"tp2 x pp2 x dp2, sequence parallel, distributed optimizer",
-        with_dropout(plan_of(2, 2, 1, ScheduleKind::kOneFOneB, true, 2, true)), 1e-4, 2e-3, 1e-3}},
-      options, scratch);
+  check_layouts(model, single,
+                {{"pp2 1f1b", with_dropout(plan_of(2, 1, 1, ScheduleKind::kOneFOneB, false)), 1e-5, 1e-5, 1e-5, 1e-5},
+                 {"dp2 distributed optimizer", with_dropout(plan_of(1, 2, 1, ScheduleKind::kOneFOneB, true)), 1e-5,
+                  1e-5, 2e-3, 1e-3},
+                 {"tp2", with_dropout(plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false, 2)), 1e-4, 2e-3, 2e-3, 1e-3},
+                 {"tp2 x pp2 x dp2, sequence parallel, distributed optimizer",
+                  with_dropout(plan_of(2, 2, 1, ScheduleKind::kOneFOneB, true, 2, true)), 1e-4, 2e-3, 2e-3, 1e-3}},
+                options, scratch);
 }

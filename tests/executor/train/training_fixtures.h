@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
@@ -136,15 +137,22 @@ inline std::string sentence_corpus(const ScratchDirectory& scratch) {
   return exec::prepare_dataset(prepare, exec::ByteTokenizer()).datasets.front().prefix;
 }
 
-inline std::vector<double> logged_losses(const std::string& path) {
-  std::vector<double> losses;
+// One field of each training iteration's record in a run's JSON-lines log, in order (validation
+// records, which carry no "loss", left out); NaN where the record holds null (the gradient norm of
+// an iteration the loss scaler skipped).
+inline std::vector<double> logged_iteration_values(const std::string& path, const std::string& field) {
+  std::vector<double> values;
   std::ifstream log(path);
   std::string line;
   while (std::getline(log, line)) {
     const nlohmann::json record = nlohmann::json::parse(line);
-    if (record.contains("loss")) losses.push_back(record.at("loss").get<double>());  // not validation records
+    if (!record.contains("loss")) continue;
+    const nlohmann::json& value = record.at(field);
+    values.push_back(value.is_null() ? std::numeric_limits<double>::quiet_NaN() : value.get<double>());
   }
-  return losses;
+  return values;
 }
+
+inline std::vector<double> logged_losses(const std::string& path) { return logged_iteration_values(path, "loss"); }
 
 }  // namespace megaplan::test

@@ -14,7 +14,8 @@
 namespace megaplan::test {
 
 struct Outcome {
-  std::vector<double> losses;  // as logged, one per iteration this run trained
+  std::vector<double> losses;          // as logged, one per iteration this run trained
+  std::vector<double> gradient_norms;  // likewise
   exec::TrainSummary summary;
   std::string out;
 };
@@ -31,6 +32,7 @@ inline Outcome train_logged(const ModelSpec& model, const ParallelPlan& plan, ex
   Outcome outcome;
   outcome.summary = exec::train(model, plan, options, backends, out, memory);
   outcome.losses = logged_losses(*options.log_file);
+  outcome.gradient_norms = logged_iteration_values(*options.log_file, "grad_norm");
   outcome.out = out.str();
   return outcome;
 }
