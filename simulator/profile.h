@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -45,6 +46,7 @@ struct DeviceRates {
   double peak_fp32_flops_per_s = 0;  // fp32 GEMMs as TF32 on tensor cores, dense
   double memory_bandwidth_bytes_per_s = 0;
   double kernel_launch_s = 0;  // gap between dependent kernels, added to every fallback kernel
+  bool operator==(const DeviceRates&) const = default;
 };
 
 // The fallback's efficiency curve: a kernel of f FLOPs reaches max * f / (f + half) of peak
@@ -57,6 +59,7 @@ struct RooflineCurve {
   double attention_half_efficiency_flops = 0;
   double memory_efficiency = 0;
   double link_efficiency = 0;
+  bool operator==(const RooflineCurve&) const = default;
 };
 
 // The curve the datasheet profiles use; every constant is an assumption (profiles/README.md).
@@ -88,6 +91,12 @@ class Profile {
   // Roofline only, from core's datasheet numbers, with default_roofline_curve() and
   // kDatasheetKernelLaunchS: the same profile as the shipped profiles/*.datasheet.json.
   static Profile datasheet(const GpuSpec& gpu);
+  // Every field as bytes and back, exactly (simulator/profile_bytes.cc): how the built-in profiles
+  // are compiled into the binary, read at start with no JSON parse (builtin_profiles.h). Not a file
+  // format: the bytes hold only within the build that wrote them. from_bytes trusts its input.
+  std::string to_bytes() const;
+  static Profile from_bytes(std::string_view bytes);
+  bool operator==(const Profile&) const = default;
 
   const std::string& gpu_name() const { return gpu_; }
   const std::string& source() const { return source_; }
@@ -156,11 +165,13 @@ class Profile {
     std::array<double, 3> log_shape;
     double log_throughput;  // FLOPs per second
     double seconds;         // as measured, returned as is for this exact shape
+    bool operator==(const ShapePoint&) const = default;
   };
   struct Curve {  // log(y) over log(bytes), sorted by bytes, distinct bytes
     std::vector<std::pair<double, double>> points;
     // Piecewise linear; clamped at both ends. REQUIRES: !points.empty()
     double at(double log_bytes) const;
+    bool operator==(const Curve&) const = default;
   };
 
   double shape_lookup(const std::vector<ShapePoint>& points, const std::array<double, 3>& log_shape, double flops,
@@ -197,6 +208,9 @@ class Profile {
   SlowdownTable compute_slowdown_;
   SlowdownTable collective_slowdown_;
   static double slowdown_lookup(const SlowdownTable& table, CollectiveOp op, int64_t group_size, LinkKind link);
+  // Visits every field in one order, for to_bytes and from_bytes.
+  template <typename Profile_, typename Visit>
+  static void visit_fields(Profile_& profile, Visit&& visit);
 };
 
 // NCCL's bus-bandwidth factor (nccl-tests, doc/PERFORMANCE.md): bus bandwidth = bytes x factor /

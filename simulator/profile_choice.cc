@@ -5,16 +5,14 @@
 #include "core/cluster_spec.h"
 #include "core/error.h"
 #include "simulator/builtin_profiles.h"
-#include "simulator/profile_transfer.h"
 
 namespace megaplan::sim {
 namespace {
 
-// A shipped measured profile, else one transferred from another GPU's, else the datasheet numbers
-// of a GPU type of megaplan's cluster presets.
+// A built-in profile (measured, or transferred from another GPU's), else the datasheet numbers of a
+// GPU type of megaplan's cluster presets.
 Profile default_profile(const GpuSpec& gpu) {
-  if (std::optional<Profile> measured = builtin_measured_profile(gpu.name)) return std::move(*measured);
-  if (std::optional<Profile> transferred = builtin_transferred_profile(gpu)) return std::move(*transferred);
+  if (std::optional<Profile> builtin = builtin_profile(gpu)) return std::move(*builtin);
   std::string known;
   for (const ClusterSpec& preset : cluster_presets()) {
     if (preset.gpu.name == gpu.name) return Profile::datasheet(preset.gpu);
