@@ -38,7 +38,7 @@ expect_error() {
 expect_ok --help
 expect_ok --version
 grep -q "megaplan 0" "$scratch/out" || fail "--version prints no version"
-for command in data describe devices groups launch presets schedule search simulate train; do
+for command in compare convert data describe devices groups launch presets profile report schedule search simulate train; do
   expect_ok "$command" --help
   grep -q "Usage" "$scratch/out" || fail "$command --help prints no usage"
 done
