@@ -4,7 +4,7 @@
 set -euo pipefail
 
 packages=(cmake g++ make libcli11-dev nlohmann-json3-dev libboost-graph-dev catch2 libbenchmark-dev libopenmpi-dev
-  libpcre2-dev libutf8proc-dev libsentencepiece-dev sentencepiece librandom123-dev pkg-config node-d3
+  libpcre2-dev libutf8proc-dev libsentencepiece-dev sentencepiece librandom123-dev libxxhash-dev pkg-config node-d3
   chromium python3 strace clang libclang-rt-14-dev)
 
 missing=()
