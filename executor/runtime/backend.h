@@ -79,6 +79,15 @@ class Backend {
   virtual int64_t peak_bytes() const = 0;
   virtual void upload(float* device, const float* host, std::size_t n) = 0;
   virtual void download(float* host, const float* device, std::size_t n) = 0;
+  // Page-locks `bytes` of host memory from `host` (until unpin_host(host)) so that copies to and
+  // from the device run at the bus's speed: checkpoints' host images, reused from save to save.
+  // An upload from page-locked memory may still be reading it when upload() returns: the bytes stay
+  // unchanged until the next download. Host memory needs no locking on the CPU backend.
+  virtual void pin_host(void* host, std::size_t bytes) {
+    (void)host;
+    (void)bytes;
+  }
+  virtual void unpin_host(void* host) { (void)host; }
   // Activations to and from fp32 host values (tests and diagnostics; rounds to the compute type).
   virtual void upload(Activation device, const float* host, std::size_t n) = 0;
   virtual void download(float* host, ConstActivation device, std::size_t n) = 0;

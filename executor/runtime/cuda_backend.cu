@@ -166,6 +166,13 @@ class CudaBackend final : public Backend {
           "cudaMemcpyAsync to host");
     synchronize();
   }
+  // Registered memory: cudaMemcpyAsync then moves it by DMA, without staging through a bounce
+  // buffer; an upload from it is no longer staged before upload() returns (checkpoints only
+  // download into theirs).
+  void pin_host(void* host, std::size_t bytes) override {
+    check(cudaHostRegister(host, bytes, cudaHostRegisterDefault), "cudaHostRegister");
+  }
+  void unpin_host(void* host) override { check(cudaHostUnregister(host), "cudaHostUnregister"); }
   void upload(Activation device, const float* host, std::size_t n) override {
     std::vector<Half> rounded(n);
     for (std::size_t i = 0; i < n; ++i) rounded[i] = cuda::to_half(host[i], precision_);
