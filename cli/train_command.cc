@@ -156,6 +156,11 @@ void setup_train_command(CLI::App& app, CommandContext& context) {
   command->add_option("--log-file", t.log_file, "Append one JSON object per logged iteration");
   command->add_option("--save", t.save, "Checkpoint directory");
   command->add_option("--save-interval,--persistent-save-interval", t.save_interval, "Iterations between checkpoints");
+  command->add_flag("--async-save", t.async_save,
+                    "Write each checkpoint in the background while training goes on (published at the next save or "
+                    "the end)");
+  command->add_option("--checkpoint-threads", t.checkpoint_threads,
+                      "Threads writing, reading and checksumming checkpoints (default: min(8, cores))");
   command->add_option("--load", t.load, "Resume from the newest checkpoint here");
   accept_megatron_arguments(*command);
   command->callback([options, command, &context] {

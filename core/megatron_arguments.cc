@@ -498,7 +498,7 @@ constexpr MegatronArgument kArguments[] = {
     {"--ckpt-convert-save", A::kOne, E::kRun, S::kRefused, "checkpoint handling megaplan train does not implement"},
     {"--ckpt-convert-update-legacy-dist-opt-format", A::kSwitch, E::kRun, S::kRefused, "checkpoint handling megaplan train does not implement"},
     {"--no-ckpt-fully-parallel-save", A::kSwitch, E::kRun, S::kRefused, "checkpoint handling megaplan train does not implement"},
-    {"--async-save", A::kSwitch, E::kRun, S::kRefused, "checkpoint handling megaplan train does not implement"},
+    {"--async-save", A::kSwitch, E::kRun, S::kHonoured, ""},
     {"--async-strategy", A::kOne, E::kRun, S::kRefused, "checkpoint handling megaplan train does not implement"},
     {"--use-persistent-ckpt-worker", A::kSwitch, E::kRun, S::kRefused, "checkpoint handling megaplan train does not implement"},
     {"--async-ckpt-cpu-priority", A::kOne, E::kRun, S::kRefused, "checkpoint handling megaplan train does not implement"},

@@ -6,18 +6,17 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <array>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <functional>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
-#include <span>
 #include <stdexcept>
+#include <thread>
 #include <utility>
 
 #include "core/error.h"
@@ -25,13 +24,26 @@
 #include "core/json_io.h"
 #include "core/text_file.h"
 #include "core/units.h"
+#include "executor/io/parallel_tasks.h"
 #include "executor/io/staged_file.h"
+#include "executor/io/xxh3.h"
 
 namespace megaplan::exec {
 
 namespace {
 
-constexpr const char* kFormat = "megaplan-checkpoint/2";
+// Format 3 checksums tensors with XXH3-64 over blocks; format 2 (read, no longer written) with
+// FNV-1a 64 over the whole tensor. Both are read.
+constexpr const char* kFormat = "megaplan-checkpoint/3";
+constexpr const char* kFnvFormat = "megaplan-checkpoint/2";
+// A tensor's checksum blocks: each block's XXH3-64 is computed apart (by any thread), the tensor's
+// checksum is the XXH3-64 of their list. Large enough for a write or read of one block to run at
+// the disk's speed, small enough that the largest tensor (the word embedding, gigabytes) spreads
+// over every thread.
+constexpr uint64_t kChecksumBlockBytes = uint64_t{4} << 20;
+// The manifest's names of the two checksums (the key of each tensor's checksum).
+constexpr const char* kXxh3Checksum = "xxh3_64";
+constexpr const char* kFnvChecksum = "fnv1a64";
 constexpr std::size_t kArraysPerTensor = 3;  // value, first moment, second moment
 // More elements than any shard holds (16 TiB of fp32): a manifest's shape beyond it is damage, and
 // products below it cannot overflow.
@@ -91,13 +103,19 @@ void verify_json_checksum(const nlohmann::json& object, const std::string& path)
 
 // One saved shard of a tensor, as its manifest describes it.
 struct SavedShard {
+  std::string name;
   std::string manifest;   // DIR/iter_.../mp_rank_.../manifest.json
   std::string data_file;  // DIR/iter_.../mp_rank_.../model.bin
   std::vector<int64_t> shape, global_shape;
   TensorCut cut;
   uint64_t offset = 0;  // bytes into data_file
   uint64_t checksum = 0;
+  std::string algorithm;     // kXxh3Checksum or kFnvChecksum
+  uint64_t block_bytes = 0;  // kXxh3Checksum's block size
+  uint64_t bytes() const { return kArraysPerTensor * elements(shape) * sizeof(float); }
 };
+
+bool known_format(const nlohmann::json& format) { return format == kFormat || format == kFnvFormat; }
 
 [[noreturn]] void refuse_load(const std::string& rule) { throw SpecError("--load", rule); }
 
@@ -106,11 +124,29 @@ void read_manifest(const std::string& rank_path, std::map<std::string, std::vect
   const std::string path = rank_path + "/manifest.json";
   if (!std::filesystem::exists(path)) refuse_load(path + ": missing (the checkpoint is incomplete)");
   const std::optional<nlohmann::json> manifest = try_parse_json(read_file_contents(path));
-  if (!manifest || !manifest->is_object() || manifest->value("format", "") != kFormat ||
+  if (!manifest || !manifest->is_object() || !known_format(manifest->value("format", "")) ||
       !manifest->contains("tensors") || !(*manifest)["tensors"].is_array()) {
     refuse_load(path + ": not a " + std::string(kFormat) + " manifest");
   }
   verify_json_checksum(*manifest, path);
+  // Format 2 names no algorithm: FNV-1a 64 over each tensor.
+  JsonFieldReader manifest_fields(*manifest, path);
+  std::string algorithm = kFnvChecksum;
+  uint64_t block_bytes = 0;
+  if ((*manifest)["format"] == kFormat) {
+    manifest_fields.require("tensor_checksum", algorithm);
+    if (algorithm != kXxh3Checksum && algorithm != kFnvChecksum) {
+      refuse_load(manifest_fields.field("tensor_checksum") + ": must be \"" + kXxh3Checksum + "\" or \"" +
+                  kFnvChecksum + "\", got \"" + algorithm.substr(0, 40) + "\"");
+    }
+    if (algorithm == kXxh3Checksum) {
+      manifest_fields.require("checksum_block_bytes", block_bytes);
+      if (block_bytes == 0 || block_bytes > kMaxTensorElements) {
+        refuse_load(manifest_fields.field("checksum_block_bytes") + ": must be a positive size up to " +
+                    std::to_string(kMaxTensorElements) + " bytes, got " + std::to_string(block_bytes));
+      }
+    }
+  }
   std::string data_file = "model.bin";
   if (const auto found = manifest->find("data_file"); found != manifest->end()) {
     if (!found->is_string() || found->get<std::string>().find('/') != std::string::npos) {
@@ -148,27 +184,153 @@ void read_manifest(const std::string& rank_path, std::map<std::string, std::vect
     cut_fields.require("count", shard.cut.count);
     cut_fields.read("chunks", shard.cut.chunks);  // absent before SwiGLU: one block
     fields.require("offset", shard.offset);
-    fields.require("fnv1a64", checksum);
+    fields.require(algorithm, checksum);
     if (checksum.size() != 16 || checksum.find_first_not_of("0123456789abcdef") != std::string::npos) {
-      refuse_load(fields.field("fnv1a64") + ": must be 16 hexadecimal digits, got \"" + checksum + "\"");
+      refuse_load(fields.field(algorithm) + ": must be 16 hexadecimal digits, got \"" + checksum + "\"");
     }
     shard.checksum = std::stoull(checksum, nullptr, 16);
+    shard.algorithm = algorithm;
+    shard.block_bytes = block_bytes;
     const TensorCut& cut = shard.cut;
     if (!cut_fits(shard.global_shape, cut) || shard.shape != part_shape(shard.global_shape, cut)) {
       refuse_load(path + ": " + name + " has shape " + shape_text(shard.shape) + ", which is not part " +
                   std::to_string(cut.index) + " of " + std::to_string(cut.count) + " along dimension " +
                   std::to_string(cut.dim) + " of its global shape " + shape_text(shard.global_shape));
     }
+    shard.name = name;
     saved[name].push_back(std::move(shard));
   }
 }
 
-// The three arrays (value, first and second moment) of `name`'s part `wanted`, from whichever
-// shards were saved, each shard's checksum verified.
-std::vector<std::vector<float>> read_tensor(const std::string& name, const std::vector<SavedShard>& shards,
-                                            const TensorCut& wanted, std::map<std::string, std::ifstream>& files) {
-  // The cut of the first shard found; replicated tensors were saved by every tensor-parallel rank
-  // and any one copy serves.
+// A tensor's bytes cut into checksum blocks (format 3's, or the reads' of format 2): `item` is the
+// tensor's place in the caller's list, `index` the block's in the tensor.
+struct Block {
+  std::size_t item = 0, index = 0;
+  uint64_t begin = 0, size = 0;  // bytes into the tensor
+};
+
+void append_blocks(std::size_t item, uint64_t bytes, uint64_t block_bytes, std::vector<Block>& blocks) {
+  for (uint64_t begin = 0, index = 0; begin < bytes; begin += block_bytes, ++index) {
+    blocks.push_back({item, static_cast<std::size_t>(index), begin, std::min(block_bytes, bytes - begin)});
+  }
+}
+
+std::size_t block_count(uint64_t bytes, uint64_t block_bytes) {
+  return static_cast<std::size_t>((bytes + block_bytes - 1) / block_bytes);
+}
+
+// Format 3's checksum of a tensor: XXH3-64 over its blocks' XXH3-64s (as little-endian words).
+uint64_t combine_block_checksums(const std::vector<uint64_t>& blocks) {
+  return xxh3_64(blocks.data(), blocks.size() * sizeof(uint64_t));
+}
+
+// A data file read at any offset by several threads at once.
+class DataFile {
+ public:
+  explicit DataFile(const std::string& path) : fd_(::open(path.c_str(), O_RDONLY | O_CLOEXEC)) {
+    struct stat status {};
+    if (fd_ < 0) refuse_load(path + ": cannot open: " + std::strerror(errno));
+    if (::fstat(fd_, &status) != 0) {
+      const std::string reason = std::strerror(errno);
+      ::close(fd_);  // the destructor of an object never made does not run
+      refuse_load(path + ": cannot stat: " + reason);
+    }
+    size_ = static_cast<uint64_t>(status.st_size);
+  }
+  ~DataFile() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  DataFile(const DataFile&) = delete;
+  DataFile& operator=(const DataFile&) = delete;
+  uint64_t size() const { return size_; }
+  // Whether all `size` bytes at `offset` were read.
+  bool read_at(uint64_t offset, void* data, uint64_t size) const {
+    auto* bytes = static_cast<char*>(data);
+    for (uint64_t done = 0; done < size;) {
+      const ssize_t result = ::pread(fd_, bytes + done, size - done, static_cast<off_t>(offset + done));
+      if (result < 0 && errno == EINTR) continue;
+      if (result <= 0) return false;
+      done += static_cast<uint64_t>(result);
+    }
+    return true;
+  }
+
+ private:
+  int fd_;
+  uint64_t size_ = 0;
+};
+
+// A shard's bytes (value, first and second moment, as model.bin holds them), read, and how many
+// tensors still take them (freed after the last).
+struct ReadShard {
+  std::vector<float> bytes;
+  int64_t uses = 0;
+};
+using ShardBytes = std::map<const SavedShard*, ReadShard>;
+
+[[noreturn]] void refuse_short_file(const SavedShard& shard, uint64_t file_size) {
+  refuse_load(shard.data_file + ": ends before " + shard.name + " (" + std::to_string(shard.bytes()) +
+              " bytes at offset " + std::to_string(shard.offset) + " of its " + std::to_string(file_size) + ")");
+}
+
+// Reads the `needed` shards (each once, however often named) into `read` on `threads` threads,
+// block by block, each shard's checksum verified.
+void read_shards(const std::vector<const SavedShard*>& needed, int64_t threads, ShardBytes& read) {
+  std::vector<const SavedShard*> wanted;
+  for (const SavedShard* shard : needed) {
+    if (read[shard].uses++ == 0) wanted.push_back(shard);
+  }
+  std::map<std::string, std::unique_ptr<DataFile>> files;
+  std::vector<const DataFile*> file_of(wanted.size());
+  std::vector<Block> blocks;
+  std::vector<std::vector<uint64_t>> block_checksums(wanted.size());
+  std::vector<float*> destination(wanted.size());
+  for (std::size_t k = 0; k < wanted.size(); ++k) {
+    const SavedShard& shard = *wanted[k];
+    std::unique_ptr<DataFile>& file = files[shard.data_file];
+    if (!file) file = std::make_unique<DataFile>(shard.data_file);
+    file_of[k] = file.get();
+    // The file holds what the manifest says before that much memory is taken for it.
+    if (shard.offset > file->size() || shard.bytes() > file->size() - shard.offset) {
+      refuse_short_file(shard, file->size());
+    }
+    std::vector<float>& bytes = read[&shard].bytes;
+    bytes.resize(shard.bytes() / sizeof(float));
+    destination[k] = bytes.data();
+    const bool blocked = shard.algorithm == kXxh3Checksum;
+    const uint64_t block_bytes = blocked ? shard.block_bytes : kChecksumBlockBytes;
+    if (blocked) block_checksums[k].resize(block_count(shard.bytes(), block_bytes));
+    append_blocks(k, shard.bytes(), block_bytes, blocks);
+  }
+  run_tasks(blocks.size(), threads, [&](std::size_t b) {
+    const Block& block = blocks[b];
+    const SavedShard& shard = *wanted[block.item];
+    char* data = reinterpret_cast<char*>(destination[block.item]) + block.begin;
+    if (!file_of[block.item]->read_at(shard.offset + block.begin, data, block.size)) {
+      refuse_short_file(shard, file_of[block.item]->size());
+    }
+    if (shard.algorithm == kXxh3Checksum) block_checksums[block.item][block.index] = xxh3_64(data, block.size);
+  });
+  run_tasks(wanted.size(), threads, [&](std::size_t k) {
+    const SavedShard& shard = *wanted[k];
+    const bool blocked = shard.algorithm == kXxh3Checksum;
+    uint64_t checksum = 0;
+    if (blocked) {
+      checksum = combine_block_checksums(block_checksums[k]);
+    } else {
+      checksum = Fnv1a64().add(destination[k], shard.bytes()).value();
+    }
+    if (checksum != shard.checksum) {
+      refuse_load(shard.data_file + ": checksum of " + shard.name + " does not match its manifest (" +
+                  (blocked ? "XXH3-64 " : "FNV-1a 64 ") + hex(checksum) + " read, " + hex(shard.checksum) +
+                  " saved): the file is corrupted");
+    }
+  });
+}
+
+// The saved shards that make up `name`: the parts of the first shard's cut (replicated tensors were
+// saved by every tensor-parallel rank and any one copy serves).
+std::vector<const SavedShard*> saved_parts(const std::string& name, const std::vector<SavedShard>& shards) {
   const TensorCut saved_cut = shards.front().cut;
   std::vector<const SavedShard*> parts(static_cast<std::size_t>(saved_cut.count), nullptr);
   for (const SavedShard& shard : shards) {
@@ -177,49 +339,34 @@ std::vector<std::vector<float>> read_tensor(const std::string& name, const std::
       parts[static_cast<std::size_t>(shard.cut.index)] = &shard;
     }
   }
-  std::vector<std::vector<std::vector<float>>> arrays(kArraysPerTensor);  // [array][part]
   for (std::size_t p = 0; p < parts.size(); ++p) {
     if (!parts[p]) {
       refuse_load("the checkpoint holds no part " + std::to_string(p) + " of " + std::to_string(parts.size()) + " of " +
                   name + " (a rank directory is missing)");
     }
-    const SavedShard& shard = *parts[p];
-    const std::size_t count = elements(shard.shape);
-    std::ifstream& file = files[shard.data_file];
-    if (!file.is_open()) {
-      file.open(shard.data_file, std::ios::binary);
-      if (!file) refuse_load(shard.data_file + ": cannot open");
-    }
-    // The file holds what the manifest says before that much memory is taken for it.
-    std::error_code size_error;
-    const std::uintmax_t file_size = std::filesystem::file_size(shard.data_file, size_error);
-    const std::uintmax_t shard_bytes = kArraysPerTensor * count * sizeof(float);
-    if (!size_error && (shard.offset > file_size || shard_bytes > file_size - shard.offset)) {
-      refuse_load(shard.data_file + ": ends before " + name + " (" + std::to_string(shard_bytes) + " bytes at offset " +
-                  std::to_string(shard.offset) + " of its " + std::to_string(file_size) + ")");
-    }
-    std::vector<float> bytes(kArraysPerTensor * count);
-    file.clear();
-    file.seekg(static_cast<std::streamoff>(shard.offset));
-    file.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(bytes.size() * sizeof(float)));
-    if (!file) {
-      refuse_load(shard.data_file + ": ends before " + name + " (" + std::to_string(bytes.size() * sizeof(float)) +
-                  " bytes at offset " + std::to_string(shard.offset) + ")");
-    }
-    Fnv1a64 checksum;
-    checksum.add(bytes.data(), bytes.size() * sizeof(float));
-    if (checksum.value() != shard.checksum) {
-      refuse_load(shard.data_file + ": checksum of " + name + " does not match its manifest (FNV-1a 64 " +
-                  hex(checksum.value()) + " read, " + hex(shard.checksum) + " saved): the file is corrupted");
-    }
+  }
+  return parts;
+}
+
+// The three arrays (value, first and second moment) of `name`'s part `wanted`, from its saved
+// parts' bytes in `read` (read_shards'), each freed by its last use.
+std::vector<std::vector<float>> assemble_tensor(const std::string& name, const std::vector<SavedShard>& shards,
+                                                const TensorCut& wanted, ShardBytes& read) {
+  std::vector<std::vector<std::vector<float>>> arrays(kArraysPerTensor);  // [array][part]
+  for (const SavedShard* shard : saved_parts(name, shards)) {
+    const auto found = read.find(shard);
+    if (found == read.end()) throw std::logic_error("checkpoint: " + name + "'s part was not read");
+    const std::vector<float>& bytes = found->second.bytes;
+    const std::size_t count = elements(shard->shape);
     for (std::size_t a = 0; a < kArraysPerTensor; ++a) {
       arrays[a].emplace_back(bytes.begin() + static_cast<std::ptrdiff_t>(a * count),
                              bytes.begin() + static_cast<std::ptrdiff_t>((a + 1) * count));
     }
+    if (--found->second.uses == 0) read.erase(found);
   }
   std::vector<std::vector<float>> result;
   for (const auto& array_parts : arrays) {
-    result.push_back(reshard(array_parts, saved_cut, shards.front().global_shape, wanted));
+    result.push_back(reshard(array_parts, shards.front().cut, shards.front().global_shape, wanted));
   }
   return result;
 }
@@ -231,29 +378,58 @@ struct TensorEntry {
   TensorCut cut;
 };
 
-// A tensor's value, first and second moment, each the shard's elements.
-using TensorArrays = std::array<std::span<const float>, kArraysPerTensor>;
+// A rank directory's model.bin as it lies on disk, in host memory (per tensor at its offset: value,
+// first and second moment): what a save snapshots on the training thread and writes after.
+struct RankImage {
+  std::vector<TensorEntry> entries;
+  std::vector<uint64_t> offsets;  // bytes into model.bin, per entry
+  std::vector<float> bytes;
+  int64_t tensor_parallel_rank = 0, pipeline_rank = 0;
+  std::vector<int64_t> stages;
 
-// Writes a rank directory: for each entry the three arrays `arrays(i)` gives (valid until the next
-// call), one tensor at a time, then the manifest.
-void write_rank_files(const std::string& path, const std::vector<TensorEntry>& entries,
-                      const std::function<TensorArrays(std::size_t)>& arrays, int64_t tensor_parallel_rank,
-                      int64_t pipeline_rank, const std::vector<int64_t>& stages) {
+  // Lays out `laid_out` one tensor after the other, sizing `bytes` (its capacity kept for the next save).
+  void lay_out(std::vector<TensorEntry> laid_out) {
+    entries = std::move(laid_out);
+    offsets.clear();
+    uint64_t offset = 0;
+    for (const TensorEntry& entry : entries) {
+      offsets.push_back(offset);
+      offset += tensor_bytes(entry);
+    }
+    bytes.resize(offset / sizeof(float));
+  }
+  static uint64_t tensor_bytes(const TensorEntry& entry) {
+    return kArraysPerTensor * elements(entry.shape) * sizeof(float);
+  }
+  float* tensor(std::size_t i) { return bytes.data() + offsets[i] / sizeof(float); }
+  const char* tensor_bytes_at(std::size_t i) const { return reinterpret_cast<const char*>(bytes.data()) + offsets[i]; }
+};
+
+// Writes a rank directory from its image on `threads` threads, each taking a block at a time
+// (checksummed, then written at its offset), then the manifest.
+void write_rank_files(const std::string& path, const RankImage& image, int64_t threads) {
   std::error_code error;
   if (!std::filesystem::create_directory(path, error)) {
     throw SpecError("--save", path + ": cannot create: " + (error ? error.message() : std::string("exists")));
   }
   StagedFile data(path + "/model.bin");
+  std::vector<Block> blocks;
+  std::vector<std::vector<uint64_t>> block_checksums(image.entries.size());
+  for (std::size_t i = 0; i < image.entries.size(); ++i) {
+    const uint64_t bytes = RankImage::tensor_bytes(image.entries[i]);
+    block_checksums[i].resize(block_count(bytes, kChecksumBlockBytes));
+    append_blocks(i, bytes, kChecksumBlockBytes, blocks);
+  }
+  run_tasks(blocks.size(), threads, [&](std::size_t b) {
+    const Block& block = blocks[b];
+    const char* bytes = image.tensor_bytes_at(block.item) + block.begin;
+    block_checksums[block.item][block.index] = xxh3_64(bytes, block.size);
+    data.write_at(image.offsets[block.item] + block.begin, bytes, block.size);
+  });
+  data.commit();
   nlohmann::json tensors = nlohmann::json::array();
-  uint64_t offset = 0;
-  for (std::size_t i = 0; i < entries.size(); ++i) {
-    const TensorEntry& entry = entries[i];
-    const TensorArrays tensor = arrays(i);
-    Fnv1a64 checksum;
-    for (const std::span<const float> array : tensor) {
-      data.write(array.data(), array.size_bytes());
-      checksum.add(array.data(), array.size_bytes());
-    }
+  for (std::size_t i = 0; i < image.entries.size(); ++i) {
+    const TensorEntry& entry = image.entries[i];
     const TensorCut& cut = entry.cut;
     tensors.push_back({{"name", entry.name},
                        {"dtype", "float32"},
@@ -264,20 +440,22 @@ void write_rank_files(const std::string& path, const std::vector<TensorEntry>& e
                          {"index", cut.index},
                          {"count", cut.count},
                          {"chunks", cut.chunks}}},
-                       {"offset", offset},
-                       {"fnv1a64", hex(checksum.value())}});
-    offset += kArraysPerTensor * tensor[0].size_bytes();
+                       {"offset", image.offsets[i]},
+                       {kXxh3Checksum, hex(combine_block_checksums(block_checksums[i]))}});
   }
-  data.commit();
   nlohmann::json manifest = {
       {"format", kFormat},
       {"data_file", "model.bin"},
       {"layout",
        "per tensor at its offset: value, exp_avg, exp_avg_sq, each shape's elements of float32 (little endian)"},
-      {"checksum", "fnv1a64: FNV-1a 64 over the tensor's three arrays' bytes"},
-      {"tensor_parallel_rank", tensor_parallel_rank},
-      {"pipeline_rank", pipeline_rank},
-      {"stages", stages},
+      {"checksum",
+       "xxh3_64: XXH3-64 over the XXH3-64s (little-endian words) of the tensor's bytes' blocks of "
+       "checksum_block_bytes (the last one shorter)"},
+      {"tensor_checksum", kXxh3Checksum},
+      {"checksum_block_bytes", kChecksumBlockBytes},
+      {"tensor_parallel_rank", image.tensor_parallel_rank},
+      {"pipeline_rank", image.pipeline_rank},
+      {"stages", image.stages},
       {"tensors", tensors}};
   manifest["fnv1a64"] = json_checksum(manifest);
   write_file_atomically(path + "/manifest.json", manifest.dump(1) + "\n");
@@ -289,22 +467,30 @@ TensorEntry entry_of(const ParameterSpec& spec) {
   return {spec.name, spec.shape, spec.global_shape, cut};
 }
 
-void write_rank_directory(const std::string& path, const CheckpointRank& rank,
-                          const std::vector<TensorState>& moments) {
+// `image` laid out for the rank's tensors (`moments`' parameters).
+void lay_out_rank(const CheckpointRank& rank, const std::vector<TensorState>& moments, RankImage& image) {
   std::vector<TensorEntry> entries;
   for (const TensorState& state : moments) entries.push_back(entry_of(*state.parameter));
-  std::vector<int64_t> stages;
-  for (const StageChunk* chunk : rank.chunks) stages.push_back(chunk->stage());
-  std::vector<float> value;
-  write_rank_files(
-      path, entries,
-      [&](std::size_t i) -> TensorArrays {
-        const TensorState& state = moments[i];
-        value.resize(state.parameter->size);
-        rank.backend.download(value.data(), state.parameter->value, state.parameter->size);
-        return {value, state.first_moment, state.second_moment};
-      },
-      rank.groups.tensor_parallel_rank, rank.groups.pipeline_rank, stages);
+  image.lay_out(std::move(entries));
+  image.stages.clear();
+  for (const StageChunk* chunk : rank.chunks) image.stages.push_back(chunk->stage());
+  image.tensor_parallel_rank = rank.groups.tensor_parallel_rank;
+  image.pipeline_rank = rank.groups.pipeline_rank;
+}
+
+// The rank's tensors copied into its laid-out image: values from the device, moments from `moments`.
+void copy_rank(const CheckpointRank& rank, const std::vector<TensorState>& moments, RankImage& image) {
+  for (std::size_t i = 0; i < moments.size(); ++i) {
+    const TensorState& state = moments[i];
+    const std::size_t count = state.parameter->size;
+    if (state.first_moment.size() != count || state.second_moment.size() != count) {
+      throw std::logic_error("checkpoint: " + state.parameter->name + "'s moments are not whole");
+    }
+    float* tensor = image.tensor(i);
+    rank.backend.download(tensor, state.parameter->value, count);
+    std::copy(state.first_moment.begin(), state.first_moment.end(), tensor + count);
+    std::copy(state.second_moment.begin(), state.second_moment.end(), tensor + 2 * count);
+  }
 }
 
 // The tokenizer as state.json holds it: train's flag names with underscores, files as absolute
@@ -437,42 +623,154 @@ std::string create_staging(const std::string& directory, int64_t iteration) {
 
 }  // namespace
 
-void save_checkpoint(const std::string& directory, const TrainingState& state, const CheckpointRank& rank) {
-  namespace fs = std::filesystem;
+// What a save in progress left to do once its files are written: the barrier and the rename.
+struct CheckpointSaver::Writing {
+  std::string directory, staging;
+  int64_t iteration = 0;
+  Times times;
+  std::thread writer;          // the --async-save writer, while it runs
+  std::exception_ptr failure;  // what stopped the writing (set by the writer, read once joined)
+};
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// Writes the image and notes how long it took in `writing`, or the failure.
+void write_image(const std::string& path, const RankImage& image, int64_t threads, CheckpointSaver::Times& times,
+                 std::exception_ptr& failure) {
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    write_rank_files(path, image, threads);
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  times.write_seconds = seconds_since(start);
+}
+
+}  // namespace
+
+// The image of this rank's directory and the host memory its backend page-locked for it (the
+// image's bytes), both kept from one save to the next.
+struct CheckpointSaver::Snapshot {
+  RankImage image;
+  const void* pinned = nullptr;
+  std::size_t pinned_bytes = 0;
+};
+
+CheckpointSaver::CheckpointSaver(bool async, Backend& backend)
+    : async_(async), backend_(backend), snapshot_(std::make_unique<Snapshot>()) {}
+
+CheckpointSaver::~CheckpointSaver() {
+  // A save still being written is left unpublished: its staging directory is never read.
+  if (writing_ && writing_->writer.joinable()) writing_->writer.join();
+  try {
+    if (snapshot_->pinned) backend_.unpin_host(const_cast<void*>(snapshot_->pinned));
+  } catch (...) {
+    // The memory is freed next whatever the device says; a failed unlock leaves nothing to undo.
+  }
+}
+
+namespace {
+
+// Removes the staging directory of a failed save (on the leader) and rethrows the failure under --save.
+[[noreturn]] void fail_save(const std::string& staging, bool leader) {
+  std::error_code error;
+  if (leader) std::filesystem::remove_all(staging, error);
+  try {
+    throw;
+  } catch (const SpecError& failure) {
+    if (failure.field() == "--save") throw;
+    throw SpecError("--save", failure.what());  // a staged file's failure names the file: keep it, under --save
+  }
+}
+
+}  // namespace
+
+void CheckpointSaver::save(const std::string& directory, const TrainingState& state, const CheckpointRank& rank) {
+  (void)finish(rank);
   const ParallelGroups& groups = rank.groups;
   const bool leader = groups.global_rank == 0;         // prepares, renames, writes "latest"
   const bool writer = groups.data_parallel_rank == 0;  // writes its mp_rank directory
-  const std::string staging = directory + "/" + iteration_directory(state.iteration) + ".tmp";
-  const auto barrier = [&] {
-    if (groups.world) groups.world->barrier();
-  };
-  std::error_code error;
+  auto writing = std::make_unique<Writing>();
+  writing->directory = directory;
+  writing->staging = directory + "/" + iteration_directory(state.iteration) + ".tmp";
+  writing->iteration = state.iteration;
+  const std::string path =
+      writing->staging + "/" +
+      rank_directory(groups.tensor_parallel_rank, groups.pipeline_rank, rank.plan.pipeline_parallel_size);
+  const auto start = std::chrono::steady_clock::now();
   try {
     if (leader) (void)create_staging(directory, state.iteration);
-    barrier();  // the staging directory exists
+    if (groups.world) groups.world->barrier();  // the staging directory exists
     std::vector<TensorState> moments;
     // With the distributed optimizer every data-parallel rank takes part in gathering the moments.
     if (writer || rank.plan.use_distributed_optimizer) moments = rank.optimizer.export_state();
     if (writer) {
-      write_rank_directory(
-          staging + "/" +
-              rank_directory(groups.tensor_parallel_rank, groups.pipeline_rank, rank.plan.pipeline_parallel_size),
-          rank, moments);
+      lay_out_rank(rank, moments, snapshot_->image);
+      pin_snapshot();  // before the copies, which then run at the bus's speed
+      copy_rank(rank, moments, snapshot_->image);
     }
     if (leader) {
-      write_file_atomically(staging + "/state.json", checkpoint_meta(state, rank.model, rank.plan).dump(2) + "\n");
+      write_file_atomically(writing->staging + "/state.json",
+                            checkpoint_meta(state, rank.model, rank.plan).dump(2) + "\n");
     }
-    barrier();  // every writer's files are synced
-    if (leader) publish(directory, staging, state.iteration);
-    barrier();  // the checkpoint is in place for every rank
-  } catch (const SpecError& failure) {
-    if (leader) fs::remove_all(staging, error);
-    if (failure.field() == "--save") throw;
-    throw SpecError("--save", failure.what());  // a staged file's failure names the file: keep it, under --save
   } catch (...) {
-    if (leader) fs::remove_all(staging, error);
-    throw;
+    fail_save(writing->staging, leader);
   }
+  const int64_t threads = rank.threads;
+  const RankImage& image = snapshot_->image;
+  Writing& started = *writing;
+  started.times.snapshot_seconds = last_snapshot_seconds_ = seconds_since(start);
+  started.times.bytes = writer ? image.bytes.size() * sizeof(float) : 0;
+  writing_ = std::move(writing);
+  if (writer && async_) {
+    try {
+      started.writer = std::thread(
+          [&started, &image, path, threads] { write_image(path, image, threads, started.times, started.failure); });
+    } catch (...) {
+      started.failure = std::current_exception();  // no thread: finish() fails the save
+    }
+  } else if (writer) {
+    write_image(path, image, threads, started.times, started.failure);
+  }
+  if (!async_) (void)finish(rank);
+}
+
+std::optional<int64_t> CheckpointSaver::finish(const CheckpointRank& rank) {
+  if (!writing_) return std::nullopt;
+  if (writing_->writer.joinable()) writing_->writer.join();
+  const std::unique_ptr<Writing> writing = std::move(writing_);
+  const ParallelGroups& groups = rank.groups;
+  const bool leader = groups.global_rank == 0;
+  try {
+    if (writing->failure) std::rethrow_exception(writing->failure);
+    if (groups.world) groups.world->barrier();  // every writer's files are synced
+    if (leader) publish(writing->directory, writing->staging, writing->iteration);
+    if (groups.world) groups.world->barrier();  // the checkpoint is in place for every rank
+  } catch (...) {
+    fail_save(writing->staging, leader);
+  }
+  last_save_ = writing->times;
+  return writing->iteration;
+}
+
+void CheckpointSaver::pin_snapshot() {
+  const std::vector<float>& bytes = snapshot_->image.bytes;
+  const std::size_t size = bytes.capacity() * sizeof(float);
+  if (snapshot_->pinned == bytes.data() && snapshot_->pinned_bytes == size) return;
+  if (snapshot_->pinned) backend_.unpin_host(const_cast<void*>(snapshot_->pinned));
+  snapshot_->pinned = nullptr;
+  if (size == 0) return;
+  backend_.pin_host(const_cast<float*>(bytes.data()), size);
+  snapshot_->pinned = bytes.data();
+  snapshot_->pinned_bytes = size;
+}
+
+void save_checkpoint(const std::string& directory, const TrainingState& state, const CheckpointRank& rank) {
+  CheckpointSaver(false, rank.backend).save(directory, state, rank);
 }
 
 namespace {
@@ -534,7 +832,7 @@ std::optional<Newest> find_newest(const std::string& directory) {
   const std::string state_path = path + "/state.json";
   newest.meta = try_parse_json(read_file_contents(state_path)).value_or(nlohmann::json());
   const nlohmann::json& meta = newest.meta;
-  if (!meta.is_object() || meta.value("format", "") != kFormat || !meta.contains("directories") ||
+  if (!meta.is_object() || !known_format(meta.value("format", "")) || !meta.contains("directories") ||
       !meta["directories"].is_array()) {
     const bool named = meta.is_object() && meta.contains("format");
     refuse_load(
@@ -636,22 +934,34 @@ std::optional<TrainingState> load_latest(const std::string& directory, const Che
     }
   }
 
-  // This rank's tensors: values straight into the chunks, moments through the optimizer.
-  std::map<std::string, std::ifstream> files;
+  // This rank's tensors: every saved part they take read at once (on several threads), then values
+  // straight into the chunks, moments through the optimizer.
+  const auto source_of = [&](const Parameter& parameter) -> std::string {
+    return parameter.name == kOutputWeight && !untied && !saved.count(parameter.name) ? kWordEmbeddings
+                                                                                      : parameter.name;
+  };
+  std::vector<const SavedShard*> needed;
+  for (StageChunk* chunk : rank.chunks) {
+    for (const Parameter& parameter : chunk->parameters()) {
+      const std::string source = source_of(parameter);
+      for (const SavedShard* part : saved_parts(source, saved.at(source))) needed.push_back(part);
+    }
+  }
+  ShardBytes read;
+  read_shards(needed, rank.threads, read);
   std::vector<TensorState> moments;
   for (StageChunk* chunk : rank.chunks) {
     for (const Parameter& parameter : chunk->parameters()) {
-      const std::string source =
-          parameter.name == kOutputWeight && !untied && !saved.count(parameter.name) ? kWordEmbeddings : parameter.name;
+      const std::string source = source_of(parameter);
       const std::vector<SavedShard>& shards = saved.at(source);
       const std::vector<int64_t>& saved_shape = shards.front().global_shape;
       std::vector<std::vector<float>> arrays;
       if (saved_shape == parameter.global_shape) {
-        arrays = read_tensor(source, shards, tensor_cut(parameter), files);
+        arrays = assemble_tensor(source, shards, tensor_cut(parameter), read);
       } else {
         // The vocabulary under another padding: the whole tensor with this layout's rows, then this
         // rank's part of it.
-        arrays = read_tensor(source, shards, TensorCut{}, files);
+        arrays = assemble_tensor(source, shards, TensorCut{}, read);
         set_rows(arrays, parameter.global_shape[0], parameter.global_shape[1]);
         for (std::vector<float>& array : arrays) {
           array = reshard({array}, TensorCut{}, parameter.global_shape, tensor_cut(parameter));
@@ -738,11 +1048,20 @@ CheckpointWeights read_checkpoint_weights(const std::string& directory) {
     weights.model = model_spec_from_json(newest->meta["model_spec"], newest->path + "/state.json: model_spec");
     validate_model_spec(weights.model);
     weights.tokenizer = newest->state.tokenizer;
-    std::map<std::string, std::ifstream> files;
+    // A tied output layer's copy is the word embedding: left out.
+    const auto kept = [&](const std::string& name) {
+      return name != kOutputWeight || weights.model.untie_embeddings_and_output_weights;
+    };
+    std::vector<const SavedShard*> needed;
     for (const auto& [name, shards] : newest->saved) {
-      // A tied output layer's copy is the word embedding: left out.
-      if (name == kOutputWeight && !weights.model.untie_embeddings_and_output_weights) continue;
-      std::vector<std::vector<float>> arrays = read_tensor(name, shards, TensorCut{}, files);
+      if (!kept(name)) continue;
+      for (const SavedShard* part : saved_parts(name, shards)) needed.push_back(part);
+    }
+    ShardBytes read;
+    read_shards(needed, default_checkpoint_threads(), read);
+    for (const auto& [name, shards] : newest->saved) {
+      if (!kept(name)) continue;
+      std::vector<std::vector<float>> arrays = assemble_tensor(name, shards, TensorCut{}, read);
       std::vector<int64_t> shape = shards.front().global_shape;
       if (vocabulary_tensor(name)) {
         // The true vocabulary's rows; the rest were the saving layout's padding.
@@ -776,33 +1095,37 @@ void write_checkpoint_weights(const std::string& directory, const ModelSpec& mod
         for (const int64_t stage : stages) {
           for (ParameterSpec& spec : describe_parameters(model, plan, stage, t)) specs.push_back(std::move(spec));
         }
+        RankImage image;
         std::vector<TensorEntry> entries;
         for (const ParameterSpec& spec : specs) entries.push_back(entry_of(spec));
-        std::vector<float> value, zeros;
-        write_rank_files(
-            staging + "/" + rank_directory(t, p, plan.pipeline_parallel_size), entries,
-            [&](std::size_t i) -> TensorArrays {
-              const ParameterSpec& spec = specs[i];
-              // A tied output layer's copy starts as the word embedding, as training makes it.
-              const bool copy = spec.name == kOutputWeight && !model.untie_embeddings_and_output_weights;
-              const auto found = tensors.find(copy ? std::string(kWordEmbeddings) : spec.name);
-              if (found == tensors.end()) throw std::logic_error("write_checkpoint_weights: no tensor " + spec.name);
-              const WholeTensor& whole = found->second;
-              // The vocabulary's rows padded to the layout's (Megatron's padding), with zeros.
-              const bool vocabulary = copy || spec.name == kWordEmbeddings || spec.name == kOutputWeight;
-              const bool padded = vocabulary && whole.shape.size() == 2 && whole.shape[0] < spec.global_shape[0] &&
-                                  whole.shape[1] == spec.global_shape[1];
-              if (!padded && whole.shape != spec.global_shape) {
-                throw SpecError("--save", spec.name + " has shape " + shape_text(whole.shape) + ", the model " +
-                                              shape_text(spec.global_shape));
-              }
-              std::vector<std::vector<float>> parts(1, whole.values);
-              if (padded) parts[0].resize(elements(spec.global_shape), 0.0f);
-              value = reshard(parts, TensorCut{}, spec.global_shape, tensor_cut(spec));
-              zeros.assign(value.size(), 0.0f);  // a fresh optimizer's moments
-              return {value, zeros, zeros};
-            },
-            t, p, stages);
+        image.lay_out(std::move(entries));
+        image.tensor_parallel_rank = t;
+        image.pipeline_rank = p;
+        image.stages = stages;
+        for (std::size_t i = 0; i < specs.size(); ++i) {
+          const ParameterSpec& spec = specs[i];
+          // A tied output layer's copy starts as the word embedding, as training makes it.
+          const bool copy = spec.name == kOutputWeight && !model.untie_embeddings_and_output_weights;
+          const auto found = tensors.find(copy ? std::string(kWordEmbeddings) : spec.name);
+          if (found == tensors.end()) throw std::logic_error("write_checkpoint_weights: no tensor " + spec.name);
+          const WholeTensor& whole = found->second;
+          // The vocabulary's rows padded to the layout's (Megatron's padding), with zeros.
+          const bool vocabulary = copy || spec.name == kWordEmbeddings || spec.name == kOutputWeight;
+          const bool padded = vocabulary && whole.shape.size() == 2 && whole.shape[0] < spec.global_shape[0] &&
+                              whole.shape[1] == spec.global_shape[1];
+          if (!padded && whole.shape != spec.global_shape) {
+            throw SpecError("--save", spec.name + " has shape " + shape_text(whole.shape) + ", the model " +
+                                          shape_text(spec.global_shape));
+          }
+          std::vector<std::vector<float>> parts(1, whole.values);
+          if (padded) parts[0].resize(elements(spec.global_shape), 0.0f);
+          const std::vector<float> value = reshard(parts, TensorCut{}, spec.global_shape, tensor_cut(spec));
+          float* tensor = image.tensor(i);
+          std::copy(value.begin(), value.end(), tensor);
+          std::fill(tensor + value.size(), tensor + kArraysPerTensor * value.size(), 0.0f);  // a fresh optimizer's
+        }
+        write_rank_files(staging + "/" + rank_directory(t, p, plan.pipeline_parallel_size), image,
+                         default_checkpoint_threads());
       }
     }
     write_file_atomically(staging + "/state.json", checkpoint_meta(state, model, plan).dump(2) + "\n");

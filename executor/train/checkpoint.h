@@ -6,23 +6,33 @@
 //                                                    the format and the list of rank directories
 //   DIR/iter_0000040/mp_rank_TT[_PPP]/model.bin      per tensor: fp32 value, first moment, second moment
 //   DIR/iter_0000040/mp_rank_TT[_PPP]/manifest.json  per tensor: name, dtype, shard shape, global shape,
-//                                                    shard (dim, index, count), byte offset, checksum
+//                                                    shard (dim, index, count), byte offset, checksum;
+//                                                    the checksum's algorithm and block size
 //
 // TT is the tensor-parallel rank (2 digits) and PPP the pipeline rank (3 digits, only when pp > 1),
 // as Megatron names them. The ranks of data-parallel rank 0 write their directory: every stage
 // chunk they hold, each tensor their whole tensor-parallel shard, with the Adam moments the
 // distributed optimizer spread over the data-parallel group gathered first.
 //
-// The checksum is FNV-1a 64 over the tensor's bytes in model.bin (value, then the moments): no
-// dependency, the same hash the model seeds its parameters with, and it detects every change
-// confined to one byte (each step of FNV-1a is a bijection of the state), which is the corruption
-// a disk or a copy makes; 64 bits make an accidental match of other damage negligible.
+// The checksum (format megaplan-checkpoint/3) is XXH3-64 over the list of the XXH3-64s of the
+// tensor's bytes (value, then the moments) in blocks of checksum_block_bytes (4 MiB), as the
+// manifest's tensor_checksum names it: blocks, so that several threads checksum one large tensor;
+// XXH3, because FNV-1a's byte-at-a-time loop (about 1 GB/s on one core) held saves and loads below
+// the disk's speed. 64 bits make an accidental match of damaged bytes negligible. Checkpoints of
+// format 2, whose manifests carry an FNV-1a 64 of each whole tensor, are still read.
 //
 // A save is atomic across ranks: everything goes into iter_XXXXXXX.tmp, every writer syncs its
 // files, all ranks meet at a barrier, then global rank 0 renames the directory into place and
 // writes latest_checkpointed_iteration.txt. A failure on any rank stops the others at the barrier
 // (the communicators abort), so no iter_ directory that a load would pick is left half-written; a
 // leftover .tmp directory is never read and the next save of that iteration replaces it.
+//
+// Speed: a writing rank copies its tensors into a host image laid out as model.bin (page-locked by
+// the backend once, and kept from save to save), then threads take 4 MiB blocks of it, checksum
+// each and write it at its offset; a load reads the blocks on threads as well. With --async-save
+// the copy is all the training waits for: a thread writes and syncs the .tmp directory's files,
+// and the barrier, rename and latest_checkpointed_iteration.txt follow on the training thread at
+// the next save or the run's end (CheckpointSaver), the previous checkpoint the newest until then.
 //
 // A load finds every tensor a rank needs by name in the manifests, whatever layout saved them: the
 // saved shards are concatenated along their split dimension and the rank's part is cut out (tensor
@@ -52,6 +62,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -59,6 +70,7 @@
 #include "core/model_spec.h"
 #include "core/parallel_plan.h"
 #include "executor/data/tokenizer.h"
+#include "executor/io/parallel_tasks.h"
 #include "executor/io/safetensors.h"
 #include "executor/model/stage_chunk.h"
 #include "executor/runtime/backend.h"
@@ -90,6 +102,7 @@ struct CheckpointRank {
   std::vector<StageChunk*> chunks;
   Optimizer& optimizer;
   Backend& backend;
+  int64_t threads = default_checkpoint_threads();  // the threads writing, reading and checksumming
 };
 
 // Every rank of the world calls it at the same iteration (it meets the others at barriers on
@@ -97,6 +110,50 @@ struct CheckpointRank {
 // Throws SpecError("--save", ...) when something cannot be written; the other ranks then throw
 // CommAborted, and DIR's latest_checkpointed_iteration.txt and earlier iterations are unchanged.
 void save_checkpoint(const std::string& directory, const TrainingState& state, const CheckpointRank& rank);
+
+// Saves a rank's checkpoints one after the other, keeping the host image of its directory (page-
+// locked by the backend) from one save to the next. Synchronous, save() is save_checkpoint. With
+// --async-save (`async`), save() copies the rank's state into the image and returns while a thread
+// writes and syncs the rank's files into iter_XXXXXXX.tmp; finish() later waits for that thread,
+// meets the other ranks at the barrier and publishes the save (rank 0 renames it and writes
+// latest_checkpointed_iteration.txt), on the training thread, the only one using the
+// communicators. Until then the previous checkpoint stays the newest: a kill at any moment leaves
+// it loadable.
+class CheckpointSaver {
+ public:
+  CheckpointSaver(bool async, Backend& backend);
+  ~CheckpointSaver();  // waits for a save being written, and leaves it unpublished
+  CheckpointSaver(const CheckpointSaver&) = delete;
+  CheckpointSaver& operator=(const CheckpointSaver&) = delete;
+
+  // As save_checkpoint (every rank at the same iteration), a save being written finished first.
+  void save(const std::string& directory, const TrainingState& state, const CheckpointRank& rank);
+  // Publishes the save being written, once written, and returns its iteration (nothing when none
+  // is). Every rank calls it at the same point. Throws as save_checkpoint does.
+  std::optional<int64_t> finish(const CheckpointRank& rank);
+
+  // The last published save of this rank: its model.bin's bytes (0 on a rank that writes none),
+  // the seconds spent copying them into the host image (training's pause under --async-save) and
+  // writing them (checksums, writes, syncs).
+  struct Times {
+    uint64_t bytes = 0;
+    double snapshot_seconds = 0, write_seconds = 0;
+  };
+  const Times& last_save() const { return last_save_; }
+  // The snapshot of the save started last (published or not).
+  double last_snapshot_seconds() const { return last_snapshot_seconds_; }
+
+ private:
+  struct Writing;
+  struct Snapshot;
+  void pin_snapshot();
+  bool async_;
+  Backend& backend_;
+  std::unique_ptr<Snapshot> snapshot_;
+  std::unique_ptr<Writing> writing_;
+  Times last_save_;
+  double last_snapshot_seconds_ = 0;
+};
 
 // Before training starts: `load` (--load) must be a directory, or not exist when it is also
 // `save` (Megatron's resume-or-start idiom: the first run starts from scratch, later ones resume);

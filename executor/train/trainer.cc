@@ -65,6 +65,8 @@ TrainOptions checked_train_options(const TrainOptions& options_in) {
   if (options.exit_interval < 0) throw SpecError("--exit-interval", "must be non-negative");
   if (options.save_interval < 0) throw SpecError("--save-interval", "must be non-negative");
   if (options.save_interval > 0 && !options.save) throw SpecError("--save-interval", "needs --save DIR");
+  if (options.async_save && !options.save) throw SpecError("--async-save", "needs --save DIR");
+  positive(options.checkpoint_threads, "--checkpoint-threads");
   if (!(options.clip_grad >= 0) || !std::isfinite(options.clip_grad)) {
     throw SpecError("--clip-grad", "must be a finite non-negative number");
   }
@@ -259,8 +261,25 @@ class RankTrainer {
   CheckpointRank checkpoint_rank() {
     std::vector<StageChunk*> chunks;
     for (auto& chunk : chunks_) chunks.push_back(chunk.get());
-    return {run_.model, run_.plan, groups_, std::move(chunks), *optimizer_, backend_};
+    return {run_.model, run_.plan, groups_, std::move(chunks), *optimizer_, backend_, run_.options.checkpoint_threads};
   }
+  // Publishes the --async-save being written, once written (every rank at the same point).
+  void finish_checkpoint() {
+    if (const std::optional<int64_t> saved = checkpoint_saver_.finish(checkpoint_rank()); saved && out_) {
+      *out_ << "saved " << *run_.options.save << " at iteration " << *saved << "\n";
+      log_save_times();
+    }
+  }
+  // What rank 0's part of the last save took: the speed bench/checkpoint_speed.sh reports.
+  void log_save_times() {
+    const CheckpointSaver::Times& times = checkpoint_saver_.last_save();
+    const double seconds = run_.options.async_save ? times.write_seconds : times.snapshot_seconds + times.write_seconds;
+    const double gigabytes = static_cast<double>(times.bytes) / 1e9;
+    *out_ << "checkpoint save: " << format_double(gigabytes) << " GB in " << format_double(seconds) << " s ("
+          << format_double(seconds > 0 ? gigabytes / seconds : 0) << " GB/s, " << run_.options.checkpoint_threads
+          << " threads" << (run_.options.async_save ? ", in the background" : "") << ")\n";
+  }
+  CheckpointSaver checkpoint_saver_{run_.options.async_save, backend_};
   std::optional<std::ofstream> log_file_;
 };
 
@@ -422,11 +441,16 @@ TrainSummary RankTrainer::train() {
     }
   }
   if (options.load) {
+    const auto load_start = std::chrono::steady_clock::now();
     if (const std::optional<TrainingState> loaded = load_checkpoint(*options.load, checkpoint_rank())) {
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
       check_resumable(*loaded);
       state = *loaded;
       if (options.tokenizer) state.tokenizer = options.tokenizer;  // the run's word over the checkpoint's
-      if (out_) *out_ << "loaded " << *options.load << " at iteration " << state.iteration << "\n";
+      if (out_) {
+        *out_ << "loaded " << *options.load << " at iteration " << state.iteration << "\n";
+        *out_ << "checkpoint load: " << format_double(seconds) << " s (" << options.checkpoint_threads << " threads)\n";
+      }
     } else if (options.save && same_directory(*options.load, *options.save)) {
       if (out_) *out_ << "no checkpoint in " << *options.load << " yet: starting from scratch\n";
     } else {
@@ -534,8 +558,15 @@ TrainSummary RankTrainer::train() {
     if (options.save && ((options.save_interval > 0 && iteration % options.save_interval == 0) || exiting ||
                          stop == StopSignal::kTerminate || iteration == options.train_iters)) {
       optimizer_->finish_parameter_gathers();
-      save_checkpoint(*options.save, state, checkpoint_rank());
-      if (out_) *out_ << "saved " << *options.save << " at iteration " << iteration << "\n";
+      finish_checkpoint();
+      checkpoint_saver_.save(*options.save, state, checkpoint_rank());
+      if (out_ && options.async_save) {
+        *out_ << "saving " << *options.save << " at iteration " << iteration << " in the background (training paused "
+              << format_double(checkpoint_saver_.last_snapshot_seconds()) << " s for the snapshot)\n";
+      } else if (out_) {
+        *out_ << "saved " << *options.save << " at iteration " << iteration << "\n";
+        log_save_times();
+      }
     }
     if (stop != StopSignal::kNone) {
       if (out_) {
@@ -550,6 +581,7 @@ TrainSummary RankTrainer::train() {
     }
   }
   optimizer_->finish_parameter_gathers();
+  finish_checkpoint();
   if (options.keep_final_weights && groups_.data_parallel_rank == 0) {
     for (auto& chunk : chunks_) {
       for (const Parameter& p : chunk->parameters()) {

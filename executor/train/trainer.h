@@ -23,6 +23,7 @@
 #include "executor/comm/in_process_memory.h"
 #include "executor/data/data_blend.h"
 #include "executor/data/tokenizer.h"
+#include "executor/io/parallel_tasks.h"
 #include "executor/runtime/backend.h"
 #include "executor/train/learning_rate.h"
 #include "executor/train/loss_scaler.h"
@@ -56,7 +57,12 @@ struct TrainOptions {
   std::optional<std::string> log_file;  // --log-file: one JSON object per logged iteration, appended
   std::optional<std::string> save;      // --save DIR
   int64_t save_interval = 0;            // --save-interval
-  std::optional<std::string> load;      // --load DIR
+  // --async-save: each save's files are written by a thread while training goes on, and published
+  // at the next save or the end of the run (CheckpointSaver, executor/train/checkpoint.h).
+  bool async_save = false;
+  // --checkpoint-threads: the threads a save or load writes, reads and checksums with.
+  int64_t checkpoint_threads = default_checkpoint_threads();
+  std::optional<std::string> load;  // --load DIR
   // --data-cache-path: where the sample indexes are cached (none: beside each dataset, as Megatron
   // caches them; executor/data/index_cache.h).
   std::optional<std::string> data_cache_path;

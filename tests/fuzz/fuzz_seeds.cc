@@ -179,7 +179,8 @@ void safetensors() {
 }
 
 // state.json as saved, and without its checksum (as before megaplan wrote one), so that mutations
-// of its fields are read rather than refused by the checksum; rank 0's manifest as saved.
+// of its fields are read rather than refused by the checksum; rank 0's manifest likewise, and as
+// format 2 wrote it (FNV-1a 64 per tensor, no algorithm named).
 void checkpoint() {
   const std::string iteration = megaplan::fuzz::write_tiny_checkpoint(scratch_directory() + "/checkpoint");
   const std::string state = megaplan::read_text_file(iteration + "/state.json");
@@ -187,7 +188,20 @@ void checkpoint() {
   nlohmann::json unsummed = nlohmann::json::parse(state);
   unsummed.erase("fnv1a64");
   seed("checkpoint_state", "state-without-checksum.json", unsummed.dump(2));
-  seed("checkpoint_manifest", "manifest.json", megaplan::read_text_file(iteration + "/mp_rank_00/manifest.json"));
+  const std::string manifest = megaplan::read_text_file(iteration + "/mp_rank_00/manifest.json");
+  seed("checkpoint_manifest", "manifest.json", manifest);
+  nlohmann::json unsummed_manifest = nlohmann::json::parse(manifest);
+  unsummed_manifest.erase("fnv1a64");
+  seed("checkpoint_manifest", "manifest-without-checksum.json", unsummed_manifest.dump(1));
+  nlohmann::json format_2 = unsummed_manifest;
+  format_2["format"] = "megaplan-checkpoint/2";
+  format_2.erase("tensor_checksum");
+  format_2.erase("checksum_block_bytes");
+  for (nlohmann::json& tensor : format_2["tensors"]) {
+    tensor["fnv1a64"] = tensor["xxh3_64"];
+    tensor.erase("xxh3_64");
+  }
+  seed("checkpoint_manifest", "manifest-format-2.json", format_2.dump(1));
 }
 
 }  // namespace

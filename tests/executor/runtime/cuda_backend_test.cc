@@ -1,16 +1,20 @@
 // The bf16 CUDA backend against the fp32 CPU backend, operation by operation, on fresh random
 // bf16-representable inputs (outputs poisoned first, so an unwritten element fails), and an fp16
 // one on a few of them; its timing marks time the GPU's work; then a tiny GPT trained on the GPU:
-// its loss falls as on the CPU, and a resumed run repeats the uninterrupted one bit for bit.
+// its loss falls as on the CPU, and a resumed run repeats the uninterrupted one bit for bit (from
+// a synchronous save and from an --async-save); page-locked host memory carries copies whole.
 #include <catch2/catch.hpp>
 
 #include <unistd.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
@@ -608,6 +612,22 @@ TEST_CASE("run_pair: the second part runs on a stream of its own, after the earl
   gpu->release(read);
 }
 
+TEST_CASE("host memory the CUDA backend page-locks carries uploads and downloads whole", "[gpu][checkpoint]") {
+  const std::unique_ptr<Backend> gpu = megaplan::exec::make_cuda_backend();
+  const std::size_t n = (std::size_t{64} << 20) + 3;  // 256 MiB and an odd tail
+  std::vector<float> host(n), expected(n);
+  for (std::size_t i = 0; i < n; ++i) expected[i] = static_cast<float>(i % 100'003) * 0.5f;
+  gpu->pin_host(host.data(), n * sizeof(float));
+  std::copy(expected.begin(), expected.end(), host.begin());
+  float* device = gpu->allocate(n);
+  gpu->upload(device, host.data(), n);
+  std::fill(host.begin(), host.end(), 0.0f);
+  gpu->download(host.data(), device, n);
+  CHECK(std::memcmp(host.data(), expected.data(), n * sizeof(float)) == 0);
+  gpu->unpin_host(host.data());
+  gpu->release(device);
+}
+
 TEST_CASE("a tiny GPT and a tiny Llama train on the GPU, as on the CPU, and resume bit for bit", "[gpu][train]") {
   const megaplan::test::ScratchDirectory scratch;
   const std::string corpus = megaplan::test::sentence_corpus(scratch);
@@ -648,6 +668,9 @@ TEST_CASE("a tiny GPT and a tiny Llama train on the GPU, as on the CPU, and resu
     options.log_file = prefix + "-parts.jsonl";
     options.save = prefix + "-checkpoints";
     options.exit_interval = 20;
+    // The GPT saves with --async-save (its snapshot in page-locked memory), the Llama synchronously.
+    options.async_save = model.name == gpt.name;
+    options.save_interval = 10;
     megaplan::exec::train(model, plan, options, gpu, out);
     options.exit_interval = 0;
     options.load = options.save;
