@@ -2,12 +2,14 @@
 """Checkpoints survive kill -9 at any point of a save.
 
 1. Random points: a CPU training run that saves every iteration is killed with SIGKILL at a
-   random moment, 24 times, each run resuming from the directory the last one left.
+   random moment, 24 times, each run resuming from the directory the last one left; then 8 times
+   more with --async-save.
 2. Before each system call of a save: strace's fault injection delivers SIGKILL at the entry of
-   the k-th call of each kind a save makes (mkdir, openat, write, fchmod, fsync, close, rename,
-   renameat2, unlink, unlinkat), for every such call from the save's first mkdir on — a save over
-   an iteration saved before, whose old directory must give way without a moment when `latest`
-   names nothing.
+   the k-th call of each kind a save makes (mkdir, openat, write, pwrite64, fchmod, fsync, close,
+   rename, renameat2, unlink, unlinkat), for every such call from the save's first mkdir on — a
+   save over an iteration saved before, whose old directory must give way without a moment when
+   `latest` names nothing. Then the same with --async-save: the kills before the writer thread's
+   calls (each block of model.bin it writes, its syncs) land while training goes on, mid-write.
 
 After every kill the directory must hold a loadable newest checkpoint: a run with
 --load DIR --save DIR loads it (or, before any save completed, starts from scratch), trains one
@@ -29,15 +31,16 @@ failures = []
 LATEST = "latest_checkpointed_iteration.txt"
 # LeakSanitizer cannot run under ptrace: a sanitizer build's leak check is off for strace's runs.
 TRACED_ENV = dict(os.environ, ASAN_OPTIONS=os.environ.get("ASAN_OPTIONS", "") + ":detect_leaks=0")
-SAVE_SYSCALLS = ["mkdir", "openat", "write", "fchmod", "fsync", "close", "rename", "renameat2", "unlink", "unlinkat"]
+SAVE_SYSCALLS = ["mkdir", "openat", "write", "pwrite64", "fchmod", "fsync", "close", "rename", "renameat2", "unlink",
+                 "unlinkat"]
 
 
 def run(args, **kwargs):
     return subprocess.run([megaplan] + args, capture_output=True, text=True, **kwargs)
 
 
-def train_args(directory, iterations, load=None):
-    return ["train", "--device", "cpu", "--model", os.path.join(examples, "models/tiny-gpt.json"), "--vocab-size",
+def train_args(directory, iterations, load=None, async_save=False):
+    return ["train"] + (["--async-save"] if async_save else []) + [ "--device", "cpu", "--model", os.path.join(examples, "models/tiny-gpt.json"), "--vocab-size",
             "257", "--seq-length", "16", "--data-path", os.path.join(scratch, "corpus_text_document"), "--split", "1,0,0",
             "--mbs", "1", "--gbs", "2", "--log-interval", "1000", "--train-iters", str(iterations),
             "--load", load or directory, "--save", directory, "--save-interval", "1"]
@@ -48,10 +51,10 @@ def newest(directory):
     return int(open(path).read()) if os.path.exists(path) else 0
 
 
-def check_recovers(directory, what):
+def check_recovers(directory, what, async_save=False):
     """The newest checkpoint loads, the run goes on one iteration and saves; nothing stale is left."""
     before = newest(directory)
-    result = run(train_args(directory, before + 1))
+    result = run(train_args(directory, before + 1, async_save=async_save))
     if result.returncode != 0:
         failures.append(f"{what}: resuming failed: {result.stderr.strip()}")
         return
@@ -81,14 +84,15 @@ def main():
     full = run(train_args(os.path.join(scratch, "timing"), 6))
     assert full.returncode == 0, full.stderr
     duration = time.monotonic() - started
-    for kill in range(24):
-        process = subprocess.Popen([megaplan] + train_args(directory, newest(directory) + 6),
+    for kill in range(32):
+        async_save = kill >= 24
+        process = subprocess.Popen([megaplan] + train_args(directory, newest(directory) + 6, async_save=async_save),
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(random.uniform(0.05, 1.0) * duration)
         process.kill()
         process.wait()
-        check_recovers(directory, f"random kill {kill + 1}")
-    random_kills = 24
+        check_recovers(directory, f"random kill {kill + 1}" + (" (--async-save)" if async_save else ""), async_save)
+    random_kills = 32
 
     # 2. A kill before each system call of a save (when strace can trace here).
     if subprocess.run(["strace", "-f", "-o", os.devnull, "true"], capture_output=True, env=TRACED_ENV).returncode != 0:
@@ -103,13 +107,24 @@ def main():
     shutil.copytree(template, start)
     with open(os.path.join(start, LATEST), "w") as latest:
         latest.write("1\n")
+    syscall_kills = 0
+    for async_save in (False, True):
+        syscall_kills += kill_before_each_call(template, start, async_save)
+    return random_kills, syscall_kills
+
+
+def kill_before_each_call(template, start, async_save):
+    """Kills a run saving iteration 2 over `template` before each call of its save; returns how many."""
+    label = " (--async-save)" if async_save else ""
+    # With --async-save the run goes on to iteration 3 while iteration 2's files are written.
+    iterations = 3 if async_save else 2
     log = os.path.join(scratch, "strace.log")
     # The run each kill interrupts, traced: the calls to kill before are its calls from the staging
     # directory's mkdir on.
     shutil.copytree(template, os.path.join(scratch, "traced"))
     traced = subprocess.run(["strace", "-f", "-o", log, "-e", "trace=" + ",".join(SAVE_SYSCALLS), megaplan]
-                            + train_args(os.path.join(scratch, "traced"), 2, load=start), capture_output=True, text=True,
-                            env=TRACED_ENV)
+                            + train_args(os.path.join(scratch, "traced"), iterations, load=start, async_save=async_save),
+                            capture_output=True, text=True, env=TRACED_ENV)
     shutil.rmtree(os.path.join(scratch, "traced"))
     counts, targets, saving = {}, [], False
     for line in open(log):
@@ -126,11 +141,14 @@ def main():
         directory = os.path.join(scratch, f"syscall-{kind}-{occurrence}")
         shutil.copytree(template, directory)
         subprocess.run(["strace", "-f", "-o", os.devnull, "-e", "trace=" + kind, "-e",
-                        f"inject={kind}:signal=KILL:when={occurrence}", megaplan] + train_args(directory, 2, load=start),
-                       capture_output=True, env=TRACED_ENV)
-        check_recovers(directory, f"kill before {kind} #{occurrence}")
+                        f"inject={kind}:signal=KILL:when={occurrence}", megaplan]
+                       + train_args(directory, iterations, load=start, async_save=async_save), capture_output=True,
+                       env=TRACED_ENV)
+        check_recovers(directory, f"kill before {kind} #{occurrence}{label}", async_save)
         shutil.rmtree(directory)
-    return random_kills, len(targets)
+    return len(targets)
+
+
 
 
 try:
