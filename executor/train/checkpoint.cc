@@ -371,6 +371,11 @@ std::vector<std::vector<float>> assemble_tensor(const std::string& name, const s
   return result;
 }
 
+}  // namespace
+
+// A named namespace, not an anonymous one: CheckpointSaver (of external linkage) keeps an image.
+namespace checkpoint_image {
+
 // What a rank directory's manifest says of a tensor besides its bytes.
 struct TensorEntry {
   std::string name;
@@ -404,6 +409,13 @@ struct RankImage {
   float* tensor(std::size_t i) { return bytes.data() + offsets[i] / sizeof(float); }
   const char* tensor_bytes_at(std::size_t i) const { return reinterpret_cast<const char*>(bytes.data()) + offsets[i]; }
 };
+
+}  // namespace checkpoint_image
+
+namespace {
+
+using checkpoint_image::RankImage;
+using checkpoint_image::TensorEntry;
 
 // Writes a rank directory from its image on `threads` threads, each taking a block at a time
 // (checksummed, then written at its offset), then the manifest.
@@ -467,10 +479,19 @@ TensorEntry entry_of(const ParameterSpec& spec) {
   return {spec.name, spec.shape, spec.global_shape, cut};
 }
 
-// `image` laid out for the rank's tensors (`moments`' parameters).
-void lay_out_rank(const CheckpointRank& rank, const std::vector<TensorState>& moments, RankImage& image) {
+// The rank's parameters, in chunk and registration order (the optimizer's).
+std::vector<const Parameter*> rank_parameters(const CheckpointRank& rank) {
+  std::vector<const Parameter*> parameters;
+  for (const StageChunk* chunk : rank.chunks) {
+    for (const Parameter& parameter : chunk->parameters()) parameters.push_back(&parameter);
+  }
+  return parameters;
+}
+
+// `image` laid out for the rank's parameters.
+void lay_out_rank(const CheckpointRank& rank, const std::vector<const Parameter*>& parameters, RankImage& image) {
   std::vector<TensorEntry> entries;
-  for (const TensorState& state : moments) entries.push_back(entry_of(*state.parameter));
+  for (const Parameter* parameter : parameters) entries.push_back(entry_of(*parameter));
   image.lay_out(std::move(entries));
   image.stages.clear();
   for (const StageChunk* chunk : rank.chunks) image.stages.push_back(chunk->stage());
@@ -478,19 +499,18 @@ void lay_out_rank(const CheckpointRank& rank, const std::vector<TensorState>& mo
   image.pipeline_rank = rank.groups.pipeline_rank;
 }
 
-// The rank's tensors copied into its laid-out image: values from the device, moments from `moments`.
-void copy_rank(const CheckpointRank& rank, const std::vector<TensorState>& moments, RankImage& image) {
-  for (std::size_t i = 0; i < moments.size(); ++i) {
-    const TensorState& state = moments[i];
-    const std::size_t count = state.parameter->size;
-    if (state.first_moment.size() != count || state.second_moment.size() != count) {
-      throw std::logic_error("checkpoint: " + state.parameter->name + "'s moments are not whole");
-    }
-    float* tensor = image.tensor(i);
-    rank.backend.download(tensor, state.parameter->value, count);
-    std::copy(state.first_moment.begin(), state.first_moment.end(), tensor + count);
-    std::copy(state.second_moment.begin(), state.second_moment.end(), tensor + 2 * count);
+// The rank's tensors downloaded into its laid-out image: values from the parameters, moments
+// from the optimizer (with the distributed optimizer, a collective over the data-parallel group).
+void copy_rank(const CheckpointRank& rank, const std::vector<const Parameter*>& parameters, RankImage& image) {
+  std::map<const Parameter*, std::size_t> index;
+  for (std::size_t i = 0; i < parameters.size(); ++i) {
+    index[parameters[i]] = i;
+    rank.backend.download(image.tensor(i), parameters[i]->value, parameters[i]->size);
   }
+  rank.optimizer.export_state([&](const Parameter& parameter) -> Optimizer::MomentDestination {
+    float* tensor = image.tensor(index.at(&parameter));
+    return {tensor + parameter.size, tensor + 2 * parameter.size};
+  });
 }
 
 // The tokenizer as state.json holds it: train's flag names with underscores, files as absolute
@@ -705,13 +725,14 @@ void CheckpointSaver::save(const std::string& directory, const TrainingState& st
   try {
     if (leader) (void)create_staging(directory, state.iteration);
     if (groups.world) groups.world->barrier();  // the staging directory exists
-    std::vector<TensorState> moments;
-    // With the distributed optimizer every data-parallel rank takes part in gathering the moments.
-    if (writer || rank.plan.use_distributed_optimizer) moments = rank.optimizer.export_state();
     if (writer) {
-      lay_out_rank(rank, moments, snapshot_->image);
+      const std::vector<const Parameter*> parameters = rank_parameters(rank);
+      lay_out_rank(rank, parameters, snapshot_->image);
       pin_snapshot();  // before the copies, which then run at the bus's speed
-      copy_rank(rank, moments, snapshot_->image);
+      copy_rank(rank, parameters, snapshot_->image);
+    } else if (rank.plan.use_distributed_optimizer) {
+      // Every data-parallel rank takes part in gathering the moments; the writers keep them.
+      (void)rank.optimizer.export_state();
     }
     if (leader) {
       write_file_atomically(writing->staging + "/state.json",

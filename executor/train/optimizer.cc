@@ -225,15 +225,23 @@ std::vector<TensorState> Optimizer::export_state() {
       states.push_back({&p, std::vector<float>(p.size), std::vector<float>(p.size)});
     }
   }
+  export_state([&](const Parameter& p) -> MomentDestination {
+    TensorState& state = states[index.at(&p)];
+    return {state.first_moment.data(), state.second_moment.data()};
+  });
+  return states;
+}
+
+void Optimizer::export_state(const std::function<MomentDestination(const Parameter&)>& destination) {
   Comm* dp = groups_.data_parallel;
   if (!distributed_ || !dp || dp->size() == 1) {
     // The pieces are whole parameters (one shard holds a whole bucket when dp = 1).
     for (const Piece& piece : pieces_) {
-      TensorState& state = states[index.at(piece.parameter)];
-      backend_.download(state.first_moment.data() + piece.offset, piece.first_moment, piece.size);
-      backend_.download(state.second_moment.data() + piece.offset, piece.second_moment, piece.size);
+      const MomentDestination to = destination(*piece.parameter);
+      backend_.download(to.first_moment + piece.offset, piece.first_moment, piece.size);
+      backend_.download(to.second_moment + piece.offset, piece.second_moment, piece.size);
     }
-    return states;
+    return;
   }
   // Each bucket's shards gathered into buffers laid out as the chunk's parameter buffer.
   for (std::size_t c = 0; c < chunks_.size(); ++c) {
@@ -250,14 +258,13 @@ std::vector<TensorState> Optimizer::export_state() {
     for (Request& request : pending) request->wait();
     const std::vector<Parameter>& parameters = chunks_[c]->parameters();
     for (std::size_t i = 0; i < parameters.size(); ++i) {
-      TensorState& state = states[index.at(&parameters[i])];
-      backend_.download(state.first_moment.data(), first + layout.offsets[i], parameters[i].size);
-      backend_.download(state.second_moment.data(), second + layout.offsets[i], parameters[i].size);
+      const MomentDestination to = destination(parameters[i]);
+      backend_.download(to.first_moment, first + layout.offsets[i], parameters[i].size);
+      backend_.download(to.second_moment, second + layout.offsets[i], parameters[i].size);
     }
     backend_.release(first);
     backend_.release(second);
   }
-  return states;
 }
 
 void Optimizer::import_state(const std::vector<TensorState>& states) {

@@ -23,6 +23,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <utility>
 #include <vector>
@@ -86,6 +87,13 @@ class Optimizer {
   // (every member calls it): the owned shards' moments are all-gathered, and every member returns
   // all of them.
   std::vector<TensorState> export_state();
+  // The same moments downloaded where `destination` says, parameter by parameter (p.size floats
+  // each): a checkpoint's host image, without a copy in between.
+  struct MomentDestination {
+    float* first_moment;
+    float* second_moment;
+  };
+  void export_state(const std::function<MomentDestination(const Parameter&)>& destination);
   // Sets the moments this rank owns from whole ones (the distributed optimizer reads only its
   // shard's pieces). REQUIRES: `states` holds every parameter of the chunks, each with
   // parameter.size elements of each moment (std::logic_error otherwise).
