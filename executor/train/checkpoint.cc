@@ -676,8 +676,7 @@ void write_image(const std::string& path, const RankImage& image, int64_t thread
 // image's bytes), both kept from one save to the next.
 struct CheckpointSaver::Snapshot {
   RankImage image;
-  const void* pinned = nullptr;
-  std::size_t pinned_bytes = 0;
+  const void* pinned = nullptr;  // image.bytes' memory, while the backend has it page-locked
 };
 
 CheckpointSaver::CheckpointSaver(bool async, Backend& backend)
@@ -727,8 +726,10 @@ void CheckpointSaver::save(const std::string& directory, const TrainingState& st
     if (groups.world) groups.world->barrier();  // the staging directory exists
     if (writer) {
       const std::vector<const Parameter*> parameters = rank_parameters(rank);
+      std::size_t floats = 0;
+      for (const Parameter* parameter : parameters) floats += kArraysPerTensor * parameter->size;
+      pin_snapshot(floats);  // before the copies, which then run at the bus's speed
       lay_out_rank(rank, parameters, snapshot_->image);
-      pin_snapshot();  // before the copies, which then run at the bus's speed
       copy_rank(rank, parameters, snapshot_->image);
     } else if (rank.plan.use_distributed_optimizer) {
       // Every data-parallel rank takes part in gathering the moments; the writers keep them.
@@ -778,16 +779,15 @@ std::optional<int64_t> CheckpointSaver::finish(const CheckpointRank& rank) {
   return writing->iteration;
 }
 
-void CheckpointSaver::pin_snapshot() {
-  const std::vector<float>& bytes = snapshot_->image.bytes;
-  const std::size_t size = bytes.capacity() * sizeof(float);
-  if (snapshot_->pinned == bytes.data() && snapshot_->pinned_bytes == size) return;
-  if (snapshot_->pinned) backend_.unpin_host(const_cast<void*>(snapshot_->pinned));
+void CheckpointSaver::pin_snapshot(std::size_t floats) {
+  std::vector<float>& bytes = snapshot_->image.bytes;
+  if (snapshot_->pinned && floats <= bytes.capacity()) return;                       // locked, and laid out in place
+  if (snapshot_->pinned) backend_.unpin_host(const_cast<void*>(snapshot_->pinned));  // before it is freed
   snapshot_->pinned = nullptr;
-  if (size == 0) return;
-  backend_.pin_host(const_cast<float*>(bytes.data()), size);
+  bytes.reserve(floats);
+  if (bytes.capacity() == 0) return;
+  backend_.pin_host(bytes.data(), bytes.capacity() * sizeof(float));
   snapshot_->pinned = bytes.data();
-  snapshot_->pinned_bytes = size;
 }
 
 void save_checkpoint(const std::string& directory, const TrainingState& state, const CheckpointRank& rank) {

@@ -146,7 +146,8 @@ class CheckpointSaver {
  private:
   struct Writing;
   struct Snapshot;
-  void pin_snapshot();
+  // Room for `floats` in the image, page-locked; laying the image out then keeps it in place.
+  void pin_snapshot(std::size_t floats);
   bool async_;
   Backend& backend_;
   std::unique_ptr<Snapshot> snapshot_;
