@@ -621,6 +621,9 @@ TEST_CASE("host memory the CUDA backend page-locks carries uploads and downloads
   std::copy(expected.begin(), expected.end(), host.begin());
   float* device = gpu->allocate(n);
   gpu->upload(device, host.data(), n);
+  // From page-locked memory the copy is a DMA still running when upload() returns (from pageable
+  // memory the driver stages it first): the host buffer may be reused only after it.
+  gpu->synchronize();
   std::fill(host.begin(), host.end(), 0.0f);
   gpu->download(host.data(), device, n);
   CHECK(std::memcmp(host.data(), expected.data(), n * sizeof(float)) == 0);
