@@ -32,6 +32,7 @@
 #include "executor/train/optimizer.h"
 #include "executor/train/trainer.h"
 #include "tests/executor/runtime/forwarding_backend.h"
+#include "tests/executor/train/checkpoint_fixtures.h"
 #include "tests/executor/train/training_fixtures.h"
 #include "tests/executor/train/training_run.h"
 
@@ -68,36 +69,14 @@ exec::BackendFactory cpu_backends() {
   return [](int64_t) -> std::unique_ptr<exec::Backend> { return std::make_unique<exec::CpuBackend>(); };
 }
 
+using megaplan::test::files_under;
+using megaplan::test::load_error;
 using megaplan::test::Outcome;
 
 Outcome train(const megaplan::ModelSpec& model, const ParallelPlan& plan, const exec::TrainOptions& options,
               const megaplan::test::ScratchDirectory& scratch, const std::string& name,
               const exec::BackendFactory& backends = cpu_backends()) {
   return megaplan::test::train_logged(model, plan, options, scratch, name, backends);
-}
-
-// Every file under `directory`, by relative path, with its bytes.
-std::map<std::string, std::string> snapshot(const std::string& directory) {
-  std::map<std::string, std::string> files;
-  for (const fs::directory_entry& entry : fs::recursive_directory_iterator(directory)) {
-    if (!entry.is_regular_file()) continue;
-    std::ifstream file(entry.path(), std::ios::binary);
-    std::ostringstream bytes;
-    bytes << file.rdbuf();
-    files[fs::relative(entry.path(), directory).string()] = bytes.str();
-  }
-  return files;
-}
-
-std::string error_of(const std::function<void()>& run) {
-  try {
-    run();
-  } catch (const megaplan::SpecError& error) {
-    CHECK(error.field() == "--load");
-    return error.what();
-  }
-  FAIL("no SpecError");
-  return "";
 }
 
 // A CPU backend that fails every download of more than a few values (what a checkpoint does with
@@ -295,7 +274,7 @@ TEST_CASE("a corrupted shard and a checkpoint of another model are refused with 
     }
   }
   REQUIRE(size > 0);
-  const std::map<std::string, std::string> before = snapshot(directory);
+  const std::map<std::string, std::string> before = files_under(directory);
   {
     std::fstream file(rank_directory + "/model.bin", std::ios::in | std::ios::out | std::ios::binary);
     file.seekp(static_cast<std::streamoff>(offset + size + 1001));
@@ -304,13 +283,13 @@ TEST_CASE("a corrupted shard and a checkpoint of another model are refused with 
   options.exit_interval = 0;
   options.load = directory;
   options.save_interval = 1;
-  std::string message = error_of([&] { (void)train(model, pp2, options, scratch, "corrupted"); });
+  std::string message = load_error([&] { (void)train(model, pp2, options, scratch, "corrupted"); });
   INFO(message);
   CHECK(message.find(rank_directory + "/model.bin: checksum of " + corrupted + " does not match") != std::string::npos);
   CHECK(message.find('\n') == std::string::npos);
   // Nothing trained, logged or saved.
   CHECK_FALSE(fs::exists(scratch.file("corrupted.jsonl")));
-  std::map<std::string, std::string> after = snapshot(directory);
+  std::map<std::string, std::string> after = files_under(directory);
   after.erase("iter_0000002/mp_rank_00_000/model.bin");
   std::map<std::string, std::string> expected = before;
   expected.erase("iter_0000002/mp_rank_00_000/model.bin");
@@ -327,7 +306,7 @@ TEST_CASE("a corrupted shard and a checkpoint of another model are refused with 
   other.save_interval = 0;
   (void)train(wider, plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false), other, scratch, "wider");
   options.load = other.save;
-  message = error_of([&] { (void)train(model, pp2, options, scratch, "wider-loaded"); });
+  message = load_error([&] { (void)train(model, pp2, options, scratch, "wider-loaded"); });
   CHECK(message ==
         "--load: " + *other.save +
             "/iter_0000001/mp_rank_00/manifest.json: decoder.final_layernorm.bias has global shape [64] in the "
@@ -339,7 +318,7 @@ TEST_CASE("a corrupted shard and a checkpoint of another model are refused with 
   other.save = scratch.file("shallower");
   (void)train(shallower, plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false), other, scratch, "shallower");
   options.load = other.save;
-  message = error_of([&] { (void)train(model, pp2, options, scratch, "shallower-loaded"); });
+  message = load_error([&] { (void)train(model, pp2, options, scratch, "shallower-loaded"); });
   CHECK(message.find("holds no decoder.layers.2.") != std::string::npos);
 }
 
@@ -354,7 +333,7 @@ TEST_CASE("a save that fails on any rank leaves the last checkpoint as it was", 
   options.save = directory;
   options.exit_interval = 4;
   (void)train(model, plan, options, scratch, "first");
-  const std::map<std::string, std::string> before = snapshot(directory);
+  const std::map<std::string, std::string> before = files_under(directory);
   REQUIRE(before.count("latest_checkpointed_iteration.txt"));
 
   // Global rank 0 (which renames the directory and writes "latest") saves fine; every other rank
@@ -373,7 +352,7 @@ TEST_CASE("a save that fails on any rank leaves the last checkpoint as it was", 
     CHECK(std::string(error.what()).find("injected failure") != std::string::npos);
   }
   CHECK_FALSE(fs::exists(directory + "/iter_0000008"));
-  CHECK(snapshot(directory) == before);  // latest still names iteration 4, whose files are unchanged
+  CHECK(files_under(directory) == before);  // latest still names iteration 4, whose files are unchanged
 
   // And the run resumes from it.
   options.train_iters = 5;
@@ -534,7 +513,7 @@ TEST_CASE("a save over an existing iteration swaps it in whole and removes what 
   options.save = directory;
   options.save_interval = 1;
   (void)train(model, plan, options, scratch, "first");
-  const std::map<std::string, std::string> first = snapshot(directory);
+  const std::map<std::string, std::string> first = files_under(directory);
   // What kills at each step of a save leave behind.
   fs::create_directory(directory + "/iter_0000009.tmp");
   write_text(directory + "/iter_0000009.tmp/state.json", "{");
@@ -543,7 +522,7 @@ TEST_CASE("a save over an existing iteration swaps it in whole and removes what 
   write_text(directory + "/latest_checkpointed_iteration.txt", "1\n");
   options.load = directory;
   (void)train(model, plan, options, scratch, "again");
-  const std::map<std::string, std::string> second = snapshot(directory);
+  const std::map<std::string, std::string> second = files_under(directory);
   std::vector<std::string> names;
   for (const auto& [name, bytes] : second) names.push_back(name);
   std::vector<std::string> expected;
@@ -711,7 +690,7 @@ TEST_CASE("a checkpoint of tp 2 loads at tp 1 and tp 4, whose vocabulary padding
   // A model of another vocabulary is another model, whatever its padding.
   megaplan::ModelSpec other = model;
   other.vocab_size = 300;
-  const std::string message = error_of([&] { (void)train(other, tp(1), options, scratch, "other-vocabulary"); });
+  const std::string message = load_error([&] { (void)train(other, tp(1), options, scratch, "other-vocabulary"); });
   CHECK(message == "--load: " + iteration + "/state.json: the checkpoint's vocabulary is 257 tokens, the model's 300 " +
                        "(a checkpoint of another vocabulary: --vocab-size 257 trains on it)");
 }

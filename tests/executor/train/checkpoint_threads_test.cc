@@ -21,6 +21,7 @@
 #include "executor/runtime/cpu_backend.h"
 #include "executor/train/checkpoint.h"
 #include "executor/train/trainer.h"
+#include "tests/executor/train/checkpoint_fixtures.h"
 #include "tests/executor/train/training_fixtures.h"
 #include "tests/executor/train/training_run.h"
 
@@ -28,6 +29,8 @@ namespace {
 
 using megaplan::ParallelPlan;
 using megaplan::ScheduleKind;
+using megaplan::test::files_under;
+using megaplan::test::load_error;
 using megaplan::test::Outcome;
 namespace exec = megaplan::exec;
 namespace fs = std::filesystem;
@@ -51,30 +54,6 @@ Outcome train(const megaplan::ModelSpec& model, const ParallelPlan& plan, const 
   return megaplan::test::train_logged(
       model, plan, options, scratch, name,
       [](int64_t) -> std::unique_ptr<exec::Backend> { return std::make_unique<exec::CpuBackend>(); });
-}
-
-// Every file under `directory`, by relative path, with its bytes.
-std::map<std::string, std::string> files_under(const std::string& directory) {
-  std::map<std::string, std::string> files;
-  for (const fs::directory_entry& entry : fs::recursive_directory_iterator(directory)) {
-    if (!entry.is_regular_file()) continue;
-    std::ifstream file(entry.path(), std::ios::binary);
-    std::ostringstream bytes;
-    bytes << file.rdbuf();
-    files[fs::relative(entry.path(), directory).string()] = bytes.str();
-  }
-  return files;
-}
-
-std::string load_error(const std::function<void()>& load) {
-  try {
-    load();
-  } catch (const megaplan::SpecError& error) {
-    CHECK(error.field() == "--load");
-    return error.what();
-  }
-  FAIL("no SpecError");
-  return "";
 }
 
 void flip_byte(const std::string& path, uint64_t offset) {
