@@ -78,6 +78,10 @@ layouts=(
   "gpt2-124m mbs 16 dropout|--model gpt2-124m --vocab-size 50257 --mbs 16 --gbs 32 --hidden-dropout 0.1 --attention-dropout 0.1|--cluster ${gpu}-x1"
   "gpt-1.3b mbs 2 dropout|--model gpt-1.3b --vocab-size 50257 --mbs 2 --gbs 8 --hidden-dropout 0.1 --attention-dropout 0.1|--cluster ${gpu}-x1"
   "llama-1b mbs 1 dropout|$llama_1b --mbs 1 --gbs 8 --hidden-dropout 0.1 --attention-dropout 0.1|--cluster ${gpu}-x1"
+  # 32 onwards: issue 38's held-out widths, head dimension 64 at hidden sizes 1280 and 1600, between
+  # the profile grid's 1024 and 2048 (never used to set anything).
+  "gpt2-774m mbs 4 gbs 16|--model gpt2-774m --vocab-size 50257 --mbs 4 --gbs 16|--cluster ${gpu}-x1"
+  "gpt2-1.5b mbs 2 gbs 8|--model gpt2-1.5b --vocab-size 50257 --mbs 2 --gbs 8|--cluster ${gpu}-x1"
 )
 visible=$(nvidia-smi -L 2> /dev/null | grep -c '^GPU ')
 rows=()
