@@ -1,4 +1,5 @@
-// What the checkpoint tests compare and expect: a directory's files and a refused load.
+// What the checkpoint tests train with, compare and expect: their runs' options, a directory's files
+// and a refused load.
 #pragma once
 
 #include <catch2/catch.hpp>
@@ -11,8 +12,25 @@
 #include <string>
 
 #include "core/error.h"
+#include "executor/train/trainer.h"
 
 namespace megaplan::test {
+
+// Eight iterations on `corpus`, logged each, no validation: the runs the checkpoint tests save,
+// resume and compare.
+inline exec::TrainOptions checkpoint_training_options(const std::string& corpus) {
+  exec::TrainOptions options;
+  options.train_iters = 8;
+  options.learning_rate.max_lr = 3e-3;
+  options.learning_rate.warmup_iterations = 2;
+  options.log_interval = 1;
+  options.eval_interval = 100;
+  options.eval_iters = 0;
+  options.split = "1,0,0";
+  options.data_path = corpus;
+  options.distributed_timeout_minutes = 1;
+  return options;
+}
 
 // Every file under `directory`, by relative path, with its bytes.
 inline std::map<std::string, std::string> files_under(const std::string& directory) {

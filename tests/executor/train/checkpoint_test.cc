@@ -45,20 +45,6 @@ namespace fs = std::filesystem;
 
 using megaplan::test::four_layer_gpt;
 
-exec::TrainOptions options_for(const std::string& corpus) {
-  exec::TrainOptions options;
-  options.train_iters = 8;
-  options.learning_rate.max_lr = 3e-3;
-  options.learning_rate.warmup_iterations = 2;
-  options.log_interval = 1;
-  options.eval_interval = 100;
-  options.eval_iters = 0;
-  options.split = "1,0,0";
-  options.data_path = corpus;
-  options.distributed_timeout_minutes = 1;
-  return options;
-}
-
 ParallelPlan plan_of(int64_t pp, int64_t dp, int64_t vpp, ScheduleKind schedule, bool distributed_optimizer) {
   ParallelPlan plan = megaplan::test::layout(1, pp, dp, vpp, schedule);
   plan.use_distributed_optimizer = distributed_optimizer;
@@ -69,6 +55,7 @@ exec::BackendFactory cpu_backends() {
   return [](int64_t) -> std::unique_ptr<exec::Backend> { return std::make_unique<exec::CpuBackend>(); };
 }
 
+using megaplan::test::checkpoint_training_options;
 using megaplan::test::files_under;
 using megaplan::test::load_error;
 using megaplan::test::Outcome;
@@ -96,7 +83,7 @@ class FailingDownloads final : public megaplan::test::ForwardingBackend {
 TEST_CASE("a checkpoint of pp 2 x dp 2 resumes bit for bit and loads under other layouts", "[checkpoint]") {
   const megaplan::test::ScratchDirectory scratch;
   const megaplan::ModelSpec model = four_layer_gpt();
-  exec::TrainOptions options = options_for(megaplan::test::sentence_corpus(scratch));
+  exec::TrainOptions options = checkpoint_training_options(megaplan::test::sentence_corpus(scratch));
   const ParallelPlan saving = plan_of(2, 2, 1, ScheduleKind::kOneFOneB, true);
   const Outcome single = train(model, plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false), options, scratch, "single");
   const Outcome whole = train(model, saving, options, scratch, "whole");
@@ -166,7 +153,7 @@ TEST_CASE("a checkpoint of pp 2 x dp 2 resumes bit for bit and loads under other
 TEST_CASE("a checkpoint of tp 2 x pp 2 resumes bit for bit and loads at one rank and at pp 4", "[checkpoint]") {
   const megaplan::test::ScratchDirectory scratch;
   const megaplan::ModelSpec model = four_layer_gpt();
-  exec::TrainOptions options = options_for(megaplan::test::sentence_corpus(scratch));
+  exec::TrainOptions options = checkpoint_training_options(megaplan::test::sentence_corpus(scratch));
   ParallelPlan saving = plan_of(2, 1, 1, ScheduleKind::kOneFOneB, false);
   saving.tensor_parallel_size = 2;
   saving.sequence_parallel = true;
@@ -216,7 +203,7 @@ TEST_CASE("checkpoints hand a run from pp 2 interleaved to dp 2 with the distrib
           "[checkpoint]") {
   const megaplan::test::ScratchDirectory scratch;
   const megaplan::ModelSpec model = four_layer_gpt();
-  exec::TrainOptions options = options_for(megaplan::test::sentence_corpus(scratch));
+  exec::TrainOptions options = checkpoint_training_options(megaplan::test::sentence_corpus(scratch));
   const Outcome single = train(model, plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false), options, scratch, "single");
   REQUIRE(single.losses.size() == 8);
   const std::vector<std::pair<ParallelPlan, int64_t>> legs = {
@@ -252,7 +239,7 @@ TEST_CASE("checkpoints hand a run from pp 2 interleaved to dp 2 with the distrib
 TEST_CASE("a corrupted shard and a checkpoint of another model are refused with one line", "[checkpoint]") {
   const megaplan::test::ScratchDirectory scratch;
   const megaplan::ModelSpec model = four_layer_gpt();
-  exec::TrainOptions options = options_for(megaplan::test::sentence_corpus(scratch));
+  exec::TrainOptions options = checkpoint_training_options(megaplan::test::sentence_corpus(scratch));
   options.train_iters = 3;
   const ParallelPlan pp2 = plan_of(2, 1, 1, ScheduleKind::kOneFOneB, false);
   const std::string directory = scratch.file("checkpoints");
@@ -325,7 +312,7 @@ TEST_CASE("a corrupted shard and a checkpoint of another model are refused with 
 TEST_CASE("a save that fails on any rank leaves the last checkpoint as it was", "[checkpoint]") {
   const megaplan::test::ScratchDirectory scratch;
   const megaplan::ModelSpec model = four_layer_gpt();
-  exec::TrainOptions options = options_for(megaplan::test::sentence_corpus(scratch));
+  exec::TrainOptions options = checkpoint_training_options(megaplan::test::sentence_corpus(scratch));
   // Without the distributed optimizer a save communicates only at its barriers, so the failing
   // writer (pipeline rank 1's) fails while rank 0 goes on to the barrier before the rename.
   const ParallelPlan plan = plan_of(2, 2, 1, ScheduleKind::kOneFOneB, false);
@@ -384,7 +371,7 @@ TEST_CASE("a damaged training state, a missing latest file and bad --load/--save
   const megaplan::test::ScratchDirectory scratch;
   const megaplan::ModelSpec model = four_layer_gpt();
   const ParallelPlan plan = plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false);
-  exec::TrainOptions options = options_for(megaplan::test::sentence_corpus(scratch));
+  exec::TrainOptions options = checkpoint_training_options(megaplan::test::sentence_corpus(scratch));
   options.train_iters = 2;
   options.save = scratch.file("saved");
   options.save_interval = 1;
@@ -507,7 +494,7 @@ TEST_CASE("a save over an existing iteration swaps it in whole and removes what 
   const megaplan::test::ScratchDirectory scratch;
   const megaplan::ModelSpec model = four_layer_gpt();
   const ParallelPlan plan = plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false);
-  exec::TrainOptions options = options_for(megaplan::test::sentence_corpus(scratch));
+  exec::TrainOptions options = checkpoint_training_options(megaplan::test::sentence_corpus(scratch));
   const std::string directory = scratch.file("checkpoints");
   options.train_iters = 2;
   options.save = directory;
@@ -621,7 +608,7 @@ TEST_CASE("a checkpoint of tp 2 loads at tp 1 and tp 4, whose vocabulary padding
   REQUIRE(megaplan::padded_vocab_size(model, 1) == 320);
   REQUIRE(megaplan::padded_vocab_size(model, 2) == 384);
   REQUIRE(megaplan::padded_vocab_size(model, 4) == 512);
-  exec::TrainOptions options = options_for(megaplan::test::sentence_corpus(scratch));
+  exec::TrainOptions options = checkpoint_training_options(megaplan::test::sentence_corpus(scratch));
   const auto tp = [](int64_t size) { return megaplan::test::layout(size, 1, 1, 1, ScheduleKind::kOneFOneB); };
   const Outcome whole = train(model, tp(2), options, scratch, "whole");
   REQUIRE(whole.losses.size() == 8);
@@ -699,7 +686,7 @@ TEST_CASE("checkpoints record the tokenizer a run names, carry it over a resume,
   const megaplan::test::ScratchDirectory scratch;
   const megaplan::ModelSpec model = four_layer_gpt();
   const ParallelPlan plan = plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false);
-  exec::TrainOptions options = options_for(megaplan::test::sentence_corpus(scratch));
+  exec::TrainOptions options = checkpoint_training_options(megaplan::test::sentence_corpus(scratch));
   options.train_iters = 2;
   options.save = scratch.file("checkpoints");
   options.tokenizer = exec::TokenizerOptions{};

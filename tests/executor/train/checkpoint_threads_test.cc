@@ -29,25 +29,12 @@ namespace {
 
 using megaplan::ParallelPlan;
 using megaplan::ScheduleKind;
+using megaplan::test::checkpoint_training_options;
 using megaplan::test::files_under;
 using megaplan::test::load_error;
 using megaplan::test::Outcome;
 namespace exec = megaplan::exec;
 namespace fs = std::filesystem;
-
-exec::TrainOptions options_for(const std::string& corpus) {
-  exec::TrainOptions options;
-  options.train_iters = 8;
-  options.learning_rate.max_lr = 3e-3;
-  options.learning_rate.warmup_iterations = 2;
-  options.log_interval = 1;
-  options.eval_interval = 100;
-  options.eval_iters = 0;
-  options.split = "1,0,0";
-  options.data_path = corpus;
-  options.distributed_timeout_minutes = 1;
-  return options;
-}
 
 Outcome train(const megaplan::ModelSpec& model, const ParallelPlan& plan, const exec::TrainOptions& options,
               const megaplan::test::ScratchDirectory& scratch, const std::string& name) {
@@ -70,7 +57,7 @@ TEST_CASE("a save and a load on several threads equal one thread's, bit for bit"
   const megaplan::test::ScratchDirectory scratch;
   const megaplan::ModelSpec model = megaplan::test::four_layer_gpt();
   const ParallelPlan plan = megaplan::test::layout(1, 2, 1, 1, ScheduleKind::kOneFOneB);
-  exec::TrainOptions options = options_for(megaplan::test::sentence_corpus(scratch));
+  exec::TrainOptions options = checkpoint_training_options(megaplan::test::sentence_corpus(scratch));
   options.train_iters = 4;
   options.keep_final_weights = true;
   for (const int64_t threads : {1, 4}) {
@@ -98,7 +85,7 @@ TEST_CASE("a run saving with --async-save publishes each save later and resumes 
   const megaplan::ModelSpec model = megaplan::test::four_layer_gpt();
   ParallelPlan plan = megaplan::test::layout(1, 2, 2, 1, ScheduleKind::kOneFOneB);
   plan.use_distributed_optimizer = true;  // the moments gathered on the training thread first
-  exec::TrainOptions options = options_for(megaplan::test::sentence_corpus(scratch));
+  exec::TrainOptions options = checkpoint_training_options(megaplan::test::sentence_corpus(scratch));
   const Outcome whole = train(model, plan, options, scratch, "whole");
   REQUIRE(whole.losses.size() == 8);
 
@@ -184,7 +171,7 @@ TEST_CASE("a checkpoint of format 2, checksummed with FNV-1a 64, loads and resum
   // Resumed at iteration 3 (and saved again in format 3).
   const std::string directory = scratch.file("resumed");
   fs::copy(fixture, directory, fs::copy_options::recursive);
-  exec::TrainOptions options = options_for(megaplan::test::sentence_corpus(scratch));
+  exec::TrainOptions options = checkpoint_training_options(megaplan::test::sentence_corpus(scratch));
   options.train_iters = 3;
   options.load = directory;
   options.save = directory;
