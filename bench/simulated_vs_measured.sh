@@ -82,6 +82,12 @@ layouts=(
   # the profile grid's 1024 and 2048 (never used to set anything).
   "gpt2-774m mbs 4 gbs 16|--model gpt2-774m --vocab-size 50257 --mbs 4 --gbs 16|--cluster ${gpu}-x1"
   "gpt2-1.5b mbs 2 gbs 8|--model gpt2-1.5b --vocab-size 50257 --mbs 2 --gbs 8|--cluster ${gpu}-x1"
+  # 34 onwards: held out of the densified grid (widths 1280 and 1600, batch-heads at half octaves):
+  # widths 1408 and 1792 at head dimension 64, 66 and 56 batch-heads, microbatches of 3 and 2 sequences
+  # (3072 and 2048 tokens), and 2 GPUs as a pipeline of two.
+  "gpt width 1408 mbs 3|--model gpt2-774m --vocab-size 50257 --hidden-size 1408 --num-attention-heads 22 --mbs 3 --gbs 12|--cluster ${gpu}-x1"
+  "gpt width 1792 mbs 2|--model gpt2-1.5b --vocab-size 50257 --hidden-size 1792 --num-attention-heads 28 --mbs 2 --gbs 8|--cluster ${gpu}-x1"
+  "gpt width 1792 pp 2|--model gpt2-1.5b --vocab-size 50257 --hidden-size 1792 --num-attention-heads 28 --mbs 2 --gbs 32 --pp 2|--cluster dgx-${gpu} --gpus 2|2"
 )
 visible=$(nvidia-smi -L 2> /dev/null | grep -c '^GPU ')
 rows=()

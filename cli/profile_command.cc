@@ -184,7 +184,7 @@ void setup_profile_command(CLI::App& app, CommandContext& context) {
                          "Time the executor's GEMMs, attention and memory-bound kernels on GPU 0 (and NCCL's "
                          "collectives where two GPUs or more are visible) into a measured profile");
   command->add_option("--out", options->out, "Write the profile here (atomically); default: stdout");
-  command->add_flag("--quick", options->quick, "A smaller grid: under a minute on an H100 (full: under five)");
+  command->add_flag("--quick", options->quick, "A smaller grid: under a minute on an H100 (full: about five)");
   command->add_flag("--links-only", options->links_only,
                     "Time only NCCL's collectives, send/receive and compute beside them over the visible GPUs (two or "
                     "more) and add them to --profile FILE, else the GPU's built-in measured profile");

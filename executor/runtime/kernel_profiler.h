@@ -57,8 +57,9 @@ struct ProfileGrid {
 // Llama of width 2048 over 4096 tokens; attention at 1024 and 4096 tokens with 1 and 4 query heads
 // per key-value head; the optimizer at 4 Mi and 64 Mi parameters; under a minute on an H100.
 // Full: GPTs of 1024 to 16384 tokens, widths 768 to 8192 (1280 and 1600 among them), tp 1, 2, 4 and 8; Llamas of widths
-// 2048 and 4096 over 4096, 8192 and 16384 tokens, tp 1 and 2; attention at 1024 to 8192 tokens with 1, 4 and 8 query
-// heads per key-value head; the optimizer at 1 Mi to 1 Gi parameters; under five minutes.
+// 2048 and 4096 over 4096, 8192 and 16384 tokens, tp 1 and 2; attention at 1024 to 8192 tokens, 8 to 128 batch-heads at
+// half-octave steps, with 1, 4 and 8 query heads per key-value head; the optimizer at 1 Mi to 1 Gi parameters; about
+// five minutes on an H200.
 ProfileGrid profile_grid(bool quick);
 
 // One transformer layer's forward and backward, in training's order, of the GPT of width `hidden`

@@ -120,6 +120,18 @@ TEST_CASE("kernel timings from a backend become a profile the simulator looks up
                     Catch::Matchers::Contains("bad.json: provenance: must be an object"));
 }
 
+TEST_CASE("the full profile grid times attention at the ratios it names, at half-octave batch-heads", "[cli][profile]") {
+  std::set<int64_t> ratios, batch_heads;
+  for (const auto& sequence : megaplan::exec::profile_grid(false).sequences) {
+    if (sequence.kernels.size() != 2 || sequence.kernels[0].kind != KernelKind::kAttentionForward) continue;
+    ratios.insert(megaplan::gqa_ratio(sequence.kernels[0]));
+    batch_heads.insert(sequence.kernels[0].batch * sequence.kernels[0].heads);
+  }
+  // 12 batch-heads in groups of 8 would have been timed as one 12:1 kernel, a table of its own.
+  CHECK(ratios == std::set<int64_t>{1, 4, 8});
+  CHECK(batch_heads == std::set<int64_t>{8, 12, 16, 24, 32, 48, 64, 96, 128});
+}
+
 TEST_CASE("the profile grid times each cell's microbatch in training order and other kernels alone", "[cli][profile]") {
   const megaplan::exec::ProfileGrid grid = megaplan::exec::profile_grid(true);
   REQUIRE(grid.sequences.size() > 6);
