@@ -14,7 +14,6 @@
 #include <utility>
 #include <vector>
 
-#include "simulator/profile_writer.h"
 #include "core/cluster_spec.h"
 #include "core/error.h"
 #include "core/kernel_list.h"
@@ -24,6 +23,7 @@
 #include "executor/runtime/cpu_backend.h"
 #include "executor/runtime/kernel_profiler.h"
 #include "simulator/profile.h"
+#include "simulator/profile_writer.h"
 
 namespace {
 
@@ -120,7 +120,8 @@ TEST_CASE("kernel timings from a backend become a profile the simulator looks up
                     Catch::Matchers::Contains("bad.json: provenance: must be an object"));
 }
 
-TEST_CASE("the full profile grid times attention at the ratios it names, at half-octave batch-heads", "[cli][profile]") {
+TEST_CASE("the full profile grid times attention at the ratios it names, at half-octave batch-heads",
+          "[cli][profile]") {
   std::set<int64_t> ratios, batch_heads;
   for (const auto& sequence : megaplan::exec::profile_grid(false).sequences) {
     if (sequence.kernels.size() != 2 || sequence.kernels[0].kind != KernelKind::kAttentionForward) continue;
@@ -221,7 +222,7 @@ megaplan::exec::CollectiveGrid tiny_collective_grid() {
 }
 
 std::vector<megaplan::CommTimings> measure_on_threads(const megaplan::exec::CollectiveGrid& grid,
-                                                            std::vector<std::pair<int64_t, int64_t>>& progress) {
+                                                      std::vector<std::pair<int64_t, int64_t>>& progress) {
   constexpr int64_t kRanks = 4;
   megaplan::exec::InProcessWorld world(kRanks, std::chrono::seconds(60));
   std::vector<megaplan::CommTimings> timings(kRanks);
