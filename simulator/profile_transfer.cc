@@ -118,7 +118,7 @@ nlohmann::json transfer_profile(const nlohmann::json& measured, const std::strin
   return profile;
 }
 
-std::optional<Profile> builtin_transferred_profile(const GpuSpec& to) {
+std::optional<GpuSpec> builtin_transfer_source(const GpuSpec& to) {
   if (has_builtin_measured_profile(to.name)) return std::nullopt;
   std::optional<GpuSpec> best;
   const auto distance = [&](const GpuSpec& gpu) {
@@ -131,10 +131,14 @@ std::optional<Profile> builtin_transferred_profile(const GpuSpec& to) {
     if (!has_builtin_measured_profile(gpu.name)) continue;
     if (!best || distance(gpu) < distance(*best)) best = gpu;
   }
-  if (!best) return std::nullopt;
-  const std::optional<BuiltinProfileFile> file = builtin_measured_profile_file(best->name);
-  const nlohmann::json transferred = transfer_profile(file->json, file->origin, *best, to);
-  return Profile::from_json(transferred, file->origin);
+  return best;
+}
+
+std::optional<Profile> builtin_transferred_profile(const GpuSpec& to) {
+  const std::optional<GpuSpec> from = builtin_transfer_source(to);
+  if (!from) return std::nullopt;
+  const std::optional<BuiltinProfileFile> file = builtin_measured_profile_file(from->name);
+  return Profile::from_json(transfer_profile(file->json, file->origin, *from, to), file->origin);
 }
 
 }  // namespace megaplan::sim

@@ -36,9 +36,12 @@ inline constexpr double kSameDieTransferUncertainty = 0.04;
 nlohmann::json transfer_profile(const nlohmann::json& measured, const std::string& origin, const GpuSpec& from,
                                 const GpuSpec& to);
 
-// A built-in measured profile transferred to `to`: from the measured GPU with the same SM count
-// and peak if there is one, else the one whose peak is nearest. nullopt when none is built in or
-// `to` has one of its own.
+// The GPU whose built-in measured profile stands in for `to`'s: the measured GPU with the same SM
+// count and peak if there is one, else the one whose peak is nearest. nullopt when none is built
+// in or `to` has one of its own.
+std::optional<GpuSpec> builtin_transfer_source(const GpuSpec& to);
+
+// That GPU's built-in measured profile transferred to `to` (nullopt as above).
 std::optional<Profile> builtin_transferred_profile(const GpuSpec& to);
 
 }  // namespace megaplan::sim

@@ -165,11 +165,10 @@ nlohmann::json transferred_profile(const std::string& gpu, const std::optional<s
       throw SpecError("--transfer-to",
                       to.name + " has a measured profile of its own; pass --profile FILE to transfer another");
     }
-    const std::optional<Profile> builtin = builtin_transferred_profile(to);
-    if (!builtin) throw SpecError("--transfer-to", "no built-in measured profile to transfer; pass --profile FILE");
-    const GpuSpec from = preset_gpu(builtin->transferred_from(), "--transfer-to");
-    const std::optional<BuiltinProfileFile> file = builtin_measured_profile_file(from.name);
-    profile = transfer_profile(file->json, file->origin, from, to);
+    const std::optional<GpuSpec> from = builtin_transfer_source(to);
+    if (!from) throw SpecError("--transfer-to", "no built-in measured profile to transfer; pass --profile FILE");
+    const std::optional<BuiltinProfileFile> file = builtin_measured_profile_file(from->name);
+    profile = transfer_profile(file->json, file->origin, *from, to);
   }
   return profile;
 }

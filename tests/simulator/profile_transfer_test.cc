@@ -116,5 +116,8 @@ TEST_CASE("the A100 gets the H100's built-in measured tables, transferred", "[si
   CHECK(a100->gpu_name() == "A100-SXM4-80GB");
   CHECK(a100->transferred_from() == "H100-SXM5-80GB");
   CHECK(a100->kind() == megaplan::sim::ProfileKind::kTransferred);
+  CHECK(megaplan::sim::builtin_transfer_source(megaplan::cluster_preset("dgx-a100-80gb").gpu)->name ==
+        "H100-SXM5-80GB");
   CHECK_FALSE(megaplan::sim::builtin_transferred_profile(megaplan::cluster_preset("dgx-h100").gpu));
+  CHECK_FALSE(megaplan::sim::builtin_transfer_source(megaplan::cluster_preset("dgx-h100").gpu));
 }
