@@ -4,18 +4,9 @@
 #include <cmath>
 #include <vector>
 
+#include "executor/kernels/reference/dropout.h"
+
 namespace megaplan::exec::reference {
-
-namespace {
-
-// Dropout's factor of probability (i, j) of block h: 0, 1 / (1 - p), or 1 without dropout.
-double kept(const DropoutMask& dropout, std::size_t batch, std::size_t head, std::size_t i, std::size_t j) {
-  if (!dropout.active()) return 1;
-  const auto at = [](std::size_t n) { return static_cast<int64_t>(n); };
-  return dropout.keeps_probability(at(batch), at(head), at(i), at(j)) ? static_cast<double>(dropout.scale()) : 0;
-}
-
-}  // namespace
 
 void attention_forward(const float* q, const float* k, const float* v, std::size_t heads, std::size_t seq,
                        std::size_t dim, const DropoutMask& dropout, std::size_t batch, std::size_t head, float* o,
@@ -42,7 +33,7 @@ void attention_forward(const float* q, const float* k, const float* v, std::size
       for (std::size_t d = 0; d < dim; ++d) {
         double out = 0;
         for (std::size_t j = 0; j <= i; ++j) {
-          out += static_cast<double>(p[j]) * kept(dropout, batch, head + h, i, j) * vh[j * dim + d];
+          out += static_cast<double>(p[j]) * probability_factor(dropout, batch, head + h, i, j) * vh[j * dim + d];
         }
         o[(h * seq + i) * dim + d] = static_cast<float>(out);
       }
@@ -67,7 +58,7 @@ void attention_backward(const float* d_o, const float* q, const float* k, const 
       // dQ = dS K scale; dK += dS^T Q scale.
       double row_dot = 0;
       for (std::size_t j = 0; j <= i; ++j) {
-        const double z = kept(dropout, batch, head + h, i, j);
+        const double z = probability_factor(dropout, batch, head + h, i, j);
         double value = 0;
         for (std::size_t d = 0; d < dim; ++d) {
           value += static_cast<double>(g[d]) * v[base + j * dim + d];

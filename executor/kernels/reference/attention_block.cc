@@ -4,18 +4,13 @@
 #include <cmath>
 #include <vector>
 
+#include "executor/kernels/reference/dropout.h"
+
 namespace megaplan::exec::reference {
 
 namespace {
 
 bool visible(BlockPlaces places, std::size_t i, std::size_t j) { return places.kv_first + j <= places.q_first + i; }
-
-// Dropout's factor of probability (i, j): 0, 1 / (1 - p), or 1 without dropout.
-double kept(const DropoutMask& dropout, std::size_t batch, std::size_t head, std::size_t token, std::size_t key) {
-  if (!dropout.active()) return 1;
-  const auto at = [](std::size_t n) { return static_cast<int64_t>(n); };
-  return dropout.keeps_probability(at(batch), at(head), at(token), at(key)) ? static_cast<double>(dropout.scale()) : 0;
-}
 
 double scaled_dot(const float* a, const float* b, std::size_t dim) {
   double dot = 0;
@@ -49,7 +44,7 @@ void attention_block_forward(const float* q, const float* k, const float* v, std
         double value = 0;
         for (std::size_t j = 0; j < kv_len && visible(places, i, j); ++j) {
           const double p = std::exp(scores[j] - peak) / sum;
-          value += p * kept(dropout, batch, head + h, places.q_first + i, places.kv_first + j) *
+          value += p * probability_factor(dropout, batch, head + h, places.q_first + i, places.kv_first + j) *
                    v[(h * kv_len + j) * dim + d];
         }
         out[d] = static_cast<float>(value);
@@ -90,7 +85,7 @@ void attention_block_backward(const float* d_o, const float* q, const float* k, 
         const float* kj = k + (h * kv_len + j) * dim;
         const float* vj = v + (h * kv_len + j) * dim;
         const double p = std::exp(scaled_dot(qi, kj, dim) - lse[h * q_len + i]);
-        const double z = kept(dropout, batch, head + h, places.q_first + i, places.kv_first + j);
+        const double z = probability_factor(dropout, batch, head + h, places.q_first + i, places.kv_first + j);
         double dp = 0;
         for (std::size_t d = 0; d < dim; ++d) dp += static_cast<double>(g[d]) * vj[d];
         const double ds = p * (z * dp - row_dot) * scale;

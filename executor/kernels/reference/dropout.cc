@@ -16,4 +16,11 @@ void dropout(const float* x, const float* residual, std::size_t rows, std::size_
   }
 }
 
+double probability_factor(const DropoutMask& mask, std::size_t batch, std::size_t head, std::size_t query,
+                          std::size_t key) {
+  if (!mask.active()) return 1;
+  const auto at = [](std::size_t n) { return static_cast<int64_t>(n); };
+  return mask.keeps_probability(at(batch), at(head), at(query), at(key)) ? static_cast<double>(mask.scale()) : 0;
+}
+
 }  // namespace megaplan::exec::reference

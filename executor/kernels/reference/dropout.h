@@ -12,4 +12,10 @@ namespace megaplan::exec::reference {
 void dropout(const float* x, const float* residual, std::size_t rows, std::size_t cols, const DropoutMask& mask,
              float* y);
 
+// Attention dropout's factor on the probability of query `query` for key `key` (tokens of the
+// sequence) in head `head` of sequence `batch`: 1 / (1 - p) where the mask keeps it, else 0; 1
+// where the mask is inactive. The attention references' one reading of the mask.
+double probability_factor(const DropoutMask& mask, std::size_t batch, std::size_t head, std::size_t query,
+                          std::size_t key);
+
 }  // namespace megaplan::exec::reference
