@@ -1,6 +1,6 @@
 // Benchmarks of one whole simulation (schedule, lowering, costs, engine, memory) at the scales the
 // planner must handle many times: GPT-1T on 3072 A100 (target <= 20 ms) and GPT-3 175B on 8192
-// GPUs (target <= 100 ms). Events per second counts completions taken off the engine's heap; the
+// GPUs (target <= 100 ms). Events per second counts the actions simulated but the sends; the
 // engine alone, on a schedule lowered and costed once, has its own target: <= 20 ns per event.
 #include <benchmark/benchmark.h>
 

@@ -1,16 +1,19 @@
-// The event loop: completions come off the event queue in (time, issue) order; each wakes its rank's
-// streams, which start every action whose stream is free and whose dependencies are done.
+// The engine as a longest-path sweep: an action's start is max(its stream free, its dependencies
+// done), which does not depend on the order actions are looked at, so ranks are advanced as far as
+// what is already known allows, and a rank is looked at again when a transfer another rank began
+// makes more known. No event queue: only the gradient reduction's overlap depends on order, and it
+// is defined in time terms (engine.h), which the compute stream's loop applies as it goes.
 #include "simulator/engine.h"
 
 #include <algorithm>
 #include <array>
+#include <limits>
 #include <optional>
 
 #include "core/error.h"
 #include "core/hot_loop.h"
 #include "core/schedule/dependencies.h"
 #include "simulator/dependency_slots.h"
-#include "simulator/event_queue.h"
 #include "simulator/transfer_rendezvous.h"
 
 namespace megaplan::sim {
@@ -18,10 +21,29 @@ namespace megaplan::sim {
 namespace {
 
 constexpr double kUnknown = -1.0;
+constexpr double kNever = std::numeric_limits<double>::infinity();
 constexpr std::size_t kStreams = kTimelineStreamCount;
+constexpr std::size_t kCompute = static_cast<std::size_t>(TimelineStream::kCompute);
+constexpr std::size_t kSend = static_cast<std::size_t>(TimelineStream::kSend);
+constexpr std::size_t kReceive = static_cast<std::size_t>(TimelineStream::kReceive);
+constexpr std::size_t kDataParallel = static_cast<std::size_t>(TimelineStream::kDataParallel);
 
 // Core's stream_of as the index of the engine's per-stream arrays.
 constexpr std::size_t stream_index(ActionKind kind) { return static_cast<std::size_t>(stream_of(kind)); }
+
+// A stage's weight gradients as they are computed, or a rank's (all its stages') without overlap.
+struct WeightGradients {
+  int64_t done = 0;
+  double last_start = 0;  // the run of the latest, which fills the buckets
+  double last_end = 0;
+  void note(double start, double end) {
+    ++done;
+    if (end >= last_end) {
+      last_end = end;
+      last_start = start;
+    }
+  }
+};
 
 struct RankState {
   std::array<std::vector<uint32_t>, kStreams> queue;  // action indices per stream, in order
@@ -29,10 +51,20 @@ struct RankState {
   std::array<double, kStreams> free{};
   std::array<std::size_t, kStreams> waiting_on{DependencySlots::kNone, DependencySlots::kNone, DependencySlots::kNone,
                                                DependencySlots::kNone};
-  int64_t pending = 0;  // completions pushed but not yet taken off the heap
+  double reduction_issued = 0;   // when the data-parallel stream's last reduction was issued
+  WeightGradients gradients;     // all the rank's stages', for reductions that wait for the whole backward
+  int64_t weight_gradients = 0;  // how many the rank computes: microbatches x its stages
   double compute_busy_in_pipeline = 0;
   double end = 0;
+  bool queued = false;  // on the engine's work list
   RankSimulation result;
+};
+
+// When and how each action ran, kept for the timeline.
+struct ActionRun {
+  double start = 0;
+  double end = 0;
+  double collectives = 0;
 };
 
 class Engine {
@@ -47,73 +79,48 @@ class Engine {
         done_(index_.size(), kUnknown),
         started_(index_.size(), kUnknown),
         transfers_(index_.message_size()),
-        weight_gradients_(static_cast<std::size_t>(shape_.num_stages)),
+        stage_gradients_(static_cast<std::size_t>(shape_.num_stages)),
         ranks_(schedule.ranks.size()) {
     for (std::size_t rank = 0; rank < ranks_.size(); ++rank) {
       const auto& actions = schedule.ranks[rank];
       for (std::size_t i = 0; i < actions.size(); ++i) {
         ranks_[rank].queue[stream_index(actions[i].kind)].push_back(static_cast<uint32_t>(i));
       }
+      if (record_) runs_.emplace_back(actions.size());
     }
-    result_.timeline.source = "simulated";
+    for (const int32_t rank : stage_ranks_)
+      ranks_[static_cast<std::size_t>(rank)].weight_gradients += shape_.microbatches;
   }
 
-  // Flattened: the loop runs once per event, and the dependency rule, the key index and the
-  // stream logic must inline into it (a third faster than calls at gpt-1t's 130k events).
+  // Flattened: the loop runs once per action, and the dependency rule, the key index and the
+  // stream logic must inline into it.
   MEGAPLAN_HOT_LOOP SimulationResult run() {
-    for (std::size_t rank = 0; rank < ranks_.size(); ++rank) wake(rank);
-    drain();
-    while (!queue_.finished()) {
-      const Completion completion = queue_.next();
-      const Action& action = schedule_.ranks[completion.rank][completion.step];
-      for_each_provided_key(action, [&](const DependencyKey& key) {
-        const std::size_t slot = index_(key);
-        if (slot != DependencySlots::kNone) done_[slot] = completion.time;
-        if (key.kind == ActionKind::kBackwardWeight) note_weight_gradient(key, completion.time);
-      });
-      --ranks_[completion.rank].pending;
-      wake_waiters(completion);
-      drain();
+    for (std::size_t rank = ranks_.size(); rank-- > 0;) look_again(rank);
+    while (!work_.empty()) {
+      const std::size_t rank = work_.back();
+      work_.pop_back();
+      ranks_[rank].queued = false;
+      advance_rank(rank);
     }
     finish();
     return std::move(result_);
   }
 
  private:
-  void wake(std::size_t rank) {
-    for (std::size_t stream = 0; stream < kStreams; ++stream) work_.push_back({rank, stream});
+  void look_again(std::size_t rank) {
+    if (ranks_[rank].queued) return;
+    ranks_[rank].queued = true;
+    work_.push_back(rank);
   }
 
-  // Advances (directly; pairings may queue more work) the streams that can wait on what a
-  // completion provides. Streams only ever wait for a dependency's completion (an issued action's start is known at
-  // once), so a completion wakes the streams that can wait on what it provides: computations feed
-  // the rank's compute, send and data-parallel streams, a receive its compute stream; and the
-  // rank's last completion lets OPTIM start.
-  void wake_waiters(const Completion& completion) {
-    const std::size_t rank = completion.rank;
-    const auto advance_stream = [&](TimelineStream stream) { advance(rank, static_cast<std::size_t>(stream)); };
-    switch (stream_of(schedule_.ranks[rank][completion.step].kind)) {
-      case TimelineStream::kCompute: {
-        advance_stream(TimelineStream::kCompute);
-        advance_stream(TimelineStream::kSend);
-        const ActionKind kind = schedule_.ranks[rank][completion.step].kind;
-        if (kind != ActionKind::kForward && kind != ActionKind::kBackwardInput)
-          advance_stream(TimelineStream::kDataParallel);
-        return;
-      }
-      case TimelineStream::kReceive: advance_stream(TimelineStream::kCompute); return;
-      case TimelineStream::kSend:
-      case TimelineStream::kDataParallel:
-        if (ranks_[rank].pending == 0) advance_stream(TimelineStream::kCompute);
-        return;
-    }
-  }
-
-  void drain() {
-    while (!work_.empty()) {
-      const auto [rank, stream] = work_.back();
-      work_.pop_back();
-      advance(rank, stream);
+  // Each stream as far as what is known allows; a transfer begun feeds the compute stream, and the
+  // compute stream the send stream, so until none moves.
+  void advance_rank(std::size_t rank) {
+    for (;;) {
+      const bool computed = advance_compute(rank);
+      const bool sent = advance_messages(rank, kSend);
+      const bool received = advance_messages(rank, kReceive);
+      if (!computed && !sent && !received) return;
     }
   }
 
@@ -122,9 +129,21 @@ class Engine {
     return schedule_.ranks[rank][state.queue[stream][state.head[stream]]];
   }
 
-  // Latest completion among the action's dependencies, or kUnknown while one is outstanding.
-  // An outstanding dependency is remembered as what the stream waits on, so that wakes by other
-  // completions cost one look-up.
+  bool at_end(const RankState& state, std::size_t stream) const {
+    return state.head[stream] == state.queue[stream].size();
+  }
+
+  // False while the stream still waits for the dependency it last found missing.
+  bool still_waiting(RankState& state, std::size_t stream) {
+    std::size_t& waiting_on = state.waiting_on[stream];
+    if (waiting_on == DependencySlots::kNone) return false;
+    if (done_[waiting_on] == kUnknown) return true;
+    waiting_on = DependencySlots::kNone;
+    return false;
+  }
+
+  // Latest completion among the action's dependencies, or kUnknown while one is not known yet
+  // (remembered as what the stream waits on, so that looking again costs one look-up).
   double dependencies_done(const Action& action, std::size_t rank, std::size_t stream) {
     double ready = 0;
     std::size_t missing = DependencySlots::kNone;
@@ -142,45 +161,59 @@ class Engine {
     return kUnknown;
   }
 
-  void advance(std::size_t rank, std::size_t stream) {
+  // The compute stream, with the data-parallel stream's reductions issued between its actions
+  // where their issue times fall.
+  bool advance_compute(std::size_t rank) {
     RankState& state = ranks_[rank];
-    std::size_t& waiting_on = state.waiting_on[stream];
-    if (waiting_on != DependencySlots::kNone) {
-      if (done_[waiting_on] == kUnknown) return;
-      waiting_on = DependencySlots::kNone;
-    }
-    while (state.head[stream] < state.queue[stream].size()) {
-      const Action& action = head_action(rank, stream);
-      bool started = false;
-      switch (static_cast<TimelineStream>(stream)) {
-        case TimelineStream::kCompute:
-          started = action.kind == ActionKind::kOptimizer ? start_optimizer(rank) : start_compute(rank, action);
-          break;
-        case TimelineStream::kSend:
-        case TimelineStream::kReceive: started = reach_message(rank, stream, action); break;
-        case TimelineStream::kDataParallel: started = start_reduction(rank, action); break;
+    if (still_waiting(state, kCompute)) return false;
+    bool moved = false;
+    while (!at_end(state, kCompute)) {
+      const Action& action = head_action(rank, kCompute);
+      if (action.kind == ActionKind::kOptimizer) {
+        issue_reductions(rank, kNever);
+        if (!start_optimizer(rank)) return moved;
+      } else {
+        const double ready = dependencies_done(action, rank, kCompute);
+        if (ready == kUnknown) return moved;
+        issue_reductions(rank, ready);
+        start_compute(rank, action, ready);
       }
-      if (!started) return;
+      moved = true;
     }
+    return moved;
   }
 
-  // The head of `stream` on `rank` runs from start to end. Its completion goes on the heap,
-  // except a send's: nothing waits for one (its receive completes with it, and OPTIM reads the
-  // send stream's end directly).
+  // The send or receive stream: each side reaches its transfer in turn; the side that finds the
+  // other there begins it for both.
+  bool advance_messages(std::size_t rank, std::size_t stream) {
+    RankState& state = ranks_[rank];
+    if (still_waiting(state, stream)) return false;
+    bool moved = false;
+    while (!at_end(state, stream)) {
+      if (!reach_message(rank, stream, head_action(rank, stream))) return moved;
+      moved = true;
+    }
+    return moved;
+  }
+
+  // The head of `stream` on `rank` ran from start to end: what it provides is done.
   void complete(std::size_t rank, std::size_t stream, double start, double end, double collectives = 0) {
     RankState& state = ranks_[rank];
     const uint32_t step = state.queue[stream][state.head[stream]];
-    if (stream != static_cast<std::size_t>(TimelineStream::kSend)) {
-      queue_.schedule(end, static_cast<uint32_t>(rank), step);
-      ++state.pending;
-    }
     state.free[stream] = end;
     ++state.head[stream];
     state.end = std::max(state.end, end);
-    if (record_) {
-      result_.timeline.slices.push_back({static_cast<int32_t>(rank), static_cast<TimelineStream>(stream),
-                                         schedule_.ranks[rank][step], start, end, collectives});
-    }
+    if (record_) runs_[rank][step] = {start, end, collectives};
+    if (stream == kSend || stream == kDataParallel) return;  // nothing waits on these but OPTIM
+    const Action& action = schedule_.ranks[rank][step];
+    for_each_provided_key(action, [&](const DependencyKey& key) {
+      const std::size_t slot = index_(key);
+      if (slot != DependencySlots::kNone) done_[slot] = end;
+      if (key.kind == ActionKind::kBackwardWeight) {
+        stage_gradients_[static_cast<std::size_t>(key.stage)].note(started_[slot], end);
+        state.gradients.note(started_[slot], end);
+      }
+    });
   }
 
   double compute_seconds(const Action& part, double& collectives) const {
@@ -194,12 +227,9 @@ class Engine {
     }
   }
 
-  bool start_compute(std::size_t rank, const Action& action) {
-    const std::size_t stream = static_cast<std::size_t>(TimelineStream::kCompute);
-    const double ready = dependencies_done(action, rank, stream);
-    if (ready == kUnknown) return false;
+  void start_compute(std::size_t rank, const Action& action, double ready) {
     RankState& state = ranks_[rank];
-    const double free = state.free[stream];
+    const double free = state.free[kCompute];
     const double start = std::max(free, ready);
     double collectives = 0;
     double duration = 0;
@@ -210,8 +240,7 @@ class Engine {
     state.compute_busy_in_pipeline += duration;
     for_each_provided_key(action, [&](const DependencyKey& key) { started_[index_(key)] = start; });  // F, I, W
     result_.pipeline_end_s = std::max(result_.pipeline_end_s, start + duration);
-    complete(rank, stream, start, start + duration, collectives);
-    return true;
+    complete(rank, kCompute, start, start + duration, collectives);
   }
 
   // An idle compute stream waits on another stage (the bubble) until the transfer it needs has
@@ -230,30 +259,28 @@ class Engine {
 
   bool start_optimizer(std::size_t rank) {
     RankState& state = ranks_[rank];
-    const std::size_t compute = static_cast<std::size_t>(TimelineStream::kCompute);
-    const double free = state.free[compute];
+    const double free = state.free[kCompute];
     double ready = free;
     for (std::size_t stream = 0; stream < kStreams; ++stream) {
-      if (stream == compute) continue;
-      if (state.head[stream] < state.queue[stream].size()) return false;
+      if (stream == kCompute) continue;
+      if (!at_end(state, stream)) return false;
       ready = std::max(ready, state.free[stream]);
     }
-    if (state.pending > 0) return false;  // everything before OPTIM has completed
     const double duration = costs_.optimizer[rank];
     // Waiting for the gradient reduction; what a last send holds beyond it is pipeline traffic.
-    const double reduced = std::max(free, state.free[static_cast<std::size_t>(TimelineStream::kDataParallel)]);
+    const double reduced = std::max(free, state.free[kDataParallel]);
     state.result.data_parallel_comm_s += reduced - free;
     state.result.pipeline_comm_s += ready - reduced;
     state.result.compute_s += duration;
-    complete(rank, compute, ready, ready + duration);
+    complete(rank, kCompute, ready, ready + duration);
     return true;
   }
 
-  // Records that this side of a transfer is reached; the side that finds the other one waiting
-  // starts the transfer for both.
+  // Records that this side of a transfer is reached; the side that finds the other one there
+  // begins the transfer for both, and the other rank is looked at again.
   bool reach_message(std::size_t rank, std::size_t stream, const Action& action) {
     RankState& state = ranks_[rank];
-    const bool is_send = stream == static_cast<std::size_t>(TimelineStream::kSend);
+    const bool is_send = stream == kSend;
     const Action receive = is_send ? matching_receive(action) : action;
     const DependencyKey receive_key = dependency_key(receive);
     const std::size_t message = index_.message(receive_key);
@@ -274,57 +301,55 @@ class Engine {
     started_[index_(receive_key)] = start;
     const auto sender = static_cast<std::size_t>(stage_ranks_[static_cast<std::size_t>(send.stage)]);
     const auto receiver = static_cast<std::size_t>(stage_ranks_[static_cast<std::size_t>(receive.stage)]);
-    complete(sender, static_cast<std::size_t>(TimelineStream::kSend), start, start + transfer);
-    complete(receiver, static_cast<std::size_t>(TimelineStream::kReceive), start, start + transfer);
-    // The other side's stream moved on too; the sender's OPTIM may be waiting for this send.
-    if (is_send) {
-      work_.push_back({receiver, static_cast<std::size_t>(TimelineStream::kReceive)});
-    } else {
-      work_.push_back({sender, static_cast<std::size_t>(TimelineStream::kSend)});
-    }
-    work_.push_back({sender, static_cast<std::size_t>(TimelineStream::kCompute)});
+    complete(sender, kSend, start, start + transfer);
+    complete(receiver, kReceive, start, start + transfer);
+    look_again(is_send ? receiver : sender);
     return true;
   }
 
-  // Counts a stage's finished weight gradients and keeps the latest, whose run fills the buckets.
-  void note_weight_gradient(const DependencyKey& key, double time) {
-    WeightGradients& stage = weight_gradients_[static_cast<std::size_t>(key.stage)];
-    ++stage.done;
-    if (time >= stage.last_end) {
-      stage.last_end = time;
-      stage.last_start = started_[index_(key)];
+  // When the data-parallel stream's head reduction is issued: once its weight gradients are all
+  // computed (with overlap, its stage's; without, the rank's), and not before the one before it.
+  // kUnknown while one is outstanding.
+  double reduction_issue_time(const RankState& state, const Action& reduction) const {
+    const WeightGradients& gradients = costs_.overlapped_gradient_reduction
+                                           ? stage_gradients_[static_cast<std::size_t>(reduction.stage)]
+                                           : state.gradients;
+    const int64_t needed = costs_.overlapped_gradient_reduction ? shape_.microbatches : state.weight_gradients;
+    if (gradients.done < needed) return kUnknown;
+    return std::max(state.reduction_issued, gradients.last_end);
+  }
+
+  // Issues the rank's reductions that are issued before compute whose dependencies are done at
+  // `compute_ready`: those the compute so far runs beside (engine.h).
+  void issue_reductions(std::size_t rank, double compute_ready) {
+    RankState& state = ranks_[rank];
+    while (!at_end(state, kDataParallel)) {
+      const Action& reduction = head_action(rank, kDataParallel);
+      const double issued = reduction_issue_time(state, reduction);
+      if (issued == kUnknown || !(issued <= compute_ready)) return;
+      start_reduction(rank, reduction, issued);
     }
   }
 
-  bool start_reduction(std::size_t rank, const Action& action) {
-    const WeightGradients& gradients = weight_gradients_[static_cast<std::size_t>(action.stage)];
-    if (gradients.done < shape_.microbatches) return false;
-    double last_end = gradients.last_end;
-    double last_start = gradients.last_start;
-    if (!costs_.overlapped_gradient_reduction) {
-      // Every bucket waits for the rank's whole backward: all its stages' gradients.
-      for (std::size_t stage = 0; stage < weight_gradients_.size(); ++stage) {
-        if (static_cast<std::size_t>(stage_ranks_[stage]) != rank) continue;
-        if (weight_gradients_[stage].done < shape_.microbatches) return false;
-        last_end = std::max(last_end, weight_gradients_[stage].last_end);
-      }
-      last_start = last_end;
-    }
+  void start_reduction(std::size_t rank, const Action& reduction, double issued) {
     RankState& state = ranks_[rank];
-    const std::size_t stream = static_cast<std::size_t>(TimelineStream::kDataParallel);
-    const StageCosts& stage = costs_.stages[static_cast<std::size_t>(action.stage)];
-    const BucketWindow window{state.free[stream], last_start, last_end,
-                              state.free[static_cast<std::size_t>(TimelineStream::kCompute)]};
+    const WeightGradients& gradients = costs_.overlapped_gradient_reduction
+                                           ? stage_gradients_[static_cast<std::size_t>(reduction.stage)]
+                                           : state.gradients;
+    // Without overlap every bucket waits for the rank's whole backward.
+    const double last_start = costs_.overlapped_gradient_reduction ? gradients.last_start : gradients.last_end;
+    const StageCosts& stage = costs_.stages[static_cast<std::size_t>(reduction.stage)];
+    const BucketWindow window{state.free[kDataParallel], last_start, gradients.last_end, state.free[kCompute]};
     const BucketRun run = run_gradient_buckets(window, stage.gradient_buckets, stage.gradient_reduction_overlap);
     slow_compute_beside(state, run.extra);
-    complete(rank, stream, run.start, run.end);
-    return true;
+    state.reduction_issued = issued;
+    complete(rank, kDataParallel, run.start, run.end);
   }
 
-  // The compute stream's work issued so far takes `extra` longer (what communication beside it cost).
+  // The compute issued so far takes `extra` longer (what communication beside it cost).
   void slow_compute_beside(RankState& state, double extra) {
     if (extra <= 0) return;
-    double& compute_free = state.free[static_cast<std::size_t>(TimelineStream::kCompute)];
+    double& compute_free = state.free[kCompute];
     compute_free += extra;
     state.result.compute_s += extra;
     state.compute_busy_in_pipeline += extra;
@@ -334,18 +359,20 @@ class Engine {
 
   [[gnu::noinline]] void finish() {  // once per run: kept out of the flattened loop
     double iteration = 0;
+    int64_t events = 0;
     for (std::size_t rank = 0; rank < ranks_.size(); ++rank) {
       const RankState& state = ranks_[rank];
       for (std::size_t stream = 0; stream < kStreams; ++stream) {
-        if (state.head[stream] != state.queue[stream].size()) {
+        if (!at_end(state, stream)) {
           throw SpecError("schedule", "simulation stalled on rank " + std::to_string(rank) + " at " +
                                           to_string(head_action(rank, stream)) + " (was the schedule validated?)");
         }
+        if (stream != kSend) events += static_cast<int64_t>(state.queue[stream].size());
       }
       iteration = std::max(iteration, state.end);
     }
     result_.iteration_time_s = iteration;
-    result_.events = queue_.taken();
+    result_.events = events;
     double idle_in_pipeline = 0;
     for (RankState& state : ranks_) {
       state.result.idle_s += iteration - state.end;
@@ -354,6 +381,21 @@ class Engine {
     }
     if (result_.pipeline_end_s > 0) {
       result_.bubble_fraction = idle_in_pipeline / (static_cast<double>(ranks_.size()) * result_.pipeline_end_s);
+    }
+    if (record_) record_timeline();
+  }
+
+  // Each rank's actions in its list's order.
+  void record_timeline() {
+    Timeline& timeline = result_.timeline;
+    timeline.source = "simulated";
+    for (std::size_t rank = 0; rank < ranks_.size(); ++rank) {
+      const std::vector<Action>& actions = schedule_.ranks[rank];
+      for (std::size_t step = 0; step < actions.size(); ++step) {
+        const ActionRun& run = runs_[rank][step];
+        timeline.slices.push_back({static_cast<int32_t>(rank), stream_of(actions[step].kind), actions[step], run.start,
+                                   run.end, run.collectives});
+      }
     }
   }
 
@@ -369,15 +411,10 @@ class Engine {
   // The receives the last dependencies_done call met (an OVERLAP_F_B waits on two at most).
   std::array<std::size_t, 2> receive_keys_{};
   std::size_t receives_waited_on_ = 0;
-  struct WeightGradients {
-    int64_t done = 0;
-    double last_start = 0;
-    double last_end = 0;
-  };
-  std::vector<WeightGradients> weight_gradients_;  // by stage
+  std::vector<WeightGradients> stage_gradients_;  // by stage
   std::vector<RankState> ranks_;
-  EventQueue queue_;
-  std::vector<std::pair<std::size_t, std::size_t>> work_;  // (rank, stream) to advance
+  std::vector<std::size_t> work_;             // ranks to look at again
+  std::vector<std::vector<ActionRun>> runs_;  // by rank and step, when recording
   SimulationResult result_;
 };
 

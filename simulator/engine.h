@@ -11,16 +11,23 @@
 //   stage's last weight gradient (the last microbatch's backward) is its `ready` fraction done
 //   (Megatron fills buckets during that backward). Without overlap (Megatron's default, local DDP)
 //   every bucket waits for all of its rank's gradients.
-//   While buckets reduce beside the rank's compute (the work issued to its compute stream so far),
-//   each side slows by the stage's gradient_reduction_overlap: a bucket takes (1 + collective)
-//   times as long for the part of it beside that work, and the compute loses a compute / (1 +
-//   compute) share of the time the buckets ran beside it, so its stream frees that much later (the
-//   completion of the action it was running, already on the heap, does not move).
+//   A reduction is issued when its gradients are all computed (the latest one's end), and not
+//   before the reduction ahead of it on the data-parallel stream. The compute it runs beside is
+//   the work issued to the rank's compute stream by then: the actions whose dependencies were all
+//   done strictly before that time (at a tie, the reduction is issued first). While buckets reduce
+//   beside that work each side slows by the stage's gradient_reduction_overlap: a bucket takes
+//   (1 + collective) times as long for the part of it beside that work, and the compute loses a
+//   compute / (1 + compute) share of the time the buckets ran beside it, so its stream frees that
+//   much later (the actions already issued keep their times).
 // - OPTIM waits for everything before it on its rank (all streams), then steps.
+// Every time is thus a longest path over the actions' dependencies and their streams' order, which
+// the engine computes without an event queue: it advances each rank's streams as far as what is
+// already known allows and looks at a rank again when a transfer another rank began makes more
+// known; the compute stream issues the reductions between its actions where their times fall.
 // The engine keeps no global state: simulations may run concurrently on several threads. Its parts,
-// each with one job: the event queue (event_queue.h), the send/receive rendezvous
-// (transfer_rendezvous.h), the gradient buckets (gradient_buckets.h) and the numbering of what it
-// tracks (dependency_slots.h); engine.cc holds the streams and the accounting.
+// each with one job: the send/receive rendezvous (transfer_rendezvous.h), the gradient buckets
+// (gradient_buckets.h) and the numbering of what it tracks (dependency_slots.h); engine.cc holds
+// the streams and the accounting.
 #pragma once
 
 #include <cstdint>
@@ -70,7 +77,7 @@ struct SimulationResult {
   // (p - 1) / (m + p - 1) for 1F1B with equal stages and free communication.
   double bubble_fraction = 0;
   std::vector<RankSimulation> ranks;
-  int64_t events = 0;  // completions taken off the event heap (every action but the sends)
+  int64_t events = 0;  // actions simulated, but the sends (each completes with its receive)
   Timeline timeline;   // filled when asked for
 };
 
