@@ -24,9 +24,13 @@ std::optional<SpecError> executor_model_refusal(const ModelSpec& model) {
 }
 
 std::optional<SpecError> executor_plan_refusal(const ParallelPlan& plan) {
-  if (plan.context_parallel_size != 1) return missing("--context-parallel-size", "context parallelism");
-  if (plan.implementation != Implementation::kMegaplan) {
-    return SpecError("--implementation", "must be megaplan to train: " + to_string(plan.implementation) +
+  return executor_layout_refusal(plan.context_parallel_size, plan.implementation);
+}
+
+std::optional<SpecError> executor_layout_refusal(int64_t context_parallel_size, Implementation implementation) {
+  if (context_parallel_size != 1) return missing("--context-parallel-size", "context parallelism");
+  if (implementation != Implementation::kMegaplan) {
+    return SpecError("--implementation", "must be megaplan to train: " + to_string(implementation) +
                                              " is Megatron-LM's code, for simulate and search");
   }
   return std::nullopt;

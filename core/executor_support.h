@@ -16,6 +16,9 @@ std::optional<SpecError> executor_model_refusal(const ModelSpec& model);
 
 // A layout the executor cannot run, whatever the model (context parallelism, Megatron-LM's code).
 std::optional<SpecError> executor_plan_refusal(const ParallelPlan& plan);
+// The same from the only fields it reads, for the planner, which asks once per grid of hundreds of
+// thousands of plans (building the refusal's message costs more than validating the plan).
+std::optional<SpecError> executor_layout_refusal(int64_t context_parallel_size, Implementation implementation);
 
 // Under --implementation megaplan, notes (core/notes.h) each refusal of `model` and `plan`: a plan
 // `simulate` costs all the same (it is legal), but megaplan's own executor would refuse to train.
