@@ -83,6 +83,9 @@ class Engine {
         ranks_(schedule.ranks.size()) {
     for (std::size_t rank = 0; rank < ranks_.size(); ++rank) {
       const auto& actions = schedule.ranks[rank];
+      std::array<std::size_t, kStreams> sizes{};
+      for (const Action& action : actions) ++sizes[stream_index(action.kind)];
+      for (std::size_t stream = 0; stream < kStreams; ++stream) ranks_[rank].queue[stream].reserve(sizes[stream]);
       for (std::size_t i = 0; i < actions.size(); ++i) {
         ranks_[rank].queue[stream_index(actions[i].kind)].push_back(static_cast<uint32_t>(i));
       }
@@ -113,15 +116,13 @@ class Engine {
     work_.push_back(rank);
   }
 
-  // Each stream as far as what is known allows; a transfer begun feeds the compute stream, and the
-  // compute stream the send stream, so until none moves.
+  // Each stream as far as what is known allows, in the order they feed each other: a transfer
+  // begun feeds the compute stream, which feeds the send stream (a rank's receives wait on other
+  // ranks only); OPTIM, last on the compute stream, waits for the send stream's end.
   void advance_rank(std::size_t rank) {
-    for (;;) {
-      const bool computed = advance_compute(rank);
-      const bool sent = advance_messages(rank, kSend);
-      const bool received = advance_messages(rank, kReceive);
-      if (!computed && !sent && !received) return;
-    }
+    advance_messages(rank, kReceive);
+    advance_compute(rank);
+    if (advance_messages(rank, kSend) && !at_end(ranks_[rank], kCompute)) advance_compute(rank);
   }
 
   const Action& head_action(std::size_t rank, std::size_t stream) const {
