@@ -228,7 +228,8 @@ void validate_implementation_options(const ParallelPlan& plan) {
     return;
   }
   const ImplementationOptions executor = default_implementation_options(Implementation::kMegaplan);
-  const std::string rule =
+  // A C string, made a std::string only when thrown: the planner validates hundreds of thousands of plans.
+  const char* const rule =
       "megaplan's executor does not run this (bf16 or fp16 with fp32 gradients, its own layers with flash attention, "
       "fused GELU and weight-gradient accumulation); --implementation megatron-core or megatron-local models it";
   if (options.transformer_impl != executor.transformer_impl) throw SpecError("--transformer-impl", rule);
