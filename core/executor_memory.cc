@@ -348,6 +348,43 @@ ExecutorMemoryWalk walk_executor_memory(const ModelSpec& model, const ParallelPl
   return walk;
 }
 
+ExecutorMemoryWalk executor_memory_floor(const PipelineSchedule& schedule) {
+  // The sets as RankWalk counts them: a forward holds its microbatch's set, a B gives it back, an I
+  // keeps it until its W. The planner asks this of every schedule shape it meets, so it counts
+  // nothing else (tests/core/memory_model_test.cc holds it to the walk's sets).
+  const ScheduleShape& shape = schedule.shape;
+  std::vector<int64_t> live(static_cast<std::size_t>(shape.num_stages), 0);
+  std::vector<int64_t> most(live.size(), 0);
+  const auto run = [&](const Action& action) {
+    const auto stage = static_cast<std::size_t>(action.stage);
+    if (action.kind == ActionKind::kForward) most[stage] = std::max(most[stage], ++live[stage]);
+    if (action.kind == ActionKind::kBackward || action.kind == ActionKind::kBackwardWeight) --live[stage];
+  };
+  for (const std::vector<Action>& actions : schedule.ranks) {
+    for (const Action& action : actions) {
+      if (action.kind != ActionKind::kOverlapForwardBackward) {
+        run(action);
+        continue;
+      }
+      for (const Action& part : parts_of(action)) run(part);  // a chunk's own pair: as RankWalk, in order
+    }
+  }
+  const std::vector<int32_t> stage_ranks = rank_of_each_stage(shape);
+  ExecutorMemoryWalk walk;
+  walk.ranks.resize(static_cast<std::size_t>(shape.pipeline_parallel_size));
+  for (int64_t stage = 0; stage < shape.num_stages; ++stage) {
+    walk.ranks[static_cast<std::size_t>(stage_ranks[static_cast<std::size_t>(stage)])].stages.push_back(stage);
+  }
+  for (ExecutorMemoryWalk::Rank& rank : walk.ranks) {
+    std::vector<int64_t>& moment = rank.moments.emplace_back(3 * rank.stages.size() + 1, 0);  // as RankWalk's counts
+    for (std::size_t i = 0; i < rank.stages.size(); ++i) {
+      moment[3 * i] = most[static_cast<std::size_t>(rank.stages[i])];
+      rank.most_inflight += moment[3 * i];
+    }
+  }
+  return walk;
+}
+
 std::vector<ExecutorRankMemory> price_executor_memory(const ExecutorMemoryWalk& walk, const ModelSpec& model,
                                                       const ParallelPlan& plan, const ExecutorPrecision& precision,
                                                       int64_t bucket_size) {

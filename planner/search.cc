@@ -116,10 +116,34 @@ class MemoryWalks {
   std::map<Key, std::shared_ptr<const ExecutorMemoryWalk>> walks_;
 };
 
+// executor_memory_floor per schedule shape, from the compute-only schedule: most plans a search
+// refuses on their activations are over the limit on it already, and neither their schedules'
+// lowering nor their memory walks are needed unless they are listed among the faster layouts.
+class MemoryFloors {
+ public:
+  std::shared_ptr<const ExecutorMemoryWalk> get(const ParallelPlan& plan) {
+    const Shape shape{plan.schedule, plan.pipeline_parallel_size, plan.virtual_pipeline_parallel_size,
+                      plan.num_microbatches()};
+    {
+      const std::lock_guard<std::mutex> lock(mutex_);
+      if (const auto found = floors_.find(shape); found != floors_.end()) return found->second;
+    }
+    auto floor = std::make_shared<const ExecutorMemoryWalk>(executor_memory_floor(generate_plan_schedule(plan)));
+    const std::lock_guard<std::mutex> lock(mutex_);
+    return floors_.emplace(shape, std::move(floor)).first->second;
+  }
+
+ private:
+  using Shape = std::tuple<ScheduleKind, int64_t, int64_t, int64_t>;  // schedule, pp, vpp, microbatches
+  std::mutex mutex_;
+  std::map<Shape, std::shared_ptr<const ExecutorMemoryWalk>> floors_;
+};
+
 // What a search shares among its plans.
 struct SearchCaches {
   LoweredSchedules schedules;
   MemoryWalks walks;
+  MemoryFloors floors;
 };
 
 // The fullest pipeline rank under core's memory model, with the plan's own schedule.
@@ -137,6 +161,17 @@ std::pair<int64_t, int64_t> peak_memory(const ModelSpec& model, const ParallelPl
     }
   }
   return {peak, rank};
+}
+
+// At most peak_memory(plan).first, without lowering the plan's schedule (megaplan's implementation;
+// 0 for Megatron's, whose memory model needs no walk).
+int64_t memory_floor(const ModelSpec& model, const ParallelPlan& plan, SearchCaches& caches) {
+  if (plan.implementation != Implementation::kMegaplan) return 0;
+  int64_t floor = 0;
+  for (const PipelineRankMemory& memory : executor_pipeline_memory(model, plan, *caches.floors.get(plan))) {
+    floor = std::max(floor, memory.total_bytes);
+  }
+  return floor;
 }
 
 // The fullest pipeline rank's weights, gradients, optimizer state and reserve, and its index.
@@ -184,8 +219,15 @@ class Ranking {
   void too_big(int64_t shortfall, std::size_t index, int64_t rank, double bound, int64_t peak) {
     const std::lock_guard<std::mutex> lock(mutex_);
     ++pruned_activations_;
-    over_memory_.push_back({bound, index, peak});
+    over_memory_.push_back({bound, index, peak, true});
     closest_.offer(shortfall, index, rank);
+    decided_locked();
+  }
+  // Over the limit on its memory floor: its peak (at least `floor`) is not walked yet.
+  void too_big_on_floor(std::size_t index, double bound, int64_t floor) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    ++pruned_activations_;
+    over_memory_.push_back({bound, index, floor, false});
     decided_locked();
   }
 
@@ -197,11 +239,13 @@ class Ranking {
   int64_t simulated() const { return simulated_; }
   int64_t pruned_activations() const { return pruned_activations_; }
   const Closest& closest() const { return closest_; }
-  // Every candidate refused on its activations: its bound, index and peak memory.
+  // Every candidate refused on its activations: its bound, index and peak memory (or, where the
+  // peak is not walked, its floor).
   struct OverMemory {
     double bound;
     std::size_t index;
     int64_t peak;
+    bool walked;
   };
   const std::vector<OverMemory>& over_memory() const { return over_memory_; }
 
@@ -225,6 +269,39 @@ class Ranking {
   int64_t decided_ = 0;
   Closest closest_;
   std::vector<OverMemory> over_memory_;
+};
+
+// Layouts refused on their activations, closest to fitting first: by peak, then index. A peak known
+// only by its floor is walked when the floor comes up (at an equal number before a walked peak, so
+// that equal peaks still go by index); the rest are never walked.
+class ClosestToFitting {
+ public:
+  ClosestToFitting(std::vector<Ranking::OverMemory> entries, std::function<int64_t(std::size_t)> walk_peak)
+      : heap_(std::move(entries)), walk_peak_(std::move(walk_peak)) {
+    std::make_heap(heap_.begin(), heap_.end(), later);
+  }
+  // REQUIRES: fewer calls than entries.
+  Ranking::OverMemory next() {
+    for (;;) {
+      std::pop_heap(heap_.begin(), heap_.end(), later);
+      Ranking::OverMemory& entry = heap_.back();
+      if (entry.walked) {
+        const Ranking::OverMemory closest = entry;
+        heap_.pop_back();
+        return closest;
+      }
+      entry.peak = walk_peak_(entry.index);
+      entry.walked = true;
+      std::push_heap(heap_.begin(), heap_.end(), later);
+    }
+  }
+
+ private:
+  static bool later(const Ranking::OverMemory& a, const Ranking::OverMemory& b) {
+    return std::tuple(a.peak, a.walked, a.index) > std::tuple(b.peak, b.walked, b.index);
+  }
+  std::vector<Ranking::OverMemory> heap_;
+  std::function<int64_t(std::size_t)> walk_peak_;
 };
 
 // Runs `work` on `threads` threads (this one among them) until each returns. `work` takes a stop
@@ -349,6 +426,10 @@ SearchResult search_plans(const ModelSpec& model, const GpuSpec& gpu, const std:
         return;
       }
       const ParallelPlan& plan = candidates[candidate.index];
+      if (const int64_t floor = memory_floor(model, plan, caches); floor > limit) {
+        ranking.too_big_on_floor(candidate.index, candidate.bound, floor);
+        continue;
+      }
       const auto [peak, rank] = peak_memory(model, plan, caches);
       if (peak > limit) {
         ranking.too_big(peak - limit, candidate.index, rank, candidate.bound, peak);
@@ -375,18 +456,19 @@ SearchResult search_plans(const ModelSpec& model, const GpuSpec& gpu, const std:
       if (entry.bound < best) faster.push_back(entry);
     }
     // Those closest to fitting first (the actionable ones), at most kOverMemoryTries estimates.
-    std::sort(faster.begin(), faster.end(), [](const Ranking::OverMemory& a, const Ranking::OverMemory& b) {
-      return a.peak != b.peak ? a.peak < b.peak : a.index < b.index;
-    });
-    // Costed a thread's worth at a time, kept in that order: the same list whatever the thread count.
     const std::size_t tries = std::min(faster.size(), kOverMemoryTries);
+    ClosestToFitting closest_first(
+        std::move(faster), [&](std::size_t index) { return peak_memory(model, candidates[index], caches).first; });
+    // Costed a thread's worth at a time, kept in that order: the same list whatever the thread count.
     for (std::size_t first = 0; first < tries && static_cast<int64_t>(result.over_memory.size()) < options.top;) {
       const std::size_t count = std::min(tries - first, static_cast<std::size_t>(threads));
+      std::vector<Ranking::OverMemory> entries;
+      for (std::size_t i = 0; i < count; ++i) entries.push_back(closest_first.next());
       std::vector<RankedPlan> batch(count);
       std::atomic<std::size_t> taken{0};
       run_workers(static_cast<int64_t>(count), [&](std::atomic<bool>& stop) {
         for (std::size_t i = taken.fetch_add(1); i < count && !stop.load(); i = taken.fetch_add(1)) {
-          const Ranking::OverMemory& entry = faster[first + i];
+          const Ranking::OverMemory& entry = entries[i];
           const ParallelPlan& plan = candidates[entry.index];
           batch[i] = {plan, estimator.estimate(plan, *caches.schedules.get(plan)), entry.peak, entry.bound};
         }
@@ -413,6 +495,11 @@ SearchResult search_plans(const ModelSpec& model, const GpuSpec& gpu, const std:
   // Nothing fits. Name the smallest shortfall under the full model: a plan pruned on model state
   // alone falls short by at least that much, so only those that could still come closer are costed.
   Closest closest = ranking.closest();
+  for (const Ranking::OverMemory& entry : ranking.over_memory()) {
+    if (entry.walked) continue;
+    const auto [peak, rank] = peak_memory(model, candidates[entry.index], caches);
+    closest.offer(peak - limit, entry.index, rank);
+  }
   std::vector<std::pair<int64_t, std::size_t>> by_state;
   for (std::size_t index = 0; index < candidates.size(); ++index) {
     const int64_t state = model_state_peak(candidates[index], parameters).first;

@@ -107,6 +107,37 @@ TEST_CASE("megaplan's implementation counts the executor's buffers and the runti
   CHECK(megaplan::memory_per_pipeline_rank(model, plan, schedule)[0].total_bytes != memory[0].total_bytes);
 }
 
+TEST_CASE("the memory floor prices at most the walk, with the walk's microbatch sets", "[memory]") {
+  // gpt2-124m's 12 layers on 2 ranks: every schedule kind, each recomputation, I/W split or not.
+  const megaplan::ModelSpec model = megaplan::model_preset("gpt2-124m");
+  using megaplan::ScheduleKind;
+  for (const ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB, ScheduleKind::kInterleaved,
+                                  ScheduleKind::kZeroBubbleH1, ScheduleKind::kZeroBubbleV, ScheduleKind::kDualPipeV}) {
+    for (const auto recompute : {megaplan::RecomputeGranularity::kNone, megaplan::RecomputeGranularity::kSelective,
+                                 megaplan::RecomputeGranularity::kFull}) {
+      megaplan::ParallelPlan plan = plan_of(1, 2, 1, 8);
+      plan.implementation = megaplan::Implementation::kMegaplan;
+      plan.schedule = kind;
+      plan.virtual_pipeline_parallel_size =
+          megaplan::stage_placement(kind) == megaplan::StagePlacement::kV || kind == ScheduleKind::kInterleaved ? 2 : 1;
+      plan.recompute_granularity = recompute;
+      megaplan::validate_plan(model, plan);
+      const megaplan::PipelineSchedule schedule = megaplan::generate_plan_schedule(plan);
+      const auto walk =
+          megaplan::executor_pipeline_memory(model, plan, megaplan::walk_executor_memory(model, plan, schedule));
+      const auto floor = megaplan::executor_pipeline_memory(model, plan, megaplan::executor_memory_floor(schedule));
+      REQUIRE(floor.size() == walk.size());
+      for (std::size_t rank = 0; rank < walk.size(); ++rank) {
+        INFO(megaplan::to_string(kind) << ", recompute " << megaplan::to_string(recompute) << ", rank " << rank);
+        CHECK(floor[rank].total_bytes <= walk[rank].total_bytes);
+        CHECK(floor[rank].total_bytes - floor[rank].activation_bytes ==
+              walk[rank].total_bytes - walk[rank].activation_bytes);
+        CHECK(floor[rank].peak_inflight_microbatches == walk[rank].peak_inflight_microbatches);
+      }
+    }
+  }
+}
+
 TEST_CASE("megatron-local keeps Korthikanti's sbh(10 + 24/t + 5as/(ht)) per layer, and 34/t with SP", "[memory]") {
   // Korthikanti et al. 2022, Table 2, for fp16 with dropout and unfused attention: the formula this
   // accounting comes from, checked term for term on gpt-1.3b (s 2048, h 2048, a 16, b 1).
