@@ -280,7 +280,7 @@ class ClosestToFitting {
       : heap_(std::move(entries)), walk_peak_(std::move(walk_peak)) {
     std::make_heap(heap_.begin(), heap_.end(), later);
   }
-  // REQUIRES: fewer calls than entries.
+  // REQUIRES: called at most once per entry.
   Ranking::OverMemory next() {
     for (;;) {
       std::pop_heap(heap_.begin(), heap_.end(), later);
@@ -496,7 +496,8 @@ SearchResult search_plans(const ModelSpec& model, const GpuSpec& gpu, const std:
   // alone falls short by at least that much, so only those that could still come closer are costed.
   Closest closest = ranking.closest();
   for (const Ranking::OverMemory& entry : ranking.over_memory()) {
-    if (entry.walked) continue;
+    // A floor already short by more than the closest cannot come closer.
+    if (entry.walked || entry.peak - limit > closest.shortfall) continue;
     const auto [peak, rank] = peak_memory(model, candidates[entry.index], caches);
     closest.offer(peak - limit, entry.index, rank);
   }
