@@ -1,9 +1,7 @@
 #include "executor/runtime/cpu_backend.h"
 
-#include <unistd.h>
 #include <algorithm>
 #include <cstring>
-#include <fstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -18,6 +16,7 @@
 #include "executor/kernels/reference/rmsnorm.h"
 #include "executor/kernels/reference/rope.h"
 #include "executor/kernels/reference/swiglu.h"
+#include "executor/runtime/host_memory.h"
 
 namespace megaplan::exec {
 
@@ -54,17 +53,7 @@ void norm_backward_into(Backward through_norm, ConstActivation residual_grad, Ac
 }
 }  // namespace
 
-int64_t CpuBackend::available_bytes() const {
-  // Linux's estimate of what can be allocated without swapping (free plus reclaimable cache).
-  std::ifstream meminfo("/proc/meminfo");
-  std::string key;
-  int64_t kilobytes = 0;
-  std::string unit;
-  while (meminfo >> key >> kilobytes >> unit) {
-    if (key == "MemAvailable:") return kilobytes * 1024;
-  }
-  return static_cast<int64_t>(sysconf(_SC_AVPHYS_PAGES)) * static_cast<int64_t>(sysconf(_SC_PAGESIZE));
-}
+int64_t CpuBackend::available_bytes() const { return host_available_bytes(); }
 
 float* CpuBackend::allocate(std::size_t n) {
   auto buffer = std::make_unique<float[]>(std::max<std::size_t>(n, 1));  // value-initialised: zeros

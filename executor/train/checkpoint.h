@@ -27,12 +27,18 @@
 // (the communicators abort), so no iter_ directory that a load would pick is left half-written; a
 // leftover .tmp directory is never read and the next save of that iteration replaces it.
 //
-// Speed: a writing rank copies its tensors into a host image laid out as model.bin (page-locked by
-// the backend once, and kept from save to save), then threads take 4 MiB blocks of it, checksum
-// each and write it at its offset; a load reads the blocks on threads as well. With --async-save
-// the copy is all the training waits for: a thread writes and syncs the .tmp directory's files,
-// and the barrier, rename and latest_checkpointed_iteration.txt follow on the training thread at
-// the next save or the run's end (CheckpointSaver), the previous checkpoint the newest until then.
+// Speed: a writing rank streams its tensors from the device through a page-locked window of a few
+// 4 MiB blocks per thread: threads checksum each block and write it at its offset while the next
+// blocks are copied, so host memory stays small whatever the model. With --async-save the rank
+// copies its tensors into a whole host image laid out as model.bin (12 bytes per parameter,
+// page-locked once and kept from save to save; the run refuses to start when it cannot fit in the
+// host's available memory), and that copy is all the training waits for: a thread writes and
+// syncs the .tmp directory's files from it, and the barrier, rename and
+// latest_checkpointed_iteration.txt follow on the training thread at the next save or the run's
+// end (CheckpointSaver), the previous checkpoint the newest until then. A load reads blocks on
+// threads as well: a tensor saved under the loading rank's own cut streams through a window from
+// the file to the device (checksummed by the reading thread, no copy on the host); only the others
+// are read whole and resharded.
 //
 // A load finds every tensor a rank needs by name in the manifests, whatever layout saved them: the
 // saved shards are concatenated along their split dimension and the rank's part is cut out (tensor
@@ -60,6 +66,7 @@
 // reader of it ignores the field or finds it optional).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -111,8 +118,8 @@ struct CheckpointRank {
 // CommAborted, and DIR's latest_checkpointed_iteration.txt and earlier iterations are unchanged.
 void save_checkpoint(const std::string& directory, const TrainingState& state, const CheckpointRank& rank);
 
-// Saves a rank's checkpoints one after the other, keeping the host image of its directory (page-
-// locked by the backend) from one save to the next. Synchronous, save() is save_checkpoint. With
+// Saves a rank's checkpoints one after the other, keeping its page-locked host memory (a window, or
+// the image of its directory) from one save to the next. Synchronous, save() is save_checkpoint. With
 // --async-save (`async`), save() copies the rank's state into the image and returns while a thread
 // writes and syncs the rank's files into iter_XXXXXXX.tmp; finish() later waits for that thread,
 // meets the other ranks at the barrier and publishes the save (rank 0 renames it and writes
@@ -142,19 +149,27 @@ class CheckpointSaver {
   const Times& last_save() const { return last_save_; }
   // The snapshot of the save started last (published or not).
   double last_snapshot_seconds() const { return last_snapshot_seconds_; }
+  // The page-locked host memory the saver holds (0 before its first save on a writing rank): the
+  // whole image under --async-save, a window of a few blocks per thread otherwise.
+  std::size_t host_bytes() const;
 
  private:
   struct Writing;
-  struct Snapshot;
-  // Room for `floats` in the image, page-locked; laying the image out then keeps it in place.
-  void pin_snapshot(std::size_t floats);
+  struct Held;
   bool async_;
-  Backend& backend_;
-  std::unique_ptr<Snapshot> snapshot_;
+  std::unique_ptr<Held> held_;
   std::unique_ptr<Writing> writing_;
   Times last_save_;
   double last_snapshot_seconds_ = 0;
 };
+
+// The host memory --async-save keeps for a rank of `plan`: an image of its directory's model.bin,
+// 12 bytes per parameter of its stages at its tensor-parallel rank (0 on a rank that writes none).
+uint64_t async_save_image_bytes(const ModelSpec& model, const ParallelPlan& plan, const ParallelGroups& groups);
+// Before training starts: throws SpecError("--async-save", ...) when the images of the ranks a
+// process holds, `image_bytes`, take more than 3/4 of `available_bytes` (the host's available
+// memory, host_available_bytes(); ranks of one host in several processes each count it alone).
+void check_async_save_memory(uint64_t image_bytes, int64_t available_bytes);
 
 // Before training starts: `load` (--load) must be a directory, or not exist when it is also
 // `save` (Megatron's resume-or-start idiom: the first run starts from scratch, later ones resume);
@@ -174,7 +189,14 @@ bool same_directory(const std::string& a, const std::string& b);
 // corrupted tensor (its checksum); nothing has been trained or written then. The vocabulary's
 // tensors load under any padding (the header above says how). The state's tokenizer is the
 // checkpoint's (nullopt when it records none).
-std::optional<TrainingState> load_checkpoint(const std::string& directory, const CheckpointRank& rank);
+// `counts`, when given, says what the load read.
+struct CheckpointLoadCounts {
+  uint64_t bytes = 0;             // of the checkpoint's files
+  int64_t tensors_as_saved = 0;   // a saved shard exactly the rank's part: streamed to the device
+  int64_t tensors_resharded = 0;  // joined from saved parts and cut (another layout)
+};
+std::optional<TrainingState> load_checkpoint(const std::string& directory, const CheckpointRank& rank,
+                                             CheckpointLoadCounts* counts = nullptr);
 
 // The newest checkpoint's weights as whole tensors (each joined from its shards; a tied output
 // layer's copy left out; the vocabulary's tensors cut to the model's vocab_size rows, without the

@@ -233,13 +233,22 @@ std::vector<TensorState> Optimizer::export_state() {
 }
 
 void Optimizer::export_state(const std::function<MomentDestination(const Parameter&)>& destination) {
+  visit_moments([&](const Parameter& p, const float* first, const float* second) {
+    const MomentDestination to = destination(p);
+    backend_.download(to.first_moment, first, p.size);
+    backend_.download(to.second_moment, second, p.size);
+  });
+}
+
+void Optimizer::visit_moments(const MomentVisitor& visit) {
   Comm* dp = groups_.data_parallel;
   if (!distributed_ || !dp || dp->size() == 1) {
     // The pieces are whole parameters (one shard holds a whole bucket when dp = 1).
     for (const Piece& piece : pieces_) {
-      const MomentDestination to = destination(*piece.parameter);
-      backend_.download(to.first_moment + piece.offset, piece.first_moment, piece.size);
-      backend_.download(to.second_moment + piece.offset, piece.second_moment, piece.size);
+      if (piece.offset != 0 || piece.size != piece.parameter->size) {
+        throw std::logic_error("Optimizer::visit_moments: " + piece.parameter->name + " is split into pieces");
+      }
+      visit(*piece.parameter, piece.first_moment, piece.second_moment);
     }
     return;
   }
@@ -257,27 +266,37 @@ void Optimizer::export_state(const std::function<MomentDestination(const Paramet
     }
     for (Request& request : pending) request->wait();
     const std::vector<Parameter>& parameters = chunks_[c]->parameters();
-    for (std::size_t i = 0; i < parameters.size(); ++i) {
-      const MomentDestination to = destination(parameters[i]);
-      backend_.download(to.first_moment, first + layout.offsets[i], parameters[i].size);
-      backend_.download(to.second_moment, second + layout.offsets[i], parameters[i].size);
+    try {
+      for (std::size_t i = 0; i < parameters.size(); ++i) {
+        visit(parameters[i], first + layout.offsets[i], second + layout.offsets[i]);
+      }
+    } catch (...) {
+      backend_.release(first);
+      backend_.release(second);
+      throw;
     }
     backend_.release(first);
     backend_.release(second);
   }
 }
 
-void Optimizer::import_state(const std::vector<TensorState>& states) {
-  std::map<const Parameter*, const TensorState*> by_parameter;
-  for (const TensorState& state : states) by_parameter[state.parameter] = &state;
+void Optimizer::import_moment(const Parameter& parameter, bool second, std::size_t begin, const float* host,
+                              std::size_t n) {
+  if (begin + n > parameter.size) {
+    throw std::logic_error("Optimizer::import_moment: elements past the end of " + parameter.name);
+  }
+  bool found = false;
   for (const Piece& piece : pieces_) {
-    const auto found = by_parameter.find(piece.parameter);
-    if (found == by_parameter.end() || found->second->first_moment.size() != piece.parameter->size ||
-        found->second->second_moment.size() != piece.parameter->size) {
-      throw std::logic_error("Optimizer::import_state: no whole moments of " + piece.parameter->name);
-    }
-    backend_.upload(piece.first_moment, found->second->first_moment.data() + piece.offset, piece.size);
-    backend_.upload(piece.second_moment, found->second->second_moment.data() + piece.offset, piece.size);
+    if (piece.parameter != &parameter) continue;
+    found = true;
+    const std::size_t lo = std::max(begin, piece.offset), hi = std::min(begin + n, piece.offset + piece.size);
+    if (lo >= hi) continue;
+    float* moment = second ? piece.second_moment : piece.first_moment;
+    backend_.upload(moment + (lo - piece.offset), host + (lo - begin), hi - lo);
+  }
+  // A distributed optimizer's rank may own no piece of a small parameter; it must still be one of its chunks'.
+  if (!found && !distributed_) {
+    throw std::logic_error("Optimizer::import_moment: " + parameter.name + " is not this optimizer's");
   }
 }
 

@@ -94,10 +94,16 @@ class Optimizer {
     float* second_moment;
   };
   void export_state(const std::function<MomentDestination(const Parameter&)>& destination);
-  // Sets the moments this rank owns from whole ones (the distributed optimizer reads only its
-  // shard's pieces). REQUIRES: `states` holds every parameter of the chunks, each with
-  // parameter.size elements of each moment (std::logic_error otherwise).
-  void import_state(const std::vector<TensorState>& states);
+  // The same moments on the device, once per parameter: visit(p, first, second), p.size floats
+  // each, readable during the call only (gathered into a scratch buffer under the distributed
+  // optimizer). A collective as export_state; a saving checkpoint downloads them in pieces.
+  using MomentVisitor = std::function<void(const Parameter&, const float* first_moment, const float* second_moment)>;
+  void visit_moments(const MomentVisitor& visit);
+  // Elements [begin, begin + n) of `parameter`'s first (`second` false) or second moment set from
+  // `host` (the distributed optimizer keeps what lies in its shard): a load sets every element of
+  // every parameter this way, in any order and in pieces of any size. REQUIRES: `parameter` is one
+  // of the chunks' and the range lies within it (std::logic_error otherwise).
+  void import_moment(const Parameter& parameter, bool second, std::size_t begin, const float* host, std::size_t n);
   // The first parameter, in chunk order, whose gradient is not finite ("" when none).
   std::string first_non_finite_gradient();
 

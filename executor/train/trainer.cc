@@ -28,6 +28,7 @@
 #include "executor/data/blended_samples.h"
 #include "executor/data/indexed_dataset.h"
 #include "executor/model/stage_chunk.h"
+#include "executor/runtime/host_memory.h"
 #include "executor/runtime/interpreter.h"
 #include "executor/train/checkpoint.h"
 #include "executor/train/host_values.h"
@@ -442,14 +443,20 @@ TrainSummary RankTrainer::train() {
   }
   if (options.load) {
     const auto load_start = std::chrono::steady_clock::now();
-    if (const std::optional<TrainingState> loaded = load_checkpoint(*options.load, checkpoint_rank())) {
+    CheckpointLoadCounts counts;
+    if (const std::optional<TrainingState> loaded = load_checkpoint(*options.load, checkpoint_rank(), &counts)) {
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
       check_resumable(*loaded);
       state = *loaded;
       if (options.tokenizer) state.tokenizer = options.tokenizer;  // the run's word over the checkpoint's
       if (out_) {
         *out_ << "loaded " << *options.load << " at iteration " << state.iteration << "\n";
-        *out_ << "checkpoint load: " << format_double(seconds) << " s (" << options.checkpoint_threads << " threads)\n";
+        // Rank 0's part; the speed bench/checkpoint_speed.sh reports.
+        const double gigabytes = static_cast<double>(counts.bytes) / 1e9;
+        *out_ << "checkpoint load: " << format_double(seconds) << " s (" << format_double(gigabytes) << " GB, "
+              << format_double(seconds > 0 ? gigabytes / seconds : 0) << " GB/s, " << options.checkpoint_threads
+              << " threads; " << counts.tensors_as_saved << " tensors as saved, " << counts.tensors_resharded
+              << " resharded)\n";
       }
     } else if (options.save && same_directory(*options.load, *options.save)) {
       if (out_) *out_ << "no checkpoint in " << *options.load << " yet: starting from scratch\n";
@@ -704,6 +711,8 @@ struct PreparedRun {
 TrainSummary train(const ModelSpec& model, const ParallelPlan& plan, const TrainOptions& options,
                    const BackendFactory& make_backend, std::ostream& out, const InProcessMemoryFactory& make_memory) {
   const PreparedRun prepared(model, plan, options);
+  // Every rank in this process: their images together are the whole checkpoint.
+  if (prepared.options.async_save) check_async_save_memory(checkpoint_bytes(model, plan), host_available_bytes());
   const Run run = prepared.run();
   if (plan.world_size() == 1) {
     std::unique_ptr<Backend> backend = make_backend(0);
@@ -796,6 +805,9 @@ TrainSummary train_rank(const ModelSpec& model, const ParallelPlan& plan, const 
   const PreparedRun prepared(model, plan, options);
   const Run run = prepared.run();
   ParallelGroups groups = make_parallel_groups(plan, rank, make_comm);
+  if (prepared.options.async_save) {
+    check_async_save_memory(async_save_image_bytes(model, plan, groups), host_available_bytes());
+  }
   TrainSummary summary = train_alone(run, backend, groups, rank == 0 ? &out : nullptr);
   if (options.record_timeline && groups.data_parallel_rank == 0 && groups.tensor_parallel_rank == 0) {
     gather_pipeline_timeline(groups.pipeline.get(), backend, summary.timeline);

@@ -139,9 +139,11 @@ TEST_CASE("a checkpoint of pp 2 x dp 2 resumes bit for bit and loads under other
     }
   }
 
-  // The saving layout repeats the uninterrupted run bit for bit, and saves again.
+  // The saving layout repeats the uninterrupted run bit for bit, and saves again; every tensor is
+  // read as saved (streamed to the device), none resharded.
   options.save = directory;
   const Outcome resumed = train(model, saving, options, scratch, "second-half");
+  CHECK(resumed.out.find(" tensors as saved, 0 resharded)") != std::string::npos);
   REQUIRE(resumed.losses.size() == 4);
   for (std::size_t i = 0; i < 4; ++i) {
     INFO("iteration " << i + 5);
@@ -188,6 +190,9 @@ TEST_CASE("a checkpoint of tp 2 x pp 2 resumes bit for bit and loads at one rank
                                                          {"pp 4", plan_of(4, 1, 1, ScheduleKind::kOneFOneB, false)}}) {
     INFO(name);
     const Outcome resumed = train(model, plan, options, scratch, name);
+    // The tensor-parallel parts are joined (resharded); the replicated tensors are read as saved.
+    CHECK(resumed.out.find(" 0 resharded)") == std::string::npos);
+    CHECK(resumed.out.find(" 0 tensors as saved") == std::string::npos);
     REQUIRE(resumed.losses.size() == 4);
     for (std::size_t i = 0; i < 4; ++i) {
       INFO("iteration " << i + 5);
@@ -195,6 +200,7 @@ TEST_CASE("a checkpoint of tp 2 x pp 2 resumes bit for bit and loads at one rank
     }
   }
   const Outcome resumed = train(model, saving, options, scratch, "second-half");
+  CHECK(resumed.out.find(" tensors as saved, 0 resharded)") != std::string::npos);
   REQUIRE(resumed.losses.size() == 4);
   for (std::size_t i = 0; i < 4; ++i) CHECK(resumed.losses[i] == whole.losses[i + 4]);
 }

@@ -1,0 +1,174 @@
+#include "executor/train/checkpoint_state_file.h"
+
+#include <algorithm>
+#include <filesystem>
+
+#include "core/json_io.h"
+#include "core/text_file.h"
+#include "executor/train/checkpoint_format.h"
+
+namespace megaplan::exec::checkpoint_format {
+
+namespace {
+
+// The tokenizer as state.json holds it: train's flag names with underscores, files as absolute
+// paths (convert runs from anywhere), the flags not given left out.
+nlohmann::json tokenizer_json(const TokenizerOptions& tokenizer) {
+  nlohmann::json json = {{"kind", tokenizer.kind}};
+  const std::pair<const char*, const std::string*> files[] = {{"vocab_file", &tokenizer.vocab_file},
+                                                              {"merge_file", &tokenizer.merge_file},
+                                                              {"tokenizer_file", &tokenizer.tokenizer_file},
+                                                              {"tokenizer_model", &tokenizer.tokenizer_model}};
+  for (const auto& [key, path] : files) {
+    if (path->empty()) continue;
+    std::error_code error;
+    const std::filesystem::path absolute = std::filesystem::absolute(*path, error);
+    json[key] = error ? *path : absolute.lexically_normal().string();
+  }
+  return json;
+}
+
+TokenizerOptions tokenizer_from_json(const nlohmann::json& json, const std::string& source) {
+  JsonFieldReader fields(json, source);
+  TokenizerOptions tokenizer;
+  fields.require("kind", tokenizer.kind);
+  fields.read("vocab_file", tokenizer.vocab_file);
+  fields.read("merge_file", tokenizer.merge_file);
+  fields.read("tokenizer_file", tokenizer.tokenizer_file);
+  fields.read("tokenizer_model", tokenizer.tokenizer_model);
+  fields.reject_unknown_keys();
+  return tokenizer;  // whether its files still read is the reader's concern (convert says so)
+}
+
+// The iteration latest_checkpointed_iteration.txt names: decimal digits and a newline, as saved.
+int64_t read_latest(const std::string& latest) {
+  std::string text = read_file_contents(latest);
+  if (!text.empty() && text.back() == '\n') text.pop_back();
+  if (text.empty() || text.size() > kMaxIterationDigits || text.find_first_not_of("0123456789") != std::string::npos) {
+    refuse_load(latest + " must hold an iteration number (up to " + std::to_string(kMaxIterationDigits) +
+                " digits), and holds " +
+                nlohmann::json(text.substr(0, 20)).dump(-1, ' ', true, nlohmann::json::error_handler_t::replace));
+  }
+  return std::stoll(text);
+}
+
+// The newest complete iteration directory in `directory` (iter_ and digits; a .tmp staging
+// directory is not one), or nullopt: a save renames its directory into place only once every
+// file in it is synced, so each such directory is whole even when `latest` was never written.
+std::optional<int64_t> newest_iteration_directory(const std::string& directory) {
+  std::optional<int64_t> newest;
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator(directory, error)) {
+    const std::string name = entry.path().filename().string();
+    const std::string digits = name.size() > 5 ? name.substr(5) : "";
+    if (name.rfind("iter_", 0) != 0 || digits.empty() || digits.size() > kMaxIterationDigits ||
+        digits.find_first_not_of("0123456789") != std::string::npos || !entry.is_directory(error)) {
+      continue;
+    }
+    newest = std::max<int64_t>(newest.value_or(0), std::stoll(digits));
+  }
+  return newest;
+}
+
+}  // namespace
+
+nlohmann::json checkpoint_meta(const TrainingState& state, const ModelSpec& model, const ParallelPlan& plan) {
+  nlohmann::json directories = nlohmann::json::array();
+  for (int64_t p = 0; p < plan.pipeline_parallel_size; ++p) {
+    for (int64_t t = 0; t < plan.tensor_parallel_size; ++t) {
+      directories.push_back(rank_directory(t, p, plan.pipeline_parallel_size));
+    }
+  }
+  nlohmann::json meta = {{"format", kFormat},
+                         {"iteration", state.iteration},
+                         {"consumed_samples", state.consumed_samples},
+                         {"seed", state.seed},
+                         {"model", model.name},
+                         {"model_spec", model_spec_to_json(model)},
+                         {"plan", parallel_plan_to_json(plan)},
+                         {"directories", directories}};
+  if (state.tokenizer) meta["tokenizer"] = tokenizer_json(*state.tokenizer);
+  if (state.skipped_iterations > 0) {
+    meta["skipped_iterations"] = state.skipped_iterations;
+    meta["skipped_samples"] = state.skipped_samples;
+  }
+  if (state.loss_scaler) {
+    meta["loss_scaler"] = {{"scale", state.loss_scaler->scale},
+                           {"growth_tracker", state.loss_scaler->growth_tracker},
+                           {"hysteresis_tracker", state.loss_scaler->hysteresis_tracker}};
+  }
+  meta["fnv1a64"] = json_checksum(meta);
+  return meta;
+}
+
+std::optional<Newest> find_newest(const std::string& directory) {
+  const std::string latest = directory + "/latest_checkpointed_iteration.txt";
+  int64_t iteration = 0;
+  if (std::filesystem::exists(latest)) {
+    iteration = read_latest(latest);
+  } else if (const std::optional<int64_t> found = newest_iteration_directory(directory)) {
+    iteration = *found;  // a save killed between its rename and `latest`
+  } else {
+    return std::nullopt;
+  }
+  Newest newest;
+  newest.path = directory + "/" + iteration_directory(iteration);
+  const std::string& path = newest.path;
+  if (!std::filesystem::is_directory(path)) {
+    refuse_load(latest + " names iteration " + std::to_string(iteration) + " but " + path + " does not exist");
+  }
+  const std::string state_path = path + "/state.json";
+  newest.meta = try_parse_json(read_file_contents(state_path)).value_or(nlohmann::json());
+  const nlohmann::json& meta = newest.meta;
+  if (!meta.is_object() || !known_format(meta.value("format", "")) || !meta.contains("directories") ||
+      !meta["directories"].is_array()) {
+    const bool named = meta.is_object() && meta.contains("format");
+    refuse_load(
+        state_path + " is not a " + std::string(kFormat) + " checkpoint" +
+        (named ? " (its format is " +
+                     meta["format"].dump(-1, ' ', true, nlohmann::json::error_handler_t::replace).substr(0, 40) + ")"
+               : ""));
+  }
+  verify_json_checksum(meta, state_path);
+  TrainingState& state = newest.state;
+  JsonFieldReader fields(meta, state_path);
+  fields.require("iteration", state.iteration);
+  fields.require("consumed_samples", state.consumed_samples);
+  fields.require("seed", state.seed);
+  if (state.consumed_samples < 0) {
+    refuse_load(fields.field("consumed_samples") + ": must be non-negative, got " +
+                std::to_string(state.consumed_samples));
+  }
+  if (const nlohmann::json* tokenizer = fields.read_object("tokenizer")) {
+    state.tokenizer = tokenizer_from_json(*tokenizer, fields.field("tokenizer"));
+  }
+  fields.read("skipped_iterations", state.skipped_iterations);
+  fields.read("skipped_samples", state.skipped_samples);
+  if (state.skipped_iterations < 0 || state.skipped_iterations > state.iteration || state.skipped_samples < 0 ||
+      state.skipped_samples > state.consumed_samples) {
+    refuse_load(fields.field("skipped_iterations") + ": must lie between 0 and the iterations (and samples) done");
+  }
+  if (const nlohmann::json* scaler = fields.read_object("loss_scaler")) {
+    JsonFieldReader scaler_fields(*scaler, fields.field("loss_scaler"));
+    LossScalerState loaded;
+    scaler_fields.require("scale", loaded.scale);
+    scaler_fields.require("growth_tracker", loaded.growth_tracker);
+    scaler_fields.require("hysteresis_tracker", loaded.hysteresis_tracker);
+    scaler_fields.reject_unknown_keys();  // as the tokenizer's object beside it
+    if (!(loaded.scale > 0) || !std::isfinite(loaded.scale) || loaded.growth_tracker < 0) {
+      refuse_load(scaler_fields.field("scale") + ": must be a finite positive scale with a non-negative tracker");
+    }
+    state.loss_scaler = loaded;
+  }
+  if (state.iteration != iteration) {
+    refuse_load(path + "/state.json says iteration " + std::to_string(state.iteration) + " but " + latest + " says " +
+                std::to_string(iteration));
+  }
+  for (const nlohmann::json& name : meta["directories"]) {
+    if (!name.is_string()) refuse_load(path + "/state.json: \"directories\" holds a non-string");
+    read_manifest(path + "/" + name.get<std::string>(), newest.saved);
+  }
+  return newest;
+}
+
+}  // namespace megaplan::exec::checkpoint_format
