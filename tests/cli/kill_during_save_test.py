@@ -47,8 +47,13 @@ def train_args(directory, iterations, load=None, async_save=False):
 
 
 def newest(directory):
+    """The iteration a load picks: `latest`'s, or without it the newest complete iter_ directory (a
+    kill between a save's rename and its `latest` leaves that save loadable, and newest)."""
     path = os.path.join(directory, LATEST)
-    return int(open(path).read()) if os.path.exists(path) else 0
+    if os.path.exists(path):
+        return int(open(path).read())
+    names = os.listdir(directory) if os.path.isdir(directory) else []
+    return max((int(n[5:]) for n in names if re.fullmatch(r"iter_\d+", n)), default=0)
 
 
 def check_recovers(directory, what, async_save=False):
