@@ -28,8 +28,8 @@
 // leftover .tmp directory is never read and the next save of that iteration replaces it.
 //
 // Speed: a writing rank streams its tensors from the device through a page-locked window of a few
-// 4 MiB blocks per thread: threads checksum each block and write it at its offset while the next
-// blocks are copied, so host memory stays small whatever the model. With --async-save the rank
+// 4 MiB blocks per thread: once the window is full, threads checksum each block and write it at
+// its offset, and the window fills again, so host memory stays small whatever the model. With --async-save the rank
 // copies its tensors into a whole host image laid out as model.bin (12 bytes per parameter,
 // page-locked once and kept from save to save; the run refuses to start when it cannot fit in the
 // host's available memory), and that copy is all the training waits for: a thread writes and

@@ -29,9 +29,9 @@ inline constexpr int64_t kMaxTensorElements = int64_t{1} << 42;
 // latest_checkpointed_iteration.txt's iteration: a trillion iterations is beyond any run.
 inline constexpr std::size_t kMaxIterationDigits = 12;
 
-// The blocks a streaming save's or load's window holds per thread: enough that each thread has its
-// next blocks while the device copies the others, few enough that the window stays a small part of
-// host memory (32 MiB per thread) whatever the model's size.
+// The blocks a streaming save's or load's window holds per thread: enough that the threads' ends
+// of a window even out and the copies to or from the device between windows stay a small part of
+// the time, few enough that the window stays a small part of host memory (32 MiB per thread).
 inline constexpr std::size_t kWindowBlocksPerThread = 8;
 // The slots of such a window for `blocks` blocks in all (no more than they need; at least one).
 std::size_t window_slots(std::size_t blocks, int64_t threads);
