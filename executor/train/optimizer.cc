@@ -216,30 +216,6 @@ void Optimizer::skip() {
   for (StageChunk* chunk : chunks_) chunk->zero_gradients();
 }
 
-std::vector<TensorState> Optimizer::export_state() {
-  std::vector<TensorState> states;
-  std::map<const Parameter*, std::size_t> index;
-  for (StageChunk* chunk : chunks_) {
-    for (const Parameter& p : chunk->parameters()) {
-      index[&p] = states.size();
-      states.push_back({&p, std::vector<float>(p.size), std::vector<float>(p.size)});
-    }
-  }
-  export_state([&](const Parameter& p) -> MomentDestination {
-    TensorState& state = states[index.at(&p)];
-    return {state.first_moment.data(), state.second_moment.data()};
-  });
-  return states;
-}
-
-void Optimizer::export_state(const std::function<MomentDestination(const Parameter&)>& destination) {
-  visit_moments([&](const Parameter& p, const float* first, const float* second) {
-    const MomentDestination to = destination(p);
-    backend_.download(to.first_moment, first, p.size);
-    backend_.download(to.second_moment, second, p.size);
-  });
-}
-
 void Optimizer::visit_moments(const MomentVisitor& visit) {
   Comm* dp = groups_.data_parallel;
   if (!distributed_ || !dp || dp->size() == 1) {

@@ -49,13 +49,6 @@ struct OptimizerSettings {
   int64_t microbatches = 1;  // per iteration: a gradient is final after this many backwards
 };
 
-// A parameter's AdamW moments as checkpoints see them: whole (the rank's tensor-parallel shard of
-// the tensor, parameter.size elements each), on the host.
-struct TensorState {
-  const Parameter* parameter = nullptr;
-  std::vector<float> first_moment, second_moment;
-};
-
 class Optimizer {
  public:
   // `chunks` are the rank's stages in increasing stage order.
@@ -82,21 +75,11 @@ class Optimizer {
   void parameters_ready(int64_t stage);
   // Every chunk's, before the weights are read otherwise.
   void finish_parameter_gathers();
-  // Every parameter's moments, whole, in chunk and registration order. With the distributed
+  // Every parameter's whole moments on the device, in chunk and registration order: visit(p,
+  // first, second), p.size floats each, readable during the call only. With the distributed
   // optimizer over several data-parallel ranks it is a collective over the data-parallel group
-  // (every member calls it): the owned shards' moments are all-gathered, and every member returns
-  // all of them.
-  std::vector<TensorState> export_state();
-  // The same moments downloaded where `destination` says, parameter by parameter (p.size floats
-  // each): a checkpoint's host image, without a copy in between.
-  struct MomentDestination {
-    float* first_moment;
-    float* second_moment;
-  };
-  void export_state(const std::function<MomentDestination(const Parameter&)>& destination);
-  // The same moments on the device, once per parameter: visit(p, first, second), p.size floats
-  // each, readable during the call only (gathered into a scratch buffer under the distributed
-  // optimizer). A collective as export_state; a saving checkpoint downloads them in pieces.
+  // (every member calls it): the owned shards' moments are all-gathered, chunk by chunk, into a
+  // scratch buffer. A saving checkpoint downloads them in pieces.
   using MomentVisitor = std::function<void(const Parameter&, const float* first_moment, const float* second_moment)>;
   void visit_moments(const MomentVisitor& visit);
   // Elements [begin, begin + n) of `parameter`'s first (`second` false) or second moment set from

@@ -4,6 +4,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <array>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -12,6 +13,8 @@
 #include <string>
 
 #include "core/error.h"
+#include "executor/runtime/backend.h"
+#include "executor/train/optimizer.h"
 #include "executor/train/trainer.h"
 
 namespace megaplan::test {
@@ -44,6 +47,26 @@ inline std::map<std::string, std::string> files_under(const std::string& directo
     files[fs::relative(entry.path(), directory).string()] = bytes.str();
   }
   return files;
+}
+
+// A parameter's value and moments (first, then second) downloaded from a rank's optimizer.
+struct ParameterState {
+  const exec::Parameter* parameter;
+  std::array<std::vector<float>, 3> arrays;
+};
+// Every parameter's, in the optimizer's order (chunk, then registration).
+inline std::vector<ParameterState> parameter_states(exec::Optimizer& optimizer, exec::Backend& backend) {
+  std::vector<ParameterState> states;
+  optimizer.visit_moments([&](const exec::Parameter& parameter, const float* first, const float* second) {
+    ParameterState& state = states.emplace_back();
+    state.parameter = &parameter;
+    const float* const sources[3] = {parameter.value, first, second};
+    for (std::size_t a = 0; a < 3; ++a) {
+      state.arrays[a].resize(parameter.size);
+      backend.download(state.arrays[a].data(), sources[a], parameter.size);
+    }
+  });
+  return states;
 }
 
 // The message of the SpecError naming --load that `load` throws (a test failure when none).

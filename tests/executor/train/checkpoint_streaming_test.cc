@@ -4,6 +4,7 @@
 // for bit; --async-save is refused when its image cannot fit in the host's memory.
 #include <catch2/catch.hpp>
 
+#include <array>
 #include <cstdint>
 #include <filesystem>
 #include <random>
@@ -47,14 +48,10 @@ struct OneRank {
   }
   exec::CheckpointRank rank(int64_t threads) { return {model, plan, groups, {&chunk}, optimizer, backend, threads}; }
   // Every parameter's value and moments, in order.
-  std::vector<std::vector<float>> state() {
-    std::vector<std::vector<float>> arrays;
-    for (exec::TensorState& tensor : optimizer.export_state()) {
-      std::vector<float> value(tensor.parameter->size);
-      backend.download(value.data(), tensor.parameter->value, value.size());
-      arrays.push_back(std::move(value));
-      arrays.push_back(std::move(tensor.first_moment));
-      arrays.push_back(std::move(tensor.second_moment));
+  std::vector<std::array<std::vector<float>, 3>> state() {
+    std::vector<std::array<std::vector<float>, 3>> arrays;
+    for (megaplan::test::ParameterState& parameter : megaplan::test::parameter_states(optimizer, backend)) {
+      arrays.push_back(std::move(parameter.arrays));
     }
     return arrays;
   }

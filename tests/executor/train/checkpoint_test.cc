@@ -591,11 +591,8 @@ std::map<std::string, WholeArrays> loaded_at_one_rank(const megaplan::ModelSpec&
   exec::Optimizer optimizer({&chunk}, exec::OptimizerGroups{}, false, exec::OptimizerSettings{}, backend);
   REQUIRE(exec::load_checkpoint(directory, {model, plan, groups, {&chunk}, optimizer, backend}));
   std::map<std::string, WholeArrays> loaded;
-  for (exec::TensorState& state : optimizer.export_state()) {
-    std::vector<float> value(state.parameter->size);
-    backend.download(value.data(), state.parameter->value, value.size());
-    loaded[state.parameter->name] = {state.parameter->global_shape,
-                                     {std::move(value), std::move(state.first_moment), std::move(state.second_moment)}};
+  for (megaplan::test::ParameterState& state : megaplan::test::parameter_states(optimizer, backend)) {
+    loaded[state.parameter->name] = {state.parameter->global_shape, std::move(state.arrays)};
   }
   return loaded;
 }
