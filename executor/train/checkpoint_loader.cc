@@ -12,7 +12,6 @@
 #include "executor/train/checkpoint.h"
 #include "executor/train/checkpoint_format.h"
 #include "executor/train/checkpoint_manifest.h"
-#include "executor/train/checkpoint_rank_writer.h"
 #include "executor/train/checkpoint_reshard.h"
 #include "executor/train/checkpoint_shard_reader.h"
 #include "executor/train/checkpoint_state_file.h"

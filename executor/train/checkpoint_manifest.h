@@ -2,6 +2,8 @@
 // shard, offset and checksum), written by saves and read, every field checked, by loads.
 #pragma once
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -11,6 +13,7 @@
 
 #include "core/parameter_list.h"
 #include "executor/model/tensor_shards.h"
+#include "executor/train/checkpoint_format.h"
 
 namespace megaplan::exec::checkpoint_format {
 
@@ -22,6 +25,18 @@ struct TensorEntry {
   uint64_t bytes() const;  // in model.bin: value, first and second moment
 };
 TensorEntry entry_of(const ParameterSpec& spec);
+
+// The parts of a tensor's bytes [begin, begin + size) (model.bin's: its value, first and second
+// moment, `elements` floats each) that lie in each array: visit(array, first element, elements,
+// their bytes' offset into the range). Blocks and arrays start at whole floats.
+template <typename Visit>
+void for_each_array_part(uint64_t elements, uint64_t begin, uint64_t size, Visit&& visit) {
+  const uint64_t array_bytes = elements * sizeof(float);
+  for (std::size_t array = 0; array < kArraysPerTensor; ++array) {
+    const uint64_t lo = std::max(begin, array * array_bytes), hi = std::min(begin + size, (array + 1) * array_bytes);
+    if (lo < hi) visit(array, (lo - array * array_bytes) / sizeof(float), (hi - lo) / sizeof(float), lo - begin);
+  }
+}
 
 // A rank directory's model.bin: its tensors one after the other, and the rank that saved them.
 struct RankLayout {

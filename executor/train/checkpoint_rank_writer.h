@@ -4,29 +4,15 @@
 // model.bin (--async-save) or in a small window a synchronous save streams the device through.
 #pragma once
 
-#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "executor/io/staged_file.h"
-#include "executor/train/checkpoint_format.h"
 #include "executor/train/checkpoint_manifest.h"
 
 namespace megaplan::exec::checkpoint_format {
-
-// The parts of a tensor's bytes [begin, begin + size) (model.bin's: its value, first and second
-// moment, `elements` floats each) that lie in each array: visit(array, first element, elements,
-// their bytes' offset into the range). Blocks and arrays start at whole floats.
-template <typename Visit>
-void for_each_array_part(uint64_t elements, uint64_t begin, uint64_t size, Visit&& visit) {
-  const uint64_t array_bytes = elements * sizeof(float);
-  for (std::size_t array = 0; array < kArraysPerTensor; ++array) {
-    const uint64_t lo = std::max(begin, array * array_bytes), hi = std::min(begin + size, (array + 1) * array_bytes);
-    if (lo < hi) visit(array, (lo - array * array_bytes) / sizeof(float), (hi - lo) / sizeof(float), lo - begin);
-  }
-}
 
 class RankFileWriter {
  public:
