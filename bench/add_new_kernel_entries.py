@@ -6,9 +6,7 @@ the same points differ only by the profile's run-to-run spread. Writes the resul
 
   bench/add_new_kernel_entries.py BASE NEW "why the grid grew"
 """
-import json
-import os
-import sys
+from shipped_profile import read_base_and_new, write_over
 
 KEYS = {
     "gemm": ("m", "n", "k", "dtype", "layout", "epilogue"),
@@ -20,13 +18,7 @@ DEFAULTS = {"gqa_ratio": 1, "dropout": False, "layout": "forward", "epilogue": "
 
 
 def main():
-    if len(sys.argv) != 4:
-        sys.exit("usage: add_new_kernel_entries.py BASE NEW REASON")
-    base_path, new_path, reason = sys.argv[1:]
-    base = json.load(open(base_path))
-    new = json.load(open(new_path))
-    if base.get("gpu") != new.get("gpu"):
-        sys.exit(f"{new_path}: gpu: {new.get('gpu')!r} is not the base profile's {base.get('gpu')!r}")
+    base_path, base, _, new, reason = read_base_and_new("add_new_kernel_entries.py")
     added = {}
     for table, fields in KEYS.items():
         have = {tuple(entry.get(f, DEFAULTS.get(f)) for f in fields) for entry in base[table]}
@@ -38,11 +30,7 @@ def main():
             f"{new['provenance'].get('device')}, {new['provenance'].get('date')}: {reason}")
     earlier = base["provenance"].get("added_kernel_entries")
     base["provenance"]["added_kernel_entries"] = f"{earlier}; then {note}" if earlier else note
-    temporary = base_path + ".tmp"
-    with open(temporary, "w") as out:
-        json.dump(base, out, indent=2, sort_keys=True)
-        out.write("\n")
-    os.replace(temporary, base_path)
+    write_over(base_path, base)
     print(counts)
 
 

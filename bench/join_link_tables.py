@@ -8,21 +8,15 @@ becomes the new run's, with the links' origin and the reason kept beside it. Wri
 
   bench/join_link_tables.py BASE NEW "why the kernel tables were replaced"
 """
-import json
-import os
 import sys
+
+from shipped_profile import read_base_and_new, write_over
 
 LINK_TABLES = ("collectives", "p2p", "overlap")
 
 
 def main():
-    if len(sys.argv) != 4:
-        sys.exit("usage: join_link_tables.py BASE NEW REASON")
-    base_path, new_path, reason = sys.argv[1:]
-    base = json.load(open(base_path))
-    new = json.load(open(new_path))
-    if base.get("gpu") != new.get("gpu"):
-        sys.exit(f"{new_path}: gpu: {new.get('gpu')!r} is not the base profile's {base.get('gpu')!r}")
+    base_path, base, new_path, new, reason = read_base_and_new("join_link_tables.py")
     for table in LINK_TABLES:
         if table in new:
             sys.exit(f"{new_path}: {table}: a single-GPU kernel profile was expected (it has link tables)")
@@ -34,11 +28,7 @@ def main():
         new["provenance"]["links"] = base["provenance"]["links"]
     new["provenance"]["kernel_tables_replaced"] = (
         f"the kernel tables of {base['source']} replaced by this run's: {reason}")
-    temporary = base_path + ".tmp"
-    with open(temporary, "w") as out:
-        json.dump(new, out, indent=2, sort_keys=True)
-        out.write("\n")
-    os.replace(temporary, base_path)
+    write_over(base_path, new)
     print(", ".join(f"{len(new[t])} {t}" for t in ("gemm", "attention", "kernels", *LINK_TABLES) if t in new))
 
 
