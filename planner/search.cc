@@ -54,11 +54,37 @@ struct Closest {
 // shapes of millions of actions each.
 constexpr std::size_t kLoweredActionsKept = std::size_t{1} << 23;
 
+// A plan's schedule shape: its kind, pp, vpp and microbatches, which decide its action lists.
+using ShapeKey = std::tuple<ScheduleKind, int64_t, int64_t, int64_t>;
+ShapeKey shape_key(const ParallelPlan& plan) {
+  return {plan.schedule, plan.pipeline_parallel_size, plan.virtual_pipeline_parallel_size, plan.num_microbatches()};
+}
+
+// Values made once per key and shared by the search's threads (two threads asking for a new key at
+// once may both make it; the first kept is what every later call gets).
+template <class Key, class Value>
+class SharedByKey {
+ public:
+  template <class Make>
+  std::shared_ptr<const Value> get(const Key& key, const Make& make) {
+    {
+      const std::lock_guard<std::mutex> lock(mutex_);
+      if (const auto found = values_.find(key); found != values_.end()) return found->second;
+    }
+    auto value = std::make_shared<const Value>(make());
+    const std::lock_guard<std::mutex> lock(mutex_);
+    return values_.emplace(key, std::move(value)).first->second;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::map<Key, std::shared_ptr<const Value>> values_;
+};
+
 class LoweredSchedules {
  public:
   std::shared_ptr<const PipelineSchedule> get(const ParallelPlan& plan) {
-    const Shape shape{plan.schedule, plan.pipeline_parallel_size, plan.virtual_pipeline_parallel_size,
-                      plan.num_microbatches()};
+    const ShapeKey shape = shape_key(plan);
     {
       const std::lock_guard<std::mutex> lock(mutex_);
       if (const auto found = schedules_.find(shape); found != schedules_.end()) return found->second;
@@ -76,9 +102,8 @@ class LoweredSchedules {
   }
 
  private:
-  using Shape = std::tuple<ScheduleKind, int64_t, int64_t, int64_t>;  // schedule, pp, vpp, microbatches
   std::mutex mutex_;
-  std::map<Shape, std::shared_ptr<const PipelineSchedule>> schedules_;
+  std::map<ShapeKey, std::shared_ptr<const PipelineSchedule>> schedules_;
   std::size_t kept_actions_ = 0;  // in schedules_
 };
 
@@ -90,30 +115,17 @@ class MemoryWalks {
   std::shared_ptr<const ExecutorMemoryWalk> get(const ModelSpec& model, const ParallelPlan& plan,
                                                 LoweredSchedules& schedules) {
     const PipelineSplit& split = plan.pipeline_split;
-    const Key key{plan.schedule,
-                  plan.pipeline_parallel_size,
-                  plan.virtual_pipeline_parallel_size,
-                  plan.num_microbatches(),
-                  plan.recompute_granularity,
-                  plan.recompute_method,
-                  plan.recompute_num_layers,
+    const Key key{shape_key(plan), plan.recompute_granularity, plan.recompute_method, plan.recompute_num_layers,
                   std::tuple(split.first_stage_layers, split.last_stage_layers, split.account_for_embedding,
                              split.account_for_loss)};
-    {
-      const std::lock_guard<std::mutex> lock(mutex_);
-      if (const auto found = walks_.find(key); found != walks_.end()) return found->second;
-    }
-    auto walk = std::make_shared<const ExecutorMemoryWalk>(walk_executor_memory(model, plan, *schedules.get(plan)));
-    const std::lock_guard<std::mutex> lock(mutex_);
-    return walks_.emplace(key, std::move(walk)).first->second;
+    return walks_.get(key, [&] { return walk_executor_memory(model, plan, *schedules.get(plan)); });
   }
 
  private:
   // The schedule's shape, the recomputation and the layers per stage (the walk's WalkShape).
-  using Key = std::tuple<ScheduleKind, int64_t, int64_t, int64_t, RecomputeGranularity, RecomputeMethod, int64_t,
-                         std::tuple<int64_t, int64_t, bool, bool>>;
-  std::mutex mutex_;
-  std::map<Key, std::shared_ptr<const ExecutorMemoryWalk>> walks_;
+  using Key =
+      std::tuple<ShapeKey, RecomputeGranularity, RecomputeMethod, int64_t, std::tuple<int64_t, int64_t, bool, bool>>;
+  SharedByKey<Key, ExecutorMemoryWalk> walks_;
 };
 
 // executor_memory_floor per schedule shape, from the compute-only schedule: most plans a search
@@ -122,21 +134,11 @@ class MemoryWalks {
 class MemoryFloors {
  public:
   std::shared_ptr<const ExecutorMemoryWalk> get(const ParallelPlan& plan) {
-    const Shape shape{plan.schedule, plan.pipeline_parallel_size, plan.virtual_pipeline_parallel_size,
-                      plan.num_microbatches()};
-    {
-      const std::lock_guard<std::mutex> lock(mutex_);
-      if (const auto found = floors_.find(shape); found != floors_.end()) return found->second;
-    }
-    auto floor = std::make_shared<const ExecutorMemoryWalk>(executor_memory_floor(generate_plan_schedule(plan)));
-    const std::lock_guard<std::mutex> lock(mutex_);
-    return floors_.emplace(shape, std::move(floor)).first->second;
+    return floors_.get(shape_key(plan), [&] { return executor_memory_floor(generate_plan_schedule(plan)); });
   }
 
  private:
-  using Shape = std::tuple<ScheduleKind, int64_t, int64_t, int64_t>;  // schedule, pp, vpp, microbatches
-  std::mutex mutex_;
-  std::map<Shape, std::shared_ptr<const ExecutorMemoryWalk>> floors_;
+  SharedByKey<ShapeKey, ExecutorMemoryWalk> floors_;
 };
 
 // What a search shares among its plans.
