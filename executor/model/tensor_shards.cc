@@ -32,6 +32,14 @@ std::string cut_text(const TensorCut& cut) {
 
 }  // namespace
 
+bool same_partition(const TensorCut& a, const TensorCut& b) {
+  return a.dim == b.dim && a.count == b.count && a.chunks == b.chunks;
+}
+
+bool same_part(const TensorCut& a, const TensorCut& b) {
+  return (a.count == 1 && b.count == 1) || (same_partition(a, b) && a.index == b.index);
+}
+
 std::string shape_text(const std::vector<int64_t>& shape) {
   std::string text = "[";
   for (std::size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);

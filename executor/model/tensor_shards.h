@@ -22,6 +22,11 @@ struct TensorCut {
   int64_t chunks = 1;
 };
 
+// Whether two cuts split a tensor into the same parts (dimension, count and chunks alike), and
+// whether they are the same part of it (the whole tensor, however described, is one part).
+bool same_partition(const TensorCut& a, const TensorCut& b);
+bool same_part(const TensorCut& a, const TensorCut& b);
+
 std::string shape_text(const std::vector<int64_t>& shape);  // "[3, 4]"
 std::size_t elements(const std::vector<int64_t>& shape);
 

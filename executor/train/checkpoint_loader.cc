@@ -25,12 +25,10 @@ namespace {
 // if any: its bytes are the parameter's as they lie in the file.
 const SavedShard* shard_as_saved(const std::vector<SavedShard>& shards, const Parameter& parameter) {
   const TensorCut wanted = tensor_cut(parameter);
-  const auto whole = [](const TensorCut& cut) { return cut.count == 1; };
   for (const SavedShard& shard : shards) {
-    const TensorCut& cut = shard.cut;
-    const bool same_cut = (whole(cut) && whole(wanted)) || (cut.dim == wanted.dim && cut.index == wanted.index &&
-                                                            cut.count == wanted.count && cut.chunks == wanted.chunks);
-    if (same_cut && shard.global_shape == parameter.global_shape && streamable(shard)) return &shard;
+    if (same_part(shard.cut, wanted) && shard.global_shape == parameter.global_shape && streamable(shard)) {
+      return &shard;
+    }
   }
   return nullptr;
 }

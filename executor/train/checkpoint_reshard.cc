@@ -11,8 +11,7 @@ std::vector<const SavedShard*> saved_parts(const std::string& name, const std::v
   const TensorCut saved_cut = shards.front().cut;
   std::vector<const SavedShard*> parts(static_cast<std::size_t>(saved_cut.count), nullptr);
   for (const SavedShard& shard : shards) {
-    if (shard.cut.count == saved_cut.count && shard.cut.dim == saved_cut.dim && shard.cut.chunks == saved_cut.chunks &&
-        !parts[static_cast<std::size_t>(shard.cut.index)]) {
+    if (same_partition(shard.cut, saved_cut) && !parts[static_cast<std::size_t>(shard.cut.index)]) {
       parts[static_cast<std::size_t>(shard.cut.index)] = &shard;
     }
   }

@@ -77,6 +77,12 @@ struct OpenFiles {
   }
 };
 
+// Reads block `block` of its shard into `data`, refusing a file that ends before it.
+void read_block(const OpenFiles& files, const SavedShard& shard, const Block& block, char* data) {
+  const DataFile& file = *files.of_shard[block.item];
+  if (!file.read_at(shard.offset + block.begin, data, block.size)) refuse_short_file(shard, file.size());
+}
+
 [[noreturn]] void refuse_checksum(const SavedShard& shard, uint64_t checksum) {
   refuse_load(shard.data_file + ": checksum of " + shard.name + " does not match its manifest (" +
               (shard.algorithm == kXxh3Checksum ? "XXH3-64 " : "FNV-1a 64 ") + hex(checksum) + " read, " +
@@ -108,9 +114,7 @@ void read_shards(const std::vector<const SavedShard*>& needed, int64_t threads, 
     const Block& block = blocks[b];
     const SavedShard& shard = *wanted[block.item];
     char* data = reinterpret_cast<char*>(destination[block.item]) + block.begin;
-    if (!files.of_shard[block.item]->read_at(shard.offset + block.begin, data, block.size)) {
-      refuse_short_file(shard, files.of_shard[block.item]->size());
-    }
+    read_block(files, shard, block, data);
     if (shard.algorithm == kXxh3Checksum) block_checksums[block.item][block.index] = xxh3_64(data, block.size);
   });
   run_tasks(wanted.size(), threads, [&](std::size_t k) {
@@ -141,9 +145,7 @@ void stream_shards(const std::vector<const SavedShard*>& shards, int64_t threads
       const Block& block = blocks[first + slot];
       const SavedShard& shard = *shards[block.item];
       char* data = window + slot * kChecksumBlockBytes;
-      if (!files.of_shard[block.item]->read_at(shard.offset + block.begin, data, block.size)) {
-        refuse_short_file(shard, files.of_shard[block.item]->size());
-      }
+      read_block(files, shard, block, data);
       block_checksums[block.item][block.index] = xxh3_64(data, block.size);
     });
     // The shards whose last block is in this window are checked before any block of it goes on.
