@@ -52,6 +52,20 @@ struct AdamwSettings {
   double gradient_scale;  // every gradient is multiplied by it first (clipping)
 };
 
+// A rank's attention under context parallelism: `batch` sequences of `seq` tokens (the two chunks
+// it holds), `heads` query heads in `groups` key-value groups of `dim`.
+struct AttentionDims {
+  std::size_t batch, seq, heads, groups, dim;
+};
+
+// One block of a ring step (core/context_parallel.h's AttentionBlock, placed): the rank's query
+// chunk (0 or 1) against the key-value chunk of the kv buffer, and their first tokens' places in
+// the whole sequence.
+struct AttentionChunkBlock {
+  std::size_t query_chunk, key_chunk;
+  int64_t query_first, key_first;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -183,6 +197,35 @@ class Backend {
   virtual void attention_backward(ConstActivation dout, ConstActivation qkv, ConstActivation out, const float* saved,
                                   std::size_t batch, std::size_t seq, std::size_t heads, std::size_t groups,
                                   std::size_t dim, const DropoutMask& dropout, Activation dqkv) = 0;
+  // Ring attention (context parallelism, core/context_parallel.h), in blocks. The rank's qkv holds
+  // its two chunks of each sequence, fused as attention_forward's with `seq` = 2 chunks of seq / 2
+  // tokens; keys and values travel the ring packed, kv [batch x seq x groups x 2 x dim] (each
+  // group's key, then its value). A key is visible to a query where its place in the whole sequence
+  // is at most the query's; dropout.seq is the whole sequence's length, its mask drawn at the
+  // tokens' places, so every cp layout draws the single rank's.
+  // kv = qkv's keys and values.
+  virtual void pack_key_values(ConstActivation qkv, const AttentionDims& dims, Activation kv) = 0;
+  // dqkv's keys and values = dkv's (packed as kv); its queries unchanged.
+  virtual void unpack_key_value_gradients(ConstActivation dkv, const AttentionDims& dims, Activation dqkv) = 0;
+  // The queries of qkv's chunk block.query_chunk against the keys and values of kv's chunk
+  // block.key_chunk, merged by their log-sum-exp into that chunk's rows of out [batch x seq x heads
+  // x dim] and lse [batch x heads x seq] (fp32): before a row's first block out is 0 and lse -inf;
+  // after its last, out is attention over every key its blocks showed it and lse the log of the
+  // softmax's normaliser over the scaled scores.
+  virtual void attention_block_forward(ConstActivation qkv, ConstActivation kv, const AttentionDims& dims,
+                                       const AttentionChunkBlock& block, const DropoutMask& dropout, float* out,
+                                       float* lse) = 0;
+  // The block's share of the gradient from dout and the merged forward's out (in the compute type)
+  // and lse: its queries' added to dqkv's query heads in the query chunk's rows, its keys' and
+  // values' to dkv's key chunk rows.
+  virtual void attention_block_backward(ConstActivation dout, ConstActivation qkv, ConstActivation out,
+                                        const float* lse, ConstActivation kv, const AttentionDims& dims,
+                                        const AttentionChunkBlock& block, const DropoutMask& dropout, Activation dqkv,
+                                        Activation dkv) = 0;
+  // y = x rounded to the compute type.
+  virtual void convert(const float* x, std::size_t n, Activation y) = 0;
+  // x = 0.
+  virtual void zero(Activation x, std::size_t n) = 0;
   // y [rows x cols] = x with dropout's mask applied (kept elements scaled by 1 / (1 - p), the rest
   // 0), plus residual where non-null (the dropout-add, fused); rows are this rank's token rows, as
   // the mask places them. y may be x. The forward's dropout and its gradient alike (the same mask

@@ -8,6 +8,7 @@
 
 #include "executor/kernels/reference/adamw.h"
 #include "executor/kernels/reference/attention.h"
+#include "executor/kernels/reference/attention_block.h"
 #include "executor/kernels/reference/cross_entropy.h"
 #include "executor/kernels/reference/dropout.h"
 #include "executor/kernels/reference/embedding.h"
@@ -301,6 +302,133 @@ void CpuBackend::attention_backward(ConstActivation dout_in, ConstActivation qkv
     }
   }
 }
+
+namespace {
+
+// Where group g's key of token (b, s) starts in a packed kv [batch, seq, groups, 2, dim]; its value follows.
+std::size_t packed_key(const AttentionDims& dims, std::size_t b, std::size_t s, std::size_t g) {
+  return ((b * dims.seq + s) * dims.groups + g) * 2 * dims.dim;
+}
+
+// One head's rows of a block: the query chunk's queries (and their rows of a [batch, seq, heads,
+// dim] tensor), the key chunk's keys and values, each [chunk x dim].
+struct BlockRows {
+  const AttentionDims& dims;
+  const AttentionChunkBlock& block;
+  std::size_t chunk() const { return dims.seq / 2; }
+  std::size_t query_token(std::size_t i) const { return block.query_chunk * chunk() + i; }
+  std::size_t key_token(std::size_t j) const { return block.key_chunk * chunk() + j; }
+  std::size_t head_row(std::size_t b, std::size_t i, std::size_t h) const {
+    return ((b * dims.seq + query_token(i)) * dims.heads + h) * dims.dim;
+  }
+  reference::BlockPlaces places() const {
+    return {static_cast<std::size_t>(block.query_first), static_cast<std::size_t>(block.key_first)};
+  }
+};
+
+}  // namespace
+
+void CpuBackend::pack_key_values(ConstActivation qkv_in, const AttentionDims& dims, Activation kv_out) {
+  const float* qkv = f(qkv_in);
+  float* kv = f(kv_out);
+  const QkvLayout layout{dims.seq, dims.heads, dims.groups, dims.dim};
+  const std::size_t group = layout.group();
+  for (std::size_t b = 0; b < dims.batch; ++b) {
+    for (std::size_t s = 0; s < dims.seq; ++s) {
+      for (std::size_t g = 0; g < dims.groups; ++g) {
+        std::copy_n(qkv + layout.key(b, s, g * group), 2 * dims.dim, kv + packed_key(dims, b, s, g));
+      }
+    }
+  }
+}
+
+void CpuBackend::unpack_key_value_gradients(ConstActivation dkv_in, const AttentionDims& dims, Activation dqkv_out) {
+  const float* dkv = f(dkv_in);
+  float* dqkv = f(dqkv_out);
+  const QkvLayout layout{dims.seq, dims.heads, dims.groups, dims.dim};
+  const std::size_t group = layout.group();
+  for (std::size_t b = 0; b < dims.batch; ++b) {
+    for (std::size_t s = 0; s < dims.seq; ++s) {
+      for (std::size_t g = 0; g < dims.groups; ++g) {
+        std::copy_n(dkv + packed_key(dims, b, s, g), 2 * dims.dim, dqkv + layout.key(b, s, g * group));
+      }
+    }
+  }
+}
+
+void CpuBackend::attention_block_forward(ConstActivation qkv_in, ConstActivation kv_in, const AttentionDims& dims,
+                                         const AttentionChunkBlock& block, const DropoutMask& dropout, float* out,
+                                         float* lse) {
+  const float *qkv = f(qkv_in), *kv = f(kv_in);
+  const QkvLayout layout{dims.seq, dims.heads, dims.groups, dims.dim};
+  const BlockRows rows{dims, block};
+  const std::size_t chunk = rows.chunk(), dim = dims.dim;
+  std::vector<float> q(chunk * dim), k(chunk * dim), v(chunk * dim), o(chunk * dim), block_lse(chunk),
+      running(chunk * dim);
+  for (std::size_t b = 0; b < dims.batch; ++b) {
+    for (std::size_t h = 0; h < dims.heads; ++h) {
+      const std::size_t g = h / layout.group();
+      for (std::size_t i = 0; i < chunk; ++i) {
+        std::copy_n(qkv + layout.query(b, rows.query_token(i), h), dim, q.data() + i * dim);
+        const float* key = kv + packed_key(dims, b, rows.key_token(i), g);
+        std::copy_n(key, dim, k.data() + i * dim);
+        std::copy_n(key + dim, dim, v.data() + i * dim);
+        std::copy_n(out + rows.head_row(b, i, h), dim, running.data() + i * dim);
+      }
+      reference::attention_block_forward(q.data(), k.data(), v.data(), 1, chunk, chunk, dim, rows.places(), dropout, b,
+                                         h, o.data(), block_lse.data());
+      float* row_lse = lse + (b * dims.heads + h) * dims.seq + block.query_chunk * chunk;
+      reference::merge_attention_block(running.data(), row_lse, o.data(), block_lse.data(), 1, chunk, dim);
+      for (std::size_t i = 0; i < chunk; ++i) std::copy_n(running.data() + i * dim, dim, out + rows.head_row(b, i, h));
+    }
+  }
+}
+
+void CpuBackend::attention_block_backward(ConstActivation dout_in, ConstActivation qkv_in, ConstActivation out_in,
+                                          const float* lse, ConstActivation kv_in, const AttentionDims& dims,
+                                          const AttentionChunkBlock& block, const DropoutMask& dropout,
+                                          Activation dqkv_out, Activation dkv_out) {
+  const float *dout = f(dout_in), *qkv = f(qkv_in), *out = f(out_in), *kv = f(kv_in);
+  float *dqkv = f(dqkv_out), *dkv = f(dkv_out);
+  const QkvLayout layout{dims.seq, dims.heads, dims.groups, dims.dim};
+  const BlockRows rows{dims, block};
+  const std::size_t chunk = rows.chunk(), dim = dims.dim;
+  std::vector<float> q(chunk * dim), k(chunk * dim), v(chunk * dim), o(chunk * dim), g(chunk * dim), dq(chunk * dim),
+      dk(chunk * dim), dv(chunk * dim);
+  for (std::size_t b = 0; b < dims.batch; ++b) {
+    for (std::size_t h = 0; h < dims.heads; ++h) {
+      const std::size_t group = h / layout.group();
+      for (std::size_t i = 0; i < chunk; ++i) {
+        std::copy_n(qkv + layout.query(b, rows.query_token(i), h), dim, q.data() + i * dim);
+        const float* key = kv + packed_key(dims, b, rows.key_token(i), group);
+        std::copy_n(key, dim, k.data() + i * dim);
+        std::copy_n(key + dim, dim, v.data() + i * dim);
+        std::copy_n(out + rows.head_row(b, i, h), dim, o.data() + i * dim);
+        std::copy_n(dout + rows.head_row(b, i, h), dim, g.data() + i * dim);
+      }
+      std::fill(dq.begin(), dq.end(), 0.0f);
+      std::fill(dk.begin(), dk.end(), 0.0f);
+      std::fill(dv.begin(), dv.end(), 0.0f);
+      const float* row_lse = lse + (b * dims.heads + h) * dims.seq + block.query_chunk * chunk;
+      reference::attention_block_backward(g.data(), q.data(), k.data(), v.data(), o.data(), row_lse, 1, chunk, chunk,
+                                          dim, rows.places(), dropout, b, h, dq.data(), dk.data(), dv.data());
+      for (std::size_t i = 0; i < chunk; ++i) {
+        float* dq_row = dqkv + layout.query(b, rows.query_token(i), h);
+        float* dk_row = dkv + packed_key(dims, b, rows.key_token(i), group);
+        float* dv_row = dk_row + dim;
+        for (std::size_t d = 0; d < dim; ++d) {
+          dq_row[d] += dq[i * dim + d];
+          dk_row[d] += dk[i * dim + d];
+          dv_row[d] += dv[i * dim + d];
+        }
+      }
+    }
+  }
+}
+
+void CpuBackend::convert(const float* x, std::size_t n, Activation y) { std::copy_n(x, n, f(y)); }
+
+void CpuBackend::zero(Activation x, std::size_t n) { std::fill_n(f(x), n, 0.0f); }
 
 void CpuBackend::dropout(ConstActivation x, ConstActivation residual, std::size_t rows, std::size_t cols,
                          const DropoutMask& mask, Activation y) {

@@ -67,6 +67,16 @@ class CpuBackend final : public Backend {
   void attention_backward(ConstActivation dout, ConstActivation qkv, ConstActivation out, const float* saved,
                           std::size_t batch, std::size_t seq, std::size_t heads, std::size_t groups, std::size_t dim,
                           const DropoutMask& dropout, Activation dqkv) override;
+  void pack_key_values(ConstActivation qkv, const AttentionDims& dims, Activation kv) override;
+  void unpack_key_value_gradients(ConstActivation dkv, const AttentionDims& dims, Activation dqkv) override;
+  void attention_block_forward(ConstActivation qkv, ConstActivation kv, const AttentionDims& dims,
+                               const AttentionChunkBlock& block, const DropoutMask& dropout, float* out,
+                               float* lse) override;
+  void attention_block_backward(ConstActivation dout, ConstActivation qkv, ConstActivation out, const float* lse,
+                                ConstActivation kv, const AttentionDims& dims, const AttentionChunkBlock& block,
+                                const DropoutMask& dropout, Activation dqkv, Activation dkv) override;
+  void convert(const float* x, std::size_t n, Activation y) override;
+  void zero(Activation x, std::size_t n) override;
   void dropout(ConstActivation x, ConstActivation residual, std::size_t rows, std::size_t cols, const DropoutMask& mask,
                Activation y) override;
   void cross_entropy_statistics(ConstActivation logits, const int64_t* targets, std::size_t tokens, std::size_t vocab,

@@ -326,6 +326,30 @@ class CudaBackend final : public Backend {
                                    precision_, lane_->stream);
   }
 
+  // The ring's block kernels are not built yet: training refuses context parallelism on the GPU
+  // (core/executor_support.h) until they are.
+  void pack_key_values(ConstActivation, const AttentionDims&, Activation) override { no_ring(); }
+  void unpack_key_value_gradients(ConstActivation, const AttentionDims&, Activation) override { no_ring(); }
+  void attention_block_forward(ConstActivation, ConstActivation, const AttentionDims&, const AttentionChunkBlock&,
+                               const DropoutMask&, float*, float*) override {
+    no_ring();
+  }
+  void attention_block_backward(ConstActivation, ConstActivation, ConstActivation, const float*, ConstActivation,
+                                const AttentionDims&, const AttentionChunkBlock&, const DropoutMask&, Activation,
+                                Activation) override {
+    no_ring();
+  }
+  [[noreturn]] static void no_ring() {
+    throw std::logic_error("CUDA backend: ring attention (context parallelism) is not built on the GPU yet");
+  }
+  void convert(const float* x, std::size_t n, Activation y) override {
+    cuda::cast_to_half(x, i64(n), h16(y), precision_, lane_->stream);
+  }
+  void zero(Activation x, std::size_t n) override {
+    if (n == 0) return;
+    check(cudaMemsetAsync(x, 0, n * sizeof(Half), lane_->stream), "cudaMemsetAsync");
+  }
+
   void dropout(ConstActivation x, ConstActivation residual, std::size_t rows, std::size_t cols, const DropoutMask& mask,
                Activation y) override {
     cuda::dropout(h16(x), h16(residual), i64(rows), i64(cols), mask, h16(y), precision_, lane_->stream);

@@ -116,6 +116,25 @@ class ForwardingBackend : public exec::Backend {
                           const DropoutMask& dropout, Activation dqkv) override {
     inner_->attention_backward(dout, qkv, out, saved, batch, seq, heads, groups, dim, dropout, dqkv);
   }
+  void pack_key_values(ConstActivation qkv, const exec::AttentionDims& dims, Activation kv) override {
+    inner_->pack_key_values(qkv, dims, kv);
+  }
+  void unpack_key_value_gradients(ConstActivation dkv, const exec::AttentionDims& dims, Activation dqkv) override {
+    inner_->unpack_key_value_gradients(dkv, dims, dqkv);
+  }
+  void attention_block_forward(ConstActivation qkv, ConstActivation kv, const exec::AttentionDims& dims,
+                               const exec::AttentionChunkBlock& block, const DropoutMask& dropout, float* out,
+                               float* lse) override {
+    inner_->attention_block_forward(qkv, kv, dims, block, dropout, out, lse);
+  }
+  void attention_block_backward(ConstActivation dout, ConstActivation qkv, ConstActivation out, const float* lse,
+                                ConstActivation kv, const exec::AttentionDims& dims,
+                                const exec::AttentionChunkBlock& block, const DropoutMask& dropout, Activation dqkv,
+                                Activation dkv) override {
+    inner_->attention_block_backward(dout, qkv, out, lse, kv, dims, block, dropout, dqkv, dkv);
+  }
+  void convert(const float* x, std::size_t n, Activation y) override { inner_->convert(x, n, y); }
+  void zero(Activation x, std::size_t n) override { inner_->zero(x, n); }
   void dropout(ConstActivation x, ConstActivation residual, std::size_t rows, std::size_t cols, const DropoutMask& mask,
                Activation y) override {
     inner_->dropout(x, residual, rows, cols, mask, y);
