@@ -38,7 +38,7 @@ std::vector<StageWork> stage_work(const ModelSpec& model, const ParallelPlan& pl
     }
   }
   const int64_t message = plan.pipeline_parallel_size > 1 ? pipeline_message_bytes(model, plan) : 0;
-  const bool replicated = plan.data_parallel_size * plan.context_parallel_size > 1;
+  const bool replicated = plan.gradient_group_size() > 1;
   const int64_t stages = plan.num_virtual_stages();
   std::vector<StageWork> work(static_cast<std::size_t>(stages));
   for (int64_t stage = 0; stage < stages; ++stage) {

@@ -21,6 +21,11 @@
 
 namespace megaplan {
 
+// Whether a sequence of `seq_length` tokens cuts into 2 cp equal chunks; and the same as a check
+// that throws SpecError("--context-parallel-size", ...) when it does not. REQUIRES: cp >= 1.
+bool cuts_into_context_chunks(int64_t seq_length, int64_t cp);
+void require_context_chunks(int64_t seq_length, int64_t cp);
+
 // The two chunks (of 2 cp) that rank `rank` of a context-parallel group of `cp` holds, in sequence
 // order. REQUIRES: 0 <= rank < cp.
 std::array<int64_t, 2> context_chunks(int64_t rank, int64_t cp);

@@ -67,7 +67,7 @@ ChunkBytes chunk_bytes(const ModelSpec& model, const ParallelPlan& plan, int64_t
   bytes.compute = a == kFloat ? 0 : a * parameters;
   if (plan.use_distributed_optimizer) {
     // Sharded over dp x cp, Megatron's data-parallel group with context parallelism.
-    const int64_t replicas = plan.data_parallel_size * plan.context_parallel_size;
+    const int64_t replicas = plan.gradient_group_size();
     int64_t shard = 0;
     for (const GradientBucket& bucket : layout.buckets) shard += static_cast<int64_t>(bucket.shard_size(replicas));
     bytes.moments = 2 * kFloat * shard;

@@ -28,7 +28,11 @@ std::optional<SpecError> executor_plan_refusal(const ParallelPlan& plan) {
 }
 
 std::optional<SpecError> executor_layout_refusal(int64_t context_parallel_size, Implementation implementation) {
-  if (context_parallel_size != 1) return missing("--context-parallel-size", "context parallelism");
+  if (context_parallel_size != 1) return missing("--context-parallel-size", "context parallelism on GPUs");
+  return executor_implementation_refusal(implementation);
+}
+
+std::optional<SpecError> executor_implementation_refusal(Implementation implementation) {
   if (implementation != Implementation::kMegaplan) {
     return SpecError("--implementation", "must be megaplan to train: " + to_string(implementation) +
                                              " is Megatron-LM's code, for simulate and search");

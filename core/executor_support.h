@@ -14,8 +14,12 @@ namespace megaplan {
 // A model the executor cannot build, whatever the layout (GELU without biases, ...).
 std::optional<SpecError> executor_model_refusal(const ModelSpec& model);
 
-// A layout the executor cannot run, whatever the model (context parallelism, Megatron-LM's code).
+// A layout the executor cannot run on GPUs, whatever the model (context parallelism, whose ring
+// attention runs on the CPU backend only so far; Megatron-LM's code). `train --device cuda` refuses
+// it, the planner and `simulate`, which plan GPU runs, leave it out or note it.
 std::optional<SpecError> executor_plan_refusal(const ParallelPlan& plan);
+// What no backend runs: Megatron-LM's code (the CPU backend refuses only this and the model's).
+std::optional<SpecError> executor_implementation_refusal(Implementation implementation);
 // The same from the only fields it reads, for the planner, which asks once per grid of hundreds of
 // thousands of plans (building the refusal's message costs more than validating the plan).
 std::optional<SpecError> executor_layout_refusal(int64_t context_parallel_size, Implementation implementation);

@@ -144,12 +144,12 @@ int64_t main_gradient_bytes(const ImplementationOptions& options) {
 
 bool overlaps_gradient_reduction(const ParallelPlan& plan) {
   return (plan.options.overlap_grad_reduce || plan.options.ddp_impl == DdpImpl::kTorch) &&
-         plan.data_parallel_size * plan.context_parallel_size > 1;
+         plan.gradient_group_size() > 1;
 }
 
 int64_t gradient_bucket_parameters(const ParallelPlan& plan) {
   if (plan.options.ddp_impl == DdpImpl::kTorch) return (int64_t{25} << 20) / main_gradient_bytes(plan.options);
-  return static_cast<int64_t>(default_bucket_size(plan.data_parallel_size));
+  return static_cast<int64_t>(default_bucket_size(plan.gradient_group_size()));
 }
 
 bool overlaps_tensor_parallel_communication(const ParallelPlan& plan) {

@@ -299,7 +299,7 @@ std::vector<Kernel> optimizer_kernels(int64_t norm_elements, int64_t stepped_ele
 }
 
 std::vector<Kernel> optimizer_step_kernels(const ParallelPlan& plan, int64_t parameters_per_gpu) {
-  const int64_t replicas = plan.data_parallel_size * plan.context_parallel_size;
+  const int64_t replicas = plan.gradient_group_size();
   const int64_t shard = plan.use_distributed_optimizer ? parameters_per_gpu / replicas : parameters_per_gpu;
   if (plan.implementation == Implementation::kMegaplan) {
     const bool gathered = plan.use_distributed_optimizer && replicas > 1;

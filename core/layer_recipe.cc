@@ -42,6 +42,7 @@ LayerRecipe::LayerRecipe(const ModelSpec& model, const ParallelPlan& plan, const
       attention_dropout(plan.options.attention_dropout > 0),
       tensor_parallel(plan.tensor_parallel_size > 1),
       sequence_parallel(plan.sequence_parallel),
+      context_parallel(plan.context_parallel_size),
       gemm_precision(plan.options.precision),
       precision(storage) {}
 
@@ -59,8 +60,9 @@ LayerBufferSizes LayerRecipe::kept(LayerKeep keep) const {
   kept.ln1_rstd = kept.ln2_rstd = {d.rows};
   if (keep == LayerKeep::kAll) {
     kept.attention = {d.tokens * d.query};
-    const int64_t per_row = precision.attention_keeps_probabilities ? seq_length : 1;
-    kept.attention_saved = {micro_batch_size * d.heads * seq_length * per_row};
+    const int64_t local_seq = seq_length / context_parallel;  // the query rows of a sequence on the rank
+    const int64_t per_row = precision.attention_keeps_probabilities && context_parallel == 1 ? seq_length : 1;
+    kept.attention_saved = {micro_batch_size * d.heads * local_seq * per_row};
   }
   return kept;
 }
@@ -95,6 +97,10 @@ ChunkScratchSizes LayerRecipe::scratch(bool last_stage) const {
   if (sequence_parallel) scratch.gathered = scratch.partial = {d.tokens * d.hidden};
   // The running loss sum, then three statistics per row.
   if (last_stage) scratch.loss_memory = {kLossSumFloats + 3 * d.tokens};
+  if (context_parallel > 1) {
+    scratch.ring_kv = scratch.ring_kv_next = scratch.ring_dkv = scratch.ring_dkv_next = {d.tokens * 2 * d.key_value};
+    scratch.ring_out = {d.tokens * d.query};
+  }
   return scratch;
 }
 

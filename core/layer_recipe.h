@@ -111,19 +111,21 @@ struct DeferredGradients {
 // (fc2's input in the forward, its gradient and then the output again in the backward). Under
 // sequence parallelism the gathered rows and the partial sums before their reduce-scatter. On the
 // last stage the loss's memory: the running loss sum (a double, two floats) and the row statistics
-// [lse_s | target logit | peak] (vocabulary_parallel_loss.h).
+// [lse_s | target logit | peak] (vocabulary_parallel_loss.h). Under context parallelism the ring's
+// (core/context_parallel.h): the packed keys and values attended to and those arriving from the
+// previous rank, their gradients likewise in the backward, and the forward's running output (fp32).
 template <typename A, typename F>
 struct ChunkScratch {
   A norm_out{}, branch_out{}, d_hidden{}, d_out{}, d_middle{}, d_qkv{}, d_ffn{}, swiglu_out{}, d_activated{},
-      gathered{}, partial{};
-  F loss_memory{};
+      gathered{}, partial{}, ring_kv{}, ring_kv_next{}, ring_dkv{}, ring_dkv_next{};
+  F loss_memory{}, ring_out{};
   auto fields() {
     return std::tie(norm_out, branch_out, d_hidden, d_out, d_middle, d_qkv, d_ffn, swiglu_out, d_activated, gathered,
-                    partial, loss_memory);
+                    partial, ring_kv, ring_kv_next, ring_dkv, ring_dkv_next, loss_memory, ring_out);
   }
   auto fields() const {
     return std::tie(norm_out, branch_out, d_hidden, d_out, d_middle, d_qkv, d_ffn, swiglu_out, d_activated, gathered,
-                    partial, loss_memory);
+                    partial, ring_kv, ring_kv_next, ring_dkv, ring_dkv_next, loss_memory, ring_out);
   }
 };
 
@@ -176,6 +178,9 @@ struct LayerRecipe {
   // Tensor parallelism (tp > 1: the loss merges the shards' statistics), and --sequence-parallel:
   // the stream's rows split over tp, gathered before each column-parallel GEMM.
   bool tensor_parallel, sequence_parallel;
+  // Context parallelism's size: above 1 each rank holds two chunks of every sequence and attention
+  // runs as a ring (core/context_parallel.h), keeping one log-sum-exp per query row on any backend.
+  int64_t context_parallel;
   DType gemm_precision;  // the GEMMs' operands: bf16, or fp16 under --fp16
   ExecutorPrecision precision;
 

@@ -98,8 +98,7 @@ std::vector<StageActivationBytes> stage_activation_bytes(const ModelSpec& model,
 }
 
 ModelStateBytes model_state_bytes(const ParallelPlan& plan, int64_t parameters_per_gpu) {
-  const int64_t optimizer_shards =
-      plan.use_distributed_optimizer ? plan.data_parallel_size * plan.context_parallel_size : 1;
+  const int64_t optimizer_shards = plan.use_distributed_optimizer ? plan.gradient_group_size() : 1;
   ModelStateBytes bytes;
   bytes.weight_bytes = checked_multiply(parameters_per_gpu, 2, "weight bytes");
   bytes.gradient_bytes = checked_multiply(parameters_per_gpu, main_gradient_bytes(plan.options), "gradient bytes");

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/checked_math.h"
+#include "core/context_parallel.h"
 #include "core/input_limits.h"
 #include "core/json_io.h"
 #include "core/pipeline_layout.h"
@@ -151,12 +152,7 @@ void validate_plan(const ModelSpec& model, const ParallelPlan& plan) {
              std::to_string(tp);
     });
   }
-  if (cp > 1) {
-    // Megatron splits the sequence into 2*cp chunks to balance causal attention across ranks.
-    const int64_t chunks = checked_multiply(cp, 2, "--context-parallel-size");
-    require_divides(chunks, model.seq_length, "--context-parallel-size",
-                    [&] { return "needs --seq-length divisible by 2*cp = " + std::to_string(chunks); });
-  }
+  if (cp > 1) require_context_chunks(model.seq_length, cp);
 
   if (plan.recompute_granularity == RecomputeGranularity::kFull) {
     // Megatron checkpoints groups (uniform) or single layers (block) within each model chunk.

@@ -71,6 +71,10 @@ struct ParallelPlan {
     return tensor_parallel_size * pipeline_parallel_size * context_parallel_size * data_parallel_size;
   }
   int64_t num_virtual_stages() const { return pipeline_parallel_size * virtual_pipeline_parallel_size; }
+  // The ranks that sum each gradient, Megatron's dp-cp group: the data-parallel replicas, each of
+  // whose context-parallel ranks holds a part of every sequence. The distributed optimizer shards
+  // over them, and the gradient buckets are padded to their count.
+  int64_t gradient_group_size() const { return data_parallel_size * context_parallel_size; }
   // Microbatches per iteration on each data-parallel replica.
   int64_t num_microbatches() const { return global_batch_size / (micro_batch_size * data_parallel_size); }
 };

@@ -124,8 +124,8 @@ ParameterLayout stage_layout(const ModelSpec& model, const ParallelPlan& plan, i
     if (name == kWordEmbeddings || name == kOutputWeight) alone.push_back(sizes.size());
     sizes.push_back(shard_size(entry, plan.tensor_parallel_size));
   });
-  if (bucket_size == 0) bucket_size = default_bucket_size(plan.data_parallel_size);
-  return layout_parameters(sizes, bucket_size, plan.data_parallel_size, alone);
+  if (bucket_size == 0) bucket_size = default_bucket_size(plan.gradient_group_size());
+  return layout_parameters(sizes, bucket_size, plan.gradient_group_size(), alone);
 }
 
 }  // namespace megaplan

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "core/checked_math.h"
+#include "core/context_parallel.h"
 #include "core/error.h"
 #include "core/executor_support.h"
 #include "core/input_limits.h"
@@ -63,7 +64,7 @@ std::vector<Grid> model_parallel_grids(const SearchProblem& problem) {
     for (int64_t pp : divisors(problem.gpus / tp)) {
       if (!allowed(space.pipeline_parallel, pp) || pp > problem.model.num_layers) continue;
       for (int64_t cp : divisors(problem.gpus / (tp * pp))) {
-        if (!allowed(space.context_parallel, cp) || problem.model.seq_length % (2 * cp) != 0) continue;
+        if (!allowed(space.context_parallel, cp) || !cuts_into_context_chunks(problem.model.seq_length, cp)) continue;
         grids.push_back({tp, pp, cp});
       }
     }
@@ -113,9 +114,7 @@ void validate_search_problem(const SearchProblem& problem) {
   }
   for (int64_t cp : space.context_parallel) {
     require_positive(cp, "--context-parallel-size");
-    require_divides(
-        2 * cp, model.seq_length, "--context-parallel-size",
-        "needs --seq-length " + std::to_string(model.seq_length) + " divisible by 2*cp = " + std::to_string(2 * cp));
+    require_context_chunks(model.seq_length, cp);
   }
   for (int64_t vpp : space.virtual_pipeline) require_positive(vpp, "--virtual-pipeline-model-parallel-size");
   for (int64_t layers : space.layers_per_virtual_stage) {

@@ -42,7 +42,7 @@ SimulatorEstimator::Costs SimulatorEstimator::layer_costs(const ParallelPlan& pl
 
 double SimulatorEstimator::optimizer_seconds(const ParallelPlan& plan, int64_t rank) const {
   const int64_t parameters_per_gpu = parameters_.per_pipeline_rank(plan)[static_cast<std::size_t>(rank)];
-  const int64_t replicas = plan.data_parallel_size * plan.context_parallel_size;
+  const int64_t replicas = plan.gradient_group_size();
   const auto route_key = std::pair(plan.tensor_parallel_size, replicas);
   std::unique_lock<std::mutex> lock(cache_mutex_);
   auto route = data_route_cache_.find(route_key);

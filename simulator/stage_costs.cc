@@ -303,7 +303,7 @@ double optimizer_step_seconds(const ParallelPlan& plan, int64_t parameters_per_g
   for (const Kernel& kernel : optimizer_step_kernels(plan, parameters_per_gpu)) {
     seconds += profile.kernel_seconds(kernel, sources);
   }
-  const int64_t replicas = plan.data_parallel_size * plan.context_parallel_size;
+  const int64_t replicas = plan.gradient_group_size();
   if (!plan.use_distributed_optimizer || replicas <= 1) return seconds;
   // The updated bf16 parameters gathered over dp x cp; --overlap-param-gather issues the gathers
   // bucket by bucket and waits for each in the next forward, so only the first bucket's is exposed,
@@ -410,7 +410,7 @@ ActionCosts plan_action_costs(const ModelSpec& model, const ParallelPlan& plan, 
   // distributed optimizer reduce-scatters them and all-gathers the updated parameters after its step.
   costs.overlapped_gradient_reduction = overlaps_gradient_reduction(plan);
   const int64_t gradient_bytes = main_gradient_bytes(plan.options);
-  const int64_t replicas = plan.data_parallel_size * plan.context_parallel_size;
+  const int64_t replicas = plan.gradient_group_size();
   const CollectiveOp reduction =
       plan.use_distributed_optimizer ? CollectiveOp::kReduceScatter : CollectiveOp::kAllReduce;
   const std::vector<PipelineRankParameters> rank_parameters = parameters_per_pipeline_rank(model, plan);

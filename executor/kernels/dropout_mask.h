@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "executor/host_device.h"
+#include "executor/kernels/token_places.h"
 
 namespace megaplan::exec {
 
@@ -35,9 +36,11 @@ struct DropoutMask {
   uint32_t site = 0;      // dropout_site(...)
   int64_t first_sample =
       0;            // the global sample (position in the run's sample order) of the microbatch's first sequence
-  int64_t seq = 0;  // tokens per sequence
-  // A token-major tensor [rows x cols] of the microbatch's batch x seq tokens: this rank's first row
-  // among them (sequence parallelism holds a slice of the rows).
+  int64_t seq = 0;  // tokens per sequence, the whole sequence's
+  // Where the rank's tokens of a sequence lie in it (context parallelism holds two chunks).
+  TokenPlaces places = {};
+  // A token-major tensor [rows x cols] of the microbatch's tokens (batch x the rank's tokens of each
+  // sequence): this rank's first row among them (sequence parallelism holds a slice of the rows).
   int64_t first_row = 0;
   // Attention's probabilities [batch x heads x seq x seq]: this rank's first head of the model's
   // (tensor parallelism holds a slice of the heads).
@@ -62,10 +65,19 @@ struct DropoutMask {
     const r123::Philox4x32::ctr_type draw = r123::Philox4x32()(counter, key);
     return draw.v[element & 3] >= threshold();
   }
-  // Row `row` of this rank's token-major rows, column `col` of `cols`.
+  // Row `row` of this rank's token-major rows, column `col` of `cols`: its global sample and its
+  // element in that sample's tensor [seq x cols].
+  struct TokenElement {
+    int64_t sample;
+    uint64_t element;
+  };
+  MEGAPLAN_HOST_DEVICE TokenElement token_element(int64_t row, int64_t col, int64_t cols) const {
+    const int64_t global = first_row + row, local = places.local_length(seq);
+    return {first_sample + global / local, static_cast<uint64_t>(places.place(global % local) * cols + col)};
+  }
   MEGAPLAN_HOST_DEVICE bool keeps_token(int64_t row, int64_t col, int64_t cols) const {
-    const int64_t global = first_row + row;
-    return keeps(first_sample + global / seq, static_cast<uint64_t>((global % seq) * cols + col));
+    const TokenElement at = token_element(row, col, cols);
+    return keeps(at.sample, at.element);
   }
   // Sequence `batch`, this rank's head `head`, query `query`, key `key`.
   MEGAPLAN_HOST_DEVICE bool keeps_probability(int64_t batch, int64_t head, int64_t query, int64_t key_token) const {

@@ -6,6 +6,7 @@
 #include <map>
 #include <stdexcept>
 
+#include "core/context_parallel.h"
 #include "core/error.h"
 #include "core/executor_support.h"
 #include "core/fnv1a.h"
@@ -34,7 +35,7 @@ bool ends_with(const std::string& text, const std::string& suffix) {
 
 void StageChunk::refuse_unsupported(const ModelSpec& model, const ParallelPlan& plan) {
   if (std::optional<SpecError> refusal = executor_model_refusal(model)) throw *refusal;
-  if (std::optional<SpecError> refusal = executor_plan_refusal(plan)) throw *refusal;
+  if (std::optional<SpecError> refusal = executor_implementation_refusal(plan.implementation)) throw *refusal;
 }
 
 TensorCut tensor_cut(const ParameterSpec& spec) {
@@ -51,7 +52,7 @@ StageChunk::Widths StageChunk::widths(const LayerRecipe& recipe, int64_t tp, int
   const LayerDims& d = recipe.dims;
   const auto size = [](int64_t n) { return static_cast<std::size_t>(n); };
   return {size(recipe.micro_batch_size),
-          size(recipe.seq_length),
+          size(recipe.seq_length / recipe.context_parallel),
           size(d.tokens),
           size(d.rows),
           size(d.hidden),
@@ -102,7 +103,7 @@ void StageChunk::add_parameter(const ParameterSpec& spec) {
 
 StageChunk::StageChunk(const ModelSpec& model, const ParallelPlan& plan, int64_t stage, Backend& backend,
                        const Initialisation& init, Parameter* tied_embedding, Comm* tensor_parallel,
-                       std::size_t bucket_size)
+                       std::size_t bucket_size, Comm* context_parallel)
     : backend_(backend),
       recipe_(model, plan, executor_precision(backend)),
       width_(widths(recipe_, plan.tensor_parallel_size, tensor_parallel ? tensor_parallel->rank() : 0)),
@@ -116,11 +117,19 @@ StageChunk::StageChunk(const ModelSpec& model, const ParallelPlan& plan, int64_t
       seed_(init.seed),
       tensor_parallel_(tensor_parallel),
       tp_rank_(tensor_parallel ? tensor_parallel->rank() : 0),
+      context_parallel_(context_parallel),
       activation_type_(backend.activation_type()) {
   refuse_unsupported(model, plan);
-  const int64_t tp = plan.tensor_parallel_size;
+  const int64_t tp = plan.tensor_parallel_size, cp = plan.context_parallel_size;
   if ((tp > 1) != (tensor_parallel != nullptr) || (tensor_parallel && tensor_parallel->size() != tp)) {
     throw std::logic_error("StageChunk: the tensor-parallel group does not match the plan's tp");
+  }
+  if ((cp > 1) != (context_parallel != nullptr) || (context_parallel && context_parallel->size() != cp)) {
+    throw std::logic_error("StageChunk: the context-parallel group does not match the plan's cp");
+  }
+  if (context_parallel) {
+    const std::array<int64_t, 2> chunks = context_chunks(context_parallel->rank(), cp);
+    places_ = {recipe_.seq_length / (2 * cp), chunks[0], chunks[1]};
   }
   if (plan.micro_batch_size <= 0) throw SpecError("--micro-batch-size", "must be a positive integer");
   const StageLayers stage_layout = stage_layers(stage, model, plan);
@@ -261,28 +270,37 @@ void StageChunk::release_activations(Activations& a) {
 }
 
 void StageChunk::read_tokens(Activations& a, const MicrobatchTokens& data) const {
-  const std::size_t batch = width_.batch, seq = width_.seq, count = width_.tokens;
-  if (data.tokens.size() != batch * (seq + 1) || data.loss_mask.size() != count) {
-    throw SpecError("--micro-batch-size", "a microbatch needs " + std::to_string(batch * (seq + 1)) + " tokens, got " +
-                                              std::to_string(data.tokens.size()));
+  // The whole sequences; the rank takes its tokens of each (all of them, or two chunks under
+  // context parallelism).
+  const std::size_t batch = width_.batch, whole = static_cast<std::size_t>(recipe_.seq_length), seq = width_.seq,
+                    count = width_.tokens;
+  if (data.tokens.size() != batch * (whole + 1) || data.loss_mask.size() != batch * whole) {
+    throw SpecError("--micro-batch-size", "a microbatch needs " + std::to_string(batch * (whole + 1)) +
+                                              " tokens, got " + std::to_string(data.tokens.size()));
   }
+  // Each token's share of the microbatch's loss: its mask over the masked tokens of the whole
+  // sequences, so that the context-parallel ranks' losses add up to the single rank's.
+  double masked = 0;
+  for (const float m : data.loss_mask) masked += m;
   a.inputs.resize(count);
   a.labels.resize(count);
+  a.weights.resize(count);
   for (std::size_t b = 0; b < batch; ++b) {
-    for (std::size_t s = 0; s < seq; ++s) {
-      const int64_t input = data.tokens[b * (seq + 1) + s];
-      const int64_t label = data.tokens[b * (seq + 1) + s + 1];
+    for (std::size_t t = 0; t < seq; ++t) {
+      const auto s = static_cast<std::size_t>(places_.place(static_cast<int64_t>(t)));
+      const int64_t input = data.tokens[b * (whole + 1) + s];
+      const int64_t label = data.tokens[b * (whole + 1) + s + 1];
       const auto vocabulary = static_cast<int64_t>(width_.padded_vocabulary);
       if (input < 0 || input >= vocabulary || label < 0 || label >= vocabulary) {
         throw SpecError("--data-path", "token " + std::to_string(std::max(input, label)) +
                                            " is outside the model's padded vocabulary of " +
                                            std::to_string(vocabulary));
       }
-      a.inputs[b * seq + s] = input;
-      a.labels[b * seq + s] = label;
+      a.inputs[b * seq + t] = input;
+      a.labels[b * seq + t] = label;
+      a.weights[b * seq + t] = masked > 0 ? static_cast<float>(data.loss_mask[b * whole + s] / masked) : 0.0f;
     }
   }
-  a.mask = data.loss_mask;
 }
 
 void StageChunk::run_forward(Activations& a, const MicrobatchTokens* data, std::optional<int64_t> first_sample) {
@@ -300,7 +318,7 @@ void StageChunk::run_forward(Activations& a, const MicrobatchTokens* data, std::
     // Vocabulary-parallel: each rank looks up its rows' tokens; the sum over the group is the embedding.
     backend_.embedding_forward(a.inputs.data(), count, seq, word_embeddings_->compute, width_.vocabulary_start, v,
                                tp_rank_ == 0 && position_embeddings_ ? position_embeddings_->compute : nullptr, h,
-                               partial_of(first_input));
+                               partial_of(first_input), places_);
     if (Request done = reduce(first_input)) done->wait();
     const DropoutMask mask = dropout_mask(DropoutKind::kEmbedding, 0, first_sample);
     if (mask.active()) backend_.dropout(first_input, nullptr, rows, h, mask, first_input);
@@ -338,7 +356,7 @@ void StageChunk::run_forward(Activations& a, const MicrobatchTokens* data, std::
                           a.head.logits, nullptr);
   backend_.cross_entropy_statistics(a.head.logits, a.labels.data(), count, v, width_.vocabulary_start, statistics_,
                                     statistics_ + count, tensor_parallel_ ? statistics_ + 2 * count : nullptr);
-  vocabulary_parallel_cross_entropy(backend_, tensor_parallel_, statistics_, a.mask.data(), count, a.head.loss_saved,
+  vocabulary_parallel_cross_entropy(backend_, tensor_parallel_, statistics_, a.weights.data(), count, a.head.loss_saved,
                                     loss_sum_);
 }
 
@@ -466,7 +484,7 @@ void StageChunk::norm_backward(ConstActivation dy, ConstActivation x, const Para
 void StageChunk::rotate(Activation qkv, bool inverse) {
   if (!recipe_.rope) return;
   backend_.rotary(qkv, width_.batch, width_.seq, width_.groups, width_.group_heads, width_.head_dim, width_.rotary_dim,
-                  rotary_, inverse);
+                  rotary_, inverse, places_);
 }
 
 DropoutMask StageChunk::dropout_mask(DropoutKind kind, std::size_t l,
@@ -479,6 +497,7 @@ DropoutMask StageChunk::dropout_mask(DropoutKind kind, std::size_t l,
   mask.site = dropout_site(first_layer_ + static_cast<int64_t>(l), kind);
   mask.first_sample = *first_sample;
   mask.seq = recipe_.seq_length;
+  mask.places = places_;
   mask.first_row = recipe_.sequence_parallel ? tp_rank_ * recipe_.dims.rows : 0;
   mask.first_head = tp_rank_ * recipe_.dims.heads;
   return mask;
@@ -490,10 +509,107 @@ ConstActivation StageChunk::masked_gradient(ConstActivation gradient, const Drop
   return gather_rows(scratch_.branch_out, scratch_.gathered);
 }
 
+AttentionDims StageChunk::attention_dims() const {
+  return {width_.batch, width_.seq, width_.heads, width_.groups, width_.head_dim};
+}
+
+void StageChunk::attention_forward(std::size_t l, const LayerActivations& act,
+                                   const std::optional<int64_t>& first_sample) {
+  const DropoutMask dropout = dropout_mask(DropoutKind::kAttentionProbabilities, l, first_sample);
+  if (!context_parallel_) {
+    backend_.attention_forward(act.qkv, width_.batch, width_.seq, width_.heads, width_.groups, width_.head_dim, dropout,
+                               act.attention, act.attention_saved);
+    return;
+  }
+  // The ring: each step sends the keys and values in hand on to the next rank while attending to
+  // them, and takes the previous rank's; the blocks merge into an fp32 output by their
+  // log-sum-exp, which the backward keeps (act.attention_saved).
+  const AttentionDims dims = attention_dims();
+  const std::size_t kv_size = width_.tokens * (width_.qkv - width_.query);  // keys and values
+  float* lse = act.attention_saved;
+  backend_.pack_key_values(act.qkv, dims, scratch_.ring_kv);
+  backend_.fill(scratch_.ring_out, width_.tokens * width_.query, 0.0f);
+  backend_.fill(lse, width_.batch * width_.heads * width_.seq, -INFINITY);
+  Activation current = scratch_.ring_kv, next = scratch_.ring_kv_next;
+  const int64_t cp = context_parallel_->size(), rank = context_parallel_->rank();
+  for (int64_t step = 0; step < cp; ++step) {
+    Request sent, received;
+    if (step + 1 < cp) {
+      sent = context_parallel_->send(current, kv_size, activation_type_, (rank + 1) % cp);
+      received = context_parallel_->recv(next, kv_size, activation_type_, (rank + cp - 1) % cp);
+    }
+    for_each_ring_block(step, [&](const AttentionChunkBlock& block) {
+      backend_.attention_block_forward(act.qkv, current, dims, block, dropout, scratch_.ring_out, lse);
+    });
+    if (sent) {
+      sent->wait();
+      received->wait();
+    }
+    std::swap(current, next);
+  }
+  backend_.convert(scratch_.ring_out, width_.tokens * width_.query, act.attention);
+}
+
+void StageChunk::attention_backward(std::size_t l, const LayerActivations& act,
+                                    const std::optional<int64_t>& first_sample) {
+  const DropoutMask dropout = dropout_mask(DropoutKind::kAttentionProbabilities, l, first_sample);
+  if (!context_parallel_) {
+    backend_.attention_backward(scratch_.d_hidden, act.qkv, act.attention, act.attention_saved, width_.batch,
+                                width_.seq, width_.heads, width_.groups, width_.head_dim, dropout, scratch_.d_qkv);
+    return;
+  }
+  // The ring again: the keys and values travel as in the forward, each with the gradient its
+  // previous holders added to it; after the last step the gradients go one rank further, home.
+  const AttentionDims dims = attention_dims();
+  const std::size_t kv_size = width_.tokens * (width_.qkv - width_.query);  // keys and values
+  backend_.pack_key_values(act.qkv, dims, scratch_.ring_kv);
+  backend_.zero(scratch_.ring_dkv, kv_size);
+  backend_.zero(scratch_.d_qkv, width_.tokens * width_.qkv);
+  Activation kv = scratch_.ring_kv, kv_next = scratch_.ring_kv_next, dkv = scratch_.ring_dkv,
+             dkv_next = scratch_.ring_dkv_next;
+  const int64_t cp = context_parallel_->size(), rank = context_parallel_->rank();
+  const int64_t after = (rank + 1) % cp, before = (rank + cp - 1) % cp;
+  for (int64_t step = 0; step < cp; ++step) {
+    Request kv_sent, kv_received;
+    if (step + 1 < cp) {
+      kv_sent = context_parallel_->send(kv, kv_size, activation_type_, after);
+      kv_received = context_parallel_->recv(kv_next, kv_size, activation_type_, before);
+    }
+    for_each_ring_block(step, [&](const AttentionChunkBlock& block) {
+      backend_.attention_block_backward(scratch_.d_hidden, act.qkv, act.attention, act.attention_saved, kv, dims, block,
+                                        dropout, scratch_.d_qkv, dkv);
+    });
+    Request dkv_sent = context_parallel_->send(dkv, kv_size, activation_type_, after);
+    Request dkv_received = context_parallel_->recv(dkv_next, kv_size, activation_type_, before);
+    if (kv_sent) {
+      kv_sent->wait();
+      kv_received->wait();
+    }
+    dkv_sent->wait();
+    dkv_received->wait();
+    std::swap(kv, kv_next);
+    std::swap(dkv, dkv_next);
+  }
+  backend_.unpack_key_value_gradients(dkv, dims, scratch_.d_qkv);
+}
+
+template <typename Run>
+void StageChunk::for_each_ring_block(int64_t step, const Run& run) const {
+  const int64_t cp = context_parallel_->size(), rank = context_parallel_->rank();
+  const RingStep ring = ring_step(rank, step, cp);
+  const std::array<int64_t, 2> theirs = context_chunks(ring.source, cp);
+  const std::array<int64_t, 2> mine = {places_.first, places_.second};
+  for (int i = 0; i < ring.count; ++i) {
+    const AttentionBlock& b = ring.blocks[static_cast<std::size_t>(i)];
+    const auto q = static_cast<std::size_t>(b.query_chunk), k = static_cast<std::size_t>(b.key_chunk);
+    run(AttentionChunkBlock{q, k, mine[q] * places_.chunk, theirs[k] * places_.chunk});
+  }
+}
+
 void StageChunk::layer_forward(std::size_t l, const LayerActivations& act, const std::optional<int64_t>& first_sample,
                                ConstActivation& stream, PendingBranch& pending) {
-  const std::size_t batch = width_.batch, seq = width_.seq, count = width_.tokens, h = width_.hidden, q = width_.query,
-                    qkv = width_.qkv, fc1 = width_.fc1, f = width_.ffn;
+  const std::size_t count = width_.tokens, h = width_.hidden, q = width_.query, qkv = width_.qkv, fc1 = width_.fc1,
+                    f = width_.ffn;
   const Layer& weights = layers_[l];
   const auto bias = [](const Parameter* p) { return p ? p->compute : nullptr; };
   const auto epilogue = [](const Parameter* p) { return p ? GemmEpilogue::kBias : GemmEpilogue::kNone; };
@@ -510,9 +626,7 @@ void StageChunk::layer_forward(std::size_t l, const LayerActivations& act, const
   backend_.linear_forward(gather_rows(scratch_.norm_out, scratch_.gathered), weights.qkv_weight->compute,
                           bias(weights.qkv_bias), count, h, qkv, epilogue(weights.qkv_bias), act.qkv, nullptr);
   rotate(act.qkv, false);
-  backend_.attention_forward(act.qkv, batch, seq, width_.heads, width_.groups, width_.head_dim,
-                             dropout_mask(DropoutKind::kAttentionProbabilities, l, first_sample), act.attention,
-                             act.attention_saved);
+  attention_forward(l, act, first_sample);
   backend_.linear_forward(act.attention, weights.proj_weight->compute, bias(proj_bias), count, q, h,
                           epilogue(proj_bias), partial_of(scratch_.branch_out), nullptr);
   if (Request done = reduce(scratch_.branch_out)) done->wait();
@@ -589,9 +703,7 @@ void StageChunk::layer_backward(std::size_t l, const LayerActivations& act, cons
   backend_.linear_backward(d_middle_full, act.attention, weights.proj_weight->compute, count, q, h, scratch_.d_hidden,
                            nullptr, nullptr);
   weight_gradient(d_middle_full, act.attention, q, h, weights.proj_weight, weights.proj_bias, &kept.proj);
-  backend_.attention_backward(scratch_.d_hidden, act.qkv, act.attention, act.attention_saved, width_.batch, width_.seq,
-                              width_.heads, width_.groups, width_.head_dim,
-                              dropout_mask(DropoutKind::kAttentionProbabilities, l, first_sample), scratch_.d_qkv);
+  attention_backward(l, act, first_sample);
   rotate(scratch_.d_qkv, true);  // the gradient of the projection's output, before the rotation
   norm_forward(act.input, {}, nullptr, weights.ln1_gamma, weights.ln1_beta, scratch_.norm_out, act.ln1_mean,
                act.ln1_rstd);  // recomputed, not kept
@@ -609,15 +721,14 @@ void StageChunk::layer_backward(std::size_t l, const LayerActivations& act, cons
 void StageChunk::backward_input(int64_t microbatch, ConstActivation output_gradient, float loss_scale,
                                 Activation input_gradient, bool defer) {
   Activations a = take(in_flight_, microbatch, "a backward without its forward");
-  const std::size_t batch = width_.batch, seq = width_.seq, count = width_.tokens, rows = width_.rows,
-                    h = width_.hidden, v = width_.vocabulary, vocab_start = width_.vocabulary_start,
-                    heads = width_.heads, dim = width_.head_dim;
+  const std::size_t seq = width_.seq, count = width_.tokens, rows = width_.rows, h = width_.hidden,
+                    v = width_.vocabulary, vocab_start = width_.vocabulary_start;
 
   // scratch_.d_out holds the stream's gradient at a layer's output, scratch_.d_middle at its middle.
   Activation d_out = scratch_.d_out, d_middle = scratch_.d_middle;
   if (has_output_) {
     // The loss's gradient overwrites the logits (and waits there for W under I).
-    backend_.cross_entropy_backward(a.head.logits, a.head.loss_saved, a.labels.data(), a.mask.data(), count, v,
+    backend_.cross_entropy_backward(a.head.logits, a.head.loss_saved, a.labels.data(), a.weights.data(), count, v,
                                     vocab_start, loss_scale, a.head.logits);
     backend_.linear_backward(a.head.logits, a.head.final_norm, output_weight_->compute, count, h, v,
                              partial_of(scratch_.d_hidden), nullptr, nullptr);
@@ -658,9 +769,7 @@ void StageChunk::backward_input(int64_t microbatch, ConstActivation output_gradi
         // Selective recomputation: the attention core again, from the kept qkv.
         borrowed.push_back(borrow());
         fill_missing(a.work[l], borrowed.back());
-        backend_.attention_forward(a.work[l].qkv, batch, seq, heads, width_.groups, dim,
-                                   dropout_mask(DropoutKind::kAttentionProbabilities, l, a.first_sample),
-                                   a.work[l].attention, a.work[l].attention_saved);
+        attention_forward(l, a.work[l], a.first_sample);
       }
       layer_backward(l, a.work[l], a.first_sample, d_out, d_middle, defer ? &a.deferred[l] : nullptr);
       if (!defer) gradients_done_from(layers_[l].ln1_gamma);
@@ -685,7 +794,7 @@ void StageChunk::backward_input(int64_t microbatch, ConstActivation output_gradi
   } else {
     backend_.embedding_backward(masked_gradient(d_out, dropout_mask(DropoutKind::kEmbedding, 0, a.first_sample)),
                                 a.inputs.data(), count, seq, h, vocab_start, v, word_embeddings_->gradient,
-                                position_embeddings_ ? position_embeddings_->gradient : nullptr);
+                                position_embeddings_ ? position_embeddings_->gradient : nullptr, places_);
     gradients_done_from(word_embeddings_);
   }
   if (defer) {
@@ -745,7 +854,7 @@ void StageChunk::weight_gradients(Activations& a) {
   if (has_embedding_) {
     backend_.embedding_backward(a.input_gradient, a.inputs.data(), width_.tokens, width_.seq, width_.hidden,
                                 width_.vocabulary_start, width_.vocabulary, word_embeddings_->gradient,
-                                position_embeddings_ ? position_embeddings_->gradient : nullptr);
+                                position_embeddings_ ? position_embeddings_->gradient : nullptr, places_);
     gradients_done_from(word_embeddings_);
   }
 }

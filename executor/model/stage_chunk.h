@@ -60,7 +60,8 @@ struct Parameter : ParameterSpec {
 };
 
 // One microbatch as the data loader gives it: micro_batch_size rows of seq_length + 1 tokens
-// (inputs, then labels shifted by one) and a loss mask of micro_batch_size x seq_length.
+// (inputs, then labels shifted by one) and a loss mask of micro_batch_size x seq_length: the whole
+// sequences, of which a context-parallel rank takes its chunks.
 struct MicrobatchTokens {
   std::vector<int64_t> tokens;
   std::vector<float> loss_mask;
@@ -88,10 +89,11 @@ class StageChunk {
   // `tensor_parallel` is the rank's tp group (null when tp = 1); the model holds that rank's shard
   // of every split parameter, and draws only it: the whole tensor's elements at the shard's places.
   // Gradients are reduced in buckets of `bucket_size` elements (Megatron's --ddp-bucket-size; 0:
-  // its default).
+  // its default). `context_parallel` is the rank's cp group (null when cp = 1): the rank holds two
+  // chunks of every sequence (core/context_parallel.h) and attention runs as a ring over the group.
   StageChunk(const ModelSpec& model, const ParallelPlan& plan, int64_t stage, Backend& backend,
              const Initialisation& init, Parameter* tied_embedding = nullptr, Comm* tensor_parallel = nullptr,
-             std::size_t bucket_size = 0);
+             std::size_t bucket_size = 0, Comm* context_parallel = nullptr);
   ~StageChunk();
   StageChunk(const StageChunk&) = delete;
   StageChunk& operator=(const StageChunk&) = delete;
@@ -181,7 +183,7 @@ class StageChunk {
   using Keep = LayerKeep;  // core/pipeline_layout.h
   struct Activations {
     std::vector<int64_t> inputs, labels;
-    std::vector<float> mask;
+    std::vector<float> weights;  // each token's share of the microbatch's loss (Backend::cross_entropy_finish)
     std::vector<LayerActivations> layers;
     MicrobatchActivations head;
     std::vector<DeferredGradients> deferred;  // filled by I
@@ -244,6 +246,15 @@ class StageChunk {
                     const Parameter* beta, Activation y, float* mean, float* rstd);
   void norm_backward(ConstActivation dy, ConstActivation x, const Parameter* gamma, const Parameter* beta,
                      const float* mean, const float* rstd, ConstActivation residual_grad, Activation dx);
+  // Attention of a layer whose qkv is in act.qkv, into act.attention and act.attention_saved: the
+  // backend's over the whole sequence, or under context parallelism the ring's blocks (its
+  // log-sum-exp kept); the backward from scratch_.d_hidden into scratch_.d_qkv.
+  void attention_forward(std::size_t l, const LayerActivations& act, const std::optional<int64_t>& first_sample);
+  void attention_backward(std::size_t l, const LayerActivations& act, const std::optional<int64_t>& first_sample);
+  AttentionDims attention_dims() const;
+  // run(block) for each block of the ring's step `step` on this rank, placed in the sequence.
+  template <typename Run>
+  void for_each_ring_block(int64_t step, const Run& run) const;
   // The rotary embedding on a fused qkv (or back, on its gradient); nothing without RoPE.
   void rotate(Activation qkv, bool inverse);
   // Tokens and labels of a microbatch into `a`, checked against the vocabulary.
@@ -284,6 +295,9 @@ class StageChunk {
   // Tensor parallelism: the group (null when tp = 1) and this rank.
   Comm* tensor_parallel_;
   int64_t tp_rank_;
+  // Context parallelism: the group (null when cp = 1), and where the rank's tokens of a sequence lie.
+  Comm* context_parallel_;
+  TokenPlaces places_;
   DType activation_type_;
   bool has_embedding_, has_output_;
   std::vector<Parameter> parameters_;

@@ -21,9 +21,10 @@ namespace megaplan::exec {
 
 // Steps 1-4 on the backend's `statistics` [lse_s[tokens], target_logit[tokens], peak[tokens]]
 // (overwritten; peak is unused without tensor parallelism, where the shard is the whole vocabulary
-// and lse = lse_s exactly). Writes the whole vocabulary's lse [tokens] to `lse` and adds the masked
-// mean loss to *loss_sum, both in backend memory; `mask` is on the host.
-void vocabulary_parallel_cross_entropy(Backend& backend, Comm* tensor_parallel, float* statistics, const float* mask,
+// and lse = lse_s exactly). Writes the whole vocabulary's lse [tokens] to `lse` and adds the
+// microbatch's loss, weighted by each token's share `weights` (host memory, Backend's
+// cross_entropy_finish), to *loss_sum, both in backend memory.
+void vocabulary_parallel_cross_entropy(Backend& backend, Comm* tensor_parallel, float* statistics, const float* weights,
                                        std::size_t tokens, float* lse, double* loss_sum);
 
 }  // namespace megaplan::exec

@@ -23,6 +23,7 @@
 #include "executor/kernels/dropout_mask.h"
 #include "executor/kernels/normal_draws.h"
 #include "executor/kernels/rope_frequency.h"
+#include "executor/kernels/token_places.h"
 
 namespace megaplan::exec {
 
@@ -138,15 +139,17 @@ class Backend {
   // `word` holds rows vocab_start .. vocab_start + vocab_rows of the (padded) vocabulary: all of it,
   // or a tensor-parallel rank's shard of a vocabulary-parallel table.
   // y[t] = (word[tokens[t] - vocab_start] where the token falls in the shard, else 0)
-  //        + position[t % seq] (position may be null: added by one rank of a tensor-parallel group).
+  //        + position[p] (position may be null: added by one rank of a tensor-parallel group), with
+  // p = places.place(t % seq) the token's place in its sequence (context parallelism holds two
+  // chunks of it; a default TokenPlaces, the whole sequence in order).
   virtual void embedding_forward(const int64_t* tokens, std::size_t count, std::size_t seq, ConstActivation word,
                                  std::size_t vocab_start, std::size_t vocab_rows, ConstActivation position,
-                                 std::size_t hidden, Activation y) = 0;
-  // dword[tokens[t] - vocab_start] += dy[t] for the shard's tokens; dposition[t % seq] += dy[t]
+                                 std::size_t hidden, Activation y, const TokenPlaces& places) = 0;
+  // dword[tokens[t] - vocab_start] += dy[t] for the shard's tokens; dposition[p] += dy[t]
   // (dposition may be null).
   virtual void embedding_backward(ConstActivation dy, const int64_t* tokens, std::size_t count, std::size_t seq,
                                   std::size_t hidden, std::size_t vocab_start, std::size_t vocab_rows, float* dword,
-                                  float* dposition) = 0;
+                                  float* dposition, const TokenPlaces& places) = 0;
   // y = LayerNorm(x') with x' = x + dropout(residual) where residual is non-null (x' is then
   // written to sum_out: the residual stream's add with the branch's dropout, fused, as Megatron's
   // bias-dropout-add; an inactive residual_dropout adds the branch as it is); mean and rstd [rows]
@@ -177,10 +180,12 @@ class Backend {
   // Rotary position embeddings (Megatron's default "rotate half") in place on the q and k heads of
   // a fused qkv [batch x seq x groups x (group + 2) x dim] (attention_forward's layout): each
   // group's `group` query heads and its key head, their first rotary_dim dimensions, by the angle
-  // position x theta^(-2i / rotary_dim), scaled as `frequencies` asks (Llama 3.1, rope_frequency.h);
-  // `inverse` rotates back (the backward, on dqkv).
+  // position x theta^(-2i / rotary_dim), scaled as `frequencies` asks (Llama 3.1, rope_frequency.h),
+  // the position of token t of a sequence places.place(t); `inverse` rotates back (the backward, on
+  // dqkv).
   virtual void rotary(Activation qkv, std::size_t batch, std::size_t seq, std::size_t groups, std::size_t group,
-                      std::size_t dim, std::size_t rotary_dim, const RotaryFrequencies& frequencies, bool inverse) = 0;
+                      std::size_t dim, std::size_t rotary_dim, const RotaryFrequencies& frequencies, bool inverse,
+                      const TokenPlaces& places) = 0;
   // Causal attention on a fused qkv [batch x seq x groups x (heads / groups + 2) x dim]: Megatron's
   // layout, each query group's query heads, then its key and value (heads == groups: each head's
   // q, k and v together); tensor parallelism cuts it by groups. Into out [batch x seq x heads x dim];
@@ -245,16 +250,18 @@ class Backend {
                                         float* peak) = 0;
   // shard_lse[t] = exp(shard_lse[t] - peak[t]): the shard's share of the row's sum of exponentials.
   virtual void cross_entropy_shift(const float* peak, std::size_t tokens, float* shard_lse) = 0;
+  // Each token's share of the microbatch's loss, `weights` (host memory): its loss mask over the
+  // count of the microbatch's masked tokens (those of its whole sequences: under context
+  // parallelism more than this rank holds).
   // lse[t] = peak[t] + log(term_sum[t]) (peak itself where term_sum is null), and *loss_sum (one
-  // double in backend memory) += the mean of lse - target over the tokens whose mask (host memory,
-  // as the backward's) is 1.
-  virtual void cross_entropy_finish(const float* peak, const float* term_sum, const float* target, const float* mask,
+  // double in backend memory) += the sum of weights[t] (lse - target).
+  virtual void cross_entropy_finish(const float* peak, const float* term_sum, const float* target, const float* weights,
                                     std::size_t tokens, float* lse, double* loss_sum) = 0;
-  // With the whole vocabulary's lse [tokens]: dlogits = scale * mask[t] / sum(mask) *
+  // With the whole vocabulary's lse [tokens]: dlogits = scale * weights[t] *
   // (exp(logits - lse) - onehot(targets[t] - vocab_start)); dlogits may be logits itself.
   virtual void cross_entropy_backward(ConstActivation logits, const float* lse, const int64_t* targets,
-                                      const float* mask, std::size_t tokens, std::size_t vocab, std::size_t vocab_start,
-                                      float scale, Activation dlogits) = 0;
+                                      const float* weights, std::size_t tokens, std::size_t vocab,
+                                      std::size_t vocab_start, float scale, Activation dlogits) = 0;
   virtual void add(ConstActivation a, ConstActivation b, std::size_t n, Activation y) = 0;  // y = a + b
   virtual void copy(ConstActivation from, std::size_t n, Activation to) = 0;
 

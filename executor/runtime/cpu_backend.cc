@@ -155,14 +155,14 @@ void CpuBackend::linear_backward_through_gelu(ConstActivation dy, ConstActivatio
 
 void CpuBackend::embedding_forward(const int64_t* tokens, std::size_t count, std::size_t seq, ConstActivation word,
                                    std::size_t vocab_start, std::size_t vocab_rows, ConstActivation position,
-                                   std::size_t hidden, Activation y) {
-  reference::embedding_forward(tokens, count, seq, f(word), vocab_start, vocab_rows, f(position), hidden, f(y));
+                                   std::size_t hidden, Activation y, const TokenPlaces& places) {
+  reference::embedding_forward(tokens, count, seq, f(word), vocab_start, vocab_rows, f(position), hidden, f(y), places);
 }
 
 void CpuBackend::embedding_backward(ConstActivation dy, const int64_t* tokens, std::size_t count, std::size_t seq,
                                     std::size_t hidden, std::size_t vocab_start, std::size_t vocab_rows, float* dword,
-                                    float* dposition) {
-  reference::embedding_backward(f(dy), tokens, count, seq, hidden, vocab_start, vocab_rows, dword, dposition);
+                                    float* dposition, const TokenPlaces& places) {
+  reference::embedding_backward(f(dy), tokens, count, seq, hidden, vocab_start, vocab_rows, dword, dposition, places);
 }
 
 void CpuBackend::layernorm_forward(ConstActivation x, ConstActivation residual, const DropoutMask& residual_dropout,
@@ -207,12 +207,13 @@ void CpuBackend::swiglu_backward(ConstActivation dy, ConstActivation x, std::siz
 }
 
 void CpuBackend::rotary(Activation qkv, std::size_t batch, std::size_t seq, std::size_t groups, std::size_t group,
-                        std::size_t dim, std::size_t rotary_dim, const RotaryFrequencies& frequencies, bool inverse) {
+                        std::size_t dim, std::size_t rotary_dim, const RotaryFrequencies& frequencies, bool inverse,
+                        const TokenPlaces& places) {
   // Each group's query heads and key head are adjacent: group + 1 heads from the group's start.
   const std::size_t group_stride = (group + 2) * dim;
   for (std::size_t g = 0; g < groups; ++g) {
     reference::rope_apply(f(qkv) + g * group_stride, batch, seq, group + 1, dim, groups * group_stride, rotary_dim,
-                          frequencies, inverse);
+                          frequencies, inverse, places);
   }
 }
 
@@ -446,15 +447,15 @@ void CpuBackend::cross_entropy_shift(const float* peak, std::size_t tokens, floa
   reference::cross_entropy_shift(peak, tokens, shard_lse);
 }
 
-void CpuBackend::cross_entropy_finish(const float* peak, const float* term_sum, const float* target, const float* mask,
-                                      std::size_t tokens, float* lse, double* loss_sum) {
-  *loss_sum += reference::cross_entropy_finish(peak, term_sum, target, mask, tokens, lse);
+void CpuBackend::cross_entropy_finish(const float* peak, const float* term_sum, const float* target,
+                                      const float* weights, std::size_t tokens, float* lse, double* loss_sum) {
+  *loss_sum += reference::cross_entropy_finish(peak, term_sum, target, weights, tokens, lse);
 }
 
 void CpuBackend::cross_entropy_backward(ConstActivation logits, const float* lse, const int64_t* targets,
-                                        const float* mask, std::size_t tokens, std::size_t vocab,
+                                        const float* weights, std::size_t tokens, std::size_t vocab,
                                         std::size_t vocab_start, float scale, Activation dlogits) {
-  reference::cross_entropy_backward(f(logits), lse, targets, mask, tokens, vocab, vocab_start, scale, f(dlogits));
+  reference::cross_entropy_backward(f(logits), lse, targets, weights, tokens, vocab, vocab_start, scale, f(dlogits));
 }
 
 void CpuBackend::add(ConstActivation a, ConstActivation b, std::size_t n, Activation y) {

@@ -39,10 +39,10 @@ class CpuBackend final : public Backend {
                                     ConstActivation pre_activation, Activation d_pre) override;
   void embedding_forward(const int64_t* tokens, std::size_t count, std::size_t seq, ConstActivation word,
                          std::size_t vocab_start, std::size_t vocab_rows, ConstActivation position, std::size_t hidden,
-                         Activation y) override;
+                         Activation y, const TokenPlaces& places) override;
   void embedding_backward(ConstActivation dy, const int64_t* tokens, std::size_t count, std::size_t seq,
                           std::size_t hidden, std::size_t vocab_start, std::size_t vocab_rows, float* dword,
-                          float* dposition) override;
+                          float* dposition, const TokenPlaces& places) override;
   void layernorm_forward(ConstActivation x, ConstActivation residual, const DropoutMask& residual_dropout,
                          Activation sum_out, ConstActivation gamma, ConstActivation beta, std::size_t rows,
                          std::size_t cols, Activation y, float* mean, float* rstd) override;
@@ -59,7 +59,8 @@ class CpuBackend final : public Backend {
   void swiglu_backward(ConstActivation dy, ConstActivation x, std::size_t rows, std::size_t width,
                        Activation dx) override;
   void rotary(Activation qkv, std::size_t batch, std::size_t seq, std::size_t groups, std::size_t group,
-              std::size_t dim, std::size_t rotary_dim, const RotaryFrequencies& frequencies, bool inverse) override;
+              std::size_t dim, std::size_t rotary_dim, const RotaryFrequencies& frequencies, bool inverse,
+              const TokenPlaces& places) override;
   std::size_t attention_saved_size(std::size_t batch, std::size_t seq, std::size_t heads,
                                    std::size_t dim) const override;
   void attention_forward(ConstActivation qkv, std::size_t batch, std::size_t seq, std::size_t heads, std::size_t groups,
@@ -82,9 +83,9 @@ class CpuBackend final : public Backend {
   void cross_entropy_statistics(ConstActivation logits, const int64_t* targets, std::size_t tokens, std::size_t vocab,
                                 std::size_t vocab_start, float* lse, float* target_logit, float* peak) override;
   void cross_entropy_shift(const float* peak, std::size_t tokens, float* shard_lse) override;
-  void cross_entropy_finish(const float* peak, const float* term_sum, const float* target, const float* mask,
+  void cross_entropy_finish(const float* peak, const float* term_sum, const float* target, const float* weights,
                             std::size_t tokens, float* lse, double* loss_sum) override;
-  void cross_entropy_backward(ConstActivation logits, const float* lse, const int64_t* targets, const float* mask,
+  void cross_entropy_backward(ConstActivation logits, const float* lse, const int64_t* targets, const float* weights,
                               std::size_t tokens, std::size_t vocab, std::size_t vocab_start, float scale,
                               Activation dlogits) override;
   void add(ConstActivation a, ConstActivation b, std::size_t n, Activation y) override;

@@ -229,21 +229,21 @@ class CudaBackend final : public Backend {
 
   void embedding_forward(const int64_t* tokens, std::size_t count, std::size_t seq, ConstActivation word,
                          std::size_t vocab_start, std::size_t vocab_rows, ConstActivation position, std::size_t hidden,
-                         Activation y) override {
+                         Activation y, const TokenPlaces& places) override {
     const int32_t* rows = upload_ints(shard_indices(tokens, count, vocab_start, vocab_rows), lane_->tokens);
     cuda::embedding_forward(rows, i64(count), i64(seq), h16(word), h16(position), i64(hidden), h16(y), precision_,
-                            lane_->stream);
+                            lane_->stream, places);
   }
   void embedding_backward(ConstActivation dy, const int64_t* tokens, std::size_t count, std::size_t seq,
                           std::size_t hidden, std::size_t vocab_start, std::size_t vocab_rows, float* dword,
-                          float* dposition) override {
+                          float* dposition, const TokenPlaces& places) override {
     const std::vector<int32_t>& local = shard_indices(tokens, count, vocab_start, vocab_rows);
     const cuda::TokenRows rows = cuda::build_token_rows(local.data(), i64(count));
     int32_t* row_ids = upload_ints(rows.row_ids, lane_->row_ids);
     int32_t* row_starts = upload_ints(rows.row_starts, lane_->row_starts);
     int32_t* positions = upload_ints(rows.positions, lane_->positions);
     cuda::embedding_backward(h16(dy), row_ids, row_starts, positions, i64(rows.row_ids.size()), i64(count), i64(seq),
-                             i64(hidden), dword, dposition, precision_, lane_->stream);
+                             i64(hidden), dword, dposition, precision_, lane_->stream, places);
   }
 
   void layernorm_forward(ConstActivation x, ConstActivation residual, const DropoutMask& residual_dropout,
@@ -281,10 +281,11 @@ class CudaBackend final : public Backend {
     cuda::swiglu_backward(h16(dy), h16(x), i64(rows), i64(width), h16(dx), precision_, lane_->stream);
   }
   void rotary(Activation qkv, std::size_t batch, std::size_t seq, std::size_t groups, std::size_t group,
-              std::size_t dim, std::size_t rotary_dim, const RotaryFrequencies& frequencies, bool inverse) override {
+              std::size_t dim, std::size_t rotary_dim, const RotaryFrequencies& frequencies, bool inverse,
+              const TokenPlaces& places) override {
     const std::size_t group_stride = (group + 2) * dim;
     cuda::rope_apply(h16(qkv), i64(batch), i64(seq), i64(groups), i64(group + 1), i64(dim), i64(groups * group_stride),
-                     i64(group_stride), i64(rotary_dim), frequencies, inverse, precision_, lane_->stream);
+                     i64(group_stride), i64(rotary_dim), frequencies, inverse, precision_, lane_->stream, places);
   }
 
   std::size_t attention_saved_size(std::size_t batch, std::size_t seq, std::size_t heads, std::size_t) const override {
@@ -364,19 +365,17 @@ class CudaBackend final : public Backend {
   void cross_entropy_shift(const float* peak, std::size_t tokens, float* shard_lse) override {
     cuda::cross_entropy_shift(peak, i64(tokens), shard_lse, lane_->stream);
   }
-  void cross_entropy_finish(const float* peak, const float* term_sum, const float* target, const float* mask,
+  void cross_entropy_finish(const float* peak, const float* term_sum, const float* target, const float* weights,
                             std::size_t tokens, float* lse, double* loss_sum) override {
-    cuda::cross_entropy_finish(peak, term_sum, target, upload_mask(mask, tokens), i64(tokens), lse, loss_sum,
+    cuda::cross_entropy_finish(peak, term_sum, target, upload_mask(weights, tokens), i64(tokens), lse, loss_sum,
                                lane_->stream);
   }
-  void cross_entropy_backward(ConstActivation logits, const float* lse, const int64_t* targets, const float* mask,
+  void cross_entropy_backward(ConstActivation logits, const float* lse, const int64_t* targets, const float* weights,
                               std::size_t tokens, std::size_t vocab, std::size_t vocab_start, float scale,
                               Activation dlogits) override {
-    const double count = mask_sum(mask, tokens);
-    const auto per_token = static_cast<float>(count > 0 ? scale / count : 0.0);
     const int32_t* columns = upload_ints(shard_indices(targets, tokens, vocab_start, vocab), lane_->targets);
-    cuda::cross_entropy_backward(h16(logits), i64(tokens), i64(vocab), i64(vocab), columns, upload_mask(mask, tokens),
-                                 lse, per_token, h16(dlogits), precision_, lane_->stream);
+    cuda::cross_entropy_backward(h16(logits), i64(tokens), i64(vocab), i64(vocab), columns,
+                                 upload_mask(weights, tokens), lse, scale, h16(dlogits), precision_, lane_->stream);
   }
   void add(ConstActivation a, ConstActivation b, std::size_t n, Activation y) override {
     cuda::add(h16(a), h16(b), i64(n), h16(y), precision_, lane_->stream);
@@ -541,11 +540,6 @@ class CudaBackend final : public Backend {
     check(cudaMemcpyAsync(pointer, mask, count * sizeof(float), cudaMemcpyHostToDevice, lane_->stream),
           "cudaMemcpyAsync");
     return pointer;
-  }
-  static double mask_sum(const float* mask, std::size_t count) {
-    double sum = 0;
-    for (std::size_t i = 0; i < count; ++i) sum += mask[i];
-    return sum;
   }
   // The multi-tensor optimizer uploads its descriptors once per list of tensors.
   cuda::MultiTensorAdamw& optimizer_for(const std::vector<OptimizerTensor>& tensors) {

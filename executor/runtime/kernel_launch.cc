@@ -201,7 +201,7 @@ KernelLaunch::KernelLaunch(Backend& backend, const Kernel& kernel, EmbeddingTabl
       b.target = floats(k.rows);
       tokens_.resize(size(k.rows));
       for (std::size_t t = 0; t < tokens_.size(); ++t) tokens_[t] = static_cast<int64_t>((t * 7919) % size(k.cols));
-      mask_.assign(size(k.rows), 1.0f);
+      loss_weights_.assign(size(k.rows), 1.0f);
       break;
     case KernelKind::kCrossEntropyShift:
     case KernelKind::kCrossEntropyFinish:
@@ -210,7 +210,7 @@ KernelLaunch::KernelLaunch(Backend& backend, const Kernel& kernel, EmbeddingTabl
       b.target = floats(k.rows);
       b.lse = floats(k.rows);
       b.loss_sum = floats(2);  // a double
-      mask_.assign(size(k.rows), 1.0f);
+      loss_weights_.assign(size(k.rows), 1.0f);
       break;
     case KernelKind::kGradientNorm:
     case KernelKind::kAdamw: tensors_ = optimizer_tensors(k.rows); break;
@@ -288,7 +288,7 @@ void KernelLaunch::operator()() {
     case KernelKind::kRotary: {
       const RotaryHeads heads = rotary_heads(k);
       backend_.rotary(b.qkv, 1, size(k.rows), 1, size(heads.count - 1), size(heads.dim), size(heads.dim), 10000.0f,
-                      false);
+                      false, {});
       break;
     }
     case KernelKind::kAdd: backend_.add(b.x, b.branch, size(k.rows), b.y); break;
@@ -300,22 +300,22 @@ void KernelLaunch::operator()() {
     case KernelKind::kFill: backend_.fill(b.master, size(k.rows), 0.0f); break;
     case KernelKind::kEmbeddingForward:
       backend_.embedding_forward(tokens_.data(), size(k.rows), size(table_.seq), b.weight, 0, size(table_.vocabulary),
-                                 b.position, size(k.cols), b.y);
+                                 b.position, size(k.cols), b.y, {});
       break;
     case KernelKind::kEmbeddingBackward:
       backend_.embedding_backward(b.y, tokens_.data(), size(k.rows), size(table_.seq), size(k.cols), 0,
-                                  size(table_.vocabulary), b.weight_gradient, b.position_gradient);
+                                  size(table_.vocabulary), b.weight_gradient, b.position_gradient, {});
       break;
     case KernelKind::kCrossEntropyForward:
       backend_.cross_entropy_statistics(b.y, tokens_.data(), size(k.rows), size(k.cols), 0, b.lse, b.target, nullptr);
       break;
     case KernelKind::kCrossEntropyBackward:
-      backend_.cross_entropy_backward(b.y, b.lse, tokens_.data(), mask_.data(), size(k.rows), size(k.cols), 0, 1.0f,
-                                      b.y);
+      backend_.cross_entropy_backward(b.y, b.lse, tokens_.data(), loss_weights_.data(), size(k.rows), size(k.cols), 0,
+                                      1.0f, b.y);
       break;
     case KernelKind::kCrossEntropyShift: backend_.cross_entropy_shift(b.peak, size(k.rows), b.terms); break;
     case KernelKind::kCrossEntropyFinish:
-      backend_.cross_entropy_finish(b.peak, b.terms, b.target, mask_.data(), size(k.rows), b.lse,
+      backend_.cross_entropy_finish(b.peak, b.terms, b.target, loss_weights_.data(), size(k.rows), b.lse,
                                     reinterpret_cast<double*>(b.loss_sum));
       break;
     case KernelKind::kGradientNorm: (void)backend_.gradient_sum_of_squares(tensors_); break;

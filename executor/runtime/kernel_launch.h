@@ -57,7 +57,7 @@ class KernelLaunch {
   std::vector<Activation> activations_;  // every buffer, to release
   std::vector<float*> floats_;
   std::vector<int64_t> tokens_;
-  std::vector<float> mask_;
+  std::vector<float> loss_weights_;
   std::vector<OptimizerTensor> tensors_;
   std::vector<std::pair<Activation, float*>> compute_copies_;
 };

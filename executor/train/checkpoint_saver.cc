@@ -154,8 +154,8 @@ std::size_t CheckpointSaver::host_bytes() const { return held_->buffer.bytes(); 
 void CheckpointSaver::save(const std::string& directory, const TrainingState& state, const CheckpointRank& rank) {
   (void)finish(rank);
   const ParallelGroups& groups = rank.groups;
-  const bool leader = groups.global_rank == 0;         // prepares, renames, writes "latest"
-  const bool writer = groups.data_parallel_rank == 0;  // writes its mp_rank directory
+  const bool leader = groups.global_rank == 0;   // prepares, renames, writes "latest"
+  const bool writer = groups.replica_rank == 0;  // writes its mp_rank directory
   auto writing = std::make_unique<Writing>();
   writing->directory = directory;
   writing->staging = directory + "/" + checkpoint_format::iteration_directory(state.iteration) + ".tmp";
@@ -247,7 +247,7 @@ void save_checkpoint(const std::string& directory, const TrainingState& state, c
 }
 
 uint64_t async_save_image_bytes(const ModelSpec& model, const ParallelPlan& plan, const ParallelGroups& groups) {
-  if (groups.data_parallel_rank != 0) return 0;
+  if (groups.replica_rank != 0) return 0;
   uint64_t bytes = 0;
   for (const int64_t stage : stages_of_pipeline_rank(groups.pipeline_rank, plan)) {
     for (const ParameterSpec& spec : describe_parameters(model, plan, stage, groups.tensor_parallel_rank)) {

@@ -41,10 +41,14 @@ ParallelGroups make_parallel_groups(const ParallelPlan& plan, int64_t global_ran
   const GroupKind tensor_parallel = kind_of(groups, "tp", global_rank);
   const GroupKind pipeline = kind_of(groups, "pp", global_rank);
   const GroupKind data_parallel = kind_of(groups, "dp", global_rank);
+  const GroupKind context_parallel = kind_of(groups, "cp", global_rank);
+  const GroupKind replicas = kind_of(groups, "dp-cp", global_rank);
   const GroupKind model_parallel = kind_of(groups, "tp-pp", global_rank);
   result.tensor_parallel_rank = position_in(tensor_parallel, global_rank);
   result.pipeline_rank = position_in(pipeline, global_rank);
   result.data_parallel_rank = position_in(data_parallel, global_rank);
+  result.context_parallel_rank = position_in(context_parallel, global_rank);
+  result.replica_rank = position_in(replicas, global_rank);
 
   // Megatron's embedding group joins the ends of each pipeline; here the ends are the ranks of the
   // first and the last virtual stage, which coincide at a V's turn (then no group is needed).
@@ -68,9 +72,10 @@ ParallelGroups make_parallel_groups(const ParallelPlan& plan, int64_t global_ran
   result.world = make(world);
   result.tensor_parallel = make(tensor_parallel);
   result.pipeline = make(pipeline);
-  result.data_parallel = make(data_parallel);
+  result.data_parallel = make(plan.context_parallel_size > 1 ? replicas : data_parallel);
   result.model_parallel = make(model_parallel);
   result.embedding = make(embedding);
+  if (plan.context_parallel_size > 1) result.context_parallel = make(context_parallel);
   return result;
 }
 

@@ -1,7 +1,7 @@
 // The communicators one rank trains with, built from core's Megatron rank groups by whichever Comm
 // implementation runs the world (in-process threads, one GPU, NCCL): its pipeline, data-parallel
-// tensor-parallel and model-parallel (tp x pp) groups, the tied-embedding group of the ranks that hold stage 0
-// and the last stage, and the world.
+// tensor-parallel and model-parallel (tp x pp) groups, the tied-embedding group of the ranks that
+// hold stage 0 and the last stage, the context-parallel group, and the world.
 #pragma once
 
 #include <cstdint>
@@ -18,7 +18,7 @@ namespace megaplan::exec {
 // One kind of group (Megatron's tp, pp, dp, ...): every group of that kind over the world (disjoint
 // lists of global ranks, each in its group's order) and which of them holds this rank.
 struct GroupKind {
-  std::string label;  // "world", "tp", "pp", "dp", "tp-pp", "embedding"
+  std::string label;  // "world", "tp", "pp", "dp", "tp-pp", "embedding", "cp", "dp-cp"
   std::vector<std::vector<int64_t>> groups;
   int64_t mine = -1;  // index into groups; -1: this rank is in none (the embedding group off the pipeline's ends)
 };
@@ -27,19 +27,26 @@ struct GroupKind {
 bool needs_communicator(const GroupKind& kind);
 
 // Makes this rank's communicator of one kind of group, or null where !needs_communicator(kind).
-// Every rank of the world calls it once per kind, in the same order (world, tp, pp, dp, tp-pp,
-// embedding), which NCCL's communicator split needs: it is a collective over the world.
+// Every rank of the world calls it once per kind, in the same order (world, tp, pp, dp or dp-cp,
+// tp-pp, embedding, and cp when cp > 1), which NCCL's communicator split needs: it is a collective
+// over the world.
 using CommFactory = std::function<std::unique_ptr<Comm>(const GroupKind& kind)>;
 
 struct ParallelGroups {
   int64_t global_rank = 0;
   int64_t pipeline_rank = 0;
-  int64_t data_parallel_rank = 0;
+  int64_t data_parallel_rank = 0;  // in the dp group: which samples the rank reads
   int64_t tensor_parallel_rank = 0;
+  int64_t context_parallel_rank = 0;
+  // The rank's place among the model's replicas, in Megatron's dp-cp group (the dp group when cp =
+  // 1): replica 0 writes the checkpoint's files and the final weights.
+  int64_t replica_rank = 0;
   // Null where the group has one member; `embedding` also where this rank holds neither end, or
   // one rank holds both (the output layer then reads the embedding itself). `world` holds every
-  // rank (checkpoints meet on it).
-  std::unique_ptr<Comm> world, tensor_parallel, pipeline, data_parallel, model_parallel, embedding;
+  // rank (checkpoints meet on it). `data_parallel` is Megatron's dp-cp group, the dp group when cp
+  // = 1: gradients are summed and the distributed optimizer shards over it (the cp ranks each hold
+  // a part of every sequence, so their gradients add up to the microbatch's).
+  std::unique_ptr<Comm> world, tensor_parallel, pipeline, data_parallel, model_parallel, embedding, context_parallel;
 };
 
 // REQUIRES: validate_plan passed for plan; 0 <= global_rank < plan.world_size().

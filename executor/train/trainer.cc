@@ -178,7 +178,8 @@ class RankTrainer {
     for (const int64_t stage : stages_of_pipeline_rank(groups.pipeline_rank, run.plan)) {
       chunks_.push_back(std::make_unique<StageChunk>(
           run.model, run.plan, stage, backend, Initialisation{run.options.seed, run.options.init_method_std}, embedding,
-          groups.tensor_parallel.get(), static_cast<std::size_t>(run.options.ddp_bucket_size)));
+          groups.tensor_parallel.get(), static_cast<std::size_t>(run.options.ddp_bucket_size),
+          groups.context_parallel.get()));
       if (chunks_.back()->first_stage()) embedding = chunks_.back()->word_embedding();
       by_stage_[stage] = chunks_.back().get();
     }
@@ -499,7 +500,7 @@ TrainSummary RankTrainer::train() {
       return found->second;
     };
     // Each iteration replaces the last one's timeline: the run's last iteration is the one kept.
-    const bool traced = options.record_timeline && groups_.data_parallel_rank == 0 && groups_.tensor_parallel_rank == 0;
+    const bool traced = options.record_timeline && groups_.replica_rank == 0 && groups_.tensor_parallel_rank == 0;
     if (traced) summary.timeline = Timeline{"measured (" + backend_.name() + ")", {}};
     IterationStep step;
     step.iteration = iteration;
@@ -589,7 +590,7 @@ TrainSummary RankTrainer::train() {
   }
   optimizer_->finish_parameter_gathers();
   finish_checkpoint();
-  if (options.keep_final_weights && groups_.data_parallel_rank == 0) {
+  if (options.keep_final_weights && groups_.replica_rank == 0) {
     for (auto& chunk : chunks_) {
       for (const Parameter& p : chunk->parameters()) {
         WeightShard& shard = final_shards_[p.name];
@@ -809,7 +810,7 @@ TrainSummary train_rank(const ModelSpec& model, const ParallelPlan& plan, const 
     check_async_save_memory(async_save_image_bytes(model, plan, groups), host_available_bytes());
   }
   TrainSummary summary = train_alone(run, backend, groups, rank == 0 ? &out : nullptr);
-  if (options.record_timeline && groups.data_parallel_rank == 0 && groups.tensor_parallel_rank == 0) {
+  if (options.record_timeline && groups.replica_rank == 0 && groups.tensor_parallel_rank == 0) {
     gather_pipeline_timeline(groups.pipeline.get(), backend, summary.timeline);
   }
   return summary;

@@ -413,7 +413,10 @@ expect_error 'error: --overlap-param-gather: needs --use-distributed-optimizer' 
 expect_error 'error: --ddp-bucket-size: must be non-negative' train --device cpu --model "$examples/models/tiny-gpt.json" --ddp-bucket-size -1 --data-path "$scratch/corpus_text_document" --train-iters 2
 expect_error 'error: --recompute-method: needs --recompute-granularity full' train --device cpu --model "$examples/models/tiny-gpt.json" --recompute-method block --data-path "$scratch/corpus_text_document" --train-iters 2
 expect_error 'error: --recompute-num-layers: must be between 1 and the 2 layers of a model chunk, got 3' train --device cpu --model "$examples/models/tiny-gpt.json" --recompute-granularity full --recompute-num-layers 3 --data-path "$scratch/corpus_text_document" --train-iters 2
-expect_error 'error: --context-parallel-size: context parallelism is not in the executor yet' train --device cpu --model "$examples/models/tiny-gpt.json" --world-size 2 --cp 2 --data-path "$scratch/corpus_text_document" --train-iters 2
+# Context parallelism: two ranks each hold two chunks of every sequence (ring attention on the CPU).
+expect_ok train --device cpu --model "$examples/models/tiny-gpt.json" --world-size 2 --cp 2 --data-path "$scratch/corpus_text_document" --train-iters 2
+grep -q 'tp 1, pp 1, cp 2, dp 1' "$scratch/out" && grep -q '^iteration 2/2 | loss ' "$scratch/out" || fail "train at cp 2: $(cat "$scratch/out")"
+expect_error 'error: --context-parallel-size: needs --seq-length divisible by 2\*cp = 4 \(6 % 4 = 2\)' train --device cpu --model "$examples/models/tiny-gpt.json" --world-size 2 --cp 2 --seq-length 6 --data-path "$scratch/corpus_text_document" --train-iters 2
 # A plan whose world differs from the launcher's.
 RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 "$megaplan" train --device cpu --model "$examples/models/tiny-gpt.json" \
   --world-size 2 --data-path "$scratch/corpus_text_document" --train-iters 2 >"$scratch/out" 2>"$scratch/err"
@@ -704,7 +707,7 @@ import json, sys
 plans = json.load(open(sys.argv[1]))["plans"]
 assert all(p["context_parallel_size"] == 1 for p in plans), plans
 ' "$scratch/out" || fail "search under megaplan ranks context-parallel plans"
-expect_error 'error: --context-parallel-size: context parallelism is not in the executor yet: megaplan.s executor cannot run any' \
+expect_error 'error: --context-parallel-size: context parallelism on GPUs is not in the executor yet: megaplan.s executor cannot run any' \
   search --model gpt2-124m --cluster h200-x2 --gbs 8 --cp 2 --threads 2
 expect_error 'error: --schedule: zbv is not a Megatron-LM schedule' search --model gpt2-124m --cluster h200-x2 --gbs 8 \
   --implementation megatron-core --schedule zbv --threads 2

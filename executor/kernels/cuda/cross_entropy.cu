@@ -114,30 +114,24 @@ __global__ void cross_entropy_shift_kernel(const float* peak, int64_t tokens, fl
 constexpr int kFinishThreads = 256;
 
 // One block: each thread's rows in double, then a fixed-order tree, so the sum is the same bits
-// every run; one thread adds the microbatch's mean to the running sum (stream order, no atomics).
+// every run; one thread adds the microbatch's loss to the running sum (stream order, no atomics).
 __global__ void __launch_bounds__(kFinishThreads)
-    cross_entropy_finish_kernel(const float* peak, const float* term_sum, const float* target, const float* mask,
+    cross_entropy_finish_kernel(const float* peak, const float* term_sum, const float* target, const float* weights,
                                 int64_t tokens, float* lse, double* loss_sum) {
   __shared__ double losses[kFinishThreads];
-  __shared__ double counts[kFinishThreads];
-  double loss = 0, count = 0;
+  double loss = 0;
   for (int64_t t = threadIdx.x; t < tokens; t += kFinishThreads) {
     const double row = static_cast<double>(peak[t]) + (term_sum ? log(static_cast<double>(term_sum[t])) : 0.0);
     lse[t] = static_cast<float>(row);
-    loss += static_cast<double>(mask[t]) * (row - static_cast<double>(target[t]));
-    count += mask[t];
+    loss += static_cast<double>(weights[t]) * (row - static_cast<double>(target[t]));
   }
   losses[threadIdx.x] = loss;
-  counts[threadIdx.x] = count;
   __syncthreads();
   for (int stride = kFinishThreads / 2; stride > 0; stride /= 2) {
-    if (threadIdx.x < stride) {
-      losses[threadIdx.x] += losses[threadIdx.x + stride];
-      counts[threadIdx.x] += counts[threadIdx.x + stride];
-    }
+    if (threadIdx.x < stride) losses[threadIdx.x] += losses[threadIdx.x + stride];
     __syncthreads();
   }
-  if (threadIdx.x == 0 && counts[0] > 0) *loss_sum += losses[0] / counts[0];
+  if (threadIdx.x == 0) *loss_sum += losses[0];
 }
 
 // Element-wise given the row's lse: in place is safe, each value is read by the thread that then
@@ -242,9 +236,9 @@ void cross_entropy_shift(const float* peak, int64_t tokens, float* shard_lse, cu
   check_launch("cross_entropy_shift_kernel");
 }
 
-void cross_entropy_finish(const float* peak, const float* term_sum, const float* target, const float* mask,
+void cross_entropy_finish(const float* peak, const float* term_sum, const float* target, const float* weights,
                           int64_t tokens, float* lse, double* loss_sum, cudaStream_t stream) {
-  cross_entropy_finish_kernel<<<1, kFinishThreads, 0, stream>>>(peak, term_sum, target, mask, tokens, lse, loss_sum);
+  cross_entropy_finish_kernel<<<1, kFinishThreads, 0, stream>>>(peak, term_sum, target, weights, tokens, lse, loss_sum);
   check_launch("cross_entropy_finish_kernel");
 }
 

@@ -27,18 +27,18 @@ void cross_entropy_statistics(const Half* logits, int64_t tokens, int64_t vocab,
 // them: shard_lse[t] = exp(shard_lse[t] - peak[t]) in double.
 void cross_entropy_shift(const float* peak, int64_t tokens, float* shard_lse, cudaStream_t stream);
 // lse[t] = peak[t] + log(term_sum[t]) (peak where term_sum is null), in double; *loss_sum += the
-// mean of lse - target over the tokens whose mask is 1 (nothing when none is). One block.
-void cross_entropy_finish(const float* peak, const float* term_sum, const float* target, const float* mask,
+// sum of weights[t] (lse - target) (each token's share of the loss). One block.
+void cross_entropy_finish(const float* peak, const float* term_sum, const float* target, const float* weights,
                           int64_t tokens, float* lse, double* loss_sum, cudaStream_t stream);
 
-// dlogits = scale * mask[t] * (exp(logit - lse[t]) - onehot(targets[t])) in 16 bits, with lse the
+// dlogits = scale * weights[t] * (exp(logit - lse[t]) - onehot(targets[t])) in 16 bits, with lse the
 // whole vocabulary's (the shards' merged; the forward's own with one shard); a -1 target has no
 // onehot in this shard. Padded columns set to 0.
 // dlogits may EQUAL logits (in place, so the [tokens x vocab] gradient needs no second buffer):
 // with lse given each element depends only on itself, and each thread reads an element before it
-// writes that same element. Rows whose scale * mask is 0 are written as zeros unread.
+// writes that same element. Rows whose scale * weight is 0 are written as zeros unread.
 void cross_entropy_backward(const Half* logits, int64_t tokens, int64_t vocab, int64_t row_stride,
-                            const int32_t* targets, const float* mask, const float* lse, float scale, Half* dlogits,
+                            const int32_t* targets, const float* weights, const float* lse, float scale, Half* dlogits,
                             DType precision, cudaStream_t stream);
 
 }  // namespace megaplan::exec::cuda

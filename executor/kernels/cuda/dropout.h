@@ -55,9 +55,8 @@ void require_drawable(const DropoutMask& mask, const std::string& what);
 // as residual + round(v * scale), as the CPU reference does), the rest 0.
 __device__ __forceinline__ void drop_token_values(const DropoutMask& mask, int64_t row, int64_t cols, int64_t start,
                                                   int count, float (&v)[8]) {
-  const int64_t global_row = mask.first_row + row;
-  const uint64_t kept = dropout_keep_bits(mask, mask.first_sample + global_row / mask.seq,
-                                          static_cast<uint64_t>((global_row % mask.seq) * cols + start), count, 0, 1);
+  const DropoutMask::TokenElement at = mask.token_element(row, start, cols);
+  const uint64_t kept = dropout_keep_bits(mask, at.sample, at.element, count, 0, 1);
   const float scale = mask.scale();
 #pragma unroll
   for (int e = 0; e < 8; ++e) v[e] = (kept >> e) & 1 ? __fmul_rn(v[e], scale) : 0.0f;

@@ -146,11 +146,12 @@ __global__ void swiglu_backward_kernel(const Half* dy, const Half* x, int64_t ro
 template <DType P, bool kAligned>
 __global__ void rope_kernel(Half* base, int64_t tokens, int64_t seq, int64_t groups, int64_t heads, int64_t head_dim,
                             int64_t token_stride, int64_t group_stride, int64_t half, int64_t vectors_per_token,
-                            float log2_theta, float rotary_dim, RotaryFrequencies frequencies, bool inverse) {
+                            float log2_theta, float rotary_dim, RotaryFrequencies frequencies, bool inverse,
+                            TokenPlaces places) {
   const int64_t i = vector_index();
   if (i >= tokens * vectors_per_token) return;
   const int64_t token = i / vectors_per_token, start = (i % vectors_per_token) * 8;
-  const float position = static_cast<float>(token % seq);
+  const float position = static_cast<float>(places.place(token % seq));
   float cosine[8], sine[8];
 #pragma unroll
   for (int e = 0; e < 8; ++e) {
@@ -272,7 +273,7 @@ void swiglu_backward(const Half* dy, const Half* x, int64_t rows, int64_t width,
 
 void rope_apply(Half* base, int64_t batch, int64_t seq, int64_t groups, int64_t heads, int64_t head_dim,
                 int64_t token_stride, int64_t group_stride, int64_t rotary_dim, const RotaryFrequencies& frequencies,
-                bool inverse, DType precision, cudaStream_t stream) {
+                bool inverse, DType precision, cudaStream_t stream, TokenPlaces places) {
   const double theta = frequencies.theta;
   if (rotary_dim <= 0 || rotary_dim % 2 != 0 || rotary_dim > head_dim || batch < 0 || seq < 0 || heads < 0 ||
       groups < 1 || group_stride < heads * head_dim || token_stride < (groups - 1) * group_stride + heads * head_dim ||
@@ -297,7 +298,7 @@ void rope_apply(Half* base, int64_t batch, int64_t seq, int64_t groups, int64_t 
     const auto kernel = aligned ? rope_kernel<P, true> : rope_kernel<P, false>;
     kernel<<<grid, kThreads, 0, stream>>>(base, tokens, seq, groups, heads, head_dim, token_stride, group_stride, half,
                                           vectors_per_token, log2_theta, static_cast<float>(rotary_dim), frequencies,
-                                          inverse);
+                                          inverse, places);
   });
   check_launch("rope_apply");
 }

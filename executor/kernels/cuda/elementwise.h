@@ -11,6 +11,7 @@
 #include "core/implementation_options.h"
 #include "executor/kernels/cuda/bf16_linear.h"
 #include "executor/kernels/rope_frequency.h"
+#include "executor/kernels/token_places.h"
 
 namespace megaplan::exec::cuda {
 
@@ -34,11 +35,12 @@ void swiglu_backward(const Half* dy, const Half* x, int64_t rows, int64_t width,
 // base[(b * seq + t) * token_stride + g * group_stride + h * head_dim + d] (a fused qkv's query
 // heads and key head of each query group: heads = group + 1, group_stride = (group + 2) * head_dim);
 // the first rotary_dim dims rotate, pair i (d = i and i + rotary_dim / 2) by
-// the angle t * inv_freq[i], inv_freq[i] = theta^(-2i / rotary_dim) in fp32 as Megatron computes
-// it, scaled where `frequencies` asks (rope_frequency.h); the rest pass through. The backward is the rotation by the
-// negative angle (inverse = true). REQUIRES: rotary_dim even, 0 < rotary_dim <= head_dim.
+// the angle p * inv_freq[i] with p = places.place(t) (context parallelism; t by default), inv_freq[i] = theta^(-2i /
+// rotary_dim) in fp32 as Megatron computes it, scaled where `frequencies` asks (rope_frequency.h); the rest pass
+// through. The backward is the rotation by the negative angle (inverse = true). REQUIRES: rotary_dim even, 0 <
+// rotary_dim <= head_dim.
 void rope_apply(Half* base, int64_t batch, int64_t seq, int64_t groups, int64_t heads, int64_t head_dim,
                 int64_t token_stride, int64_t group_stride, int64_t rotary_dim, const RotaryFrequencies& frequencies,
-                bool inverse, DType precision, cudaStream_t stream);
+                bool inverse, DType precision, cudaStream_t stream, TokenPlaces places = {});
 
 }  // namespace megaplan::exec::cuda

@@ -46,7 +46,8 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 template <DType P, bool kAligned>
 __global__ void embedding_forward_kernel(const int32_t* tokens, int64_t count, int64_t seq, const Half* word,
-                                         const Half* position, int64_t hidden, int64_t vectors_per_row, Half* y) {
+                                         const Half* position, int64_t hidden, int64_t vectors_per_row, Half* y,
+                                         TokenPlaces places) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= count * vectors_per_row) return;
   const int64_t t = i / vectors_per_row, start = (i % vectors_per_row) * 8;
@@ -55,7 +56,7 @@ __global__ void embedding_forward_kernel(const int32_t* tokens, int64_t count, i
   if (token >= 0) load8<P, kAligned>(word + static_cast<int64_t>(token) * hidden, start, hidden, v);
   if (position) {
     float p[8];
-    load8<P, kAligned>(position + (t % seq) * hidden, start, hidden, p);
+    load8<P, kAligned>(position + places.place(t % seq) * hidden, start, hidden, p);
 #pragma unroll
     for (int e = 0; e < 8; ++e) v[e] += p[e];
   }
@@ -93,7 +94,7 @@ __global__ void word_gradient_kernel(const Half* dy, const int32_t* row_ids, con
 
 template <DType P, bool kAligned>
 __global__ void position_gradient_kernel(const Half* dy, int64_t batch, int64_t seq, int64_t hidden,
-                                         int64_t vectors_per_row, float* dposition) {
+                                         int64_t vectors_per_row, float* dposition, TokenPlaces places) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= seq * vectors_per_row) return;
   const int64_t t = i / vectors_per_row, start = (i % vectors_per_row) * 8;
@@ -104,7 +105,7 @@ __global__ void position_gradient_kernel(const Half* dy, int64_t batch, int64_t 
 #pragma unroll
     for (int e = 0; e < 8; ++e) sum[e] += v[e];
   }
-  accumulate8<kAligned>(dposition + t * hidden, start, hidden, sum);
+  accumulate8<kAligned>(dposition + places.place(t) * hidden, start, hidden, sum);
 }
 
 void check_shape(int64_t count, int64_t seq, int64_t hidden, const char* what) {
@@ -118,7 +119,7 @@ void check_shape(int64_t count, int64_t seq, int64_t hidden, const char* what) {
 }  // namespace
 
 void embedding_forward(const int32_t* tokens, int64_t count, int64_t seq, const Half* word, const Half* position,
-                       int64_t hidden, Half* y, DType precision, cudaStream_t stream) {
+                       int64_t hidden, Half* y, DType precision, cudaStream_t stream, TokenPlaces places) {
   if (count == 0) return;
   if (seq <= 0 || hidden <= 0) check_shape(count, seq, hidden, "embedding_forward");
   const int64_t vectors_per_row = (hidden + 7) / 8;
@@ -127,7 +128,7 @@ void embedding_forward(const int32_t* tokens, int64_t count, int64_t seq, const 
   with_precision(precision, [&](auto p) {
     constexpr DType P = decltype(p)::value;
     const auto kernel = aligned ? embedding_forward_kernel<P, true> : embedding_forward_kernel<P, false>;
-    kernel<<<grid, kThreads, 0, stream>>>(tokens, count, seq, word, position, hidden, vectors_per_row, y);
+    kernel<<<grid, kThreads, 0, stream>>>(tokens, count, seq, word, position, hidden, vectors_per_row, y, places);
   });
   check_launch("embedding_forward");
 }
@@ -155,7 +156,7 @@ TokenRows build_token_rows(const int32_t* host_tokens, int64_t count) {
 
 void embedding_backward(const Half* dy, const int32_t* row_ids, const int32_t* row_starts, const int32_t* positions,
                         int64_t used_rows, int64_t count, int64_t seq, int64_t hidden, float* dword, float* dposition,
-                        DType precision, cudaStream_t stream) {
+                        DType precision, cudaStream_t stream, TokenPlaces places) {
   check_shape(count, seq, hidden, "embedding_backward");
   if (count == 0) return;
   const bool aligned = hidden % 8 == 0 && aligned16(dy) && aligned16(dword) && aligned16(dposition);
@@ -173,7 +174,7 @@ void embedding_backward(const Half* dy, const int32_t* row_ids, const int32_t* r
       const int64_t vectors_per_row = (hidden + 7) / 8;
       const unsigned grid = blocks_for(seq * vectors_per_row, kThreads);
       const auto kernel = aligned ? position_gradient_kernel<P, true> : position_gradient_kernel<P, false>;
-      kernel<<<grid, kThreads, 0, stream>>>(dy, count / seq, seq, hidden, vectors_per_row, dposition);
+      kernel<<<grid, kThreads, 0, stream>>>(dy, count / seq, seq, hidden, vectors_per_row, dposition, places);
       check_launch("embedding position gradient");
     }
   });

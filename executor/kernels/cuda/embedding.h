@@ -11,6 +11,7 @@
 
 #include "core/implementation_options.h"
 #include "executor/kernels/cuda/bf16_linear.h"
+#include "executor/kernels/token_places.h"
 
 namespace megaplan::exec::cuda {
 
@@ -18,8 +19,10 @@ namespace megaplan::exec::cuda {
 // models, or a tensor-parallel rank that leaves it to another). Device pointers; tokens are int32
 // on the device, each a row of `word` or -1 for a token another shard holds (no word row:
 // y[t] = position[t % seq], or 0). Asynchronous on `stream`, as the backward.
+// Token t of each sequence sits at places.place(t) (context parallelism; t by default), which
+// position is read (forward) and added to (backward).
 void embedding_forward(const int32_t* tokens, int64_t count, int64_t seq, const Half* word, const Half* position,
-                       int64_t hidden, Half* y, DType precision, cudaStream_t stream);
+                       int64_t hidden, Half* y, DType precision, cudaStream_t stream, TokenPlaces places = {});
 
 // Each used table row (ascending) with the positions of its tokens (ascending):
 // row_ids[used_rows], row_starts[used_rows + 1], positions[row_starts[used_rows]]. Built on the
@@ -35,6 +38,6 @@ TokenRows build_token_rows(const int32_t* host_tokens, int64_t count);
 // REQUIRES: count a multiple of seq.
 void embedding_backward(const Half* dy, const int32_t* row_ids, const int32_t* row_starts, const int32_t* positions,
                         int64_t used_rows, int64_t count, int64_t seq, int64_t hidden, float* dword, float* dposition,
-                        DType precision, cudaStream_t stream);
+                        DType precision, cudaStream_t stream, TokenPlaces places = {});
 
 }  // namespace megaplan::exec::cuda

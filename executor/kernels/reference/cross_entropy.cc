@@ -6,12 +6,6 @@
 namespace megaplan::exec::reference {
 
 namespace {
-double mask_total(const float* mask, std::size_t tokens) {
-  double total = 0;
-  for (std::size_t t = 0; t < tokens; ++t) total += mask[t];
-  return total;
-}
-
 // The target's column in the shard, or -1 when another shard holds it.
 int64_t local_target(int64_t target, std::size_t vocab, std::size_t vocab_start) {
   const int64_t local = target - static_cast<int64_t>(vocab_start);
@@ -32,17 +26,15 @@ void cross_entropy_statistics(const float* logits, const int64_t* targets, std::
   }
 }
 
-void cross_entropy_backward(const float* logits, const float* lse, const int64_t* targets, const float* mask,
+void cross_entropy_backward(const float* logits, const float* lse, const int64_t* targets, const float* weights,
                             std::size_t tokens, std::size_t vocab, std::size_t vocab_start, float loss_gradient,
                             float* dlogits) {
-  const double total = mask_total(mask, tokens);
-  const double scale = total > 0 ? loss_gradient / total : 0.0;
   for (std::size_t t = 0; t < tokens; ++t) {
     const int64_t local = local_target(targets[t], vocab, vocab_start);
     for (std::size_t v = 0; v < vocab; ++v) {
       const double probability = std::exp(static_cast<double>(logits[t * vocab + v]) - lse[t]);
       const double onehot = static_cast<int64_t>(v) == local ? 1.0 : 0.0;
-      dlogits[t * vocab + v] = static_cast<float>((probability - onehot) * mask[t] * scale);
+      dlogits[t * vocab + v] = static_cast<float>((probability - onehot) * weights[t] * loss_gradient);
     }
   }
 }
@@ -53,16 +45,15 @@ void cross_entropy_shift(const float* peak, std::size_t tokens, float* shard_lse
   }
 }
 
-double cross_entropy_finish(const float* peak, const float* term_sum, const float* target, const float* mask,
+double cross_entropy_finish(const float* peak, const float* term_sum, const float* target, const float* weights,
                             std::size_t tokens, float* lse) {
-  double loss = 0, count = 0;
+  double loss = 0;
   for (std::size_t t = 0; t < tokens; ++t) {
     const double row_lse = static_cast<double>(peak[t]) + (term_sum ? std::log(static_cast<double>(term_sum[t])) : 0.0);
     lse[t] = static_cast<float>(row_lse);
-    loss += mask[t] * (row_lse - target[t]);
-    count += mask[t];
+    loss += weights[t] * (row_lse - target[t]);
   }
-  return count > 0 ? loss / count : 0.0;
+  return loss;
 }
 
 }  // namespace megaplan::exec::reference

@@ -15,8 +15,9 @@ void cross_entropy_statistics(const float* logits, const int64_t* targets, std::
                               std::size_t vocab_start, float* lse, float* target_logit);
 
 // With the whole vocabulary's lse: dlogits = (exp(logits - lse) - onehot(target - vocab_start)) *
-// mask / sum(mask) * loss_gradient (d total / d loss). dlogits may be logits.
-void cross_entropy_backward(const float* logits, const float* lse, const int64_t* targets, const float* mask,
+// weights[t] * loss_gradient (d total / d loss), weights[t] the token's share of the loss (its mask
+// over the microbatch's masked tokens). dlogits may be logits.
+void cross_entropy_backward(const float* logits, const float* lse, const int64_t* targets, const float* weights,
                             std::size_t tokens, std::size_t vocab, std::size_t vocab_start, float loss_gradient,
                             float* dlogits);
 
@@ -25,8 +26,8 @@ void cross_entropy_backward(const float* logits, const float* lse, const int64_t
 void cross_entropy_shift(const float* peak, std::size_t tokens, float* shard_lse);
 
 // lse[t] = peak[t] + log(term_sum[t]) (lse = peak where term_sum is null: one shard); returns the
-// mean of lse - target over the tokens whose mask is 1 (0 when none is).
-double cross_entropy_finish(const float* peak, const float* term_sum, const float* target, const float* mask,
+// sum of weights[t] (lse - target): the loss, with the weights a mask over its count.
+double cross_entropy_finish(const float* peak, const float* term_sum, const float* target, const float* weights,
                             std::size_t tokens, float* lse);
 
 }  // namespace megaplan::exec::reference

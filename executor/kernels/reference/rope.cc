@@ -6,7 +6,8 @@
 namespace megaplan::exec::reference {
 
 void rope_apply(float* base, std::size_t batch, std::size_t seq, std::size_t heads, std::size_t head_dim,
-                std::size_t token_stride, std::size_t rotary_dim, const RotaryFrequencies& frequencies, bool inverse) {
+                std::size_t token_stride, std::size_t rotary_dim, const RotaryFrequencies& frequencies, bool inverse,
+                const TokenPlaces& places) {
   const std::size_t half = rotary_dim / 2;
   std::vector<double> inverse_frequency(half);
   for (std::size_t i = 0; i < half; ++i) {
@@ -18,7 +19,7 @@ void rope_apply(float* base, std::size_t batch, std::size_t seq, std::size_t hea
       for (std::size_t h = 0; h < heads; ++h) {
         float* head = base + (b * seq + t) * token_stride + h * head_dim;
         for (std::size_t i = 0; i < half; ++i) {
-          const double angle = static_cast<double>(t) * inverse_frequency[i];
+          const double angle = static_cast<double>(places.place(static_cast<int64_t>(t))) * inverse_frequency[i];
           const double cosine = std::cos(angle), sine = inverse ? -std::sin(angle) : std::sin(angle);
           const double x1 = head[i], x2 = head[i + half];
           head[i] = static_cast<float>(x1 * cosine - x2 * sine);

@@ -8,14 +8,17 @@
 #include <cstddef>
 
 #include "executor/kernels/rope_frequency.h"
+#include "executor/kernels/token_places.h"
 
 namespace megaplan::exec::reference {
 
 // In place on `heads` heads of each token: element (b, t, h, d) at
 // base[(b * seq + t) * token_stride + h * head_dim + d]. inverse = true rotates by the negative
-// angle: RoPE's backward (a rotation's transpose is its inverse).
+// angle: RoPE's backward (a rotation's transpose is its inverse). Token t of each sequence turns by
+// its place, places.place(t) (context parallelism; t itself by default).
 // REQUIRES: rotary_dim even, rotary_dim <= head_dim.
 void rope_apply(float* base, std::size_t batch, std::size_t seq, std::size_t heads, std::size_t head_dim,
-                std::size_t token_stride, std::size_t rotary_dim, const RotaryFrequencies& frequencies, bool inverse);
+                std::size_t token_stride, std::size_t rotary_dim, const RotaryFrequencies& frequencies, bool inverse,
+                const TokenPlaces& places = {});
 
 }  // namespace megaplan::exec::reference

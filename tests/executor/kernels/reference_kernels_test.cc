@@ -73,8 +73,8 @@ TEST_CASE("masked cross entropy and its gradient", "[kernels]") {
   const std::size_t tokens = 5, vocab = 7;
   std::vector<float> logits = random_vector(tokens * vocab, generator, 3.0f);
   const std::vector<int64_t> targets = {0, 6, 3, 3, 1};
-  const std::vector<float> mask = {1, 1, 0, 1, 1};
-  std::vector<float> statistics(2 * tokens), lse;  // one shard: [lse, target logit]
+  const std::vector<float> mask = {0.25f, 0.25f, 0, 0.25f, 0.25f};  // each token's share of the loss
+  std::vector<float> statistics(2 * tokens), lse;                   // one shard: [lse, target logit]
   const auto loss = [&] {
     ref::cross_entropy_statistics(logits.data(), targets.data(), tokens, vocab, 0, statistics.data(),
                                   statistics.data() + tokens);
@@ -102,7 +102,7 @@ TEST_CASE("vocabulary-parallel cross entropy: two shards merge into the whole vo
   const std::vector<std::size_t> starts = {0, 4}, sizes = {4, 6};  // uneven, so no shard mirrors the other
   const std::vector<float> logits = random_vector(tokens * vocab, generator, 3.0f);
   const std::vector<int64_t> targets = {0, 9, 3, 4, 7, 2};  // each shard holds some
-  const std::vector<float> mask = {1, 0, 1, 1, 1, 1};
+  const std::vector<float> mask = {0.2f, 0, 0.2f, 0.2f, 0.2f, 0.2f};
   std::vector<float> whole_statistics(2 * tokens), whole_lse;
   ref::cross_entropy_statistics(logits.data(), targets.data(), tokens, vocab, 0, whole_statistics.data(),
                                 whole_statistics.data() + tokens);

@@ -12,7 +12,7 @@
 namespace megaplan::test {
 
 // statistics: `shards` blocks in shard order, each [lse[tokens], target_logit[tokens]].
-inline double shard_cross_entropy(const std::vector<float>& statistics, std::size_t shards, const float* mask,
+inline double shard_cross_entropy(const std::vector<float>& statistics, std::size_t shards, const float* weights,
                                   std::size_t tokens, std::vector<float>& lse) {
   const auto block = [&](std::size_t shard) { return statistics.data() + shard * 2 * tokens; };
   std::vector<float> peak(block(0), block(0) + tokens);
@@ -29,7 +29,7 @@ inline double shard_cross_entropy(const std::vector<float>& statistics, std::siz
     }
   }
   lse.resize(tokens);
-  return exec::reference::cross_entropy_finish(peak.data(), sums.data(), sums.data() + tokens, mask, tokens,
+  return exec::reference::cross_entropy_finish(peak.data(), sums.data(), sums.data() + tokens, weights, tokens,
                                                lse.data());
 }
 

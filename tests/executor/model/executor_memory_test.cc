@@ -65,6 +65,11 @@ TEST_CASE("the executor allocates what core's memory prediction says, rank by ra
   };
   ParallelPlan distributed = layout(1, 2, 2, 1, ScheduleKind::kOneFOneB);
   distributed.use_distributed_optimizer = true;
+  ParallelPlan context_parallel = layout(1, 1, 1, 1, ScheduleKind::kOneFOneB);
+  context_parallel.context_parallel_size = 2;
+  ParallelPlan context_everything = layout(2, 2, 1, 1, ScheduleKind::kOneFOneB);
+  context_everything.context_parallel_size = 2;
+  context_everything.sequence_parallel = true;
   const std::vector<std::pair<std::string, ParallelPlan>> layouts = {
       {"one rank", layout(1, 1, 1, 1, ScheduleKind::kOneFOneB)},
       {"selective", with(layout(1, 1, 1, 1, ScheduleKind::kOneFOneB), RecomputeGranularity::kSelective)},
@@ -87,6 +92,9 @@ TEST_CASE("the executor allocates what core's memory prediction says, rank by ra
             RecomputeMethod::kUniform, 2)},
       {"tp2 sequence parallel", sequence_parallel},
       {"pp2 dp2 distributed optimizer", distributed},
+      {"cp2 (the ring's buffers)", context_parallel},
+      {"tp2 x cp2 x pp2, sequence parallel", context_everything},
+      {"llama: cp2", context_parallel},
       {"llama: one rank", layout(1, 1, 1, 1, ScheduleKind::kOneFOneB)},
       {"llama: selective", with(layout(1, 1, 1, 1, ScheduleKind::kOneFOneB), RecomputeGranularity::kSelective)},
       {"llama: pp2 interleaved", layout(1, 2, 1, 2, ScheduleKind::kInterleaved)},
@@ -104,7 +112,7 @@ TEST_CASE("the executor allocates what core's memory prediction says, rank by ra
     options.split = "9,1,0";
     options.data_path = corpus;
     options.distributed_timeout_minutes = 2;
-    const int64_t world = plan.tensor_parallel_size * plan.pipeline_parallel_size * plan.data_parallel_size;
+    const int64_t world = plan.world_size();
     std::vector<int64_t> peaks(static_cast<std::size_t>(world), 0);
     std::mutex mutex;
     const megaplan::ModelSpec model = name.starts_with("llama")  ? megaplan::test::four_layer_llama()
@@ -120,8 +128,8 @@ TEST_CASE("the executor allocates what core's memory prediction says, rank by ra
     const auto predicted = megaplan::executor_memory_per_pipeline_rank(
         model, plan, megaplan::lower_schedule(megaplan::generate_plan_schedule(plan)), cpu, 0, true);
     for (int64_t rank = 0; rank < world; ++rank) {
-      // Megatron's rank order (tp fastest, then dp, then pp).
-      const int64_t pipeline_rank = rank / (plan.tensor_parallel_size * plan.data_parallel_size);
+      // Megatron's rank order (tp fastest, then cp, dp, and pp last).
+      const int64_t pipeline_rank = rank / (world / plan.pipeline_parallel_size);
       const int64_t expected = predicted[static_cast<std::size_t>(pipeline_rank)].total_bytes;
       INFO("rank " << rank << ": allocated " << peaks[static_cast<std::size_t>(rank)] << ", predicted " << expected);
       CHECK(peaks[static_cast<std::size_t>(rank)] == expected);

@@ -59,7 +59,8 @@ TEST_CASE("vocabulary-parallel cross entropy: two ranks' max and sum all-reduces
   std::vector<float> logits(tokens * vocab);
   for (float& logit : logits) logit = 200.0f + spread(generator);
   const std::vector<int64_t> targets = {0, 11, 5, 6, 2, 9, 7, 3, 10};  // both halves hold some
-  const std::vector<float> mask = {1, 1, 0, 1, 1, 1, 1, 0, 1};
+  // Each token's share of the loss: the mask over the 7 masked tokens.
+  const std::vector<float> mask = {1 / 7.0f, 1 / 7.0f, 0, 1 / 7.0f, 1 / 7.0f, 1 / 7.0f, 1 / 7.0f, 0, 1 / 7.0f};
 
   const Loss whole = cross_entropy(logits, vocab, 0, targets, mask, nullptr);
   REQUIRE(whole.mean > 0.5);  // a real loss, not a degenerate one (about log 12 for these logits)

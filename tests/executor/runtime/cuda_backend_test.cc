@@ -174,17 +174,17 @@ TEST_CASE("every CUDA operation matches the CPU backend", "[gpu][kernels]") {
       Acts word = both.acts(random_vector(vocab_rows * hidden, generator)),
            position = both.acts(random_vector(seq * hidden, generator)), y = both.act_output(count * hidden);
       both.cpu().embedding_forward(tokens.data(), count, seq, word.cpu, vocab_start, vocab_rows, position.cpu, hidden,
-                                   y.cpu);
+                                   y.cpu, {});
       both.gpu().embedding_forward(tokens.data(), count, seq, word.gpu, vocab_start, vocab_rows, position.gpu, hidden,
-                                   y.gpu);
+                                   y.gpu, {});
       CHECK(both.error(y) < kBf16);
       Acts dy = both.acts(random_vector(count * hidden, generator));
       Floats dword = both.floats(random_vector(vocab_rows * hidden, generator)),
              dposition = both.floats(random_vector(seq * hidden, generator));
       both.cpu().embedding_backward(dy.cpu, tokens.data(), count, seq, hidden, vocab_start, vocab_rows, dword.cpu,
-                                    dposition.cpu);
+                                    dposition.cpu, {});
       both.gpu().embedding_backward(dy.gpu, tokens.data(), count, seq, hidden, vocab_start, vocab_rows, dword.gpu,
-                                    dposition.gpu);
+                                    dposition.gpu, {});
       CHECK(both.error(dword) < kFp32);
       CHECK(both.error(dposition) < kFp32);
     }
@@ -260,8 +260,8 @@ TEST_CASE("every CUDA operation matches the CPU backend", "[gpu][kernels]") {
         const std::size_t batch = 2, seq = 33, width = (heads + 2 * groups) * dim;
         INFO("heads " << heads << ", groups " << groups << ", head dim " << dim);
         Acts qkv = both.acts(random_vector(batch * seq * width, generator));
-        both.cpu().rotary(qkv.cpu, batch, seq, groups, heads / groups, dim, dim / 2, frequencies, false);
-        both.gpu().rotary(qkv.gpu, batch, seq, groups, heads / groups, dim, dim / 2, frequencies, false);
+        both.cpu().rotary(qkv.cpu, batch, seq, groups, heads / groups, dim, dim / 2, frequencies, false, {});
+        both.gpu().rotary(qkv.gpu, batch, seq, groups, heads / groups, dim, dim / 2, frequencies, false, {});
         CHECK(both.error(qkv) < kBf16);
         Acts out = both.act_output(batch * seq * heads * dim);
         float* saved_cpu = both.cpu().allocate(both.cpu().attention_saved_size(batch, seq, heads, dim));
@@ -276,8 +276,8 @@ TEST_CASE("every CUDA operation matches the CPU backend", "[gpu][kernels]") {
         both.gpu().attention_backward(dout.gpu, qkv.gpu, out.gpu, saved_gpu, batch, seq, heads, groups, dim, kNoDropout,
                                       dqkv.gpu);
         CHECK(both.error(dqkv) < kBf16);
-        both.cpu().rotary(dqkv.cpu, batch, seq, groups, heads / groups, dim, dim / 2, frequencies, true);
-        both.gpu().rotary(dqkv.gpu, batch, seq, groups, heads / groups, dim, dim / 2, frequencies, true);
+        both.cpu().rotary(dqkv.cpu, batch, seq, groups, heads / groups, dim, dim / 2, frequencies, true, {});
+        both.gpu().rotary(dqkv.gpu, batch, seq, groups, heads / groups, dim, dim / 2, frequencies, true, {});
         CHECK(both.error(dqkv) < kBf16);
       }
     }
@@ -343,7 +343,7 @@ TEST_CASE("every CUDA operation matches the CPU backend", "[gpu][kernels]") {
           std::memcpy(&value, words.data(), sizeof value);
           return value;
         };
-        // Twice the microbatch's mean: the finish adds to the sum.
+        // Twice the microbatch's loss: the finish adds to the sum.
         CHECK(as_double(both.gpu_values(sum_words)) == Approx(2 * cpu_loss).epsilon(1e-6));
         CHECK(as_double(both.gpu_values(sum_words)) == Approx(as_double(both.cpu_values(sum_words))).epsilon(1e-12));
       }

@@ -23,6 +23,7 @@ class ForwardingBackend : public exec::Backend {
   using TimingMark = exec::TimingMark;
   using RotaryFrequencies = exec::RotaryFrequencies;
   using DropoutMask = exec::DropoutMask;
+  using TokenPlaces = exec::TokenPlaces;
 
   explicit ForwardingBackend(std::unique_ptr<exec::Backend> inner) : inner_(std::move(inner)) {}
 
@@ -64,13 +65,13 @@ class ForwardingBackend : public exec::Backend {
 
   void embedding_forward(const int64_t* tokens, std::size_t count, std::size_t seq, ConstActivation word,
                          std::size_t vocab_start, std::size_t vocab_rows, ConstActivation position, std::size_t hidden,
-                         Activation y) override {
-    inner_->embedding_forward(tokens, count, seq, word, vocab_start, vocab_rows, position, hidden, y);
+                         Activation y, const TokenPlaces& places) override {
+    inner_->embedding_forward(tokens, count, seq, word, vocab_start, vocab_rows, position, hidden, y, places);
   }
   void embedding_backward(ConstActivation dy, const int64_t* tokens, std::size_t count, std::size_t seq,
                           std::size_t hidden, std::size_t vocab_start, std::size_t vocab_rows, float* dword,
-                          float* dposition) override {
-    inner_->embedding_backward(dy, tokens, count, seq, hidden, vocab_start, vocab_rows, dword, dposition);
+                          float* dposition, const TokenPlaces& places) override {
+    inner_->embedding_backward(dy, tokens, count, seq, hidden, vocab_start, vocab_rows, dword, dposition, places);
   }
   void layernorm_forward(ConstActivation x, ConstActivation residual, const DropoutMask& residual_dropout,
                          Activation sum_out, ConstActivation gamma, ConstActivation beta, std::size_t rows,
@@ -104,8 +105,9 @@ class ForwardingBackend : public exec::Backend {
     inner_->swiglu_backward(dy, x, rows, width, dx);
   }
   void rotary(Activation qkv, std::size_t batch, std::size_t seq, std::size_t groups, std::size_t group,
-              std::size_t dim, std::size_t rotary_dim, const RotaryFrequencies& frequencies, bool inverse) override {
-    inner_->rotary(qkv, batch, seq, groups, group, dim, rotary_dim, frequencies, inverse);
+              std::size_t dim, std::size_t rotary_dim, const RotaryFrequencies& frequencies, bool inverse,
+              const TokenPlaces& places) override {
+    inner_->rotary(qkv, batch, seq, groups, group, dim, rotary_dim, frequencies, inverse, places);
   }
   void attention_forward(ConstActivation qkv, std::size_t batch, std::size_t seq, std::size_t heads, std::size_t groups,
                          std::size_t dim, const DropoutMask& dropout, Activation out, float* saved) override {

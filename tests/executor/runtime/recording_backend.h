@@ -68,15 +68,17 @@ class RecordingBackend : public ForwardingBackend {
   }
   void embedding_forward(const int64_t* tokens, std::size_t count, std::size_t seq, ConstActivation word,
                          std::size_t vocab_start, std::size_t vocab_rows, ConstActivation position, std::size_t hidden,
-                         Activation y) override {
+                         Activation y, const TokenPlaces& places) override {
     record(row_kernel(KernelKind::kEmbeddingForward, size(count), size(hidden)));
-    ForwardingBackend::embedding_forward(tokens, count, seq, word, vocab_start, vocab_rows, position, hidden, y);
+    ForwardingBackend::embedding_forward(tokens, count, seq, word, vocab_start, vocab_rows, position, hidden, y,
+                                         places);
   }
   void embedding_backward(ConstActivation dy, const int64_t* tokens, std::size_t count, std::size_t seq,
                           std::size_t hidden, std::size_t vocab_start, std::size_t vocab_rows, float* dword,
-                          float* dposition) override {
+                          float* dposition, const TokenPlaces& places) override {
     record(row_kernel(KernelKind::kEmbeddingBackward, size(count), size(hidden)));
-    ForwardingBackend::embedding_backward(dy, tokens, count, seq, hidden, vocab_start, vocab_rows, dword, dposition);
+    ForwardingBackend::embedding_backward(dy, tokens, count, seq, hidden, vocab_start, vocab_rows, dword, dposition,
+                                          places);
   }
   void layernorm_forward(ConstActivation x, ConstActivation residual, const DropoutMask& residual_dropout,
                          Activation sum_out, ConstActivation gamma, ConstActivation beta, std::size_t rows,
@@ -115,9 +117,10 @@ class RecordingBackend : public ForwardingBackend {
     ForwardingBackend::swiglu_backward(dy, x, rows, width, dx);
   }
   void rotary(Activation qkv, std::size_t batch, std::size_t seq, std::size_t groups, std::size_t group,
-              std::size_t dim, std::size_t rotary_dim, const RotaryFrequencies& frequencies, bool inverse) override {
+              std::size_t dim, std::size_t rotary_dim, const RotaryFrequencies& frequencies, bool inverse,
+              const TokenPlaces& places) override {
     record(row_kernel(KernelKind::kRotary, size(batch * seq), size(groups * (group + 1) * rotary_dim)));
-    ForwardingBackend::rotary(qkv, batch, seq, groups, group, dim, rotary_dim, frequencies, inverse);
+    ForwardingBackend::rotary(qkv, batch, seq, groups, group, dim, rotary_dim, frequencies, inverse, places);
   }
   void attention_forward(ConstActivation qkv, std::size_t batch, std::size_t seq, std::size_t heads, std::size_t groups,
                          std::size_t dim, const DropoutMask& dropout, Activation out, float* saved) override {

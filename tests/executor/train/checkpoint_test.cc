@@ -205,6 +205,47 @@ TEST_CASE("a checkpoint of tp 2 x pp 2 resumes bit for bit and loads at one rank
   for (std::size_t i = 0; i < 4; ++i) CHECK(resumed.losses[i] == whole.losses[i + 4]);
 }
 
+TEST_CASE("a checkpoint of cp 2 x dp 2 resumes bit for bit and continues at cp 1 and cp 4", "[checkpoint]") {
+  // Checkpoints do not depend on cp: every cp rank holds the whole model, replica 0 of the dp-cp
+  // group writes it, and the distributed optimizer's shards (over dp x cp) are joined on saving.
+  const megaplan::test::ScratchDirectory scratch;
+  const megaplan::ModelSpec model = four_layer_gpt();
+  exec::TrainOptions options = checkpoint_training_options(megaplan::test::sentence_corpus(scratch));
+  const auto cp_of = [](int64_t cp, ParallelPlan plan) {
+    plan.context_parallel_size = cp;
+    return plan;
+  };
+  const ParallelPlan saving = cp_of(2, plan_of(1, 2, 1, ScheduleKind::kOneFOneB, true));
+  const Outcome single = train(model, plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false), options, scratch, "cp-single");
+  const Outcome whole = train(model, saving, options, scratch, "cp-whole");
+  REQUIRE(whole.losses.size() == 8);
+
+  const std::string directory = scratch.file("cp-checkpoints");
+  options.save = directory;
+  options.exit_interval = 4;
+  CHECK(train(model, saving, options, scratch, "cp-first-half").summary.last_iteration == 4);
+  CHECK(files_under(directory + "/iter_0000004").size() > 0);
+  CHECK(!fs::exists(directory + "/iter_0000004/mp_rank_01"));  // one model-parallel rank: tp 1, pp 1
+
+  options.exit_interval = 0;
+  options.save.reset();
+  options.load = directory;
+  const Outcome resumed = train(model, saving, options, scratch, "cp-second-half");
+  REQUIRE(resumed.losses.size() == 4);
+  for (std::size_t i = 0; i < 4; ++i) CHECK(resumed.losses[i] == whole.losses[i + 4]);
+  for (const auto& [name, plan] : std::vector<std::pair<std::string, ParallelPlan>>{
+           {"cp1", plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false)},
+           {"cp4", cp_of(4, plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false))}}) {
+    INFO(name);
+    const Outcome continued = train(model, plan, options, scratch, "cp-continued-" + name);
+    REQUIRE(continued.losses.size() == 4);
+    for (std::size_t i = 0; i < 4; ++i) {
+      INFO("iteration " << i + 5);
+      CHECK(continued.losses[i] == Approx(single.losses[i + 4]).epsilon(1e-4));
+    }
+  }
+}
+
 TEST_CASE("checkpoints hand a run from pp 2 interleaved to dp 2 with the distributed optimizer to pp 2",
           "[checkpoint]") {
   const megaplan::test::ScratchDirectory scratch;

@@ -183,6 +183,34 @@ TEST_CASE("pipeline, data- and tensor-parallel layouts train on one GPU like one
   check_layouts(model, single, layouts, options, scratch);
 }
 
+TEST_CASE("context-parallel layouts train on one GPU like one rank", "[gpu][train][parallel][context_parallel]") {
+  // The ring's blocks merge in fp32, but each step's query and key-value gradients are added in
+  // bf16 (as Transformer Engine's p2p ring adds them), so cp rounds as often as tp's partial sums:
+  // tp's tolerances.
+  const megaplan::test::ScratchDirectory scratch;
+  const exec::TrainOptions options = options_for(megaplan::test::sentence_corpus(scratch));
+  megaplan::ModelSpec llama = megaplan::test::four_layer_llama();  // heads of 64, as the Llama test's
+  llama.hidden_size = 256;
+  llama.make_vocab_size_divisible_by = 136;
+  for (const megaplan::ModelSpec& model : {four_layer_gpt(), llama}) {
+    INFO(model.name);
+    const Outcome single =
+        train_on_gpu(model, plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false), options, scratch, model.name + "-cp");
+    const auto cp_of = [](int64_t cp, ParallelPlan plan) {
+      plan.context_parallel_size = cp;
+      return plan;
+    };
+    check_layouts(model, single,
+                  {{"cp2", cp_of(2, plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false)), 1e-4, 2e-3, 2e-3, 1e-3},
+                   {"cp4", cp_of(4, plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false)), 1e-4, 2e-3, 2e-3, 1e-3},
+                   {"tp2 x cp2, sequence parallel", cp_of(2, plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false, 2, true)),
+                    1e-4, 2e-3, 2e-3, 1e-3},
+                   {"cp2 x pp2 x dp2, distributed optimizer", cp_of(2, plan_of(2, 2, 1, ScheduleKind::kOneFOneB, true)),
+                    1e-4, 2e-3, 2e-3, 1e-3}},
+                  options, scratch);
+  }
+}
+
 TEST_CASE("the Llama family's layouts train on one GPU like one rank", "[gpu][train][parallel][llama]") {
   // RMSNorm, SwiGLU, RoPE, 4 heads of 64 in 2 query groups (one per tp rank), untied, no biases.
   const megaplan::test::ScratchDirectory scratch;

@@ -247,6 +247,51 @@ TEST_CASE("the Llama family's layers train under tensor, pipeline and data paral
   }
 }
 
+TEST_CASE("context parallelism trains like one rank under tensor, pipeline and data parallelism",
+          "[parallel][context_parallel]") {
+  // Each cp rank holds two chunks of every sequence and attention runs as a ring; the tolerance
+  // above holds: the ring merges the blocks' softmax by their log-sum-exp, and the gradients of the
+  // cp ranks' parts of each sequence add up over the dp-cp group, reordering fp32 sums as data
+  // parallelism does. With dropout every cp rank draws the single rank's masks at its tokens'
+  // places (a wrong place moves the losses by more than 1e-3, as the dropout test measures).
+  const megaplan::test::ScratchDirectory scratch;
+  const exec::TrainOptions options = options_for(megaplan::test::sentence_corpus(scratch));
+  const auto cp_of = [](int64_t cp, ParallelPlan plan) {
+    plan.context_parallel_size = cp;
+    return plan;
+  };
+  for (const megaplan::ModelSpec& model : {four_layer_gpt(), megaplan::test::four_layer_llama()}) {
+    INFO(model.name);
+    const Outcome single =
+        train(model, plan_of(1, 1, 1, 1, ScheduleKind::kOneFOneB), options, scratch, model.name + "-cp-single");
+    ParallelPlan sequence_parallel = cp_of(2, plan_of(2, 1, 1, 1, ScheduleKind::kOneFOneB));
+    sequence_parallel.sequence_parallel = true;
+    ParallelPlan distributed = cp_of(2, plan_of(1, 1, 2, 1, ScheduleKind::kOneFOneB));
+    distributed.use_distributed_optimizer = true;
+    ParallelPlan selective = cp_of(2, plan_of(1, 1, 1, 1, ScheduleKind::kOneFOneB));
+    selective.recompute_granularity = megaplan::RecomputeGranularity::kSelective;
+    check_trains_like(single, model,
+                      {{"cp2", cp_of(2, plan_of(1, 1, 1, 1, ScheduleKind::kOneFOneB))},
+                       {"cp4", cp_of(4, plan_of(1, 1, 1, 1, ScheduleKind::kOneFOneB))},
+                       {"tp2 x cp2, sequence parallel", sequence_parallel},
+                       {"cp2 x pp2 1f1b", cp_of(2, plan_of(1, 2, 1, 1, ScheduleKind::kOneFOneB))},
+                       {"cp2 x pp2 interleaved vpp2", cp_of(2, plan_of(1, 2, 1, 2, ScheduleKind::kInterleaved))},
+                       {"cp2 x dp2, distributed optimizer", distributed},
+                       {"cp2, selective recomputation", selective}},
+                      options, scratch, model.name + "-cp-");
+  }
+  ParallelPlan with_dropout = plan_of(1, 1, 1, 1, ScheduleKind::kOneFOneB);
+  with_dropout.options.hidden_dropout = 0.1;
+  with_dropout.options.attention_dropout = 0.1;
+  const Outcome single = train(four_layer_gpt(), with_dropout, options, scratch, "cp-dropout-single");
+  ParallelPlan everything = cp_of(2, with_dropout);
+  everything.tensor_parallel_size = 2;
+  everything.sequence_parallel = true;
+  check_trains_like(single, four_layer_gpt(),
+                    {{"cp2, dropout", cp_of(2, with_dropout)}, {"tp2 x cp2, sequence parallel, dropout", everything}},
+                    options, scratch, "cp-dropout-");
+}
+
 TEST_CASE("every layout starts from the single rank's weights bit for bit", "[parallel]") {
   // Each rank draws only its part of each tensor, as the whole tensor's elements at their places.
   // At --lr 0 an iteration leaves every weight as drawn (AdamW subtracts 0 x its update), so the
