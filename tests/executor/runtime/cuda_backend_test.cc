@@ -26,6 +26,7 @@
 #include "executor/runtime/cuda_backend.h"
 #include "executor/train/trainer.h"
 #include "tests/executor/kernels/shard_cross_entropy.h"
+#include "tests/executor/runtime/ring_attention_check.h"
 #include "tests/executor/train/training_fixtures.h"
 
 namespace {
@@ -484,6 +485,40 @@ TEST_CASE("the CUDA backend's GEMMs read and write fp16 when asked, for the prof
   megaplan::exec::CpuBackend cpu;
   CHECK_FALSE(cpu.runs_fp16_gemms());
   CHECK_THROWS_AS(cpu.set_gemm_precision(DType::kFloat16), std::logic_error);
+}
+
+// Ring attention's blocks (context parallelism) on the flash kernels' block form against the same
+// kernels over the whole sequence, on chunks that are not a multiple of their 64-row tiles (48,
+// 200) and one that is (128). Both run in bf16 on the same bf16 inputs, so they differ by rounding
+// alone: the ring rounds each block's P to bf16 against its own row maximum and adds dQ (over up
+// to cp + 1 blocks) and dK, dV (over the ranks whose queries see them) into bf16 buffers, one
+// rounding of up to 2^-9 of the running sum per add, where the whole sequence rounds each once.
+// A handful of such roundings on the largest element is about 1e-2 of it: 2e-2 leaves room for
+// the sums' cancellations and fails any wrong mask, place or merge (an error of order 1).
+TEST_CASE("CUDA ring attention's blocks equal its flash attention over the whole sequence",
+          "[gpu][kernels][context_parallel]") {
+  const std::unique_ptr<Backend> gpu = megaplan::exec::make_cuda_backend();
+  constexpr double kRing = 2e-2;
+  for (const int64_t cp : {1, 2, 4}) {
+    for (const float dropout : {0.0f, 0.25f}) {
+      for (const std::size_t dim : {std::size_t{64}, std::size_t{128}}) {
+        for (const std::size_t groups : {std::size_t{2}, std::size_t{4}}) {  // 4 heads: grouped, ungrouped
+          for (const std::size_t chunk : {std::size_t{48}, std::size_t{128}, std::size_t{200}}) {
+            megaplan::test::RingAttentionCase ring;
+            ring.batch = 2;
+            ring.heads = 4;
+            ring.groups = groups;
+            ring.dim = dim;
+            ring.chunk = chunk;
+            ring.cp = cp;
+            ring.dropout = dropout;
+            INFO("head dim " << dim << ", " << groups << " groups, chunk " << chunk);
+            megaplan::test::check_ring_attention(*gpu, ring, kRing);
+          }
+        }
+      }
+    }
+  }
 }
 
 TEST_CASE("the CUDA backend draws the CPU backend's initial weights bit for bit", "[gpu][draws]") {
