@@ -296,7 +296,7 @@ __device__ __forceinline__ void forward_body(const Layout& layout, const Half* q
   const auto v_stage = [&](int kb) { return v_stages + (kb % 2) * kTile; };
   const auto drop = [&](float(&p)[kBlock / 8][4], int kb) {
     const RowKeeps keeps = kRing ? RowKeeps(dropout, b, h, block.query_first + query0, block.key_first + kb * kBlock)
-                                  : RowKeeps(dropout, b, h, query0, kb * kBlock);
+                                 : RowKeeps(dropout, b, h, query0, kb * kBlock);
     for (int nt = 0; nt < kBlock / 8; ++nt) {
       for (int e = 0; e < 4; ++e) p[nt][e] = keeps.kept(nt, e) ? p[nt][e] : 0.0f;
     }
@@ -711,7 +711,7 @@ __device__ __forceinline__ void dq_body(const Layout& layout, const Half* dout, 
     RowKeeps keeps{};
     if constexpr (kDropout) {
       keeps = kRing ? RowKeeps(dropout, b, h, block.query_first + query0, block.key_first + kb * kBlock)
-                     : RowKeeps(dropout, b, h, query0, kb * kBlock);
+                    : RowKeeps(dropout, b, h, query0, kb * kBlock);
     }
     wgmma_wait<0>();
     wgmma_pin(flat(p));
