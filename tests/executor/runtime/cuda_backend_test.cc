@@ -523,7 +523,7 @@ TEST_CASE("CUDA ring attention's blocks equal its flash attention over the whole
 }
 
 // The same under --fp16: the block kernels' fp16 instantiation, 3 bits finer than bf16, so an
-// eighth of the bf16 bound (4e-3).
+// eighth of the bf16 bound (4e-3; seen on an H200: at most 1.3e-3).
 TEST_CASE("CUDA ring attention's blocks equal its flash attention in fp16", "[gpu][kernels][context_parallel]") {
   const std::unique_ptr<Backend> gpu = megaplan::exec::make_cuda_backend(DType::kFloat16);
   constexpr double kRingFp16 = 4e-3;
