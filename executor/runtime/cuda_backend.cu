@@ -327,21 +327,40 @@ class CudaBackend final : public Backend {
                                    precision_, lane_->stream);
   }
 
-  // The ring's block kernels are not built yet: training refuses context parallelism on the GPU
-  // (core/executor_support.h) until they are.
-  void pack_key_values(ConstActivation, const AttentionDims&, Activation) override { no_ring(); }
-  void unpack_key_value_gradients(ConstActivation, const AttentionDims&, Activation) override { no_ring(); }
-  void attention_block_forward(ConstActivation, ConstActivation, const AttentionDims&, const AttentionChunkBlock&,
-                               const DropoutMask&, float*, float*) override {
-    no_ring();
+  // Ring attention's blocks (context parallelism) on the flash kernels' block form: the rank's
+  // `seq` rows are its two chunks of seq / 2 tokens.
+  static cuda::AttentionBlockShape attention_block_shape(const AttentionDims& dims, const AttentionChunkBlock& block,
+                                                         const DropoutMask& dropout) {
+    cuda::AttentionBlockShape shape{};
+    shape.shape = attention_shape(dims.batch, dims.seq, dims.heads, dims.groups, dims.dim, dropout);
+    shape.rows = i64(dims.seq / 2);
+    shape.query_row0 = i64(block.query_chunk) * shape.rows;
+    shape.key_row0 = i64(block.key_chunk) * shape.rows;
+    shape.query_first = block.query_first;
+    shape.key_first = block.key_first;
+    return shape;
   }
-  void attention_block_backward(ConstActivation, ConstActivation, ConstActivation, const float*, ConstActivation,
-                                const AttentionDims&, const AttentionChunkBlock&, const DropoutMask&, Activation,
-                                Activation) override {
-    no_ring();
+  void pack_key_values(ConstActivation qkv, const AttentionDims& dims, Activation kv) override {
+    cuda::copy_key_values(h16(qkv), h16(kv), i64(dims.batch), i64(dims.seq), i64(dims.groups),
+                          i64(dims.heads / dims.groups), i64(dims.dim), false, lane_->stream);
   }
-  [[noreturn]] static void no_ring() {
-    throw std::logic_error("CUDA backend: ring attention (context parallelism) is not built on the GPU yet");
+  void unpack_key_value_gradients(ConstActivation dkv, const AttentionDims& dims, Activation dqkv) override {
+    cuda::copy_key_values(h16(dkv), h16(dqkv), i64(dims.batch), i64(dims.seq), i64(dims.groups),
+                          i64(dims.heads / dims.groups), i64(dims.dim), true, lane_->stream);
+  }
+  void attention_block_forward(ConstActivation qkv, ConstActivation kv, const AttentionDims& dims,
+                               const AttentionChunkBlock& block, const DropoutMask& dropout, float* out,
+                               float* lse) override {
+    cuda::flash_attention_block_forward(attention_block_shape(dims, block, dropout), h16(qkv), h16(kv), out, lse,
+                                        precision_, lane_->stream);
+  }
+  void attention_block_backward(ConstActivation dout, ConstActivation qkv, ConstActivation out, const float* lse,
+                                ConstActivation kv, const AttentionDims& dims, const AttentionChunkBlock& block,
+                                const DropoutMask& dropout, Activation dqkv, Activation dkv) override {
+    const cuda::AttentionBlockShape shape = attention_block_shape(dims, block, dropout);
+    void* workspace = lane_->workspace.get(cuda::flash_attention_block_backward_workspace_bytes(shape));
+    cuda::flash_attention_block_backward(shape, h16(dout), h16(qkv), h16(kv), h16(out), lse, h16(dqkv), h16(dkv),
+                                         workspace, precision_, lane_->stream);
   }
   void convert(const float* x, std::size_t n, Activation y) override {
     cuda::cast_to_half(x, i64(n), h16(y), precision_, lane_->stream);

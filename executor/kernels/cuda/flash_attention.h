@@ -49,4 +49,37 @@ void flash_attention_backward(const AttentionShape& shape, const Half* dout, con
                               const Half* v, const Half* out, const float* lse, int64_t dqkv_token_stride, Half* dq,
                               Half* dk, Half* dv, void* workspace, DType precision, cudaStream_t stream);
 
+// Ring attention's block (context parallelism): `rows` queries of each sequence, from local row
+// query_row0 of its shape.seq rows, against `rows` keys and values from local row key_row0 of a
+// packed kv [batch, shape.seq, kv_heads, 2, head_dim] (each key-value head's key, then its value);
+// query_first and key_first are the two chunks' first tokens' places in the whole sequence, whose
+// length is shape.dropout.seq: the mask is drawn at the places, so that the blocks draw the whole
+// sequence's. A block is diagonal (query_first == key_first, masked causally within) or wholly
+// visible (key_first + rows <= query_first); std::logic_error for any other.
+struct AttentionBlockShape {
+  AttentionShape shape;  // seq: the local rows; the qkv strides: q's
+  int64_t rows, query_row0, key_row0, query_first, key_first;
+};
+
+// Merges the block's attention into the query rows of the running out [batch, seq, heads,
+// head_dim] and lse [batch, heads, seq] (fp32) by their log-sum-exp: out 0 and lse -inf before a
+// row's first block; after its last, out is attention over every key its blocks showed it and lse
+// its log-sum-exp.
+void flash_attention_block_forward(const AttentionBlockShape& block, const Half* q, const Half* kv, float* out,
+                                   float* lse, DType precision, cudaStream_t stream);
+
+std::size_t flash_attention_block_backward_workspace_bytes(const AttentionBlockShape& block);
+
+// The block's share of the gradient from dout and the merged forward's out (16-bit, [batch, seq,
+// heads, head_dim]) and lse: dQ added to dq (laid out as q), dK and dV to dkv (laid out as kv).
+// Deterministic as the whole sequence's backward.
+void flash_attention_block_backward(const AttentionBlockShape& block, const Half* dout, const Half* q, const Half* kv,
+                                    const Half* out, const float* lse, Half* dq, Half* dkv, void* workspace,
+                                    DType precision, cudaStream_t stream);
+
+// Between a fused qkv [batch, seq, groups, group + 2, dim] and a packed kv [batch, seq, groups, 2,
+// dim]: kv = qkv's keys and values, or (unpack) qkv's keys and values = kv's, its queries unchanged.
+void copy_key_values(const Half* from, Half* to, int64_t batch, int64_t seq, int64_t groups, int64_t group, int64_t dim,
+                     bool unpack, cudaStream_t stream);
+
 }  // namespace megaplan::exec::cuda

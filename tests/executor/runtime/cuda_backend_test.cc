@@ -26,6 +26,7 @@
 #include "executor/runtime/cuda_backend.h"
 #include "executor/train/trainer.h"
 #include "tests/executor/kernels/shard_cross_entropy.h"
+#include "tests/executor/runtime/ring_attention_check.h"
 #include "tests/executor/train/training_fixtures.h"
 
 namespace {
@@ -484,6 +485,79 @@ TEST_CASE("the CUDA backend's GEMMs read and write fp16 when asked, for the prof
   megaplan::exec::CpuBackend cpu;
   CHECK_FALSE(cpu.runs_fp16_gemms());
   CHECK_THROWS_AS(cpu.set_gemm_precision(DType::kFloat16), std::logic_error);
+}
+
+// Ring attention's blocks (context parallelism) on the flash kernels' block form against the same
+// kernels over the whole sequence, on chunks that are not a multiple of their 64-row tiles (48,
+// 200) and one that is (128). Both run in bf16 on the same bf16 inputs, so they differ by rounding
+// alone: the ring rounds each block's P to bf16 against its own row maximum, and adds dQ and dK, dV
+// into bf16 buffers block by block (at cp 4 up to 8 blocks reach one row: one rounding of up to
+// 2^-9 of the running sum each, 1.6e-2 of it at worst, about 3 of them on a random walk) where the
+// whole sequence rounds each gradient once. Seen on an H200: at most 6.7e-3 for out and 1.4e-2 for
+// dqkv (cp 4), growing with cp as the adds do. 3e-2 holds the worst case of the roundings and
+// fails any wrong mask, place or merge, whose errors are of the order of the values themselves.
+TEST_CASE("CUDA ring attention's blocks equal its flash attention over the whole sequence",
+          "[gpu][kernels][context_parallel]") {
+  const std::unique_ptr<Backend> gpu = megaplan::exec::make_cuda_backend();
+  constexpr double kRing = 3e-2;
+  for (const int64_t cp : {1, 2, 4}) {
+    for (const float dropout : {0.0f, 0.25f}) {
+      for (const std::size_t dim : {std::size_t{64}, std::size_t{128}}) {
+        for (const std::size_t groups : {std::size_t{2}, std::size_t{4}}) {  // 4 heads: grouped, ungrouped
+          for (const std::size_t chunk : {std::size_t{48}, std::size_t{128}, std::size_t{200}}) {
+            megaplan::test::RingAttentionCase ring;
+            ring.batch = 2;
+            ring.heads = 4;
+            ring.groups = groups;
+            ring.dim = dim;
+            ring.chunk = chunk;
+            ring.cp = cp;
+            ring.dropout = dropout;
+            INFO("head dim " << dim << ", " << groups << " groups, chunk " << chunk);
+            megaplan::test::check_ring_attention(*gpu, ring, kRing);
+          }
+        }
+      }
+    }
+  }
+}
+
+// The same under --fp16: the block kernels' fp16 instantiation, 3 bits finer than bf16, so an
+// eighth of the bf16 bound (4e-3; seen on an H200: at most 1.3e-3).
+TEST_CASE("CUDA ring attention's blocks equal its flash attention in fp16", "[gpu][kernels][context_parallel]") {
+  const std::unique_ptr<Backend> gpu = megaplan::exec::make_cuda_backend(DType::kFloat16);
+  constexpr double kRingFp16 = 4e-3;
+  for (const int64_t cp : {2, 4}) {
+    for (const float dropout : {0.0f, 0.25f}) {
+      for (const std::size_t dim : {std::size_t{64}, std::size_t{128}}) {
+        megaplan::test::RingAttentionCase ring;
+        ring.batch = 2;
+        ring.heads = 4;
+        ring.groups = 2;
+        ring.dim = dim;
+        ring.chunk = 200;
+        ring.cp = cp;
+        ring.dropout = dropout;
+        INFO("fp16, head dim " << dim);
+        megaplan::test::check_ring_attention(*gpu, ring, kRingFp16);
+      }
+    }
+  }
+}
+
+TEST_CASE("CUDA ring attention refuses a block that is neither the diagonal nor wholly before its queries",
+          "[gpu][kernels][context_parallel]") {
+  const std::unique_ptr<Backend> gpu = megaplan::exec::make_cuda_backend();
+  const megaplan::exec::AttentionDims dims{1, 128, 2, 2, 64};
+  const Activation qkv = gpu->allocate_activation(128 * 2 * 3 * 64), kv = gpu->allocate_activation(128 * 2 * 2 * 64);
+  float* out = gpu->allocate(128 * 2 * 64);
+  float* lse = gpu->allocate(2 * 128);
+  // Keys 32 .. 95 against queries 64 .. 127: some keys follow some queries.
+  const megaplan::exec::AttentionChunkBlock overlapping{1, 0, 64, 32};
+  CHECK_THROWS_AS(gpu->attention_block_forward(qkv, kv, dims, overlapping, kNoDropout, out, lse), std::logic_error);
+  for (const Activation a : {qkv, kv}) gpu->release(a);
+  gpu->release(out);
+  gpu->release(lse);
 }
 
 TEST_CASE("the CUDA backend draws the CPU backend's initial weights bit for bit", "[gpu][draws]") {
