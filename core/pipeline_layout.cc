@@ -85,6 +85,15 @@ std::vector<int64_t> stage_layer_counts(const ModelSpec& model, const ParallelPl
   return counts;
 }
 
+int64_t most_stage_layers(const ModelSpec& model, const ParallelPlan& plan) {
+  const int64_t stages = plan.num_virtual_stages();
+  if (plan.pipeline_split.even() && stages > 0 && model.num_layers % stages == 0 && model.num_layers >= stages) {
+    return model.num_layers / stages;
+  }
+  const std::vector<int64_t> counts = stage_layer_counts(model, plan);  // throws where the layers do not split
+  return *std::max_element(counts.begin(), counts.end());
+}
+
 std::vector<int64_t> stages_of_pipeline_rank(int64_t pipeline_rank, const ParallelPlan& plan) {
   const StagePlacement placement = stage_placement(plan.schedule);
   std::vector<int64_t> stages;
