@@ -423,16 +423,23 @@ SearchResult search_plans(const ModelSpec& model, const GpuSpec& gpu, const std:
       ++result.counts.pruned_model_state;
       continue;
     }
-    survivors.push_back({index, estimator.lower_bound_s(candidates[index])});
+    survivors.push_back({index, 0});
   }
+  require_at_most(options.threads, kMaxThreads, "--threads");
+  const int64_t threads =
+      options.threads > 0 ? options.threads : std::max<int64_t>(1, std::thread::hardware_concurrency());
+  // The bounds on the threads: a bound costs its plan's layers the first time they are met.
+  std::atomic<std::size_t> bounded{0};
+  run_workers(threads, [&](std::atomic<bool>& stop) {
+    for (std::size_t i = bounded.fetch_add(1); i < survivors.size() && !stop.load(); i = bounded.fetch_add(1)) {
+      survivors[i].bound = estimator.lower_bound_s(candidates[survivors[i].index]);
+    }
+  });
   std::sort(survivors.begin(), survivors.end(), [](const Candidate& a, const Candidate& b) {
     return a.bound != b.bound ? a.bound < b.bound : a.index < b.index;
   });
 
   Ranking ranking(static_cast<std::size_t>(options.top), survivors.size(), options);
-  require_at_most(options.threads, kMaxThreads, "--threads");
-  const int64_t threads =
-      options.threads > 0 ? options.threads : std::max<int64_t>(1, std::thread::hardware_concurrency());
   std::atomic<std::size_t> next{0};
   // A bound that fails stops every thread: every later candidate's bound fails too.
   run_workers(threads, [&](std::atomic<bool>& stop) {
