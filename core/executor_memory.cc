@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "core/formulas.h"
+#include "core/hot_loop.h"
 #include "core/kernel_list.h"
 #include "core/parameter_list.h"
 #include "core/pipeline_layout.h"
@@ -107,6 +108,11 @@ class RankWalk {
     note();
   }
 
+  // Flattened: a search walks millions of actions, a few instructions each once inlined.
+  MEGAPLAN_HOT_LOOP void run(const std::vector<Action>& actions) {
+    for (const Action& action : actions) run(action);
+  }
+
   void run(const Action& action) {
     switch (action.kind) {
       case ActionKind::kForward: forward(action.stage, action.microbatch); break;
@@ -143,10 +149,13 @@ class RankWalk {
   void evaluate() {
     counts_.back() += 2;
     note();
+    keep_noted();
     counts_.back() -= 2;
   }
 
-  ExecutorMemoryWalk::Rank result() const {
+  // REQUIRES: called once, after the last action.
+  ExecutorMemoryWalk::Rank result() {
+    keep_noted();
     ExecutorMemoryWalk::Rank rank;
     for (std::size_t stage = 0; stage < local_.size(); ++stage) {
       if (local_[stage] >= 0) rank.stages.push_back(static_cast<int64_t>(stage));
@@ -260,6 +269,7 @@ class RankWalk {
   }
 
   void weight(int64_t stage, int64_t microbatch) {
+    keep_noted();
     --deferred(stage);
     int64_t& kept = kept_[cell(stage, microbatch)];
     give_back(stage, kept);
@@ -271,17 +281,17 @@ class RankWalk {
   // dominates it (as result() judges: no deferred count smaller), since result() would drop it too:
   // this one, or a later moment dominating this one, dominates it. Messages growing one by one
   // (GPipe's warm-up) and a steady state's I then note millions of moments in a search and keep
-  // few. Written out: for the few counts of a moment, std::equal and vector::insert's memcmp and
-  // memmove calls cost more than the copy.
+  // few. So the moment noted last stays in counts_ (`noted_`) and is copied out only before a count
+  // falls (keep_noted): until then every count only grows, and each later moment dominates it.
   void note() {
-    const std::size_t width = counts_.size();
-    std::size_t at = moments_.size();
-    if (at >= width && dominates_last()) {
-      at -= width;
-    } else {
-      moments_.resize(at + width);
-    }
-    for (std::size_t i = 0; i < width; ++i) moments_[at + i] = counts_[i];
+    if (noted_) return;
+    if (!moments_.empty() && dominates_last()) moments_.resize(moments_.size() - counts_.size());
+    noted_ = true;
+  }
+  void keep_noted() {
+    if (!noted_) return;
+    moments_.insert(moments_.end(), counts_.begin(), counts_.end());
+    noted_ = false;
   }
   bool dominates_last() const {
     const std::size_t last = moments_.size() - counts_.size();
@@ -303,7 +313,8 @@ class RankWalk {
   // By index i: 3i sets ever held, 3i + 1 layer sets ever lent at once, 3i + 2 microbatches
   // awaiting W; last, messages ever held at once.
   std::vector<int64_t> counts_;
-  std::vector<int64_t> moments_;  // each noted moment's counts_, one after another
+  std::vector<int64_t> moments_;  // each noted moment's counts_, one after another, but the last
+  bool noted_ = false;            // the last noted moment is counts_ as they are
 };
 
 // Each stage's chunk; chunks of equal layer count and role (first, last, neither) are equal and
@@ -341,7 +352,7 @@ ExecutorMemoryWalk walk_executor_memory(const ModelSpec& model, const ParallelPl
     std::vector<int64_t> stages = stages_of_pipeline_rank(rank, plan);
     std::sort(stages.begin(), stages.end());
     RankWalk rank_walk(shape, schedule.shape, stages);
-    for (const Action& action : schedule.ranks[static_cast<std::size_t>(rank)]) rank_walk.run(action);
+    rank_walk.run(schedule.ranks[static_cast<std::size_t>(rank)]);
     if (evaluates) rank_walk.evaluate();
     walk.ranks.push_back(rank_walk.result());
   }

@@ -84,20 +84,20 @@ StageParameters stage_parameters(const ModelSpec& model, const ParallelPlan& pla
 }
 
 std::vector<PipelineRankParameters> parameters_per_pipeline_rank(const ModelSpec& model, const ParallelPlan& plan) {
-  std::vector<PipelineRankParameters> ranks;
-  for (int64_t rank = 0; rank < plan.pipeline_parallel_size; ++rank) {
-    PipelineRankParameters entry;
-    entry.pipeline_rank = rank;
-    for (const int64_t stage : stages_of_pipeline_rank(rank, plan)) {
-      const StageLayers layers = stage_layers(stage, model, plan);
-      const StageParameters held = stage_parameters(model, plan, stage);
-      entry.num_layers += layers.num_layers;
-      entry.has_embedding = entry.has_embedding || layers.has_embedding;
-      entry.has_output_layer = entry.has_output_layer || layers.has_output_layer;
-      entry.parameters += held.parameters;
-      entry.parameters_per_gpu += held.parameters_per_gpu;
-    }
-    ranks.push_back(entry);
+  const int64_t pp = plan.pipeline_parallel_size;
+  std::vector<PipelineRankParameters> ranks(static_cast<std::size_t>(pp));
+  for (int64_t rank = 0; rank < pp; ++rank) ranks[static_cast<std::size_t>(rank)].pipeline_rank = rank;
+  // Each stage added to its rank in one pass (asking each rank for its stages costs pp x stages).
+  const StagePlacement placement = stage_placement(plan.schedule);
+  for (int64_t stage = 0; stage < plan.num_virtual_stages(); ++stage) {
+    PipelineRankParameters& entry = ranks[static_cast<std::size_t>(pipeline_rank_of_stage(stage, pp, placement))];
+    const StageLayers layers = stage_layers(stage, model, plan);
+    const StageParameters held = stage_parameters(model, plan, stage);
+    entry.num_layers += layers.num_layers;
+    entry.has_embedding = entry.has_embedding || layers.has_embedding;
+    entry.has_output_layer = entry.has_output_layer || layers.has_output_layer;
+    entry.parameters += held.parameters;
+    entry.parameters_per_gpu += held.parameters_per_gpu;
   }
   return ranks;
 }

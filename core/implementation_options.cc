@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <array>
 #include <sstream>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -82,9 +84,11 @@ Enum parse_name(const std::string& text, const std::string& field, const std::ar
   throw SpecError(field, "must be one of " + spellings + "; got \"" + text + "\"");
 }
 
-void require_probability(double value, const std::string& field) {
+// The field is a string_view, made a std::string only when thrown: the planner validates hundreds
+// of thousands of plans, and the flags' names are too long for the short-string buffer.
+void require_probability(double value, std::string_view field) {
   if (!(value >= 0 && value < 1)) {
-    throw SpecError(field, "must be a dropout probability in [0, 1), got " + std::to_string(value));
+    throw SpecError(std::string(field), "must be a dropout probability in [0, 1), got " + std::to_string(value));
   }
 }
 

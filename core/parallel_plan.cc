@@ -132,7 +132,7 @@ void validate_plan(const ModelSpec& model, const ParallelPlan& plan) {
   if (vpp > 1 && pp == 1) {
     throw SpecError("--virtual-pipeline-model-parallel-size", "needs --pipeline-model-parallel-size > 1");
   }
-  const std::vector<int64_t> layer_counts = stage_layer_counts(model, plan);
+  const int64_t stage_layers = most_stage_layers(model, plan);
 
   const int64_t replica_batch = checked_multiply(plan.micro_batch_size, dp, "--micro-batch-size");
   require_divides(replica_batch, plan.global_batch_size, "--global-batch-size", [&] {
@@ -156,7 +156,6 @@ void validate_plan(const ModelSpec& model, const ParallelPlan& plan) {
 
   if (plan.recompute_granularity == RecomputeGranularity::kFull) {
     // Megatron checkpoints groups (uniform) or single layers (block) within each model chunk.
-    const int64_t stage_layers = *std::max_element(layer_counts.begin(), layer_counts.end());
     if (plan.recompute_num_layers < 1 || plan.recompute_num_layers > stage_layers) {
       throw SpecError("--recompute-num-layers", "must be between 1 and the " + std::to_string(stage_layers) +
                                                     " layers of a model chunk, got " +

@@ -37,6 +37,18 @@ std::vector<int64_t> first_last_rank_layers(const ModelSpec& model, const Parall
   return ranks;
 }
 
+// Each pipeline rank's layers split evenly over its virtual stages.
+void require_split_over_virtual_stages(const std::vector<int64_t>& ranks, int64_t vpp) {
+  for (std::size_t rank = 0; rank < ranks.size(); ++rank) {
+    if (ranks[rank] % vpp != 0) {
+      throw SpecError("--virtual-pipeline-model-parallel-size",
+                      "must divide the " + std::to_string(ranks[rank]) + " layers of pipeline rank " +
+                          std::to_string(rank) + " (layers per rank " + std::to_string(ranks.front()) + ", ..., " +
+                          std::to_string(ranks.back()) + ")");
+    }
+  }
+}
+
 }  // namespace
 
 std::vector<int64_t> stage_layer_counts(const ModelSpec& model, const ParallelPlan& plan) {
@@ -48,14 +60,7 @@ std::vector<int64_t> stage_layer_counts(const ModelSpec& model, const ParallelPl
   if (split.first_stage_layers != 0 || split.last_stage_layers != 0) {
     const std::vector<int64_t> ranks = first_last_rank_layers(model, plan);
     const StagePlacement placement = stage_placement(plan.schedule);
-    for (int64_t rank = 0; rank < pp; ++rank) {
-      if (ranks[static_cast<std::size_t>(rank)] % vpp != 0) {
-        throw SpecError("--virtual-pipeline-model-parallel-size",
-                        "must divide the " + std::to_string(ranks[static_cast<std::size_t>(rank)]) +
-                            " layers of pipeline rank " + std::to_string(rank) + " (layers per rank " +
-                            std::to_string(ranks.front()) + ", ..., " + std::to_string(ranks.back()) + ")");
-      }
-    }
+    require_split_over_virtual_stages(ranks, vpp);
     for (int64_t stage = 0; stage < stages; ++stage) {
       counts[static_cast<std::size_t>(stage)] =
           ranks[static_cast<std::size_t>(pipeline_rank_of_stage(stage, pp, placement))] / vpp;
@@ -83,6 +88,24 @@ std::vector<int64_t> stage_layer_counts(const ModelSpec& model, const ParallelPl
     }
   }
   return counts;
+}
+
+int64_t most_stage_layers(const ModelSpec& model, const ParallelPlan& plan) {
+  const PipelineSplit& split = plan.pipeline_split;
+  const int64_t stages = plan.num_virtual_stages();
+  const int64_t vpp = plan.virtual_pipeline_parallel_size;
+  if (split.even() && stages > 0 && model.num_layers % stages == 0 && model.num_layers >= stages) {
+    return model.num_layers / stages;
+  }
+  if (split.first_stage_layers != 0 || split.last_stage_layers != 0) {
+    // Every stage holds its rank's layers over vpp: the ranks alone, without the stages.
+    const std::vector<int64_t> ranks = first_last_rank_layers(model, plan);
+    require_split_over_virtual_stages(ranks, vpp);
+    if (*std::min_element(ranks.begin(), ranks.end()) >= vpp)
+      return *std::max_element(ranks.begin(), ranks.end()) / vpp;
+  }
+  const std::vector<int64_t> counts = stage_layer_counts(model, plan);  // throws where the layers do not split
+  return *std::max_element(counts.begin(), counts.end());
 }
 
 std::vector<int64_t> stages_of_pipeline_rank(int64_t pipeline_rank, const ParallelPlan& plan) {

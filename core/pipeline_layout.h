@@ -18,6 +18,9 @@ namespace megaplan {
 // virtual stages. Throws SpecError naming the flag when the layers do not split so, or a stage
 // would hold no layer.
 std::vector<int64_t> stage_layer_counts(const ModelSpec& model, const ParallelPlan& plan);
+// The most of those on one stage, with the same checks: without a vector for an even split, as
+// validate_plan asks it of every plan a search enumerates.
+int64_t most_stage_layers(const ModelSpec& model, const ParallelPlan& plan);
 
 // Loop: stage s runs on rank s % pp. V: stages 0..pp-1 go down the ranks and pp..2pp-1 come back
 // up, so rank r holds stages r and 2pp-1-r (and the last stage sits on rank 0).

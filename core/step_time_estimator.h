@@ -32,6 +32,7 @@ struct RankedPlan {
   bool tie = false;  // within tie_tolerance of the best: the estimate cannot tell the two apart
 };
 
+// Every function is safe to call from several threads at once.
 class StepTimeEstimator {
  public:
   virtual ~StepTimeEstimator() = default;
@@ -39,7 +40,7 @@ class StepTimeEstimator {
   // every candidate: the planner skips plans whose bound cannot beat its current k-th best.
   // REQUIRES: validate_plan(model, plan) passed for the estimator's model, on its GPUs.
   virtual double lower_bound_s(const ParallelPlan& plan) const = 0;
-  // Safe to call from several threads at once. `lowered`: the plan's generated schedule, lowered
+  // `lowered`: the plan's generated schedule, lowered
   // (the planner lowers each schedule shape once and shares it among the plans of that shape).
   virtual StepEstimate estimate(const ParallelPlan& plan, const PipelineSchedule& lowered) const = 0;
   // The same, lowering the plan's schedule first.

@@ -273,39 +273,6 @@ class Ranking {
   std::vector<OverMemory> over_memory_;
 };
 
-// Layouts refused on their activations, closest to fitting first: by peak, then index. A peak known
-// only by its floor is walked when the floor comes up (at an equal number before a walked peak, so
-// that equal peaks still go by index); the rest are never walked.
-class ClosestToFitting {
- public:
-  ClosestToFitting(std::vector<Ranking::OverMemory> entries, std::function<int64_t(std::size_t)> walk_peak)
-      : heap_(std::move(entries)), walk_peak_(std::move(walk_peak)) {
-    std::make_heap(heap_.begin(), heap_.end(), later);
-  }
-  // REQUIRES: called at most once per entry.
-  Ranking::OverMemory next() {
-    for (;;) {
-      std::pop_heap(heap_.begin(), heap_.end(), later);
-      Ranking::OverMemory& entry = heap_.back();
-      if (entry.walked) {
-        const Ranking::OverMemory closest = entry;
-        heap_.pop_back();
-        return closest;
-      }
-      entry.peak = walk_peak_(entry.index);
-      entry.walked = true;
-      std::push_heap(heap_.begin(), heap_.end(), later);
-    }
-  }
-
- private:
-  static bool later(const Ranking::OverMemory& a, const Ranking::OverMemory& b) {
-    return std::tuple(a.peak, a.walked, a.index) > std::tuple(b.peak, b.walked, b.index);
-  }
-  std::vector<Ranking::OverMemory> heap_;
-  std::function<int64_t(std::size_t)> walk_peak_;
-};
-
 // Runs `work` on `threads` threads (this one among them) until each returns. `work` takes a stop
 // flag: set when a thread fails or more cannot start, it should return at its next item. The first
 // failure is rethrown here, after every thread has ended.
@@ -336,6 +303,56 @@ void run_workers(int64_t threads, const std::function<void(std::atomic<bool>& st
   for (std::thread& thread : pool) thread.join();
   if (failure) std::rethrow_exception(failure);
 }
+
+// Layouts refused on their activations, closest to fitting first: by peak, then index. A peak known
+// only by its floor is walked when the floor comes up (at an equal number before a walked peak, so
+// that equal peaks still go by index); the rest are never walked. The floors that come up next
+// are walked together, one a thread: the first is needed now and the others, no higher, most
+// likely soon; walking more never changes the order, as a floor is at most its walked peak.
+class ClosestToFitting {
+ public:
+  ClosestToFitting(std::vector<Ranking::OverMemory> entries, std::function<int64_t(std::size_t)> walk_peak,
+                   int64_t threads)
+      : heap_(std::move(entries)), walk_peak_(std::move(walk_peak)), threads_(static_cast<std::size_t>(threads)) {
+    std::make_heap(heap_.begin(), heap_.end(), later);
+  }
+  // REQUIRES: called at most once per entry.
+  Ranking::OverMemory next() {
+    for (;;) {
+      std::pop_heap(heap_.begin(), heap_.end(), later);
+      if (heap_.back().walked) {
+        const Ranking::OverMemory closest = heap_.back();
+        heap_.pop_back();
+        return closest;
+      }
+      std::size_t popped = 1;  // the unwalked entries at heap_'s end
+      while (popped < threads_ && popped < heap_.size() && !heap_.front().walked) {
+        std::pop_heap(heap_.begin(), heap_.end() - static_cast<std::ptrdiff_t>(popped), later);
+        ++popped;
+      }
+      const std::size_t first = heap_.size() - popped;
+      std::atomic<std::size_t> taken{0};
+      run_workers(static_cast<int64_t>(popped), [&](std::atomic<bool>& stop) {
+        for (std::size_t i = taken.fetch_add(1); i < popped && !stop.load(); i = taken.fetch_add(1)) {
+          Ranking::OverMemory& entry = heap_[first + i];
+          entry.peak = walk_peak_(entry.index);
+          entry.walked = true;
+        }
+      });
+      for (std::size_t end = first + 1; end <= heap_.size(); ++end) {
+        std::push_heap(heap_.begin(), heap_.begin() + static_cast<std::ptrdiff_t>(end), later);
+      }
+    }
+  }
+
+ private:
+  static bool later(const Ranking::OverMemory& a, const Ranking::OverMemory& b) {
+    return std::tuple(a.peak, a.walked, a.index) > std::tuple(b.peak, b.walked, b.index);
+  }
+  std::vector<Ranking::OverMemory> heap_;
+  std::function<int64_t(std::size_t)> walk_peak_;
+  std::size_t threads_;
+};
 
 }  // namespace
 
@@ -406,16 +423,23 @@ SearchResult search_plans(const ModelSpec& model, const GpuSpec& gpu, const std:
       ++result.counts.pruned_model_state;
       continue;
     }
-    survivors.push_back({index, estimator.lower_bound_s(candidates[index])});
+    survivors.push_back({index, 0});
   }
+  require_at_most(options.threads, kMaxThreads, "--threads");
+  const int64_t threads =
+      options.threads > 0 ? options.threads : std::max<int64_t>(1, std::thread::hardware_concurrency());
+  // The bounds on the threads: a bound costs its plan's layers the first time they are met.
+  std::atomic<std::size_t> bounded{0};
+  run_workers(threads, [&](std::atomic<bool>& stop) {
+    for (std::size_t i = bounded.fetch_add(1); i < survivors.size() && !stop.load(); i = bounded.fetch_add(1)) {
+      survivors[i].bound = estimator.lower_bound_s(candidates[survivors[i].index]);
+    }
+  });
   std::sort(survivors.begin(), survivors.end(), [](const Candidate& a, const Candidate& b) {
     return a.bound != b.bound ? a.bound < b.bound : a.index < b.index;
   });
 
   Ranking ranking(static_cast<std::size_t>(options.top), survivors.size(), options);
-  require_at_most(options.threads, kMaxThreads, "--threads");
-  const int64_t threads =
-      options.threads > 0 ? options.threads : std::max<int64_t>(1, std::thread::hardware_concurrency());
   std::atomic<std::size_t> next{0};
   // A bound that fails stops every thread: every later candidate's bound fails too.
   run_workers(threads, [&](std::atomic<bool>& stop) {
@@ -460,7 +484,8 @@ SearchResult search_plans(const ModelSpec& model, const GpuSpec& gpu, const std:
     // Those closest to fitting first (the actionable ones), at most kOverMemoryTries estimates.
     const std::size_t tries = std::min(faster.size(), kOverMemoryTries);
     ClosestToFitting closest_first(
-        std::move(faster), [&](std::size_t index) { return peak_memory(model, candidates[index], caches).first; });
+        std::move(faster), [&](std::size_t index) { return peak_memory(model, candidates[index], caches).first; },
+        threads);
     // Costed a thread's worth at a time, kept in that order: the same list whatever the thread count.
     for (std::size_t first = 0; first < tries && static_cast<int64_t>(result.over_memory.size()) < options.top;) {
       const std::size_t count = std::min(tries - first, static_cast<std::size_t>(threads));

@@ -3,8 +3,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <functional>
-#include <queue>
 #include <utility>
 #include <vector>
 
@@ -142,66 +140,76 @@ class Lowerer {
   // sends this message). The original order meets every deadline and release, so this order does
   // too: every receive stays before its computation. validate_schedule passes on every generated
   // schedule of the tests' shapes (tests/core/schedule).
-  void order_receives_by_use(std::vector<Action>& actions) {
-    // By key, the first computation needing it: one table for every rank (a rank's receives are its
-    // own keys), emptied again below; only computations depend on receives.
-    if (used_at_.empty()) used_at_.assign(index_.size(), SIZE_MAX);
-    std::vector<std::size_t>& used_at = used_at_;
-    for (std::size_t position = 0; position < actions.size(); ++position) {
-      for_each_dependency(actions[position], shape_, /*lowered=*/true, [&](const Action& needed) {
-        if (needed.kind != ActionKind::kRecvForward && needed.kind != ActionKind::kRecvBackward) return;
-        std::size_t& first = used_at[index_(dependency_key(needed))];
-        first = std::min(first, position);
-      });
-    }
-    const auto peer_of = [&](const Action& message) {
-      return static_cast<std::size_t>(stage_ranks_[static_cast<std::size_t>(message_peer_stage(message))]);
-    };
-    std::vector<std::size_t> slots;                       // the receives' places, in list order
-    std::vector<std::size_t> release(actions.size(), 0);  // by place: the earliest place a receive may take
-    std::vector<std::size_t> after_send(static_cast<std::size_t>(shape_.pipeline_parallel_size), 0);
-    std::vector<std::vector<std::size_t>> by_peer(static_cast<std::size_t>(shape_.pipeline_parallel_size));
+  // Within one peer both deadlines and releases grow along the list, so the most urgent released
+  // receive is always some peer's first unplaced one: a merge of the peers' lists, no queue.
+  // Flattened: it runs once per lowered action.
+  MEGAPLAN_HOT_LOOP void order_receives_by_use(std::vector<Action>& actions) {
+    // By receive, the computation using it (each has one, after it on the receiver's rank): one
+    // table for every rank, each entry written once.
+    if (used_at_.empty())
+      used_at_.assign(2 * static_cast<std::size_t>(shape_.num_stages) * static_cast<std::size_t>(shape_.microbatches),
+                      SIZE_MAX);
+    const std::size_t ranks = static_cast<std::size_t>(shape_.pipeline_parallel_size);
+    after_send_.assign(ranks, 0);
+    last_of_peer_.assign(ranks, SIZE_MAX);
+    receives_.clear();
+    feeding_.clear();
     for (std::size_t i = 0; i < actions.size(); ++i) {
       const ActionKind kind = actions[i].kind;
-      if (kind == ActionKind::kSendForward || kind == ActionKind::kSendBackward)
-        after_send[peer_of(actions[i])] = i + 1;
-      if (kind != ActionKind::kRecvForward && kind != ActionKind::kRecvBackward) continue;
-      slots.push_back(i);
-      release[i] = after_send[peer_of(actions[i])];
-      by_peer[peer_of(actions[i])].push_back(i);
-    }
-    std::vector<std::size_t> deadline(actions.size(), SIZE_MAX);
-    for (const std::vector<std::size_t>& peer : by_peer) {
-      std::size_t bound = SIZE_MAX;
-      for (auto it = peer.rbegin(); it != peer.rend(); ++it) {
-        bound = std::min(bound, used_at[index_(dependency_key(actions[*it]))]);
-        deadline[*it] = bound;
+      if (!is_message(kind)) {
+        for_each_dependency(actions[i], shape_, /*lowered=*/true, [&](const Action& needed) {
+          if (needed.kind == ActionKind::kRecvForward || needed.kind == ActionKind::kRecvBackward)
+            used_at_[receive_slot(needed)] = i;
+        });
+        continue;
       }
-    }
-    // At each place, of the receives released by then and not yet placed, the most urgent. A peer's
-    // receives are released in list order (its last send ahead only moves on), so a cursor per peer
-    // releases them without sorting; the order they enter the queue does not matter, its key being
-    // unique.
-    std::vector<std::size_t> feeding;  // the peers this rank receives from
-    for (std::size_t peer = 0; peer < by_peer.size(); ++peer) {
-      if (!by_peer[peer].empty()) feeding.push_back(peer);
-    }
-    std::vector<std::size_t> released(by_peer.size(), 0);  // per peer: how many of its receives
-    using Pending = std::pair<std::size_t, std::size_t>;   // (deadline, original place)
-    std::priority_queue<Pending, std::vector<Pending>, std::greater<>> ready;
-    std::vector<Action> reordered;
-    reordered.reserve(slots.size());
-    for (const std::size_t slot : slots) {
-      for (const std::size_t peer : feeding) {
-        const std::vector<std::size_t>& receives = by_peer[peer];
-        for (std::size_t& next = released[peer]; next < receives.size() && release[receives[next]] <= slot; ++next)
-          ready.emplace(deadline[receives[next]], receives[next]);
+      const std::size_t peer = peer_of(actions[i]);
+      if (kind == ActionKind::kSendForward || kind == ActionKind::kSendBackward) {
+        after_send_[peer] = i + 1;
+        continue;
       }
-      reordered.push_back(actions[ready.top().second]);
-      ready.pop();
+      if (last_of_peer_[peer] == SIZE_MAX) {
+        feeding_.push_back({receives_.size()});
+      } else {
+        receives_[last_of_peer_[peer]].next_of_peer = receives_.size();
+      }
+      last_of_peer_[peer] = receives_.size();
+      receives_.push_back({i, after_send_[peer], receive_slot(actions[i]), 0, SIZE_MAX});
     }
-    for (std::size_t k = 0; k < slots.size(); ++k) actions[slots[k]] = reordered[k];
-    for (const Action& receive : reordered) used_at[index_(dependency_key(receive))] = SIZE_MAX;
+    if (feeding_.size() < 2) return;  // one peer's receives keep their order
+    // Deadlines: the earliest use among a receive and its peer's later ones.
+    for (std::size_t k = receives_.size(); k-- > 0;) {
+      Receive& receive = receives_[k];
+      receive.deadline = used_at_[receive.slot];
+      if (receive.next_of_peer != SIZE_MAX)
+        receive.deadline = std::min(receive.deadline, receives_[receive.next_of_peer].deadline);
+    }
+    reordered_.resize(receives_.size());
+    for (std::size_t k = 0; k < receives_.size(); ++k) {
+      const Receive& slot = receives_[k];
+      Feed* chosen = nullptr;
+      for (Feed& feed : feeding_) {
+        if (feed.head == SIZE_MAX || receives_[feed.head].release > slot.place) continue;
+        const Receive& head = receives_[feed.head];
+        if (!chosen || std::pair(head.deadline, head.place) <
+                           std::pair(receives_[chosen->head].deadline, receives_[chosen->head].place))
+          chosen = &feed;
+      }
+      reordered_[k] = actions[receives_[chosen->head].place];
+      chosen->head = receives_[chosen->head].next_of_peer;
+    }
+    for (std::size_t k = 0; k < receives_.size(); ++k) actions[receives_[k].place] = reordered_[k];
+  }
+
+  std::size_t peer_of(const Action& message) const {
+    return static_cast<std::size_t>(stage_ranks_[static_cast<std::size_t>(message_peer_stage(message))]);
+  }
+  // A receive's number among the shape's receives.
+  std::size_t receive_slot(const Action& receive) const {
+    return (static_cast<std::size_t>(receive.microbatch) * static_cast<std::size_t>(shape_.num_stages) +
+            static_cast<std::size_t>(receive.stage)) *
+               2 +
+           (receive.kind == ActionKind::kRecvForward ? 0 : 1);
   }
 
   SpecError stuck() const {
@@ -225,7 +233,22 @@ class Lowerer {
   static constexpr std::size_t kNotWaiting = SIZE_MAX;
   std::vector<std::size_t> waiting_;  // per rank: a key its next action waits for
   std::vector<int64_t> weight_gradients_;
-  std::vector<std::size_t> used_at_;  // order_receives_by_use's table, allocated once
+  // order_receives_by_use's tables, allocated once.
+  struct Receive {
+    std::size_t place;         // in the rank's list
+    std::size_t release;       // the earliest place it may take
+    std::size_t slot;          // receive_slot
+    std::size_t deadline;      // the earliest use among it and its peer's later receives
+    std::size_t next_of_peer;  // the peer's next receive (index into receives_), or SIZE_MAX
+  };
+  struct Feed {
+    std::size_t head;  // a peer's first receive not yet placed (index into receives_), or SIZE_MAX
+  };
+  std::vector<std::size_t> used_at_;                    // by receive_slot
+  std::vector<std::size_t> after_send_, last_of_peer_;  // by peer rank
+  std::vector<Receive> receives_;                       // the rank's, in list order
+  std::vector<Feed> feeding_;                           // the peers the rank receives from
+  std::vector<Action> reordered_;
 };
 
 }  // namespace
