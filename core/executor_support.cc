@@ -24,26 +24,26 @@ std::optional<SpecError> executor_model_refusal(const ModelSpec& model) {
 }
 
 std::optional<SpecError> executor_plan_refusal(const ParallelPlan& plan) {
-  return executor_layout_refusal(plan.context_parallel_size, plan.implementation);
-}
-
-std::optional<SpecError> executor_layout_refusal(int64_t context_parallel_size, Implementation implementation) {
-  if (context_parallel_size != 1) return missing("--context-parallel-size", "context parallelism on GPUs");
-  return executor_implementation_refusal(implementation);
-}
-
-std::optional<SpecError> executor_implementation_refusal(Implementation implementation) {
-  if (implementation != Implementation::kMegaplan) {
-    return SpecError("--implementation", "must be megaplan to train: " + to_string(implementation) +
+  if (plan.implementation != Implementation::kMegaplan) {
+    return SpecError("--implementation", "must be megaplan to train: " + to_string(plan.implementation) +
                                              " is Megatron-LM's code, for simulate and search");
   }
   return std::nullopt;
+}
+
+std::optional<SpecError> unplanned_layout(int64_t context_parallel_size) {
+  if (context_parallel_size == 1) return std::nullopt;
+  return SpecError("--context-parallel-size",
+                   "context parallelism: the simulator does not cost megaplan's ring attention step by step yet");
 }
 
 void note_executor_refusals(const ModelSpec& model, const ParallelPlan& plan) {
   if (plan.implementation != Implementation::kMegaplan) return;
   for (const std::optional<SpecError>& refusal : {executor_model_refusal(model), executor_plan_refusal(plan)}) {
     if (refusal) note("megaplan train cannot run this plan yet: " + std::string(refusal->what()));
+  }
+  if (const std::optional<SpecError> unplanned = unplanned_layout(plan.context_parallel_size)) {
+    note("megaplan does not plan this layout yet: " + std::string(unplanned->what()));
   }
 }
 

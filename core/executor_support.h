@@ -1,6 +1,7 @@
 // What megaplan's executor cannot run yet, in one home: `train` refuses it before starting, the
 // planner leaves such plans out under --implementation megaplan (saying how many and why), and
 // `simulate` notes it. Each is the SpecError the trainer throws: the flag and what is missing.
+// And what the executor runs but megaplan does not plan yet: the planner leaves it out too.
 #pragma once
 
 #include <optional>
@@ -14,18 +15,18 @@ namespace megaplan {
 // A model the executor cannot build, whatever the layout (GELU without biases, ...).
 std::optional<SpecError> executor_model_refusal(const ModelSpec& model);
 
-// A layout the executor cannot run on GPUs, whatever the model (context parallelism, whose ring
-// attention runs on the CPU backend only so far; Megatron-LM's code). `train --device cuda` refuses
-// it, the planner and `simulate`, which plan GPU runs, leave it out or note it.
+// A layout the executor cannot run, whatever the model (Megatron-LM's code).
 std::optional<SpecError> executor_plan_refusal(const ParallelPlan& plan);
-// What no backend runs: Megatron-LM's code (the CPU backend refuses only this and the model's).
-std::optional<SpecError> executor_implementation_refusal(Implementation implementation);
-// The same from the only fields it reads, for the planner, which asks once per grid of hundreds of
-// thousands of plans (building the refusal's message costs more than validating the plan).
-std::optional<SpecError> executor_layout_refusal(int64_t context_parallel_size, Implementation implementation);
 
-// Under --implementation megaplan, notes (core/notes.h) each refusal of `model` and `plan`: a plan
-// `simulate` costs all the same (it is legal), but megaplan's own executor would refuse to train.
+// A layout the executor runs but megaplan does not plan under its own implementation yet: context
+// parallelism, whose ring attention the simulator does not yet cost as the executor runs it (each
+// step's blocks beside its key-value exchange; issue 39). From the only field it reads, for the
+// planner, which asks once per grid of hundreds of thousands of plans.
+std::optional<SpecError> unplanned_layout(int64_t context_parallel_size);
+
+// Under --implementation megaplan, notes (core/notes.h) each refusal of `model` and `plan`, and a
+// layout not planned yet: a plan `simulate` costs all the same (it is legal), but megaplan's own
+// executor would refuse to train it, or runs it otherwise than simulated.
 void note_executor_refusals(const ModelSpec& model, const ParallelPlan& plan);
 
 }  // namespace megaplan

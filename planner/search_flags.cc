@@ -46,11 +46,10 @@ std::vector<ParallelPlan> runnable_plans(const SearchProblem& problem) {
   for (const LeftOut& kind : left_out) {
     const std::string how_many = std::to_string(kind.plans) + " layout" + (kind.plans == 1 ? "" : "s");
     if (candidates.empty()) {
-      throw SpecError(kind.flag, kind.rule + ": megaplan's executor cannot run any of the " + how_many +
-                                     " this search " +
+      throw SpecError(kind.flag, kind.rule + ": megaplan plans none of the " + how_many + " this search " +
                                      "allows (--implementation megatron-core ranks them as Megatron-LM's runs)");
     }
-    note("left out " + how_many + " megaplan's executor cannot run yet (" + kind.flag + ": " + kind.rule +
+    note("left out " + how_many + " megaplan does not plan yet (" + kind.flag + ": " + kind.rule +
          "); --implementation megatron-core ranks them as Megatron-LM's runs");
   }
   return candidates;

@@ -206,9 +206,8 @@ std::vector<ParallelPlan> enumerate_plans(const SearchProblem& problem, std::vec
   for (const Grid& grid : model_parallel_grids(problem)) {
     const int64_t dp = problem.gpus / (grid.tp * grid.pp * grid.cp);
     if (problem.global_batch_size % dp != 0) continue;
-    const std::optional<SpecError> refusal = space.implementation == Implementation::kMegaplan
-                                                 ? executor_layout_refusal(grid.cp, space.implementation)
-                                                 : std::nullopt;
+    const std::optional<SpecError> refusal =
+        space.implementation == Implementation::kMegaplan ? unplanned_layout(grid.cp) : std::nullopt;
     const std::vector<bool> sequence_parallel =
         grid.tp == 1 ? std::vector<bool>{false} : or_all(space.sequence_parallel, {false, true});
     const std::vector<bool> distributed_optimizer =

@@ -45,11 +45,11 @@ struct SearchProblem {
 // REQUIRES: validate_model_spec(problem.model) passed.
 void validate_search_problem(const SearchProblem& problem);
 
-// Legal plans the implementation cannot run, left out of the enumeration: megaplan's executor's
-// refusals (core/executor_support.h), counted by their message.
+// Legal plans megaplan does not plan under its own implementation yet, left out of the
+// enumeration (core/executor_support.h's unplanned_layout), counted by their message.
 struct LeftOut {
   std::string flag;  // "--context-parallel-size"
-  std::string rule;  // "context parallelism is not in the executor yet"
+  std::string rule;  // "context parallelism: the simulator does not cost ..."
   int64_t plans = 0;
 };
 

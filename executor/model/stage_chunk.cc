@@ -35,7 +35,7 @@ bool ends_with(const std::string& text, const std::string& suffix) {
 
 void StageChunk::refuse_unsupported(const ModelSpec& model, const ParallelPlan& plan) {
   if (std::optional<SpecError> refusal = executor_model_refusal(model)) throw *refusal;
-  if (std::optional<SpecError> refusal = executor_implementation_refusal(plan.implementation)) throw *refusal;
+  if (std::optional<SpecError> refusal = executor_plan_refusal(plan)) throw *refusal;
 }
 
 TensorCut tensor_cut(const ParameterSpec& spec) {

@@ -4,7 +4,6 @@
 
 #include "core/device_gpu.h"
 #include "core/error.h"
-#include "core/executor_support.h"
 #include "executor/comm/in_process_gpu_memory.h"
 #include "executor/data/data_blend.h"
 #include "executor/data/vocabulary.h"
@@ -166,9 +165,6 @@ PreparedTraining prepare_training(const TrainRequest& options) {
   // the data is opened for the vocabulary, which the trainer says once its checks pass.
   (void)checked_train_options(train);
   StageChunk::refuse_unsupported(model, plan);
-  if (options.device == "cuda") {
-    if (std::optional<SpecError> refusal = executor_plan_refusal(plan)) throw *refusal;
-  }
   // Read once: the data's scan or the tokenizer's files (a custom model's was read above).
   const Vocabulary vocabulary = custom_vocabulary ? *custom_vocabulary : chosen_vocabulary(options, model);
   // Recorded in the checkpoints, for `megaplan convert --to hf`.

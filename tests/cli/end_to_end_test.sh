@@ -700,14 +700,14 @@ expect_error 'error: --pps: is not an argument of `megaplan schedule` \(see mega
 # The planner offers only what the implementation runs: megaplan's executor has no context
 # parallelism yet, Megatron-LM has no zero-bubble or V schedules, and launch lines start megaplan.
 expect_ok search --model gpt2-124m --cluster h200-x2 --gbs 8 --threads 2 --json
-grep -q "^note: left out [0-9]* layouts megaplan's executor cannot run yet (--context-parallel-size: context parallelism" "$scratch/err" ||
+grep -q "^note: left out [0-9]* layouts megaplan does not plan yet (--context-parallel-size: context parallelism" "$scratch/err" ||
   fail "search does not say it left out the context-parallel plans: $(cat "$scratch/err")"
 python3 -c '
 import json, sys
 plans = json.load(open(sys.argv[1]))["plans"]
 assert all(p["context_parallel_size"] == 1 for p in plans), plans
 ' "$scratch/out" || fail "search under megaplan ranks context-parallel plans"
-expect_error 'error: --context-parallel-size: context parallelism on GPUs is not in the executor yet: megaplan.s executor cannot run any' \
+expect_error 'error: --context-parallel-size: context parallelism: the simulator does not cost megaplan.s ring attention step by step yet: megaplan plans none' \
   search --model gpt2-124m --cluster h200-x2 --gbs 8 --cp 2 --threads 2
 expect_error 'error: --schedule: zbv is not a Megatron-LM schedule' search --model gpt2-124m --cluster h200-x2 --gbs 8 \
   --implementation megatron-core --schedule zbv --threads 2
@@ -724,7 +724,7 @@ assert {p["schedule"] for p in plans} <= {"1f1b", "interleaved"}, plans
 expect_ok simulate --model llama3-8b --cluster h200-x2 --gbs 8 --implementation megatron-core
 grep -q 'no dropout\|dropout 0 attention, 0 hidden' "$scratch/out" || fail "megatron-core gives the Llama family dropout: $(grep '^code' "$scratch/out")"
 expect_ok simulate --model gpt2-124m --cluster h200-x2 --gbs 8 --cp 2
-grep -q "^note: megaplan train cannot run this plan yet: --context-parallel-size" "$scratch/err" || fail "simulate of a cp plan under megaplan does not say train cannot run it: $(cat "$scratch/err")"
+grep -q "^note: megaplan does not plan this layout yet: --context-parallel-size" "$scratch/err" || fail "simulate of a cp plan under megaplan does not say it is not planned yet: $(cat "$scratch/err")"
 # --recompute-activations is Megatron's alias of selective recomputation.
 expect_ok describe --model gpt2-124m --cluster h200-x2 --gbs 8 --recompute-activations
 grep -q 'selective' "$scratch/out" || fail "--recompute-activations is not selective recomputation: $(cat "$scratch/out")"

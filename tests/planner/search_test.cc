@@ -83,7 +83,7 @@ TEST_CASE("enumeration lists exactly the legal plans, less the documented duplic
                     }
                     if (pp == 1 && schedule != ScheduleKind::kOneFOneB) continue;    // degenerate to 1f1b
                     if (distributed && plan.data_parallel_size * cp == 1) continue;  // shards over nothing
-                    if (megaplan::executor_plan_refusal(plan)) {  // megaplan's executor cannot run it yet
+                    if (megaplan::unplanned_layout(plan.context_parallel_size)) {  // not planned yet
                       ++unrunnable;
                       continue;
                     }

@@ -186,7 +186,9 @@ TEST_CASE("pipeline, data- and tensor-parallel layouts train on one GPU like one
 TEST_CASE("context-parallel layouts train on one GPU like one rank", "[gpu][train][parallel][context_parallel]") {
   // The ring's blocks merge in fp32, but each step's query and key-value gradients are added in
   // bf16 (as Transformer Engine's p2p ring adds them), so cp rounds as often as tp's partial sums:
-  // tp's tolerances.
+  // tp's tolerances, the Llama's last gradient norm as loose as its tp runs' (see that test).
+  // Measured on an H200: first losses within 5.2e-5, first gradient norms within 2.1e-4, losses
+  // within 4.1e-4; last gradient norms within 2.5e-4 (GPT) and 7.9e-3 (Llama).
   const megaplan::test::ScratchDirectory scratch;
   const exec::TrainOptions options = options_for(megaplan::test::sentence_corpus(scratch));
   megaplan::ModelSpec llama = megaplan::test::four_layer_llama();  // heads of 64, as the Llama test's
@@ -196,17 +198,18 @@ TEST_CASE("context-parallel layouts train on one GPU like one rank", "[gpu][trai
     INFO(model.name);
     const Outcome single =
         train_on_gpu(model, plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false), options, scratch, model.name + "-cp");
+    const double last_norm = model.swiglu ? 5e-2 : 1e-3;
     const auto cp_of = [](int64_t cp, ParallelPlan plan) {
       plan.context_parallel_size = cp;
       return plan;
     };
     check_layouts(model, single,
-                  {{"cp2", cp_of(2, plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false)), 1e-4, 2e-3, 2e-3, 1e-3},
-                   {"cp4", cp_of(4, plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false)), 1e-4, 2e-3, 2e-3, 1e-3},
+                  {{"cp2", cp_of(2, plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false)), 1e-4, 2e-3, 2e-3, last_norm},
+                   {"cp4", cp_of(4, plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false)), 1e-4, 2e-3, 2e-3, last_norm},
                    {"tp2 x cp2, sequence parallel", cp_of(2, plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false, 2, true)),
-                    1e-4, 2e-3, 2e-3, 1e-3},
+                    1e-4, 2e-3, 2e-3, last_norm},
                    {"cp2 x pp2 x dp2, distributed optimizer", cp_of(2, plan_of(2, 2, 1, ScheduleKind::kOneFOneB, true)),
-                    1e-4, 2e-3, 2e-3, 1e-3}},
+                    1e-4, 2e-3, 2e-3, last_norm}},
                   options, scratch);
   }
 }
