@@ -98,7 +98,9 @@ ChunkScratchSizes LayerRecipe::scratch(bool last_stage) const {
   // The running loss sum, then three statistics per row.
   if (last_stage) scratch.loss_memory = {kLossSumFloats + 3 * d.tokens};
   if (context_parallel > 1) {
-    scratch.ring_kv = scratch.ring_kv_next = scratch.ring_dkv = scratch.ring_dkv_next = {d.tokens * 2 * d.key_value};
+    const ActivationElements key_values{d.tokens * 2 * d.key_value};
+    scratch.ring_kv = scratch.ring_kv_next = key_values;
+    scratch.ring_dkv = scratch.ring_dkv_next = scratch.ring_dkv_in = key_values;
     scratch.ring_out = {d.tokens * d.query};
   }
   return scratch;

@@ -113,19 +113,20 @@ struct DeferredGradients {
 // last stage the loss's memory: the running loss sum (a double, two floats) and the row statistics
 // [lse_s | target logit | peak] (vocabulary_parallel_loss.h). Under context parallelism the ring's
 // (core/context_parallel.h): the packed keys and values attended to and those arriving from the
-// previous rank, their gradients likewise in the backward, and the forward's running output (fp32).
+// previous rank; in the backward two buffers of their gradients (one filled while the other is
+// sent on) and the sum arriving from the previous rank; the forward's running output (fp32).
 template <typename A, typename F>
 struct ChunkScratch {
   A norm_out{}, branch_out{}, d_hidden{}, d_out{}, d_middle{}, d_qkv{}, d_ffn{}, swiglu_out{}, d_activated{},
-      gathered{}, partial{}, ring_kv{}, ring_kv_next{}, ring_dkv{}, ring_dkv_next{};
+      gathered{}, partial{}, ring_kv{}, ring_kv_next{}, ring_dkv{}, ring_dkv_next{}, ring_dkv_in{};
   F loss_memory{}, ring_out{};
   auto fields() {
     return std::tie(norm_out, branch_out, d_hidden, d_out, d_middle, d_qkv, d_ffn, swiglu_out, d_activated, gathered,
-                    partial, ring_kv, ring_kv_next, ring_dkv, ring_dkv_next, loss_memory, ring_out);
+                    partial, ring_kv, ring_kv_next, ring_dkv, ring_dkv_next, ring_dkv_in, loss_memory, ring_out);
   }
   auto fields() const {
     return std::tie(norm_out, branch_out, d_hidden, d_out, d_middle, d_qkv, d_ffn, swiglu_out, d_activated, gathered,
-                    partial, ring_kv, ring_kv_next, ring_dkv, ring_dkv_next, loss_memory, ring_out);
+                    partial, ring_kv, ring_kv_next, ring_dkv, ring_dkv_next, ring_dkv_in, loss_memory, ring_out);
   }
 };
 

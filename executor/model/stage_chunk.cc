@@ -558,39 +558,47 @@ void StageChunk::attention_backward(std::size_t l, const LayerActivations& act,
                                 width_.seq, width_.heads, width_.groups, width_.head_dim, dropout, scratch_.d_qkv);
     return;
   }
-  // The ring again: the keys and values travel as in the forward, each with the gradient its
-  // previous holders added to it; after the last step the gradients go one rank further, home.
+  // The ring again: the keys and values travel as in the forward. Each step's gradients of those
+  // in hand go into a buffer of their own while the sum their earlier holders made arrives; the
+  // two are added and sent on, so that every exchange overlaps the next step's blocks. After the
+  // last step the sums go one rank further, home.
   const AttentionDims dims = attention_dims();
   const std::size_t kv_size = width_.tokens * (width_.qkv - width_.query);  // keys and values
   backend_.pack_key_values(act.qkv, dims, scratch_.ring_kv);
-  backend_.zero(scratch_.ring_dkv, kv_size);
   backend_.zero(scratch_.d_qkv, width_.tokens * width_.qkv);
-  Activation kv = scratch_.ring_kv, kv_next = scratch_.ring_kv_next, dkv = scratch_.ring_dkv,
-             dkv_next = scratch_.ring_dkv_next;
+  Activation kv = scratch_.ring_kv, kv_next = scratch_.ring_kv_next, arriving = scratch_.ring_dkv_in;
+  const std::array<Activation, 2> sums = {scratch_.ring_dkv, scratch_.ring_dkv_next};
   const int64_t cp = context_parallel_->size(), rank = context_parallel_->rank();
   const int64_t after = (rank + 1) % cp, before = (rank + cp - 1) % cp;
+  Request sum_sent, sum_received;
   for (int64_t step = 0; step < cp; ++step) {
     Request kv_sent, kv_received;
     if (step + 1 < cp) {
       kv_sent = context_parallel_->send(kv, kv_size, activation_type_, after);
       kv_received = context_parallel_->recv(kv_next, kv_size, activation_type_, before);
     }
+    const Activation sum = sums[static_cast<std::size_t>(step % 2)];
+    backend_.zero(sum, kv_size);
     for_each_ring_block(step, [&](const AttentionChunkBlock& block) {
       backend_.attention_block_backward(scratch_.d_hidden, act.qkv, act.attention, act.attention_saved, kv, dims, block,
-                                        dropout, scratch_.d_qkv, dkv);
+                                        dropout, scratch_.d_qkv, sum);
     });
-    Request dkv_sent = context_parallel_->send(dkv, kv_size, activation_type_, after);
-    Request dkv_received = context_parallel_->recv(dkv_next, kv_size, activation_type_, before);
+    if (sum_received) {
+      sum_received->wait();
+      backend_.add(sum, arriving, kv_size, sum);
+    }
+    if (sum_sent) sum_sent->wait();  // the other buffer, which the next step fills
+    sum_sent = context_parallel_->send(sum, kv_size, activation_type_, after);
+    sum_received = context_parallel_->recv(arriving, kv_size, activation_type_, before);
     if (kv_sent) {
       kv_sent->wait();
       kv_received->wait();
     }
-    dkv_sent->wait();
-    dkv_received->wait();
     std::swap(kv, kv_next);
-    std::swap(dkv, dkv_next);
   }
-  backend_.unpack_key_value_gradients(dkv, dims, scratch_.d_qkv);
+  sum_sent->wait();
+  sum_received->wait();
+  backend_.unpack_key_value_gradients(arriving, dims, scratch_.d_qkv);
 }
 
 template <typename Run>

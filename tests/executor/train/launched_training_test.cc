@@ -118,6 +118,14 @@ TEST_CASE("every rank joins the same splits, with one group per color and keys i
       {"tp2 x pp2 x dp2",
        plan_of(2, 2, 2, 1, ScheduleKind::kOneFOneB),
        {"world", "tp", "pp", "dp", "tp-pp", "embedding"}},
+      // Gradients reduce over Megatron's dp-cp group, and the ring runs on cp's.
+      {"tp2 x cp2 x pp2 x dp2",
+       [] {
+         ParallelPlan plan = plan_of(2, 2, 2, 1, ScheduleKind::kOneFOneB);
+         plan.context_parallel_size = 2;
+         return plan;
+       }(),
+       {"world", "tp", "pp", "dp-cp", "tp-pp", "embedding", "cp"}},
   };
   for (const Case& c : cases) {
     INFO(c.name);
@@ -201,4 +209,19 @@ TEST_CASE("under mpirun NCCL's id travels over MPI where megaplan has it, so MAS
   // No rendezvous address is looked for: what stops the run is the next check (the missing
   // --data-path), where srun's stops at MASTER_ADDR.
   CHECK_THROWS_WITH(train_rank0_of_two("mpirun", out), Catch::StartsWith("--data-path"));
+}
+
+TEST_CASE("a rank's context-parallel and replica ranks are its places in Megatron's cp and dp-cp groups", "[launch]") {
+  // Megatron's order tp-cp-ep-dp-pp: tp fastest, then cp, then dp.
+  ParallelPlan plan = plan_of(2, 1, 2, 1, ScheduleKind::kOneFOneB);
+  plan.context_parallel_size = 2;
+  for (int64_t rank = 0; rank < plan.world_size(); ++rank) {
+    INFO("rank " << rank);
+    const exec::ParallelGroups groups =
+        exec::make_parallel_groups(plan, rank, [](const exec::GroupKind&) { return std::unique_ptr<exec::Comm>(); });
+    CHECK(groups.tensor_parallel_rank == rank % 2);
+    CHECK(groups.context_parallel_rank == rank / 2 % 2);
+    CHECK(groups.data_parallel_rank == rank / 4);
+    CHECK(groups.replica_rank == rank / 2);  // cp fastest within dp-cp: replica 0 is cp 0 of dp 0
+  }
 }
