@@ -325,55 +325,56 @@ struct BlockRows {
   reference::BlockPlaces places() const {
     return {static_cast<std::size_t>(block.query_first), static_cast<std::size_t>(block.key_first)};
   }
+  // Query head h of sequence b's queries in the query chunk, and its group's keys and values in
+  // the key chunk, into contiguous [chunk x dim] blocks.
+  void gather(const float* qkv, const float* kv, std::size_t b, std::size_t h, float* q, float* k, float* v) const {
+    const QkvLayout layout{dims.seq, dims.heads, dims.groups, dims.dim};
+    const std::size_t dim = dims.dim, group = h / layout.group();
+    for (std::size_t i = 0; i < chunk(); ++i) {
+      std::copy_n(qkv + layout.query(b, query_token(i), h), dim, q + i * dim);
+      const float* key = kv + packed_key(dims, b, key_token(i), group);
+      std::copy_n(key, dim, k + i * dim);
+      std::copy_n(key + dim, dim, v + i * dim);
+    }
+  }
 };
 
-}  // namespace
-
-void CpuBackend::pack_key_values(ConstActivation qkv_in, const AttentionDims& dims, Activation kv_out) {
-  const float* qkv = f(qkv_in);
-  float* kv = f(kv_out);
+// Between a fused qkv and a packed kv (Backend::pack_key_values): kv = qkv's keys and values, or
+// (unpack) qkv's keys and values = kv's.
+void copy_key_values(const float* from, float* to, const AttentionDims& dims, bool unpack) {
   const QkvLayout layout{dims.seq, dims.heads, dims.groups, dims.dim};
-  const std::size_t group = layout.group();
   for (std::size_t b = 0; b < dims.batch; ++b) {
     for (std::size_t s = 0; s < dims.seq; ++s) {
       for (std::size_t g = 0; g < dims.groups; ++g) {
-        std::copy_n(qkv + layout.key(b, s, g * group), 2 * dims.dim, kv + packed_key(dims, b, s, g));
+        const std::size_t fused = layout.key(b, s, g * layout.group()), packed = packed_key(dims, b, s, g);
+        std::copy_n(from + (unpack ? packed : fused), 2 * dims.dim, to + (unpack ? fused : packed));
       }
     }
   }
 }
 
-void CpuBackend::unpack_key_value_gradients(ConstActivation dkv_in, const AttentionDims& dims, Activation dqkv_out) {
-  const float* dkv = f(dkv_in);
-  float* dqkv = f(dqkv_out);
-  const QkvLayout layout{dims.seq, dims.heads, dims.groups, dims.dim};
-  const std::size_t group = layout.group();
-  for (std::size_t b = 0; b < dims.batch; ++b) {
-    for (std::size_t s = 0; s < dims.seq; ++s) {
-      for (std::size_t g = 0; g < dims.groups; ++g) {
-        std::copy_n(dkv + packed_key(dims, b, s, g), 2 * dims.dim, dqkv + layout.key(b, s, g * group));
-      }
-    }
-  }
+}  // namespace
+
+void CpuBackend::pack_key_values(ConstActivation qkv, const AttentionDims& dims, Activation kv) {
+  copy_key_values(f(qkv), f(kv), dims, false);
+}
+
+void CpuBackend::unpack_key_value_gradients(ConstActivation dkv, const AttentionDims& dims, Activation dqkv) {
+  copy_key_values(f(dkv), f(dqkv), dims, true);
 }
 
 void CpuBackend::attention_block_forward(ConstActivation qkv_in, ConstActivation kv_in, const AttentionDims& dims,
                                          const AttentionChunkBlock& block, const DropoutMask& dropout, float* out,
                                          float* lse) {
   const float *qkv = f(qkv_in), *kv = f(kv_in);
-  const QkvLayout layout{dims.seq, dims.heads, dims.groups, dims.dim};
   const BlockRows rows{dims, block};
   const std::size_t chunk = rows.chunk(), dim = dims.dim;
   std::vector<float> q(chunk * dim), k(chunk * dim), v(chunk * dim), o(chunk * dim), block_lse(chunk),
       running(chunk * dim);
   for (std::size_t b = 0; b < dims.batch; ++b) {
     for (std::size_t h = 0; h < dims.heads; ++h) {
-      const std::size_t g = h / layout.group();
+      rows.gather(qkv, kv, b, h, q.data(), k.data(), v.data());
       for (std::size_t i = 0; i < chunk; ++i) {
-        std::copy_n(qkv + layout.query(b, rows.query_token(i), h), dim, q.data() + i * dim);
-        const float* key = kv + packed_key(dims, b, rows.key_token(i), g);
-        std::copy_n(key, dim, k.data() + i * dim);
-        std::copy_n(key + dim, dim, v.data() + i * dim);
         std::copy_n(out + rows.head_row(b, i, h), dim, running.data() + i * dim);
       }
       reference::attention_block_forward(q.data(), k.data(), v.data(), 1, chunk, chunk, dim, rows.places(), dropout, b,
@@ -399,11 +400,8 @@ void CpuBackend::attention_block_backward(ConstActivation dout_in, ConstActivati
   for (std::size_t b = 0; b < dims.batch; ++b) {
     for (std::size_t h = 0; h < dims.heads; ++h) {
       const std::size_t group = h / layout.group();
+      rows.gather(qkv, kv, b, h, q.data(), k.data(), v.data());
       for (std::size_t i = 0; i < chunk; ++i) {
-        std::copy_n(qkv + layout.query(b, rows.query_token(i), h), dim, q.data() + i * dim);
-        const float* key = kv + packed_key(dims, b, rows.key_token(i), group);
-        std::copy_n(key, dim, k.data() + i * dim);
-        std::copy_n(key + dim, dim, v.data() + i * dim);
         std::copy_n(out + rows.head_row(b, i, h), dim, o.data() + i * dim);
         std::copy_n(dout + rows.head_row(b, i, h), dim, g.data() + i * dim);
       }
