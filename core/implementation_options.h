@@ -85,7 +85,7 @@ int64_t main_gradient_bytes(const ImplementationOptions& options);
 // Gradient reduction overlaps the backward: --overlap-grad-reduce, or PyTorch's DDP (which always
 // does), wherever there is a data-parallel reduction.
 bool overlaps_gradient_reduction(const ParallelPlan& plan);
-// Parameters per gradient bucket: Megatron's max(40M, 1M x dp), or PyTorch DDP's 25 MB of gradients.
+// Parameters per gradient bucket: Megatron's max(40M, 1M x dp x cp), or PyTorch DDP's 25 MB of gradients.
 int64_t gradient_bucket_parameters(const ParallelPlan& plan);
 // --tp-comm-overlap takes effect in Transformer Engine's layers with sequence parallelism and tp > 1
 // (Megatron requires all three).

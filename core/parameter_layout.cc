@@ -5,8 +5,8 @@
 
 namespace megaplan {
 
-std::size_t default_bucket_size(int64_t data_parallel_size) {
-  return std::max<std::size_t>(40'000'000, 1'000'000 * static_cast<std::size_t>(data_parallel_size));
+std::size_t default_bucket_size(int64_t gradient_group_size) {
+  return std::max<std::size_t>(40'000'000, 1'000'000 * static_cast<std::size_t>(gradient_group_size));
 }
 
 ParameterLayout layout_parameters(const std::vector<std::size_t>& sizes, std::size_t bucket_size,

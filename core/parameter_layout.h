@@ -35,8 +35,9 @@ struct ParameterLayout {
   std::size_t total = 0;                // elements of the buffer, padding included
 };
 
-// Megatron's default bucket: 40M parameters, or 1M per data-parallel rank when that is larger.
-std::size_t default_bucket_size(int64_t data_parallel_size);
+// Megatron's default bucket: 40M parameters, or 1M per rank of the group the gradients reduce over
+// when that is larger (its get_model sizes it by the dp-cp group: ParallelPlan::gradient_group_size).
+std::size_t default_bucket_size(int64_t gradient_group_size);
 
 // `alone` lists registration indices that get a bucket of their own (Megatron's shared word
 // embedding, whose gradient the embedding group reduces separately).
