@@ -513,6 +513,14 @@ AttentionDims StageChunk::attention_dims() const {
   return {width_.batch, width_.seq, width_.heads, width_.groups, width_.head_dim};
 }
 
+StageChunk::RingExchange StageChunk::pass_on(ConstActivation out, Activation in) {
+  const int64_t cp = context_parallel_->size(), rank = context_parallel_->rank();
+  RingExchange exchange;
+  exchange.sent = context_parallel_->send(out, key_value_elements(), activation_type_, (rank + 1) % cp);
+  exchange.received = context_parallel_->recv(in, key_value_elements(), activation_type_, (rank + cp - 1) % cp);
+  return exchange;
+}
+
 void StageChunk::attention_forward(std::size_t l, const LayerActivations& act,
                                    const std::optional<int64_t>& first_sample) {
   const DropoutMask dropout = dropout_mask(DropoutKind::kAttentionProbabilities, l, first_sample);
@@ -525,25 +533,21 @@ void StageChunk::attention_forward(std::size_t l, const LayerActivations& act,
   // them, and takes the previous rank's; the blocks merge into an fp32 output by their
   // log-sum-exp, which the backward keeps (act.attention_saved).
   const AttentionDims dims = attention_dims();
-  const std::size_t kv_size = width_.tokens * (width_.qkv - width_.query);  // keys and values
   float* lse = act.attention_saved;
   backend_.pack_key_values(act.qkv, dims, scratch_.ring_kv);
   backend_.fill(scratch_.ring_out, width_.tokens * width_.query, 0.0f);
   backend_.fill(lse, width_.batch * width_.heads * width_.seq, -INFINITY);
   Activation current = scratch_.ring_kv, next = scratch_.ring_kv_next;
-  const int64_t cp = context_parallel_->size(), rank = context_parallel_->rank();
+  const int64_t cp = context_parallel_->size();
   for (int64_t step = 0; step < cp; ++step) {
-    Request sent, received;
-    if (step + 1 < cp) {
-      sent = context_parallel_->send(current, kv_size, activation_type_, (rank + 1) % cp);
-      received = context_parallel_->recv(next, kv_size, activation_type_, (rank + cp - 1) % cp);
-    }
+    RingExchange exchange;
+    if (step + 1 < cp) exchange = pass_on(current, next);
     for_each_ring_block(step, [&](const AttentionChunkBlock& block) {
       backend_.attention_block_forward(act.qkv, current, dims, block, dropout, scratch_.ring_out, lse);
     });
-    if (sent) {
-      sent->wait();
-      received->wait();
+    if (exchange.sent) {
+      exchange.sent->wait();
+      exchange.received->wait();
     }
     std::swap(current, next);
   }
@@ -563,41 +567,35 @@ void StageChunk::attention_backward(std::size_t l, const LayerActivations& act,
   // two are added and sent on, so that every exchange overlaps the next step's blocks. After the
   // last step the sums go one rank further, home.
   const AttentionDims dims = attention_dims();
-  const std::size_t kv_size = width_.tokens * (width_.qkv - width_.query);  // keys and values
   backend_.pack_key_values(act.qkv, dims, scratch_.ring_kv);
   backend_.zero(scratch_.d_qkv, width_.tokens * width_.qkv);
   Activation kv = scratch_.ring_kv, kv_next = scratch_.ring_kv_next, arriving = scratch_.ring_dkv_in;
   const std::array<Activation, 2> sums = {scratch_.ring_dkv, scratch_.ring_dkv_next};
-  const int64_t cp = context_parallel_->size(), rank = context_parallel_->rank();
-  const int64_t after = (rank + 1) % cp, before = (rank + cp - 1) % cp;
-  Request sum_sent, sum_received;
+  const int64_t cp = context_parallel_->size();
+  RingExchange sums_exchange;
   for (int64_t step = 0; step < cp; ++step) {
-    Request kv_sent, kv_received;
-    if (step + 1 < cp) {
-      kv_sent = context_parallel_->send(kv, kv_size, activation_type_, after);
-      kv_received = context_parallel_->recv(kv_next, kv_size, activation_type_, before);
-    }
+    RingExchange kv_exchange;
+    if (step + 1 < cp) kv_exchange = pass_on(kv, kv_next);
     const Activation sum = sums[static_cast<std::size_t>(step % 2)];
-    backend_.zero(sum, kv_size);
+    backend_.zero(sum, key_value_elements());
     for_each_ring_block(step, [&](const AttentionChunkBlock& block) {
       backend_.attention_block_backward(scratch_.d_hidden, act.qkv, act.attention, act.attention_saved, kv, dims, block,
                                         dropout, scratch_.d_qkv, sum);
     });
-    if (sum_received) {
-      sum_received->wait();
-      backend_.add(sum, arriving, kv_size, sum);
+    if (sums_exchange.received) {
+      sums_exchange.received->wait();
+      backend_.add(sum, arriving, key_value_elements(), sum);
     }
-    if (sum_sent) sum_sent->wait();  // the other buffer, which the next step fills
-    sum_sent = context_parallel_->send(sum, kv_size, activation_type_, after);
-    sum_received = context_parallel_->recv(arriving, kv_size, activation_type_, before);
-    if (kv_sent) {
-      kv_sent->wait();
-      kv_received->wait();
+    if (sums_exchange.sent) sums_exchange.sent->wait();  // the other buffer, which the next step fills
+    sums_exchange = pass_on(sum, arriving);
+    if (kv_exchange.sent) {
+      kv_exchange.sent->wait();
+      kv_exchange.received->wait();
     }
     std::swap(kv, kv_next);
   }
-  sum_sent->wait();
-  sum_received->wait();
+  sums_exchange.sent->wait();
+  sums_exchange.received->wait();
   backend_.unpack_key_value_gradients(arriving, dims, scratch_.d_qkv);
 }
 
