@@ -28,14 +28,10 @@ int64_t pipeline_message_bytes(const ModelSpec& model, const ParallelPlan& plan)
 
 std::vector<StageWork> stage_work(const ModelSpec& model, const ParallelPlan& plan) {
   const PlanKernels kernels(model, plan);
-  // Attention is split over the context-parallel ranks: each holds s/cp of the queries.
+  // Under context parallelism the lists hold the ring's blocks: one rank's share of attention.
   std::vector<double> block_flops(kNumKernelBlocks, 0);
   for (std::size_t b = 0; b < kNumKernelBlocks; ++b) {
-    for (const Kernel& kernel : kernels.block(static_cast<KernelBlock>(b))) {
-      const bool attention =
-          kernel.kind == KernelKind::kAttentionForward || kernel.kind == KernelKind::kAttentionBackward;
-      block_flops[b] += kernel_flops(kernel) / static_cast<double>(attention ? plan.context_parallel_size : 1);
-    }
+    for (const Kernel& kernel : kernels.block(static_cast<KernelBlock>(b))) block_flops[b] += kernel_flops(kernel);
   }
   const int64_t message = plan.pipeline_parallel_size > 1 ? pipeline_message_bytes(model, plan) : 0;
   const bool replicated = plan.gradient_group_size() > 1;

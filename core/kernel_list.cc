@@ -19,7 +19,7 @@ struct ClassName {
   bool dropout;
   const char* name;
 };
-constexpr std::array<ClassName, 28> kClassNames = {{
+constexpr std::array<ClassName, 32> kClassNames = {{
     {KernelKind::kNormForward, false, false, "norm_forward"},
     {KernelKind::kNormForward, true, false, "add_norm_forward"},
     {KernelKind::kNormForward, true, true, "dropout_add_norm_forward"},
@@ -38,6 +38,10 @@ constexpr std::array<ClassName, 28> kClassNames = {{
     {KernelKind::kDropout, false, false, "dropout"},
     {KernelKind::kDropout, true, false, "dropout_add"},
     {KernelKind::kFill, false, false, "fill"},
+    {KernelKind::kZero, false, false, "zero"},
+    {KernelKind::kConvert, false, false, "convert"},
+    {KernelKind::kPackKeyValues, false, false, "pack_key_values"},
+    {KernelKind::kUnpackKeyValueGradients, false, false, "unpack_key_value_gradients"},
     {KernelKind::kEmbeddingForward, false, false, "embedding_forward"},
     {KernelKind::kEmbeddingBackward, false, false, "embedding_backward"},
     {KernelKind::kCrossEntropyForward, false, false, "cross_entropy_forward"},
@@ -73,6 +77,13 @@ Kernel attention_kernel(KernelKind kind, int64_t batch, int64_t seq, int64_t hea
   kernel.heads = heads;
   kernel.head_dim = head_dim;
   kernel.groups = groups > 0 ? groups : heads;
+  return kernel;
+}
+
+Kernel attention_block_kernel(KernelKind kind, int64_t batch, int64_t chunk, int64_t heads, int64_t head_dim,
+                              int64_t groups, bool dropout, bool diagonal) {
+  Kernel kernel = attention_kernel(kind, batch, chunk, heads, head_dim, groups, dropout);
+  kernel.diagonal = diagonal;
   return kernel;
 }
 
@@ -113,6 +124,11 @@ double kernel_flops(const Kernel& kernel) {
     case KernelKind::kAttentionBackward:
       return kAttentionBackwardFactor *
              attention_forward_flops(kernel.batch * kernel.heads, kernel.seq, kernel.head_dim, /*causal=*/true);
+    case KernelKind::kAttentionBlockForward:
+      return attention_forward_flops(kernel.batch * kernel.heads, kernel.seq, kernel.head_dim, kernel.diagonal);
+    case KernelKind::kAttentionBlockBackward:
+      return kAttentionBackwardFactor *
+             attention_forward_flops(kernel.batch * kernel.heads, kernel.seq, kernel.head_dim, kernel.diagonal);
     default: return 0;
   }
 }
@@ -139,6 +155,12 @@ int64_t kernel_bytes(const Kernel& kernel, int64_t activation_bytes) {
     case KernelKind::kAttentionBackward:  // q, k, v, o, do in, dq, dk, dv out
       return 4 * a * kernel.batch * kernel.seq * (kernel.heads + kernel.groups) * kernel.head_dim +
              kFp32 * kernel.batch * kernel.heads * kernel.seq;
+    case KernelKind::kAttentionBlockForward:  // q, k, v in; the fp32 output and log-sum-exp read and written
+      return a * kernel.batch * kernel.seq * (kernel.heads + 2 * kernel.groups) * kernel.head_dim +
+             2 * kFp32 * kernel.batch * kernel.heads * kernel.seq * (kernel.head_dim + 1);
+    case KernelKind::kAttentionBlockBackward:  // q, k, v, o, do, lse in; dq, dk, dv read and written
+      return 4 * a * kernel.batch * kernel.seq * (kernel.heads + kernel.groups) * kernel.head_dim +
+             kFp32 * kernel.batch * kernel.heads * kernel.seq;
     case KernelKind::kNormForward:  // x (+ the branch, + the sum written) in, y out
       return a * cells * (kernel.fused_residual ? 4 : 2) + statistics;
     case KernelKind::kNormBackward:  // dy, x (+ the stream's gradient) in, dx out
@@ -158,6 +180,10 @@ int64_t kernel_bytes(const Kernel& kernel, int64_t activation_bytes) {
       return a * cells * (kernel.fused_residual ? 3 : 2);
     case KernelKind::kFill:
     case KernelKind::kGradientNorm: return kFp32 * cells;
+    case KernelKind::kZero: return a * cells;
+    case KernelKind::kConvert: return (kFp32 + a) * cells;
+    case KernelKind::kPackKeyValues:  // read from qkv, written packed; and back
+    case KernelKind::kUnpackKeyValueGradients: return 2 * a * cells;
     case KernelKind::kEmbeddingForward:  // a word row and a position row read, the sum written
       return 3 * a * cells;
     case KernelKind::kEmbeddingBackward:  // dy read; the word and position gradients (fp32) read and written
@@ -207,24 +233,58 @@ std::string describe(const Kernel& kernel) {
       break;
     case KernelKind::kAttentionForward:
     case KernelKind::kAttentionBackward:
-      out << (kernel.kind == KernelKind::kAttentionForward ? "attention_forward" : "attention_backward")
+    case KernelKind::kAttentionBlockForward:
+    case KernelKind::kAttentionBlockBackward: {
+      const bool block =
+          kernel.kind == KernelKind::kAttentionBlockForward || kernel.kind == KernelKind::kAttentionBlockBackward;
+      const bool forward =
+          kernel.kind == KernelKind::kAttentionForward || kernel.kind == KernelKind::kAttentionBlockForward;
+      out << (block ? "attention_block_" : "attention_") << (forward ? "forward" : "backward")
           << " batch=" << kernel.batch << " seq=" << kernel.seq << " heads=" << kernel.heads
           << " head_dim=" << kernel.head_dim;
       if (kernel.groups != kernel.heads) out << " groups=" << kernel.groups;
       if (kernel.dropout) out << " dropout";
+      if (block) out << (kernel.diagonal ? " diagonal" : " full");
       break;
+    }
     default: out << memory_kernel_class(kernel) << " rows=" << kernel.rows << " cols=" << kernel.cols;
   }
   if (kernel.precision != DType::kBFloat16) out << " " << to_string(kernel.precision);
   return out.str();
 }
 
+std::vector<Kernel> RingAttention::kernels() const {
+  std::vector<Kernel> all = before;
+  for (const Step& step : steps) all.insert(all.end(), step.kernels.begin(), step.kernels.end());
+  all.insert(all.end(), after.begin(), after.end());
+  return all;
+}
+
+RingAttentionPasses ring_attention_passes(int64_t cp, int64_t key_value_bytes,
+                                          const std::function<std::vector<Kernel>(int64_t, bool)>& step_kernels) {
+  RingAttentionPasses passes;
+  for (int64_t step = 0; step < cp; ++step) {
+    const bool onward = step + 1 < cp;  // keys and values still to pass on
+    passes.forward.steps.push_back({step_kernels(step, false), onward ? key_value_bytes : 0});
+    // Beside step s: the keys and values for step s + 1 and the sum step s - 1 made.
+    const int64_t exchanged = (onward ? key_value_bytes : 0) + (step > 0 ? key_value_bytes : 0);
+    passes.backward.steps.push_back({step_kernels(step, true), exchanged});
+  }
+  passes.backward.trailing_bytes = key_value_bytes;
+  return passes;
+}
+
 PlanKernels::PlanKernels(const ModelSpec& model, const ParallelPlan& plan, int64_t tensor_parallel_rank)
-    : model_(model),
-      plan_(plan),
-      blocks_(plan.implementation == Implementation::kMegaplan
-                  ? LayerRecipe(model, plan).kernel_blocks(tensor_parallel_rank)
-                  : megatron_kernel_blocks(model, plan)) {}
+    : model_(model), plan_(plan) {
+  if (plan.implementation == Implementation::kMegaplan) {
+    const LayerRecipe recipe(model, plan);
+    blocks_ = recipe.kernel_blocks(tensor_parallel_rank);
+    ring_ = recipe.ring_attention();
+  } else {
+    blocks_ = megatron_kernel_blocks(model, plan);
+    ring_ = megatron_ring_attention(model, plan);
+  }
+}
 
 std::vector<CountedBlock> PlanKernels::stage_blocks(int64_t stage, SchedulePart part) const {
   const StageLayers layers = stage_layers(stage, model_, plan_);

@@ -20,6 +20,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -37,6 +38,12 @@ enum class KernelKind : uint8_t {
   kGemm,
   kAttentionForward,
   kAttentionBackward,
+  // Context parallelism's ring (core/context_parallel.h): one chunk block of queries against one of
+  // keys and values, `seq` tokens each; `diagonal`, the same chunk, masked causally inside, else
+  // unmasked. The forward merges into an fp32 output and log-sum-exp by their log-sum-exp; the
+  // backward adds into the queries' gradient and the packed keys' and values' gradient.
+  kAttentionBlockForward,
+  kAttentionBlockBackward,
   kNormForward,     // LayerNorm; fused_residual: adds the residual branch first and writes the sum
   kNormBackward,    // fused_residual: adds the residual stream's gradient to dx
   kRmsNormForward,  // RMSNorm, as the two above
@@ -48,6 +55,12 @@ enum class KernelKind : uint8_t {
   kCopy,
   kDropout,  // a dropout mask applied to `rows` tokens of `cols` (a branch's output, or its gradient)
   kFill,     // fp32 (the gradient buffer's zeroing)
+  kZero,     // in the compute type
+  kConvert,  // fp32 to the compute type (the ring's merged attention output)
+  // The ring's keys and values out of qkv into one packed buffer [K | V] that travels, and their
+  // gradients back into dqkv: `rows` tokens, `cols` the key-value width twice.
+  kPackKeyValues,
+  kUnpackKeyValueGradients,
   kEmbeddingForward,
   kEmbeddingBackward,
   kCrossEntropyForward,   // the rows' log-sum-exp and target logit over the vocabulary shard
@@ -80,6 +93,8 @@ struct Kernel {
   // A dropout mask drawn inside the kernel: an add-norm's branch is dropped before the add
   // (Megatron's bias-dropout-add fused into the norm), attention's probabilities are dropped.
   bool dropout = false;
+  // A ring block on the diagonal (kAttentionBlockForward/Backward).
+  bool diagonal = false;
   bool operator==(const Kernel&) const = default;
 };
 
@@ -90,13 +105,16 @@ Kernel streaming_kernel(int64_t elements, int64_t bytes_per_element);
 Kernel attention_kernel(KernelKind kind, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
                         int64_t groups = 0, bool dropout = false);
 Kernel row_kernel(KernelKind kind, int64_t rows, int64_t cols, bool fused_residual = false, bool dropout = false);
+// A ring block of `chunk` query tokens against `chunk` key tokens (kAttentionBlockForward/Backward).
+Kernel attention_block_kernel(KernelKind kind, int64_t batch, int64_t chunk, int64_t heads, int64_t head_dim,
+                              int64_t groups, bool dropout, bool diagonal);
 // An attention kernel's query heads per key-value group: 1 for multi-head attention.
 int64_t gqa_ratio(const Kernel& attention);
 Kernel flat_kernel(KernelKind kind, int64_t elements);
 
 // FLOPs: a GEMM's 2mnk; attention's QK^T and PV, 2 x 2 x s^2 x d per sequence and head, half of
-// that with causal masking; its backward recomputes QK^T and runs four more products, 2.5 x the
-// forward (FlashAttention-2).
+// that with causal masking (the executor's whole attention, a ring's diagonal block); its backward
+// recomputes QK^T and runs four more products, 2.5 x the forward (FlashAttention-2).
 inline constexpr double kAttentionBackwardFactor = 2.5;
 double gemm_flops(int64_t m, int64_t n, int64_t k);
 double attention_forward_flops(int64_t batch_heads, int64_t seq, int64_t head_dim, bool causal);
@@ -147,9 +165,40 @@ enum class SchedulePart : uint8_t { kForward, kBackward, kBackwardInput, kBackwa
 
 using KernelBlocks = std::array<std::vector<Kernel>, kNumKernelBlocks>;
 
-// megaplan's executor: core/layer_recipe.h's LayerRecipe::kernel_blocks.
+// Context parallelism's ring attention in one pass on one rank, step by step as the simulator
+// costs it (core/context_parallel.h): the kernels before the ring, each step's kernels with the
+// bytes sent to the next rank (and as many received from the previous one) while they run, the
+// bytes exchanged after the last step with nothing beside them, and the kernels after. Each step
+// is the same work on every rank. The layer's blocks list the same kernels flattened.
+struct RingAttention {
+  struct Step {
+    std::vector<Kernel> kernels;
+    int64_t exchanged_bytes = 0;
+  };
+  std::vector<Kernel> before;
+  std::vector<Step> steps;
+  int64_t trailing_bytes = 0;
+  std::vector<Kernel> after;
+  // Every kernel in launch order.
+  std::vector<Kernel> kernels() const;
+};
+// Forward and backward; empty without context parallelism.
+struct RingAttentionPasses {
+  RingAttention forward, backward;
+};
+
+// The ring's exchanges over `cp` ranks of `key_value_bytes` each (the rank's packed keys and
+// values), as both implementations run them, around `step_kernels(step, backward)` (the kernels of
+// step `step`): in the forward each step but the last sends the keys and values in hand on; in the
+// backward the keys and values travel so too, and each step's sum of their gradients follows one
+// step behind, the last going home after the ring with nothing beside it.
+RingAttentionPasses ring_attention_passes(int64_t cp, int64_t key_value_bytes,
+                                          const std::function<std::vector<Kernel>(int64_t, bool)>& step_kernels);
+
+// megaplan's executor: core/layer_recipe.h's LayerRecipe::kernel_blocks and ring_attention.
 // Megatron-LM's, by plan.options (megatron_kernel_list.cc).
 KernelBlocks megatron_kernel_blocks(const ModelSpec& model, const ParallelPlan& plan);
+RingAttentionPasses megatron_ring_attention(const ModelSpec& model, const ParallelPlan& plan);
 
 // The kernels of the plan's implementation, by block and by stage.
 class PlanKernels {
@@ -159,6 +208,8 @@ class PlanKernels {
   PlanKernels(const ModelSpec& model, const ParallelPlan& plan, int64_t tensor_parallel_rank = 0);
 
   const std::vector<Kernel>& block(KernelBlock block) const { return blocks_[static_cast<std::size_t>(block)]; }
+  // The ring attention inside the layer blocks, step by step (empty without context parallelism).
+  const RingAttentionPasses& ring() const { return ring_; }
   // One microbatch's part on a virtual stage, as blocks in launch order.
   std::vector<CountedBlock> stage_blocks(int64_t stage, SchedulePart part) const;
   // The same, expanded into kernels.
@@ -168,6 +219,7 @@ class PlanKernels {
   ModelSpec model_;
   ParallelPlan plan_;
   KernelBlocks blocks_;
+  RingAttentionPasses ring_;
 };
 
 // OPTIM on one pipeline rank: the gradient norm over `norm_elements` (each tied or replicated

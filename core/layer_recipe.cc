@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "core/context_parallel.h"
 #include "core/formulas.h"
 
 namespace megaplan {
@@ -106,6 +107,39 @@ ChunkScratchSizes LayerRecipe::scratch(bool last_stage) const {
   return scratch;
 }
 
+RingAttentionPasses LayerRecipe::ring_attention() const {
+  if (context_parallel <= 1) return {};
+  const int64_t tokens = dims.tokens, key_values = dims.tokens * 2 * dims.key_value;
+  const int64_t chunk = seq_length / (2 * context_parallel), local = seq_length / context_parallel;
+  RingAttentionPasses passes = ring_attention_passes(
+      context_parallel, precision.activation_bytes * key_values, [&](int64_t step, bool backward) {
+        std::vector<Kernel> kernels;
+        // The backward's sum of this step's key and value gradients starts at zero; from the
+        // second step on the sum arriving from the previous rank is added to it.
+        if (backward) kernels.push_back(flat_kernel(KernelKind::kZero, key_values));
+        // Every rank's step is the same work: rank 0's blocks stand for all.
+        const RingStep ring = ring_step(0, step, context_parallel);
+        for (int b = 0; b < ring.count; ++b) {
+          kernels.push_back(attention_block_kernel(
+              backward ? KernelKind::kAttentionBlockBackward : KernelKind::kAttentionBlockForward, micro_batch_size,
+              chunk, dims.heads, dims.head_dim, dims.groups, attention_dropout,
+              ring.blocks[static_cast<std::size_t>(b)].diagonal));
+        }
+        if (backward && step > 0) kernels.push_back(flat_kernel(KernelKind::kAdd, key_values));
+        return kernels;
+      });
+  const Kernel pack = row_kernel(KernelKind::kPackKeyValues, tokens, 2 * dims.key_value);
+  // Forward: the running output (fp32) and each row's log-sum-exp start empty; the output ends in
+  // the compute type. Backward: the query gradients accumulate into a zeroed dqkv, the keys' and
+  // values' arrive home packed.
+  passes.forward.before = {pack, flat_kernel(KernelKind::kFill, tokens * dims.query),
+                           flat_kernel(KernelKind::kFill, micro_batch_size * dims.heads * local)};
+  passes.forward.after = {flat_kernel(KernelKind::kConvert, tokens * dims.query)};
+  passes.backward.before = {pack, flat_kernel(KernelKind::kZero, tokens * dims.qkv)};
+  passes.backward.after = {row_kernel(KernelKind::kUnpackKeyValueGradients, tokens, 2 * dims.key_value)};
+  return passes;
+}
+
 KernelBlocks LayerRecipe::kernel_blocks(int64_t tensor_parallel_rank) const {
   KernelBlocks blocks;
   // Plain copies, not structured bindings: the lambdas below capture them (Clang before 16 cannot
@@ -128,9 +162,17 @@ KernelBlocks LayerRecipe::kernel_blocks(int64_t tensor_parallel_rank) const {
   const KernelKind norm_backward = rms_norm ? KernelKind::kRmsNormBackward : KernelKind::kNormBackward;
   const Kernel norm = row_kernel(norm_forward, rows, h);
   const int64_t groups = dims.groups;
-  // --attention-dropout: the mask is drawn inside the attention kernels.
-  const Kernel attention = attention_kernel(KernelKind::kAttentionForward, micro_batch_size, seq_length, heads, dim,
-                                            groups, attention_dropout);
+  // --attention-dropout: the mask is drawn inside the attention kernels. Under context parallelism
+  // the ring's kernels stand in each pass's attention.
+  const RingAttentionPasses ring = ring_attention();
+  const std::vector<Kernel> attention =
+      context_parallel > 1 ? ring.forward.kernels()
+                           : std::vector<Kernel>{attention_kernel(KernelKind::kAttentionForward, micro_batch_size,
+                                                                  seq_length, heads, dim, groups, attention_dropout)};
+  const std::vector<Kernel> attention_backward =
+      context_parallel > 1 ? ring.backward.kernels()
+                           : std::vector<Kernel>{attention_kernel(KernelKind::kAttentionBackward, micro_batch_size,
+                                                                  seq_length, heads, dim, groups, attention_dropout)};
   // Rotary embeddings in place on the rotated dimensions of each q and k head.
   const Kernel rotary = row_kernel(KernelKind::kRotary, count, (q + kv) / dim * rotary_dim);
   // SwiGLU apart from fc1 (GELU without biases is not in the executor: refused before training).
@@ -146,7 +188,7 @@ KernelBlocks LayerRecipe::kernel_blocks(int64_t tensor_parallel_rank) const {
     std::vector<Kernel> list = {fused_input_norm ? branch_norm : norm,
                                 gemm_kernel(GemmLayout::kForward, qkv_epilogue, count, qkv, h)};
     if (rope) list.push_back(rotary);
-    list.push_back(attention);
+    list.insert(list.end(), attention.begin(), attention.end());
     list.push_back(gemm_kernel(GemmLayout::kForward, row_bias, count, h, q));
     list.push_back(branch_norm);
     list.push_back(gemm_kernel(GemmLayout::kForward, fc1_epilogue, count, fc1, h));
@@ -180,8 +222,7 @@ KernelBlocks LayerRecipe::kernel_blocks(int64_t tensor_parallel_rank) const {
     if (hidden_dropout) list.push_back(dropout);  // the attention branch's gradient
     list.push_back(gemm_kernel(GemmLayout::kInputGradient, GemmEpilogue::kNone, count, h, q));
     list.push_back(weight(proj_weight));
-    list.push_back(attention_kernel(KernelKind::kAttentionBackward, micro_batch_size, seq_length, heads, dim, groups,
-                                    attention_dropout));
+    list.insert(list.end(), attention_backward.begin(), attention_backward.end());
     if (rope) list.push_back(rotary);
     list.push_back(norm);  // recomputed, not kept
     list.push_back(gemm_kernel(GemmLayout::kInputGradient, GemmEpilogue::kNone, count, qkv, h));
@@ -194,7 +235,7 @@ KernelBlocks LayerRecipe::kernel_blocks(int64_t tensor_parallel_rank) const {
   std::vector<Kernel>& weight_gradients = blocks[static_cast<std::size_t>(KernelBlock::kLayerWeightGradient)];
   if (swiglu) weight_gradients.push_back(activation);  // fc2's input again
   weight_gradients.insert(weight_gradients.end(), {fc2_weight, norm, fc1_weight, proj_weight, norm, qkv_weight});
-  blocks[static_cast<std::size_t>(KernelBlock::kAttentionRecompute)] = {attention};
+  blocks[static_cast<std::size_t>(KernelBlock::kAttentionRecompute)] = attention;
 
   blocks[static_cast<std::size_t>(KernelBlock::kEmbeddingForward)] = {
       row_kernel(KernelKind::kEmbeddingForward, count, h)};

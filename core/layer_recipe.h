@@ -202,6 +202,8 @@ struct LayerRecipe {
   // recomputation's attention, and the stage's embedding, head and boundary blocks. Row-parallel
   // biases are added by tensor-parallel rank 0 only.
   KernelBlocks kernel_blocks(int64_t tensor_parallel_rank) const;
+  // Context parallelism's ring attention step by step, as the layer blocks list it flattened.
+  RingAttentionPasses ring_attention() const;
 };
 
 }  // namespace megaplan

@@ -16,6 +16,36 @@ constexpr int64_t kMask = 1;  // a dropout mask element (bool)
 
 }  // namespace
 
+// Transformer Engine's p2p ring (attn_forward_func_with_cp): step 0 one causal flash attention over
+// the rank's two chunks; every later step one unmasked flash attention of a chunk's work against
+// the other (both query chunks against one key chunk, or one against both), the same work as two
+// of core/context_parallel.h's unmasked chunk blocks, costed as such. Its corrections of the
+// output by each step's log-sum-exp are not listed.
+RingAttentionPasses megatron_ring_attention(const ModelSpec& model, const ParallelPlan& plan) {
+  const int64_t cp = plan.context_parallel_size;
+  if (cp <= 1) return {};
+  const LayerDims dims = layer_dims(model, plan);
+  const int64_t batch = plan.micro_batch_size, chunk = model.seq_length / (2 * cp), heads = dims.heads,
+                dim = dims.head_dim;
+  const DType precision = plan.options.precision;
+  const int64_t key_value_bytes = 2 * dims.tokens * 2 * dims.key_value;
+  return ring_attention_passes(cp, key_value_bytes, [=](int64_t step, bool backward) {
+    std::vector<Kernel> kernels;
+    if (step == 0) {
+      kernels.push_back(attention_kernel(backward ? KernelKind::kAttentionBackward : KernelKind::kAttentionForward,
+                                         batch, 2 * chunk, heads, dim));
+    } else {
+      for (int i = 0; i < 2; ++i) {
+        kernels.push_back(
+            attention_block_kernel(backward ? KernelKind::kAttentionBlockBackward : KernelKind::kAttentionBlockForward,
+                                   batch, chunk, heads, dim, heads, false, false));
+      }
+    }
+    for (Kernel& kernel : kernels) kernel.precision = precision;
+    return kernels;
+  });
+}
+
 KernelBlocks megatron_kernel_blocks(const ModelSpec& model, const ParallelPlan& plan) {
   const ImplementationOptions& options = plan.options;
   const int64_t a = 2;
@@ -26,8 +56,9 @@ KernelBlocks megatron_kernel_blocks(const ModelSpec& model, const ParallelPlan& 
   const int64_t count = dims.tokens, rows = dims.rows, h = dims.hidden, q = dims.query, kv = dims.key_value,
                 qkv = dims.qkv, f = dims.ffn, fc1 = dims.fc1, v = dims.vocabulary, heads = dims.heads,
                 dim = dims.head_dim;
-  // Attention over the whole sequence: the simulator splits its time over cp (unfused attention
-  // never meets cp, which Megatron runs in Transformer Engine only).
+  // Attention over the whole sequence, or under context parallelism Transformer Engine's ring
+  // (megatron_ring_attention; unfused attention never meets cp, which Megatron runs in Transformer
+  // Engine only).
   const int64_t seq = model.seq_length;
   const bool bias = model.add_bias_linear;
   const bool qkv_bias = bias || model.add_qkv_bias;
@@ -73,7 +104,11 @@ KernelBlocks megatron_kernel_blocks(const ModelSpec& model, const ParallelPlan& 
 
   // The attention core, from Q, K, V to the context (also what selective recomputation reruns).
   std::vector<Kernel> core_forward, core_backward;
-  if (fused_attention(options)) {
+  if (plan.context_parallel_size > 1) {
+    const RingAttentionPasses ring = megatron_ring_attention(model, plan);
+    core_forward = ring.forward.kernels();
+    core_backward = ring.backward.kernels();
+  } else if (fused_attention(options)) {
     core_forward = {attention(KernelKind::kAttentionForward)};
     core_backward = {attention(KernelKind::kAttentionBackward)};
   } else {

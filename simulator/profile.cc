@@ -224,7 +224,7 @@ Profile Profile::from_json(const nlohmann::json& json, const std::string& source
   }
 
   const nlohmann::json& attention = array_field(json, "attention", source);
-  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, bool, bool>, std::size_t> attention_seen;
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, bool, bool, bool>, std::size_t> attention_seen;
   for (std::size_t i = 0; i < attention.size(); ++i) {
     JsonFieldReader entry(attention[i], entry_source(source, "attention", i));
     const int64_t batch_heads = positive_integer(entry, "batch_heads");
@@ -235,16 +235,20 @@ Profile Profile::from_json(const nlohmann::json& json, const std::string& source
     entry.require("causal", causal);
     bool dropout = false;
     if (entry.has("dropout")) entry.require("dropout", dropout);
+    bool ring_block = false;
+    if (entry.has("ring_block")) entry.require("ring_block", ring_block);
     const double forward_s = positive(entry, "forward_s");
     const double backward_s = positive(entry, "backward_s");
     optional_spread(entry);
     entry.reject_unknown_keys();
-    reject_duplicate(attention_seen, std::tuple{batch_heads, seq, head_dim, gqa_ratio, causal, dropout}, source,
-                     "attention", i, "batch_heads, seq, head_dim, gqa_ratio, causal and dropout");
+    reject_duplicate(attention_seen, std::tuple{batch_heads, seq, head_dim, gqa_ratio, causal, dropout, ring_block},
+                     source, "attention", i, "batch_heads, seq, head_dim, gqa_ratio, causal, dropout and ring_block");
     const double flops = attention_forward_flops(batch_heads, seq, head_dim, causal);
     const std::array<double, 3> shape = {log_of(batch_heads), log_of(seq), log_of(head_dim)};
-    profile.attention_forward_[causal][dropout][gqa_ratio].push_back({shape, std::log(flops / forward_s), forward_s});
-    profile.attention_backward_[causal][dropout][gqa_ratio].push_back(
+    auto& forward = ring_block ? profile.ring_block_forward_ : profile.attention_forward_;
+    auto& backward = ring_block ? profile.ring_block_backward_ : profile.attention_backward_;
+    forward[causal][dropout][gqa_ratio].push_back({shape, std::log(flops / forward_s), forward_s});
+    backward[causal][dropout][gqa_ratio].push_back(
         {shape, std::log(kAttentionBackwardFactor * flops / backward_s), backward_s});
   }
 
@@ -487,6 +491,28 @@ double Profile::attention_backward_seconds(int64_t batch_heads, int64_t seq, int
                            tensors, batch_heads, seq, head_dim, sources);
 }
 
+double Profile::attention_block_seconds(const Kernel& block, CostSources& sources) const {
+  const int64_t batch_heads = block.batch * block.heads;
+  if (batch_heads <= 0 || block.seq <= 0 || block.head_dim <= 0) return 0;
+  const bool backward = block.kind == KernelKind::kAttentionBlockBackward;
+  const AttentionTablesByDropout& tables = (backward ? ring_block_backward_ : ring_block_forward_)[block.diagonal];
+  const int64_t ratio = gqa_ratio(block);
+  if (!tables[0].empty() || !tables[1].empty()) {
+    // Bytes as the whole attention's (the fp32 merge aside): tables are what answer here.
+    const double tensors = (backward ? 4 : 2) * (1 + 1.0 / static_cast<double>(std::max<int64_t>(ratio, 1)));
+    const double flops = (backward ? kAttentionBackwardFactor : 1.0) *
+                         attention_forward_flops(batch_heads, block.seq, block.head_dim, block.diagonal);
+    return attention_seconds(tables, block.dropout, ratio, flops, tensors, batch_heads, block.seq, block.head_dim,
+                             sources);
+  }
+  CostSources whole;
+  const double diagonal =
+      backward ? attention_backward_seconds(batch_heads, block.seq, block.head_dim, true, ratio, block.dropout, whole)
+               : attention_forward_seconds(batch_heads, block.seq, block.head_dim, true, ratio, block.dropout, whole);
+  ++sources.fallback;
+  return block.diagonal ? diagonal : 2 * diagonal;
+}
+
 double Profile::elementwise_seconds(int64_t bytes, CostSources& sources) const {
   if (bytes <= 0) return 0;
   if (!elementwise_.points.empty()) {
@@ -527,6 +553,8 @@ double Profile::kernel_seconds(const Kernel& kernel, CostSources& sources) const
     case KernelKind::kAttentionBackward:
       return attention_backward_seconds(kernel.batch * kernel.heads, kernel.seq, kernel.head_dim, true,
                                         gqa_ratio(kernel), kernel.dropout, sources);
+    case KernelKind::kAttentionBlockForward:
+    case KernelKind::kAttentionBlockBackward: return attention_block_seconds(kernel, sources);
     default: return memory_kernel_seconds(memory_kernel_class(kernel), kernel_bytes(kernel, 2), sources);
   }
 }

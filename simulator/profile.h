@@ -132,6 +132,12 @@ class Profile {
                                    bool dropout, CostSources& sources) const;
   double attention_backward_seconds(int64_t batch_heads, int64_t seq, int64_t head_dim, bool causal, int64_t gqa_ratio,
                                     bool dropout, CostSources& sources) const;
+  // One block of context parallelism's ring (kAttentionBlockForward/Backward): `chunk` queries
+  // against `chunk` keys, masked causally on the diagonal, else unmasked, merged into an fp32
+  // output. The measured ring-block entries answer; without them, counted as a fallback, a
+  // diagonal block is the whole causal attention over `chunk` tokens and an unmasked one twice
+  // that (twice the work, without the mask's ragged tiles).
+  double attention_block_seconds(const Kernel& block, CostSources& sources) const;
   // A memory-bound pass moving `bytes` (reads plus writes).
   double elementwise_seconds(int64_t bytes, CostSources& sources) const;
   // A memory-bound kernel of a class of core's kernel lists (memory_kernel_class) moving `bytes`
@@ -198,8 +204,11 @@ class Profile {
   std::map<std::pair<DType, GemmLayout>, std::vector<ShapePoint>> gemm_by_layout_;
   std::array<AttentionTablesByDropout, 2> attention_forward_;   // by causal, then dropout
   std::array<AttentionTablesByDropout, 2> attention_backward_;  // by causal, then dropout
-  Curve elementwise_;                                           // log seconds
-  std::map<std::string, Curve> memory_kernels_;                 // log seconds over log bytes, by kernel class
+  // The ring's blocks (`ring_block` entries), by diagonal (`causal`), then dropout.
+  std::array<AttentionTablesByDropout, 2> ring_block_forward_;
+  std::array<AttentionTablesByDropout, 2> ring_block_backward_;
+  Curve elementwise_;                            // log seconds
+  std::map<std::string, Curve> memory_kernels_;  // log seconds over log bytes, by kernel class
   std::map<std::tuple<CollectiveOp, int64_t, LinkKind>, Curve> collectives_;  // log bus bandwidth
   std::array<Curve, 2> p2p_;                                                  // log seconds, by LinkKind
   // The overlap table's two sides by op (send/receive included), link, group size; each holds

@@ -126,8 +126,9 @@ template <typename Profile_, typename Visit>
 void Profile::visit_fields(Profile_& profile, Visit&& visit) {
   visit(profile.gpu_, profile.source_, profile.origin_, profile.transferred_from_, profile.uncertainty_,
         profile.device_, profile.curve_, profile.gemm_, profile.gemm_by_layout_, profile.attention_forward_,
-        profile.attention_backward_, profile.elementwise_, profile.memory_kernels_, profile.collectives_, profile.p2p_,
-        profile.compute_slowdown_, profile.collective_slowdown_);
+        profile.attention_backward_, profile.ring_block_forward_, profile.ring_block_backward_, profile.elementwise_,
+        profile.memory_kernels_, profile.collectives_, profile.p2p_, profile.compute_slowdown_,
+        profile.collective_slowdown_);
 }
 
 std::string Profile::to_bytes() const {

@@ -23,26 +23,19 @@ constexpr int64_t kBf16 = 2;
 LinkKind kind_of(const Route& route) { return route.crosses_nodes ? LinkKind::kNetwork : LinkKind::kNvlink; }
 LinkParams params_of(const Route& route) { return {route.bandwidth_bytes_per_s, route.latency_s}; }
 
-// Seconds of every block of the executor's kernel list; context parallelism splits each
-// sequence's queries over cp GPUs, so attention takes 1/cp of the whole sequence's time.
+// Seconds of every block of the plan's kernel list.
 using BlockSeconds = std::array<double, kNumKernelBlocks>;
 
-double kernels_seconds(const std::vector<Kernel>& kernels, const Profile& profile, int64_t context_parallel_size,
-                       CostSources& sources) {
+double kernels_seconds(const std::vector<Kernel>& kernels, const Profile& profile, CostSources& sources) {
   double seconds = 0;
-  for (const Kernel& kernel : kernels) {
-    const bool attention =
-        kernel.kind == KernelKind::kAttentionForward || kernel.kind == KernelKind::kAttentionBackward;
-    seconds += profile.kernel_seconds(kernel, sources) / static_cast<double>(attention ? context_parallel_size : 1);
-  }
+  for (const Kernel& kernel : kernels) seconds += profile.kernel_seconds(kernel, sources);
   return seconds;
 }
 
-BlockSeconds cost_blocks(const PlanKernels& kernels, const Profile& profile, int64_t context_parallel_size,
-                         CostSources& sources) {
+BlockSeconds cost_blocks(const PlanKernels& kernels, const Profile& profile, CostSources& sources) {
   BlockSeconds seconds{};
   for (std::size_t b = 0; b < kNumKernelBlocks; ++b) {
-    seconds[b] = kernels_seconds(kernels.block(static_cast<KernelBlock>(b)), profile, context_parallel_size, sources);
+    seconds[b] = kernels_seconds(kernels.block(static_cast<KernelBlock>(b)), profile, sources);
   }
   return seconds;
 }
@@ -172,11 +165,10 @@ OverlapGemms overlap_gemms(const ModelSpec& model, const ParallelPlan& plan, con
   return gemms;
 }
 
+// Tensor parallelism's collectives in a layer.
 LayerCollectives layer_collectives(const ModelSpec& model, const ParallelPlan& plan, const Profile& profile,
-                                   const GroupRoutes& routes, double attention_forward, double attention_backward,
-                                   const OverlapGemms* overlap, CostSources& sources) {
+                                   const GroupRoutes& routes, const OverlapGemms* overlap, CostSources& sources) {
   const int64_t t = plan.tensor_parallel_size;
-  const int64_t cp = plan.context_parallel_size;
   const int64_t tokens = tokens_per_microbatch(model, plan);
   // Tensor parallelism: two all-reduces of the layer's output per pass, or with sequence
   // parallelism two all-gathers and two reduce-scatters of the same tensor; with --tp-comm-overlap
@@ -198,40 +190,46 @@ LayerCollectives layer_collectives(const ModelSpec& model, const ParallelPlan& p
       collectives.backward += overlap ? exposed_beside(sequence[i], overlap->backward[i], slowdown[i]) : sequence[i];
     }
   }
-  // Context parallelism: K and V go round the cp ring (twice as much with their gradients in the
-  // backward), overlapping the attention blocks; exposed is what attention does not cover and what
-  // attention loses to it.
-  if (cp > 1) {
-    const CollectiveCoster context(profile, routes.context, cp, sources);
-    const int64_t kv_bytes = kBf16 * 2 * tokens * model.kv_projection_size() / t;
-    const double ring = context(CollectiveOp::kAllGather, kv_bytes * cp);
-    const OverlapSlowdown slowdown = context.overlap(CollectiveOp::kAllGather);
-    collectives.forward += exposed_beside(ring, attention_forward, slowdown);
-    collectives.backward += exposed_beside(2 * ring, attention_backward, slowdown);
-  }
   return collectives;
 }
 
-// With context parallelism, what the K/V exchange hides behind: a layer's attention forward (the
-// selective-recomputation block is exactly that kernel) and its attention backward, split over cp.
-LayerCollectives plan_layer_collectives(const ModelSpec& model, const ParallelPlan& plan, const Profile& profile,
-                                        const PlanKernels& kernels, const BlockSeconds& blocks,
-                                        const GroupRoutes& routes, CostSources& sources) {
-  const int64_t cp = plan.context_parallel_size;
-  if (plan.tensor_parallel_size == 1 && cp == 1) return {};
-  std::optional<OverlapGemms> overlap;
-  if (overlaps_tensor_parallel_communication(plan)) overlap = overlap_gemms(model, plan, kernels, profile, sources);
-  double attention_forward = 0, attention_backward = 0;
-  if (cp > 1) {
-    attention_forward = blocks[static_cast<std::size_t>(KernelBlock::kAttentionRecompute)];
-    std::vector<Kernel> backward;
-    for (const Kernel& kernel : kernels.block(KernelBlock::kLayerBackward)) {
-      if (kernel.kind == KernelKind::kAttentionBackward) backward.push_back(kernel);
+// What one pass of context parallelism's ring adds to its kernels' time (kernel_list.h's
+// RingAttention): each step's exchange with its neighbours runs beside that step's kernels, which
+// hide what they can of it and lose what the two cost each other; what the last step sends home
+// waits alone. The exchanges go to the next rank and come from the previous one at once, over the
+// group's slowest route.
+double ring_exposed(const RingAttention& ring, const Profile& profile, const Route& route, CostSources& sources) {
+  const OverlapSlowdown slowdown = profile.p2p_overlap_slowdown(kind_of(route));
+  const auto exchange = [&](int64_t bytes) {
+    return bytes > 0 ? profile.p2p_seconds(bytes, kind_of(route), params_of(route), sources) : 0.0;
+  };
+  double exposed = exchange(ring.trailing_bytes);
+  for (const RingAttention::Step& step : ring.steps) {
+    if (step.exchanged_bytes > 0) {
+      exposed +=
+          exposed_beside(exchange(step.exchanged_bytes), kernels_seconds(step.kernels, profile, sources), slowdown);
     }
-    attention_backward = kernels_seconds(backward, profile, cp, sources);
   }
-  return layer_collectives(model, plan, profile, routes, attention_forward, attention_backward,
-                           overlap ? &*overlap : nullptr, sources);
+  return exposed;
+}
+
+LayerCollectives plan_layer_collectives(const ModelSpec& model, const ParallelPlan& plan, const Profile& profile,
+                                        const PlanKernels& kernels, const GroupRoutes& routes, CostSources& sources) {
+  LayerCollectives collectives;
+  if (plan.tensor_parallel_size > 1) {
+    std::optional<OverlapGemms> overlap;
+    if (overlaps_tensor_parallel_communication(plan)) overlap = overlap_gemms(model, plan, kernels, profile, sources);
+    collectives = layer_collectives(model, plan, profile, routes, overlap ? &*overlap : nullptr, sources);
+  }
+  if (plan.context_parallel_size > 1) {
+    const double forward = ring_exposed(kernels.ring().forward, profile, routes.context, sources);
+    collectives.forward += forward;
+    collectives.backward += ring_exposed(kernels.ring().backward, profile, routes.context, sources);
+    // Selective recomputation runs every layer's attention core, its ring included, again before
+    // the layer's backward.
+    if (plan.recompute_granularity == RecomputeGranularity::kSelective) collectives.backward += forward;
+  }
+  return collectives;
 }
 
 // The output layer's collectives: with sequence parallelism its input is all-gathered in the
@@ -251,10 +249,9 @@ LayerCollectives head_collectives(const ModelSpec& model, const ParallelPlan& pl
 LayerCosts transformer_layer_costs(const ModelSpec& model, const ParallelPlan& plan, const Profile& profile,
                                    const GroupRoutes& routes, CostSources& sources) {
   const PlanKernels kernels(model, plan);
-  const int64_t cp = plan.context_parallel_size;
-  const BlockSeconds blocks = cost_blocks(kernels, profile, cp, sources);
+  const BlockSeconds blocks = cost_blocks(kernels, profile, sources);
   const auto seconds = [&](KernelBlock block) { return blocks[static_cast<std::size_t>(block)]; };
-  const LayerCollectives collectives = plan_layer_collectives(model, plan, profile, kernels, blocks, routes, sources);
+  const LayerCollectives collectives = plan_layer_collectives(model, plan, profile, kernels, routes, sources);
   LayerCosts layer;
   layer.forward_collectives = collectives.forward;
   layer.backward_collectives = collectives.backward;
@@ -283,9 +280,7 @@ LayerCosts transformer_layer_costs(const ModelSpec& model, const ParallelPlan& p
 LayerCosts output_layer_costs(const ModelSpec& model, const ParallelPlan& plan, const Profile& profile,
                               const Route& tensor_route, CostSources& sources) {
   const PlanKernels kernels(model, plan);
-  const auto seconds = [&](KernelBlock block) {
-    return kernels_seconds(kernels.block(block), profile, plan.context_parallel_size, sources);
-  };
+  const auto seconds = [&](KernelBlock block) { return kernels_seconds(kernels.block(block), profile, sources); };
   const LayerCollectives collectives = head_collectives(model, plan, profile, tensor_route, sources);
   LayerCosts head;
   head.forward_collectives = collectives.forward;
@@ -323,15 +318,15 @@ ActionCosts plan_action_costs(const ModelSpec& model, const ParallelPlan& plan, 
                               const Topology& topology, CostSources& sources) {
   const std::vector<GroupRoutes> routes = pipeline_group_routes(plan, topology);
   const PlanKernels kernels(model, plan);
-  const BlockSeconds blocks = cost_blocks(kernels, profile, plan.context_parallel_size, sources);
+  const BlockSeconds blocks = cost_blocks(kernels, profile, sources);
   // Layer collectives per pipeline rank; ranks whose groups route alike share one computation.
   std::vector<LayerCollectives> collectives_of_rank;
   for (std::size_t rank = 0; rank < routes.size(); ++rank) {
     std::size_t alike = 0;
     while (alike < rank && !same_routes(routes[alike], routes[rank])) ++alike;
-    collectives_of_rank.push_back(
-        alike < rank ? collectives_of_rank[alike]
-                     : plan_layer_collectives(model, plan, profile, kernels, blocks, routes[rank], sources));
+    collectives_of_rank.push_back(alike < rank
+                                      ? collectives_of_rank[alike]
+                                      : plan_layer_collectives(model, plan, profile, kernels, routes[rank], sources));
   }
   const int64_t t = plan.tensor_parallel_size;
   const int64_t pp = plan.pipeline_parallel_size;

@@ -48,7 +48,35 @@ RotaryHeads rotary_heads(const Kernel& kernel) {
   return {std::max<int64_t>(kernel.cols / 2, 1), 2};
 }
 
+// The key-value heads a packing kernel's `cols` (twice the key-value width) holds: of 128, else
+// 64, else of 2.
+int64_t packed_head_dim(int64_t cols) {
+  for (const int64_t dim : {int64_t{128}, int64_t{64}}) {
+    if ((cols / 2) % dim == 0) return dim;
+  }
+  return 2;
+}
+
 }  // namespace
+
+// A ring block runs over a rank's two chunks of `seq` tokens each (kernel.seq is one chunk); a
+// packing kernel over `rows` tokens of one query head per key-value head.
+AttentionDims KernelLaunch::ring_dims() const {
+  const Kernel& k = kernel_;
+  if (k.kind == KernelKind::kAttentionBlockForward || k.kind == KernelKind::kAttentionBlockBackward) {
+    return {size(k.batch), size(2 * k.seq), size(k.heads), size(k.groups), size(k.head_dim)};
+  }
+  const int64_t dim = packed_head_dim(k.cols);
+  const int64_t groups = std::max<int64_t>(k.cols / 2 / dim, 1);
+  return {1, size(k.rows), size(groups), size(groups), size(dim)};
+}
+
+// A diagonal block: the first query chunk against the first key chunk, at the same place; an
+// unmasked one: the second query chunk, placed after the first key chunk.
+AttentionChunkBlock KernelLaunch::ring_block() const {
+  const int64_t chunk = kernel_.seq;
+  return kernel_.diagonal ? AttentionChunkBlock{0, 0, 0, 0} : AttentionChunkBlock{1, 0, chunk, 0};
+}
 
 // Operands hold varied values, not the allocator's zeros: a GEMM multiplying zeros toggles few bits
 // and draws a fraction of a trained step's power, so it ran at clocks a step at the power limit does
@@ -140,6 +168,30 @@ KernelLaunch::KernelLaunch(Backend& backend, const Kernel& kernel, EmbeddingTabl
           backend.attention_saved_size(size(k.batch), size(k.seq), size(k.heads), size(k.head_dim))));
       break;
     }
+    case KernelKind::kAttentionBlockForward:
+    case KernelKind::kAttentionBlockBackward:
+    case KernelKind::kPackKeyValues:
+    case KernelKind::kUnpackKeyValueGradients: {
+      const AttentionDims d = ring_dims();
+      const auto tokens = static_cast<int64_t>(d.batch * d.seq);
+      const auto queries = tokens * static_cast<int64_t>(d.heads * d.dim);
+      const auto key_values = tokens * static_cast<int64_t>(2 * d.groups * d.dim);
+      b.qkv = activation(queries + key_values);
+      b.key_values = activation(key_values);
+      b.key_value_gradients = activation(key_values);
+      b.dx = activation(queries + key_values);  // dqkv
+      if (k.kind == KernelKind::kAttentionBlockForward || k.kind == KernelKind::kAttentionBlockBackward) {
+        b.y = activation(queries);   // the merged output, in the compute type
+        b.dy = activation(queries);  // its gradient
+        b.merged = floats(queries);  // the running output (fp32)
+        b.lse = floats(tokens * static_cast<int64_t>(d.heads));
+        // Each row's log-sum-exp as a merge meets it: finite, above the scores' exponents, so
+        // that the backward's probabilities stay normal numbers.
+        backend.fill(b.lse, size(tokens * static_cast<int64_t>(d.heads)), 8.0f);
+        backend.fill(b.merged, size(queries), 0.0f);
+      }
+      break;
+    }
     case KernelKind::kNormForward:
     case KernelKind::kNormBackward:
     case KernelKind::kRmsNormForward:
@@ -183,6 +235,11 @@ KernelLaunch::KernelLaunch(Backend& backend, const Kernel& kernel, EmbeddingTabl
       break;
     }
     case KernelKind::kFill: b.master = floats(k.rows); break;
+    case KernelKind::kZero: b.y = activation(k.rows); break;
+    case KernelKind::kConvert:
+      b.master = floats(k.rows);
+      b.y = activation(k.rows);
+      break;
     case KernelKind::kEmbeddingForward:
     case KernelKind::kEmbeddingBackward:
       b.weight = activation(table.vocabulary * k.cols);  // the word embedding
@@ -264,6 +321,20 @@ void KernelLaunch::operator()() {
       backend_.attention_backward(b.dy, b.qkv, b.y, b.saved, size(k.batch), size(k.seq), size(k.heads), size(k.groups),
                                   size(k.head_dim), timed_dropout(k.dropout, k.seq), b.dx);
       break;
+    case KernelKind::kAttentionBlockForward:
+      backend_.attention_block_forward(b.qkv, b.key_values, ring_dims(), ring_block(), timed_dropout(k.dropout, k.seq),
+                                       b.merged, b.lse);
+      break;
+    case KernelKind::kAttentionBlockBackward:
+      backend_.attention_block_backward(b.dy, b.qkv, b.y, b.lse, b.key_values, ring_dims(), ring_block(),
+                                        timed_dropout(k.dropout, k.seq), b.dx, b.key_value_gradients);
+      break;
+    case KernelKind::kPackKeyValues: backend_.pack_key_values(b.qkv, ring_dims(), b.key_values); break;
+    case KernelKind::kUnpackKeyValueGradients:
+      backend_.unpack_key_value_gradients(b.key_value_gradients, ring_dims(), b.dx);
+      break;
+    case KernelKind::kZero: backend_.zero(b.y, size(k.rows)); break;
+    case KernelKind::kConvert: backend_.convert(b.master, size(k.rows), b.y); break;
     case KernelKind::kNormForward:
       backend_.layernorm_forward(b.x, k.fused_residual ? b.branch : nullptr, timed_dropout(k.dropout, k.rows),
                                  k.fused_residual ? b.sum : nullptr, b.gamma, b.beta, size(k.rows), size(k.cols), b.y,

@@ -44,11 +44,14 @@ class KernelLaunch {
   struct Buffers {
     Activation x = nullptr, y = nullptr, dy = nullptr, dx = nullptr, weight = nullptr, bias = nullptr,
                pre_activation = nullptr, branch = nullptr, sum = nullptr, residual_gradient = nullptr, gamma = nullptr,
-               beta = nullptr, qkv = nullptr, position = nullptr;
+               beta = nullptr, qkv = nullptr, position = nullptr, key_values = nullptr, key_value_gradients = nullptr;
     float *weight_gradient = nullptr, *bias_gradient = nullptr, *position_gradient = nullptr, *mean = nullptr,
           *rstd = nullptr, *saved = nullptr, *lse = nullptr, *target = nullptr, *peak = nullptr, *terms = nullptr,
-          *loss_sum = nullptr, *master = nullptr;
+          *loss_sum = nullptr, *master = nullptr, *merged = nullptr;
   };
+  // A ring block's or a key-value packing's shapes (kernel_launch.cc).
+  AttentionDims ring_dims() const;
+  AttentionChunkBlock ring_block() const;
 
   Backend& backend_;
   Kernel kernel_;

@@ -165,11 +165,21 @@ struct Samples {
 
 using GemmKey = std::tuple<int64_t, int64_t, int64_t, GemmLayout, GemmEpilogue, DType>;
 using MemoryKey = std::pair<std::string, int64_t>;
-// batch x heads, seq, head dim, GQA ratio, dropout
-using AttentionKey = std::tuple<int64_t, int64_t, int64_t, int64_t, bool>;
+// batch x heads, seq, head dim, GQA ratio, dropout, a ring block (else the whole attention), causal
+// (a ring block: on the diagonal)
+using AttentionKey = std::tuple<int64_t, int64_t, int64_t, int64_t, bool, bool, bool>;
 
 GemmKey gemm_key(const Kernel& k) { return {k.m, k.n, k.k, k.layout, k.epilogue, k.precision}; }
-AttentionKey attention_key(const Kernel& k) { return {k.batch * k.heads, k.seq, k.head_dim, gqa_ratio(k), k.dropout}; }
+bool is_ring_block(const Kernel& k) {
+  return k.kind == KernelKind::kAttentionBlockForward || k.kind == KernelKind::kAttentionBlockBackward;
+}
+bool is_attention(const Kernel& k) {
+  return k.kind == KernelKind::kAttentionForward || k.kind == KernelKind::kAttentionBackward || is_ring_block(k);
+}
+AttentionKey attention_key(const Kernel& k) {
+  const bool block = is_ring_block(k);
+  return {k.batch * k.heads, k.seq, k.head_dim, gqa_ratio(k), k.dropout, block, !block || k.diagonal};
+}
 
 // The same kernels with fp16 GEMMs: Megatron's --fp16 step as far as the executor's kernels go.
 std::vector<Kernel> with_fp16_gemms(std::vector<Kernel> kernels) {
@@ -273,8 +283,7 @@ ProfileGrid profile_grid(bool quick) {
   std::set<GemmKey> gemms;
   std::set<MemoryKey> memory_bound;
   const auto fresh = [&](const Kernel& kernel) {
-    if (kernel.kind == KernelKind::kAttentionForward || kernel.kind == KernelKind::kAttentionBackward ||
-        kernel.kind == KernelKind::kElementwise) {
+    if (is_attention(kernel) || kernel.kind == KernelKind::kElementwise) {
       return false;  // attention has its own grid; the executor launches no kElementwise
     }
     return kernel.kind == KernelKind::kGemm
@@ -342,6 +351,30 @@ ProfileGrid profile_grid(bool quick) {
       }
     }
   }
+  // Context parallelism's ring blocks (core/context_parallel.h): chunks of 512 to 8192 tokens
+  // (sequences of 8 Ki to 128 Ki over cp 2 to 8), on the diagonal and unmasked, as the attention
+  // grid's heads, ratios and dropout.
+  const std::vector<int64_t> chunks =
+      quick ? std::vector<int64_t>{1024, 4096} : std::vector<int64_t>{512, 1024, 2048, 4096, 8192};
+  const std::vector<int64_t> block_heads = quick ? std::vector<int64_t>{16, 64} : std::vector<int64_t>{8, 16, 32, 64};
+  for (const int64_t chunk : chunks) {
+    for (const int64_t bh : block_heads) {
+      for (const int64_t dim : {int64_t{64}, int64_t{128}}) {
+        for (const int64_t ratio : quick ? std::vector<int64_t>{1, 4} : std::vector<int64_t>{1, 4, 8}) {
+          if (bh % ratio != 0) continue;
+          for (const bool dropout : {false, true}) {
+            for (const bool diagonal : {true, false}) {
+              grid.sequences.push_back({{attention_block_kernel(KernelKind::kAttentionBlockForward, 1, chunk, bh, dim,
+                                                                bh / ratio, dropout, diagonal),
+                                         attention_block_kernel(KernelKind::kAttentionBlockBackward, 1, chunk, bh, dim,
+                                                                bh / ratio, dropout, diagonal)},
+                                        {}});
+            }
+          }
+        }
+      }
+    }
+  }
   // The optimizer's kernels over 1 Mi to 1 Gi parameters (quick: 4 Mi and 64 Mi).
   const int64_t smallest = int64_t{1} << (quick ? 22 : 20), largest = int64_t{1} << (quick ? 26 : 30);
   for (int64_t n = smallest; n <= largest; n *= quick ? 16 : 4) {
@@ -391,8 +424,10 @@ MeasuredTables measure_kernels(Backend& backend, const ProfileGrid& grid,
       const std::vector<double>& seconds = timing.kernel_seconds[i];
       switch (kernel.kind) {
         case KernelKind::kGemm: gemms.at(gemm_key(kernel)).add(seconds); break;
-        case KernelKind::kAttentionForward: forward.at(attention_key(kernel)).add(seconds); break;
-        case KernelKind::kAttentionBackward: backward.at(attention_key(kernel)).add(seconds); break;
+        case KernelKind::kAttentionForward:
+        case KernelKind::kAttentionBlockForward: forward.at(attention_key(kernel)).add(seconds); break;
+        case KernelKind::kAttentionBackward:
+        case KernelKind::kAttentionBlockBackward: backward.at(attention_key(kernel)).add(seconds); break;
         default: memory_bound.at({memory_kernel_class(kernel), kernel_bytes(kernel, activation_bytes)}).add(seconds);
       }
     }
@@ -415,16 +450,17 @@ MeasuredTables measure_kernels(Backend& backend, const ProfileGrid& grid,
   for (const auto& [key, forward_samples] : forward.entries()) {
     Samples& backward_samples = backward.at(key);
     if (backward_samples.seconds.empty()) continue;  // the table holds both directions
-    const auto& [batch_heads, seq, head_dim, ratio, dropout] = key;
+    const auto& [batch_heads, seq, head_dim, ratio, dropout, ring_block, causal] = key;
     nlohmann::json entry = {{"batch_heads", batch_heads},
                             {"seq", seq},
                             {"head_dim", head_dim},
                             {"gqa_ratio", ratio},
-                            {"causal", true},
+                            {"causal", causal},
                             {"forward_s", forward_samples.median()},
                             {"backward_s", backward_samples.median()},
                             {"spread", std::max(forward_samples.spread(), backward_samples.spread())}};
     if (dropout) entry["dropout"] = true;
+    if (ring_block) entry["ring_block"] = true;
     tables.attention.push_back(std::move(entry));
   }
   for (const auto& [key, samples] : memory_bound.entries()) {

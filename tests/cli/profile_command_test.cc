@@ -49,6 +49,11 @@ megaplan::exec::ProfileGrid tiny_grid() {
       ProfileSequence{{megaplan::attention_kernel(KernelKind::kAttentionForward, 1, 16, 2, 4, 1),
                        megaplan::attention_kernel(KernelKind::kAttentionBackward, 1, 16, 2, 4, 1)},
                       {}},
+      // A ring's unmasked block of 8 queries against 8 keys.
+      ProfileSequence{
+          {megaplan::attention_block_kernel(KernelKind::kAttentionBlockForward, 1, 8, 2, 4, 2, false, false),
+           megaplan::attention_block_kernel(KernelKind::kAttentionBlockBackward, 1, 8, 2, 4, 2, false, false)},
+          {}},
       ProfileSequence{{forward}, {}}, ProfileSequence{{norm}, {}},
       ProfileSequence{{megaplan::flat_kernel(KernelKind::kAdamw, 4096)}, {}}};
   megaplan::Kernel fp16 = forward;
@@ -71,13 +76,17 @@ TEST_CASE("kernel timings from a backend become a profile the simulator looks up
         last_done = done;
         last_total = total;
       });
-  CHECK(last_done == 6);  // one step per sequence, the skipped one too
-  CHECK(last_total == 6);
+  CHECK(last_done == 7);  // one step per sequence, the skipped one too
+  CHECK(last_total == 7);
   CHECK(tables.mark_seconds >= 0);
-  REQUIRE(tables.attention.size() == 2);  // by GQA ratio too
+  REQUIRE(tables.attention.size() == 3);  // by GQA ratio too, and the ring's block apart
   CHECK(tables.attention[0].at("batch_heads") == 2);
   CHECK(tables.attention[0].at("gqa_ratio") == 1);
   CHECK(tables.attention[1].at("gqa_ratio") == 2);
+  CHECK(!tables.attention[1].contains("ring_block"));
+  CHECK(tables.attention[2].at("ring_block") == true);
+  CHECK(tables.attention[2].at("causal") == false);
+  CHECK(tables.attention[2].at("seq") == 8);
   REQUIRE(tables.gemm.size() == 2);  // one entry per kernel, from every sequence it ran in
   CHECK(tables.gemm[0].at("layout") == "forward");
   CHECK(tables.gemm[0].at("dtype") == "fp32");  // the CPU backend computes in fp32
@@ -104,7 +113,10 @@ TEST_CASE("kernel timings from a backend become a profile the simulator looks up
                              sources) == tables.gemm[1].at("seconds").get<double>());
   CHECK(profile.memory_kernel_seconds("adamw", 4096 * 32, sources) ==
         Approx(tables.kernels[1].at("seconds").get<double>()));
-  CHECK(sources.table == 5);
+  CHECK(profile.kernel_seconds(
+            megaplan::attention_block_kernel(KernelKind::kAttentionBlockBackward, 1, 8, 2, 4, 2, false, false),
+            sources) == tables.attention[2].at("backward_s").get<double>());
+  CHECK(sources.table == 6);
   CHECK(sources.fallback == 0);
   // No bf16 entries: bf16 GEMMs take the datasheet roofline.
   (void)profile.gemm_seconds(8, 12, 16, DType::kBFloat16, sources);
@@ -204,6 +216,15 @@ TEST_CASE("the profile grid times each cell's microbatch in training order and o
     }
   }
   CHECK(ratios == std::set<int64_t>{1, 4});
+  // The ring's blocks, on the diagonal and unmasked, forward then backward.
+  std::set<std::pair<int64_t, bool>> blocks;
+  for (const auto& sequence : grid.sequences) {
+    if (sequence.kernels.size() == 2 && sequence.kernels[0].kind == KernelKind::kAttentionBlockForward) {
+      CHECK(sequence.kernels[1].kind == KernelKind::kAttentionBlockBackward);
+      blocks.emplace(sequence.kernels[0].seq, sequence.kernels[0].diagonal);
+    }
+  }
+  CHECK(blocks == std::set<std::pair<int64_t, bool>>{{1024, false}, {1024, true}, {4096, false}, {4096, true}});
 }
 
 namespace {

@@ -149,7 +149,7 @@ TEST_CASE("attention tables by GQA ratio: the nearest ratio in log2 answers, the
   // The same shape and ratio twice is refused; a ratio must be a positive integer.
   json["attention"].push_back(entry(4, 5e-3));
   CHECK_THROWS_WITH(Profile::from_json(json, "p.json"),
-                    Catch::Matchers::Contains("batch_heads, seq, head_dim, gqa_ratio, causal and dropout"));
+                    Catch::Matchers::Contains("batch_heads, seq, head_dim, gqa_ratio, causal, dropout and ring_block"));
   json["attention"] = {entry(0, 1e-3)};
   json["attention"][0]["gqa_ratio"] = 0;
   CHECK_THROWS_WITH(Profile::from_json(json, "p.json"),
@@ -188,6 +188,50 @@ TEST_CASE("attention with dropout: its own entries, else those without it, count
         1.5e-3);
   json["attention"][1]["dropout"] = "yes";
   CHECK_THROWS_WITH(Profile::from_json(json, "p.json"), Catch::Matchers::Contains("attention[1]: dropout"));
+}
+
+TEST_CASE("the ring's blocks: their own entries, else the whole causal attention over a chunk, twice unmasked",
+          "[simulator][profile]") {
+  using megaplan::KernelKind;
+  nlohmann::json json = base_profile();
+  json["attention"] = {{{"batch_heads", 32},
+                        {"seq", 2048},
+                        {"head_dim", 128},
+                        {"causal", true},
+                        {"forward_s", 1e-3},
+                        {"backward_s", 2e-3}}};
+  const auto block = [](KernelKind kind, bool diagonal) {
+    return megaplan::attention_block_kernel(kind, 2, 2048, 16, 128, 16, false, diagonal);
+  };
+  const Profile whole = Profile::from_json(json, "p.json");
+  CostSources sources;
+  CHECK(whole.kernel_seconds(block(KernelKind::kAttentionBlockForward, true), sources) == 1e-3);
+  CHECK(whole.kernel_seconds(block(KernelKind::kAttentionBlockForward, false), sources) == 2e-3);
+  CHECK(whole.kernel_seconds(block(KernelKind::kAttentionBlockBackward, true), sources) == 2e-3);
+  CHECK(whole.kernel_seconds(block(KernelKind::kAttentionBlockBackward, false), sources) == 4e-3);
+  CHECK(sources.fallback == 4);
+  CHECK(sources.table == 0);
+  // Measured blocks answer for themselves; the whole attention's entries stay the whole attention's.
+  for (const bool diagonal : {true, false}) {
+    json["attention"].push_back({{"batch_heads", 32},
+                                 {"seq", 2048},
+                                 {"head_dim", 128},
+                                 {"causal", diagonal},
+                                 {"ring_block", true},
+                                 {"forward_s", diagonal ? 1.1e-3 : 1.7e-3},
+                                 {"backward_s", diagonal ? 2.4e-3 : 3.9e-3}});
+  }
+  const Profile measured = Profile::from_json(json, "p.json");
+  sources = {};
+  CHECK(measured.kernel_seconds(block(KernelKind::kAttentionBlockForward, true), sources) == 1.1e-3);
+  CHECK(measured.kernel_seconds(block(KernelKind::kAttentionBlockForward, false), sources) == 1.7e-3);
+  CHECK(measured.kernel_seconds(block(KernelKind::kAttentionBlockBackward, true), sources) == 2.4e-3);
+  CHECK(measured.kernel_seconds(block(KernelKind::kAttentionBlockBackward, false), sources) == 3.9e-3);
+  CHECK(measured.attention_forward_seconds(32, 2048, 128, true, 1, false, sources) == 1e-3);
+  CHECK(sources.table == 5);
+  CHECK(sources.fallback == 0);
+  json["attention"][1]["ring_block"] = 1;
+  CHECK_THROWS_WITH(Profile::from_json(json, "p.json"), Catch::Matchers::Contains("attention[1]: ring_block"));
 }
 
 TEST_CASE("GEMM layouts and epilogues: their own entries, then the layout's, then the forward product",
@@ -565,14 +609,20 @@ TEST_CASE("leave one out: each point predicted from the rest of its table", "[si
   // Three GEMMs at one throughput: any blend of the others predicts each exactly.
   const double rate = 4e14;
   const auto gemm = [rate](int64_t m, double slower) {
-    return nlohmann::json{{"m", m},       {"n", 1024},
-                          {"k", 1024},    {"dtype", "bf16"},
+    return nlohmann::json{{"m", m},
+                          {"n", 1024},
+                          {"k", 1024},
+                          {"dtype", "bf16"},
                           {"seconds", slower * 2.0 * static_cast<double>(m) * 1024 * 1024 / rate}};
   };
   json["gemm"] = {gemm(1024, 1), gemm(2048, 1), gemm(4096, 1)};
   // Attention: one point alone in its table is not checked.
-  json["attention"] = {{{"batch_heads", 8}, {"seq", 1024}, {"head_dim", 64}, {"causal", true},
-                        {"forward_s", 1e-5}, {"backward_s", 3e-5}}};
+  json["attention"] = {{{"batch_heads", 8},
+                        {"seq", 1024},
+                        {"head_dim", 64},
+                        {"causal", true},
+                        {"forward_s", 1e-5},
+                        {"backward_s", 3e-5}}};
   std::vector<megaplan::sim::InterpolationCheck> checks = Profile::from_json(json, "p.json").leave_one_out();
   REQUIRE(checks.size() == 1);
   CHECK(checks[0].table == "gemm bf16 forward none");

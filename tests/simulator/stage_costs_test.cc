@@ -161,6 +161,69 @@ megaplan::JobSpec with_implementation(megaplan::JobSpec spec, megaplan::Implemen
 
 }  // namespace
 
+TEST_CASE("context parallelism's ring is costed step by step, each exchange beside its step's blocks",
+          "[simulator][costs]") {
+  for (const megaplan::Implementation implementation :
+       {megaplan::Implementation::kMegaplan, megaplan::Implementation::kMegatronCore}) {
+    for (const int64_t cp : {2, 4}) {
+      megaplan::JobSpec spec = job("gpt-1.3b", "dgx-h100", 16, 1, 1, 16);
+      spec.plan.context_parallel_size = cp;
+      spec.plan.data_parallel_size = 16 / cp;
+      spec.plan = with_implementation(spec, implementation).plan;
+      megaplan::validate_job(spec);
+      INFO(megaplan::to_string(implementation) << ", cp " << cp);
+      const auto profile = megaplan::sim::Profile::datasheet(spec.cluster.gpu);
+      const megaplan::sim::Topology topology(spec.cluster);
+      const auto routes = megaplan::sim::pipeline_group_routes(spec.plan, topology)[0];
+      CostSources sources;
+      const megaplan::PlanKernels kernels(spec.model, spec.plan);
+      const megaplan::RingAttentionPasses& ring = kernels.ring();
+      REQUIRE(ring.forward.steps.size() == static_cast<std::size_t>(cp));
+      // One rank's share of the work: the blocks' FLOPs are the whole causal attention's over cp.
+      double block_flops = 0;
+      for (const megaplan::Kernel& kernel : ring.forward.kernels()) block_flops += megaplan::kernel_flops(kernel);
+      const megaplan::LayerDims dims = megaplan::layer_dims(spec.model, spec.plan);
+      CHECK(block_flops == Approx(megaplan::attention_forward_flops(dims.heads * spec.plan.micro_batch_size,
+                                                                    spec.model.seq_length, dims.head_dim, true) /
+                                  static_cast<double>(cp)));
+      // By hand, on the datasheet profile (nothing measured of what the two cost each other): each
+      // step's exchange of the rank's keys and values shows what its blocks do not cover.
+      const auto seconds = [&](const std::vector<megaplan::Kernel>& list) {
+        double total = 0;
+        for (const megaplan::Kernel& kernel : list) total += profile.kernel_seconds(kernel, sources);
+        return total;
+      };
+      const int64_t key_values = 2 * 2 * spec.model.seq_length / cp * spec.model.kv_projection_size();
+      const double exchange =
+          profile.p2p_seconds(key_values, megaplan::sim::LinkKind::kNvlink,
+                              {routes.context.bandwidth_bytes_per_s, routes.context.latency_s}, sources);
+      double forward = 0, backward = exchange;  // the backward's last sums go home after the ring
+      for (int64_t step = 0; step < cp; ++step) {
+        const auto& f = ring.forward.steps[static_cast<std::size_t>(step)];
+        const auto& b = ring.backward.steps[static_cast<std::size_t>(step)];
+        if (step + 1 < cp) forward += std::max(0.0, exchange - seconds(f.kernels));
+        const double beside = (step + 1 < cp ? 1 : 0) + (step > 0 ? 1 : 0);
+        CHECK(b.exchanged_bytes == static_cast<int64_t>(beside) * key_values);
+        backward += std::max(
+            0.0, profile.p2p_seconds(b.exchanged_bytes, megaplan::sim::LinkKind::kNvlink,
+                                     {routes.context.bandwidth_bytes_per_s, routes.context.latency_s}, sources) -
+                     seconds(b.kernels));
+      }
+      const auto layer = megaplan::sim::transformer_layer_costs(spec.model, spec.plan, profile, routes, sources);
+      CHECK(layer.forward_collectives == Approx(forward));
+      CHECK(layer.backward_collectives == Approx(backward));
+      CHECK(layer.forward == Approx(std::min(seconds(kernels.block(megaplan::KernelBlock::kLayerForwardFirst)),
+                                             seconds(kernels.block(megaplan::KernelBlock::kLayerForward))) +
+                                    forward));
+      CHECK(layer.backward == Approx(seconds(kernels.block(megaplan::KernelBlock::kLayerBackward)) + backward));
+      // Selective recomputation runs the forward ring again before each layer's backward.
+      spec.plan.recompute_granularity = megaplan::RecomputeGranularity::kSelective;
+      const auto selective = megaplan::sim::transformer_layer_costs(spec.model, spec.plan, profile, routes, sources);
+      CHECK(selective.backward_collectives == Approx(backward + forward));
+    }
+  }
+}
+
 TEST_CASE("--tp-comm-overlap exposes only what each collective's GEMM does not cover", "[simulator][costs]") {
   megaplan::JobSpec spec =
       with_implementation(job("gpt-1.3b", "dgx-h100", 8, 8, 1, 8), megaplan::Implementation::kMegatronCore);

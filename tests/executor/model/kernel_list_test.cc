@@ -1,6 +1,7 @@
 // The kernels the executor's GPT and Llama launch are core's kernel list (core/kernel_list.h), kernel for
 // kernel and shape for shape, for F, B, I and W on every kind of stage, with each recomputation,
-// on both tensor-parallel ranks with and without sequence parallelism, and for the optimizer step:
+// on both tensor-parallel ranks with and without sequence parallelism, on every context-parallel
+// rank (the ring step by step), and for the optimizer step:
 // the list the simulator costs cannot drift from what runs. What a stage chunk allocates is what
 // core's layer recipe lists (core/layer_recipe.h), buffer for buffer. And what the profiler
 // launches for a listed kernel is that kernel.
@@ -235,6 +236,70 @@ TEST_CASE("each tensor-parallel rank launches its kernel list, with and without 
     }
 }
 
+TEST_CASE("each context-parallel rank launches its kernel list, the ring's step by step", "[model][kernels]") {
+  // Every rank of the ring runs the same work at each step (core/context_parallel.h), so every
+  // rank launches the one list the simulator costs; and allocates the recipe's buffers, the ring's
+  // included. F and B on microbatch 0, F, I and W on microbatch 1, as check_stage runs them.
+  for (const megaplan::ModelSpec& model : {four_layer_gpt(), four_layer_llama()})
+    for (const int64_t cp : {2, 4})
+      for (const bool selective : {false, true}) {
+        megaplan::ParallelPlan plan = layout(1, 1, 1, 1, ScheduleKind::kOneFOneB, 2, 2);
+        plan.context_parallel_size = cp;
+        if (selective) plan.recompute_granularity = megaplan::RecomputeGranularity::kSelective;
+        plan.options.hidden_dropout = plan.options.attention_dropout = selective ? 0.1 : 0.0;
+        INFO(model.name << ": cp " << cp << (selective ? ", selective recomputation, dropout" : ""));
+        megaplan::exec::InProcessWorld world(cp, std::chrono::seconds(60));
+        std::vector<int64_t> members(static_cast<std::size_t>(cp));
+        for (int64_t r = 0; r < cp; ++r) members[static_cast<std::size_t>(r)] = r;
+        std::vector<std::vector<Kernel>> launched(static_cast<std::size_t>(cp));
+        std::vector<std::vector<Allocation>> allocated(static_cast<std::size_t>(cp));
+        std::size_t parameter_buffer = 0;
+        megaplan::exec::run_rank_threads(world, cp, [&](int64_t rank) {
+          std::unique_ptr<megaplan::exec::Comm> group = world.group(rank, members, "cp");
+          RecordingBackend backend;
+          StageChunk gpt(model, plan, 0, backend, {42}, nullptr, nullptr, 0, group.get());
+          const MicrobatchTokens data = microbatch(model, 2);
+          const auto index = static_cast<std::size_t>(rank);
+          backend.take();
+          gpt.forward(0, &data);
+          gpt.backward_input(0, nullptr, 1.0f, nullptr, false);
+          gpt.forward(1, &data);
+          gpt.backward_input(1, nullptr, 1.0f, nullptr, true);
+          gpt.backward_weight(1);
+          launched[index] = backend.take();
+          allocated[index] = backend.take_allocations();
+          if (rank == 0) parameter_buffer = gpt.layout().total;
+        });
+        const PlanKernels list(model, plan);
+        std::vector<Kernel> listed;
+        for (const SchedulePart part : {SchedulePart::kForward, SchedulePart::kBackward, SchedulePart::kForward,
+                                        SchedulePart::kBackwardInput, SchedulePart::kBackwardWeight}) {
+          for (const Kernel& kernel : list.stage_kernels(0, part)) listed.push_back(kernel);
+        }
+        // The ring's kernels are in the list, step by step as ring() describes them.
+        CHECK(list.ring().forward.steps.size() == static_cast<std::size_t>(cp));
+        CHECK(std::count(listed.begin(), listed.end(), list.ring().forward.steps.back().kernels.front()) > 0);
+        const megaplan::LayerRecipe recipe(model, plan,
+                                           megaplan::exec::executor_precision(megaplan::exec::CpuBackend()));
+        std::vector<Allocation> expected = std::vector{Allocation{false, static_cast<int64_t>(parameter_buffer)},
+                                                       Allocation{false, static_cast<int64_t>(parameter_buffer)}} +
+                                           recipe_buffers(recipe.scratch(true)) +
+                                           recipe_buffers(recipe.microbatch(true));
+        for (int64_t l = 0; l < model.num_layers; ++l) {
+          expected = expected +
+                     recipe_buffers(
+                         recipe.kept(selective ? megaplan::LayerKeep::kAllButAttention : megaplan::LayerKeep::kAll)) +
+                     recipe_buffers(recipe.deferred());
+        }
+        expected.push_back({true, recipe.deferred_embedding_gradient().count});
+        for (std::size_t rank = 0; rank < launched.size(); ++rank) {
+          INFO("context-parallel rank " << rank);
+          check_same(launched[rank], listed);
+          check_allocations(allocated[rank], expected, recipe_buffers(recipe.kept(megaplan::LayerKeep::kAll)));
+        }
+      }
+}
+
 TEST_CASE("the optimizer step launches the optimizer's kernel list", "[model][kernels]") {
   const megaplan::ModelSpec model = four_layer_gpt();
   const megaplan::ParallelPlan plan = layout(1, 1, 1, 1, ScheduleKind::kOneFOneB, 2, 2);
@@ -279,6 +344,17 @@ TEST_CASE("the profiler's launch of a listed kernel is that kernel", "[kernels]"
   for (const KernelKind kind : {KernelKind::kSwigluForward, KernelKind::kSwigluBackward}) {
     kernels.push_back(megaplan::row_kernel(kind, 6, 8));
   }
+  for (const KernelKind kind : {KernelKind::kAttentionBlockForward, KernelKind::kAttentionBlockBackward}) {
+    for (const bool diagonal : {false, true}) {
+      kernels.push_back(megaplan::attention_block_kernel(kind, 2, 4, 3, 4, 3, false, diagonal));
+      kernels.push_back(megaplan::attention_block_kernel(kind, 1, 4, 4, 4, 2, true, diagonal));  // GQA, dropout
+    }
+  }
+  for (const int64_t packed : {512, 256, 8}) {  // heads of 128, of 64, of 2
+    for (const KernelKind kind : {KernelKind::kPackKeyValues, KernelKind::kUnpackKeyValueGradients}) {
+      kernels.push_back(megaplan::row_kernel(kind, 5, packed));
+    }
+  }
   for (const int64_t rotated : {256, 192, 6}) {  // heads of 128, of 64, of 2
     kernels.push_back(megaplan::row_kernel(KernelKind::kRotary, 5, rotated));
   }
@@ -286,8 +362,9 @@ TEST_CASE("the profiler's launch of a listed kernel is that kernel", "[kernels]"
                                 KernelKind::kCrossEntropyForward, KernelKind::kCrossEntropyBackward}) {
     kernels.push_back(megaplan::row_kernel(kind, 6, 16));
   }
-  for (const KernelKind kind : {KernelKind::kAdd, KernelKind::kCopy, KernelKind::kFill, KernelKind::kGradientNorm,
-                                KernelKind::kAdamw, KernelKind::kRefreshCompute}) {
+  for (const KernelKind kind :
+       {KernelKind::kAdd, KernelKind::kCopy, KernelKind::kFill, KernelKind::kZero, KernelKind::kConvert,
+        KernelKind::kGradientNorm, KernelKind::kAdamw, KernelKind::kRefreshCompute}) {
     kernels.push_back(megaplan::flat_kernel(kind, 100));
   }
   RecordingBackend backend;

@@ -24,6 +24,8 @@ class ForwardingBackend : public exec::Backend {
   using RotaryFrequencies = exec::RotaryFrequencies;
   using DropoutMask = exec::DropoutMask;
   using TokenPlaces = exec::TokenPlaces;
+  using AttentionDims = exec::AttentionDims;
+  using AttentionChunkBlock = exec::AttentionChunkBlock;
 
   explicit ForwardingBackend(std::unique_ptr<exec::Backend> inner) : inner_(std::move(inner)) {}
 

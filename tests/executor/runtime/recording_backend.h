@@ -135,6 +135,37 @@ class RecordingBackend : public ForwardingBackend {
                             size(groups), dropout.active()));
     ForwardingBackend::attention_backward(dout, qkv, out, saved, batch, seq, heads, groups, dim, dropout, dqkv);
   }
+  // The ring's calls (core/context_parallel.h): a block is one of the two chunks of dims.seq
+  // tokens, on the diagonal where its queries and keys start at the same place.
+  void pack_key_values(ConstActivation qkv, const AttentionDims& dims, Activation kv) override {
+    record(row_kernel(KernelKind::kPackKeyValues, size(dims.batch * dims.seq), size(2 * dims.groups * dims.dim)));
+    ForwardingBackend::pack_key_values(qkv, dims, kv);
+  }
+  void unpack_key_value_gradients(ConstActivation dkv, const AttentionDims& dims, Activation dqkv) override {
+    record(row_kernel(KernelKind::kUnpackKeyValueGradients, size(dims.batch * dims.seq),
+                      size(2 * dims.groups * dims.dim)));
+    ForwardingBackend::unpack_key_value_gradients(dkv, dims, dqkv);
+  }
+  void attention_block_forward(ConstActivation qkv, ConstActivation kv, const AttentionDims& dims,
+                               const AttentionChunkBlock& block, const DropoutMask& dropout, float* out,
+                               float* lse) override {
+    record(ring_block(KernelKind::kAttentionBlockForward, dims, block, dropout));
+    ForwardingBackend::attention_block_forward(qkv, kv, dims, block, dropout, out, lse);
+  }
+  void attention_block_backward(ConstActivation dout, ConstActivation qkv, ConstActivation out, const float* lse,
+                                ConstActivation kv, const AttentionDims& dims, const AttentionChunkBlock& block,
+                                const DropoutMask& dropout, Activation dqkv, Activation dkv) override {
+    record(ring_block(KernelKind::kAttentionBlockBackward, dims, block, dropout));
+    ForwardingBackend::attention_block_backward(dout, qkv, out, lse, kv, dims, block, dropout, dqkv, dkv);
+  }
+  void convert(const float* x, std::size_t n, Activation y) override {
+    record(flat_kernel(KernelKind::kConvert, size(n)));
+    ForwardingBackend::convert(x, n, y);
+  }
+  void zero(Activation x, std::size_t n) override {
+    record(flat_kernel(KernelKind::kZero, size(n)));
+    ForwardingBackend::zero(x, n);
+  }
   void dropout(ConstActivation x, ConstActivation residual, std::size_t rows, std::size_t cols, const DropoutMask& mask,
                Activation y) override {
     record(row_kernel(KernelKind::kDropout, size(rows), size(cols), residual != nullptr));
@@ -185,6 +216,11 @@ class RecordingBackend : public ForwardingBackend {
     return total;
   }
   void record(const Kernel& kernel) { kernels_.push_back(kernel); }
+  static Kernel ring_block(KernelKind kind, const AttentionDims& dims, const AttentionChunkBlock& block,
+                           const DropoutMask& dropout) {
+    return attention_block_kernel(kind, size(dims.batch), size(dims.seq / 2), size(dims.heads), size(dims.dim),
+                                  size(dims.groups), dropout.active(), block.query_first == block.key_first);
+  }
 
   std::vector<Kernel> kernels_;
   std::vector<Allocation> allocations_;
