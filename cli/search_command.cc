@@ -73,7 +73,7 @@ int run_search(const SearchCommandOptions& options, std::ostream& out) {
   const sim::Profile profile = sim::choose_profile(options.profile, job.cluster.gpu);
   const sim::SimulatorEstimator estimator(job.model, job.cluster, profile);
   const auto start = std::chrono::steady_clock::now();
-  const std::vector<ParallelPlan> candidates = planner::runnable_plans(problem);
+  const std::vector<ParallelPlan> candidates = planner::enumerate_plans(problem);
   ProgressBar bar("searching");
   planner::SearchOptions search_options;
   search_options.top = options.top;

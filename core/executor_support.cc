@@ -31,19 +31,10 @@ std::optional<SpecError> executor_plan_refusal(const ParallelPlan& plan) {
   return std::nullopt;
 }
 
-std::optional<SpecError> unplanned_layout(int64_t context_parallel_size) {
-  if (context_parallel_size == 1) return std::nullopt;
-  return SpecError("--context-parallel-size",
-                   "context parallelism: the simulator does not cost megaplan's ring attention step by step yet");
-}
-
 void note_executor_refusals(const ModelSpec& model, const ParallelPlan& plan) {
   if (plan.implementation != Implementation::kMegaplan) return;
   for (const std::optional<SpecError>& refusal : {executor_model_refusal(model), executor_plan_refusal(plan)}) {
     if (refusal) note("megaplan train cannot run this plan yet: " + std::string(refusal->what()));
-  }
-  if (const std::optional<SpecError> unplanned = unplanned_layout(plan.context_parallel_size)) {
-    note("megaplan does not plan this layout yet: " + std::string(unplanned->what()));
   }
 }
 

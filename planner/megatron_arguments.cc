@@ -85,7 +85,13 @@ std::vector<std::string> megatron_arguments(const ModelSpec& model, const Parall
     arguments.push_back(value("--decoder-last-pipeline-num-layers", split.last_stage_layers));
   if (split.account_for_embedding) arguments.push_back("--account-for-embedding-in-pipeline-split");
   if (split.account_for_loss) arguments.push_back("--account-for-loss-in-pipeline-split");
-  if (plan.context_parallel_size > 1) arguments.push_back(value("--context-parallel-size", plan.context_parallel_size));
+  const bool context_parallel = plan.context_parallel_size > 1;
+  if (context_parallel) {
+    // Megatron-Core's ring over send and receive, the one megaplan simulates and runs
+    // (core/context_parallel.h).
+    arguments.push_back(value("--context-parallel-size", plan.context_parallel_size));
+    arguments.push_back("--cp-comm-type p2p");
+  }
   arguments.push_back(value("--micro-batch-size", plan.micro_batch_size));
   arguments.push_back(value("--global-batch-size", plan.global_batch_size));
   if (plan.sequence_parallel) arguments.push_back("--sequence-parallel");
@@ -96,9 +102,11 @@ std::vector<std::string> megatron_arguments(const ModelSpec& model, const Parall
   // What the simulation assumed the code does (core/implementation_options.h), where it takes effect.
   const ImplementationOptions& options = plan.options;
   arguments.push_back(options.precision == DType::kFloat16 ? "--fp16" : "--bf16");
-  arguments.push_back("--transformer-impl " + to_string(options.transformer_impl));
-  if (options.transformer_impl == TransformerImpl::kLocal && options.use_flash_attn)
-    arguments.push_back("--use-flash-attn");
+  // Megatron-LM runs context parallelism in Transformer Engine's attention only.
+  const TransformerImpl transformer_impl =
+      context_parallel ? TransformerImpl::kTransformerEngine : options.transformer_impl;
+  arguments.push_back("--transformer-impl " + to_string(transformer_impl));
+  if (transformer_impl == TransformerImpl::kLocal && options.use_flash_attn) arguments.push_back("--use-flash-attn");
   arguments.push_back("--attention-dropout " + number(options.attention_dropout));
   arguments.push_back("--hidden-dropout " + number(options.hidden_dropout));
   const std::pair<bool, const char*> off[] = {

@@ -40,19 +40,4 @@ SearchSpace search_space_from_flags(const SearchSpaceFlags& options, const Model
   return space;
 }
 
-std::vector<ParallelPlan> runnable_plans(const SearchProblem& problem) {
-  std::vector<LeftOut> left_out;
-  const std::vector<ParallelPlan> candidates = enumerate_plans(problem, &left_out);
-  for (const LeftOut& kind : left_out) {
-    const std::string how_many = std::to_string(kind.plans) + " layout" + (kind.plans == 1 ? "" : "s");
-    if (candidates.empty()) {
-      throw SpecError(kind.flag, kind.rule + ": megaplan plans none of the " + how_many + " this search " +
-                                     "allows (--implementation megatron-core ranks them as Megatron-LM's runs)");
-    }
-    note("left out " + how_many + " megaplan does not plan yet (" + kind.flag + ": " + kind.rule +
-         "); --implementation megatron-core ranks them as Megatron-LM's runs");
-  }
-  return candidates;
-}
-
 }  // namespace megaplan::planner

@@ -27,8 +27,4 @@ struct SearchSpaceFlags {
 // is tried. Throws SpecError naming the flag.
 SearchSpace search_space_from_flags(const SearchSpaceFlags& flags, const ModelSpec& model);
 
-// enumerate_plans' plans; the legal layouts the implementation cannot run are noted (core/notes.h)
-// by kind, or refused (SpecError) when they are all there is.
-std::vector<ParallelPlan> runnable_plans(const SearchProblem& problem);
-
 }  // namespace megaplan::planner

@@ -177,19 +177,9 @@ std::vector<SplitChoice> pipeline_splits(int64_t layers, int64_t pp) {
   return choices;
 }
 
-void count_left_out(std::vector<LeftOut>& left_out, const SpecError& refusal) {
-  for (LeftOut& kind : left_out) {
-    if (kind.flag == refusal.field() && kind.rule == refusal.rule()) {
-      ++kind.plans;
-      return;
-    }
-  }
-  left_out.push_back({refusal.field(), refusal.rule(), 1});
-}
-
 }  // namespace
 
-std::vector<ParallelPlan> enumerate_plans(const SearchProblem& problem, std::vector<LeftOut>* left_out) {
+std::vector<ParallelPlan> enumerate_plans(const SearchProblem& problem) {
   const SearchSpace& space = problem.space;
   const ModelSpec& model = problem.model;
   const std::vector<RecomputeGranularity> recomputes = or_all(
@@ -206,8 +196,6 @@ std::vector<ParallelPlan> enumerate_plans(const SearchProblem& problem, std::vec
   for (const Grid& grid : model_parallel_grids(problem)) {
     const int64_t dp = problem.gpus / (grid.tp * grid.pp * grid.cp);
     if (problem.global_batch_size % dp != 0) continue;
-    const std::optional<SpecError> refusal =
-        space.implementation == Implementation::kMegaplan ? unplanned_layout(grid.cp) : std::nullopt;
     const std::vector<bool> sequence_parallel =
         grid.tp == 1 ? std::vector<bool>{false} : or_all(space.sequence_parallel, {false, true});
     const std::vector<bool> distributed_optimizer =
@@ -252,10 +240,6 @@ std::vector<ParallelPlan> enumerate_plans(const SearchProblem& problem, std::vec
                   try {
                     validate_plan(model, plan);  // the final word
                   } catch (const SpecError&) {
-                    continue;
-                  }
-                  if (refusal) {
-                    if (left_out) count_left_out(*left_out, *refusal);
                     continue;
                   }
                   plans.push_back(plan);

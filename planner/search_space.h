@@ -45,20 +45,11 @@ struct SearchProblem {
 // REQUIRES: validate_model_spec(problem.model) passed.
 void validate_search_problem(const SearchProblem& problem);
 
-// Legal plans megaplan does not plan under its own implementation yet, left out of the
-// enumeration (core/executor_support.h's unplanned_layout), counted by their message.
-struct LeftOut {
-  std::string flag;  // "--context-parallel-size"
-  std::string rule;  // "context parallelism: the simulator does not cost ..."
-  int64_t plans = 0;
-};
-
 // Every legal plan (validate_plan passes for each) that the implementation runs, in a fixed order:
 // tp, pp, cp, vpp, mbs, recompute, sequence parallel, distributed optimizer, schedule. With pp = 1
 // only 1f1b is listed (the other schedules degenerate to it); gpipe only when listed; under a
 // Megatron-LM implementation only its own schedules. Sequence parallelism is off where tp = 1, and
-// the distributed optimizer off where dp x cp = 1 (it would shard over nothing). Those left out as
-// unrunnable are counted into `left_out` when given.
-std::vector<ParallelPlan> enumerate_plans(const SearchProblem& problem, std::vector<LeftOut>* left_out = nullptr);
+// the distributed optimizer off where dp x cp = 1 (it would shard over nothing).
+std::vector<ParallelPlan> enumerate_plans(const SearchProblem& problem);
 
 }  // namespace megaplan::planner
