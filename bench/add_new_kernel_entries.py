@@ -10,11 +10,11 @@ from shipped_profile import read_base_and_new, write_over
 
 KEYS = {
     "gemm": ("m", "n", "k", "dtype", "layout", "epilogue"),
-    "attention": ("batch_heads", "seq", "head_dim", "gqa_ratio", "causal", "dropout"),
+    "attention": ("batch_heads", "seq", "head_dim", "gqa_ratio", "causal", "dropout", "ring_block"),
     "kernels": ("kernel", "bytes"),
 }
 # Optional fields as the loader reads them when absent (profiles/README.md).
-DEFAULTS = {"gqa_ratio": 1, "dropout": False, "layout": "forward", "epilogue": "none"}
+DEFAULTS = {"gqa_ratio": 1, "dropout": False, "ring_block": False, "layout": "forward", "epilogue": "none"}
 
 
 def main():
