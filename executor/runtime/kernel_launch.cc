@@ -321,13 +321,14 @@ void KernelLaunch::operator()() {
       backend_.attention_backward(b.dy, b.qkv, b.y, b.saved, size(k.batch), size(k.seq), size(k.heads), size(k.groups),
                                   size(k.head_dim), timed_dropout(k.dropout, k.seq), b.dx);
       break;
+    // A block's mask covers the two chunks its tokens are placed in (ring_block).
     case KernelKind::kAttentionBlockForward:
-      backend_.attention_block_forward(b.qkv, b.key_values, ring_dims(), ring_block(), timed_dropout(k.dropout, k.seq),
-                                       b.merged, b.lse);
+      backend_.attention_block_forward(b.qkv, b.key_values, ring_dims(), ring_block(),
+                                       timed_dropout(k.dropout, 2 * k.seq), b.merged, b.lse);
       break;
     case KernelKind::kAttentionBlockBackward:
       backend_.attention_block_backward(b.dy, b.qkv, b.y, b.lse, b.key_values, ring_dims(), ring_block(),
-                                        timed_dropout(k.dropout, k.seq), b.dx, b.key_value_gradients);
+                                        timed_dropout(k.dropout, 2 * k.seq), b.dx, b.key_value_gradients);
       break;
     case KernelKind::kPackKeyValues: backend_.pack_key_values(b.qkv, ring_dims(), b.key_values); break;
     case KernelKind::kUnpackKeyValueGradients:
