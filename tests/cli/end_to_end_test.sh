@@ -417,9 +417,9 @@ expect_error 'error: --recompute-num-layers: must be between 1 and the 2 layers 
 expect_ok train --device cpu --model "$examples/models/tiny-gpt.json" --world-size 2 --cp 2 --data-path "$scratch/corpus_text_document" --train-iters 2
 grep -q 'tp 1, pp 1, cp 2, dp 1' "$scratch/out" && grep -q '^iteration 2/2 | loss ' "$scratch/out" || fail "train at cp 2: $(cat "$scratch/out")"
 expect_error 'error: --context-parallel-size: needs --seq-length divisible by 2\*cp = 4 \(6 % 4 = 2\)' train --device cpu --model "$examples/models/tiny-gpt.json" --world-size 2 --cp 2 --seq-length 6 --data-path "$scratch/corpus_text_document" --train-iters 2
-# A plan whose world differs from the launcher's.
+# A plan whose world differs from the launcher's (a cp plan).
 RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 "$megaplan" train --device cpu --model "$examples/models/tiny-gpt.json" \
-  --world-size 2 --data-path "$scratch/corpus_text_document" --train-iters 2 >"$scratch/out" 2>"$scratch/err"
+  --world-size 2 --cp 2 --data-path "$scratch/corpus_text_document" --train-iters 2 >"$scratch/out" 2>"$scratch/err"
 [ $? -eq 2 ] && [ "$(wc -l <"$scratch/err")" -eq 1 ] &&
   grep -q 'error: --world-size: the plan has 2 ranks but torchrun started 1' "$scratch/err" ||
   fail "train under a launcher of another world size: $(cat "$scratch/err")"
