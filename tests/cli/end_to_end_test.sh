@@ -310,6 +310,14 @@ expect_ok simulate --model "$examples/models/tiny-gpt.json" --vocab-size 257 --s
 expect_ok compare --simulated "$scratch/simulated.json" --measured "$scratch/measured.json"
 grep -q '^order      every rank computed in the simulated order' "$scratch/out" || fail "compare: $(cat "$scratch/out")"
 grep -qE '^ +1  W +8 ' "$scratch/out" || fail "compare lists rank 1's eight W: $(cat "$scratch/out")"
+# The same with context parallelism: cp 2 x pp 2 trained as four threads, simulated on four GPUs.
+expect_ok train --device cpu --model "$examples/models/tiny-gpt.json" --vocab-size 257 --seq-length 16 \
+  --world-size 4 --pp 2 --cp 2 --num-layers 4 --mbs 1 --gbs 4 --data-path "$scratch/corpus_text_document" \
+  --split 1,0,0 --train-iters 2 --trace "$scratch/measured-cp.json"
+expect_ok simulate --model "$examples/models/tiny-gpt.json" --vocab-size 257 --seq-length 16 --cluster dgx-h200 \
+  --gpus 4 --pp 2 --cp 2 --num-layers 4 --mbs 1 --gbs 4 --trace "$scratch/simulated-cp.json"
+expect_ok compare --simulated "$scratch/simulated-cp.json" --measured "$scratch/measured-cp.json"
+grep -q '^order      every rank computed in the simulated order' "$scratch/out" || fail "compare at cp 2: $(cat "$scratch/out")"
 expect_ok compare --simulated "$scratch/simulated.json" --measured "$scratch/measured.json" --json
 grep -q '"iteration_error"' "$scratch/out" || fail "compare --json: $(head -c 300 "$scratch/out")"
 expect_error 'error: --measured: .*/trace.json lacks [0-9A-Z_]+ on pipeline rank [01], which .*/simulated.json holds' compare --simulated "$scratch/simulated.json" --measured "$scratch/trace.json"
