@@ -325,6 +325,16 @@ ProfileGrid profile_grid(bool quick) {
         if (fresh(kernel)) alone.push_back({{kernel}, table});
       }
     }
+    // Context parallelism's ring around its blocks (packing the keys and values, zeroing, the fp32
+    // output's fill and conversion, the gradients' sums and unpacking), the microbatch at cp 2.
+    ParallelPlan ring = plan;
+    ring.context_parallel_size = 2;
+    const PlanKernels with_ring(model, ring);
+    for (const RingAttention* pass : {&with_ring.ring().forward, &with_ring.ring().backward}) {
+      for (const Kernel& kernel : pass->kernels()) {
+        if (fresh(kernel)) alone.push_back({{kernel}, table});
+      }
+    }
   }
   grid.sequences.insert(grid.sequences.end(), alone.begin(), alone.end());
   const std::vector<int64_t> sequences =

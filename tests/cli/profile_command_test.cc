@@ -192,6 +192,15 @@ TEST_CASE("the profile grid times each cell's microbatch in training order and o
     CHECK(in_cells.count(megaplan::describe(sequence.kernels[0])) == 0);
   }
   CHECK(alone > 0);
+  // The ring's kernels around its blocks, alone (the cells run at cp 1).
+  std::set<KernelKind> ring_kinds;
+  for (const auto& sequence : grid.sequences) {
+    if (sequence.kernels.size() == 1) ring_kinds.insert(sequence.kernels[0].kind);
+  }
+  for (const KernelKind kind : {KernelKind::kPackKeyValues, KernelKind::kUnpackKeyValueGradients, KernelKind::kZero,
+                                KernelKind::kConvert}) {
+    CHECK(ring_kinds.count(kind) == 1);
+  }
   // A Llama cell: RMSNorm, SwiGLU and the rotary embedding in training order, grouped attention.
   const auto llama = std::find_if(grid.sequences.begin(), grid.sequences.end(), [](const auto& sequence) {
     return std::any_of(sequence.kernels.begin(), sequence.kernels.end(),
