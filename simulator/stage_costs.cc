@@ -23,20 +23,52 @@ constexpr int64_t kBf16 = 2;
 LinkKind kind_of(const Route& route) { return route.crosses_nodes ? LinkKind::kNetwork : LinkKind::kNvlink; }
 LinkParams params_of(const Route& route) { return {route.bandwidth_bytes_per_s, route.latency_s}; }
 
+// The profile's answer for each distinct kernel of one plan's lists, looked up once: a layer's
+// blocks share most of their kernels, and the ring's steps repeat theirs. Each use counts its
+// lookup's sources as a lookup of its own would.
+class KernelCosts {
+ public:
+  KernelCosts(const Profile& profile, CostSources& sources) : profile_(profile), sources_(sources) {}
+  double operator()(const Kernel& kernel) {
+    for (const Entry& entry : entries_) {
+      if (entry.kernel == kernel) {
+        sources_.table += entry.sources.table;
+        sources_.fallback += entry.sources.fallback;
+        return entry.seconds;
+      }
+    }
+    Entry entry{kernel, 0, {}};
+    entry.seconds = profile_.kernel_seconds(kernel, entry.sources);
+    sources_.table += entry.sources.table;
+    sources_.fallback += entry.sources.fallback;
+    entries_.push_back(entry);
+    return entry.seconds;
+  }
+  double operator()(const std::vector<Kernel>& kernels) {
+    double seconds = 0;
+    for (const Kernel& kernel : kernels) seconds += (*this)(kernel);
+    return seconds;
+  }
+  const Profile& profile() const { return profile_; }
+  CostSources& sources() { return sources_; }
+
+ private:
+  struct Entry {
+    Kernel kernel;
+    double seconds;
+    CostSources sources;
+  };
+  const Profile& profile_;
+  CostSources& sources_;
+  std::vector<Entry> entries_;
+};
+
 // Seconds of every block of the plan's kernel list.
 using BlockSeconds = std::array<double, kNumKernelBlocks>;
 
-double kernels_seconds(const std::vector<Kernel>& kernels, const Profile& profile, CostSources& sources) {
-  double seconds = 0;
-  for (const Kernel& kernel : kernels) seconds += profile.kernel_seconds(kernel, sources);
-  return seconds;
-}
-
-BlockSeconds cost_blocks(const PlanKernels& kernels, const Profile& profile, CostSources& sources) {
+BlockSeconds cost_blocks(const PlanKernels& kernels, KernelCosts& costs) {
   BlockSeconds seconds{};
-  for (std::size_t b = 0; b < kNumKernelBlocks; ++b) {
-    seconds[b] = kernels_seconds(kernels.block(static_cast<KernelBlock>(b)), profile, sources);
-  }
+  for (std::size_t b = 0; b < kNumKernelBlocks; ++b) seconds[b] = costs(kernels.block(static_cast<KernelBlock>(b)));
   return seconds;
 }
 
@@ -136,25 +168,24 @@ struct OverlapGemms {
   std::array<double, 4> backward{};
 };
 
-double gemm_seconds_in(const std::vector<Kernel>& block, GemmLayout layout, int64_t n, int64_t k,
-                       const Profile& profile, CostSources& sources) {
+double gemm_seconds_in(const std::vector<Kernel>& block, GemmLayout layout, int64_t n, int64_t k, KernelCosts& costs) {
   for (const Kernel& kernel : block) {
     if (kernel.kind == KernelKind::kGemm && kernel.batch <= 1 && kernel.layout == layout && kernel.n == n &&
         kernel.k == k) {
-      return profile.kernel_seconds(kernel, sources);
+      return costs(kernel);
     }
   }
   return 0;
 }
 
 OverlapGemms overlap_gemms(const ModelSpec& model, const ParallelPlan& plan, const PlanKernels& kernels,
-                           const Profile& profile, CostSources& sources) {
+                           KernelCosts& costs) {
   const LayerDims dims = layer_dims(model, plan);
   const int64_t h = dims.hidden, q = dims.query, qkv = dims.qkv, f = dims.ffn, fc1 = dims.fc1;
   const std::vector<Kernel>& forward = kernels.block(KernelBlock::kLayerForward);
   const std::vector<Kernel>& backward = kernels.block(KernelBlock::kLayerBackward);
   const auto seconds = [&](const std::vector<Kernel>& block, GemmLayout layout, int64_t n, int64_t k) {
-    return gemm_seconds_in(block, layout, n, k, profile, sources);
+    return gemm_seconds_in(block, layout, n, k, costs);
   };
   OverlapGemms gemms;
   gemms.forward = {seconds(forward, GemmLayout::kForward, qkv, h), seconds(forward, GemmLayout::kForward, h, q),
@@ -198,33 +229,33 @@ LayerCollectives layer_collectives(const ModelSpec& model, const ParallelPlan& p
 // hide what they can of it and lose what the two cost each other; what the last step sends home
 // waits alone. The exchanges go to the next rank and come from the previous one at once, over the
 // group's slowest route.
-double ring_exposed(const RingAttention& ring, const Profile& profile, const Route& route, CostSources& sources) {
+double ring_exposed(const RingAttention& ring, const Route& route, KernelCosts& costs) {
+  const Profile& profile = costs.profile();
   const OverlapSlowdown slowdown = profile.p2p_overlap_slowdown(kind_of(route));
   const auto exchange = [&](int64_t bytes) {
-    return bytes > 0 ? profile.p2p_seconds(bytes, kind_of(route), params_of(route), sources) : 0.0;
+    return bytes > 0 ? profile.p2p_seconds(bytes, kind_of(route), params_of(route), costs.sources()) : 0.0;
   };
   double exposed = exchange(ring.trailing_bytes);
   for (const RingAttention::Step& step : ring.steps) {
-    if (step.exchanged_bytes > 0) {
-      exposed +=
-          exposed_beside(exchange(step.exchanged_bytes), kernels_seconds(step.kernels, profile, sources), slowdown);
-    }
+    if (step.exchanged_bytes > 0)
+      exposed += exposed_beside(exchange(step.exchanged_bytes), costs(step.kernels), slowdown);
   }
   return exposed;
 }
 
-LayerCollectives plan_layer_collectives(const ModelSpec& model, const ParallelPlan& plan, const Profile& profile,
-                                        const PlanKernels& kernels, const GroupRoutes& routes, CostSources& sources) {
+LayerCollectives plan_layer_collectives(const ModelSpec& model, const ParallelPlan& plan, const PlanKernels& kernels,
+                                        const GroupRoutes& routes, KernelCosts& costs) {
   LayerCollectives collectives;
   if (plan.tensor_parallel_size > 1) {
     std::optional<OverlapGemms> overlap;
-    if (overlaps_tensor_parallel_communication(plan)) overlap = overlap_gemms(model, plan, kernels, profile, sources);
-    collectives = layer_collectives(model, plan, profile, routes, overlap ? &*overlap : nullptr, sources);
+    if (overlaps_tensor_parallel_communication(plan)) overlap = overlap_gemms(model, plan, kernels, costs);
+    collectives =
+        layer_collectives(model, plan, costs.profile(), routes, overlap ? &*overlap : nullptr, costs.sources());
   }
   if (plan.context_parallel_size > 1) {
-    const double forward = ring_exposed(kernels.ring().forward, profile, routes.context, sources);
+    const double forward = ring_exposed(kernels.ring().forward, routes.context, costs);
     collectives.forward += forward;
-    collectives.backward += ring_exposed(kernels.ring().backward, profile, routes.context, sources);
+    collectives.backward += ring_exposed(kernels.ring().backward, routes.context, costs);
     // Selective recomputation runs every layer's attention core, its ring included, again before
     // the layer's backward.
     if (plan.recompute_granularity == RecomputeGranularity::kSelective) collectives.backward += forward;
@@ -249,9 +280,10 @@ LayerCollectives head_collectives(const ModelSpec& model, const ParallelPlan& pl
 LayerCosts transformer_layer_costs(const ModelSpec& model, const ParallelPlan& plan, const Profile& profile,
                                    const GroupRoutes& routes, CostSources& sources) {
   const PlanKernels kernels(model, plan);
-  const BlockSeconds blocks = cost_blocks(kernels, profile, sources);
+  KernelCosts costs(profile, sources);
+  const BlockSeconds blocks = cost_blocks(kernels, costs);
   const auto seconds = [&](KernelBlock block) { return blocks[static_cast<std::size_t>(block)]; };
-  const LayerCollectives collectives = plan_layer_collectives(model, plan, profile, kernels, routes, sources);
+  const LayerCollectives collectives = plan_layer_collectives(model, plan, kernels, routes, costs);
   LayerCosts layer;
   layer.forward_collectives = collectives.forward;
   layer.backward_collectives = collectives.backward;
@@ -280,7 +312,8 @@ LayerCosts transformer_layer_costs(const ModelSpec& model, const ParallelPlan& p
 LayerCosts output_layer_costs(const ModelSpec& model, const ParallelPlan& plan, const Profile& profile,
                               const Route& tensor_route, CostSources& sources) {
   const PlanKernels kernels(model, plan);
-  const auto seconds = [&](KernelBlock block) { return kernels_seconds(kernels.block(block), profile, sources); };
+  KernelCosts costs(profile, sources);
+  const auto seconds = [&](KernelBlock block) { return costs(kernels.block(block)); };
   const LayerCollectives collectives = head_collectives(model, plan, profile, tensor_route, sources);
   LayerCosts head;
   head.forward_collectives = collectives.forward;
@@ -318,7 +351,8 @@ ActionCosts plan_action_costs(const ModelSpec& model, const ParallelPlan& plan, 
                               const Topology& topology, CostSources& sources) {
   const std::vector<GroupRoutes> routes = pipeline_group_routes(plan, topology);
   const PlanKernels kernels(model, plan);
-  const BlockSeconds blocks = cost_blocks(kernels, profile, sources);
+  KernelCosts kernel_costs(profile, sources);
+  const BlockSeconds blocks = cost_blocks(kernels, kernel_costs);
   // Layer collectives per pipeline rank; ranks whose groups route alike share one computation.
   std::vector<LayerCollectives> collectives_of_rank;
   for (std::size_t rank = 0; rank < routes.size(); ++rank) {
@@ -326,7 +360,7 @@ ActionCosts plan_action_costs(const ModelSpec& model, const ParallelPlan& plan, 
     while (alike < rank && !same_routes(routes[alike], routes[rank])) ++alike;
     collectives_of_rank.push_back(alike < rank
                                       ? collectives_of_rank[alike]
-                                      : plan_layer_collectives(model, plan, profile, kernels, routes[rank], sources));
+                                      : plan_layer_collectives(model, plan, kernels, routes[rank], kernel_costs));
   }
   const int64_t t = plan.tensor_parallel_size;
   const int64_t pp = plan.pipeline_parallel_size;
