@@ -13,14 +13,7 @@ seqs=("$@")
 mkdir -p "$out"
 export NCCL_NVLS_ENABLE=0
 # The token values do not change the work: the byte tokenizer over random words.
-python3 - "$out/docs.jsonl" <<'PY'
-import json, random, sys
-random.seed(1)
-words = "the a cat dog sat ran on to park mat river car door old small red open bird friend man".split()
-with open(sys.argv[1], "w") as f:
-    for _ in range(400):
-        f.write(json.dumps({"text": " ".join(random.choice(words) for _ in range(3000))}) + "\n")
-PY
+python3 "$(dirname "$0")/random_words_corpus.py" "$out/docs.jsonl" 400 3000
 "$megaplan" data prepare --input "$out/docs.jsonl" --output-prefix "$out/corpus" --append-eod >/dev/null
 printf '%-7s %-4s %s\n' seq cp "tokens/s (iterations 5, 6)"
 for seq in "${seqs[@]}"; do

@@ -15,14 +15,7 @@ trim=(--num-layers 2 --vocab-size 32000)
 "$megaplan" search "${long[@]}" --cluster dgx-h200 --gpus 8 --gbs 8 --top 5 --out "$out/plan.json" >"$out/search.txt"
 # The token values do not change the work: the byte tokenizer over random words, 3 iterations of
 # 8 sequences of 128 Ki tokens.
-python3 - "$out/docs.jsonl" <<'PY'
-import json, random, sys
-random.seed(1)
-words = "the a cat dog sat ran on to park mat river car door old small red open bird friend man".split()
-with open(sys.argv[1], "w") as f:
-    for _ in range(1200):
-        f.write(json.dumps({"text": " ".join(random.choice(words) for _ in range(3000))}) + "\n")
-PY
+python3 "$(dirname "$0")/random_words_corpus.py" "$out/docs.jsonl" 1200 3000
 "$megaplan" data prepare --input "$out/docs.jsonl" --output-prefix "$out/corpus" --append-eod >/dev/null
 "$megaplan" simulate --plan "$out/plan.json" "${trim[@]}" >"$out/simulate.txt"
 nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 >"$out/memory.log" &
