@@ -63,7 +63,8 @@ rm -rf "$scratch/ckpt" "$scratch/hf"
 mkdir -p "$scratch/ckpt" "$scratch/hf"
 
 go single 1 threads -- --save "$scratch/ckpt/single" --save-interval 20
-# name | GPUs | layout flags | tensor parallel (the looser first-loss bound)
+# name | GPUs | layout flags | tp: tensor parallelism's partial sums or the ring's merges in bf16 (the
+# looser first-loss bound, as tests/executor/train/one_gpu_parallel_training_test.cc holds cp to)
 layouts=(
   "tp2|2|--tp 2|tp" "tp2-sp|2|--tp 2 --sequence-parallel|tp"
   "pp2-1f1b|2|--pp 2|pp" "pp2-interleaved|2|--pp 2 --vpp 2 --schedule interleaved|pp"
@@ -71,6 +72,7 @@ layouts=(
   "dp2|2||dp" "dp2-distopt|2|--use-distributed-optimizer|dp"
   "tp2xpp2|4|--tp 2 --pp 2|tp" "tp2xdp2-sp-distopt|4|--tp 2 --sequence-parallel --use-distributed-optimizer|tp"
   "pp2xdp2-distopt|4|--pp 2 --use-distributed-optimizer|dp" "tp4|4|--tp 4|tp" "dp4|4||dp"
+  "cp2|2|--cp 2|tp" "cp4|4|--cp 4|tp" "tp2xcp2-sp|4|--tp 2 --cp 2 --sequence-parallel|tp"
   "tp2xpp2xdp2|8|--tp 2 --pp 2 --use-distributed-optimizer --sequence-parallel|tp" "tp4xpp2|8|--tp 4 --pp 2|tp"
 )
 rows=()

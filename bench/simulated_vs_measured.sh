@@ -88,6 +88,13 @@ layouts=(
   "gpt width 1408 mbs 3|--model gpt2-774m --vocab-size 50257 --hidden-size 1408 --num-attention-heads 22 --mbs 3 --gbs 12|--cluster ${gpu}-x1"
   "gpt width 1792 mbs 2|--model gpt2-1.5b --vocab-size 50257 --hidden-size 1792 --num-attention-heads 28 --mbs 2 --gbs 8|--cluster ${gpu}-x1"
   "gpt width 1792 pp 2|--model gpt2-1.5b --vocab-size 50257 --hidden-size 1792 --num-attention-heads 28 --mbs 2 --gbs 32 --pp 2|--cluster dgx-${gpu} --gpus 2|2"
+  # 37 onwards: context parallelism (issue 39), the ring over NCCL; 40 and 41 are its speed target
+  # (seq 32768 at cp 4 on four GPUs against seq 8192 without cp on one, model TFLOP/s per GPU).
+  "llama-1b cp 2|$llama_1b --mbs 1 --gbs 8 --cp 2|--cluster dgx-${gpu} --gpus 2|2"
+  "llama-1b tp 2 x cp 2 sp|$llama_1b --mbs 1 --gbs 8 --tp 2 --cp 2 --sequence-parallel|--cluster dgx-${gpu} --gpus 4|4"
+  "llama-1b seq 16384 cp 4|$llama_1b --seq-length 16384 --max-position-embeddings 16384 --mbs 1 --gbs 4 --cp 4|--cluster dgx-${gpu} --gpus 4|4"
+  "llama-1b seq 32768 cp 4|$llama_1b --seq-length 32768 --max-position-embeddings 32768 --mbs 1 --gbs 4 --cp 4|--cluster dgx-${gpu} --gpus 4|4"
+  "llama-1b seq 8192|$llama_1b --seq-length 8192 --max-position-embeddings 8192 --mbs 1 --gbs 4|--cluster ${gpu}-x1"
 )
 visible=$(nvidia-smi -L 2> /dev/null | grep -c '^GPU ')
 rows=()
