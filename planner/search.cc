@@ -176,19 +176,13 @@ int64_t memory_floor(const ModelSpec& model, const ParallelPlan& plan, SearchCac
   return floor;
 }
 
-// The fullest pipeline rank's weights, gradients, optimizer state and reserve, and its index.
+// The fullest pipeline rank's weights, gradients, optimizer state and reserve, and its index (the
+// first of equals). A rank's model state grows with its parameters (two bytes of weight each at
+// least), so the fullest rank is the one holding the most.
 std::pair<int64_t, int64_t> model_state_peak(const ParallelPlan& plan, const ParametersPerGpuCache& parameters) {
   const std::vector<int64_t>& per_rank = parameters.per_pipeline_rank(plan);
-  int64_t peak = 0;
-  int64_t rank = 0;
-  for (std::size_t r = 0; r < per_rank.size(); ++r) {
-    const int64_t bytes = model_state_bytes(plan, per_rank[r]).total();
-    if (bytes > peak) {
-      peak = bytes;
-      rank = static_cast<int64_t>(r);
-    }
-  }
-  return {peak, rank};
+  const auto most = std::max_element(per_rank.begin(), per_rank.end());
+  return {model_state_bytes(plan, *most).total(), static_cast<int64_t>(most - per_rank.begin())};
 }
 
 // How many layouts refused on memory the search costs to find those that would beat #1.
