@@ -290,6 +290,15 @@ TEST_CASE("context parallelism trains like one rank under tensor, pipeline and d
   check_trains_like(single, four_layer_gpt(),
                     {{"cp2, dropout", cp_of(2, with_dropout)}, {"tp2 x cp2, sequence parallel, dropout", everything}},
                     options, scratch, "cp-dropout-");
+  // RoPE at the tokens' places with Llama 3.1's scaled frequencies (scaled from wavelength 16 up,
+  // so that they bite at seq 16) on half of each head of 16, Qwen2's QKV biases beside.
+  megaplan::ModelSpec scaled = megaplan::test::four_layer_qwen();
+  scaled.rope_scaling.factor = 8;
+  scaled.rope_scaling.original_max_position_embeddings = 16;
+  const ParallelPlan one = plan_of(1, 1, 1, 1, ScheduleKind::kOneFOneB);
+  const Outcome scaled_single = train(scaled, one, options, scratch, "cp-rope-scaling-single");
+  check_trains_like(scaled_single, scaled, {{"cp2, Llama 3.1 RoPE scaling", cp_of(2, one)}}, options, scratch,
+                    "cp-rope-scaling-");
 }
 
 TEST_CASE("every layout starts from the single rank's weights bit for bit", "[parallel]") {
