@@ -55,6 +55,11 @@ std::string torchtitan_config(const ModelSpec& model, const ParallelPlan& plan) 
   text += number("data_parallel_shard_degree", plan.use_distributed_optimizer ? dp : 1);
   text += number("tensor_parallel_degree", plan.tensor_parallel_size);
   text += number("context_parallel_degree", plan.context_parallel_size);
+  if (plan.context_parallel_size > 1) {
+    // Megatron-Core's ring, simulated here, passes each step's keys and values on beside its
+    // blocks; of torchtitan's two rotations that is "alltoall" ("allgather" gathers them all first).
+    text += line("context_parallel_rotate_method", quoted("alltoall"));
+  }
   text += number("pipeline_parallel_degree", plan.pipeline_parallel_size);
   if (plan.pipeline_parallel_size > 1) {
     text += line("pipeline_parallel_schedule", quoted(schedule_traits(plan.schedule).torch_schedule));

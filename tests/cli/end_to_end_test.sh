@@ -779,6 +779,12 @@ assert p["pipeline_parallel_microbatch_size"] == plan["micro_batch_size"], p
 assert p["pipeline_parallel_layers_per_stage"] * 2 * plan["virtual_pipeline_parallel_size"] == 32, p
 assert config["training"]["global_batch_size"] == 64 and config["training"]["seq_len"] == 8192, config["training"]
 ' "$scratch/out" || fail "search --emit torchtitan: the TOML does not carry the plan"
+expect_ok search --model llama3-8b --cluster dgx-h100 --gpus 16 --gbs 64 --cp 2 --top 1 --threads 2 --json --emit torchtitan
+python3 -c '
+import json, sys, tomllib
+p = tomllib.loads(json.load(open(sys.argv[1]))["torchtitan_toml"])["parallelism"]
+assert p["context_parallel_degree"] == 2 and p["context_parallel_rotate_method"] == "alltoall", p
+' "$scratch/out" || fail "search --emit torchtitan: a cp plan is not torchtitan's ring"
 
 # simulate --schedule-csv costs an imported torch schedule exactly as the generated one.
 expect_ok schedule --kind zbv --pp 4 --microbatches 8 --format csv
