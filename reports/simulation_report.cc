@@ -89,7 +89,7 @@ void write_simulation_text(const JobSpec& job, const sim::Profile& profile, cons
       << "\n";
   const int64_t lookups = simulation.sources.table + simulation.sources.fallback;
   out << "profile    " << sim::describe_profile(profile) << "\n           " << simulation.sources.fallback << " of "
-      << lookups << " kernel times from the roofline fallback\n\n";
+      << lookups << " kernel times from a fallback (the roofline, or entries of a nearby kind)\n\n";
 
   TextTable table({"rank", "compute s", "tp/cp comm s", "pp comm s", "dp comm s", "idle s", "in-flight", "memory GiB"});
   for (std::size_t r = 0; r < result.ranks.size(); ++r) {
