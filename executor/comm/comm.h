@@ -71,6 +71,9 @@ class CommRequest {
 };
 using Request = std::unique_ptr<CommRequest>;
 
+// One request standing for two: wait() waits for the first, then the second.
+Request both(Request first, Request second);
+
 class Comm {
  public:
   virtual ~Comm() = default;
@@ -84,6 +87,13 @@ class Comm {
   // To and from group rank `peer` (!= rank()).
   virtual Request send(const void* data, std::size_t count, DType type, int64_t peer) = 0;
   virtual Request recv(void* data, std::size_t count, DType type, int64_t peer) = 0;
+  // A send to `to` and a receive from `from` as one operation, matched with the peers' own sends
+  // and receives as the two apart would be (NCCL's grouped send and receive, torch's
+  // batch_isend_irecv): ranks that exchange with each other at once, a ring's neighbours, cannot
+  // hold each other up in their sends (NCCL's first send to a peer may wait on the host until that
+  // peer receives on the same communicator). One request for both. `to` and `from` != rank().
+  virtual Request send_recv(const void* send_data, int64_t to, void* recv_data, int64_t from, std::size_t count,
+                            DType type) = 0;
   // In place: data = op over the members' data.
   virtual Request all_reduce(void* data, std::size_t count, DType type, ReduceOp op) = 0;
   // output[count] = op over the members' input[rank() * count .. (rank() + 1) * count).

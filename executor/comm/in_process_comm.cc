@@ -323,6 +323,12 @@ class InProcessComm final : public Comm {
     return std::make_unique<RecvRequest>(world_, state_, rank_, peer, sequence, data, count, type, stream_);
   }
 
+  // In process a send never waits for its receive, so the two apart are the one operation.
+  Request send_recv(const void* send_data, int64_t to, void* recv_data, int64_t from, std::size_t count,
+                    DType type) override {
+    return both(send(send_data, count, type, to), recv(recv_data, count, type, from));
+  }
+
   Request all_reduce(void* data, std::size_t count, DType type, ReduceOp op) override {
     check_buffer(data, count, "all_reduce");
     return collective({true, CollectiveKind::kAllReduce, data, data, count, type, op, 0, nullptr});

@@ -241,6 +241,26 @@ class NcclComm final : public Comm {
       return ncclRecv(data, count, nccl_type(type), static_cast<int>(peer), comm, stream);
     });
   }
+  // One NCCL group on the upward lane: both connections are made, and both transfers run, in one
+  // call, whatever the peers (a ring's two neighbours, or one peer both ways). The group's own
+  // sends and receives keep to their lanes; a group's exchanges all go this way.
+  Request send_recv(const void* send_data, int64_t to, void* recv_data, int64_t from, std::size_t count,
+                    DType type) override {
+    check_peer(to, "send_recv");
+    check_peer(from, "send_recv");
+    check_buffer(send_data, count, "send_recv");
+    check_buffer(recv_data, count, "send_recv");
+    const std::string what =
+        "send_recv(" + counted(count, type) + ") to rank " + global(to) + " from rank " + global(from) + on();
+    return issue(false, what, [=](ncclComm_t comm, cudaStream_t stream) {
+      ncclResult_t result = ncclGroupStart();
+      if (result != ncclSuccess) return result;
+      const ncclResult_t sent = ncclSend(send_data, count, nccl_type(type), static_cast<int>(to), comm, stream);
+      const ncclResult_t received = ncclRecv(recv_data, count, nccl_type(type), static_cast<int>(from), comm, stream);
+      result = ncclGroupEnd();  // ends the group whatever the calls in it returned
+      return sent != ncclSuccess ? sent : received != ncclSuccess ? received : result;
+    });
+  }
   Request all_reduce(void* data, std::size_t count, DType type, ReduceOp op) override {
     check_buffer(data, count, "all_reduce");
     const std::string what = "all_reduce(" + counted(count, type) + ", " + op_name(op) + ")" + on();

@@ -513,12 +513,10 @@ AttentionDims StageChunk::attention_dims() const {
   return {width_.batch, width_.seq, width_.heads, width_.groups, width_.head_dim};
 }
 
-StageChunk::RingExchange StageChunk::pass_on(ConstActivation out, Activation in) {
+Request StageChunk::pass_on(ConstActivation out, Activation in) {
   const int64_t cp = context_parallel_->size(), rank = context_parallel_->rank();
-  RingExchange exchange;
-  exchange.sent = context_parallel_->send(out, key_value_elements(), activation_type_, (rank + 1) % cp);
-  exchange.received = context_parallel_->recv(in, key_value_elements(), activation_type_, (rank + cp - 1) % cp);
-  return exchange;
+  return context_parallel_->send_recv(out, (rank + 1) % cp, in, (rank + cp - 1) % cp, key_value_elements(),
+                                      activation_type_);
 }
 
 void StageChunk::attention_forward(std::size_t l, const LayerActivations& act,
@@ -540,15 +538,12 @@ void StageChunk::attention_forward(std::size_t l, const LayerActivations& act,
   Activation current = scratch_.ring_kv, next = scratch_.ring_kv_next;
   const int64_t cp = context_parallel_->size();
   for (int64_t step = 0; step < cp; ++step) {
-    RingExchange exchange;
+    Request exchange;
     if (step + 1 < cp) exchange = pass_on(current, next);
     for_each_ring_block(step, [&](const AttentionChunkBlock& block) {
       backend_.attention_block_forward(act.qkv, current, dims, block, dropout, scratch_.ring_out, lse);
     });
-    if (exchange.sent) {
-      exchange.sent->wait();
-      exchange.received->wait();
-    }
+    if (exchange) exchange->wait();
     std::swap(current, next);
   }
   backend_.convert(scratch_.ring_out, width_.tokens * width_.query, act.attention);
@@ -572,9 +567,9 @@ void StageChunk::attention_backward(std::size_t l, const LayerActivations& act,
   Activation kv = scratch_.ring_kv, kv_next = scratch_.ring_kv_next, arriving = scratch_.ring_dkv_in;
   const std::array<Activation, 2> sums = {scratch_.ring_dkv, scratch_.ring_dkv_next};
   const int64_t cp = context_parallel_->size();
-  RingExchange sums_exchange;
+  Request sums_exchange;
   for (int64_t step = 0; step < cp; ++step) {
-    RingExchange kv_exchange;
+    Request kv_exchange;
     if (step + 1 < cp) kv_exchange = pass_on(kv, kv_next);
     const Activation sum = sums[static_cast<std::size_t>(step % 2)];
     backend_.zero(sum, key_value_elements());
@@ -582,20 +577,16 @@ void StageChunk::attention_backward(std::size_t l, const LayerActivations& act,
       backend_.attention_block_backward(scratch_.d_hidden, act.qkv, act.attention, act.attention_saved, kv, dims, block,
                                         dropout, scratch_.d_qkv, sum);
     });
-    if (sums_exchange.received) {
-      sums_exchange.received->wait();
+    // The earlier holders' sum has arrived, and the other buffer, which the next step fills, has gone.
+    if (sums_exchange) {
+      sums_exchange->wait();
       backend_.add(sum, arriving, key_value_elements(), sum);
     }
-    if (sums_exchange.sent) sums_exchange.sent->wait();  // the other buffer, which the next step fills
     sums_exchange = pass_on(sum, arriving);
-    if (kv_exchange.sent) {
-      kv_exchange.sent->wait();
-      kv_exchange.received->wait();
-    }
+    if (kv_exchange) kv_exchange->wait();
     std::swap(kv, kv_next);
   }
-  sums_exchange.sent->wait();
-  sums_exchange.received->wait();
+  sums_exchange->wait();
   backend_.unpack_key_value_gradients(arriving, dims, scratch_.d_qkv);
 }
 

@@ -254,12 +254,9 @@ class StageChunk {
   AttentionDims attention_dims() const;
   // Elements of the rank's packed keys and values (Backend::pack_key_values), what a ring step sends.
   std::size_t key_value_elements() const { return width_.tokens * (width_.qkv - width_.query); }
-  // One exchange of the ring: `out` (key_value_elements() of them) sent to the next rank, the
-  // previous rank's received into `in`, in that order on every rank.
-  struct RingExchange {
-    Request sent, received;
-  };
-  RingExchange pass_on(ConstActivation out, Activation in);
+  // One exchange of the ring: `out` (key_value_elements() of them) sent to the next rank and the
+  // previous rank's received into `in`, as one operation (Comm::send_recv).
+  Request pass_on(ConstActivation out, Activation in);
   // run(block) for each block of the ring's step `step` on this rank, placed in the sequence.
   template <typename Run>
   void for_each_ring_block(int64_t step, const Run& run) const;

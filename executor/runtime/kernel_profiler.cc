@@ -361,11 +361,12 @@ ProfileGrid profile_grid(bool quick) {
       }
     }
   }
-  // Context parallelism's ring blocks (core/context_parallel.h): chunks of 512 to 8192 tokens
-  // (sequences of 8 Ki to 128 Ki over cp 2 to 8), on the diagonal and unmasked, as the attention
-  // grid's heads, ratios and dropout.
-  const std::vector<int64_t> chunks =
-      quick ? std::vector<int64_t>{1024, 4096} : std::vector<int64_t>{512, 1024, 2048, 4096, 8192};
+  // Context parallelism's ring blocks (core/context_parallel.h): chunks of 64 to 8192 tokens
+  // (sequences of 1 Ki over cp 8 to 128 Ki over cp 8), on the diagonal and unmasked, as the
+  // attention grid's heads, ratios and dropout. Short chunks run far below the long ones' rate (a
+  // launch and a pass over the fp32 output), so the table holds them rather than extrapolating.
+  const std::vector<int64_t> chunks = quick ? std::vector<int64_t>{128, 1024, 4096}
+                                            : std::vector<int64_t>{64, 128, 256, 512, 1024, 2048, 4096, 8192};
   const std::vector<int64_t> block_heads = quick ? std::vector<int64_t>{16, 64} : std::vector<int64_t>{8, 16, 32, 64};
   for (const int64_t chunk : chunks) {
     for (const int64_t bh : block_heads) {

@@ -233,7 +233,8 @@ TEST_CASE("the profile grid times each cell's microbatch in training order and o
       blocks.emplace(sequence.kernels[0].seq, sequence.kernels[0].diagonal);
     }
   }
-  CHECK(blocks == std::set<std::pair<int64_t, bool>>{{1024, false}, {1024, true}, {4096, false}, {4096, true}});
+  CHECK(blocks == std::set<std::pair<int64_t, bool>>{
+                      {128, false}, {128, true}, {1024, false}, {1024, true}, {4096, false}, {4096, true}});
 }
 
 namespace {

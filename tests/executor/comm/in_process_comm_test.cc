@@ -332,6 +332,35 @@ TEST_CASE("both ranks may send (or post a recv) before receiving", "[comm]") {
   CHECK(after_recv_first == std::vector<float>{2.5f, 0.5f});
 }
 
+TEST_CASE("send_recv passes a ring on in one operation, and matches plain sends and receives", "[comm]") {
+  // Each of three ranks sends its value to the next and takes the previous one's, twice; then rank 0
+  // exchanges with rank 1 by send_recv while rank 1 uses a plain recv and send.
+  InProcessWorld world(3, kGenerousTimeout);
+  std::vector<std::vector<float>> got(3);
+  std::vector<float> paired(2);
+  run_rank_threads(world, 3, [&](int64_t rank) {
+    auto comm = world.group(rank, {0, 1, 2}, "cp");
+    const int64_t next = (rank + 1) % 3, previous = (rank + 2) % 3;
+    float value = static_cast<float>(rank) + 0.5f;
+    for (int step = 0; step < 2; ++step) {
+      float arriving = -1;
+      comm->send_recv(&value, next, &arriving, previous, 1, DType::kFloat32)->wait();
+      value = arriving;
+      got[static_cast<std::size_t>(rank)].push_back(arriving);
+    }
+    const float mine = 10.0f + static_cast<float>(rank);
+    if (rank == 0) {
+      comm->send_recv(&mine, 1, &paired[0], 1, 1, DType::kFloat32)->wait();
+    } else if (rank == 1) {
+      auto receiving = comm->recv(&paired[1], 1, DType::kFloat32, 0);
+      comm->send(&mine, 1, DType::kFloat32, 0)->wait();
+      receiving->wait();
+    }
+  });
+  CHECK(got == std::vector<std::vector<float>>{{2.5f, 1.5f}, {0.5f, 2.5f}, {1.5f, 0.5f}});
+  CHECK(paired == std::vector<float>{11.0f, 10.0f});
+}
+
 TEST_CASE("a recv waiting before its send arrives gets it", "[comm]") {
   InProcessWorld world(2, kGenerousTimeout);
   std::atomic<bool> recv_waiting{false};
