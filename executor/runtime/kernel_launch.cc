@@ -36,25 +36,23 @@ const std::vector<float>& random_tile() {
   return tile;
 }
 
-// A rotary kernel's rotated elements per token as heads of one query group: heads of 128, else 64,
-// else of 2 (every dimension rotated), so that count x dim is the kernel's cols.
+// The head dimension a width of per-token elements is taken to hold: heads of 128, else of 64, else
+// of 2.
+int64_t head_dim_of(int64_t width) {
+  for (const int64_t dim : {int64_t{128}, int64_t{64}}) {
+    if (width % dim == 0) return dim;
+  }
+  return 2;
+}
+
+// A rotary kernel's rotated elements per token as heads of one query group (every dimension
+// rotated), so that count x dim is the kernel's cols.
 struct RotaryHeads {
   int64_t count, dim;
 };
 RotaryHeads rotary_heads(const Kernel& kernel) {
-  for (const int64_t dim : {int64_t{128}, int64_t{64}}) {
-    if (kernel.cols % dim == 0) return {kernel.cols / dim, dim};
-  }
-  return {std::max<int64_t>(kernel.cols / 2, 1), 2};
-}
-
-// The key-value heads a packing kernel's `cols` (twice the key-value width) holds: of 128, else
-// 64, else of 2.
-int64_t packed_head_dim(int64_t cols) {
-  for (const int64_t dim : {int64_t{128}, int64_t{64}}) {
-    if ((cols / 2) % dim == 0) return dim;
-  }
-  return 2;
+  const int64_t dim = head_dim_of(kernel.cols);
+  return {std::max<int64_t>(kernel.cols / dim, 1), dim};
 }
 
 }  // namespace
@@ -66,7 +64,7 @@ AttentionDims KernelLaunch::ring_dims() const {
   if (k.kind == KernelKind::kAttentionBlockForward || k.kind == KernelKind::kAttentionBlockBackward) {
     return {size(k.batch), size(2 * k.seq), size(k.heads), size(k.groups), size(k.head_dim)};
   }
-  const int64_t dim = packed_head_dim(k.cols);
+  const int64_t dim = head_dim_of(k.cols / 2);  // cols: the key-value width twice
   const int64_t groups = std::max<int64_t>(k.cols / 2 / dim, 1);
   return {1, size(k.rows), size(groups), size(groups), size(dim)};
 }

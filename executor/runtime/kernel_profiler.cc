@@ -337,55 +337,49 @@ ProfileGrid profile_grid(bool quick) {
     }
   }
   grid.sequences.insert(grid.sequences.end(), alone.begin(), alone.end());
-  const std::vector<int64_t> sequences =
-      quick ? std::vector<int64_t>{1024, 4096} : std::vector<int64_t>{1024, 2048, 4096, 8192};
+  // Attention's grid, whole and in the ring's blocks alike: each length and batch-heads, head
+  // dimensions 64 and 128, multi-head and grouped as Llama 3 (4 query heads per key-value head at
+  // 8B, 8 at 70B), and with --attention-dropout, whose kernels draw each probability's keep bit.
+  const auto for_each_attention_shape = [&](const std::vector<int64_t>& lengths,
+                                            const std::vector<int64_t>& batch_heads, const auto& add) {
+    for (const int64_t length : lengths) {
+      for (const int64_t bh : batch_heads) {
+        for (const int64_t dim : {int64_t{64}, int64_t{128}}) {
+          for (const int64_t ratio : quick ? std::vector<int64_t>{1, 4} : std::vector<int64_t>{1, 4, 8}) {
+            if (bh % ratio != 0) continue;  // 12 heads in groups of 8 would be a 12:1 kernel, timed as such
+            for (const bool dropout : {false, true}) add(length, bh, dim, bh / ratio, dropout);
+          }
+        }
+      }
+    }
+  };
   // Batch-heads at half-octave steps: at octaves only, the leave-one-out check missed by 5-14% in the
   // median (an attention kernel's time is not smooth in its count of thread blocks), and plans land
   // between the octaves (gpt2-774m's 20 heads x 4 sequences are 80).
-  const std::vector<int64_t> batch_heads =
-      quick ? std::vector<int64_t>{16, 64} : std::vector<int64_t>{8, 12, 16, 24, 32, 48, 64, 96, 128};
-  for (const int64_t seq : sequences) {
-    for (const int64_t bh : batch_heads) {
-      for (const int64_t dim : {int64_t{64}, int64_t{128}}) {
-        // Multi-head, and grouped as Llama 3 (4 query heads per key-value head at 8B, 8 at 70B).
-        for (const int64_t ratio : quick ? std::vector<int64_t>{1, 4} : std::vector<int64_t>{1, 4, 8}) {
-          if (bh % ratio != 0) continue;  // 12 heads in groups of 8 would be a 12:1 kernel, timed as such
-          // With --attention-dropout the kernels draw each probability's keep bit: timed so too.
-          for (const bool dropout : {false, true}) {
-            grid.sequences.push_back(
-                {{attention_kernel(KernelKind::kAttentionForward, 1, seq, bh, dim, bh / ratio, dropout),
-                  attention_kernel(KernelKind::kAttentionBackward, 1, seq, bh, dim, bh / ratio, dropout)},
-                 {}});
-          }
-        }
-      }
-    }
-  }
+  for_each_attention_shape(
+      quick ? std::vector<int64_t>{1024, 4096} : std::vector<int64_t>{1024, 2048, 4096, 8192},
+      quick ? std::vector<int64_t>{16, 64} : std::vector<int64_t>{8, 12, 16, 24, 32, 48, 64, 96, 128},
+      [&](int64_t seq, int64_t bh, int64_t dim, int64_t groups, bool dropout) {
+        grid.sequences.push_back({{attention_kernel(KernelKind::kAttentionForward, 1, seq, bh, dim, groups, dropout),
+                                   attention_kernel(KernelKind::kAttentionBackward, 1, seq, bh, dim, groups, dropout)},
+                                  {}});
+      });
   // Context parallelism's ring blocks (core/context_parallel.h): chunks of 64 to 8192 tokens
-  // (sequences of 1 Ki over cp 8 to 128 Ki over cp 8), on the diagonal and unmasked, as the
-  // attention grid's heads, ratios and dropout. Short chunks run far below the long ones' rate (a
-  // launch and a pass over the fp32 output), so the table holds them rather than extrapolating.
-  const std::vector<int64_t> chunks = quick ? std::vector<int64_t>{128, 1024, 4096}
-                                            : std::vector<int64_t>{64, 128, 256, 512, 1024, 2048, 4096, 8192};
-  const std::vector<int64_t> block_heads = quick ? std::vector<int64_t>{16, 64} : std::vector<int64_t>{8, 16, 32, 64};
-  for (const int64_t chunk : chunks) {
-    for (const int64_t bh : block_heads) {
-      for (const int64_t dim : {int64_t{64}, int64_t{128}}) {
-        for (const int64_t ratio : quick ? std::vector<int64_t>{1, 4} : std::vector<int64_t>{1, 4, 8}) {
-          if (bh % ratio != 0) continue;
-          for (const bool dropout : {false, true}) {
-            for (const bool diagonal : {true, false}) {
-              grid.sequences.push_back({{attention_block_kernel(KernelKind::kAttentionBlockForward, 1, chunk, bh, dim,
-                                                                bh / ratio, dropout, diagonal),
-                                         attention_block_kernel(KernelKind::kAttentionBlockBackward, 1, chunk, bh, dim,
-                                                                bh / ratio, dropout, diagonal)},
-                                        {}});
-            }
-          }
+  // (sequences of 1 Ki over cp 8 to 128 Ki over cp 8), on the diagonal and unmasked. Short chunks
+  // run far below the long ones' rate (a launch and a pass over the fp32 output), so the table
+  // holds them rather than extrapolating.
+  for_each_attention_shape(
+      quick ? std::vector<int64_t>{128, 1024, 4096} : std::vector<int64_t>{64, 128, 256, 512, 1024, 2048, 4096, 8192},
+      quick ? std::vector<int64_t>{16, 64} : std::vector<int64_t>{8, 16, 32, 64},
+      [&](int64_t chunk, int64_t bh, int64_t dim, int64_t groups, bool dropout) {
+        for (const bool diagonal : {true, false}) {
+          grid.sequences.push_back({{attention_block_kernel(KernelKind::kAttentionBlockForward, 1, chunk, bh, dim,
+                                                            groups, dropout, diagonal),
+                                     attention_block_kernel(KernelKind::kAttentionBlockBackward, 1, chunk, bh, dim,
+                                                            groups, dropout, diagonal)},
+                                    {}});
         }
-      }
-    }
-  }
+      });
   // The optimizer's kernels over 1 Mi to 1 Gi parameters (quick: 4 Mi and 64 Mi).
   const int64_t smallest = int64_t{1} << (quick ? 22 : 20), largest = int64_t{1} << (quick ? 26 : 30);
   for (int64_t n = smallest; n <= largest; n *= quick ? 16 : 4) {
