@@ -446,9 +446,15 @@ double Profile::gemm_seconds(GemmLayout layout, GemmEpilogue epilogue, int64_t m
   return roofline(flops, peak, curve_.gemm_max_efficiency, curve_.gemm_half_efficiency_flops, bytes);
 }
 
-double Profile::attention_seconds(const AttentionTablesByDropout& by_dropout, bool dropout, int64_t gqa_ratio,
-                                  double flops, double tensors, int64_t batch_heads, int64_t seq, int64_t head_dim,
+double Profile::attention_seconds(const AttentionTablesByDropout& by_dropout, bool backward, int64_t batch_heads,
+                                  int64_t seq, int64_t head_dim, bool causal, int64_t gqa_ratio, bool dropout,
                                   CostSources& sources) const {
+  // Forward: Q and O, and K and V shared by `gqa_ratio` heads each. Backward: Q, O, dO in and dQ
+  // out; K, V in and dK, dV out, shared likewise.
+  const double per_head = backward ? 4 : 2;
+  const double tensors = per_head + per_head / static_cast<double>(std::max<int64_t>(gqa_ratio, 1));
+  const double flops =
+      (backward ? kAttentionBackwardFactor : 1.0) * attention_forward_flops(batch_heads, seq, head_dim, causal);
   const bool measured_so = !by_dropout[dropout].empty();
   const AttentionTables& tables = by_dropout[measured_so ? dropout : false];
   if (!tables.empty()) {
@@ -474,21 +480,15 @@ double Profile::attention_seconds(const AttentionTablesByDropout& by_dropout, bo
 double Profile::attention_forward_seconds(int64_t batch_heads, int64_t seq, int64_t head_dim, bool causal,
                                           int64_t gqa_ratio, bool dropout, CostSources& sources) const {
   if (batch_heads <= 0 || seq <= 0 || head_dim <= 0) return 0;
-  // Q and O, and K and V shared by `gqa_ratio` heads each.
-  const double tensors = 2 + 2.0 / static_cast<double>(std::max<int64_t>(gqa_ratio, 1));
-  return attention_seconds(attention_forward_[causal], dropout, gqa_ratio,
-                           attention_forward_flops(batch_heads, seq, head_dim, causal), tensors, batch_heads, seq,
-                           head_dim, sources);
+  return attention_seconds(attention_forward_[causal], false, batch_heads, seq, head_dim, causal, gqa_ratio, dropout,
+                           sources);
 }
 
 double Profile::attention_backward_seconds(int64_t batch_heads, int64_t seq, int64_t head_dim, bool causal,
                                            int64_t gqa_ratio, bool dropout, CostSources& sources) const {
   if (batch_heads <= 0 || seq <= 0 || head_dim <= 0) return 0;
-  // Q, O, dO in and dQ out; K, V in and dK, dV out shared by `gqa_ratio` heads each.
-  const double tensors = 4 + 4.0 / static_cast<double>(std::max<int64_t>(gqa_ratio, 1));
-  return attention_seconds(attention_backward_[causal], dropout, gqa_ratio,
-                           kAttentionBackwardFactor * attention_forward_flops(batch_heads, seq, head_dim, causal),
-                           tensors, batch_heads, seq, head_dim, sources);
+  return attention_seconds(attention_backward_[causal], true, batch_heads, seq, head_dim, causal, gqa_ratio, dropout,
+                           sources);
 }
 
 double Profile::attention_block_seconds(const Kernel& block, CostSources& sources) const {
@@ -498,17 +498,12 @@ double Profile::attention_block_seconds(const Kernel& block, CostSources& source
   const AttentionTablesByDropout& tables = (backward ? ring_block_backward_ : ring_block_forward_)[block.diagonal];
   const int64_t ratio = gqa_ratio(block);
   if (!tables[0].empty() || !tables[1].empty()) {
-    // Bytes as the whole attention's (the fp32 merge aside): tables are what answer here.
-    const double tensors = (backward ? 4 : 2) * (1 + 1.0 / static_cast<double>(std::max<int64_t>(ratio, 1)));
-    const double flops = (backward ? kAttentionBackwardFactor : 1.0) *
-                         attention_forward_flops(batch_heads, block.seq, block.head_dim, block.diagonal);
-    return attention_seconds(tables, block.dropout, ratio, flops, tensors, batch_heads, block.seq, block.head_dim,
-                             sources);
+    return attention_seconds(tables, backward, batch_heads, block.seq, block.head_dim, block.diagonal, ratio,
+                             block.dropout, sources);
   }
   CostSources whole;
-  const double diagonal =
-      backward ? attention_backward_seconds(batch_heads, block.seq, block.head_dim, true, ratio, block.dropout, whole)
-               : attention_forward_seconds(batch_heads, block.seq, block.head_dim, true, ratio, block.dropout, whole);
+  const double diagonal = attention_seconds(backward ? attention_backward_[true] : attention_forward_[true], backward,
+                                            batch_heads, block.seq, block.head_dim, true, ratio, block.dropout, whole);
   ++sources.fallback;
   return block.diagonal ? diagonal : 2 * diagonal;
 }

@@ -186,10 +186,11 @@ class Profile {
   // Measured attention entries by GQA ratio (query heads per key-value head).
   using AttentionTables = std::map<int64_t, std::vector<ShapePoint>>;
   using AttentionTablesByDropout = std::array<AttentionTables, 2>;  // without, with dropout
-  // Either attention pass: `flops` of work, `tensors` bf16 tensors of batch_heads x seq x head_dim moved.
-  double attention_seconds(const AttentionTablesByDropout& tables, bool dropout, int64_t gqa_ratio, double flops,
-                           double tensors, int64_t batch_heads, int64_t seq, int64_t head_dim,
-                           CostSources& sources) const;
+  // Either attention pass (`backward`) from `tables`, the whole attention's or the ring blocks':
+  // its FLOPs and the bf16 tensors of batch_heads x seq x head_dim it moves (the roofline's bytes).
+  // REQUIRES: batch_heads, seq, head_dim > 0.
+  double attention_seconds(const AttentionTablesByDropout& tables, bool backward, int64_t batch_heads, int64_t seq,
+                           int64_t head_dim, bool causal, int64_t gqa_ratio, bool dropout, CostSources& sources) const;
   static double seconds_from_curve(const Curve& curve, double log_bytes);
 
   std::string gpu_;
