@@ -278,11 +278,11 @@ PlanKernels::PlanKernels(const ModelSpec& model, const ParallelPlan& plan, int64
     : model_(model), plan_(plan) {
   if (plan.implementation == Implementation::kMegaplan) {
     const LayerRecipe recipe(model, plan);
-    blocks_ = recipe.kernel_blocks(tensor_parallel_rank);
     ring_ = recipe.ring_attention();
+    blocks_ = recipe.kernel_blocks(tensor_parallel_rank, ring_);
   } else {
-    blocks_ = megatron_kernel_blocks(model, plan);
     ring_ = megatron_ring_attention(model, plan);
+    blocks_ = megatron_kernel_blocks(model, plan, ring_);
   }
 }
 

@@ -196,9 +196,10 @@ RingAttentionPasses ring_attention_passes(int64_t cp, int64_t key_value_bytes,
                                           const std::function<std::vector<Kernel>(int64_t, bool)>& step_kernels);
 
 // megaplan's executor: core/layer_recipe.h's LayerRecipe::kernel_blocks and ring_attention.
-// Megatron-LM's, by plan.options (megatron_kernel_list.cc).
-KernelBlocks megatron_kernel_blocks(const ModelSpec& model, const ParallelPlan& plan);
+// Megatron-LM's, by plan.options (megatron_kernel_list.cc); `ring`, megatron_ring_attention's, stands
+// in the attention core under context parallelism.
 RingAttentionPasses megatron_ring_attention(const ModelSpec& model, const ParallelPlan& plan);
+KernelBlocks megatron_kernel_blocks(const ModelSpec& model, const ParallelPlan& plan, const RingAttentionPasses& ring);
 
 // The kernels of the plan's implementation, by block and by stage.
 class PlanKernels {

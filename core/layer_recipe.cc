@@ -140,7 +140,7 @@ RingAttentionPasses LayerRecipe::ring_attention() const {
   return passes;
 }
 
-KernelBlocks LayerRecipe::kernel_blocks(int64_t tensor_parallel_rank) const {
+KernelBlocks LayerRecipe::kernel_blocks(int64_t tensor_parallel_rank, const RingAttentionPasses& ring) const {
   KernelBlocks blocks;
   // Plain copies, not structured bindings: the lambdas below capture them (Clang before 16 cannot
   // capture a binding, and the fuzz build uses Debian's Clang 14).
@@ -164,7 +164,6 @@ KernelBlocks LayerRecipe::kernel_blocks(int64_t tensor_parallel_rank) const {
   const int64_t groups = dims.groups;
   // --attention-dropout: the mask is drawn inside the attention kernels. Under context parallelism
   // the ring's kernels stand in each pass's attention.
-  const RingAttentionPasses ring = ring_attention();
   const std::vector<Kernel> attention =
       context_parallel > 1 ? ring.forward.kernels()
                            : std::vector<Kernel>{attention_kernel(KernelKind::kAttentionForward, micro_batch_size,

@@ -200,8 +200,9 @@ struct LayerRecipe {
   // grouped queries, biases or none): the layer's F (the first of a
   // stage or group, whose input norm adds nothing, and the others), B, I and W, selective
   // recomputation's attention, and the stage's embedding, head and boundary blocks. Row-parallel
-  // biases are added by tensor-parallel rank 0 only.
-  KernelBlocks kernel_blocks(int64_t tensor_parallel_rank) const;
+  // biases are added by tensor-parallel rank 0 only. `ring`: ring_attention()'s, whose kernels stand
+  // in each pass's attention under context parallelism.
+  KernelBlocks kernel_blocks(int64_t tensor_parallel_rank, const RingAttentionPasses& ring) const;
   // Context parallelism's ring attention step by step, as the layer blocks list it flattened.
   RingAttentionPasses ring_attention() const;
 };

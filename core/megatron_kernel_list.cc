@@ -46,7 +46,7 @@ RingAttentionPasses megatron_ring_attention(const ModelSpec& model, const Parall
   });
 }
 
-KernelBlocks megatron_kernel_blocks(const ModelSpec& model, const ParallelPlan& plan) {
+KernelBlocks megatron_kernel_blocks(const ModelSpec& model, const ParallelPlan& plan, const RingAttentionPasses& ring) {
   const ImplementationOptions& options = plan.options;
   const int64_t a = 2;
   const int64_t t = plan.tensor_parallel_size;
@@ -105,7 +105,6 @@ KernelBlocks megatron_kernel_blocks(const ModelSpec& model, const ParallelPlan& 
   // The attention core, from Q, K, V to the context (also what selective recomputation reruns).
   std::vector<Kernel> core_forward, core_backward;
   if (plan.context_parallel_size > 1) {
-    const RingAttentionPasses ring = megatron_ring_attention(model, plan);
     core_forward = ring.forward.kernels();
     core_backward = ring.backward.kernels();
   } else if (fused_attention(options)) {
