@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <array>
+#include <iterator>
 #include <limits>
 #include <optional>
 #include <utility>
@@ -30,19 +31,15 @@ class KernelCosts {
  public:
   KernelCosts(const Profile& profile, CostSources& sources) : profile_(profile), sources_(sources) {}
   double operator()(const Kernel& kernel) {
-    for (const Entry& entry : entries_) {
-      if (entry.kernel == kernel) {
-        sources_.table += entry.sources.table;
-        sources_.fallback += entry.sources.fallback;
-        return entry.seconds;
-      }
+    auto entry = std::find_if(entries_.begin(), entries_.end(), [&](const Entry& e) { return e.kernel == kernel; });
+    if (entry == entries_.end()) {
+      entries_.push_back({kernel, 0, {}});
+      entry = std::prev(entries_.end());
+      entry->seconds = profile_.kernel_seconds(kernel, entry->sources);
     }
-    Entry entry{kernel, 0, {}};
-    entry.seconds = profile_.kernel_seconds(kernel, entry.sources);
-    sources_.table += entry.sources.table;
-    sources_.fallback += entry.sources.fallback;
-    entries_.push_back(entry);
-    return entry.seconds;
+    sources_.table += entry->sources.table;
+    sources_.fallback += entry->sources.fallback;
+    return entry->seconds;
   }
   double operator()(const std::vector<Kernel>& kernels) {
     double seconds = 0;
