@@ -9,7 +9,7 @@
 # simulated on the DGX preset cut to that many GPUs; their ranks' timelines are gathered by rank 0.
 # Peak memory: the executor's allocator peak (the log's peak_memory_bytes, rank 0's) against the
 # simulated peak of pipeline rank 0 less the runtime reserve, which lies outside that allocator.
-# Prints each comparison, then a summary table.
+# Prints each comparison, then a summary table (with the traced iteration's model TFLOP/s per GPU).
 # Single-GPU layouts train for SUSTAIN_SECONDS (default 30) before the traced iteration: a GPU
 # starting cool runs its first seconds above the clock it sustains once at its power limit and
 # temperature (gpt-1.3b on the H100: 288 ms per iteration at first, 297 ms after 30 s), and a
@@ -95,6 +95,9 @@ layouts=(
   "llama-1b seq 16384 cp 4|$llama_1b --seq-length 16384 --max-position-embeddings 16384 --mbs 1 --gbs 4 --cp 4|--cluster dgx-${gpu} --gpus 4|4"
   "llama-1b seq 32768 cp 4|$llama_1b --seq-length 32768 --max-position-embeddings 32768 --mbs 1 --gbs 4 --cp 4|--cluster dgx-${gpu} --gpus 4|4"
   "llama-1b seq 8192|$llama_1b --seq-length 8192 --max-position-embeddings 8192 --mbs 1 --gbs 4|--cluster ${gpu}-x1"
+  # 42, 43: the ring on two GPUs at 8192 and 16384 tokens per GPU (42 against 41 where no four GPUs are lent)
+  "llama-1b seq 16384 cp 2|$llama_1b --seq-length 16384 --max-position-embeddings 16384 --mbs 1 --gbs 4 --cp 2|--cluster dgx-${gpu} --gpus 2|2"
+  "llama-1b seq 32768 cp 2|$llama_1b --seq-length 32768 --max-position-embeddings 32768 --mbs 1 --gbs 4 --cp 2|--cluster dgx-${gpu} --gpus 2|2"
 )
 visible=$(nvidia-smi -L 2> /dev/null | grep -c '^GPU ')
 rows=()
@@ -136,12 +139,21 @@ PY
   echo "== $name ($iterations iterations)"
   cat "$out/compare-$i.txt"
   iteration=$(grep '^iteration' "$out/compare-$i.txt" | sed 's/^iteration *//')
+  tflops=$(python3 - "$out/simulate-$i.json" "$out/compare-$i.txt" <<'PY'
+import json, re, sys
+simulated = json.load(open(sys.argv[1]))
+measured_ms = float(re.search(r"([\d.]+) ms measured", open(sys.argv[2]).read()).group(1))
+# The traced iteration's model TFLOP/s per GPU: the simulated iteration's FLOPs in the measured time.
+print(f"{simulated['model_tflops_per_gpu'] * simulated['iteration_time_s'] * 1e3 / measured_ms:.1f}")
+PY
+)
   order=$(grep -q 'every rank computed in the simulated order' "$out/compare-$i.txt" && echo same || echo differs)
-  rows+=("$name|$iteration|$order|$memory")
+  rows+=("$name|$iteration|$order|$memory|$tflops")
 done
 echo
-printf '%-36s %-60s %-8s %s\n' layout "iteration (simulated, measured: error)" order "peak GiB (predicted measured error)"
+printf '%-36s %-60s %-8s %-36s %s\n' layout "iteration (simulated, measured: error)" order "peak GiB (predicted measured error)" \
+  "model TFLOP/s per GPU"
 for row in "${rows[@]}"; do
-  IFS='|' read -r name iteration order memory <<< "$row"
-  printf '%-36s %-60s %-8s %s\n' "$name" "$iteration" "$order" "$memory"
+  IFS='|' read -r name iteration order memory tflops <<< "$row"
+  printf '%-36s %-60s %-8s %-36s %s\n' "$name" "$iteration" "$order" "$memory" "$tflops"
 done
