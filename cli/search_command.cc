@@ -9,7 +9,6 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -25,6 +24,7 @@
 #include "planner/search.h"
 #include "planner/search_flags.h"
 #include "planner/search_space.h"
+#include "planner/workers.h"
 #include "reports/search_emit.h"
 #include "reports/search_report.h"
 #include "simulator/plan_estimator.h"
@@ -73,7 +73,8 @@ int run_search(const SearchCommandOptions& options, std::ostream& out) {
   const sim::Profile profile = sim::choose_profile(options.profile, job.cluster.gpu);
   const sim::SimulatorEstimator estimator(job.model, job.cluster, profile);
   const auto start = std::chrono::steady_clock::now();
-  const std::vector<ParallelPlan> candidates = planner::enumerate_plans(problem);
+  const int64_t threads = planner::worker_count(options.threads);
+  const std::vector<ParallelPlan> candidates = planner::enumerate_plans(problem, threads);
   ProgressBar bar("searching");
   planner::SearchOptions search_options;
   search_options.top = options.top;
@@ -86,8 +87,6 @@ int run_search(const SearchCommandOptions& options, std::ostream& out) {
       options.compare ? planner::compare_plans(job.model, job.cluster.gpu, candidates, estimator, search_options)
                       : planner::search_plans(job.model, job.cluster.gpu, candidates, estimator, search_options);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  const int64_t threads =
-      options.threads > 0 ? options.threads : std::max<int64_t>(1, std::thread::hardware_concurrency());
 
   if (options.pick < 1 || options.pick > static_cast<int64_t>(result.plans.size())) {
     throw SpecError("--pick", "must name one of the " + std::to_string(result.plans.size()) + " ranked plans (1.." +

@@ -5,15 +5,12 @@
 #include <atomic>
 #include <cmath>
 #include <cstdio>
-#include <exception>
 #include <functional>
 #include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <system_error>
-#include <thread>
 #include <tuple>
 
 #include "core/error.h"
@@ -23,6 +20,7 @@
 #include "core/schedule/lowering.h"
 #include "core/schedule/schedule.h"
 #include "core/units.h"
+#include "planner/workers.h"
 
 namespace megaplan::planner {
 
@@ -267,75 +265,29 @@ class Ranking {
   std::vector<OverMemory> over_memory_;
 };
 
-// Runs `work` on `threads` threads (this one among them) until each returns. `work` takes a stop
-// flag: set when a thread fails or more cannot start, it should return at its next item. The first
-// failure is rethrown here, after every thread has ended.
-void run_workers(int64_t threads, const std::function<void(std::atomic<bool>& stop)>& work) {
-  std::atomic<bool> stop{false};
-  std::mutex failure_mutex;
-  std::exception_ptr failure;
-  const auto guarded = [&] {
-    try {
-      work(stop);
-    } catch (...) {
-      const std::lock_guard<std::mutex> lock(failure_mutex);
-      if (!failure) failure = std::current_exception();
-      stop.store(true);
-    }
-  };
-  std::vector<std::thread> pool;
-  try {
-    for (int64_t t = 1; t < threads; ++t) pool.emplace_back(guarded);
-  } catch (const std::system_error& error) {
-    // The system ran out of threads: the started ones stop at their next item.
-    stop.store(true);
-    for (std::thread& thread : pool) thread.join();
-    throw SpecError("--threads",
-                    "cannot start " + std::to_string(threads) + " threads (" + error.what() + "); ask for fewer");
-  }
-  guarded();
-  for (std::thread& thread : pool) thread.join();
-  if (failure) std::rethrow_exception(failure);
-}
-
 // Layouts refused on their activations, closest to fitting first: by peak, then index. A peak known
 // only by its floor is walked when the floor comes up (at an equal number before a walked peak, so
-// that equal peaks still go by index); the rest are never walked. The floors that come up next
-// are walked together, one a thread: the first is needed now and the others, no higher, most
-// likely soon; walking more never changes the order, as a floor is at most its walked peak.
+// that equal peaks still go by index); the rest are never walked. A floor is at most its walked
+// peak, so walking one never changes the order of those before it.
 class ClosestToFitting {
  public:
-  ClosestToFitting(std::vector<Ranking::OverMemory> entries, std::function<int64_t(std::size_t)> walk_peak,
-                   int64_t threads)
-      : heap_(std::move(entries)), walk_peak_(std::move(walk_peak)), threads_(static_cast<std::size_t>(threads)) {
+  ClosestToFitting(std::vector<Ranking::OverMemory> entries, std::function<int64_t(std::size_t)> walk_peak)
+      : heap_(std::move(entries)), walk_peak_(std::move(walk_peak)) {
     std::make_heap(heap_.begin(), heap_.end(), later);
   }
   // REQUIRES: called at most once per entry.
   Ranking::OverMemory next() {
     for (;;) {
       std::pop_heap(heap_.begin(), heap_.end(), later);
-      if (heap_.back().walked) {
-        const Ranking::OverMemory closest = heap_.back();
+      Ranking::OverMemory& closest = heap_.back();
+      if (closest.walked) {
+        const Ranking::OverMemory found = closest;
         heap_.pop_back();
-        return closest;
+        return found;
       }
-      std::size_t popped = 1;  // the unwalked entries at heap_'s end
-      while (popped < threads_ && popped < heap_.size() && !heap_.front().walked) {
-        std::pop_heap(heap_.begin(), heap_.end() - static_cast<std::ptrdiff_t>(popped), later);
-        ++popped;
-      }
-      const std::size_t first = heap_.size() - popped;
-      std::atomic<std::size_t> taken{0};
-      run_workers(static_cast<int64_t>(popped), [&](std::atomic<bool>& stop) {
-        for (std::size_t i = taken.fetch_add(1); i < popped && !stop.load(); i = taken.fetch_add(1)) {
-          Ranking::OverMemory& entry = heap_[first + i];
-          entry.peak = walk_peak_(entry.index);
-          entry.walked = true;
-        }
-      });
-      for (std::size_t end = first + 1; end <= heap_.size(); ++end) {
-        std::push_heap(heap_.begin(), heap_.begin() + static_cast<std::ptrdiff_t>(end), later);
-      }
+      closest.peak = walk_peak_(closest.index);
+      closest.walked = true;
+      std::push_heap(heap_.begin(), heap_.end(), later);
     }
   }
 
@@ -345,7 +297,6 @@ class ClosestToFitting {
   }
   std::vector<Ranking::OverMemory> heap_;
   std::function<int64_t(std::size_t)> walk_peak_;
-  std::size_t threads_;
 };
 
 }  // namespace
@@ -354,7 +305,7 @@ std::optional<int64_t> smallest_fitting_gpus(const SearchProblem& problem, const
                                              int64_t threads) {
   const int64_t limit = memory_limit_bytes(gpu, memory_fraction);
   const int64_t per_node = std::max<int64_t>(1, problem.gpus_per_node);
-  const int64_t workers = threads > 0 ? threads : std::max<int64_t>(1, std::thread::hardware_concurrency());
+  const int64_t workers = worker_count(threads);
   const ParametersPerGpuCache parameters(problem.model);
   SearchCaches caches;
   const auto doubled = [per_node](int64_t gpus) {
@@ -367,7 +318,7 @@ std::optional<int64_t> smallest_fitting_gpus(const SearchProblem& problem, const
     std::vector<ParallelPlan> candidates;
     try {
       validate_search_problem(wider);
-      candidates = enumerate_plans(wider);
+      candidates = enumerate_plans(wider, workers);
     } catch (const SpecError&) {
       continue;  // no layout of the space on this many GPUs (pins, the global batch)
     }
@@ -419,15 +370,10 @@ SearchResult search_plans(const ModelSpec& model, const GpuSpec& gpu, const std:
     }
     survivors.push_back({index, 0});
   }
-  require_at_most(options.threads, kMaxThreads, "--threads");
-  const int64_t threads =
-      options.threads > 0 ? options.threads : std::max<int64_t>(1, std::thread::hardware_concurrency());
+  const int64_t threads = worker_count(options.threads);
   // The bounds on the threads: a bound costs its plan's layers the first time they are met.
-  std::atomic<std::size_t> bounded{0};
-  run_workers(threads, [&](std::atomic<bool>& stop) {
-    for (std::size_t i = bounded.fetch_add(1); i < survivors.size() && !stop.load(); i = bounded.fetch_add(1)) {
-      survivors[i].bound = estimator.lower_bound_s(candidates[survivors[i].index]);
-    }
+  for_each_index(threads, survivors.size(), [&](std::size_t i) {
+    survivors[i].bound = estimator.lower_bound_s(candidates[survivors[i].index]);
   });
   std::sort(survivors.begin(), survivors.end(), [](const Candidate& a, const Candidate& b) {
     return a.bound != b.bound ? a.bound < b.bound : a.index < b.index;
@@ -475,31 +421,40 @@ SearchResult search_plans(const ModelSpec& model, const GpuSpec& gpu, const std:
     for (const Ranking::OverMemory& entry : ranking.over_memory()) {
       if (entry.bound < best) faster.push_back(entry);
     }
-    // Those closest to fitting first (the actionable ones), at most kOverMemoryTries estimates.
+    // Those closest to fitting first (the actionable ones), at most kOverMemoryTries estimates, taken
+    // in that order by the threads until the estimates done hold `top` faster than #1. A thread may
+    // have taken one more by then, so the list is the first `top` faster ones in that order: the
+    // same list whatever the thread count.
     const std::size_t tries = std::min(faster.size(), kOverMemoryTries);
-    ClosestToFitting closest_first(
-        std::move(faster), [&](std::size_t index) { return peak_memory(model, candidates[index], caches).first; },
-        threads);
-    // Costed a thread's worth at a time, kept in that order: the same list whatever the thread count.
-    for (std::size_t first = 0; first < tries && static_cast<int64_t>(result.over_memory.size()) < options.top;) {
-      const std::size_t count = std::min(tries - first, static_cast<std::size_t>(threads));
-      std::vector<Ranking::OverMemory> entries;
-      for (std::size_t i = 0; i < count; ++i) entries.push_back(closest_first.next());
-      std::vector<RankedPlan> batch(count);
-      std::atomic<std::size_t> taken{0};
-      run_workers(static_cast<int64_t>(count), [&](std::atomic<bool>& stop) {
-        for (std::size_t i = taken.fetch_add(1); i < count && !stop.load(); i = taken.fetch_add(1)) {
-          const Ranking::OverMemory& entry = entries[i];
-          const ParallelPlan& plan = candidates[entry.index];
-          batch[i] = {plan, estimator.estimate(plan, *caches.schedules.get(plan)), entry.peak, entry.bound};
+    const auto top = static_cast<std::size_t>(options.top);
+    ClosestToFitting closest_first(std::move(faster), [&](std::size_t index) {
+      return peak_memory(model, candidates[index], caches).first;
+    });
+    std::mutex taking;
+    std::vector<RankedPlan> tried(tries);
+    std::vector<bool> beats(tries, false);
+    std::size_t taken = 0;
+    std::size_t found = 0;
+    run_workers(threads, [&](std::atomic<bool>& stop) {
+      for (;;) {
+        std::size_t at = 0;
+        Ranking::OverMemory entry{};
+        {
+          const std::lock_guard<std::mutex> lock(taking);
+          if (stop.load() || taken == tries || found >= top) return;
+          entry = closest_first.next();
+          at = taken++;
         }
-      });
-      for (RankedPlan& ranked : batch) {
-        if (ranked.estimate.iteration_time_s < best && static_cast<int64_t>(result.over_memory.size()) < options.top) {
-          result.over_memory.push_back(std::move(ranked));
-        }
+        const ParallelPlan& plan = candidates[entry.index];
+        RankedPlan ranked{plan, estimator.estimate(plan, *caches.schedules.get(plan)), entry.peak, entry.bound};
+        const std::lock_guard<std::mutex> lock(taking);
+        beats[at] = ranked.estimate.iteration_time_s < best;
+        found += beats[at] ? 1 : 0;
+        tried[at] = std::move(ranked);
       }
-      first += count;
+    });
+    for (std::size_t at = 0; at < taken && result.over_memory.size() < top; ++at) {
+      if (beats[at]) result.over_memory.push_back(std::move(tried[at]));
     }
     std::stable_sort(result.over_memory.begin(), result.over_memory.end(),
                      [](const RankedPlan& a, const RankedPlan& b) {

@@ -2,6 +2,8 @@
 // final word on every plan.
 #include "planner/search_space.h"
 
+#include "planner/workers.h"
+
 #include <algorithm>
 #include <numeric>
 #include <string>
@@ -12,6 +14,7 @@
 #include "core/executor_support.h"
 #include "core/input_limits.h"
 #include "core/schedule/schedule_traits.h"
+#include "planner/workers.h"
 
 namespace megaplan::planner {
 
@@ -179,7 +182,7 @@ std::vector<SplitChoice> pipeline_splits(int64_t layers, int64_t pp) {
 
 }  // namespace
 
-std::vector<ParallelPlan> enumerate_plans(const SearchProblem& problem) {
+std::vector<ParallelPlan> enumerate_plans(const SearchProblem& problem, int64_t threads) {
   const SearchSpace& space = problem.space;
   const ModelSpec& model = problem.model;
   const std::vector<RecomputeGranularity> recomputes = or_all(
@@ -237,11 +240,6 @@ std::vector<ParallelPlan> enumerate_plans(const SearchProblem& problem) {
                   plan.schedule = schedule;
                   plan.implementation = space.implementation;
                   plan.options = space.options;
-                  try {
-                    validate_plan(model, plan);  // the final word
-                  } catch (const SpecError&) {
-                    continue;
-                  }
                   plans.push_back(plan);
                 }
               }
@@ -251,6 +249,23 @@ std::vector<ParallelPlan> enumerate_plans(const SearchProblem& problem) {
       }
     }
   }
+  // validate_plan has the final word, on the threads: it is most of the enumeration's time.
+  constexpr std::size_t kChunk = 4096;
+  std::vector<char> legal(plans.size(), 0);
+  for_each_index(threads, (plans.size() + kChunk - 1) / kChunk, [&](std::size_t chunk) {
+    for (std::size_t i = chunk * kChunk; i < std::min(plans.size(), (chunk + 1) * kChunk); ++i) {
+      try {
+        validate_plan(model, plans[i]);
+        legal[i] = 1;
+      } catch (const SpecError&) {
+      }
+    }
+  });
+  std::size_t kept = 0;
+  for (std::size_t i = 0; i < plans.size(); ++i) {
+    if (legal[i]) plans[kept++] = plans[i];
+  }
+  plans.resize(kept);
   return plans;
 }
 

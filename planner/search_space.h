@@ -49,7 +49,8 @@ void validate_search_problem(const SearchProblem& problem);
 // tp, pp, cp, vpp, mbs, recompute, sequence parallel, distributed optimizer, schedule. With pp = 1
 // only 1f1b is listed (the other schedules degenerate to it); gpipe only when listed; under a
 // Megatron-LM implementation only its own schedules. Sequence parallelism is off where tp = 1, and
-// the distributed optimizer off where dp x cp = 1 (it would shard over nothing).
-std::vector<ParallelPlan> enumerate_plans(const SearchProblem& problem);
+// the distributed optimizer off where dp x cp = 1 (it would shard over nothing). Validated on
+// `threads` threads (planner/workers.h); the list does not depend on their count.
+std::vector<ParallelPlan> enumerate_plans(const SearchProblem& problem, int64_t threads = 1);
 
 }  // namespace megaplan::planner

@@ -536,6 +536,12 @@ double Profile::memory_kernel_seconds(const std::string& kernel_class, int64_t b
 }
 
 double Profile::kernel_seconds(const Kernel& kernel, CostSources& sources) const {
+  return kernel_answers_.get(kernel, sources, [this](const Kernel& k, CostSources& counted) {
+    return unremembered_kernel_seconds(k, counted);
+  });
+}
+
+double Profile::unremembered_kernel_seconds(const Kernel& kernel, CostSources& sources) const {
   switch (kernel.kind) {
     case KernelKind::kGemm: {
       // A strided-batched GEMM as one GEMM of all its rows: the same FLOPs and operand tiles.

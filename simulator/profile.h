@@ -20,6 +20,8 @@
 #include "core/dtype.h"
 #include "core/gemm.h"
 #include "core/kernel_list.h"
+#include "simulator/cost_sources.h"
+#include "simulator/kernel_seconds_memo.h"
 #include "simulator/overlap.h"
 
 namespace megaplan::sim {
@@ -28,12 +30,6 @@ enum class LinkKind : uint8_t { kNvlink, kNetwork };
 // Whether a profile holds measured tables (`megaplan profile`), another GPU's measured tables
 // carried over to this one (profile_transfer.h), or only datasheet rates.
 enum class ProfileKind : uint8_t { kMeasured, kTransferred, kDatasheet };
-
-// Where kernel and transfer times came from: a measured table, or the roofline / link fallback.
-struct CostSources {
-  int64_t table = 0;
-  int64_t fallback = 0;
-};
 
 // A link as the cluster spec describes it, for the fallback: per direction, per GPU.
 struct LinkParams {
@@ -144,7 +140,8 @@ class Profile {
   // (kernel_bytes): its class's measured curve; without one the `elementwise` table, then the
   // measured residual add's curve (a streaming pass like any), then the roofline.
   double memory_kernel_seconds(const std::string& kernel_class, int64_t bytes, CostSources& sources) const;
-  // Any kernel of core's lists, with bf16 activations. Attention is causal.
+  // Any kernel of core's lists, with bf16 activations. Attention is causal. Each distinct kernel is
+  // looked up once and its answer remembered (simulator/kernel_seconds_memo.h); safe from threads.
   double kernel_seconds(const Kernel& kernel, CostSources& sources) const;
   // NCCL's cost: `bytes` is the buffer (all-reduce: the whole tensor; all-gather: the gathered
   // output; reduce-scatter: the input; all-to-all: one rank's send buffer), moved as
@@ -180,6 +177,8 @@ class Profile {
     bool operator==(const Curve&) const = default;
   };
 
+  // kernel_seconds without the memo.
+  double unremembered_kernel_seconds(const Kernel& kernel, CostSources& sources) const;
   double shape_lookup(const std::vector<ShapePoint>& points, const std::array<double, 3>& log_shape, double flops,
                       double floor_s) const;
   double roofline(double flops, double peak, double max_efficiency, double half_flops, double bytes) const;
@@ -218,6 +217,8 @@ class Profile {
   SlowdownTable compute_slowdown_;
   SlowdownTable collective_slowdown_;
   static double slowdown_lookup(const SlowdownTable& table, CollectiveOp op, int64_t group_size, LinkKind link);
+  // kernel_seconds' answers so far.
+  KernelSecondsMemo kernel_answers_;
   // Visits every field in one order, for to_bytes and from_bytes.
   template <typename Profile_, typename Visit>
   static void visit_fields(Profile_& profile, Visit&& visit);

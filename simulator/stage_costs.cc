@@ -24,9 +24,10 @@ constexpr int64_t kBf16 = 2;
 LinkKind kind_of(const Route& route) { return route.crosses_nodes ? LinkKind::kNetwork : LinkKind::kNvlink; }
 LinkParams params_of(const Route& route) { return {route.bandwidth_bytes_per_s, route.latency_s}; }
 
-// The profile's answer for each distinct kernel of one plan's lists, looked up once: a layer's
-// blocks share most of their kernels, and the ring's steps repeat theirs. Each use counts its
-// lookup's sources as a lookup of its own would.
+// The profile's answer for each distinct kernel of one plan's lists, asked once: a layer's blocks
+// share most of their kernels, and the ring's steps repeat theirs (the profile's own memo is shared
+// by a search's threads, behind a lock). Each use counts its lookup's sources as a lookup of its
+// own would.
 class KernelCosts {
  public:
   KernelCosts(const Profile& profile, CostSources& sources) : profile_(profile), sources_(sources) {}

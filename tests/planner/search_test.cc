@@ -103,6 +103,12 @@ TEST_CASE("enumeration lists exactly the legal plans, less the documented duplic
   CHECK(got == want);
   // Context parallelism among them (megaplan's executor runs it, the simulator costs its ring).
   CHECK(std::any_of(plans.begin(), plans.end(), [](const ParallelPlan& p) { return p.context_parallel_size > 1; }));
+  // Validated on threads, the same list in the same order.
+  for (const int64_t threads : {2, 3}) {
+    const std::vector<ParallelPlan> threaded = megaplan::planner::enumerate_plans(problem, threads);
+    REQUIRE(threaded.size() == plans.size());
+    for (std::size_t i = 0; i < plans.size(); ++i) CHECK(key(threaded[i]) == key(plans[i]));
+  }
 }
 
 TEST_CASE("pins and lists narrow the enumeration", "[planner]") {
@@ -235,12 +241,15 @@ TEST_CASE("faster layouts refused on memory are costed and listed, whatever the 
     CHECK(over.estimate.iteration_time_s == estimator.estimate(over.plan).iteration_time_s);
     if (i > 0) CHECK(over.estimate.iteration_time_s >= result.over_memory[i - 1].estimate.iteration_time_s);
   }
-  options.threads = 2;
-  const megaplan::planner::SearchResult threaded =
-      megaplan::planner::search_plans(problem.model, cluster.gpu, candidates, estimator, options);
-  REQUIRE(threaded.over_memory.size() == result.over_memory.size());
-  for (std::size_t i = 0; i < result.over_memory.size(); ++i) {
-    CHECK(key(threaded.over_memory[i].plan) == key(result.over_memory[i].plan));
+  // More threads than the list needs take estimates ahead; the list stays the one thread's.
+  for (const int64_t threads : {2, 4, 8}) {
+    options.threads = threads;
+    const megaplan::planner::SearchResult threaded =
+        megaplan::planner::search_plans(problem.model, cluster.gpu, candidates, estimator, options);
+    REQUIRE(threaded.over_memory.size() == result.over_memory.size());
+    for (std::size_t i = 0; i < result.over_memory.size(); ++i) {
+      CHECK(key(threaded.over_memory[i].plan) == key(result.over_memory[i].plan));
+    }
   }
 }
 

@@ -3,9 +3,12 @@
 // from the test profile's round constants.
 #include <catch2/catch.hpp>
 
+#include <atomic>
 #include <cmath>
 #include <string>
+#include <thread>
 #include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -119,6 +122,49 @@ TEST_CASE("GEMM tables: exact hits win, other shapes blend throughput in log spa
   // No fp32 entry: the roofline, counted as such.
   CHECK(profile.gemm_seconds(1024, 1024, 1024, DType::kFloat32, sources) > 0);
   CHECK(sources.fallback == 1);
+}
+
+TEST_CASE("a kernel asked again gets the same answer and counts its sources again, from any thread",
+          "[simulator][profile]") {
+  nlohmann::json json = base_profile();
+  json["gemm"] = {{{"m", 4096}, {"n", 1024}, {"k", 1024}, {"dtype", "bf16"}, {"seconds", 2e-5}},
+                  {{"m", 1024}, {"n", 1024}, {"k", 1024}, {"dtype", "bf16"}, {"seconds", 1e-5}}};
+  const Profile profile = Profile::from_json(json, "p.json");
+  const megaplan::Kernel between = megaplan::gemm_kernel(megaplan::GemmLayout::kForward,
+                                                         megaplan::GemmEpilogue::kNone, 3000, 1024, 1024);
+  const megaplan::Kernel fp32 = [] {
+    megaplan::Kernel kernel = megaplan::gemm_kernel(megaplan::GemmLayout::kForward, megaplan::GemmEpilogue::kNone,
+                                                    1024, 1024, 1024);
+    kernel.precision = DType::kFloat32;  // no fp32 table: the roofline
+    return kernel;
+  }();
+  CostSources direct;
+  const double interpolated = profile.gemm_seconds(3000, 1024, 1024, DType::kBFloat16, direct);
+  const double roofline = profile.gemm_seconds(1024, 1024, 1024, DType::kFloat32, direct);
+  // Asked from four threads at once, twice each: every answer the direct lookup's, every source counted.
+  std::vector<CostSources> counted(4);
+  std::vector<std::thread> threads;
+  std::atomic<int> wrong{0};
+  for (CostSources& sources : counted) {
+    threads.emplace_back([&] {
+      for (int round = 0; round < 2; ++round) {
+        if (profile.kernel_seconds(between, sources) != interpolated) wrong.fetch_add(1);
+        if (profile.kernel_seconds(fp32, sources) != roofline) wrong.fetch_add(1);
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  CHECK(wrong.load() == 0);
+  for (const CostSources& sources : counted) {
+    CHECK(sources.table == 2);
+    CHECK(sources.fallback == 2);
+  }
+  // A copy answers alike (it starts without the original's answers) and equals it.
+  const Profile copy = profile;
+  CostSources copied;
+  CHECK(copy.kernel_seconds(between, copied) == interpolated);
+  CHECK(copied.table == 1);
+  CHECK(copy == profile);
 }
 
 TEST_CASE("attention tables by GQA ratio: the nearest ratio in log2 answers, the larger on a tie",
