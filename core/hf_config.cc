@@ -42,6 +42,56 @@ void read_rope_scaling(JsonFieldReader& reader, const std::string& key, ModelSpe
   scaling.require("original_max_position_embeddings", spec.rope_scaling.original_max_position_embeddings);
 }
 
+// Keys that change the architecture in ways megaplan does not model, whatever model_type says (a
+// Mixtral config without model_type, or named "mistral", must not read as a dense model): present
+// and not null, false or 0, each is refused naming the key and the feature.
+struct UnmodelledKey {
+  const char* key;
+  const char* feature;
+};
+constexpr UnmodelledKey kUnmodelledKeys[] = {
+    {"num_local_experts", "mixture of experts (Mixtral's) is not modelled yet (issue 40)"},
+    {"num_experts", "mixture of experts (Qwen's) is not modelled yet (issue 40)"},
+    {"n_routed_experts", "mixture of experts (DeepSeek's) is not modelled yet (issue 40)"},
+    {"num_experts_per_tok", "mixture of experts (top-k routing) is not modelled yet (issue 40)"},
+    {"moe_intermediate_size", "mixture of experts (experts' width) is not modelled yet (issue 40)"},
+    {"shared_expert_intermediate_size", "mixture of experts (a shared expert) is not modelled yet (issue 40)"},
+    {"n_shared_experts", "mixture of experts (shared experts) is not modelled yet (issue 40)"},
+    {"q_lora_rank", "multi-head latent attention (DeepSeek's MLA) is not modelled"},
+    {"kv_lora_rank", "multi-head latent attention (DeepSeek's MLA) is not modelled"},
+    {"mlp_bias", "biases on the MLP's projections are not modelled for the Llama family"},
+};
+
+bool is_set(const nlohmann::json& value) {
+  if (value.is_null()) return false;
+  if (value.is_boolean()) return value.get<bool>();
+  if (value.is_number()) return value.get<double>() != 0;
+  return true;
+}
+
+void refuse_unmodelled_keys(const nlohmann::json& json, JsonFieldReader& reader) {
+  for (const UnmodelledKey& unmodelled : kUnmodelledKeys) {
+    if (const auto found = json.find(unmodelled.key); found != json.end() && is_set(*found)) {
+      throw SpecError(
+          reader.field(unmodelled.key),
+          std::string(unmodelled.feature) + "; this config's model is not the dense decoder megaplan would read it as");
+    }
+  }
+  // A sliding window shorter than the context attends less than megaplan's causal attention over the
+  // whole sequence (Mistral v0.1's 4096 of 32768); Qwen2's applies only with use_sliding_window.
+  const auto window = json.find("sliding_window");
+  if (window == json.end() || !window->is_number() ||
+      (json.contains("use_sliding_window") && !is_set(json["use_sliding_window"])))
+    return;
+  const auto context = json.find("max_position_embeddings");
+  if (context != json.end() && context->is_number() && window->get<double>() >= context->get<double>()) return;
+  throw SpecError(reader.field("sliding_window"),
+                  "sliding-window attention is not modelled (megaplan attends over the whole sequence): " +
+                      window->dump() + " tokens against max_position_embeddings " +
+                      (context != json.end() ? context->dump() : std::string("(absent)")) +
+                      "; a window as long as the context (or null) is whole-sequence attention");
+}
+
 ModelSpec from_llama_family(JsonFieldReader& reader, const std::string& type) {
   std::string activation = "silu";
   reader.read("hidden_act", activation);
@@ -112,6 +162,7 @@ ModelSpec model_spec_from_hf_config(const nlohmann::json& json, const std::strin
   // HF configs hold many fields megaplan does not model: unknown keys are fine here (no
   // reject_unknown_keys), but the fields read must have the right types.
   JsonFieldReader reader(json, source);
+  refuse_unmodelled_keys(json, reader);
   const std::string type = model_type_of(reader);
   ModelSpec spec;
   if (type == "llama" || type == "mistral" || type == "qwen2") {

@@ -610,6 +610,12 @@ grep -q '^note: --gbs not given: the global batch is 1 (mbs 1 x dp 1' "$scratch/
 expect_ok describe --model "$scratch/llama31-config.json" --cluster h200-x2 --tp 2 --seq-length 8192 --gbs 8
 [ ! -s "$scratch/err" ] || fail "notes without cause: $(cat "$scratch/err")"
 
+# A Mixtral config named "mistral" is not a dense Llama (issue 40 until MoE is modelled; issue 42's finding 1).
+sed 's/"model_type": "llama"/"model_type": "mistral", "num_local_experts": 8, "num_experts_per_tok": 2/' \
+  "$examples/hf/llama3-8b-config.json" >"$scratch/mixtral-config.json"
+expect_error "error: $scratch/mixtral-config.json: num_local_experts: mixture of experts \\(Mixtral's\\) is not modelled yet" \
+  describe --model "$scratch/mixtral-config.json" --cluster h200-x2
+
 # Uneven stages: Llama 3.1 405B's 126 layers plan on 1024 H100s with pp >= 8 (issue 17's acceptance),
 # and the emitted Megatron arguments carry the split.
 expect_ok search --model llama3.1-405b --cluster dgx-h100 --gpus 1024 --gbs 2048 --seq-length 8192 --top 3 --threads 2 \

@@ -84,6 +84,50 @@ TEST_CASE("unsupported or broken HF configs name the field", "[hf_config]") {
   CHECK_FALSE(megaplan::is_hf_config(nlohmann::json{{"num_layers", 2}}));
 }
 
+TEST_CASE("keys of an architecture megaplan does not model are refused whatever model_type says", "[hf_config]") {
+  const nlohmann::json dense = {{"num_hidden_layers", 2},   {"hidden_size", 64},
+                                {"intermediate_size", 128}, {"num_attention_heads", 4},
+                                {"num_key_value_heads", 2}, {"max_position_embeddings", 32768},
+                                {"vocab_size", 512},        {"hidden_act", "silu"}};
+  const auto with = [&](const nlohmann::json& extra) {
+    nlohmann::json config = dense;
+    config.update(extra);
+    return config;
+  };
+  // Mixtral named "mistral", or with no model_type at all, and Qwen3-MoE: not dense Llamas.
+  CHECK_THROWS_WITH(
+      megaplan::model_spec_from_hf_config(with({{"model_type", "mistral"}, {"num_local_experts", 8}}), "c.json"),
+      Contains("c.json: num_local_experts: mixture of experts (Mixtral's) is not modelled yet"));
+  CHECK_THROWS_WITH(
+      megaplan::model_spec_from_hf_config(with({{"num_local_experts", 8}, {"num_experts_per_tok", 2}}), "c.json"),
+      Contains("c.json: num_local_experts: mixture of experts"));
+  CHECK_THROWS_WITH(
+      megaplan::model_spec_from_hf_config(with({{"num_experts", 128}, {"moe_intermediate_size", 768}}), "c.json"),
+      Contains("c.json: num_experts: mixture of experts (Qwen's)"));
+  CHECK_THROWS_WITH(
+      megaplan::model_spec_from_hf_config(with({{"model_type", "llama"}, {"kv_lora_rank", 512}}), "c.json"),
+      Contains("c.json: kv_lora_rank: multi-head latent attention (DeepSeek's MLA) is not modelled"));
+  CHECK_THROWS_WITH(megaplan::model_spec_from_hf_config(with({{"model_type", "llama"}, {"mlp_bias", true}}), "c.json"),
+                    Contains("c.json: mlp_bias: biases on the MLP's projections"));
+  // Mistral v0.1's window of 4096 of a 32768 context; null, as long as the context, or Qwen2's
+  // window with use_sliding_window off are whole-sequence attention.
+  CHECK_THROWS_WITH(
+      megaplan::model_spec_from_hf_config(with({{"model_type", "mistral"}, {"sliding_window", 4096}}), "c.json"),
+      Contains("c.json: sliding_window: sliding-window attention is not modelled"));
+  for (const nlohmann::json& extra :
+       {nlohmann::json{{"model_type", "mistral"}, {"sliding_window", nullptr}},
+        nlohmann::json{{"model_type", "mistral"}, {"sliding_window", 32768}},
+        nlohmann::json{{"model_type", "qwen2"}, {"sliding_window", 4096}, {"use_sliding_window", false}},
+        nlohmann::json{{"model_type", "llama"}, {"mlp_bias", false}, {"num_experts", 0}}}) {
+    INFO(extra.dump());
+    CHECK(megaplan::model_spec_from_hf_config(with(extra), "c.json").num_layers == 2);
+  }
+  CHECK_THROWS_WITH(
+      megaplan::model_spec_from_hf_config(
+          with({{"model_type", "qwen2"}, {"sliding_window", 4096}, {"use_sliding_window", true}}), "c.json"),
+      Contains("c.json: sliding_window"));
+}
+
 TEST_CASE("Llama 3.1's rope_scaling imports; other kinds are refused naming the field", "[hf_config]") {
   nlohmann::json config = nlohmann::json::parse(R"({"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64,
     "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256,
