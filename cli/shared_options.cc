@@ -64,6 +64,18 @@ void add_model_options(CLI::App& command, ModelOptions& options) {
       ->group(group);
   command.add_flag("--disable-bias-linear", options.disable_bias_linear, "No biases in linear layers")->group(group);
   command.add_flag("--add-qkv-bias", options.add_qkv_bias, "QKV bias even with --disable-bias-linear")->group(group);
+  command
+      .add_option("--num-experts", options.num_experts,
+                  "Mixture of experts in every layer: described (describe), not yet simulated or trained")
+      ->group(group);
+  command.add_option("--moe-ffn-hidden-size", options.moe_ffn_hidden_size, "Each expert's width (default the MLP's)")
+      ->group(group);
+  command.add_option("--moe-router-topk", options.moe_router_topk, "Experts each token is routed to (default 2)")
+      ->group(group);
+  command
+      .add_option("--moe-shared-expert-intermediate-size", options.moe_shared_expert_intermediate_size,
+                  "A shared expert of this width (default none)")
+      ->group(group);
 }
 
 void add_cluster_options(CLI::App& command, ClusterOptions& options) {

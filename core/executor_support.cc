@@ -15,6 +15,7 @@ SpecError missing(const std::string& flag, const std::string& what) {
 }  // namespace
 
 std::optional<SpecError> executor_model_refusal(const ModelSpec& model) {
+  if (model.moe.enabled()) return experts_not_built();
   // GELU rides on fc1's bias epilogue (core/kernel_list.h lists no GELU of its own).
   if (!model.swiglu && !model.add_bias_linear) return missing("--disable-bias-linear", "GELU without biases");
   if (model.normalization == Normalization::kLayerNorm && model.norm_epsilon != 1e-5) {

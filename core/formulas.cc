@@ -18,6 +18,37 @@ int64_t position_embedding_parameters(const ModelSpec& model) {
              : 0;
 }
 
+// One MLP of width `ffn`: fc1 (two halves with SwiGLU) and fc2, with their biases where the model
+// has linear biases. Column-parallel fc1 is sharded with its bias; row-parallel fc2's weight is
+// sharded and its bias replicated.
+struct MlpParameters {
+  int64_t total = 0;
+  int64_t sharded = 0;
+  int64_t replicated = 0;
+};
+MlpParameters mlp_parameters(const ModelSpec& model, int64_t ffn) {
+  const int64_t h = model.hidden_size;
+  const int64_t ffn_in = (model.swiglu ? 2 : 1) * ffn;
+  const int64_t fc1_bias = model.add_bias_linear ? ffn_in : 0;
+  const int64_t fc2_bias = model.add_bias_linear ? h : 0;
+  return {h * ffn_in + fc1_bias + ffn * h + fc2_bias, h * ffn_in + fc1_bias + ffn * h, fc2_bias};
+}
+
+// A layer's MLP: the dense one, or with experts the router (replicated: Megatron's router is no
+// tensor-parallel layer), every expert (sharded over tp, Megatron's default expert tensor
+// parallelism) and the shared expert.
+MlpParameters layer_mlp_parameters(const ModelSpec& model) {
+  if (!model.moe.enabled()) return mlp_parameters(model, model.effective_ffn_hidden_size());
+  const MlpParameters expert = mlp_parameters(model, model.effective_moe_ffn_hidden_size());
+  const MlpParameters shared = model.moe.shared_expert_intermediate_size > 0
+                                   ? mlp_parameters(model, model.moe.shared_expert_intermediate_size)
+                                   : MlpParameters{};
+  const int64_t experts = model.moe.num_experts;
+  const int64_t router = experts * model.hidden_size;
+  return {experts * expert.total + shared.total + router, experts * expert.sharded + shared.sharded,
+          experts * expert.replicated + shared.replicated + router};
+}
+
 }  // namespace
 
 int64_t mlp_input_width(const ModelSpec& model) {
@@ -28,22 +59,19 @@ int64_t mlp_input_width(const ModelSpec& model) {
 LayerParameters transformer_layer_parameters(const ModelSpec& model) {
   const int64_t h = model.hidden_size;
   const int64_t qkv_width = model.query_projection_size() + 2 * model.kv_projection_size();
-  const int64_t ffn_in = mlp_input_width(model);
-  const int64_t ffn = model.effective_ffn_hidden_size();
   const bool bias = model.add_bias_linear;
 
   LayerParameters layer;
-  // Column-parallel (sharded with their biases): QKV and fc1. Row-parallel (weight sharded,
-  // bias replicated): output projection and fc2.
+  // Column-parallel (sharded with its bias): QKV. Row-parallel (weight sharded, bias replicated):
+  // the output projection.
   const int64_t qkv_bias = bias || model.add_qkv_bias ? qkv_width : 0;
   const int64_t projection_bias = bias ? h : 0;
-  const int64_t fc1_bias = bias ? ffn_in : 0;
-  const int64_t fc2_bias = bias ? h : 0;
+  const MlpParameters mlp = layer_mlp_parameters(model);
   layer.attention = h * qkv_width + qkv_bias + model.query_projection_size() * h + projection_bias;
-  layer.mlp = h * ffn_in + fc1_bias + ffn * h + fc2_bias;
+  layer.mlp = mlp.total;
   layer.norms = 2 * norm_parameters(model);
-  layer.sharded = h * qkv_width + qkv_bias + model.query_projection_size() * h + h * ffn_in + fc1_bias + ffn * h;
-  layer.replicated = projection_bias + fc2_bias + layer.norms;
+  layer.sharded = h * qkv_width + qkv_bias + model.query_projection_size() * h + mlp.sharded;
+  layer.replicated = projection_bias + mlp.replicated + layer.norms;
   return layer;
 }
 
@@ -52,6 +80,13 @@ int64_t total_parameters(const ModelSpec& model, int64_t tensor_parallel_size) {
   const int64_t output_layer = model.untie_embeddings_and_output_weights ? word_embedding : 0;
   return model.num_layers * transformer_layer_parameters(model).total() + word_embedding +
          position_embedding_parameters(model) + norm_parameters(model) + output_layer;
+}
+
+int64_t active_parameters(const ModelSpec& model, int64_t tensor_parallel_size) {
+  const int64_t total = total_parameters(model, tensor_parallel_size);
+  if (!model.moe.enabled()) return total;
+  const int64_t idle = model.moe.num_experts - model.moe.effective_router_topk();
+  return total - model.num_layers * idle * mlp_parameters(model, model.effective_moe_ffn_hidden_size()).total;
 }
 
 StageParameters stage_parameters(const ModelSpec& model, const ParallelPlan& plan, int64_t stage) {
@@ -126,7 +161,14 @@ double model_flops(const ModelSpec& model, int64_t batch_size, int64_t padded_vo
   const double heads = static_cast<double>(model.num_attention_heads);
   const double groups = static_cast<double>(model.effective_num_query_groups());
   const double query_ratio = static_cast<double>(model.query_projection_size()) / h;
-  const double mlp_ratio = static_cast<double>(model.effective_ffn_hidden_size()) / h;
+  // With experts, each token passes through its top k and the shared expert (Megatron's count;
+  // the router's small GEMM is not counted).
+  const double mlp_width =
+      model.moe.enabled()
+          ? static_cast<double>(model.effective_moe_ffn_hidden_size() * model.moe.effective_router_topk() +
+                                model.moe.shared_expert_intermediate_size)
+          : static_cast<double>(model.effective_ffn_hidden_size());
+  const double mlp_ratio = mlp_width / h;
   const double gated_multiplier = model.swiglu ? 1.5 : 1.0;
   const double vocab = static_cast<double>(padded_vocab_size);
   // 12 = 3 (forward + backward) x 2 (FLOPs per multiply-add) x 2 (two GEMMs per block).

@@ -18,7 +18,8 @@ namespace megaplan {
 // sits whole on every tp rank (norms, row-parallel biases).
 struct LayerParameters {
   int64_t attention = 0;  // QKV and output projection, weights and biases
-  int64_t mlp = 0;        // fc1 (two halves with SwiGLU) and fc2, weights and biases
+  int64_t mlp = 0;        // fc1 (two halves with SwiGLU) and fc2, weights and biases; with experts,
+                          // the router, every expert and the shared expert
   int64_t norms = 0;      // the two pre-norms
   int64_t sharded = 0;
   int64_t replicated = 0;
@@ -33,6 +34,9 @@ LayerParameters transformer_layer_parameters(const ModelSpec& model);
 // vocabulary padded for `tensor_parallel_size` as Megatron pads it.
 // REQUIRES: validate_model_spec(model) passed.
 int64_t total_parameters(const ModelSpec& model, int64_t tensor_parallel_size = 1);
+// The parameters one token passes through: total_parameters less, with experts, every layer's
+// experts outside its top k.
+int64_t active_parameters(const ModelSpec& model, int64_t tensor_parallel_size = 1);
 
 // Parameters held by one pipeline rank. With tied embeddings and more than one rank, the last
 // stage keeps its own copy of the word embeddings for the output layer (Megatron's embedding

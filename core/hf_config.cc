@@ -1,5 +1,6 @@
 // Hugging Face config.json import. Field names follow transformers' LlamaConfig, MistralConfig,
-// Qwen2Config and GPT2Config; defaults are those classes' defaults where the file omits a field.
+// MixtralConfig, Qwen2Config and GPT2Config; defaults are those classes' defaults where the file
+// omits a field.
 #include "core/hf_config.h"
 
 #include <nlohmann/json.hpp>
@@ -50,7 +51,6 @@ struct UnmodelledKey {
   const char* feature;
 };
 constexpr UnmodelledKey kUnmodelledKeys[] = {
-    {"num_local_experts", "mixture of experts (Mixtral's) is not modelled yet (issue 40)"},
     {"num_experts", "mixture of experts (Qwen's) is not modelled yet (issue 40)"},
     {"n_routed_experts", "mixture of experts (DeepSeek's) is not modelled yet (issue 40)"},
     {"num_experts_per_tok", "mixture of experts (top-k routing) is not modelled yet (issue 40)"},
@@ -69,8 +69,15 @@ bool is_set(const nlohmann::json& value) {
   return true;
 }
 
-void refuse_unmodelled_keys(const nlohmann::json& json, JsonFieldReader& reader) {
+// Mixtral's experts (MixtralConfig: num_local_experts, num_experts_per_tok), whatever the type says.
+bool has_mixtral_experts(const nlohmann::json& json, const std::string& type) {
+  const auto experts = json.find("num_local_experts");
+  return type == "mixtral" || (experts != json.end() && is_set(*experts));
+}
+
+void refuse_unmodelled_keys(const nlohmann::json& json, JsonFieldReader& reader, bool mixtral) {
   for (const UnmodelledKey& unmodelled : kUnmodelledKeys) {
+    if (mixtral && std::string_view(unmodelled.key) == "num_experts_per_tok") continue;  // Mixtral's top k
     if (const auto found = json.find(unmodelled.key); found != json.end() && is_set(*found)) {
       throw SpecError(
           reader.field(unmodelled.key),
@@ -162,15 +169,24 @@ ModelSpec model_spec_from_hf_config(const nlohmann::json& json, const std::strin
   // HF configs hold many fields megaplan does not model: unknown keys are fine here (no
   // reject_unknown_keys), but the fields read must have the right types.
   JsonFieldReader reader(json, source);
-  refuse_unmodelled_keys(json, reader);
   const std::string type = model_type_of(reader);
+  const bool mixtral = has_mixtral_experts(json, type);
+  refuse_unmodelled_keys(json, reader, mixtral);
   ModelSpec spec;
-  if (type == "llama" || type == "mistral" || type == "qwen2") {
+  if (type == "llama" || type == "mistral" || type == "mixtral" || type == "qwen2") {
     spec = from_llama_family(reader, type);
   } else if (type == "gpt2") {
     spec = from_gpt2(reader);
   } else {
-    throw SpecError(reader.field("model_type"), "unsupported \"" + type + "\"; supported: llama, mistral, qwen2, gpt2");
+    throw SpecError(reader.field("model_type"),
+                    "unsupported \"" + type + "\"; supported: llama, mistral, mixtral, qwen2, gpt2");
+  }
+  if (mixtral) {  // every MLP Mixtral's experts of intermediate_size (MixtralConfig's defaults 8 and 2)
+    spec.moe.num_experts = 8;
+    spec.moe.router_topk = 2;
+    reader.read("num_local_experts", spec.moe.num_experts);
+    reader.read("num_experts_per_tok", spec.moe.router_topk);
+    spec.moe.ffn_hidden_size = spec.ffn_hidden_size;
   }
   reader.read("_name_or_path", spec.name);
   if (spec.name.empty()) spec.name = source;

@@ -22,6 +22,7 @@ struct InputLimit {
 inline constexpr InputLimit kMaxLayers{4096, "more than any model, and stage costs multiply it"};
 inline constexpr InputLimit kMaxHiddenSize{1 << 20, "parameter counts multiply its square"};
 inline constexpr InputLimit kMaxHeads{1 << 14, "attention costs multiply it"};
+inline constexpr InputLimit kMaxExperts{1 << 14, "parameter counts multiply it"};
 inline constexpr InputLimit kMaxSequenceLength{1 << 24, "activation sizes multiply it"};
 inline constexpr InputLimit kMaxVocabulary{1 << 24, "embedding sizes multiply it"};
 // Cluster and layout (the largest training clusters hold ~10^5 GPUs).

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <tuple>
 
 #include "core/checked_math.h"
 #include "core/hf_config.h"
@@ -63,6 +64,16 @@ constexpr IntegerFlag kIntegerModelFlags[] = {
     {&ModelOptions::vocab_size, &ModelSpec::vocab_size},
     {&ModelOptions::make_vocab_size_divisible_by, &ModelSpec::make_vocab_size_divisible_by}};
 
+// The experts' flags and their fields of ModelSpec::moe; each given must be at least 1 (0 is no
+// "unset": leave the flag out).
+using MoeFlag = std::tuple<std::optional<int64_t> ModelOptions::*, int64_t MoeSpec::*, const char*>;
+constexpr MoeFlag kMoeFlags[] = {
+    {&ModelOptions::num_experts, &MoeSpec::num_experts, "--num-experts"},
+    {&ModelOptions::moe_ffn_hidden_size, &MoeSpec::ffn_hidden_size, "--moe-ffn-hidden-size"},
+    {&ModelOptions::moe_router_topk, &MoeSpec::router_topk, "--moe-router-topk"},
+    {&ModelOptions::moe_shared_expert_intermediate_size, &MoeSpec::shared_expert_intermediate_size,
+     "--moe-shared-expert-intermediate-size"}};
+
 }  // namespace
 
 bool model_flags_given(const ModelOptions& options) {
@@ -70,6 +81,8 @@ bool model_flags_given(const ModelOptions& options) {
                                           &options.rope_scaling_factor};
   return std::any_of(std::begin(kIntegerModelFlags), std::end(kIntegerModelFlags),
                      [&](const IntegerFlag& flag) { return (options.*flag.first).has_value(); }) ||
+         std::any_of(std::begin(kMoeFlags), std::end(kMoeFlags),
+                     [&](const MoeFlag& flag) { return (options.*std::get<0>(flag)).has_value(); }) ||
          std::any_of(std::begin(reals), std::end(reals), [](const auto* flag) { return flag->has_value(); }) ||
          options.normalization || options.position_embedding_type || options.swiglu || options.group_query_attention ||
          options.use_rope_scaling || options.untie_embeddings_and_output_weights || options.disable_bias_linear ||
@@ -123,6 +136,14 @@ ModelSpec resolve_model(const ModelOptions& options) {
 ModelSpec apply_model_flags(ModelSpec spec, const ModelOptions& options) {
   for (const auto& [flag, field] : kIntegerModelFlags) {
     if (options.*flag) spec.*field = *(options.*flag);
+  }
+  for (const auto& [flag, field, name] : kMoeFlags) {
+    if (!(options.*flag)) continue;
+    if (*(options.*flag) < 1) {
+      throw SpecError(name, "must be at least 1, got " + std::to_string(*(options.*flag)) +
+                                (field == &MoeSpec::num_experts ? " (leave it out for a dense model)" : ""));
+    }
+    spec.moe.*field = *(options.*flag);
   }
   // Megatron's --num-query-groups defaults to 1 under --group-query-attention.
   if (options.group_query_attention && !options.num_query_groups) spec.num_query_groups = 1;

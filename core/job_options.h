@@ -22,6 +22,8 @@ struct ModelOptions {
       seq_length, max_position_embeddings, vocab_size, make_vocab_size_divisible_by;
   std::optional<std::string> normalization, position_embedding_type;
   std::optional<double> norm_epsilon, rotary_base, rotary_percent, rope_scaling_factor;
+  // Mixture of experts (ModelSpec::moe): described, not yet costed or run (issue 40).
+  std::optional<int64_t> num_experts, moe_ffn_hidden_size, moe_router_topk, moe_shared_expert_intermediate_size;
   bool swiglu = false;
   bool group_query_attention = false;
   bool use_rope_scaling = false;

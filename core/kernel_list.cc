@@ -276,6 +276,7 @@ RingAttentionPasses ring_attention_passes(int64_t cp, int64_t key_value_bytes,
 
 PlanKernels::PlanKernels(const ModelSpec& model, const ParallelPlan& plan, int64_t tensor_parallel_rank)
     : model_(model), plan_(plan) {
+  require_dense_layers(model);  // both implementations' lists are of dense layers
   if (plan.implementation == Implementation::kMegaplan) {
     const LayerRecipe recipe(model, plan);
     ring_ = recipe.ring_attention();

@@ -45,7 +45,9 @@ LayerRecipe::LayerRecipe(const ModelSpec& model, const ParallelPlan& plan, const
       sequence_parallel(plan.sequence_parallel),
       context_parallel(plan.context_parallel_size),
       gemm_precision(plan.options.precision),
-      precision(storage) {}
+      precision(storage) {
+  require_dense_layers(model);  // a recipe of dense layers
+}
 
 LayerBufferSizes LayerRecipe::kept(LayerKeep keep) const {
   const LayerDims& d = dims;

@@ -197,6 +197,7 @@ std::vector<PipelineRankMemory> executor_pipeline_memory(const ModelSpec& model,
 
 std::vector<PipelineRankMemory> memory_per_pipeline_rank(const ModelSpec& model, const ParallelPlan& plan,
                                                          const PipelineSchedule& schedule) {
+  require_dense_layers(model);  // both models' activations are a dense layer's
   return plan.implementation == Implementation::kMegaplan
              ? executor_pipeline_memory(model, plan, walk_executor_memory(model, plan, schedule))
              : megatron_memory(model, plan, schedule);

@@ -47,6 +47,16 @@ ModelSpec llama(const std::string& name, int64_t layers, int64_t hidden, int64_t
   return spec;
 }
 
+// Mixtral's configs: a Mistral decoder (Llama's, RoPE theta 1e6) whose every MLP is `experts`
+// SwiGLU experts of the MLP's width, each token routed to its top 2.
+ModelSpec mixtral(const std::string& name, int64_t layers, int64_t hidden, int64_t ffn, int64_t heads,
+                  int64_t query_groups, int64_t positions, int64_t vocab, int64_t experts) {
+  ModelSpec spec = llama(name, layers, hidden, ffn, heads, query_groups, positions, positions, vocab, 1e6);
+  spec.moe.num_experts = experts;
+  spec.moe.router_topk = 2;
+  return spec;
+}
+
 constexpr int64_t kGpt2Vocab = 50257;
 
 std::vector<ModelPreset> build_model_presets() {
@@ -70,6 +80,11 @@ std::vector<ModelPreset> build_model_presets() {
       // Pre-trained at 8K context; positions extend to 128K with RoPE scaling.
       {llama("llama3.1-405b", 126, 16384, 53248, 128, 8, 8192, 131072, 128256, 500000), 405e9,
        "Dubey et al. 2024 (The Llama 3 Herd of Models), Table 3"},
+      // Mixtures of experts: described (parameters, FLOPs), not yet simulated or trained (issue 40).
+      {mixtral("mixtral-8x7b", 32, 4096, 14336, 32, 8, 32768, 32000, 8), 46.7e9,
+       "Jiang et al. 2024 (Mixtral of Experts): 46.7B, 12.9B active; mistralai/Mixtral-8x7B-v0.1's config"},
+      {mixtral("mixtral-8x22b", 56, 6144, 16384, 48, 8, 65536, 32768, 8), 141e9,
+       "Mistral AI, Mixtral 8x22B (2024): 141B, 39B active; mistralai/Mixtral-8x22B-v0.1's config"},
   };
 }
 

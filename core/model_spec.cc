@@ -118,6 +118,35 @@ void validate_model_spec(const ModelSpec& spec) {
                     "--hidden-size " +
                         std::to_string(spec.hidden_size) + "; give --ffn-hidden-size");
   }
+  if (spec.moe.enabled()) {
+    require_at_most(spec.moe.num_experts, kMaxExperts, "--num-experts");
+    const int64_t topk = spec.moe.effective_router_topk();
+    if (spec.moe.router_topk < 0 || topk > spec.moe.num_experts) {
+      throw SpecError("--moe-router-topk", "must lie in [1, --num-experts] = [1, " +
+                                               std::to_string(spec.moe.num_experts) + "], got " + std::to_string(topk));
+    }
+    if (spec.moe.ffn_hidden_size < 0) {
+      throw SpecError("--moe-ffn-hidden-size",
+                      "must be a positive integer, got " + std::to_string(spec.moe.ffn_hidden_size));
+    }
+    require_at_most(spec.moe.ffn_hidden_size, kMaxHiddenSize, "--moe-ffn-hidden-size");
+    if (spec.moe.shared_expert_intermediate_size < 0) {
+      throw SpecError("--moe-shared-expert-intermediate-size",
+                      "must be 0 (none) or more, got " + std::to_string(spec.moe.shared_expert_intermediate_size));
+    }
+    require_at_most(spec.moe.shared_expert_intermediate_size, kMaxHiddenSize, "--moe-shared-expert-intermediate-size");
+  } else if (spec.moe.num_experts < 0) {
+    throw SpecError("--num-experts", "must be a positive integer, got " + std::to_string(spec.moe.num_experts));
+  } else {
+    // An expert's companions without experts would be read and then ignored.
+    const std::pair<int64_t, const char*> companions[] = {
+        {spec.moe.ffn_hidden_size, "--moe-ffn-hidden-size"},
+        {spec.moe.router_topk, "--moe-router-topk"},
+        {spec.moe.shared_expert_intermediate_size, "--moe-shared-expert-intermediate-size"}};
+    for (const auto& [value, flag] : companions) {
+      if (value != 0) throw SpecError(flag, "needs --num-experts (a dense model has no experts)");
+    }
+  }
   // Every count derived later (per-layer weights, embeddings, totals) must fit in 64 bits.
   const int64_t query_width = checked_multiply(spec.effective_kv_channels(), spec.num_attention_heads, "--kv-channels");
   const int64_t kv_width = checked_multiply(spec.effective_kv_channels(),
@@ -128,9 +157,26 @@ void validate_model_spec(const ModelSpec& spec) {
   const int64_t layer_weights =
       checked_multiply(checked_multiply(spec.hidden_size, widest, "--hidden-size"), 4, "--hidden-size");
   checked_multiply(layer_weights, spec.num_layers, "--num-layers");
+  if (spec.moe.enabled()) {
+    const int64_t expert_weights = checked_multiply(
+        checked_multiply(spec.hidden_size, spec.effective_moe_ffn_hidden_size(), "--moe-ffn-hidden-size"), 3,
+        "--moe-ffn-hidden-size");
+    checked_multiply(checked_multiply(expert_weights, spec.moe.num_experts, "--num-experts"), spec.num_layers,
+                     "--num-experts");
+  }
   const int64_t vocab = round_up_to_multiple(spec.vocab_size, spec.make_vocab_size_divisible_by, "--vocab-size");
   checked_multiply(checked_multiply(vocab, spec.hidden_size, "--vocab-size"), 2, "--vocab-size");
   checked_multiply(spec.effective_max_position_embeddings(), spec.hidden_size, "--max-position-embeddings");
+}
+
+SpecError experts_not_built() {
+  return {"--num-experts",
+          "mixture of experts is described (describe counts its parameters and FLOPs) but not yet simulated, "
+          "searched, trained or converted (issue 40)"};
+}
+
+void require_dense_layers(const ModelSpec& model) {
+  if (model.moe.enabled()) throw experts_not_built();
 }
 
 nlohmann::json model_spec_to_json(const ModelSpec& spec) {
@@ -156,6 +202,12 @@ nlohmann::json model_spec_to_json(const ModelSpec& spec) {
       {"rotary_base", spec.rotary_base},
       {"rotary_percent", spec.rotary_percent},
   };
+  if (spec.moe.enabled()) {
+    json["num_experts"] = spec.moe.num_experts;
+    json["moe_ffn_hidden_size"] = spec.effective_moe_ffn_hidden_size();
+    json["moe_router_topk"] = spec.moe.effective_router_topk();
+    json["moe_shared_expert_intermediate_size"] = spec.moe.shared_expert_intermediate_size;
+  }
   if (spec.rope_scaling.enabled()) {
     json["rope_scaling"] = {{"factor", spec.rope_scaling.factor},
                             {"low_freq_factor", spec.rope_scaling.low_freq_factor},
@@ -192,6 +244,10 @@ ModelSpec model_spec_from_json(const nlohmann::json& json, const std::string& so
   reader.read("norm_epsilon", spec.norm_epsilon);
   reader.read("rotary_base", spec.rotary_base);
   reader.read("rotary_percent", spec.rotary_percent);
+  reader.read("num_experts", spec.moe.num_experts);
+  reader.read("moe_ffn_hidden_size", spec.moe.ffn_hidden_size);
+  reader.read("moe_router_topk", spec.moe.router_topk);
+  reader.read("moe_shared_expert_intermediate_size", spec.moe.shared_expert_intermediate_size);
   if (const nlohmann::json* scaling = reader.read_object("rope_scaling")) {
     JsonFieldReader scaling_reader(*scaling, source + ": rope_scaling");
     scaling_reader.require("factor", spec.rope_scaling.factor);

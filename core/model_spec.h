@@ -8,6 +8,8 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "core/error.h"
+
 namespace megaplan {
 
 enum class Normalization { kLayerNorm, kRMSNorm };
@@ -31,6 +33,18 @@ struct RopeScaling {
   double high_freq_factor = 4;
   int64_t original_max_position_embeddings = 8192;
   bool enabled() const { return factor > 0; }
+};
+
+// Mixture of experts (Megatron-Core's MoE layer in every transformer layer; issue 40). Described
+// here, with its parameters and FLOPs; no command costs or runs it yet: simulate, search, train and
+// convert refuse a model with experts (core/executor_support.h, the simulator's entry points).
+struct MoeSpec {
+  int64_t num_experts = 0;                      // --num-experts; 0: a dense model
+  int64_t ffn_hidden_size = 0;                  // --moe-ffn-hidden-size; 0: the model's ffn_hidden_size
+  int64_t router_topk = 0;                      // --moe-router-topk; 0: Megatron's default, 2
+  int64_t shared_expert_intermediate_size = 0;  // --moe-shared-expert-intermediate-size; 0: none
+  bool enabled() const { return num_experts > 0; }
+  int64_t effective_router_topk() const { return router_topk > 0 ? router_topk : 2; }
 };
 
 struct ModelSpec {
@@ -57,6 +71,7 @@ struct ModelSpec {
   double rotary_base = 10000;   // --rotary-base: RoPE's theta (Llama 3: 500000)
   double rotary_percent = 1.0;  // --rotary-percent: the share of each head's dimensions that rotate
   RopeScaling rope_scaling;     // --use-rope-scaling, --rope-scaling-factor
+  MoeSpec moe;                  // --num-experts and its companions
 
   // Effective values with Megatron's defaults applied.
   // Megatron's default: 4h, or with SwiGLU 2/3 of that rounded down to a multiple of 64 so the
@@ -64,6 +79,10 @@ struct ModelSpec {
   int64_t effective_ffn_hidden_size() const {
     if (ffn_hidden_size > 0) return ffn_hidden_size;
     return swiglu ? (4 * hidden_size * 2 / 3) / 64 * 64 : 4 * hidden_size;
+  }
+  // Each expert's width: --moe-ffn-hidden-size, else the model's.
+  int64_t effective_moe_ffn_hidden_size() const {
+    return moe.ffn_hidden_size > 0 ? moe.ffn_hidden_size : effective_ffn_hidden_size();
   }
   int64_t effective_num_query_groups() const { return num_query_groups > 0 ? num_query_groups : num_attention_heads; }
   int64_t effective_kv_channels() const { return kv_channels > 0 ? kv_channels : hidden_size / num_attention_heads; }
@@ -85,6 +104,13 @@ int64_t padded_vocab_size(const ModelSpec& spec, int64_t tensor_parallel_size);
 
 // Throws SpecError naming the field (as its Megatron flag, e.g. "--hidden-size") and the rule.
 void validate_model_spec(const ModelSpec& spec);
+
+// What every reader of a layer's kernels, buffers or parameters says of a model with experts: they
+// describe dense layers (core/layer_recipe.h, Megatron's kernel lists, core/parameter_list.h), so
+// nothing costs, walks, trains or converts one yet; describe counts its parameters and FLOPs.
+SpecError experts_not_built();
+// Throws experts_not_built() for a model with experts.
+void require_dense_layers(const ModelSpec& model);
 
 // JSON uses Megatron's argument names with underscores ("num_layers", "hidden_size", ...).
 // Reading is strict: unknown keys and wrong types are SpecErrors naming the key.

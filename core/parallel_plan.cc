@@ -124,6 +124,15 @@ void validate_plan(const ModelSpec& model, const ParallelPlan& plan) {
   });
   require_divides(tp, model.effective_ffn_hidden_size(), "--tensor-model-parallel-size",
                   [&] { return "must divide --ffn-hidden-size " + std::to_string(model.effective_ffn_hidden_size()); });
+  if (model.moe.enabled()) {  // the experts too (Megatron's expert tensor parallelism defaults to tp)
+    require_divides(tp, model.effective_moe_ffn_hidden_size(), "--tensor-model-parallel-size", [&] {
+      return "must divide --moe-ffn-hidden-size " + std::to_string(model.effective_moe_ffn_hidden_size());
+    });
+    require_divides(tp, model.moe.shared_expert_intermediate_size, "--tensor-model-parallel-size", [&] {
+      return "must divide --moe-shared-expert-intermediate-size " +
+             std::to_string(model.moe.shared_expert_intermediate_size);
+    });
+  }
 
   // Layers split over pipeline ranks (evenly, or as the pipeline split says), then evenly over
   // each rank's virtual stages.

@@ -95,6 +95,7 @@ std::size_t shard_size(const Entry& entry, int64_t tp) {
 
 std::vector<ParameterSpec> describe_parameters(const ModelSpec& model, const ParallelPlan& plan, int64_t stage,
                                                int64_t tp_rank) {
+  require_dense_layers(model);  // a dense layer's parameters
   const int64_t tp = plan.tensor_parallel_size;
   std::vector<ParameterSpec> specs;
   for_each_parameter(model, plan, stage, [&](const Entry& entry) {

@@ -58,14 +58,16 @@ nlohmann::json facts_json(const JobSpec& job, const JobFacts& facts) {
                      {"parameters", rank.parameters},
                      {"parameters_per_gpu", rank.parameters_per_gpu}});
   }
-  return {{"job", job_spec_to_json(job)},
-          {"padded_vocab_size", facts.padded_vocab_size},
-          {"total_parameters", facts.total_parameters},
-          {"num_microbatches", job.plan.num_microbatches()},
-          {"model_flops_per_iteration", facts.model_flops_per_iteration},
-          {"hardware_flops_per_iteration", facts.hardware_flops_per_iteration},
-          {"min_iteration_time_s", facts.min_iteration_time_s},
-          {"pipeline_ranks", ranks}};
+  nlohmann::json json{{"job", job_spec_to_json(job)},
+                      {"padded_vocab_size", facts.padded_vocab_size},
+                      {"total_parameters", facts.total_parameters},
+                      {"num_microbatches", job.plan.num_microbatches()},
+                      {"model_flops_per_iteration", facts.model_flops_per_iteration},
+                      {"hardware_flops_per_iteration", facts.hardware_flops_per_iteration},
+                      {"min_iteration_time_s", facts.min_iteration_time_s},
+                      {"pipeline_ranks", ranks}};
+  if (job.model.moe.enabled()) json["active_parameters"] = active_parameters(job.model, job.plan.tensor_parallel_size);
+  return json;
 }
 
 std::string on_off(bool value) { return value ? "on" : "off"; }
@@ -86,6 +88,15 @@ void write_facts(const JobSpec& job, const JobFacts& facts, std::ostream& out) {
       << to_string(model.position_embedding_type) << " positions, "
       << (model.untie_embeddings_and_output_weights ? "untied" : "tied") << " embeddings, "
       << format_count(static_cast<double>(facts.total_parameters)) << " parameters\n";
+  if (model.moe.enabled()) {
+    out << "experts  " << model.moe.num_experts << " a layer of ffn " << model.effective_moe_ffn_hidden_size()
+        << ", each token to its top " << model.moe.effective_router_topk();
+    if (model.moe.shared_expert_intermediate_size > 0) {
+      out << ", a shared expert of ffn " << model.moe.shared_expert_intermediate_size;
+    }
+    out << "; " << format_count(static_cast<double>(active_parameters(model, plan.tensor_parallel_size)))
+        << " parameters active a token; expert parallelism 1 (each tp rank holds its shard of every expert)\n";
+  }
   out << "plan     tp " << plan.tensor_parallel_size << " x pp " << plan.pipeline_parallel_size << " x cp "
       << plan.context_parallel_size << " x dp " << plan.data_parallel_size << " = " << plan.world_size()
       << " GPUs; vpp " << plan.virtual_pipeline_parallel_size << " (" << layers_per_stage_text(model, plan)

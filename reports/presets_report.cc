@@ -24,14 +24,19 @@ nlohmann::json presets_json() {
 }
 
 void write_presets_text(std::ostream& out) {
-  TextTable models({"model", "layers", "hidden", "ffn", "heads", "groups", "seq", "vocab", "parameters", "published"});
+  TextTable models(
+      {"model", "layers", "hidden", "ffn", "heads", "groups", "seq", "vocab", "experts", "parameters", "published"});
   for (const ModelPreset& preset : model_presets()) {
     const ModelSpec& spec = preset.spec;
-    models.add_row({spec.name, std::to_string(spec.num_layers), std::to_string(spec.hidden_size),
-                    std::to_string(spec.effective_ffn_hidden_size()), std::to_string(spec.num_attention_heads),
-                    std::to_string(spec.effective_num_query_groups()), std::to_string(spec.seq_length),
-                    std::to_string(spec.vocab_size), format_count(static_cast<double>(total_parameters(spec))),
-                    format_count(preset.published_parameters)});
+    models.add_row(
+        {spec.name, std::to_string(spec.num_layers), std::to_string(spec.hidden_size),
+         std::to_string(spec.effective_ffn_hidden_size()), std::to_string(spec.num_attention_heads),
+         std::to_string(spec.effective_num_query_groups()), std::to_string(spec.seq_length),
+         std::to_string(spec.vocab_size),
+         spec.moe.enabled()
+             ? std::to_string(spec.moe.num_experts) + ", top " + std::to_string(spec.moe.effective_router_topk())
+             : "-",
+         format_count(static_cast<double>(total_parameters(spec))), format_count(preset.published_parameters)});
   }
   TextTable clusters({"cluster", "nodes", "GPUs/node", "GPU", "bf16 TFLOP/s", "HBM GiB", "HBM TB/s", "NVLink GB/s/dir",
                       "NICs", "NIC GB/s"});

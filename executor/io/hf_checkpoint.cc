@@ -423,6 +423,7 @@ HfCheckpoint read_hf_checkpoint(const std::string& directory) {
   HfCheckpoint checkpoint;
   checkpoint.model = model_spec_from_hf_config(config, config_path);
   validate_model_spec(checkpoint.model);
+  require_dense_layers(checkpoint.model);  // a Mixtral's experts have no Megatron tensors here yet
   const std::string written_as = hf_model_type(checkpoint.model, config.value("model_type", std::string("")));
 
   // Which file holds each tensor: the index's weight map, or the one file.

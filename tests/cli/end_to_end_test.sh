@@ -610,11 +610,29 @@ grep -q '^note: --gbs not given: the global batch is 1 (mbs 1 x dp 1' "$scratch/
 expect_ok describe --model "$scratch/llama31-config.json" --cluster h200-x2 --tp 2 --seq-length 8192 --gbs 8
 [ ! -s "$scratch/err" ] || fail "notes without cause: $(cat "$scratch/err")"
 
-# A Mixtral config named "mistral" is not a dense Llama (issue 40 until MoE is modelled; issue 42's finding 1).
+# Mixture of experts (issue 40): a Mixtral config, even named "mistral", is described with its
+# experts, never as a dense Llama (issue 42's finding 1); what costs or runs it refuses it in one
+# line; the experts' flags are checked.
 sed 's/"model_type": "llama"/"model_type": "mistral", "num_local_experts": 8, "num_experts_per_tok": 2/' \
   "$examples/hf/llama3-8b-config.json" >"$scratch/mixtral-config.json"
-expect_error "error: $scratch/mixtral-config.json: num_local_experts: mixture of experts \\(Mixtral's\\) is not modelled yet" \
-  describe --model "$scratch/mixtral-config.json" --cluster h200-x2
+expect_ok describe --model "$scratch/mixtral-config.json" --cluster h200-x2 --seq-length 4096 --gbs 8
+grep -q '^experts  8 a layer of ffn 14336, each token to its top 2; ' "$scratch/out" ||
+  fail "a Mixtral config named mistral is not described with its experts: $(head -5 "$scratch/out")"
+expect_ok describe --model "$examples/hf/mixtral-8x7b-config.json" --cluster h200-x2 --seq-length 4096 --gbs 8 --json
+grep -q '"active_parameters": 12879925248' "$scratch/out" || fail "Mixtral-8x7B's active parameters: $(grep -m2 parameters "$scratch/out")"
+moe_refusal='error: --num-experts: mixture of experts is described \(describe counts its parameters and FLOPs\) but not yet simulated'
+expect_error "$moe_refusal" simulate --model mixtral-8x7b --cluster dgx-h100 --gpus 8 --tp 8 --gbs 8 --seq-length 4096
+expect_error "$moe_refusal" search --model mixtral-8x7b --cluster dgx-h100 --gpus 64 --gbs 64 --seq-length 4096 --implementation megatron-core
+expect_error "$moe_refusal" simulate --model gpt2-124m --cluster h200-x2 --num-experts 8 --moe-router-topk 2
+mkdir -p "$scratch/mixtral-hf" && cp "$examples/hf/mixtral-8x7b-config.json" "$scratch/mixtral-hf/config.json"
+expect_error "$moe_refusal" convert --to megaplan --load "$scratch/mixtral-hf" --save "$scratch/never-mixtral"
+[ ! -e "$scratch/never-mixtral" ] || fail "a refused conversion left $scratch/never-mixtral"
+expect_error "$moe_refusal" train --device cpu --model mixtral-8x7b --seq-length 16 --data-path "$scratch/corpus_text_document" --train-iters 1
+expect_error 'error: --moe-router-topk: must lie in \[1, --num-experts\] = \[1, 8\], got 9' \
+  describe --model mixtral-8x7b --cluster h200-x2 --moe-router-topk 9
+expect_error 'error: --num-experts: must be at least 1, got 0 \(leave it out for a dense model\)' \
+  describe --model llama3-8b --cluster h200-x2 --num-experts 0
+expect_error 'error: --moe-ffn-hidden-size: needs --num-experts' describe --model llama3-8b --cluster h200-x2 --moe-ffn-hidden-size 512
 
 # Uneven stages: Llama 3.1 405B's 126 layers plan on 1024 H100s with pp >= 8 (issue 17's acceptance),
 # and the emitted Megatron arguments carry the split.
@@ -697,8 +715,8 @@ expect_error 'error: --foo-bar: is not an argument of this command nor of Megatr
 expect_error 'error: --tensor-parallel-size: .*did you mean --tensor-model-parallel-size\?' simulate --model gpt2-124m --cluster h200-x2 --tensor-parallel-size 2
 expect_error 'error: --seq-len: .*did you mean --seq-length\?' describe --model gpt2-124m --cluster h200-x2 --seq-len 512
 expect_error 'error: --num-gpus: .*did you mean --gpus\?' search --model gpt2-124m --cluster h200-x2 --num-gpus 2
-expect_error 'error: --num-experts: changes the model, the layout or its arithmetic, and megaplan does not implement it: mixture of experts is not built yet \(issue 40\)' \
-  simulate --model gpt2-124m --cluster h200-x2 --num-experts 8 --moe-router-topk 2
+expect_error 'error: --moe-router-padding-for-fp8: changes the model, the layout or its arithmetic, and megaplan does not implement it: mixture of experts is not built yet \(issue 40\)' \
+  simulate --model gpt2-124m --cluster h200-x2 --moe-router-padding-for-fp8
 expect_error 'error: --fp8-format: .*FP8/FP4 training is not built yet \(issue 41\)' simulate --model gpt2-124m --cluster h200-x2 --fp8-format hybrid
 expect_error 'error: --distributed-backend: megaplan runs only nccl' simulate --model gpt2-124m --cluster h200-x2 --distributed-backend gloo
 expect_error 'error: --log-params-norm: takes no value' simulate --model gpt2-124m --cluster h200-x2 --log-params-norm 1

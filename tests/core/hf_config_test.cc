@@ -74,7 +74,7 @@ TEST_CASE("Qwen2 and Mistral use the Llama field names; Qwen2 has QKV biases", "
 TEST_CASE("unsupported or broken HF configs name the field", "[hf_config]") {
   const nlohmann::json bert = {{"model_type", "bert"}, {"num_hidden_layers", 12}};
   CHECK_THROWS_WITH(megaplan::model_spec_from_hf_config(bert, "c.json"),
-                    "c.json: model_type: unsupported \"bert\"; supported: llama, mistral, qwen2, gpt2");
+                    "c.json: model_type: unsupported \"bert\"; supported: llama, mistral, mixtral, qwen2, gpt2");
   const nlohmann::json missing = {{"model_type", "llama"}, {"num_hidden_layers", 12}};
   CHECK_THROWS_WITH(megaplan::model_spec_from_hf_config(missing, "c.json"),
                     "c.json: hidden_size: required field is missing");
@@ -82,6 +82,17 @@ TEST_CASE("unsupported or broken HF configs name the field", "[hf_config]") {
   CHECK_THROWS_WITH(megaplan::model_spec_from_hf_config(gelu, "c.json"), Contains("c.json: hidden_act: only \"silu\""));
   CHECK(megaplan::is_hf_config(nlohmann::json{{"n_layer", 2}}));
   CHECK_FALSE(megaplan::is_hf_config(nlohmann::json{{"num_layers", 2}}));
+}
+
+TEST_CASE("Mixtral-8x7B's config.json imports as the mixtral-8x7b preset", "[hf_config]") {
+  const megaplan::ModelSpec spec = megaplan::load_model_spec(kExamples + "/hf/mixtral-8x7b-config.json");
+  const megaplan::ModelSpec preset = megaplan::model_preset("mixtral-8x7b");
+  CHECK(spec.moe.num_experts == 8);
+  CHECK(spec.moe.effective_router_topk() == 2);
+  CHECK(spec.effective_moe_ffn_hidden_size() == 14336);
+  CHECK(spec.rotary_base == 1e6);
+  CHECK(megaplan::total_parameters(spec) == megaplan::total_parameters(preset));
+  CHECK(megaplan::active_parameters(spec) == megaplan::active_parameters(preset));
 }
 
 TEST_CASE("keys of an architecture megaplan does not model are refused whatever model_type says", "[hf_config]") {
@@ -94,13 +105,19 @@ TEST_CASE("keys of an architecture megaplan does not model are refused whatever 
     config.update(extra);
     return config;
   };
-  // Mixtral named "mistral", or with no model_type at all, and Qwen3-MoE: not dense Llamas.
-  CHECK_THROWS_WITH(
-      megaplan::model_spec_from_hf_config(with({{"model_type", "mistral"}, {"num_local_experts", 8}}), "c.json"),
-      Contains("c.json: num_local_experts: mixture of experts (Mixtral's) is not modelled yet"));
-  CHECK_THROWS_WITH(
-      megaplan::model_spec_from_hf_config(with({{"num_local_experts", 8}, {"num_experts_per_tok", 2}}), "c.json"),
-      Contains("c.json: num_local_experts: mixture of experts"));
+  // Mixtral's experts, by its model_type or by its keys under another name (or none): never a dense
+  // Llama. Qwen's experts (Qwen2/3-MoE) are not modelled yet.
+  for (const nlohmann::json& extra : {nlohmann::json{{"model_type", "mistral"}, {"num_local_experts", 4}},
+                                      nlohmann::json{{"num_local_experts", 4}, {"num_experts_per_tok", 1}},
+                                      nlohmann::json{{"model_type", "mixtral"}}}) {
+    INFO(extra.dump());
+    const megaplan::ModelSpec spec = megaplan::model_spec_from_hf_config(with(extra), "c.json");
+    CHECK(spec.moe.num_experts == (extra.contains("num_local_experts") ? 4 : 8));  // MixtralConfig's default 8
+    CHECK(spec.moe.effective_router_topk() == (extra.contains("num_experts_per_tok") ? 1 : 2));
+    CHECK(spec.effective_moe_ffn_hidden_size() == 128);  // intermediate_size: each expert's
+  }
+  CHECK_THROWS_WITH(megaplan::model_spec_from_hf_config(with({{"num_experts_per_tok", 2}}), "c.json"),
+                    Contains("c.json: num_experts_per_tok: mixture of experts (top-k routing) is not modelled yet"));
   CHECK_THROWS_WITH(
       megaplan::model_spec_from_hf_config(with({{"num_experts", 128}, {"moe_intermediate_size", 768}}), "c.json"),
       Contains("c.json: num_experts: mixture of experts (Qwen's)"));
