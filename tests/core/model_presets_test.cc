@@ -35,13 +35,15 @@ TEST_CASE("exact counts for models whose sizes are published to the parameter", 
   // GPT-2 small has 124,439,808 with its 50257-token vocabulary; Megatron pads it to 50304,
   // adding 47 * 768 = 36,096 embedding parameters.
   CHECK(megaplan::total_parameters(megaplan::model_preset("gpt2-124m")) == 124'439'808 + 47 * 768);
-  // Mixtral-8x7B-v0.1: 46,702,792,704 (its safetensors' total), 12.9B of them a token's: every
-  // layer's 6 experts outside the top 2 (3 x 4096 x 14336 each) left out.
+  // Mixtral-8x7B-v0.1: 46,702,792,704, and 8x22B 140,630,071,296 (transformers 5.17's
+  // MixtralForCausalLM of each config, counted on the device, 2026-11-29); 12.9B of 8x7B's a
+  // token's: every layer's 6 experts outside the top 2 (3 x 4096 x 14336 each) left out.
   const megaplan::ModelSpec mixtral = megaplan::model_preset("mixtral-8x7b");
   CHECK(megaplan::total_parameters(mixtral) == 46'702'792'704);
   CHECK(megaplan::active_parameters(mixtral) == 46'702'792'704 - 32 * 6 * int64_t{3 * 4096 * 14336});
   CHECK(static_cast<double>(megaplan::active_parameters(mixtral)) / 1e9 == Approx(12.9).margin(0.05));
   const megaplan::ModelSpec large = megaplan::model_preset("mixtral-8x22b");
+  CHECK(megaplan::total_parameters(large) == 140'630'071'296);
   CHECK(static_cast<double>(megaplan::active_parameters(large)) / 1e9 == Approx(39.2).margin(0.1));  // "39B active"
   CHECK(megaplan::active_parameters(megaplan::model_preset("llama3-8b")) == 8'030'261'248);          // dense: all
 }
