@@ -133,6 +133,11 @@ void setup_search_command(CLI::App& app, CommandContext& context) {
       ->add_option("--pp,--pipeline-model-parallel-size", options->space.pipeline_parallel, "Pipeline parallel sizes")
       ->delimiter(',')
       ->group(group);
+  command
+      ->add_option("--ep,--expert-model-parallel-size", options->space.expert_parallel,
+                   "Expert parallel sizes: 1 until models with experts are searched")
+      ->delimiter(',')
+      ->group(group);
   command->add_option("--cp,--context-parallel-size", options->space.context_parallel, "Context parallel sizes")
       ->delimiter(',')
       ->group(group);

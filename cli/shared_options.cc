@@ -99,6 +99,11 @@ void add_plan_options(CLI::App& command, PlanOptions& options) {
       ->capture_default_str()
       ->group(group);
   command
+      .add_option("--ep,--expert-model-parallel-size", options.expert_model_parallel_size,
+                  "Expert parallel size: each layer's experts split over ep ranks (models with experts)")
+      ->capture_default_str()
+      ->group(group);
+  command
       .add_option("--vpp,--virtual-pipeline-model-parallel-size,--num-virtual-stages-per-pipeline-rank",
                   options.virtual_pipeline_parallel_size, "Model chunks per pipeline rank")
       ->group(group);

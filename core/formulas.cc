@@ -25,13 +25,15 @@ struct MlpParameters {
   int64_t total = 0;
   int64_t sharded = 0;
   int64_t replicated = 0;
+  int64_t expert_sharded = 0;  // of sharded and replicated, the routed experts' (ep splits them)
+  int64_t expert_replicated = 0;
 };
 MlpParameters mlp_parameters(const ModelSpec& model, int64_t ffn) {
   const int64_t h = model.hidden_size;
   const int64_t ffn_in = (model.swiglu ? 2 : 1) * ffn;
   const int64_t fc1_bias = model.add_bias_linear ? ffn_in : 0;
   const int64_t fc2_bias = model.add_bias_linear ? h : 0;
-  return {h * ffn_in + fc1_bias + ffn * h + fc2_bias, h * ffn_in + fc1_bias + ffn * h, fc2_bias};
+  return {h * ffn_in + fc1_bias + ffn * h + fc2_bias, h * ffn_in + fc1_bias + ffn * h, fc2_bias, 0, 0};
 }
 
 // A layer's MLP: the dense one, or with experts the router (replicated: Megatron's router is no
@@ -46,7 +48,8 @@ MlpParameters layer_mlp_parameters(const ModelSpec& model) {
   const int64_t experts = model.moe.num_experts;
   const int64_t router = experts * model.hidden_size;
   return {experts * expert.total + shared.total + router, experts * expert.sharded + shared.sharded,
-          experts * expert.replicated + shared.replicated + router};
+          experts * expert.replicated + shared.replicated + router, experts * expert.sharded,
+          experts * expert.replicated};
 }
 
 }  // namespace
@@ -72,6 +75,8 @@ LayerParameters transformer_layer_parameters(const ModelSpec& model) {
   layer.norms = 2 * norm_parameters(model);
   layer.sharded = h * qkv_width + qkv_bias + model.query_projection_size() * h + mlp.sharded;
   layer.replicated = projection_bias + mlp.replicated + layer.norms;
+  layer.expert_sharded = mlp.expert_sharded;
+  layer.expert_replicated = mlp.expert_replicated;
   return layer;
 }
 
@@ -98,7 +103,7 @@ StageParameters stage_parameters(const ModelSpec& model, const ParallelPlan& pla
   const StageLayers layers = stage_layers(stage, model, plan);
   StageParameters entry;
   entry.parameters = layers.num_layers * layer.total();
-  entry.parameters_per_gpu = layers.num_layers * layer.per_gpu(tp);
+  entry.parameters_per_gpu = layers.num_layers * layer.per_gpu(tp, plan.expert_model_parallel_size);
   if (layers.has_embedding) {
     entry.parameters += word_embedding + position_embedding;
     entry.parameters_per_gpu += word_embedding / tp + position_embedding;
@@ -141,7 +146,7 @@ const std::vector<int64_t>& ParametersPerGpuCache::per_pipeline_rank(const Paral
   const PipelineSplit& split = plan.pipeline_split;
   const Key key{plan.tensor_parallel_size,      plan.pipeline_parallel_size, plan.virtual_pipeline_parallel_size,
                 stage_placement(plan.schedule), split.first_stage_layers,    split.last_stage_layers,
-                split.account_for_embedding,    split.account_for_loss};
+                split.account_for_embedding,    split.account_for_loss,      plan.expert_model_parallel_size};
   const std::lock_guard<std::mutex> lock(mutex_);
   auto found = by_layout_.find(key);
   if (found == by_layout_.end()) {

@@ -23,9 +23,17 @@ struct LayerParameters {
   int64_t norms = 0;      // the two pre-norms
   int64_t sharded = 0;
   int64_t replicated = 0;
+  // The experts' share of sharded and replicated, which expert parallelism also splits (each ep rank
+  // holds num_experts / ep of them).
+  int64_t expert_sharded = 0;
+  int64_t expert_replicated = 0;
   int64_t total() const { return attention + mlp + norms; }
-  // REQUIRES: tp divides the sharded dimensions (validate_plan).
-  int64_t per_gpu(int64_t tensor_parallel_size) const { return sharded / tensor_parallel_size + replicated; }
+  // REQUIRES: tp divides the sharded dimensions, ep the experts (validate_plan).
+  int64_t per_gpu(int64_t tensor_parallel_size, int64_t expert_parallel_size = 1) const {
+    return (sharded - expert_sharded) / tensor_parallel_size +
+           expert_sharded / (tensor_parallel_size * expert_parallel_size) + (replicated - expert_replicated) +
+           expert_replicated / expert_parallel_size;
+  }
 };
 
 LayerParameters transformer_layer_parameters(const ModelSpec& model);
@@ -54,7 +62,7 @@ struct PipelineRankParameters {
 std::vector<PipelineRankParameters> parameters_per_pipeline_rank(const ModelSpec& model, const ParallelPlan& plan);
 
 // parameters_per_pipeline_rank's parameters_per_gpu for one model, computed once per layout that
-// decides them (tp, pp, vpp, the stage placement and the pipeline split), not once per plan: a
+// decides them (tp, pp, vpp, the stage placement, the pipeline split and ep), not once per plan: a
 // search asks ~10^5 plans. Safe to share between threads.
 class ParametersPerGpuCache {
  public:
@@ -63,7 +71,7 @@ class ParametersPerGpuCache {
   const std::vector<int64_t>& per_pipeline_rank(const ParallelPlan& plan) const;
 
  private:
-  using Key = std::tuple<int64_t, int64_t, int64_t, StagePlacement, int64_t, int64_t, bool, bool>;
+  using Key = std::tuple<int64_t, int64_t, int64_t, StagePlacement, int64_t, int64_t, bool, bool, int64_t>;
   const ModelSpec& model_;
   mutable std::mutex mutex_;
   mutable std::map<Key, std::vector<int64_t>> by_layout_;

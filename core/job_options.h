@@ -53,6 +53,7 @@ struct PlanOptions {
   int64_t tensor_parallel_size = 1;
   int64_t pipeline_parallel_size = 1;
   int64_t context_parallel_size = 1;
+  int64_t expert_model_parallel_size = 1;
   std::optional<int64_t> virtual_pipeline_parallel_size;
   std::optional<int64_t> layers_per_virtual_stage;
   PipelineSplit pipeline_split;  // --decoder-first/last-pipeline-num-layers, --account-for-*

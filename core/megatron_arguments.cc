@@ -32,7 +32,7 @@ constexpr MegatronArgument kArguments[] = {
     {"--hierarchical-context-parallel-sizes", A::kList, E::kRunAndCost, S::kRefused, "hierarchical and hybrid context parallelism are not built"},
     {"--max-seqlen-per-dp-cp-rank", A::kOne, E::kRunAndCost, S::kRefused, "hierarchical and hybrid context parallelism are not built"},
     {"--hybrid-context-parallel", A::kSwitch, E::kRunAndCost, S::kRefused, "hierarchical and hybrid context parallelism are not built"},
-    {"--expert-model-parallel-size", A::kOne, E::kRunAndCost, S::kRefused, "mixture of experts is not built yet (issue 40)"},
+    {"--expert-model-parallel-size", A::kOne, E::kRunAndCost, S::kHonoured, ""},
     {"--expert-tensor-parallel-size", A::kOne, E::kRunAndCost, S::kRefused, "mixture of experts is not built yet (issue 40)"},
     {"--expert-tensor-parallel-num-weight-shards", A::kOne, E::kRunAndCost, S::kRefused, "mixture of experts is not built yet (issue 40)"},
     {"--no-initialization", A::kSwitch, E::kRunAndCost, S::kRefused, "megaplan always initialises the weights"},

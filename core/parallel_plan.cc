@@ -124,6 +124,21 @@ void validate_plan(const ModelSpec& model, const ParallelPlan& plan) {
   });
   require_divides(tp, model.effective_ffn_hidden_size(), "--tensor-model-parallel-size",
                   [&] { return "must divide --ffn-hidden-size " + std::to_string(model.effective_ffn_hidden_size()); });
+  // Expert parallelism: ep ranks split each layer's experts, and the expert layers' groups (tp x ep
+  // x expert-dp x pp, Megatron's expert generator) tile the same world as the dense layers'.
+  const int64_t ep = plan.expert_model_parallel_size;
+  require_positive(ep, "--expert-model-parallel-size");
+  if (ep > 1 && !model.moe.enabled()) {
+    throw SpecError("--expert-model-parallel-size", "needs --num-experts (a dense model has no experts to split)");
+  }
+  if (model.moe.enabled()) {
+    require_divides(ep, model.moe.num_experts, "--expert-model-parallel-size",
+                    [&] { return "must divide --num-experts " + std::to_string(model.moe.num_experts); });
+    require_divides(ep, cp * dp, "--expert-model-parallel-size", [&] {
+      return "must divide the ranks of a pipeline stage outside tensor parallelism, cp x dp = " +
+             std::to_string(cp * dp) + " (the expert groups tile the world as tp x ep x expert-dp x pp)";
+    });
+  }
   if (model.moe.enabled()) {  // the experts too (Megatron's expert tensor parallelism defaults to tp)
     require_divides(tp, model.effective_moe_ffn_hidden_size(), "--tensor-model-parallel-size", [&] {
       return "must divide --moe-ffn-hidden-size " + std::to_string(model.effective_moe_ffn_hidden_size());
@@ -201,7 +216,7 @@ std::string describe_plan(const ParallelPlan& plan) {
 }
 
 nlohmann::json parallel_plan_to_json(const ParallelPlan& plan) {
-  return nlohmann::json{
+  nlohmann::json json{
       {"tensor_parallel_size", plan.tensor_parallel_size},
       {"pipeline_parallel_size", plan.pipeline_parallel_size},
       {"context_parallel_size", plan.context_parallel_size},
@@ -222,6 +237,9 @@ nlohmann::json parallel_plan_to_json(const ParallelPlan& plan) {
       {"implementation", to_string(plan.implementation)},
       {"implementation_options", implementation_options_to_json(plan.options)},
   };
+  // Only where experts are split: every dense plan's file stays as it was.
+  if (plan.expert_model_parallel_size != 1) json["expert_model_parallel_size"] = plan.expert_model_parallel_size;
+  return json;
 }
 
 ParallelPlan parallel_plan_from_json(const nlohmann::json& json, const std::string& source) {
@@ -231,6 +249,7 @@ ParallelPlan parallel_plan_from_json(const nlohmann::json& json, const std::stri
   reader.read("pipeline_parallel_size", plan.pipeline_parallel_size);
   reader.read("context_parallel_size", plan.context_parallel_size);
   reader.require("data_parallel_size", plan.data_parallel_size);
+  reader.read("expert_model_parallel_size", plan.expert_model_parallel_size);
   reader.read("virtual_pipeline_parallel_size", plan.virtual_pipeline_parallel_size);
   reader.require("micro_batch_size", plan.micro_batch_size);
   reader.require("global_batch_size", plan.global_batch_size);

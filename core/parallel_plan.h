@@ -66,6 +66,11 @@ struct ParallelPlan {
   // Whose training code runs the plan (implementation_options.h) and what that code does.
   Implementation implementation = Implementation::kMegaplan;
   ImplementationOptions options = default_implementation_options(Implementation::kMegaplan);
+  // --expert-model-parallel-size: a model's experts split over ep ranks, each holding num_experts /
+  // ep of every layer's, tensor-parallel as tp (Megatron's default expert tensor parallelism).
+  // Models with experts only (core/rank_groups.h builds the expert groups). Last, so that
+  // positional initialisers keep their order.
+  int64_t expert_model_parallel_size = 1;
 
   int64_t world_size() const {
     return tensor_parallel_size * pipeline_parallel_size * context_parallel_size * data_parallel_size;

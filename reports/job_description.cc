@@ -94,8 +94,13 @@ void write_facts(const JobSpec& job, const JobFacts& facts, std::ostream& out) {
     if (model.moe.shared_expert_intermediate_size > 0) {
       out << ", a shared expert of ffn " << model.moe.shared_expert_intermediate_size;
     }
+    const int64_t ep = plan.expert_model_parallel_size;
     out << "; " << format_count(static_cast<double>(active_parameters(model, plan.tensor_parallel_size)))
-        << " parameters active a token; expert parallelism 1 (each tp rank holds its shard of every expert)\n";
+        << " parameters active a token; ep " << ep << " (each GPU holds its tp shard of "
+        << (ep == 1 ? std::string("every expert")
+                    : std::to_string(model.moe.num_experts / ep) +
+                          (model.moe.num_experts == ep ? " expert" : " experts") + " a layer")
+        << ")\n";
   }
   out << "plan     tp " << plan.tensor_parallel_size << " x pp " << plan.pipeline_parallel_size << " x cp "
       << plan.context_parallel_size << " x dp " << plan.data_parallel_size << " = " << plan.world_size()

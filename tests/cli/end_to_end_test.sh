@@ -633,6 +633,11 @@ expect_error 'error: --moe-router-topk: must lie in \[1, --num-experts\] = \[1, 
 expect_error 'error: --num-experts: must be at least 1, got 0 \(leave it out for a dense model\)' \
   describe --model llama3-8b --cluster h200-x2 --num-experts 0
 expect_error 'error: --moe-ffn-hidden-size: needs --num-experts' describe --model llama3-8b --cluster h200-x2 --moe-ffn-hidden-size 512
+expect_ok describe --model mixtral-8x7b --cluster dgx-h100 --gpus 8 --ep 8 --seq-length 4096 --gbs 8
+grep -q 'ep 8 (each GPU holds its tp shard of 1 expert a layer)' "$scratch/out" || fail "describe --ep 8: $(sed -n 5p "$scratch/out")"
+expect_error 'error: --expert-model-parallel-size: must divide --num-experts 8' describe --model mixtral-8x7b --cluster dgx-h100 --gpus 6 --ep 3
+expect_error 'error: --expert-model-parallel-size: needs --num-experts' describe --model llama3-8b --cluster h200-x2 --ep 2
+expect_error 'error: --expert-model-parallel-size: needs --num-experts' search --model llama3-8b --cluster h200-x2 --ep 2
 
 # Uneven stages: Llama 3.1 405B's 126 layers plan on 1024 H100s with pp >= 8 (issue 17's acceptance),
 # and the emitted Megatron arguments carry the split.

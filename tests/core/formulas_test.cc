@@ -91,6 +91,38 @@ TEST_CASE("the per-GPU parameter cache tells uneven pipeline splits apart", "[fo
   CHECK(cache.per_pipeline_rank(plan) != cache.per_pipeline_rank(other));
 }
 
+TEST_CASE("experts: every expert's MLP and the router counted, ep splitting the experts", "[formulas]") {
+  megaplan::ModelSpec model = megaplan::model_preset("llama3-8b");
+  const megaplan::LayerParameters dense = megaplan::transformer_layer_parameters(model);
+  model.moe.num_experts = 8;
+  model.moe.ffn_hidden_size = 1024;
+  model.moe.shared_expert_intermediate_size = 2048;
+  const megaplan::LayerParameters moe = megaplan::transformer_layer_parameters(model);
+  const int64_t h = 4096;
+  const int64_t expert = 3 * h * 1024;  // SwiGLU: gate, up and down, no biases
+  CHECK(moe.attention == dense.attention);
+  CHECK(moe.mlp == 8 * expert + 3 * h * 2048 + 8 * h);  // experts, shared expert, router
+  CHECK(moe.expert_sharded == 8 * expert);
+  // On a GPU of tp 2 x ep 4: its tp half of 2 experts, half the shared expert, the whole router.
+  CHECK(moe.per_gpu(2, 4) == dense.attention / 2 + 2 * expert / 2 + 3 * h * 2048 / 2 + 8 * h + moe.norms);
+  CHECK(moe.per_gpu(2, 1) == moe.per_gpu(2) + 0);
+  CHECK(moe.per_gpu(2, 1) - moe.per_gpu(2, 4) == 6 * expert / 2);
+  // Active: every layer's 6 experts outside the default top 2 left out.
+  CHECK(megaplan::active_parameters(model) == megaplan::total_parameters(model) - 32 * 6 * expert);
+  // A token's MLP FLOPs: its top 2 experts and the shared expert, 2 x 1024 + 2048 = the dense 4096.
+  megaplan::ModelSpec same_width = megaplan::model_preset("llama3-8b");
+  same_width.ffn_hidden_size = 4096;
+  CHECK(megaplan::model_flops(model, 1, 128256) == Approx(megaplan::model_flops(same_width, 1, 128256)));
+  // Parameters per pipeline rank and GPU follow ep.
+  megaplan::ParallelPlan plan;
+  plan.data_parallel_size = 8;
+  plan.expert_model_parallel_size = 8;
+  plan.global_batch_size = 8;
+  const std::vector<megaplan::PipelineRankParameters> ranks = megaplan::parameters_per_pipeline_rank(model, plan);
+  CHECK(ranks[0].parameters_per_gpu == megaplan::total_parameters(model) - 32 * 7 * expert);
+  CHECK(megaplan::ParametersPerGpuCache(model).per_pipeline_rank(plan)[0] == ranks[0].parameters_per_gpu);
+}
+
 TEST_CASE("model FLOPs follow Megatron's formula", "[formulas]") {
   const megaplan::ModelSpec gpt3 = megaplan::model_preset("gpt3-175b");
   // 72 B s l h^2 (1 + s/6h + V/12lh) with B 1536, s 2048, l 96, h 12288, V 51200.

@@ -143,6 +143,26 @@ TEST_CASE("every plan rule has a failing case that names it", "[parallel_plan]")
                     "--tensor-model-parallel-size: must divide --ffn-hidden-size 1001 (1001 % 2 = 1)");
 }
 
+TEST_CASE("expert parallelism: experts to split, ep dividing them and the ranks outside tp", "[parallel_plan]") {
+  megaplan::ModelSpec model = model_24_layers();
+  ParallelPlan plan = plan_tp2_pp2_dp2();  // 8 GPUs: tp 2, pp 2, dp 2
+  plan.expert_model_parallel_size = 2;
+  CHECK_THROWS_WITH(megaplan::validate_plan(model, plan),
+                    "--expert-model-parallel-size: needs --num-experts (a dense model has no experts to split)");
+  model.moe.num_experts = 6;
+  CHECK_NOTHROW(megaplan::validate_plan(model, plan));
+  plan.expert_model_parallel_size = 4;  // divides no 6 experts
+  CHECK_THROWS_WITH(megaplan::validate_plan(model, plan),
+                    Contains("--expert-model-parallel-size: must divide --num-experts 6"));
+  model.moe.num_experts = 8;  // 4 divides 8 experts, but not cp x dp = 2
+  CHECK_THROWS_WITH(megaplan::validate_plan(model, plan),
+                    Contains("--expert-model-parallel-size: must divide the ranks of a pipeline stage outside tensor "
+                             "parallelism, cp x dp = 2"));
+  plan.expert_model_parallel_size = 0;
+  CHECK_THROWS_WITH(megaplan::validate_plan(model, plan),
+                    "--expert-model-parallel-size: must be a positive integer, got 0");
+}
+
 TEST_CASE("schedule and recompute spellings round-trip", "[parallel_plan]") {
   for (const char* name : {"gpipe", "1f1b", "interleaved", "zb-h1", "zbv", "dualpipev"}) {
     CHECK(megaplan::to_string(megaplan::parse_schedule_kind(name, "--schedule")) == name);
@@ -162,6 +182,13 @@ TEST_CASE("plan and job JSON round-trip; the job's world must equal its GPUs", "
   plan.recompute_granularity = megaplan::RecomputeGranularity::kSelective;
   const nlohmann::json json = megaplan::parallel_plan_to_json(plan);
   CHECK(megaplan::parallel_plan_to_json(megaplan::parallel_plan_from_json(json, "p.json")) == json);
+
+  CHECK_FALSE(json.contains("expert_model_parallel_size"));  // dense plans' files as before
+  ParallelPlan split_experts = plan;
+  split_experts.expert_model_parallel_size = 2;
+  const nlohmann::json with_ep = megaplan::parallel_plan_to_json(split_experts);
+  CHECK(with_ep["expert_model_parallel_size"] == 2);
+  CHECK(megaplan::parallel_plan_from_json(with_ep, "p.json").expert_model_parallel_size == 2);
 
   megaplan::JobSpec job{model_24_layers(), megaplan::select_gpus(megaplan::cluster_preset("dgx-h100"), 8), plan};
   CHECK_NOTHROW(megaplan::validate_job(job));
