@@ -163,6 +163,11 @@ void validate_model_spec(const ModelSpec& spec) {
         "--moe-ffn-hidden-size");
     checked_multiply(checked_multiply(expert_weights, spec.moe.num_experts, "--num-experts"), spec.num_layers,
                      "--num-experts");
+    const int64_t shared_weights =
+        checked_multiply(checked_multiply(spec.hidden_size, spec.moe.shared_expert_intermediate_size,
+                                          "--moe-shared-expert-intermediate-size"),
+                         3, "--moe-shared-expert-intermediate-size");
+    checked_multiply(shared_weights, spec.num_layers, "--moe-shared-expert-intermediate-size");
   }
   const int64_t vocab = round_up_to_multiple(spec.vocab_size, spec.make_vocab_size_divisible_by, "--vocab-size");
   checked_multiply(checked_multiply(vocab, spec.hidden_size, "--vocab-size"), 2, "--vocab-size");

@@ -73,6 +73,23 @@ TEST_CASE("every validation rule names its field", "[model_spec]") {
        "--hidden-size: must be divisible by --num-attention-heads (256 % 12 != 0)"},
       {"groups do not divide heads", [](ModelSpec& s) { s.num_query_groups = 3; },
        "--num-query-groups: must divide --num-attention-heads (8 heads, 3 groups)"},
+      {"negative experts", [](ModelSpec& s) { s.moe.num_experts = -1; },
+       "--num-experts: must be a positive integer, got -1"},
+      {"top k above the experts", [](ModelSpec& s) { s.moe = {.num_experts = 4, .router_topk = 5}; },
+       "--moe-router-topk: must lie in [1, --num-experts] = [1, 4], got 5"},
+      {"experts' width without experts", [](ModelSpec& s) { s.moe.ffn_hidden_size = 512; },
+       "--moe-ffn-hidden-size: needs --num-experts (a dense model has no experts)"},
+      {"a shared expert without experts", [](ModelSpec& s) { s.moe.shared_expert_intermediate_size = 512; },
+       "--moe-shared-expert-intermediate-size: needs --num-experts"},
+      {"too many experts", [](ModelSpec& s) { s.moe.num_experts = 1 << 20; }, "--num-experts: must be at most"},
+      {"experts beyond 64 bits",
+       [](ModelSpec& s) {
+         s.num_layers = 4096;
+         s.hidden_size = 1 << 20;
+         s.num_attention_heads = 1 << 10;
+         s.moe = {.num_experts = 1 << 14, .ffn_hidden_size = 1 << 20};
+       },
+       "overflows 64 bits"},
       {"more groups than heads", [](ModelSpec& s) { s.num_query_groups = 16; }, "--num-query-groups: must divide"},
       {"sequence beyond positions", [](ModelSpec& s) { s.max_position_embeddings = 256; },
        "--seq-length: must not exceed --max-position-embeddings (512 > 256)"},
