@@ -186,7 +186,6 @@ ModelSpec model_spec_from_hf_config(const nlohmann::json& json, const std::strin
     spec.moe.router_topk = 2;
     reader.read("num_local_experts", spec.moe.num_experts);
     reader.read("num_experts_per_tok", spec.moe.router_topk);
-    spec.moe.ffn_hidden_size = spec.ffn_hidden_size;
   }
   reader.read("_name_or_path", spec.name);
   if (spec.name.empty()) spec.name = source;

@@ -96,6 +96,17 @@ int64_t derive_data_parallel_size(int64_t world_size, int64_t tensor_parallel_si
   return world_size / model_parallel;
 }
 
+void validate_expert_parallel_size(const ModelSpec& model, int64_t expert_parallel_size) {
+  require_positive(expert_parallel_size, "--expert-model-parallel-size");
+  if (expert_parallel_size > 1 && !model.moe.enabled()) {
+    throw SpecError("--expert-model-parallel-size", "needs --num-experts (a dense model has no experts to split)");
+  }
+  if (model.moe.enabled()) {
+    require_divides(expert_parallel_size, model.moe.num_experts, "--expert-model-parallel-size",
+                    [&] { return "must divide --num-experts " + std::to_string(model.moe.num_experts); });
+  }
+}
+
 void validate_plan(const ModelSpec& model, const ParallelPlan& plan) {
   const int64_t tp = plan.tensor_parallel_size;
   const int64_t pp = plan.pipeline_parallel_size;
@@ -127,19 +138,13 @@ void validate_plan(const ModelSpec& model, const ParallelPlan& plan) {
   // Expert parallelism: ep ranks split each layer's experts, and the expert layers' groups (tp x ep
   // x expert-dp x pp, Megatron's expert generator) tile the same world as the dense layers'.
   const int64_t ep = plan.expert_model_parallel_size;
-  require_positive(ep, "--expert-model-parallel-size");
-  if (ep > 1 && !model.moe.enabled()) {
-    throw SpecError("--expert-model-parallel-size", "needs --num-experts (a dense model has no experts to split)");
-  }
+  validate_expert_parallel_size(model, ep);
   if (model.moe.enabled()) {
-    require_divides(ep, model.moe.num_experts, "--expert-model-parallel-size",
-                    [&] { return "must divide --num-experts " + std::to_string(model.moe.num_experts); });
     require_divides(ep, cp * dp, "--expert-model-parallel-size", [&] {
       return "must divide the ranks of a pipeline stage outside tensor parallelism, cp x dp = " +
              std::to_string(cp * dp) + " (the expert groups tile the world as tp x ep x expert-dp x pp)";
     });
-  }
-  if (model.moe.enabled()) {  // the experts too (Megatron's expert tensor parallelism defaults to tp)
+    // The experts' widths too (Megatron's expert tensor parallelism defaults to tp).
     require_divides(tp, model.effective_moe_ffn_hidden_size(), "--tensor-model-parallel-size", [&] {
       return "must divide --moe-ffn-hidden-size " + std::to_string(model.effective_moe_ffn_hidden_size());
     });

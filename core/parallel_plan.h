@@ -98,6 +98,9 @@ int64_t derive_data_parallel_size(int64_t world_size, int64_t tensor_parallel_si
 // broken rule is thrown as SpecError naming the Megatron flag and the rule with its values.
 // REQUIRES: validate_model_spec(model) passed.
 void validate_plan(const ModelSpec& model, const ParallelPlan& plan);
+// validate_plan's rules on ep that need no layout: at least 1, 1 for a dense model, dividing the
+// experts (search checks a pinned ep with it).
+void validate_expert_parallel_size(const ModelSpec& model, int64_t expert_parallel_size);
 
 // JSON field names are the struct's member names; schedule and recompute use their spellings.
 // "first 7 last 7", "embedding and loss as layers"; "" for an even split.

@@ -8,12 +8,8 @@ namespace megaplan::planner {
 
 SearchSpace search_space_from_flags(const SearchSpaceFlags& options, const ModelSpec& model) {
   for (const int64_t ep : options.expert_parallel) {
-    if (ep == 1) continue;
-    if (!model.moe.enabled()) {
-      throw SpecError("--expert-model-parallel-size",
-                      "needs --num-experts (a dense model has no experts to split), got " + std::to_string(ep));
-    }
-    throw experts_not_built();
+    validate_expert_parallel_size(model, ep);
+    if (ep != 1) throw experts_not_built();  // no model with experts is searched yet
   }
   SearchSpace space;
   space.tensor_parallel = options.tensor_parallel;

@@ -2,8 +2,6 @@
 // final word on every plan.
 #include "planner/search_space.h"
 
-#include "planner/workers.h"
-
 #include <algorithm>
 #include <numeric>
 #include <string>
