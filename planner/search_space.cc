@@ -180,9 +180,79 @@ std::vector<SplitChoice> pipeline_splits(int64_t layers, int64_t pp) {
 
 }  // namespace
 
-std::vector<ParallelPlan> enumerate_plans(const SearchProblem& problem, int64_t threads) {
+namespace {
+
+// The candidates of one tp x pp x cp grid that validate_plan accepts, in the enumeration's order.
+std::vector<ParallelPlan> grid_plans(const SearchProblem& problem, const Grid& grid,
+                                     const std::vector<RecomputeGranularity>& recomputes,
+                                     const std::vector<ScheduleKind>& schedules) {
   const SearchSpace& space = problem.space;
   const ModelSpec& model = problem.model;
+  std::vector<ParallelPlan> plans;
+  const int64_t dp = problem.gpus / (grid.tp * grid.pp * grid.cp);
+  if (problem.global_batch_size % dp != 0) return plans;
+  const std::vector<bool> sequence_parallel =
+      grid.tp == 1 ? std::vector<bool>{false} : or_all(space.sequence_parallel, {false, true});
+  const std::vector<bool> distributed_optimizer =
+      dp * grid.cp == 1 ? std::vector<bool>{false} : or_all(space.distributed_optimizer, {false, true});
+  for (const SplitChoice& choice : pipeline_splits(model.num_layers, grid.pp)) {
+    for (int64_t vpp : choice.virtual_pipeline) {
+      if (!allowed(space.virtual_pipeline, vpp) || (vpp > 1 && grid.pp == 1)) continue;
+      // Listing layers per virtual stage asks for interleaving with those (even) chunk sizes.
+      if (!space.layers_per_virtual_stage.empty() &&
+          (vpp == 1 || !choice.split.even() ||
+           !allowed(space.layers_per_virtual_stage, model.num_layers / (grid.pp * vpp)))) {
+        continue;
+      }
+      for (int64_t mbs : divisors(problem.global_batch_size / dp)) {
+        if (!allowed(space.micro_batch, mbs)) continue;
+        for (RecomputeGranularity recompute : recomputes) {
+          for (bool sp : sequence_parallel) {
+            if (sp && (model.seq_length / grid.cp) % grid.tp != 0) continue;
+            for (bool distributed : distributed_optimizer) {
+              for (ScheduleKind schedule : schedules) {
+                if (grid.pp == 1 && schedule_traits(schedule).pipeline_only) continue;
+                // The schedule's rules on vpp and the microbatch count (interleaving with Megatron's
+                // default group, pp), asked here too because a refusal from validate_plan costs an
+                // exception.
+                const int64_t microbatches = problem.global_batch_size / (dp * mbs);
+                if (!schedule_shape_ok(schedule, grid.pp, vpp, microbatches, grid.pp)) continue;
+                ParallelPlan plan;
+                plan.tensor_parallel_size = grid.tp;
+                plan.pipeline_parallel_size = grid.pp;
+                plan.context_parallel_size = grid.cp;
+                plan.data_parallel_size = dp;
+                plan.virtual_pipeline_parallel_size = vpp;
+                plan.pipeline_split = choice.split;
+                plan.micro_batch_size = mbs;
+                plan.global_batch_size = problem.global_batch_size;
+                plan.sequence_parallel = sp;
+                plan.use_distributed_optimizer = distributed;
+                plan.recompute_granularity = recompute;
+                plan.schedule = schedule;
+                plan.implementation = space.implementation;
+                plan.options = space.options;
+                // validate_plan has the final word.
+                try {
+                  validate_plan(model, plan);
+                } catch (const SpecError&) {
+                  continue;
+                }
+                plans.push_back(plan);
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  return plans;
+}
+
+}  // namespace
+
+std::vector<ParallelPlan> enumerate_plans(const SearchProblem& problem, int64_t threads) {
+  const SearchSpace& space = problem.space;
   const std::vector<RecomputeGranularity> recomputes = or_all(
       space.recompute, {RecomputeGranularity::kNone, RecomputeGranularity::kSelective, RecomputeGranularity::kFull});
   // Every kind but gpipe (listed only when asked for), of those the implementation runs: Megatron-LM
@@ -193,77 +263,16 @@ std::vector<ParallelPlan> enumerate_plans(const SearchProblem& problem, int64_t 
     if (runs_schedule(space.implementation, traits.kind)) every_schedule.push_back(traits.kind);
   }
   const std::vector<ScheduleKind> schedules = or_all(space.schedules, every_schedule);
+  // Grid by grid on the pool (validate_plan is most of the time), joined in the grids' order.
+  const std::vector<Grid> grids = model_parallel_grids(problem);
+  std::vector<std::vector<ParallelPlan>> by_grid(grids.size());
+  for_each_index(threads, grids.size(),
+                 [&](std::size_t g) { by_grid[g] = grid_plans(problem, grids[g], recomputes, schedules); });
+  std::size_t total = 0;
+  for (const auto& plans : by_grid) total += plans.size();
   std::vector<ParallelPlan> plans;
-  for (const Grid& grid : model_parallel_grids(problem)) {
-    const int64_t dp = problem.gpus / (grid.tp * grid.pp * grid.cp);
-    if (problem.global_batch_size % dp != 0) continue;
-    const std::vector<bool> sequence_parallel =
-        grid.tp == 1 ? std::vector<bool>{false} : or_all(space.sequence_parallel, {false, true});
-    const std::vector<bool> distributed_optimizer =
-        dp * grid.cp == 1 ? std::vector<bool>{false} : or_all(space.distributed_optimizer, {false, true});
-    for (const SplitChoice& choice : pipeline_splits(model.num_layers, grid.pp)) {
-      for (int64_t vpp : choice.virtual_pipeline) {
-        if (!allowed(space.virtual_pipeline, vpp) || (vpp > 1 && grid.pp == 1)) continue;
-        // Listing layers per virtual stage asks for interleaving with those (even) chunk sizes.
-        if (!space.layers_per_virtual_stage.empty() &&
-            (vpp == 1 || !choice.split.even() ||
-             !allowed(space.layers_per_virtual_stage, model.num_layers / (grid.pp * vpp)))) {
-          continue;
-        }
-        for (int64_t mbs : divisors(problem.global_batch_size / dp)) {
-          if (!allowed(space.micro_batch, mbs)) continue;
-          for (RecomputeGranularity recompute : recomputes) {
-            for (bool sp : sequence_parallel) {
-              if (sp && (model.seq_length / grid.cp) % grid.tp != 0) continue;
-              for (bool distributed : distributed_optimizer) {
-                for (ScheduleKind schedule : schedules) {
-                  if (grid.pp == 1 && schedule_traits(schedule).pipeline_only) continue;
-                  // The schedule's rules on vpp and the microbatch count (interleaving with Megatron's
-                  // default group, pp), asked here too because a refusal from validate_plan costs an
-                  // exception.
-                  const int64_t microbatches = problem.global_batch_size / (dp * mbs);
-                  if (!schedule_shape_ok(schedule, grid.pp, vpp, microbatches, grid.pp)) continue;
-                  ParallelPlan plan;
-                  plan.tensor_parallel_size = grid.tp;
-                  plan.pipeline_parallel_size = grid.pp;
-                  plan.context_parallel_size = grid.cp;
-                  plan.data_parallel_size = dp;
-                  plan.virtual_pipeline_parallel_size = vpp;
-                  plan.pipeline_split = choice.split;
-                  plan.micro_batch_size = mbs;
-                  plan.global_batch_size = problem.global_batch_size;
-                  plan.sequence_parallel = sp;
-                  plan.use_distributed_optimizer = distributed;
-                  plan.recompute_granularity = recompute;
-                  plan.schedule = schedule;
-                  plan.implementation = space.implementation;
-                  plan.options = space.options;
-                  plans.push_back(plan);
-                }
-              }
-            }
-          }
-        }
-      }
-    }
-  }
-  // validate_plan has the final word, on the threads: it is most of the enumeration's time.
-  constexpr std::size_t kChunk = 4096;
-  std::vector<char> legal(plans.size(), 0);
-  for_each_index(threads, (plans.size() + kChunk - 1) / kChunk, [&](std::size_t chunk) {
-    for (std::size_t i = chunk * kChunk; i < std::min(plans.size(), (chunk + 1) * kChunk); ++i) {
-      try {
-        validate_plan(model, plans[i]);
-        legal[i] = 1;
-      } catch (const SpecError&) {
-      }
-    }
-  });
-  std::size_t kept = 0;
-  for (std::size_t i = 0; i < plans.size(); ++i) {
-    if (legal[i]) plans[kept++] = plans[i];
-  }
-  plans.resize(kept);
+  plans.reserve(total);
+  for (const auto& grid : by_grid) plans.insert(plans.end(), grid.begin(), grid.end());
   return plans;
 }
 
