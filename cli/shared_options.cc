@@ -76,6 +76,49 @@ void add_model_options(CLI::App& command, ModelOptions& options) {
       .add_option("--moe-shared-expert-intermediate-size", options.moe_shared_expert_intermediate_size,
                   "A shared expert of this width (default none)")
       ->group(group);
+  command.add_flag("--moe-shared-expert-gate", options.moe_shared_expert_gate, "A sigmoid gate on the shared expert")
+      ->group(group);
+  command
+      .add_option("--moe-layer-freq", options.moe_layer_freq,
+                  "Experts every N-th layer from layer 0, or a pattern such as ([1]*3+[0])*2 (default 1)")
+      ->group(group);
+  command.add_option("--moe-router-score-function", options.moe_router_score_function, "softmax (default) or sigmoid")
+      ->group(group);
+  command.add_flag("--moe-router-pre-softmax", options.moe_router_pre_softmax, "Scores over every expert, then top k")
+      ->group(group);
+  command
+      .add_option("--moe-router-topk-scaling-factor", options.moe_router_topk_scaling_factor,
+                  "Scales the chosen experts' probabilities (default none)")
+      ->group(group);
+  command
+      .add_option("--moe-router-load-balancing-type", options.moe_router_load_balancing_type,
+                  "aux_loss (default), seq_aux_loss or none")
+      ->group(group);
+  command
+      .add_option("--moe-aux-loss-coeff", options.moe_aux_loss_coeff, "The load-balancing loss's weight (default 0)")
+      ->group(group);
+  command.add_option("--moe-z-loss-coeff", options.moe_z_loss_coeff, "The router's z loss weight (default 0)")
+      ->group(group);
+  command
+      .add_flag("--moe-router-enable-expert-bias", options.moe_router_enable_expert_bias,
+                "Aux-loss-free balancing: an expert bias on the sigmoid scores")
+      ->group(group);
+  command
+      .add_option("--moe-router-bias-update-rate", options.moe_router_bias_update_rate,
+                  "The expert bias's step per global batch (default 0.001)")
+      ->group(group);
+  command
+      .add_option("--moe-expert-capacity-factor", options.moe_expert_capacity_factor,
+                  "Each expert's capacity over an even share of the routes (default: dropless)")
+      ->group(group);
+  command
+      .add_flag("--moe-pad-expert-input-to-capacity", options.moe_pad_expert_input_to_capacity,
+                "Every expert computes exactly its capacity")
+      ->group(group);
+  command
+      .add_option("--moe-token-drop-policy", options.moe_token_drop_policy,
+                  "Over capacity keep the most probable routes (probs, default) or the earliest (position)")
+      ->group(group);
 }
 
 void add_cluster_options(CLI::App& command, ClusterOptions& options) {

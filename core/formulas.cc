@@ -36,20 +36,21 @@ MlpParameters mlp_parameters(const ModelSpec& model, int64_t ffn) {
   return {h * ffn_in + fc1_bias + ffn * h + fc2_bias, h * ffn_in + fc1_bias + ffn * h, fc2_bias, 0, 0};
 }
 
-// A layer's MLP: the dense one, or with experts the router (replicated: Megatron's router is no
-// tensor-parallel layer), every expert (sharded over tp, Megatron's default expert tensor
-// parallelism) and the shared expert.
-MlpParameters layer_mlp_parameters(const ModelSpec& model) {
-  if (!model.moe.enabled()) return mlp_parameters(model, model.effective_ffn_hidden_size());
+// A layer's MLP: the dense one, or in a layer with experts the router (replicated: Megatron's
+// router is no tensor-parallel layer), every expert (sharded over tp, Megatron's default expert
+// tensor parallelism) and the shared expert with its gate (1 x h, replicated).
+MlpParameters layer_mlp_parameters(const ModelSpec& model, bool experts) {
+  if (!experts) return mlp_parameters(model, model.effective_ffn_hidden_size());
   const MlpParameters expert = mlp_parameters(model, model.effective_moe_ffn_hidden_size());
   const MlpParameters shared = model.moe.shared_expert_intermediate_size > 0
                                    ? mlp_parameters(model, model.moe.shared_expert_intermediate_size)
                                    : MlpParameters{};
-  const int64_t experts = model.moe.num_experts;
-  const int64_t router = experts * model.hidden_size;
-  return {experts * expert.total + shared.total + router, experts * expert.sharded + shared.sharded,
-          experts * expert.replicated + shared.replicated + router, experts * expert.sharded,
-          experts * expert.replicated};
+  const int64_t gate = model.moe.shared_expert_gate ? model.hidden_size : 0;
+  const int64_t count = model.moe.num_experts;
+  const int64_t router = count * model.hidden_size;
+  return {count * expert.total + shared.total + gate + router, count * expert.sharded + shared.sharded,
+          count * expert.replicated + shared.replicated + gate + router, count * expert.sharded,
+          count * expert.replicated};
 }
 
 }  // namespace
@@ -59,7 +60,7 @@ int64_t mlp_input_width(const ModelSpec& model) {
   return (model.swiglu ? 2 : 1) * model.effective_ffn_hidden_size();
 }
 
-LayerParameters transformer_layer_parameters(const ModelSpec& model) {
+LayerParameters transformer_layer_parameters(const ModelSpec& model, bool experts) {
   const int64_t h = model.hidden_size;
   const int64_t qkv_width = model.query_projection_size() + 2 * model.kv_projection_size();
   const bool bias = model.add_bias_linear;
@@ -69,7 +70,7 @@ LayerParameters transformer_layer_parameters(const ModelSpec& model) {
   // the output projection.
   const int64_t qkv_bias = bias || model.add_qkv_bias ? qkv_width : 0;
   const int64_t projection_bias = bias ? h : 0;
-  const MlpParameters mlp = layer_mlp_parameters(model);
+  const MlpParameters mlp = layer_mlp_parameters(model, experts && model.moe.enabled());
   layer.attention = h * qkv_width + qkv_bias + model.query_projection_size() * h + projection_bias;
   layer.mlp = mlp.total;
   layer.norms = 2 * norm_parameters(model);
@@ -83,7 +84,9 @@ LayerParameters transformer_layer_parameters(const ModelSpec& model) {
 int64_t total_parameters(const ModelSpec& model, int64_t tensor_parallel_size) {
   const int64_t word_embedding = padded_vocab_size(model, tensor_parallel_size) * model.hidden_size;
   const int64_t output_layer = model.untie_embeddings_and_output_weights ? word_embedding : 0;
-  return model.num_layers * transformer_layer_parameters(model).total() + word_embedding +
+  const int64_t moe_layers = model.moe.moe_layers(0, model.num_layers);
+  return (model.num_layers - moe_layers) * transformer_layer_parameters(model, false).total() +
+         moe_layers * transformer_layer_parameters(model, true).total() + word_embedding +
          position_embedding_parameters(model) + norm_parameters(model) + output_layer;
 }
 
@@ -91,19 +94,24 @@ int64_t active_parameters(const ModelSpec& model, int64_t tensor_parallel_size) 
   const int64_t total = total_parameters(model, tensor_parallel_size);
   if (!model.moe.enabled()) return total;
   const int64_t idle = model.moe.num_experts - model.moe.effective_router_topk();
-  return total - model.num_layers * idle * mlp_parameters(model, model.effective_moe_ffn_hidden_size()).total;
+  return total - model.moe.moe_layers(0, model.num_layers) * idle *
+                     mlp_parameters(model, model.effective_moe_ffn_hidden_size()).total;
 }
 
 StageParameters stage_parameters(const ModelSpec& model, const ParallelPlan& plan, int64_t stage) {
   const int64_t tp = plan.tensor_parallel_size;
   const int64_t pp = plan.pipeline_parallel_size;
-  const LayerParameters layer = transformer_layer_parameters(model);
   const int64_t word_embedding = padded_vocab_size(model, tp) * model.hidden_size;  // vocab-parallel
   const int64_t position_embedding = position_embedding_parameters(model);          // replicated
   const StageLayers layers = stage_layers(stage, model, plan);
   StageParameters entry;
-  entry.parameters = layers.num_layers * layer.total();
-  entry.parameters_per_gpu = layers.num_layers * layer.per_gpu(tp, plan.expert_model_parallel_size);
+  const int64_t moe_layers = model.moe.moe_layers(layers.first_layer, layers.num_layers);
+  for (const auto& [count, experts] : {std::pair{layers.num_layers - moe_layers, false}, std::pair{moe_layers, true}}) {
+    if (count == 0) continue;
+    const LayerParameters layer = transformer_layer_parameters(model, experts);
+    entry.parameters += count * layer.total();
+    entry.parameters_per_gpu += count * layer.per_gpu(tp, plan.expert_model_parallel_size);
+  }
   if (layers.has_embedding) {
     entry.parameters += word_embedding + position_embedding;
     entry.parameters_per_gpu += word_embedding / tp + position_embedding;
@@ -166,13 +174,15 @@ double model_flops(const ModelSpec& model, int64_t batch_size, int64_t padded_vo
   const double heads = static_cast<double>(model.num_attention_heads);
   const double groups = static_cast<double>(model.effective_num_query_groups());
   const double query_ratio = static_cast<double>(model.query_projection_size()) / h;
-  // With experts, each token passes through its top k and the shared expert (Megatron's count;
-  // the router's small GEMM is not counted).
+  // In a layer with experts each token passes through its top k and the shared expert (Megatron's
+  // count; the router's small GEMM is not counted): the layers' mean width.
+  const int64_t moe_layers = model.moe.moe_layers(0, model.num_layers);
   const double mlp_width =
-      model.moe.enabled()
-          ? static_cast<double>(model.effective_moe_ffn_hidden_size() * model.moe.effective_router_topk() +
-                                model.moe.shared_expert_intermediate_size)
-          : static_cast<double>(model.effective_ffn_hidden_size());
+      (static_cast<double>(model.num_layers - moe_layers) * static_cast<double>(model.effective_ffn_hidden_size()) +
+       static_cast<double>(moe_layers) *
+           static_cast<double>(model.effective_moe_ffn_hidden_size() * model.moe.effective_router_topk() +
+                               model.moe.shared_expert_intermediate_size)) /
+      l;
   const double mlp_ratio = mlp_width / h;
   const double gated_multiplier = model.swiglu ? 1.5 : 1.0;
   const double vocab = static_cast<double>(padded_vocab_size);

@@ -36,7 +36,8 @@ struct LayerParameters {
   }
 };
 
-LayerParameters transformer_layer_parameters(const ModelSpec& model);
+// A layer with the dense MLP, or with `experts` (where the model has them) Megatron's MoE layer.
+LayerParameters transformer_layer_parameters(const ModelSpec& model, bool experts = false);
 
 // Distinct trainable parameters of the whole model (tied embeddings counted once), with the
 // vocabulary padded for `tensor_parallel_size` as Megatron pads it.

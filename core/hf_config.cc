@@ -1,11 +1,17 @@
 // Hugging Face config.json import. Field names follow transformers' LlamaConfig, MistralConfig,
-// MixtralConfig, Qwen2Config and GPT2Config; defaults are those classes' defaults where the file
-// omits a field.
+// MixtralConfig, Qwen2Config, Qwen2MoeConfig and GPT2Config; defaults are those classes' defaults
+// where the file omits a field.
 #include "core/hf_config.h"
+
+#include <algorithm>
+#include <string_view>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "core/checked_math.h"
 #include "core/error.h"
+#include "core/input_limits.h"
 #include "core/json_io.h"
 #include "core/model_presets.h"
 
@@ -51,12 +57,14 @@ struct UnmodelledKey {
   const char* feature;
 };
 constexpr UnmodelledKey kUnmodelledKeys[] = {
-    {"num_experts", "mixture of experts (Qwen's) is not modelled yet (issue 40)"},
+    {"num_experts",
+     "Qwen's mixture of experts is read under model_type \"qwen2_moe\" only (Qwen3-MoE's QK norm is not modelled)"},
     {"n_routed_experts", "mixture of experts (DeepSeek's) is not modelled yet (issue 40)"},
-    {"num_experts_per_tok", "mixture of experts (top-k routing) is not modelled yet (issue 40)"},
-    {"moe_intermediate_size", "mixture of experts (experts' width) is not modelled yet (issue 40)"},
-    {"shared_expert_intermediate_size", "mixture of experts (a shared expert) is not modelled yet (issue 40)"},
-    {"n_shared_experts", "mixture of experts (shared experts) is not modelled yet (issue 40)"},
+    {"num_experts_per_tok", "mixture of experts is read for Mixtral (num_local_experts) and qwen2_moe only"},
+    {"moe_intermediate_size", "mixture of experts is read for qwen2_moe only (Qwen3-MoE's QK norm is not modelled)"},
+    {"shared_expert_intermediate_size", "a shared expert is read for qwen2_moe only"},
+    {"n_shared_experts", "mixture of experts (DeepSeek's shared experts) is not modelled yet (issue 40)"},
+    {"router_jitter_noise", "router input jitter is not modelled (Megatron's --moe-input-jitter-eps)"},
     {"q_lora_rank", "multi-head latent attention (DeepSeek's MLA) is not modelled"},
     {"kv_lora_rank", "multi-head latent attention (DeepSeek's MLA) is not modelled"},
     {"mlp_bias", "biases on the MLP's projections are not modelled for the Llama family"},
@@ -75,9 +83,20 @@ bool has_mixtral_experts(const nlohmann::json& json, const std::string& type) {
   return type == "mixtral" || (experts != json.end() && is_set(*experts));
 }
 
-void refuse_unmodelled_keys(const nlohmann::json& json, JsonFieldReader& reader, bool mixtral) {
+// The keys of kUnmodelledKeys that `type` models: Mixtral's top k; Qwen2-MoE's experts.
+bool models_key(const std::string& type, bool mixtral, std::string_view key) {
+  if (mixtral) return key == "num_experts_per_tok";
+  if (type == "qwen2_moe") {
+    return key == "num_experts" || key == "num_experts_per_tok" || key == "moe_intermediate_size" ||
+           key == "shared_expert_intermediate_size";
+  }
+  return false;
+}
+
+void refuse_unmodelled_keys(const nlohmann::json& json, JsonFieldReader& reader, const std::string& type,
+                            bool mixtral) {
   for (const UnmodelledKey& unmodelled : kUnmodelledKeys) {
-    if (mixtral && std::string_view(unmodelled.key) == "num_experts_per_tok") continue;  // Mixtral's top k
+    if (models_key(type, mixtral, unmodelled.key)) continue;
     if (const auto found = json.find(unmodelled.key); found != json.end() && is_set(*found)) {
       throw SpecError(
           reader.field(unmodelled.key),
@@ -127,7 +146,9 @@ ModelSpec from_llama_family(JsonFieldReader& reader, const std::string& type) {
   // Qwen2 always has QKV biases; Llama's attention_bias puts biases on q, k, v (and o).
   bool attention_bias = false;
   reader.read("attention_bias", attention_bias);
-  spec.add_qkv_bias = type == "qwen2" || attention_bias;
+  bool qkv_bias = true;  // Qwen2MoeConfig's default (its older files omit the key: always biases)
+  if (type == "qwen2_moe") reader.read("qkv_bias", qkv_bias);
+  spec.add_qkv_bias = type == "qwen2" || (type == "qwen2_moe" && qkv_bias) || attention_bias;
   spec.norm_epsilon = 1e-6;  // the three configs' rms_norm_eps default
   reader.read("rms_norm_eps", spec.norm_epsilon);
   reader.read("rope_theta", spec.rotary_base);  // default 10000, as Megatron's
@@ -158,6 +179,57 @@ ModelSpec from_gpt2(JsonFieldReader& reader) {
   return spec;  // LayerNorm, GELU, learned positions, biases: Megatron's GPT defaults
 }
 
+// The router's loss as transformers trains these models: router_aux_loss_coef times the switch
+// loss, added only under output_router_logits (MixtralConfig's and Qwen2MoeConfig's default: off).
+void read_router_loss(JsonFieldReader& reader, double default_coefficient, MoeSpec& moe) {
+  bool output_router_logits = false;
+  reader.read("output_router_logits", output_router_logits);
+  double coefficient = default_coefficient;
+  reader.read("router_aux_loss_coef", coefficient);
+  moe.aux_loss_coeff = output_router_logits ? coefficient : 0;
+}
+
+// Qwen2-MoE: layer i holds experts unless listed in mlp_only_layers, when (i + 1) is a multiple of
+// decoder_sparse_step; each MoE layer a shared expert behind a sigmoid gate; top k over the softmax
+// of every expert, renormalised over the k only under norm_topk_prob (Megatron's softmax after the
+// choice: the same probabilities).
+void read_qwen2_moe(JsonFieldReader& reader, ModelSpec& spec) {
+  MoeSpec& moe = spec.moe;
+  moe.num_experts = 60;
+  moe.router_topk = 4;
+  moe.ffn_hidden_size = 1408;
+  moe.shared_expert_intermediate_size = 5632;
+  reader.read("num_experts", moe.num_experts);
+  reader.read("num_experts_per_tok", moe.router_topk);
+  reader.read("moe_intermediate_size", moe.ffn_hidden_size);
+  reader.read("shared_expert_intermediate_size", moe.shared_expert_intermediate_size);
+  moe.shared_expert_gate = moe.shared_expert_intermediate_size > 0;
+  bool norm_topk_prob = false;
+  reader.read("norm_topk_prob", norm_topk_prob);
+  moe.router_pre_softmax = !norm_topk_prob;
+  read_router_loss(reader, 0.001, moe);
+  int64_t step = 1;
+  reader.read("decoder_sparse_step", step);
+  if (step < 1) throw SpecError(reader.field("decoder_sparse_step"), "must be at least 1, got " + std::to_string(step));
+  std::vector<int64_t> dense_layers;
+  reader.read("mlp_only_layers", dense_layers);
+  if (step == 1 && dense_layers.empty()) return;  // every layer: Megatron's --moe-layer-freq 1
+  // The pattern has an entry per layer: the count is checked before it sizes anything.
+  require_positive(spec.num_layers, reader.field("num_hidden_layers"));
+  require_at_most(spec.num_layers, kMaxLayers, reader.field("num_hidden_layers"));
+  moe.layer_pattern.assign(static_cast<std::size_t>(spec.num_layers), 0);
+  for (int64_t layer = 0; layer < spec.num_layers; ++layer) {
+    moe.layer_pattern[static_cast<std::size_t>(layer)] = (layer + 1) % step == 0 ? 1 : 0;
+  }
+  for (int64_t layer : dense_layers) {
+    if (layer < 0 || layer >= spec.num_layers) {
+      throw SpecError(reader.field("mlp_only_layers"),
+                      "names layer " + std::to_string(layer) + " of " + std::to_string(spec.num_layers));
+    }
+    moe.layer_pattern[static_cast<std::size_t>(layer)] = 0;
+  }
+}
+
 }  // namespace
 
 bool is_hf_config(const nlohmann::json& json) {
@@ -171,22 +243,29 @@ ModelSpec model_spec_from_hf_config(const nlohmann::json& json, const std::strin
   JsonFieldReader reader(json, source);
   const std::string type = model_type_of(reader);
   const bool mixtral = has_mixtral_experts(json, type);
-  refuse_unmodelled_keys(json, reader, mixtral);
+  if (type == "qwen3" || type == "qwen3_moe") {
+    throw SpecError(
+        reader.field("model_type"),
+        "\"" + type + "\" normalises each head's queries and keys (q_norm, k_norm): QK norm is not modelled");
+  }
+  refuse_unmodelled_keys(json, reader, type, mixtral);
   ModelSpec spec;
-  if (type == "llama" || type == "mistral" || type == "mixtral" || type == "qwen2") {
+  if (type == "llama" || type == "mistral" || type == "mixtral" || type == "qwen2" || type == "qwen2_moe") {
     spec = from_llama_family(reader, type);
   } else if (type == "gpt2") {
     spec = from_gpt2(reader);
   } else {
     throw SpecError(reader.field("model_type"),
-                    "unsupported \"" + type + "\"; supported: llama, mistral, mixtral, qwen2, gpt2");
+                    "unsupported \"" + type + "\"; supported: llama, mistral, mixtral, qwen2, qwen2_moe, gpt2");
   }
   if (mixtral) {  // every MLP Mixtral's experts of intermediate_size (MixtralConfig's defaults 8 and 2)
     spec.moe.num_experts = 8;
     spec.moe.router_topk = 2;
     reader.read("num_local_experts", spec.moe.num_experts);
     reader.read("num_experts_per_tok", spec.moe.router_topk);
+    read_router_loss(reader, 0.001, spec.moe);
   }
+  if (type == "qwen2_moe") read_qwen2_moe(reader, spec);
   reader.read("_name_or_path", spec.name);
   if (spec.name.empty()) spec.name = source;
   return spec;

@@ -74,19 +74,59 @@ constexpr MoeFlag kMoeFlags[] = {
     {&ModelOptions::moe_shared_expert_intermediate_size, &MoeSpec::shared_expert_intermediate_size,
      "--moe-shared-expert-intermediate-size"}};
 
+// The router's and the layer pattern's flags over `moe`; their rules are validate_moe_spec's (a
+// factor given as 0 is refused there, not taken as unset).
+void apply_router_flags(const ModelOptions& options, MoeSpec& moe) {
+  if (options.moe_layer_freq) parse_moe_layer_freq(*options.moe_layer_freq, "--moe-layer-freq", moe);
+  if (options.moe_router_score_function) {
+    moe.score_function = parse_router_score_function(*options.moe_router_score_function, "--moe-router-score-function");
+  }
+  if (options.moe_router_load_balancing_type) {
+    moe.load_balancing =
+        parse_load_balancing(*options.moe_router_load_balancing_type, "--moe-router-load-balancing-type");
+  }
+  if (options.moe_token_drop_policy) {
+    moe.token_drop_policy = parse_token_drop_policy(*options.moe_token_drop_policy, "--moe-token-drop-policy");
+  }
+  if (options.moe_router_topk_scaling_factor) moe.router_topk_scaling_factor = *options.moe_router_topk_scaling_factor;
+  if (options.moe_router_bias_update_rate) moe.router_bias_update_rate = *options.moe_router_bias_update_rate;
+  if (options.moe_expert_capacity_factor) moe.expert_capacity_factor = *options.moe_expert_capacity_factor;
+  if (options.moe_aux_loss_coeff) moe.aux_loss_coeff = *options.moe_aux_loss_coeff;
+  if (options.moe_z_loss_coeff) moe.z_loss_coeff = *options.moe_z_loss_coeff;
+  moe.shared_expert_gate = moe.shared_expert_gate || options.moe_shared_expert_gate;
+  moe.router_pre_softmax = moe.router_pre_softmax || options.moe_router_pre_softmax;
+  moe.router_enable_expert_bias = moe.router_enable_expert_bias || options.moe_router_enable_expert_bias;
+  moe.pad_expert_input_to_capacity = moe.pad_expert_input_to_capacity || options.moe_pad_expert_input_to_capacity;
+}
+
 }  // namespace
 
 bool model_flags_given(const ModelOptions& options) {
-  const std::optional<double>* reals[] = {&options.norm_epsilon, &options.rotary_base, &options.rotary_percent,
-                                          &options.rope_scaling_factor};
+  const std::optional<double>* reals[] = {&options.norm_epsilon,
+                                          &options.rotary_base,
+                                          &options.rotary_percent,
+                                          &options.rope_scaling_factor,
+                                          &options.moe_router_topk_scaling_factor,
+                                          &options.moe_aux_loss_coeff,
+                                          &options.moe_z_loss_coeff,
+                                          &options.moe_router_bias_update_rate,
+                                          &options.moe_expert_capacity_factor};
+  const std::optional<std::string>* texts[] = {&options.normalization,
+                                               &options.position_embedding_type,
+                                               &options.moe_layer_freq,
+                                               &options.moe_router_score_function,
+                                               &options.moe_router_load_balancing_type,
+                                               &options.moe_token_drop_policy};
   return std::any_of(std::begin(kIntegerModelFlags), std::end(kIntegerModelFlags),
                      [&](const IntegerFlag& flag) { return (options.*flag.first).has_value(); }) ||
          std::any_of(std::begin(kMoeFlags), std::end(kMoeFlags),
                      [&](const MoeFlag& flag) { return (options.*std::get<0>(flag)).has_value(); }) ||
          std::any_of(std::begin(reals), std::end(reals), [](const auto* flag) { return flag->has_value(); }) ||
-         options.normalization || options.position_embedding_type || options.swiglu || options.group_query_attention ||
-         options.use_rope_scaling || options.untie_embeddings_and_output_weights || options.disable_bias_linear ||
-         options.add_qkv_bias;
+         std::any_of(std::begin(texts), std::end(texts), [](const auto* flag) { return flag->has_value(); }) ||
+         options.swiglu || options.group_query_attention || options.use_rope_scaling ||
+         options.untie_embeddings_and_output_weights || options.disable_bias_linear || options.add_qkv_bias ||
+         options.moe_shared_expert_gate || options.moe_router_pre_softmax || options.moe_router_enable_expert_bias ||
+         options.moe_pad_expert_input_to_capacity;
 }
 
 namespace {
@@ -145,6 +185,7 @@ ModelSpec apply_model_flags(ModelSpec spec, const ModelOptions& options) {
     }
     spec.moe.*field = *(options.*flag);
   }
+  apply_router_flags(options, spec.moe);
   // Megatron's --num-query-groups defaults to 1 under --group-query-attention.
   if (options.group_query_attention && !options.num_query_groups) spec.num_query_groups = 1;
   if (options.normalization) spec.normalization = parse_normalization(*options.normalization, "--normalization");

@@ -8,6 +8,7 @@
 #include "core/checked_math.h"
 #include "core/input_limits.h"
 #include "core/json_io.h"
+#include "core/moe_spec.h"
 
 namespace megaplan {
 
@@ -118,35 +119,7 @@ void validate_model_spec(const ModelSpec& spec) {
                     "--hidden-size " +
                         std::to_string(spec.hidden_size) + "; give --ffn-hidden-size");
   }
-  if (spec.moe.enabled()) {
-    require_at_most(spec.moe.num_experts, kMaxExperts, "--num-experts");
-    const int64_t topk = spec.moe.effective_router_topk();
-    if (spec.moe.router_topk < 0 || topk > spec.moe.num_experts) {
-      throw SpecError("--moe-router-topk", "must lie in [1, --num-experts] = [1, " +
-                                               std::to_string(spec.moe.num_experts) + "], got " + std::to_string(topk));
-    }
-    if (spec.moe.ffn_hidden_size < 0) {
-      throw SpecError("--moe-ffn-hidden-size",
-                      "must be a positive integer, got " + std::to_string(spec.moe.ffn_hidden_size));
-    }
-    require_at_most(spec.moe.ffn_hidden_size, kMaxHiddenSize, "--moe-ffn-hidden-size");
-    if (spec.moe.shared_expert_intermediate_size < 0) {
-      throw SpecError("--moe-shared-expert-intermediate-size",
-                      "must be 0 (none) or more, got " + std::to_string(spec.moe.shared_expert_intermediate_size));
-    }
-    require_at_most(spec.moe.shared_expert_intermediate_size, kMaxHiddenSize, "--moe-shared-expert-intermediate-size");
-  } else if (spec.moe.num_experts < 0) {
-    throw SpecError("--num-experts", "must be a positive integer, got " + std::to_string(spec.moe.num_experts));
-  } else {
-    // An expert's companions without experts would be read and then ignored.
-    const std::pair<int64_t, const char*> companions[] = {
-        {spec.moe.ffn_hidden_size, "--moe-ffn-hidden-size"},
-        {spec.moe.router_topk, "--moe-router-topk"},
-        {spec.moe.shared_expert_intermediate_size, "--moe-shared-expert-intermediate-size"}};
-    for (const auto& [value, flag] : companions) {
-      if (value != 0) throw SpecError(flag, "needs --num-experts (a dense model has no experts)");
-    }
-  }
+  validate_moe_spec(spec.moe, spec.num_layers);
   // Every count derived later (per-layer weights, embeddings, totals) must fit in 64 bits.
   const int64_t query_width = checked_multiply(spec.effective_kv_channels(), spec.num_attention_heads, "--kv-channels");
   const int64_t kv_width = checked_multiply(spec.effective_kv_channels(),
@@ -208,10 +181,8 @@ nlohmann::json model_spec_to_json(const ModelSpec& spec) {
       {"rotary_percent", spec.rotary_percent},
   };
   if (spec.moe.enabled()) {
-    json["num_experts"] = spec.moe.num_experts;
+    write_moe_spec(spec.moe, json);
     json["moe_ffn_hidden_size"] = spec.effective_moe_ffn_hidden_size();
-    json["moe_router_topk"] = spec.moe.effective_router_topk();
-    json["moe_shared_expert_intermediate_size"] = spec.moe.shared_expert_intermediate_size;
   }
   if (spec.rope_scaling.enabled()) {
     json["rope_scaling"] = {{"factor", spec.rope_scaling.factor},
@@ -249,10 +220,7 @@ ModelSpec model_spec_from_json(const nlohmann::json& json, const std::string& so
   reader.read("norm_epsilon", spec.norm_epsilon);
   reader.read("rotary_base", spec.rotary_base);
   reader.read("rotary_percent", spec.rotary_percent);
-  reader.read("num_experts", spec.moe.num_experts);
-  reader.read("moe_ffn_hidden_size", spec.moe.ffn_hidden_size);
-  reader.read("moe_router_topk", spec.moe.router_topk);
-  reader.read("moe_shared_expert_intermediate_size", spec.moe.shared_expert_intermediate_size);
+  read_moe_spec(json, reader, spec.moe);
   if (const nlohmann::json* scaling = reader.read_object("rope_scaling")) {
     JsonFieldReader scaling_reader(*scaling, source + ": rope_scaling");
     scaling_reader.require("factor", spec.rope_scaling.factor);

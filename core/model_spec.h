@@ -9,6 +9,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "core/error.h"
+#include "core/moe_spec.h"
 
 namespace megaplan {
 
@@ -35,18 +36,6 @@ struct RopeScaling {
   bool enabled() const { return factor > 0; }
 };
 
-// Mixture of experts (Megatron-Core's MoE layer in every transformer layer; issue 40). Described
-// here, with its parameters and FLOPs; no command costs or runs it yet: simulate, search, train and
-// convert refuse a model with experts (core/executor_support.h, the simulator's entry points).
-struct MoeSpec {
-  int64_t num_experts = 0;                      // --num-experts; 0: a dense model
-  int64_t ffn_hidden_size = 0;                  // --moe-ffn-hidden-size; 0: the model's ffn_hidden_size
-  int64_t router_topk = 0;                      // --moe-router-topk; 0: Megatron's default, 2
-  int64_t shared_expert_intermediate_size = 0;  // --moe-shared-expert-intermediate-size; 0: none
-  bool enabled() const { return num_experts > 0; }
-  int64_t effective_router_topk() const { return router_topk > 0 ? router_topk : 2; }
-};
-
 struct ModelSpec {
   std::string name;  // preset name, file name, or "custom"
 
@@ -71,7 +60,7 @@ struct ModelSpec {
   double rotary_base = 10000;   // --rotary-base: RoPE's theta (Llama 3: 500000)
   double rotary_percent = 1.0;  // --rotary-percent: the share of each head's dimensions that rotate
   RopeScaling rope_scaling;     // --use-rope-scaling, --rope-scaling-factor
-  MoeSpec moe;                  // --num-experts and its companions
+  MoeSpec moe;                  // --num-experts and its companions (core/moe_spec.h)
 
   // Effective values with Megatron's defaults applied.
   // Megatron's default: 4h, or with SwiGLU 2/3 of that rounded down to a multiple of 64 so the

@@ -1,6 +1,7 @@
 #include "reports/job_description.h"
 
 #include <algorithm>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -13,6 +14,27 @@
 namespace megaplan {
 
 namespace {
+
+// The MoE layers and how their router chooses and balances, in Megatron's terms (core/moe_spec.h).
+std::string router_text(const ModelSpec& model) {
+  const MoeSpec& moe = model.moe;
+  std::ostringstream out;
+  out << "in " << moe.moe_layers(0, model.num_layers) << " of " << model.num_layers << " layers (--moe-layer-freq "
+      << moe_layer_freq_text(moe) << "); " << to_string(moe.score_function)
+      << (moe.router_pre_softmax ? " before" : " after") << " the top k";
+  if (moe.router_topk_scaling_factor) out << ", scaled by " << *moe.router_topk_scaling_factor;
+  if (moe.router_enable_expert_bias) out << ", expert bias (rate " << moe.router_bias_update_rate << ")";
+  if (moe.shared_expert_gate) out << ", the shared expert gated";
+  out << "; " << to_string(moe.load_balancing) << " x " << moe.aux_loss_coeff << ", z loss x " << moe.z_loss_coeff
+      << "; ";
+  if (moe.expert_capacity_factor) {
+    out << "capacity factor " << *moe.expert_capacity_factor << " (" << to_string(moe.token_drop_policy)
+        << " drop policy" << (moe.pad_expert_input_to_capacity ? ", padded" : "") << ")";
+  } else {
+    out << "dropless";
+  }
+  return out.str();
+}
 
 // "4 layers per stage", or for uneven stages each stage's: "layers per stage 7, 8, ..., 8, 7".
 std::string layers_per_stage_text(const ModelSpec& model, const ParallelPlan& plan) {
@@ -101,6 +123,7 @@ void write_facts(const JobSpec& job, const JobFacts& facts, std::ostream& out) {
                     : std::to_string(model.moe.num_experts / ep) +
                           (model.moe.num_experts == ep ? " expert" : " experts") + " a layer")
         << ")\n";
+    out << "router   " << router_text(model) << "\n";
   }
   out << "plan     tp " << plan.tensor_parallel_size << " x pp " << plan.pipeline_parallel_size << " x cp "
       << plan.context_parallel_size << " x dp " << plan.data_parallel_size << " = " << plan.world_size()

@@ -638,6 +638,26 @@ grep -q 'ep 8 (each GPU holds its tp shard of 1 expert a layer)' "$scratch/out" 
 expect_error 'error: --expert-model-parallel-size: must divide --num-experts 8' describe --model mixtral-8x7b --cluster dgx-h100 --gpus 6 --ep 3
 expect_error 'error: --expert-model-parallel-size: needs --num-experts' describe --model llama3-8b --cluster h200-x2 --ep 2
 expect_error 'error: --expert-model-parallel-size: needs --num-experts' search --model llama3-8b --cluster h200-x2 --ep 2
+# The router's and the layer pattern's flags (Megatron's), described; Megatron's rules refused in one line.
+expect_ok describe --model mixtral-8x7b --cluster h200-x2 --seq-length 4096 --gbs 8 --moe-layer-freq '([1]*3+[0])*8' \
+  --moe-router-score-function sigmoid --moe-router-enable-expert-bias --moe-aux-loss-coeff 0.01 \
+  --moe-expert-capacity-factor 1.25 --moe-token-drop-policy position
+grep -q '^router   in 24 of 32 layers .*sigmoid after the top k, expert bias (rate 0.001); aux_loss x 0.01, z loss x 0; capacity factor 1.25 (position drop policy)$' \
+  "$scratch/out" || fail "describe's router line: $(grep '^router' "$scratch/out")"
+expect_ok describe --model "$examples/hf/qwen1.5-moe-a2.7b-config.json" --cluster h200-x2 --seq-length 4096 --gbs 8 --json
+grep -q '"active_parameters": 2689173504' "$scratch/out" || fail "Qwen1.5-MoE-A2.7B's active parameters: $(grep -m2 parameters "$scratch/out")"
+expect_error 'error: --moe-layer-freq: the pattern names 4 layers; the model has 32' \
+  describe --model mixtral-8x7b --cluster h200-x2 --moe-layer-freq '[1,0,1,0]'
+expect_error "error: --moe-layer-freq: must be an integer or a list pattern such as \(\[1\]\*3\+\[0\]\)\*2: expected a number" \
+  describe --model mixtral-8x7b --cluster h200-x2 --moe-layer-freq '[os]'
+expect_error 'error: --moe-router-enable-expert-bias: needs --moe-router-score-function sigmoid' \
+  describe --model mixtral-8x7b --cluster h200-x2 --moe-router-enable-expert-bias
+expect_error 'error: --moe-router-load-balancing-type: sinkhorn balancing is not modelled' \
+  describe --model mixtral-8x7b --cluster h200-x2 --moe-router-load-balancing-type sinkhorn
+expect_error 'error: --moe-expert-capacity-factor: must be positive, got 0.0' \
+  describe --model mixtral-8x7b --cluster h200-x2 --moe-expert-capacity-factor 0
+expect_error 'error: --moe-aux-loss-coeff: needs --num-experts' describe --model llama3-8b --cluster h200-x2 --moe-aux-loss-coeff 0.01
+expect_error "$moe_refusal" simulate --model "$examples/hf/qwen1.5-moe-a2.7b-config.json" --cluster h200-x2 --seq-length 4096
 
 # Uneven stages: Llama 3.1 405B's 126 layers plan on 1024 H100s with pp >= 8 (issue 17's acceptance),
 # and the emitted Megatron arguments carry the split.

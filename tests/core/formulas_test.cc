@@ -97,7 +97,8 @@ TEST_CASE("experts: every expert's MLP and the router counted, ep splitting the 
   model.moe.num_experts = 8;
   model.moe.ffn_hidden_size = 1024;
   model.moe.shared_expert_intermediate_size = 2048;
-  const megaplan::LayerParameters moe = megaplan::transformer_layer_parameters(model);
+  const megaplan::LayerParameters moe = megaplan::transformer_layer_parameters(model, true);
+  CHECK(megaplan::transformer_layer_parameters(model, false).total() == dense.total());
   const int64_t h = 4096;
   const int64_t expert = 3 * h * 1024;  // SwiGLU: gate, up and down, no biases
   CHECK(moe.attention == dense.attention);
@@ -121,6 +122,42 @@ TEST_CASE("experts: every expert's MLP and the router counted, ep splitting the 
   const std::vector<megaplan::PipelineRankParameters> ranks = megaplan::parameters_per_pipeline_rank(model, plan);
   CHECK(ranks[0].parameters_per_gpu == megaplan::total_parameters(model) - 32 * 7 * expert);
   CHECK(megaplan::ParametersPerGpuCache(model).per_pipeline_rank(plan)[0] == ranks[0].parameters_per_gpu);
+}
+
+TEST_CASE("experts: --moe-layer-freq and a pattern choose the layers, a gate adds 1 x h", "[formulas]") {
+  megaplan::ModelSpec model = megaplan::model_preset("llama3-8b");  // 32 layers
+  model.moe.num_experts = 8;
+  model.moe.ffn_hidden_size = 1024;
+  const int64_t dense = megaplan::transformer_layer_parameters(model, false).total();
+  const int64_t moe = megaplan::transformer_layer_parameters(model, true).total();
+  const int64_t outside = megaplan::total_parameters(model) - 32 * moe;  // embeddings, final norm, output
+  model.moe.layer_freq = 4;                                              // layers 0, 4, ..., 28
+  CHECK(model.moe.moe_layers(0, 32) == 8);
+  CHECK(megaplan::total_parameters(model) == outside + 8 * moe + 24 * dense);
+  const int64_t expert = 3 * 4096 * 1024;
+  CHECK(megaplan::active_parameters(model) == megaplan::total_parameters(model) - 8 * 6 * expert);
+  // Megatron's FLOPs: dense layers at the MLP's width, MoE layers at top k experts' (2 x 1024).
+  megaplan::ModelSpec mean_width = megaplan::model_preset("llama3-8b");
+  mean_width.ffn_hidden_size = (24 * 14336 + 8 * 2048) / 32;
+  CHECK(megaplan::model_flops(model, 1, 128256) == Approx(megaplan::model_flops(mean_width, 1, 128256)));
+  // A pattern: the first layer dense, the rest with experts; pp 2 holds 15 and 16 MoE layers.
+  model.moe.layer_pattern.assign(32, 1);
+  model.moe.layer_pattern[0] = 0;
+  megaplan::ParallelPlan plan;
+  plan.pipeline_parallel_size = 2;
+  plan.global_batch_size = 1;
+  const auto ranks = megaplan::parameters_per_pipeline_rank(model, plan);
+  CHECK(ranks[0].parameters + ranks[1].parameters == megaplan::total_parameters(model));
+  CHECK(ranks[1].parameters - megaplan::stage_parameters(model, plan, 1).parameters == 0);
+  CHECK(ranks[0].parameters == megaplan::stage_parameters(model, plan, 0).parameters);
+  CHECK(megaplan::total_parameters(model) == outside + 31 * moe + dense);
+  // The shared expert's gate: one row of h per MoE layer, on every tp rank.
+  model.moe.shared_expert_intermediate_size = 512;
+  const megaplan::LayerParameters ungated = megaplan::transformer_layer_parameters(model, true);
+  model.moe.shared_expert_gate = true;
+  const megaplan::LayerParameters gated = megaplan::transformer_layer_parameters(model, true);
+  CHECK(gated.total() - ungated.total() == 4096);
+  CHECK(gated.per_gpu(4) - ungated.per_gpu(4) == 4096);
 }
 
 TEST_CASE("model FLOPs follow Megatron's formula", "[formulas]") {

@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "core/formulas.h"
 #include "core/hf_config.h"
+#include "core/json_io.h"
 #include "core/model_presets.h"
 #include "core/model_spec.h"
 
@@ -73,8 +74,12 @@ TEST_CASE("Qwen2 and Mistral use the Llama field names; Qwen2 has QKV biases", "
 
 TEST_CASE("unsupported or broken HF configs name the field", "[hf_config]") {
   const nlohmann::json bert = {{"model_type", "bert"}, {"num_hidden_layers", 12}};
-  CHECK_THROWS_WITH(megaplan::model_spec_from_hf_config(bert, "c.json"),
-                    "c.json: model_type: unsupported \"bert\"; supported: llama, mistral, mixtral, qwen2, gpt2");
+  CHECK_THROWS_WITH(
+      megaplan::model_spec_from_hf_config(bert, "c.json"),
+      "c.json: model_type: unsupported \"bert\"; supported: llama, mistral, mixtral, qwen2, qwen2_moe, gpt2");
+  CHECK_THROWS_WITH(megaplan::model_spec_from_hf_config({{"model_type", "qwen3_moe"}}, "c.json"),
+                    "c.json: model_type: \"qwen3_moe\" normalises each head's queries and keys (q_norm, k_norm): QK "
+                    "norm is not modelled");
   const nlohmann::json missing = {{"model_type", "llama"}, {"num_hidden_layers", 12}};
   CHECK_THROWS_WITH(megaplan::model_spec_from_hf_config(missing, "c.json"),
                     "c.json: hidden_size: required field is missing");
@@ -93,6 +98,53 @@ TEST_CASE("Mixtral-8x7B's config.json imports as the mixtral-8x7b preset", "[hf_
   CHECK(spec.rotary_base == 1e6);
   CHECK(megaplan::total_parameters(spec) == megaplan::total_parameters(preset));
   CHECK(megaplan::active_parameters(spec) == megaplan::active_parameters(preset));
+}
+
+TEST_CASE("Qwen1.5-MoE-A2.7B's config.json imports with its shared expert, gate and router", "[hf_config]") {
+  const megaplan::ModelSpec spec = megaplan::load_model_spec(kExamples + "/hf/qwen1.5-moe-a2.7b-config.json");
+  CHECK(spec.moe.num_experts == 60);
+  CHECK(spec.moe.effective_router_topk() == 4);
+  CHECK(spec.effective_moe_ffn_hidden_size() == 1408);
+  CHECK(spec.moe.shared_expert_intermediate_size == 5632);
+  CHECK(spec.moe.shared_expert_gate);
+  CHECK(spec.moe.router_pre_softmax);       // norm_topk_prob false: the top k of the softmax over 60
+  CHECK(spec.moe.aux_loss_coeff == 0);      // output_router_logits false: transformers adds no loss
+  CHECK(spec.moe.moe_layers(0, 24) == 24);  // decoder_sparse_step 1
+  CHECK(spec.add_qkv_bias);
+  // Counted from the config by hand: a layer's attention 2048 x 6144 + 6144 (QKV biases) + 2048^2,
+  // 60 experts and the shared expert at 3 x 2048 x width, the gate 2048, the router 60 x 2048, two
+  // norms; embeddings untied, 151,936 x 2048 each. The model card's "14.3B total, 2.7B activated".
+  const int64_t attention = 2048 * 6144 + 6144 + 2048 * 2048;
+  const int64_t expert = 3 * 2048 * 1408;
+  const int64_t layer = attention + 60 * expert + 3 * 2048 * 5632 + 2048 + 60 * 2048 + 2 * 2048;
+  CHECK(megaplan::total_parameters(spec) == 24 * layer + 2 * 151936 * 2048 + 2048);
+  CHECK(megaplan::total_parameters(spec) == 14'315'784'192);
+  CHECK(megaplan::active_parameters(spec) == 14'315'784'192 - 24 * 56 * expert);
+  CHECK(megaplan::active_parameters(spec) == 2'689'173'504);
+
+  // decoder_sparse_step 2: layers 1, 3, ... hold experts; mlp_only_layers makes more dense; a
+  // layer past the model, or a step of 0, is refused.
+  nlohmann::json config = megaplan::read_json_file(kExamples + "/hf/qwen1.5-moe-a2.7b-config.json");
+  config["decoder_sparse_step"] = 2;
+  config["mlp_only_layers"] = {3};
+  config["norm_topk_prob"] = true;
+  config["output_router_logits"] = true;
+  const megaplan::ModelSpec sparse = megaplan::model_spec_from_hf_config(config, "q.json");
+  CHECK(sparse.moe.moe_layers(0, 24) == 11);
+  CHECK_FALSE(sparse.moe.moe_layer(0));
+  CHECK(sparse.moe.moe_layer(1));
+  CHECK_FALSE(sparse.moe.moe_layer(3));
+  CHECK_FALSE(sparse.moe.router_pre_softmax);
+  CHECK(sparse.moe.aux_loss_coeff == 0.001);
+  const int64_t moe_mlp = layer - attention - 2 * 2048, dense_mlp = 3 * 2048 * 5632;
+  CHECK(megaplan::total_parameters(sparse) == 14'315'784'192 - 13 * moe_mlp + 13 * dense_mlp);
+  config["mlp_only_layers"] = {24};
+  CHECK_THROWS_WITH(megaplan::model_spec_from_hf_config(config, "q.json"),
+                    "q.json: mlp_only_layers: names layer 24 of 24");
+  config["mlp_only_layers"] = nlohmann::json::array();
+  config["decoder_sparse_step"] = 0;
+  CHECK_THROWS_WITH(megaplan::model_spec_from_hf_config(config, "q.json"),
+                    "q.json: decoder_sparse_step: must be at least 1, got 0");
 }
 
 TEST_CASE("keys of an architecture megaplan does not model are refused whatever model_type says", "[hf_config]") {
@@ -117,10 +169,14 @@ TEST_CASE("keys of an architecture megaplan does not model are refused whatever 
     CHECK(spec.effective_moe_ffn_hidden_size() == 128);  // intermediate_size: each expert's
   }
   CHECK_THROWS_WITH(megaplan::model_spec_from_hf_config(with({{"num_experts_per_tok", 2}}), "c.json"),
-                    Contains("c.json: num_experts_per_tok: mixture of experts (top-k routing) is not modelled yet"));
+                    Contains("c.json: num_experts_per_tok: mixture of experts is read for Mixtral"));
+  // Qwen's experts without model_type: Qwen2-MoE and Qwen3-MoE (QK norm) cannot be told apart.
   CHECK_THROWS_WITH(
       megaplan::model_spec_from_hf_config(with({{"num_experts", 128}, {"moe_intermediate_size", 768}}), "c.json"),
-      Contains("c.json: num_experts: mixture of experts (Qwen's)"));
+      Contains("c.json: num_experts: Qwen's mixture of experts is read under model_type \"qwen2_moe\" only"));
+  CHECK_THROWS_WITH(
+      megaplan::model_spec_from_hf_config(with({{"model_type", "mixtral"}, {"router_jitter_noise", 0.01}}), "c.json"),
+      Contains("c.json: router_jitter_noise: router input jitter is not modelled"));
   CHECK_THROWS_WITH(
       megaplan::model_spec_from_hf_config(with({{"model_type", "llama"}, {"kv_lora_rank", 512}}), "c.json"),
       Contains("c.json: kv_lora_rank: multi-head latent attention (DeepSeek's MLA) is not modelled"));

@@ -75,19 +75,95 @@ TEST_CASE("every validation rule names its field", "[model_spec]") {
        "--num-query-groups: must divide --num-attention-heads (8 heads, 3 groups)"},
       {"negative experts", [](ModelSpec& s) { s.moe.num_experts = -1; },
        "--num-experts: must be a positive integer, got -1"},
-      {"top k above the experts", [](ModelSpec& s) { s.moe = {.num_experts = 4, .router_topk = 5}; },
+      {"top k above the experts",
+       [](ModelSpec& s) {
+         s.moe.num_experts = 4;
+         s.moe.router_topk = 5;
+       },
        "--moe-router-topk: must lie in [1, --num-experts] = [1, 4], got 5"},
       {"experts' width without experts", [](ModelSpec& s) { s.moe.ffn_hidden_size = 512; },
        "--moe-ffn-hidden-size: needs --num-experts (a dense model has no experts)"},
       {"a shared expert without experts", [](ModelSpec& s) { s.moe.shared_expert_intermediate_size = 512; },
        "--moe-shared-expert-intermediate-size: needs --num-experts"},
       {"too many experts", [](ModelSpec& s) { s.moe.num_experts = 1 << 20; }, "--num-experts: must be at most"},
+      // Megatron's router rules (core/moe_spec.h), on a model of 4 layers with 4 experts.
+      {"a layer pattern without experts", [](ModelSpec& s) { s.moe.layer_freq = 2; },
+       "--moe-layer-freq: needs --num-experts (a dense model has no experts)"},
+      {"an aux-loss weight without experts", [](ModelSpec& s) { s.moe.aux_loss_coeff = 0.01; },
+       "--moe-aux-loss-coeff: needs --num-experts"},
+      {"a pattern of 3 layers for 4",
+       [](ModelSpec& s) {
+         s.moe.num_experts = 4;
+         s.moe.layer_pattern = {1, 0, 1};
+       },
+       "--moe-layer-freq: the pattern names 3 layers; the model has 4"},
+      {"a pattern entry of 2",
+       [](ModelSpec& s) {
+         s.moe.num_experts = 4;
+         s.moe.layer_pattern = {1, 0, 2, 0};
+       },
+       "--moe-layer-freq: a pattern's entries are 1 (experts) or 0 (dense), got 2"},
+      {"a pattern without experts",
+       [](ModelSpec& s) {
+         s.moe.num_experts = 4;
+         s.moe.layer_pattern = {0, 0, 0, 0};
+       },
+       "--moe-layer-freq: gives no layer experts"},
+      {"a frequency of 0",
+       [](ModelSpec& s) {
+         s.moe.num_experts = 4;
+         s.moe.layer_freq = 0;
+       },
+       "--moe-layer-freq: must be at least 1, got 0"},
+      {"top 1 after the softmax",
+       [](ModelSpec& s) {
+         s.moe.num_experts = 4;
+         s.moe.router_topk = 1;
+       },
+       "--moe-router-topk: 1 needs --moe-router-pre-softmax"},
+      {"an expert bias on softmax scores",
+       [](ModelSpec& s) {
+         s.moe.num_experts = 4;
+         s.moe.router_enable_expert_bias = true;
+       },
+       "--moe-router-enable-expert-bias: needs --moe-router-score-function sigmoid"},
+      {"padding without a capacity",
+       [](ModelSpec& s) {
+         s.moe.num_experts = 4;
+         s.moe.pad_expert_input_to_capacity = true;
+       },
+       "--moe-pad-expert-input-to-capacity: needs --moe-expert-capacity-factor"},
+      {"a drop policy without a capacity",
+       [](ModelSpec& s) {
+         s.moe.num_experts = 4;
+         s.moe.token_drop_policy = megaplan::TokenDropPolicy::kPosition;
+       },
+       "--moe-token-drop-policy: needs --moe-expert-capacity-factor"},
+      {"a capacity of 0",
+       [](ModelSpec& s) {
+         s.moe.num_experts = 4;
+         s.moe.expert_capacity_factor = 0.0;
+       },
+       "--moe-expert-capacity-factor: must be positive, got 0.0"},
+      {"a negative z-loss weight",
+       [](ModelSpec& s) {
+         s.moe.num_experts = 4;
+         s.moe.z_loss_coeff = -1e-3;
+       },
+       "--moe-z-loss-coeff: must be 0 or more, got -0.001"},
+      {"a gate without a shared expert",
+       [](ModelSpec& s) {
+         s.moe.num_experts = 4;
+         s.moe.shared_expert_gate = true;
+       },
+       "--moe-shared-expert-gate: needs a shared expert"},
       {"experts beyond 64 bits",
        [](ModelSpec& s) {
          s.num_layers = 4096;
          s.hidden_size = 1 << 20;
          s.num_attention_heads = 1 << 10;
-         s.moe = {.num_experts = 1 << 14, .ffn_hidden_size = 1 << 20};
+         s.moe.num_experts = 1 << 14;
+         s.moe.ffn_hidden_size = 1 << 20;
        },
        "overflows 64 bits"},
       {"more groups than heads", [](ModelSpec& s) { s.num_query_groups = 16; }, "--num-query-groups: must divide"},
@@ -147,6 +223,36 @@ TEST_CASE("model JSON round-trips and rejects unknown or mistyped fields", "[mod
     const ModelSpec back = megaplan::model_spec_from_json(json, "test.json");
     CHECK(megaplan::model_spec_to_json(back) == json);
   }
+  // A model with experts and every router setting away from its default.
+  ModelSpec moe = small_gpt();
+  moe.moe.num_experts = 8;
+  moe.moe.router_topk = 1;
+  moe.moe.shared_expert_intermediate_size = 128;
+  moe.moe.shared_expert_gate = true;
+  moe.moe.layer_pattern = {0, 1, 1, 1};
+  moe.moe.score_function = megaplan::RouterScoreFunction::kSigmoid;
+  moe.moe.router_pre_softmax = true;
+  moe.moe.router_topk_scaling_factor = 2.5;
+  moe.moe.load_balancing = megaplan::LoadBalancing::kSeqAuxLoss;
+  moe.moe.aux_loss_coeff = 1e-3;
+  moe.moe.z_loss_coeff = 1e-4;
+  moe.moe.router_enable_expert_bias = true;
+  moe.moe.router_bias_update_rate = 1e-2;
+  moe.moe.expert_capacity_factor = 1.25;
+  moe.moe.pad_expert_input_to_capacity = true;
+  moe.moe.token_drop_policy = megaplan::TokenDropPolicy::kPosition;
+  CHECK_NOTHROW(megaplan::validate_model_spec(moe));
+  const nlohmann::json moe_json = megaplan::model_spec_to_json(moe);
+  CHECK(moe_json.at("moe_layer_freq") == nlohmann::json::array({0, 1, 1, 1}));
+  CHECK(megaplan::model_spec_to_json(megaplan::model_spec_from_json(moe_json, "moe.json")) == moe_json);
+  nlohmann::json every_other = moe_json;
+  every_other["moe_layer_freq"] = 2;
+  CHECK(megaplan::model_spec_from_json(every_other, "moe.json").moe.moe_layers(0, 4) == 2);
+  every_other["moe_router_score_function"] = "sqrtsoftplus";
+  CHECK_THROWS_WITH(
+      megaplan::model_spec_from_json(every_other, "moe.json"),
+      "moe.json: moe_router_score_function: sqrtsoftplus scores are not modelled; use softmax or sigmoid");
+
   nlohmann::json json = megaplan::model_spec_to_json(small_gpt());
   json["num_layer"] = 3;
   CHECK_THROWS_WITH(megaplan::model_spec_from_json(json, "m.json"), "m.json: num_layer: unknown field");
@@ -163,4 +269,36 @@ TEST_CASE("model JSON round-trips and rejects unknown or mistyped fields", "[mod
   CHECK_THROWS_WITH(megaplan::model_spec_from_json(json, "m.json"), "m.json: num_layers: required field is missing");
   json["num_layers"] = 18446744073709551615u;
   CHECK_THROWS_WITH(megaplan::model_spec_from_json(json, "m.json"), Contains("overflows 64 bits"));
+}
+
+TEST_CASE("--moe-layer-freq reads Megatron's integers and list patterns", "[model_spec]") {
+  megaplan::MoeSpec moe;
+  megaplan::parse_moe_layer_freq("2", "--moe-layer-freq", moe);
+  CHECK(moe.layer_freq == 2);
+  CHECK(moe.layer_pattern.empty());
+  megaplan::parse_moe_layer_freq("([1]*3+[0]*1)*3", "--moe-layer-freq", moe);
+  CHECK(moe.layer_pattern == std::vector<int64_t>{1, 1, 1, 0, 1, 1, 1, 0, 1, 1, 1, 0});
+  CHECK(megaplan::moe_layer_freq_text(moe) == "[1,1,1,0,1,1,1,0,1,1,1,0]");
+  megaplan::parse_moe_layer_freq("[0]+[1]*23", "--moe-layer-freq", moe);
+  CHECK(moe.layer_pattern.size() == 24);
+  CHECK(moe.layer_pattern[0] == 0);
+  megaplan::parse_moe_layer_freq("3", "--moe-layer-freq", moe);
+  CHECK(moe.layer_pattern.empty());
+  CHECK(megaplan::moe_layer_freq_text(moe) == "3");
+  const std::pair<const char*, const char*> refused[] = {
+      {"two", "--moe-layer-freq: must be an integer or a list pattern such as ([1]*3+[0])*2, got \"two\""},
+      {"[1,0", "a '[' is not closed in \"[1,0\""},
+      {"([1]*2", "a '(' is not closed"},
+      {"[1] * 2", "unexpected ' '"},
+      {"[1]*99999", "a number above 4096"},
+      {"[1]*4000*4000", "the pattern is longer than 4096 layers"},
+      {"__import__('os')", "got \"__import__('os')\""},
+      {"[__import__('os')]", "expected a number"},
+      {"[1]+(", "expected '[' or '('"},
+  };
+  for (const auto& [text, message] : refused) {
+    INFO(text);
+    megaplan::MoeSpec fresh;
+    CHECK_THROWS_WITH(megaplan::parse_moe_layer_freq(text, "--moe-layer-freq", fresh), Contains(message));
+  }
 }
