@@ -4,6 +4,7 @@
 #include <string_view>
 #include <utility>
 
+#include "core/error.h"
 #include "core/formulas.h"
 #include "core/pipeline_layout.h"
 
@@ -15,18 +16,23 @@ namespace {
 // shape (`columns` 0 for a vector) and how tensor parallelism splits it.
 struct Entry {
   int64_t layer;     // -1 outside the transformer layers
-  const char* name;  // after "decoder.layers.<layer>." inside them
+  const char* name;  // after "decoder.layers.<layer>." inside them (and an expert's prefix)
   int64_t rows, columns;
   TensorSplit split;
   bool decay;
-  int64_t chunks = 1;  // ParameterSpec::chunks
+  int64_t chunks = 1;   // ParameterSpec::chunks
+  int64_t expert = -1;  // a routed expert's index among the layer's (global, not the ep rank's)
 };
+
+// Megatron-Core's names inside an MoE layer: its router, each routed expert (SequentialMLP's
+// local_experts, numbered over the whole layer) and the shared expert with its gate.
+constexpr const char* kExpertPrefix = "mlp.experts.local_experts.";
 
 // Calls visit(entry) for each parameter of `stage`, in registration order. One home for what the
 // list holds: describe_parameters names them, stage_layout only counts them (the planner asks for
 // ~10^5 plans' layouts and needs no names).
 template <typename Visit>
-void for_each_parameter(const ModelSpec& model, const ParallelPlan& plan, int64_t stage, Visit visit) {
+void for_each_parameter(const ModelSpec& model, const ParallelPlan& plan, int64_t stage, int64_t ep_rank, Visit visit) {
   const StageLayers layers = stage_layers(stage, model, plan);
   const int64_t h = model.hidden_size, f = model.effective_ffn_hidden_size();
   const int64_t v = padded_vocab_size(model, plan.tensor_parallel_size);
@@ -35,11 +41,20 @@ void for_each_parameter(const ModelSpec& model, const ParallelPlan& plan, int64_
   const bool norm_bias = model.normalization == Normalization::kLayerNorm;
   const int64_t q = model.query_projection_size();
   const int64_t qkv = q + 2 * model.kv_projection_size();
-  const int64_t fc1 = mlp_input_width(model);  // [gate; up] with SwiGLU
   constexpr TensorSplit kWhole = TensorSplit::kReplicated;
   const auto norm = [&](int64_t layer, const char* weight, const char* bias_name) {
     visit(Entry{layer, weight, h, 0, kWhole, false});
     if (norm_bias) visit(Entry{layer, bias_name, h, 0, kWhole, false});
+  };
+  // An MLP of `width`: fc1 column-parallel ([gate; up] with SwiGLU), fc2 row-parallel, their biases
+  // where the model has them; the dense one, an expert, or the shared expert.
+  const auto mlp = [&](int64_t layer, const char* fc1_weight, const char* fc1_bias, const char* fc2_weight,
+                       const char* fc2_bias, int64_t width, int64_t expert) {
+    const int64_t chunks = model.swiglu ? 2 : 1;
+    visit(Entry{layer, fc1_weight, chunks * width, h, TensorSplit::kColumn, true, chunks, expert});
+    if (bias) visit(Entry{layer, fc1_bias, chunks * width, 0, TensorSplit::kColumn, false, chunks, expert});
+    visit(Entry{layer, fc2_weight, h, width, TensorSplit::kRow, true, 1, expert});
+    if (bias) visit(Entry{layer, fc2_bias, h, 0, kWhole, false, 1, expert});
   };
   if (layers.has_embedding) {
     visit(Entry{-1, kWordEmbeddings, v, h, TensorSplit::kVocabulary, true});
@@ -58,11 +73,22 @@ void for_each_parameter(const ModelSpec& model, const ParallelPlan& plan, int64_
     visit(Entry{l, "self_attention.linear_proj.weight", h, q, TensorSplit::kRow, true});
     if (bias) visit(Entry{l, "self_attention.linear_proj.bias", h, 0, kWhole, false});
     norm(l, "pre_mlp_layernorm.weight", "pre_mlp_layernorm.bias");
-    const int64_t fc1_chunks = model.swiglu ? 2 : 1;
-    visit(Entry{l, "mlp.linear_fc1.weight", fc1, h, TensorSplit::kColumn, true, fc1_chunks});
-    if (bias) visit(Entry{l, "mlp.linear_fc1.bias", fc1, 0, TensorSplit::kColumn, false, fc1_chunks});
-    visit(Entry{l, "mlp.linear_fc2.weight", h, f, TensorSplit::kRow, true});
-    if (bias) visit(Entry{l, "mlp.linear_fc2.bias", h, 0, kWhole, false});
+    if (!model.moe.moe_layer(l)) {
+      mlp(l, "mlp.linear_fc1.weight", "mlp.linear_fc1.bias", "mlp.linear_fc2.weight", "mlp.linear_fc2.bias", f, -1);
+      continue;
+    }
+    // The router is no tensor-parallel layer: [experts x h] whole on every rank.
+    visit(Entry{l, "mlp.router.weight", model.moe.num_experts, h, kWhole, true});
+    const int64_t local = model.moe.num_experts / plan.expert_model_parallel_size;
+    for (int64_t e = ep_rank * local; e < (ep_rank + 1) * local; ++e) {
+      mlp(l, "linear_fc1.weight", "linear_fc1.bias", "linear_fc2.weight", "linear_fc2.bias",
+          model.effective_moe_ffn_hidden_size(), e);
+    }
+    if (const int64_t shared = model.moe.shared_expert_intermediate_size; shared > 0) {
+      mlp(l, "mlp.shared_experts.linear_fc1.weight", "mlp.shared_experts.linear_fc1.bias",
+          "mlp.shared_experts.linear_fc2.weight", "mlp.shared_experts.linear_fc2.bias", shared, -1);
+      if (model.moe.shared_expert_gate) visit(Entry{l, "mlp.shared_experts.gate_weight", 1, h, kWhole, true});
+    }
   }
   if (layers.has_output_layer) {
     norm(-1, "decoder.final_layernorm.weight", "decoder.final_layernorm.bias");
@@ -94,13 +120,14 @@ std::size_t shard_size(const Entry& entry, int64_t tp) {
 }  // namespace
 
 std::vector<ParameterSpec> describe_parameters(const ModelSpec& model, const ParallelPlan& plan, int64_t stage,
-                                               int64_t tp_rank) {
-  require_dense_layers(model);  // a dense layer's parameters
+                                               int64_t tp_rank, int64_t ep_rank) {
   const int64_t tp = plan.tensor_parallel_size;
   std::vector<ParameterSpec> specs;
-  for_each_parameter(model, plan, stage, [&](const Entry& entry) {
+  for_each_parameter(model, plan, stage, ep_rank, [&](const Entry& entry) {
     ParameterSpec spec;
-    spec.name = entry.layer >= 0 ? "decoder.layers." + std::to_string(entry.layer) + "." + entry.name : entry.name;
+    spec.name = entry.layer >= 0 ? "decoder.layers." + std::to_string(entry.layer) + "." : "";
+    if (entry.expert >= 0) spec.name += kExpertPrefix + std::to_string(entry.expert) + ".";
+    spec.name += entry.name;
     spec.split = entry.split;
     spec.chunks = entry.chunks;
     if (entry.split != TensorSplit::kReplicated) {
@@ -118,8 +145,14 @@ std::vector<ParameterSpec> describe_parameters(const ModelSpec& model, const Par
 }
 
 ParameterLayout stage_layout(const ModelSpec& model, const ParallelPlan& plan, int64_t stage, std::size_t bucket_size) {
+  // Under expert parallelism the experts' gradients reduce over another group than the rest's
+  // (Megatron's expert data-parallel group), in a buffer of their own: not built yet.
+  if (model.moe.enabled() && plan.expert_model_parallel_size > 1) {
+    throw SpecError("--expert-model-parallel-size",
+                    "the experts' own gradient buffer (their data-parallel group) is not built yet (issue 40)");
+  }
   std::vector<std::size_t> sizes, alone;
-  for_each_parameter(model, plan, stage, [&](const Entry& entry) {
+  for_each_parameter(model, plan, stage, 0, [&](const Entry& entry) {
     // The word embedding (or its tied copy) gets a bucket of its own.
     const std::string_view name = entry.name;
     if (name == kWordEmbeddings || name == kOutputWeight) alone.push_back(sizes.size());

@@ -1,6 +1,8 @@
-// The words every Comm implementation's error messages share, and a pair of requests as one.
+// The words every Comm implementation's error messages share, requests joined into one, and the
+// checks all_to_all's implementations share.
 #include "executor/comm/comm.h"
 
+#include <stdexcept>
 #include <utility>
 
 namespace megaplan::exec {
@@ -23,6 +25,21 @@ class BothRequests final : public CommRequest {
 
 Request both(Request first, Request second) {
   return std::make_unique<BothRequests>(std::move(first), std::move(second));
+}
+
+Request all_of(std::vector<Request> requests) {
+  if (requests.empty()) throw std::invalid_argument("all_of: no requests");
+  Request all = std::move(requests.front());
+  for (std::size_t i = 1; i < requests.size(); ++i) all = both(std::move(all), std::move(requests[i]));
+  return all;
+}
+
+void check_segment_counts(const std::vector<std::size_t>& counts, int64_t members, const std::string& group,
+                          const char* which) {
+  if (static_cast<int64_t>(counts.size()) != members) {
+    throw std::invalid_argument("all_to_all on " + group + ": " + which + " has " + std::to_string(counts.size()) +
+                                " entries for " + std::to_string(members) + " members");
+  }
 }
 
 std::string rank_list(const std::vector<int64_t>& ranks) {

@@ -73,6 +73,11 @@ using Request = std::unique_ptr<CommRequest>;
 
 // One request standing for two: wait() waits for the first, then the second.
 Request both(Request first, Request second);
+// One request standing for all of `requests` (at least one), waited for in order.
+Request all_of(std::vector<Request> requests);
+// Throws std::invalid_argument naming `group` unless `counts` has one entry per member.
+void check_segment_counts(const std::vector<std::size_t>& counts, int64_t members, const std::string& group,
+                          const char* which);
 
 class Comm {
  public:
@@ -94,6 +99,16 @@ class Comm {
   // peer receives on the same communicator). One request for both. `to` and `from` != rank().
   virtual Request send_recv(const void* send_data, int64_t to, void* recv_data, int64_t from, std::size_t count,
                             DType type) = 0;
+  // Every member's segments to every member, own included, as one operation (MoE's token dispatch
+  // and its return; NCCL's grouped sends and receives): `input` holds size() segments in group-rank
+  // order, segment p of send_counts[p] elements for member p; `output` receives size() segments in
+  // group-rank order, segment p of recv_counts[p] elements from member p. A pair's counts must agree
+  // (recv_counts[r] on member p == send_counts[p] on member r: a dispatch learns them by exchanging
+  // its counts first); segments may be empty. Matched per pair in call order with the pair's sends
+  // and receives, like a send and a receive to and from each member. REQUIRES: both count lists
+  // have size() entries.
+  virtual Request all_to_all(const void* input, const std::vector<std::size_t>& send_counts, void* output,
+                             const std::vector<std::size_t>& recv_counts, DType type) = 0;
   // In place: data = op over the members' data.
   virtual Request all_reduce(void* data, std::size_t count, DType type, ReduceOp op) = 0;
   // output[count] = op over the members' input[rank() * count .. (rank() + 1) * count).

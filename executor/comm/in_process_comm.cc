@@ -292,41 +292,44 @@ class InProcessComm final : public Comm {
   Request send(const void* data, std::size_t count, DType type, int64_t peer) override {
     check_peer(peer, "send");
     check_buffer(data, count, "send");
-    Lane& lane = *state_.lane;
-    Message message;
-    message.count = count;
-    message.type = type;
-    if (const std::size_t bytes = count * dtype_bytes(type); bytes > 0) {
-      message.staging = std::unique_ptr<void, StagingRelease>(lane.allocate_staging(bytes), StagingRelease{&lane});
-      lane.wait(world_.memory().record(current_stream(stream_)));  // the data is produced
-      lane.copy(message.staging.get(), data, bytes);
-      message.sent = lane.record();
-    }
-    StreamPoint sent = message.sent;
-    {
-      const std::lock_guard<std::mutex> lock(state_.mutex);
-      throw_if_aborted(world_);
-      const std::size_t pair = state_.pair_index(rank_, peer);
-      state_.mailboxes[pair].emplace(state_.sends_made[pair]++, std::move(message));
-    }
-    state_.changed.notify_all();
-    // The sender may change its buffer once the copy into staging is done.
-    return std::make_unique<IssuedRequest>(world_, stream_, std::move(sent));
+    return post_send(data, count, type, peer);
   }
 
   Request recv(void* data, std::size_t count, DType type, int64_t peer) override {
     check_peer(peer, "recv");
     check_buffer(data, count, "recv");
-    const std::lock_guard<std::mutex> lock(state_.mutex);
-    throw_if_aborted(world_);
-    const uint64_t sequence = state_.recvs_posted[state_.pair_index(peer, rank_)]++;
-    return std::make_unique<RecvRequest>(world_, state_, rank_, peer, sequence, data, count, type, stream_);
+    return post_recv(data, count, type, peer);
   }
 
   // In process a send never waits for its receive, so the two apart are the one operation.
   Request send_recv(const void* send_data, int64_t to, void* recv_data, int64_t from, std::size_t count,
                     DType type) override {
     return both(send(send_data, count, type, to), recv(recv_data, count, type, from));
+  }
+
+  // Every segment a message of its pair (the member's own through its own mailbox): the sends
+  // first, which never wait, then the receives.
+  Request all_to_all(const void* input, const std::vector<std::size_t>& send_counts, void* output,
+                     const std::vector<std::size_t>& recv_counts, DType type) override {
+    check_segment_counts(send_counts, size(), group_name(state_), "send_counts");
+    check_segment_counts(recv_counts, size(), group_name(state_), "recv_counts");
+    const std::size_t element = dtype_bytes(type);
+    std::vector<Request> requests;
+    std::size_t offset = 0;
+    for (int64_t peer = 0; peer < size(); ++peer) {
+      const std::size_t count = send_counts[static_cast<std::size_t>(peer)];
+      check_buffer(input, count, "all_to_all");
+      requests.push_back(post_send(static_cast<const char*>(input) + offset * element, count, type, peer));
+      offset += count;
+    }
+    offset = 0;
+    for (int64_t peer = 0; peer < size(); ++peer) {
+      const std::size_t count = recv_counts[static_cast<std::size_t>(peer)];
+      check_buffer(output, count, "all_to_all");
+      requests.push_back(post_recv(static_cast<char*>(output) + offset * element, count, type, peer));
+      offset += count;
+    }
+    return all_of(std::move(requests));
   }
 
   Request all_reduce(void* data, std::size_t count, DType type, ReduceOp op) override {
@@ -361,6 +364,38 @@ class InProcessComm final : public Comm {
 
  private:
   int64_t global_rank() const { return state_.ranks[static_cast<std::size_t>(rank_)]; }
+
+  // A send into the pair's mailbox, staged on the group's lane; `peer` may be this member.
+  Request post_send(const void* data, std::size_t count, DType type, int64_t peer) {
+    Lane& lane = *state_.lane;
+    Message message;
+    message.count = count;
+    message.type = type;
+    if (const std::size_t bytes = count * dtype_bytes(type); bytes > 0) {
+      message.staging = std::unique_ptr<void, StagingRelease>(lane.allocate_staging(bytes), StagingRelease{&lane});
+      lane.wait(world_.memory().record(current_stream(stream_)));  // the data is produced
+      lane.copy(message.staging.get(), data, bytes);
+      message.sent = lane.record();
+    }
+    StreamPoint sent = message.sent;
+    {
+      const std::lock_guard<std::mutex> lock(state_.mutex);
+      throw_if_aborted(world_);
+      const std::size_t pair = state_.pair_index(rank_, peer);
+      state_.mailboxes[pair].emplace(state_.sends_made[pair]++, std::move(message));
+    }
+    state_.changed.notify_all();
+    // The sender may change its buffer once the copy into staging is done.
+    return std::make_unique<IssuedRequest>(world_, stream_, std::move(sent));
+  }
+
+  // The pair's next receive; `peer` may be this member.
+  Request post_recv(void* data, std::size_t count, DType type, int64_t peer) {
+    const std::lock_guard<std::mutex> lock(state_.mutex);
+    throw_if_aborted(world_);
+    const uint64_t sequence = state_.recvs_posted[state_.pair_index(peer, rank_)]++;
+    return std::make_unique<RecvRequest>(world_, state_, rank_, peer, sequence, data, count, type, stream_);
+  }
 
   void check_peer(int64_t peer, const char* operation) const {
     if (peer < 0 || peer >= size() || peer == rank_) {

@@ -261,6 +261,40 @@ class NcclComm final : public Comm {
       return sent != ncclSuccess ? sent : received != ncclSuccess ? received : result;
     });
   }
+  // Each segment a grouped send and receive, the member's own included (NCCL sends to itself within
+  // a group); empty segments are left out.
+  Request all_to_all(const void* input, const std::vector<std::size_t>& send_counts, void* output,
+                     const std::vector<std::size_t>& recv_counts, DType type) override {
+    check_segment_counts(send_counts, size(), group_.name(), "send_counts");
+    check_segment_counts(recv_counts, size(), group_.name(), "recv_counts");
+    std::size_t sent = 0, received = 0;
+    for (std::size_t count : send_counts) sent += count;
+    for (std::size_t count : recv_counts) received += count;
+    check_buffer(input, sent, "all_to_all");
+    check_buffer(output, received, "all_to_all");
+    const std::string what = "all_to_all(" + counted(sent, type) + " out, " + counted(received, type) + " in)" + on();
+    return issue(false, what, [=](ncclComm_t comm, cudaStream_t stream) {
+      const std::size_t element = dtype_bytes(type);
+      ncclResult_t first = ncclGroupStart();
+      if (first != ncclSuccess) return first;
+      std::size_t send_offset = 0, recv_offset = 0;
+      for (std::size_t peer = 0; peer < send_counts.size(); ++peer) {
+        const ncclResult_t result_send =
+            send_counts[peer] == 0 ? ncclSuccess
+                                   : ncclSend(static_cast<const char*>(input) + send_offset * element,
+                                              send_counts[peer], nccl_type(type), static_cast<int>(peer), comm, stream);
+        const ncclResult_t result_recv =
+            recv_counts[peer] == 0 ? ncclSuccess
+                                   : ncclRecv(static_cast<char*>(output) + recv_offset * element, recv_counts[peer],
+                                              nccl_type(type), static_cast<int>(peer), comm, stream);
+        if (first == ncclSuccess) first = result_send != ncclSuccess ? result_send : result_recv;
+        send_offset += send_counts[peer];
+        recv_offset += recv_counts[peer];
+      }
+      const ncclResult_t ended = ncclGroupEnd();  // ends the group whatever the calls in it returned
+      return first != ncclSuccess ? first : ended;
+    });
+  }
   Request all_reduce(void* data, std::size_t count, DType type, ReduceOp op) override {
     check_buffer(data, count, "all_reduce");
     const std::string what = "all_reduce(" + counted(count, type) + ", " + op_name(op) + ")" + on();

@@ -113,7 +113,9 @@ TEST_CASE("Qwen1.5-MoE-A2.7B's config.json imports with its shared expert, gate 
   CHECK(spec.add_qkv_bias);
   // Counted from the config by hand: a layer's attention 2048 x 6144 + 6144 (QKV biases) + 2048^2,
   // 60 experts and the shared expert at 3 x 2048 x width, the gate 2048, the router 60 x 2048, two
-  // norms; embeddings untied, 151,936 x 2048 each. The model card's "14.3B total, 2.7B activated".
+  // norms; embeddings untied, 151,936 x 2048 each. The model card's "14.3B total, 2.7B activated";
+  // transformers 5.17's Qwen2MoeForCausalLM of this config counts 14,315,784,192 too, and
+  // 7,566,573,568 of the sparse variant below (on the device, 2026-11-29).
   const int64_t attention = 2048 * 6144 + 6144 + 2048 * 2048;
   const int64_t expert = 3 * 2048 * 1408;
   const int64_t layer = attention + 60 * expert + 3 * 2048 * 5632 + 2048 + 60 * 2048 + 2 * 2048;

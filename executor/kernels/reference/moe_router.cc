@@ -175,6 +175,19 @@ double switch_aux_loss(const float* logits, std::size_t tokens, const RouterOpti
   return loss;
 }
 
+double sequence_aux_loss(const float* logits, std::size_t tokens, std::size_t sequences, const RouterOptions& options,
+                         double coeff, float* d_logits) {
+  const std::size_t length = tokens / sequences, e = options.experts;
+  double loss = 0;
+  // Each sequence's switch loss with coeff / sequences: the mean's value and gradient at once.
+  for (std::size_t b = 0; b < sequences; ++b) {
+    const float* rows = logits + b * length * e;
+    loss += switch_aux_loss(rows, length, options, aux_loss_tokens_per_expert(rows, length, options), length,
+                            coeff / static_cast<double>(sequences), d_logits + b * length * e);
+  }
+  return loss;
+}
+
 double z_loss(const float* logits, std::size_t tokens, std::size_t experts, double coeff, float* d_logits) {
   double loss = 0;
   std::vector<double> softmax;

@@ -49,6 +49,13 @@ std::vector<int64_t> aux_loss_tokens_per_expert(const float* logits, std::size_t
 double switch_aux_loss(const float* logits, std::size_t tokens, const RouterOptions& options,
                        const std::vector<int64_t>& tokens_per_expert, std::size_t total_tokens, double coeff,
                        float* d_logits);
+// DeepSeek-V2/V3's sequence-level loss (--moe-router-load-balancing-type seq_aux_loss): the tokens
+// are `sequences` sequences of tokens / sequences consecutive rows each, and the loss is the mean
+// over them of each one's switch loss with its own counts and length; adds its gradient. The
+// counts of the group sharing a sequence are those of its rows here: Megatron all-reduces them
+// over tp x cp, which holds the whole sequence.
+double sequence_aux_loss(const float* logits, std::size_t tokens, std::size_t sequences, const RouterOptions& options,
+                         double coeff, float* d_logits);
 // ST-MoE's z loss over these tokens, coeff · mean (logsumexp of a token's logits)²; adds its gradient.
 double z_loss(const float* logits, std::size_t tokens, std::size_t experts, double coeff, float* d_logits);
 

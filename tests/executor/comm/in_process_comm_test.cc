@@ -361,6 +361,70 @@ TEST_CASE("send_recv passes a ring on in one operation, and matches plain sends 
   CHECK(paired == std::vector<float>{11.0f, 10.0f});
 }
 
+TEST_CASE("all_to_all hands each member its segment, own and empty ones included", "[comm]") {
+  // Member r sends member p a segment of (r + 2p) % 4 elements (some empty), valued 100r + 10p + i.
+  const auto segment = [](int64_t from, int64_t to) { return static_cast<std::size_t>((from + 2 * to) % 4); };
+  for (const DType type : {DType::kFloat32, DType::kBFloat16}) {
+    for (const int64_t ranks : {1, 2, 3}) {
+      INFO(type_name(type) << ", " << ranks << " ranks");
+      InProcessWorld world(ranks, kGenerousTimeout);
+      std::vector<Bytes> received(static_cast<std::size_t>(ranks));
+      std::vector<std::vector<float>> expected(static_cast<std::size_t>(ranks));
+      for (int64_t to = 0; to < ranks; ++to) {
+        for (int64_t from = 0; from < ranks; ++from) {
+          for (std::size_t i = 0; i < segment(from, to); ++i) {
+            expected[static_cast<std::size_t>(to)].push_back(static_cast<float>(100 * from + 10 * to) +
+                                                             static_cast<float>(i));
+          }
+        }
+      }
+      run_rank_threads(world, ranks, [&](int64_t rank) {
+        auto comm = world.group(rank, iota_ranks(ranks), "ep");
+        std::vector<std::size_t> send_counts, recv_counts;
+        std::vector<float> values;
+        for (int64_t peer = 0; peer < ranks; ++peer) {
+          send_counts.push_back(segment(rank, peer));
+          recv_counts.push_back(segment(peer, rank));
+          for (std::size_t i = 0; i < segment(rank, peer); ++i) {
+            values.push_back(static_cast<float>(100 * rank + 10 * peer) + static_cast<float>(i));
+          }
+        }
+        const Bytes input = encode(values, type);
+        std::size_t incoming = 0;
+        for (std::size_t count : recv_counts) incoming += count;
+        Bytes output(incoming * dtype_bytes(type), std::byte{0xAB});
+        comm->all_to_all(input.data(), send_counts, output.data(), recv_counts, type)->wait();
+        received[static_cast<std::size_t>(rank)] = output;
+      });
+      for (int64_t rank = 0; rank < ranks; ++rank) {
+        CHECK(decode(received[static_cast<std::size_t>(rank)], type) == expected[static_cast<std::size_t>(rank)]);
+      }
+    }
+  }
+}
+
+TEST_CASE("all_to_all refuses counts that are not one per member, or disagree with the sender's", "[comm]") {
+  InProcessWorld world(2, kGenerousTimeout);
+  std::string refusal;
+  const std::exception_ptr failure = failure_of(world, 2, [&](int64_t rank) {
+    auto comm = world.group(rank, {0, 1}, "ep");
+    float input[4] = {1, 2, 3, 4}, output[4] = {};
+    if (rank == 0) {
+      try {
+        comm->all_to_all(input, {1}, output, {1, 1}, DType::kFloat32);
+      } catch (const std::invalid_argument& error) {
+        refusal = error.what();
+      }
+    }
+    // Rank 1 expects 2 elements from rank 0, which sends 1.
+    comm->all_to_all(input, {1, 1}, output, {rank == 1 ? 2u : 1u, 1}, DType::kFloat32)->wait();
+  });
+  CHECK(refusal == "all_to_all on group ep [0, 1]: send_counts has 1 entries for 2 members");
+  REQUIRE_THROWS_MATCHES(std::rethrow_exception(failure), std::logic_error,
+                         Catch::Message("rank 1: recv of 2 fp32 from rank 0 on group ep [0, 1] matched a send "
+                                        "of 1 fp32"));
+}
+
 TEST_CASE("a recv waiting before its send arrives gets it", "[comm]") {
   InProcessWorld world(2, kGenerousTimeout);
   std::atomic<bool> recv_waiting{false};

@@ -5,7 +5,8 @@
 // already issued on the compute stream and before the work issued after wait(); then failure: an
 // abort, a timeout the watchdog finds, and a process the watchdog ends because its thread is blocked
 // on the GPU behind the hung operation. send/recv need a peer: megaplan launch with two GPUs
-// covers them (bench/nccl_world_one.sh runs the launchers).
+// covers them (bench/nccl_world_one.sh runs the launchers); all_to_all runs here on two GPUs too,
+// as two processes of this program, where two are present.
 #include <catch2/catch.hpp>
 
 #include <cuda_runtime_api.h>
@@ -145,6 +146,104 @@ TEST_CASE("NCCL: every collective moves exactly its elements, fp32 and bf16", "[
     CHECK(data.read() == concat(input, sentinel));
   }
   comm->barrier();
+}
+
+TEST_CASE("NCCL: all_to_all of a world of one moves exactly its own segment", "[gpu][nccl]") {
+  const auto world = world_of_one();
+  const std::unique_ptr<exec::Comm> comm = world->split(0, 0, {0}, "ep", kLegacyStream);
+  for (const std::size_t count : {std::size_t{0}, std::size_t{777}}) {
+    INFO(count << " elements");
+    const std::vector<uint8_t> input = pattern(count, DType::kBFloat16, 5);
+    const std::vector<uint8_t> sentinel = filled(64, 0xCD);
+    DeviceBuffer source(concat(input, sentinel));
+    DeviceBuffer output(concat(filled(count * 2, 0), sentinel));
+    comm->all_to_all(source.get(), {count}, output.get(), {count}, DType::kBFloat16)->wait();
+    CHECK(output.read() == concat(input, sentinel));
+  }
+  DeviceBuffer buffer(filled(8, 0));
+  CHECK_THROWS_AS(comm->all_to_all(buffer.get(), {1, 1}, buffer.get(), {1}, DType::kFloat32), std::invalid_argument);
+}
+
+namespace {
+
+// Segment sizes of the two-GPU all_to_all: rank `from` sends rank `to` 1000 (from + 2 to) + 3
+// elements; element i of it is valued 100 from + 10 to + i mod 7, exact in bf16.
+std::size_t two_gpu_segment(int64_t from, int64_t to) { return static_cast<std::size_t>(1000 * (from + 2 * to) + 3); }
+std::vector<uint8_t> two_gpu_values(int64_t from, int64_t to) {
+  std::vector<uint8_t> bytes(2 * two_gpu_segment(from, to));
+  for (std::size_t i = 0; i < two_gpu_segment(from, to); ++i) {
+    const uint16_t bits =
+        megaplan::float_to_bf16(static_cast<float>(100 * from + 10 * to + static_cast<int64_t>(i % 7)));
+    std::memcpy(bytes.data() + 2 * i, &bits, 2);
+  }
+  return bytes;
+}
+
+}  // namespace
+
+// Run by the next test as two processes, one per GPU, ranks of one world over a TCP rendezvous.
+TEST_CASE("NCCL: (child process) one rank of a two-GPU all_to_all", "[.][nccl-two-gpu-child]") {
+  const char* rank_text = std::getenv("MEGAPLAN_TEST_RANK");
+  REQUIRE(rank_text != nullptr);
+  const int64_t rank = std::atoi(rank_text);
+  const exec::IdBroadcast through_tcp = [rank](const std::vector<uint8_t>& blob) {
+    return exec::tcp_broadcast_from_rank0(rank, 2, "127.0.0.1", 29517, blob, 1min);
+  };
+  const auto world = exec::make_nccl_world(rank, 2, static_cast<int>(rank), through_tcp, 1min);
+  const std::unique_ptr<exec::Comm> comm = world->split(0, rank, {0, 1}, "ep", kLegacyStream);
+  std::vector<uint8_t> input, expected;
+  std::vector<std::size_t> send_counts, recv_counts;
+  for (int64_t peer = 0; peer < 2; ++peer) {
+    const std::vector<uint8_t> out = two_gpu_values(rank, peer), in = two_gpu_values(peer, rank);
+    input.insert(input.end(), out.begin(), out.end());
+    expected.insert(expected.end(), in.begin(), in.end());
+    send_counts.push_back(two_gpu_segment(rank, peer));
+    recv_counts.push_back(two_gpu_segment(peer, rank));
+  }
+  DeviceBuffer source(input);
+  DeviceBuffer output(concat(filled(expected.size(), 0), filled(64, 0xEF)));
+  comm->all_to_all(source.get(), send_counts, output.get(), recv_counts, DType::kBFloat16)->wait();
+  REQUIRE(output.read() == concat(expected, filled(64, 0xEF)));
+}
+
+TEST_CASE("NCCL: all_to_all between two GPUs delivers each uneven segment", "[gpu][nccl]") {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices < 2) {
+    WARN("fewer than two GPUs: the two-GPU all_to_all is not run");
+    return;
+  }
+  std::vector<pid_t> children;
+  for (const char* rank : {"0", "1"}) {
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
+    // --warn NoTests: a filter that matched nothing fails the child rather than passing it.
+    std::string self = "/proc/self/exe", filter = "[nccl-two-gpu-child]", warn = "--warn", no_tests = "NoTests";
+    char* argv[] = {self.data(), filter.data(), warn.data(), no_tests.data(), nullptr};
+    std::vector<std::string> variables = {std::string("MEGAPLAN_TEST_RANK=") + rank};
+    for (char** variable = environ; *variable != nullptr; ++variable) variables.emplace_back(*variable);
+    std::vector<char*> environment;
+    for (std::string& variable : variables) environment.push_back(variable.data());
+    environment.push_back(nullptr);
+    pid_t child = -1;
+    const int spawned = ::posix_spawn(&child, "/proc/self/exe", &actions, nullptr, argv, environment.data());
+    posix_spawn_file_actions_destroy(&actions);
+    REQUIRE(spawned == 0);
+    children.push_back(child);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + 90s;
+  for (const pid_t child : children) {
+    int status = 0;
+    while (::waitpid(child, &status, WNOHANG) == 0) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        for (const pid_t other : children) ::kill(other, SIGKILL);
+        FAIL("a rank still ran after 90 s");
+      }
+      std::this_thread::sleep_for(50ms);
+    }
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);  // its assertions held
+  }
 }
 
 TEST_CASE("NCCL: a call runs after its compute stream's earlier work, and wait() orders the stream current then",

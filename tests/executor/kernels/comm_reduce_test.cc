@@ -4,7 +4,7 @@
 // infinities and signed zeros (a NaN may differ only in its payload). Then one program of every
 // collective and of sends and receives, run by ranks as threads on a world of each memory (device
 // buffers, and a compute stream of each rank's own, for the GPU one), each step reading the last
-// one's result: every rank ends with the CPU world's bytes.
+// one's result (all_to_all's uneven segments among them): every rank ends with the CPU world's bytes.
 #include <catch2/catch.hpp>
 
 #include <chrono>
@@ -247,6 +247,21 @@ void program(exec::InProcessWorld& world, int64_t rank, int64_t ranks, RankSpace
   // broadcast from the last rank, of its gathered buffer.
   comm->broadcast(gathered, n * shard, DType::kFloat32, ranks - 1)->wait();
   space.seen.push_back(space.get(gathered, n * shard * 4));
+
+  // all_to_all of uneven segments, some empty, the rank's own among them (bf16), before the ring
+  // below leaves a message unreceived on each pair it uses.
+  std::vector<std::size_t> send_counts, recv_counts;
+  std::size_t outgoing = 0, incoming = 0;
+  for (int64_t peer = 0; peer < ranks; ++peer) {
+    send_counts.push_back(static_cast<std::size_t>(16 * ((rank + 2 * peer) % 4)));
+    recv_counts.push_back(static_cast<std::size_t>(16 * ((peer + 2 * rank) % 4)));
+    outgoing += send_counts.back();
+    incoming += recv_counts.back();
+  }
+  void* dispatched = space.put(values_of(rank, 5, outgoing, DType::kBFloat16));
+  void* arrived = space.put(Bytes(incoming * 2));
+  comm->all_to_all(dispatched, send_counts, arrived, recv_counts, DType::kBFloat16)->wait();
+  space.seen.push_back(space.get(arrived, incoming * 2));
 
   // A ring: recvs posted first, sends of the broadcast result and of the bf16 buffer, then waits
   // in the other order; a third message to the next rank is never received (its staging goes

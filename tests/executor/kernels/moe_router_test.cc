@@ -97,7 +97,7 @@ TEST_CASE("the router's backward equals finite differences of its probabilities"
   }
 }
 
-TEST_CASE("the switch and z losses: Megatron's values and gradients", "[kernels][moe]") {
+TEST_CASE("the switch, sequence and z losses: Megatron's values and gradients", "[kernels][moe]") {
   // Two tokens, two experts, top 1, softmax: counts (1, 1); the loss is
   // E coeff / (k T^2) * sum_i P_i f_i with P_i the summed softmax scores.
   const std::vector<float> two = {2, 0, 0, 1};
@@ -130,6 +130,36 @@ TEST_CASE("the switch and z losses: Megatron's values and gradients", "[kernels]
           return 100 * ref::switch_aux_loss(logits.data(), tokens, router, group, 24, 0.1, scratch.data());
         },
         "switch d_logits");
+  }
+  // The sequence-level loss: each sequence's switch loss with its own counts, averaged; one sequence
+  // is the microbatch's switch loss; its gradient by finite differences.
+  for (const RouterScore score : {RouterScore::kSoftmax, RouterScore::kSigmoid}) {
+    const RouterOptions router{.experts = experts, .topk = 2, .score = score};
+    const std::vector<float> logits = separated_logits(tokens, experts, generator);
+    std::vector<float> unused_d(tokens * experts, 0.0f);
+    double mean = 0;
+    for (std::size_t b = 0; b < 3; ++b) {
+      const float* rows = logits.data() + b * 2 * experts;
+      mean += ref::switch_aux_loss(rows, 2, router, ref::aux_loss_tokens_per_expert(rows, 2, router), 2, 0.1,
+                                   unused_d.data()) /
+              3;
+    }
+    CHECK(ref::sequence_aux_loss(logits.data(), tokens, 3, router, 0.1, unused_d.data()) == Approx(mean));
+    CHECK(ref::sequence_aux_loss(logits.data(), tokens, 1, router, 0.1, unused_d.data()) ==
+          Approx(ref::switch_aux_loss(logits.data(), tokens, router,
+                                      ref::aux_loss_tokens_per_expert(logits.data(), tokens, router), tokens, 0.1,
+                                      unused_d.data())));
+    std::vector<float> varied = logits;
+    std::vector<float> d_logits(tokens * experts, 0.0f);
+    ref::sequence_aux_loss(varied.data(), tokens, 3, router, 0.1, d_logits.data());
+    for (float& d : d_logits) d *= 100;
+    megaplan::test::check_gradient(
+        varied, d_logits,
+        [&] {
+          std::vector<float> scratch(tokens * experts, 0.0f);
+          return 100 * ref::sequence_aux_loss(varied.data(), tokens, 3, router, 0.1, scratch.data());
+        },
+        "sequence d_logits");
   }
   std::vector<float> logits = megaplan::test::random_vector(tokens * experts, generator, 2.0f);
   std::vector<float> d_logits(tokens * experts, 0.0f);
