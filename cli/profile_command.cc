@@ -109,12 +109,18 @@ CommTimings measure_links(const GpuInventory& inventory, bool quick) {
 // source and uncertainty stay, and provenance.links says where the new tables come from.
 int links_only(const ProfileOptions& options, const GpuInventory& inventory, const GpuSpec& gpu, std::ostream& out) {
   sim::ProfileFile base = sim::links_base(gpu, options.profile);
+  // What the base said of its link tables: those of the group sizes not measured here stay.
+  const nlohmann::json& provenance = base.json["provenance"];
+  const std::string earlier =
+      provenance.contains("links") && provenance["links"].is_string()
+          ? "; the other group sizes' tables as before: " + provenance["links"].get<std::string>()
+          : "";
   const CommTimings links = measure_links(inventory, options.quick);
   nlohmann::json profile = sim::with_measured_links(std::move(base.json), links, inventory.devices.at(0).name);
   profile["provenance"]["links"] = std::string("megaplan profile --links-only") + (options.quick ? " --quick" : "") +
                                    " on " + std::to_string(inventory.devices.size()) + " x " +
                                    inventory.devices.at(0).name + " (NCCL " + inventory.nccl.text() + "), " +
-                                   sim::utc_date() + ", added to " + base.origin;
+                                   sim::utc_date() + ", added to " + base.origin + earlier;
   sim::check_written_profile(profile, "megaplan profile --links-only made a profile");
   write_profile(options, profile, out);
   return 0;

@@ -27,8 +27,8 @@ constexpr double kCoverage = 1.5;
 // so that collectives stretched up to that far still have compute beside them the whole time (the
 // median of their calls is still right when only the first half of them have it).
 constexpr double kCollectiveCoverage = 3;
-constexpr std::array<CollectiveOp, 3> kCollectives = {CollectiveOp::kAllReduce, CollectiveOp::kAllGather,
-                                                      CollectiveOp::kReduceScatter};
+// Every group collective a profile's tables hold (core/collective.h).
+constexpr auto kCollectives = kGroupCollectives;
 
 // Buffers of bf16 elements in the backend's fp32 allocations (two elements to a float).
 class CommBuffers {
@@ -59,7 +59,10 @@ class CommBuffers {
       case CollectiveOp::kSendRecv:
         return group.rank() == 0 ? group.send(input_, elements, DType::kBFloat16, 1)
                                  : group.recv(output_, elements, DType::kBFloat16, 0);
-      case CollectiveOp::kAllToAll: break;  // Comm has none yet (the mixture-of-experts issue brings it)
+      case CollectiveOp::kAllToAll: {  // an equal share to each member, as nccl-tests' alltoall_perf
+        const std::vector<std::size_t> counts(static_cast<std::size_t>(group.size()), share);
+        return group.all_to_all(input_, counts, output_, counts, DType::kBFloat16);
+      }
     }
     throw std::logic_error("CommBuffers::call: " + to_string(op) + " is not timed");
   }
@@ -216,7 +219,10 @@ CommTimings measure_collectives(Backend& backend, int64_t rank, int64_t world_si
                                 const std::function<void(int64_t done, int64_t total)>& progress) {
   check_grid(grid, world_size);
   const int64_t sizes = static_cast<int64_t>(grid.bytes.size());
-  const int64_t total = static_cast<int64_t>(grid.group_sizes.size()) * 3 * sizes + sizes + 4;
+  const auto collectives = static_cast<int64_t>(kCollectives.size());
+  // Each collective at each size over each group, send/receive at each size, and compute beside
+  // each collective and send/receive.
+  const int64_t total = static_cast<int64_t>(grid.group_sizes.size()) * collectives * sizes + sizes + collectives + 1;
   int64_t done = 0;
   const auto step = [&] {
     if (progress) progress(++done, total);
@@ -247,7 +253,7 @@ CommTimings measure_collectives(Backend& backend, int64_t rank, int64_t world_si
         }
       }
     } else {
-      done += 3 * sizes + (group_size == largest_group ? 3 : 0);
+      done += collectives * sizes + (group_size == largest_group ? collectives : 0);
       if (progress) progress(done, total);
     }
   }

@@ -281,11 +281,11 @@ TEST_CASE("collective timings from ranks as threads become link tables the simul
   std::vector<std::pair<int64_t, int64_t>> progress;
   const std::vector<megaplan::CommTimings> timings = measure_on_threads(tiny_collective_grid(), progress);
   const megaplan::CommTimings& measured = timings[0];
-  // Rank 0 reports: three collectives x two groups x two sizes; send/receive at two sizes; compute
-  // beside each of the four.
-  REQUIRE(measured.collectives.size() == 12);
+  // Rank 0 reports: four collectives (all-to-all among them) x two groups x two sizes; send/receive
+  // at two sizes; compute beside each of the five.
+  REQUIRE(measured.collectives.size() == 16);
   REQUIRE(measured.p2p.size() == 2);
-  REQUIRE(measured.overlap.size() == 4);
+  REQUIRE(measured.overlap.size() == 5);
   for (std::size_t rank = 1; rank < timings.size(); ++rank) {
     CHECK(timings[rank].collectives.empty());
     CHECK(timings[rank].overlap.empty());
@@ -295,7 +295,7 @@ TEST_CASE("collective timings from ranks as threads become link tables the simul
     CHECK(timing.seconds > 0);
     points.emplace(timing.op, timing.group_size, timing.bytes);
   }
-  CHECK(points.size() == 12);
+  CHECK(points.size() == 16);
   for (const auto& beside : measured.overlap) {
     CHECK(beside.compute_alone_s > 0);
     CHECK(beside.compute_beside_s > 0);
@@ -325,7 +325,7 @@ TEST_CASE("collective timings from ranks as threads become link tables the simul
           Approx(timing.seconds));
   }
   CHECK(sources.fallback == 0);
-  CHECK(profile_json.at("overlap").size() == 4);
+  CHECK(profile_json.at("overlap").size() == 5);
 }
 
 TEST_CASE("link tables: nccl-tests' bus bandwidth, p2p seconds and both slowdowns, at least 0", "[cli][profile]") {
