@@ -65,8 +65,9 @@ void add_model_options(CLI::App& command, ModelOptions& options) {
   command.add_flag("--disable-bias-linear", options.disable_bias_linear, "No biases in linear layers")->group(group);
   command.add_flag("--add-qkv-bias", options.add_qkv_bias, "QKV bias even with --disable-bias-linear")->group(group);
   command
-      .add_option("--num-experts", options.num_experts,
-                  "Mixture of experts in every layer: described (describe), not yet simulated or trained")
+      .add_option(
+          "--num-experts", options.num_experts,
+          "Mixture of experts: N experts in each MoE layer (described and converted; not yet simulated or trained)")
       ->group(group);
   command.add_option("--moe-ffn-hidden-size", options.moe_ffn_hidden_size, "Each expert's width (default the MLP's)")
       ->group(group);

@@ -103,11 +103,15 @@ std::vector<Mapping> mappings(const ModelSpec& model, const std::string& type) {
     const auto split = qkv_rows(groups, heads / groups, dim);
     return std::vector<std::vector<int64_t>>(split.begin(), split.end());
   }();
-  std::vector<int64_t> gate(static_cast<std::size_t>(ffn)), up(static_cast<std::size_t>(ffn));
-  for (int64_t i = 0; i < ffn; ++i) {
-    gate[static_cast<std::size_t>(i)] = i;
-    up[static_cast<std::size_t>(i)] = ffn + i;
-  }
+  // A SwiGLU fc1 of `width` is [gate; up]: the rows of each half.
+  const auto gate_up = [](int64_t width) {
+    std::vector<std::vector<int64_t>> halves(2);
+    for (int64_t i = 0; i < width; ++i) {
+      halves[0].push_back(i);
+      halves[1].push_back(width + i);
+    }
+    return halves;
+  };
   // GPT-2's c_attn outputs are [queries | keys | values], each head by head: Megatron's rows in that order.
   std::vector<int64_t> c_attn;
   for (const auto& part : qkv) c_attn.insert(c_attn.end(), part.begin(), part.end());
@@ -141,6 +145,12 @@ std::vector<Mapping> mappings(const ModelSpec& model, const std::string& type) {
     const std::string h = "model.layers." + std::to_string(l) + ".";
     add(m + "input_layernorm.weight", h + "input_layernorm.weight");
     add(m + "pre_mlp_layernorm.weight", h + "post_attention_layernorm.weight");
+    // A SwiGLU MLP of `width`: Megatron's fc1 [gate; up] and fc2 from HF's gate, up and down.
+    const auto swiglu = [&](const std::string& megatron, const std::string& gate, const std::string& up,
+                            const std::string& down, const std::string& suffix, int64_t width) {
+      list.push_back({megatron + "linear_fc1." + suffix, {gate + suffix, up + suffix}, gate_up(width), false});
+      add(megatron + "linear_fc2." + suffix, down + suffix);
+    };
     for (const char* suffix : {"weight", "bias"}) {
       const std::string s = suffix;
       list.push_back({m + "self_attention.linear_qkv." + s,
@@ -148,9 +158,31 @@ std::vector<Mapping> mappings(const ModelSpec& model, const std::string& type) {
                       qkv,
                       false});
       add(m + "self_attention.linear_proj." + s, h + "self_attn.o_proj." + s);
-      list.push_back(
-          {m + "mlp.linear_fc1." + s, {h + "mlp.gate_proj." + s, h + "mlp.up_proj." + s}, {gate, up}, false});
-      add(m + "mlp.linear_fc2." + s, h + "mlp.down_proj." + s);
+      if (!model.moe.moe_layer(l)) {
+        swiglu(m + "mlp.", h + "mlp.gate_proj.", h + "mlp.up_proj.", h + "mlp.down_proj.", s, ffn);
+      }
+    }
+    if (!model.moe.moe_layer(l)) continue;
+    // Experts (no biases: hf_model_type refuses them): Mixtral's block_sparse_moe with w1 (gate), w3
+    // (up) and w2 (down); Qwen2-MoE's mlp.experts and its gated shared expert.
+    const int64_t width = model.effective_moe_ffn_hidden_size();
+    const bool mixtral = type == "mixtral";
+    add(m + "mlp.router.weight", h + (mixtral ? "block_sparse_moe.gate.weight" : "mlp.gate.weight"));
+    for (int64_t e = 0; e < model.moe.num_experts; ++e) {
+      const std::string expert = m + "mlp.experts.local_experts." + std::to_string(e) + ".";
+      if (mixtral) {
+        const std::string w = h + "block_sparse_moe.experts." + std::to_string(e) + ".";
+        swiglu(expert, w + "w1.", w + "w3.", w + "w2.", "weight", width);
+      } else {
+        const std::string w = h + "mlp.experts." + std::to_string(e) + ".";
+        swiglu(expert, w + "gate_proj.", w + "up_proj.", w + "down_proj.", "weight", width);
+      }
+    }
+    if (model.moe.shared_expert_intermediate_size > 0) {
+      const std::string w = h + "mlp.shared_expert.";
+      swiglu(m + "mlp.shared_experts.", w + "gate_proj.", w + "up_proj.", w + "down_proj.", "weight",
+             model.moe.shared_expert_intermediate_size);
+      add(m + "mlp.shared_experts.gate_weight", h + "mlp.shared_expert_gate.weight");
     }
   }
   if (gpt2) {
@@ -187,9 +219,11 @@ nlohmann::json config_of_architecture(const ModelSpec& model, const std::string&
             {"tie_word_embeddings", tied},
             {"torch_dtype", torch_dtype}};
   }
-  const std::string architecture = type == "qwen2"     ? "Qwen2ForCausalLM"
-                                   : type == "mistral" ? "MistralForCausalLM"
-                                                       : "LlamaForCausalLM";
+  const std::string architecture = type == "qwen2"       ? "Qwen2ForCausalLM"
+                                   : type == "qwen2_moe" ? "Qwen2MoeForCausalLM"
+                                   : type == "mixtral"   ? "MixtralForCausalLM"
+                                   : type == "mistral"   ? "MistralForCausalLM"
+                                                         : "LlamaForCausalLM";
   nlohmann::json config = {{"architectures", {architecture}},
                            {"model_type", type},
                            {"hidden_size", model.hidden_size},
@@ -213,7 +247,33 @@ nlohmann::json config_of_architecture(const ModelSpec& model, const std::string&
                               {"original_max_position_embeddings", scaling.original_max_position_embeddings}};
   }
   if (type == "llama") config["attention_bias"] = false;
-  if (type == "mistral") config["sliding_window"] = nullptr;
+  if (type == "mistral" || type == "mixtral") config["sliding_window"] = nullptr;
+  const MoeSpec& moe = model.moe;
+  if (moe.enabled()) {
+    // The router's loss as transformers trains it: the switch loss's weight, under output_router_logits.
+    config["num_experts_per_tok"] = moe.effective_router_topk();
+    config["router_aux_loss_coef"] = moe.aux_loss_coeff;
+    config["output_router_logits"] = moe.aux_loss_coeff > 0;
+  }
+  if (type == "mixtral") {
+    config["num_local_experts"] = moe.num_experts;
+    config["intermediate_size"] = model.effective_moe_ffn_hidden_size();  // each expert's
+  }
+  if (type == "qwen2_moe") {
+    config["num_experts"] = moe.num_experts;
+    config["moe_intermediate_size"] = model.effective_moe_ffn_hidden_size();
+    config["shared_expert_intermediate_size"] = moe.shared_expert_intermediate_size;
+    config["norm_topk_prob"] = !moe.router_pre_softmax;
+    config["qkv_bias"] = model.add_qkv_bias;
+    config["use_sliding_window"] = false;
+    // Every layer a sparse step; the dense ones listed.
+    config["decoder_sparse_step"] = 1;
+    nlohmann::json dense = nlohmann::json::array();
+    for (int64_t layer = 0; layer < model.num_layers; ++layer) {
+      if (!moe.moe_layer(layer)) dense.push_back(layer);
+    }
+    config["mlp_only_layers"] = dense;
+  }
   return config;
 }
 
@@ -270,8 +330,41 @@ std::string hf_model_type(const ModelSpec& model, const std::string& requested) 
                         model.position_embedding_type == PositionEmbedding::kLearnedAbsolute && model.add_bias_linear &&
                         model.effective_num_query_groups() == model.num_attention_heads &&
                         model.effective_kv_channels() * model.num_attention_heads == model.hidden_size;
-  const std::string type = requested.empty() ? (gpt_like ? "gpt2" : model.add_qkv_bias ? "qwen2" : "llama") : requested;
+  const MoeSpec& moe = model.moe;
+  const std::string dense_default = gpt_like ? "gpt2" : model.add_qkv_bias ? "qwen2" : "llama";
+  const bool mixtral_like =
+      moe.shared_expert_intermediate_size == 0 && moe.moe_layers(0, model.num_layers) == model.num_layers;
+  const std::string moe_default =
+      mixtral_like && !moe.router_pre_softmax && !model.add_qkv_bias ? "mixtral" : "qwen2_moe";
+  const std::string type = !requested.empty() ? requested : moe.enabled() ? moe_default : dense_default;
   const auto refuse = [&](const std::string& why) { throw SpecError("--model-type", type + " " + why); };
+  const bool moe_type = type == "mixtral" || type == "qwen2_moe";
+  if (moe.enabled() != moe_type &&
+      (moe_type || type == "gpt2" || type == "llama" || type == "mistral" || type == "qwen2")) {
+    refuse(moe_type ? "has experts; this model has none (--num-experts)"
+                    : "has no experts; this model has " + std::to_string(moe.num_experts) + " (mixtral or qwen2_moe)");
+  }
+  if (moe_type) {
+    if (!llama_like) refuse("needs RMSNorm, SwiGLU, RoPE and no linear biases");
+    if (model.rotary_percent != 1.0) refuse("rotates every dimension of a head (--rotary-percent 1)");
+    // transformers' two routers: the softmax over every expert, top k, renormalised over the k (Mixtral;
+    // Qwen2-MoE under norm_topk_prob) or not (Qwen2-MoE); no drop, no bias, no scaling.
+    if (moe.score_function != RouterScoreFunction::kSoftmax || moe.router_enable_expert_bias) {
+      refuse("routes by the softmax of the router's logits (no sigmoid scores, no expert bias)");
+    }
+    if (moe.router_topk_scaling_factor) refuse("scales no probabilities (--moe-router-topk-scaling-factor)");
+    if (moe.expert_capacity_factor) refuse("drops no token (--moe-expert-capacity-factor)");
+    if (moe.load_balancing == LoadBalancing::kSeqAuxLoss) refuse("trains the switch loss, not seq_aux_loss");
+    if (moe.z_loss_coeff > 0) refuse("has no z loss (--moe-z-loss-coeff)");
+    if (type == "mixtral") {
+      if (!mixtral_like) refuse("has experts in every layer and no shared expert");
+      if (moe.router_pre_softmax) refuse("renormalises the top k's probabilities (no --moe-router-pre-softmax)");
+      if (model.add_qkv_bias) refuse("has no QKV biases; qwen2_moe has them");
+    } else if (moe.shared_expert_intermediate_size > 0 && !moe.shared_expert_gate) {
+      refuse("gates its shared expert (--moe-shared-expert-gate)");
+    }
+    return type;
+  }
   if (type == "gpt2") {
     if (!gpt_like) refuse("is GPT-2's architecture: LayerNorm, GELU, learned positions, biases, one group per head");
   } else if (type == "llama" || type == "mistral" || type == "qwen2") {
@@ -281,7 +374,7 @@ std::string hf_model_type(const ModelSpec& model, const std::string& requested) 
     }
     if (model.rotary_percent != 1.0) refuse("rotates every dimension of a head (--rotary-percent 1)");
   } else {
-    throw SpecError("--model-type", "must be llama, mistral, qwen2 or gpt2, got \"" + type + "\"");
+    throw SpecError("--model-type", "must be llama, mistral, qwen2, mixtral, qwen2_moe or gpt2, got \"" + type + "\"");
   }
   return type;
 }
@@ -423,7 +516,6 @@ HfCheckpoint read_hf_checkpoint(const std::string& directory) {
   HfCheckpoint checkpoint;
   checkpoint.model = model_spec_from_hf_config(config, config_path);
   validate_model_spec(checkpoint.model);
-  require_dense_layers(checkpoint.model);  // a Mixtral's experts have no Megatron tensors here yet
   const std::string written_as = hf_model_type(checkpoint.model, config.value("model_type", std::string("")));
 
   // Which file holds each tensor: the index's weight map, or the one file.

@@ -42,8 +42,10 @@ namespace megaplan::exec {
 constexpr uint64_t kHfShardBytes = 5'000'000'000;
 
 // The model type a model's architecture is written as: gpt2 for GPT's (LayerNorm, GELU, learned
-// positions), qwen2 with QKV biases, else llama. `requested` (mistral, ...) is checked against the
-// architecture: SpecError("--model-type", ...) when that type cannot express it.
+// positions), qwen2 with QKV biases, else llama; with experts mixtral (experts in every layer, no
+// shared expert, the top k's probabilities renormalised), else qwen2_moe. `requested` (mistral,
+// ...) is checked against the architecture: SpecError("--model-type", ...) when that type cannot
+// express it (transformers' routers: softmax over every expert, no capacity, bias or scaling).
 std::string hf_model_type(const ModelSpec& model, const std::string& requested);
 
 // What the export takes from the tokenizer a run was trained with.

@@ -620,12 +620,15 @@ grep -q '^experts  8 a layer of ffn 14336, each token to its top 2; ' "$scratch/
   fail "a Mixtral config named mistral is not described with its experts: $(head -5 "$scratch/out")"
 expect_ok describe --model "$examples/hf/mixtral-8x7b-config.json" --cluster h200-x2 --seq-length 4096 --gbs 8 --json
 grep -q '"active_parameters": 12879925248' "$scratch/out" || fail "Mixtral-8x7B's active parameters: $(grep -m2 parameters "$scratch/out")"
-moe_refusal='error: --num-experts: mixture of experts is described \(describe counts its parameters and FLOPs\) but not yet simulated'
+moe_refusal='error: --num-experts: mixture of experts is described \(describe counts its parameters and FLOPs; convert carries its weights\) but not yet simulated'
 expect_error "$moe_refusal" simulate --model mixtral-8x7b --cluster dgx-h100 --gpus 8 --tp 8 --gbs 8 --seq-length 4096
 expect_error "$moe_refusal" search --model mixtral-8x7b --cluster dgx-h100 --gpus 64 --gbs 64 --seq-length 4096 --implementation megatron-core
 expect_error "$moe_refusal" simulate --model gpt2-124m --cluster h200-x2 --num-experts 8 --moe-router-topk 2
 mkdir -p "$scratch/mixtral-hf" && cp "$examples/hf/mixtral-8x7b-config.json" "$scratch/mixtral-hf/config.json"
-expect_error "$moe_refusal" convert --to megaplan --load "$scratch/mixtral-hf" --save "$scratch/never-mixtral"
+# convert reads a Mixtral's experts now (tests/executor/io/hf_checkpoint_test.cc round-trips them);
+# a directory with its config and no weights is refused naming the file, nothing written.
+expect_error 'error: --load: .*/mixtral-hf/model.safetensors: cannot read' \
+  convert --to megaplan --load "$scratch/mixtral-hf" --save "$scratch/never-mixtral"
 [ ! -e "$scratch/never-mixtral" ] || fail "a refused conversion left $scratch/never-mixtral"
 expect_error "$moe_refusal" train --device cpu --model mixtral-8x7b --seq-length 16 --data-path "$scratch/corpus_text_document" --train-iters 1
 expect_error 'error: --moe-router-topk: must lie in \[1, --num-experts\] = \[1, 8\], got 9' \

@@ -112,6 +112,81 @@ TEST_CASE("a model's tensors round-trip through megaplan checkpoints and Hugging
   }
 }
 
+namespace {
+
+// Four layers of 4 experts (top 2, width 16) as Mixtral has them, and as Qwen2-MoE: QKV biases, the
+// first layer dense, a gated shared expert of width 8, the top k's probabilities as they are.
+megaplan::ModelSpec four_layer_mixtral() {
+  megaplan::ModelSpec model = megaplan::test::four_layer_llama();
+  model.name = "four-layer-mixtral";
+  model.moe.num_experts = 4;
+  model.moe.ffn_hidden_size = 16;
+  model.moe.aux_loss_coeff = 0.02;
+  return model;
+}
+megaplan::ModelSpec four_layer_qwen2_moe() {
+  megaplan::ModelSpec model = four_layer_mixtral();
+  model.name = "four-layer-qwen2-moe";
+  model.add_qkv_bias = true;
+  model.moe.layer_pattern = {0, 1, 1, 1};
+  model.moe.shared_expert_intermediate_size = 8;
+  model.moe.shared_expert_gate = true;
+  model.moe.router_pre_softmax = true;
+  model.moe.aux_loss_coeff = 0;
+  return model;
+}
+
+}  // namespace
+
+TEST_CASE("experts round-trip through Hugging Face's Mixtral and Qwen2-MoE directories", "[convert]") {
+  for (const auto& [model, type] : {std::pair{four_layer_mixtral(), std::string("mixtral")},
+                                    std::pair{four_layer_qwen2_moe(), std::string("qwen2_moe")}}) {
+    INFO(model.name);
+    const megaplan::test::ScratchDirectory scratch;
+    const std::map<std::string, exec::WholeTensor> tensors = random_tensors(model);
+    CHECK(exec::hf_model_type(model, "") == type);
+    exec::write_hf_checkpoint(scratch.file("hf"), model, type, tensors, exec::SafetensorsDtype::kF32);
+    // config.json as transformers reads it, read back as the same model.
+    const nlohmann::json config = nlohmann::json::parse(megaplan::read_text_file(scratch.file("hf/config.json")));
+    CHECK(config.at("model_type") == type);
+    const exec::HfCheckpoint back = exec::read_hf_checkpoint(scratch.file("hf"));
+    check_equal(back.tensors, tensors);
+    CHECK(megaplan::model_spec_to_json(back.model).at("num_experts") == 4);
+    CHECK(back.model.moe.moe_layers(0, 4) == model.moe.moe_layers(0, 4));
+    CHECK(back.model.moe.router_pre_softmax == model.moe.router_pre_softmax);
+    CHECK(back.model.moe.shared_expert_gate == model.moe.shared_expert_gate);
+    CHECK(back.model.moe.aux_loss_coeff == model.moe.aux_loss_coeff);
+    // A megaplan checkpoint of tp 2 x pp 2 (every expert on each rank, split over tp), read whole.
+    exec::write_checkpoint_weights(scratch.file("megaplan"), back.model,
+                                   megaplan::test::layout(2, 2, 1, 1, megaplan::ScheduleKind::kOneFOneB), back.tensors,
+                                   7);
+    check_equal(exec::read_checkpoint_weights(scratch.file("megaplan")).tensors, tensors);
+  }
+  // Where transformers reads an expert: Mixtral's w1 is the gate, w3 the up projection, w2 down.
+  const megaplan::ModelSpec model = four_layer_mixtral();
+  const megaplan::test::ScratchDirectory scratch;
+  const std::map<std::string, exec::WholeTensor> tensors = random_tensors(model);
+  exec::write_hf_checkpoint(scratch.file("hf"), model, "mixtral", tensors, exec::SafetensorsDtype::kF32);
+  const exec::SafetensorsHeader header = exec::read_safetensors_header(scratch.file("hf/model.safetensors"), "test");
+  const exec::WholeTensor& fc1 = tensors.at("decoder.layers.2.mlp.experts.local_experts.3.linear_fc1.weight");
+  const exec::WholeTensor w3 =
+      exec::read_safetensors_tensor(header, "model.layers.2.block_sparse_moe.experts.3.w3.weight", "test");
+  CHECK(w3.shape == std::vector<int64_t>{16, 32});
+  CHECK(std::equal(w3.values.begin(), w3.values.end(), fc1.values.begin() + 16 * 32));  // fc1 is [gate; up]
+  CHECK(header.tensors.count("model.layers.0.block_sparse_moe.gate.weight") == 1);
+  CHECK(header.tensors.count("model.layers.0.mlp.gate_proj.weight") == 0);
+  // Types that cannot hold the model are refused naming why.
+  CHECK_THROWS_WITH(exec::hf_model_type(model, "llama"),
+                    Catch::Matchers::Contains("--model-type: llama has no experts; this model has 4"));
+  CHECK_THROWS_WITH(exec::hf_model_type(four_layer_qwen2_moe(), "mixtral"),
+                    Catch::Matchers::Contains("mixtral has experts in every layer and no shared expert"));
+  megaplan::ModelSpec capacity = model;
+  capacity.moe.expert_capacity_factor = 1.0;
+  CHECK_THROWS_WITH(exec::hf_model_type(capacity, ""), Catch::Matchers::Contains("mixtral drops no token"));
+  CHECK_THROWS_WITH(exec::hf_model_type(megaplan::test::four_layer_llama(), "qwen2_moe"),
+                    Catch::Matchers::Contains("qwen2_moe has experts; this model has none"));
+}
+
 TEST_CASE("Hugging Face's tensors are where transformers reads them", "[convert]") {
   // 4 heads of 8 in 2 query groups: Megatron's fused rows per group are [q0, q1, k, v] (8 rows each).
   const megaplan::ModelSpec model = megaplan::test::four_layer_llama();
