@@ -49,7 +49,7 @@ std::vector<int64_t> iota_ranks(int64_t n) {
 Bytes encode(const std::vector<float>& values, DType type) {
   Bytes bytes(values.size() * dtype_bytes(type));
   if (type == DType::kFloat32) {
-    std::memcpy(bytes.data(), values.data(), bytes.size());
+    if (!bytes.empty()) std::memcpy(bytes.data(), values.data(), bytes.size());  // an empty one's data() may be null
   } else {
     for (std::size_t i = 0; i < values.size(); ++i) {
       const uint16_t bits = float_to_bf16(values[i]);
@@ -63,7 +63,7 @@ std::vector<float> decode(const Bytes& bytes, DType type) {
   const std::size_t count = bytes.size() / dtype_bytes(type);
   std::vector<float> values(count);
   if (type == DType::kFloat32) {
-    std::memcpy(values.data(), bytes.data(), bytes.size());
+    if (count > 0) std::memcpy(values.data(), bytes.data(), bytes.size());
   } else {
     for (std::size_t i = 0; i < count; ++i) {
       uint16_t bits;
