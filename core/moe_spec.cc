@@ -11,6 +11,13 @@
 
 namespace megaplan {
 
+namespace {
+
+// A flag's text as an error line shows it: at most 64 characters.
+std::string shown(const std::string& text) { return text.size() <= 64 ? text : text.substr(0, 61) + "..."; }
+
+}  // namespace
+
 std::string to_string(RouterScoreFunction score) {
   return score == RouterScoreFunction::kSoftmax ? "softmax" : "sigmoid";
 }
@@ -30,7 +37,7 @@ RouterScoreFunction parse_router_score_function(const std::string& text, const s
   if (text == "softmax") return RouterScoreFunction::kSoftmax;
   if (text == "sigmoid") return RouterScoreFunction::kSigmoid;
   if (text == "sqrtsoftplus") throw SpecError(field, "sqrtsoftplus scores are not modelled; use softmax or sigmoid");
-  throw SpecError(field, "must be softmax or sigmoid, got \"" + text + "\"");
+  throw SpecError(field, "must be softmax or sigmoid, got \"" + shown(text) + "\"");
 }
 
 LoadBalancing parse_load_balancing(const std::string& text, const std::string& field) {
@@ -40,13 +47,13 @@ LoadBalancing parse_load_balancing(const std::string& text, const std::string& f
   if (text == "global_aux_loss" || text == "sinkhorn" || text == "quantile_balancing") {
     throw SpecError(field, text + " balancing is not modelled; use aux_loss, seq_aux_loss or none");
   }
-  throw SpecError(field, "must be aux_loss, seq_aux_loss or none, got \"" + text + "\"");
+  throw SpecError(field, "must be aux_loss, seq_aux_loss or none, got \"" + shown(text) + "\"");
 }
 
 TokenDropPolicy parse_token_drop_policy(const std::string& text, const std::string& field) {
   if (text == "probs") return TokenDropPolicy::kProbs;
   if (text == "position") return TokenDropPolicy::kPosition;
-  throw SpecError(field, "must be probs or position, got \"" + text + "\"");
+  throw SpecError(field, "must be probs or position, got \"" + shown(text) + "\"");
 }
 
 int64_t MoeSpec::moe_layers(int64_t first, int64_t count) const {
@@ -95,8 +102,11 @@ class PatternParser {
   }
   std::vector<int64_t> factor() {
     if (take('(')) {
+      // Parentheses nest by recursion: a bound keeps hostile text from exhausting the stack.
+      if (++depth_ > kMaxDepth) fail("parentheses nested deeper than " + std::to_string(kMaxDepth));
       std::vector<int64_t> inner = sum();
       if (!take(')')) fail("a '(' is not closed");
+      --depth_;
       return inner;
     }
     if (!take('[')) fail("expected '[' or '('");
@@ -133,13 +143,15 @@ class PatternParser {
     }
   }
   [[noreturn]] void fail(const std::string& why) const {
-    throw SpecError(field_,
-                    "must be an integer or a list pattern such as ([1]*3+[0])*2: " + why + " in \"" + text_ + "\"");
+    throw SpecError(
+        field_, "must be an integer or a list pattern such as ([1]*3+[0])*2: " + why + " in \"" + shown(text_) + "\"");
   }
 
+  static constexpr int kMaxDepth = 32;
   const std::string& text_;
   std::string field_;
   std::size_t at_ = 0;
+  int depth_ = 0;
 };
 
 }  // namespace
@@ -154,7 +166,7 @@ void parse_moe_layer_freq(const std::string& text, const std::string& field, Moe
       used = 0;
     }
     if (used == 0 || used != text.size()) {
-      throw SpecError(field, "must be an integer or a list pattern such as ([1]*3+[0])*2, got \"" + text + "\"");
+      throw SpecError(field, "must be an integer or a list pattern such as ([1]*3+[0])*2, got \"" + shown(text) + "\"");
     }
     moe.layer_freq = freq;
     moe.layer_pattern.clear();

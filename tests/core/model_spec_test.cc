@@ -285,6 +285,9 @@ TEST_CASE("--moe-layer-freq reads Megatron's integers and list patterns", "[mode
   megaplan::parse_moe_layer_freq("3", "--moe-layer-freq", moe);
   CHECK(moe.layer_pattern.empty());
   CHECK(megaplan::moe_layer_freq_text(moe) == "3");
+  // A stack's worth of recursion, refused first; the error line shows the text's first 61 characters.
+  const std::string deep = std::string(100000, '(') + "[1]";
+  const std::string deep_refusal = "parentheses nested deeper than 32 in \"" + std::string(61, '(') + "...\"";
   const std::pair<const char*, const char*> refused[] = {
       {"two", "--moe-layer-freq: must be an integer or a list pattern such as ([1]*3+[0])*2, got \"two\""},
       {"[1,0", "a '[' is not closed in \"[1,0\""},
@@ -295,6 +298,7 @@ TEST_CASE("--moe-layer-freq reads Megatron's integers and list patterns", "[mode
       {"__import__('os')", "got \"__import__('os')\""},
       {"[__import__('os')]", "expected a number"},
       {"[1]+(", "expected '[' or '('"},
+      {deep.c_str(), deep_refusal.c_str()},
   };
   for (const auto& [text, message] : refused) {
     INFO(text);
