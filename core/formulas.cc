@@ -55,11 +55,6 @@ MlpParameters layer_mlp_parameters(const ModelSpec& model, bool experts) {
 
 }  // namespace
 
-int64_t mlp_input_width(const ModelSpec& model) {
-  // SwiGLU's fc1 produces the gate and the up projection side by side.
-  return (model.swiglu ? 2 : 1) * model.effective_ffn_hidden_size();
-}
-
 LayerParameters transformer_layer_parameters(const ModelSpec& model, bool experts) {
   const int64_t h = model.hidden_size;
   const int64_t qkv_width = model.query_projection_size() + 2 * model.kv_projection_size();

@@ -78,9 +78,6 @@ class ParametersPerGpuCache {
   mutable std::map<Key, std::vector<int64_t>> by_layout_;
 };
 
-// The width of fc1's output: the MLP width, twice it with SwiGLU (the gate and the up projection).
-int64_t mlp_input_width(const ModelSpec& model);
-
 // Parameters one virtual stage holds, whole and on each of its tp GPUs; the rank's are the sum
 // over its stages. `holds_output_weight`: the last stage has an output weight of its own (untied,
 // or the tied copy when stage 0 sits on another pipeline rank).

@@ -57,6 +57,7 @@ TokenDropPolicy parse_token_drop_policy(const std::string& text, const std::stri
 }
 
 int64_t MoeSpec::moe_layers(int64_t first, int64_t count) const {
+  if (!enabled()) return 0;  // a dense model's counts, asked for on the planner's paths, take no walk
   int64_t layers = 0;
   for (int64_t layer = first; layer < first + count; ++layer) layers += moe_layer(layer) ? 1 : 0;
   return layers;

@@ -339,42 +339,39 @@ std::string hf_model_type(const ModelSpec& model, const std::string& requested) 
   const std::string type = !requested.empty() ? requested : moe.enabled() ? moe_default : dense_default;
   const auto refuse = [&](const std::string& why) { throw SpecError("--model-type", type + " " + why); };
   const bool moe_type = type == "mixtral" || type == "qwen2_moe";
-  if (moe.enabled() != moe_type &&
-      (moe_type || type == "gpt2" || type == "llama" || type == "mistral" || type == "qwen2")) {
+  if (type != "gpt2" && !moe_type && type != "llama" && type != "mistral" && type != "qwen2") {
+    throw SpecError("--model-type", "must be llama, mistral, qwen2, mixtral, qwen2_moe or gpt2, got \"" + type + "\"");
+  }
+  if (moe.enabled() != moe_type) {
     refuse(moe_type ? "has experts; this model has none (--num-experts)"
                     : "has no experts; this model has " + std::to_string(moe.num_experts) + " (mixtral or qwen2_moe)");
   }
-  if (moe_type) {
-    if (!llama_like) refuse("needs RMSNorm, SwiGLU, RoPE and no linear biases");
-    if (model.rotary_percent != 1.0) refuse("rotates every dimension of a head (--rotary-percent 1)");
-    // transformers' two routers: the softmax over every expert, top k, renormalised over the k (Mixtral;
-    // Qwen2-MoE under norm_topk_prob) or not (Qwen2-MoE); no drop, no bias, no scaling.
-    if (moe.score_function != RouterScoreFunction::kSoftmax || moe.router_enable_expert_bias) {
-      refuse("routes by the softmax of the router's logits (no sigmoid scores, no expert bias)");
-    }
-    if (moe.router_topk_scaling_factor) refuse("scales no probabilities (--moe-router-topk-scaling-factor)");
-    if (moe.expert_capacity_factor) refuse("drops no token (--moe-expert-capacity-factor)");
-    if (moe.load_balancing == LoadBalancing::kSeqAuxLoss) refuse("trains the switch loss, not seq_aux_loss");
-    if (moe.z_loss_coeff > 0) refuse("has no z loss (--moe-z-loss-coeff)");
-    if (type == "mixtral") {
-      if (!mixtral_like) refuse("has experts in every layer and no shared expert");
-      if (moe.router_pre_softmax) refuse("renormalises the top k's probabilities (no --moe-router-pre-softmax)");
-      if (model.add_qkv_bias) refuse("has no QKV biases; qwen2_moe has them");
-    } else if (moe.shared_expert_intermediate_size > 0 && !moe.shared_expert_gate) {
-      refuse("gates its shared expert (--moe-shared-expert-gate)");
-    }
-    return type;
-  }
   if (type == "gpt2") {
     if (!gpt_like) refuse("is GPT-2's architecture: LayerNorm, GELU, learned positions, biases, one group per head");
-  } else if (type == "llama" || type == "mistral" || type == "qwen2") {
-    if (!llama_like) refuse("needs RMSNorm, SwiGLU, RoPE and no linear biases");
-    if ((type == "qwen2") != model.add_qkv_bias) {
-      refuse(type == "qwen2" ? "has QKV biases (--add-qkv-bias)" : "has no QKV biases alone; qwen2 has them");
-    }
-    if (model.rotary_percent != 1.0) refuse("rotates every dimension of a head (--rotary-percent 1)");
-  } else {
-    throw SpecError("--model-type", "must be llama, mistral, qwen2, mixtral, qwen2_moe or gpt2, got \"" + type + "\"");
+    return type;
+  }
+  // The Llama family, with experts or without.
+  if (!llama_like) refuse("needs RMSNorm, SwiGLU, RoPE and no linear biases");
+  if (!moe_type && (type == "qwen2") != model.add_qkv_bias) {
+    refuse(type == "qwen2" ? "has QKV biases (--add-qkv-bias)" : "has no QKV biases alone; qwen2 has them");
+  }
+  if (model.rotary_percent != 1.0) refuse("rotates every dimension of a head (--rotary-percent 1)");
+  if (!moe_type) return type;
+  // transformers' two routers: the softmax over every expert, top k, renormalised over the k (Mixtral;
+  // Qwen2-MoE under norm_topk_prob) or not (Qwen2-MoE); no drop, no bias, no scaling.
+  if (moe.score_function != RouterScoreFunction::kSoftmax || moe.router_enable_expert_bias) {
+    refuse("routes by the softmax of the router's logits (no sigmoid scores, no expert bias)");
+  }
+  if (moe.router_topk_scaling_factor) refuse("scales no probabilities (--moe-router-topk-scaling-factor)");
+  if (moe.expert_capacity_factor) refuse("drops no token (--moe-expert-capacity-factor)");
+  if (moe.load_balancing == LoadBalancing::kSeqAuxLoss) refuse("trains the switch loss, not seq_aux_loss");
+  if (moe.z_loss_coeff > 0) refuse("has no z loss (--moe-z-loss-coeff)");
+  if (type == "mixtral") {
+    if (!mixtral_like) refuse("has experts in every layer and no shared expert");
+    if (moe.router_pre_softmax) refuse("renormalises the top k's probabilities (no --moe-router-pre-softmax)");
+    if (model.add_qkv_bias) refuse("has no QKV biases; qwen2_moe has them");
+  } else if (moe.shared_expert_intermediate_size > 0 && !moe.shared_expert_gate) {
+    refuse("gates its shared expert (--moe-shared-expert-gate)");
   }
   return type;
 }

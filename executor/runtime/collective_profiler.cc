@@ -27,9 +27,6 @@ constexpr double kCoverage = 1.5;
 // so that collectives stretched up to that far still have compute beside them the whole time (the
 // median of their calls is still right when only the first half of them have it).
 constexpr double kCollectiveCoverage = 3;
-// Every group collective a profile's tables hold (core/collective.h).
-constexpr auto kCollectives = kGroupCollectives;
-
 // Buffers of bf16 elements in the backend's fp32 allocations (two elements to a float).
 class CommBuffers {
  public:
@@ -219,7 +216,7 @@ CommTimings measure_collectives(Backend& backend, int64_t rank, int64_t world_si
                                 const std::function<void(int64_t done, int64_t total)>& progress) {
   check_grid(grid, world_size);
   const int64_t sizes = static_cast<int64_t>(grid.bytes.size());
-  const auto collectives = static_cast<int64_t>(kCollectives.size());
+  const auto collectives = static_cast<int64_t>(kGroupCollectives.size());
   // Each collective at each size over each group, send/receive at each size, and compute beside
   // each collective and send/receive.
   const int64_t total = static_cast<int64_t>(grid.group_sizes.size()) * collectives * sizes + sizes + collectives + 1;
@@ -238,7 +235,7 @@ CommTimings measure_collectives(Backend& backend, int64_t rank, int64_t world_si
     const std::unique_ptr<Comm> group = make_group(first_ranks(group_size), "profile-" + std::to_string(group_size));
     if (group) {
       CommBuffers buffers(backend, largest_bytes);
-      for (const CollectiveOp op : kCollectives) {
+      for (const CollectiveOp op : kGroupCollectives) {
         for (const int64_t bytes : grid.bytes) {
           keep(timings.collectives, op, group_size, bytes, time_calls(backend, *group, buffers, grid, op, bytes));
           step();
@@ -246,7 +243,7 @@ CommTimings measure_collectives(Backend& backend, int64_t rank, int64_t world_si
       }
       if (group_size == largest_group) {
         ComputePasses compute(backend, grid.compute);
-        for (const CollectiveOp op : kCollectives) {
+        for (const CollectiveOp op : kGroupCollectives) {
           const OverlapTiming beside = time_beside(backend, *group, buffers, compute, grid, op);
           if (rank == 0) timings.overlap.push_back(beside);
           step();
