@@ -21,6 +21,7 @@
 #include "core/layer_recipe.h"
 #include "executor/comm/comm.h"
 #include "executor/kernels/dropout_mask.h"
+#include "executor/kernels/moe_routing.h"
 #include "executor/kernels/normal_draws.h"
 #include "executor/kernels/rope_frequency.h"
 #include "executor/kernels/token_places.h"
@@ -264,6 +265,81 @@ class Backend {
                                       std::size_t vocab_start, float scale, Activation dlogits) = 0;
   virtual void add(ConstActivation a, ConstActivation b, std::size_t n, Activation y) = 0;  // y = a + b
   virtual void copy(ConstActivation from, std::size_t n, Activation to) = 0;
+  // The activation `elements` elements into `a` (an expert's rows of a layer's, its weight's
+  // slice): a view, never released on its own.
+  virtual Activation offset(Activation a, std::size_t elements) = 0;
+
+  // Mixture of experts (Megatron-Core's token-choice router, moe_routing.h; issue 40). Router
+  // logits are activations [tokens x experts] (the router GEMM's output); scores, probabilities and
+  // the logits' gradient are fp32. Index buffers hold int32 (allocate_indices, zeroed).
+  virtual int32_t* allocate_indices(std::size_t n) = 0;
+  virtual void release(int32_t* buffer) = 0;
+  // Each token's top k experts, by descending choosing score (ties to the lower expert), into
+  // experts [tokens x topk], and their probabilities into probs [tokens x topk]: softmax over every
+  // expert then the top k (pre_softmax), or the top k logits then softmax over those, or sigmoid
+  // scores chosen with `expert_bias` added ([experts] fp32, may be null) and the chosen sigmoids
+  // normalised to sum 1 (for k > 1; Megatron adds 1e-20 to the sum); times scaling_factor.
+  virtual void moe_top_k(ConstActivation logits, std::size_t tokens, const MoeRouter& router, const float* expert_bias,
+                         int32_t* experts, float* probs) = 0;
+  // Adds to d_logits [tokens x experts] the gradient of the probabilities' d_probs [tokens x topk]
+  // (expert_bias moves the choice only, so the backward does not read it).
+  virtual void moe_top_k_backward(ConstActivation logits, std::size_t tokens, const MoeRouter& router,
+                                  const int32_t* experts, const float* d_probs, float* d_logits) = 0;
+  // Adds to counts [experts] how many of `routes` routes (an experts list as moe_top_k writes it)
+  // go to each expert: the tokens per expert Megatron logs and the expert bias moves by.
+  virtual void moe_count_routes(const int32_t* experts, std::size_t routes, std::size_t expert_count,
+                                float* counts) = 0;
+  // The dispatch of the routes (moe_routing.h): writes `maps` (row_tokens sized for the most rows
+  // the capacity allows: tokens x topk dropless, experts x capacity with one) and returns each
+  // expert's rows, on the host (a GPU backend waits for them: the experts' GEMMs are sized by them).
+  virtual std::vector<int64_t> moe_dispatch(const int32_t* experts, const float* probs, std::size_t tokens,
+                                            const MoeRouter& router, const MoeCapacity& capacity,
+                                            MoeDispatchMaps maps) = 0;
+  // rows [rows x hidden] = x's row of each row's token.
+  virtual void moe_permute(ConstActivation x, std::size_t hidden, const int32_t* row_tokens, std::size_t rows,
+                           Activation out) = 0;
+  // dx [tokens x hidden] (overwritten) = the sum of each token's kept routes' row gradients (a pad
+  // row's gradient is 0: combine's backward writes it so).
+  virtual void moe_permute_backward(ConstActivation d_rows, std::size_t hidden, const int32_t* token_rows,
+                                    std::size_t tokens, std::size_t topk, Activation dx) = 0;
+  // y [tokens x hidden] (overwritten) = Σ over each token's kept routes of prob · its row.
+  virtual void moe_combine(ConstActivation rows, std::size_t hidden, const int32_t* token_rows, const float* probs,
+                           std::size_t tokens, std::size_t topk, Activation y) = 0;
+  // From dy: every row's gradient (overwritten, d_rows [rows x hidden]: prob · dy of its token, 0 for
+  // a pad row) and each route's probability gradient (overwritten, d_probs [tokens x topk]: dy · its
+  // row, 0 where dropped).
+  virtual void moe_combine_backward(ConstActivation dy, ConstActivation rows, std::size_t hidden,
+                                    ConstMoeDispatchMaps maps, const float* probs, std::size_t tokens, std::size_t topk,
+                                    std::size_t rows_count, Activation d_rows, float* d_probs) = 0;
+  // The counts [experts] (overwritten) of the load-balancing loss's own top k of these tokens: by
+  // softmax over every expert, or the sigmoids normalised to sum 1 (never the expert bias).
+  virtual void moe_aux_loss_counts(ConstActivation logits, std::size_t tokens, const MoeRouter& router,
+                                   float* counts) = 0;
+  // The switch load-balancing loss's share of these tokens, E·coeff/(k·T²) · Σ_i P_i·counts_i (P_i
+  // these tokens' summed aux scores for expert i; counts and T = total_tokens those of the group
+  // sharing the loss): added to *loss_sum where loss_sum is not null, its gradient times
+  // gradient_scale added to d_logits where that is not null.
+  virtual void moe_switch_loss(ConstActivation logits, std::size_t tokens, const MoeRouter& router, const float* counts,
+                               std::size_t total_tokens, double coeff, double* loss_sum, float* d_logits,
+                               float gradient_scale) = 0;
+  // The sequence-level loss (seq_aux_loss): the tokens are `sequences` runs of tokens / sequences
+  // rows, the loss the mean of each run's switch loss with its own counts; as moe_switch_loss.
+  virtual void moe_sequence_aux_loss(ConstActivation logits, std::size_t tokens, std::size_t sequences,
+                                     const MoeRouter& router, double coeff, double* loss_sum, float* d_logits,
+                                     float gradient_scale) = 0;
+  // ST-MoE's z loss, coeff · mean over the tokens of (logsumexp of a token's logits)²; as
+  // moe_switch_loss.
+  virtual void moe_z_loss(ConstActivation logits, std::size_t tokens, std::size_t experts, double coeff,
+                          double* loss_sum, float* d_logits, float gradient_scale) = 0;
+  // The aux-loss-free balancing step: expert_bias[i] += rate · sign(mean(counts) - counts[i]).
+  virtual void moe_update_expert_bias(const float* counts, std::size_t experts, float rate, float* expert_bias) = 0;
+  // The shared expert's gate (--moe-shared-expert-gate): y [rows x cols] += sigmoid(gate[r]) · x[r],
+  // gate [rows] a GEMM's output of width 1. The backward overwrites dx = sigmoid(gate) · dy and
+  // d_gate [rows] (fp32) = sigmoid'(gate) · Σ_c dy · x.
+  virtual void sigmoid_gated_add(ConstActivation x, ConstActivation gate, std::size_t rows, std::size_t cols,
+                                 Activation y) = 0;
+  virtual void sigmoid_gated_add_backward(ConstActivation dy, ConstActivation x, ConstActivation gate, std::size_t rows,
+                                          std::size_t cols, Activation dx, float* d_gate) = 0;
 
   // The sum of squares of every gradient, in a fixed order (the global gradient norm squared).
   virtual double gradient_sum_of_squares(const std::vector<OptimizerTensor>& tensors) = 0;

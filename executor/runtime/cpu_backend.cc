@@ -462,6 +462,10 @@ void CpuBackend::add(ConstActivation a, ConstActivation b, std::size_t n, Activa
 
 void CpuBackend::copy(ConstActivation from, std::size_t n, Activation to) { std::copy_n(f(from), n, f(to)); }
 
+Activation CpuBackend::offset(Activation a, std::size_t elements) {
+  return reinterpret_cast<Activation>(f(a) + elements);
+}
+
 double CpuBackend::gradient_sum_of_squares(const std::vector<OptimizerTensor>& tensors) {
   double sum = 0;
   for (const OptimizerTensor& tensor : tensors) {

@@ -90,6 +90,40 @@ class CpuBackend final : public Backend {
                               Activation dlogits) override;
   void add(ConstActivation a, ConstActivation b, std::size_t n, Activation y) override;
   void copy(ConstActivation from, std::size_t n, Activation to) override;
+  Activation offset(Activation a, std::size_t elements) override;
+  // The MoE operations (cpu_backend_moe.cc), on kernels/reference/moe_router.h.
+  int32_t* allocate_indices(std::size_t n) override;
+  void release(int32_t* buffer) override;
+  void moe_top_k(ConstActivation logits, std::size_t tokens, const MoeRouter& router, const float* expert_bias,
+                 int32_t* experts, float* probs) override;
+  void moe_top_k_backward(ConstActivation logits, std::size_t tokens, const MoeRouter& router, const int32_t* experts,
+                          const float* d_probs, float* d_logits) override;
+  void moe_count_routes(const int32_t* experts, std::size_t routes, std::size_t expert_count, float* counts) override;
+  std::vector<int64_t> moe_dispatch(const int32_t* experts, const float* probs, std::size_t tokens,
+                                    const MoeRouter& router, const MoeCapacity& capacity,
+                                    MoeDispatchMaps maps) override;
+  void moe_permute(ConstActivation x, std::size_t hidden, const int32_t* row_tokens, std::size_t rows,
+                   Activation out) override;
+  void moe_permute_backward(ConstActivation d_rows, std::size_t hidden, const int32_t* token_rows, std::size_t tokens,
+                            std::size_t topk, Activation dx) override;
+  void moe_combine(ConstActivation rows, std::size_t hidden, const int32_t* token_rows, const float* probs,
+                   std::size_t tokens, std::size_t topk, Activation y) override;
+  void moe_combine_backward(ConstActivation dy, ConstActivation rows, std::size_t hidden, ConstMoeDispatchMaps maps,
+                            const float* probs, std::size_t tokens, std::size_t topk, std::size_t rows_count,
+                            Activation d_rows, float* d_probs) override;
+  void moe_aux_loss_counts(ConstActivation logits, std::size_t tokens, const MoeRouter& router, float* counts) override;
+  void moe_switch_loss(ConstActivation logits, std::size_t tokens, const MoeRouter& router, const float* counts,
+                       std::size_t total_tokens, double coeff, double* loss_sum, float* d_logits,
+                       float gradient_scale) override;
+  void moe_sequence_aux_loss(ConstActivation logits, std::size_t tokens, std::size_t sequences, const MoeRouter& router,
+                             double coeff, double* loss_sum, float* d_logits, float gradient_scale) override;
+  void moe_z_loss(ConstActivation logits, std::size_t tokens, std::size_t experts, double coeff, double* loss_sum,
+                  float* d_logits, float gradient_scale) override;
+  void moe_update_expert_bias(const float* counts, std::size_t experts, float rate, float* expert_bias) override;
+  void sigmoid_gated_add(ConstActivation x, ConstActivation gate, std::size_t rows, std::size_t cols,
+                         Activation y) override;
+  void sigmoid_gated_add_backward(ConstActivation dy, ConstActivation x, ConstActivation gate, std::size_t rows,
+                                  std::size_t cols, Activation dx, float* d_gate) override;
   double gradient_sum_of_squares(const std::vector<OptimizerTensor>& tensors) override;
   void adamw_step(const std::vector<OptimizerTensor>& tensors, const AdamwSettings& settings) override;
   void synchronize() override {}
@@ -108,6 +142,7 @@ class CpuBackend final : public Backend {
     std::size_t size;
   };
   std::unordered_map<float*, Buffer> buffers_;
+  std::unordered_map<int32_t*, std::unique_ptr<int32_t[]>> index_buffers_;  // allocate_indices
   int64_t bytes_ = 0;
   int64_t peak_bytes_ = 0;
   std::vector<std::chrono::steady_clock::time_point> marks_;  // by TimingMark::index

@@ -35,9 +35,11 @@
 #include "executor/kernels/cuda/elementwise.h"
 #include "executor/kernels/cuda/embedding.h"
 #include "executor/kernels/cuda/flash_attention.h"
+#include "executor/kernels/cuda/moe_routing.h"
 #include "executor/kernels/cuda/normal_draws.h"
 #include "executor/kernels/cuda/norms.h"
 #include "executor/kernels/cuda/reductions.h"
+#include "executor/kernels/cuda/sigmoid_gate.h"
 #include "executor/kernels/cuda/stream.h"
 
 namespace megaplan::exec {
@@ -402,6 +404,105 @@ class CudaBackend final : public Backend {
   void copy(ConstActivation from, std::size_t n, Activation to) override {
     check(cudaMemcpyAsync(h16(to), h16(from), n * sizeof(Half), cudaMemcpyDeviceToDevice, lane_->stream),
           "cudaMemcpyAsync (copy)");
+  }
+  Activation offset(Activation a, std::size_t elements) override {
+    return reinterpret_cast<Activation>(h16(a) + elements);
+  }
+
+  // Mixture of experts (kernels/cuda/moe_routing.h): index buffers are tracked and zeroed as the
+  // others; the scratch is the lane's workspace.
+  int32_t* allocate_indices(std::size_t n) override {
+    return static_cast<int32_t*>(allocate_bytes(n * sizeof(int32_t)));
+  }
+  void release(int32_t* buffer) override { release_bytes(buffer); }
+  void moe_top_k(ConstActivation logits, std::size_t tokens, const MoeRouter& router, const float* expert_bias,
+                 int32_t* experts, float* probs) override {
+    cuda::moe_top_k(h16(logits), i64(tokens), router, expert_bias, experts, probs, precision_, lane_->stream);
+  }
+  void moe_top_k_backward(ConstActivation logits, std::size_t tokens, const MoeRouter& router, const int32_t* experts,
+                          const float* d_probs, float* d_logits) override {
+    cuda::moe_top_k_backward(h16(logits), i64(tokens), router, experts, d_probs, d_logits, precision_, lane_->stream);
+  }
+  void moe_count_routes(const int32_t* experts, std::size_t routes, std::size_t expert_count, float* counts) override {
+    void* workspace = lane_->workspace.get(cuda::moe_workspace_bytes(0, 0, i64(expert_count)));
+    cuda::moe_count_routes(experts, i64(routes), i64(expert_count), counts, workspace, lane_->stream);
+  }
+  // The rows per expert come back to the host: the stream is waited for, as Megatron waits for its
+  // tokens-per-expert before the experts' GEMMs.
+  std::vector<int64_t> moe_dispatch(const int32_t* experts, const float* probs, std::size_t tokens,
+                                    const MoeRouter& router, const MoeCapacity& capacity,
+                                    MoeDispatchMaps maps) override {
+    const std::size_t counts_bytes = (router.experts * sizeof(int64_t) + 255) / 256 * 256;
+    auto* workspace = static_cast<unsigned char*>(lane_->workspace.get(
+        counts_bytes + cuda::moe_workspace_bytes(i64(tokens), i64(router.topk), i64(router.experts))));
+    auto* rows_per_expert = reinterpret_cast<int64_t*>(workspace);
+    cuda::moe_dispatch(experts, probs, i64(tokens), i64(router.topk), i64(router.experts), capacity, maps,
+                       rows_per_expert, workspace + counts_bytes, lane_->stream);
+    std::vector<int64_t> rows(router.experts);
+    check(cudaMemcpyAsync(rows.data(), rows_per_expert, rows.size() * sizeof(int64_t), cudaMemcpyDeviceToHost,
+                          lane_->stream),
+          "cudaMemcpyAsync (moe_dispatch)");
+    synchronize();
+    return rows;
+  }
+  void moe_permute(ConstActivation x, std::size_t hidden, const int32_t* row_tokens, std::size_t rows,
+                   Activation out) override {
+    cuda::moe_permute(h16(x), i64(hidden), row_tokens, i64(rows), h16(out), lane_->stream);
+  }
+  void moe_permute_backward(ConstActivation d_rows, std::size_t hidden, const int32_t* token_rows, std::size_t tokens,
+                            std::size_t topk, Activation dx) override {
+    cuda::moe_permute_backward(h16(d_rows), i64(hidden), token_rows, i64(tokens), i64(topk), h16(dx), precision_,
+                               lane_->stream);
+  }
+  void moe_combine(ConstActivation rows, std::size_t hidden, const int32_t* token_rows, const float* probs,
+                   std::size_t tokens, std::size_t topk, Activation y) override {
+    cuda::moe_combine(h16(rows), i64(hidden), token_rows, probs, i64(tokens), i64(topk), h16(y), precision_,
+                      lane_->stream);
+  }
+  void moe_combine_backward(ConstActivation dy, ConstActivation rows, std::size_t hidden, ConstMoeDispatchMaps maps,
+                            const float* probs, std::size_t tokens, std::size_t topk, std::size_t rows_count,
+                            Activation d_rows, float* d_probs) override {
+    cuda::moe_combine_backward(h16(dy), h16(rows), i64(hidden), maps, probs, i64(tokens), i64(topk), i64(rows_count),
+                               h16(d_rows), d_probs, precision_, lane_->stream);
+  }
+  void moe_aux_loss_counts(ConstActivation logits, std::size_t tokens, const MoeRouter& router,
+                           float* counts) override {
+    void* workspace =
+        lane_->workspace.get(cuda::moe_workspace_bytes(i64(tokens), i64(router.topk), i64(router.experts)));
+    cuda::moe_aux_loss_counts(h16(logits), i64(tokens), router, counts, workspace, precision_, lane_->stream);
+  }
+  void moe_switch_loss(ConstActivation logits, std::size_t tokens, const MoeRouter& router, const float* counts,
+                       std::size_t total_tokens, double coeff, double* loss_sum, float* d_logits,
+                       float gradient_scale) override {
+    void* workspace =
+        lane_->workspace.get(cuda::moe_workspace_bytes(i64(tokens), i64(router.topk), i64(router.experts)));
+    cuda::moe_switch_loss(h16(logits), i64(tokens), router, counts, i64(total_tokens), coeff, loss_sum, d_logits,
+                          gradient_scale, workspace, precision_, lane_->stream);
+  }
+  void moe_sequence_aux_loss(ConstActivation logits, std::size_t tokens, std::size_t sequences, const MoeRouter& router,
+                             double coeff, double* loss_sum, float* d_logits, float gradient_scale) override {
+    void* workspace = lane_->workspace.get(
+        cuda::moe_workspace_bytes(i64(tokens), i64(router.topk), i64(router.experts), i64(sequences)));
+    cuda::moe_sequence_aux_loss(h16(logits), i64(tokens), i64(sequences), router, coeff, loss_sum, d_logits,
+                                gradient_scale, workspace, precision_, lane_->stream);
+  }
+  void moe_z_loss(ConstActivation logits, std::size_t tokens, std::size_t experts, double coeff, double* loss_sum,
+                  float* d_logits, float gradient_scale) override {
+    void* workspace = lane_->workspace.get(cuda::moe_workspace_bytes(i64(tokens), 1, i64(experts)));
+    cuda::moe_z_loss(h16(logits), i64(tokens), i64(experts), coeff, loss_sum, d_logits, gradient_scale, workspace,
+                     precision_, lane_->stream);
+  }
+  void moe_update_expert_bias(const float* counts, std::size_t experts, float rate, float* expert_bias) override {
+    cuda::moe_update_expert_bias(counts, i64(experts), rate, expert_bias, lane_->stream);
+  }
+  void sigmoid_gated_add(ConstActivation x, ConstActivation gate, std::size_t rows, std::size_t cols,
+                         Activation y) override {
+    cuda::sigmoid_gated_add(h16(x), h16(gate), i64(rows), i64(cols), h16(y), precision_, lane_->stream);
+  }
+  void sigmoid_gated_add_backward(ConstActivation dy, ConstActivation x, ConstActivation gate, std::size_t rows,
+                                  std::size_t cols, Activation dx, float* d_gate) override {
+    cuda::sigmoid_gated_add_backward(h16(dy), h16(x), h16(gate), i64(rows), i64(cols), h16(dx), d_gate, precision_,
+                                     lane_->stream);
   }
 
   double gradient_sum_of_squares(const std::vector<OptimizerTensor>& tensors) override {

@@ -1,6 +1,7 @@
 #include "executor/kernels/reference/moe_layer.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "executor/kernels/reference/swiglu.h"
 
@@ -59,9 +60,11 @@ void swiglu_mlp_backward(const float* d_out, const float* x, const float* fc1, c
   times_transposed_backward(d_fc1_out.data(), x, fc1, rows, hidden, 2 * ffn, dx, d_fc1);
 }
 
+double gate_sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+
 std::size_t capacity_of(const MoeLayerShape& shape) {
   return shape.capacity_factor > 0
-             ? expert_capacity(shape.tokens, shape.router.topk, shape.router.experts, shape.capacity_factor)
+             ? moe_expert_capacity(shape.tokens, shape.router.topk, shape.router.experts, shape.capacity_factor)
              : 0;
 }
 
@@ -91,10 +94,17 @@ MoeLayerForward moe_layer_forward(const float* x, const MoeLayerWeights& weights
   combine_tokens(out.expert_out.data(), h, out.dispatch, out.routed, t, shape.router.topk, out.y.data());
   if (shape.shared_ffn > 0) {
     out.shared_fc1_out.resize(t * 2 * shape.shared_ffn);
-    std::vector<float> shared(t * h);
+    out.shared_out.resize(t * h);
     swiglu_mlp_forward(x, weights.shared_fc1, weights.shared_fc2, t, h, shape.shared_ffn, out.shared_fc1_out.data(),
-                       shared.data());
-    for (std::size_t i = 0; i < out.y.size(); ++i) out.y[i] += shared[i];
+                       out.shared_out.data());
+    if (shape.shared_gate) {
+      out.gate_logits.resize(t);
+      times_transposed(x, weights.shared_gate, t, h, 1, out.gate_logits.data());
+    }
+    for (std::size_t i = 0; i < out.y.size(); ++i) {
+      const double gate = shape.shared_gate ? gate_sigmoid(out.gate_logits[i / h]) : 1.0;
+      out.y[i] = static_cast<float>(out.y[i] + gate * out.shared_out[i]);
+    }
   }
   out.tokens_per_expert = aux_loss_tokens_per_expert(out.logits.data(), t, shape.router);
   std::vector<float> unused(t * e, 0.0f);
@@ -142,7 +152,25 @@ MoeLayerGradients moe_layer_backward(const float* dy, const float* x, const MoeL
   if (shape.shared_ffn > 0) {
     grads.shared_fc1.assign(2 * shape.shared_ffn * h, 0.0f);
     grads.shared_fc2.assign(h * shape.shared_ffn, 0.0f);
-    swiglu_mlp_backward(dy, x, weights.shared_fc1, weights.shared_fc2, forward.shared_fc1_out.data(), t, h,
+    // Through the gate: the shared output's gradient sigmoid(x·g)·dy, the gate logit's
+    // sigmoid'(x·g)·Σ dy·shared_out, which reaches g and x through x·g.
+    std::vector<float> d_shared(dy, dy + t * h);
+    if (shape.shared_gate) {
+      std::vector<float> d_gate(t);
+      for (std::size_t token = 0; token < t; ++token) {
+        const double gate = gate_sigmoid(forward.gate_logits[token]);
+        double dot = 0;
+        for (std::size_t i = token * h; i < (token + 1) * h; ++i) {
+          dot += static_cast<double>(dy[i]) * forward.shared_out[i];
+          d_shared[i] = static_cast<float>(gate * dy[i]);
+        }
+        d_gate[token] = static_cast<float>(dot * gate * (1 - gate));
+      }
+      grads.shared_gate.assign(h, 0.0f);
+      times_transposed_backward(d_gate.data(), x, weights.shared_gate, t, h, 1, grads.dx.data(),
+                                grads.shared_gate.data());
+    }
+    swiglu_mlp_backward(d_shared.data(), x, weights.shared_fc1, weights.shared_fc2, forward.shared_fc1_out.data(), t, h,
                         shape.shared_ffn, grads.dx.data(), grads.shared_fc1.data(), grads.shared_fc2.data());
   }
   return grads;

@@ -2,7 +2,8 @@
 // the top-k routing and dispatch of moe_router.h, each expert a SwiGLU MLP over its rows (fc1
 // [2·ffn x hidden], the gate's rows then the up projection's, as Megatron fuses them; fc2
 // [hidden x ffn]; no biases, as Mixtral and Qwen's MoE), the rows combined back by their
-// probabilities, and a shared expert (a SwiGLU MLP every token passes through) added. The
+// probabilities, and a shared expert (a SwiGLU MLP every token passes through) added, scaled by
+// sigmoid(x·g) under --moe-shared-expert-gate (Qwen2-MoE's shared_expert_gate). The
 // backward differentiates Σ dy·y + the aux and z losses. fp32 in and out, double inside.
 #pragma once
 
@@ -18,6 +19,7 @@ struct MoeLayerShape {
   std::size_t hidden = 0;
   std::size_t ffn = 0;         // --moe-ffn-hidden-size: each expert's width
   std::size_t shared_ffn = 0;  // --moe-shared-expert-intermediate-size; 0: no shared expert
+  bool shared_gate = false;    // --moe-shared-expert-gate
   RouterOptions router;
   double capacity_factor = 0;  // --moe-expert-capacity-factor; 0: dropless
   DropPolicy drop_policy = DropPolicy::kProbs;
@@ -27,11 +29,12 @@ struct MoeLayerShape {
 };
 
 struct MoeLayerWeights {
-  const float* router = nullptr;      // [experts x hidden]
-  const float* fc1 = nullptr;         // [experts x 2·ffn x hidden]
-  const float* fc2 = nullptr;         // [experts x hidden x ffn]
-  const float* shared_fc1 = nullptr;  // [2·shared_ffn x hidden], with a shared expert
-  const float* shared_fc2 = nullptr;  // [hidden x shared_ffn]
+  const float* router = nullptr;       // [experts x hidden]
+  const float* fc1 = nullptr;          // [experts x 2·ffn x hidden]
+  const float* fc2 = nullptr;          // [experts x hidden x ffn]
+  const float* shared_fc1 = nullptr;   // [2·shared_ffn x hidden], with a shared expert
+  const float* shared_fc2 = nullptr;   // [hidden x shared_ffn]
+  const float* shared_gate = nullptr;  // [hidden], with the gate
 };
 
 // What the forward keeps for the backward, and its outputs.
@@ -46,11 +49,13 @@ struct MoeLayerForward {
   std::vector<float> fc1_out;              // [dispatch.rows() x 2·ffn]
   std::vector<float> expert_out;           // [dispatch.rows() x hidden]
   std::vector<float> shared_fc1_out;       // [tokens x 2·shared_ffn]
+  std::vector<float> shared_out;           // the shared expert's output before its gate [tokens x hidden]
+  std::vector<float> gate_logits;          // x·g [tokens], with the gate
   std::vector<int64_t> tokens_per_expert;  // the aux loss's counts
 };
 
 struct MoeLayerGradients {
-  std::vector<float> dx, router, fc1, fc2, shared_fc1, shared_fc2;
+  std::vector<float> dx, router, fc1, fc2, shared_fc1, shared_fc2, shared_gate;
 };
 
 MoeLayerForward moe_layer_forward(const float* x, const MoeLayerWeights& weights, const MoeLayerShape& shape);

@@ -205,11 +205,6 @@ double z_loss(const float* logits, std::size_t tokens, std::size_t experts, doub
   return coeff * loss / static_cast<double>(tokens);
 }
 
-std::size_t expert_capacity(std::size_t tokens, std::size_t topk, std::size_t experts, double capacity_factor) {
-  return static_cast<std::size_t>(
-      std::ceil(static_cast<double>(tokens * topk) / static_cast<double>(experts) * capacity_factor));
-}
-
 std::size_t Dispatch::rows() const {
   std::size_t rows = 0;
   for (const std::vector<Route>& routes : by_expert) rows += routes.size();

@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "executor/kernels/moe_routing.h"
+
 namespace megaplan::exec::reference {
 
 enum class RouterScore : uint8_t { kSoftmax, kSigmoid };
@@ -59,12 +61,9 @@ double sequence_aux_loss(const float* logits, std::size_t tokens, std::size_t se
 // ST-MoE's z loss over these tokens, coeff · mean (logsumexp of a token's logits)²; adds its gradient.
 double z_loss(const float* logits, std::size_t tokens, std::size_t experts, double coeff, float* d_logits);
 
-// Megatron's get_capacity for the k routes of `tokens` tokens: ceil(tokens·k / experts · factor).
-std::size_t expert_capacity(std::size_t tokens, std::size_t topk, std::size_t experts, double capacity_factor);
-
 // --moe-token-drop-policy: an expert over its capacity keeps its highest-probability routes (ties
-// to the earlier token), or its earliest tokens.
-enum class DropPolicy : uint8_t { kProbs, kPosition };
+// to the earlier token), or its earliest tokens. The capacity is moe_routing.h's moe_expert_capacity.
+using DropPolicy = MoeDropPolicy;
 
 // One row an expert computes: a token's route (`slot` its place in the token's top k), or, padding
 // the expert to its capacity, a token it was not routed to (slot -1), whose output counts for

@@ -40,15 +40,19 @@ std::vector<float> dense_mlp(const std::vector<float>& x, const float* fc1, cons
 
 struct Layer {
   ref::MoeLayerShape shape;
-  std::vector<float> router, fc1, fc2, shared_fc1, shared_fc2;
+  std::vector<float> router, fc1, fc2, shared_fc1, shared_fc2, shared_gate;
   ref::MoeLayerWeights weights() const {
-    return {router.data(), fc1.data(), fc2.data(), shared_fc1.empty() ? nullptr : shared_fc1.data(),
-            shared_fc2.empty() ? nullptr : shared_fc2.data()};
+    return {router.data(),
+            fc1.data(),
+            fc2.data(),
+            shared_fc1.empty() ? nullptr : shared_fc1.data(),
+            shared_fc2.empty() ? nullptr : shared_fc2.data(),
+            shared_gate.empty() ? nullptr : shared_gate.data()};
   }
 };
 
 Layer random_layer(const ref::MoeLayerShape& shape, std::mt19937& generator) {
-  Layer layer{shape, {}, {}, {}, {}, {}};
+  Layer layer{shape, {}, {}, {}, {}, {}, {}};
   const std::size_t e = shape.router.experts, h = shape.hidden, f = shape.ffn;
   layer.router = random_vector(e * h, generator);
   layer.fc1 = random_vector(e * 2 * f * h, generator, 0.5f);
@@ -57,6 +61,7 @@ Layer random_layer(const ref::MoeLayerShape& shape, std::mt19937& generator) {
     layer.shared_fc1 = random_vector(2 * shape.shared_ffn * h, generator, 0.5f);
     layer.shared_fc2 = random_vector(h * shape.shared_ffn, generator, 0.5f);
   }
+  if (shape.shared_gate) layer.shared_gate = random_vector(h, generator);
   return layer;
 }
 
@@ -107,6 +112,7 @@ TEST_CASE("the MoE layer's gradients equal finite differences, dropless and unde
   padded.drop_policy = ref::DropPolicy::kPosition;
   padded.pad_to_capacity = true;
   padded.router.pre_softmax = true;
+  padded.shared_gate = true;  // Qwen2-MoE's sigmoid(x·g) on the shared expert
   for (const ref::MoeLayerShape& shape : {dropless, dropping, padded}) {
     Layer layer = random_layer(shape, generator);
     std::vector<float> x = random_vector(shape.tokens * shape.hidden, generator);
@@ -127,6 +133,7 @@ TEST_CASE("the MoE layer's gradients equal finite differences, dropless and unde
       megaplan::test::check_gradient(layer.shared_fc1, grads.shared_fc1, loss, "d shared fc1");
       megaplan::test::check_gradient(layer.shared_fc2, grads.shared_fc2, loss, "d shared fc2");
     }
+    if (shape.shared_gate) megaplan::test::check_gradient(layer.shared_gate, grads.shared_gate, loss, "d shared gate");
     if (shape.capacity_factor > 0 && !shape.pad_to_capacity) {
       CHECK(forward.dispatch.rows() < shape.tokens * shape.router.topk);  // some routes were dropped
     }

@@ -13,6 +13,7 @@
 #include "tests/executor/kernels/gradient_check.h"
 
 namespace ref = megaplan::exec::reference;
+using megaplan::exec::moe_expert_capacity;
 using ref::DropPolicy;
 using ref::RouterOptions;
 using ref::RouterScore;
@@ -174,9 +175,9 @@ TEST_CASE("the switch, sequence and z losses: Megatron's values and gradients", 
 }
 
 TEST_CASE("expert capacity and Megatron's drop policies", "[kernels][moe]") {
-  CHECK(ref::expert_capacity(10, 2, 4, 1.0) == 5);  // ceil(20 / 4)
-  CHECK(ref::expert_capacity(10, 2, 4, 1.1) == 6);  // ceil(5.5)
-  CHECK(ref::expert_capacity(3, 1, 4, 1.0) == 1);   // ceil(0.75)
+  CHECK(moe_expert_capacity(10, 2, 4, 1.0) == 5);  // ceil(20 / 4)
+  CHECK(moe_expert_capacity(10, 2, 4, 1.1) == 6);  // ceil(5.5)
+  CHECK(moe_expert_capacity(3, 1, 4, 1.0) == 1);   // ceil(0.75)
   // Five tokens, two experts, top 1: expert 0 gets tokens 0, 1, 3, 4 with these probabilities.
   ref::TopK routed;
   routed.experts = {0, 0, 1, 0, 0};
@@ -208,7 +209,7 @@ TEST_CASE("tokens permuted to the experts and combined back by their probabiliti
   const std::vector<float> logits = separated_logits(tokens, experts, generator);
   ref::TopK routed = ref::route_top_k(logits.data(), tokens, options);
   const ref::Dispatch dispatch = ref::dispatch_routes(
-      routed, tokens, experts, topk, ref::expert_capacity(tokens, topk, experts, 1.0), DropPolicy::kPosition, true);
+      routed, tokens, experts, topk, moe_expert_capacity(tokens, topk, experts, 1.0), DropPolicy::kPosition, true);
   std::vector<float> x = megaplan::test::random_vector(tokens * hidden, generator);
   std::vector<float> rows(dispatch.rows() * hidden);
   ref::permute_tokens(x.data(), hidden, dispatch, rows.data());

@@ -22,6 +22,8 @@
 #include <vector>
 
 #include "executor/data/prepare.h"
+#include "executor/kernels/reference/moe_router.h"
+#include "executor/model/moe_mlp.h"
 #include "executor/runtime/cpu_backend.h"
 #include "executor/runtime/cuda_backend.h"
 #include "executor/train/trainer.h"
@@ -239,6 +241,21 @@ TEST_CASE("every CUDA operation matches the CPU backend", "[gpu][kernels]") {
     CHECK(both.error(dx) < kBf16);
     CHECK(both.error(dgamma) < kBf16);
   }
+  SECTION("the shared expert's sigmoid gate, forward and backward") {
+    // 100 columns: the row's dot product spans partial warps of the block.
+    const std::size_t cols = 100;
+    Acts x = both.acts(random_vector(m * cols, generator)), gate = both.acts(random_vector(m, generator, 2.0f)),
+         y = both.acts(random_vector(m * cols, generator));
+    both.cpu().sigmoid_gated_add(x.cpu, gate.cpu, m, cols, y.cpu);
+    both.gpu().sigmoid_gated_add(x.gpu, gate.gpu, m, cols, y.gpu);
+    CHECK(both.error(y) < kBf16);
+    Acts dy = both.acts(random_vector(m * cols, generator)), dx = both.act_output(m * cols);
+    Floats d_gate = both.float_output(m);
+    both.cpu().sigmoid_gated_add_backward(dy.cpu, x.cpu, gate.cpu, m, cols, dx.cpu, d_gate.cpu);
+    both.gpu().sigmoid_gated_add_backward(dy.gpu, x.gpu, gate.gpu, m, cols, dx.gpu, d_gate.gpu);
+    CHECK(both.error(dx) < kBf16);
+    CHECK(both.error(d_gate) < kBf16);
+  }
   SECTION("swiglu") {
     Acts x = both.acts(random_vector(m * 2 * k, generator, 3.0f)), y = both.act_output(m * k);
     both.cpu().swiglu_forward(x.cpu, m, k, y.cpu);
@@ -385,8 +402,421 @@ TEST_CASE("every CUDA operation matches the CPU backend", "[gpu][kernels]") {
   }
 }
 
+namespace {
+
+using megaplan::exec::MoeCapacity;
+using megaplan::exec::MoeDropPolicy;
+using megaplan::exec::MoeRouter;
+
+// Every bf16 value of magnitude in [0.5, 6): router logits drawn from it without repeats are at
+// least 2^-8 apart, so no rounding of either backend reorders them.
+std::vector<float> moe_logit_pool() {
+  std::vector<float> pool;
+  for (uint32_t bits = 0x3f00; bits < 0x40c0; ++bits) {  // bf16 0.5 .. 6
+    float value;
+    const uint32_t word = bits << 16;
+    std::memcpy(&value, &word, 4);
+    pool.push_back(value);
+    pool.push_back(-value);
+  }
+  return pool;
+}
+
+// Router logits [tokens x experts] whose choices no rounding can flip: each row's logits distinct
+// bf16 values (moe_logit_pool), its sigmoid scores plus `bias` (sigmoid routers) at least 1e-5
+// apart, and, with `separate_probs`, each chosen probability at least 2e-5 (relative) from every
+// earlier token's for the same expert, so that the probs drop policy ranks them alike on both
+// backends (the GPU computes the probabilities in fp32, the CPU in double).
+std::vector<float> moe_router_logits(std::size_t tokens, const MoeRouter& router, const float* bias,
+                                     bool separate_probs, std::mt19937& generator) {
+  namespace reference = megaplan::exec::reference;
+  std::vector<float> pool = moe_logit_pool();
+  const std::size_t e = router.experts, k = router.topk;
+  reference::RouterOptions options;
+  options.experts = e;
+  options.topk = k;
+  options.score = router.sigmoid ? reference::RouterScore::kSigmoid : reference::RouterScore::kSoftmax;
+  options.pre_softmax = router.pre_softmax;
+  options.scaling_factor = router.scaling_factor;
+  options.expert_bias = bias;
+  std::vector<std::vector<float>> taken(e);  // each expert's probabilities so far, sorted
+  std::vector<float> logits(tokens * e);
+  for (std::size_t t = 0; t < tokens; ++t) {
+    for (int attempt = 0;; ++attempt) {
+      REQUIRE(attempt < 1000);
+      for (std::size_t i = 0; i < e; ++i) {
+        std::swap(pool[i], pool[i + generator() % (pool.size() - i)]);  // a partial shuffle
+      }
+      const float* row = pool.data();
+      if (router.sigmoid && bias) {
+        std::vector<double> scores(e);
+        for (std::size_t i = 0; i < e; ++i) scores[i] = 1.0 / (1.0 + std::exp(-static_cast<double>(row[i]))) + bias[i];
+        std::sort(scores.begin(), scores.end());
+        bool apart = true;
+        for (std::size_t i = 1; i < e; ++i) apart = apart && scores[i] - scores[i - 1] > 1e-5;
+        if (!apart) continue;
+      }
+      const reference::TopK routed = reference::route_top_k(row, 1, options);
+      bool apart = true;
+      for (std::size_t j = 0; separate_probs && j < k; ++j) {
+        const std::vector<float>& earlier = taken[static_cast<std::size_t>(routed.experts[j])];
+        const float p = routed.probs[j];
+        const auto next = std::lower_bound(earlier.begin(), earlier.end(), p);
+        if (next != earlier.end() && *next - p <= 2e-5f * p) apart = false;
+        if (next != earlier.begin() && p - *(next - 1) <= 2e-5f * p) apart = false;
+      }
+      if (!apart) continue;
+      for (std::size_t j = 0; separate_probs && j < k; ++j) {
+        std::vector<float>& earlier = taken[static_cast<std::size_t>(routed.experts[j])];
+        earlier.insert(std::lower_bound(earlier.begin(), earlier.end(), routed.probs[j]), routed.probs[j]);
+      }
+      std::copy_n(row, e, logits.begin() + static_cast<std::ptrdiff_t>(t * e));
+      break;
+    }
+  }
+  return logits;
+}
+
+// An int32 index buffer on each backend, poisoned (an unwritten index fails). The GPU's travels as
+// the bits of floats: its uploads and downloads copy bytes.
+struct MoeIndices {
+  int32_t* cpu;
+  int32_t* gpu;
+  std::size_t n;
+};
+
+MoeIndices moe_indices(Both& both, std::size_t n) {
+  MoeIndices pair{both.cpu().allocate_indices(n), both.gpu().allocate_indices(n), n};
+  const std::vector<int32_t> poison(n, 0x5eadbeef);
+  std::copy(poison.begin(), poison.end(), pair.cpu);
+  both.gpu().upload(reinterpret_cast<float*>(pair.gpu), reinterpret_cast<const float*>(poison.data()), n);
+  return pair;
+}
+
+std::vector<int32_t> moe_cpu_ints(const MoeIndices& pair, std::size_t n) { return {pair.cpu, pair.cpu + n}; }
+std::vector<int32_t> moe_gpu_ints(Both& both, const MoeIndices& pair, std::size_t n) {
+  std::vector<int32_t> host(n);
+  both.gpu().download(reinterpret_cast<float*>(host.data()), reinterpret_cast<const float*>(pair.gpu), n);
+  return host;
+}
+
+// Where two index lists first differ, -1 where they are equal (a failure names the place).
+int64_t moe_first_difference(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
+  if (a.size() != b.size()) return -2;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (a[i] != b[i]) return static_cast<int64_t>(i);
+  }
+  return -1;
+}
+
+// A running loss sum (one double, in backend memory) starting at `start`.
+Floats moe_loss_sum(Both& both, double start) {
+  std::vector<float> words(2);
+  std::memcpy(words.data(), &start, sizeof start);
+  return both.floats(words);
+}
+double moe_as_double(const std::vector<float>& words) {
+  double value = 0;
+  std::memcpy(&value, words.data(), sizeof value);
+  return value;
+}
+
+}  // namespace
+
+// The router's operations on logits whose choices are robust (moe_router_logits): the chosen
+// experts and the dispatch's maps and row counts must be equal, the probabilities and gradients
+// equal to fp32 rounding, the permutation and combination to bf16 rounding.
+TEST_CASE("every CUDA mixture-of-experts operation matches the CPU backend", "[gpu][kernels][moe]") {
+  std::mt19937 generator(23);
+  Both both;
+  // Routes the router's top k on both backends: the experts must agree exactly.
+  const auto route = [&](const Acts& logits, std::size_t tokens, const MoeRouter& router, const Floats* bias,
+                         MoeIndices& experts, Floats& probs) {
+    both.cpu().moe_top_k(logits.cpu, tokens, router, bias ? bias->cpu : nullptr, experts.cpu, probs.cpu);
+    both.gpu().moe_top_k(logits.gpu, tokens, router, bias ? bias->gpu : nullptr, experts.gpu, probs.gpu);
+    const std::size_t routes = tokens * router.topk;
+    REQUIRE(moe_first_difference(moe_cpu_ints(experts, routes), moe_gpu_ints(both, experts, routes)) == -1);
+  };
+
+  SECTION("top k and its backward: softmax before and after, sigmoid with an expert bias, scaled") {
+    struct Case {
+      const char* name;
+      MoeRouter router;
+      bool bias;
+    };
+    const std::vector<Case> cases = {
+        {"softmax over every expert, k 4", {16, 4, false, true, 1.0f}, false},
+        {"softmax over the top k, k 8 of 300, scaled", {300, 8, false, false, 2.5f}, false},
+        {"sigmoid with a bias, k 1", {16, 1, true, false, 1.0f}, true},
+        {"sigmoid with a bias, k 6, scaled", {64, 6, true, false, 2.5f}, true},
+        {"sigmoid without a bias, k 2 of 300", {300, 2, true, false, 1.0f}, false},
+        {"softmax over every expert, k 1 of 300", {300, 1, false, true, 1.0f}, false},
+    };
+    for (const Case& c : cases) {
+      INFO(c.name);
+      const std::size_t tokens = 203, e = c.router.experts, k = c.router.topk;
+      const std::vector<float> bias_values = random_vector(e, generator, 0.05f);
+      const Floats bias = both.floats(bias_values);
+      const Acts logits =
+          both.acts(moe_router_logits(tokens, c.router, c.bias ? bias_values.data() : nullptr, false, generator));
+      MoeIndices experts = moe_indices(both, tokens * k);
+      Floats probs = both.float_output(tokens * k);
+      route(logits, tokens, c.router, c.bias ? &bias : nullptr, experts, probs);
+      CHECK(both.error(probs) < 1e-5);
+      // From zero, then once more on top: the backward adds.
+      const Floats d_probs = both.floats(random_vector(tokens * k, generator));
+      const Floats d_logits = both.floats(std::vector<float>(tokens * e, 0.0f));
+      for (int pass = 0; pass < 2; ++pass) {
+        INFO("pass " << pass);
+        both.cpu().moe_top_k_backward(logits.cpu, tokens, c.router, experts.cpu, d_probs.cpu, d_logits.cpu);
+        both.gpu().moe_top_k_backward(logits.gpu, tokens, c.router, experts.gpu, d_probs.gpu, d_logits.gpu);
+        CHECK(both.error(d_logits) < 1e-4);
+      }
+      // The routes' counts add to what is there.
+      const Floats counts = both.floats(std::vector<float>(e, 3.0f));
+      both.cpu().moe_count_routes(experts.cpu, tokens * k, e, counts.cpu);
+      both.gpu().moe_count_routes(experts.gpu, tokens * k, e, counts.gpu);
+      CHECK(both.cpu_values(counts) == both.gpu_values(counts));
+    }
+  }
+
+  SECTION("dispatch dropless and with a capacity, each policy, padded or not; permute and combine") {
+    struct Case {
+      const char* name;
+      MoeRouter router;
+      std::size_t tokens;
+    };
+    const std::vector<Case> cases = {
+        {"softmax over every expert, k 2 of 16", {16, 2, false, true, 1.0f}, 1200},
+        {"normalised sigmoids, k 4 of 16", {16, 4, true, false, 1.0f}, 1100},
+        {"softmax over the top k, k 8 of 64, scaled", {64, 8, false, false, 2.0f}, 1500},
+    };
+    for (const Case& c : cases) {
+      INFO(c.name);
+      const std::size_t tokens = c.tokens, e = c.router.experts, k = c.router.topk;
+      const Acts logits = both.acts(moe_router_logits(tokens, c.router, nullptr, true, generator));
+      MoeIndices experts = moe_indices(both, tokens * k);
+      Floats probs = both.float_output(tokens * k);
+      route(logits, tokens, c.router, nullptr, experts, probs);
+      CHECK(both.error(probs) < 1e-5);
+      struct Capacity {
+        double factor;  // 0: dropless
+        MoeDropPolicy policy;
+        bool pad;
+      };
+      for (const Capacity& cap : std::vector<Capacity>{{0, MoeDropPolicy::kProbs, false},
+                                                       {1.0, MoeDropPolicy::kProbs, false},
+                                                       {1.0, MoeDropPolicy::kPosition, false},
+                                                       {1.0, MoeDropPolicy::kProbs, true},
+                                                       {1.0, MoeDropPolicy::kPosition, true},
+                                                       {0.5, MoeDropPolicy::kProbs, true},
+                                                       {1.5, MoeDropPolicy::kPosition, true},
+                                                       {12.0, MoeDropPolicy::kProbs, true}}) {
+        MoeCapacity capacity;
+        capacity.capacity =
+            cap.factor > 0 ? megaplan::exec::moe_expert_capacity(tokens, k, e, cap.factor) : std::size_t{0};
+        capacity.policy = cap.policy;
+        capacity.pad = cap.pad;
+        INFO("capacity " << capacity.capacity << (cap.policy == MoeDropPolicy::kProbs ? ", by probs" : ", by position")
+                         << (cap.pad ? ", padded" : ""));
+        const std::size_t most_rows = capacity.capacity == 0 ? tokens * k : e * capacity.capacity;
+        MoeIndices token_rows = moe_indices(both, tokens * k), row_tokens = moe_indices(both, most_rows);
+        const std::vector<int64_t> cpu_rows = both.cpu().moe_dispatch(experts.cpu, probs.cpu, tokens, c.router,
+                                                                      capacity, {token_rows.cpu, row_tokens.cpu});
+        const std::vector<int64_t> gpu_rows = both.gpu().moe_dispatch(experts.gpu, probs.gpu, tokens, c.router,
+                                                                      capacity, {token_rows.gpu, row_tokens.gpu});
+        REQUIRE(gpu_rows == cpu_rows);
+        std::size_t rows = 0;
+        for (const int64_t r : cpu_rows) rows += static_cast<std::size_t>(r);
+        const std::vector<int32_t> cpu_token_rows = moe_cpu_ints(token_rows, tokens * k);
+        CHECK(moe_first_difference(cpu_token_rows, moe_gpu_ints(both, token_rows, tokens * k)) == -1);
+        CHECK(moe_first_difference(moe_cpu_ints(row_tokens, rows), moe_gpu_ints(both, row_tokens, rows)) == -1);
+        // The cases do what they say: routes dropped at factor 1 and below, pad rows where padded.
+        const auto dropped = std::count(cpu_token_rows.begin(), cpu_token_rows.end(), -1);
+        if (cap.factor > 0 && cap.factor <= 1) CHECK(dropped > 0);
+        if (cap.pad && cap.factor >= 1) CHECK(rows > tokens * k - static_cast<std::size_t>(dropped));
+
+        // The rows through permute and combine, at a hidden size of whole 16-byte vectors and one
+        // of a ragged one.
+        for (const std::size_t hidden : {std::size_t{64}, std::size_t{20}}) {
+          INFO("hidden " << hidden);
+          const Acts x = both.acts(random_vector(tokens * hidden, generator));
+          const Acts permuted = both.act_output(rows * hidden);
+          both.cpu().moe_permute(x.cpu, hidden, row_tokens.cpu, rows, permuted.cpu);
+          both.gpu().moe_permute(x.gpu, hidden, row_tokens.gpu, rows, permuted.gpu);
+          CHECK(both.error(permuted) == 0);  // a copy of bf16 values
+          const Acts d_rows = both.acts(random_vector(rows * hidden, generator)), dx = both.act_output(tokens * hidden);
+          both.cpu().moe_permute_backward(d_rows.cpu, hidden, token_rows.cpu, tokens, k, dx.cpu);
+          both.gpu().moe_permute_backward(d_rows.gpu, hidden, token_rows.gpu, tokens, k, dx.gpu);
+          CHECK(both.error(dx) < kBf16);
+          const Acts expert_rows = both.acts(random_vector(rows * hidden, generator)),
+                     y = both.act_output(tokens * hidden);
+          both.cpu().moe_combine(expert_rows.cpu, hidden, token_rows.cpu, probs.cpu, tokens, k, y.cpu);
+          both.gpu().moe_combine(expert_rows.gpu, hidden, token_rows.gpu, probs.gpu, tokens, k, y.gpu);
+          CHECK(both.error(y) < kBf16);
+          const Acts dy = both.acts(random_vector(tokens * hidden, generator)),
+                     d_expert_rows = both.act_output(rows * hidden);
+          const Floats d_probs = both.float_output(tokens * k);
+          both.cpu().moe_combine_backward(dy.cpu, expert_rows.cpu, hidden, {token_rows.cpu, row_tokens.cpu}, probs.cpu,
+                                          tokens, k, rows, d_expert_rows.cpu, d_probs.cpu);
+          both.gpu().moe_combine_backward(dy.gpu, expert_rows.gpu, hidden, {token_rows.gpu, row_tokens.gpu}, probs.gpu,
+                                          tokens, k, rows, d_expert_rows.gpu, d_probs.gpu);
+          CHECK(both.error(d_expert_rows) < kBf16);
+          CHECK(both.error(d_probs) < kBf16);
+          for (Activation a :
+               {x.cpu, permuted.cpu, d_rows.cpu, dx.cpu, expert_rows.cpu, y.cpu, dy.cpu, d_expert_rows.cpu})
+            both.cpu().release(a);
+          for (Activation a :
+               {x.gpu, permuted.gpu, d_rows.gpu, dx.gpu, expert_rows.gpu, y.gpu, dy.gpu, d_expert_rows.gpu})
+            both.gpu().release(a);
+        }
+        both.cpu().release(token_rows.cpu);
+        both.cpu().release(row_tokens.cpu);
+        both.gpu().release(token_rows.gpu);
+        both.gpu().release(row_tokens.gpu);
+      }
+    }
+  }
+
+  SECTION("the aux loss's counts, the switch, sequence and z losses, the expert bias's update") {
+    const std::size_t sequences = 4, length = 51, tokens = sequences * length;
+    for (const MoeRouter& router : {MoeRouter{16, 4, false, true, 1.0f}, MoeRouter{64, 3, true, false, 1.0f}}) {
+      INFO((router.sigmoid ? "sigmoid" : "softmax") << ", k " << router.topk << " of " << router.experts);
+      const std::size_t e = router.experts;
+      const Acts logits = both.acts(moe_router_logits(tokens, router, nullptr, false, generator));
+      const Floats counts = both.float_output(e);
+      both.cpu().moe_aux_loss_counts(logits.cpu, tokens, router, counts.cpu);
+      both.gpu().moe_aux_loss_counts(logits.gpu, tokens, router, counts.gpu);
+      CHECK(both.cpu_values(counts) == both.gpu_values(counts));
+      // Each loss: value and gradient, then the gradient alone (no sum) and the value alone (no
+      // gradient), so each adds twice.
+      const auto check_loss = [&](const char* name, const auto& loss) {
+        INFO(name);
+        const Floats sum = moe_loss_sum(both, 0.25);
+        const Floats d_logits = both.floats(std::vector<float>(tokens * e, 0.0f));
+        const auto as_sum = [](const Floats& words, bool gpu) {
+          return reinterpret_cast<double*>(gpu ? words.gpu : words.cpu);
+        };
+        loss(both.cpu(), logits.cpu, as_sum(sum, false), d_logits.cpu);
+        loss(both.gpu(), logits.gpu, as_sum(sum, true), d_logits.gpu);
+        const double cpu_once = moe_as_double(both.cpu_values(sum)) - 0.25;
+        CHECK(cpu_once != 0.0);
+        CHECK(moe_as_double(both.gpu_values(sum)) - 0.25 == Approx(cpu_once).epsilon(1e-5));
+        CHECK(both.error(d_logits) < 1e-4);
+        loss(both.cpu(), logits.cpu, nullptr, d_logits.cpu);
+        loss(both.gpu(), logits.gpu, nullptr, d_logits.gpu);
+        loss(both.cpu(), logits.cpu, as_sum(sum, false), nullptr);
+        loss(both.gpu(), logits.gpu, as_sum(sum, true), nullptr);
+        CHECK(moe_as_double(both.cpu_values(sum)) - 0.25 == Approx(2 * cpu_once).epsilon(1e-12));
+        CHECK(moe_as_double(both.gpu_values(sum)) - 0.25 == Approx(2 * cpu_once).epsilon(1e-5));
+        CHECK(both.error(d_logits) < 1e-4);
+        const std::vector<float> gradient = both.cpu_values(d_logits);
+        CHECK(std::any_of(gradient.begin(), gradient.end(), [](float g) { return g != 0.0f; }));
+      };
+      const float* cpu_counts = counts.cpu;
+      const float* gpu_counts = counts.gpu;
+      check_loss("switch loss", [&](Backend& backend, Activation l, double* sum, float* d) {
+        const float* c = &backend == &both.gpu() ? gpu_counts : cpu_counts;
+        backend.moe_switch_loss(l, tokens, router, c, 3 * tokens, 1e-2, sum, d, 0.5f);
+      });
+      check_loss("sequence aux loss", [&](Backend& backend, Activation l, double* sum, float* d) {
+        backend.moe_sequence_aux_loss(l, tokens, sequences, router, 1e-2, sum, d, 0.5f);
+      });
+      check_loss("z loss", [&](Backend& backend, Activation l, double* sum, float* d) {
+        backend.moe_z_loss(l, tokens, e, 1e-3, sum, d, 0.5f);
+      });
+    }
+    // The update: up below the mean (6), down above it, unchanged at it.
+    const std::vector<float> loads = {4, 8, 6, 6, 0, 12, 5, 7};
+    const Floats counts = both.floats(loads), bias = both.floats(random_vector(loads.size(), generator, 0.1f));
+    both.cpu().moe_update_expert_bias(counts.cpu, loads.size(), 1e-3f, bias.cpu);
+    both.gpu().moe_update_expert_bias(counts.gpu, loads.size(), 1e-3f, bias.gpu);
+    CHECK(both.cpu_values(bias) == both.gpu_values(bias));
+  }
+}
+
 // bf16-representable inputs (random_vector) are fp16-representable too, but for the rare ones below
 // fp16's subnormal resolution, which move nothing measurably.
+TEST_CASE("the MoE MLP on the GPU equals the CPU's: experts over their runs of rows, the gated shared expert",
+          "[gpu][kernels][moe]") {
+  // The router reads small integers (x in -2..2, its weights in -1..1): its logits are exact in
+  // bf16 and fp32 alike, so both backends route every token to the same experts (ties to the lower
+  // one); the rest is bf16 against fp32.
+  std::mt19937 generator(43);
+  const megaplan::exec::MoeMlpShape shape{.tokens = 96,
+                                          .hidden = 32,
+                                          .ffn = 24,
+                                          .shared_ffn = 16,
+                                          .shared_gate = true,
+                                          .router = {.experts = 8, .topk = 2},
+                                          .capacity = {},
+                                          .aux_loss_coeff = 0.01,
+                                          .z_loss_coeff = 0.001};
+  const std::size_t t = shape.tokens, h = shape.hidden, f = shape.ffn, e = shape.router.experts, s = shape.shared_ffn;
+  const auto integers = [&](std::size_t n, int most) {
+    std::uniform_int_distribution<int> pick(-most, most);
+    std::vector<float> values(n);
+    for (float& value : values) value = static_cast<float>(pick(generator));
+    return values;
+  };
+  Both both;
+  Acts x = both.acts(integers(t * h, 2)), router = both.acts(integers(e * h, 1));
+  Acts shared_fc1 = both.acts(random_vector(2 * s * h, generator, 0.1f)),
+       shared_fc2 = both.acts(random_vector(h * s, generator, 0.1f)),
+       gate = both.acts(random_vector(h, generator, 0.1f)), dy = both.acts(random_vector(t * h, generator));
+  std::vector<Acts> fc1, fc2;
+  std::vector<Floats> d_fc1, d_fc2;
+  for (std::size_t expert = 0; expert < e; ++expert) {
+    fc1.push_back(both.acts(random_vector(2 * f * h, generator, 0.1f)));
+    fc2.push_back(both.acts(random_vector(h * f, generator, 0.1f)));
+    d_fc1.push_back(both.floats(std::vector<float>(2 * f * h, 0.0f)));
+    d_fc2.push_back(both.floats(std::vector<float>(h * f, 0.0f)));
+  }
+  Floats d_router = both.floats(std::vector<float>(e * h, 0.0f)),
+         d_shared_fc1 = both.floats(std::vector<float>(2 * s * h, 0.0f)),
+         d_shared_fc2 = both.floats(std::vector<float>(h * s, 0.0f)), d_gate = both.floats(std::vector<float>(h, 0.0f));
+  Floats losses = both.floats(std::vector<float>(2, 0.0f));  // one double
+  Acts y = both.act_output(t * h), dx = both.act_output(t * h);
+  std::vector<std::vector<int64_t>> rows_per_expert;
+  const auto run = [&](Backend& backend, auto side) {
+    megaplan::exec::MoeMlpWeights weights{side(router), {}, {}, side(shared_fc1), side(shared_fc2), side(gate)};
+    megaplan::exec::MoeMlpGradients gradients{side(d_router),     {},          {}, side(d_shared_fc1),
+                                              side(d_shared_fc2), side(d_gate)};
+    for (std::size_t expert = 0; expert < e; ++expert) {
+      weights.fc1.push_back(side(fc1[expert]));
+      weights.fc2.push_back(side(fc2[expert]));
+      gradients.fc1.push_back(side(d_fc1[expert]));
+      gradients.fc2.push_back(side(d_fc2[expert]));
+    }
+    megaplan::exec::MoeMlp mlp(shape, backend);
+    megaplan::exec::MoeMlpSaved saved = mlp.allocate_saved();
+    mlp.forward(side(x), weights, nullptr, saved, side(y), reinterpret_cast<double*>(side(losses)));
+    rows_per_expert.push_back(saved.rows_per_expert);
+    mlp.backward(side(dy), side(x), weights, saved, gradients, 0.5f, side(dx));
+    backend.synchronize();
+    mlp.release(saved);
+  };
+  run(both.cpu(), [](auto& pair) { return pair.cpu; });
+  run(both.gpu(), [](auto& pair) { return pair.gpu; });
+  CHECK(rows_per_expert[0] == rows_per_expert[1]);
+  CHECK(both.error(y) < kBf16);
+  CHECK(both.error(dx) < kBf16);
+  CHECK(both.error(d_router) < kBf16);
+  for (std::size_t expert = 0; expert < e; ++expert) {
+    INFO("expert " << expert);
+    CHECK(both.error(d_fc1[expert]) < kBf16);
+    CHECK(both.error(d_fc2[expert]) < kBf16);
+  }
+  CHECK(both.error(d_shared_fc1) < kBf16);
+  CHECK(both.error(d_shared_fc2) < kBf16);
+  CHECK(both.error(d_gate) < kBf16);
+  double cpu_loss = 0, gpu_loss = 0;
+  std::memcpy(&cpu_loss, both.cpu_values(losses).data(), sizeof(double));
+  std::memcpy(&gpu_loss, both.gpu_values(losses).data(), sizeof(double));
+  CHECK(cpu_loss > 0);
+  CHECK(gpu_loss == Approx(cpu_loss).epsilon(1e-4));
+}
+
 TEST_CASE("a CUDA backend made for fp16 runs its activations and kernels in fp16", "[gpu][kernels]") {
   std::mt19937 generator(19);
   Both both(DType::kFloat16);

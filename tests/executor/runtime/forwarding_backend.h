@@ -161,6 +161,71 @@ class ForwardingBackend : public exec::Backend {
   }
   void add(ConstActivation a, ConstActivation b, std::size_t n, Activation y) override { inner_->add(a, b, n, y); }
   void copy(ConstActivation from, std::size_t n, Activation to) override { inner_->copy(from, n, to); }
+  Activation offset(Activation a, std::size_t elements) override { return inner_->offset(a, elements); }
+  int32_t* allocate_indices(std::size_t n) override { return inner_->allocate_indices(n); }
+  void release(int32_t* buffer) override { inner_->release(buffer); }
+  void moe_top_k(ConstActivation logits, std::size_t tokens, const exec::MoeRouter& router, const float* expert_bias,
+                 int32_t* experts, float* probs) override {
+    inner_->moe_top_k(logits, tokens, router, expert_bias, experts, probs);
+  }
+  void moe_top_k_backward(ConstActivation logits, std::size_t tokens, const exec::MoeRouter& router,
+                          const int32_t* experts, const float* d_probs, float* d_logits) override {
+    inner_->moe_top_k_backward(logits, tokens, router, experts, d_probs, d_logits);
+  }
+  void moe_count_routes(const int32_t* experts, std::size_t routes, std::size_t expert_count, float* counts) override {
+    inner_->moe_count_routes(experts, routes, expert_count, counts);
+  }
+  std::vector<int64_t> moe_dispatch(const int32_t* experts, const float* probs, std::size_t tokens,
+                                    const exec::MoeRouter& router, const exec::MoeCapacity& capacity,
+                                    exec::MoeDispatchMaps maps) override {
+    return inner_->moe_dispatch(experts, probs, tokens, router, capacity, maps);
+  }
+  void moe_permute(ConstActivation x, std::size_t hidden, const int32_t* row_tokens, std::size_t rows,
+                   Activation out) override {
+    inner_->moe_permute(x, hidden, row_tokens, rows, out);
+  }
+  void moe_permute_backward(ConstActivation d_rows, std::size_t hidden, const int32_t* token_rows, std::size_t tokens,
+                            std::size_t topk, Activation dx) override {
+    inner_->moe_permute_backward(d_rows, hidden, token_rows, tokens, topk, dx);
+  }
+  void moe_combine(ConstActivation rows, std::size_t hidden, const int32_t* token_rows, const float* probs,
+                   std::size_t tokens, std::size_t topk, Activation y) override {
+    inner_->moe_combine(rows, hidden, token_rows, probs, tokens, topk, y);
+  }
+  void moe_combine_backward(ConstActivation dy, ConstActivation rows, std::size_t hidden,
+                            exec::ConstMoeDispatchMaps maps, const float* probs, std::size_t tokens, std::size_t topk,
+                            std::size_t rows_count, Activation d_rows, float* d_probs) override {
+    inner_->moe_combine_backward(dy, rows, hidden, maps, probs, tokens, topk, rows_count, d_rows, d_probs);
+  }
+  void moe_aux_loss_counts(ConstActivation logits, std::size_t tokens, const exec::MoeRouter& router,
+                           float* counts) override {
+    inner_->moe_aux_loss_counts(logits, tokens, router, counts);
+  }
+  void moe_switch_loss(ConstActivation logits, std::size_t tokens, const exec::MoeRouter& router, const float* counts,
+                       std::size_t total_tokens, double coeff, double* loss_sum, float* d_logits,
+                       float gradient_scale) override {
+    inner_->moe_switch_loss(logits, tokens, router, counts, total_tokens, coeff, loss_sum, d_logits, gradient_scale);
+  }
+  void moe_sequence_aux_loss(ConstActivation logits, std::size_t tokens, std::size_t sequences,
+                             const exec::MoeRouter& router, double coeff, double* loss_sum, float* d_logits,
+                             float gradient_scale) override {
+    inner_->moe_sequence_aux_loss(logits, tokens, sequences, router, coeff, loss_sum, d_logits, gradient_scale);
+  }
+  void moe_z_loss(ConstActivation logits, std::size_t tokens, std::size_t experts, double coeff, double* loss_sum,
+                  float* d_logits, float gradient_scale) override {
+    inner_->moe_z_loss(logits, tokens, experts, coeff, loss_sum, d_logits, gradient_scale);
+  }
+  void moe_update_expert_bias(const float* counts, std::size_t experts, float rate, float* expert_bias) override {
+    inner_->moe_update_expert_bias(counts, experts, rate, expert_bias);
+  }
+  void sigmoid_gated_add(ConstActivation x, ConstActivation gate, std::size_t rows, std::size_t cols,
+                         Activation y) override {
+    inner_->sigmoid_gated_add(x, gate, rows, cols, y);
+  }
+  void sigmoid_gated_add_backward(ConstActivation dy, ConstActivation x, ConstActivation gate, std::size_t rows,
+                                  std::size_t cols, Activation dx, float* d_gate) override {
+    inner_->sigmoid_gated_add_backward(dy, x, gate, rows, cols, dx, d_gate);
+  }
   double gradient_sum_of_squares(const std::vector<OptimizerTensor>& tensors) override {
     return inner_->gradient_sum_of_squares(tensors);
   }
