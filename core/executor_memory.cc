@@ -78,8 +78,15 @@ ChunkBytes chunk_bytes(const ModelSpec& model, const ParallelPlan& plan, int64_t
   bytes.scratch = buffer_bytes(recipe.scratch(layers.has_output_layer), a);
   bytes.layer = buffer_bytes(recipe.kept(LayerKeep::kAll), a);
   bytes.microbatch = buffer_bytes(recipe.microbatch(layers.has_output_layer), a);
-  for (const LayerKeep keep : layer_keeps(plan, recompute_groups(plan, layers.num_layers))) {
-    bytes.microbatch += buffer_bytes(recipe.kept(keep), a);
+  const std::vector<LayerKeep> keeps = layer_keeps(plan, recompute_groups(plan, layers.num_layers));
+  for (std::size_t l = 0; l < keeps.size(); ++l) {
+    const bool moe = model.moe.moe_layer(layers.first_layer + static_cast<int64_t>(l));
+    bytes.microbatch += buffer_bytes(recipe.kept(keeps[l], moe), a);
+    if (moe) bytes.microbatch += buffer_bytes(moe_kept(*recipe.moe), a);
+  }
+  // One MoE MLP's scratch on a chunk with MoE layers (executor/model/moe_mlp.h).
+  if (model.moe.moe_layers(layers.first_layer, layers.num_layers) > 0) {
+    bytes.scratch += buffer_bytes(moe_scratch(*recipe.moe), a);
   }
   bytes.deferred = layers.num_layers * buffer_bytes(recipe.deferred(), a) +
                    (layers.has_embedding ? a * recipe.deferred_embedding_gradient().count : 0);
@@ -318,15 +325,16 @@ class RankWalk {
 };
 
 // Each stage's chunk; chunks of equal layer count and role (first, last, neither) are equal and
-// computed once.
+// computed once (with experts, of equal first layer too: which layers hold experts differs).
 std::vector<ChunkBytes> chunks_by_stage(const ModelSpec& model, const ParallelPlan& plan,
                                         const ExecutorPrecision& precision, int64_t bucket_size) {
-  std::map<std::tuple<int64_t, bool, bool>, ChunkBytes> distinct;
+  std::map<std::tuple<int64_t, bool, bool, int64_t>, ChunkBytes> distinct;
   std::vector<ChunkBytes> by_stage;
   by_stage.reserve(static_cast<std::size_t>(plan.num_virtual_stages()));
   for (int64_t stage = 0; stage < plan.num_virtual_stages(); ++stage) {
     const StageLayers layers = stage_layers(stage, model, plan);
-    const auto key = std::tuple(layers.num_layers, layers.has_embedding, layers.has_output_layer);
+    const auto key = std::tuple(layers.num_layers, layers.has_embedding, layers.has_output_layer,
+                                model.moe.enabled() ? layers.first_layer : int64_t{-1});
     auto found = distinct.find(key);
     if (found == distinct.end()) {
       found = distinct.emplace(key, chunk_bytes(model, plan, stage, precision, bucket_size)).first;

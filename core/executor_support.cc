@@ -3,6 +3,7 @@
 #include <string>
 
 #include "core/notes.h"
+#include "core/schedule/schedule_traits.h"
 
 namespace megaplan {
 
@@ -15,7 +16,14 @@ SpecError missing(const std::string& flag, const std::string& what) {
 }  // namespace
 
 std::optional<SpecError> executor_model_refusal(const ModelSpec& model) {
-  if (model.moe.enabled()) return experts_not_built();
+  if (model.moe.enabled()) {
+    // The experts are SwiGLU MLPs without biases, as Mixtral's and Qwen's (executor/model/moe_mlp.h).
+    if (!model.swiglu) return missing("--swiglu", "mixture of experts with GELU experts");
+    if (model.add_bias_linear) return missing("--disable-bias-linear", "mixture of experts with linear biases");
+    if (model.moe.router_enable_expert_bias) {
+      return missing("--moe-router-enable-expert-bias", "the aux-loss-free expert bias");
+    }
+  }
   // GELU rides on fc1's bias epilogue (core/kernel_list.h lists no GELU of its own).
   if (!model.swiglu && !model.add_bias_linear) return missing("--disable-bias-linear", "GELU without biases");
   if (model.normalization == Normalization::kLayerNorm && model.norm_epsilon != 1e-5) {
@@ -32,9 +40,29 @@ std::optional<SpecError> executor_plan_refusal(const ParallelPlan& plan) {
   return std::nullopt;
 }
 
+std::optional<SpecError> executor_moe_refusal(const ModelSpec& model, const ParallelPlan& plan) {
+  if (!model.moe.enabled()) return std::nullopt;
+  if (plan.tensor_parallel_size > 1) {
+    return missing("--tensor-model-parallel-size", "mixture of experts with tensor parallelism");
+  }
+  if (plan.context_parallel_size > 1) {
+    return missing("--context-parallel-size", "mixture of experts with context parallelism");
+  }
+  if (plan.expert_model_parallel_size > 1) return missing("--expert-model-parallel-size", "expert parallelism");
+  if (plan.recompute_granularity == RecomputeGranularity::kFull) {
+    return missing("--recompute-granularity", "full recomputation of MoE layers");
+  }
+  if (schedule_traits(plan.schedule).splits_backward) {
+    return missing("--schedule",
+                   "mixture of experts under a schedule that splits the backward (" + to_string(plan.schedule) + ")");
+  }
+  return std::nullopt;
+}
+
 void note_executor_refusals(const ModelSpec& model, const ParallelPlan& plan) {
   if (plan.implementation != Implementation::kMegaplan) return;
-  for (const std::optional<SpecError>& refusal : {executor_model_refusal(model), executor_plan_refusal(plan)}) {
+  for (const std::optional<SpecError>& refusal :
+       {executor_model_refusal(model), executor_plan_refusal(plan), executor_moe_refusal(model, plan)}) {
     if (refusal) note("megaplan train cannot run this plan yet: " + std::string(refusal->what()));
   }
 }

@@ -17,6 +17,10 @@ std::optional<SpecError> executor_model_refusal(const ModelSpec& model);
 // A layout the executor cannot run, whatever the model (Megatron-LM's code).
 std::optional<SpecError> executor_plan_refusal(const ParallelPlan& plan);
 
+// A layout the executor cannot run a model with experts on yet (issue 40: MoE layers train with
+// tp, cp and ep of 1, without full recomputation and without a schedule that splits the backward).
+std::optional<SpecError> executor_moe_refusal(const ModelSpec& model, const ParallelPlan& plan);
+
 // Under --implementation megaplan, notes (core/notes.h) each refusal of `model` and `plan`: a plan
 // `simulate` costs all the same (it is legal), but megaplan's own executor would refuse to train it.
 void note_executor_refusals(const ModelSpec& model, const ParallelPlan& plan);

@@ -46,10 +46,70 @@ LayerRecipe::LayerRecipe(const ModelSpec& model, const ParallelPlan& plan, const
       context_parallel(plan.context_parallel_size),
       gemm_precision(plan.options.precision),
       precision(storage) {
-  require_dense_layers(model);  // a recipe of dense layers
+  if (!model.moe.enabled()) return;
+  const MoeSpec& spec = model.moe;
+  MoeDims& m = moe.emplace();
+  // Each rank routes its own tokens (tp, cp and ep above 1 with experts are refused before training:
+  // core/executor_support.h).
+  m.tokens = dims.tokens;
+  m.hidden = dims.hidden;
+  m.ffn = model.effective_moe_ffn_hidden_size();
+  m.shared_ffn = spec.shared_expert_intermediate_size;
+  m.shared_gate = spec.shared_expert_gate && m.shared_ffn > 0;
+  m.experts = spec.num_experts / plan.expert_model_parallel_size;
+  m.topk = spec.effective_router_topk();
+  const int64_t capacity =
+      spec.expert_capacity_factor ? moe_expert_capacity(m.tokens, m.topk, m.experts, *spec.expert_capacity_factor) : 0;
+  m.most_rows = moe_most_rows(m.tokens, m.topk, m.experts, capacity, spec.pad_expert_input_to_capacity);
 }
 
-LayerBufferSizes LayerRecipe::kept(LayerKeep keep) const {
+int64_t moe_most_rows(int64_t tokens, int64_t topk, int64_t experts, int64_t capacity, bool pad) {
+  const int64_t routes = tokens * topk;
+  if (capacity == 0) return routes;
+  return pad ? experts * capacity : std::min(routes, experts * capacity);
+}
+
+MoeLayerBufferSizes moe_kept(const MoeDims& m) {
+  MoeLayerBufferSizes kept;
+  kept.logits = {m.tokens * m.experts};
+  kept.rows = kept.expert_out = {m.most_rows * m.hidden};
+  kept.fc1_out = {m.most_rows * 2 * m.ffn};
+  if (m.shared_ffn > 0) kept.shared_fc1_out = {m.tokens * 2 * m.shared_ffn};
+  if (m.shared_gate) {
+    kept.shared_out = {m.tokens * m.hidden};
+    kept.gate_logits = {m.tokens};
+  }
+  kept.probs = {m.tokens * m.topk};
+  kept.aux_counts = {m.experts};
+  kept.experts = kept.token_rows = {m.tokens * m.topk};
+  kept.row_tokens = {m.most_rows};
+  return kept;
+}
+
+MoeScratchSizes moe_scratch(const MoeDims& m) {
+  const int64_t t = m.tokens, rows = m.most_rows, s = m.shared_ffn;
+  MoeScratchSizes scratch;
+  scratch.activated = {rows * m.ffn};
+  scratch.d_activated = {std::max(rows * m.ffn, t * s)};
+  scratch.d_expert_out = scratch.d_rows = {rows * m.hidden};
+  scratch.d_fc1_out = {std::max(rows * 2 * m.ffn, t * 2 * s)};
+  scratch.d_logits_compute = {t * m.experts};
+  scratch.dx_part = {t * m.hidden};
+  if (s > 0) {
+    scratch.shared_activated = {t * s};
+    scratch.shared_out = {t * m.hidden};
+  }
+  if (m.shared_gate) {
+    scratch.d_gate_compute = {t};
+    scratch.d_gate = {t};
+  }
+  scratch.d_probs = {t * m.topk};
+  scratch.d_logits = {t * m.experts};
+  scratch.loss_memory = {kLossSumFloats};
+  return scratch;
+}
+
+LayerBufferSizes LayerRecipe::kept(LayerKeep keep, bool moe_layer) const {
   const LayerDims& d = dims;
   LayerBufferSizes kept;
   if (keep == LayerKeep::kNothing) return kept;
@@ -57,8 +117,8 @@ LayerBufferSizes LayerRecipe::kept(LayerKeep keep) const {
   if (keep == LayerKeep::kInput) return kept;
   kept.qkv = {d.tokens * d.qkv};
   kept.middle = {d.rows * d.hidden};
-  kept.fc1 = {d.tokens * d.fc1};
-  if (!swiglu) kept.activated = {d.tokens * d.ffn};
+  if (!moe_layer) kept.fc1 = {d.tokens * d.fc1};
+  if (!moe_layer && !swiglu) kept.activated = {d.tokens * d.ffn};
   if (!rms_norm) kept.ln1_mean = kept.ln2_mean = {d.rows};  // RMSNorm keeps no mean
   kept.ln1_rstd = kept.ln2_rstd = {d.rows};
   if (keep == LayerKeep::kAll) {
@@ -143,6 +203,7 @@ RingAttentionPasses LayerRecipe::ring_attention() const {
 }
 
 KernelBlocks LayerRecipe::kernel_blocks(int64_t tensor_parallel_rank, const RingAttentionPasses& ring) const {
+  if (moe) throw experts_not_built();  // the lists are a dense layer's
   KernelBlocks blocks;
   // Plain copies, not structured bindings: the lambdas below capture them (Clang before 16 cannot
   // capture a binding, and the fuzz build uses Debian's Clang 14).

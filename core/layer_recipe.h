@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <tuple>
 #include <utility>
 
@@ -58,6 +59,11 @@ struct ActivationElements {
   int64_t count = 0;
 };
 struct FloatElements {
+  int64_t count = 0;
+};
+
+// Elements of an int32 index buffer (an MoE dispatch's maps): four bytes each, as fp32's.
+struct IndexElements {
   int64_t count = 0;
 };
 
@@ -135,6 +141,60 @@ using MicrobatchBufferSizes = MicrobatchBuffers<ActivationElements, FloatElement
 using DeferredGradientSizes = DeferredGradients<ActivationElements>;
 using ChunkScratchSizes = ChunkScratch<ActivationElements, FloatElements>;
 
+// An MoE layer's MLP on one rank (executor/model/moe_mlp.h; issue 40): the tokens it routes, its
+// widths, the experts it holds, and the most rows a dispatch makes (every route dropless; with a
+// capacity at most experts x capacity, exactly that padded).
+struct MoeDims {
+  int64_t tokens = 0, hidden = 0, ffn = 0, shared_ffn = 0, experts = 0, topk = 0, most_rows = 0;
+  bool shared_gate = false;
+};
+// The most rows a dispatch of `tokens` tokens' top-k routes makes (capacity 0: dropless).
+int64_t moe_most_rows(int64_t tokens, int64_t topk, int64_t experts, int64_t capacity, bool pad);
+
+// What an MoE layer's forward keeps for its backward: the router's logits, each token's experts and
+// probabilities, the dispatch's maps (each route's row, each row's token), the permuted rows (fc1's
+// input), fc1's output, the experts' outputs (combine's gradient reads them), the aux loss's counts,
+// the shared expert's fc1 output and, gated, its output and the gate's logit.
+template <typename A, typename F, typename I>
+struct MoeLayerBuffers {
+  A logits{}, rows{}, fc1_out{}, expert_out{}, shared_fc1_out{}, shared_out{}, gate_logits{};
+  F probs{}, aux_counts{};
+  I experts{}, token_rows{}, row_tokens{};
+  auto fields() {
+    return std::tie(logits, rows, fc1_out, expert_out, shared_fc1_out, shared_out, gate_logits, probs, aux_counts,
+                    experts, token_rows, row_tokens);
+  }
+  auto fields() const {
+    return std::tie(logits, rows, fc1_out, expert_out, shared_fc1_out, shared_out, gate_logits, probs, aux_counts,
+                    experts, token_rows, row_tokens);
+  }
+};
+
+// The MoE MLP's scratch, one set a chunk: SwiGLU's output over the rows and its gradient (the shared
+// expert's too), the experts' outputs', fc1's and the rows' gradients, the logits' gradient in the
+// compute type, a part of the input gradient, the shared expert's SwiGLU output and output, the
+// gate logit's gradient; fp32: the probabilities', the logits' and the gate's gradients, and the
+// router losses' running sum (a double, for the log).
+template <typename A, typename F>
+struct MoeScratch {
+  A activated{}, d_activated{}, d_expert_out{}, d_fc1_out{}, d_rows{}, d_logits_compute{}, dx_part{},
+      shared_activated{}, shared_out{}, d_gate_compute{};
+  F d_probs{}, d_logits{}, d_gate{}, loss_memory{};
+  auto fields() {
+    return std::tie(activated, d_activated, d_expert_out, d_fc1_out, d_rows, d_logits_compute, dx_part,
+                    shared_activated, shared_out, d_gate_compute, d_probs, d_logits, d_gate, loss_memory);
+  }
+  auto fields() const {
+    return std::tie(activated, d_activated, d_expert_out, d_fc1_out, d_rows, d_logits_compute, dx_part,
+                    shared_activated, shared_out, d_gate_compute, d_probs, d_logits, d_gate, loss_memory);
+  }
+};
+
+using MoeLayerBufferSizes = MoeLayerBuffers<ActivationElements, FloatElements, IndexElements>;
+using MoeScratchSizes = MoeScratch<ActivationElements, FloatElements>;
+MoeLayerBufferSizes moe_kept(const MoeDims& moe);
+MoeScratchSizes moe_scratch(const MoeDims& moe);
+
 // Calls fn(field) for each buffer of `buffers`, or fn(x_field, y_field) for each pair of the same
 // field of two structs of one kind (a size and the buffer it describes, or two sets).
 template <typename Buffers, typename Fn>
@@ -184,11 +244,14 @@ struct LayerRecipe {
   int64_t context_parallel;
   DType gemm_precision;  // the GEMMs' operands: bf16, or fp16 under --fp16
   ExecutorPrecision precision;
+  // A model with experts: its MoE layers' MLP (which layers, core/moe_spec.h's moe_layer).
+  std::optional<MoeDims> moe;
 
   // What a layer keeps under `keep` (pipeline_layout.h): nothing; its input (full recomputation's
   // first layer of a group); everything but attention's output and saved statistics (selective
-  // recomputation); everything. A set of the recomputation pool is kept(kAll).
-  LayerBufferSizes kept(LayerKeep keep) const;
+  // recomputation); everything. A set of the recomputation pool is kept(kAll). An MoE layer keeps
+  // no dense MLP buffers: its MLP's are moe_kept's.
+  LayerBufferSizes kept(LayerKeep keep, bool moe_layer = false) const;
   MicrobatchBufferSizes microbatch(bool last_stage) const;
   DeferredGradientSizes deferred() const;
   // The first stage's embedding gradient, kept from I until W.
@@ -201,7 +264,8 @@ struct LayerRecipe {
   // stage or group, whose input norm adds nothing, and the others), B, I and W, selective
   // recomputation's attention, and the stage's embedding, head and boundary blocks. Row-parallel
   // biases are added by tensor-parallel rank 0 only. `ring`: ring_attention()'s, whose kernels stand
-  // in each pass's attention under context parallelism.
+  // in each pass's attention under context parallelism. Dense layers only: throws
+  // experts_not_built() for a model with experts.
   KernelBlocks kernel_blocks(int64_t tensor_parallel_rank, const RingAttentionPasses& ring) const;
   // Context parallelism's ring attention step by step, as the layer blocks list it flattened.
   RingAttentionPasses ring_attention() const;

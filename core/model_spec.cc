@@ -149,8 +149,8 @@ void validate_model_spec(const ModelSpec& spec) {
 
 SpecError experts_not_built() {
   return {"--num-experts",
-          "mixture of experts is described (describe counts its parameters and FLOPs; convert carries its "
-          "weights) but not yet simulated, searched or trained (issue 40)"};
+          "mixture of experts is described, converted and trained (train: at tp, cp and ep 1) but not yet "
+          "simulated or searched (issue 40)"};
 }
 
 void require_dense_layers(const ModelSpec& model) {

@@ -94,10 +94,11 @@ int64_t padded_vocab_size(const ModelSpec& spec, int64_t tensor_parallel_size);
 // Throws SpecError naming the field (as its Megatron flag, e.g. "--hidden-size") and the rule.
 void validate_model_spec(const ModelSpec& spec);
 
-// What every reader of a layer's kernels or buffers says of a model with experts: they describe
-// dense layers (core/layer_recipe.h, Megatron's kernel lists, the memory model), so nothing costs,
-// walks or trains one yet; describe counts its parameters and FLOPs, and convert carries its
-// weights (core/parameter_list.h names them).
+// What the simulator's and the planner's readers of a layer's kernels or memory say of a model
+// with experts: their kernel lists and Megatron's memory model describe dense layers, so nothing
+// costs one yet; describe counts its parameters and FLOPs, convert carries its weights
+// (core/parameter_list.h names them), and train runs it (core/layer_recipe.h's MoE buffers,
+// core/executor_support.h's limits).
 SpecError experts_not_built();
 // Throws experts_not_built() for a model with experts.
 void require_dense_layers(const ModelSpec& model);

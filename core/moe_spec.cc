@@ -350,4 +350,9 @@ void read_moe_spec(const nlohmann::json& json, JsonFieldReader& reader, MoeSpec&
   }
 }
 
+int64_t moe_expert_capacity(int64_t tokens, int64_t topk, int64_t experts, double capacity_factor) {
+  return static_cast<int64_t>(
+      std::ceil(static_cast<double>(tokens * topk) / static_cast<double>(experts) * capacity_factor));
+}
+
 }  // namespace megaplan

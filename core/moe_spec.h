@@ -1,8 +1,9 @@
 // Mixture of experts as Megatron-Core configures it (issue 40): which layers hold an MoE layer
 // in place of the dense MLP, how wide and how many experts, and how the router chooses and
 // balances them — the flags' meanings, their rules and their JSON, in one place. Described here
-// and counted by core/formulas.h; no command costs or runs a model with experts yet: simulate,
-// search, train and convert refuse one (require_dense_layers, core/model_spec.h).
+// and counted by core/formulas.h; train runs its MoE layers (core/layer_recipe.h's MoeDims, within
+// core/executor_support.h's limits); simulate and search refuse one (require_dense_layers,
+// core/model_spec.h).
 #pragma once
 
 #include <cstdint>
@@ -65,6 +66,10 @@ struct MoeSpec {
   // How many of the layers [first, first + count) hold experts.
   int64_t moe_layers(int64_t first, int64_t count) const;
 };
+
+// Megatron's get_capacity for `tokens` tokens' top-k routes over `experts` experts:
+// ceil(tokens·k / experts · factor), each expert's most rows under --moe-expert-capacity-factor.
+int64_t moe_expert_capacity(int64_t tokens, int64_t topk, int64_t experts, double capacity_factor);
 
 // Megatron's --moe-layer-freq: an integer, or a Python list expression of 0s and 1s as Megatron
 // evaluates it: "[1,0,1,0]", "([1]*3+[0]*1)*3". Sets `moe.layer_freq` or `moe.layer_pattern`;

@@ -9,7 +9,6 @@
 // experts of one expert-parallel rank are one contiguous run of rows.
 #pragma once
 
-#include <cmath>
 #include <cstddef>
 #include <cstdint>
 
@@ -45,12 +44,5 @@ struct ConstMoeDispatchMaps {
   const int32_t* token_rows = nullptr;
   const int32_t* row_tokens = nullptr;
 };
-
-// Megatron's get_capacity for `tokens` tokens' top-k routes: ceil(tokens·k / experts · factor).
-inline std::size_t moe_expert_capacity(std::size_t tokens, std::size_t topk, std::size_t experts,
-                                       double capacity_factor) {
-  return static_cast<std::size_t>(
-      std::ceil(static_cast<double>(tokens * topk) / static_cast<double>(experts) * capacity_factor));
-}
 
 }  // namespace megaplan::exec

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/layer_recipe.h"
 #include "executor/kernels/moe_routing.h"
 #include "executor/runtime/backend.h"
 
@@ -34,9 +35,8 @@ struct MoeMlpShape {
   std::size_t aux_loss_sequences = 0;
   double z_loss_coeff = 0;  // --moe-z-loss-coeff
 
-  // The most rows a dispatch makes: every route dropless, each expert's capacity with one (exactly
-  // that, padded).
-  std::size_t most_rows() const;
+  // Its buffers' widths as core's recipe prices them.
+  MoeDims dims() const;
 };
 
 // The weights as the layers read them (compute copies): the router [experts x hidden], each
@@ -56,41 +56,36 @@ struct MoeMlpGradients {
   float* shared_gate = nullptr;
 };
 
-// What a forward keeps for its backward: the router's logits, each token's experts and
-// probabilities, the dispatch's maps and row counts, the permuted rows (fc1's input), fc1's output
-// (SwiGLU's input), the experts' outputs (combine's gradient reads them), the aux loss's counts and
-// the shared expert's fc1 output, and with its gate its output and the gate's logit.
-struct MoeMlpSaved {
-  Activation logits = nullptr, rows = nullptr, fc1_out = nullptr, expert_out = nullptr, shared_fc1_out = nullptr,
-             shared_out = nullptr, gate_logits = nullptr;
-  float* probs = nullptr;
-  float* aux_counts = nullptr;
-  int32_t* experts = nullptr;
-  MoeDispatchMaps maps;
+// What a forward keeps for its backward (core/layer_recipe.h's MoeLayerBuffers) and each expert's
+// row count from its dispatch.
+struct MoeMlpSaved : MoeLayerBuffers<Activation, float*, int32_t*> {
   std::vector<int64_t> rows_per_expert;
 };
 
 class MoeMlp {
  public:
-  // Allocates the scratch both directions use.
+  // Allocates the scratch both directions use (core's moe_scratch).
   MoeMlp(const MoeMlpShape& shape, Backend& backend);
   ~MoeMlp();
   MoeMlp(const MoeMlp&) = delete;
   MoeMlp& operator=(const MoeMlp&) = delete;
 
   const MoeMlpShape& shape() const { return shape_; }
+  // Core's moe_kept.
   MoeMlpSaved allocate_saved();
   void release(MoeMlpSaved& saved);
 
-  // y [tokens x hidden] from x [tokens x hidden]; the aux and z losses (coefficients included) added
-  // to *loss_sum where it is not null (backend memory, as the LM loss's); `expert_bias` ([experts]
-  // fp32, null: none) moves the choice only.
+  // y [tokens x hidden] from x [tokens x hidden]; with `add_losses` the aux and z losses
+  // (coefficients included) are added to a running sum on the backend (take_loss_sum), as the LM
+  // loss's; `expert_bias` ([experts] fp32, null: none) moves the choice only.
   void forward(ConstActivation x, const MoeMlpWeights& weights, const float* expert_bias, MoeMlpSaved& saved,
-               Activation y, double* loss_sum);
+               Activation y, bool add_losses);
   // dx [tokens x hidden] (overwritten) and the weights' gradients (added) from dy; the losses'
   // gradients times loss_gradient_scale.
   void backward(ConstActivation dy, ConstActivation x, const MoeMlpWeights& weights, const MoeMlpSaved& saved,
                 const MoeMlpGradients& gradients, float loss_gradient_scale, Activation dx);
+  // The router losses the forwards added since the last call (waits for them), then 0 again.
+  double take_loss_sum();
 
  private:
   // The losses' value (into loss_sum) and gradient (into d_logits), either may be null.
@@ -101,17 +96,9 @@ class MoeMlp {
 
   MoeMlpShape shape_;
   Backend& backend_;
-  std::size_t most_rows_;
-  // Scratch: SwiGLU's output over the rows (and its gradient, the shared expert's too), the experts'
-  // outputs', fc1's and the rows' gradients, the probabilities' and logits' (fp32, and the logits'
-  // in the compute type), a part of dx, and the shared expert's SwiGLU output and output.
-  Activation activated_ = nullptr, d_activated_ = nullptr, d_expert_out_ = nullptr, d_fc1_out_ = nullptr,
-             d_rows_ = nullptr, d_logits_compute_ = nullptr, dx_part_ = nullptr, shared_activated_ = nullptr,
-             shared_out_ = nullptr;
-  float* d_probs_ = nullptr;
-  float* d_logits_ = nullptr;
-  float* d_gate_ = nullptr;              // the shared expert's gate logit's gradient (fp32)
-  Activation d_gate_compute_ = nullptr;  // and in the compute type
+  MoeDims dims_;
+  MoeScratch<Activation, float*> scratch_;
+  double* loss_sum_ = nullptr;  // scratch_.loss_memory
 };
 
 }  // namespace megaplan::exec

@@ -12,6 +12,7 @@
 #include "core/fnv1a.h"
 #include "core/formulas.h"
 #include "core/pipeline_layout.h"
+#include "executor/model/recipe_buffers.h"
 #include "executor/model/vocabulary_parallel_loss.h"
 #include "executor/runtime/backend.h"
 
@@ -27,6 +28,41 @@ constexpr auto kLossSum = static_cast<std::size_t>(kLossSumFloats);
 // slip kept on purpose: every run's initial weights, and so every recorded loss, derive from it.
 uint64_t name_hash(const std::string& name) { return Fnv1a64(1469598103934665603ull).add(name).value(); }
 
+// Under I, where a GEMM's output gradient waits for W (`deferred`'s field); null under B.
+Activation* kept_for_w(DeferredGradients<Activation>* deferred, Activation DeferredGradients<Activation>::*field) {
+  return deferred ? &(deferred->*field) : nullptr;
+}
+
+// An MoE layer's MLP as core's recipe sizes it and core/moe_spec.h configures its router.
+MoeMlpShape moe_mlp_shape(const ModelSpec& model, const ParallelPlan& plan, const LayerRecipe& recipe) {
+  const MoeSpec& spec = model.moe;
+  const MoeDims& dims = *recipe.moe;
+  const auto size = [](int64_t n) { return static_cast<std::size_t>(n); };
+  MoeMlpShape shape;
+  shape.tokens = size(dims.tokens);
+  shape.hidden = size(dims.hidden);
+  shape.ffn = size(dims.ffn);
+  shape.shared_ffn = size(dims.shared_ffn);
+  shape.shared_gate = dims.shared_gate;
+  shape.router.experts = size(dims.experts);
+  shape.router.topk = size(dims.topk);
+  shape.router.sigmoid = spec.score_function == RouterScoreFunction::kSigmoid;
+  shape.router.pre_softmax = spec.router_pre_softmax;
+  shape.router.scaling_factor = static_cast<float>(spec.router_topk_scaling_factor.value_or(1.0));
+  if (spec.expert_capacity_factor) {
+    shape.capacity.capacity =
+        size(moe_expert_capacity(dims.tokens, dims.topk, dims.experts, *spec.expert_capacity_factor));
+    shape.capacity.policy =
+        spec.token_drop_policy == TokenDropPolicy::kProbs ? MoeDropPolicy::kProbs : MoeDropPolicy::kPosition;
+    shape.capacity.pad = spec.pad_expert_input_to_capacity;
+  }
+  if (spec.load_balancing != LoadBalancing::kNone) shape.aux_loss_coeff = spec.aux_loss_coeff;
+  // seq_aux_loss: each of the microbatch's sequences (whole on the rank: cp 1) its own loss.
+  if (spec.load_balancing == LoadBalancing::kSeqAuxLoss) shape.aux_loss_sequences = size(plan.micro_batch_size);
+  shape.z_loss_coeff = spec.z_loss_coeff;
+  return shape;
+}
+
 bool ends_with(const std::string& text, const std::string& suffix) {
   return text.size() >= suffix.size() && text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
@@ -36,6 +72,7 @@ bool ends_with(const std::string& text, const std::string& suffix) {
 void StageChunk::refuse_unsupported(const ModelSpec& model, const ParallelPlan& plan) {
   if (std::optional<SpecError> refusal = executor_model_refusal(model)) throw *refusal;
   if (std::optional<SpecError> refusal = executor_plan_refusal(plan)) throw *refusal;
+  if (std::optional<SpecError> refusal = executor_moe_refusal(model, plan)) throw *refusal;
 }
 
 TensorCut tensor_cut(const ParameterSpec& spec) {
@@ -72,23 +109,12 @@ StageChunk::Widths StageChunk::widths(const LayerRecipe& recipe, int64_t tp, int
 
 template <typename Sizes, typename Buffers>
 void StageChunk::allocate(const Sizes& sizes, Buffers& buffers) {
-  for_each_buffer(sizes, buffers, [&](const auto& size, auto& buffer) {
-    if (size.count == 0) return;
-    const auto n = static_cast<std::size_t>(size.count);
-    if constexpr (std::is_same_v<std::decay_t<decltype(size)>, ActivationElements>) {
-      buffer = backend_.allocate_activation(n);
-    } else {
-      buffer = backend_.allocate(n);
-    }
-  });
+  allocate_buffers(backend_, sizes, buffers);
 }
 
 template <typename Buffers>
 void StageChunk::release(Buffers& buffers) {
-  for_each_buffer(buffers, [&](auto& buffer) {
-    if (buffer) backend_.release(buffer);
-    buffer = nullptr;
-  });
+  release_buffers(backend_, buffers);
 }
 
 void StageChunk::add_parameter(const ParameterSpec& spec) {
@@ -159,13 +185,37 @@ StageChunk::StageChunk(const ModelSpec& model, const ParallelPlan& plan, int64_t
   }
   for (int64_t l = 0; l < stage_layout.num_layers; ++l) {
     const std::string prefix = "decoder.layers." + std::to_string(first_layer_ + l) + ".";
-    layers_.push_back(
-        {find(prefix + "input_layernorm.weight"), find(prefix + "input_layernorm.bias"),
-         find(prefix + "self_attention.linear_qkv.weight"), find(prefix + "self_attention.linear_qkv.bias"),
-         find(prefix + "self_attention.linear_proj.weight"), find(prefix + "self_attention.linear_proj.bias"),
-         find(prefix + "pre_mlp_layernorm.weight"), find(prefix + "pre_mlp_layernorm.bias"),
-         find(prefix + "mlp.linear_fc1.weight"), find(prefix + "mlp.linear_fc1.bias"),
-         find(prefix + "mlp.linear_fc2.weight"), find(prefix + "mlp.linear_fc2.bias")});
+    Layer& layer = layers_.emplace_back(Layer{find(prefix + "input_layernorm.weight"),
+                                              find(prefix + "input_layernorm.bias"),
+                                              find(prefix + "self_attention.linear_qkv.weight"),
+                                              find(prefix + "self_attention.linear_qkv.bias"),
+                                              find(prefix + "self_attention.linear_proj.weight"),
+                                              find(prefix + "self_attention.linear_proj.bias"),
+                                              find(prefix + "pre_mlp_layernorm.weight"),
+                                              find(prefix + "pre_mlp_layernorm.bias"),
+                                              find(prefix + "mlp.linear_fc1.weight"),
+                                              find(prefix + "mlp.linear_fc1.bias"),
+                                              find(prefix + "mlp.linear_fc2.weight"),
+                                              find(prefix + "mlp.linear_fc2.bias"),
+                                              /*moe=*/false,
+                                              nullptr,
+                                              {},
+                                              {},
+                                              nullptr,
+                                              nullptr,
+                                              nullptr});
+    if (!model.moe.moe_layer(first_layer_ + l)) continue;
+    layer.moe = true;
+    layer.router = find(prefix + "mlp.router.weight");
+    for (int64_t e = 0; e < model.moe.num_experts; ++e) {  // ep 1: every expert (executor_moe_refusal)
+      const std::string expert = prefix + "mlp.experts.local_experts." + std::to_string(e) + ".";
+      layer.expert_fc1.push_back(find(expert + "linear_fc1.weight"));
+      layer.expert_fc2.push_back(find(expert + "linear_fc2.weight"));
+    }
+    layer.shared_fc1 = find(prefix + "mlp.shared_experts.linear_fc1.weight");
+    layer.shared_fc2 = find(prefix + "mlp.shared_experts.linear_fc2.weight");
+    layer.shared_gate = find(prefix + "mlp.shared_experts.gate_weight");
+    if (!moe_) moe_ = std::make_unique<MoeMlp>(moe_mlp_shape(model, plan, recipe_), backend_);
   }
   if (has_output_) {
     final_gamma_ = find("decoder.final_layernorm.weight");
@@ -252,19 +302,28 @@ StageChunk::Activations StageChunk::allocate_activations() {
     return reused;
   }
   Activations a;
-  for (const Keep keep : keep_) a.layers.push_back(allocate_layer(keep));
+  for (std::size_t l = 0; l < keep_.size(); ++l) {
+    LayerActivations layer;
+    allocate(recipe_.kept(keep_[l], layers_[l].moe), layer);
+    a.layers.push_back(layer);
+    a.moe.push_back(layers_[l].moe ? moe_->allocate_saved() : MoeMlpSaved{});
+  }
   allocate(recipe_.microbatch(has_output_), a.head);
   return a;
 }
 
 void StageChunk::release_activations(Activations& a) {
   for (LayerActivations& l : a.layers) release(l);
+  for (MoeMlpSaved& moe : a.moe) {
+    if (moe_) moe_->release(moe);
+  }
   for (LayerActivations& l : a.borrowed) release(l);
   for (DeferredGradients& d : a.deferred) release(d);
   release(a.head);
   if (a.input_gradient) backend_.release(a.input_gradient);
   a.input_gradient = nullptr;
   a.layers.clear();
+  a.moe.clear();
   a.borrowed.clear();
   a.deferred.clear();
 }
@@ -334,7 +393,7 @@ void StageChunk::run_forward(Activations& a, const MicrobatchTokens* data, std::
       if (!scratch.qkv) scratch = borrow();
       fill_missing(act, scratch);
     }
-    layer_forward(l, act, first_sample, stream, pending);
+    layer_forward(l, act, first_sample, stream, pending, layers_[l].moe ? &a.moe[l] : nullptr);
   }
   if (!has_output_) {
     // The message to the next stage is the residual sum itself.
@@ -358,6 +417,26 @@ void StageChunk::run_forward(Activations& a, const MicrobatchTokens* data, std::
                                     statistics_ + count, tensor_parallel_ ? statistics_ + 2 * count : nullptr);
   vocabulary_parallel_cross_entropy(backend_, tensor_parallel_, statistics_, a.weights.data(), count, a.head.loss_saved,
                                     loss_sum_);
+}
+
+double StageChunk::take_router_loss_sum() { return moe_ ? moe_->take_loss_sum() : 0.0; }
+
+MoeMlpWeights StageChunk::moe_weights(const Layer& layer) {
+  const auto compute = [](const Parameter* p) -> ConstActivation { return p ? p->compute : nullptr; };
+  MoeMlpWeights weights{compute(layer.router),     {}, {}, compute(layer.shared_fc1), compute(layer.shared_fc2),
+                        compute(layer.shared_gate)};
+  for (const Parameter* p : layer.expert_fc1) weights.fc1.push_back(p->compute);
+  for (const Parameter* p : layer.expert_fc2) weights.fc2.push_back(p->compute);
+  return weights;
+}
+
+MoeMlpGradients StageChunk::moe_gradients(const Layer& layer) {
+  const auto gradient = [](const Parameter* p) { return p ? p->gradient : nullptr; };
+  MoeMlpGradients gradients{gradient(layer.router),     {}, {}, gradient(layer.shared_fc1), gradient(layer.shared_fc2),
+                            gradient(layer.shared_gate)};
+  for (const Parameter* p : layer.expert_fc1) gradients.fc1.push_back(p->gradient);
+  for (const Parameter* p : layer.expert_fc2) gradients.fc2.push_back(p->gradient);
+  return gradients;
 }
 
 double StageChunk::take_loss_sum() {
@@ -604,7 +683,7 @@ void StageChunk::for_each_ring_block(int64_t step, const Run& run) const {
 }
 
 void StageChunk::layer_forward(std::size_t l, const LayerActivations& act, const std::optional<int64_t>& first_sample,
-                               ConstActivation& stream, PendingBranch& pending) {
+                               ConstActivation& stream, PendingBranch& pending, MoeMlpSaved* moe) {
   const std::size_t count = width_.tokens, h = width_.hidden, q = width_.query, qkv = width_.qkv, fc1 = width_.fc1,
                     f = width_.ffn;
   const Layer& weights = layers_[l];
@@ -632,45 +711,34 @@ void StageChunk::layer_forward(std::size_t l, const LayerActivations& act, const
   norm_forward(act.input, {scratch_.branch_out, dropout_mask(DropoutKind::kAttentionBranch, l, first_sample)},
                act.middle, weights.ln2_gamma, weights.ln2_beta, scratch_.norm_out, act.ln2_mean, act.ln2_rstd);
   ConstActivation ln2 = gather_rows(scratch_.norm_out, scratch_.gathered);
-  if (recipe_.swiglu) {
-    backend_.linear_forward(ln2, weights.fc1_weight->compute, bias(weights.fc1_bias), count, h, fc1,
-                            epilogue(weights.fc1_bias), act.fc1, nullptr);
-    backend_.swiglu_forward(act.fc1, count, f, scratch_.swiglu_out);
+  if (moe) {
+    // Only a training forward adds the router losses (evaluation has no sample).
+    moe_->forward(ln2, moe_weights(weights), nullptr, *moe, scratch_.branch_out, first_sample.has_value());
   } else {
-    backend_.linear_forward(ln2, weights.fc1_weight->compute, weights.fc1_bias->compute, count, h, f,
-                            GemmEpilogue::kBiasGelu, act.activated, act.fc1);
+    if (recipe_.swiglu) {
+      backend_.linear_forward(ln2, weights.fc1_weight->compute, bias(weights.fc1_bias), count, h, fc1,
+                              epilogue(weights.fc1_bias), act.fc1, nullptr);
+      backend_.swiglu_forward(act.fc1, count, f, scratch_.swiglu_out);
+    } else {
+      backend_.linear_forward(ln2, weights.fc1_weight->compute, weights.fc1_bias->compute, count, h, f,
+                              GemmEpilogue::kBiasGelu, act.activated, act.fc1);
+    }
+    backend_.linear_forward(recipe_.swiglu ? scratch_.swiglu_out : act.activated, weights.fc2_weight->compute,
+                            bias(fc2_bias), count, f, h, epilogue(fc2_bias), partial_of(scratch_.branch_out), nullptr);
+    if (Request done = reduce(scratch_.branch_out)) done->wait();
   }
-  backend_.linear_forward(recipe_.swiglu ? scratch_.swiglu_out : act.activated, weights.fc2_weight->compute,
-                          bias(fc2_bias), count, f, h, epilogue(fc2_bias), partial_of(scratch_.branch_out), nullptr);
-  if (Request done = reduce(scratch_.branch_out)) done->wait();
   stream = act.middle;
   pending = {scratch_.branch_out, dropout_mask(DropoutKind::kMlpBranch, l, first_sample)};
 }
 
-void StageChunk::layer_backward(std::size_t l, const LayerActivations& act, const std::optional<int64_t>& first_sample,
-                                Activation d_out, Activation d_middle, DeferredGradients* deferred) {
-  const std::size_t count = width_.tokens, h = width_.hidden, q = width_.query, qkv = width_.qkv, fc1 = width_.fc1,
-                    f = width_.ffn;
+void StageChunk::dense_mlp_backward(std::size_t l, const LayerActivations& act, ConstActivation d_out_full,
+                                    DeferredGradients* deferred) {
+  const std::size_t count = width_.tokens, h = width_.hidden, fc1 = width_.fc1, f = width_.ffn;
   const Layer& weights = layers_[l];
-  // Under I each GEMM's output gradient is copied out of the scratch buffers the loop reuses and
-  // kept for W; under B its weight gradient is taken now. A row-parallel bias's gradient comes from
-  // the whole output gradient, so every rank holds the same one.
-  const auto weight_gradient = [&](ConstActivation dy, ConstActivation x, std::size_t k, std::size_t n,
-                                   Parameter* weight, Parameter* bias, Activation* keep) {
-    if (deferred) {
-      backend_.copy(dy, count * n, *keep);
-    } else {
-      accumulate_weight_gradient(dy, x, k, n, weight, bias);
-    }
-  };
-  DeferredGradients unused;
-  DeferredGradients& kept = deferred ? *deferred : unused;
   // out = middle + fc2(act(fc1(ln2(middle)))); with GELU, fc2's input gradient goes through the
   // GELU in the same GEMM; SwiGLU's gradient is a pass of its own, and its output (fc2's input) is
   // not kept but computed again from fc1's for fc2's weight gradient (a pass over tokens x ffn
   // against a tokens x ffn buffer per layer), into scratch_.d_activated, which the backward is then done with.
-  // The branch's gradient is the output's through the branch's dropout (the residual path's is not).
-  ConstActivation d_out_full = masked_gradient(d_out, dropout_mask(DropoutKind::kMlpBranch, l, first_sample));
   ConstActivation fc2_input = act.activated;
   if (recipe_.swiglu) {
     backend_.linear_backward(d_out_full, nullptr, weights.fc2_weight->compute, count, f, h, scratch_.d_activated,
@@ -682,7 +750,8 @@ void StageChunk::layer_backward(std::size_t l, const LayerActivations& act, cons
     backend_.linear_backward_through_gelu(d_out_full, weights.fc2_weight->compute, count, f, h, act.fc1,
                                           scratch_.d_ffn);
   }
-  weight_gradient(d_out_full, fc2_input, f, h, weights.fc2_weight, weights.fc2_bias, &kept.fc2);
+  weight_gradient_or_keep(d_out_full, fc2_input, f, h, weights.fc2_weight, weights.fc2_bias,
+                          kept_for_w(deferred, &DeferredGradients::fc2));
   norm_forward(act.middle, {}, nullptr, weights.ln2_gamma, weights.ln2_beta, scratch_.norm_out, act.ln2_mean,
                act.ln2_rstd);  // recomputed, not kept
   ConstActivation ln2_full = gather_rows(scratch_.norm_out, scratch_.gathered);
@@ -690,8 +759,26 @@ void StageChunk::layer_backward(std::size_t l, const LayerActivations& act, cons
   backend_.linear_backward(scratch_.d_ffn, ln2_full, weights.fc1_weight->compute, count, h, fc1,
                            partial_of(scratch_.d_hidden), nullptr, nullptr);
   Request summed = reduce(scratch_.d_hidden);
-  weight_gradient(scratch_.d_ffn, ln2_full, h, fc1, weights.fc1_weight, weights.fc1_bias, &kept.fc1);
+  weight_gradient_or_keep(scratch_.d_ffn, ln2_full, h, fc1, weights.fc1_weight, weights.fc1_bias,
+                          kept_for_w(deferred, &DeferredGradients::fc1));
   if (summed) summed->wait();
+}
+
+void StageChunk::layer_backward(std::size_t l, const LayerActivations& act, const std::optional<int64_t>& first_sample,
+                                Activation d_out, Activation d_middle, DeferredGradients* deferred,
+                                const MoeMlpSaved* moe, float loss_scale) {
+  const std::size_t count = width_.tokens, h = width_.hidden, q = width_.query, qkv = width_.qkv;
+  const Layer& weights = layers_[l];
+  // The MLP branch's gradient is the output's through the branch's dropout (the residual path's is not).
+  ConstActivation d_out_full = masked_gradient(d_out, dropout_mask(DropoutKind::kMlpBranch, l, first_sample));
+  if (moe) {
+    norm_forward(act.middle, {}, nullptr, weights.ln2_gamma, weights.ln2_beta, scratch_.norm_out, act.ln2_mean,
+                 act.ln2_rstd);  // recomputed, not kept
+    moe_->backward(d_out_full, gather_rows(scratch_.norm_out, scratch_.gathered), moe_weights(weights), *moe,
+                   moe_gradients(weights), loss_scale, scratch_.d_hidden);
+  } else {
+    dense_mlp_backward(l, act, d_out_full, deferred);
+  }
   norm_backward(scratch_.d_hidden, act.middle, weights.ln2_gamma, weights.ln2_beta, act.ln2_mean, act.ln2_rstd, d_out,
                 d_middle);
   // middle = input + proj(attention(rope(qkv(ln1(input))))).
@@ -699,7 +786,8 @@ void StageChunk::layer_backward(std::size_t l, const LayerActivations& act, cons
       masked_gradient(d_middle, dropout_mask(DropoutKind::kAttentionBranch, l, first_sample));
   backend_.linear_backward(d_middle_full, act.attention, weights.proj_weight->compute, count, q, h, scratch_.d_hidden,
                            nullptr, nullptr);
-  weight_gradient(d_middle_full, act.attention, q, h, weights.proj_weight, weights.proj_bias, &kept.proj);
+  weight_gradient_or_keep(d_middle_full, act.attention, q, h, weights.proj_weight, weights.proj_bias,
+                          kept_for_w(deferred, &DeferredGradients::proj));
   attention_backward(l, act, first_sample);
   rotate(scratch_.d_qkv, true);  // the gradient of the projection's output, before the rotation
   norm_forward(act.input, {}, nullptr, weights.ln1_gamma, weights.ln1_beta, scratch_.norm_out, act.ln1_mean,
@@ -707,8 +795,9 @@ void StageChunk::layer_backward(std::size_t l, const LayerActivations& act, cons
   ConstActivation ln1_full = gather_rows(scratch_.norm_out, scratch_.gathered);
   backend_.linear_backward(scratch_.d_qkv, ln1_full, weights.qkv_weight->compute, count, h, qkv,
                            partial_of(scratch_.d_hidden), nullptr, nullptr);
-  summed = reduce(scratch_.d_hidden);
-  weight_gradient(scratch_.d_qkv, ln1_full, h, qkv, weights.qkv_weight, weights.qkv_bias, &kept.qkv);
+  const Request summed = reduce(scratch_.d_hidden);
+  weight_gradient_or_keep(scratch_.d_qkv, ln1_full, h, qkv, weights.qkv_weight, weights.qkv_bias,
+                          kept_for_w(deferred, &DeferredGradients::qkv));
   if (summed) summed->wait();
   // The input's gradient goes to d_out's buffer: it is the previous layer's output gradient.
   norm_backward(scratch_.d_hidden, act.input, weights.ln1_gamma, weights.ln1_beta, act.ln1_mean, act.ln1_rstd, d_middle,
@@ -758,7 +847,7 @@ void StageChunk::backward_input(int64_t microbatch, ConstActivation output_gradi
       for (std::size_t l = first; l < end; ++l) {
         borrowed.push_back(borrow());
         fill_missing(a.work[l], borrowed.back());
-        layer_forward(l, a.work[l], a.first_sample, stream, pending);
+        layer_forward(l, a.work[l], a.first_sample, stream, pending, layers_[l].moe ? &a.moe[l] : nullptr);
       }
     }
     for (std::size_t l = end; l-- > first;) {
@@ -768,7 +857,8 @@ void StageChunk::backward_input(int64_t microbatch, ConstActivation output_gradi
         fill_missing(a.work[l], borrowed.back());
         attention_forward(l, a.work[l], a.first_sample);
       }
-      layer_backward(l, a.work[l], a.first_sample, d_out, d_middle, defer ? &a.deferred[l] : nullptr);
+      layer_backward(l, a.work[l], a.first_sample, d_out, d_middle, defer ? &a.deferred[l] : nullptr,
+                     layers_[l].moe ? &a.moe[l] : nullptr, loss_scale);
       if (!defer) gradients_done_from(layers_[l].ln1_gamma);
     }
     // W still reads what was recomputed; B is done with it.
@@ -813,6 +903,15 @@ void StageChunk::backward_weight(int64_t microbatch) {
   spare_.push_back(std::move(a));
 }
 
+void StageChunk::weight_gradient_or_keep(ConstActivation dy, ConstActivation x, std::size_t k, std::size_t n,
+                                         Parameter* weight, Parameter* bias, Activation* keep) {
+  if (keep) {
+    backend_.copy(dy, width_.tokens * n, *keep);
+  } else {
+    accumulate_weight_gradient(dy, x, k, n, weight, bias);
+  }
+}
+
 void StageChunk::accumulate_weight_gradient(ConstActivation dy, ConstActivation x, std::size_t k, std::size_t n,
                                             Parameter* weight, Parameter* bias) {
   backend_.linear_backward(dy, x, weight->compute, width_.tokens, k, n, nullptr, weight->gradient,
@@ -820,6 +919,7 @@ void StageChunk::accumulate_weight_gradient(ConstActivation dy, ConstActivation 
 }
 
 void StageChunk::layer_weight_gradients(std::size_t l, const LayerActivations& act, const DeferredGradients& kept) {
+  if (layers_[l].moe) throw std::logic_error("StageChunk: W of an MoE layer (refused: executor_moe_refusal)");
   const std::size_t count = width_.tokens, h = width_.hidden, q = width_.query, qkv = width_.qkv, fc1 = width_.fc1,
                     f = width_.ffn;
   const Layer& weights = layers_[l];

@@ -34,6 +34,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -45,6 +46,7 @@
 #include "core/pipeline_layout.h"
 #include "executor/comm/comm.h"
 #include "executor/kernels/dropout_mask.h"
+#include "executor/model/moe_mlp.h"
 #include "executor/model/tensor_shards.h"
 #include "executor/runtime/backend.h"
 
@@ -144,6 +146,9 @@ class StageChunk {
   // REQUIRES: last_stage(). The sum of the microbatch losses since the last call (waits for them),
   // then 0 again.
   double take_loss_sum();
+  // The sum of the router losses (aux and z, coefficients included) the chunk's MoE layers added in
+  // their training forwards since the last call, then 0 again; 0 without MoE layers.
+  double take_router_loss_sum();
   // REQUIRES: !last_stage() and forward(microbatch) ran. Valid until the microbatch's backward.
   ConstActivation output(int64_t microbatch) const;
   // B (defer_weight_gradients false) or I (true). The last stage starts from loss * loss_scale,
@@ -172,7 +177,18 @@ class StageChunk {
     Parameter* fc1_bias;
     Parameter* fc2_weight;
     Parameter* fc2_bias;
+    // An MoE layer's MLP in place of fc1 and fc2 (null and empty in a dense layer): the router, each
+    // expert's fc1 and fc2, the shared expert and its gate.
+    bool moe = false;
+    Parameter* router = nullptr;
+    std::vector<Parameter*> expert_fc1, expert_fc2;
+    Parameter* shared_fc1 = nullptr;
+    Parameter* shared_fc2 = nullptr;
+    Parameter* shared_gate = nullptr;
   };
+  // An MoE layer's weights and gradients as the MoE MLP reads them.
+  static MoeMlpWeights moe_weights(const Layer& layer);
+  static MoeMlpGradients moe_gradients(const Layer& layer);
   // Core's buffer structs (core/layer_recipe.h) holding this backend's buffers: what a layer keeps
   // for its backward (null where its Keep does not keep it, and the means with RMSNorm), a
   // microbatch's buffers outside its layers, I's deferred output gradients, the chunk's scratch.
@@ -185,6 +201,7 @@ class StageChunk {
     std::vector<int64_t> inputs, labels;
     std::vector<float> weights;  // each token's share of the microbatch's loss (Backend::cross_entropy_finish)
     std::vector<LayerActivations> layers;
+    std::vector<MoeMlpSaved> moe;  // by layer: what an MoE layer's MLP keeps (empty in a dense layer)
     MicrobatchActivations head;
     std::vector<DeferredGradients> deferred;  // filled by I
     // The backward's view of every layer: kept buffers, and recomputed ones from `borrowed`
@@ -218,8 +235,9 @@ class StageChunk {
   };
   // One layer's forward: `stream` + dropout(`pending`) (none: `stream` alone) is its input,
   // written to act.input; on return `stream` is its middle and `pending` its MLP output (scratch_.branch_out).
+  // `moe`: an MoE layer's MLP buffers (null in a dense layer).
   void layer_forward(std::size_t l, const LayerActivations& act, const std::optional<int64_t>& first_sample,
-                     ConstActivation& stream, PendingBranch& pending);
+                     ConstActivation& stream, PendingBranch& pending, MoeMlpSaved* moe);
   // The mask of a dropout of layer `l` of the stage (the embedding's: any l) in the microbatch from
   // `first_sample`: this rank's rows (sequence parallelism) and heads (tensor parallelism) of the
   // whole model's tensor. Inactive where its rate is 0, and without a sample (evaluation).
@@ -228,9 +246,15 @@ class StageChunk {
   // over the tensor-parallel group under sequence parallelism; else `gradient` gathered.
   ConstActivation masked_gradient(ConstActivation gradient, const DropoutMask& mask);
   // One layer's backward from d_out (the gradient at its output) into d_out (at its input), via
-  // d_middle; `deferred` non-null under I.
+  // d_middle; `deferred` non-null under I; an MoE layer's router losses' gradients times
+  // `loss_scale`, as the LM loss's.
   void layer_backward(std::size_t l, const LayerActivations& act, const std::optional<int64_t>& first_sample,
-                      Activation d_out, Activation d_middle, DeferredGradients* deferred);
+                      Activation d_out, Activation d_middle, DeferredGradients* deferred, const MoeMlpSaved* moe,
+                      float loss_scale);
+  // The dense MLP's backward from d_out_full (the gradient at its output, gathered) into
+  // scratch_.d_hidden (at the norm's output, summed over tp).
+  void dense_mlp_backward(std::size_t l, const LayerActivations& act, ConstActivation d_out_full,
+                          DeferredGradients* deferred);
   // Tensor parallelism's collectives on activations (no-ops when tp = 1). The full [tokens x
   // hidden] input of a column-parallel layer: `rows` itself, or under sequence parallelism all
   // ranks' rows gathered into `full`.
@@ -271,6 +295,11 @@ class StageChunk {
   // embedding's.
   void weight_gradients(Activations& a);
   void layer_weight_gradients(std::size_t l, const LayerActivations& act, const DeferredGradients& kept);
+  // Under B a GEMM's weight gradient taken now; under I (`keep` not null) its output gradient copied
+  // out of the scratch buffers the loop reuses, kept for W. A row-parallel bias's gradient comes
+  // from the whole output gradient, so every rank holds the same one.
+  void weight_gradient_or_keep(ConstActivation dy, ConstActivation x, std::size_t k, std::size_t n, Parameter* weight,
+                               Parameter* bias, Activation* keep);
   // A linear layer's weight (and bias) gradient from its output gradient and input, accumulated.
   void accumulate_weight_gradient(ConstActivation dy, ConstActivation x, std::size_t k, std::size_t n,
                                   Parameter* weight, Parameter* bias);
@@ -324,6 +353,7 @@ class StageChunk {
   std::vector<LayerGroup> groups_;                  // core's recomputation groups of the stage
   std::vector<LayerActivations> pool_;              // full layer sets for recomputation, reused
   Scratch scratch_;                                 // the recipe's scratch: see core/layer_recipe.h
+  std::unique_ptr<MoeMlp> moe_;                     // the MoE layers' MLP, with its scratch (null: none)
   // Tells gradient_progress_ that every parameter from `first` on holds this microbatch's gradient.
   void gradients_done_from(const Parameter* first);
   // The loss's memory (scratch_.loss_memory): the running loss sum (a double, first for its

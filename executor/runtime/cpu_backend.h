@@ -142,7 +142,11 @@ class CpuBackend final : public Backend {
     std::size_t size;
   };
   std::unordered_map<float*, Buffer> buffers_;
-  std::unordered_map<int32_t*, std::unique_ptr<int32_t[]>> index_buffers_;  // allocate_indices
+  struct IndexBuffer {
+    std::unique_ptr<int32_t[]> data;
+    std::size_t size;
+  };
+  std::unordered_map<int32_t*, IndexBuffer> index_buffers_;  // allocate_indices
   int64_t bytes_ = 0;
   int64_t peak_bytes_ = 0;
   std::vector<std::chrono::steady_clock::time_point> marks_;  // by TimingMark::index

@@ -71,11 +71,18 @@ void add_loss(std::size_t gradient_size, double* loss_sum, float* d_logits, floa
 int32_t* CpuBackend::allocate_indices(std::size_t n) {
   auto buffer = std::make_unique<int32_t[]>(std::max<std::size_t>(n, 1));  // zeros
   int32_t* raw = buffer.get();
-  index_buffers_.emplace(raw, std::move(buffer));
+  index_buffers_.emplace(raw, IndexBuffer{std::move(buffer), n});
+  bytes_ += static_cast<int64_t>(n * sizeof(int32_t));
+  peak_bytes_ = std::max(peak_bytes_, bytes_);
   return raw;
 }
 
-void CpuBackend::release(int32_t* buffer) { index_buffers_.erase(buffer); }
+void CpuBackend::release(int32_t* buffer) {
+  const auto found = index_buffers_.find(buffer);
+  if (found == index_buffers_.end()) return;
+  bytes_ -= static_cast<int64_t>(found->second.size * sizeof(int32_t));
+  index_buffers_.erase(found);
+}
 
 void CpuBackend::moe_top_k(ConstActivation logits, std::size_t tokens, const MoeRouter& router,
                            const float* expert_bias, int32_t* experts, float* probs) {

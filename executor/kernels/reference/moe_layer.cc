@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/moe_spec.h"
 #include "executor/kernels/reference/swiglu.h"
 
 namespace megaplan::exec::reference {
@@ -64,7 +65,9 @@ double gate_sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
 
 std::size_t capacity_of(const MoeLayerShape& shape) {
   return shape.capacity_factor > 0
-             ? moe_expert_capacity(shape.tokens, shape.router.topk, shape.router.experts, shape.capacity_factor)
+             ? static_cast<std::size_t>(megaplan::moe_expert_capacity(
+                   static_cast<int64_t>(shape.tokens), static_cast<int64_t>(shape.router.topk),
+                   static_cast<int64_t>(shape.router.experts), shape.capacity_factor))
              : 0;
 }
 

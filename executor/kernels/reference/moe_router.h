@@ -62,7 +62,7 @@ double sequence_aux_loss(const float* logits, std::size_t tokens, std::size_t se
 double z_loss(const float* logits, std::size_t tokens, std::size_t experts, double coeff, float* d_logits);
 
 // --moe-token-drop-policy: an expert over its capacity keeps its highest-probability routes (ties
-// to the earlier token), or its earliest tokens. The capacity is moe_routing.h's moe_expert_capacity.
+// to the earlier token), or its earliest tokens. The capacity is core/moe_spec.h's moe_expert_capacity.
 using DropPolicy = MoeDropPolicy;
 
 // One row an expert computes: a token's route (`slot` its place in the token's top k), or, padding

@@ -9,11 +9,12 @@
 #include <random>
 #include <vector>
 
+#include "core/moe_spec.h"
 #include "executor/kernels/reference/moe_router.h"
 #include "tests/executor/kernels/gradient_check.h"
 
 namespace ref = megaplan::exec::reference;
-using megaplan::exec::moe_expert_capacity;
+using megaplan::moe_expert_capacity;
 using ref::DropPolicy;
 using ref::RouterOptions;
 using ref::RouterScore;

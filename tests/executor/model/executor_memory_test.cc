@@ -101,6 +101,11 @@ TEST_CASE("the executor allocates what core's memory prediction says, rank by ra
       {"llama: tp2 sequence parallel", sequence_parallel},
       {"qwen: one rank", layout(1, 1, 1, 1, ScheduleKind::kOneFOneB)},
       {"qwen: tp2 sequence parallel", sequence_parallel},
+      {"mixtral: one rank", layout(1, 1, 1, 1, ScheduleKind::kOneFOneB)},
+      {"mixtral: selective", with(layout(1, 1, 1, 1, ScheduleKind::kOneFOneB), RecomputeGranularity::kSelective)},
+      {"mixtral: pp2 interleaved", layout(1, 2, 1, 2, ScheduleKind::kInterleaved)},
+      {"qwen-moe: pp2 1f1b, 8 microbatches", layout(1, 2, 1, 1, ScheduleKind::kOneFOneB, 2, 16)},
+      {"qwen-moe: pp2 dp2 distributed optimizer", distributed},
   };
   for (const auto& [name, plan] : layouts) {
     INFO(name);
@@ -115,9 +120,11 @@ TEST_CASE("the executor allocates what core's memory prediction says, rank by ra
     const int64_t world = plan.world_size();
     std::vector<int64_t> peaks(static_cast<std::size_t>(world), 0);
     std::mutex mutex;
-    const megaplan::ModelSpec model = name.starts_with("llama")  ? megaplan::test::four_layer_llama()
-                                      : name.starts_with("qwen") ? megaplan::test::four_layer_qwen()
-                                                                 : megaplan::test::four_layer_gpt();
+    const megaplan::ModelSpec model = name.starts_with("llama")      ? megaplan::test::four_layer_llama()
+                                      : name.starts_with("qwen-moe") ? megaplan::test::four_layer_qwen_moe()
+                                      : name.starts_with("qwen")     ? megaplan::test::four_layer_qwen()
+                                      : name.starts_with("mixtral")  ? megaplan::test::four_layer_mixtral()
+                                                                     : megaplan::test::four_layer_gpt();
     megaplan::test::train_logged(model, plan, options, scratch, "run",
                                  [&](int64_t rank) -> std::unique_ptr<exec::Backend> {
                                    return std::make_unique<PeakReportingBackend>(peaks, mutex, rank);

@@ -8,6 +8,7 @@
 #include <random>
 #include <vector>
 
+#include "core/moe_spec.h"
 #include "executor/kernels/reference/moe_layer.h"
 #include "executor/model/moe_mlp.h"
 #include "executor/runtime/cpu_backend.h"
@@ -35,8 +36,9 @@ MoeMlpShape backend_shape(const ref::MoeLayerShape& shape) {
                 .pre_softmax = shape.router.pre_softmax,
                 .scaling_factor = static_cast<float>(shape.router.scaling_factor)};
   if (shape.capacity_factor > 0) {
-    out.capacity = {megaplan::exec::moe_expert_capacity(shape.tokens, shape.router.topk, shape.router.experts,
-                                                        shape.capacity_factor),
+    out.capacity = {static_cast<std::size_t>(megaplan::moe_expert_capacity(
+                        static_cast<int64_t>(shape.tokens), static_cast<int64_t>(shape.router.topk),
+                        static_cast<int64_t>(shape.router.experts), shape.capacity_factor)),
                     shape.drop_policy, shape.pad_to_capacity};
   }
   out.aux_loss_coeff = shape.aux_loss_coeff;
@@ -174,9 +176,9 @@ TEST_CASE("the MoE MLP on the CPU backend is the reference MoE layer, forward an
     MoeMlp mlp(backend_shape(shape), backend);
     megaplan::exec::MoeMlpSaved saved = mlp.allocate_saved();
     std::vector<float> y(t * h), dx(t * h);
-    double losses = 0;
     const Activation x_on = on_backend(x);
-    mlp.forward(x_on, on_weights, shape.router.expert_bias, saved, reinterpret_cast<Activation>(y.data()), &losses);
+    mlp.forward(x_on, on_weights, shape.router.expert_bias, saved, reinterpret_cast<Activation>(y.data()), true);
+    const double losses = mlp.take_loss_sum();
     check_close(expected.y, y.data(), "y");
     CHECK(losses == Approx(expected.aux_loss + expected.z_loss).epsilon(1e-6));
     std::vector<int64_t> rows_per_expert(e, 0);
@@ -219,7 +221,7 @@ TEST_CASE("the MoE MLP scales the router losses' gradients as the LM loss's", "[
     MoeMlp mlp(shape, backend);
     megaplan::exec::MoeMlpSaved saved = mlp.allocate_saved();
     std::vector<float> y(t * h), dx(t * h), zero(t * h, 0.0f);
-    mlp.forward(act(x), experts.weights(), nullptr, saved, act(y), nullptr);
+    mlp.forward(act(x), experts.weights(), nullptr, saved, act(y), false);
     mlp.backward(with_output_gradient ? act(dy) : act(zero), act(x), experts.weights(), saved, experts.gradients(),
                  scale, act(dx));
     mlp.release(saved);
@@ -257,14 +259,13 @@ TEST_CASE("the MoE MLP's sequence-level load-balancing loss: its value and its g
   const megaplan::exec::MoeMlpGradients gradients = experts.gradients();
   const auto loss = [&] {
     megaplan::exec::MoeMlpSaved saved = mlp.allocate_saved();
-    double value = 0;
-    mlp.forward(act(x), weights, nullptr, saved, act(y), &value);
+    mlp.forward(act(x), weights, nullptr, saved, act(y), true);
     mlp.release(saved);
-    return value;
+    return mlp.take_loss_sum();
   };
   megaplan::exec::MoeMlpSaved saved = mlp.allocate_saved();
-  double value = 0;
-  mlp.forward(act(x), weights, nullptr, saved, act(y), &value);
+  mlp.forward(act(x), weights, nullptr, saved, act(y), true);
+  const double value = mlp.take_loss_sum();
   std::vector<float> unused(t * e, 0.0f);
   const ref::RouterOptions options{.experts = e, .topk = 2};
   CHECK(value ==

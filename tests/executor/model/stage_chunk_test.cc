@@ -110,6 +110,63 @@ TEST_CASE("the GPT's backward is the gradient of its loss", "[model]") {
   CHECK(checked > 60);
 }
 
+TEST_CASE("an MoE model's backward is the gradient of its loss and its router losses", "[model][moe]") {
+  // A Llama of two MoE layers (4 experts, top 2, a gated shared expert) with large router-loss
+  // coefficients, so that their gradients weigh: the training forward's LM loss plus the router
+  // losses it added, against finite differences, for every kind of parameter.
+  megaplan::ModelSpec model = tiny_model();
+  model.swiglu = true;
+  model.normalization = megaplan::Normalization::kRMSNorm;
+  model.position_embedding_type = megaplan::PositionEmbedding::kRope;
+  model.untie_embeddings_and_output_weights = true;
+  model.add_bias_linear = false;
+  model.moe.num_experts = 4;
+  model.moe.ffn_hidden_size = 6;
+  model.moe.router_topk = 2;
+  model.moe.shared_expert_intermediate_size = 4;
+  model.moe.shared_expert_gate = true;
+  model.moe.aux_loss_coeff = 0.5;
+  model.moe.z_loss_coeff = 0.1;
+  megaplan::exec::CpuBackend backend;
+  StageChunk chunk(model, one_rank(2), 0, backend, {42, 0.3});  // large weights: decisive routing
+  const MicrobatchTokens data = random_microbatch(2, 4, 16, 3);
+  const auto loss = [&] {
+    chunk.forward(0, &data, 0);
+    const double lm = chunk.take_loss_sum();
+    return lm + chunk.take_router_loss_sum();
+  };
+  const double router_losses = (loss(), chunk.take_router_loss_sum());
+  CHECK(router_losses == 0);  // taken
+  chunk.forward(0, &data, 0);
+  CHECK(chunk.take_router_loss_sum() > 0);
+  CHECK(chunk.evaluate(&data, nullptr, nullptr) > 0);
+  CHECK(chunk.take_router_loss_sum() == 0);  // evaluation adds no router loss
+  chunk.take_loss_sum();
+  // At a loss scale of one half (the interpreter's 1 / (microbatches x dp)), the router losses'
+  // gradients too.
+  chunk.backward_input(0, nullptr, 0.5f, nullptr, false);
+  int64_t checked = 0, routers = 0;
+  for (megaplan::exec::Parameter& parameter : chunk.parameters()) {
+    const bool router = parameter.name.find("mlp.router") != std::string::npos;
+    for (std::size_t i = 0; i < parameter.size; i += 1 + parameter.size / 3) {
+      const float saved = parameter.value[i];
+      const float step = 1e-3f;
+      parameter.value[i] = saved + step;
+      const double up = loss();
+      parameter.value[i] = saved - step;
+      const double down = loss();
+      parameter.value[i] = saved;
+      const double numeric = 0.5 * (up - down) / (2 * step);
+      INFO(parameter.name << "[" << i << "]: analytic " << parameter.gradient[i] << ", numeric " << numeric);
+      CHECK(std::abs(parameter.gradient[i] - numeric) <= 1e-3 + 5e-2 * std::abs(numeric));
+      ++checked;
+      routers += router ? 1 : 0;
+    }
+  }
+  CHECK(checked > 80);
+  CHECK(routers >= 6);
+}
+
 TEST_CASE("a backward split into I and W gives B's gradients", "[model]") {
   megaplan::exec::CpuBackend backend;
   StageChunk fused(tiny_model(), one_rank(2), 0, backend, {42});

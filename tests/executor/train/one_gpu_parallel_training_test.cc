@@ -242,6 +242,33 @@ TEST_CASE("the Llama family's layouts train on one GPU like one rank", "[gpu][tr
       options, scratch);
 }
 
+TEST_CASE("MoE layouts train on one GPU like one rank", "[gpu][train][parallel][moe]") {
+  // Mixtral's and Qwen2-MoE's layers (training_fixtures.h) at hidden 256, heads of 64: the router
+  // GEMM, the dispatch kernels, each expert's GEMMs over its run of rows. A pipeline changes no
+  // arithmetic; data parallelism's bounds are the dense models' (a bf16 flip in a router weight can
+  // move a token to another expert, which the losses' bound absorbs).
+  const megaplan::test::ScratchDirectory scratch;
+  const exec::TrainOptions options = options_for(megaplan::test::sentence_corpus(scratch));
+  for (megaplan::ModelSpec model : {megaplan::test::four_layer_mixtral(), megaplan::test::four_layer_qwen_moe()}) {
+    INFO(model.name);
+    model.hidden_size = 256;
+    model.make_vocab_size_divisible_by = 136;
+    model.moe.ffn_hidden_size = 128;
+    if (model.moe.shared_expert_intermediate_size > 0) model.moe.shared_expert_intermediate_size = 256;
+    const Outcome single =
+        train_on_gpu(model, plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false), options, scratch, model.name + "-single");
+    REQUIRE(single.losses.size() == kIterations);
+    REQUIRE(single.losses.back() < single.losses.front());
+    check_layouts(
+        model, single,
+        {{"pp2 1f1b", plan_of(2, 1, 1, ScheduleKind::kOneFOneB, false), 1e-5, 1e-5, 1e-5, 1e-5},
+         {"pp2 interleaved vpp2", plan_of(2, 1, 2, ScheduleKind::kInterleaved, false), 1e-5, 1e-5, 1e-5, 1e-5},
+         {"dp2 distributed optimizer", plan_of(1, 2, 1, ScheduleKind::kOneFOneB, true), 1e-5, 1e-5, 2e-3, 1e-3},
+         {"pp2 x dp2 distributed optimizer", plan_of(2, 2, 1, ScheduleKind::kOneFOneB, true), 1e-5, 1e-5, 2e-3, 1e-3}},
+        options, scratch);
+  }
+}
+
 TEST_CASE("on one GPU, overlapped gradient reduction and parameter gathering give the bits of the unoverlapped run",
           "[gpu][train][parallel]") {
   // Each rank's compute stream runs on while its buckets are reduced on the dp group's stream: the

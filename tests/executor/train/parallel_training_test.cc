@@ -247,6 +247,43 @@ TEST_CASE("the Llama family's layers train under tensor, pipeline and data paral
   }
 }
 
+TEST_CASE("MoE layers train under pipeline and data parallelism like one rank", "[parallel][moe]") {
+  // Mixtral's layers between dense ones, and Qwen2-MoE's with a gated shared expert, the sequence
+  // loss and a padded capacity (training_fixtures.h): every layout routes each token as one rank
+  // does, adds the router losses' gradients at the LM loss's scale and reduces the experts'
+  // gradients with the rest.
+  const megaplan::test::ScratchDirectory scratch;
+  const exec::TrainOptions options = options_for(megaplan::test::sentence_corpus(scratch));
+  for (const megaplan::ModelSpec& model :
+       {megaplan::test::four_layer_mixtral(), megaplan::test::four_layer_qwen_moe()}) {
+    INFO(model.name);
+    const Outcome single =
+        train(model, plan_of(1, 1, 1, 1, ScheduleKind::kOneFOneB), options, scratch, model.name + "-single");
+    REQUIRE(single.losses.size() == 12);
+    REQUIRE(single.losses.back() < single.losses.front());
+    // The weights compared below hold the router and the experts (Megatron-Core's names).
+    const auto& weights = single.summary.final_weights;
+    CHECK(weights.count("decoder.layers.2.mlp.router.weight") == 1);
+    CHECK(weights.count("decoder.layers.2.mlp.experts.local_experts.3.linear_fc2.weight") == 1);
+    CHECK(weights.count("decoder.layers.1.mlp.linear_fc1.weight") == (model.moe.layer_freq == 2 ? 1 : 0));
+    ParallelPlan distributed = plan_of(1, 1, 2, 1, ScheduleKind::kOneFOneB);
+    distributed.use_distributed_optimizer = true;
+    ParallelPlan pipeline_data = plan_of(1, 2, 2, 1, ScheduleKind::kOneFOneB);
+    pipeline_data.use_distributed_optimizer = true;
+    ParallelPlan selective = plan_of(1, 2, 1, 1, ScheduleKind::kOneFOneB);
+    selective.recompute_granularity = megaplan::RecomputeGranularity::kSelective;
+    check_trains_like(single, model,
+                      {{"pp2 1f1b", plan_of(1, 2, 1, 1, ScheduleKind::kOneFOneB)},
+                       {"pp2 gpipe", plan_of(1, 2, 1, 1, ScheduleKind::kGPipe)},
+                       {"pp2 interleaved vpp2", plan_of(1, 2, 1, 2, ScheduleKind::kInterleaved)},
+                       {"pp2 1f1b, selective recomputation", selective},
+                       {"dp2", plan_of(1, 1, 2, 1, ScheduleKind::kOneFOneB)},
+                       {"dp2 distributed optimizer", distributed},
+                       {"pp2 x dp2 distributed optimizer", pipeline_data}},
+                      options, scratch, model.name + "-");
+  }
+}
+
 TEST_CASE("context parallelism trains like one rank under tensor, pipeline and data parallelism",
           "[parallel][context_parallel]") {
   // Each cp rank holds two chunks of every sequence and attention runs as a ring; the tolerance

@@ -98,6 +98,41 @@ inline ModelSpec four_layer_qwen() {
   return model;
 }
 
+// four_layer_llama with Mixtral's MoE layers on layers 0 and 2 (--moe-layer-freq 2: dense layers
+// between): 4 SwiGLU experts of width 24, each token to its top 2 by softmax over the chosen
+// logits, dropless, with the switch and z losses.
+inline ModelSpec four_layer_mixtral() {
+  ModelSpec model = four_layer_llama();
+  model.name = "four-layer-mixtral";
+  model.moe.num_experts = 4;
+  model.moe.ffn_hidden_size = 24;
+  model.moe.router_topk = 2;
+  model.moe.layer_freq = 2;
+  model.moe.aux_loss_coeff = 0.01;
+  model.moe.z_loss_coeff = 0.001;
+  return model;
+}
+
+// four_layer_llama with Qwen2-MoE's layers everywhere: 4 experts of width 16 by softmax over all
+// experts before the choice, a shared expert of width 32 behind its sigmoid gate, the
+// sequence-level aux loss, and a capacity of 1.5 routes an expert's share dropping the least
+// probable routes, padded.
+inline ModelSpec four_layer_qwen_moe() {
+  ModelSpec model = four_layer_llama();
+  model.name = "four-layer-qwen-moe";
+  model.moe.num_experts = 4;
+  model.moe.ffn_hidden_size = 16;
+  model.moe.router_topk = 2;
+  model.moe.router_pre_softmax = true;
+  model.moe.shared_expert_intermediate_size = 32;
+  model.moe.shared_expert_gate = true;
+  model.moe.load_balancing = LoadBalancing::kSeqAuxLoss;
+  model.moe.aux_loss_coeff = 0.01;
+  model.moe.expert_capacity_factor = 1.5;
+  model.moe.pad_expert_input_to_capacity = true;
+  return model;
+}
+
 // A layout of tp x pp x dp ranks (vpp model chunks per pipeline rank) training microbatches of
 // `micro_batch` in global batches of `global_batch`; the rest is ParallelPlan's defaults.
 inline ParallelPlan layout(int64_t tp, int64_t pp, int64_t dp, int64_t vpp, ScheduleKind schedule,

@@ -1,0 +1,106 @@
+// What megaplan's executor refuses (core/executor_support.h): a model with experts trains where the
+// MoE MLP runs (SwiGLU experts without biases, tp, cp and ep 1, no full recomputation, no schedule
+// splitting the backward), and each other case names its flag.
+#include <catch2/catch.hpp>
+
+#include <optional>
+#include <string>
+
+#include "core/executor_support.h"
+#include "core/layer_recipe.h"
+
+namespace {
+
+megaplan::ModelSpec moe_llama() {
+  megaplan::ModelSpec model;
+  model.name = "moe-llama";
+  model.num_layers = 4;
+  model.hidden_size = 32;
+  model.num_attention_heads = 4;
+  model.seq_length = 16;
+  model.vocab_size = 64;
+  model.swiglu = true;
+  model.normalization = megaplan::Normalization::kRMSNorm;
+  model.position_embedding_type = megaplan::PositionEmbedding::kRope;
+  model.add_bias_linear = false;
+  model.moe.num_experts = 4;
+  model.moe.router_topk = 2;
+  model.moe.ffn_hidden_size = 24;
+  return model;
+}
+
+std::string flag_of(const std::optional<megaplan::SpecError>& refusal) { return refusal ? refusal->field() : ""; }
+
+}  // namespace
+
+TEST_CASE("the executor trains MoE layers where the MoE MLP runs, and names the flag of the rest", "[core][moe]") {
+  using megaplan::executor_model_refusal;
+  using megaplan::executor_moe_refusal;
+  const megaplan::ModelSpec model = moe_llama();
+  megaplan::ParallelPlan plan;
+  plan.micro_batch_size = 2;
+  plan.global_batch_size = 8;
+  CHECK_FALSE(executor_model_refusal(model));
+  CHECK_FALSE(executor_moe_refusal(model, plan));
+
+  megaplan::ModelSpec gelu = model;
+  gelu.swiglu = false;
+  gelu.add_bias_linear = true;
+  CHECK(flag_of(executor_model_refusal(gelu)) == "--swiglu");
+  megaplan::ModelSpec biased = model;
+  biased.add_bias_linear = true;
+  CHECK(flag_of(executor_model_refusal(biased)) == "--disable-bias-linear");
+  megaplan::ModelSpec expert_bias = model;
+  expert_bias.moe.score_function = megaplan::RouterScoreFunction::kSigmoid;
+  expert_bias.moe.router_enable_expert_bias = true;
+  CHECK(flag_of(executor_model_refusal(expert_bias)) == "--moe-router-enable-expert-bias");
+
+  const auto refused = [&](megaplan::ParallelPlan changed) { return flag_of(executor_moe_refusal(model, changed)); };
+  megaplan::ParallelPlan changed = plan;
+  changed.tensor_parallel_size = 2;
+  CHECK(refused(changed) == "--tensor-model-parallel-size");
+  changed = plan;
+  changed.context_parallel_size = 2;
+  CHECK(refused(changed) == "--context-parallel-size");
+  changed = plan;
+  changed.expert_model_parallel_size = 2;
+  CHECK(refused(changed) == "--expert-model-parallel-size");
+  changed = plan;
+  changed.recompute_granularity = megaplan::RecomputeGranularity::kFull;
+  CHECK(refused(changed) == "--recompute-granularity");
+  changed = plan;
+  changed.pipeline_parallel_size = 2;
+  changed.virtual_pipeline_parallel_size = 2;
+  changed.schedule = megaplan::ScheduleKind::kZeroBubbleV;
+  CHECK(refused(changed) == "--schedule");
+  changed.schedule = megaplan::ScheduleKind::kInterleaved;  // splits nothing
+  CHECK(refused(changed).empty());
+  // A dense model is never an MoE refusal, whatever the layout.
+  megaplan::ModelSpec dense = model;
+  dense.moe = {};
+  changed = plan;
+  changed.tensor_parallel_size = 2;
+  CHECK_FALSE(executor_moe_refusal(dense, changed));
+}
+
+TEST_CASE("the recipe sizes an MoE layer's buffers by its rows: every route dropless, the capacity with one",
+          "[core][moe]") {
+  megaplan::ModelSpec model = moe_llama();
+  megaplan::ParallelPlan plan;
+  plan.micro_batch_size = 2;
+  plan.global_batch_size = 8;
+  const megaplan::LayerRecipe dropless(model, plan);
+  REQUIRE(dropless.moe);
+  CHECK(dropless.moe->tokens == 32);
+  CHECK(dropless.moe->most_rows == 64);  // 32 tokens x top 2
+  CHECK(megaplan::moe_kept(*dropless.moe).fc1_out.count == 64 * 2 * 24);
+  CHECK(dropless.kept(megaplan::LayerKeep::kAll, true).fc1.count == 0);  // no dense MLP buffers
+  CHECK(dropless.kept(megaplan::LayerKeep::kAll, false).fc1.count > 0);
+  model.moe.expert_capacity_factor = 0.5;  // ceil(64 / 4 x 0.5) = 8 an expert, 32 in all
+  CHECK(megaplan::LayerRecipe(model, plan).moe->most_rows == 32);
+  model.moe.expert_capacity_factor = 3.0;  // 48 an expert: no more rows than routes
+  CHECK(megaplan::LayerRecipe(model, plan).moe->most_rows == 64);
+  model.moe.pad_expert_input_to_capacity = true;  // padded to 48 each
+  CHECK(megaplan::LayerRecipe(model, plan).moe->most_rows == 4 * 48);
+  CHECK_THROWS_AS(megaplan::LayerRecipe(model, plan).kernel_blocks(0, {}), megaplan::SpecError);
+}
