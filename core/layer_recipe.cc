@@ -105,7 +105,7 @@ MoeScratchSizes moe_scratch(const MoeDims& m) {
   }
   scratch.d_probs = {t * m.topk};
   scratch.d_logits = {t * m.experts};
-  scratch.loss_memory = {kLossSumFloats};
+  scratch.loss_memory = {2 * kLossSumFloats};  // the balancing and z losses' running sums
   return scratch;
 }
 

@@ -174,7 +174,7 @@ struct MoeLayerBuffers {
 // expert's too), the experts' outputs', fc1's and the rows' gradients, the logits' gradient in the
 // compute type, a part of the input gradient, the shared expert's SwiGLU output and output, the
 // gate logit's gradient; fp32: the probabilities', the logits' and the gate's gradients, and the
-// router losses' running sum (a double, for the log).
+// router losses' running sums (two doubles, for the log).
 template <typename A, typename F>
 struct MoeScratch {
   A activated{}, d_activated{}, d_expert_out{}, d_fc1_out{}, d_rows{}, d_logits_compute{}, dx_part{},

@@ -22,7 +22,8 @@ MoeDims MoeMlpShape::dims() const {
 
 MoeMlp::MoeMlp(const MoeMlpShape& shape, Backend& backend) : shape_(shape), backend_(backend), dims_(shape.dims()) {
   allocate_buffers(backend, moe_scratch(dims_), scratch_);
-  loss_sum_ = reinterpret_cast<double*>(scratch_.loss_memory);  // allocations are at least 16-byte aligned
+  balancing_sum_ = reinterpret_cast<double*>(scratch_.loss_memory);  // allocations are at least 16-byte aligned
+  z_sum_ = balancing_sum_ + 1;
 }
 
 MoeMlp::~MoeMlp() { release_buffers(backend_, scratch_); }
@@ -38,13 +39,14 @@ void MoeMlp::release(MoeMlpSaved& saved) {
   saved.rows_per_expert.clear();
 }
 
-double MoeMlp::take_loss_sum() {
-  float words[kLossSumFloats];
-  backend_.download(words, scratch_.loss_memory, kLossSumFloats);
-  double sum = 0;
-  std::memcpy(&sum, words, sizeof sum);
-  backend_.fill(scratch_.loss_memory, kLossSumFloats, 0.0f);
-  return sum;
+RouterLosses MoeMlp::take_losses() {
+  float words[2 * kLossSumFloats];
+  backend_.download(words, scratch_.loss_memory, 2 * kLossSumFloats);
+  RouterLosses losses;
+  std::memcpy(&losses.balancing, words, sizeof(double));
+  std::memcpy(&losses.z, words + kLossSumFloats, sizeof(double));
+  backend_.fill(scratch_.loss_memory, 2 * kLossSumFloats, 0.0f);
+  return losses;
 }
 
 template <typename Run>
@@ -97,20 +99,27 @@ void MoeMlp::forward(ConstActivation x, const MoeMlpWeights& weights, const floa
   if (shape_.aux_loss_coeff > 0 && shape_.aux_loss_sequences == 0) {
     b.moe_aux_loss_counts(saved.logits, t, shape_.router, saved.aux_counts);
   }
-  if (add_losses) router_losses(saved, loss_sum_, nullptr, 0);
+  if (!add_losses) return;
+  // The values alone, at a coefficient of 1: Megatron logs each loss over its coefficient.
+  if (shape_.aux_loss_coeff > 0 && shape_.aux_loss_sequences > 0) {
+    b.moe_sequence_aux_loss(saved.logits, t, shape_.aux_loss_sequences, shape_.router, 1.0, balancing_sum_, nullptr, 0);
+  } else if (shape_.aux_loss_coeff > 0) {
+    b.moe_switch_loss(saved.logits, t, shape_.router, saved.aux_counts, t, 1.0, balancing_sum_, nullptr, 0);
+  }
+  if (shape_.z_loss_coeff > 0) b.moe_z_loss(saved.logits, t, e, 1.0, z_sum_, nullptr, 0);
 }
 
-void MoeMlp::router_losses(const MoeMlpSaved& saved, double* loss_sum, float* d_logits, float scale) {
+void MoeMlp::router_loss_gradients(const MoeMlpSaved& saved, float* d_logits, float scale) {
   const std::size_t t = shape_.tokens;
   if (shape_.aux_loss_coeff > 0 && shape_.aux_loss_sequences > 0) {
     backend_.moe_sequence_aux_loss(saved.logits, t, shape_.aux_loss_sequences, shape_.router, shape_.aux_loss_coeff,
-                                   loss_sum, d_logits, scale);
+                                   nullptr, d_logits, scale);
   } else if (shape_.aux_loss_coeff > 0) {
-    backend_.moe_switch_loss(saved.logits, t, shape_.router, saved.aux_counts, t, shape_.aux_loss_coeff, loss_sum,
+    backend_.moe_switch_loss(saved.logits, t, shape_.router, saved.aux_counts, t, shape_.aux_loss_coeff, nullptr,
                              d_logits, scale);
   }
   if (shape_.z_loss_coeff > 0) {
-    backend_.moe_z_loss(saved.logits, t, shape_.router.experts, shape_.z_loss_coeff, loss_sum, d_logits, scale);
+    backend_.moe_z_loss(saved.logits, t, shape_.router.experts, shape_.z_loss_coeff, nullptr, d_logits, scale);
   }
 }
 
@@ -138,7 +147,7 @@ void MoeMlp::backward(ConstActivation dy, ConstActivation x, const MoeMlpWeights
   // The router: the probabilities' gradient and the losses', through the router GEMM.
   b.fill(s.d_logits, t * e, 0.0f);
   b.moe_top_k_backward(saved.logits, t, shape_.router, saved.experts, s.d_probs, s.d_logits);
-  router_losses(saved, nullptr, s.d_logits, loss_gradient_scale);
+  router_loss_gradients(saved, s.d_logits, loss_gradient_scale);
   b.convert(s.d_logits, t * e, s.d_logits_compute);
   b.linear_backward(s.d_logits_compute, x, weights.router, t, h, e, s.dx_part, gradients.router, nullptr);
   b.add(dx, s.dx_part, t * h, dx);

@@ -56,6 +56,18 @@ struct MoeMlpGradients {
   float* shared_gate = nullptr;
 };
 
+// The router losses as Megatron logs them: each loss without its coefficient (load_balancing_loss
+// or seq_load_balancing_loss, and z_loss), summed over the forwards that added them.
+struct RouterLosses {
+  double balancing = 0;
+  double z = 0;
+  RouterLosses& operator+=(const RouterLosses& other) {
+    balancing += other.balancing;
+    z += other.z;
+    return *this;
+  }
+};
+
 // What a forward keeps for its backward (core/layer_recipe.h's MoeLayerBuffers) and each expert's
 // row count from its dispatch.
 struct MoeMlpSaved : MoeLayerBuffers<Activation, float*, int32_t*> {
@@ -75,9 +87,9 @@ class MoeMlp {
   MoeMlpSaved allocate_saved();
   void release(MoeMlpSaved& saved);
 
-  // y [tokens x hidden] from x [tokens x hidden]; with `add_losses` the aux and z losses
-  // (coefficients included) are added to a running sum on the backend (take_loss_sum), as the LM
-  // loss's; `expert_bias` ([experts] fp32, null: none) moves the choice only.
+  // y [tokens x hidden] from x [tokens x hidden]; with `add_losses` the balancing and z losses
+  // (without their coefficients, as Megatron logs them) are added to running sums on the backend
+  // (take_losses), as the LM loss's; `expert_bias` ([experts] fp32, null: none) moves the choice only.
   void forward(ConstActivation x, const MoeMlpWeights& weights, const float* expert_bias, MoeMlpSaved& saved,
                Activation y, bool add_losses);
   // dx [tokens x hidden] (overwritten) and the weights' gradients (added) from dy; the losses'
@@ -85,11 +97,11 @@ class MoeMlp {
   void backward(ConstActivation dy, ConstActivation x, const MoeMlpWeights& weights, const MoeMlpSaved& saved,
                 const MoeMlpGradients& gradients, float loss_gradient_scale, Activation dx);
   // The router losses the forwards added since the last call (waits for them), then 0 again.
-  double take_loss_sum();
+  RouterLosses take_losses();
 
  private:
-  // The losses' value (into loss_sum) and gradient (into d_logits), either may be null.
-  void router_losses(const MoeMlpSaved& saved, double* loss_sum, float* d_logits, float scale);
+  // The losses' gradients, coefficients included, times `scale` into d_logits.
+  void router_loss_gradients(const MoeMlpSaved& saved, float* d_logits, float scale);
   // run(expert, first row, rows) for each expert with rows.
   template <typename Run>
   void for_each_expert(const MoeMlpSaved& saved, const Run& run) const;
@@ -98,7 +110,8 @@ class MoeMlp {
   Backend& backend_;
   MoeDims dims_;
   MoeScratch<Activation, float*> scratch_;
-  double* loss_sum_ = nullptr;  // scratch_.loss_memory
+  double* balancing_sum_ = nullptr;  // scratch_.loss_memory's two doubles
+  double* z_sum_ = nullptr;
 };
 
 }  // namespace megaplan::exec

@@ -419,7 +419,7 @@ void StageChunk::run_forward(Activations& a, const MicrobatchTokens* data, std::
                                     loss_sum_);
 }
 
-double StageChunk::take_router_loss_sum() { return moe_ ? moe_->take_loss_sum() : 0.0; }
+RouterLosses StageChunk::take_router_losses() { return moe_ ? moe_->take_losses() : RouterLosses{}; }
 
 MoeMlpWeights StageChunk::moe_weights(const Layer& layer) {
   const auto compute = [](const Parameter* p) -> ConstActivation { return p ? p->compute : nullptr; };

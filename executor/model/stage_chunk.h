@@ -146,9 +146,10 @@ class StageChunk {
   // REQUIRES: last_stage(). The sum of the microbatch losses since the last call (waits for them),
   // then 0 again.
   double take_loss_sum();
-  // The sum of the router losses (aux and z, coefficients included) the chunk's MoE layers added in
-  // their training forwards since the last call, then 0 again; 0 without MoE layers.
-  double take_router_loss_sum();
+  // The router losses (moe_mlp.h: without their coefficients, as Megatron logs them) the chunk's MoE
+  // layers added in their training forwards since the last call, summed over layers and
+  // microbatches, then 0 again; 0 without MoE layers.
+  RouterLosses take_router_losses();
   // REQUIRES: !last_stage() and forward(microbatch) ran. Valid until the microbatch's backward.
   ConstActivation output(int64_t microbatch) const;
   // B (defer_weight_gradients false) or I (true). The last stage starts from loss * loss_scale,

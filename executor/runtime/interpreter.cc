@@ -203,6 +203,7 @@ void Interpreter::optimize(const IterationStep& step, IterationResult& result) {
   // The losses stayed on the backend; the one wait for them is here, with the norm's.
   for (const auto& [stage, model] : chunks_) {
     if (model->last_stage()) result.loss_sum += model->take_loss_sum();
+    result.router_losses += model->take_router_losses();
   }
   // Every rank of the model sees the same norm (its reduction spans them), so all skip together.
   result.gradient_norm = optimizer_.gradient_norm() / step.loss_scale;

@@ -56,9 +56,10 @@ struct IterationStep {
 };
 
 struct IterationResult {
-  double loss_sum = 0;       // the last stage's microbatch losses, summed (0 on other ranks)
-  double gradient_norm = 0;  // of the unscaled gradients, before clipping
-  bool skipped = false;      // the gradients overflowed under loss scaling: no update was made
+  double loss_sum = 0;         // the last stage's microbatch losses, summed (0 on other ranks)
+  double gradient_norm = 0;    // of the unscaled gradients, before clipping
+  RouterLosses router_losses;  // the rank's MoE layers', summed over layers and microbatches
+  bool skipped = false;        // the gradients overflowed under loss scaling: no update was made
 };
 
 class Interpreter {

@@ -239,6 +239,7 @@ class RankTrainer {
   struct Interval {
     int64_t iterations = 0, updates = 0, samples = 0;
     double loss_all = 0, loss_updated = 0;  // summed over all its iterations, over its updates
+    RouterLosses router;                    // each iteration's mean over MoE layers and microbatches, summed
   };
   // A log line for the interval ending at `iteration`, trained in `seconds`.
   void log(int64_t iteration, const Interval& interval, double lr, double gradient_norm, int64_t global_batch,
@@ -397,6 +398,18 @@ void RankTrainer::log(int64_t iteration, const Interval& interval, double lr, do
         << format_double(lr) << " | grad norm " << format_double(gradient_norm) << " | " << format_double(tokens_per_s)
         << " tokens/s | " << format_double(tflops) << " model TFLOP/s per GPU | ETA " << format_duration(eta_s);
   if (run_.options.rampup) *out_ << " | global batch " << global_batch;
+  // The router losses Megatron logs, where the run applies them: over the interval's iterations.
+  const MoeSpec& moe = run_.model.moe;
+  const auto router_loss = [&](const char* name, double sum) {
+    const double value = sum / static_cast<double>(iterations);
+    *out_ << " | " << name << " " << format_double(value);
+    record[name] = value;
+  };
+  if (moe.enabled() && moe.aux_loss_coeff > 0 && moe.load_balancing != LoadBalancing::kNone) {
+    router_loss(moe.load_balancing == LoadBalancing::kSeqAuxLoss ? "seq_load_balancing_loss" : "load_balancing_loss",
+                interval.router.balancing);
+  }
+  if (moe.enabled() && moe.z_loss_coeff > 0) router_loss("z_loss", interval.router.z);
   if (loss_scaler_) {
     const int64_t skipped = interval.iterations - interval.updates;
     *out_ << " | loss scale " << format_double(loss_scaler_->scale()) << " | number of skipped iterations " << skipped;
@@ -515,6 +528,12 @@ TrainSummary RankTrainer::train() {
     }
     const IterationResult result = interpreter_->run(step, microbatch, traced ? &summary.timeline : nullptr);
     const double loss = sum_over_model(result.loss_sum) / static_cast<double>(microbatches * plan.data_parallel_size);
+    if (const int64_t moe_layers = run_.model.moe.moe_layers(0, run_.model.num_layers); moe_layers > 0) {
+      // Megatron's: each loss's mean over the MoE layers, the microbatches and the replicas.
+      const auto per_layer = static_cast<double>(microbatches * plan.data_parallel_size * moe_layers);
+      window.router.balancing += sum_over_model(result.router_losses.balancing) / per_layer;
+      window.router.z += sum_over_model(result.router_losses.z) / per_layer;
+    }
     state.iteration = iteration;
     state.consumed_samples += global_batch;
     if (result.skipped) {

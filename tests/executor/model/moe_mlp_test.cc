@@ -178,7 +178,10 @@ TEST_CASE("the MoE MLP on the CPU backend is the reference MoE layer, forward an
     std::vector<float> y(t * h), dx(t * h);
     const Activation x_on = on_backend(x);
     mlp.forward(x_on, on_weights, shape.router.expert_bias, saved, reinterpret_cast<Activation>(y.data()), true);
-    const double losses = mlp.take_loss_sum();
+    // Logged without their coefficients, as Megatron logs them.
+    const megaplan::exec::RouterLosses logged = mlp.take_losses();
+    const double losses = shape.aux_loss_coeff * logged.balancing + shape.z_loss_coeff * logged.z;
+    CHECK(logged.z > 0);
     check_close(expected.y, y.data(), "y");
     CHECK(losses == Approx(expected.aux_loss + expected.z_loss).epsilon(1e-6));
     std::vector<int64_t> rows_per_expert(e, 0);
@@ -261,11 +264,11 @@ TEST_CASE("the MoE MLP's sequence-level load-balancing loss: its value and its g
     megaplan::exec::MoeMlpSaved saved = mlp.allocate_saved();
     mlp.forward(act(x), weights, nullptr, saved, act(y), true);
     mlp.release(saved);
-    return mlp.take_loss_sum();
+    return 0.4 * mlp.take_losses().balancing;
   };
   megaplan::exec::MoeMlpSaved saved = mlp.allocate_saved();
   mlp.forward(act(x), weights, nullptr, saved, act(y), true);
-  const double value = mlp.take_loss_sum();
+  const double value = 0.4 * mlp.take_losses().balancing;
   std::vector<float> unused(t * e, 0.0f);
   const ref::RouterOptions options{.experts = e, .topk = 2};
   CHECK(value ==

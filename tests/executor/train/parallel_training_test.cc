@@ -281,6 +281,30 @@ TEST_CASE("MoE layers train under pipeline and data parallelism like one rank", 
                        {"dp2 distributed optimizer", distributed},
                        {"pp2 x dp2 distributed optimizer", pipeline_data}},
                       options, scratch, model.name + "-");
+    // The router losses each run logs, as Megatron logs them (over the MoE layers, microbatches and
+    // replicas, without their coefficients), are the single rank's too.
+    const bool by_sequence = model.moe.load_balancing == megaplan::LoadBalancing::kSeqAuxLoss;
+    std::vector<std::string> keys = {by_sequence ? "seq_load_balancing_loss" : "load_balancing_loss"};
+    if (model.moe.z_loss_coeff > 0) {
+      keys.emplace_back("z_loss");
+    } else {
+      CHECK(single.out.find("z_loss") == std::string::npos);  // a loss the run does not apply is not logged
+    }
+    CHECK(single.out.find(" | " + keys.front() + " ") != std::string::npos);
+    for (const std::string& key : keys) {
+      const auto logged = [&](const std::string& run) {
+        return megaplan::test::logged_iteration_values(scratch.file(model.name + "-" + run + ".jsonl"), key);
+      };
+      const std::vector<double> expected = logged("single");
+      REQUIRE(expected.size() == 12);
+      CHECK(expected.front() > 0);
+      for (std::size_t l = 0; l < 7; ++l) {
+        INFO(key << ", layout " << l);
+        const std::vector<double> run = logged("layout" + std::to_string(l));
+        REQUIRE(run.size() == expected.size());
+        for (std::size_t i = 0; i < run.size(); ++i) CHECK(run[i] == Approx(expected[i]).epsilon(1e-4));
+      }
+    }
   }
 }
 
