@@ -152,6 +152,47 @@ TEST_CASE("a checkpoint of pp 2 x dp 2 resumes bit for bit and loads under other
   CHECK(megaplan::read_file_contents(directory + "/latest_checkpointed_iteration.txt") == "8\n");
 }
 
+TEST_CASE("a checkpoint of an MoE model at pp 2 x dp 2 resumes bit for bit and loads at one rank",
+          "[checkpoint][moe]") {
+  // The router and every expert are parameters like the rest (Megatron-Core's names): saved by
+  // their pipeline rank, read back whole or into another layout's stages.
+  const megaplan::test::ScratchDirectory scratch;
+  const megaplan::ModelSpec model = megaplan::test::four_layer_mixtral();
+  exec::TrainOptions options = checkpoint_training_options(megaplan::test::sentence_corpus(scratch));
+  const ParallelPlan saving = plan_of(2, 2, 1, ScheduleKind::kOneFOneB, true);
+  const Outcome single = train(model, plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false), options, scratch, "single");
+  const Outcome whole = train(model, saving, options, scratch, "whole");
+  REQUIRE(whole.losses.size() == 8);
+
+  const std::string directory = scratch.file("checkpoints");
+  options.save = directory;
+  options.exit_interval = 4;
+  CHECK(train(model, saving, options, scratch, "first-half").summary.last_iteration == 4);
+  const nlohmann::json manifest =
+      nlohmann::json::parse(megaplan::read_file_contents(directory + "/iter_0000004/mp_rank_00_000/manifest.json"));
+  bool expert = false;
+  for (const nlohmann::json& tensor : manifest.at("tensors")) {
+    expert = expert || tensor.at("name") == "decoder.layers.0.mlp.experts.local_experts.3.linear_fc1.weight";
+  }
+  CHECK(expert);
+
+  options.exit_interval = 0;
+  options.save.reset();
+  options.load = directory;
+  const Outcome one_rank = train(model, plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false), options, scratch, "one");
+  REQUIRE(one_rank.losses.size() == 4);
+  for (std::size_t i = 0; i < 4; ++i) {
+    INFO("iteration " << i + 5);
+    CHECK(one_rank.losses[i] == Approx(single.losses[i + 4]).epsilon(1e-4));
+  }
+  const Outcome resumed = train(model, saving, options, scratch, "second-half");
+  REQUIRE(resumed.losses.size() == 4);
+  for (std::size_t i = 0; i < 4; ++i) {
+    INFO("iteration " << i + 5);
+    CHECK(resumed.losses[i] == whole.losses[i + 4]);
+  }
+}
+
 TEST_CASE("a checkpoint of tp 2 x pp 2 resumes bit for bit and loads at one rank and at pp 4", "[checkpoint]") {
   const megaplan::test::ScratchDirectory scratch;
   const megaplan::ModelSpec model = four_layer_gpt();
