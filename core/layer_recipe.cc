@@ -58,9 +58,10 @@ LayerRecipe::LayerRecipe(const ModelSpec& model, const ParallelPlan& plan, const
   m.shared_gate = spec.shared_expert_gate && m.shared_ffn > 0;
   m.experts = spec.num_experts / plan.expert_model_parallel_size;
   m.topk = spec.effective_router_topk();
-  const int64_t capacity =
-      spec.expert_capacity_factor ? moe_expert_capacity(m.tokens, m.topk, m.experts, *spec.expert_capacity_factor) : 0;
-  m.most_rows = moe_most_rows(m.tokens, m.topk, m.experts, capacity, spec.pad_expert_input_to_capacity);
+  if (spec.expert_capacity_factor) {
+    m.capacity = moe_expert_capacity(m.tokens, m.topk, m.experts, *spec.expert_capacity_factor);
+  }
+  m.most_rows = moe_most_rows(m.tokens, m.topk, m.experts, m.capacity, spec.pad_expert_input_to_capacity);
 }
 
 int64_t moe_most_rows(int64_t tokens, int64_t topk, int64_t experts, int64_t capacity, bool pad) {

@@ -142,10 +142,10 @@ using DeferredGradientSizes = DeferredGradients<ActivationElements>;
 using ChunkScratchSizes = ChunkScratch<ActivationElements, FloatElements>;
 
 // An MoE layer's MLP on one rank (executor/model/moe_mlp.h; issue 40): the tokens it routes, its
-// widths, the experts it holds, and the most rows a dispatch makes (every route dropless; with a
-// capacity at most experts x capacity, exactly that padded).
+// widths, the experts it holds, each expert's capacity (0: dropless) and the most rows a dispatch
+// makes (every route dropless; with a capacity at most experts x capacity, exactly that padded).
 struct MoeDims {
-  int64_t tokens = 0, hidden = 0, ffn = 0, shared_ffn = 0, experts = 0, topk = 0, most_rows = 0;
+  int64_t tokens = 0, hidden = 0, ffn = 0, shared_ffn = 0, experts = 0, topk = 0, capacity = 0, most_rows = 0;
   bool shared_gate = false;
 };
 // The most rows a dispatch of `tokens` tokens' top-k routes makes (capacity 0: dropless).

@@ -16,7 +16,8 @@ MoeDims MoeMlpShape::dims() const {
   d.shared_gate = shared_gate && shared_ffn > 0;
   d.experts = i64(router.experts);
   d.topk = i64(router.topk);
-  d.most_rows = moe_most_rows(d.tokens, d.topk, d.experts, i64(capacity.capacity), capacity.pad);
+  d.capacity = i64(capacity.capacity);
+  d.most_rows = moe_most_rows(d.tokens, d.topk, d.experts, d.capacity, capacity.pad);
   return d;
 }
 
@@ -49,6 +50,15 @@ RouterLosses MoeMlp::take_losses() {
   return losses;
 }
 
+namespace {
+// The rows the forward's dispatch made.
+std::size_t dispatched_rows(const MoeMlpSaved& saved) {
+  std::size_t rows = 0;
+  for (const int64_t n : saved.rows_per_expert) rows += static_cast<std::size_t>(n);
+  return rows;
+}
+}  // namespace
+
 template <typename Run>
 void MoeMlp::for_each_expert(const MoeMlpSaved& saved, const Run& run) const {
   std::size_t first = 0;
@@ -69,8 +79,7 @@ void MoeMlp::forward(ConstActivation x, const MoeMlpWeights& weights, const floa
   b.moe_top_k(saved.logits, t, shape_.router, expert_bias, saved.experts, saved.probs);
   saved.rows_per_expert = b.moe_dispatch(saved.experts, saved.probs, t, shape_.router, shape_.capacity,
                                          {saved.token_rows, saved.row_tokens});
-  std::size_t rows = 0;
-  for (const int64_t n : saved.rows_per_expert) rows += static_cast<std::size_t>(n);
+  const std::size_t rows = dispatched_rows(saved);
   b.moe_permute(x, h, saved.row_tokens, rows, saved.rows);
   for_each_expert(saved, [&](std::size_t expert, std::size_t first, std::size_t n) {
     b.linear_forward(b.offset(saved.rows, first * h), weights.fc1[expert], nullptr, n, h, 2 * f, GemmEpilogue::kNone,
@@ -129,8 +138,7 @@ void MoeMlp::backward(ConstActivation dy, ConstActivation x, const MoeMlpWeights
   MoeScratch<Activation, float*>& s = scratch_;
   const std::size_t t = shape_.tokens, h = shape_.hidden, f = shape_.ffn, k = shape_.router.topk;
   const std::size_t e = shape_.router.experts;
-  std::size_t rows = 0;
-  for (const int64_t n : saved.rows_per_expert) rows += static_cast<std::size_t>(n);
+  const std::size_t rows = dispatched_rows(saved);
   b.moe_combine_backward(dy, saved.expert_out, h, {saved.token_rows, saved.row_tokens}, saved.probs, t, k, rows,
                          s.d_expert_out, s.d_probs);
   b.swiglu_forward(saved.fc1_out, rows, f, s.activated);  // fc2's input again, as the dense MLP's backward

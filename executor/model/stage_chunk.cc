@@ -50,8 +50,7 @@ MoeMlpShape moe_mlp_shape(const ModelSpec& model, const ParallelPlan& plan, cons
   shape.router.pre_softmax = spec.router_pre_softmax;
   shape.router.scaling_factor = static_cast<float>(spec.router_topk_scaling_factor.value_or(1.0));
   if (spec.expert_capacity_factor) {
-    shape.capacity.capacity =
-        size(moe_expert_capacity(dims.tokens, dims.topk, dims.experts, *spec.expert_capacity_factor));
+    shape.capacity.capacity = size(dims.capacity);
     shape.capacity.policy =
         spec.token_drop_policy == TokenDropPolicy::kProbs ? MoeDropPolicy::kProbs : MoeDropPolicy::kPosition;
     shape.capacity.pad = spec.pad_expert_input_to_capacity;
