@@ -67,10 +67,13 @@ ChunkBytes chunk_bytes(const ModelSpec& model, const ParallelPlan& plan, int64_t
   bytes.gradients = kFloat * buffer;
   bytes.compute = a == kFloat ? 0 : a * parameters;
   if (plan.use_distributed_optimizer) {
-    // Sharded over dp x cp, Megatron's data-parallel group with context parallelism.
-    const int64_t replicas = plan.gradient_group_size();
+    // Sharded over dp x cp, Megatron's data-parallel group with context parallelism; the routed
+    // experts' buckets over the expert data-parallel group.
     int64_t shard = 0;
-    for (const GradientBucket& bucket : layout.buckets) shard += static_cast<int64_t>(bucket.shard_size(replicas));
+    for (const GradientBucket& bucket : layout.buckets) {
+      const int64_t replicas = bucket.expert ? plan.expert_data_parallel_size() : plan.gradient_group_size();
+      shard += static_cast<int64_t>(bucket.shard_size(replicas));
+    }
     bytes.moments = 2 * kFloat * shard;
   } else {
     bytes.moments = 2 * kFloat * buffer;
@@ -82,11 +85,11 @@ ChunkBytes chunk_bytes(const ModelSpec& model, const ParallelPlan& plan, int64_t
   for (std::size_t l = 0; l < keeps.size(); ++l) {
     const bool moe = model.moe.moe_layer(layers.first_layer + static_cast<int64_t>(l));
     bytes.microbatch += buffer_bytes(recipe.kept(keeps[l], moe), a);
-    if (moe) bytes.microbatch += buffer_bytes(moe_kept(*recipe.moe), a);
+    if (moe) bytes.microbatch += buffer_bytes(moe_kept(*recipe.moe), a) + buffer_bytes(moe_expert_kept(*recipe.moe), a);
   }
   // One MoE MLP's scratch on a chunk with MoE layers (executor/model/moe_mlp.h).
   if (model.moe.moe_layers(layers.first_layer, layers.num_layers) > 0) {
-    bytes.scratch += buffer_bytes(moe_scratch(*recipe.moe), a);
+    bytes.scratch += buffer_bytes(moe_scratch(*recipe.moe), a) + buffer_bytes(moe_expert_scratch(*recipe.moe), a);
   }
   bytes.deferred = layers.num_layers * buffer_bytes(recipe.deferred(), a) +
                    (layers.has_embedding ? a * recipe.deferred_embedding_gradient().count : 0);

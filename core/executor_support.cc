@@ -48,7 +48,6 @@ std::optional<SpecError> executor_moe_refusal(const ModelSpec& model, const Para
   if (plan.context_parallel_size > 1) {
     return missing("--context-parallel-size", "mixture of experts with context parallelism");
   }
-  if (plan.expert_model_parallel_size > 1) return missing("--expert-model-parallel-size", "expert parallelism");
   if (plan.recompute_granularity == RecomputeGranularity::kFull) {
     return missing("--recompute-granularity", "full recomputation of MoE layers");
   }

@@ -48,20 +48,33 @@ LayerRecipe::LayerRecipe(const ModelSpec& model, const ParallelPlan& plan, const
       precision(storage) {
   if (!model.moe.enabled()) return;
   const MoeSpec& spec = model.moe;
-  MoeDims& m = moe.emplace();
-  // Each rank routes its own tokens (tp, cp and ep above 1 with experts are refused before training:
-  // core/executor_support.h).
-  m.tokens = dims.tokens;
-  m.hidden = dims.hidden;
-  m.ffn = model.effective_moe_ffn_hidden_size();
-  m.shared_ffn = spec.shared_expert_intermediate_size;
-  m.shared_gate = spec.shared_expert_gate && m.shared_ffn > 0;
-  m.experts = spec.num_experts / plan.expert_model_parallel_size;
-  m.topk = spec.effective_router_topk();
-  if (spec.expert_capacity_factor) {
-    m.capacity = moe_expert_capacity(m.tokens, m.topk, m.experts, *spec.expert_capacity_factor);
-  }
-  m.most_rows = moe_most_rows(m.tokens, m.topk, m.experts, m.capacity, spec.pad_expert_input_to_capacity);
+  // Each rank routes its own tokens (tp and cp above 1 with experts are refused before training:
+  // core/executor_support.h) to every expert of the layer.
+  const int64_t experts = spec.num_experts, topk = spec.effective_router_topk();
+  const int64_t capacity =
+      spec.expert_capacity_factor ? moe_expert_capacity(dims.tokens, topk, experts, *spec.expert_capacity_factor) : 0;
+  moe = moe_dims(dims.tokens, dims.hidden, model.effective_moe_ffn_hidden_size(), spec.shared_expert_intermediate_size,
+                 spec.shared_expert_gate, experts, topk, capacity, spec.pad_expert_input_to_capacity,
+                 plan.expert_model_parallel_size);
+}
+
+MoeDims moe_dims(int64_t tokens, int64_t hidden, int64_t ffn, int64_t shared_ffn, bool shared_gate, int64_t experts,
+                 int64_t topk, int64_t capacity, bool pad, int64_t expert_parallel) {
+  MoeDims m;
+  m.tokens = tokens;
+  m.hidden = hidden;
+  m.ffn = ffn;
+  m.shared_ffn = shared_ffn;
+  m.shared_gate = shared_gate && shared_ffn > 0;
+  m.experts = experts;
+  m.topk = topk;
+  m.capacity = capacity;
+  m.most_rows = moe_most_rows(tokens, topk, experts, capacity, pad);
+  m.expert_parallel = expert_parallel;
+  // At the balanced load (or padded to capacity, exactly) a rank's experts compute as many rows as
+  // its dispatch makes.
+  m.expert_rows = m.most_rows;
+  return m;
 }
 
 int64_t moe_most_rows(int64_t tokens, int64_t topk, int64_t experts, int64_t capacity, bool pad) {
@@ -70,11 +83,16 @@ int64_t moe_most_rows(int64_t tokens, int64_t topk, int64_t experts, int64_t cap
   return pad ? experts * capacity : std::min(routes, experts * capacity);
 }
 
+int64_t moe_expert_rows(int64_t rows, int64_t most_rows) {
+  if (rows <= most_rows) return most_rows;
+  const int64_t granule = std::max<int64_t>(1, (most_rows + 15) / 16);
+  return (rows + granule - 1) / granule * granule;
+}
+
 MoeLayerBufferSizes moe_kept(const MoeDims& m) {
   MoeLayerBufferSizes kept;
   kept.logits = {m.tokens * m.experts};
-  kept.rows = kept.expert_out = {m.most_rows * m.hidden};
-  kept.fc1_out = {m.most_rows * 2 * m.ffn};
+  kept.expert_out = {m.most_rows * m.hidden};
   if (m.shared_ffn > 0) kept.shared_fc1_out = {m.tokens * 2 * m.shared_ffn};
   if (m.shared_gate) {
     kept.shared_out = {m.tokens * m.hidden};
@@ -87,13 +105,14 @@ MoeLayerBufferSizes moe_kept(const MoeDims& m) {
   return kept;
 }
 
+MoeExpertBufferSizes moe_expert_kept(const MoeDims& m) {
+  return {{m.expert_rows * m.hidden}, {m.expert_rows * 2 * m.ffn}};
+}
+
 MoeScratchSizes moe_scratch(const MoeDims& m) {
-  const int64_t t = m.tokens, rows = m.most_rows, s = m.shared_ffn;
+  const int64_t t = m.tokens, s = m.shared_ffn;
   MoeScratchSizes scratch;
-  scratch.activated = {rows * m.ffn};
-  scratch.d_activated = {std::max(rows * m.ffn, t * s)};
-  scratch.d_expert_out = scratch.d_rows = {rows * m.hidden};
-  scratch.d_fc1_out = {std::max(rows * 2 * m.ffn, t * 2 * s)};
+  scratch.d_expert_out = {m.most_rows * m.hidden};
   scratch.d_logits_compute = {t * m.experts};
   scratch.dx_part = {t * m.hidden};
   if (s > 0) {
@@ -104,9 +123,24 @@ MoeScratchSizes moe_scratch(const MoeDims& m) {
     scratch.d_gate_compute = {t};
     scratch.d_gate = {t};
   }
+  if (m.expert_parallel > 1) {
+    scratch.sent = {m.most_rows * m.hidden};
+    scratch.counts = {m.expert_parallel * m.experts};
+  }
   scratch.d_probs = {t * m.topk};
   scratch.d_logits = {t * m.experts};
   scratch.loss_memory = {2 * kLossSumFloats};  // the balancing and z losses' running sums
+  return scratch;
+}
+
+MoeExpertScratchSizes moe_expert_scratch(const MoeDims& m) {
+  const int64_t rows = m.expert_rows, t = m.tokens, s = m.shared_ffn;
+  MoeExpertScratchSizes scratch;
+  scratch.activated = {rows * m.ffn};
+  scratch.d_activated = {std::max(rows * m.ffn, t * s)};
+  scratch.d_fc1_out = {std::max(rows * 2 * m.ffn, t * 2 * s)};
+  scratch.d_rows = {rows * m.hidden};
+  if (m.expert_parallel > 1) scratch.exchanged = {rows * m.hidden};
   return scratch;
 }
 

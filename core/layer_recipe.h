@@ -142,58 +142,94 @@ using DeferredGradientSizes = DeferredGradients<ActivationElements>;
 using ChunkScratchSizes = ChunkScratch<ActivationElements, FloatElements>;
 
 // An MoE layer's MLP on one rank (executor/model/moe_mlp.h; issue 40): the tokens it routes, its
-// widths, the experts it holds, each expert's capacity (0: dropless) and the most rows a dispatch
-// makes (every route dropless; with a capacity at most experts x capacity, exactly that padded).
+// widths, the experts it routes to (all of the layer's) and how many ranks hold them (ep: each holds
+// experts / ep), each expert's capacity (0: dropless), the most rows its dispatch makes (every route
+// dropless; with a capacity at most experts x capacity, exactly that padded) and the rows its own
+// experts compute (expert_rows). At ep 1 those are the dispatch's rows. Under expert parallelism
+// they are the rows the other ranks send it, known only after each dispatch (dropless, or a
+// capacity unpadded): buffers sized by them are allocated for each forward, rounded up by
+// moe_expert_rows; the recipe prices them at the balanced load, as many rows as the rank's own
+// dispatch makes (exactly that padded to capacity).
 struct MoeDims {
   int64_t tokens = 0, hidden = 0, ffn = 0, shared_ffn = 0, experts = 0, topk = 0, capacity = 0, most_rows = 0;
+  int64_t expert_parallel = 1, expert_rows = 0;
   bool shared_gate = false;
+  int64_t local_experts() const { return experts / expert_parallel; }
 };
+// The dimensions of an MoE layer's MLP routing `tokens` tokens (capacity 0: dropless; `pad`:
+// --moe-pad-expert-input-to-capacity), its experts over `expert_parallel` ranks.
+MoeDims moe_dims(int64_t tokens, int64_t hidden, int64_t ffn, int64_t shared_ffn, bool shared_gate, int64_t experts,
+                 int64_t topk, int64_t capacity, bool pad, int64_t expert_parallel);
 // The most rows a dispatch of `tokens` tokens' top-k routes makes (capacity 0: dropless).
 int64_t moe_most_rows(int64_t tokens, int64_t topk, int64_t experts, int64_t capacity, bool pad);
+// The rows to allocate for `rows` rows the rank's experts compute under expert parallelism: the
+// balanced load's (the dispatch's most rows), or more rounded up to a sixteenth of those, so that
+// a run asks its allocator for a few sizes only, whatever the load.
+int64_t moe_expert_rows(int64_t rows, int64_t most_rows);
 
 // What an MoE layer's forward keeps for its backward: the router's logits, each token's experts and
-// probabilities, the dispatch's maps (each route's row, each row's token), the permuted rows (fc1's
-// input), fc1's output, the experts' outputs (combine's gradient reads them), the aux loss's counts,
-// the shared expert's fc1 output and, gated, its output and the gate's logit.
+// probabilities, the dispatch's maps (each route's row, each row's token), the experts' outputs in
+// the dispatch's order (combine's gradient reads them), the aux loss's counts, the shared expert's
+// fc1 output and, gated, its output and the gate's logit; and, by the rows the rank's experts
+// compute (MoeExpertBuffers), their input rows (fc1's input) and fc1's output.
 template <typename A, typename F, typename I>
 struct MoeLayerBuffers {
-  A logits{}, rows{}, fc1_out{}, expert_out{}, shared_fc1_out{}, shared_out{}, gate_logits{};
+  A logits{}, expert_out{}, shared_fc1_out{}, shared_out{}, gate_logits{};
   F probs{}, aux_counts{};
   I experts{}, token_rows{}, row_tokens{};
   auto fields() {
-    return std::tie(logits, rows, fc1_out, expert_out, shared_fc1_out, shared_out, gate_logits, probs, aux_counts,
-                    experts, token_rows, row_tokens);
+    return std::tie(logits, expert_out, shared_fc1_out, shared_out, gate_logits, probs, aux_counts, experts, token_rows,
+                    row_tokens);
   }
   auto fields() const {
-    return std::tie(logits, rows, fc1_out, expert_out, shared_fc1_out, shared_out, gate_logits, probs, aux_counts,
-                    experts, token_rows, row_tokens);
+    return std::tie(logits, expert_out, shared_fc1_out, shared_out, gate_logits, probs, aux_counts, experts, token_rows,
+                    row_tokens);
   }
 };
+template <typename A>
+struct MoeExpertBuffers {
+  A rows{}, fc1_out{};
+  auto fields() { return std::tie(rows, fc1_out); }
+  auto fields() const { return std::tie(rows, fc1_out); }
+};
 
-// The MoE MLP's scratch, one set a chunk: SwiGLU's output over the rows and its gradient (the shared
-// expert's too), the experts' outputs', fc1's and the rows' gradients, the logits' gradient in the
-// compute type, a part of the input gradient, the shared expert's SwiGLU output and output, the
-// gate logit's gradient; fp32: the probabilities', the logits' and the gate's gradients, and the
-// router losses' running sums (two doubles, for the log).
+// The MoE MLP's scratch, one set a chunk: the experts' outputs' gradient (in the dispatch's order),
+// the logits' gradient in the compute type, a part of the input gradient, the shared expert's
+// SwiGLU output and output, the gate logit's gradient; under expert parallelism the rows in the
+// dispatch's order as they leave (and their gradients as they return) and every rank's row counts
+// per expert; fp32: the probabilities', the logits' and the gate's gradients, and the router
+// losses' running sums (two doubles, for the log).
 template <typename A, typename F>
 struct MoeScratch {
-  A activated{}, d_activated{}, d_expert_out{}, d_fc1_out{}, d_rows{}, d_logits_compute{}, dx_part{},
-      shared_activated{}, shared_out{}, d_gate_compute{};
-  F d_probs{}, d_logits{}, d_gate{}, loss_memory{};
+  A d_expert_out{}, d_logits_compute{}, dx_part{}, shared_activated{}, shared_out{}, d_gate_compute{}, sent{};
+  F d_probs{}, d_logits{}, d_gate{}, loss_memory{}, counts{};
   auto fields() {
-    return std::tie(activated, d_activated, d_expert_out, d_fc1_out, d_rows, d_logits_compute, dx_part,
-                    shared_activated, shared_out, d_gate_compute, d_probs, d_logits, d_gate, loss_memory);
+    return std::tie(d_expert_out, d_logits_compute, dx_part, shared_activated, shared_out, d_gate_compute, sent,
+                    d_probs, d_logits, d_gate, loss_memory, counts);
   }
   auto fields() const {
-    return std::tie(activated, d_activated, d_expert_out, d_fc1_out, d_rows, d_logits_compute, dx_part,
-                    shared_activated, shared_out, d_gate_compute, d_probs, d_logits, d_gate, loss_memory);
+    return std::tie(d_expert_out, d_logits_compute, dx_part, shared_activated, shared_out, d_gate_compute, sent,
+                    d_probs, d_logits, d_gate, loss_memory, counts);
   }
+};
+// Its part sized by the rows the rank's experts compute: SwiGLU's output over them and its
+// gradient (the shared expert's too), fc1's output's and the rows' gradients, and under expert
+// parallelism the rows as they arrive (and leave again) grouped by the rank that sent them.
+template <typename A>
+struct MoeExpertScratch {
+  A activated{}, d_activated{}, d_fc1_out{}, d_rows{}, exchanged{};
+  auto fields() { return std::tie(activated, d_activated, d_fc1_out, d_rows, exchanged); }
+  auto fields() const { return std::tie(activated, d_activated, d_fc1_out, d_rows, exchanged); }
 };
 
 using MoeLayerBufferSizes = MoeLayerBuffers<ActivationElements, FloatElements, IndexElements>;
+using MoeExpertBufferSizes = MoeExpertBuffers<ActivationElements>;
 using MoeScratchSizes = MoeScratch<ActivationElements, FloatElements>;
+using MoeExpertScratchSizes = MoeExpertScratch<ActivationElements>;
 MoeLayerBufferSizes moe_kept(const MoeDims& moe);
+MoeExpertBufferSizes moe_expert_kept(const MoeDims& moe);
 MoeScratchSizes moe_scratch(const MoeDims& moe);
+MoeExpertScratchSizes moe_expert_scratch(const MoeDims& moe);
 
 // Calls fn(field) for each buffer of `buffers`, or fn(x_field, y_field) for each pair of the same
 // field of two structs of one kind (a size and the buffer it describes, or two sets).

@@ -149,7 +149,7 @@ void validate_model_spec(const ModelSpec& spec) {
 
 SpecError experts_not_built() {
   return {"--num-experts",
-          "mixture of experts is described, converted and trained (train: at tp, cp and ep 1) but not yet "
+          "mixture of experts is described, converted and trained (train: at tp and cp 1, any ep) but not yet "
           "simulated or searched (issue 40)"};
 }
 

@@ -80,6 +80,9 @@ struct ParallelPlan {
   // whose context-parallel ranks holds a part of every sequence. The distributed optimizer shards
   // over them, and the gradient buckets are padded to their count.
   int64_t gradient_group_size() const { return data_parallel_size * context_parallel_size; }
+  // The ranks that sum a routed expert's gradient, Megatron's expert data-parallel group: world /
+  // (tp x ep x pp), the experts' tensor-parallel size being tp.
+  int64_t expert_data_parallel_size() const { return gradient_group_size() / expert_model_parallel_size; }
   // Microbatches per iteration on each data-parallel replica.
   int64_t num_microbatches() const { return global_batch_size / (micro_batch_size * data_parallel_size); }
 };

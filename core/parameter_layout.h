@@ -22,6 +22,8 @@ struct GradientBucket {
   std::size_t size = 0;             // elements, padding included (a multiple of the data-parallel size)
   std::size_t first_parameter = 0;  // registration indices [first, last] of the parameters it holds
   std::size_t last_parameter = 0;
+  // Routed experts' parameters only: reduced over the expert data-parallel group, padded to its size.
+  bool expert = false;
   // The distributed optimizer's shard of data-parallel rank r: [offset + r * shard, + shard).
   std::size_t shard_size(int64_t data_parallel_size) const {
     return size / static_cast<std::size_t>(data_parallel_size);
@@ -40,9 +42,13 @@ struct ParameterLayout {
 std::size_t default_bucket_size(int64_t gradient_group_size);
 
 // `alone` lists registration indices that get a bucket of their own (Megatron's shared word
-// embedding, whose gradient the embedding group reduces separately).
-// REQUIRES: data_parallel_size >= 1, bucket_size >= 1.
+// embedding, whose gradient the embedding group reduces separately). `expert` (empty: none) marks
+// the routed experts' parameters: a bucket holds experts' or others' only, and an expert bucket is
+// padded to `expert_data_parallel_size`.
+// REQUIRES: data_parallel_size >= 1, expert_data_parallel_size >= 1, bucket_size >= 1, `expert`
+// empty or one entry per size.
 ParameterLayout layout_parameters(const std::vector<std::size_t>& sizes, std::size_t bucket_size,
-                                  int64_t data_parallel_size, const std::vector<std::size_t>& alone = {});
+                                  int64_t data_parallel_size, const std::vector<std::size_t>& alone = {},
+                                  const std::vector<bool>& expert = {}, int64_t expert_data_parallel_size = 1);
 
 }  // namespace megaplan

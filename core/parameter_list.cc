@@ -139,27 +139,25 @@ std::vector<ParameterSpec> describe_parameters(const ModelSpec& model, const Par
     spec.shape = shape_of(rows, columns);
     spec.size = shard_size(entry, tp);
     spec.weight_decay = entry.decay;
+    spec.expert = entry.expert >= 0;
     specs.push_back(std::move(spec));
   });
   return specs;
 }
 
 ParameterLayout stage_layout(const ModelSpec& model, const ParallelPlan& plan, int64_t stage, std::size_t bucket_size) {
-  // Under expert parallelism the experts' gradients reduce over another group than the rest's
-  // (Megatron's expert data-parallel group), in a buffer of their own: not built yet.
-  if (model.moe.enabled() && plan.expert_model_parallel_size > 1) {
-    throw SpecError("--expert-model-parallel-size",
-                    "the experts' own gradient buffer (their data-parallel group) is not built yet (issue 40)");
-  }
   std::vector<std::size_t> sizes, alone;
+  std::vector<bool> expert;
   for_each_parameter(model, plan, stage, 0, [&](const Entry& entry) {
     // The word embedding (or its tied copy) gets a bucket of its own.
     const std::string_view name = entry.name;
     if (name == kWordEmbeddings || name == kOutputWeight) alone.push_back(sizes.size());
     sizes.push_back(shard_size(entry, plan.tensor_parallel_size));
+    expert.push_back(entry.expert >= 0);
   });
   if (bucket_size == 0) bucket_size = default_bucket_size(plan.gradient_group_size());
-  return layout_parameters(sizes, bucket_size, plan.gradient_group_size(), alone);
+  return layout_parameters(sizes, bucket_size, plan.gradient_group_size(), alone, expert,
+                           plan.expert_data_parallel_size());
 }
 
 }  // namespace megaplan

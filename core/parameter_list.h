@@ -34,6 +34,8 @@ struct ParameterSpec {
   // a rank holds its part of every block: SwiGLU's fc1 [gate; up] (a rank's [gate_r; up_r]).
   int64_t chunks = 1;
   bool weight_decay = true;  // off for biases and norms
+  // A routed expert's: its gradient sums over the expert data-parallel group, in buckets of its own.
+  bool expert = false;
   std::size_t size = 0;
 };
 
@@ -55,8 +57,9 @@ std::vector<ParameterSpec> describe_parameters(const ModelSpec& model, const Par
 
 // Megatron DDP's buffer for the parameters of `stage` (the same on every tensor-parallel rank):
 // the word embedding (or its tied copy) in a bucket of its own; buckets of `bucket_size` elements
-// (0: Megatron's default). REQUIRES: validate_plan(model, plan) passed. Throws SpecError for experts
-// under expert parallelism, whose own buffer is not built yet.
+// (0: Megatron's default); the routed experts' parameters in buckets of their own, padded to the
+// expert data-parallel size (Megatron keeps them in a buffer of their own). REQUIRES:
+// validate_plan(model, plan) passed.
 ParameterLayout stage_layout(const ModelSpec& model, const ParallelPlan& plan, int64_t stage, std::size_t bucket_size);
 
 }  // namespace megaplan

@@ -304,6 +304,8 @@ RankGroups megatron_rank_groups(int64_t world_size, int64_t tensor_parallel_size
       groups = pipeline_groups;
     } else if (kind == "ep" || kind == "tp-ep") {
       groups = expert.get_ranks(kind);
+    } else if (kind == "expert-dp") {  // Megatron's expert data-parallel group
+      groups = expert.get_ranks("dp");
     } else {
       groups = decoder.get_ranks(kind);
     }

@@ -25,19 +25,9 @@ inline constexpr std::array<std::string_view, 5> kParallelDimensions = {"tp", "c
 
 // The group kinds megatron_rank_groups() lists, in this order (also the JSON key order).
 // "tp-pp" is Megatron's model-parallel group.
-inline constexpr std::array<std::string_view, 13> kRankGroupKinds = {"tp",
-                                                                     "pp",
-                                                                     "dp",
-                                                                     "cp",
-                                                                     "dp-cp",
-                                                                     "tp-pp",
-                                                                     "tp-dp",
-                                                                     "tp-dp-cp",
-                                                                     "tp-cp",
-                                                                     "ep",
-                                                                     "tp-ep",
-                                                                     "embedding",
-                                                                     "position-embedding"};
+inline constexpr std::array<std::string_view, 14> kRankGroupKinds = {
+    "tp",       "pp",    "dp", "cp",    "dp-cp",     "tp-pp",     "tp-dp",
+    "tp-dp-cp", "tp-cp", "ep", "tp-ep", "expert-dp", "embedding", "position-embedding"};
 
 // Largest world megatron_rank_groups() lists: every rank appears in every kind, so a typo such as
 // --world-size 10000000000 would otherwise allocate without bound.
@@ -115,7 +105,8 @@ struct RankGroups {
 //     tp, pp, dp, cp, dp-cp, tp-pp, tp-dp, tp-dp-cp, tp-cp; embedding and position-embedding are
 //     taken from its pp groups (first and last rank of each, one rank when pp = 1; first rank).
 //   expert generator (tp, cp = 1, ep, dp = world/(tp*ep*pp), pp):
-//     ep, tp-ep (Megatron's expert tensor-and-model group).
+//     ep, tp-ep (Megatron's expert tensor-and-model group), expert-dp (its expert data-parallel
+//     group: the ranks holding the same experts, over which their gradients are summed).
 //
 // Every broken rule throws SpecError naming the CLI flag ("--world-size", "--tp", "--pp", "--cp",
 // "--ep", "--order") and the rule with its values: sizes must be positive, their products must fit

@@ -9,6 +9,16 @@
 // Dropless, a route a row (tokens x topk rows); with a capacity, at most experts x capacity rows.
 // Each expert's row count is known on the host after the dispatch (Backend::moe_dispatch), and
 // sizes its GEMMs.
+//
+// Expert parallelism (Megatron-Core's all-to-all token dispatcher): each of the ep group's ranks
+// holds experts / ep of the layer's experts (rank r: r x experts / ep onwards), routes its own
+// tokens to all of them, and sends each rank the rows of that rank's experts with one all-to-all;
+// the ranks first all-gather every rank's row counts per expert, which size the exchange and each
+// expert's GEMMs. The rows arrive grouped by sender, then expert; they are regrouped by expert
+// (each expert's GEMM over one run of rows), computed, regrouped by sender and sent back by a
+// second all-to-all, into the dispatch's order, where combine reads them. The backward exchanges
+// the gradients the same two ways. Every member runs each MoE layer's forward and backward in the
+// same order (the ep group lies inside the data-parallel group, whose members run one schedule).
 #pragma once
 
 #include <cstddef>
@@ -16,6 +26,7 @@
 #include <vector>
 
 #include "core/layer_recipe.h"
+#include "executor/comm/comm.h"
 #include "executor/kernels/moe_routing.h"
 #include "executor/runtime/backend.h"
 
@@ -28,20 +39,20 @@ struct MoeMlpShape {
   std::size_t shared_ffn = 0;  // the shared expert's (--moe-shared-expert-intermediate-size); 0: none
   bool shared_gate = false;    // sigmoid(x·g) scales the shared expert (--moe-shared-expert-gate)
   MoeRouter router;
-  MoeCapacity capacity;  // capacity 0: dropless
+  MoeCapacity capacity;  // capacity 0: dropless (router.experts: all of the layer's experts)
   // --moe-aux-loss-coeff: the switch loss over these tokens, or under seq_aux_loss (sequences > 0)
   // the mean over that many runs of rows (the microbatch's sequences) of each one's own.
   double aux_loss_coeff = 0;
   std::size_t aux_loss_sequences = 0;
   double z_loss_coeff = 0;  // --moe-z-loss-coeff
 
-  // Its buffers' widths as core's recipe prices them.
-  MoeDims dims() const;
+  // Its buffers' widths as core's recipe prices them, its experts over `expert_parallel` ranks.
+  MoeDims dims(int64_t expert_parallel = 1) const;
 };
 
-// The weights as the layers read them (compute copies): the router [experts x hidden], each
-// expert's fc1 [2 ffn x hidden] (gate rows, then up) and fc2 [hidden x ffn], the shared expert's
-// and its gate [1 x hidden] (null without them).
+// The weights as the layers read them (compute copies): the router [experts x hidden], each of the
+// rank's experts' fc1 [2 ffn x hidden] (gate rows, then up) and fc2 [hidden x ffn], the shared
+// expert's and its gate [1 x hidden] (null without them).
 struct MoeMlpWeights {
   ConstActivation router = nullptr;
   std::vector<ConstActivation> fc1, fc2;
@@ -68,22 +79,29 @@ struct RouterLosses {
   }
 };
 
-// What a forward keeps for its backward (core/layer_recipe.h's MoeLayerBuffers) and each expert's
-// row count from its dispatch.
+// What a forward keeps for its backward (core/layer_recipe.h's MoeLayerBuffers and, allocated by
+// the forward once it knows how many rows its experts compute, MoeExpertBuffers), each expert's
+// row count from its dispatch (all of the layer's experts) and, under expert parallelism, the rows
+// each rank sent for each of this rank's experts (rank-major: [ep x local experts]).
 struct MoeMlpSaved : MoeLayerBuffers<Activation, float*, int32_t*> {
+  MoeExpertBuffers<Activation> expert;
+  std::size_t expert_rows_held = 0;  // the rows `expert` holds
   std::vector<int64_t> rows_per_expert;
+  std::vector<int64_t> received;
 };
 
 class MoeMlp {
  public:
-  // Allocates the scratch both directions use (core's moe_scratch).
-  MoeMlp(const MoeMlpShape& shape, Backend& backend);
+  // Allocates the scratch both directions use (core's moe_scratch and moe_expert_scratch; the
+  // latter grows when a forward's experts compute more rows than it holds). `expert_parallel`: the
+  // rank's ep group (null: ep 1), whose size divides the experts.
+  MoeMlp(const MoeMlpShape& shape, Backend& backend, Comm* expert_parallel = nullptr);
   ~MoeMlp();
   MoeMlp(const MoeMlp&) = delete;
   MoeMlp& operator=(const MoeMlp&) = delete;
 
   const MoeMlpShape& shape() const { return shape_; }
-  // Core's moe_kept.
+  // Core's moe_kept (the expert buffers are the forward's).
   MoeMlpSaved allocate_saved();
   void release(MoeMlpSaved& saved);
 
@@ -102,14 +120,27 @@ class MoeMlp {
  private:
   // The losses' gradients, coefficients included, times `scale` into d_logits.
   void router_loss_gradients(const MoeMlpSaved& saved, float* d_logits, float scale);
-  // run(expert, first row, rows) for each expert with rows.
+  // run(local expert, first row, rows) for each of the rank's experts with rows.
   template <typename Run>
   void for_each_expert(const MoeMlpSaved& saved, const Run& run) const;
+  // Rows each of the rank's experts computes.
+  std::vector<int64_t> local_rows(const MoeMlpSaved& saved) const;
+  // Expert parallelism: every rank's row counts per expert gathered into saved.received, and the
+  // rows the rank's experts compute; the exchange of rows [.. x width] from the dispatch's order
+  // (`dispatched`) to the experts' (`arrived`, grouped by sender), or back (`returning`).
+  std::size_t exchange_counts(MoeMlpSaved& saved);
+  Request exchange(const MoeMlpSaved& saved, ConstActivation input, Activation output, bool returning);
+  // Rows grouped by sender then expert into rows grouped by expert then sender, or back.
+  void regroup(const MoeMlpSaved& saved, Activation from, Activation to, bool by_expert);
+  // The expert scratch holding at least `rows` rows.
+  void reserve_expert_rows(std::size_t rows);
 
   MoeMlpShape shape_;
   Backend& backend_;
-  MoeDims dims_;
+  Comm* expert_parallel_;
+  MoeDims dims_;  // dims_.expert_rows: what the expert scratch holds
   MoeScratch<Activation, float*> scratch_;
+  MoeExpertScratch<Activation> expert_scratch_;
   double* balancing_sum_ = nullptr;  // scratch_.loss_memory's two doubles
   double* z_sum_ = nullptr;
 };

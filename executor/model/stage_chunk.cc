@@ -128,7 +128,7 @@ void StageChunk::add_parameter(const ParameterSpec& spec) {
 
 StageChunk::StageChunk(const ModelSpec& model, const ParallelPlan& plan, int64_t stage, Backend& backend,
                        const Initialisation& init, Parameter* tied_embedding, Comm* tensor_parallel,
-                       std::size_t bucket_size, Comm* context_parallel)
+                       std::size_t bucket_size, Comm* context_parallel, Comm* expert_parallel)
     : backend_(backend),
       recipe_(model, plan, executor_precision(backend)),
       width_(widths(recipe_, plan.tensor_parallel_size, tensor_parallel ? tensor_parallel->rank() : 0)),
@@ -152,6 +152,11 @@ StageChunk::StageChunk(const ModelSpec& model, const ParallelPlan& plan, int64_t
   if ((cp > 1) != (context_parallel != nullptr) || (context_parallel && context_parallel->size() != cp)) {
     throw std::logic_error("StageChunk: the context-parallel group does not match the plan's cp");
   }
+  const int64_t ep = plan.expert_model_parallel_size;
+  if ((ep > 1) != (expert_parallel != nullptr) || (expert_parallel && expert_parallel->size() != ep)) {
+    throw std::logic_error("StageChunk: the expert-parallel group does not match the plan's ep");
+  }
+  const int64_t ep_rank = expert_parallel ? expert_parallel->rank() : 0;
   if (context_parallel) {
     const std::array<int64_t, 2> chunks = context_chunks(context_parallel->rank(), cp);
     places_ = {recipe_.seq_length / (2 * cp), chunks[0], chunks[1]};
@@ -164,7 +169,7 @@ StageChunk::StageChunk(const ModelSpec& model, const ParallelPlan& plan, int64_t
   groups_ = recompute_groups(plan, stage_layout.num_layers);
   keep_ = layer_keeps(plan, groups_);
 
-  const std::vector<ParameterSpec> specs = describe_parameters(model, plan, stage, tp_rank_);
+  const std::vector<ParameterSpec> specs = describe_parameters(model, plan, stage, tp_rank_, ep_rank);
   layout_ = megaplan::stage_layout(model, plan, stage, bucket_size);
   values_ = backend_.allocate(layout_.total);
   gradients_ = backend_.allocate(layout_.total);
@@ -206,7 +211,8 @@ StageChunk::StageChunk(const ModelSpec& model, const ParallelPlan& plan, int64_t
     if (!model.moe.moe_layer(first_layer_ + l)) continue;
     layer.moe = true;
     layer.router = find(prefix + "mlp.router.weight");
-    for (int64_t e = 0; e < model.moe.num_experts; ++e) {  // ep 1: every expert (executor_moe_refusal)
+    const int64_t local = model.moe.num_experts / ep;  // the ep rank's experts
+    for (int64_t e = ep_rank * local; e < (ep_rank + 1) * local; ++e) {
       const std::string expert = prefix + "mlp.experts.local_experts." + std::to_string(e) + ".";
       layer.expert_fc1.push_back(find(expert + "linear_fc1.weight"));
       layer.expert_fc2.push_back(find(expert + "linear_fc2.weight"));
@@ -214,7 +220,7 @@ StageChunk::StageChunk(const ModelSpec& model, const ParallelPlan& plan, int64_t
     layer.shared_fc1 = find(prefix + "mlp.shared_experts.linear_fc1.weight");
     layer.shared_fc2 = find(prefix + "mlp.shared_experts.linear_fc2.weight");
     layer.shared_gate = find(prefix + "mlp.shared_experts.gate_weight");
-    if (!moe_) moe_ = std::make_unique<MoeMlp>(moe_mlp_shape(model, plan, recipe_), backend_);
+    if (!moe_) moe_ = std::make_unique<MoeMlp>(moe_mlp_shape(model, plan, recipe_), backend_, expert_parallel);
   }
   if (has_output_) {
     final_gamma_ = find("decoder.final_layernorm.weight");

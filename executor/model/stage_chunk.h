@@ -93,9 +93,11 @@ class StageChunk {
   // Gradients are reduced in buckets of `bucket_size` elements (Megatron's --ddp-bucket-size; 0:
   // its default). `context_parallel` is the rank's cp group (null when cp = 1): the rank holds two
   // chunks of every sequence (core/context_parallel.h) and attention runs as a ring over the group.
+  // `expert_parallel` is the rank's ep group (null when ep = 1): the rank holds its experts of every
+  // MoE layer (core/parameter_list.h) and exchanges tokens over the group (moe_mlp.h).
   StageChunk(const ModelSpec& model, const ParallelPlan& plan, int64_t stage, Backend& backend,
              const Initialisation& init, Parameter* tied_embedding = nullptr, Comm* tensor_parallel = nullptr,
-             std::size_t bucket_size = 0, Comm* context_parallel = nullptr);
+             std::size_t bucket_size = 0, Comm* context_parallel = nullptr, Comm* expert_parallel = nullptr);
   ~StageChunk();
   StageChunk(const StageChunk&) = delete;
   StageChunk& operator=(const StageChunk&) = delete;

@@ -10,9 +10,12 @@
 //                                                    the checksum's algorithm and block size
 //
 // TT is the tensor-parallel rank (2 digits) and PPP the pipeline rank (3 digits, only when pp > 1),
-// as Megatron names them. The ranks of data-parallel rank 0 write their directory: every stage
-// chunk they hold, each tensor their whole tensor-parallel shard, with the Adam moments the
-// distributed optimizer spread over the data-parallel group gathered first.
+// as Megatron names them; under expert parallelism _EEE, the expert-parallel rank, follows. The
+// ranks of data-parallel rank 0 write their directory: every stage chunk they hold, each tensor
+// their whole tensor-parallel shard, with the Adam moments the distributed optimizer spread over
+// the data-parallel group gathered first. Under expert parallelism a routed expert's tensors are
+// written by replica 0 of its expert data-parallel group, into the directory of its ep rank
+// (parallel_groups.h's writes_parameter), named by the expert's index in the layer.
 //
 // The checksum (format megaplan-checkpoint/3) is XXH3-64 over the list of the XXH3-64s of the
 // tensor's bytes (value, then the moments) in blocks of checksum_block_bytes (4 MiB), as the

@@ -22,7 +22,8 @@ std::string iteration_directory(int64_t iteration) {
   return name;
 }
 
-std::string rank_directory(int64_t tensor_parallel_rank, int64_t pipeline_rank, int64_t pipeline_parallel_size) {
+std::string rank_directory(int64_t tensor_parallel_rank, int64_t pipeline_rank, int64_t pipeline_parallel_size,
+                           int64_t expert_parallel_rank, int64_t expert_parallel_size) {
   char name[64];
   if (pipeline_parallel_size == 1) {
     std::snprintf(name, sizeof name, "mp_rank_%02lld", static_cast<long long>(tensor_parallel_rank));
@@ -30,7 +31,12 @@ std::string rank_directory(int64_t tensor_parallel_rank, int64_t pipeline_rank, 
     std::snprintf(name, sizeof name, "mp_rank_%02lld_%03lld", static_cast<long long>(tensor_parallel_rank),
                   static_cast<long long>(pipeline_rank));
   }
-  return name;
+  std::string directory = name;
+  if (expert_parallel_size > 1) {
+    std::snprintf(name, sizeof name, "_%03lld", static_cast<long long>(expert_parallel_rank));
+    directory += name;
+  }
+  return directory;
 }
 
 void sync_directory(const std::string& path) {

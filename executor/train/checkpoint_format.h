@@ -37,8 +37,9 @@ inline constexpr std::size_t kWindowBlocksPerThread = 8;
 std::size_t window_slots(std::size_t blocks, int64_t threads);
 
 std::string iteration_directory(int64_t iteration);  // iter_0000040
-// Megatron's mp_rank_TT (pp = 1) or mp_rank_TT_PPP.
-std::string rank_directory(int64_t tensor_parallel_rank, int64_t pipeline_rank, int64_t pipeline_parallel_size);
+// Megatron's mp_rank_TT (pp = 1) or mp_rank_TT_PPP, and _EEE after it under expert parallelism.
+std::string rank_directory(int64_t tensor_parallel_rank, int64_t pipeline_rank, int64_t pipeline_parallel_size,
+                           int64_t expert_parallel_rank = 0, int64_t expert_parallel_size = 1);
 void sync_directory(const std::string& path);
 std::string hex(uint64_t value);  // 16 lower-case hexadecimal digits
 

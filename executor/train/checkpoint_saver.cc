@@ -39,11 +39,13 @@ double elapsed_seconds(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-// The rank's parameters, in chunk and registration order (the optimizer's).
+// The parameters the rank writes (writes_parameter), in chunk and registration order (the optimizer's).
 std::vector<const Parameter*> rank_parameters(const CheckpointRank& rank) {
   std::vector<const Parameter*> parameters;
   for (const StageChunk* chunk : rank.chunks) {
-    for (const Parameter& parameter : chunk->parameters()) parameters.push_back(&parameter);
+    for (const Parameter& parameter : chunk->parameters()) {
+      if (writes_parameter(rank.groups, parameter)) parameters.push_back(&parameter);
+    }
   }
   return parameters;
 }
@@ -81,7 +83,9 @@ void copy_rank(const CheckpointRank& rank, const std::vector<const Parameter*>& 
                char* image) {
   const std::map<const Parameter*, std::size_t> index = index_of(parameters);
   rank.optimizer.visit_moments([&](const Parameter& parameter, const float* first, const float* second) {
-    const std::size_t t = index.at(&parameter);
+    const auto found = index.find(&parameter);
+    if (found == index.end()) return;  // another replica writes it
+    const std::size_t t = found->second;
     const float* const arrays[kArraysPerTensor] = {parameter.value, first, second};
     download_part(rank.backend, arrays, parameter.size, 0, layout.entries[t].bytes(), image + layout.offsets[t]);
   });
@@ -95,7 +99,9 @@ void stream_rank(const CheckpointRank& rank, const std::vector<const Parameter*>
   const std::map<const Parameter*, std::size_t> index = index_of(parameters);
   std::size_t used = 0;
   rank.optimizer.visit_moments([&](const Parameter& parameter, const float* first, const float* second) {
-    const std::size_t t = index.at(&parameter);
+    const auto found = index.find(&parameter);
+    if (found == index.end()) return;  // another replica writes it
+    const std::size_t t = found->second;
     const float* const arrays[kArraysPerTensor] = {parameter.value, first, second};
     for (std::size_t b = 0; b < writer.blocks(t); ++b) {
       if (used == slots) {
@@ -154,22 +160,23 @@ std::size_t CheckpointSaver::host_bytes() const { return held_->buffer.bytes(); 
 void CheckpointSaver::save(const std::string& directory, const TrainingState& state, const CheckpointRank& rank) {
   (void)finish(rank);
   const ParallelGroups& groups = rank.groups;
-  const bool leader = groups.global_rank == 0;   // prepares, renames, writes "latest"
-  const bool writer = groups.replica_rank == 0;  // writes its mp_rank directory
+  const bool leader = groups.global_rank == 0;  // prepares, renames, writes "latest"
+  const std::vector<const Parameter*> parameters = rank_parameters(rank);
+  const bool writer = !parameters.empty();  // writes its mp_rank directory
   auto writing = std::make_unique<Writing>();
   writing->directory = directory;
   writing->staging = directory + "/" + checkpoint_format::iteration_directory(state.iteration) + ".tmp";
   writing->iteration = state.iteration;
   const std::string path = writing->staging + "/" +
-                           checkpoint_format::rank_directory(groups.tensor_parallel_rank, groups.pipeline_rank,
-                                                             rank.plan.pipeline_parallel_size);
+                           checkpoint_format::rank_directory(
+                               groups.tensor_parallel_rank, groups.pipeline_rank, rank.plan.pipeline_parallel_size,
+                               groups.expert_parallel_rank, rank.plan.expert_model_parallel_size);
   RankLayout& layout = held_->layout;
   const auto start = std::chrono::steady_clock::now();
   try {
     if (leader) (void)checkpoint_format::create_staging(directory, state.iteration);
     if (groups.world) groups.world->barrier();  // the staging directory exists
     if (writer) {
-      const std::vector<const Parameter*> parameters = rank_parameters(rank);
       lay_out_rank(rank, parameters, layout);
       if (async_) {
         // Page-locked before the copies, which then run at the bus's speed.
@@ -247,11 +254,11 @@ void save_checkpoint(const std::string& directory, const TrainingState& state, c
 }
 
 uint64_t async_save_image_bytes(const ModelSpec& model, const ParallelPlan& plan, const ParallelGroups& groups) {
-  if (groups.replica_rank != 0) return 0;
   uint64_t bytes = 0;
   for (const int64_t stage : stages_of_pipeline_rank(groups.pipeline_rank, plan)) {
-    for (const ParameterSpec& spec : describe_parameters(model, plan, stage, groups.tensor_parallel_rank)) {
-      bytes += checkpoint_format::entry_of(spec).bytes();
+    for (const ParameterSpec& spec :
+         describe_parameters(model, plan, stage, groups.tensor_parallel_rank, groups.expert_parallel_rank)) {
+      if (writes_parameter(groups, spec)) bytes += checkpoint_format::entry_of(spec).bytes();
     }
   }
   return bytes;

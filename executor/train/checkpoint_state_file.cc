@@ -74,9 +74,10 @@ std::optional<int64_t> newest_iteration_directory(const std::string& directory) 
 
 nlohmann::json checkpoint_meta(const TrainingState& state, const ModelSpec& model, const ParallelPlan& plan) {
   nlohmann::json directories = nlohmann::json::array();
+  const int64_t ep = plan.expert_model_parallel_size;
   for (int64_t p = 0; p < plan.pipeline_parallel_size; ++p) {
     for (int64_t t = 0; t < plan.tensor_parallel_size; ++t) {
-      directories.push_back(rank_directory(t, p, plan.pipeline_parallel_size));
+      for (int64_t e = 0; e < ep; ++e) directories.push_back(rank_directory(t, p, plan.pipeline_parallel_size, e, ep));
     }
   }
   nlohmann::json meta = {{"format", kFormat},

@@ -12,15 +12,19 @@ namespace megaplan::exec {
 
 namespace {
 
-int64_t data_parallel_size(const OptimizerGroups& groups) {
-  return groups.data_parallel ? groups.data_parallel->size() : 1;
-}
-
-int64_t data_parallel_rank(const OptimizerGroups& groups) {
-  return groups.data_parallel ? groups.data_parallel->rank() : 0;
-}
+int64_t size_of(const Comm* group) { return group ? group->size() : 1; }
+int64_t rank_in(const Comm* group) { return group ? group->rank() : 0; }
 
 }  // namespace
+
+Comm* Optimizer::expert_replicas() const {
+  return groups_.expert_parallel ? groups_.expert_data_parallel : groups_.data_parallel;
+}
+
+Comm* Optimizer::group_of(const GradientBucket& bucket) const {
+  Comm* group = bucket.expert ? expert_replicas() : groups_.data_parallel;
+  return group && group->size() > 1 ? group : nullptr;
+}
 
 bool Optimizer::tied(const Parameter& parameter) const {
   for (StageChunk* chunk : chunks_) {
@@ -33,12 +37,11 @@ bool Optimizer::tied(const Parameter& parameter) const {
 Optimizer::Optimizer(std::vector<StageChunk*> chunks, const OptimizerGroups& groups, bool distributed,
                      const OptimizerSettings& settings, Backend& backend)
     : chunks_(std::move(chunks)), groups_(groups), distributed_(distributed), settings_(settings), backend_(backend) {
-  const int64_t dp = data_parallel_size(groups_);
-  const auto dp_rank = static_cast<std::size_t>(data_parallel_rank(groups_));
+  const bool reduces = size_of(groups_.data_parallel) > 1 || size_of(expert_replicas()) > 1;
   for (std::size_t c = 0; c < chunks_.size(); ++c) {
     progress_.push_back({{}, std::vector<bool>(chunks_[c]->layout().buckets.size(), false)});
     gathering_.emplace_back();
-    if (settings_.overlap_grad_reduce && dp > 1) {
+    if (settings_.overlap_grad_reduce && reduces) {
       chunks_[c]->on_gradient_progress([this, c](std::size_t first) { gradients_done(c, first); });
     }
   }
@@ -59,8 +62,9 @@ Optimizer::Optimizer(std::vector<StageChunk*> chunks, const OptimizerGroups& gro
     // The rank's shard of each bucket, cut at parameter boundaries into pieces.
     shard_moments_.emplace_back();
     for (const GradientBucket& bucket : layout.buckets) {
-      const std::size_t shard = bucket.shard_size(dp);
-      const std::size_t begin = bucket.offset + dp_rank * shard, end = begin + shard;
+      const Comm* group = group_of(bucket);
+      const std::size_t shard = bucket.shard_size(size_of(group));
+      const std::size_t begin = bucket.offset + static_cast<std::size_t>(rank_in(group)) * shard, end = begin + shard;
       float* first = backend_.allocate(shard);
       float* second = backend_.allocate(shard);
       moment_buffers_.insert(moment_buffers_.end(), {first, second});
@@ -90,10 +94,6 @@ std::size_t Optimizer::chunk_of(int64_t stage, const char* action) const {
 
 void Optimizer::reduce_gradients(int64_t stage) {
   const std::size_t c = chunk_of(stage, "REDUCE_GRAD");
-  if (data_parallel_size(groups_) == 1) {
-    chunks_[c]->reduce_sequence_parallel_gradients();
-    return;
-  }
   for (std::size_t b = 0; b < chunks_[c]->layout().buckets.size(); ++b) {
     if (!progress_[c].started[b]) start_reduction(c, b);
   }
@@ -116,7 +116,9 @@ void Optimizer::start_reduction(std::size_t c, std::size_t b) {
   // The tensor-parallel sum of sequence-parallel norm gradients comes first: the data-parallel
   // reduction (a reduce-scatter under the distributed optimizer) reads whole gradients.
   chunk.reduce_sequence_parallel_gradients(bucket.first_parameter, bucket.last_parameter);
-  Comm& dp = *groups_.data_parallel;
+  Comm* group = group_of(bucket);
+  if (!group) return;  // one member: the sum is the rank's own
+  Comm& dp = *group;
   float* data = chunk.gradient_buffer() + bucket.offset;
   bool holds_tied = false;
   for (std::size_t i = bucket.first_parameter; i <= bucket.last_parameter; ++i) {
@@ -153,11 +155,12 @@ void Optimizer::finish_reductions() {
   }
 }
 
-std::vector<OptimizerTensor> Optimizer::tensors(bool for_norm) const {
+std::vector<OptimizerTensor> Optimizer::tensors(bool for_norm, bool experts) const {
   std::vector<OptimizerTensor> result;
   result.reserve(pieces_.size());
   for (const Piece& piece : pieces_) {
     const Parameter& p = *piece.parameter;
+    if (for_norm && p.expert != experts) continue;
     // The tied output weight's copy repeats the word embedding's gradient, and a replicated tensor
     // repeats on every tensor-parallel rank: each counted once (Megatron counts tp rank 0's).
     if (for_norm) {
@@ -184,10 +187,20 @@ double Optimizer::gradient_norm() {
       if (weight) embedding->all_reduce(weight->gradient, weight->size, DType::kFloat32, ReduceOp::kSum)->wait();
     }
   }
+  // The squares of what the rank updates (its shards under the distributed optimizer) summed over
+  // the ranks that update the rest: the others' over dp, the routed experts' over expert dp and the
+  // ranks holding other experts; then both over the model's tensor and pipeline ranks.
   double sum_of_squares = backend_.gradient_sum_of_squares(tensors(true));
-  for (Comm* group : {distributed_ ? groups_.data_parallel : nullptr, groups_.model_parallel}) {
-    if (group) sum_of_squares = sum_over(*group, backend_, sum_of_squares);
+  if (distributed_ && groups_.data_parallel)
+    sum_of_squares = sum_over(*groups_.data_parallel, backend_, sum_of_squares);
+  if (const std::vector<OptimizerTensor> experts = tensors(true, true); !experts.empty()) {
+    double expert_squares = backend_.gradient_sum_of_squares(experts);
+    for (Comm* group : {distributed_ ? expert_replicas() : nullptr, groups_.expert_parallel}) {
+      if (group) expert_squares = sum_over(*group, backend_, expert_squares);
+    }
+    sum_of_squares += expert_squares;
   }
+  if (groups_.model_parallel) sum_of_squares = sum_over(*groups_.model_parallel, backend_, sum_of_squares);
   return std::sqrt(sum_of_squares);
 }
 
@@ -196,15 +209,16 @@ void Optimizer::step(int64_t update, double lr, double gradient_norm, double uns
                           ? settings_.clip_grad / (gradient_norm + 1e-6)
                           : 1.0;
   backend_.adamw_step(tensors(false), {update, lr, settings_.beta1, settings_.beta2, settings_.eps, clip * unscale});
-  if (distributed_ && data_parallel_size(groups_) > 1) {
-    Comm& dp = *groups_.data_parallel;
+  if (distributed_) {
     for (std::size_t c = 0; c < chunks_.size(); ++c) {
       StageChunk& chunk = *chunks_[c];
       for (const GradientBucket& bucket : chunk.layout().buckets) {
-        const std::size_t shard = bucket.shard_size(dp.size());
+        Comm* group = group_of(bucket);
+        if (!group) continue;  // the rank updated the whole bucket
+        const std::size_t shard = bucket.shard_size(group->size());
         float* data = chunk.parameter_buffer() + bucket.offset;
         gathering_[c].push_back(
-            dp.all_gather(data + static_cast<std::size_t>(dp.rank()) * shard, data, shard, DType::kFloat32));
+            group->all_gather(data + static_cast<std::size_t>(group->rank()) * shard, data, shard, DType::kFloat32));
       }
       if (!settings_.overlap_param_gather) finish_gather(c);
     }
@@ -217,42 +231,52 @@ void Optimizer::skip() {
 }
 
 void Optimizer::visit_moments(const MomentVisitor& visit) {
-  Comm* dp = groups_.data_parallel;
-  if (!distributed_ || !dp || dp->size() == 1) {
-    // The pieces are whole parameters (one shard holds a whole bucket when dp = 1).
-    for (const Piece& piece : pieces_) {
-      if (piece.offset != 0 || piece.size != piece.parameter->size) {
-        throw std::logic_error("Optimizer::visit_moments: " + piece.parameter->name + " is split into pieces");
-      }
-      visit(*piece.parameter, piece.first_moment, piece.second_moment);
-    }
+  if (!distributed_) {
+    // The pieces are whole parameters.
+    for (const Piece& piece : pieces_) visit(*piece.parameter, piece.first_moment, piece.second_moment);
     return;
   }
-  // Each bucket's shards gathered into buffers laid out as the chunk's parameter buffer.
+  // Each bucket's shards gathered over its group into buffers laid out as the chunk's parameter
+  // buffer; a bucket of a group of one is its own shard, read where it is.
   for (std::size_t c = 0; c < chunks_.size(); ++c) {
     const ParameterLayout& layout = chunks_[c]->layout();
-    float* first = backend_.allocate(layout.total);
-    float* second = backend_.allocate(layout.total);
+    bool gathers = false;
+    for (const GradientBucket& bucket : layout.buckets) gathers = gathers || group_of(bucket) != nullptr;
+    float* first = gathers ? backend_.allocate(layout.total) : nullptr;
+    float* second = gathers ? backend_.allocate(layout.total) : nullptr;
+    const std::vector<Parameter>& parameters = chunks_[c]->parameters();
+    std::vector<std::pair<const float*, const float*>> moments(parameters.size());  // by registration index
     std::vector<Request> pending;
     for (std::size_t b = 0; b < layout.buckets.size(); ++b) {
       const GradientBucket& bucket = layout.buckets[b];
-      const std::size_t shard = bucket.shard_size(dp->size());
-      pending.push_back(dp->all_gather(shard_moments_[c][b].first, first + bucket.offset, shard, DType::kFloat32));
-      pending.push_back(dp->all_gather(shard_moments_[c][b].second, second + bucket.offset, shard, DType::kFloat32));
-    }
-    for (Request& request : pending) request->wait();
-    const std::vector<Parameter>& parameters = chunks_[c]->parameters();
-    try {
-      for (std::size_t i = 0; i < parameters.size(); ++i) {
-        visit(parameters[i], first + layout.offsets[i], second + layout.offsets[i]);
+      Comm* group = group_of(bucket);
+      const float* whole_first = shard_moments_[c][b].first;
+      const float* whole_second = shard_moments_[c][b].second;
+      if (group) {
+        const std::size_t shard = bucket.shard_size(group->size());
+        pending.push_back(group->all_gather(shard_moments_[c][b].first, first + bucket.offset, shard, DType::kFloat32));
+        pending.push_back(
+            group->all_gather(shard_moments_[c][b].second, second + bucket.offset, shard, DType::kFloat32));
+        whole_first = first + bucket.offset;
+        whole_second = second + bucket.offset;
       }
+      for (std::size_t i = bucket.first_parameter; i <= bucket.last_parameter; ++i) {
+        const std::size_t at = layout.offsets[i] - bucket.offset;
+        moments[i] = {whole_first + at, whole_second + at};
+      }
+    }
+    const auto release = [&] {
+      if (first) backend_.release(first);
+      if (second) backend_.release(second);
+    };
+    try {
+      for (Request& request : pending) request->wait();
+      for (std::size_t i = 0; i < parameters.size(); ++i) visit(parameters[i], moments[i].first, moments[i].second);
     } catch (...) {
-      backend_.release(first);
-      backend_.release(second);
+      release();
       throw;
     }
-    backend_.release(first);
-    backend_.release(second);
+    release();
   }
 }
 

@@ -1,19 +1,17 @@
 // One rank's optimizer over its stage chunks, with Megatron's data-parallel semantics:
 // - REDUCE_GRAD(s) reduces stage s's gradient buffer bucket by bucket over the data-parallel
-//   group: an all-reduce, or with the distributed optimizer a reduce-scatter that leaves each rank
-//   the reduced shard it owns. The loss is pre-scaled by 1 / (microbatches x dp), so the sums are
-//   the data-parallel mean. Buckets holding a tied embedding are all-reduced either way: the
-//   embedding group adds the first and last stage's full gradients afterwards.
-//   With overlap_grad_reduce (Megatron's --overlap-grad-reduce, which the simulator costs) a
-//   bucket's reduction starts as soon as the backward has produced its parameters' gradients of
-//   every microbatch (the chunk's gradient progress), REDUCE_GRAD starts whatever has not started,
-//   and nothing waits for them before OPTIM: the reductions overlap the backwards still to run.
-//   Without it REDUCE_GRAD starts every bucket and waits. The sums are the same bits either way.
-//   With the distributed optimizer and overlap_param_gather (Megatron's --overlap-param-gather) the
-//   all-gathers of the updated shards are started at OPTIM and waited for only at each chunk's
-//   first forward of the next iteration (parameters_ready), so they overlap the work before it;
-//   finish_parameter_gathers() ends them all before anything else reads the weights (evaluation,
-//   checkpoints, the end of training).
+//   group (a routed experts' bucket over the expert data-parallel group): an all-reduce, or with
+//   the distributed optimizer a reduce-scatter that leaves each rank the reduced shard it owns. The loss is pre-scaled
+//   by 1 / (microbatches x dp), so the sums are the data-parallel mean. Buckets holding a tied embedding are
+//   all-reduced either way: the embedding group adds the first and last stage's full gradients afterwards. With
+//   overlap_grad_reduce (Megatron's --overlap-grad-reduce, which the simulator costs) a bucket's reduction starts as
+//   soon as the backward has produced its parameters' gradients of every microbatch (the chunk's gradient progress),
+//   REDUCE_GRAD starts whatever has not started, and nothing waits for them before OPTIM: the reductions overlap the
+//   backwards still to run. Without it REDUCE_GRAD starts every bucket and waits. The sums are the same bits either
+//   way. With the distributed optimizer and overlap_param_gather (Megatron's --overlap-param-gather) the all-gathers of
+//   the updated shards are started at OPTIM and waited for only at each chunk's first forward of the next iteration
+//   (parameters_ready), so they overlap the work before it; finish_parameter_gathers() ends them all before anything
+//   else reads the weights (evaluation, checkpoints, the end of training).
 // - OPTIM adds the tied word-embedding gradients of the first and last stage (Megatron's
 //   embedding group), computes the global gradient norm over every model-parallel rank (the tied
 //   copy counted once; with the distributed optimizer each data-parallel rank adds its shard),
@@ -38,6 +36,12 @@ struct OptimizerGroups {
   Comm* data_parallel = nullptr;   // this rank's dp group
   Comm* model_parallel = nullptr;  // tp x pp: the gradient norm's reduction
   Comm* embedding = nullptr;       // the ranks of stage 0 and the last stage, when they differ and share weights
+  // Under expert parallelism (both null at ep 1): the ranks holding other experts (their gradients'
+  // squares join the norm's), and Megatron's expert data-parallel group, which sums (and the
+  // distributed optimizer shards) the routed experts' gradient buckets in place of the dp group
+  // (null when it has one member). At ep 1 the two data-parallel groups are one.
+  Comm* expert_parallel = nullptr;
+  Comm* expert_data_parallel = nullptr;
 };
 
 struct OptimizerSettings {
@@ -77,9 +81,9 @@ class Optimizer {
   void finish_parameter_gathers();
   // Every parameter's whole moments on the device, in chunk and registration order: visit(p,
   // first, second), p.size floats each, readable during the call only. With the distributed
-  // optimizer over several data-parallel ranks it is a collective over the data-parallel group
-  // (every member calls it): the owned shards' moments are all-gathered, chunk by chunk, into a
-  // scratch buffer. A saving checkpoint downloads them in pieces.
+  // optimizer over several data-parallel ranks it is a collective over the data-parallel group, and
+  // the expert data-parallel group (every member calls it): the owned shards' moments are
+  // all-gathered, chunk by chunk, into a scratch buffer. A saving checkpoint downloads them in pieces.
   using MomentVisitor = std::function<void(const Parameter&, const float* first_moment, const float* second_moment)>;
   void visit_moments(const MomentVisitor& visit);
   // Elements [begin, begin + n) of `parameter`'s first (`second` false) or second moment set from
@@ -97,7 +101,12 @@ class Optimizer {
     float* first_moment;
     float* second_moment;
   };
-  std::vector<OptimizerTensor> tensors(bool for_norm) const;
+  // The pieces AdamW updates; for the norm, each gradient once, and only the routed experts' or
+  // only the others' (`experts`).
+  std::vector<OptimizerTensor> tensors(bool for_norm, bool experts = false) const;
+  // The group a bucket's gradient reduces over (null: one member); the routed experts' replicas.
+  Comm* group_of(const GradientBucket& bucket) const;
+  Comm* expert_replicas() const;
   bool tied(const Parameter& parameter) const;
 
   std::vector<StageChunk*> chunks_;

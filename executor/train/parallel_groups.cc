@@ -34,8 +34,9 @@ bool needs_communicator(const GroupKind& kind) {
 }
 
 ParallelGroups make_parallel_groups(const ParallelPlan& plan, int64_t global_rank, const CommFactory& make) {
-  const RankGroups groups = megatron_rank_groups(plan.world_size(), plan.tensor_parallel_size,
-                                                 plan.pipeline_parallel_size, plan.context_parallel_size);
+  const RankGroups groups =
+      megatron_rank_groups(plan.world_size(), plan.tensor_parallel_size, plan.pipeline_parallel_size,
+                           plan.context_parallel_size, plan.expert_model_parallel_size);
   ParallelGroups result;
   result.global_rank = global_rank;
   const GroupKind tensor_parallel = kind_of(groups, "tp", global_rank);
@@ -49,6 +50,10 @@ ParallelGroups make_parallel_groups(const ParallelPlan& plan, int64_t global_ran
   result.data_parallel_rank = position_in(data_parallel, global_rank);
   result.context_parallel_rank = position_in(context_parallel, global_rank);
   result.replica_rank = position_in(replicas, global_rank);
+  const GroupKind expert_parallel = kind_of(groups, "ep", global_rank);
+  const GroupKind expert_replicas = kind_of(groups, "expert-dp", global_rank);
+  result.expert_parallel_rank = position_in(expert_parallel, global_rank);
+  result.expert_replica_rank = position_in(expert_replicas, global_rank);
 
   // Megatron's embedding group joins the ends of each pipeline; here the ends are the ranks of the
   // first and the last virtual stage, which coincide at a V's turn (then no group is needed).
@@ -76,6 +81,10 @@ ParallelGroups make_parallel_groups(const ParallelPlan& plan, int64_t global_ran
   result.model_parallel = make(model_parallel);
   result.embedding = make(embedding);
   if (plan.context_parallel_size > 1) result.context_parallel = make(context_parallel);
+  if (plan.expert_model_parallel_size > 1) {
+    result.expert_parallel = make(expert_parallel);
+    result.expert_data_parallel = make(expert_replicas);
+  }
   return result;
 }
 

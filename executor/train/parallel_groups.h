@@ -1,7 +1,8 @@
 // The communicators one rank trains with, built from core's Megatron rank groups by whichever Comm
 // implementation runs the world (in-process threads, one GPU, NCCL): its pipeline, data-parallel
 // tensor-parallel and model-parallel (tp x pp) groups, the tied-embedding group of the ranks that
-// hold stage 0 and the last stage, the context-parallel group, and the world.
+// hold stage 0 and the last stage, the context-parallel group, the expert-parallel and expert
+// data-parallel groups, and the world.
 #pragma once
 
 #include <cstdint>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "core/parallel_plan.h"
+#include "core/parameter_list.h"
 #include "executor/comm/comm.h"
 
 namespace megaplan::exec {
@@ -18,7 +20,7 @@ namespace megaplan::exec {
 // One kind of group (Megatron's tp, pp, dp, ...): every group of that kind over the world (disjoint
 // lists of global ranks, each in its group's order) and which of them holds this rank.
 struct GroupKind {
-  std::string label;  // "world", "tp", "pp", "dp", "tp-pp", "embedding", "cp", "dp-cp"
+  std::string label;  // "world", "tp", "pp", "dp", "tp-pp", "embedding", "cp", "dp-cp", "ep", "expert-dp"
   std::vector<std::vector<int64_t>> groups;
   int64_t mine = -1;  // index into groups; -1: this rank is in none (the embedding group off the pipeline's ends)
 };
@@ -28,8 +30,8 @@ bool needs_communicator(const GroupKind& kind);
 
 // Makes this rank's communicator of one kind of group, or null where !needs_communicator(kind).
 // Every rank of the world calls it once per kind, in the same order (world, tp, pp, dp or dp-cp,
-// tp-pp, embedding, and cp when cp > 1), which NCCL's communicator split needs: it is a collective
-// over the world.
+// tp-pp, embedding, cp when cp > 1, ep and expert-dp when ep > 1), which NCCL's communicator split needs: it is a
+// collective over the world.
 using CommFactory = std::function<std::unique_ptr<Comm>(const GroupKind& kind)>;
 
 struct ParallelGroups {
@@ -41,13 +43,26 @@ struct ParallelGroups {
   // The rank's place among the model's replicas, in Megatron's dp-cp group (the dp group when cp =
   // 1): replica 0 writes the checkpoint's files and the final weights.
   int64_t replica_rank = 0;
+  // Under expert parallelism: which experts the rank holds (its place in the ep group), and its
+  // place among their replicas (Megatron's expert data-parallel group: replica 0 writes them).
+  int64_t expert_parallel_rank = 0;
+  int64_t expert_replica_rank = 0;
   // Null where the group has one member; `embedding` also where this rank holds neither end, or
   // one rank holds both (the output layer then reads the embedding itself). `world` holds every
   // rank (checkpoints meet on it). `data_parallel` is Megatron's dp-cp group, the dp group when cp
   // = 1: gradients are summed and the distributed optimizer shards over it (the cp ranks each hold
   // a part of every sequence, so their gradients add up to the microbatch's).
-  std::unique_ptr<Comm> world, tensor_parallel, pipeline, data_parallel, model_parallel, embedding, context_parallel;
+  // `expert_parallel` and `expert_data_parallel` exist when ep > 1 (and have two or more members).
+  std::unique_ptr<Comm> world, tensor_parallel, pipeline, data_parallel, model_parallel, embedding, context_parallel,
+      expert_parallel, expert_data_parallel;
 };
+
+// Whether this rank is the replica of `parameter` that writes it (its checkpoint directory, the
+// final weights): replica 0 of the data-parallel group, or of the expert data-parallel group for a
+// routed expert's.
+inline bool writes_parameter(const ParallelGroups& groups, const ParameterSpec& parameter) {
+  return (parameter.expert ? groups.expert_replica_rank : groups.replica_rank) == 0;
+}
 
 // REQUIRES: validate_plan passed for plan; 0 <= global_rank < plan.world_size().
 ParallelGroups make_parallel_groups(const ParallelPlan& plan, int64_t global_rank, const CommFactory& make);

@@ -179,7 +179,7 @@ class RankTrainer {
       chunks_.push_back(std::make_unique<StageChunk>(
           run.model, run.plan, stage, backend, Initialisation{run.options.seed, run.options.init_method_std}, embedding,
           groups.tensor_parallel.get(), static_cast<std::size_t>(run.options.ddp_bucket_size),
-          groups.context_parallel.get()));
+          groups.context_parallel.get(), groups.expert_parallel.get()));
       if (chunks_.back()->first_stage()) embedding = chunks_.back()->word_embedding();
       by_stage_[stage] = chunks_.back().get();
     }
@@ -195,7 +195,9 @@ class RankTrainer {
     settings.overlap_param_gather = overlaps_parameter_gather(run.plan);
     settings.microbatches = run.plan.num_microbatches();
     optimizer_ = std::make_unique<Optimizer>(
-        ordered, OptimizerGroups{groups.data_parallel.get(), groups.model_parallel.get(), groups.embedding.get()},
+        ordered,
+        OptimizerGroups{groups.data_parallel.get(), groups.model_parallel.get(), groups.embedding.get(),
+                        groups.expert_parallel.get(), groups.expert_data_parallel.get()},
         run.plan.use_distributed_optimizer, settings, backend);
     interpreter_ = std::make_unique<Interpreter>(run.schedule, groups.pipeline_rank, by_stage_, groups.pipeline.get(),
                                                  run.plan.data_parallel_size, *optimizer_, backend);
@@ -609,9 +611,10 @@ TrainSummary RankTrainer::train() {
   }
   optimizer_->finish_parameter_gathers();
   finish_checkpoint();
-  if (options.keep_final_weights && groups_.replica_rank == 0) {
+  if (options.keep_final_weights) {
     for (auto& chunk : chunks_) {
       for (const Parameter& p : chunk->parameters()) {
+        if (!writes_parameter(groups_, p)) continue;
         WeightShard& shard = final_shards_[p.name];
         shard.cut = tensor_cut(p);
         shard.global_shape = p.global_shape;

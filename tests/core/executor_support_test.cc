@@ -63,8 +63,9 @@ TEST_CASE("the executor trains MoE layers where the MoE MLP runs, and names the 
   changed.context_parallel_size = 2;
   CHECK(refused(changed) == "--context-parallel-size");
   changed = plan;
-  changed.expert_model_parallel_size = 2;
-  CHECK(refused(changed) == "--expert-model-parallel-size");
+  changed.data_parallel_size = 2;
+  changed.expert_model_parallel_size = 2;  // trains
+  CHECK(refused(changed).empty());
   changed = plan;
   changed.recompute_granularity = megaplan::RecomputeGranularity::kFull;
   CHECK(refused(changed) == "--recompute-granularity");
@@ -92,8 +93,24 @@ TEST_CASE("the recipe sizes an MoE layer's buffers by its rows: every route drop
   const megaplan::LayerRecipe dropless(model, plan);
   REQUIRE(dropless.moe);
   CHECK(dropless.moe->tokens == 32);
-  CHECK(dropless.moe->most_rows == 64);  // 32 tokens x top 2
-  CHECK(megaplan::moe_kept(*dropless.moe).fc1_out.count == 64 * 2 * 24);
+  CHECK(dropless.moe->most_rows == 64);    // 32 tokens x top 2
+  CHECK(dropless.moe->expert_rows == 64);  // ep 1: the rank's experts compute every row it dispatches
+  CHECK(megaplan::moe_expert_kept(*dropless.moe).fc1_out.count == 64 * 2 * 24);
+  CHECK(megaplan::moe_scratch(*dropless.moe).sent.count == 0);  // nothing leaves the rank
+  plan.data_parallel_size = 2;
+  plan.expert_model_parallel_size = 2;  // balanced: as many rows arrive as leave
+  const megaplan::LayerRecipe split(model, plan);
+  CHECK(split.moe->experts == 4);
+  CHECK(split.moe->local_experts() == 2);
+  CHECK(split.moe->expert_rows == 64);
+  CHECK(megaplan::moe_scratch(*split.moe).sent.count == 64 * split.moe->hidden);
+  CHECK(megaplan::moe_scratch(*split.moe).counts.count == 2 * 4);
+  CHECK(megaplan::moe_expert_scratch(*split.moe).exchanged.count == 64 * split.moe->hidden);
+  CHECK(megaplan::moe_expert_rows(65, 64) == 68);  // rounded up to a sixteenth of the most rows
+  CHECK(megaplan::moe_expert_rows(64, 64) == 64);
+  CHECK(megaplan::moe_expert_rows(10, 64) == 64);  // never fewer than the balanced load's
+  plan.data_parallel_size = 1;
+  plan.expert_model_parallel_size = 1;
   CHECK(dropless.kept(megaplan::LayerKeep::kAll, true).fc1.count == 0);  // no dense MLP buffers
   CHECK(dropless.kept(megaplan::LayerKeep::kAll, false).fc1.count > 0);
   model.moe.expert_capacity_factor = 0.5;  // ceil(64 / 4 x 0.5) = 8 an expert, 32 in all

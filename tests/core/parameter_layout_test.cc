@@ -39,3 +39,25 @@ TEST_CASE("a shared embedding gets a bucket of its own", "[layout]") {
   CHECK(layout.buckets[1].size == 70);
   CHECK(layout.total == 202);
 }
+
+TEST_CASE("routed experts' parameters get buckets of their own, padded to the expert data-parallel size", "[layout]") {
+  // Registered: a dense 10, two experts' 20 and 30, a dense 5; dp 4, expert dp 3. The backward
+  // produces the 5 first; the experts' pair ends that bucket and opens one of its own.
+  const auto layout = layout_parameters({10, 20, 30, 5}, 1000, 4, {}, {false, true, true, false}, 3);
+  REQUIRE(layout.buckets.size() == 3);
+  CHECK_FALSE(layout.buckets[0].expert);
+  CHECK(layout.buckets[0].first_parameter == 3);
+  CHECK(layout.buckets[0].size == 8);  // the 5, padded to 4's multiple
+  CHECK(layout.buckets[1].expert);
+  CHECK(layout.buckets[1].first_parameter == 1);
+  CHECK(layout.buckets[1].last_parameter == 2);
+  CHECK(layout.offsets[2] == 64);        // the bucket starts at 8; the 30 aligned to 64
+  CHECK(layout.offsets[1] == 128);       // the 20 after it, aligned
+  CHECK(layout.buckets[1].size == 141);  // from 8 to 148, padded to 3's multiple
+  CHECK_FALSE(layout.buckets[2].expert);
+  CHECK(layout.buckets[2].first_parameter == 0);
+  CHECK(layout.buckets[2].offset == 149);
+  CHECK(layout.offsets[0] == 192);
+  CHECK(layout.buckets[2].size == 56);  // 149 .. 202, padded to 4's multiple: 53 -> 56
+  CHECK(layout.total == 205);
+}

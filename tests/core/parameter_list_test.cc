@@ -148,17 +148,20 @@ TEST_CASE("a layer with experts: the router, the ep rank's experts by their laye
             CHECK(fc1->split == megaplan::TensorSplit::kColumn);
           }
         }
-        // The experts' gradients reduce over their own group under ep: that buffer is not built.
-        if (ep > 1) {
-          CHECK_THROWS_WITH(
-              megaplan::stage_layout(model, plan, 0, 0),
-              Catch::Matchers::Contains("--expert-model-parallel-size: the experts' own gradient buffer"));
-        } else {
-          const megaplan::ParameterLayout layout = megaplan::stage_layout(model, plan, 0, 0);
-          std::size_t sum = 0;
-          for (std::size_t size : layout.sizes) sum += size;
-          CHECK(static_cast<int64_t>(sum) == megaplan::stage_parameters(model, plan, 0).parameters_per_gpu);
+        // The experts' gradients reduce over their own group (expert dp): buckets of their own.
+        const megaplan::ParameterLayout layout = megaplan::stage_layout(model, plan, 0, 0);
+        const auto specs = megaplan::describe_parameters(model, plan, 0, 0, 0);
+        std::size_t sum = 0;
+        for (std::size_t size : layout.sizes) sum += size;
+        CHECK(static_cast<int64_t>(sum) == megaplan::stage_parameters(model, plan, 0).parameters_per_gpu);
+        std::size_t expert_buckets = 0;
+        for (const megaplan::GradientBucket& bucket : layout.buckets) {
+          expert_buckets += bucket.expert ? 1 : 0;
+          for (std::size_t i = bucket.first_parameter; i <= bucket.last_parameter; ++i) {
+            CHECK(specs[i].expert == bucket.expert);
+          }
         }
+        CHECK(expert_buckets == 1);  // the stage's one MoE layer's experts, side by side
       }
     }
   }

@@ -61,6 +61,7 @@ TEST_CASE("rank groups: world 16, tp 4, pp 2 match the seed lists", "[rank_group
                            {"tp-cp", tp},
                            {"ep", singletons(16)},
                            {"tp-ep", tp},
+                           {"expert-dp", dp},
                            {"embedding", pp},
                            {"position-embedding", {{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}}}});
 }
@@ -83,6 +84,7 @@ TEST_CASE("rank groups: context parallel, world 16, tp 2, cp 2, pp 2", "[rank_gr
                            {"tp-cp", {{0, 1, 2, 3}, {4, 5, 6, 7}, {8, 9, 10, 11}, {12, 13, 14, 15}}},
                            {"ep", singletons(16)},
                            {"tp-ep", tp},
+                           {"expert-dp", {{0, 2, 4, 6}, {1, 3, 5, 7}, {8, 10, 12, 14}, {9, 11, 13, 15}}},
                            {"embedding", pp},
                            {"position-embedding", {{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}}}});
 }
@@ -108,6 +110,7 @@ TEST_CASE("rank groups: expert parallel, world 16, tp 2, ep 2, pp 2", "[rank_gro
                            {"tp-cp", tp},
                            {"ep", {{0, 2}, {1, 3}, {4, 6}, {5, 7}, {8, 10}, {9, 11}, {12, 14}, {13, 15}}},
                            {"tp-ep", {{0, 1, 2, 3}, {4, 5, 6, 7}, {8, 9, 10, 11}, {12, 13, 14, 15}}},
+                           {"expert-dp", {{0, 4}, {1, 5}, {2, 6}, {3, 7}, {8, 12}, {9, 13}, {10, 14}, {11, 15}}},
                            {"embedding", pp},
                            {"position-embedding", {{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}}}});
 }
@@ -131,6 +134,7 @@ TEST_CASE("rank groups: order tp-cp-ep-pp-dp, world 16, tp 2, pp 4", "[rank_grou
                            {"tp-cp", tp},
                            {"ep", singletons(16)},
                            {"tp-ep", tp},
+                           {"expert-dp", dp},
                            {"embedding", {{0, 6}, {1, 7}, {8, 14}, {9, 15}}},
                            {"position-embedding", {{0}, {1}, {8}, {9}}}});
 }
@@ -154,6 +158,7 @@ TEST_CASE("rank groups: ep and dp need not be adjacent (current Megatron-Core)",
                            {"tp-cp", pairs},
                            {"ep", pairs},
                            {"tp-ep", pairs},
+                           {"expert-dp", dp},
                            {"embedding", pp},
                            {"position-embedding", {{0}, {1}, {4}, {5}}}});
 }
@@ -175,6 +180,7 @@ TEST_CASE("rank groups: pp = 1, world 8, tp 2", "[rank_groups]") {
                            {"tp-cp", tp},
                            {"ep", singletons(8)},
                            {"tp-ep", tp},
+                           {"expert-dp", dp},
                            {"embedding", singletons(8)},
                            {"position-embedding", singletons(8)}});
 }
@@ -251,7 +257,7 @@ void check_properties(const RankGroups& groups) {
   const std::map<std::string, int64_t> group_sizes = {
       {"tp", tp},         {"pp", pp},         {"dp", dp},         {"cp", cp},
       {"dp-cp", dp * cp}, {"tp-pp", tp * pp}, {"tp-dp", tp * dp}, {"tp-dp-cp", tp * dp * cp},
-      {"tp-cp", tp * cp}, {"ep", ep},         {"tp-ep", tp * ep}};
+      {"tp-cp", tp * cp}, {"ep", ep},         {"tp-ep", tp * ep}, {"expert-dp", groups.expert_data_parallel_size}};
   REQUIRE(tp * pp * cp * dp == world);
   REQUIRE(tp * ep * pp * groups.expert_data_parallel_size == world);
 

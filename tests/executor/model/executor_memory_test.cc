@@ -65,6 +65,10 @@ TEST_CASE("the executor allocates what core's memory prediction says, rank by ra
   };
   ParallelPlan distributed = layout(1, 2, 2, 1, ScheduleKind::kOneFOneB);
   distributed.use_distributed_optimizer = true;
+  // Expert parallelism with a padded capacity: every rank's experts compute exactly the rows their
+  // capacity pads to, so what arrives is known before the dispatch (dropless, it is the load's).
+  ParallelPlan expert_parallel = distributed;
+  expert_parallel.expert_model_parallel_size = 2;
   ParallelPlan context_parallel = layout(1, 1, 1, 1, ScheduleKind::kOneFOneB);
   context_parallel.context_parallel_size = 2;
   ParallelPlan context_everything = layout(2, 2, 1, 1, ScheduleKind::kOneFOneB);
@@ -106,6 +110,7 @@ TEST_CASE("the executor allocates what core's memory prediction says, rank by ra
       {"mixtral: pp2 interleaved", layout(1, 2, 1, 2, ScheduleKind::kInterleaved)},
       {"qwen-moe: pp2 1f1b, 8 microbatches", layout(1, 2, 1, 1, ScheduleKind::kOneFOneB, 2, 16)},
       {"qwen-moe: pp2 dp2 distributed optimizer", distributed},
+      {"qwen-moe: pp2 dp2 ep2 distributed optimizer", expert_parallel},
   };
   for (const auto& [name, plan] : layouts) {
     INFO(name);

@@ -16,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -190,6 +191,67 @@ TEST_CASE("a checkpoint of an MoE model at pp 2 x dp 2 resumes bit for bit and l
   for (std::size_t i = 0; i < 4; ++i) {
     INFO("iteration " << i + 5);
     CHECK(resumed.losses[i] == whole.losses[i + 4]);
+  }
+}
+
+TEST_CASE("a checkpoint of an MoE model at ep 2 resumes bit for bit and loads at ep 1 and ep 4", "[checkpoint][moe]") {
+  // Each expert-parallel rank writes its experts (replica 0 of their expert data-parallel group)
+  // into a directory of its own, mp_rank_TT_PPP_EEE as Megatron names it; the rest is written
+  // once. A load finds every expert by its name wherever it was saved.
+  const megaplan::test::ScratchDirectory scratch;
+  const megaplan::ModelSpec model = megaplan::test::four_layer_mixtral();
+  exec::TrainOptions options = checkpoint_training_options(megaplan::test::sentence_corpus(scratch));
+  ParallelPlan saving = plan_of(2, 2, 1, ScheduleKind::kOneFOneB, true);  // pp 2 x dp 2, ep 2 within dp
+  saving.expert_model_parallel_size = 2;
+  const Outcome single = train(model, plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false), options, scratch, "single");
+  const Outcome whole = train(model, saving, options, scratch, "whole");
+  REQUIRE(whole.losses.size() == 8);
+
+  const std::string directory = scratch.file("checkpoints");
+  options.save = directory;
+  options.exit_interval = 4;
+  CHECK(train(model, saving, options, scratch, "first-half").summary.last_iteration == 4);
+  const auto names = [&](const std::string& rank_directory) {
+    std::set<std::string> held;
+    const nlohmann::json manifest = nlohmann::json::parse(
+        megaplan::read_file_contents(directory + "/iter_0000004/" + rank_directory + "/manifest.json"));
+    for (const nlohmann::json& tensor : manifest.at("tensors")) held.insert(tensor.at("name").get<std::string>());
+    return held;
+  };
+  const std::string expert = "decoder.layers.0.mlp.experts.local_experts.";
+  for (const std::string stage : {"000", "001"}) {
+    const std::set<std::string> first = names("mp_rank_00_" + stage + "_000");
+    const std::set<std::string> second = names("mp_rank_00_" + stage + "_001");
+    CHECK(second.size() < first.size());  // experts only
+    for (const std::string& name : second) CHECK(name.find(".mlp.experts.local_experts.") != std::string::npos);
+    if (stage == "000") {
+      CHECK(first.count(expert + "1.linear_fc1.weight") == 1);
+      CHECK(first.count(expert + "2.linear_fc1.weight") == 0);
+      CHECK(second.count(expert + "2.linear_fc1.weight") == 1);
+      CHECK(first.count("decoder.layers.0.mlp.router.weight") == 1);
+    }
+  }
+
+  options.exit_interval = 0;
+  options.save.reset();
+  options.load = directory;
+  const Outcome resumed = train(model, saving, options, scratch, "second-half");
+  REQUIRE(resumed.losses.size() == 4);
+  for (std::size_t i = 0; i < 4; ++i) {
+    INFO("iteration " << i + 5);
+    CHECK(resumed.losses[i] == whole.losses[i + 4]);
+  }
+  ParallelPlan four = plan_of(1, 4, 1, ScheduleKind::kOneFOneB, true);
+  four.expert_model_parallel_size = 4;
+  for (const auto& [name, plan] :
+       {std::pair{"one", plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false)}, std::pair{"ep4", four}}) {
+    INFO(name);
+    const Outcome loaded = train(model, plan, options, scratch, name);
+    REQUIRE(loaded.losses.size() == 4);
+    for (std::size_t i = 0; i < 4; ++i) {
+      INFO("iteration " << i + 5);
+      CHECK(loaded.losses[i] == Approx(single.losses[i + 4]).epsilon(1e-4));
+    }
   }
 }
 

@@ -247,11 +247,14 @@ TEST_CASE("the Llama family's layers train under tensor, pipeline and data paral
   }
 }
 
-TEST_CASE("MoE layers train under pipeline and data parallelism like one rank", "[parallel][moe]") {
+TEST_CASE("MoE layers train under pipeline, data and expert parallelism like one rank", "[parallel][moe]") {
   // Mixtral's layers between dense ones, and Qwen2-MoE's with a gated shared expert, the sequence
   // loss and a padded capacity (training_fixtures.h): every layout routes each token as one rank
   // does, adds the router losses' gradients at the LM loss's scale and reduces the experts'
-  // gradients with the rest.
+  // gradients with the rest. Under expert parallelism each rank holds 4 / ep of the experts, the
+  // tokens travel to them and back by all-to-all, and the experts' gradients are summed over
+  // their own replicas (the expert data-parallel group: one rank at ep 2 of dp 2, two at ep 2 of
+  // dp 4); the tolerance above holds, the sums over ranks reordering fp32 additions only.
   const megaplan::test::ScratchDirectory scratch;
   const exec::TrainOptions options = options_for(megaplan::test::sentence_corpus(scratch));
   for (const megaplan::ModelSpec& model :
@@ -272,15 +275,25 @@ TEST_CASE("MoE layers train under pipeline and data parallelism like one rank", 
     pipeline_data.use_distributed_optimizer = true;
     ParallelPlan selective = plan_of(1, 2, 1, 1, ScheduleKind::kOneFOneB);
     selective.recompute_granularity = megaplan::RecomputeGranularity::kSelective;
-    check_trains_like(single, model,
-                      {{"pp2 1f1b", plan_of(1, 2, 1, 1, ScheduleKind::kOneFOneB)},
-                       {"pp2 gpipe", plan_of(1, 2, 1, 1, ScheduleKind::kGPipe)},
-                       {"pp2 interleaved vpp2", plan_of(1, 2, 1, 2, ScheduleKind::kInterleaved)},
-                       {"pp2 1f1b, selective recomputation", selective},
-                       {"dp2", plan_of(1, 1, 2, 1, ScheduleKind::kOneFOneB)},
-                       {"dp2 distributed optimizer", distributed},
-                       {"pp2 x dp2 distributed optimizer", pipeline_data}},
-                      options, scratch, model.name + "-");
+    const auto ep_of = [](int64_t ep, ParallelPlan plan) {
+      plan.expert_model_parallel_size = ep;
+      return plan;
+    };
+    ParallelPlan expert_distributed = ep_of(2, plan_of(1, 1, 4, 1, ScheduleKind::kOneFOneB));
+    expert_distributed.use_distributed_optimizer = true;
+    const std::vector<Layout> layouts = {
+        {"pp2 1f1b", plan_of(1, 2, 1, 1, ScheduleKind::kOneFOneB)},
+        {"pp2 gpipe", plan_of(1, 2, 1, 1, ScheduleKind::kGPipe)},
+        {"pp2 interleaved vpp2", plan_of(1, 2, 1, 2, ScheduleKind::kInterleaved)},
+        {"pp2 1f1b, selective recomputation", selective},
+        {"dp2", plan_of(1, 1, 2, 1, ScheduleKind::kOneFOneB)},
+        {"dp2 distributed optimizer", distributed},
+        {"pp2 x dp2 distributed optimizer", pipeline_data},
+        {"ep2", ep_of(2, plan_of(1, 1, 2, 1, ScheduleKind::kOneFOneB))},
+        {"ep4", ep_of(4, plan_of(1, 1, 4, 1, ScheduleKind::kOneFOneB))},
+        {"ep2 x dp2 distributed optimizer", expert_distributed},
+        {"ep2 x pp2 interleaved vpp2", ep_of(2, plan_of(1, 2, 2, 2, ScheduleKind::kInterleaved))}};
+    check_trains_like(single, model, layouts, options, scratch, model.name + "-");
     // The router losses each run logs, as Megatron logs them (over the MoE layers, microbatches and
     // replicas, without their coefficients), are the single rank's too.
     const bool by_sequence = model.moe.load_balancing == megaplan::LoadBalancing::kSeqAuxLoss;
@@ -298,7 +311,7 @@ TEST_CASE("MoE layers train under pipeline and data parallelism like one rank", 
       const std::vector<double> expected = logged("single");
       REQUIRE(expected.size() == 12);
       CHECK(expected.front() > 0);
-      for (std::size_t l = 0; l < 7; ++l) {
+      for (std::size_t l = 0; l < layouts.size(); ++l) {
         INFO(key << ", layout " << l);
         const std::vector<double> run = logged("layout" + std::to_string(l));
         REQUIRE(run.size() == expected.size());
