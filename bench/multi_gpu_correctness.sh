@@ -17,7 +17,10 @@
 # layouts (reshard on load) within the bounds; and kill -9 of one rank mid-iteration under each
 # launcher: how long the others took to end, their last words, and whether any process is left.
 # Prints tables last.
-#   [SCRATCH=DIR] [ONLY="LAYOUT ..."] [LAYOUTS_ONLY=1] bench/multi_gpu_correctness.sh MEGAPLAN_BINARY OUT_DIR
+# With MOE=1 the model's MLPs are mixtures of 8 SwiGLU experts of width 768, each token to its top 2
+# with the load-balancing loss (Mixtral's layer), and the layouts are expert parallelism's; the
+# tail (launchers, resume, reshard, kills) runs on ep 2 x dp 2 (ep 2 on two GPUs).
+#   [SCRATCH=DIR] [ONLY="LAYOUT ..."] [LAYOUTS_ONLY=1] [MOE=1] bench/multi_gpu_correctness.sh MEGAPLAN_BINARY OUT_DIR
 # ONLY runs those layouts of the list below (and everything after the list), e.g. ONLY="tp4 dp4";
 # LAYOUTS_ONLY=1 skips what follows the list (launchers, resume, reshard, kills).
 # Checkpoints and their Hugging Face copies (about 1 GB each) go under SCRATCH (default OUT_DIR).
@@ -37,6 +40,8 @@ mapfile -t files < <(find /usr/lib/python3* -name '*.py' -size +4k 2>/dev/null |
 model=(--model llama3-8b --num-layers 8 --hidden-size 512 --ffn-hidden-size 1536 --num-attention-heads 8
        --num-query-groups 4 --seq-length 1024 --max-position-embeddings 1024 --vocab-size 32000
        --make-vocab-size-divisible-by 32)  # 32,000 rows at every tp up to 8: one model in every layout
+moe=${MOE:-0}
+[ "$moe" = 1 ] && model+=(--num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 768 --moe-aux-loss-coeff 0.01)
 common=(train --device cuda "${model[@]}" --mbs 2 --gbs 16 --data-path "$out/corpus_text_document" --split 1,0,0
         --train-iters 20 --lr-decay-iters 20 --lr 1e-3 --lr-warmup-iters 2 --eval-iters 0 --log-interval 1
         --distributed-timeout-minutes 1)
@@ -75,6 +80,11 @@ layouts=(
   "cp2|2|--cp 2|tp" "cp4|4|--cp 4|tp" "tp2xcp2-sp|4|--tp 2 --cp 2 --sequence-parallel|tp"
   "tp2xpp2xdp2|8|--tp 2 --pp 2 --use-distributed-optimizer --sequence-parallel|tp" "tp4xpp2|8|--tp 4 --pp 2|tp"
 )
+# Expert parallelism's all-to-alls move rows without arithmetic: its bounds are data parallelism's.
+[ "$moe" = 1 ] && layouts=(
+  "pp2-1f1b|2|--pp 2|pp" "dp2|2||dp" "ep2|2|--ep 2|dp" "ep2-distopt|2|--ep 2 --use-distributed-optimizer|dp"
+  "ep4|4|--ep 4|dp" "ep2xdp2-distopt|4|--ep 2 --use-distributed-optimizer|dp" "ep2xpp2|4|--ep 2 --pp 2|dp"
+)
 rows=()
 for entry in "${layouts[@]}"; do
   IFS='|' read -r name world flags kind <<< "$entry"
@@ -102,6 +112,10 @@ done
 # Launchers, resume and reshard on the largest layout of at most 4 GPUs.
 big=tp2xpp2; big_flags=(--tp 2 --pp 2); big_world=4
 if [ "$gpus" -lt 4 ]; then big=tp2; big_flags=(--tp 2); big_world=2; fi
+if [ "$moe" = 1 ]; then
+  big=ep2xdp2-distopt; big_flags=(--ep 2 --use-distributed-optimizer); big_world=4
+  if [ "$gpus" -lt 4 ]; then big=ep2-distopt; big_world=2; fi
+fi
 tail_checks=$([ "${LAYOUTS_ONLY:-0}" = 1 ] && echo 0 || echo "$gpus")
 if [ "$tail_checks" -ge 2 ]; then
   # The launched run the others are held to (ONLY may have left it out above).

@@ -1,5 +1,6 @@
 #include "executor/model/moe_mlp.h"
 
+#include <algorithm>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -59,6 +60,8 @@ RouterLosses MoeMlp::take_losses() {
   std::memcpy(&losses.balancing, words, sizeof(double));
   std::memcpy(&losses.z, words + kLossSumFloats, sizeof(double));
   backend_.fill(scratch_.loss_memory, 2 * kLossSumFloats, 0.0f);
+  losses.expert_load = expert_load_sum_;
+  expert_load_sum_ = 0;
   return losses;
 }
 
@@ -90,6 +93,18 @@ void MoeMlp::for_each_expert(const MoeMlpSaved& saved, const Run& run) const {
   }
 }
 
+namespace {
+// The busiest expert's rows over the mean (1 when nothing was dispatched).
+double max_over_mean(const std::vector<double>& rows) {
+  double most = 0, sum = 0;
+  for (const double n : rows) {
+    most = std::max(most, n);
+    sum += n;
+  }
+  return sum > 0 ? most * static_cast<double>(rows.size()) / sum : 1.0;
+}
+}  // namespace
+
 std::size_t MoeMlp::exchange_counts(MoeMlpSaved& saved) {
   Comm& ep = *expert_parallel_;
   const auto experts = static_cast<std::size_t>(dims_.experts), local = static_cast<std::size_t>(dims_.local_experts());
@@ -106,6 +121,9 @@ std::size_t MoeMlp::exchange_counts(MoeMlpSaved& saved) {
   backend_.upload(mine, counts.data(), experts);
   ep.all_gather(mine, scratch_.counts, experts, DType::kFloat32)->wait();
   backend_.download(counts.data(), scratch_.counts, members * experts);
+  std::vector<double> group_rows(experts, 0.0);  // every member's rows of each expert
+  for (std::size_t i = 0; i < counts.size(); ++i) group_rows[i % experts] += counts[i];
+  saved.group_load = max_over_mean(group_rows);
   saved.received.assign(members * local, 0);
   std::size_t rows = 0;
   for (std::size_t q = 0; q < members; ++q) {
@@ -229,6 +247,8 @@ void MoeMlp::forward(ConstActivation x, const MoeMlpWeights& weights, const floa
     b.moe_aux_loss_counts(saved.logits, t, shape_.router, saved.aux_counts);
   }
   if (!add_losses) return;
+  expert_load_sum_ +=
+      expert_parallel_ ? saved.group_load : max_over_mean({saved.rows_per_expert.begin(), saved.rows_per_expert.end()});
   // The values alone, at a coefficient of 1: Megatron logs each loss over its coefficient.
   if (shape_.aux_loss_coeff > 0 && shape_.aux_loss_sequences > 0) {
     b.moe_sequence_aux_loss(saved.logits, t, shape_.aux_loss_sequences, shape_.router, 1.0, balancing_sum_, nullptr, 0);

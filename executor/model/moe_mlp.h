@@ -68,13 +68,18 @@ struct MoeMlpGradients {
 };
 
 // The router losses as Megatron logs them: each loss without its coefficient (load_balancing_loss
-// or seq_load_balancing_loss, and z_loss), summed over the forwards that added them.
+// or seq_load_balancing_loss, and z_loss), summed over the forwards that added them; and the
+// experts' load: each dispatch's busiest expert's rows over the mean rows of an expert (under
+// expert parallelism the ep group's rows, every member's tokens), summed likewise. Its mean is the
+// load imbalance a user states to the simulator (1: balanced).
 struct RouterLosses {
   double balancing = 0;
   double z = 0;
+  double expert_load = 0;
   RouterLosses& operator+=(const RouterLosses& other) {
     balancing += other.balancing;
     z += other.z;
+    expert_load += other.expert_load;
     return *this;
   }
 };
@@ -88,6 +93,7 @@ struct MoeMlpSaved : MoeLayerBuffers<Activation, float*, int32_t*> {
   std::size_t expert_rows_held = 0;  // the rows `expert` holds
   std::vector<int64_t> rows_per_expert;
   std::vector<int64_t> received;
+  double group_load = 1;  // expert parallelism: the ep group's busiest expert's rows over the mean
 };
 
 class MoeMlp {
@@ -143,6 +149,7 @@ class MoeMlp {
   MoeExpertScratch<Activation> expert_scratch_;
   double* balancing_sum_ = nullptr;  // scratch_.loss_memory's two doubles
   double* z_sum_ = nullptr;
+  double expert_load_sum_ = 0;  // on the host: the dispatches' counts are
 };
 
 }  // namespace megaplan::exec

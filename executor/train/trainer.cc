@@ -412,6 +412,8 @@ void RankTrainer::log(int64_t iteration, const Interval& interval, double lr, do
                 interval.router.balancing);
   }
   if (moe.enabled() && moe.z_loss_coeff > 0) router_loss("z_loss", interval.router.z);
+  // The experts' load (moe_mlp.h): the busiest expert's tokens over the mean, 1 when balanced.
+  if (moe.enabled()) router_loss("tokens_per_expert_max_mean", interval.router.expert_load);
   if (loss_scaler_) {
     const int64_t skipped = interval.iterations - interval.updates;
     *out_ << " | loss scale " << format_double(loss_scaler_->scale()) << " | number of skipped iterations " << skipped;
@@ -535,6 +537,7 @@ TrainSummary RankTrainer::train() {
       const auto per_layer = static_cast<double>(microbatches * plan.data_parallel_size * moe_layers);
       window.router.balancing += sum_over_model(result.router_losses.balancing) / per_layer;
       window.router.z += sum_over_model(result.router_losses.z) / per_layer;
+      window.router.expert_load += sum_over_model(result.router_losses.expert_load) / per_layer;
     }
     state.iteration = iteration;
     state.consumed_samples += global_batch;

@@ -243,10 +243,16 @@ TEST_CASE("the Llama family's layouts train on one GPU like one rank", "[gpu][tr
 }
 
 TEST_CASE("MoE layouts train on one GPU like one rank", "[gpu][train][parallel][moe]") {
+  const auto expert_parallel = [](int64_t ep, ParallelPlan plan) {
+    plan.expert_model_parallel_size = ep;
+    return plan;
+  };
   // Mixtral's and Qwen2-MoE's layers (training_fixtures.h) at hidden 256, heads of 64: the router
   // GEMM, the dispatch kernels, each expert's GEMMs over its run of rows. A pipeline changes no
   // arithmetic; data parallelism's bounds are the dense models' (a bf16 flip in a router weight can
-  // move a token to another expert, which the losses' bound absorbs).
+  // move a token to another expert, which the losses' bound absorbs), and expert parallelism's
+  // too: its all-to-alls move rows without arithmetic, each expert's GEMM runs over the same rows
+  // in another order of senders, and the experts' gradients are summed over their replicas.
   const megaplan::test::ScratchDirectory scratch;
   const exec::TrainOptions options = options_for(megaplan::test::sentence_corpus(scratch));
   for (megaplan::ModelSpec model : {megaplan::test::four_layer_mixtral(), megaplan::test::four_layer_qwen_moe()}) {
@@ -264,7 +270,12 @@ TEST_CASE("MoE layouts train on one GPU like one rank", "[gpu][train][parallel][
         {{"pp2 1f1b", plan_of(2, 1, 1, ScheduleKind::kOneFOneB, false), 1e-5, 1e-5, 1e-5, 1e-5},
          {"pp2 interleaved vpp2", plan_of(2, 1, 2, ScheduleKind::kInterleaved, false), 1e-5, 1e-5, 1e-5, 1e-5},
          {"dp2 distributed optimizer", plan_of(1, 2, 1, ScheduleKind::kOneFOneB, true), 1e-5, 1e-5, 2e-3, 1e-3},
-         {"pp2 x dp2 distributed optimizer", plan_of(2, 2, 1, ScheduleKind::kOneFOneB, true), 1e-5, 1e-5, 2e-3, 1e-3}},
+         {"pp2 x dp2 distributed optimizer", plan_of(2, 2, 1, ScheduleKind::kOneFOneB, true), 1e-5, 1e-5, 2e-3, 1e-3},
+         {"ep2 distributed optimizer", expert_parallel(2, plan_of(1, 2, 1, ScheduleKind::kOneFOneB, true)), 1e-5, 1e-5,
+          2e-3, 1e-3},
+         {"ep4", expert_parallel(4, plan_of(1, 4, 1, ScheduleKind::kOneFOneB, false)), 1e-5, 1e-5, 2e-3, 1e-3},
+         {"ep2 x pp2 x dp2 distributed optimizer", expert_parallel(2, plan_of(2, 2, 1, ScheduleKind::kOneFOneB, true)),
+          1e-5, 1e-5, 2e-3, 1e-3}},
         options, scratch);
   }
 }

@@ -304,6 +304,27 @@ TEST_CASE("MoE layers train under pipeline, data and expert parallelism like one
       CHECK(single.out.find("z_loss") == std::string::npos);  // a loss the run does not apply is not logged
     }
     CHECK(single.out.find(" | " + keys.front() + " ") != std::string::npos);
+    // The experts' load, the busiest expert's tokens over the mean of a dispatch: the single rank's
+    // where each rank dispatches alone; under expert parallelism the ep group's tokens together.
+    const auto load = [&](const std::string& run) {
+      return megaplan::test::logged_iteration_values(scratch.file(model.name + "-" + run + ".jsonl"),
+                                                     "tokens_per_expert_max_mean");
+    };
+    const std::vector<double> single_load = load("single");
+    REQUIRE(single_load.size() == 12);
+    for (std::size_t l = 0; l < layouts.size(); ++l) {
+      INFO("tokens per expert, " << layouts[l].name);
+      const std::vector<double> run = load("layout" + std::to_string(l));
+      REQUIRE(run.size() == single_load.size());
+      for (std::size_t i = 0; i < run.size(); ++i) {
+        if (layouts[l].plan.expert_model_parallel_size == 1) {
+          CHECK(run[i] == Approx(single_load[i]).epsilon(1e-6));
+        } else {
+          CHECK(run[i] >= 1.0);
+          CHECK(run[i] <= 4.0);  // one expert of four took every row
+        }
+      }
+    }
     for (const std::string& key : keys) {
       const auto logged = [&](const std::string& run) {
         return megaplan::test::logged_iteration_values(scratch.file(model.name + "-" + run + ".jsonl"), key);
