@@ -3,8 +3,9 @@
 single-GPU run and against its one-GPU emulation; launchers, resume and reshard.
    multi_gpu_compare.py OUT_DIR HF_DIR BIG_LAYOUT "NAME WORLD KIND"...
 (HF_DIR/NAME holds each run's final weights as Hugging Face safetensors.)
-KIND is pp (a pipeline: the same arithmetic as one GPU), dp or tp (tensor parallelism's bf16
-partial sums: the looser first-loss bound). Bounds: tests/executor/train/one_gpu_parallel_training_test.cc.
+KIND is pp (a pipeline: the same arithmetic as one GPU), dp, tp (tensor parallelism's bf16
+partial sums: the looser first-loss bound) or moe (a mixture of experts over data or expert
+parallelism: data parallelism's bounds, the weights' looser). Bounds: tests/executor/train/one_gpu_parallel_training_test.cc.
 """
 import glob
 import json
@@ -76,6 +77,12 @@ for name, world, kind in rows:
     # bound, 2e-2, for tp; 1e-2 for dp. A sum of replicas not averaged, a wrong shard or a skipped
     # microbatch moves them by far more (the losses' first-iteration bound catches those first).
     weight_bound = 1e-5 if kind == "pp" else (2e-2 if kind == "tp" else 1e-2)
+    # A mixture of experts (MOE=1): the experts few tokens reach have near-zero gradients, whose
+    # last-bit changes AdamW turns into whole steps; 8 iterations of data parallelism alone (no
+    # expert split) leave them 1.8e-2 apart on two H200s, 2026-11-30. Expert parallelism is held to
+    # that with room, 3e-2; its all-to-alls must repeat the one-GPU emulation bit for bit as well.
+    if kind == "moe":
+        weight_bound = 3e-2
     errors = loss_errors(losses(name), single)
     ours = tensors(name)
     weight = None
@@ -116,11 +123,14 @@ print()
 if f"{big}-mpirun" in codes:
     line(f"{big} under mpirun vs megaplan launch", f"{big}-mpirun", big)
     line(f"{big} under torchrun vs megaplan launch", f"{big}-torchrun", big)
-    later = list(range(11, 21))
-    line(f"{big} resumed at 10 vs uninterrupted (11-20)", f"{big}-resumed", big, later)
-    line("its checkpoint on one GPU vs single GPU (11-20)", "reshard-single", "single", later, 2e-3)
-    line("its checkpoint as dp 2 vs single GPU (11-20)", "reshard-dp2", "single", later, 2e-3)
+    last = max(single)
+    half = last // 2  # where the first half stopped and saved
+    later = list(range(half + 1, last + 1))
+    span = f"({half + 1}-{last})"
+    line(f"{big} resumed at {half} vs uninterrupted {span}", f"{big}-resumed", big, later)
+    line(f"its checkpoint on one GPU vs single GPU {span}", "reshard-single", "single", later, 2e-3)
+    line(f"its checkpoint as dp 2 vs single GPU {span}", "reshard-dp2", "single", later, 2e-3)
     if "reshard-pp2xdp2" in codes:
-        line("its checkpoint as pp 2 x dp 2 vs single GPU (11-20)", "reshard-pp2xdp2", "single", later, 2e-3)
+        line(f"its checkpoint as pp 2 x dp 2 vs single GPU {span}", "reshard-pp2xdp2", "single", later, 2e-3)
 print(f"\n{failures} check(s) failed")
 sys.exit(1 if failures else 0)
