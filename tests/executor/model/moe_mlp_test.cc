@@ -5,10 +5,15 @@
 // its gate.
 #include <catch2/catch.hpp>
 
+#include <array>
+#include <chrono>
+#include <memory>
 #include <random>
 #include <vector>
 
 #include "core/moe_spec.h"
+#include "executor/comm/in_process_comm.h"
+#include "executor/comm/rank_threads.h"
 #include "executor/kernels/reference/moe_layer.h"
 #include "executor/model/moe_mlp.h"
 #include "executor/runtime/cpu_backend.h"
@@ -278,4 +283,99 @@ TEST_CASE("the MoE MLP's sequence-level load-balancing loss: its value and its g
   mlp.backward(act(zero), act(x), weights, saved, gradients, 1.0f, act(dx));
   mlp.release(saved);
   megaplan::test::check_gradient(experts.router, experts.d_router, loss, "d router");
+}
+
+TEST_CASE("under expert parallelism each rank's MoE MLP is the reference layer on its own tokens", "[executor][moe]") {
+  // Two ranks as threads, each with tokens of its own, rank r holding experts 2r and 2r + 1: its
+  // output, input gradient and router gradient are the reference's on its tokens, and each of its
+  // experts' gradients sums both ranks' tokens'. Also when the expert bias sends every token to
+  // rank 0's experts, so that rank 1's compute no rows and its all-to-all segments are empty.
+  std::vector<float> to_rank_zero = {10.0f, 10.0f, -10.0f, -10.0f};
+  const ref::MoeLayerShape dropless{.tokens = 10,
+                                    .hidden = 6,
+                                    .ffn = 5,
+                                    .shared_ffn = 4,
+                                    .router = {.experts = 4, .topk = 2},
+                                    .aux_loss_coeff = 0.5,
+                                    .z_loss_coeff = 0.1};
+  ref::MoeLayerShape one_sided = dropless;
+  one_sided.router.score = ref::RouterScore::kSigmoid;
+  one_sided.router.expert_bias = to_rank_zero.data();
+  one_sided.aux_loss_coeff = 0;
+  for (const ref::MoeLayerShape& shape : {dropless, one_sided}) {
+    INFO((shape.router.expert_bias ? "every token to rank 0's experts" : "dropless softmax"));
+    std::mt19937 generator(31);
+    const std::size_t t = shape.tokens, h = shape.hidden, f = shape.ffn, e = shape.router.experts, s = shape.shared_ffn;
+    const std::vector<float> router = random_vector(e * h, generator), fc1 = random_vector(e * 2 * f * h, generator),
+                             fc2 = random_vector(e * h * f, generator),
+                             shared_fc1 = random_vector(2 * s * h, generator),
+                             shared_fc2 = random_vector(h * s, generator);
+    const ref::MoeLayerWeights weights{router.data(),     fc1.data(),        fc2.data(),
+                                       shared_fc1.data(), shared_fc2.data(), nullptr};
+    std::array<std::vector<float>, 2> x, dy;
+    std::array<ref::MoeLayerGradients, 2> expected;
+    std::array<std::vector<float>, 2> expected_y;
+    for (std::size_t r = 0; r < 2; ++r) {
+      x[r] = random_vector(t * h, generator);
+      dy[r] = random_vector(t * h, generator);
+      const ref::MoeLayerForward forward = ref::moe_layer_forward(x[r].data(), weights, shape);
+      expected_y[r] = forward.y;
+      expected[r] = ref::moe_layer_backward(dy[r].data(), x[r].data(), weights, shape, forward);
+    }
+    megaplan::exec::InProcessWorld world(2, std::chrono::seconds(30));
+    megaplan::exec::run_rank_threads(world, 2, [&](int64_t rank) {
+      const auto r = static_cast<std::size_t>(rank);
+      CpuBackend backend;
+      const std::unique_ptr<megaplan::exec::Comm> ep = world.group(rank, {0, 1}, "ep", {});
+      std::vector<std::vector<float>> copies;
+      copies.reserve(16);
+      const auto on_backend = [&](const std::vector<float>& values) {
+        copies.push_back(values);
+        return reinterpret_cast<Activation>(copies.back().data());
+      };
+      megaplan::exec::MoeMlpWeights on_weights;
+      on_weights.router = on_backend(router);
+      on_weights.shared_fc1 = on_backend(shared_fc1);
+      on_weights.shared_fc2 = on_backend(shared_fc2);
+      std::vector<float> d_router(e * h, 0.0f), d_fc1(2 * 2 * f * h, 0.0f), d_fc2(2 * h * f, 0.0f),
+          d_shared_fc1(2 * s * h, 0.0f), d_shared_fc2(h * s, 0.0f);
+      megaplan::exec::MoeMlpGradients gradients{d_router.data(),     {},     {}, d_shared_fc1.data(),
+                                                d_shared_fc2.data(), nullptr};
+      for (std::size_t local = 0; local < 2; ++local) {
+        const std::size_t expert = 2 * r + local;
+        on_weights.fc1.push_back(
+            on_backend({fc1.begin() + expert * 2 * f * h, fc1.begin() + (expert + 1) * 2 * f * h}));
+        on_weights.fc2.push_back(on_backend({fc2.begin() + expert * h * f, fc2.begin() + (expert + 1) * h * f}));
+        gradients.fc1.push_back(d_fc1.data() + local * 2 * f * h);
+        gradients.fc2.push_back(d_fc2.data() + local * h * f);
+      }
+      MoeMlp mlp(backend_shape(shape), backend, ep.get());
+      megaplan::exec::MoeMlpSaved saved = mlp.allocate_saved();
+      std::vector<float> y(t * h), dx(t * h);
+      const Activation x_on = on_backend(x[r]);
+      mlp.forward(x_on, on_weights, shape.router.expert_bias, saved, reinterpret_cast<Activation>(y.data()), true);
+      mlp.backward(on_backend(dy[r]), x_on, on_weights, saved, gradients, 1.0f,
+                   reinterpret_cast<Activation>(dx.data()));
+      if (shape.router.expert_bias) {  // [sender x local expert]: both ranks' 2 x 10 routes go to rank 0
+        CHECK(saved.received == (r == 0 ? std::vector<int64_t>{10, 10, 10, 10} : std::vector<int64_t>(4, 0)));
+      }
+      check_close(expected_y[r], y.data(), "y");
+      check_close(expected[r].dx, dx.data(), "dx");
+      check_close(expected[r].router, d_router.data(), "d router");
+      check_close(expected[r].shared_fc1, d_shared_fc1.data(), "d shared fc1");
+      for (std::size_t local = 0; local < 2; ++local) {  // both ranks' tokens
+        const std::size_t expert = 2 * r + local;
+        std::vector<float> fc1_sum(2 * f * h), fc2_sum(h * f);
+        for (std::size_t i = 0; i < fc1_sum.size(); ++i) {
+          fc1_sum[i] = expected[0].fc1[expert * 2 * f * h + i] + expected[1].fc1[expert * 2 * f * h + i];
+        }
+        for (std::size_t i = 0; i < fc2_sum.size(); ++i) {
+          fc2_sum[i] = expected[0].fc2[expert * h * f + i] + expected[1].fc2[expert * h * f + i];
+        }
+        check_close(fc1_sum, d_fc1.data() + local * 2 * f * h, "d fc1, both ranks' tokens");
+        check_close(fc2_sum, d_fc2.data() + local * h * f, "d fc2, both ranks' tokens");
+      }
+      mlp.release(saved);
+    });
+  }
 }
