@@ -120,6 +120,10 @@ void add_model_options(CLI::App& command, ModelOptions& options) {
       .add_option("--moe-token-drop-policy", options.moe_token_drop_policy,
                   "Over capacity keep the most probable routes (probs, default) or the earliest (position)")
       ->group(group);
+  command
+      .add_option("--moe-token-dispatcher-type", options.moe_token_dispatcher_type,
+                  "Tokens to their experts' ranks by alltoall (default), allgather or flex")
+      ->group(group);
 }
 
 void add_cluster_options(CLI::App& command, ClusterOptions& options) {

@@ -48,6 +48,10 @@ std::optional<SpecError> executor_moe_refusal(const ModelSpec& model, const Para
   if (plan.context_parallel_size > 1) {
     return missing("--context-parallel-size", "mixture of experts with context parallelism");
   }
+  if (model.moe.token_dispatcher != TokenDispatcher::kAllToAll && plan.expert_model_parallel_size > 1) {
+    return missing("--moe-token-dispatcher-type",
+                   "the " + to_string(model.moe.token_dispatcher) + " token dispatcher (it runs alltoall)");
+  }
   if (plan.recompute_granularity == RecomputeGranularity::kFull) {
     return missing("--recompute-granularity", "full recomputation of MoE layers");
   }

@@ -88,6 +88,9 @@ void apply_router_flags(const ModelOptions& options, MoeSpec& moe) {
   if (options.moe_token_drop_policy) {
     moe.token_drop_policy = parse_token_drop_policy(*options.moe_token_drop_policy, "--moe-token-drop-policy");
   }
+  if (options.moe_token_dispatcher_type) {
+    moe.token_dispatcher = parse_token_dispatcher(*options.moe_token_dispatcher_type, "--moe-token-dispatcher-type");
+  }
   if (options.moe_router_topk_scaling_factor) moe.router_topk_scaling_factor = *options.moe_router_topk_scaling_factor;
   if (options.moe_router_bias_update_rate) moe.router_bias_update_rate = *options.moe_router_bias_update_rate;
   if (options.moe_expert_capacity_factor) moe.expert_capacity_factor = *options.moe_expert_capacity_factor;
@@ -116,7 +119,8 @@ bool model_flags_given(const ModelOptions& options) {
                                                &options.moe_layer_freq,
                                                &options.moe_router_score_function,
                                                &options.moe_router_load_balancing_type,
-                                               &options.moe_token_drop_policy};
+                                               &options.moe_token_drop_policy,
+                                               &options.moe_token_dispatcher_type};
   return std::any_of(std::begin(kIntegerModelFlags), std::end(kIntegerModelFlags),
                      [&](const IntegerFlag& flag) { return (options.*flag.first).has_value(); }) ||
          std::any_of(std::begin(kMoeFlags), std::end(kMoeFlags),

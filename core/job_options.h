@@ -22,10 +22,10 @@ struct ModelOptions {
       seq_length, max_position_embeddings, vocab_size, make_vocab_size_divisible_by;
   std::optional<std::string> normalization, position_embedding_type;
   std::optional<double> norm_epsilon, rotary_base, rotary_percent, rope_scaling_factor;
-  // Mixture of experts (ModelSpec::moe, core/moe_spec.h): described, not yet costed or run (issue 40).
+  // Mixture of experts (ModelSpec::moe, core/moe_spec.h): described and trained, not yet costed (issue 40).
   std::optional<int64_t> num_experts, moe_ffn_hidden_size, moe_router_topk, moe_shared_expert_intermediate_size;
   std::optional<std::string> moe_layer_freq, moe_router_score_function, moe_router_load_balancing_type,
-      moe_token_drop_policy;
+      moe_token_drop_policy, moe_token_dispatcher_type;
   std::optional<double> moe_router_topk_scaling_factor, moe_aux_loss_coeff, moe_z_loss_coeff,
       moe_router_bias_update_rate, moe_expert_capacity_factor;
   bool moe_shared_expert_gate = false, moe_router_pre_softmax = false, moe_router_enable_expert_bias = false,

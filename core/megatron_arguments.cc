@@ -194,7 +194,7 @@ constexpr MegatronArgument kArguments[] = {
     {"--moe-single-grouped-bias", A::kSwitch, E::kRunAndCost, S::kRefused, "mixture of experts is not built yet (issue 40)"},
     {"--moe-z-loss-coeff", A::kOne, E::kRunAndCost, S::kHonoured, ""},
     {"--moe-input-jitter-eps", A::kOne, E::kRunAndCost, S::kRefused, "mixture of experts is not built yet (issue 40)"},
-    {"--moe-token-dispatcher-type", A::kOne, E::kRunAndCost, S::kRefused, "mixture of experts is not built yet (issue 40)"},
+    {"--moe-token-dispatcher-type", A::kOne, E::kRunAndCost, S::kHonoured, ""},
     {"--moe-enable-deepep", A::kSwitch, E::kRunAndCost, S::kRefused, "mixture of experts is not built yet (issue 40)"},
     {"--moe-flex-dispatcher-backend", A::kOne, E::kRunAndCost, S::kRefused, "mixture of experts is not built yet (issue 40)"},
     {"--moe-permute-fusion-into-hybridep", A::kSwitch, E::kRunAndCost, S::kRefused, "mixture of experts is not built yet (issue 40)"},

@@ -33,6 +33,22 @@ std::string to_string(LoadBalancing balancing) {
 
 std::string to_string(TokenDropPolicy policy) { return policy == TokenDropPolicy::kProbs ? "probs" : "position"; }
 
+std::string to_string(TokenDispatcher dispatcher) {
+  switch (dispatcher) {
+    case TokenDispatcher::kAllToAll: return "alltoall";
+    case TokenDispatcher::kAllGather: return "allgather";
+    case TokenDispatcher::kFlex: break;
+  }
+  return "flex";
+}
+
+TokenDispatcher parse_token_dispatcher(const std::string& text, const std::string& field) {
+  if (text == "alltoall") return TokenDispatcher::kAllToAll;
+  if (text == "allgather") return TokenDispatcher::kAllGather;
+  if (text == "flex") return TokenDispatcher::kFlex;
+  throw SpecError(field, "must be alltoall, allgather or flex, got \"" + shown(text) + "\"");
+}
+
 RouterScoreFunction parse_router_score_function(const std::string& text, const std::string& field) {
   if (text == "softmax") return RouterScoreFunction::kSoftmax;
   if (text == "sigmoid") return RouterScoreFunction::kSigmoid;
@@ -225,7 +241,8 @@ void validate_moe_spec(const MoeSpec& moe, int64_t num_layers) {
         {moe.router_bias_update_rate != dense.router_bias_update_rate, "--moe-router-bias-update-rate"},
         {moe.expert_capacity_factor.has_value(), "--moe-expert-capacity-factor"},
         {moe.pad_expert_input_to_capacity, "--moe-pad-expert-input-to-capacity"},
-        {moe.token_drop_policy != dense.token_drop_policy, "--moe-token-drop-policy"}};
+        {moe.token_drop_policy != dense.token_drop_policy, "--moe-token-drop-policy"},
+        {moe.token_dispatcher != dense.token_dispatcher, "--moe-token-dispatcher-type"}};
     for (const auto& [given, flag] : companions) {
       if (given) throw SpecError(flag, "needs --num-experts (a dense model has no experts)");
     }
@@ -310,6 +327,7 @@ void write_moe_spec(const MoeSpec& moe, nlohmann::json& json) {
   json["moe_z_loss_coeff"] = moe.z_loss_coeff;
   json["moe_router_enable_expert_bias"] = moe.router_enable_expert_bias;
   json["moe_router_bias_update_rate"] = moe.router_bias_update_rate;
+  json["moe_token_dispatcher_type"] = to_string(moe.token_dispatcher);
   if (moe.expert_capacity_factor) {
     json["moe_expert_capacity_factor"] = *moe.expert_capacity_factor;
     json["moe_pad_expert_input_to_capacity"] = moe.pad_expert_input_to_capacity;
@@ -347,6 +365,9 @@ void read_moe_spec(const nlohmann::json& json, JsonFieldReader& reader, MoeSpec&
   reader.read("moe_pad_expert_input_to_capacity", moe.pad_expert_input_to_capacity);
   if (reader.read("moe_token_drop_policy", text)) {
     moe.token_drop_policy = parse_token_drop_policy(text, reader.field("moe_token_drop_policy"));
+  }
+  if (reader.read("moe_token_dispatcher_type", text)) {
+    moe.token_dispatcher = parse_token_dispatcher(text, reader.field("moe_token_dispatcher_type"));
   }
 }
 

@@ -24,14 +24,20 @@ enum class RouterScoreFunction : uint8_t { kSoftmax, kSigmoid };
 enum class LoadBalancing : uint8_t { kAuxLoss, kSeqAuxLoss, kNone };
 // --moe-token-drop-policy: an expert over its capacity keeps its most probable routes, or its earliest.
 enum class TokenDropPolicy : uint8_t { kProbs, kPosition };
+// --moe-token-dispatcher-type: how tokens reach their experts across expert-parallel ranks: one
+// all-to-all each way (alltoall, what megaplan runs and its default), every rank gathering every
+// token (allgather, Megatron's argparse default), or Megatron's flex dispatcher (DeepEP).
+enum class TokenDispatcher : uint8_t { kAllToAll, kAllGather, kFlex };
 
 std::string to_string(RouterScoreFunction score);
 std::string to_string(LoadBalancing balancing);
 std::string to_string(TokenDropPolicy policy);
+std::string to_string(TokenDispatcher dispatcher);  // "alltoall", "allgather", "flex"
 // Each throws SpecError(field, ...) listing the accepted spellings.
 RouterScoreFunction parse_router_score_function(const std::string& text, const std::string& field);
 LoadBalancing parse_load_balancing(const std::string& text, const std::string& field);
 TokenDropPolicy parse_token_drop_policy(const std::string& text, const std::string& field);
+TokenDispatcher parse_token_dispatcher(const std::string& text, const std::string& field);
 
 struct MoeSpec {
   int64_t num_experts = 0;                      // --num-experts; 0: a dense model
@@ -54,6 +60,7 @@ struct MoeSpec {
   std::optional<double> expert_capacity_factor;  // --moe-expert-capacity-factor; none: dropless
   bool pad_expert_input_to_capacity = false;     // --moe-pad-expert-input-to-capacity
   TokenDropPolicy token_drop_policy = TokenDropPolicy::kProbs;
+  TokenDispatcher token_dispatcher = TokenDispatcher::kAllToAll;
 
   bool enabled() const { return num_experts > 0; }
   int64_t effective_router_topk() const { return router_topk > 0 ? router_topk : 2; }

@@ -409,6 +409,12 @@ expect_ok train --device cpu "${moe_llama[@]}" --world-size 2 --ep 2 --use-distr
 [ "$(grep -c '^iteration [12]/2 | loss .* | load_balancing_loss ' "$scratch/out")" -eq 2 ] || fail "ep 2 trains: $(cat "$scratch/out")"
 expect_error 'error: --expert-model-parallel-size: must divide --num-experts 4' \
   train --device cpu "${moe_llama[@]}" --world-size 3 --ep 3 --train-iters 1
+expect_error 'error: --moe-token-dispatcher-type: the allgather token dispatcher \(it runs alltoall\) is not in the executor yet' \
+  train --device cpu "${moe_llama[@]}" --world-size 2 --ep 2 --moe-token-dispatcher-type allgather --train-iters 1
+expect_error 'error: --moe-token-dispatcher-type: must be alltoall, allgather or flex, got "deepep"' \
+  train --device cpu "${moe_llama[@]}" --moe-token-dispatcher-type deepep --train-iters 1
+expect_error 'error: --moe-token-dispatcher-type: needs --num-experts' \
+  describe --model llama3-8b --cluster h200-x2 --moe-token-dispatcher-type allgather
 expect_error 'error: --tensor-model-parallel-size: mixture of experts with tensor parallelism is not in the executor yet' \
   train --device cpu "${moe_llama[@]}" --world-size 2 --tp 2 --train-iters 1
 expect_error 'error: --schedule: mixture of experts under a schedule that splits the backward \(zb-h1\) is not in the executor yet' \

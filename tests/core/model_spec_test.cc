@@ -133,6 +133,8 @@ TEST_CASE("every validation rule names its field", "[model_spec]") {
          s.moe.pad_expert_input_to_capacity = true;
        },
        "--moe-pad-expert-input-to-capacity: needs --moe-expert-capacity-factor"},
+      {"a dispatcher without experts", [](ModelSpec& s) { s.moe.token_dispatcher = megaplan::TokenDispatcher::kFlex; },
+       "--moe-token-dispatcher-type: needs --num-experts (a dense model has no experts)"},
       {"a drop policy without a capacity",
        [](ModelSpec& s) {
          s.moe.num_experts = 4;
@@ -241,9 +243,11 @@ TEST_CASE("model JSON round-trips and rejects unknown or mistyped fields", "[mod
   moe.moe.expert_capacity_factor = 1.25;
   moe.moe.pad_expert_input_to_capacity = true;
   moe.moe.token_drop_policy = megaplan::TokenDropPolicy::kPosition;
+  moe.moe.token_dispatcher = megaplan::TokenDispatcher::kAllGather;
   CHECK_NOTHROW(megaplan::validate_model_spec(moe));
   const nlohmann::json moe_json = megaplan::model_spec_to_json(moe);
   CHECK(moe_json.at("moe_layer_freq") == nlohmann::json::array({0, 1, 1, 1}));
+  CHECK(moe_json.at("moe_token_dispatcher_type") == "allgather");
   CHECK(megaplan::model_spec_to_json(megaplan::model_spec_from_json(moe_json, "moe.json")) == moe_json);
   nlohmann::json every_other = moe_json;
   every_other["moe_layer_freq"] = 2;
