@@ -60,8 +60,9 @@ RouterLosses MoeMlp::take_losses() {
   std::memcpy(&losses.balancing, words, sizeof(double));
   std::memcpy(&losses.z, words + kLossSumFloats, sizeof(double));
   backend_.fill(scratch_.loss_memory, 2 * kLossSumFloats, 0.0f);
-  losses.expert_load = expert_load_sum_;
-  expert_load_sum_ = 0;
+  losses.expert_load = host_sums_.expert_load;
+  losses.expert_load_by_layer = std::move(host_sums_.expert_load_by_layer);
+  host_sums_ = {};
   return losses;
 }
 
@@ -185,7 +186,7 @@ void MoeMlp::reserve_expert_rows(std::size_t rows) {
 }
 
 void MoeMlp::forward(ConstActivation x, const MoeMlpWeights& weights, const float* expert_bias, MoeMlpSaved& saved,
-                     Activation y, bool add_losses) {
+                     Activation y, bool add_losses, int64_t layer) {
   Backend& b = backend_;
   MoeScratch<Activation, float*>& s = scratch_;
   const std::size_t t = shape_.tokens, h = shape_.hidden, f = shape_.ffn, k = shape_.router.topk;
@@ -247,8 +248,10 @@ void MoeMlp::forward(ConstActivation x, const MoeMlpWeights& weights, const floa
     b.moe_aux_loss_counts(saved.logits, t, shape_.router, saved.aux_counts);
   }
   if (!add_losses) return;
-  expert_load_sum_ +=
+  const double load =
       expert_parallel_ ? saved.group_load : max_over_mean({saved.rows_per_expert.begin(), saved.rows_per_expert.end()});
+  host_sums_.expert_load += load;
+  host_sums_.expert_load_by_layer[layer] += load;
   // The values alone, at a coefficient of 1: Megatron logs each loss over its coefficient.
   if (shape_.aux_loss_coeff > 0 && shape_.aux_loss_sequences > 0) {
     b.moe_sequence_aux_loss(saved.logits, t, shape_.aux_loss_sequences, shape_.router, 1.0, balancing_sum_, nullptr, 0);

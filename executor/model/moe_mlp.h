@@ -23,6 +23,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <vector>
 
 #include "core/layer_recipe.h"
@@ -76,10 +77,12 @@ struct RouterLosses {
   double balancing = 0;
   double z = 0;
   double expert_load = 0;
+  std::map<int64_t, double> expert_load_by_layer;  // the same by layer (its index in the model)
   RouterLosses& operator+=(const RouterLosses& other) {
     balancing += other.balancing;
     z += other.z;
     expert_load += other.expert_load;
+    for (const auto& [layer, load] : other.expert_load_by_layer) expert_load_by_layer[layer] += load;
     return *this;
   }
 };
@@ -113,9 +116,10 @@ class MoeMlp {
 
   // y [tokens x hidden] from x [tokens x hidden]; with `add_losses` the balancing and z losses
   // (without their coefficients, as Megatron logs them) are added to running sums on the backend
-  // (take_losses), as the LM loss's; `expert_bias` ([experts] fp32, null: none) moves the choice only.
+  // (take_losses), as the LM loss's, and the experts' load to layer `layer`'s; `expert_bias`
+  // ([experts] fp32, null: none) moves the choice only.
   void forward(ConstActivation x, const MoeMlpWeights& weights, const float* expert_bias, MoeMlpSaved& saved,
-               Activation y, bool add_losses);
+               Activation y, bool add_losses, int64_t layer = 0);
   // dx [tokens x hidden] (overwritten) and the weights' gradients (added) from dy; the losses'
   // gradients times loss_gradient_scale.
   void backward(ConstActivation dy, ConstActivation x, const MoeMlpWeights& weights, const MoeMlpSaved& saved,
@@ -149,7 +153,7 @@ class MoeMlp {
   MoeExpertScratch<Activation> expert_scratch_;
   double* balancing_sum_ = nullptr;  // scratch_.loss_memory's two doubles
   double* z_sum_ = nullptr;
-  double expert_load_sum_ = 0;  // on the host: the dispatches' counts are
+  RouterLosses host_sums_;  // the experts' load, on the host where the dispatches' counts are
 };
 
 }  // namespace megaplan::exec

@@ -718,7 +718,8 @@ void StageChunk::layer_forward(std::size_t l, const LayerActivations& act, const
   ConstActivation ln2 = gather_rows(scratch_.norm_out, scratch_.gathered);
   if (moe) {
     // Only a training forward adds the router losses (evaluation has no sample).
-    moe_->forward(ln2, moe_weights(weights), nullptr, *moe, scratch_.branch_out, first_sample.has_value());
+    moe_->forward(ln2, moe_weights(weights), nullptr, *moe, scratch_.branch_out, first_sample.has_value(),
+                  first_layer_ + static_cast<int64_t>(l));
   } else {
     if (recipe_.swiglu) {
       backend_.linear_forward(ln2, weights.fc1_weight->compute, bias(weights.fc1_bias), count, h, fc1,

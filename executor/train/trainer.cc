@@ -413,7 +413,15 @@ void RankTrainer::log(int64_t iteration, const Interval& interval, double lr, do
   }
   if (moe.enabled() && moe.z_loss_coeff > 0) router_loss("z_loss", interval.router.z);
   // The experts' load (moe_mlp.h): the busiest expert's tokens over the mean, 1 when balanced.
-  if (moe.enabled()) router_loss("tokens_per_expert_max_mean", interval.router.expert_load);
+  if (moe.enabled()) {
+    router_loss("tokens_per_expert_max_mean", interval.router.expert_load);
+    // Each MoE layer's, in the log file (Megatron's per-layer logging), by the layer's index.
+    nlohmann::json by_layer = nlohmann::json::object();
+    for (const auto& [layer, sum] : interval.router.expert_load_by_layer) {
+      by_layer[std::to_string(layer)] = sum / static_cast<double>(iterations);
+    }
+    record["tokens_per_expert_max_mean_by_layer"] = by_layer;
+  }
   if (loss_scaler_) {
     const int64_t skipped = interval.iterations - interval.updates;
     *out_ << " | loss scale " << format_double(loss_scaler_->scale()) << " | number of skipped iterations " << skipped;
@@ -538,6 +546,24 @@ TrainSummary RankTrainer::train() {
       window.router.balancing += sum_over_model(result.router_losses.balancing) / per_layer;
       window.router.z += sum_over_model(result.router_losses.z) / per_layer;
       window.router.expert_load += sum_over_model(result.router_losses.expert_load) / per_layer;
+      // By layer: each MoE layer's over the microbatches and replicas (one gather per group).
+      std::vector<double> by_layer(static_cast<std::size_t>(run_.model.num_layers), 0.0);
+      for (const auto& [layer, load] : result.router_losses.expert_load_by_layer) {
+        by_layer[static_cast<std::size_t>(layer)] = load;
+      }
+      for (Comm* group : {groups_.pipeline.get(), groups_.data_parallel.get()}) {
+        if (!group) continue;
+        const std::vector<std::vector<double>> lists = all_gather_lists(*group, backend_, by_layer);
+        std::fill(by_layer.begin(), by_layer.end(), 0.0);
+        for (const std::vector<double>& list : lists) {
+          for (std::size_t i = 0; i < by_layer.size(); ++i) by_layer[i] += list[i];
+        }
+      }
+      for (int64_t layer = 0; layer < run_.model.num_layers; ++layer) {
+        if (!run_.model.moe.moe_layer(layer)) continue;
+        window.router.expert_load_by_layer[layer] +=
+            by_layer[static_cast<std::size_t>(layer)] / static_cast<double>(microbatches * plan.data_parallel_size);
+      }
     }
     state.iteration = iteration;
     state.consumed_samples += global_batch;

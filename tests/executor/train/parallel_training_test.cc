@@ -312,6 +312,19 @@ TEST_CASE("MoE layers train under pipeline, data and expert parallelism like one
     };
     const std::vector<double> single_load = load("single");
     REQUIRE(single_load.size() == 12);
+    // Each MoE layer's in the log file too (Megatron's per-layer logging): their mean is the above.
+    std::vector<std::vector<double>> by_layer;
+    for (int64_t layer = 0; layer < model.num_layers; ++layer) {
+      if (!model.moe.moe_layer(layer)) continue;
+      by_layer.push_back(megaplan::test::logged_iteration_values(
+          scratch.file(model.name + "-single.jsonl"), "/tokens_per_expert_max_mean_by_layer/" + std::to_string(layer)));
+    }
+    REQUIRE(!by_layer.empty());
+    for (std::size_t i = 0; i < single_load.size(); ++i) {
+      double mean = 0;
+      for (const std::vector<double>& layer : by_layer) mean += layer[i] / static_cast<double>(by_layer.size());
+      CHECK(mean == Approx(single_load[i]).epsilon(1e-12));
+    }
     for (std::size_t l = 0; l < layouts.size(); ++l) {
       INFO("tokens per expert, " << layouts[l].name);
       const std::vector<double> run = load("layout" + std::to_string(l));

@@ -182,7 +182,9 @@ inline std::vector<double> logged_iteration_values(const std::string& path, cons
   while (std::getline(log, line)) {
     const nlohmann::json record = nlohmann::json::parse(line);
     if (!record.contains("loss")) continue;
-    const nlohmann::json& value = record.at(field);
+    // A field, or a JSON pointer into the record ("/tokens_per_expert_max_mean_by_layer/2").
+    const nlohmann::json& value =
+        field.starts_with("/") ? record.at(nlohmann::json::json_pointer(field)) : record.at(field);
     values.push_back(value.is_null() ? std::numeric_limits<double>::quiet_NaN() : value.get<double>());
   }
   return values;
