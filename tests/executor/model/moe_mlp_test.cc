@@ -322,6 +322,12 @@ TEST_CASE("under expert parallelism each rank's MoE MLP is the reference layer o
       expected_y[r] = forward.y;
       expected[r] = ref::moe_layer_backward(dy[r].data(), x[r].data(), weights, shape, forward);
     }
+    // What each rank computed, checked on the test's own thread (Catch's assertions are not thread-safe).
+    struct RankResult {
+      std::vector<float> y, dx, d_router, d_shared_fc1, d_fc1, d_fc2;
+      std::vector<int64_t> received;
+    };
+    std::array<RankResult, 2> results;
     megaplan::exec::InProcessWorld world(2, std::chrono::seconds(30));
     megaplan::exec::run_rank_threads(world, 2, [&](int64_t rank) {
       const auto r = static_cast<std::size_t>(rank);
@@ -356,13 +362,19 @@ TEST_CASE("under expert parallelism each rank's MoE MLP is the reference layer o
       mlp.forward(x_on, on_weights, shape.router.expert_bias, saved, reinterpret_cast<Activation>(y.data()), true);
       mlp.backward(on_backend(dy[r]), x_on, on_weights, saved, gradients, 1.0f,
                    reinterpret_cast<Activation>(dx.data()));
+      results[r] = {y, dx, d_router, d_shared_fc1, d_fc1, d_fc2, saved.received};
+      mlp.release(saved);
+    });
+    for (std::size_t r = 0; r < 2; ++r) {
+      INFO("rank " << r);
+      const RankResult& got = results[r];
       if (shape.router.expert_bias) {  // [sender x local expert]: both ranks' 2 x 10 routes go to rank 0
-        CHECK(saved.received == (r == 0 ? std::vector<int64_t>{10, 10, 10, 10} : std::vector<int64_t>(4, 0)));
+        CHECK(got.received == (r == 0 ? std::vector<int64_t>{10, 10, 10, 10} : std::vector<int64_t>(4, 0)));
       }
-      check_close(expected_y[r], y.data(), "y");
-      check_close(expected[r].dx, dx.data(), "dx");
-      check_close(expected[r].router, d_router.data(), "d router");
-      check_close(expected[r].shared_fc1, d_shared_fc1.data(), "d shared fc1");
+      check_close(expected_y[r], got.y.data(), "y");
+      check_close(expected[r].dx, got.dx.data(), "dx");
+      check_close(expected[r].router, got.d_router.data(), "d router");
+      check_close(expected[r].shared_fc1, got.d_shared_fc1.data(), "d shared fc1");
       for (std::size_t local = 0; local < 2; ++local) {  // both ranks' tokens
         const std::size_t expert = 2 * r + local;
         std::vector<float> fc1_sum(2 * f * h), fc2_sum(h * f);
@@ -372,10 +384,9 @@ TEST_CASE("under expert parallelism each rank's MoE MLP is the reference layer o
         for (std::size_t i = 0; i < fc2_sum.size(); ++i) {
           fc2_sum[i] = expected[0].fc2[expert * h * f + i] + expected[1].fc2[expert * h * f + i];
         }
-        check_close(fc1_sum, d_fc1.data() + local * 2 * f * h, "d fc1, both ranks' tokens");
-        check_close(fc2_sum, d_fc2.data() + local * h * f, "d fc2, both ranks' tokens");
+        check_close(fc1_sum, got.d_fc1.data() + local * 2 * f * h, "d fc1, both ranks' tokens");
+        check_close(fc2_sum, got.d_fc2.data() + local * h * f, "d fc2, both ranks' tokens");
       }
-      mlp.release(saved);
-    });
+    }
   }
 }
