@@ -60,9 +60,8 @@ RouterLosses MoeMlp::take_losses() {
   std::memcpy(&losses.balancing, words, sizeof(double));
   std::memcpy(&losses.z, words + kLossSumFloats, sizeof(double));
   backend_.fill(scratch_.loss_memory, 2 * kLossSumFloats, 0.0f);
-  losses.expert_load = host_sums_.expert_load;
-  losses.expert_load_by_layer = std::move(host_sums_.expert_load_by_layer);
-  host_sums_ = {};
+  losses.expert_load_by_layer = std::move(expert_load_by_layer_);
+  expert_load_by_layer_.clear();
   return losses;
 }
 
@@ -248,10 +247,8 @@ void MoeMlp::forward(ConstActivation x, const MoeMlpWeights& weights, const floa
     b.moe_aux_loss_counts(saved.logits, t, shape_.router, saved.aux_counts);
   }
   if (!add_losses) return;
-  const double load =
+  expert_load_by_layer_[layer] +=
       expert_parallel_ ? saved.group_load : max_over_mean({saved.rows_per_expert.begin(), saved.rows_per_expert.end()});
-  host_sums_.expert_load += load;
-  host_sums_.expert_load_by_layer[layer] += load;
   // The values alone, at a coefficient of 1: Megatron logs each loss over its coefficient.
   if (shape_.aux_loss_coeff > 0 && shape_.aux_loss_sequences > 0) {
     b.moe_sequence_aux_loss(saved.logits, t, shape_.aux_loss_sequences, shape_.router, 1.0, balancing_sum_, nullptr, 0);

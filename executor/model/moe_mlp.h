@@ -70,18 +70,16 @@ struct MoeMlpGradients {
 
 // The router losses as Megatron logs them: each loss without its coefficient (load_balancing_loss
 // or seq_load_balancing_loss, and z_loss), summed over the forwards that added them; and the
-// experts' load: each dispatch's busiest expert's rows over the mean rows of an expert (under
-// expert parallelism the ep group's rows, every member's tokens), summed likewise. Its mean is the
-// load imbalance a user states to the simulator (1: balanced).
+// experts' load by layer (its index in the model): each dispatch's busiest expert's rows over the
+// mean rows of an expert (under expert parallelism the ep group's rows, every member's tokens),
+// summed likewise. Its mean is the load imbalance a user states to the simulator (1: balanced).
 struct RouterLosses {
   double balancing = 0;
   double z = 0;
-  double expert_load = 0;
-  std::map<int64_t, double> expert_load_by_layer;  // the same by layer (its index in the model)
+  std::map<int64_t, double> expert_load_by_layer;
   RouterLosses& operator+=(const RouterLosses& other) {
     balancing += other.balancing;
     z += other.z;
-    expert_load += other.expert_load;
     for (const auto& [layer, load] : other.expert_load_by_layer) expert_load_by_layer[layer] += load;
     return *this;
   }
@@ -153,7 +151,7 @@ class MoeMlp {
   MoeExpertScratch<Activation> expert_scratch_;
   double* balancing_sum_ = nullptr;  // scratch_.loss_memory's two doubles
   double* z_sum_ = nullptr;
-  RouterLosses host_sums_;  // the experts' load, on the host where the dispatches' counts are
+  std::map<int64_t, double> expert_load_by_layer_;  // on the host, where the dispatches' counts are
 };
 
 }  // namespace megaplan::exec

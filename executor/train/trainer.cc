@@ -224,6 +224,18 @@ class RankTrainer {
     if (groups_.data_parallel) value = sum_over(*groups_.data_parallel, backend_, value);
     return value;
   }
+  // The same for a list, element by element: one gather per group.
+  std::vector<double> sum_list_over_model(std::vector<double> values) {
+    for (Comm* group : {groups_.pipeline.get(), groups_.data_parallel.get()}) {
+      if (!group) continue;
+      std::vector<double> sum(values.size(), 0.0);
+      for (const std::vector<double>& part : all_gather_lists(*group, backend_, values)) {
+        for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += part[i];
+      }
+      values = std::move(sum);
+    }
+    return values;
+  }
   // The strongest stop signal any rank has received: every rank stops after the same iteration.
   StopSignal agreed_stop_signal() {
     double strongest = static_cast<double>(received_stop_signal());
@@ -414,12 +426,15 @@ void RankTrainer::log(int64_t iteration, const Interval& interval, double lr, do
   if (moe.enabled() && moe.z_loss_coeff > 0) router_loss("z_loss", interval.router.z);
   // The experts' load (moe_mlp.h): the busiest expert's tokens over the mean, 1 when balanced.
   if (moe.enabled()) {
-    router_loss("tokens_per_expert_max_mean", interval.router.expert_load);
-    // Each MoE layer's, in the log file (Megatron's per-layer logging), by the layer's index.
+    // Over the MoE layers on the log line; each layer's, by its index, in the log file (Megatron's
+    // per-layer logging).
+    double over_layers = 0;
     nlohmann::json by_layer = nlohmann::json::object();
     for (const auto& [layer, sum] : interval.router.expert_load_by_layer) {
+      over_layers += sum / static_cast<double>(interval.router.expert_load_by_layer.size());
       by_layer[std::to_string(layer)] = sum / static_cast<double>(iterations);
     }
+    router_loss("tokens_per_expert_max_mean", over_layers);
     record["tokens_per_expert_max_mean_by_layer"] = by_layer;
   }
   if (loss_scaler_) {
@@ -541,28 +556,22 @@ TrainSummary RankTrainer::train() {
     const IterationResult result = interpreter_->run(step, microbatch, traced ? &summary.timeline : nullptr);
     const double loss = sum_over_model(result.loss_sum) / static_cast<double>(microbatches * plan.data_parallel_size);
     if (const int64_t moe_layers = run_.model.moe.moe_layers(0, run_.model.num_layers); moe_layers > 0) {
-      // Megatron's: each loss's mean over the MoE layers, the microbatches and the replicas.
-      const auto per_layer = static_cast<double>(microbatches * plan.data_parallel_size * moe_layers);
-      window.router.balancing += sum_over_model(result.router_losses.balancing) / per_layer;
-      window.router.z += sum_over_model(result.router_losses.z) / per_layer;
-      window.router.expert_load += sum_over_model(result.router_losses.expert_load) / per_layer;
-      // By layer: each MoE layer's over the microbatches and replicas (one gather per group).
-      std::vector<double> by_layer(static_cast<std::size_t>(run_.model.num_layers), 0.0);
-      for (const auto& [layer, load] : result.router_losses.expert_load_by_layer) {
-        by_layer[static_cast<std::size_t>(layer)] = load;
-      }
-      for (Comm* group : {groups_.pipeline.get(), groups_.data_parallel.get()}) {
-        if (!group) continue;
-        const std::vector<std::vector<double>> lists = all_gather_lists(*group, backend_, by_layer);
-        std::fill(by_layer.begin(), by_layer.end(), 0.0);
-        for (const std::vector<double>& list : lists) {
-          for (std::size_t i = 0; i < by_layer.size(); ++i) by_layer[i] += list[i];
-        }
-      }
+      // Megatron's: each loss's mean over the MoE layers, the microbatches and the replicas; the
+      // experts' load each layer's over the microbatches and replicas. One list: the two losses,
+      // then the load of every layer (0 off this rank's stages), summed over the model's ranks.
+      const RouterLosses& router = result.router_losses;
+      std::vector<double> sums(2 + static_cast<std::size_t>(run_.model.num_layers), 0.0);
+      sums[0] = router.balancing;
+      sums[1] = router.z;
+      for (const auto& [layer, load] : router.expert_load_by_layer) sums[2 + static_cast<std::size_t>(layer)] = load;
+      sums = sum_list_over_model(std::move(sums));
+      const auto replicas = static_cast<double>(microbatches * plan.data_parallel_size);
+      window.router.balancing += sums[0] / (replicas * static_cast<double>(moe_layers));
+      window.router.z += sums[1] / (replicas * static_cast<double>(moe_layers));
       for (int64_t layer = 0; layer < run_.model.num_layers; ++layer) {
-        if (!run_.model.moe.moe_layer(layer)) continue;
-        window.router.expert_load_by_layer[layer] +=
-            by_layer[static_cast<std::size_t>(layer)] / static_cast<double>(microbatches * plan.data_parallel_size);
+        if (run_.model.moe.moe_layer(layer)) {
+          window.router.expert_load_by_layer[layer] += sums[2 + static_cast<std::size_t>(layer)] / replicas;
+        }
       }
     }
     state.iteration = iteration;

@@ -102,18 +102,23 @@ struct RoutedExperts {
   std::vector<std::vector<float>> fc1, fc2;
 };
 
+// The shape the tests vary: 10 tokens to the top 2 of 4 experts, with a shared expert and both losses.
+ref::MoeLayerShape dropless_shape() {
+  return {.tokens = 10,
+          .hidden = 6,
+          .ffn = 5,
+          .shared_ffn = 4,
+          .router = {.experts = 4, .topk = 2},
+          .aux_loss_coeff = 0.5,
+          .z_loss_coeff = 0.1};
+}
+
 }  // namespace
 
 TEST_CASE("the MoE MLP on the CPU backend is the reference MoE layer, forward and backward", "[executor][moe]") {
   std::mt19937 generator(23);
   std::vector<float> bias = {0.3f, -0.2f, 0.0f, 0.1f};
-  const ref::MoeLayerShape dropless{.tokens = 10,
-                                    .hidden = 6,
-                                    .ffn = 5,
-                                    .shared_ffn = 4,
-                                    .router = {.experts = 4, .topk = 2},
-                                    .aux_loss_coeff = 0.5,
-                                    .z_loss_coeff = 0.1};
+  const ref::MoeLayerShape dropless = dropless_shape();
   ref::MoeLayerShape by_probability = dropless;
   by_probability.capacity_factor = 0.75;
   by_probability.shared_ffn = 0;
@@ -291,13 +296,7 @@ TEST_CASE("under expert parallelism each rank's MoE MLP is the reference layer o
   // experts' gradients sums both ranks' tokens'. Also when the expert bias sends every token to
   // rank 0's experts, so that rank 1's compute no rows and its all-to-all segments are empty.
   std::vector<float> to_rank_zero = {10.0f, 10.0f, -10.0f, -10.0f};
-  const ref::MoeLayerShape dropless{.tokens = 10,
-                                    .hidden = 6,
-                                    .ffn = 5,
-                                    .shared_ffn = 4,
-                                    .router = {.experts = 4, .topk = 2},
-                                    .aux_loss_coeff = 0.5,
-                                    .z_loss_coeff = 0.1};
+  const ref::MoeLayerShape dropless = dropless_shape();
   ref::MoeLayerShape one_sided = dropless;
   one_sided.router.score = ref::RouterScore::kSigmoid;
   one_sided.router.expert_bias = to_rank_zero.data();

@@ -153,14 +153,17 @@ TEST_CASE("a checkpoint of pp 2 x dp 2 resumes bit for bit and loads under other
   CHECK(megaplan::read_file_contents(directory + "/latest_checkpointed_iteration.txt") == "8\n");
 }
 
-TEST_CASE("a checkpoint of an MoE model at pp 2 x dp 2 resumes bit for bit and loads at one rank",
-          "[checkpoint][moe]") {
-  // The router and every expert are parameters like the rest (Megatron-Core's names): saved by
-  // their pipeline rank, read back whole or into another layout's stages.
+namespace {
+
+// Trains the Mixtral-like fixture 8 iterations at `saving`, whole and in two halves through a
+// checkpoint at iteration 4 (`inspect` reads its directory first): the second half repeats the
+// whole run's bit for bit, and each of `loading` continues the checkpoint as the single rank does
+// (1e-4, the parallel layouts' tolerance).
+void check_moe_checkpoint(const ParallelPlan& saving, const std::vector<std::pair<std::string, ParallelPlan>>& loading,
+                          const std::function<void(const std::string& directory)>& inspect) {
   const megaplan::test::ScratchDirectory scratch;
   const megaplan::ModelSpec model = megaplan::test::four_layer_mixtral();
   exec::TrainOptions options = checkpoint_training_options(megaplan::test::sentence_corpus(scratch));
-  const ParallelPlan saving = plan_of(2, 2, 1, ScheduleKind::kOneFOneB, true);
   const Outcome single = train(model, plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false), options, scratch, "single");
   const Outcome whole = train(model, saving, options, scratch, "whole");
   REQUIRE(whole.losses.size() == 8);
@@ -169,68 +172,7 @@ TEST_CASE("a checkpoint of an MoE model at pp 2 x dp 2 resumes bit for bit and l
   options.save = directory;
   options.exit_interval = 4;
   CHECK(train(model, saving, options, scratch, "first-half").summary.last_iteration == 4);
-  const nlohmann::json manifest =
-      nlohmann::json::parse(megaplan::read_file_contents(directory + "/iter_0000004/mp_rank_00_000/manifest.json"));
-  bool expert = false;
-  for (const nlohmann::json& tensor : manifest.at("tensors")) {
-    expert = expert || tensor.at("name") == "decoder.layers.0.mlp.experts.local_experts.3.linear_fc1.weight";
-  }
-  CHECK(expert);
-
-  options.exit_interval = 0;
-  options.save.reset();
-  options.load = directory;
-  const Outcome one_rank = train(model, plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false), options, scratch, "one");
-  REQUIRE(one_rank.losses.size() == 4);
-  for (std::size_t i = 0; i < 4; ++i) {
-    INFO("iteration " << i + 5);
-    CHECK(one_rank.losses[i] == Approx(single.losses[i + 4]).epsilon(1e-4));
-  }
-  const Outcome resumed = train(model, saving, options, scratch, "second-half");
-  REQUIRE(resumed.losses.size() == 4);
-  for (std::size_t i = 0; i < 4; ++i) {
-    INFO("iteration " << i + 5);
-    CHECK(resumed.losses[i] == whole.losses[i + 4]);
-  }
-}
-
-TEST_CASE("a checkpoint of an MoE model at ep 2 resumes bit for bit and loads at ep 1 and ep 4", "[checkpoint][moe]") {
-  // Each expert-parallel rank writes its experts (replica 0 of their expert data-parallel group)
-  // into a directory of its own, mp_rank_TT_PPP_EEE as Megatron names it; the rest is written
-  // once. A load finds every expert by its name wherever it was saved.
-  const megaplan::test::ScratchDirectory scratch;
-  const megaplan::ModelSpec model = megaplan::test::four_layer_mixtral();
-  exec::TrainOptions options = checkpoint_training_options(megaplan::test::sentence_corpus(scratch));
-  ParallelPlan saving = plan_of(2, 2, 1, ScheduleKind::kOneFOneB, true);  // pp 2 x dp 2, ep 2 within dp
-  saving.expert_model_parallel_size = 2;
-  const Outcome single = train(model, plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false), options, scratch, "single");
-  const Outcome whole = train(model, saving, options, scratch, "whole");
-  REQUIRE(whole.losses.size() == 8);
-
-  const std::string directory = scratch.file("checkpoints");
-  options.save = directory;
-  options.exit_interval = 4;
-  CHECK(train(model, saving, options, scratch, "first-half").summary.last_iteration == 4);
-  const auto names = [&](const std::string& rank_directory) {
-    std::set<std::string> held;
-    const nlohmann::json manifest = nlohmann::json::parse(
-        megaplan::read_file_contents(directory + "/iter_0000004/" + rank_directory + "/manifest.json"));
-    for (const nlohmann::json& tensor : manifest.at("tensors")) held.insert(tensor.at("name").get<std::string>());
-    return held;
-  };
-  const std::string expert = "decoder.layers.0.mlp.experts.local_experts.";
-  for (const std::string stage : {"000", "001"}) {
-    const std::set<std::string> first = names("mp_rank_00_" + stage + "_000");
-    const std::set<std::string> second = names("mp_rank_00_" + stage + "_001");
-    CHECK(second.size() < first.size());  // experts only
-    for (const std::string& name : second) CHECK(name.find(".mlp.experts.local_experts.") != std::string::npos);
-    if (stage == "000") {
-      CHECK(first.count(expert + "1.linear_fc1.weight") == 1);
-      CHECK(first.count(expert + "2.linear_fc1.weight") == 0);
-      CHECK(second.count(expert + "2.linear_fc1.weight") == 1);
-      CHECK(first.count("decoder.layers.0.mlp.router.weight") == 1);
-    }
-  }
+  inspect(directory + "/iter_0000004");
 
   options.exit_interval = 0;
   options.save.reset();
@@ -241,10 +183,7 @@ TEST_CASE("a checkpoint of an MoE model at ep 2 resumes bit for bit and loads at
     INFO("iteration " << i + 5);
     CHECK(resumed.losses[i] == whole.losses[i + 4]);
   }
-  ParallelPlan four = plan_of(1, 4, 1, ScheduleKind::kOneFOneB, true);
-  four.expert_model_parallel_size = 4;
-  for (const auto& [name, plan] :
-       {std::pair{"one", plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false)}, std::pair{"ep4", four}}) {
+  for (const auto& [name, plan] : loading) {
     INFO(name);
     const Outcome loaded = train(model, plan, options, scratch, name);
     REQUIRE(loaded.losses.size() == 4);
@@ -253,6 +192,56 @@ TEST_CASE("a checkpoint of an MoE model at ep 2 resumes bit for bit and loads at
       CHECK(loaded.losses[i] == Approx(single.losses[i + 4]).epsilon(1e-4));
     }
   }
+}
+
+// The tensors a rank directory of a saved iteration holds, by name.
+std::set<std::string> saved_names(const std::string& rank_directory) {
+  std::set<std::string> held;
+  const nlohmann::json manifest =
+      nlohmann::json::parse(megaplan::read_file_contents(rank_directory + "/manifest.json"));
+  for (const nlohmann::json& tensor : manifest.at("tensors")) held.insert(tensor.at("name").get<std::string>());
+  return held;
+}
+
+}  // namespace
+
+TEST_CASE("a checkpoint of an MoE model at pp 2 x dp 2 resumes bit for bit and loads at one rank",
+          "[checkpoint][moe]") {
+  // The router and every expert are parameters like the rest (Megatron-Core's names): saved by
+  // their pipeline rank, read back whole or into another layout's stages.
+  check_moe_checkpoint(plan_of(2, 2, 1, ScheduleKind::kOneFOneB, true),
+                       {{"one", plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false)}}, [](const std::string& iteration) {
+                         CHECK(saved_names(iteration + "/mp_rank_00_000")
+                                   .count("decoder.layers.0.mlp.experts.local_experts.3.linear_fc1.weight") == 1);
+                       });
+}
+
+TEST_CASE("a checkpoint of an MoE model at ep 2 resumes bit for bit and loads at ep 1 and ep 4", "[checkpoint][moe]") {
+  // Each expert-parallel rank writes its experts (replica 0 of their expert data-parallel group)
+  // into a directory of its own, mp_rank_TT_PPP_EEE as Megatron names it; the rest is written
+  // once. A load finds every expert by its name wherever it was saved.
+  ParallelPlan saving = plan_of(2, 2, 1, ScheduleKind::kOneFOneB, true);  // pp 2 x dp 2, ep 2 within dp
+  saving.expert_model_parallel_size = 2;
+  ParallelPlan four = plan_of(1, 4, 1, ScheduleKind::kOneFOneB, true);
+  four.expert_model_parallel_size = 4;
+  check_moe_checkpoint(saving, {{"one", plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false)}, {"ep4", four}},
+                       [](const std::string& iteration) {
+                         const std::string expert = "decoder.layers.0.mlp.experts.local_experts.";
+                         for (const std::string stage : {"000", "001"}) {
+                           const std::set<std::string> first = saved_names(iteration + "/mp_rank_00_" + stage + "_000");
+                           const std::set<std::string> second =
+                               saved_names(iteration + "/mp_rank_00_" + stage + "_001");
+                           CHECK(second.size() < first.size());  // experts only
+                           for (const std::string& name : second)
+                             CHECK(name.find(".mlp.experts.local_experts.") != std::string::npos);
+                           if (stage == "000") {
+                             CHECK(first.count(expert + "1.linear_fc1.weight") == 1);
+                             CHECK(first.count(expert + "2.linear_fc1.weight") == 0);
+                             CHECK(second.count(expert + "2.linear_fc1.weight") == 1);
+                             CHECK(first.count("decoder.layers.0.mlp.router.weight") == 1);
+                           }
+                         }
+                       });
 }
 
 TEST_CASE("a checkpoint of tp 2 x pp 2 resumes bit for bit and loads at one rank and at pp 4", "[checkpoint]") {
