@@ -64,10 +64,7 @@ void add_model_options(CLI::App& command, ModelOptions& options) {
       ->group(group);
   command.add_flag("--disable-bias-linear", options.disable_bias_linear, "No biases in linear layers")->group(group);
   command.add_flag("--add-qkv-bias", options.add_qkv_bias, "QKV bias even with --disable-bias-linear")->group(group);
-  command
-      .add_option(
-          "--num-experts", options.num_experts,
-          "Mixture of experts: N experts in each MoE layer (described and converted; not yet simulated or trained)")
+  command.add_option("--num-experts", options.num_experts, "Mixture of experts: N experts in each MoE layer")
       ->group(group);
   command.add_option("--moe-ffn-hidden-size", options.moe_ffn_hidden_size, "Each expert's width (default the MLP's)")
       ->group(group);
@@ -149,6 +146,12 @@ void add_plan_options(CLI::App& command, PlanOptions& options) {
   command
       .add_option("--ep,--expert-model-parallel-size", options.expert_model_parallel_size,
                   "Expert parallel size: each layer's experts split over ep ranks (models with experts)")
+      ->capture_default_str()
+      ->group(group);
+  command
+      .add_option("--moe-imbalance", options.moe_imbalance,
+                  "The routed load the costs assume: the busiest expert's rows over the mean, as train logs it "
+                  "(tokens_per_expert_max_mean); 1 is balanced")
       ->capture_default_str()
       ->group(group);
   command

@@ -106,6 +106,8 @@ StageParameters stage_parameters(const ModelSpec& model, const ParallelPlan& pla
     const LayerParameters layer = transformer_layer_parameters(model, experts);
     entry.parameters += count * layer.total();
     entry.parameters_per_gpu += count * layer.per_gpu(tp, plan.expert_model_parallel_size);
+    const int64_t ep = plan.expert_model_parallel_size;
+    entry.expert_per_gpu += count * (layer.expert_sharded / (tp * ep) + layer.expert_replicated / ep);
   }
   if (layers.has_embedding) {
     entry.parameters += word_embedding + position_embedding;
@@ -141,6 +143,7 @@ std::vector<PipelineRankParameters> parameters_per_pipeline_rank(const ModelSpec
     entry.has_output_layer = entry.has_output_layer || layers.has_output_layer;
     entry.parameters += held.parameters;
     entry.parameters_per_gpu += held.parameters_per_gpu;
+    entry.expert_per_gpu += held.expert_per_gpu;
   }
   return ranks;
 }

@@ -57,6 +57,7 @@ struct PipelineRankParameters {
   bool has_output_layer = false;   // final norm and output projection (or the tied copy)
   int64_t parameters = 0;          // whole, before tensor parallelism
   int64_t parameters_per_gpu = 0;  // on each of the rank's tp GPUs
+  int64_t expert_per_gpu = 0;      // of those, the routed experts' (reduced and sharded over expert dp)
 };
 
 // REQUIRES: validate_plan(model, plan) passed.
@@ -87,6 +88,8 @@ struct StageParameters {
   // The word embedding's share of parameters_per_gpu on the stage that holds it (its gradient is
   // whole only when the backward has run through the embedding, the stage's last work).
   int64_t word_embedding_per_gpu = 0;
+  // The routed experts' share of parameters_per_gpu (their gradients are summed over expert dp).
+  int64_t expert_per_gpu = 0;
   bool holds_output_weight = false;
 };
 

@@ -236,6 +236,7 @@ ParallelPlan apply_plan_flags(ParallelPlan plan, const ModelSpec& model, int64_t
   if (take("--pipeline-model-parallel-size")) plan.pipeline_parallel_size = options.pipeline_parallel_size;
   if (take("--context-parallel-size")) plan.context_parallel_size = options.context_parallel_size;
   if (take("--expert-model-parallel-size")) plan.expert_model_parallel_size = options.expert_model_parallel_size;
+  if (take("--moe-imbalance")) plan.moe_imbalance = options.moe_imbalance;
   plan.data_parallel_size = derive_data_parallel_size(
       world_size, plan.tensor_parallel_size, plan.pipeline_parallel_size, plan.context_parallel_size, world_flag);
   if (take("--virtual-pipeline-model-parallel-size")) {

@@ -5,6 +5,8 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "core/error.h"
+#include "core/executor_support.h"
 #include "core/formulas.h"
 #include "core/layer_recipe.h"
 #include "core/pipeline_layout.h"
@@ -19,7 +21,7 @@ struct ClassName {
   bool dropout;
   const char* name;
 };
-constexpr std::array<ClassName, 32> kClassNames = {{
+constexpr std::array<ClassName, 48> kClassNames = {{
     {KernelKind::kNormForward, false, false, "norm_forward"},
     {KernelKind::kNormForward, true, false, "add_norm_forward"},
     {KernelKind::kNormForward, true, true, "dropout_add_norm_forward"},
@@ -51,6 +53,22 @@ constexpr std::array<ClassName, 32> kClassNames = {{
     {KernelKind::kGradientNorm, false, false, "gradient_norm"},
     {KernelKind::kAdamw, false, false, "adamw"},
     {KernelKind::kRefreshCompute, false, false, "refresh_compute"},
+    {KernelKind::kMoeTopK, false, false, "moe_top_k"},
+    {KernelKind::kMoeTopKBackward, false, false, "moe_top_k_backward"},
+    {KernelKind::kMoeDispatch, false, false, "moe_dispatch"},
+    {KernelKind::kMoePermute, false, false, "moe_permute"},
+    {KernelKind::kMoePermuteBackward, false, false, "moe_permute_backward"},
+    {KernelKind::kMoeCombine, false, false, "moe_combine"},
+    {KernelKind::kMoeCombineBackward, false, false, "moe_combine_backward"},
+    {KernelKind::kMoeAuxCounts, false, false, "moe_aux_counts"},
+    {KernelKind::kMoeSwitchLoss, false, false, "moe_switch_loss"},
+    {KernelKind::kMoeSwitchLossGradient, false, false, "moe_switch_loss_gradient"},
+    {KernelKind::kMoeSequenceAuxLoss, false, false, "moe_sequence_aux_loss"},
+    {KernelKind::kMoeSequenceAuxLossGradient, false, false, "moe_sequence_aux_loss_gradient"},
+    {KernelKind::kMoeZLoss, false, false, "moe_z_loss"},
+    {KernelKind::kMoeZLossGradient, false, false, "moe_z_loss_gradient"},
+    {KernelKind::kSigmoidGatedAdd, false, false, "sigmoid_gated_add"},
+    {KernelKind::kSigmoidGatedAddBackward, false, false, "sigmoid_gated_add_backward"},
     {KernelKind::kElementwise, false, false, "elementwise"},
 }};
 
@@ -199,6 +217,32 @@ int64_t kernel_bytes(const Kernel& kernel, int64_t activation_bytes) {
       return (7 * kFp32 + a) * cells;
     case KernelKind::kRefreshCompute: return (kFp32 + a) * cells;
     case KernelKind::kElementwise: return cells;
+    // Mixture of experts: int32 maps and fp32 probabilities and counts are four bytes a value.
+    case KernelKind::kMoeTopK:  // the logits in; each route's expert and probability out
+      return a * cells + 2 * kFp32 * kernel.rows * kernel.batch;
+    case KernelKind::kMoeTopKBackward:  // the logits, the routes and their gradient in; the logits' (fp32) read and
+                                        // written
+      return a * cells + 2 * kFp32 * kernel.rows * kernel.batch + 2 * kFp32 * cells;
+    case KernelKind::kMoeDispatch:  // the routes in; each route's row and each row's token out
+      return 4 * kFp32 * kernel.rows * kernel.batch;
+    case KernelKind::kMoePermute:  // each row read from its token and written, with its token's index
+      return 2 * a * cells + kFp32 * kernel.rows;
+    case KernelKind::kMoePermuteBackward:  // every route's row gradient read, each token's written
+    case KernelKind::kMoeCombine:          // every route's row and probability read, each token's output written
+      return a * cells * (kernel.batch + 1) + 2 * kFp32 * kernel.rows * kernel.batch;
+    case KernelKind::kMoeCombineBackward:  // dy and the rows read, the rows' gradient written; the routes' gradients
+      return a * (cells + 2 * kernel.m * kernel.cols) + 3 * kFp32 * kernel.rows * kernel.batch;
+    case KernelKind::kMoeAuxCounts:  // the logits in, the counts out
+    case KernelKind::kMoeSwitchLoss:
+    case KernelKind::kMoeSequenceAuxLoss:
+    case KernelKind::kMoeZLoss: return a * cells;
+    case KernelKind::kMoeSwitchLossGradient:  // the logits in, their gradient (fp32) read and written
+    case KernelKind::kMoeSequenceAuxLossGradient:
+    case KernelKind::kMoeZLossGradient: return a * cells + 2 * kFp32 * cells;
+    case KernelKind::kSigmoidGatedAdd:  // x and y read, y written; the gate per row
+      return 3 * a * cells + a * kernel.rows;
+    case KernelKind::kSigmoidGatedAddBackward:  // dy and x read, dx written; the gate and its gradient per row
+      return 3 * a * cells + (a + kFp32) * kernel.rows;
   }
   return 0;
 }
@@ -247,7 +291,10 @@ std::string describe(const Kernel& kernel) {
       if (block) out << (kernel.diagonal ? " diagonal" : " full");
       break;
     }
-    default: out << memory_kernel_class(kernel) << " rows=" << kernel.rows << " cols=" << kernel.cols;
+    default:
+      out << memory_kernel_class(kernel) << " rows=" << kernel.rows << " cols=" << kernel.cols;
+      if (kernel.batch > 0) out << " topk=" << kernel.batch;
+      if (kernel.m > 0) out << " m=" << kernel.m;
   }
   if (kernel.precision != DType::kBFloat16) out << " " << to_string(kernel.precision);
   return out.str();
@@ -274,13 +321,25 @@ RingAttentionPasses ring_attention_passes(int64_t cp, int64_t key_value_bytes,
   return passes;
 }
 
+void require_costed_layers(const ModelSpec& model, const ParallelPlan& plan) {
+  if (!model.moe.enabled()) return;
+  if (plan.implementation != Implementation::kMegaplan) {
+    throw SpecError("--num-experts", "mixture of experts is costed as megaplan's executor runs it; Megatron-LM's (" +
+                                         to_string(plan.implementation) +
+                                         ") MoE layers are not modelled yet: pass --implementation megaplan");
+  }
+  // Its MoE layers are costed as the executor runs them: what it refuses is not costed either.
+  if (std::optional<SpecError> refusal = executor_moe_refusal(model, plan)) throw *refusal;
+}
+
 PlanKernels::PlanKernels(const ModelSpec& model, const ParallelPlan& plan, int64_t tensor_parallel_rank)
     : model_(model), plan_(plan) {
-  require_dense_layers(model);  // both implementations' lists are of dense layers
+  require_costed_layers(model, plan);
   if (plan.implementation == Implementation::kMegaplan) {
     const LayerRecipe recipe(model, plan);
     ring_ = recipe.ring_attention();
     blocks_ = recipe.kernel_blocks(tensor_parallel_rank, ring_);
+    moe_ = recipe.moe_mlp_kernels();
   } else {
     ring_ = megatron_ring_attention(model, plan);
     blocks_ = megatron_kernel_blocks(model, plan, ring_);
@@ -291,13 +350,34 @@ std::vector<CountedBlock> PlanKernels::stage_blocks(int64_t stage, SchedulePart 
   const StageLayers layers = stage_layers(stage, model_, plan_);
   if (layers.num_layers < 1) throw std::logic_error("PlanKernels: a stage without layers");
   std::vector<CountedBlock> blocks;
+  // A block `count` times; a run of one kind of layer (of one recomputation group) is one entry.
+  bool run_open = false;
   const auto add = [&](KernelBlock block, int64_t count) {
-    if (count > 0 && !this->block(block).empty()) blocks.push_back({block, count});
+    if (count <= 0 || this->block(block).empty()) return;
+    if (run_open && !blocks.empty() && blocks.back().block == block) {
+      blocks.back().count += count;
+    } else {
+      blocks.push_back({block, count});
+    }
+  };
+  const auto add_layer = [&](KernelBlock block) {
+    add(block, 1);
+    run_open = true;
+  };
+  // Layer `l` of the stage (its index within it): an MoE layer's block or the dense one's.
+  const auto moe_layer = [&](int64_t l) { return model_.moe.moe_layer(layers.first_layer + l); };
+  const auto add_forward = [&](int64_t first, int64_t count) {  // a stage's or recomputed group's layers
+    run_open = false;
+    for (int64_t l = first; l < first + count; ++l) {
+      const bool leading = l == first;
+      add_layer(moe_layer(l) ? (leading ? KernelBlock::kMoeLayerForwardFirst : KernelBlock::kMoeLayerForward)
+                             : (leading ? KernelBlock::kLayerForwardFirst : KernelBlock::kLayerForward));
+    }
+    run_open = false;
   };
   if (part == SchedulePart::kForward) {
     if (layers.has_embedding) add(KernelBlock::kEmbeddingForward, 1);
-    add(KernelBlock::kLayerForwardFirst, 1);
-    add(KernelBlock::kLayerForward, layers.num_layers - 1);
+    add_forward(0, layers.num_layers);
     add(layers.has_output_layer ? KernelBlock::kHeadForward : KernelBlock::kStageOutput, 1);
     return blocks;
   }
@@ -317,18 +397,15 @@ std::vector<CountedBlock> PlanKernels::stage_blocks(int64_t stage, SchedulePart 
   const bool selective = plan_.recompute_granularity == RecomputeGranularity::kSelective;
   const std::vector<LayerGroup> groups = recompute_groups(plan_, layers.num_layers);
   for (auto group = groups.rbegin(); group != groups.rend(); ++group) {
-    if (group->recomputed) {
-      add(KernelBlock::kLayerForwardFirst, 1);
-      add(KernelBlock::kLayerForward, group->num_layers - 1);
+    if (group->recomputed) add_forward(group->first_layer, group->num_layers);
+    for (int64_t l = group->first_layer + group->num_layers - 1; l >= group->first_layer; --l) {
+      if (selective && !group->recomputed) {
+        add(KernelBlock::kAttentionRecompute, 1);
+        run_open = false;
+      }
+      add_layer(moe_layer(l) ? KernelBlock::kMoeLayerBackward : layer_backward);
     }
-    if (!selective || group->recomputed) {
-      add(layer_backward, group->num_layers);
-      continue;
-    }
-    for (int64_t l = 0; l < group->num_layers; ++l) {
-      add(KernelBlock::kAttentionRecompute, 1);
-      add(layer_backward, 1);
-    }
+    run_open = false;
   }
   if (!layers.has_embedding) {
     add(KernelBlock::kInputGradientCopy, 1);
@@ -351,20 +428,29 @@ std::vector<Kernel> PlanKernels::stage_kernels(int64_t stage, SchedulePart part)
 }
 
 std::vector<Kernel> optimizer_kernels(int64_t norm_elements, int64_t stepped_elements, int64_t refreshed_elements,
-                                      const std::vector<int64_t>& gradient_buffer_elements) {
-  std::vector<Kernel> kernels = {flat_kernel(KernelKind::kGradientNorm, norm_elements),
-                                 flat_kernel(KernelKind::kAdamw, stepped_elements)};
+                                      const std::vector<int64_t>& gradient_buffer_elements,
+                                      int64_t expert_norm_elements) {
+  std::vector<Kernel> kernels = {flat_kernel(KernelKind::kGradientNorm, norm_elements)};
+  if (expert_norm_elements > 0) kernels.push_back(flat_kernel(KernelKind::kGradientNorm, expert_norm_elements));
+  kernels.push_back(flat_kernel(KernelKind::kAdamw, stepped_elements));
   if (refreshed_elements > 0) kernels.push_back(flat_kernel(KernelKind::kRefreshCompute, refreshed_elements));
   for (const int64_t elements : gradient_buffer_elements) kernels.push_back(flat_kernel(KernelKind::kFill, elements));
   return kernels;
 }
 
-std::vector<Kernel> optimizer_step_kernels(const ParallelPlan& plan, int64_t parameters_per_gpu) {
+std::vector<Kernel> optimizer_step_kernels(const ParallelPlan& plan, int64_t parameters_per_gpu,
+                                           int64_t expert_parameters_per_gpu) {
   const int64_t replicas = plan.gradient_group_size();
   const int64_t shard = plan.use_distributed_optimizer ? parameters_per_gpu / replicas : parameters_per_gpu;
   if (plan.implementation == Implementation::kMegaplan) {
+    // The routed experts' gradients are summed and sharded over expert dp, and normed apart.
+    const int64_t dense = parameters_per_gpu - expert_parameters_per_gpu;
+    const int64_t stepped = plan.use_distributed_optimizer
+                                ? dense / replicas + expert_parameters_per_gpu / plan.expert_data_parallel_size()
+                                : parameters_per_gpu;
     const bool gathered = plan.use_distributed_optimizer && replicas > 1;
-    return optimizer_kernels(parameters_per_gpu, shard, gathered ? parameters_per_gpu : 0, {parameters_per_gpu});
+    return optimizer_kernels(dense, stepped, gathered ? parameters_per_gpu : 0, {parameters_per_gpu},
+                             expert_parameters_per_gpu);
   }
   const ImplementationOptions& options = plan.options;
   const int64_t gradient_bytes = main_gradient_bytes(options);

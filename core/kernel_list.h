@@ -70,7 +70,27 @@ enum class KernelKind : uint8_t {
   kGradientNorm,          // sum of squares of fp32 gradients
   kAdamw,                 // fp32 master weights, moments and gradients; writes the compute copy
   kRefreshCompute,        // compute copy from fp32 master weights
-  kElementwise,           // a streaming pass of Megatron's the executor does not launch (its own bytes)
+  // Mixture of experts (core/moe_kernel_list.h), one Backend call each: `rows` tokens, `cols` the
+  // experts (router kernels) or the hidden width (row moves), `batch` the routes per token (top k;
+  // 0 for the z loss, which has no choice); kMoePermute's `rows` are the rows it writes,
+  // kMoeCombineBackward's `m` the dispatch's rows, the sequence aux loss's `m` the sequences.
+  kMoeTopK,             // each token's top k experts and their probabilities from the router's logits
+  kMoeTopKBackward,     // the probabilities' gradient into the logits'
+  kMoeDispatch,         // each route's row and each row's token; the rows per expert to the host
+  kMoePermute,          // each row from its token
+  kMoePermuteBackward,  // each token's gradient summed from its routes' rows
+  kMoeCombine,          // each token's output summed from its routes' rows by their probabilities
+  kMoeCombineBackward,  // the rows' and the probabilities' gradients
+  kMoeAuxCounts,        // the load-balancing loss's own choice of experts, counted
+  kMoeSwitchLoss,       // the switch load-balancing loss's value (summed for the log)
+  kMoeSwitchLossGradient,
+  kMoeSequenceAuxLoss,  // seq_aux_loss: each sequence's switch loss
+  kMoeSequenceAuxLossGradient,
+  kMoeZLoss,  // ST-MoE's z loss
+  kMoeZLossGradient,
+  kSigmoidGatedAdd,          // the shared expert's output scaled by sigmoid(gate) and added
+  kSigmoidGatedAddBackward,  // its gradient and the gate's
+  kElementwise,              // a streaming pass of Megatron's the executor does not launch (its own bytes)
 };
 
 struct Kernel {
@@ -85,7 +105,7 @@ struct Kernel {
   // shape in one strided-batched launch (unfused attention).
   int64_t batch = 0, seq = 0, heads = 0, head_dim = 0, groups = 0;
   // Row kernels, `rows` x `cols`: norms and embeddings (tokens x hidden), cross entropy (tokens x
-  // the vocabulary shard). Flat kernels (add, copy, fill, optimizer): `rows` elements, cols 1.
+  // the vocabulary shard), MoE kernels (above). Flat kernels (add, copy, fill, optimizer): `rows` elements, cols 1.
   // kElementwise: `rows` elements moving `cols` bytes each.
   int64_t rows = 0, cols = 0;
   // A norm's or kDropout's residual add fused in (kDropout: y = residual + dropout(x)).
@@ -153,8 +173,11 @@ enum class KernelBlock : uint8_t {
   kEmbeddingGradientDropout,  // B and I on the first stage: the embedding output's gradient through its dropout
   kEmbeddingGradientCopy,     // I on the first stage: the embedding's gradient waits for W
   kEmbeddingBackward,
+  kMoeLayerForwardFirst,  // an MoE layer's, as the two above (core/moe_kernel_list.h)
+  kMoeLayerForward,
+  kMoeLayerBackward,  // B (MoE layers run under schedules that keep B whole)
 };
-inline constexpr std::size_t kNumKernelBlocks = static_cast<std::size_t>(KernelBlock::kEmbeddingBackward) + 1;
+inline constexpr std::size_t kNumKernelBlocks = static_cast<std::size_t>(KernelBlock::kMoeLayerBackward) + 1;
 
 struct CountedBlock {
   KernelBlock block;
@@ -195,11 +218,26 @@ struct RingAttentionPasses {
 RingAttentionPasses ring_attention_passes(int64_t cp, int64_t key_value_bytes,
                                           const std::function<std::vector<Kernel>(int64_t, bool)>& step_kernels);
 
+// An MoE layer's MLP in one pass on one rank (core/moe_kernel_list.h): its kernels in launch order,
+// and under expert parallelism what its exchanges move: each all-to-all's bytes on the rank (the
+// larger of what it sends and receives; each pass runs two, the rows out to their experts and back)
+// and the forward's all-gather of every rank's rows per expert (its output).
+struct MoeKernels {
+  std::vector<Kernel> forward, backward;
+  int64_t exchange_bytes = 0;
+  int64_t count_bytes = 0;
+};
+
 // megaplan's executor: core/layer_recipe.h's LayerRecipe::kernel_blocks and ring_attention.
 // Megatron-LM's, by plan.options (megatron_kernel_list.cc); `ring`, megatron_ring_attention's, stands
 // in the attention core under context parallelism.
 RingAttentionPasses megatron_ring_attention(const ModelSpec& model, const ParallelPlan& plan);
 KernelBlocks megatron_kernel_blocks(const ModelSpec& model, const ParallelPlan& plan, const RingAttentionPasses& ring);
+
+// What the kernel lists and the memory models cost of a model with experts: megaplan's MoE layers
+// (core/moe_kernel_list.h) where its executor runs them. Throws SpecError naming the flag for
+// Megatron-LM's MoE layers and for what core/executor_support.h's executor_moe_refusal refuses.
+void require_costed_layers(const ModelSpec& model, const ParallelPlan& plan);
 
 // The kernels of the plan's implementation, by block and by stage.
 class PlanKernels {
@@ -211,6 +249,8 @@ class PlanKernels {
   const std::vector<Kernel>& block(KernelBlock block) const { return blocks_[static_cast<std::size_t>(block)]; }
   // The ring attention inside the layer blocks, step by step (empty without context parallelism).
   const RingAttentionPasses& ring() const { return ring_; }
+  // An MoE layer's MLP at the plan's stated load (empty lists without experts): its exchanges' sizes.
+  const MoeKernels& moe() const { return moe_; }
   // One microbatch's part on a virtual stage, as blocks in launch order.
   std::vector<CountedBlock> stage_blocks(int64_t stage, SchedulePart part) const;
   // The same, expanded into kernels.
@@ -221,21 +261,26 @@ class PlanKernels {
   ParallelPlan plan_;
   KernelBlocks blocks_;
   RingAttentionPasses ring_;
+  MoeKernels moe_;
 };
 
 // OPTIM on one pipeline rank: the gradient norm over `norm_elements` (each tied or replicated
-// tensor counted once), AdamW over the `stepped_elements` the rank updates (its shard with the
-// distributed optimizer), the compute copies of `refreshed_elements` gathered parameters (the
-// distributed optimizer with dp > 1; 0 otherwise), and each chunk's gradient buffer zeroed
-// (`gradient_buffer_elements`, one entry per chunk).
+// tensor counted once) and, with experts, over the routed experts' `expert_norm_elements` apart,
+// AdamW over the `stepped_elements` the rank updates (its shard with the distributed optimizer),
+// the compute copies of `refreshed_elements` gathered parameters (the distributed optimizer with
+// dp > 1; 0 otherwise), and each chunk's gradient buffer zeroed (`gradient_buffer_elements`, one
+// entry per chunk).
 std::vector<Kernel> optimizer_kernels(int64_t norm_elements, int64_t stepped_elements, int64_t refreshed_elements,
-                                      const std::vector<int64_t>& gradient_buffer_elements);
+                                      const std::vector<int64_t>& gradient_buffer_elements,
+                                      int64_t expert_norm_elements = 0);
 
-// OPTIM of the plan's implementation on a pipeline rank holding `parameters_per_gpu`; collectives
-// excluded. megaplan: optimizer_kernels over the rank's parameters (the distributed optimizer steps
-// its shard and refreshes the gathered copies). Megatron: with fp16 gradients their fp32 copies;
-// with fp16 the loss scale's unscale-and-check; the norm, Adam and the master-to-model copy over the
-// (shard of the) parameters; the main-gradient buffer zeroed.
-std::vector<Kernel> optimizer_step_kernels(const ParallelPlan& plan, int64_t parameters_per_gpu);
+// OPTIM of the plan's implementation on a pipeline rank holding `parameters_per_gpu`, of which
+// `expert_parameters_per_gpu` are routed experts'; collectives excluded. megaplan: optimizer_kernels
+// over the rank's parameters (the distributed optimizer steps its shard, the experts' over expert
+// dp, and refreshes the gathered copies). Megatron: with fp16 gradients their fp32 copies; with fp16
+// the loss scale's unscale-and-check; the norm, Adam and the master-to-model copy over the (shard of
+// the) parameters; the main-gradient buffer zeroed.
+std::vector<Kernel> optimizer_step_kernels(const ParallelPlan& plan, int64_t parameters_per_gpu,
+                                           int64_t expert_parameters_per_gpu = 0);
 
 }  // namespace megaplan

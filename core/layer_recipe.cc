@@ -5,6 +5,7 @@
 
 #include "core/context_parallel.h"
 #include "core/formulas.h"
+#include "core/moe_kernel_list.h"
 
 namespace megaplan {
 
@@ -44,6 +45,7 @@ LayerRecipe::LayerRecipe(const ModelSpec& model, const ParallelPlan& plan, const
       tensor_parallel(plan.tensor_parallel_size > 1),
       sequence_parallel(plan.sequence_parallel),
       context_parallel(plan.context_parallel_size),
+      moe_imbalance(plan.moe_imbalance),
       gemm_precision(plan.options.precision),
       precision(storage) {
   if (!model.moe.enabled()) return;
@@ -56,6 +58,10 @@ LayerRecipe::LayerRecipe(const ModelSpec& model, const ParallelPlan& plan, const
   moe = moe_dims(dims.tokens, dims.hidden, model.effective_moe_ffn_hidden_size(), spec.shared_expert_intermediate_size,
                  spec.shared_expert_gate, experts, topk, capacity, spec.pad_expert_input_to_capacity,
                  plan.expert_model_parallel_size);
+  moe->aux_loss = spec.load_balancing != LoadBalancing::kNone && spec.aux_loss_coeff > 0;
+  // seq_aux_loss: each of the microbatch's sequences (whole on the rank: cp 1) its own loss.
+  if (moe->aux_loss && spec.load_balancing == LoadBalancing::kSeqAuxLoss) moe->aux_loss_sequences = micro_batch_size;
+  moe->z_loss = spec.z_loss_coeff > 0;
 }
 
 MoeDims moe_dims(int64_t tokens, int64_t hidden, int64_t ffn, int64_t shared_ffn, bool shared_gate, int64_t experts,
@@ -69,6 +75,7 @@ MoeDims moe_dims(int64_t tokens, int64_t hidden, int64_t ffn, int64_t shared_ffn
   m.experts = experts;
   m.topk = topk;
   m.capacity = capacity;
+  m.padded = pad && capacity > 0;
   m.most_rows = moe_most_rows(tokens, topk, experts, capacity, pad);
   m.expert_parallel = expert_parallel;
   // At the balanced load (or padded to capacity, exactly) a rank's experts compute as many rows as
@@ -204,6 +211,11 @@ ChunkScratchSizes LayerRecipe::scratch(bool last_stage) const {
   return scratch;
 }
 
+MoeKernels LayerRecipe::moe_mlp_kernels() const {
+  if (!moe) return {};
+  return moe_kernels(*moe, moe_stated_load(*moe, moe_imbalance), precision.activation_bytes);
+}
+
 RingAttentionPasses LayerRecipe::ring_attention() const {
   if (context_parallel <= 1) return {};
   const int64_t tokens = dims.tokens, key_values = dims.tokens * 2 * dims.key_value;
@@ -238,7 +250,6 @@ RingAttentionPasses LayerRecipe::ring_attention() const {
 }
 
 KernelBlocks LayerRecipe::kernel_blocks(int64_t tensor_parallel_rank, const RingAttentionPasses& ring) const {
-  if (moe) throw experts_not_built();  // the lists are a dense layer's
   KernelBlocks blocks;
   // Plain copies, not structured bindings: the lambdas below capture them (Clang before 16 cannot
   // capture a binding, and the fuzz build uses Debian's Clang 14).
@@ -281,57 +292,85 @@ KernelBlocks LayerRecipe::kernel_blocks(int64_t tensor_parallel_rank, const Ring
   // through a mask of their own.
   const Kernel dropout = row_kernel(KernelKind::kDropout, rows, h);
   const Kernel branch_norm = row_kernel(norm_forward, rows, h, true, hidden_dropout);
-  const auto layer_forward = [&](bool fused_input_norm) {
+  // A layer's forward up to its second norm, which adds the attention branch; then its MLP.
+  const auto attention_forward = [&](bool fused_input_norm) {
     std::vector<Kernel> list = {fused_input_norm ? branch_norm : norm,
                                 gemm_kernel(GemmLayout::kForward, qkv_epilogue, count, qkv, h)};
     if (rope) list.push_back(rotary);
     list.insert(list.end(), attention.begin(), attention.end());
     list.push_back(gemm_kernel(GemmLayout::kForward, row_bias, count, h, q));
     list.push_back(branch_norm);
-    list.push_back(gemm_kernel(GemmLayout::kForward, fc1_epilogue, count, fc1, h));
-    if (!fused_gelu) list.push_back(activation);
-    list.push_back(gemm_kernel(GemmLayout::kForward, row_bias, count, h, f));
     return list;
   };
-  blocks[static_cast<std::size_t>(KernelBlock::kLayerForwardFirst)] = layer_forward(false);
-  blocks[static_cast<std::size_t>(KernelBlock::kLayerForward)] = layer_forward(true);
+  std::vector<Kernel> mlp_forward = {gemm_kernel(GemmLayout::kForward, fc1_epilogue, count, fc1, h)};
+  if (!fused_gelu) mlp_forward.push_back(activation);
+  mlp_forward.push_back(gemm_kernel(GemmLayout::kForward, row_bias, count, h, f));
+  const auto concatenated = [](std::vector<Kernel> a, const std::vector<Kernel>& b) {
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+  };
+  blocks[static_cast<std::size_t>(KernelBlock::kLayerForwardFirst)] =
+      concatenated(attention_forward(false), mlp_forward);
+  blocks[static_cast<std::size_t>(KernelBlock::kLayerForward)] = concatenated(attention_forward(true), mlp_forward);
 
   // The weight gradient of each GEMM, or under I the copy of its output gradient kept for W.
   const Kernel fc2_weight = gemm_kernel(GemmLayout::kWeightGradient, gradient_epilogue(bias), count, h, f);
   const Kernel fc1_weight = gemm_kernel(GemmLayout::kWeightGradient, gradient_epilogue(bias), count, fc1, h);
   const Kernel proj_weight = gemm_kernel(GemmLayout::kWeightGradient, gradient_epilogue(bias), count, h, q);
   const Kernel qkv_weight = gemm_kernel(GemmLayout::kWeightGradient, gradient_epilogue(qkv_bias), count, qkv, h);
-  const auto layer_backward = [&](bool defer) {
-    const auto weight = [&](const Kernel& gemm) {
-      return defer ? flat_kernel(KernelKind::kCopy, count * gemm.n) : gemm;
-    };
+  const auto weight_or_copy = [&](const Kernel& gemm, bool defer) {
+    return defer ? flat_kernel(KernelKind::kCopy, count * gemm.n) : gemm;
+  };
+  // The MLP branch's gradient through its dropout, then the MLP's backward; from the second norm's
+  // backward on, the attention half's.
+  const auto mlp_backward = [&](bool defer) {
     std::vector<Kernel> list;
-    if (hidden_dropout) list.push_back(dropout);  // the MLP branch's gradient
+    if (hidden_dropout) list.push_back(dropout);
     list.push_back(gemm_kernel(GemmLayout::kInputGradient,
                                fused_gelu ? GemmEpilogue::kGeluGradient : GemmEpilogue::kNone, count, h, f));
     if (!fused_gelu) list.push_back(activation_backward);
     if (swiglu && !defer) list.push_back(activation);  // fc2's input again, for its weight gradient
-    list.push_back(weight(fc2_weight));
+    list.push_back(weight_or_copy(fc2_weight, defer));
     list.push_back(norm);  // recomputed, not kept
     list.push_back(gemm_kernel(GemmLayout::kInputGradient, GemmEpilogue::kNone, count, fc1, h));
-    list.push_back(weight(fc1_weight));
-    list.push_back(row_kernel(norm_backward, rows, h, true));
+    list.push_back(weight_or_copy(fc1_weight, defer));
+    return list;
+  };
+  const auto attention_backward_half = [&](bool defer) {
+    std::vector<Kernel> list = {row_kernel(norm_backward, rows, h, true)};
     if (hidden_dropout) list.push_back(dropout);  // the attention branch's gradient
     list.push_back(gemm_kernel(GemmLayout::kInputGradient, GemmEpilogue::kNone, count, h, q));
-    list.push_back(weight(proj_weight));
+    list.push_back(weight_or_copy(proj_weight, defer));
     list.insert(list.end(), attention_backward.begin(), attention_backward.end());
     if (rope) list.push_back(rotary);
     list.push_back(norm);  // recomputed, not kept
     list.push_back(gemm_kernel(GemmLayout::kInputGradient, GemmEpilogue::kNone, count, qkv, h));
-    list.push_back(weight(qkv_weight));
+    list.push_back(weight_or_copy(qkv_weight, defer));
     list.push_back(row_kernel(norm_backward, rows, h, true));
     return list;
   };
-  blocks[static_cast<std::size_t>(KernelBlock::kLayerBackward)] = layer_backward(false);
-  blocks[static_cast<std::size_t>(KernelBlock::kLayerBackwardInput)] = layer_backward(true);
+  blocks[static_cast<std::size_t>(KernelBlock::kLayerBackward)] =
+      concatenated(mlp_backward(false), attention_backward_half(false));
+  blocks[static_cast<std::size_t>(KernelBlock::kLayerBackwardInput)] =
+      concatenated(mlp_backward(true), attention_backward_half(true));
   std::vector<Kernel>& weight_gradients = blocks[static_cast<std::size_t>(KernelBlock::kLayerWeightGradient)];
   if (swiglu) weight_gradients.push_back(activation);  // fc2's input again
   weight_gradients.insert(weight_gradients.end(), {fc2_weight, norm, fc1_weight, proj_weight, norm, qkv_weight});
+  // An MoE layer: its MLP's kernels at the plan's stated load in place of the dense MLP's; its
+  // backward recomputes the second norm's output, which the router and the experts read.
+  if (moe) {
+    const MoeKernels moe_list = moe_mlp_kernels();
+    blocks[static_cast<std::size_t>(KernelBlock::kMoeLayerForwardFirst)] =
+        concatenated(attention_forward(false), moe_list.forward);
+    blocks[static_cast<std::size_t>(KernelBlock::kMoeLayerForward)] =
+        concatenated(attention_forward(true), moe_list.forward);
+    std::vector<Kernel> backward;
+    if (hidden_dropout) backward.push_back(dropout);
+    backward.push_back(norm);
+    backward.insert(backward.end(), moe_list.backward.begin(), moe_list.backward.end());
+    blocks[static_cast<std::size_t>(KernelBlock::kMoeLayerBackward)] =
+        concatenated(backward, attention_backward_half(false));
+  }
   blocks[static_cast<std::size_t>(KernelBlock::kAttentionRecompute)] = attention;
 
   blocks[static_cast<std::size_t>(KernelBlock::kEmbeddingForward)] = {

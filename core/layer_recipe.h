@@ -154,6 +154,11 @@ struct MoeDims {
   int64_t tokens = 0, hidden = 0, ffn = 0, shared_ffn = 0, experts = 0, topk = 0, capacity = 0, most_rows = 0;
   int64_t expert_parallel = 1, expert_rows = 0;
   bool shared_gate = false;
+  bool padded = false;  // every expert's rows padded to its capacity
+  // The router losses a forward computes (those with a coefficient above 0): the switch loss over
+  // the tokens, or over each of `aux_loss_sequences` sequences (seq_aux_loss); the z loss.
+  bool aux_loss = false, z_loss = false;
+  int64_t aux_loss_sequences = 0;
   int64_t local_experts() const { return experts / expert_parallel; }
 };
 // The dimensions of an MoE layer's MLP routing `tokens` tokens (capacity 0: dropless; `pad`:
@@ -278,6 +283,8 @@ struct LayerRecipe {
   // Context parallelism's size: above 1 each rank holds two chunks of every sequence and attention
   // runs as a ring (core/context_parallel.h), keeping one log-sum-exp per query row on any backend.
   int64_t context_parallel;
+  // The load the MoE layers' kernel lists assume (ParallelPlan::moe_imbalance).
+  double moe_imbalance;
   DType gemm_precision;  // the GEMMs' operands: bf16, or fp16 under --fp16
   ExecutorPrecision precision;
   // A model with experts: its MoE layers' MLP (which layers, core/moe_spec.h's moe_layer).
@@ -300,9 +307,12 @@ struct LayerRecipe {
   // stage or group, whose input norm adds nothing, and the others), B, I and W, selective
   // recomputation's attention, and the stage's embedding, head and boundary blocks. Row-parallel
   // biases are added by tensor-parallel rank 0 only. `ring`: ring_attention()'s, whose kernels stand
-  // in each pass's attention under context parallelism. Dense layers only: throws
-  // experts_not_built() for a model with experts.
+  // in each pass's attention under context parallelism. An MoE layer's blocks hold its MLP's
+  // kernels (core/moe_kernel_list.h) at the plan's stated load, for F and B (MoE layers do not run
+  // under schedules that split the backward).
   KernelBlocks kernel_blocks(int64_t tensor_parallel_rank, const RingAttentionPasses& ring) const;
+  // An MoE layer's MLP at the plan's stated load (core/moe_kernel_list.h); empty without experts.
+  MoeKernels moe_mlp_kernels() const;
   // Context parallelism's ring attention step by step, as the layer blocks list it flattened.
   RingAttentionPasses ring_attention() const;
 };

@@ -7,6 +7,7 @@
 #include "core/checked_math.h"
 #include "core/executor_memory.h"
 #include "core/formulas.h"
+#include "core/kernel_list.h"
 #include "core/pipeline_layout.h"
 
 namespace megaplan {
@@ -197,7 +198,7 @@ std::vector<PipelineRankMemory> executor_pipeline_memory(const ModelSpec& model,
 
 std::vector<PipelineRankMemory> memory_per_pipeline_rank(const ModelSpec& model, const ParallelPlan& plan,
                                                          const PipelineSchedule& schedule) {
-  require_dense_layers(model);  // both models' activations are a dense layer's
+  require_costed_layers(model, plan);  // Megatron's activations are a dense layer's
   return plan.implementation == Implementation::kMegaplan
              ? executor_pipeline_memory(model, plan, walk_executor_memory(model, plan, schedule))
              : megatron_memory(model, plan, schedule);

@@ -2,8 +2,8 @@
 // in place of the dense MLP, how wide and how many experts, and how the router chooses and
 // balances them — the flags' meanings, their rules and their JSON, in one place. Described here
 // and counted by core/formulas.h; train runs its MoE layers (core/layer_recipe.h's MoeDims, within
-// core/executor_support.h's limits); simulate and search refuse one (require_dense_layers,
-// core/model_spec.h).
+// core/executor_support.h's limits); simulate costs them where train runs them
+// (core/moe_kernel_list.h); search refuses one (core/model_spec.h's experts_not_searched).
 #pragma once
 
 #include <cstdint>

@@ -2,6 +2,7 @@
 #include "core/parallel_plan.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include <nlohmann/json.hpp>
 
@@ -11,6 +12,7 @@
 #include "core/json_io.h"
 #include "core/pipeline_layout.h"
 #include "core/schedule/schedule_traits.h"
+#include "core/units.h"
 
 namespace megaplan {
 
@@ -107,6 +109,22 @@ void validate_expert_parallel_size(const ModelSpec& model, int64_t expert_parall
   }
 }
 
+void validate_moe_imbalance(const ModelSpec& model, double imbalance) {
+  if (!std::isfinite(imbalance) || imbalance < 1) {
+    throw SpecError("--moe-imbalance", "must be at least 1 (the busiest expert's rows over the mean), got " +
+                                           format_significant(imbalance, 4));
+  }
+  if (imbalance == 1) return;
+  if (!model.moe.enabled()) throw SpecError("--moe-imbalance", "needs --num-experts (a dense model routes nothing)");
+  const double most =
+      static_cast<double>(model.moe.num_experts) / static_cast<double>(model.moe.effective_router_topk());
+  if (imbalance > most) {
+    throw SpecError("--moe-imbalance",
+                    "must be at most --num-experts / --moe-router-topk = " + format_significant(most, 4) +
+                        " (the busiest expert takes each token once at most), got " + format_significant(imbalance, 4));
+  }
+}
+
 void validate_plan(const ModelSpec& model, const ParallelPlan& plan) {
   const int64_t tp = plan.tensor_parallel_size;
   const int64_t pp = plan.pipeline_parallel_size;
@@ -139,6 +157,7 @@ void validate_plan(const ModelSpec& model, const ParallelPlan& plan) {
   // x expert-dp x pp, Megatron's expert generator) tile the same world as the dense layers'.
   const int64_t ep = plan.expert_model_parallel_size;
   validate_expert_parallel_size(model, ep);
+  validate_moe_imbalance(model, plan.moe_imbalance);
   if (model.moe.enabled()) {
     require_divides(ep, cp * dp, "--expert-model-parallel-size", [&] {
       return "must divide the ranks of a pipeline stage outside tensor parallelism, cp x dp = " +
@@ -213,7 +232,9 @@ std::string describe_pipeline_split(const PipelineSplit& split) {
 std::string describe_plan(const ParallelPlan& plan) {
   return "tp " + std::to_string(plan.tensor_parallel_size) + ", pp " + std::to_string(plan.pipeline_parallel_size) +
          ", cp " + std::to_string(plan.context_parallel_size) + ", dp " + std::to_string(plan.data_parallel_size) +
-         ", vpp " + std::to_string(plan.virtual_pipeline_parallel_size) +
+         (plan.expert_model_parallel_size == 1 ? "" : ", ep " + std::to_string(plan.expert_model_parallel_size)) +
+         (plan.moe_imbalance == 1 ? "" : ", moe imbalance " + format_significant(plan.moe_imbalance, 4)) + ", vpp " +
+         std::to_string(plan.virtual_pipeline_parallel_size) +
          (plan.pipeline_split.even() ? "" : " (" + describe_pipeline_split(plan.pipeline_split) + ")") + ", mbs " +
          std::to_string(plan.micro_batch_size) + ", gbs " + std::to_string(plan.global_batch_size) + ", recompute " +
          to_string(plan.recompute_granularity) + ", sp " + (plan.sequence_parallel ? "on" : "off") +
@@ -244,6 +265,7 @@ nlohmann::json parallel_plan_to_json(const ParallelPlan& plan) {
   };
   // Only where experts are split: every dense plan's file stays as it was.
   if (plan.expert_model_parallel_size != 1) json["expert_model_parallel_size"] = plan.expert_model_parallel_size;
+  if (plan.moe_imbalance != 1) json["moe_imbalance"] = plan.moe_imbalance;
   return json;
 }
 
@@ -255,6 +277,7 @@ ParallelPlan parallel_plan_from_json(const nlohmann::json& json, const std::stri
   reader.read("context_parallel_size", plan.context_parallel_size);
   reader.require("data_parallel_size", plan.data_parallel_size);
   reader.read("expert_model_parallel_size", plan.expert_model_parallel_size);
+  reader.read("moe_imbalance", plan.moe_imbalance);
   reader.read("virtual_pipeline_parallel_size", plan.virtual_pipeline_parallel_size);
   reader.require("micro_batch_size", plan.micro_batch_size);
   reader.require("global_batch_size", plan.global_batch_size);

@@ -71,6 +71,10 @@ struct ParallelPlan {
   // Models with experts only (core/rank_groups.h builds the expert groups). Last, so that
   // positional initialisers keep their order.
   int64_t expert_model_parallel_size = 1;
+  // --moe-imbalance: the routed load the costs assume, the busiest expert's rows over the mean (the
+  // trainer logs it as tokens_per_expert_max_mean); 1, balanced. A stated input, not a choice of
+  // layout: search ranks every plan at it. Models with experts only.
+  double moe_imbalance = 1.0;
 
   int64_t world_size() const {
     return tensor_parallel_size * pipeline_parallel_size * context_parallel_size * data_parallel_size;
@@ -104,13 +108,16 @@ void validate_plan(const ModelSpec& model, const ParallelPlan& plan);
 // validate_plan's rules on ep that need no layout: at least 1, 1 for a dense model, dividing the
 // experts (search checks a pinned ep with it).
 void validate_expert_parallel_size(const ModelSpec& model, int64_t expert_parallel_size);
+// --moe-imbalance: finite, at least 1, above 1 only with experts, at most experts / top k.
+void validate_moe_imbalance(const ModelSpec& model, double imbalance);
 
 // JSON field names are the struct's member names; schedule and recompute use their spellings.
 // "first 7 last 7", "embedding and loss as layers"; "" for an even split.
 std::string describe_pipeline_split(const PipelineSplit& split);
 
 // One line: "tp 8, pp 16, cp 1, dp 8, vpp 1, mbs 1, gbs 1536, recompute none, sp on, distributed
-// optimizer off, 1f1b"; an uneven split follows vpp in parentheses.
+// optimizer off, 1f1b"; an uneven split follows vpp in parentheses, ep and the stated MoE
+// imbalance follow dp where they are not 1.
 std::string describe_plan(const ParallelPlan& plan);
 
 nlohmann::json parallel_plan_to_json(const ParallelPlan& plan);

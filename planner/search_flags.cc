@@ -7,10 +7,8 @@
 namespace megaplan::planner {
 
 SearchSpace search_space_from_flags(const SearchSpaceFlags& options, const ModelSpec& model) {
-  for (const int64_t ep : options.expert_parallel) {
-    validate_expert_parallel_size(model, ep);
-    if (ep != 1) throw experts_not_built();  // no model with experts is searched yet
-  }
+  for (const int64_t ep : options.expert_parallel) validate_expert_parallel_size(model, ep);
+  if (model.moe.enabled()) throw experts_not_searched();
   SearchSpace space;
   space.tensor_parallel = options.tensor_parallel;
   space.pipeline_parallel = options.pipeline_parallel;

@@ -91,7 +91,8 @@ void write_simulation_text(const JobSpec& job, const sim::Profile& profile, cons
   out << "profile    " << sim::describe_profile(profile) << "\n           " << simulation.sources.fallback << " of "
       << lookups << " kernel times from a fallback (the roofline, or entries of a nearby kind)\n\n";
 
-  TextTable table({"rank", "compute s", "tp/cp comm s", "pp comm s", "dp comm s", "idle s", "in-flight", "memory GiB"});
+  TextTable table(
+      {"rank", "compute s", "tp/cp/ep comm s", "pp comm s", "dp comm s", "idle s", "in-flight", "memory GiB"});
   for (std::size_t r = 0; r < result.ranks.size(); ++r) {
     const sim::RankSimulation& times = result.ranks[r];
     const PipelineRankMemory& memory = simulation.memory[r];

@@ -526,13 +526,25 @@ double Profile::memory_kernel_seconds(const std::string& kernel_class, int64_t b
     ++sources.table;
     return seconds_from_curve(found->second, log_of(bytes));
   }
-  if (elementwise_.points.empty()) {
-    if (const auto add = memory_kernels_.find("add"); add != memory_kernels_.end()) {
-      ++sources.table;
-      return seconds_from_curve(add->second, log_of(bytes));
-    }
+  // A streaming pass (kElementwise) is what the `elementwise` table or the residual add's curve
+  // measures; any other class answered so is a fallback (entries of a nearby kind).
+  const bool streaming = kernel_class == "elementwise";
+  CostSources answered;
+  double seconds = 0;
+  const auto add = memory_kernels_.find("add");
+  if (elementwise_.points.empty() && add != memory_kernels_.end()) {
+    ++answered.table;
+    seconds = seconds_from_curve(add->second, log_of(bytes));
+  } else {
+    seconds = elementwise_seconds(bytes, answered);
   }
-  return elementwise_seconds(bytes, sources);
+  if (streaming) {
+    sources.table += answered.table;
+    sources.fallback += answered.fallback;
+  } else {
+    ++sources.fallback;
+  }
+  return seconds;
 }
 
 double Profile::kernel_seconds(const Kernel& kernel, CostSources& sources) const {

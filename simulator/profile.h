@@ -138,7 +138,8 @@ class Profile {
   double elementwise_seconds(int64_t bytes, CostSources& sources) const;
   // A memory-bound kernel of a class of core's kernel lists (memory_kernel_class) moving `bytes`
   // (kernel_bytes): its class's measured curve; without one the `elementwise` table, then the
-  // measured residual add's curve (a streaming pass like any), then the roofline.
+  // measured residual add's curve (a streaming pass like any), then the roofline — counted as a
+  // fallback for any class but kElementwise's own.
   double memory_kernel_seconds(const std::string& kernel_class, int64_t bytes, CostSources& sources) const;
   // Any kernel of core's lists, with bf16 activations. Attention is causal. Each distinct kernel is
   // looked up once and its answer remembered (simulator/kernel_seconds_memo.h); safe from threads.

@@ -117,7 +117,8 @@ bool same_routes(const GroupRoutes& a, const GroupRoutes& b) {
     return x.bandwidth_bytes_per_s == y.bandwidth_bytes_per_s && x.latency_s == y.latency_s &&
            x.crosses_nodes == y.crosses_nodes;
   };
-  return same(a.tensor, b.tensor) && same(a.context, b.context) && same(a.data, b.data);
+  return same(a.tensor, b.tensor) && same(a.context, b.context) && same(a.data, b.data) && same(a.expert, b.expert) &&
+         same(a.expert_data, b.expert_data);
 }
 
 RankGenerator decoder_ranks(const ParallelPlan& plan) {
@@ -137,13 +138,25 @@ std::vector<GroupRoutes> pipeline_group_routes(const ParallelPlan& plan, const T
     }
   }
   const Route none = topology.ring_route({0});
-  std::vector<GroupRoutes> routes(static_cast<std::size_t>(plan.pipeline_parallel_size), GroupRoutes{none, none, none});
-  for (const auto& [token, member] : {std::pair{"tp", &GroupRoutes::tensor}, std::pair{"cp", &GroupRoutes::context},
-                                      std::pair{"dp-cp", &GroupRoutes::data}}) {
-    for (const std::vector<int64_t>& group : ranks.get_ranks(token)) {
+  std::vector<GroupRoutes> routes(static_cast<std::size_t>(plan.pipeline_parallel_size),
+                                  GroupRoutes{none, none, none, none, none});
+  const auto add = [&](const RankGenerator& generator, const char* token, Route GroupRoutes::*member) {
+    for (const std::vector<int64_t>& group : generator.get_ranks(token)) {
       Route& slowest = routes[pipeline_rank[static_cast<std::size_t>(group.front())]].*member;
       slowest = slower(slowest, topology.ring_route(group));
     }
+  };
+  add(ranks, "tp", &GroupRoutes::tensor);
+  add(ranks, "cp", &GroupRoutes::context);
+  add(ranks, "dp-cp", &GroupRoutes::data);
+  if (plan.expert_model_parallel_size > 1) {  // the expert layers' generator: their pipeline groups are the same
+    const RankGenerator experts("expert", plan.tensor_parallel_size, plan.expert_model_parallel_size,
+                                plan.expert_data_parallel_size(), plan.pipeline_parallel_size, 1,
+                                std::string(kDefaultParallelOrder));
+    add(experts, "ep", &GroupRoutes::expert);
+    add(experts, "dp", &GroupRoutes::expert_data);
+  } else {
+    for (GroupRoutes& rank : routes) rank.expert_data = rank.data;  // the experts' replicas are the others'
   }
   return routes;
 }
@@ -261,6 +274,16 @@ LayerCollectives plan_layer_collectives(const ModelSpec& model, const ParallelPl
   return collectives;
 }
 
+// An MoE layer's exchanges over its ep group, none of them overlapped (the executor waits for each):
+// forward, every rank's rows per expert all-gathered, then the rows out to their experts and back
+// by two all-to-alls; backward, their gradients by two more.
+LayerCollectives moe_collectives(const ParallelPlan& plan, const MoeKernels& moe, const Route& expert_route,
+                                 const Profile& profile, CostSources& sources) {
+  const CollectiveCoster expert(profile, expert_route, plan.expert_model_parallel_size, sources);
+  const double exchange = expert(CollectiveOp::kAllToAll, moe.exchange_bytes);
+  return {expert(CollectiveOp::kAllGather, moe.count_bytes) + 2 * exchange, 2 * exchange};
+}
+
 // The output layer's collectives: with sequence parallelism its input is all-gathered in the
 // forward and its input gradient reduce-scattered; without, that gradient is all-reduced.
 LayerCollectives head_collectives(const ModelSpec& model, const ParallelPlan& plan, const Profile& profile,
@@ -277,6 +300,7 @@ LayerCollectives head_collectives(const ModelSpec& model, const ParallelPlan& pl
 
 LayerCosts transformer_layer_costs(const ModelSpec& model, const ParallelPlan& plan, const Profile& profile,
                                    const GroupRoutes& routes, CostSources& sources) {
+  if (model.moe.enabled()) throw std::logic_error("transformer_layer_costs: a dense model's layer");
   const PlanKernels kernels(model, plan);
   KernelCosts costs(profile, sources);
   const BlockSeconds blocks = cost_blocks(kernels, costs);
@@ -324,13 +348,22 @@ LayerCosts output_layer_costs(const ModelSpec& model, const ParallelPlan& plan, 
 }
 
 double optimizer_step_seconds(const ParallelPlan& plan, int64_t parameters_per_gpu, const Profile& profile,
-                              const Route& data_route, CostSources& sources) {
+                              const Route& data_route, CostSources& sources, int64_t expert_parameters_per_gpu,
+                              const Route* expert_data_route) {
   double seconds = 0;
-  for (const Kernel& kernel : optimizer_step_kernels(plan, parameters_per_gpu)) {
+  for (const Kernel& kernel : optimizer_step_kernels(plan, parameters_per_gpu, expert_parameters_per_gpu)) {
     seconds += profile.kernel_seconds(kernel, sources);
   }
   const int64_t replicas = plan.gradient_group_size();
   if (!plan.use_distributed_optimizer || replicas <= 1) return seconds;
+  if (expert_parameters_per_gpu > 0) {
+    // The experts' updated parameters gather over expert dp, after the others' (not overlapped:
+    // --overlap-param-gather is the dense buckets').
+    const CollectiveCoster expert_data(profile, expert_data_route ? *expert_data_route : data_route,
+                                       plan.expert_data_parallel_size(), sources);
+    seconds += expert_data(CollectiveOp::kAllGather, kBf16 * expert_parameters_per_gpu);
+    parameters_per_gpu -= expert_parameters_per_gpu;
+  }
   // The updated bf16 parameters gathered over dp x cp; --overlap-param-gather issues the gathers
   // bucket by bucket and waits for each in the next forward, so only the first bucket's is exposed,
   // and the forward it runs beside loses what the others take from it (exposed_beside, the forward
@@ -351,14 +384,21 @@ ActionCosts plan_action_costs(const ModelSpec& model, const ParallelPlan& plan, 
   const PlanKernels kernels(model, plan);
   KernelCosts kernel_costs(profile, sources);
   const BlockSeconds blocks = cost_blocks(kernels, kernel_costs);
-  // Layer collectives per pipeline rank; ranks whose groups route alike share one computation.
-  std::vector<LayerCollectives> collectives_of_rank;
+  // Layer collectives per pipeline rank, and an MoE layer's exchanges; ranks whose groups route alike
+  // share one computation.
+  std::vector<LayerCollectives> collectives_of_rank, moe_collectives_of_rank;
   for (std::size_t rank = 0; rank < routes.size(); ++rank) {
     std::size_t alike = 0;
     while (alike < rank && !same_routes(routes[alike], routes[rank])) ++alike;
-    collectives_of_rank.push_back(alike < rank
-                                      ? collectives_of_rank[alike]
-                                      : plan_layer_collectives(model, plan, kernels, routes[rank], kernel_costs));
+    if (alike < rank) {
+      collectives_of_rank.push_back(collectives_of_rank[alike]);
+      moe_collectives_of_rank.push_back(moe_collectives_of_rank[alike]);
+      continue;
+    }
+    collectives_of_rank.push_back(plan_layer_collectives(model, plan, kernels, routes[rank], kernel_costs));
+    moe_collectives_of_rank.push_back(model.moe.enabled()
+                                          ? moe_collectives(plan, kernels.moe(), routes[rank].expert, profile, sources)
+                                          : LayerCollectives{});
   }
   const int64_t t = plan.tensor_parallel_size;
   const int64_t pp = plan.pipeline_parallel_size;
@@ -376,13 +416,16 @@ ActionCosts plan_action_costs(const ModelSpec& model, const ParallelPlan& plan, 
   costs.stages.resize(static_cast<std::size_t>(num_stages));
   for (int64_t index = 0; index < num_stages; ++index) {
     StageCosts& stage = costs.stages[static_cast<std::size_t>(index)];
-    const LayerCollectives& layer =
-        collectives_of_rank[static_cast<std::size_t>(pipeline_rank_of_stage(index, pp, placement))];
+    const auto rank = static_cast<std::size_t>(pipeline_rank_of_stage(index, pp, placement));
+    const LayerCollectives& layer = collectives_of_rank[rank];
+    const LayerCollectives& moe = moe_collectives_of_rank[rank];
     const int64_t layers = stage_layers[static_cast<std::size_t>(index)];
-    const int64_t recomputed = recomputed_layers(plan, layers);
-    stage.forward_collectives = static_cast<double>(layers) * layer.forward;
-    stage.backward_collectives =
-        static_cast<double>(layers) * layer.backward + static_cast<double>(recomputed) * layer.forward;
+    const int64_t recomputed = recomputed_layers(plan, layers);  // no MoE layer is (require_costed_layers)
+    const StageLayers held = megaplan::stage_layers(index, model, plan);
+    const auto moe_layers = static_cast<double>(model.moe.moe_layers(held.first_layer, held.num_layers));
+    stage.forward_collectives = static_cast<double>(layers) * layer.forward + moe_layers * moe.forward;
+    stage.backward_collectives = static_cast<double>(layers) * layer.backward +
+                                 static_cast<double>(recomputed) * layer.forward + moe_layers * moe.backward;
     stage.forward = part_seconds(kernels, blocks, index, SchedulePart::kForward) + stage.forward_collectives;
     stage.backward = part_seconds(kernels, blocks, index, SchedulePart::kBackward) + stage.backward_collectives;
     stage.backward_input =
@@ -450,12 +493,20 @@ ActionCosts plan_action_costs(const ModelSpec& model, const ParallelPlan& plan, 
     costs.stages[static_cast<std::size_t>(stage)].gradient_reduction_overlap = data.overlap(reduction);
     // Buckets of the others fill as the backward goes; the word embedding has a bucket of its own
     // (core's stage_layout), whole only at the backward's end.
-    const int64_t filling = held.parameters_per_gpu - held.word_embedding_per_gpu;
-    for (int64_t done = 0; done < filling; done += bucket) {
-      const int64_t size = std::min(bucket, filling - done);
-      buckets.push_back(
-          {data(reduction, gradient_bytes * size), static_cast<double>(done + size) / static_cast<double>(filling)});
+    // The routed experts' gradients sum in buckets of their own over expert dp (none when each
+    // rank holds its experts alone); both kinds fill at the pace of the backward, in order of readiness.
+    const CollectiveCoster expert_data(profile, routes_of_stage(stage).expert_data, plan.expert_data_parallel_size(),
+                                       sources);
+    const int64_t filling = held.parameters_per_gpu - held.word_embedding_per_gpu - held.expert_per_gpu;
+    for (const auto& [parameters, group] : {std::pair{filling, &data}, std::pair{held.expert_per_gpu, &expert_data}}) {
+      for (int64_t done = 0; done < parameters; done += bucket) {
+        const int64_t size = std::min(bucket, parameters - done);
+        buckets.push_back({(*group)(reduction, gradient_bytes * size),
+                           static_cast<double>(done + size) / static_cast<double>(parameters)});
+      }
     }
+    std::stable_sort(buckets.begin(), buckets.end(),
+                     [](const GradientBucketCost& a, const GradientBucketCost& b) { return a.ready < b.ready; });
     if (held.word_embedding_per_gpu > 0) {
       buckets.push_back({data(reduction, gradient_bytes * held.word_embedding_per_gpu), 1});
     }
@@ -463,9 +514,11 @@ ActionCosts plan_action_costs(const ModelSpec& model, const ParallelPlan& plan, 
 
   costs.optimizer.resize(static_cast<std::size_t>(pp));
   for (int64_t rank = 0; rank < pp; ++rank) {
+    const PipelineRankParameters& held = rank_parameters[static_cast<std::size_t>(rank)];
+    const GroupRoutes& rank_routes = routes[static_cast<std::size_t>(rank)];
     costs.optimizer[static_cast<std::size_t>(rank)] =
-        optimizer_step_seconds(plan, rank_parameters[static_cast<std::size_t>(rank)].parameters_per_gpu, profile,
-                               routes[static_cast<std::size_t>(rank)].data, sources);
+        optimizer_step_seconds(plan, held.parameters_per_gpu, profile, rank_routes.data, sources, held.expert_per_gpu,
+                               &rank_routes.expert_data);
   }
 
   // Tied embeddings on two pipeline ranks: before the step, the word embedding's gradient and the

@@ -29,12 +29,15 @@ struct LayerCosts {
 };
 
 // The routes a pipeline rank's groups communicate over: its tensor-, context- and data-parallel
-// (dp x cp) rings. Each is the slowest over all of that pipeline rank's groups of the kind (the
-// replicas wait for the slowest), so a placement that puts some groups across nodes shows.
+// (dp x cp) rings, and with experts its expert-parallel and expert data-parallel ones. Each is the
+// slowest over all of that pipeline rank's groups of the kind (the replicas wait for the slowest),
+// so a placement that puts some groups across nodes shows.
 struct GroupRoutes {
   Route tensor;
   Route context;
   Route data;
+  Route expert;
+  Route expert_data;
 };
 // One entry per pipeline rank, from Megatron's rank groups (order tp-cp-ep-dp-pp, global rank g on
 // GPU g).
@@ -42,7 +45,8 @@ std::vector<GroupRoutes> pipeline_group_routes(const ParallelPlan& plan, const T
 
 // One transformer layer; its forward is the cheaper of a stage's first layer and the later ones
 // (whose input norm also adds the previous branch), so that stage costs are never below layers x
-// these. REQUIRES: validate_plan(model, plan) passed.
+// these. REQUIRES: validate_plan(model, plan) passed; a dense model (the planner's estimate: search
+// does not enumerate models with experts yet).
 LayerCosts transformer_layer_costs(const ModelSpec& model, const ParallelPlan& plan, const Profile& profile,
                                    const GroupRoutes& routes, CostSources& sources);
 
@@ -51,11 +55,14 @@ LayerCosts transformer_layer_costs(const ModelSpec& model, const ParallelPlan& p
 LayerCosts output_layer_costs(const ModelSpec& model, const ParallelPlan& plan, const Profile& profile,
                               const Route& tensor_route, CostSources& sources);
 
-// OPTIM on a pipeline rank holding `parameters_per_gpu`: the executor's optimizer kernels (the
-// gradient norm, AdamW over its (shard of the) parameters, the gradient buffer zeroed) and with the
-// distributed optimizer the all-gather of the updated parameters over dp x cp and their compute copies.
+// OPTIM on a pipeline rank holding `parameters_per_gpu` (`expert_parameters_per_gpu` of them routed
+// experts'): the executor's optimizer kernels (the gradient norm, AdamW over its (shard of the)
+// parameters, the gradient buffer zeroed) and with the distributed optimizer the all-gather of the
+// updated parameters over dp x cp (the experts' over expert dp, on `expert_data_route`) and their
+// compute copies.
 double optimizer_step_seconds(const ParallelPlan& plan, int64_t parameters_per_gpu, const Profile& profile,
-                              const Route& data_route, CostSources& sources);
+                              const Route& data_route, CostSources& sources, int64_t expert_parameters_per_gpu = 0,
+                              const Route* expert_data_route = nullptr);
 
 // Every stage and every pipeline rank of the plan on `topology` (the job's GPUs).
 // REQUIRES: validate_plan(model, plan) passed; topology.num_gpus() == plan.world_size().

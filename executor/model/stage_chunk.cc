@@ -34,7 +34,7 @@ Activation* kept_for_w(DeferredGradients<Activation>* deferred, Activation Defer
 }
 
 // An MoE layer's MLP as core's recipe sizes it and core/moe_spec.h configures its router.
-MoeMlpShape moe_mlp_shape(const ModelSpec& model, const ParallelPlan& plan, const LayerRecipe& recipe) {
+MoeMlpShape moe_mlp_shape(const ModelSpec& model, const LayerRecipe& recipe) {
   const MoeSpec& spec = model.moe;
   const MoeDims& dims = *recipe.moe;
   const auto size = [](int64_t n) { return static_cast<std::size_t>(n); };
@@ -55,10 +55,9 @@ MoeMlpShape moe_mlp_shape(const ModelSpec& model, const ParallelPlan& plan, cons
         spec.token_drop_policy == TokenDropPolicy::kProbs ? MoeDropPolicy::kProbs : MoeDropPolicy::kPosition;
     shape.capacity.pad = spec.pad_expert_input_to_capacity;
   }
-  if (spec.load_balancing != LoadBalancing::kNone) shape.aux_loss_coeff = spec.aux_loss_coeff;
-  // seq_aux_loss: each of the microbatch's sequences (whole on the rank: cp 1) its own loss.
-  if (spec.load_balancing == LoadBalancing::kSeqAuxLoss) shape.aux_loss_sequences = size(plan.micro_batch_size);
-  shape.z_loss_coeff = spec.z_loss_coeff;
+  if (dims.aux_loss) shape.aux_loss_coeff = spec.aux_loss_coeff;
+  shape.aux_loss_sequences = size(dims.aux_loss_sequences);
+  if (dims.z_loss) shape.z_loss_coeff = spec.z_loss_coeff;
   return shape;
 }
 
@@ -220,7 +219,7 @@ StageChunk::StageChunk(const ModelSpec& model, const ParallelPlan& plan, int64_t
     layer.shared_fc1 = find(prefix + "mlp.shared_experts.linear_fc1.weight");
     layer.shared_fc2 = find(prefix + "mlp.shared_experts.linear_fc2.weight");
     layer.shared_gate = find(prefix + "mlp.shared_experts.gate_weight");
-    if (!moe_) moe_ = std::make_unique<MoeMlp>(moe_mlp_shape(model, plan, recipe_), backend_, expert_parallel);
+    if (!moe_) moe_ = std::make_unique<MoeMlp>(moe_mlp_shape(model, recipe_), backend_, expert_parallel);
   }
   if (has_output_) {
     final_gamma_ = find("decoder.final_layernorm.weight");

@@ -125,6 +125,22 @@ std::vector<OptimizerTensor> KernelLaunch::optimizer_tensors(int64_t elements) {
   return tensors;
 }
 
+int32_t* KernelLaunch::indices(int64_t elements) {
+  indices_.push_back(backend_.allocate_indices(size(std::max<int64_t>(elements, 1))));
+  return indices_.back();
+}
+
+void KernelLaunch::route(int64_t tokens, int64_t experts, int64_t topk, int64_t rows) {
+  router_.experts = size(experts);
+  router_.topk = size(topk);
+  logits_ = activation(tokens * experts);
+  experts_ = indices(tokens * topk);
+  probs_ = floats(tokens * topk);
+  maps_ = {indices(tokens * topk), indices(std::max(rows, tokens * topk))};
+  backend_.moe_top_k(logits_, size(tokens), router_, nullptr, experts_, probs_);
+  (void)backend_.moe_dispatch(experts_, probs_, size(tokens), router_, {}, maps_);
+}
+
 KernelLaunch::KernelLaunch(Backend& backend, const Kernel& kernel, EmbeddingTable table)
     : backend_(backend), kernel_(kernel), table_(table) {
   const Kernel& k = kernel;
@@ -275,6 +291,57 @@ KernelLaunch::KernelLaunch(Backend& backend, const Kernel& kernel, EmbeddingTabl
       break;
     case KernelKind::kElementwise:
       throw std::invalid_argument("KernelLaunch: the executor launches no kElementwise kernel");
+    // Mixture of experts: router kernels over the kernel's experts; row moves over a routing of
+    // their own (the work is the rows moved, whatever the experts: eight, or 2k for a larger k).
+    case KernelKind::kMoeTopK:
+    case KernelKind::kMoeTopKBackward:
+    case KernelKind::kMoeDispatch:
+    case KernelKind::kMoeAuxCounts:
+    case KernelKind::kMoeSwitchLoss:
+    case KernelKind::kMoeSwitchLossGradient:
+    case KernelKind::kMoeSequenceAuxLoss:
+    case KernelKind::kMoeSequenceAuxLossGradient:
+    case KernelKind::kMoeZLoss:
+    case KernelKind::kMoeZLossGradient:
+      route(k.rows, k.cols, std::max<int64_t>(k.batch, 1), 0);
+      b.master = floats(k.rows * k.cols);  // the logits' gradient
+      b.terms = floats(k.cols);            // the aux loss's counts
+      backend_.fill(b.terms, size(k.cols), static_cast<float>(k.rows * std::max<int64_t>(k.batch, 1) / k.cols));
+      b.loss_sum = floats(2);  // a double
+      break;
+    case KernelKind::kMoePermute: {  // rows gathered from as many token rows, spread
+      b.x = activation(k.rows * k.cols);
+      b.y = activation(k.rows * k.cols);
+      int32_t* row_tokens = indices(k.rows);
+      std::vector<int32_t> tokens(size(k.rows));
+      for (std::size_t r = 0; r < tokens.size(); ++r) tokens[r] = static_cast<int32_t>((r * 7919) % tokens.size());
+      backend_.upload(reinterpret_cast<float*>(row_tokens), reinterpret_cast<const float*>(tokens.data()),
+                      tokens.size());
+      maps_.row_tokens = row_tokens;
+      break;
+    }
+    case KernelKind::kMoePermuteBackward:
+    case KernelKind::kMoeCombine:
+    case KernelKind::kMoeCombineBackward: {
+      // The dispatch's rows: every route's, or as combine's backward states them (padded beyond).
+      const int64_t rows = std::max(k.m, k.rows * k.batch);
+      route(k.rows, std::max<int64_t>(8, 2 * k.batch), k.batch, rows);
+      b.x = activation(rows * k.cols);
+      b.dx = activation(rows * k.cols);
+      b.y = activation(k.rows * k.cols);  // the tokens
+      b.dy = activation(k.rows * k.cols);
+      b.master = floats(k.rows * k.batch);  // the probabilities' gradient
+      break;
+    }
+    case KernelKind::kSigmoidGatedAdd:
+    case KernelKind::kSigmoidGatedAddBackward:
+      b.x = activation(k.rows * k.cols);
+      b.y = activation(k.rows * k.cols);
+      b.dx = activation(k.rows * k.cols);
+      b.dy = activation(k.rows * k.cols);
+      b.branch = activation(k.rows);  // the gate's logit per row
+      b.master = floats(k.rows);
+      break;
   }
 }
 
@@ -282,6 +349,7 @@ KernelLaunch::~KernelLaunch() {
   for (const auto& [copy, value] : compute_copies_) backend_.release_compute_copy(copy, value);
   for (Activation buffer : activations_) backend_.release(buffer);
   for (float* buffer : floats_) backend_.release(buffer);
+  for (int32_t* buffer : indices_) backend_.release(buffer);
 }
 
 void KernelLaunch::operator()() {
@@ -392,6 +460,55 @@ void KernelLaunch::operator()() {
     case KernelKind::kAdamw: backend_.adamw_step(tensors_, {1, 1e-4, 0.9, 0.95, 1e-8, 1.0}); break;
     case KernelKind::kRefreshCompute: backend_.refresh_compute_copy(b.master, size(k.rows), b.y); break;
     case KernelKind::kElementwise: break;
+    case KernelKind::kMoeTopK: backend_.moe_top_k(logits_, size(k.rows), router_, nullptr, experts_, probs_); break;
+    case KernelKind::kMoeTopKBackward:
+      backend_.moe_top_k_backward(logits_, size(k.rows), router_, experts_, probs_, b.master);
+      break;
+    case KernelKind::kMoeDispatch:
+      (void)backend_.moe_dispatch(experts_, probs_, size(k.rows), router_, {}, maps_);
+      break;
+    case KernelKind::kMoePermute: backend_.moe_permute(b.x, size(k.cols), maps_.row_tokens, size(k.rows), b.y); break;
+    case KernelKind::kMoePermuteBackward:
+      backend_.moe_permute_backward(b.dx, size(k.cols), maps_.token_rows, size(k.rows), size(k.batch), b.dy);
+      break;
+    case KernelKind::kMoeCombine:
+      backend_.moe_combine(b.x, size(k.cols), maps_.token_rows, probs_, size(k.rows), size(k.batch), b.y);
+      break;
+    case KernelKind::kMoeCombineBackward:
+      backend_.moe_combine_backward(b.dy, b.x, size(k.cols), {maps_.token_rows, maps_.row_tokens}, probs_, size(k.rows),
+                                    size(k.batch), size(k.m), b.dx, b.master);
+      break;
+    case KernelKind::kMoeAuxCounts: backend_.moe_aux_loss_counts(logits_, size(k.rows), router_, b.terms); break;
+    case KernelKind::kMoeSwitchLoss:
+    case KernelKind::kMoeSwitchLossGradient: {
+      const bool gradient = k.kind == KernelKind::kMoeSwitchLossGradient;
+      backend_.moe_switch_loss(logits_, size(k.rows), router_, b.terms, size(k.rows), 1.0,
+                               gradient ? nullptr : reinterpret_cast<double*>(b.loss_sum),
+                               gradient ? b.master : nullptr, 1.0f);
+      break;
+    }
+    case KernelKind::kMoeSequenceAuxLoss:
+    case KernelKind::kMoeSequenceAuxLossGradient: {
+      const bool gradient = k.kind == KernelKind::kMoeSequenceAuxLossGradient;
+      backend_.moe_sequence_aux_loss(logits_, size(k.rows), size(k.m), router_, 1.0,
+                                     gradient ? nullptr : reinterpret_cast<double*>(b.loss_sum),
+                                     gradient ? b.master : nullptr, 1.0f);
+      break;
+    }
+    case KernelKind::kMoeZLoss:
+    case KernelKind::kMoeZLossGradient: {
+      const bool gradient = k.kind == KernelKind::kMoeZLossGradient;
+      backend_.moe_z_loss(logits_, size(k.rows), size(k.cols), 1.0,
+                          gradient ? nullptr : reinterpret_cast<double*>(b.loss_sum), gradient ? b.master : nullptr,
+                          1.0f);
+      break;
+    }
+    case KernelKind::kSigmoidGatedAdd:
+      backend_.sigmoid_gated_add(b.x, b.branch, size(k.rows), size(k.cols), b.y);
+      break;
+    case KernelKind::kSigmoidGatedAddBackward:
+      backend_.sigmoid_gated_add_backward(b.dy, b.x, b.branch, size(k.rows), size(k.cols), b.dx, b.master);
+      break;
   }
 }
 

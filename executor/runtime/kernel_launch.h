@@ -52,6 +52,11 @@ class KernelLaunch {
   // A ring block's or a key-value packing's shapes (kernel_launch.cc).
   AttentionDims ring_dims() const;
   AttentionChunkBlock ring_block() const;
+  // An MoE kernel's routing: `tokens` tokens routed by the backend's own top k over `experts`
+  // (random logits) and dispatched dropless, into router_, logits_, experts_, probs_ and maps_
+  // (whose row map holds at least `rows` rows).
+  void route(int64_t tokens, int64_t experts, int64_t topk, int64_t rows);
+  int32_t* indices(int64_t elements);
 
   Backend& backend_;
   Kernel kernel_;
@@ -63,6 +68,12 @@ class KernelLaunch {
   std::vector<float> loss_weights_;
   std::vector<OptimizerTensor> tensors_;
   std::vector<std::pair<Activation, float*>> compute_copies_;
+  std::vector<int32_t*> indices_;
+  MoeRouter router_;
+  Activation logits_ = nullptr;
+  int32_t* experts_ = nullptr;
+  float* probs_ = nullptr;
+  MoeDispatchMaps maps_;
 };
 
 }  // namespace megaplan::exec

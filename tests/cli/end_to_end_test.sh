@@ -645,10 +645,24 @@ grep -q '^experts  8 a layer of ffn 14336, each token to its top 2; ' "$scratch/
   fail "a Mixtral config named mistral is not described with its experts: $(head -5 "$scratch/out")"
 expect_ok describe --model "$examples/hf/mixtral-8x7b-config.json" --cluster h200-x2 --seq-length 4096 --gbs 8 --json
 grep -q '"active_parameters": 12879925248' "$scratch/out" || fail "Mixtral-8x7B's active parameters: $(grep -m2 parameters "$scratch/out")"
-moe_refusal='error: --num-experts: mixture of experts is described, converted and trained \(train: at tp and cp 1, any ep\) but not yet simulated or searched'
-expect_error "$moe_refusal" simulate --model mixtral-8x7b --cluster dgx-h100 --gpus 8 --tp 8 --gbs 8 --seq-length 4096
+# simulate costs MoE layers where train runs them (tp and cp 1, megaplan's implementation), at the
+# load --moe-imbalance states; search does not enumerate them yet.
+expect_ok simulate --model mixtral-8x7b --cluster dgx-h100 --gpus 64 --ep 8 --pp 4 --gbs 64 --seq-length 4096 \
+  --recompute-granularity selective --json
+balanced_s=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["iteration_time_s"])' "$scratch/out")
+expect_ok simulate --model mixtral-8x7b --cluster dgx-h100 --gpus 64 --ep 8 --pp 4 --gbs 64 --seq-length 4096 \
+  --recompute-granularity selective --moe-imbalance 2 --json
+python3 -c 'import json,sys; skewed = json.load(open(sys.argv[1]))["iteration_time_s"]; assert skewed > 1.2 * float(sys.argv[2]), (skewed, sys.argv[2])' \
+  "$scratch/out" "$balanced_s" || fail "an expert twice as busy did not slow the ep 8 iteration"
+expect_error 'error: --moe-imbalance: must be at most --num-experts / --moe-router-topk = 4 ' \
+  simulate --model mixtral-8x7b --cluster dgx-h100 --gpus 64 --ep 8 --gbs 64 --moe-imbalance 5
+expect_error 'error: --moe-imbalance: needs --num-experts' simulate --model llama3-8b --cluster dgx-h100 --gpus 8 --moe-imbalance 2
+expect_error 'error: --tensor-model-parallel-size: mixture of experts with tensor parallelism is not in the executor yet' \
+  simulate --model mixtral-8x7b --cluster dgx-h100 --gpus 8 --tp 8 --gbs 8 --seq-length 4096
+expect_error "error: --num-experts: mixture of experts is costed as megaplan's executor runs it; Megatron-LM's \(megatron-core\)" \
+  simulate --model mixtral-8x7b --cluster dgx-h100 --gpus 8 --ep 8 --gbs 8 --implementation megatron-core
+moe_refusal='error: --num-experts: mixture of experts is described, converted, trained \(at tp and cp 1, any ep\) and simulated \(under --implementation megaplan\) but not yet searched'
 expect_error "$moe_refusal" search --model mixtral-8x7b --cluster dgx-h100 --gpus 64 --gbs 64 --seq-length 4096 --implementation megatron-core
-expect_error "$moe_refusal" simulate --model gpt2-124m --cluster h200-x2 --num-experts 8 --moe-router-topk 2
 mkdir -p "$scratch/mixtral-hf" && cp "$examples/hf/mixtral-8x7b-config.json" "$scratch/mixtral-hf/config.json"
 # convert reads a Mixtral's experts now (tests/executor/io/hf_checkpoint_test.cc round-trips them);
 # a directory with its config and no weights is refused naming the file, nothing written.
@@ -687,7 +701,7 @@ expect_error 'error: --moe-router-load-balancing-type: sinkhorn balancing is not
 expect_error 'error: --moe-expert-capacity-factor: must be positive, got 0.0' \
   describe --model mixtral-8x7b --cluster h200-x2 --moe-expert-capacity-factor 0
 expect_error 'error: --moe-aux-loss-coeff: needs --num-experts' describe --model llama3-8b --cluster h200-x2 --moe-aux-loss-coeff 0.01
-expect_error "$moe_refusal" simulate --model "$examples/hf/qwen1.5-moe-a2.7b-config.json" --cluster h200-x2 --seq-length 4096
+expect_error "$moe_refusal" search --model "$examples/hf/qwen1.5-moe-a2.7b-config.json" --cluster h200-x2 --seq-length 4096
 
 # Uneven stages: Llama 3.1 405B's 126 layers plan on 1024 H100s with pp >= 8 (issue 17's acceptance),
 # and the emitted Megatron arguments carry the split.

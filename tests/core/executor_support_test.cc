@@ -3,6 +3,8 @@
 // splitting the backward), and each other case names its flag.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+
 #include <optional>
 #include <string>
 
@@ -119,5 +121,10 @@ TEST_CASE("the recipe sizes an MoE layer's buffers by its rows: every route drop
   CHECK(megaplan::LayerRecipe(model, plan).moe->most_rows == 64);
   model.moe.pad_expert_input_to_capacity = true;  // padded to 48 each
   CHECK(megaplan::LayerRecipe(model, plan).moe->most_rows == 4 * 48);
-  CHECK_THROWS_AS(megaplan::LayerRecipe(model, plan).kernel_blocks(0, {}), megaplan::SpecError);
+  // Its kernel blocks list the MoE layers apart (core/moe_kernel_list.h), padded rows permuted.
+  const megaplan::KernelBlocks blocks = megaplan::LayerRecipe(model, plan).kernel_blocks(0, {});
+  const std::vector<megaplan::Kernel>& moe_forward =
+      blocks[static_cast<std::size_t>(megaplan::KernelBlock::kMoeLayerForward)];
+  CHECK(std::count(moe_forward.begin(), moe_forward.end(),
+                   megaplan::row_kernel(megaplan::KernelKind::kMoePermute, 4 * 48, model.hidden_size)) == 1);
 }

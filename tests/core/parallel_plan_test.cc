@@ -163,6 +163,29 @@ TEST_CASE("expert parallelism: experts to split, ep dividing them and the ranks 
                     "--expert-model-parallel-size: must be a positive integer, got 0");
 }
 
+TEST_CASE("the stated MoE imbalance: at least 1, at most experts / top k, only with experts", "[parallel_plan]") {
+  megaplan::ModelSpec model = model_24_layers();
+  ParallelPlan plan = plan_tp2_pp2_dp2();
+  plan.moe_imbalance = 1.5;
+  CHECK_THROWS_WITH(megaplan::validate_plan(model, plan),
+                    "--moe-imbalance: needs --num-experts (a dense model routes nothing)");
+  model.moe.num_experts = 8;  // top 2: the busiest expert takes every token at 4 x the mean
+  CHECK_NOTHROW(megaplan::validate_plan(model, plan));
+  plan.moe_imbalance = 4.5;
+  CHECK_THROWS_WITH(megaplan::validate_plan(model, plan),
+                    "--moe-imbalance: must be at most --num-experts / --moe-router-topk = 4 (the busiest expert takes "
+                    "each token once at most), got 4.5");
+  plan.moe_imbalance = 0.9;
+  CHECK_THROWS_WITH(megaplan::validate_plan(model, plan),
+                    "--moe-imbalance: must be at least 1 (the busiest expert's rows over the mean), got 0.9");
+  plan.moe_imbalance = 1.25;
+  const nlohmann::json json = megaplan::parallel_plan_to_json(plan);
+  CHECK(json["moe_imbalance"] == 1.25);
+  CHECK(megaplan::parallel_plan_from_json(json, "p.json").moe_imbalance == 1.25);
+  CHECK_THAT(megaplan::describe_plan(plan), Contains("dp 2, moe imbalance 1.25, vpp 1"));
+  CHECK_FALSE(megaplan::parallel_plan_to_json(plan_tp2_pp2_dp2()).contains("moe_imbalance"));
+}
+
 TEST_CASE("schedule and recompute spellings round-trip", "[parallel_plan]") {
   for (const char* name : {"gpipe", "1f1b", "interleaved", "zb-h1", "zbv", "dualpipev"}) {
     CHECK(megaplan::to_string(megaplan::parse_schedule_kind(name, "--schedule")) == name);

@@ -130,11 +130,11 @@ TEST_CASE("a kernel asked again gets the same answer and counts its sources agai
   json["gemm"] = {{{"m", 4096}, {"n", 1024}, {"k", 1024}, {"dtype", "bf16"}, {"seconds", 2e-5}},
                   {{"m", 1024}, {"n", 1024}, {"k", 1024}, {"dtype", "bf16"}, {"seconds", 1e-5}}};
   const Profile profile = Profile::from_json(json, "p.json");
-  const megaplan::Kernel between = megaplan::gemm_kernel(megaplan::GemmLayout::kForward,
-                                                         megaplan::GemmEpilogue::kNone, 3000, 1024, 1024);
+  const megaplan::Kernel between =
+      megaplan::gemm_kernel(megaplan::GemmLayout::kForward, megaplan::GemmEpilogue::kNone, 3000, 1024, 1024);
   const megaplan::Kernel fp32 = [] {
-    megaplan::Kernel kernel = megaplan::gemm_kernel(megaplan::GemmLayout::kForward, megaplan::GemmEpilogue::kNone,
-                                                    1024, 1024, 1024);
+    megaplan::Kernel kernel =
+        megaplan::gemm_kernel(megaplan::GemmLayout::kForward, megaplan::GemmEpilogue::kNone, 1024, 1024, 1024);
     kernel.precision = DType::kFloat32;  // no fp32 table: the roofline
     return kernel;
   }();
@@ -330,8 +330,13 @@ TEST_CASE("memory-bound kernels: their class's curve, then the residual add's, t
   CostSources sources;
   CHECK(profile.memory_kernel_seconds("adamw", 1000000, sources) == Approx(1e-5));
   CHECK(profile.memory_kernel_seconds("adamw", 10000000, sources) ==
-        Approx(std::sqrt(1e-5 * 1e-4)));                                                   // log-log halfway
-  CHECK(profile.memory_kernel_seconds("norm_forward", 1000000, sources) == Approx(4e-6));  // the add's curve
+        Approx(std::sqrt(1e-5 * 1e-4)));  // log-log halfway
+  CHECK(sources.table == 2);
+  // An unmeasured class takes the add's curve, counted as a fallback; a streaming pass is what it measures.
+  CHECK(profile.memory_kernel_seconds("norm_forward", 1000000, sources) == Approx(4e-6));
+  CHECK(sources.table == 2);
+  CHECK(sources.fallback == 1);
+  CHECK(profile.memory_kernel_seconds("elementwise", 1000000, sources) == Approx(4e-6));
   CHECK(sources.table == 3);
   // A kernel of core's list is costed by its class and bytes: 7 fp32 words and a bf16 copy per parameter.
   const megaplan::Kernel adamw = megaplan::flat_kernel(megaplan::KernelKind::kAdamw, 1000000 / 30);

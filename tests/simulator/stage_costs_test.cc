@@ -382,3 +382,42 @@ TEST_CASE("gradient buckets fill as the backward goes; the word embedding's, of 
                                                       {route.bandwidth_bytes_per_s, route.latency_s}, sources);
   CHECK(buckets.back().seconds == Approx(embedding));
 }
+
+TEST_CASE("an MoE plan adds its expert-parallel exchanges per MoE layer and reduces the experts over expert dp",
+          "[simulator][costs][moe]") {
+  // Mixtral-8x7B (every layer MoE) at 4096 tokens on 16 H100s, pp 2: ep 1, then ep 8 (expert dp 1).
+  megaplan::JobSpec spec = job("mixtral-8x7b", "dgx-h100", 16, 1, 2, 32);
+  spec.model.seq_length = 4096;
+  const auto profile = megaplan::sim::Profile::datasheet(spec.cluster.gpu);
+  const megaplan::sim::Topology topology(spec.cluster);
+  CostSources sources;
+  const auto local = megaplan::sim::plan_action_costs(spec.model, spec.plan, profile, topology, sources);
+  CHECK(local.stages[0].forward_collectives == 0);
+  spec.plan.expert_model_parallel_size = 8;
+  megaplan::validate_job(spec);
+  const megaplan::PlanKernels kernels(spec.model, spec.plan);
+  const auto expert = megaplan::sim::plan_action_costs(spec.model, spec.plan, profile, topology, sources);
+  // 16 MoE layers a stage, each forward an all-gather of the counts and two all-to-alls of its rows.
+  const int64_t rows = 4096 * 2;
+  CHECK(kernels.moe().exchange_bytes == rows * 4096 * 2);
+  const megaplan::sim::Route route = megaplan::sim::pipeline_group_routes(spec.plan, topology)[0].expert;
+  const auto link = megaplan::sim::LinkParams{route.bandwidth_bytes_per_s, route.latency_s};
+  const double all_to_all =
+      profile.collective_seconds(megaplan::CollectiveOp::kAllToAll, 8, kernels.moe().exchange_bytes,
+                                 megaplan::sim::LinkKind::kNvlink, link, sources);
+  CHECK(expert.stages[0].backward_collectives == Approx(16 * 2 * all_to_all));
+  CHECK(expert.stages[0].forward_collectives > 16 * 2 * all_to_all);
+  // Each rank's one expert of each layer has no replica: only the others' gradients reduce (dp 8),
+  // fewer bytes than at ep 1, where every expert's gradient is summed over 8 replicas.
+  double reduced_local = 0, reduced_expert = 0;
+  for (const auto& bucket : local.stages[0].gradient_buckets) reduced_local += bucket.seconds;
+  for (const auto& bucket : expert.stages[0].gradient_buckets) reduced_expert += bucket.seconds;
+  CHECK(reduced_expert < reduced_local / 4);
+  // An expert twice as busy as the mean makes the busiest rank's experts compute twice the rows.
+  spec.plan.moe_imbalance = 2;
+  const auto skewed = megaplan::sim::plan_action_costs(spec.model, spec.plan, profile, topology, sources);
+  CHECK(skewed.stages[0].forward > expert.stages[0].forward * 1.2);
+  // Its exchanges carry twice the bytes (the link's latency once).
+  CHECK(skewed.stages[0].backward_collectives > 1.9 * expert.stages[0].backward_collectives);
+  CHECK(skewed.stages[0].backward_collectives < 2 * expert.stages[0].backward_collectives);
+}

@@ -21,6 +21,10 @@ class RecordingBackend : public ForwardingBackend {
   // What ran since the last take().
   std::vector<Kernel> take() { return std::exchange(kernels_, {}); }
 
+  // Every MoE router's choice replaced by a balanced one: token i's j-th route to expert (i k + j)
+  // mod experts, each of probability 1/k (the layers' load then is core's moe_stated_load at 1).
+  void route_round_robin() { round_robin_ = true; }
+
   // A buffer handed out: its elements, in the compute type (activation) or in fp32.
   struct Allocation {
     bool activation;
@@ -199,6 +203,88 @@ class RecordingBackend : public ForwardingBackend {
     record(flat_kernel(KernelKind::kCopy, size(n)));
     ForwardingBackend::copy(from, n, to);
   }
+  void moe_top_k(ConstActivation logits, std::size_t tokens, const exec::MoeRouter& router, const float* expert_bias,
+                 int32_t* experts, float* probs) override {
+    record(moe_kernel(KernelKind::kMoeTopK, tokens, router.experts, router.topk));
+    ForwardingBackend::moe_top_k(logits, tokens, router, expert_bias, experts, probs);
+    if (!round_robin_) return;
+    for (std::size_t route = 0; route < tokens * router.topk; ++route) {  // host memory: the CPU backend's
+      experts[route] = static_cast<int32_t>(route % router.experts);
+      probs[route] = 1.0f / static_cast<float>(router.topk);
+    }
+  }
+  void moe_top_k_backward(ConstActivation logits, std::size_t tokens, const exec::MoeRouter& router,
+                          const int32_t* experts, const float* d_probs, float* d_logits) override {
+    record(moe_kernel(KernelKind::kMoeTopKBackward, tokens, router.experts, router.topk));
+    ForwardingBackend::moe_top_k_backward(logits, tokens, router, experts, d_probs, d_logits);
+  }
+  std::vector<int64_t> moe_dispatch(const int32_t* experts, const float* probs, std::size_t tokens,
+                                    const exec::MoeRouter& router, const exec::MoeCapacity& capacity,
+                                    exec::MoeDispatchMaps maps) override {
+    record(moe_kernel(KernelKind::kMoeDispatch, tokens, router.experts, router.topk));
+    return ForwardingBackend::moe_dispatch(experts, probs, tokens, router, capacity, maps);
+  }
+  void moe_permute(ConstActivation x, std::size_t hidden, const int32_t* row_tokens, std::size_t rows,
+                   Activation out) override {
+    record(row_kernel(KernelKind::kMoePermute, size(rows), size(hidden)));
+    ForwardingBackend::moe_permute(x, hidden, row_tokens, rows, out);
+  }
+  void moe_permute_backward(ConstActivation d_rows, std::size_t hidden, const int32_t* token_rows, std::size_t tokens,
+                            std::size_t topk, Activation dx) override {
+    record(moe_kernel(KernelKind::kMoePermuteBackward, tokens, hidden, topk));
+    ForwardingBackend::moe_permute_backward(d_rows, hidden, token_rows, tokens, topk, dx);
+  }
+  void moe_combine(ConstActivation rows, std::size_t hidden, const int32_t* token_rows, const float* probs,
+                   std::size_t tokens, std::size_t topk, Activation y) override {
+    record(moe_kernel(KernelKind::kMoeCombine, tokens, hidden, topk));
+    ForwardingBackend::moe_combine(rows, hidden, token_rows, probs, tokens, topk, y);
+  }
+  void moe_combine_backward(ConstActivation dy, ConstActivation rows, std::size_t hidden,
+                            exec::ConstMoeDispatchMaps maps, const float* probs, std::size_t tokens, std::size_t topk,
+                            std::size_t rows_count, Activation d_rows, float* d_probs) override {
+    Kernel kernel = moe_kernel(KernelKind::kMoeCombineBackward, tokens, hidden, topk);
+    kernel.m = size(rows_count);
+    record(kernel);
+    ForwardingBackend::moe_combine_backward(dy, rows, hidden, maps, probs, tokens, topk, rows_count, d_rows, d_probs);
+  }
+  void moe_aux_loss_counts(ConstActivation logits, std::size_t tokens, const exec::MoeRouter& router,
+                           float* counts) override {
+    record(moe_kernel(KernelKind::kMoeAuxCounts, tokens, router.experts, router.topk));
+    ForwardingBackend::moe_aux_loss_counts(logits, tokens, router, counts);
+  }
+  void moe_switch_loss(ConstActivation logits, std::size_t tokens, const exec::MoeRouter& router, const float* counts,
+                       std::size_t total_tokens, double coeff, double* loss_sum, float* d_logits,
+                       float gradient_scale) override {
+    record(moe_kernel(d_logits ? KernelKind::kMoeSwitchLossGradient : KernelKind::kMoeSwitchLoss, tokens,
+                      router.experts, router.topk));
+    ForwardingBackend::moe_switch_loss(logits, tokens, router, counts, total_tokens, coeff, loss_sum, d_logits,
+                                       gradient_scale);
+  }
+  void moe_sequence_aux_loss(ConstActivation logits, std::size_t tokens, std::size_t sequences,
+                             const exec::MoeRouter& router, double coeff, double* loss_sum, float* d_logits,
+                             float gradient_scale) override {
+    Kernel kernel = moe_kernel(d_logits ? KernelKind::kMoeSequenceAuxLossGradient : KernelKind::kMoeSequenceAuxLoss,
+                               tokens, router.experts, router.topk);
+    kernel.m = size(sequences);
+    record(kernel);
+    ForwardingBackend::moe_sequence_aux_loss(logits, tokens, sequences, router, coeff, loss_sum, d_logits,
+                                             gradient_scale);
+  }
+  void moe_z_loss(ConstActivation logits, std::size_t tokens, std::size_t experts, double coeff, double* loss_sum,
+                  float* d_logits, float gradient_scale) override {
+    record(row_kernel(d_logits ? KernelKind::kMoeZLossGradient : KernelKind::kMoeZLoss, size(tokens), size(experts)));
+    ForwardingBackend::moe_z_loss(logits, tokens, experts, coeff, loss_sum, d_logits, gradient_scale);
+  }
+  void sigmoid_gated_add(ConstActivation x, ConstActivation gate, std::size_t rows, std::size_t cols,
+                         Activation y) override {
+    record(row_kernel(KernelKind::kSigmoidGatedAdd, size(rows), size(cols)));
+    ForwardingBackend::sigmoid_gated_add(x, gate, rows, cols, y);
+  }
+  void sigmoid_gated_add_backward(ConstActivation dy, ConstActivation x, ConstActivation gate, std::size_t rows,
+                                  std::size_t cols, Activation dx, float* d_gate) override {
+    record(row_kernel(KernelKind::kSigmoidGatedAddBackward, size(rows), size(cols)));
+    ForwardingBackend::sigmoid_gated_add_backward(dy, x, gate, rows, cols, dx, d_gate);
+  }
   double gradient_sum_of_squares(const std::vector<OptimizerTensor>& tensors) override {
     record(flat_kernel(KernelKind::kGradientNorm, elements(tensors)));
     return ForwardingBackend::gradient_sum_of_squares(tensors);
@@ -216,6 +302,11 @@ class RecordingBackend : public ForwardingBackend {
     return total;
   }
   void record(const Kernel& kernel) { kernels_.push_back(kernel); }
+  static Kernel moe_kernel(KernelKind kind, std::size_t tokens, std::size_t cols, std::size_t topk) {
+    Kernel kernel = row_kernel(kind, size(tokens), size(cols));
+    kernel.batch = size(topk);
+    return kernel;
+  }
   static Kernel ring_block(KernelKind kind, const AttentionDims& dims, const AttentionChunkBlock& block,
                            const DropoutMask& dropout) {
     return attention_block_kernel(kind, size(dims.batch), size(dims.seq / 2), size(dims.heads), size(dims.dim),
@@ -224,6 +315,7 @@ class RecordingBackend : public ForwardingBackend {
 
   std::vector<Kernel> kernels_;
   std::vector<Allocation> allocations_;
+  bool round_robin_ = false;
 };
 
 }  // namespace megaplan::test
