@@ -145,6 +145,20 @@ TEST_CASE("the full profile grid times attention at the ratios it names, at half
   CHECK(batch_heads == std::set<int64_t>{8, 12, 16, 24, 32, 48, 64, 96, 128});
 }
 
+TEST_CASE("the profile grid times every MoE kernel class the lists use", "[cli][profile]") {
+  std::set<std::string> classes;
+  for (const auto& sequence : megaplan::exec::profile_grid(true).sequences) {
+    for (const megaplan::Kernel& kernel : sequence.kernels) classes.insert(megaplan::memory_kernel_class(kernel));
+  }
+  for (const char* name : {"moe_top_k", "moe_top_k_backward", "moe_dispatch", "moe_permute", "moe_permute_backward",
+                           "moe_combine", "moe_combine_backward", "moe_aux_counts", "moe_switch_loss",
+                           "moe_switch_loss_gradient", "moe_sequence_aux_loss", "moe_sequence_aux_loss_gradient",
+                           "moe_z_loss", "moe_z_loss_gradient", "sigmoid_gated_add", "sigmoid_gated_add_backward"}) {
+    INFO(name);
+    CHECK(classes.count(name) == 1);
+  }
+}
+
 TEST_CASE("the profile grid times each cell's microbatch in training order and other kernels alone", "[cli][profile]") {
   const megaplan::exec::ProfileGrid grid = megaplan::exec::profile_grid(true);
   REQUIRE(grid.sequences.size() > 6);
@@ -189,6 +203,7 @@ TEST_CASE("the profile grid times each cell's microbatch in training order and o
   for (const auto& sequence : grid.sequences) {
     if (sequence.kernels.size() != 1) continue;
     ++alone;
+    INFO(megaplan::describe(sequence.kernels[0]));
     CHECK(in_cells.count(megaplan::describe(sequence.kernels[0])) == 0);
   }
   CHECK(alone > 0);
@@ -197,8 +212,8 @@ TEST_CASE("the profile grid times each cell's microbatch in training order and o
   for (const auto& sequence : grid.sequences) {
     if (sequence.kernels.size() == 1) ring_kinds.insert(sequence.kernels[0].kind);
   }
-  for (const KernelKind kind : {KernelKind::kPackKeyValues, KernelKind::kUnpackKeyValueGradients, KernelKind::kZero,
-                                KernelKind::kConvert}) {
+  for (const KernelKind kind :
+       {KernelKind::kPackKeyValues, KernelKind::kUnpackKeyValueGradients, KernelKind::kZero, KernelKind::kConvert}) {
     CHECK(ring_kinds.count(kind) == 1);
   }
   // A Llama cell: RMSNorm, SwiGLU and the rotary embedding in training order, grouped attention.
