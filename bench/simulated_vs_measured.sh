@@ -16,7 +16,8 @@
 # training run is the sustained state. The pp 2 layouts, which only check the order, train 6.
 # With PROFILE the simulator costs kernels from that file (`megaplan profile --out`), else from
 # the GPU's built-in profile. LAYOUTS (indices into the list below, e.g. "0 1 2") runs a part of
-# the list, for device calls too short for all of it.
+# the list, for device calls too short for all of it. A layout with experts is simulated again,
+# after its training run, at the load that run logged (--moe-imbalance).
 #   [SUSTAIN_SECONDS=S] [LAYOUTS="I ..."] bench/simulated_vs_measured.sh MEGAPLAN_BINARY OUT_DIR [h100|h200] [PROFILE]
 set -uo pipefail
 megaplan=$(realpath "$1")
@@ -38,6 +39,11 @@ mapfile -t files < <(find /usr/lib/python3* -name '*.py' -size +4k 2>/dev/null |
 llama_1b="--model llama3-8b --num-layers 16 --hidden-size 2048 --ffn-hidden-size 8192 --num-attention-heads 32 \
 --num-query-groups 8 --seq-length 4096 --max-position-embeddings 4096 --vocab-size 128256"
 gpt13="--model gpt-1.3b --vocab-size 50257"
+# An MoE of the Llama ~1B's attention: 8 layers, each 8 SwiGLU experts of width 4096, top 2, with
+# the switch loss (about 2.3 B parameters, 0.8 B active).
+moe="--model llama3-8b --num-layers 8 --hidden-size 2048 --ffn-hidden-size 8192 --num-attention-heads 32 \
+--num-query-groups 8 --seq-length 4096 --max-position-embeddings 4096 --vocab-size 128256 --num-experts 8 \
+--moe-ffn-hidden-size 4096 --moe-router-topk 2 --moe-aux-loss-coeff 0.01"
 # name | plan flags | cluster | GPUs (launched, one process each; absent: one process) — each with the
 # vocabulary its model was published with (train would otherwise take the byte-level corpus's 257)
 layouts=(
@@ -98,6 +104,13 @@ layouts=(
   # 42, 43: the ring on two GPUs at 8192 and 16384 tokens per GPU (42 against 41 where no four GPUs are lent)
   "llama-1b seq 16384 cp 2|$llama_1b --seq-length 16384 --max-position-embeddings 16384 --mbs 1 --gbs 4 --cp 2|--cluster dgx-${gpu} --gpus 2|2"
   "llama-1b seq 32768 cp 2|$llama_1b --seq-length 32768 --max-position-embeddings 32768 --mbs 1 --gbs 4 --cp 2|--cluster dgx-${gpu} --gpus 2|2"
+  # 44 onwards: mixtures of experts (issue 40), simulated at the load the training run logs.
+  "moe 8x top 2 mbs 1|$moe --mbs 1 --gbs 8|--cluster ${gpu}-x1"
+  "moe 8x top 2 mbs 2|$moe --mbs 2 --gbs 8|--cluster ${gpu}-x1"
+  "moe 8x top 2 dp 2|$moe --mbs 1 --gbs 8 --overlap-grad-reduce|--cluster dgx-${gpu} --gpus 2|2"
+  "moe 8x top 2 ep 2|$moe --mbs 1 --gbs 8 --ep 2 --overlap-grad-reduce|--cluster dgx-${gpu} --gpus 2|2"
+  "moe 8x top 2 ep 4|$moe --mbs 1 --gbs 8 --ep 4 --overlap-grad-reduce|--cluster dgx-${gpu} --gpus 4|4"
+  "moe 8x top 2 ep 2 x dp 2|$moe --mbs 1 --gbs 8 --ep 2 --overlap-grad-reduce --use-distributed-optimizer|--cluster dgx-${gpu} --gpus 4|4"
 )
 visible=$(nvidia-smi -L 2> /dev/null | grep -c '^GPU ')
 rows=()
@@ -124,6 +137,17 @@ for i in ${LAYOUTS:-${!layouts[@]}}; do
   "$megaplan" "${launch[@]}" train $plan --device cuda --data-path "${corpus}_text_document" --split 1,0,0 --train-iters "$iterations" \
     --log-interval "$iterations" --eval-iters 0 --lr 1e-4 --trace "$out/measured-$i.json" --log-file "$out/log-$i.jsonl" \
     > "$out/train-$i.txt" 2>&1 || { echo "train failed for $name:"; tail -3 "$out/train-$i.txt"; continue; }
+  if [[ $plan == *--num-experts* ]]; then
+    # Simulated again at the load the run logged (the busiest expert's rows over the mean, averaged
+    # over the MoE layers), as a user states it.
+    imbalance=$(python3 -c "import json, sys; r = [json.loads(l) for l in open(sys.argv[1]) if 'tokens_per_expert_max_mean' in l]; print(round(max(1.0, r[-1]['tokens_per_expert_max_mean']), 3))" \
+      "$out/log-$i.jsonl")
+    # shellcheck disable=SC2086
+    "$megaplan" simulate $plan $cluster "${profile[@]}" --moe-imbalance "$imbalance" --trace "$out/simulated-$i.json" \
+      > "$out/simulate-$i.txt" 2>&1 && "$megaplan" simulate $plan $cluster "${profile[@]}" --moe-imbalance "$imbalance" \
+      --json > "$out/simulate-$i.json" 2>&1 || { echo "simulate at imbalance $imbalance failed for $name"; continue; }
+    name="$name (imbalance $imbalance)"
+  fi
   memory=$(python3 - "$out/log-$i.jsonl" "$out/simulate-$i.json" <<'PY'
 import json, sys
 measured = max(json.loads(line)["peak_memory_bytes"] for line in open(sys.argv[1]) if "peak_memory_bytes" in line)

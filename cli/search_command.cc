@@ -24,6 +24,7 @@
 #include "planner/search.h"
 #include "planner/search_flags.h"
 #include "planner/search_space.h"
+#include "planner/torchtitan_config.h"
 #include "planner/workers.h"
 #include "reports/search_emit.h"
 #include "reports/search_report.h"
@@ -61,6 +62,7 @@ int run_search(const SearchCommandOptions& options, std::ostream& out) {
   if (options.threads < 0)
     throw SpecError("--threads", "must be 0 (all cores) or more, got " + std::to_string(options.threads));
   JobSpec job{resolve_model(options.model), resolve_cluster(cluster_options), ParallelPlan{}};
+  if (options.emit == "torchtitan") planner::require_torchtitan_model(job.model);
 
   planner::SearchProblem problem;
   problem.model = job.model;
@@ -135,8 +137,14 @@ void setup_search_command(CLI::App& app, CommandContext& context) {
       ->group(group);
   command
       ->add_option("--ep,--expert-model-parallel-size", options->space.expert_parallel,
-                   "Expert parallel sizes: 1 until models with experts are searched")
+                   "Expert parallel sizes (models with experts; default every size dividing the experts)")
       ->delimiter(',')
+      ->group(group);
+  command
+      ->add_option("--moe-imbalance", options->space.moe_imbalance,
+                   "The routed load every plan is costed at: the busiest expert's rows over the mean, as train logs "
+                   "it (tokens_per_expert_max_mean); 1 is balanced")
+      ->capture_default_str()
       ->group(group);
   command->add_option("--cp,--context-parallel-size", options->space.context_parallel, "Context parallel sizes")
       ->delimiter(',')

@@ -80,7 +80,7 @@ std::vector<ModelPreset> build_model_presets() {
       // Pre-trained at 8K context; positions extend to 128K with RoPE scaling.
       {llama("llama3.1-405b", 126, 16384, 53248, 128, 8, 8192, 131072, 128256, 500000), 405e9,
        "Dubey et al. 2024 (The Llama 3 Herd of Models), Table 3"},
-      // Mixtures of experts (issue 40): trained and simulated at tp and cp 1, not yet searched.
+      // Mixtures of experts (issue 40): trained, simulated and searched at tp and cp 1.
       {mixtral("mixtral-8x7b", 32, 4096, 14336, 32, 8, 32768, 32000, 8), 46.7e9,
        "Jiang et al. 2024 (Mixtral of Experts): 46.7B, 12.9B active; mistralai/Mixtral-8x7B-v0.1's config"},
       {mixtral("mixtral-8x22b", 56, 6144, 16384, 48, 8, 65536, 32768, 8), 141e9,

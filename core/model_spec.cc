@@ -147,12 +147,6 @@ void validate_model_spec(const ModelSpec& spec) {
   checked_multiply(spec.effective_max_position_embeddings(), spec.hidden_size, "--max-position-embeddings");
 }
 
-SpecError experts_not_searched() {
-  return {"--num-experts",
-          "mixture of experts is described, converted, trained (at tp and cp 1, any ep) and simulated (under "
-          "--implementation megaplan) but not yet searched (issue 40)"};
-}
-
 nlohmann::json model_spec_to_json(const ModelSpec& spec) {
   nlohmann::json json{
       {"name", spec.name},

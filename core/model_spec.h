@@ -94,12 +94,6 @@ int64_t padded_vocab_size(const ModelSpec& spec, int64_t tensor_parallel_size);
 // Throws SpecError naming the field (as its Megatron flag, e.g. "--hidden-size") and the rule.
 void validate_model_spec(const ModelSpec& spec);
 
-// What the planner says of a model with experts: describe counts its parameters and FLOPs,
-// convert carries its weights (core/parameter_list.h names them), train runs it (core/layer_recipe.h's
-// MoE buffers, core/executor_support.h's limits) and simulate costs it under megaplan's
-// implementation (core/kernel_list.h's require_costed_layers), but search does not enumerate it yet.
-SpecError experts_not_searched();
-
 // JSON uses Megatron's argument names with underscores ("num_layers", "hidden_size", ...).
 // Reading is strict: unknown keys and wrong types are SpecErrors naming the key.
 nlohmann::json model_spec_to_json(const ModelSpec& spec);

@@ -3,7 +3,7 @@
 // balances them — the flags' meanings, their rules and their JSON, in one place. Described here
 // and counted by core/formulas.h; train runs its MoE layers (core/layer_recipe.h's MoeDims, within
 // core/executor_support.h's limits); simulate costs them where train runs them
-// (core/moe_kernel_list.h); search refuses one (core/model_spec.h's experts_not_searched).
+// (core/moe_kernel_list.h), and search ranks those layouts over ep (planner/search_space.h).
 #pragma once
 
 #include <cstdint>

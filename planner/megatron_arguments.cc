@@ -7,6 +7,7 @@
 #include <string>
 #include <utility>
 
+#include "core/moe_spec.h"
 #include "core/schedule/schedule_traits.h"
 
 namespace megaplan::planner {
@@ -65,6 +66,37 @@ std::vector<std::string> megatron_model_arguments(const ModelSpec& model) {
   if (model.make_vocab_size_divisible_by != 128) {
     arguments.push_back(value("--make-vocab-size-divisible-by", model.make_vocab_size_divisible_by));
   }
+  const MoeSpec& moe = model.moe;
+  if (!moe.enabled()) return arguments;
+  // The experts and their router, each flag as Megatron-LM takes it back (core/moe_spec.h).
+  arguments.push_back(value("--num-experts", moe.num_experts));
+  arguments.push_back(value("--moe-ffn-hidden-size", model.effective_moe_ffn_hidden_size()));
+  arguments.push_back(value("--moe-router-topk", moe.effective_router_topk()));
+  if (moe.layer_freq != 1 || !moe.layer_pattern.empty()) {
+    arguments.push_back("--moe-layer-freq " + moe_layer_freq_text(moe));
+  }
+  if (moe.shared_expert_intermediate_size > 0) {
+    arguments.push_back(value("--moe-shared-expert-intermediate-size", moe.shared_expert_intermediate_size));
+    if (moe.shared_expert_gate) arguments.push_back("--moe-shared-expert-gate");
+  }
+  arguments.push_back("--moe-router-score-function " + to_string(moe.score_function));
+  if (moe.router_pre_softmax) arguments.push_back("--moe-router-pre-softmax");
+  if (moe.router_topk_scaling_factor) {
+    arguments.push_back("--moe-router-topk-scaling-factor " + number(*moe.router_topk_scaling_factor));
+  }
+  arguments.push_back("--moe-router-load-balancing-type " + to_string(moe.load_balancing));
+  arguments.push_back("--moe-aux-loss-coeff " + number(moe.aux_loss_coeff));
+  if (moe.z_loss_coeff > 0) arguments.push_back("--moe-z-loss-coeff " + number(moe.z_loss_coeff));
+  if (moe.router_enable_expert_bias) {
+    arguments.push_back("--moe-router-enable-expert-bias");
+    arguments.push_back("--moe-router-bias-update-rate " + number(moe.router_bias_update_rate));
+  }
+  if (moe.expert_capacity_factor) {
+    arguments.push_back("--moe-expert-capacity-factor " + number(*moe.expert_capacity_factor));
+    if (moe.pad_expert_input_to_capacity) arguments.push_back("--moe-pad-expert-input-to-capacity");
+    arguments.push_back("--moe-token-drop-policy " + to_string(moe.token_drop_policy));
+  }
+  arguments.push_back("--moe-token-dispatcher-type " + to_string(moe.token_dispatcher));
   return arguments;
 }
 
@@ -72,6 +104,9 @@ std::vector<std::string> megatron_arguments(const ModelSpec& model, const Parall
   std::vector<std::string> arguments = megatron_model_arguments(model);
   arguments.push_back(value("--tensor-model-parallel-size", plan.tensor_parallel_size));
   arguments.push_back(value("--pipeline-model-parallel-size", plan.pipeline_parallel_size));
+  if (plan.expert_model_parallel_size > 1) {
+    arguments.push_back(value("--expert-model-parallel-size", plan.expert_model_parallel_size));
+  }
   const PipelineSplit& split = plan.pipeline_split;
   if (plan.virtual_pipeline_parallel_size > 1) {
     // Megatron's layers-per-stage form holds for even stages only; its stage count form for any.

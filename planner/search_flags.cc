@@ -8,8 +8,10 @@ namespace megaplan::planner {
 
 SearchSpace search_space_from_flags(const SearchSpaceFlags& options, const ModelSpec& model) {
   for (const int64_t ep : options.expert_parallel) validate_expert_parallel_size(model, ep);
-  if (model.moe.enabled()) throw experts_not_searched();
+  validate_moe_imbalance(model, options.moe_imbalance);
   SearchSpace space;
+  space.expert_parallel = options.expert_parallel;
+  space.moe_imbalance = options.moe_imbalance;
   space.tensor_parallel = options.tensor_parallel;
   space.pipeline_parallel = options.pipeline_parallel;
   space.context_parallel = options.context_parallel;

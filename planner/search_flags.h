@@ -15,9 +15,10 @@ namespace megaplan::planner {
 struct SearchSpaceFlags {
   std::vector<int64_t> tensor_parallel, pipeline_parallel, context_parallel, virtual_pipeline, layers_per_virtual_stage,
       micro_batch;
-  // --expert-model-parallel-size: only 1 until the planner enumerates experts (issue 40); a dense
-  // model has nothing to split and a model with experts is not searched yet.
+  // --expert-model-parallel-size: for a model with experts, the sizes that divide them; a dense
+  // model takes 1 only.
   std::vector<int64_t> expert_parallel;
+  double moe_imbalance = 1.0;  // --moe-imbalance: the load every plan is costed at
   std::vector<std::string> recompute, schedules;
   bool recompute_activations = false;  // Megatron's alias: selective recomputation pinned
   bool sequence_parallel = false, no_sequence_parallel = false;

@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "core/executor_support.h"
 #include "core/input_limits.h"
+#include "core/kernel_list.h"
 #include "core/schedule/schedule_traits.h"
 #include "planner/workers.h"
 
@@ -88,6 +89,11 @@ void validate_search_problem(const SearchProblem& problem) {
                           ": megaplan's executor cannot train this model, so "
                           "--implementation megaplan has no plan for it (megatron-core plans Megatron-LM's run)");
     }
+  }
+  if (model.moe.enabled() && space.implementation != Implementation::kMegaplan) {
+    ParallelPlan megatron;
+    megatron.implementation = space.implementation;
+    require_costed_layers(model, megatron);
   }
   for (ScheduleKind schedule : space.schedules) check_schedule_runs(space.implementation, schedule);
   for (int64_t tp : space.tensor_parallel) {
@@ -195,57 +201,69 @@ std::vector<ParallelPlan> grid_plans(const SearchProblem& problem, const Grid& g
       grid.tp == 1 ? std::vector<bool>{false} : or_all(space.sequence_parallel, {false, true});
   const std::vector<bool> distributed_optimizer =
       dp * grid.cp == 1 ? std::vector<bool>{false} : or_all(space.distributed_optimizer, {false, true});
-  for (const SplitChoice& choice : pipeline_splits(model.num_layers, grid.pp)) {
-    for (int64_t vpp : choice.virtual_pipeline) {
-      if (!allowed(space.virtual_pipeline, vpp) || (vpp > 1 && grid.pp == 1)) continue;
-      // Listing layers per virtual stage asks for interleaving with those (even) chunk sizes.
-      if (!space.layers_per_virtual_stage.empty() &&
-          (vpp == 1 || !choice.split.even() ||
-           !allowed(space.layers_per_virtual_stage, model.num_layers / (grid.pp * vpp)))) {
-        continue;
-      }
-      for (int64_t mbs : divisors(problem.global_batch_size / dp)) {
-        if (!allowed(space.micro_batch, mbs)) continue;
-        for (RecomputeGranularity recompute : recomputes) {
-          for (bool sp : sequence_parallel) {
-            if (sp && (model.seq_length / grid.cp) % grid.tp != 0) continue;
-            for (bool distributed : distributed_optimizer) {
-              for (ScheduleKind schedule : schedules) {
-                if (grid.pp == 1 && schedule_traits(schedule).pipeline_only) continue;
-                // The schedule's rules on vpp and the microbatch count (interleaving with Megatron's
-                // default group, pp), asked here too because a refusal from validate_plan costs an
-                // exception.
-                const int64_t microbatches = problem.global_batch_size / (dp * mbs);
-                if (!schedule_shape_ok(schedule, grid.pp, vpp, microbatches, grid.pp)) continue;
-                ParallelPlan plan;
-                plan.tensor_parallel_size = grid.tp;
-                plan.pipeline_parallel_size = grid.pp;
-                plan.context_parallel_size = grid.cp;
-                plan.data_parallel_size = dp;
-                plan.virtual_pipeline_parallel_size = vpp;
-                plan.pipeline_split = choice.split;
-                plan.micro_batch_size = mbs;
-                plan.global_batch_size = problem.global_batch_size;
-                plan.sequence_parallel = sp;
-                plan.use_distributed_optimizer = distributed;
-                plan.recompute_granularity = recompute;
-                plan.schedule = schedule;
-                plan.implementation = space.implementation;
-                plan.options = space.options;
-                // validate_plan has the final word.
-                try {
-                  validate_plan(model, plan);
-                } catch (const SpecError&) {
-                  continue;
+  // Expert parallelism: each size dividing the experts and cp x dp (Megatron's expert groups).
+  std::vector<int64_t> expert_parallel = {1};
+  if (model.moe.enabled()) {
+    expert_parallel.clear();
+    for (int64_t ep : divisors(model.moe.num_experts)) {
+      if ((grid.cp * dp) % ep == 0 && allowed(space.expert_parallel, ep)) expert_parallel.push_back(ep);
+    }
+  }
+  for (const int64_t ep : expert_parallel)
+    for (const SplitChoice& choice : pipeline_splits(model.num_layers, grid.pp)) {
+      for (int64_t vpp : choice.virtual_pipeline) {
+        if (!allowed(space.virtual_pipeline, vpp) || (vpp > 1 && grid.pp == 1)) continue;
+        // Listing layers per virtual stage asks for interleaving with those (even) chunk sizes.
+        if (!space.layers_per_virtual_stage.empty() &&
+            (vpp == 1 || !choice.split.even() ||
+             !allowed(space.layers_per_virtual_stage, model.num_layers / (grid.pp * vpp)))) {
+          continue;
+        }
+        for (int64_t mbs : divisors(problem.global_batch_size / dp)) {
+          if (!allowed(space.micro_batch, mbs)) continue;
+          for (RecomputeGranularity recompute : recomputes) {
+            for (bool sp : sequence_parallel) {
+              if (sp && (model.seq_length / grid.cp) % grid.tp != 0) continue;
+              for (bool distributed : distributed_optimizer) {
+                for (ScheduleKind schedule : schedules) {
+                  if (grid.pp == 1 && schedule_traits(schedule).pipeline_only) continue;
+                  // The schedule's rules on vpp and the microbatch count (interleaving with Megatron's
+                  // default group, pp), asked here too because a refusal from validate_plan costs an
+                  // exception.
+                  const int64_t microbatches = problem.global_batch_size / (dp * mbs);
+                  if (!schedule_shape_ok(schedule, grid.pp, vpp, microbatches, grid.pp)) continue;
+                  ParallelPlan plan;
+                  plan.tensor_parallel_size = grid.tp;
+                  plan.pipeline_parallel_size = grid.pp;
+                  plan.context_parallel_size = grid.cp;
+                  plan.data_parallel_size = dp;
+                  plan.virtual_pipeline_parallel_size = vpp;
+                  plan.pipeline_split = choice.split;
+                  plan.micro_batch_size = mbs;
+                  plan.global_batch_size = problem.global_batch_size;
+                  plan.sequence_parallel = sp;
+                  plan.use_distributed_optimizer = distributed;
+                  plan.recompute_granularity = recompute;
+                  plan.schedule = schedule;
+                  plan.implementation = space.implementation;
+                  plan.options = space.options;
+                  plan.expert_model_parallel_size = ep;
+                  if (model.moe.enabled()) plan.moe_imbalance = space.moe_imbalance;
+                  // validate_plan has the final word; MoE layers only where megaplan's executor runs them.
+                  try {
+                    validate_plan(model, plan);
+                  } catch (const SpecError&) {
+                    continue;
+                  }
+                  if (space.implementation == Implementation::kMegaplan && executor_moe_refusal(model, plan)) continue;
+                  plans.push_back(plan);
                 }
-                plans.push_back(plan);
               }
             }
           }
         }
       }
     }
-  }
   return plans;
 }
 

@@ -17,6 +17,7 @@ struct SearchSpace {
   std::vector<int64_t> tensor_parallel;
   std::vector<int64_t> pipeline_parallel;
   std::vector<int64_t> context_parallel;
+  std::vector<int64_t> expert_parallel;  // models with experts: of the sizes dividing them
   std::vector<int64_t> virtual_pipeline;
   std::vector<int64_t> layers_per_virtual_stage;  // Megatron's --num-layers-per-virtual-pipeline-stage
   std::vector<int64_t> micro_batch;
@@ -25,6 +26,7 @@ struct SearchSpace {
   std::vector<bool> distributed_optimizer;
   std::vector<ScheduleKind> schedules;  // of 1f1b, interleaved, zb-h1, zbv, dualpipev (and gpipe if listed)
   bool allow_cross_node_tensor_parallel = false;
+  double moe_imbalance = 1.0;  // the routed load every plan of a model with experts is costed at
   Implementation implementation = Implementation::kMegaplan;  // of every plan, with these options
   ImplementationOptions options = default_implementation_options(Implementation::kMegaplan);
 };
@@ -38,15 +40,18 @@ struct SearchProblem {
 };
 
 // Throws SpecError naming the flag for a model megaplan's executor cannot train under
-// --implementation megaplan, for a schedule a Megatron-LM implementation does not have, for a pin
-// no layout can satisfy on its own (tp 3 with 32 heads,
-// pp that does not divide the layers, a GPU count no pinned tp x pp x cp divides, ...) and for a
-// global batch size that no data-parallel size of the remaining layouts divides.
+// --implementation megaplan, for a model with experts under Megatron-LM's (whose MoE layers are not
+// costed: core/kernel_list.h's require_costed_layers), for a schedule a Megatron-LM implementation does not have, for a
+// pin no layout can satisfy on its own (tp 3 with 32 heads, pp that does not divide the layers, a GPU count no pinned
+// tp x pp x cp divides, ...) and for a global batch size that no data-parallel size of the remaining layouts divides.
 // REQUIRES: validate_model_spec(problem.model) passed.
 void validate_search_problem(const SearchProblem& problem);
 
 // Every legal plan (validate_plan passes for each) that the implementation runs, in a fixed order:
-// tp, pp, cp, vpp, mbs, recompute, sequence parallel, distributed optimizer, schedule. With pp = 1
+// tp, pp, cp, ep, vpp, mbs, recompute, sequence parallel, distributed optimizer, schedule. A model
+// with experts takes every ep dividing its experts and cp x dp (those listed), each plan at the
+// stated imbalance, and under megaplan's implementation only what its executor runs
+// (core/executor_support.h's executor_moe_refusal). With pp = 1
 // only 1f1b is listed (the other schedules degenerate to it); gpipe only when listed; under a
 // Megatron-LM implementation only its own schedules. Sequence parallelism is off where tp = 1, and
 // the distributed optimizer off where dp x cp = 1 (it would shard over nothing). Validated on

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "core/error.h"
 #include "core/pipeline_layout.h"
 #include "core/schedule/schedule_traits.h"
 
@@ -22,7 +23,16 @@ std::string quoted(const std::string& text) { return "\"" + text + "\""; }
 
 }  // namespace
 
+void require_torchtitan_model(const ModelSpec& model) {
+  if (model.moe.enabled()) {
+    throw SpecError("--emit",
+                    "torchtitan's llama3 has no experts, and its MoE models' configs are not emitted yet: "
+                    "use --emit megatron or launch");
+  }
+}
+
 std::string torchtitan_config(const ModelSpec& model, const ParallelPlan& plan) {
+  require_torchtitan_model(model);
   const auto line = [](const std::string& key, const std::string& value) { return key + " = " + value + "\n"; };
   const auto number = [&](const std::string& key, int64_t value) { return line(key, std::to_string(value)); };
   std::string text = "# torchtitan job config: " + describe_plan(plan) + " (megaplan)\n\n[model]\n";

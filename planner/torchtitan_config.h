@@ -15,5 +15,7 @@ namespace megaplan::planner {
 // saying which dimensions a flavour needs. What torchtitan cannot express (megaplan's exact order
 // as a CSV, an uneven split it has no knob for) is said in comments.
 std::string torchtitan_config(const ModelSpec& model, const ParallelPlan& plan);
+// Throws SpecError("--emit", ...) for a model torchtitan_config cannot describe (one with experts).
+void require_torchtitan_model(const ModelSpec& model);
 
 }  // namespace megaplan::planner

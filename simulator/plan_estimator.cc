@@ -17,7 +17,7 @@ SimulatorEstimator::SimulatorEstimator(ModelSpec model, ClusterSpec cluster, Pro
 
 SimulatorEstimator::Costs SimulatorEstimator::layer_costs(const ParallelPlan& plan) const {
   const LayerKey key{plan.tensor_parallel_size, plan.context_parallel_size, plan.micro_batch_size,
-                     plan.sequence_parallel, plan.recompute_granularity};
+                     plan.sequence_parallel,    plan.recompute_granularity, plan.expert_model_parallel_size};
   {
     const std::lock_guard<std::mutex> lock(cache_mutex_);
     if (const auto found = layer_cache_.find(key); found != layer_cache_.end()) return found->second;
@@ -30,11 +30,32 @@ SimulatorEstimator::Costs SimulatorEstimator::layer_costs(const ParallelPlan& pl
   for (int64_t member = 0; member < plan.context_parallel_size; ++member) {
     context_group.push_back(member * plan.tensor_parallel_size);
   }
-  const GroupRoutes routes{topology_.ring_route(tensor_group), topology_.ring_route(context_group),
-                           topology_.ring_route({0})};
+  // Its expert-parallel group (the expert layers' order tp-ep-dp-pp: ep strides by tp).
+  std::vector<int64_t> expert_group;
+  for (int64_t member = 0; member < plan.expert_model_parallel_size; ++member) {
+    expert_group.push_back(member * plan.tensor_parallel_size);
+  }
+  const Route alone = topology_.ring_route({0});
+  const GroupRoutes routes{topology_.ring_route(tensor_group), topology_.ring_route(context_group), alone,
+                           topology_.ring_route(expert_group), alone};
   CostSources sources;
-  const Costs costs{transformer_layer_costs(model_, plan, profile_, routes, sources),
-                    output_layer_costs(model_, plan, profile_, routes.tensor, sources)};
+  Costs costs{{}, output_layer_costs(model_, plan, profile_, routes.tensor, sources)};
+  // With experts, each part at the cheaper of the model's kinds of layer, a bound on any layer.
+  const int64_t moe_layers = model_.moe.moe_layers(0, model_.num_layers);
+  const bool dense_layers = moe_layers < model_.num_layers;
+  if (dense_layers) costs.layer = transformer_layer_costs(model_, plan, profile_, routes, sources);
+  if (moe_layers > 0) {
+    const LayerCosts moe = transformer_layer_costs(model_, plan, profile_, routes, sources, true);
+    if (!dense_layers) {
+      costs.layer = moe;
+    } else {
+      for (const auto part :
+           {&LayerCosts::forward, &LayerCosts::backward, &LayerCosts::backward_input, &LayerCosts::backward_weight,
+            &LayerCosts::forward_collectives, &LayerCosts::backward_collectives}) {
+        costs.layer.*part = std::min(costs.layer.*part, moe.*part);
+      }
+    }
+  }
   const std::lock_guard<std::mutex> lock(cache_mutex_);
   layer_cache_.emplace(key, costs);
   return costs;
@@ -54,7 +75,16 @@ double SimulatorEstimator::optimizer_seconds(const ParallelPlan& plan, int64_t r
   const Route data_route = route->second;
   lock.unlock();
   CostSources sources;
-  return optimizer_step_seconds(plan, parameters_per_gpu, profile_, data_route, sources);
+  if (!model_.moe.enabled()) return optimizer_step_seconds(plan, parameters_per_gpu, profile_, data_route, sources);
+  // The routed experts' share, apart (their gradients norm and shard over expert dp): global rank
+  // 0's expert data-parallel group (the expert layers' order tp-ep-dp-pp strides it by tp x ep).
+  const int64_t experts = parameters_per_pipeline_rank(model_, plan)[static_cast<std::size_t>(rank)].expert_per_gpu;
+  std::vector<int64_t> expert_replicas;
+  for (int64_t member = 0; member < plan.expert_data_parallel_size(); ++member) {
+    expert_replicas.push_back(member * plan.tensor_parallel_size * plan.expert_model_parallel_size);
+  }
+  const Route expert_data_route = topology_.ring_route(expert_replicas);
+  return optimizer_step_seconds(plan, parameters_per_gpu, profile_, data_route, sources, experts, &expert_data_route);
 }
 
 double SimulatorEstimator::lower_bound_s(const ParallelPlan& plan) const {

@@ -39,8 +39,8 @@ class SimulatorEstimator final : public StepTimeEstimator {
   StepEstimate estimate(const ParallelPlan& plan, const PipelineSchedule& lowered) const override;
 
  private:
-  // What one layer's cost depends on: tp, cp, mbs, sequence parallelism and recomputation.
-  using LayerKey = std::tuple<int64_t, int64_t, int64_t, bool, RecomputeGranularity>;
+  // What one layer's cost depends on: tp, cp, mbs, sequence parallelism, recomputation and ep.
+  using LayerKey = std::tuple<int64_t, int64_t, int64_t, bool, RecomputeGranularity, int64_t>;
   struct Costs {
     LayerCosts layer;
     LayerCosts output_layer;

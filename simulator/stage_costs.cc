@@ -299,18 +299,25 @@ LayerCollectives head_collectives(const ModelSpec& model, const ParallelPlan& pl
 }  // namespace
 
 LayerCosts transformer_layer_costs(const ModelSpec& model, const ParallelPlan& plan, const Profile& profile,
-                                   const GroupRoutes& routes, CostSources& sources) {
-  if (model.moe.enabled()) throw std::logic_error("transformer_layer_costs: a dense model's layer");
+                                   const GroupRoutes& routes, CostSources& sources, bool moe_layer) {
+  if (moe_layer && !model.moe.enabled()) throw std::logic_error("transformer_layer_costs: no MoE layer in the model");
   const PlanKernels kernels(model, plan);
   KernelCosts costs(profile, sources);
   const BlockSeconds blocks = cost_blocks(kernels, costs);
   const auto seconds = [&](KernelBlock block) { return blocks[static_cast<std::size_t>(block)]; };
-  const LayerCollectives collectives = plan_layer_collectives(model, plan, kernels, routes, costs);
+  LayerCollectives collectives = plan_layer_collectives(model, plan, kernels, routes, costs);
+  if (moe_layer) {
+    const LayerCollectives moe = moe_collectives(plan, kernels.moe(), routes.expert, profile, sources);
+    collectives.forward += moe.forward;
+    collectives.backward += moe.backward;
+  }
   LayerCosts layer;
   layer.forward_collectives = collectives.forward;
   layer.backward_collectives = collectives.backward;
   layer.forward =
-      std::min(seconds(KernelBlock::kLayerForwardFirst), seconds(KernelBlock::kLayerForward)) + collectives.forward;
+      (moe_layer ? std::min(seconds(KernelBlock::kMoeLayerForwardFirst), seconds(KernelBlock::kMoeLayerForward))
+                 : std::min(seconds(KernelBlock::kLayerForwardFirst), seconds(KernelBlock::kLayerForward))) +
+      collectives.forward;
   // Recomputation repeats forward work inside the backward: the attention core (selective) or,
   // per average layer of a stage, the fraction of layers --recompute-method runs forward again
   // with their collectives (full).
@@ -325,9 +332,13 @@ LayerCosts transformer_layer_costs(const ModelSpec& model, const ParallelPlan& p
     recompute = fraction * layer.forward;
     layer.backward_collectives += fraction * collectives.forward;
   }
-  layer.backward = seconds(KernelBlock::kLayerBackward) + recompute + collectives.backward;
-  layer.backward_input = seconds(KernelBlock::kLayerBackwardInput) + recompute + collectives.backward;
-  layer.backward_weight = seconds(KernelBlock::kLayerWeightGradient);
+  layer.backward = seconds(moe_layer ? KernelBlock::kMoeLayerBackward : KernelBlock::kLayerBackward) + recompute +
+                   collectives.backward;
+  // An MoE layer's backward is never split (require_costed_layers): I is all of B, W nothing.
+  layer.backward_input =
+      (moe_layer ? seconds(KernelBlock::kMoeLayerBackward) : seconds(KernelBlock::kLayerBackwardInput)) + recompute +
+      collectives.backward;
+  layer.backward_weight = moe_layer ? 0 : seconds(KernelBlock::kLayerWeightGradient);
   return layer;
 }
 

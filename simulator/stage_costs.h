@@ -45,10 +45,10 @@ std::vector<GroupRoutes> pipeline_group_routes(const ParallelPlan& plan, const T
 
 // One transformer layer; its forward is the cheaper of a stage's first layer and the later ones
 // (whose input norm also adds the previous branch), so that stage costs are never below layers x
-// these. REQUIRES: validate_plan(model, plan) passed; a dense model (the planner's estimate: search
-// does not enumerate models with experts yet).
+// these; `moe_layer`, an MoE layer's with its expert-parallel exchanges. REQUIRES:
+// validate_plan(model, plan) passed; `moe_layer` only for a model with experts.
 LayerCosts transformer_layer_costs(const ModelSpec& model, const ParallelPlan& plan, const Profile& profile,
-                                   const GroupRoutes& routes, CostSources& sources);
+                                   const GroupRoutes& routes, CostSources& sources, bool moe_layer = false);
 
 // The output layer on the last stage, in the same split: final norm, the vocabulary-parallel
 // projection (with its tensor-parallel gather and scatter) and the cross entropy.

@@ -661,8 +661,29 @@ expect_error 'error: --tensor-model-parallel-size: mixture of experts with tenso
   simulate --model mixtral-8x7b --cluster dgx-h100 --gpus 8 --tp 8 --gbs 8 --seq-length 4096
 expect_error "error: --num-experts: mixture of experts is costed as megaplan's executor runs it; Megatron-LM's \(megatron-core\)" \
   simulate --model mixtral-8x7b --cluster dgx-h100 --gpus 8 --ep 8 --gbs 8 --implementation megatron-core
-moe_refusal='error: --num-experts: mixture of experts is described, converted, trained \(at tp and cp 1, any ep\) and simulated \(under --implementation megaplan\) but not yet searched'
-expect_error "$moe_refusal" search --model mixtral-8x7b --cluster dgx-h100 --gpus 64 --gbs 64 --seq-length 4096 --implementation megatron-core
+# search ranks MoE layouts over ep where megaplan's executor runs them (tp and cp 1), at the stated
+# load; --emit megatron prints Megatron's MoE flags; Megatron-LM's MoE layers and torchtitan's are refused.
+expect_ok search --model mixtral-8x7b --cluster dgx-h100 --gpus 64 --gbs 256 --seq-length 4096 --top 3 --threads 2 \
+  --moe-imbalance 1.5 --emit megatron --json
+python3 -c '
+import json, sys
+result = json.load(open(sys.argv[1]))
+for plan in result["plans"]:
+    assert plan["tensor_parallel_size"] == 1 and plan["context_parallel_size"] == 1, plan
+    assert plan["moe_imbalance"] == 1.5, plan
+arguments = " ".join(result["megatron_arguments"])
+assert "--num-experts 8" in arguments and "--moe-router-topk 2" in arguments, arguments
+ep = result["plans"][0].get("expert_model_parallel_size", 1)
+assert ep == 1 or "--expert-model-parallel-size %d" % ep in arguments, arguments
+' "$scratch/out" || fail "search of Mixtral-8x7B: $(head -c 600 "$scratch/out")"
+expect_ok search --model mixtral-8x7b --cluster dgx-h100 --gpus 64 --gbs 256 --seq-length 4096 --top 3 --threads 2
+grep -q '^#  *tp  *pp  *dp  *cp  *ep  *vpp' "$scratch/out" || fail "search's table has no ep column: $(head -5 "$scratch/out")"
+expect_error "error: --num-experts: mixture of experts is costed as megaplan's executor runs it; Megatron-LM's \(megatron-core\)" \
+  search --model mixtral-8x7b --cluster dgx-h100 --gpus 64 --gbs 64 --seq-length 4096 --implementation megatron-core
+expect_error "error: --emit: torchtitan's llama3 has no experts" \
+  search --model mixtral-8x7b --cluster dgx-h100 --gpus 64 --gbs 64 --seq-length 4096 --emit torchtitan
+expect_error 'error: --expert-model-parallel-size: must divide --num-experts 8' \
+  search --model mixtral-8x7b --cluster dgx-h100 --gpus 64 --gbs 64 --seq-length 4096 --ep 3
 mkdir -p "$scratch/mixtral-hf" && cp "$examples/hf/mixtral-8x7b-config.json" "$scratch/mixtral-hf/config.json"
 # convert reads a Mixtral's experts now (tests/executor/io/hf_checkpoint_test.cc round-trips them);
 # a directory with its config and no weights is refused naming the file, nothing written.
@@ -701,7 +722,7 @@ expect_error 'error: --moe-router-load-balancing-type: sinkhorn balancing is not
 expect_error 'error: --moe-expert-capacity-factor: must be positive, got 0.0' \
   describe --model mixtral-8x7b --cluster h200-x2 --moe-expert-capacity-factor 0
 expect_error 'error: --moe-aux-loss-coeff: needs --num-experts' describe --model llama3-8b --cluster h200-x2 --moe-aux-loss-coeff 0.01
-expect_error "$moe_refusal" search --model "$examples/hf/qwen1.5-moe-a2.7b-config.json" --cluster h200-x2 --seq-length 4096
+expect_ok simulate --model "$examples/hf/qwen1.5-moe-a2.7b-config.json" --cluster h200-x2 --seq-length 4096 --ep 2
 
 # Uneven stages: Llama 3.1 405B's 126 layers plan on 1024 H100s with pp >= 8 (issue 17's acceptance),
 # and the emitted Megatron arguments carry the split.
