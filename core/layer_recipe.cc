@@ -62,6 +62,12 @@ LayerRecipe::LayerRecipe(const ModelSpec& model, const ParallelPlan& plan, const
   // seq_aux_loss: each of the microbatch's sequences (whole on the rank: cp 1) its own loss.
   if (moe->aux_loss && spec.load_balancing == LoadBalancing::kSeqAuxLoss) moe->aux_loss_sequences = micro_batch_size;
   moe->z_loss = spec.z_loss_coeff > 0;
+  // Under expert parallelism the rank's experts compute what the others send: at the stated load
+  // the busiest rank's rows, its buffers grown to hold them as the executor grows them.
+  if (moe->expert_parallel > 1) {
+    const int64_t rows = moe_stated_load(*moe, moe_imbalance).expert_rows(moe->local_experts());
+    moe->expert_rows = moe_expert_rows(rows, moe->most_rows);
+  }
 }
 
 MoeDims moe_dims(int64_t tokens, int64_t hidden, int64_t ffn, int64_t shared_ffn, bool shared_gate, int64_t experts,

@@ -148,7 +148,8 @@ using ChunkScratchSizes = ChunkScratch<ActivationElements, FloatElements>;
 // experts compute (expert_rows). At ep 1 those are the dispatch's rows. Under expert parallelism
 // they are the rows the other ranks send it, known only after each dispatch (dropless, or a
 // capacity unpadded): buffers sized by them are allocated for each forward, rounded up by
-// moe_expert_rows; the recipe prices them at the balanced load, as many rows as the rank's own
+// moe_expert_rows; the recipe prices them at the plan's stated load (core/moe_kernel_list.h's
+// moe_stated_load: the busiest rank's rows), at the balanced load as many rows as the rank's own
 // dispatch makes (exactly that padded to capacity).
 struct MoeDims {
   int64_t tokens = 0, hidden = 0, ffn = 0, shared_ffn = 0, experts = 0, topk = 0, capacity = 0, most_rows = 0;
