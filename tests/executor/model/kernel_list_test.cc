@@ -15,6 +15,7 @@
 #include "core/formulas.h"
 #include "core/kernel_list.h"
 #include "core/layer_recipe.h"
+#include "core/moe_kernel_list.h"
 #include "core/pipeline_layout.h"
 #include "executor/comm/in_process_comm.h"
 #include "executor/comm/rank_threads.h"
@@ -300,53 +301,63 @@ TEST_CASE("each context-parallel rank launches its kernel list, the ring's step 
       }
 }
 
-TEST_CASE("MoE layers launch their kernel list at the stated balanced load, on every expert-parallel rank",
+TEST_CASE("MoE layers launch their kernel list at the stated load, on every expert-parallel rank",
           "[model][kernels][moe]") {
-  // A balanced routing (each expert t k / experts rows) drives the executor; the list is core's at
-  // --moe-imbalance 1. Dense and MoE layers interleave (Mixtral's fixture), a shared expert behind
-  // its gate and the sequence aux loss (Qwen's). Under ep 2 each rank's experts receive rows from
-  // both ranks: the regrouping copies and the experts' GEMMs are each rank's own.
+  // A routing of the stated load (each expert's routes as core's moe_stated_load has them before any
+  // capacity) drives the executor; the list is core's at that --moe-imbalance. Dense and MoE layers
+  // interleave (Mixtral's fixture), a shared expert behind its gate and the sequence aux loss under
+  // a padded capacity (Qwen's). Under ep 2 each rank's experts receive rows from both ranks: the
+  // regrouping copies and the experts' GEMMs are each rank's own.
   for (const megaplan::ModelSpec& model : {megaplan::test::four_layer_mixtral(), megaplan::test::four_layer_qwen_moe()})
     for (const int64_t ep : {1, 2})
-      for (const bool selective : {false, true}) {
-        megaplan::ParallelPlan plan = layout(1, 1, ep, 1, ScheduleKind::kOneFOneB, 2, 4 * ep);
-        plan.expert_model_parallel_size = ep;
-        if (selective) plan.recompute_granularity = megaplan::RecomputeGranularity::kSelective;
-        INFO(model.name << ": ep " << ep << (selective ? ", selective recomputation" : ""));
-        megaplan::exec::InProcessWorld world(ep, std::chrono::seconds(60));
-        std::vector<int64_t> members(static_cast<std::size_t>(ep));
-        for (int64_t r = 0; r < ep; ++r) members[static_cast<std::size_t>(r)] = r;
-        std::vector<std::vector<Kernel>> launched(static_cast<std::size_t>(ep));
-        megaplan::exec::run_rank_threads(world, ep, [&](int64_t rank) {
-          std::unique_ptr<megaplan::exec::Comm> group = world.group(rank, members, "ep");
-          RecordingBackend backend;
-          backend.route_round_robin();
-          StageChunk chunk(model, plan, 0, backend, {42}, nullptr, nullptr, 0, nullptr, ep > 1 ? group.get() : nullptr);
-          const MicrobatchTokens data = microbatch(model, 2);
-          backend.take();
-          for (int64_t microbatch_index = 0; microbatch_index < 2; ++microbatch_index) {
-            chunk.forward(microbatch_index, &data);
-            chunk.backward_input(microbatch_index, nullptr, 1.0f, nullptr, false);
+      for (const double imbalance : {1.0, 1.5})
+        for (const bool selective : {false, true}) {
+          megaplan::ParallelPlan plan = layout(1, 1, ep, 1, ScheduleKind::kOneFOneB, 2, 4 * ep);
+          plan.expert_model_parallel_size = ep;
+          plan.moe_imbalance = imbalance;
+          if (selective) plan.recompute_granularity = megaplan::RecomputeGranularity::kSelective;
+          INFO(model.name << ": ep " << ep << ", imbalance " << imbalance
+                          << (selective ? ", selective recomputation" : ""));
+          megaplan::MoeDims dropless = *megaplan::LayerRecipe(model, plan).moe;
+          dropless.capacity = 0;
+          dropless.padded = false;
+          const std::vector<int64_t> routes = megaplan::moe_stated_load(dropless, imbalance).dispatched;
+          megaplan::exec::InProcessWorld world(ep, std::chrono::seconds(60));
+          std::vector<int64_t> members(static_cast<std::size_t>(ep));
+          for (int64_t r = 0; r < ep; ++r) members[static_cast<std::size_t>(r)] = r;
+          std::vector<std::vector<Kernel>> launched(static_cast<std::size_t>(ep));
+          megaplan::exec::run_rank_threads(world, ep, [&](int64_t rank) {
+            std::unique_ptr<megaplan::exec::Comm> group = world.group(rank, members, "ep");
+            RecordingBackend backend;
+            backend.route_by_counts(routes);
+            StageChunk chunk(model, plan, 0, backend, {42}, nullptr, nullptr, 0, nullptr,
+                             ep > 1 ? group.get() : nullptr);
+            const MicrobatchTokens data = microbatch(model, 2);
+            backend.take();
+            for (int64_t microbatch_index = 0; microbatch_index < 2; ++microbatch_index) {
+              chunk.forward(microbatch_index, &data);
+              chunk.backward_input(microbatch_index, nullptr, 1.0f, nullptr, false);
+            }
+            launched[static_cast<std::size_t>(rank)] = backend.take();
+          });
+          const PlanKernels list(model, plan);
+          std::vector<Kernel> listed;
+          for (int i = 0; i < 2; ++i) {
+            for (const SchedulePart part : {SchedulePart::kForward, SchedulePart::kBackward}) {
+              for (const Kernel& kernel : list.stage_kernels(0, part)) listed.push_back(kernel);
+            }
           }
-          launched[static_cast<std::size_t>(rank)] = backend.take();
-        });
-        const PlanKernels list(model, plan);
-        std::vector<Kernel> listed;
-        for (int i = 0; i < 2; ++i) {
-          for (const SchedulePart part : {SchedulePart::kForward, SchedulePart::kBackward}) {
-            for (const Kernel& kernel : list.stage_kernels(0, part)) listed.push_back(kernel);
-          }
+          // Every rank routes alike; the list is the busiest rank's (rank 0, holding expert 0).
+          INFO("expert-parallel rank 0");
+          check_same(launched[0], listed);
+          if (imbalance > 1 || model.moe.expert_capacity_factor) continue;
+          // At the balanced load every rank is the stated one, and a rank sends and receives its
+          // dispatch's rows.
+          for (std::size_t rank = 1; rank < launched.size(); ++rank) check_same(launched[rank], listed);
+          const int64_t rows = megaplan::LayerRecipe(model, plan).moe->most_rows;
+          CHECK(rows == 2 * model.seq_length * 2);
+          CHECK(list.moe().exchange_bytes == (ep > 1 ? rows * model.hidden_size * 2 : 0));
         }
-        for (std::size_t rank = 0; rank < launched.size(); ++rank) {
-          INFO("expert-parallel rank " << rank);
-          check_same(launched[rank], listed);
-        }
-        // The exchanges: at the balanced load a rank sends and receives its dispatch's rows (every
-        // route, or each expert's capacity where padded: Qwen's fixture).
-        const int64_t rows = megaplan::LayerRecipe(model, plan).moe->most_rows;
-        CHECK(rows == 2 * model.seq_length * 2 * (model.moe.expert_capacity_factor ? 3 : 2) / 2);
-        CHECK(list.moe().exchange_bytes == (ep > 1 ? rows * model.hidden_size * 2 : 0));
-      }
 }
 
 TEST_CASE("the optimizer step launches the optimizer's kernel list", "[model][kernels]") {

@@ -21,9 +21,11 @@ class RecordingBackend : public ForwardingBackend {
   // What ran since the last take().
   std::vector<Kernel> take() { return std::exchange(kernels_, {}); }
 
-  // Every MoE router's choice replaced by a balanced one: token i's j-th route to expert (i k + j)
-  // mod experts, each of probability 1/k (the layers' load then is core's moe_stated_load at 1).
-  void route_round_robin() { round_robin_ = true; }
+  // Every MoE router's choice replaced by one that gives expert e exactly routes[e] routes (their sum
+  // tokens x k, each at most the tokens), each of probability 1/k: route slots taken route by route
+  // (token 0..t-1's first routes, then their second ...), expert after expert, so that no token
+  // gets one expert twice.
+  void route_by_counts(std::vector<int64_t> routes) { routes_per_expert_ = std::move(routes); }
 
   // A buffer handed out: its elements, in the compute type (activation) or in fp32.
   struct Allocation {
@@ -207,10 +209,14 @@ class RecordingBackend : public ForwardingBackend {
                  int32_t* experts, float* probs) override {
     record(moe_kernel(KernelKind::kMoeTopK, tokens, router.experts, router.topk));
     ForwardingBackend::moe_top_k(logits, tokens, router, expert_bias, experts, probs);
-    if (!round_robin_) return;
-    for (std::size_t route = 0; route < tokens * router.topk; ++route) {  // host memory: the CPU backend's
-      experts[route] = static_cast<int32_t>(route % router.experts);
-      probs[route] = 1.0f / static_cast<float>(router.topk);
+    if (routes_per_expert_.empty()) return;
+    std::size_t slot = 0;  // j x tokens + i: token i's route j
+    for (std::size_t expert = 0; expert < routes_per_expert_.size(); ++expert) {
+      for (int64_t n = 0; n < routes_per_expert_[expert]; ++n, ++slot) {
+        const std::size_t route = (slot % tokens) * router.topk + slot / tokens;  // host memory: the CPU backend's
+        experts[route] = static_cast<int32_t>(expert);
+        probs[route] = 1.0f / static_cast<float>(router.topk);
+      }
     }
   }
   void moe_top_k_backward(ConstActivation logits, std::size_t tokens, const exec::MoeRouter& router,
@@ -315,7 +321,7 @@ class RecordingBackend : public ForwardingBackend {
 
   std::vector<Kernel> kernels_;
   std::vector<Allocation> allocations_;
-  bool round_robin_ = false;
+  std::vector<int64_t> routes_per_expert_;
 };
 
 }  // namespace megaplan::test
