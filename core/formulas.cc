@@ -148,7 +148,7 @@ std::vector<PipelineRankParameters> parameters_per_pipeline_rank(const ModelSpec
   return ranks;
 }
 
-const std::vector<int64_t>& ParametersPerGpuCache::per_pipeline_rank(const ParallelPlan& plan) const {
+const ParametersPerGpuCache::Entry& ParametersPerGpuCache::entry(const ParallelPlan& plan) const {
   const PipelineSplit& split = plan.pipeline_split;
   const Key key{plan.tensor_parallel_size,      plan.pipeline_parallel_size, plan.virtual_pipeline_parallel_size,
                 stage_placement(plan.schedule), split.first_stage_layers,    split.last_stage_layers,
@@ -156,9 +156,10 @@ const std::vector<int64_t>& ParametersPerGpuCache::per_pipeline_rank(const Paral
   const std::lock_guard<std::mutex> lock(mutex_);
   auto found = by_layout_.find(key);
   if (found == by_layout_.end()) {
-    std::vector<int64_t> per_rank;
+    Entry per_rank;
     for (const PipelineRankParameters& rank : parameters_per_pipeline_rank(model_, plan)) {
-      per_rank.push_back(rank.parameters_per_gpu);
+      per_rank.parameters.push_back(rank.parameters_per_gpu);
+      per_rank.experts.push_back(rank.expert_per_gpu);
     }
     found = by_layout_.emplace(key, std::move(per_rank)).first;
   }

@@ -63,20 +63,25 @@ struct PipelineRankParameters {
 // REQUIRES: validate_plan(model, plan) passed.
 std::vector<PipelineRankParameters> parameters_per_pipeline_rank(const ModelSpec& model, const ParallelPlan& plan);
 
-// parameters_per_pipeline_rank's parameters_per_gpu for one model, computed once per layout that
-// decides them (tp, pp, vpp, the stage placement, the pipeline split and ep), not once per plan: a
-// search asks ~10^5 plans. Safe to share between threads.
+// parameters_per_pipeline_rank's parameters_per_gpu (and expert_per_gpu) for one model, computed
+// once per layout that decides them (tp, pp, vpp, the stage placement, the pipeline split and ep),
+// not once per plan: a search asks ~10^5 plans. Safe to share between threads.
 class ParametersPerGpuCache {
  public:
   explicit ParametersPerGpuCache(const ModelSpec& model) : model_(model) {}
-  // By pipeline rank. The reference stays valid as long as the cache.
-  const std::vector<int64_t>& per_pipeline_rank(const ParallelPlan& plan) const;
+  // By pipeline rank. The references stay valid as long as the cache.
+  const std::vector<int64_t>& per_pipeline_rank(const ParallelPlan& plan) const { return entry(plan).parameters; }
+  const std::vector<int64_t>& experts_per_pipeline_rank(const ParallelPlan& plan) const { return entry(plan).experts; }
 
  private:
   using Key = std::tuple<int64_t, int64_t, int64_t, StagePlacement, int64_t, int64_t, bool, bool, int64_t>;
+  struct Entry {
+    std::vector<int64_t> parameters, experts;
+  };
+  const Entry& entry(const ParallelPlan& plan) const;
   const ModelSpec& model_;
   mutable std::mutex mutex_;
-  mutable std::map<Key, std::vector<int64_t>> by_layout_;
+  mutable std::map<Key, Entry> by_layout_;
 };
 
 // Parameters one virtual stage holds, whole and on each of its tp GPUs; the rank's are the sum

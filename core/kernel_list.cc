@@ -119,6 +119,13 @@ Kernel row_kernel(KernelKind kind, int64_t rows, int64_t cols, bool fused_residu
 
 Kernel flat_kernel(KernelKind kind, int64_t elements) { return row_kernel(kind, elements, 1); }
 
+Kernel moe_kernel(KernelKind kind, int64_t rows, int64_t cols, int64_t topk, int64_t m) {
+  Kernel kernel = row_kernel(kind, rows, cols);
+  kernel.batch = topk;
+  kernel.m = m;
+  return kernel;
+}
+
 Kernel streaming_kernel(int64_t elements, int64_t bytes_per_element) {
   return row_kernel(KernelKind::kElementwise, elements, bytes_per_element);
 }

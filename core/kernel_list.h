@@ -125,6 +125,8 @@ Kernel streaming_kernel(int64_t elements, int64_t bytes_per_element);
 Kernel attention_kernel(KernelKind kind, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
                         int64_t groups = 0, bool dropout = false);
 Kernel row_kernel(KernelKind kind, int64_t rows, int64_t cols, bool fused_residual = false, bool dropout = false);
+// An MoE kernel (kMoe*): `rows` x `cols` with `topk` routes per token and `m` as the kind says.
+Kernel moe_kernel(KernelKind kind, int64_t rows, int64_t cols, int64_t topk, int64_t m = 0);
 // A ring block of `chunk` query tokens against `chunk` key tokens (kAttentionBlockForward/Backward).
 Kernel attention_block_kernel(KernelKind kind, int64_t batch, int64_t chunk, int64_t heads, int64_t head_dim,
                               int64_t groups, bool dropout, bool diagonal);

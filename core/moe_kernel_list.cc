@@ -48,16 +48,6 @@ MoeLoad moe_stated_load(const MoeDims& moe, double imbalance) {
   return load;
 }
 
-namespace {
-
-Kernel moe_row_kernel(KernelKind kind, int64_t tokens, int64_t cols, int64_t topk) {
-  Kernel kernel = row_kernel(kind, tokens, cols);
-  kernel.batch = topk;
-  return kernel;
-}
-
-}  // namespace
-
 MoeKernels moe_kernels(const MoeDims& moe, const MoeLoad& load, int64_t activation_bytes) {
   const int64_t t = moe.tokens, h = moe.hidden, f = moe.ffn, e = moe.experts, k = moe.topk;
   const int64_t local = moe.local_experts();
@@ -92,15 +82,15 @@ MoeKernels moe_kernels(const MoeDims& moe, const MoeLoad& load, int64_t activati
   // Forward: the router, the top k, the dispatch; the rows out to their experts, the experts, the
   // rows back and combined; the shared expert; the aux loss's counts and the losses for the log.
   fwd.push_back(gemm_kernel(GemmLayout::kForward, GemmEpilogue::kNone, t, e, h));
-  fwd.push_back(moe_row_kernel(KernelKind::kMoeTopK, t, e, k));
-  fwd.push_back(moe_row_kernel(KernelKind::kMoeDispatch, t, e, k));
+  fwd.push_back(moe_kernel(KernelKind::kMoeTopK, t, e, k));
+  fwd.push_back(moe_kernel(KernelKind::kMoeDispatch, t, e, k));
   fwd.push_back(row_kernel(KernelKind::kMoePermute, rows, h));
   if (exchanged) regroup(fwd);
   per_expert(fwd, GemmLayout::kForward, 2 * f, h);
   fwd.push_back(row_kernel(KernelKind::kSwigluForward, expert_rows, f));
   per_expert(fwd, GemmLayout::kForward, h, f);
   if (exchanged) regroup(fwd);
-  fwd.push_back(moe_row_kernel(KernelKind::kMoeCombine, t, h, k));
+  fwd.push_back(moe_kernel(KernelKind::kMoeCombine, t, h, k));
   const int64_t w = moe.shared_ffn;
   if (w > 0) {
     fwd.push_back(gemm_kernel(GemmLayout::kForward, GemmEpilogue::kNone, t, 2 * w, h));
@@ -114,33 +104,27 @@ MoeKernels moe_kernels(const MoeDims& moe, const MoeLoad& load, int64_t activati
     }
   }
   const bool sequence_loss = moe.aux_loss && moe.aux_loss_sequences > 0, switch_loss = moe.aux_loss && !sequence_loss;
-  const auto sequence_kernel = [&](KernelKind kind) {
-    Kernel kernel = moe_row_kernel(kind, t, e, k);
-    kernel.m = moe.aux_loss_sequences;
-    return kernel;
-  };
-  if (switch_loss) fwd.push_back(moe_row_kernel(KernelKind::kMoeAuxCounts, t, e, k));
-  if (sequence_loss) fwd.push_back(sequence_kernel(KernelKind::kMoeSequenceAuxLoss));
-  if (switch_loss) fwd.push_back(moe_row_kernel(KernelKind::kMoeSwitchLoss, t, e, k));
+  if (switch_loss) fwd.push_back(moe_kernel(KernelKind::kMoeAuxCounts, t, e, k));
+  if (sequence_loss) fwd.push_back(moe_kernel(KernelKind::kMoeSequenceAuxLoss, t, e, k, moe.aux_loss_sequences));
+  if (switch_loss) fwd.push_back(moe_kernel(KernelKind::kMoeSwitchLoss, t, e, k));
   if (moe.z_loss) fwd.push_back(row_kernel(KernelKind::kMoeZLoss, t, e));
 
   // Backward: combine's, the gradients out to the experts; SwiGLU's output again (fc2's input), the
   // experts' input and weight gradients; the rows' gradients home and summed per token; the router
   // through its top k and the losses; the shared expert.
-  Kernel combine_backward = moe_row_kernel(KernelKind::kMoeCombineBackward, t, h, k);
-  combine_backward.m = rows;
-  bwd.push_back(combine_backward);
+  bwd.push_back(moe_kernel(KernelKind::kMoeCombineBackward, t, h, k, rows));
   if (exchanged) regroup(bwd);
   bwd.push_back(row_kernel(KernelKind::kSwigluForward, expert_rows, f));
   per_expert(bwd, GemmLayout::kInputGradient, h, f);
   bwd.push_back(row_kernel(KernelKind::kSwigluBackward, expert_rows, f));
   per_expert(bwd, GemmLayout::kInputGradient, 2 * f, h);
   if (exchanged) regroup(bwd);
-  bwd.push_back(moe_row_kernel(KernelKind::kMoePermuteBackward, t, h, k));
+  bwd.push_back(moe_kernel(KernelKind::kMoePermuteBackward, t, h, k));
   bwd.push_back(flat_kernel(KernelKind::kFill, t * e));
-  bwd.push_back(moe_row_kernel(KernelKind::kMoeTopKBackward, t, e, k));
-  if (sequence_loss) bwd.push_back(sequence_kernel(KernelKind::kMoeSequenceAuxLossGradient));
-  if (switch_loss) bwd.push_back(moe_row_kernel(KernelKind::kMoeSwitchLossGradient, t, e, k));
+  bwd.push_back(moe_kernel(KernelKind::kMoeTopKBackward, t, e, k));
+  if (sequence_loss)
+    bwd.push_back(moe_kernel(KernelKind::kMoeSequenceAuxLossGradient, t, e, k, moe.aux_loss_sequences));
+  if (switch_loss) bwd.push_back(moe_kernel(KernelKind::kMoeSwitchLossGradient, t, e, k));
   if (moe.z_loss) bwd.push_back(row_kernel(KernelKind::kMoeZLossGradient, t, e));
   bwd.push_back(flat_kernel(KernelKind::kConvert, t * e));
   backward_gemm(bwd, t, e, h);

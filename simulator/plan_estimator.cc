@@ -1,7 +1,6 @@
 #include "simulator/plan_estimator.h"
 
 #include <algorithm>
-#include <numeric>
 #include <utility>
 #include <vector>
 
@@ -22,22 +21,13 @@ SimulatorEstimator::Costs SimulatorEstimator::layer_costs(const ParallelPlan& pl
     const std::lock_guard<std::mutex> lock(cache_mutex_);
     if (const auto found = layer_cache_.find(key); found != layer_cache_.end()) return found->second;
   }
-  // Global rank 0's tensor- and context-parallel groups (Megatron's order puts tp fastest, then
-  // cp): no group of either kind routes faster, so the layer is never cheaper than this.
-  std::vector<int64_t> tensor_group(static_cast<std::size_t>(plan.tensor_parallel_size));
-  std::iota(tensor_group.begin(), tensor_group.end(), 0);
-  std::vector<int64_t> context_group;
-  for (int64_t member = 0; member < plan.context_parallel_size; ++member) {
-    context_group.push_back(member * plan.tensor_parallel_size);
-  }
-  // Its expert-parallel group (the expert layers' order tp-ep-dp-pp: ep strides by tp).
-  std::vector<int64_t> expert_group;
-  for (int64_t member = 0; member < plan.expert_model_parallel_size; ++member) {
-    expert_group.push_back(member * plan.tensor_parallel_size);
-  }
-  const Route alone = topology_.ring_route({0});
-  const GroupRoutes routes{topology_.ring_route(tensor_group), topology_.ring_route(context_group), alone,
-                           topology_.ring_route(expert_group), alone};
+  // Global rank 0's tensor-, context- and expert-parallel groups (Megatron's order puts tp fastest,
+  // then cp; the expert layers' tp, then ep): no group of a kind routes faster, so the layer is
+  // never cheaper than this.
+  const int64_t tp = plan.tensor_parallel_size;
+  const Route alone = strided_route(1, 1);
+  const GroupRoutes routes{strided_route(1, tp), strided_route(tp, plan.context_parallel_size), alone,
+                           strided_route(tp, plan.expert_model_parallel_size), alone};
   CostSources sources;
   Costs costs{{}, output_layer_costs(model_, plan, profile_, routes.tensor, sources)};
   // With experts, each part at the cheaper of the model's kinds of layer, a bound on any layer.
@@ -61,30 +51,30 @@ SimulatorEstimator::Costs SimulatorEstimator::layer_costs(const ParallelPlan& pl
   return costs;
 }
 
+Route SimulatorEstimator::strided_route(int64_t stride, int64_t members) const {
+  const auto key = std::pair(stride, members);
+  {
+    const std::lock_guard<std::mutex> lock(cache_mutex_);
+    if (const auto found = route_cache_.find(key); found != route_cache_.end()) return found->second;
+  }
+  std::vector<int64_t> group;
+  for (int64_t member = 0; member < members; ++member) group.push_back(member * stride);
+  const Route route = topology_.ring_route(group);
+  const std::lock_guard<std::mutex> lock(cache_mutex_);
+  return route_cache_.emplace(key, route).first->second;
+}
+
 double SimulatorEstimator::optimizer_seconds(const ParallelPlan& plan, int64_t rank) const {
-  const int64_t parameters_per_gpu = parameters_.per_pipeline_rank(plan)[static_cast<std::size_t>(rank)];
-  const int64_t replicas = plan.gradient_group_size();
-  const auto route_key = std::pair(plan.tensor_parallel_size, replicas);
-  std::unique_lock<std::mutex> lock(cache_mutex_);
-  auto route = data_route_cache_.find(route_key);
-  if (route == data_route_cache_.end()) {
-    std::vector<int64_t> group;  // Megatron's order tp-cp-ep-dp-pp: rank 0's dp x cp group strides by tp
-    for (int64_t member = 0; member < replicas; ++member) group.push_back(member * plan.tensor_parallel_size);
-    route = data_route_cache_.emplace(route_key, topology_.ring_route(group)).first;
-  }
-  const Route data_route = route->second;
-  lock.unlock();
+  const auto index = static_cast<std::size_t>(rank);
+  // Global rank 0's dp x cp group (Megatron's order tp-cp-ep-dp-pp strides it by tp) and, for the
+  // routed experts' share, its expert data-parallel group (the expert layers' tp-ep-dp-pp: by tp x
+  // ep), whose gradients norm and shard apart.
+  const int64_t tp = plan.tensor_parallel_size;
+  const Route data_route = strided_route(tp, plan.gradient_group_size());
+  const Route expert_data_route = strided_route(tp * plan.expert_model_parallel_size, plan.expert_data_parallel_size());
   CostSources sources;
-  if (!model_.moe.enabled()) return optimizer_step_seconds(plan, parameters_per_gpu, profile_, data_route, sources);
-  // The routed experts' share, apart (their gradients norm and shard over expert dp): global rank
-  // 0's expert data-parallel group (the expert layers' order tp-ep-dp-pp strides it by tp x ep).
-  const int64_t experts = parameters_per_pipeline_rank(model_, plan)[static_cast<std::size_t>(rank)].expert_per_gpu;
-  std::vector<int64_t> expert_replicas;
-  for (int64_t member = 0; member < plan.expert_data_parallel_size(); ++member) {
-    expert_replicas.push_back(member * plan.tensor_parallel_size * plan.expert_model_parallel_size);
-  }
-  const Route expert_data_route = topology_.ring_route(expert_replicas);
-  return optimizer_step_seconds(plan, parameters_per_gpu, profile_, data_route, sources, experts, &expert_data_route);
+  return optimizer_step_seconds(plan, parameters_.per_pipeline_rank(plan)[index], profile_, data_route, sources,
+                                parameters_.experts_per_pipeline_rank(plan)[index], &expert_data_route);
 }
 
 double SimulatorEstimator::lower_bound_s(const ParallelPlan& plan) const {

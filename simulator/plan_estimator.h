@@ -48,6 +48,9 @@ class SimulatorEstimator final : public StepTimeEstimator {
   Costs layer_costs(const ParallelPlan& plan) const;
   // OPTIM's time on pipeline rank `rank` (on the fastest data-parallel route).
   double optimizer_seconds(const ParallelPlan& plan, int64_t rank) const;
+  // The ring route of global ranks 0, stride, 2 stride, ... (`members` of them): rank 0's group of a
+  // kind, each kind striding by the sizes Megatron's order puts before it. Cached.
+  Route strided_route(int64_t stride, int64_t members) const;
 
   ModelSpec model_;
   ClusterSpec cluster_;
@@ -56,8 +59,8 @@ class SimulatorEstimator final : public StepTimeEstimator {
   mutable std::mutex cache_mutex_;
   mutable std::map<LayerKey, Costs> layer_cache_;
   ParametersPerGpuCache parameters_{model_};
-  // Global rank 0's data-parallel (dp x cp) ring route, by tp and dp x cp.
-  mutable std::map<std::pair<int64_t, int64_t>, Route> data_route_cache_;
+  // strided_route's answers, by stride and members.
+  mutable std::map<std::pair<int64_t, int64_t>, Route> route_cache_;
 };
 
 }  // namespace megaplan::sim

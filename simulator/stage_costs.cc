@@ -432,8 +432,11 @@ ActionCosts plan_action_costs(const ModelSpec& model, const ParallelPlan& plan, 
     const LayerCollectives& moe = moe_collectives_of_rank[rank];
     const int64_t layers = stage_layers[static_cast<std::size_t>(index)];
     const int64_t recomputed = recomputed_layers(plan, layers);  // no MoE layer is (require_costed_layers)
-    const StageLayers held = megaplan::stage_layers(index, model, plan);
-    const auto moe_layers = static_cast<double>(model.moe.moe_layers(held.first_layer, held.num_layers));
+    double moe_layers = 0;
+    if (model.moe.enabled()) {
+      const StageLayers held = megaplan::stage_layers(index, model, plan);
+      moe_layers = static_cast<double>(model.moe.moe_layers(held.first_layer, held.num_layers));
+    }
     stage.forward_collectives = static_cast<double>(layers) * layer.forward + moe_layers * moe.forward;
     stage.backward_collectives = static_cast<double>(layers) * layer.backward +
                                  static_cast<double>(recomputed) * layer.forward + moe_layers * moe.backward;

@@ -355,6 +355,12 @@ KernelLaunch::~KernelLaunch() {
 void KernelLaunch::operator()() {
   const Kernel& k = kernel_;
   const Buffers& b = buffers_;
+  // A router loss's value is summed (a double), its gradient added into the logits'.
+  const bool loss_gradient = k.kind == KernelKind::kMoeSwitchLossGradient ||
+                             k.kind == KernelKind::kMoeSequenceAuxLossGradient ||
+                             k.kind == KernelKind::kMoeZLossGradient;
+  double* const loss_sum = loss_gradient ? nullptr : reinterpret_cast<double*>(b.loss_sum);
+  float* const d_logits = loss_gradient ? b.master : nullptr;
   switch (k.kind) {
     case KernelKind::kGemm:
       // The GEMM in the kernel's precision, then back to the backend's own (Megatron's fp16 GEMMs
@@ -480,29 +486,17 @@ void KernelLaunch::operator()() {
       break;
     case KernelKind::kMoeAuxCounts: backend_.moe_aux_loss_counts(logits_, size(k.rows), router_, b.terms); break;
     case KernelKind::kMoeSwitchLoss:
-    case KernelKind::kMoeSwitchLossGradient: {
-      const bool gradient = k.kind == KernelKind::kMoeSwitchLossGradient;
-      backend_.moe_switch_loss(logits_, size(k.rows), router_, b.terms, size(k.rows), 1.0,
-                               gradient ? nullptr : reinterpret_cast<double*>(b.loss_sum),
-                               gradient ? b.master : nullptr, 1.0f);
+    case KernelKind::kMoeSwitchLossGradient:
+      backend_.moe_switch_loss(logits_, size(k.rows), router_, b.terms, size(k.rows), 1.0, loss_sum, d_logits, 1.0f);
       break;
-    }
     case KernelKind::kMoeSequenceAuxLoss:
-    case KernelKind::kMoeSequenceAuxLossGradient: {
-      const bool gradient = k.kind == KernelKind::kMoeSequenceAuxLossGradient;
-      backend_.moe_sequence_aux_loss(logits_, size(k.rows), size(k.m), router_, 1.0,
-                                     gradient ? nullptr : reinterpret_cast<double*>(b.loss_sum),
-                                     gradient ? b.master : nullptr, 1.0f);
+    case KernelKind::kMoeSequenceAuxLossGradient:
+      backend_.moe_sequence_aux_loss(logits_, size(k.rows), size(k.m), router_, 1.0, loss_sum, d_logits, 1.0f);
       break;
-    }
     case KernelKind::kMoeZLoss:
-    case KernelKind::kMoeZLossGradient: {
-      const bool gradient = k.kind == KernelKind::kMoeZLossGradient;
-      backend_.moe_z_loss(logits_, size(k.rows), size(k.cols), 1.0,
-                          gradient ? nullptr : reinterpret_cast<double*>(b.loss_sum), gradient ? b.master : nullptr,
-                          1.0f);
+    case KernelKind::kMoeZLossGradient:
+      backend_.moe_z_loss(logits_, size(k.rows), size(k.cols), 1.0, loss_sum, d_logits, 1.0f);
       break;
-    }
     case KernelKind::kSigmoidGatedAdd:
       backend_.sigmoid_gated_add(b.x, b.branch, size(k.rows), size(k.cols), b.y);
       break;

@@ -428,28 +428,23 @@ TEST_CASE("the profiler's launch of a listed kernel is that kernel", "[kernels]"
     kernels.push_back(megaplan::flat_kernel(kind, 100));
   }
   // Mixture of experts: 12 tokens over 8 experts, top 2 (and a z loss, which has no top k).
-  const auto moe = [](KernelKind kind, int64_t rows, int64_t cols, int64_t topk, int64_t m = 0) {
-    Kernel kernel = megaplan::row_kernel(kind, rows, cols);
-    kernel.batch = topk;
-    kernel.m = m;
-    return kernel;
-  };
+  using megaplan::moe_kernel;
   for (const KernelKind kind :
        {KernelKind::kMoeTopK, KernelKind::kMoeTopKBackward, KernelKind::kMoeDispatch, KernelKind::kMoeAuxCounts,
         KernelKind::kMoeSwitchLoss, KernelKind::kMoeSwitchLossGradient}) {
-    kernels.push_back(moe(kind, 12, 8, 2));
+    kernels.push_back(moe_kernel(kind, 12, 8, 2));
   }
   for (const KernelKind kind : {KernelKind::kMoeSequenceAuxLoss, KernelKind::kMoeSequenceAuxLossGradient}) {
-    kernels.push_back(moe(kind, 12, 8, 2, 3));  // three sequences of four tokens
+    kernels.push_back(moe_kernel(kind, 12, 8, 2, 3));  // three sequences of four tokens
   }
   for (const KernelKind kind : {KernelKind::kMoeZLoss, KernelKind::kMoeZLossGradient}) {
-    kernels.push_back(moe(kind, 12, 8, 0));
+    kernels.push_back(moe_kernel(kind, 12, 8, 0));
   }
   kernels.push_back(megaplan::row_kernel(KernelKind::kMoePermute, 24, 16));
-  kernels.push_back(moe(KernelKind::kMoePermuteBackward, 12, 16, 2));
-  kernels.push_back(moe(KernelKind::kMoeCombine, 12, 16, 2));
-  kernels.push_back(moe(KernelKind::kMoeCombineBackward, 12, 16, 2, 24));
-  kernels.push_back(moe(KernelKind::kMoeCombineBackward, 12, 16, 2, 32));  // padded to capacity
+  kernels.push_back(moe_kernel(KernelKind::kMoePermuteBackward, 12, 16, 2));
+  kernels.push_back(moe_kernel(KernelKind::kMoeCombine, 12, 16, 2));
+  kernels.push_back(moe_kernel(KernelKind::kMoeCombineBackward, 12, 16, 2, 24));
+  kernels.push_back(moe_kernel(KernelKind::kMoeCombineBackward, 12, 16, 2, 32));  // padded to capacity
   for (const KernelKind kind : {KernelKind::kSigmoidGatedAdd, KernelKind::kSigmoidGatedAddBackward}) {
     kernels.push_back(megaplan::row_kernel(kind, 12, 16));
   }

@@ -207,7 +207,7 @@ class RecordingBackend : public ForwardingBackend {
   }
   void moe_top_k(ConstActivation logits, std::size_t tokens, const exec::MoeRouter& router, const float* expert_bias,
                  int32_t* experts, float* probs) override {
-    record(moe_kernel(KernelKind::kMoeTopK, tokens, router.experts, router.topk));
+    record(moe_call(KernelKind::kMoeTopK, tokens, router.experts, router.topk));
     ForwardingBackend::moe_top_k(logits, tokens, router, expert_bias, experts, probs);
     if (routes_per_expert_.empty()) return;
     std::size_t slot = 0;  // j x tokens + i: token i's route j
@@ -221,13 +221,13 @@ class RecordingBackend : public ForwardingBackend {
   }
   void moe_top_k_backward(ConstActivation logits, std::size_t tokens, const exec::MoeRouter& router,
                           const int32_t* experts, const float* d_probs, float* d_logits) override {
-    record(moe_kernel(KernelKind::kMoeTopKBackward, tokens, router.experts, router.topk));
+    record(moe_call(KernelKind::kMoeTopKBackward, tokens, router.experts, router.topk));
     ForwardingBackend::moe_top_k_backward(logits, tokens, router, experts, d_probs, d_logits);
   }
   std::vector<int64_t> moe_dispatch(const int32_t* experts, const float* probs, std::size_t tokens,
                                     const exec::MoeRouter& router, const exec::MoeCapacity& capacity,
                                     exec::MoeDispatchMaps maps) override {
-    record(moe_kernel(KernelKind::kMoeDispatch, tokens, router.experts, router.topk));
+    record(moe_call(KernelKind::kMoeDispatch, tokens, router.experts, router.topk));
     return ForwardingBackend::moe_dispatch(experts, probs, tokens, router, capacity, maps);
   }
   void moe_permute(ConstActivation x, std::size_t hidden, const int32_t* row_tokens, std::size_t rows,
@@ -237,42 +237,38 @@ class RecordingBackend : public ForwardingBackend {
   }
   void moe_permute_backward(ConstActivation d_rows, std::size_t hidden, const int32_t* token_rows, std::size_t tokens,
                             std::size_t topk, Activation dx) override {
-    record(moe_kernel(KernelKind::kMoePermuteBackward, tokens, hidden, topk));
+    record(moe_call(KernelKind::kMoePermuteBackward, tokens, hidden, topk));
     ForwardingBackend::moe_permute_backward(d_rows, hidden, token_rows, tokens, topk, dx);
   }
   void moe_combine(ConstActivation rows, std::size_t hidden, const int32_t* token_rows, const float* probs,
                    std::size_t tokens, std::size_t topk, Activation y) override {
-    record(moe_kernel(KernelKind::kMoeCombine, tokens, hidden, topk));
+    record(moe_call(KernelKind::kMoeCombine, tokens, hidden, topk));
     ForwardingBackend::moe_combine(rows, hidden, token_rows, probs, tokens, topk, y);
   }
   void moe_combine_backward(ConstActivation dy, ConstActivation rows, std::size_t hidden,
                             exec::ConstMoeDispatchMaps maps, const float* probs, std::size_t tokens, std::size_t topk,
                             std::size_t rows_count, Activation d_rows, float* d_probs) override {
-    Kernel kernel = moe_kernel(KernelKind::kMoeCombineBackward, tokens, hidden, topk);
-    kernel.m = size(rows_count);
-    record(kernel);
+    record(moe_call(KernelKind::kMoeCombineBackward, tokens, hidden, topk, rows_count));
     ForwardingBackend::moe_combine_backward(dy, rows, hidden, maps, probs, tokens, topk, rows_count, d_rows, d_probs);
   }
   void moe_aux_loss_counts(ConstActivation logits, std::size_t tokens, const exec::MoeRouter& router,
                            float* counts) override {
-    record(moe_kernel(KernelKind::kMoeAuxCounts, tokens, router.experts, router.topk));
+    record(moe_call(KernelKind::kMoeAuxCounts, tokens, router.experts, router.topk));
     ForwardingBackend::moe_aux_loss_counts(logits, tokens, router, counts);
   }
   void moe_switch_loss(ConstActivation logits, std::size_t tokens, const exec::MoeRouter& router, const float* counts,
                        std::size_t total_tokens, double coeff, double* loss_sum, float* d_logits,
                        float gradient_scale) override {
-    record(moe_kernel(d_logits ? KernelKind::kMoeSwitchLossGradient : KernelKind::kMoeSwitchLoss, tokens,
-                      router.experts, router.topk));
+    record(moe_call(d_logits ? KernelKind::kMoeSwitchLossGradient : KernelKind::kMoeSwitchLoss, tokens, router.experts,
+                    router.topk));
     ForwardingBackend::moe_switch_loss(logits, tokens, router, counts, total_tokens, coeff, loss_sum, d_logits,
                                        gradient_scale);
   }
   void moe_sequence_aux_loss(ConstActivation logits, std::size_t tokens, std::size_t sequences,
                              const exec::MoeRouter& router, double coeff, double* loss_sum, float* d_logits,
                              float gradient_scale) override {
-    Kernel kernel = moe_kernel(d_logits ? KernelKind::kMoeSequenceAuxLossGradient : KernelKind::kMoeSequenceAuxLoss,
-                               tokens, router.experts, router.topk);
-    kernel.m = size(sequences);
-    record(kernel);
+    record(moe_call(d_logits ? KernelKind::kMoeSequenceAuxLossGradient : KernelKind::kMoeSequenceAuxLoss, tokens,
+                    router.experts, router.topk, sequences));
     ForwardingBackend::moe_sequence_aux_loss(logits, tokens, sequences, router, coeff, loss_sum, d_logits,
                                              gradient_scale);
   }
@@ -308,10 +304,9 @@ class RecordingBackend : public ForwardingBackend {
     return total;
   }
   void record(const Kernel& kernel) { kernels_.push_back(kernel); }
-  static Kernel moe_kernel(KernelKind kind, std::size_t tokens, std::size_t cols, std::size_t topk) {
-    Kernel kernel = row_kernel(kind, size(tokens), size(cols));
-    kernel.batch = size(topk);
-    return kernel;
+  // core's moe_kernel of a Backend call's sizes.
+  static Kernel moe_call(KernelKind kind, std::size_t tokens, std::size_t cols, std::size_t topk, std::size_t m = 0) {
+    return moe_kernel(kind, size(tokens), size(cols), size(topk), size(m));
   }
   static Kernel ring_block(KernelKind kind, const AttentionDims& dims, const AttentionChunkBlock& block,
                            const DropoutMask& dropout) {
