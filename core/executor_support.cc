@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "core/implementation_options.h"
 #include "core/notes.h"
 #include "core/schedule/schedule_traits.h"
 
@@ -43,7 +44,17 @@ std::optional<SpecError> executor_plan_refusal(const ParallelPlan& plan) {
 std::optional<SpecError> executor_moe_refusal(const ModelSpec& model, const ParallelPlan& plan) {
   if (!model.moe.enabled()) return std::nullopt;
   if (plan.tensor_parallel_size > 1) {
-    return missing("--tensor-model-parallel-size", "mixture of experts with tensor parallelism");
+    // Each tp rank routes its own rows of the stream (executor/model/moe_mlp.h).
+    if (!plan.sequence_parallel) {
+      return missing("--sequence-parallel", "mixture of experts under tensor parallelism without sequence parallelism");
+    }
+    if (model.moe.load_balancing == LoadBalancing::kSeqAuxLoss && model.moe.aux_loss_coeff > 0) {
+      return missing("--moe-router-load-balancing-type",
+                     "seq_aux_loss under tensor parallelism (a sequence's rows split over the tp group)");
+    }
+    if (overlaps_tensor_parallel_communication(plan)) {
+      return missing("--tp-comm-overlap", "mixture of experts with tensor-parallel communication overlap");
+    }
   }
   if (plan.context_parallel_size > 1) {
     return missing("--context-parallel-size", "mixture of experts with context parallelism");

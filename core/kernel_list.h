@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "core/collective.h"
 #include "core/gemm.h"
 #include "core/model_spec.h"
 #include "core/parallel_plan.h"
@@ -220,14 +221,24 @@ struct RingAttentionPasses {
 RingAttentionPasses ring_attention_passes(int64_t cp, int64_t key_value_bytes,
                                           const std::function<std::vector<Kernel>(int64_t, bool)>& step_kernels);
 
-// An MoE layer's MLP in one pass on one rank (core/moe_kernel_list.h): its kernels in launch order,
-// and under expert parallelism what its exchanges move: each all-to-all's bytes on the rank (the
-// larger of what it sends and receives; each pass runs two, the rows out to their experts and back)
-// and the forward's all-gather of every rank's rows per expert (its output).
+// A collective of an MoE layer's MLP: over the rank's ep group or its tp group, its bytes as a
+// profile's collective tables count them (an all-gather's output, a reduce-scatter's input, an
+// all-to-all's larger side: what the rank sends or what it receives).
+enum class MoeGroup : uint8_t { kExpert, kTensor };
+struct MoeCollective {
+  MoeGroup group;
+  CollectiveOp op;
+  int64_t bytes;
+  bool operator==(const MoeCollective& other) const {
+    return group == other.group && op == other.op && bytes == other.bytes;
+  }
+};
+
+// An MoE layer's MLP in one pass on one rank (core/moe_kernel_list.h): its kernels and its
+// collectives, each in launch order (the executor waits for every collective before it goes on).
 struct MoeKernels {
   std::vector<Kernel> forward, backward;
-  int64_t exchange_bytes = 0;
-  int64_t count_bytes = 0;
+  std::vector<MoeCollective> forward_collectives, backward_collectives;
 };
 
 // megaplan's executor: core/layer_recipe.h's LayerRecipe::kernel_blocks and ring_attention.

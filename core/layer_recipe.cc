@@ -50,28 +50,30 @@ LayerRecipe::LayerRecipe(const ModelSpec& model, const ParallelPlan& plan, const
       precision(storage) {
   if (!model.moe.enabled()) return;
   const MoeSpec& spec = model.moe;
-  // Each rank routes its own tokens (tp and cp above 1 with experts are refused before training:
-  // core/executor_support.h) to every expert of the layer.
+  // Each rank routes its own tokens (under tensor parallelism its rows of the stream: MoE layers
+  // run with sequence parallelism, core/executor_support.h) to every expert of the layer, and holds
+  // its tp shard of each of its experts.
+  const int64_t tp = plan.tensor_parallel_size;
   const int64_t experts = spec.num_experts, topk = spec.effective_router_topk();
   const int64_t capacity =
-      spec.expert_capacity_factor ? moe_expert_capacity(dims.tokens, topk, experts, *spec.expert_capacity_factor) : 0;
-  moe = moe_dims(dims.tokens, dims.hidden, model.effective_moe_ffn_hidden_size(), spec.shared_expert_intermediate_size,
-                 spec.shared_expert_gate, experts, topk, capacity, spec.pad_expert_input_to_capacity,
-                 plan.expert_model_parallel_size);
+      spec.expert_capacity_factor ? moe_expert_capacity(dims.rows, topk, experts, *spec.expert_capacity_factor) : 0;
+  moe = moe_dims(dims.rows, dims.hidden, model.effective_moe_ffn_hidden_size() / tp,
+                 spec.shared_expert_intermediate_size / tp, spec.shared_expert_gate, experts, topk, capacity,
+                 spec.pad_expert_input_to_capacity, plan.expert_model_parallel_size, tp);
   moe->aux_loss = spec.load_balancing != LoadBalancing::kNone && spec.aux_loss_coeff > 0;
-  // seq_aux_loss: each of the microbatch's sequences (whole on the rank: cp 1) its own loss.
+  // seq_aux_loss: each of the microbatch's sequences (whole on the rank: cp 1, tp 1) its own loss.
   if (moe->aux_loss && spec.load_balancing == LoadBalancing::kSeqAuxLoss) moe->aux_loss_sequences = micro_batch_size;
   moe->z_loss = spec.z_loss_coeff > 0;
   // Under expert parallelism the rank's experts compute what the others send: at the stated load
   // the busiest rank's rows, its buffers grown to hold them as the executor grows them.
   if (moe->expert_parallel > 1) {
-    const int64_t rows = moe_stated_load(*moe, moe_imbalance).expert_rows(moe->local_experts());
-    moe->expert_rows = moe_expert_rows(rows, moe->most_rows);
+    const int64_t rows = moe_stated_load(*moe, moe_imbalance).arrived_rows();
+    moe->arrived_rows = moe_expert_rows(rows, moe->most_rows);
   }
 }
 
 MoeDims moe_dims(int64_t tokens, int64_t hidden, int64_t ffn, int64_t shared_ffn, bool shared_gate, int64_t experts,
-                 int64_t topk, int64_t capacity, bool pad, int64_t expert_parallel) {
+                 int64_t topk, int64_t capacity, bool pad, int64_t expert_parallel, int64_t tensor_parallel) {
   MoeDims m;
   m.tokens = tokens;
   m.hidden = hidden;
@@ -84,9 +86,10 @@ MoeDims moe_dims(int64_t tokens, int64_t hidden, int64_t ffn, int64_t shared_ffn
   m.padded = pad && capacity > 0;
   m.most_rows = moe_most_rows(tokens, topk, experts, capacity, pad);
   m.expert_parallel = expert_parallel;
-  // At the balanced load (or padded to capacity, exactly) a rank's experts compute as many rows as
-  // its dispatch makes.
-  m.expert_rows = m.most_rows;
+  m.tensor_parallel = tensor_parallel;
+  // At the balanced load (or padded to capacity, exactly) as many rows arrive for a rank's experts
+  // as its dispatch makes.
+  m.arrived_rows = m.most_rows;
   return m;
 }
 
@@ -106,7 +109,7 @@ MoeLayerBufferSizes moe_kept(const MoeDims& m) {
   MoeLayerBufferSizes kept;
   kept.logits = {m.tokens * m.experts};
   kept.expert_out = {m.most_rows * m.hidden};
-  if (m.shared_ffn > 0) kept.shared_fc1_out = {m.tokens * 2 * m.shared_ffn};
+  if (m.shared_ffn > 0) kept.shared_fc1_out = {m.shared_tokens() * 2 * m.shared_ffn};
   if (m.shared_gate) {
     kept.shared_out = {m.tokens * m.hidden};
     kept.gate_logits = {m.tokens};
@@ -119,41 +122,43 @@ MoeLayerBufferSizes moe_kept(const MoeDims& m) {
 }
 
 MoeExpertBufferSizes moe_expert_kept(const MoeDims& m) {
-  return {{m.expert_rows * m.hidden}, {m.expert_rows * 2 * m.ffn}};
+  return {{m.expert_rows() * m.hidden}, {m.expert_rows() * 2 * m.ffn}};
 }
 
 MoeScratchSizes moe_scratch(const MoeDims& m) {
-  const int64_t t = m.tokens, s = m.shared_ffn;
+  const int64_t t = m.tokens, s = m.shared_ffn, shared_rows = s > 0 ? m.shared_tokens() : 0;
+  const bool tensor_parallel = m.tensor_parallel > 1;
   MoeScratchSizes scratch;
   scratch.d_expert_out = {m.most_rows * m.hidden};
   scratch.d_logits_compute = {t * m.experts};
-  scratch.dx_part = {t * m.hidden};
+  scratch.dx_part = {std::max(t, shared_rows) * m.hidden};
   if (s > 0) {
-    scratch.shared_activated = {t * s};
-    scratch.shared_out = {t * m.hidden};
+    scratch.shared_activated = {shared_rows * s};
+    scratch.shared_out = {shared_rows * m.hidden};
+    if (tensor_parallel) scratch.shared_rows = {t * m.hidden};
   }
   if (m.shared_gate) {
     scratch.d_gate_compute = {t};
     scratch.d_gate = {t};
   }
-  if (m.expert_parallel > 1) {
-    scratch.sent = {m.most_rows * m.hidden};
-    scratch.counts = {m.expert_parallel * m.experts};
-  }
+  if (m.expert_parallel > 1) scratch.sent = {m.most_rows * m.hidden};
+  if (m.expert_parallel > 1 || tensor_parallel) scratch.counts = {m.tensor_parallel * m.expert_parallel * m.experts};
   scratch.d_probs = {t * m.topk};
   scratch.d_logits = {t * m.experts};
-  scratch.loss_memory = {2 * kLossSumFloats};  // the balancing and z losses' running sums
+  // The balancing and z losses' running sums; under tensor parallelism each member's, gathered.
+  scratch.loss_memory = {(tensor_parallel ? 1 + m.tensor_parallel : 1) * 2 * kLossSumFloats};
   return scratch;
 }
 
 MoeExpertScratchSizes moe_expert_scratch(const MoeDims& m) {
-  const int64_t rows = m.expert_rows, t = m.tokens, s = m.shared_ffn;
+  const int64_t rows = m.expert_rows(), s = m.shared_ffn, shared_rows = s > 0 ? m.shared_tokens() : 0;
   MoeExpertScratchSizes scratch;
   scratch.activated = {rows * m.ffn};
-  scratch.d_activated = {std::max(rows * m.ffn, t * s)};
-  scratch.d_fc1_out = {std::max(rows * 2 * m.ffn, t * 2 * s)};
+  scratch.d_activated = {std::max(rows * m.ffn, shared_rows * s)};
+  scratch.d_fc1_out = {std::max(rows * 2 * m.ffn, shared_rows * 2 * s)};
   scratch.d_rows = {rows * m.hidden};
-  if (m.expert_parallel > 1) scratch.exchanged = {rows * m.hidden};
+  if (m.expert_parallel > 1) scratch.exchanged = {m.arrived_rows * m.hidden};
+  if (m.tensor_parallel > 1) scratch.gathered = {rows * m.hidden};
   return scratch;
 }
 

@@ -141,19 +141,23 @@ using MicrobatchBufferSizes = MicrobatchBuffers<ActivationElements, FloatElement
 using DeferredGradientSizes = DeferredGradients<ActivationElements>;
 using ChunkScratchSizes = ChunkScratch<ActivationElements, FloatElements>;
 
-// An MoE layer's MLP on one rank (executor/model/moe_mlp.h; issue 40): the tokens it routes, its
-// widths, the experts it routes to (all of the layer's) and how many ranks hold them (ep: each holds
-// experts / ep), each expert's capacity (0: dropless), the most rows its dispatch makes (every route
-// dropless; with a capacity at most experts x capacity, exactly that padded) and the rows its own
-// experts compute (expert_rows). At ep 1 those are the dispatch's rows. Under expert parallelism
-// they are the rows the other ranks send it, known only after each dispatch (dropless, or a
-// capacity unpadded): buffers sized by them are allocated for each forward, rounded up by
-// moe_expert_rows; the recipe prices them at the plan's stated load (core/moe_kernel_list.h's
-// moe_stated_load: the busiest rank's rows), at the balanced load as many rows as the rank's own
-// dispatch makes (exactly that padded to capacity).
+// An MoE layer's MLP on one rank (executor/model/moe_mlp.h; issue 40): the tokens it routes (under
+// tensor parallelism, whose MoE layers run with sequence parallelism, its own rows of the stream),
+// its widths (each expert's and the shared expert's: the rank's shards of them), the experts it
+// routes to (all of the layer's) and how many ranks hold them (ep: each holds experts / ep), each
+// expert's capacity (0: dropless, else over the tokens it routes, as Megatron's), the most rows its
+// dispatch makes (every route dropless; with a capacity at most experts x capacity, exactly that
+// padded) and the rows that arrive for its experts (arrived_rows). At ep 1 those are the dispatch's
+// rows. Under expert parallelism they are the rows the other ranks send it, known only after each
+// dispatch (dropless, or a capacity unpadded): buffers sized by them are allocated for each forward,
+// rounded up by moe_expert_rows; the recipe prices them at the plan's stated load
+// (core/moe_kernel_list.h's moe_stated_load: the busiest rank's rows), at the balanced load as many
+// rows as the rank's own dispatch makes (exactly that padded to capacity). Under tensor parallelism
+// (etp = tp) the tp group's members all-gather their arrived rows, each member's padded to the
+// group's most, and each computes its shard of every row: expert_rows() rows.
 struct MoeDims {
   int64_t tokens = 0, hidden = 0, ffn = 0, shared_ffn = 0, experts = 0, topk = 0, capacity = 0, most_rows = 0;
-  int64_t expert_parallel = 1, expert_rows = 0;
+  int64_t expert_parallel = 1, tensor_parallel = 1, arrived_rows = 0;
   bool shared_gate = false;
   bool padded = false;  // every expert's rows padded to its capacity
   // The router losses a forward computes (those with a coefficient above 0): the switch loss over
@@ -161,14 +165,19 @@ struct MoeDims {
   bool aux_loss = false, z_loss = false;
   int64_t aux_loss_sequences = 0;
   int64_t local_experts() const { return experts / expert_parallel; }
+  // The rows the rank's experts compute: every tp member's arrived rows (their room, padded).
+  int64_t expert_rows() const { return tensor_parallel * arrived_rows; }
+  // The shared expert's rows: the tp group's tokens, gathered.
+  int64_t shared_tokens() const { return tensor_parallel * tokens; }
 };
 // The dimensions of an MoE layer's MLP routing `tokens` tokens (capacity 0: dropless; `pad`:
-// --moe-pad-expert-input-to-capacity), its experts over `expert_parallel` ranks.
+// --moe-pad-expert-input-to-capacity), its experts over `expert_parallel` ranks and cut over
+// `tensor_parallel` ranks (`ffn` and `shared_ffn`: a rank's shards).
 MoeDims moe_dims(int64_t tokens, int64_t hidden, int64_t ffn, int64_t shared_ffn, bool shared_gate, int64_t experts,
-                 int64_t topk, int64_t capacity, bool pad, int64_t expert_parallel);
+                 int64_t topk, int64_t capacity, bool pad, int64_t expert_parallel, int64_t tensor_parallel = 1);
 // The most rows a dispatch of `tokens` tokens' top-k routes makes (capacity 0: dropless).
 int64_t moe_most_rows(int64_t tokens, int64_t topk, int64_t experts, int64_t capacity, bool pad);
-// The rows to allocate for `rows` rows the rank's experts compute under expert parallelism: the
+// The rows to allocate for `rows` rows arriving for the rank's experts under expert parallelism: the
 // balanced load's (the dispatch's most rows), or more rounded up to a sixteenth of those, so that
 // a run asks its allocator for a few sizes only, whatever the load.
 int64_t moe_expert_rows(int64_t rows, int64_t most_rows);
@@ -200,32 +209,38 @@ struct MoeExpertBuffers {
 };
 
 // The MoE MLP's scratch, one set a chunk: the experts' outputs' gradient (in the dispatch's order),
-// the logits' gradient in the compute type, a part of the input gradient, the shared expert's
-// SwiGLU output and output, the gate logit's gradient; under expert parallelism the rows in the
-// dispatch's order as they leave (and their gradients as they return) and every rank's row counts
-// per expert; fp32: the probabilities', the logits' and the gate's gradients, and the router
-// losses' running sums (two doubles, for the log).
+// the logits' gradient in the compute type, a part of the input gradient (the shared expert's over
+// its gathered rows), the shared expert's SwiGLU output and output (under tensor parallelism its
+// partial sums over the gathered rows, and in the backward the gathered gradient), the gate logit's
+// gradient; under tensor parallelism the shared expert's output on the rank's rows (and its
+// gradient there); under expert parallelism the rows in the dispatch's order as they leave (and
+// their gradients as they return); every tp and ep member's row counts per expert; fp32: the
+// probabilities', the logits' and the gate's gradients, and the router losses' running sums (two
+// doubles, for the log; under tensor parallelism room for every member's, gathered).
 template <typename A, typename F>
 struct MoeScratch {
-  A d_expert_out{}, d_logits_compute{}, dx_part{}, shared_activated{}, shared_out{}, d_gate_compute{}, sent{};
+  A d_expert_out{}, d_logits_compute{}, dx_part{}, shared_activated{}, shared_out{}, shared_rows{}, d_gate_compute{},
+      sent{};
   F d_probs{}, d_logits{}, d_gate{}, loss_memory{}, counts{};
   auto fields() {
-    return std::tie(d_expert_out, d_logits_compute, dx_part, shared_activated, shared_out, d_gate_compute, sent,
-                    d_probs, d_logits, d_gate, loss_memory, counts);
+    return std::tie(d_expert_out, d_logits_compute, dx_part, shared_activated, shared_out, shared_rows, d_gate_compute,
+                    sent, d_probs, d_logits, d_gate, loss_memory, counts);
   }
   auto fields() const {
-    return std::tie(d_expert_out, d_logits_compute, dx_part, shared_activated, shared_out, d_gate_compute, sent,
-                    d_probs, d_logits, d_gate, loss_memory, counts);
+    return std::tie(d_expert_out, d_logits_compute, dx_part, shared_activated, shared_out, shared_rows, d_gate_compute,
+                    sent, d_probs, d_logits, d_gate, loss_memory, counts);
   }
 };
 // Its part sized by the rows the rank's experts compute: SwiGLU's output over them and its
-// gradient (the shared expert's too), fc1's output's and the rows' gradients, and under expert
-// parallelism the rows as they arrive (and leave again) grouped by the rank that sent them.
+// gradient (the shared expert's too), fc1's output's and the rows' gradients; under expert
+// parallelism the rank's arrived rows grouped by the rank that sent them (as they arrive, and leave
+// again); under tensor parallelism every member's arrived rows, gathered (each member's padded to
+// the group's most).
 template <typename A>
 struct MoeExpertScratch {
-  A activated{}, d_activated{}, d_fc1_out{}, d_rows{}, exchanged{};
-  auto fields() { return std::tie(activated, d_activated, d_fc1_out, d_rows, exchanged); }
-  auto fields() const { return std::tie(activated, d_activated, d_fc1_out, d_rows, exchanged); }
+  A activated{}, d_activated{}, d_fc1_out{}, d_rows{}, exchanged{}, gathered{};
+  auto fields() { return std::tie(activated, d_activated, d_fc1_out, d_rows, exchanged, gathered); }
+  auto fields() const { return std::tie(activated, d_activated, d_fc1_out, d_rows, exchanged, gathered); }
 };
 
 using MoeLayerBufferSizes = MoeLayerBuffers<ActivationElements, FloatElements, IndexElements>;

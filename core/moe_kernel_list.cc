@@ -21,6 +21,19 @@ int64_t MoeLoad::expert_rows(int64_t local_experts) const {
   return std::accumulate(rows.begin(), rows.end(), int64_t{0});
 }
 
+int64_t MoeLoad::room_rows(int64_t member) const {
+  if (received.empty()) return dispatched_rows();
+  const std::size_t room = received.size() / static_cast<std::size_t>(tensor_parallel);
+  const auto first = received.begin() + static_cast<std::ptrdiff_t>(room * static_cast<std::size_t>(member));
+  return std::accumulate(first, first + static_cast<std::ptrdiff_t>(room), int64_t{0});
+}
+
+int64_t MoeLoad::arrived_rows() const {
+  int64_t most = 0;
+  for (int64_t member = 0; member < tensor_parallel; ++member) most = std::max(most, room_rows(member));
+  return most;
+}
+
 MoeLoad moe_stated_load(const MoeDims& moe, double imbalance) {
   const int64_t experts = moe.experts, routes = moe.tokens * moe.topk;
   std::vector<int64_t> rows(static_cast<std::size_t>(experts));
@@ -39,9 +52,10 @@ MoeLoad moe_stated_load(const MoeDims& moe, double imbalance) {
   }
   MoeLoad load;
   load.dispatched = rows;
-  if (moe.expert_parallel > 1) {
+  load.tensor_parallel = moe.tensor_parallel;
+  if (moe.expert_parallel > 1 || moe.tensor_parallel > 1) {
     const int64_t local = moe.local_experts();
-    for (int64_t member = 0; member < moe.expert_parallel; ++member) {
+    for (int64_t member = 0; member < moe.expert_parallel * moe.tensor_parallel; ++member) {
       load.received.insert(load.received.end(), rows.begin(), rows.begin() + local);
     }
   }
@@ -51,7 +65,7 @@ MoeLoad moe_stated_load(const MoeDims& moe, double imbalance) {
 MoeKernels moe_kernels(const MoeDims& moe, const MoeLoad& load, int64_t activation_bytes) {
   const int64_t t = moe.tokens, h = moe.hidden, f = moe.ffn, e = moe.experts, k = moe.topk;
   const int64_t local = moe.local_experts();
-  const bool exchanged = moe.expert_parallel > 1;
+  const bool exchanged = moe.expert_parallel > 1, gathered = moe.tensor_parallel > 1;
   const std::vector<int64_t> rows_per_expert = load.local_rows(local);
   const int64_t rows = load.dispatched_rows(), expert_rows = load.expert_rows(local);
   MoeKernels kernels;
@@ -60,6 +74,7 @@ MoeKernels moe_kernels(const MoeDims& moe, const MoeLoad& load, int64_t activati
   // Rows regrouped between the order they travel in (by sender) and the experts' order: one copy
   // per sender's run of rows for an expert.
   const auto regroup = [&](std::vector<Kernel>& list) {
+    if (!exchanged && !gathered) return;
     for (const int64_t n : load.received) {
       if (n > 0) list.push_back(flat_kernel(KernelKind::kCopy, n * h));
     }
@@ -78,24 +93,51 @@ MoeKernels moe_kernels(const MoeDims& moe, const MoeLoad& load, int64_t activati
     list.push_back(gemm_kernel(GemmLayout::kInputGradient, GemmEpilogue::kNone, m, n, in));
     list.push_back(gemm_kernel(GemmLayout::kWeightGradient, GemmEpilogue::kNone, m, n, in));
   };
+  // The collectives around the experts, each pass: the rows out to the rank's ep group's experts
+  // (an all-to-all of the larger of what it sends and what arrives for its own experts), gathered
+  // over its tp group (every member's room of arrived rows) and the outputs reduce-scattered back,
+  // then home by a second all-to-all.
+  std::vector<MoeCollective> around_experts;
+  const int64_t own_arrived = load.room_rows(0);  // the rank described is its tp group's first
+  const int64_t exchange_bytes = activation_bytes * std::max(rows, own_arrived) * h;
+  const int64_t room_bytes = activation_bytes * moe.tensor_parallel * load.arrived_rows() * h;
+  if (exchanged) around_experts.push_back({MoeGroup::kExpert, CollectiveOp::kAllToAll, exchange_bytes});
+  if (gathered) {
+    around_experts.push_back({MoeGroup::kTensor, CollectiveOp::kAllGather, room_bytes});
+    around_experts.push_back({MoeGroup::kTensor, CollectiveOp::kReduceScatter, room_bytes});
+  }
+  if (exchanged) around_experts.push_back({MoeGroup::kExpert, CollectiveOp::kAllToAll, exchange_bytes});
+  const int64_t shared_bytes = activation_bytes * moe.shared_tokens() * h;
+  const int64_t w = moe.shared_ffn, shared = w > 0 ? moe.shared_tokens() : 0;
 
-  // Forward: the router, the top k, the dispatch; the rows out to their experts, the experts, the
-  // rows back and combined; the shared expert; the aux loss's counts and the losses for the log.
+  // Forward: the router, the top k, the dispatch; every rank's rows per expert gathered over the ep
+  // and tp groups; the rows out to their experts, the experts, the rows back and combined; the
+  // shared expert (over the tp group's rows, gathered); the aux loss's counts (summed over the tp
+  // group) and the losses for the log.
+  std::vector<MoeCollective>& fwd_collectives = kernels.forward_collectives;
   fwd.push_back(gemm_kernel(GemmLayout::kForward, GemmEpilogue::kNone, t, e, h));
   fwd.push_back(moe_kernel(KernelKind::kMoeTopK, t, e, k));
   fwd.push_back(moe_kernel(KernelKind::kMoeDispatch, t, e, k));
+  if (exchanged)
+    fwd_collectives.push_back({MoeGroup::kExpert, CollectiveOp::kAllGather, kFp32 * moe.expert_parallel * e});
+  if (gathered) {
+    fwd_collectives.push_back(
+        {MoeGroup::kTensor, CollectiveOp::kAllGather, kFp32 * moe.tensor_parallel * moe.expert_parallel * e});
+  }
   fwd.push_back(row_kernel(KernelKind::kMoePermute, rows, h));
-  if (exchanged) regroup(fwd);
+  regroup(fwd);
   per_expert(fwd, GemmLayout::kForward, 2 * f, h);
   fwd.push_back(row_kernel(KernelKind::kSwigluForward, expert_rows, f));
   per_expert(fwd, GemmLayout::kForward, h, f);
-  if (exchanged) regroup(fwd);
+  regroup(fwd);
+  fwd_collectives.insert(fwd_collectives.end(), around_experts.begin(), around_experts.end());
   fwd.push_back(moe_kernel(KernelKind::kMoeCombine, t, h, k));
-  const int64_t w = moe.shared_ffn;
   if (w > 0) {
-    fwd.push_back(gemm_kernel(GemmLayout::kForward, GemmEpilogue::kNone, t, 2 * w, h));
-    fwd.push_back(row_kernel(KernelKind::kSwigluForward, t, w));
-    fwd.push_back(gemm_kernel(GemmLayout::kForward, GemmEpilogue::kNone, t, h, w));
+    if (gathered) fwd_collectives.push_back({MoeGroup::kTensor, CollectiveOp::kAllGather, shared_bytes});
+    fwd.push_back(gemm_kernel(GemmLayout::kForward, GemmEpilogue::kNone, shared, 2 * w, h));
+    fwd.push_back(row_kernel(KernelKind::kSwigluForward, shared, w));
+    fwd.push_back(gemm_kernel(GemmLayout::kForward, GemmEpilogue::kNone, shared, h, w));
+    if (gathered) fwd_collectives.push_back({MoeGroup::kTensor, CollectiveOp::kReduceScatter, shared_bytes});
     if (moe.shared_gate) {
       fwd.push_back(gemm_kernel(GemmLayout::kForward, GemmEpilogue::kNone, t, 1, h));
       fwd.push_back(row_kernel(KernelKind::kSigmoidGatedAdd, t, h));
@@ -104,21 +146,27 @@ MoeKernels moe_kernels(const MoeDims& moe, const MoeLoad& load, int64_t activati
     }
   }
   const bool sequence_loss = moe.aux_loss && moe.aux_loss_sequences > 0, switch_loss = moe.aux_loss && !sequence_loss;
-  if (switch_loss) fwd.push_back(moe_kernel(KernelKind::kMoeAuxCounts, t, e, k));
+  if (switch_loss) {
+    fwd.push_back(moe_kernel(KernelKind::kMoeAuxCounts, t, e, k));
+    if (gathered) fwd_collectives.push_back({MoeGroup::kTensor, CollectiveOp::kAllReduce, kFp32 * e});
+  }
   if (sequence_loss) fwd.push_back(moe_kernel(KernelKind::kMoeSequenceAuxLoss, t, e, k, moe.aux_loss_sequences));
   if (switch_loss) fwd.push_back(moe_kernel(KernelKind::kMoeSwitchLoss, t, e, k));
   if (moe.z_loss) fwd.push_back(row_kernel(KernelKind::kMoeZLoss, t, e));
 
   // Backward: combine's, the gradients out to the experts; SwiGLU's output again (fc2's input), the
   // experts' input and weight gradients; the rows' gradients home and summed per token; the router
-  // through its top k and the losses; the shared expert.
+  // through its top k and the losses; the shared expert (its input gathered again, its output's
+  // gradient gathered, its input's reduce-scattered).
+  std::vector<MoeCollective>& bwd_collectives = kernels.backward_collectives;
   bwd.push_back(moe_kernel(KernelKind::kMoeCombineBackward, t, h, k, rows));
-  if (exchanged) regroup(bwd);
+  regroup(bwd);
   bwd.push_back(row_kernel(KernelKind::kSwigluForward, expert_rows, f));
   per_expert(bwd, GemmLayout::kInputGradient, h, f);
   bwd.push_back(row_kernel(KernelKind::kSwigluBackward, expert_rows, f));
   per_expert(bwd, GemmLayout::kInputGradient, 2 * f, h);
-  if (exchanged) regroup(bwd);
+  regroup(bwd);
+  bwd_collectives.insert(bwd_collectives.end(), around_experts.begin(), around_experts.end());
   bwd.push_back(moe_kernel(KernelKind::kMoePermuteBackward, t, h, k));
   bwd.push_back(flat_kernel(KernelKind::kFill, t * e));
   bwd.push_back(moe_kernel(KernelKind::kMoeTopKBackward, t, e, k));
@@ -130,21 +178,20 @@ MoeKernels moe_kernels(const MoeDims& moe, const MoeLoad& load, int64_t activati
   backward_gemm(bwd, t, e, h);
   bwd.push_back(flat_kernel(KernelKind::kAdd, t * h));
   if (w > 0) {
+    if (gathered) bwd_collectives.push_back({MoeGroup::kTensor, CollectiveOp::kAllGather, shared_bytes});
     if (moe.shared_gate) {
       bwd.push_back(row_kernel(KernelKind::kSigmoidGatedAddBackward, t, h));
       bwd.push_back(flat_kernel(KernelKind::kConvert, t));
       backward_gemm(bwd, t, 1, h);
       bwd.push_back(flat_kernel(KernelKind::kAdd, t * h));
     }
-    bwd.push_back(row_kernel(KernelKind::kSwigluForward, t, w));
-    backward_gemm(bwd, t, h, w);
-    bwd.push_back(row_kernel(KernelKind::kSwigluBackward, t, w));
-    backward_gemm(bwd, t, 2 * w, h);
+    if (gathered) bwd_collectives.push_back({MoeGroup::kTensor, CollectiveOp::kAllGather, shared_bytes});
+    bwd.push_back(row_kernel(KernelKind::kSwigluForward, shared, w));
+    backward_gemm(bwd, shared, h, w);
+    bwd.push_back(row_kernel(KernelKind::kSwigluBackward, shared, w));
+    backward_gemm(bwd, shared, 2 * w, h);
+    if (gathered) bwd_collectives.push_back({MoeGroup::kTensor, CollectiveOp::kReduceScatter, shared_bytes});
     bwd.push_back(flat_kernel(KernelKind::kAdd, t * h));
-  }
-  if (exchanged) {
-    kernels.exchange_bytes = activation_bytes * std::max(rows, expert_rows) * h;
-    kernels.count_bytes = kFp32 * moe.expert_parallel * e;
   }
   return kernels;
 }

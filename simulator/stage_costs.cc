@@ -207,9 +207,11 @@ OverlapGemms overlap_gemms(const ModelSpec& model, const ParallelPlan& plan, con
   return gemms;
 }
 
-// Tensor parallelism's collectives in a layer.
+// Tensor parallelism's collectives in a layer: its attention's and, `dense_mlp`, its dense MLP's
+// (an MoE layer's MLP lists its own: moe_layer_collectives).
 LayerCollectives layer_collectives(const ModelSpec& model, const ParallelPlan& plan, const Profile& profile,
-                                   const GroupRoutes& routes, const OverlapGemms* overlap, CostSources& sources) {
+                                   const GroupRoutes& routes, const OverlapGemms* overlap, CostSources& sources,
+                                   bool dense_mlp) {
   const int64_t t = plan.tensor_parallel_size;
   const int64_t tokens = tokens_per_microbatch(model, plan);
   // Tensor parallelism: two all-reduces of the layer's output per pass, or with sequence
@@ -217,9 +219,11 @@ LayerCollectives layer_collectives(const ModelSpec& model, const ParallelPlan& p
   // what each one's GEMM does not cover, and what the GEMM loses to it (exposed_beside).
   const CollectiveCoster tensor(profile, routes.tensor, t, sources);
   const int64_t activation_bytes = kBf16 * tokens * model.hidden_size;
+  const std::size_t branches = dense_mlp ? 2 : 1;
   LayerCollectives collectives;
   if (!plan.sequence_parallel) {
-    collectives.forward = collectives.backward = 2 * tensor(CollectiveOp::kAllReduce, activation_bytes);
+    collectives.forward = collectives.backward =
+        static_cast<double>(branches) * tensor(CollectiveOp::kAllReduce, activation_bytes);
   } else {
     const double gather = tensor(CollectiveOp::kAllGather, activation_bytes);
     const double scatter = tensor(CollectiveOp::kReduceScatter, activation_bytes);
@@ -227,7 +231,7 @@ LayerCollectives layer_collectives(const ModelSpec& model, const ParallelPlan& p
     const OverlapSlowdown gather_overlap = tensor.overlap(CollectiveOp::kAllGather);
     const OverlapSlowdown scatter_overlap = tensor.overlap(CollectiveOp::kReduceScatter);
     const std::array<OverlapSlowdown, 4> slowdown = {gather_overlap, scatter_overlap, gather_overlap, scatter_overlap};
-    for (std::size_t i = 0; i < sequence.size(); ++i) {
+    for (std::size_t i = 0; i < 2 * branches; ++i) {
       collectives.forward += overlap ? exposed_beside(sequence[i], overlap->forward[i], slowdown[i]) : sequence[i];
       collectives.backward += overlap ? exposed_beside(sequence[i], overlap->backward[i], slowdown[i]) : sequence[i];
     }
@@ -254,14 +258,15 @@ double ring_exposed(const RingAttention& ring, const Route& route, KernelCosts& 
   return exposed;
 }
 
+// A layer's tensor- and context-parallel collectives (`dense_mlp`: with its dense MLP's).
 LayerCollectives plan_layer_collectives(const ModelSpec& model, const ParallelPlan& plan, const PlanKernels& kernels,
-                                        const GroupRoutes& routes, KernelCosts& costs) {
+                                        const GroupRoutes& routes, KernelCosts& costs, bool dense_mlp = true) {
   LayerCollectives collectives;
   if (plan.tensor_parallel_size > 1) {
     std::optional<OverlapGemms> overlap;
     if (overlaps_tensor_parallel_communication(plan)) overlap = overlap_gemms(model, plan, kernels, costs);
-    collectives =
-        layer_collectives(model, plan, costs.profile(), routes, overlap ? &*overlap : nullptr, costs.sources());
+    collectives = layer_collectives(model, plan, costs.profile(), routes, overlap ? &*overlap : nullptr,
+                                    costs.sources(), dense_mlp);
   }
   if (plan.context_parallel_size > 1) {
     const double forward = ring_exposed(kernels.ring().forward, routes.context, costs);
@@ -274,14 +279,22 @@ LayerCollectives plan_layer_collectives(const ModelSpec& model, const ParallelPl
   return collectives;
 }
 
-// An MoE layer's exchanges over its ep group, none of them overlapped (the executor waits for each):
-// forward, every rank's rows per expert all-gathered, then the rows out to their experts and back
-// by two all-to-alls; backward, their gradients by two more.
-LayerCollectives moe_collectives(const ParallelPlan& plan, const MoeKernels& moe, const Route& expert_route,
-                                 const Profile& profile, CostSources& sources) {
-  const CollectiveCoster expert(profile, expert_route, plan.expert_model_parallel_size, sources);
-  const double exchange = expert(CollectiveOp::kAllToAll, moe.exchange_bytes);
-  return {expert(CollectiveOp::kAllGather, moe.count_bytes) + 2 * exchange, 2 * exchange};
+// An MoE layer's collectives: its attention's (plan_layer_collectives without a dense MLP) and its
+// MLP's over the ep and tp groups as core/moe_kernel_list.h lists them, none of them overlapped (the
+// executor waits for each).
+LayerCollectives moe_layer_collectives(const ModelSpec& model, const ParallelPlan& plan, const PlanKernels& kernels,
+                                       const GroupRoutes& routes, KernelCosts& costs) {
+  LayerCollectives collectives = plan_layer_collectives(model, plan, kernels, routes, costs, false);
+  const CollectiveCoster expert(costs.profile(), routes.expert, plan.expert_model_parallel_size, costs.sources());
+  const CollectiveCoster tensor(costs.profile(), routes.tensor, plan.tensor_parallel_size, costs.sources());
+  const auto seconds = [&](const std::vector<MoeCollective>& list) {
+    double total = 0;
+    for (const MoeCollective& c : list) total += (c.group == MoeGroup::kExpert ? expert : tensor)(c.op, c.bytes);
+    return total;
+  };
+  collectives.forward += seconds(kernels.moe().forward_collectives);
+  collectives.backward += seconds(kernels.moe().backward_collectives);
+  return collectives;
 }
 
 // The output layer's collectives: with sequence parallelism its input is all-gathered in the
@@ -305,12 +318,8 @@ LayerCosts transformer_layer_costs(const ModelSpec& model, const ParallelPlan& p
   KernelCosts costs(profile, sources);
   const BlockSeconds blocks = cost_blocks(kernels, costs);
   const auto seconds = [&](KernelBlock block) { return blocks[static_cast<std::size_t>(block)]; };
-  LayerCollectives collectives = plan_layer_collectives(model, plan, kernels, routes, costs);
-  if (moe_layer) {
-    const LayerCollectives moe = moe_collectives(plan, kernels.moe(), routes.expert, profile, sources);
-    collectives.forward += moe.forward;
-    collectives.backward += moe.backward;
-  }
+  const LayerCollectives collectives = moe_layer ? moe_layer_collectives(model, plan, kernels, routes, costs)
+                                                 : plan_layer_collectives(model, plan, kernels, routes, costs);
   LayerCosts layer;
   layer.forward_collectives = collectives.forward;
   layer.backward_collectives = collectives.backward;
@@ -408,7 +417,7 @@ ActionCosts plan_action_costs(const ModelSpec& model, const ParallelPlan& plan, 
     }
     collectives_of_rank.push_back(plan_layer_collectives(model, plan, kernels, routes[rank], kernel_costs));
     moe_collectives_of_rank.push_back(model.moe.enabled()
-                                          ? moe_collectives(plan, kernels.moe(), routes[rank].expert, profile, sources)
+                                          ? moe_layer_collectives(model, plan, kernels, routes[rank], kernel_costs)
                                           : LayerCollectives{});
   }
   const int64_t t = plan.tensor_parallel_size;
@@ -437,9 +446,10 @@ ActionCosts plan_action_costs(const ModelSpec& model, const ParallelPlan& plan, 
       const StageLayers held = megaplan::stage_layers(index, model, plan);
       moe_layers = static_cast<double>(model.moe.moe_layers(held.first_layer, held.num_layers));
     }
-    stage.forward_collectives = static_cast<double>(layers) * layer.forward + moe_layers * moe.forward;
-    stage.backward_collectives = static_cast<double>(layers) * layer.backward +
-                                 static_cast<double>(recomputed) * layer.forward + moe_layers * moe.backward;
+    const double dense_layers = static_cast<double>(layers) - moe_layers;
+    stage.forward_collectives = dense_layers * layer.forward + moe_layers * moe.forward;
+    stage.backward_collectives =
+        dense_layers * layer.backward + static_cast<double>(recomputed) * layer.forward + moe_layers * moe.backward;
     stage.forward = part_seconds(kernels, blocks, index, SchedulePart::kForward) + stage.forward_collectives;
     stage.backward = part_seconds(kernels, blocks, index, SchedulePart::kBackward) + stage.backward_collectives;
     stage.backward_input =

@@ -19,6 +19,17 @@
 // second all-to-all, into the dispatch's order, where combine reads them. The backward exchanges
 // the gradients the same two ways. Every member runs each MoE layer's forward and backward in the
 // same order (the ep group lies inside the data-parallel group, whose members run one schedule).
+//
+// Tensor parallelism (Megatron-Core's expert tensor parallelism at etp = tp, with sequence
+// parallelism): each tp rank routes its own rows of the stream and dispatches them (over its ep
+// group), the tp group all-gathers its members' counts, then the rows that arrived for each
+// member's experts (each member's padded to the group's most: one all-gather), and every member
+// computes its shard of every row (fc1 column-, fc2 row-parallel); the partial outputs are
+// reduce-scattered back to the members whose rows they are. The backward gathers the outputs'
+// gradients and reduce-scatters the inputs'. The router and the shared expert's gate are whole on
+// every tp rank (their gradients summed over tp with the norms'); the aux loss's counts are summed
+// over the tp group, whose tokens it balances, and the z loss is each member's share of the
+// group's mean; the shared expert is a tensor-parallel MLP over the group's rows, gathered.
 #pragma once
 
 #include <cstddef>
@@ -34,10 +45,10 @@
 namespace megaplan::exec {
 
 struct MoeMlpShape {
-  std::size_t tokens = 0;  // the GEMMs' rows
+  std::size_t tokens = 0;  // the rows it routes (under tensor parallelism the rank's rows of the stream)
   std::size_t hidden = 0;
-  std::size_t ffn = 0;         // each expert's width (--moe-ffn-hidden-size)
-  std::size_t shared_ffn = 0;  // the shared expert's (--moe-shared-expert-intermediate-size); 0: none
+  std::size_t ffn = 0;         // each expert's width on the rank (--moe-ffn-hidden-size / tp)
+  std::size_t shared_ffn = 0;  // the shared expert's (--moe-shared-expert-intermediate-size / tp); 0: none
   bool shared_gate = false;    // sigmoid(x·g) scales the shared expert (--moe-shared-expert-gate)
   MoeRouter router;
   MoeCapacity capacity;  // capacity 0: dropless (router.experts: all of the layer's experts)
@@ -47,8 +58,9 @@ struct MoeMlpShape {
   std::size_t aux_loss_sequences = 0;
   double z_loss_coeff = 0;  // --moe-z-loss-coeff
 
-  // Its buffers' widths as core's recipe prices them, its experts over `expert_parallel` ranks.
-  MoeDims dims(int64_t expert_parallel = 1) const;
+  // Its buffers' widths as core's recipe prices them, its experts over `expert_parallel` ranks and
+  // cut over `tensor_parallel`.
+  MoeDims dims(int64_t expert_parallel = 1, int64_t tensor_parallel = 1) const;
 };
 
 // The weights as the layers read them (compute copies): the router [experts x hidden], each of the
@@ -87,22 +99,27 @@ struct RouterLosses {
 
 // What a forward keeps for its backward (core/layer_recipe.h's MoeLayerBuffers and, allocated by
 // the forward once it knows how many rows its experts compute, MoeExpertBuffers), each expert's
-// row count from its dispatch (all of the layer's experts) and, under expert parallelism, the rows
-// each rank sent for each of this rank's experts (rank-major: [ep x local experts]).
+// row count from its dispatch (all of the layer's experts) and, under expert or tensor
+// parallelism, the rows each sender's run holds for each of this rank's experts (sender-major:
+// [tp x ep x local experts], the rank's tp group's members outermost; each member's ep group's
+// dispatches to the member) and the room each tp member's rows take in the gathered rows (the
+// most that arrived for any member).
 struct MoeMlpSaved : MoeLayerBuffers<Activation, float*, int32_t*> {
   MoeExpertBuffers<Activation> expert;
   std::size_t expert_rows_held = 0;  // the rows `expert` holds
   std::vector<int64_t> rows_per_expert;
   std::vector<int64_t> received;
-  double group_load = 1;  // expert parallelism: the ep group's busiest expert's rows over the mean
+  std::size_t room = 0;
+  double group_load = 1;  // expert or tensor parallelism: the groups' busiest expert's rows over the mean
 };
 
 class MoeMlp {
  public:
   // Allocates the scratch both directions use (core's moe_scratch and moe_expert_scratch; the
   // latter grows when a forward's experts compute more rows than it holds). `expert_parallel`: the
-  // rank's ep group (null: ep 1), whose size divides the experts.
-  MoeMlp(const MoeMlpShape& shape, Backend& backend, Comm* expert_parallel = nullptr);
+  // rank's ep group (null: ep 1), whose size divides the experts; `tensor_parallel`: its tp group
+  // (null: tp 1), over which `shape`'s widths are the rank's shards.
+  MoeMlp(const MoeMlpShape& shape, Backend& backend, Comm* expert_parallel = nullptr, Comm* tensor_parallel = nullptr);
   ~MoeMlp();
   MoeMlp(const MoeMlp&) = delete;
   MoeMlp& operator=(const MoeMlp&) = delete;
@@ -112,17 +129,19 @@ class MoeMlp {
   MoeMlpSaved allocate_saved();
   void release(MoeMlpSaved& saved);
 
-  // y [tokens x hidden] from x [tokens x hidden]; with `add_losses` the balancing and z losses
-  // (without their coefficients, as Megatron logs them) are added to running sums on the backend
-  // (take_losses), as the LM loss's, and the experts' load to layer `layer`'s; `expert_bias`
-  // ([experts] fp32, null: none) moves the choice only.
-  void forward(ConstActivation x, const MoeMlpWeights& weights, const float* expert_bias, MoeMlpSaved& saved,
-               Activation y, bool add_losses, int64_t layer = 0);
+  // y [tokens x hidden] from x [tokens x hidden]; `x_gathered`: under tensor parallelism with a
+  // shared expert the tp group's x, all-gathered in rank order (else x). With `add_losses` the
+  // balancing and z losses (without their coefficients, as Megatron logs them) are added to running
+  // sums on the backend (take_losses), as the LM loss's, and the experts' load to layer `layer`'s;
+  // `expert_bias` ([experts] fp32, null: none) moves the choice only.
+  void forward(ConstActivation x, ConstActivation x_gathered, const MoeMlpWeights& weights, const float* expert_bias,
+               MoeMlpSaved& saved, Activation y, bool add_losses, int64_t layer = 0);
   // dx [tokens x hidden] (overwritten) and the weights' gradients (added) from dy; the losses'
   // gradients times loss_gradient_scale.
-  void backward(ConstActivation dy, ConstActivation x, const MoeMlpWeights& weights, const MoeMlpSaved& saved,
-                const MoeMlpGradients& gradients, float loss_gradient_scale, Activation dx);
-  // The router losses the forwards added since the last call (waits for them), then 0 again.
+  void backward(ConstActivation dy, ConstActivation x, ConstActivation x_gathered, const MoeMlpWeights& weights,
+                const MoeMlpSaved& saved, const MoeMlpGradients& gradients, float loss_gradient_scale, Activation dx);
+  // The router losses the forwards added since the last call (waits for them; under tensor
+  // parallelism summed over the tp group, every member calling), then 0 again.
   RouterLosses take_losses();
 
  private:
@@ -133,20 +152,26 @@ class MoeMlp {
   void for_each_expert(const MoeMlpSaved& saved, const Run& run) const;
   // Rows each of the rank's experts computes.
   std::vector<int64_t> local_rows(const MoeMlpSaved& saved) const;
-  // Expert parallelism: every rank's row counts per expert gathered into saved.received, and the
-  // rows the rank's experts compute; the exchange of rows [.. x width] from the dispatch's order
-  // (`dispatched`) to the experts' (`arrived`, grouped by sender), or back (`returning`).
-  std::size_t exchange_counts(MoeMlpSaved& saved);
+  // Expert or tensor parallelism: every ep and tp member's row counts per expert gathered into
+  // saved.received and saved.room; returns the rows the rank's experts compute. The exchange over
+  // the ep group of rows [.. x hidden] from the dispatch's order to the experts' ranks (grouped by
+  // sender), or back (`returning`).
+  std::size_t gather_counts(MoeMlpSaved& saved);
   Request exchange(const MoeMlpSaved& saved, ConstActivation input, Activation output, bool returning);
-  // Rows grouped by sender then expert into rows grouped by expert then sender, or back.
+  // Rows grouped by sender then expert (each tp member's runs in its room) into rows grouped by
+  // expert then sender, or back.
   void regroup(const MoeMlpSaved& saved, Activation from, Activation to, bool by_expert);
-  // The expert scratch holding at least `rows` rows.
-  void reserve_expert_rows(std::size_t rows);
+  // Where the rows that arrive for this rank's experts lie, grouped by sender: its room of the
+  // gathered rows under tensor parallelism.
+  Activation own_room(const MoeMlpSaved& saved);
+  // The expert scratch holding at least `rows` arrived rows a tp member.
+  void reserve_arrived_rows(std::size_t rows);
 
   MoeMlpShape shape_;
   Backend& backend_;
   Comm* expert_parallel_;
-  MoeDims dims_;  // dims_.expert_rows: what the expert scratch holds
+  Comm* tensor_parallel_;
+  MoeDims dims_;  // dims_.arrived_rows: what the expert scratch holds
   MoeScratch<Activation, float*> scratch_;
   MoeExpertScratch<Activation> expert_scratch_;
   double* balancing_sum_ = nullptr;  // scratch_.loss_memory's two doubles

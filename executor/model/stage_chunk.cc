@@ -219,7 +219,9 @@ StageChunk::StageChunk(const ModelSpec& model, const ParallelPlan& plan, int64_t
     layer.shared_fc1 = find(prefix + "mlp.shared_experts.linear_fc1.weight");
     layer.shared_fc2 = find(prefix + "mlp.shared_experts.linear_fc2.weight");
     layer.shared_gate = find(prefix + "mlp.shared_experts.gate_weight");
-    if (!moe_) moe_ = std::make_unique<MoeMlp>(moe_mlp_shape(model, recipe_), backend_, expert_parallel);
+    if (!moe_) {
+      moe_ = std::make_unique<MoeMlp>(moe_mlp_shape(model, recipe_), backend_, expert_parallel, tensor_parallel);
+    }
   }
   if (has_output_) {
     final_gamma_ = find("decoder.final_layernorm.weight");
@@ -478,6 +480,8 @@ void StageChunk::reduce_sequence_parallel_gradients(std::size_t first, std::size
   std::vector<Parameter*> norms;
   for (const Layer& layer : layers_) {
     norms.insert(norms.end(), {layer.ln1_gamma, layer.ln1_beta, layer.ln2_gamma, layer.ln2_beta});
+    // An MoE layer's router and shared gate, whole on every tp rank, each summed over its rows.
+    if (layer.moe) norms.insert(norms.end(), {layer.router, layer.shared_gate});
   }
   if (has_output_) norms.insert(norms.end(), {final_gamma_, final_beta_});
   std::vector<Request> pending;
@@ -586,10 +590,19 @@ DropoutMask StageChunk::dropout_mask(DropoutKind kind, std::size_t l,
   return mask;
 }
 
-ConstActivation StageChunk::masked_gradient(ConstActivation gradient, const DropoutMask& mask) {
-  if (!mask.active()) return gather_rows(gradient, scratch_.gathered);
+ConstActivation StageChunk::masked_rows(ConstActivation gradient, const DropoutMask& mask) {
+  if (!mask.active()) return gradient;
   backend_.dropout(gradient, nullptr, width_.rows, width_.hidden, mask, scratch_.branch_out);
-  return gather_rows(scratch_.branch_out, scratch_.gathered);
+  return scratch_.branch_out;
+}
+
+ConstActivation StageChunk::masked_gradient(ConstActivation gradient, const DropoutMask& mask) {
+  return gather_rows(masked_rows(gradient, mask), scratch_.gathered);
+}
+
+ConstActivation StageChunk::moe_shared_input() {
+  const bool gathered = tensor_parallel_ && moe_->shape().shared_ffn > 0;
+  return gathered ? gather_rows(scratch_.norm_out, scratch_.gathered) : scratch_.norm_out;
 }
 
 AttentionDims StageChunk::attention_dims() const {
@@ -714,12 +727,13 @@ void StageChunk::layer_forward(std::size_t l, const LayerActivations& act, const
   // norm (or the stage output's add) that adds it to the stream: Megatron's bias-dropout-add, fused.
   norm_forward(act.input, {scratch_.branch_out, dropout_mask(DropoutKind::kAttentionBranch, l, first_sample)},
                act.middle, weights.ln2_gamma, weights.ln2_beta, scratch_.norm_out, act.ln2_mean, act.ln2_rstd);
-  ConstActivation ln2 = gather_rows(scratch_.norm_out, scratch_.gathered);
   if (moe) {
-    // Only a training forward adds the router losses (evaluation has no sample).
-    moe_->forward(ln2, moe_weights(weights), nullptr, *moe, scratch_.branch_out, first_sample.has_value(),
-                  first_layer_ + static_cast<int64_t>(l));
+    // The router reads the rank's rows; a shared expert, the tp group's. Only a training forward
+    // adds the router losses (evaluation has no sample).
+    moe_->forward(scratch_.norm_out, moe_shared_input(), moe_weights(weights), nullptr, *moe, scratch_.branch_out,
+                  first_sample.has_value(), first_layer_ + static_cast<int64_t>(l));
   } else {
+    ConstActivation ln2 = gather_rows(scratch_.norm_out, scratch_.gathered);
     if (recipe_.swiglu) {
       backend_.linear_forward(ln2, weights.fc1_weight->compute, bias(weights.fc1_bias), count, h, fc1,
                               epilogue(weights.fc1_bias), act.fc1, nullptr);
@@ -775,14 +789,15 @@ void StageChunk::layer_backward(std::size_t l, const LayerActivations& act, cons
   const std::size_t count = width_.tokens, h = width_.hidden, q = width_.query, qkv = width_.qkv;
   const Layer& weights = layers_[l];
   // The MLP branch's gradient is the output's through the branch's dropout (the residual path's is not).
-  ConstActivation d_out_full = masked_gradient(d_out, dropout_mask(DropoutKind::kMlpBranch, l, first_sample));
-  if (moe) {
+  const DropoutMask mlp_mask = dropout_mask(DropoutKind::kMlpBranch, l, first_sample);
+  if (moe) {  // on the rank's rows, as its forward
+    ConstActivation d_out_rows = masked_rows(d_out, mlp_mask);
     norm_forward(act.middle, {}, nullptr, weights.ln2_gamma, weights.ln2_beta, scratch_.norm_out, act.ln2_mean,
                  act.ln2_rstd);  // recomputed, not kept
-    moe_->backward(d_out_full, gather_rows(scratch_.norm_out, scratch_.gathered), moe_weights(weights), *moe,
+    moe_->backward(d_out_rows, scratch_.norm_out, moe_shared_input(), moe_weights(weights), *moe,
                    moe_gradients(weights), loss_scale, scratch_.d_hidden);
   } else {
-    dense_mlp_backward(l, act, d_out_full, deferred);
+    dense_mlp_backward(l, act, gather_rows(masked_rows(d_out, mlp_mask), scratch_.gathered), deferred);
   }
   norm_backward(scratch_.d_hidden, act.middle, weights.ln2_gamma, weights.ln2_beta, act.ln2_mean, act.ln2_rstd, d_out,
                 d_middle);

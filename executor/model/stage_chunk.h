@@ -103,7 +103,8 @@ class StageChunk {
   StageChunk& operator=(const StageChunk&) = delete;
 
   int64_t tensor_parallel_rank() const { return tp_rank_; }
-  // Under sequence parallelism each rank's norm gradients cover its rows only: summed over the
+  // Under sequence parallelism each rank's norm gradients (and an MoE layer's router's and shared
+  // gate's) cover its rows only: summed over the
   // tensor-parallel group (Megatron's all-reduce of layernorm gradients), before the data-parallel
   // reduction reads them; those of the parameters with registration index in [first, last]. A
   // no-op otherwise.
@@ -245,9 +246,13 @@ class StageChunk {
   // `first_sample`: this rank's rows (sequence parallelism) and heads (tensor parallelism) of the
   // whole model's tensor. Inactive where its rate is 0, and without a sample (evaluation).
   DropoutMask dropout_mask(DropoutKind kind, std::size_t l, const std::optional<int64_t>& first_sample) const;
-  // Under --hidden-dropout, `gradient` (this rank's rows) through `mask` into scratch_.branch_out, gathered
-  // over the tensor-parallel group under sequence parallelism; else `gradient` gathered.
+  // Under --hidden-dropout, `gradient` (this rank's rows) through `mask` into scratch_.branch_out;
+  // else `gradient`. masked_gradient: that, gathered over the tensor-parallel group under sequence
+  // parallelism.
+  ConstActivation masked_rows(ConstActivation gradient, const DropoutMask& mask);
   ConstActivation masked_gradient(ConstActivation gradient, const DropoutMask& mask);
+  // An MoE layer's shared expert's input: scratch_.norm_out, gathered over the tp group when it has one.
+  ConstActivation moe_shared_input();
   // One layer's backward from d_out (the gradient at its output) into d_out (at its input), via
   // d_middle; `deferred` non-null under I; an MoE layer's router losses' gradients times
   // `loss_scale`, as the LM loss's.

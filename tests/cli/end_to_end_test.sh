@@ -415,7 +415,10 @@ expect_error 'error: --moe-token-dispatcher-type: must be alltoall, allgather or
   train --device cpu "${moe_llama[@]}" --moe-token-dispatcher-type deepep --train-iters 1
 expect_error 'error: --moe-token-dispatcher-type: needs --num-experts' \
   describe --model llama3-8b --cluster h200-x2 --moe-token-dispatcher-type allgather
-expect_error 'error: --tensor-model-parallel-size: mixture of experts with tensor parallelism is not in the executor yet' \
+# Tensor parallelism with sequence parallelism: each tp rank routes its rows, every rank a shard of each expert.
+expect_ok train --device cpu "${moe_llama[@]}" --world-size 4 --tp 2 --sequence-parallel --ep 2 --train-iters 2 --log-interval 1
+[ "$(grep -c '^iteration [12]/2 | loss .* | load_balancing_loss ' "$scratch/out")" -eq 2 ] || fail "tp 2 x ep 2 trains: $(cat "$scratch/out")"
+expect_error 'error: --sequence-parallel: mixture of experts under tensor parallelism without sequence parallelism is not in the executor yet' \
   train --device cpu "${moe_llama[@]}" --world-size 2 --tp 2 --train-iters 1
 expect_error 'error: --schedule: mixture of experts under a schedule that splits the backward \(zb-h1\) is not in the executor yet' \
   train --device cpu "${moe_llama[@]}" --world-size 2 --pp 2 --schedule zb-h1 --train-iters 1
@@ -657,8 +660,9 @@ python3 -c 'import json,sys; skewed = json.load(open(sys.argv[1]))["iteration_ti
 expect_error 'error: --moe-imbalance: must be at most --num-experts / --moe-router-topk = 4 ' \
   simulate --model mixtral-8x7b --cluster dgx-h100 --gpus 64 --ep 8 --gbs 64 --moe-imbalance 5
 expect_error 'error: --moe-imbalance: needs --num-experts' simulate --model llama3-8b --cluster dgx-h100 --gpus 8 --moe-imbalance 2
-expect_error 'error: --tensor-model-parallel-size: mixture of experts with tensor parallelism is not in the executor yet' \
+expect_error 'error: --sequence-parallel: mixture of experts under tensor parallelism without sequence parallelism is not in the executor yet' \
   simulate --model mixtral-8x7b --cluster dgx-h100 --gpus 8 --tp 8 --gbs 8 --seq-length 4096
+expect_ok simulate --model mixtral-8x7b --cluster dgx-h100 --gpus 16 --tp 2 --sequence-parallel --ep 8 --gbs 64 --seq-length 4096
 expect_error "error: --num-experts: mixture of experts is costed as megaplan's executor runs it; Megatron-LM's \(megatron-core\)" \
   simulate --model mixtral-8x7b --cluster dgx-h100 --gpus 8 --ep 8 --gbs 8 --implementation megatron-core
 # search ranks MoE layouts over ep where megaplan's executor runs them (tp and cp 1), at the stated

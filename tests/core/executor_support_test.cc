@@ -60,7 +60,16 @@ TEST_CASE("the executor trains MoE layers where the MoE MLP runs, and names the 
   const auto refused = [&](megaplan::ParallelPlan changed) { return flag_of(executor_moe_refusal(model, changed)); };
   megaplan::ParallelPlan changed = plan;
   changed.tensor_parallel_size = 2;
-  CHECK(refused(changed) == "--tensor-model-parallel-size");
+  CHECK(refused(changed) == "--sequence-parallel");  // each tp rank routes its own rows of the stream
+  changed.sequence_parallel = true;
+  CHECK(refused(changed).empty());
+  megaplan::ModelSpec by_sequence = model;
+  by_sequence.moe.load_balancing = megaplan::LoadBalancing::kSeqAuxLoss;
+  by_sequence.moe.aux_loss_coeff = 0.01;
+  CHECK(flag_of(executor_moe_refusal(by_sequence, changed)) == "--moe-router-load-balancing-type");
+  changed.options.tp_comm_overlap = true;
+  changed.options.transformer_impl = megaplan::TransformerImpl::kTransformerEngine;
+  CHECK(refused(changed) == "--tp-comm-overlap");
   changed = plan;
   changed.context_parallel_size = 2;
   CHECK(refused(changed) == "--context-parallel-size");
@@ -95,8 +104,8 @@ TEST_CASE("the recipe sizes an MoE layer's buffers by its rows: every route drop
   const megaplan::LayerRecipe dropless(model, plan);
   REQUIRE(dropless.moe);
   CHECK(dropless.moe->tokens == 32);
-  CHECK(dropless.moe->most_rows == 64);    // 32 tokens x top 2
-  CHECK(dropless.moe->expert_rows == 64);  // ep 1: the rank's experts compute every row it dispatches
+  CHECK(dropless.moe->most_rows == 64);      // 32 tokens x top 2
+  CHECK(dropless.moe->expert_rows() == 64);  // ep 1: the rank's experts compute every row it dispatches
   CHECK(megaplan::moe_expert_kept(*dropless.moe).fc1_out.count == 64 * 2 * 24);
   CHECK(megaplan::moe_scratch(*dropless.moe).sent.count == 0);  // nothing leaves the rank
   plan.data_parallel_size = 2;
@@ -104,7 +113,7 @@ TEST_CASE("the recipe sizes an MoE layer's buffers by its rows: every route drop
   const megaplan::LayerRecipe split(model, plan);
   CHECK(split.moe->experts == 4);
   CHECK(split.moe->local_experts() == 2);
-  CHECK(split.moe->expert_rows == 64);
+  CHECK(split.moe->expert_rows() == 64);
   CHECK(megaplan::moe_scratch(*split.moe).sent.count == 64 * split.moe->hidden);
   CHECK(megaplan::moe_scratch(*split.moe).counts.count == 2 * 4);
   CHECK(megaplan::moe_expert_scratch(*split.moe).exchanged.count == 64 * split.moe->hidden);

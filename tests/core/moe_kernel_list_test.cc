@@ -51,8 +51,13 @@ TEST_CASE("under expert parallelism the stated rank holds the busiest expert and
   CHECK(load.expert_rows(2) == 184);
   // Its experts' GEMMs are over their rows; its all-to-alls carry the larger of sent (128 rows) and received.
   const megaplan::MoeKernels kernels = megaplan::moe_kernels(dims, load, 2);
-  CHECK(kernels.exchange_bytes == 184 * 32 * 2);
-  CHECK(kernels.count_bytes == 4 * 4 * 8);
+  using megaplan::CollectiveOp;
+  using megaplan::MoeCollective;
+  using megaplan::MoeGroup;
+  const MoeCollective exchange{MoeGroup::kExpert, CollectiveOp::kAllToAll, 184 * 32 * 2};
+  CHECK(kernels.forward_collectives ==
+        std::vector<MoeCollective>{{MoeGroup::kExpert, CollectiveOp::kAllGather, 4 * 4 * 8}, exchange, exchange});
+  CHECK(kernels.backward_collectives == std::vector<MoeCollective>{exchange, exchange});
   CHECK(count_of(kernels.forward, KernelKind::kGemm) == 1 + 2 + 2);  // router, two experts' fc1 and fc2
   CHECK(count_of(kernels.forward, KernelKind::kCopy) == 2 * 8);      // each sender's run regrouped, both ways
   CHECK(std::find(kernels.forward.begin(), kernels.forward.end(),
@@ -65,6 +70,49 @@ TEST_CASE("under expert parallelism the stated rank holds the busiest expert and
   // At ep 1 nothing travels.
   const megaplan::MoeKernels local =
       megaplan::moe_kernels(eight_experts(1), megaplan::moe_stated_load(eight_experts(1), 1), 2);
-  CHECK(local.exchange_bytes == 0);
+  CHECK(local.forward_collectives.empty());
+  CHECK(local.backward_collectives.empty());
   CHECK(count_of(local.forward, KernelKind::kCopy) == 0);
+}
+
+TEST_CASE("under tensor parallelism the tp group gathers its members' arrived rows and computes a shard of each",
+          "[moe]") {
+  // tp 2 x ep 2, 8 experts (four an ep rank), each rank routing its 64 rows: its experts
+  // compute what both ep members send both tp members, each member's room the most that arrived.
+  MoeDims dims = megaplan::moe_dims(64, 32, 24, 16, false, 8, 2, 0, false, 2, 2);
+  dims.aux_loss = true;
+  const MoeLoad load = megaplan::moe_stated_load(dims, 2.0);
+  CHECK(load.tensor_parallel == 2);
+  CHECK(load.received.size() == 2 * 2 * 4);
+  CHECK(load.room_rows(0) == 2 * (32 + 14 + 14 + 14));
+  CHECK(load.arrived_rows() == load.room_rows(1));
+  CHECK(load.expert_rows(4) == 2 * load.room_rows(0));
+  const megaplan::MoeKernels kernels = megaplan::moe_kernels(dims, load, 2);
+  using megaplan::CollectiveOp;
+  using megaplan::MoeCollective;
+  using megaplan::MoeGroup;
+  const int64_t room_bytes = 2 * load.arrived_rows() * 32 * 2, shared_bytes = 2 * 64 * 32 * 2;
+  const MoeCollective exchange{MoeGroup::kExpert, CollectiveOp::kAllToAll, load.room_rows(0) * 32 * 2};
+  CHECK(kernels.forward_collectives ==
+        std::vector<MoeCollective>{{MoeGroup::kExpert, CollectiveOp::kAllGather, 4 * 2 * 8},
+                                   {MoeGroup::kTensor, CollectiveOp::kAllGather, 4 * 2 * 2 * 8},
+                                   exchange,
+                                   {MoeGroup::kTensor, CollectiveOp::kAllGather, room_bytes},
+                                   {MoeGroup::kTensor, CollectiveOp::kReduceScatter, room_bytes},
+                                   exchange,
+                                   {MoeGroup::kTensor, CollectiveOp::kAllGather, shared_bytes},
+                                   {MoeGroup::kTensor, CollectiveOp::kReduceScatter, shared_bytes},
+                                   {MoeGroup::kTensor, CollectiveOp::kAllReduce, 4 * 8}});
+  // Each expert's GEMMs over the group's rows at the rank's shard (24 wide); the shared expert over
+  // the group's 128 rows, the router over the rank's 64.
+  CHECK(std::find(kernels.forward.begin(), kernels.forward.end(),
+                  megaplan::gemm_kernel(megaplan::GemmLayout::kForward, megaplan::GemmEpilogue::kNone, 2 * 2 * 32, 48,
+                                        32)) != kernels.forward.end());
+  CHECK(kernels.forward.front() ==
+        megaplan::gemm_kernel(megaplan::GemmLayout::kForward, megaplan::GemmEpilogue::kNone, 64, 8, 32));
+  CHECK(std::find(kernels.forward.begin(), kernels.forward.end(),
+                  megaplan::gemm_kernel(megaplan::GemmLayout::kForward, megaplan::GemmEpilogue::kNone, 128, 32, 16)) !=
+        kernels.forward.end());
+  // Each (sender, expert) run regrouped both ways: 4 senders x 4 experts.
+  CHECK(count_of(kernels.forward, KernelKind::kCopy) == 2 * 16);
 }

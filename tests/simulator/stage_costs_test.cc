@@ -399,12 +399,14 @@ TEST_CASE("an MoE plan adds its expert-parallel exchanges per MoE layer and redu
   const auto expert = megaplan::sim::plan_action_costs(spec.model, spec.plan, profile, topology, sources);
   // 16 MoE layers a stage, each forward an all-gather of the counts and two all-to-alls of its rows.
   const int64_t rows = 4096 * 2;
-  CHECK(kernels.moe().exchange_bytes == rows * 4096 * 2);
+  const megaplan::MoeCollective all_to_all_of_rows{megaplan::MoeGroup::kExpert, megaplan::CollectiveOp::kAllToAll,
+                                                   rows * 4096 * 2};
+  CHECK(kernels.moe().backward_collectives ==
+        std::vector<megaplan::MoeCollective>{all_to_all_of_rows, all_to_all_of_rows});
   const megaplan::sim::Route route = megaplan::sim::pipeline_group_routes(spec.plan, topology)[0].expert;
   const auto link = megaplan::sim::LinkParams{route.bandwidth_bytes_per_s, route.latency_s};
-  const double all_to_all =
-      profile.collective_seconds(megaplan::CollectiveOp::kAllToAll, 8, kernels.moe().exchange_bytes,
-                                 megaplan::sim::LinkKind::kNvlink, link, sources);
+  const double all_to_all = profile.collective_seconds(megaplan::CollectiveOp::kAllToAll, 8, all_to_all_of_rows.bytes,
+                                                       megaplan::sim::LinkKind::kNvlink, link, sources);
   CHECK(expert.stages[0].backward_collectives == Approx(16 * 2 * all_to_all));
   CHECK(expert.stages[0].forward_collectives > 16 * 2 * all_to_all);
   // Each rank's one expert of each layer has no replica: only the others' gradients reduce (dp 8),
@@ -420,4 +422,45 @@ TEST_CASE("an MoE plan adds its expert-parallel exchanges per MoE layer and redu
   // Its exchanges carry twice the bytes (the link's latency once).
   CHECK(skewed.stages[0].backward_collectives > 1.9 * expert.stages[0].backward_collectives);
   CHECK(skewed.stages[0].backward_collectives < 2 * expert.stages[0].backward_collectives);
+}
+
+TEST_CASE("an MoE layer under tensor parallelism costs its attention's collectives and its MLP's list",
+          "[simulator][costs][moe]") {
+  // Mixtral-8x7B at tp 2 with sequence parallelism, ep 8, on 16 H100s (every layer MoE): a layer's
+  // tp collectives are its attention's gather and scatter, then what core's MoE list names over the
+  // tp and ep groups; a dense layer's would be two of each.
+  megaplan::JobSpec spec = job("mixtral-8x7b", "dgx-h100", 16, 2, 1, 64);
+  spec.model.seq_length = 4096;
+  spec.plan.sequence_parallel = true;
+  spec.plan.expert_model_parallel_size = 8;
+  megaplan::validate_job(spec);
+  const auto profile = megaplan::sim::Profile::datasheet(spec.cluster.gpu);
+  const megaplan::sim::Topology topology(spec.cluster);
+  CostSources sources;
+  const megaplan::PlanKernels kernels(spec.model, spec.plan);
+  const megaplan::sim::GroupRoutes routes = megaplan::sim::pipeline_group_routes(spec.plan, topology)[0];
+  const auto cost = [&](const megaplan::sim::Route& route, int64_t members, megaplan::CollectiveOp op, int64_t bytes) {
+    return profile.collective_seconds(op, members, bytes, megaplan::sim::LinkKind::kNvlink,
+                                      {route.bandwidth_bytes_per_s, route.latency_s}, sources);
+  };
+  const int64_t stream_bytes = 4096 * 4096 * 2;
+  const double attention = cost(routes.tensor, 2, megaplan::CollectiveOp::kAllGather, stream_bytes) +
+                           cost(routes.tensor, 2, megaplan::CollectiveOp::kReduceScatter, stream_bytes);
+  const auto listed = [&](const std::vector<megaplan::MoeCollective>& list) {
+    double seconds = 0;
+    for (const megaplan::MoeCollective& c : list) {
+      seconds += c.group == megaplan::MoeGroup::kExpert ? cost(routes.expert, 8, c.op, c.bytes)
+                                                        : cost(routes.tensor, 2, c.op, c.bytes);
+    }
+    return seconds;
+  };
+  REQUIRE(kernels.moe().forward_collectives.size() == 6);  // counts over ep and tp; rows out, gathered, summed, back
+  const auto costs = megaplan::sim::plan_action_costs(spec.model, spec.plan, profile, topology, sources);
+  // The one stage's backward: 32 such layers and the output layer's input gradient, reduce-scattered.
+  const double head = cost(routes.tensor, 2, megaplan::CollectiveOp::kReduceScatter, stream_bytes);
+  CHECK(costs.stages[0].backward_collectives ==
+        Approx(32 * (attention + listed(kernels.moe().backward_collectives)) + head));
+  const megaplan::sim::LayerCosts layer =
+      megaplan::sim::transformer_layer_costs(spec.model, spec.plan, profile, routes, sources, true);
+  CHECK(layer.forward_collectives == Approx(attention + listed(kernels.moe().forward_collectives)));
 }

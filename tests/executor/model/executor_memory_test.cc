@@ -108,6 +108,8 @@ TEST_CASE("the executor allocates what core's memory prediction says, rank by ra
       {"mixtral: one rank", layout(1, 1, 1, 1, ScheduleKind::kOneFOneB)},
       {"mixtral: selective", with(layout(1, 1, 1, 1, ScheduleKind::kOneFOneB), RecomputeGranularity::kSelective)},
       {"mixtral: pp2 interleaved", layout(1, 2, 1, 2, ScheduleKind::kInterleaved)},
+      {"mixtral: tp2 sequence parallel (the experts' rows gathered)", sequence_parallel},
+      {"shared-expert: tp2 sequence parallel", sequence_parallel},
       {"qwen-moe: pp2 1f1b, 8 microbatches", layout(1, 2, 1, 1, ScheduleKind::kOneFOneB, 2, 16)},
       {"qwen-moe: pp2 dp2 distributed optimizer", distributed},
       {"qwen-moe: pp2 dp2 ep2 distributed optimizer", expert_parallel},
@@ -129,7 +131,9 @@ TEST_CASE("the executor allocates what core's memory prediction says, rank by ra
                                       : name.starts_with("qwen-moe") ? megaplan::test::four_layer_qwen_moe()
                                       : name.starts_with("qwen")     ? megaplan::test::four_layer_qwen()
                                       : name.starts_with("mixtral")  ? megaplan::test::four_layer_mixtral()
-                                                                     : megaplan::test::four_layer_gpt();
+                                      : name.starts_with("shared-expert")
+                                          ? megaplan::test::four_layer_shared_expert_moe()
+                                          : megaplan::test::four_layer_gpt();
     megaplan::test::train_logged(model, plan, options, scratch, "run",
                                  [&](int64_t rank) -> std::unique_ptr<exec::Backend> {
                                    return std::make_unique<PeakReportingBackend>(peaks, mutex, rank);

@@ -301,63 +301,95 @@ TEST_CASE("each context-parallel rank launches its kernel list, the ring's step 
       }
 }
 
-TEST_CASE("MoE layers launch their kernel list at the stated load, on every expert-parallel rank",
+TEST_CASE("MoE layers launch their kernel list at the stated load, on every expert- and tensor-parallel rank",
           "[model][kernels][moe]") {
   // A routing of the stated load (each expert's routes as core's moe_stated_load has them before any
   // capacity) drives the executor; the list is core's at that --moe-imbalance. Dense and MoE layers
   // interleave (Mixtral's fixture), a shared expert behind its gate and the sequence aux loss under
   // a padded capacity (Qwen's). Under ep 2 each rank's experts receive rows from both ranks: the
-  // regrouping copies and the experts' GEMMs are each rank's own.
-  for (const megaplan::ModelSpec& model : {megaplan::test::four_layer_mixtral(), megaplan::test::four_layer_qwen_moe()})
-    for (const int64_t ep : {1, 2})
-      for (const double imbalance : {1.0, 1.5})
-        for (const bool selective : {false, true}) {
-          megaplan::ParallelPlan plan = layout(1, 1, ep, 1, ScheduleKind::kOneFOneB, 2, 4 * ep);
-          plan.expert_model_parallel_size = ep;
-          plan.moe_imbalance = imbalance;
-          if (selective) plan.recompute_granularity = megaplan::RecomputeGranularity::kSelective;
-          INFO(model.name << ": ep " << ep << ", imbalance " << imbalance
-                          << (selective ? ", selective recomputation" : ""));
-          megaplan::MoeDims dropless = *megaplan::LayerRecipe(model, plan).moe;
-          dropless.capacity = 0;
-          dropless.padded = false;
-          const std::vector<int64_t> routes = megaplan::moe_stated_load(dropless, imbalance).dispatched;
-          megaplan::exec::InProcessWorld world(ep, std::chrono::seconds(60));
-          std::vector<int64_t> members(static_cast<std::size_t>(ep));
-          for (int64_t r = 0; r < ep; ++r) members[static_cast<std::size_t>(r)] = r;
-          std::vector<std::vector<Kernel>> launched(static_cast<std::size_t>(ep));
-          megaplan::exec::run_rank_threads(world, ep, [&](int64_t rank) {
-            std::unique_ptr<megaplan::exec::Comm> group = world.group(rank, members, "ep");
-            RecordingBackend backend;
-            backend.route_by_counts(routes);
-            StageChunk chunk(model, plan, 0, backend, {42}, nullptr, nullptr, 0, nullptr,
-                             ep > 1 ? group.get() : nullptr);
-            const MicrobatchTokens data = microbatch(model, 2);
-            backend.take();
-            for (int64_t microbatch_index = 0; microbatch_index < 2; ++microbatch_index) {
-              chunk.forward(microbatch_index, &data);
-              chunk.backward_input(microbatch_index, nullptr, 1.0f, nullptr, false);
+  // regrouping copies and the experts' GEMMs are each rank's own. Under tp 2 (sequence parallel;
+  // not Qwen's sequence loss, refused there) each rank routes its half of the rows and computes its
+  // shard of every row its tp group's experts take, and of the shared expert over the group's rows.
+  for (const megaplan::ModelSpec& model : {megaplan::test::four_layer_mixtral(), megaplan::test::four_layer_qwen_moe(),
+                                           megaplan::test::four_layer_shared_expert_moe()})
+    for (const int64_t tp : {1, 2})
+      for (const int64_t ep : {1, 2})
+        for (const double imbalance : {1.0, 1.5})
+          for (const bool selective : {false, true}) {
+            if (tp > 1 && model.moe.load_balancing == megaplan::LoadBalancing::kSeqAuxLoss) continue;
+            megaplan::ParallelPlan plan = layout(tp, 1, ep, 1, ScheduleKind::kOneFOneB, 2, 4 * ep);
+            plan.sequence_parallel = tp > 1;
+            plan.expert_model_parallel_size = ep;
+            plan.moe_imbalance = imbalance;
+            if (selective) plan.recompute_granularity = megaplan::RecomputeGranularity::kSelective;
+            INFO(model.name << ": tp " << tp << ", ep " << ep << ", imbalance " << imbalance
+                            << (selective ? ", selective recomputation" : ""));
+            megaplan::MoeDims dropless = *megaplan::LayerRecipe(model, plan).moe;
+            dropless.capacity = 0;
+            dropless.padded = false;
+            const std::vector<int64_t> routes = megaplan::moe_stated_load(dropless, imbalance).dispatched;
+            const int64_t ranks = tp * ep;
+            megaplan::exec::InProcessWorld world(ranks, std::chrono::seconds(60));
+            std::vector<std::vector<Kernel>> launched(static_cast<std::size_t>(ranks));
+            megaplan::exec::run_rank_threads(world, ranks, [&](int64_t rank) {
+              // tp innermost: rank = ep rank x tp + tp rank.
+              const int64_t tp_rank = rank % tp, ep_rank = rank / tp;
+              std::vector<int64_t> tensor_members, expert_members;
+              for (int64_t i = 0; i < tp; ++i) tensor_members.push_back(ep_rank * tp + i);
+              for (int64_t i = 0; i < ep; ++i) expert_members.push_back(i * tp + tp_rank);
+              std::unique_ptr<megaplan::exec::Comm> tensor =
+                  world.group(rank, tensor_members, "tp" + std::to_string(ep_rank));
+              std::unique_ptr<megaplan::exec::Comm> expert =
+                  world.group(rank, expert_members, "ep" + std::to_string(tp_rank));
+              RecordingBackend backend;
+              backend.route_by_counts(routes);
+              StageChunk chunk(model, plan, 0, backend, {42}, nullptr, tp > 1 ? tensor.get() : nullptr, 0, nullptr,
+                               ep > 1 ? expert.get() : nullptr);
+              const MicrobatchTokens data = microbatch(model, 2);
+              backend.take();
+              for (int64_t microbatch_index = 0; microbatch_index < 2; ++microbatch_index) {
+                chunk.forward(microbatch_index, &data);
+                chunk.backward_input(microbatch_index, nullptr, 1.0f, nullptr, false);
+              }
+              launched[static_cast<std::size_t>(rank)] = backend.take();
+            });
+            const PlanKernels list(model, plan);
+            std::vector<Kernel> listed;
+            for (int i = 0; i < 2; ++i) {
+              for (const SchedulePart part : {SchedulePart::kForward, SchedulePart::kBackward}) {
+                for (const Kernel& kernel : list.stage_kernels(0, part)) listed.push_back(kernel);
+              }
             }
-            launched[static_cast<std::size_t>(rank)] = backend.take();
-          });
-          const PlanKernels list(model, plan);
-          std::vector<Kernel> listed;
-          for (int i = 0; i < 2; ++i) {
-            for (const SchedulePart part : {SchedulePart::kForward, SchedulePart::kBackward}) {
-              for (const Kernel& kernel : list.stage_kernels(0, part)) listed.push_back(kernel);
+            // Every rank routes alike; the list is the busiest rank's (rank 0, holding expert 0).
+            INFO("rank 0");
+            check_same(launched[0], listed);
+            if (imbalance > 1 || model.moe.expert_capacity_factor) continue;
+            // At the balanced load every rank is the stated one, and a rank sends and receives its
+            // dispatch's rows; its tp group gathers every member's.
+            for (std::size_t rank = 1; rank < launched.size(); ++rank) check_same(launched[rank], listed);
+            const int64_t rows = megaplan::LayerRecipe(model, plan).moe->most_rows;
+            CHECK(rows == 2 * model.seq_length / tp * 2);
+            using megaplan::CollectiveOp;
+            using megaplan::MoeCollective;
+            using megaplan::MoeGroup;
+            std::vector<MoeCollective> around;
+            const int64_t row_bytes = model.hidden_size * 2;
+            if (ep > 1) around.push_back({MoeGroup::kExpert, CollectiveOp::kAllToAll, rows * row_bytes});
+            if (tp > 1) {
+              around.push_back({MoeGroup::kTensor, CollectiveOp::kAllGather, tp * rows * row_bytes});
+              around.push_back({MoeGroup::kTensor, CollectiveOp::kReduceScatter, tp * rows * row_bytes});
             }
+            if (ep > 1) around.push_back({MoeGroup::kExpert, CollectiveOp::kAllToAll, rows * row_bytes});
+            // The shared expert's input gathered again, its output's gradient gathered, its input's
+            // reduce-scattered: the group's tokens.
+            if (tp > 1 && model.moe.shared_expert_intermediate_size > 0) {
+              const int64_t shared_bytes = 2 * model.seq_length * row_bytes;
+              around.push_back({MoeGroup::kTensor, CollectiveOp::kAllGather, shared_bytes});
+              around.push_back({MoeGroup::kTensor, CollectiveOp::kAllGather, shared_bytes});
+              around.push_back({MoeGroup::kTensor, CollectiveOp::kReduceScatter, shared_bytes});
+            }
+            CHECK(list.moe().backward_collectives == around);
           }
-          // Every rank routes alike; the list is the busiest rank's (rank 0, holding expert 0).
-          INFO("expert-parallel rank 0");
-          check_same(launched[0], listed);
-          if (imbalance > 1 || model.moe.expert_capacity_factor) continue;
-          // At the balanced load every rank is the stated one, and a rank sends and receives its
-          // dispatch's rows.
-          for (std::size_t rank = 1; rank < launched.size(); ++rank) check_same(launched[rank], listed);
-          const int64_t rows = megaplan::LayerRecipe(model, plan).moe->most_rows;
-          CHECK(rows == 2 * model.seq_length * 2);
-          CHECK(list.moe().exchange_bytes == (ep > 1 ? rows * model.hidden_size * 2 : 0));
-        }
 }
 
 TEST_CASE("the optimizer step launches the optimizer's kernel list", "[model][kernels]") {

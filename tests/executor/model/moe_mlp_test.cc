@@ -187,7 +187,7 @@ TEST_CASE("the MoE MLP on the CPU backend is the reference MoE layer, forward an
     megaplan::exec::MoeMlpSaved saved = mlp.allocate_saved();
     std::vector<float> y(t * h), dx(t * h);
     const Activation x_on = on_backend(x);
-    mlp.forward(x_on, on_weights, shape.router.expert_bias, saved, reinterpret_cast<Activation>(y.data()), true);
+    mlp.forward(x_on, x_on, on_weights, shape.router.expert_bias, saved, reinterpret_cast<Activation>(y.data()), true);
     // Logged without their coefficients, as Megatron logs them.
     const megaplan::exec::RouterLosses logged = mlp.take_losses();
     const double losses = shape.aux_loss_coeff * logged.balancing + shape.z_loss_coeff * logged.z;
@@ -200,7 +200,8 @@ TEST_CASE("the MoE MLP on the CPU backend is the reference MoE layer, forward an
     }
     CHECK(saved.rows_per_expert == rows_per_expert);
 
-    mlp.backward(on_backend(dy), x_on, on_weights, saved, gradients, 1.0f, reinterpret_cast<Activation>(dx.data()));
+    mlp.backward(on_backend(dy), x_on, x_on, on_weights, saved, gradients, 1.0f,
+                 reinterpret_cast<Activation>(dx.data()));
     check_close(expected_grads.dx, dx.data(), "dx");
     check_close(expected_grads.router, d_router.data(), "d router");
     check_close(expected_grads.fc1, d_fc1.data(), "d fc1");
@@ -234,9 +235,9 @@ TEST_CASE("the MoE MLP scales the router losses' gradients as the LM loss's", "[
     MoeMlp mlp(shape, backend);
     megaplan::exec::MoeMlpSaved saved = mlp.allocate_saved();
     std::vector<float> y(t * h), dx(t * h), zero(t * h, 0.0f);
-    mlp.forward(act(x), experts.weights(), nullptr, saved, act(y), false);
-    mlp.backward(with_output_gradient ? act(dy) : act(zero), act(x), experts.weights(), saved, experts.gradients(),
-                 scale, act(dx));
+    mlp.forward(act(x), act(x), experts.weights(), nullptr, saved, act(y), false);
+    mlp.backward(with_output_gradient ? act(dy) : act(zero), act(x), act(x), experts.weights(), saved,
+                 experts.gradients(), scale, act(dx));
     mlp.release(saved);
     return experts.d_router;
   };
@@ -272,12 +273,12 @@ TEST_CASE("the MoE MLP's sequence-level load-balancing loss: its value and its g
   const megaplan::exec::MoeMlpGradients gradients = experts.gradients();
   const auto loss = [&] {
     megaplan::exec::MoeMlpSaved saved = mlp.allocate_saved();
-    mlp.forward(act(x), weights, nullptr, saved, act(y), true);
+    mlp.forward(act(x), act(x), weights, nullptr, saved, act(y), true);
     mlp.release(saved);
     return 0.4 * mlp.take_losses().balancing;
   };
   megaplan::exec::MoeMlpSaved saved = mlp.allocate_saved();
-  mlp.forward(act(x), weights, nullptr, saved, act(y), true);
+  mlp.forward(act(x), act(x), weights, nullptr, saved, act(y), true);
   const double value = 0.4 * mlp.take_losses().balancing;
   std::vector<float> unused(t * e, 0.0f);
   const ref::RouterOptions options{.experts = e, .topk = 2};
@@ -285,7 +286,7 @@ TEST_CASE("the MoE MLP's sequence-level load-balancing loss: its value and its g
         Approx(ref::sequence_aux_loss(reinterpret_cast<const float*>(saved.logits), t, 2, options, 0.4, unused.data()))
             .epsilon(1e-9));
   CHECK(value > 0);
-  mlp.backward(act(zero), act(x), weights, saved, gradients, 1.0f, act(dx));
+  mlp.backward(act(zero), act(x), act(x), weights, saved, gradients, 1.0f, act(dx));
   mlp.release(saved);
   megaplan::test::check_gradient(experts.router, experts.d_router, loss, "d router");
 }
@@ -358,8 +359,9 @@ TEST_CASE("under expert parallelism each rank's MoE MLP is the reference layer o
       megaplan::exec::MoeMlpSaved saved = mlp.allocate_saved();
       std::vector<float> y(t * h), dx(t * h);
       const Activation x_on = on_backend(x[r]);
-      mlp.forward(x_on, on_weights, shape.router.expert_bias, saved, reinterpret_cast<Activation>(y.data()), true);
-      mlp.backward(on_backend(dy[r]), x_on, on_weights, saved, gradients, 1.0f,
+      mlp.forward(x_on, x_on, on_weights, shape.router.expert_bias, saved, reinterpret_cast<Activation>(y.data()),
+                  true);
+      mlp.backward(on_backend(dy[r]), x_on, x_on, on_weights, saved, gradients, 1.0f,
                    reinterpret_cast<Activation>(dx.data()));
       results[r] = {y, dx, d_router, d_shared_fc1, d_fc1, d_fc2, saved.received};
       mlp.release(saved);

@@ -794,11 +794,11 @@ TEST_CASE("the MoE MLP on the GPU equals the CPU's: experts over their runs of r
     }
     megaplan::exec::MoeMlp mlp(shape, backend);
     megaplan::exec::MoeMlpSaved saved = mlp.allocate_saved();
-    mlp.forward(side(x), weights, nullptr, saved, side(y), true);
+    mlp.forward(side(x), side(x), weights, nullptr, saved, side(y), true);
     const megaplan::exec::RouterLosses taken = mlp.take_losses();
     losses.push_back(taken.balancing + taken.z);
     rows_per_expert.push_back(saved.rows_per_expert);
-    mlp.backward(side(dy), side(x), weights, saved, gradients, 0.5f, side(dx));
+    mlp.backward(side(dy), side(x), side(x), weights, saved, gradients, 0.5f, side(dx));
     backend.synchronize();
     mlp.release(saved);
   };

@@ -244,6 +244,26 @@ TEST_CASE("a checkpoint of an MoE model at ep 2 resumes bit for bit and loads at
                        });
 }
 
+TEST_CASE("a checkpoint of an MoE model at tp 2 x ep 2 resumes bit for bit and loads at one rank",
+          "[checkpoint][moe]") {
+  // Each tp rank saves its shard of every expert it holds (fc1's gate and up rows, fc2's columns)
+  // as of a dense MLP; the router is whole on each. A load cuts them for its own layout.
+  ParallelPlan saving = plan_of(1, 2, 1, ScheduleKind::kOneFOneB, true);  // tp 2 x dp 2, ep 2 within dp
+  saving.tensor_parallel_size = 2;
+  saving.sequence_parallel = true;
+  saving.expert_model_parallel_size = 2;
+  check_moe_checkpoint(saving, {{"one", plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false)}},
+                       [](const std::string& iteration) {
+                         const std::string expert = "decoder.layers.0.mlp.experts.local_experts.";
+                         for (const std::string tp : {"00", "01"}) {
+                           const std::set<std::string> first = saved_names(iteration + "/mp_rank_" + tp + "_000");
+                           const std::set<std::string> second = saved_names(iteration + "/mp_rank_" + tp + "_001");
+                           CHECK(first.count(expert + "1.linear_fc1.weight") == 1);
+                           CHECK(second.count(expert + "2.linear_fc2.weight") == 1);
+                         }
+                       });
+}
+
 TEST_CASE("a checkpoint of tp 2 x pp 2 resumes bit for bit and loads at one rank and at pp 4", "[checkpoint]") {
   const megaplan::test::ScratchDirectory scratch;
   const megaplan::ModelSpec model = four_layer_gpt();

@@ -145,6 +145,69 @@ void check_trains_like(const Outcome& single, const megaplan::ModelSpec& model, 
   }
 }
 
+// The router losses and the experts' load each run of `layouts` logged against the single rank's
+// (the runs check_trains_like made under `prefix`).
+void check_router_logs(const Outcome& single, const megaplan::ModelSpec& model, const std::vector<Layout>& layouts,
+                       const megaplan::test::ScratchDirectory& scratch, const std::string& prefix) {
+  // The router losses each run logs, as Megatron logs them (over the MoE layers, microbatches and
+  // replicas, without their coefficients), are the single rank's too.
+  const bool by_sequence = model.moe.load_balancing == megaplan::LoadBalancing::kSeqAuxLoss;
+  std::vector<std::string> keys = {by_sequence ? "seq_load_balancing_loss" : "load_balancing_loss"};
+  if (model.moe.z_loss_coeff > 0) {
+    keys.emplace_back("z_loss");
+  } else {
+    CHECK(single.out.find("z_loss") == std::string::npos);  // a loss the run does not apply is not logged
+  }
+  CHECK(single.out.find(" | " + keys.front() + " ") != std::string::npos);
+  // The experts' load, the busiest expert's tokens over the mean of a dispatch: the single rank's
+  // where each rank dispatches alone; under expert parallelism the ep group's tokens together.
+  const auto load = [&](const std::string& run) {
+    return megaplan::test::logged_iteration_values(scratch.file(prefix + run + ".jsonl"), "tokens_per_expert_max_mean");
+  };
+  const std::vector<double> single_load = load("single");
+  REQUIRE(single_load.size() == 12);
+  // Each MoE layer's in the log file too (Megatron's per-layer logging): their mean is the above.
+  std::vector<std::vector<double>> by_layer;
+  for (int64_t layer = 0; layer < model.num_layers; ++layer) {
+    if (!model.moe.moe_layer(layer)) continue;
+    by_layer.push_back(megaplan::test::logged_iteration_values(
+        scratch.file(prefix + "single.jsonl"), "/tokens_per_expert_max_mean_by_layer/" + std::to_string(layer)));
+  }
+  REQUIRE(!by_layer.empty());
+  for (std::size_t i = 0; i < single_load.size(); ++i) {
+    double mean = 0;
+    for (const std::vector<double>& layer : by_layer) mean += layer[i] / static_cast<double>(by_layer.size());
+    CHECK(mean == Approx(single_load[i]).epsilon(1e-12));
+  }
+  for (std::size_t l = 0; l < layouts.size(); ++l) {
+    INFO("tokens per expert, " << layouts[l].name);
+    const std::vector<double> run = load("layout" + std::to_string(l));
+    REQUIRE(run.size() == single_load.size());
+    for (std::size_t i = 0; i < run.size(); ++i) {
+      if (layouts[l].plan.expert_model_parallel_size == 1) {
+        CHECK(run[i] == Approx(single_load[i]).epsilon(1e-6));
+      } else {
+        CHECK(run[i] >= 1.0);
+        CHECK(run[i] <= 4.0);  // one expert of four took every row
+      }
+    }
+  }
+  for (const std::string& key : keys) {
+    const auto logged = [&](const std::string& run) {
+      return megaplan::test::logged_iteration_values(scratch.file(prefix + run + ".jsonl"), key);
+    };
+    const std::vector<double> expected = logged("single");
+    REQUIRE(expected.size() == 12);
+    CHECK(expected.front() > 0);
+    for (std::size_t l = 0; l < layouts.size(); ++l) {
+      INFO(key << ", layout " << l);
+      const std::vector<double> run = logged("layout" + std::to_string(l));
+      REQUIRE(run.size() == expected.size());
+      for (std::size_t i = 0; i < run.size(); ++i) CHECK(run[i] == Approx(expected[i]).epsilon(1e-4));
+    }
+  }
+}
+
 }  // namespace
 
 TEST_CASE("every pipeline schedule, data-parallel layout and recomputation trains like one rank", "[parallel]") {
@@ -294,64 +357,41 @@ TEST_CASE("MoE layers train under pipeline, data and expert parallelism like one
         {"ep2 x dp2 distributed optimizer", expert_distributed},
         {"ep2 x pp2 interleaved vpp2", ep_of(2, plan_of(1, 2, 2, 2, ScheduleKind::kInterleaved))}};
     check_trains_like(single, model, layouts, options, scratch, model.name + "-");
-    // The router losses each run logs, as Megatron logs them (over the MoE layers, microbatches and
-    // replicas, without their coefficients), are the single rank's too.
-    const bool by_sequence = model.moe.load_balancing == megaplan::LoadBalancing::kSeqAuxLoss;
-    std::vector<std::string> keys = {by_sequence ? "seq_load_balancing_loss" : "load_balancing_loss"};
-    if (model.moe.z_loss_coeff > 0) {
-      keys.emplace_back("z_loss");
-    } else {
-      CHECK(single.out.find("z_loss") == std::string::npos);  // a loss the run does not apply is not logged
-    }
-    CHECK(single.out.find(" | " + keys.front() + " ") != std::string::npos);
-    // The experts' load, the busiest expert's tokens over the mean of a dispatch: the single rank's
-    // where each rank dispatches alone; under expert parallelism the ep group's tokens together.
-    const auto load = [&](const std::string& run) {
-      return megaplan::test::logged_iteration_values(scratch.file(model.name + "-" + run + ".jsonl"),
-                                                     "tokens_per_expert_max_mean");
-    };
-    const std::vector<double> single_load = load("single");
-    REQUIRE(single_load.size() == 12);
-    // Each MoE layer's in the log file too (Megatron's per-layer logging): their mean is the above.
-    std::vector<std::vector<double>> by_layer;
-    for (int64_t layer = 0; layer < model.num_layers; ++layer) {
-      if (!model.moe.moe_layer(layer)) continue;
-      by_layer.push_back(megaplan::test::logged_iteration_values(
-          scratch.file(model.name + "-single.jsonl"), "/tokens_per_expert_max_mean_by_layer/" + std::to_string(layer)));
-    }
-    REQUIRE(!by_layer.empty());
-    for (std::size_t i = 0; i < single_load.size(); ++i) {
-      double mean = 0;
-      for (const std::vector<double>& layer : by_layer) mean += layer[i] / static_cast<double>(by_layer.size());
-      CHECK(mean == Approx(single_load[i]).epsilon(1e-12));
-    }
-    for (std::size_t l = 0; l < layouts.size(); ++l) {
-      INFO("tokens per expert, " << layouts[l].name);
-      const std::vector<double> run = load("layout" + std::to_string(l));
-      REQUIRE(run.size() == single_load.size());
-      for (std::size_t i = 0; i < run.size(); ++i) {
-        if (layouts[l].plan.expert_model_parallel_size == 1) {
-          CHECK(run[i] == Approx(single_load[i]).epsilon(1e-6));
-        } else {
-          CHECK(run[i] >= 1.0);
-          CHECK(run[i] <= 4.0);  // one expert of four took every row
-        }
-      }
-    }
-    for (const std::string& key : keys) {
-      const auto logged = [&](const std::string& run) {
-        return megaplan::test::logged_iteration_values(scratch.file(model.name + "-" + run + ".jsonl"), key);
-      };
-      const std::vector<double> expected = logged("single");
-      REQUIRE(expected.size() == 12);
-      CHECK(expected.front() > 0);
-      for (std::size_t l = 0; l < layouts.size(); ++l) {
-        INFO(key << ", layout " << l);
-        const std::vector<double> run = logged("layout" + std::to_string(l));
-        REQUIRE(run.size() == expected.size());
-        for (std::size_t i = 0; i < run.size(); ++i) CHECK(run[i] == Approx(expected[i]).epsilon(1e-4));
-      }
-    }
+    check_router_logs(single, model, layouts, scratch, model.name + "-");
+  }
+}
+
+TEST_CASE("MoE layers train under tensor parallelism with sequence parallelism like one rank", "[parallel][moe]") {
+  // Each tp rank routes its own rows of the stream; the tp group gathers the rows that arrive for
+  // its experts, each rank computes its shard of every expert and the partial outputs are
+  // reduce-scattered home. The switch loss balances the group's tokens (its counts summed over tp),
+  // the z loss is each rank's share of the group's mean, and the router's and shared gate's
+  // gradients are summed over tp as the norms' are: every layout is the single rank's within the
+  // tolerance above (the tp sums reorder fp32 additions). Mixtral's layers between dense ones, and
+  // Qwen2-MoE's gated shared expert with the switch loss, dropless: a capacity is each rank's own
+  // tokens' under tp (Megatron's), and the sequence loss is refused there.
+  const megaplan::test::ScratchDirectory scratch;
+  const exec::TrainOptions options = options_for(megaplan::test::sentence_corpus(scratch));
+  const auto sequence_parallel = [](int64_t ep, ParallelPlan plan) {
+    plan.sequence_parallel = true;
+    plan.expert_model_parallel_size = ep;
+    return plan;
+  };
+  for (const megaplan::ModelSpec& model :
+       {megaplan::test::four_layer_mixtral(), megaplan::test::four_layer_shared_expert_moe()}) {
+    INFO(model.name);
+    const std::string prefix = model.name + "-tp-";
+    const Outcome single =
+        train(model, plan_of(1, 1, 1, 1, ScheduleKind::kOneFOneB), options, scratch, prefix + "single");
+    REQUIRE(single.losses.back() < single.losses.front());
+    ParallelPlan everything = sequence_parallel(2, plan_of(2, 2, 2, 1, ScheduleKind::kOneFOneB));
+    everything.use_distributed_optimizer = true;
+    const std::vector<Layout> layouts = {
+        {"tp2 sequence parallel", sequence_parallel(1, plan_of(2, 1, 1, 1, ScheduleKind::kOneFOneB))},
+        {"ep2 x tp2 sequence parallel", sequence_parallel(2, plan_of(2, 1, 2, 1, ScheduleKind::kOneFOneB))},
+        {"tp2 x pp2 x ep2 sequence parallel, distributed optimizer", everything}};
+    check_trains_like(single, model, layouts, options, scratch, prefix);
+    check_router_logs(single, model, layouts, scratch, prefix);
   }
 }
 

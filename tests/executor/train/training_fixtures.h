@@ -133,6 +133,18 @@ inline ModelSpec four_layer_qwen_moe() {
   return model;
 }
 
+// four_layer_qwen_moe with the switch and z losses, dropless: its gated shared expert under tensor
+// parallelism (which refuses the sequence loss, and cuts a capacity by each rank's own tokens).
+inline ModelSpec four_layer_shared_expert_moe() {
+  ModelSpec model = four_layer_qwen_moe();
+  model.name = "four-layer-shared-expert";
+  model.moe.load_balancing = LoadBalancing::kAuxLoss;
+  model.moe.z_loss_coeff = 0.001;
+  model.moe.expert_capacity_factor.reset();
+  model.moe.pad_expert_input_to_capacity = false;
+  return model;
+}
+
 // A layout of tp x pp x dp ranks (vpp model chunks per pipeline rank) training microbatches of
 // `micro_batch` in global batches of `global_batch`; the rest is ParallelPlan's defaults.
 inline ParallelPlan layout(int64_t tp, int64_t pp, int64_t dp, int64_t vpp, ScheduleKind schedule,
