@@ -111,6 +111,8 @@ layouts=(
   "moe 8x top 2 ep 2|$moe --mbs 1 --gbs 8 --ep 2 --overlap-grad-reduce|--cluster dgx-${gpu} --gpus 2|2"
   "moe 8x top 2 ep 4|$moe --mbs 1 --gbs 8 --ep 4 --overlap-grad-reduce|--cluster dgx-${gpu} --gpus 4|4"
   "moe 8x top 2 ep 2 x dp 2|$moe --mbs 1 --gbs 8 --ep 2 --overlap-grad-reduce --use-distributed-optimizer|--cluster dgx-${gpu} --gpus 4|4"
+  "moe 8x top 2 tp 2 sp|$moe --mbs 1 --gbs 8 --tp 2 --sequence-parallel|--cluster dgx-${gpu} --gpus 2|2"
+  "moe 8x top 2 tp 2 sp x ep 2|$moe --mbs 1 --gbs 8 --tp 2 --sequence-parallel --ep 2 --overlap-grad-reduce|--cluster dgx-${gpu} --gpus 4|4"
 )
 visible=$(nvidia-smi -L 2> /dev/null | grep -c '^GPU ')
 rows=()

@@ -141,6 +141,12 @@ void setup_search_command(CLI::App& app, CommandContext& context) {
       ->delimiter(',')
       ->group(group);
   command
+      ->add_option("--etp,--expert-tensor-parallel-size", options->space.expert_tensor_parallel,
+                   "Expert tensor parallel sizes (models with experts): megaplan cuts the experts over tp, so these "
+                   "restrict tp")
+      ->delimiter(',')
+      ->group(group);
+  command
       ->add_option("--moe-imbalance", options->space.moe_imbalance,
                    "The routed load every plan is costed at: the busiest expert's rows over the mean, as train logs "
                    "it (tokens_per_expert_max_mean); 1 is balanced")

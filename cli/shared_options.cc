@@ -149,6 +149,11 @@ void add_plan_options(CLI::App& command, PlanOptions& options) {
       ->capture_default_str()
       ->group(group);
   command
+      .add_option("--etp,--expert-tensor-parallel-size", options.expert_tensor_parallel_size,
+                  "Expert tensor parallel size: each expert cut over tp ranks (models with experts; must be tp, "
+                  "Megatron's default)")
+      ->group(group);
+  command
       .add_option("--moe-imbalance", options.moe_imbalance,
                   "The routed load the costs assume: the busiest expert's rows over the mean, as train logs it "
                   "(tokens_per_expert_max_mean); 1 is balanced")

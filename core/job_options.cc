@@ -274,6 +274,14 @@ ParallelPlan apply_plan_flags(ParallelPlan plan, const ModelSpec& model, int64_t
         checked_multiply(options.micro_batch_size, plan.data_parallel_size, "--micro-batch-size"));
   }
   if (take("--sequence-parallel")) plan.sequence_parallel = options.sequence_parallel;
+  if (const std::optional<int64_t>& etp = options.expert_tensor_parallel_size) {
+    if (!model.moe.enabled()) throw SpecError("--expert-tensor-parallel-size", "needs --num-experts");
+    if (*etp != plan.tensor_parallel_size) {
+      throw SpecError("--expert-tensor-parallel-size",
+                      "expert tensor parallelism other than tp (" + std::to_string(plan.tensor_parallel_size) +
+                          ") is not built: the experts are cut over the tp group, Megatron's default");
+    }
+  }
   if (take("--use-distributed-optimizer")) plan.use_distributed_optimizer = options.use_distributed_optimizer;
   if (take("--recompute-granularity")) {
     plan.recompute_granularity = parse_recompute_granularity(options.recompute_granularity, "--recompute-granularity");

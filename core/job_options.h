@@ -60,6 +60,9 @@ struct PlanOptions {
   int64_t pipeline_parallel_size = 1;
   int64_t context_parallel_size = 1;
   int64_t expert_model_parallel_size = 1;
+  // --expert-tensor-parallel-size: megaplan cuts the experts over the tp group (Megatron's default);
+  // given, it must be tp.
+  std::optional<int64_t> expert_tensor_parallel_size;
   double moe_imbalance = 1.0;  // --moe-imbalance (ParallelPlan::moe_imbalance)
   std::optional<int64_t> virtual_pipeline_parallel_size;
   std::optional<int64_t> layers_per_virtual_stage;

@@ -46,7 +46,7 @@ struct MegatronArgument {
   ArgumentArity arity;
   ArgumentEffect effect;
   ArgumentSupport support;
-  // kRefused: why, as a clause ("mixture of experts is not built yet (issue 40)"); kCosmetic with
+  // kRefused: why, as a clause ("FP8/FP4 training is not built yet (issue 41)"); kCosmetic with
   // accepted_values: what megaplan does instead.
   std::string_view reason;
   // kCosmetic only: the values megaplan's run already has, '|'-separated ("nccl"); empty: any.

@@ -663,6 +663,13 @@ expect_error 'error: --moe-imbalance: needs --num-experts' simulate --model llam
 expect_error 'error: --sequence-parallel: mixture of experts under tensor parallelism without sequence parallelism is not in the executor yet' \
   simulate --model mixtral-8x7b --cluster dgx-h100 --gpus 8 --tp 8 --gbs 8 --seq-length 4096
 expect_ok simulate --model mixtral-8x7b --cluster dgx-h100 --gpus 16 --tp 2 --sequence-parallel --ep 8 --gbs 64 --seq-length 4096
+# Megatron's --expert-tensor-parallel-size: megaplan's experts are cut over tp, its default.
+expect_ok simulate --model mixtral-8x7b --cluster dgx-h100 --gpus 16 --tp 2 --etp 2 --sequence-parallel --ep 8 --gbs 64
+expect_error 'error: --expert-tensor-parallel-size: expert tensor parallelism other than tp \(2\) is not built' \
+  simulate --model mixtral-8x7b --cluster dgx-h100 --gpus 16 --tp 2 --etp 1 --sequence-parallel --ep 8 --gbs 64
+expect_error 'error: --expert-tensor-parallel-size: needs --num-experts' simulate --model llama3-8b --cluster dgx-h100 --gpus 16 --etp 1
+expect_error 'error: --expert-tensor-parallel-size: must be a listed --tensor-model-parallel-size' \
+  search --model mixtral-8x7b --cluster dgx-h100 --gpus 64 --gbs 256 --tp 1,4 --etp 2
 expect_error "error: --num-experts: mixture of experts is costed as megaplan's executor runs it; Megatron-LM's \(megatron-core\)" \
   simulate --model mixtral-8x7b --cluster dgx-h100 --gpus 8 --ep 8 --gbs 8 --implementation megatron-core
 # search ranks MoE layouts over ep where megaplan's executor runs them (tp and cp 1), at the stated
@@ -809,8 +816,8 @@ expect_error 'error: --foo-bar: is not an argument of this command nor of Megatr
 expect_error 'error: --tensor-parallel-size: .*did you mean --tensor-model-parallel-size\?' simulate --model gpt2-124m --cluster h200-x2 --tensor-parallel-size 2
 expect_error 'error: --seq-len: .*did you mean --seq-length\?' describe --model gpt2-124m --cluster h200-x2 --seq-len 512
 expect_error 'error: --num-gpus: .*did you mean --gpus\?' search --model gpt2-124m --cluster h200-x2 --num-gpus 2
-expect_error 'error: --moe-router-padding-for-fp8: changes the model, the layout or its arithmetic, and megaplan does not implement it: mixture of experts is not built yet \(issue 40\)' \
-  simulate --model gpt2-124m --cluster h200-x2 --moe-router-padding-for-fp8
+expect_error 'error: --moe-grouped-gemm: changes the model, the layout or its arithmetic, and megaplan does not implement it: megaplan runs one GEMM per expert \(a grouped GEMM is not built\)' \
+  simulate --model mixtral-8x7b --cluster h200-x2 --moe-grouped-gemm
 expect_error 'error: --fp8-format: .*FP8/FP4 training is not built yet \(issue 41\)' simulate --model gpt2-124m --cluster h200-x2 --fp8-format hybrid
 expect_error 'error: --distributed-backend: megaplan runs only nccl' simulate --model gpt2-124m --cluster h200-x2 --distributed-backend gloo
 expect_error 'error: --log-params-norm: takes no value' simulate --model gpt2-124m --cluster h200-x2 --log-params-norm 1
