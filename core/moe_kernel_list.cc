@@ -110,11 +110,13 @@ MoeKernels moe_kernels(const MoeDims& moe, const MoeLoad& load, int64_t activati
   const int64_t shared_bytes = activation_bytes * moe.shared_tokens() * h;
   const int64_t w = moe.shared_ffn, shared = w > 0 ? moe.shared_tokens() : 0;
 
-  // Forward: the router, the top k, the dispatch; every rank's rows per expert gathered over the ep
-  // and tp groups; the rows out to their experts, the experts, the rows back and combined; the
-  // shared expert (over the tp group's rows, gathered); the aux loss's counts (summed over the tp
-  // group) and the losses for the log.
+  // Forward: the shared expert's input gathered over the tp group; the router, the top k, the
+  // dispatch; every rank's rows per expert gathered over the ep and tp groups; the rows out to their
+  // experts, the experts, the rows back and combined; the shared expert (over the tp group's rows);
+  // the aux loss's counts (summed over the tp group) and the losses for the log.
   std::vector<MoeCollective>& fwd_collectives = kernels.forward_collectives;
+  // The shared expert's input, gathered over the tp group before the layer's MLP starts.
+  if (gathered && w > 0) fwd_collectives.push_back({MoeGroup::kTensor, CollectiveOp::kAllGather, shared_bytes});
   fwd.push_back(gemm_kernel(GemmLayout::kForward, GemmEpilogue::kNone, t, e, h));
   fwd.push_back(moe_kernel(KernelKind::kMoeTopK, t, e, k));
   fwd.push_back(moe_kernel(KernelKind::kMoeDispatch, t, e, k));
@@ -133,7 +135,6 @@ MoeKernels moe_kernels(const MoeDims& moe, const MoeLoad& load, int64_t activati
   fwd_collectives.insert(fwd_collectives.end(), around_experts.begin(), around_experts.end());
   fwd.push_back(moe_kernel(KernelKind::kMoeCombine, t, h, k));
   if (w > 0) {
-    if (gathered) fwd_collectives.push_back({MoeGroup::kTensor, CollectiveOp::kAllGather, shared_bytes});
     fwd.push_back(gemm_kernel(GemmLayout::kForward, GemmEpilogue::kNone, shared, 2 * w, h));
     fwd.push_back(row_kernel(KernelKind::kSwigluForward, shared, w));
     fwd.push_back(gemm_kernel(GemmLayout::kForward, GemmEpilogue::kNone, shared, h, w));
@@ -156,9 +157,10 @@ MoeKernels moe_kernels(const MoeDims& moe, const MoeLoad& load, int64_t activati
 
   // Backward: combine's, the gradients out to the experts; SwiGLU's output again (fc2's input), the
   // experts' input and weight gradients; the rows' gradients home and summed per token; the router
-  // through its top k and the losses; the shared expert (its input gathered again, its output's
-  // gradient gathered, its input's reduce-scattered).
+  // through its top k and the losses; the shared expert (its input gathered again first, its
+  // output's gradient gathered, its input's reduce-scattered).
   std::vector<MoeCollective>& bwd_collectives = kernels.backward_collectives;
+  if (gathered && w > 0) bwd_collectives.push_back({MoeGroup::kTensor, CollectiveOp::kAllGather, shared_bytes});
   bwd.push_back(moe_kernel(KernelKind::kMoeCombineBackward, t, h, k, rows));
   regroup(bwd);
   bwd.push_back(row_kernel(KernelKind::kSwigluForward, expert_rows, f));
@@ -178,7 +180,6 @@ MoeKernels moe_kernels(const MoeDims& moe, const MoeLoad& load, int64_t activati
   backward_gemm(bwd, t, e, h);
   bwd.push_back(flat_kernel(KernelKind::kAdd, t * h));
   if (w > 0) {
-    if (gathered) bwd_collectives.push_back({MoeGroup::kTensor, CollectiveOp::kAllGather, shared_bytes});
     if (moe.shared_gate) {
       bwd.push_back(row_kernel(KernelKind::kSigmoidGatedAddBackward, t, h));
       bwd.push_back(flat_kernel(KernelKind::kConvert, t));

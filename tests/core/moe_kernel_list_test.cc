@@ -94,13 +94,13 @@ TEST_CASE("under tensor parallelism the tp group gathers its members' arrived ro
   const int64_t room_bytes = 2 * load.arrived_rows() * 32 * 2, shared_bytes = 2 * 64 * 32 * 2;
   const MoeCollective exchange{MoeGroup::kExpert, CollectiveOp::kAllToAll, load.room_rows(0) * 32 * 2};
   CHECK(kernels.forward_collectives ==
-        std::vector<MoeCollective>{{MoeGroup::kExpert, CollectiveOp::kAllGather, 4 * 2 * 8},
+        std::vector<MoeCollective>{{MoeGroup::kTensor, CollectiveOp::kAllGather, shared_bytes},
+                                   {MoeGroup::kExpert, CollectiveOp::kAllGather, 4 * 2 * 8},
                                    {MoeGroup::kTensor, CollectiveOp::kAllGather, 4 * 2 * 2 * 8},
                                    exchange,
                                    {MoeGroup::kTensor, CollectiveOp::kAllGather, room_bytes},
                                    {MoeGroup::kTensor, CollectiveOp::kReduceScatter, room_bytes},
                                    exchange,
-                                   {MoeGroup::kTensor, CollectiveOp::kAllGather, shared_bytes},
                                    {MoeGroup::kTensor, CollectiveOp::kReduceScatter, shared_bytes},
                                    {MoeGroup::kTensor, CollectiveOp::kAllReduce, 4 * 8}});
   // Each expert's GEMMs over the group's rows at the rank's shard (24 wide); the shared expert over

@@ -22,8 +22,19 @@
 #include "executor/model/stage_chunk.h"
 #include "executor/runtime/kernel_launch.h"
 #include "executor/train/optimizer.h"
+#include "tests/executor/comm/recording_comm.h"
 #include "tests/executor/runtime/recording_backend.h"
 #include "tests/executor/train/training_fixtures.h"
+
+namespace Catch {
+template <>
+struct StringMaker<megaplan::MoeCollective> {
+  static std::string convert(const megaplan::MoeCollective& c) {
+    return std::string(c.group == megaplan::MoeGroup::kExpert ? "ep " : "tp ") + megaplan::to_string(c.op) + " " +
+           std::to_string(c.bytes);
+  }
+};
+}  // namespace Catch
 
 namespace {
 
@@ -62,6 +73,18 @@ void check_same(const std::vector<Kernel>& launched, const std::vector<Kernel>& 
 }
 
 using Allocation = RecordingBackend::Allocation;
+
+// Whether `expected` occur in `calls` in their order, other calls between them.
+bool listed_in_order_among(const std::vector<megaplan::MoeCollective>& calls,
+                           const std::vector<megaplan::MoeCollective>& expected) {
+  auto at = calls.begin();
+  for (const megaplan::MoeCollective& c : expected) {
+    at = std::find(at, calls.end(), c);
+    if (at == calls.end()) return false;
+    ++at;
+  }
+  return true;
+}
 
 // The buffers a size struct of core's recipe lists.
 template <typename Sizes>
@@ -331,6 +354,8 @@ TEST_CASE("MoE layers launch their kernel list at the stated load, on every expe
             const int64_t ranks = tp * ep;
             megaplan::exec::InProcessWorld world(ranks, std::chrono::seconds(60));
             std::vector<std::vector<Kernel>> launched(static_cast<std::size_t>(ranks));
+            std::vector<std::vector<megaplan::MoeCollective>> expert_calls(static_cast<std::size_t>(ranks)),
+                tensor_calls(static_cast<std::size_t>(ranks));
             megaplan::exec::run_rank_threads(world, ranks, [&](int64_t rank) {
               // tp innermost: rank = ep rank x tp + tp rank.
               const int64_t tp_rank = rank % tp, ep_rank = rank / tp;
@@ -341,10 +366,14 @@ TEST_CASE("MoE layers launch their kernel list at the stated load, on every expe
                   world.group(rank, tensor_members, "tp" + std::to_string(ep_rank));
               std::unique_ptr<megaplan::exec::Comm> expert =
                   world.group(rank, expert_members, "ep" + std::to_string(tp_rank));
+              megaplan::test::RecordingComm tensor_calls_of(*tensor, megaplan::MoeGroup::kTensor);
+              megaplan::test::RecordingComm expert_calls_of(*expert, megaplan::MoeGroup::kExpert);
               RecordingBackend backend;
               backend.route_by_counts(routes);
-              StageChunk chunk(model, plan, 0, backend, {42}, nullptr, tp > 1 ? tensor.get() : nullptr, 0, nullptr,
-                               ep > 1 ? expert.get() : nullptr);
+              StageChunk chunk(model, plan, 0, backend, {42}, nullptr, tp > 1 ? &tensor_calls_of : nullptr, 0, nullptr,
+                               ep > 1 ? &expert_calls_of : nullptr);
+              tensor_calls_of.take();
+              expert_calls_of.take();
               const MicrobatchTokens data = microbatch(model, 2);
               backend.take();
               for (int64_t microbatch_index = 0; microbatch_index < 2; ++microbatch_index) {
@@ -352,6 +381,8 @@ TEST_CASE("MoE layers launch their kernel list at the stated load, on every expe
                 chunk.backward_input(microbatch_index, nullptr, 1.0f, nullptr, false);
               }
               launched[static_cast<std::size_t>(rank)] = backend.take();
+              expert_calls[static_cast<std::size_t>(rank)] = expert_calls_of.take();
+              tensor_calls[static_cast<std::size_t>(rank)] = tensor_calls_of.take();
             });
             const PlanKernels list(model, plan);
             std::vector<Kernel> listed;
@@ -363,32 +394,52 @@ TEST_CASE("MoE layers launch their kernel list at the stated load, on every expe
             // Every rank routes alike; the list is the busiest rank's (rank 0, holding expert 0).
             INFO("rank 0");
             check_same(launched[0], listed);
+            // Its collectives are the list's, in order: over the ep group every call the chunk made;
+            // over the tp group the MoE layers' among the attention's and the dense layers'.
+            using megaplan::MoeCollective;
+            const auto of_group = [](const std::vector<MoeCollective>& list, megaplan::MoeGroup group) {
+              std::vector<MoeCollective> kept;
+              std::copy_if(list.begin(), list.end(), std::back_inserter(kept),
+                           [&](const MoeCollective& c) { return c.group == group; });
+              return kept;
+            };
+            const int64_t moe_layers = model.moe.moe_layers(0, model.num_layers);
+            megaplan::ExecutorPrecision fp32_activations;  // the CPU backend's, as its collectives move them
+            fp32_activations.activation_bytes = 4;
+            const megaplan::MoeKernels on_cpu = megaplan::LayerRecipe(model, plan, fp32_activations).moe_mlp_kernels();
+            for (const megaplan::MoeGroup group : {megaplan::MoeGroup::kExpert, megaplan::MoeGroup::kTensor}) {
+              std::vector<MoeCollective> expected;
+              for (int microbatch_index = 0; microbatch_index < 2; ++microbatch_index) {
+                for (const auto* pass : {&on_cpu.forward_collectives, &on_cpu.backward_collectives}) {
+                  for (int64_t layer = 0; layer < moe_layers; ++layer) {
+                    const std::vector<MoeCollective> part = of_group(*pass, group);
+                    expected.insert(expected.end(), part.begin(), part.end());
+                  }
+                }
+              }
+              if (group == megaplan::MoeGroup::kExpert) {
+                CHECK(expert_calls[0] == expected);
+              } else {
+                CHECK(listed_in_order_among(tensor_calls[0], expected));
+              }
+            }
             if (imbalance > 1 || model.moe.expert_capacity_factor) continue;
             // At the balanced load every rank is the stated one, and a rank sends and receives its
             // dispatch's rows; its tp group gathers every member's.
             for (std::size_t rank = 1; rank < launched.size(); ++rank) check_same(launched[rank], listed);
             const int64_t rows = megaplan::LayerRecipe(model, plan).moe->most_rows;
             CHECK(rows == 2 * model.seq_length / tp * 2);
-            using megaplan::CollectiveOp;
-            using megaplan::MoeCollective;
-            using megaplan::MoeGroup;
-            std::vector<MoeCollective> around;
-            const int64_t row_bytes = model.hidden_size * 2;
-            if (ep > 1) around.push_back({MoeGroup::kExpert, CollectiveOp::kAllToAll, rows * row_bytes});
-            if (tp > 1) {
-              around.push_back({MoeGroup::kTensor, CollectiveOp::kAllGather, tp * rows * row_bytes});
-              around.push_back({MoeGroup::kTensor, CollectiveOp::kReduceScatter, tp * rows * row_bytes});
+            for (std::size_t rank = 1; rank < launched.size(); ++rank) {
+              CHECK(expert_calls[rank] == expert_calls[0]);
+              CHECK(tensor_calls[rank] == tensor_calls[0]);
             }
-            if (ep > 1) around.push_back({MoeGroup::kExpert, CollectiveOp::kAllToAll, rows * row_bytes});
-            // The shared expert's input gathered again, its output's gradient gathered, its input's
-            // reduce-scattered: the group's tokens.
-            if (tp > 1 && model.moe.shared_expert_intermediate_size > 0) {
-              const int64_t shared_bytes = 2 * model.seq_length * row_bytes;
-              around.push_back({MoeGroup::kTensor, CollectiveOp::kAllGather, shared_bytes});
-              around.push_back({MoeGroup::kTensor, CollectiveOp::kAllGather, shared_bytes});
-              around.push_back({MoeGroup::kTensor, CollectiveOp::kReduceScatter, shared_bytes});
-            }
-            CHECK(list.moe().backward_collectives == around);
+            // Balanced, each exchange carries the rank's dispatch's rows.
+            std::vector<MoeCollective> exchanges;
+            std::copy_if(list.moe().backward_collectives.begin(), list.moe().backward_collectives.end(),
+                         std::back_inserter(exchanges),
+                         [](const MoeCollective& c) { return c.op == megaplan::CollectiveOp::kAllToAll; });
+            CHECK(exchanges.size() == (ep > 1 ? 2u : 0u));
+            for (const MoeCollective& exchange : exchanges) CHECK(exchange.bytes == rows * model.hidden_size * 2);
           }
 }
 
