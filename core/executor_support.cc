@@ -48,9 +48,13 @@ std::optional<SpecError> executor_moe_refusal(const ModelSpec& model, const Para
     if (!plan.sequence_parallel) {
       return missing("--sequence-parallel", "mixture of experts under tensor parallelism without sequence parallelism");
     }
-    if (model.moe.load_balancing == LoadBalancing::kSeqAuxLoss && model.moe.aux_loss_coeff > 0) {
+    // The stream's rows are the microbatch's sequences one after another: with tp dividing the
+    // micro-batch size each rank's rows are whole sequences, each its own loss.
+    if (model.moe.load_balancing == LoadBalancing::kSeqAuxLoss && model.moe.aux_loss_coeff > 0 &&
+        plan.micro_batch_size % plan.tensor_parallel_size != 0) {
       return missing("--moe-router-load-balancing-type",
-                     "seq_aux_loss under tensor parallelism (a sequence's rows split over the tp group)");
+                     "seq_aux_loss with a sequence's rows split over the tp group (a --micro-batch-size "
+                     "tp does not divide)");
     }
     if (overlaps_tensor_parallel_communication(plan)) {
       return missing("--tp-comm-overlap", "mixture of experts with tensor-parallel communication overlap");

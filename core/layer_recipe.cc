@@ -61,8 +61,11 @@ LayerRecipe::LayerRecipe(const ModelSpec& model, const ParallelPlan& plan, const
                  spec.shared_expert_intermediate_size / tp, spec.shared_expert_gate, experts, topk, capacity,
                  spec.pad_expert_input_to_capacity, plan.expert_model_parallel_size, tp);
   moe->aux_loss = spec.load_balancing != LoadBalancing::kNone && spec.aux_loss_coeff > 0;
-  // seq_aux_loss: each of the microbatch's sequences (whole on the rank: cp 1, tp 1) its own loss.
-  if (moe->aux_loss && spec.load_balancing == LoadBalancing::kSeqAuxLoss) moe->aux_loss_sequences = micro_batch_size;
+  // seq_aux_loss: each of the rank's sequences its own loss (whole on the rank: cp 1, tp dividing
+  // the micro-batch size, core/executor_support.h).
+  if (moe->aux_loss && spec.load_balancing == LoadBalancing::kSeqAuxLoss) {
+    moe->aux_loss_sequences = micro_batch_size / tp;
+  }
   moe->z_loss = spec.z_loss_coeff > 0;
   // Under expert parallelism the rank's experts compute what the others send: at the stated load
   // the busiest rank's rows, its buffers grown to hold them as the executor grows them.

@@ -315,7 +315,8 @@ void MoeMlp::forward(ConstActivation x, ConstActivation x_gathered, const MoeMlp
   // The values alone, at a coefficient of 1: Megatron logs each loss over its coefficient. Under
   // tensor parallelism each member adds its share (take_losses sums them).
   if (shape_.aux_loss_coeff > 0 && shape_.aux_loss_sequences > 0) {
-    b.moe_sequence_aux_loss(saved.logits, t, shape_.aux_loss_sequences, shape_.router, 1.0, balancing_sum_, nullptr, 0);
+    b.moe_sequence_aux_loss(saved.logits, t, shape_.aux_loss_sequences, shape_.router, 1.0 / static_cast<double>(tp),
+                            balancing_sum_, nullptr, 0);
   } else if (shape_.aux_loss_coeff > 0) {
     b.moe_switch_loss(saved.logits, t, shape_.router, saved.aux_counts, t * tp, 1.0, balancing_sum_, nullptr, 0);
   }
@@ -324,9 +325,10 @@ void MoeMlp::forward(ConstActivation x, ConstActivation x_gathered, const MoeMlp
 
 void MoeMlp::router_loss_gradients(const MoeMlpSaved& saved, float* d_logits, float scale) {
   const std::size_t t = shape_.tokens, tp = static_cast<std::size_t>(size_of(tensor_parallel_));
+  // The sequence loss is the mean over the tp group's sequences: each rank's mean over its own, over tp.
   if (shape_.aux_loss_coeff > 0 && shape_.aux_loss_sequences > 0) {
-    backend_.moe_sequence_aux_loss(saved.logits, t, shape_.aux_loss_sequences, shape_.router, shape_.aux_loss_coeff,
-                                   nullptr, d_logits, scale);
+    backend_.moe_sequence_aux_loss(saved.logits, t, shape_.aux_loss_sequences, shape_.router,
+                                   shape_.aux_loss_coeff / static_cast<double>(tp), nullptr, d_logits, scale);
   } else if (shape_.aux_loss_coeff > 0) {
     backend_.moe_switch_loss(saved.logits, t, shape_.router, saved.aux_counts, t * tp, shape_.aux_loss_coeff, nullptr,
                              d_logits, scale);

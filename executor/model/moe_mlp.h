@@ -28,8 +28,9 @@
 // reduce-scattered back to the members whose rows they are. The backward gathers the outputs'
 // gradients and reduce-scatters the inputs'. The router and the shared expert's gate are whole on
 // every tp rank (their gradients summed over tp with the norms'); the aux loss's counts are summed
-// over the tp group, whose tokens it balances, and the z loss is each member's share of the
-// group's mean; the shared expert is a tensor-parallel MLP over the group's rows, gathered.
+// over the tp group, whose tokens it balances, and the z loss (and the sequence loss, each rank's
+// rows whole sequences) is each member's share of the group's mean; the shared expert is a
+// tensor-parallel MLP over the group's rows, gathered.
 #pragma once
 
 #include <cstddef>

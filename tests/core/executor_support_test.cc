@@ -66,7 +66,10 @@ TEST_CASE("the executor trains MoE layers where the MoE MLP runs, and names the 
   megaplan::ModelSpec by_sequence = model;
   by_sequence.moe.load_balancing = megaplan::LoadBalancing::kSeqAuxLoss;
   by_sequence.moe.aux_loss_coeff = 0.01;
+  CHECK_FALSE(executor_moe_refusal(by_sequence, changed));  // mbs 2 over tp 2: a whole sequence a rank
+  changed.micro_batch_size = 1;
   CHECK(flag_of(executor_moe_refusal(by_sequence, changed)) == "--moe-router-load-balancing-type");
+  changed.micro_batch_size = 2;
   changed.options.tp_comm_overlap = true;
   changed.options.transformer_impl = megaplan::TransformerImpl::kTransformerEngine;
   CHECK(refused(changed) == "--tp-comm-overlap");

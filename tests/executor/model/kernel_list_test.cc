@@ -330,16 +330,15 @@ TEST_CASE("MoE layers launch their kernel list at the stated load, on every expe
   // capacity) drives the executor; the list is core's at that --moe-imbalance. Dense and MoE layers
   // interleave (Mixtral's fixture), a shared expert behind its gate and the sequence aux loss under
   // a padded capacity (Qwen's). Under ep 2 each rank's experts receive rows from both ranks: the
-  // regrouping copies and the experts' GEMMs are each rank's own. Under tp 2 (sequence parallel;
-  // not Qwen's sequence loss, refused there) each rank routes its half of the rows and computes its
-  // shard of every row its tp group's experts take, and of the shared expert over the group's rows.
+  // regrouping copies and the experts' GEMMs are each rank's own. Under tp 2 (sequence parallel)
+  // each rank routes its half of the rows (one sequence of two: its own sequence loss) and computes
+  // its shard of every row its tp group's experts take, and of the shared expert over the group's rows.
   for (const megaplan::ModelSpec& model : {megaplan::test::four_layer_mixtral(), megaplan::test::four_layer_qwen_moe(),
                                            megaplan::test::four_layer_shared_expert_moe()})
     for (const int64_t tp : {1, 2})
       for (const int64_t ep : {1, 2})
         for (const double imbalance : {1.0, 1.5})
           for (const bool selective : {false, true}) {
-            if (tp > 1 && model.moe.load_balancing == megaplan::LoadBalancing::kSeqAuxLoss) continue;
             megaplan::ParallelPlan plan = layout(tp, 1, ep, 1, ScheduleKind::kOneFOneB, 2, 4 * ep);
             plan.sequence_parallel = tp > 1;
             plan.expert_model_parallel_size = ep;

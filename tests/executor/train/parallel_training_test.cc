@@ -367,9 +367,10 @@ TEST_CASE("MoE layers train under tensor parallelism with sequence parallelism l
   // reduce-scattered home. The switch loss balances the group's tokens (its counts summed over tp),
   // the z loss is each rank's share of the group's mean, and the router's and shared gate's
   // gradients are summed over tp as the norms' are: every layout is the single rank's within the
-  // tolerance above (the tp sums reorder fp32 additions). Mixtral's layers between dense ones, and
-  // Qwen2-MoE's gated shared expert with the switch loss, dropless: a capacity is each rank's own
-  // tokens' under tp (Megatron's), and the sequence loss is refused there.
+  // tolerance above (the tp sums reorder fp32 additions). Mixtral's layers between dense ones,
+  // Qwen2-MoE's gated shared expert with the switch loss, and with its sequence loss (each tp rank
+  // holds one of a microbatch's two sequences), dropless: under tp a capacity is each rank's own
+  // tokens' (Megatron's).
   const megaplan::test::ScratchDirectory scratch;
   const exec::TrainOptions options = options_for(megaplan::test::sentence_corpus(scratch));
   const auto sequence_parallel = [](int64_t ep, ParallelPlan plan) {
@@ -378,7 +379,8 @@ TEST_CASE("MoE layers train under tensor parallelism with sequence parallelism l
     return plan;
   };
   for (const megaplan::ModelSpec& model :
-       {megaplan::test::four_layer_mixtral(), megaplan::test::four_layer_shared_expert_moe()}) {
+       {megaplan::test::four_layer_mixtral(), megaplan::test::four_layer_shared_expert_moe(),
+        megaplan::test::four_layer_dropless_qwen_moe()}) {
     INFO(model.name);
     const std::string prefix = model.name + "-tp-";
     const Outcome single =

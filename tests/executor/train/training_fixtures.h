@@ -133,8 +133,19 @@ inline ModelSpec four_layer_qwen_moe() {
   return model;
 }
 
+// four_layer_qwen_moe dropless (under tensor parallelism a capacity is each rank's own tokens',
+// Megatron's, so no single rank's run to compare with): its sequence loss over each tp rank's
+// whole sequences.
+inline ModelSpec four_layer_dropless_qwen_moe() {
+  ModelSpec model = four_layer_qwen_moe();
+  model.name = "four-layer-dropless-qwen-moe";
+  model.moe.expert_capacity_factor.reset();
+  model.moe.pad_expert_input_to_capacity = false;
+  return model;
+}
+
 // four_layer_qwen_moe with the switch and z losses, dropless: its gated shared expert under tensor
-// parallelism (which refuses the sequence loss, and cuts a capacity by each rank's own tokens).
+// parallelism with the tp group's counts and z loss.
 inline ModelSpec four_layer_shared_expert_moe() {
   ModelSpec model = four_layer_qwen_moe();
   model.name = "four-layer-shared-expert";
