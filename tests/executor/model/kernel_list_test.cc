@@ -396,9 +396,9 @@ TEST_CASE("MoE layers launch their kernel list at the stated load, on every expe
             // Its collectives are the list's, in order: over the ep group every call the chunk made;
             // over the tp group the MoE layers' among the attention's and the dense layers'.
             using megaplan::MoeCollective;
-            const auto of_group = [](const std::vector<MoeCollective>& list, megaplan::MoeGroup group) {
+            const auto of_group = [](const std::vector<MoeCollective>& collectives, megaplan::MoeGroup group) {
               std::vector<MoeCollective> kept;
-              std::copy_if(list.begin(), list.end(), std::back_inserter(kept),
+              std::copy_if(collectives.begin(), collectives.end(), std::back_inserter(kept),
                            [&](const MoeCollective& c) { return c.group == group; });
               return kept;
             };
