@@ -797,7 +797,7 @@ void StageChunk::layer_backward(std::size_t l, const LayerActivations& act, cons
     moe_->backward(d_out_rows, scratch_.norm_out, moe_shared_input(), moe_weights(weights), *moe,
                    moe_gradients(weights), loss_scale, scratch_.d_hidden);
   } else {
-    dense_mlp_backward(l, act, gather_rows(masked_rows(d_out, mlp_mask), scratch_.gathered), deferred);
+    dense_mlp_backward(l, act, masked_gradient(d_out, mlp_mask), deferred);
   }
   norm_backward(scratch_.d_hidden, act.middle, weights.ln2_gamma, weights.ln2_beta, act.ln2_mean, act.ln2_rstd, d_out,
                 d_middle);
