@@ -64,6 +64,10 @@ void add_model_options(CLI::App& command, ModelOptions& options) {
       ->group(group);
   command.add_flag("--disable-bias-linear", options.disable_bias_linear, "No biases in linear layers")->group(group);
   command.add_flag("--add-qkv-bias", options.add_qkv_bias, "QKV bias even with --disable-bias-linear")->group(group);
+  command
+      .add_flag("--qk-layernorm", options.qk_layernorm,
+                "Normalise each query and key head (RMSNorm over head_dim) before RoPE, as Qwen3")
+      ->group(group);
   command.add_option("--num-experts", options.num_experts, "Mixture of experts: N experts in each MoE layer")
       ->group(group);
   command.add_option("--moe-ffn-hidden-size", options.moe_ffn_hidden_size, "Each expert's width (default the MLP's)")

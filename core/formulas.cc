@@ -12,6 +12,11 @@ int64_t norm_parameters(const ModelSpec& model) {
   return model.normalization == Normalization::kLayerNorm ? 2 * model.hidden_size : model.hidden_size;
 }
 
+// --qk-layernorm: each query head's norm and each key head's, over head_dim (RMSNorm: a weight each).
+int64_t qk_norm_parameters(const ModelSpec& model) {
+  return model.qk_layernorm ? 2 * model.effective_kv_channels() : 0;
+}
+
 int64_t position_embedding_parameters(const ModelSpec& model) {
   return model.position_embedding_type == PositionEmbedding::kLearnedAbsolute
              ? model.effective_max_position_embeddings() * model.hidden_size
@@ -68,7 +73,8 @@ LayerParameters transformer_layer_parameters(const ModelSpec& model, bool expert
   const MlpParameters mlp = layer_mlp_parameters(model, experts && model.moe.enabled());
   layer.attention = h * qkv_width + qkv_bias + model.query_projection_size() * h + projection_bias;
   layer.mlp = mlp.total;
-  layer.norms = 2 * norm_parameters(model);
+  // --qk-layernorm: a query and a key norm over head_dim each, whole on every tensor-parallel rank.
+  layer.norms = 2 * norm_parameters(model) + qk_norm_parameters(model);
   layer.sharded = h * qkv_width + qkv_bias + model.query_projection_size() * h + mlp.sharded;
   layer.replicated = projection_bias + mlp.replicated + layer.norms;
   layer.expert_sharded = mlp.expert_sharded;

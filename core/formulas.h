@@ -20,7 +20,7 @@ struct LayerParameters {
   int64_t attention = 0;  // QKV and output projection, weights and biases
   int64_t mlp = 0;        // fc1 (two halves with SwiGLU) and fc2, weights and biases; with experts,
                           // the router, every expert and the shared expert
-  int64_t norms = 0;      // the two pre-norms
+  int64_t norms = 0;      // the two pre-norms (and --qk-layernorm's query and key norms)
   int64_t sharded = 0;
   int64_t replicated = 0;
   // The experts' share of sharded and replicated, which expert parallelism also splits (each ep rank

@@ -1,6 +1,6 @@
 // Hugging Face config.json import. Field names follow transformers' LlamaConfig, MistralConfig,
-// MixtralConfig, Qwen2Config, Qwen2MoeConfig and GPT2Config; defaults are those classes' defaults
-// where the file omits a field.
+// MixtralConfig, Qwen2Config, Qwen2MoeConfig, Qwen3Config, Qwen3MoeConfig and GPT2Config; defaults are those classes'
+// defaults where the file omits a field.
 #include "core/hf_config.h"
 
 #include <algorithm>
@@ -57,11 +57,10 @@ struct UnmodelledKey {
   const char* feature;
 };
 constexpr UnmodelledKey kUnmodelledKeys[] = {
-    {"num_experts",
-     "Qwen's mixture of experts is read under model_type \"qwen2_moe\" only (Qwen3-MoE's QK norm is not modelled)"},
+    {"num_experts", "Qwen's mixture of experts is read under model_type \"qwen2_moe\" or \"qwen3_moe\" only"},
     {"n_routed_experts", "mixture of experts (DeepSeek's) is not modelled yet (issue 40)"},
-    {"num_experts_per_tok", "mixture of experts is read for Mixtral (num_local_experts) and qwen2_moe only"},
-    {"moe_intermediate_size", "mixture of experts is read for qwen2_moe only (Qwen3-MoE's QK norm is not modelled)"},
+    {"num_experts_per_tok", "mixture of experts is read for Mixtral (num_local_experts), qwen2_moe and qwen3_moe only"},
+    {"moe_intermediate_size", "mixture of experts is read for qwen2_moe and qwen3_moe only"},
     {"shared_expert_intermediate_size", "a shared expert is read for qwen2_moe only"},
     {"n_shared_experts", "mixture of experts (DeepSeek's shared experts) is not modelled yet (issue 40)"},
     {"router_jitter_noise", "router input jitter is not modelled (Megatron's --moe-input-jitter-eps)"},
@@ -83,15 +82,18 @@ bool has_mixtral_experts(const nlohmann::json& json, const std::string& type) {
   return type == "mixtral" || (experts != json.end() && is_set(*experts));
 }
 
-// The keys of kUnmodelledKeys that `type` models: Mixtral's top k; Qwen2-MoE's experts.
+// The keys of kUnmodelledKeys that `type` models: Mixtral's top k; Qwen2-MoE's experts and shared
+// expert; Qwen3-MoE's experts (it has no shared expert).
 bool models_key(const std::string& type, bool mixtral, std::string_view key) {
   if (mixtral) return key == "num_experts_per_tok";
-  if (type == "qwen2_moe") {
+  if (type == "qwen2_moe" || type == "qwen3_moe") {
     return key == "num_experts" || key == "num_experts_per_tok" || key == "moe_intermediate_size" ||
-           key == "shared_expert_intermediate_size";
+           (type == "qwen2_moe" && key == "shared_expert_intermediate_size");
   }
   return false;
 }
+
+bool is_qwen3(const std::string& type) { return type == "qwen3" || type == "qwen3_moe"; }
 
 void refuse_unmodelled_keys(const nlohmann::json& json, JsonFieldReader& reader, const std::string& type,
                             bool mixtral) {
@@ -132,6 +134,9 @@ ModelSpec from_llama_family(JsonFieldReader& reader, const std::string& type) {
   reader.require("num_attention_heads", spec.num_attention_heads);
   spec.num_query_groups = spec.num_attention_heads;
   reader.read("num_key_value_heads", spec.num_query_groups);
+  // Qwen3Config's head_dim defaults to 128 whatever the width (Qwen3-30B-A3B: 32 heads of 128 over
+  // a hidden size of 2048); the others' to hidden_size / num_attention_heads.
+  if (is_qwen3(type)) spec.kv_channels = 128;
   reader.read("head_dim", spec.kv_channels);
   reader.require("max_position_embeddings", spec.max_position_embeddings);
   spec.seq_length = spec.max_position_embeddings;
@@ -149,6 +154,8 @@ ModelSpec from_llama_family(JsonFieldReader& reader, const std::string& type) {
   bool qkv_bias = true;  // Qwen2MoeConfig's default (its older files omit the key: always biases)
   if (type == "qwen2_moe") reader.read("qkv_bias", qkv_bias);
   spec.add_qkv_bias = type == "qwen2" || (type == "qwen2_moe" && qkv_bias) || attention_bias;
+  // Qwen3 normalises each query and key head (q_norm, k_norm: RMSNorm over head_dim) before RoPE.
+  spec.qk_layernorm = is_qwen3(type);
   spec.norm_epsilon = 1e-6;  // the three configs' rms_norm_eps default
   reader.read("rms_norm_eps", spec.norm_epsilon);
   reader.read("rope_theta", spec.rotary_base);  // default 10000, as Megatron's
@@ -189,20 +196,22 @@ void read_router_loss(JsonFieldReader& reader, double default_coefficient, MoeSp
   moe.aux_loss_coeff = output_router_logits ? coefficient : 0;
 }
 
-// Qwen2-MoE: layer i holds experts unless listed in mlp_only_layers, when (i + 1) is a multiple of
-// decoder_sparse_step; each MoE layer a shared expert behind a sigmoid gate; top k over the softmax
-// of every expert, renormalised over the k only under norm_topk_prob (Megatron's softmax after the
-// choice: the same probabilities).
-void read_qwen2_moe(JsonFieldReader& reader, ModelSpec& spec) {
+// Qwen2-MoE and Qwen3-MoE: layer i holds experts unless listed in mlp_only_layers, when (i + 1) is
+// a multiple of decoder_sparse_step; Qwen2-MoE's MoE layers each a shared expert behind a sigmoid
+// gate (Qwen3-MoE's none); top k over the softmax of every expert, renormalised over the k only
+// under norm_topk_prob (Megatron's softmax after the choice: the same probabilities). Defaults are
+// Qwen2MoeConfig's and Qwen3MoeConfig's.
+void read_qwen_moe(JsonFieldReader& reader, const std::string& type, ModelSpec& spec) {
   MoeSpec& moe = spec.moe;
-  moe.num_experts = 60;
-  moe.router_topk = 4;
-  moe.ffn_hidden_size = 1408;
-  moe.shared_expert_intermediate_size = 5632;
+  const bool qwen3 = type == "qwen3_moe";
+  moe.num_experts = qwen3 ? 128 : 60;
+  moe.router_topk = qwen3 ? 8 : 4;
+  moe.ffn_hidden_size = qwen3 ? 768 : 1408;
+  moe.shared_expert_intermediate_size = qwen3 ? 0 : 5632;
   reader.read("num_experts", moe.num_experts);
   reader.read("num_experts_per_tok", moe.router_topk);
   reader.read("moe_intermediate_size", moe.ffn_hidden_size);
-  reader.read("shared_expert_intermediate_size", moe.shared_expert_intermediate_size);
+  if (!qwen3) reader.read("shared_expert_intermediate_size", moe.shared_expert_intermediate_size);
   moe.shared_expert_gate = moe.shared_expert_intermediate_size > 0;
   bool norm_topk_prob = false;
   reader.read("norm_topk_prob", norm_topk_prob);
@@ -243,20 +252,17 @@ ModelSpec model_spec_from_hf_config(const nlohmann::json& json, const std::strin
   JsonFieldReader reader(json, source);
   const std::string type = model_type_of(reader);
   const bool mixtral = has_mixtral_experts(json, type);
-  if (type == "qwen3" || type == "qwen3_moe") {
-    throw SpecError(
-        reader.field("model_type"),
-        "\"" + type + "\" normalises each head's queries and keys (q_norm, k_norm): QK norm is not modelled");
-  }
   refuse_unmodelled_keys(json, reader, type, mixtral);
   ModelSpec spec;
-  if (type == "llama" || type == "mistral" || type == "mixtral" || type == "qwen2" || type == "qwen2_moe") {
+  if (type == "llama" || type == "mistral" || type == "mixtral" || type == "qwen2" || type == "qwen2_moe" ||
+      is_qwen3(type)) {
     spec = from_llama_family(reader, type);
   } else if (type == "gpt2") {
     spec = from_gpt2(reader);
   } else {
-    throw SpecError(reader.field("model_type"),
-                    "unsupported \"" + type + "\"; supported: llama, mistral, mixtral, qwen2, qwen2_moe, gpt2");
+    throw SpecError(reader.field("model_type"), "unsupported \"" + type +
+                                                    "\"; supported: llama, mistral, mixtral, qwen2, qwen2_moe, "
+                                                    "qwen3, qwen3_moe, gpt2");
   }
   if (mixtral) {  // every MLP Mixtral's experts of intermediate_size (MixtralConfig's defaults 8 and 2)
     spec.moe.num_experts = 8;
@@ -265,7 +271,7 @@ ModelSpec model_spec_from_hf_config(const nlohmann::json& json, const std::strin
     reader.read("num_experts_per_tok", spec.moe.router_topk);
     read_router_loss(reader, 0.001, spec.moe);
   }
-  if (type == "qwen2_moe") read_qwen2_moe(reader, spec);
+  if (type == "qwen2_moe" || type == "qwen3_moe") read_qwen_moe(reader, type, spec);
   reader.read("_name_or_path", spec.name);
   if (spec.name.empty()) spec.name = source;
   return spec;

@@ -129,8 +129,8 @@ bool model_flags_given(const ModelOptions& options) {
          std::any_of(std::begin(texts), std::end(texts), [](const auto* flag) { return flag->has_value(); }) ||
          options.swiglu || options.group_query_attention || options.use_rope_scaling ||
          options.untie_embeddings_and_output_weights || options.disable_bias_linear || options.add_qkv_bias ||
-         options.moe_shared_expert_gate || options.moe_router_pre_softmax || options.moe_router_enable_expert_bias ||
-         options.moe_pad_expert_input_to_capacity;
+         options.qk_layernorm || options.moe_shared_expert_gate || options.moe_router_pre_softmax ||
+         options.moe_router_enable_expert_bias || options.moe_pad_expert_input_to_capacity;
 }
 
 namespace {
@@ -210,6 +210,7 @@ ModelSpec apply_model_flags(ModelSpec spec, const ModelOptions& options) {
       spec.untie_embeddings_and_output_weights || options.untie_embeddings_and_output_weights;
   spec.add_bias_linear = spec.add_bias_linear && !options.disable_bias_linear;
   spec.add_qkv_bias = spec.add_qkv_bias || options.add_qkv_bias;
+  spec.qk_layernorm = spec.qk_layernorm || options.qk_layernorm;
   validate_model_spec(spec);
   return spec;
 }

@@ -36,6 +36,7 @@ struct ModelOptions {
   bool untie_embeddings_and_output_weights = false;
   bool disable_bias_linear = false;
   bool add_qkv_bias = false;
+  bool qk_layernorm = false;
 };
 
 struct ClusterOptions {

@@ -21,7 +21,7 @@ struct ClassName {
   bool dropout;
   const char* name;
 };
-constexpr std::array<ClassName, 48> kClassNames = {{
+constexpr std::array<ClassName, 50> kClassNames = {{
     {KernelKind::kNormForward, false, false, "norm_forward"},
     {KernelKind::kNormForward, true, false, "add_norm_forward"},
     {KernelKind::kNormForward, true, true, "dropout_add_norm_forward"},
@@ -32,6 +32,8 @@ constexpr std::array<ClassName, 48> kClassNames = {{
     {KernelKind::kRmsNormForward, true, true, "dropout_add_rmsnorm_forward"},
     {KernelKind::kRmsNormBackward, false, false, "rmsnorm_backward"},
     {KernelKind::kRmsNormBackward, true, false, "rmsnorm_backward_add"},
+    {KernelKind::kHeadRmsNormForward, false, false, "head_rmsnorm_forward"},
+    {KernelKind::kHeadRmsNormBackward, false, false, "head_rmsnorm_backward"},
     {KernelKind::kSwigluForward, false, false, "swiglu_forward"},
     {KernelKind::kSwigluBackward, false, false, "swiglu_backward"},
     {KernelKind::kRotary, false, false, "rotary"},
@@ -119,6 +121,14 @@ Kernel row_kernel(KernelKind kind, int64_t rows, int64_t cols, bool fused_residu
 
 Kernel flat_kernel(KernelKind kind, int64_t elements) { return row_kernel(kind, elements, 1); }
 
+Kernel head_norm_kernel(KernelKind kind, int64_t tokens, int64_t heads, int64_t groups, int64_t head_dim) {
+  Kernel kernel = row_kernel(kind, tokens, (heads + 2 * groups) * head_dim);
+  kernel.heads = heads;
+  kernel.groups = groups;
+  kernel.head_dim = head_dim;
+  return kernel;
+}
+
 Kernel moe_kernel(KernelKind kind, int64_t rows, int64_t cols, int64_t topk, int64_t m) {
   Kernel kernel = row_kernel(kind, rows, cols);
   kernel.batch = topk;
@@ -193,6 +203,10 @@ int64_t kernel_bytes(const Kernel& kernel, int64_t activation_bytes) {
     case KernelKind::kRmsNormForward:  // as LayerNorm's, with one statistic (rstd) per row
       return a * cells * (kernel.fused_residual ? 4 : 2) + kFp32 * kernel.rows;
     case KernelKind::kRmsNormBackward: return a * cells * (kernel.fused_residual ? 4 : 3) + kFp32 * kernel.rows;
+    // qkv in, out (value heads copied); one statistic per head of the fused rows (core/layer_recipe.h).
+    case KernelKind::kHeadRmsNormForward: return 2 * a * cells + kFp32 * (cells / kernel.head_dim);
+    case KernelKind::kHeadRmsNormBackward:  // dy and qkv in, dx out
+      return 3 * a * cells + kFp32 * (cells / kernel.head_dim);
     case KernelKind::kSwigluForward:  // gate and up in, the product out
       return 3 * a * cells;
     case KernelKind::kSwigluBackward:  // dy, gate and up in, their two gradients out
@@ -302,6 +316,8 @@ std::string describe(const Kernel& kernel) {
       out << memory_kernel_class(kernel) << " rows=" << kernel.rows << " cols=" << kernel.cols;
       if (kernel.batch > 0) out << " topk=" << kernel.batch;
       if (kernel.m > 0) out << " m=" << kernel.m;
+      if (kernel.head_dim > 0)
+        out << " heads=" << kernel.heads << " groups=" << kernel.groups << " head_dim=" << kernel.head_dim;
   }
   if (kernel.precision != DType::kBFloat16) out << " " << to_string(kernel.precision);
   return out.str();

@@ -49,6 +49,11 @@ enum class KernelKind : uint8_t {
   kNormBackward,    // fused_residual: adds the residual stream's gradient to dx
   kRmsNormForward,  // RMSNorm, as the two above
   kRmsNormBackward,
+  // --qk-layernorm: RMSNorm over every query and key head of a fused qkv (`rows` tokens, `cols`
+  // their qkv width, `heads` and `groups` the rank's, each head `head_dim` wide); value heads pass
+  // through. The backward also sums both norms' weight gradients.
+  kHeadRmsNormForward,
+  kHeadRmsNormBackward,
   kSwigluForward,   // silu(gate) * up: `rows` tokens, `cols` the MLP's (sharded) width
   kSwigluBackward,  // the gate's and the up projection's gradients
   kRotary,          // RoPE in place on q and k: `rows` tokens, `cols` rotated elements per token
@@ -134,6 +139,8 @@ Kernel attention_block_kernel(KernelKind kind, int64_t batch, int64_t chunk, int
 // An attention kernel's query heads per key-value group: 1 for multi-head attention.
 int64_t gqa_ratio(const Kernel& attention);
 Kernel flat_kernel(KernelKind kind, int64_t elements);
+// The query and key norms (kHeadRmsNormForward/Backward) over `tokens` rows of a fused qkv.
+Kernel head_norm_kernel(KernelKind kind, int64_t tokens, int64_t heads, int64_t groups, int64_t head_dim);
 
 // FLOPs: a GEMM's 2mnk; attention's QK^T and PV, 2 x 2 x s^2 x d per sequence and head, half of
 // that with causal masking (the executor's whole attention, a ring's diagonal block); its backward

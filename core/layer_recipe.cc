@@ -40,6 +40,7 @@ LayerRecipe::LayerRecipe(const ModelSpec& model, const ParallelPlan& plan, const
       rotary_dim(model.rotary_dim()),
       linear_bias(model.add_bias_linear),
       qkv_bias(model.add_bias_linear || model.add_qkv_bias),
+      qk_norm(model.qk_layernorm),
       hidden_dropout(plan.options.hidden_dropout > 0),
       attention_dropout(plan.options.attention_dropout > 0),
       tensor_parallel(plan.tensor_parallel_size > 1),
@@ -177,6 +178,10 @@ LayerBufferSizes LayerRecipe::kept(LayerKeep keep, bool moe_layer) const {
   if (!moe_layer && !swiglu) kept.activated = {d.tokens * d.ffn};
   if (!rms_norm) kept.ln1_mean = kept.ln2_mean = {d.rows};  // RMSNorm keeps no mean
   kept.ln1_rstd = kept.ln2_rstd = {d.rows};
+  if (qk_norm) {
+    kept.qk_input = {d.tokens * d.qkv};
+    kept.qk_rstd = {d.tokens * d.qkv / d.head_dim};
+  }
   if (keep == LayerKeep::kAll) {
     kept.attention = {d.tokens * d.query};
     const int64_t local_seq = seq_length / context_parallel;  // the query rows of a sequence on the rank
@@ -310,6 +315,7 @@ KernelBlocks LayerRecipe::kernel_blocks(int64_t tensor_parallel_rank, const Ring
   const auto attention_forward = [&](bool fused_input_norm) {
     std::vector<Kernel> list = {fused_input_norm ? branch_norm : norm,
                                 gemm_kernel(GemmLayout::kForward, qkv_epilogue, count, qkv, h)};
+    if (qk_norm) list.push_back(head_norm_kernel(KernelKind::kHeadRmsNormForward, count, heads, groups, dim));
     if (rope) list.push_back(rotary);
     list.insert(list.end(), attention.begin(), attention.end());
     list.push_back(gemm_kernel(GemmLayout::kForward, row_bias, count, h, q));
@@ -357,6 +363,7 @@ KernelBlocks LayerRecipe::kernel_blocks(int64_t tensor_parallel_rank, const Ring
     list.push_back(weight_or_copy(proj_weight, defer));
     list.insert(list.end(), attention_backward.begin(), attention_backward.end());
     if (rope) list.push_back(rotary);
+    if (qk_norm) list.push_back(head_norm_kernel(KernelKind::kHeadRmsNormBackward, count, heads, groups, dim));
     list.push_back(norm);  // recomputed, not kept
     list.push_back(gemm_kernel(GemmLayout::kInputGradient, GemmEpilogue::kNone, count, qkv, h));
     list.push_back(weight_or_copy(qkv_weight, defer));

@@ -76,17 +76,20 @@ inline constexpr int64_t kLossSumFloats = sizeof(double) / sizeof(float);
 // per layer). qkv is kept after the rotary embedding; fc1 is fc1's output (GELU's pre-activation,
 // or SwiGLU's [gate; up]) and `activated` GELU's output, fc2's input (SwiGLU's is computed again in
 // the backward). `attention_saved` is what attention's backward reads besides qkv and its output.
+// With --qk-layernorm the QKV projection's output before its heads' norms (their backward's input,
+// as Megatron keeps it) and each head's rstd (a value head's too, unread: the norms walk qkv's
+// rows of head_dim whole).
 template <typename A, typename F>
 struct LayerBuffers {
-  A input{}, qkv{}, attention{}, middle{}, fc1{}, activated{};
-  F ln1_mean{}, ln1_rstd{}, ln2_mean{}, ln2_rstd{}, attention_saved{};
+  A input{}, qkv{}, attention{}, middle{}, fc1{}, activated{}, qk_input{};
+  F ln1_mean{}, ln1_rstd{}, ln2_mean{}, ln2_rstd{}, attention_saved{}, qk_rstd{};
   auto fields() {
-    return std::tie(input, qkv, attention, middle, fc1, activated, ln1_mean, ln1_rstd, ln2_mean, ln2_rstd,
-                    attention_saved);
+    return std::tie(input, qkv, attention, middle, fc1, activated, qk_input, ln1_mean, ln1_rstd, ln2_mean, ln2_rstd,
+                    attention_saved, qk_rstd);
   }
   auto fields() const {
-    return std::tie(input, qkv, attention, middle, fc1, activated, ln1_mean, ln1_rstd, ln2_mean, ln2_rstd,
-                    attention_saved);
+    return std::tie(input, qkv, attention, middle, fc1, activated, qk_input, ln1_mean, ln1_rstd, ln2_mean, ln2_rstd,
+                    attention_saved, qk_rstd);
   }
 };
 
@@ -291,6 +294,8 @@ struct LayerRecipe {
   int64_t rotary_dim;  // of each q and k head, the dimensions RoPE rotates
   // Biases on the linear layers (--add-bias-linear), and on QKV alone (--add-qkv-bias, Qwen2).
   bool linear_bias, qkv_bias;
+  // --qk-layernorm: each query and key head RMS-normalised between the QKV projection and RoPE.
+  bool qk_norm;
   // --hidden-dropout (each branch's output, and the embedding's) and --attention-dropout.
   bool hidden_dropout, attention_dropout;
   // Tensor parallelism (tp > 1: the loss merges the shards' statistics), and --sequence-parallel:

@@ -98,7 +98,7 @@ constexpr MegatronArgument kArguments[] = {
     {"--activation-func-clamp-value", A::kOne, E::kRunAndCost, S::kRefused, "this architecture option is not built"},
     {"--rotary-interleaved", A::kSwitch, E::kRunAndCost, S::kRefused, "this architecture option is not built"},
     {"--normalization", A::kOne, E::kRunAndCost, S::kHonoured, ""},
-    {"--qk-layernorm", A::kSwitch, E::kRunAndCost, S::kRefused, "this architecture option is not built"},
+    {"--qk-layernorm", A::kSwitch, E::kRunAndCost, S::kHonoured, ""},
     {"--qk-l2-norm", A::kSwitch, E::kRunAndCost, S::kRefused, "this architecture option is not built"},
     {"--qk-clip", A::kSwitch, E::kRun, S::kRefused, "qk-clip (Muon) is not built"},
     {"--qk-clip-alpha", A::kOne, E::kRun, S::kRefused, "qk-clip (Muon) is not built"},
@@ -302,7 +302,7 @@ constexpr MegatronArgument kArguments[] = {
     {"--untie-embeddings-and-output-weights", A::kSwitch, E::kRunAndCost, S::kHonoured, ""},
     // regularization
     {"--weight-decay", A::kOne, E::kRun, S::kHonoured, ""},
-    {"--apply-wd-to-qk-layernorm", A::kSwitch, E::kRun, S::kRefused, "qk layernorm is not built"},
+    {"--apply-wd-to-qk-layernorm", A::kSwitch, E::kRun, S::kRefused, "the query and key norms never decay, as Megatron's default"},
     {"--clip-grad", A::kOne, E::kRun, S::kHonoured, ""},
     {"--adam-beta1", A::kOne, E::kRun, S::kHonoured, ""},
     {"--adam-beta2", A::kOne, E::kRun, S::kHonoured, ""},

@@ -164,8 +164,19 @@ KernelBlocks megatron_kernel_blocks(const ModelSpec& model, const ParallelPlan& 
   const Kernel norm_backward = row_kernel(KernelKind::kNormBackward, rows, h);
   const Kernel residual_gradient = flat_kernel(KernelKind::kAdd, rows * h);  // the norm's dx into the stream's
 
+  // --qk-layernorm: Megatron's q_layernorm over the query heads and k_layernorm over the key heads,
+  // each a norm over rows of head_dim.
+  const std::vector<Kernel> qk_norms =
+      model.qk_layernorm ? std::vector<Kernel>{row_kernel(KernelKind::kNormForward, count * heads, dim),
+                                               row_kernel(KernelKind::kNormForward, count * dims.groups, dim)}
+                         : std::vector<Kernel>{};
+  const std::vector<Kernel> qk_norms_backward =
+      model.qk_layernorm ? std::vector<Kernel>{row_kernel(KernelKind::kNormBackward, count * dims.groups, dim),
+                                               row_kernel(KernelKind::kNormBackward, count * heads, dim)}
+                         : std::vector<Kernel>{};
   std::vector<Kernel> forward = {
       norm, gemm(GemmLayout::kForward, qkv_bias ? GemmEpilogue::kBias : GemmEpilogue::kNone, count, qkv, h)};
+  append(forward, qk_norms);
   if (rope) forward.push_back(rotary);
   append(forward, core_forward);
   forward.push_back(gemm(GemmLayout::kForward, GemmEpilogue::kNone, count, h, q));
@@ -195,6 +206,7 @@ KernelBlocks megatron_kernel_blocks(const ModelSpec& model, const ParallelPlan& 
     if (with_weights) append(list, proj_weight);
     append(list, core_backward);
     if (rope) list.push_back(rotary);
+    append(list, qk_norms_backward);
     list.push_back(gemm(GemmLayout::kInputGradient, GemmEpilogue::kNone, count, qkv, h));
     if (with_weights) append(list, qkv_weight);
     list.push_back(norm_backward);

@@ -49,6 +49,10 @@ StageActivationBytes transformer_layer_activation_bytes(const ModelSpec& model, 
     const int64_t scores = sb * heads * model.seq_length / plan.context_parallel_size / t;  // b a s^2 / t
     attention_core = scores * (kActivationBytes + (options.attention_dropout > 0 ? 1 + kActivationBytes : 0));
   }
+  // --qk-layernorm: the query and key norms keep their inputs and an fp32 rstd per head and token.
+  const int64_t qk_norms = model.qk_layernorm ? kActivationBytes * sb * (q + kv) / t +
+                                                    4 * sb * (heads + model.effective_num_query_groups()) / t
+                                              : 0;
   // Hidden dropout keeps a one-byte mask after each branch (outside the tp region).
   const int64_t dropout_masks = options.hidden_dropout > 0 ? 2 * sb * h / outside : 0;
 
@@ -57,7 +61,7 @@ StageActivationBytes transformer_layer_activation_bytes(const ModelSpec& model, 
     bytes.activation = kActivationBytes * sb * h / outside;  // the layer's input only
   } else {
     bytes.activation = norm_inputs + gemm_inputs_outside + qkv + attention_core + attention_output + fc1_output +
-                       fc2_input + dropout_masks;
+                       fc2_input + dropout_masks + qk_norms;
   }
   // W needs the four weight GEMMs' inputs: QKV and fc1 (outside), projection and fc2 (inside).
   bytes.weight_gradient_input = gemm_inputs_outside + kActivationBytes * sb * q / t + fc2_input;

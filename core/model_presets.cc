@@ -57,6 +57,23 @@ ModelSpec mixtral(const std::string& name, int64_t layers, int64_t hidden, int64
   return spec;
 }
 
+// Qwen3-MoE's configs: a Llama decoder (RMSNorm epsilon 1e-6, RoPE theta 1e6, untied) with heads
+// of 128 whatever the width, each query and key head normalised (q_norm, k_norm), and in every
+// layer 128 SwiGLU experts of `expert_ffn`, each token routed to its top 8 renormalised
+// (norm_topk_prob). Pre-trained at 4096 tokens; positions to 40960 (the configs'). `ffn`, the
+// configs' intermediate_size, is a dense MLP's width, which no layer has.
+ModelSpec qwen3_moe(const std::string& name, int64_t layers, int64_t hidden, int64_t ffn, int64_t heads,
+                    int64_t expert_ffn) {
+  ModelSpec spec = llama(name, layers, hidden, ffn, heads, 4, 4096, 40960, 151936, 1e6);
+  spec.kv_channels = 128;
+  spec.norm_epsilon = 1e-6;
+  spec.qk_layernorm = true;
+  spec.moe.num_experts = 128;
+  spec.moe.router_topk = 8;
+  spec.moe.ffn_hidden_size = expert_ffn;
+  return spec;
+}
+
 constexpr int64_t kGpt2Vocab = 50257;
 
 std::vector<ModelPreset> build_model_presets() {
@@ -85,6 +102,10 @@ std::vector<ModelPreset> build_model_presets() {
        "Jiang et al. 2024 (Mixtral of Experts): 46.7B, 12.9B active; mistralai/Mixtral-8x7B-v0.1's config"},
       {mixtral("mixtral-8x22b", 56, 6144, 16384, 48, 8, 65536, 32768, 8), 141e9,
        "Mistral AI, Mixtral 8x22B (2024): 141B, 39B active; mistralai/Mixtral-8x22B-v0.1's config"},
+      {qwen3_moe("qwen3-30b-a3b", 48, 2048, 6144, 32, 768), 30.5e9,
+       "Qwen3 technical report (2025), Table 2: 30.5B, 3.3B active; Qwen/Qwen3-30B-A3B's config"},
+      {qwen3_moe("qwen3-235b-a22b", 94, 4096, 12288, 64, 1536), 235e9,
+       "Qwen3 technical report (2025), Table 2: 235B, 22B active; Qwen/Qwen3-235B-A22B's config"},
   };
 }
 

@@ -113,6 +113,10 @@ void validate_model_spec(const ModelSpec& spec) {
                                             nlohmann::json(spec.rotary_percent).dump() + " gives " +
                                             std::to_string(spec.rotary_dim()));
   }
+  if (spec.qk_layernorm && spec.normalization != Normalization::kRMSNorm) {
+    throw SpecError("--qk-layernorm",
+                    "is modelled with --normalization RMSNorm only (Qwen3's query and key norms), not with LayerNorm");
+  }
   if (spec.effective_ffn_hidden_size() <= 0) {
     throw SpecError("--ffn-hidden-size",
                     "the SwiGLU default (2/3 of 4h rounded down to 64) is 0 for "
@@ -166,6 +170,7 @@ nlohmann::json model_spec_to_json(const ModelSpec& spec) {
       {"untie_embeddings_and_output_weights", spec.untie_embeddings_and_output_weights},
       {"add_bias_linear", spec.add_bias_linear},
       {"add_qkv_bias", spec.add_qkv_bias},
+      {"qk_layernorm", spec.qk_layernorm},
       {"norm_epsilon", spec.norm_epsilon},
       {"rotary_base", spec.rotary_base},
       {"rotary_percent", spec.rotary_percent},
@@ -207,6 +212,7 @@ ModelSpec model_spec_from_json(const nlohmann::json& json, const std::string& so
   reader.read("untie_embeddings_and_output_weights", spec.untie_embeddings_and_output_weights);
   reader.read("add_bias_linear", spec.add_bias_linear);
   reader.read("add_qkv_bias", spec.add_qkv_bias);
+  reader.read("qk_layernorm", spec.qk_layernorm);
   reader.read("norm_epsilon", spec.norm_epsilon);
   reader.read("rotary_base", spec.rotary_base);
   reader.read("rotary_percent", spec.rotary_percent);

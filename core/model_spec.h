@@ -56,6 +56,7 @@ struct ModelSpec {
   bool untie_embeddings_and_output_weights = false;
   bool add_bias_linear = true;  // Megatron's default; --disable-bias-linear turns it off
   bool add_qkv_bias = false;    // QKV bias even when linear biases are off (Qwen2)
+  bool qk_layernorm = false;    // --qk-layernorm: each query and key head normalised before RoPE (Qwen3)
   double norm_epsilon = 1e-5;   // --norm-epsilon: the norms' epsilon (Megatron's default)
   double rotary_base = 10000;   // --rotary-base: RoPE's theta (Llama 3: 500000)
   double rotary_percent = 1.0;  // --rotary-percent: the share of each head's dimensions that rotate

@@ -70,6 +70,12 @@ void for_each_parameter(const ModelSpec& model, const ParallelPlan& plan, int64_
     visit(Entry{l, "self_attention.linear_qkv.weight", qkv, h, TensorSplit::kColumn, true});
     if (bias || model.add_qkv_bias)
       visit(Entry{l, "self_attention.linear_qkv.bias", qkv, 0, TensorSplit::kColumn, false});
+    // --qk-layernorm: one norm over head_dim for every query head, one for every key head, whole
+    // on each tp rank (each rank normalises its own heads).
+    if (model.qk_layernorm) {
+      visit(Entry{l, "self_attention.q_layernorm.weight", model.effective_kv_channels(), 0, kWhole, false});
+      visit(Entry{l, "self_attention.k_layernorm.weight", model.effective_kv_channels(), 0, kWhole, false});
+    }
     visit(Entry{l, "self_attention.linear_proj.weight", h, q, TensorSplit::kRow, true});
     if (bias) visit(Entry{l, "self_attention.linear_proj.bias", h, 0, kWhole, false});
     norm(l, "pre_mlp_layernorm.weight", "pre_mlp_layernorm.bias");

@@ -62,6 +62,7 @@ std::vector<std::string> megatron_model_arguments(const ModelSpec& model) {
   if (model.swiglu) arguments.push_back("--swiglu");
   if (!model.add_bias_linear) arguments.push_back("--disable-bias-linear");
   if (model.add_qkv_bias) arguments.push_back("--add-qkv-bias");
+  if (model.qk_layernorm) arguments.push_back("--qk-layernorm");
   if (model.untie_embeddings_and_output_weights) arguments.push_back("--untie-embeddings-and-output-weights");
   if (model.make_vocab_size_divisible_by != 128) {
     arguments.push_back(value("--make-vocab-size-divisible-by", model.make_vocab_size_divisible_by));

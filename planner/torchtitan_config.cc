@@ -29,6 +29,11 @@ void require_torchtitan_model(const ModelSpec& model) {
                     "torchtitan's llama3 has no experts, and its MoE models' configs are not emitted yet: "
                     "use --emit megatron or launch");
   }
+  if (model.qk_layernorm) {
+    throw SpecError("--emit",
+                    "torchtitan's llama3 has no query and key norms, and its qwen3 model's configs are not emitted "
+                    "yet: use --emit megatron or launch");
+  }
 }
 
 std::string torchtitan_config(const ModelSpec& model, const ParallelPlan& plan) {

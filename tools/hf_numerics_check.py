@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Checks megaplan's arithmetic against transformers', where transformers is installed (the lent
-GPUs): for each of llama, llama3.1 (RoPE scaling), mistral, qwen2, gpt2, mixtral and qwen2_moe, a small randomly initialised model built by
+GPUs): for each of llama, llama3.1 (RoPE scaling), mistral, qwen2, qwen3, gpt2, mixtral, qwen2_moe and qwen3_moe, a
+small randomly initialised model built by
 transformers is imported (`megaplan convert --to megaplan`), and on one sequence of 32 byte tokens
 (a dataset whose every sample is that sequence, so that megaplan's batches are exactly it):
 - the loss megaplan logs before its first step against transformers' on the same tokens (the
@@ -26,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 from transformers import (AutoModelForCausalLM, GPT2Config, LlamaConfig, MistralConfig, MixtralConfig, Qwen2Config,
-                          Qwen2MoeConfig)
+                          Qwen2MoeConfig, Qwen3Config, Qwen3MoeConfig)
 
 from hf_reference import saved_random_model
 
@@ -43,6 +44,9 @@ CONFIGS = {
                                           "high_freq_factor": 4.0, "original_max_position_embeddings": 16}),
     "mistral": MistralConfig(**SHAPE, sliding_window=None),
     "qwen2": Qwen2Config(**SHAPE),
+    # Qwen3: each query and key head RMS-normalised before RoPE, heads of 128 over a stream of 128
+    # (the queries twice its width, as Qwen3-30B-A3B's).
+    "qwen3": Qwen3Config(**SHAPE, head_dim=128),
     "gpt2": GPT2Config(vocab_size=512, n_embd=128, n_layer=2, n_head=2, n_positions=SEQ, n_ctx=SEQ,
                        attn_pdrop=0.0, embd_pdrop=0.0, resid_pdrop=0.0),
     # Mixtures of experts without the router's loss (router_aux_loss_coef 0): transformers' loss is
@@ -54,6 +58,11 @@ CONFIGS = {
     "qwen2_moe": Qwen2MoeConfig(**SHAPE, moe_intermediate_size=64, shared_expert_intermediate_size=128, num_experts=4,
                                 num_experts_per_tok=2, decoder_sparse_step=1, norm_topk_prob=False,
                                 router_aux_loss_coef=0.0),
+    # Qwen3-MoE: Qwen3's attention, the first layer dense (mlp_only_layers), then the top 2 of 4
+    # experts renormalised (norm_topk_prob), no shared expert.
+    "qwen3_moe": Qwen3MoeConfig(**SHAPE, head_dim=128, moe_intermediate_size=64, num_experts=4,
+                                num_experts_per_tok=2, decoder_sparse_step=1, mlp_only_layers=[0],
+                                norm_topk_prob=True, router_aux_loss_coef=0.0),
 }
 # Relative tolerances (loss, gradients): fp32 sums in another order, and a gradient read back
 # through an fp32 weight update; bf16 compute (the CUDA backend) against fp32.

@@ -145,6 +145,10 @@ std::vector<Mapping> mappings(const ModelSpec& model, const std::string& type) {
     const std::string h = "model.layers." + std::to_string(l) + ".";
     add(m + "input_layernorm.weight", h + "input_layernorm.weight");
     add(m + "pre_mlp_layernorm.weight", h + "post_attention_layernorm.weight");
+    if (model.qk_layernorm) {  // Qwen3's query and key norms
+      add(m + "self_attention.q_layernorm.weight", h + "self_attn.q_norm.weight");
+      add(m + "self_attention.k_layernorm.weight", h + "self_attn.k_norm.weight");
+    }
     // A SwiGLU MLP of `width`: Megatron's fc1 [gate; up] and fc2 from HF's gate, up and down.
     const auto swiglu = [&](const std::string& megatron, const std::string& gate, const std::string& up,
                             const std::string& down, const std::string& suffix, int64_t width) {
@@ -164,7 +168,7 @@ std::vector<Mapping> mappings(const ModelSpec& model, const std::string& type) {
     }
     if (!model.moe.moe_layer(l)) continue;
     // Experts (no biases: hf_model_type refuses them): Mixtral's block_sparse_moe with w1 (gate), w3
-    // (up) and w2 (down); Qwen2-MoE's mlp.experts and its gated shared expert.
+    // (up) and w2 (down); Qwen2-MoE's and Qwen3-MoE's mlp.experts, and Qwen2-MoE's gated shared expert.
     const int64_t width = model.effective_moe_ffn_hidden_size();
     const bool mixtral = type == "mixtral";
     add(m + "mlp.router.weight", h + (mixtral ? "block_sparse_moe.gate.weight" : "mlp.gate.weight"));
@@ -221,6 +225,8 @@ nlohmann::json config_of_architecture(const ModelSpec& model, const std::string&
   }
   const std::string architecture = type == "qwen2"       ? "Qwen2ForCausalLM"
                                    : type == "qwen2_moe" ? "Qwen2MoeForCausalLM"
+                                   : type == "qwen3"     ? "Qwen3ForCausalLM"
+                                   : type == "qwen3_moe" ? "Qwen3MoeForCausalLM"
                                    : type == "mixtral"   ? "MixtralForCausalLM"
                                    : type == "mistral"   ? "MistralForCausalLM"
                                                          : "LlamaForCausalLM";
@@ -259,12 +265,18 @@ nlohmann::json config_of_architecture(const ModelSpec& model, const std::string&
     config["num_local_experts"] = moe.num_experts;
     config["intermediate_size"] = model.effective_moe_ffn_hidden_size();  // each expert's
   }
-  if (type == "qwen2_moe") {
+  if (type == "qwen3" || type == "qwen3_moe") {
+    config["attention_bias"] = false;
+    config["use_sliding_window"] = false;
+  }
+  if (type == "qwen2_moe" || type == "qwen3_moe") {
     config["num_experts"] = moe.num_experts;
     config["moe_intermediate_size"] = model.effective_moe_ffn_hidden_size();
-    config["shared_expert_intermediate_size"] = moe.shared_expert_intermediate_size;
+    if (type == "qwen2_moe") {
+      config["shared_expert_intermediate_size"] = moe.shared_expert_intermediate_size;
+      config["qkv_bias"] = model.add_qkv_bias;
+    }
     config["norm_topk_prob"] = !moe.router_pre_softmax;
-    config["qkv_bias"] = model.add_qkv_bias;
     config["use_sliding_window"] = false;
     // Every layer a sparse step; the dense ones listed.
     config["decoder_sparse_step"] = 1;
@@ -331,20 +343,30 @@ std::string hf_model_type(const ModelSpec& model, const std::string& requested) 
                         model.effective_num_query_groups() == model.num_attention_heads &&
                         model.effective_kv_channels() * model.num_attention_heads == model.hidden_size;
   const MoeSpec& moe = model.moe;
-  const std::string dense_default = gpt_like ? "gpt2" : model.add_qkv_bias ? "qwen2" : "llama";
+  const bool qk_norm = model.qk_layernorm;
+  const std::string dense_default = gpt_like ? "gpt2" : qk_norm ? "qwen3" : model.add_qkv_bias ? "qwen2" : "llama";
   const bool mixtral_like =
       moe.shared_expert_intermediate_size == 0 && moe.moe_layers(0, model.num_layers) == model.num_layers;
-  const std::string moe_default =
-      mixtral_like && !moe.router_pre_softmax && !model.add_qkv_bias ? "mixtral" : "qwen2_moe";
+  const std::string moe_default = qk_norm                                                          ? "qwen3_moe"
+                                  : mixtral_like && !moe.router_pre_softmax && !model.add_qkv_bias ? "mixtral"
+                                                                                                   : "qwen2_moe";
   const std::string type = !requested.empty() ? requested : moe.enabled() ? moe_default : dense_default;
   const auto refuse = [&](const std::string& why) { throw SpecError("--model-type", type + " " + why); };
-  const bool moe_type = type == "mixtral" || type == "qwen2_moe";
-  if (type != "gpt2" && !moe_type && type != "llama" && type != "mistral" && type != "qwen2") {
-    throw SpecError("--model-type", "must be llama, mistral, qwen2, mixtral, qwen2_moe or gpt2, got \"" + type + "\"");
+  const bool moe_type = type == "mixtral" || type == "qwen2_moe" || type == "qwen3_moe";
+  const bool qwen3 = type == "qwen3" || type == "qwen3_moe";
+  if (type != "gpt2" && !moe_type && type != "llama" && type != "mistral" && type != "qwen2" && type != "qwen3") {
+    throw SpecError(
+        "--model-type",
+        "must be llama, mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe or gpt2, got \"" + type + "\"");
+  }
+  if (qk_norm != qwen3) {
+    refuse(qwen3 ? "normalises each query and key head; this model does not (--qk-layernorm)"
+                 : "has no query and key norms; this model has them (--qk-layernorm): qwen3 or qwen3_moe");
   }
   if (moe.enabled() != moe_type) {
     refuse(moe_type ? "has experts; this model has none (--num-experts)"
-                    : "has no experts; this model has " + std::to_string(moe.num_experts) + " (mixtral or qwen2_moe)");
+                    : "has no experts; this model has " + std::to_string(moe.num_experts) +
+                          " (mixtral, qwen2_moe or qwen3_moe)");
   }
   if (type == "gpt2") {
     if (!gpt_like) refuse("is GPT-2's architecture: LayerNorm, GELU, learned positions, biases, one group per head");
@@ -355,6 +377,7 @@ std::string hf_model_type(const ModelSpec& model, const std::string& requested) 
   if (!moe_type && (type == "qwen2") != model.add_qkv_bias) {
     refuse(type == "qwen2" ? "has QKV biases (--add-qkv-bias)" : "has no QKV biases alone; qwen2 has them");
   }
+  if (type == "qwen3_moe" && model.add_qkv_bias) refuse("has no QKV biases; qwen2_moe has them");
   if (model.rotary_percent != 1.0) refuse("rotates every dimension of a head (--rotary-percent 1)");
   if (!moe_type) return type;
   // transformers' two routers: the softmax over every expert, top k, renormalised over the k (Mixtral;
@@ -370,6 +393,8 @@ std::string hf_model_type(const ModelSpec& model, const std::string& requested) 
     if (!mixtral_like) refuse("has experts in every layer and no shared expert");
     if (moe.router_pre_softmax) refuse("renormalises the top k's probabilities (no --moe-router-pre-softmax)");
     if (model.add_qkv_bias) refuse("has no QKV biases; qwen2_moe has them");
+  } else if (type == "qwen3_moe" && moe.shared_expert_intermediate_size > 0) {
+    refuse("has no shared expert (--moe-shared-expert-intermediate-size); qwen2_moe has one");
   } else if (moe.shared_expert_intermediate_size > 0 && !moe.shared_expert_gate) {
     refuse("gates its shared expert (--moe-shared-expert-gate)");
   }

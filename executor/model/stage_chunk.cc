@@ -206,7 +206,9 @@ StageChunk::StageChunk(const ModelSpec& model, const ParallelPlan& plan, int64_t
                                               {},
                                               nullptr,
                                               nullptr,
-                                              nullptr});
+                                              nullptr,
+                                              find(prefix + "self_attention.q_layernorm.weight"),
+                                              find(prefix + "self_attention.k_layernorm.weight")});
     if (!model.moe.moe_layer(first_layer_ + l)) continue;
     layer.moe = true;
     layer.router = find(prefix + "mlp.router.weight");
@@ -475,18 +477,20 @@ Request StageChunk::reduce(Activation destination) {
   return tensor_parallel_->all_reduce(destination, width_.rows * width_.hidden, activation_type_, ReduceOp::kSum);
 }
 
-void StageChunk::reduce_sequence_parallel_gradients(std::size_t first, std::size_t last) {
-  if (!recipe_.sequence_parallel) return;
+void StageChunk::reduce_replicated_gradients(std::size_t first, std::size_t last) {
+  if (!tensor_parallel_) return;
+  const bool rows = recipe_.sequence_parallel;
   std::vector<Parameter*> norms;
   for (const Layer& layer : layers_) {
-    norms.insert(norms.end(), {layer.ln1_gamma, layer.ln1_beta, layer.ln2_gamma, layer.ln2_beta});
+    if (rows) norms.insert(norms.end(), {layer.ln1_gamma, layer.ln1_beta, layer.ln2_gamma, layer.ln2_beta});
     // An MoE layer's router and shared gate, whole on every tp rank, each summed over its rows.
-    if (layer.moe) norms.insert(norms.end(), {layer.router, layer.shared_gate});
+    if (rows && layer.moe) norms.insert(norms.end(), {layer.router, layer.shared_gate});
+    norms.insert(norms.end(), {layer.q_norm, layer.k_norm});
   }
-  if (has_output_) norms.insert(norms.end(), {final_gamma_, final_beta_});
+  if (rows && has_output_) norms.insert(norms.end(), {final_gamma_, final_beta_});
   std::vector<Request> pending;
   for (Parameter* norm : norms) {
-    if (!norm) continue;  // RMSNorm has no bias
+    if (!norm) continue;  // RMSNorm has no bias; a model without --qk-layernorm no query and key norms
     const auto index = static_cast<std::size_t>(norm - parameters_.data());
     if (index < first || index > last) continue;
     pending.push_back(tensor_parallel_->all_reduce(norm->gradient, norm->size, DType::kFloat32, ReduceOp::kSum));
@@ -716,8 +720,14 @@ void StageChunk::layer_forward(std::size_t l, const LayerActivations& act, const
     norm_forward(act.input, {}, nullptr, weights.ln1_gamma, weights.ln1_beta, scratch_.norm_out, act.ln1_mean,
                  act.ln1_rstd);
   }
+  // With the query and key norms the projection's output is kept as their input (their backward's).
   backend_.linear_forward(gather_rows(scratch_.norm_out, scratch_.gathered), weights.qkv_weight->compute,
-                          bias(weights.qkv_bias), count, h, qkv, epilogue(weights.qkv_bias), act.qkv, nullptr);
+                          bias(weights.qkv_bias), count, h, qkv, epilogue(weights.qkv_bias),
+                          recipe_.qk_norm ? act.qk_input : act.qkv, nullptr);
+  if (recipe_.qk_norm) {
+    backend_.head_rmsnorm_forward(act.qk_input, weights.q_norm->compute, weights.k_norm->compute, count, width_.groups,
+                                  width_.group_heads, width_.head_dim, norm_epsilon_, act.qkv, act.qk_rstd);
+  }
   rotate(act.qkv, false);
   attention_forward(l, act, first_sample);
   backend_.linear_forward(act.attention, weights.proj_weight->compute, bias(proj_bias), count, q, h,
@@ -809,7 +819,12 @@ void StageChunk::layer_backward(std::size_t l, const LayerActivations& act, cons
   weight_gradient_or_keep(d_middle_full, act.attention, q, h, weights.proj_weight, weights.proj_bias,
                           kept_for_w(deferred, &DeferredGradients::proj));
   attention_backward(l, act, first_sample);
-  rotate(scratch_.d_qkv, true);  // the gradient of the projection's output, before the rotation
+  rotate(scratch_.d_qkv, true);  // the gradient before the rotation
+  if (recipe_.qk_norm) {         // and before the query and key norms: the projection's output's
+    backend_.head_rmsnorm_backward(scratch_.d_qkv, act.qk_input, weights.q_norm->compute, weights.k_norm->compute,
+                                   act.qk_rstd, count, width_.groups, width_.group_heads, width_.head_dim,
+                                   scratch_.d_qkv, weights.q_norm->gradient, weights.k_norm->gradient);
+  }
   norm_forward(act.input, {}, nullptr, weights.ln1_gamma, weights.ln1_beta, scratch_.norm_out, act.ln1_mean,
                act.ln1_rstd);  // recomputed, not kept
   ConstActivation ln1_full = gather_rows(scratch_.norm_out, scratch_.gathered);

@@ -103,12 +103,13 @@ class StageChunk {
   StageChunk& operator=(const StageChunk&) = delete;
 
   int64_t tensor_parallel_rank() const { return tp_rank_; }
-  // Under sequence parallelism each rank's norm gradients (and an MoE layer's router's and shared
-  // gate's) cover its rows only: summed over the
-  // tensor-parallel group (Megatron's all-reduce of layernorm gradients), before the data-parallel
-  // reduction reads them; those of the parameters with registration index in [first, last]. A
-  // no-op otherwise.
-  void reduce_sequence_parallel_gradients(std::size_t first = 0, std::size_t last = SIZE_MAX);
+  // The gradients of tensors whole on every tp rank that each rank computes a part of, summed over
+  // the tensor-parallel group (Megatron's all-reduce of layernorm gradients) before the
+  // data-parallel reduction reads them: under sequence parallelism the norms' (and an MoE layer's
+  // router's and shared gate's), each rank's over its rows; the query and key norms'
+  // (--qk-layernorm), each rank's over its heads. Those of the parameters with registration index
+  // in [first, last]; a no-op without tensor parallelism.
+  void reduce_replicated_gradients(std::size_t first = 0, std::size_t last = SIZE_MAX);
 
   // Called as a backward finishes a microbatch's gradients of a part of the chunk (in B, or in W
   // after I): every parameter from registration index `first` on then holds that microbatch's
@@ -189,6 +190,9 @@ class StageChunk {
     Parameter* shared_fc1 = nullptr;
     Parameter* shared_fc2 = nullptr;
     Parameter* shared_gate = nullptr;
+    // --qk-layernorm's query and key norms (null without).
+    Parameter* q_norm = nullptr;
+    Parameter* k_norm = nullptr;
   };
   // An MoE layer's weights and gradients as the MoE MLP reads them.
   static MoeMlpWeights moe_weights(const Layer& layer);

@@ -172,6 +172,18 @@ class Backend {
   virtual void rmsnorm_backward(ConstActivation dy, ConstActivation x, ConstActivation gamma, const float* rstd,
                                 std::size_t rows, std::size_t cols, ConstActivation residual_grad, Activation dx,
                                 float* dgamma) = 0;
+  // --qk-layernorm: RMSNorm over each query and key head of a fused qkv [tokens x groups x (group +
+  // 2) x dim] (attention_forward's layout, read as rows of dim): each group's `group` query heads
+  // by q_gamma, its key head by k_gamma [dim]; its value head copied to y as it is. rstd [tokens x
+  // groups x (group + 2)], one per row (a value head's is written and never read).
+  virtual void head_rmsnorm_forward(ConstActivation qkv, ConstActivation q_gamma, ConstActivation k_gamma,
+                                    std::size_t tokens, std::size_t groups, std::size_t group, std::size_t dim,
+                                    float eps, Activation y, float* rstd) = 0;
+  // dx [as qkv] = the norms' gradient (a value head's: dy's); dx may be dy. dq_gamma, dk_gamma +=.
+  virtual void head_rmsnorm_backward(ConstActivation dy, ConstActivation qkv, ConstActivation q_gamma,
+                                     ConstActivation k_gamma, const float* rstd, std::size_t tokens, std::size_t groups,
+                                     std::size_t group, std::size_t dim, Activation dx, float* dq_gamma,
+                                     float* dk_gamma) = 0;
   // SwiGLU on fc1's output x [rows x 2 width] (the gate's columns, then the up projection's, as
   // Megatron's fused fc1 writes them per tensor-parallel shard): y [rows x width] = silu(gate) * up;
   // the backward overwrites dx [rows x 2 width].

@@ -197,6 +197,20 @@ void CpuBackend::rmsnorm_backward(ConstActivation dy, ConstActivation x, ConstAc
       residual_grad, dx, rows * cols);
 }
 
+void CpuBackend::head_rmsnorm_forward(ConstActivation qkv, ConstActivation q_gamma, ConstActivation k_gamma,
+                                      std::size_t tokens, std::size_t groups, std::size_t group, std::size_t dim,
+                                      float eps, Activation y, float* rstd) {
+  reference::head_rmsnorm_forward(f(qkv), f(q_gamma), f(k_gamma), tokens, groups, group, dim, eps, f(y), rstd);
+}
+
+void CpuBackend::head_rmsnorm_backward(ConstActivation dy, ConstActivation qkv, ConstActivation q_gamma,
+                                       ConstActivation k_gamma, const float* rstd, std::size_t tokens,
+                                       std::size_t groups, std::size_t group, std::size_t dim, Activation dx,
+                                       float* dq_gamma, float* dk_gamma) {
+  reference::head_rmsnorm_backward(f(dy), f(qkv), f(q_gamma), f(k_gamma), rstd, tokens, groups, group, dim, f(dx),
+                                   dq_gamma, dk_gamma);
+}
+
 void CpuBackend::swiglu_forward(ConstActivation x, std::size_t rows, std::size_t width, Activation y) {
   reference::swiglu_forward(f(x), rows, width, f(y));
 }

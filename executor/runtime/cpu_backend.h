@@ -55,6 +55,12 @@ class CpuBackend final : public Backend {
   void rmsnorm_backward(ConstActivation dy, ConstActivation x, ConstActivation gamma, const float* rstd,
                         std::size_t rows, std::size_t cols, ConstActivation residual_grad, Activation dx,
                         float* dgamma) override;
+  void head_rmsnorm_forward(ConstActivation qkv, ConstActivation q_gamma, ConstActivation k_gamma, std::size_t tokens,
+                            std::size_t groups, std::size_t group, std::size_t dim, float eps, Activation y,
+                            float* rstd) override;
+  void head_rmsnorm_backward(ConstActivation dy, ConstActivation qkv, ConstActivation q_gamma, ConstActivation k_gamma,
+                             const float* rstd, std::size_t tokens, std::size_t groups, std::size_t group,
+                             std::size_t dim, Activation dx, float* dq_gamma, float* dk_gamma) override;
   void swiglu_forward(ConstActivation x, std::size_t rows, std::size_t width, Activation y) override;
   void swiglu_backward(ConstActivation dy, ConstActivation x, std::size_t rows, std::size_t width,
                        Activation dx) override;

@@ -275,6 +275,20 @@ class CudaBackend final : public Backend {
     cuda::rmsnorm_backward(h16(dy), h16(x), h16(gamma), rstd, i64(rows), i64(cols), h16(residual_grad), h16(dx), dgamma,
                            workspace, precision_, lane_->stream);
   }
+  void head_rmsnorm_forward(ConstActivation qkv, ConstActivation q_gamma, ConstActivation k_gamma, std::size_t tokens,
+                            std::size_t groups, std::size_t group, std::size_t dim, float eps, Activation y,
+                            float* rstd) override {
+    cuda::head_rmsnorm_forward(h16(qkv), h16(q_gamma), h16(k_gamma), i64(tokens * groups), i64(group), i64(dim), eps,
+                               h16(y), rstd, precision_, lane_->stream);
+  }
+  void head_rmsnorm_backward(ConstActivation dy, ConstActivation qkv, ConstActivation q_gamma, ConstActivation k_gamma,
+                             const float* rstd, std::size_t tokens, std::size_t groups, std::size_t group,
+                             std::size_t dim, Activation dx, float* dq_gamma, float* dk_gamma) override {
+    const int64_t rows = i64(tokens * groups * (group + 2));
+    void* workspace = lane_->workspace.get(cuda::norm_backward_workspace_bytes(rows, i64(dim)));
+    cuda::head_rmsnorm_backward(h16(dy), h16(qkv), h16(q_gamma), h16(k_gamma), rstd, i64(tokens * groups), i64(group),
+                                i64(dim), h16(dx), dq_gamma, dk_gamma, workspace, precision_, lane_->stream);
+  }
   void swiglu_forward(ConstActivation x, std::size_t rows, std::size_t width, Activation y) override {
     cuda::swiglu_forward(h16(x), i64(rows), i64(width), h16(y), precision_, lane_->stream);
   }

@@ -225,6 +225,18 @@ KernelLaunch::KernelLaunch(Backend& backend, const Kernel& kernel, EmbeddingTabl
       b.bias_gradient = floats(k.cols);    // dbeta
       break;
     }
+    case KernelKind::kHeadRmsNormForward:
+    case KernelKind::kHeadRmsNormBackward:
+      // The fused qkv in and out (or dy and dx, in place as the executor runs it); the query and
+      // key norms' weights in gamma and beta, their gradients in the weight's and the bias's.
+      b.qkv = activation(k.rows * k.cols);
+      b.y = activation(k.rows * k.cols);
+      b.rstd = floats(k.rows * k.cols / k.head_dim);
+      b.gamma = activation(k.head_dim);
+      b.beta = activation(k.head_dim);
+      b.weight_gradient = floats(k.head_dim);
+      b.bias_gradient = floats(k.head_dim);
+      break;
     case KernelKind::kAdd:
     case KernelKind::kCopy:
       b.x = activation(k.rows);
@@ -426,6 +438,15 @@ void KernelLaunch::operator()() {
     case KernelKind::kRmsNormBackward:
       backend_.rmsnorm_backward(b.dy, b.x, b.gamma, b.rstd, size(k.rows), size(k.cols),
                                 k.fused_residual ? b.residual_gradient : nullptr, b.dx, b.weight_gradient);
+      break;
+    case KernelKind::kHeadRmsNormForward:
+      backend_.head_rmsnorm_forward(b.qkv, b.gamma, b.beta, size(k.rows), size(k.groups), size(k.heads / k.groups),
+                                    size(k.head_dim), 1e-6f, b.y, b.rstd);
+      break;
+    case KernelKind::kHeadRmsNormBackward:
+      backend_.head_rmsnorm_backward(b.y, b.qkv, b.gamma, b.beta, b.rstd, size(k.rows), size(k.groups),
+                                     size(k.heads / k.groups), size(k.head_dim), b.y, b.weight_gradient,
+                                     b.bias_gradient);
       break;
     case KernelKind::kSwigluForward: backend_.swiglu_forward(b.x, size(k.rows), size(k.cols), b.y); break;
     case KernelKind::kSwigluBackward: backend_.swiglu_backward(b.y, b.x, size(k.rows), size(k.cols), b.dx); break;

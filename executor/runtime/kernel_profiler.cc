@@ -299,6 +299,12 @@ ProfileGrid profile_grid(bool quick) {
     qwen.moe.load_balancing = LoadBalancing::kSeqAuxLoss;
     qwen.moe.aux_loss_coeff = 0.001;
     cells.push_back({qwen, m, 1});
+    // Qwen3's query and key norms (--qk-layernorm), at Qwen3-1.7B's heads (16 of 128, 8 groups).
+    ModelSpec qwen3 = llama_of_width(2048, m);
+    qwen3.qk_layernorm = true;
+    qwen3.num_attention_heads = 16;
+    qwen3.kv_channels = 128;
+    cells.push_back({qwen3, m, 1});
   }
   ProfileGrid grid;
   // Each cell's forward and backward in training order, then the same with fp16 GEMMs (Megatron's

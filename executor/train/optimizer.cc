@@ -113,9 +113,9 @@ void Optimizer::start_reduction(std::size_t c, std::size_t b) {
   StageChunk& chunk = *chunks_[c];
   const GradientBucket& bucket = chunk.layout().buckets[b];
   progress_[c].started[b] = true;
-  // The tensor-parallel sum of sequence-parallel norm gradients comes first: the data-parallel
-  // reduction (a reduce-scatter under the distributed optimizer) reads whole gradients.
-  chunk.reduce_sequence_parallel_gradients(bucket.first_parameter, bucket.last_parameter);
+  // The tensor-parallel sum of the replicated tensors' partial gradients comes first: the
+  // data-parallel reduction (a reduce-scatter under the distributed optimizer) reads whole gradients.
+  chunk.reduce_replicated_gradients(bucket.first_parameter, bucket.last_parameter);
   Comm* group = group_of(bucket);
   if (!group) return;  // one member: the sum is the rank's own
   Comm& dp = *group;

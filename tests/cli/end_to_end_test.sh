@@ -734,6 +734,24 @@ expect_error 'error: --moe-expert-capacity-factor: must be positive, got 0.0' \
   describe --model mixtral-8x7b --cluster h200-x2 --moe-expert-capacity-factor 0
 expect_error 'error: --moe-aux-loss-coeff: needs --num-experts' describe --model llama3-8b --cluster h200-x2 --moe-aux-loss-coeff 0.01
 expect_ok simulate --model "$examples/hf/qwen1.5-moe-a2.7b-config.json" --cluster h200-x2 --seq-length 4096 --ep 2
+# Qwen3-MoE: each query and key head normalised (--qk-layernorm), 128 experts of 768, the top 8 renormalised.
+expect_ok describe --model "$examples/hf/qwen3-30b-a3b-config.json" --cluster dgx-h100 --gpus 8 --seq-length 4096 --gbs 8 --json
+grep -q '"active_parameters": 3353032704' "$scratch/out" || fail "Qwen3-30B-A3B's active parameters: $(grep -m2 parameters "$scratch/out")"
+grep -q '"qk_layernorm": true' "$scratch/out" || fail "Qwen3-30B-A3B's query and key norms: $(grep -m1 qk "$scratch/out")"
+expect_ok simulate --model qwen3-30b-a3b --cluster dgx-h100 --gpus 8 --gbs 64 --tp 2 --sequence-parallel --ep 4
+expect_ok search --model qwen3-30b-a3b --cluster dgx-h100 --gpus 16 --gbs 64 --top 3 --threads 2 --emit megatron
+grep -q -- '--qk-layernorm' "$scratch/out" || fail "search --emit megatron drops --qk-layernorm"
+expect_error 'error: --qk-layernorm: is modelled with --normalization RMSNorm only' \
+  describe --model gpt2-124m --cluster h200-x2 --qk-layernorm
+expect_error "error: --emit: torchtitan's llama3 has no query and key norms" \
+  search --model llama3-8b --cluster dgx-h100 --gpus 8 --gbs 64 --qk-layernorm --emit torchtitan
+# A tiny Qwen3 trains at tp 2 on the CPU backend and exports as qwen3.
+expect_ok train --device cpu --model "$examples/models/tiny-gpt.json" --vocab-size 257 --seq-length 16 \
+  --normalization RMSNorm --swiglu --position-embedding-type rope --num-query-groups 2 --kv-channels 16 --qk-layernorm \
+  --untie-embeddings-and-output-weights --disable-bias-linear --world-size 2 --tp 2 --mbs 1 --gbs 2 \
+  --data-path "$scratch/corpus_text_document" --split 1,0,0 --train-iters 2 --save "$scratch/qwen3-ckpt"
+expect_ok convert --to hf --load "$scratch/qwen3-ckpt" --save "$scratch/qwen3-hf"
+grep -q '"model_type": "qwen3"' "$scratch/qwen3-hf/config.json" || fail "convert --to hf: $(cat "$scratch/qwen3-hf/config.json")"
 
 # Uneven stages: Llama 3.1 405B's 126 layers plan on 1024 H100s with pp >= 8 (issue 17's acceptance),
 # and the emitted Megatron arguments carry the split.

@@ -76,10 +76,8 @@ TEST_CASE("unsupported or broken HF configs name the field", "[hf_config]") {
   const nlohmann::json bert = {{"model_type", "bert"}, {"num_hidden_layers", 12}};
   CHECK_THROWS_WITH(
       megaplan::model_spec_from_hf_config(bert, "c.json"),
-      "c.json: model_type: unsupported \"bert\"; supported: llama, mistral, mixtral, qwen2, qwen2_moe, gpt2");
-  CHECK_THROWS_WITH(megaplan::model_spec_from_hf_config({{"model_type", "qwen3_moe"}}, "c.json"),
-                    "c.json: model_type: \"qwen3_moe\" normalises each head's queries and keys (q_norm, k_norm): QK "
-                    "norm is not modelled");
+      "c.json: model_type: unsupported \"bert\"; supported: llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, "
+      "qwen3_moe, gpt2");
   const nlohmann::json missing = {{"model_type", "llama"}, {"num_hidden_layers", 12}};
   CHECK_THROWS_WITH(megaplan::model_spec_from_hf_config(missing, "c.json"),
                     "c.json: hidden_size: required field is missing");
@@ -149,6 +147,35 @@ TEST_CASE("Qwen1.5-MoE-A2.7B's config.json imports with its shared expert, gate 
                     "q.json: decoder_sparse_step: must be at least 1, got 0");
 }
 
+TEST_CASE("Qwen3-30B-A3B's config.json imports as the qwen3-30b-a3b preset, its query and key norms on",
+          "[hf_config]") {
+  const megaplan::ModelSpec spec = megaplan::load_model_spec(kExamples + "/hf/qwen3-30b-a3b-config.json");
+  const megaplan::ModelSpec preset = megaplan::model_preset("qwen3-30b-a3b");
+  CHECK(spec.qk_layernorm);
+  CHECK_FALSE(spec.add_qkv_bias);
+  CHECK(spec.effective_kv_channels() == 128);  // 32 heads of 128 over a stream of 2048
+  CHECK(spec.effective_num_query_groups() == 4);
+  CHECK(spec.moe.num_experts == 128);
+  CHECK(spec.moe.effective_router_topk() == 8);
+  CHECK(spec.effective_moe_ffn_hidden_size() == 768);
+  CHECK(spec.moe.shared_expert_intermediate_size == 0);
+  CHECK_FALSE(spec.moe.router_pre_softmax);  // norm_topk_prob: renormalised over the 8
+  CHECK(spec.moe.moe_layers(0, 48) == 48);
+  CHECK(spec.norm_epsilon == 1e-6);
+  CHECK(spec.rotary_base == 1e6);
+  CHECK(megaplan::total_parameters(spec) == megaplan::total_parameters(preset));
+  CHECK(megaplan::active_parameters(spec) == megaplan::active_parameters(preset));
+  // Qwen3's dense models: the same norms, and Qwen3Config's head_dim of 128 where the file omits it.
+  nlohmann::json dense = megaplan::read_json_file(kExamples + "/hf/qwen3-30b-a3b-config.json");
+  for (const char* key : {"num_experts", "num_experts_per_tok", "moe_intermediate_size", "head_dim"}) dense.erase(key);
+  dense["model_type"] = "qwen3";
+  const megaplan::ModelSpec qwen3 = megaplan::model_spec_from_hf_config(dense, "q.json");
+  CHECK(qwen3.qk_layernorm);
+  CHECK_FALSE(qwen3.moe.enabled());
+  CHECK(qwen3.effective_kv_channels() == 128);
+  CHECK(qwen3.effective_ffn_hidden_size() == 6144);
+}
+
 TEST_CASE("keys of an architecture megaplan does not model are refused whatever model_type says", "[hf_config]") {
   const nlohmann::json dense = {{"num_hidden_layers", 2},   {"hidden_size", 64},
                                 {"intermediate_size", 128}, {"num_attention_heads", 4},
@@ -172,10 +199,15 @@ TEST_CASE("keys of an architecture megaplan does not model are refused whatever 
   }
   CHECK_THROWS_WITH(megaplan::model_spec_from_hf_config(with({{"num_experts_per_tok", 2}}), "c.json"),
                     Contains("c.json: num_experts_per_tok: mixture of experts is read for Mixtral"));
-  // Qwen's experts without model_type: Qwen2-MoE and Qwen3-MoE (QK norm) cannot be told apart.
+  // Qwen's experts without model_type: Qwen2-MoE and Qwen3-MoE (query and key norms) cannot be told apart.
   CHECK_THROWS_WITH(
       megaplan::model_spec_from_hf_config(with({{"num_experts", 128}, {"moe_intermediate_size", 768}}), "c.json"),
-      Contains("c.json: num_experts: Qwen's mixture of experts is read under model_type \"qwen2_moe\" only"));
+      Contains("c.json: num_experts: Qwen's mixture of experts is read under model_type \"qwen2_moe\" or "
+               "\"qwen3_moe\" only"));
+  // Qwen3-MoE has no shared expert: the key is refused under its name.
+  CHECK_THROWS_WITH(megaplan::model_spec_from_hf_config(
+                        with({{"model_type", "qwen3_moe"}, {"shared_expert_intermediate_size", 512}}), "c.json"),
+                    Contains("c.json: shared_expert_intermediate_size: a shared expert is read for qwen2_moe only"));
   CHECK_THROWS_WITH(
       megaplan::model_spec_from_hf_config(with({{"model_type", "mixtral"}, {"router_jitter_noise", 0.01}}), "c.json"),
       Contains("c.json: router_jitter_noise: router input jitter is not modelled"));

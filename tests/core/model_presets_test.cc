@@ -11,9 +11,10 @@
 using Catch::Matchers::Contains;
 
 TEST_CASE("every preset validates and matches its published size within 2%", "[model_presets]") {
-  const std::set<std::string> required = {"gpt2-124m",     "gpt2-350m",    "gpt2-774m",    "gpt2-1.5b", "gpt-1.3b",
-                                          "gpt3-175b",     "gpt-1t",       "llama2-7b",    "llama3-8b", "llama3-70b",
-                                          "llama3.1-405b", "mixtral-8x7b", "mixtral-8x22b"};
+  const std::set<std::string> required = {"gpt2-124m",     "gpt2-350m",     "gpt2-774m",      "gpt2-1.5b",
+                                          "gpt-1.3b",      "gpt3-175b",     "gpt-1t",         "llama2-7b",
+                                          "llama3-8b",     "llama3-70b",    "llama3.1-405b",  "mixtral-8x7b",
+                                          "mixtral-8x22b", "qwen3-30b-a3b", "qwen3-235b-a22b"};
   std::set<std::string> seen;
   for (const megaplan::ModelPreset& preset : megaplan::model_presets()) {
     INFO(preset.spec.name);
@@ -46,6 +47,15 @@ TEST_CASE("exact counts for models whose sizes are published to the parameter", 
   CHECK(megaplan::total_parameters(large) == 140'630'071'296);
   CHECK(static_cast<double>(megaplan::active_parameters(large)) / 1e9 == Approx(39.2).margin(0.1));  // "39B active"
   CHECK(megaplan::active_parameters(megaplan::model_preset("llama3-8b")) == 8'030'261'248);          // dense: all
+  // Qwen3-MoE, counted by hand from the configs (embeddings and lm_head untied; per layer the
+  // attention with heads of 128, the query and key norms (128 each), two norms, the router and 128
+  // experts): 30.53B with 3.35B active ("30.5B, 3.3B activated"), 235.09B with 22.19B ("235B, 22B").
+  const megaplan::ModelSpec qwen3 = megaplan::model_preset("qwen3-30b-a3b");
+  CHECK(megaplan::total_parameters(qwen3) == 30'532'122'624);
+  CHECK(megaplan::active_parameters(qwen3) == 3'353'032'704);
+  const megaplan::ModelSpec qwen3_large = megaplan::model_preset("qwen3-235b-a22b");
+  CHECK(megaplan::total_parameters(qwen3_large) == 235'093'634'560);
+  CHECK(megaplan::active_parameters(qwen3_large) == 22'190'763'520);
 }
 
 TEST_CASE("an unknown preset lists the known ones", "[model_presets]") {

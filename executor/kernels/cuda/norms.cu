@@ -122,11 +122,14 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 // One row group per row. The row is held raw (the fused sum is rounded to 16 bits anyway, so the
 // registers hold exactly the values the statistics are taken of). kDropout: the residual's values
 // pass through residual_dropout's mask (drawn here, 8 keep bits per vector) before the add.
-template <DType P, bool kRms, bool kAligned, int kVecs, bool kDropout>
+// kHeads (RMSNorm's query and key norms, head_rmsnorm_forward): the rows are a fused qkv's heads,
+// `period` a query group's rows (its queries, its key, its value): a key row's weight is `beta`, a
+// value row is copied as it is and its rstd set to 0.
+template <DType P, bool kRms, bool kAligned, int kVecs, bool kDropout, bool kHeads = false>
 __global__ void __launch_bounds__(kBlockThreads)
     norm_forward_kernel(const Half* x, const Half* residual, DropoutMask residual_dropout, Half* sum_out,
                         const Half* gamma, const Half* beta, int64_t rows, int cols, float eps, Half* y, float* mean,
-                        float* rstd, int threads_per_row) {
+                        float* rstd, int threads_per_row, int period = 0) {
   __shared__ float shared[32];
   const int group = threadIdx.x / threads_per_row, lane = threadIdx.x % threads_per_row;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / threads_per_row) + group;
@@ -172,21 +175,26 @@ __global__ void __launch_bounds__(kBlockThreads)
     }
   }
   const float inverse = rsqrtf(row_sum(squares, shared, warps_per_row) / n + eps);
+  const int role = kHeads ? static_cast<int>(row % period) : 0;
+  const bool passed = kHeads && role == period - 1;  // a value head
+  const Half* weight = kHeads && role == period - 2 ? beta : gamma;
 #pragma unroll
   for (int k = 0; k < kVecs; ++k) {
     const int col = (lane + k * threads_per_row) * 8;
     if (!active || col >= cols) continue;
     float v[8], scale[8], shift[8];
     unpack8<P>(raw[k], v);
-    load8<P, kAligned>(gamma, col, cols, scale);
-    if (!kRms) load8<P, kAligned>(beta, col, cols, shift);
+    if (!passed) {
+      load8<P, kAligned>(weight, col, cols, scale);
+      if (!kRms) load8<P, kAligned>(beta, col, cols, shift);
 #pragma unroll
-    for (int e = 0; e < 8; ++e) v[e] = (v[e] - mu) * inverse * scale[e] + (kRms ? 0.0f : shift[e]);
+      for (int e = 0; e < 8; ++e) v[e] = (v[e] - mu) * inverse * scale[e] + (kRms ? 0.0f : shift[e]);
+    }
     store8<P, kAligned>(y + offset, col, cols, v);
   }
   if (active && lane == 0) {
     if (!kRms) mean[row] = mu;
-    rstd[row] = inverse;
+    rstd[row] = passed ? 0.0f : inverse;
   }
 }
 
@@ -195,11 +203,13 @@ __global__ void __launch_bounds__(kBlockThreads)
 // gridDim.x * rows_per_block further on, so a thread's columns never change and it accumulates
 // dy * x_hat and dy for them in registers, row after row; the block's row groups are then added
 // in group order and written as the block's partial column sums [blocks][cols] (gamma, then beta).
-template <DType P, bool kRms, bool kAligned, int kVecs>
+// kHeads (head_rmsnorm_backward), as the forward's: a key row reads `key_gamma` and its weight
+// gradient accumulates in the bias's place; a value row's dx is its dy and adds to neither.
+template <DType P, bool kRms, bool kAligned, int kVecs, bool kHeads = false>
 __global__ void __launch_bounds__(kBlockThreads, kVecs <= 2 ? 2 : 1)
     norm_backward_kernel(const Half* dy, const Half* x, const Half* gamma, const float* mean, const float* rstd,
                          int64_t rows, int cols, const Half* residual_grad, Half* dx, float* partial_gamma,
-                         float* partial_beta, int threads_per_row) {
+                         float* partial_beta, int threads_per_row, const Half* key_gamma = nullptr, int period = 0) {
   __shared__ float2 pair_shared[32];
   extern __shared__ float column_buffer[];  // 2 * threads_per_row * kVecs * 8 floats when rows_per_block > 1
   const int rows_per_block = blockDim.x / threads_per_row;
@@ -213,9 +223,12 @@ __global__ void __launch_bounds__(kBlockThreads, kVecs <= 2 ? 2 : 1)
     for (int e = 0; e < 8; ++e) acc_gamma[k][e] = acc_beta[k][e] = 0.0f;
   }
   // The thread's columns never change: its gamma is fetched once.
-  uint4 gamma_raw[kVecs];
+  uint4 gamma_raw[kVecs], key_gamma_raw[kVecs];
 #pragma unroll
-  for (int k = 0; k < kVecs; ++k) gamma_raw[k] = load_raw8<kAligned>(gamma, (lane + k * threads_per_row) * 8, cols);
+  for (int k = 0; k < kVecs; ++k) {
+    gamma_raw[k] = load_raw8<kAligned>(gamma, (lane + k * threads_per_row) * 8, cols);
+    key_gamma_raw[k] = kHeads ? load_raw8<kAligned>(key_gamma, (lane + k * threads_per_row) * 8, cols) : uint4{};
+  }
   // Raw 16-bit values in registers (half the registers of floats), the next row's fetched before the
   // current one is worked on; a row past the end loads nothing and holds zeros.
   const auto fetch = [&](int64_t row, uint4(&dy_raw)[kVecs], uint4(&x_raw)[kVecs], uint4(&around_raw)[kVecs], float& mu,
@@ -244,21 +257,29 @@ __global__ void __launch_bounds__(kBlockThreads, kVecs <= 2 ? 2 : 1)
     float next_mu, next_inverse;
     fetch(row + stride, next_dy, next_x, next_around, next_mu, next_inverse);
     // Padding and inactive rows hold dy = 0, so they add nothing below.
+    const int role = kHeads ? static_cast<int>(row % period) : 0;
+    const bool key = kHeads && role == period - 2, passed = kHeads && role == period - 1;
     float g_sum = 0, gx_sum = 0;
 #pragma unroll
     for (int k = 0; k < kVecs; ++k) {
       float d[8], xv[8], scale[8];
       unpack8<P>(dy_raw[k], d);
       unpack8<P>(x_raw[k], xv);
-      unpack8<P>(gamma_raw[k], scale);
+      unpack8<P>(key ? key_gamma_raw[k] : gamma_raw[k], scale);
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
         const float x_hat = (xv[e] - mu) * inverse;
         const float g = d[e] * scale[e];
         g_sum += g;
         gx_sum += g * x_hat;
-        acc_gamma[k][e] += d[e] * x_hat;
-        acc_beta[k][e] += d[e];
+        if (!kHeads) {
+          acc_gamma[k][e] += d[e] * x_hat;
+          acc_beta[k][e] += d[e];
+        } else if (key) {
+          acc_beta[k][e] += d[e] * x_hat;
+        } else if (!passed) {
+          acc_gamma[k][e] += d[e] * x_hat;
+        }
       }
     }
     const float2 sums = row_sum2(g_sum, gx_sum, pair_shared, warps_per_row);
@@ -270,12 +291,14 @@ __global__ void __launch_bounds__(kBlockThreads, kVecs <= 2 ? 2 : 1)
       float d[8], xv[8], scale[8], around[8];
       unpack8<P>(dy_raw[k], d);
       unpack8<P>(x_raw[k], xv);
-      unpack8<P>(gamma_raw[k], scale);
+      unpack8<P>(key ? key_gamma_raw[k] : gamma_raw[k], scale);
       unpack8<P>(around_raw[k], around);
+      if (!passed) {
 #pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        const float x_hat = (xv[e] - mu) * inverse;
-        d[e] = inverse * (d[e] * scale[e] - g_mean - x_hat * gx_mean) + (residual_grad ? around[e] : 0.0f);
+        for (int e = 0; e < 8; ++e) {
+          const float x_hat = (xv[e] - mu) * inverse;
+          d[e] = inverse * (d[e] * scale[e] - g_mean - x_hat * gx_mean) + (residual_grad ? around[e] : 0.0f);
+        }
       }
       store8<P, kAligned>(dx + offset, col, cols, d);
     }
@@ -317,7 +340,8 @@ __global__ void __launch_bounds__(kBlockThreads, kVecs <= 2 ? 2 : 1)
   }
   if (group != 0) return;
   float* out_gamma = partial_gamma + static_cast<int64_t>(blockIdx.x) * cols;
-  float* out_beta = kRms ? nullptr : partial_beta + static_cast<int64_t>(blockIdx.x) * cols;
+  constexpr bool kSecond = !kRms || kHeads;  // the bias's sums, or the key norm's
+  float* out_beta = kSecond ? partial_beta + static_cast<int64_t>(blockIdx.x) * cols : nullptr;
 #pragma unroll
   for (int k = 0; k < kVecs; ++k) {
     const int col = (lane + k * threads_per_row) * 8;
@@ -325,7 +349,7 @@ __global__ void __launch_bounds__(kBlockThreads, kVecs <= 2 ? 2 : 1)
     for (int e = 0; e < 8; ++e) {
       if (col + e < cols) {
         out_gamma[col + e] = acc_gamma[k][e];
-        if (!kRms) out_beta[col + e] = acc_beta[k][e];
+        if (kSecond) out_beta[col + e] = acc_beta[k][e];
       }
     }
   }
@@ -366,10 +390,11 @@ void with_vecs(int vecs, Body&& body) {
   }
 }
 
-template <bool kRms>
+// kHeads: the query and key norms, `period` rows a query group (norm_forward_kernel).
+template <bool kRms, bool kHeads = false>
 void norm_forward(const Half* x, const Half* residual, const DropoutMask& residual_dropout, Half* sum_out,
                   const Half* gamma, const Half* beta, int64_t rows, int64_t cols, float eps, Half* y, float* mean,
-                  float* rstd, const char* what, DType precision, cudaStream_t stream) {
+                  float* rstd, const char* what, DType precision, cudaStream_t stream, int period = 0) {
   check_cols(rows, cols, what);
   if (residual && !sum_out) throw SpecError("--device", std::string(what) + ": a residual needs sum_out");
   const bool dropout = residual && residual_dropout.active();
@@ -383,38 +408,42 @@ void norm_forward(const Half* x, const Half* residual, const DropoutMask& residu
     constexpr DType P = decltype(p)::value;
     with_vecs(layout.vecs, [&](auto vecs) {
       constexpr int kVecs = decltype(vecs)::value;
-      auto kernel = aligned ? (dropout ? norm_forward_kernel<P, kRms, true, kVecs, true>
-                                       : norm_forward_kernel<P, kRms, true, kVecs, false>)
-                            : (dropout ? norm_forward_kernel<P, kRms, false, kVecs, true>
-                                       : norm_forward_kernel<P, kRms, false, kVecs, false>);
+      auto kernel = aligned ? (dropout ? norm_forward_kernel<P, kRms, true, kVecs, true, kHeads>
+                                       : norm_forward_kernel<P, kRms, true, kVecs, false, kHeads>)
+                            : (dropout ? norm_forward_kernel<P, kRms, false, kVecs, true, kHeads>
+                                       : norm_forward_kernel<P, kRms, false, kVecs, false, kHeads>);
       kernel<<<grid, kBlockThreads, 0, stream>>>(x, residual, residual_dropout, sum_out, gamma, beta, rows,
-                                                 static_cast<int>(cols), eps, y, mean, rstd, layout.threads_per_row);
+                                                 static_cast<int>(cols), eps, y, mean, rstd, layout.threads_per_row,
+                                                 period);
     });
   });
   check_launch(what);
 }
 
-template <bool kRms>
+// kHeads: the query and key norms (norm_backward_kernel), the key norm's weight gradient in dbeta.
+template <bool kRms, bool kHeads = false>
 void norm_backward(const Half* dy, const Half* x, const Half* gamma, const float* mean, const float* rstd, int64_t rows,
                    int64_t cols, const Half* residual_grad, Half* dx, float* dgamma, float* dbeta, void* workspace,
-                   const char* what, DType precision, cudaStream_t stream) {
+                   const char* what, DType precision, cudaStream_t stream, const Half* key_gamma = nullptr,
+                   int period = 0) {
   check_cols(rows, cols, what);
   if (rows == 0) return;
   const RowLayout layout = layout_for(cols, kBackwardVecs);
   const int64_t blocks = backward_blocks(rows, cols);
   float* partial_gamma = static_cast<float*>(workspace);
   float* partial_beta = partial_gamma + blocks * cols;
-  const bool aligned =
-      cols % 8 == 0 && aligned16(dy) && aligned16(x) && aligned16(gamma) && aligned16(residual_grad) && aligned16(dx);
+  const bool aligned = cols % 8 == 0 && aligned16(dy) && aligned16(x) && aligned16(gamma) && aligned16(key_gamma) &&
+                       aligned16(residual_grad) && aligned16(dx);
   with_precision(precision, [&](auto p) {
     constexpr DType P = decltype(p)::value;
     with_vecs(layout.vecs, [&](auto vecs) {
       constexpr int kVecs = decltype(vecs)::value;
       const std::size_t buffer = layout.rows_per_block > 1 ? 2 * sizeof(float) * layout.threads_per_row * kVecs * 8 : 0;
-      auto kernel = aligned ? norm_backward_kernel<P, kRms, true, kVecs> : norm_backward_kernel<P, kRms, false, kVecs>;
+      auto kernel = aligned ? norm_backward_kernel<P, kRms, true, kVecs, kHeads>
+                            : norm_backward_kernel<P, kRms, false, kVecs, kHeads>;
       kernel<<<static_cast<unsigned>(blocks), kBlockThreads, buffer, stream>>>(
           dy, x, gamma, mean, rstd, rows, static_cast<int>(cols), residual_grad, dx, partial_gamma, partial_beta,
-          layout.threads_per_row);
+          layout.threads_per_row, key_gamma, period);
     });
   });
   check_launch(what);
@@ -422,7 +451,7 @@ void norm_backward(const Half* dy, const Half* x, const Half* gamma, const float
   const dim3 reduce_block(kReduceColumns, kReduceSlices);
   sum_partials_kernel<<<reduce_grid, reduce_block, 0, stream>>>(partial_gamma, blocks, cols, dgamma);
   check_launch("norm weight gradient sum");
-  if (!kRms) {
+  if (!kRms || kHeads) {
     sum_partials_kernel<<<reduce_grid, reduce_block, 0, stream>>>(partial_beta, blocks, cols, dbeta);
     check_launch("norm bias gradient sum");
   }
@@ -461,6 +490,21 @@ void rmsnorm_backward(const Half* dy, const Half* x, const Half* gamma, const fl
                       cudaStream_t stream) {
   norm_backward<true>(dy, x, gamma, nullptr, rstd, rows, cols, residual_grad, dx, dgamma, nullptr, workspace,
                       "rmsnorm_backward", precision, stream);
+}
+
+void head_rmsnorm_forward(const Half* qkv, const Half* q_gamma, const Half* k_gamma, int64_t query_groups,
+                          int64_t group, int64_t dim, float eps, Half* y, float* rstd, DType precision,
+                          cudaStream_t stream) {
+  norm_forward<true, true>(qkv, nullptr, DropoutMask{}, nullptr, q_gamma, k_gamma, query_groups * (group + 2), dim, eps,
+                           y, nullptr, rstd, "head_rmsnorm_forward", precision, stream, static_cast<int>(group + 2));
+}
+
+void head_rmsnorm_backward(const Half* dy, const Half* qkv, const Half* q_gamma, const Half* k_gamma, const float* rstd,
+                           int64_t query_groups, int64_t group, int64_t dim, Half* dx, float* dq_gamma, float* dk_gamma,
+                           void* workspace, DType precision, cudaStream_t stream) {
+  norm_backward<true, true>(dy, qkv, q_gamma, nullptr, rstd, query_groups * (group + 2), dim, nullptr, dx, dq_gamma,
+                            dk_gamma, workspace, "head_rmsnorm_backward", precision, stream, k_gamma,
+                            static_cast<int>(group + 2));
 }
 
 }  // namespace megaplan::exec::cuda

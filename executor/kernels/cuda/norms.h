@@ -48,4 +48,16 @@ void rmsnorm_backward(const Half* dy, const Half* x, const Half* gamma, const fl
                       const Half* residual_grad, Half* dx, float* dgamma, void* workspace, DType precision,
                       cudaStream_t stream);
 
+// Qwen3's query and key norms (--qk-layernorm) on a fused qkv of `query_groups` (tokens x groups)
+// runs of group + 2 heads of `dim`: RMSNorm over each query head by q_gamma and each key head by
+// k_gamma, a value head copied; rstd [query_groups x (group + 2)], a value head's 0. The backward's
+// dx may alias dy (a value head's dx is its dy); dq_gamma, dk_gamma [dim] +=; its workspace is
+// norm_backward_workspace_bytes(query_groups * (group + 2), dim).
+void head_rmsnorm_forward(const Half* qkv, const Half* q_gamma, const Half* k_gamma, int64_t query_groups,
+                          int64_t group, int64_t dim, float eps, Half* y, float* rstd, DType precision,
+                          cudaStream_t stream);
+void head_rmsnorm_backward(const Half* dy, const Half* qkv, const Half* q_gamma, const Half* k_gamma, const float* rstd,
+                           int64_t query_groups, int64_t group, int64_t dim, Half* dx, float* dq_gamma, float* dk_gamma,
+                           void* workspace, DType precision, cudaStream_t stream);
+
 }  // namespace megaplan::exec::cuda

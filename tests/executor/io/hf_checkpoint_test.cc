@@ -77,8 +77,9 @@ TEST_CASE("a model's tensors round-trip through megaplan checkpoints and Hugging
   qwen.add_qkv_bias = true;
   megaplan::ModelSpec gpt = megaplan::test::four_layer_gpt();
   gpt.untie_embeddings_and_output_weights = false;
-  for (const auto& [model, type] : {std::pair{megaplan::test::four_layer_llama(), std::string("llama")},
-                                    std::pair{qwen, std::string("qwen2")}, std::pair{gpt, std::string("gpt2")}}) {
+  for (const auto& [model, type] :
+       {std::pair{megaplan::test::four_layer_llama(), std::string("llama")}, std::pair{qwen, std::string("qwen2")},
+        std::pair{gpt, std::string("gpt2")}, std::pair{megaplan::test::four_layer_qwen3(), std::string("qwen3")}}) {
     INFO(model.name);
     const megaplan::test::ScratchDirectory scratch;
     const std::map<std::string, exec::WholeTensor> tensors = random_tensors(model);
@@ -99,6 +100,8 @@ TEST_CASE("a model's tensors round-trip through megaplan checkpoints and Hugging
     check_equal(back.tensors, tensors);
     CHECK(back.model.num_layers == model.num_layers);
     CHECK(back.model.effective_num_query_groups() == model.effective_num_query_groups());
+    CHECK(back.model.qk_layernorm == model.qk_layernorm);
+    CHECK(back.model.effective_kv_channels() == model.effective_kv_channels());
     exec::write_hf_checkpoint(scratch.file("sharded"), model, type, tensors, exec::SafetensorsDtype::kF32, {}, 40'000);
     CHECK(std::filesystem::exists(scratch.file("sharded/model.safetensors.index.json")));
     CHECK_FALSE(std::filesystem::exists(scratch.file("sharded/model.safetensors")));
@@ -138,9 +141,10 @@ megaplan::ModelSpec four_layer_qwen2_moe() {
 
 }  // namespace
 
-TEST_CASE("experts round-trip through Hugging Face's Mixtral and Qwen2-MoE directories", "[convert]") {
+TEST_CASE("experts round-trip through Hugging Face's Mixtral, Qwen2-MoE and Qwen3-MoE directories", "[convert]") {
   for (const auto& [model, type] : {std::pair{four_layer_mixtral(), std::string("mixtral")},
-                                    std::pair{four_layer_qwen2_moe(), std::string("qwen2_moe")}}) {
+                                    std::pair{four_layer_qwen2_moe(), std::string("qwen2_moe")},
+                                    std::pair{megaplan::test::four_layer_qwen3_moe(), std::string("qwen3_moe")}}) {
     INFO(model.name);
     const megaplan::test::ScratchDirectory scratch;
     const std::map<std::string, exec::WholeTensor> tensors = random_tensors(model);
@@ -156,6 +160,7 @@ TEST_CASE("experts round-trip through Hugging Face's Mixtral and Qwen2-MoE direc
     CHECK(back.model.moe.router_pre_softmax == model.moe.router_pre_softmax);
     CHECK(back.model.moe.shared_expert_gate == model.moe.shared_expert_gate);
     CHECK(back.model.moe.aux_loss_coeff == model.moe.aux_loss_coeff);
+    CHECK(back.model.qk_layernorm == model.qk_layernorm);
     // A megaplan checkpoint of tp 2 x pp 2 (every expert on each rank, split over tp), read whole.
     exec::write_checkpoint_weights(scratch.file("megaplan"), back.model,
                                    megaplan::test::layout(2, 2, 1, 1, megaplan::ScheduleKind::kOneFOneB), back.tensors,
@@ -185,6 +190,28 @@ TEST_CASE("experts round-trip through Hugging Face's Mixtral and Qwen2-MoE direc
   CHECK_THROWS_WITH(exec::hf_model_type(capacity, ""), Catch::Matchers::Contains("mixtral drops no token"));
   CHECK_THROWS_WITH(exec::hf_model_type(megaplan::test::four_layer_llama(), "qwen2_moe"),
                     Catch::Matchers::Contains("qwen2_moe has experts; this model has none"));
+  // The query and key norms are Qwen3's alone, and Qwen3's models have them.
+  CHECK_THROWS_WITH(exec::hf_model_type(megaplan::test::four_layer_qwen3(), "llama"),
+                    Catch::Matchers::Contains("llama has no query and key norms; this model has them"));
+  CHECK_THROWS_WITH(exec::hf_model_type(megaplan::test::four_layer_llama(), "qwen3"),
+                    Catch::Matchers::Contains("qwen3 normalises each query and key head; this model does not"));
+  megaplan::ModelSpec shared = megaplan::test::four_layer_qwen3_moe();
+  shared.moe.shared_expert_intermediate_size = 8;
+  shared.moe.shared_expert_gate = true;
+  CHECK_THROWS_WITH(exec::hf_model_type(shared, "qwen3_moe"),
+                    Catch::Matchers::Contains("qwen3_moe has no shared expert"));
+  // Qwen3's norms where transformers reads them.
+  const megaplan::ModelSpec qwen3 = megaplan::test::four_layer_qwen3_moe();
+  const std::map<std::string, exec::WholeTensor> qwen3_tensors = random_tensors(qwen3);
+  exec::write_hf_checkpoint(scratch.file("qwen3"), qwen3, "qwen3_moe", qwen3_tensors, exec::SafetensorsDtype::kF32);
+  const exec::SafetensorsHeader qwen3_header =
+      exec::read_safetensors_header(scratch.file("qwen3/model.safetensors"), "test");
+  const exec::WholeTensor k_norm =
+      exec::read_safetensors_tensor(qwen3_header, "model.layers.1.self_attn.k_norm.weight", "test");
+  CHECK(k_norm.shape == std::vector<int64_t>{16});
+  CHECK(k_norm.values == qwen3_tensors.at("decoder.layers.1.self_attention.k_layernorm.weight").values);
+  CHECK(qwen3_header.tensors.count("model.layers.3.mlp.experts.3.down_proj.weight") == 1);
+  CHECK(qwen3_header.tensors.count("model.layers.0.mlp.down_proj.weight") == 1);  // mlp_only_layers [0]
 }
 
 TEST_CASE("Hugging Face's tensors are where transformers reads them", "[convert]") {

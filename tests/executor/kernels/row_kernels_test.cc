@@ -278,6 +278,68 @@ TEST_CASE("RMSNorm forward and backward, with and without the fused residual and
   }
 }
 
+TEST_CASE("the query and key norms on a fused qkv, forward and backward in place", "[gpu][kernels]") {
+  // Qwen3's heads (128; Qwen3-30B-A3B's 8 query heads a group at tp 4) and small ones (64, MHA), a
+  // value head passed through bit for bit; the same bits from a second run.
+  const DType precision = GENERATE(DType::kBFloat16, DType::kFloat16);
+  INFO(megaplan::to_string(precision));
+  std::mt19937 generator(211);
+  const cu::Stream stream;
+  for (const auto& [query_groups, group, dim] :
+       {std::tuple<int64_t, int64_t, int64_t>{4096, 8, 128}, {37, 1, 64}, {300, 2, 128}}) {
+    INFO("query groups " << query_groups << ", group " << group << ", dim " << dim);
+    const auto rows = static_cast<std::size_t>(query_groups * (group + 2)), d = static_cast<std::size_t>(dim);
+    const std::size_t n = rows * d;
+    Buffers device(stream, precision);
+    const std::vector<float> qkv = half_values(n, precision, generator, 0.2f, 2.0f);
+    const std::vector<float> q_gamma = half_values(d, precision, generator, 1.0f, 0.5f),
+                             k_gamma = half_values(d, precision, generator, 1.0f, 0.5f);
+    std::vector<float> want_y(n), want_rstd(rows);
+    ref::head_rmsnorm_forward(qkv.data(), q_gamma.data(), k_gamma.data(), rows / (group + 2), 1, group, d, 1e-6f,
+                              want_y.data(), want_rstd.data());
+    cu::Half* d_qkv = device.half(qkv);
+    cu::Half* d_y = device.half_poisoned(n);
+    float* d_rstd = device.floats_poisoned(rows);
+    cu::head_rmsnorm_forward(d_qkv, device.half(q_gamma), device.half(k_gamma), query_groups, group, dim, 1e-6f, d_y,
+                             d_rstd, precision, stream);
+    const std::vector<float> y = device.download(d_y, n);
+    CHECK(relative_error(y, want_y) < tolerance(precision));
+    CHECK(relative_error(cu::download_floats(d_rstd, rows, stream), want_rstd) < 1e-5);
+    bool values_passed = true;
+    for (std::size_t row = group + 1; row < rows; row += group + 2) {
+      values_passed = values_passed && std::equal(y.begin() + static_cast<std::ptrdiff_t>(row * d),
+                                                  y.begin() + static_cast<std::ptrdiff_t>((row + 1) * d),
+                                                  qkv.begin() + static_cast<std::ptrdiff_t>(row * d));
+    }
+    CHECK(values_passed);
+
+    const std::vector<float> dy = half_values(n, precision, generator);
+    const std::vector<float> dq_start = float_values(d, generator), dk_start = float_values(d, generator);
+    std::vector<float> want_dx(n), want_dq = dq_start, want_dk = dk_start;
+    ref::head_rmsnorm_backward(dy.data(), qkv.data(), q_gamma.data(), k_gamma.data(), want_rstd.data(),
+                               rows / (group + 2), 1, group, d, want_dx.data(), want_dq.data(), want_dk.data());
+    void* workspace = device.bytes(cu::norm_backward_workspace_bytes(static_cast<int64_t>(rows), dim));
+    std::vector<float> first_dx, first_dq;
+    for (int run = 0; run < 2; ++run) {
+      cu::Half* d_dx = device.half(dy);  // dx over dy, in place
+      float* d_dq = device.floats(dq_start);
+      float* d_dk = device.floats(dk_start);
+      cu::head_rmsnorm_backward(d_dx, d_qkv, device.half(q_gamma), device.half(k_gamma), d_rstd, query_groups, group,
+                                dim, d_dx, d_dq, d_dk, workspace, precision, stream);
+      const std::vector<float> dx = device.download(d_dx, n), dq = cu::download_floats(d_dq, d, stream);
+      if (run == 0) {
+        CHECK(relative_error(dx, want_dx) < tolerance(precision));
+        CHECK(relative_error(dq, want_dq) < 1e-3);
+        CHECK(relative_error(cu::download_floats(d_dk, d, stream), want_dk) < 1e-3);
+        first_dx = dx, first_dq = dq;
+      } else {
+        CHECK(same_bits(dx, first_dx));
+        CHECK(same_bits(dq, first_dq));
+      }
+    }
+  }
+}
+
 TEST_CASE("norms reject rows wider than they hold in registers", "[gpu][kernels]") {
   const cu::Stream stream;
   CHECK_THROWS_AS(cu::layernorm_forward(nullptr, nullptr, DropoutMask{}, nullptr, nullptr, nullptr, 4, 40000, kEps,

@@ -105,6 +105,10 @@ TEST_CASE("the executor allocates what core's memory prediction says, rank by ra
       {"llama: tp2 sequence parallel", sequence_parallel},
       {"qwen: one rank", layout(1, 1, 1, 1, ScheduleKind::kOneFOneB)},
       {"qwen: tp2 sequence parallel", sequence_parallel},
+      {"qwen3: selective (the query and key norms' input and statistics)",
+       with(layout(1, 1, 1, 1, ScheduleKind::kOneFOneB), RecomputeGranularity::kSelective)},
+      {"qwen3: tp2 sequence parallel", sequence_parallel},
+      {"qwen3-moe: pp2 dp2 distributed optimizer", distributed},
       {"mixtral: one rank", layout(1, 1, 1, 1, ScheduleKind::kOneFOneB)},
       {"mixtral: selective", with(layout(1, 1, 1, 1, ScheduleKind::kOneFOneB), RecomputeGranularity::kSelective)},
       {"mixtral: pp2 interleaved", layout(1, 2, 1, 2, ScheduleKind::kInterleaved)},
@@ -127,10 +131,12 @@ TEST_CASE("the executor allocates what core's memory prediction says, rank by ra
     const int64_t world = plan.world_size();
     std::vector<int64_t> peaks(static_cast<std::size_t>(world), 0);
     std::mutex mutex;
-    const megaplan::ModelSpec model = name.starts_with("llama")      ? megaplan::test::four_layer_llama()
-                                      : name.starts_with("qwen-moe") ? megaplan::test::four_layer_qwen_moe()
-                                      : name.starts_with("qwen")     ? megaplan::test::four_layer_qwen()
-                                      : name.starts_with("mixtral")  ? megaplan::test::four_layer_mixtral()
+    const megaplan::ModelSpec model = name.starts_with("llama")       ? megaplan::test::four_layer_llama()
+                                      : name.starts_with("qwen-moe")  ? megaplan::test::four_layer_qwen_moe()
+                                      : name.starts_with("qwen3-moe") ? megaplan::test::four_layer_qwen3_moe()
+                                      : name.starts_with("qwen3")     ? megaplan::test::four_layer_qwen3()
+                                      : name.starts_with("qwen")      ? megaplan::test::four_layer_qwen()
+                                      : name.starts_with("mixtral")   ? megaplan::test::four_layer_mixtral()
                                       : name.starts_with("shared-expert")
                                           ? megaplan::test::four_layer_shared_expert_moe()
                                           : megaplan::test::four_layer_gpt();

@@ -48,6 +48,7 @@ using megaplan::exec::StageChunk;
 using megaplan::test::four_layer_gpt;
 using megaplan::test::four_layer_llama;
 using megaplan::test::four_layer_qwen;
+using megaplan::test::four_layer_qwen3;
 using megaplan::test::layout;
 using megaplan::test::RecordingBackend;
 
@@ -175,7 +176,7 @@ void check_stage(StageChunk& chunk, RecordingBackend& backend, const megaplan::M
 
 TEST_CASE("one stage launches its kernel list for F, B, I and W under each recomputation, with and without dropout",
           "[model][kernels]") {
-  for (const megaplan::ModelSpec& model : {four_layer_gpt(), four_layer_llama(), four_layer_qwen()})
+  for (const megaplan::ModelSpec& model : {four_layer_gpt(), four_layer_llama(), four_layer_qwen(), four_layer_qwen3()})
     for (const double dropout : {0.0, 0.1})
       for (const auto& [granularity, method, layers] :
            {std::tuple{megaplan::RecomputeGranularity::kNone, megaplan::RecomputeMethod::kUniform, int64_t{1}},
@@ -216,7 +217,7 @@ TEST_CASE("first, middle and last pipeline stages launch their kernel lists, wit
 
 TEST_CASE("each tensor-parallel rank launches its kernel list, with and without sequence parallelism",
           "[model][kernels]") {
-  for (const megaplan::ModelSpec& model : {four_layer_gpt(), four_layer_llama(), four_layer_qwen()})
+  for (const megaplan::ModelSpec& model : {four_layer_gpt(), four_layer_llama(), four_layer_qwen(), four_layer_qwen3()})
     for (const bool sequence_parallel : {false, true}) {
       megaplan::ParallelPlan plan = layout(2, 1, 1, 1, ScheduleKind::kOneFOneB, 2, 2);
       plan.sequence_parallel = sequence_parallel;

@@ -202,8 +202,8 @@ TEST_CASE("every tensor- and pipeline-parallel chunk starts from the single rank
   // the tied output copy of the word embedding. Data-parallel replicas build the same chunks (a
   // chunk has no data-parallel rank; the trainer's test checks replicas end to end).
   using megaplan::ScheduleKind;
-  for (const megaplan::ModelSpec& model :
-       {megaplan::test::four_layer_gpt(), megaplan::test::four_layer_llama(), megaplan::test::four_layer_qwen()}) {
+  for (const megaplan::ModelSpec& model : {megaplan::test::four_layer_gpt(), megaplan::test::four_layer_llama(),
+                                           megaplan::test::four_layer_qwen(), megaplan::test::four_layer_qwen3()}) {
     std::map<std::string, std::vector<float>> whole;
     {
       megaplan::exec::CpuBackend backend;

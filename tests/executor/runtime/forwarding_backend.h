@@ -99,6 +99,16 @@ class ForwardingBackend : public exec::Backend {
                         float* dgamma) override {
     inner_->rmsnorm_backward(dy, x, gamma, rstd, rows, cols, residual_grad, dx, dgamma);
   }
+  void head_rmsnorm_forward(ConstActivation qkv, ConstActivation q_gamma, ConstActivation k_gamma, std::size_t tokens,
+                            std::size_t groups, std::size_t group, std::size_t dim, float eps, Activation y,
+                            float* rstd) override {
+    inner_->head_rmsnorm_forward(qkv, q_gamma, k_gamma, tokens, groups, group, dim, eps, y, rstd);
+  }
+  void head_rmsnorm_backward(ConstActivation dy, ConstActivation qkv, ConstActivation q_gamma, ConstActivation k_gamma,
+                             const float* rstd, std::size_t tokens, std::size_t groups, std::size_t group,
+                             std::size_t dim, Activation dx, float* dq_gamma, float* dk_gamma) override {
+    inner_->head_rmsnorm_backward(dy, qkv, q_gamma, k_gamma, rstd, tokens, groups, group, dim, dx, dq_gamma, dk_gamma);
+  }
   void swiglu_forward(ConstActivation x, std::size_t rows, std::size_t width, Activation y) override {
     inner_->swiglu_forward(x, rows, width, y);
   }

@@ -113,6 +113,21 @@ class RecordingBackend : public ForwardingBackend {
     record(row_kernel(KernelKind::kRmsNormBackward, size(rows), size(cols), residual_grad != nullptr));
     ForwardingBackend::rmsnorm_backward(dy, x, gamma, rstd, rows, cols, residual_grad, dx, dgamma);
   }
+  void head_rmsnorm_forward(ConstActivation qkv, ConstActivation q_gamma, ConstActivation k_gamma, std::size_t tokens,
+                            std::size_t groups, std::size_t group, std::size_t dim, float eps, Activation y,
+                            float* rstd) override {
+    record(
+        head_norm_kernel(KernelKind::kHeadRmsNormForward, size(tokens), size(groups * group), size(groups), size(dim)));
+    ForwardingBackend::head_rmsnorm_forward(qkv, q_gamma, k_gamma, tokens, groups, group, dim, eps, y, rstd);
+  }
+  void head_rmsnorm_backward(ConstActivation dy, ConstActivation qkv, ConstActivation q_gamma, ConstActivation k_gamma,
+                             const float* rstd, std::size_t tokens, std::size_t groups, std::size_t group,
+                             std::size_t dim, Activation dx, float* dq_gamma, float* dk_gamma) override {
+    record(head_norm_kernel(KernelKind::kHeadRmsNormBackward, size(tokens), size(groups * group), size(groups),
+                            size(dim)));
+    ForwardingBackend::head_rmsnorm_backward(dy, qkv, q_gamma, k_gamma, rstd, tokens, groups, group, dim, dx, dq_gamma,
+                                             dk_gamma);
+  }
   void swiglu_forward(ConstActivation x, std::size_t rows, std::size_t width, Activation y) override {
     record(row_kernel(KernelKind::kSwigluForward, size(rows), size(width)));
     ForwardingBackend::swiglu_forward(x, rows, width, y);

@@ -215,31 +215,35 @@ TEST_CASE("context-parallel layouts train on one GPU like one rank", "[gpu][trai
 }
 
 TEST_CASE("the Llama family's layouts train on one GPU like one rank", "[gpu][train][parallel][llama]") {
-  // RMSNorm, SwiGLU, RoPE, 4 heads of 64 in 2 query groups (one per tp rank), untied, no biases.
+  // RMSNorm, SwiGLU, RoPE, 4 heads of 64 in 2 query groups (one per tp rank), untied, no biases;
+  // and Qwen3's query and key norms over 4 heads of 128 (the queries twice the stream's width).
   const megaplan::test::ScratchDirectory scratch;
   const exec::TrainOptions options = options_for(megaplan::test::sentence_corpus(scratch));
-  megaplan::ModelSpec model = megaplan::test::four_layer_llama();
-  model.hidden_size = 256;
-  model.make_vocab_size_divisible_by = 136;
-  const Outcome single =
-      train_on_gpu(model, plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false), options, scratch, "llama-single");
-  REQUIRE(single.losses.size() == kIterations);
-  REQUIRE(single.losses.back() < single.losses.front());
-  check_layouts(
-      model, single,
-      {{"pp2 interleaved vpp2", plan_of(2, 1, 2, ScheduleKind::kInterleaved, false), 1e-5, 1e-5, 1e-5, 1e-5},
-       {"pp2 dualpipev", plan_of(2, 1, 2, ScheduleKind::kDualPipeV, false), 1e-5, 1e-5, 1e-5, 1e-5},
-       // The bf16 partial sums tensor parallelism reduces move the last gradient norm more
-       // than GPT's, and by how much depends on the initial draws: measured 2.3e-3 and
-       // 1.1e-2 relative on an H100 with the first generator (mt19937), 2.3e-2 and 2.1e-2
-       // on an H200 with Philox's draws, where the first gradient norm agreed within
-       // 4.8e-4 and the losses within 4.1e-4. The first loss and gradient norm catch a
-       // wrong shard or sum; the last norm's bound only a norm off by a factor. The CPU's
-       // fp32 runs of the same layouts agree within 1e-4 (parallel_training_test).
-       {"tp2 sequence parallel", plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false, 2, true), 1e-4, 2e-3, 2e-3, 5e-2},
-       {"tp2 x pp2 x dp2, sequence parallel, distributed optimizer",
-        plan_of(2, 2, 1, ScheduleKind::kOneFOneB, true, 2, true), 1e-4, 2e-3, 2e-3, 5e-2}},
-      options, scratch);
+  for (megaplan::ModelSpec model : {megaplan::test::four_layer_llama(), megaplan::test::four_layer_qwen3()}) {
+    INFO(model.name);
+    model.hidden_size = 256;
+    model.make_vocab_size_divisible_by = 136;
+    if (model.qk_layernorm) model.kv_channels = 128;
+    const Outcome single =
+        train_on_gpu(model, plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false), options, scratch, model.name + "-single");
+    REQUIRE(single.losses.size() == kIterations);
+    REQUIRE(single.losses.back() < single.losses.front());
+    check_layouts(
+        model, single,
+        {{"pp2 interleaved vpp2", plan_of(2, 1, 2, ScheduleKind::kInterleaved, false), 1e-5, 1e-5, 1e-5, 1e-5},
+         {"pp2 dualpipev", plan_of(2, 1, 2, ScheduleKind::kDualPipeV, false), 1e-5, 1e-5, 1e-5, 1e-5},
+         // The bf16 partial sums tensor parallelism reduces move the last gradient norm more
+         // than GPT's, and by how much depends on the initial draws: measured 2.3e-3 and
+         // 1.1e-2 relative on an H100 with the first generator (mt19937), 2.3e-2 and 2.1e-2
+         // on an H200 with Philox's draws, where the first gradient norm agreed within
+         // 4.8e-4 and the losses within 4.1e-4. The first loss and gradient norm catch a
+         // wrong shard or sum; the last norm's bound only a norm off by a factor. The CPU's
+         // fp32 runs of the same layouts agree within 1e-4 (parallel_training_test).
+         {"tp2 sequence parallel", plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false, 2, true), 1e-4, 2e-3, 2e-3, 5e-2},
+         {"tp2 x pp2 x dp2, sequence parallel, distributed optimizer",
+          plan_of(2, 2, 1, ScheduleKind::kOneFOneB, true, 2, true), 1e-4, 2e-3, 2e-3, 5e-2}},
+        options, scratch);
+  }
 }
 
 TEST_CASE("MoE layouts train on one GPU like one rank", "[gpu][train][parallel][moe]") {
@@ -255,10 +259,12 @@ TEST_CASE("MoE layouts train on one GPU like one rank", "[gpu][train][parallel][
   // in another order of senders, and the experts' gradients are summed over their replicas.
   const megaplan::test::ScratchDirectory scratch;
   const exec::TrainOptions options = options_for(megaplan::test::sentence_corpus(scratch));
-  for (megaplan::ModelSpec model : {megaplan::test::four_layer_mixtral(), megaplan::test::four_layer_qwen_moe(),
-                                    megaplan::test::four_layer_shared_expert_moe()}) {
+  for (megaplan::ModelSpec model :
+       {megaplan::test::four_layer_mixtral(), megaplan::test::four_layer_qwen_moe(),
+        megaplan::test::four_layer_shared_expert_moe(), megaplan::test::four_layer_qwen3_moe()}) {
     INFO(model.name);
     model.hidden_size = 256;
+    if (model.qk_layernorm) model.kv_channels = 128;  // Qwen3-MoE's heads
     model.make_vocab_size_divisible_by = 136;
     model.moe.ffn_hidden_size = 128;
     if (model.moe.shared_expert_intermediate_size > 0) model.moe.shared_expert_intermediate_size = 256;

@@ -282,11 +282,13 @@ TEST_CASE("every pipeline schedule, data-parallel layout and recomputation train
 TEST_CASE("the Llama family's layers train under tensor, pipeline and data parallelism like one rank",
           "[parallel][llama]") {
   // RMSNorm, SwiGLU, RoPE, 4 heads in 2 query groups (one group per tp rank), untied, no biases;
-  // and Qwen2's QKV biases with a head dimension of its own (queries wider than the stream), half
-  // of it rotated.
+  // Qwen2's QKV biases with a head dimension of its own (queries wider than the stream), half of it
+  // rotated; and Qwen3's query and key norms, whose weights each tp rank's heads train a part of
+  // (summed over tp, with or without sequence parallelism).
   const megaplan::test::ScratchDirectory scratch;
   const exec::TrainOptions options = options_for(megaplan::test::sentence_corpus(scratch));
-  for (const megaplan::ModelSpec& model : {megaplan::test::four_layer_llama(), megaplan::test::four_layer_qwen()}) {
+  for (const megaplan::ModelSpec& model :
+       {megaplan::test::four_layer_llama(), megaplan::test::four_layer_qwen(), megaplan::test::four_layer_qwen3()}) {
     INFO(model.name);
     const Outcome single =
         train(model, plan_of(1, 1, 1, 1, ScheduleKind::kOneFOneB), options, scratch, model.name + "-single");
@@ -370,7 +372,7 @@ TEST_CASE("MoE layers train under tensor parallelism with sequence parallelism l
   // tolerance above (the tp sums reorder fp32 additions). Mixtral's layers between dense ones,
   // Qwen2-MoE's gated shared expert with the switch loss, and with its sequence loss (each tp rank
   // holds one of a microbatch's two sequences), dropless: under tp a capacity is each rank's own
-  // tokens' (Megatron's).
+  // tokens' (Megatron's). Qwen3-MoE's layers after a dense one, with its query and key norms.
   const megaplan::test::ScratchDirectory scratch;
   const exec::TrainOptions options = options_for(megaplan::test::sentence_corpus(scratch));
   const auto sequence_parallel = [](int64_t ep, ParallelPlan plan) {
@@ -380,7 +382,7 @@ TEST_CASE("MoE layers train under tensor parallelism with sequence parallelism l
   };
   for (const megaplan::ModelSpec& model :
        {megaplan::test::four_layer_mixtral(), megaplan::test::four_layer_shared_expert_moe(),
-        megaplan::test::four_layer_dropless_qwen_moe()}) {
+        megaplan::test::four_layer_dropless_qwen_moe(), megaplan::test::four_layer_qwen3_moe()}) {
     INFO(model.name);
     const std::string prefix = model.name + "-tp-";
     const Outcome single =

@@ -98,6 +98,29 @@ inline ModelSpec four_layer_qwen() {
   return model;
 }
 
+// four_layer_llama with Qwen3's query and key norms (each query and key head RMS-normalised over its
+// dimensions before RoPE) and heads of 16 (the queries wider than the stream), no biases.
+inline ModelSpec four_layer_qwen3() {
+  ModelSpec model = four_layer_llama();
+  model.name = "four-layer-qwen3";
+  model.kv_channels = 16;
+  model.qk_layernorm = true;
+  return model;
+}
+
+// four_layer_qwen3 with Qwen3-MoE's layers after a dense one (mlp_only_layers [0]): 4 experts of
+// width 16, each token to its top 2 renormalised (norm_topk_prob), with the switch loss; dropless.
+inline ModelSpec four_layer_qwen3_moe() {
+  ModelSpec model = four_layer_qwen3();
+  model.name = "four-layer-qwen3-moe";
+  model.moe.num_experts = 4;
+  model.moe.ffn_hidden_size = 16;
+  model.moe.router_topk = 2;
+  model.moe.layer_pattern = {0, 1, 1, 1};
+  model.moe.aux_loss_coeff = 0.01;
+  return model;
+}
+
 // four_layer_llama with Mixtral's MoE layers on layers 0 and 2 (--moe-layer-freq 2: dense layers
 // between): 4 SwiGLU experts of width 24, each token to its top 2 by softmax over the chosen
 // logits, dropless, with the switch and z losses.
