@@ -44,6 +44,14 @@ gpt13="--model gpt-1.3b --vocab-size 50257"
 moe="--model llama3-8b --num-layers 8 --hidden-size 2048 --ffn-hidden-size 8192 --num-attention-heads 32 \
 --num-query-groups 8 --seq-length 4096 --max-position-embeddings 4096 --vocab-size 128256 --num-experts 8 \
 --moe-ffn-hidden-size 4096 --moe-router-topk 2 --moe-aux-loss-coeff 0.01"
+# Qwen3's attention (heads of 128, each query and key head normalised): a Qwen3-1.7B-shaped dense
+# model (16 of its 28 layers, hidden 2048, ffn 6144, 16 heads in 8 groups, its vocabulary), and
+# Qwen3-30B-A3B's layer (32 heads in 4 groups, 128 experts of 768, top 8 renormalised) 4 times.
+qwen3="--model llama3-8b --num-layers 16 --hidden-size 2048 --ffn-hidden-size 6144 --num-attention-heads 16 \
+--num-query-groups 8 --kv-channels 128 --qk-layernorm --norm-epsilon 1e-6 --seq-length 4096 --max-position-embeddings 4096 \
+--vocab-size 151936"
+qwen3_moe="--model qwen3-30b-a3b --num-layers 4 --seq-length 4096 --max-position-embeddings 4096 --vocab-size 151936 \
+--moe-aux-loss-coeff 0.001"
 # name | plan flags | cluster | GPUs (launched, one process each; absent: one process) — each with the
 # vocabulary its model was published with (train would otherwise take the byte-level corpus's 257)
 layouts=(
@@ -113,6 +121,9 @@ layouts=(
   "moe 8x top 2 ep 2 x dp 2|$moe --mbs 1 --gbs 8 --ep 2 --overlap-grad-reduce --use-distributed-optimizer|--cluster dgx-${gpu} --gpus 4|4"
   "moe 8x top 2 tp 2 sp|$moe --mbs 1 --gbs 8 --tp 2 --sequence-parallel|--cluster dgx-${gpu} --gpus 2|2"
   "moe 8x top 2 tp 2 sp x ep 2|$moe --mbs 1 --gbs 8 --tp 2 --sequence-parallel --ep 2 --overlap-grad-reduce|--cluster dgx-${gpu} --gpus 4|4"
+  # 52, 53: Qwen3's query and key norms, dense and with Qwen3-MoE's 128 experts.
+  "qwen3 dense mbs 2|$qwen3 --mbs 2 --gbs 8|--cluster ${gpu}-x1"
+  "qwen3-moe 128x top 8 mbs 1|$qwen3_moe --mbs 1 --gbs 8|--cluster ${gpu}-x1"
 )
 visible=$(nvidia-smi -L 2> /dev/null | grep -c '^GPU ')
 rows=()
@@ -139,7 +150,7 @@ for i in ${LAYOUTS:-${!layouts[@]}}; do
   "$megaplan" "${launch[@]}" train $plan --device cuda --data-path "${corpus}_text_document" --split 1,0,0 --train-iters "$iterations" \
     --log-interval "$iterations" --eval-iters 0 --lr 1e-4 --trace "$out/measured-$i.json" --log-file "$out/log-$i.jsonl" \
     > "$out/train-$i.txt" 2>&1 || { echo "train failed for $name:"; tail -3 "$out/train-$i.txt"; continue; }
-  if [[ $plan == *--num-experts* ]]; then
+  if grep -q tokens_per_expert_max_mean "$out/log-$i.jsonl"; then  # a model with experts (flags or preset)
     # Simulated again at the load the run logged (the busiest expert's rows over the mean, averaged
     # over the MoE layers), as a user states it.
     imbalance=$(python3 -c "import json, sys; r = [json.loads(l) for l in open(sys.argv[1]) if 'tokens_per_expert_max_mean' in l]; print(round(max(1.0, r[-1]['tokens_per_expert_max_mean']), 3))" \

@@ -76,17 +76,20 @@ bool is_set(const nlohmann::json& value) {
   return true;
 }
 
-// Mixtral's experts (MixtralConfig: num_local_experts, num_experts_per_tok), whatever the type says.
+bool is_qwen_moe(const std::string& type) { return type == "qwen2_moe" || type == "qwen3_moe"; }
+
+// Mixtral's experts (MixtralConfig: num_local_experts, num_experts_per_tok), whatever the type says
+// but Qwen's mixtures' (transformers 5 saves Qwen3-MoE's num_experts as num_local_experts).
 bool has_mixtral_experts(const nlohmann::json& json, const std::string& type) {
   const auto experts = json.find("num_local_experts");
-  return type == "mixtral" || (experts != json.end() && is_set(*experts));
+  return type == "mixtral" || (!is_qwen_moe(type) && experts != json.end() && is_set(*experts));
 }
 
 // The keys of kUnmodelledKeys that `type` models: Mixtral's top k; Qwen2-MoE's experts and shared
 // expert; Qwen3-MoE's experts (it has no shared expert).
 bool models_key(const std::string& type, bool mixtral, std::string_view key) {
   if (mixtral) return key == "num_experts_per_tok";
-  if (type == "qwen2_moe" || type == "qwen3_moe") {
+  if (is_qwen_moe(type)) {
     return key == "num_experts" || key == "num_experts_per_tok" || key == "moe_intermediate_size" ||
            (type == "qwen2_moe" && key == "shared_expert_intermediate_size");
   }
@@ -208,7 +211,15 @@ void read_qwen_moe(JsonFieldReader& reader, const std::string& type, ModelSpec& 
   moe.router_topk = qwen3 ? 8 : 4;
   moe.ffn_hidden_size = qwen3 ? 768 : 1408;
   moe.shared_expert_intermediate_size = qwen3 ? 0 : 5632;
-  reader.read("num_experts", moe.num_experts);
+  // num_experts, or its name as transformers 5 saves it (its configs' attribute_map).
+  const bool named = reader.read("num_experts", moe.num_experts);
+  if (int64_t alias = 0; reader.read("num_local_experts", alias)) {
+    if (named && alias != moe.num_experts) {
+      throw SpecError(reader.field("num_local_experts"), std::to_string(alias) + " disagrees with num_experts " +
+                                                             std::to_string(moe.num_experts) + ", its other name");
+    }
+    moe.num_experts = alias;
+  }
   reader.read("num_experts_per_tok", moe.router_topk);
   reader.read("moe_intermediate_size", moe.ffn_hidden_size);
   if (!qwen3) reader.read("shared_expert_intermediate_size", moe.shared_expert_intermediate_size);
@@ -271,7 +282,7 @@ ModelSpec model_spec_from_hf_config(const nlohmann::json& json, const std::strin
     reader.read("num_experts_per_tok", spec.moe.router_topk);
     read_router_loss(reader, 0.001, spec.moe);
   }
-  if (type == "qwen2_moe" || type == "qwen3_moe") read_qwen_moe(reader, type, spec);
+  if (is_qwen_moe(type)) read_qwen_moe(reader, type, spec);
   reader.read("_name_or_path", spec.name);
   if (spec.name.empty()) spec.name = source;
   return spec;

@@ -165,6 +165,16 @@ TEST_CASE("Qwen3-30B-A3B's config.json imports as the qwen3-30b-a3b preset, its 
   CHECK(spec.rotary_base == 1e6);
   CHECK(megaplan::total_parameters(spec) == megaplan::total_parameters(preset));
   CHECK(megaplan::active_parameters(spec) == megaplan::active_parameters(preset));
+  // transformers 5 saves num_experts under its other name, num_local_experts: read as Qwen's, not
+  // Mixtral's; the two names disagreeing are refused.
+  nlohmann::json saved = megaplan::read_json_file(kExamples + "/hf/qwen3-30b-a3b-config.json");
+  saved.erase("num_experts");
+  saved["num_local_experts"] = 128;
+  CHECK(megaplan::total_parameters(megaplan::model_spec_from_hf_config(saved, "q.json")) ==
+        megaplan::total_parameters(preset));
+  saved["num_experts"] = 64;
+  CHECK_THROWS_WITH(megaplan::model_spec_from_hf_config(saved, "q.json"),
+                    "q.json: num_local_experts: 128 disagrees with num_experts 64, its other name");
   // Qwen3's dense models: the same norms, and Qwen3Config's head_dim of 128 where the file omits it.
   nlohmann::json dense = megaplan::read_json_file(kExamples + "/hf/qwen3-30b-a3b-config.json");
   for (const char* key : {"num_experts", "num_experts_per_tok", "moe_intermediate_size", "head_dim"}) dense.erase(key);

@@ -58,11 +58,21 @@ __device__ __forceinline__ uint4 store_rounded8(Half* p, int64_t start, int64_t 
   return raw;
 }
 
-// Sum over one row's group of threads (warps_per_row consecutive warps). Every thread of the block
-// must call it (it may synchronise the block); the order is fixed by the thread layout alone.
-__device__ __forceinline__ float row_sum(float v, float* shared, int warps_per_row) {
-  v = warp_sum(v);
-  if (warps_per_row == 1) return v;
+// Sum over the `width` consecutive lanes (a power of two up to 32) of the calling thread's group
+// within its warp.
+__device__ __forceinline__ float lanes_sum(float v, int width) {
+  for (int offset = 16; offset > 0; offset /= 2) {
+    if (offset < width) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  }
+  return v;
+}
+
+// Sum over one row's group of threads: part of a warp (warps_per_row 0: threads_per_row lanes), or
+// warps_per_row consecutive warps. Every thread of the block must call it (it may synchronise the
+// block); the order is fixed by the thread layout alone.
+__device__ __forceinline__ float row_sum(float v, float* shared, int warps_per_row, int threads_per_row) {
+  v = lanes_sum(v, threads_per_row < 32 ? threads_per_row : 32);
+  if (warps_per_row <= 1) return v;
   const int warp = threadIdx.x / 32;
   __syncthreads();  // the previous call's readers are done with `shared`
   if (threadIdx.x % 32 == 0) shared[warp] = v;
@@ -74,12 +84,13 @@ __device__ __forceinline__ float row_sum(float v, float* shared, int warps_per_r
 }
 
 // Two sums over the row's group at once: one shuffle tree, one trip through shared memory.
-__device__ __forceinline__ float2 row_sum2(float a, float b, float2* shared, int warps_per_row) {
+__device__ __forceinline__ float2 row_sum2(float a, float b, float2* shared, int warps_per_row, int threads_per_row) {
   for (int offset = 16; offset > 0; offset /= 2) {
+    if (offset >= threads_per_row) continue;  // a row of fewer lanes than a warp sums within its own
     a += __shfl_xor_sync(0xffffffffu, a, offset);
     b += __shfl_xor_sync(0xffffffffu, b, offset);
   }
-  if (warps_per_row == 1) return make_float2(a, b);
+  if (warps_per_row <= 1) return make_float2(a, b);
   const int warp = threadIdx.x / 32;
   __syncthreads();  // the previous call's readers are done with `shared`
   if (threadIdx.x % 32 == 0) shared[warp] = make_float2(a, b);
@@ -93,15 +104,24 @@ __device__ __forceinline__ float2 row_sum2(float a, float b, float2* shared, int
   return total;
 }
 
-// How a row maps onto threads: threads_per_row (a power of two from a warp up to a block) threads,
-// each holding `vecs` 8-value vectors at v = lane + k * threads_per_row; rows_per_block rows per
-// 256-thread block. vecs is the smallest of base, 2 base, 4 base... that keeps a row in one block.
+// How a row maps onto threads: threads_per_row (a power of two up to a block) threads, each holding
+// `vecs` 8-value vectors at v = lane + k * threads_per_row; rows_per_block rows per 256-thread
+// block. vecs is the smallest of base, 2 base, 4 base... that keeps a row in one block, and a row
+// of a warp's vectors or fewer (an attention head's: 128 values, 16 vectors) takes one vector a
+// thread over as many lanes as it has vectors: more rows a block, every lane loading (a warp of four
+// vectors each left 7 in 8 of its lanes idle, and the query and key norms ran at a fifth of the
+// stream norms' bandwidth).
 struct RowLayout {
   int threads_per_row, rows_per_block, vecs;
 };
 
 RowLayout layout_for(int64_t cols, int base_vecs) {
   const int64_t vectors = (cols + 7) / 8;
+  if (vectors <= 32) {
+    int lanes = 1;
+    while (lanes < vectors) lanes *= 2;
+    return {lanes, kBlockThreads / lanes, 1};
+  }
   int vecs = base_vecs;
   while (static_cast<int64_t>(vecs) * kBlockThreads < vectors) vecs *= 2;
   int threads = 32;
@@ -160,7 +180,7 @@ __global__ void __launch_bounds__(kBlockThreads)
   }
   const int warps_per_row = threads_per_row / 32;
   const float n = static_cast<float>(cols);
-  const float mu = kRms ? 0.0f : row_sum(sum, shared, warps_per_row) / n;
+  const float mu = kRms ? 0.0f : row_sum(sum, shared, warps_per_row, threads_per_row) / n;
   // Squares about the mean from the registers: two passes, no cancellation, one read of memory.
   float squares = 0;
 #pragma unroll
@@ -174,7 +194,7 @@ __global__ void __launch_bounds__(kBlockThreads)
       if (col + e < cols) squares += d * d;
     }
   }
-  const float inverse = rsqrtf(row_sum(squares, shared, warps_per_row) / n + eps);
+  const float inverse = rsqrtf(row_sum(squares, shared, warps_per_row, threads_per_row) / n + eps);
   const int role = kHeads ? static_cast<int>(row % period) : 0;
   const bool passed = kHeads && role == period - 1;  // a value head
   const Half* weight = kHeads && role == period - 2 ? beta : gamma;
@@ -282,7 +302,7 @@ __global__ void __launch_bounds__(kBlockThreads, kVecs <= 2 ? 2 : 1)
         }
       }
     }
-    const float2 sums = row_sum2(g_sum, gx_sum, pair_shared, warps_per_row);
+    const float2 sums = row_sum2(g_sum, gx_sum, pair_shared, warps_per_row, threads_per_row);
     const float g_mean = kRms ? 0.0f : sums.x / n, gx_mean = sums.y / n;
 #pragma unroll
     for (int k = 0; k < kVecs; ++k) {
@@ -383,6 +403,7 @@ int64_t backward_blocks(int64_t rows, int64_t cols) {
 template <typename Body>
 void with_vecs(int vecs, Body&& body) {
   switch (vecs) {
+    case 1: return body(std::integral_constant<int, 1>{});
     case 2: return body(std::integral_constant<int, 2>{});
     case 4: return body(std::integral_constant<int, 4>{});
     case 8: return body(std::integral_constant<int, 8>{});
