@@ -57,17 +57,24 @@ ModelSpec mixtral(const std::string& name, int64_t layers, int64_t hidden, int64
   return spec;
 }
 
-// Qwen3-MoE's configs: a Llama decoder (RMSNorm epsilon 1e-6, RoPE theta 1e6, untied) with heads
-// of 128 whatever the width, each query and key head normalised (q_norm, k_norm), and in every
-// layer 128 SwiGLU experts of `expert_ffn`, each token routed to its top 8 renormalised
-// (norm_topk_prob). Pre-trained at 4096 tokens; positions to 40960 (the configs'). `ffn`, the
-// configs' intermediate_size, is a dense MLP's width, which no layer has.
-ModelSpec qwen3_moe(const std::string& name, int64_t layers, int64_t hidden, int64_t ffn, int64_t heads,
-                    int64_t expert_ffn) {
-  ModelSpec spec = llama(name, layers, hidden, ffn, heads, 4, 4096, 40960, 151936, 1e6);
+// Qwen3's configs: a Llama decoder (RMSNorm epsilon 1e-6, RoPE theta 1e6, untied) with heads of
+// 128 whatever the width, each query and key head normalised (q_norm, k_norm). Pre-trained at 4096
+// tokens; positions to 40960 (the configs').
+ModelSpec qwen3(const std::string& name, int64_t layers, int64_t hidden, int64_t ffn, int64_t heads,
+                int64_t query_groups) {
+  ModelSpec spec = llama(name, layers, hidden, ffn, heads, query_groups, 4096, 40960, 151936, 1e6);
   spec.kv_channels = 128;
   spec.norm_epsilon = 1e-6;
   spec.qk_layernorm = true;
+  return spec;
+}
+
+// Qwen3-MoE's configs: Qwen3's decoder with 4 query groups and in every layer 128 SwiGLU experts of
+// `expert_ffn`, each token routed to its top 8 renormalised (norm_topk_prob). `ffn`, the configs'
+// intermediate_size, is a dense MLP's width, which no layer has.
+ModelSpec qwen3_moe(const std::string& name, int64_t layers, int64_t hidden, int64_t ffn, int64_t heads,
+                    int64_t expert_ffn) {
+  ModelSpec spec = qwen3(name, layers, hidden, ffn, heads, 4);
   spec.moe.num_experts = 128;
   spec.moe.router_topk = 8;
   spec.moe.ffn_hidden_size = expert_ffn;
@@ -102,6 +109,10 @@ std::vector<ModelPreset> build_model_presets() {
        "Jiang et al. 2024 (Mixtral of Experts): 46.7B, 12.9B active; mistralai/Mixtral-8x7B-v0.1's config"},
       {mixtral("mixtral-8x22b", 56, 6144, 16384, 48, 8, 65536, 32768, 8), 141e9,
        "Mistral AI, Mixtral 8x22B (2024): 141B, 39B active; mistralai/Mixtral-8x22B-v0.1's config"},
+      {qwen3("qwen3-8b", 36, 4096, 12288, 32, 8), 8.2e9,
+       "Qwen3 technical report (2025), Table 1: 8.2B; Qwen/Qwen3-8B's config"},
+      {qwen3("qwen3-32b", 64, 5120, 25600, 64, 8), 32.8e9,
+       "Qwen3 technical report (2025), Table 1: 32.8B; Qwen/Qwen3-32B's config"},
       {qwen3_moe("qwen3-30b-a3b", 48, 2048, 6144, 32, 768), 30.5e9,
        "Qwen3 technical report (2025), Table 2: 30.5B, 3.3B active; Qwen/Qwen3-30B-A3B's config"},
       {qwen3_moe("qwen3-235b-a22b", 94, 4096, 12288, 64, 1536), 235e9,

@@ -11,10 +11,10 @@
 using Catch::Matchers::Contains;
 
 TEST_CASE("every preset validates and matches its published size within 2%", "[model_presets]") {
-  const std::set<std::string> required = {"gpt2-124m",     "gpt2-350m",     "gpt2-774m",      "gpt2-1.5b",
-                                          "gpt-1.3b",      "gpt3-175b",     "gpt-1t",         "llama2-7b",
-                                          "llama3-8b",     "llama3-70b",    "llama3.1-405b",  "mixtral-8x7b",
-                                          "mixtral-8x22b", "qwen3-30b-a3b", "qwen3-235b-a22b"};
+  const std::set<std::string> required = {
+      "gpt2-124m",     "gpt2-350m",     "gpt2-774m",       "gpt2-1.5b",  "gpt-1.3b",      "gpt3-175b",
+      "gpt-1t",        "llama2-7b",     "llama3-8b",       "llama3-70b", "llama3.1-405b", "mixtral-8x7b",
+      "mixtral-8x22b", "qwen3-30b-a3b", "qwen3-235b-a22b", "qwen3-8b",   "qwen3-32b"};
   std::set<std::string> seen;
   for (const megaplan::ModelPreset& preset : megaplan::model_presets()) {
     INFO(preset.spec.name);
@@ -56,6 +56,9 @@ TEST_CASE("exact counts for models whose sizes are published to the parameter", 
   const megaplan::ModelSpec qwen3_large = megaplan::model_preset("qwen3-235b-a22b");
   CHECK(megaplan::total_parameters(qwen3_large) == 235'093'634'560);
   CHECK(megaplan::active_parameters(qwen3_large) == 22'190'763'520);
+  // Qwen3's dense 8B and 32B by hand likewise: 8,190,735,360 and 32,762,123,264 ("8.2B", "32.8B").
+  CHECK(megaplan::total_parameters(megaplan::model_preset("qwen3-8b")) == 8'190'735'360);
+  CHECK(megaplan::total_parameters(megaplan::model_preset("qwen3-32b")) == 32'762'123'264);
 }
 
 TEST_CASE("an unknown preset lists the known ones", "[model_presets]") {
