@@ -4,6 +4,7 @@
 #include "core/hf_config.h"
 
 #include <algorithm>
+#include <initializer_list>
 #include <string_view>
 #include <vector>
 
@@ -36,14 +37,22 @@ void read_rope_scaling(JsonFieldReader& reader, const std::string& key, ModelSpe
   JsonFieldReader scaling(*object, reader.field(key));
   scaling.read("rope_theta", spec.rotary_base);
   scaling.read("partial_rotary_factor", spec.rotary_percent);
-  std::string kind = "default";
-  if (!scaling.read("rope_type", kind)) scaling.read("type", kind);
+  std::string kind;
+  if (!scaling.read("rope_type", kind) && !scaling.read("type", kind)) {
+    // transformers reads a scaling without its kind as no scaling at all; a factor there was meant.
+    if (scaling.has("factor")) {
+      throw SpecError(scaling.field("factor"),
+                      "a RoPE scaling without rope_type (or type): \"llama3\" (Llama 3.1's) is the one modelled");
+    }
+    return;
+  }
   if (kind == "default") return;
   if (kind != "llama3") {
     throw SpecError(scaling.field("rope_type"),
                     "only \"llama3\" (Llama 3.1's scaling) is modelled, got \"" + kind + "\"");
   }
   scaling.require("factor", spec.rope_scaling.factor);
+  require_rope_scaling_factor(spec.rope_scaling.factor, scaling.field("factor"));
   scaling.require("low_freq_factor", spec.rope_scaling.low_freq_factor);
   scaling.require("high_freq_factor", spec.rope_scaling.high_freq_factor);
   scaling.require("original_max_position_embeddings", spec.rope_scaling.original_max_position_embeddings);
@@ -123,6 +132,16 @@ void refuse_unmodelled_keys(const nlohmann::json& json, JsonFieldReader& reader,
                       "; a window as long as the context (or null) is whole-sequence attention");
 }
 
+// Counts and widths a config states: 0 is no "unset" (transformers would build a broken model).
+void require_positive_keys(JsonFieldReader& reader, std::initializer_list<const char*> keys) {
+  for (const char* key : keys) {
+    int64_t value = 0;
+    if (reader.read(key, value) && value < 1) {
+      throw SpecError(reader.field(key), "must be a positive integer, got " + std::to_string(value));
+    }
+  }
+}
+
 ModelSpec from_llama_family(JsonFieldReader& reader, const std::string& type) {
   std::string activation = "silu";
   reader.read("hidden_act", activation);
@@ -130,6 +149,7 @@ ModelSpec from_llama_family(JsonFieldReader& reader, const std::string& type) {
     throw SpecError(reader.field("hidden_act"),
                     "only \"silu\" (SwiGLU) is supported for " + type + ", got \"" + activation + "\"");
   }
+  require_positive_keys(reader, {"intermediate_size", "num_key_value_heads", "head_dim"});
   ModelSpec spec;
   reader.require("num_hidden_layers", spec.num_layers);
   reader.require("hidden_size", spec.hidden_size);
@@ -171,6 +191,7 @@ ModelSpec from_llama_family(JsonFieldReader& reader, const std::string& type) {
 }
 
 ModelSpec from_gpt2(JsonFieldReader& reader) {
+  require_positive_keys(reader, {"n_inner"});
   ModelSpec spec;  // GPT2Config's defaults where the file omits a field
   reader.require("n_layer", spec.num_layers);
   reader.require("n_embd", spec.hidden_size);

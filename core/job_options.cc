@@ -51,18 +51,19 @@ namespace {
 
 // Megatron's integer model flags and the ModelSpec field each sets: one list for "was any given"
 // and for applying them.
-using IntegerFlag = std::pair<std::optional<int64_t> ModelOptions::*, int64_t ModelSpec::*>;
+using IntegerFlag = std::tuple<std::optional<int64_t> ModelOptions::*, int64_t ModelSpec::*, const char*>;
 constexpr IntegerFlag kIntegerModelFlags[] = {
-    {&ModelOptions::num_layers, &ModelSpec::num_layers},
-    {&ModelOptions::hidden_size, &ModelSpec::hidden_size},
-    {&ModelOptions::ffn_hidden_size, &ModelSpec::ffn_hidden_size},
-    {&ModelOptions::num_attention_heads, &ModelSpec::num_attention_heads},
-    {&ModelOptions::num_query_groups, &ModelSpec::num_query_groups},
-    {&ModelOptions::kv_channels, &ModelSpec::kv_channels},
-    {&ModelOptions::seq_length, &ModelSpec::seq_length},
-    {&ModelOptions::max_position_embeddings, &ModelSpec::max_position_embeddings},
-    {&ModelOptions::vocab_size, &ModelSpec::vocab_size},
-    {&ModelOptions::make_vocab_size_divisible_by, &ModelSpec::make_vocab_size_divisible_by}};
+    {&ModelOptions::num_layers, &ModelSpec::num_layers, "--num-layers"},
+    {&ModelOptions::hidden_size, &ModelSpec::hidden_size, "--hidden-size"},
+    {&ModelOptions::ffn_hidden_size, &ModelSpec::ffn_hidden_size, "--ffn-hidden-size"},
+    {&ModelOptions::num_attention_heads, &ModelSpec::num_attention_heads, "--num-attention-heads"},
+    {&ModelOptions::num_query_groups, &ModelSpec::num_query_groups, "--num-query-groups"},
+    {&ModelOptions::kv_channels, &ModelSpec::kv_channels, "--kv-channels"},
+    {&ModelOptions::seq_length, &ModelSpec::seq_length, "--seq-length"},
+    {&ModelOptions::max_position_embeddings, &ModelSpec::max_position_embeddings, "--max-position-embeddings"},
+    {&ModelOptions::vocab_size, &ModelSpec::vocab_size, "--vocab-size"},
+    {&ModelOptions::make_vocab_size_divisible_by, &ModelSpec::make_vocab_size_divisible_by,
+     "--make-vocab-size-divisible-by"}};
 
 // The experts' flags and their fields of ModelSpec::moe; each given must be at least 1 (0 is no
 // "unset": leave the flag out).
@@ -122,7 +123,7 @@ bool model_flags_given(const ModelOptions& options) {
                                                &options.moe_token_drop_policy,
                                                &options.moe_token_dispatcher_type};
   return std::any_of(std::begin(kIntegerModelFlags), std::end(kIntegerModelFlags),
-                     [&](const IntegerFlag& flag) { return (options.*flag.first).has_value(); }) ||
+                     [&](const IntegerFlag& flag) { return (options.*std::get<0>(flag)).has_value(); }) ||
          std::any_of(std::begin(kMoeFlags), std::end(kMoeFlags),
                      [&](const MoeFlag& flag) { return (options.*std::get<0>(flag)).has_value(); }) ||
          std::any_of(std::begin(reals), std::end(reals), [](const auto* flag) { return flag->has_value(); }) ||
@@ -178,8 +179,14 @@ ModelSpec resolve_model(const ModelOptions& options) {
 }
 
 ModelSpec apply_model_flags(ModelSpec spec, const ModelOptions& options) {
-  for (const auto& [flag, field] : kIntegerModelFlags) {
-    if (options.*flag) spec.*field = *(options.*flag);
+  // Given, each is a count or a width: 0 is no "unset" (leave the flag out for the default).
+  for (const auto& [flag, field, name] : kIntegerModelFlags) {
+    if (!(options.*flag)) continue;
+    if (*(options.*flag) < 1) {
+      throw SpecError(name, "must be a positive integer, got " + std::to_string(*(options.*flag)) +
+                                " (leave the flag out for the model's value)");
+    }
+    spec.*field = *(options.*flag);
   }
   for (const auto& [flag, field, name] : kMoeFlags) {
     if (!(options.*flag)) continue;
@@ -204,7 +211,10 @@ ModelSpec apply_model_flags(ModelSpec spec, const ModelOptions& options) {
     throw SpecError("--rope-scaling-factor", "needs --use-rope-scaling");
   }
   if (options.use_rope_scaling && !spec.rope_scaling.enabled()) spec.rope_scaling = RopeScaling{.factor = 8};
-  if (options.rope_scaling_factor) spec.rope_scaling.factor = *options.rope_scaling_factor;
+  if (options.rope_scaling_factor) {
+    require_rope_scaling_factor(*options.rope_scaling_factor, "--rope-scaling-factor");
+    spec.rope_scaling.factor = *options.rope_scaling_factor;
+  }
   spec.swiglu = spec.swiglu || options.swiglu;
   spec.untie_embeddings_and_output_weights =
       spec.untie_embeddings_and_output_weights || options.untie_embeddings_and_output_weights;

@@ -38,6 +38,12 @@ int64_t padded_vocab_size(const ModelSpec& spec, int64_t tensor_parallel_size) {
   return round_up_to_multiple(spec.vocab_size, multiple, "--vocab-size");
 }
 
+void require_rope_scaling_factor(double factor, const std::string& field) {
+  if (!(factor >= 1) || !std::isfinite(factor)) {
+    throw SpecError(field, "must be a finite number >= 1, got " + nlohmann::json(factor).dump());
+  }
+}
+
 void validate_model_spec(const ModelSpec& spec) {
   require_positive(spec.num_layers, "--num-layers");
   require_positive(spec.hidden_size, "--hidden-size");
@@ -91,10 +97,7 @@ void validate_model_spec(const ModelSpec& spec) {
     if (spec.position_embedding_type != PositionEmbedding::kRope) {
       throw SpecError("--use-rope-scaling", "needs --position-embedding-type rope");
     }
-    if (!(scaling.factor >= 1) || !std::isfinite(scaling.factor)) {
-      throw SpecError("--rope-scaling-factor",
-                      "must be a finite number >= 1, got " + nlohmann::json(scaling.factor).dump());
-    }
+    require_rope_scaling_factor(scaling.factor, "--rope-scaling-factor");
     if (!(scaling.low_freq_factor > 0) || !(scaling.high_freq_factor > scaling.low_freq_factor) ||
         !std::isfinite(scaling.high_freq_factor)) {
       throw SpecError("rope_scaling", "needs 0 < low_freq_factor < high_freq_factor, finite; got " +
@@ -195,12 +198,19 @@ ModelSpec model_spec_from_json(const nlohmann::json& json, const std::string& so
   reader.read("name", spec.name);
   reader.require("num_layers", spec.num_layers);
   reader.require("hidden_size", spec.hidden_size);
-  reader.read("ffn_hidden_size", spec.ffn_hidden_size);
+  // Each of these given must be a count or a width: 0 in a file is no "unset" (leave the key out).
+  const auto read_positive = [&](const std::string& key, int64_t& out) {
+    if (reader.read(key, out) && out < 1) {
+      throw SpecError(reader.field(key), "must be a positive integer, got " + std::to_string(out) +
+                                             " (leave the key out for the default)");
+    }
+  };
+  read_positive("ffn_hidden_size", spec.ffn_hidden_size);
   reader.require("num_attention_heads", spec.num_attention_heads);
-  reader.read("num_query_groups", spec.num_query_groups);
-  reader.read("kv_channels", spec.kv_channels);
+  read_positive("num_query_groups", spec.num_query_groups);
+  read_positive("kv_channels", spec.kv_channels);
   reader.require("seq_length", spec.seq_length);
-  reader.read("max_position_embeddings", spec.max_position_embeddings);
+  read_positive("max_position_embeddings", spec.max_position_embeddings);
   reader.require("vocab_size", spec.vocab_size);
   reader.read("make_vocab_size_divisible_by", spec.make_vocab_size_divisible_by);
   reader.read("swiglu", spec.swiglu);
@@ -220,6 +230,7 @@ ModelSpec model_spec_from_json(const nlohmann::json& json, const std::string& so
   if (const nlohmann::json* scaling = reader.read_object("rope_scaling")) {
     JsonFieldReader scaling_reader(*scaling, source + ": rope_scaling");
     scaling_reader.require("factor", spec.rope_scaling.factor);
+    require_rope_scaling_factor(spec.rope_scaling.factor, scaling_reader.field("factor"));
     scaling_reader.read("low_freq_factor", spec.rope_scaling.low_freq_factor);
     scaling_reader.read("high_freq_factor", spec.rope_scaling.high_freq_factor);
     scaling_reader.read("original_max_position_embeddings", spec.rope_scaling.original_max_position_embeddings);

@@ -93,6 +93,9 @@ struct ModelSpec {
 int64_t padded_vocab_size(const ModelSpec& spec, int64_t tensor_parallel_size);
 
 // Throws SpecError naming the field (as its Megatron flag, e.g. "--hidden-size") and the rule.
+// Llama 3.1's RoPE scaling factor: a finite number >= 1. Checked where a factor is read, since a
+// factor of 0 is how RopeScaling says "none": 0 or less given must not read as no scaling.
+void require_rope_scaling_factor(double factor, const std::string& field);
 void validate_model_spec(const ModelSpec& spec);
 
 // JSON uses Megatron's argument names with underscores ("num_layers", "hidden_size", ...).

@@ -349,6 +349,14 @@ expect_ok convert --to hf --load "$scratch/llama-ckpt" --save "$scratch/llama-hf
 grep -q '"model_type": "llama"' "$scratch/llama-hf/config.json" || fail "convert --to hf: $(cat "$scratch/llama-hf/config.json")"
 grep -q '"rope_type": "llama3"' "$scratch/llama-hf/config.json" || fail "convert --to hf drops the RoPE scaling: $(cat "$scratch/llama-hf/config.json")"
 expect_error 'error: --rope-scaling-factor: needs --use-rope-scaling' describe --model llama3-8b --rope-scaling-factor 4
+# Zero (or less) is no "unset" and no "none" (issue 42): refused, not read as the model's value.
+expect_error 'error: --rope-scaling-factor: must be a finite number >= 1, got 0.0' \
+  describe --model llama3-8b --use-rope-scaling --rope-scaling-factor 0
+expect_error 'error: --ffn-hidden-size: must be a positive integer, got 0 \(leave the flag out' \
+  describe --model llama3-8b --ffn-hidden-size 0
+expect_error 'error: --num-query-groups: must be a positive integer, got 0' \
+  describe --model llama3-8b --group-query-attention --num-query-groups 0
+expect_error 'error: --kv-channels: must be a positive integer, got 0' describe --model llama3-8b --kv-channels 0
 expect_ok convert --to megaplan --load "$scratch/llama-hf" --save "$scratch/llama-tp2" --tp 2
 expect_ok train --device cpu --model "$scratch/llama-hf/config.json" --seq-length 16 --world-size 2 --tp 2 --mbs 1 --gbs 2 \
   --data-path "$scratch/corpus_text_document" --split 1,0,0 --train-iters 1 --load "$scratch/llama-tp2" --log-interval 1

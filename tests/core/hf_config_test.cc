@@ -243,6 +243,12 @@ TEST_CASE("keys of an architecture megaplan does not model are refused whatever 
       megaplan::model_spec_from_hf_config(
           with({{"model_type", "qwen2"}, {"sliding_window", 4096}, {"use_sliding_window", true}}), "c.json"),
       Contains("c.json: sliding_window"));
+  // Zero is no "unset" (issue 42): a config's 0 heads or width is refused, not read as the default.
+  for (const char* key : {"num_key_value_heads", "head_dim", "intermediate_size"}) {
+    INFO(key);
+    CHECK_THROWS_WITH(megaplan::model_spec_from_hf_config(with({{"model_type", "llama"}, {key, 0}}), "c.json"),
+                      "c.json: " + std::string(key) + ": must be a positive integer, got 0");
+  }
 }
 
 TEST_CASE("Llama 3.1's rope_scaling imports; other kinds are refused naming the field", "[hf_config]") {
@@ -276,6 +282,20 @@ TEST_CASE("Llama 3.1's rope_scaling imports; other kinds are refused naming the 
                                {"factor", 32.0},          {"low_freq_factor", 1.0},
                                {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8192}};
   CHECK(megaplan::model_spec_from_hf_config(config, "c.json").rope_scaling.factor == 32.0);
+  // A factor of 0 or less is no "none" (issue 42): refused where it is read, as 0.5 is; and a
+  // scaling that names no kind is refused, not read as none.
+  for (const double factor : {0.0, -8.0}) {
+    config["rope_parameters"]["factor"] = factor;
+    CHECK_THROWS_WITH(megaplan::model_spec_from_hf_config(config, "c.json"),
+                      Contains("c.json: rope_parameters: factor: must be a finite number >= 1"));
+    nlohmann::json file = megaplan::model_spec_to_json(spec);
+    file["rope_scaling"]["factor"] = factor;
+    CHECK_THROWS_WITH(megaplan::model_spec_from_json(file, "m.json"),
+                      Contains("m.json: rope_scaling: factor: must be a finite number >= 1"));
+  }
+  config["rope_parameters"] = {{"factor", 8.0}};
+  CHECK_THROWS_WITH(megaplan::model_spec_from_hf_config(config, "c.json"),
+                    Contains("c.json: rope_parameters: factor: a RoPE scaling without rope_type"));
   spec.rope_scaling.factor = 0.5;
   CHECK_THROWS_WITH(megaplan::validate_model_spec(spec),
                     Contains("--rope-scaling-factor: must be a finite number >= 1"));
