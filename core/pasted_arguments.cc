@@ -2,14 +2,18 @@
 #include "core/pasted_arguments.h"
 
 #include <algorithm>
-#include <fstream>
+#include <filesystem>
 #include <map>
+#include <optional>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/json_io.h"
 #include "core/megatron_arguments.h"
 #include "core/notes.h"
+#include "core/text_file.h"
 
 namespace megaplan {
 
@@ -23,6 +27,33 @@ bool names_a_path(const std::string& flag) {
                                        "--vocab-file", "--merge-file",      "--tokenizer-model", "--save",
                                        "--load",       "--tensorboard-dir", "--data-cache-path", "--wandb-save-dir"};
   return std::find(std::begin(kPaths), std::end(kPaths), flag) != std::end(kPaths);
+}
+
+// The tokens of a GPT-2 vocab.json (a JSON object of tokens to ids 0 .. n - 1), or one line naming
+// --vocab-file and the rule it breaks. REQUIRES: the path exists.
+int64_t gpt2_vocabulary_size(const std::string& path) {
+  require_regular_file(path, "--vocab-file");
+  std::optional<nlohmann::json> vocabulary;
+  try {
+    vocabulary = try_parse_json(read_text_file(path));
+  } catch (const SpecError& error) {
+    throw SpecError("--vocab-file", error.what());
+  }
+  if (!vocabulary || !vocabulary->is_object() || vocabulary->empty()) {
+    throw SpecError("--vocab-file", path + ": not a GPT-2 vocabulary (a JSON object of tokens to their ids)");
+  }
+  const auto size = static_cast<int64_t>(vocabulary->size());
+  std::vector<bool> seen(static_cast<std::size_t>(size), false);
+  for (const auto& [token, id] : vocabulary->items()) {
+    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= size ||
+        seen[static_cast<std::size_t>(id.get<int64_t>())]) {
+      throw SpecError("--vocab-file", path + ": not a GPT-2 vocabulary: token " + nlohmann::json(token).dump() +
+                                          " has id " + id.dump() + " (the ids must be 0 to " +
+                                          std::to_string(size - 1) + ", each once)");
+    }
+    seen[static_cast<std::size_t>(id.get<int64_t>())] = true;
+  }
+  return size;
 }
 
 std::string comma_joined(const std::vector<std::string>& words) {
@@ -117,12 +148,6 @@ PastedArguments read_pasted_arguments(const std::vector<std::string>& remaining,
     if (given == "--rampup-batch-size") continue;  // its own note, below
     (argument.effect == ArgumentEffect::kRun ? training_only : cosmetic).push_back(given);
   }
-  for (const auto& [name, given] : values) {
-    if (!names_a_path(name) || given.empty()) continue;
-    std::string words = name;  // a blend's weights and prefixes, all of them
-    for (const std::string& word : given) words += " " + word;
-    pasted.paths.push_back(words);
-  }
   const auto value_of = [&](const std::string& name) -> std::optional<std::string> {
     const auto found = values.find(name);
     if (found == values.end() || found->second.empty()) return std::nullopt;
@@ -130,17 +155,24 @@ PastedArguments read_pasted_arguments(const std::vector<std::string>& remaining,
   };
   const std::optional<std::string> type = value_of("--tokenizer-type");
   const std::optional<std::string> vocab_file = value_of("--vocab-file");
-  if (type == "GPT2BPETokenizer" || (!type && vocab_file && value_of("--merge-file"))) {
+  // GPT-2's tokenizer: its vocabulary is the vocab file's (opened and counted), or GPT-2's own.
+  const bool gpt2 = type == "GPT2BPETokenizer" || (!type && vocab_file && value_of("--merge-file"));
+  if (gpt2) {
     pasted.vocab_size = kGpt2Vocabulary;
     pasted.vocab_source = "GPT2BPETokenizer's";
-    if (vocab_file) {
-      std::ifstream file(*vocab_file);
-      const nlohmann::json vocabulary = nlohmann::json::parse(file, nullptr, /*allow_exceptions=*/false);
-      if (file && vocabulary.is_object() && !vocabulary.empty()) {
-        pasted.vocab_size = static_cast<int64_t>(vocabulary.size());
-        pasted.vocab_source = *vocab_file + "'s";
-      }
+    // A script pasted from a cluster names its files there: absent here, GPT-2's own is said.
+    if (vocab_file && std::filesystem::exists(*vocab_file)) {
+      pasted.vocab_size = gpt2_vocabulary_size(*vocab_file);
+      pasted.vocab_source = *vocab_file + "'s";
+    } else if (vocab_file) {
+      pasted.vocab_source = "GPT2BPETokenizer's (--vocab-file " + *vocab_file + " is not on this machine)";
     }
+  }
+  for (const auto& [name, given] : values) {
+    if (!names_a_path(name) || given.empty() || (gpt2 && name == "--vocab-file")) continue;
+    std::string words = name;  // a blend's weights and prefixes, all of them
+    for (const std::string& word : given) words += " " + word;
+    pasted.paths.push_back(words);
   }
   // The ramp shortens the first iterations; the iteration these commands cost is the one after it.
   if (values.count("--rampup-batch-size") > 0) {

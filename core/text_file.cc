@@ -60,7 +60,18 @@ std::string read_text_file(const std::string& path) {
   return contents;
 }
 
+void require_regular_file(const std::string& path, const std::string& field) {
+  struct stat status {};
+  if (::stat(path.c_str(), &status) != 0 || S_ISREG(status.st_mode)) return;  // absent: the open says so
+  const char* kind = S_ISDIR(status.st_mode)    ? "a directory"
+                     : S_ISFIFO(status.st_mode) ? "a FIFO"
+                     : S_ISSOCK(status.st_mode) ? "a socket"
+                                                : "a device";
+  throw SpecError(field, (field == path ? std::string() : path + ": ") + "is " + kind + ", not a regular file");
+}
+
 std::string read_file_contents(const std::string& path) {
+  require_regular_file(path, path);
   std::ifstream file(path, std::ios::binary);
   if (!file) throw SpecError(path, std::string("cannot read file: ") + std::strerror(errno));
   std::ostringstream contents;

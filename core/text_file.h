@@ -5,7 +5,11 @@
 
 namespace megaplan {
 
-// Throws SpecError(path, "cannot read file: <reason>").
+// Throws SpecError(field, ...) where `path` exists and is not a regular file: a FIFO (which would
+// block the open until a writer came), a device or a directory is not an input file.
+void require_regular_file(const std::string& path, const std::string& field);
+
+// Throws SpecError(path, "cannot read file: <reason>"), or require_regular_file's.
 std::string read_file_contents(const std::string& path);
 
 // read_file_contents, noting the file as an input of this command (below): how the files a user

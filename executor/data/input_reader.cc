@@ -75,6 +75,7 @@ bool InputReader::open_next_file(InputRecord& first) {
   while (next_file_ < files_.size()) {
     path_ = files_[next_file_++];
     line_number_ = 0;
+    require_regular_file(path_, "--input");  // a FIFO would block the open
     file_ = std::ifstream(path_, std::ios::binary);
     if (!file_) throw SpecError("--input", path_ + ": cannot read file: " + std::strerror(errno));
     const int64_t bytes_before = bytes_read_;

@@ -10,10 +10,12 @@
 #include <utility>
 
 #include "core/error.h"
+#include "core/text_file.h"
 
 namespace megaplan::exec {
 
 MappedFile::MappedFile(const std::string& path, const std::string& field) {
+  require_regular_file(path, field);  // a FIFO would block the open
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw SpecError(field, path + ": cannot open: " + std::strerror(errno));
   struct stat status {};

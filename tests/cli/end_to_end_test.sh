@@ -893,6 +893,18 @@ printf '{"a": 0, "b": 1, "c": 2, "d": 3}' >"$scratch/vocab.json"
 : >"$scratch/merges.txt"
 expect_ok describe --model gpt2-124m --cluster h200-x2 --gbs 8 --vocab-file "$scratch/vocab.json" --merge-file "$scratch/merges.txt"
 grep -q "^note: the vocabulary 4 is .*vocab.json's" "$scratch/err" || fail "the vocab file's entries are not the vocabulary: $(cat "$scratch/err")"
+grep -q "recorded, not opened: .*--vocab-file" "$scratch/err" && fail "the vocab file read is said not opened: $(cat "$scratch/err")"
+# One that is no vocabulary, or no regular file, is refused (issue 42); one absent here is GPT-2's, said.
+printf '{"name": "x", "layers": 3}' >"$scratch/not-vocab.json"
+expect_error 'error: --vocab-file: .*not-vocab.json: not a GPT-2 vocabulary: token "layers" has id 3' \
+  describe --model gpt2-124m --cluster h200-x2 --gbs 8 --vocab-file "$scratch/not-vocab.json" --merge-file "$scratch/merges.txt"
+mkfifo "$scratch/vocab.fifo"
+expect_error 'error: --vocab-file: .*vocab.fifo: is a FIFO, not a regular file' \
+  describe --model gpt2-124m --cluster h200-x2 --gbs 8 --vocab-file "$scratch/vocab.fifo" --merge-file "$scratch/merges.txt"
+expect_error 'error: --input: .*vocab.fifo: is a FIFO, not a regular file' data prepare --input "$scratch/vocab.fifo" \
+  --output-prefix "$scratch/never-fifo"
+mkfifo "$scratch/model.fifo.json"
+expect_error 'error: .*model.fifo.json: is a FIFO, not a regular file' describe --model "$scratch/model.fifo.json" --cluster h200-x2
 # argparse's rule: a repeated flag takes its last value; a word without a flag is refused.
 expect_ok describe --model gpt2-124m --cluster h200-x2 --tp 2 --tp 1 --gbs 8
 grep -q 'tp 1 x pp 1' "$scratch/out" || fail "a repeated --tp did not take its last value: $(grep '^plan' "$scratch/out")"
