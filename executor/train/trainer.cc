@@ -453,6 +453,38 @@ TrainSummary RankTrainer::train() {
   TrainingState state;
   state.seed = options.seed;
   state.tokenizer = options.tokenizer;
+  // The checkpoint and the log file first: a run refused for either prints nothing on stdout.
+  std::ostringstream loaded_log;
+  if (options.load) {
+    const auto load_start = std::chrono::steady_clock::now();
+    CheckpointLoadCounts counts;
+    if (const std::optional<TrainingState> loaded = load_checkpoint(*options.load, checkpoint_rank(), &counts)) {
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
+      check_resumable(*loaded);
+      state = *loaded;
+      if (options.tokenizer) state.tokenizer = options.tokenizer;  // the run's word over the checkpoint's
+      if (out_) {
+        loaded_log << "loaded " << *options.load << " at iteration " << state.iteration << "\n";
+        // Rank 0's part; the speed bench/checkpoint_speed.sh reports.
+        const double gigabytes = static_cast<double>(counts.bytes) / 1e9;
+        loaded_log << "checkpoint load: " << format_double(seconds) << " s (" << format_double(gigabytes) << " GB, "
+                   << format_double(seconds > 0 ? gigabytes / seconds : 0) << " GB/s, " << options.checkpoint_threads
+                   << " threads; " << counts.tensors_as_saved << " tensors as saved, " << counts.tensors_resharded
+                   << " resharded)\n";
+      }
+    } else if (options.save && same_directory(*options.load, *options.save)) {
+      if (out_) loaded_log << "no checkpoint in " << *options.load << " yet: starting from scratch\n";
+    } else {
+      throw SpecError("--load", *options.load +
+                                    " holds no checkpoint (no latest_checkpointed_iteration.txt); to start "
+                                    "from scratch and resume from it later, give the same directory to "
+                                    "--save (Megatron's resume-or-start idiom)");
+    }
+  }
+  if (out_ && options.log_file) {
+    log_file_.emplace(*options.log_file, std::ios::app);
+    if (!*log_file_) throw SpecError("--log-file", *options.log_file + ": cannot open for appending");
+  }
   if (out_ && !options.vocabulary_note.empty()) *out_ << options.vocabulary_note << "\n";
   if (out_) *out_ << run_.data_log;
   if (out_) {
@@ -482,36 +514,7 @@ TrainSummary RankTrainer::train() {
       *out_ << "\n";
     }
   }
-  if (options.load) {
-    const auto load_start = std::chrono::steady_clock::now();
-    CheckpointLoadCounts counts;
-    if (const std::optional<TrainingState> loaded = load_checkpoint(*options.load, checkpoint_rank(), &counts)) {
-      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
-      check_resumable(*loaded);
-      state = *loaded;
-      if (options.tokenizer) state.tokenizer = options.tokenizer;  // the run's word over the checkpoint's
-      if (out_) {
-        *out_ << "loaded " << *options.load << " at iteration " << state.iteration << "\n";
-        // Rank 0's part; the speed bench/checkpoint_speed.sh reports.
-        const double gigabytes = static_cast<double>(counts.bytes) / 1e9;
-        *out_ << "checkpoint load: " << format_double(seconds) << " s (" << format_double(gigabytes) << " GB, "
-              << format_double(seconds > 0 ? gigabytes / seconds : 0) << " GB/s, " << options.checkpoint_threads
-              << " threads; " << counts.tensors_as_saved << " tensors as saved, " << counts.tensors_resharded
-              << " resharded)\n";
-      }
-    } else if (options.save && same_directory(*options.load, *options.save)) {
-      if (out_) *out_ << "no checkpoint in " << *options.load << " yet: starting from scratch\n";
-    } else {
-      throw SpecError("--load", *options.load +
-                                    " holds no checkpoint (no latest_checkpointed_iteration.txt); to start "
-                                    "from scratch and resume from it later, give the same directory to "
-                                    "--save (Megatron's resume-or-start idiom)");
-    }
-  }
-  if (out_ && options.log_file) {
-    log_file_.emplace(*options.log_file, std::ios::app);
-    if (!*log_file_) throw SpecError("--log-file", *options.log_file + ": cannot open for appending");
-  }
+  if (out_) *out_ << loaded_log.str();
 
   const int64_t seq = run_.model.seq_length;
   TrainSummary summary;

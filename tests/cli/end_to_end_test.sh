@@ -760,6 +760,12 @@ expect_ok train --device cpu --model "$examples/models/tiny-gpt.json" --vocab-si
   --data-path "$scratch/corpus_text_document" --split 1,0,0 --train-iters 2 --save "$scratch/qwen3-ckpt"
 expect_ok convert --to hf --load "$scratch/qwen3-ckpt" --save "$scratch/qwen3-hf"
 grep -q '"model_type": "qwen3"' "$scratch/qwen3-hf/config.json" || fail "convert --to hf: $(cat "$scratch/qwen3-hf/config.json")"
+# A refused --load says so in one line and prints nothing on stdout (issue 42): a corrupted shard.
+cp -r "$scratch/qwen3-ckpt" "$scratch/corrupt-ckpt"
+printf 'XXXXXXXX' | dd of="$scratch/corrupt-ckpt/iter_0000002/mp_rank_00/model.bin" bs=1 seek=100 conv=notrunc 2>/dev/null
+expect_error 'error: --load: .*/corrupt-ckpt/iter_0000002/mp_rank_00/model.bin: checksum of .* does not match its manifest' \
+  train --device cpu --model "$scratch/qwen3-hf/config.json" --seq-length 16 --world-size 2 --tp 2 --mbs 1 --gbs 2 \
+  --data-path "$scratch/corpus_text_document" --split 1,0,0 --train-iters 3 --load "$scratch/corrupt-ckpt"
 
 # Uneven stages: Llama 3.1 405B's 126 layers plan on 1024 H100s with pp >= 8 (issue 17's acceptance),
 # and the emitted Megatron arguments carry the split.
