@@ -89,6 +89,13 @@ std::string to_string(const std::vector<Action>& actions) {
 }
 
 Action parse_action(const std::string& text, const std::string& field) {
+  // The longest action is an overlapped pair of two of nine-digit stage and microbatch: a longer
+  // cell is no action (and its text is not quoted back whole).
+  constexpr std::size_t kLongestAction = 64;
+  if (text.size() > kLongestAction) {
+    throw SpecError(field, "an action of " + std::to_string(text.size()) + " characters (\"" + text.substr(0, 24) +
+                               "...\"): an action is at most " + std::to_string(kLongestAction));
+  }
   const std::string unknown = "unknown action \"" + text + "\"";
   if (text == kOptimToken) return make_action(ActionKind::kOptimizer, 0, -1);
 
@@ -97,6 +104,9 @@ Action parse_action(const std::string& text, const std::string& field) {
     const std::string inner = text.substr(1, text.size() - 1 - overlap_suffix.size());
     const std::size_t separator = inner.find(';');
     if (separator == std::string::npos) throw SpecError(field, unknown + ": OVERLAP_F_B needs two actions");
+    if (inner.find('(') != std::string::npos) {
+      throw SpecError(field, unknown + ": OVERLAP_F_B overlaps two plain actions (no nesting)");
+    }
     const Action forward_part = parse_action(inner.substr(0, separator), field);
     const Action backward_part = parse_action(inner.substr(separator + 1), field);
     if (forward_part.kind != ActionKind::kForward ||

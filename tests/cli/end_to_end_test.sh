@@ -148,6 +148,9 @@ expect_schedule_error 'error: schedule: duplicate: 0F0 \(rank 0, step 1\) repeat
 grep -q '^rank 0: >>0F0<< >>0F0<< 0B0' "$scratch/err" || fail "duplicate grid does not mark both forwards"
 printf '0F0,0B0\n1F0,1Z0,1B0\n' >"$scratch/unknown.csv"
 expect_error "error: $scratch/unknown.csv:2:2: unknown action \"1Z0\"" schedule --import "$scratch/unknown.csv" --check
+# A cell of 20,000 nested overlaps (issue 42) is refused before it is parsed.
+python3 -c 'import sys; sys.stdout.write("0F0,0B0\n" + "(" * 20000 + "1F0" + ";1B0)OVERLAP_F_B" * 20000 + "\n")' >"$scratch/nested.csv"
+expect_error "error: $scratch/nested.csv:2:1: an action of 340003 characters" schedule --import "$scratch/nested.csv" --check
 expect_error 'error: --microbatches: the interleaved schedule needs microbatches % group size to be 0 or >= pp; got 6 % 4 = 2 with pp 4' schedule --kind interleaved --pp 4 --vpp 2 --microbatches 6
 expect_error 'error: --vpp: zbv runs two stages per rank in a V; needs vpp = 2, got 3' schedule --kind zbv --pp 4 --vpp 3 --microbatches 8
 expect_error 'error: --kind: must be one of gpipe, 1f1b' schedule --kind zb-h2 --pp 4 --microbatches 8
