@@ -1,6 +1,8 @@
 #include "executor/io/hf_checkpoint.h"
 
+#include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -561,10 +563,22 @@ HfCheckpoint read_hf_checkpoint(const std::string& directory) {
     if (found == headers.end()) found = headers.emplace(path, read_safetensors_header(path, "--load")).first;
     return found->second.tensors.count(name) ? &found->second : nullptr;
   };
+  // A weight that is not finite would train as NaN from the first step: refused naming the tensor.
   const auto read = [&](const std::string& name) -> std::optional<WholeTensor> {
     const SafetensorsHeader* header = header_of(name);
     if (!header) return std::nullopt;
-    return read_safetensors_tensor(*header, name, "--load");
+    WholeTensor tensor = read_safetensors_tensor(*header, name, "--load");
+    const auto bad =
+        std::find_if(tensor.values.begin(), tensor.values.end(), [](float v) { return !std::isfinite(v); });
+    if (bad != tensor.values.end()) {
+      throw SpecError("--load", header->path + ": tensor " + name + " holds " +
+                                    (std::isnan(*bad) ? "NaN"
+                                     : *bad > 0       ? "+inf"
+                                                      : "-inf") +
+                                    " at element " + std::to_string(bad - tensor.values.begin()) +
+                                    ": weights must be finite");
+    }
+    return tensor;
   };
 
   std::map<std::string, Mapping> by_megatron;

@@ -763,6 +763,20 @@ expect_ok train --device cpu --model "$examples/models/tiny-gpt.json" --vocab-si
   --data-path "$scratch/corpus_text_document" --split 1,0,0 --train-iters 2 --save "$scratch/qwen3-ckpt"
 expect_ok convert --to hf --load "$scratch/qwen3-ckpt" --save "$scratch/qwen3-hf"
 grep -q '"model_type": "qwen3"' "$scratch/qwen3-hf/config.json" || fail "convert --to hf: $(cat "$scratch/qwen3-hf/config.json")"
+# A weight that is not finite is refused naming the tensor (issue 42), nothing written.
+cp -r "$scratch/qwen3-hf" "$scratch/nan-hf"
+python3 - "$scratch/nan-hf/model.safetensors" <<'PY'
+import json, struct, sys
+path = sys.argv[1]
+data = bytearray(open(path, "rb").read())
+length = struct.unpack("<Q", data[:8])[0]
+begin = 8 + length + json.loads(data[8:8 + length])["model.layers.0.mlp.down_proj.weight"]["data_offsets"][0]
+data[begin:begin + 4] = struct.pack("<f", float("nan"))
+open(path, "wb").write(data)
+PY
+expect_error "error: --load: .*nan-hf/model.safetensors: tensor model.layers.0.mlp.down_proj.weight holds NaN at element [0-9]+: weights must be finite" \
+  convert --to megaplan --load "$scratch/nan-hf" --save "$scratch/never-nan"
+[ ! -e "$scratch/never-nan" ] || fail "a refused conversion left $scratch/never-nan"
 # A refused --load says so in one line and prints nothing on stdout (issue 42): a corrupted shard.
 cp -r "$scratch/qwen3-ckpt" "$scratch/corrupt-ckpt"
 printf 'XXXXXXXX' | dd of="$scratch/corrupt-ckpt/iter_0000002/mp_rank_00/model.bin" bs=1 seek=100 conv=notrunc 2>/dev/null

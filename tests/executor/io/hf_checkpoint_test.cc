@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <random>
@@ -212,6 +213,18 @@ TEST_CASE("experts round-trip through Hugging Face's Mixtral, Qwen2-MoE and Qwen
   CHECK(k_norm.values == qwen3_tensors.at("decoder.layers.1.self_attention.k_layernorm.weight").values);
   CHECK(qwen3_header.tensors.count("model.layers.3.mlp.experts.3.down_proj.weight") == 1);
   CHECK(qwen3_header.tensors.count("model.layers.0.mlp.down_proj.weight") == 1);  // mlp_only_layers [0]
+}
+
+TEST_CASE("a Hugging Face weight that is not finite is refused naming the tensor", "[convert]") {
+  // Issue 42: convert --to megaplan took NaN weights with exit 0.
+  const megaplan::ModelSpec model = megaplan::test::four_layer_llama();
+  const megaplan::test::ScratchDirectory scratch;
+  std::map<std::string, exec::WholeTensor> tensors = random_tensors(model);
+  tensors.at("decoder.layers.1.mlp.linear_fc2.weight").values[7] = std::numeric_limits<float>::quiet_NaN();
+  exec::write_hf_checkpoint(scratch.file("hf"), model, "llama", tensors, exec::SafetensorsDtype::kF32);
+  CHECK_THROWS_WITH(exec::read_hf_checkpoint(scratch.file("hf")),
+                    Catch::Matchers::Contains("tensor model.layers.1.mlp.down_proj.weight holds NaN at element 7: "
+                                              "weights must be finite"));
 }
 
 TEST_CASE("Hugging Face's tensors are where transformers reads them", "[convert]") {
