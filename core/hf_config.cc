@@ -4,7 +4,6 @@
 #include "core/hf_config.h"
 
 #include <algorithm>
-#include <initializer_list>
 #include <string_view>
 #include <vector>
 
@@ -132,16 +131,6 @@ void refuse_unmodelled_keys(const nlohmann::json& json, JsonFieldReader& reader,
                       "; a window as long as the context (or null) is whole-sequence attention");
 }
 
-// Counts and widths a config states: 0 is no "unset" (transformers would build a broken model).
-void require_positive_keys(JsonFieldReader& reader, std::initializer_list<const char*> keys) {
-  for (const char* key : keys) {
-    int64_t value = 0;
-    if (reader.read(key, value) && value < 1) {
-      throw SpecError(reader.field(key), "must be a positive integer, got " + std::to_string(value));
-    }
-  }
-}
-
 ModelSpec from_llama_family(JsonFieldReader& reader, const std::string& type) {
   std::string activation = "silu";
   reader.read("hidden_act", activation);
@@ -149,18 +138,21 @@ ModelSpec from_llama_family(JsonFieldReader& reader, const std::string& type) {
     throw SpecError(reader.field("hidden_act"),
                     "only \"silu\" (SwiGLU) is supported for " + type + ", got \"" + activation + "\"");
   }
-  require_positive_keys(reader, {"intermediate_size", "num_key_value_heads", "head_dim"});
   ModelSpec spec;
   reader.require("num_hidden_layers", spec.num_layers);
   reader.require("hidden_size", spec.hidden_size);
+  // Counts and widths a config states: 0 is no "unset" (transformers would build a broken model).
   reader.require("intermediate_size", spec.ffn_hidden_size);
+  require_positive(spec.ffn_hidden_size, reader.field("intermediate_size"));
   reader.require("num_attention_heads", spec.num_attention_heads);
   spec.num_query_groups = spec.num_attention_heads;
-  reader.read("num_key_value_heads", spec.num_query_groups);
+  if (reader.read("num_key_value_heads", spec.num_query_groups)) {
+    require_positive(spec.num_query_groups, reader.field("num_key_value_heads"));
+  }
   // Qwen3Config's head_dim defaults to 128 whatever the width (Qwen3-30B-A3B: 32 heads of 128 over
   // a hidden size of 2048); the others' to hidden_size / num_attention_heads.
   if (is_qwen3(type)) spec.kv_channels = 128;
-  reader.read("head_dim", spec.kv_channels);
+  if (reader.read("head_dim", spec.kv_channels)) require_positive(spec.kv_channels, reader.field("head_dim"));
   reader.require("max_position_embeddings", spec.max_position_embeddings);
   spec.seq_length = spec.max_position_embeddings;
   reader.require("vocab_size", spec.vocab_size);
@@ -191,11 +183,11 @@ ModelSpec from_llama_family(JsonFieldReader& reader, const std::string& type) {
 }
 
 ModelSpec from_gpt2(JsonFieldReader& reader) {
-  require_positive_keys(reader, {"n_inner"});
   ModelSpec spec;  // GPT2Config's defaults where the file omits a field
   reader.require("n_layer", spec.num_layers);
   reader.require("n_embd", spec.hidden_size);
-  reader.read("n_inner", spec.ffn_hidden_size);  // null means 4h
+  // null means 4h; 0 is no "unset"
+  if (reader.read("n_inner", spec.ffn_hidden_size)) require_positive(spec.ffn_hidden_size, reader.field("n_inner"));
   reader.require("n_head", spec.num_attention_heads);
   spec.max_position_embeddings = 1024;
   reader.read("n_positions", spec.max_position_embeddings);

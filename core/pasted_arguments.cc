@@ -32,11 +32,10 @@ bool names_a_path(const std::string& flag) {
 // The tokens of a GPT-2 vocab.json (a JSON object of tokens to ids 0 .. n - 1), or one line naming
 // --vocab-file and the rule it breaks. REQUIRES: the path exists.
 int64_t gpt2_vocabulary_size(const std::string& path) {
-  require_regular_file(path, "--vocab-file");
   std::optional<nlohmann::json> vocabulary;
   try {
     vocabulary = try_parse_json(read_text_file(path));
-  } catch (const SpecError& error) {
+  } catch (const SpecError& error) {  // unreadable, or no regular file (read_file_contents)
     throw SpecError("--vocab-file", error.what());
   }
   if (!vocabulary || !vocabulary->is_object() || vocabulary->empty()) {
