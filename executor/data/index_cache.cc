@@ -1,9 +1,6 @@
 #include "executor/data/index_cache.h"
 
-#include <fcntl.h>
-#include <sys/file.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
@@ -13,6 +10,7 @@
 
 #include "core/error.h"
 #include "core/fnv1a.h"
+#include "executor/io/folder_lock.h"
 
 namespace megaplan::exec {
 
@@ -56,30 +54,6 @@ std::string staleness(const MappedIndexFile& file, const nlohmann::json& descrip
   }
   return "";
 }
-
-// An exclusive lock on a folder for the object's life (flock: released when the descriptor
-// closes, also when the process dies). Where the folder cannot be locked (some network
-// filesystems), no lock is held: builders then race, each writing the same bytes.
-class FolderLock {
- public:
-  explicit FolderLock(const std::string& folder) : fd_(::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)) {
-    if (fd_ < 0) return;
-    while (::flock(fd_, LOCK_EX) != 0) {
-      if (errno == EINTR) continue;
-      ::close(fd_);
-      fd_ = -1;
-      return;
-    }
-  }
-  ~FolderLock() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  FolderLock(const FolderLock&) = delete;
-  FolderLock& operator=(const FolderLock&) = delete;
-
- private:
-  int fd_;
-};
 
 bool exists(const std::string& path) {
   struct stat status {};
@@ -136,7 +110,8 @@ MappedIndexFile open_or_build_index(const IndexRequest& request, const IndexCach
                                        (stale.empty() ? "built" : "rebuilt, " + path + " being stale: " + stale) +
                                        "; give --data-cache-path a writable folder");
   }
-  const FolderLock lock(request.folder);
+  // Where the folder cannot be locked, builders race, each writing the same bytes.
+  const FolderLock lock(request.folder, FolderLock::Wait::kUntilFree);
   if (std::optional<MappedIndexFile> file = current()) {  // another process built it while this one waited
     say("loaded the index of " + request.what + ": " + path);
     return std::move(*file);

@@ -17,12 +17,16 @@
 // written by replica 0 of its expert data-parallel group, into the directory of its ep rank
 // (parallel_groups.h's writes_parameter), named by the expert's index in the layer.
 //
-// The checksum (format megaplan-checkpoint/3) is XXH3-64 over the list of the XXH3-64s of the
+// The checksum (formats megaplan-checkpoint/3 and /4) is XXH3-64 over the list of the XXH3-64s of the
 // tensor's bytes (value, then the moments) in blocks of checksum_block_bytes (4 MiB), as the
 // manifest's tensor_checksum names it: blocks, so that several threads checksum one large tensor;
 // XXH3, because FNV-1a's byte-at-a-time loop (about 1 GB/s on one core) held saves and loads below
 // the disk's speed. 64 bits make an accidental match of damaged bytes negligible. Checkpoints of
-// format 2, whose manifests carry an FNV-1a 64 of each whole tensor, are still read.
+// format 2, whose manifests carry an FNV-1a 64 of each whole tensor, are still read. Format 4 binds
+// each manifest to its checkpoint (the iteration, the directory's name, the saving plan:
+// RankBinding), so that a rank directory copied from another checkpoint is refused though its
+// checksums pass; format 3, without it, is still read. A load checks model.bin's size against its
+// manifest and checksums every replica of a tensor it reads (checkpoint_shard_reader.h).
 //
 // A save is atomic across ranks: everything goes into iter_XXXXXXX.tmp, every writer syncs its
 // files, all ranks meet at a barrier, then global rank 0 renames the directory into place and
@@ -80,6 +84,7 @@
 #include "core/model_spec.h"
 #include "core/parallel_plan.h"
 #include "executor/data/tokenizer.h"
+#include "executor/io/folder_lock.h"
 #include "executor/io/parallel_tasks.h"
 #include "executor/io/safetensors.h"
 #include "executor/model/stage_chunk.h"
@@ -180,6 +185,22 @@ void check_async_save_memory(uint64_t image_bytes, int64_t available_bytes);
 // with `checkpoint_bytes` free. Throws SpecError naming the flag and the rule.
 void check_checkpoint_directories(const std::optional<std::string>& load, const std::optional<std::string>& save,
                                   int64_t checkpoint_bytes);
+
+// The --save folder held by one run for its life: created when missing (and removed again, when
+// still empty, once let go), and locked (io/folder_lock.h), so that a second run saving into it is
+// refused before it trains rather than racing this one's saves. The process of global rank 0 takes
+// it. Throws SpecError("--save", ...) when another run holds it; holds nothing without --save.
+class SaveFolderLock {
+ public:
+  explicit SaveFolderLock(const std::optional<std::string>& save);
+  ~SaveFolderLock();
+  SaveFolderLock(const SaveFolderLock&) = delete;
+  SaveFolderLock& operator=(const SaveFolderLock&) = delete;
+
+ private:
+  std::string created_;  // the folder, when this lock created it
+  std::unique_ptr<FolderLock> lock_;
+};
 
 // Whether two paths name the same directory (spelled differently, or through a link).
 bool same_directory(const std::string& a, const std::string& b);

@@ -56,4 +56,26 @@ void check_checkpoint_directories(const std::optional<std::string>& load, const 
   }
 }
 
+SaveFolderLock::SaveFolderLock(const std::optional<std::string>& save) {
+  if (!save) return;
+  std::error_code error;
+  if (std::filesystem::create_directories(*save, error)) created_ = *save;
+  if (error) throw SpecError("--save", *save + ": cannot create the directory: " + error.message());
+  lock_ = std::make_unique<FolderLock>(*save, FolderLock::Wait::kNot);
+  if (lock_->busy()) {
+    lock_.reset();
+    throw SpecError("--save", *save +
+                                  " is being saved into by another run (it holds the folder's lock); wait for it to "
+                                  "end or give another folder");
+  }
+}
+
+SaveFolderLock::~SaveFolderLock() {
+  lock_.reset();
+  std::error_code error;
+  if (!created_.empty() && std::filesystem::is_empty(created_, error) && !error) {
+    std::filesystem::remove(created_, error);
+  }
+}
+
 }  // namespace megaplan::exec

@@ -52,7 +52,9 @@ std::string hex(uint64_t value) {
   return text;
 }
 
-bool known_format(const nlohmann::json& format) { return format == kFormat || format == kFnvFormat; }
+bool known_format(const nlohmann::json& format) {
+  return format == kFormat || format == kUnboundFormat || format == kFnvFormat;
+}
 
 std::string json_checksum(nlohmann::json object) {
   object.erase("fnv1a64");

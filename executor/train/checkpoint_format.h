@@ -10,9 +10,11 @@
 
 namespace megaplan::exec::checkpoint_format {
 
-// Format 3 checksums tensors with XXH3-64 over blocks; format 2 (read, no longer written) with
-// FNV-1a 64 over the whole tensor. Both are read.
-inline constexpr const char* kFormat = "megaplan-checkpoint/3";
+// Format 4 binds each rank directory's manifest to its iteration, name and saving plan
+// (RankBinding); format 3, read without that check, checksums tensors as format 4 does, with
+// XXH3-64 over blocks; format 2 with FNV-1a 64 over the whole tensor. All three are read.
+inline constexpr const char* kFormat = "megaplan-checkpoint/4";
+inline constexpr const char* kUnboundFormat = "megaplan-checkpoint/3";
 inline constexpr const char* kFnvFormat = "megaplan-checkpoint/2";
 // A tensor's checksum blocks: each block's XXH3-64 is computed apart (by any thread), the tensor's
 // checksum is the XXH3-64 of their list. Large enough for a write or read of one block to run at

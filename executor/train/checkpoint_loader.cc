@@ -143,6 +143,9 @@ std::optional<TrainingState> load_latest(const std::string& directory, const Che
   }
   ShardBytes read;
   read_shards(needed, rank.threads, read);
+  std::vector<const SavedShard*> all_read = streamed;
+  all_read.insert(all_read.end(), needed.begin(), needed.end());
+  verify_unread_replicas(saved, all_read, rank.threads);
   if (counts) {
     for (const auto& [shard, bytes] : read) counts->bytes += shard->bytes();
   }

@@ -1,5 +1,6 @@
 #include "executor/train/checkpoint_manifest.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <optional>
 
@@ -51,6 +52,9 @@ nlohmann::json rank_manifest(const RankLayout& layout, const std::vector<std::ve
        "checksum_block_bytes (the last one shorter)"},
       {"tensor_checksum", kXxh3Checksum},
       {"checksum_block_bytes", kChecksumBlockBytes},
+      {"iteration", layout.binding.iteration},
+      {"directory", layout.binding.directory},
+      {"plan", layout.binding.plan},
       {"tensor_parallel_rank", layout.tensor_parallel_rank},
       {"pipeline_rank", layout.pipeline_rank},
       {"stages", layout.stages},
@@ -59,9 +63,36 @@ nlohmann::json rank_manifest(const RankLayout& layout, const std::vector<std::ve
   return manifest;
 }
 
+namespace {
+
+// Format 4's binding: the manifest's iteration, directory and saving plan must be the checkpoint's.
+void check_binding(JsonFieldReader& fields, const RankBinding& expected, const std::string& iteration_path) {
+  int64_t iteration = 0;
+  std::string directory;
+  fields.require("iteration", iteration);
+  fields.require("directory", directory);
+  const nlohmann::json* plan = fields.read_object("plan");
+  const std::string foreign = " (a rank directory of another checkpoint: copied or moved)";
+  if (iteration != expected.iteration) {
+    refuse_load(fields.field("iteration") + ": saved at iteration " + std::to_string(iteration) + ", but " +
+                iteration_path + " is iteration " + std::to_string(expected.iteration) + foreign);
+  }
+  if (directory != expected.directory) {
+    refuse_load(fields.field("directory") + ": saved as " + nlohmann::json(directory.substr(0, 40)).dump() +
+                ", but it lies in " + expected.directory + foreign);
+  }
+  if (!plan || *plan != expected.plan) {
+    refuse_load(fields.field("plan") + ": saved under another plan than state.json's" + foreign);
+  }
+}
+
+}  // namespace
+
 uint64_t SavedShard::bytes() const { return kArraysPerTensor * elements(shape) * sizeof(float); }
 
-void read_manifest(const std::string& rank_path, std::map<std::string, std::vector<SavedShard>>& saved) {
+void read_manifest(const std::string& iteration_path, const RankBinding& expected,
+                   std::map<std::string, std::vector<SavedShard>>& saved) {
+  const std::string rank_path = iteration_path + "/" + expected.directory;
   const std::string path = rank_path + "/manifest.json";
   if (!std::filesystem::exists(path)) refuse_load(path + ": missing (the checkpoint is incomplete)");
   const std::optional<nlohmann::json> manifest = try_parse_json(read_file_contents(path));
@@ -72,9 +103,10 @@ void read_manifest(const std::string& rank_path, std::map<std::string, std::vect
   verify_json_checksum(*manifest, path);
   // Format 2 names no algorithm: FNV-1a 64 over each tensor.
   JsonFieldReader manifest_fields(*manifest, path);
+  if ((*manifest)["format"] == kFormat) check_binding(manifest_fields, expected, iteration_path);
   std::string algorithm = kFnvChecksum;
   uint64_t block_bytes = 0;
-  if ((*manifest)["format"] == kFormat) {
+  if ((*manifest)["format"] != kFnvFormat) {
     manifest_fields.require("tensor_checksum", algorithm);
     if (algorithm != kXxh3Checksum && algorithm != kFnvChecksum) {
       refuse_load(manifest_fields.field("tensor_checksum") + ": must be \"" + kXxh3Checksum + "\" or \"" +
@@ -96,6 +128,7 @@ void read_manifest(const std::string& rank_path, std::map<std::string, std::vect
     data_file = found->get<std::string>();
   }
   int64_t entry_index = 0;
+  uint64_t data_bytes = 0;  // the end of the last tensor: model.bin's size, as saves lay it out
   for (const nlohmann::json& entry : (*manifest)["tensors"]) {
     SavedShard shard;
     shard.manifest = path;
@@ -139,7 +172,20 @@ void read_manifest(const std::string& rank_path, std::map<std::string, std::vect
                   std::to_string(cut.dim) + " of its global shape " + shape_text(shard.global_shape));
     }
     shard.name = name;
+    data_bytes = std::max(data_bytes, shard.offset + shard.bytes());
     saved[name].push_back(std::move(shard));
+  }
+  // Bytes past the tensors, or missing: not the file the manifest describes (a shorter one also
+  // fails its read; a longer one would load).
+  if (entry_index > 0) {
+    std::error_code error;
+    const std::string data_path = rank_path + "/" + data_file;
+    require_regular_file(data_path, "--load");
+    const uintmax_t size = std::filesystem::file_size(data_path, error);
+    if (error || size != data_bytes) {
+      refuse_load(data_path + " holds " + (error ? std::string("no readable bytes") : std::to_string(size) + " bytes") +
+                  ", its manifest's tensors " + std::to_string(data_bytes) + " (a damaged or foreign model.bin)");
+    }
   }
 }
 

@@ -38,8 +38,19 @@ void for_each_array_part(uint64_t elements, uint64_t begin, uint64_t size, Visit
   }
 }
 
+// What binds a rank directory to its checkpoint (format 4): the iteration, the directory's own
+// name and the saving plan, written into its manifest (under the manifest's checksum) and checked
+// against state.json on load, so that a directory or manifest copied from another iteration, rank
+// or layout is refused, not trained on.
+struct RankBinding {
+  int64_t iteration = 0;
+  std::string directory;  // mp_rank_...
+  nlohmann::json plan;    // parallel_plan_to_json of the saving plan, as state.json's "plan"
+};
+
 // A rank directory's model.bin: its tensors one after the other, and the rank that saved them.
 struct RankLayout {
+  RankBinding binding;
   std::vector<TensorEntry> entries;
   std::vector<uint64_t> offsets;  // bytes into model.bin, per entry
   uint64_t total_bytes = 0;
@@ -66,8 +77,11 @@ struct SavedShard {
   uint64_t bytes() const;
 };
 
-// Reads a rank directory's manifest into `saved` (by tensor name, in directory order). Throws
-// SpecError("--load", ...) naming the file and the field for a missing or damaged manifest.
-void read_manifest(const std::string& rank_path, std::map<std::string, std::vector<SavedShard>>& saved);
+// Reads the manifest of the rank directory `directory` in `iteration_path` (DIR/iter_...) into
+// `saved` (by tensor name, in directory order). Throws SpecError("--load", ...) naming the file and
+// the field for a missing or damaged manifest, a model.bin of another size than its tensors', or
+// (format 4) a binding other than `expected`.
+void read_manifest(const std::string& iteration_path, const RankBinding& expected,
+                   std::map<std::string, std::vector<SavedShard>>& saved);
 
 }  // namespace megaplan::exec::checkpoint_format

@@ -167,10 +167,10 @@ void CheckpointSaver::save(const std::string& directory, const TrainingState& st
   writing->directory = directory;
   writing->staging = directory + "/" + checkpoint_format::iteration_directory(state.iteration) + ".tmp";
   writing->iteration = state.iteration;
-  const std::string path = writing->staging + "/" +
-                           checkpoint_format::rank_directory(
-                               groups.tensor_parallel_rank, groups.pipeline_rank, rank.plan.pipeline_parallel_size,
-                               groups.expert_parallel_rank, rank.plan.expert_model_parallel_size);
+  const std::string directory_name = checkpoint_format::rank_directory(
+      groups.tensor_parallel_rank, groups.pipeline_rank, rank.plan.pipeline_parallel_size, groups.expert_parallel_rank,
+      rank.plan.expert_model_parallel_size);
+  const std::string path = writing->staging + "/" + directory_name;
   RankLayout& layout = held_->layout;
   const auto start = std::chrono::steady_clock::now();
   try {
@@ -178,6 +178,7 @@ void CheckpointSaver::save(const std::string& directory, const TrainingState& st
     if (groups.world) groups.world->barrier();  // the staging directory exists
     if (writer) {
       lay_out_rank(rank, parameters, layout);
+      layout.binding = {state.iteration, directory_name, parallel_plan_to_json(rank.plan)};
       if (async_) {
         // Page-locked before the copies, which then run at the bus's speed.
         copy_rank(rank, parameters, layout, held_->buffer.reserve(layout.total_bytes));

@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 #include <memory>
+#include <set>
 #include <string>
 
 #include "core/fnv1a.h"
@@ -123,6 +124,19 @@ void read_shards(const std::vector<const SavedShard*>& needed, int64_t threads, 
                                                                : Fnv1a64().add(destination[k], shard.bytes()).value();
     if (checksum != shard.checksum) refuse_checksum(shard, checksum);
   });
+}
+
+void verify_unread_replicas(const std::map<std::string, std::vector<SavedShard>>& saved,
+                            const std::vector<const SavedShard*>& read, int64_t threads) {
+  const std::set<const SavedShard*> done(read.begin(), read.end());
+  std::set<const SavedShard*> replicas;
+  for (const SavedShard* shard : done) {
+    for (const SavedShard& other : saved.at(shard->name)) {
+      if (!done.count(&other) && same_part(other.cut, shard->cut)) replicas.insert(&other);
+    }
+  }
+  ShardBytes checked;
+  read_shards(std::vector<const SavedShard*>(replicas.begin(), replicas.end()), threads, checked);
 }
 
 bool streamable(const SavedShard& shard) {

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <string>
 #include <vector>
 
 #include "executor/train/checkpoint_manifest.h"
@@ -25,6 +26,13 @@ using ShardBytes = std::map<const SavedShard*, ReadShard>;
 // block by block, each shard's checksum verified. Throws SpecError("--load", ...) for a short file
 // or a checksum that does not match.
 void read_shards(const std::vector<const SavedShard*>& needed, int64_t threads, ShardBytes& read);
+
+// Replicated tensors (the norms' weights, the row-parallel biases) are saved by every
+// tensor-parallel rank and one copy serves: checksums every copy in `saved` of a shard in `read`
+// that `read` does not hold (they are small), so that a damaged replica is refused whichever
+// layout loads or converts (a load under the saving layout would read it). Throws as read_shards.
+void verify_unread_replicas(const std::map<std::string, std::vector<SavedShard>>& saved,
+                            const std::vector<const SavedShard*>& read, int64_t threads);
 
 // Whether stream_shards reads `shard`: format 3's blocks, none larger than a window's slot.
 bool streamable(const SavedShard& shard);

@@ -167,7 +167,8 @@ std::optional<Newest> find_newest(const std::string& directory) {
   }
   for (const nlohmann::json& name : meta["directories"]) {
     if (!name.is_string()) refuse_load(path + "/state.json: \"directories\" holds a non-string");
-    read_manifest(path + "/" + name.get<std::string>(), newest.saved);
+    read_manifest(path, RankBinding{iteration, name.get<std::string>(), meta.value("plan", nlohmann::json())},
+                  newest.saved);
   }
   return newest;
 }

@@ -44,6 +44,7 @@ CheckpointWeights read_weights(const std::string& directory) {
     }
     ShardBytes read;
     read_shards(needed, default_checkpoint_threads(), read);
+    verify_unread_replicas(newest->saved, needed, default_checkpoint_threads());
     for (const auto& [name, shards] : newest->saved) {
       if (!kept(name)) continue;
       std::vector<std::vector<float>> arrays = assemble_tensor(name, shards, TensorCut{}, read);
@@ -91,6 +92,9 @@ void write_weights(const std::string& directory, const ModelSpec& model, const P
           layout.tensor_parallel_rank = t;
           layout.pipeline_rank = p;
           layout.stages = stages;
+          layout.binding = {state.iteration,
+                            rank_directory(t, p, plan.pipeline_parallel_size, e, plan.expert_model_parallel_size),
+                            parallel_plan_to_json(plan)};
           std::vector<float> image(layout.total_bytes / sizeof(float));
           for (std::size_t i = 0; i < specs.size(); ++i) {
             const ParameterSpec& spec = specs[i];
@@ -114,9 +118,8 @@ void write_weights(const std::string& directory, const ModelSpec& model, const P
             std::copy(value.begin(), value.end(), tensor);
             std::fill(tensor + value.size(), tensor + kArraysPerTensor * value.size(), 0.0f);  // a fresh optimizer's
           }
-          write_rank_image(
-              staging + "/" + rank_directory(t, p, plan.pipeline_parallel_size, e, plan.expert_model_parallel_size),
-              layout, reinterpret_cast<const char*>(image.data()), default_checkpoint_threads());
+          write_rank_image(staging + "/" + layout.binding.directory, layout,
+                           reinterpret_cast<const char*>(image.data()), default_checkpoint_threads());
         }
       }
     }

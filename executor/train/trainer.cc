@@ -67,6 +67,10 @@ TrainOptions checked_train_options(const TrainOptions& options_in) {
   if (options.save_interval < 0) throw SpecError("--save-interval", "must be non-negative");
   if (options.save_interval > 0 && !options.save) throw SpecError("--save-interval", "needs --save DIR");
   if (options.async_save && !options.save) throw SpecError("--async-save", "needs --save DIR");
+  // The index cache locks its folder while it builds, and a run holds --save's lock throughout.
+  if (options.save && options.data_cache_path && same_directory(*options.save, *options.data_cache_path)) {
+    throw SpecError("--data-cache-path", "is the --save folder, which the run holds locked: give each its own");
+  }
   positive(options.checkpoint_threads, "--checkpoint-threads");
   if (!(options.clip_grad >= 0) || !std::isfinite(options.clip_grad)) {
     throw SpecError("--clip-grad", "must be a finite non-negative number");
@@ -731,14 +735,17 @@ IndexCache index_cache(const TrainOptions& options, std::ostream& log) {
 // What every rank of a run shares, built and checked before any rank starts (a schedule that would
 // hang is refused here). Not movable: the samples refer to the datasets. Both sample counts are
 // bounded before either index is built.
+// The process of global rank 0 (`holds_rank_zero`) locks the --save folder for the run.
 struct PreparedRun {
-  PreparedRun(const ModelSpec& model_in, const ParallelPlan& plan_in, const TrainOptions& options_in)
+  PreparedRun(const ModelSpec& model_in, const ParallelPlan& plan_in, const TrainOptions& options_in,
+              bool holds_rank_zero)
       : model(model_in),
         plan(plan_in),
         options(checked_train_options(options_in)),
         schedule((StageChunk::refuse_unsupported(model, plan), check_ramp(model, plan, options),
                   check_checkpoint_directories(options.load, options.save, checkpoint_bytes(model, plan)),
                   checked_schedule(plan, options))),
+        save_lock(holds_rank_zero ? options.save : std::nullopt),
         datasets(open_datasets(options.data_path)),
         train_count(training_samples(plan, options)),
         valid_count(options.eval_iters > 0 && any_documents_in_split(datasets, options.split, 1)
@@ -762,6 +769,7 @@ struct PreparedRun {
   const ParallelPlan& plan;
   TrainOptions options;
   PipelineSchedule schedule;
+  SaveFolderLock save_lock;
   std::vector<std::unique_ptr<IndexedDataset>> datasets;  // one per --data-path prefix
   int64_t train_count;
   int64_t valid_count;          // 0: no validation
@@ -774,7 +782,7 @@ struct PreparedRun {
 
 TrainSummary train(const ModelSpec& model, const ParallelPlan& plan, const TrainOptions& options,
                    const BackendFactory& make_backend, std::ostream& out, const InProcessMemoryFactory& make_memory) {
-  const PreparedRun prepared(model, plan, options);
+  const PreparedRun prepared(model, plan, options, true);
   // Every rank in this process: their images together are the whole checkpoint.
   if (prepared.options.async_save) check_async_save_memory(checkpoint_bytes(model, plan), host_available_bytes());
   const Run run = prepared.run();
@@ -866,7 +874,7 @@ void gather_pipeline_timeline(Comm* pipeline, Backend& backend, Timeline& timeli
 
 TrainSummary train_rank(const ModelSpec& model, const ParallelPlan& plan, const TrainOptions& options, int64_t rank,
                         Backend& backend, const CommFactory& make_comm, std::ostream& out) {
-  const PreparedRun prepared(model, plan, options);
+  const PreparedRun prepared(model, plan, options, rank == 0);
   const Run run = prepared.run();
   ParallelGroups groups = make_parallel_groups(plan, rank, make_comm);
   if (prepared.options.async_save) {

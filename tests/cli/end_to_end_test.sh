@@ -783,6 +783,26 @@ printf 'XXXXXXXX' | dd of="$scratch/corrupt-ckpt/iter_0000002/mp_rank_00/model.b
 expect_error 'error: --load: .*/corrupt-ckpt/iter_0000002/mp_rank_00/model.bin: checksum of .* does not match its manifest' \
   train --device cpu --model "$scratch/qwen3-hf/config.json" --seq-length 16 --world-size 2 --tp 2 --mbs 1 --gbs 2 \
   --data-path "$scratch/corpus_text_document" --split 1,0,0 --train-iters 3 --load "$scratch/corrupt-ckpt"
+# A rank directory in another's place, a byte appended to a shard (issue 42): each refused in one line.
+cp -r "$scratch/qwen3-ckpt" "$scratch/swapped-ckpt"
+(cd "$scratch/swapped-ckpt/iter_0000002" && mv mp_rank_00 swap && mv mp_rank_01 mp_rank_00 && mv swap mp_rank_01)
+expect_error 'error: --load: .*/swapped-ckpt/iter_0000002/mp_rank_00/manifest.json: directory: saved as "mp_rank_01", but it lies in mp_rank_00' \
+  train --device cpu --model "$scratch/qwen3-hf/config.json" --seq-length 16 --world-size 2 --tp 2 --mbs 1 --gbs 2 \
+  --data-path "$scratch/corpus_text_document" --split 1,0,0 --train-iters 3 --load "$scratch/swapped-ckpt"
+cp -r "$scratch/qwen3-ckpt" "$scratch/longer-ckpt"
+printf 'X' >> "$scratch/longer-ckpt/iter_0000002/mp_rank_01/model.bin"
+expect_error 'error: --load: .*/longer-ckpt/iter_0000002/mp_rank_01/model.bin holds [0-9]+ bytes, its manifest.s tensors [0-9]+' \
+  convert --to hf --load "$scratch/longer-ckpt" --save "$scratch/never-longer"
+# A --save folder another run holds (here flock(1) holds it) is refused before training (issue 42).
+mkdir -p "$scratch/held-ckpt"
+flock "$scratch/held-ckpt" -c "echo \$\$ > '$scratch/held-pid'; touch '$scratch/held-ready'; exec sleep 60" >/dev/null 2>&1 &
+holder=$!
+while [ ! -e "$scratch/held-ready" ]; do sleep 0.1; done
+expect_error "error: --save: $scratch/held-ckpt is being saved into by another run \\(it holds the folder's lock\\)" \
+  train --device cpu --model "$scratch/qwen3-hf/config.json" --seq-length 16 --mbs 1 --gbs 1 \
+  --data-path "$scratch/corpus_text_document" --split 1,0,0 --train-iters 1 --save "$scratch/held-ckpt"
+kill "$(cat "$scratch/held-pid")"  # the lock's holder ends with its command
+wait "$holder" 2>/dev/null || true
 
 # Uneven stages: Llama 3.1 405B's 126 layers plan on 1024 H100s with pp >= 8 (issue 17's acceptance),
 # and the emitted Megatron arguments carry the split.

@@ -49,6 +49,15 @@ inline std::map<std::string, std::string> files_under(const std::string& directo
   return files;
 }
 
+// The byte at `offset` of the file `path` flipped (xor 0x5a): damage a checksum must catch.
+inline void flip_byte(const std::string& path, uint64_t offset) {
+  std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
+  file.seekg(static_cast<std::streamoff>(offset));
+  const char byte = static_cast<char>(file.get());
+  file.seekp(static_cast<std::streamoff>(offset));
+  file.put(static_cast<char>(byte ^ 0x5a));
+}
+
 // A parameter's value and moments (first, then second) downloaded from a rank's optimizer.
 struct ParameterState {
   const exec::Parameter* parameter;

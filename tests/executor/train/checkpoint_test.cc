@@ -468,6 +468,141 @@ TEST_CASE("a corrupted shard and a checkpoint of another model are refused with 
   CHECK(message.find("holds no decoder.layers.2.") != std::string::npos);
 }
 
+TEST_CASE("a rank directory of another iteration, rank or plan, a longer model.bin and a damaged replica are refused",
+          "[checkpoint]") {
+  const megaplan::test::ScratchDirectory scratch;
+  const megaplan::ModelSpec model = four_layer_gpt();
+  exec::TrainOptions options = checkpoint_training_options(megaplan::test::sentence_corpus(scratch));
+  options.train_iters = 2;
+  options.save_interval = 1;
+  const ParallelPlan tp2 = megaplan::test::layout(2, 1, 1, 1, ScheduleKind::kOneFOneB);
+  const std::string saved = scratch.file("saved");
+  options.save = saved;
+  (void)train(model, tp2, options, scratch, "saved");
+  ParallelPlan tp2_sp = tp2;
+  tp2_sp.sequence_parallel = true;
+  options.save = scratch.file("saved-sp");
+  (void)train(model, tp2_sp, options, scratch, "saved-sp");
+
+  // Each case damages a fresh copy of `saved` and loads it at tp 2 (or reads its weights).
+  const auto damaged_load = [&](const std::string& name, const std::function<void(const std::string&)>& damage,
+                                const ParallelPlan& plan) {
+    const std::string copy = scratch.file(name);
+    fs::copy(saved, copy, fs::copy_options::recursive);
+    damage(copy + "/iter_0000002");
+    exec::TrainOptions load = options;
+    load.save.reset();
+    load.save_interval = 0;
+    load.load = copy;
+    const std::string message = load_error([&] { (void)train(model, plan, load, scratch, name); });
+    CHECK(message.find('\n') == std::string::npos);
+    CHECK_FALSE(fs::exists(scratch.file(name + ".jsonl")));  // nothing trained
+    return message;
+  };
+  const auto replace_directory = [](const std::string& from, const std::string& to) {
+    fs::remove_all(to);
+    fs::copy(from, to, fs::copy_options::recursive);
+  };
+
+  std::string message = damaged_load(
+      "other-iteration",
+      [&](const std::string& iteration) {
+        replace_directory(saved + "/iter_0000001/mp_rank_01", iteration + "/mp_rank_01");
+      },
+      tp2);
+  INFO(message);
+  CHECK(message.find("iter_0000002/mp_rank_01/manifest.json: iteration: saved at iteration 1, but ") !=
+        std::string::npos);
+  CHECK(message.find("(a rank directory of another checkpoint: copied or moved)") != std::string::npos);
+
+  message = damaged_load(
+      "other-rank",
+      [&](const std::string& iteration) {
+        fs::rename(iteration + "/mp_rank_00", iteration + "/swap");
+        fs::rename(iteration + "/mp_rank_01", iteration + "/mp_rank_00");
+        fs::rename(iteration + "/swap", iteration + "/mp_rank_01");
+      },
+      tp2);
+  CHECK(message.find("mp_rank_00/manifest.json: directory: saved as \"mp_rank_01\", but it lies in mp_rank_00") !=
+        std::string::npos);
+
+  message = damaged_load(
+      "other-plan",
+      [&](const std::string& iteration) {
+        replace_directory(*options.save + "/iter_0000002/mp_rank_01", iteration + "/mp_rank_01");
+      },
+      tp2);
+  CHECK(message.find("mp_rank_01/manifest.json: plan: saved under another plan than state.json's") !=
+        std::string::npos);
+
+  message = damaged_load(
+      "longer",
+      [&](const std::string& iteration) {
+        std::ofstream(iteration + "/mp_rank_01/model.bin", std::ios::binary | std::ios::app).put('\0');
+      },
+      tp2);
+  const uint64_t size = fs::file_size(saved + "/iter_0000002/mp_rank_01/model.bin");
+  CHECK(message.find("mp_rank_01/model.bin holds " + std::to_string(size + 1) + " bytes, its manifest's tensors " +
+                     std::to_string(size)) != std::string::npos);
+
+  // mp_rank_01's copy of a replicated tensor: a load at tp 1 reads mp_rank_00's, yet refuses it.
+  const std::string replica = "decoder.final_layernorm.weight";
+  const auto damage_replica = [&](const std::string& iteration) {
+    const nlohmann::json manifest =
+        nlohmann::json::parse(megaplan::read_file_contents(iteration + "/mp_rank_01/manifest.json"));
+    for (const nlohmann::json& tensor : manifest.at("tensors")) {
+      if (tensor.at("name") == replica) {
+        megaplan::test::flip_byte(iteration + "/mp_rank_01/model.bin", tensor.at("offset").get<uint64_t>() + 4);
+      }
+    }
+  };
+  message = damaged_load("replica", damage_replica, megaplan::test::layout(1, 1, 1, 1, ScheduleKind::kOneFOneB));
+  CHECK(message.find("mp_rank_01/model.bin: checksum of " + replica + " does not match") != std::string::npos);
+  damage_replica(saved + "/iter_0000002");
+  message = load_error([&] { (void)exec::read_checkpoint_weights(saved); });
+  CHECK(message.find("mp_rank_01/model.bin: checksum of " + replica + " does not match") != std::string::npos);
+}
+
+TEST_CASE("a run saving into a folder another run holds is refused before it trains", "[checkpoint]") {
+  const megaplan::test::ScratchDirectory scratch;
+  exec::TrainOptions options = checkpoint_training_options(megaplan::test::sentence_corpus(scratch));
+  options.train_iters = 1;
+  options.learning_rate.warmup_iterations = 0;
+  const ParallelPlan dp2 = plan_of(1, 2, 1, ScheduleKind::kOneFOneB, false);
+  options.save = scratch.file("held");
+  fs::create_directories(*options.save);
+  const auto save_error = [&](const std::string& name) {
+    try {
+      (void)train(four_layer_gpt(), dp2, options, scratch, name);
+    } catch (const megaplan::SpecError& error) {
+      CHECK_FALSE(fs::exists(scratch.file(name + ".jsonl")));  // nothing trained
+      return std::string(error.what());
+    }
+    FAIL("no SpecError");
+    return std::string();
+  };
+  {
+    const exec::FolderLock other_run(*options.save, exec::FolderLock::Wait::kNot);
+    REQUIRE(other_run.held());
+    CHECK(save_error("second") == "--save: " + *options.save +
+                                      " is being saved into by another run (it holds the folder's lock); wait for it "
+                                      "to end or give another folder");
+  }
+  (void)train(four_layer_gpt(), dp2, options, scratch, "after");  // the lock went with its holder
+  CHECK(fs::exists(*options.save + "/iter_0000001"));
+
+  // A run that stops before it saves removes the --save folder it created for its lock.
+  options.save = scratch.file("fresh");
+  options.data_path = scratch.file("no-such-corpus");
+  CHECK(save_error("unread").find("--data-path") == 0);
+  CHECK_FALSE(fs::exists(*options.save));
+  // The index cache locks its own folder while it builds: never the --save folder.
+  options.data_path = megaplan::test::sentence_corpus(scratch);
+  options.data_cache_path = options.save;
+  CHECK(save_error("cache") ==
+        "--data-cache-path: is the --save folder, which the run holds locked: give each its own");
+}
+
 TEST_CASE("a save that fails on any rank leaves the last checkpoint as it was", "[checkpoint]") {
   const megaplan::test::ScratchDirectory scratch;
   const megaplan::ModelSpec model = four_layer_gpt();

@@ -20,6 +20,7 @@
 #include "executor/model/tensor_shards.h"
 #include "executor/runtime/cpu_backend.h"
 #include "executor/train/checkpoint.h"
+#include "executor/train/checkpoint_format.h"
 #include "executor/train/trainer.h"
 #include "tests/executor/train/checkpoint_fixtures.h"
 #include "tests/executor/train/training_fixtures.h"
@@ -43,13 +44,7 @@ Outcome train(const megaplan::ModelSpec& model, const ParallelPlan& plan, const 
       [](int64_t) -> std::unique_ptr<exec::Backend> { return std::make_unique<exec::CpuBackend>(); });
 }
 
-void flip_byte(const std::string& path, uint64_t offset) {
-  std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
-  file.seekg(static_cast<std::streamoff>(offset));
-  const char byte = static_cast<char>(file.get());
-  file.seekp(static_cast<std::streamoff>(offset));
-  file.put(static_cast<char>(byte ^ 0x5a));
-}
+using megaplan::test::flip_byte;
 
 }  // namespace
 
@@ -143,7 +138,7 @@ TEST_CASE("a tensor of several checksum blocks round-trips, and damage to its la
 
   const std::string rank = directory + "/iter_0000000/mp_rank_00";
   const nlohmann::json manifest = nlohmann::json::parse(megaplan::read_file_contents(rank + "/manifest.json"));
-  CHECK(manifest.at("format") == "megaplan-checkpoint/3");
+  CHECK(manifest.at("format") == "megaplan-checkpoint/4");
   CHECK(manifest.at("tensor_checksum") == "xxh3_64");
   const uint64_t block = manifest.at("checksum_block_bytes").get<uint64_t>();
   uint64_t offset = 0, bytes = 0;
@@ -168,7 +163,7 @@ TEST_CASE("a checkpoint of format 2, checksummed with FNV-1a 64, loads and resum
   CHECK(weights.model.name == "micro-gpt");
   CHECK(weights.tensors.count(megaplan::kWordEmbeddings) == 1);
 
-  // Resumed at iteration 3 (and saved again in format 3).
+  // Resumed at iteration 3 (and saved again in the current format).
   const std::string directory = scratch.file("resumed");
   fs::copy(fixture, directory, fs::copy_options::recursive);
   exec::TrainOptions options = checkpoint_training_options(megaplan::test::sentence_corpus(scratch));
@@ -186,4 +181,30 @@ TEST_CASE("a checkpoint of format 2, checksummed with FNV-1a 64, loads and resum
   flip_byte(damaged + "/iter_0000002/mp_rank_00/model.bin", 1001);
   const std::string message = load_error([&] { (void)exec::read_checkpoint_weights(damaged); });
   CHECK(message.find("does not match its manifest (FNV-1a 64 ") != std::string::npos);
+}
+
+TEST_CASE("a checkpoint of format 3, its manifests bound to nothing, loads and resumes", "[checkpoint]") {
+  const megaplan::test::ScratchDirectory scratch;
+  const megaplan::ModelSpec model = megaplan::test::four_layer_gpt();
+  exec::TrainOptions options = checkpoint_training_options(megaplan::test::sentence_corpus(scratch));
+  options.train_iters = 2;
+  options.save = scratch.file("saved");
+  options.exit_interval = 1;
+  const ParallelPlan tp2 = megaplan::test::layout(2, 1, 1, 1, ScheduleKind::kOneFOneB);
+  (void)train(model, tp2, options, scratch, "saved");
+  // Rewritten as format 3 wrote it: no binding, the files' own checksums recomputed.
+  const std::string iteration = *options.save + "/iter_0000001";
+  for (const std::string file : {"/state.json", "/mp_rank_00/manifest.json", "/mp_rank_01/manifest.json"}) {
+    nlohmann::json json = nlohmann::json::parse(megaplan::read_file_contents(iteration + file));
+    json["format"] = "megaplan-checkpoint/3";
+    for (const char* key : {"iteration", "directory", "plan", "fnv1a64"}) {
+      if (file != "/state.json" || std::string(key) == "fnv1a64") json.erase(key);
+    }
+    json["fnv1a64"] = exec::checkpoint_format::json_checksum(json);
+    std::ofstream(iteration + file) << json.dump(1) << "\n";
+  }
+  options.exit_interval = 0;
+  options.load = options.save;
+  const Outcome resumed = train(model, tp2, options, scratch, "resumed");
+  CHECK(resumed.summary.first_iteration == 2);
 }
