@@ -8,7 +8,6 @@
 #include <mutex>
 #include <optional>
 #include <set>
-#include <sstream>
 #include <tuple>
 
 #include "core/error.h"
@@ -70,14 +69,23 @@ void require_regular_file(const std::string& path, const std::string& field) {
   throw SpecError(field, (field == path ? std::string() : path + ": ") + "is " + kind + ", not a regular file");
 }
 
-std::string read_file_contents(const std::string& path) {
+std::string read_file_contents(const std::string& path, std::size_t max_bytes) {
   require_regular_file(path, path);
+  const auto too_large = [&] {
+    return SpecError(path, "holds more than " + std::to_string(max_bytes) + " bytes, beyond what this file can be");
+  };
+  struct stat status {};
+  if (::stat(path.c_str(), &status) == 0 && static_cast<uint64_t>(status.st_size) > max_bytes) throw too_large();
   std::ifstream file(path, std::ios::binary);
   if (!file) throw SpecError(path, std::string("cannot read file: ") + std::strerror(errno));
-  std::ostringstream contents;
-  contents << file.rdbuf();
+  std::string contents;
+  char buffer[1 << 16];
+  while (file.read(buffer, sizeof buffer) || file.gcount() > 0) {
+    contents.append(buffer, static_cast<std::size_t>(file.gcount()));
+    if (contents.size() > max_bytes) throw too_large();  // grown since
+  }
   if (file.bad()) throw SpecError(path, std::string("cannot read file: ") + std::strerror(errno));
-  return contents.str();
+  return contents;
 }
 
 }  // namespace megaplan

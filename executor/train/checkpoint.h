@@ -218,6 +218,9 @@ struct CheckpointLoadCounts {
   uint64_t bytes = 0;             // of the checkpoint's files
   int64_t tensors_as_saved = 0;   // a saved shard exactly the rank's part: streamed to the device
   int64_t tensors_resharded = 0;  // joined from saved parts and cut (another layout)
+  // Newer iteration directories passed over, incomplete, where no latest_checkpointed_iteration.txt
+  // named one: each with what it lacks.
+  std::vector<std::string> incomplete;
 };
 std::optional<TrainingState> load_checkpoint(const std::string& directory, const CheckpointRank& rank,
                                              CheckpointLoadCounts* counts = nullptr);

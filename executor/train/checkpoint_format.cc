@@ -5,9 +5,11 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 
 #include "core/error.h"
 #include "core/fnv1a.h"
+#include "core/text_file.h"
 #include "executor/io/xxh3.h"
 
 namespace megaplan::exec::checkpoint_format {
@@ -71,6 +73,21 @@ void verify_json_checksum(const nlohmann::json& object, const std::string& path)
 }
 
 void refuse_load(const std::string& rule) { throw SpecError("--load", rule); }
+
+bool checkpoint_path_exists(const std::string& path) {
+  std::error_code error;
+  const bool exists = std::filesystem::exists(path, error);
+  if (error) refuse_load(path + ": " + error.message());
+  return exists;
+}
+
+std::string read_checkpoint_json_text(const std::string& path) {
+  try {
+    return read_file_contents(path, kMaxJsonFileBytes);
+  } catch (const SpecError& failure) {
+    refuse_load(failure.what());
+  }
+}
 
 void append_blocks(std::size_t item, uint64_t bytes, uint64_t block_bytes, std::vector<Block>& blocks) {
   for (uint64_t begin = 0, index = 0; begin < bytes; begin += block_bytes, ++index) {

@@ -30,6 +30,9 @@ inline constexpr std::size_t kArraysPerTensor = 3;  // value, first moment, seco
 inline constexpr int64_t kMaxTensorElements = int64_t{1} << 42;
 // latest_checkpointed_iteration.txt's iteration: a trillion iterations is beyond any run.
 inline constexpr std::size_t kMaxIterationDigits = 12;
+// state.json and a manifest: a manifest of a hundred thousand tensors takes some 40 MB. A file
+// beyond it is not one of these (a link to /dev/zero or to a huge file), and is not read whole.
+inline constexpr std::size_t kMaxJsonFileBytes = std::size_t{256} << 20;
 
 // The blocks a streaming save's or load's window holds per thread: enough that the threads' ends
 // of a window even out and the copies to or from the device between windows stay a small part of
@@ -54,6 +57,11 @@ std::string json_checksum(nlohmann::json object);
 // Throws SpecError("--load") when `object` carries a checksum its contents do not match.
 void verify_json_checksum(const nlohmann::json& object, const std::string& path);
 [[noreturn]] void refuse_load(const std::string& rule);  // SpecError("--load", rule)
+// Whether `path` exists; refuse_load naming the path and the reason where it cannot be told (a
+// loop of links, a directory that cannot be searched).
+bool checkpoint_path_exists(const std::string& path);
+// What a checkpoint's JSON file holds, read whole up to kMaxJsonFileBytes (refuse_load past it).
+std::string read_checkpoint_json_text(const std::string& path);
 
 // A tensor's bytes cut into checksum blocks (format 3's, or the reads' of format 2): `item` is the
 // tensor's place in the caller's list, `index` the block's in the tensor.

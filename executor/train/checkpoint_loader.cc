@@ -37,6 +37,7 @@ std::optional<TrainingState> load_latest(const std::string& directory, const Che
                                          CheckpointLoadCounts* counts) {
   std::optional<Newest> newest = find_newest(directory);
   if (!newest) return std::nullopt;
+  if (counts) counts->incomplete = newest->incomplete;
   const std::string& path = newest->path;
   const TrainingState state = newest->state;
   // Every tensor of every saved rank directory, and the tensors the model has over all its stages.

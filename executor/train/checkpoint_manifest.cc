@@ -94,8 +94,8 @@ void read_manifest(const std::string& iteration_path, const RankBinding& expecte
                    std::map<std::string, std::vector<SavedShard>>& saved) {
   const std::string rank_path = iteration_path + "/" + expected.directory;
   const std::string path = rank_path + "/manifest.json";
-  if (!std::filesystem::exists(path)) refuse_load(path + ": missing (the checkpoint is incomplete)");
-  const std::optional<nlohmann::json> manifest = try_parse_json(read_file_contents(path));
+  if (!checkpoint_path_exists(path)) refuse_load(path + ": missing (the checkpoint is incomplete)");
+  const std::optional<nlohmann::json> manifest = try_parse_json(read_checkpoint_json_text(path));
   if (!manifest || !manifest->is_object() || !known_format(manifest->value("format", "")) ||
       !manifest->contains("tensors") || !(*manifest)["tensors"].is_array()) {
     refuse_load(path + ": not a " + std::string(kFormat) + " manifest");
@@ -182,9 +182,10 @@ void read_manifest(const std::string& iteration_path, const RankBinding& expecte
     const std::string data_path = rank_path + "/" + data_file;
     require_regular_file(data_path, "--load");
     const uintmax_t size = std::filesystem::file_size(data_path, error);
-    if (error || size != data_bytes) {
-      refuse_load(data_path + " holds " + (error ? std::string("no readable bytes") : std::to_string(size) + " bytes") +
-                  ", its manifest's tensors " + std::to_string(data_bytes) + " (a damaged or foreign model.bin)");
+    if (error) refuse_load(data_path + ": cannot read: " + error.message());
+    if (size != data_bytes) {
+      refuse_load(data_path + " holds " + std::to_string(size) + " bytes, its manifest's tensors " +
+                  std::to_string(data_bytes) + " (a damaged or foreign model.bin)");
     }
   }
 }

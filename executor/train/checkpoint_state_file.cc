@@ -42,7 +42,7 @@ TokenizerOptions tokenizer_from_json(const nlohmann::json& json, const std::stri
 
 // The iteration latest_checkpointed_iteration.txt names: decimal digits and a newline, as saved.
 int64_t read_latest(const std::string& latest) {
-  std::string text = read_file_contents(latest);
+  std::string text = read_file_contents(latest, kMaxIterationDigits + 1);
   if (!text.empty() && text.back() == '\n') text.pop_back();
   if (text.empty() || text.size() > kMaxIterationDigits || text.find_first_not_of("0123456789") != std::string::npos) {
     refuse_load(latest + " must hold an iteration number (up to " + std::to_string(kMaxIterationDigits) +
@@ -52,11 +52,10 @@ int64_t read_latest(const std::string& latest) {
   return std::stoll(text);
 }
 
-// The newest complete iteration directory in `directory` (iter_ and digits; a .tmp staging
-// directory is not one), or nullopt: a save renames its directory into place only once every
-// file in it is synced, so each such directory is whole even when `latest` was never written.
-std::optional<int64_t> newest_iteration_directory(const std::string& directory) {
-  std::optional<int64_t> newest;
+// The iteration directories in `directory` (iter_ and digits; a .tmp staging directory is not
+// one), newest first.
+std::vector<int64_t> iteration_directories(const std::string& directory) {
+  std::vector<int64_t> iterations;
   std::error_code error;
   for (const auto& entry : std::filesystem::directory_iterator(directory, error)) {
     const std::string name = entry.path().filename().string();
@@ -65,9 +64,29 @@ std::optional<int64_t> newest_iteration_directory(const std::string& directory) 
         digits.find_first_not_of("0123456789") != std::string::npos || !entry.is_directory(error)) {
       continue;
     }
-    newest = std::max<int64_t>(newest.value_or(0), std::stoll(digits));
+    iterations.push_back(std::stoll(digits));
   }
-  return newest;
+  if (error) refuse_load(directory + ": " + error.message());
+  std::sort(iterations.rbegin(), iterations.rend());
+  return iterations;
+}
+
+// Why the iteration directory `path` is not a whole save ("" when it is): its state.json, or a
+// manifest.json or model.bin of a rank directory it lists, missing. A save renames its directory
+// into place once every file in it is synced, so only a hand (a copy cut short, a deletion) leaves
+// one incomplete. A state.json that does not parse is damage, not incompleteness: the load says so.
+std::string incompleteness(const std::string& path) {
+  if (!checkpoint_path_exists(path + "/state.json")) return "no state.json";
+  const std::optional<nlohmann::json> meta = try_parse_json(read_checkpoint_json_text(path + "/state.json"));
+  if (!meta || !meta->is_object() || !meta->contains("directories") || !(*meta)["directories"].is_array()) return "";
+  for (const nlohmann::json& name : (*meta)["directories"]) {
+    if (!name.is_string()) return "";
+    for (const char* file : {"manifest.json", "model.bin"}) {
+      const std::string rank_file = name.get<std::string>() + "/" + file;
+      if (!checkpoint_path_exists(path + "/" + rank_file)) return "no " + rank_file;
+    }
+  }
+  return "";
 }
 
 }  // namespace
@@ -105,21 +124,37 @@ nlohmann::json checkpoint_meta(const TrainingState& state, const ModelSpec& mode
 std::optional<Newest> find_newest(const std::string& directory) {
   const std::string latest = directory + "/latest_checkpointed_iteration.txt";
   int64_t iteration = 0;
-  if (std::filesystem::exists(latest)) {
-    iteration = read_latest(latest);
-  } else if (const std::optional<int64_t> found = newest_iteration_directory(directory)) {
-    iteration = *found;  // a save killed between its rename and `latest`
-  } else {
-    return std::nullopt;
-  }
   Newest newest;
+  if (checkpoint_path_exists(latest)) {
+    iteration = read_latest(latest);
+  } else {
+    // A save killed between its rename and `latest`, or `latest` deleted: the newest whole one.
+    const std::vector<int64_t> iterations = iteration_directories(directory);
+    if (iterations.empty()) return std::nullopt;
+    std::string passed_over;
+    for (const int64_t candidate : iterations) {
+      const std::string reason = incompleteness(directory + "/" + iteration_directory(candidate));
+      if (reason.empty()) {
+        iteration = candidate;
+        break;
+      }
+      newest.incomplete.push_back(iteration_directory(candidate) + " (" + reason + ")");
+    }
+    if (newest.incomplete.size() == iterations.size()) {
+      std::string listed;
+      for (const std::string& skipped : newest.incomplete) listed += (listed.empty() ? "" : ", ") + skipped;
+      refuse_load(directory + " holds no complete checkpoint, and no latest_checkpointed_iteration.txt: " + listed);
+    }
+  }
   newest.path = directory + "/" + iteration_directory(iteration);
   const std::string& path = newest.path;
-  if (!std::filesystem::is_directory(path)) {
-    refuse_load(latest + " names iteration " + std::to_string(iteration) + " but " + path + " does not exist");
+  std::error_code error;
+  if (!std::filesystem::is_directory(path, error)) {
+    refuse_load(latest + " names iteration " + std::to_string(iteration) + " but " + path +
+                (error && error != std::errc::no_such_file_or_directory ? ": " + error.message() : " does not exist"));
   }
   const std::string state_path = path + "/state.json";
-  newest.meta = try_parse_json(read_file_contents(state_path)).value_or(nlohmann::json());
+  newest.meta = try_parse_json(read_checkpoint_json_text(state_path)).value_or(nlohmann::json());
   const nlohmann::json& meta = newest.meta;
   if (!meta.is_object() || !known_format(meta.value("format", "")) || !meta.contains("directories") ||
       !meta["directories"].is_array()) {

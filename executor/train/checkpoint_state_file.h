@@ -26,10 +26,13 @@ struct Newest {
   nlohmann::json meta;
   TrainingState state;
   std::map<std::string, std::vector<SavedShard>> saved;  // by tensor name
+  // Without latest_checkpointed_iteration.txt: the newer iteration directories passed over, each
+  // with what it lacks ("iter_0000040 (no state.json)").
+  std::vector<std::string> incomplete;
 };
 // The checkpoint latest_checkpointed_iteration.txt names (or, without it, the newest complete
 // iteration directory), nothing when there is none. Throws SpecError("--load", ...) for a damaged
-// state.json or manifest.
+// state.json or manifest, or iteration directories none of which is complete.
 std::optional<Newest> find_newest(const std::string& directory);
 
 }  // namespace megaplan::exec::checkpoint_format

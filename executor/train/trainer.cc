@@ -468,6 +468,9 @@ TrainSummary RankTrainer::train() {
       state = *loaded;
       if (options.tokenizer) state.tokenizer = options.tokenizer;  // the run's word over the checkpoint's
       if (out_) {
+        for (const std::string& skipped : counts.incomplete) {
+          loaded_log << "passed over incomplete " << *options.load << "/" << skipped << "\n";
+        }
         loaded_log << "loaded " << *options.load << " at iteration " << state.iteration << "\n";
         // Rank 0's part; the speed bench/checkpoint_speed.sh reports.
         const double gigabytes = static_cast<double>(counts.bytes) / 1e9;

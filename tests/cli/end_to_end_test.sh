@@ -793,6 +793,26 @@ cp -r "$scratch/qwen3-ckpt" "$scratch/longer-ckpt"
 printf 'X' >> "$scratch/longer-ckpt/iter_0000002/mp_rank_01/model.bin"
 expect_error 'error: --load: .*/longer-ckpt/iter_0000002/mp_rank_01/model.bin holds [0-9]+ bytes, its manifest.s tensors [0-9]+' \
   convert --to hf --load "$scratch/longer-ckpt" --save "$scratch/never-longer"
+# Without latest_checkpointed_iteration.txt an incomplete newer iteration is passed over, said so;
+# a state.json linked to a device or a loop of links is refused in one line (issue 42).
+cp -r "$scratch/qwen3-ckpt" "$scratch/fallback-ckpt"
+rm "$scratch/fallback-ckpt/latest_checkpointed_iteration.txt"
+mkdir "$scratch/fallback-ckpt/iter_0000003"
+cp "$scratch/fallback-ckpt/iter_0000002/state.json" "$scratch/fallback-ckpt/iter_0000003/"
+expect_ok train --device cpu --model "$scratch/qwen3-hf/config.json" --seq-length 16 --world-size 2 --tp 2 --mbs 1 --gbs 2 \
+  --data-path "$scratch/corpus_text_document" --split 1,0,0 --train-iters 3 --load "$scratch/fallback-ckpt"
+grep -qF "passed over incomplete $scratch/fallback-ckpt/iter_0000003 (no mp_rank_00/manifest.json)" "$scratch/out" ||
+  fail "the incomplete iteration was not named"
+grep -q "loaded $scratch/fallback-ckpt at iteration 2" "$scratch/out" || fail "iteration 2 was not loaded"
+rm "$scratch/fallback-ckpt/iter_0000002/state.json"
+ln -s /dev/zero "$scratch/fallback-ckpt/iter_0000002/state.json"
+rm -r "$scratch/fallback-ckpt/iter_0000003"
+expect_error 'error: --load: .*/fallback-ckpt/iter_0000002/state.json: is a device, not a regular file' \
+  convert --to hf --load "$scratch/fallback-ckpt" --save "$scratch/never-zero"
+ln -s loop "$scratch/fallback-ckpt/loop"
+ln -s loop "$scratch/fallback-ckpt/latest_checkpointed_iteration.txt"
+expect_error 'error: --load: .*/fallback-ckpt/latest_checkpointed_iteration.txt: Too many levels of symbolic links' \
+  convert --to hf --load "$scratch/fallback-ckpt" --save "$scratch/never-loop"
 # A --save folder another run holds (here flock(1) holds it) is refused before training (issue 42).
 mkdir -p "$scratch/held-ckpt"
 flock "$scratch/held-ckpt" -c "echo \$\$ > '$scratch/held-pid'; touch '$scratch/held-ready'; exec sleep 60" >/dev/null 2>&1 &

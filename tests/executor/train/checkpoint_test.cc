@@ -742,6 +742,32 @@ TEST_CASE("a damaged training state, a missing latest file and bad --load/--save
           fs::remove(copy + "/latest_checkpointed_iteration.txt");
           fs::create_directory(copy + "/iter_0000003.tmp");
         }) == "");
+  // An incomplete newer one (a copy cut short) is passed over; with none complete, the load refuses.
+  CHECK(load_damaged([](const std::string& copy) {
+          fs::remove(copy + "/latest_checkpointed_iteration.txt");
+          fs::create_directories(copy + "/iter_0000003/mp_rank_00");
+          fs::copy_file(copy + "/iter_0000002/state.json", copy + "/iter_0000003/state.json");
+        }) == "");
+  CHECK(load_damaged([](const std::string& copy) {
+          fs::remove(copy + "/latest_checkpointed_iteration.txt");
+          fs::remove(copy + "/iter_0000001/state.json");
+          fs::remove(copy + "/iter_0000002/mp_rank_00/model.bin");
+        })
+            .find(" holds no complete checkpoint, and no latest_checkpointed_iteration.txt: iter_0000002 (no "
+                  "mp_rank_00/model.bin), iter_0000001 (no state.json)") != std::string::npos);
+  // Files that are not a checkpoint's: a link to a device, a loop of links, a state.json of 1 GB.
+  CHECK(load_damaged([&](const std::string& copy) {
+          fs::remove(copy + state_file);
+          fs::create_symlink("/dev/zero", copy + state_file);
+        }).find("/state.json: is a device, not a regular file") != std::string::npos);
+  CHECK(load_damaged([](const std::string& copy) {
+          const std::string latest = copy + "/latest_checkpointed_iteration.txt";
+          fs::remove(latest);
+          fs::create_symlink(latest, latest);
+        }).find("latest_checkpointed_iteration.txt: Too many levels of symbolic links") != std::string::npos);
+  CHECK(load_damaged([&](const std::string& copy) {
+          fs::resize_file(copy + state_file, uintmax_t{1} << 30);
+        }).find("/state.json: holds more than 268435456 bytes") != std::string::npos);
   // A checkpoint past the run's last iteration has nothing to train.
   options.load = options.save;
   options.save.reset();
