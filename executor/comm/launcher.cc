@@ -14,7 +14,9 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <iostream>
 #include <limits>
@@ -25,6 +27,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "core/input_limits.h"
 #include "executor/comm/launch_environment.h"
 
 extern char** environ;
@@ -342,10 +345,62 @@ std::string describe_status(int status) {
   return "stopped with wait status " + std::to_string(status);
 }
 
+// SIGINT or SIGTERM, when one is waiting in `signal_fd` (SIGCHLDs before it are consumed: the
+// supervision loop reaps by polling every child anyway).
+std::optional<int> stop_signal(int signal_fd) {
+  signalfd_siginfo received{};
+  while (::read(signal_fd, &received, sizeof received) == static_cast<ssize_t>(sizeof received)) {
+    const int signal_number = static_cast<int>(received.ssi_signo);
+    if (signal_number == SIGINT || signal_number == SIGTERM) return signal_number;
+  }
+  return std::nullopt;
+}
+
 int exit_code_of(int status) {
   if (WIFEXITED(status)) return WEXITSTATUS(status);
   if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
   return 1;
+}
+
+}  // namespace
+
+int64_t count_visible_gpus(const std::string& devices) {
+  int64_t nodes = 0;
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator(devices, error)) {
+    const std::string name = entry.path().filename().string();
+    if (name.size() > 6 && name.rfind("nvidia", 0) == 0 &&
+        name.find_first_not_of("0123456789", 6) == std::string::npos) {
+      ++nodes;
+    }
+  }
+  const char* listed = ::getenv("CUDA_VISIBLE_DEVICES");
+  if (!listed) return nodes;
+  // CUDA reads the list up to its first invalid entry; an empty list hides every device.
+  int64_t entries = 0;
+  std::string_view rest(listed);
+  while (!rest.empty()) {
+    const std::string_view entry = rest.substr(0, rest.find(','));
+    if (entry.empty() || entry == "-1") break;
+    ++entries;
+    rest.remove_prefix(std::min(rest.size(), entry.size() + 1));
+  }
+  return std::min(nodes, entries);
+}
+
+namespace {
+
+// Whether `command` (what follows `--`) runs its ranks on GPUs: train on --device cuda, its
+// default, and profile.
+bool runs_on_gpus(const std::vector<std::string>& command) {
+  if (command.front() == "profile") return true;
+  if (command.front() != "train") return false;
+  std::string device = "cuda";
+  for (std::size_t i = 1; i < command.size(); ++i) {
+    if (command[i] == "--device" && i + 1 < command.size()) device = command[i + 1];
+    if (command[i].rfind("--device=", 0) == 0) device = command[i].substr(9);
+  }
+  return device == "cuda";
 }
 
 }  // namespace
@@ -357,9 +412,12 @@ void validate_launch_options(const LaunchOptions& options) {
   if (options.nnodes < 1) {
     throw SpecError("--nnodes", "must be at least 1, got " + std::to_string(options.nnodes));
   }
-  if (options.nproc_per_node > std::numeric_limits<int64_t>::max() / options.nnodes) {
+  require_at_most(options.nproc_per_node, kMaxGpusPerNode, "--nproc-per-node");
+  require_at_most(options.nnodes, kMaxWorldSize, "--nnodes");
+  if (options.nproc_per_node * options.nnodes > kMaxWorldSize.most) {
     throw SpecError("--nnodes", "--nproc-per-node " + std::to_string(options.nproc_per_node) + " times --nnodes " +
-                                    std::to_string(options.nnodes) + " overflows 64 bits");
+                                    std::to_string(options.nnodes) + " ranks: must be at most " +
+                                    std::to_string(kMaxWorldSize.most) + " (" + kMaxWorldSize.why + ")");
   }
   if (options.node_rank < 0 || options.node_rank >= options.nnodes) {
     throw SpecError("--node-rank", "must be in 0.." + std::to_string(options.nnodes - 1) + " for --nnodes " +
@@ -382,6 +440,17 @@ void validate_launch_options(const LaunchOptions& options) {
   }
   if (options.command.front() == "launch") {
     throw SpecError("command", "`launch` would start launchers; name the command every rank runs");
+  }
+  if (runs_on_gpus(options.command)) {
+    const int64_t gpus = options.visible_gpus.value_or(count_visible_gpus());
+    if (options.nproc_per_node > gpus) {
+      const char* listed = ::getenv("CUDA_VISIBLE_DEVICES");
+      throw SpecError("--nproc-per-node",
+                      std::to_string(options.nproc_per_node) + " ranks of `" + options.command.front() +
+                          "` on GPUs take one each, and this node shows " + std::to_string(gpus) +
+                          (listed ? " (CUDA_VISIBLE_DEVICES=" + std::string(listed).substr(0, 80) + ")" : "") +
+                          (options.command.front() == "train" ? "; --device cpu trains on the CPU" : ""));
+    }
   }
 }
 
@@ -411,7 +480,19 @@ int run_launch(const LaunchOptions& options, const std::string& program, std::os
   // their pipes close.
   StderrForwarder forwarder(err);
   ChildGroup group;
+  std::optional<int> first_failure_code;
+  Clock::time_point kill_at = Clock::time_point::max();
   for (int64_t local_rank = 0; local_rank < options.nproc_per_node; ++local_rank) {
+    // A Ctrl-C or a scheduler's SIGTERM while the ranks start: start no more, stop those started.
+    if (const std::optional<int> signal_number = local_rank > 0 ? stop_signal(signal_fd.get()) : std::nullopt) {
+      err << "megaplan: launch: " << ::strsignal(*signal_number) << " while starting the ranks (" << local_rank
+          << " of " << options.nproc_per_node << " started); stopping them\n"
+          << std::flush;
+      first_failure_code = 128 + *signal_number;
+      group.signal_running(*signal_number);
+      kill_at = Clock::now() + options.stop_grace;
+      break;
+    }
     const int64_t rank = options.node_rank * options.nproc_per_node + local_rank;
     std::vector<std::string> environment = inherited;
     environment.push_back("RANK=" + std::to_string(rank));
@@ -439,8 +520,6 @@ int run_launch(const LaunchOptions& options, const std::string& program, std::os
     group.children.push_back(Child{pid, rank, true});
   }
 
-  std::optional<int> first_failure_code;
-  Clock::time_point kill_at = Clock::time_point::max();
   bool killed = false;
   while (group.running_count() > 0) {
     // Reap everything that exited before reporting, so the line counts only ranks still running

@@ -21,10 +21,19 @@ struct LaunchOptions {
   std::vector<std::string> command;  // the arguments after `--`, e.g. {"train", "--plan", "job.json"}
   // How long ranks get between SIGTERM and SIGKILL once one failed. Not a flag; tests shorten it.
   std::chrono::milliseconds stop_grace{5000};
+  // The GPUs this node shows (nullopt: count_visible_gpus()). Not a flag; tests set it.
+  std::optional<int64_t> visible_gpus;
 };
 
+// The GPUs a rank of this node can use, counted without loading CUDA (the launcher must not hold
+// a context on the devices its ranks train on): the NVIDIA device nodes /dev/nvidiaN, at most as
+// many as CUDA_VISIBLE_DEVICES lists where it is set. `devices`: where the device nodes lie.
+int64_t count_visible_gpus(const std::string& devices = "/dev");
+
 // Throws SpecError naming the flag: nproc-per-node and nnodes >= 1, 0 <= node-rank < nnodes,
-// master-port in 1..65535, a command after `--`, --master-addr with more than one node.
+// master-port in 1..65535, a command after `--`, --master-addr with more than one node; the ranks
+// within core's input limits (kMaxGpusPerNode a node, kMaxWorldSize in all), and no more ranks of
+// a GPU command (train, --device cuda being its default, and profile) than the node has GPUs.
 void validate_launch_options(const LaunchOptions& options);
 
 // Runs `program` with options.command as its arguments, once per local rank, in an environment
@@ -41,11 +50,11 @@ void validate_launch_options(const LaunchOptions& options);
 // writes to `err` the lines its stderr held, then one line naming that rank and its status, sends
 // SIGTERM to the rest, SIGKILL after options.stop_grace, reaps them all, and returns the failure's
 // exit code (128 + signal for a signal). SIGINT and SIGTERM sent to this process are forwarded to
-// the children. Returns 0 when every rank exits 0. Throws what validate_launch_options throws, and
-// SpecError(program, ...) when a rank cannot be started (the ones already running are killed and
-// reaped first).
-// Signals are taken through a signalfd in the calling thread: other threads of the process should
-// block SIGINT and SIGTERM, or one may take a signal meant for forwarding.
+// the children; one that arrives while the ranks are being started stops the starting, and the
+// ones started are stopped and reaped as after a failure (the exit code 128 + the signal). Returns 0 when every rank
+// exits 0. Throws what validate_launch_options throws, and SpecError(program, ...) when a rank cannot be started (the
+// ones already running are killed and reaped first). Signals are taken through a signalfd in the calling thread: other
+// threads of the process should block SIGINT and SIGTERM, or one may take a signal meant for forwarding.
 int run_launch(const LaunchOptions& options, const std::string& program, std::ostream& err);
 
 }  // namespace megaplan::exec

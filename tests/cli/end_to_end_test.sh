@@ -623,6 +623,11 @@ expect_error 'error: --emit: knows "megatron", "torchtitan" and "launch"' search
 # Launch: one node's ranks as torchrun starts them; a failing rank is named and its code returned.
 expect_ok launch --nproc-per-node 2 -- presets
 [ "$(grep -c '^gpt2-124m' "$scratch/out")" -eq 2 ] || fail "launch --nproc-per-node 2 -- presets did not run presets twice"
+# Ranks within the input limits, and no more training ranks than the node has GPUs (issue 42).
+expect_error 'error: --nproc-per-node: must be at most 1024 \(more than any node\), got 100000' \
+  launch --nproc-per-node 100000 -- presets
+expect_error 'error: --nproc-per-node: 1000 ranks of `train` on GPUs take one each, and this node shows [0-9]+' \
+  launch --nproc-per-node 1000 -- train --model gpt2-124m --data-path /nowhere
 expect_error 'error: --nproc-per-node: must be at least 1, got 0' launch --nproc-per-node 0 -- presets
 expect_error 'error: --master-addr: --nnodes 2 needs rank 0.s host' launch --nnodes 2 --node-rank 1 -- presets
 expect_error 'error: --node-rank: must be in 0..1 for --nnodes 2, got 2' launch --nnodes 2 --node-rank 2 --master-addr 10.0.0.1 -- presets

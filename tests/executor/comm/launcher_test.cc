@@ -5,9 +5,11 @@
 
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -205,7 +207,31 @@ TEST_CASE("launch: SIGTERM to the launcher reaches the ranks", "[launch_command]
   const auto start = std::chrono::steady_clock::now();
   CHECK(run_launch(options, "/bin/sh", err) == 128 + SIGTERM);
   CHECK(std::chrono::steady_clock::now() - start < 4s);
-  CHECK_THAT(err.str(), Catch::Matchers::Contains("was killed by signal 15"));
+  // Rank 0 may signal before rank 1 has started: then rank 1 never is.
+  CHECK_THAT(err.str(), Catch::Matchers::Contains("was killed by signal 15") ||
+                            Catch::Matchers::Contains("Terminated while starting the ranks (1 of 2 started)"));
+}
+
+TEST_CASE("launch: SIGTERM while the ranks start stops the starting, and every rank started is reaped",
+          "[launch_command]") {
+  // A SIGTERM already pending when the launcher starts arrives, at the latest, right after its
+  // first rank: blocked here and raised, it waits for the launcher's signalfd.
+  sigset_t term, caller;
+  sigemptyset(&term);
+  sigaddset(&term, SIGTERM);
+  REQUIRE(::pthread_sigmask(SIG_BLOCK, &term, &caller) == 0);
+  ::raise(SIGTERM);
+  LaunchOptions options = shell_ranks(8, "exec sleep 30");
+  options.stop_grace = 300ms;  // the rank inherits this thread's mask, SIGTERM blocked: SIGKILL ends it
+  std::ostringstream err;
+  const auto start = std::chrono::steady_clock::now();
+  const int code = run_launch(options, "/bin/sh", err);
+  ::pthread_sigmask(SIG_SETMASK, &caller, nullptr);
+  CHECK(code == 128 + SIGTERM);
+  CHECK(std::chrono::steady_clock::now() - start < 4s);
+  CHECK(err.str() == "megaplan: launch: Terminated while starting the ranks (1 of 8 started); stopping them\n");
+  CHECK(::waitpid(-1, nullptr, WNOHANG) == -1);  // no child left, running or unreaped
+  CHECK(errno == ECHILD);
 }
 
 TEST_CASE("launch: an error line every rank prints is shown once, whole", "[launch_command]") {
@@ -369,6 +395,48 @@ TEST_CASE("launch: bad options name the flag", "[launch_command]") {
   CHECK_THAT(error_of(options), Catch::Matchers::StartsWith("command: nothing after `--`"));
   options.command = {"launch", "--", "train"};
   CHECK_THAT(error_of(options), Catch::Matchers::StartsWith("command: `launch` would start launchers"));
+  // Within core's input limits, and a GPU each for ranks that train on one.
+  options = shell_ranks(100000, "exit 0");
+  CHECK(error_of(options) == "--nproc-per-node: must be at most 1024 (more than any node), got 100000");
+  options = shell_ranks(1024, "exit 0");
+  options.nnodes = 1024;
+  options.master_addr = "10.0.0.1";
+  CHECK_THAT(error_of(options), Catch::Matchers::StartsWith("--nnodes: --nproc-per-node 1024 times --nnodes 1024 "
+                                                            "ranks: must be at most 262144"));
+  options = shell_ranks(4, "");
+  options.visible_gpus = 2;
+  const ScopedVariable unlisted("CUDA_VISIBLE_DEVICES", nullptr);
+  for (const std::vector<std::string>& command : std::vector<std::vector<std::string>>{
+           {"train", "--plan", "job.json"}, {"train", "--device", "cuda"}, {"train", "--device=cuda"}}) {
+    options.command = command;
+    CHECK(error_of(options) ==
+          "--nproc-per-node: 4 ranks of `train` on GPUs take one each, and this node shows 2; --device cpu trains "
+          "on the CPU");
+  }
+  options.command = {"profile"};
+  CHECK(error_of(options) == "--nproc-per-node: 4 ranks of `profile` on GPUs take one each, and this node shows 2");
+  options.command = {"train", "--device", "cpu"};
+  CHECK_NOTHROW(validate_launch_options(options));
+}
+
+TEST_CASE("launch: the GPUs a node shows are its device nodes, as many as CUDA_VISIBLE_DEVICES lists",
+          "[launch_command]") {
+  TemporaryFolder devices;
+  for (const char* name : {"nvidia0", "nvidia1", "nvidia3", "nvidiactl", "nvidia-uvm", "nvidia-caps", "null"}) {
+    std::ofstream(devices.path() / name);
+  }
+  const std::string dev = devices.path().string();
+  {
+    const ScopedVariable unlisted("CUDA_VISIBLE_DEVICES", nullptr);
+    CHECK(count_visible_gpus(dev) == 3);
+  }
+  const std::pair<const char*, int64_t> lists[] = {
+      {"", 0}, {"1", 1}, {"0,-1,1", 1}, {"GPU-8d1f,GPU-77aa", 2}, {"0,1,2,3,4,5,6,7", 3}};
+  for (const auto& [list, visible] : lists) {
+    const ScopedVariable listed("CUDA_VISIBLE_DEVICES", list);
+    INFO("CUDA_VISIBLE_DEVICES=" << list);
+    CHECK(count_visible_gpus(dev) == visible);
+  }
 }
 
 }  // namespace megaplan::exec
