@@ -9,6 +9,7 @@
 #include <CLI/CLI.hpp>
 
 #include "cli/commands.h"
+#include "reports/chrome_trace.h"
 #include "reports/comparison_report.h"
 
 namespace megaplan::cli {
@@ -23,6 +24,7 @@ struct CompareOptions {
 int run_compare(const CompareOptions& options, std::ostream& out) {
   const Timeline simulated = read_chrome_trace_file(options.simulated, "--simulated");
   const Timeline measured = read_chrome_trace_file(options.measured, "--measured");
+  check_trace_identity(measured, simulated.identity, "--measured", options.simulated + "'s");
   const TimelineComparison comparison = compare_timelines(simulated, measured);
   if (options.json) {
     out << comparison_json(options.simulated, options.measured, comparison).dump(2) << "\n";

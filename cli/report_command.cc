@@ -55,6 +55,7 @@ int run_report(const ReportOptions& options, std::ostream& out) {
   if (options.simulated) {
     // A simulated trace of this plan holds this simulation's actions; one of another plan does not.
     Timeline given = timeline_from_chrome_trace(read_json_file(*options.simulated), *options.simulated);
+    check_trace_identity(given, trace_identity(job), "--simulated", "this plan's");
     try {
       (void)compare_timelines(report.timeline, given);
     } catch (const SpecError& error) {
@@ -64,6 +65,7 @@ int run_report(const ReportOptions& options, std::ostream& out) {
   }
   if (options.measured) {
     report.measured = timeline_from_chrome_trace(read_json_file(*options.measured), *options.measured);
+    check_trace_identity(*report.measured, trace_identity(job), "--measured", "this plan's");
     report.measured_source = *options.measured;
   }
   write_report(report, options.out, out);

@@ -203,4 +203,32 @@ void JsonFieldReader::reject_unknown_keys() const {
   }
 }
 
+namespace {
+
+// A value as an error line quotes it: compact JSON, cut short.
+std::string quoted_value(const nlohmann::json& value) {
+  std::string text = value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  return text.size() > 60 ? text.substr(0, 57) + "..." : text;
+}
+
+}  // namespace
+
+std::optional<std::string> first_json_difference(const nlohmann::json& there, const nlohmann::json& here,
+                                                 const std::string& path) {
+  if (there.is_object() && here.is_object()) {
+    nlohmann::json keys = nlohmann::json::object();  // the union, sorted
+    for (const auto& [key, value] : there.items()) keys[key] = true;
+    for (const auto& [key, value] : here.items()) keys[key] = true;
+    for (const auto& [key, unused] : keys.items()) {
+      const std::string field = path.empty() ? key : path + "." + key;
+      if (!there.contains(key)) return field + " is absent there, " + quoted_value(here.at(key)) + " here";
+      if (!here.contains(key)) return field + " is " + quoted_value(there.at(key)) + " there, absent here";
+      if (std::optional<std::string> found = first_json_difference(there.at(key), here.at(key), field)) return found;
+    }
+    return std::nullopt;
+  }
+  if (there == here) return std::nullopt;
+  return path + " is " + quoted_value(there) + " there, " + quoted_value(here) + " here";
+}
+
 }  // namespace megaplan

@@ -30,6 +30,12 @@ std::optional<nlohmann::json> try_parse_json(std::string_view text);
 // Reads and parses a whole file; an unreadable file is SpecError(path, "cannot read ...").
 nlohmann::json read_json_file(const std::string& path);
 
+// The first field, in key order through nested objects, where `there` and `here` differ, as
+// "PATH is X there, Y here" (values as compact JSON, cut short; a missing key "absent"), or
+// nullopt when they are equal. `path` prefixes the field's name ("" at the top).
+std::optional<std::string> first_json_difference(const nlohmann::json& there, const nlohmann::json& here,
+                                                 const std::string& path = "");
+
 // Reads the members of one JSON object by name with type checks, then rejects the keys nobody
 // asked for (a typo in a config must not be silently ignored).
 class JsonFieldReader {

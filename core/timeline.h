@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "core/schedule/action.h"
 
 namespace megaplan {
@@ -53,6 +55,9 @@ struct TimelineSlice {
 struct Timeline {
   std::string source;  // "simulated" or what measured it
   std::vector<TimelineSlice> slices;
+  // What a trace read back records of the run it is a timeline of (reports/chrome_trace.h's
+  // trace_identity); null where it records nothing.
+  nlohmann::json identity;
 };
 
 }  // namespace megaplan

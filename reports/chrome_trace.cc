@@ -12,6 +12,7 @@
 #include "core/action_work.h"
 #include "core/error.h"
 #include "core/input_limits.h"
+#include "core/json_io.h"
 #include "core/memory_model.h"
 #include "core/pipeline_layout.h"
 #include "core/version.h"
@@ -194,6 +195,7 @@ nlohmann::json chrome_trace(const Timeline& timeline, const JobSpec* job, bool c
   if (job) {
     metadata["model"] = job->model.name;
     metadata["plan"] = describe_plan(job->plan);
+    metadata["identity"] = trace_identity(*job);
   }
   return {{"traceEvents", std::move(events)}, {"displayTimeUnit", "ms"}, {"otherData", std::move(metadata)}};
 }
@@ -230,12 +232,34 @@ double seconds_of(const nlohmann::json& event, const char* key, const std::strin
 
 }  // namespace
 
+nlohmann::json trace_identity(const JobSpec& job) {
+  nlohmann::json model = model_spec_to_json(job.model);
+  model.erase("name");
+  nlohmann::json plan = parallel_plan_to_json(job.plan);
+  for (const char* key : {"implementation", "implementation_options", "moe_imbalance"}) plan.erase(key);
+  return {{"model_spec", std::move(model)}, {"parallel_plan", std::move(plan)}};
+}
+
+void check_trace_identity(const Timeline& timeline, const nlohmann::json& expected, const std::string& flag,
+                          const std::string& other) {
+  if (timeline.identity.is_null() || expected.is_null()) return;
+  if (const std::optional<std::string> difference = first_json_difference(timeline.identity, expected)) {
+    throw SpecError(flag, timeline.source + " is a trace of another run than " + other + ": " + *difference);
+  }
+}
+
 Timeline timeline_from_chrome_trace(const nlohmann::json& trace, const std::string& file) {
   if (!trace.is_object() || !trace.contains("traceEvents") || !trace.at("traceEvents").is_array()) {
     throw SpecError(file, "not a Chrome trace: no \"traceEvents\" array");
   }
   Timeline timeline;
   timeline.source = file;
+  if (const auto metadata = trace.find("otherData"); metadata != trace.end() && metadata->is_object()) {
+    if (const auto identity = metadata->find("identity"); identity != metadata->end()) {
+      if (!identity->is_object()) throw SpecError(file + ": otherData: identity", "must be an object");
+      timeline.identity = *identity;
+    }
+  }
   const nlohmann::json& events = trace.at("traceEvents");
   for (std::size_t i = 0; i < events.size(); ++i) {
     const nlohmann::json& event = events[i];

@@ -31,6 +31,18 @@ nlohmann::json timeline_to_chrome_trace(const Timeline& timeline, const JobSpec&
 // skipped. Throws SpecError naming
 // `file` and the event ("S.json: traceEvents[12]: name: ...") when an event is not such a slice:
 // a name that is no action, a thread that is not its action's stream, a negative time.
+// Its metadata's identity, when it has one, becomes the timeline's.
 Timeline timeline_from_chrome_trace(const nlohmann::json& trace, const std::string& file);
+
+// What a trace of `job` records in its metadata ("identity") to name the run it is a timeline of:
+// the model's spec, its name aside (a renamed copy is the same model), and the plan, every field of
+// parallel_plan_to_json but the implementation and its options and --moe-imbalance, which a
+// simulation may state apart from the run it is compared with.
+nlohmann::json trace_identity(const JobSpec& job);
+// Throws SpecError(flag, "FILE is a trace of another run than OTHER's: FIELD is X there, Y here")
+// when `timeline` (read from FILE, its source) records an identity other than `expected`.
+// Traces written before megaplan recorded one pass (their action lists are still compared).
+void check_trace_identity(const Timeline& timeline, const nlohmann::json& expected, const std::string& flag,
+                          const std::string& other);
 
 }  // namespace megaplan

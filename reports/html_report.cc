@@ -14,6 +14,7 @@
 #include "planner/megatron_arguments.h"
 #include "reports/report_assets.h"
 #include "reports/search_provenance.h"
+#include "reports/search_report.h"
 #include "reports/timeline_comparison.h"
 #include "reports/timeline_messages.h"
 #include "simulator/profile_choice.h"
@@ -224,8 +225,16 @@ nlohmann::json alternatives_json(const PlanReport& report) {
       plans.push_back(std::move(plan));
     }
   }
-  // Once its plans read as a search's: alternatives of this plan's model and cluster, not another's.
+  // Once its plans read as a search's: alternatives of this plan's model and cluster, not another's,
+  // each a plan the planner could have ranked there.
   check_search_provenance(search, source, report.job);
+  for (const char* list : {"plans", "over_memory"}) {
+    if (!search.contains(list)) continue;
+    for (std::size_t i = 0; i < search.at(list).size(); ++i) {
+      (void)read_search_plan(search.at(list)[i], source + ": " + list + "[" + std::to_string(i) + "]", report.job.model,
+                             report.job.cluster.total_gpus());
+    }
+  }
   double uncertainty = 0;
   if (search.contains("tie_tolerance") && search.at("tie_tolerance").is_number()) {
     uncertainty = search.at("tie_tolerance").get<double>();

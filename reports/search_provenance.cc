@@ -4,35 +4,11 @@
 #include <optional>
 
 #include "core/error.h"
+#include "core/json_io.h"
 
 namespace megaplan {
 
 namespace {
-
-// A value as an error line quotes it: compact JSON, cut short.
-std::string quoted_value(const nlohmann::json& value) {
-  std::string text = value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-  return text.size() > 60 ? text.substr(0, 57) + "..." : text;
-}
-
-// The first field, in key order, where `there` and `here` differ: "PATH is X there, Y here".
-std::optional<std::string> first_difference(const nlohmann::json& there, const nlohmann::json& here,
-                                            const std::string& path) {
-  if (there.is_object() && here.is_object()) {
-    nlohmann::json keys = nlohmann::json::object();  // the union, sorted
-    for (const auto& [key, value] : there.items()) keys[key] = true;
-    for (const auto& [key, value] : here.items()) keys[key] = true;
-    for (const auto& [key, unused] : keys.items()) {
-      const std::string field = path.empty() ? key : path + "." + key;
-      if (!there.contains(key)) return field + " is absent there, " + quoted_value(here.at(key)) + " here";
-      if (!here.contains(key)) return field + " is " + quoted_value(there.at(key)) + " there, absent here";
-      if (std::optional<std::string> found = first_difference(there.at(key), here.at(key), field)) return found;
-    }
-    return std::nullopt;
-  }
-  if (there == here) return std::nullopt;
-  return path + " is " + quoted_value(there) + " there, " + quoted_value(here) + " here";
-}
 
 nlohmann::json without_keys(nlohmann::json object, std::initializer_list<const char*> keys) {
   for (const char* key : keys) object.erase(key);
@@ -69,8 +45,8 @@ void check_search_provenance(const nlohmann::json& search, const std::string& so
   }
   const nlohmann::json& model = recorded_field(search, source, "model", "spec", false);
   const std::string searched_model = search.at("model").value("name", std::string("?"));
-  if (const std::optional<std::string> difference =
-          first_difference(without_keys(model, {"name"}), without_keys(model_spec_to_json(job.model), {"name"}), "")) {
+  if (const std::optional<std::string> difference = first_json_difference(
+          without_keys(model, {"name"}), without_keys(model_spec_to_json(job.model), {"name"}), "")) {
     throw SpecError("--search", source + " is a search of another model" +
                                     (searched_model == job.model.name ? "" : " (" + searched_model + ")") +
                                     " than this plan's " + job.model.name + ": " + *difference);
@@ -85,8 +61,8 @@ void check_search_provenance(const nlohmann::json& search, const std::string& so
                                     job.cluster.name);
   }
   if (const std::optional<std::string> difference =
-          first_difference(without_keys(cluster, {"name", "source"}),
-                           without_keys(cluster_spec_to_json(job.cluster), {"name", "source"}), "")) {
+          first_json_difference(without_keys(cluster, {"name", "source"}),
+                                without_keys(cluster_spec_to_json(job.cluster), {"name", "source"}), "")) {
     throw SpecError("--search", source + " is a search of another cluster" +
                                     (searched_cluster == job.cluster.name ? "" : " (" + searched_cluster + ")") +
                                     " than this plan's " + job.cluster.name + ": " + *difference);

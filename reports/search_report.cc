@@ -1,7 +1,10 @@
 #include "reports/search_report.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <optional>
+#include <string_view>
 #include <utility>
 
 #include "core/implementation_options.h"
@@ -32,6 +35,26 @@ nlohmann::json plan_json(const RankedPlan& ranked, int64_t memory_limit) {
   json["idle_s"] = estimate.idle_s;
   return json;
 }
+
+// The measures plan_json adds to the plan's own fields, and the most each may be (MFU is a
+// fraction of peak; the rest are times, bytes, rates and counts).
+struct Measure {
+  const char* key;
+  double most;
+};
+constexpr double kUnbounded = std::numeric_limits<double>::max();
+constexpr Measure kMeasures[] = {{"num_microbatches", kUnbounded},
+                                 {"iteration_time_s", kUnbounded},
+                                 {"model_tflops_per_gpu", kUnbounded},
+                                 {"mfu", 1.0},
+                                 {"bubble_fraction", 1.0},
+                                 {"peak_memory_bytes", kUnbounded},
+                                 {"lower_bound_s", kUnbounded},
+                                 {"compute_s", kUnbounded},
+                                 {"tensor_comm_s", kUnbounded},
+                                 {"pipeline_comm_s", kUnbounded},
+                                 {"data_parallel_comm_s", kUnbounded},
+                                 {"idle_s", kUnbounded}};
 
 // 1st, 2nd, 3rd, 4th, ..., 11th, 12th, 13th, ..., 21st.
 std::string ordinal(int64_t n) {
@@ -111,6 +134,52 @@ void write_search_text(const SearchRun& run, const planner::SearchResult& result
                                 format_percent(uncertainty) + ") of #1; the simulator cannot rank them apart\n"
                           : std::string("ties: the profile states no uncertainty, so no plan is marked as a tie\n"));
   if (options.explain) out << "\n" << winner_explanation(result.plans, result.memory_limit_bytes);
+}
+
+ParallelPlan read_search_plan(const nlohmann::json& entry, const std::string& where, const ModelSpec& model,
+                              int64_t gpus) {
+  const auto refuse = [&](const std::string& rule) { throw SpecError("--search", where + ": " + rule); };
+  if (!entry.is_object()) refuse("must be an object, as `megaplan search --json` writes each plan");
+  nlohmann::json fields = entry;
+  for (const char* flag : {"fits_in_memory", "tie_with_best"}) {
+    if (fields.contains(flag) && !fields.at(flag).is_boolean()) refuse(std::string(flag) + ": must be true or false");
+    fields.erase(flag);
+  }
+  for (const Measure& measure : kMeasures) {
+    const auto found = fields.find(measure.key);
+    if (found == fields.end()) continue;
+    const bool positive = std::string_view(measure.key) == "iteration_time_s" ||
+                          std::string_view(measure.key) == "peak_memory_bytes" ||
+                          std::string_view(measure.key) == "num_microbatches";
+    const double value = found->is_number() ? found->get<double>() : std::nan("");
+    if (!std::isfinite(value) || value < 0 || (positive && value == 0) || value > measure.most) {
+      refuse(std::string(measure.key) + ": must be a finite number " + (positive ? "> 0" : ">= 0") +
+             (measure.most < kUnbounded ? " and at most " + format_significant(measure.most, 3) : "") + ", got " +
+             found->dump());
+    }
+    fields.erase(found);
+  }
+  ParallelPlan plan;
+  try {
+    plan = parallel_plan_from_json(fields, where);
+    // The world first, where the sizes make one (validate_plan refuses the rest): it says most.
+    int64_t world = 1;
+    bool sized = true;
+    for (const int64_t size : {plan.tensor_parallel_size, plan.pipeline_parallel_size, plan.context_parallel_size,
+                               plan.data_parallel_size}) {
+      sized = sized && size > 0 && !__builtin_mul_overflow(world, size, &world);
+    }
+    if (sized && world != gpus) {
+      refuse("tp x pp x cp x dp is " + std::to_string(world) + " GPUs, but the search was of " + std::to_string(gpus));
+    }
+    validate_plan(model, plan);
+  } catch (const SpecError& error) {
+    if (error.field() == "--search") throw;
+    const std::string message = error.what();  // the reader's name `where` and the key already
+    if (message.rfind(where, 0) == 0) throw SpecError("--search", message);
+    refuse(message);
+  }
+  return plan;
 }
 
 }  // namespace megaplan

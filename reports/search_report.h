@@ -29,6 +29,13 @@ struct SearchRun {
 nlohmann::json search_json(const SearchRun& run, const planner::SearchResult& result,
                            const planner::SearchSpace& space);
 
+// A plan of search_json's "plans" or "over_memory", read back (`report --search`) and checked by
+// the rules the planner enforces for `model` on `gpus` GPUs: a valid layout of that world, and
+// measures a simulation can give (a positive, finite iteration time and peak memory, terms and
+// rates finite and non-negative, MFU at most 1). Throws SpecError("--search", "WHERE: ...").
+ParallelPlan read_search_plan(const nlohmann::json& entry, const std::string& where, const ModelSpec& model,
+                              int64_t gpus);
+
 struct SearchTextOptions {
   bool compare = false;  // every candidate costed: the table alone
   bool explain = false;  // #1 against the best layout that differs in more than a switch

@@ -323,15 +323,28 @@ expect_ok compare --simulated "$scratch/simulated-cp.json" --measured "$scratch/
 grep -q '^order      every rank computed in the simulated order' "$scratch/out" || fail "compare at cp 2: $(cat "$scratch/out")"
 expect_ok compare --simulated "$scratch/simulated.json" --measured "$scratch/measured.json" --json
 grep -q '"iteration_error"' "$scratch/out" || fail "compare --json: $(head -c 300 "$scratch/out")"
-expect_error 'error: --measured: .*/trace.json lacks [0-9A-Z_]+ on pipeline rank [01], which .*/simulated.json holds' compare --simulated "$scratch/simulated.json" --measured "$scratch/trace.json"
+# The same model under another recomputation: another run.
+expect_ok simulate --model "$examples/models/tiny-gpt.json" --vocab-size 257 --seq-length 16 --cluster h200-x2 \
+  --pp 2 --schedule zbv --vpp 2 --num-layers 4 --mbs 1 --gbs 4 --recompute-granularity full --trace "$scratch/simulated-full.json"
+expect_error "error: --measured: .*/measured.json is a trace of another run than .*/simulated-full.json's: parallel_plan.recompute_granularity is \"none\" there, \"full\" here" \
+  compare --simulated "$scratch/simulated-full.json" --measured "$scratch/measured.json"
+# A trace of another run is refused by what its metadata records (issue 42), and one recording
+# nothing (written before megaplan did) by its action lists.
+expect_error "error: --measured: .*/trace.json is a trace of another run than .*/simulated.json's: model_spec\\.ffn_hidden_size is 3072 there, 256 here" \
+  compare --simulated "$scratch/simulated.json" --measured "$scratch/trace.json"
+python3 -c 'import json, sys; t = json.load(open(sys.argv[1])); t["otherData"].pop("identity"); json.dump(t, open(sys.argv[2], "w"))' \
+  "$scratch/trace.json" "$scratch/older-trace.json"
+expect_error 'error: --measured: .*/older-trace.json lacks [0-9A-Z_]+ on pipeline rank [01], which .*/simulated.json holds' compare --simulated "$scratch/simulated.json" --measured "$scratch/older-trace.json"
 # The report of that plan with the measured timeline beside the simulated one.
 tiny_pp2=(--model "$examples/models/tiny-gpt.json" --vocab-size 257 --seq-length 16 --cluster h200-x2 --pp 2 --schedule zbv
           --vpp 2 --num-layers 4 --mbs 1 --gbs 4)
 expect_ok report "${tiny_pp2[@]}" --measured "$scratch/measured.json" --simulated "$scratch/simulated.json" \
   --out "$scratch/measured-report.html"
 grep -q '"measured":{"error":' "$scratch/measured-report.html" || fail "the report holds no measured section"
-expect_error 'error: --measured: .*/trace.json lacks [0-9A-Z_]+ on pipeline rank [01]' report "${tiny_pp2[@]}" --measured "$scratch/trace.json" --out "$scratch/never.html"
-expect_error 'error: --simulated: .*/trace.json is not a trace of this plan: ' report "${tiny_pp2[@]}" --simulated "$scratch/trace.json" --out "$scratch/never.html"
+expect_error "error: --measured: .*/trace.json is a trace of another run than this plan's: model_spec\\." report "${tiny_pp2[@]}" --measured "$scratch/trace.json" --out "$scratch/never.html"
+expect_error 'error: --measured: .*/older-trace.json lacks [0-9A-Z_]+ on pipeline rank [01]' report "${tiny_pp2[@]}" --measured "$scratch/older-trace.json" --out "$scratch/never.html"
+expect_error "error: --simulated: .*/trace.json is a trace of another run than this plan's: model_spec\\." report "${tiny_pp2[@]}" --simulated "$scratch/trace.json" --out "$scratch/never.html"
+expect_error 'error: --simulated: .*/older-trace.json is not a trace of this plan: ' report "${tiny_pp2[@]}" --simulated "$scratch/older-trace.json" --out "$scratch/never.html"
 [ ! -e "$scratch/never.html" ] || fail "a refused report left a file behind"
 printf 'not json' >"$scratch/not-json.txt"
 expect_error 'error: --simulated: .*/not-json.txt is not JSON' compare --simulated "$scratch/not-json.txt" --measured "$scratch/measured.json"
@@ -1153,6 +1166,13 @@ python3 -c 'import json, sys; s = json.load(open(sys.argv[1])); [s.pop(k) for k 
   "$scratch/searched.json" "$scratch/older-search.json"
 expect_error "error: --search: $scratch/older-search.json records no model and cluster .*: re-run .megaplan search --json." \
   report --plan "$scratch/small-job.json" --search "$scratch/older-search.json" --out "$scratch/never.html"
+# A search whose plans the planner could not have ranked there (issue 42).
+python3 -c 'import json, sys; s = json.load(open(sys.argv[1])); s["plans"][0]["tensor_parallel_size"] = 1024; json.dump(s, open(sys.argv[2], "w")); s["plans"][0]["tensor_parallel_size"] = 1; s["plans"][0]["mfu"] = 7.5; json.dump(s, open(sys.argv[3], "w"))' \
+  "$scratch/searched.json" "$scratch/tp1024-search.json" "$scratch/mfu-search.json"
+expect_error "error: --search: $scratch/tp1024-search.json: plans\\[0\\]: tp x pp x cp x dp is [0-9]+ GPUs, but the search was of 2" \
+  report --plan "$scratch/small-job.json" --search "$scratch/tp1024-search.json" --out "$scratch/never.html"
+expect_error "error: --search: $scratch/mfu-search.json: plans\\[0\\]: mfu: must be a finite number >= 0 and at most 1, got 7.5" \
+  report --plan "$scratch/small-job.json" --search "$scratch/mfu-search.json" --out "$scratch/never.html"
 [ ! -e "$scratch/never.html" ] || fail "a refused report left a file behind"
 # Nothing fits: the error also names the smallest GPU count that would, or says none does up to
 # core's limit on GPUs.

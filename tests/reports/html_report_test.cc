@@ -4,6 +4,8 @@
 // d3 and the data inlined, a "</script>" in the data unable to end its script element.
 #include <catch2/catch.hpp>
 
+#include <functional>
+
 #include <set>
 #include <string>
 
@@ -94,6 +96,8 @@ nlohmann::json provenance_of(const megaplan::JobSpec& job) {
 TEST_CASE("a search's ranked plans become the alternatives; a malformed search is refused naming the field",
           "[reports]") {
   megaplan::PlanReport report = small_report();
+  report.job.cluster.num_nodes = 1;  // the plans' world: 2 GPUs
+  report.job.cluster.gpus_per_node = 2;
   const auto plan = [](int64_t pp, double seconds, bool fits) {
     return nlohmann::json{{"tensor_parallel_size", 1},
                           {"pipeline_parallel_size", pp},
@@ -101,6 +105,7 @@ TEST_CASE("a search's ranked plans become the alternatives; a malformed search i
                           {"data_parallel_size", 2 / pp},
                           {"virtual_pipeline_parallel_size", 1},
                           {"micro_batch_size", 1},
+                          {"global_batch_size", 4},
                           {"schedule", "1f1b"},
                           {"recompute_granularity", "none"},
                           {"iteration_time_s", seconds},
@@ -125,7 +130,7 @@ TEST_CASE("a search's ranked plans become the alternatives; a malformed search i
   CHECK(alternatives.at("plans")[1].at("fits") == false);  // shown, marked
   CHECK(alternatives.at("plans")[1].at("terms").at("idle") == 0.002);
   // Faster layouts refused on memory follow the ranking, marked.
-  report.search->emplace("over_memory", nlohmann::json::array({plan(4, 0.015, true)}));
+  report.search->emplace("over_memory", nlohmann::json::array({plan(2, 0.015, true)}));
   const nlohmann::json with_over = megaplan::report_data(report).at("alternatives").at("plans");
   REQUIRE(with_over.size() == 3);
   CHECK(with_over[2].at("rank") == "over");
@@ -138,6 +143,32 @@ TEST_CASE("a search's ranked plans become the alternatives; a malformed search i
                     Contains("search.json: plans[1]: idle_s: required field is missing"));
   report.search = nlohmann::json{{"plans", 3}};
   CHECK_THROWS_WITH(megaplan::report_data(report), Contains("--search: search.json: plans: must be the array"));
+
+  // Plans the planner could not have ranked there: each refused naming the rule (issue 42).
+  const auto refusal = [&](const std::function<void(nlohmann::json&)>& edit) {
+    nlohmann::json entry = plan(2, 0.02, true);
+    edit(entry);
+    report.search = nlohmann::json{{"plans", {entry}}};
+    report.search->update(provenance_of(report.job));
+    try {
+      (void)megaplan::report_data(report);
+    } catch (const megaplan::SpecError& error) {
+      CHECK(error.field() == "--search");
+      return std::string(error.what());
+    }
+    return std::string("accepted");
+  };
+  CHECK(refusal([](nlohmann::json&) {}) == "accepted");
+  CHECK(refusal([](nlohmann::json& p) { p["tensor_parallel_size"] = 1024; }) ==
+        "--search: search.json: plans[0]: tp x pp x cp x dp is 2048 GPUs, but the search was of 2");
+  CHECK_THAT(refusal([](nlohmann::json& p) { p["data_parallel_size"] = 0; }),
+             Contains("--search: search.json: plans[0]: ") && Contains("data_parallel_size"));
+  CHECK(refusal([](nlohmann::json& p) { p["iteration_time_s"] = -0.5; }) ==
+        "--search: search.json: plans[0]: iteration_time_s: must be a finite number > 0, got -0.5");
+  CHECK(refusal([](nlohmann::json& p) { p["mfu"] = 7.5; }) ==
+        "--search: search.json: plans[0]: mfu: must be a finite number >= 0 and at most 1, got 7.5");
+  CHECK_THAT(refusal([](nlohmann::json& p) { p["micro_batch_size"] = 3; }),
+             Contains("--search: search.json: plans[0]: "));
 }
 
 TEST_CASE("a search of another model or cluster, or one without them recorded, is refused in one line", "[reports]") {
