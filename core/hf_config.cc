@@ -19,9 +19,61 @@ namespace megaplan {
 
 namespace {
 
+// The causal language models megaplan reads, by transformers' class name.
+struct Architecture {
+  const char* class_name;
+  const char* model_type;
+};
+constexpr Architecture kArchitectures[] = {{"LlamaForCausalLM", "llama"},        {"MistralForCausalLM", "mistral"},
+                                           {"MixtralForCausalLM", "mixtral"},    {"Qwen2ForCausalLM", "qwen2"},
+                                           {"Qwen2MoeForCausalLM", "qwen2_moe"}, {"Qwen3ForCausalLM", "qwen3"},
+                                           {"Qwen3MoeForCausalLM", "qwen3_moe"}, {"GPT2LMHeadModel", "gpt2"}};
+
+// The model type `architectures` names (every class one type's), or "" when it names none.
+std::string type_of_architectures(JsonFieldReader& reader) {
+  const nlohmann::json* classes = reader.read_array("architectures");
+  if (!classes) return "";
+  std::string type;
+  for (const nlohmann::json& name : *classes) {
+    const auto known = std::find_if(std::begin(kArchitectures), std::end(kArchitectures),
+                                    [&](const Architecture& a) { return name == a.class_name; });
+    if (known == std::end(kArchitectures)) {
+      throw SpecError(reader.field("architectures"),
+                      name.dump() +
+                          " is not a model megaplan reads (the causal language models of llama, mistral, "
+                          "mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe and gpt2)");
+    }
+    if (!type.empty() && type != known->model_type) {
+      throw SpecError(reader.field("architectures"),
+                      "names models of two types, " + type + " and " + known->model_type);
+    }
+    type = known->model_type;
+  }
+  return type;
+}
+
+// The model type: model_type, which `architectures` must agree with, else the type `architectures`
+// names, else what the keys say (GPT-2's n_layer, the Llama family's num_hidden_layers). Models of
+// other types whose keys are all the Llama family's (OLMo 2's) can only be told by one of the two.
 std::string model_type_of(JsonFieldReader& reader) {
   std::string type;
-  if (reader.read("model_type", type)) return type;
+  const bool typed = reader.read("model_type", type);
+  if (typed && std::none_of(std::begin(kArchitectures), std::end(kArchitectures),
+                            [&](const Architecture& a) { return type == a.model_type; })) {
+    throw SpecError(reader.field("model_type"), "unsupported \"" + type +
+                                                    "\"; supported: llama, mistral, mixtral, qwen2, qwen2_moe, "
+                                                    "qwen3, qwen3_moe, gpt2");
+  }
+  const std::string named = type_of_architectures(reader);
+  if (typed) {
+    // Mixtral's experts under "mistral" are found by their keys; a class of another type is not.
+    const bool alike = named == type || (type == "mistral" && named == "mixtral");
+    if (!named.empty() && !alike) {
+      throw SpecError(reader.field("architectures"), "names a " + named + " model, but model_type is \"" + type + "\"");
+    }
+    return type;
+  }
+  if (!named.empty()) return named;
   if (reader.has("n_layer") && reader.has("n_embd")) return "gpt2";
   if (reader.has("num_hidden_layers")) return "llama";
   return "";
@@ -75,6 +127,55 @@ constexpr UnmodelledKey kUnmodelledKeys[] = {
     {"q_lora_rank", "multi-head latent attention (DeepSeek's MLA) is not modelled"},
     {"kv_lora_rank", "multi-head latent attention (DeepSeek's MLA) is not modelled"},
     {"mlp_bias", "biases on the MLP's projections are not modelled for the Llama family"},
+    {"add_cross_attention", "cross-attention layers (an encoder's outputs attended to) are not modelled"},
+    {"is_encoder_decoder", "encoder-decoder models are not modelled (megaplan's are decoders)"},
+    {"scale_attn_by_inverse_layer_idx", "attention scores scaled by 1 / (layer + 1) are not modelled"},
+};
+
+// Keys a config holds that do not change the model megaplan builds, trains and costs, each with
+// the reason. With the keys the importer reads and kUnmodelledKeys this is every key of
+// transformers' config classes of the types read and refused (tests/core/hf_config_keys_test.cc
+// checks it against tests/data/hf_config_keys.json): any other key is refused, since it may change
+// the model.
+struct IgnoredKey {
+  const char* key;
+  const char* reason;
+};
+constexpr const char* kTokenizerKey =
+    "the tokenizer's special token: convert carries it, the model does not depend on it";
+constexpr const char* kDropoutKey = "dropout is a training setting: train's --attention-dropout and --hidden-dropout";
+constexpr const char* kOutputsKey = "what transformers' forward returns, not the model";
+constexpr const char* kClassifierKey = "a head of transformers' classification models, not the language model";
+constexpr IgnoredKey kIgnoredKeys[] = {
+    {"architectures", "the class names transformers builds: model_type and the other keys say the architecture"},
+    {"transformers_version", "bookkeeping"},
+    {"dtype", "the weights' storage type: convert's --dtype and train's precision decide megaplan's"},
+    {"torch_dtype", "as dtype (its name before transformers 4.56)"},
+    {"bos_token_id", kTokenizerKey},
+    {"eos_token_id", kTokenizerKey},
+    {"pad_token_id", kTokenizerKey},
+    {"use_cache", "inference's key-value cache"},
+    {"initializer_range", "the initialisation's spread: train's --init-method-std (0.02 by default, as here)"},
+    {"attention_dropout", kDropoutKey},
+    {"attn_pdrop", kDropoutKey},
+    {"resid_pdrop", kDropoutKey},
+    {"embd_pdrop", kDropoutKey},
+    {"output_attentions", kOutputsKey},
+    {"output_hidden_states", kOutputsKey},
+    {"return_dict", kOutputsKey},
+    {"id2label", kClassifierKey},
+    {"label2id", kClassifierKey},
+    {"problem_type", kClassifierKey},
+    {"summary_type", kClassifierKey},
+    {"summary_use_proj", kClassifierKey},
+    {"summary_activation", kClassifierKey},
+    {"summary_proj_to_labels", kClassifierKey},
+    {"summary_first_dropout", kClassifierKey},
+    {"chunk_size_feed_forward", "transformers' feed-forward in chunks: the same sums in pieces"},
+    {"pretraining_tp", "Llama's pretraining split of its projections: the same sums in pieces"},
+    {"reorder_and_upcast_attn", "GPT-2's attention in fp32 inside transformers: numerics, not the model"},
+    {"use_sliding_window", "read with sliding_window (a window shorter than the context is refused)"},
+    {"max_window_layers", "the layers a sliding window applies to, which only use_sliding_window turns on"},
 };
 
 bool is_set(const nlohmann::json& value) {
@@ -115,7 +216,19 @@ void refuse_unmodelled_keys(const nlohmann::json& json, JsonFieldReader& reader,
           reader.field(unmodelled.key),
           std::string(unmodelled.feature) + "; this config's model is not the dense decoder megaplan would read it as");
     }
+    reader.ignore(unmodelled.key);  // absent, or off
   }
+  // transformers 5's attention per layer: sliding-window layers attend to less than megaplan does.
+  if (const nlohmann::json* layer_types = reader.read_array("layer_types")) {
+    for (std::size_t layer = 0; layer < layer_types->size(); ++layer) {
+      if ((*layer_types)[layer] != "full_attention") {
+        throw SpecError(reader.field("layer_types"),
+                        "layer " + std::to_string(layer) + " is " + (*layer_types)[layer].dump() +
+                            ": only \"full_attention\" is modelled (megaplan attends over the whole sequence)");
+      }
+    }
+  }
+  reader.ignore("sliding_window");  // checked below
   // A sliding window shorter than the context attends less than megaplan's causal attention over the
   // whole sequence (Mistral v0.1's 4096 of 32768); Qwen2's applies only with use_sliding_window.
   const auto window = json.find("sliding_window");
@@ -199,6 +312,20 @@ ModelSpec from_gpt2(JsonFieldReader& reader) {
   reader.read("tie_word_embeddings", tied);
   spec.untie_embeddings_and_output_weights = !tied;
   reader.read("layer_norm_epsilon", spec.norm_epsilon);  // GPT2Config's default 1e-5, Megatron's too
+  // megaplan's GELU is the tanh approximation, GPT-2's own.
+  std::string activation = "gelu_new";
+  reader.read("activation_function", activation);
+  if (activation != "gelu_new" && activation != "gelu_pytorch_tanh") {
+    throw SpecError(
+        reader.field("activation_function"),
+        "only GELU's tanh approximation (\"gelu_new\", \"gelu_pytorch_tanh\") is modelled, got \"" + activation + "\"");
+  }
+  bool scaled = true;
+  reader.read("scale_attn_weights", scaled);
+  if (!scaled) {
+    throw SpecError(reader.field("scale_attn_weights"),
+                    "attention scores not scaled by 1 / sqrt(head dim) are not modelled");
+  }
   return spec;  // LayerNorm, GELU, learned positions, biases: Megatron's GPT defaults
 }
 
@@ -298,6 +425,10 @@ ModelSpec model_spec_from_hf_config(const nlohmann::json& json, const std::strin
   if (is_qwen_moe(type)) read_qwen_moe(reader, type, spec);
   reader.read("_name_or_path", spec.name);
   if (spec.name.empty()) spec.name = source;
+  for (const IgnoredKey& ignored : kIgnoredKeys) reader.ignore(ignored.key);
+  reader.reject_unknown_keys("megaplan does not read this key for model_type \"" + type +
+                             "\" and cannot tell that it leaves the model unchanged, so it is refused rather than "
+                             "ignored (core/hf_config.cc lists every key read or ignored, with its reason)");
   return spec;
 }
 

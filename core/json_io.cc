@@ -187,6 +187,14 @@ bool JsonFieldReader::read(const std::string& key, std::string& out) {
   return true;
 }
 
+const nlohmann::json* JsonFieldReader::read_array(const std::string& key) {
+  const nlohmann::json* value = lookup(key);
+  if (value != nullptr && !value->is_array()) {
+    throw SpecError(field(key), "must be a JSON array, got " + type_name(*value));
+  }
+  return value;
+}
+
 const nlohmann::json* JsonFieldReader::read_object(const std::string& key) {
   const nlohmann::json* value = lookup(key);
   if (value != nullptr && !value->is_object()) {
@@ -195,10 +203,10 @@ const nlohmann::json* JsonFieldReader::read_object(const std::string& key) {
   return value;
 }
 
-void JsonFieldReader::reject_unknown_keys() const {
+void JsonFieldReader::reject_unknown_keys(const std::string& rule) const {
   for (auto member = object_.begin(); member != object_.end(); ++member) {
     if (std::find(used_.begin(), used_.end(), &member.value()) == used_.end()) {
-      throw SpecError(field(member.key()), "unknown field");
+      throw SpecError(field(member.key()), rule);
     }
   }
 }

@@ -54,14 +54,16 @@ class JsonFieldReader {
   bool read(const std::string& key, std::string& out);
   // A nested object, for a nested reader.
   const nlohmann::json* read_object(const std::string& key);
+  // A nested array, its elements the caller's to check.
+  const nlohmann::json* read_array(const std::string& key);
   template <typename T>
   void require(const std::string& key, T& out) {
     if (!read(key, out)) throw SpecError(field(key), "required field is missing");
   }
   // Marks keys as known without reading them (fields that are documented but ignored).
   void ignore(const std::string& key);
-  // Throws SpecError naming the first key that no read/require/ignore touched.
-  void reject_unknown_keys() const;
+  // Throws SpecError naming the first key that no read/require/ignore touched, with `rule`.
+  void reject_unknown_keys(const std::string& rule = "unknown field") const;
 
   std::string field(const std::string& key) const { return source_ + ": " + key; }
 

@@ -670,7 +670,7 @@ expect_ok describe --model "$scratch/llama31-config.json" --cluster h200-x2 --tp
 # Mixture of experts (issue 40): a Mixtral config, even named "mistral", is described with its
 # experts, never as a dense Llama (issue 42's finding 1); what costs or runs it refuses it in one
 # line; the experts' flags are checked.
-sed 's/"model_type": "llama"/"model_type": "mistral", "num_local_experts": 8, "num_experts_per_tok": 2/' \
+sed 's/"model_type": "llama"/"model_type": "mistral", "num_local_experts": 8, "num_experts_per_tok": 2/; s/LlamaForCausalLM/MistralForCausalLM/' \
   "$examples/hf/llama3-8b-config.json" >"$scratch/mixtral-config.json"
 expect_ok describe --model "$scratch/mixtral-config.json" --cluster h200-x2 --seq-length 4096 --gbs 8
 grep -q '^experts  8 a layer of ffn 14336, each token to its top 2; ' "$scratch/out" ||

@@ -177,8 +177,13 @@ TEST_CASE("Qwen3-30B-A3B's config.json imports as the qwen3-30b-a3b preset, its 
                     "q.json: num_local_experts: 128 disagrees with num_experts 64, its other name");
   // Qwen3's dense models: the same norms, and Qwen3Config's head_dim of 128 where the file omits it.
   nlohmann::json dense = megaplan::read_json_file(kExamples + "/hf/qwen3-30b-a3b-config.json");
-  for (const char* key : {"num_experts", "num_experts_per_tok", "moe_intermediate_size", "head_dim"}) dense.erase(key);
+  for (const char* key :
+       {"num_experts", "num_experts_per_tok", "moe_intermediate_size", "head_dim", "decoder_sparse_step",
+        "mlp_only_layers", "norm_topk_prob", "output_router_logits", "router_aux_loss_coef"}) {
+    dense.erase(key);
+  }
   dense["model_type"] = "qwen3";
+  dense["architectures"] = {"Qwen3ForCausalLM"};
   const megaplan::ModelSpec qwen3 = megaplan::model_spec_from_hf_config(dense, "q.json");
   CHECK(qwen3.qk_layernorm);
   CHECK_FALSE(qwen3.moe.enabled());
