@@ -1,6 +1,6 @@
 // The CPU trainer end to end on a generated corpus: a tiny GPT's and a tiny Llama's loss falls by
-// at least 30% in 40 iterations, and a run stopped by --exit-interval with --save and resumed with --load logs
-// exactly the losses of an uninterrupted run; a non-finite loss stops it with the checkpoints intact.
+// at least 30% in 40 iterations, and a run resumed with --load from the checkpoint it saved halfway logs
+// exactly the losses of the uninterrupted run; a non-finite loss stops it with the checkpoints intact.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -60,7 +60,10 @@ TEST_CASE("a tiny GPT and a tiny Llama train on the CPU backend and resume exact
     options.data_path = corpus;
     std::ostringstream out;
 
+    // The whole run saves at iteration 20 (and 40) on its way.
     options.log_file = scratch.file(model.name + "-whole.jsonl");
+    options.save = scratch.file(model.name + "-checkpoints");
+    options.save_interval = 20;
     train_on_cpu(plan, options, out, model);
     const std::vector<double> whole = logged_losses(*options.log_file);
     REQUIRE(whole.size() == 40);
@@ -69,21 +72,23 @@ TEST_CASE("a tiny GPT and a tiny Llama train on the CPU backend and resume exact
     INFO("first loss " << whole.front() << ", mean of the last five " << last_five);
     CHECK(last_five <= 0.7 * whole.front());
 
-    options.log_file = scratch.file(model.name + "-parts.jsonl");
-    options.save = scratch.file(model.name + "-checkpoints");
-    options.exit_interval = 20;
-    CHECK(train_on_cpu(plan, options, out, model).last_iteration == 20);
-    CHECK(std::filesystem::exists(*options.save + "/iter_0000020/mp_rank_00/model.bin"));
-    options.exit_interval = 0;
-    options.load = options.save;
+    // Resumed from iteration 20's checkpoint alone, it logs the whole run's last 20 losses.
+    const std::string twenty = scratch.file(model.name + "-at-20");
+    std::filesystem::create_directories(twenty);
+    std::filesystem::copy(*options.save + "/iter_0000020", twenty + "/iter_0000020",
+                          std::filesystem::copy_options::recursive);
+    options.log_file = scratch.file(model.name + "-resumed.jsonl");
+    options.save.reset();
+    options.save_interval = 0;
+    options.load = twenty;
     const megaplan::exec::TrainSummary resumed = train_on_cpu(plan, options, out, model);
     CHECK(resumed.first_iteration == 21);
     CHECK(resumed.last_iteration == 40);
     const std::vector<double> parts = logged_losses(*options.log_file);
-    REQUIRE(parts.size() == 40);
-    for (std::size_t i = 0; i < 40; ++i) {
-      INFO("iteration " << i + 1);
-      CHECK(parts[i] == whole[i]);  // bit for bit
+    REQUIRE(parts.size() == 20);
+    for (std::size_t i = 0; i < 20; ++i) {
+      INFO("iteration " << i + 21);
+      CHECK(parts[i] == whole[i + 20]);  // bit for bit
     }
   }
 }
