@@ -551,7 +551,7 @@ TrainSummary RankTrainer::train() {
     };
     // Each iteration replaces the last one's timeline: the run's last iteration is the one kept.
     const bool traced = options.record_timeline && groups_.replica_rank == 0 && groups_.tensor_parallel_rank == 0;
-    if (traced) summary.timeline = Timeline{"measured (" + backend_.name() + ")", {}};
+    if (traced) summary.timeline = Timeline{"measured (" + backend_.name() + ")", {}, {}};
     IterationStep step;
     step.iteration = iteration;
     step.update = iteration - state.skipped_iterations;
