@@ -2,6 +2,7 @@
 // of the rank's tensors read as saved when a saved shard is exactly its part (streamed from the
 // file to the device through a small page-locked window), else resharded from the saved parts.
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -22,15 +23,19 @@ namespace checkpoint_format {
 namespace {
 
 // The saved shard that is exactly `parameter`'s part (the same global shape and cut) and streams,
-// if any: its bytes are the parameter's as they lie in the file.
-const SavedShard* shard_as_saved(const std::vector<SavedShard>& shards, const Parameter& parameter) {
+// if any: its bytes are the parameter's as they lie in the file. Of a replicated tensor's copies,
+// the one a tensor-parallel rank of this rank's place saved (its own, under the saving layout).
+const SavedShard* shard_as_saved(const std::vector<SavedShard>& shards, const Parameter& parameter,
+                                 const std::function<bool(const SavedShard&)>& mine) {
   const TensorCut wanted = tensor_cut(parameter);
+  const SavedShard* found = nullptr;
   for (const SavedShard& shard : shards) {
     if (same_part(shard.cut, wanted) && shard.global_shape == parameter.global_shape && streamable(shard)) {
-      return &shard;
+      if (mine(shard)) return &shard;
+      if (!found) found = &shard;
     }
   }
-  return nullptr;
+  return found;
 }
 
 std::optional<TrainingState> load_latest(const std::string& directory, const CheckpointRank& rank,
@@ -94,11 +99,17 @@ std::optional<TrainingState> load_latest(const std::string& directory, const Che
     return parameter.name == kOutputWeight && !untied && !saved.count(parameter.name) ? kWordEmbeddings
                                                                                       : parameter.name;
   };
+  // The replicas this rank reads or checks: those of the saving tp ranks congruent to its own,
+  // on the first model replica only (the others load the same bytes).
+  const int64_t loading_tp = rank.plan.tensor_parallel_size;
+  const auto mine = [&](const SavedShard& shard) {
+    return shard.tensor_parallel_rank % loading_tp == rank.groups.tensor_parallel_rank;
+  };
   std::vector<const Parameter*> as_saved, resharded;
   std::vector<const SavedShard*> streamed;  // as_saved's shards
   for (StageChunk* chunk : rank.chunks) {
     for (const Parameter& parameter : chunk->parameters()) {
-      if (const SavedShard* shard = shard_as_saved(saved.at(source_of(parameter)), parameter)) {
+      if (const SavedShard* shard = shard_as_saved(saved.at(source_of(parameter)), parameter, mine)) {
         as_saved.push_back(&parameter);
         streamed.push_back(shard);
       } else {
@@ -146,7 +157,7 @@ std::optional<TrainingState> load_latest(const std::string& directory, const Che
   read_shards(needed, rank.threads, read);
   std::vector<const SavedShard*> all_read = streamed;
   all_read.insert(all_read.end(), needed.begin(), needed.end());
-  verify_unread_replicas(saved, all_read, rank.threads);
+  if (rank.groups.replica_rank == 0) verify_unread_replicas(saved, all_read, rank.threads, mine);
   if (counts) {
     for (const auto& [shard, bytes] : read) counts->bytes += shard->bytes();
   }

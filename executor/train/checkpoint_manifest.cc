@@ -127,6 +127,8 @@ void read_manifest(const std::string& iteration_path, const RankBinding& expecte
     }
     data_file = found->get<std::string>();
   }
+  int64_t saving_tensor_parallel_rank = 0;
+  manifest_fields.read("tensor_parallel_rank", saving_tensor_parallel_rank);
   int64_t entry_index = 0;
   uint64_t data_bytes = 0;  // the end of the last tensor: model.bin's size, as saves lay it out
   for (const nlohmann::json& entry : (*manifest)["tensors"]) {
@@ -172,6 +174,7 @@ void read_manifest(const std::string& iteration_path, const RankBinding& expecte
                   std::to_string(cut.dim) + " of its global shape " + shape_text(shard.global_shape));
     }
     shard.name = name;
+    shard.tensor_parallel_rank = saving_tensor_parallel_rank;
     data_bytes = std::max(data_bytes, shard.offset + shard.bytes());
     saved[name].push_back(std::move(shard));
   }

@@ -72,8 +72,9 @@ struct SavedShard {
   TensorCut cut;
   uint64_t offset = 0;  // bytes into data_file
   uint64_t checksum = 0;
-  std::string algorithm;     // kXxh3Checksum or kFnvChecksum
-  uint64_t block_bytes = 0;  // kXxh3Checksum's block size
+  std::string algorithm;             // kXxh3Checksum or kFnvChecksum
+  uint64_t block_bytes = 0;          // kXxh3Checksum's block size
+  int64_t tensor_parallel_rank = 0;  // of the rank that saved it (its manifest's)
   uint64_t bytes() const;
 };
 

@@ -127,12 +127,13 @@ void read_shards(const std::vector<const SavedShard*>& needed, int64_t threads, 
 }
 
 void verify_unread_replicas(const std::map<std::string, std::vector<SavedShard>>& saved,
-                            const std::vector<const SavedShard*>& read, int64_t threads) {
+                            const std::vector<const SavedShard*>& read, int64_t threads,
+                            const std::function<bool(const SavedShard&)>& mine) {
   const std::set<const SavedShard*> done(read.begin(), read.end());
   std::set<const SavedShard*> replicas;
   for (const SavedShard* shard : done) {
     for (const SavedShard& other : saved.at(shard->name)) {
-      if (!done.count(&other) && same_part(other.cut, shard->cut)) replicas.insert(&other);
+      if (!done.count(&other) && same_part(other.cut, shard->cut) && mine(other)) replicas.insert(&other);
     }
   }
   ShardBytes checked;

@@ -27,12 +27,14 @@ using ShardBytes = std::map<const SavedShard*, ReadShard>;
 // or a checksum that does not match.
 void read_shards(const std::vector<const SavedShard*>& needed, int64_t threads, ShardBytes& read);
 
-// Replicated tensors (the norms' weights, the row-parallel biases) are saved by every
-// tensor-parallel rank and one copy serves: checksums every copy in `saved` of a shard in `read`
-// that `read` does not hold (they are small), so that a damaged replica is refused whichever
-// layout loads or converts (a load under the saving layout would read it). Throws as read_shards.
+// Replicated tensors (the norms' weights, the row-parallel biases, learned positions) are saved by
+// every tensor-parallel rank and one copy serves: checksums each copy in `saved` of a shard in
+// `read` that `read` does not hold and `mine` accepts, so that a damaged replica is refused
+// whichever layout loads or converts (a load under the saving layout would read it). A loading
+// world splits the copies among its ranks through `mine`, each checked once. Throws as read_shards.
 void verify_unread_replicas(const std::map<std::string, std::vector<SavedShard>>& saved,
-                            const std::vector<const SavedShard*>& read, int64_t threads);
+                            const std::vector<const SavedShard*>& read, int64_t threads,
+                            const std::function<bool(const SavedShard&)>& mine);
 
 // Whether stream_shards reads `shard`: format 3's blocks, none larger than a window's slot.
 bool streamable(const SavedShard& shard);

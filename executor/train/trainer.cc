@@ -488,6 +488,9 @@ TrainSummary RankTrainer::train() {
                                     "--save (Megatron's resume-or-start idiom)");
     }
   }
+  // Every rank loaded before anything is announced or written: a rank refused (its own shard or
+  // replica damaged) aborts the others here.
+  if (options.load && groups_.world) groups_.world->barrier();
   if (out_ && options.log_file) {
     log_file_.emplace(*options.log_file, std::ios::app);
     if (!*log_file_) throw SpecError("--log-file", *options.log_file + ": cannot open for appending");

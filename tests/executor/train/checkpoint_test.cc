@@ -558,6 +558,9 @@ TEST_CASE("a rank directory of another iteration, rank or plan, a longer model.b
   };
   message = damaged_load("replica", damage_replica, megaplan::test::layout(1, 1, 1, 1, ScheduleKind::kOneFOneB));
   CHECK(message.find("mp_rank_01/model.bin: checksum of " + replica + " does not match") != std::string::npos);
+  // Under the saving layout tp rank 1 reads its own copy; at dp 2 only the first replica checks.
+  message = damaged_load("replica-tp2", damage_replica, megaplan::test::layout(2, 1, 2, 1, ScheduleKind::kOneFOneB));
+  CHECK(message.find("mp_rank_01/model.bin: checksum of " + replica + " does not match") != std::string::npos);
   damage_replica(saved + "/iter_0000002");
   message = load_error([&] { (void)exec::read_checkpoint_weights(saved); });
   CHECK(message.find("mp_rank_01/model.bin: checksum of " + replica + " does not match") != std::string::npos);
