@@ -135,7 +135,7 @@ constexpr UnmodelledKey kUnmodelledKeys[] = {
 // Keys a config holds that do not change the model megaplan builds, trains and costs, each with
 // the reason. With the keys the importer reads and kUnmodelledKeys this is every key of
 // transformers' config classes of the types read and refused (tests/core/hf_config_keys_test.cc
-// checks it against tests/data/hf_config_keys.json): any other key is refused, since it may change
+// checks it against tests/data/hf_default_configs.json): any other key is refused, since it may change
 // the model.
 struct IgnoredKey {
   const char* key;

@@ -4,7 +4,6 @@
 #include <cmath>
 #include <limits>
 #include <optional>
-#include <string_view>
 #include <utility>
 
 #include "core/implementation_options.h"
@@ -36,25 +35,27 @@ nlohmann::json plan_json(const RankedPlan& ranked, int64_t memory_limit) {
   return json;
 }
 
-// The measures plan_json adds to the plan's own fields, and the most each may be (MFU is a
-// fraction of peak; the rest are times, bytes, rates and counts).
+// The measures plan_json adds to the plan's own fields: whether a simulation gives each above
+// zero (a time, memory, a count) or at least zero, and the most it may be (MFU and the bubble are
+// fractions).
 struct Measure {
   const char* key;
+  bool positive;
   double most;
 };
 constexpr double kUnbounded = std::numeric_limits<double>::max();
-constexpr Measure kMeasures[] = {{"num_microbatches", kUnbounded},
-                                 {"iteration_time_s", kUnbounded},
-                                 {"model_tflops_per_gpu", kUnbounded},
-                                 {"mfu", 1.0},
-                                 {"bubble_fraction", 1.0},
-                                 {"peak_memory_bytes", kUnbounded},
-                                 {"lower_bound_s", kUnbounded},
-                                 {"compute_s", kUnbounded},
-                                 {"tensor_comm_s", kUnbounded},
-                                 {"pipeline_comm_s", kUnbounded},
-                                 {"data_parallel_comm_s", kUnbounded},
-                                 {"idle_s", kUnbounded}};
+constexpr Measure kMeasures[] = {{"num_microbatches", true, kUnbounded},
+                                 {"iteration_time_s", true, kUnbounded},
+                                 {"model_tflops_per_gpu", false, kUnbounded},
+                                 {"mfu", false, 1.0},
+                                 {"bubble_fraction", false, 1.0},
+                                 {"peak_memory_bytes", true, kUnbounded},
+                                 {"lower_bound_s", false, kUnbounded},
+                                 {"compute_s", false, kUnbounded},
+                                 {"tensor_comm_s", false, kUnbounded},
+                                 {"pipeline_comm_s", false, kUnbounded},
+                                 {"data_parallel_comm_s", false, kUnbounded},
+                                 {"idle_s", false, kUnbounded}};
 
 // 1st, 2nd, 3rd, 4th, ..., 11th, 12th, 13th, ..., 21st.
 std::string ordinal(int64_t n) {
@@ -148,9 +149,7 @@ ParallelPlan read_search_plan(const nlohmann::json& entry, const std::string& wh
   for (const Measure& measure : kMeasures) {
     const auto found = fields.find(measure.key);
     if (found == fields.end()) continue;
-    const bool positive = std::string_view(measure.key) == "iteration_time_s" ||
-                          std::string_view(measure.key) == "peak_memory_bytes" ||
-                          std::string_view(measure.key) == "num_microbatches";
+    const bool positive = measure.positive;
     const double value = found->is_number() ? found->get<double>() : std::nan("");
     if (!std::isfinite(value) || value < 0 || (positive && value == 0) || value > measure.most) {
       refuse(std::string(measure.key) + ": must be a finite number " + (positive ? "> 0" : ">= 0") +

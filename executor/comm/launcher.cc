@@ -19,7 +19,6 @@
 #include <filesystem>
 #include <functional>
 #include <iostream>
-#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -345,7 +344,7 @@ std::string describe_status(int status) {
   return "stopped with wait status " + std::to_string(status);
 }
 
-// SIGINT or SIGTERM, when one is waiting in `signal_fd` (SIGCHLDs before it are consumed: the
+// The next SIGINT or SIGTERM waiting in `signal_fd`, if any (SIGCHLDs before it are consumed: the
 // supervision loop reaps by polling every child anyway).
 std::optional<int> stop_signal(int signal_fd) {
   signalfd_siginfo received{};
@@ -569,13 +568,11 @@ int run_launch(const LaunchOptions& options, const std::string& program, std::os
     std::vector<pollfd> entries = {pollfd{signal_fd.get(), POLLIN, 0}};
     forwarder.add_poll_entries(entries);
     ::poll(entries.data(), entries.size(), timeout_ms);  // EINTR or an error: the loop looks again
-    signalfd_siginfo received{};
-    while (::read(signal_fd.get(), &received, sizeof received) == static_cast<ssize_t>(sizeof received)) {
-      // Ctrl-C in a terminal reaches the ranks directly too (they share the launcher's process
-      // group); the forwarded copy is what reaches them when only the launcher is signalled, as a
-      // scheduler's kill does.
-      const int signal_number = static_cast<int>(received.ssi_signo);
-      if (signal_number == SIGINT || signal_number == SIGTERM) group.signal_running(signal_number);
+    // Ctrl-C in a terminal reaches the ranks directly too (they share the launcher's process
+    // group); the forwarded copy is what reaches them when only the launcher is signalled, as a
+    // scheduler's kill does.
+    while (const std::optional<int> signal_number = stop_signal(signal_fd.get())) {
+      group.signal_running(*signal_number);
     }
   }
   forwarder.finish();

@@ -131,7 +131,6 @@ std::optional<Newest> find_newest(const std::string& directory) {
     // A save killed between its rename and `latest`, or `latest` deleted: the newest whole one.
     const std::vector<int64_t> iterations = iteration_directories(directory);
     if (iterations.empty()) return std::nullopt;
-    std::string passed_over;
     for (const int64_t candidate : iterations) {
       const std::string reason = incompleteness(directory + "/" + iteration_directory(candidate));
       if (reason.empty()) {
