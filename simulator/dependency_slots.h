@@ -17,12 +17,6 @@ class DependencySlots {
         microbatches_(static_cast<std::size_t>(shape.microbatches)) {}
   static constexpr std::size_t kNone = SIZE_MAX;
   std::size_t size() const { return kSlots * stages_ * microbatches_; }
-  // Receives alone (RECV_F, RECV_B), for the arrays only transfers use.
-  std::size_t message_size() const { return 2 * stages_ * microbatches_; }
-  std::size_t message(const DependencyKey& key) const {
-    return (static_cast<std::size_t>(key.microbatch) * stages_ + static_cast<std::size_t>(key.stage)) * 2 +
-           (key.kind == ActionKind::kRecvForward ? 0 : 1);
-  }
   // kNone for a key the engine does not track.
   std::size_t operator()(const DependencyKey& key) const {
     const std::size_t slot = slot_of(key.kind);

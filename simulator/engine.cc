@@ -20,7 +20,7 @@ namespace megaplan::sim {
 
 namespace {
 
-constexpr double kUnknown = -1.0;
+constexpr double kUnknown = kUnknownTime;
 constexpr double kNever = std::numeric_limits<double>::infinity();
 constexpr std::size_t kStreams = kTimelineStreamCount;
 constexpr std::size_t kCompute = static_cast<std::size_t>(TimelineStream::kCompute);
@@ -51,6 +51,8 @@ struct RankState {
   std::array<double, kStreams> free{};
   std::array<std::size_t, kStreams> waiting_on{DependencySlots::kNone, DependencySlots::kNone, DependencySlots::kNone,
                                                DependencySlots::kNone};
+  // Per stream: its head transfer was reached and waits for the other side, which begins it for both.
+  std::array<bool, kStreams> reached_head{};
   double reduction_issued = 0;   // when the data-parallel stream's last reduction was issued
   WeightGradients gradients;     // all the rank's stages', for reductions that wait for the whole backward
   int64_t weight_gradients = 0;  // how many the rank computes: microbatches x its stages
@@ -58,13 +60,6 @@ struct RankState {
   double end = 0;
   bool queued = false;  // on the engine's work list
   RankSimulation result;
-};
-
-// When the action providing a key started (a transfer: when it began) and completed; side by side,
-// as the engine reads both of a key together.
-struct KeyTimes {
-  double started = kUnknown;
-  double done = kUnknown;
 };
 
 // When and how each action ran, kept for the timeline.
@@ -84,7 +79,6 @@ class Engine {
         index_(shape_),
         stage_ranks_(rank_of_each_stage(shape_)),
         keys_(index_.size()),
-        transfers_(index_.message_size()),
         stage_gradients_(static_cast<std::size_t>(shape_.num_stages)),
         ranks_(schedule.ranks.size()) {
     for (std::size_t rank = 0; rank < ranks_.size(); ++rank) {
@@ -197,7 +191,7 @@ class Engine {
   // other there begins it for both.
   bool advance_messages(std::size_t rank, std::size_t stream) {
     RankState& state = ranks_[rank];
-    if (still_waiting(state, stream)) return false;
+    if (state.reached_head[stream] || still_waiting(state, stream)) return false;
     bool moved = false;
     while (!at_end(state, stream)) {
       if (!reach_message(rank, stream, head_action(rank, stream))) return moved;
@@ -211,6 +205,7 @@ class Engine {
     RankState& state = ranks_[rank];
     const uint32_t step = state.queue[stream][state.head[stream]];
     state.free[stream] = end;
+    state.reached_head[stream] = false;
     prefetch_ahead(rank, stream, ++state.head[stream]);
     state.end = std::max(state.end, end);
     if (record_) runs_[rank][step] = {start, end, collectives};
@@ -299,22 +294,24 @@ class Engine {
     const bool is_send = stream == kSend;
     const Action receive = is_send ? matching_receive(action) : action;
     const DependencyKey receive_key = dependency_key(receive);
-    const std::size_t message = index_.message(receive_key);
-    std::optional<double> begins;
+    KeyTimes& transfer_times = keys_[index_(receive_key)];
+    double reached = state.free[stream];
     if (is_send) {
       const double ready = dependencies_done(action, rank, stream);
       if (ready == kUnknown) return false;
-      begins = transfers_.reach_send(message, std::max(state.free[stream], ready));
-    } else {
-      begins = transfers_.reach_receive(message, state.free[stream]);
+      reached = std::max(reached, ready);
     }
-    if (!begins) return false;
+    const std::optional<double> begins = reach_transfer(transfer_times, reached);
+    if (!begins) {
+      state.reached_head[stream] = true;
+      return false;
+    }
     const Action send = is_send ? action : matching_send(action);
     const StageCosts& sender_stage = costs_.stages[static_cast<std::size_t>(send.stage)];
     const double transfer =
         send.kind == ActionKind::kSendForward ? sender_stage.send_forward : sender_stage.send_backward;
     const double start = *begins;
-    keys_[index_(receive_key)] = {start, start + transfer};
+    transfer_times = {start, start + transfer};
     const auto sender = static_cast<std::size_t>(stage_ranks_[static_cast<std::size_t>(send.stage)]);
     const auto receiver = static_cast<std::size_t>(stage_ranks_[static_cast<std::size_t>(receive.stage)]);
     complete(sender, kSend, start, start + transfer);
@@ -421,8 +418,7 @@ class Engine {
   const bool record_;
   const DependencySlots index_;
   const std::vector<int32_t> stage_ranks_;  // rank_of_each_stage(shape_)
-  std::vector<KeyTimes> keys_;              // by DependencySlots
-  TransferRendezvous transfers_;            // by DependencySlots::message
+  std::vector<KeyTimes> keys_;              // by DependencySlots; a receive's holds its transfer's rendezvous
   // The receives the last dependencies_done call met (an OVERLAP_F_B waits on two at most).
   std::array<std::size_t, 2> receive_keys_{};
   std::size_t receives_waited_on_ = 0;

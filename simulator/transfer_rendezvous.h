@@ -1,42 +1,33 @@
 // A SEND and its RECV form one transfer, which starts when both streams have reached them (NCCL's
-// rendezvous): each side records when it got there, and the second to arrive learns the start.
+// rendezvous). The engine keeps each transfer's times in its receive's key: until the transfer
+// begins, the key's start holds when the first side got there, and the second to arrive learns the
+// start. One slot per transfer, not a table of its own: each side's arrival then touches the line
+// the receiver's computation reads next.
 #pragma once
 
 #include <algorithm>
-#include <cstddef>
 #include <optional>
-#include <vector>
 
 namespace megaplan::sim {
 
-class TransferRendezvous {
- public:
-  // `messages`: how many transfers, numbered 0 .. messages - 1 (DependencySlots::message).
-  explicit TransferRendezvous(std::size_t messages) : reached_(messages) {}
-  // The send side of `message` is reached at `time`: the transfer's start if the receive was
-  // reached before, else nothing yet.
-  std::optional<double> reach_send(std::size_t message, double time) {
-    Sides& sides = reached_[message];
-    return reach(sides.send, sides.receive, time);
-  }
-  std::optional<double> reach_receive(std::size_t message, double time) {
-    Sides& sides = reached_[message];
-    return reach(sides.receive, sides.send, time);
-  }
+constexpr double kUnknownTime = -1.0;
 
- private:
-  static constexpr double kNotYet = -1.0;
-  static std::optional<double> reach(double& mine, double other, double time) {
-    mine = time;
-    if (other == kNotYet) return std::nullopt;
-    return std::max(time, other);
-  }
-  // When each side was reached; side by side, as each reach reads both.
-  struct Sides {
-    double send = kNotYet;
-    double receive = kNotYet;
-  };
-  std::vector<Sides> reached_;
+// When the action providing a key started (a transfer: when it began) and completed; side by side,
+// as the engine reads both of a key together. Times are never negative.
+struct KeyTimes {
+  double started = kUnknownTime;
+  double done = kUnknownTime;
 };
+
+// One side of the transfer whose receive key is `transfer` reaches it at `time` (each side once):
+// the transfer's start if the other side was there before, else nothing yet. The caller records the
+// transfer's times in the key once it begins.
+inline std::optional<double> reach_transfer(KeyTimes& transfer, double time) {
+  if (transfer.started == kUnknownTime) {
+    transfer.started = time;
+    return std::nullopt;
+  }
+  return std::max(time, transfer.started);
+}
 
 }  // namespace megaplan::sim

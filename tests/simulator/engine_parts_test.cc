@@ -12,11 +12,15 @@ using megaplan::sim::BucketWindow;
 using megaplan::sim::GradientBucketCost;
 
 TEST_CASE("a transfer starts when the second side reaches it, whichever that is", "[simulator][engine]") {
-  megaplan::sim::TransferRendezvous transfers(2);
-  CHECK_FALSE(transfers.reach_send(0, 3.0));
-  CHECK(transfers.reach_receive(0, 5.0) == 5.0);  // the receive came later
-  CHECK_FALSE(transfers.reach_receive(1, 4.0));
-  CHECK(transfers.reach_send(1, 2.5) == 4.0);  // the receive was waiting since 4
+  megaplan::sim::KeyTimes first;
+  CHECK_FALSE(megaplan::sim::reach_transfer(first, 3.0));   // the send
+  CHECK(megaplan::sim::reach_transfer(first, 5.0) == 5.0);  // the receive came later
+  megaplan::sim::KeyTimes second;
+  CHECK_FALSE(megaplan::sim::reach_transfer(second, 4.0));   // the receive
+  CHECK(megaplan::sim::reach_transfer(second, 2.5) == 4.0);  // the receive was waiting since 4
+  megaplan::sim::KeyTimes at_zero;
+  CHECK_FALSE(megaplan::sim::reach_transfer(at_zero, 0.0));  // time 0 is a time, not "not yet"
+  CHECK(megaplan::sim::reach_transfer(at_zero, 0.0) == 0.0);
 }
 
 TEST_CASE("gradient buckets: alone they follow the backward; beside compute both sides slow", "[simulator][engine]") {
