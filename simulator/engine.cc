@@ -46,8 +46,13 @@ struct WeightGradients {
 };
 
 struct RankState {
-  std::array<std::vector<uint32_t>, kStreams> queue;  // action indices per stream, in order
+  // Per stream: its next action's index in the rank's list (the list's size at its end). The
+  // streams walk the one list side by side, so their heads share cache lines; the data-parallel
+  // stream's few reductions, near the list's end, are listed instead.
   std::array<std::size_t, kStreams> head{};
+  std::vector<uint32_t> reductions;           // the data-parallel stream's actions, in order
+  std::size_t reductions_done = 0;            // of them
+  std::array<int64_t, kStreams> completed{};  // actions per stream
   std::array<double, kStreams> free{};
   std::array<std::size_t, kStreams> waiting_on{DependencySlots::kNone, DependencySlots::kNone, DependencySlots::kNone,
                                                DependencySlots::kNone};
@@ -83,15 +88,14 @@ class Engine {
         ranks_(schedule.ranks.size()) {
     for (std::size_t rank = 0; rank < ranks_.size(); ++rank) {
       const auto& actions = schedule.ranks[rank];
-      std::array<std::size_t, kStreams> sizes{};
-      for (const Action& action : actions) ++sizes[stream_index(action.kind)];
-      std::array<uint32_t*, kStreams> next{};  // written in place: push_back's checks cost as much as the copy
-      for (std::size_t stream = 0; stream < kStreams; ++stream) {
-        ranks_[rank].queue[stream].resize(sizes[stream]);
-        next[stream] = ranks_[rank].queue[stream].data();
+      RankState& state = ranks_[rank];
+      state.head.fill(actions.size());
+      for (std::size_t i = actions.size(); i-- > 0;) {
+        const std::size_t stream = stream_index(actions[i].kind);
+        state.head[stream] = i;
+        if (stream == kDataParallel) state.reductions.push_back(static_cast<uint32_t>(i));
       }
-      for (std::size_t i = 0; i < actions.size(); ++i)
-        *next[stream_index(actions[i].kind)]++ = static_cast<uint32_t>(i);
+      std::reverse(state.reductions.begin(), state.reductions.end());
       if (record_) runs_.emplace_back(actions.size());
     }
     for (const int32_t rank : stage_ranks_)
@@ -125,16 +129,15 @@ class Engine {
   void advance_rank(std::size_t rank) {
     advance_messages(rank, kReceive);
     advance_compute(rank);
-    if (advance_messages(rank, kSend) && !at_end(ranks_[rank], kCompute)) advance_compute(rank);
+    if (advance_messages(rank, kSend) && !at_end(rank, kCompute)) advance_compute(rank);
   }
 
   const Action& head_action(std::size_t rank, std::size_t stream) const {
-    const RankState& state = ranks_[rank];
-    return schedule_.ranks[rank][state.queue[stream][state.head[stream]]];
+    return schedule_.ranks[rank][ranks_[rank].head[stream]];
   }
 
-  bool at_end(const RankState& state, std::size_t stream) const {
-    return state.head[stream] == state.queue[stream].size();
+  bool at_end(std::size_t rank, std::size_t stream) const {
+    return ranks_[rank].head[stream] == schedule_.ranks[rank].size();
   }
 
   // False while the stream still waits for the dependency it last found missing.
@@ -171,7 +174,7 @@ class Engine {
     RankState& state = ranks_[rank];
     if (still_waiting(state, kCompute)) return false;
     bool moved = false;
-    while (!at_end(state, kCompute)) {
+    while (!at_end(rank, kCompute)) {
       const Action& action = head_action(rank, kCompute);
       if (action.kind == ActionKind::kOptimizer) {
         issue_reductions(rank, kNever);
@@ -193,7 +196,7 @@ class Engine {
     RankState& state = ranks_[rank];
     if (state.reached_head[stream] || still_waiting(state, stream)) return false;
     bool moved = false;
-    while (!at_end(state, stream)) {
+    while (!at_end(rank, stream)) {
       if (!reach_message(rank, stream, head_action(rank, stream))) return moved;
       moved = true;
     }
@@ -203,21 +206,29 @@ class Engine {
   // The head of `stream` on `rank` ran from start to end (what it provides, its caller records).
   void complete(std::size_t rank, std::size_t stream, double start, double end, double collectives = 0) {
     RankState& state = ranks_[rank];
-    const uint32_t step = state.queue[stream][state.head[stream]];
+    const std::size_t step = state.head[stream];
     state.free[stream] = end;
     state.reached_head[stream] = false;
-    prefetch_ahead(rank, stream, ++state.head[stream]);
+    ++state.completed[stream];
+    state.head[stream] = next_of_stream(rank, stream, step);
     state.end = std::max(state.end, end);
     if (record_) runs_[rank][step] = {start, end, collectives};
   }
 
-  // A stream's next actions are scattered over its rank's list, and the engine moves between 4 x pp
-  // such streams, more than the hardware prefetcher follows: fetching a few actions ahead hides the
-  // cache misses on the schedule.
-  void prefetch_ahead(std::size_t rank, std::size_t stream, std::size_t head) const {
-    constexpr std::size_t kAhead = 8;
-    const std::vector<uint32_t>& queue = ranks_[rank].queue[stream];
-    if (head + kAhead < queue.size()) __builtin_prefetch(schedule_.ranks[rank].data() + queue[head + kAhead]);
+  // The stream's next action after `step`. The engine moves between pp lists, more than the
+  // hardware prefetcher follows: fetching a few actions ahead hides the cache misses on them.
+  std::size_t next_of_stream(std::size_t rank, std::size_t stream, std::size_t step) {
+    const std::vector<Action>& actions = schedule_.ranks[rank];
+    if (stream == kDataParallel) {
+      RankState& state = ranks_[rank];
+      return ++state.reductions_done < state.reductions.size() ? state.reductions[state.reductions_done]
+                                                               : actions.size();
+    }
+    constexpr std::size_t kAhead = 16;
+    if (step + kAhead < actions.size()) __builtin_prefetch(actions.data() + step + kAhead);
+    std::size_t next = step + 1;
+    while (next < actions.size() && stream_index(actions[next].kind) != stream) ++next;
+    return next;
   }
 
   double compute_seconds(const Action& part, double& collectives) const {
@@ -274,7 +285,7 @@ class Engine {
     double ready = free;
     for (std::size_t stream = 0; stream < kStreams; ++stream) {
       if (stream == kCompute) continue;
-      if (!at_end(state, stream)) return false;
+      if (!at_end(rank, stream)) return false;
       ready = std::max(ready, state.free[stream]);
     }
     const double duration = costs_.optimizer[rank];
@@ -336,7 +347,7 @@ class Engine {
   // `compute_ready`: those the compute so far runs beside (engine.h).
   void issue_reductions(std::size_t rank, double compute_ready) {
     RankState& state = ranks_[rank];
-    while (!at_end(state, kDataParallel)) {
+    while (!at_end(rank, kDataParallel)) {
       const Action& reduction = head_action(rank, kDataParallel);
       const double issued = reduction_issue_time(state, reduction);
       if (issued == kUnknown || !(issued <= compute_ready)) return;
@@ -376,11 +387,11 @@ class Engine {
     for (std::size_t rank = 0; rank < ranks_.size(); ++rank) {
       const RankState& state = ranks_[rank];
       for (std::size_t stream = 0; stream < kStreams; ++stream) {
-        if (!at_end(state, stream)) {
+        if (!at_end(rank, stream)) {
           throw SpecError("schedule", "simulation stalled on rank " + std::to_string(rank) + " at " +
                                           to_string(head_action(rank, stream)) + " (was the schedule validated?)");
         }
-        if (stream != kSend) events += static_cast<int64_t>(state.queue[stream].size());
+        if (stream != kSend) events += state.completed[stream];
       }
       iteration = std::max(iteration, state.end);
     }
