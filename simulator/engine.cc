@@ -86,20 +86,33 @@ class Engine {
         keys_(index_.size()),
         stage_gradients_(static_cast<std::size_t>(shape_.num_stages)),
         ranks_(schedule.ranks.size()) {
+    std::vector<std::size_t> stages_on_rank(ranks_.size(), 0);
+    for (const int32_t rank : stage_ranks_) {
+      ranks_[static_cast<std::size_t>(rank)].weight_gradients += shape_.microbatches;
+      ++stages_on_rank[static_cast<std::size_t>(rank)];
+    }
     for (std::size_t rank = 0; rank < ranks_.size(); ++rank) {
       const auto& actions = schedule.ranks[rank];
       RankState& state = ranks_[rank];
       state.head.fill(actions.size());
-      for (std::size_t i = actions.size(); i-- > 0;) {
+      // The other streams' first actions lie at the list's start; the reductions, one a stage (a
+      // validated schedule repeats none), after its backward near the list's end: each list is
+      // read from both ends only as far as these lie.
+      std::size_t found = 0;
+      for (std::size_t i = 0; i < actions.size() && found < kStreams - 1; ++i) {
         const std::size_t stream = stream_index(actions[i].kind);
-        state.head[stream] = i;
-        if (stream == kDataParallel) state.reductions.push_back(static_cast<uint32_t>(i));
+        if (stream != kDataParallel && state.head[stream] == actions.size()) {
+          state.head[stream] = i;
+          ++found;
+        }
+      }
+      for (std::size_t i = actions.size(); i-- > 0 && state.reductions.size() < stages_on_rank[rank];) {
+        if (stream_index(actions[i].kind) == kDataParallel) state.reductions.push_back(static_cast<uint32_t>(i));
       }
       std::reverse(state.reductions.begin(), state.reductions.end());
+      if (!state.reductions.empty()) state.head[kDataParallel] = state.reductions.front();
       if (record_) runs_.emplace_back(actions.size());
     }
-    for (const int32_t rank : stage_ranks_)
-      ranks_[static_cast<std::size_t>(rank)].weight_gradients += shape_.microbatches;
   }
 
   // Flattened: the loop runs once per action, and the dependency rule, the key index and the
