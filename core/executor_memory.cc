@@ -87,9 +87,11 @@ ChunkBytes chunk_bytes(const ModelSpec& model, const ParallelPlan& plan, int64_t
     bytes.microbatch += buffer_bytes(recipe.kept(keeps[l], moe), a);
     if (moe) bytes.microbatch += buffer_bytes(moe_kept(*recipe.moe), a) + buffer_bytes(moe_expert_kept(*recipe.moe), a);
   }
-  // One MoE MLP's scratch on a chunk with MoE layers (executor/model/moe_mlp.h).
-  if (model.moe.moe_layers(layers.first_layer, layers.num_layers) > 0) {
+  // One MoE MLP's scratch on a chunk with MoE layers (executor/model/moe_mlp.h), and with
+  // --moe-router-enable-expert-bias each MoE layer's expert bias and its counts (fp32).
+  if (const int64_t moe_layers = model.moe.moe_layers(layers.first_layer, layers.num_layers); moe_layers > 0) {
     bytes.scratch += buffer_bytes(moe_scratch(*recipe.moe), a) + buffer_bytes(moe_expert_scratch(*recipe.moe), a);
+    if (model.moe.router_enable_expert_bias) bytes.scratch += 2 * kFloat * moe_layers * model.moe.num_experts;
   }
   bytes.deferred = layers.num_layers * buffer_bytes(recipe.deferred(), a) +
                    (layers.has_embedding ? a * recipe.deferred_embedding_gradient().count : 0);

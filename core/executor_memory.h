@@ -9,7 +9,8 @@
 // - per stage chunk: fp32 master weights and fp32 gradients in Megatron DDP's padded buffer
 //   (parameter_layout.h), a compute copy of every weight (bf16 on the GPU; the CPU backend computes
 //   on the fp32 masters), AdamW's two fp32 moments (over the buffer, or the rank's shard of each
-//   bucket with the distributed optimizer), and one set of scratch buffers;
+//   bucket with the distributed optimizer), and one set of scratch buffers (with
+//   --moe-router-enable-expert-bias, each MoE layer's expert bias and its counts among them);
 // - per microbatch in flight on a chunk (from its F until B or W): what each layer keeps
 //   (recomputation decides), the chunk's output, and on the last stage the final norm's input, the
 //   logits and the loss's statistics. Released sets are kept for reuse, so a chunk holds as many as

@@ -21,9 +21,6 @@ std::optional<SpecError> executor_model_refusal(const ModelSpec& model) {
     // The experts are SwiGLU MLPs without biases, as Mixtral's and Qwen's (executor/model/moe_mlp.h).
     if (!model.swiglu) return missing("--swiglu", "mixture of experts with GELU experts");
     if (model.add_bias_linear) return missing("--disable-bias-linear", "mixture of experts with linear biases");
-    if (model.moe.router_enable_expert_bias) {
-      return missing("--moe-router-enable-expert-bias", "the aux-loss-free expert bias");
-    }
   }
   // GELU rides on fc1's bias epilogue (core/kernel_list.h lists no GELU of its own).
   if (!model.swiglu && !model.add_bias_linear) return missing("--disable-bias-linear", "GELU without biases");

@@ -21,7 +21,7 @@ struct ClassName {
   bool dropout;
   const char* name;
 };
-constexpr std::array<ClassName, 50> kClassNames = {{
+constexpr std::array<ClassName, 51> kClassNames = {{
     {KernelKind::kNormForward, false, false, "norm_forward"},
     {KernelKind::kNormForward, true, false, "add_norm_forward"},
     {KernelKind::kNormForward, true, true, "dropout_add_norm_forward"},
@@ -71,6 +71,7 @@ constexpr std::array<ClassName, 50> kClassNames = {{
     {KernelKind::kMoeZLossGradient, false, false, "moe_z_loss_gradient"},
     {KernelKind::kSigmoidGatedAdd, false, false, "sigmoid_gated_add"},
     {KernelKind::kSigmoidGatedAddBackward, false, false, "sigmoid_gated_add_backward"},
+    {KernelKind::kMoeUpdateExpertBias, false, false, "moe_update_expert_bias"},
     {KernelKind::kElementwise, false, false, "elementwise"},
 }};
 
@@ -264,6 +265,8 @@ int64_t kernel_bytes(const Kernel& kernel, int64_t activation_bytes) {
       return 3 * a * cells + a * kernel.rows;
     case KernelKind::kSigmoidGatedAddBackward:  // dy and x read, dx written; the gate and its gradient per row
       return 3 * a * cells + (a + kFp32) * kernel.rows;
+    case KernelKind::kMoeUpdateExpertBias:  // the counts read, the bias read and written
+      return 3 * kFp32 * cells;
   }
   return 0;
 }
@@ -459,6 +462,12 @@ std::vector<Kernel> optimizer_kernels(int64_t norm_elements, int64_t stepped_ele
   if (refreshed_elements > 0) kernels.push_back(flat_kernel(KernelKind::kRefreshCompute, refreshed_elements));
   for (const int64_t elements : gradient_buffer_elements) kernels.push_back(flat_kernel(KernelKind::kFill, elements));
   return kernels;
+}
+
+std::vector<Kernel> expert_bias_kernels(const ModelSpec& model, int64_t moe_layers) {
+  if (!model.moe.enabled() || !model.moe.router_enable_expert_bias) return {};
+  return std::vector<Kernel>(static_cast<std::size_t>(moe_layers),
+                             row_kernel(KernelKind::kMoeUpdateExpertBias, 1, model.moe.num_experts));
 }
 
 std::vector<Kernel> optimizer_step_kernels(const ParallelPlan& plan, int64_t parameters_per_gpu,

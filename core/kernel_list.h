@@ -96,7 +96,10 @@ enum class KernelKind : uint8_t {
   kMoeZLossGradient,
   kSigmoidGatedAdd,          // the shared expert's output scaled by sigmoid(gate) and added
   kSigmoidGatedAddBackward,  // its gradient and the gate's
-  kElementwise,              // a streaming pass of Megatron's the executor does not launch (its own bytes)
+  // Aux-loss-free balancing at OPTIM: one MoE layer's expert bias moved toward balance by the rows
+  // its experts were routed (`cols` experts, one row).
+  kMoeUpdateExpertBias,
+  kElementwise,  // a streaming pass of Megatron's the executor does not launch (its own bytes)
 };
 
 struct Kernel {
@@ -293,6 +296,10 @@ class PlanKernels {
 std::vector<Kernel> optimizer_kernels(int64_t norm_elements, int64_t stepped_elements, int64_t refreshed_elements,
                                       const std::vector<int64_t>& gradient_buffer_elements,
                                       int64_t expert_norm_elements = 0);
+
+// OPTIM's expert-bias updates before the norm (--moe-router-enable-expert-bias): one per MoE layer
+// on the pipeline rank, over the model's experts; empty without the bias.
+std::vector<Kernel> expert_bias_kernels(const ModelSpec& model, int64_t moe_layers);
 
 // OPTIM of the plan's implementation on a pipeline rank holding `parameters_per_gpu`, of which
 // `expert_parameters_per_gpu` are routed experts'; collectives excluded. megaplan: optimizer_kernels

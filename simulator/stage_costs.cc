@@ -545,6 +545,24 @@ ActionCosts plan_action_costs(const ModelSpec& model, const ParallelPlan& plan, 
                                &rank_routes.expert_data);
   }
 
+  // Aux-loss-free balancing before the step: each chunk's counts of its MoE layers summed over tp,
+  // then dp x cp (as the executor's optimizer does), and one update a layer.
+  if (model.moe.enabled() && model.moe.router_enable_expert_bias) {
+    for (int64_t stage = 0; stage < num_stages; ++stage) {
+      const StageLayers layers = megaplan::stage_layers(stage, model, plan);
+      const int64_t moe_layers = model.moe.moe_layers(layers.first_layer, layers.num_layers);
+      if (moe_layers == 0) continue;
+      const int64_t rank = pipeline_rank_of_stage(stage, pp, placement);
+      const GroupRoutes& rank_routes = routes[static_cast<std::size_t>(rank)];
+      const int64_t bytes = kFp32 * moe_layers * model.moe.num_experts;
+      double seconds = CollectiveCoster(profile, rank_routes.tensor, t, sources)(CollectiveOp::kAllReduce, bytes) +
+                       CollectiveCoster(profile, rank_routes.data, plan.gradient_group_size(), sources)(
+                           CollectiveOp::kAllReduce, bytes);
+      seconds += kernel_costs(expert_bias_kernels(model, moe_layers));
+      costs.optimizer[static_cast<std::size_t>(rank)] += seconds;
+    }
+  }
+
   // Tied embeddings on two pipeline ranks: before the step, the word embedding's gradient and the
   // output layer's copy of it are all-reduced between the two (Megatron's embedding group).
   const int64_t first_rank = pipeline_rank_of_stage(0, pp, placement);

@@ -207,6 +207,7 @@ StageChunk::StageChunk(const ModelSpec& model, const ParallelPlan& plan, int64_t
                                               nullptr,
                                               nullptr,
                                               nullptr,
+                                              0,
                                               find(prefix + "self_attention.q_layernorm.weight"),
                                               find(prefix + "self_attention.k_layernorm.weight")});
     if (!model.moe.moe_layer(first_layer_ + l)) continue;
@@ -224,6 +225,19 @@ StageChunk::StageChunk(const ModelSpec& model, const ParallelPlan& plan, int64_t
     if (!moe_) {
       moe_ = std::make_unique<MoeMlp>(moe_mlp_shape(model, recipe_), backend_, expert_parallel, tensor_parallel);
     }
+    if (model.moe.router_enable_expert_bias) {
+      layer.expert_bias = expert_biases_.layers.size();
+      expert_biases_.layers.push_back(first_layer_ + l);
+    }
+  }
+  if (!expert_biases_.layers.empty()) {
+    ExpertBiases& biases = expert_biases_;
+    biases.experts = static_cast<std::size_t>(model.moe.num_experts);
+    const std::size_t n = biases.layers.size() * biases.experts;
+    biases.biases = backend_.allocate(n);
+    backend_.fill(biases.biases, n, 0.0f);
+    biases.counts = backend_.allocate(n);
+    biases.routed.assign(n, 0);
   }
   if (has_output_) {
     final_gamma_ = find("decoder.final_layernorm.weight");
@@ -276,6 +290,10 @@ StageChunk::~StageChunk() {
   for (Parameter& parameter : parameters_) backend_.release_compute_copy(parameter.compute, parameter.value);
   backend_.release(values_);
   backend_.release(gradients_);
+  if (expert_biases_.biases) {
+    backend_.release(expert_biases_.biases);
+    backend_.release(expert_biases_.counts);
+  }
   release(scratch_);
 }
 
@@ -740,8 +758,16 @@ void StageChunk::layer_forward(std::size_t l, const LayerActivations& act, const
   if (moe) {
     // The router reads the rank's rows; a shared expert, the tp group's. Only a training forward
     // adds the router losses (evaluation has no sample).
-    moe_->forward(scratch_.norm_out, moe_shared_input(), moe_weights(weights), nullptr, *moe, scratch_.branch_out,
+    ExpertBiases& biases = expert_biases_;
+    const float* expert_bias = biases.biases ? biases.biases + weights.expert_bias * biases.experts : nullptr;
+    moe_->forward(scratch_.norm_out, moe_shared_input(), moe_weights(weights), expert_bias, *moe, scratch_.branch_out,
                   first_sample.has_value(), first_layer_ + static_cast<int64_t>(l));
+    // A training forward's dispatch counts toward the next update (Megatron counts the routes of
+    // forwards under autograd, after the capacity's drops).
+    if (expert_bias && first_sample) {
+      int64_t* routed = biases.routed.data() + weights.expert_bias * biases.experts;
+      for (std::size_t e = 0; e < biases.experts; ++e) routed[e] += moe->rows_per_expert[e];
+    }
   } else {
     ConstActivation ln2 = gather_rows(scratch_.norm_out, scratch_.gathered);
     if (recipe_.swiglu) {

@@ -154,6 +154,20 @@ class StageChunk {
   // layers added in their training forwards since the last call, summed over layers and
   // microbatches, then 0 again; 0 without MoE layers.
   RouterLosses take_router_losses();
+  // Aux-loss-free balancing (--moe-router-enable-expert-bias): the chunk's MoE layers' expert biases
+  // ([layers x experts] fp32 on the backend, 0 at the start; layer by layer in order), which move
+  // each router's choice, and the rows each layer's training forwards dispatched to each expert since
+  // the counts were last taken (Megatron's local_tokens_per_expert, on the host, where the dispatch
+  // returns them). Empty (and the pointers null) without expert biases or MoE layers.
+  struct ExpertBiases {
+    std::vector<int64_t> layers;  // the model's index of each MoE layer
+    float* biases = nullptr;
+    float* counts = nullptr;      // room for the counts as fp32, where the optimizer sums them
+    std::vector<int64_t> routed;  // [layers x experts]
+    std::size_t experts = 0;
+  };
+  ExpertBiases& expert_biases() { return expert_biases_; }
+
   // REQUIRES: !last_stage() and forward(microbatch) ran. Valid until the microbatch's backward.
   ConstActivation output(int64_t microbatch) const;
   // B (defer_weight_gradients false) or I (true). The last stage starts from loss * loss_scale,
@@ -190,6 +204,7 @@ class StageChunk {
     Parameter* shared_fc1 = nullptr;
     Parameter* shared_fc2 = nullptr;
     Parameter* shared_gate = nullptr;
+    std::size_t expert_bias = 0;  // with expert biases: the layer's among them
     // --qk-layernorm's query and key norms (null without).
     Parameter* q_norm = nullptr;
     Parameter* k_norm = nullptr;
@@ -366,6 +381,7 @@ class StageChunk {
   std::vector<LayerActivations> pool_;              // full layer sets for recomputation, reused
   Scratch scratch_;                                 // the recipe's scratch: see core/layer_recipe.h
   std::unique_ptr<MoeMlp> moe_;                     // the MoE layers' MLP, with its scratch (null: none)
+  ExpertBiases expert_biases_;
   // Tells gradient_progress_ that every parameter from `first` on holds this microbatch's gradient.
   void gradients_done_from(const Parameter* first);
   // The loss's memory (scratch_.loss_memory): the running loss sum (a double, first for its

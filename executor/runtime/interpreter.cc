@@ -205,6 +205,7 @@ void Interpreter::optimize(const IterationStep& step, IterationResult& result) {
     if (model->last_stage()) result.loss_sum += model->take_loss_sum();
     result.router_losses += model->take_router_losses();
   }
+  optimizer_.update_expert_biases();
   // Every rank of the model sees the same norm (its reduction spans them), so all skip together.
   result.gradient_norm = optimizer_.gradient_norm() / step.loss_scale;
   const std::string at = "iteration " + std::to_string(step.iteration);

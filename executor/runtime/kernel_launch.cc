@@ -354,6 +354,14 @@ KernelLaunch::KernelLaunch(Backend& backend, const Kernel& kernel, EmbeddingTabl
       b.branch = activation(k.rows);  // the gate's logit per row
       b.master = floats(k.rows);
       break;
+    case KernelKind::kMoeUpdateExpertBias: {  // counts uneven across the experts, as a run's are
+      b.terms = floats(k.cols);
+      std::vector<float> counts(size(k.cols));
+      for (std::size_t e = 0; e < counts.size(); ++e) counts[e] = static_cast<float>((e * 7919) % 1000);
+      backend_.upload(b.terms, counts.data(), counts.size());
+      b.master = floats(k.cols);  // the bias
+      break;
+    }
   }
 }
 
@@ -523,6 +531,9 @@ void KernelLaunch::operator()() {
       break;
     case KernelKind::kSigmoidGatedAddBackward:
       backend_.sigmoid_gated_add_backward(b.dy, b.x, b.branch, size(k.rows), size(k.cols), b.dx, b.master);
+      break;
+    case KernelKind::kMoeUpdateExpertBias:
+      backend_.moe_update_expert_bias(b.terms, size(k.cols), 1e-3f, b.master);
       break;
   }
 }

@@ -432,6 +432,12 @@ ProfileGrid profile_grid(bool quick) {
       if (fresh(kernel)) grid.sequences.push_back({{kernel}, {}});
     }
   }
+  // The expert bias's update at OPTIM (--moe-router-enable-expert-bias): one block over a layer's
+  // experts, Mixtral's 8 to DeepSeek-V3's 256 (its time is its launch).
+  for (const int64_t experts : quick ? std::vector<int64_t>{64} : std::vector<int64_t>{8, 64, 256}) {
+    const Kernel kernel = row_kernel(KernelKind::kMoeUpdateExpertBias, 1, experts);
+    if (fresh(kernel)) grid.sequences.push_back({{kernel}, {}});
+  }
   return grid;
 }
 

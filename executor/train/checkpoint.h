@@ -89,6 +89,7 @@
 #include "executor/io/safetensors.h"
 #include "executor/model/stage_chunk.h"
 #include "executor/runtime/backend.h"
+#include "executor/train/expert_bias_state.h"
 #include "executor/train/loss_scaler.h"
 #include "executor/train/optimizer.h"
 #include "executor/train/parallel_groups.h"
@@ -106,6 +107,9 @@ struct TrainingState {
   int64_t skipped_iterations = 0;
   int64_t skipped_samples = 0;
   std::optional<LossScalerState> loss_scaler;  // the scaler's, when the run scales its loss
+  // --moe-router-enable-expert-bias: every MoE layer's expert bias (expert_bias_state.h). A save
+  // gathers them from the ranks; a load sets them.
+  ExpertBiasState expert_biases;
 };
 
 // One rank as checkpoints see it: the plan it runs, its place in the world, its stage chunks (in

@@ -58,6 +58,7 @@ std::optional<TrainingState> load_latest(const std::string& directory, const Che
                   " (a checkpoint of another vocabulary: --vocab-size " + saved_vocabulary->dump() + " trains on it)");
     }
   }
+  restore_expert_biases(state.expert_biases, rank.model, path + "/state.json", rank.chunks, rank.backend);
   std::map<std::string, std::vector<int64_t>> expected;  // name -> global shape
   for (int64_t stage = 0; stage < rank.plan.num_virtual_stages(); ++stage) {
     for (int64_t ep_rank = 0; ep_rank < rank.plan.expert_model_parallel_size; ++ep_rank) {  // every expert

@@ -157,8 +157,10 @@ CheckpointSaver::~CheckpointSaver() {
 
 std::size_t CheckpointSaver::host_bytes() const { return held_->buffer.bytes(); }
 
-void CheckpointSaver::save(const std::string& directory, const TrainingState& state, const CheckpointRank& rank) {
+void CheckpointSaver::save(const std::string& directory, const TrainingState& training, const CheckpointRank& rank) {
   (void)finish(rank);
+  TrainingState state = training;  // with the expert biases, gathered by every rank
+  state.expert_biases = gather_expert_biases(rank.model, rank.chunks, rank.groups.pipeline.get(), rank.backend);
   const ParallelGroups& groups = rank.groups;
   const bool leader = groups.global_rank == 0;  // prepares, renames, writes "latest"
   const std::vector<const Parameter*> parameters = rank_parameters(rank);

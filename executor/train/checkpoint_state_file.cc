@@ -117,6 +117,11 @@ nlohmann::json checkpoint_meta(const TrainingState& state, const ModelSpec& mode
                            {"growth_tracker", state.loss_scaler->growth_tracker},
                            {"hysteresis_tracker", state.loss_scaler->hysteresis_tracker}};
   }
+  if (!state.expert_biases.empty()) {
+    nlohmann::json biases = nlohmann::json::object();
+    for (const auto& [layer, values] : state.expert_biases) biases[std::to_string(layer)] = values;
+    meta["expert_biases"] = std::move(biases);
+  }
   meta["fnv1a64"] = json_checksum(meta);
   return meta;
 }
@@ -194,6 +199,21 @@ std::optional<Newest> find_newest(const std::string& directory) {
       refuse_load(scaler_fields.field("scale") + ": must be a finite positive scale with a non-negative tracker");
     }
     state.loss_scaler = loaded;
+  }
+  if (const nlohmann::json* biases = fields.read_object("expert_biases")) {
+    // Checked against the model where it is set (restore_expert_biases); here only its form.
+    const std::string field = fields.field("expert_biases");
+    for (const auto& [key, values] : biases->items()) {
+      if (key.empty() || key.size() > 9 || key.find_first_not_of("0123456789") != std::string::npos) {
+        refuse_load(field + ": \"" + key.substr(0, 40) + "\" is not a layer index");
+      }
+      if (!values.is_array()) refuse_load(field + "." + key + ": must be a list of numbers");
+      std::vector<float>& bias = state.expert_biases[std::stoll(key)];
+      for (const nlohmann::json& value : values) {
+        if (!value.is_number()) refuse_load(field + "." + key + ": must be a list of numbers");
+        bias.push_back(value.get<float>());
+      }
+    }
   }
   if (state.iteration != iteration) {
     refuse_load(path + "/state.json says iteration " + std::to_string(state.iteration) + " but " + latest + " says " +

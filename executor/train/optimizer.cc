@@ -80,6 +80,24 @@ Optimizer::Optimizer(std::vector<StageChunk*> chunks, const OptimizerGroups& gro
   }
 }
 
+void Optimizer::update_expert_biases() {
+  for (StageChunk* chunk : chunks_) {
+    StageChunk::ExpertBiases& biases = chunk->expert_biases();
+    if (biases.layers.empty()) continue;
+    const std::vector<float> counts(biases.routed.begin(), biases.routed.end());
+    backend_.upload(biases.counts, counts.data(), counts.size());
+    for (Comm* group : {groups_.tensor_parallel, groups_.data_parallel}) {
+      if (group) group->all_reduce(biases.counts, counts.size(), DType::kFloat32, ReduceOp::kSum)->wait();
+    }
+    for (std::size_t layer = 0; layer < biases.layers.size(); ++layer) {
+      const std::size_t at = layer * biases.experts;
+      backend_.moe_update_expert_bias(biases.counts + at, biases.experts,
+                                      static_cast<float>(settings_.expert_bias_update_rate), biases.biases + at);
+    }
+    std::fill(biases.routed.begin(), biases.routed.end(), 0);
+  }
+}
+
 Optimizer::~Optimizer() {
   for (StageChunk* chunk : chunks_) chunk->on_gradient_progress(nullptr);
   for (float* buffer : moment_buffers_) backend_.release(buffer);

@@ -42,6 +42,9 @@ struct OptimizerGroups {
   // (null when it has one member). At ep 1 the two data-parallel groups are one.
   Comm* expert_parallel = nullptr;
   Comm* expert_data_parallel = nullptr;
+  // The rank's tp group: with the data-parallel group, every rank of its stages (the expert biases'
+  // counts sum over them).
+  Comm* tensor_parallel = nullptr;
 };
 
 struct OptimizerSettings {
@@ -50,7 +53,8 @@ struct OptimizerSettings {
   double clip_grad = 1.0;  // 0: no clipping
   bool overlap_grad_reduce = false;
   bool overlap_param_gather = false;
-  int64_t microbatches = 1;  // per iteration: a gradient is final after this many backwards
+  int64_t microbatches = 1;               // per iteration: a gradient is final after this many backwards
+  double expert_bias_update_rate = 1e-3;  // --moe-router-bias-update-rate
 };
 
 class Optimizer {
@@ -67,6 +71,14 @@ class Optimizer {
   void set_microbatches(int64_t microbatches) { settings_.microbatches = microbatches; }
   // REDUCE_GRAD for the rank's chunk of `stage`.
   void reduce_gradients(int64_t stage);
+  // OPTIM's first step, before the norm, as Megatron's finalize_model_grads: the aux-loss-free
+  // balancing (--moe-router-enable-expert-bias). Each chunk's counts of its MoE layers' routed rows
+  // (StageChunk::expert_biases) are summed over the tp group, then the data-parallel group (dp x cp):
+  // over every token of the iteration, each rank having routed its own. Each expert bias then moves
+  // by ±rate toward balance, and the counts start again. Runs on iterations that skip their step too
+  // (Megatron updates before it knows). The counts travel as fp32, as Megatron's do: exact below
+  // 2^24 rows of an expert an iteration. A no-op without expert biases.
+  void update_expert_biases();
   // The global gradient norm before clipping (non-finite when a gradient is).
   double gradient_norm();
   // OPTIM after gradient_norm(): multiply the gradients by `unscale` (a loss scaler's 1 / scale;

@@ -198,10 +198,11 @@ class RankTrainer {
     settings.overlap_grad_reduce = run.plan.options.overlap_grad_reduce;
     settings.overlap_param_gather = overlaps_parameter_gather(run.plan);
     settings.microbatches = run.plan.num_microbatches();
+    settings.expert_bias_update_rate = run.model.moe.router_bias_update_rate;
     optimizer_ = std::make_unique<Optimizer>(
         ordered,
         OptimizerGroups{groups.data_parallel.get(), groups.model_parallel.get(), groups.embedding.get(),
-                        groups.expert_parallel.get(), groups.expert_data_parallel.get()},
+                        groups.expert_parallel.get(), groups.expert_data_parallel.get(), groups.tensor_parallel.get()},
         run.plan.use_distributed_optimizer, settings, backend);
     interpreter_ = std::make_unique<Interpreter>(run.schedule, groups.pipeline_rank, by_stage_, groups.pipeline.get(),
                                                  run.plan.data_parallel_size, *optimizer_, backend);

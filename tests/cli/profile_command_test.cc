@@ -153,7 +153,8 @@ TEST_CASE("the profile grid times every MoE kernel class the lists use", "[cli][
   for (const char* name : {"moe_top_k", "moe_top_k_backward", "moe_dispatch", "moe_permute", "moe_permute_backward",
                            "moe_combine", "moe_combine_backward", "moe_aux_counts", "moe_switch_loss",
                            "moe_switch_loss_gradient", "moe_sequence_aux_loss", "moe_sequence_aux_loss_gradient",
-                           "moe_z_loss", "moe_z_loss_gradient", "sigmoid_gated_add", "sigmoid_gated_add_backward"}) {
+                           "moe_z_loss", "moe_z_loss_gradient", "sigmoid_gated_add", "sigmoid_gated_add_backward",
+                           "moe_update_expert_bias"}) {
     INFO(name);
     CHECK(classes.count(name) == 1);
   }

@@ -424,6 +424,38 @@ TEST_CASE("an MoE plan adds its expert-parallel exchanges per MoE layer and redu
   CHECK(skewed.stages[0].backward_collectives < 2 * expert.stages[0].backward_collectives);
 }
 
+TEST_CASE("the expert bias's update adds its counts' all-reduces over tp and dp and one kernel a layer to OPTIM",
+          "[simulator][costs][moe]") {
+  // Mixtral-8x7B with a sigmoid router balanced by its expert bias, tp 2 x pp 2 on 16 H100s: each
+  // pipeline rank's 16 MoE layers' counts (8 experts each, fp32) all-reduced over its tp pair and
+  // its 4 dp replicas, then 16 updates.
+  megaplan::JobSpec spec = job("mixtral-8x7b", "dgx-h100", 16, 2, 2, 32);
+  spec.plan.sequence_parallel = true;
+  const auto profile = megaplan::sim::Profile::datasheet(spec.cluster.gpu);
+  const megaplan::sim::Topology topology(spec.cluster);
+  CostSources sources;
+  const auto plain = megaplan::sim::plan_action_costs(spec.model, spec.plan, profile, topology, sources);
+  spec.model.moe.score_function = megaplan::RouterScoreFunction::kSigmoid;
+  spec.model.moe.router_enable_expert_bias = true;
+  megaplan::validate_job(spec);
+  const auto balanced = megaplan::sim::plan_action_costs(spec.model, spec.plan, profile, topology, sources);
+  const auto routes = megaplan::sim::pipeline_group_routes(spec.plan, topology);
+  const int64_t bytes = 4 * 16 * 8;
+  for (std::size_t rank = 0; rank < 2; ++rank) {
+    INFO("pipeline rank " << rank);
+    const auto cost = [&](const megaplan::sim::Route& route, int64_t members) {
+      return profile.collective_seconds(megaplan::CollectiveOp::kAllReduce, members, bytes,
+                                        megaplan::sim::LinkKind::kNvlink,
+                                        {route.bandwidth_bytes_per_s, route.latency_s}, sources);
+    };
+    double update = cost(routes[rank].tensor, 2) + cost(routes[rank].data, 4);
+    for (const megaplan::Kernel& kernel : megaplan::expert_bias_kernels(spec.model, 16))
+      update += profile.kernel_seconds(kernel, sources);
+    CHECK(megaplan::expert_bias_kernels(spec.model, 16).size() == 16);
+    CHECK(balanced.optimizer[rank] == Approx(plain.optimizer[rank] + update));
+  }
+}
+
 TEST_CASE("an MoE layer under tensor parallelism costs its attention's collectives and its MLP's list",
           "[simulator][costs][moe]") {
   // Mixtral-8x7B at tp 2 with sequence parallelism, ep 8, on 16 H100s (every layer MoE): a layer's

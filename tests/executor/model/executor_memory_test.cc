@@ -117,6 +117,8 @@ TEST_CASE("the executor allocates what core's memory prediction says, rank by ra
       {"qwen-moe: pp2 1f1b, 8 microbatches", layout(1, 2, 1, 1, ScheduleKind::kOneFOneB, 2, 16)},
       {"qwen-moe: pp2 dp2 distributed optimizer", distributed},
       {"qwen-moe: pp2 dp2 ep2 distributed optimizer", expert_parallel},
+      {"balanced-moe: pp2 interleaved (the expert biases and their counts)",
+       layout(1, 2, 1, 2, ScheduleKind::kInterleaved)},
   };
   for (const auto& [name, plan] : layouts) {
     INFO(name);
@@ -131,12 +133,13 @@ TEST_CASE("the executor allocates what core's memory prediction says, rank by ra
     const int64_t world = plan.world_size();
     std::vector<int64_t> peaks(static_cast<std::size_t>(world), 0);
     std::mutex mutex;
-    const megaplan::ModelSpec model = name.starts_with("llama")       ? megaplan::test::four_layer_llama()
-                                      : name.starts_with("qwen-moe")  ? megaplan::test::four_layer_qwen_moe()
-                                      : name.starts_with("qwen3-moe") ? megaplan::test::four_layer_qwen3_moe()
-                                      : name.starts_with("qwen3")     ? megaplan::test::four_layer_qwen3()
-                                      : name.starts_with("qwen")      ? megaplan::test::four_layer_qwen()
-                                      : name.starts_with("mixtral")   ? megaplan::test::four_layer_mixtral()
+    const megaplan::ModelSpec model = name.starts_with("llama")          ? megaplan::test::four_layer_llama()
+                                      : name.starts_with("qwen-moe")     ? megaplan::test::four_layer_qwen_moe()
+                                      : name.starts_with("qwen3-moe")    ? megaplan::test::four_layer_qwen3_moe()
+                                      : name.starts_with("qwen3")        ? megaplan::test::four_layer_qwen3()
+                                      : name.starts_with("qwen")         ? megaplan::test::four_layer_qwen()
+                                      : name.starts_with("mixtral")      ? megaplan::test::four_layer_mixtral()
+                                      : name.starts_with("balanced-moe") ? megaplan::test::four_layer_balanced_moe()
                                       : name.starts_with("shared-expert")
                                           ? megaplan::test::four_layer_shared_expert_moe()
                                           : megaplan::test::four_layer_gpt();

@@ -460,6 +460,38 @@ TEST_CASE("the optimizer step launches the optimizer's kernel list", "[model][ke
              megaplan::optimizer_kernels(parameters, parameters, 0, {static_cast<int64_t>(gpt.layout().total)}));
 }
 
+TEST_CASE("OPTIM's expert-bias update launches its kernel list and moves each bias by the rate",
+          "[model][kernels][moe]") {
+  // The chunk's four MoE layers (the stage is the whole model): one update each, over the experts.
+  const megaplan::ModelSpec model = megaplan::test::four_layer_balanced_moe();
+  const megaplan::ParallelPlan plan = layout(1, 1, 1, 1, ScheduleKind::kOneFOneB, 2, 2);
+  RecordingBackend backend;
+  StageChunk chunk(model, plan, 0, backend, {42});
+  megaplan::exec::OptimizerSettings settings;
+  settings.expert_bias_update_rate = model.moe.router_bias_update_rate;
+  megaplan::exec::Optimizer optimizer({&chunk}, {}, false, settings, backend);
+  const MicrobatchTokens data = microbatch(model, 2);
+  chunk.forward(0, &data);
+  chunk.backward_input(0, nullptr, 1.0f, nullptr, false);
+  // The forward counted each token's two routes.
+  const StageChunk::ExpertBiases& biases = chunk.expert_biases();
+  REQUIRE(biases.layers == std::vector<int64_t>{0, 1, 2, 3});
+  for (std::size_t layer = 0; layer < 4; ++layer) {
+    int64_t routes = 0;
+    for (std::size_t e = 0; e < 4; ++e) routes += biases.routed[layer * 4 + e];
+    CHECK(routes == 2 * 2 * model.seq_length);
+  }
+  backend.take();
+  optimizer.update_expert_biases();
+  check_same(backend.take(), megaplan::expert_bias_kernels(model, 4));
+  CHECK(std::all_of(biases.routed.begin(), biases.routed.end(), [](int64_t n) { return n == 0; }));
+  // Every bias moved by the rate, up or down (an expert at exactly the mean stays).
+  std::vector<float> moved(16);
+  backend.download(moved.data(), biases.biases, moved.size());
+  for (const float bias : moved) CHECK((bias == 0.0f || std::abs(bias) == Approx(1e-2)));
+  CHECK(std::any_of(moved.begin(), moved.end(), [](float bias) { return bias != 0.0f; }));
+}
+
 TEST_CASE("the profiler's launch of a listed kernel is that kernel", "[kernels]") {
   // Every kind in every layout, epilogue and fused variant the lists use: what `megaplan profile`
   // times is what the simulator looks up.

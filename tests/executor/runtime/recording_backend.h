@@ -292,6 +292,10 @@ class RecordingBackend : public ForwardingBackend {
     record(row_kernel(d_logits ? KernelKind::kMoeZLossGradient : KernelKind::kMoeZLoss, size(tokens), size(experts)));
     ForwardingBackend::moe_z_loss(logits, tokens, experts, coeff, loss_sum, d_logits, gradient_scale);
   }
+  void moe_update_expert_bias(const float* counts, std::size_t experts, float rate, float* expert_bias) override {
+    record(row_kernel(KernelKind::kMoeUpdateExpertBias, 1, size(experts)));
+    ForwardingBackend::moe_update_expert_bias(counts, experts, rate, expert_bias);
+  }
   void sigmoid_gated_add(ConstActivation x, ConstActivation gate, std::size_t rows, std::size_t cols,
                          Activation y) override {
     record(row_kernel(KernelKind::kSigmoidGatedAdd, size(rows), size(cols)));

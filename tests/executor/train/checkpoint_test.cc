@@ -155,14 +155,14 @@ TEST_CASE("a checkpoint of pp 2 x dp 2 resumes bit for bit and loads under other
 
 namespace {
 
-// Trains the Mixtral-like fixture 8 iterations at `saving`, whole and in two halves through a
-// checkpoint at iteration 4 (`inspect` reads its directory first): the second half repeats the
-// whole run's bit for bit, and each of `loading` continues the checkpoint as the single rank does
-// (1e-4, the parallel layouts' tolerance).
+// Trains `model` (the Mixtral-like fixture by default) 8 iterations at `saving`, whole and in two
+// halves through a checkpoint at iteration 4 (`inspect` reads its directory first): the second half
+// repeats the whole run's bit for bit, and each of `loading` continues the checkpoint as the single
+// rank does (1e-4, the parallel layouts' tolerance).
 void check_moe_checkpoint(const ParallelPlan& saving, const std::vector<std::pair<std::string, ParallelPlan>>& loading,
-                          const std::function<void(const std::string& directory)>& inspect) {
+                          const std::function<void(const std::string& directory)>& inspect,
+                          const megaplan::ModelSpec& model = megaplan::test::four_layer_mixtral()) {
   const megaplan::test::ScratchDirectory scratch;
-  const megaplan::ModelSpec model = megaplan::test::four_layer_mixtral();
   exec::TrainOptions options = checkpoint_training_options(megaplan::test::sentence_corpus(scratch));
   const Outcome single = train(model, plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false), options, scratch, "single");
   const Outcome whole = train(model, saving, options, scratch, "whole");
@@ -262,6 +262,62 @@ TEST_CASE("a checkpoint of an MoE model at tp 2 x ep 2 resumes bit for bit and l
                            CHECK(second.count(expert + "2.linear_fc2.weight") == 1);
                          }
                        });
+}
+
+TEST_CASE("a checkpoint keeps the expert biases, resumed at ep 2 bit for bit and continued at ep 1 and tp 2",
+          "[checkpoint][moe]") {
+  // The biases are state the next forward reads, not parameters: state.json holds them once, by
+  // layer, whatever the layout (every rank of a stage holds the same), and a load sets them.
+  ParallelPlan saving = plan_of(2, 2, 1, ScheduleKind::kOneFOneB, true);  // pp 2 x dp 2, ep 2 within dp
+  saving.expert_model_parallel_size = 2;
+  ParallelPlan tensor = plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false);
+  tensor.tensor_parallel_size = 2;
+  tensor.sequence_parallel = true;
+  check_moe_checkpoint(
+      saving, {{"one", plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false)}, {"tp2", tensor}},
+      [](const std::string& iteration) {
+        const nlohmann::json state = nlohmann::json::parse(megaplan::read_file_contents(iteration + "/state.json"));
+        const nlohmann::json& biases = state.at("expert_biases");
+        REQUIRE(biases.size() == 4);
+        double moved = 0;
+        for (const auto& [layer, values] : biases.items()) {
+          REQUIRE(values.size() == 4);
+          for (const nlohmann::json& value : values) moved = std::max(moved, std::abs(value.get<double>()));
+        }
+        CHECK(moved > 0);  // four updates moved them
+      },
+      megaplan::test::four_layer_balanced_moe());
+}
+
+TEST_CASE("a checkpoint whose expert biases do not fit the model is refused in one line", "[checkpoint][moe]") {
+  const megaplan::test::ScratchDirectory scratch;
+  const megaplan::ModelSpec model = megaplan::test::four_layer_balanced_moe();
+  exec::TrainOptions options = checkpoint_training_options(megaplan::test::sentence_corpus(scratch));
+  const std::string directory = scratch.file("checkpoints");
+  options.save = directory;
+  options.train_iters = 2;
+  const ParallelPlan one = plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false);
+  train(model, one, options, scratch, "saved");
+  const std::string state_path = directory + "/iter_0000002/state.json";
+  const nlohmann::json saved = nlohmann::json::parse(megaplan::read_file_contents(state_path));
+  options.save.reset();
+  options.load = directory;
+  options.train_iters = 4;
+  const auto refused = [&](const std::function<void(nlohmann::json&)>& damage, const std::string& expected) {
+    nlohmann::json state = saved;
+    damage(state);
+    state.erase("fnv1a64");  // a state.json without its checksum loads (older formats)
+    std::ofstream(state_path, std::ios::binary | std::ios::trunc) << state.dump(2);
+    INFO(expected);
+    CHECK_THROWS_WITH(train(model, one, options, scratch, "loaded"), Catch::Contains(expected));
+  };
+  refused([](nlohmann::json& s) { s["expert_biases"].erase("2"); }, "has no bias for MoE layer 2");
+  refused([](nlohmann::json& s) { s["expert_biases"]["1"].erase(0); }, "holds 3 biases for layer 1");
+  refused([](nlohmann::json& s) { s["expert_biases"]["7"] = {0, 0, 0, 0}; }, "names a layer the model does not have");
+  refused([](nlohmann::json& s) { s["expert_biases"]["x"] = {0}; }, "\"x\" is not a layer index");
+  refused([](nlohmann::json& s) { s["expert_biases"]["0"][1] = "up"; }, "expert_biases.0: must be a list of numbers");
+  refused([](nlohmann::json& s) { s["expert_biases"]["0"][1] = 1e300; }, "holds a non-finite bias for layer 0");
+  refused([](nlohmann::json& s) { s.erase("expert_biases"); }, "has no bias for MoE layer 0");
 }
 
 TEST_CASE("a checkpoint of tp 2 x pp 2 resumes bit for bit and loads at one rank and at pp 4", "[checkpoint]") {

@@ -25,12 +25,15 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "core/batch_rampup.h"
 #include "core/error.h"
 #include "core/parallel_plan.h"
 #include "core/schedule/lowering.h"
 #include "core/schedule/schedule.h"
 #include "core/schedule/schedule_csv.h"
+#include "core/text_file.h"
 #include "core/timeline.h"
 #include "executor/comm/in_process_comm.h"
 #include "executor/comm/rank_threads.h"
@@ -396,6 +399,74 @@ TEST_CASE("MoE layers train under tensor parallelism with sequence parallelism l
         {"tp2 x pp2 x ep2 sequence parallel, distributed optimizer", everything}};
     check_trains_like(single, model, layouts, options, scratch, prefix);
     check_router_logs(single, model, layouts, scratch, prefix);
+  }
+}
+
+namespace {
+
+// The expert biases a run saved at its last iteration (state.json's "expert_biases").
+nlohmann::json saved_expert_biases(const std::string& directory, int64_t iteration) {
+  char name[32];
+  std::snprintf(name, sizeof name, "/iter_%07lld/state.json", static_cast<long long>(iteration));
+  return nlohmann::json::parse(megaplan::read_file_contents(directory + name)).at("expert_biases");
+}
+
+}  // namespace
+
+TEST_CASE("the aux-loss-free expert bias moves as one rank's under every layout", "[parallel][moe]") {
+  // Each rank counts the routes its own tokens took; OPTIM sums the counts over tp and dp (every
+  // token of the iteration) and moves each bias by the rate toward balance, so every layout moves
+  // the single rank's biases. The biases are multiples of the rate, equal bit for bit when the
+  // counts are; the losses and weights within the tolerance above.
+  const megaplan::test::ScratchDirectory scratch;
+  const exec::TrainOptions options = options_for(megaplan::test::sentence_corpus(scratch));
+  const megaplan::ModelSpec model = megaplan::test::four_layer_balanced_moe();
+  const auto saving = [&](const std::string& name) {
+    exec::TrainOptions saved = options;
+    saved.save = scratch.file(name + "-checkpoints");
+    return saved;
+  };
+  const Outcome single =
+      train(model, plan_of(1, 1, 1, 1, ScheduleKind::kOneFOneB), saving("single"), scratch, "single");
+  REQUIRE(single.losses.size() == 12);
+  const nlohmann::json biases = saved_expert_biases(scratch.file("single-checkpoints"), 12);
+  REQUIRE(biases.size() == 4);  // every layer has experts
+  // The byte corpus routes unevenly: the biases moved, each by a whole number of steps of 1e-2.
+  double moved = 0;
+  for (const auto& [layer, values] : biases.items()) {
+    REQUIRE(values.size() == 4);
+    for (const nlohmann::json& value : values) moved = std::max(moved, std::abs(value.get<double>()));
+  }
+  CHECK(moved >= 2e-2);
+  CHECK(moved <= 12e-2 + 1e-6);
+  // Without the bias the routing, and so the losses, differ.
+  megaplan::ModelSpec unbiased = model;
+  unbiased.moe.router_enable_expert_bias = false;
+  const Outcome plain = train(unbiased, plan_of(1, 1, 1, 1, ScheduleKind::kOneFOneB), options, scratch, "unbiased");
+  CHECK(plain.losses.back() != Approx(single.losses.back()).epsilon(1e-6));
+
+  const auto with = [](int64_t ep, bool sequence_parallel, bool distributed, ParallelPlan plan) {
+    plan.expert_model_parallel_size = ep;
+    plan.sequence_parallel = sequence_parallel;
+    plan.use_distributed_optimizer = distributed;
+    return plan;
+  };
+  const std::vector<Layout> layouts = {
+      {"ep2", with(2, false, false, plan_of(1, 1, 2, 1, ScheduleKind::kOneFOneB))},
+      {"ep2 x tp2 sequence parallel", with(2, true, false, plan_of(2, 1, 2, 1, ScheduleKind::kOneFOneB))},
+      {"pp2 x dp2 distributed optimizer", with(1, false, true, plan_of(1, 2, 2, 1, ScheduleKind::kOneFOneB))},
+      {"tp2 x pp2 x ep2 sequence parallel, interleaved",
+       with(2, true, true, plan_of(2, 2, 2, 2, ScheduleKind::kInterleaved))}};
+  for (std::size_t l = 0; l < layouts.size(); ++l) {
+    INFO(layouts[l].name);
+    const std::string name = "layout" + std::to_string(l);
+    const Outcome run = train(model, layouts[l].plan, saving(name), scratch, name);
+    REQUIRE(run.losses.size() == single.losses.size());
+    for (std::size_t i = 0; i < single.losses.size(); ++i) {
+      INFO("iteration " << i + 1);
+      CHECK(run.losses[i] == Approx(single.losses[i]).epsilon(1e-4));
+    }
+    CHECK(saved_expert_biases(scratch.file(name + "-checkpoints"), 12) == biases);
   }
 }
 

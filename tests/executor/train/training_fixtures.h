@@ -179,6 +179,22 @@ inline ModelSpec four_layer_shared_expert_moe() {
   return model;
 }
 
+// four_layer_llama with DeepSeek-V3's routing on every layer: 4 experts of width 16, each token to
+// its top 2 by sigmoid scores, balanced by the aux-loss-free expert bias alone (no aux loss), moved
+// by 1e-2 an update so that a few iterations move it visibly.
+inline ModelSpec four_layer_balanced_moe() {
+  ModelSpec model = four_layer_llama();
+  model.name = "four-layer-balanced-moe";
+  model.moe.num_experts = 4;
+  model.moe.ffn_hidden_size = 16;
+  model.moe.router_topk = 2;
+  model.moe.score_function = RouterScoreFunction::kSigmoid;
+  model.moe.router_enable_expert_bias = true;
+  model.moe.router_bias_update_rate = 1e-2;
+  model.moe.load_balancing = LoadBalancing::kNone;
+  return model;
+}
+
 // A layout of tp x pp x dp ranks (vpp model chunks per pipeline rank) training microbatches of
 // `micro_batch` in global batches of `global_batch`; the rest is ParallelPlan's defaults.
 inline ParallelPlan layout(int64_t tp, int64_t pp, int64_t dp, int64_t vpp, ScheduleKind schedule,
