@@ -431,6 +431,15 @@ expect_ok train --device cpu "${moe_llama[@]}" --world-size 2 --pp 2 --train-ite
 # Expert parallelism: two ranks each hold two of the experts, the tokens exchanged by all-to-all.
 expect_ok train --device cpu "${moe_llama[@]}" --world-size 2 --ep 2 --use-distributed-optimizer --train-iters 2 --log-interval 1
 [ "$(grep -c '^iteration [12]/2 | loss .* | load_balancing_loss ' "$scratch/out")" -eq 2 ] || fail "ep 2 trains: $(cat "$scratch/out")"
+# The aux-loss-free expert bias (sigmoid routing): ep 2 saves it in state.json; one rank resumes from it.
+expect_ok train --device cpu "${moe_llama[@]}" --moe-router-score-function sigmoid --moe-router-enable-expert-bias \
+  --moe-router-bias-update-rate 0.01 --world-size 2 --ep 2 --train-iters 2 --log-interval 1 --save "$scratch/biased"
+grep -q '"expert_biases"' "$scratch/biased/iter_0000002/state.json" || fail "the expert biases are not in state.json"
+expect_ok train --device cpu "${moe_llama[@]}" --moe-router-score-function sigmoid --moe-router-enable-expert-bias \
+  --moe-router-bias-update-rate 0.01 --train-iters 3 --log-interval 1 --load "$scratch/biased"
+grep -q '^iteration 3/3 | loss ' "$scratch/out" || fail "one rank resumes the expert biases: $(cat "$scratch/out")"
+expect_error 'error: --moe-router-enable-expert-bias: needs --moe-router-score-function sigmoid' \
+  train --device cpu "${moe_llama[@]}" --moe-router-enable-expert-bias --train-iters 1
 expect_error 'error: --expert-model-parallel-size: must divide --num-experts 4' \
   train --device cpu "${moe_llama[@]}" --world-size 3 --ep 3 --train-iters 1
 expect_error 'error: --moe-token-dispatcher-type: the allgather token dispatcher \(it runs alltoall\) is not in the executor yet' \

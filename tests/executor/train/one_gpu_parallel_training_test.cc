@@ -251,7 +251,8 @@ TEST_CASE("MoE layouts train on one GPU like one rank", "[gpu][train][parallel][
     plan.expert_model_parallel_size = ep;
     return plan;
   };
-  // Mixtral's and Qwen2-MoE's layers (training_fixtures.h) at hidden 256, heads of 64: the router
+  // Mixtral's and Qwen2-MoE's layers (training_fixtures.h) at hidden 256, heads of 64, and
+  // DeepSeek-V3's sigmoid routing balanced by the expert bias (its update a kernel at OPTIM): the router
   // GEMM, the dispatch kernels, each expert's GEMMs over its run of rows. A pipeline changes no
   // arithmetic; data parallelism's bounds are the dense models' (a bf16 flip in a router weight can
   // move a token to another expert, which the losses' bound absorbs), and expert parallelism's
@@ -261,7 +262,8 @@ TEST_CASE("MoE layouts train on one GPU like one rank", "[gpu][train][parallel][
   const exec::TrainOptions options = options_for(megaplan::test::sentence_corpus(scratch));
   for (megaplan::ModelSpec model :
        {megaplan::test::four_layer_mixtral(), megaplan::test::four_layer_qwen_moe(),
-        megaplan::test::four_layer_shared_expert_moe(), megaplan::test::four_layer_qwen3_moe()}) {
+        megaplan::test::four_layer_shared_expert_moe(), megaplan::test::four_layer_qwen3_moe(),
+        megaplan::test::four_layer_balanced_moe()}) {
     INFO(model.name);
     model.hidden_size = 256;
     if (model.qk_layernorm) model.kv_channels = 128;  // Qwen3-MoE's heads
