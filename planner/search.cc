@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <future>
 #include <limits>
 #include <map>
 #include <memory>
@@ -58,51 +59,85 @@ ShapeKey shape_key(const ParallelPlan& plan) {
   return {plan.schedule, plan.pipeline_parallel_size, plan.virtual_pipeline_parallel_size, plan.num_microbatches()};
 }
 
-// Values made once per key and shared by the search's threads (two threads asking for a new key at
-// once may both make it; the first kept is what every later call gets).
+// `make()`'s value into `promise`, and returned; or what it threw, into `promise` too, and rethrown.
+template <class Value, class Make>
+Value made_by(std::promise<Value>& promise, const Make& make) {
+  try {
+    Value value = make();
+    promise.set_value(value);
+    return value;
+  } catch (...) {
+    promise.set_exception(std::current_exception());
+    throw;
+  }
+}
+
+// Values made once per key and shared by the search's threads: a thread asking for a key another
+// is making waits for it (consecutive candidates often share a shape, and two threads would
+// otherwise both make it), and what making it threw is thrown to every asker.
 template <class Key, class Value>
 class SharedByKey {
  public:
+  using Future = std::shared_future<std::shared_ptr<const Value>>;
   template <class Make>
   std::shared_ptr<const Value> get(const Key& key, const Make& make) {
-    {
-      const std::lock_guard<std::mutex> lock(mutex_);
-      if (const auto found = values_.find(key); found != values_.end()) return found->second;
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (const auto found = values_.find(key); found != values_.end()) {
+      const Future made = found->second;
+      lock.unlock();  // waited for without the lock
+      return made.get();
     }
-    auto value = std::make_shared<const Value>(make());
-    const std::lock_guard<std::mutex> lock(mutex_);
-    return values_.emplace(key, std::move(value)).first->second;
+    std::promise<std::shared_ptr<const Value>> promise;
+    values_.emplace(key, promise.get_future().share());
+    lock.unlock();
+    return made_by(promise, [&] { return std::make_shared<const Value>(make()); });
   }
 
  private:
   std::mutex mutex_;
-  std::map<Key, std::shared_ptr<const Value>> values_;
+  std::map<Key, Future> values_;
 };
 
+// As SharedByKey (a shape being lowered is waited for), but forgetting every kept schedule when one
+// more would pass kLoweredActionsKept.
 class LoweredSchedules {
  public:
-  std::shared_ptr<const PipelineSchedule> get(const ParallelPlan& plan) {
+  using Schedule = std::shared_ptr<const PipelineSchedule>;
+  Schedule get(const ParallelPlan& plan) {
     const ShapeKey shape = shape_key(plan);
-    {
-      const std::lock_guard<std::mutex> lock(mutex_);
-      if (const auto found = schedules_.find(shape); found != schedules_.end()) return found->second;
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (const auto found = schedules_.find(shape); found != schedules_.end()) {
+      const std::shared_future<Schedule> lowered = found->second;
+      lock.unlock();
+      return lowered.get();
     }
-    auto schedule = std::make_shared<const PipelineSchedule>(lower_schedule(generate_plan_schedule(plan)));
+    std::promise<Schedule> promise;
+    const std::shared_future<Schedule> lowering = promise.get_future().share();
+    schedules_.emplace(shape, lowering);
+    lock.unlock();
+    const Schedule schedule = made_by(promise, [&] {
+      return std::make_shared<const PipelineSchedule>(lower_schedule(generate_plan_schedule(plan)));
+    });
     std::size_t actions = 0;
     for (const std::vector<Action>& rank : schedule->ranks) actions += rank.size();
-    const std::lock_guard<std::mutex> lock(mutex_);
+    lock.lock();
     if (kept_actions_ + actions > kLoweredActionsKept) {
-      schedules_.clear();
+      schedules_.clear();  // those still being lowered are returned to whoever waits for them
       kept_actions_ = 0;
     }
-    if (actions <= kLoweredActionsKept && schedules_.emplace(shape, schedule).second) kept_actions_ += actions;
+    if (actions <= kLoweredActionsKept) {
+      schedules_.try_emplace(shape, lowering);  // again, if forgotten meanwhile
+      kept_actions_ += actions;
+    } else {
+      schedules_.erase(shape);
+    }
     return schedule;
   }
 
  private:
   std::mutex mutex_;
-  std::map<ShapeKey, std::shared_ptr<const PipelineSchedule>> schedules_;
-  std::size_t kept_actions_ = 0;  // in schedules_
+  std::map<ShapeKey, std::shared_future<Schedule>> schedules_;
+  std::size_t kept_actions_ = 0;  // of the lowered schedules in schedules_
 };
 
 // megaplan's memory walks (core/executor_memory.h), one per schedule shape, recomputation and
@@ -372,9 +407,8 @@ SearchResult search_plans(const ModelSpec& model, const GpuSpec& gpu, const std:
   }
   const int64_t threads = worker_count(options.threads);
   // The bounds on the threads: a bound costs its plan's layers the first time they are met.
-  for_each_index(threads, survivors.size(), [&](std::size_t i) {
-    survivors[i].bound = estimator.lower_bound_s(candidates[survivors[i].index]);
-  });
+  for_each_index(threads, survivors.size(),
+                 [&](std::size_t i) { survivors[i].bound = estimator.lower_bound_s(candidates[survivors[i].index]); });
   std::sort(survivors.begin(), survivors.end(), [](const Candidate& a, const Candidate& b) {
     return a.bound != b.bound ? a.bound < b.bound : a.index < b.index;
   });
@@ -427,9 +461,8 @@ SearchResult search_plans(const ModelSpec& model, const GpuSpec& gpu, const std:
     // same list whatever the thread count.
     const std::size_t tries = std::min(faster.size(), kOverMemoryTries);
     const auto top = static_cast<std::size_t>(options.top);
-    ClosestToFitting closest_first(std::move(faster), [&](std::size_t index) {
-      return peak_memory(model, candidates[index], caches).first;
-    });
+    ClosestToFitting closest_first(
+        std::move(faster), [&](std::size_t index) { return peak_memory(model, candidates[index], caches).first; });
     std::mutex taking;
     std::vector<RankedPlan> tried(tries);
     std::vector<bool> beats(tries, false);
