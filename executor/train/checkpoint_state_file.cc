@@ -205,7 +205,9 @@ std::optional<Newest> find_newest(const std::string& directory) {
     const std::string field = fields.field("expert_biases");
     for (const auto& [key, values] : biases->items()) {
       if (key.empty() || key.size() > 9 || key.find_first_not_of("0123456789") != std::string::npos) {
-        refuse_load(field + ": \"" + key.substr(0, 40) + "\" is not a layer index");
+        const nlohmann::json named = key.substr(0, 40);  // quoted and escaped: one line whatever it holds
+        refuse_load(field + ": " + named.dump(-1, ' ', true, nlohmann::json::error_handler_t::replace) +
+                    " is not a layer index");
       }
       if (!values.is_array()) refuse_load(field + "." + key + ": must be a list of numbers");
       std::vector<float>& bias = state.expert_biases[std::stoll(key)];
