@@ -59,85 +59,77 @@ ShapeKey shape_key(const ParallelPlan& plan) {
   return {plan.schedule, plan.pipeline_parallel_size, plan.virtual_pipeline_parallel_size, plan.num_microbatches()};
 }
 
-// `make()`'s value into `promise`, and returned; or what it threw, into `promise` too, and rethrown.
-template <class Value, class Make>
-Value made_by(std::promise<Value>& promise, const Make& make) {
-  try {
-    Value value = make();
-    promise.set_value(value);
-    return value;
-  } catch (...) {
-    promise.set_exception(std::current_exception());
-    throw;
-  }
-}
-
 // Values made once per key and shared by the search's threads: a thread asking for a key another
 // is making waits for it (consecutive candidates often share a shape, and two threads would
-// otherwise both make it), and what making it threw is thrown to every asker.
+// otherwise both make it), and what making it threw is thrown to every asker. With a budget, every
+// kept value is forgotten when one more would pass it, and a value larger than it is not kept
+// (those still being made are returned to whoever waits for them).
 template <class Key, class Value>
 class SharedByKey {
  public:
-  using Future = std::shared_future<std::shared_ptr<const Value>>;
+  using Shared = std::shared_ptr<const Value>;
+  // `cost(value)`: what a value counts against `budget`.
+  explicit SharedByKey(std::size_t budget = SIZE_MAX, std::size_t (*cost)(const Value&) = nullptr)
+      : budget_(budget), cost_(cost) {}
+
   template <class Make>
-  std::shared_ptr<const Value> get(const Key& key, const Make& make) {
+  Shared get(const Key& key, const Make& make) {
     std::unique_lock<std::mutex> lock(mutex_);
     if (const auto found = values_.find(key); found != values_.end()) {
-      const Future made = found->second;
+      const std::shared_future<Shared> made = found->second;
       lock.unlock();  // waited for without the lock
       return made.get();
     }
-    std::promise<std::shared_ptr<const Value>> promise;
-    values_.emplace(key, promise.get_future().share());
+    std::promise<Shared> promise;
+    const std::shared_future<Shared> making = promise.get_future().share();
+    values_.emplace(key, making);
     lock.unlock();
-    return made_by(promise, [&] { return std::make_shared<const Value>(make()); });
+    Shared value;
+    try {
+      value = std::make_shared<const Value>(make());
+      promise.set_value(value);
+    } catch (...) {
+      promise.set_exception(std::current_exception());
+      throw;
+    }
+    if (!cost_) return value;
+    const std::size_t cost = cost_(*value);
+    lock.lock();
+    if (kept_ + cost > budget_) {
+      values_.clear();
+      kept_ = 0;
+    }
+    if (cost <= budget_) {
+      values_.try_emplace(key, making);  // again, if forgotten meanwhile
+      kept_ += cost;
+    } else {
+      values_.erase(key);
+    }
+    return value;
   }
 
  private:
+  const std::size_t budget_;
+  std::size_t (*const cost_)(const Value&);
   std::mutex mutex_;
-  std::map<Key, Future> values_;
+  std::map<Key, std::shared_future<Shared>> values_;
+  std::size_t kept_ = 0;  // the cost of the values kept
 };
 
-// As SharedByKey (a shape being lowered is waited for), but forgetting every kept schedule when one
-// more would pass kLoweredActionsKept.
+// Each shape's lowered schedule, within kLoweredActionsKept actions.
 class LoweredSchedules {
  public:
-  using Schedule = std::shared_ptr<const PipelineSchedule>;
-  Schedule get(const ParallelPlan& plan) {
-    const ShapeKey shape = shape_key(plan);
-    std::unique_lock<std::mutex> lock(mutex_);
-    if (const auto found = schedules_.find(shape); found != schedules_.end()) {
-      const std::shared_future<Schedule> lowered = found->second;
-      lock.unlock();
-      return lowered.get();
-    }
-    std::promise<Schedule> promise;
-    const std::shared_future<Schedule> lowering = promise.get_future().share();
-    schedules_.emplace(shape, lowering);
-    lock.unlock();
-    const Schedule schedule = made_by(promise, [&] {
-      return std::make_shared<const PipelineSchedule>(lower_schedule(generate_plan_schedule(plan)));
-    });
-    std::size_t actions = 0;
-    for (const std::vector<Action>& rank : schedule->ranks) actions += rank.size();
-    lock.lock();
-    if (kept_actions_ + actions > kLoweredActionsKept) {
-      schedules_.clear();  // those still being lowered are returned to whoever waits for them
-      kept_actions_ = 0;
-    }
-    if (actions <= kLoweredActionsKept) {
-      schedules_.try_emplace(shape, lowering);  // again, if forgotten meanwhile
-      kept_actions_ += actions;
-    } else {
-      schedules_.erase(shape);
-    }
-    return schedule;
+  std::shared_ptr<const PipelineSchedule> get(const ParallelPlan& plan) {
+    return schedules_.get(shape_key(plan), [&] { return lower_schedule(generate_plan_schedule(plan)); });
   }
 
  private:
-  std::mutex mutex_;
-  std::map<ShapeKey, std::shared_future<Schedule>> schedules_;
-  std::size_t kept_actions_ = 0;  // of the lowered schedules in schedules_
+  static std::size_t actions(const PipelineSchedule& schedule) {
+    std::size_t total = 0;
+    for (const std::vector<Action>& rank : schedule.ranks) total += rank.size();
+    return total;
+  }
+  SharedByKey<ShapeKey, PipelineSchedule> schedules_{kLoweredActionsKept, &LoweredSchedules::actions};
 };
 
 // megaplan's memory walks (core/executor_memory.h), one per schedule shape, recomputation and
