@@ -289,37 +289,6 @@ TEST_CASE("a checkpoint keeps the expert biases, resumed at ep 2 bit for bit and
       megaplan::test::four_layer_balanced_moe());
 }
 
-TEST_CASE("a checkpoint whose expert biases do not fit the model is refused in one line", "[checkpoint][moe]") {
-  const megaplan::test::ScratchDirectory scratch;
-  const megaplan::ModelSpec model = megaplan::test::four_layer_balanced_moe();
-  exec::TrainOptions options = checkpoint_training_options(megaplan::test::sentence_corpus(scratch));
-  const std::string directory = scratch.file("checkpoints");
-  options.save = directory;
-  options.train_iters = 2;
-  const ParallelPlan one = plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false);
-  train(model, one, options, scratch, "saved");
-  const std::string state_path = directory + "/iter_0000002/state.json";
-  const nlohmann::json saved = nlohmann::json::parse(megaplan::read_file_contents(state_path));
-  options.save.reset();
-  options.load = directory;
-  options.train_iters = 4;
-  const auto refused = [&](const std::function<void(nlohmann::json&)>& damage, const std::string& expected) {
-    nlohmann::json state = saved;
-    damage(state);
-    state.erase("fnv1a64");  // a state.json without its checksum loads (older formats)
-    std::ofstream(state_path, std::ios::binary | std::ios::trunc) << state.dump(2);
-    INFO(expected);
-    CHECK_THROWS_WITH(train(model, one, options, scratch, "loaded"), Catch::Contains(expected));
-  };
-  refused([](nlohmann::json& s) { s["expert_biases"].erase("2"); }, "has no bias for MoE layer 2");
-  refused([](nlohmann::json& s) { s["expert_biases"]["1"].erase(0); }, "holds 3 biases for layer 1");
-  refused([](nlohmann::json& s) { s["expert_biases"]["7"] = {0, 0, 0, 0}; }, "names a layer the model does not have");
-  refused([](nlohmann::json& s) { s["expert_biases"]["x"] = {0}; }, "\"x\" is not a layer index");
-  refused([](nlohmann::json& s) { s["expert_biases"]["0"][1] = "up"; }, "expert_biases.0: must be a list of numbers");
-  refused([](nlohmann::json& s) { s["expert_biases"]["0"][1] = 1e300; }, "holds a non-finite bias for layer 0");
-  refused([](nlohmann::json& s) { s.erase("expert_biases"); }, "has no bias for MoE layer 0");
-}
-
 TEST_CASE("a checkpoint of tp 2 x pp 2 resumes bit for bit and loads at one rank and at pp 4", "[checkpoint]") {
   const megaplan::test::ScratchDirectory scratch;
   const megaplan::ModelSpec model = four_layer_gpt();
@@ -718,6 +687,37 @@ void write_text(const std::string& path, const std::string& text) {
 }
 
 }  // namespace
+
+TEST_CASE("a checkpoint whose expert biases do not fit the model is refused in one line", "[checkpoint][moe]") {
+  const megaplan::test::ScratchDirectory scratch;
+  const megaplan::ModelSpec model = megaplan::test::four_layer_balanced_moe();
+  exec::TrainOptions options = checkpoint_training_options(megaplan::test::sentence_corpus(scratch));
+  const std::string directory = scratch.file("checkpoints");
+  options.save = directory;
+  options.train_iters = 2;
+  const ParallelPlan one = plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false);
+  train(model, one, options, scratch, "saved");
+  const std::string state_path = directory + "/iter_0000002/state.json";
+  const nlohmann::json saved = nlohmann::json::parse(megaplan::read_file_contents(state_path));
+  options.save.reset();
+  options.load = directory;
+  options.train_iters = 4;
+  const auto refused = [&](const std::function<void(nlohmann::json&)>& damage, const std::string& expected) {
+    nlohmann::json state = saved;
+    damage(state);
+    state.erase("fnv1a64");  // a state.json without its checksum loads (older formats)
+    write_text(state_path, state.dump(2));
+    INFO(expected);
+    CHECK_THROWS_WITH(train(model, one, options, scratch, "loaded"), Catch::Contains(expected));
+  };
+  refused([](nlohmann::json& s) { s["expert_biases"].erase("2"); }, "has no bias for MoE layer 2");
+  refused([](nlohmann::json& s) { s["expert_biases"]["1"].erase(0); }, "holds 3 biases for layer 1");
+  refused([](nlohmann::json& s) { s["expert_biases"]["7"] = {0, 0, 0, 0}; }, "names a layer the model does not have");
+  refused([](nlohmann::json& s) { s["expert_biases"]["x"] = {0}; }, "\"x\" is not a layer index");
+  refused([](nlohmann::json& s) { s["expert_biases"]["0"][1] = "up"; }, "expert_biases.0: must be a list of numbers");
+  refused([](nlohmann::json& s) { s["expert_biases"]["0"][1] = 1e300; }, "holds a non-finite bias for layer 0");
+  refused([](nlohmann::json& s) { s.erase("expert_biases"); }, "has no bias for MoE layer 0");
+}
 
 TEST_CASE("a damaged training state, a missing latest file and bad --load/--save paths are refused before training",
           "[checkpoint]") {
