@@ -50,8 +50,15 @@ void for_each_index(int64_t threads, std::size_t count, const std::function<void
   std::atomic<std::size_t> next{0};
   const int64_t used = std::min<int64_t>(threads, static_cast<int64_t>(count));
   if (used <= 0) return;
+  // Runs of neighbouring indices, several per thread: neighbours tend to need the same memoised
+  // values (a search's plans in enumeration order share their layers), which one thread then makes
+  // while the other works elsewhere instead of waiting for it; the runs' number keeps the threads'
+  // shares even.
+  const std::size_t run = std::max<std::size_t>(1, count / (16 * static_cast<std::size_t>(used)));
   run_workers(used, [&](std::atomic<bool>& stop) {
-    for (std::size_t i = next.fetch_add(1); i < count && !stop.load(); i = next.fetch_add(1)) work(i);
+    for (std::size_t first = next.fetch_add(run); first < count && !stop.load(); first = next.fetch_add(run)) {
+      for (std::size_t i = first; i < std::min(count, first + run) && !stop.load(); ++i) work(i);
+    }
   });
 }
 

@@ -17,7 +17,8 @@ int64_t worker_count(int64_t threads);
 // failure is rethrown here, after every thread has ended.
 void run_workers(int64_t threads, const std::function<void(std::atomic<bool>& stop)>& work);
 
-// `work(i)` for every i below `count`, on at most `threads` threads, each taking the next i in turn.
+// `work(i)` for every i below `count`, on at most `threads` threads, each taking the next run of
+// neighbouring i in turn.
 void for_each_index(int64_t threads, std::size_t count, const std::function<void(std::size_t)>& work);
 
 }  // namespace megaplan::planner

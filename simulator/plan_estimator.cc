@@ -17,10 +17,10 @@ SimulatorEstimator::SimulatorEstimator(ModelSpec model, ClusterSpec cluster, Pro
 SimulatorEstimator::Costs SimulatorEstimator::layer_costs(const ParallelPlan& plan) const {
   const LayerKey key{plan.tensor_parallel_size, plan.context_parallel_size, plan.micro_batch_size,
                      plan.sequence_parallel,    plan.recompute_granularity, plan.expert_model_parallel_size};
-  {
-    const std::lock_guard<std::mutex> lock(cache_mutex_);
-    if (const auto found = layer_cache_.find(key); found != layer_cache_.end()) return found->second;
-  }
+  return *layer_cache_.get(key, [&] { return make_layer_costs(plan); });
+}
+
+SimulatorEstimator::Costs SimulatorEstimator::make_layer_costs(const ParallelPlan& plan) const {
   // Global rank 0's tensor-, context- and expert-parallel groups (Megatron's order puts tp fastest,
   // then cp; the expert layers' tp, then ep): no group of a kind routes faster, so the layer is
   // never cheaper than this.
@@ -46,22 +46,15 @@ SimulatorEstimator::Costs SimulatorEstimator::layer_costs(const ParallelPlan& pl
       }
     }
   }
-  const std::lock_guard<std::mutex> lock(cache_mutex_);
-  layer_cache_.emplace(key, costs);
   return costs;
 }
 
 Route SimulatorEstimator::strided_route(int64_t stride, int64_t members) const {
-  const auto key = std::pair(stride, members);
-  {
-    const std::lock_guard<std::mutex> lock(cache_mutex_);
-    if (const auto found = route_cache_.find(key); found != route_cache_.end()) return found->second;
-  }
-  std::vector<int64_t> group;
-  for (int64_t member = 0; member < members; ++member) group.push_back(member * stride);
-  const Route route = topology_.ring_route(group);
-  const std::lock_guard<std::mutex> lock(cache_mutex_);
-  return route_cache_.emplace(key, route).first->second;
+  return *route_cache_.get(std::pair(stride, members), [&] {
+    std::vector<int64_t> group;
+    for (int64_t member = 0; member < members; ++member) group.push_back(member * stride);
+    return topology_.ring_route(group);
+  });
 }
 
 double SimulatorEstimator::optimizer_seconds(const ParallelPlan& plan, int64_t rank) const {

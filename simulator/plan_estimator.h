@@ -3,8 +3,6 @@
 // without a schedule.
 #pragma once
 
-#include <map>
-#include <mutex>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -12,6 +10,7 @@
 #include "core/cluster_spec.h"
 #include "core/formulas.h"
 #include "core/model_spec.h"
+#include "core/shared_by_key.h"
 #include "core/step_time_estimator.h"
 #include "simulator/profile.h"
 #include "simulator/stage_costs.h"
@@ -45,7 +44,8 @@ class SimulatorEstimator final : public StepTimeEstimator {
     LayerCosts layer;
     LayerCosts output_layer;
   };
-  Costs layer_costs(const ParallelPlan& plan) const;
+  Costs layer_costs(const ParallelPlan& plan) const;  // cached
+  Costs make_layer_costs(const ParallelPlan& plan) const;
   // OPTIM's time on pipeline rank `rank` (on the fastest data-parallel route).
   double optimizer_seconds(const ParallelPlan& plan, int64_t rank) const;
   // The ring route of global ranks 0, stride, 2 stride, ... (`members` of them): rank 0's group of a
@@ -56,11 +56,11 @@ class SimulatorEstimator final : public StepTimeEstimator {
   ClusterSpec cluster_;
   Profile profile_;
   Topology topology_;
-  mutable std::mutex cache_mutex_;
-  mutable std::map<LayerKey, Costs> layer_cache_;
+  // layer_costs' answers: a search's threads bound neighbouring plans, which share layers, at once.
+  mutable SharedByKey<LayerKey, Costs> layer_cache_;
   ParametersPerGpuCache parameters_{model_};
   // strided_route's answers, by stride and members.
-  mutable std::map<std::pair<int64_t, int64_t>, Route> route_cache_;
+  mutable SharedByKey<std::pair<int64_t, int64_t>, Route> route_cache_;
 };
 
 }  // namespace megaplan::sim
