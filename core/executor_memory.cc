@@ -79,13 +79,17 @@ ChunkBytes chunk_bytes(const ModelSpec& model, const ParallelPlan& plan, int64_t
     bytes.moments = 2 * kFloat * buffer;
   }
   bytes.scratch = buffer_bytes(recipe.scratch(layers.has_output_layer), a);
-  bytes.layer = buffer_bytes(recipe.kept(LayerKeep::kAll), a);
   bytes.microbatch = buffer_bytes(recipe.microbatch(layers.has_output_layer), a);
   const std::vector<LayerKeep> keeps = layer_keeps(plan, recompute_groups(plan, layers.num_layers));
+  const auto moe_buffers = [&] {
+    return buffer_bytes(moe_kept(*recipe.moe), a) + buffer_bytes(moe_expert_kept(*recipe.moe), a);
+  };
+  bytes.layer = buffer_bytes(recipe.kept(LayerKeep::kAll), a) +
+                (lent_sets_hold_moe(model, layers.first_layer, keeps) ? moe_buffers() : 0);
   for (std::size_t l = 0; l < keeps.size(); ++l) {
     const bool moe = model.moe.moe_layer(layers.first_layer + static_cast<int64_t>(l));
     bytes.microbatch += buffer_bytes(recipe.kept(keeps[l], moe), a);
-    if (moe) bytes.microbatch += buffer_bytes(moe_kept(*recipe.moe), a) + buffer_bytes(moe_expert_kept(*recipe.moe), a);
+    if (moe && keeps_moe_buffers(keeps[l])) bytes.microbatch += moe_buffers();
   }
   // One MoE MLP's scratch on a chunk with MoE layers (executor/model/moe_mlp.h), and with
   // --moe-router-enable-expert-bias each MoE layer's expert bias and its counts (fp32).

@@ -64,9 +64,6 @@ std::optional<SpecError> executor_moe_refusal(const ModelSpec& model, const Para
     return missing("--moe-token-dispatcher-type",
                    "the " + to_string(model.moe.token_dispatcher) + " token dispatcher (it runs alltoall)");
   }
-  if (plan.recompute_granularity == RecomputeGranularity::kFull) {
-    return missing("--recompute-granularity", "full recomputation of MoE layers");
-  }
   if (schedule_traits(plan.schedule).splits_backward) {
     return missing("--schedule",
                    "mixture of experts under a schedule that splits the backward (" + to_string(plan.schedule) + ")");

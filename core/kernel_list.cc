@@ -392,18 +392,22 @@ std::vector<CountedBlock> PlanKernels::stage_blocks(int64_t stage, SchedulePart 
   };
   // Layer `l` of the stage (its index within it): an MoE layer's block or the dense one's.
   const auto moe_layer = [&](int64_t l) { return model_.moe.moe_layer(layers.first_layer + l); };
-  const auto add_forward = [&](int64_t first, int64_t count) {  // a stage's or recomputed group's layers
+  // A stage's or recomputed group's layers (`again`: recomputed, where an MoE layer's forward adds
+  // nothing to the router losses' log).
+  const auto add_forward = [&](int64_t first, int64_t count, bool again) {
     run_open = false;
     for (int64_t l = first; l < first + count; ++l) {
       const bool leading = l == first;
-      add_layer(moe_layer(l) ? (leading ? KernelBlock::kMoeLayerForwardFirst : KernelBlock::kMoeLayerForward)
-                             : (leading ? KernelBlock::kLayerForwardFirst : KernelBlock::kLayerForward));
+      const KernelBlock moe_block =
+          again ? (leading ? KernelBlock::kMoeLayerRecomputeFirst : KernelBlock::kMoeLayerRecompute)
+                : (leading ? KernelBlock::kMoeLayerForwardFirst : KernelBlock::kMoeLayerForward);
+      add_layer(moe_layer(l) ? moe_block : (leading ? KernelBlock::kLayerForwardFirst : KernelBlock::kLayerForward));
     }
     run_open = false;
   };
   if (part == SchedulePart::kForward) {
     if (layers.has_embedding) add(KernelBlock::kEmbeddingForward, 1);
-    add_forward(0, layers.num_layers);
+    add_forward(0, layers.num_layers, false);
     add(layers.has_output_layer ? KernelBlock::kHeadForward : KernelBlock::kStageOutput, 1);
     return blocks;
   }
@@ -423,7 +427,7 @@ std::vector<CountedBlock> PlanKernels::stage_blocks(int64_t stage, SchedulePart 
   const bool selective = plan_.recompute_granularity == RecomputeGranularity::kSelective;
   const std::vector<LayerGroup> groups = recompute_groups(plan_, layers.num_layers);
   for (auto group = groups.rbegin(); group != groups.rend(); ++group) {
-    if (group->recomputed) add_forward(group->first_layer, group->num_layers);
+    if (group->recomputed) add_forward(group->first_layer, group->num_layers, true);
     for (int64_t l = group->first_layer + group->num_layers - 1; l >= group->first_layer; --l) {
       if (selective && !group->recomputed) {
         add(KernelBlock::kAttentionRecompute, 1);

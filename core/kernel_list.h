@@ -188,9 +188,11 @@ enum class KernelBlock : uint8_t {
   kEmbeddingBackward,
   kMoeLayerForwardFirst,  // an MoE layer's, as the two above (core/moe_kernel_list.h)
   kMoeLayerForward,
-  kMoeLayerBackward,  // B (MoE layers run under schedules that keep B whole)
+  kMoeLayerBackward,        // B (MoE layers run under schedules that keep B whole)
+  kMoeLayerRecomputeFirst,  // full recomputation's forward of an MoE layer again, as the two forwards
+  kMoeLayerRecompute,
 };
-inline constexpr std::size_t kNumKernelBlocks = static_cast<std::size_t>(KernelBlock::kMoeLayerBackward) + 1;
+inline constexpr std::size_t kNumKernelBlocks = static_cast<std::size_t>(KernelBlock::kMoeLayerRecompute) + 1;
 
 struct CountedBlock {
   KernelBlock block;
@@ -247,7 +249,8 @@ struct MoeCollective {
 // An MoE layer's MLP in one pass on one rank (core/moe_kernel_list.h): its kernels and its
 // collectives, each in launch order (the executor waits for every collective before it goes on).
 struct MoeKernels {
-  std::vector<Kernel> forward, backward;
+  // `forward_again`: full recomputation's forward, which adds nothing to the router losses' log.
+  std::vector<Kernel> forward, forward_again, backward;
   std::vector<MoeCollective> forward_collectives, backward_collectives;
 };
 

@@ -230,6 +230,13 @@ ChunkScratchSizes LayerRecipe::scratch(bool last_stage) const {
   return scratch;
 }
 
+bool lent_sets_hold_moe(const ModelSpec& model, int64_t first_layer, const std::vector<LayerKeep>& keeps) {
+  for (std::size_t l = 0; l < keeps.size(); ++l) {
+    if (model.moe.moe_layer(first_layer + static_cast<int64_t>(l)) && !keeps_moe_buffers(keeps[l])) return true;
+  }
+  return false;
+}
+
 MoeKernels LayerRecipe::moe_mlp_kernels() const {
   if (!moe) return {};
   return moe_kernels(*moe, moe_stated_load(*moe, moe_imbalance), precision.activation_bytes);
@@ -385,6 +392,10 @@ KernelBlocks LayerRecipe::kernel_blocks(int64_t tensor_parallel_rank, const Ring
         concatenated(attention_forward(false), moe_list.forward);
     blocks[static_cast<std::size_t>(KernelBlock::kMoeLayerForward)] =
         concatenated(attention_forward(true), moe_list.forward);
+    blocks[static_cast<std::size_t>(KernelBlock::kMoeLayerRecomputeFirst)] =
+        concatenated(attention_forward(false), moe_list.forward_again);
+    blocks[static_cast<std::size_t>(KernelBlock::kMoeLayerRecompute)] =
+        concatenated(attention_forward(true), moe_list.forward_again);
     std::vector<Kernel> backward;
     if (hidden_dropout) backward.push_back(dropout);
     backward.push_back(norm);

@@ -281,6 +281,16 @@ int64_t buffer_bytes(const Sizes& sizes, int64_t activation_bytes) {
   return bytes;
 }
 
+// Whether an MoE layer keeping `keep` keeps its MLP's buffers (moe_kept, moe_expert_kept) for its
+// backward: unless full recomputation runs it forward again, then on a set of the recomputation pool.
+constexpr bool keeps_moe_buffers(LayerKeep keep) {
+  return keep == LayerKeep::kAll || keep == LayerKeep::kAllButAttention;
+}
+// Whether the recomputation pool's sets of a chunk (its layers from `first_layer`, keeping `keeps`)
+// hold an MoE MLP's buffers besides a layer's: where one of its MoE layers does not keep its own.
+// Every set of such a chunk holds them, a dense layer's too, so that a set has one size.
+bool lent_sets_hold_moe(const ModelSpec& model, int64_t first_layer, const std::vector<LayerKeep>& keeps);
+
 // megaplan's decoder layer on one tensor-parallel rank of a plan.
 struct LayerRecipe {
   LayerRecipe(const ModelSpec& model, const ParallelPlan& plan, const ExecutorPrecision& storage = {});

@@ -151,6 +151,8 @@ MoeKernels moe_kernels(const MoeDims& moe, const MoeLoad& load, int64_t activati
     fwd.push_back(moe_kernel(KernelKind::kMoeAuxCounts, t, e, k));
     if (gathered) fwd_collectives.push_back({MoeGroup::kTensor, CollectiveOp::kAllReduce, kFp32 * e});
   }
+  // Full recomputation's forward stops here: the losses below only add to the log's sums.
+  kernels.forward_again = fwd;
   if (sequence_loss) fwd.push_back(moe_kernel(KernelKind::kMoeSequenceAuxLoss, t, e, k, moe.aux_loss_sequences));
   if (switch_loss) fwd.push_back(moe_kernel(KernelKind::kMoeSwitchLoss, t, e, k));
   if (moe.z_loss) fwd.push_back(row_kernel(KernelKind::kMoeZLoss, t, e));

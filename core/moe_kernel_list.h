@@ -42,7 +42,8 @@ struct MoeLoad {
 // REQUIRES: 1 <= imbalance <= experts / topk (the busiest expert takes at most every token).
 MoeLoad moe_stated_load(const MoeDims& moe, double imbalance);
 
-// A training forward's (which sums the router losses for the log) and its backward's; the
+// A training forward's (which sums the router losses for the log), full recomputation's forward
+// again (which does not) and the backward's; the
 // collectives' bytes at `activation_bytes` an element.
 MoeKernels moe_kernels(const MoeDims& moe, const MoeLoad& load, int64_t activation_bytes);
 

@@ -86,6 +86,16 @@ int64_t recomputed_layers(const ParallelPlan& plan, int64_t num_layers) {
   return recomputed;
 }
 
+// Of those, the MoE layers of virtual stage `stage`.
+int64_t recomputed_moe_layers(const ModelSpec& model, const ParallelPlan& plan, int64_t stage) {
+  const StageLayers held = stage_layers(stage, model, plan);
+  int64_t recomputed = 0;
+  for (const LayerGroup& group : recompute_groups(plan, held.num_layers)) {
+    if (group.recomputed) recomputed += model.moe.moe_layers(held.first_layer + group.first_layer, group.num_layers);
+  }
+  return recomputed;
+}
+
 class CollectiveCoster {
  public:
   CollectiveCoster(const Profile& profile, const Route& route, int64_t group_size, CostSources& sources)
@@ -327,6 +337,11 @@ LayerCosts transformer_layer_costs(const ModelSpec& model, const ParallelPlan& p
       (moe_layer ? std::min(seconds(KernelBlock::kMoeLayerForwardFirst), seconds(KernelBlock::kMoeLayerForward))
                  : std::min(seconds(KernelBlock::kLayerForwardFirst), seconds(KernelBlock::kLayerForward))) +
       collectives.forward;
+  // Full recomputation's forward again: an MoE layer's adds nothing to the router losses' log.
+  const double forward_again =
+      moe_layer ? std::min(seconds(KernelBlock::kMoeLayerRecomputeFirst), seconds(KernelBlock::kMoeLayerRecompute)) +
+                      collectives.forward
+                : layer.forward;
   // Recomputation repeats forward work inside the backward: the attention core (selective) or,
   // per average layer of a stage, the fraction of layers --recompute-method runs forward again
   // with their collectives (full).
@@ -338,7 +353,7 @@ LayerCosts transformer_layer_costs(const ModelSpec& model, const ParallelPlan& p
     int64_t recomputed = 0;
     for (const int64_t layers : stage_layer_counts(model, plan)) recomputed += recomputed_layers(plan, layers);
     const double fraction = static_cast<double>(recomputed) / static_cast<double>(model.num_layers);
-    recompute = fraction * layer.forward;
+    recompute = fraction * forward_again;
     layer.backward_collectives += fraction * collectives.forward;
   }
   layer.backward = seconds(moe_layer ? KernelBlock::kMoeLayerBackward : KernelBlock::kLayerBackward) + recompute +
@@ -440,7 +455,9 @@ ActionCosts plan_action_costs(const ModelSpec& model, const ParallelPlan& plan, 
     const LayerCollectives& layer = collectives_of_rank[rank];
     const LayerCollectives& moe = moe_collectives_of_rank[rank];
     const int64_t layers = stage_layers[static_cast<std::size_t>(index)];
-    const int64_t recomputed = recomputed_layers(plan, layers);  // no MoE layer is (require_costed_layers)
+    const int64_t recomputed = recomputed_layers(plan, layers);
+    const auto recomputed_moe =
+        static_cast<double>(model.moe.enabled() ? recomputed_moe_layers(model, plan, index) : 0);
     double moe_layers = 0;
     if (model.moe.enabled()) {
       const StageLayers held = megaplan::stage_layers(index, model, plan);
@@ -448,8 +465,9 @@ ActionCosts plan_action_costs(const ModelSpec& model, const ParallelPlan& plan, 
     }
     const double dense_layers = static_cast<double>(layers) - moe_layers;
     stage.forward_collectives = dense_layers * layer.forward + moe_layers * moe.forward;
-    stage.backward_collectives =
-        dense_layers * layer.backward + static_cast<double>(recomputed) * layer.forward + moe_layers * moe.backward;
+    stage.backward_collectives = dense_layers * layer.backward + moe_layers * moe.backward +
+                                 (static_cast<double>(recomputed) - recomputed_moe) * layer.forward +
+                                 recomputed_moe * moe.forward;
     stage.forward = part_seconds(kernels, blocks, index, SchedulePart::kForward) + stage.forward_collectives;
     stage.backward = part_seconds(kernels, blocks, index, SchedulePart::kBackward) + stage.backward_collectives;
     stage.backward_input =

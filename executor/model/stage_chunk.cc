@@ -167,6 +167,7 @@ StageChunk::StageChunk(const ModelSpec& model, const ParallelPlan& plan, int64_t
   has_output_ = stage_layout.has_output_layer;
   groups_ = recompute_groups(plan, stage_layout.num_layers);
   keep_ = layer_keeps(plan, groups_);
+  lent_moe_ = lent_sets_hold_moe(model, first_layer_, keep_);
 
   const std::vector<ParameterSpec> specs = describe_parameters(model, plan, stage, tp_rank_, ep_rank);
   layout_ = megaplan::stage_layout(model, plan, stage, bucket_size);
@@ -286,7 +287,10 @@ StageChunk::~StageChunk() {
     for (auto& [microbatch, activations] : *held) release_activations(activations);
   }
   for (Activations& activations : spare_) release_activations(activations);
-  for (LayerActivations& layer : pool_) release(layer);
+  for (LentSet& set : pool_) {
+    release(set.layer);
+    if (moe_) moe_->release(set.moe);
+  }
   for (Parameter& parameter : parameters_) backend_.release_compute_copy(parameter.compute, parameter.value);
   backend_.release(values_);
   backend_.release(gradients_);
@@ -309,16 +313,21 @@ StageChunk::LayerActivations StageChunk::allocate_layer(Keep keep) {
   return layer;
 }
 
-StageChunk::LayerActivations StageChunk::borrow() {
-  if (pool_.empty()) return allocate_layer(Keep::kAll);
-  LayerActivations layer = pool_.back();
+StageChunk::LentSet StageChunk::borrow() {
+  if (pool_.empty()) return {allocate_layer(Keep::kAll), lent_moe_ ? moe_->allocate_saved() : MoeMlpSaved{}};
+  LentSet set = std::move(pool_.back());
   pool_.pop_back();
-  return layer;
+  return set;
 }
 
-void StageChunk::give_back(LayerActivations& layer) {
-  pool_.push_back(layer);
-  layer = LayerActivations{};
+void StageChunk::give_back(LentSet& set) {
+  pool_.push_back(std::move(set));
+  set = LentSet{};
+}
+
+MoeMlpSaved* StageChunk::moe_buffers(std::size_t l, Activations& a, LentSet& lent) {
+  if (!layers_[l].moe) return nullptr;
+  return keeps_moe_buffers(keep_[l]) ? &a.moe[l] : &lent.moe;
 }
 
 StageChunk::Activations StageChunk::allocate_activations() {
@@ -332,7 +341,7 @@ StageChunk::Activations StageChunk::allocate_activations() {
     LayerActivations layer;
     allocate(recipe_.kept(keep_[l], layers_[l].moe), layer);
     a.layers.push_back(layer);
-    a.moe.push_back(layers_[l].moe ? moe_->allocate_saved() : MoeMlpSaved{});
+    a.moe.push_back(layers_[l].moe && keeps_moe_buffers(keep_[l]) ? moe_->allocate_saved() : MoeMlpSaved{});
   }
   allocate(recipe_.microbatch(has_output_), a.head);
   return a;
@@ -343,7 +352,10 @@ void StageChunk::release_activations(Activations& a) {
   for (MoeMlpSaved& moe : a.moe) {
     if (moe_) moe_->release(moe);
   }
-  for (LayerActivations& l : a.borrowed) release(l);
+  for (LentSet& set : a.borrowed) {
+    release(set.layer);
+    if (moe_) moe_->release(set.moe);
+  }
   for (DeferredGradients& d : a.deferred) release(d);
   release(a.head);
   if (a.input_gradient) backend_.release(a.input_gradient);
@@ -412,14 +424,14 @@ void StageChunk::run_forward(Activations& a, const MicrobatchTokens* data, std::
   PendingBranch pending;  // the branch output not yet added to `stream`
   // Layers that keep less than everything run on one borrowed set, which each layer's first norm
   // has read before the next layer writes it.
-  LayerActivations scratch;
+  LentSet scratch;
   for (std::size_t l = 0; l < layers_.size(); ++l) {
     LayerActivations act = a.layers[l];
     if (keep_[l] != Keep::kAll) {
-      if (!scratch.qkv) scratch = borrow();
-      fill_missing(act, scratch);
+      if (!scratch.layer.qkv) scratch = borrow();
+      fill_missing(act, scratch.layer);
     }
-    layer_forward(l, act, first_sample, stream, pending, layers_[l].moe ? &a.moe[l] : nullptr);
+    layer_forward(l, act, first_sample, stream, pending, moe_buffers(l, a, scratch));
   }
   if (!has_output_) {
     // The message to the next stage is the residual sum itself.
@@ -428,14 +440,14 @@ void StageChunk::run_forward(Activations& a, const MicrobatchTokens* data, std::
     } else if (pending.output) {
       backend_.add(stream, pending.output, rows * h, a.head.output);
     }
-    if (scratch.qkv) give_back(scratch);
+    if (scratch.layer.qkv) give_back(scratch);
     return;
   }
   Activation normed = recipe_.sequence_parallel ? scratch_.norm_out : a.head.final_norm;
   norm_forward(stream, pending, pending.output ? a.head.output : nullptr, final_gamma_, final_beta_, normed,
                a.head.final_mean, a.head.final_rstd);
   gather_rows(normed, a.head.final_norm);
-  if (scratch.qkv) give_back(scratch);
+  if (scratch.layer.qkv) give_back(scratch);
   // The output layer (tied: the word embedding E): logits = final_norm E^T over the rank's vocabulary rows.
   backend_.linear_forward(a.head.final_norm, output_weight_->compute, nullptr, count, h, v, GemmEpilogue::kNone,
                           a.head.logits, nullptr);
@@ -722,7 +734,7 @@ void StageChunk::for_each_ring_block(int64_t step, const Run& run) const {
 }
 
 void StageChunk::layer_forward(std::size_t l, const LayerActivations& act, const std::optional<int64_t>& first_sample,
-                               ConstActivation& stream, PendingBranch& pending, MoeMlpSaved* moe) {
+                               ConstActivation& stream, PendingBranch& pending, MoeMlpSaved* moe, bool again) {
   const std::size_t count = width_.tokens, h = width_.hidden, q = width_.query, qkv = width_.qkv, fc1 = width_.fc1,
                     f = width_.ffn;
   const Layer& weights = layers_[l];
@@ -757,14 +769,15 @@ void StageChunk::layer_forward(std::size_t l, const LayerActivations& act, const
                act.middle, weights.ln2_gamma, weights.ln2_beta, scratch_.norm_out, act.ln2_mean, act.ln2_rstd);
   if (moe) {
     // The router reads the rank's rows; a shared expert, the tp group's. Only a training forward
-    // adds the router losses (evaluation has no sample).
+    // adds the router losses (evaluation has no sample; recomputation added them already).
     ExpertBiases& biases = expert_biases_;
     const float* expert_bias = biases.biases ? biases.biases + weights.expert_bias * biases.experts : nullptr;
+    const bool training = first_sample.has_value() && !again;
     moe_->forward(scratch_.norm_out, moe_shared_input(), moe_weights(weights), expert_bias, *moe, scratch_.branch_out,
-                  first_sample.has_value(), first_layer_ + static_cast<int64_t>(l));
+                  training, first_layer_ + static_cast<int64_t>(l));
     // A training forward's dispatch counts toward the next update (Megatron counts the routes of
     // forwards under autograd, after the capacity's drops).
-    if (expert_bias && first_sample) {
+    if (expert_bias && training) {
       int64_t* routed = biases.routed.data() + weights.expert_bias * biases.experts;
       for (std::size_t e = 0; e < biases.experts; ++e) routed[e] += moe->rows_per_expert[e];
     }
@@ -900,34 +913,38 @@ void StageChunk::backward_input(int64_t microbatch, ConstActivation output_gradi
     const LayerGroup& group = groups_[g];
     const auto first = static_cast<std::size_t>(group.first_layer);
     const auto end = first + static_cast<std::size_t>(group.num_layers);
-    std::vector<LayerActivations> borrowed;
+    // A set a layer: a recomputed group's, each layer's (its MoE MLP runs on it), or selective
+    // recomputation's for the attention core.
+    std::vector<LentSet> borrowed(end - first);
     if (group.recomputed) {
       // Full recomputation: the group's forward again, from its kept input, on borrowed buffers.
       ConstActivation stream = a.work[first].input;
       PendingBranch pending;
       for (std::size_t l = first; l < end; ++l) {
-        borrowed.push_back(borrow());
-        fill_missing(a.work[l], borrowed.back());
-        layer_forward(l, a.work[l], a.first_sample, stream, pending, layers_[l].moe ? &a.moe[l] : nullptr);
+        LentSet& set = borrowed[l - first] = borrow();
+        fill_missing(a.work[l], set.layer);
+        layer_forward(l, a.work[l], a.first_sample, stream, pending, moe_buffers(l, a, set), true);
       }
     }
     for (std::size_t l = end; l-- > first;) {
+      LentSet& set = borrowed[l - first];
       if (keep_[l] == Keep::kAllButAttention) {
         // Selective recomputation: the attention core again, from the kept qkv.
-        borrowed.push_back(borrow());
-        fill_missing(a.work[l], borrowed.back());
+        set = borrow();
+        fill_missing(a.work[l], set.layer);
         attention_forward(l, a.work[l], a.first_sample);
       }
       layer_backward(l, a.work[l], a.first_sample, d_out, d_middle, defer ? &a.deferred[l] : nullptr,
-                     layers_[l].moe ? &a.moe[l] : nullptr, loss_scale);
+                     moe_buffers(l, a, set), loss_scale);
       if (!defer) gradients_done_from(layers_[l].ln1_gamma);
     }
     // W still reads what was recomputed; B is done with it.
-    for (LayerActivations& layer : borrowed) {
+    for (LentSet& set : borrowed) {
+      if (!set.layer.qkv) continue;  // a layer that kept everything borrowed none
       if (defer) {
-        a.borrowed.push_back(layer);
+        a.borrowed.push_back(std::move(set));
       } else {
-        give_back(layer);
+        give_back(set);
       }
     }
   }
@@ -957,7 +974,7 @@ void StageChunk::backward_weight(int64_t microbatch) {
   weight_gradients(a);
   for (DeferredGradients& kept : a.deferred) release(kept);
   a.deferred.clear();
-  for (LayerActivations& layer : a.borrowed) give_back(layer);
+  for (LentSet& set : a.borrowed) give_back(set);
   a.borrowed.clear();
   if (a.input_gradient) backend_.release(a.input_gradient);
   a.input_gradient = nullptr;

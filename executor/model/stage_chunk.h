@@ -220,17 +220,26 @@ class StageChunk {
   using DeferredGradients = megaplan::DeferredGradients<Activation>;
   using Scratch = ChunkScratch<Activation, float*>;
   using Keep = LayerKeep;  // core/pipeline_layout.h
+  // A set of the recomputation pool: a whole layer's buffers and, on a chunk whose MoE layers do not
+  // all keep their MLP's (core's lent_sets_hold_moe), an MoE MLP's, on which a fully recomputed MoE
+  // layer runs its forward and its forward again.
+  struct LentSet {
+    LayerActivations layer;
+    MoeMlpSaved moe;
+  };
   struct Activations {
     std::vector<int64_t> inputs, labels;
     std::vector<float> weights;  // each token's share of the microbatch's loss (Backend::cross_entropy_finish)
     std::vector<LayerActivations> layers;
-    std::vector<MoeMlpSaved> moe;  // by layer: what an MoE layer's MLP keeps (empty in a dense layer)
+    // By layer: what an MoE layer's MLP keeps (empty in a dense layer, and where full recomputation
+    // runs it again on a lent set's: keeps_moe_buffers).
+    std::vector<MoeMlpSaved> moe;
     MicrobatchActivations head;
     std::vector<DeferredGradients> deferred;  // filled by I
     // The backward's view of every layer: kept buffers, and recomputed ones from `borrowed`
     // (kept with the microbatch from I until W, else returned after each group).
     std::vector<LayerActivations> work;
-    std::vector<LayerActivations> borrowed;
+    std::vector<LentSet> borrowed;
     Activation input_gradient = nullptr;  // first stage under I: the embedding's, for W
     // forward()'s: where dropout's masks are drawn; none in evaluation, which drops nothing.
     std::optional<int64_t> first_sample;
@@ -245,9 +254,12 @@ class StageChunk {
   Activations allocate_activations();
   void release_activations(Activations& activations);
   LayerActivations allocate_layer(Keep keep);
-  // A full set of one layer's buffers from the recomputation pool, and back.
-  LayerActivations borrow();
-  void give_back(LayerActivations& layer);
+  // A set of the recomputation pool, and back.
+  LentSet borrow();
+  void give_back(LentSet& set);
+  // Where layer `l`'s MoE MLP keeps its buffers: its own in `a`, or those of `lent` where it does not
+  // keep them (null in a dense layer).
+  MoeMlpSaved* moe_buffers(std::size_t l, Activations& a, LentSet& lent);
   // Fills the buffers `act` does not keep with `from`'s.
   static void fill_missing(LayerActivations& act, const LayerActivations& from);
   // A branch's output not yet added to the residual stream, and the dropout it passes through
@@ -259,8 +271,10 @@ class StageChunk {
   // One layer's forward: `stream` + dropout(`pending`) (none: `stream` alone) is its input,
   // written to act.input; on return `stream` is its middle and `pending` its MLP output (scratch_.branch_out).
   // `moe`: an MoE layer's MLP buffers (null in a dense layer).
+  // `again`: full recomputation's forward, which adds nothing to the router losses or the expert
+  // biases' counts (the first forward did).
   void layer_forward(std::size_t l, const LayerActivations& act, const std::optional<int64_t>& first_sample,
-                     ConstActivation& stream, PendingBranch& pending, MoeMlpSaved* moe);
+                     ConstActivation& stream, PendingBranch& pending, MoeMlpSaved* moe, bool again = false);
   // The mask of a dropout of layer `l` of the stage (the embedding's: any l) in the microbatch from
   // `first_sample`: this rank's rows (sequence parallelism) and heads (tensor parallelism) of the
   // whole model's tensor. Inactive where its rate is 0, and without a sample (evaluation).
@@ -378,7 +392,8 @@ class StageChunk {
   std::vector<Activations> spare_;                  // released activations, reused
   std::vector<Keep> keep_;                          // by layer of the stage
   std::vector<LayerGroup> groups_;                  // core's recomputation groups of the stage
-  std::vector<LayerActivations> pool_;              // full layer sets for recomputation, reused
+  std::vector<LentSet> pool_;                       // the recomputation pool, reused
+  bool lent_moe_ = false;                           // its sets hold an MoE MLP's buffers (LentSet)
   Scratch scratch_;                                 // the recipe's scratch: see core/layer_recipe.h
   std::unique_ptr<MoeMlp> moe_;                     // the MoE layers' MLP, with its scratch (null: none)
   ExpertBiases expert_biases_;

@@ -422,6 +422,20 @@ TEST_CASE("an MoE plan adds its expert-parallel exchanges per MoE layer and redu
   // Its exchanges carry twice the bytes (the link's latency once).
   CHECK(skewed.stages[0].backward_collectives > 1.9 * expert.stages[0].backward_collectives);
   CHECK(skewed.stages[0].backward_collectives < 2 * expert.stages[0].backward_collectives);
+  // Full recomputation runs the 16 layers' forwards again in B, their exchanges too; the forward
+  // again lists no router losses for the log (here the z loss).
+  spec.model.moe.z_loss_coeff = 1e-3;
+  spec.plan.moe_imbalance = 1;
+  spec.plan.recompute_granularity = megaplan::RecomputeGranularity::kFull;
+  spec.plan.recompute_num_layers = 4;
+  const auto full = megaplan::sim::plan_action_costs(spec.model, spec.plan, profile, topology, sources);
+  CHECK(full.stages[0].forward_collectives == Approx(expert.stages[0].forward_collectives));
+  CHECK(full.stages[0].backward_collectives ==
+        Approx(expert.stages[0].backward_collectives + expert.stages[0].forward_collectives));
+  CHECK(full.stages[0].backward > expert.stages[0].backward + 0.9 * expert.stages[0].forward);
+  const megaplan::MoeKernels recomputed = megaplan::PlanKernels(spec.model, spec.plan).moe();
+  CHECK(recomputed.forward_again.size() + 1 == recomputed.forward.size());
+  CHECK(std::equal(recomputed.forward_again.begin(), recomputed.forward_again.end(), recomputed.forward.begin()));
 }
 
 TEST_CASE("the expert bias's update adds its counts' all-reduces over tp and dp and one kernel a layer to OPTIM",

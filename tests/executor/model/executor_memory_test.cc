@@ -113,6 +113,15 @@ TEST_CASE("the executor allocates what core's memory prediction says, rank by ra
       {"mixtral: selective", with(layout(1, 1, 1, 1, ScheduleKind::kOneFOneB), RecomputeGranularity::kSelective)},
       {"mixtral: pp2 interleaved", layout(1, 2, 1, 2, ScheduleKind::kInterleaved)},
       {"mixtral: tp2 sequence parallel (the experts' rows gathered)", sequence_parallel},
+      // Full recomputation: an MoE layer's MLP runs its forward and its forward again on a lent
+      // set, which then holds an MoE MLP's buffers too (a dense layer's sets as well).
+      {"mixtral: full uniform 2",
+       with(layout(1, 1, 1, 1, ScheduleKind::kOneFOneB), RecomputeGranularity::kFull, RecomputeMethod::kUniform, 2)},
+      {"mixtral: pp2 1f1b, full block 1 (the MoE layers after it keep their buffers)",
+       with(layout(1, 2, 1, 1, ScheduleKind::kOneFOneB), RecomputeGranularity::kFull, RecomputeMethod::kBlock, 1)},
+      {"shared-expert: tp2 sequence parallel, full uniform 1", with(sequence_parallel, RecomputeGranularity::kFull)},
+      {"qwen-moe: pp2 dp2 ep2 distributed optimizer, full uniform 2",
+       with(expert_parallel, RecomputeGranularity::kFull, RecomputeMethod::kUniform, 2)},
       {"shared-expert: tp2 sequence parallel", sequence_parallel},
       {"qwen-moe: pp2 1f1b, 8 microbatches", layout(1, 2, 1, 1, ScheduleKind::kOneFOneB, 2, 16)},
       {"qwen-moe: pp2 dp2 distributed optimizer", distributed},

@@ -339,14 +339,17 @@ TEST_CASE("MoE layers launch their kernel list at the stated load, on every expe
     for (const int64_t tp : {1, 2})
       for (const int64_t ep : {1, 2})
         for (const double imbalance : {1.0, 1.5})
-          for (const bool selective : {false, true}) {
+          for (const megaplan::RecomputeGranularity recompute :
+               {megaplan::RecomputeGranularity::kNone, megaplan::RecomputeGranularity::kSelective,
+                megaplan::RecomputeGranularity::kFull}) {
             megaplan::ParallelPlan plan = layout(tp, 1, ep, 1, ScheduleKind::kOneFOneB, 2, 4 * ep);
             plan.sequence_parallel = tp > 1;
             plan.expert_model_parallel_size = ep;
             plan.moe_imbalance = imbalance;
-            if (selective) plan.recompute_granularity = megaplan::RecomputeGranularity::kSelective;
-            INFO(model.name << ": tp " << tp << ", ep " << ep << ", imbalance " << imbalance
-                            << (selective ? ", selective recomputation" : ""));
+            plan.recompute_granularity = recompute;
+            plan.recompute_num_layers = 2;  // full: two groups of two, each MoE layer's forward again
+            INFO(model.name << ": tp " << tp << ", ep " << ep << ", imbalance " << imbalance << ", recomputation "
+                            << megaplan::to_string(recompute));
             megaplan::MoeDims dropless = *megaplan::LayerRecipe(model, plan).moe;
             dropless.capacity = 0;
             dropless.padded = false;
@@ -407,13 +410,29 @@ TEST_CASE("MoE layers launch their kernel list at the stated load, on every expe
             megaplan::ExecutorPrecision fp32_activations;  // the CPU backend's, as its collectives move them
             fp32_activations.activation_bytes = 4;
             const megaplan::MoeKernels on_cpu = megaplan::LayerRecipe(model, plan, fp32_activations).moe_mlp_kernels();
+            // An MoE block's collectives: a forward's (full recomputation's forward again too) or B's.
+            const auto collectives_of = [&](megaplan::KernelBlock block) -> const std::vector<MoeCollective>* {
+              switch (block) {
+                case megaplan::KernelBlock::kMoeLayerForwardFirst:
+                case megaplan::KernelBlock::kMoeLayerForward:
+                case megaplan::KernelBlock::kMoeLayerRecomputeFirst:
+                case megaplan::KernelBlock::kMoeLayerRecompute: return &on_cpu.forward_collectives;
+                case megaplan::KernelBlock::kMoeLayerBackward: return &on_cpu.backward_collectives;
+                default: return nullptr;
+              }
+            };
+            int64_t moe_blocks = 0;
             for (const megaplan::MoeGroup group : {megaplan::MoeGroup::kExpert, megaplan::MoeGroup::kTensor}) {
               std::vector<MoeCollective> expected;
               for (int microbatch_index = 0; microbatch_index < 2; ++microbatch_index) {
-                for (const auto* pass : {&on_cpu.forward_collectives, &on_cpu.backward_collectives}) {
-                  for (int64_t layer = 0; layer < moe_layers; ++layer) {
-                    const std::vector<MoeCollective> part = of_group(*pass, group);
-                    expected.insert(expected.end(), part.begin(), part.end());
+                for (const SchedulePart part : {SchedulePart::kForward, SchedulePart::kBackward}) {
+                  for (const megaplan::CountedBlock& counted : list.stage_blocks(0, part)) {
+                    const std::vector<MoeCollective>* pass = collectives_of(counted.block);
+                    for (int64_t i = 0; pass && i < counted.count; ++i) {
+                      const std::vector<MoeCollective> collectives = of_group(*pass, group);
+                      expected.insert(expected.end(), collectives.begin(), collectives.end());
+                      moe_blocks += group == megaplan::MoeGroup::kExpert ? 1 : 0;
+                    }
                   }
                 }
               }
@@ -423,6 +442,9 @@ TEST_CASE("MoE layers launch their kernel list at the stated load, on every expe
                 CHECK(listed_in_order_among(tensor_calls[0], expected));
               }
             }
+            // Each microbatch: every MoE layer's forward and B, and under full recomputation its forward again.
+            const bool full = recompute == megaplan::RecomputeGranularity::kFull;
+            CHECK(moe_blocks == 2 * moe_layers * (full ? 3 : 2));
             if (imbalance > 1 || model.moe.expert_capacity_factor) continue;
             // At the balanced load every rank is the stated one, and a rank sends and receives its
             // dispatch's rows; its tp group gathers every member's.

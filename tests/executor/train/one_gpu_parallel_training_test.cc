@@ -284,6 +284,15 @@ TEST_CASE("MoE layouts train on one GPU like one rank", "[gpu][train][parallel][
         {"ep4", expert_parallel(4, plan_of(1, 4, 1, ScheduleKind::kOneFOneB, false)), 1e-5, 1e-5, 2e-3, 1e-3},
         {"ep2 x pp2 x dp2 distributed optimizer", expert_parallel(2, plan_of(2, 2, 1, ScheduleKind::kOneFOneB, true)),
          1e-5, 1e-5, 2e-3, 1e-3}};
+    // Full recomputation runs each MoE layer's forward again, the same kernels on the same rows:
+    // a pipeline's bounds, and expert parallelism's beside it.
+    ParallelPlan full = plan_of(2, 1, 1, ScheduleKind::kOneFOneB, false);
+    full.recompute_granularity = megaplan::RecomputeGranularity::kFull;
+    full.recompute_num_layers = 2;
+    layouts.push_back({"pp2 1f1b, full recomputation", full, 1e-5, 1e-5, 1e-5, 1e-5});
+    ParallelPlan expert_full = expert_parallel(2, plan_of(1, 2, 1, ScheduleKind::kOneFOneB, true));
+    expert_full.recompute_granularity = megaplan::RecomputeGranularity::kFull;
+    layouts.push_back({"ep2 distributed optimizer, full recomputation", expert_full, 1e-5, 1e-5, 2e-3, 1e-3});
     // Tensor parallelism (sequence parallel) sums bf16 partial outputs over the group: the dense
     // Llama's bounds. Not Qwen's fixture: its capacity is each tp rank's own tokens' (Megatron's).
     if (!model.moe.expert_capacity_factor) {

@@ -349,7 +349,18 @@ TEST_CASE("MoE layers train under pipeline, data and expert parallelism like one
     };
     ParallelPlan expert_distributed = ep_of(2, plan_of(1, 1, 4, 1, ScheduleKind::kOneFOneB));
     expert_distributed.use_distributed_optimizer = true;
+    // Full recomputation runs each MoE layer's forward again before its backward (the all-to-alls
+    // too), adding nothing to the router losses or their log the second time.
+    ParallelPlan full = plan_of(1, 2, 1, 1, ScheduleKind::kOneFOneB);
+    full.recompute_granularity = megaplan::RecomputeGranularity::kFull;
+    full.recompute_num_layers = 2;
+    ParallelPlan expert_full = ep_of(2, plan_of(1, 1, 2, 1, ScheduleKind::kOneFOneB));
+    expert_full.recompute_granularity = megaplan::RecomputeGranularity::kFull;
+    expert_full.recompute_method = megaplan::RecomputeMethod::kBlock;
+    expert_full.recompute_num_layers = 3;
     const std::vector<Layout> layouts = {
+        {"pp2 1f1b, full recomputation uniform 2", full},
+        {"ep2, full recomputation block 3", expert_full},
         {"pp2 1f1b", plan_of(1, 2, 1, 1, ScheduleKind::kOneFOneB)},
         {"pp2 gpipe", plan_of(1, 2, 1, 1, ScheduleKind::kGPipe)},
         {"pp2 interleaved vpp2", plan_of(1, 2, 1, 2, ScheduleKind::kInterleaved)},
@@ -393,7 +404,10 @@ TEST_CASE("MoE layers train under tensor parallelism with sequence parallelism l
     REQUIRE(single.losses.back() < single.losses.front());
     ParallelPlan everything = sequence_parallel(2, plan_of(2, 2, 2, 1, ScheduleKind::kOneFOneB));
     everything.use_distributed_optimizer = true;
+    ParallelPlan full = sequence_parallel(2, plan_of(2, 1, 2, 1, ScheduleKind::kOneFOneB));
+    full.recompute_granularity = megaplan::RecomputeGranularity::kFull;
     const std::vector<Layout> layouts = {
+        {"ep2 x tp2 sequence parallel, full recomputation", full},
         {"tp2 sequence parallel", sequence_parallel(1, plan_of(2, 1, 1, 1, ScheduleKind::kOneFOneB))},
         {"ep2 x tp2 sequence parallel", sequence_parallel(2, plan_of(2, 1, 2, 1, ScheduleKind::kOneFOneB))},
         {"tp2 x pp2 x ep2 sequence parallel, distributed optimizer", everything}};
