@@ -124,6 +124,8 @@ layouts=(
   # 52, 53: Qwen3's query and key norms, dense and with Qwen3-MoE's 128 experts.
   "qwen3 dense mbs 2|$qwen3 --mbs 2 --gbs 8|--cluster ${gpu}-x1"
   "qwen3-moe 128x top 8 mbs 1|$qwen3_moe --mbs 1 --gbs 8|--cluster ${gpu}-x1"
+  # 54: full recomputation of the MoE layers (their forward again in each backward), held out.
+  "moe 8x top 2 mbs 2 full recompute|$moe --mbs 2 --gbs 8 --recompute-granularity full --recompute-method uniform --recompute-num-layers 1|--cluster ${gpu}-x1"
 )
 visible=$(nvidia-smi -L 2> /dev/null | grep -c '^GPU ')
 rows=()
