@@ -57,8 +57,10 @@ std::optional<SpecError> executor_moe_refusal(const ModelSpec& model, const Para
       return missing("--tp-comm-overlap", "mixture of experts with tensor-parallel communication overlap");
     }
   }
-  if (plan.context_parallel_size > 1) {
-    return missing("--context-parallel-size", "mixture of experts with context parallelism");
+  // Each cp rank routes its own tokens; a sequence's, split over the group, would need its counts summed.
+  if (plan.context_parallel_size > 1 && model.moe.load_balancing == LoadBalancing::kSeqAuxLoss &&
+      model.moe.aux_loss_coeff > 0) {
+    return missing("--moe-router-load-balancing-type", "seq_aux_loss under context parallelism");
   }
   if (model.moe.token_dispatcher != TokenDispatcher::kAllToAll && plan.expert_model_parallel_size > 1) {
     return missing("--moe-token-dispatcher-type",

@@ -19,7 +19,8 @@ std::optional<SpecError> executor_plan_refusal(const ParallelPlan& plan);
 
 // A layout the executor cannot run a model with experts on yet (issue 40: MoE layers train with
 // any ep, tp with sequence parallelism (not with --tp-comm-overlap; seq_aux_loss where tp divides
-// the micro-batch size), cp 1, any recomputation, without a schedule that splits the backward).
+// the micro-batch size), any cp (not with seq_aux_loss), any recomputation, without a schedule that
+// splits the backward).
 std::optional<SpecError> executor_moe_refusal(const ModelSpec& model, const ParallelPlan& plan);
 
 // Under --implementation megaplan, notes (core/notes.h) each refusal of `model` and `plan`: a plan

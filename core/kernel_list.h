@@ -233,10 +233,10 @@ struct RingAttentionPasses {
 RingAttentionPasses ring_attention_passes(int64_t cp, int64_t key_value_bytes,
                                           const std::function<std::vector<Kernel>(int64_t, bool)>& step_kernels);
 
-// A collective of an MoE layer's MLP: over the rank's ep group or its tp group, its bytes as a
-// profile's collective tables count them (an all-gather's output, a reduce-scatter's input, an
-// all-to-all's larger side: what the rank sends or what it receives).
-enum class MoeGroup : uint8_t { kExpert, kTensor };
+// A collective of an MoE layer's MLP: over the rank's ep, tp or cp group, its bytes as a profile's
+// collective tables count them (an all-gather's output, a reduce-scatter's input, an all-to-all's
+// larger side: what the rank sends or what it receives).
+enum class MoeGroup : uint8_t { kExpert, kTensor, kContext };
 struct MoeCollective {
   MoeGroup group;
   CollectiveOp op;
@@ -251,7 +251,7 @@ struct MoeCollective {
 struct MoeKernels {
   // `forward_again`: full recomputation's forward, which adds nothing to the router losses' log.
   std::vector<Kernel> forward, forward_again, backward;
-  std::vector<MoeCollective> forward_collectives, backward_collectives;
+  std::vector<MoeCollective> forward_collectives, forward_again_collectives, backward_collectives;
 };
 
 // megaplan's executor: core/layer_recipe.h's LayerRecipe::kernel_blocks and ring_attention.

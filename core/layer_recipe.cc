@@ -60,7 +60,7 @@ LayerRecipe::LayerRecipe(const ModelSpec& model, const ParallelPlan& plan, const
       spec.expert_capacity_factor ? moe_expert_capacity(dims.rows, topk, experts, *spec.expert_capacity_factor) : 0;
   moe = moe_dims(dims.rows, dims.hidden, model.effective_moe_ffn_hidden_size() / tp,
                  spec.shared_expert_intermediate_size / tp, spec.shared_expert_gate, experts, topk, capacity,
-                 spec.pad_expert_input_to_capacity, plan.expert_model_parallel_size, tp);
+                 spec.pad_expert_input_to_capacity, plan.expert_model_parallel_size, tp, plan.context_parallel_size);
   moe->aux_loss = spec.load_balancing != LoadBalancing::kNone && spec.aux_loss_coeff > 0;
   // seq_aux_loss: each of the rank's sequences its own loss (whole on the rank: cp 1, tp dividing
   // the micro-batch size, core/executor_support.h).
@@ -77,7 +77,8 @@ LayerRecipe::LayerRecipe(const ModelSpec& model, const ParallelPlan& plan, const
 }
 
 MoeDims moe_dims(int64_t tokens, int64_t hidden, int64_t ffn, int64_t shared_ffn, bool shared_gate, int64_t experts,
-                 int64_t topk, int64_t capacity, bool pad, int64_t expert_parallel, int64_t tensor_parallel) {
+                 int64_t topk, int64_t capacity, bool pad, int64_t expert_parallel, int64_t tensor_parallel,
+                 int64_t context_parallel) {
   MoeDims m;
   m.tokens = tokens;
   m.hidden = hidden;
@@ -91,6 +92,7 @@ MoeDims moe_dims(int64_t tokens, int64_t hidden, int64_t ffn, int64_t shared_ffn
   m.most_rows = moe_most_rows(tokens, topk, experts, capacity, pad);
   m.expert_parallel = expert_parallel;
   m.tensor_parallel = tensor_parallel;
+  m.context_parallel = context_parallel;
   // At the balanced load (or padded to capacity, exactly) as many rows arrive for a rank's experts
   // as its dispatch makes.
   m.arrived_rows = m.most_rows;
@@ -146,7 +148,9 @@ MoeScratchSizes moe_scratch(const MoeDims& m) {
     scratch.d_gate = {t};
   }
   if (m.expert_parallel > 1) scratch.sent = {m.most_rows * m.hidden};
-  if (m.expert_parallel > 1 || tensor_parallel) scratch.counts = {m.tensor_parallel * m.expert_parallel * m.experts};
+  if (m.expert_parallel > 1 || tensor_parallel || m.context_parallel > 1) {
+    scratch.counts = {m.tensor_parallel * m.expert_parallel * m.experts};
+  }
   scratch.d_probs = {t * m.topk};
   scratch.d_logits = {t * m.experts};
   // The balancing and z losses' running sums; under tensor parallelism each member's, gathered.

@@ -161,6 +161,9 @@ using ChunkScratchSizes = ChunkScratch<ActivationElements, FloatElements>;
 struct MoeDims {
   int64_t tokens = 0, hidden = 0, ffn = 0, shared_ffn = 0, experts = 0, topk = 0, capacity = 0, most_rows = 0;
   int64_t expert_parallel = 1, tensor_parallel = 1, arrived_rows = 0;
+  // Context parallelism's size: each rank routes its own tokens of every sequence, and the switch
+  // loss's counts, the z loss's share and the experts' load for the log span the cp group.
+  int64_t context_parallel = 1;
   bool shared_gate = false;
   bool padded = false;  // every expert's rows padded to its capacity
   // The router losses a forward computes (those with a coefficient above 0): the switch loss over
@@ -175,9 +178,11 @@ struct MoeDims {
 };
 // The dimensions of an MoE layer's MLP routing `tokens` tokens (capacity 0: dropless; `pad`:
 // --moe-pad-expert-input-to-capacity), its experts over `expert_parallel` ranks and cut over
-// `tensor_parallel` ranks (`ffn` and `shared_ffn`: a rank's shards).
+// `tensor_parallel` ranks (`ffn` and `shared_ffn`: a rank's shards), the tokens a rank's of a
+// `context_parallel` group's.
 MoeDims moe_dims(int64_t tokens, int64_t hidden, int64_t ffn, int64_t shared_ffn, bool shared_gate, int64_t experts,
-                 int64_t topk, int64_t capacity, bool pad, int64_t expert_parallel, int64_t tensor_parallel = 1);
+                 int64_t topk, int64_t capacity, bool pad, int64_t expert_parallel, int64_t tensor_parallel = 1,
+                 int64_t context_parallel = 1);
 // The most rows a dispatch of `tokens` tokens' top-k routes makes (capacity 0: dropless).
 int64_t moe_most_rows(int64_t tokens, int64_t topk, int64_t experts, int64_t capacity, bool pad);
 // The rows to allocate for `rows` rows arriving for the rank's experts under expert parallelism: the

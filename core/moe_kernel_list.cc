@@ -66,6 +66,7 @@ MoeKernels moe_kernels(const MoeDims& moe, const MoeLoad& load, int64_t activati
   const int64_t t = moe.tokens, h = moe.hidden, f = moe.ffn, e = moe.experts, k = moe.topk;
   const int64_t local = moe.local_experts();
   const bool exchanged = moe.expert_parallel > 1, gathered = moe.tensor_parallel > 1;
+  const bool context = moe.context_parallel > 1;
   const std::vector<int64_t> rows_per_expert = load.local_rows(local);
   const int64_t rows = load.dispatched_rows(), expert_rows = load.expert_rows(local);
   MoeKernels kernels;
@@ -150,9 +151,13 @@ MoeKernels moe_kernels(const MoeDims& moe, const MoeLoad& load, int64_t activati
   if (switch_loss) {
     fwd.push_back(moe_kernel(KernelKind::kMoeAuxCounts, t, e, k));
     if (gathered) fwd_collectives.push_back({MoeGroup::kTensor, CollectiveOp::kAllReduce, kFp32 * e});
+    if (context) fwd_collectives.push_back({MoeGroup::kContext, CollectiveOp::kAllReduce, kFp32 * e});
   }
-  // Full recomputation's forward stops here: the losses below only add to the log's sums.
+  // Full recomputation's forward stops here: what follows only adds to the log (the losses; under
+  // context parallelism without experts over ranks, the experts' rows summed over the cp group).
   kernels.forward_again = fwd;
+  kernels.forward_again_collectives = fwd_collectives;
+  if (context && !exchanged) fwd_collectives.push_back({MoeGroup::kContext, CollectiveOp::kAllReduce, kFp32 * e});
   if (sequence_loss) fwd.push_back(moe_kernel(KernelKind::kMoeSequenceAuxLoss, t, e, k, moe.aux_loss_sequences));
   if (switch_loss) fwd.push_back(moe_kernel(KernelKind::kMoeSwitchLoss, t, e, k));
   if (moe.z_loss) fwd.push_back(row_kernel(KernelKind::kMoeZLoss, t, e));

@@ -177,6 +177,7 @@ namespace {
 struct LayerCollectives {
   double forward = 0;
   double backward = 0;
+  double forward_again = 0;  // full recomputation's forward (an MoE layer's logs nothing)
 };
 
 // The GEMMs --tp-comm-overlap runs each sequence-parallel collective beside (Transformer Engine's
@@ -286,22 +287,30 @@ LayerCollectives plan_layer_collectives(const ModelSpec& model, const ParallelPl
     // the layer's backward.
     if (plan.recompute_granularity == RecomputeGranularity::kSelective) collectives.backward += forward;
   }
+  collectives.forward_again = collectives.forward;
   return collectives;
 }
 
 // An MoE layer's collectives: its attention's (plan_layer_collectives without a dense MLP) and its
-// MLP's over the ep and tp groups as core/moe_kernel_list.h lists them, none of them overlapped (the
-// executor waits for each).
+// MLP's over the ep, tp and cp groups as core/moe_kernel_list.h lists them, none of them overlapped
+// (the executor waits for each).
 LayerCollectives moe_layer_collectives(const ModelSpec& model, const ParallelPlan& plan, const PlanKernels& kernels,
                                        const GroupRoutes& routes, KernelCosts& costs) {
   LayerCollectives collectives = plan_layer_collectives(model, plan, kernels, routes, costs, false);
   const CollectiveCoster expert(costs.profile(), routes.expert, plan.expert_model_parallel_size, costs.sources());
   const CollectiveCoster tensor(costs.profile(), routes.tensor, plan.tensor_parallel_size, costs.sources());
+  const CollectiveCoster context(costs.profile(), routes.context, plan.context_parallel_size, costs.sources());
   const auto seconds = [&](const std::vector<MoeCollective>& list) {
     double total = 0;
-    for (const MoeCollective& c : list) total += (c.group == MoeGroup::kExpert ? expert : tensor)(c.op, c.bytes);
+    for (const MoeCollective& c : list) {
+      const CollectiveCoster& group = c.group == MoeGroup::kExpert   ? expert
+                                      : c.group == MoeGroup::kTensor ? tensor
+                                                                     : context;
+      total += group(c.op, c.bytes);
+    }
     return total;
   };
+  collectives.forward_again = collectives.forward + seconds(kernels.moe().forward_again_collectives);
   collectives.forward += seconds(kernels.moe().forward_collectives);
   collectives.backward += seconds(kernels.moe().backward_collectives);
   return collectives;
@@ -340,7 +349,7 @@ LayerCosts transformer_layer_costs(const ModelSpec& model, const ParallelPlan& p
   // Full recomputation's forward again: an MoE layer's adds nothing to the router losses' log.
   const double forward_again =
       moe_layer ? std::min(seconds(KernelBlock::kMoeLayerRecomputeFirst), seconds(KernelBlock::kMoeLayerRecompute)) +
-                      collectives.forward
+                      collectives.forward_again
                 : layer.forward;
   // Recomputation repeats forward work inside the backward: the attention core (selective) or,
   // per average layer of a stage, the fraction of layers --recompute-method runs forward again
@@ -354,7 +363,7 @@ LayerCosts transformer_layer_costs(const ModelSpec& model, const ParallelPlan& p
     for (const int64_t layers : stage_layer_counts(model, plan)) recomputed += recomputed_layers(plan, layers);
     const double fraction = static_cast<double>(recomputed) / static_cast<double>(model.num_layers);
     recompute = fraction * forward_again;
-    layer.backward_collectives += fraction * collectives.forward;
+    layer.backward_collectives += fraction * collectives.forward_again;
   }
   layer.backward = seconds(moe_layer ? KernelBlock::kMoeLayerBackward : KernelBlock::kLayerBackward) + recompute +
                    collectives.backward;
@@ -467,7 +476,7 @@ ActionCosts plan_action_costs(const ModelSpec& model, const ParallelPlan& plan, 
     stage.forward_collectives = dense_layers * layer.forward + moe_layers * moe.forward;
     stage.backward_collectives = dense_layers * layer.backward + moe_layers * moe.backward +
                                  (static_cast<double>(recomputed) - recomputed_moe) * layer.forward +
-                                 recomputed_moe * moe.forward;
+                                 recomputed_moe * moe.forward_again;
     stage.forward = part_seconds(kernels, blocks, index, SchedulePart::kForward) + stage.forward_collectives;
     stage.backward = part_seconds(kernels, blocks, index, SchedulePart::kBackward) + stage.backward_collectives;
     stage.backward_input =

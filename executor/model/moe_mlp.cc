@@ -9,10 +9,11 @@
 
 namespace megaplan::exec {
 
-MoeDims MoeMlpShape::dims(int64_t expert_parallel, int64_t tensor_parallel) const {
+MoeDims MoeMlpShape::dims(int64_t expert_parallel, int64_t tensor_parallel, int64_t context_parallel) const {
   const auto i64 = [](std::size_t n) { return static_cast<int64_t>(n); };
   return moe_dims(i64(tokens), i64(hidden), i64(ffn), i64(shared_ffn), shared_gate, i64(router.experts),
-                  i64(router.topk), i64(capacity.capacity), capacity.pad, expert_parallel, tensor_parallel);
+                  i64(router.topk), i64(capacity.capacity), capacity.pad, expert_parallel, tensor_parallel,
+                  context_parallel);
 }
 
 namespace {
@@ -20,12 +21,14 @@ Comm* group_of(Comm* comm) { return comm && comm->size() > 1 ? comm : nullptr; }
 int64_t size_of(const Comm* comm) { return comm ? comm->size() : 1; }
 }  // namespace
 
-MoeMlp::MoeMlp(const MoeMlpShape& shape, Backend& backend, Comm* expert_parallel, Comm* tensor_parallel)
+MoeMlp::MoeMlp(const MoeMlpShape& shape, Backend& backend, Comm* expert_parallel, Comm* tensor_parallel,
+               Comm* context_parallel)
     : shape_(shape),
       backend_(backend),
       expert_parallel_(group_of(expert_parallel)),
       tensor_parallel_(group_of(tensor_parallel)),
-      dims_(shape.dims(size_of(expert_parallel_), size_of(tensor_parallel_))) {
+      context_parallel_(group_of(context_parallel)),
+      dims_(shape.dims(size_of(expert_parallel_), size_of(tensor_parallel_), size_of(context_parallel_))) {
   if (dims_.experts % dims_.expert_parallel != 0) {
     throw std::logic_error("MoeMlp: " + std::to_string(dims_.experts) + " experts over " +
                            std::to_string(dims_.expert_parallel) + " expert-parallel ranks");
@@ -57,6 +60,7 @@ void MoeMlp::release(MoeMlpSaved& saved) {
   saved.expert_rows_held = 0;
   saved.rows_per_expert.clear();
   saved.received.clear();
+  saved.group_rows.clear();
   saved.room = 0;
 }
 
@@ -64,6 +68,8 @@ RouterLosses MoeMlp::take_losses() {
   constexpr std::size_t n = 2 * kLossSumFloats;
   const auto members = static_cast<std::size_t>(size_of(tensor_parallel_));
   // Under tensor parallelism each member holds its share of the losses: gathered behind the sums.
+  // (A cp member's share is summed with the others' by the trainer, over the data-parallel group
+  // that context parallelism widens, as the LM loss's is.)
   std::vector<float> words(members * n);
   if (tensor_parallel_) {
     tensor_parallel_->all_gather(scratch_.loss_memory, scratch_.loss_memory + n, n, DType::kFloat32)->wait();
@@ -125,6 +131,21 @@ double max_over_mean(const std::vector<double>& rows) {
 }
 }  // namespace
 
+double MoeMlp::logged_load(const MoeMlpSaved& saved) {
+  std::vector<double> rows = saved.group_rows;
+  if (rows.empty()) rows.assign(saved.rows_per_expert.begin(), saved.rows_per_expert.end());
+  if (context_parallel_ && !expert_parallel_) {
+    // Counts travel as fp32 (exact below 2^24 rows, as gather_counts checks).
+    std::vector<float> counts(rows.begin(), rows.end());
+    backend_.upload(scratch_.counts, counts.data(), counts.size());
+    context_parallel_->all_reduce(scratch_.counts, counts.size(), DType::kFloat32, ReduceOp::kSum)->wait();
+    backend_.download(counts.data(), scratch_.counts, counts.size());
+    rows.assign(counts.begin(), counts.end());
+  }
+  // Each cp member's share: the trainer sums them over the data-parallel group, which cp widens.
+  return max_over_mean(rows) / static_cast<double>(size_of(context_parallel_));
+}
+
 std::size_t MoeMlp::gather_counts(MoeMlpSaved& saved) {
   const auto experts = static_cast<std::size_t>(dims_.experts), local = static_cast<std::size_t>(dims_.local_experts());
   const auto ep = static_cast<std::size_t>(size_of(expert_parallel_)),
@@ -146,9 +167,8 @@ std::size_t MoeMlp::gather_counts(MoeMlpSaved& saved) {
   if (expert_parallel_) expert_parallel_->all_gather(mine, tp_slot, experts, DType::kFloat32)->wait();
   if (tensor_parallel_) tensor_parallel_->all_gather(tp_slot, scratch_.counts, ep * experts, DType::kFloat32)->wait();
   backend_.download(counts.data(), scratch_.counts, counts.size());
-  std::vector<double> group_rows(experts, 0.0);  // every member's rows of each expert
-  for (std::size_t i = 0; i < counts.size(); ++i) group_rows[i % experts] += counts[i];
-  saved.group_load = max_over_mean(group_rows);
+  saved.group_rows.assign(experts, 0.0);  // every member's rows of each expert
+  for (std::size_t i = 0; i < counts.size(); ++i) saved.group_rows[i % experts] += counts[i];
   // Each sender's rows for this rank's experts: ep rank `ep_rank`'s, within each tp member's ep group.
   saved.received.assign(tp * ep * local, 0);
   saved.room = 0;
@@ -231,7 +251,8 @@ void MoeMlp::forward(ConstActivation x, ConstActivation x_gathered, const MoeMlp
   Backend& b = backend_;
   MoeScratch<Activation, float*>& s = scratch_;
   const std::size_t t = shape_.tokens, h = shape_.hidden, f = shape_.ffn, k = shape_.router.topk;
-  const std::size_t e = shape_.router.experts, tp = static_cast<std::size_t>(size_of(tensor_parallel_));
+  const std::size_t e = shape_.router.experts, tp = static_cast<std::size_t>(size_of(tensor_parallel_)),
+                    cp = static_cast<std::size_t>(size_of(context_parallel_));
   b.linear_forward(x, weights.router, nullptr, t, h, e, GemmEpilogue::kNone, saved.logits, nullptr);
   b.moe_top_k(saved.logits, t, shape_.router, expert_bias, saved.experts, saved.probs);
   saved.rows_per_expert = b.moe_dispatch(saved.experts, saved.probs, t, shape_.router, shape_.capacity,
@@ -306,37 +327,40 @@ void MoeMlp::forward(ConstActivation x, ConstActivation x_gathered, const MoeMlp
   }
   if (shape_.aux_loss_coeff > 0 && shape_.aux_loss_sequences == 0) {
     b.moe_aux_loss_counts(saved.logits, t, shape_.router, saved.aux_counts);
-    // The switch loss balances the tp group's tokens: their counts, summed.
+    // The switch loss balances the tp and cp groups' tokens: their counts, summed.
     if (tensor_parallel_) tensor_parallel_->all_reduce(saved.aux_counts, e, DType::kFloat32, ReduceOp::kSum)->wait();
+    if (context_parallel_) context_parallel_->all_reduce(saved.aux_counts, e, DType::kFloat32, ReduceOp::kSum)->wait();
   }
   if (!add_losses) return;
-  expert_load_by_layer_[layer] +=
-      moved ? saved.group_load : max_over_mean({saved.rows_per_expert.begin(), saved.rows_per_expert.end()});
+  expert_load_by_layer_[layer] += logged_load(saved);
   // The values alone, at a coefficient of 1: Megatron logs each loss over its coefficient. Under
   // tensor parallelism each member adds its share (take_losses sums them).
   if (shape_.aux_loss_coeff > 0 && shape_.aux_loss_sequences > 0) {
     b.moe_sequence_aux_loss(saved.logits, t, shape_.aux_loss_sequences, shape_.router, 1.0 / static_cast<double>(tp),
                             balancing_sum_, nullptr, 0);
   } else if (shape_.aux_loss_coeff > 0) {
-    b.moe_switch_loss(saved.logits, t, shape_.router, saved.aux_counts, t * tp, 1.0, balancing_sum_, nullptr, 0);
+    b.moe_switch_loss(saved.logits, t, shape_.router, saved.aux_counts, t * tp * cp, 1.0, balancing_sum_, nullptr, 0);
   }
-  if (shape_.z_loss_coeff > 0) b.moe_z_loss(saved.logits, t, e, 1.0 / static_cast<double>(tp), z_sum_, nullptr, 0);
+  if (shape_.z_loss_coeff > 0) {
+    b.moe_z_loss(saved.logits, t, e, 1.0 / static_cast<double>(tp * cp), z_sum_, nullptr, 0);
+  }
 }
 
 void MoeMlp::router_loss_gradients(const MoeMlpSaved& saved, float* d_logits, float scale) {
-  const std::size_t t = shape_.tokens, tp = static_cast<std::size_t>(size_of(tensor_parallel_));
+  const std::size_t t = shape_.tokens, tp = static_cast<std::size_t>(size_of(tensor_parallel_)),
+                    cp = static_cast<std::size_t>(size_of(context_parallel_));
   // The sequence loss is the mean over the tp group's sequences: each rank's mean over its own, over tp.
   if (shape_.aux_loss_coeff > 0 && shape_.aux_loss_sequences > 0) {
     backend_.moe_sequence_aux_loss(saved.logits, t, shape_.aux_loss_sequences, shape_.router,
                                    shape_.aux_loss_coeff / static_cast<double>(tp), nullptr, d_logits, scale);
   } else if (shape_.aux_loss_coeff > 0) {
-    backend_.moe_switch_loss(saved.logits, t, shape_.router, saved.aux_counts, t * tp, shape_.aux_loss_coeff, nullptr,
-                             d_logits, scale);
+    backend_.moe_switch_loss(saved.logits, t, shape_.router, saved.aux_counts, t * tp * cp, shape_.aux_loss_coeff,
+                             nullptr, d_logits, scale);
   }
-  // The z loss is the mean over the tp group's tokens: each member's mean over its own, over tp.
+  // The z loss is the mean over the tp and cp groups' tokens: each member's mean over its own, over tp x cp.
   if (shape_.z_loss_coeff > 0) {
-    backend_.moe_z_loss(saved.logits, t, shape_.router.experts, shape_.z_loss_coeff / static_cast<double>(tp), nullptr,
-                        d_logits, scale);
+    backend_.moe_z_loss(saved.logits, t, shape_.router.experts, shape_.z_loss_coeff / static_cast<double>(tp * cp),
+                        nullptr, d_logits, scale);
   }
 }
 

@@ -61,7 +61,7 @@ struct MoeMlpShape {
 
   // Its buffers' widths as core's recipe prices them, its experts over `expert_parallel` ranks and
   // cut over `tensor_parallel`.
-  MoeDims dims(int64_t expert_parallel = 1, int64_t tensor_parallel = 1) const;
+  MoeDims dims(int64_t expert_parallel = 1, int64_t tensor_parallel = 1, int64_t context_parallel = 1) const;
 };
 
 // The weights as the layers read them (compute copies): the router [experts x hidden], each of the
@@ -111,7 +111,7 @@ struct MoeMlpSaved : MoeLayerBuffers<Activation, float*, int32_t*> {
   std::vector<int64_t> rows_per_expert;
   std::vector<int64_t> received;
   std::size_t room = 0;
-  double group_load = 1;  // expert or tensor parallelism: the groups' busiest expert's rows over the mean
+  std::vector<double> group_rows;  // expert or tensor parallelism: every member's rows of each expert
 };
 
 class MoeMlp {
@@ -119,8 +119,10 @@ class MoeMlp {
   // Allocates the scratch both directions use (core's moe_scratch and moe_expert_scratch; the
   // latter grows when a forward's experts compute more rows than it holds). `expert_parallel`: the
   // rank's ep group (null: ep 1), whose size divides the experts; `tensor_parallel`: its tp group
-  // (null: tp 1), over which `shape`'s widths are the rank's shards.
-  MoeMlp(const MoeMlpShape& shape, Backend& backend, Comm* expert_parallel = nullptr, Comm* tensor_parallel = nullptr);
+  // (null: tp 1), over which `shape`'s widths are the rank's shards; `context_parallel`: its cp group
+  // (null: cp 1), whose members route their own tokens of the same sequences.
+  MoeMlp(const MoeMlpShape& shape, Backend& backend, Comm* expert_parallel = nullptr, Comm* tensor_parallel = nullptr,
+         Comm* context_parallel = nullptr);
   ~MoeMlp();
   MoeMlp(const MoeMlp&) = delete;
   MoeMlp& operator=(const MoeMlp&) = delete;
@@ -153,6 +155,11 @@ class MoeMlp {
   void for_each_expert(const MoeMlpSaved& saved, const Run& run) const;
   // Rows each of the rank's experts computes.
   std::vector<int64_t> local_rows(const MoeMlpSaved& saved) const;
+  // The experts' load a training forward logs: the busiest expert's rows over the mean, of the
+  // rank's dispatch or (expert or tensor parallelism) its groups', summed over the cp group without
+  // expert parallelism (the microbatch's tokens, as one rank routes them); under context
+  // parallelism each member's share of it (the trainer sums the shares as it sums the losses').
+  double logged_load(const MoeMlpSaved& saved);
   // Expert or tensor parallelism: every ep and tp member's row counts per expert gathered into
   // saved.received and saved.room; returns the rows the rank's experts compute. The exchange over
   // the ep group of rows [.. x hidden] from the dispatch's order to the experts' ranks (grouped by
@@ -172,6 +179,7 @@ class MoeMlp {
   Backend& backend_;
   Comm* expert_parallel_;
   Comm* tensor_parallel_;
+  Comm* context_parallel_;
   MoeDims dims_;  // dims_.arrived_rows: what the expert scratch holds
   MoeScratch<Activation, float*> scratch_;
   MoeExpertScratch<Activation> expert_scratch_;

@@ -224,7 +224,8 @@ StageChunk::StageChunk(const ModelSpec& model, const ParallelPlan& plan, int64_t
     layer.shared_fc2 = find(prefix + "mlp.shared_experts.linear_fc2.weight");
     layer.shared_gate = find(prefix + "mlp.shared_experts.gate_weight");
     if (!moe_) {
-      moe_ = std::make_unique<MoeMlp>(moe_mlp_shape(model, recipe_), backend_, expert_parallel, tensor_parallel);
+      moe_ = std::make_unique<MoeMlp>(moe_mlp_shape(model, recipe_), backend_, expert_parallel, tensor_parallel,
+                                      context_parallel);
     }
     if (model.moe.router_enable_expert_bias) {
       layer.expert_bias = expert_biases_.layers.size();

@@ -74,8 +74,9 @@ TEST_CASE("the executor trains MoE layers where the MoE MLP runs, and names the 
   changed.options.transformer_impl = megaplan::TransformerImpl::kTransformerEngine;
   CHECK(refused(changed) == "--tp-comm-overlap");
   changed = plan;
-  changed.context_parallel_size = 2;
-  CHECK(refused(changed) == "--context-parallel-size");
+  changed.context_parallel_size = 2;  // each cp rank routes its own tokens
+  CHECK(refused(changed).empty());
+  CHECK(flag_of(executor_moe_refusal(by_sequence, changed)) == "--moe-router-load-balancing-type");
   changed = plan;
   changed.data_parallel_size = 2;
   changed.expert_model_parallel_size = 2;  // trains

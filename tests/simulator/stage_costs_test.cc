@@ -510,3 +510,38 @@ TEST_CASE("an MoE layer under tensor parallelism costs its attention's collectiv
       megaplan::sim::transformer_layer_costs(spec.model, spec.plan, profile, routes, sources, true);
   CHECK(layer.forward_collectives == Approx(attention + listed(kernels.moe().forward_collectives)));
 }
+
+TEST_CASE("an MoE layer under context parallelism all-reduces its counts over the cp group",
+          "[simulator][costs][moe]") {
+  // Mixtral-8x7B with the switch loss at cp 2 on 8 H100s: each rank routes its own tokens, the
+  // switch loss's counts are summed over the cp group and, for the log, the rows per expert too
+  // (not in full recomputation's forward again).
+  megaplan::JobSpec spec = job("mixtral-8x7b", "dgx-h100", 8, 1, 1, 8);
+  spec.model.seq_length = 4096;
+  spec.model.moe.aux_loss_coeff = 0.01;
+  spec.plan.context_parallel_size = 2;
+  spec.plan.data_parallel_size = 4;
+  megaplan::validate_job(spec);
+  const megaplan::MoeKernels moe = megaplan::PlanKernels(spec.model, spec.plan).moe();
+  const megaplan::MoeCollective counts{megaplan::MoeGroup::kContext, megaplan::CollectiveOp::kAllReduce, 8 * 4};
+  CHECK(moe.forward_collectives == std::vector<megaplan::MoeCollective>{counts, counts});
+  CHECK(moe.forward_again_collectives == std::vector<megaplan::MoeCollective>{counts});
+  CHECK(moe.backward_collectives.empty());
+  const auto profile = megaplan::sim::Profile::datasheet(spec.cluster.gpu);
+  const megaplan::sim::Topology topology(spec.cluster);
+  CostSources sources;
+  const megaplan::sim::GroupRoutes routes = megaplan::sim::pipeline_group_routes(spec.plan, topology)[0];
+  const double all_reduce =
+      profile.collective_seconds(megaplan::CollectiveOp::kAllReduce, 2, counts.bytes, megaplan::sim::LinkKind::kNvlink,
+                                 {routes.context.bandwidth_bytes_per_s, routes.context.latency_s}, sources);
+  CHECK(all_reduce > 0);
+  const megaplan::sim::LayerCosts layer =
+      megaplan::sim::transformer_layer_costs(spec.model, spec.plan, profile, routes, sources, true);
+  // Without the switch loss one all-reduce a forward is left (the log's rows); the ring's the same.
+  spec.model.moe.aux_loss_coeff = 0;
+  const megaplan::sim::LayerCosts without =
+      megaplan::sim::transformer_layer_costs(spec.model, spec.plan, profile, routes, sources, true);
+  CHECK(layer.forward_collectives == Approx(without.forward_collectives + all_reduce));
+  CHECK(megaplan::PlanKernels(spec.model, spec.plan).moe().forward_collectives ==
+        std::vector<megaplan::MoeCollective>{counts});
+}

@@ -120,6 +120,8 @@ TEST_CASE("the executor allocates what core's memory prediction says, rank by ra
       {"mixtral: pp2 1f1b, full block 1 (the MoE layers after it keep their buffers)",
        with(layout(1, 2, 1, 1, ScheduleKind::kOneFOneB), RecomputeGranularity::kFull, RecomputeMethod::kBlock, 1)},
       {"shared-expert: tp2 sequence parallel, full uniform 1", with(sequence_parallel, RecomputeGranularity::kFull)},
+      {"mixtral: cp2 (each rank's tokens routed)", context_parallel},
+      {"shared-expert: tp2 x cp2 x pp2, sequence parallel", context_everything},
       {"qwen-moe: pp2 dp2 ep2 distributed optimizer, full uniform 2",
        with(expert_parallel, RecomputeGranularity::kFull, RecomputeMethod::kUniform, 2)},
       {"shared-expert: tp2 sequence parallel", sequence_parallel},

@@ -302,6 +302,16 @@ TEST_CASE("MoE layouts train on one GPU like one rank", "[gpu][train][parallel][
                          expert_parallel(2, plan_of(1, 2, 1, ScheduleKind::kOneFOneB, true, 2, true)), 1e-4, 2e-3, 2e-3,
                          5e-2});
     }
+    // Context parallelism: each rank routes its own tokens, the ring between them (cp's bounds, the
+    // dense models'). Dropless (a capacity is each rank's own tokens'), the switch loss alone.
+    if (!model.moe.expert_capacity_factor && model.moe.load_balancing != megaplan::LoadBalancing::kSeqAuxLoss) {
+      ParallelPlan context = plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false);
+      context.context_parallel_size = 2;
+      layouts.push_back({"cp2", context, 1e-4, 2e-3, 2e-3, 5e-2});
+      ParallelPlan expert_context = expert_parallel(2, plan_of(1, 2, 1, ScheduleKind::kOneFOneB, true));
+      expert_context.context_parallel_size = 2;
+      layouts.push_back({"cp2 x dp2 x ep2, distributed optimizer", expert_context, 1e-4, 2e-3, 2e-3, 5e-2});
+    }
     check_layouts(model, single, layouts, options, scratch);
   }
 }

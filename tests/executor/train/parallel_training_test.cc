@@ -416,6 +416,42 @@ TEST_CASE("MoE layers train under tensor parallelism with sequence parallelism l
   }
 }
 
+TEST_CASE("MoE layers train under context parallelism like one rank", "[parallel][moe][context_parallel]") {
+  // Each cp rank routes its own tokens of every sequence (two chunks of each, the ring's attention
+  // between them); the switch loss's counts are summed over the cp group (and tp's), the z loss is
+  // each rank's share of the group's mean, the losses' log is summed over the group and the experts'
+  // load for the log is the microbatch's, as one rank routes it. Dropless: a capacity is each rank's
+  // own tokens' (Megatron's). Mixtral's layers between dense ones (the switch loss), the gated
+  // shared expert (switch and z losses), Qwen3-MoE's query and key norms.
+  const megaplan::test::ScratchDirectory scratch;
+  const exec::TrainOptions options = options_for(megaplan::test::sentence_corpus(scratch));
+  const auto context = [](int64_t cp, ParallelPlan plan) {
+    plan.context_parallel_size = cp;
+    return plan;
+  };
+  for (const megaplan::ModelSpec& model :
+       {megaplan::test::four_layer_mixtral(), megaplan::test::four_layer_shared_expert_moe(),
+        megaplan::test::four_layer_qwen3_moe()}) {
+    INFO(model.name);
+    const std::string prefix = model.name + "-cp-";
+    const Outcome single =
+        train(model, plan_of(1, 1, 1, 1, ScheduleKind::kOneFOneB), options, scratch, prefix + "single");
+    REQUIRE(single.losses.back() < single.losses.front());
+    ParallelPlan tensor_context = context(2, plan_of(2, 1, 1, 1, ScheduleKind::kOneFOneB));
+    tensor_context.sequence_parallel = true;
+    ParallelPlan expert_context = context(2, plan_of(1, 1, 2, 1, ScheduleKind::kOneFOneB));
+    expert_context.expert_model_parallel_size = 2;
+    expert_context.use_distributed_optimizer = true;
+    const std::vector<Layout> layouts = {
+        {"cp2", context(2, plan_of(1, 1, 1, 1, ScheduleKind::kOneFOneB))},
+        {"cp2 x pp2 interleaved vpp2", context(2, plan_of(1, 2, 1, 2, ScheduleKind::kInterleaved))},
+        {"tp2 x cp2 sequence parallel", tensor_context},
+        {"cp2 x dp2 x ep2 distributed optimizer", expert_context}};
+    check_trains_like(single, model, layouts, options, scratch, prefix);
+    check_router_logs(single, model, layouts, scratch, prefix);
+  }
+}
+
 namespace {
 
 // The expert biases a run saved at its last iteration (state.json's "expert_biases").
