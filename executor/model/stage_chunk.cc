@@ -288,10 +288,7 @@ StageChunk::~StageChunk() {
     for (auto& [microbatch, activations] : *held) release_activations(activations);
   }
   for (Activations& activations : spare_) release_activations(activations);
-  for (LentSet& set : pool_) {
-    release(set.layer);
-    if (moe_) moe_->release(set.moe);
-  }
+  for (LentSet& set : pool_) release(set);
   for (Parameter& parameter : parameters_) backend_.release_compute_copy(parameter.compute, parameter.value);
   backend_.release(values_);
   backend_.release(gradients_);
@@ -319,6 +316,11 @@ StageChunk::LentSet StageChunk::borrow() {
   LentSet set = std::move(pool_.back());
   pool_.pop_back();
   return set;
+}
+
+void StageChunk::release(LentSet& set) {
+  release(set.layer);
+  if (moe_) moe_->release(set.moe);
 }
 
 void StageChunk::give_back(LentSet& set) {
@@ -353,10 +355,7 @@ void StageChunk::release_activations(Activations& a) {
   for (MoeMlpSaved& moe : a.moe) {
     if (moe_) moe_->release(moe);
   }
-  for (LentSet& set : a.borrowed) {
-    release(set.layer);
-    if (moe_) moe_->release(set.moe);
-  }
+  for (LentSet& set : a.borrowed) release(set);
   for (DeferredGradients& d : a.deferred) release(d);
   release(a.head);
   if (a.input_gradient) backend_.release(a.input_gradient);

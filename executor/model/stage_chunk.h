@@ -254,9 +254,10 @@ class StageChunk {
   Activations allocate_activations();
   void release_activations(Activations& activations);
   LayerActivations allocate_layer(Keep keep);
-  // A set of the recomputation pool, and back.
+  // A set of the recomputation pool, and back; its buffers freed.
   LentSet borrow();
   void give_back(LentSet& set);
+  void release(LentSet& set);
   // Where layer `l`'s MoE MLP keeps its buffers: its own in `a`, or those of `lent` where it does not
   // keep them (null in a dense layer).
   MoeMlpSaved* moe_buffers(std::size_t l, Activations& a, LentSet& lent);
