@@ -126,6 +126,9 @@ layouts=(
   "qwen3-moe 128x top 8 mbs 1|$qwen3_moe --mbs 1 --gbs 8|--cluster ${gpu}-x1"
   # 54: full recomputation of the MoE layers (their forward again in each backward), held out.
   "moe 8x top 2 mbs 2 full recompute|$moe --mbs 2 --gbs 8 --recompute-granularity full --recompute-method uniform --recompute-num-layers 1|--cluster ${gpu}-x1"
+  # 55, 56: MoE layers under a split backward (I, then W), the order of actions on one GPU.
+  "moe pp 2 zb-h1, one GPU|$moe --mbs 1 --gbs 8 --pp 2 --schedule zb-h1 --world-size 2|--cluster dgx-${gpu} --gpus 2"
+  "moe pp 2 dualpipev, one GPU|$moe --mbs 1 --gbs 8 --pp 2 --vpp 2 --schedule dualpipev --world-size 2|--cluster dgx-${gpu} --gpus 2"
 )
 visible=$(nvidia-smi -L 2> /dev/null | grep -c '^GPU ')
 rows=()
@@ -158,8 +161,8 @@ for i in ${LAYOUTS:-${!layouts[@]}}; do
     imbalance=$(python3 -c "import json, sys; r = [json.loads(l) for l in open(sys.argv[1]) if 'tokens_per_expert_max_mean' in l]; print(round(max(1.0, r[-1]['tokens_per_expert_max_mean']), 3))" \
       "$out/log-$i.jsonl")
     # shellcheck disable=SC2086
-    "$megaplan" simulate $plan $cluster "${profile[@]}" --moe-imbalance "$imbalance" --trace "$out/simulated-$i.json" \
-      > "$out/simulate-$i.txt" 2>&1 && "$megaplan" simulate $plan $cluster "${profile[@]}" --moe-imbalance "$imbalance" \
+    "$megaplan" simulate ${plan/--world-size 2/} $cluster "${profile[@]}" --moe-imbalance "$imbalance" --trace "$out/simulated-$i.json" \
+      > "$out/simulate-$i.txt" 2>&1 && "$megaplan" simulate ${plan/--world-size 2/} $cluster "${profile[@]}" --moe-imbalance "$imbalance" \
       --json > "$out/simulate-$i.json" 2>&1 || { echo "simulate at imbalance $imbalance failed for $name"; continue; }
     name="$name (imbalance $imbalance)"
   fi

@@ -97,8 +97,11 @@ ChunkBytes chunk_bytes(const ModelSpec& model, const ParallelPlan& plan, int64_t
     bytes.scratch += buffer_bytes(moe_scratch(*recipe.moe), a) + buffer_bytes(moe_expert_scratch(*recipe.moe), a);
     if (model.moe.router_enable_expert_bias) bytes.scratch += 2 * kFloat * moe_layers * model.moe.num_experts;
   }
-  bytes.deferred = layers.num_layers * buffer_bytes(recipe.deferred(), a) +
-                   (layers.has_embedding ? a * recipe.deferred_embedding_gradient().count : 0);
+  bytes.deferred = layers.has_embedding ? a * recipe.deferred_embedding_gradient().count : 0;
+  for (int64_t l = 0; l < layers.num_layers; ++l) {
+    const bool moe = model.moe.moe_layer(layers.first_layer + l);
+    bytes.deferred += buffer_bytes(recipe.deferred(moe), a) + (moe ? buffer_bytes(moe_deferred(*recipe.moe), a) : 0);
+  }
   return bytes;
 }
 

@@ -4,7 +4,6 @@
 
 #include "core/implementation_options.h"
 #include "core/notes.h"
-#include "core/schedule/schedule_traits.h"
 
 namespace megaplan {
 
@@ -65,10 +64,6 @@ std::optional<SpecError> executor_moe_refusal(const ModelSpec& model, const Para
   if (model.moe.token_dispatcher != TokenDispatcher::kAllToAll && plan.expert_model_parallel_size > 1) {
     return missing("--moe-token-dispatcher-type",
                    "the " + to_string(model.moe.token_dispatcher) + " token dispatcher (it runs alltoall)");
-  }
-  if (schedule_traits(plan.schedule).splits_backward) {
-    return missing("--schedule",
-                   "mixture of experts under a schedule that splits the backward (" + to_string(plan.schedule) + ")");
   }
   return std::nullopt;
 }

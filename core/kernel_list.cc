@@ -413,7 +413,10 @@ std::vector<CountedBlock> PlanKernels::stage_blocks(int64_t stage, SchedulePart 
   }
   if (part == SchedulePart::kBackwardWeight) {
     if (layers.has_output_layer) add(KernelBlock::kHeadWeightGradient, 1);
-    add(KernelBlock::kLayerWeightGradient, layers.num_layers);
+    for (int64_t l = layers.num_layers - 1; l >= 0; --l) {
+      add_layer(moe_layer(l) ? KernelBlock::kMoeLayerWeightGradient : KernelBlock::kLayerWeightGradient);
+    }
+    run_open = false;
     if (layers.has_embedding) add(KernelBlock::kEmbeddingBackward, 1);
     return blocks;
   }
@@ -433,7 +436,8 @@ std::vector<CountedBlock> PlanKernels::stage_blocks(int64_t stage, SchedulePart 
         add(KernelBlock::kAttentionRecompute, 1);
         run_open = false;
       }
-      add_layer(moe_layer(l) ? KernelBlock::kMoeLayerBackward : layer_backward);
+      add_layer(moe_layer(l) ? (defer ? KernelBlock::kMoeLayerBackwardInput : KernelBlock::kMoeLayerBackward)
+                             : layer_backward);
     }
     run_open = false;
   }

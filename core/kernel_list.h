@@ -188,7 +188,9 @@ enum class KernelBlock : uint8_t {
   kEmbeddingBackward,
   kMoeLayerForwardFirst,  // an MoE layer's, as the two above (core/moe_kernel_list.h)
   kMoeLayerForward,
-  kMoeLayerBackward,        // B (MoE layers run under schedules that keep B whole)
+  kMoeLayerBackward,        // B
+  kMoeLayerBackwardInput,   // I
+  kMoeLayerWeightGradient,  // W
   kMoeLayerRecomputeFirst,  // full recomputation's forward of an MoE layer again, as the two forwards
   kMoeLayerRecompute,
 };
@@ -249,9 +251,10 @@ struct MoeCollective {
 // An MoE layer's MLP in one pass on one rank (core/moe_kernel_list.h): its kernels and its
 // collectives, each in launch order (the executor waits for every collective before it goes on).
 struct MoeKernels {
-  // `forward_again`: full recomputation's forward, which adds nothing to the router losses' log.
-  std::vector<Kernel> forward, forward_again, backward;
-  std::vector<MoeCollective> forward_collectives, forward_again_collectives, backward_collectives;
+  // `forward_again`: full recomputation's forward, which adds nothing to the router losses' log;
+  // `backward_input` and `weight`: a split backward's I (its collectives the backward's) and W.
+  std::vector<Kernel> forward, forward_again, backward, backward_input, weight;
+  std::vector<MoeCollective> forward_collectives, forward_again_collectives, backward_collectives, weight_collectives;
 };
 
 // megaplan's executor: core/layer_recipe.h's LayerRecipe::kernel_blocks and ring_attention.

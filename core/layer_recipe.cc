@@ -170,6 +170,19 @@ MoeExpertScratchSizes moe_expert_scratch(const MoeDims& m) {
   return scratch;
 }
 
+MoeDeferredSizes moe_deferred(const MoeDims& m) {
+  MoeDeferredSizes deferred;
+  deferred.expert_fc2 = {m.expert_rows() * m.hidden};
+  deferred.expert_fc1 = {m.expert_rows() * 2 * m.ffn};
+  deferred.logits = {m.tokens * m.experts};
+  if (m.shared_ffn > 0) {
+    deferred.shared_fc2 = {m.shared_tokens() * m.hidden};
+    deferred.shared_fc1 = {m.shared_tokens() * 2 * m.shared_ffn};
+  }
+  if (m.shared_gate) deferred.gate = {m.tokens};
+  return deferred;
+}
+
 LayerBufferSizes LayerRecipe::kept(LayerKeep keep, bool moe_layer) const {
   const LayerDims& d = dims;
   LayerBufferSizes kept;
@@ -208,8 +221,9 @@ MicrobatchBufferSizes LayerRecipe::microbatch(bool last_stage) const {
   return buffers;
 }
 
-DeferredGradientSizes LayerRecipe::deferred() const {
+DeferredGradientSizes LayerRecipe::deferred(bool moe_layer) const {
   const LayerDims& d = dims;
+  if (moe_layer) return {{d.tokens * d.qkv}, {d.tokens * d.hidden}, {}, {}};
   return {{d.tokens * d.qkv}, {d.tokens * d.hidden}, {d.tokens * d.fc1}, {d.tokens * d.hidden}};
 }
 
@@ -400,12 +414,19 @@ KernelBlocks LayerRecipe::kernel_blocks(int64_t tensor_parallel_rank, const Ring
         concatenated(attention_forward(false), moe_list.forward_again);
     blocks[static_cast<std::size_t>(KernelBlock::kMoeLayerRecompute)] =
         concatenated(attention_forward(true), moe_list.forward_again);
-    std::vector<Kernel> backward;
-    if (hidden_dropout) backward.push_back(dropout);
-    backward.push_back(norm);
-    backward.insert(backward.end(), moe_list.backward.begin(), moe_list.backward.end());
-    blocks[static_cast<std::size_t>(KernelBlock::kMoeLayerBackward)] =
-        concatenated(backward, attention_backward_half(false));
+    const auto moe_backward = [&](bool defer) {
+      std::vector<Kernel> list;
+      if (hidden_dropout) list.push_back(dropout);
+      list.push_back(norm);
+      return concatenated(concatenated(list, defer ? moe_list.backward_input : moe_list.backward),
+                          attention_backward_half(defer));
+    };
+    blocks[static_cast<std::size_t>(KernelBlock::kMoeLayerBackward)] = moe_backward(false);
+    blocks[static_cast<std::size_t>(KernelBlock::kMoeLayerBackwardInput)] = moe_backward(true);
+    // W: the second norm again (the router's and the experts' input), the MLP's weight gradients,
+    // then the attention half's as a dense layer's.
+    blocks[static_cast<std::size_t>(KernelBlock::kMoeLayerWeightGradient)] =
+        concatenated(concatenated({norm}, moe_list.weight), {proj_weight, norm, qkv_weight});
   }
   blocks[static_cast<std::size_t>(KernelBlock::kAttentionRecompute)] = attention;
 

@@ -251,6 +251,18 @@ struct MoeExpertScratch {
   auto fields() const { return std::tie(activated, d_activated, d_fc1_out, d_rows, exchanged, gathered); }
 };
 
+// What I (a schedule that splits the backward) keeps of an MoE layer's MLP until W: the output
+// gradient of each weight GEMM it defers, in the compute type — the experts' fc2 and fc1 over the
+// rows they compute, the router's logits', the shared expert's output's (over the tp group's rows,
+// gathered) and its fc1's, the gate's. W reads them with what the forward kept (moe_kept,
+// moe_expert_kept), so those stay until W too.
+template <typename A>
+struct MoeDeferred {
+  A expert_fc2{}, expert_fc1{}, logits{}, shared_fc2{}, shared_fc1{}, gate{};
+  auto fields() { return std::tie(expert_fc2, expert_fc1, logits, shared_fc2, shared_fc1, gate); }
+  auto fields() const { return std::tie(expert_fc2, expert_fc1, logits, shared_fc2, shared_fc1, gate); }
+};
+
 using MoeLayerBufferSizes = MoeLayerBuffers<ActivationElements, FloatElements, IndexElements>;
 using MoeExpertBufferSizes = MoeExpertBuffers<ActivationElements>;
 using MoeScratchSizes = MoeScratch<ActivationElements, FloatElements>;
@@ -259,6 +271,8 @@ MoeLayerBufferSizes moe_kept(const MoeDims& moe);
 MoeExpertBufferSizes moe_expert_kept(const MoeDims& moe);
 MoeScratchSizes moe_scratch(const MoeDims& moe);
 MoeExpertScratchSizes moe_expert_scratch(const MoeDims& moe);
+using MoeDeferredSizes = MoeDeferred<ActivationElements>;
+MoeDeferredSizes moe_deferred(const MoeDims& moe);
 
 // Calls fn(field) for each buffer of `buffers`, or fn(x_field, y_field) for each pair of the same
 // field of two structs of one kind (a size and the buffer it describes, or two sets).
@@ -332,7 +346,8 @@ struct LayerRecipe {
   // no dense MLP buffers: its MLP's are moe_kept's.
   LayerBufferSizes kept(LayerKeep keep, bool moe_layer = false) const;
   MicrobatchBufferSizes microbatch(bool last_stage) const;
-  DeferredGradientSizes deferred() const;
+  // An MoE layer defers its attention's (qkv, proj); its MLP's are moe_deferred's.
+  DeferredGradientSizes deferred(bool moe_layer = false) const;
   // The first stage's embedding gradient, kept from I until W.
   ActivationElements deferred_embedding_gradient() const { return {dims.tokens * dims.hidden}; }
   ChunkScratchSizes scratch(bool last_stage) const;

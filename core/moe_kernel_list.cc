@@ -71,7 +71,6 @@ MoeKernels moe_kernels(const MoeDims& moe, const MoeLoad& load, int64_t activati
   const int64_t rows = load.dispatched_rows(), expert_rows = load.expert_rows(local);
   MoeKernels kernels;
   std::vector<Kernel>& fwd = kernels.forward;
-  std::vector<Kernel>& bwd = kernels.backward;
   // Rows regrouped between the order they travel in (by sender) and the experts' order: one copy
   // per sender's run of rows for an expert.
   const auto regroup = [&](std::vector<Kernel>& list) {
@@ -81,18 +80,20 @@ MoeKernels moe_kernels(const MoeDims& moe, const MoeLoad& load, int64_t activati
     }
   };
   // The experts' GEMMs, one per expert with rows: (rows, outputs, inputs) as the forward's shape.
-  const auto per_expert = [&](std::vector<Kernel>& list, GemmLayout layout, int64_t n, int64_t in) {
+  // The backward's with their weight gradients, or (`input_only`, under I) without.
+  const auto per_expert = [&](std::vector<Kernel>& list, GemmLayout layout, int64_t n, int64_t in,
+                              bool input_only = false) {
     for (const int64_t expert_rows_of : rows_per_expert) {
       if (expert_rows_of == 0) continue;
+      if (input_only) {
+        list.push_back(gemm_kernel(GemmLayout::kInputGradient, GemmEpilogue::kNone, expert_rows_of, n, in));
+        continue;
+      }
       list.push_back(gemm_kernel(layout, GemmEpilogue::kNone, expert_rows_of, n, in));
       if (layout == GemmLayout::kInputGradient) {
         list.push_back(gemm_kernel(GemmLayout::kWeightGradient, GemmEpilogue::kNone, expert_rows_of, n, in));
       }
     }
-  };
-  const auto backward_gemm = [&](std::vector<Kernel>& list, int64_t m, int64_t n, int64_t in) {
-    list.push_back(gemm_kernel(GemmLayout::kInputGradient, GemmEpilogue::kNone, m, n, in));
-    list.push_back(gemm_kernel(GemmLayout::kWeightGradient, GemmEpilogue::kNone, m, n, in));
   };
   // The collectives around the experts, each pass: the rows out to the rank's ep group's experts
   // (an all-to-all of the larger of what it sends and what arrives for its own experts), gathered
@@ -165,41 +166,79 @@ MoeKernels moe_kernels(const MoeDims& moe, const MoeLoad& load, int64_t activati
   // Backward: combine's, the gradients out to the experts; SwiGLU's output again (fc2's input), the
   // experts' input and weight gradients; the rows' gradients home and summed per token; the router
   // through its top k and the losses; the shared expert (its input gathered again first, its
-  // output's gradient gathered, its input's reduce-scattered).
+  // output's gradient gathered, its input's reduce-scattered). Under I (`defer`) no SwiGLU again
+  // and no weight gradients: each weight GEMM's output gradient is copied and kept for W, the
+  // experts' once over all their rows.
+  const auto backward = [&](bool defer) {
+    std::vector<Kernel> list;
+    const auto gemm = [&](int64_t m, int64_t n, int64_t in) {
+      list.push_back(gemm_kernel(GemmLayout::kInputGradient, GemmEpilogue::kNone, m, n, in));
+      list.push_back(defer ? flat_kernel(KernelKind::kCopy, m * n)
+                           : gemm_kernel(GemmLayout::kWeightGradient, GemmEpilogue::kNone, m, n, in));
+    };
+    const auto experts = [&](int64_t n, int64_t in) {
+      per_expert(list, GemmLayout::kInputGradient, n, in, defer);
+      if (defer) list.push_back(flat_kernel(KernelKind::kCopy, expert_rows * n));
+    };
+    list.push_back(moe_kernel(KernelKind::kMoeCombineBackward, t, h, k, rows));
+    regroup(list);
+    if (!defer) list.push_back(row_kernel(KernelKind::kSwigluForward, expert_rows, f));
+    experts(h, f);
+    list.push_back(row_kernel(KernelKind::kSwigluBackward, expert_rows, f));
+    experts(2 * f, h);
+    regroup(list);
+    list.push_back(moe_kernel(KernelKind::kMoePermuteBackward, t, h, k));
+    list.push_back(flat_kernel(KernelKind::kFill, t * e));
+    list.push_back(moe_kernel(KernelKind::kMoeTopKBackward, t, e, k));
+    if (sequence_loss)
+      list.push_back(moe_kernel(KernelKind::kMoeSequenceAuxLossGradient, t, e, k, moe.aux_loss_sequences));
+    if (switch_loss) list.push_back(moe_kernel(KernelKind::kMoeSwitchLossGradient, t, e, k));
+    if (moe.z_loss) list.push_back(row_kernel(KernelKind::kMoeZLossGradient, t, e));
+    list.push_back(flat_kernel(KernelKind::kConvert, t * e));
+    gemm(t, e, h);
+    list.push_back(flat_kernel(KernelKind::kAdd, t * h));
+    if (w > 0) {
+      if (moe.shared_gate) {
+        list.push_back(row_kernel(KernelKind::kSigmoidGatedAddBackward, t, h));
+        list.push_back(flat_kernel(KernelKind::kConvert, t));
+        gemm(t, 1, h);
+        list.push_back(flat_kernel(KernelKind::kAdd, t * h));
+      }
+      if (!defer) list.push_back(row_kernel(KernelKind::kSwigluForward, shared, w));
+      gemm(shared, h, w);
+      list.push_back(row_kernel(KernelKind::kSwigluBackward, shared, w));
+      gemm(shared, 2 * w, h);
+      list.push_back(flat_kernel(KernelKind::kAdd, t * h));
+    }
+    return list;
+  };
+  kernels.backward = backward(false);
+  kernels.backward_input = backward(true);
   std::vector<MoeCollective>& bwd_collectives = kernels.backward_collectives;
   if (gathered && w > 0) bwd_collectives.push_back({MoeGroup::kTensor, CollectiveOp::kAllGather, shared_bytes});
-  bwd.push_back(moe_kernel(KernelKind::kMoeCombineBackward, t, h, k, rows));
-  regroup(bwd);
-  bwd.push_back(row_kernel(KernelKind::kSwigluForward, expert_rows, f));
-  per_expert(bwd, GemmLayout::kInputGradient, h, f);
-  bwd.push_back(row_kernel(KernelKind::kSwigluBackward, expert_rows, f));
-  per_expert(bwd, GemmLayout::kInputGradient, 2 * f, h);
-  regroup(bwd);
   bwd_collectives.insert(bwd_collectives.end(), around_experts.begin(), around_experts.end());
-  bwd.push_back(moe_kernel(KernelKind::kMoePermuteBackward, t, h, k));
-  bwd.push_back(flat_kernel(KernelKind::kFill, t * e));
-  bwd.push_back(moe_kernel(KernelKind::kMoeTopKBackward, t, e, k));
-  if (sequence_loss)
-    bwd.push_back(moe_kernel(KernelKind::kMoeSequenceAuxLossGradient, t, e, k, moe.aux_loss_sequences));
-  if (switch_loss) bwd.push_back(moe_kernel(KernelKind::kMoeSwitchLossGradient, t, e, k));
-  if (moe.z_loss) bwd.push_back(row_kernel(KernelKind::kMoeZLossGradient, t, e));
-  bwd.push_back(flat_kernel(KernelKind::kConvert, t * e));
-  backward_gemm(bwd, t, e, h);
-  bwd.push_back(flat_kernel(KernelKind::kAdd, t * h));
-  if (w > 0) {
-    if (moe.shared_gate) {
-      bwd.push_back(row_kernel(KernelKind::kSigmoidGatedAddBackward, t, h));
-      bwd.push_back(flat_kernel(KernelKind::kConvert, t));
-      backward_gemm(bwd, t, 1, h);
-      bwd.push_back(flat_kernel(KernelKind::kAdd, t * h));
+  if (gathered && w > 0) {
+    bwd_collectives.push_back({MoeGroup::kTensor, CollectiveOp::kAllGather, shared_bytes});
+    bwd_collectives.push_back({MoeGroup::kTensor, CollectiveOp::kReduceScatter, shared_bytes});
+  }
+
+  // W: SwiGLU's output again, the experts' weight gradients (fc2's, then fc1's), the router's, the
+  // gate's and the shared expert's (its SwiGLU output again; its input gathered over the tp group
+  // by the layer, before).
+  std::vector<Kernel>& weight = kernels.weight;
+  weight.push_back(row_kernel(KernelKind::kSwigluForward, expert_rows, f));
+  for (const auto& [n, in] : {std::pair(h, f), std::pair(2 * f, h)}) {
+    for (const int64_t n_rows : rows_per_expert) {
+      if (n_rows > 0) weight.push_back(gemm_kernel(GemmLayout::kWeightGradient, GemmEpilogue::kNone, n_rows, n, in));
     }
-    if (gathered) bwd_collectives.push_back({MoeGroup::kTensor, CollectiveOp::kAllGather, shared_bytes});
-    bwd.push_back(row_kernel(KernelKind::kSwigluForward, shared, w));
-    backward_gemm(bwd, shared, h, w);
-    bwd.push_back(row_kernel(KernelKind::kSwigluBackward, shared, w));
-    backward_gemm(bwd, shared, 2 * w, h);
-    if (gathered) bwd_collectives.push_back({MoeGroup::kTensor, CollectiveOp::kReduceScatter, shared_bytes});
-    bwd.push_back(flat_kernel(KernelKind::kAdd, t * h));
+  }
+  weight.push_back(gemm_kernel(GemmLayout::kWeightGradient, GemmEpilogue::kNone, t, e, h));
+  if (w > 0) {
+    if (moe.shared_gate) weight.push_back(gemm_kernel(GemmLayout::kWeightGradient, GemmEpilogue::kNone, t, 1, h));
+    weight.push_back(row_kernel(KernelKind::kSwigluForward, shared, w));
+    weight.push_back(gemm_kernel(GemmLayout::kWeightGradient, GemmEpilogue::kNone, shared, h, w));
+    weight.push_back(gemm_kernel(GemmLayout::kWeightGradient, GemmEpilogue::kNone, shared, 2 * w, h));
+    if (gathered) kernels.weight_collectives.push_back({MoeGroup::kTensor, CollectiveOp::kAllGather, shared_bytes});
   }
   return kernels;
 }

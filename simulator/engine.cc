@@ -251,6 +251,7 @@ class Engine {
       case ActionKind::kBackward: collectives += stage.backward_collectives; return stage.backward;
       case ActionKind::kBackwardInput: collectives += stage.backward_collectives; return stage.backward_input;
       default:  // kBackwardWeight
+        collectives += stage.weight_collectives;
         return stage.backward_weight;
     }
   }

@@ -48,6 +48,7 @@ struct StageCosts {
   double backward_weight = 0;       // W
   double forward_collectives = 0;   // the part of `forward` spent in collectives
   double backward_collectives = 0;  // the part of `backward` and of `backward_input` spent in collectives
+  double weight_collectives = 0;    // the part of `backward_weight` spent in collectives
   double send_forward = 0;          // transfer of the activation to stage s + 1
   double send_backward = 0;         // transfer of the input gradient to stage s - 1
   std::vector<GradientBucketCost> gradient_buckets;  // REDUCE_GRAD(s), in order

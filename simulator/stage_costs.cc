@@ -173,11 +173,12 @@ std::vector<GroupRoutes> pipeline_group_routes(const ParallelPlan& plan, const T
 
 namespace {
 
-// A layer's collectives on the critical path, per microbatch: forward and backward.
+// A layer's collectives on the critical path, per microbatch: forward and backward (B and I alike).
 struct LayerCollectives {
   double forward = 0;
   double backward = 0;
   double forward_again = 0;  // full recomputation's forward (an MoE layer's logs nothing)
+  double weight = 0;         // W: the inputs of its weight GEMMs gathered again (sequence parallelism)
 };
 
 // The GEMMs --tp-comm-overlap runs each sequence-parallel collective beside (Transformer Engine's
@@ -246,6 +247,9 @@ LayerCollectives layer_collectives(const ModelSpec& model, const ParallelPlan& p
       collectives.forward += overlap ? exposed_beside(sequence[i], overlap->forward[i], slowdown[i]) : sequence[i];
       collectives.backward += overlap ? exposed_beside(sequence[i], overlap->backward[i], slowdown[i]) : sequence[i];
     }
+    // W gathers the rows of each column-parallel GEMM's input again (QKV's, and the dense fc1's),
+    // waiting for each.
+    collectives.weight = static_cast<double>(branches) * gather;
   }
   return collectives;
 }
@@ -313,6 +317,7 @@ LayerCollectives moe_layer_collectives(const ModelSpec& model, const ParallelPla
   collectives.forward_again = collectives.forward + seconds(kernels.moe().forward_again_collectives);
   collectives.forward += seconds(kernels.moe().forward_collectives);
   collectives.backward += seconds(kernels.moe().backward_collectives);
+  collectives.weight += seconds(kernels.moe().weight_collectives);
   return collectives;
 }
 
@@ -367,11 +372,11 @@ LayerCosts transformer_layer_costs(const ModelSpec& model, const ParallelPlan& p
   }
   layer.backward = seconds(moe_layer ? KernelBlock::kMoeLayerBackward : KernelBlock::kLayerBackward) + recompute +
                    collectives.backward;
-  // An MoE layer's backward is never split (require_costed_layers): I is all of B, W nothing.
-  layer.backward_input =
-      (moe_layer ? seconds(KernelBlock::kMoeLayerBackward) : seconds(KernelBlock::kLayerBackwardInput)) + recompute +
-      collectives.backward;
-  layer.backward_weight = moe_layer ? 0 : seconds(KernelBlock::kLayerWeightGradient);
+  layer.backward_input = seconds(moe_layer ? KernelBlock::kMoeLayerBackwardInput : KernelBlock::kLayerBackwardInput) +
+                         recompute + collectives.backward;
+  layer.backward_weight =
+      seconds(moe_layer ? KernelBlock::kMoeLayerWeightGradient : KernelBlock::kLayerWeightGradient) +
+      collectives.weight;
   return layer;
 }
 
@@ -481,7 +486,9 @@ ActionCosts plan_action_costs(const ModelSpec& model, const ParallelPlan& plan, 
     stage.backward = part_seconds(kernels, blocks, index, SchedulePart::kBackward) + stage.backward_collectives;
     stage.backward_input =
         part_seconds(kernels, blocks, index, SchedulePart::kBackwardInput) + stage.backward_collectives;
-    stage.backward_weight = part_seconds(kernels, blocks, index, SchedulePart::kBackwardWeight);
+    stage.weight_collectives = dense_layers * layer.weight + moe_layers * moe.weight;
+    stage.backward_weight =
+        part_seconds(kernels, blocks, index, SchedulePart::kBackwardWeight) + stage.weight_collectives;
   }
 
   // The embedding is vocabulary-parallel: tp ranks combine their rows.

@@ -64,6 +64,16 @@ void MoeMlp::release(MoeMlpSaved& saved) {
   saved.room = 0;
 }
 
+MoeMlpDeferred MoeMlp::allocate_deferred(const MoeMlpSaved& saved) {
+  MoeDims held = dims_;
+  held.arrived_rows = static_cast<int64_t>(saved.expert_rows_held) / dims_.tensor_parallel;
+  MoeMlpDeferred deferred;
+  allocate_buffers(backend_, moe_deferred(held), deferred);
+  return deferred;
+}
+
+void MoeMlp::release(MoeMlpDeferred& deferred) { release_buffers(backend_, deferred); }
+
 RouterLosses MoeMlp::take_losses() {
   constexpr std::size_t n = 2 * kLossSumFloats;
   const auto members = static_cast<std::size_t>(size_of(tensor_parallel_));
@@ -366,7 +376,7 @@ void MoeMlp::router_loss_gradients(const MoeMlpSaved& saved, float* d_logits, fl
 
 void MoeMlp::backward(ConstActivation dy, ConstActivation x, ConstActivation x_gathered, const MoeMlpWeights& weights,
                       const MoeMlpSaved& saved, const MoeMlpGradients& gradients, float loss_gradient_scale,
-                      Activation dx) {
+                      Activation dx, MoeMlpDeferred* deferred) {
   Backend& b = backend_;
   MoeScratch<Activation, float*>& s = scratch_;
   MoeExpertScratch<Activation>& es = expert_scratch_;
@@ -390,18 +400,26 @@ void MoeMlp::backward(ConstActivation dy, ConstActivation x, ConstActivation x_g
     regroup(saved, tensor_parallel_ ? es.gathered : es.exchanged, es.d_rows, true);
     d_expert_out = es.d_rows;
   }
-  b.swiglu_forward(saved.expert.fc1_out, expert_rows, f, es.activated);  // fc2's input again, as the dense MLP's
+  // Under I each weight GEMM's output gradient is kept for W instead (`keep`): the experts' once over
+  // all their rows.
+  const auto weight_gradient = [&](float* gradient) { return deferred ? nullptr : gradient; };
+  const auto keep = [&](ConstActivation gradient, std::size_t n, Activation MoeMlpDeferred::*field) {
+    if (deferred) b.copy(gradient, n, deferred->*field);
+  };
+  if (!deferred) b.swiglu_forward(saved.expert.fc1_out, expert_rows, f, es.activated);  // fc2's input again
   for_each_expert(saved, [&](std::size_t expert, std::size_t first, std::size_t n) {
     b.linear_backward(b.offset(d_expert_out, first * h), b.offset(es.activated, first * f), weights.fc2[expert], n, f,
-                      h, b.offset(es.d_activated, first * f), gradients.fc2[expert], nullptr);
+                      h, b.offset(es.d_activated, first * f), weight_gradient(gradients.fc2[expert]), nullptr);
   });
+  keep(d_expert_out, expert_rows * h, &MoeMlpDeferred::expert_fc2);
   b.swiglu_backward(es.d_activated, saved.expert.fc1_out, expert_rows, f, es.d_fc1_out);
   const Activation d_expert_rows = tensor_parallel_ ? es.gathered : expert_parallel_ ? es.exchanged : es.d_rows;
   for_each_expert(saved, [&](std::size_t expert, std::size_t first, std::size_t n) {
     b.linear_backward(b.offset(es.d_fc1_out, first * 2 * f), b.offset(saved.expert.rows, first * h),
-                      weights.fc1[expert], n, h, 2 * f, b.offset(d_expert_rows, first * h), gradients.fc1[expert],
-                      nullptr);
+                      weights.fc1[expert], n, h, 2 * f, b.offset(d_expert_rows, first * h),
+                      weight_gradient(gradients.fc1[expert]), nullptr);
   });
+  keep(es.d_fc1_out, expert_rows * 2 * f, &MoeMlpDeferred::expert_fc1);
   // The rows' gradient back in the dispatch's order: each tp member's summed over the group, then
   // home over the ep group.
   ConstActivation d_rows = es.d_rows;
@@ -423,7 +441,9 @@ void MoeMlp::backward(ConstActivation dy, ConstActivation x, ConstActivation x_g
   b.moe_top_k_backward(saved.logits, t, shape_.router, saved.experts, s.d_probs, s.d_logits);
   router_loss_gradients(saved, s.d_logits, loss_gradient_scale);
   b.convert(s.d_logits, t * e, s.d_logits_compute);
-  b.linear_backward(s.d_logits_compute, x, weights.router, t, h, e, s.dx_part, gradients.router, nullptr);
+  b.linear_backward(s.d_logits_compute, x, weights.router, t, h, e, s.dx_part, weight_gradient(gradients.router),
+                    nullptr);
+  keep(s.d_logits_compute, t * e, &MoeMlpDeferred::logits);
   b.add(dx, s.dx_part, t * h, dx);
   if (shape_.shared_ffn > 0) {
     const std::size_t w = shape_.shared_ffn, shared = t * tp;
@@ -432,7 +452,9 @@ void MoeMlp::backward(ConstActivation dy, ConstActivation x, ConstActivation x_g
       const Activation d_gated = tensor_parallel_ ? s.shared_rows : s.shared_out;
       b.sigmoid_gated_add_backward(dy, saved.shared_out, saved.gate_logits, t, h, d_gated, s.d_gate);
       b.convert(s.d_gate, t, s.d_gate_compute);
-      b.linear_backward(s.d_gate_compute, x, weights.shared_gate, t, h, 1, s.dx_part, gradients.shared_gate, nullptr);
+      b.linear_backward(s.d_gate_compute, x, weights.shared_gate, t, h, 1, s.dx_part,
+                        weight_gradient(gradients.shared_gate), nullptr);
+      keep(s.d_gate_compute, t, &MoeMlpDeferred::gate);
       b.add(dx, s.dx_part, t * h, dx);
       d_shared = d_gated;
     }
@@ -440,12 +462,14 @@ void MoeMlp::backward(ConstActivation dy, ConstActivation x, ConstActivation x_g
       tensor_parallel_->all_gather(d_shared, s.shared_out, t * h, b.activation_type())->wait();
       d_shared = s.shared_out;
     }
-    b.swiglu_forward(saved.shared_fc1_out, shared, w, s.shared_activated);
+    if (!deferred) b.swiglu_forward(saved.shared_fc1_out, shared, w, s.shared_activated);
     b.linear_backward(d_shared, s.shared_activated, weights.shared_fc2, shared, w, h, es.d_activated,
-                      gradients.shared_fc2, nullptr);
+                      weight_gradient(gradients.shared_fc2), nullptr);
+    keep(d_shared, shared * h, &MoeMlpDeferred::shared_fc2);
     b.swiglu_backward(es.d_activated, saved.shared_fc1_out, shared, w, es.d_fc1_out);
-    b.linear_backward(es.d_fc1_out, x_gathered, weights.shared_fc1, shared, h, 2 * w, s.dx_part, gradients.shared_fc1,
-                      nullptr);
+    b.linear_backward(es.d_fc1_out, x_gathered, weights.shared_fc1, shared, h, 2 * w, s.dx_part,
+                      weight_gradient(gradients.shared_fc1), nullptr);
+    keep(es.d_fc1_out, shared * 2 * w, &MoeMlpDeferred::shared_fc1);
     ConstActivation dx_shared = s.dx_part;
     if (tensor_parallel_) {  // partial sums over the group's rows: the rank's, summed
       tensor_parallel_->reduce_scatter(s.dx_part, s.shared_rows, t * h, b.activation_type(), ReduceOp::kSum)->wait();
@@ -453,6 +477,34 @@ void MoeMlp::backward(ConstActivation dy, ConstActivation x, ConstActivation x_g
     }
     b.add(dx, dx_shared, t * h, dx);
   }
+}
+
+void MoeMlp::weight_gradients(ConstActivation x, ConstActivation x_gathered, const MoeMlpSaved& saved,
+                              const MoeMlpDeferred& deferred, const MoeMlpGradients& gradients) {
+  Backend& b = backend_;
+  MoeScratch<Activation, float*>& s = scratch_;
+  MoeExpertScratch<Activation>& es = expert_scratch_;
+  const std::size_t t = shape_.tokens, h = shape_.hidden, f = shape_.ffn, e = shape_.router.experts,
+                    tp = static_cast<std::size_t>(size_of(tensor_parallel_));
+  std::size_t expert_rows = 0;
+  for (const int64_t n : local_rows(saved)) expert_rows += static_cast<std::size_t>(n);
+  b.swiglu_forward(saved.expert.fc1_out, expert_rows, f, es.activated);  // fc2's input again
+  for_each_expert(saved, [&](std::size_t expert, std::size_t first, std::size_t n) {
+    b.linear_backward(b.offset(deferred.expert_fc2, first * h), b.offset(es.activated, first * f), nullptr, n, f, h,
+                      nullptr, gradients.fc2[expert], nullptr);
+  });
+  for_each_expert(saved, [&](std::size_t expert, std::size_t first, std::size_t n) {
+    b.linear_backward(b.offset(deferred.expert_fc1, first * 2 * f), b.offset(saved.expert.rows, first * h), nullptr, n,
+                      h, 2 * f, nullptr, gradients.fc1[expert], nullptr);
+  });
+  b.linear_backward(deferred.logits, x, nullptr, t, h, e, nullptr, gradients.router, nullptr);
+  if (shape_.shared_ffn == 0) return;
+  const std::size_t w = shape_.shared_ffn, shared = t * tp;
+  if (dims_.shared_gate) b.linear_backward(deferred.gate, x, nullptr, t, h, 1, nullptr, gradients.shared_gate, nullptr);
+  b.swiglu_forward(saved.shared_fc1_out, shared, w, s.shared_activated);
+  b.linear_backward(deferred.shared_fc2, s.shared_activated, nullptr, shared, w, h, nullptr, gradients.shared_fc2,
+                    nullptr);
+  b.linear_backward(deferred.shared_fc1, x_gathered, nullptr, shared, h, 2 * w, nullptr, gradients.shared_fc1, nullptr);
 }
 
 }  // namespace megaplan::exec

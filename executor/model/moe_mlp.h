@@ -114,6 +114,9 @@ struct MoeMlpSaved : MoeLayerBuffers<Activation, float*, int32_t*> {
   std::vector<double> group_rows;  // expert or tensor parallelism: every member's rows of each expert
 };
 
+// What I keeps for W (core's MoeDeferred): each deferred weight GEMM's output gradient.
+using MoeMlpDeferred = MoeDeferred<Activation>;
+
 class MoeMlp {
  public:
   // Allocates the scratch both directions use (core's moe_scratch and moe_expert_scratch; the
@@ -140,9 +143,18 @@ class MoeMlp {
   void forward(ConstActivation x, ConstActivation x_gathered, const MoeMlpWeights& weights, const float* expert_bias,
                MoeMlpSaved& saved, Activation y, bool add_losses, int64_t layer = 0);
   // dx [tokens x hidden] (overwritten) and the weights' gradients (added) from dy; the losses'
-  // gradients times loss_gradient_scale.
+  // gradients times loss_gradient_scale. Under I (`deferred` not null: allocate_deferred's for
+  // `saved`) no weight gradients: each weight GEMM's output gradient is kept in `deferred`, and
+  // `saved` with it, for weight_gradients.
   void backward(ConstActivation dy, ConstActivation x, ConstActivation x_gathered, const MoeMlpWeights& weights,
-                const MoeMlpSaved& saved, const MoeMlpGradients& gradients, float loss_gradient_scale, Activation dx);
+                const MoeMlpSaved& saved, const MoeMlpGradients& gradients, float loss_gradient_scale, Activation dx,
+                MoeMlpDeferred* deferred = nullptr);
+  // W: the weight gradients (added) I deferred, from x and x_gathered as backward's.
+  void weight_gradients(ConstActivation x, ConstActivation x_gathered, const MoeMlpSaved& saved,
+                        const MoeMlpDeferred& deferred, const MoeMlpGradients& gradients);
+  // Core's moe_deferred at the rows `saved`'s expert buffers hold, and back.
+  MoeMlpDeferred allocate_deferred(const MoeMlpSaved& saved);
+  void release(MoeMlpDeferred& deferred);
   // The router losses the forwards added since the last call (waits for them; under tensor
   // parallelism summed over the tp group, every member calling), then 0 again.
   RouterLosses take_losses();

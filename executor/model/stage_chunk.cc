@@ -357,6 +357,9 @@ void StageChunk::release_activations(Activations& a) {
   }
   for (LentSet& set : a.borrowed) release(set);
   for (DeferredGradients& d : a.deferred) release(d);
+  for (MoeMlpDeferred& d : a.moe_deferred) {
+    if (moe_) moe_->release(d);
+  }
   release(a.head);
   if (a.input_gradient) backend_.release(a.input_gradient);
   a.input_gradient = nullptr;
@@ -364,6 +367,7 @@ void StageChunk::release_activations(Activations& a) {
   a.moe.clear();
   a.borrowed.clear();
   a.deferred.clear();
+  a.moe_deferred.clear();
 }
 
 void StageChunk::read_tokens(Activations& a, const MicrobatchTokens& data) const {
@@ -834,7 +838,7 @@ void StageChunk::dense_mlp_backward(std::size_t l, const LayerActivations& act, 
 
 void StageChunk::layer_backward(std::size_t l, const LayerActivations& act, const std::optional<int64_t>& first_sample,
                                 Activation d_out, Activation d_middle, DeferredGradients* deferred,
-                                const MoeMlpSaved* moe, float loss_scale) {
+                                const MoeMlpSaved* moe, MoeMlpDeferred* moe_deferred, float loss_scale) {
   const std::size_t count = width_.tokens, h = width_.hidden, q = width_.query, qkv = width_.qkv;
   const Layer& weights = layers_[l];
   // The MLP branch's gradient is the output's through the branch's dropout (the residual path's is not).
@@ -844,7 +848,7 @@ void StageChunk::layer_backward(std::size_t l, const LayerActivations& act, cons
     norm_forward(act.middle, {}, nullptr, weights.ln2_gamma, weights.ln2_beta, scratch_.norm_out, act.ln2_mean,
                  act.ln2_rstd);  // recomputed, not kept
     moe_->backward(d_out_rows, scratch_.norm_out, moe_shared_input(), moe_weights(weights), *moe,
-                   moe_gradients(weights), loss_scale, scratch_.d_hidden);
+                   moe_gradients(weights), loss_scale, scratch_.d_hidden, moe_deferred);
   } else {
     dense_mlp_backward(l, act, masked_gradient(d_out, mlp_mask), deferred);
   }
@@ -906,7 +910,9 @@ void StageChunk::backward_input(int64_t microbatch, ConstActivation output_gradi
   }
   if (defer) {
     a.deferred.resize(layers_.size());
-    for (DeferredGradients& kept : a.deferred) allocate(recipe_.deferred(), kept);
+    for (std::size_t l = 0; l < layers_.size(); ++l) allocate(recipe_.deferred(layers_[l].moe), a.deferred[l]);
+    a.moe_deferred.resize(layers_.size());
+    a.moe_lent.assign(layers_.size(), SIZE_MAX);
   }
   a.work = a.layers;
   for (std::size_t g = groups_.size(); g-- > 0;) {
@@ -934,14 +940,22 @@ void StageChunk::backward_input(int64_t microbatch, ConstActivation output_gradi
         fill_missing(a.work[l], set.layer);
         attention_forward(l, a.work[l], a.first_sample);
       }
-      layer_backward(l, a.work[l], a.first_sample, d_out, d_middle, defer ? &a.deferred[l] : nullptr,
-                     moe_buffers(l, a, set), loss_scale);
+      const MoeMlpSaved* moe = moe_buffers(l, a, set);
+      MoeMlpDeferred* moe_kept = nullptr;
+      if (defer && moe) {
+        a.moe_deferred[l] = moe_->allocate_deferred(*moe);
+        moe_kept = &a.moe_deferred[l];
+      }
+      layer_backward(l, a.work[l], a.first_sample, d_out, d_middle, defer ? &a.deferred[l] : nullptr, moe, moe_kept,
+                     loss_scale);
       if (!defer) gradients_done_from(layers_[l].ln1_gamma);
     }
     // W still reads what was recomputed; B is done with it.
-    for (LentSet& set : borrowed) {
+    for (std::size_t l = first; l < end; ++l) {
+      LentSet& set = borrowed[l - first];
       if (!set.layer.qkv) continue;  // a layer that kept everything borrowed none
       if (defer) {
+        if (moe_buffers(l, a, set) == &set.moe) a.moe_lent[l] = a.borrowed.size();
         a.borrowed.push_back(std::move(set));
       } else {
         give_back(set);
@@ -974,6 +988,10 @@ void StageChunk::backward_weight(int64_t microbatch) {
   weight_gradients(a);
   for (DeferredGradients& kept : a.deferred) release(kept);
   a.deferred.clear();
+  for (MoeMlpDeferred& kept : a.moe_deferred) {
+    if (moe_) moe_->release(kept);
+  }
+  a.moe_deferred.clear();
   for (LentSet& set : a.borrowed) give_back(set);
   a.borrowed.clear();
   if (a.input_gradient) backend_.release(a.input_gradient);
@@ -996,18 +1014,24 @@ void StageChunk::accumulate_weight_gradient(ConstActivation dy, ConstActivation 
                            bias ? bias->gradient : nullptr);
 }
 
-void StageChunk::layer_weight_gradients(std::size_t l, const LayerActivations& act, const DeferredGradients& kept) {
-  if (layers_[l].moe) throw std::logic_error("StageChunk: W of an MoE layer (refused: executor_moe_refusal)");
+void StageChunk::layer_weight_gradients(std::size_t l, const LayerActivations& act, const DeferredGradients& kept,
+                                        const MoeMlpSaved* moe, const MoeMlpDeferred* moe_kept) {
   const std::size_t count = width_.tokens, h = width_.hidden, q = width_.query, qkv = width_.qkv, fc1 = width_.fc1,
                     f = width_.ffn;
   const Layer& weights = layers_[l];
-  if (recipe_.swiglu) backend_.swiglu_forward(act.fc1, count, f, scratch_.d_activated);  // fc2's input again
-  accumulate_weight_gradient(kept.fc2, recipe_.swiglu ? scratch_.d_activated : act.activated, f, h, weights.fc2_weight,
-                             weights.fc2_bias);
-  norm_forward(act.middle, {}, nullptr, weights.ln2_gamma, weights.ln2_beta, scratch_.norm_out, act.ln2_mean,
-               act.ln2_rstd);
-  accumulate_weight_gradient(kept.fc1, gather_rows(scratch_.norm_out, scratch_.gathered), h, fc1, weights.fc1_weight,
-                             weights.fc1_bias);
+  if (moe) {  // the router and the experts read the second norm's output
+    norm_forward(act.middle, {}, nullptr, weights.ln2_gamma, weights.ln2_beta, scratch_.norm_out, act.ln2_mean,
+                 act.ln2_rstd);
+    moe_->weight_gradients(scratch_.norm_out, moe_shared_input(), *moe, *moe_kept, moe_gradients(weights));
+  } else {
+    if (recipe_.swiglu) backend_.swiglu_forward(act.fc1, count, f, scratch_.d_activated);  // fc2's input again
+    accumulate_weight_gradient(kept.fc2, recipe_.swiglu ? scratch_.d_activated : act.activated, f, h,
+                               weights.fc2_weight, weights.fc2_bias);
+    norm_forward(act.middle, {}, nullptr, weights.ln2_gamma, weights.ln2_beta, scratch_.norm_out, act.ln2_mean,
+                 act.ln2_rstd);
+    accumulate_weight_gradient(kept.fc1, gather_rows(scratch_.norm_out, scratch_.gathered), h, fc1, weights.fc1_weight,
+                               weights.fc1_bias);
+  }
   accumulate_weight_gradient(kept.proj, act.attention, q, h, weights.proj_weight, weights.proj_bias);
   norm_forward(act.input, {}, nullptr, weights.ln1_gamma, weights.ln1_beta, scratch_.norm_out, act.ln1_mean,
                act.ln1_rstd);
@@ -1023,7 +1047,9 @@ void StageChunk::weight_gradients(Activations& a) {
     gradients_done_from(final_gamma_);
   }
   for (std::size_t l = layers_.size(); l-- > 0;) {
-    layer_weight_gradients(l, a.work[l], a.deferred[l]);
+    const MoeMlpSaved* moe = nullptr;
+    if (layers_[l].moe) moe = a.moe_lent[l] == SIZE_MAX ? &a.moe[l] : &a.borrowed[a.moe_lent[l]].moe;
+    layer_weight_gradients(l, a.work[l], a.deferred[l], moe, moe ? &a.moe_deferred[l] : nullptr);
     gradients_done_from(layers_[l].ln1_gamma);
   }
   if (has_embedding_) {

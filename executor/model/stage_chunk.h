@@ -236,6 +236,10 @@ class StageChunk {
     std::vector<MoeMlpSaved> moe;
     MicrobatchActivations head;
     std::vector<DeferredGradients> deferred;  // filled by I
+    // By layer, an MoE layer's MLP's under I (empty in a dense layer), and where its forward's
+    // buffers are: its own (SIZE_MAX) or those of borrowed[i] (full recomputation's).
+    std::vector<MoeMlpDeferred> moe_deferred;
+    std::vector<std::size_t> moe_lent;
     // The backward's view of every layer: kept buffers, and recomputed ones from `borrowed`
     // (kept with the microbatch from I until W, else returned after each group).
     std::vector<LayerActivations> work;
@@ -292,7 +296,7 @@ class StageChunk {
   // `loss_scale`, as the LM loss's.
   void layer_backward(std::size_t l, const LayerActivations& act, const std::optional<int64_t>& first_sample,
                       Activation d_out, Activation d_middle, DeferredGradients* deferred, const MoeMlpSaved* moe,
-                      float loss_scale);
+                      MoeMlpDeferred* moe_deferred, float loss_scale);
   // The dense MLP's backward from d_out_full (the gradient at its output, gathered) into
   // scratch_.d_hidden (at the norm's output, summed over tp).
   void dense_mlp_backward(std::size_t l, const LayerActivations& act, ConstActivation d_out_full,
@@ -336,7 +340,9 @@ class StageChunk {
   // last (layer_weight_gradients: from the output gradients I kept, the norms recomputed), the
   // embedding's.
   void weight_gradients(Activations& a);
-  void layer_weight_gradients(std::size_t l, const LayerActivations& act, const DeferredGradients& kept);
+  // `moe`, `moe_kept`: an MoE layer's MLP's buffers and what I kept of it (null in a dense layer).
+  void layer_weight_gradients(std::size_t l, const LayerActivations& act, const DeferredGradients& kept,
+                              const MoeMlpSaved* moe, const MoeMlpDeferred* moe_kept);
   // Under B a GEMM's weight gradient taken now; under I (`keep` not null) its output gradient copied
   // out of the scratch buffers the loop reuses, kept for W. A row-parallel bias's gradient comes
   // from the whole output gradient, so every rank holds the same one.

@@ -545,3 +545,65 @@ TEST_CASE("an MoE layer under context parallelism all-reduces its counts over th
   CHECK(megaplan::PlanKernels(spec.model, spec.plan).moe().forward_collectives ==
         std::vector<megaplan::MoeCollective>{counts});
 }
+
+TEST_CASE("a split backward costs an MoE layer's I and W from their lists; W gathers its inputs again under SP",
+          "[simulator][costs][moe]") {
+  // Mixtral-8x7B at tp 2 with sequence parallelism, ep 8, pp 2 under ZB-H1 on 16 H100s. I lists no
+  // weight GEMM (each output gradient copied and kept instead, the experts' once over their rows),
+  // W every one I deferred: the rank's one expert's fc2 and fc1, the router's, and the attention's.
+  megaplan::JobSpec spec = job("mixtral-8x7b", "dgx-h100", 16, 2, 2, 64);
+  spec.model.seq_length = 4096;
+  spec.plan.sequence_parallel = true;
+  spec.plan.expert_model_parallel_size = 4;
+  spec.plan.schedule = megaplan::ScheduleKind::kZeroBubbleH1;
+  megaplan::validate_job(spec);
+  const auto profile = megaplan::sim::Profile::datasheet(spec.cluster.gpu);
+  const megaplan::sim::Topology topology(spec.cluster);
+  CostSources sources;
+  const megaplan::PlanKernels kernels(spec.model, spec.plan);
+  const auto weight_gemms = [](const std::vector<megaplan::Kernel>& list) {
+    return std::count_if(list.begin(), list.end(), [](const megaplan::Kernel& kernel) {
+      return kernel.kind == megaplan::KernelKind::kGemm && kernel.layout == megaplan::GemmLayout::kWeightGradient;
+    });
+  };
+  const megaplan::MoeKernels& moe = kernels.moe();
+  CHECK(weight_gemms(moe.backward_input) == 0);
+  CHECK(weight_gemms(moe.weight) == weight_gemms(moe.backward));
+  CHECK(weight_gemms(moe.weight) == 2 * 2 + 1);  // two experts a rank (8 over ep 4), their fc2 and fc1; the router
+  CHECK(moe.weight_collectives.empty());         // no shared expert to gather for
+  const auto seconds = [&](megaplan::KernelBlock block) {
+    double total = 0;
+    for (const megaplan::Kernel& kernel : kernels.block(block)) total += profile.kernel_seconds(kernel, sources);
+    return total;
+  };
+  const megaplan::sim::GroupRoutes routes = megaplan::sim::pipeline_group_routes(spec.plan, topology)[0];
+  const int64_t stream_bytes = 4096 * 4096 * 2;
+  const double gather =
+      profile.collective_seconds(megaplan::CollectiveOp::kAllGather, 2, stream_bytes, megaplan::sim::LinkKind::kNvlink,
+                                 {routes.tensor.bandwidth_bytes_per_s, routes.tensor.latency_s}, sources);
+  const megaplan::sim::LayerCosts layer =
+      megaplan::sim::transformer_layer_costs(spec.model, spec.plan, profile, routes, sources, true);
+  // W gathers QKV's input again (the attention's); the MoE MLP's inputs are the rank's rows.
+  CHECK(layer.backward_weight == Approx(seconds(megaplan::KernelBlock::kMoeLayerWeightGradient) + gather));
+  CHECK(layer.backward_input ==
+        Approx(seconds(megaplan::KernelBlock::kMoeLayerBackwardInput) + layer.backward_collectives));
+  CHECK(layer.backward_input < layer.backward);
+  CHECK(layer.backward_input + layer.backward_weight > layer.backward);
+  // The first stage: 16 layers' W, with their gathers among its collectives, and the embedding's.
+  const auto costs = megaplan::sim::plan_action_costs(spec.model, spec.plan, profile, topology, sources);
+  CHECK(costs.stages[0].weight_collectives == Approx(16 * gather));
+  CHECK(costs.stages[0].backward_weight ==
+        Approx(16 * layer.backward_weight + seconds(megaplan::KernelBlock::kEmbeddingBackward)));
+  // A dense layer's W gathers twice: QKV's input and fc1's.
+  megaplan::JobSpec dense = job("llama3-8b", "dgx-h100", 16, 2, 2, 64);
+  dense.plan.sequence_parallel = true;
+  dense.plan.schedule = megaplan::ScheduleKind::kZeroBubbleH1;
+  megaplan::validate_job(dense);
+  const megaplan::sim::GroupRoutes dense_routes = megaplan::sim::pipeline_group_routes(dense.plan, topology)[0];
+  const int64_t dense_bytes = dense.model.seq_length * dense.model.hidden_size * 2;
+  const double dense_gather =
+      profile.collective_seconds(megaplan::CollectiveOp::kAllGather, 2, dense_bytes, megaplan::sim::LinkKind::kNvlink,
+                                 {dense_routes.tensor.bandwidth_bytes_per_s, dense_routes.tensor.latency_s}, sources);
+  const auto dense_costs = megaplan::sim::plan_action_costs(dense.model, dense.plan, profile, topology, sources);
+  CHECK(dense_costs.stages[0].weight_collectives == Approx(16 * 2 * dense_gather));
+}

@@ -74,6 +74,11 @@ TEST_CASE("the executor allocates what core's memory prediction says, rank by ra
   ParallelPlan context_everything = layout(2, 2, 1, 1, ScheduleKind::kOneFOneB);
   context_everything.context_parallel_size = 2;
   context_everything.sequence_parallel = true;
+  ParallelPlan split_sequence_parallel = layout(2, 2, 1, 2, ScheduleKind::kZeroBubbleV);
+  split_sequence_parallel.sequence_parallel = true;
+  ParallelPlan split_expert_parallel = layout(1, 2, 2, 2, ScheduleKind::kDualPipeV, 2, 16);
+  split_expert_parallel.use_distributed_optimizer = true;
+  split_expert_parallel.expert_model_parallel_size = 2;
   const std::vector<std::pair<std::string, ParallelPlan>> layouts = {
       {"one rank", layout(1, 1, 1, 1, ScheduleKind::kOneFOneB)},
       {"selective", with(layout(1, 1, 1, 1, ScheduleKind::kOneFOneB), RecomputeGranularity::kSelective)},
@@ -128,6 +133,13 @@ TEST_CASE("the executor allocates what core's memory prediction says, rank by ra
       {"qwen-moe: pp2 1f1b, 8 microbatches", layout(1, 2, 1, 1, ScheduleKind::kOneFOneB, 2, 16)},
       {"qwen-moe: pp2 dp2 distributed optimizer", distributed},
       {"qwen-moe: pp2 dp2 ep2 distributed optimizer", expert_parallel},
+      // A split backward: I keeps each MoE MLP's weight GEMMs' output gradients (the experts' by
+      // the rows they compute) with the forward's buffers until W.
+      {"mixtral: pp2 zb-h1", layout(1, 2, 1, 1, ScheduleKind::kZeroBubbleH1)},
+      {"mixtral: pp2 zbv, full uniform 1",
+       with(layout(1, 2, 1, 2, ScheduleKind::kZeroBubbleV), RecomputeGranularity::kFull)},
+      {"shared-expert: tp2 x pp2 zbv, sequence parallel", split_sequence_parallel},
+      {"qwen-moe: pp2 dp2 ep2 dualpipev, distributed optimizer", split_expert_parallel},
       {"balanced-moe: pp2 interleaved (the expert biases and their counts)",
        layout(1, 2, 1, 2, ScheduleKind::kInterleaved)},
   };

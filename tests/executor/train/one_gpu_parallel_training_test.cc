@@ -284,6 +284,13 @@ TEST_CASE("MoE layouts train on one GPU like one rank", "[gpu][train][parallel][
         {"ep4", expert_parallel(4, plan_of(1, 4, 1, ScheduleKind::kOneFOneB, false)), 1e-5, 1e-5, 2e-3, 1e-3},
         {"ep2 x pp2 x dp2 distributed optimizer", expert_parallel(2, plan_of(2, 2, 1, ScheduleKind::kOneFOneB, true)),
          1e-5, 1e-5, 2e-3, 1e-3}};
+    // A split backward (I, then W from the output gradients I kept) and DualPipeV's pairs on two
+    // streams: the same GEMMs on the same rows, a pipeline's bounds, and expert parallelism's beside it.
+    layouts.push_back({"pp2 zb-h1", plan_of(2, 1, 1, ScheduleKind::kZeroBubbleH1, false), 1e-5, 1e-5, 1e-5, 1e-5});
+    layouts.push_back({"pp2 dualpipev", plan_of(2, 1, 2, ScheduleKind::kDualPipeV, false), 1e-5, 1e-5, 1e-5, 1e-5});
+    layouts.push_back({"ep2 x pp2 x dp2 zb-h1, distributed optimizer",
+                       expert_parallel(2, plan_of(2, 2, 1, ScheduleKind::kZeroBubbleH1, true)), 1e-5, 1e-5, 2e-3,
+                       1e-3});
     // Full recomputation runs each MoE layer's forward again, the same kernels on the same rows:
     // a pipeline's bounds, and expert parallelism's beside it.
     ParallelPlan full = plan_of(2, 1, 1, ScheduleKind::kOneFOneB, false);

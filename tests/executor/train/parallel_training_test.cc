@@ -377,6 +377,44 @@ TEST_CASE("MoE layers train under pipeline, data and expert parallelism like one
   }
 }
 
+TEST_CASE("MoE layers train under schedules that split the backward like one rank", "[parallel][moe]") {
+  // ZB-H1, ZBV and DualPipeV split each backward into I (the input gradients, with the all-to-alls
+  // and the tp collectives) and W (the weight GEMMs, later): I keeps the experts' fc2 and fc1
+  // output gradients over the rows they computed, the router's and the shared expert's, and W
+  // computes their weight gradients from them and what the forward kept. Every layout is the single
+  // rank's within the tolerance above; DualPipeV overlaps a forward with a backward of the other
+  // chunk. Full recomputation keeps its borrowed sets, the MoE MLP's among them, from I until W.
+  // Global batches of 8 microbatches: DualPipeV takes 2 x pp a replica at dp 2.
+  const megaplan::test::ScratchDirectory scratch;
+  const exec::TrainOptions options = options_for(megaplan::test::sentence_corpus(scratch));
+  const auto split = [](int64_t tp, int64_t pp, int64_t dp, int64_t vpp, ScheduleKind schedule, int64_t ep = 1) {
+    ParallelPlan plan = megaplan::test::layout(tp, pp, dp, vpp, schedule, 2, 16);
+    plan.expert_model_parallel_size = ep;
+    plan.sequence_parallel = tp > 1;
+    return plan;
+  };
+  for (const megaplan::ModelSpec& model :
+       {megaplan::test::four_layer_mixtral(), megaplan::test::four_layer_shared_expert_moe()}) {
+    INFO(model.name);
+    const std::string prefix = model.name + "-split-";
+    const Outcome single =
+        train(model, split(1, 1, 1, 1, ScheduleKind::kOneFOneB), options, scratch, prefix + "single");
+    REQUIRE(single.losses.back() < single.losses.front());
+    ParallelPlan full = split(1, 2, 1, 1, ScheduleKind::kZeroBubbleH1);
+    full.recompute_granularity = megaplan::RecomputeGranularity::kFull;
+    ParallelPlan everything = split(2, 2, 2, 2, ScheduleKind::kDualPipeV, 2);
+    everything.use_distributed_optimizer = true;
+    const std::vector<Layout> layouts = {
+        {"pp2 zb-h1", split(1, 2, 1, 1, ScheduleKind::kZeroBubbleH1)},
+        {"pp2 zb-h1, full recomputation", full},
+        {"ep2 x pp2 zbv", split(1, 2, 2, 2, ScheduleKind::kZeroBubbleV, 2)},
+        {"pp2 dualpipev", split(1, 2, 1, 2, ScheduleKind::kDualPipeV)},
+        {"tp2 x pp2 x ep2 dualpipev, sequence parallel, distributed optimizer", everything}};
+    check_trains_like(single, model, layouts, options, scratch, prefix);
+    check_router_logs(single, model, layouts, scratch, prefix);
+  }
+}
+
 TEST_CASE("MoE layers train under tensor parallelism with sequence parallelism like one rank", "[parallel][moe]") {
   // Each tp rank routes its own rows of the stream; the tp group gathers the rows that arrive for
   // its experts, each rank computes its shard of every expert and the partial outputs are
