@@ -13,8 +13,8 @@
 namespace megaplan::cli {
 
 int run_groups(const GroupsOptions& options, std::ostream& out) {
-  const RankGroups groups =
-      megatron_rank_groups(options.world_size, options.tp, options.pp, options.cp, options.ep, options.order);
+  const RankGroups groups = megatron_rank_groups(options.world_size, options.tp, options.pp, options.cp, options.ep,
+                                                 options.order, options.etp);
   if (options.json) {
     out << rank_groups_to_json(groups).dump(2) << '\n';
   } else {
@@ -34,6 +34,8 @@ void setup_groups_command(CLI::App& app, CommandContext& context) {
   command->add_option("--cp,--context-parallel-size", options->cp, "Context-parallel size")->capture_default_str();
   command->add_option("--ep,--expert-model-parallel-size", options->ep, "Expert-parallel size (MoE layers)")
       ->capture_default_str();
+  command->add_option("--etp,--expert-tensor-parallel-size", options->etp,
+                      "Expert tensor-parallel size (MoE layers; default: tp)");
   command
       ->add_option("--order", options->order,
                    "Rank order, fastest-varying first: names from tp, cp, ep, dp, pp joined by '-'")

@@ -14,6 +14,7 @@ struct GroupsOptions {
   int64_t pp = 1;
   int64_t cp = 1;
   int64_t ep = 1;
+  int64_t etp = 0;  // 0: tp
   std::string order = "tp-cp-ep-dp-pp";
   bool json = false;
 };

@@ -42,8 +42,8 @@ MlpParameters mlp_parameters(const ModelSpec& model, int64_t ffn) {
 }
 
 // A layer's MLP: the dense one, or in a layer with experts the router (replicated: Megatron's
-// router is no tensor-parallel layer), every expert (sharded over tp, Megatron's default expert
-// tensor parallelism) and the shared expert with its gate (1 x h, replicated).
+// router is no tensor-parallel layer), every expert (sharded over etp, tp by default) and the
+// shared expert (over tp) with its gate (1 x h, replicated).
 MlpParameters layer_mlp_parameters(const ModelSpec& model, bool experts) {
   if (!experts) return mlp_parameters(model, model.effective_ffn_hidden_size());
   const MlpParameters expert = mlp_parameters(model, model.effective_moe_ffn_hidden_size());
@@ -111,9 +111,9 @@ StageParameters stage_parameters(const ModelSpec& model, const ParallelPlan& pla
     if (count == 0) continue;
     const LayerParameters layer = transformer_layer_parameters(model, experts);
     entry.parameters += count * layer.total();
-    entry.parameters_per_gpu += count * layer.per_gpu(tp, plan.expert_model_parallel_size);
-    const int64_t ep = plan.expert_model_parallel_size;
-    entry.expert_per_gpu += count * (layer.expert_sharded / (tp * ep) + layer.expert_replicated / ep);
+    const int64_t ep = plan.expert_model_parallel_size, etp = plan.expert_tensor_parallel();
+    entry.parameters_per_gpu += count * layer.per_gpu(tp, ep, etp);
+    entry.expert_per_gpu += count * (layer.expert_sharded / (etp * ep) + layer.expert_replicated / ep);
   }
   if (layers.has_embedding) {
     entry.parameters += word_embedding + position_embedding;
@@ -158,7 +158,8 @@ const ParametersPerGpuCache::Entry& ParametersPerGpuCache::entry(const ParallelP
   const PipelineSplit& split = plan.pipeline_split;
   const Key key{plan.tensor_parallel_size,      plan.pipeline_parallel_size, plan.virtual_pipeline_parallel_size,
                 stage_placement(plan.schedule), split.first_stage_layers,    split.last_stage_layers,
-                split.account_for_embedding,    split.account_for_loss,      plan.expert_model_parallel_size};
+                split.account_for_embedding,    split.account_for_loss,      plan.expert_model_parallel_size,
+                plan.expert_tensor_parallel()};
   const std::lock_guard<std::mutex> lock(mutex_);
   auto found = by_layout_.find(key);
   if (found == by_layout_.end()) {

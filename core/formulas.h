@@ -28,11 +28,13 @@ struct LayerParameters {
   int64_t expert_sharded = 0;
   int64_t expert_replicated = 0;
   int64_t total() const { return attention + mlp + norms; }
-  // REQUIRES: tp divides the sharded dimensions, ep the experts (validate_plan).
-  int64_t per_gpu(int64_t tensor_parallel_size, int64_t expert_parallel_size = 1) const {
-    return (sharded - expert_sharded) / tensor_parallel_size +
-           expert_sharded / (tensor_parallel_size * expert_parallel_size) + (replicated - expert_replicated) +
-           expert_replicated / expert_parallel_size;
+  // The routed experts' sharded parameters cut over `expert_tensor_parallel_size` (0: tp).
+  // REQUIRES: tp divides the sharded dimensions, etp the experts', ep the experts (validate_plan).
+  int64_t per_gpu(int64_t tensor_parallel_size, int64_t expert_parallel_size = 1,
+                  int64_t expert_tensor_parallel_size = 0) const {
+    const int64_t etp = expert_tensor_parallel_size > 0 ? expert_tensor_parallel_size : tensor_parallel_size;
+    return (sharded - expert_sharded) / tensor_parallel_size + expert_sharded / (etp * expert_parallel_size) +
+           (replicated - expert_replicated) + expert_replicated / expert_parallel_size;
   }
 };
 
@@ -74,7 +76,7 @@ class ParametersPerGpuCache {
   const std::vector<int64_t>& experts_per_pipeline_rank(const ParallelPlan& plan) const { return entry(plan).experts; }
 
  private:
-  using Key = std::tuple<int64_t, int64_t, int64_t, StagePlacement, int64_t, int64_t, bool, bool, int64_t>;
+  using Key = std::tuple<int64_t, int64_t, int64_t, StagePlacement, int64_t, int64_t, bool, bool, int64_t, int64_t>;
   struct Entry {
     std::vector<int64_t> parameters, experts;
   };

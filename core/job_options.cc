@@ -287,11 +287,8 @@ ParallelPlan apply_plan_flags(ParallelPlan plan, const ModelSpec& model, int64_t
   if (take("--sequence-parallel")) plan.sequence_parallel = options.sequence_parallel;
   if (const std::optional<int64_t>& etp = options.expert_tensor_parallel_size) {
     if (!model.moe.enabled()) throw SpecError("--expert-tensor-parallel-size", "needs --num-experts");
-    if (*etp != plan.tensor_parallel_size) {
-      throw SpecError("--expert-tensor-parallel-size",
-                      "expert tensor parallelism other than tp (" + std::to_string(plan.tensor_parallel_size) +
-                          ") is not built: the experts are cut over the tp group, Megatron's default");
-    }
+    require_positive(*etp, "--expert-tensor-parallel-size");
+    plan.expert_tensor_parallel_size = *etp;
   }
   if (take("--use-distributed-optimizer")) plan.use_distributed_optimizer = options.use_distributed_optimizer;
   if (take("--recompute-granularity")) {

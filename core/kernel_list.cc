@@ -488,7 +488,10 @@ std::vector<Kernel> optimizer_step_kernels(const ParallelPlan& plan, int64_t par
     const int64_t stepped = plan.use_distributed_optimizer
                                 ? dense / replicas + expert_parameters_per_gpu / plan.expert_data_parallel_size()
                                 : parameters_per_gpu;
-    const bool gathered = plan.use_distributed_optimizer && replicas > 1;
+    // Any bucket gathered refreshes the chunk's compute copies (the experts' alone where dp x cp is 1
+    // and whole experts replicate over tp).
+    const bool gathered = plan.use_distributed_optimizer &&
+                          (replicas > 1 || (expert_parameters_per_gpu > 0 && plan.expert_data_parallel_size() > 1));
     return optimizer_kernels(dense, stepped, gathered ? parameters_per_gpu : 0, {parameters_per_gpu},
                              expert_parameters_per_gpu);
   }

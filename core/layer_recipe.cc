@@ -53,14 +53,15 @@ LayerRecipe::LayerRecipe(const ModelSpec& model, const ParallelPlan& plan, const
   const MoeSpec& spec = model.moe;
   // Each rank routes its own tokens (under tensor parallelism its rows of the stream: MoE layers
   // run with sequence parallelism, core/executor_support.h) to every expert of the layer, and holds
-  // its tp shard of each of its experts.
-  const int64_t tp = plan.tensor_parallel_size;
+  // its etp shard of each of its experts (its tp shard of the shared expert).
+  const int64_t tp = plan.tensor_parallel_size, etp = plan.expert_tensor_parallel();
   const int64_t experts = spec.num_experts, topk = spec.effective_router_topk();
   const int64_t capacity =
       spec.expert_capacity_factor ? moe_expert_capacity(dims.rows, topk, experts, *spec.expert_capacity_factor) : 0;
-  moe = moe_dims(dims.rows, dims.hidden, model.effective_moe_ffn_hidden_size() / tp,
-                 spec.shared_expert_intermediate_size / tp, spec.shared_expert_gate, experts, topk, capacity,
-                 spec.pad_expert_input_to_capacity, plan.expert_model_parallel_size, tp, plan.context_parallel_size);
+  moe =
+      moe_dims(dims.rows, dims.hidden, model.effective_moe_ffn_hidden_size() / etp,
+               spec.shared_expert_intermediate_size / tp, spec.shared_expert_gate, experts, topk, capacity,
+               spec.pad_expert_input_to_capacity, plan.expert_model_parallel_size, tp, plan.context_parallel_size, etp);
   moe->aux_loss = spec.load_balancing != LoadBalancing::kNone && spec.aux_loss_coeff > 0;
   // seq_aux_loss: each of the rank's sequences its own loss (whole on the rank: cp 1, tp dividing
   // the micro-batch size, core/executor_support.h).
@@ -78,7 +79,7 @@ LayerRecipe::LayerRecipe(const ModelSpec& model, const ParallelPlan& plan, const
 
 MoeDims moe_dims(int64_t tokens, int64_t hidden, int64_t ffn, int64_t shared_ffn, bool shared_gate, int64_t experts,
                  int64_t topk, int64_t capacity, bool pad, int64_t expert_parallel, int64_t tensor_parallel,
-                 int64_t context_parallel) {
+                 int64_t context_parallel, int64_t expert_tensor_parallel) {
   MoeDims m;
   m.tokens = tokens;
   m.hidden = hidden;
@@ -92,6 +93,7 @@ MoeDims moe_dims(int64_t tokens, int64_t hidden, int64_t ffn, int64_t shared_ffn
   m.most_rows = moe_most_rows(tokens, topk, experts, capacity, pad);
   m.expert_parallel = expert_parallel;
   m.tensor_parallel = tensor_parallel;
+  m.expert_tensor_parallel = expert_tensor_parallel > 0 ? expert_tensor_parallel : tensor_parallel;
   m.context_parallel = context_parallel;
   // At the balanced load (or padded to capacity, exactly) as many rows arrive for a rank's experts
   // as its dispatch makes.
@@ -149,7 +151,7 @@ MoeScratchSizes moe_scratch(const MoeDims& m) {
   }
   if (m.expert_parallel > 1) scratch.sent = {m.most_rows * m.hidden};
   if (m.expert_parallel > 1 || tensor_parallel || m.context_parallel > 1) {
-    scratch.counts = {m.tensor_parallel * m.expert_parallel * m.experts};
+    scratch.counts = {m.expert_tensor_parallel * m.expert_parallel * m.experts};
   }
   scratch.d_probs = {t * m.topk};
   scratch.d_logits = {t * m.experts};
@@ -166,7 +168,7 @@ MoeExpertScratchSizes moe_expert_scratch(const MoeDims& m) {
   scratch.d_fc1_out = {std::max(rows * 2 * m.ffn, shared_rows * 2 * s)};
   scratch.d_rows = {rows * m.hidden};
   if (m.expert_parallel > 1) scratch.exchanged = {m.arrived_rows * m.hidden};
-  if (m.tensor_parallel > 1) scratch.gathered = {rows * m.hidden};
+  if (m.expert_tensor_parallel > 1) scratch.gathered = {rows * m.hidden};
   return scratch;
 }
 

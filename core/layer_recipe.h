@@ -161,6 +161,11 @@ using ChunkScratchSizes = ChunkScratch<ActivationElements, FloatElements>;
 struct MoeDims {
   int64_t tokens = 0, hidden = 0, ffn = 0, shared_ffn = 0, experts = 0, topk = 0, capacity = 0, most_rows = 0;
   int64_t expert_parallel = 1, tensor_parallel = 1, arrived_rows = 0;
+  // The routed experts' tensor-parallel size (--expert-tensor-parallel-size: tp, or 1 where each
+  // rank holds its experts whole): the etp group's members gather the rows that arrive for its
+  // experts and each computes its shard of every one. `tensor_parallel` is the dense layers' tp,
+  // over whose rows the shared expert runs and whose tokens the router losses balance.
+  int64_t expert_tensor_parallel = 1;
   // Context parallelism's size: each rank routes its own tokens of every sequence, and the switch
   // loss's counts, the z loss's share and the experts' load for the log span the cp group.
   int64_t context_parallel = 1;
@@ -171,8 +176,8 @@ struct MoeDims {
   bool aux_loss = false, z_loss = false;
   int64_t aux_loss_sequences = 0;
   int64_t local_experts() const { return experts / expert_parallel; }
-  // The rows the rank's experts compute: every tp member's arrived rows (their room, padded).
-  int64_t expert_rows() const { return tensor_parallel * arrived_rows; }
+  // The rows the rank's experts compute: every etp member's arrived rows (their room, padded).
+  int64_t expert_rows() const { return expert_tensor_parallel * arrived_rows; }
   // The shared expert's rows: the tp group's tokens, gathered.
   int64_t shared_tokens() const { return tensor_parallel * tokens; }
 };
@@ -182,7 +187,7 @@ struct MoeDims {
 // `context_parallel` group's.
 MoeDims moe_dims(int64_t tokens, int64_t hidden, int64_t ffn, int64_t shared_ffn, bool shared_gate, int64_t experts,
                  int64_t topk, int64_t capacity, bool pad, int64_t expert_parallel, int64_t tensor_parallel = 1,
-                 int64_t context_parallel = 1);
+                 int64_t context_parallel = 1, int64_t expert_tensor_parallel = 0);
 // The most rows a dispatch of `tokens` tokens' top-k routes makes (capacity 0: dropless).
 int64_t moe_most_rows(int64_t tokens, int64_t topk, int64_t experts, int64_t capacity, bool pad);
 // The rows to allocate for `rows` rows arriving for the rank's experts under expert parallelism: the

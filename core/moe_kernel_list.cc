@@ -52,10 +52,10 @@ MoeLoad moe_stated_load(const MoeDims& moe, double imbalance) {
   }
   MoeLoad load;
   load.dispatched = rows;
-  load.tensor_parallel = moe.tensor_parallel;
-  if (moe.expert_parallel > 1 || moe.tensor_parallel > 1) {
+  load.tensor_parallel = moe.expert_tensor_parallel;
+  if (moe.expert_parallel > 1 || moe.expert_tensor_parallel > 1) {
     const int64_t local = moe.local_experts();
-    for (int64_t member = 0; member < moe.expert_parallel * moe.tensor_parallel; ++member) {
+    for (int64_t member = 0; member < moe.expert_parallel * moe.expert_tensor_parallel; ++member) {
       load.received.insert(load.received.end(), rows.begin(), rows.begin() + local);
     }
   }
@@ -65,7 +65,10 @@ MoeLoad moe_stated_load(const MoeDims& moe, double imbalance) {
 MoeKernels moe_kernels(const MoeDims& moe, const MoeLoad& load, int64_t activation_bytes) {
   const int64_t t = moe.tokens, h = moe.hidden, f = moe.ffn, e = moe.experts, k = moe.topk;
   const int64_t local = moe.local_experts();
-  const bool exchanged = moe.expert_parallel > 1, gathered = moe.tensor_parallel > 1;
+  // `gathered`: the experts' rows over the etp group (the tp group: the executor runs etp = tp or
+  // 1, core/executor_support.h); `tensor`: the shared expert's over the tp group, and the losses'.
+  const bool exchanged = moe.expert_parallel > 1, gathered = moe.expert_tensor_parallel > 1;
+  const bool tensor = moe.tensor_parallel > 1;
   const bool context = moe.context_parallel > 1;
   const std::vector<int64_t> rows_per_expert = load.local_rows(local);
   const int64_t rows = load.dispatched_rows(), expert_rows = load.expert_rows(local);
@@ -102,7 +105,7 @@ MoeKernels moe_kernels(const MoeDims& moe, const MoeLoad& load, int64_t activati
   std::vector<MoeCollective> around_experts;
   const int64_t own_arrived = load.room_rows(0);  // the rank described is its tp group's first
   const int64_t exchange_bytes = activation_bytes * std::max(rows, own_arrived) * h;
-  const int64_t room_bytes = activation_bytes * moe.tensor_parallel * load.arrived_rows() * h;
+  const int64_t room_bytes = activation_bytes * moe.expert_tensor_parallel * load.arrived_rows() * h;
   if (exchanged) around_experts.push_back({MoeGroup::kExpert, CollectiveOp::kAllToAll, exchange_bytes});
   if (gathered) {
     around_experts.push_back({MoeGroup::kTensor, CollectiveOp::kAllGather, room_bytes});
@@ -118,7 +121,7 @@ MoeKernels moe_kernels(const MoeDims& moe, const MoeLoad& load, int64_t activati
   // the aux loss's counts (summed over the tp group) and the losses for the log.
   std::vector<MoeCollective>& fwd_collectives = kernels.forward_collectives;
   // The shared expert's input, gathered over the tp group before the layer's MLP starts.
-  if (gathered && w > 0) fwd_collectives.push_back({MoeGroup::kTensor, CollectiveOp::kAllGather, shared_bytes});
+  if (tensor && w > 0) fwd_collectives.push_back({MoeGroup::kTensor, CollectiveOp::kAllGather, shared_bytes});
   fwd.push_back(gemm_kernel(GemmLayout::kForward, GemmEpilogue::kNone, t, e, h));
   fwd.push_back(moe_kernel(KernelKind::kMoeTopK, t, e, k));
   fwd.push_back(moe_kernel(KernelKind::kMoeDispatch, t, e, k));
@@ -126,7 +129,7 @@ MoeKernels moe_kernels(const MoeDims& moe, const MoeLoad& load, int64_t activati
     fwd_collectives.push_back({MoeGroup::kExpert, CollectiveOp::kAllGather, kFp32 * moe.expert_parallel * e});
   if (gathered) {
     fwd_collectives.push_back(
-        {MoeGroup::kTensor, CollectiveOp::kAllGather, kFp32 * moe.tensor_parallel * moe.expert_parallel * e});
+        {MoeGroup::kTensor, CollectiveOp::kAllGather, kFp32 * moe.expert_tensor_parallel * moe.expert_parallel * e});
   }
   fwd.push_back(row_kernel(KernelKind::kMoePermute, rows, h));
   regroup(fwd);
@@ -140,7 +143,7 @@ MoeKernels moe_kernels(const MoeDims& moe, const MoeLoad& load, int64_t activati
     fwd.push_back(gemm_kernel(GemmLayout::kForward, GemmEpilogue::kNone, shared, 2 * w, h));
     fwd.push_back(row_kernel(KernelKind::kSwigluForward, shared, w));
     fwd.push_back(gemm_kernel(GemmLayout::kForward, GemmEpilogue::kNone, shared, h, w));
-    if (gathered) fwd_collectives.push_back({MoeGroup::kTensor, CollectiveOp::kReduceScatter, shared_bytes});
+    if (tensor) fwd_collectives.push_back({MoeGroup::kTensor, CollectiveOp::kReduceScatter, shared_bytes});
     if (moe.shared_gate) {
       fwd.push_back(gemm_kernel(GemmLayout::kForward, GemmEpilogue::kNone, t, 1, h));
       fwd.push_back(row_kernel(KernelKind::kSigmoidGatedAdd, t, h));
@@ -151,13 +154,17 @@ MoeKernels moe_kernels(const MoeDims& moe, const MoeLoad& load, int64_t activati
   const bool sequence_loss = moe.aux_loss && moe.aux_loss_sequences > 0, switch_loss = moe.aux_loss && !sequence_loss;
   if (switch_loss) {
     fwd.push_back(moe_kernel(KernelKind::kMoeAuxCounts, t, e, k));
-    if (gathered) fwd_collectives.push_back({MoeGroup::kTensor, CollectiveOp::kAllReduce, kFp32 * e});
+    if (tensor) fwd_collectives.push_back({MoeGroup::kTensor, CollectiveOp::kAllReduce, kFp32 * e});
     if (context) fwd_collectives.push_back({MoeGroup::kContext, CollectiveOp::kAllReduce, kFp32 * e});
   }
-  // Full recomputation's forward stops here: what follows only adds to the log (the losses; under
-  // context parallelism without experts over ranks, the experts' rows summed over the cp group).
+  // Full recomputation's forward stops here: what follows only adds to the log (the losses; without
+  // experts over ranks, the experts' rows summed over the tp group where the experts' rows were not
+  // gathered over it, and over the cp group).
   kernels.forward_again = fwd;
   kernels.forward_again_collectives = fwd_collectives;
+  if (tensor && !gathered && !exchanged) {
+    fwd_collectives.push_back({MoeGroup::kTensor, CollectiveOp::kAllReduce, kFp32 * e});
+  }
   if (context && !exchanged) fwd_collectives.push_back({MoeGroup::kContext, CollectiveOp::kAllReduce, kFp32 * e});
   if (sequence_loss) fwd.push_back(moe_kernel(KernelKind::kMoeSequenceAuxLoss, t, e, k, moe.aux_loss_sequences));
   if (switch_loss) fwd.push_back(moe_kernel(KernelKind::kMoeSwitchLoss, t, e, k));
@@ -215,9 +222,9 @@ MoeKernels moe_kernels(const MoeDims& moe, const MoeLoad& load, int64_t activati
   kernels.backward = backward(false);
   kernels.backward_input = backward(true);
   std::vector<MoeCollective>& bwd_collectives = kernels.backward_collectives;
-  if (gathered && w > 0) bwd_collectives.push_back({MoeGroup::kTensor, CollectiveOp::kAllGather, shared_bytes});
+  if (tensor && w > 0) bwd_collectives.push_back({MoeGroup::kTensor, CollectiveOp::kAllGather, shared_bytes});
   bwd_collectives.insert(bwd_collectives.end(), around_experts.begin(), around_experts.end());
-  if (gathered && w > 0) {
+  if (tensor && w > 0) {
     bwd_collectives.push_back({MoeGroup::kTensor, CollectiveOp::kAllGather, shared_bytes});
     bwd_collectives.push_back({MoeGroup::kTensor, CollectiveOp::kReduceScatter, shared_bytes});
   }
@@ -238,7 +245,7 @@ MoeKernels moe_kernels(const MoeDims& moe, const MoeLoad& load, int64_t activati
     weight.push_back(row_kernel(KernelKind::kSwigluForward, shared, w));
     weight.push_back(gemm_kernel(GemmLayout::kWeightGradient, GemmEpilogue::kNone, shared, h, w));
     weight.push_back(gemm_kernel(GemmLayout::kWeightGradient, GemmEpilogue::kNone, shared, 2 * w, h));
-    if (gathered) kernels.weight_collectives.push_back({MoeGroup::kTensor, CollectiveOp::kAllGather, shared_bytes});
+    if (tensor) kernels.weight_collectives.push_back({MoeGroup::kTensor, CollectiveOp::kAllGather, shared_bytes});
   }
   return kernels;
 }

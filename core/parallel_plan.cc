@@ -158,15 +158,32 @@ void validate_plan(const ModelSpec& model, const ParallelPlan& plan) {
   const int64_t ep = plan.expert_model_parallel_size;
   validate_expert_parallel_size(model, ep);
   validate_moe_imbalance(model, plan.moe_imbalance);
+  if (plan.expert_tensor_parallel_size != 0)
+    require_positive(plan.expert_tensor_parallel_size, "--expert-tensor-parallel-size");
+  const int64_t etp = plan.expert_tensor_parallel();
+  if (!model.moe.enabled() && etp != tp) {
+    throw SpecError("--expert-tensor-parallel-size", "needs --num-experts (a dense model has no experts to cut)");
+  }
   if (model.moe.enabled()) {
-    require_divides(ep, cp * dp, "--expert-model-parallel-size", [&] {
-      return "must divide the ranks of a pipeline stage outside tensor parallelism, cp x dp = " +
-             std::to_string(cp * dp) + " (the expert groups tile the world as tp x ep x expert-dp x pp)";
-    });
-    // The experts' widths too (Megatron's expert tensor parallelism defaults to tp).
-    require_divides(tp, model.effective_moe_ffn_hidden_size(), "--tensor-model-parallel-size", [&] {
-      return "must divide --moe-ffn-hidden-size " + std::to_string(model.effective_moe_ffn_hidden_size());
-    });
+    if (etp == tp) {
+      require_divides(ep, cp * dp, "--expert-model-parallel-size", [&] {
+        return "must divide the ranks of a pipeline stage outside tensor parallelism, cp x dp = " +
+               std::to_string(cp * dp) + " (the expert groups tile the world as etp x ep x expert-dp x pp)";
+      });
+    } else {
+      const int64_t stage_ranks = checked_multiply(tp, cp * dp, "--context-parallel-size");
+      require_divides(
+          checked_multiply(etp, ep, "--expert-model-parallel-size"), stage_ranks, "--expert-tensor-parallel-size", [&] {
+            return "times --expert-model-parallel-size must divide the ranks of a pipeline stage, tp x "
+                   "cp x dp = " +
+                   std::to_string(stage_ranks) + " (the expert groups tile the world as etp x ep x expert-dp x pp)";
+          });
+    }
+    // The experts' widths too, over the expert tensor-parallel size.
+    require_divides(
+        etp, model.effective_moe_ffn_hidden_size(),
+        etp == tp ? "--tensor-model-parallel-size" : "--expert-tensor-parallel-size",
+        [&] { return "must divide --moe-ffn-hidden-size " + std::to_string(model.effective_moe_ffn_hidden_size()); });
     require_divides(tp, model.moe.shared_expert_intermediate_size, "--tensor-model-parallel-size", [&] {
       return "must divide --moe-shared-expert-intermediate-size " +
              std::to_string(model.moe.shared_expert_intermediate_size);
@@ -233,6 +250,9 @@ std::string describe_plan(const ParallelPlan& plan) {
   return "tp " + std::to_string(plan.tensor_parallel_size) + ", pp " + std::to_string(plan.pipeline_parallel_size) +
          ", cp " + std::to_string(plan.context_parallel_size) + ", dp " + std::to_string(plan.data_parallel_size) +
          (plan.expert_model_parallel_size == 1 ? "" : ", ep " + std::to_string(plan.expert_model_parallel_size)) +
+         (plan.expert_tensor_parallel() == plan.tensor_parallel_size
+              ? ""
+              : ", etp " + std::to_string(plan.expert_tensor_parallel())) +
          (plan.moe_imbalance == 1 ? "" : ", moe imbalance " + format_significant(plan.moe_imbalance, 4)) + ", vpp " +
          std::to_string(plan.virtual_pipeline_parallel_size) +
          (plan.pipeline_split.even() ? "" : " (" + describe_pipeline_split(plan.pipeline_split) + ")") + ", mbs " +
@@ -266,6 +286,9 @@ nlohmann::json parallel_plan_to_json(const ParallelPlan& plan) {
   // Only where experts are split: every dense plan's file stays as it was.
   if (plan.expert_model_parallel_size != 1) json["expert_model_parallel_size"] = plan.expert_model_parallel_size;
   if (plan.moe_imbalance != 1) json["moe_imbalance"] = plan.moe_imbalance;
+  if (plan.expert_tensor_parallel() != plan.tensor_parallel_size) {
+    json["expert_tensor_parallel_size"] = plan.expert_tensor_parallel_size;
+  }
   return json;
 }
 
@@ -277,6 +300,7 @@ ParallelPlan parallel_plan_from_json(const nlohmann::json& json, const std::stri
   reader.read("context_parallel_size", plan.context_parallel_size);
   reader.require("data_parallel_size", plan.data_parallel_size);
   reader.read("expert_model_parallel_size", plan.expert_model_parallel_size);
+  reader.read("expert_tensor_parallel_size", plan.expert_tensor_parallel_size);
   reader.read("moe_imbalance", plan.moe_imbalance);
   reader.read("virtual_pipeline_parallel_size", plan.virtual_pipeline_parallel_size);
   reader.require("micro_batch_size", plan.micro_batch_size);

@@ -67,10 +67,12 @@ struct ParallelPlan {
   Implementation implementation = Implementation::kMegaplan;
   ImplementationOptions options = default_implementation_options(Implementation::kMegaplan);
   // --expert-model-parallel-size: a model's experts split over ep ranks, each holding num_experts /
-  // ep of every layer's, tensor-parallel as tp (Megatron's default expert tensor parallelism).
-  // Models with experts only (core/rank_groups.h builds the expert groups). Last, so that
-  // positional initialisers keep their order.
+  // ep of every layer's. Models with experts only (core/rank_groups.h builds the expert groups).
+  // Last, so that positional initialisers keep their order.
   int64_t expert_model_parallel_size = 1;
+  // --expert-tensor-parallel-size: the routed experts cut over etp ranks (Megatron's expert tensor
+  // parallelism); 0 is Megatron's default, tp (expert_tensor_parallel()).
+  int64_t expert_tensor_parallel_size = 0;
   // --moe-imbalance: the routed load the costs assume, the busiest expert's rows over the mean (the
   // trainer logs it as tokens_per_expert_max_mean); 1, balanced. A stated input, not a choice of
   // layout: search ranks every plan at it. Models with experts only.
@@ -84,9 +86,15 @@ struct ParallelPlan {
   // whose context-parallel ranks holds a part of every sequence. The distributed optimizer shards
   // over them, and the gradient buckets are padded to their count.
   int64_t gradient_group_size() const { return data_parallel_size * context_parallel_size; }
+  // The routed experts' tensor-parallel size: --expert-tensor-parallel-size, or tp.
+  int64_t expert_tensor_parallel() const {
+    return expert_tensor_parallel_size > 0 ? expert_tensor_parallel_size : tensor_parallel_size;
+  }
   // The ranks that sum a routed expert's gradient, Megatron's expert data-parallel group: world /
-  // (tp x ep x pp), the experts' tensor-parallel size being tp.
-  int64_t expert_data_parallel_size() const { return gradient_group_size() / expert_model_parallel_size; }
+  // (etp x ep x pp).
+  int64_t expert_data_parallel_size() const {
+    return tensor_parallel_size * gradient_group_size() / (expert_tensor_parallel() * expert_model_parallel_size);
+  }
   // Microbatches per iteration on each data-parallel replica.
   int64_t num_microbatches() const { return global_batch_size / (micro_batch_size * data_parallel_size); }
 };

@@ -1,6 +1,7 @@
 // The executor's parameters, from core's model and plan (see parameter_list.h).
 #include "core/parameter_list.h"
 
+#include <stdexcept>
 #include <string_view>
 #include <utility>
 
@@ -126,10 +127,17 @@ std::size_t shard_size(const Entry& entry, int64_t tp) {
 }  // namespace
 
 std::vector<ParameterSpec> describe_parameters(const ModelSpec& model, const ParallelPlan& plan, int64_t stage,
-                                               int64_t tp_rank, int64_t ep_rank) {
-  const int64_t tp = plan.tensor_parallel_size;
+                                               int64_t tp_rank, int64_t ep_rank, int64_t etp_rank) {
+  const int64_t tp = plan.tensor_parallel_size, etp = plan.expert_tensor_parallel();
+  if (etp_rank < 0) {
+    if (etp != tp && etp != 1) throw std::logic_error("describe_parameters: the expert tensor-parallel rank is needed");
+    etp_rank = etp == tp ? tp_rank : 0;
+  }
   std::vector<ParameterSpec> specs;
   for_each_parameter(model, plan, stage, ep_rank, [&](const Entry& entry) {
+    // A routed expert's cut over the expert tensor-parallel group, the rest's over tp.
+    const bool expert = entry.expert >= 0;
+    const int64_t cut = expert ? etp : tp;
     ParameterSpec spec;
     spec.name = entry.layer >= 0 ? "decoder.layers." + std::to_string(entry.layer) + "." : "";
     if (entry.expert >= 0) spec.name += kExpertPrefix + std::to_string(entry.expert) + ".";
@@ -137,13 +145,13 @@ std::vector<ParameterSpec> describe_parameters(const ModelSpec& model, const Par
     spec.split = entry.split;
     spec.chunks = entry.chunks;
     if (entry.split != TensorSplit::kReplicated) {
-      spec.shard_index = tp_rank;
-      spec.shard_count = tp;
+      spec.shard_index = expert ? etp_rank : tp_rank;
+      spec.shard_count = cut;
     }
     spec.global_shape = shape_of(entry.rows, entry.columns);
-    const auto [rows, columns] = shard_extents(entry, tp);
+    const auto [rows, columns] = shard_extents(entry, cut);
     spec.shape = shape_of(rows, columns);
-    spec.size = shard_size(entry, tp);
+    spec.size = shard_size(entry, cut);
     spec.weight_decay = entry.decay;
     spec.expert = entry.expert >= 0;
     specs.push_back(std::move(spec));
@@ -158,7 +166,7 @@ ParameterLayout stage_layout(const ModelSpec& model, const ParallelPlan& plan, i
     // The word embedding (or its tied copy) gets a bucket of its own.
     const std::string_view name = entry.name;
     if (name == kWordEmbeddings || name == kOutputWeight) alone.push_back(sizes.size());
-    sizes.push_back(shard_size(entry, plan.tensor_parallel_size));
+    sizes.push_back(shard_size(entry, entry.expert >= 0 ? plan.expert_tensor_parallel() : plan.tensor_parallel_size));
     expert.push_back(entry.expert >= 0);
   });
   if (bucket_size == 0) bucket_size = default_bucket_size(plan.gradient_group_size());

@@ -44,16 +44,17 @@ struct ParameterSpec {
 inline constexpr const char* kWordEmbeddings = "embedding.word_embeddings.weight";
 inline constexpr const char* kOutputWeight = "output_layer.weight";
 
-// The parameters of `stage` on tensor-parallel rank `tp_rank` and expert-parallel rank `ep_rank`,
-// in registration order. The sum of their sizes is stage_parameters(model, plan,
+// The parameters of `stage` on tensor-parallel rank `tp_rank`, expert-parallel rank `ep_rank` and
+// expert tensor-parallel rank `etp_rank` (-1: tp_rank where the experts are cut over tp, 0 at etp
+// 1; needed otherwise), in registration order. The sum of their sizes is stage_parameters(model, plan,
 // stage).parameters_per_gpu (formulas.h). In a layer with experts (Megatron-Core's names): the
 // router "mlp.router.weight" [experts x h] whole; the ep rank's experts, each an MLP named
 // "mlp.experts.local_experts.<e>.linear_fc1.weight" ... by its index e among the layer's (experts
-// e of ep rank r: r x experts / ep onwards), split over tp as the dense MLP; the shared expert
+// e of ep rank r: r x experts / ep onwards), split over etp as the dense MLP over tp; the shared expert
 // "mlp.shared_experts.linear_fc1.weight" ... and its gate "mlp.shared_experts.gate_weight" [1 x h].
 // REQUIRES: validate_plan(model, plan) passed; 0 <= ep_rank < ep.
 std::vector<ParameterSpec> describe_parameters(const ModelSpec& model, const ParallelPlan& plan, int64_t stage,
-                                               int64_t tp_rank = 0, int64_t ep_rank = 0);
+                                               int64_t tp_rank = 0, int64_t ep_rank = 0, int64_t etp_rank = -1);
 
 // Megatron DDP's buffer for the parameters of `stage` (the same on every tensor-parallel rank):
 // the word embedding (or its tied copy) in a bucket of its own; buckets of `bucket_size` elements

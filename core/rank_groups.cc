@@ -221,12 +221,15 @@ const RankGroupList& RankGroups::at(std::string_view kind) const {
 }
 
 RankGroups megatron_rank_groups(int64_t world_size, int64_t tensor_parallel_size, int64_t pipeline_parallel_size,
-                                int64_t context_parallel_size, int64_t expert_parallel_size, const std::string& order) {
+                                int64_t context_parallel_size, int64_t expert_parallel_size, const std::string& order,
+                                int64_t expert_tensor_parallel_size) {
   require_positive(world_size, "--world-size");
   require_positive(tensor_parallel_size, "--tp");
   require_positive(pipeline_parallel_size, "--pp");
   require_positive(context_parallel_size, "--cp");
   require_positive(expert_parallel_size, "--ep");
+  if (expert_tensor_parallel_size == 0) expert_tensor_parallel_size = tensor_parallel_size;
+  require_positive(expert_tensor_parallel_size, "--etp");
   if (world_size > kMaxRankGroupWorldSize) {
     throw SpecError("--world-size", "must be at most " + std::to_string(kMaxRankGroupWorldSize) +
                                         " to list every rank group, got " + std::to_string(world_size));
@@ -238,12 +241,13 @@ RankGroups megatron_rank_groups(int64_t world_size, int64_t tensor_parallel_size
     throw SpecError("--world-size", "must be divisible by tp*pp*cp = " + std::to_string(model_size) + ", got " +
                                         std::to_string(world_size));
   }
-  // The expert layers' tensor-parallel size is Megatron's default, tp.
-  const int64_t expert_model_size = checked_multiply(tp_pp, expert_parallel_size, "--ep");
+  const int64_t expert_model_size = checked_multiply(
+      checked_multiply(expert_tensor_parallel_size, pipeline_parallel_size, "--etp"), expert_parallel_size, "--ep");
   if (world_size % expert_model_size != 0) {
     throw SpecError("--ep", "the world size " + std::to_string(world_size) +
-                                " must be divisible by tp*ep*pp = " + std::to_string(expert_model_size) +
-                                " for the expert layers, got ep = " + std::to_string(expert_parallel_size));
+                                " must be divisible by etp*ep*pp = " + std::to_string(expert_model_size) +
+                                " for the expert layers, got ep = " + std::to_string(expert_parallel_size) +
+                                " and etp = " + std::to_string(expert_tensor_parallel_size));
   }
 
   RankGroups result;
@@ -252,14 +256,15 @@ RankGroups megatron_rank_groups(int64_t world_size, int64_t tensor_parallel_size
   result.pipeline_parallel_size = pipeline_parallel_size;
   result.context_parallel_size = context_parallel_size;
   result.expert_parallel_size = expert_parallel_size;
+  result.expert_tensor_parallel_size = expert_tensor_parallel_size;
   result.data_parallel_size = world_size / model_size;
   result.expert_data_parallel_size = world_size / expert_model_size;
 
   const std::vector<std::string> given_order = parse_parallel_order(order);
   const RankGenerator decoder("decoder", tensor_parallel_size, 1, result.data_parallel_size, pipeline_parallel_size,
                               context_parallel_size, order);
-  const RankGenerator expert("expert", tensor_parallel_size, expert_parallel_size, result.expert_data_parallel_size,
-                             pipeline_parallel_size, 1, order);
+  const RankGenerator expert("expert", expert_tensor_parallel_size, expert_parallel_size,
+                             result.expert_data_parallel_size, pipeline_parallel_size, 1, order);
   result.order = decoder.order();
 
   // Megatron's checks that dense and expert layers agree on the pipeline: with pp not last, the
@@ -268,7 +273,7 @@ RankGroups megatron_rank_groups(int64_t world_size, int64_t tensor_parallel_size
       result.expert_data_parallel_size != result.data_parallel_size) {
     throw SpecError(kOrderField, in_quotes(order) +
                                      " does not end in pp and pp = " + std::to_string(pipeline_parallel_size) +
-                                     " > 1, so the expert data-parallel size world/(tp*ep*pp) = " +
+                                     " > 1, so the expert data-parallel size world/(etp*ep*pp) = " +
                                      std::to_string(result.expert_data_parallel_size) +
                                      " must equal the data-parallel size world/(tp*pp*cp) = " +
                                      std::to_string(result.data_parallel_size) + "; put pp last or make ep equal cp");
@@ -306,6 +311,8 @@ RankGroups megatron_rank_groups(int64_t world_size, int64_t tensor_parallel_size
       groups = expert.get_ranks(kind);
     } else if (kind == "expert-dp") {  // Megatron's expert data-parallel group
       groups = expert.get_ranks("dp");
+    } else if (kind == "expert-tp") {  // Megatron's expert tensor-parallel group
+      groups = expert.get_ranks("tp");
     } else {
       groups = decoder.get_ranks(kind);
     }

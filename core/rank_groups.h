@@ -25,9 +25,12 @@ inline constexpr std::array<std::string_view, 5> kParallelDimensions = {"tp", "c
 
 // The group kinds megatron_rank_groups() lists, in this order (also the JSON key order).
 // "tp-pp" is Megatron's model-parallel group.
-inline constexpr std::array<std::string_view, 14> kRankGroupKinds = {
-    "tp",       "pp",    "dp", "cp",    "dp-cp",     "tp-pp",     "tp-dp",
-    "tp-dp-cp", "tp-cp", "ep", "tp-ep", "expert-dp", "embedding", "position-embedding"};
+// "expert-tp" is the expert layers' tensor-parallel group (Megatron's expert tensor-parallel group:
+// the tp groups when --expert-tensor-parallel-size is tp), "tp-ep" their tensor-and-expert one.
+inline constexpr std::array<std::string_view, 15> kRankGroupKinds = {
+    "tp",        "pp",    "dp",        "cp",        "dp-cp",
+    "tp-pp",     "tp-dp", "tp-dp-cp",  "tp-cp",     "ep",
+    "expert-tp", "tp-ep", "expert-dp", "embedding", "position-embedding"};
 
 // Largest world megatron_rank_groups() lists: every rank appears in every kind, so a typo such as
 // --world-size 10000000000 would otherwise allocate without bound.
@@ -85,8 +88,9 @@ struct RankGroups {
   int64_t pipeline_parallel_size = 1;
   int64_t context_parallel_size = 1;
   int64_t expert_parallel_size = 1;
+  int64_t expert_tensor_parallel_size = 1;
   int64_t data_parallel_size = 1;         // world / (tp * pp * cp): the dense layers' replicas
-  int64_t expert_data_parallel_size = 1;  // world / (tp * ep * pp): the expert layers' replicas
+  int64_t expert_data_parallel_size = 1;  // world / (etp * ep * pp): the expert layers' replicas
   std::vector<std::string> order;         // the full order, names left out appended
 
   // In kRankGroupKinds order.
@@ -98,19 +102,20 @@ struct RankGroups {
 };
 
 // The rank groups Megatron-Core's initialize_model_parallel() creates for this layout, with the
-// expert tensor-parallel size equal to tp (Megatron's default).
+// expert tensor-parallel size `expert_tensor_parallel_size` (0: tp, Megatron's default).
 //
 // Which generator each kind comes from (as in parallel_state.py):
 //   decoder generator (tp, cp, ep = 1, dp = world/(tp*pp*cp), pp):
 //     tp, pp, dp, cp, dp-cp, tp-pp, tp-dp, tp-dp-cp, tp-cp; embedding and position-embedding are
 //     taken from its pp groups (first and last rank of each, one rank when pp = 1; first rank).
-//   expert generator (tp, cp = 1, ep, dp = world/(tp*ep*pp), pp):
-//     ep, tp-ep (Megatron's expert tensor-and-model group), expert-dp (its expert data-parallel
-//     group: the ranks holding the same experts, over which their gradients are summed).
+//   expert generator (etp, cp = 1, ep, dp = world/(etp*ep*pp), pp):
+//     ep, expert-tp (its tp), tp-ep (Megatron's expert tensor-and-model group), expert-dp (its
+//     expert data-parallel group: the ranks holding the same experts, over which their gradients
+//     are summed).
 //
 // Every broken rule throws SpecError naming the CLI flag ("--world-size", "--tp", "--pp", "--cp",
-// "--ep", "--order") and the rule with its values: sizes must be positive, their products must fit
-// in 64 bits, world <= kMaxRankGroupWorldSize, world divisible by tp*pp*cp and by tp*ep*pp, a valid
+// "--ep", "--etp", "--order") and the rule with its values: sizes must be positive, their products must fit
+// in 64 bits, world <= kMaxRankGroupWorldSize, world divisible by tp*pp*cp and by etp*ep*pp, a valid
 // order, and Megatron's two expert checks: when the order does not end in pp and pp > 1, the expert
 // data-parallel size must equal the data-parallel size; and both generators must give the same
 // pipeline groups.
@@ -120,7 +125,8 @@ struct RankGroups {
 // "tp-cp-ep-pp-dp" separates them.
 RankGroups megatron_rank_groups(int64_t world_size, int64_t tensor_parallel_size, int64_t pipeline_parallel_size,
                                 int64_t context_parallel_size = 1, int64_t expert_parallel_size = 1,
-                                const std::string& order = std::string(kDefaultParallelOrder));
+                                const std::string& order = std::string(kDefaultParallelOrder),
+                                int64_t expert_tensor_parallel_size = 0);
 
 // One object keyed by kind (kRankGroupKinds order), each a list of rank lists.
 nlohmann::ordered_json rank_groups_to_json(const RankGroups& groups);

@@ -108,6 +108,9 @@ std::vector<std::string> megatron_arguments(const ModelSpec& model, const Parall
   if (plan.expert_model_parallel_size > 1) {
     arguments.push_back(value("--expert-model-parallel-size", plan.expert_model_parallel_size));
   }
+  if (plan.expert_tensor_parallel() != plan.tensor_parallel_size) {
+    arguments.push_back(value("--expert-tensor-parallel-size", plan.expert_tensor_parallel()));
+  }
   const PipelineSplit& split = plan.pipeline_split;
   if (plan.virtual_pipeline_parallel_size > 1) {
     // Megatron's layers-per-stage form holds for even stages only; its stage count form for any.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "core/checked_math.h"
 #include "core/error.h"
 #include "core/notes.h"
 #include "core/schedule/schedule_traits.h"
@@ -16,22 +17,10 @@ SearchSpace search_space_from_flags(const SearchSpaceFlags& options, const Model
   space.moe_imbalance = options.moe_imbalance;
   space.tensor_parallel = options.tensor_parallel;
   if (!options.expert_tensor_parallel.empty()) {
-    // The experts are cut over the tp group (Megatron's default etp): an expert tensor-parallel
-    // size is a tensor-parallel one.
     const std::string flag = "--expert-tensor-parallel-size";
     if (!model.moe.enabled()) throw SpecError(flag, "needs --num-experts");
-    std::vector<int64_t> both;
-    for (const int64_t etp : options.expert_tensor_parallel) {
-      if (options.tensor_parallel.empty() ||
-          std::find(options.tensor_parallel.begin(), options.tensor_parallel.end(), etp) !=
-              options.tensor_parallel.end()) {
-        both.push_back(etp);
-      }
-    }
-    if (both.empty()) {
-      throw SpecError(flag, "must be a listed --tensor-model-parallel-size: megaplan cuts the experts over the tp group");
-    }
-    space.tensor_parallel = both;
+    for (const int64_t etp : options.expert_tensor_parallel) require_positive(etp, flag);
+    space.expert_tensor_parallel = options.expert_tensor_parallel;
   }
   space.pipeline_parallel = options.pipeline_parallel;
   space.context_parallel = options.context_parallel;

@@ -18,8 +18,8 @@ struct SearchSpaceFlags {
   // --expert-model-parallel-size: for a model with experts, the sizes that divide them; a dense
   // model takes 1 only.
   std::vector<int64_t> expert_parallel;
-  std::vector<int64_t> expert_tensor_parallel;  // --expert-tensor-parallel-size: megaplan's is tp, so it restricts tp
-  double moe_imbalance = 1.0;  // --moe-imbalance: the load every plan is costed at
+  std::vector<int64_t> expert_tensor_parallel;  // --expert-tensor-parallel-size: the sizes searched (default 1 and tp)
+  double moe_imbalance = 1.0;                   // --moe-imbalance: the load every plan is costed at
   std::vector<std::string> recompute, schedules;
   bool recompute_activations = false;  // Megatron's alias: selective recomputation pinned
   bool sequence_parallel = false, no_sequence_parallel = false;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <numeric>
 #include <string>
+#include <utility>
 
 #include "core/checked_math.h"
 #include "core/context_parallel.h"
@@ -201,15 +202,23 @@ std::vector<ParallelPlan> grid_plans(const SearchProblem& problem, const Grid& g
       grid.tp == 1 ? std::vector<bool>{false} : or_all(space.sequence_parallel, {false, true});
   const std::vector<bool> distributed_optimizer =
       dp * grid.cp == 1 ? std::vector<bool>{false} : or_all(space.distributed_optimizer, {false, true});
-  // Expert parallelism: each size dividing the experts and cp x dp (Megatron's expert groups).
-  std::vector<int64_t> expert_parallel = {1};
+  // Expert parallelism: each size dividing the experts and, with the experts' tensor-parallel
+  // size, the stage's tp x cp x dp ranks (Megatron's expert groups); the experts cut over tp (0) or
+  // whole (1) unless the sizes are listed.
+  std::vector<std::pair<int64_t, int64_t>> experts = {{1, 0}};  // (ep, etp)
   if (model.moe.enabled()) {
-    expert_parallel.clear();
-    for (int64_t ep : divisors(model.moe.num_experts)) {
-      if ((grid.cp * dp) % ep == 0 && allowed(space.expert_parallel, ep)) expert_parallel.push_back(ep);
+    experts.clear();
+    std::vector<int64_t> cuts = space.expert_tensor_parallel;
+    if (cuts.empty()) cuts = grid.tp == 1 ? std::vector<int64_t>{1} : std::vector<int64_t>{grid.tp, 1};
+    for (const int64_t etp : cuts) {
+      for (int64_t ep : divisors(model.moe.num_experts)) {
+        if ((grid.tp * grid.cp * dp) % (etp * ep) == 0 && allowed(space.expert_parallel, ep)) {
+          experts.emplace_back(ep, etp == grid.tp ? 0 : etp);
+        }
+      }
     }
   }
-  for (const int64_t ep : expert_parallel)
+  for (const auto& [ep, etp] : experts)
     for (const SplitChoice& choice : pipeline_splits(model.num_layers, grid.pp)) {
       for (int64_t vpp : choice.virtual_pipeline) {
         if (!allowed(space.virtual_pipeline, vpp) || (vpp > 1 && grid.pp == 1)) continue;
@@ -248,6 +257,7 @@ std::vector<ParallelPlan> grid_plans(const SearchProblem& problem, const Grid& g
                   plan.implementation = space.implementation;
                   plan.options = space.options;
                   plan.expert_model_parallel_size = ep;
+                  plan.expert_tensor_parallel_size = etp;
                   if (model.moe.enabled()) plan.moe_imbalance = space.moe_imbalance;
                   // validate_plan has the final word; MoE layers only where megaplan's executor runs them.
                   try {

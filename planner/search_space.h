@@ -18,6 +18,9 @@ struct SearchSpace {
   std::vector<int64_t> pipeline_parallel;
   std::vector<int64_t> context_parallel;
   std::vector<int64_t> expert_parallel;  // models with experts: of the sizes dividing them
+  // Models with experts: the routed experts' tensor-parallel sizes; free: tp and 1 (whole experts),
+  // what megaplan's executor runs.
+  std::vector<int64_t> expert_tensor_parallel;
   std::vector<int64_t> virtual_pipeline;
   std::vector<int64_t> layers_per_virtual_stage;  // Megatron's --num-layers-per-virtual-pipeline-stage
   std::vector<int64_t> micro_batch;

@@ -116,12 +116,17 @@ void write_facts(const JobSpec& job, const JobFacts& facts, std::ostream& out) {
     if (model.moe.shared_expert_intermediate_size > 0) {
       out << ", a shared expert of ffn " << model.moe.shared_expert_intermediate_size;
     }
-    const int64_t ep = plan.expert_model_parallel_size;
+    const int64_t ep = plan.expert_model_parallel_size, etp = plan.expert_tensor_parallel();
+    const bool cut_over_tp = etp == plan.tensor_parallel_size;
+    const std::string held = ep == 1 ? std::string("every expert")
+                                     : std::to_string(model.moe.num_experts / ep) +
+                                           (model.moe.num_experts == ep ? " expert" : " experts") + " a layer";
     out << "; " << format_count(static_cast<double>(active_parameters(model, plan.tensor_parallel_size)))
-        << " parameters active a token; ep " << ep << " (each GPU holds its tp shard of "
-        << (ep == 1 ? std::string("every expert")
-                    : std::to_string(model.moe.num_experts / ep) +
-                          (model.moe.num_experts == ep ? " expert" : " experts") + " a layer")
+        << " parameters active a token; ep " << ep << (cut_over_tp ? "" : ", etp " + std::to_string(etp))
+        << " (each GPU holds "
+        << (cut_over_tp ? "its tp shard of " + held
+            : etp == 1  ? held + ", whole"
+                        : "its etp " + std::to_string(etp) + " shard of " + held)
         << ")\n";
     out << "router   " << router_text(model) << "\n";
   }

@@ -21,8 +21,10 @@ void write_group(const std::vector<int64_t>& group, std::ostream& out) {
 void write_rank_groups_text(const RankGroups& groups, std::ostream& out) {
   out << "Megatron rank groups for world " << groups.world_size << ": tp " << groups.tensor_parallel_size << ", pp "
       << groups.pipeline_parallel_size << ", cp " << groups.context_parallel_size << ", ep "
-      << groups.expert_parallel_size << ", dp " << groups.data_parallel_size << ", expert dp "
-      << groups.expert_data_parallel_size << "; order";
+      << groups.expert_parallel_size;
+  if (groups.expert_tensor_parallel_size != groups.tensor_parallel_size)
+    out << ", etp " << groups.expert_tensor_parallel_size;
+  out << ", dp " << groups.data_parallel_size << ", expert dp " << groups.expert_data_parallel_size << "; order";
   for (size_t i = 0; i < groups.order.size(); ++i) out << (i == 0 ? " " : "-") << groups.order[i];
   out << '\n';
 

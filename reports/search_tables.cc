@@ -60,13 +60,13 @@ bool structurally_different(const ParallelPlan& a, const ParallelPlan& b) {
   switched.sequence_parallel = a.sequence_parallel;
   switched.use_distributed_optimizer = a.use_distributed_optimizer;
   const auto key = [](const ParallelPlan& plan) {
-    return std::tuple(plan.tensor_parallel_size, plan.pipeline_parallel_size, plan.context_parallel_size,
-                      plan.data_parallel_size, plan.virtual_pipeline_parallel_size, plan.micro_batch_size,
-                      plan.global_batch_size, plan.sequence_parallel, plan.use_distributed_optimizer,
-                      plan.recompute_granularity, plan.schedule, plan.recompute_method, plan.recompute_num_layers,
-                      plan.pipeline_split.first_stage_layers, plan.pipeline_split.last_stage_layers,
-                      plan.pipeline_split.account_for_embedding, plan.pipeline_split.account_for_loss,
-                      plan.implementation, plan.expert_model_parallel_size, plan.moe_imbalance);
+    return std::tuple(
+        plan.tensor_parallel_size, plan.pipeline_parallel_size, plan.context_parallel_size, plan.data_parallel_size,
+        plan.virtual_pipeline_parallel_size, plan.micro_batch_size, plan.global_batch_size, plan.sequence_parallel,
+        plan.use_distributed_optimizer, plan.recompute_granularity, plan.schedule, plan.recompute_method,
+        plan.recompute_num_layers, plan.pipeline_split.first_stage_layers, plan.pipeline_split.last_stage_layers,
+        plan.pipeline_split.account_for_embedding, plan.pipeline_split.account_for_loss, plan.implementation,
+        plan.expert_model_parallel_size, plan.expert_tensor_parallel(), plan.moe_imbalance);
   };
   return key(a) != key(switched) || !(a.options == switched.options);
 }
@@ -76,11 +76,18 @@ std::string ranked_plans_table(const std::vector<RankedPlan>& plans, std::option
   std::vector<std::string> header = {"#",           "tp",          "pp",        "dp",          "cp",       "vpp",
                                      "split",       "mbs",         "recompute", "sp",          "dist-opt", "schedule",
                                      "iteration s", "TFLOP/s/GPU", "MFU",       "peak memory", "vs #1"};
-  // A model with experts: its plans' ep after cp.
-  const bool experts = std::any_of(plans.begin(), plans.end(),
-                                   [](const RankedPlan& ranked) { return ranked.plan.expert_model_parallel_size > 1; });
+  // A model with experts: its plans' ep after cp, and their experts' tensor-parallel size where one
+  // differs from tp.
+  const bool experts = std::any_of(plans.begin(), plans.end(), [](const RankedPlan& ranked) {
+    return ranked.plan.expert_model_parallel_size > 1 ||
+           ranked.plan.expert_tensor_parallel() != ranked.plan.tensor_parallel_size;
+  });
+  const bool cut = std::any_of(plans.begin(), plans.end(), [](const RankedPlan& ranked) {
+    return ranked.plan.expert_tensor_parallel() != ranked.plan.tensor_parallel_size;
+  });
   const std::size_t ep_column = 5;
   if (experts) header.insert(header.begin() + ep_column, "ep");
+  if (cut) header.insert(header.begin() + ep_column + 1, "etp");
   if (memory_limit_bytes) header.push_back("fits");
   TextTable table(std::move(header));
   if (plans.empty()) return table.render();
@@ -116,6 +123,7 @@ std::string ranked_plans_table(const std::vector<RankedPlan>& plans, std::option
             ? ""
             : format_percent(ranked.estimate.iteration_time_s / best - 1, true) + (ranked.tie ? " tie" : "")};
     if (experts) row.insert(row.begin() + ep_column, std::to_string(plan.expert_model_parallel_size));
+    if (cut) row.insert(row.begin() + ep_column + 1, std::to_string(plan.expert_tensor_parallel()));
     if (memory_limit_bytes) row.push_back(ranked.peak_memory_bytes <= *memory_limit_bytes ? "yes" : "no");
     table.add_row(std::move(row));
   }

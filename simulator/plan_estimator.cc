@@ -15,19 +15,20 @@ SimulatorEstimator::SimulatorEstimator(ModelSpec model, ClusterSpec cluster, Pro
     : model_(std::move(model)), cluster_(std::move(cluster)), profile_(std::move(profile)), topology_(cluster_) {}
 
 SimulatorEstimator::Costs SimulatorEstimator::layer_costs(const ParallelPlan& plan) const {
-  const LayerKey key{plan.tensor_parallel_size, plan.context_parallel_size, plan.micro_batch_size,
-                     plan.sequence_parallel,    plan.recompute_granularity, plan.expert_model_parallel_size};
+  const LayerKey key{plan.tensor_parallel_size,    plan.context_parallel_size, plan.micro_batch_size,
+                     plan.sequence_parallel,       plan.recompute_granularity, plan.expert_model_parallel_size,
+                     plan.expert_tensor_parallel()};
   return *layer_cache_.get(key, [&] { return make_layer_costs(plan); });
 }
 
 SimulatorEstimator::Costs SimulatorEstimator::make_layer_costs(const ParallelPlan& plan) const {
   // Global rank 0's tensor-, context- and expert-parallel groups (Megatron's order puts tp fastest,
-  // then cp; the expert layers' tp, then ep): no group of a kind routes faster, so the layer is
+  // then cp; the expert layers' etp, then ep): no group of a kind routes faster, so the layer is
   // never cheaper than this.
   const int64_t tp = plan.tensor_parallel_size;
   const Route alone = strided_route(1, 1);
   const GroupRoutes routes{strided_route(1, tp), strided_route(tp, plan.context_parallel_size), alone,
-                           strided_route(tp, plan.expert_model_parallel_size), alone};
+                           strided_route(plan.expert_tensor_parallel(), plan.expert_model_parallel_size), alone};
   CostSources sources;
   Costs costs{{}, output_layer_costs(model_, plan, profile_, routes.tensor, sources)};
   // With experts, each part at the cheaper of the model's kinds of layer, a bound on any layer.
@@ -60,11 +61,12 @@ Route SimulatorEstimator::strided_route(int64_t stride, int64_t members) const {
 double SimulatorEstimator::optimizer_seconds(const ParallelPlan& plan, int64_t rank) const {
   const auto index = static_cast<std::size_t>(rank);
   // Global rank 0's dp x cp group (Megatron's order tp-cp-ep-dp-pp strides it by tp) and, for the
-  // routed experts' share, its expert data-parallel group (the expert layers' tp-ep-dp-pp: by tp x
-  // ep), whose gradients norm and shard apart.
+  // routed experts' share, its expert data-parallel group (the expert layers' etp-ep-dp-pp: by etp
+  // x ep), whose gradients norm and shard apart.
   const int64_t tp = plan.tensor_parallel_size;
   const Route data_route = strided_route(tp, plan.gradient_group_size());
-  const Route expert_data_route = strided_route(tp * plan.expert_model_parallel_size, plan.expert_data_parallel_size());
+  const Route expert_data_route =
+      strided_route(plan.expert_tensor_parallel() * plan.expert_model_parallel_size, plan.expert_data_parallel_size());
   CostSources sources;
   return optimizer_step_seconds(plan, parameters_.per_pipeline_rank(plan)[index], profile_, data_route, sources,
                                 parameters_.experts_per_pipeline_rank(plan)[index], &expert_data_route);

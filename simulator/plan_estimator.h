@@ -39,7 +39,7 @@ class SimulatorEstimator final : public StepTimeEstimator {
 
  private:
   // What one layer's cost depends on: tp, cp, mbs, sequence parallelism, recomputation and ep.
-  using LayerKey = std::tuple<int64_t, int64_t, int64_t, bool, RecomputeGranularity, int64_t>;
+  using LayerKey = std::tuple<int64_t, int64_t, int64_t, bool, RecomputeGranularity, int64_t, int64_t>;
   struct Costs {
     LayerCosts layer;
     LayerCosts output_layer;

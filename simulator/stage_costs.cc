@@ -6,6 +6,7 @@
 #include <iterator>
 #include <limits>
 #include <optional>
+#include <tuple>
 #include <utility>
 
 #include "core/action_work.h"
@@ -159,8 +160,9 @@ std::vector<GroupRoutes> pipeline_group_routes(const ParallelPlan& plan, const T
   add(ranks, "tp", &GroupRoutes::tensor);
   add(ranks, "cp", &GroupRoutes::context);
   add(ranks, "dp-cp", &GroupRoutes::data);
-  if (plan.expert_model_parallel_size > 1) {  // the expert layers' generator: their pipeline groups are the same
-    const RankGenerator experts("expert", plan.tensor_parallel_size, plan.expert_model_parallel_size,
+  // The expert layers' generator (their pipeline groups are the same) where their groups differ.
+  if (plan.expert_model_parallel_size > 1 || plan.expert_tensor_parallel() != plan.tensor_parallel_size) {
+    const RankGenerator experts("expert", plan.expert_tensor_parallel(), plan.expert_model_parallel_size,
                                 plan.expert_data_parallel_size(), plan.pipeline_parallel_size, 1,
                                 std::string(kDefaultParallelOrder));
     add(experts, "ep", &GroupRoutes::expert);
@@ -404,7 +406,7 @@ double optimizer_step_seconds(const ParallelPlan& plan, int64_t parameters_per_g
     seconds += profile.kernel_seconds(kernel, sources);
   }
   const int64_t replicas = plan.gradient_group_size();
-  if (!plan.use_distributed_optimizer || replicas <= 1) return seconds;
+  if (!plan.use_distributed_optimizer || (replicas <= 1 && plan.expert_data_parallel_size() <= 1)) return seconds;
   if (expert_parameters_per_gpu > 0) {
     // The experts' updated parameters gather over expert dp, after the others' (not overlapped:
     // --overlap-param-gather is the dense buckets').
@@ -413,6 +415,7 @@ double optimizer_step_seconds(const ParallelPlan& plan, int64_t parameters_per_g
     seconds += expert_data(CollectiveOp::kAllGather, kBf16 * expert_parameters_per_gpu);
     parameters_per_gpu -= expert_parameters_per_gpu;
   }
+  if (replicas <= 1) return seconds;
   // The updated bf16 parameters gathered over dp x cp; --overlap-param-gather issues the gathers
   // bucket by bucket and waits for each in the next forward, so only the first bucket's is exposed,
   // and the forward it runs beside loses what the others take from it (exposed_beside, the forward
@@ -543,8 +546,11 @@ ActionCosts plan_action_costs(const ModelSpec& model, const ParallelPlan& plan, 
       plan.use_distributed_optimizer ? CollectiveOp::kReduceScatter : CollectiveOp::kAllReduce;
   const std::vector<PipelineRankParameters> rank_parameters = parameters_per_pipeline_rank(model, plan);
   const int64_t bucket = gradient_bucket_parameters(plan);
+  const int64_t expert_replicas = model.moe.enabled() ? plan.expert_data_parallel_size() : 1;
   for (int64_t stage = 0; stage < num_stages; ++stage) {
-    if (replicas <= 1) continue;
+    // Nothing to sum where every gradient has one replica (whole experts on each tp rank of one
+    // replica have several: the tp group's rows).
+    if (replicas <= 1 && expert_replicas <= 1) continue;
     const StageParameters held = stage_parameters(model, plan, stage);
     std::vector<GradientBucketCost>& buckets = costs.stages[static_cast<std::size_t>(stage)].gradient_buckets;
     const CollectiveCoster data(profile, routes_of_stage(stage).data, replicas, sources);
@@ -556,7 +562,9 @@ ActionCosts plan_action_costs(const ModelSpec& model, const ParallelPlan& plan, 
     const CollectiveCoster expert_data(profile, routes_of_stage(stage).expert_data, plan.expert_data_parallel_size(),
                                        sources);
     const int64_t filling = held.parameters_per_gpu - held.word_embedding_per_gpu - held.expert_per_gpu;
-    for (const auto& [parameters, group] : {std::pair{filling, &data}, std::pair{held.expert_per_gpu, &expert_data}}) {
+    for (const auto& [parameters, group, members] :
+         {std::tuple{filling, &data, replicas}, std::tuple{held.expert_per_gpu, &expert_data, expert_replicas}}) {
+      if (members <= 1) continue;
       for (int64_t done = 0; done < parameters; done += bucket) {
         const int64_t size = std::min(bucket, parameters - done);
         buckets.push_back({(*group)(reduction, gradient_bytes * size),
@@ -565,7 +573,7 @@ ActionCosts plan_action_costs(const ModelSpec& model, const ParallelPlan& plan, 
     }
     std::stable_sort(buckets.begin(), buckets.end(),
                      [](const GradientBucketCost& a, const GradientBucketCost& b) { return a.ready < b.ready; });
-    if (held.word_embedding_per_gpu > 0) {
+    if (held.word_embedding_per_gpu > 0 && replicas > 1) {
       buckets.push_back({data(reduction, gradient_bytes * held.word_embedding_per_gpu), 1});
     }
   }

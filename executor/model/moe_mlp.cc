@@ -9,11 +9,12 @@
 
 namespace megaplan::exec {
 
-MoeDims MoeMlpShape::dims(int64_t expert_parallel, int64_t tensor_parallel, int64_t context_parallel) const {
+MoeDims MoeMlpShape::dims(int64_t expert_parallel, int64_t tensor_parallel, int64_t context_parallel,
+                          int64_t expert_tensor_parallel) const {
   const auto i64 = [](std::size_t n) { return static_cast<int64_t>(n); };
   return moe_dims(i64(tokens), i64(hidden), i64(ffn), i64(shared_ffn), shared_gate, i64(router.experts),
                   i64(router.topk), i64(capacity.capacity), capacity.pad, expert_parallel, tensor_parallel,
-                  context_parallel);
+                  context_parallel, expert_tensor_parallel);
 }
 
 namespace {
@@ -22,13 +23,15 @@ int64_t size_of(const Comm* comm) { return comm ? comm->size() : 1; }
 }  // namespace
 
 MoeMlp::MoeMlp(const MoeMlpShape& shape, Backend& backend, Comm* expert_parallel, Comm* tensor_parallel,
-               Comm* context_parallel)
+               Comm* context_parallel, std::optional<Comm*> expert_tensor_parallel)
     : shape_(shape),
       backend_(backend),
       expert_parallel_(group_of(expert_parallel)),
       tensor_parallel_(group_of(tensor_parallel)),
       context_parallel_(group_of(context_parallel)),
-      dims_(shape.dims(size_of(expert_parallel_), size_of(tensor_parallel_), size_of(context_parallel_))) {
+      expert_tensor_parallel_(group_of(expert_tensor_parallel.value_or(tensor_parallel))),
+      dims_(shape.dims(size_of(expert_parallel_), size_of(tensor_parallel_), size_of(context_parallel_),
+                       size_of(expert_tensor_parallel_))) {
   if (dims_.experts % dims_.expert_parallel != 0) {
     throw std::logic_error("MoeMlp: " + std::to_string(dims_.experts) + " experts over " +
                            std::to_string(dims_.expert_parallel) + " expert-parallel ranks");
@@ -66,7 +69,7 @@ void MoeMlp::release(MoeMlpSaved& saved) {
 
 MoeMlpDeferred MoeMlp::allocate_deferred(const MoeMlpSaved& saved) {
   MoeDims held = dims_;
-  held.arrived_rows = static_cast<int64_t>(saved.expert_rows_held) / dims_.tensor_parallel;
+  held.arrived_rows = static_cast<int64_t>(saved.expert_rows_held) / dims_.expert_tensor_parallel;
   MoeMlpDeferred deferred;
   allocate_buffers(backend_, moe_deferred(held), deferred);
   return deferred;
@@ -144,11 +147,16 @@ double max_over_mean(const std::vector<double>& rows) {
 double MoeMlp::logged_load(const MoeMlpSaved& saved) {
   std::vector<double> rows = saved.group_rows;
   if (rows.empty()) rows.assign(saved.rows_per_expert.begin(), saved.rows_per_expert.end());
-  if (context_parallel_ && !expert_parallel_) {
+  // Without expert parallelism the microbatch's rows: summed over the tp group where the experts'
+  // rows were not gathered over it (etp 1), and over the cp group.
+  Comm* const tensor = tensor_parallel_ && !expert_tensor_parallel_ ? tensor_parallel_ : nullptr;
+  if (!expert_parallel_ && (tensor || context_parallel_)) {
     // Counts travel as fp32 (exact below 2^24 rows, as gather_counts checks).
     std::vector<float> counts(rows.begin(), rows.end());
     backend_.upload(scratch_.counts, counts.data(), counts.size());
-    context_parallel_->all_reduce(scratch_.counts, counts.size(), DType::kFloat32, ReduceOp::kSum)->wait();
+    for (Comm* group : {tensor, context_parallel_}) {
+      if (group) group->all_reduce(scratch_.counts, counts.size(), DType::kFloat32, ReduceOp::kSum)->wait();
+    }
     backend_.download(counts.data(), scratch_.counts, counts.size());
     rows.assign(counts.begin(), counts.end());
   }
@@ -159,9 +167,9 @@ double MoeMlp::logged_load(const MoeMlpSaved& saved) {
 std::size_t MoeMlp::gather_counts(MoeMlpSaved& saved) {
   const auto experts = static_cast<std::size_t>(dims_.experts), local = static_cast<std::size_t>(dims_.local_experts());
   const auto ep = static_cast<std::size_t>(size_of(expert_parallel_)),
-             tp = static_cast<std::size_t>(size_of(tensor_parallel_));
+             tp = static_cast<std::size_t>(size_of(expert_tensor_parallel_));
   const auto ep_rank = static_cast<std::size_t>(expert_parallel_ ? expert_parallel_->rank() : 0);
-  const auto tp_rank = static_cast<std::size_t>(tensor_parallel_ ? tensor_parallel_->rank() : 0);
+  const auto tp_rank = static_cast<std::size_t>(expert_tensor_parallel_ ? expert_tensor_parallel_->rank() : 0);
   // Counts travel as fp32, exact below 2^24 rows: a dispatch makes at most tokens x topk.
   std::vector<float> counts(tp * ep * experts);
   for (std::size_t e = 0; e < experts; ++e) {
@@ -175,7 +183,8 @@ std::size_t MoeMlp::gather_counts(MoeMlpSaved& saved) {
   float* mine = tp_slot + ep_rank * experts;
   backend_.upload(mine, counts.data(), experts);
   if (expert_parallel_) expert_parallel_->all_gather(mine, tp_slot, experts, DType::kFloat32)->wait();
-  if (tensor_parallel_) tensor_parallel_->all_gather(tp_slot, scratch_.counts, ep * experts, DType::kFloat32)->wait();
+  if (expert_tensor_parallel_)
+    expert_tensor_parallel_->all_gather(tp_slot, scratch_.counts, ep * experts, DType::kFloat32)->wait();
   backend_.download(counts.data(), scratch_.counts, counts.size());
   saved.group_rows.assign(experts, 0.0);  // every member's rows of each expert
   for (std::size_t i = 0; i < counts.size(); ++i) saved.group_rows[i % experts] += counts[i];
@@ -202,7 +211,8 @@ Request MoeMlp::exchange(const MoeMlpSaved& saved, ConstActivation input, Activa
   Comm& ep = *expert_parallel_;
   const auto local = static_cast<std::size_t>(dims_.local_experts()), h = shape_.hidden;
   const auto members = static_cast<std::size_t>(ep.size());
-  const std::size_t own = static_cast<std::size_t>(tensor_parallel_ ? tensor_parallel_->rank() : 0) * members * local;
+  const std::size_t own =
+      static_cast<std::size_t>(expert_tensor_parallel_ ? expert_tensor_parallel_->rank() : 0) * members * local;
   // Elements to each member from the dispatch (its experts' rows), and from each member to the experts.
   std::vector<std::size_t> dispatched(members, 0), arrived(members, 0);
   for (std::size_t p = 0; p < members; ++p) {
@@ -218,7 +228,8 @@ Request MoeMlp::exchange(const MoeMlpSaved& saved, ConstActivation input, Activa
 void MoeMlp::regroup(const MoeMlpSaved& saved, Activation from, Activation to, bool by_expert) {
   const auto local = static_cast<std::size_t>(dims_.local_experts()), h = shape_.hidden;
   const std::size_t senders = saved.received.size() / local;
-  const std::size_t per_room = senders / static_cast<std::size_t>(size_of(tensor_parallel_));  // ep members a room
+  const std::size_t per_room =
+      senders / static_cast<std::size_t>(size_of(expert_tensor_parallel_));  // ep members a room
   // Each (sender, expert) run's first row in both orders: by sender, each tp member's runs in its room.
   std::vector<std::size_t> by_sender(saved.received.size()), by_expert_first(saved.received.size());
   std::size_t row = 0;
@@ -244,9 +255,9 @@ void MoeMlp::regroup(const MoeMlpSaved& saved, Activation from, Activation to, b
 }
 
 Activation MoeMlp::own_room(const MoeMlpSaved& saved) {
-  if (!tensor_parallel_) return expert_scratch_.exchanged;
+  if (!expert_tensor_parallel_) return expert_scratch_.exchanged;
   return backend_.offset(expert_scratch_.gathered,
-                         static_cast<std::size_t>(tensor_parallel_->rank()) * saved.room * shape_.hidden);
+                         static_cast<std::size_t>(expert_tensor_parallel_->rank()) * saved.room * shape_.hidden);
 }
 
 void MoeMlp::reserve_arrived_rows(std::size_t rows) {
@@ -269,7 +280,7 @@ void MoeMlp::forward(ConstActivation x, ConstActivation x_gathered, const MoeMlp
                                          {saved.token_rows, saved.row_tokens});
   const std::size_t rows = dispatched_rows(saved);
   // The rows this rank's experts compute (every tp member's arrived rows), and buffers holding them.
-  const bool moved = expert_parallel_ || tensor_parallel_;
+  const bool moved = expert_parallel_ || expert_tensor_parallel_;
   const std::size_t expert_rows = moved ? gather_counts(saved) : rows;
   const std::size_t room = moved ? saved.room : rows;
   if (saved.expert_rows_held < expert_rows) {
@@ -290,8 +301,9 @@ void MoeMlp::forward(ConstActivation x, ConstActivation x_gathered, const MoeMlp
   } else {
     b.moe_permute(x, h, saved.row_tokens, rows, moved ? arrived : saved.expert.rows);
   }
-  if (tensor_parallel_) tensor_parallel_->all_gather(arrived, es.gathered, room * h, b.activation_type())->wait();
-  if (moved) regroup(saved, tensor_parallel_ ? es.gathered : es.exchanged, saved.expert.rows, true);
+  if (expert_tensor_parallel_)
+    expert_tensor_parallel_->all_gather(arrived, es.gathered, room * h, b.activation_type())->wait();
+  if (moved) regroup(saved, expert_tensor_parallel_ ? es.gathered : es.exchanged, saved.expert.rows, true);
   for_each_expert(saved, [&](std::size_t expert, std::size_t first, std::size_t n) {
     b.linear_forward(b.offset(saved.expert.rows, first * h), weights.fc1[expert], nullptr, n, h, 2 * f,
                      GemmEpilogue::kNone, b.offset(saved.expert.fc1_out, first * 2 * f), nullptr);
@@ -303,9 +315,9 @@ void MoeMlp::forward(ConstActivation x, ConstActivation x_gathered, const MoeMlp
                      b.offset(expert_out, first * h), nullptr);
   });
   // The outputs home: each tp member's rows summed over the group, then back over the ep group.
-  if (tensor_parallel_) {
+  if (expert_tensor_parallel_) {
     regroup(saved, expert_out, es.gathered, false);
-    tensor_parallel_
+    expert_tensor_parallel_
         ->reduce_scatter(es.gathered, expert_parallel_ ? es.exchanged : saved.expert_out, room * h, b.activation_type(),
                          ReduceOp::kSum)
         ->wait();
@@ -385,19 +397,20 @@ void MoeMlp::backward(ConstActivation dy, ConstActivation x, ConstActivation x_g
   const std::size_t rows = dispatched_rows(saved);
   std::size_t expert_rows = 0;
   for (const int64_t n : local_rows(saved)) expert_rows += static_cast<std::size_t>(n);
-  const bool moved = expert_parallel_ || tensor_parallel_;
+  const bool moved = expert_parallel_ || expert_tensor_parallel_;
   const std::size_t room = moved ? saved.room : rows;
   const Activation arrived = own_room(saved);
   // The experts' outputs' gradient where the experts computed them: in the dispatch's order, out
   // over the ep group, gathered over the tp group, grouped by expert.
-  const Activation d_dispatched = tensor_parallel_ && !expert_parallel_ ? arrived : s.d_expert_out;
+  const Activation d_dispatched = expert_tensor_parallel_ && !expert_parallel_ ? arrived : s.d_expert_out;
   b.moe_combine_backward(dy, saved.expert_out, h, {saved.token_rows, saved.row_tokens}, saved.probs, t, k, rows,
                          d_dispatched, s.d_probs);
   if (expert_parallel_) exchange(saved, s.d_expert_out, arrived, false)->wait();
-  if (tensor_parallel_) tensor_parallel_->all_gather(arrived, es.gathered, room * h, b.activation_type())->wait();
+  if (expert_tensor_parallel_)
+    expert_tensor_parallel_->all_gather(arrived, es.gathered, room * h, b.activation_type())->wait();
   Activation d_expert_out = s.d_expert_out;
   if (moved) {
-    regroup(saved, tensor_parallel_ ? es.gathered : es.exchanged, es.d_rows, true);
+    regroup(saved, expert_tensor_parallel_ ? es.gathered : es.exchanged, es.d_rows, true);
     d_expert_out = es.d_rows;
   }
   // Under I each weight GEMM's output gradient is kept for W instead (`keep`): the experts' once over
@@ -413,7 +426,7 @@ void MoeMlp::backward(ConstActivation dy, ConstActivation x, ConstActivation x_g
   });
   keep(d_expert_out, expert_rows * h, &MoeMlpDeferred::expert_fc2);
   b.swiglu_backward(es.d_activated, saved.expert.fc1_out, expert_rows, f, es.d_fc1_out);
-  const Activation d_expert_rows = tensor_parallel_ ? es.gathered : expert_parallel_ ? es.exchanged : es.d_rows;
+  const Activation d_expert_rows = expert_tensor_parallel_ ? es.gathered : expert_parallel_ ? es.exchanged : es.d_rows;
   for_each_expert(saved, [&](std::size_t expert, std::size_t first, std::size_t n) {
     b.linear_backward(b.offset(es.d_fc1_out, first * 2 * f), b.offset(saved.expert.rows, first * h),
                       weights.fc1[expert], n, h, 2 * f, b.offset(d_expert_rows, first * h),
@@ -423,16 +436,16 @@ void MoeMlp::backward(ConstActivation dy, ConstActivation x, ConstActivation x_g
   // The rows' gradient back in the dispatch's order: each tp member's summed over the group, then
   // home over the ep group.
   ConstActivation d_rows = es.d_rows;
-  if (tensor_parallel_) {
+  if (expert_tensor_parallel_) {
     regroup(saved, es.gathered, es.d_rows, false);
     const Activation own = expert_parallel_ ? es.exchanged : s.d_expert_out;
-    tensor_parallel_->reduce_scatter(es.d_rows, own, room * h, b.activation_type(), ReduceOp::kSum)->wait();
+    expert_tensor_parallel_->reduce_scatter(es.d_rows, own, room * h, b.activation_type(), ReduceOp::kSum)->wait();
     d_rows = own;
   } else if (expert_parallel_) {
     regroup(saved, es.exchanged, es.d_rows, false);
   }
   if (expert_parallel_) {
-    exchange(saved, tensor_parallel_ ? es.exchanged : es.d_rows, s.sent, true)->wait();
+    exchange(saved, expert_tensor_parallel_ ? es.exchanged : es.d_rows, s.sent, true)->wait();
     d_rows = s.sent;
   }
   b.moe_permute_backward(d_rows, h, saved.token_rows, t, k, dx);

@@ -31,11 +31,18 @@
 // over the tp group, whose tokens it balances, and the z loss (and the sequence loss, each rank's
 // rows whole sequences) is each member's share of the group's mean; the shared expert is a
 // tensor-parallel MLP over the group's rows, gathered.
+//
+// With --expert-tensor-parallel-size 1 under tp > 1 (each rank's experts whole, Megatron's
+// recommended cut for fine-grained experts) nothing of the above crosses the tp group for the
+// routed experts: each tp rank routes its own rows, dispatches them over its ep group (which then
+// spans tp ranks) and computes whole experts; the shared expert, the router's and gate's gradients
+// and the losses stay the tp group's as above, and the experts' load for the log is summed over it.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <vector>
 
 #include "core/layer_recipe.h"
@@ -61,7 +68,8 @@ struct MoeMlpShape {
 
   // Its buffers' widths as core's recipe prices them, its experts over `expert_parallel` ranks and
   // cut over `tensor_parallel`.
-  MoeDims dims(int64_t expert_parallel = 1, int64_t tensor_parallel = 1, int64_t context_parallel = 1) const;
+  MoeDims dims(int64_t expert_parallel = 1, int64_t tensor_parallel = 1, int64_t context_parallel = 1,
+               int64_t expert_tensor_parallel = 0) const;
 };
 
 // The weights as the layers read them (compute copies): the router [experts x hidden], each of the
@@ -123,9 +131,11 @@ class MoeMlp {
   // latter grows when a forward's experts compute more rows than it holds). `expert_parallel`: the
   // rank's ep group (null: ep 1), whose size divides the experts; `tensor_parallel`: its tp group
   // (null: tp 1), over which `shape`'s widths are the rank's shards; `context_parallel`: its cp group
-  // (null: cp 1), whose members route their own tokens of the same sequences.
+  // (null: cp 1), whose members route their own tokens of the same sequences; `expert_tensor_parallel`:
+  // the group the routed experts are cut over (--expert-tensor-parallel-size; unset: the tp group,
+  // null: etp 1, each rank's experts whole, `shape`'s ffn their full width).
   MoeMlp(const MoeMlpShape& shape, Backend& backend, Comm* expert_parallel = nullptr, Comm* tensor_parallel = nullptr,
-         Comm* context_parallel = nullptr);
+         Comm* context_parallel = nullptr, std::optional<Comm*> expert_tensor_parallel = std::nullopt);
   ~MoeMlp();
   MoeMlp(const MoeMlp&) = delete;
   MoeMlp& operator=(const MoeMlp&) = delete;
@@ -192,7 +202,8 @@ class MoeMlp {
   Comm* expert_parallel_;
   Comm* tensor_parallel_;
   Comm* context_parallel_;
-  MoeDims dims_;  // dims_.arrived_rows: what the expert scratch holds
+  Comm* expert_tensor_parallel_;  // the routed experts' (etp) group: the tp group, or null at etp 1
+  MoeDims dims_;                  // dims_.arrived_rows: what the expert scratch holds
   MoeScratch<Activation, float*> scratch_;
   MoeExpertScratch<Activation> expert_scratch_;
   double* balancing_sum_ = nullptr;  // scratch_.loss_memory's two doubles

@@ -127,7 +127,8 @@ void StageChunk::add_parameter(const ParameterSpec& spec) {
 
 StageChunk::StageChunk(const ModelSpec& model, const ParallelPlan& plan, int64_t stage, Backend& backend,
                        const Initialisation& init, Parameter* tied_embedding, Comm* tensor_parallel,
-                       std::size_t bucket_size, Comm* context_parallel, Comm* expert_parallel)
+                       std::size_t bucket_size, Comm* context_parallel, Comm* expert_parallel,
+                       std::optional<Comm*> expert_tensor_parallel)
     : backend_(backend),
       recipe_(model, plan, executor_precision(backend)),
       width_(widths(recipe_, plan.tensor_parallel_size, tensor_parallel ? tensor_parallel->rank() : 0)),
@@ -156,6 +157,14 @@ StageChunk::StageChunk(const ModelSpec& model, const ParallelPlan& plan, int64_t
     throw std::logic_error("StageChunk: the expert-parallel group does not match the plan's ep");
   }
   const int64_t ep_rank = expert_parallel ? expert_parallel->rank() : 0;
+  // The routed experts' cut: the tp group's (unset), or a group of the plan's etp (null at 1).
+  const int64_t etp = plan.expert_tensor_parallel();
+  Comm* const expert_tensor = expert_tensor_parallel.value_or(tensor_parallel);
+  if ((etp > 1) != (expert_tensor != nullptr) || (expert_tensor && expert_tensor->size() != etp) ||
+      (!expert_tensor_parallel && etp != tp)) {
+    throw std::logic_error("StageChunk: the expert tensor-parallel group does not match the plan's etp");
+  }
+  const int64_t etp_rank = expert_tensor ? expert_tensor->rank() : 0;
   if (context_parallel) {
     const std::array<int64_t, 2> chunks = context_chunks(context_parallel->rank(), cp);
     places_ = {recipe_.seq_length / (2 * cp), chunks[0], chunks[1]};
@@ -169,7 +178,7 @@ StageChunk::StageChunk(const ModelSpec& model, const ParallelPlan& plan, int64_t
   keep_ = layer_keeps(plan, groups_);
   lent_moe_ = lent_sets_hold_moe(model, first_layer_, keep_);
 
-  const std::vector<ParameterSpec> specs = describe_parameters(model, plan, stage, tp_rank_, ep_rank);
+  const std::vector<ParameterSpec> specs = describe_parameters(model, plan, stage, tp_rank_, ep_rank, etp_rank);
   layout_ = megaplan::stage_layout(model, plan, stage, bucket_size);
   values_ = backend_.allocate(layout_.total);
   gradients_ = backend_.allocate(layout_.total);
@@ -225,7 +234,7 @@ StageChunk::StageChunk(const ModelSpec& model, const ParallelPlan& plan, int64_t
     layer.shared_gate = find(prefix + "mlp.shared_experts.gate_weight");
     if (!moe_) {
       moe_ = std::make_unique<MoeMlp>(moe_mlp_shape(model, recipe_), backend_, expert_parallel, tensor_parallel,
-                                      context_parallel);
+                                      context_parallel, expert_tensor);
     }
     if (model.moe.router_enable_expert_bias) {
       layer.expert_bias = expert_biases_.layers.size();

@@ -95,9 +95,12 @@ class StageChunk {
   // chunks of every sequence (core/context_parallel.h) and attention runs as a ring over the group.
   // `expert_parallel` is the rank's ep group (null when ep = 1): the rank holds its experts of every
   // MoE layer (core/parameter_list.h) and exchanges tokens over the group (moe_mlp.h).
+  // `expert_tensor_parallel` is the group the routed experts are cut over where the plan's etp is
+  // not tp (unset: the tp group; null: etp 1, every expert whole on the rank).
   StageChunk(const ModelSpec& model, const ParallelPlan& plan, int64_t stage, Backend& backend,
              const Initialisation& init, Parameter* tied_embedding = nullptr, Comm* tensor_parallel = nullptr,
-             std::size_t bucket_size = 0, Comm* context_parallel = nullptr, Comm* expert_parallel = nullptr);
+             std::size_t bucket_size = 0, Comm* context_parallel = nullptr, Comm* expert_parallel = nullptr,
+             std::optional<Comm*> expert_tensor_parallel = std::nullopt);
   ~StageChunk();
   StageChunk(const StageChunk&) = delete;
   StageChunk& operator=(const StageChunk&) = delete;

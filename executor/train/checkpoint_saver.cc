@@ -260,7 +260,8 @@ uint64_t async_save_image_bytes(const ModelSpec& model, const ParallelPlan& plan
   uint64_t bytes = 0;
   for (const int64_t stage : stages_of_pipeline_rank(groups.pipeline_rank, plan)) {
     for (const ParameterSpec& spec :
-         describe_parameters(model, plan, stage, groups.tensor_parallel_rank, groups.expert_parallel_rank)) {
+         describe_parameters(model, plan, stage, groups.tensor_parallel_rank, groups.expert_parallel_rank,
+                             groups.expert_tensor_parallel_rank)) {
       if (writes_parameter(groups, spec)) bytes += checkpoint_format::entry_of(spec).bytes();
     }
   }

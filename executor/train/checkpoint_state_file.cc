@@ -6,6 +6,7 @@
 #include "core/json_io.h"
 #include "core/text_file.h"
 #include "executor/train/checkpoint_format.h"
+#include "executor/train/parallel_groups.h"
 
 namespace megaplan::exec::checkpoint_format {
 
@@ -93,11 +94,9 @@ std::string incompleteness(const std::string& path) {
 
 nlohmann::json checkpoint_meta(const TrainingState& state, const ModelSpec& model, const ParallelPlan& plan) {
   nlohmann::json directories = nlohmann::json::array();
-  const int64_t ep = plan.expert_model_parallel_size;
-  for (int64_t p = 0; p < plan.pipeline_parallel_size; ++p) {
-    for (int64_t t = 0; t < plan.tensor_parallel_size; ++t) {
-      for (int64_t e = 0; e < ep; ++e) directories.push_back(rank_directory(t, p, plan.pipeline_parallel_size, e, ep));
-    }
+  for (const RankPlace& writer : checkpoint_writers(model, plan)) {
+    directories.push_back(rank_directory(writer.tensor_parallel_rank, writer.pipeline_rank, plan.pipeline_parallel_size,
+                                         writer.expert_parallel_rank, plan.expert_model_parallel_size));
   }
   nlohmann::json meta = {{"format", kFormat},
                          {"iteration", state.iteration},

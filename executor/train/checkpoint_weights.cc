@@ -16,6 +16,7 @@
 #include "executor/train/checkpoint_shard_reader.h"
 #include "executor/train/checkpoint_staging.h"
 #include "executor/train/checkpoint_state_file.h"
+#include "executor/train/parallel_groups.h"
 
 namespace megaplan::exec {
 
@@ -74,54 +75,51 @@ void write_weights(const std::string& directory, const ModelSpec& model, const P
   state.seed = seed;
   const std::string staging = create_staging(directory, state.iteration);
   try {
-    for (int64_t p = 0; p < plan.pipeline_parallel_size; ++p) {
-      for (int64_t t = 0; t < plan.tensor_parallel_size; ++t) {
-        for (int64_t e = 0; e < plan.expert_model_parallel_size; ++e) {
-          // Expert-parallel rank e's directory holds its experts, and the first one the rest.
-          std::vector<ParameterSpec> specs;
-          const std::vector<int64_t> stages = stages_of_pipeline_rank(p, plan);
-          for (const int64_t stage : stages) {
-            for (ParameterSpec& spec : describe_parameters(model, plan, stage, t, e)) {
-              if (spec.expert || e == 0) specs.push_back(std::move(spec));
-            }
-          }
-          RankLayout layout;
-          std::vector<TensorEntry> entries;
-          for (const ParameterSpec& spec : specs) entries.push_back(entry_of(spec));
-          layout.lay_out(std::move(entries));
-          layout.tensor_parallel_rank = t;
-          layout.pipeline_rank = p;
-          layout.stages = stages;
-          layout.binding = {state.iteration,
-                            rank_directory(t, p, plan.pipeline_parallel_size, e, plan.expert_model_parallel_size),
-                            parallel_plan_to_json(plan)};
-          std::vector<float> image(layout.total_bytes / sizeof(float));
-          for (std::size_t i = 0; i < specs.size(); ++i) {
-            const ParameterSpec& spec = specs[i];
-            // A tied output layer's copy starts as the word embedding, as training makes it.
-            const bool copy = spec.name == kOutputWeight && !model.untie_embeddings_and_output_weights;
-            const auto found = tensors.find(copy ? std::string(kWordEmbeddings) : spec.name);
-            if (found == tensors.end()) throw std::logic_error("write_checkpoint_weights: no tensor " + spec.name);
-            const WholeTensor& whole = found->second;
-            // The vocabulary's rows padded to the layout's (Megatron's padding), with zeros.
-            const bool vocabulary = copy || spec.name == kWordEmbeddings || spec.name == kOutputWeight;
-            const bool padded = vocabulary && whole.shape.size() == 2 && whole.shape[0] < spec.global_shape[0] &&
-                                whole.shape[1] == spec.global_shape[1];
-            if (!padded && whole.shape != spec.global_shape) {
-              throw SpecError("--save", spec.name + " has shape " + shape_text(whole.shape) + ", the model " +
-                                            shape_text(spec.global_shape));
-            }
-            std::vector<std::vector<float>> parts(1, whole.values);
-            if (padded) parts[0].resize(elements(spec.global_shape), 0.0f);
-            const std::vector<float> value = reshard(parts, TensorCut{}, spec.global_shape, tensor_cut(spec));
-            float* tensor = image.data() + layout.offsets[i] / sizeof(float);
-            std::copy(value.begin(), value.end(), tensor);
-            std::fill(tensor + value.size(), tensor + kArraysPerTensor * value.size(), 0.0f);  // a fresh optimizer's
-          }
-          write_rank_image(staging + "/" + layout.binding.directory, layout,
-                           reinterpret_cast<const char*>(image.data()), default_checkpoint_threads());
+    // Each rank that would write a checkpoint of `plan` (its directory, and what it writes there).
+    for (const RankPlace& writer : checkpoint_writers(model, plan)) {
+      const int64_t p = writer.pipeline_rank, t = writer.tensor_parallel_rank, e = writer.expert_parallel_rank;
+      std::vector<ParameterSpec> specs;
+      const std::vector<int64_t> stages = stages_of_pipeline_rank(p, plan);
+      for (const int64_t stage : stages) {
+        for (ParameterSpec& spec : describe_parameters(model, plan, stage, t, e, writer.expert_tensor_parallel_rank)) {
+          if (writes_parameter(writer.replica_rank, writer.expert_replica_rank, spec)) specs.push_back(std::move(spec));
         }
       }
+      RankLayout layout;
+      std::vector<TensorEntry> entries;
+      for (const ParameterSpec& spec : specs) entries.push_back(entry_of(spec));
+      layout.lay_out(std::move(entries));
+      layout.tensor_parallel_rank = t;
+      layout.pipeline_rank = p;
+      layout.stages = stages;
+      layout.binding = {state.iteration,
+                        rank_directory(t, p, plan.pipeline_parallel_size, e, plan.expert_model_parallel_size),
+                        parallel_plan_to_json(plan)};
+      std::vector<float> image(layout.total_bytes / sizeof(float));
+      for (std::size_t i = 0; i < specs.size(); ++i) {
+        const ParameterSpec& spec = specs[i];
+        // A tied output layer's copy starts as the word embedding, as training makes it.
+        const bool copy = spec.name == kOutputWeight && !model.untie_embeddings_and_output_weights;
+        const auto found = tensors.find(copy ? std::string(kWordEmbeddings) : spec.name);
+        if (found == tensors.end()) throw std::logic_error("write_checkpoint_weights: no tensor " + spec.name);
+        const WholeTensor& whole = found->second;
+        // The vocabulary's rows padded to the layout's (Megatron's padding), with zeros.
+        const bool vocabulary = copy || spec.name == kWordEmbeddings || spec.name == kOutputWeight;
+        const bool padded = vocabulary && whole.shape.size() == 2 && whole.shape[0] < spec.global_shape[0] &&
+                            whole.shape[1] == spec.global_shape[1];
+        if (!padded && whole.shape != spec.global_shape) {
+          throw SpecError("--save", spec.name + " has shape " + shape_text(whole.shape) + ", the model " +
+                                        shape_text(spec.global_shape));
+        }
+        std::vector<std::vector<float>> parts(1, whole.values);
+        if (padded) parts[0].resize(elements(spec.global_shape), 0.0f);
+        const std::vector<float> value = reshard(parts, TensorCut{}, spec.global_shape, tensor_cut(spec));
+        float* tensor = image.data() + layout.offsets[i] / sizeof(float);
+        std::copy(value.begin(), value.end(), tensor);
+        std::fill(tensor + value.size(), tensor + kArraysPerTensor * value.size(), 0.0f);  // a fresh optimizer's
+      }
+      write_rank_image(staging + "/" + layout.binding.directory, layout, reinterpret_cast<const char*>(image.data()),
+                       default_checkpoint_threads());
     }
     write_file_atomically(staging + "/state.json", checkpoint_meta(state, model, plan).dump(2) + "\n");
     publish(directory, staging, state.iteration);

@@ -18,7 +18,7 @@ int64_t rank_in(const Comm* group) { return group ? group->rank() : 0; }
 }  // namespace
 
 Comm* Optimizer::expert_replicas() const {
-  return groups_.expert_parallel ? groups_.expert_data_parallel : groups_.data_parallel;
+  return groups_.experts_apart ? groups_.expert_data_parallel : groups_.data_parallel;
 }
 
 Comm* Optimizer::group_of(const GradientBucket& bucket) const {
@@ -211,15 +211,24 @@ double Optimizer::gradient_norm() {
   double sum_of_squares = backend_.gradient_sum_of_squares(tensors(true));
   if (distributed_ && groups_.data_parallel)
     sum_of_squares = sum_over(*groups_.data_parallel, backend_, sum_of_squares);
+  double expert_squares = 0;
   if (const std::vector<OptimizerTensor> experts = tensors(true, true); !experts.empty()) {
-    double expert_squares = backend_.gradient_sum_of_squares(experts);
+    expert_squares = backend_.gradient_sum_of_squares(experts);
     for (Comm* group : {distributed_ ? expert_replicas() : nullptr, groups_.expert_parallel}) {
       if (group) expert_squares = sum_over(*group, backend_, expert_squares);
     }
-    sum_of_squares += expert_squares;
   }
+  if (!groups_.experts_cut_apart) {
+    sum_of_squares += expert_squares;
+    if (groups_.model_parallel) sum_of_squares = sum_over(*groups_.model_parallel, backend_, sum_of_squares);
+    return std::sqrt(sum_of_squares);
+  }
+  // Experts cut over a group other than tp: each part over the ranks holding its other shards.
   if (groups_.model_parallel) sum_of_squares = sum_over(*groups_.model_parallel, backend_, sum_of_squares);
-  return std::sqrt(sum_of_squares);
+  for (Comm* group : {groups_.expert_tensor_parallel, groups_.pipeline}) {
+    if (group) expert_squares = sum_over(*group, backend_, expert_squares);
+  }
+  return std::sqrt(sum_of_squares + expert_squares);
 }
 
 void Optimizer::step(int64_t update, double lr, double gradient_norm, double unscale) {

@@ -36,12 +36,19 @@ struct OptimizerGroups {
   Comm* data_parallel = nullptr;   // this rank's dp group
   Comm* model_parallel = nullptr;  // tp x pp: the gradient norm's reduction
   Comm* embedding = nullptr;       // the ranks of stage 0 and the last stage, when they differ and share weights
-  // Under expert parallelism (both null at ep 1): the ranks holding other experts (their gradients'
-  // squares join the norm's), and Megatron's expert data-parallel group, which sums (and the
-  // distributed optimizer shards) the routed experts' gradient buckets in place of the dp group
-  // (null when it has one member). At ep 1 the two data-parallel groups are one.
+  // Where the expert layers' groups differ from the dense layers' (`experts_apart`: ep > 1, or
+  // etp other than tp): the ranks holding other experts (null at ep 1; their gradients' squares join
+  // the norm's), and Megatron's expert data-parallel group, which sums (and the distributed
+  // optimizer shards) the routed experts' gradient buckets in place of the dp group (null when it
+  // has one member). Otherwise the two data-parallel groups are one.
+  bool experts_apart = false;
   Comm* expert_parallel = nullptr;
   Comm* expert_data_parallel = nullptr;
+  // With etp other than tp (`experts_cut_apart`), the routed experts' squares join the norm over
+  // their own tensor-parallel group (null at etp 1) and the pipeline, not over tp x pp.
+  bool experts_cut_apart = false;
+  Comm* expert_tensor_parallel = nullptr;
+  Comm* pipeline = nullptr;
   // The rank's tp group: with the data-parallel group, every rank of its stages (the expert biases'
   // counts sum over them).
   Comm* tensor_parallel = nullptr;

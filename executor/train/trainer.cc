@@ -7,6 +7,7 @@
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -103,6 +104,13 @@ TrainOptions checked_train_options(const TrainOptions& options_in) {
 
 namespace {
 
+// The group the rank's routed experts are cut over, as StageChunk takes it: unset where it is the
+// tp group, else its own (null at etp 1: whole experts).
+std::optional<Comm*> expert_tensor_parallel(const ParallelGroups& groups, const ParallelPlan& plan) {
+  if (plan.expert_tensor_parallel() == plan.tensor_parallel_size) return std::nullopt;
+  return groups.expert_tensor_parallel.get();
+}
+
 std::string format_double(double value) {
   std::ostringstream text;
   text.precision(6);
@@ -183,7 +191,7 @@ class RankTrainer {
       chunks_.push_back(std::make_unique<StageChunk>(
           run.model, run.plan, stage, backend, Initialisation{run.options.seed, run.options.init_method_std}, embedding,
           groups.tensor_parallel.get(), static_cast<std::size_t>(run.options.ddp_bucket_size),
-          groups.context_parallel.get(), groups.expert_parallel.get()));
+          groups.context_parallel.get(), groups.expert_parallel.get(), expert_tensor_parallel(groups, run.plan)));
       if (chunks_.back()->first_stage()) embedding = chunks_.back()->word_embedding();
       by_stage_[stage] = chunks_.back().get();
     }
@@ -199,11 +207,19 @@ class RankTrainer {
     settings.overlap_param_gather = overlaps_parameter_gather(run.plan);
     settings.microbatches = run.plan.num_microbatches();
     settings.expert_bias_update_rate = run.model.moe.router_bias_update_rate;
-    optimizer_ = std::make_unique<Optimizer>(
-        ordered,
-        OptimizerGroups{groups.data_parallel.get(), groups.model_parallel.get(), groups.embedding.get(),
-                        groups.expert_parallel.get(), groups.expert_data_parallel.get(), groups.tensor_parallel.get()},
-        run.plan.use_distributed_optimizer, settings, backend);
+    OptimizerGroups optimizer_groups;
+    optimizer_groups.data_parallel = groups.data_parallel.get();
+    optimizer_groups.model_parallel = groups.model_parallel.get();
+    optimizer_groups.embedding = groups.embedding.get();
+    optimizer_groups.experts_apart = groups.experts_apart;
+    optimizer_groups.expert_parallel = groups.expert_parallel.get();
+    optimizer_groups.expert_data_parallel = groups.expert_data_parallel.get();
+    optimizer_groups.experts_cut_apart = run.plan.expert_tensor_parallel() != run.plan.tensor_parallel_size;
+    optimizer_groups.expert_tensor_parallel = groups.expert_tensor_parallel.get();
+    optimizer_groups.pipeline = groups.pipeline.get();
+    optimizer_groups.tensor_parallel = groups.tensor_parallel.get();
+    optimizer_ =
+        std::make_unique<Optimizer>(ordered, optimizer_groups, run.plan.use_distributed_optimizer, settings, backend);
     interpreter_ = std::make_unique<Interpreter>(run.schedule, groups.pipeline_rank, by_stage_, groups.pipeline.get(),
                                                  run.plan.data_parallel_size, *optimizer_, backend);
     // The backend computes in the plan's precision (the CPU backend in fp32 under either).

@@ -451,6 +451,9 @@ expect_error 'error: --moe-token-dispatcher-type: needs --num-experts' \
 # Tensor parallelism with sequence parallelism: each tp rank routes its rows, every rank a shard of each expert.
 expect_ok train --device cpu "${moe_llama[@]}" --world-size 4 --tp 2 --sequence-parallel --ep 2 --train-iters 2 --log-interval 1
 [ "$(grep -c '^iteration [12]/2 | loss .* | load_balancing_loss ' "$scratch/out")" -eq 2 ] || fail "tp 2 x ep 2 trains: $(cat "$scratch/out")"
+# --expert-tensor-parallel-size 1: whole experts on each tp rank, the ep group across them.
+expect_ok train --device cpu "${moe_llama[@]}" --world-size 2 --tp 2 --sequence-parallel --ep 2 --etp 1 --train-iters 2 --log-interval 1
+[ "$(grep -c '^iteration [12]/2 | loss .* | load_balancing_loss ' "$scratch/out")" -eq 2 ] || fail "tp 2 x ep 2, etp 1 trains: $(cat "$scratch/out")"
 expect_error 'error: --sequence-parallel: mixture of experts under tensor parallelism without sequence parallelism is not in the executor yet' \
   train --device cpu "${moe_llama[@]}" --world-size 2 --tp 2 --train-iters 1
 # A split backward: I keeps the MoE MLP's output gradients, W takes its weight gradients.
@@ -702,13 +705,20 @@ expect_error 'error: --moe-imbalance: needs --num-experts' simulate --model llam
 expect_error 'error: --sequence-parallel: mixture of experts under tensor parallelism without sequence parallelism is not in the executor yet' \
   simulate --model mixtral-8x7b --cluster dgx-h100 --gpus 8 --tp 8 --gbs 8 --seq-length 4096
 expect_ok simulate --model mixtral-8x7b --cluster dgx-h100 --gpus 16 --tp 2 --sequence-parallel --ep 8 --gbs 64 --seq-length 4096
-# Megatron's --expert-tensor-parallel-size: megaplan's experts are cut over tp, its default.
+# Megatron's --expert-tensor-parallel-size: the experts cut over tp (its default) or whole (1).
 expect_ok simulate --model mixtral-8x7b --cluster dgx-h100 --gpus 16 --tp 2 --etp 2 --sequence-parallel --ep 8 --gbs 64
-expect_error 'error: --expert-tensor-parallel-size: expert tensor parallelism other than tp \(2\) is not built' \
-  simulate --model mixtral-8x7b --cluster dgx-h100 --gpus 16 --tp 2 --etp 1 --sequence-parallel --ep 8 --gbs 64
+expect_ok simulate --model mixtral-8x7b --cluster dgx-h100 --gpus 16 --tp 2 --etp 1 --sequence-parallel --ep 8 --gbs 64
+grep -q '^mixtral-8x7b on 16 .*ep 8, etp 1,' "$scratch/out" || fail "simulate --etp 1 names etp: $(head -1 "$scratch/out")"
+expect_error 'error: --expert-tensor-parallel-size: expert tensor parallelism of 4, neither 1 nor tp \(2\), is not in the executor yet' \
+  simulate --model mixtral-8x7b --cluster dgx-h100 --gpus 16 --tp 2 --etp 4 --sequence-parallel --ep 4 --gbs 64
 expect_error 'error: --expert-tensor-parallel-size: needs --num-experts' simulate --model llama3-8b --cluster dgx-h100 --gpus 16 --etp 1
-expect_error 'error: --expert-tensor-parallel-size: must be a listed --tensor-model-parallel-size' \
-  search --model mixtral-8x7b --cluster dgx-h100 --gpus 64 --gbs 256 --tp 1,4 --etp 2
+expect_error 'error: --expert-tensor-parallel-size: times --expert-model-parallel-size must divide the ranks of a pipeline stage' \
+  simulate --model mixtral-8x7b --cluster dgx-h100 --gpus 16 --tp 2 --etp 1 --sequence-parallel --ep 8 --pp 4 --gbs 64
+# search tries the experts whole and cut over tp; --etp lists the sizes it may take.
+expect_ok search --model mixtral-8x7b --cluster dgx-h100 --gpus 64 --gbs 256 --tp 2 --ep 8 --etp 1 --top 3
+grep -q ' etp ' "$scratch/out" || fail "search --etp 1 prints the etp column: $(cat "$scratch/out")"
+expect_ok search --model mixtral-8x7b --cluster dgx-h100 --gpus 64 --gbs 256 --tp 2 --ep 8 --etp 1 --top 1 --emit megatron
+grep -q -- '--expert-tensor-parallel-size 1' "$scratch/out" || fail "--emit megatron prints etp: $(cat "$scratch/out")"
 expect_error "error: --num-experts: mixture of experts is costed as megaplan's executor runs it; Megatron-LM's \(megatron-core\)" \
   simulate --model mixtral-8x7b --cluster dgx-h100 --gpus 8 --ep 8 --gbs 8 --implementation megatron-core
 # search ranks MoE layouts over ep where megaplan's executor runs them (tp and cp 1), at the stated

@@ -27,15 +27,16 @@ const char* const kExpectedJson = R"({
   "tp-dp-cp": [[0, 1, 2, 3, 4, 5, 6, 7], [8, 9, 10, 11, 12, 13, 14, 15]],
   "tp-cp": [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]],
   "ep": [[0], [1], [2], [3], [4], [5], [6], [7], [8], [9], [10], [11], [12], [13], [14], [15]],
+  "expert-tp": [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]],
   "tp-ep": [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]],
   "expert-dp": [[0, 4], [1, 5], [2, 6], [3, 7], [8, 12], [9, 13], [10, 14], [11, 15]],
   "embedding": [[0, 8], [1, 9], [2, 10], [3, 11], [4, 12], [5, 13], [6, 14], [7, 15]],
   "position-embedding": [[0], [1], [2], [3], [4], [5], [6], [7]]
 })";
 
-const std::vector<std::string> kKinds = {
-    "tp",       "pp",    "dp", "cp",    "dp-cp",     "tp-pp",     "tp-dp",
-    "tp-dp-cp", "tp-cp", "ep", "tp-ep", "expert-dp", "embedding", "position-embedding"};
+const std::vector<std::string> kKinds = {"tp",        "pp",    "dp",        "cp",        "dp-cp",
+                                         "tp-pp",     "tp-dp", "tp-dp-cp",  "tp-cp",     "ep",
+                                         "expert-tp", "tp-ep", "expert-dp", "embedding", "position-embedding"};
 
 GroupsOptions world16_tp4_pp2() {
   GroupsOptions options;

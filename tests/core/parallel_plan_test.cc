@@ -163,6 +163,34 @@ TEST_CASE("expert parallelism: experts to split, ep dividing them and the ranks 
                     "--expert-model-parallel-size: must be a positive integer, got 0");
 }
 
+TEST_CASE("expert tensor parallelism: only with experts, etp x ep tiling a stage's ranks, etp dividing the experts",
+          "[parallel_plan]") {
+  megaplan::ModelSpec model = model_24_layers();
+  ParallelPlan plan = plan_tp2_pp2_dp2();  // 8 GPUs: tp 2, pp 2, dp 2
+  plan.expert_tensor_parallel_size = 1;
+  CHECK_THROWS_WITH(megaplan::validate_plan(model, plan),
+                    "--expert-tensor-parallel-size: needs --num-experts (a dense model has no experts to cut)");
+  model.moe.num_experts = 8;
+  model.moe.ffn_hidden_size = 96;
+  CHECK_NOTHROW(megaplan::validate_plan(model, plan));
+  CHECK(plan.expert_data_parallel_size() == 4);  // tp x dp = 4 ranks of a stage, each whole experts
+  plan.expert_model_parallel_size = 4;           // etp 1 x ep 4 tiles the stage's 4 ranks: the ep group spans tp
+  CHECK_NOTHROW(megaplan::validate_plan(model, plan));
+  CHECK(plan.expert_data_parallel_size() == 1);
+  plan.expert_model_parallel_size = 8;
+  CHECK_THROWS_WITH(megaplan::validate_plan(model, plan),
+                    Contains("--expert-tensor-parallel-size: times --expert-model-parallel-size must divide the ranks "
+                             "of a pipeline stage, tp x cp x dp = 4"));
+  plan.expert_model_parallel_size = 1;
+  plan.expert_tensor_parallel_size = 4;
+  model.moe.ffn_hidden_size = 98;  // etp 4 does not divide it
+  CHECK_THROWS_WITH(megaplan::validate_plan(model, plan),
+                    Contains("--expert-tensor-parallel-size: must divide --moe-ffn-hidden-size 98"));
+  plan.expert_tensor_parallel_size = -1;
+  CHECK_THROWS_WITH(megaplan::validate_plan(model, plan),
+                    "--expert-tensor-parallel-size: must be a positive integer, got -1");
+}
+
 TEST_CASE("the stated MoE imbalance: at least 1, at most experts / top k, only with experts", "[parallel_plan]") {
   megaplan::ModelSpec model = model_24_layers();
   ParallelPlan plan = plan_tp2_pp2_dp2();

@@ -112,57 +112,70 @@ TEST_CASE("a layer with experts: the router, the ep rank's experts by their laye
     megaplan::ParallelPlan plan;
     plan.pipeline_parallel_size = 2;
     plan.global_batch_size = 4;
-    for (const int64_t tp : {1, 2}) {
-      for (const int64_t ep : {1, 2, 4}) {
-        plan.tensor_parallel_size = tp;
-        plan.expert_model_parallel_size = ep;
-        plan.data_parallel_size = ep;  // ep divides cp x dp
-        for (int64_t stage = 0; stage < 2; ++stage) {
-          for (int64_t ep_rank = 0; ep_rank < ep; ++ep_rank) {
-            INFO(model.name << " tp " << tp << " ep " << ep << " rank " << ep_rank << " stage " << stage);
-            const auto specs = megaplan::describe_parameters(model, plan, stage, tp - 1, ep_rank);
-            std::size_t parameters = 0;
-            for (const auto& spec : specs) parameters += spec.size;
-            CHECK(static_cast<int64_t>(parameters) ==
-                  megaplan::stage_parameters(model, plan, stage).parameters_per_gpu);
-            const int64_t layer = stage == 0 ? 1 : 2;  // the stage's MoE layer
-            const std::string prefix = "decoder.layers." + std::to_string(layer) + ".";
-            CHECK(has(specs, prefix + "mlp.router.weight"));
-            CHECK(has(specs, prefix + "mlp.shared_experts.linear_fc1.weight"));
-            CHECK(has(specs, prefix + "mlp.shared_experts.gate_weight"));
-            CHECK_FALSE(has(specs, prefix + "mlp.linear_fc1.weight"));
-            CHECK(has(specs, "decoder.layers." + std::to_string(layer - 1 + 2 * stage) + ".mlp.linear_fc1.weight"));
-            // Experts r x 4 / ep onwards, each an MLP split over tp like the dense one.
-            for (int64_t e = 0; e < 4; ++e) {
-              const bool held = e / (4 / ep) == ep_rank;
-              CHECK(has(specs, prefix + "mlp.experts.local_experts." + std::to_string(e) + ".linear_fc2.weight") ==
-                    held);
+    for (const int64_t tp : {1, 2})
+      for (const int64_t etp : {int64_t{0}, int64_t{1}}) {  // the experts cut over tp, or whole
+        for (const int64_t ep : {1, 2, 4}) {
+          plan.tensor_parallel_size = tp;
+          plan.expert_model_parallel_size = ep;
+          plan.expert_tensor_parallel_size = etp;
+          const int64_t cut = plan.expert_tensor_parallel();
+          plan.data_parallel_size = ep;  // ep divides cp x dp
+          for (int64_t stage = 0; stage < 2; ++stage) {
+            for (int64_t ep_rank = 0; ep_rank < ep; ++ep_rank) {
+              INFO(model.name << " tp " << tp << " etp " << cut << " ep " << ep << " rank " << ep_rank << " stage "
+                              << stage);
+              const auto specs = megaplan::describe_parameters(model, plan, stage, tp - 1, ep_rank);
+              std::size_t parameters = 0;
+              for (const auto& spec : specs) parameters += spec.size;
+              CHECK(static_cast<int64_t>(parameters) ==
+                    megaplan::stage_parameters(model, plan, stage).parameters_per_gpu);
+              const int64_t layer = stage == 0 ? 1 : 2;  // the stage's MoE layer
+              const std::string prefix = "decoder.layers." + std::to_string(layer) + ".";
+              CHECK(has(specs, prefix + "mlp.router.weight"));
+              CHECK(has(specs, prefix + "mlp.shared_experts.linear_fc1.weight"));
+              CHECK(has(specs, prefix + "mlp.shared_experts.gate_weight"));
+              CHECK_FALSE(has(specs, prefix + "mlp.linear_fc1.weight"));
+              CHECK(has(specs, "decoder.layers." + std::to_string(layer - 1 + 2 * stage) + ".mlp.linear_fc1.weight"));
+              // Experts r x 4 / ep onwards, each an MLP split over etp as the dense one over tp.
+              for (int64_t e = 0; e < 4; ++e) {
+                const bool held = e / (4 / ep) == ep_rank;
+                CHECK(has(specs, prefix + "mlp.experts.local_experts." + std::to_string(e) + ".linear_fc2.weight") ==
+                      held);
+              }
+              const auto fc1 = std::find_if(specs.begin(), specs.end(), [&](const auto& spec) {
+                return spec.name.ends_with("local_experts." + std::to_string(ep_rank * (4 / ep)) +
+                                           ".linear_fc1.weight");
+              });
+              REQUIRE(fc1 != specs.end());
+              CHECK(fc1->global_shape == std::vector<int64_t>{(swiglu ? 2 : 1) * 16, 8});
+              CHECK(fc1->shape == std::vector<int64_t>{(swiglu ? 2 : 1) * 16 / cut, 8});
+              CHECK(fc1->shard_count == cut);
+              CHECK(fc1->shard_index == (cut == 1 ? 0 : tp - 1));
+              CHECK(fc1->chunks == (swiglu ? 2 : 1));
+              CHECK(fc1->split == megaplan::TensorSplit::kColumn);
+              // The shared expert stays the dense layers' tp cut.
+              const auto shared = std::find_if(specs.begin(), specs.end(), [&](const auto& spec) {
+                return spec.name == prefix + "mlp.shared_experts.linear_fc1.weight";
+              });
+              REQUIRE(shared != specs.end());
+              CHECK(shared->shape == std::vector<int64_t>{(swiglu ? 2 : 1) * 8 / tp, 8});
             }
-            const auto fc1 = std::find_if(specs.begin(), specs.end(), [&](const auto& spec) {
-              return spec.name.ends_with("local_experts." + std::to_string(ep_rank * (4 / ep)) + ".linear_fc1.weight");
-            });
-            REQUIRE(fc1 != specs.end());
-            CHECK(fc1->global_shape == std::vector<int64_t>{(swiglu ? 2 : 1) * 16, 8});
-            CHECK(fc1->shape == std::vector<int64_t>{(swiglu ? 2 : 1) * 16 / tp, 8});
-            CHECK(fc1->chunks == (swiglu ? 2 : 1));
-            CHECK(fc1->split == megaplan::TensorSplit::kColumn);
           }
-        }
-        // The experts' gradients reduce over their own group (expert dp): buckets of their own.
-        const megaplan::ParameterLayout layout = megaplan::stage_layout(model, plan, 0, 0);
-        const auto specs = megaplan::describe_parameters(model, plan, 0, 0, 0);
-        std::size_t sum = 0;
-        for (std::size_t size : layout.sizes) sum += size;
-        CHECK(static_cast<int64_t>(sum) == megaplan::stage_parameters(model, plan, 0).parameters_per_gpu);
-        std::size_t expert_buckets = 0;
-        for (const megaplan::GradientBucket& bucket : layout.buckets) {
-          expert_buckets += bucket.expert ? 1 : 0;
-          for (std::size_t i = bucket.first_parameter; i <= bucket.last_parameter; ++i) {
-            CHECK(specs[i].expert == bucket.expert);
+          // The experts' gradients reduce over their own group (expert dp): buckets of their own.
+          const megaplan::ParameterLayout layout = megaplan::stage_layout(model, plan, 0, 0);
+          const auto specs = megaplan::describe_parameters(model, plan, 0, 0, 0);
+          std::size_t sum = 0;
+          for (std::size_t size : layout.sizes) sum += size;
+          CHECK(static_cast<int64_t>(sum) == megaplan::stage_parameters(model, plan, 0).parameters_per_gpu);
+          std::size_t expert_buckets = 0;
+          for (const megaplan::GradientBucket& bucket : layout.buckets) {
+            expert_buckets += bucket.expert ? 1 : 0;
+            for (std::size_t i = bucket.first_parameter; i <= bucket.last_parameter; ++i) {
+              CHECK(specs[i].expert == bucket.expert);
+            }
           }
+          CHECK(expert_buckets == 1);  // the stage's one MoE layer's experts, side by side
         }
-        CHECK(expert_buckets == 1);  // the stage's one MoE layer's experts, side by side
       }
-    }
   }
 }

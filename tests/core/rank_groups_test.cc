@@ -60,6 +60,7 @@ TEST_CASE("rank groups: world 16, tp 4, pp 2 match the seed lists", "[rank_group
                            {"tp-dp-cp", tp_dp},
                            {"tp-cp", tp},
                            {"ep", singletons(16)},
+                           {"expert-tp", tp},
                            {"tp-ep", tp},
                            {"expert-dp", dp},
                            {"embedding", pp},
@@ -83,6 +84,7 @@ TEST_CASE("rank groups: context parallel, world 16, tp 2, cp 2, pp 2", "[rank_gr
                            {"tp-dp-cp", {{0, 1, 2, 3, 4, 5, 6, 7}, {8, 9, 10, 11, 12, 13, 14, 15}}},
                            {"tp-cp", {{0, 1, 2, 3}, {4, 5, 6, 7}, {8, 9, 10, 11}, {12, 13, 14, 15}}},
                            {"ep", singletons(16)},
+                           {"expert-tp", tp},
                            {"tp-ep", tp},
                            {"expert-dp", {{0, 2, 4, 6}, {1, 3, 5, 7}, {8, 10, 12, 14}, {9, 11, 13, 15}}},
                            {"embedding", pp},
@@ -109,10 +111,46 @@ TEST_CASE("rank groups: expert parallel, world 16, tp 2, ep 2, pp 2", "[rank_gro
                            {"tp-dp-cp", tp_dp},
                            {"tp-cp", tp},
                            {"ep", {{0, 2}, {1, 3}, {4, 6}, {5, 7}, {8, 10}, {9, 11}, {12, 14}, {13, 15}}},
+                           {"expert-tp", tp},
                            {"tp-ep", {{0, 1, 2, 3}, {4, 5, 6, 7}, {8, 9, 10, 11}, {12, 13, 14, 15}}},
                            {"expert-dp", {{0, 4}, {1, 5}, {2, 6}, {3, 7}, {8, 12}, {9, 13}, {10, 14}, {11, 15}}},
                            {"embedding", pp},
                            {"position-embedding", {{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}}}});
+}
+
+TEST_CASE("rank groups: expert tensor parallelism 1 under tp 2, world 16, ep 4, pp 2", "[rank_groups]") {
+  // Decoder grid tp2 cp1 ep1 dp4 pp2: rank = t + 2d + 8p. Expert grid etp1 cp1 ep4 dp2 pp2 (the
+  // experts whole, their groups across the dense layers' tp pairs): rank = e + 4d + 8p.
+  const RankGroups groups = megatron_rank_groups(16, 2, 2, 1, 4, std::string(kDefaultParallelOrder), 1);
+  CHECK(groups.data_parallel_size == 4);
+  CHECK(groups.expert_tensor_parallel_size == 1);
+  CHECK(groups.expert_data_parallel_size == 2);
+  const RankGroupList tp = {{0, 1}, {2, 3}, {4, 5}, {6, 7}, {8, 9}, {10, 11}, {12, 13}, {14, 15}};
+  const RankGroupList pp = {{0, 8}, {1, 9}, {2, 10}, {3, 11}, {4, 12}, {5, 13}, {6, 14}, {7, 15}};
+  const RankGroupList dp = {{0, 2, 4, 6}, {1, 3, 5, 7}, {8, 10, 12, 14}, {9, 11, 13, 15}};
+  const RankGroupList tp_dp = {{0, 1, 2, 3, 4, 5, 6, 7}, {8, 9, 10, 11, 12, 13, 14, 15}};
+  const RankGroupList ep = {{0, 1, 2, 3}, {4, 5, 6, 7}, {8, 9, 10, 11}, {12, 13, 14, 15}};
+  check_all_kinds(groups, {{"tp", tp},
+                           {"pp", pp},
+                           {"dp", dp},
+                           {"cp", singletons(16)},
+                           {"dp-cp", dp},
+                           {"tp-pp", {{0, 1, 8, 9}, {2, 3, 10, 11}, {4, 5, 12, 13}, {6, 7, 14, 15}}},
+                           {"tp-dp", tp_dp},
+                           {"tp-dp-cp", tp_dp},
+                           {"tp-cp", tp},
+                           {"ep", ep},
+                           {"expert-tp", singletons(16)},
+                           {"tp-ep", ep},
+                           {"expert-dp", {{0, 4}, {1, 5}, {2, 6}, {3, 7}, {8, 12}, {9, 13}, {10, 14}, {11, 15}}},
+                           {"embedding", pp},
+                           {"position-embedding", {{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}}}});
+  // etp 4 over tp 2 (the experts cut wider than the dense layers): expert grid etp4 ep1 dp2 pp2.
+  const RankGroups wider = megatron_rank_groups(16, 2, 2, 1, 1, std::string(kDefaultParallelOrder), 4);
+  CHECK(wider.at("expert-tp") == ep);
+  CHECK(wider.at("expert-dp") == RankGroupList{{0, 4}, {1, 5}, {2, 6}, {3, 7}, {8, 12}, {9, 13}, {10, 14}, {11, 15}});
+  CHECK_THROWS_WITH(megatron_rank_groups(16, 2, 2, 1, 4, std::string(kDefaultParallelOrder), 4),
+                    Catch::Contains("divisible by etp*ep*pp = 32"));
 }
 
 TEST_CASE("rank groups: order tp-cp-ep-pp-dp, world 16, tp 2, pp 4", "[rank_groups]") {
@@ -133,6 +171,7 @@ TEST_CASE("rank groups: order tp-cp-ep-pp-dp, world 16, tp 2, pp 4", "[rank_grou
                            {"tp-dp-cp", tp_dp},
                            {"tp-cp", tp},
                            {"ep", singletons(16)},
+                           {"expert-tp", tp},
                            {"tp-ep", tp},
                            {"expert-dp", dp},
                            {"embedding", {{0, 6}, {1, 7}, {8, 14}, {9, 15}}},
@@ -157,6 +196,7 @@ TEST_CASE("rank groups: ep and dp need not be adjacent (current Megatron-Core)",
                            {"tp-dp-cp", {{0, 1, 4, 5}, {2, 3, 6, 7}}},
                            {"tp-cp", pairs},
                            {"ep", pairs},
+                           {"expert-tp", singletons(8)},
                            {"tp-ep", pairs},
                            {"expert-dp", dp},
                            {"embedding", pp},
@@ -179,6 +219,7 @@ TEST_CASE("rank groups: pp = 1, world 8, tp 2", "[rank_groups]") {
                            {"tp-dp-cp", all},
                            {"tp-cp", tp},
                            {"ep", singletons(8)},
+                           {"expert-tp", tp},
                            {"tp-ep", tp},
                            {"expert-dp", dp},
                            {"embedding", singletons(8)},
@@ -405,7 +446,7 @@ TEST_CASE("rank groups: world size must divide", "[rank_groups]") {
   CHECK_THROWS_WITH(megatron_rank_groups(16, 2, 2, 6),
                     Catch::Contains("--world-size: must be divisible by tp*pp*cp = 24, got 16"));
   CHECK_THROWS_WITH(megatron_rank_groups(16, 2, 2, 1, 3),
-                    Catch::Contains("--ep: the world size 16 must be divisible by tp*ep*pp = 12 "
+                    Catch::Contains("--ep: the world size 16 must be divisible by etp*ep*pp = 12 "
                                     "for the expert layers, got ep = 3"));
   // Any ep with tp*ep*pp dividing the world is fine; here the expert data-parallel size is 1.
   CHECK_NOTHROW(megatron_rank_groups(16, 2, 2, 1, 4));
@@ -444,7 +485,7 @@ TEST_CASE("rank groups: Megatron's pipeline checks between dense and expert laye
   // pp not last and pp > 1: dp = 16/(2*2*1) = 4 but expert dp = 16/(2*2*2) = 2.
   CHECK_THROWS_WITH(megatron_rank_groups(16, 2, 2, 1, 2, "tp-cp-ep-pp-dp"),
                     Catch::Contains("--order: \"tp-cp-ep-pp-dp\" does not end in pp and pp = 2 > 1, so the "
-                                    "expert data-parallel size world/(tp*ep*pp) = 2 must equal the "
+                                    "expert data-parallel size world/(etp*ep*pp) = 2 must equal the "
                                     "data-parallel size world/(tp*pp*cp) = 4"));
   // dp = expert dp = 2, but pp's stride is cp = 2 in the dense grid and 1 in the expert grid.
   CHECK_THROWS_WITH(megatron_rank_groups(8, 1, 2, 2, 2, "cp-pp-tp-ep-dp"),

@@ -1,6 +1,8 @@
 // The cost model's composition: each action is the sum of the executor's kernels for it (core's
 // kernel list) as the profile costs them; one stage and one microbatch takes F + B + OPTIM; the
 // layout's collectives appear where Megatron puts them.
+#include <algorithm>
+
 #include <catch2/catch.hpp>
 
 #include "core/cluster_spec.h"
@@ -606,4 +608,50 @@ TEST_CASE("a split backward costs an MoE layer's I and W from their lists; W gat
                                  {dense_routes.tensor.bandwidth_bytes_per_s, dense_routes.tensor.latency_s}, sources);
   const auto dense_costs = megaplan::sim::plan_action_costs(dense.model, dense.plan, profile, topology, sources);
   CHECK(dense_costs.stages[0].weight_collectives == Approx(16 * 2 * dense_gather));
+}
+
+TEST_CASE("whole experts under tp (etp 1): full-width expert GEMMs, no rows gathered over tp",
+          "[simulator][costs][moe]") {
+  // Mixtral-8x7B at tp 2 with sequence parallelism on 16 H100s, ep 8 and etp 1: the ep group spans
+  // tp ranks, each rank's one expert is whole and computes only the rows sent to it; the attention
+  // keeps its tp collectives, the MoE MLP has no tp gather or scatter of rows (the experts cut over
+  // tp have two of each, both ways).
+  megaplan::JobSpec spec = job("mixtral-8x7b", "dgx-h100", 16, 2, 1, 64);
+  spec.model.seq_length = 4096;
+  spec.plan.sequence_parallel = true;
+  spec.plan.expert_model_parallel_size = 8;
+  spec.plan.expert_tensor_parallel_size = 1;
+  megaplan::validate_job(spec);
+  const megaplan::PlanKernels whole(spec.model, spec.plan);
+  const auto tensor_calls = [](const std::vector<megaplan::MoeCollective>& list) {
+    return std::count_if(list.begin(), list.end(),
+                         [](const megaplan::MoeCollective& c) { return c.group == megaplan::MoeGroup::kTensor; });
+  };
+  CHECK(tensor_calls(whole.moe().forward_collectives) == 0);
+  CHECK(tensor_calls(whole.moe().backward_collectives) == 0);
+  CHECK(whole.moe().forward_collectives.size() == 3);  // the counts over ep; the rows out and back
+  const auto widest_expert_gemm = [](const std::vector<megaplan::Kernel>& list) {
+    int64_t widest = 0;
+    for (const megaplan::Kernel& kernel : list) {
+      if (kernel.kind == megaplan::KernelKind::kGemm && kernel.layout == megaplan::GemmLayout::kForward)
+        widest = std::max(widest, kernel.n);
+    }
+    return widest;
+  };
+  CHECK(widest_expert_gemm(whole.moe().forward) == 2 * 14336);
+  megaplan::JobSpec cut = spec;
+  cut.plan.expert_tensor_parallel_size = 0;  // tp's
+  const megaplan::PlanKernels halves(cut.model, cut.plan);
+  CHECK(widest_expert_gemm(halves.moe().forward) == 14336);
+  CHECK(tensor_calls(halves.moe().forward_collectives) == 3);  // counts, rows gathered, outputs scattered
+  // Each rank's expert is whole: twice the expert parameters a GPU, reduced over expert dp 2
+  // (16 ranks of one stage over etp 1 x ep 8).
+  CostSources sources;
+  const auto whole_costs =
+      megaplan::sim::plan_action_costs(spec.model, spec.plan, megaplan::sim::Profile::datasheet(spec.cluster.gpu),
+                                       megaplan::sim::Topology(spec.cluster), sources);
+  CHECK(spec.plan.expert_data_parallel_size() == 2);
+  CHECK(megaplan::stage_parameters(spec.model, spec.plan, 0).expert_per_gpu ==
+        2 * megaplan::stage_parameters(cut.model, cut.plan, 0).expert_per_gpu);
+  CHECK(whole_costs.stages[0].forward > 0);
 }

@@ -74,6 +74,13 @@ TEST_CASE("the executor allocates what core's memory prediction says, rank by ra
   ParallelPlan context_everything = layout(2, 2, 1, 1, ScheduleKind::kOneFOneB);
   context_everything.context_parallel_size = 2;
   context_everything.sequence_parallel = true;
+  // --expert-tensor-parallel-size 1: whole experts on each tp rank (the shared expert's still cut).
+  ParallelPlan whole_experts = sequence_parallel;
+  whole_experts.expert_tensor_parallel_size = 1;
+  ParallelPlan whole_expert_parallel = layout(2, 1, 2, 1, ScheduleKind::kOneFOneB);
+  whole_expert_parallel.sequence_parallel = true;
+  whole_expert_parallel.expert_model_parallel_size = 4;
+  whole_expert_parallel.expert_tensor_parallel_size = 1;
   ParallelPlan split_sequence_parallel = layout(2, 2, 1, 2, ScheduleKind::kZeroBubbleV);
   split_sequence_parallel.sequence_parallel = true;
   ParallelPlan split_expert_parallel = layout(1, 2, 2, 2, ScheduleKind::kDualPipeV, 2, 16);
@@ -140,6 +147,8 @@ TEST_CASE("the executor allocates what core's memory prediction says, rank by ra
        with(layout(1, 2, 1, 2, ScheduleKind::kZeroBubbleV), RecomputeGranularity::kFull)},
       {"shared-expert: tp2 x pp2 zbv, sequence parallel", split_sequence_parallel},
       {"qwen-moe: pp2 dp2 ep2 dualpipev, distributed optimizer", split_expert_parallel},
+      {"shared-expert: tp2 sequence parallel, etp 1", whole_experts},
+      {"qwen-moe: tp2 x dp2 x ep4 sequence parallel, etp 1 (the ep group across tp ranks)", whole_expert_parallel},
       {"balanced-moe: pp2 interleaved (the expert biases and their counts)",
        layout(1, 2, 1, 2, ScheduleKind::kInterleaved)},
   };

@@ -340,6 +340,8 @@ TEST_CASE("MoE layers launch their kernel list at the stated load, on every expe
   // load's for the log are summed over the cp group (not Qwen's fixture: its sequence loss is refused).
   // Split (I then W, as ZB-H1, ZBV and DualPipeV run them): I keeps each weight GEMM's output
   // gradient, W computes the weight gradients (gathering the shared expert's input again under tp).
+  // At etp 1 under tp 2 each rank computes whole experts over its own rows: no rows cross the tp
+  // group, and the log's load is summed over it.
   for (const megaplan::ModelSpec& model : {megaplan::test::four_layer_mixtral(), megaplan::test::four_layer_qwen_moe(),
                                            megaplan::test::four_layer_shared_expert_moe()})
     for (const int64_t tp : {1, 2})
@@ -349,155 +351,162 @@ TEST_CASE("MoE layers launch their kernel list at the stated load, on every expe
             for (const megaplan::RecomputeGranularity recompute :
                  {megaplan::RecomputeGranularity::kNone, megaplan::RecomputeGranularity::kSelective,
                   megaplan::RecomputeGranularity::kFull})
-              for (const bool split : {false, true}) {
-                if (cp > 1 && (model.moe.load_balancing == megaplan::LoadBalancing::kSeqAuxLoss || tp * ep > 2))
-                  continue;
-                megaplan::ParallelPlan plan = layout(tp, 1, ep, 1, ScheduleKind::kOneFOneB, 2, 4 * ep);
-                plan.sequence_parallel = tp > 1;
-                plan.expert_model_parallel_size = ep;
-                plan.context_parallel_size = cp;
-                plan.moe_imbalance = imbalance;
-                plan.recompute_granularity = recompute;
-                plan.recompute_num_layers = 2;  // full: two groups of two, each MoE layer's forward again
-                INFO(model.name << ": tp " << tp << ", ep " << ep << ", cp " << cp << ", imbalance " << imbalance
-                                << ", recomputation " << megaplan::to_string(recompute) << ", split " << split);
-                megaplan::MoeDims dropless = *megaplan::LayerRecipe(model, plan).moe;
-                dropless.capacity = 0;
-                dropless.padded = false;
-                const std::vector<int64_t> routes = megaplan::moe_stated_load(dropless, imbalance).dispatched;
-                const int64_t ranks = tp * cp * ep;
-                megaplan::exec::InProcessWorld world(ranks, std::chrono::seconds(60));
-                std::vector<std::vector<Kernel>> launched(static_cast<std::size_t>(ranks));
-                std::vector<std::vector<megaplan::MoeCollective>> expert_calls(static_cast<std::size_t>(ranks)),
-                    tensor_calls(static_cast<std::size_t>(ranks)), context_calls(static_cast<std::size_t>(ranks));
-                megaplan::exec::run_rank_threads(world, ranks, [&](int64_t rank) {
-                  // tp innermost, then cp: rank = (ep rank x cp + cp rank) x tp + tp rank.
-                  const int64_t tp_rank = rank % tp, cp_rank = rank / tp % cp, ep_rank = rank / (tp * cp);
-                  std::vector<int64_t> tensor_members, expert_members, context_members;
-                  for (int64_t i = 0; i < tp; ++i) tensor_members.push_back((ep_rank * cp + cp_rank) * tp + i);
-                  for (int64_t i = 0; i < ep; ++i) expert_members.push_back((i * cp + cp_rank) * tp + tp_rank);
-                  for (int64_t i = 0; i < cp; ++i) context_members.push_back((ep_rank * cp + i) * tp + tp_rank);
-                  std::unique_ptr<megaplan::exec::Comm> tensor =
-                      world.group(rank, tensor_members, "tp" + std::to_string(ep_rank * cp + cp_rank));
-                  std::unique_ptr<megaplan::exec::Comm> expert =
-                      world.group(rank, expert_members, "ep" + std::to_string(cp_rank * tp + tp_rank));
-                  std::unique_ptr<megaplan::exec::Comm> context =
-                      world.group(rank, context_members, "cp" + std::to_string(ep_rank * tp + tp_rank));
-                  megaplan::test::RecordingComm tensor_calls_of(*tensor, megaplan::MoeGroup::kTensor);
-                  megaplan::test::RecordingComm expert_calls_of(*expert, megaplan::MoeGroup::kExpert);
-                  megaplan::test::RecordingComm context_calls_of(*context, megaplan::MoeGroup::kContext);
-                  RecordingBackend backend;
-                  backend.route_by_counts(routes);
-                  StageChunk chunk(model, plan, 0, backend, {42}, nullptr, tp > 1 ? &tensor_calls_of : nullptr, 0,
-                                   cp > 1 ? &context_calls_of : nullptr, ep > 1 ? &expert_calls_of : nullptr);
-                  tensor_calls_of.take();
-                  expert_calls_of.take();
-                  context_calls_of.take();
-                  const MicrobatchTokens data = microbatch(model, 2);
-                  backend.take();
-                  for (int64_t microbatch_index = 0; microbatch_index < 2; ++microbatch_index) {
-                    chunk.forward(microbatch_index, &data);
-                    chunk.backward_input(microbatch_index, nullptr, 1.0f, nullptr, split);
-                    if (split) chunk.backward_weight(microbatch_index);
-                  }
-                  launched[static_cast<std::size_t>(rank)] = backend.take();
-                  expert_calls[static_cast<std::size_t>(rank)] = expert_calls_of.take();
-                  tensor_calls[static_cast<std::size_t>(rank)] = tensor_calls_of.take();
-                  context_calls[static_cast<std::size_t>(rank)] = context_calls_of.take();
-                });
-                const PlanKernels list(model, plan);
-                const std::vector<SchedulePart> parts =
-                    split ? std::vector{SchedulePart::kForward, SchedulePart::kBackwardInput,
-                                        SchedulePart::kBackwardWeight}
-                          : std::vector{SchedulePart::kForward, SchedulePart::kBackward};
-                std::vector<Kernel> listed;
-                for (int i = 0; i < 2; ++i) {
-                  for (const SchedulePart part : parts) {
-                    for (const Kernel& kernel : list.stage_kernels(0, part)) listed.push_back(kernel);
-                  }
-                }
-                // Every rank routes alike; the list is the busiest rank's (rank 0, holding expert 0).
-                INFO("rank 0");
-                check_same(launched[0], listed);
-                // Its collectives are the list's, in order: over the ep group every call the chunk made;
-                // over the tp group the MoE layers' among the attention's and the dense layers'.
-                using megaplan::MoeCollective;
-                const auto of_group = [](const std::vector<MoeCollective>& collectives, megaplan::MoeGroup group) {
-                  std::vector<MoeCollective> kept;
-                  std::copy_if(collectives.begin(), collectives.end(), std::back_inserter(kept),
-                               [&](const MoeCollective& c) { return c.group == group; });
-                  return kept;
-                };
-                const int64_t moe_layers = model.moe.moe_layers(0, model.num_layers);
-                megaplan::ExecutorPrecision fp32_activations;  // the CPU backend's, as its collectives move them
-                fp32_activations.activation_bytes = 4;
-                const megaplan::MoeKernels on_cpu =
-                    megaplan::LayerRecipe(model, plan, fp32_activations).moe_mlp_kernels();
-                // An MoE block's collectives: a forward's, full recomputation's forward again, B's (I's) or W's.
-                const auto collectives_of = [&](megaplan::KernelBlock block) -> const std::vector<MoeCollective>* {
-                  switch (block) {
-                    case megaplan::KernelBlock::kMoeLayerForwardFirst:
-                    case megaplan::KernelBlock::kMoeLayerForward: return &on_cpu.forward_collectives;
-                    case megaplan::KernelBlock::kMoeLayerRecomputeFirst:
-                    case megaplan::KernelBlock::kMoeLayerRecompute: return &on_cpu.forward_again_collectives;
-                    case megaplan::KernelBlock::kMoeLayerBackward:
-                    case megaplan::KernelBlock::kMoeLayerBackwardInput: return &on_cpu.backward_collectives;
-                    case megaplan::KernelBlock::kMoeLayerWeightGradient: return &on_cpu.weight_collectives;
-                    default: return nullptr;
-                  }
-                };
-                int64_t moe_blocks = 0;
-                for (const megaplan::MoeGroup group :
-                     {megaplan::MoeGroup::kExpert, megaplan::MoeGroup::kTensor, megaplan::MoeGroup::kContext}) {
-                  std::vector<MoeCollective> expected;
-                  for (int microbatch_index = 0; microbatch_index < 2; ++microbatch_index) {
+              for (const bool split : {false, true})
+                for (const int64_t etp : {int64_t{0}, int64_t{1}}) {
+                  if (etp == 1 && tp == 1) continue;
+                  if (cp > 1 && (model.moe.load_balancing == megaplan::LoadBalancing::kSeqAuxLoss || tp * ep > 2))
+                    continue;
+                  megaplan::ParallelPlan plan = layout(tp, 1, ep, 1, ScheduleKind::kOneFOneB, 2, 4 * ep);
+                  plan.sequence_parallel = tp > 1;
+                  plan.expert_model_parallel_size = ep;
+                  plan.context_parallel_size = cp;
+                  plan.moe_imbalance = imbalance;
+                  plan.recompute_granularity = recompute;
+                  plan.recompute_num_layers = 2;  // full: two groups of two, each MoE layer's forward again
+                  plan.expert_tensor_parallel_size = etp;
+                  INFO(model.name << ": tp " << tp << ", ep " << ep << ", cp " << cp << ", imbalance " << imbalance
+                                  << ", recomputation " << megaplan::to_string(recompute) << ", split " << split
+                                  << ", etp " << plan.expert_tensor_parallel());
+                  megaplan::MoeDims dropless = *megaplan::LayerRecipe(model, plan).moe;
+                  dropless.capacity = 0;
+                  dropless.padded = false;
+                  const std::vector<int64_t> routes = megaplan::moe_stated_load(dropless, imbalance).dispatched;
+                  const int64_t ranks = tp * cp * ep;
+                  megaplan::exec::InProcessWorld world(ranks, std::chrono::seconds(60));
+                  std::vector<std::vector<Kernel>> launched(static_cast<std::size_t>(ranks));
+                  std::vector<std::vector<megaplan::MoeCollective>> expert_calls(static_cast<std::size_t>(ranks)),
+                      tensor_calls(static_cast<std::size_t>(ranks)), context_calls(static_cast<std::size_t>(ranks));
+                  megaplan::exec::run_rank_threads(world, ranks, [&](int64_t rank) {
+                    // tp innermost, then cp: rank = (ep rank x cp + cp rank) x tp + tp rank.
+                    const int64_t tp_rank = rank % tp, cp_rank = rank / tp % cp, ep_rank = rank / (tp * cp);
+                    std::vector<int64_t> tensor_members, expert_members, context_members;
+                    for (int64_t i = 0; i < tp; ++i) tensor_members.push_back((ep_rank * cp + cp_rank) * tp + i);
+                    for (int64_t i = 0; i < ep; ++i) expert_members.push_back((i * cp + cp_rank) * tp + tp_rank);
+                    for (int64_t i = 0; i < cp; ++i) context_members.push_back((ep_rank * cp + i) * tp + tp_rank);
+                    std::unique_ptr<megaplan::exec::Comm> tensor =
+                        world.group(rank, tensor_members, "tp" + std::to_string(ep_rank * cp + cp_rank));
+                    std::unique_ptr<megaplan::exec::Comm> expert =
+                        world.group(rank, expert_members, "ep" + std::to_string(cp_rank * tp + tp_rank));
+                    std::unique_ptr<megaplan::exec::Comm> context =
+                        world.group(rank, context_members, "cp" + std::to_string(ep_rank * tp + tp_rank));
+                    megaplan::test::RecordingComm tensor_calls_of(*tensor, megaplan::MoeGroup::kTensor);
+                    megaplan::test::RecordingComm expert_calls_of(*expert, megaplan::MoeGroup::kExpert);
+                    megaplan::test::RecordingComm context_calls_of(*context, megaplan::MoeGroup::kContext);
+                    RecordingBackend backend;
+                    backend.route_by_counts(routes);
+                    // etp 1: whole experts, no expert tensor-parallel group.
+                    const std::optional<megaplan::exec::Comm*> cut =
+                        etp == 1 ? std::optional<megaplan::exec::Comm*>(nullptr) : std::nullopt;
+                    StageChunk chunk(model, plan, 0, backend, {42}, nullptr, tp > 1 ? &tensor_calls_of : nullptr, 0,
+                                     cp > 1 ? &context_calls_of : nullptr, ep > 1 ? &expert_calls_of : nullptr, cut);
+                    tensor_calls_of.take();
+                    expert_calls_of.take();
+                    context_calls_of.take();
+                    const MicrobatchTokens data = microbatch(model, 2);
+                    backend.take();
+                    for (int64_t microbatch_index = 0; microbatch_index < 2; ++microbatch_index) {
+                      chunk.forward(microbatch_index, &data);
+                      chunk.backward_input(microbatch_index, nullptr, 1.0f, nullptr, split);
+                      if (split) chunk.backward_weight(microbatch_index);
+                    }
+                    launched[static_cast<std::size_t>(rank)] = backend.take();
+                    expert_calls[static_cast<std::size_t>(rank)] = expert_calls_of.take();
+                    tensor_calls[static_cast<std::size_t>(rank)] = tensor_calls_of.take();
+                    context_calls[static_cast<std::size_t>(rank)] = context_calls_of.take();
+                  });
+                  const PlanKernels list(model, plan);
+                  const std::vector<SchedulePart> parts =
+                      split ? std::vector{SchedulePart::kForward, SchedulePart::kBackwardInput,
+                                          SchedulePart::kBackwardWeight}
+                            : std::vector{SchedulePart::kForward, SchedulePart::kBackward};
+                  std::vector<Kernel> listed;
+                  for (int i = 0; i < 2; ++i) {
                     for (const SchedulePart part : parts) {
-                      for (const megaplan::CountedBlock& counted : list.stage_blocks(0, part)) {
-                        const std::vector<MoeCollective>* pass = collectives_of(counted.block);
-                        for (int64_t i = 0; pass && i < counted.count; ++i) {
-                          const std::vector<MoeCollective> collectives = of_group(*pass, group);
-                          expected.insert(expected.end(), collectives.begin(), collectives.end());
-                          moe_blocks += group == megaplan::MoeGroup::kExpert ? 1 : 0;
+                      for (const Kernel& kernel : list.stage_kernels(0, part)) listed.push_back(kernel);
+                    }
+                  }
+                  // Every rank routes alike; the list is the busiest rank's (rank 0, holding expert 0).
+                  INFO("rank 0");
+                  check_same(launched[0], listed);
+                  // Its collectives are the list's, in order: over the ep group every call the chunk made;
+                  // over the tp group the MoE layers' among the attention's and the dense layers'.
+                  using megaplan::MoeCollective;
+                  const auto of_group = [](const std::vector<MoeCollective>& collectives, megaplan::MoeGroup group) {
+                    std::vector<MoeCollective> kept;
+                    std::copy_if(collectives.begin(), collectives.end(), std::back_inserter(kept),
+                                 [&](const MoeCollective& c) { return c.group == group; });
+                    return kept;
+                  };
+                  const int64_t moe_layers = model.moe.moe_layers(0, model.num_layers);
+                  megaplan::ExecutorPrecision fp32_activations;  // the CPU backend's, as its collectives move them
+                  fp32_activations.activation_bytes = 4;
+                  const megaplan::MoeKernels on_cpu =
+                      megaplan::LayerRecipe(model, plan, fp32_activations).moe_mlp_kernels();
+                  // An MoE block's collectives: a forward's, full recomputation's forward again, B's (I's) or W's.
+                  const auto collectives_of = [&](megaplan::KernelBlock block) -> const std::vector<MoeCollective>* {
+                    switch (block) {
+                      case megaplan::KernelBlock::kMoeLayerForwardFirst:
+                      case megaplan::KernelBlock::kMoeLayerForward: return &on_cpu.forward_collectives;
+                      case megaplan::KernelBlock::kMoeLayerRecomputeFirst:
+                      case megaplan::KernelBlock::kMoeLayerRecompute: return &on_cpu.forward_again_collectives;
+                      case megaplan::KernelBlock::kMoeLayerBackward:
+                      case megaplan::KernelBlock::kMoeLayerBackwardInput: return &on_cpu.backward_collectives;
+                      case megaplan::KernelBlock::kMoeLayerWeightGradient: return &on_cpu.weight_collectives;
+                      default: return nullptr;
+                    }
+                  };
+                  int64_t moe_blocks = 0;
+                  for (const megaplan::MoeGroup group :
+                       {megaplan::MoeGroup::kExpert, megaplan::MoeGroup::kTensor, megaplan::MoeGroup::kContext}) {
+                    std::vector<MoeCollective> expected;
+                    for (int microbatch_index = 0; microbatch_index < 2; ++microbatch_index) {
+                      for (const SchedulePart part : parts) {
+                        for (const megaplan::CountedBlock& counted : list.stage_blocks(0, part)) {
+                          const std::vector<MoeCollective>* pass = collectives_of(counted.block);
+                          for (int64_t i = 0; pass && i < counted.count; ++i) {
+                            const std::vector<MoeCollective> collectives = of_group(*pass, group);
+                            expected.insert(expected.end(), collectives.begin(), collectives.end());
+                            moe_blocks += group == megaplan::MoeGroup::kExpert ? 1 : 0;
+                          }
                         }
                       }
                     }
+                    if (group == megaplan::MoeGroup::kExpert) {
+                      CHECK(expert_calls[0] == expected);
+                    } else if (group == megaplan::MoeGroup::kTensor) {
+                      CHECK(listed_in_order_among(tensor_calls[0], expected));
+                    } else {
+                      // Beside the ring's exchanges (send-receives), the MoE layers' calls alone.
+                      std::vector<MoeCollective> moe_calls;
+                      std::copy_if(context_calls[0].begin(), context_calls[0].end(), std::back_inserter(moe_calls),
+                                   [](const MoeCollective& c) { return c.op != megaplan::CollectiveOp::kSendRecv; });
+                      CHECK(moe_calls == expected);
+                      CHECK(expected.empty() == (cp == 1));
+                    }
                   }
-                  if (group == megaplan::MoeGroup::kExpert) {
-                    CHECK(expert_calls[0] == expected);
-                  } else if (group == megaplan::MoeGroup::kTensor) {
-                    CHECK(listed_in_order_among(tensor_calls[0], expected));
-                  } else {
-                    // Beside the ring's exchanges (send-receives), the MoE layers' calls alone.
-                    std::vector<MoeCollective> moe_calls;
-                    std::copy_if(context_calls[0].begin(), context_calls[0].end(), std::back_inserter(moe_calls),
-                                 [](const MoeCollective& c) { return c.op != megaplan::CollectiveOp::kSendRecv; });
-                    CHECK(moe_calls == expected);
-                    CHECK(expected.empty() == (cp == 1));
+                  // Each microbatch: every MoE layer's forward and B (or I and W), and under full
+                  // recomputation its forward again.
+                  const bool full = recompute == megaplan::RecomputeGranularity::kFull;
+                  CHECK(moe_blocks == 2 * moe_layers * ((full ? 3 : 2) + (split ? 1 : 0)));
+                  if (imbalance > 1 || model.moe.expert_capacity_factor) continue;
+                  // At the balanced load every rank is the stated one, and a rank sends and receives its
+                  // dispatch's rows; its tp group gathers every member's.
+                  for (std::size_t rank = 1; rank < launched.size(); ++rank) check_same(launched[rank], listed);
+                  const int64_t rows = megaplan::LayerRecipe(model, plan).moe->most_rows;
+                  CHECK(rows == 2 * model.seq_length / cp / tp * 2);
+                  for (std::size_t rank = 1; rank < launched.size(); ++rank) {
+                    CHECK(expert_calls[rank] == expert_calls[0]);
+                    CHECK(tensor_calls[rank] == tensor_calls[0]);
+                    CHECK(context_calls[rank] == context_calls[0]);
                   }
+                  // Balanced, each exchange carries the rank's dispatch's rows.
+                  std::vector<MoeCollective> exchanges;
+                  std::copy_if(list.moe().backward_collectives.begin(), list.moe().backward_collectives.end(),
+                               std::back_inserter(exchanges),
+                               [](const MoeCollective& c) { return c.op == megaplan::CollectiveOp::kAllToAll; });
+                  CHECK(exchanges.size() == (ep > 1 ? 2u : 0u));
+                  for (const MoeCollective& exchange : exchanges) CHECK(exchange.bytes == rows * model.hidden_size * 2);
                 }
-                // Each microbatch: every MoE layer's forward and B (or I and W), and under full
-                // recomputation its forward again.
-                const bool full = recompute == megaplan::RecomputeGranularity::kFull;
-                CHECK(moe_blocks == 2 * moe_layers * ((full ? 3 : 2) + (split ? 1 : 0)));
-                if (imbalance > 1 || model.moe.expert_capacity_factor) continue;
-                // At the balanced load every rank is the stated one, and a rank sends and receives its
-                // dispatch's rows; its tp group gathers every member's.
-                for (std::size_t rank = 1; rank < launched.size(); ++rank) check_same(launched[rank], listed);
-                const int64_t rows = megaplan::LayerRecipe(model, plan).moe->most_rows;
-                CHECK(rows == 2 * model.seq_length / cp / tp * 2);
-                for (std::size_t rank = 1; rank < launched.size(); ++rank) {
-                  CHECK(expert_calls[rank] == expert_calls[0]);
-                  CHECK(tensor_calls[rank] == tensor_calls[0]);
-                  CHECK(context_calls[rank] == context_calls[0]);
-                }
-                // Balanced, each exchange carries the rank's dispatch's rows.
-                std::vector<MoeCollective> exchanges;
-                std::copy_if(list.moe().backward_collectives.begin(), list.moe().backward_collectives.end(),
-                             std::back_inserter(exchanges),
-                             [](const MoeCollective& c) { return c.op == megaplan::CollectiveOp::kAllToAll; });
-                CHECK(exchanges.size() == (ep > 1 ? 2u : 0u));
-                for (const MoeCollective& exchange : exchanges) CHECK(exchange.bytes == rows * model.hidden_size * 2);
-              }
 }
 
 TEST_CASE("the optimizer step launches the optimizer's kernel list", "[model][kernels]") {

@@ -264,6 +264,32 @@ TEST_CASE("a checkpoint of an MoE model at tp 2 x ep 2 resumes bit for bit and l
                        });
 }
 
+TEST_CASE("a checkpoint of whole experts under tp 2 (etp 1) resumes bit for bit and loads cut over tp and at one rank",
+          "[checkpoint][moe]") {
+  // At etp 1 the ep group is the tp pair (Megatron's expert generator): tp rank t is ep rank t and
+  // writes its experts whole (replica 0 of their expert data-parallel group) beside its dense
+  // shards, into mp_rank_0t_00t. A load at etp = tp cuts them as a dense MLP's; one rank reads them
+  // whole.
+  ParallelPlan saving = plan_of(1, 2, 1, ScheduleKind::kOneFOneB, true);  // tp 2 x dp 2, ep 2 over tp x dp
+  saving.tensor_parallel_size = 2;
+  saving.sequence_parallel = true;
+  saving.expert_model_parallel_size = 2;
+  saving.expert_tensor_parallel_size = 1;
+  ParallelPlan cut = saving;
+  cut.expert_tensor_parallel_size = 0;
+  check_moe_checkpoint(saving, {{"one", plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false)}, {"etp 2", cut}},
+                       [](const std::string& iteration) {
+                         const std::string expert = "decoder.layers.0.mlp.experts.local_experts.";
+                         const std::set<std::string> first = saved_names(iteration + "/mp_rank_00_000");
+                         const std::set<std::string> second = saved_names(iteration + "/mp_rank_01_001");
+                         CHECK(first.count(expert + "1.linear_fc1.weight") == 1);
+                         CHECK(first.count(expert + "2.linear_fc1.weight") == 0);
+                         CHECK(second.count(expert + "2.linear_fc2.weight") == 1);
+                         CHECK(second.count("decoder.layers.0.self_attention.linear_qkv.weight") == 1);
+                         CHECK_FALSE(std::filesystem::exists(iteration + "/mp_rank_00_001"));
+                       });
+}
+
 TEST_CASE("a checkpoint keeps the expert biases, resumed at ep 2 bit for bit and continued at ep 1 and tp 2",
           "[checkpoint][moe]") {
   // The biases are state the next forward reads, not parameters: state.json holds them once, by

@@ -308,6 +308,17 @@ TEST_CASE("MoE layouts train on one GPU like one rank", "[gpu][train][parallel][
       layouts.push_back({"ep2 x tp2 sequence parallel, distributed optimizer",
                          expert_parallel(2, plan_of(1, 2, 1, ScheduleKind::kOneFOneB, true, 2, true)), 1e-4, 2e-3, 2e-3,
                          5e-2});
+      // Whole experts on each tp rank (--expert-tensor-parallel-size 1): the ep group across tp
+      // ranks. Each expert's GEMMs run over the rank's own rows at full width, shapes one rank never
+      // runs, so cuBLAS rounds them otherwise; the first loss's bound is twice tp's (measured on an
+      // H200: 3.7e-5 to 1.2e-4, the most for the sigmoid router of the balanced fixture).
+      for (const int64_t ep : {1, 2}) {
+        ParallelPlan whole = expert_parallel(ep, plan_of(1, 2, 1, ScheduleKind::kOneFOneB, true, 2, true));
+        whole.expert_tensor_parallel_size = 1;
+        layouts.push_back({ep == 1 ? "tp2 x dp2 sequence parallel, etp 1, distributed optimizer"
+                                   : "ep2 x tp2 x dp2 sequence parallel, etp 1, distributed optimizer",
+                           whole, 2e-4, 2e-3, 2e-3, 5e-2});
+      }
     }
     // Context parallelism: each rank routes its own tokens, the ring between them (cp's bounds, the
     // dense models'). Dropless (a capacity is each rank's own tokens'), the switch loss alone.

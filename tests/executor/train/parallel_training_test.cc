@@ -444,13 +444,37 @@ TEST_CASE("MoE layers train under tensor parallelism with sequence parallelism l
     everything.use_distributed_optimizer = true;
     ParallelPlan full = sequence_parallel(2, plan_of(2, 1, 2, 1, ScheduleKind::kOneFOneB));
     full.recompute_granularity = megaplan::RecomputeGranularity::kFull;
+    // --expert-tensor-parallel-size 1: whole experts on each tp rank, the ep group across tp ranks
+    // (ep 2 of tp 2 x dp 1 is the tp pair), their gradients summed over the expert data-parallel
+    // group (the tp pair at ep 1).
+    const auto whole_experts = [](ParallelPlan plan) {
+      plan.expert_tensor_parallel_size = 1;
+      return plan;
+    };
+    ParallelPlan whole_everything = whole_experts(sequence_parallel(4, plan_of(2, 2, 2, 1, ScheduleKind::kOneFOneB)));
+    whole_everything.use_distributed_optimizer = true;
     const std::vector<Layout> layouts = {
         {"ep2 x tp2 sequence parallel, full recomputation", full},
         {"tp2 sequence parallel", sequence_parallel(1, plan_of(2, 1, 1, 1, ScheduleKind::kOneFOneB))},
         {"ep2 x tp2 sequence parallel", sequence_parallel(2, plan_of(2, 1, 2, 1, ScheduleKind::kOneFOneB))},
-        {"tp2 x pp2 x ep2 sequence parallel, distributed optimizer", everything}};
+        {"tp2 x pp2 x ep2 sequence parallel, distributed optimizer", everything},
+        {"tp2 sequence parallel, etp 1",
+         whole_experts(sequence_parallel(1, plan_of(2, 1, 1, 1, ScheduleKind::kOneFOneB)))},
+        {"tp2 x ep2 sequence parallel, etp 1 (the ep group is the tp pair)",
+         whole_experts(sequence_parallel(2, plan_of(2, 1, 1, 1, ScheduleKind::kOneFOneB)))},
+        {"tp2 x pp2 x dp2 x ep4 sequence parallel, etp 1, distributed optimizer", whole_everything}};
     check_trains_like(single, model, layouts, options, scratch, prefix);
     check_router_logs(single, model, layouts, scratch, prefix);
+    // The gradient norm counts each whole expert once, not once a tp rank: etp 1's is the experts
+    // cut over tp's, every iteration, closer than the tolerance above (a whole expert's squares
+    // twice move it by about 1e-4).
+    const auto norms = [&](std::size_t layout) {
+      return megaplan::test::logged_iteration_values(
+          scratch.file(prefix + "layout" + std::to_string(layout) + ".jsonl"), "grad_norm");
+    };
+    const std::vector<double> cut = norms(1), whole = norms(4);
+    REQUIRE(whole.size() == cut.size());
+    for (std::size_t i = 0; i < cut.size(); ++i) CHECK(whole[i] == Approx(cut[i]).epsilon(1e-6));
   }
 }
 
