@@ -431,6 +431,14 @@ expect_ok train --device cpu "${moe_llama[@]}" --world-size 2 --pp 2 --train-ite
 # Expert parallelism: two ranks each hold two of the experts, the tokens exchanged by all-to-all.
 expect_ok train --device cpu "${moe_llama[@]}" --world-size 2 --ep 2 --use-distributed-optimizer --train-iters 2 --log-interval 1
 [ "$(grep -c '^iteration [12]/2 | loss .* | load_balancing_loss ' "$scratch/out")" -eq 2 ] || fail "ep 2 trains: $(cat "$scratch/out")"
+# A pipeline rank without MoE layers under ep 2: its second ep rank, a dp replica, writes nothing,
+# and state.json lists only the directories written; the checkpoint loads.
+expect_ok train --device cpu "${moe_llama[@]}" --moe-layer-freq '([1]+[0]*1)' --world-size 4 --pp 2 --ep 2 \
+  --train-iters 2 --save "$scratch/dense-stage"
+[ ! -e "$scratch/dense-stage/iter_0000002/mp_rank_00_001_001" ] || fail "a dense stage's dp replica wrote a directory"
+expect_ok train --device cpu "${moe_llama[@]}" --moe-layer-freq '([1]+[0]*1)' --world-size 4 --pp 2 --ep 2 \
+  --train-iters 3 --log-interval 1 --load "$scratch/dense-stage"
+grep -q '^iteration 3/3 | loss ' "$scratch/out" || fail "a checkpoint with a dense stage under ep 2 loads: $(cat "$scratch/out")"
 # The aux-loss-free expert bias (sigmoid routing): ep 2 saves it in state.json; one rank resumes from it.
 expect_ok train --device cpu "${moe_llama[@]}" --moe-router-score-function sigmoid --moe-router-enable-expert-bias \
   --moe-router-bias-update-rate 0.01 --world-size 2 --ep 2 --train-iters 2 --log-interval 1 --save "$scratch/biased"
