@@ -176,13 +176,21 @@ nlohmann::json alternative_json(const nlohmann::json& plan, const std::string& w
   reader.require("idle_s", idle);
   reader.read("sequence_parallel", sequence_parallel);
   reader.read("use_distributed_optimizer", distributed_optimizer);
+  // A model with experts: ep, and etp where it is not tp (plan JSON writes them only then).
+  int64_t ep = 1, etp = 0;
+  reader.read("expert_model_parallel_size", ep);
+  reader.read("expert_tensor_parallel_size", etp);
+  const int64_t experts_cut = etp > 0 ? etp : tp;
   // The switches named too: plans that differ only in them would otherwise read alike.
   const std::string label = "tp " + std::to_string(tp) + " pp " + std::to_string(pp) + " cp " + std::to_string(cp) +
-                            " dp " + std::to_string(dp) + (vpp > 1 ? " vpp " + std::to_string(vpp) : "") + " mbs " +
-                            std::to_string(mbs) + " " + schedule + (recompute == "none" ? "" : " " + recompute) +
-                            (sequence_parallel ? " sp" : "") + (distributed_optimizer ? " dist-opt" : "");
+                            " dp " + std::to_string(dp) + (ep > 1 ? " ep " + std::to_string(ep) : "") +
+                            (experts_cut != tp ? " etp " + std::to_string(experts_cut) : "") +
+                            (vpp > 1 ? " vpp " + std::to_string(vpp) : "") + " mbs " + std::to_string(mbs) + " " +
+                            schedule + (recompute == "none" ? "" : " " + recompute) + (sequence_parallel ? " sp" : "") +
+                            (distributed_optimizer ? " dist-opt" : "");
   const bool same = tp == chosen.tensor_parallel_size && pp == chosen.pipeline_parallel_size &&
                     cp == chosen.context_parallel_size && dp == chosen.data_parallel_size &&
+                    ep == chosen.expert_model_parallel_size && experts_cut == chosen.expert_tensor_parallel() &&
                     vpp == chosen.virtual_pipeline_parallel_size && mbs == chosen.micro_batch_size &&
                     schedule == to_string(chosen.schedule) && recompute == to_string(chosen.recompute_granularity) &&
                     sequence_parallel == chosen.sequence_parallel &&

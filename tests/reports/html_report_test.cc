@@ -171,6 +171,44 @@ TEST_CASE("a search's ranked plans become the alternatives; a malformed search i
              Contains("--search: search.json: plans[0]: "));
 }
 
+TEST_CASE("alternatives that differ only in ep or etp read apart", "[reports]") {
+  megaplan::PlanReport report = small_report();
+  report.job.cluster.num_nodes = 1;  // the plans' world: 2 GPUs
+  report.job.cluster.gpus_per_node = 2;
+  report.job.model.moe.num_experts = 4;
+  report.job.model.moe.ffn_hidden_size = 768;
+  const auto plan = [](int64_t ep, int64_t etp) {
+    nlohmann::json entry{{"tensor_parallel_size", 1},
+                         {"pipeline_parallel_size", 1},
+                         {"context_parallel_size", 1},
+                         {"data_parallel_size", 2},
+                         {"virtual_pipeline_parallel_size", 1},
+                         {"micro_batch_size", 1},
+                         {"global_batch_size", 4},
+                         {"schedule", "1f1b"},
+                         {"recompute_granularity", "none"},
+                         {"iteration_time_s", 0.02},
+                         {"peak_memory_bytes", 1000},
+                         {"fits_in_memory", true},
+                         {"compute_s", 0.01},
+                         {"tensor_comm_s", 0.0},
+                         {"pipeline_comm_s", 0.0},
+                         {"data_parallel_comm_s", 0.0},
+                         {"idle_s", 0.0}};
+    if (ep > 1) entry["expert_model_parallel_size"] = ep;
+    if (etp > 0) entry["expert_tensor_parallel_size"] = etp;
+    return entry;
+  };
+  report.search = nlohmann::json{{"plans", {plan(2, 0), plan(1, 0), plan(1, 2)}}};
+  report.search->update(provenance_of(report.job));
+  report.search_source = "search.json";
+  const nlohmann::json plans = megaplan::report_data(report).at("alternatives").at("plans");
+  REQUIRE(plans.size() == 3);
+  CHECK(plans[0].at("label") == "tp 1 pp 1 cp 1 dp 2 ep 2 mbs 1 1f1b");
+  CHECK(plans[1].at("label") == "tp 1 pp 1 cp 1 dp 2 mbs 1 1f1b");
+  CHECK(plans[2].at("label") == "tp 1 pp 1 cp 1 dp 2 etp 2 mbs 1 1f1b");
+}
+
 TEST_CASE("a search of another model or cluster, or one without them recorded, is refused in one line", "[reports]") {
   megaplan::PlanReport report = small_report();
   report.search_source = "search.json";
