@@ -354,6 +354,9 @@ TEST_CASE("MoE layers launch their kernel list at the stated load, on every expe
               for (const bool split : {false, true})
                 for (const int64_t etp : {int64_t{0}, int64_t{1}}) {
                   if (etp == 1 && tp == 1) continue;
+                  // The split backward and whole experts at the balanced load: the stated load's rows
+                  // reach them as every other pass (and keeps the suite's time).
+                  if ((split || etp == 1) && imbalance > 1) continue;
                   if (cp > 1 && (model.moe.load_balancing == megaplan::LoadBalancing::kSeqAuxLoss || tp * ep > 2))
                     continue;
                   megaplan::ParallelPlan plan = layout(tp, 1, ep, 1, ScheduleKind::kOneFOneB, 2, 4 * ep);
