@@ -90,6 +90,11 @@ struct ParallelPlan {
   int64_t expert_tensor_parallel() const {
     return expert_tensor_parallel_size > 0 ? expert_tensor_parallel_size : tensor_parallel_size;
   }
+  // Whether the expert layers' groups (Megatron's expert generator) differ from the dense layers':
+  // under expert parallelism, or with the experts cut other than over tp.
+  bool expert_groups_apart() const {
+    return expert_model_parallel_size > 1 || expert_tensor_parallel() != tensor_parallel_size;
+  }
   // The ranks that sum a routed expert's gradient, Megatron's expert data-parallel group: world /
   // (etp x ep x pp).
   int64_t expert_data_parallel_size() const {

@@ -78,10 +78,8 @@ std::string ranked_plans_table(const std::vector<RankedPlan>& plans, std::option
                                      "iteration s", "TFLOP/s/GPU", "MFU",       "peak memory", "vs #1"};
   // A model with experts: its plans' ep after cp, and their experts' tensor-parallel size where one
   // differs from tp.
-  const bool experts = std::any_of(plans.begin(), plans.end(), [](const RankedPlan& ranked) {
-    return ranked.plan.expert_model_parallel_size > 1 ||
-           ranked.plan.expert_tensor_parallel() != ranked.plan.tensor_parallel_size;
-  });
+  const bool experts = std::any_of(plans.begin(), plans.end(),
+                                   [](const RankedPlan& ranked) { return ranked.plan.expert_groups_apart(); });
   const bool cut = std::any_of(plans.begin(), plans.end(), [](const RankedPlan& ranked) {
     return ranked.plan.expert_tensor_parallel() != ranked.plan.tensor_parallel_size;
   });

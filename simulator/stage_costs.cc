@@ -161,7 +161,7 @@ std::vector<GroupRoutes> pipeline_group_routes(const ParallelPlan& plan, const T
   add(ranks, "cp", &GroupRoutes::context);
   add(ranks, "dp-cp", &GroupRoutes::data);
   // The expert layers' generator (their pipeline groups are the same) where their groups differ.
-  if (plan.expert_model_parallel_size > 1 || plan.expert_tensor_parallel() != plan.tensor_parallel_size) {
+  if (plan.expert_groups_apart()) {
     const RankGenerator experts("expert", plan.expert_tensor_parallel(), plan.expert_model_parallel_size,
                                 plan.expert_data_parallel_size(), plan.pipeline_parallel_size, 1,
                                 std::string(kDefaultParallelOrder));

@@ -121,6 +121,12 @@ std::vector<int64_t> MoeMlp::local_rows(const MoeMlpSaved& saved) const {
   return rows;
 }
 
+std::size_t MoeMlp::expert_rows(const MoeMlpSaved& saved) const {
+  std::size_t rows = 0;
+  for (const int64_t n : local_rows(saved)) rows += static_cast<std::size_t>(n);
+  return rows;
+}
+
 template <typename Run>
 void MoeMlp::for_each_expert(const MoeMlpSaved& saved, const Run& run) const {
   const std::vector<int64_t> rows_per_expert = local_rows(saved);
@@ -395,8 +401,7 @@ void MoeMlp::backward(ConstActivation dy, ConstActivation x, ConstActivation x_g
   const std::size_t t = shape_.tokens, h = shape_.hidden, f = shape_.ffn, k = shape_.router.topk;
   const std::size_t e = shape_.router.experts, tp = static_cast<std::size_t>(size_of(tensor_parallel_));
   const std::size_t rows = dispatched_rows(saved);
-  std::size_t expert_rows = 0;
-  for (const int64_t n : local_rows(saved)) expert_rows += static_cast<std::size_t>(n);
+  const std::size_t expert_rows = this->expert_rows(saved);
   const bool moved = expert_parallel_ || expert_tensor_parallel_;
   const std::size_t room = moved ? saved.room : rows;
   const Activation arrived = own_room(saved);
@@ -499,8 +504,7 @@ void MoeMlp::weight_gradients(ConstActivation x, ConstActivation x_gathered, con
   MoeExpertScratch<Activation>& es = expert_scratch_;
   const std::size_t t = shape_.tokens, h = shape_.hidden, f = shape_.ffn, e = shape_.router.experts,
                     tp = static_cast<std::size_t>(size_of(tensor_parallel_));
-  std::size_t expert_rows = 0;
-  for (const int64_t n : local_rows(saved)) expert_rows += static_cast<std::size_t>(n);
+  const std::size_t expert_rows = this->expert_rows(saved);
   b.swiglu_forward(saved.expert.fc1_out, expert_rows, f, es.activated);  // fc2's input again
   for_each_expert(saved, [&](std::size_t expert, std::size_t first, std::size_t n) {
     b.linear_backward(b.offset(deferred.expert_fc2, first * h), b.offset(es.activated, first * f), nullptr, n, f, h,

@@ -175,8 +175,9 @@ class MoeMlp {
   // run(local expert, first row, rows) for each of the rank's experts with rows.
   template <typename Run>
   void for_each_expert(const MoeMlpSaved& saved, const Run& run) const;
-  // Rows each of the rank's experts computes.
+  // Rows each of the rank's experts computes, and all of them.
   std::vector<int64_t> local_rows(const MoeMlpSaved& saved) const;
+  std::size_t expert_rows(const MoeMlpSaved& saved) const;
   // The experts' load a training forward logs: the busiest expert's rows over the mean, of the
   // rank's dispatch or (expert or tensor parallelism) its groups', summed over the cp group without
   // expert parallelism (the microbatch's tokens, as one rank routes them); under context

@@ -123,8 +123,7 @@ ParallelGroups make_parallel_groups(const ParallelPlan& plan, int64_t global_ran
   result.model_parallel = make(model_parallel);
   result.embedding = make(embedding);
   if (plan.context_parallel_size > 1) result.context_parallel = make(context_parallel);
-  result.experts_apart =
-      plan.expert_model_parallel_size > 1 || plan.expert_tensor_parallel() != plan.tensor_parallel_size;
+  result.experts_apart = plan.expert_groups_apart();
   if (result.experts_apart) {
     result.expert_parallel = make(expert_parallel);
     result.expert_data_parallel = make(expert_replicas);
