@@ -109,6 +109,8 @@ ChunkBytes chunk_bytes(const ModelSpec& model, const ParallelPlan& plan, int64_t
 // layer sets per chunk, gradient messages) and I's deferred gradients per chunk, recorded at every
 // moment one of them grows; pricing takes the largest sum. State is indexed by (the rank's chunk,
 // microbatch) in flat vectors: the planner walks thousands of schedules of thousands of microbatches.
+// Without kMessages it counts no messages (the memory floor's walk of a compute-only order).
+template <bool kMessages>
 class RankWalk {
  public:
   // `stages`: this rank's, in increasing order.
@@ -120,8 +122,10 @@ class RankWalk {
     for (const int64_t stage : stages) local_[static_cast<std::size_t>(stage)] = locals_++;
     const auto cells = static_cast<std::size_t>(locals_ * microbatches_);
     kept_.assign(cells, 0);
-    message_.assign(3 * cells, 0);  // gradients (gradient_cell), then received inputs (input_cell)
-    sent_.assign(2 * cells, 0);
+    if (kMessages) {
+      message_.assign(3 * cells, 0);  // gradients (gradient_cell), then received inputs (input_cell)
+      sent_.assign(2 * cells, 0);
+    }
     for (auto* counts : {&live_sets_, &lent_}) counts->assign(static_cast<std::size_t>(locals_), 0);
     counts_.assign(static_cast<std::size_t>(3 * locals_ + 1), 0);
     note();
@@ -152,7 +156,9 @@ class RankWalk {
       case ActionKind::kRecvBackward:
         take_message(gradient_cell(action.stage + 1, action.microbatch));  // the gradient of stage s's output
         break;
-      case ActionKind::kSendBackward: sent_[gradient_cell(action.stage, action.microbatch)] = 1; break;
+      case ActionKind::kSendBackward:
+        if constexpr (kMessages) sent_[gradient_cell(action.stage, action.microbatch)] = 1;
+        break;
       case ActionKind::kOptimizer:
         for (std::size_t c = 0; c < sent_.size(); ++c) {
           if (sent_[c]) give_message(c);
@@ -235,6 +241,7 @@ class RankWalk {
   void give_back(int64_t stage, int64_t count) { lent_[index(stage)] -= count; }
   // Message buffers, keyed by gradient_cell.
   void take_message(std::size_t c) {
+    if constexpr (!kMessages) return;
     message_[c] = 1;
     if (++messages_live_ > counts_.back()) {
       counts_.back() = messages_live_;
@@ -242,6 +249,7 @@ class RankWalk {
     }
   }
   void give_message(std::size_t c) {
+    if constexpr (!kMessages) return;
     if (!message_[c]) return;
     message_[c] = 0;
     --messages_live_;
@@ -261,7 +269,7 @@ class RankWalk {
     // The gradient of the stage's output: received (RECV_B), or handed over by the next stage on
     // this rank; a compute-only schedule has neither, so it arrives now.
     const std::size_t output_gradient = gradient_cell(stage + 1, microbatch);
-    if (!last && !message_[output_gradient]) take_message(output_gradient);
+    if (kMessages && !last && !message_[output_gradient]) take_message(output_gradient);
     if (!first) take_message(gradient_cell(stage, microbatch));  // the input gradient this backward writes
     int64_t kept = 0;
     const std::vector<int64_t>& borrows = walk_.group_borrows[static_cast<std::size_t>(stage)];
@@ -281,7 +289,7 @@ class RankWalk {
     if (!last) give_message(output_gradient);
     // An input gradient handed to the previous stage on this rank is consumed by its backward;
     // one sent waits for OPTIM.
-    if (!first && shape_.rank_of_stage(stage - 1) != shape_.rank_of_stage(stage)) {
+    if (kMessages && !first && shape_.rank_of_stage(stage - 1) != shape_.rank_of_stage(stage)) {
       sent_[gradient_cell(stage, microbatch)] = 1;
     }
     if (!defer) drop(stage);
@@ -371,7 +379,7 @@ ExecutorMemoryWalk walk_executor_memory(const ModelSpec& model, const ParallelPl
   for (int64_t rank = 0; rank < plan.pipeline_parallel_size; ++rank) {
     std::vector<int64_t> stages = stages_of_pipeline_rank(rank, plan);
     std::sort(stages.begin(), stages.end());
-    RankWalk rank_walk(shape, schedule.shape, stages);
+    RankWalk<true> rank_walk(shape, schedule.shape, stages);
     rank_walk.run(schedule.ranks[static_cast<std::size_t>(rank)]);
     if (evaluates) rank_walk.evaluate();
     walk.ranks.push_back(rank_walk.result());
@@ -380,38 +388,23 @@ ExecutorMemoryWalk walk_executor_memory(const ModelSpec& model, const ParallelPl
 }
 
 ExecutorMemoryWalk executor_memory_floor(const PipelineSchedule& schedule) {
-  // The sets as RankWalk counts them: a forward holds its microbatch's set, a B gives it back, an I
-  // keeps it until its W. The planner asks this of every schedule shape it meets, so it counts
-  // nothing else (tests/core/memory_model_test.cc holds it to the walk's sets).
+  // RankWalk over the compute order alone, with nothing lent (no recomputation groups) and no
+  // messages (lowering places them): its sets and deferred counts are the lowered walk's after the
+  // same computations, so every moment it keeps is below one the lowered walk keeps.
   const ScheduleShape& shape = schedule.shape;
-  std::vector<int64_t> live(static_cast<std::size_t>(shape.num_stages), 0);
-  std::vector<int64_t> most(live.size(), 0);
-  const auto run = [&](const Action& action) {
-    const auto stage = static_cast<std::size_t>(action.stage);
-    if (action.kind == ActionKind::kForward) most[stage] = std::max(most[stage], ++live[stage]);
-    if (action.kind == ActionKind::kBackward || action.kind == ActionKind::kBackwardWeight) --live[stage];
-  };
-  for (const std::vector<Action>& actions : schedule.ranks) {
-    for (const Action& action : actions) {
-      if (action.kind != ActionKind::kOverlapForwardBackward) {
-        run(action);
-        continue;
-      }
-      for (const Action& part : parts_of(action)) run(part);  // a chunk's own pair: as RankWalk, in order
-    }
-  }
+  WalkShape nothing_lent;
+  nothing_lent.group_borrows.resize(static_cast<std::size_t>(shape.num_stages));
+  nothing_lent.last_stage = shape.num_stages - 1;
   const std::vector<int32_t> stage_ranks = rank_of_each_stage(shape);
-  ExecutorMemoryWalk walk;
-  walk.ranks.resize(static_cast<std::size_t>(shape.pipeline_parallel_size));
+  std::vector<std::vector<int64_t>> stages(static_cast<std::size_t>(shape.pipeline_parallel_size));
   for (int64_t stage = 0; stage < shape.num_stages; ++stage) {
-    walk.ranks[static_cast<std::size_t>(stage_ranks[static_cast<std::size_t>(stage)])].stages.push_back(stage);
+    stages[static_cast<std::size_t>(stage_ranks[static_cast<std::size_t>(stage)])].push_back(stage);
   }
-  for (ExecutorMemoryWalk::Rank& rank : walk.ranks) {
-    std::vector<int64_t>& moment = rank.moments.emplace_back(3 * rank.stages.size() + 1, 0);  // as RankWalk's counts
-    for (std::size_t i = 0; i < rank.stages.size(); ++i) {
-      moment[3 * i] = most[static_cast<std::size_t>(rank.stages[i])];
-      rank.most_inflight += moment[3 * i];
-    }
+  ExecutorMemoryWalk walk;
+  for (std::size_t rank = 0; rank < stages.size(); ++rank) {
+    RankWalk<false> rank_walk(nothing_lent, shape, stages[rank]);
+    rank_walk.run(schedule.ranks[rank]);
+    walk.ranks.push_back(rank_walk.result());
   }
   return walk;
 }

@@ -71,10 +71,11 @@ ExecutorMemoryWalk walk_executor_memory(const ModelSpec& model, const ParallelPl
                                         const PipelineSchedule& schedule, bool evaluates = false);
 
 // A floor under walk_executor_memory's walk of any plan of `schedule`'s shape, priced alike: each
-// chunk's microbatch sets held at most at once, which follow the compute order alone (lowering adds
-// messages and reductions around it), and nothing lent, deferred or in messages. Pricing is a sum of
-// counts times bytes, so the floor prices at most what the walk does. The planner refuses plans
-// over the limit on the floor without lowering their schedules; `schedule` may be compute-only.
+// chunk's microbatch sets held at most at once and I's gradients awaiting W, which follow the
+// compute order alone (lowering adds messages and reductions around it), and nothing lent or in
+// messages. Pricing is a sum of counts times bytes, so the floor prices at most what the walk does.
+// The planner refuses plans over the limit on the floor without lowering their schedules;
+// `schedule` may be compute-only.
 ExecutorMemoryWalk executor_memory_floor(const PipelineSchedule& schedule);
 
 // REQUIRES: `walk` was taken for a plan of the same schedule, pp, vpp, microbatches, layers and

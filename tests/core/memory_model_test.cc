@@ -7,6 +7,7 @@
 #include "core/memory_model.h"
 #include "core/model_presets.h"
 #include "core/schedule/lowering.h"
+#include "core/schedule/schedule_traits.h"
 
 namespace {
 
@@ -107,7 +108,8 @@ TEST_CASE("megaplan's implementation counts the executor's buffers and the runti
   CHECK(megaplan::memory_per_pipeline_rank(model, plan, schedule)[0].total_bytes != memory[0].total_bytes);
 }
 
-TEST_CASE("the memory floor prices at most the walk, with the walk's microbatch sets", "[memory]") {
+TEST_CASE("the memory floor prices at most the walk, with the walk's microbatch sets and deferred gradients",
+          "[memory]") {
   // gpt2-124m's 12 layers on 2 ranks: every schedule kind, each recomputation, I/W split or not.
   const megaplan::ModelSpec model = megaplan::model_preset("gpt2-124m");
   using megaplan::ScheduleKind;
@@ -125,8 +127,17 @@ TEST_CASE("the memory floor prices at most the walk, with the walk's microbatch 
       const megaplan::PipelineSchedule schedule = megaplan::generate_plan_schedule(plan);
       const auto walk =
           megaplan::executor_pipeline_memory(model, plan, megaplan::walk_executor_memory(model, plan, schedule));
-      const auto floor = megaplan::executor_pipeline_memory(model, plan, megaplan::executor_memory_floor(schedule));
+      const megaplan::ExecutorMemoryWalk floor_counts = megaplan::executor_memory_floor(schedule);
+      const auto floor = megaplan::executor_pipeline_memory(model, plan, floor_counts);
       REQUIRE(floor.size() == walk.size());
+      // Under a split backward every rank holds some I's gradients until W, and the floor counts them.
+      for (const megaplan::ExecutorMemoryWalk::Rank& rank : floor_counts.ranks) {
+        bool deferred = false;
+        for (const std::vector<int64_t>& moment : rank.moments) {
+          for (std::size_t at = 2; at + 1 < moment.size(); at += 3) deferred = deferred || moment[at] > 0;
+        }
+        CHECK(deferred == megaplan::schedule_traits(kind).splits_backward);
+      }
       for (std::size_t rank = 0; rank < walk.size(); ++rank) {
         INFO(megaplan::to_string(kind) << ", recompute " << megaplan::to_string(recompute) << ", rank " << rank);
         CHECK(floor[rank].total_bytes <= walk[rank].total_bytes);
