@@ -23,9 +23,8 @@ void run(benchmark::State& state, const std::string& model, int64_t gpus, int64_
   for (auto _ : state) {
     const megaplan::sim::SimulatorEstimator estimator(problem.model, cluster,
                                                       megaplan::sim::Profile::datasheet(cluster.gpu));
-    const std::vector<megaplan::ParallelPlan> candidates = megaplan::planner::enumerate_plans(problem);
-    const megaplan::planner::SearchResult result = megaplan::planner::search_plans(
-        problem.model, cluster.gpu, candidates, estimator, megaplan::planner::SearchOptions{});
+    const megaplan::planner::SearchResult result =
+        megaplan::planner::search_problem(problem, cluster.gpu, estimator, megaplan::planner::SearchOptions{});
     plans += result.counts.enumerated;
     simulated += result.counts.simulated;
     benchmark::DoNotOptimize(result.plans.front().estimate.iteration_time_s);

@@ -76,7 +76,6 @@ int run_search(const SearchCommandOptions& options, std::ostream& out) {
   const sim::SimulatorEstimator estimator(job.model, job.cluster, profile);
   const auto start = std::chrono::steady_clock::now();
   const int64_t threads = planner::worker_count(options.threads);
-  const std::vector<ParallelPlan> candidates = planner::enumerate_plans(problem, threads);
   ProgressBar bar("searching");
   planner::SearchOptions search_options;
   search_options.top = options.top;
@@ -86,8 +85,9 @@ int run_search(const SearchCommandOptions& options, std::ostream& out) {
   search_options.progress = [&bar](int64_t done, int64_t total) { bar.update(done, total); };
   search_options.problem = problem;  // when nothing fits, the error names the GPU count that would
   const planner::SearchResult result =
-      options.compare ? planner::compare_plans(job.model, job.cluster.gpu, candidates, estimator, search_options)
-                      : planner::search_plans(job.model, job.cluster.gpu, candidates, estimator, search_options);
+      options.compare ? planner::compare_plans(job.model, job.cluster.gpu, planner::enumerate_plans(problem, threads),
+                                               estimator, search_options)
+                      : planner::search_problem(problem, job.cluster.gpu, estimator, search_options);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
   if (options.pick < 1 || options.pick > static_cast<int64_t>(result.plans.size())) {

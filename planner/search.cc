@@ -285,18 +285,19 @@ std::optional<int64_t> smallest_fitting_gpus(const SearchProblem& problem, const
   for (int64_t gpus = doubled(problem.gpus); gpus <= kMaxWorldSize.most; gpus = doubled(gpus)) {
     SearchProblem wider = problem;
     wider.gpus = gpus;
-    std::vector<ParallelPlan> candidates;
+    std::vector<ParallelPlan> candidates;  // those whose model state fits
     try {
       validate_search_problem(wider);
-      candidates = enumerate_plans(wider, workers);
+      candidates = enumerate_kept_plans(wider, workers, [&](const ParallelPlan& plan) {
+                     return model_state_peak(plan, parameters).first <= limit;
+                   }).plans;
     } catch (const SpecError&) {
       continue;  // no layout of the space on this many GPUs (pins, the global batch)
     }
-    // Those whose model state fits, least first: the likeliest to fit with their activations.
+    // Least model state first: the likeliest to fit with their activations.
     std::vector<std::pair<int64_t, std::size_t>> by_state;
     for (std::size_t index = 0; index < candidates.size(); ++index) {
-      const int64_t state = model_state_peak(candidates[index], parameters).first;
-      if (state <= limit) by_state.emplace_back(state, index);
+      by_state.emplace_back(model_state_peak(candidates[index], parameters).first, index);
     }
     std::sort(by_state.begin(), by_state.end());
     std::atomic<bool> fits{false};
@@ -320,8 +321,12 @@ int64_t memory_limit_bytes(const GpuSpec& gpu, double memory_fraction) {
   return static_cast<int64_t>(std::floor(memory_fraction * static_cast<double>(gpu.hbm_capacity_bytes)));
 }
 
-SearchResult search_plans(const ModelSpec& model, const GpuSpec& gpu, const std::vector<ParallelPlan>& candidates,
-                          const StepTimeEstimator& estimator, const SearchOptions& options) {
+namespace {
+
+// search_plans, but where nothing fits: with `explain`, the error naming the closest plan; without,
+// a result with no plans.
+SearchResult rank_plans(const ModelSpec& model, const GpuSpec& gpu, const std::vector<ParallelPlan>& candidates,
+                        const StepTimeEstimator& estimator, const SearchOptions& options, bool explain) {
   if (options.top < 1) throw SpecError("--top", "must be at least 1, got " + std::to_string(options.top));
   SearchResult result;
   result.memory_limit_bytes = memory_limit_bytes(gpu, options.memory_fraction);
@@ -433,7 +438,7 @@ SearchResult search_plans(const ModelSpec& model, const GpuSpec& gpu, const std:
   result.counts.pruned_activations = ranking.pruned_activations();
   result.counts.pruned_by_bound =
       static_cast<int64_t>(survivors.size()) - result.counts.simulated - result.counts.pruned_activations;
-  if (!result.plans.empty()) return result;
+  if (!result.plans.empty() || !explain) return result;
   if (candidates.empty()) throw SpecError("search", "no legal layout matches the listed sizes");
 
   // Nothing fits. Name the smallest shortfall under the full model: a plan pruned on model state
@@ -474,6 +479,29 @@ SearchResult search_plans(const ModelSpec& model, const GpuSpec& gpu, const std:
                       describe_plan(plan) + ", needs " + format_gib(static_cast<double>(limit + closest.shortfall)) +
                       " on pipeline rank " + std::to_string(closest.pipeline_rank) + ": " +
                       format_gib(static_cast<double>(closest.shortfall)) + " more" + more_gpus);
+}
+
+}  // namespace
+
+SearchResult search_plans(const ModelSpec& model, const GpuSpec& gpu, const std::vector<ParallelPlan>& candidates,
+                          const StepTimeEstimator& estimator, const SearchOptions& options) {
+  return rank_plans(model, gpu, candidates, estimator, options, /*explain=*/true);
+}
+
+SearchResult search_problem(const SearchProblem& problem, const GpuSpec& gpu, const StepTimeEstimator& estimator,
+                            const SearchOptions& options) {
+  const int64_t limit = memory_limit_bytes(gpu, options.memory_fraction);
+  const int64_t threads = worker_count(options.threads);
+  const ParametersPerGpuCache parameters(problem.model);
+  const KeptPlans fitting = enumerate_kept_plans(
+      problem, threads, [&](const ParallelPlan& plan) { return model_state_peak(plan, parameters).first <= limit; });
+  SearchResult result = rank_plans(problem.model, gpu, fitting.plans, estimator, options, /*explain=*/false);
+  // Nothing fits: the closest plan may be one over the limit on model state, so every plan is asked.
+  if (result.plans.empty())
+    return search_plans(problem.model, gpu, enumerate_plans(problem, threads), estimator, options);
+  result.counts.enumerated = fitting.legal;
+  result.counts.pruned_model_state = fitting.legal - static_cast<int64_t>(fitting.plans.size());
+  return result;
 }
 
 SearchResult compare_plans(const ModelSpec& model, const GpuSpec& gpu, const std::vector<ParallelPlan>& candidates,

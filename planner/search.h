@@ -67,6 +67,11 @@ std::optional<int64_t> smallest_fitting_gpus(const SearchProblem& problem, const
 SearchResult search_plans(const ModelSpec& model, const GpuSpec& gpu, const std::vector<ParallelPlan>& candidates,
                           const StepTimeEstimator& estimator, const SearchOptions& options);
 
+// search_plans over enumerate_plans(problem), holding only the plans whose model state fits (asked
+// as the enumeration makes them, on options.threads): the same result, counts included.
+SearchResult search_problem(const SearchProblem& problem, const GpuSpec& gpu, const StepTimeEstimator& estimator,
+                            const SearchOptions& options);
+
 // The most candidates compare_plans costs: it simulates each, with no pruning.
 inline constexpr std::size_t kCompareLimit = 512;
 

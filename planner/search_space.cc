@@ -189,15 +189,16 @@ std::vector<SplitChoice> pipeline_splits(int64_t layers, int64_t pp) {
 
 namespace {
 
-// The candidates of one tp x pp x cp grid that validate_plan accepts, in the enumeration's order.
-std::vector<ParallelPlan> grid_plans(const SearchProblem& problem, const Grid& grid,
-                                     const std::vector<RecomputeGranularity>& recomputes,
-                                     const std::vector<ScheduleKind>& schedules) {
+// The candidates of one tp x pp x cp grid that validate_plan and `keep` accept, in the enumeration's
+// order, and how many validate_plan accepted.
+KeptPlans grid_plans(const SearchProblem& problem, const Grid& grid,
+                     const std::vector<RecomputeGranularity>& recomputes, const std::vector<ScheduleKind>& schedules,
+                     const std::function<bool(const ParallelPlan&)>& keep) {
   const SearchSpace& space = problem.space;
   const ModelSpec& model = problem.model;
-  std::vector<ParallelPlan> plans;
+  KeptPlans kept;
   const int64_t dp = problem.gpus / (grid.tp * grid.pp * grid.cp);
-  if (problem.global_batch_size % dp != 0) return plans;
+  if (problem.global_batch_size % dp != 0) return kept;
   const std::vector<bool> sequence_parallel =
       grid.tp == 1 ? std::vector<bool>{false} : or_all(space.sequence_parallel, {false, true});
   const std::vector<bool> distributed_optimizer =
@@ -266,7 +267,8 @@ std::vector<ParallelPlan> grid_plans(const SearchProblem& problem, const Grid& g
                     continue;
                   }
                   if (space.implementation == Implementation::kMegaplan && executor_moe_refusal(model, plan)) continue;
-                  plans.push_back(plan);
+                  ++kept.legal;
+                  if (!keep || keep(plan)) kept.plans.push_back(plan);
                 }
               }
             }
@@ -274,12 +276,17 @@ std::vector<ParallelPlan> grid_plans(const SearchProblem& problem, const Grid& g
         }
       }
     }
-  return plans;
+  return kept;
 }
 
 }  // namespace
 
 std::vector<ParallelPlan> enumerate_plans(const SearchProblem& problem, int64_t threads) {
+  return enumerate_kept_plans(problem, threads, nullptr).plans;
+}
+
+KeptPlans enumerate_kept_plans(const SearchProblem& problem, int64_t threads,
+                               const std::function<bool(const ParallelPlan&)>& keep) {
   const SearchSpace& space = problem.space;
   const std::vector<RecomputeGranularity> recomputes = or_all(
       space.recompute, {RecomputeGranularity::kNone, RecomputeGranularity::kSelective, RecomputeGranularity::kFull});
@@ -293,15 +300,18 @@ std::vector<ParallelPlan> enumerate_plans(const SearchProblem& problem, int64_t 
   const std::vector<ScheduleKind> schedules = or_all(space.schedules, every_schedule);
   // Grid by grid on the pool (validate_plan is most of the time), joined in the grids' order.
   const std::vector<Grid> grids = model_parallel_grids(problem);
-  std::vector<std::vector<ParallelPlan>> by_grid(grids.size());
+  std::vector<KeptPlans> by_grid(grids.size());
   for_each_index(threads, grids.size(),
-                 [&](std::size_t g) { by_grid[g] = grid_plans(problem, grids[g], recomputes, schedules); });
+                 [&](std::size_t g) { by_grid[g] = grid_plans(problem, grids[g], recomputes, schedules, keep); });
+  KeptPlans kept;
   std::size_t total = 0;
-  for (const auto& plans : by_grid) total += plans.size();
-  std::vector<ParallelPlan> plans;
-  plans.reserve(total);
-  for (const auto& grid : by_grid) plans.insert(plans.end(), grid.begin(), grid.end());
-  return plans;
+  for (const KeptPlans& grid : by_grid) total += grid.plans.size();
+  kept.plans.reserve(total);
+  for (const KeptPlans& grid : by_grid) {
+    kept.plans.insert(kept.plans.end(), grid.plans.begin(), grid.plans.end());
+    kept.legal += grid.legal;
+  }
+  return kept;
 }
 
 }  // namespace megaplan::planner

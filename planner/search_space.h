@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -60,5 +61,15 @@ void validate_search_problem(const SearchProblem& problem);
 // the distributed optimizer off where dp x cp = 1 (it would shard over nothing). Validated on
 // `threads` threads (planner/workers.h); the list does not depend on their count.
 std::vector<ParallelPlan> enumerate_plans(const SearchProblem& problem, int64_t threads = 1);
+
+// enumerate_plans' plans that `keep` accepts, in its order, and how many legal plans it met. `keep`
+// is asked on the pool as each plan is made (concurrently from `threads` threads), so that a search
+// holds only the plans it may rank: most of a large one's are over the memory limit on model state.
+struct KeptPlans {
+  std::vector<ParallelPlan> plans;
+  int64_t legal = 0;
+};
+KeptPlans enumerate_kept_plans(const SearchProblem& problem, int64_t threads,
+                               const std::function<bool(const ParallelPlan&)>& keep);
 
 }  // namespace megaplan::planner

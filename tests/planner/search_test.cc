@@ -3,7 +3,9 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <string>
 #include <tuple>
+#include <utility>
 
 #include "core/cluster_spec.h"
 #include "core/error.h"
@@ -272,6 +274,58 @@ TEST_CASE("a request nothing fits names the closest plan and its shortfall", "[p
       megaplan::planner::search_plans(problem.model, cluster.gpu, candidates, estimator, options),
       Contains("--memory-fraction: no layout fits in 67.06 GiB per GPU (90% of 74.51 GiB); the closest") &&
           Contains("GiB more"));
+}
+
+TEST_CASE("searching a problem equals searching every plan it enumerates", "[planner]") {
+  // gpt2-350m on 8 GPUs at 5% of an A100 (4 GB): most plans are over on model state alone, some fit,
+  // some are refused on activations and listed as faster; at 0.5% none fits.
+  SearchProblem problem = small_problem();
+  problem.space.pipeline_parallel = {1, 2, 4};
+  problem.space.context_parallel = {1};
+  const megaplan::ClusterSpec cluster = eight_a100();
+  const megaplan::sim::SimulatorEstimator estimator(problem.model, cluster,
+                                                    megaplan::sim::Profile::datasheet(cluster.gpu));
+  megaplan::planner::SearchOptions options;
+  options.top = 4;
+  options.memory_fraction = 0.05;
+  for (const int64_t threads : {1, 2}) {
+    INFO(threads << " threads");
+    options.threads = threads;
+    const megaplan::planner::SearchResult every = megaplan::planner::search_plans(
+        problem.model, cluster.gpu, megaplan::planner::enumerate_plans(problem), estimator, options);
+    const megaplan::planner::SearchResult searched =
+        megaplan::planner::search_problem(problem, cluster.gpu, estimator, options);
+    REQUIRE(every.counts.pruned_model_state > 0);
+    REQUIRE_FALSE(every.over_memory.empty());
+    CHECK(searched.counts.enumerated == every.counts.enumerated);
+    CHECK(searched.counts.pruned_model_state == every.counts.pruned_model_state);
+    CHECK(searched.counts.pruned_activations + searched.counts.pruned_by_bound + searched.counts.simulated ==
+          every.counts.pruned_activations + every.counts.pruned_by_bound + every.counts.simulated);
+    for (const auto& [got, want] :
+         {std::pair(&searched.plans, &every.plans), std::pair(&searched.over_memory, &every.over_memory)}) {
+      REQUIRE(got->size() == want->size());
+      for (std::size_t i = 0; i < got->size(); ++i) {
+        CHECK(key((*got)[i].plan) == key((*want)[i].plan));
+        CHECK((*got)[i].estimate.iteration_time_s == (*want)[i].estimate.iteration_time_s);
+        CHECK((*got)[i].peak_memory_bytes == (*want)[i].peak_memory_bytes);
+      }
+    }
+  }
+  options.memory_fraction = 0.005;
+  std::string every_error, searched_error;
+  try {
+    megaplan::planner::search_plans(problem.model, cluster.gpu, megaplan::planner::enumerate_plans(problem), estimator,
+                                    options);
+  } catch (const megaplan::SpecError& error) {
+    every_error = error.what();
+  }
+  try {
+    megaplan::planner::search_problem(problem, cluster.gpu, estimator, options);
+  } catch (const megaplan::SpecError& error) {
+    searched_error = error.what();
+  }
+  CHECK_THAT(every_error, Contains("the closest"));
+  CHECK(searched_error == every_error);
 }
 
 TEST_CASE("Megatron-LM arguments for a plan", "[planner]") {
