@@ -39,12 +39,6 @@ std::optional<SpecError> executor_plan_refusal(const ParallelPlan& plan) {
 
 std::optional<SpecError> executor_moe_refusal(const ModelSpec& model, const ParallelPlan& plan) {
   if (!model.moe.enabled()) return std::nullopt;
-  // The routed experts cut over the tp group, or whole on every rank (executor/model/moe_mlp.h).
-  if (const int64_t etp = plan.expert_tensor_parallel(); etp != 1 && etp != plan.tensor_parallel_size) {
-    return missing("--expert-tensor-parallel-size", "expert tensor parallelism of " + std::to_string(etp) +
-                                                        ", neither 1 nor tp (" +
-                                                        std::to_string(plan.tensor_parallel_size) + "),");
-  }
   if (plan.tensor_parallel_size > 1) {
     // Each tp rank routes its own rows of the stream (executor/model/moe_mlp.h).
     if (!plan.sequence_parallel) {

@@ -235,10 +235,11 @@ struct RingAttentionPasses {
 RingAttentionPasses ring_attention_passes(int64_t cp, int64_t key_value_bytes,
                                           const std::function<std::vector<Kernel>(int64_t, bool)>& step_kernels);
 
-// A collective of an MoE layer's MLP: over the rank's ep, tp or cp group, its bytes as a profile's
+// A collective of an MoE layer's MLP: over the rank's ep, tp (the shared expert, the losses), cp or
+// etp group (the routed experts' rows, where it is not the tp group), its bytes as a profile's
 // collective tables count them (an all-gather's output, a reduce-scatter's input, an all-to-all's
 // larger side: what the rank sends or what it receives).
-enum class MoeGroup : uint8_t { kExpert, kTensor, kContext };
+enum class MoeGroup : uint8_t { kExpert, kTensor, kContext, kExpertTensor };
 struct MoeCollective {
   MoeGroup group;
   CollectiveOp op;

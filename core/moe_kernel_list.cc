@@ -65,10 +65,12 @@ MoeLoad moe_stated_load(const MoeDims& moe, double imbalance) {
 MoeKernels moe_kernels(const MoeDims& moe, const MoeLoad& load, int64_t activation_bytes) {
   const int64_t t = moe.tokens, h = moe.hidden, f = moe.ffn, e = moe.experts, k = moe.topk;
   const int64_t local = moe.local_experts();
-  // `gathered`: the experts' rows over the etp group (the tp group: the executor runs etp = tp or
-  // 1, core/executor_support.h); `tensor`: the shared expert's over the tp group, and the losses'.
+  // `gathered`: the experts' rows over the etp group (`rows_group`: the tp group where etp = tp);
+  // `tensor`: the shared expert's over the tp group, and the losses'.
   const bool exchanged = moe.expert_parallel > 1, gathered = moe.expert_tensor_parallel > 1;
   const bool tensor = moe.tensor_parallel > 1;
+  const bool gathered_over_tensor = moe.expert_tensor_parallel == moe.tensor_parallel;
+  const MoeGroup rows_group = gathered_over_tensor ? MoeGroup::kTensor : MoeGroup::kExpertTensor;
   const bool context = moe.context_parallel > 1;
   const std::vector<int64_t> rows_per_expert = load.local_rows(local);
   const int64_t rows = load.dispatched_rows(), expert_rows = load.expert_rows(local);
@@ -108,8 +110,8 @@ MoeKernels moe_kernels(const MoeDims& moe, const MoeLoad& load, int64_t activati
   const int64_t room_bytes = activation_bytes * moe.expert_tensor_parallel * load.arrived_rows() * h;
   if (exchanged) around_experts.push_back({MoeGroup::kExpert, CollectiveOp::kAllToAll, exchange_bytes});
   if (gathered) {
-    around_experts.push_back({MoeGroup::kTensor, CollectiveOp::kAllGather, room_bytes});
-    around_experts.push_back({MoeGroup::kTensor, CollectiveOp::kReduceScatter, room_bytes});
+    around_experts.push_back({rows_group, CollectiveOp::kAllGather, room_bytes});
+    around_experts.push_back({rows_group, CollectiveOp::kReduceScatter, room_bytes});
   }
   if (exchanged) around_experts.push_back({MoeGroup::kExpert, CollectiveOp::kAllToAll, exchange_bytes});
   const int64_t shared_bytes = activation_bytes * moe.shared_tokens() * h;
@@ -129,7 +131,7 @@ MoeKernels moe_kernels(const MoeDims& moe, const MoeLoad& load, int64_t activati
     fwd_collectives.push_back({MoeGroup::kExpert, CollectiveOp::kAllGather, kFp32 * moe.expert_parallel * e});
   if (gathered) {
     fwd_collectives.push_back(
-        {MoeGroup::kTensor, CollectiveOp::kAllGather, kFp32 * moe.expert_tensor_parallel * moe.expert_parallel * e});
+        {rows_group, CollectiveOp::kAllGather, kFp32 * moe.expert_tensor_parallel * moe.expert_parallel * e});
   }
   fwd.push_back(row_kernel(KernelKind::kMoePermute, rows, h));
   regroup(fwd);
@@ -158,11 +160,11 @@ MoeKernels moe_kernels(const MoeDims& moe, const MoeLoad& load, int64_t activati
     if (context) fwd_collectives.push_back({MoeGroup::kContext, CollectiveOp::kAllReduce, kFp32 * e});
   }
   // Full recomputation's forward stops here: what follows only adds to the log (the losses; without
-  // experts over ranks, the experts' rows summed over the tp group where the experts' rows were not
-  // gathered over it, and over the cp group).
+  // experts over ranks, the experts' rows summed over the tp group where the etp group is not it,
+  // and over the cp group).
   kernels.forward_again = fwd;
   kernels.forward_again_collectives = fwd_collectives;
-  if (tensor && !gathered && !exchanged) {
+  if (tensor && !gathered_over_tensor && !exchanged) {
     fwd_collectives.push_back({MoeGroup::kTensor, CollectiveOp::kAllReduce, kFp32 * e});
   }
   if (context && !exchanged) fwd_collectives.push_back({MoeGroup::kContext, CollectiveOp::kAllReduce, kFp32 * e});

@@ -27,8 +27,12 @@ SimulatorEstimator::Costs SimulatorEstimator::make_layer_costs(const ParallelPla
   // never cheaper than this.
   const int64_t tp = plan.tensor_parallel_size;
   const Route alone = strided_route(1, 1);
-  const GroupRoutes routes{strided_route(1, tp), strided_route(tp, plan.context_parallel_size), alone,
-                           strided_route(plan.expert_tensor_parallel(), plan.expert_model_parallel_size), alone};
+  const GroupRoutes routes{strided_route(1, tp),
+                           strided_route(tp, plan.context_parallel_size),
+                           alone,
+                           strided_route(plan.expert_tensor_parallel(), plan.expert_model_parallel_size),
+                           alone,
+                           strided_route(1, plan.expert_tensor_parallel())};
   CostSources sources;
   Costs costs{{}, output_layer_costs(model_, plan, profile_, routes.tensor, sources)};
   // With experts, each part at the cheaper of the model's kinds of layer, a bound on any layer.

@@ -129,7 +129,7 @@ bool same_routes(const GroupRoutes& a, const GroupRoutes& b) {
            x.crosses_nodes == y.crosses_nodes;
   };
   return same(a.tensor, b.tensor) && same(a.context, b.context) && same(a.data, b.data) && same(a.expert, b.expert) &&
-         same(a.expert_data, b.expert_data);
+         same(a.expert_data, b.expert_data) && same(a.expert_tensor, b.expert_tensor);
 }
 
 RankGenerator decoder_ranks(const ParallelPlan& plan) {
@@ -150,7 +150,7 @@ std::vector<GroupRoutes> pipeline_group_routes(const ParallelPlan& plan, const T
   }
   const Route none = topology.ring_route({0});
   std::vector<GroupRoutes> routes(static_cast<std::size_t>(plan.pipeline_parallel_size),
-                                  GroupRoutes{none, none, none, none, none});
+                                  GroupRoutes{none, none, none, none, none, none});
   const auto add = [&](const RankGenerator& generator, const char* token, Route GroupRoutes::*member) {
     for (const std::vector<int64_t>& group : generator.get_ranks(token)) {
       Route& slowest = routes[pipeline_rank[static_cast<std::size_t>(group.front())]].*member;
@@ -167,8 +167,12 @@ std::vector<GroupRoutes> pipeline_group_routes(const ParallelPlan& plan, const T
                                 std::string(kDefaultParallelOrder));
     add(experts, "ep", &GroupRoutes::expert);
     add(experts, "dp", &GroupRoutes::expert_data);
+    add(experts, "tp", &GroupRoutes::expert_tensor);
   } else {
-    for (GroupRoutes& rank : routes) rank.expert_data = rank.data;  // the experts' replicas are the others'
+    for (GroupRoutes& rank : routes) {  // the experts' replicas and cut are the others'
+      rank.expert_data = rank.data;
+      rank.expert_tensor = rank.tensor;
+    }
   }
   return routes;
 }
@@ -306,12 +310,15 @@ LayerCollectives moe_layer_collectives(const ModelSpec& model, const ParallelPla
   const CollectiveCoster expert(costs.profile(), routes.expert, plan.expert_model_parallel_size, costs.sources());
   const CollectiveCoster tensor(costs.profile(), routes.tensor, plan.tensor_parallel_size, costs.sources());
   const CollectiveCoster context(costs.profile(), routes.context, plan.context_parallel_size, costs.sources());
+  const CollectiveCoster expert_tensor(costs.profile(), routes.expert_tensor, plan.expert_tensor_parallel(),
+                                       costs.sources());
   const auto seconds = [&](const std::vector<MoeCollective>& list) {
     double total = 0;
     for (const MoeCollective& c : list) {
-      const CollectiveCoster& group = c.group == MoeGroup::kExpert   ? expert
-                                      : c.group == MoeGroup::kTensor ? tensor
-                                                                     : context;
+      const CollectiveCoster& group = c.group == MoeGroup::kExpert         ? expert
+                                      : c.group == MoeGroup::kTensor       ? tensor
+                                      : c.group == MoeGroup::kExpertTensor ? expert_tensor
+                                                                           : context;
       total += group(c.op, c.bytes);
     }
     return total;

@@ -29,7 +29,8 @@ struct LayerCosts {
 };
 
 // The routes a pipeline rank's groups communicate over: its tensor-, context- and data-parallel
-// (dp x cp) rings, and with experts its expert-parallel and expert data-parallel ones. Each is the
+// (dp x cp) rings, and with experts its expert-parallel, expert data-parallel and expert
+// tensor-parallel (etp: the tensor-parallel ring where etp = tp) ones. Each is the
 // slowest over all of that pipeline rank's groups of the kind (the replicas wait for the slowest),
 // so a placement that puts some groups across nodes shows.
 struct GroupRoutes {
@@ -38,6 +39,7 @@ struct GroupRoutes {
   Route data;
   Route expert;
   Route expert_data;
+  Route expert_tensor;
 };
 // One entry per pipeline rank, from Megatron's rank groups (order tp-cp-ep-dp-pp, global rank g on
 // GPU g).

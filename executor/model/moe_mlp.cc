@@ -151,11 +151,12 @@ double max_over_mean(const std::vector<double>& rows) {
 }  // namespace
 
 double MoeMlp::logged_load(const MoeMlpSaved& saved) {
-  std::vector<double> rows = saved.group_rows;
+  // Without expert parallelism the microbatch's rows: the counts gathered over the etp group where
+  // it is the tp group, else the rank's own summed over the tp group; then over the cp group.
+  const bool over_tensor = expert_tensor_parallel_ == tensor_parallel_;
+  std::vector<double> rows = expert_parallel_ || over_tensor ? saved.group_rows : std::vector<double>{};
   if (rows.empty()) rows.assign(saved.rows_per_expert.begin(), saved.rows_per_expert.end());
-  // Without expert parallelism the microbatch's rows: summed over the tp group where the experts'
-  // rows were not gathered over it (etp 1), and over the cp group.
-  Comm* const tensor = tensor_parallel_ && !expert_tensor_parallel_ ? tensor_parallel_ : nullptr;
+  Comm* const tensor = over_tensor ? nullptr : tensor_parallel_;
   if (!expert_parallel_ && (tensor || context_parallel_)) {
     // Counts travel as fp32 (exact below 2^24 rows, as gather_counts checks).
     std::vector<float> counts(rows.begin(), rows.end());

@@ -62,7 +62,8 @@ std::optional<TrainingState> load_latest(const std::string& directory, const Che
   std::map<std::string, std::vector<int64_t>> expected;  // name -> global shape
   for (int64_t stage = 0; stage < rank.plan.num_virtual_stages(); ++stage) {
     for (int64_t ep_rank = 0; ep_rank < rank.plan.expert_model_parallel_size; ++ep_rank) {  // every expert
-      for (const ParameterSpec& spec : describe_parameters(rank.model, rank.plan, stage, 0, ep_rank)) {
+      // Global shapes: any tp and etp rank's.
+      for (const ParameterSpec& spec : describe_parameters(rank.model, rank.plan, stage, 0, ep_rank, 0)) {
         // The tied output layer's copy is the word embedding's: not a tensor of its own.
         if (spec.name != kOutputWeight || untied) expected[spec.name] = spec.global_shape;
       }

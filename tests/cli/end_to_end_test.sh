@@ -717,8 +717,8 @@ expect_ok simulate --model mixtral-8x7b --cluster dgx-h100 --gpus 16 --tp 2 --se
 expect_ok simulate --model mixtral-8x7b --cluster dgx-h100 --gpus 16 --tp 2 --etp 2 --sequence-parallel --ep 8 --gbs 64
 expect_ok simulate --model mixtral-8x7b --cluster dgx-h100 --gpus 16 --tp 2 --etp 1 --sequence-parallel --ep 8 --gbs 64
 grep -q '^mixtral-8x7b on 16 .*ep 8, etp 1,' "$scratch/out" || fail "simulate --etp 1 names etp: $(head -1 "$scratch/out")"
-expect_error 'error: --expert-tensor-parallel-size: expert tensor parallelism of 4, neither 1 nor tp \(2\), is not in the executor yet' \
-  simulate --model mixtral-8x7b --cluster dgx-h100 --gpus 16 --tp 2 --etp 4 --sequence-parallel --ep 4 --gbs 64
+expect_ok simulate --model mixtral-8x7b --cluster dgx-h100 --gpus 16 --tp 2 --etp 4 --sequence-parallel --ep 4 --gbs 64
+grep -q '^mixtral-8x7b on 16 .*ep 4, etp 4,' "$scratch/out" || fail "simulate --etp 4 names etp: $(head -1 "$scratch/out")"
 expect_error 'error: --expert-tensor-parallel-size: needs --num-experts' simulate --model llama3-8b --cluster dgx-h100 --gpus 16 --etp 1
 expect_error 'error: --expert-tensor-parallel-size: times --expert-model-parallel-size must divide the ranks of a pipeline stage' \
   simulate --model mixtral-8x7b --cluster dgx-h100 --gpus 16 --tp 2 --etp 1 --sequence-parallel --ep 8 --pp 4 --gbs 64

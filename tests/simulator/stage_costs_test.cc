@@ -31,6 +31,32 @@ megaplan::JobSpec job(const std::string& model, const std::string& cluster, int6
   return spec;
 }
 
+// Mixtral-8x7B at seq 4096 with sequence parallelism on `gpus` H100s, and what costing its MoE
+// layer's collectives reads: the profile, the topology and pipeline rank 0's routes.
+struct MixtralCosting {
+  MixtralCosting(int64_t gpus, int64_t tp, int64_t ep, int64_t etp) : spec(mixtral(gpus, tp, ep, etp)) {}
+  static megaplan::JobSpec mixtral(int64_t gpus, int64_t tp, int64_t ep, int64_t etp) {
+    megaplan::JobSpec spec = job("mixtral-8x7b", "dgx-h100", gpus, tp, 1, 64);
+    spec.model.seq_length = 4096;
+    spec.plan.sequence_parallel = true;
+    spec.plan.expert_model_parallel_size = ep;
+    spec.plan.expert_tensor_parallel_size = etp;
+    megaplan::validate_job(spec);
+    return spec;
+  }
+  // A collective of `bytes` over `members` GPUs on `route` (NVLink), as the profile's tables give it.
+  double cost(const megaplan::sim::Route& route, int64_t members, megaplan::CollectiveOp op, int64_t bytes) {
+    return profile.collective_seconds(op, members, bytes, megaplan::sim::LinkKind::kNvlink,
+                                      {route.bandwidth_bytes_per_s, route.latency_s}, sources);
+  }
+  megaplan::JobSpec spec;
+  const megaplan::sim::Profile profile = megaplan::sim::Profile::datasheet(spec.cluster.gpu);
+  const megaplan::sim::Topology topology{spec.cluster};
+  CostSources sources;
+  const megaplan::PlanKernels kernels{spec.model, spec.plan};
+  const megaplan::sim::GroupRoutes routes = megaplan::sim::pipeline_group_routes(spec.plan, topology)[0];
+};
+
 }  // namespace
 
 TEST_CASE("a GPT-2 layer's kernels are the executor's, each costed by the profile", "[simulator][costs]") {
@@ -477,40 +503,63 @@ TEST_CASE("an MoE layer under tensor parallelism costs its attention's collectiv
   // Mixtral-8x7B at tp 2 with sequence parallelism, ep 8, on 16 H100s (every layer MoE): a layer's
   // tp collectives are its attention's gather and scatter, then what core's MoE list names over the
   // tp and ep groups; a dense layer's would be two of each.
-  megaplan::JobSpec spec = job("mixtral-8x7b", "dgx-h100", 16, 2, 1, 64);
-  spec.model.seq_length = 4096;
-  spec.plan.sequence_parallel = true;
-  spec.plan.expert_model_parallel_size = 8;
-  megaplan::validate_job(spec);
-  const auto profile = megaplan::sim::Profile::datasheet(spec.cluster.gpu);
-  const megaplan::sim::Topology topology(spec.cluster);
-  CostSources sources;
-  const megaplan::PlanKernels kernels(spec.model, spec.plan);
-  const megaplan::sim::GroupRoutes routes = megaplan::sim::pipeline_group_routes(spec.plan, topology)[0];
-  const auto cost = [&](const megaplan::sim::Route& route, int64_t members, megaplan::CollectiveOp op, int64_t bytes) {
-    return profile.collective_seconds(op, members, bytes, megaplan::sim::LinkKind::kNvlink,
-                                      {route.bandwidth_bytes_per_s, route.latency_s}, sources);
-  };
+  MixtralCosting c(16, 2, 8, 0);
+  const megaplan::sim::GroupRoutes& routes = c.routes;
   const int64_t stream_bytes = 4096 * 4096 * 2;
-  const double attention = cost(routes.tensor, 2, megaplan::CollectiveOp::kAllGather, stream_bytes) +
-                           cost(routes.tensor, 2, megaplan::CollectiveOp::kReduceScatter, stream_bytes);
+  const double attention = c.cost(routes.tensor, 2, megaplan::CollectiveOp::kAllGather, stream_bytes) +
+                           c.cost(routes.tensor, 2, megaplan::CollectiveOp::kReduceScatter, stream_bytes);
   const auto listed = [&](const std::vector<megaplan::MoeCollective>& list) {
     double seconds = 0;
-    for (const megaplan::MoeCollective& c : list) {
-      seconds += c.group == megaplan::MoeGroup::kExpert ? cost(routes.expert, 8, c.op, c.bytes)
-                                                        : cost(routes.tensor, 2, c.op, c.bytes);
+    for (const megaplan::MoeCollective& m : list) {
+      seconds += m.group == megaplan::MoeGroup::kExpert ? c.cost(routes.expert, 8, m.op, m.bytes)
+                                                        : c.cost(routes.tensor, 2, m.op, m.bytes);
     }
     return seconds;
   };
-  REQUIRE(kernels.moe().forward_collectives.size() == 6);  // counts over ep and tp; rows out, gathered, summed, back
-  const auto costs = megaplan::sim::plan_action_costs(spec.model, spec.plan, profile, topology, sources);
+  REQUIRE(c.kernels.moe().forward_collectives.size() == 6);  // counts over ep and tp; rows out, gathered, summed, back
+  const auto costs = megaplan::sim::plan_action_costs(c.spec.model, c.spec.plan, c.profile, c.topology, c.sources);
   // The one stage's backward: 32 such layers and the output layer's input gradient, reduce-scattered.
-  const double head = cost(routes.tensor, 2, megaplan::CollectiveOp::kReduceScatter, stream_bytes);
+  const double head = c.cost(routes.tensor, 2, megaplan::CollectiveOp::kReduceScatter, stream_bytes);
   CHECK(costs.stages[0].backward_collectives ==
-        Approx(32 * (attention + listed(kernels.moe().backward_collectives)) + head));
+        Approx(32 * (attention + listed(c.kernels.moe().backward_collectives)) + head));
   const megaplan::sim::LayerCosts layer =
-      megaplan::sim::transformer_layer_costs(spec.model, spec.plan, profile, routes, sources, true);
-  CHECK(layer.forward_collectives == Approx(attention + listed(kernels.moe().forward_collectives)));
+      megaplan::sim::transformer_layer_costs(c.spec.model, c.spec.plan, c.profile, routes, c.sources, true);
+  CHECK(layer.forward_collectives == Approx(attention + listed(c.kernels.moe().forward_collectives)));
+}
+
+TEST_CASE("an MoE layer's experts cut over an etp group other than tp cost their rows over it",
+          "[simulator][costs][moe]") {
+  // Mixtral-8x7B at tp 8 with sequence parallelism, etp 4 and ep 2 on 16 H100s: the attention and
+  // the losses' counts over the tp group of 8, the experts' rows gathered and reduce-scattered over
+  // the etp group of 4 (the expert layers' generator: four neighbouring GPUs), the all-to-alls over
+  // the ep pair.
+  MixtralCosting c(16, 8, 2, 4);
+  const megaplan::sim::GroupRoutes& routes = c.routes;
+  const megaplan::sim::Route four = c.topology.ring_route({0, 1, 2, 3});
+  CHECK(routes.expert_tensor.bandwidth_bytes_per_s == four.bandwidth_bytes_per_s);
+  CHECK(routes.expert_tensor.latency_s == four.latency_s);
+  int64_t over_etp = 0;
+  const auto listed = [&](const std::vector<megaplan::MoeCollective>& list) {
+    double seconds = 0;
+    for (const megaplan::MoeCollective& m : list) {
+      switch (m.group) {
+        case megaplan::MoeGroup::kExpert: seconds += c.cost(routes.expert, 2, m.op, m.bytes); break;
+        case megaplan::MoeGroup::kExpertTensor:
+          seconds += c.cost(routes.expert_tensor, 4, m.op, m.bytes);
+          ++over_etp;
+          break;
+        default: seconds += c.cost(routes.tensor, 8, m.op, m.bytes);
+      }
+    }
+    return seconds;
+  };
+  const int64_t stream_bytes = 4096 * 4096 * 2;
+  const double attention = c.cost(routes.tensor, 8, megaplan::CollectiveOp::kAllGather, stream_bytes) +
+                           c.cost(routes.tensor, 8, megaplan::CollectiveOp::kReduceScatter, stream_bytes);
+  const megaplan::sim::LayerCosts layer =
+      megaplan::sim::transformer_layer_costs(c.spec.model, c.spec.plan, c.profile, routes, c.sources, true);
+  CHECK(layer.forward_collectives == Approx(attention + listed(c.kernels.moe().forward_collectives)));
+  CHECK(over_etp == 3);  // the counts gathered, the rows gathered and their outputs reduce-scattered
 }
 
 TEST_CASE("an MoE layer under context parallelism all-reduces its counts over the cp group",

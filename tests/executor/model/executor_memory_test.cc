@@ -86,6 +86,18 @@ TEST_CASE("the executor allocates what core's memory prediction says, rank by ra
   ParallelPlan split_expert_parallel = layout(1, 2, 2, 2, ScheduleKind::kDualPipeV, 2, 16);
   split_expert_parallel.use_distributed_optimizer = true;
   split_expert_parallel.expert_model_parallel_size = 2;
+  // --expert-tensor-parallel-size 2 under tp 4 (each expert's half on each of an etp pair) and 4
+  // under tp 2 (the etp group across two replicas' tp pairs), on models with four query groups.
+  ParallelPlan half_experts = layout(4, 1, 1, 1, ScheduleKind::kOneFOneB);
+  half_experts.sequence_parallel = true;
+  half_experts.expert_tensor_parallel_size = 2;
+  ParallelPlan half_expert_parallel = layout(4, 1, 1, 1, ScheduleKind::kOneFOneB, 4, 8);  // a sequence a tp rank
+  half_expert_parallel.sequence_parallel = true;
+  half_expert_parallel.expert_tensor_parallel_size = 2;
+  half_expert_parallel.expert_model_parallel_size = 2;
+  ParallelPlan wide_experts = layout(2, 1, 2, 1, ScheduleKind::kOneFOneB);
+  wide_experts.sequence_parallel = true;
+  wide_experts.expert_tensor_parallel_size = 4;
   const std::vector<std::pair<std::string, ParallelPlan>> layouts = {
       {"one rank", layout(1, 1, 1, 1, ScheduleKind::kOneFOneB)},
       {"selective", with(layout(1, 1, 1, 1, ScheduleKind::kOneFOneB), RecomputeGranularity::kSelective)},
@@ -149,6 +161,9 @@ TEST_CASE("the executor allocates what core's memory prediction says, rank by ra
       {"qwen-moe: pp2 dp2 ep2 dualpipev, distributed optimizer", split_expert_parallel},
       {"shared-expert: tp2 sequence parallel, etp 1", whole_experts},
       {"qwen-moe: tp2 x dp2 x ep4 sequence parallel, etp 1 (the ep group across tp ranks)", whole_expert_parallel},
+      {"mha-mixtral: tp4 sequence parallel, etp 2", half_experts},
+      {"mha-qwen-moe: tp4 x ep2 sequence parallel, etp 2", half_expert_parallel},
+      {"mha-shared-expert: tp2 x dp2 sequence parallel, etp 4", wide_experts},
       {"balanced-moe: pp2 interleaved (the expert biases and their counts)",
        layout(1, 2, 1, 2, ScheduleKind::kInterleaved)},
   };
@@ -165,16 +180,19 @@ TEST_CASE("the executor allocates what core's memory prediction says, rank by ra
     const int64_t world = plan.world_size();
     std::vector<int64_t> peaks(static_cast<std::size_t>(world), 0);
     std::mutex mutex;
-    const megaplan::ModelSpec model = name.starts_with("llama")          ? megaplan::test::four_layer_llama()
-                                      : name.starts_with("qwen-moe")     ? megaplan::test::four_layer_qwen_moe()
-                                      : name.starts_with("qwen3-moe")    ? megaplan::test::four_layer_qwen3_moe()
-                                      : name.starts_with("qwen3")        ? megaplan::test::four_layer_qwen3()
-                                      : name.starts_with("qwen")         ? megaplan::test::four_layer_qwen()
-                                      : name.starts_with("mixtral")      ? megaplan::test::four_layer_mixtral()
-                                      : name.starts_with("balanced-moe") ? megaplan::test::four_layer_balanced_moe()
-                                      : name.starts_with("shared-expert")
-                                          ? megaplan::test::four_layer_shared_expert_moe()
-                                          : megaplan::test::four_layer_gpt();
+    // "mha-": the fixture with a query group a head.
+    const bool mha = name.starts_with("mha-");
+    const std::string fixture = mha ? name.substr(4) : name;
+    megaplan::ModelSpec model = fixture.starts_with("llama")           ? megaplan::test::four_layer_llama()
+                                : fixture.starts_with("qwen-moe")      ? megaplan::test::four_layer_qwen_moe()
+                                : fixture.starts_with("qwen3-moe")     ? megaplan::test::four_layer_qwen3_moe()
+                                : fixture.starts_with("qwen3")         ? megaplan::test::four_layer_qwen3()
+                                : fixture.starts_with("qwen")          ? megaplan::test::four_layer_qwen()
+                                : fixture.starts_with("mixtral")       ? megaplan::test::four_layer_mixtral()
+                                : fixture.starts_with("balanced-moe")  ? megaplan::test::four_layer_balanced_moe()
+                                : fixture.starts_with("shared-expert") ? megaplan::test::four_layer_shared_expert_moe()
+                                                                       : megaplan::test::four_layer_gpt();
+    if (mha) model.num_query_groups = model.num_attention_heads;
     megaplan::test::train_logged(model, plan, options, scratch, "run",
                                  [&](int64_t rank) -> std::unique_ptr<exec::Backend> {
                                    return std::make_unique<PeakReportingBackend>(peaks, mutex, rank);

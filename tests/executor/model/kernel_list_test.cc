@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <optional>
 #include <random>
 #include <stdexcept>
 #include <tuple>
@@ -30,9 +31,10 @@ namespace Catch {
 template <>
 struct StringMaker<megaplan::MoeCollective> {
   static std::string convert(const megaplan::MoeCollective& c) {
-    const char* group = c.group == megaplan::MoeGroup::kExpert   ? "ep "
-                        : c.group == megaplan::MoeGroup::kTensor ? "tp "
-                                                                 : "cp ";
+    const char* group = c.group == megaplan::MoeGroup::kExpert         ? "ep "
+                        : c.group == megaplan::MoeGroup::kTensor       ? "tp "
+                        : c.group == megaplan::MoeGroup::kExpertTensor ? "etp "
+                                                                       : "cp ";
     return group + megaplan::to_string(c.op) + " " + std::to_string(c.bytes);
   }
 };
@@ -341,10 +343,12 @@ TEST_CASE("MoE layers launch their kernel list at the stated load, on every expe
   // Split (I then W, as ZB-H1, ZBV and DualPipeV run them): I keeps each weight GEMM's output
   // gradient, W computes the weight gradients (gathering the shared expert's input again under tp).
   // At etp 1 under tp 2 each rank computes whole experts over its own rows: no rows cross the tp
-  // group, and the log's load is summed over it.
-  for (const megaplan::ModelSpec& model : {megaplan::test::four_layer_mixtral(), megaplan::test::four_layer_qwen_moe(),
-                                           megaplan::test::four_layer_shared_expert_moe()})
-    for (const int64_t tp : {1, 2})
+  // group, and the log's load is summed over it. At etp 2 under tp 4 (a query group a head) the
+  // rows cross each etp pair of the tp group, and the log's load is summed over the whole tp group.
+  for (const megaplan::ModelSpec& fixture :
+       {megaplan::test::four_layer_mixtral(), megaplan::test::four_layer_qwen_moe(),
+        megaplan::test::four_layer_shared_expert_moe()})
+    for (const int64_t tp : {1, 2, 4})
       for (const int64_t ep : {1, 2})
         for (const int64_t cp : {1, 2})
           for (const double imbalance : {1.0, 1.5})
@@ -352,8 +356,16 @@ TEST_CASE("MoE layers launch their kernel list at the stated load, on every expe
                  {megaplan::RecomputeGranularity::kNone, megaplan::RecomputeGranularity::kSelective,
                   megaplan::RecomputeGranularity::kFull})
               for (const bool split : {false, true})
-                for (const int64_t etp : {int64_t{0}, int64_t{1}}) {
+                for (const int64_t etp : {int64_t{0}, int64_t{1}, int64_t{2}}) {
                   if (etp == 1 && tp == 1) continue;
+                  // tp 4 at etp 2 alone, unrecomputed and balanced; not under the sequence loss, whose
+                  // sequences tp 4 would cut (a microbatch holds two).
+                  if ((tp == 4) != (etp == 2)) continue;
+                  if (tp == 4 && (cp > 1 || imbalance > 1 || recompute != megaplan::RecomputeGranularity::kNone ||
+                                  fixture.moe.load_balancing == megaplan::LoadBalancing::kSeqAuxLoss))
+                    continue;
+                  megaplan::ModelSpec model = fixture;
+                  if (tp == 4) model.num_query_groups = model.num_attention_heads;
                   // The split backward and whole experts at the balanced load: the stated load's rows
                   // reach them as every other pass (and keeps the suite's time).
                   if ((split || etp == 1) && imbalance > 1) continue;
@@ -378,12 +390,16 @@ TEST_CASE("MoE layers launch their kernel list at the stated load, on every expe
                   megaplan::exec::InProcessWorld world(ranks, std::chrono::seconds(60));
                   std::vector<std::vector<Kernel>> launched(static_cast<std::size_t>(ranks));
                   std::vector<std::vector<megaplan::MoeCollective>> expert_calls(static_cast<std::size_t>(ranks)),
-                      tensor_calls(static_cast<std::size_t>(ranks)), context_calls(static_cast<std::size_t>(ranks));
+                      tensor_calls(static_cast<std::size_t>(ranks)), context_calls(static_cast<std::size_t>(ranks)),
+                      expert_tensor_calls(static_cast<std::size_t>(ranks));
                   megaplan::exec::run_rank_threads(world, ranks, [&](int64_t rank) {
                     // tp innermost, then cp: rank = (ep rank x cp + cp rank) x tp + tp rank.
                     const int64_t tp_rank = rank % tp, cp_rank = rank / tp % cp, ep_rank = rank / (tp * cp);
-                    std::vector<int64_t> tensor_members, expert_members, context_members;
+                    std::vector<int64_t> tensor_members, expert_members, context_members, expert_tensor_members;
                     for (int64_t i = 0; i < tp; ++i) tensor_members.push_back((ep_rank * cp + cp_rank) * tp + i);
+                    // etp 2: the tp group's pairs.
+                    const int64_t pair_first = rank - tp_rank % 2;
+                    if (etp == 2) expert_tensor_members = {pair_first, pair_first + 1};
                     for (int64_t i = 0; i < ep; ++i) expert_members.push_back((i * cp + cp_rank) * tp + tp_rank);
                     for (int64_t i = 0; i < cp; ++i) context_members.push_back((ep_rank * cp + i) * tp + tp_rank);
                     std::unique_ptr<megaplan::exec::Comm> tensor =
@@ -395,16 +411,25 @@ TEST_CASE("MoE layers launch their kernel list at the stated load, on every expe
                     megaplan::test::RecordingComm tensor_calls_of(*tensor, megaplan::MoeGroup::kTensor);
                     megaplan::test::RecordingComm expert_calls_of(*expert, megaplan::MoeGroup::kExpert);
                     megaplan::test::RecordingComm context_calls_of(*context, megaplan::MoeGroup::kContext);
+                    std::unique_ptr<megaplan::exec::Comm> expert_tensor =
+                        etp == 2 ? world.group(rank, expert_tensor_members, "etp" + std::to_string(pair_first))
+                                 : nullptr;
+                    std::optional<megaplan::test::RecordingComm> expert_tensor_calls_of;
+                    if (expert_tensor)
+                      expert_tensor_calls_of.emplace(*expert_tensor, megaplan::MoeGroup::kExpertTensor);
                     RecordingBackend backend;
                     backend.route_by_counts(routes);
-                    // etp 1: whole experts, no expert tensor-parallel group.
+                    // etp 1: whole experts, no expert tensor-parallel group; etp 2: the pair's.
                     const std::optional<megaplan::exec::Comm*> cut =
-                        etp == 1 ? std::optional<megaplan::exec::Comm*>(nullptr) : std::nullopt;
+                        etp == 1   ? std::optional<megaplan::exec::Comm*>(nullptr)
+                        : etp == 2 ? std::optional<megaplan::exec::Comm*>(&*expert_tensor_calls_of)
+                                   : std::nullopt;
                     StageChunk chunk(model, plan, 0, backend, {42}, nullptr, tp > 1 ? &tensor_calls_of : nullptr, 0,
                                      cp > 1 ? &context_calls_of : nullptr, ep > 1 ? &expert_calls_of : nullptr, cut);
                     tensor_calls_of.take();
                     expert_calls_of.take();
                     context_calls_of.take();
+                    if (expert_tensor_calls_of) expert_tensor_calls_of->take();
                     const MicrobatchTokens data = microbatch(model, 2);
                     backend.take();
                     for (int64_t microbatch_index = 0; microbatch_index < 2; ++microbatch_index) {
@@ -416,6 +441,8 @@ TEST_CASE("MoE layers launch their kernel list at the stated load, on every expe
                     expert_calls[static_cast<std::size_t>(rank)] = expert_calls_of.take();
                     tensor_calls[static_cast<std::size_t>(rank)] = tensor_calls_of.take();
                     context_calls[static_cast<std::size_t>(rank)] = context_calls_of.take();
+                    if (expert_tensor_calls_of)
+                      expert_tensor_calls[static_cast<std::size_t>(rank)] = expert_tensor_calls_of->take();
                   });
                   const PlanKernels list(model, plan);
                   const std::vector<SchedulePart> parts =
@@ -460,7 +487,8 @@ TEST_CASE("MoE layers launch their kernel list at the stated load, on every expe
                   };
                   int64_t moe_blocks = 0;
                   for (const megaplan::MoeGroup group :
-                       {megaplan::MoeGroup::kExpert, megaplan::MoeGroup::kTensor, megaplan::MoeGroup::kContext}) {
+                       {megaplan::MoeGroup::kExpert, megaplan::MoeGroup::kTensor, megaplan::MoeGroup::kContext,
+                        megaplan::MoeGroup::kExpertTensor}) {
                     std::vector<MoeCollective> expected;
                     for (int microbatch_index = 0; microbatch_index < 2; ++microbatch_index) {
                       for (const SchedulePart part : parts) {
@@ -476,6 +504,9 @@ TEST_CASE("MoE layers launch their kernel list at the stated load, on every expe
                     }
                     if (group == megaplan::MoeGroup::kExpert) {
                       CHECK(expert_calls[0] == expected);
+                    } else if (group == megaplan::MoeGroup::kExpertTensor) {
+                      CHECK(expert_tensor_calls[0] == expected);
+                      CHECK(expected.empty() == (etp != 2));
                     } else if (group == megaplan::MoeGroup::kTensor) {
                       CHECK(listed_in_order_among(tensor_calls[0], expected));
                     } else {
@@ -501,6 +532,7 @@ TEST_CASE("MoE layers launch their kernel list at the stated load, on every expe
                     CHECK(expert_calls[rank] == expert_calls[0]);
                     CHECK(tensor_calls[rank] == tensor_calls[0]);
                     CHECK(context_calls[rank] == context_calls[0]);
+                    CHECK(expert_tensor_calls[rank] == expert_tensor_calls[0]);
                   }
                   // Balanced, each exchange carries the rank's dispatch's rows.
                   std::vector<MoeCollective> exchanges;

@@ -290,6 +290,35 @@ TEST_CASE("a checkpoint of whole experts under tp 2 (etp 1) resumes bit for bit 
                        });
 }
 
+TEST_CASE("a checkpoint of experts cut over etp 2 under tp 4 resumes bit for bit and loads at etp 4 and one rank",
+          "[checkpoint][moe]") {
+  // Each etp pair of the tp group holds the experts' halves (tp ranks 0 and 2 the same half: the
+  // expert data-parallel group), and a load at another cut or at one rank reshards them. Mixtral's
+  // fixture with a query group a head (tp 4 cuts the heads), the vocabulary padded alike at tp 1 and 4.
+  megaplan::ModelSpec model = megaplan::test::four_layer_mixtral();
+  model.num_query_groups = model.num_attention_heads;
+  model.make_vocab_size_divisible_by = 65;
+  ParallelPlan saving = plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false);
+  saving.tensor_parallel_size = 4;
+  saving.sequence_parallel = true;
+  saving.expert_tensor_parallel_size = 2;
+  ParallelPlan cut = saving;
+  cut.expert_tensor_parallel_size = 0;
+  check_moe_checkpoint(
+      saving, {{"one", plan_of(1, 1, 1, ScheduleKind::kOneFOneB, false)}, {"etp 4", cut}},
+      [](const std::string& iteration) {
+        const std::string fc1 = "decoder.layers.0.mlp.experts.local_experts.0.linear_fc1.weight";
+        // Each half once: written by the pair holding it first (tp ranks 0 and 1).
+        for (const int tp_rank : {0, 1, 2, 3}) {
+          INFO("tp rank " << tp_rank);
+          const std::set<std::string> names = saved_names(iteration + "/mp_rank_0" + std::to_string(tp_rank));
+          CHECK(names.count("decoder.layers.0.self_attention.linear_qkv.weight") == 1);
+          CHECK(names.count(fc1) == (tp_rank < 2 ? 1 : 0));
+        }
+      },
+      model);
+}
+
 TEST_CASE("a checkpoint keeps the expert biases, resumed at ep 2 bit for bit and continued at ep 1 and tp 2",
           "[checkpoint][moe]") {
   // The biases are state the next forward reads, not parameters: state.json holds them once, by

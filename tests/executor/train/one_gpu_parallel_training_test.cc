@@ -319,6 +319,11 @@ TEST_CASE("MoE layouts train on one GPU like one rank", "[gpu][train][parallel][
                                    : "ep2 x tp2 x dp2 sequence parallel, etp 1, distributed optimizer",
                            whole, 2e-4, 2e-3, 2e-3, 5e-2});
       }
+      // The experts cut over an etp group of 4 across the two replicas' tp pairs: each pair's rows
+      // gathered over the four, each computing a quarter of every expert.
+      ParallelPlan wide = plan_of(1, 2, 1, ScheduleKind::kOneFOneB, true, 2, true);
+      wide.expert_tensor_parallel_size = 4;
+      layouts.push_back({"tp2 x dp2 sequence parallel, etp 4, distributed optimizer", wide, 2e-4, 2e-3, 2e-3, 5e-2});
     }
     // Context parallelism: each rank routes its own tokens, the ring between them (cp's bounds, the
     // dense models'). Dropless (a capacity is each rank's own tokens'), the switch loss alone.

@@ -478,6 +478,52 @@ TEST_CASE("MoE layers train under tensor parallelism with sequence parallelism l
   }
 }
 
+TEST_CASE("MoE experts cut over an etp group other than tp train like one rank", "[parallel][moe]") {
+  // --expert-tensor-parallel-size 2 under tp 4: each tp rank routes its own rows, the etp pair
+  // gathers the rows that arrive for its experts and each computes its half of every one; etp 4
+  // under tp 2: the etp group spans two data-parallel replicas' tp pairs. The experts' gradients are
+  // summed over the ranks holding the same shard (the expert data-parallel group), the gradient norm
+  // counts each shard once, and the logged load is the microbatch's (the ranks' own summed over tp).
+  // Four query groups, so that tp 4 cuts the heads; the byte vocabulary's 257 padded to 260 at tp 1,
+  // 2 and 4 alike (a multiple of 65 x tp).
+  const megaplan::test::ScratchDirectory scratch;
+  const exec::TrainOptions options = options_for(megaplan::test::sentence_corpus(scratch));
+  const auto cut = [](int64_t tp, int64_t dp, int64_t ep, int64_t etp) {
+    ParallelPlan plan = plan_of(tp, 1, dp, 1, ScheduleKind::kOneFOneB);
+    plan.sequence_parallel = true;
+    plan.expert_model_parallel_size = ep;
+    plan.expert_tensor_parallel_size = etp == tp ? 0 : etp;
+    return plan;
+  };
+  for (megaplan::ModelSpec model :
+       {megaplan::test::four_layer_mixtral(), megaplan::test::four_layer_shared_expert_moe()}) {
+    model.num_query_groups = model.num_attention_heads;
+    model.make_vocab_size_divisible_by = 65;
+    INFO(model.name);
+    const std::string prefix = model.name + "-etp-";
+    const Outcome single =
+        train(model, plan_of(1, 1, 1, 1, ScheduleKind::kOneFOneB), options, scratch, prefix + "single");
+    REQUIRE(single.losses.back() < single.losses.front());
+    ParallelPlan everything = cut(4, 2, 2, 2);
+    everything.use_distributed_optimizer = true;
+    const std::vector<Layout> layouts = {
+        {"tp4 sequence parallel (etp 4)", cut(4, 1, 1, 4)},
+        {"tp4 sequence parallel, etp 2", cut(4, 1, 1, 2)},
+        {"tp4 x ep2 sequence parallel, etp 2", cut(4, 1, 2, 2)},
+        {"tp2 x dp2 sequence parallel, etp 4", cut(2, 2, 1, 4)},
+        {"tp4 x dp2 x ep2 sequence parallel, etp 2, distributed optimizer", everything}};
+    check_trains_like(single, model, layouts, options, scratch, prefix);
+    check_router_logs(single, model, layouts, scratch, prefix);
+    const auto norms = [&](std::size_t layout) {
+      return megaplan::test::logged_iteration_values(
+          scratch.file(prefix + "layout" + std::to_string(layout) + ".jsonl"), "grad_norm");
+    };
+    const std::vector<double> whole_tp = norms(0), half = norms(1);
+    REQUIRE(half.size() == whole_tp.size());
+    for (std::size_t i = 0; i < whole_tp.size(); ++i) CHECK(half[i] == Approx(whole_tp[i]).epsilon(1e-6));
+  }
+}
+
 TEST_CASE("MoE layers train under context parallelism like one rank", "[parallel][moe][context_parallel]") {
   // Each cp rank routes its own tokens of every sequence (two chunks of each, the ring's attention
   // between them); the switch loss's counts are summed over the cp group (and tp's), the z loss is
