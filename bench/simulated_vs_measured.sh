@@ -129,21 +129,24 @@ layouts=(
   # 55, 56: MoE layers under a split backward (I, then W), the order of actions on one GPU.
   "moe pp 2 zb-h1, one GPU|$moe --mbs 1 --gbs 8 --pp 2 --schedule zb-h1 --world-size 2|--cluster dgx-${gpu} --gpus 2"
   "moe pp 2 dualpipev, one GPU|$moe --mbs 1 --gbs 8 --pp 2 --vpp 2 --schedule dualpipev --world-size 2|--cluster dgx-${gpu} --gpus 2"
+  # 57: the experts cut over an etp group of 4 across two replicas' tp pairs, the four ranks on one GPU.
+  "moe tp 2 x dp 2 etp 4, one GPU|$moe --mbs 1 --gbs 8 --tp 2 --sequence-parallel --etp 4 --world-size 4|--cluster dgx-${gpu} --gpus 4"
 )
 visible=$(nvidia-smi -L 2> /dev/null | grep -c '^GPU ')
 rows=()
 for i in ${LAYOUTS:-${!layouts[@]}}; do
   IFS='|' read -r name plan cluster gpus <<< "${layouts[$i]}"
+  simulated=${plan/--world-size [0-9]/}  # one GPU running every rank: simulated on the cluster's GPUs
   launch=()
   if [ -n "$gpus" ]; then
     [ "$gpus" -le "$visible" ] || { echo "skipped $name: $gpus GPUs, $visible visible"; continue; }
     launch=(launch --nproc-per-node "$gpus" --)
   fi
   # shellcheck disable=SC2086
-  "$megaplan" simulate ${plan/--world-size 2/} $cluster "${profile[@]}" --trace "$out/simulated-$i.json" > "$out/simulate-$i.txt" 2>&1 ||
+  "$megaplan" simulate $simulated $cluster "${profile[@]}" --trace "$out/simulated-$i.json" > "$out/simulate-$i.txt" 2>&1 ||
     { echo "simulate failed for $name:"; tail -3 "$out/simulate-$i.txt"; continue; }
   # shellcheck disable=SC2086
-  "$megaplan" simulate ${plan/--world-size 2/} $cluster "${profile[@]}" --json > "$out/simulate-$i.json" 2>&1 ||
+  "$megaplan" simulate $simulated $cluster "${profile[@]}" --json > "$out/simulate-$i.json" 2>&1 ||
     { echo "simulate --json failed for $name"; continue; }
   iterations=6
   if [[ $plan != *--world-size* ]]; then
@@ -161,8 +164,8 @@ for i in ${LAYOUTS:-${!layouts[@]}}; do
     imbalance=$(python3 -c "import json, sys; r = [json.loads(l) for l in open(sys.argv[1]) if 'tokens_per_expert_max_mean' in l]; print(round(max(1.0, r[-1]['tokens_per_expert_max_mean']), 3))" \
       "$out/log-$i.jsonl")
     # shellcheck disable=SC2086
-    "$megaplan" simulate ${plan/--world-size 2/} $cluster "${profile[@]}" --moe-imbalance "$imbalance" --trace "$out/simulated-$i.json" \
-      > "$out/simulate-$i.txt" 2>&1 && "$megaplan" simulate ${plan/--world-size 2/} $cluster "${profile[@]}" --moe-imbalance "$imbalance" \
+    "$megaplan" simulate $simulated $cluster "${profile[@]}" --moe-imbalance "$imbalance" --trace "$out/simulated-$i.json" \
+      > "$out/simulate-$i.txt" 2>&1 && "$megaplan" simulate $simulated $cluster "${profile[@]}" --moe-imbalance "$imbalance" \
       --json > "$out/simulate-$i.json" 2>&1 || { echo "simulate at imbalance $imbalance failed for $name"; continue; }
     name="$name (imbalance $imbalance)"
   fi
