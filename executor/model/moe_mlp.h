@@ -37,6 +37,10 @@
 // routed experts: each tp rank routes its own rows, dispatches them over its ep group (which then
 // spans tp ranks) and computes whole experts; the shared expert, the router's and gate's gradients
 // and the losses stay the tp group's as above, and the experts' load for the log is summed over it.
+// Any other etp group (a part of the tp group, or one across data-parallel replicas' tp groups)
+// runs as etp = tp does over that group: it gathers its members' counts and arrived rows, each
+// member computes its shard of every row, and the outputs are reduce-scattered; the rest stays the
+// tp group's as at etp 1.
 #pragma once
 
 #include <cstddef>
@@ -133,7 +137,7 @@ class MoeMlp {
   // (null: tp 1), over which `shape`'s widths are the rank's shards; `context_parallel`: its cp group
   // (null: cp 1), whose members route their own tokens of the same sequences; `expert_tensor_parallel`:
   // the group the routed experts are cut over (--expert-tensor-parallel-size; unset: the tp group,
-  // null: etp 1, each rank's experts whole, `shape`'s ffn their full width).
+  // null: etp 1, each rank's experts whole, `shape`'s ffn their full width; else a group of etp).
   MoeMlp(const MoeMlpShape& shape, Backend& backend, Comm* expert_parallel = nullptr, Comm* tensor_parallel = nullptr,
          Comm* context_parallel = nullptr, std::optional<Comm*> expert_tensor_parallel = std::nullopt);
   ~MoeMlp();

@@ -96,7 +96,7 @@ class StageChunk {
   // `expert_parallel` is the rank's ep group (null when ep = 1): the rank holds its experts of every
   // MoE layer (core/parameter_list.h) and exchanges tokens over the group (moe_mlp.h).
   // `expert_tensor_parallel` is the group the routed experts are cut over where the plan's etp is
-  // not tp (unset: the tp group; null: etp 1, every expert whole on the rank).
+  // not tp (unset: the tp group; null: etp 1, every expert whole on the rank; else the etp group).
   StageChunk(const ModelSpec& model, const ParallelPlan& plan, int64_t stage, Backend& backend,
              const Initialisation& init, Parameter* tied_embedding = nullptr, Comm* tensor_parallel = nullptr,
              std::size_t bucket_size = 0, Comm* context_parallel = nullptr, Comm* expert_parallel = nullptr,
