@@ -129,8 +129,10 @@ layouts=(
   # 55, 56: MoE layers under a split backward (I, then W), the order of actions on one GPU.
   "moe pp 2 zb-h1, one GPU|$moe --mbs 1 --gbs 8 --pp 2 --schedule zb-h1 --world-size 2|--cluster dgx-${gpu} --gpus 2"
   "moe pp 2 dualpipev, one GPU|$moe --mbs 1 --gbs 8 --pp 2 --vpp 2 --schedule dualpipev --world-size 2|--cluster dgx-${gpu} --gpus 2"
-  # 57: the experts cut over an etp group of 4 across two replicas' tp pairs, the four ranks on one GPU.
+  # 57, 58: the experts cut over an etp group of 4 across two replicas' tp pairs, and over pairs of
+  # a tp group of 4; the four ranks on one GPU.
   "moe tp 2 x dp 2 etp 4, one GPU|$moe --mbs 1 --gbs 8 --tp 2 --sequence-parallel --etp 4 --world-size 4|--cluster dgx-${gpu} --gpus 4"
+  "moe tp 4 etp 2, one GPU|$moe --mbs 1 --gbs 8 --tp 4 --sequence-parallel --etp 2 --world-size 4|--cluster dgx-${gpu} --gpus 4"
 )
 visible=$(nvidia-smi -L 2> /dev/null | grep -c '^GPU ')
 rows=()
