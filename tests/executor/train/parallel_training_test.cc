@@ -148,6 +148,19 @@ void check_trains_like(const Outcome& single, const megaplan::ModelSpec& model, 
   }
 }
 
+// The gradient norms layout `layout` logged are layout `reference`'s, every iteration, within 1e-6
+// (closer than check_trains_like's tolerance).
+void check_same_gradient_norms(const megaplan::test::ScratchDirectory& scratch, const std::string& prefix,
+                               std::size_t reference, std::size_t layout) {
+  const auto norms = [&](std::size_t index) {
+    return megaplan::test::logged_iteration_values(scratch.file(prefix + "layout" + std::to_string(index) + ".jsonl"),
+                                                   "grad_norm");
+  };
+  const std::vector<double> expected = norms(reference), got = norms(layout);
+  REQUIRE(got.size() == expected.size());
+  for (std::size_t i = 0; i < expected.size(); ++i) CHECK(got[i] == Approx(expected[i]).epsilon(1e-6));
+}
+
 // The router losses and the experts' load each run of `layouts` logged against the single rank's
 // (the runs check_trains_like made under `prefix`).
 void check_router_logs(const Outcome& single, const megaplan::ModelSpec& model, const std::vector<Layout>& layouts,
@@ -466,15 +479,8 @@ TEST_CASE("MoE layers train under tensor parallelism with sequence parallelism l
     check_trains_like(single, model, layouts, options, scratch, prefix);
     check_router_logs(single, model, layouts, scratch, prefix);
     // The gradient norm counts each whole expert once, not once a tp rank: etp 1's is the experts
-    // cut over tp's, every iteration, closer than the tolerance above (a whole expert's squares
-    // twice move it by about 1e-4).
-    const auto norms = [&](std::size_t layout) {
-      return megaplan::test::logged_iteration_values(
-          scratch.file(prefix + "layout" + std::to_string(layout) + ".jsonl"), "grad_norm");
-    };
-    const std::vector<double> cut = norms(1), whole = norms(4);
-    REQUIRE(whole.size() == cut.size());
-    for (std::size_t i = 0; i < cut.size(); ++i) CHECK(whole[i] == Approx(cut[i]).epsilon(1e-6));
+    // cut over tp's (a whole expert's squares twice move it by about 1e-4).
+    check_same_gradient_norms(scratch, prefix, 1, 4);
   }
 }
 
@@ -514,13 +520,7 @@ TEST_CASE("MoE experts cut over an etp group other than tp train like one rank",
         {"tp4 x dp2 x ep2 sequence parallel, etp 2, distributed optimizer", everything}};
     check_trains_like(single, model, layouts, options, scratch, prefix);
     check_router_logs(single, model, layouts, scratch, prefix);
-    const auto norms = [&](std::size_t layout) {
-      return megaplan::test::logged_iteration_values(
-          scratch.file(prefix + "layout" + std::to_string(layout) + ".jsonl"), "grad_norm");
-    };
-    const std::vector<double> whole_tp = norms(0), half = norms(1);
-    REQUIRE(half.size() == whole_tp.size());
-    for (std::size_t i = 0; i < whole_tp.size(); ++i) CHECK(half[i] == Approx(whole_tp[i]).epsilon(1e-6));
+    check_same_gradient_norms(scratch, prefix, 0, 1);  // each expert's shard counted once
   }
 }
 
