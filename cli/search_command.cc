@@ -95,6 +95,7 @@ int run_search(const SearchCommandOptions& options, std::ostream& out) {
                                   std::to_string(result.plans.size()) + "), got " + std::to_string(options.pick));
   }
   job.plan = result.plans[static_cast<std::size_t>(options.pick - 1)].plan;
+  if (options.emit == "torchtitan") planner::require_torchtitan_plan(job.model, job.plan);
   if (options.out) exec::write_file_atomically(*options.out, job_spec_to_json(job).dump(2) + "\n");
   const SearchRun run{job, options.global_batch_size, options.top, seconds, threads, profile};
   nlohmann::json json = search_json(run, result, problem.space);
@@ -206,9 +207,10 @@ void setup_search_command(CLI::App& app, CommandContext& context) {
       ->capture_default_str();
   command->add_option("--report", options->report,
                       "Write the best plan's HTML report here, the ranked plans beside it");
-  command->add_option("--emit", options->emit,
-                      "Print the best plan as: megatron (Megatron-LM's arguments), torchtitan (its TOML job config), "
-                      "launch (torchrun, srun, mpirun and megaplan launch lines)");
+  command->add_option(
+      "--emit", options->emit,
+      "Print the best plan as: megatron (Megatron-LM's arguments), torchtitan (a config module for torchtitan.train), "
+      "launch (torchrun, srun, mpirun and megaplan launch lines)");
   command->add_flag("--explain", options->explain, "Say why the winner beats the runner-up, term by term");
   command->add_flag("--compare", options->compare,
                     "Cost every layout of the (pinned) space side by side, fitting or not: every schedule and vpp of "

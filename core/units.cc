@@ -1,8 +1,10 @@
 #include "core/units.h"
 
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <sstream>
+#include <string>
 #include <vector>
 
 namespace megaplan {
@@ -68,6 +70,20 @@ std::string format_significant(double value, int digits) {
 }
 
 std::string milliseconds_number(double seconds) { return format_fixed(seconds * 1e3, 3); }
+
+std::string format_shortest(double value) {
+  if (value == std::floor(value) && std::abs(value) < 1e15) return std::to_string(static_cast<int64_t>(value));
+  for (int digits = 1; digits < 17; ++digits) {
+    std::ostringstream shortest;
+    shortest.precision(digits);
+    shortest << value;
+    if (std::stod(shortest.str()) == value) return shortest.str();
+  }
+  std::ostringstream text;  // 17 significant digits read back any double
+  text.precision(17);
+  text << value;
+  return text.str();
+}
 
 std::string format_duration(double seconds) {
   if (!(seconds >= 0)) return "unknown";

@@ -23,6 +23,9 @@ std::string format_fixed(double value, int digits);
 std::string format_significant(double value, int digits);
 // Seconds as milliseconds with three decimals, the number alone: 0.0123456 -> "12.346".
 std::string milliseconds_number(double seconds);
+// Whole numbers as integers ("500000"), others as the shortest decimal that reads back as the
+// value ("1e-05", "0.1"): a number a program reads back, as flags and configs take them.
+std::string format_shortest(double value);
 // A duration for people: "42.0 s", "12m05s", "3h04m" (under a minute, minutes, hours).
 std::string format_duration(double seconds);
 

@@ -1,34 +1,17 @@
 // A plan as Megatron-LM arguments; where Megatron-LM lacks the schedule, torchtitan's name for it.
 #include "planner/megatron_arguments.h"
 
-#include <cmath>
 #include <cstdint>
-#include <sstream>
 #include <string>
 #include <utility>
 
 #include "core/moe_spec.h"
 #include "core/schedule/schedule_traits.h"
+#include "core/units.h"
 
 namespace megaplan::planner {
 
 namespace {
-
-// Whole numbers as integers ("500000"), others as the shortest decimal that reads back as `x`
-// ("1e-05", "0.1").
-std::string number(double x) {
-  if (x == std::floor(x) && std::abs(x) < 1e15) return std::to_string(static_cast<int64_t>(x));
-  std::ostringstream text;
-  text.precision(17);
-  for (int digits = 1; digits <= 17; ++digits) {
-    std::ostringstream shortest;
-    shortest.precision(digits);
-    shortest << x;
-    if (std::stod(shortest.str()) == x) return shortest.str();
-  }
-  text << x;
-  return text.str();
-}
 
 std::string value(const std::string& flag, int64_t number) { return flag + " " + std::to_string(number); }
 
@@ -50,15 +33,15 @@ std::vector<std::string> megatron_model_arguments(const ModelSpec& model) {
   arguments.push_back(value("--max-position-embeddings", model.effective_max_position_embeddings()));
   arguments.push_back("--position-embedding-type " + to_string(model.position_embedding_type));
   if (model.position_embedding_type == PositionEmbedding::kRope) {
-    arguments.push_back("--rotary-base " + number(model.rotary_base));
-    if (model.rotary_percent != 1.0) arguments.push_back("--rotary-percent " + number(model.rotary_percent));
+    arguments.push_back("--rotary-base " + format_shortest(model.rotary_base));
+    if (model.rotary_percent != 1.0) arguments.push_back("--rotary-percent " + format_shortest(model.rotary_percent));
     if (model.rope_scaling.enabled()) {
       arguments.push_back("--use-rope-scaling");
-      arguments.push_back("--rope-scaling-factor " + number(model.rope_scaling.factor));
+      arguments.push_back("--rope-scaling-factor " + format_shortest(model.rope_scaling.factor));
     }
   }
   arguments.push_back("--normalization " + to_string(model.normalization));
-  arguments.push_back("--norm-epsilon " + number(model.norm_epsilon));
+  arguments.push_back("--norm-epsilon " + format_shortest(model.norm_epsilon));
   if (model.swiglu) arguments.push_back("--swiglu");
   if (!model.add_bias_linear) arguments.push_back("--disable-bias-linear");
   if (model.add_qkv_bias) arguments.push_back("--add-qkv-bias");
@@ -83,17 +66,17 @@ std::vector<std::string> megatron_model_arguments(const ModelSpec& model) {
   arguments.push_back("--moe-router-score-function " + to_string(moe.score_function));
   if (moe.router_pre_softmax) arguments.push_back("--moe-router-pre-softmax");
   if (moe.router_topk_scaling_factor) {
-    arguments.push_back("--moe-router-topk-scaling-factor " + number(*moe.router_topk_scaling_factor));
+    arguments.push_back("--moe-router-topk-scaling-factor " + format_shortest(*moe.router_topk_scaling_factor));
   }
   arguments.push_back("--moe-router-load-balancing-type " + to_string(moe.load_balancing));
-  arguments.push_back("--moe-aux-loss-coeff " + number(moe.aux_loss_coeff));
-  if (moe.z_loss_coeff > 0) arguments.push_back("--moe-z-loss-coeff " + number(moe.z_loss_coeff));
+  arguments.push_back("--moe-aux-loss-coeff " + format_shortest(moe.aux_loss_coeff));
+  if (moe.z_loss_coeff > 0) arguments.push_back("--moe-z-loss-coeff " + format_shortest(moe.z_loss_coeff));
   if (moe.router_enable_expert_bias) {
     arguments.push_back("--moe-router-enable-expert-bias");
-    arguments.push_back("--moe-router-bias-update-rate " + number(moe.router_bias_update_rate));
+    arguments.push_back("--moe-router-bias-update-rate " + format_shortest(moe.router_bias_update_rate));
   }
   if (moe.expert_capacity_factor) {
-    arguments.push_back("--moe-expert-capacity-factor " + number(*moe.expert_capacity_factor));
+    arguments.push_back("--moe-expert-capacity-factor " + format_shortest(*moe.expert_capacity_factor));
     if (moe.pad_expert_input_to_capacity) arguments.push_back("--moe-pad-expert-input-to-capacity");
     arguments.push_back("--moe-token-drop-policy " + to_string(moe.token_drop_policy));
   }
@@ -146,8 +129,8 @@ std::vector<std::string> megatron_arguments(const ModelSpec& model, const Parall
       context_parallel ? TransformerImpl::kTransformerEngine : options.transformer_impl;
   arguments.push_back("--transformer-impl " + to_string(transformer_impl));
   if (transformer_impl == TransformerImpl::kLocal && options.use_flash_attn) arguments.push_back("--use-flash-attn");
-  arguments.push_back("--attention-dropout " + number(options.attention_dropout));
-  arguments.push_back("--hidden-dropout " + number(options.hidden_dropout));
+  arguments.push_back("--attention-dropout " + format_shortest(options.attention_dropout));
+  arguments.push_back("--hidden-dropout " + format_shortest(options.hidden_dropout));
   const std::pair<bool, const char*> off[] = {
       {!fused_attention(options) && !options.masked_softmax_fusion, "--no-masked-softmax-fusion"},
       {!options.bias_gelu_fusion, "--no-bias-gelu-fusion"},

@@ -35,7 +35,7 @@ void check_emit(const std::string& emit, const std::string& implementation) {
 void add_emitted_json(nlohmann::json& json, const std::string& emit, const JobSpec& job,
                       const std::optional<std::string>& job_file) {
   if (emit == "megatron") json["megatron_arguments"] = planner::megatron_arguments(job.model, job.plan);
-  if (emit == "torchtitan") json["torchtitan_toml"] = planner::torchtitan_config(job.model, job.plan);
+  if (emit == "torchtitan") json["torchtitan_config"] = planner::torchtitan_config(job.model, job.plan);
   if (emit == "launch") {
     nlohmann::json commands = nlohmann::json::array();
     for (const planner::LaunchCommand& command : launch_commands_for(job, job_file)) {
@@ -52,7 +52,7 @@ void write_emitted_text(const std::string& emit, const JobSpec& job, const std::
         << planner::format_megatron_arguments(planner::megatron_arguments(job.model, job.plan));
   }
   if (emit == "torchtitan") {
-    out << "\ntorchtitan job config for " << picked << ":\n" << planner::torchtitan_config(job.model, job.plan);
+    out << "\ntorchtitan config module for " << picked << ":\n" << planner::torchtitan_config(job.model, job.plan);
   }
   if (emit == "launch") {
     out << "\nLaunch " << picked << " ("

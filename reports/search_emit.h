@@ -1,5 +1,5 @@
-// search --emit's outputs, the picked plan as: megatron (Megatron-LM's arguments), torchtitan (its
-// TOML job config) or launch (torchrun, srun, mpirun and megaplan launch lines of megaplan train on
+// search --emit's outputs, the picked plan as: megatron (Megatron-LM's arguments), torchtitan (a config
+// module for torchtitan.train) or launch (torchrun, srun, mpirun and megaplan launch lines of megaplan train on
 // the job file). `job_file` is the job file --out writes, if given.
 #pragma once
 

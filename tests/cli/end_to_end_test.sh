@@ -749,7 +749,7 @@ expect_ok search --model mixtral-8x7b --cluster dgx-h100 --gpus 64 --gbs 256 --s
 grep -q '^#  *tp  *pp  *dp  *cp  *ep  *vpp' "$scratch/out" || fail "search's table has no ep column: $(head -5 "$scratch/out")"
 expect_error "error: --num-experts: mixture of experts is costed as megaplan's executor runs it; Megatron-LM's \(megatron-core\)" \
   search --model mixtral-8x7b --cluster dgx-h100 --gpus 64 --gbs 64 --seq-length 4096 --implementation megatron-core
-expect_error "error: --emit: torchtitan's llama3 has no experts" \
+expect_error "error: --emit: torchtitan has no model of mixtral-8x7b's kind" \
   search --model mixtral-8x7b --cluster dgx-h100 --gpus 64 --gbs 64 --seq-length 4096 --emit torchtitan
 expect_error 'error: --expert-model-parallel-size: must divide --num-experts 8' \
   search --model mixtral-8x7b --cluster dgx-h100 --gpus 64 --gbs 64 --seq-length 4096 --ep 3
@@ -801,8 +801,11 @@ expect_ok search --model qwen3-30b-a3b --cluster dgx-h100 --gpus 16 --gbs 64 --t
 grep -q -- '--qk-layernorm' "$scratch/out" || fail "search --emit megatron drops --qk-layernorm"
 expect_error 'error: --qk-layernorm: is modelled with --normalization RMSNorm only' \
   describe --model gpt2-124m --cluster h200-x2 --qk-layernorm
-expect_error "error: --emit: torchtitan's llama3 has no query and key norms" \
-  search --model llama3-8b --cluster dgx-h100 --gpus 8 --gbs 64 --qk-layernorm --emit torchtitan
+# With query and key norms a Llama 3 is torchtitan's qwen3 kind, no flavour of its: a comment says which.
+expect_ok search --model llama3-8b --cluster dgx-h100 --gpus 8 --gbs 64 --qk-layernorm --top 1 --threads 2 --emit torchtitan
+grep -q 'from torchtitan.models.qwen3.config_registry import qwen3_32b' "$scratch/out" &&
+  grep -q '# torchtitan has no flavour of llama3-8b: add one to qwen3_configs' "$scratch/out" ||
+  fail "search --emit torchtitan: query and key norms are not qwen3's: $(tail -30 "$scratch/out")"
 # A tiny Qwen3 trains at tp 2 on the CPU backend and exports as qwen3.
 expect_ok train --device cpu --model "$examples/models/tiny-gpt.json" --vocab-size 257 --seq-length 16 \
   --normalization RMSNorm --swiglu --position-embedding-type rope --num-query-groups 2 --kv-channels 16 --qk-layernorm \
@@ -1036,28 +1039,47 @@ assert times == sorted(times), times
 expect_error 'error: --compare: [0-9]+ layouts match; pin the layout' search --model gpt3-175b --cluster dgx-h100 \
   --gpus 1024 --gbs 1536 --compare --threads 2
 
-# --emit torchtitan: a TOML job config Python's tomllib reads, with the plan's degrees and schedule.
+# --emit torchtitan: a config module torchtitan runs (--module/--config), run here against
+# stand-ins holding exactly torchtitan's config fields, with the plan's degrees and schedule.
+check_torchtitan() { python3 "$(dirname "$0")/check_torchtitan_config.py" "$scratch/out" > "$scratch/tt.json" &&
+  python3 -c "$1" "$scratch/tt.json" || fail "search --emit torchtitan: $2: $(head -c 800 "$scratch/tt.json")"; }
 expect_ok search --model llama3-8b --cluster dgx-h100 --gpus 16 --gbs 64 --pp 2 --tp 2 --schedule interleaved --top 1 \
   --threads 2 --json --emit torchtitan
-python3 -c '
-import json, sys, tomllib
-best = json.load(open(sys.argv[1]))
-plan, config = best["plans"][0], tomllib.loads(best["torchtitan_toml"])
-p = config["parallelism"]
-assert config["model"] == {"name": "llama3", "flavor": "8B"}, config["model"]
+check_torchtitan '
+import json, sys
+got = json.load(open(sys.argv[1]))
+plan, config = got["plan"], got["config"]
+p, t = config["parallelism"], config["training"]
+assert config["registry_config"] == "llama3_8b" and "global_vocab_size" not in config["loss"]["loss_fn"], config
 assert p["tensor_parallel_degree"] == 2 and p["pipeline_parallel_degree"] == 2, p
 assert p["pipeline_parallel_schedule"] == "Interleaved1F1B", p
 assert p["data_parallel_replicate_degree"] * p["data_parallel_shard_degree"] == plan["data_parallel_size"], p
-assert p["pipeline_parallel_microbatch_size"] == plan["micro_batch_size"], p
+assert p["num_pp_microbatches"] * plan["micro_batch_size"] * plan["data_parallel_size"] == 64, p
 assert p["pipeline_parallel_layers_per_stage"] * 2 * plan["virtual_pipeline_parallel_size"] == 32, p
-assert config["training"]["global_batch_size"] == 64 and config["training"]["seq_len"] == 8192, config["training"]
-' "$scratch/out" || fail "search --emit torchtitan: the TOML does not carry the plan"
+assert t["num_tokens_per_train_step"] == 64 * 8192 and t["max_context_length"] == 8192, t
+assert t["num_tokens_per_microbatch_per_dp_rank"] == plan["micro_batch_size"] * 8192, t
+' "the module does not carry the plan"
 expect_ok search --model llama3-8b --cluster dgx-h100 --gpus 16 --gbs 64 --cp 2 --top 1 --threads 2 --json --emit torchtitan
-python3 -c '
-import json, sys, tomllib
-p = tomllib.loads(json.load(open(sys.argv[1]))["torchtitan_toml"])["parallelism"]
-assert p["context_parallel_degree"] == 2 and p["context_parallel_rotate_method"] == "alltoall", p
-' "$scratch/out" || fail "search --emit torchtitan: a cp plan is not torchtitan's ring"
+check_torchtitan '
+import json, sys
+p = json.load(open(sys.argv[1]))["config"]["parallelism"]
+assert p["context_parallel_degree"] == 2 and p["context_parallel_load_balancer"] == "headtail", p
+' "a cp plan does not split sequences head and tail as Megatron-Core does"
+# Qwen3-MoE: the qwen3 registry config, its flavour where the preset has no config of its own, ep.
+expect_ok search --model qwen3-235b-a22b --cluster dgx-h100 --gpus 256 --gbs 512 --ep 8 --etp 1 --top 1 --threads 2 \
+  --json --emit torchtitan
+check_torchtitan '
+import json, sys
+got = json.load(open(sys.argv[1]))
+config, p = got["config"], got["config"]["parallelism"]
+assert config["registry_config"] == "qwen3_30b_a3b" and config["model_spec"] == {"flavour": "235B-A22B"}, config
+assert config["loss"]["loss_fn"]["global_vocab_size"] == "the vocabulary of 235B-A22B", config
+assert p["expert_parallel_degree"] == 8 and p["data_parallel_shard_degree"] == got["plan"]["data_parallel_size"], p
+' "the MoE module does not carry the plan"
+expect_error "error: --emit: torchtitan's experts are whole under expert parallelism; this plan's --expert-tensor-parallel-size is 2 \(search with --etp 1\)" \
+  search --model qwen3-30b-a3b --cluster dgx-h100 --gpus 16 --gbs 64 --tp 2 --ep 2 --etp 2 --top 1 --threads 2 \
+  --emit torchtitan --out "$scratch/never-torchtitan.json"
+[ ! -e "$scratch/never-torchtitan.json" ] || fail "search --emit torchtitan wrote --out before refusing the plan"
 
 # simulate --schedule-csv costs an imported torch schedule exactly as the generated one.
 expect_ok schedule --kind zbv --pp 4 --microbatches 8 --format csv

@@ -3,6 +3,8 @@
 
 #include "core/units.h"
 
+#include <string>
+
 TEST_CASE("percentages have one decimal, and a sign where asked", "[reports]") {
   CHECK(megaplan::format_percent(0.1234) == "12.3%");
   CHECK(megaplan::format_percent(1.0) == "100.0%");
@@ -33,4 +35,12 @@ TEST_CASE("durations for people", "[reports]") {
   CHECK(megaplan::format_duration(725) == "12m05s");
   CHECK(megaplan::format_duration(11040) == "3h04m");
   CHECK(megaplan::format_duration(-1) == "unknown");
+}
+
+TEST_CASE("numbers a program reads back: integers whole, others the shortest decimal", "[reports]") {
+  CHECK(megaplan::format_shortest(500000) == "500000");
+  CHECK(megaplan::format_shortest(1e-5) == "1e-05");
+  CHECK(megaplan::format_shortest(0.1) == "0.1");
+  CHECK(megaplan::format_shortest(-2.5) == "-2.5");
+  CHECK(std::stod(megaplan::format_shortest(1.0 / 3)) == 1.0 / 3);  // 17 digits where fewer do not read back
 }
